@@ -1,0 +1,134 @@
+# memplan — one Makefile.  `make` builds ./memplan; `make test` runs every suite;
+# `make run` runs the main job on a bundled model.  Both install missing build
+# dependencies first (Debian: libcjson-dev libcmocka-dev) when run as root.
+#
+# Knobs: CUDA=auto|yes|no  CUDA_HOME=/usr/local/cuda  CUDA_ARCH="80 86 89 90"
+#        SAN=1 (AddressSanitizer + UBSan)  V=1 (echo commands)  T=<suite> (one test)
+
+CC        ?= cc
+NVCC      ?= nvcc
+CUDA      ?= auto
+CUDA_HOME ?= /usr/local/cuda
+CUDA_ARCH ?= 80 86 89 90
+CFLAGS    ?= -O2 -g
+PREFIX    ?= /usr/local
+BUILD     ?= build
+
+ifneq ($(filter-out auto yes no,$(CUDA)),)
+  $(error CUDA must be auto, yes or no (got '$(CUDA)'))
+endif
+
+Q := $(if $(V),,@)
+
+# ---- feature detection --------------------------------------------------------
+NVCC_PATH := $(shell command -v $(NVCC) 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+HAVE_CUBLAS := $(shell test -f $(CUDA_HOME)/include/cublas_v2.h && echo yes)
+ifeq ($(CUDA),no)
+  USE_CUDA :=
+else ifneq ($(and $(NVCC_PATH),$(HAVE_CUBLAS)),)
+  USE_CUDA := yes
+else ifeq ($(CUDA),yes)
+  $(error CUDA=yes but nvcc or $(CUDA_HOME)/include/cublas_v2.h was not found)
+else
+  USE_CUDA :=
+endif
+
+PKG_CFLAGS := $(shell pkg-config --cflags libcjson cmocka 2>/dev/null)
+CJSON_LIBS := $(or $(shell pkg-config --libs libcjson 2>/dev/null),-lcjson)
+CMOCKA_LIBS := $(or $(shell pkg-config --libs cmocka 2>/dev/null),-lcmocka)
+
+WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+        -Wcast-qual -Werror=implicit-function-declaration
+override CFLAGS += -std=c11 $(WARN) -D_POSIX_C_SOURCE=200809L -Isrc $(PKG_CFLAGS) -MMD -MP
+LDLIBS := $(CJSON_LIBS) -lm
+
+ifeq ($(SAN),1)
+  override CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  override LDFLAGS += -fsanitize=address,undefined
+endif
+
+SRCS := $(filter-out src/probe_cuda.c,$(wildcard src/*.c))
+KSRCS :=
+ifeq ($(USE_CUDA),yes)
+  override CFLAGS += -DMEMPLAN_HAVE_CUDA -I$(CUDA_HOME)/include
+  SRCS += src/probe_cuda.c
+  KSRCS := $(wildcard kernels/*.cu)
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++
+  NVFLAGS := -O2 -std=c++17 -Ikernels -Isrc $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+endif
+
+OBJS  := $(SRCS:%.c=$(BUILD)/%.o) $(KSRCS:%.cu=$(BUILD)/%.o)
+LIBOBJS := $(filter-out $(BUILD)/src/main.o,$(OBJS))
+TESTS := $(patsubst tests/test_%.c,%,$(wildcard tests/test_*.c))
+TESTBINS := $(TESTS:%=$(BUILD)/tests/test_%)
+
+$(info I memplan build: CC=$(CC) CUDA=$(CUDA) -> $(if $(USE_CUDA),✓ cuda backend ($(NVCC_PATH); sm $(CUDA_ARCH)),✗ cuda backend (host only)) SAN=$(or $(SAN),0))
+
+.PHONY: all deps run test test-unit test-cli test-gpu check-man bench install clean
+all: memplan
+
+memplan: $(OBJS)
+	@echo "  LD    $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC  $<"
+	$(Q)$(NVCC_PATH) $(NVFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/test_%: tests/test_%.c $(LIBOBJS)
+	@mkdir -p $(dir $@)
+	@echo "  CC    $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CMOCKA_LIBS)
+
+# Install the two Debian build dependencies when they are missing (root only).
+deps:
+	@if [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/cmocka.h ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "I installing libcjson-dev libcmocka-dev"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcjson-dev libcmocka-dev pkg-config >/dev/null; \
+	  else echo "memplan: need libcjson-dev and libcmocka-dev (apt-get install libcjson-dev libcmocka-dev)" >&2; exit 1; fi; \
+	fi
+
+RUN_MODEL ?= models/gpt2-124m.json
+run: deps
+	$(Q)$(MAKE) --no-print-directory memplan
+	./memplan suggest $(RUN_MODEL)
+
+ASAN_ENV := ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1
+test: deps
+	$(Q)$(MAKE) --no-print-directory memplan $(TESTBINS)
+	$(Q)$(MAKE) --no-print-directory test-unit test-cli
+
+test-unit: $(TESTBINS)
+	@fail=0; for t in $(if $(T),$(BUILD)/tests/test_$(T),$(TESTBINS)); do \
+	  echo "== $$t"; $(ASAN_ENV) $$t || fail=$$((fail+1)); done; \
+	if [ $$fail -ne 0 ]; then echo "$$fail test suite(s) failed"; exit 1; fi
+
+test-cli: memplan
+	$(ASAN_ENV) sh tests/cli.sh ./memplan
+
+test-gpu: memplan $(BUILD)/tests/test_probe
+	$(BUILD)/tests/test_probe
+
+check-man:
+	groff -man -Tutf8 -ww -z man/memplan.1
+
+bench: memplan
+	sh bench/run.sh
+
+install: memplan
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 755 memplan $(DESTDIR)$(PREFIX)/bin/memplan
+	install -m 644 man/memplan.1 $(DESTDIR)$(PREFIX)/share/man/man1/memplan.1
+
+clean:
+	rm -rf $(BUILD) memplan
+
+-include $(OBJS:.o=.d) $(TESTBINS:%=%.d)

@@ -1,0 +1,154 @@
+/* model.h — the validated, cJSON-free model description.
+ *
+ * A model is an ordered chain of blocks.  A block is the unit users can wrap
+ * in torch.utils.checkpoint (a transformer block, a ResNet bottleneck, a
+ * custom block, or a single op); it holds one or more layers (ops).  Readers
+ * (model_json.c, model_hf.c) fill it; layers.c turns it into tensor tables.
+ * All dimensions are uint64_t and have been range-checked by the reader.
+ * Ownership: mp_model_release() frees everything a reader allocated.
+ */
+#ifndef MEMPLAN_MODEL_H
+#define MEMPLAN_MODEL_H
+
+#include "util.h"
+
+#define MP_LAYER_TYPES(X)                                            \
+    X(EMBEDDING, "embedding")                                        \
+    X(POS_EMBEDDING, "pos_embedding")                                \
+    X(LINEAR, "linear")                                              \
+    X(LAYERNORM, "layernorm")                                        \
+    X(RMSNORM, "rmsnorm")                                            \
+    X(ATTENTION, "attention")                                        \
+    X(MLP, "mlp")                                                    \
+    X(ACTIVATION, "activation")                                      \
+    X(DROPOUT, "dropout")                                            \
+    X(RESIDUAL, "residual")                                          \
+    X(CONV2D, "conv2d")                                              \
+    X(BATCHNORM2D, "batchnorm2d")                                    \
+    X(MAXPOOL2D, "maxpool2d")                                        \
+    X(AVGPOOL2D, "avgpool2d")                                        \
+    X(ADAPTIVE_AVGPOOL2D, "adaptive_avgpool2d")                      \
+    X(FLATTEN, "flatten")                                            \
+    X(LM_HEAD, "lm_head")                                            \
+    X(CLASSIFIER, "classifier")                                      \
+    X(CUSTOM, "custom")                                              \
+    X(TRANSFORMER_BLOCK, "transformer_block")                        \
+    X(BOTTLENECK, "bottleneck")
+
+enum mp_layer_type {
+#define MP_X(id, str) MP_LT_##id,
+    MP_LAYER_TYPES(MP_X)
+#undef MP_X
+        MP_LT_COUNT
+};
+const char *mp_layer_type_str(enum mp_layer_type t);
+/* Returns -1 when s names no layer type. */
+int mp_layer_type_parse(const char *s);
+
+enum mp_act { MP_ACT_GELU, MP_ACT_GELU_TANH, MP_ACT_RELU, MP_ACT_SILU, MP_ACT_TANH, MP_ACT_SIGMOID };
+const char *mp_act_str(enum mp_act a);
+int mp_act_parse(const char *s); /* -1 if unknown; accepts HF names (gelu_new, gelu_pytorch_tanh, swish) */
+
+enum mp_attn_impl { MP_ATTN_SDPA, MP_ATTN_FLASH, MP_ATTN_EAGER };
+const char *mp_attn_impl_str(enum mp_attn_impl a);
+
+enum mp_norm { MP_NORM_LAYERNORM, MP_NORM_RMSNORM };
+
+/* One op (or one composite block) as described by the user.  Only the fields
+ * of its type are meaningful; the rest are zero. */
+struct mp_layer {
+    enum mp_layer_type type;
+    char name[64];
+
+    /* embedding / pos_embedding / lm_head / classifier */
+    uint64_t vocab;     /* rows of the table, or classes of a classifier */
+    uint64_t dim;       /* hidden size: embedding width, norm width, block hidden */
+    bool tied;          /* lm_head shares the embedding weight (no params of its own) */
+
+    /* linear */
+    uint64_t in_features, out_features;
+    bool bias;
+
+    /* attention (also inside transformer_block) */
+    uint64_t heads, kv_heads, head_dim;
+    bool causal;
+    bool qkv_bias, out_bias;
+    bool fused_qkv;     /* one [h, (a+2kv)d] projection (GPT-2, NeoX) vs three (Llama) */
+    bool rope;          /* rotary embedding: q and k are rewritten (new storages) */
+    uint64_t rotary_dim; /* partial rotary (NeoX, phi); 0 = head_dim */
+    enum mp_attn_impl impl;
+    bool impl_set;      /* impl came from the file (else the --attention default applies) */
+    double attn_dropout;  /* dropout on attention probabilities */
+
+    /* mlp (also inside transformer_block) */
+    uint64_t ffn;
+    enum mp_act act;
+    bool gated;         /* SwiGLU/GeGLU: act(gate) * up */
+    bool mlp_bias;
+
+    /* norms, dropout */
+    enum mp_norm norm;
+    bool norm_bias;     /* layernorm has a bias (false for OLMo-style / rmsnorm) */
+    double p;           /* dropout probability; for transformer_block: residual dropout */
+
+    /* transformer_block extras */
+    bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (NeoX, GPT-J, phi) */
+    bool shared_norm;       /* parallel residual with one norm for both branches (GPT-J, phi) */
+    bool post_norm;         /* BERT: x = ln(x + attn(x)); x = ln(x + mlp(x)) */
+
+    /* conv2d / pooling / batchnorm / bottleneck */
+    uint64_t in_ch, out_ch, mid_ch;
+    uint64_t kernel, stride, padding, groups;
+    uint64_t out_h, out_w;  /* adaptive pooling target */
+    bool downsample;        /* bottleneck has a 1x1 projection shortcut */
+
+    /* custom (per sample) */
+    uint64_t c_output_bytes, c_saved_bytes, c_params;
+    uint64_t c_fwd_flops, c_bwd_flops;
+};
+
+struct mp_block {
+    char name[64];
+    size_t n_layers;
+    struct mp_layer *layers;
+    /* Blocks expanded from one "repeat" share a group id (>0); the table folds them. */
+    int repeat_group;
+};
+
+enum mp_input_kind { MP_INPUT_TOKENS, MP_INPUT_IMAGE, MP_INPUT_BYTES };
+
+struct mp_model {
+    char name[128];
+    char source[8];          /* "memplan" or "hf" */
+    char path[256];          /* file it came from, for messages */
+    char hf_type[32];        /* model_type of an HF config, else "" */
+
+    enum mp_input_kind input;
+    uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */
+    uint64_t channels, height, width; /* image input */
+    uint64_t bytes_per_sample;         /* opaque input */
+    uint64_t labels_vocab;   /* for classification of images: classes (informational) */
+
+    size_t n_blocks;
+    struct mp_block *blocks;
+
+    /* Parameters that are shared (tied embeddings) are counted once. */
+};
+
+void mp_model_init(struct mp_model *m);
+void mp_model_release(struct mp_model *m);
+
+/* Appends a block with n_layers zeroed layers; returns it (NULL on overflow/alloc failure). */
+struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t n_layers);
+
+/* Loads a model file: memplan JSON or HF config.json, auto-detected.
+ * On error returns MP_ERR_IO/JSON/MODEL/RANGE with d->msg = "path: place: problem". */
+enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct mp_diag *d);
+enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
+                                    struct mp_diag *d);
+
+/* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
+ * Readers call it last. */
+enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d);
+
+#endif

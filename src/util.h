@@ -1,0 +1,94 @@
+/* util.h — status codes, diagnostics, checked 64-bit arithmetic, small helpers.
+ *
+ * Library code never prints or exits: it returns enum mp_status and, on error,
+ * fills a struct mp_diag with one line ("file: place: what is wrong").  Only
+ * main.c turns that into a message and an exit status.  Every byte or element
+ * product goes through mp_mul_u64/mp_add_u64 so absurd input is rejected
+ * instead of wrapping.
+ */
+#ifndef MEMPLAN_UTIL_H
+#define MEMPLAN_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MEMPLAN_VERSION "0.1.0"
+
+/* One X-macro gives the enum and the message table (libuv's UV_ERRNO_MAP). */
+#define MP_STATUS_MAP(X)                                         \
+    X(OK, "success")                                             \
+    X(ERR_NOMEM, "out of memory")                                \
+    X(ERR_IO, "input/output error")                              \
+    X(ERR_JSON, "malformed JSON")                                \
+    X(ERR_MODEL, "invalid model")                                \
+    X(ERR_RANGE, "value out of range")                           \
+    X(ERR_UNSUPPORTED, "unsupported")                            \
+    X(ERR_USAGE, "usage error")                                  \
+    X(ERR_INFEASIBLE, "no plan fits the budget")                 \
+    X(ERR_DEVICE, "device error")                                \
+    X(ERR_OOM, "device out of memory")                           \
+    X(ERR_INTERNAL, "internal error")
+
+enum mp_status {
+#define MP_X(name, msg) MP_##name,
+    MP_STATUS_MAP(MP_X)
+#undef MP_X
+};
+
+const char *mp_status_str(enum mp_status st);
+
+/* Exit statuses (design.md). */
+enum mp_exit {
+    MP_EXIT_OK = 0,
+    MP_EXIT_NOFIT = 1,
+    MP_EXIT_USAGE = 2,
+    MP_EXIT_INPUT = 3,
+    MP_EXIT_DEVICE = 4,
+    MP_EXIT_INTERNAL = 5,
+};
+
+/* A one-line diagnostic filled by the function that failed. */
+struct mp_diag {
+    char msg[512];
+};
+
+/* Formats d->msg and returns st, so callers write `return mp_fail(d, MP_ERR_X, ...)`. */
+enum mp_status mp_fail(struct mp_diag *d, enum mp_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Checked arithmetic: return false (and leave *out unspecified) on overflow. */
+bool mp_mul_u64(uint64_t a, uint64_t b, uint64_t *out);
+bool mp_add_u64(uint64_t a, uint64_t b, uint64_t *out);
+/* a*b*c... of n factors; false on overflow. */
+bool mp_mul3_u64(uint64_t a, uint64_t b, uint64_t c, uint64_t *out);
+
+/* Saturating helpers for quantities already proven bounded. */
+static inline uint64_t mp_max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+static inline uint64_t mp_min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+static inline uint64_t mp_ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+/* "1.50 GiB", "512 B": human-readable binary size into buf (>= 32 bytes). */
+const char *mp_fmt_bytes(uint64_t bytes, char *buf, size_t len);
+/* "1.23 TFLOP" style. */
+const char *mp_fmt_flops(double flops, char *buf, size_t len);
+
+/* Parsers for command-line values.  Strict: no trailing junk, no sign, no overflow.
+ * Sizes: "24GiB", "24G" (GiB), "80GB" (10^9), "1e9", "512", "512B", "4MiB", "4M", "4MB". */
+enum mp_status mp_parse_size(const char *s, uint64_t *out);
+enum mp_status mp_parse_u64(const char *s, uint64_t *out);
+enum mp_status mp_parse_double(const char *s, double *out);
+
+/* Wall-clock milliseconds since an arbitrary origin (CLOCK_MONOTONIC). */
+double mp_now_ms(void);
+
+/* Impossible states: print file:line and exit 5 (git's BUG()). */
+_Noreturn void mp_bug(const char *file, int line, const char *fmt, ...);
+#define MP_BUG(...) mp_bug(__FILE__, __LINE__, __VA_ARGS__)
+
+void *mp_xcalloc(size_t n, size_t size); /* MP_BUG on failure: tiny, bounded allocations only */
+
+#endif
