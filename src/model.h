@@ -90,6 +90,8 @@ struct mp_layer {
     enum mp_norm norm;
     bool norm_bias;     /* layernorm has a bias (false for OLMo-style / rmsnorm) */
     double p;           /* dropout probability; for transformer_block: residual dropout */
+    bool inplace;       /* activation: ReLU(inplace=True) overwrites its input (saves nothing new) */
+    double emb_dropout; /* transformer models: dropout after the embeddings (in the embedding block) */
 
     /* transformer_block extras */
     bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (NeoX, GPT-J, phi) */

@@ -1,0 +1,148 @@
+/* layers.h — the tensor program: what one training step computes and keeps.
+ *
+ * mp_program_build() lowers a model, at batch b and sequence s under a
+ * precision policy, into tensors (storages) and nodes (primitive ops).  Each
+ * node lists the tensors it creates (out + extras) and the ones it saves for
+ * backward, following what PyTorch autograd saves (memory-facts.md §2-§5).
+ * Views are not tensors: a view node's out is its input's id.  The estimator
+ * replays this program as alloc/free events; the probe executes it.  One
+ * program, so estimate and measurement compare tensor by tensor.
+ * All sizes are checked 64-bit; an overflow is MP_ERR_RANGE naming the layer.
+ */
+#ifndef MEMPLAN_LAYERS_H
+#define MEMPLAN_LAYERS_H
+
+#include "model.h"
+
+enum mp_dtype { MP_DT_F32, MP_DT_BF16, MP_DT_F16, MP_DT_I64, MP_DT_U8 };
+uint64_t mp_dtype_size(enum mp_dtype t);
+const char *mp_dtype_str(enum mp_dtype t);
+
+enum mp_precision { MP_PREC_FP32, MP_PREC_AMP_BF16, MP_PREC_AMP_FP16, MP_PREC_BF16 };
+const char *mp_precision_str(enum mp_precision p);
+int mp_precision_parse(const char *s); /* -1 if unknown */
+
+enum mp_optimizer { MP_OPT_SGD, MP_OPT_SGD_MOMENTUM, MP_OPT_ADAM, MP_OPT_ADAMW, MP_OPT_ADAFACTOR, MP_OPT_ADAM8BIT };
+const char *mp_optimizer_str(enum mp_optimizer o);
+int mp_optimizer_parse(const char *s); /* -1 if unknown */
+
+struct mp_build_opts {
+    uint64_t batch;              /* micro-batch */
+    uint64_t seq;                /* sequence length (token models) */
+    enum mp_precision precision;
+    enum mp_attn_impl attention; /* default for attention layers that do not name one */
+    bool attention_forced;       /* --attention given: overrides what the file says */
+};
+/* batch 1, seq 0 (= model default), amp-bf16, sdpa. */
+void mp_build_opts_default(struct mp_build_opts *o);
+
+enum mp_prim {
+    MP_P_EMBED,      /* in[0] int64 ids (b,s) -> out (b,s,h); param[0] table */
+    MP_P_ADD_POS,    /* out = in[0] + pos_table[0:s]; param[0] table */
+    MP_P_CAST,       /* out = in[0] converted to out's dtype (autocast copies) */
+    MP_P_LINEAR,     /* out (M,n) = in (M,k) W^T + bias; param[0] W (n,k), param[1] bias */
+    MP_P_LAYERNORM,  /* extras: mean, rstd (M fp32); param[0] gamma, param[1] beta */
+    MP_P_RMSNORM,    /* HF composite RMSNorm: extras rsqrt (M fp32) and the normalized x (fp32 or input dtype) */
+    MP_P_ROPE,       /* out = rotary(in[0]) on the first rotary_dim of each head */
+    MP_P_ATTN,       /* in[0] q, in[1] kv source; see node->attn; extras: lse (flash) or probs/mask/copies (eager) */
+    MP_P_ACT,        /* out = act(in[0]) */
+    MP_P_MUL,        /* out = in[0] * in[1] (gated MLP) */
+    MP_P_DROPOUT,    /* out = in[0] * mask / (1-p); extras: mask (u8) */
+    MP_P_ADD,        /* out = in[0] + in[1] (residual) */
+    MP_P_CONV2D,     /* param[0] weight, param[1] bias */
+    MP_P_BATCHNORM,  /* extras: save_mean, save_invstd (C fp32) */
+    MP_P_MAXPOOL,    /* extras: int64 indices */
+    MP_P_AVGPOOL,
+    MP_P_ADAPTIVE_AVGPOOL,
+    MP_P_VIEW,       /* flatten: out == in[0] */
+    MP_P_CE_LOSS,    /* in[0] logits (M,V), in[1] labels; out scalar loss; extras: fp32 log-probs */
+    MP_P_CUSTOM,     /* opaque: out of given bytes, extras[0] the rest of what it saves */
+    MP_P_COUNT
+};
+const char *mp_prim_str(enum mp_prim p);
+
+#define MP_TENSOR_RANK_MAX 4
+
+struct mp_tensor {
+    char name[48];
+    enum mp_dtype dtype;
+    uint64_t elems;
+    uint64_t bytes;               /* elems * dtype size, unrounded */
+    int rank;
+    uint64_t shape[MP_TENSOR_RANK_MAX]; /* whole batch: (b,s,h) or (b,c,h,w) or (b,n) */
+    bool needs_grad;              /* backward computes a gradient for it */
+    int block;                    /* block that creates it (-1: the model input) */
+};
+
+#define MP_NODE_EXTRA_MAX 4
+#define MP_NODE_SAVED_MAX 8
+
+struct mp_node {
+    enum mp_prim prim;
+    char name[64];                /* "h.3.attn.q_proj" */
+    const struct mp_layer *layer; /* the model layer it lowers (never NULL) */
+    int block;
+    int in[2];                    /* tensor ids; -1 unused */
+    int out;                      /* tensor id (== in[0] for views and in-place ops) */
+    int n_extra;
+    int extra[MP_NODE_EXTRA_MAX]; /* tensors created besides out, kept only if saved */
+    int n_saved;
+    int saved[MP_NODE_SAVED_MAX]; /* tensors kept for backward (distinct ids) */
+    int param[2];                 /* parameter ids (weight, bias); -1 unused */
+    bool grad_in;                 /* produces gradients for its inputs that need one */
+    uint64_t fwd_tmp_bytes;       /* transient workspace during forward */
+    uint64_t bwd_tmp_bytes;       /* transient workspace during backward (beyond grads of inputs/params) */
+    double fwd_flops, bwd_flops;
+    /* dimensions the executor needs */
+    uint64_t rows, n, k;          /* linear: M rows, n out, k in; norms: rows, n = width */
+    uint64_t heads, kv_heads, head_dim, seq, rotary_dim;
+    bool causal, eager;
+    enum mp_act act;
+    double p;
+    uint64_t c_in, c_out, h_in, w_in, h_out, w_out, kernel, stride, padding, groups;
+};
+
+struct mp_param {
+    char name[64];
+    uint64_t elems;
+    int block;           /* block that owns it */
+    bool matmul;         /* used by linear/conv: autocast makes a half copy */
+    bool matrix;         /* 2-D or more (Adafactor factors it) */
+    uint64_t rows, cols; /* for matrices (Adafactor: rows + cols state) */
+};
+
+struct mp_block_prog {
+    int input;           /* tensor id of x_i */
+    int output;          /* tensor id of x_{i+1} */
+    size_t node0, n_nodes;
+    size_t param0, n_params;
+    uint64_t params;     /* parameter elements owned by the block */
+    double fwd_flops, bwd_flops;
+};
+
+struct mp_program {
+    struct mp_build_opts opts;
+    const struct mp_model *model;
+    enum mp_dtype param_dtype;   /* fp32, or bf16 for pure bf16 */
+    enum mp_dtype compute_dtype; /* matmul output dtype */
+    size_t n_tensors, n_nodes, n_params, n_blocks;
+    struct mp_tensor *tensors;
+    struct mp_node *nodes;
+    struct mp_param *params;
+    struct mp_block_prog *blocks;
+    int input;                   /* x_0: token ids, image or opaque input */
+    int labels;                  /* int64 labels resident for the step, or -1 */
+    bool explicit_loss;          /* last block computes the loss (lm_head / classifier) */
+    uint64_t total_params;
+    uint64_t trainable_params;
+    double fwd_flops, bwd_flops;
+    size_t cap_tensors, cap_nodes, cap_params; /* private */
+};
+
+/* Lowers m at o (seq 0 means the model's default).  On error the program is
+ * released and d says which layer and why.  Release with mp_program_release. */
+enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
+                                struct mp_diag *d);
+void mp_program_release(struct mp_program *p);
+
+#endif

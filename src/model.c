@@ -1,0 +1,290 @@
+/* model.c — the validated model: names of enums, lifecycle, cross-field
+ * validation, parameter counts, and the file loader that dispatches to the
+ * memplan-JSON or HF reader.  cJSON is used only to parse and dispatch.
+ */
+#include "model.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "layers.h"
+#include "model_read.h"
+
+static const char *const layer_type_names[] = {
+#define MP_X(id, str) str,
+    MP_LAYER_TYPES(MP_X)
+#undef MP_X
+};
+
+const char *mp_layer_type_str(enum mp_layer_type t)
+{
+    return (unsigned)t < MP_LT_COUNT ? layer_type_names[t] : "?";
+}
+
+int mp_layer_type_parse(const char *s)
+{
+    for (int i = 0; i < MP_LT_COUNT; i++)
+        if (strcmp(s, layer_type_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *mp_act_str(enum mp_act a)
+{
+    switch (a) {
+    case MP_ACT_GELU: return "gelu";
+    case MP_ACT_GELU_TANH: return "gelu_tanh";
+    case MP_ACT_RELU: return "relu";
+    case MP_ACT_SILU: return "silu";
+    case MP_ACT_TANH: return "tanh";
+    case MP_ACT_SIGMOID: return "sigmoid";
+    }
+    return "?";
+}
+
+int mp_act_parse(const char *s)
+{
+    static const struct {
+        const char *name;
+        enum mp_act act;
+    } t[] = {
+        {"gelu", MP_ACT_GELU},           {"gelu_tanh", MP_ACT_GELU_TANH}, {"gelu_new", MP_ACT_GELU_TANH},
+        {"gelu_pytorch_tanh", MP_ACT_GELU_TANH}, {"gelu_fast", MP_ACT_GELU_TANH}, {"tanh_gelu", MP_ACT_GELU_TANH},
+        {"relu", MP_ACT_RELU},           {"silu", MP_ACT_SILU},           {"swish", MP_ACT_SILU},
+        {"tanh", MP_ACT_TANH},           {"sigmoid", MP_ACT_SIGMOID},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (strcmp(s, t[i].name) == 0)
+            return (int)t[i].act;
+    return -1;
+}
+
+const char *mp_attn_impl_str(enum mp_attn_impl a)
+{
+    switch (a) {
+    case MP_ATTN_SDPA: return "sdpa";
+    case MP_ATTN_FLASH: return "flash";
+    case MP_ATTN_EAGER: return "eager";
+    }
+    return "?";
+}
+
+void mp_model_init(struct mp_model *m)
+{
+    memset(m, 0, sizeof *m);
+    strcpy(m->source, "memplan");
+}
+
+void mp_model_release(struct mp_model *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n_blocks; i++)
+        free(m->blocks[i].layers);
+    free(m->blocks);
+    m->blocks = NULL;
+    m->n_blocks = 0;
+}
+
+struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t n_layers)
+{
+    if (m->n_blocks >= (size_t)1 << 24)
+        return NULL;
+    struct mp_block *nb = realloc(m->blocks, (m->n_blocks + 1) * sizeof *nb);
+    if (!nb)
+        return NULL;
+    m->blocks = nb;
+    struct mp_block *b = &m->blocks[m->n_blocks];
+    memset(b, 0, sizeof *b);
+    snprintf(b->name, sizeof b->name, "%s", name);
+    b->layers = calloc(n_layers ? n_layers : 1, sizeof *b->layers);
+    if (!b->layers)
+        return NULL;
+    b->n_layers = n_layers;
+    m->n_blocks++;
+    return b;
+}
+
+/* ---- validation ---------------------------------------------------------------- */
+
+static enum mp_status check_attention(const struct mp_model *m, const struct mp_layer *l, const char *where,
+                                      struct mp_diag *d)
+{
+    if (l->heads == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s.heads: expected a positive integer", m->path, where);
+    if (l->kv_heads == 0 || l->kv_heads > l->heads || l->heads % l->kv_heads != 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s.kv_heads: %llu must divide heads (%llu)", m->path, where,
+                       (unsigned long long)l->kv_heads, (unsigned long long)l->heads);
+    if (l->head_dim == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s.head_dim: expected a positive integer", m->path, where);
+    if (l->rotary_dim > l->head_dim || l->rotary_dim % 2)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s.rotary_dim: must be even and at most head_dim", m->path, where);
+    return MP_OK;
+}
+
+enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d)
+{
+    if (m->n_blocks == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: layers: the model has no layers", m->path);
+    if (m->input == MP_INPUT_TOKENS && m->seq_len == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: input.tokens: expected a positive sequence length", m->path);
+    for (size_t i = 0; i < m->n_blocks; i++) {
+        const struct mp_block *b = &m->blocks[i];
+        for (size_t j = 0; j < b->n_layers; j++) {
+            const struct mp_layer *l = &b->layers[j];
+            char where[160];
+            snprintf(where, sizeof where, "%s.%s", b->name, l->name[0] ? l->name : mp_layer_type_str(l->type));
+            if (l->type == MP_LT_ATTENTION || l->type == MP_LT_TRANSFORMER_BLOCK) {
+                enum mp_status st = check_attention(m, l, where, d);
+                if (st != MP_OK)
+                    return st;
+            }
+            if (l->type == MP_LT_TRANSFORMER_BLOCK && l->ffn == 0)
+                return mp_fail(d, MP_ERR_MODEL, "%s: %s.ffn: expected a positive integer", m->path, where);
+        }
+    }
+    /* The shapes must chain; layers.c checks that while building, at batch 1. */
+    struct mp_program prog;
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 1;
+    o.seq = m->input == MP_INPUT_TOKENS ? m->seq_len : 1;
+    enum mp_status st = mp_program_build(m, &o, &prog, d);
+    mp_program_release(&prog);
+    return st;
+}
+
+/* ---- loading ---------------------------------------------------------------------- */
+
+#define MP_FILE_MAX (64u << 20)
+
+enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
+                                    struct mp_diag *d)
+{
+    mp_model_init(m);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    if (len == 0)
+        return mp_fail(d, MP_ERR_JSON, "%s: the file is empty", path);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root) {
+        const char *e = cJSON_GetErrorPtr();
+        size_t off = (e && e >= text && e <= text + len) ? (size_t)(e - text) : len;
+        size_t line = 1, col = 1;
+        for (size_t i = 0; i < off; i++) {
+            if (text[i] == '\n') {
+                line++;
+                col = 1;
+            } else {
+                col++;
+            }
+        }
+        return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON", path, line, col);
+    }
+    enum mp_status st;
+    if (!cJSON_IsObject(root))
+        st = mp_fail(d, MP_ERR_MODEL, "%s: expected a JSON object at the top level", path);
+    else if (mp_json_is_hf(root))
+        st = mp_model_from_hf(m, root, path, d);
+    else
+        st = mp_model_from_memplan(m, root, path, d);
+    cJSON_Delete(root);
+    if (st != MP_OK)
+        mp_model_release(m);
+    return st;
+}
+
+enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct mp_diag *d)
+{
+    mp_model_init(m);
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return mp_fail(d, MP_ERR_IO, "%s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode))
+        return mp_fail(d, MP_ERR_IO, "%s: is a directory, expected a model file", path);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return mp_fail(d, MP_ERR_IO, "%s: %s", path, strerror(errno));
+    char *buf = malloc(MP_FILE_MAX + 1);
+    if (!buf) {
+        fclose(f);
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory reading the file", path);
+    }
+    size_t n = fread(buf, 1, MP_FILE_MAX + 1, f);
+    int err = ferror(f);
+    fclose(f);
+    enum mp_status st;
+    if (err)
+        st = mp_fail(d, MP_ERR_IO, "%s: read error", path);
+    else if (n > MP_FILE_MAX)
+        st = mp_fail(d, MP_ERR_IO, "%s: larger than %u MiB, not a model description", path, MP_FILE_MAX >> 20);
+    else
+        st = mp_model_load_string(m, buf, n, path, d);
+    free(buf);
+    return st;
+}
+
+/* ---- shared JSON field readers ------------------------------------------------------ */
+
+enum mp_status mp_json_u64(const cJSON *obj, const char *key, bool required, uint64_t max, uint64_t *out,
+                           const char *path, const char *where, struct mp_diag *d)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required)
+            return mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: missing (expected a positive integer)", path, where,
+                           *where ? "." : "", key);
+        return MP_OK;
+    }
+    double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (!cJSON_IsNumber(v) || x < 0 || x != (double)(uint64_t)x)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: expected a non-negative integer", path, where,
+                       *where ? "." : "", key);
+    if (x > (double)max)
+        return mp_fail(d, MP_ERR_RANGE, "%s: %s%s%s: %.0f is too large (at most %llu)", path, where,
+                       *where ? "." : "", key, x, (unsigned long long)max);
+    *out = (uint64_t)x;
+    return MP_OK;
+}
+
+enum mp_status mp_json_bool(const cJSON *obj, const char *key, bool *out, const char *path, const char *where,
+                            struct mp_diag *d)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v))
+        return MP_OK;
+    if (!cJSON_IsBool(v))
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: expected true or false", path, where, *where ? "." : "", key);
+    *out = cJSON_IsTrue(v);
+    return MP_OK;
+}
+
+enum mp_status mp_json_prob(const cJSON *obj, const char *key, double *out, const char *path, const char *where,
+                            struct mp_diag *d)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v))
+        return MP_OK;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0.0 && v->valuedouble < 1.0))
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: expected a probability in [0, 1)", path, where,
+                       *where ? "." : "", key);
+    *out = v->valuedouble;
+    return MP_OK;
+}
+
+const char *mp_json_str(const cJSON *obj, const char *key, enum mp_status *st, const char *path, const char *where,
+                        struct mp_diag *d)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    *st = MP_OK;
+    if (!v || cJSON_IsNull(v))
+        return NULL;
+    if (!cJSON_IsString(v)) {
+        *st = mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: expected a string", path, where, *where ? "." : "", key);
+        return NULL;
+    }
+    return v->valuestring;
+}
