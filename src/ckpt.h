@@ -100,6 +100,15 @@ void mp_ckpt_plan_release(struct mp_ckpt_plan *p);
 enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_spec *spec, uint64_t budget_bytes,
                                  size_t slots, struct mp_ckpt_plan *p, struct mp_diag *d);
 
+/* The optimum of the OPTIMAL (rotor) or OPTIMAL_SEGMENTS dynamic program at
+ * budget_bytes, as the DP computes it on the discretised chain (slots as in
+ * mp_ckpt_plan_make), without building a plan: *cost = total cost (all
+ * forwards, backwards and b[L]), HUGE_VAL when nothing fits (MP_OK either
+ * way).  In exact units (all sizes multiples of their GCD, budget/GCD <=
+ * slots) it equals the plan's simulated total_cost.  For tests and sweeps. */
+enum mp_status mp_ckpt_dp_cost(const struct mp_chain *c, enum mp_ckpt_strategy strategy, uint64_t budget_bytes,
+                               size_t slots, double *cost, struct mp_diag *d);
+
 /* Schedule builders (exposed for tests and the estimator). */
 enum mp_status mp_ckpt_schedule_none(size_t L, struct mp_schedule *s);
 /* checkpoint_sequential(blocks, segments): first segments-1 segments of floor(L/segments) blocks

@@ -64,7 +64,7 @@ const char *mp_prim_str(enum mp_prim p);
 #define MP_TENSOR_RANK_MAX 4
 
 struct mp_tensor {
-    char name[48];
+    char name[96];
     enum mp_dtype dtype;
     uint64_t elems;
     uint64_t bytes;               /* elems * dtype size, unrounded */
@@ -74,15 +74,15 @@ struct mp_tensor {
     int block;                    /* block that creates it (-1: the model input) */
 };
 
-#define MP_NODE_EXTRA_MAX 4
+#define MP_NODE_EXTRA_MAX 6
 #define MP_NODE_SAVED_MAX 8
 
 struct mp_node {
     enum mp_prim prim;
-    char name[64];                /* "h.3.attn.q_proj" */
+    char name[96];                /* "h.3.attn.q_proj" */
     const struct mp_layer *layer; /* the model layer it lowers (never NULL) */
     int block;
-    int in[2];                    /* tensor ids; -1 unused */
+    int in[3];                    /* tensor ids; -1 unused (attention: q, k, v; loss: logits, labels) */
     int out;                      /* tensor id (== in[0] for views and in-place ops) */
     int n_extra;
     int extra[MP_NODE_EXTRA_MAX]; /* tensors created besides out, kept only if saved */
@@ -103,7 +103,7 @@ struct mp_node {
 };
 
 struct mp_param {
-    char name[64];
+    char name[96];
     uint64_t elems;
     int block;           /* block that owns it */
     bool matmul;         /* used by linear/conv: autocast makes a half copy */

@@ -1,0 +1,1231 @@
+/* ckpt.c — checkpoint placement on a chain: containers, the schedule simulator
+ * (checkpointing.md §7), the schedule builders (none, checkpoint_sequential,
+ * single-level segments), the rotor persistent DP (§5.1), the single-level
+ * segment DP (§6), their discretisation, and the Revolve closed form (§4).
+ * Not here: building chains from a model (the estimator does), I/O, the
+ * multi-option blocks of §5.2, the non-persistent rotor variants.
+ * Invariants: both DPs use the simulator's memory model exactly (Loss frees a
+ * plain x_L), so in exact units a DP cost is the simulated cost of its plan and
+ * a DP-feasible plan is simulator-feasible; every plan is replayed on byte
+ * sizes before it is returned, and a budgeted plan's byte peak is <= budget.
+ */
+#include "ckpt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CKPT_DEFAULT_SLOTS 500
+/* Largest DP table we are willing to allocate; beyond it ask for fewer slots. */
+#define CKPT_DP_MAX_BYTES ((uint64_t)4 << 30)
+
+/* ------------------------------------------------------------------------ */
+/* Chain and schedule containers                                             */
+/* ------------------------------------------------------------------------ */
+
+enum mp_status mp_chain_init(struct mp_chain *c, size_t L)
+{
+    memset(c, 0, sizeof *c);
+    /* Op indices are uint32_t and the DPs index blocks with int32_t. */
+    if (L > (size_t)INT32_MAX - 2)
+        return MP_ERR_RANGE;
+    c->L = L;
+    c->f = calloc(L ? L : 1, sizeof *c->f);
+    c->b = calloc(L + 1, sizeof *c->b);
+    c->x = calloc(L + 1, sizeof *c->x);
+    c->xb = calloc(L + 1, sizeof *c->xb);
+    c->ft = calloc(L ? L : 1, sizeof *c->ft);
+    c->bt = calloc(L + 1, sizeof *c->bt);
+    if (!c->f || !c->b || !c->x || !c->xb || !c->ft || !c->bt) {
+        mp_chain_release(c);
+        return MP_ERR_NOMEM;
+    }
+    return MP_OK;
+}
+
+void mp_chain_release(struct mp_chain *c)
+{
+    if (!c)
+        return;
+    free(c->f);
+    free(c->b);
+    free(c->x);
+    free(c->xb);
+    free(c->ft);
+    free(c->bt);
+    memset(c, 0, sizeof *c);
+}
+
+void mp_schedule_init(struct mp_schedule *s)
+{
+    s->n = 0;
+    s->cap = 0;
+    s->ops = NULL;
+}
+
+void mp_schedule_release(struct mp_schedule *s)
+{
+    if (!s)
+        return;
+    free(s->ops);
+    mp_schedule_init(s);
+}
+
+enum mp_status mp_schedule_push(struct mp_schedule *s, enum mp_sched_kind k, uint32_t index)
+{
+    if (s->n == s->cap) {
+        size_t ncap = s->cap ? s->cap * 2 : 64;
+        if (ncap < s->cap || ncap > SIZE_MAX / sizeof *s->ops)
+            return MP_ERR_NOMEM;
+        struct mp_sched_op *ops = realloc(s->ops, ncap * sizeof *ops);
+        if (!ops)
+            return MP_ERR_NOMEM;
+        s->ops = ops;
+        s->cap = ncap;
+    }
+    s->ops[s->n].kind = k;
+    s->ops[s->n].index = index;
+    s->n++;
+    return MP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Strategy specs                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* K of "segments:K" / "every:K": decimal digits only, > 0, no overflow. */
+static enum mp_status parse_k(const char *s, uint64_t *k)
+{
+    if (!*s)
+        return MP_ERR_USAGE;
+    for (const char *p = s; *p; p++)
+        if (*p < '0' || *p > '9')
+            return MP_ERR_USAGE;
+    if (mp_parse_u64(s, k) != MP_OK || *k == 0)
+        return MP_ERR_USAGE;
+    return MP_OK;
+}
+
+enum mp_status mp_ckpt_spec_parse(const char *s, struct mp_ckpt_spec *out)
+{
+    struct mp_ckpt_spec r = {MP_CKPT_NONE, 0};
+    if (!s || !out)
+        return MP_ERR_USAGE;
+    if (strcmp(s, "none") == 0)
+        r.strategy = MP_CKPT_NONE;
+    else if (strcmp(s, "sqrt") == 0)
+        r.strategy = MP_CKPT_SQRT;
+    else if (strcmp(s, "optimal") == 0)
+        r.strategy = MP_CKPT_OPTIMAL;
+    else if (strcmp(s, "optimal-segments") == 0)
+        r.strategy = MP_CKPT_OPTIMAL_SEGMENTS;
+    else if (strncmp(s, "segments:", 9) == 0) {
+        r.strategy = MP_CKPT_SEGMENTS;
+        if (parse_k(s + 9, &r.k) != MP_OK)
+            return MP_ERR_USAGE;
+    } else if (strncmp(s, "every:", 6) == 0) {
+        r.strategy = MP_CKPT_EVERY;
+        if (parse_k(s + 6, &r.k) != MP_OK)
+            return MP_ERR_USAGE;
+    } else
+        return MP_ERR_USAGE;
+    *out = r;
+    return MP_OK;
+}
+
+const char *mp_ckpt_spec_str(const struct mp_ckpt_spec *s, char *buf, size_t len)
+{
+    if (!buf || len == 0)
+        return "";
+    switch (s->strategy) {
+    case MP_CKPT_NONE:
+        snprintf(buf, len, "none");
+        break;
+    case MP_CKPT_SQRT:
+        snprintf(buf, len, "sqrt");
+        break;
+    case MP_CKPT_SEGMENTS:
+        snprintf(buf, len, "segments:%llu", (unsigned long long)s->k);
+        break;
+    case MP_CKPT_EVERY:
+        snprintf(buf, len, "every:%llu", (unsigned long long)s->k);
+        break;
+    case MP_CKPT_OPTIMAL:
+        snprintf(buf, len, "optimal");
+        break;
+    case MP_CKPT_OPTIMAL_SEGMENTS:
+        snprintf(buf, len, "optimal-segments");
+        break;
+    default:
+        snprintf(buf, len, "?");
+        break;
+    }
+    return buf;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Simulator (§7)                                                            */
+/* ------------------------------------------------------------------------ */
+
+static const char *op_name(const struct mp_sched_op *op, char *buf, size_t len)
+{
+    static const char *names[] = {"Fn", "Fc", "Fe", "Loss", "B"};
+    if ((unsigned)op->kind > MP_SCHED_B)
+        snprintf(buf, len, "op?%d_%u", (int)op->kind, (unsigned)op->index);
+    else if (op->kind == MP_SCHED_LOSS)
+        snprintf(buf, len, "Loss");
+    else
+        snprintf(buf, len, "%s_%u", names[op->kind], (unsigned)op->index);
+    return buf;
+}
+
+/* Replays s on c.  *complete is set when the replay ends with exactly {y_0}
+ * resident, i.e. the schedule is a whole training step. */
+static enum mp_status simulate(const struct mp_chain *c, const struct mp_schedule *s, uint64_t *peak_out,
+                               double *cost_out, bool *complete, struct mp_diag *d)
+{
+    const size_t L = c->L;
+    /* Resident flags: plain x_i (0..L), xbar_i (1..L), y_i (0..L). */
+    unsigned char *hx = calloc(3 * (L + 1), 1);
+    if (!hx)
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: simulate: out of memory");
+    unsigned char *hxb = hx + (L + 1), *hy = hx + 2 * (L + 1);
+    enum mp_status st = MP_OK;
+    char nm[48];
+    uint64_t cur = c->x[0], peak = c->x[0], use = 0;
+    double cost = 0;
+    hx[0] = 1;
+
+#define SIM_FAIL(...)                                                         \
+    do {                                                                      \
+        st = mp_fail(d, MP_ERR_INTERNAL, "ckpt: simulate: op %zu (%s): " __VA_ARGS__); \
+        goto out;                                                             \
+    } while (0)
+#define SIM_ADD(v)                                                                          \
+    do {                                                                                    \
+        if (!mp_add_u64(cur, (v), &cur)) {                                                  \
+            st = mp_fail(d, MP_ERR_RANGE, "ckpt: simulate: op %zu (%s): memory overflows 64 bits", k, \
+                         op_name(op, nm, sizeof nm));                                       \
+            goto out;                                                                       \
+        }                                                                                   \
+    } while (0)
+
+    for (size_t k = 0; k < s->n; k++) {
+        const struct mp_sched_op *op = &s->ops[k];
+        const size_t i = op->index;
+        uint64_t tmp = 0;
+        op_name(op, nm, sizeof nm);
+        switch (op->kind) {
+        case MP_SCHED_FE:
+        case MP_SCHED_FC:
+        case MP_SCHED_FN: {
+            if (i >= L)
+                SIM_FAIL("block index out of range (chain has %zu blocks)", k, nm, L);
+            if (!hx[i] && !hxb[i])
+                SIM_FAIL("input x_%zu is not resident", k, nm, i);
+            bool full = op->kind == MP_SCHED_FE;
+            unsigned char *outp = full ? &hxb[i + 1] : &hx[i + 1];
+            if (*outp)
+                SIM_FAIL("%s_%zu is already resident", k, nm, full ? "xbar" : "x", i + 1);
+            SIM_ADD(full ? c->xb[i + 1] : c->x[i + 1]);
+            *outp = 1;
+            tmp = c->ft[i];
+            cost += c->f[i];
+            break;
+        }
+        case MP_SCHED_LOSS:
+            if (i != L)
+                SIM_FAIL("Loss must carry index L = %zu", k, nm, L);
+            if (!hx[L] && !hxb[L])
+                SIM_FAIL("loss input x_%zu is not resident", k, nm, L);
+            if (hy[L])
+                SIM_FAIL("y_%zu is already resident", k, nm, L);
+            SIM_ADD(c->x[L]);
+            hy[L] = 1;
+            tmp = c->bt[L];
+            cost += c->b[L];
+            break;
+        case MP_SCHED_B:
+            if (i >= L)
+                SIM_FAIL("block index out of range (chain has %zu blocks)", k, nm, L);
+            if (!hy[i + 1])
+                SIM_FAIL("gradient y_%zu is not resident", k, nm, i + 1);
+            if (!hxb[i + 1])
+                SIM_FAIL("saved xbar_%zu is not resident", k, nm, i + 1);
+            if (!hx[i] && !hxb[i])
+                SIM_FAIL("input x_%zu is not resident", k, nm, i);
+            if (hy[i])
+                SIM_FAIL("y_%zu is already resident", k, nm, i);
+            SIM_ADD(c->x[i]);
+            hy[i] = 1;
+            tmp = c->bt[i];
+            cost += c->b[i];
+            break;
+        default:
+            SIM_FAIL("unknown op kind", k, nm);
+        }
+        if (!mp_add_u64(cur, tmp, &use)) {
+            st = mp_fail(d, MP_ERR_RANGE, "ckpt: simulate: op %zu (%s): memory overflows 64 bits", k, nm);
+            goto out;
+        }
+        peak = mp_max_u64(peak, use);
+        /* Frees happen after the op's usage is counted. */
+        if (op->kind == MP_SCHED_FN) {
+            if (hx[i]) {
+                hx[i] = 0;
+                cur -= c->x[i];
+            } else {
+                hxb[i] = 0;
+                cur -= c->xb[i];
+            }
+        } else if (op->kind == MP_SCHED_LOSS) {
+            if (hx[L]) { /* §8: the loss frees a plain x_L */
+                hx[L] = 0;
+                cur -= c->x[L];
+            }
+        } else if (op->kind == MP_SCHED_B) {
+            if (hx[i]) {
+                hx[i] = 0;
+                cur -= c->x[i];
+            }
+            hy[i + 1] = 0;
+            cur -= c->x[i + 1];
+            hxb[i + 1] = 0;
+            cur -= c->xb[i + 1];
+        }
+    }
+#undef SIM_FAIL
+#undef SIM_ADD
+
+    if (complete) {
+        bool ok = hy[0] != 0;
+        for (size_t i = 0; ok && i <= L; i++)
+            ok = !hx[i] && !hxb[i] && (i == 0 || !hy[i]);
+        *complete = ok;
+    }
+    if (peak_out)
+        *peak_out = peak;
+    if (cost_out)
+        *cost_out = cost;
+out:
+    free(hx);
+    return st;
+}
+
+enum mp_status mp_ckpt_simulate(const struct mp_chain *c, const struct mp_schedule *s, uint64_t *peak,
+                                double *cost, struct mp_diag *d)
+{
+    return simulate(c, s, peak, cost, NULL, d);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Schedule builders                                                         */
+/* ------------------------------------------------------------------------ */
+
+#define PUSH(sched, kind, idx)                                          \
+    do {                                                                \
+        if (mp_schedule_push((sched), (kind), (uint32_t)(idx)) != MP_OK) \
+            return MP_ERR_NOMEM;                                        \
+    } while (0)
+
+/* All builders reset s (s->n = 0, keeping its buffer); s must be initialised. */
+enum mp_status mp_ckpt_schedule_none(size_t L, struct mp_schedule *s)
+{
+    if (L > (size_t)INT32_MAX - 2)
+        return MP_ERR_RANGE;
+    s->n = 0;
+    for (size_t i = 0; i < L; i++)
+        PUSH(s, MP_SCHED_FE, i);
+    PUSH(s, MP_SCHED_LOSS, L);
+    for (size_t i = L; i-- > 0;)
+        PUSH(s, MP_SCHED_B, i);
+    return MP_OK;
+}
+
+enum mp_status mp_ckpt_schedule_segments(size_t L, size_t n_seg, const size_t *seg_start, const bool *seg_ckpt,
+                                         struct mp_schedule *s)
+{
+    if (L > (size_t)INT32_MAX - 2)
+        return MP_ERR_RANGE;
+    if (L == 0 ? n_seg != 0 : (n_seg == 0 || seg_start[0] != 0))
+        return MP_ERR_USAGE;
+    for (size_t k = 1; k < n_seg; k++)
+        if (seg_start[k] <= seg_start[k - 1] || seg_start[k] >= L)
+            return MP_ERR_USAGE;
+    s->n = 0;
+    for (size_t k = 0; k < n_seg; k++) {
+        size_t a = seg_start[k], e = k + 1 < n_seg ? seg_start[k + 1] : L;
+        if (seg_ckpt[k]) {
+            PUSH(s, MP_SCHED_FC, a);
+            for (size_t i = a + 1; i < e; i++)
+                PUSH(s, MP_SCHED_FN, i);
+        } else {
+            for (size_t i = a; i < e; i++)
+                PUSH(s, MP_SCHED_FE, i);
+        }
+    }
+    PUSH(s, MP_SCHED_LOSS, L);
+    for (size_t k = n_seg; k-- > 0;) {
+        size_t a = seg_start[k], e = k + 1 < n_seg ? seg_start[k + 1] : L;
+        if (seg_ckpt[k])
+            for (size_t i = a; i < e; i++)
+                PUSH(s, MP_SCHED_FE, i);
+        for (size_t i = e; i-- > a;)
+            PUSH(s, MP_SCHED_B, i);
+    }
+    return MP_OK;
+}
+
+/* Segments of `size` blocks from 0; the first n-1 (or all, if last_ckpt) checkpointed. */
+static enum mp_status schedule_runs(size_t L, size_t n, size_t size, bool last_ckpt, struct mp_schedule *s)
+{
+    size_t *start = malloc(n * sizeof *start);
+    bool *ck = malloc(n * sizeof *ck);
+    enum mp_status st = MP_ERR_NOMEM;
+    if (start && ck) {
+        for (size_t k = 0; k < n; k++) {
+            start[k] = k * size;
+            ck[k] = k + 1 < n || last_ckpt;
+        }
+        st = mp_ckpt_schedule_segments(L, n, start, ck, s);
+    }
+    free(start);
+    free(ck);
+    return st;
+}
+
+enum mp_status mp_ckpt_schedule_sequential(size_t L, size_t segments, struct mp_schedule *s)
+{
+    if (segments == 0 || (L > 0 && segments > L) || (L == 0 && segments != 1))
+        return MP_ERR_USAGE;
+    if (L == 0)
+        return mp_ckpt_schedule_none(0, s);
+    /* torch.utils.checkpoint.checkpoint_sequential: segment_size = floor(L / segments);
+     * the last segment takes the remainder and is not checkpointed (§3). */
+    return schedule_runs(L, segments, L / segments, false, s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Discretisation                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Sizes in DP units, padded as §5.1 wants: x, xb have L+2 entries (x[L+1] =
+ * xb[L+1] = 0), ft has L+1 (ft[L] = 0), bt has L+1.  Every size is clamped to
+ * M+1 so small sums cannot overflow and "does not fit" is preserved.  A usage
+ * of u units is at most u * unit bytes, and u <= M implies <= budget bytes. */
+struct units {
+    uint64_t unit;  /* bytes per unit */
+    uint64_t M;     /* budget in units (rounded down) */
+    bool exact;     /* every size is a multiple of unit */
+    uint64_t *x, *xb, *ft, *bt;
+    double *f, *b;  /* f has L+1 entries (f[L] = 0), b has L+1 */
+};
+
+static void units_release(struct units *u)
+{
+    free(u->x);
+    memset(u, 0, sizeof *u);
+}
+
+static uint64_t gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* budget: bytes, already clamped to the no-checkpoint peak by the caller. */
+static enum mp_status discretise(const struct mp_chain *c, uint64_t budget, size_t slots, struct units *u,
+                                 struct mp_diag *d)
+{
+    const size_t L = c->L;
+    memset(u, 0, sizeof *u);
+    /* One block for x, xb (L+2 each), ft, bt (L+1 each), f, b (L+1 doubles each). */
+    size_t nu = 2 * (L + 2) + 2 * (L + 1), nd = 2 * (L + 1);
+    uint64_t *mem = malloc(nu * sizeof(uint64_t) + nd * sizeof(double));
+    if (!mem)
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: out of memory");
+    u->x = mem;
+    u->xb = u->x + (L + 2);
+    u->ft = u->xb + (L + 2);
+    u->bt = u->ft + (L + 1);
+    u->f = (double *)(void *)(u->bt + (L + 1));
+    u->b = u->f + (L + 1);
+
+    uint64_t g = 0;
+    for (size_t i = 0; i <= L; i++) {
+        g = gcd_u64(g, c->x[i]);
+        g = gcd_u64(g, c->xb[i]);
+        g = gcd_u64(g, c->bt[i]);
+        if (i < L)
+            g = gcd_u64(g, c->ft[i]);
+    }
+    if (g == 0) /* every size is zero */
+        g = 1;
+    if (budget / g <= slots) {
+        u->unit = g;
+        u->exact = true;
+    } else {
+        u->unit = mp_ceil_div(budget, slots);
+        u->exact = false;
+    }
+    u->M = budget / u->unit;
+    const uint64_t cap = u->M + 1;
+#define TO_UNITS(v) mp_min_u64(mp_ceil_div((v), u->unit), cap)
+    for (size_t i = 0; i <= L; i++) {
+        u->x[i] = TO_UNITS(c->x[i]);
+        u->xb[i] = TO_UNITS(c->xb[i]);
+        u->bt[i] = TO_UNITS(c->bt[i]);
+        u->ft[i] = i < L ? TO_UNITS(c->ft[i]) : 0;
+        u->f[i] = i < L ? c->f[i] : 0.0;
+        u->b[i] = c->b[i];
+    }
+#undef TO_UNITS
+    u->x[L + 1] = 0;
+    u->xb[L + 1] = 0;
+    return MP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rotor persistent DP (§5.1)                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Tables OPT[s][l][m] and WHAT[s][l][m] for 0 <= s <= l <= L, stored
+ * triangularly by (s, l) with m contiguous: entry (s, l) starts at
+ * (row[s] + l - s) * (M + 1).  Every sub-problem depends only on strictly
+ * shorter ones, so lengths are filled in ascending order and each inner loop
+ * runs over m (vectorisable).
+ *
+ * Memory bounds (m excludes the sub-chain input x_s, includes y_{l+1}):
+ *   base s == l:  m >= max(x[s+1] + xb[s+1] + ft[s], x[s] + x[s+1] + xb[s+1] + bt[s])
+ *   sweep (l > s): m >= mmin, as in rotor; every schedule forwards each block
+ *                 of s..l-1 once with y_{l+1} resident, so this is necessary.
+ *   leaf j:       m >= x[j], OPT[s][j-1][m] and OPT[j][l][m - x[j]] finite.
+ *   chain:        Fe_s runs with y_{l+1} resident: m >= xb[s+1] + x[l+1] + ft[s];
+ *                 B_s: m >= x[s] + x[s+1] + xb[s+1] + bt[s]; OPT[s+1][l][m - xb[s+1]].
+ * rotor reuses the base case OPT[s][s] for the chain's Fe_s, which counts
+ * x[s+1] where y_{l+1} is resident: that under-estimates Fe_s when
+ * x[l+1] > x[s+1] and ft[s] > 0 (and over-estimates otherwise).  The bounds
+ * above are exact for the simulator, so DP cost == simulated cost. */
+struct rotor {
+    size_t L, Mn;  /* Mn = M + 1 */
+    size_t *row;   /* [L+1] */
+    double *opt;
+    int32_t *what; /* -1 chain, j leaf */
+};
+
+static void rotor_release(struct rotor *r)
+{
+    free(r->row);
+    free(r->opt);
+    free(r->what);
+    memset(r, 0, sizeof *r);
+}
+
+static inline size_t rotor_at(const struct rotor *r, size_t s, size_t l)
+{
+    return (r->row[s] + (l - s)) * r->Mn;
+}
+
+/* Allocates a triangular table of ntri * Mn entries of elem bytes (checked). */
+static enum mp_status dp_alloc_check(size_t ntri, size_t Mn, size_t elem, const char *what, struct mp_diag *d)
+{
+    uint64_t n, bytes;
+    if (!mp_mul_u64(ntri, Mn, &n) || !mp_mul_u64(n, elem, &bytes) || bytes > CKPT_DP_MAX_BYTES ||
+        bytes > SIZE_MAX)
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: %s: DP table of %zu x %zu entries is too large; use fewer slots",
+                       what, ntri, Mn);
+    return MP_OK;
+}
+
+static enum mp_status rotor_solve(const struct units *u, size_t L, struct rotor *r, struct mp_diag *d)
+{
+    memset(r, 0, sizeof *r);
+    const uint64_t *x = u->x, *xb = u->xb, *ft = u->ft, *bt = u->bt;
+    const double *f = u->f, *b = u->b;
+    const uint64_t M = u->M - x[0]; /* m0: caller guarantees u->M >= x[0] */
+    const double INF = HUGE_VAL;
+    size_t ntri = (L + 1) * (L + 2) / 2;
+    enum mp_status st;
+    if ((L + 1) > SIZE_MAX / (L + 2) || M >= SIZE_MAX)
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: chain too long");
+    size_t Mn = (size_t)M + 1;
+    if ((st = dp_alloc_check(ntri, Mn, sizeof(double) + sizeof(int32_t), "optimal", d)) != MP_OK)
+        return st;
+    r->L = L;
+    r->Mn = Mn;
+    r->row = malloc((L + 1) * sizeof *r->row);
+    r->opt = malloc(ntri * Mn * sizeof *r->opt);
+    r->what = malloc(ntri * Mn * sizeof *r->what);
+    if (!r->row || !r->opt || !r->what) {
+        rotor_release(r);
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: out of memory for the DP table (%zu x %zu)", ntri, Mn);
+    }
+    for (size_t s = 0, acc = 0; s <= L; s++) {
+        r->row[s] = acc;
+        acc += L + 1 - s;
+    }
+
+    /* Base: a single block (or the loss when i == L). */
+    for (size_t i = 0; i <= L; i++) {
+        double *o = r->opt + rotor_at(r, i, i);
+        int32_t *w = r->what + rotor_at(r, i, i);
+        uint64_t need = mp_max_u64(x[i + 1] + xb[i + 1] + ft[i], x[i] + x[i + 1] + xb[i + 1] + bt[i]);
+        double v = f[i] + b[i];
+        for (size_t m = 0; m < Mn; m++) {
+            o[m] = m >= need ? v : INF;
+            w[m] = -1;
+        }
+    }
+
+    for (size_t dd = 1; dd <= L; dd++) {
+        for (size_t s = 0; s + dd <= L; s++) {
+            const size_t l = s + dd;
+            double *o = r->opt + rotor_at(r, s, l);
+            int32_t *w = r->what + rotor_at(r, s, l);
+            for (size_t m = 0; m < Mn; m++) {
+                o[m] = INF;
+                w[m] = -1;
+            }
+            uint64_t mmin = x[l + 1] + x[s + 1] + ft[s];
+            for (size_t j = s + 1; j < l; j++)
+                mmin = mp_max_u64(mmin, x[l + 1] + x[j] + x[j + 1] + ft[j]);
+            if (mmin > M)
+                continue;
+
+            /* Leaf at j: Fc_s, Fn_{s+1..j-1} store x_j; right part with x_j
+             * resident, then the left part with y_j. */
+            double sumf = 0;
+            for (size_t j = s + 1; j <= l; j++) {
+                sumf += f[j - 1];
+                const uint64_t xj = x[j];
+                const uint64_t lo = mp_max_u64(mmin, xj);
+                if (lo > M)
+                    continue;
+                const double *R = r->opt + rotor_at(r, j, l);
+                const double *Lf = r->opt + rotor_at(r, s, j - 1);
+                const int32_t jj = (int32_t)j;
+                for (size_t m = (size_t)lo; m < Mn; m++) {
+                    double cst = sumf + R[m - xj] + Lf[m];
+                    bool better = cst < o[m];
+                    o[m] = better ? cst : o[m];
+                    w[m] = better ? jj : w[m];
+                }
+            }
+
+            /* Chain: Fe_s keeps xb_{s+1}; solve s+1..l; B_s.  Ties go to the leaf. */
+            uint64_t need = mp_max_u64(mmin, mp_max_u64(xb[s + 1] + x[l + 1] + ft[s],
+                                                        x[s] + x[s + 1] + xb[s + 1] + bt[s]));
+            if (need > M)
+                continue;
+            const double fb = f[s] + b[s];
+            const uint64_t xs1 = xb[s + 1];
+            const double *C = r->opt + rotor_at(r, s + 1, l);
+            for (size_t m = (size_t)need; m < Mn; m++) {
+                double cst = fb + C[m - xs1];
+                bool take = w[m] < 0 || cst < o[m];
+                o[m] = take ? cst : o[m];
+                w[m] = take ? -1 : w[m];
+            }
+        }
+    }
+    return MP_OK;
+}
+
+/* Back-tracks rotor's rec(0, L, m0) into s with an explicit stack. */
+static enum mp_status rotor_schedule(const struct rotor *r, const struct units *u, struct mp_schedule *s,
+                                     struct mp_diag *d)
+{
+    struct frame {
+        uint32_t s, l;
+        uint64_t m;
+        bool emit_b; /* a pending B_s rather than a sub-problem */
+    };
+    const size_t L = r->L;
+    size_t cap = 2 * (L + 2), n = 0;
+    struct frame *stk = malloc(cap * sizeof *stk);
+    enum mp_status st = MP_OK;
+    if (!stk)
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: out of memory");
+    s->n = 0;
+    stk[n++] = (struct frame){0, (uint32_t)L, u->M - u->x[0], false};
+#define EMIT(kind, idx)                                                                \
+    do {                                                                               \
+        if (mp_schedule_push(s, (kind), (uint32_t)(idx)) != MP_OK) {                   \
+            st = mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: out of memory");             \
+            goto out;                                                                  \
+        }                                                                              \
+    } while (0)
+    while (n > 0) {
+        struct frame fr = stk[--n];
+        if (fr.emit_b) {
+            EMIT(MP_SCHED_B, fr.s);
+            continue;
+        }
+        size_t at = rotor_at(r, fr.s, fr.l) + (size_t)fr.m;
+        if (fr.m >= r->Mn || isinf(r->opt[at])) {
+            st = mp_fail(d, MP_ERR_INTERNAL, "ckpt: optimal: back-tracking reached an infeasible state (%u, %u, %llu)",
+                         (unsigned)fr.s, (unsigned)fr.l, (unsigned long long)fr.m);
+            goto out;
+        }
+        if (fr.s == fr.l) {
+            if (fr.s == L)
+                EMIT(MP_SCHED_LOSS, L);
+            else {
+                EMIT(MP_SCHED_FE, fr.s);
+                EMIT(MP_SCHED_B, fr.s);
+            }
+            continue;
+        }
+        if (n + 2 > cap) {
+            size_t ncap = cap * 2;
+            struct frame *t = realloc(stk, ncap * sizeof *t);
+            if (!t) {
+                st = mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: out of memory");
+                goto out;
+            }
+            stk = t;
+            cap = ncap;
+        }
+        int32_t w = r->what[at];
+        if (w < 0) {
+            EMIT(MP_SCHED_FE, fr.s);
+            stk[n++] = (struct frame){fr.s, 0, 0, true};
+            stk[n++] = (struct frame){fr.s + 1, fr.l, fr.m - u->xb[fr.s + 1], false};
+        } else {
+            EMIT(MP_SCHED_FC, fr.s);
+            for (uint32_t k = fr.s + 1; k < (uint32_t)w; k++)
+                EMIT(MP_SCHED_FN, k);
+            stk[n++] = (struct frame){fr.s, (uint32_t)w - 1, fr.m, false};           /* then the left part */
+            stk[n++] = (struct frame){(uint32_t)w, fr.l, fr.m - u->x[w], false};    /* first the right part */
+        }
+    }
+#undef EMIT
+out:
+    free(stk);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Single-level segment DP (§6)                                              */
+/* ------------------------------------------------------------------------ */
+
+/* State (s, P): blocks 0..s-1 are forwarded in segments, P units resident
+ * (P includes x_s or xbar_s).  dp = least recompute cost.  Peaks per segment
+ * [s, e) as in §6 with the Loss freeing a plain x_L; all are exact for the
+ * simulator on the schedules mp_ckpt_schedule_segments builds. */
+struct segdp {
+    size_t L, Mn;
+    double *cost;    /* [(L+1) * Mn] */
+    int32_t *prev_s; /* segment start that led here */
+    int32_t *prev_p;
+    unsigned char *ck;
+};
+
+static void segdp_release(struct segdp *g)
+{
+    free(g->cost);
+    free(g->prev_s);
+    free(g->prev_p);
+    free(g->ck);
+    memset(g, 0, sizeof *g);
+}
+
+static enum mp_status segdp_solve(const struct units *u, size_t L, struct segdp *g, double *best_cost,
+                                  uint64_t *best_p, struct mp_diag *d)
+{
+    memset(g, 0, sizeof *g);
+    const uint64_t *x = u->x, *xb = u->xb, *ft = u->ft, *bt = u->bt;
+    const uint64_t M = u->M;
+    const double INF = HUGE_VAL;
+    enum mp_status st;
+    if (M >= INT32_MAX)
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal-segments: too many slots");
+    size_t Mn = (size_t)M + 1;
+    if ((st = dp_alloc_check(L + 1, Mn, sizeof(double) + 2 * sizeof(int32_t) + 1, "optimal-segments", d)) != MP_OK)
+        return st;
+    size_t n = (L + 1) * Mn;
+    g->L = L;
+    g->Mn = Mn;
+    g->cost = malloc(n * sizeof *g->cost);
+    g->prev_s = malloc(n * sizeof *g->prev_s);
+    g->prev_p = malloc(n * sizeof *g->prev_p);
+    g->ck = malloc(n);
+    double *F = malloc((L + 1) * sizeof *F); /* prefix sums of f */
+    if (!g->cost || !g->prev_s || !g->prev_p || !g->ck || !F) {
+        free(F);
+        segdp_release(g);
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal-segments: out of memory");
+    }
+    for (size_t i = 0; i < n; i++)
+        g->cost[i] = INF;
+    F[0] = 0;
+    for (size_t i = 0; i < L; i++)
+        F[i + 1] = F[i] + u->f[i];
+
+    *best_cost = INF;
+    *best_p = 0;
+    if (x[0] <= M)
+        g->cost[x[0]] = 0;
+    if (L == 0) { /* only the loss */
+        if (x[0] <= M && x[0] + x[0] + bt[0] <= M) {
+            *best_cost = 0;
+            *best_p = x[0];
+        }
+        free(F);
+        return MP_OK;
+    }
+
+    for (size_t s = 0; s < L; s++) {
+        for (uint64_t P = 0; P <= M; P++) {
+            const double base = g->cost[s * Mn + P];
+            if (isinf(base))
+                continue;
+            uint64_t fwd_ck = 0, fwd_st = 0, bwd = 0, recin = 0, sumxb = 0;
+            bool ck_ok = true, st_ok = true;
+            for (size_t e = s + 1; e <= L; e++) {
+                const size_t i = e - 1;
+                sumxb += xb[e]; /* sum_{t=s+1}^{e} xb[t] */
+                fwd_ck = mp_max_u64(fwd_ck, i == s ? P + x[s + 1] + ft[s] : P + x[i] + x[i + 1] + ft[i]);
+                fwd_st = mp_max_u64(fwd_st, P + sumxb + ft[i]);
+                bwd = mp_max_u64(bwd, P + sumxb + x[i + 1] + x[i] + bt[i]);
+                recin = mp_max_u64(recin, sumxb + ft[i]);
+                if (bwd > M)
+                    break; /* monotone in e for both flags */
+                ck_ok = ck_ok && fwd_ck <= M;
+                st_ok = st_ok && fwd_st <= M;
+                if (!ck_ok && !st_ok)
+                    break;
+                for (int flag = 1; flag >= 0; flag--) {
+                    uint64_t P2;
+                    double c;
+                    if (flag) {
+                        if (!ck_ok || P + x[e] + recin > M)
+                            continue;
+                        P2 = P + x[e];
+                        c = base + (F[e] - F[s]);
+                    } else {
+                        if (!st_ok)
+                            continue;
+                        P2 = P + sumxb;
+                        c = base;
+                    }
+                    if (P2 > M || (e == L && P2 + x[L] + bt[L] > M))
+                        continue;
+                    size_t at = e * Mn + (size_t)P2;
+                    if (c < g->cost[at]) {
+                        g->cost[at] = c;
+                        g->prev_s[at] = (int32_t)s;
+                        g->prev_p[at] = (int32_t)P;
+                        g->ck[at] = (unsigned char)flag;
+                    }
+                }
+            }
+        }
+    }
+    for (uint64_t P = 0; P <= M; P++) {
+        double c = g->cost[L * Mn + P];
+        if (c < *best_cost) {
+            *best_cost = c;
+            *best_p = P;
+        }
+    }
+    free(F);
+    return MP_OK;
+}
+
+/* Back-pointers from (L, P) into segment starts and flags (adjacent stored
+ * segments merged: the schedule is the same). */
+static enum mp_status segdp_schedule(const struct segdp *g, uint64_t P, struct mp_schedule *s, struct mp_diag *d)
+{
+    const size_t L = g->L;
+    if (L == 0)
+        return mp_ckpt_schedule_none(0, s) == MP_OK ? MP_OK : mp_fail(d, MP_ERR_NOMEM, "ckpt: out of memory");
+    size_t *start = malloc(L * sizeof *start);
+    bool *ck = malloc(L * sizeof *ck);
+    enum mp_status st = MP_OK;
+    if (!start || !ck) {
+        st = mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal-segments: out of memory");
+        goto out;
+    }
+    size_t n = 0, e = L;
+    while (e > 0) {
+        size_t at = e * g->Mn + (size_t)P;
+        if (n >= L || isinf(g->cost[at])) {
+            st = mp_fail(d, MP_ERR_INTERNAL, "ckpt: optimal-segments: broken back-pointer at block %zu", e);
+            goto out;
+        }
+        start[n] = (size_t)g->prev_s[at];
+        ck[n] = g->ck[at] != 0;
+        n++;
+        P = (uint64_t)g->prev_p[at];
+        e = (size_t)g->prev_s[at];
+    }
+    /* Reverse into ascending order, then merge stored neighbours. */
+    for (size_t a = 0, z = n - 1; a < z; a++, z--) {
+        size_t ts = start[a];
+        bool tc = ck[a];
+        start[a] = start[z];
+        ck[a] = ck[z];
+        start[z] = ts;
+        ck[z] = tc;
+    }
+    size_t m = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (m > 0 && !ck[k] && !ck[m - 1])
+            continue;
+        start[m] = start[k];
+        ck[m] = ck[k];
+        m++;
+    }
+    st = mp_ckpt_schedule_segments(L, m, start, ck, s);
+    if (st != MP_OK)
+        st = mp_fail(d, st, "ckpt: optimal-segments: cannot build the schedule");
+out:
+    free(start);
+    free(ck);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Planning                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static enum mp_status check_chain(const struct mp_chain *c, struct mp_diag *d)
+{
+    if (!c || !c->f || !c->b || !c->x || !c->xb || !c->ft || !c->bt)
+        return mp_fail(d, MP_ERR_USAGE, "ckpt: chain is not initialised");
+    if (c->L > (size_t)INT32_MAX - 2)
+        return mp_fail(d, MP_ERR_RANGE, "ckpt: chain of %zu blocks is too long", c->L);
+    for (size_t i = 0; i <= c->L; i++) {
+        if (c->xb[i] < c->x[i])
+            return mp_fail(d, MP_ERR_MODEL, "ckpt: chain: xb[%zu] = %llu < x[%zu] = %llu", i,
+                           (unsigned long long)c->xb[i], i, (unsigned long long)c->x[i]);
+        if (!(c->b[i] >= 0) || isinf(c->b[i]))
+            return mp_fail(d, MP_ERR_MODEL, "ckpt: chain: b[%zu] must be finite and >= 0", i);
+        if (i < c->L && (!(c->f[i] >= 0) || isinf(c->f[i])))
+            return mp_fail(d, MP_ERR_MODEL, "ckpt: chain: f[%zu] must be finite and >= 0", i);
+    }
+    return MP_OK;
+}
+
+static enum mp_status none_peak(const struct mp_chain *c, uint64_t *peak, struct mp_diag *d)
+{
+    struct mp_schedule s;
+    mp_schedule_init(&s);
+    enum mp_status st = mp_ckpt_schedule_none(c->L, &s);
+    if (st != MP_OK)
+        st = mp_fail(d, st, "ckpt: out of memory");
+    else
+        st = simulate(c, &s, peak, NULL, NULL, d);
+    mp_schedule_release(&s);
+    return st;
+}
+
+static const char *strategy_name(enum mp_ckpt_strategy s)
+{
+    return s == MP_CKPT_OPTIMAL ? "optimal" : "optimal-segments";
+}
+
+/* Runs the budgeted DP for strategy on c.  *cost = DP optimum (HUGE_VAL when
+ * nothing fits); when sched is not NULL and a plan exists, it receives the
+ * schedule.  *u_out (optional) reports the unit used. */
+static enum mp_status budget_dp(const struct mp_chain *c, enum mp_ckpt_strategy strategy, uint64_t budget,
+                                size_t slots, double *cost, struct mp_schedule *sched, uint64_t *unit_out,
+                                bool *exact_out, struct mp_diag *d)
+{
+    enum mp_status st;
+    uint64_t np;
+    struct units u;
+    *cost = HUGE_VAL;
+    if ((st = none_peak(c, &np, d)) != MP_OK)
+        return st;
+    /* Above the no-checkpoint peak nothing changes; clamping keeps the units fine. */
+    if ((st = discretise(c, mp_min_u64(budget, np), slots ? slots : CKPT_DEFAULT_SLOTS, &u, d)) != MP_OK)
+        return st;
+    if (unit_out)
+        *unit_out = u.unit;
+    if (exact_out)
+        *exact_out = u.exact;
+    if (u.x[0] > u.M) { /* the model input alone does not fit */
+        units_release(&u);
+        return MP_OK;
+    }
+    double sumfb = 0;
+    for (size_t i = 0; i <= c->L; i++)
+        sumfb += u.f[i] + u.b[i];
+    if (strategy == MP_CKPT_OPTIMAL) {
+        struct rotor r;
+        if ((st = rotor_solve(&u, c->L, &r, d)) == MP_OK) {
+            double v = r.opt[rotor_at(&r, 0, c->L) + (size_t)(u.M - u.x[0])];
+            *cost = v;
+            if (sched && !isinf(v))
+                st = rotor_schedule(&r, &u, sched, d);
+            rotor_release(&r);
+        }
+    } else {
+        struct segdp g;
+        double best = HUGE_VAL;
+        uint64_t bp = 0;
+        if ((st = segdp_solve(&u, c->L, &g, &best, &bp, d)) == MP_OK) {
+            *cost = isinf(best) ? best : best + sumfb;
+            if (sched && !isinf(best))
+                st = segdp_schedule(&g, bp, sched, d);
+            segdp_release(&g);
+        }
+    }
+    units_release(&u);
+    return st;
+}
+
+enum mp_status mp_ckpt_dp_cost(const struct mp_chain *c, enum mp_ckpt_strategy strategy, uint64_t budget_bytes,
+                               size_t slots, double *cost, struct mp_diag *d)
+{
+    enum mp_status st;
+    if (strategy != MP_CKPT_OPTIMAL && strategy != MP_CKPT_OPTIMAL_SEGMENTS)
+        return mp_fail(d, MP_ERR_USAGE, "ckpt: only optimal and optimal-segments have a DP cost");
+    if ((st = check_chain(c, d)) != MP_OK)
+        return st;
+    return budget_dp(c, strategy, budget_bytes, slots, cost, NULL, NULL, NULL, d);
+}
+
+void mp_ckpt_plan_init(struct mp_ckpt_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    mp_schedule_init(&p->sched);
+}
+
+void mp_ckpt_plan_release(struct mp_ckpt_plan *p)
+{
+    if (!p)
+        return;
+    mp_schedule_release(&p->sched);
+    free(p->checkpointed);
+    free(p->segments);
+    mp_ckpt_plan_init(p);
+}
+
+/* ceil(sqrt(n)) in integers. */
+static uint64_t ceil_sqrt(uint64_t n)
+{
+    uint64_t r = (uint64_t)sqrt((double)n);
+    while (r > 0 && r * r >= n && (r - 1) * (r - 1) >= n)
+        r--;
+    while (r * r < n)
+        r++;
+    return r;
+}
+
+/* Fills checkpointed[], segments, multilevel from p->sched. */
+static enum mp_status plan_readout(struct mp_ckpt_plan *p, struct mp_diag *d)
+{
+    const size_t L = p->L;
+    unsigned char *first = calloc(L ? L : 1, 1); /* kind + 1 of the first forward, 0 = none */
+    uint32_t *nfwd = calloc(L ? L : 1, sizeof *nfwd);
+    p->checkpointed = calloc(L ? L : 1, sizeof *p->checkpointed);
+    if (!first || !nfwd || !p->checkpointed) {
+        free(first);
+        free(nfwd);
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: out of memory");
+    }
+    for (size_t k = 0; k < p->sched.n; k++) {
+        const struct mp_sched_op *op = &p->sched.ops[k];
+        if (op->kind != MP_SCHED_FE && op->kind != MP_SCHED_FC && op->kind != MP_SCHED_FN)
+            continue;
+        if (!first[op->index])
+            first[op->index] = (unsigned char)(op->kind + 1);
+        if (nfwd[op->index] < UINT32_MAX)
+            nfwd[op->index]++;
+    }
+    size_t nseg = 0;
+    for (size_t i = 0; i < L; i++) {
+        p->checkpointed[i] = first[i] == MP_SCHED_FC + 1 || first[i] == MP_SCHED_FN + 1;
+        if (nfwd[i] > 2)
+            p->multilevel = true;
+        if (p->checkpointed[i] && (i == 0 || !p->checkpointed[i - 1] || first[i] == MP_SCHED_FC + 1))
+            nseg++;
+    }
+    if (nseg > 0) {
+        p->segments = calloc(nseg, sizeof *p->segments);
+        if (!p->segments) {
+            free(first);
+            free(nfwd);
+            return mp_fail(d, MP_ERR_NOMEM, "ckpt: out of memory");
+        }
+    }
+    /* A segment starts at each Fc (or an Fn not continuing a run) and runs over the Fn after it. */
+    size_t k = 0;
+    for (size_t i = 0; i < L; i++) {
+        if (!p->checkpointed[i])
+            continue;
+        if (i == 0 || !p->checkpointed[i - 1] || first[i] == MP_SCHED_FC + 1) {
+            p->segments[k][0] = i;
+            p->segments[k][1] = i + 1;
+            k++;
+        } else
+            p->segments[k - 1][1] = i + 1;
+    }
+    p->n_segments = nseg;
+    free(first);
+    free(nfwd);
+    return MP_OK;
+}
+
+enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_spec *spec, uint64_t budget_bytes,
+                                 size_t slots, struct mp_ckpt_plan *p, struct mp_diag *d)
+{
+    enum mp_status st;
+    char sbuf[64];
+    mp_ckpt_plan_init(p);
+    if (!spec)
+        return mp_fail(d, MP_ERR_USAGE, "ckpt: no strategy");
+    if ((st = check_chain(c, d)) != MP_OK)
+        return st;
+    const size_t L = c->L;
+    struct mp_ckpt_spec eff = *spec;
+    bool budgeted = false;
+    uint64_t unit = 1;
+    bool exact = true;
+
+    switch (spec->strategy) {
+    case MP_CKPT_NONE:
+        st = mp_ckpt_schedule_none(L, &p->sched);
+        break;
+    case MP_CKPT_SQRT:
+        st = mp_ckpt_schedule_sequential(L, L ? (size_t)ceil_sqrt(L) : 1, &p->sched);
+        break;
+    case MP_CKPT_SEGMENTS:
+    case MP_CKPT_EVERY:
+        if (spec->k == 0)
+            return mp_fail(d, MP_ERR_USAGE, "ckpt: %s: K must be at least 1",
+                           spec->strategy == MP_CKPT_SEGMENTS ? "segments" : "every");
+        eff.k = mp_min_u64(spec->k, L ? L : 1); /* K > L means the same plan as K = L */
+        if (spec->strategy == MP_CKPT_SEGMENTS)
+            st = mp_ckpt_schedule_sequential(L, (size_t)eff.k, &p->sched);
+        else if (L == 0)
+            st = mp_ckpt_schedule_none(0, &p->sched);
+        else
+            st = schedule_runs(L, (L + (size_t)eff.k - 1) / (size_t)eff.k, (size_t)eff.k, true, &p->sched);
+        break;
+    case MP_CKPT_OPTIMAL:
+    case MP_CKPT_OPTIMAL_SEGMENTS: {
+        budgeted = true;
+        uint64_t np;
+        if ((st = none_peak(c, &np, d)) != MP_OK)
+            goto fail;
+        if (budget_bytes >= np) { /* everything fits: store everything */
+            st = mp_ckpt_schedule_none(L, &p->sched);
+            break;
+        }
+        double cost;
+        st = budget_dp(c, spec->strategy, budget_bytes, slots, &cost, &p->sched, &unit, &exact, d);
+        if (st != MP_OK)
+            goto fail;
+        if (isinf(cost)) {
+            char b1[32], b2[32], b3[32];
+            if (exact)
+                st = mp_fail(d, MP_ERR_INFEASIBLE, "ckpt: %s: no schedule fits in %s (the no-checkpoint peak is %s)",
+                             strategy_name(spec->strategy), mp_fmt_bytes(budget_bytes, b1, sizeof b1),
+                             mp_fmt_bytes(np, b2, sizeof b2));
+            else
+                st = mp_fail(d, MP_ERR_INFEASIBLE,
+                             "ckpt: %s: no schedule fits in %s at %zu slots of %s (the no-checkpoint peak is %s)",
+                             strategy_name(spec->strategy), mp_fmt_bytes(budget_bytes, b1, sizeof b1),
+                             slots ? slots : (size_t)CKPT_DEFAULT_SLOTS, mp_fmt_bytes(unit, b3, sizeof b3),
+                             mp_fmt_bytes(np, b2, sizeof b2));
+            goto fail;
+        }
+        break;
+    }
+    default:
+        return mp_fail(d, MP_ERR_USAGE, "ckpt: unknown strategy %d", (int)spec->strategy);
+    }
+    if (st != MP_OK) {
+        if (st == MP_ERR_USAGE)
+            mp_fail(d, st, "ckpt: %s: bad schedule parameters", mp_ckpt_spec_str(&eff, sbuf, sizeof sbuf));
+        else if (st == MP_ERR_NOMEM)
+            mp_fail(d, st, "ckpt: out of memory");
+        goto fail;
+    }
+
+    /* Verify: a complete step, and within budget for the budgeted strategies. */
+    bool complete = false;
+    if ((st = simulate(c, &p->sched, &p->peak_bytes, &p->total_cost, &complete, d)) != MP_OK)
+        goto fail;
+    if (!complete) {
+        st = mp_fail(d, MP_ERR_INTERNAL, "ckpt: %s: schedule does not end with only y_0 resident",
+                     mp_ckpt_spec_str(&eff, sbuf, sizeof sbuf));
+        goto fail;
+    }
+    if (budgeted && p->peak_bytes > budget_bytes) {
+        char b1[32], b2[32];
+        st = mp_fail(d, MP_ERR_INFEASIBLE, "ckpt: %s: discretised plan peaks at %s > budget %s",
+                     strategy_name(spec->strategy), mp_fmt_bytes(p->peak_bytes, b1, sizeof b1),
+                     mp_fmt_bytes(budget_bytes, b2, sizeof b2));
+        goto fail;
+    }
+    p->spec = eff;
+    p->L = L;
+    double sumfb = c->b[L];
+    for (size_t i = 0; i < L; i++)
+        sumfb += c->f[i] + c->b[i];
+    p->recompute_cost = p->total_cost - sumfb;
+    if (p->recompute_cost < 0 && p->recompute_cost > -1e-9 * (sumfb > 1 ? sumfb : 1))
+        p->recompute_cost = 0; /* rounding of the two sums */
+    if ((st = plan_readout(p, d)) != MP_OK)
+        goto fail;
+    return MP_OK;
+fail:
+    mp_ckpt_plan_release(p);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Revolve (§4)                                                              */
+/* ------------------------------------------------------------------------ */
+
+uint64_t mp_revolve_beta(uint64_t s, uint64_t t)
+{
+    /* C(s+t, s), saturating at UINT64_MAX.  r_i = C(n+i, i) = r_{i-1} (n+i) / i
+     * with n = max(s, t); each step at least doubles r, so <= 64 steps run
+     * before it saturates. */
+    uint64_t k = s < t ? s : t, n = s < t ? t : s, r = 1;
+    for (uint64_t i = 1; i <= k; i++) {
+        uint64_t num;
+        if (!mp_add_u64(n, i, &num))
+            return UINT64_MAX;
+        uint64_t g = gcd_u64(r, i);
+        if (!mp_mul_u64(r / g, num / (i / g), &r))
+            return UINT64_MAX;
+    }
+    return r;
+}
+
+uint64_t mp_revolve_numforw(uint64_t steps, uint64_t snaps)
+{
+    if (steps <= 1)
+        return 0;
+    if (snaps == 0)
+        return UINT64_MAX; /* cannot reverse two steps without a snapshot */
+    if (snaps >= steps - 1)
+        return steps - 1; /* t = 1 */
+    /* Smallest t with beta(snaps, t) >= steps; beta(snaps, 0) = 1 < steps and
+     * beta(snaps, steps - 1) >= steps. */
+    uint64_t lo = 1, hi = steps - 1;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (mp_revolve_beta(snaps, mid) >= steps)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    uint64_t t = lo, prod;
+    if (!mp_mul_u64(t, steps, &prod))
+        return UINT64_MAX;
+    uint64_t sub = mp_revolve_beta(snaps + 1, t - 1);
+    return sub > prod ? 0 : prod - sub;
+}

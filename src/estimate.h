@@ -1,0 +1,116 @@
+/* estimate.h — one steady-state training step as a stream of alloc/free events,
+ * and the estimator that replays it.
+ *
+ * mp_replay() walks the tensor program through a block schedule (forward,
+ * loss, backward with recomputation, optimizer step, zero_grad) and calls a
+ * visitor for every allocation, free and compute event.  The estimator's
+ * visitor counts bytes (512-byte rounding, plus a caching-allocator model for
+ * reserved bytes); the probe's visitor allocates and computes for real.  Step
+ * 2 onward: optimizer state exists at the start, gradients are set to None
+ * after the step.  Pure: no I/O.
+ */
+#ifndef MEMPLAN_ESTIMATE_H
+#define MEMPLAN_ESTIMATE_H
+
+#include "ckpt.h"
+#include "layers.h"
+
+/* What a storage is. */
+enum mp_store {
+    MP_ST_PARAM,      /* id = param */
+    MP_ST_OPT_STATE,  /* id = param */
+    MP_ST_WORKSPACE,  /* cuBLAS workspace, id = 0 */
+    MP_ST_INPUT,      /* id = tensor (input ids / images, labels) */
+    MP_ST_ACT,        /* id = tensor */
+    MP_ST_GRAD,       /* gradient of tensor id */
+    MP_ST_PGRAD,      /* gradient of param id */
+    MP_ST_TMP,        /* node transient, id = node */
+    MP_ST_OPT_TMP,    /* optimizer-step temporary, id = 0 */
+};
+
+enum mp_ev_kind {
+    MP_EV_ALLOC,
+    MP_EV_FREE,
+    MP_EV_FWD,        /* compute node forward (node), grad_mode says whether it records for backward */
+    MP_EV_BWD,        /* compute node backward (node) */
+    MP_EV_LOSS_GRAD,  /* seed the gradient of the loss / final output */
+    MP_EV_OPT_STEP,   /* optimizer update of every parameter */
+    MP_EV_OP_BEGIN,   /* schedule op number id begins (Fn/Fc/Fe/Loss/B) */
+    MP_EV_OP_END,     /* schedule op number id ends */
+};
+
+enum mp_phase { MP_PH_SETUP, MP_PH_FORWARD, MP_PH_LOSS, MP_PH_RECOMPUTE, MP_PH_BACKWARD, MP_PH_STEP, MP_PH_END };
+const char *mp_phase_str(enum mp_phase ph);
+
+struct mp_event {
+    enum mp_ev_kind kind;
+    enum mp_store store;
+    int id;           /* tensor, param or node id per store / kind */
+    int node;         /* node being processed, or -1 */
+    uint64_t bytes;   /* unrounded request size for ALLOC/FREE */
+    enum mp_phase phase;
+    bool grad_mode;   /* FWD: with grad (saves) or without (Fn/Fc) */
+};
+
+typedef enum mp_status (*mp_event_fn)(void *ctx, const struct mp_event *ev);
+
+struct mp_train_opts {
+    enum mp_optimizer optimizer;
+    uint64_t cublas_workspace_bytes; /* persistent, inside allocated (memory-facts §8) */
+};
+void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace */
+
+/* Replays one step of p through sched (NULL = no checkpointing) and calls fn for
+ * every event in order.  Stops at the first non-OK status from fn and returns it. */
+enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *sched, const struct mp_train_opts *t,
+                         mp_event_fn fn, void *ctx, struct mp_diag *d);
+
+/* Optimizer state bytes for one parameter (persistent) and the step temporary for all. */
+uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, const struct mp_param *q);
+uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o);
+
+/* PyTorch caching-allocator rounding: < 512 -> 512, else a multiple of 512. */
+static inline uint64_t mp_round512(uint64_t b) { return b == 0 ? 0 : ((b + 511) / 512) * 512; }
+
+struct mp_block_est {
+    uint64_t params;
+    uint64_t weights_bytes, grads_bytes, optimizer_bytes;
+    uint64_t activation_bytes;  /* what the block keeps for backward when run with grad (its output included) */
+    uint64_t output_bytes;
+    double fwd_flops, bwd_flops;
+    bool checkpointed;
+};
+
+struct mp_estimate {
+    uint64_t params, trainable_params;
+    uint64_t weights_bytes, grads_bytes, optimizer_bytes;
+    uint64_t input_bytes;            /* input batch and labels */
+    uint64_t workspace_bytes;        /* cuBLAS workspace */
+    uint64_t activations_bytes;      /* activations live when backward starts (after the loss) */
+    uint64_t optimizer_tmp_bytes;
+    uint64_t peak_allocated_bytes;   /* comparable to torch.cuda.max_memory_allocated */
+    uint64_t peak_requested_bytes;   /* without 512-byte rounding */
+    uint64_t peak_reserved_bytes;    /* caching-allocator segments */
+    uint64_t overhead_bytes;         /* CUDA context (not in allocated/reserved) */
+    uint64_t peak_device_bytes;      /* reserved + context: what the GPU must have */
+    enum mp_phase peak_phase;
+    char peak_event[96];             /* "backward:h.11.mlp.fc2" */
+    uint64_t static_bytes;           /* weights + optimizer state + workspace + input */
+    double fwd_flops, bwd_flops, recompute_flops;
+    size_t n_blocks;
+    struct mp_block_est *blocks;
+};
+
+void mp_estimate_release(struct mp_estimate *e);
+
+/* Runs the estimator.  context_bytes is the CUDA context of the target (0 if unknown). */
+enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_schedule *sched,
+                               const struct mp_train_opts *t, uint64_t context_bytes, struct mp_estimate *e,
+                               struct mp_diag *d);
+
+/* The checkpoint chain of p (rotor notation, bytes rounded to 512, costs in FLOPs):
+ * per block forward/backward FLOPs, input sizes, what a forward with grad keeps,
+ * and forward/backward transients, measured by replaying each block alone. */
+enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c, struct mp_diag *d);
+
+#endif

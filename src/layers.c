@@ -1,0 +1,1221 @@
+/* layers.c — lowers a model into the tensor program (layers.h).
+ *
+ * Each lower_<type>() takes the incoming value (tensor id + logical shape) and
+ * returns the outgoing one, appending tensors, nodes and parameters.  What a
+ * node saves follows PyTorch autograd (memory-facts.md §2) and autocast (§5):
+ * amp keeps fp32 parameters and an fp32 residual stream, every Linear/Conv
+ * casts its input to the half dtype (a new, saved copy when the input is
+ * fp32) and saves a half copy of its weight; norms, softmax and the loss run
+ * in fp32.  Shape letters: b batch, s sequence, h hidden, a heads, d head dim,
+ * F ffn width, V vocabulary, M = b*s rows.  Pure: no I/O.
+ */
+#include "layers.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- enums -------------------------------------------------------------------- */
+
+uint64_t mp_dtype_size(enum mp_dtype t)
+{
+    switch (t) {
+    case MP_DT_F32: return 4;
+    case MP_DT_BF16: return 2;
+    case MP_DT_F16: return 2;
+    case MP_DT_I64: return 8;
+    case MP_DT_U8: return 1;
+    }
+    return 1;
+}
+
+const char *mp_dtype_str(enum mp_dtype t)
+{
+    static const char *n[] = {"fp32", "bf16", "fp16", "int64", "uint8"};
+    return (unsigned)t < 5 ? n[t] : "?";
+}
+
+static const char *const prec_names[] = {"fp32", "amp-bf16", "amp-fp16", "bf16"};
+const char *mp_precision_str(enum mp_precision p) { return (unsigned)p < 4 ? prec_names[p] : "?"; }
+int mp_precision_parse(const char *s)
+{
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, prec_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+static const char *const opt_names[] = {"sgd", "sgd-momentum", "adam", "adamw", "adafactor", "adam8bit"};
+const char *mp_optimizer_str(enum mp_optimizer o) { return (unsigned)o < 6 ? opt_names[o] : "?"; }
+int mp_optimizer_parse(const char *s)
+{
+    for (int i = 0; i < 6; i++)
+        if (strcmp(s, opt_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *mp_prim_str(enum mp_prim p)
+{
+    static const char *n[MP_P_COUNT] = {"embedding", "add_pos",  "cast",    "linear",   "layernorm",
+                                        "rmsnorm",   "rope",     "attention", "activation", "mul",
+                                        "dropout",   "add",      "conv2d",  "batchnorm2d", "maxpool2d",
+                                        "avgpool2d", "adaptive_avgpool2d", "view", "cross_entropy", "custom"};
+    return (unsigned)p < MP_P_COUNT ? n[p] : "?";
+}
+
+void mp_build_opts_default(struct mp_build_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->batch = 1;
+    o->precision = MP_PREC_AMP_BF16;
+    o->attention = MP_ATTN_SDPA;
+}
+
+/* ---- builder ------------------------------------------------------------------- */
+
+struct val {
+    int t;                              /* tensor id */
+    int rank;
+    uint64_t shape[MP_TENSOR_RANK_MAX]; /* logical shape (views change it, not the storage) */
+};
+
+struct bld {
+    struct mp_program *p;
+    const struct mp_model *m;
+    struct mp_diag *d;
+    enum mp_status st;
+    int block;
+    const struct mp_layer *layer;
+    char prefix[96];  /* name prefix of the current op */
+    int embed_param;  /* first embedding table (tied lm_head) */
+    uint64_t b, s;
+    bool amp;
+};
+
+static bool failed(const struct bld *B) { return B->st != MP_OK; }
+
+static void fail_model(struct bld *B, enum mp_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static void fail_model(struct bld *B, enum mp_status st, const char *fmt, ...)
+{
+    if (failed(B))
+        return;
+    char what[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    const char *bname = B->block >= 0 ? B->m->blocks[B->block].name : "input";
+    B->st = mp_fail(B->d, st, "%s: %s%s%s: %s", B->m->path, bname, B->layer ? "." : "",
+                    B->layer ? (B->layer->name[0] ? B->layer->name : mp_layer_type_str(B->layer->type)) : "", what);
+}
+
+static void overflow(struct bld *B)
+{
+    fail_model(B, MP_ERR_RANGE, "sizes overflow 64 bits at batch %llu, sequence %llu", (unsigned long long)B->b,
+               (unsigned long long)B->s);
+}
+
+static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    size_t nc = *cap ? *cap * 2 : 64;
+    while (nc < need)
+        nc *= 2;
+    void *n = realloc(*arr, nc * elem);
+    if (!n)
+        return false;
+    memset((char *)n + *cap * elem, 0, (nc - *cap) * elem);
+    *arr = n;
+    *cap = nc;
+    return true;
+}
+
+static uint64_t mul(struct bld *B, uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (!mp_mul_u64(a, b, &r)) {
+        overflow(B);
+        return 0;
+    }
+    return r;
+}
+
+static uint64_t add(struct bld *B, uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (!mp_add_u64(a, b, &r)) {
+        overflow(B);
+        return 0;
+    }
+    return r;
+}
+
+static struct val new_val(struct bld *B, const char *name, enum mp_dtype dt, int rank, const uint64_t *shape,
+                          bool needs_grad)
+{
+    struct val v = {.t = -1, .rank = rank};
+    if (failed(B))
+        return v;
+    struct mp_program *p = B->p;
+    if (!grow((void **)&p->tensors, &p->cap_tensors, p->n_tensors + 1, sizeof *p->tensors)) {
+        B->st = mp_fail(B->d, MP_ERR_NOMEM, "%s: out of memory building the tensor program", B->m->path);
+        return v;
+    }
+    struct mp_tensor *t = &p->tensors[p->n_tensors];
+    snprintf(t->name, sizeof t->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    t->dtype = dt;
+    t->rank = rank;
+    uint64_t e = 1;
+    for (int i = 0; i < rank; i++) {
+        t->shape[i] = shape[i];
+        v.shape[i] = shape[i];
+        e = mul(B, e, shape[i]);
+    }
+    t->elems = e;
+    t->bytes = mul(B, e, mp_dtype_size(dt));
+    t->needs_grad = needs_grad;
+    t->block = B->block;
+    v.t = (int)p->n_tensors++;
+    return v;
+}
+
+/* A flat tensor of n elements (extras: masks, stats, copies). */
+static int new_flat(struct bld *B, const char *name, enum mp_dtype dt, uint64_t n)
+{
+    uint64_t shape[1] = {n};
+    return new_val(B, name, dt, 1, shape, false).t;
+}
+
+static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *name)
+{
+    if (failed(B))
+        return NULL;
+    struct mp_program *p = B->p;
+    if (!grow((void **)&p->nodes, &p->cap_nodes, p->n_nodes + 1, sizeof *p->nodes)) {
+        B->st = mp_fail(B->d, MP_ERR_NOMEM, "%s: out of memory building the tensor program", B->m->path);
+        return NULL;
+    }
+    struct mp_node *n = &p->nodes[p->n_nodes++];
+    memset(n, 0, sizeof *n);
+    n->prim = prim;
+    snprintf(n->name, sizeof n->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    n->layer = B->layer;
+    n->block = B->block;
+    n->in[0] = n->in[1] = n->in[2] = -1;
+    n->out = -1;
+    n->param[0] = n->param[1] = -1;
+    n->grad_in = true;
+    return n;
+}
+
+static void save(struct mp_node *n, int t)
+{
+    if (!n || t < 0)
+        return;
+    for (int i = 0; i < n->n_saved; i++)
+        if (n->saved[i] == t)
+            return;
+    if (n->n_saved < MP_NODE_SAVED_MAX)
+        n->saved[n->n_saved++] = t;
+    else
+        MP_BUG("node %s saves too many tensors", n->name);
+}
+
+static void extra(struct mp_node *n, int t, bool saved)
+{
+    if (!n || t < 0)
+        return;
+    if (n->n_extra >= MP_NODE_EXTRA_MAX)
+        MP_BUG("node %s has too many extras", n->name);
+    n->extra[n->n_extra++] = t;
+    if (saved)
+        save(n, t);
+}
+
+static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t cols, bool matmul)
+{
+    if (failed(B))
+        return -1;
+    struct mp_program *p = B->p;
+    if (!grow((void **)&p->params, &p->cap_params, p->n_params + 1, sizeof *p->params)) {
+        B->st = mp_fail(B->d, MP_ERR_NOMEM, "%s: out of memory building the tensor program", B->m->path);
+        return -1;
+    }
+    struct mp_param *q = &p->params[p->n_params];
+    snprintf(q->name, sizeof q->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    q->elems = mul(B, rows, cols);
+    q->rows = rows;
+    q->cols = cols;
+    q->matrix = rows > 1 && cols > 1;
+    q->matmul = matmul;
+    q->block = B->block;
+    p->total_params = add(B, p->total_params, q->elems);
+    return (int)p->n_params++;
+}
+
+static struct mp_tensor *T(struct bld *B, int t) { return &B->p->tensors[t]; }
+static enum mp_dtype dt_of(struct bld *B, struct val v) { return T(B, v.t)->dtype; }
+static bool ng(struct bld *B, struct val v) { return v.t >= 0 && T(B, v.t)->needs_grad; }
+static uint64_t last_dim(struct val v) { return v.rank ? v.shape[v.rank - 1] : 0; }
+static uint64_t rows_of(struct val v)
+{
+    uint64_t r = 1;
+    for (int i = 0; i + 1 < v.rank; i++)
+        r *= v.shape[i]; /* bounded: the tensor's element count was checked */
+    return r;
+}
+
+static enum mp_dtype promote(enum mp_dtype a, enum mp_dtype b)
+{
+    if (a == MP_DT_F32 || b == MP_DT_F32)
+        return MP_DT_F32;
+    return a;
+}
+
+static void with_prefix(struct bld *B, const char *base, const char *part, char *save_buf)
+{
+    char b[sizeof B->prefix];
+    snprintf(b, sizeof b, "%s", base);
+    strcpy(save_buf, B->prefix);
+    snprintf(B->prefix, sizeof B->prefix, "%s%s%s", b, (*b && *part) ? "." : "", part);
+}
+
+static void restore_prefix(struct bld *B, const char *save_buf) { strcpy(B->prefix, save_buf); }
+
+/* A value of the same shape as v with another dtype. */
+static struct val like(struct bld *B, const char *name, struct val v, enum mp_dtype dt, bool needs_grad)
+{
+    return new_val(B, name, dt, v.rank, v.shape, needs_grad);
+}
+
+static struct val with_last(struct bld *B, const char *name, struct val v, uint64_t last, enum mp_dtype dt,
+                            bool needs_grad)
+{
+    uint64_t shape[MP_TENSOR_RANK_MAX];
+    memcpy(shape, v.shape, sizeof shape);
+    shape[v.rank - 1] = last;
+    return new_val(B, name, dt, v.rank, shape, needs_grad);
+}
+
+/* ---- primitive lowerings ------------------------------------------------------------ */
+
+/* Autocast: matmul/conv inputs in the half dtype.  Returns x itself when no cast is needed. */
+static struct val autocast_in(struct bld *B, struct val x, const char *name)
+{
+    enum mp_dtype c = B->p->compute_dtype;
+    if (!B->amp || dt_of(B, x) == c || failed(B))
+        return x;
+    struct val y = like(B, name, x, c, ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_CAST, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->rows = rows_of(x);
+    n->n = last_dim(x);
+    n->fwd_flops = (double)T(B, x.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    return y;
+}
+
+/* nn.Linear: saves its (cast) input and, under autocast, a half copy of W.
+ * tied >= 0 uses that parameter as W (an lm_head tied to the embedding). */
+static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, bool bias,
+                                 const char *name, int tied)
+{
+    if (failed(B))
+        return x;
+    if (last_dim(x) != in_f) {
+        fail_model(B, MP_ERR_MODEL, "%s: in_features %llu does not match the incoming width %llu", name,
+                   (unsigned long long)in_f, (unsigned long long)last_dim(x));
+        return x;
+    }
+    char cname[64];
+    snprintf(cname, sizeof cname, "%s.cast", name);
+    struct val xin = autocast_in(B, x, cname);
+    enum mp_dtype odt = B->amp ? B->p->compute_dtype : dt_of(B, xin);
+    int w = tied >= 0 ? tied : new_param(B, name[0] ? name : "weight", out_f, in_f, true);
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.bias", name);
+    int bp = bias ? new_param(B, pn, 1, out_f, false) : -1;
+    if (tied < 0 && w >= 0) {
+        snprintf(pn, sizeof pn, "%s.weight", name);
+        snprintf(B->p->params[w].name, sizeof B->p->params[w].name, "%s%s%s", B->prefix, *B->prefix ? "." : "",
+                 pn);
+    }
+    struct val y = with_last(B, name, xin, out_f, odt, true);
+    struct mp_node *n = new_node(B, MP_P_LINEAR, name);
+    if (!n)
+        return y;
+    n->in[0] = xin.t;
+    n->out = y.t;
+    n->param[0] = w;
+    n->param[1] = bp;
+    save(n, xin.t);
+    if (B->amp && w >= 0) {
+        char wn[80];
+        snprintf(wn, sizeof wn, "%s.weight_copy", name);
+        extra(n, new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems), true);
+        /* backward: the half weight gradient, then its fp32 copy into .grad */
+        n->bwd_tmp_bytes = mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype));
+    }
+    n->rows = rows_of(xin);
+    n->n = out_f;
+    n->k = in_f;
+    n->fwd_flops = 2.0 * (double)n->rows * (double)in_f * (double)out_f;
+    n->bwd_flops = ng(B, xin) ? 2.0 * n->fwd_flops : n->fwd_flops;
+    return y;
+}
+
+static struct val lower_linear(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, bool bias,
+                               const char *name)
+{
+    return lower_linear_p(B, x, in_f, out_f, bias, name, -1);
+}
+
+/* LayerNorm (autocast: fp32).  Saves input, mean, rstd (M fp32 each). */
+static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, bool bias, const char *name)
+{
+    if (failed(B))
+        return x;
+    if (last_dim(x) != dim) {
+        fail_model(B, MP_ERR_MODEL, "%s: dim %llu does not match the incoming width %llu", name,
+                   (unsigned long long)dim, (unsigned long long)last_dim(x));
+        return x;
+    }
+    struct val xin = x;
+    if (B->amp && dt_of(B, x) != MP_DT_F32) {
+        char cn[64];
+        snprintf(cn, sizeof cn, "%s.cast", name);
+        xin = like(B, cn, x, MP_DT_F32, ng(B, x));
+        struct mp_node *c = new_node(B, MP_P_CAST, cn);
+        if (c) {
+            c->in[0] = x.t;
+            c->out = xin.t;
+            c->rows = rows_of(x);
+            c->n = dim;
+        }
+    }
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", name);
+    int g = new_param(B, pn, 1, dim, false);
+    snprintf(pn, sizeof pn, "%s.bias", name);
+    int be = bias ? new_param(B, pn, 1, dim, false) : -1;
+    struct val y = like(B, name, xin, dt_of(B, xin), true);
+    struct mp_node *n = new_node(B, MP_P_LAYERNORM, name);
+    if (!n)
+        return y;
+    uint64_t M = rows_of(x);
+    n->in[0] = xin.t;
+    n->out = y.t;
+    n->param[0] = g;
+    n->param[1] = be;
+    save(n, xin.t);
+    char en[80];
+    snprintf(en, sizeof en, "%s.mean", name);
+    extra(n, new_flat(B, en, MP_DT_F32, M), true);
+    snprintf(en, sizeof en, "%s.rstd", name);
+    extra(n, new_flat(B, en, MP_DT_F32, M), true);
+    n->rows = M;
+    n->n = dim;
+    n->fwd_flops = 8.0 * (double)T(B, xin.t)->elems;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
+/* HF RMSNorm (LlamaRMSNorm): x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(in dtype).
+ * Saves the fp32 input (a copy when x is half), rsqrt (M fp32) and the normalized
+ * tensor in x's dtype; the fp32 x^2 is a forward transient. */
+static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, const char *name)
+{
+    if (failed(B))
+        return x;
+    if (last_dim(x) != dim) {
+        fail_model(B, MP_ERR_MODEL, "%s: dim %llu does not match the incoming width %llu", name,
+                   (unsigned long long)dim, (unsigned long long)last_dim(x));
+        return x;
+    }
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", name);
+    int g = new_param(B, pn, 1, dim, false);
+    enum mp_dtype xdt = dt_of(B, x);
+    struct val y = like(B, name, x, promote(xdt, B->p->param_dtype), true);
+    struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
+    if (!n)
+        return y;
+    uint64_t M = rows_of(x), N = T(B, x.t)->elems;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->param[0] = g;
+    char en[80];
+    if (xdt == MP_DT_F32) {
+        save(n, x.t);
+    } else {
+        snprintf(en, sizeof en, "%s.x_fp32", name);
+        extra(n, new_flat(B, en, MP_DT_F32, N), true);
+    }
+    snprintf(en, sizeof en, "%s.rsqrt", name);
+    extra(n, new_flat(B, en, MP_DT_F32, M), true);
+    snprintf(en, sizeof en, "%s.normed", name);
+    extra(n, new_flat(B, en, xdt, N), true);
+    n->fwd_tmp_bytes = mul(B, N, 4); /* x^2 in fp32 (or the fp32 normalized tensor before the cast) */
+    n->rows = M;
+    n->n = dim;
+    n->fwd_flops = 6.0 * (double)N;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
+static struct val lower_norm(struct bld *B, struct val x, const struct mp_layer *l, enum mp_norm kind,
+                             uint64_t dim, const char *name)
+{
+    (void)l;
+    if (kind == MP_NORM_RMSNORM)
+        return lower_rmsnorm(B, x, dim, name);
+    return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
+}
+
+static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool inplace, const char *name)
+{
+    if (failed(B))
+        return x;
+    bool saves_out = act == MP_ACT_RELU || act == MP_ACT_TANH || act == MP_ACT_SIGMOID;
+    struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, dt_of(B, x), ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_ACT, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->act = act;
+    save(n, saves_out ? y.t : x.t);
+    n->rows = rows_of(x);
+    n->n = last_dim(x);
+    n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    return y;
+}
+
+/* Dropout with 0 < p < 1 in training: a 1-byte mask per element (CUDA). */
+static struct val lower_dropout(struct bld *B, struct val x, double p, const char *name)
+{
+    if (failed(B) || p <= 0.0)
+        return x;
+    struct val y = like(B, name, x, dt_of(B, x), ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_DROPOUT, name);
+    if (!n)
+        return y;
+    char mn[80];
+    snprintf(mn, sizeof mn, "%s.mask", name);
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->p = p;
+    extra(n, new_flat(B, mn, MP_DT_U8, T(B, x.t)->elems), true);
+    n->rows = rows_of(x);
+    n->n = last_dim(x);
+    n->fwd_flops = 2.0 * (double)T(B, x.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    return y;
+}
+
+static struct val lower_add(struct bld *B, struct val a, struct val b, const char *name)
+{
+    if (failed(B))
+        return a;
+    if (T(B, a.t)->elems != T(B, b.t)->elems) {
+        fail_model(B, MP_ERR_MODEL, "residual: the branch output (%llu elements) does not match the residual (%llu)",
+                   (unsigned long long)T(B, b.t)->elems, (unsigned long long)T(B, a.t)->elems);
+        return a;
+    }
+    struct val y = like(B, name, a, promote(dt_of(B, a), dt_of(B, b)), ng(B, a) || ng(B, b));
+    struct mp_node *n = new_node(B, MP_P_ADD, name);
+    if (!n)
+        return y;
+    n->in[0] = a.t;
+    n->in[1] = b.t;
+    n->out = y.t;
+    n->rows = rows_of(a);
+    n->n = last_dim(a);
+    n->fwd_flops = (double)T(B, a.t)->elems;
+    return y;
+}
+
+static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer *l, uint64_t heads,
+                             const char *name)
+{
+    if (failed(B))
+        return x;
+    struct val y = like(B, name, x, dt_of(B, x), ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_ROPE, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->heads = heads;
+    n->head_dim = l->head_dim;
+    n->rotary_dim = l->rotary_dim ? l->rotary_dim : l->head_dim;
+    n->seq = B->s;
+    n->rows = rows_of(x);
+    n->n = last_dim(x);
+    /* q*cos, rotate_half(q) (a cat of two halves) and *sin: two x-sized temporaries. */
+    n->fwd_tmp_bytes = mul(B, T(B, x.t)->bytes, 2);
+    n->fwd_flops = 3.0 * (double)T(B, x.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    return y;
+}
+
+static uint64_t round_up(uint64_t v, uint64_t m) { return mp_ceil_div(v, m) * m; }
+
+/* Scaled dot-product attention core: q (b,s,a*d), k and v (b,s,kv*d). */
+static struct val lower_attn_core(struct bld *B, struct val q, struct val k, struct val v, const struct mp_layer *l,
+                                  const char *name)
+{
+    if (failed(B))
+        return q;
+    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
+    bool eager = impl == MP_ATTN_EAGER;
+    uint64_t b = B->b, s = B->s, a = l->heads, d = l->head_dim;
+    enum mp_dtype cdt = dt_of(B, q);
+    struct val y = with_last(B, name, q, mul(B, a, d), cdt, true);
+    struct mp_node *n = new_node(B, MP_P_ATTN, name);
+    if (!n)
+        return y;
+    n->in[0] = q.t;
+    n->in[1] = k.t;
+    n->in[2] = v.t;
+    n->out = y.t;
+    n->heads = a;
+    n->kv_heads = l->kv_heads;
+    n->head_dim = d;
+    n->seq = s;
+    n->rows = mul(B, b, s);
+    n->causal = l->causal;
+    n->eager = eager;
+    n->p = l->attn_dropout;
+    uint64_t asb = mul(B, mul(B, a, s), b);      /* a*s*b */
+    uint64_t ass = mul(B, asb, s);                /* a*s*s*b */
+    uint64_t qbytes = mul(B, mul(B, asb, d), mp_dtype_size(cdt));
+    char en[80];
+    if (!eager) {
+        /* SDPA flash / mem-efficient: saves q, k, v, out and the fp32 logsumexp. */
+        save(n, q.t);
+        save(n, k.t);
+        save(n, v.t);
+        save(n, y.t);
+        uint64_t s_lse = cdt == MP_DT_F32 ? round_up(s, 32) : s;
+        snprintf(en, sizeof en, "%s.lse", name);
+        extra(n, new_flat(B, en, MP_DT_F32, mul(B, mul(B, a, b), s_lse)), true);
+        /* backward: softmax_d [b,a,s_r] and dq_accum [b,s_r,a,d_r] in fp32 (flash_api mha_bwd) */
+        uint64_t s_r = round_up(s, 128), d_r = round_up(d, 32);
+        n->bwd_tmp_bytes = add(B, mul(B, mul(B, mul(B, b, a), s_r), 4), mul(B, mul(B, mul(B, mul(B, b, s_r), a), d_r), 4));
+    } else {
+        /* Eager: contiguous copies of q, k, v (reshape of transposed views, repeat_kv),
+         * scores, softmax (fp32 under autocast), its cast, dropout. */
+        const char *cn[3] = {"q_copy", "k_copy", "v_copy"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(en, sizeof en, "%s.%s", name, cn[i]);
+            extra(n, new_flat(B, en, cdt, mul(B, asb, d)), true);
+        }
+        enum mp_dtype sm = B->amp ? MP_DT_F32 : cdt;
+        snprintf(en, sizeof en, "%s.probs", name);
+        extra(n, new_flat(B, en, sm, ass), true); /* softmax saves its output */
+        if (l->attn_dropout > 0) {
+            snprintf(en, sizeof en, "%s.dropout_mask", name);
+            extra(n, new_flat(B, en, MP_DT_U8, ass), true);
+            snprintf(en, sizeof en, "%s.probs_dropped", name); /* saved by P@V */
+            extra(n, new_flat(B, en, cdt, ass), true);
+        } else if (sm != cdt) {
+            snprintf(en, sizeof en, "%s.probs_cast", name); /* probs.to(v dtype), saved by P@V */
+            extra(n, new_flat(B, en, cdt, ass), true);
+        }
+        /* forward transients: scores and masked scores (cdt), the fp32 upcast, the (b,a,s,d) output
+         * before its transpose-copy */
+        uint64_t sc = mul(B, ass, mp_dtype_size(cdt));
+        n->fwd_tmp_bytes = add(B, add(B, mul(B, sc, 2), sm != cdt ? mul(B, ass, 4) : 0), qbytes);
+        /* backward: grad of probs and the softmax backward output, fp32 */
+        n->bwd_tmp_bytes = mul(B, mul(B, ass, mp_dtype_size(sm)), 2);
+    }
+    double f = 4.0 * (double)b * (double)a * (double)s * (double)s * (double)d;
+    if (l->causal && !eager)
+        f /= 2.0;
+    n->fwd_flops = f;
+    n->bwd_flops = 2.5 * f;
+    return y;
+}
+
+/* Multi-head attention with projections: q/k/v (fused or not), rope, core, out projection. */
+static struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
+                                  const char *name)
+{
+    char saved[96];
+    with_prefix(B, B->prefix, name, saved);
+    uint64_t a = l->heads, kv = l->kv_heads, d = l->head_dim;
+    uint64_t qd = mul(B, a, d), kd = mul(B, kv, d);
+    struct val q, k, v;
+    if (l->fused_qkv) {
+        struct val qkv = lower_linear(B, x, hidden, add(B, qd, mul(B, 2, kd)), l->qkv_bias, "qkv_proj");
+        q = k = v = qkv; /* views of one storage */
+        q.shape[q.rank - 1] = qd;
+        k.shape[k.rank - 1] = v.shape[v.rank - 1] = kd;
+    } else {
+        q = lower_linear(B, x, hidden, qd, l->qkv_bias, "q_proj");
+        k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
+        v = lower_linear(B, x, hidden, kd, l->qkv_bias, "v_proj");
+    }
+    if (l->rope) {
+        q = lower_rope(B, q, l, a, "q_rope");
+        k = lower_rope(B, k, l, kv, "k_rope");
+    }
+    struct val o = lower_attn_core(B, q, k, v, l, "sdpa");
+    o = lower_linear(B, o, qd, hidden, l->out_bias, "o_proj");
+    restore_prefix(B, saved);
+    return o;
+}
+
+static struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
+                            const char *name)
+{
+    char saved[96];
+    with_prefix(B, B->prefix, name, saved);
+    struct val y;
+    if (l->gated) {
+        struct val g = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "gate_proj");
+        struct val u = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "up_proj");
+        struct val ga = lower_act(B, g, l->act, false, "act");
+        struct val m = like(B, "mul", ga, dt_of(B, ga), true);
+        struct mp_node *n = new_node(B, MP_P_MUL, "mul");
+        if (n) {
+            n->in[0] = ga.t;
+            n->in[1] = u.t;
+            n->out = m.t;
+            save(n, ga.t);
+            save(n, u.t);
+            n->rows = rows_of(ga);
+            n->n = last_dim(ga);
+            n->fwd_flops = (double)T(B, ga.t)->elems;
+            n->bwd_flops = 2.0 * n->fwd_flops;
+        }
+        y = lower_linear(B, m, l->ffn, hidden, l->mlp_bias, "down_proj");
+    } else {
+        struct val f = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "fc1");
+        f = lower_act(B, f, l->act, false, "act");
+        y = lower_linear(B, f, l->ffn, hidden, l->mlp_bias, "fc2");
+    }
+    restore_prefix(B, saved);
+    return y;
+}
+
+static struct val lower_transformer(struct bld *B, struct val x, const struct mp_layer *l)
+{
+    uint64_t h = l->dim;
+    if (last_dim(x) != h) {
+        fail_model(B, MP_ERR_MODEL, "dim %llu does not match the incoming width %llu", (unsigned long long)h,
+                   (unsigned long long)last_dim(x));
+        return x;
+    }
+    if (l->post_norm) { /* BERT: x = ln(x + drop(attn(x))); x = ln(x + drop(mlp(x))) */
+        struct val a = lower_dropout(B, lower_attention(B, x, l, h, "attn"), l->p, "attn_dropout");
+        struct val h1 = lower_norm(B, lower_add(B, x, a, "attn_residual"), l, l->norm, h, "attn_norm");
+        struct val m = lower_dropout(B, lower_mlp(B, h1, l, h, "mlp"), l->p, "mlp_dropout");
+        return lower_norm(B, lower_add(B, h1, m, "mlp_residual"), l, l->norm, h, "mlp_norm");
+    }
+    struct val n1 = lower_norm(B, x, l, l->norm, h, "ln_1");
+    struct val a = lower_dropout(B, lower_attention(B, n1, l, h, "attn"), l->p, "attn_dropout");
+    if (l->parallel_residual) {
+        struct val n2 = l->shared_norm ? n1 : lower_norm(B, x, l, l->norm, h, "ln_2");
+        struct val m = lower_dropout(B, lower_mlp(B, n2, l, h, "mlp"), l->p, "mlp_dropout");
+        struct val r = lower_add(B, a, m, "branch_sum");
+        return lower_add(B, x, r, "residual");
+    }
+    struct val h1 = lower_add(B, x, a, "attn_residual");
+    struct val n2 = lower_norm(B, h1, l, l->norm, h, "ln_2");
+    struct val m = lower_dropout(B, lower_mlp(B, n2, l, h, "mlp"), l->p, "mlp_dropout");
+    return lower_add(B, h1, m, "mlp_residual");
+}
+
+/* Cross-entropy on logits (M, V) with int64 labels: log_softmax in fp32 (saved, M*V*4),
+ * the .float() copy of half logits as a transient; backward: nll grad and the
+ * log_softmax backward in fp32. */
+static struct val lower_loss(struct bld *B, struct val logits, const char *name)
+{
+    if (failed(B))
+        return logits;
+    uint64_t M = rows_of(logits), V = last_dim(logits);
+    uint64_t shape[1] = {1};
+    struct val y = new_val(B, name, MP_DT_F32, 1, shape, true);
+    struct mp_node *n = new_node(B, MP_P_CE_LOSS, name);
+    if (!n)
+        return y;
+    n->in[0] = logits.t;
+    n->in[1] = B->p->labels;
+    n->out = y.t;
+    char en[80];
+    snprintf(en, sizeof en, "%s.log_probs", name);
+    uint64_t mv = mul(B, M, V);
+    extra(n, new_flat(B, en, MP_DT_F32, mv), true);
+    bool half = dt_of(B, logits) != MP_DT_F32;
+    n->fwd_tmp_bytes = half ? mul(B, mv, 4) : 0;
+    n->bwd_tmp_bytes = half ? mul(B, mv, 8) : mul(B, mv, 4);
+    n->rows = M;
+    n->n = V;
+    n->fwd_flops = 5.0 * (double)mv;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    B->p->explicit_loss = true;
+    return y;
+}
+
+static struct val lower_conv(struct bld *B, struct val x, uint64_t cin, uint64_t cout, uint64_t k, uint64_t stride,
+                             uint64_t pad, uint64_t groups, bool bias, const char *name)
+{
+    if (failed(B))
+        return x;
+    if (x.rank != 4 || x.shape[1] != cin) {
+        fail_model(B, MP_ERR_MODEL, "%s: in_ch %llu does not match the incoming channels %llu", name,
+                   (unsigned long long)cin, (unsigned long long)(x.rank == 4 ? x.shape[1] : 0));
+        return x;
+    }
+    if (groups == 0 || cin % groups || cout % groups || k == 0 || stride == 0) {
+        fail_model(B, MP_ERR_MODEL, "%s: kernel, stride and groups must be positive and groups divide channels",
+                   name);
+        return x;
+    }
+    uint64_t hi = x.shape[2], wi = x.shape[3];
+    if (hi + 2 * pad < k || wi + 2 * pad < k) {
+        fail_model(B, MP_ERR_MODEL, "%s: kernel %llu is larger than the padded input %llux%llu", name,
+                   (unsigned long long)k, (unsigned long long)hi, (unsigned long long)wi);
+        return x;
+    }
+    uint64_t ho = (hi + 2 * pad - k) / stride + 1, wo = (wi + 2 * pad - k) / stride + 1;
+    char cn[64];
+    snprintf(cn, sizeof cn, "%s.cast", name);
+    struct val xin = autocast_in(B, x, cn);
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", name);
+    int w = new_param(B, pn, cout, mul(B, mul(B, cin / groups, k), k), true);
+    snprintf(pn, sizeof pn, "%s.bias", name);
+    int bp = bias ? new_param(B, pn, 1, cout, false) : -1;
+    uint64_t shape[4] = {x.shape[0], cout, ho, wo};
+    struct val y = new_val(B, name, B->amp ? B->p->compute_dtype : dt_of(B, xin), 4, shape, true);
+    struct mp_node *n = new_node(B, MP_P_CONV2D, name);
+    if (!n)
+        return y;
+    n->in[0] = xin.t;
+    n->out = y.t;
+    n->param[0] = w;
+    n->param[1] = bp;
+    save(n, xin.t);
+    if (B->amp && w >= 0) {
+        char wn[80];
+        snprintf(wn, sizeof wn, "%s.weight_copy", name);
+        extra(n, new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems), true);
+        n->bwd_tmp_bytes = mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype));
+    }
+    n->c_in = cin;
+    n->c_out = cout;
+    n->h_in = hi;
+    n->w_in = wi;
+    n->h_out = ho;
+    n->w_out = wo;
+    n->kernel = k;
+    n->stride = stride;
+    n->padding = pad;
+    n->groups = groups;
+    n->fwd_flops = 2.0 * (double)x.shape[0] * (double)cout * (double)ho * (double)wo * (double)(cin / groups) *
+                   (double)k * (double)k;
+    n->bwd_flops = ng(B, xin) ? 2.0 * n->fwd_flops : n->fwd_flops;
+    return y;
+}
+
+static struct val lower_batchnorm(struct bld *B, struct val x, uint64_t c, const char *name)
+{
+    if (failed(B))
+        return x;
+    if (x.rank != 4 || x.shape[1] != c) {
+        fail_model(B, MP_ERR_MODEL, "%s: channels %llu do not match the incoming channels %llu", name,
+                   (unsigned long long)c, (unsigned long long)(x.rank == 4 ? x.shape[1] : 0));
+        return x;
+    }
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", name);
+    int g = new_param(B, pn, 1, c, false);
+    snprintf(pn, sizeof pn, "%s.bias", name);
+    int be = new_param(B, pn, 1, c, false);
+    struct val y = like(B, name, x, dt_of(B, x), true);
+    struct mp_node *n = new_node(B, MP_P_BATCHNORM, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->param[0] = g;
+    n->param[1] = be;
+    save(n, x.t);
+    snprintf(pn, sizeof pn, "%s.save_mean", name);
+    extra(n, new_flat(B, pn, MP_DT_F32, c), true);
+    snprintf(pn, sizeof pn, "%s.save_invstd", name);
+    extra(n, new_flat(B, pn, MP_DT_F32, c), true);
+    n->c_in = n->c_out = c;
+    n->h_in = n->h_out = x.shape[2];
+    n->w_in = n->w_out = x.shape[3];
+    n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
+static struct val lower_pool(struct bld *B, struct val x, enum mp_prim prim, uint64_t k, uint64_t stride,
+                             uint64_t pad, uint64_t oh, uint64_t ow, const char *name)
+{
+    if (failed(B))
+        return x;
+    if (x.rank != 4) {
+        fail_model(B, MP_ERR_MODEL, "%s: pooling needs an image-shaped input (C, H, W)", name);
+        return x;
+    }
+    uint64_t hi = x.shape[2], wi = x.shape[3], ho, wo;
+    if (prim == MP_P_ADAPTIVE_AVGPOOL) {
+        if (oh == 0 || ow == 0 || oh > hi || ow > wi) {
+            fail_model(B, MP_ERR_MODEL, "%s: output size %llux%llu must be within the input %llux%llu", name,
+                       (unsigned long long)oh, (unsigned long long)ow, (unsigned long long)hi,
+                       (unsigned long long)wi);
+            return x;
+        }
+        ho = oh;
+        wo = ow;
+    } else {
+        if (k == 0 || stride == 0 || hi + 2 * pad < k || wi + 2 * pad < k || pad * 2 > k) {
+            fail_model(B, MP_ERR_MODEL, "%s: kernel %llu, stride %llu, padding %llu do not fit the input %llux%llu",
+                       name, (unsigned long long)k, (unsigned long long)stride, (unsigned long long)pad,
+                       (unsigned long long)hi, (unsigned long long)wi);
+            return x;
+        }
+        ho = (hi + 2 * pad - k) / stride + 1;
+        wo = (wi + 2 * pad - k) / stride + 1;
+    }
+    uint64_t shape[4] = {x.shape[0], x.shape[1], ho, wo};
+    struct val y = new_val(B, name, dt_of(B, x), 4, shape, ng(B, x));
+    struct mp_node *n = new_node(B, prim, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    save(n, x.t);
+    if (prim == MP_P_MAXPOOL) {
+        char en[80];
+        snprintf(en, sizeof en, "%s.indices", name);
+        extra(n, new_flat(B, en, MP_DT_I64, T(B, y.t)->elems), true);
+    }
+    n->c_in = n->c_out = x.shape[1];
+    n->h_in = hi;
+    n->w_in = wi;
+    n->h_out = ho;
+    n->w_out = wo;
+    n->kernel = k;
+    n->stride = stride;
+    n->padding = pad;
+    n->fwd_flops = (double)T(B, x.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    return y;
+}
+
+static struct val lower_bottleneck(struct bld *B, struct val x, const struct mp_layer *l)
+{
+    uint64_t mid = l->mid_ch, out = l->out_ch ? l->out_ch : mid * 4, st = l->stride ? l->stride : 1;
+    struct val y = lower_conv(B, x, l->in_ch, mid, 1, 1, 0, 1, false, "conv1");
+    y = lower_act(B, lower_batchnorm(B, y, mid, "bn1"), MP_ACT_RELU, true, "relu1");
+    y = lower_conv(B, y, mid, mid, 3, st, 1, 1, false, "conv2");
+    y = lower_act(B, lower_batchnorm(B, y, mid, "bn2"), MP_ACT_RELU, true, "relu2");
+    y = lower_conv(B, y, mid, out, 1, 1, 0, 1, false, "conv3");
+    y = lower_batchnorm(B, y, out, "bn3");
+    struct val sc = x;
+    if (l->downsample) {
+        sc = lower_conv(B, x, l->in_ch, out, 1, st, 0, 1, false, "downsample.0");
+        sc = lower_batchnorm(B, sc, out, "downsample.1");
+    } else if (!failed(B) && (l->in_ch != out || st != 1)) {
+        fail_model(B, MP_ERR_MODEL, "in_ch %llu -> out_ch %llu (stride %llu) needs \"downsample\": true",
+                   (unsigned long long)l->in_ch, (unsigned long long)out, (unsigned long long)st);
+        return x;
+    }
+    y = lower_add(B, y, sc, "residual");
+    return lower_act(B, y, MP_ACT_RELU, true, "relu3");
+}
+
+static struct val lower_custom(struct bld *B, struct val x, const struct mp_layer *l)
+{
+    if (failed(B))
+        return x;
+    uint64_t shape[2] = {B->b, l->c_output_bytes};
+    struct val y = new_val(B, "out", MP_DT_U8, 2, shape, true);
+    struct mp_node *n = new_node(B, MP_P_CUSTOM, "custom");
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    save(n, y.t);
+    if (l->c_saved_bytes > l->c_output_bytes)
+        extra(n, new_flat(B, "saved", MP_DT_U8, mul(B, B->b, l->c_saved_bytes - l->c_output_bytes)), true);
+    if (l->c_params)
+        n->param[0] = new_param(B, "params", 1, l->c_params, false);
+    n->rows = B->b;
+    n->n = l->c_output_bytes;
+    n->fwd_flops = (double)B->b * (double)l->c_fwd_flops;
+    n->bwd_flops = (double)B->b * (double)(l->c_bwd_flops ? l->c_bwd_flops : 2 * l->c_fwd_flops);
+    return y;
+}
+
+/* One layer of a block. */
+static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, struct val *resid)
+{
+    const char *nm = l->name[0] ? l->name : mp_layer_type_str(l->type);
+    B->layer = l;
+    switch (l->type) {
+    case MP_LT_EMBEDDING: {
+        if (failed(B))
+            return x;
+        if (T(B, x.t)->dtype != MP_DT_I64) {
+            fail_model(B, MP_ERR_MODEL, "an embedding needs token ids as its input (input.tokens)");
+            return x;
+        }
+        char pn[80];
+        snprintf(pn, sizeof pn, "%s.weight", nm);
+        int w = new_param(B, pn, l->vocab, l->dim, false);
+        if (B->embed_param < 0)
+            B->embed_param = w;
+        uint64_t shape[3] = {B->b, B->s, l->dim};
+        struct val y = new_val(B, nm, B->p->param_dtype, 3, shape, true);
+        struct mp_node *n = new_node(B, MP_P_EMBED, nm);
+        if (!n)
+            return y;
+        n->in[0] = x.t;
+        n->out = y.t;
+        n->param[0] = w;
+        save(n, x.t);
+        n->rows = mul(B, B->b, B->s);
+        n->n = l->dim;
+        n->k = l->vocab;
+        n->fwd_flops = (double)T(B, y.t)->elems;
+        n->bwd_flops = n->fwd_flops;
+        struct val r = lower_dropout(B, y, l->emb_dropout, "dropout");
+        *resid = r;
+        return r;
+    }
+    case MP_LT_POS_EMBEDDING: {
+        if (failed(B))
+            return x;
+        if (B->s > l->vocab) {
+            fail_model(B, MP_ERR_MODEL, "sequence %llu exceeds the %llu learned positions",
+                       (unsigned long long)B->s, (unsigned long long)l->vocab);
+            return x;
+        }
+        if (last_dim(x) != l->dim) {
+            fail_model(B, MP_ERR_MODEL, "dim %llu does not match the incoming width %llu", (unsigned long long)l->dim,
+                       (unsigned long long)last_dim(x));
+            return x;
+        }
+        char pn[80];
+        snprintf(pn, sizeof pn, "%s.weight", nm);
+        int w = new_param(B, pn, l->vocab, l->dim, false);
+        struct val y = like(B, nm, x, promote(dt_of(B, x), B->p->param_dtype), true);
+        struct mp_node *n = new_node(B, MP_P_ADD_POS, nm);
+        if (!n)
+            return y;
+        n->in[0] = x.t;
+        n->out = y.t;
+        n->param[0] = w;
+        n->rows = rows_of(x);
+        n->n = l->dim;
+        n->seq = B->s;
+        n->fwd_flops = (double)T(B, y.t)->elems;
+        *resid = y;
+        return y;
+    }
+    case MP_LT_LINEAR:
+        return lower_linear(B, x, l->in_features, l->out_features, l->bias, nm);
+    case MP_LT_LAYERNORM:
+        return lower_layernorm(B, x, l->dim, l->norm_bias, nm);
+    case MP_LT_RMSNORM:
+        return lower_rmsnorm(B, x, l->dim, nm);
+    case MP_LT_ATTENTION:
+        if (last_dim(x) != l->dim) {
+            fail_model(B, MP_ERR_MODEL, "dim %llu does not match the incoming width %llu", (unsigned long long)l->dim,
+                       (unsigned long long)last_dim(x));
+            return x;
+        }
+        return lower_attention(B, x, l, l->dim, nm);
+    case MP_LT_MLP:
+        if (last_dim(x) != l->dim) {
+            fail_model(B, MP_ERR_MODEL, "dim %llu does not match the incoming width %llu", (unsigned long long)l->dim,
+                       (unsigned long long)last_dim(x));
+            return x;
+        }
+        return lower_mlp(B, x, l, l->dim, nm);
+    case MP_LT_ACTIVATION:
+        return lower_act(B, x, l->act, l->inplace, nm);
+    case MP_LT_DROPOUT:
+        return lower_dropout(B, x, l->p, nm);
+    case MP_LT_RESIDUAL: {
+        struct val y = lower_add(B, *resid, x, nm);
+        *resid = y;
+        return y;
+    }
+    case MP_LT_CONV2D:
+        return lower_conv(B, x, l->in_ch, l->out_ch, l->kernel, l->stride ? l->stride : 1, l->padding,
+                          l->groups ? l->groups : 1, l->bias, nm);
+    case MP_LT_BATCHNORM2D:
+        return lower_batchnorm(B, x, l->in_ch ? l->in_ch : l->dim, nm);
+    case MP_LT_MAXPOOL2D:
+        return lower_pool(B, x, MP_P_MAXPOOL, l->kernel, l->stride ? l->stride : l->kernel, l->padding, 0, 0, nm);
+    case MP_LT_AVGPOOL2D:
+        return lower_pool(B, x, MP_P_AVGPOOL, l->kernel, l->stride ? l->stride : l->kernel, l->padding, 0, 0, nm);
+    case MP_LT_ADAPTIVE_AVGPOOL2D:
+        return lower_pool(B, x, MP_P_ADAPTIVE_AVGPOOL, 0, 0, 0, l->out_h ? l->out_h : 1, l->out_w ? l->out_w : 1,
+                          nm);
+    case MP_LT_FLATTEN: {
+        if (failed(B))
+            return x;
+        struct val y = x;
+        y.rank = 2;
+        y.shape[0] = x.shape[0];
+        y.shape[1] = T(B, x.t)->elems / (x.shape[0] ? x.shape[0] : 1);
+        struct mp_node *n = new_node(B, MP_P_VIEW, nm);
+        if (n) {
+            n->in[0] = x.t;
+            n->out = x.t;
+            n->rows = y.shape[0];
+            n->n = y.shape[1];
+        }
+        return y;
+    }
+    case MP_LT_LM_HEAD: {
+        if (l->tied && B->embed_param < 0) {
+            fail_model(B, MP_ERR_MODEL, "a tied lm_head needs an embedding earlier in the model");
+            return x;
+        }
+        if (l->tied && !failed(B) &&
+            (B->p->params[B->embed_param].rows != l->vocab || B->p->params[B->embed_param].cols != l->dim)) {
+            fail_model(B, MP_ERR_MODEL, "tied: vocab x dim %llux%llu does not match the embedding %llux%llu",
+                       (unsigned long long)l->vocab, (unsigned long long)l->dim,
+                       (unsigned long long)B->p->params[B->embed_param].rows,
+                       (unsigned long long)B->p->params[B->embed_param].cols);
+            return x;
+        }
+        struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
+        if (!failed(B) && l->tied)
+            B->p->params[B->embed_param].matmul = true;
+        return lower_loss(B, logits, "loss");
+    }
+    case MP_LT_CLASSIFIER: {
+        struct val logits = lower_linear(B, x, l->in_features, l->vocab, true, nm);
+        return lower_loss(B, logits, "loss");
+    }
+    case MP_LT_CUSTOM:
+        return lower_custom(B, x, l);
+    case MP_LT_TRANSFORMER_BLOCK: {
+        char saved[96];
+        with_prefix(B, B->prefix, "", saved);
+        struct val y = lower_transformer(B, x, l);
+        restore_prefix(B, saved);
+        *resid = y;
+        return y;
+    }
+    case MP_LT_BOTTLENECK:
+        return lower_bottleneck(B, x, l);
+    case MP_LT_COUNT:
+        break;
+    }
+    MP_BUG("unknown layer type %d", (int)l->type);
+}
+
+/* ---- the program ------------------------------------------------------------------ */
+
+void mp_program_release(struct mp_program *p)
+{
+    if (!p)
+        return;
+    free(p->tensors);
+    free(p->nodes);
+    free(p->params);
+    free(p->blocks);
+    memset(p, 0, sizeof *p);
+}
+
+enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
+                                struct mp_diag *d)
+{
+    memset(p, 0, sizeof *p);
+    p->opts = *o;
+    p->model = m;
+    p->labels = -1;
+    if (p->opts.seq == 0)
+        p->opts.seq = m->seq_len ? m->seq_len : 1;
+    if (p->opts.batch == 0)
+        return mp_fail(d, MP_ERR_USAGE, "batch must be positive");
+    bool half_params = o->precision == MP_PREC_BF16;
+    p->param_dtype = half_params ? MP_DT_BF16 : MP_DT_F32;
+    p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
+                       : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
+                                                          : MP_DT_BF16;
+    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .b = p->opts.batch,
+                    .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
+                    .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
+    p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);
+    if (!p->blocks)
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+    p->n_blocks = m->n_blocks;
+
+    struct val x;
+    if (m->input == MP_INPUT_TOKENS) {
+        uint64_t shape[2] = {B.b, B.s};
+        x = new_val(&B, "input_ids", MP_DT_I64, 2, shape, false);
+        p->labels = new_val(&B, "labels", MP_DT_I64, 2, shape, false).t;
+    } else if (m->input == MP_INPUT_IMAGE) {
+        uint64_t shape[4] = {B.b, m->channels, m->height, m->width};
+        x = new_val(&B, "images", p->param_dtype, 4, shape, false);
+        uint64_t ls[1] = {B.b};
+        p->labels = new_val(&B, "labels", MP_DT_I64, 1, ls, false).t;
+    } else {
+        uint64_t shape[2] = {B.b, m->bytes_per_sample};
+        x = new_val(&B, "input", MP_DT_U8, 2, shape, false);
+    }
+    p->input = x.t;
+    for (size_t i = 0; i < m->n_blocks && !failed(&B); i++) {
+        const struct mp_block *blk = &m->blocks[i];
+        struct mp_block_prog *bp = &p->blocks[i];
+        B.block = (int)i;
+        snprintf(B.prefix, sizeof B.prefix, "%s", blk->name);
+        bp->input = x.t;
+        bp->node0 = p->n_nodes;
+        bp->param0 = p->n_params;
+        struct val resid = x;
+        for (size_t j = 0; j < blk->n_layers && !failed(&B); j++)
+            x = lower_layer(&B, x, &blk->layers[j], &resid);
+        B.layer = NULL;
+        bp->output = x.t;
+        bp->n_nodes = p->n_nodes - bp->node0;
+        bp->n_params = p->n_params - bp->param0;
+        for (size_t k = bp->param0; k < p->n_params; k++)
+            bp->params += p->params[k].elems;
+        for (size_t k = bp->node0; k < p->n_nodes; k++) {
+            bp->fwd_flops += p->nodes[k].fwd_flops;
+            bp->bwd_flops += p->nodes[k].bwd_flops;
+        }
+        p->fwd_flops += bp->fwd_flops;
+        p->bwd_flops += bp->bwd_flops;
+        if (!failed(&B) && p->explicit_loss && i + 1 < m->n_blocks) {
+            B.layer = NULL;
+            fail_model(&B, MP_ERR_MODEL, "the loss (lm_head or classifier) must be in the last block");
+        }
+    }
+    if (failed(&B)) {
+        enum mp_status st = B.st;
+        mp_program_release(p);
+        return st;
+    }
+    p->trainable_params = p->total_params;
+    return MP_OK;
+}

@@ -1,0 +1,914 @@
+/* model_json.c — reads memplan's own model format (docs/model-format.md) into
+ * struct mp_model.  Each entry of "layers" is one block: an op, a composite op
+ * (transformer_block, bottleneck), a named group of ops, or a repeat of blocks
+ * (nested at most MP_NEST_MAX deep).  Strict: unknown layer types, wrong value
+ * types and unknown keys are errors naming their JSON path (layers[2].layers[0].ffn);
+ * only keys starting with "_" or "comment" are ignored.  cJSON stays in this
+ * file; on error the caller releases the half-filled model.
+ */
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model.h"
+#include "model_read.h"
+
+#define MP_BLOCKS_MAX ((size_t)1 << 20)      /* blocks after expanding every repeat */
+#define MP_FLOPS_MAX (UINT64_C(1) << 53)     /* per-sample FLOPs: exact in a JSON double */
+#define PLACE_MAX 320
+
+struct reader {
+    struct mp_model *m;
+    const char *path;
+    struct mp_diag *d;
+    int n_groups;         /* repeat instances expanded so far (repeat_group ids) */
+    bool have_emb;        /* an embedding precedes: tied lm_head and defaults */
+    uint64_t emb_vocab, emb_dim;
+    uint64_t classes;     /* top-level "classes", 0 when absent */
+};
+
+/* How blocks made at this point are named (see the "Names" section of model-format.md). */
+struct naming {
+    char pre[64];  /* "R.i." contributed by named repeats */
+    char idx[40];  /* ".i" contributed by unnamed repeats since the last named one */
+    bool single;   /* innermost named repeat yields one block per iteration */
+    int group;     /* repeat_group of blocks made here (0: not in a repeat) */
+};
+
+/* ---- messages and keys ---------------------------------------------------------- */
+
+/* "path: place.key: problem"; key may be NULL, place may be "". */
+#if defined(__GNUC__)
+__attribute__((format(printf, 5, 6)))
+#endif
+static enum mp_status
+fail_at(const struct reader *rd, enum mp_status st, const char *place, const char *key, const char *fmt, ...)
+{
+    char what[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    const char *k = key ? key : "";
+    const char *dot = (*place && *k) ? "." : "";
+    if (!*place && !*k)
+        return mp_fail(rd->d, st, "%s: %s", rd->path, what);
+    return mp_fail(rd->d, st, "%s: %s%s%s: %s", rd->path, place, dot, k, what);
+}
+
+/* snprintf that may cut: places and names are bounded by the nesting limit, and
+ * a cut label is harmless (keeps -Wformat-truncation quiet where cutting is intended). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void cut_printf(char *out, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+}
+
+static bool ignorable_key(const char *k)
+{
+    return k[0] == '_' || strncmp(k, "comment", 7) == 0;
+}
+
+/* Is key one of the space-separated words of list? */
+static bool in_list(const char *list, const char *key)
+{
+    size_t n = strlen(key);
+    for (const char *p = list; *p;) {
+        while (*p == ' ')
+            p++;
+        const char *e = p;
+        while (*e && *e != ' ')
+            e++;
+        if ((size_t)(e - p) == n && n > 0 && strncmp(p, key, n) == 0)
+            return true;
+        p = e;
+    }
+    return false;
+}
+
+/* Levenshtein distance, capped for long strings (keys and type names are short). */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 40 || lb > 40)
+        return 99;
+    size_t row[41];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* Closest word of list to key within distance 2, copied to out ("" when none). */
+static void suggest(const char *list, const char *key, char *out, size_t cap)
+{
+    size_t best = 3;
+    out[0] = '\0';
+    for (const char *p = list; *p;) {
+        while (*p == ' ')
+            p++;
+        const char *e = p;
+        while (*e && *e != ' ')
+            e++;
+        char w[48];
+        size_t n = (size_t)(e - p);
+        if (n > 0 && n < sizeof w) {
+            memcpy(w, p, n);
+            w[n] = '\0';
+            size_t dist = edit_distance(key, w);
+            if (dist < best) {
+                best = dist;
+                snprintf(out, cap, "%s", w);
+            }
+        }
+        p = e;
+    }
+}
+
+/* Every key of obj must be in allowed (or ignorable), and appear once.  what names
+ * the object in the message: "a linear layer", "the input", ... */
+static enum mp_status check_keys(const struct reader *rd, const cJSON *obj, const char *place, const char *allowed,
+                                 const char *what)
+{
+    for (const cJSON *c = obj->child; c; c = c->next) {
+        if (!c->string)
+            continue;
+        if (ignorable_key(c->string))
+            continue;
+        for (const cJSON *e = obj->child; e != c; e = e->next)
+            if (e->string && strcmp(e->string, c->string) == 0)
+                return fail_at(rd, MP_ERR_MODEL, place, c->string, "duplicate key");
+        if (in_list(allowed, c->string))
+            continue;
+        char hint[48];
+        suggest(allowed, c->string, hint, sizeof hint);
+        if (hint[0])
+            return fail_at(rd, MP_ERR_MODEL, place, c->string, "unknown key for %s (did you mean \"%s\"?)", what,
+                           hint);
+        return fail_at(rd, MP_ERR_MODEL, place, c->string, "unknown key for %s", what);
+    }
+    return MP_OK;
+}
+
+/* ---- value readers ------------------------------------------------------------------ */
+
+static const cJSON *item(const cJSON *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return (v && !cJSON_IsNull(v)) ? v : NULL;
+}
+
+/* An integer in [positive ? 1 : 0, max].  Absent: an error when required, else
+ * *out keeps its default.  Above max is MP_ERR_RANGE. */
+static enum mp_status get_uint(const struct reader *rd, const cJSON *obj, const char *place, const char *key,
+                               bool required, bool positive, uint64_t max, uint64_t *out)
+{
+    const char *kind = positive ? "a positive integer" : "a non-negative integer";
+    const cJSON *v = item(obj, key);
+    if (!v) {
+        if (required)
+            return fail_at(rd, MP_ERR_MODEL, place, key, "missing (expected %s)", kind);
+        return MP_OK;
+    }
+    double lo = positive ? 1.0 : 0.0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo))
+        return fail_at(rd, MP_ERR_MODEL, place, key, "expected %s", kind);
+    double x = v->valuedouble;
+    if (x > (double)max)
+        return fail_at(rd, MP_ERR_RANGE, place, key, "%.0f is too large (at most %llu)", x,
+                       (unsigned long long)max);
+    if (x != (double)(uint64_t)x)
+        return fail_at(rd, MP_ERR_MODEL, place, key, "expected %s", kind);
+    *out = (uint64_t)x;
+    return MP_OK;
+}
+
+static enum mp_status get_dim(const struct reader *rd, const cJSON *obj, const char *place, const char *key,
+                              bool required, uint64_t *out)
+{
+    return get_uint(rd, obj, place, key, required, true, MP_DIM_MAX, out);
+}
+
+static enum mp_status get_bool(const struct reader *rd, const cJSON *obj, const char *place, const char *key,
+                               bool *out)
+{
+    return mp_json_bool(obj, key, out, rd->path, place, rd->d);
+}
+
+static enum mp_status get_prob(const struct reader *rd, const cJSON *obj, const char *place, const char *key,
+                               double *out)
+{
+    return mp_json_prob(obj, key, out, rd->path, place, rd->d);
+}
+
+/* An optional non-empty string of at most cap-1 bytes copied to out; *found says if present. */
+static enum mp_status get_name(const struct reader *rd, const cJSON *obj, const char *place, const char *key,
+                               char *out, size_t cap, bool *found)
+{
+    enum mp_status st;
+    const char *s = mp_json_str(obj, key, &st, rd->path, place, rd->d);
+    *found = false;
+    if (st != MP_OK)
+        return st;
+    if (!s)
+        return MP_OK;
+    if (!*s)
+        return fail_at(rd, MP_ERR_MODEL, place, key, "expected a non-empty string");
+    if (strlen(s) >= cap)
+        return fail_at(rd, MP_ERR_MODEL, place, key, "longer than %zu characters", cap - 1);
+    snprintf(out, cap, "%s", s);
+    *found = true;
+    return MP_OK;
+}
+
+#define TRY(expr)                          \
+    do {                                   \
+        enum mp_status st_ = (expr);       \
+        if (st_ != MP_OK)                  \
+            return st_;                    \
+    } while (0)
+
+/* ---- ops ------------------------------------------------------------------------------ */
+
+#define ATTN_KEYS "dim heads kv_heads head_dim causal bias qkv_bias out_bias fused_qkv rope rotary_dim impl attn_dropout"
+#define MLP_KEYS "ffn act gated mlp_bias"
+
+/* Keys each type accepts besides "type" and "name" (space-separated). */
+static const char *type_keys(enum mp_layer_type t)
+{
+    switch (t) {
+    case MP_LT_EMBEDDING: return "vocab dim";
+    case MP_LT_POS_EMBEDDING: return "max_positions dim";
+    case MP_LT_LINEAR: return "in_features out_features bias";
+    case MP_LT_LAYERNORM: return "dim bias";
+    case MP_LT_RMSNORM: return "dim";
+    case MP_LT_ATTENTION: return ATTN_KEYS;
+    case MP_LT_MLP: return "dim bias " MLP_KEYS;
+    case MP_LT_ACTIVATION: return "act inplace";
+    case MP_LT_DROPOUT: return "p";
+    case MP_LT_RESIDUAL: return "";
+    case MP_LT_CONV2D: return "in_ch out_ch kernel stride padding groups bias";
+    case MP_LT_BATCHNORM2D: return "channels";
+    case MP_LT_MAXPOOL2D: return "kernel stride padding";
+    case MP_LT_AVGPOOL2D: return "kernel stride padding";
+    case MP_LT_ADAPTIVE_AVGPOOL2D: return "output_size out_h out_w";
+    case MP_LT_FLATTEN: return "";
+    case MP_LT_LM_HEAD: return "vocab dim tied bias";
+    case MP_LT_CLASSIFIER: return "in_features classes bias";
+    case MP_LT_CUSTOM: return "output_bytes saved_bytes params fwd_flops bwd_flops";
+    case MP_LT_TRANSFORMER_BLOCK:
+        return ATTN_KEYS " " MLP_KEYS " norm norm_bias p parallel_residual shared_norm post_norm";
+    case MP_LT_BOTTLENECK: return "in_ch mid_ch out_ch stride groups downsample";
+    case MP_LT_COUNT: break;
+    }
+    return "";
+}
+
+static enum mp_status get_act(const struct reader *rd, const cJSON *obj, const char *place, bool required,
+                              enum mp_act *out)
+{
+    enum mp_status st;
+    const char *s = mp_json_str(obj, "act", &st, rd->path, place, rd->d);
+    if (st != MP_OK)
+        return st;
+    if (!s) {
+        if (required)
+            return fail_at(rd, MP_ERR_MODEL, place, "act",
+                           "missing (expected gelu, gelu_tanh, relu, silu, tanh or sigmoid)");
+        return MP_OK;
+    }
+    int a = mp_act_parse(s);
+    if (a < 0)
+        return fail_at(rd, MP_ERR_MODEL, place, "act",
+                       "unknown activation \"%s\" (expected gelu, gelu_tanh, relu, silu, tanh or sigmoid)", s);
+    *out = (enum mp_act)a;
+    return MP_OK;
+}
+
+/* Attention fields shared by attention and transformer_block. */
+static enum mp_status read_attention(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
+    TRY(get_dim(rd, o, place, "dim", true, &l->dim));
+    TRY(get_dim(rd, o, place, "heads", true, &l->heads));
+    l->kv_heads = l->heads;
+    TRY(get_dim(rd, o, place, "kv_heads", false, &l->kv_heads));
+    if (item(o, "head_dim")) {
+        TRY(get_dim(rd, o, place, "head_dim", true, &l->head_dim));
+    } else {
+        if (l->heads > l->dim || l->dim % l->heads != 0)
+            return fail_at(rd, MP_ERR_MODEL, place, "heads", "%llu does not divide dim (%llu); give head_dim",
+                           (unsigned long long)l->heads, (unsigned long long)l->dim);
+        l->head_dim = l->dim / l->heads;
+    }
+    if (l->kv_heads > l->heads || l->heads % l->kv_heads != 0)
+        return fail_at(rd, MP_ERR_MODEL, place, "kv_heads", "%llu must divide heads (%llu)",
+                       (unsigned long long)l->kv_heads, (unsigned long long)l->heads);
+    uint64_t qdim;
+    if (!mp_mul_u64(l->heads, l->head_dim, &qdim) || qdim > MP_DIM_MAX)
+        return fail_at(rd, MP_ERR_RANGE, place, "head_dim", "heads x head_dim is too large (at most %llu)",
+                       (unsigned long long)MP_DIM_MAX);
+    l->causal = true;
+    TRY(get_bool(rd, o, place, "causal", &l->causal));
+    bool bias = true;
+    TRY(get_bool(rd, o, place, "bias", &bias));
+    l->qkv_bias = l->out_bias = bias;
+    TRY(get_bool(rd, o, place, "qkv_bias", &l->qkv_bias));
+    TRY(get_bool(rd, o, place, "out_bias", &l->out_bias));
+    TRY(get_bool(rd, o, place, "fused_qkv", &l->fused_qkv));
+    TRY(get_bool(rd, o, place, "rope", &l->rope));
+    if (item(o, "rotary_dim")) {
+        if (!l->rope)
+            return fail_at(rd, MP_ERR_MODEL, place, "rotary_dim", "needs \"rope\": true");
+        TRY(get_dim(rd, o, place, "rotary_dim", true, &l->rotary_dim));
+        if (l->rotary_dim > l->head_dim || l->rotary_dim % 2 != 0)
+            return fail_at(rd, MP_ERR_MODEL, place, "rotary_dim", "%llu must be even and at most head_dim (%llu)",
+                           (unsigned long long)l->rotary_dim, (unsigned long long)l->head_dim);
+    }
+    enum mp_status st;
+    const char *impl = mp_json_str(o, "impl", &st, rd->path, place, rd->d);
+    if (st != MP_OK)
+        return st;
+    if (impl) {
+        if (strcmp(impl, "sdpa") == 0)
+            l->impl = MP_ATTN_SDPA;
+        else if (strcmp(impl, "flash") == 0)
+            l->impl = MP_ATTN_FLASH;
+        else if (strcmp(impl, "eager") == 0)
+            l->impl = MP_ATTN_EAGER;
+        else
+            return fail_at(rd, MP_ERR_MODEL, place, "impl", "unknown attention implementation \"%s\" "
+                           "(expected eager, flash or sdpa)", impl);
+        l->impl_set = true;
+    }
+    return get_prob(rd, o, place, "attn_dropout", &l->attn_dropout);
+}
+
+/* MLP fields shared by mlp and transformer_block; "bias" (default true) sets mlp_bias's default. */
+static enum mp_status read_mlp(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
+    if (!mp_mul_u64(l->dim, 4, &l->ffn) || l->ffn > MP_DIM_MAX)
+        l->ffn = MP_DIM_MAX;
+    TRY(get_dim(rd, o, place, "ffn", l->type == MP_LT_MLP, &l->ffn));
+    TRY(get_bool(rd, o, place, "gated", &l->gated));
+    l->act = l->gated ? MP_ACT_SILU : MP_ACT_GELU;
+    TRY(get_act(rd, o, place, false, &l->act));
+    bool bias = true;
+    TRY(get_bool(rd, o, place, "bias", &bias));
+    l->mlp_bias = bias;
+    return get_bool(rd, o, place, "mlp_bias", &l->mlp_bias);
+}
+
+static enum mp_status read_transformer(const struct reader *rd, const cJSON *o, const char *place,
+                                       struct mp_layer *l)
+{
+    TRY(read_attention(rd, o, place, l));
+    TRY(read_mlp(rd, o, place, l));
+    enum mp_status st;
+    const char *norm = mp_json_str(o, "norm", &st, rd->path, place, rd->d);
+    if (st != MP_OK)
+        return st;
+    l->norm = MP_NORM_LAYERNORM;
+    if (norm) {
+        if (strcmp(norm, "layernorm") == 0)
+            l->norm = MP_NORM_LAYERNORM;
+        else if (strcmp(norm, "rmsnorm") == 0)
+            l->norm = MP_NORM_RMSNORM;
+        else
+            return fail_at(rd, MP_ERR_MODEL, place, "norm", "unknown norm \"%s\" (expected layernorm or rmsnorm)",
+                           norm);
+    }
+    l->norm_bias = l->norm == MP_NORM_LAYERNORM;
+    TRY(get_bool(rd, o, place, "norm_bias", &l->norm_bias));
+    if (l->norm_bias && l->norm == MP_NORM_RMSNORM)
+        return fail_at(rd, MP_ERR_MODEL, place, "norm_bias", "rmsnorm has no bias");
+    TRY(get_prob(rd, o, place, "p", &l->p));
+    TRY(get_bool(rd, o, place, "parallel_residual", &l->parallel_residual));
+    TRY(get_bool(rd, o, place, "shared_norm", &l->shared_norm));
+    TRY(get_bool(rd, o, place, "post_norm", &l->post_norm));
+    if (l->shared_norm && !l->parallel_residual)
+        return fail_at(rd, MP_ERR_MODEL, place, "shared_norm", "needs \"parallel_residual\": true");
+    if (l->post_norm && l->parallel_residual)
+        return fail_at(rd, MP_ERR_MODEL, place, "post_norm", "cannot be combined with parallel_residual");
+    return MP_OK;
+}
+
+static enum mp_status read_conv(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
+    TRY(get_dim(rd, o, place, "in_ch", true, &l->in_ch));
+    TRY(get_dim(rd, o, place, "out_ch", true, &l->out_ch));
+    TRY(get_dim(rd, o, place, "kernel", true, &l->kernel));
+    l->stride = 1;
+    l->groups = 1;
+    l->bias = true;
+    TRY(get_dim(rd, o, place, "stride", false, &l->stride));
+    TRY(get_uint(rd, o, place, "padding", false, false, MP_DIM_MAX, &l->padding));
+    TRY(get_dim(rd, o, place, "groups", false, &l->groups));
+    TRY(get_bool(rd, o, place, "bias", &l->bias));
+    if (l->in_ch % l->groups != 0 || l->out_ch % l->groups != 0)
+        return fail_at(rd, MP_ERR_MODEL, place, "groups", "%llu must divide in_ch (%llu) and out_ch (%llu)",
+                       (unsigned long long)l->groups, (unsigned long long)l->in_ch, (unsigned long long)l->out_ch);
+    uint64_t w;
+    if (!mp_mul3_u64(l->out_ch, l->in_ch / l->groups, l->kernel, &w) || !mp_mul_u64(w, l->kernel, &w) ||
+        w > MP_DIM_MAX)
+        return fail_at(rd, MP_ERR_RANGE, place, "kernel", "the weight is too large (at most %llu elements)",
+                       (unsigned long long)MP_DIM_MAX);
+    return MP_OK;
+}
+
+static enum mp_status read_pool(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
+    TRY(get_dim(rd, o, place, "kernel", true, &l->kernel));
+    l->stride = l->kernel;
+    TRY(get_dim(rd, o, place, "stride", false, &l->stride));
+    TRY(get_uint(rd, o, place, "padding", false, false, MP_DIM_MAX, &l->padding));
+    if (l->padding > l->kernel / 2)
+        return fail_at(rd, MP_ERR_MODEL, place, "padding", "%llu is more than half the kernel (%llu)",
+                       (unsigned long long)l->padding, (unsigned long long)l->kernel);
+    return MP_OK;
+}
+
+static enum mp_status read_adaptive(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
+    l->out_h = l->out_w = 1;
+    const cJSON *os = item(o, "output_size");
+    if (os && (item(o, "out_h") || item(o, "out_w")))
+        return fail_at(rd, MP_ERR_MODEL, place, "output_size", "give either output_size or out_h/out_w, not both");
+    if (!os) {
+        TRY(get_dim(rd, o, place, "out_h", false, &l->out_h));
+        TRY(get_dim(rd, o, place, "out_w", false, &l->out_w));
+        return MP_OK;
+    }
+    if (cJSON_IsNumber(os)) {
+        TRY(get_dim(rd, o, place, "output_size", true, &l->out_h));
+        l->out_w = l->out_h;
+        return MP_OK;
+    }
+    if (!cJSON_IsArray(os) || cJSON_GetArraySize(os) != 2)
+        return fail_at(rd, MP_ERR_MODEL, place, "output_size", "expected a positive integer or [h, w]");
+    uint64_t hw[2];
+    for (int i = 0; i < 2; i++) {
+        const cJSON *e = cJSON_GetArrayItem(os, i);
+        double x = cJSON_IsNumber(e) ? e->valuedouble : -1;
+        char key[24];
+        snprintf(key, sizeof key, "output_size[%d]", i);
+        if (!(x >= 1))
+            return fail_at(rd, MP_ERR_MODEL, place, key, "expected a positive integer");
+        if (x > (double)MP_DIM_MAX)
+            return fail_at(rd, MP_ERR_RANGE, place, key, "%.0f is too large (at most %llu)", x,
+                           (unsigned long long)MP_DIM_MAX);
+        if (x != (double)(uint64_t)x)
+            return fail_at(rd, MP_ERR_MODEL, place, key, "expected a positive integer");
+        hw[i] = (uint64_t)x;
+    }
+    l->out_h = hw[0];
+    l->out_w = hw[1];
+    return MP_OK;
+}
+
+static enum mp_status read_bottleneck(const struct reader *rd, const cJSON *o, const char *place,
+                                      struct mp_layer *l)
+{
+    TRY(get_dim(rd, o, place, "in_ch", true, &l->in_ch));
+    TRY(get_dim(rd, o, place, "mid_ch", true, &l->mid_ch));
+    if (!mp_mul_u64(l->mid_ch, 4, &l->out_ch) || l->out_ch > MP_DIM_MAX)
+        l->out_ch = MP_DIM_MAX;
+    TRY(get_dim(rd, o, place, "out_ch", false, &l->out_ch));
+    l->stride = 1;
+    l->groups = 1;
+    TRY(get_dim(rd, o, place, "stride", false, &l->stride));
+    TRY(get_dim(rd, o, place, "groups", false, &l->groups));
+    if (l->mid_ch % l->groups != 0)
+        return fail_at(rd, MP_ERR_MODEL, place, "groups", "%llu must divide mid_ch (%llu)",
+                       (unsigned long long)l->groups, (unsigned long long)l->mid_ch);
+    bool needed = l->stride != 1 || l->in_ch != l->out_ch;
+    l->downsample = needed;
+    TRY(get_bool(rd, o, place, "downsample", &l->downsample));
+    if (needed && !l->downsample)
+        return fail_at(rd, MP_ERR_MODEL, place, "downsample", "needed when stride is not 1 or in_ch (%llu) "
+                       "differs from out_ch (%llu)", (unsigned long long)l->in_ch, (unsigned long long)l->out_ch);
+    uint64_t w;
+    if (!mp_mul3_u64(l->mid_ch, l->mid_ch / l->groups, 9, &w) || w > MP_DIM_MAX ||
+        !mp_mul_u64(l->in_ch, l->out_ch, &w) || w > MP_DIM_MAX)
+        return fail_at(rd, MP_ERR_RANGE, place, "mid_ch", "the weights are too large (at most %llu elements)",
+                       (unsigned long long)MP_DIM_MAX);
+    return MP_OK;
+}
+
+static enum mp_status read_custom(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
+    TRY(get_dim(rd, o, place, "output_bytes", true, &l->c_output_bytes));
+    l->c_saved_bytes = l->c_output_bytes;
+    TRY(get_uint(rd, o, place, "saved_bytes", false, false, MP_DIM_MAX, &l->c_saved_bytes));
+    if (l->c_saved_bytes < l->c_output_bytes)
+        return fail_at(rd, MP_ERR_MODEL, place, "saved_bytes",
+                       "%llu is less than output_bytes (%llu); saved_bytes includes the output",
+                       (unsigned long long)l->c_saved_bytes, (unsigned long long)l->c_output_bytes);
+    TRY(get_uint(rd, o, place, "params", false, false, MP_DIM_MAX, &l->c_params));
+    TRY(get_uint(rd, o, place, "fwd_flops", false, false, MP_FLOPS_MAX, &l->c_fwd_flops));
+    l->c_bwd_flops = 2 * l->c_fwd_flops;
+    return get_uint(rd, o, place, "bwd_flops", false, false, 2 * MP_FLOPS_MAX, &l->c_bwd_flops);
+}
+
+/* The vocab/dim of a tied or untied lm_head default to the embedding's; tied ones must match it. */
+static enum mp_status read_lm_head(struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
+    TRY(get_bool(rd, o, place, "tied", &l->tied));
+    if (l->tied && !rd->have_emb)
+        return fail_at(rd, MP_ERR_MODEL, place, "tied", "the model has no embedding before this lm_head to tie to");
+    l->vocab = rd->emb_vocab;
+    l->dim = rd->emb_dim;
+    TRY(get_dim(rd, o, place, "vocab", !rd->have_emb, &l->vocab));
+    TRY(get_dim(rd, o, place, "dim", !rd->have_emb, &l->dim));
+    if (l->tied && l->vocab != rd->emb_vocab)
+        return fail_at(rd, MP_ERR_MODEL, place, "vocab", "%llu differs from the tied embedding's vocab (%llu)",
+                       (unsigned long long)l->vocab, (unsigned long long)rd->emb_vocab);
+    if (l->tied && l->dim != rd->emb_dim)
+        return fail_at(rd, MP_ERR_MODEL, place, "dim", "%llu differs from the tied embedding's dim (%llu)",
+                       (unsigned long long)l->dim, (unsigned long long)rd->emb_dim);
+    return get_bool(rd, o, place, "bias", &l->bias);
+}
+
+static enum mp_status read_table(struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
+    const char *rows = l->type == MP_LT_EMBEDDING ? "vocab" : "max_positions";
+    TRY(get_dim(rd, o, place, rows, true, &l->vocab));
+    if (l->type == MP_LT_POS_EMBEDDING)
+        l->dim = rd->emb_dim;
+    TRY(get_dim(rd, o, place, "dim", l->type == MP_LT_EMBEDDING || !rd->have_emb, &l->dim));
+    uint64_t w;
+    if (!mp_mul_u64(l->vocab, l->dim, &w) || w > MP_DIM_MAX)
+        return fail_at(rd, MP_ERR_RANGE, place, rows, "the table is too large (at most %llu elements)",
+                       (unsigned long long)MP_DIM_MAX);
+    if (l->type == MP_LT_POS_EMBEDDING && rd->m->input == MP_INPUT_TOKENS && l->vocab < rd->m->seq_len)
+        return fail_at(rd, MP_ERR_MODEL, place, rows, "%llu is less than input.tokens (%llu)",
+                       (unsigned long long)l->vocab, (unsigned long long)rd->m->seq_len);
+    if (l->type == MP_LT_EMBEDDING && !rd->have_emb) {
+        rd->have_emb = true;
+        rd->emb_vocab = l->vocab;
+        rd->emb_dim = l->dim;
+    }
+    return MP_OK;
+}
+
+/* Reads one op object (its "type" known to name an op) into l; an explicit "name" goes to l->name. */
+static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
+    enum mp_status st;
+    const char *ts = mp_json_str(o, "type", &st, rd->path, place, rd->d);
+    if (st != MP_OK)
+        return st;
+    int t = ts ? mp_layer_type_parse(ts) : -1;
+    if (t < 0) {
+        char all[512] = "", hint[48];
+        for (int i = 0; i < MP_LT_COUNT; i++) {
+            strcat(all, mp_layer_type_str((enum mp_layer_type)i));
+            strcat(all, " ");
+        }
+        suggest(all, ts ? ts : "", hint, sizeof hint);
+        if (hint[0])
+            return fail_at(rd, MP_ERR_MODEL, place, "type", "unknown layer type \"%s\" (did you mean \"%s\"?)", ts,
+                           hint);
+        return fail_at(rd, MP_ERR_MODEL, place, "type", "unknown layer type \"%s\"", ts ? ts : "");
+    }
+    memset(l, 0, sizeof *l);
+    l->type = (enum mp_layer_type)t;
+    char allowed[320];
+    snprintf(allowed, sizeof allowed, "type name %s", type_keys(l->type));
+    char what[64];
+    snprintf(what, sizeof what, "a%s %s layer", strchr("aeiou", ts[0]) ? "n" : "", ts);
+    TRY(check_keys(rd, o, place, allowed, what));
+    bool named;
+    TRY(get_name(rd, o, place, "name", l->name, sizeof l->name, &named));
+
+    switch (l->type) {
+    case MP_LT_EMBEDDING:
+    case MP_LT_POS_EMBEDDING:
+        return read_table(rd, o, place, l);
+    case MP_LT_LINEAR: {
+        TRY(get_dim(rd, o, place, "in_features", true, &l->in_features));
+        TRY(get_dim(rd, o, place, "out_features", true, &l->out_features));
+        uint64_t w;
+        if (!mp_mul_u64(l->in_features, l->out_features, &w) || w > MP_DIM_MAX)
+            return fail_at(rd, MP_ERR_RANGE, place, "out_features", "the weight is too large (at most %llu "
+                           "elements)", (unsigned long long)MP_DIM_MAX);
+        l->bias = true;
+        return get_bool(rd, o, place, "bias", &l->bias);
+    }
+    case MP_LT_LAYERNORM:
+        l->norm = MP_NORM_LAYERNORM;
+        l->norm_bias = true;
+        TRY(get_dim(rd, o, place, "dim", true, &l->dim));
+        return get_bool(rd, o, place, "bias", &l->norm_bias);
+    case MP_LT_RMSNORM:
+        l->norm = MP_NORM_RMSNORM;
+        return get_dim(rd, o, place, "dim", true, &l->dim);
+    case MP_LT_ATTENTION:
+        return read_attention(rd, o, place, l);
+    case MP_LT_MLP:
+        TRY(get_dim(rd, o, place, "dim", true, &l->dim));
+        return read_mlp(rd, o, place, l);
+    case MP_LT_ACTIVATION:
+        TRY(get_act(rd, o, place, true, &l->act));
+        return get_bool(rd, o, place, "inplace", &l->inplace);
+    case MP_LT_DROPOUT:
+        l->p = 0.5;
+        return get_prob(rd, o, place, "p", &l->p);
+    case MP_LT_RESIDUAL:
+    case MP_LT_FLATTEN:
+        return MP_OK;
+    case MP_LT_CONV2D:
+        return read_conv(rd, o, place, l);
+    case MP_LT_BATCHNORM2D:
+        TRY(get_dim(rd, o, place, "channels", true, &l->in_ch));
+        l->out_ch = l->dim = l->in_ch;
+        return MP_OK;
+    case MP_LT_MAXPOOL2D:
+    case MP_LT_AVGPOOL2D:
+        return read_pool(rd, o, place, l);
+    case MP_LT_ADAPTIVE_AVGPOOL2D:
+        return read_adaptive(rd, o, place, l);
+    case MP_LT_LM_HEAD:
+        return read_lm_head(rd, o, place, l);
+    case MP_LT_CLASSIFIER: {
+        TRY(get_dim(rd, o, place, "in_features", true, &l->in_features));
+        l->vocab = rd->classes;
+        TRY(get_dim(rd, o, place, "classes", rd->classes == 0, &l->vocab));
+        if (rd->classes && l->vocab != rd->classes)
+            return fail_at(rd, MP_ERR_MODEL, place, "classes", "%llu differs from the model's classes (%llu)",
+                           (unsigned long long)l->vocab, (unsigned long long)rd->classes);
+        uint64_t w;
+        if (!mp_mul_u64(l->in_features, l->vocab, &w) || w > MP_DIM_MAX)
+            return fail_at(rd, MP_ERR_RANGE, place, "classes", "the weight is too large (at most %llu elements)",
+                           (unsigned long long)MP_DIM_MAX);
+        l->dim = l->in_features;
+        l->out_features = l->vocab;
+        if (!rd->m->labels_vocab)
+            rd->m->labels_vocab = l->vocab;
+        l->bias = true;
+        return get_bool(rd, o, place, "bias", &l->bias);
+    }
+    case MP_LT_CUSTOM:
+        return read_custom(rd, o, place, l);
+    case MP_LT_TRANSFORMER_BLOCK:
+        return read_transformer(rd, o, place, l);
+    case MP_LT_BOTTLENECK:
+        return read_bottleneck(rd, o, place, l);
+    case MP_LT_COUNT:
+        break;
+    }
+    return fail_at(rd, MP_ERR_INTERNAL, place, "type", "unhandled layer type");
+}
+
+/* ---- blocks, groups, repeats ------------------------------------------------------------ */
+
+static void block_name(const struct naming *nm, const char *explicit_name, const char *base, char *out, size_t cap)
+{
+    if (!explicit_name && nm->single) {
+        size_t n = strlen(nm->pre);
+        cut_printf(out, cap, "%.*s%s", (int)(n ? n - 1 : 0), nm->pre, nm->idx);
+    } else {
+        cut_printf(out, cap, "%s%s%s", nm->pre, explicit_name ? explicit_name : base, nm->idx);
+    }
+}
+
+static enum mp_status add_block(struct reader *rd, const char *place, const char *name, size_t n_layers,
+                                int group, struct mp_block **out)
+{
+    if (rd->m->n_blocks >= MP_BLOCKS_MAX)
+        return fail_at(rd, MP_ERR_RANGE, place, NULL, "the model has more than %zu blocks", MP_BLOCKS_MAX);
+    struct mp_block *b = mp_model_add_block(rd->m, name, n_layers);
+    if (!b)
+        return fail_at(rd, MP_ERR_NOMEM, place, NULL, "out of memory");
+    b->repeat_group = group;
+    *out = b;
+    return MP_OK;
+}
+
+static enum mp_status read_entries(struct reader *rd, const cJSON *arr, const char *place, int depth,
+                                   const struct naming *nm);
+
+/* {"block": "name", "layers": [ops]}: several ops forming one block. */
+static enum mp_status read_group(struct reader *rd, const cJSON *o, const char *place, const struct naming *nm)
+{
+    TRY(check_keys(rd, o, place, "block layers", "a block"));
+    char gname[64];
+    bool named;
+    TRY(get_name(rd, o, place, "block", gname, sizeof gname, &named));
+    if (!named)
+        return fail_at(rd, MP_ERR_MODEL, place, "block", "missing (expected the block's name)");
+    const cJSON *ops = item(o, "layers");
+    if (!cJSON_IsArray(ops) || cJSON_GetArraySize(ops) == 0)
+        return fail_at(rd, MP_ERR_MODEL, place, "layers", "expected a non-empty array of ops");
+    size_t n = (size_t)cJSON_GetArraySize(ops);
+    char name[64];
+    block_name(nm, gname, gname, name, sizeof name);
+    struct mp_block *b;
+    TRY(add_block(rd, place, name, n, nm->group, &b));
+    size_t j = 0;
+    for (const cJSON *e = ops->child; e; e = e->next, j++) {
+        char sub[PLACE_MAX];
+        cut_printf(sub, sizeof sub, "%s.layers[%zu]", place, j);
+        if (!cJSON_IsObject(e))
+            return fail_at(rd, MP_ERR_MODEL, sub, NULL, "expected an op object");
+        if (!item(e, "type"))
+            return fail_at(rd, MP_ERR_MODEL, sub, NULL, "expected an op (with \"type\"); a block's layers cannot "
+                           "hold blocks or repeats");
+        TRY(read_op(rd, e, sub, &b->layers[j]));
+    }
+    return MP_OK;
+}
+
+static enum mp_status read_repeat(struct reader *rd, const cJSON *o, const char *place, int depth,
+                                  const struct naming *nm)
+{
+    TRY(check_keys(rd, o, place, "repeat name start layers", "a repeat"));
+    if (depth >= MP_NEST_MAX)
+        return fail_at(rd, MP_ERR_RANGE, place, NULL, "repeats nested more than %d deep", MP_NEST_MAX);
+    uint64_t n = 0, start = 0;
+    TRY(get_uint(rd, o, place, "repeat", true, true, MP_REPEAT_MAX, &n));
+    TRY(get_uint(rd, o, place, "start", false, false, MP_REPEAT_MAX, &start));
+    char rname[48];
+    bool named;
+    TRY(get_name(rd, o, place, "name", rname, sizeof rname, &named));
+    const cJSON *body = item(o, "layers");
+    if (!cJSON_IsArray(body) || cJSON_GetArraySize(body) == 0)
+        return fail_at(rd, MP_ERR_MODEL, place, "layers", "expected a non-empty array of blocks");
+    const cJSON *first = body->child;
+    bool single = named && !first->next && cJSON_IsObject(first) && !item(first, "repeat");
+
+    char sub[PLACE_MAX];
+    cut_printf(sub, sizeof sub, "%s.layers", place);
+    int group = ++rd->n_groups;
+    size_t n0 = rd->m->n_blocks;
+    for (uint64_t i = 0; i < n; i++) {
+        struct naming child = *nm;
+        child.group = group;
+        if (named) {
+            cut_printf(child.pre, sizeof child.pre, "%s%s%s.%llu.", nm->pre, rname, nm->idx,
+                       (unsigned long long)(start + i));
+            child.idx[0] = '\0';
+            child.single = single;
+        } else {
+            size_t len = strlen(child.idx);
+            snprintf(child.idx + len, sizeof child.idx - len, ".%llu", (unsigned long long)(start + i));
+            child.single = false;
+        }
+        TRY(read_entries(rd, body, sub, depth + 1, &child));
+        if (i == 0) {
+            /* The body is deterministic: one iteration tells how many blocks all of them make. */
+            size_t per = rd->m->n_blocks - n0;
+            if (per != 0 && (n > (MP_BLOCKS_MAX - n0) / per))
+                return fail_at(rd, MP_ERR_RANGE, place, "repeat", "%llu repeats make more than %zu blocks",
+                               (unsigned long long)n, MP_BLOCKS_MAX);
+        }
+    }
+    return MP_OK;
+}
+
+/* One entry of a layers array: an op or composite (one-op block), a group, or a repeat. */
+static enum mp_status read_entry(struct reader *rd, const cJSON *e, const char *place, int depth,
+                                 const struct naming *nm)
+{
+    if (!cJSON_IsObject(e))
+        return fail_at(rd, MP_ERR_MODEL, place, NULL, "expected an object (an op, a block or a repeat)");
+    if (item(e, "repeat"))
+        return read_repeat(rd, e, place, depth, nm);
+    if (item(e, "type")) {
+        struct mp_layer l;
+        TRY(read_op(rd, e, place, &l));
+        char name[64];
+        block_name(nm, l.name[0] ? l.name : NULL, mp_layer_type_str(l.type), name, sizeof name);
+        l.name[0] = '\0'; /* a one-op block: the op is named by its block */
+        struct mp_block *b;
+        TRY(add_block(rd, place, name, 1, nm->group, &b));
+        b->layers[0] = l;
+        return MP_OK;
+    }
+    if (item(e, "block") || item(e, "layers"))
+        return read_group(rd, e, place, nm);
+    return fail_at(rd, MP_ERR_MODEL, place, NULL,
+                   "expected an op (\"type\"), a block (\"block\" + \"layers\") or a repeat (\"repeat\" + \"layers\")");
+}
+
+static enum mp_status read_entries(struct reader *rd, const cJSON *arr, const char *place, int depth,
+                                   const struct naming *nm)
+{
+    size_t i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        char sub[PLACE_MAX];
+        cut_printf(sub, sizeof sub, "%s[%zu]", place, i);
+        TRY(read_entry(rd, e, sub, depth, nm));
+    }
+    return MP_OK;
+}
+
+/* ---- top level -------------------------------------------------------------------------- */
+
+static enum mp_status read_input(struct reader *rd, const cJSON *root)
+{
+    struct mp_model *m = rd->m;
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(root, "input");
+    if (!in || cJSON_IsNull(in))
+        return fail_at(rd, MP_ERR_MODEL, "", "input",
+                       "missing (expected {\"tokens\": S}, {\"shape\": [C, H, W]} or {\"bytes_per_sample\": N})");
+    if (!cJSON_IsObject(in))
+        return fail_at(rd, MP_ERR_MODEL, "", "input",
+                       "expected an object: {\"tokens\": S}, {\"shape\": [C, H, W]} or {\"bytes_per_sample\": N}");
+    TRY(check_keys(rd, in, "input", "tokens shape bytes_per_sample", "the input"));
+    int kinds = !!item(in, "tokens") + !!item(in, "shape") + !!item(in, "bytes_per_sample");
+    if (kinds != 1)
+        return fail_at(rd, MP_ERR_MODEL, "", "input",
+                       "expected exactly one of \"tokens\", \"shape\" and \"bytes_per_sample\"");
+    if (item(in, "tokens")) {
+        m->input = MP_INPUT_TOKENS;
+        return get_dim(rd, in, "input", "tokens", true, &m->seq_len);
+    }
+    if (item(in, "bytes_per_sample")) {
+        m->input = MP_INPUT_BYTES;
+        return get_dim(rd, in, "input", "bytes_per_sample", true, &m->bytes_per_sample);
+    }
+    m->input = MP_INPUT_IMAGE;
+    const cJSON *sh = item(in, "shape");
+    int n = cJSON_IsArray(sh) ? cJSON_GetArraySize(sh) : 0;
+    if (n < 1 || n > 3)
+        return fail_at(rd, MP_ERR_MODEL, "input", "shape", "expected [C, H, W] (or [H, W] or [F]) of positive "
+                       "integers");
+    uint64_t dims[3] = {1, 1, 1}, elems = 1;
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(sh, i);
+        double x = cJSON_IsNumber(e) ? e->valuedouble : -1;
+        char key[16];
+        snprintf(key, sizeof key, "shape[%d]", i);
+        if (!(x >= 1))
+            return fail_at(rd, MP_ERR_MODEL, "input", key, "expected a positive integer");
+        if (x > (double)MP_DIM_MAX)
+            return fail_at(rd, MP_ERR_RANGE, "input", key, "%.0f is too large (at most %llu)", x,
+                           (unsigned long long)MP_DIM_MAX);
+        if (x != (double)(uint64_t)x)
+            return fail_at(rd, MP_ERR_MODEL, "input", key, "expected a positive integer");
+        dims[3 - n + i] = (uint64_t)x;
+        if (!mp_mul_u64(elems, (uint64_t)x, &elems) || elems > MP_DIM_MAX)
+            return fail_at(rd, MP_ERR_RANGE, "input", "shape", "more than %llu elements per sample",
+                           (unsigned long long)MP_DIM_MAX);
+    }
+    m->channels = dims[0];
+    m->height = dims[1];
+    m->width = dims[2];
+    return MP_OK;
+}
+
+enum mp_status mp_model_from_memplan(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d)
+{
+    struct reader rd = {.m = m, .path = path, .d = d};
+    if (!m->path[0])
+        snprintf(m->path, sizeof m->path, "%s", path);
+    snprintf(m->source, sizeof m->source, "memplan");
+    if (!cJSON_IsObject(root))
+        return fail_at(&rd, MP_ERR_MODEL, "", NULL, "expected a JSON object at the top level");
+    TRY(check_keys(&rd, root, "", "name input classes layers", "a memplan model"));
+
+    bool named;
+    TRY(get_name(&rd, root, "", "name", m->name, sizeof m->name, &named));
+    if (!named) {
+        /* Default: the file's base name without ".json". */
+        const char *base = strrchr(path, '/');
+        base = base ? base + 1 : path;
+        size_t n = strlen(base);
+        if (n > 5 && strcmp(base + n - 5, ".json") == 0)
+            n -= 5;
+        snprintf(m->name, sizeof m->name, "%.*s", (int)(n < sizeof m->name ? n : sizeof m->name - 1), base);
+    }
+    TRY(get_dim(&rd, root, "", "classes", false, &rd.classes));
+    m->labels_vocab = rd.classes;
+    TRY(read_input(&rd, root));
+
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "layers");
+    if (!layers || cJSON_IsNull(layers))
+        return fail_at(&rd, MP_ERR_MODEL, "", "layers", "missing (expected an array of layers)");
+    if (!cJSON_IsArray(layers))
+        return fail_at(&rd, MP_ERR_MODEL, "", "layers", "expected an array of layers");
+    if (cJSON_GetArraySize(layers) == 0)
+        return fail_at(&rd, MP_ERR_MODEL, "", "layers", "the model has no layers");
+    struct naming top = {.pre = "", .idx = "", .single = false, .group = 0};
+    TRY(read_entries(&rd, layers, "layers", 0, &top));
+    return mp_model_validate(m, d);
+}

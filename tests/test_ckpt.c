@@ -1,0 +1,969 @@
+/* test_ckpt.c — checkpoint placement: the known answers of checkpointing.md
+ * §12 (T1 Revolve, T2 Griewank DP, T4 unit chain, T5 segment rule), the T8
+ * invariants on random chains, brute-force optimality of the segment DP,
+ * discretisation, spec parsing and the simulator's errors.
+ * Random chains come from a fixed-seed PRNG, so every run checks the same cases.
+ * Costs in random chains are small integers, so DP and simulator sums are exact.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt.h"
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+    /* splitmix64 */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [lo, hi]. */
+static uint64_t rng_range(uint64_t lo, uint64_t hi)
+{
+    return lo + rng_next() % (hi - lo + 1);
+}
+
+/* f = b = 1, b[L] = 0, x = xb = scale, no temporaries. */
+static void unit_chain(struct mp_chain *c, size_t L, uint64_t scale)
+{
+    assert_int_equal(mp_chain_init(c, L), MP_OK);
+    for (size_t i = 0; i <= L; i++) {
+        c->x[i] = c->xb[i] = scale;
+        c->b[i] = i < L ? 1 : 0;
+        if (i < L)
+            c->f[i] = 1;
+    }
+}
+
+/* T8 chains: sizes 1..6, xb = x + 0..10, integer f and b; temporaries 0..tmax. */
+static void random_chain(struct mp_chain *c, size_t L, uint64_t tmax)
+{
+    assert_int_equal(mp_chain_init(c, L), MP_OK);
+    for (size_t i = 0; i <= L; i++) {
+        c->x[i] = rng_range(1, 6);
+        c->xb[i] = i == 0 ? c->x[0] : c->x[i] + rng_range(0, 10);
+        c->b[i] = (double)rng_range(i < L ? 1 : 0, 20);
+        c->bt[i] = tmax ? rng_range(0, tmax) : 0;
+        if (i < L) {
+            c->f[i] = (double)rng_range(1, 10);
+            c->ft[i] = tmax ? rng_range(0, tmax) : 0;
+        }
+    }
+}
+
+static double sum_fb(const struct mp_chain *c)
+{
+    double s = c->b[c->L];
+    for (size_t i = 0; i < c->L; i++)
+        s += c->f[i] + c->b[i];
+    return s;
+}
+
+static uint64_t none_peak(const struct mp_chain *c)
+{
+    struct mp_schedule s;
+    uint64_t peak;
+    double cost;
+    mp_schedule_init(&s);
+    assert_int_equal(mp_ckpt_schedule_none(c->L, &s), MP_OK);
+    assert_int_equal(mp_ckpt_simulate(c, &s, &peak, &cost, NULL), MP_OK);
+    mp_schedule_release(&s);
+    return peak;
+}
+
+static double dp_cost(const struct mp_chain *c, enum mp_ckpt_strategy st, uint64_t budget)
+{
+    double v = -1;
+    struct mp_diag d;
+    assert_int_equal(mp_ckpt_dp_cost(c, st, budget, 0, &v, &d), MP_OK);
+    return v;
+}
+
+/* Makes a plan with the given spec; returns its status and leaves p released on error. */
+static enum mp_status make(const struct mp_chain *c, enum mp_ckpt_strategy st, uint64_t k, uint64_t budget,
+                           size_t slots, struct mp_ckpt_plan *p)
+{
+    struct mp_ckpt_spec spec = {st, k};
+    struct mp_diag d;
+    return mp_ckpt_plan_make(c, &spec, budget, slots, p, &d);
+}
+
+/* ---- T1, T2: Revolve -------------------------------------------------- */
+
+static void test_revolve_beta_known(void **state)
+{
+    (void)state;
+    assert_int_equal(mp_revolve_beta(5, 5), 252);
+    assert_int_equal(mp_revolve_beta(10, 3), 286);
+    assert_int_equal(mp_revolve_beta(3, 10), 286);
+    assert_int_equal(mp_revolve_beta(0, 7), 1);
+    assert_int_equal(mp_revolve_beta(1, 7), 8);
+    assert_true(mp_revolve_beta(200, 200) == UINT64_MAX); /* saturates */
+}
+
+static void test_revolve_numforw_small(void **state)
+{
+    (void)state;
+    static const uint64_t c2[15] = {0, 1, 2, 4, 6, 8, 11, 14, 17, 20, 24, 28, 32, 36, 40};
+    static const uint64_t c3[15] = {0, 1, 2, 3, 5, 7, 9, 11, 13, 15, 18, 21, 24, 27, 30};
+    static const uint64_t c4[15] = {0, 1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24};
+    for (uint64_t l = 1; l <= 40; l++)
+        assert_int_equal(mp_revolve_numforw(l, 1), l * (l - 1) / 2);
+    for (uint64_t l = 1; l <= 15; l++) {
+        assert_int_equal(mp_revolve_numforw(l, 2), c2[l - 1]);
+        assert_int_equal(mp_revolve_numforw(l, 3), c3[l - 1]);
+        assert_int_equal(mp_revolve_numforw(l, 4), c4[l - 1]);
+    }
+}
+
+static void test_revolve_numforw_large(void **state)
+{
+    (void)state;
+    static const uint64_t l100[10] = {4950, 845, 490, 374, 316, 280, 255, 245, 234, 222};
+    for (uint64_t c = 1; c <= 10; c++)
+        assert_int_equal(mp_revolve_numforw(100, c), l100[c - 1]);
+    static const uint64_t cs[7] = {1, 2, 3, 4, 5, 10, 20};
+    static const uint64_t l1000[7] = {499500, 28820, 12155, 7998, 6284, 3636, 2747};
+    for (size_t k = 0; k < 7; k++)
+        assert_int_equal(mp_revolve_numforw(1000, cs[k]), l1000[k]);
+}
+
+/* T2: the homogeneous Griewank DP (u_f = u_b = 1), written here independently. */
+static void test_revolve_griewank_dp_matches(void **state)
+{
+    (void)state;
+    enum { LMAX = 120, CMAX = 10 };
+    static uint64_t opt[LMAX + 1][CMAX + 1];
+    for (int m = 1; m <= CMAX; m++) {
+        opt[0][m] = 1;
+        opt[1][m] = 3;
+    }
+    for (int l = 0; l <= LMAX; l++)
+        opt[l][1] = (uint64_t)(l + 1) + (uint64_t)l * (uint64_t)(l + 1) / 2;
+    for (int m = 2; m <= CMAX; m++)
+        for (int l = 2; l <= LMAX; l++) {
+            uint64_t best = UINT64_MAX;
+            for (int j = 1; j < l; j++) {
+                uint64_t v = (uint64_t)j + opt[l - j][m - 1] + opt[j - 1][m];
+                if (v < best)
+                    best = v;
+            }
+            opt[l][m] = best;
+        }
+    int mismatches = 0;
+    for (int l = 0; l <= LMAX; l++)
+        for (int m = 1; m <= CMAX; m++)
+            if (opt[l][m] - (uint64_t)(l + 1) != mp_revolve_numforw((uint64_t)l + 1, (uint64_t)m))
+                mismatches++;
+    assert_int_equal(mismatches, 0);
+}
+
+/* ---- chain, spec, schedule basics -------------------------------------- */
+
+static void test_chain_init_zeroed(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    assert_int_equal(mp_chain_init(&c, 3), MP_OK);
+    assert_int_equal(c.L, 3);
+    for (size_t i = 0; i <= 3; i++) {
+        assert_true(c.x[i] == 0 && c.xb[i] == 0 && c.bt[i] == 0 && c.b[i] == 0);
+        if (i < 3)
+            assert_true(c.f[i] == 0 && c.ft[i] == 0);
+    }
+    mp_chain_release(&c);
+    assert_null(c.f);
+    mp_chain_release(&c); /* idempotent */
+}
+
+static void test_spec_parse_roundtrip(void **state)
+{
+    (void)state;
+    static const char *ok[] = {"none", "sqrt", "segments:4", "every:2", "optimal", "optimal-segments",
+                               "segments:18446744073709551615"};
+    char buf[64];
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        struct mp_ckpt_spec s;
+        assert_int_equal(mp_ckpt_spec_parse(ok[i], &s), MP_OK);
+        assert_string_equal(mp_ckpt_spec_str(&s, buf, sizeof buf), ok[i]);
+    }
+    struct mp_ckpt_spec s;
+    assert_int_equal(mp_ckpt_spec_parse("segments:12", &s), MP_OK);
+    assert_int_equal(s.strategy, MP_CKPT_SEGMENTS);
+    assert_int_equal(s.k, 12);
+    assert_int_equal(mp_ckpt_spec_parse("every:3", &s), MP_OK);
+    assert_int_equal(s.strategy, MP_CKPT_EVERY);
+    assert_int_equal(s.k, 3);
+}
+
+static void test_spec_parse_rejects(void **state)
+{
+    (void)state;
+    static const char *bad[] = {"",           "segments:0", "segments:x", "every:",     "segments",
+                                "every:0",    "segments:-1", "segments:+2", "segments: 2", "segments:2 ",
+                                "segments:2x", "every:1e3", "segments:99999999999999999999", "Optimal",
+                                "sqrt:2",     "none ",      "optimal-segment", "segments::2", "every:0x10"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct mp_ckpt_spec s = {MP_CKPT_OPTIMAL, 77};
+        assert_int_equal(mp_ckpt_spec_parse(bad[i], &s), MP_ERR_USAGE);
+        assert_int_equal(s.strategy, MP_CKPT_OPTIMAL); /* untouched */
+        assert_int_equal(s.k, 77);
+    }
+    assert_int_equal(mp_ckpt_spec_parse(NULL, NULL), MP_ERR_USAGE);
+}
+
+static void test_schedule_none_ops(void **state)
+{
+    (void)state;
+    struct mp_schedule s;
+    mp_schedule_init(&s);
+    assert_int_equal(mp_ckpt_schedule_none(3, &s), MP_OK);
+    static const struct mp_sched_op want[] = {{MP_SCHED_FE, 0}, {MP_SCHED_FE, 1}, {MP_SCHED_FE, 2},
+                                              {MP_SCHED_LOSS, 3}, {MP_SCHED_B, 2}, {MP_SCHED_B, 1},
+                                              {MP_SCHED_B, 0}};
+    assert_int_equal(s.n, 7);
+    for (size_t i = 0; i < 7; i++) {
+        assert_int_equal(s.ops[i].kind, want[i].kind);
+        assert_int_equal(s.ops[i].index, want[i].index);
+    }
+    mp_schedule_release(&s);
+}
+
+static void test_schedule_segments_ops(void **state)
+{
+    (void)state;
+    /* [0,2) checkpointed, [2,3) stored. */
+    struct mp_schedule s;
+    mp_schedule_init(&s);
+    size_t start[] = {0, 2};
+    bool ck[] = {true, false};
+    assert_int_equal(mp_ckpt_schedule_segments(3, 2, start, ck, &s), MP_OK);
+    static const struct mp_sched_op want[] = {{MP_SCHED_FC, 0}, {MP_SCHED_FN, 1}, {MP_SCHED_FE, 2},
+                                              {MP_SCHED_LOSS, 3}, {MP_SCHED_B, 2}, {MP_SCHED_FE, 0},
+                                              {MP_SCHED_FE, 1}, {MP_SCHED_B, 1}, {MP_SCHED_B, 0}};
+    assert_int_equal(s.n, sizeof want / sizeof want[0]);
+    for (size_t i = 0; i < s.n; i++) {
+        assert_int_equal(s.ops[i].kind, want[i].kind);
+        assert_int_equal(s.ops[i].index, want[i].index);
+    }
+    /* Bad boundaries. */
+    size_t bad1[] = {1, 2};
+    size_t bad2[] = {0, 0};
+    size_t bad3[] = {0, 3};
+    assert_int_equal(mp_ckpt_schedule_segments(3, 2, bad1, ck, &s), MP_ERR_USAGE);
+    assert_int_equal(mp_ckpt_schedule_segments(3, 2, bad2, ck, &s), MP_ERR_USAGE);
+    assert_int_equal(mp_ckpt_schedule_segments(3, 2, bad3, ck, &s), MP_ERR_USAGE);
+    assert_int_equal(mp_ckpt_schedule_segments(3, 0, start, ck, &s), MP_ERR_USAGE);
+    assert_int_equal(mp_ckpt_schedule_sequential(3, 0, &s), MP_ERR_USAGE);
+    assert_int_equal(mp_ckpt_schedule_sequential(3, 4, &s), MP_ERR_USAGE);
+    mp_schedule_release(&s);
+}
+
+/* ---- simulator ---------------------------------------------------------- */
+
+static void test_simulate_counts_input_and_gradients(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    assert_int_equal(mp_chain_init(&c, 1), MP_OK);
+    c.x[0] = c.xb[0] = 10;
+    c.x[1] = 3;
+    c.xb[1] = 5;
+    c.ft[0] = 7;
+    c.bt[0] = 11;
+    c.bt[1] = 13;
+    c.f[0] = 2;
+    c.b[0] = 4;
+    c.b[1] = 0.5;
+    struct mp_schedule s;
+    mp_schedule_init(&s);
+    assert_int_equal(mp_ckpt_schedule_none(1, &s), MP_OK);
+    uint64_t peak;
+    double cost;
+    assert_int_equal(mp_ckpt_simulate(&c, &s, &peak, &cost, NULL), MP_OK);
+    /* Fe_0: 10+5+7 = 22; Loss: 10+5+3+13 = 31; B_0: 10+5+3+10+11 = 39. */
+    assert_int_equal(peak, 39);
+    assert_float_equal(cost, 6.5, 0);
+    mp_schedule_release(&s);
+    mp_chain_release(&c);
+}
+
+static void test_simulate_loss_frees_plain_xl(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    assert_int_equal(mp_chain_init(&c, 1), MP_OK);
+    c.x[0] = c.xb[0] = 1;
+    c.x[1] = c.xb[1] = 4;
+    c.f[0] = c.b[0] = 1;
+    struct mp_schedule s;
+    mp_schedule_init(&s);
+    size_t start[] = {0};
+    bool ck[] = {true};
+    assert_int_equal(mp_ckpt_schedule_segments(1, 1, start, ck, &s), MP_OK);
+    uint64_t peak;
+    double cost;
+    assert_int_equal(mp_ckpt_simulate(&c, &s, &peak, &cost, NULL), MP_OK);
+    /* Fc_0: 1+4; Loss: 1+4+4 = 9, frees x_1; Fe_0: 1+4+4 = 9; B_0: 1+4+4+1 = 10.
+     * Were x_1 kept after the loss, Fe_0 would reach 13. */
+    assert_int_equal(peak, 10);
+    assert_float_equal(cost, 3, 0);
+    mp_schedule_release(&s);
+    mp_chain_release(&c);
+}
+
+static void test_simulate_unmet_requirement_names_op(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 3, 1);
+    struct mp_schedule s;
+    mp_schedule_init(&s);
+    struct mp_diag d;
+    uint64_t peak;
+    double cost;
+
+    /* B_2 before any forward: y_3 missing. */
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_B, 2), MP_OK);
+    memset(&d, 0, sizeof d);
+    assert_int_equal(mp_ckpt_simulate(&c, &s, &peak, &cost, &d), MP_ERR_INTERNAL);
+    assert_non_null(strstr(d.msg, "B_2"));
+    assert_non_null(strstr(d.msg, "y_3"));
+
+    /* Fn_1 with x_1 never produced. */
+    s.n = 0;
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_FN, 1), MP_OK);
+    assert_int_equal(mp_ckpt_simulate(&c, &s, &peak, &cost, &d), MP_ERR_INTERNAL);
+    assert_non_null(strstr(d.msg, "Fn_1"));
+    assert_non_null(strstr(d.msg, "x_1"));
+
+    /* Fn_0 drops x_0, so B_0 later lacks its input. */
+    s.n = 0;
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_FN, 0), MP_OK);
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_FE, 1), MP_OK);
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_FE, 2), MP_OK);
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_LOSS, 3), MP_OK);
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_B, 2), MP_OK);
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_B, 1), MP_OK);
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_B, 0), MP_OK);
+    assert_int_equal(mp_ckpt_simulate(&c, &s, &peak, &cost, &d), MP_ERR_INTERNAL);
+    assert_non_null(strstr(d.msg, "B_0")); /* Fn_0 kept only a plain x_1, not xbar_1 */
+    assert_non_null(strstr(d.msg, "xbar_1"));
+
+    /* Loss without x_L, and an out-of-range block. */
+    s.n = 0;
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_LOSS, 3), MP_OK);
+    assert_int_equal(mp_ckpt_simulate(&c, &s, &peak, &cost, &d), MP_ERR_INTERNAL);
+    assert_non_null(strstr(d.msg, "Loss"));
+    s.n = 0;
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_FE, 3), MP_OK);
+    assert_int_equal(mp_ckpt_simulate(&c, &s, &peak, &cost, &d), MP_ERR_INTERNAL);
+    assert_non_null(strstr(d.msg, "Fe_3"));
+
+    /* Recomputing an output that is still resident. */
+    s.n = 0;
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_FE, 0), MP_OK);
+    assert_int_equal(mp_schedule_push(&s, MP_SCHED_FE, 0), MP_OK);
+    assert_int_equal(mp_ckpt_simulate(&c, &s, &peak, &cost, &d), MP_ERR_INTERNAL);
+    assert_non_null(strstr(d.msg, "already resident"));
+
+    mp_schedule_release(&s);
+    mp_chain_release(&c);
+}
+
+/* ---- T4, T5: checkpoint_sequential on the unit chain ------------------- */
+
+static void test_sequential_unit_table(void **state)
+{
+    (void)state;
+    static const uint64_t seg[] = {2, 4, 5, 8, 10, 12, 16, 20, 25, 50, 100};
+    static const double time[] = {250, 275, 280, 284, 290, 288, 290, 295, 296, 298, 299};
+    static const uint64_t peak[] = {54, 31, 27, 26, 22, 26, 28, 27, 31, 54, 103};
+    struct mp_chain c;
+    unit_chain(&c, 100, 1);
+    struct mp_ckpt_plan p;
+    for (size_t i = 0; i < sizeof seg / sizeof seg[0]; i++) {
+        assert_int_equal(make(&c, MP_CKPT_SEGMENTS, seg[i], 0, 0, &p), MP_OK);
+        assert_float_equal(p.total_cost, time[i], 0);
+        assert_int_equal(p.peak_bytes, peak[i]);
+        assert_float_equal(p.recompute_cost, time[i] - 200, 0);
+        mp_ckpt_plan_release(&p);
+    }
+    assert_int_equal(make(&c, MP_CKPT_NONE, 0, 0, 0, &p), MP_OK);
+    assert_float_equal(p.total_cost, 200, 0);
+    assert_int_equal(p.peak_bytes, 103);
+    assert_int_equal(p.n_segments, 0);
+    assert_false(p.multilevel);
+    mp_ckpt_plan_release(&p);
+    /* sqrt = ceil(sqrt(100)) = 10 segments. */
+    assert_int_equal(make(&c, MP_CKPT_SQRT, 0, 0, 0, &p), MP_OK);
+    assert_float_equal(p.total_cost, 290, 0);
+    assert_int_equal(p.peak_bytes, 22);
+    assert_int_equal(p.n_segments, 9);
+    mp_ckpt_plan_release(&p);
+    mp_chain_release(&c);
+}
+
+static void test_sequential_segment_rule(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 100, 1);
+    struct mp_ckpt_plan p;
+    /* 12 segments: [0,8), ..., [80,88) checkpointed, [88,100) not. */
+    assert_int_equal(make(&c, MP_CKPT_SEGMENTS, 12, 0, 0, &p), MP_OK);
+    assert_int_equal(p.n_segments, 11);
+    for (size_t k = 0; k < 11; k++) {
+        assert_int_equal(p.segments[k][0], 8 * k);
+        assert_int_equal(p.segments[k][1], 8 * k + 8);
+    }
+    for (size_t i = 0; i < 100; i++)
+        assert_int_equal(p.checkpointed[i], i < 88);
+    assert_false(p.multilevel);
+    mp_ckpt_plan_release(&p);
+    /* 1 segment: nothing checkpointed. */
+    assert_int_equal(make(&c, MP_CKPT_SEGMENTS, 1, 0, 0, &p), MP_OK);
+    assert_int_equal(p.n_segments, 0);
+    assert_float_equal(p.total_cost, 200, 0);
+    assert_int_equal(p.peak_bytes, 103);
+    mp_ckpt_plan_release(&p);
+    /* N segments: the no-checkpoint peak. */
+    assert_int_equal(make(&c, MP_CKPT_SEGMENTS, 100, 0, 0, &p), MP_OK);
+    assert_int_equal(p.peak_bytes, 103);
+    assert_int_equal(p.n_segments, 99);
+    mp_ckpt_plan_release(&p);
+    mp_chain_release(&c);
+}
+
+static void test_plan_segments_k_limits(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 10, 1);
+    struct mp_ckpt_plan p;
+    char buf[32];
+    /* K > L clamps to L. */
+    assert_int_equal(make(&c, MP_CKPT_SEGMENTS, 1000, 0, 0, &p), MP_OK);
+    assert_string_equal(mp_ckpt_spec_str(&p.spec, buf, sizeof buf), "segments:10");
+    uint64_t pk = p.peak_bytes;
+    double tc = p.total_cost;
+    mp_ckpt_plan_release(&p);
+    assert_int_equal(make(&c, MP_CKPT_SEGMENTS, 10, 0, 0, &p), MP_OK);
+    assert_int_equal(p.peak_bytes, pk);
+    assert_float_equal(p.total_cost, tc, 0);
+    mp_ckpt_plan_release(&p);
+    /* K = 0 is a usage error. */
+    assert_int_equal(make(&c, MP_CKPT_SEGMENTS, 0, 0, 0, &p), MP_ERR_USAGE);
+    assert_int_equal(make(&c, MP_CKPT_EVERY, 0, 0, 0, &p), MP_ERR_USAGE);
+    assert_null(p.checkpointed);
+    mp_chain_release(&c);
+}
+
+static void test_plan_every_includes_last_run(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 10, 1);
+    struct mp_ckpt_plan p;
+    assert_int_equal(make(&c, MP_CKPT_EVERY, 4, 0, 0, &p), MP_OK);
+    /* [0,4), [4,8), [8,10), all checkpointed: one extra forward of everything. */
+    assert_int_equal(p.n_segments, 3);
+    assert_int_equal(p.segments[0][0], 0);
+    assert_int_equal(p.segments[0][1], 4);
+    assert_int_equal(p.segments[1][0], 4);
+    assert_int_equal(p.segments[1][1], 8);
+    assert_int_equal(p.segments[2][0], 8);
+    assert_int_equal(p.segments[2][1], 10);
+    for (size_t i = 0; i < 10; i++)
+        assert_true(p.checkpointed[i]);
+    assert_float_equal(p.total_cost, 20 + 10, 0);
+    assert_float_equal(p.recompute_cost, 10, 0);
+    /* Peak: x_0, x_4, x_8 stored, the last run recomputed with y_10: 3 + 1 + 2 + 2 ... */
+    assert_true(p.peak_bytes < 13);
+    mp_ckpt_plan_release(&p);
+    /* every:1 on a 1-block chain recomputes the block. */
+    mp_chain_release(&c);
+    unit_chain(&c, 1, 1);
+    assert_int_equal(make(&c, MP_CKPT_EVERY, 5, 0, 0, &p), MP_OK);
+    assert_int_equal(p.n_segments, 1);
+    assert_float_equal(p.total_cost, 3, 0);
+    mp_ckpt_plan_release(&p);
+    mp_chain_release(&c);
+}
+
+static void test_plan_empty_chain(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    assert_int_equal(mp_chain_init(&c, 0), MP_OK);
+    c.x[0] = c.xb[0] = 5;
+    c.bt[0] = 2;
+    c.b[0] = 1;
+    static const enum mp_ckpt_strategy all[] = {MP_CKPT_NONE, MP_CKPT_SQRT, MP_CKPT_SEGMENTS, MP_CKPT_EVERY,
+                                                MP_CKPT_OPTIMAL, MP_CKPT_OPTIMAL_SEGMENTS};
+    for (size_t i = 0; i < 6; i++) {
+        struct mp_ckpt_plan p;
+        assert_int_equal(make(&c, all[i], 3, 12, 0, &p), MP_OK);
+        assert_int_equal(p.peak_bytes, 12); /* x_0 + y_0 + bt */
+        assert_float_equal(p.total_cost, 1, 0);
+        mp_ckpt_plan_release(&p);
+    }
+    struct mp_ckpt_plan p;
+    assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, 11, 0, &p), MP_ERR_INFEASIBLE);
+    mp_chain_release(&c);
+}
+
+/* ---- T4: rotor on the unit chain --------------------------------------- */
+
+static const uint64_t T4_BUDGET[] = {5, 6, 7, 8, 9, 10, 12, 14, 16, 18, 20, 22, 25, 30, 40, 60, 100, 102, 103, 150};
+static const double T4_TIME[] = {5149, 1031, 654, 521, 452, 411, 363, 337, 309, 294,
+                                 290,  287,  282, 276, 265, 244, 204, 202, 200, 200};
+
+static void check_rotor_unit_table(uint64_t scale)
+{
+    struct mp_chain c;
+    unit_chain(&c, 100, scale);
+    struct mp_ckpt_plan p;
+    for (uint64_t m = 0; m <= 4; m++) {
+        assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, m * scale, 0, &p), MP_ERR_INFEASIBLE);
+        assert_true(isinf(dp_cost(&c, MP_CKPT_OPTIMAL, m * scale)));
+    }
+    for (size_t i = 0; i < sizeof T4_BUDGET / sizeof T4_BUDGET[0]; i++) {
+        uint64_t budget = T4_BUDGET[i] * scale;
+        assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, budget, 0, &p), MP_OK);
+        assert_float_equal(p.total_cost, T4_TIME[i], 0);
+        assert_true(p.peak_bytes <= budget);
+        assert_float_equal(dp_cost(&c, MP_CKPT_OPTIMAL, budget), T4_TIME[i], 0);
+        if (T4_BUDGET[i] <= 10)
+            assert_true(p.multilevel);
+        mp_ckpt_plan_release(&p);
+    }
+    mp_chain_release(&c);
+}
+
+static void test_optimal_unit_table(void **state)
+{
+    (void)state;
+    check_rotor_unit_table(1);
+}
+
+/* GCD sizes are solved exactly: the unit chain in 4096-byte units gives T4. */
+static void test_optimal_unit_table_scaled_gcd(void **state)
+{
+    (void)state;
+    check_rotor_unit_table(4096);
+}
+
+/* rotor(M = peak of checkpoint_sequential(k)) <= time of checkpoint_sequential(k). */
+static void test_optimal_beats_sequential_unit(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 100, 1);
+    for (uint64_t k = 1; k <= 100; k++) {
+        struct mp_ckpt_plan s, o;
+        assert_int_equal(make(&c, MP_CKPT_SEGMENTS, k, 0, 0, &s), MP_OK);
+        assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, s.peak_bytes, 0, &o), MP_OK);
+        assert_true(o.total_cost <= s.total_cost);
+        assert_true(o.peak_bytes <= s.peak_bytes);
+        if (k == 10) {
+            assert_float_equal(o.total_cost, 287, 0); /* 22 units */
+            mp_ckpt_plan_release(&o);
+            assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, 20, 0, &o), MP_OK);
+            assert_float_equal(o.total_cost, 290, 0); /* sequential's 290 with 20 units */
+        }
+        mp_ckpt_plan_release(&s);
+        mp_ckpt_plan_release(&o);
+    }
+    mp_chain_release(&c);
+}
+
+static void test_optimal_below_input_infeasible(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 5, 8);
+    struct mp_ckpt_plan p;
+    struct mp_ckpt_spec spec = {MP_CKPT_OPTIMAL, 0};
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_ckpt_plan_make(&c, &spec, 7, 0, &p, &d), MP_ERR_INFEASIBLE);
+    assert_non_null(strstr(d.msg, "optimal"));
+    spec.strategy = MP_CKPT_OPTIMAL_SEGMENTS;
+    assert_int_equal(mp_ckpt_plan_make(&c, &spec, 7, 0, &p, &d), MP_ERR_INFEASIBLE);
+    assert_true(isinf(dp_cost(&c, MP_CKPT_OPTIMAL, 7)));
+    assert_true(isinf(dp_cost(&c, MP_CKPT_OPTIMAL_SEGMENTS, 7)));
+    mp_chain_release(&c);
+}
+
+static void test_plan_rejects_bad_chain(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 3, 4);
+    c.xb[2] = 3; /* < x[2] */
+    struct mp_ckpt_plan p;
+    assert_int_equal(make(&c, MP_CKPT_NONE, 0, 0, 0, &p), MP_ERR_MODEL);
+    c.xb[2] = 4;
+    c.f[1] = -1;
+    assert_int_equal(make(&c, MP_CKPT_NONE, 0, 0, 0, &p), MP_ERR_MODEL);
+    c.f[1] = NAN;
+    assert_int_equal(make(&c, MP_CKPT_NONE, 0, 0, 0, &p), MP_ERR_MODEL);
+    mp_chain_release(&c);
+}
+
+/* ---- T8: invariants on random chains ----------------------------------- */
+
+static void check_plan_matches_dp(const struct mp_chain *c, enum mp_ckpt_strategy st, uint64_t M, double v)
+{
+    struct mp_ckpt_plan p;
+    enum mp_status rc = make(c, st, 0, M, 0, &p);
+    if (isinf(v)) {
+        assert_int_equal(rc, MP_ERR_INFEASIBLE);
+        return;
+    }
+    assert_int_equal(rc, MP_OK);
+    assert_true(p.peak_bytes <= M);
+    assert_float_equal(p.total_cost, v, 0);
+    assert_float_equal(p.recompute_cost, v - sum_fb(c), 0);
+    /* checkpointed[] and segments agree. */
+    size_t nck = 0, nseg = 0;
+    for (size_t i = 0; i < c->L; i++)
+        nck += p.checkpointed[i];
+    for (size_t k = 0; k < p.n_segments; k++) {
+        assert_true(p.segments[k][0] < p.segments[k][1]);
+        nseg += p.segments[k][1] - p.segments[k][0];
+    }
+    assert_int_equal(nck, nseg);
+    if (st == MP_CKPT_OPTIMAL_SEGMENTS)
+        assert_false(p.multilevel);
+    mp_ckpt_plan_release(&p);
+}
+
+static void test_invariants_random_chains(void **state)
+{
+    (void)state;
+    rng_state = 20240601;
+    int checked = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        struct mp_chain c;
+        size_t L = (size_t)rng_range(1, 14);
+        random_chain(&c, L, trial % 3 == 0 ? 0 : 6); /* a third with no temporaries */
+        const uint64_t np = none_peak(&c);
+        const double sfb = sum_fb(&c);
+        /* Dense sweep of budgets on some chains, sampled on the rest. */
+        bool dense = trial % 10 == 0;
+        double prev_r = HUGE_VAL, prev_s = HUGE_VAL;
+        for (uint64_t M = c.x[0] > 0 ? c.x[0] - 1 : 0; M <= np + 2; M += dense ? 1 : rng_range(1, 1 + np / 8)) {
+            double r = dp_cost(&c, MP_CKPT_OPTIMAL, M);
+            double s = dp_cost(&c, MP_CKPT_OPTIMAL_SEGMENTS, M);
+            if (M < c.x[0])
+                assert_true(isinf(r) && isinf(s));
+            assert_true(r <= prev_r); /* non-increasing in M */
+            assert_true(s <= prev_s);
+            assert_true(r <= s); /* rotor <= single-level */
+            if (M >= np) {
+                assert_float_equal(r, sfb, 0);
+                assert_float_equal(s, sfb, 0);
+            }
+            if (!isinf(r))
+                assert_true(r >= sfb);
+            check_plan_matches_dp(&c, MP_CKPT_OPTIMAL, M, r);
+            check_plan_matches_dp(&c, MP_CKPT_OPTIMAL_SEGMENTS, M, s);
+            prev_r = r;
+            prev_s = s;
+            checked++;
+        }
+        /* rotor <= segment DP <= checkpoint_sequential at the sequential plan's peak. */
+        for (uint64_t k = 1; k <= L; k++) {
+            struct mp_ckpt_plan p;
+            assert_int_equal(make(&c, MP_CKPT_SEGMENTS, k, 0, 0, &p), MP_OK);
+            double r = dp_cost(&c, MP_CKPT_OPTIMAL, p.peak_bytes);
+            double s = dp_cost(&c, MP_CKPT_OPTIMAL_SEGMENTS, p.peak_bytes);
+            assert_true(r <= s);
+            assert_true(s <= p.total_cost);
+            mp_ckpt_plan_release(&p);
+            assert_int_equal(make(&c, MP_CKPT_EVERY, k, 0, 0, &p), MP_OK);
+            s = dp_cost(&c, MP_CKPT_OPTIMAL_SEGMENTS, p.peak_bytes);
+            assert_true(s <= p.total_cost);
+            mp_ckpt_plan_release(&p);
+        }
+        mp_chain_release(&c);
+    }
+    assert_true(checked > 3000);
+}
+
+/* ---- brute force over single-level plans -------------------------------- */
+
+struct sl_result {
+    uint64_t peak;
+    double cost;
+};
+
+/* Every segmentation of 0..L-1 with every flag assignment, simulated. */
+static size_t enumerate_single_level(const struct mp_chain *c, struct sl_result **out)
+{
+    const size_t L = c->L;
+    size_t cap = 1024, n = 0;
+    struct sl_result *r = malloc(cap * sizeof *r);
+    size_t start[16];
+    bool ck[16];
+    struct mp_schedule s;
+    mp_schedule_init(&s);
+    assert_non_null(r);
+    assert_true(L >= 1 && L <= 16);
+    for (uint32_t cuts = 0; cuts < (1u << (L - 1)); cuts++) {
+        size_t nseg = 0;
+        start[nseg++] = 0;
+        for (size_t i = 1; i < L; i++)
+            if (cuts & (1u << (i - 1)))
+                start[nseg++] = i;
+        for (uint32_t flags = 0; flags < (1u << nseg); flags++) {
+            for (size_t k = 0; k < nseg; k++)
+                ck[k] = (flags >> k) & 1;
+            assert_int_equal(mp_ckpt_schedule_segments(L, nseg, start, ck, &s), MP_OK);
+            if (n == cap) {
+                cap *= 2;
+                r = realloc(r, cap * sizeof *r);
+                assert_non_null(r);
+            }
+            assert_int_equal(mp_ckpt_simulate(c, &s, &r[n].peak, &r[n].cost, NULL), MP_OK);
+            n++;
+        }
+    }
+    mp_schedule_release(&s);
+    *out = r;
+    return n;
+}
+
+static void check_against_brute_force(const struct mp_chain *c)
+{
+    struct sl_result *all;
+    size_t n = enumerate_single_level(c, &all);
+    const uint64_t np = none_peak(c);
+    for (uint64_t M = c->x[0]; M <= np; M++) {
+        double best = HUGE_VAL;
+        for (size_t i = 0; i < n; i++)
+            if (all[i].peak <= M && all[i].cost < best)
+                best = all[i].cost;
+        double s = dp_cost(c, MP_CKPT_OPTIMAL_SEGMENTS, M);
+        double r = dp_cost(c, MP_CKPT_OPTIMAL, M);
+        if (isinf(best))
+            assert_true(isinf(s));
+        else
+            assert_float_equal(s, best, 0); /* the segment DP is optimal among single-level plans */
+        assert_true(r <= best);             /* rotor is never worse */
+    }
+    free(all);
+}
+
+static void test_segdp_brute_force_small(void **state)
+{
+    (void)state;
+    rng_state = 777;
+    for (int trial = 0; trial < 60; trial++) {
+        struct mp_chain c;
+        random_chain(&c, (size_t)rng_range(1, 8), trial % 2 ? 6 : 0);
+        check_against_brute_force(&c);
+        mp_chain_release(&c);
+    }
+}
+
+static void test_segdp_brute_force_twelve_blocks(void **state)
+{
+    (void)state;
+    rng_state = 4242;
+    for (int trial = 0; trial < 3; trial++) {
+        struct mp_chain c;
+        random_chain(&c, trial == 0 ? 10 : 12, trial == 1 ? 0 : 5);
+        check_against_brute_force(&c);
+        mp_chain_release(&c);
+    }
+}
+
+/* ---- discretisation ----------------------------------------------------- */
+
+static void test_discretise_non_gcd_within_budget(void **state)
+{
+    (void)state;
+    rng_state = 99;
+    int feasible = 0;
+    for (int trial = 0; trial < 12; trial++) {
+        struct mp_chain c;
+        size_t L = (size_t)rng_range(20, 40);
+        assert_int_equal(mp_chain_init(&c, L), MP_OK);
+        for (size_t i = 0; i <= L; i++) {
+            c.x[i] = rng_range(1000003, 9000001);
+            c.xb[i] = i == 0 ? c.x[0] : c.x[i] + rng_range(0, 30000017);
+            c.bt[i] = rng_range(0, 2000003);
+            c.b[i] = (double)rng_range(i < L ? 1 : 0, 50);
+            if (i < L) {
+                c.f[i] = (double)rng_range(1, 25);
+                c.ft[i] = rng_range(0, 2000003);
+            }
+        }
+        uint64_t np = none_peak(&c);
+        struct mp_ckpt_plan sq;
+        assert_int_equal(make(&c, MP_CKPT_SQRT, 0, 0, 0, &sq), MP_OK);
+        static const size_t slots[] = {30, 100, 500};
+        static const double frac[] = {0.15, 0.3, 0.5, 0.8, 0.999};
+        for (size_t si = 0; si < 3; si++) {
+            for (size_t fi = 0; fi < 5; fi++) {
+                uint64_t budget = (uint64_t)(frac[fi] * (double)np) + (uint64_t)fi; /* odd byte counts */
+                for (int st = 0; st < 2; st++) {
+                    struct mp_ckpt_plan p;
+                    enum mp_status rc = make(&c, st ? MP_CKPT_OPTIMAL_SEGMENTS : MP_CKPT_OPTIMAL, 0, budget,
+                                             slots[si], &p);
+                    assert_true(rc == MP_OK || rc == MP_ERR_INFEASIBLE);
+                    if (rc == MP_OK) {
+                        assert_true(p.peak_bytes <= budget);
+                        assert_true(p.total_cost >= sum_fb(&c));
+                        feasible++;
+                        mp_ckpt_plan_release(&p);
+                    }
+                }
+            }
+            /* With 15% slack over sqrt's own peak, 500 slots find a plan no worse than sqrt. */
+            if (slots[si] == 500) {
+                uint64_t budget = sq.peak_bytes + sq.peak_bytes / 20 * 3;
+                struct mp_ckpt_plan p;
+                assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, budget, 500, &p), MP_OK);
+                assert_true(p.peak_bytes <= budget);
+                assert_true(p.total_cost <= sq.total_cost);
+                mp_ckpt_plan_release(&p);
+            }
+        }
+        mp_ckpt_plan_release(&sq);
+        mp_chain_release(&c);
+    }
+    assert_true(feasible > 100);
+}
+
+/* Budget not a multiple of the GCD: rounding it down keeps the solve exact. */
+static void test_discretise_gcd_budget_rounds_down(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 100, 4096);
+    assert_float_equal(dp_cost(&c, MP_CKPT_OPTIMAL, 22 * 4096 + 4095), 287, 0);
+    assert_float_equal(dp_cost(&c, MP_CKPT_OPTIMAL, 22 * 4096 - 1), dp_cost(&c, MP_CKPT_OPTIMAL, 21 * 4096), 0);
+    assert_float_equal(dp_cost(&c, MP_CKPT_OPTIMAL, 20 * 4096 + 1), 290, 0);
+    mp_chain_release(&c);
+}
+
+/* Coarse slots on a GCD chain: rounding up never under-estimates. */
+static void test_discretise_coarse_slots(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 100, 1);
+    struct mp_ckpt_plan p;
+    for (uint64_t M = 5; M <= 103; M++) {
+        enum mp_status rc = make(&c, MP_CKPT_OPTIMAL, 0, M, 7, &p); /* 7 slots: units of ceil(M/7) */
+        assert_true(rc == MP_OK || rc == MP_ERR_INFEASIBLE);
+        if (rc == MP_OK) {
+            assert_true(p.peak_bytes <= M);
+            mp_ckpt_plan_release(&p);
+        }
+    }
+    mp_chain_release(&c);
+}
+
+/* ---- plan readout -------------------------------------------------------- */
+
+static void test_plan_readout_rotor(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 100, 1);
+    struct mp_ckpt_plan p;
+    assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, 8, 0, &p), MP_OK);
+    assert_true(p.multilevel);
+    assert_true(p.n_segments >= 1);
+    assert_int_equal(p.segments[0][0], 0);
+    /* Every segment starts at an Fc: its first block's first forward keeps the input. */
+    for (size_t k = 0; k < p.n_segments; k++) {
+        size_t a = p.segments[k][0];
+        for (size_t i = 0; i < p.sched.n; i++)
+            if (p.sched.ops[i].index == a && p.sched.ops[i].kind != MP_SCHED_B &&
+                p.sched.ops[i].kind != MP_SCHED_LOSS) {
+                assert_int_equal(p.sched.ops[i].kind, MP_SCHED_FC);
+                break;
+            }
+    }
+    assert_float_equal(p.recompute_cost, 521 - 200, 0);
+    mp_ckpt_plan_release(&p);
+    /* At or above the no-checkpoint peak: nothing checkpointed. */
+    assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, 103, 0, &p), MP_OK);
+    assert_int_equal(p.n_segments, 0);
+    assert_false(p.multilevel);
+    for (size_t i = 0; i < 100; i++)
+        assert_false(p.checkpointed[i]);
+    mp_ckpt_plan_release(&p);
+    mp_chain_release(&c);
+}
+
+/* A plan with a huge sqrt/optimal chain: schedule back-tracking has no deep recursion. */
+static void test_optimal_long_chain(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 400, 1);
+    struct mp_ckpt_plan p;
+    assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, 30, 40, &p), MP_OK);
+    assert_true(p.peak_bytes <= 30);
+    assert_true(p.total_cost >= 800);
+    mp_ckpt_plan_release(&p);
+    mp_chain_release(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_revolve_beta_known),
+        cmocka_unit_test(test_revolve_numforw_small),
+        cmocka_unit_test(test_revolve_numforw_large),
+        cmocka_unit_test(test_revolve_griewank_dp_matches),
+        cmocka_unit_test(test_chain_init_zeroed),
+        cmocka_unit_test(test_spec_parse_roundtrip),
+        cmocka_unit_test(test_spec_parse_rejects),
+        cmocka_unit_test(test_schedule_none_ops),
+        cmocka_unit_test(test_schedule_segments_ops),
+        cmocka_unit_test(test_simulate_counts_input_and_gradients),
+        cmocka_unit_test(test_simulate_loss_frees_plain_xl),
+        cmocka_unit_test(test_simulate_unmet_requirement_names_op),
+        cmocka_unit_test(test_sequential_unit_table),
+        cmocka_unit_test(test_sequential_segment_rule),
+        cmocka_unit_test(test_plan_segments_k_limits),
+        cmocka_unit_test(test_plan_every_includes_last_run),
+        cmocka_unit_test(test_plan_empty_chain),
+        cmocka_unit_test(test_optimal_unit_table),
+        cmocka_unit_test(test_optimal_unit_table_scaled_gcd),
+        cmocka_unit_test(test_optimal_beats_sequential_unit),
+        cmocka_unit_test(test_optimal_below_input_infeasible),
+        cmocka_unit_test(test_plan_rejects_bad_chain),
+        cmocka_unit_test(test_invariants_random_chains),
+        cmocka_unit_test(test_segdp_brute_force_small),
+        cmocka_unit_test(test_segdp_brute_force_twelve_blocks),
+        cmocka_unit_test(test_discretise_non_gcd_within_budget),
+        cmocka_unit_test(test_discretise_gcd_budget_rounds_down),
+        cmocka_unit_test(test_discretise_coarse_slots),
+        cmocka_unit_test(test_plan_readout_rotor),
+        cmocka_unit_test(test_optimal_long_chain),
+    };
+    return cmocka_run_group_tests_name("ckpt", tests, NULL, NULL);
+}
