@@ -411,12 +411,20 @@ enum mp_status mp_ckpt_schedule_sequential(size_t L, size_t segments, struct mp_
 /* ------------------------------------------------------------------------ */
 
 /* Sizes in DP units, padded as §5.1 wants: x, xb have L+2 entries (x[L+1] =
- * xb[L+1] = 0), ft has L+1 (ft[L] = 0), bt has L+1.  Every size is clamped to
- * M+1 so small sums cannot overflow and "does not fit" is preserved.  A usage
- * of u units is at most u * unit bytes, and u <= M implies <= budget bytes. */
+ * xb[L+1] = 0), ft has L+1 (ft[L] = 0), bt has L+1.
+ *
+ * Exact mode: every size is a multiple of unit (their GCD) and budget/unit <=
+ * slots; usage <= M units <=> usage <= budget bytes.  Rounded mode: unit =
+ * ceil(budget/slots), sizes round up, so a plan that fits M units fits the
+ * budget in bytes; a byte-feasible plan may need up to one unit per resident
+ * term more, so the DPs also look at budgets up to Mtop = M + slack and keep
+ * the cheapest plan whose byte-exact simulated peak fits (budget_dp).  Every
+ * size is clamped to Mtop+1 so small sums cannot overflow and "does not fit"
+ * is preserved. */
 struct units {
     uint64_t unit;  /* bytes per unit */
     uint64_t M;     /* budget in units (rounded down) */
+    uint64_t Mtop;  /* largest budget the DPs try (M in exact mode) */
     bool exact;     /* every size is a multiple of unit */
     uint64_t *x, *xb, *ft, *bt;
     double *f, *b;  /* f has L+1 entries (f[L] = 0), b has L+1 */
@@ -474,7 +482,10 @@ static enum mp_status discretise(const struct mp_chain *c, uint64_t budget, size
         u->exact = false;
     }
     u->M = budget / u->unit;
-    const uint64_t cap = u->M + 1;
+    /* Rounding slack: a usage sums at most 2(L+1) + 2 rounded sizes (the x or
+     * xbar of each block, gradients, one temporary). */
+    u->Mtop = u->exact ? u->M : u->M + mp_min_u64(2 * (uint64_t)(L + 1) + 2, u->M + 1);
+    const uint64_t cap = u->Mtop + 1;
 #define TO_UNITS(v) mp_min_u64(mp_ceil_div((v), u->unit), cap)
     for (size_t i = 0; i <= L; i++) {
         u->x[i] = TO_UNITS(c->x[i]);
@@ -547,7 +558,7 @@ static enum mp_status rotor_solve(const struct units *u, size_t L, struct rotor 
     memset(r, 0, sizeof *r);
     const uint64_t *x = u->x, *xb = u->xb, *ft = u->ft, *bt = u->bt;
     const double *f = u->f, *b = u->b;
-    const uint64_t M = u->M - x[0]; /* m0: caller guarantees u->M >= x[0] */
+    const uint64_t M = u->Mtop - x[0]; /* largest m0: caller guarantees u->Mtop >= x[0] */
     const double INF = HUGE_VAL;
     size_t ntri = (L + 1) * (L + 2) / 2;
     enum mp_status st;
@@ -637,8 +648,8 @@ static enum mp_status rotor_solve(const struct units *u, size_t L, struct rotor 
 }
 
 /* Back-tracks rotor's rec(0, L, m0) into s with an explicit stack. */
-static enum mp_status rotor_schedule(const struct rotor *r, const struct units *u, struct mp_schedule *s,
-                                     struct mp_diag *d)
+static enum mp_status rotor_schedule(const struct rotor *r, const struct units *u, uint64_t m0,
+                                     struct mp_schedule *s, struct mp_diag *d)
 {
     struct frame {
         uint32_t s, l;
@@ -652,7 +663,7 @@ static enum mp_status rotor_schedule(const struct rotor *r, const struct units *
     if (!stk)
         return mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: out of memory");
     s->n = 0;
-    stk[n++] = (struct frame){0, (uint32_t)L, u->M - u->x[0], false};
+    stk[n++] = (struct frame){0, (uint32_t)L, m0, false};
 #define EMIT(kind, idx)                                                                \
     do {                                                                               \
         if (mp_schedule_push(s, (kind), (uint32_t)(idx)) != MP_OK) {                   \
@@ -735,12 +746,11 @@ static void segdp_release(struct segdp *g)
     memset(g, 0, sizeof *g);
 }
 
-static enum mp_status segdp_solve(const struct units *u, size_t L, struct segdp *g, double *best_cost,
+static enum mp_status segdp_solve(const struct units *u, size_t L, uint64_t M, struct segdp *g, double *best_cost,
                                   uint64_t *best_p, struct mp_diag *d)
 {
     memset(g, 0, sizeof *g);
     const uint64_t *x = u->x, *xb = u->xb, *ft = u->ft, *bt = u->bt;
-    const uint64_t M = u->M;
     const double INF = HUGE_VAL;
     enum mp_status st;
     if (M >= INT32_MAX)
@@ -931,9 +941,128 @@ static const char *strategy_name(enum mp_ckpt_strategy s)
     return s == MP_CKPT_OPTIMAL ? "optimal" : "optimal-segments";
 }
 
-/* Runs the budgeted DP for strategy on c.  *cost = DP optimum (HUGE_VAL when
- * nothing fits); when sched is not NULL and a plan exists, it receives the
- * schedule.  *u_out (optional) reports the unit used. */
+/* Simulated byte peak of a candidate schedule. */
+static enum mp_status trial_peak(const struct mp_chain *c, const struct mp_schedule *s, uint64_t *peak,
+                                 struct mp_diag *d)
+{
+    bool complete = false;
+    enum mp_status st = simulate(c, s, peak, NULL, &complete, d);
+    if (st == MP_OK && !complete)
+        st = mp_fail(d, MP_ERR_INTERNAL, "ckpt: DP schedule is not a complete step");
+    return st;
+}
+
+static void schedule_swap(struct mp_schedule *a, struct mp_schedule *b)
+{
+    struct mp_schedule t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Rotor: one table up to Mtop holds every smaller budget.  OPT is
+ * non-increasing in m, so scanning m0 downwards the first plan whose byte
+ * peak fits is the cheapest of those tried; m0 = M - x0 always fits. */
+static enum mp_status rotor_search(const struct mp_chain *c, const struct units *u, uint64_t budget, double *cost,
+                                   struct mp_schedule *sched, struct mp_diag *d)
+{
+    struct rotor r;
+    struct mp_schedule trial;
+    enum mp_status st;
+    const size_t L = c->L;
+    if ((st = rotor_solve(u, L, &r, d)) != MP_OK)
+        return st;
+    mp_schedule_init(&trial);
+    const uint64_t top = u->Mtop - u->x[0];
+    const uint64_t lo = u->M >= u->x[0] ? u->M - u->x[0] : 0;
+    for (uint64_t m0 = top + 1; m0-- > lo;) {
+        double v = r.opt[rotor_at(&r, 0, L) + (size_t)m0];
+        if (isinf(v))
+            break; /* and so is every smaller m0 */
+        if (u->exact) { /* nothing to verify: units are bytes */
+            *cost = v;
+            if (sched)
+                st = rotor_schedule(&r, u, m0, sched, d);
+            break;
+        }
+        uint64_t peak;
+        if ((st = rotor_schedule(&r, u, m0, &trial, d)) != MP_OK || (st = trial_peak(c, &trial, &peak, d)) != MP_OK)
+            break;
+        if (peak <= budget) {
+            *cost = v;
+            if (sched)
+                schedule_swap(sched, &trial);
+            break;
+        }
+    }
+    mp_schedule_release(&trial);
+    rotor_release(&r);
+    return st;
+}
+
+/* One segment-DP solve at M units; *cost = HUGE_VAL when infeasible, else the
+ * plan (in s when s is not NULL). */
+static enum mp_status segdp_try(const struct units *u, size_t L, uint64_t M, double sumfb, double *cost,
+                                struct mp_schedule *s, struct mp_diag *d)
+{
+    struct segdp g;
+    double best = HUGE_VAL;
+    uint64_t bp = 0;
+    enum mp_status st = segdp_solve(u, L, M, &g, &best, &bp, d);
+    *cost = HUGE_VAL;
+    if (st == MP_OK && !isinf(best)) {
+        *cost = best + sumfb;
+        if (s)
+            st = segdp_schedule(&g, bp, s, d);
+    }
+    segdp_release(&g);
+    return st;
+}
+
+/* Segment DP: the plan at M fits; in rounded mode bisect (M, Mtop] for the
+ * largest unit budget whose plan still fits in bytes, keeping the cheapest. */
+static enum mp_status segdp_search(const struct mp_chain *c, const struct units *u, uint64_t budget,
+                                   double sumfb, double *cost, struct mp_schedule *sched, struct mp_diag *d)
+{
+    const size_t L = c->L;
+    enum mp_status st = segdp_try(u, L, u->M, sumfb, cost, sched, d);
+    if (st != MP_OK || u->exact)
+        return st;
+    struct mp_schedule trial;
+    mp_schedule_init(&trial);
+    uint64_t lo = u->M + 1, hi = u->Mtop; /* search [lo, hi] */
+    while (lo <= hi) {
+        uint64_t mid = lo + (hi - lo) / 2, peak;
+        double v;
+        if ((st = segdp_try(u, L, mid, sumfb, &v, &trial, d)) != MP_OK)
+            break;
+        if (isinf(v)) { /* feasibility is monotone in M */
+            lo = mid + 1;
+            continue;
+        }
+        if ((st = trial_peak(c, &trial, &peak, d)) != MP_OK)
+            break;
+        if (peak <= budget) {
+            if (v < *cost) {
+                *cost = v;
+                if (sched)
+                    schedule_swap(sched, &trial);
+            }
+            lo = mid + 1;
+        } else {
+            if (mid == 0)
+                break;
+            hi = mid - 1;
+        }
+    }
+    mp_schedule_release(&trial);
+    return st;
+}
+
+/* Runs the budgeted planner for strategy on c.  *cost = total cost of the
+ * chosen plan as the DP computes it (HUGE_VAL when nothing fits); when sched is
+ * not NULL and a plan exists, it receives the schedule.  At or above the
+ * no-checkpoint peak the plan is `none`.  *unit_out / *exact_out (optional)
+ * report the discretisation. */
 static enum mp_status budget_dp(const struct mp_chain *c, enum mp_ckpt_strategy strategy, uint64_t budget,
                                 size_t slots, double *cost, struct mp_schedule *sched, uint64_t *unit_out,
                                 bool *exact_out, struct mp_diag *d)
@@ -942,42 +1071,33 @@ static enum mp_status budget_dp(const struct mp_chain *c, enum mp_ckpt_strategy 
     uint64_t np;
     struct units u;
     *cost = HUGE_VAL;
+    if (unit_out)
+        *unit_out = 1;
+    if (exact_out)
+        *exact_out = true;
     if ((st = none_peak(c, &np, d)) != MP_OK)
         return st;
-    /* Above the no-checkpoint peak nothing changes; clamping keeps the units fine. */
-    if ((st = discretise(c, mp_min_u64(budget, np), slots ? slots : CKPT_DEFAULT_SLOTS, &u, d)) != MP_OK)
+    double sumfb = c->b[c->L];
+    for (size_t i = 0; i < c->L; i++)
+        sumfb += c->f[i] + c->b[i];
+    if (budget >= np) { /* everything fits: store everything */
+        *cost = sumfb;
+        if (sched && (st = mp_ckpt_schedule_none(c->L, sched)) != MP_OK)
+            return mp_fail(d, st, "ckpt: out of memory");
+        return MP_OK;
+    }
+    if ((st = discretise(c, budget, slots ? slots : CKPT_DEFAULT_SLOTS, &u, d)) != MP_OK)
         return st;
     if (unit_out)
         *unit_out = u.unit;
     if (exact_out)
         *exact_out = u.exact;
-    if (u.x[0] > u.M) { /* the model input alone does not fit */
-        units_release(&u);
-        return MP_OK;
-    }
-    double sumfb = 0;
-    for (size_t i = 0; i <= c->L; i++)
-        sumfb += u.f[i] + u.b[i];
-    if (strategy == MP_CKPT_OPTIMAL) {
-        struct rotor r;
-        if ((st = rotor_solve(&u, c->L, &r, d)) == MP_OK) {
-            double v = r.opt[rotor_at(&r, 0, c->L) + (size_t)(u.M - u.x[0])];
-            *cost = v;
-            if (sched && !isinf(v))
-                st = rotor_schedule(&r, &u, sched, d);
-            rotor_release(&r);
-        }
-    } else {
-        struct segdp g;
-        double best = HUGE_VAL;
-        uint64_t bp = 0;
-        if ((st = segdp_solve(&u, c->L, &g, &best, &bp, d)) == MP_OK) {
-            *cost = isinf(best) ? best : best + sumfb;
-            if (sched && !isinf(best))
-                st = segdp_schedule(&g, bp, sched, d);
-            segdp_release(&g);
-        }
-    }
+    if (u.x[0] > u.Mtop) /* the model input alone does not fit */
+        st = MP_OK;
+    else if (strategy == MP_CKPT_OPTIMAL)
+        st = rotor_search(c, &u, budget, cost, sched, d);
+    else
+        st = segdp_search(c, &u, budget, sumfb, cost, sched, d);
     units_release(&u);
     return st;
 }
@@ -1115,15 +1235,11 @@ enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_
     case MP_CKPT_OPTIMAL_SEGMENTS: {
         budgeted = true;
         uint64_t np;
-        if ((st = none_peak(c, &np, d)) != MP_OK)
-            goto fail;
-        if (budget_bytes >= np) { /* everything fits: store everything */
-            st = mp_ckpt_schedule_none(L, &p->sched);
-            break;
-        }
         double cost;
         st = budget_dp(c, spec->strategy, budget_bytes, slots, &cost, &p->sched, &unit, &exact, d);
         if (st != MP_OK)
+            goto fail;
+        if (isinf(cost) && (st = none_peak(c, &np, d)) != MP_OK)
             goto fail;
         if (isinf(cost)) {
             char b1[32], b2[32], b3[32];

@@ -171,6 +171,13 @@ static enum mp_status check_keys(const struct reader *rd, const cJSON *obj, cons
 
 /* ---- value readers ------------------------------------------------------------------ */
 
+/* A too-large JSON number as the user wrote it: digits up to 10^18, else %g. */
+static const char *num_str(double x, char *buf, size_t cap)
+{
+    snprintf(buf, cap, x < 1e18 ? "%.0f" : "%g", x);
+    return buf;
+}
+
 static const cJSON *item(const cJSON *obj, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
@@ -193,9 +200,10 @@ static enum mp_status get_uint(const struct reader *rd, const cJSON *obj, const 
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo))
         return fail_at(rd, MP_ERR_MODEL, place, key, "expected %s", kind);
     double x = v->valuedouble;
+    char num[32];
     if (x > (double)max)
-        return fail_at(rd, MP_ERR_RANGE, place, key, "%.0f is too large (at most %llu)", x,
-                       (unsigned long long)max);
+        return fail_at(rd, MP_ERR_RANGE, place, key, "%s is too large (at most %llu)",
+                       num_str(x, num, sizeof num), (unsigned long long)max);
     if (x != (double)(uint64_t)x)
         return fail_at(rd, MP_ERR_MODEL, place, key, "expected %s", kind);
     *out = (uint64_t)x;
@@ -468,13 +476,13 @@ static enum mp_status read_adaptive(const struct reader *rd, const cJSON *o, con
     for (int i = 0; i < 2; i++) {
         const cJSON *e = cJSON_GetArrayItem(os, i);
         double x = cJSON_IsNumber(e) ? e->valuedouble : -1;
-        char key[24];
+        char key[24], num[32];
         snprintf(key, sizeof key, "output_size[%d]", i);
         if (!(x >= 1))
             return fail_at(rd, MP_ERR_MODEL, place, key, "expected a positive integer");
         if (x > (double)MP_DIM_MAX)
-            return fail_at(rd, MP_ERR_RANGE, place, key, "%.0f is too large (at most %llu)", x,
-                           (unsigned long long)MP_DIM_MAX);
+            return fail_at(rd, MP_ERR_RANGE, place, key, "%s is too large (at most %llu)",
+                           num_str(x, num, sizeof num), (unsigned long long)MP_DIM_MAX);
         if (x != (double)(uint64_t)x)
             return fail_at(rd, MP_ERR_MODEL, place, key, "expected a positive integer");
         hw[i] = (uint64_t)x;
@@ -856,13 +864,13 @@ static enum mp_status read_input(struct reader *rd, const cJSON *root)
     for (int i = 0; i < n; i++) {
         const cJSON *e = cJSON_GetArrayItem(sh, i);
         double x = cJSON_IsNumber(e) ? e->valuedouble : -1;
-        char key[16];
+        char key[16], num[32];
         snprintf(key, sizeof key, "shape[%d]", i);
         if (!(x >= 1))
             return fail_at(rd, MP_ERR_MODEL, "input", key, "expected a positive integer");
         if (x > (double)MP_DIM_MAX)
-            return fail_at(rd, MP_ERR_RANGE, "input", key, "%.0f is too large (at most %llu)", x,
-                           (unsigned long long)MP_DIM_MAX);
+            return fail_at(rd, MP_ERR_RANGE, "input", key, "%s is too large (at most %llu)",
+                           num_str(x, num, sizeof num), (unsigned long long)MP_DIM_MAX);
         if (x != (double)(uint64_t)x)
             return fail_at(rd, MP_ERR_MODEL, "input", key, "expected a positive integer");
         dims[3 - n + i] = (uint64_t)x;

@@ -1,0 +1,454 @@
+/* search.c — fit evaluation, largest micro-batch, and the recommendation.
+ *
+ * One judge (mp_fit_eval) for check, plan and suggest.  The batch search is
+ * analytic first — memory is affine in batch while the plan does not change,
+ * so two evaluations give the slope and the boundary is solved — then the
+ * boundary is verified (b* fits, b*+1 does not) and, if the guess was off
+ * (rounding, a plan change), bracketed and bisected.  Throughput without a
+ * GPU is an estimate: FLOPs / (MP_MATMUL_EFFICIENCY x the profile's dense
+ * TFLOP/s) plus the optimizer step's memory traffic over the bandwidth.
+ */
+#include "search.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void mp_fit_release(struct mp_fit *f)
+{
+    if (!f)
+        return;
+    mp_estimate_release(&f->est);
+    mp_ckpt_plan_release(&f->plan);
+    mp_chain_release(&f->chain);
+}
+
+static uint64_t sub0(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+static double step_seconds(const struct mp_job *job, const struct mp_estimate *e, bool *nominal)
+{
+    double tfl = mp_gpu_tflops(&job->gpu, job->build.precision);
+    *nominal = tfl <= 0;
+    if (tfl <= 0)
+        tfl = 100.0; /* no profile figure (--vram): a nominal card, for ranking only */
+    double flops = e->fwd_flops + e->bwd_flops + e->recompute_flops;
+    double t = flops / (MP_MATMUL_EFFICIENCY * tfl * 1e12);
+    return t;
+}
+
+static double opt_seconds(const struct mp_job *job, const struct mp_estimate *e)
+{
+    double bw = job->gpu.bandwidth_gbs > 0 ? job->gpu.bandwidth_gbs : 1000.0;
+    /* the step reads params, grads and state and writes params and state */
+    double bytes = 2.0 * (double)e->weights_bytes + (double)e->grads_bytes + 2.0 * (double)e->optimizer_bytes;
+    return bytes / (bw * 1e9);
+}
+
+enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp_diag *d)
+{
+    memset(f, 0, sizeof *f);
+    mp_ckpt_plan_init(&f->plan);
+    struct mp_program prog;
+    enum mp_status st = mp_program_build(job->model, &job->build, &prog, d);
+    if (st != MP_OK)
+        return st;
+    st = mp_estimate_chain(&prog, &f->chain, d);
+    if (st != MP_OK)
+        goto out;
+    f->capacity_bytes = mp_gpu_capacity(&job->gpu);
+    f->usable_bytes = (uint64_t)((double)f->capacity_bytes * (1.0 - job->margin));
+    {
+        struct mp_ckpt_spec none = {MP_CKPT_NONE, 0};
+        struct mp_ckpt_plan p0;
+        mp_ckpt_plan_init(&p0);
+        if (mp_ckpt_plan_make(&f->chain, &none, 0, job->slots, &p0, d) == MP_OK)
+            f->nockpt_activation_peak = p0.peak_bytes;
+        mp_ckpt_plan_release(&p0);
+    }
+    bool budgeted = job->ckpt.strategy == MP_CKPT_OPTIMAL || job->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
+    if (!budgeted) {
+        st = mp_ckpt_plan_make(&f->chain, &job->ckpt, 0, job->slots, &f->plan, d);
+        if (st != MP_OK)
+            goto out;
+        st = mp_estimate_run(&prog, &f->plan.sched, &job->train, job->gpu.context_bytes, &f->est, d);
+        if (st != MP_OK)
+            goto out;
+    } else {
+        /* The activation budget: what the target leaves after everything that is not an
+         * activation (weights, gradients, optimizer state, workspace, context). */
+        uint64_t budget = job->activation_budget;
+        if (!budget) {
+            struct mp_estimate e0;
+            struct mp_schedule none;
+            mp_schedule_init(&none);
+            /* static figures do not depend on the plan */
+            st = mp_ckpt_schedule_none(prog.n_blocks, &none);
+            if (st == MP_OK)
+                st = mp_estimate_run(&prog, &none, &job->train, job->gpu.context_bytes, &e0, d);
+            mp_schedule_release(&none);
+            if (st != MP_OK)
+                goto out;
+            uint64_t fixed = e0.weights_bytes + e0.grads_bytes + e0.optimizer_bytes + e0.workspace_bytes +
+                             job->gpu.context_bytes;
+            mp_estimate_release(&e0);
+            budget = sub0(f->usable_bytes, fixed);
+        }
+        /* Plan, replay, and shrink the budget by any excess the storage-level replay finds
+         * (allocator rounding, gradients overlapping activations). */
+        bool planned = false;
+        for (int round = 0; round < 6 && budget > 0; round++) {
+            mp_ckpt_plan_release(&f->plan);
+            mp_ckpt_plan_init(&f->plan);
+            st = mp_ckpt_plan_make(&f->chain, &job->ckpt, budget, job->slots, &f->plan, d);
+            if (st == MP_ERR_INFEASIBLE) {
+                st = MP_OK;
+                break;
+            }
+            if (st != MP_OK)
+                goto out;
+            mp_estimate_release(&f->est);
+            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, job->gpu.context_bytes, &f->est, d);
+            if (st != MP_OK)
+                goto out;
+            planned = true;
+            f->activation_budget = budget;
+            if (job->activation_budget || f->est.peak_device_bytes <= f->usable_bytes)
+                break;
+            uint64_t excess = f->est.peak_device_bytes - f->usable_bytes;
+            budget = sub0(budget, excess + excess / 8 + 4096);
+        }
+        if (!planned) {
+            /* nothing fits: report the fully checkpointed peak (every block) for the shortfall */
+            struct mp_ckpt_spec every = {MP_CKPT_EVERY, 1};
+            mp_ckpt_plan_release(&f->plan);
+            mp_ckpt_plan_init(&f->plan);
+            st = mp_ckpt_plan_make(&f->chain, &every, 0, job->slots, &f->plan, d);
+            if (st != MP_OK)
+                goto out;
+            f->plan.spec = job->ckpt;
+            mp_estimate_release(&f->est);
+            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, job->gpu.context_bytes, &f->est, d);
+            if (st != MP_OK)
+                goto out;
+            f->activation_budget = budget;
+            f->peak_device_bytes = f->est.peak_device_bytes;
+            f->fits = false;
+            goto throughput;
+        }
+    }
+    f->peak_device_bytes = f->est.peak_device_bytes;
+    f->fits = f->peak_device_bytes <= f->usable_bytes;
+throughput: {
+    bool nominal;
+    f->step_s = step_seconds(job, &f->est, &nominal) + opt_seconds(job, &f->est);
+    f->samples_per_s = f->step_s > 0 ? (double)job->build.batch / f->step_s : 0;
+}
+out:
+    mp_program_release(&prog);
+    if (st != MP_OK)
+        mp_fit_release(f);
+    return st;
+}
+
+static enum mp_status fits_at(const struct mp_job *job, uint64_t b, bool *fits, uint64_t *peak, unsigned *evals,
+                              struct mp_diag *d)
+{
+    struct mp_job j = *job;
+    j.build.batch = b;
+    struct mp_fit f;
+    enum mp_status st = mp_fit_eval(&j, &f, d);
+    (*evals)++;
+    if (st == MP_ERR_RANGE) { /* a batch so large that sizes overflow cannot fit */
+        *fits = false;
+        *peak = UINT64_MAX;
+        return MP_OK;
+    }
+    if (st != MP_OK)
+        return st;
+    *fits = f.fits;
+    *peak = f.peak_device_bytes;
+    mp_fit_release(&f);
+    return MP_OK;
+}
+
+enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch, uint64_t *best, unsigned *evals,
+                                   struct mp_diag *d)
+{
+    *best = 0;
+    bool ok;
+    uint64_t p1, p2;
+    enum mp_status st = fits_at(job, 1, &ok, &p1, evals, d);
+    if (st != MP_OK || !ok)
+        return st;
+    if (max_batch <= 1) {
+        *best = 1;
+        return MP_OK;
+    }
+    st = fits_at(job, 2, &ok, &p2, evals, d);
+    if (st != MP_OK)
+        return st;
+    if (!ok) {
+        *best = 1;
+        return MP_OK;
+    }
+    /* analytic guess from the slope */
+    uint64_t usable = (uint64_t)((double)mp_gpu_capacity(&job->gpu) * (1.0 - job->margin));
+    uint64_t lo = 2, hi = 0; /* lo fits; hi (if > 0) does not */
+    if (p2 > p1) {
+        uint64_t slope = p2 - p1;
+        uint64_t guess = 2 + (usable > p2 ? (usable - p2) / slope : 0);
+        if (guess > max_batch)
+            guess = max_batch;
+        if (guess > lo) {
+            uint64_t pg;
+            st = fits_at(job, guess, &ok, &pg, evals, d);
+            if (st != MP_OK)
+                return st;
+            if (ok)
+                lo = guess;
+            else
+                hi = guess;
+        }
+        if (ok && lo < max_batch) {
+            uint64_t pn;
+            st = fits_at(job, lo + 1, &ok, &pn, evals, d);
+            if (st != MP_OK)
+                return st;
+            if (!ok)
+                hi = lo + 1;
+            else
+                lo = lo + 1;
+        }
+    }
+    if (lo >= max_batch) {
+        *best = max_batch;
+        return MP_OK;
+    }
+    /* bracket upward if needed, then bisect */
+    uint64_t step = lo;
+    while (!hi) {
+        uint64_t b = lo + step;
+        if (b > max_batch || b < lo)
+            b = max_batch;
+        uint64_t pb;
+        st = fits_at(job, b, &ok, &pb, evals, d);
+        if (st != MP_OK)
+            return st;
+        if (ok) {
+            lo = b;
+            if (b == max_batch) {
+                *best = max_batch;
+                return MP_OK;
+            }
+            step *= 2;
+        } else {
+            hi = b;
+        }
+    }
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2, pm;
+        st = fits_at(job, mid, &ok, &pm, evals, d);
+        if (st != MP_OK)
+            return st;
+        if (ok)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *best = lo;
+    return MP_OK;
+}
+
+/* ---- suggest -------------------------------------------------------------------------- */
+
+void mp_suggestion_release(struct mp_suggestion *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->n; i++)
+        mp_fit_release(&s->cand[i].fit);
+    s->n = 0;
+}
+
+static uint64_t largest_divisor_le(uint64_t g, uint64_t b)
+{
+    for (uint64_t k = b < g ? b : g; k >= 1; k--)
+        if (g % k == 0)
+            return k;
+    return 1;
+}
+
+static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_suggest_opts *o,
+                                     struct mp_candidate *c, unsigned *evals, struct mp_diag *d)
+{
+    uint64_t bmax = 0;
+    enum mp_status st = mp_search_max_batch(job, o->max_batch ? o->max_batch : 65536, &bmax, evals, d);
+    if (st != MP_OK)
+        return st;
+    c->precision = job->build.precision;
+    c->ckpt = job->ckpt;
+    struct mp_job j = *job;
+    if (bmax == 0) {
+        c->fits = false;
+        j.build.batch = 1;
+        c->micro_batch = 1;
+        c->grad_accum = o->global_batch ? o->global_batch : 1;
+    } else {
+        c->fits = true;
+        c->micro_batch = o->global_batch ? largest_divisor_le(o->global_batch, bmax) : bmax;
+        c->grad_accum = o->global_batch ? o->global_batch / c->micro_batch : 1;
+        j.build.batch = c->micro_batch;
+    }
+    c->global_batch = c->micro_batch * c->grad_accum;
+    st = mp_fit_eval(&j, &c->fit, d);
+    (*evals)++;
+    if (st != MP_OK)
+        return st;
+    c->peak_device_bytes = c->fit.peak_device_bytes;
+    c->capacity_bytes = c->fit.capacity_bytes;
+    c->usable_bytes = c->fit.usable_bytes;
+    c->headroom_pct = c->capacity_bytes
+                          ? 100.0 * ((double)c->capacity_bytes - (double)c->peak_device_bytes) / (double)c->capacity_bytes
+                          : 0;
+    double flops_time = c->fit.step_s - opt_seconds(&j, &c->fit.est);
+    double t = (double)c->grad_accum * flops_time + opt_seconds(&j, &c->fit.est);
+    c->samples_per_s = c->fits && t > 0 ? (double)c->global_batch / t : 0;
+    double base = c->fit.est.fwd_flops + c->fit.est.bwd_flops;
+    c->recompute_pct = base > 0 ? 100.0 * c->fit.est.recompute_flops / base : 0;
+    for (size_t i = 0; i < c->fit.plan.L; i++)
+        c->n_ckpt_blocks += c->fit.plan.checkpointed[i];
+    return MP_OK;
+}
+
+static bool precision_supported(const struct mp_gpu *g, enum mp_precision p)
+{
+    if (p == MP_PREC_FP32)
+        return true;
+    if (g->tflops_bf16 == 0 && g->tflops_fp16 == 0 && g->tflops_fp32 == 0)
+        return true; /* --vram: no figures, anything goes */
+    return mp_gpu_tflops(g, p) > 0;
+}
+
+enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o, const char *argv0,
+                          struct mp_suggestion *s, struct mp_diag *d)
+{
+    memset(s, 0, sizeof *s);
+    s->best = -1;
+    double t0 = mp_now_ms();
+    enum mp_precision precs[4];
+    size_t np = 0;
+    if (o->precision_fixed) {
+        precs[np++] = o->precision;
+    } else {
+        if (precision_supported(&base->gpu, MP_PREC_AMP_BF16))
+            precs[np++] = MP_PREC_AMP_BF16;
+        else if (precision_supported(&base->gpu, MP_PREC_AMP_FP16))
+            precs[np++] = MP_PREC_AMP_FP16;
+        precs[np++] = MP_PREC_FP32;
+        if (precision_supported(&base->gpu, MP_PREC_BF16))
+            precs[np++] = MP_PREC_BF16;
+    }
+    const struct mp_ckpt_spec strategies[3] = {{MP_CKPT_NONE, 0}, {MP_CKPT_SQRT, 0}, {MP_CKPT_OPTIMAL, 0}};
+    unsigned evals = 0;
+    for (size_t i = 0; i < np; i++) {
+        for (size_t k = 0; k < 3; k++) {
+            if (s->n >= sizeof s->cand / sizeof s->cand[0])
+                break;
+            struct mp_job j = *base;
+            j.build.precision = precs[i];
+            j.ckpt = strategies[k];
+            if (o->progress) {
+                char sb[32];
+                fprintf(stderr, "\rmemplan: evaluating %s, checkpoint %s ...        ", mp_precision_str(precs[i]),
+                        mp_ckpt_spec_str(&j.ckpt, sb, sizeof sb));
+                fflush(stderr);
+            }
+            struct mp_candidate *c = &s->cand[s->n];
+            memset(c, 0, sizeof *c);
+            enum mp_status st = eval_candidate(&j, o, c, &evals, d);
+            if (st != MP_OK) {
+                mp_fit_release(&c->fit);
+                mp_suggestion_release(s);
+                return st;
+            }
+            s->n++;
+        }
+    }
+    if (o->progress)
+        fprintf(stderr, "\r%60s\r", "");
+    /* Choose: best throughput among mixed precision and fp32; pure bf16 (no fp32 master
+     * weights) only when nothing else fits. */
+    for (int pass = 0; pass < 2 && s->best < 0; pass++) {
+        for (size_t i = 0; i < s->n; i++) {
+            const struct mp_candidate *c = &s->cand[i];
+            if (!c->fits || (pass == 0 && c->precision == MP_PREC_BF16 && !o->precision_fixed))
+                continue;
+            if (s->best < 0 || c->samples_per_s > s->cand[s->best].samples_per_s * (1 + 1e-9))
+                s->best = (int)i;
+        }
+        if (s->best >= 0 && pass == 1)
+            snprintf(s->note, sizeof s->note,
+                     "only pure bf16 (no fp32 master weights) fits; watch convergence, or use a larger GPU");
+    }
+    if (s->best >= 0) {
+        const struct mp_candidate *b = &s->cand[s->best];
+        s->global_met = !o->global_batch || b->global_batch == o->global_batch;
+    } else {
+        /* what would fit: an 8-bit optimizer, pure bf16, a larger GPU */
+        struct mp_job j = *base;
+        j.build.batch = 1;
+        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
+        j.build.precision = o->precision_fixed ? o->precision : precs[0];
+        struct mp_fit f;
+        j.train.optimizer = MP_OPT_ADAM8BIT;
+        if (base->train.optimizer != MP_OPT_ADAM8BIT && mp_fit_eval(&j, &f, d) == MP_OK) {
+            char a[32], b[32];
+            snprintf(s->alternatives[s->n_alternatives++], 160,
+                     "--optimizer adam8bit: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s",
+                     mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
+                     f.fits ? ", fits" : ", still does not fit");
+            mp_fit_release(&f);
+        }
+        j.train.optimizer = base->train.optimizer;
+        if (j.build.precision != MP_PREC_BF16) {
+            j.build.precision = MP_PREC_BF16;
+            if (mp_fit_eval(&j, &f, d) == MP_OK) {
+                char a[32], b[32];
+                snprintf(s->alternatives[s->n_alternatives++], 160,
+                         "--precision bf16: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s",
+                         mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
+                         f.fits ? ", fits" : ", still does not fit");
+                mp_fit_release(&f);
+            }
+        }
+        struct mp_gpu *gpus = NULL;
+        size_t ng = 0;
+        if (mp_gpu_list(argv0, &gpus, &ng, d) == MP_OK) {
+            j.build.precision = o->precision_fixed ? o->precision : precs[0];
+            for (size_t i = 0; i < ng; i++) {
+                if (mp_gpu_capacity(&gpus[i]) <= mp_gpu_capacity(&base->gpu))
+                    continue;
+                j.gpu = gpus[i];
+                if (mp_fit_eval(&j, &f, d) != MP_OK)
+                    continue;
+                bool ok = f.fits;
+                if (ok) {
+                    char a[32], b[32];
+                    snprintf(s->alternatives[s->n_alternatives++], 160,
+                             "--gpu %s: peak %s of %s usable at micro-batch 1 (checkpoint every:1), fits",
+                             gpus[i].name, mp_fmt_bytes(f.peak_device_bytes, a, sizeof a),
+                             mp_fmt_bytes(f.usable_bytes, b, sizeof b));
+                }
+                mp_fit_release(&f);
+                if (ok)
+                    break;
+            }
+            free(gpus);
+        }
+        snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch 1 with every block checkpointed");
+    }
+    (void)evals;
+    s->elapsed_ms = mp_now_ms() - t0;
+    return MP_OK;
+}

@@ -1,0 +1,98 @@
+/* search.h — does a configuration fit, the largest micro-batch per plan, and
+ * the recommended configuration.
+ *
+ * mp_fit_eval() is the single judge used by `check`, `plan --vram` and
+ * `suggest`: it builds the program, makes the checkpoint plan (for `optimal`
+ * the activation budget is what the target leaves after static memory and
+ * overheads), replays the step and compares peak device bytes with the usable
+ * capacity (capacity x (1 - margin)).  So suggest and check agree exactly.
+ */
+#ifndef MEMPLAN_SEARCH_H
+#define MEMPLAN_SEARCH_H
+
+#include "ckpt.h"
+#include "estimate.h"
+#include "gpu.h"
+#include "probe.h"
+
+struct mp_job {
+    const struct mp_model *model;
+    struct mp_build_opts build;   /* batch, seq, precision, attention */
+    struct mp_train_opts train;   /* optimizer, workspace */
+    struct mp_ckpt_spec ckpt;
+    struct mp_gpu gpu;            /* target */
+    double margin;                /* safety margin, fraction of capacity (default 0.05) */
+    size_t slots;                 /* DP discretisation (0 = 500) */
+    uint64_t activation_budget;   /* plan: explicit budget for optimal strategies (0 = from the target) */
+};
+
+struct mp_fit {
+    bool fits;
+    uint64_t usable_bytes;        /* capacity x (1 - margin) */
+    uint64_t capacity_bytes;
+    uint64_t peak_device_bytes;
+    uint64_t activation_budget;   /* used by the optimal strategies */
+    struct mp_estimate est;       /* owns memory: mp_fit_release */
+    struct mp_ckpt_plan plan;     /* chain-model plan */
+    struct mp_chain chain;
+    uint64_t nockpt_activation_peak; /* chain-model peak without checkpointing */
+    double step_s;                /* estimated step time (FLOPs / (efficiency x dense peak)) */
+    double samples_per_s;
+};
+
+void mp_fit_release(struct mp_fit *f);
+
+/* Evaluates job at job->build.batch.  MP_ERR_INFEASIBLE is not returned: an
+ * optimal plan that cannot fit gives fits = false (with the no-checkpoint peak). */
+enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp_diag *d);
+
+/* Largest micro-batch (<= max_batch) that fits; 0 if even 1 does not.
+ * *evals counts estimator runs. */
+enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch, uint64_t *best, unsigned *evals,
+                                   struct mp_diag *d);
+
+/* Matmul efficiency assumed by throughput estimates (fraction of dense peak). */
+#define MP_MATMUL_EFFICIENCY 0.5
+
+struct mp_candidate {
+    enum mp_precision precision;
+    struct mp_ckpt_spec ckpt;
+    uint64_t micro_batch, grad_accum, global_batch;
+    bool fits;
+    uint64_t peak_device_bytes, capacity_bytes, usable_bytes;
+    double headroom_pct;
+    double samples_per_s;
+    bool probed;
+    double recompute_pct;
+    size_t n_ckpt_blocks;
+    struct mp_fit fit;            /* the evaluation at micro_batch */
+};
+
+struct mp_suggest_opts {
+    bool precision_fixed;
+    enum mp_precision precision;
+    uint64_t global_batch;        /* 0 = none */
+    uint64_t max_batch;           /* search bound (default 65536) */
+    bool probe;                   /* confirm with the cuda backend */
+    int device;
+    bool progress;                /* progress lines on stderr */
+};
+
+struct mp_suggestion {
+    size_t n;
+    struct mp_candidate cand[16];
+    int best;                     /* index, or -1 when nothing fits */
+    bool global_met;              /* --global-batch met exactly */
+    char note[256];               /* why the choice / what is unmet */
+    /* when nothing fits: what would */
+    char alternatives[4][160];
+    size_t n_alternatives;
+    unsigned probes;
+    double elapsed_ms;
+};
+
+enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o, const char *argv0,
+                          struct mp_suggestion *s, struct mp_diag *d);
+void mp_suggestion_release(struct mp_suggestion *s);
+
+#endif

@@ -1,0 +1,645 @@
+/* test_model_hf.c — the Hugging Face config.json reader (model_hf.c).
+ * Loads the bundled real configs under models/hf/ and checks that the lowered
+ * program's parameter count equals the real model's: each expected count was
+ * taken from transformers (5.x), instantiating the *ForCausalLM / BertForMaskedLM
+ * class from the same file on the meta device, tied weights counted once, and
+ * matches the published figure.  Then the lowering of each family, and one
+ * test per rejected input with its exact one-line message.  Run from the repo root.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "layers.h"
+#include "model.h"
+#include "model_read.h"
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static void load_ok(struct mp_model *m, const char *path)
+{
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_model_load_file(m, path, &d);
+    if (st != MP_OK)
+        fail_msg("%s: %s", path, d.msg);
+}
+
+static void load_str_ok(struct mp_model *m, const char *json)
+{
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_model_load_string(m, json, strlen(json), "cfg.json", &d);
+    if (st != MP_OK)
+        fail_msg("cfg.json: %s", d.msg);
+}
+
+/* Parameter total of m's program at batch 1, sequence 16. */
+static uint64_t params_of(const struct mp_model *m)
+{
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 1;
+    o.seq = 16;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_program_build(m, &o, &p, &d);
+    if (st != MP_OK)
+        fail_msg("build: %s", d.msg);
+    uint64_t n = p.total_params;
+    mp_program_release(&p);
+    return n;
+}
+
+static void expect_params(const char *path, uint64_t expected)
+{
+    struct mp_model m;
+    load_ok(&m, path);
+    assert_string_equal(m.source, "hf");
+    assert_int_equal(params_of(&m), expected);
+    mp_model_release(&m);
+}
+
+static void expect_error(const char *json, enum mp_status status, const char *msg)
+{
+    struct mp_model m;
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_model_load_string(&m, json, strlen(json), "cfg.json", &d);
+    assert_string_equal(d.msg, msg);
+    assert_int_equal(st, status);
+    assert_int_equal(m.n_blocks, 0);
+}
+
+static const struct mp_layer *block_layer(const struct mp_model *m, size_t block, size_t layer)
+{
+    assert_true(block < m->n_blocks);
+    assert_true(layer < m->blocks[block].n_layers);
+    return &m->blocks[block].layers[layer];
+}
+
+/* A small valid llama config with one field spliced in ("" for none). */
+#define LLAMA_TINY(extra)                                                                                   \
+    "{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "  \
+    "\"num_attention_heads\": 4, \"intermediate_size\": 128" extra "}"
+
+/* ---- real models: parameter counts --------------------------------------- */
+
+static void test_params_gpt2(void **state)
+{
+    (void)state;
+    expect_params("models/hf/gpt2.json", 124439808u);
+}
+
+static void test_params_gpt2_medium(void **state)
+{
+    (void)state;
+    expect_params("models/hf/gpt2-medium.json", 354823168u);
+}
+
+static void test_params_llama2_7b(void **state)
+{
+    (void)state;
+    expect_params("models/hf/llama-2-7b.json", UINT64_C(6738415616));
+}
+
+static void test_params_llama2_70b(void **state)
+{
+    (void)state;
+    expect_params("models/hf/llama-2-70b.json", UINT64_C(68976648192));
+}
+
+static void test_params_mistral_7b(void **state)
+{
+    (void)state;
+    expect_params("models/hf/mistral-7b.json", UINT64_C(7241732096));
+}
+
+static void test_params_qwen2_05b(void **state)
+{
+    (void)state;
+    expect_params("models/hf/qwen2-0.5b.json", 494032768u);
+}
+
+static void test_params_pythia_160m(void **state)
+{
+    (void)state;
+    expect_params("models/hf/pythia-160m.json", 162322944u);
+}
+
+static void test_params_pythia_1b(void **state)
+{
+    (void)state;
+    expect_params("models/hf/pythia-1b.json", UINT64_C(1011781632));
+}
+
+static void test_params_phi2(void **state)
+{
+    (void)state;
+    expect_params("models/hf/phi-2.json", UINT64_C(2779683840));
+}
+
+static void test_params_gemma_2b(void **state)
+{
+    (void)state;
+    expect_params("models/hf/gemma-2b.json", UINT64_C(2506172416));
+}
+
+static void test_params_bert_base(void **state)
+{
+    (void)state;
+    /* BertForMaskedLM: BertModel without pooler + MLM transform + decoder bias (decoder tied) */
+    expect_params("models/hf/bert-base-uncased.json", 109514298u);
+}
+
+/* Tiny llama with every optional bias: 2*100*64 tables, per layer q,o 64*64+64, k,v 64*32+32,
+ * gate/up 64*128+128, down 128*64+64, two norms 64; final norm 64. */
+static void test_params_llama_biases_counted(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_str_ok(&m, LLAMA_TINY(", \"num_key_value_heads\": 2, \"attention_bias\": true, \"mlp_bias\": true"));
+    uint64_t layer = 2 * (64 * 64 + 64) + 2 * (64 * 32 + 32) + 2 * (64 * 128 + 128) + (128 * 64 + 64) + 2 * 64;
+    assert_int_equal(params_of(&m), 2 * 100 * 64 + 2 * layer + 64);
+    mp_model_release(&m);
+}
+
+/* ---- detection and common fields ------------------------------------------ */
+
+static void test_is_hf_detects_configs(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        bool hf;
+    } cases[] = {
+        {"{\"model_type\": \"gpt2\"}", true},
+        {"{\"model_type\": \"foo\", \"n_embd\": 3}", true},
+        {"{\"model_type\": \"gpt2\", \"layers\": []}", false},
+        {"{\"model_type\": 3}", false},
+        {"{\"name\": \"x\", \"layers\": []}", false},
+        {"{}", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *root = cJSON_Parse(cases[i].json);
+        assert_non_null(root);
+        assert_int_equal(mp_json_is_hf(root), cases[i].hf);
+        cJSON_Delete(root);
+    }
+}
+
+static void test_common_name_type_seq(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *path, *name, *type;
+        uint64_t seq;
+        size_t blocks;
+    } cases[] = {
+        {"models/hf/gpt2.json", "GPT2LMHeadModel", "gpt2", 1024, 14},
+        {"models/hf/llama-2-7b.json", "meta-llama/Llama-2-7b-hf", "llama", 2048, 34},
+        {"models/hf/mistral-7b.json", "mistralai/Mistral-7B-v0.1", "mistral", 2048, 34},
+        {"models/hf/qwen2-0.5b.json", "Qwen/Qwen2-0.5B", "qwen2", 2048, 26},
+        {"models/hf/pythia-160m.json", "EleutherAI/pythia-160m", "gpt_neox", 2048, 14},
+        {"models/hf/phi-2.json", "microsoft/phi-2", "phi", 2048, 34},
+        {"models/hf/gemma-2b.json", "GemmaForCausalLM", "gemma", 2048, 20},
+        {"models/hf/bert-base-uncased.json", "BertForMaskedLM", "bert", 512, 14},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct mp_model m;
+        load_ok(&m, cases[i].path);
+        assert_string_equal(m.name, cases[i].name);
+        assert_string_equal(m.hf_type, cases[i].type);
+        assert_string_equal(m.source, "hf");
+        assert_int_equal(m.input, MP_INPUT_TOKENS);
+        assert_int_equal(m.seq_len, cases[i].seq);
+        assert_int_equal(m.n_blocks, cases[i].blocks);
+        assert_string_equal(m.blocks[0].name, "embed");
+        assert_string_equal(m.blocks[1].name, "h.0");
+        char last[32];
+        snprintf(last, sizeof last, "h.%zu", m.n_blocks - 3);
+        assert_string_equal(m.blocks[m.n_blocks - 2].name, last);
+        assert_string_equal(m.blocks[m.n_blocks - 1].name, "head");
+        for (size_t b = 1; b + 1 < m.n_blocks; b++) {
+            assert_int_equal(m.blocks[b].repeat_group, 1);
+            assert_int_equal(m.blocks[b].n_layers, 1);
+            assert_int_equal(m.blocks[b].layers[0].type, MP_LT_TRANSFORMER_BLOCK);
+            assert_false(m.blocks[b].layers[0].impl_set);
+        }
+        mp_model_release(&m);
+    }
+}
+
+static void test_name_falls_back_to_model_type(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_str_ok(&m, LLAMA_TINY(""));
+    assert_string_equal(m.name, "llama");
+    assert_int_equal(m.seq_len, 2048); /* no max_position_embeddings: the default sequence */
+    mp_model_release(&m);
+    load_str_ok(&m, LLAMA_TINY(", \"_name_or_path\": \"\", \"architectures\": [\"LlamaForCausalLM\"], "
+                               "\"max_position_embeddings\": 512"));
+    assert_string_equal(m.name, "LlamaForCausalLM");
+    assert_int_equal(m.seq_len, 512);
+    mp_model_release(&m);
+}
+
+/* ---- lowering of each family ---------------------------------------------- */
+
+static void test_gpt2_lowering(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/gpt2.json");
+    assert_int_equal(m.blocks[0].n_layers, 3);
+    const struct mp_layer *l = block_layer(&m, 0, 0);
+    assert_int_equal(l->type, MP_LT_EMBEDDING);
+    assert_int_equal(l->vocab, 50257);
+    assert_int_equal(l->dim, 768);
+    l = block_layer(&m, 0, 1);
+    assert_int_equal(l->type, MP_LT_POS_EMBEDDING);
+    assert_int_equal(l->vocab, 1024);
+    l = block_layer(&m, 0, 2);
+    assert_int_equal(l->type, MP_LT_DROPOUT);
+    assert_float_equal(l->p, 0.1, 1e-12);
+
+    l = block_layer(&m, 1, 0);
+    assert_int_equal(l->dim, 768);
+    assert_int_equal(l->heads, 12);
+    assert_int_equal(l->kv_heads, 12);
+    assert_int_equal(l->head_dim, 64);
+    assert_int_equal(l->ffn, 3072);
+    assert_int_equal(l->act, MP_ACT_GELU_TANH);
+    assert_int_equal(l->norm, MP_NORM_LAYERNORM);
+    assert_true(l->norm_bias);
+    assert_true(l->fused_qkv && l->qkv_bias && l->out_bias && l->mlp_bias && l->causal);
+    assert_false(l->gated || l->rope || l->parallel_residual || l->post_norm);
+    assert_float_equal(l->attn_dropout, 0.1, 1e-12);
+    assert_float_equal(l->p, 0.1, 1e-12);
+
+    assert_int_equal(m.blocks[13].n_layers, 2);
+    l = block_layer(&m, 13, 0);
+    assert_int_equal(l->type, MP_LT_LAYERNORM);
+    assert_true(l->norm_bias);
+    l = block_layer(&m, 13, 1);
+    assert_int_equal(l->type, MP_LT_LM_HEAD);
+    assert_int_equal(l->vocab, 50257);
+    assert_true(l->tied);
+    assert_false(l->bias);
+    mp_model_release(&m);
+}
+
+static void test_gpt2_n_inner_and_aliases(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    /* n_ctx stands in for n_positions in old configs; n_inner overrides 4 * n_embd */
+    load_str_ok(&m, "{\"model_type\": \"gpt2\", \"vocab_size\": 100, \"n_embd\": 64, \"n_layer\": 1, "
+                    "\"n_head\": 4, \"n_ctx\": 32, \"n_inner\": 96, \"embd_pdrop\": 0, "
+                    "\"activation_function\": \"relu\", \"tie_word_embeddings\": false}");
+    assert_int_equal(m.seq_len, 32);
+    assert_int_equal(m.blocks[0].n_layers, 2); /* no dropout layer at p = 0 */
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->ffn, 96);
+    assert_int_equal(l->act, MP_ACT_RELU);
+    assert_false(block_layer(&m, 2, 1)->tied);
+    /* wte 100h + wpe 32h; layer: two layernorms 4h, c_attn h*3h+3h, c_proj h*h+h, c_fc h*96+96,
+     * mlp c_proj 96*h+h; ln_f 2h; untied lm_head 100h */
+    uint64_t h = 64, layer = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * 96 + 96) + (96 * h + h);
+    assert_int_equal(params_of(&m), 100 * h + 32 * h + layer + 2 * h + 100 * h);
+    mp_model_release(&m);
+}
+
+static void test_llama_lowering(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/llama-2-7b.json");
+    assert_int_equal(m.blocks[0].n_layers, 1);
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->heads, 32);
+    assert_int_equal(l->kv_heads, 32);
+    assert_int_equal(l->head_dim, 128);
+    assert_int_equal(l->ffn, 11008);
+    assert_int_equal(l->act, MP_ACT_SILU);
+    assert_int_equal(l->norm, MP_NORM_RMSNORM);
+    assert_true(l->gated && l->rope && l->causal);
+    assert_int_equal(l->rotary_dim, 0);
+    assert_false(l->fused_qkv || l->qkv_bias || l->out_bias || l->mlp_bias || l->norm_bias);
+    assert_float_equal(l->p, 0.0, 0.0);
+    assert_int_equal(block_layer(&m, 33, 0)->type, MP_LT_RMSNORM);
+    assert_false(block_layer(&m, 33, 1)->tied);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/llama-2-70b.json");
+    assert_int_equal(block_layer(&m, 1, 0)->kv_heads, 8);
+    assert_int_equal(m.n_blocks, 82);
+    mp_model_release(&m);
+}
+
+static void test_mistral_kv_default_and_seq_cap(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/mistral-7b.json");
+    assert_int_equal(m.seq_len, 2048); /* min(32768, 2048) */
+    assert_int_equal(block_layer(&m, 1, 0)->kv_heads, 8);
+    mp_model_release(&m);
+    /* MistralConfig defaults num_key_value_heads to 8 when the key is absent; null means heads */
+    load_str_ok(&m, "{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 256, "
+                    "\"num_hidden_layers\": 1, \"num_attention_heads\": 16, \"intermediate_size\": 64}");
+    assert_int_equal(block_layer(&m, 1, 0)->kv_heads, 8);
+    mp_model_release(&m);
+    load_str_ok(&m, "{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 256, "
+                    "\"num_hidden_layers\": 1, \"num_attention_heads\": 16, \"intermediate_size\": 64, "
+                    "\"num_key_value_heads\": null}");
+    assert_int_equal(block_layer(&m, 1, 0)->kv_heads, 16);
+    mp_model_release(&m);
+}
+
+static void test_qwen2_biases_and_tying(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/qwen2-0.5b.json");
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->heads, 14);
+    assert_int_equal(l->kv_heads, 2);
+    assert_int_equal(l->head_dim, 64);
+    assert_true(l->qkv_bias);
+    assert_false(l->out_bias || l->mlp_bias);
+    assert_true(block_layer(&m, 25, 1)->tied);
+    mp_model_release(&m);
+}
+
+static void test_neox_partial_rotary_parallel(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/pythia-160m.json");
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->rotary_dim, 16); /* 0.25 * 64 */
+    assert_true(l->rope && l->fused_qkv && l->parallel_residual && l->qkv_bias && l->out_bias && l->mlp_bias);
+    assert_false(l->shared_norm || l->gated);
+    assert_int_equal(l->act, MP_ACT_GELU);
+    const struct mp_layer *h = block_layer(&m, 13, 1);
+    assert_string_equal(h->name, "embed_out");
+    assert_false(h->tied || h->bias);
+    mp_model_release(&m);
+    /* rope_parameters.partial_rotary_factor (transformers 5 layout) wins over rotary_pct */
+    load_str_ok(&m, "{\"model_type\": \"gpt_neox\", \"vocab_size\": 100, \"hidden_size\": 64, "
+                    "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"intermediate_size\": 128, "
+                    "\"rotary_pct\": 1.0, \"rope_parameters\": {\"partial_rotary_factor\": 0.5}, "
+                    "\"use_parallel_residual\": false}");
+    l = block_layer(&m, 1, 0);
+    assert_int_equal(l->rotary_dim, 8);
+    assert_false(l->parallel_residual);
+    mp_model_release(&m);
+}
+
+static void test_phi_shared_norm_and_lm_bias(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/phi-2.json");
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->rotary_dim, 32); /* 0.4 * 80 */
+    assert_true(l->parallel_residual && l->shared_norm && l->qkv_bias && l->out_bias && l->mlp_bias);
+    assert_false(l->fused_qkv || l->gated);
+    assert_float_equal(l->p, 0.1, 1e-12);
+    assert_int_equal(m.blocks[0].n_layers, 1); /* embd_pdrop 0 */
+    const struct mp_layer *h = block_layer(&m, 33, 1);
+    assert_true(h->bias);
+    assert_false(h->tied);
+    mp_model_release(&m);
+}
+
+static void test_gemma_head_dim_and_act(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/gemma-2b.json");
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->head_dim, 256);
+    assert_int_equal(l->kv_heads, 1);
+    assert_int_equal(l->act, MP_ACT_GELU_TANH); /* legacy "gelu" means the tanh approximation */
+    assert_true(l->gated && l->rope);
+    assert_true(block_layer(&m, 19, 1)->tied);
+    mp_model_release(&m);
+}
+
+static void test_bert_lowering(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/bert-base-uncased.json");
+    static const enum mp_layer_type embed[] = {MP_LT_EMBEDDING, MP_LT_POS_EMBEDDING, MP_LT_EMBEDDING,
+                                               MP_LT_LAYERNORM, MP_LT_DROPOUT};
+    assert_int_equal(m.blocks[0].n_layers, 5);
+    for (size_t i = 0; i < 5; i++)
+        assert_int_equal(block_layer(&m, 0, i)->type, embed[i]);
+    assert_int_equal(block_layer(&m, 0, 1)->vocab, 512);
+    assert_int_equal(block_layer(&m, 0, 2)->vocab, 2);
+    assert_string_equal(block_layer(&m, 0, 2)->name, "token_type_embeddings");
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_true(l->post_norm && l->qkv_bias && l->out_bias && l->mlp_bias && l->norm_bias);
+    assert_false(l->causal || l->rope || l->gated || l->parallel_residual);
+    static const enum mp_layer_type head[] = {MP_LT_LINEAR, MP_LT_ACTIVATION, MP_LT_LAYERNORM, MP_LT_LM_HEAD};
+    assert_int_equal(m.blocks[13].n_layers, 4);
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(block_layer(&m, 13, i)->type, head[i]);
+    assert_true(block_layer(&m, 13, 3)->tied && block_layer(&m, 13, 3)->bias);
+    mp_model_release(&m);
+}
+
+static void test_ignored_fields_accepted(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_str_ok(&m, LLAMA_TINY(", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}, \"rope_theta\": 5e5, "
+                               "\"sliding_window\": 4096, \"torch_dtype\": \"bfloat16\", \"use_cache\": true, "
+                               "\"pretraining_tp\": 2, \"rms_norm_eps\": 1e-5, \"bos_token_id\": 1"));
+    assert_int_equal(params_of(&m), 2 * 100 * 64 + 2 * (2 * 64 * 64 * 2 + 3 * 64 * 128 + 2 * 64) + 64);
+    mp_model_release(&m);
+}
+
+/* ---- rejected input ------------------------------------------------------- */
+
+static void test_error_unknown_model_type(void **state)
+{
+    (void)state;
+    expect_error("{\"model_type\": \"foo\"}", MP_ERR_MODEL,
+                 "cfg.json: model_type: 'foo' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
+                 "phi, gemma, bert)");
+}
+
+static void test_error_missing_field(void **state)
+{
+    (void)state;
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 100, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128}",
+                 MP_ERR_MODEL, "cfg.json: hidden_size: missing (expected a positive integer)");
+}
+
+static void test_error_missing_positions_for_learned_table(void **state)
+{
+    (void)state;
+    expect_error("{\"model_type\": \"gpt2\", \"vocab_size\": 100, \"n_embd\": 64, \"n_layer\": 1, \"n_head\": 4}",
+                 MP_ERR_MODEL, "cfg.json: n_positions: missing (expected a positive integer)");
+}
+
+static void test_error_non_integer(void **state)
+{
+    (void)state;
+    expect_error(LLAMA_TINY(", \"num_key_value_heads\": 1.5"), MP_ERR_MODEL,
+                 "cfg.json: num_key_value_heads: expected a non-negative integer");
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": \"64\", \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128}",
+                 MP_ERR_MODEL, "cfg.json: hidden_size: expected a non-negative integer");
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": -5, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128}",
+                 MP_ERR_MODEL, "cfg.json: vocab_size: expected a non-negative integer");
+}
+
+static void test_error_zero(void **state)
+{
+    (void)state;
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 0, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128}",
+                 MP_ERR_MODEL, "cfg.json: num_hidden_layers: expected a positive integer");
+    expect_error(LLAMA_TINY(", \"max_position_embeddings\": 0"), MP_ERR_MODEL,
+                 "cfg.json: max_position_embeddings: expected a positive integer");
+}
+
+static void test_error_absurd_sizes(void **state)
+{
+    (void)state;
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 1e13, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128}",
+                 MP_ERR_RANGE, "cfg.json: vocab_size: 10000000000000 is too large (at most 1099511627776)");
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 64, "
+                 "\"num_hidden_layers\": 200000, \"num_attention_heads\": 4, \"intermediate_size\": 128}",
+                 MP_ERR_RANGE, "cfg.json: num_hidden_layers: 200000 is too large (at most 100000)");
+}
+
+static void test_error_heads_not_dividing_hidden(void **state)
+{
+    (void)state;
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 770, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 12, \"intermediate_size\": 128}",
+                 MP_ERR_MODEL, "cfg.json: num_attention_heads: 12 does not divide hidden_size 770");
+    expect_error("{\"model_type\": \"gpt2\", \"vocab_size\": 100, \"n_embd\": 770, \"n_layer\": 1, \"n_head\": 12, "
+                 "\"n_positions\": 64}",
+                 MP_ERR_MODEL, "cfg.json: n_head: 12 does not divide n_embd 770");
+}
+
+static void test_error_kv_heads_not_dividing(void **state)
+{
+    (void)state;
+    expect_error(LLAMA_TINY(", \"num_key_value_heads\": 3"), MP_ERR_MODEL,
+                 "cfg.json: num_key_value_heads: 3 does not divide num_attention_heads 4");
+    expect_error(LLAMA_TINY(", \"num_key_value_heads\": 8"), MP_ERR_MODEL,
+                 "cfg.json: num_key_value_heads: 8 does not divide num_attention_heads 4");
+}
+
+static void test_error_unknown_activation(void **state)
+{
+    (void)state;
+    expect_error(LLAMA_TINY(", \"hidden_act\": \"foo\""), MP_ERR_MODEL,
+                 "cfg.json: hidden_act: 'foo' is not a supported activation (supported: gelu, gelu_new, gelu_fast, "
+                 "gelu_pytorch_tanh, relu, silu, swish, tanh, sigmoid)");
+    expect_error(LLAMA_TINY(", \"hidden_act\": 3"), MP_ERR_MODEL, "cfg.json: hidden_act: expected a string");
+    expect_error("{\"model_type\": \"gpt2\", \"vocab_size\": 100, \"n_embd\": 64, \"n_layer\": 1, \"n_head\": 4, "
+                 "\"n_positions\": 64, \"activation_function\": \"mish\"}",
+                 MP_ERR_MODEL,
+                 "cfg.json: activation_function: 'mish' is not a supported activation (supported: gelu, gelu_new, "
+                 "gelu_fast, gelu_pytorch_tanh, relu, silu, swish, tanh, sigmoid)");
+}
+
+static void test_error_bad_dropout_and_flag(void **state)
+{
+    (void)state;
+    expect_error(LLAMA_TINY(", \"attention_dropout\": 1.5"), MP_ERR_MODEL,
+                 "cfg.json: attention_dropout: expected a probability in [0, 1)");
+    expect_error(LLAMA_TINY(", \"tie_word_embeddings\": \"yes\""), MP_ERR_MODEL,
+                 "cfg.json: tie_word_embeddings: expected true or false");
+}
+
+static void test_error_rotary_fraction(void **state)
+{
+    (void)state;
+    expect_error("{\"model_type\": \"gpt_neox\", \"vocab_size\": 100, \"hidden_size\": 768, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 12, \"intermediate_size\": 128, \"rotary_pct\": 0.3}",
+                 MP_ERR_MODEL,
+                 "cfg.json: rotary_pct: 0.3 of head_dim 64 gives 19 rotary dimensions (expected an even positive "
+                 "number)");
+    expect_error("{\"model_type\": \"phi\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"partial_rotary_factor\": 1.5}",
+                 MP_ERR_MODEL, "cfg.json: partial_rotary_factor: expected a number in (0, 1]");
+}
+
+static void test_error_unmodelled_options(void **state)
+{
+    (void)state;
+    expect_error("{\"model_type\": \"phi\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"qk_layernorm\": true}",
+                 MP_ERR_MODEL,
+                 "cfg.json: qk_layernorm: true is not supported (per-head q/k layernorms are not modelled)");
+    expect_error("{\"model_type\": \"gpt2\", \"vocab_size\": 100, \"n_embd\": 64, \"n_layer\": 1, \"n_head\": 4, "
+                 "\"n_positions\": 64, \"add_cross_attention\": true}",
+                 MP_ERR_MODEL,
+                 "cfg.json: add_cross_attention: true is not supported (cross-attention layers are not modelled)");
+    expect_error("{\"model_type\": \"bert\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"max_position_embeddings\": 64, "
+                 "\"position_embedding_type\": \"relative_key\"}",
+                 MP_ERR_MODEL,
+                 "cfg.json: position_embedding_type: 'relative_key' is not supported (supported: absolute)");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_params_gpt2),
+        cmocka_unit_test(test_params_gpt2_medium),
+        cmocka_unit_test(test_params_llama2_7b),
+        cmocka_unit_test(test_params_llama2_70b),
+        cmocka_unit_test(test_params_mistral_7b),
+        cmocka_unit_test(test_params_qwen2_05b),
+        cmocka_unit_test(test_params_pythia_160m),
+        cmocka_unit_test(test_params_pythia_1b),
+        cmocka_unit_test(test_params_phi2),
+        cmocka_unit_test(test_params_gemma_2b),
+        cmocka_unit_test(test_params_bert_base),
+        cmocka_unit_test(test_params_llama_biases_counted),
+        cmocka_unit_test(test_is_hf_detects_configs),
+        cmocka_unit_test(test_common_name_type_seq),
+        cmocka_unit_test(test_name_falls_back_to_model_type),
+        cmocka_unit_test(test_gpt2_lowering),
+        cmocka_unit_test(test_gpt2_n_inner_and_aliases),
+        cmocka_unit_test(test_llama_lowering),
+        cmocka_unit_test(test_mistral_kv_default_and_seq_cap),
+        cmocka_unit_test(test_qwen2_biases_and_tying),
+        cmocka_unit_test(test_neox_partial_rotary_parallel),
+        cmocka_unit_test(test_phi_shared_norm_and_lm_bias),
+        cmocka_unit_test(test_gemma_head_dim_and_act),
+        cmocka_unit_test(test_bert_lowering),
+        cmocka_unit_test(test_ignored_fields_accepted),
+        cmocka_unit_test(test_error_unknown_model_type),
+        cmocka_unit_test(test_error_missing_field),
+        cmocka_unit_test(test_error_missing_positions_for_learned_table),
+        cmocka_unit_test(test_error_non_integer),
+        cmocka_unit_test(test_error_zero),
+        cmocka_unit_test(test_error_absurd_sizes),
+        cmocka_unit_test(test_error_heads_not_dividing_hidden),
+        cmocka_unit_test(test_error_kv_heads_not_dividing),
+        cmocka_unit_test(test_error_unknown_activation),
+        cmocka_unit_test(test_error_bad_dropout_and_flag),
+        cmocka_unit_test(test_error_rotary_fraction),
+        cmocka_unit_test(test_error_unmodelled_options),
+    };
+    return cmocka_run_group_tests_name("model_hf", tests, NULL, NULL);
+}
