@@ -32,12 +32,12 @@ static int build_chain(struct mp_chain *c, size_t L)
             c->ft[0] = 0;
             c->bt[0] = (uint64_t)(64 * MiB) + 17;
         } else if (i == L - 1) { /* LM head: logits are large */
-            c->x[L] = (uint64_t)(786 * MiB) + 101;
+            c->x[L] = (uint64_t)(196 * MiB) + 101;
             c->xb[L] = c->x[L] + h;
             c->f[i] = 9.6e12;
             c->b[i] = 19.2e12;
             c->ft[i] = (uint64_t)(96 * MiB) + 3;
-            c->bt[i] = (uint64_t)(786 * MiB) + 7;
+            c->bt[i] = (uint64_t)(196 * MiB) + 7;
         } else if (i % 2 == 1) { /* attention */
             c->xb[i + 1] = 6 * h + 12345;
             c->f[i] = 2.4e12;
@@ -162,6 +162,10 @@ int main(int argc, char **argv)
     }
     run_budget(&c, "75% sqrt peak", ps.peak_bytes / 4 * 3, slots, 3);
     run_budget(&c, "50% sqrt peak", ps.peak_bytes / 2, slots, 3);
+    run_budget(&c, "40% sqrt peak", ps.peak_bytes / 10 * 4, slots, 3);
+    run_budget(&c, "35% sqrt peak", ps.peak_bytes / 20 * 7, slots, 3);
+    run_budget(&c, "30% sqrt peak", ps.peak_bytes / 10 * 3, slots, 3);
+    run_budget(&c, "25% sqrt peak", ps.peak_bytes / 4, slots, 3);
     run_budget(&c, "sqrt's peak", ps.peak_bytes, 2000, 1);
     printf("(* = multi-level plan; overhead = recompute / (sum f + sum b))\n");
     mp_ckpt_plan_release(&pn);

@@ -100,12 +100,11 @@ void mp_ckpt_plan_release(struct mp_ckpt_plan *p);
 enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_spec *spec, uint64_t budget_bytes,
                                  size_t slots, struct mp_ckpt_plan *p, struct mp_diag *d);
 
-/* The optimum of the OPTIMAL (rotor) or OPTIMAL_SEGMENTS dynamic program at
- * budget_bytes, as the DP computes it on the discretised chain (slots as in
- * mp_ckpt_plan_make), without building a plan: *cost = total cost (all
- * forwards, backwards and b[L]), HUGE_VAL when nothing fits (MP_OK either
- * way).  In exact units (all sizes multiples of their GCD, budget/GCD <=
- * slots) it equals the plan's simulated total_cost.  For tests and sweeps. */
+/* The total cost (all forwards, backwards and b[L]) of the plan that
+ * mp_ckpt_plan_make builds for OPTIMAL (rotor) or OPTIMAL_SEGMENTS at
+ * budget_bytes and slots, as the DP table states it: HUGE_VAL when nothing
+ * fits (MP_OK either way).  It equals that plan's simulated total_cost, which
+ * makes it a check on the DP; for tests and quick budget sweeps. */
 enum mp_status mp_ckpt_dp_cost(const struct mp_chain *c, enum mp_ckpt_strategy strategy, uint64_t budget_bytes,
                                size_t slots, double *cost, struct mp_diag *d);
 

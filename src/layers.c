@@ -977,6 +977,28 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     case MP_LT_EMBEDDING: {
         if (failed(B))
             return x;
+        if (x.t >= 0 && T(B, x.t)->dtype != MP_DT_I64 && B->embed_param >= 0 && last_dim(x) == l->dim) {
+            /* A second embedding applied to hidden states: BERT's token-type table looked up
+             * with all-zero type ids and added (row 0 broadcast).  Lowered as ADD_POS with k = 1. */
+            char pn[80];
+            snprintf(pn, sizeof pn, "%s.weight", nm);
+            int w = new_param(B, pn, l->vocab, l->dim, false);
+            struct val y = like(B, nm, x, promote(dt_of(B, x), B->p->param_dtype), true);
+            struct mp_node *n = new_node(B, MP_P_ADD_POS, nm);
+            if (!n)
+                return y;
+            n->in[0] = x.t;
+            n->out = y.t;
+            n->param[0] = w;
+            n->rows = rows_of(x);
+            n->n = l->dim;
+            n->seq = B->s;
+            n->k = 1;
+            n->fwd_tmp_bytes = T(B, y.t)->bytes; /* the looked-up (b,s,h) rows before the add */
+            n->fwd_flops = (double)T(B, y.t)->elems;
+            *resid = y;
+            return y;
+        }
         if (T(B, x.t)->dtype != MP_DT_I64) {
             fail_model(B, MP_ERR_MODEL, "an embedding needs token ids as its input (input.tokens)");
             return x;
@@ -1030,6 +1052,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         n->rows = rows_of(x);
         n->n = l->dim;
         n->seq = B->s;
+        n->k = B->s;
         n->fwd_flops = (double)T(B, y.t)->elems;
         *resid = y;
         return y;
@@ -1110,7 +1133,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         return lower_loss(B, logits, "loss");
     }
     case MP_LT_CLASSIFIER: {
-        struct val logits = lower_linear(B, x, l->in_features, l->vocab, true, nm);
+        struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
         return lower_loss(B, logits, "loss");
     }
     case MP_LT_CUSTOM:

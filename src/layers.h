@@ -38,7 +38,8 @@ void mp_build_opts_default(struct mp_build_opts *o);
 
 enum mp_prim {
     MP_P_EMBED,      /* in[0] int64 ids (b,s) -> out (b,s,h); param[0] table */
-    MP_P_ADD_POS,    /* out = in[0] + pos_table[0:s]; param[0] table */
+    MP_P_ADD_POS,    /* out = in[0] + table rows: k == seq: row = position (learned positions);
+                        k == 1: row 0 for every position (BERT token types, all-zero ids); param[0] table */
     MP_P_CAST,       /* out = in[0] converted to out's dtype (autocast copies) */
     MP_P_LINEAR,     /* out (M,n) = in (M,k) W^T + bias; param[0] W (n,k), param[1] bias */
     MP_P_LAYERNORM,  /* extras: mean, rstd (M fp32); param[0] gamma, param[1] beta */

@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,10 +241,10 @@ enum mp_status mp_json_u64(const cJSON *obj, const char *key, bool required, uin
         return MP_OK;
     }
     double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
-    if (!cJSON_IsNumber(v) || x < 0 || x != (double)(uint64_t)x)
+    if (!cJSON_IsNumber(v) || x < 0 || x != floor(x))
         return mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: expected a non-negative integer", path, where,
                        *where ? "." : "", key);
-    if (x > (double)max)
+    if (x > (double)max) /* compared as doubles: no conversion of values >= 2^64 */
         return mp_fail(d, MP_ERR_RANGE, "%s: %s%s%s: %.0f is too large (at most %llu)", path, where,
                        *where ? "." : "", key, x, (unsigned long long)max);
     *out = (uint64_t)x;

@@ -14,9 +14,10 @@
 
 /* Lowering convention (layers.c relies on it):
  *   block 0 "embed":  EMBEDDING (vocab, hidden)
+ *                     [EMBEDDING "token_type_embeddings" (type_vocab_size, hidden)]   bert: its
+ *                      input is the hidden state, not token ids; it adds a lookup of the
+ *                      all-zero token_type_ids (BertEmbeddings' buffer)
  *                     [POS_EMBEDDING (positions, hidden)]        gpt2, bert
- *                     [EMBEDDING "token_type_embeddings" (type_vocab_size, hidden)]   bert: its input
- *                      is the hidden state, not token ids; it adds a lookup of all-zero type ids
  *                     [LAYERNORM (hidden)]                        bert
  *                     [DROPOUT p]                                 when the embedding dropout p > 0
  *   blocks 1..N "h.i": one TRANSFORMER_BLOCK each, repeat_group 1
@@ -28,7 +29,8 @@
  * what the model can take; 2048 keeps the default run of long-context models
  * (Mistral 32768, Qwen2 131072) at a length people fine-tune with; --seq
  * overrides it.  A rope model without max_position_embeddings gets 2048 (every
- * transformers default for these classes is at least 2048).
+ * transformers default for these classes is at least 2048); gpt2 and bert
+ * tables default to 1024 and 512 rows, as in GPT2Config and BertConfig.
  *
  * Ignored on purpose, because they do not change training memory:
  *   rope_theta, rotary_emb_base, rope_scaling, rope_parameters (except its
@@ -43,7 +45,9 @@
  *   architectures, summary_*, task_specific_params, classifier_dropout,
  *     n_special, predict_special_tokens: heads memplan does not train (it
  *     trains the LM head); architectures[0] only names the model;
- *   head_dim for gpt2, gpt_neox and bert: their transformers classes ignore it;
+ *   head_dim for gpt2, gpt_neox and bert, attention_bias for mistral and qwen2,
+ *     num_key_value_heads for gpt2, gpt_neox and bert: their transformers classes ignore them;
+ *   n_ctx (gpt2): legacy; transformers sizes wpe by n_positions alone;
  *   _attn_implementation: the --attention option chooses the kernel.
  * Rejected when set to a non-default value: add_cross_attention,
  * reorder_and_upcast_attn (gpt2), qk_layernorm (phi), position_embedding_type
@@ -63,7 +67,7 @@ static const char *const family_names[F_COUNT] = {"gpt2", "llama", "mistral", "q
 struct hf {
     enum family f;
     uint64_t vocab, hidden, layers, heads, kv_heads, head_dim, ffn;
-    uint64_t positions;    /* 0 = not given (rope models only) */
+    uint64_t positions;    /* max positions; 0 = not given (rope models only) */
     uint64_t type_vocab;   /* bert token types */
     uint64_t rotary_dim;   /* 0 = whole head */
     enum mp_act act;
@@ -167,7 +171,9 @@ static void family_defaults(struct hf *c)
     c->qkv_bias = all || f == F_QWEN2;
     c->out_bias = all;
     c->mlp_bias = all;
-    c->lm_bias = f == F_PHI || f == F_BERT; /* phi's lm_head; BERT's decoder bias */
+    /* phi's lm_head; BERT's decoder bias, one vocab vector (transformers 5 keeps a second,
+     * unused one when the decoder is untied; 4.x links the two) */
+    c->lm_bias = f == F_PHI || f == F_BERT;
     c->tied = f == F_GPT2 || f == F_GEMMA || f == F_BERT;
     c->parallel = f == F_NEOX || f == F_PHI;
     c->shared_norm = f == F_PHI;
@@ -183,6 +189,8 @@ static void family_defaults(struct hf *c)
     }
     if (f == F_GPT2 || f == F_BERT) /* GPT2Config / BertConfig default every dropout to 0.1 */
         c->emb_p = c->attn_p = c->resid_p = 0.1;
+    if (c->learned_pos) /* n_positions / max_position_embeddings defaults: the table's rows */
+        c->positions = f == F_GPT2 ? 1024 : 512;
 }
 
 /* The size fields shared by every family. */
@@ -191,18 +199,18 @@ static enum mp_status read_sizes(const cJSON *root, struct hf *c, const char *pa
     static const char *const k_hidden[] = {"n_embd", "hidden_size"};
     static const char *const k_layers[] = {"n_layer", "num_hidden_layers"};
     static const char *const k_heads[] = {"n_head", "num_attention_heads"};
-    static const char *const k_pos_gpt2[] = {"n_positions", "max_position_embeddings", "n_ctx"};
+    static const char *const k_pos_gpt2[] = {"n_positions", "max_position_embeddings"};
     bool gpt2 = c->f == F_GPT2;
     const char *hk = gpt2 ? first_key(root, k_hidden, 2) : "hidden_size";
     const char *lk = gpt2 ? first_key(root, k_layers, 2) : "num_hidden_layers";
     const char *ak = gpt2 ? first_key(root, k_heads, 2) : "num_attention_heads";
-    const char *pk = gpt2 ? first_key(root, k_pos_gpt2, 3) : "max_position_embeddings";
+    const char *pk = gpt2 ? first_key(root, k_pos_gpt2, 2) : "max_position_embeddings";
     enum mp_status st;
     if ((st = read_pos(root, "vocab_size", true, MP_DIM_MAX, &c->vocab, path, d)) != MP_OK ||
         (st = read_pos(root, hk, true, MP_DIM_MAX, &c->hidden, path, d)) != MP_OK ||
         (st = read_pos(root, lk, true, HF_LAYERS_MAX, &c->layers, path, d)) != MP_OK ||
         (st = read_pos(root, ak, true, MP_DIM_MAX, &c->heads, path, d)) != MP_OK ||
-        (st = read_pos(root, pk, c->learned_pos, MP_DIM_MAX, &c->positions, path, d)) != MP_OK)
+        (st = read_pos(root, pk, false, MP_DIM_MAX, &c->positions, path, d)) != MP_OK)
         return st;
     if (gpt2) {
         c->ffn = 4 * c->hidden; /* n_inner: null means 4 * n_embd */
@@ -225,9 +233,9 @@ static enum mp_status read_sizes(const cJSON *root, struct hf *c, const char *pa
         return mp_fail(d, MP_ERR_MODEL, "%s: num_key_value_heads: %llu does not divide %s %llu", path,
                        (unsigned long long)c->kv_heads, ak, (unsigned long long)c->heads);
 
-    /* head_dim: honoured by the classes that read it; GemmaConfig defaults it to 256. */
-    bool reads_head_dim = gqa;
-    if (reads_head_dim && present(root, "head_dim"))
+    /* head_dim: read by the same classes (gpt2, gpt_neox and bert ignore it); GemmaConfig
+     * defaults it to 256, the others to hidden / heads. */
+    if (gqa && present(root, "head_dim"))
         return read_pos(root, "head_dim", true, MP_DIM_MAX, &c->head_dim, path, d);
     if (c->f == F_GEMMA) {
         c->head_dim = 256;
@@ -374,14 +382,13 @@ static enum mp_status read_config(const cJSON *root, struct hf *c, const char *p
 
 static void set_name(struct mp_layer *l, const char *name) { snprintf(l->name, sizeof l->name, "%s", name); }
 
-static struct mp_layer *norm_layer(struct mp_layer *l, const struct hf *c, const char *name)
+static void norm_layer(struct mp_layer *l, const struct hf *c, const char *name)
 {
     l->type = c->norm == MP_NORM_RMSNORM ? MP_LT_RMSNORM : MP_LT_LAYERNORM;
     l->norm = c->norm;
     l->norm_bias = c->norm == MP_NORM_LAYERNORM;
     l->dim = c->hidden;
     set_name(l, name);
-    return l;
 }
 
 static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct mp_diag *d)
@@ -389,7 +396,7 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
     static const char *const tok_names[F_COUNT] = {"wte", "embed_tokens", "embed_tokens", "embed_tokens",
                                                    "embed_in", "embed_tokens", "embed_tokens", "word_embeddings"};
     bool bert = c->f == F_BERT;
-    size_t n = 1 + (c->learned_pos ? 1 : 0) + (bert ? 2 : 0) + (c->emb_p > 0 ? 1 : 0);
+    size_t n = 1u + (c->learned_pos ? 1u : 0u) + (bert ? 2u : 0u) + (c->emb_p > 0 ? 1u : 0u);
     struct mp_block *b = mp_model_add_block(m, "embed", n);
     if (!b)
         return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
@@ -398,20 +405,20 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
     l->vocab = c->vocab;
     l->dim = c->hidden;
     set_name(l++, tok_names[c->f]);
+    if (bert) { /* BertEmbeddings: words + token types (ids default to zeros) + positions */
+        l->type = MP_LT_EMBEDDING;
+        l->vocab = c->type_vocab;
+        l->dim = c->hidden;
+        set_name(l++, "token_type_embeddings");
+    }
     if (c->learned_pos) {
         l->type = MP_LT_POS_EMBEDDING;
         l->vocab = c->positions;
         l->dim = c->hidden;
         set_name(l++, bert ? "position_embeddings" : "wpe");
     }
-    if (bert) {
-        /* token_type_ids default to zeros: one (type_vocab, hidden) table added to the sum */
-        l->type = MP_LT_EMBEDDING;
-        l->vocab = c->type_vocab;
-        l->dim = c->hidden;
-        set_name(l++, "token_type_embeddings");
+    if (bert)
         norm_layer(l++, c, "LayerNorm");
-    }
     if (c->emb_p > 0) {
         l->type = MP_LT_DROPOUT;
         l->p = c->emb_p;

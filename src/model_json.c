@@ -330,9 +330,9 @@ static enum mp_status read_attention(const struct reader *rd, const cJSON *o, co
     if (l->kv_heads > l->heads || l->heads % l->kv_heads != 0)
         return fail_at(rd, MP_ERR_MODEL, place, "kv_heads", "%llu must divide heads (%llu)",
                        (unsigned long long)l->kv_heads, (unsigned long long)l->heads);
-    uint64_t qdim;
-    if (!mp_mul_u64(l->heads, l->head_dim, &qdim) || qdim > MP_DIM_MAX)
-        return fail_at(rd, MP_ERR_RANGE, place, "head_dim", "heads x head_dim is too large (at most %llu)",
+    uint64_t qdim, w;
+    if (!mp_mul_u64(l->heads, l->head_dim, &qdim) || !mp_mul_u64(qdim, l->dim, &w) || w > MP_DIM_MAX)
+        return fail_at(rd, MP_ERR_RANGE, place, "heads", "the projections are too large (at most %llu elements)",
                        (unsigned long long)MP_DIM_MAX);
     l->causal = true;
     TRY(get_bool(rd, o, place, "causal", &l->causal));
@@ -376,6 +376,10 @@ static enum mp_status read_mlp(const struct reader *rd, const cJSON *o, const ch
     if (!mp_mul_u64(l->dim, 4, &l->ffn) || l->ffn > MP_DIM_MAX)
         l->ffn = MP_DIM_MAX;
     TRY(get_dim(rd, o, place, "ffn", l->type == MP_LT_MLP, &l->ffn));
+    uint64_t w;
+    if (!mp_mul_u64(l->dim, l->ffn, &w) || w > MP_DIM_MAX)
+        return fail_at(rd, MP_ERR_RANGE, place, "ffn", "the projections are too large (at most %llu elements)",
+                       (unsigned long long)MP_DIM_MAX);
     TRY(get_bool(rd, o, place, "gated", &l->gated));
     l->act = l->gated ? MP_ACT_SILU : MP_ACT_GELU;
     TRY(get_act(rd, o, place, false, &l->act));
@@ -552,6 +556,10 @@ static enum mp_status read_lm_head(struct reader *rd, const cJSON *o, const char
     if (l->tied && l->dim != rd->emb_dim)
         return fail_at(rd, MP_ERR_MODEL, place, "dim", "%llu differs from the tied embedding's dim (%llu)",
                        (unsigned long long)l->dim, (unsigned long long)rd->emb_dim);
+    uint64_t w;
+    if (!mp_mul_u64(l->vocab, l->dim, &w) || w > MP_DIM_MAX)
+        return fail_at(rd, MP_ERR_RANGE, place, "vocab", "the weight is too large (at most %llu elements)",
+                       (unsigned long long)MP_DIM_MAX);
     return get_bool(rd, o, place, "bias", &l->bias);
 }
 

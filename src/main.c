@@ -1,0 +1,860 @@
+/* main.c — memplan's command line: the command table, option parsing, exit
+ * statuses.  The only file that prints diagnostics or exits.
+ *
+ * Exit: 0 success / fits; 1 completed, does not fit; 2 usage; 3 bad input;
+ * 4 probe unavailable or device error; 5 internal error.
+ */
+#include <errno.h>
+#include <getopt.h>  /* getopt_long */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>  /* isatty */
+
+#include "ckpt.h"     /* strategies and plans */
+#include "estimate.h" /* the step replay and estimator */
+#include "gpu.h"      /* target profiles */
+#include "layers.h"   /* the tensor program */
+#include "model.h"    /* model files */
+#include "probe.h"    /* real steps */
+#include "report.h"   /* output */
+#include "search.h"   /* fit, batch search, suggest */
+
+static const char *argv0 = "memplan";
+
+/* ---- messages and exits ------------------------------------------------------------------ */
+
+static int exit_for(enum mp_status st)
+{
+    switch (st) {
+    case MP_OK: return MP_EXIT_OK;
+    case MP_ERR_USAGE: return MP_EXIT_USAGE;
+    case MP_ERR_IO:
+    case MP_ERR_JSON:
+    case MP_ERR_MODEL:
+    case MP_ERR_RANGE: return MP_EXIT_INPUT;
+    case MP_ERR_DEVICE:
+    case MP_ERR_OOM:
+    case MP_ERR_UNSUPPORTED: return MP_EXIT_DEVICE;
+    case MP_ERR_INFEASIBLE: return MP_EXIT_NOFIT;
+    default: return MP_EXIT_INTERNAL;
+    }
+}
+
+static int fail(enum mp_status st, const struct mp_diag *d)
+{
+    fprintf(stderr, "memplan: error: %s\n", d->msg[0] ? d->msg : mp_status_str(st));
+    return exit_for(st);
+}
+
+static int usage_error(const char *cmd, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "memplan: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nTry 'memplan %s%s--help'.\n", cmd ? cmd : "", cmd ? " " : "");
+    return MP_EXIT_USAGE;
+}
+
+/* ---- options ----------------------------------------------------------------------------- */
+
+enum {
+    O_BATCH = 'b', O_SEQ = 's', O_PREC = 'p', O_OPT = 'o', O_CKPT = 'c', O_HELP = 'h',
+    O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
+    O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY,
+};
+
+/* Which commands accept which options (bit per command). */
+enum { C_EST = 1, C_PLAN = 2, C_PROBE = 4, C_SUGG = 8, C_CHECK = 16 };
+
+struct opt_info {
+    struct option lo;
+    unsigned cmds;
+    const char *arg;
+    const char *help;
+};
+
+static const struct opt_info OPTS[] = {
+    {{"batch", required_argument, 0, O_BATCH}, C_EST | C_PLAN | C_PROBE | C_CHECK, "B", "micro-batch (default 1; check: required)"},
+    {{"seq", required_argument, 0, O_SEQ}, 31, "S", "sequence length (default: the model's, at most 2048 for HF configs)"},
+    {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 (default amp-bf16; suggest: searched)"},
+    {{"optimizer", required_argument, 0, O_OPT}, 31, "O", "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit (default adamw)"},
+    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none | sqrt | segments:K | every:K | optimal | optimal-segments (default none; plan: optimal)"},
+    {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
+    {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
+    {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
+    {{"device", required_argument, 0, O_DEVICE}, C_PROBE | C_SUGG, "N", "CUDA device to probe (suggest: target the local GPU)"},
+    {{"activation-budget", required_argument, 0, O_BUDGET}, C_PLAN, "SIZE", "activation budget for optimal plans"},
+    {{"slots", required_argument, 0, O_SLOTS}, C_PLAN | C_SUGG | C_CHECK | C_EST, "N", "memory slots of the optimal DP (default 500)"},
+    {{"margin", required_argument, 0, O_MARGIN}, C_SUGG | C_CHECK | C_PLAN, "PCT", "safety margin in percent of capacity (default 5)"},
+    {{"global-batch", required_argument, 0, O_GLOBAL}, C_SUGG, "G", "global batch: micro-batch x accumulation = G exactly"},
+    {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed: print only that snippet"},
+    {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
+    {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
+    {{"backend", required_argument, 0, O_BACKEND}, C_PROBE, "B", "auto | cuda | host (default auto)"},
+    {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE, "SIZE", "host backend: memory limit (default: none)"},
+    {{"no-probe", no_argument, 0, O_NOPROBE}, C_SUGG, NULL, "do not confirm with probes even when a GPU is present"},
+    {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default: the GPU profile's, else 8519680)"},
+    {{"context", required_argument, 0, O_CONTEXT}, C_EST | C_PLAN | C_SUGG | C_CHECK, "SIZE", "CUDA context size (default: the GPU profile's, else 500MiB)"},
+    {{"all-layers", no_argument, 0, O_ALL}, C_EST, NULL, "do not fold identical repeated blocks"},
+    {{"json", no_argument, 0, O_JSON}, 31, NULL, "print the report as JSON (schema 1)"},
+    {{"help", no_argument, 0, O_HELP}, 31, NULL, "show this help"},
+};
+#define N_OPTS (sizeof OPTS / sizeof OPTS[0])
+
+struct args {
+    const char *model;
+    uint64_t batch;
+    bool batch_set;
+    uint64_t seq;
+    int precision;
+    bool precision_set;
+    int optimizer;
+    struct mp_ckpt_spec ckpt;
+    bool ckpt_set;
+    int attention;
+    bool attention_set;
+    const char *gpu;
+    uint64_t vram;
+    int device;
+    bool device_set;
+    uint64_t budget;
+    uint64_t slots;
+    double margin;
+    bool margin_set;
+    uint64_t global_batch;
+    enum mp_emit emit;
+    uint64_t steps;
+    const char *backend;
+    bool no_probe;
+    uint64_t workspace;
+    bool workspace_set;
+    uint64_t context;
+    bool context_set;
+    uint64_t max_batch;
+    uint64_t capacity;
+    bool json, all_layers;
+};
+
+struct command {
+    const char *name;
+    unsigned bit;
+    int (*run)(struct args *a);
+    const char *synopsis;
+    const char *summary;
+};
+
+static int cmd_estimate(struct args *a);
+static int cmd_plan(struct args *a);
+static int cmd_probe(struct args *a);
+static int cmd_suggest(struct args *a);
+static int cmd_check(struct args *a);
+
+static const struct command COMMANDS[] = {
+    {"estimate", C_EST, cmd_estimate, "estimate MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--json]",
+     "where a training step's GPU memory goes, layer by layer, and when it peaks"},
+    {"plan", C_PLAN, cmd_plan, "plan MODEL [--batch B] [--seq S] (--activation-budget SIZE | --vram SIZE | --gpu NAME) [--checkpoint C] [--json]",
+     "which blocks to checkpoint so the batch fits, at the least recompute"},
+    {"probe", C_PROBE, cmd_probe, "probe MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--steps N] [--backend auto|cuda|host] [--device N] [--json]",
+     "run real training steps and measure peak memory and step time"},
+    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--emit torch|hf|deepspeed] [--json]",
+     "the configuration to train with: micro-batch, accumulation, checkpoints, precision"},
+    {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] (--vram SIZE | --gpu NAME) [--json]",
+     "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
+};
+#define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
+
+static void print_command_help(FILE *f, const struct command *c)
+{
+    fprintf(f, "Usage: memplan %s\n\n%s.\n\nOptions:\n", c->synopsis, c->summary);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (!(OPTS[i].cmds & c->bit))
+            continue;
+        char left[48];
+        snprintf(left, sizeof left, "--%s%s%s", OPTS[i].lo.name, OPTS[i].arg ? " " : "", OPTS[i].arg ? OPTS[i].arg : "");
+        if (OPTS[i].lo.val < 128)
+            fprintf(f, "  -%c, %-26s %s\n", OPTS[i].lo.val, left, OPTS[i].help);
+        else
+            fprintf(f, "      %-26s %s\n", left, OPTS[i].help);
+    }
+    fprintf(f, "\nExit status: 0 success/fits, 1 does not fit, 2 usage, 3 bad input, 4 device error, 5 internal.\n"
+               "See memplan(1).\n");
+}
+
+static void print_help(FILE *f)
+{
+    fprintf(f, "Usage: memplan COMMAND MODEL [options]\n\n"
+               "Plans GPU memory for training: estimate, checkpoint placement, batch size.\n"
+               "MODEL is a memplan JSON model or a Hugging Face config.json.\n\nCommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-9s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+    fprintf(f, "  %-9s %s\n", "help", "help [COMMAND | gpus]: a command's options, or the GPU profiles");
+    fprintf(f, "\nmemplan COMMAND --help shows a command's options; memplan --version its version.\n"
+               "Quick start: memplan suggest models/gpt2-124m.json --gpu a100-40gb\n"
+               "Exit status: 0 success/fits, 1 does not fit, 2 usage, 3 bad input, 4 device error, 5 internal.\n");
+}
+
+static int parse_args(const struct command *c, int argc, char **argv, struct args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->batch = 1;
+    a->precision = MP_PREC_AMP_BF16;
+    a->optimizer = MP_OPT_ADAMW;
+    a->attention = MP_ATTN_SDPA;
+    a->margin = 0.05;
+    a->steps = 3;
+    a->backend = "auto";
+    a->ckpt.strategy = c->bit == C_PLAN ? MP_CKPT_OPTIMAL : MP_CKPT_NONE;
+    struct option lo[N_OPTS + 1];
+    char shortopts[64] = "";
+    for (size_t i = 0; i < N_OPTS; i++) {
+        lo[i] = OPTS[i].lo;
+        if (OPTS[i].lo.val < 128) {
+            size_t l = strlen(shortopts);
+            shortopts[l] = (char)OPTS[i].lo.val;
+            shortopts[l + 1] = OPTS[i].lo.has_arg ? ':' : 0;
+            shortopts[l + 2] = 0;
+        }
+    }
+    memset(&lo[N_OPTS], 0, sizeof lo[N_OPTS]);
+    optind = 1;
+    opterr = 0;
+    int ch, idx;
+    while ((ch = getopt_long(argc, argv, shortopts, lo, &idx)) != -1) {
+        if (ch == '?' || ch == ':') {
+            char bad[64];
+            if (optopt && optopt < 128)
+                snprintf(bad, sizeof bad, "-%c", optopt);
+            else
+                snprintf(bad, sizeof bad, "%s", argv[optind - 1]);
+            return usage_error(c->name, ch == ':' || (optopt && strchr(shortopts, optopt))
+                                            ? "option '%s' needs a value"
+                                            : "unknown option '%s'",
+                               bad);
+        }
+        const struct opt_info *oi = NULL;
+        for (size_t i = 0; i < N_OPTS; i++)
+            if (OPTS[i].lo.val == ch)
+                oi = &OPTS[i];
+        if (oi && !(oi->cmds & c->bit)) {
+            char bad[64];
+            snprintf(bad, sizeof bad, "--%s", oi->lo.name);
+            fprintf(stderr, "memplan: option '%s' does not apply to '%s'\nTry 'memplan %s --help'.\n", bad, c->name,
+                    c->name);
+            return MP_EXIT_USAGE;
+        }
+        enum mp_status st = MP_OK;
+        const char *what = NULL;
+        switch (ch) {
+        case O_HELP:
+            print_command_help(stdout, c);
+            return -1;
+        case O_BATCH:
+            st = mp_parse_u64(optarg, &a->batch);
+            a->batch_set = true;
+            if (st == MP_OK && a->batch == 0)
+                st = MP_ERR_USAGE;
+            what = "--batch: expected a positive integer, got '%s'";
+            break;
+        case O_SEQ:
+            st = mp_parse_u64(optarg, &a->seq);
+            if (st == MP_OK && a->seq == 0)
+                st = MP_ERR_USAGE;
+            what = "--seq: expected a positive integer, got '%s'";
+            break;
+        case O_PREC:
+            a->precision = mp_precision_parse(optarg);
+            a->precision_set = true;
+            st = a->precision < 0 ? MP_ERR_USAGE : MP_OK;
+            what = "--precision: expected fp32, amp-bf16, amp-fp16 or bf16, got '%s'";
+            break;
+        case O_OPT:
+            a->optimizer = mp_optimizer_parse(optarg);
+            st = a->optimizer < 0 ? MP_ERR_USAGE : MP_OK;
+            what = "--optimizer: expected sgd, sgd-momentum, adam, adamw, adafactor or adam8bit, got '%s'";
+            break;
+        case O_CKPT:
+            st = mp_ckpt_spec_parse(optarg, &a->ckpt);
+            a->ckpt_set = true;
+            what = "--checkpoint: expected none, sqrt, segments:K, every:K, optimal or optimal-segments, got '%s'";
+            break;
+        case O_ATTN:
+            a->attention = !strcmp(optarg, "sdpa") ? MP_ATTN_SDPA
+                           : !strcmp(optarg, "flash") ? MP_ATTN_FLASH
+                           : !strcmp(optarg, "eager") ? MP_ATTN_EAGER
+                                                      : -1;
+            a->attention_set = true;
+            st = a->attention < 0 ? MP_ERR_USAGE : MP_OK;
+            what = "--attention: expected sdpa, flash or eager, got '%s'";
+            break;
+        case O_GPU: a->gpu = optarg; break;
+        case O_VRAM:
+            st = mp_parse_size(optarg, &a->vram);
+            if (st == MP_OK && a->vram == 0)
+                st = MP_ERR_USAGE;
+            what = "--vram: expected a size like 24GiB, 24G or 80GB, got '%s'";
+            break;
+        case O_DEVICE: {
+            uint64_t v;
+            st = mp_parse_u64(optarg, &v);
+            if (st == MP_OK && v > 64)
+                st = MP_ERR_USAGE;
+            a->device = (int)v;
+            a->device_set = true;
+            what = "--device: expected a device index, got '%s'";
+            break;
+        }
+        case O_BUDGET:
+            st = mp_parse_size(optarg, &a->budget);
+            if (st == MP_OK && a->budget == 0)
+                st = MP_ERR_USAGE;
+            what = "--activation-budget: expected a size, got '%s'";
+            break;
+        case O_SLOTS:
+            st = mp_parse_u64(optarg, &a->slots);
+            if (st == MP_OK && (a->slots < 10 || a->slots > 100000))
+                st = MP_ERR_USAGE;
+            what = "--slots: expected an integer from 10 to 100000, got '%s'";
+            break;
+        case O_MARGIN:
+            st = mp_parse_double(optarg, &a->margin);
+            if (st == MP_OK && !(a->margin >= 0 && a->margin < 90))
+                st = MP_ERR_USAGE;
+            a->margin /= 100.0;
+            a->margin_set = true;
+            what = "--margin: expected a percentage from 0 to 90, got '%s'";
+            break;
+        case O_GLOBAL:
+            st = mp_parse_u64(optarg, &a->global_batch);
+            if (st == MP_OK && a->global_batch == 0)
+                st = MP_ERR_USAGE;
+            what = "--global-batch: expected a positive integer, got '%s'";
+            break;
+        case O_EMIT:
+            a->emit = !strcmp(optarg, "torch")       ? MP_EMIT_TORCH
+                      : !strcmp(optarg, "hf")        ? MP_EMIT_HF
+                      : !strcmp(optarg, "deepspeed") ? MP_EMIT_DEEPSPEED
+                                                     : MP_EMIT_NONE;
+            st = a->emit == MP_EMIT_NONE ? MP_ERR_USAGE : MP_OK;
+            what = "--emit: expected torch, hf or deepspeed, got '%s'";
+            break;
+        case O_MAXBATCH:
+            st = mp_parse_u64(optarg, &a->max_batch);
+            if (st == MP_OK && a->max_batch == 0)
+                st = MP_ERR_USAGE;
+            what = "--max-batch: expected a positive integer, got '%s'";
+            break;
+        case O_STEPS:
+            st = mp_parse_u64(optarg, &a->steps);
+            if (st == MP_OK && (a->steps == 0 || a->steps > 64))
+                st = MP_ERR_USAGE;
+            what = "--steps: expected an integer from 1 to 64, got '%s'";
+            break;
+        case O_BACKEND:
+            a->backend = optarg;
+            st = strcmp(optarg, "auto") && strcmp(optarg, "cuda") && strcmp(optarg, "host") ? MP_ERR_USAGE : MP_OK;
+            what = "--backend: expected auto, cuda or host, got '%s'";
+            break;
+        case O_CAPACITY:
+            st = mp_parse_size(optarg, &a->capacity);
+            what = "--capacity: expected a size, got '%s'";
+            break;
+        case O_NOPROBE: a->no_probe = true; break;
+        case O_WORKSPACE:
+            st = mp_parse_size(optarg, &a->workspace);
+            a->workspace_set = true;
+            what = "--workspace: expected a size, got '%s'";
+            break;
+        case O_CONTEXT:
+            st = mp_parse_size(optarg, &a->context);
+            a->context_set = true;
+            what = "--context: expected a size, got '%s'";
+            break;
+        case O_ALL: a->all_layers = true; break;
+        case O_JSON: a->json = true; break;
+        default: return usage_error(c->name, "unexpected option '%s'", argv[optind - 1]);
+        }
+        if (st != MP_OK)
+            return usage_error(c->name, what, optarg);
+    }
+    if (optind >= argc)
+        return usage_error(c->name, "%s: missing MODEL (a memplan JSON model or an HF config.json)", c->name);
+    if (optind + 1 < argc)
+        return usage_error(c->name, "unexpected argument '%s'", argv[optind + 1]);
+    a->model = argv[optind];
+    if (a->gpu && a->vram)
+        return usage_error(c->name, "%s", "--gpu and --vram are exclusive");
+    return 0;
+}
+
+/* ---- shared setup -------------------------------------------------------------------------- */
+
+struct setup {
+    struct mp_model model;
+    struct mp_build_opts build;
+    struct mp_train_opts train;
+    struct mp_gpu gpu;
+    bool have_gpu;
+    char how[96];
+    char defaults[256];
+};
+
+static void add_default(struct setup *s, const char *fmt, const char *v)
+{
+    size_t l = strlen(s->defaults);
+    if (l)
+        snprintf(s->defaults + l, sizeof s->defaults - l, ", ");
+    l = strlen(s->defaults);
+    snprintf(s->defaults + l, sizeof s->defaults - l, fmt, v);
+}
+
+static int setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
+{
+    memset(s, 0, sizeof *s);
+    enum mp_status st = mp_model_load_file(&s->model, a->model, d);
+    if (st != MP_OK)
+        return fail(st, d);
+    mp_build_opts_default(&s->build);
+    s->build.batch = a->batch;
+    s->build.seq = a->seq;
+    s->build.precision = (enum mp_precision)a->precision;
+    s->build.attention = (enum mp_attn_impl)a->attention;
+    s->build.attention_forced = a->attention_set;
+    mp_train_opts_default(&s->train);
+    s->train.optimizer = (enum mp_optimizer)a->optimizer;
+    char num[32];
+    if (!a->seq && s->model.input == MP_INPUT_TOKENS) {
+        snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
+        add_default(s, "seq %s (model)", num);
+    }
+    if (!a->batch_set)
+        add_default(s, "batch %s", "1");
+    if (!a->precision_set)
+        add_default(s, "precision %s", "amp-bf16");
+    if (a->optimizer == MP_OPT_ADAMW)
+        add_default(s, "optimizer %s", "adamw");
+    if (!a->attention_set)
+        add_default(s, "attention %s (transformers' default: no s x s matrix kept)", "sdpa");
+    if (a->gpu) {
+        st = mp_gpu_load(a->gpu, argv0, &s->gpu, d);
+        if (st != MP_OK) {
+            mp_model_release(&s->model);
+            return fail(st, d);
+        }
+        s->have_gpu = true;
+        snprintf(s->how, sizeof s->how, "--gpu %s", a->gpu);
+    } else if (a->vram) {
+        mp_gpu_from_vram(a->vram, &s->gpu);
+        s->have_gpu = true;
+        snprintf(s->how, sizeof s->how, "--vram");
+    } else if (need_target) {
+        struct mp_device_info di;
+        struct mp_probe *p = NULL;
+        struct mp_probe_opts po;
+        mp_probe_opts_default(&po);
+        po.backend = "cuda";
+        po.device = a->device;
+        struct mp_diag pd = {{0}};
+        if (mp_cuda_device_available() && mp_probe_open(&p, &po, &pd) == MP_OK &&
+            mp_probe_device_info(p, &di) == MP_OK) {
+            mp_gpu_from_vram(di.total_bytes, &s->gpu);
+            snprintf(s->gpu.name, sizeof s->gpu.name, "cuda:%d", a->device);
+            snprintf(s->gpu.description, sizeof s->gpu.description, "%s", di.name);
+            s->have_gpu = true;
+            snprintf(s->how, sizeof s->how, "the local GPU (device %d)", a->device);
+        } else if (a->device_set) {
+            mp_probe_close(p);
+            mp_model_release(&s->model);
+            fprintf(stderr, "memplan: error: --device %d: no usable CUDA device (%s)\n", a->device,
+                    pd.msg[0] ? pd.msg : "none found");
+            return MP_EXIT_DEVICE;
+        } else {
+            st = mp_gpu_load(MP_DEFAULT_GPU, argv0, &s->gpu, d);
+            if (st != MP_OK) {
+                mp_model_release(&s->model);
+                return fail(st, d);
+            }
+            s->have_gpu = true;
+            snprintf(s->how, sizeof s->how, "default profile: no GPU here and no --gpu/--vram");
+        }
+        mp_probe_close(p);
+    }
+    if (!s->have_gpu)
+        mp_gpu_from_vram(0, &s->gpu);
+    if (a->workspace_set)
+        s->gpu.workspace_bytes = a->workspace;
+    if (a->context_set)
+        s->gpu.context_bytes = a->context;
+    s->train.cublas_workspace_bytes = s->gpu.workspace_bytes;
+    return 0;
+}
+
+static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, const struct mp_program *prog,
+                     const struct mp_ckpt_spec *ck, struct args *a)
+{
+    memset(c, 0, sizeof *c);
+    c->command = cmd;
+    c->model = &s->model;
+    c->prog = prog;
+    c->build = &s->build;
+    c->train = &s->train;
+    c->ckpt = ck;
+    c->gpu = s->have_gpu && s->gpu.memory_bytes ? &s->gpu : NULL;
+    c->target_how = s->how;
+    c->json = a->json;
+    c->all_layers = a->all_layers;
+    snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
+}
+
+static int finish(int code)
+{
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "memplan: error: writing output failed: %s\n", strerror(errno ? errno : EIO));
+        return MP_EXIT_INTERNAL;
+    }
+    return code;
+}
+
+static struct mp_job job_of(struct setup *s, struct args *a)
+{
+    struct mp_job j = {.model = &s->model, .build = s->build, .train = s->train, .ckpt = a->ckpt, .gpu = s->gpu,
+                       .margin = a->margin, .slots = a->slots, .activation_budget = a->budget};
+    return j;
+}
+
+/* ---- commands -------------------------------------------------------------------------------- */
+
+static int cmd_estimate(struct args *a)
+{
+    struct mp_diag d = {{0}};
+    struct setup s;
+    int rc = setup(a, &s, false, &d);
+    if (rc)
+        return rc;
+    if (!a->gpu) {
+        s.gpu.context_bytes = a->context_set ? a->context : 500u << 20;
+        if (!a->context_set)
+            add_default(&s, "CUDA context %s (typical; probe measures it)", "500 MiB");
+    }
+    struct mp_job j = job_of(&s, a);
+    bool budgeted = a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
+    if (budgeted && !a->gpu) {
+        mp_model_release(&s.model);
+        return usage_error("estimate", "%s", "--checkpoint optimal needs a target: add --gpu NAME (or use 'memplan plan')");
+    }
+    double t0 = mp_now_ms();
+    struct mp_fit f;
+    enum mp_status st = mp_fit_eval(&j, &f, &d);
+    if (st != MP_OK) {
+        mp_model_release(&s.model);
+        return fail(st, &d);
+    }
+    struct mp_program prog;
+    st = mp_program_build(&s.model, &s.build, &prog, &d);
+    if (st != MP_OK) {
+        mp_fit_release(&f);
+        mp_model_release(&s.model);
+        return fail(st, &d);
+    }
+    struct mp_report_ctx c;
+    fill_ctx(&c, "estimate", &s, &prog, &a->ckpt, a);
+    c.gpu = a->gpu ? &s.gpu : NULL;
+    s.build.seq = prog.opts.seq;
+    mp_report_estimate(stdout, &c, &f.est, &f.plan);
+    if (getenv("MEMPLAN_TIMING"))
+        fprintf(stderr, "memplan: estimate took %.2f ms\n", mp_now_ms() - t0);
+    mp_program_release(&prog);
+    mp_fit_release(&f);
+    mp_model_release(&s.model);
+    return finish(MP_EXIT_OK);
+}
+
+static int cmd_plan(struct args *a)
+{
+    if (!a->budget && !a->gpu && !a->vram)
+        return usage_error("plan", "%s", "plan: give --activation-budget SIZE, --vram SIZE or --gpu NAME");
+    struct mp_diag d = {{0}};
+    struct setup s;
+    int rc = setup(a, &s, false, &d);
+    if (rc)
+        return rc;
+    if (!a->gpu && !a->vram)
+        mp_gpu_from_vram(UINT64_MAX / 4, &s.gpu); /* an explicit budget: no device limit */
+    struct mp_job j = job_of(&s, a);
+    struct mp_fit f;
+    enum mp_status st = mp_fit_eval(&j, &f, &d);
+    if (st != MP_OK) {
+        mp_model_release(&s.model);
+        return fail(st, &d);
+    }
+    bool budgeted = a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
+    if (budgeted && f.activation_budget == 0) {
+        fprintf(stderr, "memplan: error: nothing is left for activations: static memory and overheads exceed the target\n");
+        mp_fit_release(&f);
+        mp_model_release(&s.model);
+        return MP_EXIT_NOFIT;
+    }
+    struct mp_plan_cmp cmp = {0};
+    if (budgeted && f.plan.sched.n) {
+        /* side by side at the same memory: sqrt, and the best segments:K whose peak fits */
+        struct mp_ckpt_plan p;
+        struct mp_ckpt_spec sq = {MP_CKPT_SQRT, 0};
+        mp_ckpt_plan_init(&p);
+        if (mp_ckpt_plan_make(&f.chain, &sq, 0, a->slots, &p, &d) == MP_OK) {
+            cmp.have_sqrt = true;
+            cmp.sqrt_peak = p.peak_bytes;
+            cmp.sqrt_recompute = p.recompute_cost;
+        }
+        mp_ckpt_plan_release(&p);
+        uint64_t limit = f.plan.peak_bytes;
+        for (uint64_t k = 1; k <= f.chain.L; k++) {
+            struct mp_ckpt_spec sg = {MP_CKPT_SEGMENTS, k};
+            mp_ckpt_plan_init(&p);
+            if (mp_ckpt_plan_make(&f.chain, &sg, 0, a->slots, &p, &d) == MP_OK && p.peak_bytes <= limit &&
+                (!cmp.have_seg || p.recompute_cost < cmp.seg_recompute)) {
+                cmp.have_seg = true;
+                cmp.seg_k = k;
+                cmp.seg_peak = p.peak_bytes;
+                cmp.seg_recompute = p.recompute_cost;
+            }
+            mp_ckpt_plan_release(&p);
+        }
+    }
+    struct mp_program prog;
+    st = mp_program_build(&s.model, &s.build, &prog, &d);
+    if (st == MP_OK) {
+        struct mp_report_ctx c;
+        fill_ctx(&c, "plan", &s, &prog, &a->ckpt, a);
+        if (!a->gpu && !a->vram)
+            c.gpu = NULL;
+        mp_report_plan(stdout, &c, &f, &cmp);
+        mp_program_release(&prog);
+    }
+    bool fits = f.fits || (!a->gpu && !a->vram);
+    mp_fit_release(&f);
+    mp_model_release(&s.model);
+    if (st != MP_OK)
+        return fail(st, &d);
+    return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
+}
+
+static int cmd_check(struct args *a)
+{
+    if (!a->batch_set)
+        return usage_error("check", "%s", "check: --batch B is required");
+    if (!a->gpu && !a->vram)
+        return usage_error("check", "%s", "check: give the target with --gpu NAME or --vram SIZE");
+    struct mp_diag d = {{0}};
+    struct setup s;
+    int rc = setup(a, &s, false, &d);
+    if (rc)
+        return rc;
+    struct mp_job j = job_of(&s, a);
+    struct mp_fit f;
+    enum mp_status st = mp_fit_eval(&j, &f, &d);
+    if (st != MP_OK) {
+        mp_model_release(&s.model);
+        return fail(st, &d);
+    }
+    struct mp_program prog;
+    st = mp_program_build(&s.model, &s.build, &prog, &d);
+    if (st == MP_OK) {
+        struct mp_report_ctx c;
+        fill_ctx(&c, "check", &s, &prog, &a->ckpt, a);
+        mp_report_check(stdout, &c, &f);
+        mp_program_release(&prog);
+    }
+    if (st == MP_OK && !f.fits)
+        fprintf(stderr, "memplan: does not fit: short by %llu bytes (peak %llu of %llu usable) at %s\n",
+                (unsigned long long)(f.peak_device_bytes - f.usable_bytes), (unsigned long long)f.peak_device_bytes,
+                (unsigned long long)f.usable_bytes, f.est.peak_event);
+    bool fits = f.fits;
+    mp_fit_release(&f);
+    mp_model_release(&s.model);
+    if (st != MP_OK)
+        return fail(st, &d);
+    return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
+}
+
+static int cmd_suggest(struct args *a)
+{
+    struct mp_diag d = {{0}};
+    struct setup s;
+    int rc = setup(a, &s, true, &d);
+    if (rc)
+        return rc;
+    struct mp_job j = job_of(&s, a);
+    struct mp_suggest_opts o = {.precision_fixed = a->precision_set, .precision = (enum mp_precision)a->precision,
+                                .global_batch = a->global_batch, .max_batch = a->max_batch,
+                                .probe = !a->no_probe && mp_cuda_device_available(), .device = a->device,
+                                .progress = isatty(2) && !a->json};
+    struct mp_suggestion sg;
+    enum mp_status st = mp_suggest(&j, &o, argv0, &sg, &d);
+    if (st != MP_OK) {
+        mp_model_release(&s.model);
+        return fail(st, &d);
+    }
+    struct mp_program prog;
+    st = mp_program_build(&s.model, &s.build, &prog, &d);
+    if (st != MP_OK) {
+        mp_suggestion_release(&sg);
+        mp_model_release(&s.model);
+        return fail(st, &d);
+    }
+    struct mp_report_ctx c;
+    fill_ctx(&c, "suggest", &s, &prog, NULL, a);
+    c.build = NULL; /* suggest searches batch and precision: no single config line */
+    mp_report_suggest(stdout, &c, &sg, a->emit);
+    int code = sg.best >= 0 ? MP_EXIT_OK : MP_EXIT_NOFIT;
+    if (sg.best >= 0 && o.global_batch && !sg.global_met)
+        fprintf(stderr, "memplan: warning: global batch %llu cannot be met exactly\n",
+                (unsigned long long)o.global_batch);
+    mp_program_release(&prog);
+    mp_suggestion_release(&sg);
+    mp_model_release(&s.model);
+    return finish(code);
+}
+
+static int cmd_probe(struct args *a)
+{
+    struct mp_diag d = {{0}};
+    struct setup s;
+    int rc = setup(a, &s, false, &d);
+    if (rc)
+        return rc;
+    struct mp_program prog;
+    enum mp_status st = mp_program_build(&s.model, &s.build, &prog, &d);
+    if (st != MP_OK) {
+        mp_model_release(&s.model);
+        return fail(st, &d);
+    }
+    struct mp_probe_opts po;
+    mp_probe_opts_default(&po);
+    po.backend = a->backend;
+    po.device = a->device;
+    po.steps = (unsigned)a->steps;
+    po.capacity_bytes = a->capacity;
+    if (!strcmp(a->backend, "auto") && !mp_cuda_device_available()) {
+        /* host is a CPU executor: only for models that run in reasonable time */
+        double flops = prog.fwd_flops + prog.bwd_flops;
+        if (flops > 5e11) {
+            fprintf(stderr, "memplan: error: no usable GPU, and %s is too large for the host backend "
+                            "(%.0f GFLOP per step); run on a machine with a GPU or use 'memplan estimate'\n",
+                    s.model.name, flops / 1e9);
+            mp_program_release(&prog);
+            mp_model_release(&s.model);
+            return MP_EXIT_DEVICE;
+        }
+        fprintf(stderr, "memplan: no usable GPU: probing on the host backend (CPU)\n");
+        po.backend = "host";
+    }
+    struct mp_probe *p = NULL;
+    st = mp_probe_open(&p, &po, &d);
+    if (st != MP_OK) {
+        mp_program_release(&prog);
+        mp_model_release(&s.model);
+        return fail(st, &d);
+    }
+    struct mp_chain ch;
+    struct mp_ckpt_plan plan;
+    mp_ckpt_plan_init(&plan);
+    st = mp_estimate_chain(&prog, &ch, &d);
+    if (st == MP_OK) {
+        uint64_t budget = 0;
+        if (a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS) {
+            fprintf(stderr, "memplan: error: probe takes a fixed plan (none, sqrt, segments:K, every:K); "
+                            "use 'memplan plan' to find an optimal one\n");
+            st = MP_ERR_USAGE;
+        } else {
+            st = mp_ckpt_plan_make(&ch, &a->ckpt, budget, a->slots, &plan, &d);
+        }
+        mp_chain_release(&ch);
+    }
+    struct mp_estimate e;
+    memset(&e, 0, sizeof e);
+    struct mp_probe_result r;
+    memset(&r, 0, sizeof r);
+    if (st == MP_OK)
+        st = mp_estimate_run(&prog, &plan.sched, &s.train, 0, &e, &d);
+    if (st == MP_OK)
+        st = mp_probe_run(p, &prog, &plan.sched, &s.train, &r, &d);
+    if (st == MP_OK) {
+        struct mp_report_ctx c;
+        fill_ctx(&c, "probe", &s, &prog, &a->ckpt, a);
+        c.gpu = NULL;
+        mp_report_probe(stdout, &c, &e, &r);
+    }
+    mp_estimate_release(&e);
+    mp_ckpt_plan_release(&plan);
+    mp_probe_close(p);
+    mp_program_release(&prog);
+    mp_model_release(&s.model);
+    if (st == MP_ERR_USAGE)
+        return MP_EXIT_USAGE;
+    if (st != MP_OK)
+        return fail(st, &d);
+    return finish(r.fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
+}
+
+static int cmd_help(int argc, char **argv)
+{
+    if (argc < 3) {
+        print_help(stdout);
+        return finish(0);
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(argv[2], COMMANDS[i].name)) {
+            print_command_help(stdout, &COMMANDS[i]);
+            return finish(0);
+        }
+    if (!strcmp(argv[2], "gpus")) {
+        struct mp_gpu *g;
+        size_t n;
+        struct mp_diag d = {{0}};
+        if (mp_gpu_list(argv0, &g, &n, &d) != MP_OK || n == 0) {
+            fprintf(stderr, "memplan: error: no GPU profiles found (configs/gpus or $MEMPLAN_GPUS)\n");
+            free(n ? g : NULL);
+            return MP_EXIT_INPUT;
+        }
+        printf("%-12s %-32s %10s %8s %8s %8s\n", "name", "description", "memory", "bf16", "fp16", "fp32");
+        for (size_t i = 0; i < n; i++) {
+            char m[32];
+            printf("%-12s %-32s %10s %8.1f %8.1f %8.1f\n", g[i].name, g[i].description,
+                   mp_fmt_bytes(g[i].memory_bytes, m, 32), g[i].tflops_bf16, g[i].tflops_fp16, g[i].tflops_fp32);
+        }
+        free(g);
+        return finish(0);
+    }
+    return usage_error(NULL, "help: no command '%s'", argv[2]);
+}
+
+int main(int argc, char **argv)
+{
+    argv0 = argv[0];
+    if (argc < 2) {
+        print_help(stderr);
+        return MP_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        print_help(stdout);
+        return finish(0);
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
+        printf("memplan %s\n", MEMPLAN_VERSION);
+        return finish(0);
+    }
+    if (!strcmp(cmd, "help"))
+        return cmd_help(argc, argv);
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        if (strcmp(cmd, COMMANDS[i].name))
+            continue;
+        struct args a;
+        int rc = parse_args(&COMMANDS[i], argc - 1, argv + 1, &a);
+        if (rc == -1)
+            return finish(0);
+        if (rc)
+            return rc;
+        return COMMANDS[i].run(&a);
+    }
+    return usage_error(NULL, cmd[0] == '-' ? "unknown option '%s'" : "unknown command '%s'", cmd);
+}

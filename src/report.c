@@ -1,0 +1,615 @@
+/* report.c — text and JSON writers (schema 1) and trainer snippets.
+ * Text: the answer first, then detail; tables fold identical repeated blocks.
+ * JSON: one object per report with "schema": 1 and "command"; keys are the
+ * contract of design.md (add freely, never rename).  No computation here
+ * beyond formatting; cJSON is used only to build and print the JSON tree.
+ */
+#include "report.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define B(x) mp_fmt_bytes((x), (char[32]){0}, 32)
+
+static const char *fl(double f)
+{
+    static char buf[4][32];
+    static int k;
+    k = (k + 1) % 4;
+    return mp_fmt_flops(f, buf[k], 32);
+}
+
+static const char *count(uint64_t n)
+{
+    static char buf[4][32];
+    static int k;
+    k = (k + 1) % 4;
+    char tmp[32];
+    snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)n);
+    size_t len = strlen(tmp), j = 0;
+    for (size_t i = 0; i < len; i++) {
+        buf[k][j++] = tmp[i];
+        if ((len - i - 1) % 3 == 0 && i + 1 < len)
+            buf[k][j++] = ',';
+    }
+    buf[k][j] = 0;
+    return buf[k];
+}
+
+static const char *short_count(uint64_t n)
+{
+    static char buf[4][32];
+    static int k;
+    k = (k + 1) % 4;
+    if (n >= 1000000000ull)
+        snprintf(buf[k], 32, "%.2fB", (double)n / 1e9);
+    else if (n >= 1000000ull)
+        snprintf(buf[k], 32, "%.2fM", (double)n / 1e6);
+    else if (n >= 1000ull)
+        snprintf(buf[k], 32, "%.1fK", (double)n / 1e3);
+    else
+        snprintf(buf[k], 32, "%llu", (unsigned long long)n);
+    return buf[k];
+}
+
+static void block_type(const struct mp_block *b, char *buf, size_t len)
+{
+    if (b->n_layers == 1)
+        snprintf(buf, len, "%s", mp_layer_type_str(b->layers[0].type));
+    else
+        snprintf(buf, len, "%s+%zu", mp_layer_type_str(b->layers[0].type), b->n_layers - 1);
+}
+
+/* ---- JSON helpers ------------------------------------------------------------------------ */
+
+static void jnum(cJSON *o, const char *k, double v) { cJSON_AddNumberToObject(o, k, v); }
+static void ju64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
+
+static cJSON *json_root(const struct mp_report_ctx *c)
+{
+    cJSON *r = cJSON_CreateObject();
+    jnum(r, "schema", 1);
+    cJSON_AddStringToObject(r, "command", c->command);
+    cJSON_AddStringToObject(r, "version", MEMPLAN_VERSION);
+    cJSON *m = cJSON_AddObjectToObject(r, "model");
+    cJSON_AddStringToObject(m, "name", c->model->name);
+    cJSON_AddStringToObject(m, "source", strcmp(c->model->source, "hf") == 0 ? "hf" : "memplan");
+    cJSON_AddStringToObject(m, "path", c->model->path);
+    if (c->prog) {
+        ju64(m, "params", c->prog->total_params);
+        ju64(m, "trainable_params", c->prog->trainable_params);
+    }
+    ju64(m, "n_layers", c->model->n_blocks);
+    if (c->build) {
+        cJSON *cf = cJSON_AddObjectToObject(r, "config");
+        ju64(cf, "batch", c->build->batch);
+        ju64(cf, "seq_len", c->prog ? c->prog->opts.seq : c->build->seq);
+        cJSON_AddStringToObject(cf, "precision", mp_precision_str(c->build->precision));
+        cJSON_AddStringToObject(cf, "optimizer", mp_optimizer_str(c->train->optimizer));
+        char sb[32];
+        cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
+        cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
+    }
+    if (c->gpu) {
+        cJSON *g = cJSON_AddObjectToObject(r, "target");
+        cJSON_AddStringToObject(g, "name", c->gpu->name);
+        cJSON_AddStringToObject(g, "how", c->target_how ? c->target_how : "");
+        ju64(g, "memory_bytes", c->gpu->memory_bytes);
+        ju64(g, "capacity_bytes", mp_gpu_capacity(c->gpu));
+        ju64(g, "context_bytes", c->gpu->context_bytes);
+    }
+    return r;
+}
+
+static void json_memory(cJSON *r, const struct mp_estimate *e)
+{
+    cJSON *m = cJSON_AddObjectToObject(r, "memory");
+    ju64(m, "weights_bytes", e->weights_bytes);
+    ju64(m, "grads_bytes", e->grads_bytes);
+    ju64(m, "optimizer_bytes", e->optimizer_bytes);
+    ju64(m, "activations_bytes", e->activations_bytes);
+    ju64(m, "input_bytes", e->input_bytes);
+    ju64(m, "workspace_bytes", e->workspace_bytes);
+    ju64(m, "optimizer_tmp_bytes", e->optimizer_tmp_bytes);
+    ju64(m, "peak_allocated_bytes", e->peak_allocated_bytes);
+    ju64(m, "peak_requested_bytes", e->peak_requested_bytes);
+    ju64(m, "peak_reserved_bytes", e->peak_reserved_bytes);
+    ju64(m, "overhead_bytes", e->overhead_bytes);
+    ju64(m, "peak_device_bytes", e->peak_device_bytes);
+    cJSON_AddStringToObject(m, "peak_event", e->peak_event);
+    cJSON_AddStringToObject(m, "peak_phase", mp_phase_str(e->peak_phase));
+    jnum(m, "fwd_flops", e->fwd_flops);
+    jnum(m, "bwd_flops", e->bwd_flops);
+    jnum(m, "recompute_flops", e->recompute_flops);
+}
+
+static void json_layers(cJSON *r, const struct mp_report_ctx *c, const struct mp_estimate *e)
+{
+    cJSON *a = cJSON_AddArrayToObject(r, "layers");
+    for (size_t i = 0; i < e->n_blocks; i++) {
+        const struct mp_block_est *b = &e->blocks[i];
+        cJSON *o = cJSON_CreateObject();
+        ju64(o, "index", i);
+        cJSON_AddStringToObject(o, "name", c->model->blocks[i].name);
+        char t[64];
+        block_type(&c->model->blocks[i], t, sizeof t);
+        cJSON_AddStringToObject(o, "type", t);
+        ju64(o, "params", b->params);
+        ju64(o, "weights_bytes", b->weights_bytes);
+        ju64(o, "grads_bytes", b->grads_bytes);
+        ju64(o, "optimizer_bytes", b->optimizer_bytes);
+        ju64(o, "activation_bytes", b->activation_bytes);
+        ju64(o, "output_bytes", b->output_bytes);
+        jnum(o, "fwd_flops", b->fwd_flops);
+        jnum(o, "bwd_flops", b->bwd_flops);
+        cJSON_AddBoolToObject(o, "checkpointed", b->checkpointed);
+        cJSON_AddItemToArray(a, o);
+    }
+}
+
+static cJSON *json_plan(const struct mp_ckpt_plan *p, const struct mp_chain *ch)
+{
+    cJSON *o = cJSON_CreateObject();
+    char sb[32];
+    cJSON_AddStringToObject(o, "strategy", mp_ckpt_spec_str(&p->spec, sb, sizeof sb));
+    cJSON *ck = cJSON_AddArrayToObject(o, "checkpoints");
+    for (size_t i = 0; i < p->L; i++)
+        if (p->checkpointed[i])
+            cJSON_AddItemToArray(ck, cJSON_CreateNumber((double)i));
+    cJSON *sg = cJSON_AddArrayToObject(o, "segments");
+    for (size_t i = 0; i < p->n_segments; i++) {
+        cJSON *pair = cJSON_CreateArray();
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)p->segments[i][0]));
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)p->segments[i][1]));
+        cJSON_AddItemToArray(sg, pair);
+    }
+    cJSON_AddBoolToObject(o, "multilevel", p->multilevel);
+    ju64(o, "activation_peak_bytes", p->peak_bytes);
+    jnum(o, "recompute_flops", p->recompute_cost);
+    double base = 0;
+    if (ch)
+        for (size_t i = 0; i < ch->L; i++)
+            base += ch->f[i] + ch->b[i];
+    jnum(o, "overhead_pct", base > 0 ? 100.0 * p->recompute_cost / base : 0);
+    return o;
+}
+
+static void print_json(FILE *out, cJSON *r)
+{
+    char *s = cJSON_Print(r);
+    if (s) {
+        fputs(s, out);
+        fputc('\n', out);
+        free(s);
+    }
+    cJSON_Delete(r);
+}
+
+/* ---- text helpers ------------------------------------------------------------------------- */
+
+static void header(FILE *out, const struct mp_report_ctx *c)
+{
+    fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", c->model->name,
+            strcmp(c->model->source, "hf") == 0 ? "HF config" : "memplan JSON",
+            c->prog ? count(c->prog->total_params) : "?", c->model->n_blocks);
+    if (c->build) {
+        char sb[32];
+        fprintf(out, "config    batch %llu, seq %llu, %s, %s, checkpoint %s, attention %s\n",
+                (unsigned long long)c->build->batch, (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq),
+                mp_precision_str(c->build->precision), mp_optimizer_str(c->train->optimizer),
+                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", mp_attn_impl_str(c->build->attention));
+    }
+    if (c->defaults[0])
+        fprintf(out, "defaults  %s\n", c->defaults);
+    if (c->gpu)
+        fprintf(out, "target    %s (%s): %s, CUDA context %s (%s)\n", c->gpu->name, c->gpu->description,
+                B(mp_gpu_capacity(c->gpu)), B(c->gpu->context_bytes), c->target_how ? c->target_how : "");
+}
+
+void mp_report_plan_blocks(FILE *out, const struct mp_ckpt_plan *p)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < p->L; i++)
+        n += p->checkpointed[i];
+    if (!n) {
+        fputs("none", out);
+        return;
+    }
+    for (size_t i = 0; i < p->n_segments; i++)
+        fprintf(out, "%s[%zu,%zu)", i ? " " : "", p->segments[i][0], p->segments[i][1]);
+}
+
+static bool same_row(const struct mp_block_est *a, const struct mp_block_est *b)
+{
+    return a->params == b->params && a->weights_bytes == b->weights_bytes && a->optimizer_bytes == b->optimizer_bytes &&
+           a->activation_bytes == b->activation_bytes && a->output_bytes == b->output_bytes &&
+           a->fwd_flops == b->fwd_flops && a->checkpointed == b->checkpointed;
+}
+
+static void layer_table(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e)
+{
+    fprintf(out, "\n%-9s %-18s %-20s %9s %10s %10s %10s %11s %10s %12s %s\n", "blocks", "name", "type", "params",
+            "weights", "grads", "optimizer", "activations", "output", "fwd", "ckpt");
+    for (size_t i = 0; i < e->n_blocks;) {
+        size_t j = i + 1;
+        int grp = c->model->blocks[i].repeat_group;
+        if (!c->all_layers && grp > 0)
+            while (j < e->n_blocks && c->model->blocks[j].repeat_group == grp && same_row(&e->blocks[i], &e->blocks[j]))
+                j++;
+        const struct mp_block_est *b = &e->blocks[i];
+        char idx[24], name[40], t[64];
+        if (j - i > 1) {
+            snprintf(idx, sizeof idx, "%zu-%zu", i, j - 1);
+            snprintf(name, sizeof name, "%s..%s x%zu", c->model->blocks[i].name, c->model->blocks[j - 1].name, j - i);
+        } else {
+            snprintf(idx, sizeof idx, "%zu", i);
+            snprintf(name, sizeof name, "%s", c->model->blocks[i].name);
+        }
+        block_type(&c->model->blocks[i], t, sizeof t);
+        char w[32], g[32], o[32], a[32], ou[32];
+        fprintf(out, "%-9s %-18s %-20s %9s %10s %10s %10s %11s %10s %12s %s\n", idx, name, t, short_count(b->params),
+                mp_fmt_bytes(b->weights_bytes, w, 32), mp_fmt_bytes(b->grads_bytes, g, 32),
+                mp_fmt_bytes(b->optimizer_bytes, o, 32), mp_fmt_bytes(b->activation_bytes, a, 32),
+                mp_fmt_bytes(b->output_bytes, ou, 32), fl(b->fwd_flops), b->checkpointed ? "yes" : "");
+        i = j;
+    }
+    if (!c->all_layers)
+        fprintf(out, "(identical repeated blocks folded; per-block figures; --all-layers unfolds)\n");
+}
+
+static void totals(FILE *out, const struct mp_estimate *e)
+{
+    fprintf(out, "\nmemory by category\n");
+    fprintf(out, "  weights            %12s\n", B(e->weights_bytes));
+    fprintf(out, "  gradients          %12s   (appear during backward, freed by zero_grad)\n", B(e->grads_bytes));
+    fprintf(out, "  optimizer state    %12s   (+%s temporary during step)\n", B(e->optimizer_bytes),
+            B(e->optimizer_tmp_bytes));
+    fprintf(out, "  activations        %12s   (live when backward starts)\n", B(e->activations_bytes));
+    fprintf(out, "  input batch        %12s\n", B(e->input_bytes));
+    fprintf(out, "  cuBLAS workspace   %12s\n", B(e->workspace_bytes));
+    fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
+            B(e->peak_allocated_bytes), e->peak_event);
+    fprintf(out, "peak reserved        %12s   (caching-allocator model)\n", B(e->peak_reserved_bytes));
+    fprintf(out, "CUDA context         %12s\n", B(e->overhead_bytes));
+    fprintf(out, "peak device          %12s   (reserved + context: what the GPU must have free)\n",
+            B(e->peak_device_bytes));
+    char a[32], b[32], r[32];
+    fprintf(out, "step FLOPs           forward %s, backward %s, recompute %s\n", mp_fmt_flops(e->fwd_flops, a, 32),
+            mp_fmt_flops(e->bwd_flops, b, 32), mp_fmt_flops(e->recompute_flops, r, 32));
+}
+
+/* ---- estimate ------------------------------------------------------------------------------ */
+
+void mp_report_estimate(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
+                        const struct mp_ckpt_plan *plan)
+{
+    if (c->json) {
+        cJSON *r = json_root(c);
+        json_memory(r, e);
+        json_layers(r, c, e);
+        if (plan && plan->spec.strategy != MP_CKPT_NONE)
+            cJSON_AddItemToObject(r, "plan", json_plan(plan, NULL));
+        print_json(out, r);
+        return;
+    }
+    header(out, c);
+    fprintf(out, "\npeak      %s allocated at %s; %s on the device with overheads\n", B(e->peak_allocated_bytes),
+            e->peak_event, B(e->peak_device_bytes));
+    layer_table(out, c, e);
+    totals(out, e);
+    if (plan && plan->spec.strategy != MP_CKPT_NONE) {
+        fprintf(out, "checkpointed blocks  ");
+        mp_report_plan_blocks(out, plan);
+        fputc('\n', out);
+    }
+}
+
+/* ---- plan ------------------------------------------------------------------------------------ */
+
+void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const struct mp_plan_cmp *cmp)
+{
+    const struct mp_ckpt_plan *p = &f->plan;
+    double base = 0;
+    for (size_t i = 0; i < f->chain.L; i++)
+        base += f->chain.f[i] + f->chain.b[i];
+    double pct = base > 0 ? 100.0 * p->recompute_cost / base : 0;
+    if (c->json) {
+        cJSON *r = json_root(c);
+        cJSON *pl = json_plan(p, &f->chain);
+        ju64(pl, "activation_peak_without_bytes", f->nockpt_activation_peak);
+        ju64(pl, "activation_budget_bytes", f->activation_budget);
+        if (cmp && cmp->have_sqrt) {
+            cJSON *s = cJSON_AddObjectToObject(pl, "sqrt");
+            ju64(s, "activation_peak_bytes", cmp->sqrt_peak);
+            jnum(s, "recompute_flops", cmp->sqrt_recompute);
+        }
+        if (cmp && cmp->have_seg) {
+            cJSON *s = cJSON_AddObjectToObject(pl, "best_segments");
+            ju64(s, "k", cmp->seg_k);
+            ju64(s, "activation_peak_bytes", cmp->seg_peak);
+            jnum(s, "recompute_flops", cmp->seg_recompute);
+        }
+        cJSON_AddItemToObject(r, "plan", pl);
+        json_memory(r, &f->est);
+        print_json(out, r);
+        return;
+    }
+    header(out, c);
+    char sb[32];
+    fprintf(out, "\nplan      %s: checkpoint ", mp_ckpt_spec_str(&p->spec, sb, sizeof sb));
+    mp_report_plan_blocks(out, p);
+    fprintf(out, "%s\n", p->multilevel ? " (multi-level: some blocks recomputed more than once)" : "");
+    if (f->activation_budget)
+        fprintf(out, "budget    %s for activations (input, stored activations, activation gradients)\n",
+                B(f->activation_budget));
+    fprintf(out, "activation peak   %12s   (without checkpointing %s)\n", B(p->peak_bytes),
+            B(f->nockpt_activation_peak));
+    fprintf(out, "recompute         %12s   (+%.1f%% of forward+backward FLOPs)\n", fl(p->recompute_cost), pct);
+    if (cmp && (cmp->have_sqrt || cmp->have_seg)) {
+        fprintf(out, "\n%-22s %14s %16s %10s\n", "at the same memory", "activation peak", "recompute", "overhead");
+        fprintf(out, "%-22s %14s %16s %9.1f%%\n", "this plan", B(p->peak_bytes), fl(p->recompute_cost), pct);
+        if (cmp->have_sqrt)
+            fprintf(out, "%-22s %14s %16s %9.1f%%\n", "sqrt", B(cmp->sqrt_peak), fl(cmp->sqrt_recompute),
+                    base > 0 ? 100.0 * cmp->sqrt_recompute / base : 0);
+        if (cmp->have_seg) {
+            char nm[32];
+            snprintf(nm, sizeof nm, "segments:%llu (best)", (unsigned long long)cmp->seg_k);
+            fprintf(out, "%-22s %14s %16s %9.1f%%\n", nm, B(cmp->seg_peak), fl(cmp->seg_recompute),
+                    base > 0 ? 100.0 * cmp->seg_recompute / base : 0);
+        }
+    }
+    fprintf(out, "\nwith this plan the step peaks at %s allocated (%s on the device) at %s\n",
+            B(f->est.peak_allocated_bytes), B(f->est.peak_device_bytes), f->est.peak_event);
+    if (p->spec.strategy == MP_CKPT_SQRT || p->spec.strategy == MP_CKPT_SEGMENTS) {
+        size_t segs = p->n_segments + 1;
+        fprintf(out, "reproduce torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",
+                segs);
+    }
+}
+
+/* ---- check --------------------------------------------------------------------------------- */
+
+void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f)
+{
+    uint64_t short_by = f->peak_device_bytes > f->usable_bytes ? f->peak_device_bytes - f->usable_bytes : 0;
+    if (c->json) {
+        cJSON *r = json_root(c);
+        cJSON *k = cJSON_AddObjectToObject(r, "check");
+        cJSON_AddBoolToObject(k, "fits", f->fits);
+        ju64(k, "shortfall_bytes", short_by);
+        ju64(k, "usable_bytes", f->usable_bytes);
+        ju64(k, "capacity_bytes", f->capacity_bytes);
+        ju64(k, "peak_device_bytes", f->peak_device_bytes);
+        json_memory(r, &f->est);
+        cJSON_AddItemToObject(r, "plan", json_plan(&f->plan, &f->chain));
+        print_json(out, r);
+        return;
+    }
+    fprintf(out, "%s: peak %s of %s usable (%s capacity, %.0f%% margin) at %s\n", f->fits ? "fits" : "does not fit",
+            B(f->peak_device_bytes), B(f->usable_bytes), B(f->capacity_bytes),
+            f->capacity_bytes ? 100.0 * (1.0 - (double)f->usable_bytes / (double)f->capacity_bytes) : 0,
+            f->est.peak_event);
+}
+
+/* ---- suggest ----------------------------------------------------------------------------- */
+
+static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)
+{
+    const struct mp_ckpt_plan *p = &b->fit.plan;
+    bool amp = b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_AMP_FP16;
+    const char *half = b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16";
+    size_t nck = 0;
+    for (size_t i = 0; i < p->L; i++)
+        nck += p->checkpointed[i];
+    if (emit == MP_EMIT_HF) {
+        fprintf(out, "# transformers.TrainingArguments fields\n");
+        fprintf(out, "per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
+        fprintf(out, "gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
+        fprintf(out, "bf16=%s,\nfp16=%s,\n", b->precision == MP_PREC_AMP_BF16 ? "True" : "False",
+                b->precision == MP_PREC_AMP_FP16 ? "True" : "False");
+        fprintf(out, "gradient_checkpointing=%s,\n", nck ? "True" : "False");
+        if (nck && nck < p->L)
+            fprintf(out, "# memplan checkpoints blocks %zu of %zu; HF wraps every decoder layer, which uses\n"
+                         "# less memory and more recompute than this plan\n", nck, p->L);
+        fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? "adamw_bnb_8bit"
+                                        : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
+                                        : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
+                                                                                                            : "adamw_torch");
+        if (b->precision == MP_PREC_BF16)
+            fprintf(out, "# pure bf16: load the model with torch_dtype=torch.bfloat16\n");
+        return;
+    }
+    if (emit == MP_EMIT_DEEPSPEED) {
+        cJSON *r = cJSON_CreateObject();
+        ju64(r, "train_micro_batch_size_per_gpu", b->micro_batch);
+        ju64(r, "gradient_accumulation_steps", b->grad_accum);
+        ju64(r, "train_batch_size", b->global_batch);
+        if (b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16)
+            cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "bf16"), "enabled", 1);
+        if (b->precision == MP_PREC_AMP_FP16)
+            cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "fp16"), "enabled", 1);
+        cJSON *ac = cJSON_AddObjectToObject(r, "activation_checkpointing");
+        cJSON_AddBoolToObject(ac, "partition_activations", 0);
+        cJSON_AddBoolToObject(ac, "contiguous_memory_optimization", 0);
+        ju64(ac, "number_checkpoints", p->n_segments);
+        cJSON_AddBoolToObject(ac, "cpu_checkpointing", 0);
+        print_json(out, r);
+        return;
+    }
+    /* torch */
+    fprintf(out, "# PyTorch training loop (memplan %s)\n", MEMPLAN_VERSION);
+    fprintf(out, "micro_batch, grad_accum = %llu, %llu   # global batch %llu\n", (unsigned long long)b->micro_batch,
+            (unsigned long long)b->grad_accum, (unsigned long long)b->global_batch);
+    if (b->precision == MP_PREC_BF16)
+        fprintf(out, "model = model.to(torch.bfloat16)\n");
+    if (b->ckpt.strategy == MP_CKPT_SQRT || b->ckpt.strategy == MP_CKPT_SEGMENTS)
+        fprintf(out, "# blocks = the model's %zu blocks as an nn.Sequential\n"
+                     "x = torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",
+                p->L, p->n_segments + 1);
+    else if (nck) {
+        fprintf(out, "# checkpoint these block ranges [start, end) with torch.utils.checkpoint:\nsegments = [");
+        for (size_t i = 0; i < p->n_segments; i++)
+            fprintf(out, "%s(%zu, %zu)", i ? ", " : "", p->segments[i][0], p->segments[i][1]);
+        fprintf(out, "]\n");
+        if (p->multilevel)
+            fprintf(out, "# (multi-level plan: nested checkpoints; run it with a rotor-style executor)\n");
+    }
+    fprintf(out, "for step, batch in enumerate(loader):          # batches of micro_batch\n");
+    if (amp)
+        fprintf(out, "    with torch.autocast(\"cuda\", dtype=torch.%s):\n        loss = model(batch) / grad_accum\n",
+                half);
+    else
+        fprintf(out, "    loss = model(batch) / grad_accum\n");
+    if (b->precision == MP_PREC_AMP_FP16)
+        fprintf(out, "    scaler.scale(loss).backward()   # scaler = torch.amp.GradScaler()\n");
+    else
+        fprintf(out, "    loss.backward()\n");
+    fprintf(out, "    if (step + 1) %% grad_accum == 0:\n        %s\n        optimizer.zero_grad(set_to_none=True)\n",
+            b->precision == MP_PREC_AMP_FP16 ? "scaler.step(optimizer); scaler.update()" : "optimizer.step()");
+}
+
+static cJSON *json_candidate(const struct mp_candidate *b)
+{
+    cJSON *o = cJSON_CreateObject();
+    ju64(o, "micro_batch", b->micro_batch);
+    ju64(o, "grad_accum", b->grad_accum);
+    ju64(o, "global_batch", b->global_batch);
+    cJSON_AddStringToObject(o, "precision", mp_precision_str(b->precision));
+    cJSON_AddBoolToObject(o, "fits", b->fits);
+    cJSON_AddItemToObject(o, "plan", json_plan(&b->fit.plan, &b->fit.chain));
+    ju64(o, "peak_device_bytes", b->peak_device_bytes);
+    ju64(o, "peak_allocated_bytes", b->fit.est.peak_allocated_bytes);
+    ju64(o, "capacity_bytes", b->capacity_bytes);
+    ju64(o, "usable_bytes", b->usable_bytes);
+    jnum(o, "headroom_pct", round(b->headroom_pct * 100) / 100);
+    jnum(o, "samples_per_s", round(b->samples_per_s * 100) / 100);
+    cJSON_AddStringToObject(o, "source", b->probed ? "probe" : "estimate");
+    cJSON_AddStringToObject(o, "peak_event", b->fit.est.peak_event);
+    return o;
+}
+
+void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit)
+{
+    if (c->json) {
+        cJSON *r = json_root(c);
+        if (s->best >= 0)
+            cJSON_AddItemToObject(r, "recommendation", json_candidate(&s->cand[s->best]));
+        else
+            cJSON_AddNullToObject(r, "recommendation");
+        cJSON *a = cJSON_AddArrayToObject(r, "candidates");
+        for (size_t i = 0; i < s->n; i++)
+            cJSON_AddItemToArray(a, json_candidate(&s->cand[i]));
+        cJSON_AddBoolToObject(r, "global_batch_met", s->global_met);
+        cJSON_AddStringToObject(r, "note", s->note);
+        cJSON *alt = cJSON_AddArrayToObject(r, "alternatives");
+        for (size_t i = 0; i < s->n_alternatives; i++)
+            cJSON_AddItemToArray(alt, cJSON_CreateString(s->alternatives[i]));
+        jnum(r, "probes", s->probes);
+        print_json(out, r);
+        return;
+    }
+    if (emit != MP_EMIT_NONE && s->best >= 0) {
+        snippet(out, c, &s->cand[s->best], emit);
+        return;
+    }
+    if (s->best < 0) {
+        fprintf(out, "memplan: %s does not fit %s: %s\n", c->model->name, c->gpu->name, s->note);
+        for (size_t i = 0; i < s->n_alternatives; i++)
+            fprintf(out, "  would fit or help: %s\n", s->alternatives[i]);
+        if (!s->n_alternatives)
+            fprintf(out, "  no listed GPU, optimizer or precision change makes it fit on one GPU\n");
+    } else {
+        const struct mp_candidate *b = &s->cand[s->best];
+        char sb[32];
+        fprintf(out, "recommended for %s on %s\n\n", c->model->name, c->gpu->name);
+        fprintf(out, "  micro-batch        %llu\n", (unsigned long long)b->micro_batch);
+        fprintf(out, "  grad accumulation  %llu   (global batch %llu%s)\n", (unsigned long long)b->grad_accum,
+                (unsigned long long)b->global_batch, s->global_met ? "" : ", requested global batch NOT met");
+        fprintf(out, "  precision          %s\n", mp_precision_str(b->precision));
+        fprintf(out, "  checkpointing      %s: ", mp_ckpt_spec_str(&b->ckpt, sb, sizeof sb));
+        mp_report_plan_blocks(out, &b->fit.plan);
+        fprintf(out, " (+%.1f%% recompute)\n", b->recompute_pct);
+        fprintf(out, "  expected peak      %s of %s (%.1f%% headroom), peak at %s\n", B(b->peak_device_bytes),
+                B(b->capacity_bytes), b->headroom_pct, b->fit.est.peak_event);
+        fprintf(out, "  throughput         %.1f samples/s (%s)\n", b->samples_per_s,
+                b->probed ? "probed on the GPU"
+                          : "estimate: FLOPs at 50% of the profile's dense TFLOP/s; not probed");
+        if (s->note[0])
+            fprintf(out, "  note               %s\n", s->note);
+    }
+    header(out, c);
+    fprintf(out, "\n%-10s %-18s %8s %6s %12s %10s %9s %12s %s\n", "precision", "checkpoint", "micro", "accum",
+            "peak", "headroom", "recompute", "samples/s", "");
+    for (size_t i = 0; i < s->n; i++) {
+        const struct mp_candidate *k = &s->cand[i];
+        char sb[32], pk[32];
+        fprintf(out, "%-10s %-18s %8llu %6llu %12s %9.1f%% %8.1f%% %12.1f %s%s\n", mp_precision_str(k->precision),
+                mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
+                (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
+                k->recompute_pct, k->samples_per_s, k->fits ? "" : "does not fit",
+                (int)i == s->best ? "<- recommended" : "");
+    }
+    if (s->best >= 0) {
+        fprintf(out, "\n");
+        snippet(out, c, &s->cand[s->best], MP_EMIT_TORCH);
+    }
+}
+
+/* ---- probe ------------------------------------------------------------------------------------ */
+
+void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
+                     const struct mp_probe_result *r)
+{
+    if (c->json) {
+        cJSON *root = json_root(c);
+        json_memory(root, e);
+        cJSON *p = cJSON_AddObjectToObject(root, "probe");
+        cJSON_AddStringToObject(p, "backend", r->backend);
+        cJSON_AddStringToObject(p, "device", r->dev.name);
+        ju64(p, "device_total_bytes", r->dev.total_bytes);
+        ju64(p, "device_free_bytes", r->dev.free_bytes);
+        cJSON_AddBoolToObject(p, "fits", r->fits);
+        if (!r->fits) {
+            ju64(p, "oom_request_bytes", r->oom_request_bytes);
+            cJSON_AddStringToObject(p, "oom_event", r->oom_event);
+        }
+        jnum(p, "steps", r->steps);
+        cJSON *l = cJSON_AddArrayToObject(p, "losses");
+        for (unsigned i = 0; i < r->steps && i < 64; i++)
+            cJSON_AddItemToArray(l, cJSON_CreateNumber(r->losses[i]));
+        ju64(p, "measured_peak_bytes", r->measured_peak_bytes);
+        ju64(p, "device_used_bytes", r->device_used_after);
+        ju64(p, "device_used_before_bytes", r->device_used_before);
+        jnum(p, "step_ms", r->step_ms);
+        jnum(p, "samples_per_s", r->samples_per_s);
+        jnum(p, "gemm_tflops", r->gemm_tflops);
+        print_json(out, root);
+        return;
+    }
+    header(out, c);
+    fprintf(out, "backend   %s on %s\n", r->backend, r->dev.name);
+    if (!r->fits) {
+        fprintf(out, "\ndoes not fit: out of memory asking for %s at %s\n", B(r->oom_request_bytes), r->oom_event);
+        fprintf(out, "estimated peak allocated %s at %s\n", B(e->peak_allocated_bytes), e->peak_event);
+        return;
+    }
+    double diff = e->peak_allocated_bytes
+                      ? 100.0 * ((double)r->measured_peak_bytes - (double)e->peak_allocated_bytes) /
+                            (double)e->peak_allocated_bytes
+                      : 0;
+    fprintf(out, "\n%-22s %14s %14s %8s\n", "", "estimated", "measured", "diff");
+    fprintf(out, "%-22s %14s %14s %+7.2f%%\n", "peak allocated", B(e->peak_allocated_bytes),
+            B(r->measured_peak_bytes), diff);
+    if (r->device_used_after)
+        fprintf(out, "%-22s %14s %14s\n", "device used (after)", B(e->peak_device_bytes), B(r->device_used_after));
+    fprintf(out, "\nstep time  %.2f ms (median of %u steps, warm-up excluded), %.1f samples/s\n", r->step_ms, r->steps,
+            r->samples_per_s);
+    if (r->gemm_tflops > 0)
+        fprintf(out, "GEMMs      %.1f TFLOP/s\n", r->gemm_tflops);
+    fprintf(out, "losses    ");
+    for (unsigned i = 0; i < r->steps && i < 64; i++)
+        fprintf(out, " %.4f", r->losses[i]);
+    fputc('\n', out);
+}
