@@ -1,14 +1,11 @@
-/* ckpt.c — checkpoint placement on a chain: containers, the schedule simulator
- * (checkpointing.md §7), the schedule builders (none, checkpoint_sequential,
- * single-level segments), the rotor persistent DP (§5.1), the single-level
- * segment DP (§6), their discretisation, and the Revolve closed form (§4).
- * Not here: building chains from a model (the estimator does), I/O, the
- * multi-option blocks of §5.2, the non-persistent rotor variants.
- * Invariants: both DPs use the simulator's memory model exactly (Loss frees a
- * plain x_L), so in exact units a DP cost is the simulated cost of its plan and
- * a DP-feasible plan is simulator-feasible; every plan is replayed on byte
- * sizes before it is returned, and a budgeted plan's byte peak is <= budget.
- */
+/* ckpt.c — checkpoint placement: the schedule simulator (checkpointing.md §7),
+ * builders (none, checkpoint_sequential, segments), the rotor persistent DP
+ * (§5.1), the single-level segment DP (§6), discretisation, Revolve (§4).
+ * Not here: building chains from a model (estimate.c), I/O, the multi-option
+ * blocks of §5.2, non-persistent rotor.  Invariants: both DPs use the
+ * simulator's memory model exactly (Loss frees a plain x_L), so DP cost ==
+ * simulated cost; every plan is replayed on byte sizes before it is returned
+ * and a budgeted plan's byte peak is <= the budget. */
 #include "ckpt.h"
 
 #include <math.h>
@@ -482,8 +479,9 @@ static enum mp_status discretise(const struct mp_chain *c, uint64_t budget, size
         u->exact = false;
     }
     u->M = budget / u->unit;
-    /* Rounding slack: a usage sums at most 2(L+1) + 2 rounded sizes (the x or
-     * xbar of each block, gradients, one temporary). */
+    /* Rounding slack: a usage sums about L + 4 rounded sizes (one x or xbar
+     * per block index, two gradients, one temporary); 2(L+1) + 2 also covers
+     * an x_i and an xbar_i resident together.  Capped at doubling M. */
     u->Mtop = u->exact ? u->M : u->M + mp_min_u64(2 * (uint64_t)(L + 1) + 2, u->M + 1);
     const uint64_t cap = u->Mtop + 1;
 #define TO_UNITS(v) mp_min_u64(mp_ceil_div((v), u->unit), cap)

@@ -103,8 +103,9 @@ enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_
 /* The total cost (all forwards, backwards and b[L]) of the plan that
  * mp_ckpt_plan_make builds for OPTIMAL (rotor) or OPTIMAL_SEGMENTS at
  * budget_bytes and slots, as the DP table states it: HUGE_VAL when nothing
- * fits (MP_OK either way).  It equals that plan's simulated total_cost, which
- * makes it a check on the DP; for tests and quick budget sweeps. */
+ * fits (MP_OK either way).  It equals that plan's simulated total_cost (up to
+ * floating-point summation order), which makes it a check on the DP; for
+ * tests and quick budget sweeps. */
 enum mp_status mp_ckpt_dp_cost(const struct mp_chain *c, enum mp_ckpt_strategy strategy, uint64_t budget_bytes,
                                size_t slots, double *cost, struct mp_diag *d);
 

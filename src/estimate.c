@@ -321,15 +321,26 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         emit(&r, MP_EV_OP_END, MP_ST_TMP, (int)k, 0);
     }
     /* optimizer step, then zero_grad(set_to_none=True) */
+    /* The step's temporaries are per-parameter tensors (foreach ops return one
+     * output per input), all alive together for Adam's _foreach_sqrt; Adafactor's
+     * is one tensor the size of the largest parameter (id 0). */
     r.phase = MP_PH_STEP;
+    bool per_param = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW;
+    uint64_t ps = mp_dtype_size(p->param_dtype);
     uint64_t otmp = mp_opt_step_tmp_bytes(p, t->optimizer);
-    if (otmp)
+    if (per_param)
+        for (size_t q = 0; q < p->n_params; q++)
+            emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, (int)q, p->params[q].elems * ps);
+    else if (otmp)
         emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, 0, otmp);
     if (r.st == MP_OK) {
         struct mp_event ev = {.kind = MP_EV_OPT_STEP, .store = MP_ST_OPT_TMP, .node = -1, .phase = r.phase};
         r.st = fn(ctx, &ev);
     }
-    if (otmp)
+    if (per_param)
+        for (size_t q = 0; q < p->n_params; q++)
+            emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, (int)q, p->params[q].elems * ps);
+    else if (otmp)
         emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, 0, otmp);
     r.phase = MP_PH_END;
     for (size_t q = 0; q < p->n_params; q++)
@@ -359,18 +370,25 @@ out:
 
 /* ---- caching-allocator model (memory-facts §7) --------------------------------------------- */
 
+/* Blocks of a segment form a doubly linked list in address order, so a freed
+ * block merges with free neighbours as in CUDACachingAllocator; free blocks
+ * are also kept in an unordered array for the best-fit search. */
 struct ablk {
     uint64_t size;
-    int seg;
-    bool free;
+    int prev, next;  /* neighbours in the segment, -1 at the ends */
+    int free_pos;    /* index in free[], -1 when allocated */
+    bool small;      /* small pool (<= 1 MiB requests, 2 MiB segments) */
 };
 
 struct alloc_sim {
-    size_t n, cap;
-    struct ablk *b;        /* all blocks; split blocks are appended */
+    struct ablk *b;
+    int n, cap;
+    int *dead;       /* recycled entries */
+    int n_dead, cap_dead;
+    int *freel;      /* free blocks */
+    int n_free, cap_free;
     uint64_t reserved, peak_reserved;
-    int nseg;
-    uint64_t *key_blk;     /* per (store,id) allocation: block index + 1 */
+    bool nomem;
 };
 
 static uint64_t seg_size(uint64_t rs)
@@ -382,75 +400,120 @@ static uint64_t seg_size(uint64_t rs)
     return mp_ceil_div(rs, 2u << 20) * (2u << 20); /* kRoundLarge */
 }
 
-/* Best-fit among free blocks of the same pool; split when the remainder is
- * >= 512 (small pool) or > 1 MiB (large pool); else a new segment.  Returns the
- * block index or (size_t)-1 on allocation failure of the model itself. */
-static size_t asim_alloc(struct alloc_sim *a, uint64_t bytes)
+static bool push_int(int **arr, int *n, int *cap, int v)
+{
+    if (*n == *cap) {
+        int nc = *cap ? *cap * 2 : 256;
+        int *na = realloc(*arr, (size_t)nc * sizeof *na);
+        if (!na)
+            return false;
+        *arr = na;
+        *cap = nc;
+    }
+    (*arr)[(*n)++] = v;
+    return true;
+}
+
+static int new_blk(struct alloc_sim *a)
+{
+    if (a->n_dead)
+        return a->dead[--a->n_dead];
+    if (a->n == a->cap) {
+        int nc = a->cap ? a->cap * 2 : 256;
+        struct ablk *nb = realloc(a->b, (size_t)nc * sizeof *nb);
+        if (!nb) {
+            a->nomem = true;
+            return -1;
+        }
+        a->b = nb;
+        a->cap = nc;
+    }
+    return a->n++;
+}
+
+static void free_list_add(struct alloc_sim *a, int i)
+{
+    a->b[i].free_pos = a->n_free;
+    if (!push_int(&a->freel, &a->n_free, &a->cap_free, i))
+        a->nomem = true;
+}
+
+static void free_list_del(struct alloc_sim *a, int i)
+{
+    int pos = a->b[i].free_pos, last = a->freel[--a->n_free];
+    a->freel[pos] = last;
+    a->b[last].free_pos = pos;
+    a->b[i].free_pos = -1;
+}
+
+/* Best fit among free blocks of the same pool; split when the remainder is
+ * >= 512 (small pool) or > 1 MiB (large pool); else a new segment.  Returns
+ * the block, or -1 if the model itself ran out of memory. */
+static int asim_alloc(struct alloc_sim *a, uint64_t bytes)
 {
     uint64_t rs = mp_round512(bytes);
     bool small = rs <= (1u << 20);
-    size_t best = (size_t)-1;
-    for (size_t i = 0; i < a->n; i++) {
-        struct ablk *k = &a->b[i];
-        if (!k->free || k->size < rs)
+    int best = -1;
+    for (int k = 0; k < a->n_free; k++) {
+        int i = a->freel[k];
+        if (a->b[i].small != small || a->b[i].size < rs)
             continue;
-        bool ksmall = k->seg < 0; /* small-pool segments are negative ids */
-        if (ksmall != small)
-            continue;
-        if (best == (size_t)-1 || k->size < a->b[best].size)
+        if (best < 0 || a->b[i].size < a->b[best].size)
             best = i;
     }
-    if (best == (size_t)-1) {
-        if (a->n + 2 > a->cap) {
-            size_t nc = a->cap ? a->cap * 2 : 256;
-            struct ablk *nb = realloc(a->b, nc * sizeof *nb);
-            if (!nb)
-                return (size_t)-1;
-            a->b = nb;
-            a->cap = nc;
-        }
+    if (best < 0) {
+        best = new_blk(a);
+        if (best < 0)
+            return -1;
         uint64_t ss = seg_size(rs);
-        a->nseg++;
-        a->b[a->n] = (struct ablk){.size = ss, .seg = small ? -a->nseg : a->nseg, .free = true};
-        best = a->n++;
+        a->b[best] = (struct ablk){.size = ss, .prev = -1, .next = -1, .free_pos = -1, .small = small};
+        free_list_add(a, best);
         a->reserved += ss;
         if (a->reserved > a->peak_reserved)
             a->peak_reserved = a->reserved;
     }
-    struct ablk *k = &a->b[best];
-    uint64_t rem = k->size - rs;
-    bool split = small ? rem >= 512 : rem > (1u << 20);
-    if (split) {
-        if (a->n + 1 > a->cap) {
-            size_t nc = a->cap * 2;
-            struct ablk *nb = realloc(a->b, nc * sizeof *nb);
-            if (!nb)
-                return (size_t)-1;
-            a->b = nb;
-            a->cap = nc;
-            k = &a->b[best];
-        }
-        a->b[a->n++] = (struct ablk){.size = rem, .seg = k->seg, .free = true};
-        k->size = rs;
+    uint64_t rem = a->b[best].size - rs;
+    if (small ? rem >= 512 : rem > (1u << 20)) {
+        int r = new_blk(a);
+        if (r < 0)
+            return -1;
+        a->b[r] = (struct ablk){.size = rem, .prev = best, .next = a->b[best].next, .free_pos = -1, .small = small};
+        if (a->b[best].next >= 0)
+            a->b[a->b[best].next].prev = r;
+        a->b[best].next = r;
+        a->b[best].size = rs;
+        free_list_add(a, r);
     }
-    k->free = false;
-    return best;
+    free_list_del(a, best);
+    return a->nomem ? -1 : best;
 }
 
-static void asim_free(struct alloc_sim *a, size_t i)
+static void asim_merge(struct alloc_sim *a, int i, int j) /* j follows i; both free; j is absorbed */
 {
-    a->b[i].free = true;
-    /* merge with one free block of the same segment (adjacency is not tracked; an
-     * approximation that keeps segments reusable as the real allocator does) */
-    for (size_t j = 0; j < a->n; j++) {
-        if (j != i && a->b[j].free && a->b[j].seg == a->b[i].seg && a->b[j].size) {
-            a->b[i].size += a->b[j].size;
-            a->b[j].size = 0;
-            a->b[j].free = false;
-            a->b[j].seg = 0;
-            break;
-        }
-    }
+    free_list_del(a, j);
+    a->b[i].size += a->b[j].size;
+    a->b[i].next = a->b[j].next;
+    if (a->b[j].next >= 0)
+        a->b[a->b[j].next].prev = i;
+    if (!push_int(&a->dead, &a->n_dead, &a->cap_dead, j))
+        a->nomem = true;
+}
+
+static void asim_free(struct alloc_sim *a, int i)
+{
+    free_list_add(a, i);
+    int nx = a->b[i].next, pv = a->b[i].prev;
+    if (nx >= 0 && a->b[nx].free_pos >= 0)
+        asim_merge(a, i, nx);
+    if (pv >= 0 && a->b[pv].free_pos >= 0)
+        asim_merge(a, pv, i);
+}
+
+static void asim_release(struct alloc_sim *a)
+{
+    free(a->b);
+    free(a->dead);
+    free(a->freel);
 }
 
 /* ---- the estimator's visitor --------------------------------------------------------------- */
@@ -467,7 +530,7 @@ struct counter {
     struct alloc_sim as;
     size_t *blk_of;   /* allocation key -> asim block */
     size_t nkeys;
-    bool oom_model;
+    bool warm;        /* second step: persistent storages keep their blocks */
 };
 
 static size_t key_of(const struct mp_program *p, const struct mp_event *ev)
@@ -478,12 +541,12 @@ static size_t key_of(const struct mp_program *p, const struct mp_event *ev)
     case MP_ST_PARAM: return (size_t)ev->id;
     case MP_ST_OPT_STATE: return np + (size_t)ev->id;
     case MP_ST_PGRAD: return 2 * np + (size_t)ev->id;
-    case MP_ST_WORKSPACE: return 3 * np;
-    case MP_ST_OPT_TMP: return 3 * np + 1;
+    case MP_ST_OPT_TMP: return 3 * np + (size_t)ev->id;
+    case MP_ST_WORKSPACE: return 4 * np + 1;
     case MP_ST_INPUT:
-    case MP_ST_ACT: return 3 * np + 2 + (size_t)ev->id;
-    case MP_ST_GRAD: return 3 * np + 2 + nt + (size_t)ev->id;
-    case MP_ST_TMP: return 3 * np + 2 + 2 * nt + (size_t)ev->id;
+    case MP_ST_ACT: return 4 * np + 2 + (size_t)ev->id;
+    case MP_ST_GRAD: return 4 * np + 2 + nt + (size_t)ev->id;
+    case MP_ST_TMP: return 4 * np + 2 + 2 * nt + (size_t)ev->id;
     }
     (void)nn;
     return 0;
@@ -514,11 +577,11 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
         }
         if (c->cur_req > c->peak_req)
             c->peak_req = c->cur_req;
-        if (ev->bytes && key < c->nkeys) {
-            size_t b = asim_alloc(&c->as, ev->bytes);
-            if (b == (size_t)-1)
+        if (ev->bytes && key < c->nkeys && !(c->warm && ev->phase == MP_PH_SETUP)) {
+            int b = asim_alloc(&c->as, ev->bytes);
+            if (b < 0)
                 return MP_ERR_NOMEM;
-            c->blk_of[key] = b + 1;
+            c->blk_of[key] = (size_t)b + 1;
         }
     } else {
         c->cur -= r;
@@ -526,7 +589,7 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
         if (act)
             c->act_cur -= r;
         if (ev->bytes && key < c->nkeys && c->blk_of[key]) {
-            asim_free(&c->as, c->blk_of[key] - 1);
+            asim_free(&c->as, (int)c->blk_of[key] - 1);
             c->blk_of[key] = 0;
         }
     }
@@ -561,7 +624,7 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     e->bwd_flops = p->bwd_flops;
 
     struct counter c = {.p = p, .peak_node = -1};
-    c.nkeys = 3 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
+    c.nkeys = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
     c.blk_of = calloc(c.nkeys, sizeof *c.blk_of);
     if (!c.blk_of)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
@@ -571,19 +634,20 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
         c.have_loss = false;
         st = mp_replay(p, sched, t, count_event, &c, d);
         if (st == MP_OK && step == 0) {
-            /* free the setup allocations' model blocks are persistent: keep them */
             c.cur = c.cur_req = c.act_cur = 0;
-            /* the persistent storages stay allocated in the allocator model; the second
-             * replay re-allocates them, so release their model blocks first */
+            c.warm = true; /* persistent storages (setup) keep their blocks; anything else
+                            * still held would be a replay bug and is released */
             for (size_t k = 0; k < c.nkeys; k++)
-                if (c.blk_of[k]) {
-                    asim_free(&c.as, c.blk_of[k] - 1);
+                if (c.blk_of[k] && k >= 3 * p->n_params && k != 4 * p->n_params + 1 &&
+                    !(k >= 4 * p->n_params + 2 && ((int)(k - 4 * p->n_params - 2) == p->input ||
+                                                   (int)(k - 4 * p->n_params - 2) == p->labels))) {
+                    asim_free(&c.as, (int)c.blk_of[k] - 1);
                     c.blk_of[k] = 0;
                 }
         }
     }
     free(c.blk_of);
-    free(c.as.b);
+    asim_release(&c.as);
     if (st != MP_OK)
         return st == MP_ERR_NOMEM ? mp_fail(d, st, "out of memory") : st;
     e->peak_allocated_bytes = c.peak;
@@ -591,7 +655,11 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     e->peak_reserved_bytes = mp_max_u64(c.as.peak_reserved, c.peak);
     e->activations_bytes = c.act_at_loss;
     e->overhead_bytes = context_bytes;
-    e->peak_device_bytes = e->peak_reserved_bytes + context_bytes;
+    /* What the GPU must have: the allocated peak plus the context.  Reserved can be
+     * higher (cached blocks of other sizes), but on a failed cudaMalloc the caching
+     * allocator frees its cached blocks and retries, so the cache does not decide
+     * whether a step fits; fragmentation is left to the safety margin. */
+    e->peak_device_bytes = e->peak_allocated_bytes + context_bytes;
     e->peak_phase = c.peak_phase;
     e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes;
     if (c.peak_node >= 0)

@@ -25,7 +25,7 @@ enum mp_store {
     MP_ST_GRAD,       /* gradient of tensor id */
     MP_ST_PGRAD,      /* gradient of param id */
     MP_ST_TMP,        /* node transient, id = node */
-    MP_ST_OPT_TMP,    /* optimizer-step temporary, id = 0 */
+    MP_ST_OPT_TMP,    /* optimizer-step temporary: id = param (Adam/AdamW foreach), 0 (Adafactor) */
 };
 
 enum mp_ev_kind {
@@ -92,7 +92,8 @@ struct mp_estimate {
     uint64_t peak_requested_bytes;   /* without 512-byte rounding */
     uint64_t peak_reserved_bytes;    /* caching-allocator segments */
     uint64_t overhead_bytes;         /* CUDA context (not in allocated/reserved) */
-    uint64_t peak_device_bytes;      /* reserved + context: what the GPU must have */
+    uint64_t peak_device_bytes;      /* allocated + context: what the GPU must have (the allocator
+                                      * empties its cache before failing; margin covers fragmentation) */
     enum mp_phase peak_phase;
     char peak_event[96];             /* "backward:h.11.mlp.fc2" */
     uint64_t static_bytes;           /* weights + optimizer state + workspace + input */

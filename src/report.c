@@ -271,9 +271,10 @@ static void totals(FILE *out, const struct mp_estimate *e)
     fprintf(out, "  cuBLAS workspace   %12s\n", B(e->workspace_bytes));
     fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
             B(e->peak_allocated_bytes), e->peak_event);
-    fprintf(out, "peak reserved        %12s   (caching-allocator model)\n", B(e->peak_reserved_bytes));
+    fprintf(out, "peak reserved        %12s   (caching-allocator model; cached blocks are released before an OOM)\n",
+            B(e->peak_reserved_bytes));
     fprintf(out, "CUDA context         %12s\n", B(e->overhead_bytes));
-    fprintf(out, "peak device          %12s   (reserved + context: what the GPU must have free)\n",
+    fprintf(out, "peak device          %12s   (allocated + context: what the GPU must have free)\n",
             B(e->peak_device_bytes));
     char a[32], b[32], r[32];
     fprintf(out, "step FLOPs           forward %s, backward %s, recompute %s\n", mp_fmt_flops(e->fwd_flops, a, 32),
