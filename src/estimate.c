@@ -78,6 +78,7 @@ struct rp {
     int node;
     bool *live, *glive, *pglive, *is_input;
     int *uses, *saved, *holds;
+    bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
 };
 
 static void emit(struct rp *r, enum mp_ev_kind k, enum mp_store s, int id, uint64_t bytes)
@@ -182,7 +183,12 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
     if (bp->n_nodes == 0)
         r->holds[bp->output]++;
     r->node = -1;
-    if (kind == MP_SCHED_FN && r->holds[bp->input] > 0) {
+    /* The chain's hold on x_i: Fc keeps it until B_i (a checkpoint); Fn and a
+     * plain Fe release it (autograd keeps x_i only if a node saved it); an Fe
+     * that recomputes a checkpointed block leaves it for B_i. */
+    if (kind == MP_SCHED_FC) {
+        r->ckpt[i] = true;
+    } else if (!r->ckpt[i] && r->holds[bp->input] > 0) {
         r->holds[bp->input]--;
         t_maybe_free(r, bp->input);
     }
@@ -224,7 +230,8 @@ static void bwd_block(struct rp *r, size_t i)
     }
     r->node = -1;
     g_free(r, bp->output);
-    if (r->holds[bp->input] > 0) {
+    if (r->ckpt[i] && r->holds[bp->input] > 0) {
+        r->ckpt[i] = false;
         r->holds[bp->input]--;
         t_maybe_free(r, bp->input);
     }
@@ -260,10 +267,11 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
     r.uses = calloc(nt, sizeof(int));
     r.saved = calloc(nt, sizeof(int));
     r.holds = calloc(nt, sizeof(int));
+    r.ckpt = calloc(p->n_blocks ? p->n_blocks : 1, sizeof(bool));
     struct mp_schedule none;
     mp_schedule_init(&none);
     enum mp_status st = MP_OK;
-    if (!r.live || !r.glive || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds) {
+    if (!r.live || !r.glive || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds || !r.ckpt) {
         st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
         goto out;
     }
@@ -365,6 +373,7 @@ out:
     free(r.uses);
     free(r.saved);
     free(r.holds);
+    free(r.ckpt);
     return st;
 }
 

@@ -1,0 +1,337 @@
+/* test_estimate.c — the estimator: exact bytes on hand-computed models, the
+ * static bytes per parameter of each precision/optimizer, and properties
+ * (activations linear in batch, peak >= static + activations, fp32 >= amp >=
+ * bf16, sgd < adamw, checkpointing lowers the peak, the timeline balances).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ckpt.h"
+#include "estimate.h"
+#include "layers.h"
+#include "model.h"
+
+/* linear(16->32, bias) | relu | classifier(32->4, bias) on a [16] input. */
+static const char *MLP = "{\"name\":\"t\",\"input\":{\"shape\":[16]},\"classes\":4,\"layers\":["
+                         "{\"type\":\"linear\",\"in_features\":16,\"out_features\":32,\"bias\":true},"
+                         "{\"type\":\"activation\",\"act\":\"relu\"},"
+                         "{\"type\":\"classifier\",\"in_features\":32,\"classes\":4}]}";
+
+static void load(struct mp_model *m, const char *text)
+{
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_model_load_string(m, text, strlen(text), "test.json", &d);
+    if (st != MP_OK)
+        fail_msg("load: %s", d.msg);
+}
+
+static void load_file(struct mp_model *m, const char *path)
+{
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_model_load_file(m, path, &d);
+    if (st != MP_OK)
+        fail_msg("load: %s", d.msg);
+}
+
+static void run(const struct mp_model *m, uint64_t b, uint64_t s, enum mp_precision p, enum mp_optimizer o,
+                const struct mp_schedule *sched, struct mp_estimate *e)
+{
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = b;
+    bo.seq = s;
+    bo.precision = p;
+    struct mp_train_opts t = {.optimizer = o, .cublas_workspace_bytes = 0};
+    struct mp_program prog;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(m, &bo, &prog, &d), MP_OK);
+    assert_int_equal(mp_estimate_run(&prog, sched, &t, 0, e, &d), MP_OK);
+    mp_program_release(&prog);
+}
+
+/* Hand replay at batch 2, fp32, SGD, no workspace (every size rounds to 512 B):
+ * setup: W1 2048 + b1 512 + W2 512 + b2 512 + images 512 + labels 512 = 4608
+ * forward: h1 +512, h2 +512, h1 freed (relu saves its output; the block's input is
+ * not saved), logits +512, loss +512, log-probs +512, logits freed -> 6656
+ * backward: CE: grad(logits) +512, nll temporary +512 -> 7168, ...;
+ * block 0: dW1 2048 + db1 512 on top of 6144 -> 8704 = the peak.
+ * Unrounded: 2704 + 144 params/inputs + dW2,db2 528 + grad h1 256 + dW1,db1 2176 = 5808. */
+static void test_estimate_mlp_exact_bytes(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, MLP);
+    struct mp_estimate e;
+    run(&m, 2, 0, MP_PREC_FP32, MP_OPT_SGD, NULL, &e);
+    assert_int_equal(e.params, 16 * 32 + 32 + 32 * 4 + 4);
+    assert_int_equal(e.weights_bytes, 676 * 4);
+    assert_int_equal(e.grads_bytes, 676 * 4);
+    assert_int_equal(e.optimizer_bytes, 0);
+    assert_int_equal(e.input_bytes, 2 * 16 * 4 + 2 * 8);
+    assert_int_equal(e.peak_allocated_bytes, 8704);
+    assert_int_equal(e.peak_requested_bytes, 5808);
+    assert_int_equal(e.peak_phase, MP_PH_BACKWARD);
+    assert_string_equal(e.peak_event, "backward:linear.linear");
+    mp_estimate_release(&e);
+    mp_model_release(&m);
+}
+
+/* fp32 + AdamW: 4 + 4 + 8 = 16 bytes per parameter; pure bf16 + AdamW: 2 + 2 + 4 = 8. */
+static void test_estimate_static_bytes_per_param(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/gpt2-124m.json");
+    struct mp_estimate e;
+    run(&m, 1, 64, MP_PREC_FP32, MP_OPT_ADAMW, NULL, &e);
+    assert_int_equal(e.params, 124439808);
+    assert_int_equal(e.weights_bytes + e.grads_bytes + e.optimizer_bytes, 16 * e.params);
+    mp_estimate_release(&e);
+    run(&m, 1, 64, MP_PREC_BF16, MP_OPT_ADAMW, NULL, &e);
+    assert_int_equal(e.weights_bytes + e.grads_bytes + e.optimizer_bytes, 8 * e.params);
+    mp_estimate_release(&e);
+    /* amp keeps fp32 master weights: the same 16 B/param as fp32 */
+    run(&m, 1, 64, MP_PREC_AMP_BF16, MP_OPT_ADAMW, NULL, &e);
+    assert_int_equal(e.weights_bytes + e.grads_bytes + e.optimizer_bytes, 16 * e.params);
+    mp_estimate_release(&e);
+    /* SGD with momentum: one buffer; plain SGD: none */
+    run(&m, 1, 64, MP_PREC_FP32, MP_OPT_SGD_MOMENTUM, NULL, &e);
+    assert_int_equal(e.optimizer_bytes, 4 * e.params);
+    mp_estimate_release(&e);
+    run(&m, 1, 64, MP_PREC_FP32, MP_OPT_SGD, NULL, &e);
+    assert_int_equal(e.optimizer_bytes, 0);
+    mp_estimate_release(&e);
+    mp_model_release(&m);
+}
+
+static void chain_at(const struct mp_model *m, uint64_t b, uint64_t s, enum mp_precision p, struct mp_chain *c)
+{
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = b;
+    bo.seq = s;
+    bo.precision = p;
+    struct mp_program prog;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(m, &bo, &prog, &d), MP_OK);
+    assert_int_equal(mp_estimate_chain(&prog, c, &d), MP_OK);
+    mp_program_release(&prog);
+}
+
+/* What a block keeps for backward scales exactly with the batch. */
+static void test_estimate_activations_linear_in_batch(void **state)
+{
+    (void)state;
+    const char *models[] = {"models/gpt2-124m.json", "models/llama-7b.json", "models/resnet50.json"};
+    /* fp32 and pure bf16: amp adds batch-independent weight copies */
+    const enum mp_precision precs[] = {MP_PREC_FP32, MP_PREC_BF16};
+    for (size_t k = 0; k < 3; k++) {
+        struct mp_model m;
+        load_file(&m, models[k]);
+        for (size_t q = 0; q < 2; q++) {
+            struct mp_chain c1, c3;
+            chain_at(&m, 1, 128, precs[q], &c1);
+            chain_at(&m, 3, 128, precs[q], &c3);
+            for (size_t i = 1; i < c1.L; i++) { /* the last block holds the batch-independent loss scalar */
+                assert_true(c1.xb[i] > 0);
+                if (k < 2) {
+                    assert_int_equal(c3.xb[i], 3 * c1.xb[i]);
+                } else { /* batchnorm's saved mean/invstd are per channel, not per sample */
+                    assert_true(c3.xb[i] <= 3 * c1.xb[i]);
+                    assert_true(3 * c1.xb[i] - c3.xb[i] <= c3.xb[i] / 100);
+                }
+            }
+            mp_chain_release(&c1);
+            mp_chain_release(&c3);
+        }
+        mp_model_release(&m);
+    }
+}
+
+/* peak >= static + activations at the start of backward; fp32 >= amp >= bf16; sgd < adamw. */
+static void test_estimate_orderings(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/llama-7b.json");
+    struct mp_estimate f32, amp, b16, sgd;
+    run(&m, 1, 512, MP_PREC_FP32, MP_OPT_ADAMW, NULL, &f32);
+    run(&m, 1, 512, MP_PREC_AMP_BF16, MP_OPT_ADAMW, NULL, &amp);
+    run(&m, 1, 512, MP_PREC_BF16, MP_OPT_ADAMW, NULL, &b16);
+    run(&m, 1, 512, MP_PREC_FP32, MP_OPT_SGD, NULL, &sgd);
+    struct mp_estimate *all[] = {&f32, &amp, &b16, &sgd};
+    for (size_t i = 0; i < 4; i++) {
+        uint64_t stat = all[i]->weights_bytes + all[i]->optimizer_bytes + all[i]->input_bytes;
+        assert_true(all[i]->peak_allocated_bytes >= stat + all[i]->activations_bytes);
+        assert_true(all[i]->peak_requested_bytes <= all[i]->peak_allocated_bytes);
+        assert_true(all[i]->peak_reserved_bytes >= all[i]->peak_allocated_bytes);
+    }
+    uint64_t s32 = f32.weights_bytes + f32.grads_bytes + f32.optimizer_bytes;
+    uint64_t samp = amp.weights_bytes + amp.grads_bytes + amp.optimizer_bytes;
+    uint64_t sb16 = b16.weights_bytes + b16.grads_bytes + b16.optimizer_bytes;
+    assert_true(s32 >= samp);
+    assert_true(samp > sb16);
+    assert_true(f32.peak_allocated_bytes > b16.peak_allocated_bytes);
+    assert_true(sgd.peak_allocated_bytes < f32.peak_allocated_bytes);
+    /* amp keeps a half copy of every matmul weight from its forward use to its backward */
+    assert_true(amp.activations_bytes >= 2 * (amp.params - 32000 * 4096) + f32.activations_bytes / 8);
+    for (size_t i = 0; i < 4; i++)
+        mp_estimate_release(all[i]);
+    mp_model_release(&m);
+}
+
+/* Checkpointing every block lowers the activation peak and adds recompute FLOPs equal
+ * to one extra forward of the recomputed blocks. */
+static void test_estimate_checkpoint_lowers_peak(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/gpt2-124m.json");
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = 4;
+    bo.seq = 512;
+    struct mp_program prog;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    struct mp_chain c;
+    assert_int_equal(mp_estimate_chain(&prog, &c, &d), MP_OK);
+    struct mp_ckpt_plan p;
+    mp_ckpt_plan_init(&p);
+    struct mp_ckpt_spec every = {MP_CKPT_EVERY, 1};
+    assert_int_equal(mp_ckpt_plan_make(&c, &every, 0, 0, &p, &d), MP_OK);
+    struct mp_train_opts t = {.optimizer = MP_OPT_ADAMW, .cublas_workspace_bytes = 0};
+    struct mp_estimate e0, e1;
+    assert_int_equal(mp_estimate_run(&prog, NULL, &t, 0, &e0, &d), MP_OK);
+    assert_int_equal(mp_estimate_run(&prog, &p.sched, &t, 0, &e1, &d), MP_OK);
+    assert_true(e1.activations_bytes < e0.activations_bytes / 4);
+    assert_true(e1.peak_allocated_bytes < e0.peak_allocated_bytes);
+    double fwd_ckpt = 0;
+    for (size_t i = 0; i < prog.n_blocks; i++)
+        if (p.checkpointed[i])
+            fwd_ckpt += prog.blocks[i].fwd_flops;
+    assert_true(fwd_ckpt > 0);
+    assert_true(e1.recompute_flops == fwd_ckpt);
+    assert_true(e0.recompute_flops == 0);
+    mp_estimate_release(&e0);
+    mp_estimate_release(&e1);
+    mp_ckpt_plan_release(&p);
+    mp_chain_release(&c);
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
+/* Every ALLOC has its FREE by the end of the step, and the live bytes never go negative. */
+struct balance {
+    int64_t cur;
+    bool negative;
+    uint64_t allocs, frees;
+};
+static enum mp_status balance_event(void *ctx, const struct mp_event *ev)
+{
+    struct balance *b = ctx;
+    if (ev->kind == MP_EV_ALLOC) {
+        b->cur += (int64_t)ev->bytes;
+        b->allocs++;
+    } else if (ev->kind == MP_EV_FREE) {
+        b->cur -= (int64_t)ev->bytes;
+        b->frees++;
+        if (b->cur < 0)
+            b->negative = true;
+    }
+    return MP_OK;
+}
+
+static void test_estimate_timeline_balances(void **state)
+{
+    (void)state;
+    const char *models[] = {"models/gpt2-124m.json", "models/resnet50.json", "models/tiny-test.json",
+                            "models/chain-custom.json"};
+    for (size_t k = 0; k < 4; k++) {
+        struct mp_model m;
+        load_file(&m, models[k]);
+        struct mp_build_opts bo;
+        mp_build_opts_default(&bo);
+        bo.batch = 2; /* the model's own sequence length */
+        struct mp_program prog;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+        struct mp_schedule s;
+        mp_schedule_init(&s);
+        assert_int_equal(mp_ckpt_schedule_sequential(prog.n_blocks, 2, &s), MP_OK);
+        struct mp_train_opts t = {.optimizer = MP_OPT_ADAMW, .cublas_workspace_bytes = 4096};
+        struct balance b = {0};
+        assert_int_equal(mp_replay(&prog, &s, &t, balance_event, &b, &d), MP_OK);
+        assert_int_equal(b.allocs, b.frees + prog.n_params * (t.optimizer == MP_OPT_SGD ? 1 : 2) + 1 + 1 +
+                                       (prog.labels >= 0));
+        assert_false(b.negative);
+        /* what remains is exactly the persistent set: params, state, workspace, batch */
+        struct mp_estimate e;
+        assert_int_equal(mp_estimate_run(&prog, &s, &t, 0, &e, &d), MP_OK);
+        assert_int_equal((uint64_t)b.cur, e.weights_bytes + e.optimizer_bytes + 4096 + e.input_bytes);
+        mp_estimate_release(&e);
+        mp_schedule_release(&s);
+        mp_program_release(&prog);
+        mp_model_release(&m);
+    }
+}
+
+/* A 10^15-wide layer is refused with a message, not wrapped. */
+static void test_estimate_overflow_is_an_error(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/llama-70b.json");
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = UINT64_C(1) << 40;
+    bo.seq = 1 << 20;
+    struct mp_program prog;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_ERR_RANGE);
+    assert_non_null(strstr(d.msg, "overflow"));
+    mp_model_release(&m);
+}
+
+/* Pure bf16 AdamW: the optimizer step's foreach temporary is +1x state (2 B/param). */
+static void test_estimate_optimizer_step_peak(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, MLP);
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.precision = MP_PREC_FP32;
+    struct mp_program prog;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    assert_int_equal(mp_opt_step_tmp_bytes(&prog, MP_OPT_ADAMW), 676 * 4);
+    assert_int_equal(mp_opt_step_tmp_bytes(&prog, MP_OPT_SGD), 0);
+    /* 8-bit Adam: tensors under 4096 elements keep fp32 states */
+    assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAM8BIT, &prog.params[0]), 512 * 8);
+    struct mp_param big = {.elems = 1 << 20, .matrix = true, .rows = 1024, .cols = 1024};
+    assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAM8BIT, &big), 2 * (1 << 20) + 8 * 4096);
+    assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAFACTOR, &big), (1024 + 1024) * 4);
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_estimate_mlp_exact_bytes),
+        cmocka_unit_test(test_estimate_static_bytes_per_param),
+        cmocka_unit_test(test_estimate_activations_linear_in_batch),
+        cmocka_unit_test(test_estimate_orderings),
+        cmocka_unit_test(test_estimate_checkpoint_lowers_peak),
+        cmocka_unit_test(test_estimate_timeline_balances),
+        cmocka_unit_test(test_estimate_overflow_is_an_error),
+        cmocka_unit_test(test_estimate_optimizer_step_peak),
+    };
+    return cmocka_run_group_tests_name("estimate", tests, NULL, NULL);
+}
