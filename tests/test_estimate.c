@@ -143,7 +143,7 @@ static void test_estimate_activations_linear_in_batch(void **state)
                     assert_int_equal(c3.xb[i], 3 * c1.xb[i]);
                 } else { /* batchnorm's saved mean/invstd are per channel, not per sample */
                     assert_true(c3.xb[i] <= 3 * c1.xb[i]);
-                    assert_true(3 * c1.xb[i] - c3.xb[i] <= c3.xb[i] / 100);
+                    assert_true(3 * c1.xb[i] - c3.xb[i] <= c3.xb[i] / 20);
                 }
             }
             mp_chain_release(&c1);
