@@ -321,6 +321,64 @@ static void test_estimate_optimizer_step_peak(void **state)
     mp_model_release(&m);
 }
 
+
+/* A model of custom blocks reproduces a chain from the literature exactly: the unit
+ * chain of checkpointing.md T4 (100 blocks, f = b = 1, x = xb = 1, batch 1), whose
+ * 10-segment checkpoint_sequential peaks at 22 units for 290 time units, and
+ * whose rotor optimum at 20 units costs 290. */
+static void test_estimate_custom_chain_reproduces_literature(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"name\":\"unit\",\"input\":{\"bytes_per_sample\":1},\"layers\":[{\"repeat\":100,\"layers\":["
+             "{\"type\":\"custom\",\"output_bytes\":1,\"saved_bytes\":1,\"fwd_flops\":1,\"bwd_flops\":1}]}]}");
+    struct mp_chain c;
+    chain_at(&m, 1, 0, MP_PREC_FP32, &c);
+    assert_int_equal(c.L, 100);
+    for (size_t i = 0; i <= c.L; i++) {
+        assert_int_equal(c.x[i], 1);
+        assert_int_equal(c.xb[i], 1);
+        assert_int_equal(c.bt[i], 0);
+        if (i < c.L) {
+            assert_true(c.f[i] == 1.0 && c.b[i] == 1.0);
+            assert_int_equal(c.ft[i], 0);
+        }
+    }
+    assert_true(c.b[c.L] == 0.0);
+    struct mp_diag d = {{0}};
+    struct mp_ckpt_plan p;
+    mp_ckpt_plan_init(&p);
+    struct mp_ckpt_spec seg = {MP_CKPT_SEGMENTS, 10};
+    assert_int_equal(mp_ckpt_plan_make(&c, &seg, 0, 0, &p, &d), MP_OK);
+    assert_int_equal(p.peak_bytes, 22);
+    assert_true(p.total_cost == 290.0);
+    mp_ckpt_plan_release(&p);
+    struct mp_ckpt_spec opt = {MP_CKPT_OPTIMAL, 0};
+    mp_ckpt_plan_init(&p);
+    assert_int_equal(mp_ckpt_plan_make(&c, &opt, 20, 0, &p, &d), MP_OK);
+    assert_true(p.total_cost == 290.0);
+    assert_true(p.peak_bytes <= 20);
+    mp_ckpt_plan_release(&p);
+    mp_chain_release(&c);
+    mp_model_release(&m);
+
+    /* the bundled heterogeneous chain: sizes and costs per sample, exactly */
+    load_file(&m, "models/chain-custom.json");
+    chain_at(&m, 1, 0, MP_PREC_FP32, &c);
+    assert_int_equal(c.L, 7);
+    assert_int_equal(c.x[0], 4096);
+    const uint64_t xb[] = {4096, 36864, 65536, 65536, 65536, 65536, 24576, 8232};
+    const uint64_t x[] = {4096, 16384, 16384, 16384, 16384, 16384, 8192, 40};
+    for (size_t i = 0; i <= c.L; i++) {
+        assert_int_equal(c.x[i], x[i]);
+        assert_int_equal(c.xb[i], xb[i]);
+    }
+    assert_true(c.f[0] == 2400000.0 && c.b[0] == 4800000.0);
+    assert_true(c.f[5] == 4200000.0 && c.b[5] == 12600000.0);
+    mp_chain_release(&c);
+    mp_model_release(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +390,7 @@ int main(void)
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),
+        cmocka_unit_test(test_estimate_custom_chain_reproduces_literature),
     };
     return cmocka_run_group_tests_name("estimate", tests, NULL, NULL);
 }
