@@ -1164,7 +1164,7 @@ static enum mp_status conv_bwd(struct ctx *c)
 static enum mp_status batchnorm_fwd(struct ctx *c)
 {
     const struct mp_node *n = c->n;
-    uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = C * HW ? c->out.n / (C * HW) : 0, N = B * HW;
+    uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C * HW) ? c->out.n / (C * HW) : 0, N = B * HW;
     NEED(c->out);
     NEED(c->ex[0]);
     NEED(c->ex[1]);
@@ -1201,7 +1201,7 @@ static enum mp_status batchnorm_bwd(struct ctx *c)
     const struct mp_node *n = c->n;
     if (!c->gout.p)
         return MP_OK;
-    uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = C * HW ? c->gout.n / (C * HW) : 0, N = B * HW;
+    uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C * HW) ? c->gout.n / (C * HW) : 0, N = B * HW;
     NEED(c->ex[0]);
     NEED(c->ex[1]);
     FGET(dy, c->gout);

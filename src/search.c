@@ -330,6 +330,94 @@ static bool precision_supported(const struct mp_gpu *g, enum mp_precision p)
     return mp_gpu_tflops(g, p) > 0;
 }
 
+
+/* Runs one probe of job at batch b (the plan of mp_fit_eval at that batch). */
+static enum mp_status probe_at(struct mp_probe *pr, const struct mp_job *job, uint64_t b, struct mp_probe_result *r,
+                               struct mp_diag *d)
+{
+    struct mp_job j = *job;
+    j.build.batch = b;
+    struct mp_fit f;
+    enum mp_status st = mp_fit_eval(&j, &f, d);
+    if (st != MP_OK)
+        return st;
+    struct mp_program prog;
+    st = mp_program_build(j.model, &j.build, &prog, d);
+    if (st == MP_OK) {
+        memset(r, 0, sizeof *r);
+        st = mp_probe_run(pr, &prog, &f.plan.sched, &j.train, r, d);
+        mp_program_release(&prog);
+    }
+    mp_fit_release(&f);
+    return st;
+}
+
+/* Confirms the chosen micro-batch on the GPU: probe b* and b*+1 and walk toward
+ * the boundary when they disagree with the estimate, at most 4 probes.  Only a
+ * batch that ran is called probed. */
+static enum mp_status probe_confirm(const struct mp_job *base, const struct mp_suggest_opts *o,
+                                    struct mp_candidate *c, unsigned *probes, struct mp_diag *d)
+{
+    struct mp_probe_opts po;
+    mp_probe_opts_default(&po);
+    po.backend = "cuda";
+    po.device = o->device;
+    struct mp_probe *pr = NULL;
+    enum mp_status st = mp_probe_open(&pr, &po, d);
+    if (st != MP_OK)
+        return st;
+    struct mp_job j = *base;
+    j.build.precision = c->precision;
+    j.ckpt = c->ckpt;
+    uint64_t b = c->micro_batch, ok_b = 0, fail_b = 0;
+    struct mp_probe_result r, ok_r;
+    memset(&ok_r, 0, sizeof ok_r);
+    while (*probes < 4 && b >= 1 && st == MP_OK) {
+        if (o->progress)
+            fprintf(stderr, "\rmemplan: probing micro-batch %llu on the GPU ...        ", (unsigned long long)b);
+        st = probe_at(pr, &j, b, &r, d);
+        (*probes)++;
+        if (st != MP_OK)
+            break;
+        if (r.fits) {
+            ok_b = b;
+            ok_r = r;
+            if (o->global_batch || (fail_b && fail_b == b + 1))
+                break;
+            b++;
+        } else {
+            fail_b = b;
+            if (ok_b && ok_b == b - 1)
+                break;
+            b--;
+        }
+    }
+    if (o->progress)
+        fprintf(stderr, "\r%60s\r", "");
+    mp_probe_close(pr);
+    if (st != MP_OK)
+        return st;
+    if (ok_b) {
+        if (ok_b != c->micro_batch) {
+            /* the probe moved the boundary: re-evaluate the estimate at the probed batch */
+            mp_fit_release(&c->fit);
+            j.build.batch = ok_b;
+            st = mp_fit_eval(&j, &c->fit, d);
+            if (st != MP_OK)
+                return st;
+            c->micro_batch = ok_b;
+            c->grad_accum = o->global_batch ? o->global_batch / ok_b : 1;
+            c->global_batch = c->micro_batch * c->grad_accum;
+            c->peak_device_bytes = c->fit.peak_device_bytes;
+        }
+        c->probed = true;
+        c->samples_per_s = ok_r.samples_per_s;
+    } else {
+        c->fits = false;
+    }
+    return MP_OK;
+}
+
 enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o, const char *argv0,
                           struct mp_suggestion *s, struct mp_diag *d)
 {
@@ -390,6 +478,17 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         if (s->best >= 0 && pass == 1)
             snprintf(s->note, sizeof s->note,
                      "only pure bf16 (no fp32 master weights) fits; watch convergence, or use a larger GPU");
+    }
+    if (s->best >= 0 && o->probe) {
+        struct mp_candidate *b = &s->cand[s->best];
+        enum mp_status st = probe_confirm(base, o, b, &s->probes, d);
+        if (st != MP_OK) {
+            mp_suggestion_release(s);
+            return st;
+        }
+        if (!b->fits)
+            snprintf(s->note, sizeof s->note, "the estimate said it fits but the probe ran out of memory at every "
+                                              "batch it tried; rerun with --margin larger");
     }
     if (s->best >= 0) {
         const struct mp_candidate *b = &s->cand[s->best];
