@@ -588,7 +588,19 @@ static int cmd_plan(struct args *a)
     }
     bool budgeted = a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
     if (budgeted && f.activation_budget == 0) {
-        fprintf(stderr, "memplan: error: nothing is left for activations: static memory and overheads exceed the target\n");
+        char a1[32], a2[32];
+        fprintf(stderr, "memplan: error: nothing is left for activations: weights, gradients, optimizer state and "
+                        "overheads take %s of %s usable\n",
+                mp_fmt_bytes(f.static_bytes, a1, sizeof a1), mp_fmt_bytes(f.usable_bytes, a2, sizeof a2));
+        mp_fit_release(&f);
+        mp_model_release(&s.model);
+        return MP_EXIT_NOFIT;
+    }
+    if (budgeted && f.infeasible) {
+        char a1[32], a2[32];
+        fprintf(stderr, "memplan: error: no plan fits an activation budget of %s; checkpointing every block "
+                        "needs %s\n",
+                mp_fmt_bytes(f.activation_budget, a1, sizeof a1), mp_fmt_bytes(f.plan.peak_bytes, a2, sizeof a2));
         mp_fit_release(&f);
         mp_model_release(&s.model);
         return MP_EXIT_NOFIT;

@@ -92,6 +92,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             uint64_t fixed = e0.weights_bytes + e0.grads_bytes + e0.optimizer_bytes + e0.workspace_bytes +
                              job->gpu.context_bytes;
             mp_estimate_release(&e0);
+            f->static_bytes = fixed;
             budget = sub0(f->usable_bytes, fixed);
         }
         /* Plan, replay, and shrink the budget by any excess the storage-level replay finds
@@ -134,6 +135,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             f->activation_budget = budget;
             f->peak_device_bytes = f->est.peak_device_bytes;
             f->fits = false;
+            f->infeasible = true;
             goto throughput;
         }
     }

@@ -32,6 +32,8 @@ struct mp_fit {
     uint64_t capacity_bytes;
     uint64_t peak_device_bytes;
     uint64_t activation_budget;   /* used by the optimal strategies */
+    bool infeasible;              /* optimal: no plan fits the budget (plan = every block checkpointed) */
+    uint64_t static_bytes;        /* weights + grads + optimizer state + workspace + context */
     struct mp_estimate est;       /* owns memory: mp_fit_release */
     struct mp_ckpt_plan plan;     /* chain-model plan */
     struct mp_chain chain;
