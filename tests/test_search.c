@@ -1,0 +1,189 @@
+/* test_search.c — fit evaluation, the batch search and suggest: suggest and
+ * check agree exactly (the recommended micro-batch fits, one more does not),
+ * --global-batch is met exactly, the search finds the true boundary, and a
+ * model that cannot fit gets alternatives.  No GPU: estimates only.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "search.h"
+
+static void load_file(struct mp_model *m, const char *path)
+{
+    struct mp_diag d = {{0}};
+    if (mp_model_load_file(m, path, &d) != MP_OK)
+        fail_msg("load: %s", d.msg);
+}
+
+static struct mp_job job_for(const struct mp_model *m, const char *gpu)
+{
+    struct mp_job j;
+    memset(&j, 0, sizeof j);
+    j.model = m;
+    mp_build_opts_default(&j.build);
+    mp_train_opts_default(&j.train);
+    j.margin = 0.05;
+    struct mp_diag d = {{0}};
+    if (mp_gpu_load(gpu, NULL, &j.gpu, &d) != MP_OK)
+        fail_msg("gpu: %s", d.msg);
+    j.train.cublas_workspace_bytes = j.gpu.workspace_bytes;
+    return j;
+}
+
+static bool fits(const struct mp_job *job, uint64_t b)
+{
+    struct mp_job j = *job;
+    j.build.batch = b;
+    struct mp_fit f;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_fit_eval(&j, &f, &d), MP_OK);
+    bool ok = f.fits;
+    assert_true(ok == (f.peak_device_bytes <= f.usable_bytes));
+    mp_fit_release(&f);
+    return ok;
+}
+
+/* The search returns b* with b* fitting and b*+1 not, for each fixed plan. */
+static void test_search_max_batch_is_the_boundary(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/gpt2-124m.json");
+    struct mp_job j = job_for(&m, "a100-40gb");
+    const struct mp_ckpt_spec specs[] = {{MP_CKPT_NONE, 0}, {MP_CKPT_SQRT, 0}, {MP_CKPT_EVERY, 1}};
+    for (size_t k = 0; k < 3; k++) {
+        j.ckpt = specs[k];
+        uint64_t best = 0;
+        unsigned evals = 0;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_search_max_batch(&j, 65536, &best, &evals, &d), MP_OK);
+        assert_true(best >= 1);
+        assert_true(fits(&j, best));
+        assert_false(fits(&j, best + 1));
+        /* analytic first: a handful of evaluations, not a scan */
+        assert_true(evals <= 12);
+    }
+    mp_model_release(&m);
+}
+
+/* suggest's recommendation passes check; one more micro-batch fails check. */
+static void test_search_suggest_and_check_agree(void **state)
+{
+    (void)state;
+    const char *models[] = {"models/gpt2-124m.json", "models/hf/pythia-160m.json", "models/resnet50.json"};
+    const char *gpus[] = {"a100-40gb", "l4", "t4"};
+    for (size_t k = 0; k < 3; k++) {
+        struct mp_model m;
+        load_file(&m, models[k]);
+        struct mp_job j = job_for(&m, gpus[k]);
+        struct mp_suggest_opts o = {0};
+        struct mp_suggestion s;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_suggest(&j, &o, NULL, &s, &d), MP_OK);
+        assert_true(s.best >= 0);
+        const struct mp_candidate *c = &s.cand[s.best];
+        assert_true(c->fits);
+        assert_false(c->probed);
+        struct mp_job cj = j;
+        cj.build.precision = c->precision;
+        cj.ckpt = c->ckpt;
+        assert_true(fits(&cj, c->micro_batch));
+        assert_false(fits(&cj, c->micro_batch + 1));
+        /* the recommendation is the best fitting candidate by (estimated) throughput */
+        for (size_t i = 0; i < s.n; i++)
+            if (s.cand[i].fits && s.cand[i].precision != MP_PREC_BF16)
+                assert_true(s.cand[i].samples_per_s <= c->samples_per_s * (1 + 1e-9));
+        mp_suggestion_release(&s);
+        mp_model_release(&m);
+    }
+}
+
+/* --global-batch G: micro-batch x accumulation = G exactly. */
+static void test_search_global_batch_met(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/gpt2-124m.json");
+    struct mp_job j = job_for(&m, "a100-40gb");
+    const uint64_t gs[] = {512, 96, 7};
+    for (size_t k = 0; k < 3; k++) {
+        struct mp_suggest_opts o = {.global_batch = gs[k]};
+        struct mp_suggestion s;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_suggest(&j, &o, NULL, &s, &d), MP_OK);
+        assert_true(s.best >= 0);
+        const struct mp_candidate *c = &s.cand[s.best];
+        assert_int_equal(c->micro_batch * c->grad_accum, gs[k]);
+        assert_true(s.global_met);
+        struct mp_job cj = j;
+        cj.build.precision = c->precision;
+        cj.ckpt = c->ckpt;
+        assert_true(fits(&cj, c->micro_batch));
+        mp_suggestion_release(&s);
+    }
+    mp_model_release(&m);
+}
+
+/* Llama-2-7B with AdamW on a T4: nothing fits, even at batch 1 with every block checkpointed;
+ * suggest says what would (a larger GPU from configs/). */
+static void test_search_nothing_fits_gives_alternatives(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/llama-7b.json");
+    struct mp_job j = job_for(&m, "t4");
+    struct mp_suggest_opts o = {0};
+    struct mp_suggestion s;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_suggest(&j, &o, NULL, &s, &d), MP_OK);
+    assert_int_equal(s.best, -1);
+    assert_true(s.n_alternatives >= 1);
+    bool gpu_alt = false;
+    for (size_t i = 0; i < s.n_alternatives; i++)
+        if (strstr(s.alternatives[i], "--gpu "))
+            gpu_alt = true;
+    assert_true(gpu_alt);
+    mp_suggestion_release(&s);
+    mp_model_release(&m);
+}
+
+/* check's margin: a target just above the peak / (1 - margin) fits, just below does not. */
+static void test_search_fit_respects_margin(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/gpt2-124m.json");
+    struct mp_job j = job_for(&m, "a100-40gb");
+    j.build.batch = 4;
+    struct mp_fit f;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_fit_eval(&j, &f, &d), MP_OK);
+    uint64_t peak = f.peak_device_bytes;
+    mp_fit_release(&f);
+    j.gpu.memory_bytes = (uint64_t)((double)peak / 0.95) + 1024;
+    assert_int_equal(mp_fit_eval(&j, &f, &d), MP_OK);
+    assert_true(f.fits);
+    mp_fit_release(&f);
+    j.gpu.memory_bytes = (uint64_t)((double)peak / 0.95) - 1024;
+    assert_int_equal(mp_fit_eval(&j, &f, &d), MP_OK);
+    assert_false(f.fits);
+    mp_fit_release(&f);
+    mp_model_release(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_search_max_batch_is_the_boundary),
+        cmocka_unit_test(test_search_suggest_and_check_agree),
+        cmocka_unit_test(test_search_global_batch_met),
+        cmocka_unit_test(test_search_nothing_fits_gives_alternatives),
+        cmocka_unit_test(test_search_fit_respects_margin),
+    };
+    return cmocka_run_group_tests_name("search", tests, NULL, NULL);
+}
