@@ -305,6 +305,41 @@ static struct val with_last(struct bld *B, const char *name, struct val v, uint6
     return new_val(B, name, dt, v.rank, shape, needs_grad);
 }
 
+/* The incoming width must equal what the layer declares. */
+static bool width_ok(struct bld *B, struct val x, uint64_t dim, const char *field, const char *name)
+{
+    if (failed(B))
+        return false;
+    if (last_dim(x) == dim)
+        return true;
+    fail_model(B, MP_ERR_MODEL, "%s%s%s %llu does not match the incoming width %llu", name, *name ? ": " : "", field,
+               (unsigned long long)dim, (unsigned long long)last_dim(x));
+    return false;
+}
+
+/* A matmul node (linear, conv): saves its input and, under autocast, a half copy
+ * of its weight from the forward to its backward (memory-facts §5). */
+static struct mp_node *matmul_node(struct bld *B, enum mp_prim prim, const char *name, struct val xin, struct val y,
+                                   int w, int bias)
+{
+    struct mp_node *n = new_node(B, prim, name);
+    if (!n)
+        return NULL;
+    n->in[0] = xin.t;
+    n->out = y.t;
+    n->param[0] = w;
+    n->param[1] = bias;
+    save(n, xin.t);
+    if (B->amp && w >= 0) {
+        char wn[112];
+        snprintf(wn, sizeof wn, "%s.weight_copy", name);
+        extra(n, new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems), true);
+        /* backward: the half weight gradient, then its fp32 copy into .grad */
+        n->bwd_tmp_bytes = mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype));
+    }
+    return n;
+}
+
 /* ---- primitive lowerings ------------------------------------------------------------ */
 
 /* Autocast: matmul/conv inputs in the half dtype.  Returns x itself when no cast is needed. */
@@ -331,13 +366,8 @@ static struct val autocast_in(struct bld *B, struct val x, const char *name)
 static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, bool bias,
                                  const char *name, int tied)
 {
-    if (failed(B))
+    if (!width_ok(B, x, in_f, "in_features", name))
         return x;
-    if (last_dim(x) != in_f) {
-        fail_model(B, MP_ERR_MODEL, "%s: in_features %llu does not match the incoming width %llu", name,
-                   (unsigned long long)in_f, (unsigned long long)last_dim(x));
-        return x;
-    }
     char cname[64];
     snprintf(cname, sizeof cname, "%s.cast", name);
     struct val xin = autocast_in(B, x, cname);
@@ -352,21 +382,9 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
                  pn);
     }
     struct val y = with_last(B, name, xin, out_f, odt, true);
-    struct mp_node *n = new_node(B, MP_P_LINEAR, name);
+    struct mp_node *n = matmul_node(B, MP_P_LINEAR, name, xin, y, w, bp);
     if (!n)
         return y;
-    n->in[0] = xin.t;
-    n->out = y.t;
-    n->param[0] = w;
-    n->param[1] = bp;
-    save(n, xin.t);
-    if (B->amp && w >= 0) {
-        char wn[80];
-        snprintf(wn, sizeof wn, "%s.weight_copy", name);
-        extra(n, new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems), true);
-        /* backward: the half weight gradient, then its fp32 copy into .grad */
-        n->bwd_tmp_bytes = mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype));
-    }
     n->rows = rows_of(xin);
     n->n = out_f;
     n->k = in_f;
@@ -384,13 +402,8 @@ static struct val lower_linear(struct bld *B, struct val x, uint64_t in_f, uint6
 /* LayerNorm (autocast: fp32).  Saves input, mean, rstd (M fp32 each). */
 static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, bool bias, const char *name)
 {
-    if (failed(B))
+    if (!width_ok(B, x, dim, "dim", name))
         return x;
-    if (last_dim(x) != dim) {
-        fail_model(B, MP_ERR_MODEL, "%s: dim %llu does not match the incoming width %llu", name,
-                   (unsigned long long)dim, (unsigned long long)last_dim(x));
-        return x;
-    }
     struct val xin = x;
     if (B->amp && dt_of(B, x) != MP_DT_F32) {
         char cn[64];
@@ -436,13 +449,8 @@ static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, boo
  * tensor in x's dtype; the fp32 x^2 is a forward transient. */
 static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, const char *name)
 {
-    if (failed(B))
+    if (!width_ok(B, x, dim, "dim", name))
         return x;
-    if (last_dim(x) != dim) {
-        fail_model(B, MP_ERR_MODEL, "%s: dim %llu does not match the incoming width %llu", name,
-                   (unsigned long long)dim, (unsigned long long)last_dim(x));
-        return x;
-    }
     char pn[80];
     snprintf(pn, sizeof pn, "%s.weight", name);
     int g = new_param(B, pn, 1, dim, false);
@@ -715,11 +723,8 @@ static struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *
 static struct val lower_transformer(struct bld *B, struct val x, const struct mp_layer *l)
 {
     uint64_t h = l->dim;
-    if (last_dim(x) != h) {
-        fail_model(B, MP_ERR_MODEL, "dim %llu does not match the incoming width %llu", (unsigned long long)h,
-                   (unsigned long long)last_dim(x));
+    if (!width_ok(B, x, h, "dim", ""))
         return x;
-    }
     if (l->post_norm) { /* BERT: x = ln(x + drop(attn(x))); x = ln(x + drop(mlp(x))) */
         struct val a = lower_dropout(B, lower_attention(B, x, l, h, "attn"), l->p, "attn_dropout");
         struct val h1 = lower_norm(B, lower_add(B, x, a, "attn_residual"), l, l->norm, h, "attn_norm");
@@ -803,20 +808,9 @@ static struct val lower_conv(struct bld *B, struct val x, uint64_t cin, uint64_t
     int bp = bias ? new_param(B, pn, 1, cout, false) : -1;
     uint64_t shape[4] = {x.shape[0], cout, ho, wo};
     struct val y = new_val(B, name, B->amp ? B->p->compute_dtype : dt_of(B, xin), 4, shape, true);
-    struct mp_node *n = new_node(B, MP_P_CONV2D, name);
+    struct mp_node *n = matmul_node(B, MP_P_CONV2D, name, xin, y, w, bp);
     if (!n)
         return y;
-    n->in[0] = xin.t;
-    n->out = y.t;
-    n->param[0] = w;
-    n->param[1] = bp;
-    save(n, xin.t);
-    if (B->amp && w >= 0) {
-        char wn[80];
-        snprintf(wn, sizeof wn, "%s.weight_copy", name);
-        extra(n, new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems), true);
-        n->bwd_tmp_bytes = mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype));
-    }
     n->c_in = cin;
     n->c_out = cout;
     n->h_in = hi;
@@ -1034,11 +1028,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
                        (unsigned long long)B->s, (unsigned long long)l->vocab);
             return x;
         }
-        if (last_dim(x) != l->dim) {
-            fail_model(B, MP_ERR_MODEL, "dim %llu does not match the incoming width %llu", (unsigned long long)l->dim,
-                       (unsigned long long)last_dim(x));
+        if (!width_ok(B, x, l->dim, "dim", ""))
             return x;
-        }
         char pn[80];
         snprintf(pn, sizeof pn, "%s.weight", nm);
         int w = new_param(B, pn, l->vocab, l->dim, false);
@@ -1064,18 +1055,12 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     case MP_LT_RMSNORM:
         return lower_rmsnorm(B, x, l->dim, nm);
     case MP_LT_ATTENTION:
-        if (last_dim(x) != l->dim) {
-            fail_model(B, MP_ERR_MODEL, "dim %llu does not match the incoming width %llu", (unsigned long long)l->dim,
-                       (unsigned long long)last_dim(x));
+        if (!width_ok(B, x, l->dim, "dim", ""))
             return x;
-        }
         return lower_attention(B, x, l, l->dim, nm);
     case MP_LT_MLP:
-        if (last_dim(x) != l->dim) {
-            fail_model(B, MP_ERR_MODEL, "dim %llu does not match the incoming width %llu", (unsigned long long)l->dim,
-                       (unsigned long long)last_dim(x));
+        if (!width_ok(B, x, l->dim, "dim", ""))
             return x;
-        }
         return lower_mlp(B, x, l, l->dim, nm);
     case MP_LT_ACTIVATION:
         return lower_act(B, x, l->act, l->inplace, nm);

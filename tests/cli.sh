@@ -1,0 +1,570 @@
+#!/bin/sh
+# tests/cli.sh — the command-line contract of memplan, checked from the outside
+# (after jq's tests/shtest and mantest).
+#
+# Usage (from the repository root):  sh tests/cli.sh ./memplan
+#
+# Prints one line per check ("ok   ..." or "FAIL ..." followed by "#" detail
+# lines), then the line "N passed, M failed", and exits 1 if any check failed.
+# Exit statuses (design.md): 0 success/fits, 1 does not fit, 2 usage, 3 bad
+# input, 4 probe/device unavailable, 5 internal.  No byte figure the estimator
+# computes is hard-coded here: the tests compare memplan with itself (suggest
+# against check, JSON totals against per-layer rows).  JSON is parsed with
+# python3; without it those checks are reported as skipped.
+
+# ---- setup ----------------------------------------------------------------------------
+
+if [ $# -ne 1 ]; then
+    echo "usage: sh tests/cli.sh ./memplan" >&2
+    exit 2
+fi
+M=$1
+case $M in
+    */*) case $M in /*) ;; *) M=$(pwd)/$M ;; esac ;;
+    *) M=$(command -v "$M") || M=$1 ;;
+esac
+if [ ! -x "$M" ] || [ -d "$M" ]; then
+    echo "cli.sh: '$1' is not an executable" >&2
+    exit 2
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd) || exit 2
+cd "$ROOT" || exit 2
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/memplan-cli.XXXXXX") || exit 2
+trap 'rm -rf "$T"' EXIT
+trap 'exit 130' INT TERM
+
+pass=0
+fail=0
+skip=0
+TAB=$(printf '\t')
+HAVE_PY=
+command -v python3 >/dev/null 2>&1 && HAVE_PY=yes
+
+ok() {
+    pass=$((pass + 1))
+    echo "ok   $*"
+}
+bad() {
+    fail=$((fail + 1))
+    echo "FAIL $*"
+    detail
+}
+skipped() {
+    skip=$((skip + 1))
+    echo "skip $*"
+}
+# What the last run did, as comment lines under a FAIL.
+detail() {
+    echo "#    \$ memplan $cmdline"
+    echo "#    exit $ec; stdout $(nlines "$T/out") line(s); stderr $(nlines "$T/err") line(s)"
+    sed -n '1,6s/^/#    stderr: /p' "$T/err"
+    if [ -s "$T/why" ]; then sed -n '1,6s/^/#    /p' "$T/why"; fi
+}
+# Number of lines, counting a last line without a newline.
+nlines() { awk 'END { print NR }' "$1"; }
+
+# run ARGS...: memplan ARGS with stdout in $T/out, stderr in $T/err, status in $ec.
+run() {
+    cmdline=$*
+    : >"$T/why"
+    "$M" "$@" >"$T/out" 2>"$T/err" && ec=$? || ec=$?
+}
+
+# expect CODE DESC ARGS...: exit status CODE and nothing on stdout for a failure.
+expect() {
+    want=$1
+    desc=$2
+    shift 2
+    run "$@"
+    if [ "$ec" -ne "$want" ]; then
+        echo "expected exit $want" >"$T/why"
+        bad "$desc: exit $want"
+    elif [ "$want" -ge 2 ] && [ -s "$T/out" ]; then
+        echo "a failure must print nothing on stdout" >"$T/why"
+        bad "$desc: exit $want, stdout empty"
+    else
+        ok "$desc: exit $want"
+    fi
+}
+
+# expect_line CODE DESC ARGS...: as expect, and stderr is exactly one line.
+expect_line() {
+    want=$1
+    desc=$2
+    shift 2
+    run "$@"
+    n=$(nlines "$T/err")
+    if [ "$ec" -ne "$want" ] || [ "$n" -ne 1 ] || { [ "$want" -ge 2 ] && [ -s "$T/out" ]; }; then
+        echo "expected exit $want, exactly one line on stderr, nothing on stdout" >"$T/why"
+        bad "$desc: exit $want, one stderr line"
+    else
+        ok "$desc: exit $want, one stderr line"
+    fi
+}
+
+# The JSON checker: python3 "$T/jcheck.py" MODE < report.  Exit 0 and prints what
+# the mode extracts; on a problem prints the reason and exits 1.
+cat >"$T/jcheck.py" <<'EOF'
+import json, sys
+
+mode = sys.argv[1]
+try:
+    d = json.load(sys.stdin)
+except ValueError as e:
+    sys.exit("stdout is not one JSON document: %s" % e)
+
+def need(obj, keys, where):
+    if not isinstance(obj, dict):
+        sys.exit("%s: expected an object, got %r" % (where, type(obj).__name__))
+    miss = [k for k in keys if k not in obj]
+    if miss:
+        sys.exit("%s: missing key(s) %s" % (where, ", ".join(miss)))
+
+MODEL = ["name", "source", "params", "trainable_params", "n_layers"]
+CONFIG = ["batch", "seq_len", "precision", "optimizer", "checkpoint"]
+MEMORY = ["weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_allocated_bytes",
+          "peak_reserved_bytes", "overhead_bytes", "peak_device_bytes", "peak_event"]
+LAYER = ["index", "name", "type", "params", "weights_bytes", "grads_bytes", "optimizer_bytes",
+         "activation_bytes", "output_bytes", "fwd_flops", "checkpointed"]
+PLAN = ["strategy", "checkpoints", "segments", "activation_peak_bytes", "recompute_flops", "overhead_pct"]
+CAND = ["micro_batch", "grad_accum", "global_batch", "precision", "plan", "peak_device_bytes",
+        "capacity_bytes", "headroom_pct", "samples_per_s", "source"]
+
+need(d, ["schema", "command", "model"], "top level")
+if d["schema"] != 1:
+    sys.exit("schema is %r, expected 1" % d["schema"])
+need(d["model"], MODEL, "model")
+if d["model"]["source"] not in ("memplan", "hf"):
+    sys.exit("model.source is %r" % d["model"]["source"])
+
+def memory_ok():
+    need(d, ["memory"], "top level")
+    m = d["memory"]
+    need(m, MEMORY, "memory")
+    if not m["peak_allocated_bytes"] > 0:
+        sys.exit("memory.peak_allocated_bytes is not positive")
+    if m["peak_device_bytes"] < m["peak_allocated_bytes"]:
+        sys.exit("memory.peak_device_bytes < peak_allocated_bytes")
+    if m["peak_reserved_bytes"] < m["peak_allocated_bytes"]:
+        sys.exit("memory.peak_reserved_bytes < peak_allocated_bytes")
+
+def plan_ok(p, where):
+    need(p, PLAN, where)
+    for s in p["segments"]:
+        if not (isinstance(s, list) and len(s) == 2 and s[0] < s[1]):
+            sys.exit("%s.segments: %r is not [start, end)" % (where, s))
+
+if mode in ("estimate", "plan", "check"):
+    if d["command"] != mode:
+        sys.exit("command is %r, expected %r" % (d["command"], mode))
+    need(d, ["config"], "top level")
+    need(d["config"], CONFIG, "config")
+    memory_ok()
+if mode == "estimate":
+    need(d, ["layers"], "top level")
+    L = d["layers"]
+    if not isinstance(L, list) or not L:
+        sys.exit("layers: expected a non-empty array")
+    for i, l in enumerate(L):
+        need(l, LAYER, "layers[%d]" % i)
+        if l["index"] != i:
+            sys.exit("layers[%d].index is %r" % (i, l["index"]))
+    if len(L) != d["model"]["n_layers"]:
+        sys.exit("%d layers rows, model.n_layers %d" % (len(L), d["model"]["n_layers"]))
+    if not d["model"]["params"] > 0:
+        sys.exit("model.params is not positive")
+    if sum(l["params"] for l in L) != d["model"]["params"]:
+        sys.exit("model.params %d != sum of layers[].params %d" % (d["model"]["params"], sum(l["params"] for l in L)))
+    for k in ("weights_bytes", "grads_bytes", "optimizer_bytes"):
+        s = sum(l[k] for l in L)
+        if s != d["memory"][k]:
+            sys.exit("memory.%s %d != sum of layers[].%s %d" % (k, d["memory"][k], k, s))
+    if "plan" in d:
+        plan_ok(d["plan"], "plan")
+elif mode == "plan":
+    need(d, ["plan"], "top level")
+    plan_ok(d["plan"], "plan")
+elif mode == "check":
+    need(d, ["check"], "top level")
+    need(d["check"], ["fits", "shortfall_bytes"], "check")
+    if not isinstance(d["check"]["fits"], bool):
+        sys.exit("check.fits is not a boolean")
+    print("fits" if d["check"]["fits"] else "nofit")
+elif mode in ("suggest", "recommend", "global", "nofit"):
+    if d["command"] != "suggest":
+        sys.exit("command is %r, expected 'suggest'" % d["command"])
+    need(d, ["recommendation", "candidates"], "top level")
+    for i, c in enumerate(d["candidates"]):
+        need(c, CAND, "candidates[%d]" % i)
+        plan_ok(c["plan"], "candidates[%d].plan" % i)
+    r = d["recommendation"]
+    if mode == "nofit":
+        if r is not None:
+            sys.exit("recommendation is not null for a model that does not fit")
+        need(d, ["alternatives"], "top level")
+        if not d["alternatives"]:
+            sys.exit("alternatives: empty")
+        for a in d["alternatives"]:
+            print(a)
+        sys.exit(0)
+    if r is None:
+        sys.exit("recommendation is null")
+    need(r, CAND, "recommendation")
+    plan_ok(r["plan"], "recommendation.plan")
+    if mode == "recommend":
+        print(r["micro_batch"], r["precision"], r["plan"]["strategy"])
+    elif mode == "global":
+        print(r["micro_batch"] * r["grad_accum"], r["global_batch"])
+elif mode != "any":
+    sys.exit("jcheck.py: unknown mode " + mode)
+EOF
+
+# json_check DESC MODE ARGS...: memplan ARGS (with --json) exits 0 or 1 and its
+# stdout passes jcheck.py MODE.  The mode's printout is left in $T/jout.
+json_check() {
+    desc=$1
+    mode=$2
+    shift 2
+    : >"$T/jout"
+    if [ -z "$HAVE_PY" ]; then
+        skipped "$desc (python3 not found)"
+        return 1
+    fi
+    run "$@"
+    if [ "$ec" -gt 1 ]; then
+        echo "expected exit 0 or 1" >"$T/why"
+        bad "$desc"
+        return 1
+    fi
+    if python3 "$T/jcheck.py" "$mode" <"$T/out" >"$T/jout" 2>"$T/why"; then
+        ok "$desc"
+        return 0
+    fi
+    bad "$desc"
+    return 1
+}
+
+# ---- help and version ---------------------------------------------------------------------
+
+for h in --help -h help; do
+    run "$h"
+    if [ "$ec" -eq 0 ] && [ -s "$T/out" ] && [ ! -s "$T/err" ]; then
+        ok "memplan $h: help on stdout, exit 0"
+    else
+        echo "expected exit 0, help on stdout, nothing on stderr" >"$T/why"
+        bad "memplan $h: help on stdout, exit 0"
+    fi
+done
+
+run --version
+if [ "$ec" -eq 0 ] && [ "$(nlines "$T/out")" -eq 1 ] && grep -Eq '^memplan [0-9]+\.[0-9]+\.[0-9]+$' "$T/out"; then
+    ok "memplan --version: prints 'memplan X.Y.Z'"
+else
+    echo "stdout: $(head -c 200 "$T/out")" >"$T/why"
+    bad "memplan --version: prints 'memplan X.Y.Z'"
+fi
+
+# Each command's help names the options of its synopsis in design.md.
+help_opts() {
+    case $1 in
+        estimate) echo "--batch --seq --precision --optimizer --checkpoint --json --help" ;;
+        plan) echo "--batch --seq --activation-budget --vram --gpu --checkpoint --json --help" ;;
+        probe) echo "--batch --seq --precision --optimizer --checkpoint --steps --backend --device --json --help" ;;
+        suggest) echo "--vram --gpu --device --seq --precision --optimizer --global-batch --emit --json --help" ;;
+        check) echo "--batch --seq --precision --optimizer --checkpoint --vram --gpu --json --help" ;;
+    esac
+}
+for c in estimate plan probe suggest check; do
+    for form in "$c --help" "$c -h" "help $c"; do
+        # shellcheck disable=SC2086
+        run $form
+        missing=
+        for o in $(help_opts "$c"); do
+            grep -Eq -e "$o([^a-z-]|\$)" "$T/out" || missing="$missing $o"
+        done
+        if [ "$ec" -eq 0 ] && [ -z "$missing" ] && [ ! -s "$T/err" ]; then
+            ok "memplan $form: exit 0, lists its options"
+        else
+            echo "options not in the help:${missing:- (none)}" >"$T/why"
+            bad "memplan $form: exit 0, lists its options"
+        fi
+    done
+done
+
+run help gpus
+if [ "$ec" -eq 0 ] && grep -q 'a100-40gb' "$T/out" && grep -q 't4' "$T/out"; then
+    ok "memplan help gpus: lists the bundled profiles"
+else
+    echo "expected exit 0 and a100-40gb, t4 in the list" >"$T/why"
+    bad "memplan help gpus: lists the bundled profiles"
+fi
+
+# ---- usage errors: exit 2 -----------------------------------------------------------------
+
+run
+if [ "$ec" -eq 2 ] && [ ! -s "$T/out" ] && [ -s "$T/err" ]; then
+    ok "no arguments: exit 2, usage on stderr"
+else
+    echo "expected exit 2, usage on stderr, nothing on stdout" >"$T/why"
+    bad "no arguments: exit 2, usage on stderr"
+fi
+
+expect_line 2 "unknown command" frobnicate models/tiny-test.json
+expect_line 2 "unknown option before the command" --frobnicate
+expect_line 2 "unknown option of a command" estimate --frobnicate models/tiny-test.json
+expect_line 2 "unknown short option" estimate -Z models/tiny-test.json
+expect 2 "help for an unknown command" help frobnicate
+
+expect 2 "estimate without MODEL" estimate
+expect 2 "estimate with options but no MODEL" estimate --batch 4
+expect 2 "plan without MODEL" plan --gpu a100-40gb
+expect 2 "probe without MODEL" probe --backend host
+expect 2 "suggest without MODEL" suggest --gpu a100-40gb
+expect 2 "check without MODEL" check --batch 1 --gpu a100-40gb
+expect 2 "two MODEL arguments" estimate models/tiny-test.json models/tiny-mlp.json
+
+expect 2 "--batch 0" estimate models/tiny-test.json --batch 0
+expect 2 "--batch -1" estimate models/tiny-test.json --batch -1
+expect 2 "--batch abc" estimate models/tiny-test.json --batch abc
+expect 2 "--batch 4x" estimate models/tiny-test.json --batch 4x
+expect 2 "--batch without a value" estimate models/tiny-test.json --batch
+expect 2 "--seq 0" estimate models/tiny-test.json --seq 0
+expect 2 "--precision fp8" estimate models/tiny-test.json --precision fp8
+expect 2 "--optimizer lion" estimate models/tiny-test.json --optimizer lion
+expect 2 "--checkpoint segments:0" estimate models/tiny-test.json --checkpoint segments:0
+expect 2 "--checkpoint every:0" estimate models/tiny-test.json --checkpoint every:0
+expect 2 "--checkpoint segments:x" estimate models/tiny-test.json --checkpoint segments:x
+expect 2 "--checkpoint segments (no K)" estimate models/tiny-test.json --checkpoint segments
+expect 2 "--checkpoint bogus" estimate models/tiny-test.json --checkpoint bogus
+expect 2 "--vram 12XB" check models/tiny-test.json --batch 1 --vram 12XB
+expect 2 "--vram 0" check models/tiny-test.json --batch 1 --vram 0
+expect 2 "--vram -4GiB" check models/tiny-test.json --batch 1 --vram -4GiB
+expect 2 "--gpu with no such profile" check models/tiny-test.json --batch 1 --gpu no-such-gpu
+expect 2 "--gpu and --vram together" check models/tiny-test.json --batch 1 --gpu t4 --vram 16GiB
+expect 2 "--emit csv" suggest models/tiny-test.json --gpu t4 --emit csv
+expect 2 "--global-batch 0" suggest models/tiny-test.json --gpu t4 --global-batch 0
+expect 2 "--backend rocm" probe models/tiny-test.json --backend rocm
+expect 2 "--steps 0" probe models/tiny-test.json --backend host --steps 0
+expect 2 "--attention paged" estimate models/tiny-test.json --attention paged
+expect 2 "check without --batch" check models/tiny-test.json --gpu a100-40gb
+expect 2 "check without a target" check models/tiny-test.json --batch 1
+expect 2 "plan without a target or budget" plan models/tiny-test.json --batch 1
+expect 2 "estimate --checkpoint optimal without a target" estimate models/tiny-test.json --checkpoint optimal
+expect 2 "probe --checkpoint optimal" probe models/tiny-test.json --backend host --checkpoint optimal
+
+expect 2 "option not for estimate (--global-batch)" estimate models/tiny-test.json --global-batch 8
+expect 2 "option not for estimate (--backend)" estimate models/tiny-test.json --backend host
+expect 2 "option not for suggest (--batch)" suggest models/tiny-test.json --gpu t4 --batch 4
+expect 2 "option not for check (--steps)" check models/tiny-test.json --batch 1 --gpu t4 --steps 2
+expect 2 "option not for plan (--emit)" plan models/tiny-test.json --gpu t4 --emit torch
+expect 2 "option not for probe (--gpu)" probe models/tiny-test.json --gpu t4
+
+# ---- bad input: exit 3 --------------------------------------------------------------------
+
+BAD=tests/data/bad
+if [ ! -f "$BAD/README" ]; then
+    cmdline="(none)"; ec=-; : >"$T/out"; : >"$T/err"; echo "$BAD/README is missing" >"$T/why"
+    bad "bad-input corpus: $BAD/README exists"
+else
+    nbad=0
+    while IFS= read -r line || [ -n "$line" ]; do
+        case $line in '' | '#'*) continue ;; esac
+        file=${line%%"$TAB"*}
+        msg=${line#*"$TAB"}
+        if [ "$file" = "$line" ] || [ -z "$msg" ]; then
+            cmdline="(README line)"; ec=-; : >"$T/out"; : >"$T/err"
+            echo "line: $line" >"$T/why"
+            bad "$BAD/README: a line is not 'file<TAB>message'"
+            continue
+        fi
+        nbad=$((nbad + 1))
+        if [ ! -f "$BAD/$file" ]; then
+            cmdline="estimate $BAD/$file"; ec=-; : >"$T/out"; : >"$T/err"
+            echo "listed in README but not present" >"$T/why"
+            bad "bad input $file: the file exists"
+            continue
+        fi
+        run estimate "$BAD/$file"
+        n=$(nlines "$T/err")
+        if [ "$ec" -eq 3 ] && [ "$n" -eq 1 ] && [ ! -s "$T/out" ] && grep -qF -e "$msg" "$T/err"; then
+            ok "bad input $file: exit 3, one line with '$msg'"
+        else
+            echo "expected exit 3, nothing on stdout, one stderr line containing: $msg" >"$T/why"
+            bad "bad input $file: exit 3, one line with '$msg'"
+        fi
+    done <"$BAD/README"
+    if [ "$nbad" -gt 0 ]; then
+        ok "bad-input corpus: $nbad entries in $BAD/README"
+    else
+        cmdline="(none)"; ec=-; : >"$T/out"; : >"$T/err"; echo "no entries" >"$T/why"
+        bad "bad-input corpus: entries in $BAD/README"
+    fi
+    # every corpus file is listed, so none goes untested
+    for f in "$BAD"/*.json; do
+        [ -e "$f" ] || continue
+        b=${f##*/}
+        if grep -q "^$b$TAB" "$BAD/README"; then
+            :
+        else
+            cmdline="(none)"; ec=-; : >"$T/out"; : >"$T/err"
+            echo "add a line '$b<TAB>message' to $BAD/README" >"$T/why"
+            bad "bad input $b: listed in $BAD/README"
+        fi
+    done
+fi
+
+expect_line 3 "a directory as MODEL" estimate models
+expect_line 3 "a missing MODEL file" estimate tests/data/no-such-model.json
+expect_line 3 "a missing MODEL file (check)" check tests/data/no-such-model.json --batch 1 --gpu t4
+
+# ---- output errors ------------------------------------------------------------------------
+
+if [ -w /dev/full ]; then
+    for args in "--help" "--version" "estimate models/tiny-test.json" "estimate models/gpt2-124m.json --json" \
+        "check models/tiny-test.json --batch 1 --gpu t4"; do
+        cmdline="$args >/dev/full"
+        : >"$T/why"
+        : >"$T/out"
+        # shellcheck disable=SC2086
+        "$M" $args >/dev/full 2>"$T/err" && ec=$? || ec=$?
+        if [ "$ec" -ne 0 ] && grep -q "writing output failed" "$T/err"; then
+            ok "memplan $args >/dev/full: non-zero exit, 'writing output failed'"
+        else
+            echo "expected a non-zero exit and 'writing output failed' on stderr" >"$T/why"
+            bad "memplan $args >/dev/full: non-zero exit, 'writing output failed'"
+        fi
+    done
+else
+    skipped "writes to /dev/full (no /dev/full here)"
+fi
+
+# ---- every bundled model ------------------------------------------------------------------
+
+for f in models/*.json models/hf/*.json; do
+    [ -f "$f" ] || continue
+    run estimate "$f"
+    if [ "$ec" -eq 0 ] && [ -s "$T/out" ]; then
+        ok "estimate $f: exit 0"
+    else
+        echo "expected exit 0 and a report on stdout" >"$T/why"
+        bad "estimate $f: exit 0"
+    fi
+    json_check "estimate $f --json: schema 1, design.md keys, totals = sum of layers" estimate \
+        estimate "$f" --json
+done
+
+# ---- JSON of each command -----------------------------------------------------------------
+
+json_check "estimate --checkpoint sqrt --json: plan keys" estimate \
+    estimate models/gpt2-124m.json --batch 4 --checkpoint sqrt --json
+json_check "plan --json: plan keys" plan plan models/gpt2-124m.json --batch 8 --gpu a100-40gb --json
+json_check "plan --activation-budget --json: plan keys" plan \
+    plan models/gpt2-124m.json --batch 8 --activation-budget 4GiB --json
+json_check "check --json: check keys" check check models/gpt2-124m.json --batch 1 --gpu a100-40gb --json
+json_check "suggest --json: recommendation and candidates keys" suggest \
+    suggest models/gpt2-124m.json --gpu a100-40gb --no-probe --json
+
+# ---- suggest and check agree --------------------------------------------------------------
+
+GPT2=models/gpt2-124m.json
+if json_check "suggest $GPT2 --gpu a100-40gb --json: a recommendation" recommend \
+    suggest "$GPT2" --gpu a100-40gb --no-probe --json; then
+    read -r B P C <"$T/jout"
+    if [ "$B" -ge 1 ] 2>/dev/null; then
+        expect 0 "check --batch $B (suggested) --precision $P --checkpoint $C fits" \
+            check "$GPT2" --gpu a100-40gb --batch "$B" --precision "$P" --checkpoint "$C"
+        B1=$((B + 1))
+        run check "$GPT2" --gpu a100-40gb --batch "$B1" --precision "$P" --checkpoint "$C"
+        if [ "$ec" -eq 1 ] && [ "$(nlines "$T/err")" -eq 1 ] && grep -q "short by" "$T/err"; then
+            ok "check --batch $B1 (one over) does not fit: exit 1, one stderr line 'short by'"
+        else
+            echo "expected exit 1 and exactly one stderr line containing 'short by'" >"$T/why"
+            bad "check --batch $B1 (one over) does not fit: exit 1, one stderr line 'short by'"
+        fi
+        json_check "check --batch $B --json: fits is true" check \
+            check "$GPT2" --gpu a100-40gb --batch "$B" --precision "$P" --checkpoint "$C" --json &&
+            if [ "$(cat "$T/jout")" = fits ]; then ok "check --json agrees with the exit status (fits)"; else
+                echo "check.fits is false at the suggested batch" >"$T/why"; bad "check --json agrees (fits)"; fi
+        json_check "check --batch $B1 --json: fits is false" check \
+            check "$GPT2" --gpu a100-40gb --batch "$B1" --precision "$P" --checkpoint "$C" --json &&
+            if [ "$(cat "$T/jout")" = nofit ] && [ "$ec" -eq 1 ]; then ok "check --json agrees with the exit status (does not fit)"; else
+                echo "check.fits is true one over the suggested batch, or exit is not 1" >"$T/why"; bad "check --json agrees (does not fit)"; fi
+    else
+        echo "recommendation.micro_batch: '$B'" >"$T/why"
+        bad "suggest: recommendation.micro_batch is a positive integer"
+    fi
+fi
+
+if json_check "suggest --global-batch 512 --json" global \
+    suggest "$GPT2" --gpu a100-40gb --global-batch 512 --no-probe --json; then
+    read -r prod gb <"$T/jout"
+    if [ "$prod" = 512 ] && [ "$gb" = 512 ] && [ "$ec" -eq 0 ]; then
+        ok "suggest --global-batch 512: micro_batch x grad_accum = 512 exactly"
+    else
+        echo "micro_batch x grad_accum = $prod, global_batch = $gb, exit $ec" >"$T/why"
+        bad "suggest --global-batch 512: micro_batch x grad_accum = 512 exactly"
+    fi
+fi
+
+# A model that cannot fit: suggest exits 1 and says what would help.
+BIG=models/llama-70b.json
+expect 1 "suggest $BIG --gpu t4: does not fit" suggest "$BIG" --gpu t4 --no-probe
+cp "$T/out" "$T/nofit.txt"
+if json_check "suggest $BIG --gpu t4 --json: null recommendation, alternatives" nofit \
+    suggest "$BIG" --gpu t4 --no-probe --json; then
+    missing=
+    while IFS= read -r alt; do
+        grep -qF -e "$alt" "$T/nofit.txt" || missing="$missing; $alt"
+    done <"$T/jout"
+    if [ "$ec" -eq 1 ] && [ -z "$missing" ]; then
+        ok "suggest $BIG --gpu t4: exit 1, the text report prints the alternatives"
+    else
+        echo "exit $ec; alternatives missing from the text report:$missing" >"$T/why"
+        bad "suggest $BIG --gpu t4: exit 1, the text report prints the alternatives"
+    fi
+fi
+run check "$BIG" --batch 1 --gpu t4
+if [ "$ec" -eq 1 ] && [ "$(nlines "$T/err")" -eq 1 ] && grep -q "short by" "$T/err"; then
+    ok "check $BIG --gpu t4: exit 1, one stderr line 'short by'"
+else
+    echo "expected exit 1 and exactly one stderr line containing 'short by'" >"$T/why"
+    bad "check $BIG --gpu t4: exit 1, one stderr line 'short by'"
+fi
+
+# ---- the man page's EXAMPLES run (jq's mantest) -------------------------------------------
+
+MAN=man/memplan.1
+if [ ! -f "$MAN" ]; then
+    cmdline="(none)"; ec=-; : >"$T/out"; : >"$T/err"; echo "$MAN is missing" >"$T/why"
+    bad "$MAN exists"
+else
+    # lines starting with "memplan " between .SH EXAMPLES and the next .SH, unescaped
+    awk '/^\.SH/ { ex = ($0 ~ /^\.SH "?EXAMPLES"?[ \t]*$/); next } ex && /^memplan / { print }' "$MAN" |
+        sed -e 's/\\-/-/g' -e 's/\\(aq/'"'"'/g' -e 's/\\&//g' -e 's/\\e/\\/g' >"$T/examples"
+    nex=$(nlines "$T/examples")
+    if [ "$nex" -ge 5 ]; then
+        ok "$MAN: $nex commands in EXAMPLES"
+    else
+        cmdline="(none)"; ec=-; : >"$T/out"; : >"$T/err"; echo "found $nex (want at least 5)" >"$T/why"
+        bad "$MAN: at least 5 commands in EXAMPLES"
+    fi
+    while IFS= read -r ex; do
+        eval "set -- ${ex#memplan }"
+        run "$@"
+        if [ "$ec" -le 1 ]; then
+            ok "man example: $ex: exit $ec"
+        else
+            echo "a man page example must exit 0 or 1" >"$T/why"
+            bad "man example: $ex"
+        fi
+    done <"$T/examples"
+fi
+
+# ---- summary ------------------------------------------------------------------------------
+
+if [ "$skip" -gt 0 ]; then
+    echo "note: $skip check(s) skipped"
+fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
