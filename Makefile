@@ -39,7 +39,8 @@ CMOCKA_LIBS := $(or $(shell pkg-config --libs cmocka 2>/dev/null),-lcmocka)
 
 WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wcast-qual -Werror=implicit-function-declaration -Wno-format-truncation
-override CFLAGS += -std=c11 $(WARN) -D_POSIX_C_SOURCE=200809L -Isrc $(PKG_CFLAGS) -MMD -MP
+override CFLAGS += -std=c11 $(WARN) -D_POSIX_C_SOURCE=200809L -Isrc $(PKG_CFLAGS) -MMD -MP \
+                   -DMEMPLAN_DATADIR='"$(PREFIX)/share/memplan"'
 LDLIBS := $(CJSON_LIBS) -lm
 
 ifeq ($(SAN),1)
@@ -51,7 +52,7 @@ SRCS := $(filter-out src/probe_cuda.c,$(wildcard src/*.c))
 KSRCS :=
 ifeq ($(USE_CUDA),yes)
   override CFLAGS += -DMEMPLAN_HAVE_CUDA -I$(CUDA_HOME)/include
-  SRCS += src/probe_cuda.c
+  SRCS += $(wildcard src/probe_cuda.c)
   KSRCS := $(wildcard kernels/*.cu)
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++
   NVFLAGS := -O2 -std=c++17 -Ikernels -Isrc $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
@@ -127,6 +128,8 @@ install: memplan
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 755 memplan $(DESTDIR)$(PREFIX)/bin/memplan
 	install -m 644 man/memplan.1 $(DESTDIR)$(PREFIX)/share/man/man1/memplan.1
+	install -d $(DESTDIR)$(PREFIX)/share/memplan/gpus
+	install -m 644 configs/gpus/*.json $(DESTDIR)$(PREFIX)/share/memplan/gpus/
 
 clean:
 	rm -rf $(BUILD) memplan

@@ -4,12 +4,8 @@
  *
  *   dump_saved MODEL BATCH SEQ PRECISION [ATTENTION]
  *
- * Build (from the repository root; links the estimator's objects, not the probe):
- *   for f in src/*.c; do case $f in src/probe*) continue;; esac;
- *     gcc -std=c11 -O2 -D_POSIX_C_SOURCE=200809L -Isrc -I/usr/include/cjson -c $f -o /tmp/tsbuild/$(basename $f .c).o; done
- *   gcc -std=c11 -O2 -D_POSIX_C_SOURCE=200809L -Isrc -I/usr/include/cjson bench/dump_saved.c \
- *     $(ls /tmp/tsbuild/*.o | grep -v -e main.o -e report.o) -o /tmp/tsbuild/dump_saved -lcjson -lm
- * (probe_stub.o provides the probe symbols that no code here calls.)
+ * Build: see bench/torch_saved.md ("Building").  It links memplan's objects except
+ * main.o, report.o and the probe (a stub provides the probe symbols nothing here calls).
  */
 #include <stdio.h>
 #include <stdlib.h>

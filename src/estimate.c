@@ -230,6 +230,12 @@ static void bwd_block(struct rp *r, size_t i)
     }
     r->node = -1;
     g_free(r, bp->output);
+    /* A hold left on x_{i+1} comes from recomputing block i (B_{i+1} already ran):
+     * B_i consumes that recomputed output (rotor: B_i frees xb_{i+1}). */
+    while (r->holds[bp->output] > 0 && bp->output != bp->input) {
+        r->holds[bp->output]--;
+        t_maybe_free(r, bp->output);
+    }
     if (r->ckpt[i] && r->holds[bp->input] > 0) {
         r->ckpt[i] = false;
         r->holds[bp->input]--;

@@ -9,6 +9,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#ifndef MEMPLAN_DATADIR
+#define MEMPLAN_DATADIR "/usr/local/share/memplan"
+#endif
+
 uint64_t mp_gpu_capacity(const struct mp_gpu *g)
 {
     double c = (double)g->memory_bytes * g->usable_fraction;
@@ -108,7 +112,7 @@ static size_t profile_dirs(const char *argv0, char dirs[][512], size_t max)
         snprintf(dirs[n++], 512, "%.*s/configs/gpus", (int)(slash - argv0), argv0);
     }
     if (n < max)
-        snprintf(dirs[n++], 512, "/usr/local/share/memplan/gpus");
+        snprintf(dirs[n++], 512, "%s/gpus", MEMPLAN_DATADIR);
     return n;
 }
 

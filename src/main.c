@@ -47,11 +47,12 @@ static int fail(enum mp_status st, const struct mp_diag *d)
     return exit_for(st);
 }
 
+/* One line: "memplan: error: <problem> (see 'memplan CMD --help')", exit 2. */
 static int usage_error(const char *cmd, const char *fmt, const char *arg)
 {
-    fprintf(stderr, "memplan: ");
+    fprintf(stderr, "memplan: error: ");
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nTry 'memplan %s%s--help'.\n", cmd ? cmd : "", cmd ? " " : "");
+    fprintf(stderr, " (see 'memplan %s%s--help')\n", cmd ? cmd : "", cmd ? " " : "");
     return MP_EXIT_USAGE;
 }
 
@@ -74,11 +75,11 @@ struct opt_info {
 };
 
 static const struct opt_info OPTS[] = {
-    {{"batch", required_argument, 0, O_BATCH}, C_EST | C_PLAN | C_PROBE | C_CHECK, "B", "micro-batch (default 1; check: required)"},
+    {{"batch", required_argument, 0, O_BATCH}, C_EST | C_PLAN | C_PROBE | C_CHECK, "B", "micro-batch (default 1)"},
     {{"seq", required_argument, 0, O_SEQ}, 31, "S", "sequence length (default: the model's, at most 2048 for HF configs)"},
-    {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 (default amp-bf16; suggest: searched)"},
+    {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 (default amp-bf16)"},
     {{"optimizer", required_argument, 0, O_OPT}, 31, "O", "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit (default adamw)"},
-    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none | sqrt | segments:K | every:K | optimal | optimal-segments (default none; plan: optimal)"},
+    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none | sqrt | segments:K | every:K | optimal | optimal-segments (default none)"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
@@ -93,7 +94,7 @@ static const struct opt_info OPTS[] = {
     {{"backend", required_argument, 0, O_BACKEND}, C_PROBE, "B", "auto | cuda | host (default auto)"},
     {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE, "SIZE", "host backend: memory limit (default: none)"},
     {{"no-probe", no_argument, 0, O_NOPROBE}, C_SUGG, NULL, "do not confirm with probes even when a GPU is present"},
-    {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default: the GPU profile's, else 8519680)"},
+    {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default: the --gpu profile's, else 8519680 B)"},
     {{"context", required_argument, 0, O_CONTEXT}, C_EST | C_PLAN | C_SUGG | C_CHECK, "SIZE", "CUDA context size (default: the GPU profile's, else 500MiB)"},
     {{"all-layers", no_argument, 0, O_ALL}, C_EST, NULL, "do not fold identical repeated blocks"},
     {{"json", no_argument, 0, O_JSON}, 31, NULL, "print the report as JSON (schema 1)"},
@@ -150,7 +151,7 @@ static int cmd_suggest(struct args *a);
 static int cmd_check(struct args *a);
 
 static const struct command COMMANDS[] = {
-    {"estimate", C_EST, cmd_estimate, "estimate MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--json]",
+    {"estimate", C_EST, cmd_estimate, "estimate MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--gpu NAME] [--all-layers] [--json]",
      "where a training step's GPU memory goes, layer by layer, and when it peaks"},
     {"plan", C_PLAN, cmd_plan, "plan MODEL [--batch B] [--seq S] (--activation-budget SIZE | --vram SIZE | --gpu NAME) [--checkpoint C] [--json]",
      "which blocks to checkpoint so the batch fits, at the least recompute"},
@@ -162,6 +163,21 @@ static const struct command COMMANDS[] = {
      "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
+
+/* Per-command notes printed after the shared option table. */
+static const char *command_notes(unsigned bit)
+{
+    switch (bit) {
+    case C_PLAN: return "--checkpoint defaults to optimal here. With --vram/--gpu the activation budget is what the\n"
+                        "target leaves after weights, gradients, optimizer state and overheads.\n";
+    case C_PROBE: return "--checkpoint takes a fixed plan here (none, sqrt, segments:K, every:K). Without a GPU,\n"
+                         "--backend auto runs the host (CPU) executor for small models.\n";
+    case C_SUGG: return "Micro-batch and checkpoint strategy are searched; precision too unless --precision is given.\n"
+                        "Target: --gpu, --vram, --device, else the local GPU, else the a100-80gb profile.\n";
+    case C_CHECK: return "--batch and a target (--gpu NAME or --vram SIZE) are required. No GPU is needed.\n";
+    default: return "";
+    }
+}
 
 static void print_command_help(FILE *f, const struct command *c)
 {
@@ -176,8 +192,9 @@ static void print_command_help(FILE *f, const struct command *c)
         else
             fprintf(f, "      %-26s %s\n", left, OPTS[i].help);
     }
-    fprintf(f, "\nExit status: 0 success/fits, 1 does not fit, 2 usage, 3 bad input, 4 device error, 5 internal.\n"
-               "See memplan(1).\n");
+    fprintf(f, "\n%sExit status: 0 success/fits, 1 does not fit, 2 usage, 3 bad input, 4 device error, 5 internal.\n"
+               "See memplan(1).\n",
+            command_notes(c->bit));
 }
 
 static void print_help(FILE *f)
@@ -238,8 +255,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
         if (oi && !(oi->cmds & c->bit)) {
             char bad[64];
             snprintf(bad, sizeof bad, "--%s", oi->lo.name);
-            fprintf(stderr, "memplan: option '%s' does not apply to '%s'\nTry 'memplan %s --help'.\n", bad, c->name,
-                    c->name);
+            fprintf(stderr, "memplan: error: option '%s' does not apply to '%s' (see 'memplan %s --help')\n", bad,
+                    c->name, c->name);
             return MP_EXIT_USAGE;
         }
         enum mp_status st = MP_OK;
@@ -426,9 +443,9 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
         add_default(s, "seq %s (model)", num);
     }
-    if (!a->batch_set)
+    if (!a->batch_set && !need_target)
         add_default(s, "batch %s", "1");
-    if (!a->precision_set)
+    if (!a->precision_set && !need_target)
         add_default(s, "precision %s", "amp-bf16");
     if (a->optimizer == MP_OPT_ADAMW)
         add_default(s, "optimizer %s", "adamw");
@@ -759,6 +776,12 @@ static int cmd_probe(struct args *a)
         fprintf(stderr, "memplan: no usable GPU: probing on the host backend (CPU)\n");
         po.backend = "host";
     }
+    if (a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS) {
+        mp_program_release(&prog);
+        mp_model_release(&s.model);
+        return usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K); "
+                                          "use 'memplan plan' to find an optimal one");
+    }
     struct mp_probe *p = NULL;
     st = mp_probe_open(&p, &po, &d);
     if (st != MP_OK) {
@@ -771,14 +794,7 @@ static int cmd_probe(struct args *a)
     mp_ckpt_plan_init(&plan);
     st = mp_estimate_chain(&prog, &ch, &d);
     if (st == MP_OK) {
-        uint64_t budget = 0;
-        if (a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS) {
-            fprintf(stderr, "memplan: error: probe takes a fixed plan (none, sqrt, segments:K, every:K); "
-                            "use 'memplan plan' to find an optimal one\n");
-            st = MP_ERR_USAGE;
-        } else {
-            st = mp_ckpt_plan_make(&ch, &a->ckpt, budget, a->slots, &plan, &d);
-        }
+        st = mp_ckpt_plan_make(&ch, &a->ckpt, 0, a->slots, &plan, &d);
         mp_chain_release(&ch);
     }
     struct mp_estimate e;
@@ -800,8 +816,6 @@ static int cmd_probe(struct args *a)
     mp_probe_close(p);
     mp_program_release(&prog);
     mp_model_release(&s.model);
-    if (st == MP_ERR_USAGE)
-        return MP_EXIT_USAGE;
     if (st != MP_OK)
         return fail(st, &d);
     return finish(r.fits ? MP_EXIT_OK : MP_EXIT_NOFIT);

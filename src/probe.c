@@ -157,10 +157,15 @@ bool mp_store_persistent(enum mp_store s)
     return s == MP_ST_PARAM || s == MP_ST_OPT_STATE || s == MP_ST_WORKSPACE || s == MP_ST_INPUT;
 }
 
-/* One slot per (store, id), laid out as the estimator's key_of. */
+/* One slot per (store, id), laid out as the estimator's key_of: parameters,
+ * their optimizer state, their gradients and their step temporaries (Adam: one
+ * per parameter; Adafactor: id 0), the workspace, then tensors and node temporaries. */
+#define KEY_WORKSPACE(np) (4 * (np) + 1)
+#define KEY_TENSORS(np) (4 * (np) + 2)
+
 static bool key_of(const struct mp_program *p, enum mp_store s, int id, size_t *key)
 {
-    size_t nt = p->n_tensors, np = p->n_params, nn = p->n_nodes, base = 3 * np + 2;
+    size_t nt = p->n_tensors, np = p->n_params, nn = p->n_nodes, base = KEY_TENSORS(np);
     if (id < 0)
         return false;
     size_t i = (size_t)id;
@@ -168,8 +173,8 @@ static bool key_of(const struct mp_program *p, enum mp_store s, int id, size_t *
     case MP_ST_PARAM: *key = i; return i < np;
     case MP_ST_OPT_STATE: *key = np + i; return i < np;
     case MP_ST_PGRAD: *key = 2 * np + i; return i < np;
-    case MP_ST_WORKSPACE: *key = 3 * np; return true;
-    case MP_ST_OPT_TMP: *key = 3 * np + 1; return true;
+    case MP_ST_OPT_TMP: *key = 3 * np + i; return i < np || i == 0;
+    case MP_ST_WORKSPACE: *key = KEY_WORKSPACE(np); return true;
     case MP_ST_INPUT:
     case MP_ST_ACT: *key = base + i; return i < nt;
     case MP_ST_GRAD: *key = base + nt + i; return i < nt;
@@ -227,7 +232,7 @@ enum mp_status mp_pool_init(struct mp_pool *pl, const struct mp_program *p, cons
     pl->p = p;
     pl->ops = *ops;
     pl->capacity = capacity;
-    pl->n_keys = 3 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes;
+    pl->n_keys = KEY_TENSORS(p->n_params) + 2 * p->n_tensors + p->n_nodes;
     pl->ptr = calloc(pl->n_keys, sizeof *pl->ptr);
     pl->bytes = calloc(pl->n_keys, sizeof *pl->bytes);
     pl->present = calloc(pl->n_keys, 1);
@@ -346,12 +351,12 @@ void mp_pool_step_begin(struct mp_pool *pl) { pl->cur = 0; }
 enum mp_status mp_pool_step_end(struct mp_pool *pl, struct mp_diag *d)
 {
     const struct mp_program *p = pl->p;
-    size_t np = p->n_params, base = 3 * np + 2;
+    size_t np = p->n_params, base = KEY_TENSORS(np);
     uint64_t persistent = 0;
     for (size_t k = 0; k < pl->n_keys; k++) {
         if (!pl->present[k])
             continue;
-        bool keep = k < 2 * np || k == 3 * np ||
+        bool keep = k < 2 * np || k == KEY_WORKSPACE(np) ||
                     (k >= base && k < base + p->n_tensors &&
                      ((int)(k - base) == p->input || (int)(k - base) == p->labels));
         if (!keep)

@@ -245,16 +245,22 @@ static enum mp_status embed_bwd(struct ctx *c)
     return MP_OK;
 }
 
+/* The table row added to row r: its position (learned positions, k == seq), or
+ * row 0 everywhere (k == 1: BERT token types with all-zero ids). */
+static uint64_t pos_row(const struct mp_node *n, uint64_t r)
+{
+    return n->k == 1 ? 0 : r % (n->seq ? n->seq : 1);
+}
+
 static enum mp_status addpos_fwd(struct ctx *c)
 {
     const struct mp_node *n = c->n;
     NEED(c->w);
     NEED(c->out);
     FGET(x, c->in[0]);
-    uint64_t s = n->seq ? n->seq : 1;
     for (uint64_t r = 0; r < n->rows; r++)
         for (uint64_t j = 0; j < n->n; j++)
-            stf(c->out, r * n->n + j, x[r * n->n + j] + ldf(c->w, (r % s) * n->n + j));
+            stf(c->out, r * n->n + j, x[r * n->n + j] + ldf(c->w, pos_row(n, r) * n->n + j));
     return MP_OK;
 }
 
@@ -264,12 +270,11 @@ static enum mp_status addpos_bwd(struct ctx *c)
     if (!c->gout.p)
         return MP_OK;
     FGET(dy, c->gout);
-    uint64_t s = n->seq ? n->seq : 1;
     facc(c->gin[0], dy, c->gout.n);
     if (c->gw.p)
         for (uint64_t r = 0; r < n->rows; r++)
             for (uint64_t j = 0; j < n->n; j++)
-                accf(c->gw, (r % s) * n->n + j, dy[r * n->n + j]);
+                accf(c->gw, pos_row(n, r) * n->n + j, dy[r * n->n + j]);
     return MP_OK;
 }
 
@@ -1164,7 +1169,7 @@ static enum mp_status conv_bwd(struct ctx *c)
 static enum mp_status batchnorm_fwd(struct ctx *c)
 {
     const struct mp_node *n = c->n;
-    uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C * HW) ? c->out.n / (C * HW) : 0, N = B * HW;
+    uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C && HW) ? c->out.n / (C * HW) : 0, N = B * HW;
     NEED(c->out);
     NEED(c->ex[0]);
     NEED(c->ex[1]);
@@ -1201,7 +1206,7 @@ static enum mp_status batchnorm_bwd(struct ctx *c)
     const struct mp_node *n = c->n;
     if (!c->gout.p)
         return MP_OK;
-    uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C * HW) ? c->gout.n / (C * HW) : 0, N = B * HW;
+    uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C && HW) ? c->gout.n / (C * HW) : 0, N = B * HW;
     NEED(c->ex[0]);
     NEED(c->ex[1]);
     FGET(dy, c->gout);
@@ -1560,8 +1565,8 @@ static float f32_at(const uint8_t *b, uint64_t i)
 }
 static void f32_put(uint8_t *b, uint64_t i, float f) { memcpy(b + 4 * i, &f, 4); }
 
-static void adam_update(struct hv P, struct hv G, struct hv m, struct hv v, struct hv den, uint64_t den_off,
-                        uint64_t n, uint64_t t, float wd)
+static void adam_update(struct hv P, struct hv G, struct hv m, struct hv v, struct hv den, uint64_t n, uint64_t t,
+                        float wd)
 {
     float bc1 = 1.0f - powf(MP_ADAM_BETA1, (float)t), bc2 = 1.0f - powf(MP_ADAM_BETA2, (float)t);
     for (uint64_t i = 0; i < n; i++) {
@@ -1574,8 +1579,8 @@ static void adam_update(struct hv P, struct hv G, struct hv m, struct hv v, stru
         stf(v, i, vi);
         float d = sqrtf(ldf(v, i)) / sqrtf(bc2) + MP_ADAM_EPS; /* _foreach_sqrt into the step temporary */
         if (den.p) {
-            stf(den, den_off + i, d);
-            d = ldf(den, den_off + i);
+            stf(den, i, d);
+            d = ldf(den, i);
         }
         stf(P, i, p - MP_ADAM_LR / bc1 * ldf(m, i) / d);
     }
@@ -1675,7 +1680,7 @@ static enum mp_status opt_step(struct mp_host_exec *x)
     }
     if (!x->update)
         return MP_OK;
-    uint64_t t = ++x->opt_steps, den_off = 0, largest = 0;
+    uint64_t t = ++x->opt_steps, largest = 0;
     for (size_t q = 0; q < p->n_params; q++)
         largest = mp_max_u64(largest, p->params[q].elems);
     void *otmp = mp_pool_get(&x->pool, MP_ST_OPT_TMP, 0);
@@ -1688,10 +1693,8 @@ static enum mp_status opt_step(struct mp_host_exec *x)
         struct hv P = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), pdt, n};
         struct hv G = {mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q), pdt, n};
         void *S = mp_pool_get(&x->pool, MP_ST_OPT_STATE, (int)q);
-        if (!P.p || !G.p) {
-            den_off += n;
+        if (!P.p || !G.p)
             continue; /* no gradient this step (or empty) */
-        }
         switch (x->t.optimizer) {
         case MP_OPT_SGD:
             for (uint64_t i = 0; i < n; i++)
@@ -1707,9 +1710,10 @@ static enum mp_status opt_step(struct mp_host_exec *x)
         }
         case MP_OPT_ADAM:
         case MP_OPT_ADAMW: {
+            /* the _foreach_sqrt output: one temporary per parameter */
             struct hv m = {S, pdt, n}, v = {(char *)S + n * mp_dtype_size(pdt), pdt, n};
-            struct hv den = {otmp, pdt, 0};
-            adam_update(P, G, m, v, den, den_off, n, t, x->t.optimizer == MP_OPT_ADAMW ? MP_ADAMW_WD : 0.0f);
+            struct hv den = {mp_pool_get(&x->pool, MP_ST_OPT_TMP, (int)q), pdt, n};
+            adam_update(P, G, m, v, den, n, t, x->t.optimizer == MP_OPT_ADAMW ? MP_ADAMW_WD : 0.0f);
             break;
         }
         case MP_OPT_ADAFACTOR:
@@ -1718,13 +1722,12 @@ static enum mp_status opt_step(struct mp_host_exec *x)
         case MP_OPT_ADAM8BIT:
             if (n < MP_ADAM8_MIN_ELEMS) {
                 struct hv m = {S, MP_DT_F32, n}, v = {(char *)S + n * 4, MP_DT_F32, n}, none = {NULL, MP_DT_F32, 0};
-                adam_update(P, G, m, v, none, 0, n, t, 0.0f);
+                adam_update(P, G, m, v, none, n, t, 0.0f);
             } else {
                 adam8_update(P, G, S, n, t);
             }
             break;
         }
-        den_off += n;
     }
     free(scratch);
     return MP_OK;

@@ -149,7 +149,7 @@ static void json_layers(cJSON *r, const struct mp_report_ctx *c, const struct mp
     }
 }
 
-static cJSON *json_plan(const struct mp_ckpt_plan *p, const struct mp_chain *ch)
+static cJSON *json_plan(const struct mp_ckpt_plan *p, double base_flops)
 {
     cJSON *o = cJSON_CreateObject();
     char sb[32];
@@ -168,11 +168,7 @@ static cJSON *json_plan(const struct mp_ckpt_plan *p, const struct mp_chain *ch)
     cJSON_AddBoolToObject(o, "multilevel", p->multilevel);
     ju64(o, "activation_peak_bytes", p->peak_bytes);
     jnum(o, "recompute_flops", p->recompute_cost);
-    double base = 0;
-    if (ch)
-        for (size_t i = 0; i < ch->L; i++)
-            base += ch->f[i] + ch->b[i];
-    jnum(o, "overhead_pct", base > 0 ? 100.0 * p->recompute_cost / base : 0);
+    jnum(o, "overhead_pct", base_flops > 0 ? 100.0 * p->recompute_cost / base_flops : 0);
     return o;
 }
 
@@ -291,7 +287,7 @@ void mp_report_estimate(FILE *out, const struct mp_report_ctx *c, const struct m
         json_memory(r, e);
         json_layers(r, c, e);
         if (plan && plan->spec.strategy != MP_CKPT_NONE)
-            cJSON_AddItemToObject(r, "plan", json_plan(plan, NULL));
+            cJSON_AddItemToObject(r, "plan", json_plan(plan, e->fwd_flops + e->bwd_flops));
         print_json(out, r);
         return;
     }
@@ -318,7 +314,7 @@ void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fi
     double pct = base > 0 ? 100.0 * p->recompute_cost / base : 0;
     if (c->json) {
         cJSON *r = json_root(c);
-        cJSON *pl = json_plan(p, &f->chain);
+        cJSON *pl = json_plan(p, base);
         ju64(pl, "activation_peak_without_bytes", f->nockpt_activation_peak);
         ju64(pl, "activation_budget_bytes", f->activation_budget);
         if (cmp && cmp->have_sqrt) {
@@ -384,7 +380,7 @@ void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_f
         ju64(k, "capacity_bytes", f->capacity_bytes);
         ju64(k, "peak_device_bytes", f->peak_device_bytes);
         json_memory(r, &f->est);
-        cJSON_AddItemToObject(r, "plan", json_plan(&f->plan, &f->chain));
+        cJSON_AddItemToObject(r, "plan", json_plan(&f->plan, f->est.fwd_flops + f->est.bwd_flops));
         print_json(out, r);
         return;
     }
@@ -479,7 +475,7 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     ju64(o, "global_batch", b->global_batch);
     cJSON_AddStringToObject(o, "precision", mp_precision_str(b->precision));
     cJSON_AddBoolToObject(o, "fits", b->fits);
-    cJSON_AddItemToObject(o, "plan", json_plan(&b->fit.plan, &b->fit.chain));
+    cJSON_AddItemToObject(o, "plan", json_plan(&b->fit.plan, b->fit.est.fwd_flops + b->fit.est.bwd_flops));
     ju64(o, "peak_device_bytes", b->peak_device_bytes);
     ju64(o, "peak_allocated_bytes", b->fit.est.peak_allocated_bytes);
     ju64(o, "capacity_bytes", b->capacity_bytes);
@@ -529,9 +525,13 @@ void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "  grad accumulation  %llu   (global batch %llu%s)\n", (unsigned long long)b->grad_accum,
                 (unsigned long long)b->global_batch, s->global_met ? "" : ", requested global batch NOT met");
         fprintf(out, "  precision          %s\n", mp_precision_str(b->precision));
-        fprintf(out, "  checkpointing      %s: ", mp_ckpt_spec_str(&b->ckpt, sb, sizeof sb));
-        mp_report_plan_blocks(out, &b->fit.plan);
-        fprintf(out, " (+%.1f%% recompute)\n", b->recompute_pct);
+        if (b->n_ckpt_blocks) {
+            fprintf(out, "  checkpointing      %s: blocks ", mp_ckpt_spec_str(&b->ckpt, sb, sizeof sb));
+            mp_report_plan_blocks(out, &b->fit.plan);
+            fprintf(out, " (+%.1f%% recompute)\n", b->recompute_pct);
+        } else {
+            fprintf(out, "  checkpointing      none\n");
+        }
         fprintf(out, "  expected peak      %s of %s (%.1f%% headroom), peak at %s\n", B(b->peak_device_bytes),
                 B(b->capacity_bytes), b->headroom_pct, b->fit.est.peak_event);
         fprintf(out, "  throughput         %.1f samples/s (%s)\n", b->samples_per_s,

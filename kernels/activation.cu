@@ -1,0 +1,68 @@
+// activation.cu — GELU (erf and tanh forms), ReLU, SiLU, tanh, sigmoid: forward
+// and backward from the tensor autograd saves (x or y, memory-facts §2).
+#include "kcommon.cuh"
+
+// ---- kernels ------------------------------------------------------------------------------
+
+__device__ __forceinline__ float act_f(int a, float x)
+{
+    switch (a) {
+    case MP_K_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118f));
+    case MP_K_GELU_TANH: return 0.5f * x * (1.0f + tanhf(0.79788456080f * (x + 0.044715f * x * x * x)));
+    case MP_K_RELU: return x > 0.0f ? x : 0.0f;
+    case MP_K_SILU: return x / (1.0f + expf(-x));
+    case MP_K_TANH: return tanhf(x);
+    case MP_K_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    }
+    return x;
+}
+
+__device__ __forceinline__ float act_df(int a, float s)
+{
+    switch (a) {
+    case MP_K_GELU: return 0.5f * (1.0f + erff(s * 0.70710678118f)) + s * 0.39894228040f * expf(-0.5f * s * s);
+    case MP_K_GELU_TANH: {
+        float u = 0.79788456080f * (s + 0.044715f * s * s * s), t = tanhf(u);
+        return 0.5f * (1.0f + t) + 0.5f * s * (1.0f - t * t) * 0.79788456080f * (1.0f + 3.0f * 0.044715f * s * s);
+    }
+    case MP_K_RELU: return s > 0.0f ? 1.0f : 0.0f;
+    case MP_K_SILU: {
+        float sg = 1.0f / (1.0f + expf(-s));
+        return sg * (1.0f + s * (1.0f - sg));
+    }
+    case MP_K_TANH: return 1.0f - s * s;
+    case MP_K_SIGMOID: return s * (1.0f - s);
+    }
+    return 1.0f;
+}
+
+__global__ void act_fwd_kernel(void *y, const void *x, int dt, uint64_t n, int act)
+{
+    GRID_STRIDE(i, n) stf(y, dt, i, act_f(act, ldf(x, dt, i)));
+}
+
+__global__ void act_bwd_kernel(void *dx, const void *dy, const void *saved, int dt, uint64_t n, int act, int overwrite)
+{
+    GRID_STRIDE(i, n)
+    {
+        float g = ldf(dy, dt, i) * act_df(act, ldf(saved, dt, i));
+        stf(dx, dt, i, overwrite ? g : ldf(dx, dt, i) + g);
+    }
+}
+
+// ---- launchers ----------------------------------------------------------------------------
+
+extern "C" int mp_k_act_fwd(void *y, const void *x, int dt, uint64_t n, int act, cudaStream_t s)
+{
+    if (n)
+        act_fwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(y, x, dt, n, act);
+    KCHECK();
+}
+
+extern "C" int mp_k_act_bwd(void *dx, const void *dy, const void *saved, int dt, uint64_t n, int act, int overwrite,
+                            cudaStream_t s)
+{
+    if (n && dx)
+        act_bwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(dx, dy, saved, dt, n, act, overwrite);
+    KCHECK();
+}

@@ -1,0 +1,143 @@
+// kcommon.cuh — what every kernel file shares: dtype access (the codes of enum
+// mp_dtype), grid-stride loops, warp/block reductions, the dropout hash (the
+// same function as src/probe_impl.h, so host and device masks agree) and the
+// launch check.  Device code only; no allocation, no printing.
+#ifndef MEMPLAN_KCOMMON_CUH
+#define MEMPLAN_KCOMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+
+// Grid for n elements at `threads` per block; grid-stride loops cover the rest.
+static inline unsigned grid_for(uint64_t n, unsigned threads)
+{
+    uint64_t g = CEIL_DIV(n, (uint64_t)threads);
+    if (g == 0)
+        g = 1;
+    return (unsigned)(g > 65535ull * 32 ? 65535ull * 32 : g);
+}
+
+// Every launcher ends with this: the launch's own error (bad configuration),
+// as an int for the C side.  Asynchronous faults surface at the next sync.
+#define KCHECK() return (int)cudaGetLastError()
+
+#define GRID_STRIDE(i, n) \
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < (n); i += (uint64_t)blockDim.x * gridDim.x)
+
+// ---- dtype access -------------------------------------------------------------------------
+
+__device__ __forceinline__ float ldf(const void *p, int dt, uint64_t i)
+{
+    switch (dt) {
+    case MP_K_F32: return ((const float *)p)[i];
+    case MP_K_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case MP_K_F16: return __half2float(((const __half *)p)[i]);
+    case MP_K_I64: return (float)((const long long *)p)[i];
+    default: return (float)((const unsigned char *)p)[i];
+    }
+}
+
+__device__ __forceinline__ void stf(void *p, int dt, uint64_t i, float v)
+{
+    switch (dt) {
+    case MP_K_F32: ((float *)p)[i] = v; break;
+    case MP_K_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
+    case MP_K_F16: ((__half *)p)[i] = __float2half_rn(v); break;
+    case MP_K_I64: ((long long *)p)[i] = (long long)v; break;
+    default: ((unsigned char *)p)[i] = (unsigned char)v; break;
+    }
+}
+
+// p[i] += v (one writer).
+__device__ __forceinline__ void accf(void *p, int dt, uint64_t i, float v) { stf(p, dt, i, ldf(p, dt, i) + v); }
+
+// p[i] += v (many writers).  bf16/fp16 atomics need sm_70/sm_80, below our oldest target.
+__device__ __forceinline__ void atomic_accf(void *p, int dt, uint64_t i, float v)
+{
+    switch (dt) {
+    case MP_K_F32: atomicAdd((float *)p + i, v); break;
+    case MP_K_BF16: atomicAdd((__nv_bfloat16 *)p + i, __float2bfloat16_rn(v)); break;
+    case MP_K_F16: atomicAdd((__half *)p + i, __float2half_rn(v)); break;
+    default: break;
+    }
+}
+
+__device__ __forceinline__ float round_dt(int dt, float v)
+{
+    if (dt == MP_K_BF16)
+        return __bfloat162float(__float2bfloat16_rn(v));
+    if (dt == MP_K_F16)
+        return __half2float(__float2half_rn(v));
+    return v;
+}
+
+// ---- hashing (= mp_hash64 / mp_hash_unit in src/probe_impl.h) ------------------------------
+
+__device__ __forceinline__ uint64_t khash64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+__device__ __forceinline__ float khash_unit(uint64_t x) { return (float)(khash64(x) >> 40) * (1.0f / 16777216.0f); }
+
+// Dropout: kept elements scale by 1/(1-p); p <= 0 keeps everything.
+__device__ __forceinline__ float keep_scale(uint64_t key, uint64_t idx, float p)
+{
+    if (p <= 0.0f)
+        return 1.0f;
+    return khash_unit(key + idx) >= p ? 1.0f / (1.0f - p) : 0.0f;
+}
+
+// ---- reductions ----------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v)
+{
+    __shared__ float red[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); // red[] may still be read by a previous call
+    if (lane == 0)
+        red[w] = v;
+    __syncthreads();
+    float t = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+__device__ __forceinline__ float block_max(float v)
+{
+    __shared__ float red[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        red[w] = v;
+    __syncthreads();
+    float t = lane < nw ? red[lane] : -INFINITY;
+    return warp_max(t);
+}
+
+#endif
