@@ -1,38 +1,35 @@
 #!/usr/bin/env python3
 """torch_saved.py - memplan's per-block activation bytes against what PyTorch autograd saves (CPU).
 
-For small Hugging Face models (gpt2, llama with GQA, gpt_neox, qwen2) in fp32 and under
-torch.autocast("cpu", bfloat16), one training forward (model.train(), loss included) runs with
+For small Hugging Face models (gpt2, llama with GQA, gpt_neox, qwen2) in fp32, under
+torch.autocast("cpu", bfloat16) (memplan amp-bf16) and in pure bf16, one training forward
+(model.train(), loss included, use_cache=False unless asked) runs with
 
   * torch.autograd.graph.saved_tensors_hooks: every tensor autograd saves for backward,
-    deduplicated by storage (untyped_storage().data_ptr()); parameter and buffer storages
-    are excluded (memory-facts.md sec. 2 rules 1-2);
+    deduplicated by storage (untyped_storage().data_ptr()), nbytes of the storage; parameter and
+    buffer storages are excluded (memory-facts.md sec. 2 rules 1-2);
   * a TorchDispatchMode that records, for every new storage an aten op creates, the op and
     the block running at the time (forward pre-hooks: "embed" from the model call, "h.i" from
     decoder layer i, "head" from the final norm on: final norm, lm_head, loss);
-  * a walk of the autograd graph (grad_fn._saved_*) naming the nodes that save each storage.
+  * a walk of the autograd graph (grad_fn._saved_*) naming the nodes that save each storage;
+  * weak references to every created storage, for the bytes alive at block boundaries.
 
-The torch figure that corresponds to memplan's layers[i].activation_bytes (the growth of live
-activation bytes over block i's forward-with-grad, unrounded, output included; src/estimate.c
-mp_estimate_chain) is
+Figures (bench/torch_saved.md explains the correspondence in full):
+  torch saved[i] = distinct saved storages created while block i runs, plus block outputs still
+                   alive when the forward ends (the loss).  Summed over blocks this is the set
+                   memplan's sum of layers[].activation_bytes describes (saved tensors + loss).
+  torch live[i]  = growth of live bytes over block i (pre-hook to next pre-hook) while the caller
+                   holds the model output: memplan's definition, but it also sees the returned
+                   logits and tensors Python locals hold for a while.
+  memplan[i]     = layers[i].activation_bytes of `memplan estimate CONFIG --json` (unrounded).
+Input ids and labels exist before the forward and are excluded (memplan: memory.input_bytes).
 
-    torch_block[i] = sum of nbytes over distinct storages CREATED while block i runs that are
-                     saved by autograd or are block i's output (x_{i+1}, the loss for "head").
+memplan's tensor-level view comes from bench/dump_saved (every saved tensor: dtype, bytes, block,
+saving node); storages are paired with memplan tensors on dtype and bytes, preferring a matching
+kind of saving node, and what stays unpaired is listed.
 
-Storages created before the forward (input_ids, labels) are inputs in both (memplan:
-memory.input_bytes) and excluded.  Summed over blocks this is the total of distinct saved
-activation storages plus block outputs nothing saves (only the loss scalar here).  memplan's
-memory.activations_bytes is the same set 512-rounded per tensor plus the 512-byte loss gradient;
-it is printed for reference only.  A second figure, "live at backward", counts every storage
-created in the forward that is still alive when backward would start while the caller holds the
-model output (HF returns the logits): that is what the allocator would hold, saved or not.
-
-memplan's side comes from `memplan estimate CONFIG --json` and from bench/dump_saved (memplan's
-tensor program: every saved tensor, its dtype, size, block and saving node), so differences are
-matched tensor by tensor (greedy on dtype and bytes).
-
-Usage:
-  torch_saved.py [--memplan PATH] [--dump PATH] [--out FILE.md] [--detail] [--quick]
+Build the binaries with `sh bench/torch_saved_build.sh`, then:
+  torch_saved.py [--memplan PATH] [--dump PATH] [--out FILE.md] [--detail] [--quick] [--cfgdir DIR]
 """
 import argparse
 import collections
@@ -42,7 +39,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 
 import torch
 import transformers
@@ -50,7 +46,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.multiprocessing.reductions import StorageWeakRef
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 MEMPLAN_DEFAULT = "/tmp/tsbuild/memplan"
 DUMP_DEFAULT = "/tmp/tsbuild/dump_saved"
 
@@ -359,6 +354,26 @@ def match(torch_list, mp_list):
     return pairs, extra_t, left
 
 
+# ---- memplan plus the changes bench/torch_saved.md recommends, computed ---------------------------------
+
+def recommended_delta(kind, cfg, precision, b, s):
+    """Bytes the recommended layers.c changes would add to memplan's total (use_cache=False, no dropout)."""
+    pc = 4 if precision == "fp32" else 2        # matmul output dtype
+    pres = 2 if precision == "bf16" else 4      # residual stream dtype (fp32 under autocast)
+    d = 8 * b * s + 4                           # shifted int64 labels + nll_loss total_weight
+    if kind == "gpt2":
+        F = cfg.n_inner or 4 * cfg.n_embd
+        d += cfg.n_layer * 3 * b * s * F * pc   # NewGELUActivation: tanh(u), 0.5*x, 1+tanh(u)
+        d += 8 * s                              # position_ids (1, s) saved by wpe
+        return d
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    rot = int(hd * cfg.rope_parameters.get("partial_rotary_factor", 1.0)) if kind == "gpt_neox" else hd
+    d += 2 * s * rot * pres                     # rope cos, sin (1, s, rotary_dim), once per model
+    if kind == "gpt_neox":                      # SDPA output copy (q from torch.cat is (b,a,s,d)-contiguous)
+        d += cfg.num_hidden_layers * b * s * cfg.hidden_size * pc
+    return d
+
+
 # ---- activation functions -------------------------------------------------------------------------
 
 # what memplan's lower_act keeps for an MLP fc1 -> act -> fc2, in units of the act input's bytes N:
@@ -416,9 +431,11 @@ def main():
     ap.add_argument("--out", help="also write the report (markdown) here")
     ap.add_argument("--detail", action="store_true", help="list every saved storage of embed, h.0 and head")
     ap.add_argument("--quick", action="store_true", help="one shape per model")
+    ap.add_argument("--cfgdir", default="/tmp/torch_saved_configs", help="where the HF config.json files go")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    tmp = tempfile.mkdtemp(prefix="torch_saved.")
+    tmp = args.cfgdir
+    os.makedirs(tmp, exist_ok=True)
 
     cases = []  # (model, precision, b, s, attention, dropout, use_cache)
     shapes = [(2, 128)] if args.quick else [(2, 128), (4, 256)]
@@ -452,6 +469,7 @@ def main():
       "| per block: torch saved | torch live | memplan |")
     P("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     details = []
+    fixed_rows = []
     for (kind, prec, b, s, attn, drop, uc) in cases:
         tr = run_torch(kind, b, s, prec, attn, drop, use_cache=uc)
         # cross-check: the dispatch mode must not change what is saved
@@ -466,6 +484,11 @@ def main():
         mp_total = sum(mp_blocks.values())
         t_total = sum(tr["per_block"].values())
         name = kind + ("-dropout%.1f" % drop if drop else "") + ("-use_cache" if uc else "")
+        if not uc and not drop:
+            fixed_rows.append("| %s | %s | %s | %d | %d | %s | %s | %s | %s |" % (
+                name, prec, attn, b, s, fmt(t_total), fmt(mp_total),
+                fmt(mp_total + recommended_delta(kind, tr["config"], prec, b, s)),
+                "%+d" % (mp_total + recommended_delta(kind, tr["config"], prec, b, s) - t_total)))
         lg = tr["live_growth"]
         assert sum(lg.values()) == tr["live_total"], (sum(lg.values()), tr["live_total"])
         P("| %s | %s | %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
@@ -516,6 +539,12 @@ def main():
         d.append("")
         details.extend(d)
         print(lines[-1], flush=True)
+    P("")
+    P("memplan plus the changes recommended in bench/torch_saved.md, computed (`recommended_delta`): "
+      "torch saved vs memplan vs memplan + delta (bytes; the last column is what would remain):\n")
+    P("| model | prec | attn | b | s | torch saved | memplan | memplan + delta | remaining |")
+    P("|---|---|---|---|---|---|---|---|---|")
+    lines.extend(fixed_rows)
     P("")
     P("Activation functions (transformers ACT2FN) between two Linears: saved bytes in units of N = the "
       "activation input's bytes (act input/output + fc2 input; parameters, the fc1 input and bf16 weight "

@@ -1,4 +1,4 @@
-/* kernels.h — C-callable launchers of memplan's CUDA kernels (kernels/*.cu).
+/* kernels.h — C-callable launchers of memplan's CUDA kernels (the .cu files beside it).
  *
  * Every launcher enqueues on stream s, checks the launch and returns the
  * cudaError_t as an int (0 = success); none synchronises or allocates.

@@ -91,6 +91,7 @@ struct bld {
     const struct mp_layer *layer;
     char prefix[96];  /* name prefix of the current op */
     int embed_param;  /* first embedding table (tied lm_head) */
+    int rope_cos_sin; /* the model's rotary cos/sin tables (created by the first rope node), or -1 */
     uint64_t b, s;
     bool amp;
 };
@@ -504,6 +505,20 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
     n->out = y.t;
     n->act = act;
     save(n, saves_out ? y.t : x.t);
+    /* HF's Python GELUs save their intermediates (measured with saved_tensors_hooks,
+     * bench/torch_saved.md): NewGELUActivation tanh(u), 0.5x, 1+tanh(u);
+     * FastGELUActivation also 0.044715x, 0.7978845608x, 1+0.044715x^2. */
+    static const char *const gelu_new_saved[] = {"tanh", "half_x", "one_plus_tanh"};
+    static const char *const gelu_fast_saved[] = {"c_x", "k_x", "poly", "tanh", "half_x", "one_plus_tanh"};
+    const char *const *extra_names = act == MP_ACT_GELU_NEW ? gelu_new_saved : act == MP_ACT_GELU_FAST ? gelu_fast_saved : NULL;
+    size_t n_extras = act == MP_ACT_GELU_NEW ? 3 : act == MP_ACT_GELU_FAST ? 6 : 0;
+    for (size_t i = 0; i < n_extras; i++) {
+        char en[112];
+        snprintf(en, sizeof en, "%s.%s", name, extra_names[i]);
+        extra(n, new_flat(B, en, dt_of(B, x), T(B, x.t)->elems), true);
+    }
+    if (n_extras)
+        n->fwd_tmp_bytes = mul(B, T(B, x.t)->bytes, 2); /* pow(x, 3) and the polynomial, not saved */
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
@@ -569,6 +584,14 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->heads = heads;
     n->head_dim = l->head_dim;
     n->rotary_dim = l->rotary_dim ? l->rotary_dim : l->head_dim;
+    /* cos and sin (s x rotary_dim each, in the residual dtype) are made once per
+     * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
+    if (B->rope_cos_sin < 0) {
+        B->rope_cos_sin = new_flat(B, "rope.cos_sin", B->p->param_dtype, mul(B, mul(B, 2, B->s), n->rotary_dim));
+        extra(n, B->rope_cos_sin, true);
+    } else {
+        save(n, B->rope_cos_sin);
+    }
     n->seq = B->s;
     n->rows = rows_of(x);
     n->n = last_dim(x);
@@ -682,6 +705,19 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         k = lower_rope(B, k, l, kv, "k_rope");
     }
     struct val o = lower_attn_core(B, q, k, v, l, "sdpa");
+    if (l->rope && l->rotary_dim && l->rotary_dim < l->head_dim && !failed(B)) {
+        /* Partial rotary builds q with torch.cat, so the attention output follows q's
+         * layout and transpose(1, 2).contiguous() copies it (gpt_neox, phi). */
+        struct val c = like(B, "out_contiguous", o, dt_of(B, o), true);
+        struct mp_node *n = new_node(B, MP_P_CAST, "out_contiguous");
+        if (n) {
+            n->in[0] = o.t;
+            n->out = c.t;
+            n->rows = rows_of(o);
+            n->n = last_dim(o);
+        }
+        o = c;
+    }
     o = lower_linear(B, o, qd, hidden, l->out_bias, "o_proj");
     restore_prefix(B, saved);
     return o;
@@ -765,6 +801,14 @@ static struct val lower_loss(struct bld *B, struct val logits, const char *name)
     snprintf(en, sizeof en, "%s.log_probs", name);
     uint64_t mv = mul(B, M, V);
     extra(n, new_flat(B, en, MP_DT_F32, mv), true);
+    /* nll_loss saves its target and total_weight; HF causal LMs shift the labels
+     * into a new int64 tensor first (the bench/torch_saved.md measurements) */
+    if (B->m->input == MP_INPUT_TOKENS) {
+        snprintf(en, sizeof en, "%s.shift_labels", name);
+        extra(n, new_flat(B, en, MP_DT_I64, M), true);
+    }
+    snprintf(en, sizeof en, "%s.total_weight", name);
+    extra(n, new_flat(B, en, MP_DT_F32, 1), true);
     bool half = dt_of(B, logits) != MP_DT_F32;
     n->fwd_tmp_bytes = half ? mul(B, mv, 4) : 0;
     n->bwd_tmp_bytes = half ? mul(B, mv, 8) : mul(B, mv, 4);
@@ -1044,6 +1088,9 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         n->n = l->dim;
         n->seq = B->s;
         n->k = B->s;
+        char en[112];
+        snprintf(en, sizeof en, "%s.position_ids", nm); /* int64, saved by the position lookup */
+        extra(n, new_flat(B, en, MP_DT_I64, B->s), true);
         n->fwd_flops = (double)T(B, y.t)->elems;
         *resid = y;
         return y;
@@ -1168,7 +1215,7 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
-    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .b = p->opts.batch,
+    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .b = p->opts.batch,
                     .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);

@@ -43,6 +43,8 @@ const char *mp_act_str(enum mp_act a)
     case MP_ACT_SILU: return "silu";
     case MP_ACT_TANH: return "tanh";
     case MP_ACT_SIGMOID: return "sigmoid";
+    case MP_ACT_GELU_NEW: return "gelu_new";
+    case MP_ACT_GELU_FAST: return "gelu_fast";
     }
     return "?";
 }
@@ -53,8 +55,8 @@ int mp_act_parse(const char *s)
         const char *name;
         enum mp_act act;
     } t[] = {
-        {"gelu", MP_ACT_GELU},           {"gelu_tanh", MP_ACT_GELU_TANH}, {"gelu_new", MP_ACT_GELU_TANH},
-        {"gelu_pytorch_tanh", MP_ACT_GELU_TANH}, {"gelu_fast", MP_ACT_GELU_TANH}, {"tanh_gelu", MP_ACT_GELU_TANH},
+        {"gelu", MP_ACT_GELU},           {"gelu_tanh", MP_ACT_GELU_TANH}, {"gelu_new", MP_ACT_GELU_NEW},
+        {"gelu_pytorch_tanh", MP_ACT_GELU_TANH}, {"gelu_fast", MP_ACT_GELU_FAST}, {"tanh_gelu", MP_ACT_GELU_TANH},
         {"relu", MP_ACT_RELU},           {"silu", MP_ACT_SILU},           {"swish", MP_ACT_SILU},
         {"tanh", MP_ACT_TANH},           {"sigmoid", MP_ACT_SIGMOID},
     };

@@ -45,7 +45,19 @@ const char *mp_layer_type_str(enum mp_layer_type t);
 /* Returns -1 when s names no layer type. */
 int mp_layer_type_parse(const char *s);
 
-enum mp_act { MP_ACT_GELU, MP_ACT_GELU_TANH, MP_ACT_RELU, MP_ACT_SILU, MP_ACT_TANH, MP_ACT_SIGMOID };
+/* GELU_TANH is the fused kernel (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh);
+ * GELU_NEW / GELU_FAST are HF's Python composites (NewGELUActivation,
+ * FastGELUActivation), same function, but autograd saves their intermediates. */
+enum mp_act {
+    MP_ACT_GELU,
+    MP_ACT_GELU_TANH,
+    MP_ACT_RELU,
+    MP_ACT_SILU,
+    MP_ACT_TANH,
+    MP_ACT_SIGMOID,
+    MP_ACT_GELU_NEW,
+    MP_ACT_GELU_FAST,
+};
 const char *mp_act_str(enum mp_act a);
 int mp_act_parse(const char *s); /* -1 if unknown; accepts HF names (gelu_new, gelu_pytorch_tanh, swish) */
 

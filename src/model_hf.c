@@ -40,7 +40,8 @@
  *   *_eps, initializer_range, bos/eos/pad_token_id, scale_attn_weights,
  *     scale_attn_by_inverse_layer_idx, pretraining_tp: values or scalars only;
  *   torch_dtype, dtype: the checkpoint's storage; --precision decides training dtypes;
- *   use_cache: the cache holds the k/v tensors attention already saves;
+ *   use_cache: memplan assumes use_cache=False, as training with checkpointing forces (with
+ *     use_cache=True a gpt2/gpt_neox forward saves fresh k/v copies: bench/torch_saved.md);
  *   gradient_checkpointing: memplan plans checkpointing itself;
  *   architectures, summary_*, task_specific_params, classifier_dropout,
  *     n_special, predict_special_tokens: heads memplan does not train (it
@@ -180,8 +181,8 @@ static void family_defaults(struct hf *c)
     c->post_norm = f == F_BERT;
     c->type_vocab = 2;
     switch (f) {
-    case F_GPT2: c->act = MP_ACT_GELU_TANH; break;  /* gelu_new */
-    case F_PHI: c->act = MP_ACT_GELU_TANH; break;   /* gelu_new */
+    case F_GPT2: c->act = MP_ACT_GELU_NEW; break;   /* gelu_new */
+    case F_PHI: c->act = MP_ACT_GELU_NEW; break;    /* gelu_new */
     case F_GEMMA: c->act = MP_ACT_GELU_TANH; break; /* gelu_pytorch_tanh */
     case F_NEOX:
     case F_BERT: c->act = MP_ACT_GELU; break;

@@ -293,7 +293,7 @@ static void test_gpt2_lowering(void **state)
     assert_int_equal(l->kv_heads, 12);
     assert_int_equal(l->head_dim, 64);
     assert_int_equal(l->ffn, 3072);
-    assert_int_equal(l->act, MP_ACT_GELU_TANH);
+    assert_int_equal(l->act, MP_ACT_GELU_NEW);
     assert_int_equal(l->norm, MP_NORM_LAYERNORM);
     assert_true(l->norm_bias);
     assert_true(l->fused_qkv && l->qkv_bias && l->out_bias && l->mlp_bias && l->causal);

@@ -860,7 +860,7 @@ static void test_bundled_shapes(void **state)
     assert_string_equal(m.blocks[12].name, "h.11");
     const struct mp_layer *l = layer_at(&m, 5, 0);
     assert_true(l->fused_qkv && l->qkv_bias && l->mlp_bias && l->norm_bias);
-    assert_int_equal(l->act, MP_ACT_GELU_TANH);
+    assert_int_equal(l->act, MP_ACT_GELU_NEW);
     assert_float_equal(l->p, 0.1, 1e-12);
     assert_float_equal(l->attn_dropout, 0.1, 1e-12);
     assert_true(layer_at(&m, 13, 1)->tied);

@@ -1,0 +1,1261 @@
+/* probe_cuda.c — the cuda backend: the tensor program executed on one GPU.
+ *
+ * The same visitor as probe_host.c: every ALLOC/FREE of the replay is one
+ * cudaMallocAsync/cudaFreeAsync (stream-ordered, cached by the driver's pool
+ * like PyTorch's caching allocator) through the counting pool, so the measured
+ * peak is the estimator's; GEMMs are cuBLAS (cublasGemm*Ex, bf16/fp16 inputs
+ * with fp32 compute on tensor cores), the rest are kernels/.  The cuBLAS
+ * workspace is the replay's WORKSPACE storage (cublasSetWorkspace).  Outside
+ * the pool: the context, cuBLAS's handle, a few scalars and a bounded im2col
+ * buffer (conv models only) — they show in device_used_*.  OOM is a result:
+ * everything is freed and the error cleared.  C11; only CUDA runtime and cuBLAS C APIs.
+ */
+#include "probe_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "../kernels/kernels.h"
+
+_Static_assert(MP_K_F32 == (int)MP_DT_F32 && MP_K_BF16 == (int)MP_DT_BF16 && MP_K_F16 == (int)MP_DT_F16 &&
+                   MP_K_I64 == (int)MP_DT_I64 && MP_K_U8 == (int)MP_DT_U8,
+               "kernels.h dtype codes follow enum mp_dtype");
+_Static_assert(MP_K_GELU == (int)MP_ACT_GELU && MP_K_GELU_TANH == (int)MP_ACT_GELU_TANH &&
+                   MP_K_RELU == (int)MP_ACT_RELU && MP_K_SILU == (int)MP_ACT_SILU && MP_K_TANH == (int)MP_ACT_TANH &&
+                   MP_K_SIGMOID == (int)MP_ACT_SIGMOID,
+               "kernels.h activation codes follow enum mp_act");
+
+#define COL_CAP_BYTES ((uint64_t)64 << 20) /* im2col buffer limit */
+#define N_SCALARS 16                         /* [0] loss, [4..8) adafactor scratch */
+
+/* ---- checks ------------------------------------------------------------------------------ */
+
+static enum mp_status cuda_fail(struct mp_diag *d, cudaError_t e, const char *call, const char *file, int line)
+{
+    return mp_fail(d, MP_ERR_DEVICE, "%s failed at %s:%d: %s: %s", call, file, line, cudaGetErrorName(e),
+                   cudaGetErrorString(e));
+}
+
+static enum mp_status blas_fail(struct mp_diag *d, cublasStatus_t e, const char *call, const char *file, int line)
+{
+    return mp_fail(d, MP_ERR_DEVICE, "%s failed at %s:%d: %s", call, file, line, cublasGetStatusName(e));
+}
+
+/* Statement-safe checks (ggml's shape) that return a status instead of aborting. */
+#define CK(d, call)                                                    \
+    do {                                                               \
+        cudaError_t e_ = (call);                                       \
+        if (e_ != cudaSuccess)                                         \
+            return cuda_fail((d), e_, #call, __FILE__, __LINE__);      \
+    } while (0)
+#define KK(d, call)                                                                 \
+    do {                                                                            \
+        int e_ = (call);                                                            \
+        if (e_ != 0)                                                                \
+            return cuda_fail((d), (cudaError_t)e_, #call, __FILE__, __LINE__);      \
+    } while (0)
+#define BK(d, call)                                                    \
+    do {                                                               \
+        cublasStatus_t b_ = (call);                                    \
+        if (b_ != CUBLAS_STATUS_SUCCESS)                               \
+            return blas_fail((d), b_, #call, __FILE__, __LINE__);      \
+    } while (0)
+
+/* ---- the backend context ------------------------------------------------------------------ */
+
+struct cu_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    bool mempool;          /* cudaMallocAsync from the device's default pool */
+    cudaMemPool_t pool;
+    float *scalars;        /* device: N_SCALARS floats */
+    float *host_loss;      /* pinned: the step's loss, copied at LOSS_GRAD */
+    struct mp_device_info info;
+};
+
+static bool cuda_available(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return n > 0;
+}
+
+static void ctx_free(struct cu_ctx *cx)
+{
+    if (!cx)
+        return;
+    if (cx->blas)
+        cublasDestroy(cx->blas);
+    if (cx->scalars)
+        cudaFree(cx->scalars);
+    if (cx->host_loss)
+        cudaFreeHost(cx->host_loss);
+    if (cx->mempool)
+        cudaMemPoolTrimTo(cx->pool, 0);
+    if (cx->stream)
+        cudaStreamDestroy(cx->stream);
+    (void)cudaGetLastError();
+    free(cx);
+}
+
+static enum mp_status ctx_open(struct cu_ctx *cx, int dev, struct mp_diag *d)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return mp_fail(d, MP_ERR_DEVICE, "no usable CUDA device: %s", cudaGetErrorString(e));
+    }
+    if (dev < 0 || dev >= n)
+        return mp_fail(d, MP_ERR_DEVICE, "CUDA device %d does not exist (%d present)", dev, n);
+    cx->device = dev;
+    CK(d, cudaSetDevice(dev));
+    struct cudaDeviceProp prop;
+    CK(d, cudaGetDeviceProperties(&prop, dev));
+    snprintf(cx->info.name, sizeof cx->info.name, "%s", prop.name);
+    cx->info.cc_major = prop.major;
+    cx->info.cc_minor = prop.minor;
+    CK(d, cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
+    BK(d, cublasCreate(&cx->blas));
+    BK(d, cublasSetStream(cx->blas, cx->stream));
+    BK(d, cublasSetWorkspace(cx->blas, NULL, 0)); /* only the replay's workspace storage */
+    CK(d, cudaMalloc((void **)&cx->scalars, N_SCALARS * sizeof(float)));
+    CK(d, cudaMallocHost((void **)&cx->host_loss, sizeof(float)));
+    int pools = 0;
+    if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) == cudaSuccess && pools) {
+        CK(d, cudaDeviceGetDefaultMemPool(&cx->pool, dev));
+        uint64_t keep = UINT64_MAX; /* cache freed memory, as the caching allocator does */
+        CK(d, cudaMemPoolSetAttribute(cx->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+        cx->mempool = true;
+    }
+    (void)cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    CK(d, cudaMemGetInfo(&fr, &tot));
+    cx->info.free_bytes = fr;
+    cx->info.total_bytes = tot;
+    return MP_OK;
+}
+
+/* ---- the executor ----------------------------------------------------------------------------- */
+
+struct cu_exec {
+    struct cu_ctx *cx;
+    const struct mp_program *p;
+    struct mp_train_opts t;
+    struct mp_pool pool;
+    struct mp_node_layout *lay;
+    uint64_t seed, rng_step, opt_steps;
+    struct mp_diag *d;
+    void *col;             /* im2col / dcol buffer, col_bytes */
+    uint64_t col_bytes;
+    bool timing;           /* measured step: time GEMMs */
+    double gemm_flops;
+    cudaEvent_t *ev;       /* GEMM start/stop pairs of the current step */
+    size_t n_ev, cap_ev;
+    bool ws_set;           /* cuBLAS uses the WORKSPACE storage */
+};
+
+static cudaStream_t S(const struct cu_exec *x) { return x->cx->stream; }
+
+/* A storage seen as elements of one dtype; p == NULL when not allocated. */
+struct dv {
+    void *p;
+    int dt;
+    uint64_t n;
+};
+
+static uint64_t esz(int dt) { return mp_dtype_size((enum mp_dtype)dt); }
+static void *at(struct dv v, uint64_t elem) { return (char *)v.p + elem * esz(v.dt); }
+
+static struct dv tview(const struct cu_exec *x, enum mp_store s, int t)
+{
+    struct dv v = {NULL, MP_K_U8, 0};
+    if (t < 0)
+        return v;
+    v.p = mp_pool_get(&x->pool, s, t);
+    v.dt = (int)x->p->tensors[t].dtype;
+    v.n = x->p->tensors[t].elems;
+    return v;
+}
+
+static struct dv pview(const struct cu_exec *x, enum mp_store s, int q)
+{
+    struct dv v = {NULL, (int)x->p->param_dtype, 0};
+    if (q < 0)
+        return v;
+    v.p = mp_pool_get(&x->pool, s, q);
+    v.n = x->p->params[q].elems;
+    return v;
+}
+
+/* ---- allocation ------------------------------------------------------------------------------ */
+
+static enum mp_status cu_alloc(void *ctx, uint64_t bytes, void **out, struct mp_diag *d)
+{
+    struct cu_ctx *cx = ctx;
+    *out = NULL;
+    if (bytes > SIZE_MAX)
+        return MP_ERR_OOM;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        cudaError_t e = cx->mempool ? cudaMallocAsync(out, (size_t)bytes, cx->stream) : cudaMalloc(out, (size_t)bytes);
+        if (e == cudaSuccess)
+            return MP_OK;
+        if (e != cudaErrorMemoryAllocation)
+            return cuda_fail(d, e, "cudaMallocAsync", __FILE__, __LINE__);
+        (void)cudaGetLastError(); /* clear it: an OOM is a result */
+        *out = NULL;
+        if (!cx->mempool || attempt)
+            break;
+        /* as the caching allocator does: give cached blocks back, then retry once */
+        if (cudaStreamSynchronize(cx->stream) != cudaSuccess || cudaMemPoolTrimTo(cx->pool, 0) != cudaSuccess)
+            break;
+    }
+    return MP_ERR_OOM;
+}
+
+static void cu_free(void *ctx, void *ptr)
+{
+    struct cu_ctx *cx = ctx;
+    if (cx->mempool)
+        cudaFreeAsync(ptr, cx->stream);
+    else
+        cudaFree(ptr);
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------------ */
+
+static cudaDataType_t cuda_type(int dt)
+{
+    return dt == MP_K_BF16 ? CUDA_R_16BF : dt == MP_K_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+static bool fits_int(uint64_t v) { return v <= 0x7fffffffull; }
+
+/* Row-major C (M x N) = alpha op(A) op(B) + beta C, batched with element strides.
+ * cuBLAS is column-major: compute C^T = op(B)^T op(A)^T.  fp32 compute; bf16/fp16
+ * inputs run on tensor cores.  Counts FLOPs and, on measured steps, times the call. */
+static enum mp_status gemm(struct cu_exec *x, bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K, float alpha,
+                           const void *A, int adt, uint64_t lda, uint64_t sA, const void *B, int bdt, uint64_t ldb,
+                           uint64_t sB, float beta, void *C, int cdt, uint64_t ldc, uint64_t sC, uint64_t batch)
+{
+    if (!M || !N || !batch)
+        return MP_OK;
+    if (adt != bdt || adt == MP_K_I64 || adt == MP_K_U8 || cdt == MP_K_I64 || cdt == MP_K_U8)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: GEMM with operand types %d/%d -> %d", adt, bdt, cdt);
+    if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc) ||
+        !fits_int(batch))
+        return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: a GEMM dimension exceeds cuBLAS's int range");
+    size_t e0 = 0;
+    if (x->timing) {
+        if (x->n_ev + 2 > x->cap_ev) {
+            size_t nc = x->cap_ev ? 2 * x->cap_ev : 256;
+            cudaEvent_t *ne = realloc(x->ev, nc * sizeof *ne);
+            if (!ne)
+                return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory for GEMM events");
+            for (size_t i = x->cap_ev; i < nc; i++)
+                ne[i] = NULL;
+            x->ev = ne;
+            x->cap_ev = nc;
+        }
+        for (size_t i = x->n_ev; i < x->n_ev + 2; i++)
+            if (!x->ev[i])
+                CK(x->d, cudaEventCreate(&x->ev[i]));
+        e0 = x->n_ev;
+        x->n_ev += 2;
+        CK(x->d, cudaEventRecord(x->ev[e0], S(x)));
+    }
+    cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    BK(x->d, cublasGemmStridedBatchedEx(x->cx->blas, opa, opb, (int)N, (int)M, (int)K, &alpha, B, cuda_type(bdt),
+                                        (int)ldb, (long long)sB, A, cuda_type(adt), (int)lda, (long long)sA, &beta, C,
+                                        cuda_type(cdt), (int)ldc, (long long)sC, (int)batch, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+    if (x->timing) {
+        CK(x->d, cudaEventRecord(x->ev[e0 + 1], S(x)));
+        x->gemm_flops += 2.0 * (double)M * (double)N * (double)K * (double)batch;
+    }
+    return MP_OK;
+}
+
+#define GEMM(...)                                   \
+    do {                                            \
+        enum mp_status g_ = gemm(__VA_ARGS__);      \
+        if (g_ != MP_OK)                            \
+            return g_;                              \
+    } while (0)
+
+/* ---- one node --------------------------------------------------------------------------------- */
+
+struct ctx {
+    struct cu_exec *x;
+    const struct mp_program *p;
+    const struct mp_node *n;
+    const struct mp_node_layout *lay;
+    int k;
+    struct dv in[3], out, ex[MP_NODE_EXTRA_MAX], w, b, gin[3], gout, gw, gb, tmp;
+};
+
+static void ctx_node(struct ctx *c, struct cu_exec *x, int k)
+{
+    memset(c, 0, sizeof *c);
+    c->x = x;
+    c->p = x->p;
+    c->k = k;
+    c->n = &x->p->nodes[k];
+    c->lay = &x->lay[k];
+    const struct mp_node *n = c->n;
+    for (int j = 0; j < 3; j++) {
+        c->in[j] = tview(x, MP_ST_ACT, n->in[j]);
+        c->gin[j] = tview(x, MP_ST_GRAD, n->in[j]);
+    }
+    c->out = tview(x, MP_ST_ACT, n->out);
+    c->gout = tview(x, MP_ST_GRAD, n->out);
+    for (int j = 0; j < n->n_extra; j++)
+        c->ex[j] = tview(x, MP_ST_ACT, n->extra[j]);
+    c->w = pview(x, MP_ST_PARAM, n->param[0]);
+    c->b = pview(x, MP_ST_PARAM, n->param[1]);
+    c->gw = pview(x, MP_ST_PGRAD, n->param[0]);
+    c->gb = pview(x, MP_ST_PGRAD, n->param[1]);
+    c->tmp.p = mp_pool_get(&x->pool, MP_ST_TMP, k);
+    c->tmp.dt = MP_K_U8;
+}
+
+static enum mp_status missing(struct ctx *c, const char *what)
+{
+    return mp_fail(c->x->d, MP_ERR_INTERNAL, "probe: %s (%s): %s is not allocated", c->n->name,
+                   mp_prim_str(c->n->prim), what);
+}
+
+#define NEED(view)                        \
+    do {                                  \
+        if (!(view).p)                    \
+            return missing(c, #view);     \
+    } while (0)
+
+/* ---- embedding, positions, cast, add --------------------------------------------------------- */
+
+static enum mp_status embed_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    NEED(c->in[0]);
+    if (fwd) {
+        NEED(c->w);
+        NEED(c->out);
+        KK(x->d, mp_k_embed_fwd(c->out.p, c->out.dt, c->in[0].p, c->w.p, c->w.dt, n->rows, n->n, n->k, S(x)));
+    } else if (c->gout.p && c->gw.p) {
+        KK(x->d, mp_k_embed_bwd(c->gw.p, c->gw.dt, c->in[0].p, c->gout.p, c->gout.dt, n->rows, n->n, n->k, S(x)));
+    }
+    return MP_OK;
+}
+
+static enum mp_status addpos_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->w);
+        NEED(c->out);
+        KK(x->d, mp_k_addpos_fwd(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, c->w.p, c->w.dt, n->rows, n->n,
+                                 n->seq, n->k == 1, S(x)));
+        return MP_OK;
+    }
+    if (!c->gout.p)
+        return MP_OK;
+    if (c->gin[0].p)
+        KK(x->d, mp_k_convert(c->gin[0].p, c->gin[0].dt, c->gout.p, c->gout.dt, c->gout.n, 1, S(x)));
+    if (c->gw.p)
+        KK(x->d, mp_k_addpos_bwd(c->gw.p, c->gw.dt, c->gout.p, c->gout.dt, n->rows, n->n, n->seq, n->k == 1, S(x)));
+    return MP_OK;
+}
+
+/* Cast forward; cast and residual-add backward (the gradient passes through). */
+static enum mp_status pass_run(struct ctx *c, bool fwd)
+{
+    struct cu_exec *x = c->x;
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->out);
+        if (c->n->prim == MP_P_ADD) {
+            NEED(c->in[1]);
+            KK(x->d, mp_k_add(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, c->in[1].p, c->in[1].dt, c->out.n, S(x)));
+        } else {
+            KK(x->d, mp_k_convert(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, c->out.n, 0, S(x)));
+        }
+        return MP_OK;
+    }
+    if (!c->gout.p)
+        return MP_OK;
+    for (int j = 0; j < 3; j++)
+        if (c->n->in[j] >= 0 && c->gin[j].p && c->gin[j].p != c->gout.p)
+            KK(x->d, mp_k_convert(c->gin[j].p, c->gin[j].dt, c->gout.p, c->gout.dt, c->gout.n, 1, S(x)));
+    return MP_OK;
+}
+
+/* ---- linear ------------------------------------------------------------------------------------ */
+
+/* Under autocast the GEMM uses the half copy of W (extra 0), refreshed by the forward. */
+static enum mp_status matmul_weight(struct ctx *c, bool fwd, struct dv *w)
+{
+    if (c->n->n_extra > 0) {
+        NEED(c->ex[0]);
+        if (fwd) {
+            NEED(c->w);
+            KK(c->x->d, mp_k_convert(c->ex[0].p, c->ex[0].dt, c->w.p, c->w.dt, c->w.n, 0, S(c->x)));
+        }
+        *w = c->ex[0];
+        return MP_OK;
+    }
+    NEED(c->w);
+    *w = c->w;
+    return MP_OK;
+}
+
+static enum mp_status linear_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    uint64_t M = n->rows, N = n->n, K = n->k;
+    struct dv w;
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->out);
+        enum mp_status st = matmul_weight(c, true, &w);
+        if (st != MP_OK)
+            return st;
+        float beta = 0.0f;
+        if (n->param[1] >= 0) {
+            NEED(c->b);
+            KK(x->d, mp_k_bias_fill(c->out.p, c->out.dt, c->b.p, c->b.dt, M, N, 1, S(x)));
+            beta = 1.0f;
+        }
+        GEMM(x, false, true, M, N, K, 1.0f, c->in[0].p, c->in[0].dt, K, 0, w.p, w.dt, K, 0, beta, c->out.p,
+             c->out.dt, N, 0, 1);
+        return MP_OK;
+    }
+    if (!c->gout.p)
+        return MP_OK;
+    if (c->gin[0].p) {
+        enum mp_status st = matmul_weight(c, false, &w);
+        if (st != MP_OK)
+            return st;
+        GEMM(x, false, false, M, K, N, 1.0f, c->gout.p, c->gout.dt, N, 0, w.p, w.dt, K, 0, 1.0f, c->gin[0].p,
+             c->gin[0].dt, K, 0, 1);
+    }
+    if (c->gw.p) {
+        NEED(c->in[0]);
+        int cdt = (int)c->p->compute_dtype;
+        if (c->tmp.p && cdt != MP_K_F32 && n->bwd_tmp_bytes == N * K * esz(cdt)) {
+            /* PyTorch: a half weight gradient, then its fp32 copy into .grad */
+            GEMM(x, true, false, N, K, M, 1.0f, c->gout.p, c->gout.dt, N, 0, c->in[0].p, c->in[0].dt, K, 0, 0.0f,
+                 c->tmp.p, cdt, K, 0, 1);
+            KK(x->d, mp_k_convert(c->gw.p, c->gw.dt, c->tmp.p, cdt, N * K, 1, S(x)));
+        } else {
+            GEMM(x, true, false, N, K, M, 1.0f, c->gout.p, c->gout.dt, N, 0, c->in[0].p, c->in[0].dt, K, 0, 1.0f,
+                 c->gw.p, c->gw.dt, K, 0, 1);
+        }
+    }
+    if (c->gb.p)
+        KK(x->d, mp_k_bias_grad(c->gb.p, c->gb.dt, c->gout.p, c->gout.dt, M, N, 1, S(x)));
+    return MP_OK;
+}
+
+/* ---- norms ------------------------------------------------------------------------------------- */
+
+static enum mp_status layernorm_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    NEED(c->in[0]);
+    NEED(c->w);
+    NEED(c->ex[0]);
+    NEED(c->ex[1]);
+    if (fwd) {
+        NEED(c->out);
+        KK(x->d, mp_k_layernorm_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->w.p, c->b.p, c->w.dt, c->ex[0].p,
+                                    c->ex[1].p, n->rows, n->n, MP_LN_EPS, S(x)));
+    } else if (c->gout.p) {
+        KK(x->d, mp_k_layernorm_bwd(c->gin[0].p, c->gw.p, c->gb.p, c->w.dt, c->gout.p, c->in[0].p, c->in[0].dt,
+                                    c->ex[0].p, c->ex[1].p, c->w.p, n->rows, n->n, S(x)));
+    }
+    return MP_OK;
+}
+
+static enum mp_status rmsnorm_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    int e = n->n_extra == 3 ? 1 : 0;
+    struct dv xs = e ? c->ex[0] : c->in[0], rs = c->ex[e], nm = c->ex[e + 1];
+    NEED(c->w);
+    NEED(rs);
+    NEED(nm);
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->out);
+        if (e)
+            NEED(xs);
+        KK(x->d, mp_k_rmsnorm_fwd(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, e ? xs.p : NULL, rs.p, nm.p, c->w.p,
+                                  c->w.dt, n->rows, n->n, MP_RMS_EPS, S(x)));
+    } else if (c->gout.p) {
+        NEED(xs);
+        KK(x->d, mp_k_rmsnorm_bwd(c->gin[0].p, c->gin[0].dt, c->gw.p, c->gw.dt, c->gout.p, c->gout.dt, xs.p, xs.dt,
+                                  rs.p, nm.p, c->w.p, n->rows, n->n, S(x)));
+    }
+    return MP_OK;
+}
+
+static enum mp_status batchnorm_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C && HW) ? c->p->tensors[n->in[0]].elems / (C * HW) : 0;
+    NEED(c->in[0]);
+    NEED(c->w);
+    NEED(c->b);
+    NEED(c->ex[0]);
+    NEED(c->ex[1]);
+    if (fwd) {
+        NEED(c->out);
+        KK(x->d, mp_k_batchnorm_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->w.p, c->b.p, c->w.dt, c->ex[0].p,
+                                    c->ex[1].p, B, C, HW, MP_BN_EPS, S(x)));
+    } else if (c->gout.p) {
+        KK(x->d, mp_k_batchnorm_bwd(c->gin[0].p, c->gw.p, c->gb.p, c->w.dt, c->gout.p, c->in[0].p, c->in[0].dt,
+                                    c->ex[0].p, c->ex[1].p, c->w.p, B, C, HW, S(x)));
+    }
+    return MP_OK;
+}
+
+/* ---- rope, attention ------------------------------------------------------------------------------ */
+
+static enum mp_status rope_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    uint64_t Wout = n->heads * n->head_dim, Win = c->lay->in_w[0], off = c->lay->in_off[0];
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->out);
+        KK(x->d, mp_k_rope(c->out.p, c->out.dt, Wout, 0, c->in[0].p, c->in[0].dt, Win, off, n->rows, n->heads,
+                           n->head_dim, n->rotary_dim, n->seq, MP_ROPE_BASE, 0, S(x)));
+    } else if (c->gout.p && c->gin[0].p) {
+        KK(x->d, mp_k_rope(c->gin[0].p, c->gin[0].dt, Win, off, c->gout.p, c->gout.dt, Wout, 0, n->rows, n->heads,
+                           n->head_dim, n->rotary_dim, n->seq, MP_ROPE_BASE, 1, S(x)));
+    }
+    return MP_OK;
+}
+
+static struct mp_k_attn attn_of(const struct ctx *c)
+{
+    const struct mp_node *n = c->n;
+    struct mp_k_attn A;
+    memset(&A, 0, sizeof A);
+    A.q = c->in[0].p;
+    A.k = c->in[1].p;
+    A.v = c->in[2].p;
+    A.dt = c->in[0].dt;
+    A.s = n->seq ? n->seq : 1;
+    A.b = n->rows / A.s;
+    A.a = n->heads;
+    A.kv = n->kv_heads ? n->kv_heads : n->heads;
+    A.d = n->head_dim;
+    A.wq = c->lay->in_w[0];
+    A.wk = c->lay->in_w[1];
+    A.wv = c->lay->in_w[2];
+    A.oq = c->lay->in_off[0];
+    A.ok = c->lay->in_off[1];
+    A.ov = c->lay->in_off[2];
+    A.causal = n->causal;
+    A.scale = 1.0f / sqrtf((float)A.d);
+    A.p = (float)n->p;
+    A.key = mp_dropout_key(c->x->seed, c->k, c->x->rng_step);
+    return A;
+}
+
+static uint64_t round_up(uint64_t v, uint64_t m) { return (v + m - 1) / m * m; }
+
+static enum mp_status flash_run(struct ctx *c, bool fwd)
+{
+    struct cu_exec *x = c->x;
+    struct mp_k_attn A = attn_of(c);
+    NEED(c->in[0]);
+    NEED(c->in[1]);
+    NEED(c->in[2]);
+    NEED(c->out);
+    NEED(c->ex[0]);
+    uint64_t s_lse = c->ex[0].n / (A.b * A.a);
+    if (fwd) {
+        KK(x->d, mp_k_flash_fwd(&A, c->out.p, c->ex[0].p, s_lse, S(x)));
+        return MP_OK;
+    }
+    if (!c->gout.p)
+        return MP_OK;
+    uint64_t s_r = round_up(A.s, 128), d_r = round_up(A.d, 32), nD = A.b * A.a * s_r;
+    if (!c->tmp.p || c->n->bwd_tmp_bytes != (nD + A.b * s_r * A.a * d_r) * 4)
+        return missing(c, "the softmax_d/dq_accum temporary");
+    float *dsum = c->tmp.p, *dq_acc = dsum + nD;
+    KK(x->d, mp_k_flash_bwd(&A, c->out.p, c->gout.p, c->ex[0].p, s_lse, dsum, dq_acc, s_r, d_r, c->gin[0].p,
+                            c->gin[1].p, c->gin[2].p, S(x)));
+    return MP_OK;
+}
+
+/* Eager: extras q_copy, k_copy, v_copy (b,a,s,d), probs (b,a,s,s), then [mask, dropped] or [cast]. */
+static struct dv eager_pv(const struct ctx *c)
+{
+    return c->n->n_extra == 6 ? c->ex[5] : c->n->n_extra == 5 ? c->ex[4] : c->ex[3];
+}
+
+static enum mp_status eager_fwd(struct ctx *c)
+{
+    struct cu_exec *x = c->x;
+    const struct mp_node *n = c->n;
+    struct mp_k_attn A = attn_of(c);
+    NEED(c->in[0]);
+    NEED(c->in[1]);
+    NEED(c->in[2]);
+    NEED(c->out);
+    for (int j = 0; j < n->n_extra; j++)
+        if (!c->ex[j].p)
+            return missing(c, "an eager extra");
+    struct dv qc = c->ex[0], kc = c->ex[1], vc = c->ex[2], pr = c->ex[3], pv = eager_pv(c);
+    int cdt = qc.dt, sm = pr.dt;
+    uint64_t b = A.b, s = A.s, a = A.a, d = A.d, ass = b * a * s * s;
+    /* forward temporary: scores, masked scores (cdt), the fp32 upcast (if any), the (b,a,s,d) output */
+    uint64_t o_off = 2 * ass * esz(cdt) + (sm != cdt ? ass * 4 : 0);
+    if (!c->tmp.p || n->fwd_tmp_bytes != o_off + b * a * s * d * esz(cdt))
+        return missing(c, "the scores temporary");
+    void *scores = c->tmp.p, *o = (char *)c->tmp.p + o_off;
+    KK(x->d, mp_k_attn_pack(&A, qc.p, kc.p, vc.p, S(x)));
+    GEMM(x, false, true, s, s, d, A.scale, qc.p, cdt, d, s * d, kc.p, cdt, d, s * d, 0.0f, scores, cdt, s, s * s,
+         b * a);
+    KK(x->d, mp_k_attn_softmax(pr.p, sm, scores, cdt, b * a * s, s, A.causal, S(x)));
+    if (n->n_extra == 6)
+        KK(x->d, mp_k_attn_probs_out(pv.p, pv.dt, c->ex[4].p, pr.p, sm, ass, A.p, A.key, S(x)));
+    else if (n->n_extra == 5)
+        KK(x->d, mp_k_attn_probs_out(pv.p, pv.dt, NULL, pr.p, sm, ass, 0.0f, 0, S(x)));
+    GEMM(x, false, false, s, d, s, 1.0f, pv.p, pv.dt, s, s * s, vc.p, cdt, d, s * d, 0.0f, o, cdt, d, s * d, b * a);
+    KK(x->d, mp_k_attn_unpack(c->out.p, o, cdt, b, s, a, d, S(x)));
+    return MP_OK;
+}
+
+static enum mp_status eager_bwd(struct ctx *c)
+{
+    struct cu_exec *x = c->x;
+    const struct mp_node *n = c->n;
+    if (!c->gout.p)
+        return MP_OK;
+    struct mp_k_attn A = attn_of(c);
+    for (int j = 0; j < n->n_extra; j++)
+        if (!c->ex[j].p)
+            return missing(c, "an eager extra");
+    struct dv qc = c->ex[0], kc = c->ex[1], vc = c->ex[2], pr = c->ex[3], pv = eager_pv(c), go = c->gout;
+    int cdt = qc.dt, sm = pr.dt;
+    uint64_t b = A.b, s = A.s, a = A.a, kv = A.kv, d = A.d, g = a / kv, ass = b * a * s * s, ss = s * s;
+    if (!c->tmp.p || n->bwd_tmp_bytes != 2 * ass * esz(sm))
+        return missing(c, "the softmax-backward temporary");
+    struct dv dP = {c->tmp.p, sm, ass}, dS = {(char *)c->tmp.p + ass * esz(sm), sm, ass};
+    /* dP' = dO V^T per sample (dO is (b, s, a*d): heads at column h*d) */
+    for (uint64_t bi = 0; bi < b; bi++)
+        GEMM(x, false, true, s, s, d, 1.0f, at(go, bi * s * a * d), go.dt, a * d, d, at(vc, bi * a * s * d), cdt, d,
+             s * d, 0.0f, at(dP, bi * a * ss), sm, s, ss, a);
+    KK(x->d, mp_k_softmax_bwd(dS.p, dP.p, sm, pr.p, n->n_extra == 6 ? c->ex[4].p : NULL, A.p, b * a * s, s, S(x)));
+    struct dv dsc = dS;
+    if (sm != cdt) { /* the fp32 softmax gradient cast to the matmul dtype (into dP's space) */
+        dsc = (struct dv){dP.p, cdt, ass};
+        KK(x->d, mp_k_convert(dsc.p, cdt, dS.p, sm, ass, 0, S(x)));
+    }
+    struct dv gq = c->gin[0], gk = c->gin[1], gv = c->gin[2];
+    for (uint64_t bi = 0; bi < b; bi++) {
+        if (gq.p) /* dQ_h += scale dS_h K_h */
+            GEMM(x, false, false, s, d, s, A.scale, at(dsc, bi * a * ss), cdt, s, ss, at(kc, bi * a * s * d), cdt, d,
+                 s * d, 1.0f, at(gq, bi * s * A.wq + A.oq), gq.dt, A.wq, d, a);
+        for (uint64_t r = 0; r < g; r++) { /* kv head j gathers heads j*g + r */
+            if (gk.p)
+                GEMM(x, true, false, s, d, s, A.scale, at(dsc, (bi * a + r) * ss), cdt, s, g * ss,
+                     at(qc, (bi * a + r) * s * d), cdt, d, g * s * d, 1.0f, at(gk, bi * s * A.wk + A.ok), gk.dt, A.wk,
+                     d, kv);
+            if (gv.p)
+                GEMM(x, true, false, s, d, s, 1.0f, at(pv, (bi * a + r) * ss), pv.dt, s, g * ss,
+                     at(go, bi * s * a * d + r * d), go.dt, a * d, g * d, 1.0f, at(gv, bi * s * A.wv + A.ov), gv.dt,
+                     A.wv, d, kv);
+        }
+    }
+    return MP_OK;
+}
+
+/* ---- activations, mul, dropout ------------------------------------------------------------------- */
+
+static enum mp_status act_run(struct ctx *c, bool fwd)
+{
+    struct cu_exec *x = c->x;
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->out);
+        KK(x->d, mp_k_act_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->out.n, (int)c->n->act, S(x)));
+    } else if (c->gout.p && c->gin[0].p) {
+        struct dv sv = tview(x, MP_ST_ACT, c->n->saved[0]);
+        NEED(sv);
+        KK(x->d, mp_k_act_bwd(c->gin[0].p, c->gout.p, sv.p, c->gout.dt, c->gout.n, (int)c->n->act,
+                              c->gin[0].p == c->gout.p, S(x)));
+    }
+    return MP_OK;
+}
+
+static enum mp_status mul_run(struct ctx *c, bool fwd)
+{
+    struct cu_exec *x = c->x;
+    NEED(c->in[0]);
+    NEED(c->in[1]);
+    if (fwd) {
+        NEED(c->out);
+        KK(x->d, mp_k_mul_fwd(c->out.p, c->in[0].p, c->in[1].p, c->out.dt, c->out.n, S(x)));
+    } else if (c->gout.p) {
+        KK(x->d, mp_k_mul_bwd(c->gin[0].p, c->gin[1].p, c->gout.p, c->in[0].p, c->in[1].p, c->gout.dt, c->gout.n,
+                              S(x)));
+    }
+    return MP_OK;
+}
+
+static enum mp_status dropout_run(struct ctx *c, bool fwd)
+{
+    struct cu_exec *x = c->x;
+    NEED(c->ex[0]);
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->out);
+        KK(x->d, mp_k_dropout_fwd(c->out.p, c->in[0].p, c->out.dt, c->ex[0].p, c->out.n, (float)c->n->p,
+                                  mp_dropout_key(x->seed, c->k, x->rng_step), S(x)));
+    } else if (c->gout.p && c->gin[0].p) {
+        KK(x->d, mp_k_dropout_bwd(c->gin[0].p, c->gout.p, c->gout.dt, c->ex[0].p, c->gout.n, (float)c->n->p, S(x)));
+    }
+    return MP_OK;
+}
+
+/* ---- convolution as im2col + GEMM, pooling ------------------------------------------------------- */
+
+static struct mp_k_conv conv_of(const struct mp_node *n)
+{
+    struct mp_k_conv C = {.ci = n->c_in, .hi = n->h_in, .wi = n->w_in, .co = n->c_out, .ho = n->h_out,
+                          .wo = n->w_out, .k = n->kernel, .st = n->stride ? n->stride : 1, .pad = n->padding,
+                          .g = n->groups ? n->groups : 1};
+    return C;
+}
+
+/* Output pixels per column block: Kc * pc fp32 values fit the buffer. */
+static uint64_t conv_chunk(const struct cu_exec *x, uint64_t kc, uint64_t P)
+{
+    uint64_t pc = x->col_bytes / (kc ? kc * 4 : 4);
+    return pc < P ? (pc ? pc : 1) : P;
+}
+
+static enum mp_status conv_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    struct mp_k_conv C = conv_of(n);
+    uint64_t P = C.ho * C.wo, cpg = C.ci / C.g, opg = C.co / C.g, Kc = cpg * C.k * C.k;
+    uint64_t B = (C.ci && C.hi && C.wi) ? c->p->tensors[n->in[0]].elems / (C.ci * C.hi * C.wi) : 0;
+    uint64_t pc = conv_chunk(x, Kc, P);
+    if (!x->col || x->col_bytes < Kc * pc * 4)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: no im2col buffer", n->name);
+    NEED(c->in[0]);
+    struct dv xin = c->in[0], w;
+    enum mp_status st = matmul_weight(c, fwd, &w);
+    if (st != MP_OK)
+        return st;
+    if (fwd) {
+        NEED(c->out);
+        float beta = 0.0f;
+        if (n->param[1] >= 0) {
+            NEED(c->b);
+            KK(x->d, mp_k_bias_fill(c->out.p, c->out.dt, c->b.p, c->b.dt, B, C.co, P, S(x)));
+            beta = 1.0f;
+        }
+        for (uint64_t bi = 0; bi < B; bi++)
+            for (uint64_t g = 0; g < C.g; g++)
+                for (uint64_t p0 = 0; p0 < P; p0 += pc) {
+                    uint64_t m = mp_min_u64(pc, P - p0);
+                    KK(x->d, mp_k_im2col(x->col, xin.p, xin.dt, &C, bi, g, p0, m, S(x)));
+                    GEMM(x, false, false, opg, m, Kc, 1.0f, at(w, g * opg * Kc), w.dt, Kc, 0, x->col, xin.dt, m, 0,
+                         beta, at(c->out, (bi * C.co + g * opg) * P + p0), c->out.dt, P, 0, 1);
+                }
+        return MP_OK;
+    }
+    if (!c->gout.p)
+        return MP_OK;
+    struct dv go = c->gout;
+    if (c->gw.p) /* dW_g += dY_g col^T, accumulated in .grad's dtype */
+        for (uint64_t bi = 0; bi < B; bi++)
+            for (uint64_t g = 0; g < C.g; g++)
+                for (uint64_t p0 = 0; p0 < P; p0 += pc) {
+                    uint64_t m = mp_min_u64(pc, P - p0);
+                    KK(x->d, mp_k_im2col(x->col, xin.p, xin.dt, &C, bi, g, p0, m, S(x)));
+                    GEMM(x, false, true, opg, Kc, m, 1.0f, at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0,
+                         x->col, xin.dt, m, 0, 1.0f, at(c->gw, g * opg * Kc), c->gw.dt, Kc, 0, 1);
+                }
+    if (c->gin[0].p) /* dcol = W_g^T dY_g (fp32), then col2im */
+        for (uint64_t bi = 0; bi < B; bi++)
+            for (uint64_t g = 0; g < C.g; g++)
+                for (uint64_t p0 = 0; p0 < P; p0 += pc) {
+                    uint64_t m = mp_min_u64(pc, P - p0);
+                    GEMM(x, true, false, Kc, m, opg, 1.0f, at(w, g * opg * Kc), w.dt, Kc, 0,
+                         at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0, 0.0f, x->col, MP_K_F32, m, 0, 1);
+                    KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, x->col, &C, bi, g, p0, m, S(x)));
+                }
+    if (c->gb.p)
+        KK(x->d, mp_k_bias_grad(c->gb.p, c->gb.dt, go.p, go.dt, B, C.co, P, S(x)));
+    return MP_OK;
+}
+
+static enum mp_status pool_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    uint64_t hwo = n->h_out * n->w_out;
+    struct mp_k_pool P = {.planes = hwo ? c->p->tensors[n->out].elems / hwo : 0, .hi = n->h_in, .wi = n->w_in,
+                          .ho = n->h_out, .wo = n->w_out, .k = n->kernel, .st = n->stride ? n->stride : 1,
+                          .pad = n->padding,
+                          .kind = n->prim == MP_P_MAXPOOL ? MP_K_MAXPOOL
+                                  : n->prim == MP_P_AVGPOOL ? MP_K_AVGPOOL
+                                                            : MP_K_ADAPTIVE};
+    if (P.kind == MP_K_MAXPOOL)
+        NEED(c->ex[0]);
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->out);
+        KK(x->d, mp_k_pool_fwd(c->out.p, c->in[0].p, c->out.dt, c->ex[0].p, &P, S(x)));
+    } else if (c->gout.p && c->gin[0].p) {
+        KK(x->d, mp_k_pool_bwd(c->gin[0].p, c->gout.p, c->gout.dt, c->ex[0].p, &P, S(x)));
+    }
+    return MP_OK;
+}
+
+/* ---- loss, custom -------------------------------------------------------------------------------- */
+
+static enum mp_status ce_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    NEED(c->ex[0]);
+    NEED(c->in[1]);
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->out);
+        KK(x->d, mp_k_ce_fwd(c->ex[0].p, c->out.p, c->in[0].p, c->in[0].dt, c->in[1].p, n->rows, n->n, S(x)));
+    } else if (c->gout.p && c->gin[0].p) {
+        KK(x->d, mp_k_ce_bwd(c->gin[0].p, c->gin[0].dt, c->ex[0].p, c->in[1].p, c->gout.p, n->rows, n->n, S(x)));
+    }
+    return MP_OK;
+}
+
+static enum mp_status custom_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
+    uint64_t R = n->rows ? n->rows : 1, ob = n->n, eb = n->n_extra > 0 ? c->ex[0].n / R : 0;
+    uint64_t np = n->param[0] >= 0 ? c->w.n : 0;
+    if (n->n_extra > 0)
+        NEED(c->ex[0]);
+    NEED(c->out);
+    if (fwd) {
+        NEED(c->in[0]);
+        uint64_t ib = c->p->tensors[n->in[0]].bytes / R;
+        KK(x->d, mp_k_custom_fwd(c->out.p, eb ? c->ex[0].p : NULL, c->in[0].p, R, ib, ob, eb, c->w.p, c->w.dt, np,
+                                 S(x)));
+    } else if (c->gout.p) {
+        uint64_t per = c->gin[0].p ? c->gin[0].n / R : 0;
+        KK(x->d, mp_k_custom_bwd(c->gin[0].p, c->gin[0].dt, per, c->gout.p, eb ? c->ex[0].p : NULL, R, ob, eb,
+                                 c->gw.p, c->gw.dt, np, S(x)));
+    }
+    return MP_OK;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------------- */
+
+static enum mp_status node_run(struct cu_exec *x, int k, bool fwd)
+{
+    struct ctx c;
+    ctx_node(&c, x, k);
+    switch (c.n->prim) {
+    case MP_P_EMBED: return embed_run(&c, fwd);
+    case MP_P_ADD_POS: return addpos_run(&c, fwd);
+    case MP_P_CAST:
+    case MP_P_ADD: return pass_run(&c, fwd);
+    case MP_P_LINEAR: return linear_run(&c, fwd);
+    case MP_P_LAYERNORM: return layernorm_run(&c, fwd);
+    case MP_P_RMSNORM: return rmsnorm_run(&c, fwd);
+    case MP_P_ROPE: return rope_run(&c, fwd);
+    case MP_P_ATTN: return c.n->eager ? (fwd ? eager_fwd(&c) : eager_bwd(&c)) : flash_run(&c, fwd);
+    case MP_P_ACT: return act_run(&c, fwd);
+    case MP_P_MUL: return mul_run(&c, fwd);
+    case MP_P_DROPOUT: return dropout_run(&c, fwd);
+    case MP_P_CONV2D: return conv_run(&c, fwd);
+    case MP_P_BATCHNORM: return batchnorm_run(&c, fwd);
+    case MP_P_MAXPOOL:
+    case MP_P_AVGPOOL:
+    case MP_P_ADAPTIVE_AVGPOOL: return pool_run(&c, fwd);
+    case MP_P_VIEW: return MP_OK;
+    case MP_P_CE_LOSS: return ce_run(&c, fwd);
+    case MP_P_CUSTOM: return custom_run(&c, fwd);
+    case MP_P_COUNT: break;
+    }
+    return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: unknown prim", c.n->name);
+}
+
+/* The loss (explicit CE scalar, or the implicit loss of probe_host.c) into the
+ * pinned host float, read after the step's synchronisation. */
+static enum mp_status loss_grad(struct cu_exec *x)
+{
+    const struct mp_program *p = x->p;
+    int t = p->blocks[p->n_blocks - 1].output;
+    struct dv y = tview(x, MP_ST_ACT, t), g = tview(x, MP_ST_GRAD, t);
+    if (!y.p)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: the model output %s is not allocated at the loss",
+                       p->tensors[t].name);
+    int ln = mp_exec_loss_node(p);
+    const void *src = y.p;
+    if (ln >= 0 && p->nodes[ln].out == t) {
+        if (g.p)
+            KK(x->d, mp_k_fill(g.p, g.dt, 1.0f, 1, S(x)));
+    } else {
+        KK(x->d, mp_k_implicit_loss(x->cx->scalars, g.p, y.p, y.dt, y.n, S(x)));
+        src = x->cx->scalars;
+    }
+    CK(x->d, cudaMemcpyAsync(x->cx->host_loss, src, sizeof(float), cudaMemcpyDeviceToHost, S(x)));
+    return MP_OK;
+}
+
+static enum mp_status opt_step(struct cu_exec *x)
+{
+    const struct mp_program *p = x->p;
+    int pdt = (int)p->param_dtype;
+    uint64_t t = ++x->opt_steps;
+    float bc1 = 1.0f - powf(MP_ADAM_BETA1, (float)t), bc2 = 1.0f - powf(MP_ADAM_BETA2, (float)t);
+    for (size_t q = 0; q < p->n_params; q++) {
+        const struct mp_param *pq = &p->params[q];
+        uint64_t n = pq->elems;
+        void *P = mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), *G = mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q);
+        void *St = mp_pool_get(&x->pool, MP_ST_OPT_STATE, (int)q);
+        if (!P || !G)
+            continue;
+        switch (x->t.optimizer) {
+        case MP_OPT_SGD: KK(x->d, mp_k_sgd(P, G, pdt, n, MP_SGD_LR, S(x))); break;
+        case MP_OPT_SGD_MOMENTUM:
+            KK(x->d, mp_k_sgd_momentum(P, G, St, pdt, n, MP_SGD_LR, MP_SGD_MOMENTUM, t == 1, S(x)));
+            break;
+        case MP_OPT_ADAM:
+        case MP_OPT_ADAMW:
+            KK(x->d, mp_k_adam(P, G, pdt, St, (char *)St + n * esz(pdt), pdt,
+                               mp_pool_get(&x->pool, MP_ST_OPT_TMP, (int)q), n, MP_ADAM_LR, MP_ADAM_BETA1,
+                               MP_ADAM_BETA2, MP_ADAM_EPS, x->t.optimizer == MP_OPT_ADAMW ? MP_ADAMW_WD : 0.0f, bc1,
+                               bc2, S(x)));
+            break;
+        case MP_OPT_ADAFACTOR: {
+            void *est = mp_pool_get(&x->pool, MP_ST_OPT_TMP, 0);
+            if (!est)
+                return mp_fail(x->d, MP_ERR_INTERNAL, "probe: the Adafactor step temporary is not allocated");
+            float b2 = powf((float)t, MP_ADAFACTOR_BETA2_DECAY), rho = fminf(MP_ADAFACTOR_LR, 1.0f / sqrtf((float)t));
+            float eps1 = pdt == MP_K_F32 ? 1.1920929e-07f : 0.0078125f;
+            KK(x->d, mp_k_adafactor(P, G, pdt, St, est, pq->matrix ? pq->rows : 1, pq->matrix ? pq->cols : n,
+                                    pq->matrix, x->cx->scalars + 4, b2, rho, eps1, MP_ADAFACTOR_EPS2, S(x)));
+            break;
+        }
+        case MP_OPT_ADAM8BIT:
+            if (n < MP_ADAM8_MIN_ELEMS)
+                KK(x->d, mp_k_adam(P, G, pdt, St, (char *)St + n * 4, MP_K_F32, NULL, n, MP_ADAM_LR, MP_ADAM_BETA1,
+                                   MP_ADAM_BETA2, MP_ADAM_EPS, 0.0f, bc1, bc2, S(x)));
+            else
+                KK(x->d, mp_k_adam8(P, G, pdt, St, n, MP_ADAM_LR, MP_ADAM_BETA1, MP_ADAM_BETA2, MP_ADAM_EPS, bc1, bc2,
+                                    S(x)));
+            break;
+        }
+    }
+    return MP_OK;
+}
+
+/* ---- the visitor -------------------------------------------------------------------------------- */
+
+/* Parameters and the input batch come from the host (the same values as the
+ * host backend); gradients and optimizer state start at zero. */
+static enum mp_status init_storage(struct cu_exec *x, const struct mp_event *ev, void *ptr)
+{
+    const struct mp_program *p = x->p;
+    if (!ptr)
+        return MP_OK;
+    switch (ev->store) {
+    case MP_ST_PARAM:
+    case MP_ST_INPUT: {
+        void *h = malloc((size_t)ev->bytes);
+        if (!h)
+            return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory staging %llu bytes",
+                           (unsigned long long)ev->bytes);
+        if (ev->store == MP_ST_INPUT) {
+            mp_exec_input_fill(p, ev->id, x->seed, h);
+        } else {
+            uint64_t n = p->params[ev->id].elems;
+            for (uint64_t i = 0; i < n; i++) {
+                float v = mp_exec_param_value(p, (size_t)ev->id, i, x->seed);
+                if (p->param_dtype == MP_DT_F32)
+                    ((float *)h)[i] = v;
+                else
+                    ((uint16_t *)h)[i] = p->param_dtype == MP_DT_BF16 ? mp_bf16_from_f32(v) : mp_f16_from_f32(v);
+            }
+        }
+        cudaError_t e = cudaMemcpyAsync(ptr, h, (size_t)ev->bytes, cudaMemcpyHostToDevice, S(x));
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(S(x));
+        free(h);
+        if (e != cudaSuccess)
+            return cuda_fail(x->d, e, "cudaMemcpyAsync(parameters/input)", __FILE__, __LINE__);
+        return MP_OK;
+    }
+    case MP_ST_GRAD:
+    case MP_ST_PGRAD:
+    case MP_ST_OPT_STATE: CK(x->d, cudaMemsetAsync(ptr, 0, (size_t)ev->bytes, S(x))); return MP_OK;
+    case MP_ST_WORKSPACE:
+        BK(x->d, cublasSetWorkspace(x->cx->blas, ptr, (size_t)ev->bytes));
+        x->ws_set = true;
+        return MP_OK;
+    default: return MP_OK;
+    }
+}
+
+static enum mp_status cuda_event(void *ctx, const struct mp_event *ev)
+{
+    struct cu_exec *x = ctx;
+    switch (ev->kind) {
+    case MP_EV_ALLOC: {
+        void *ptr;
+        bool fresh;
+        enum mp_status st = mp_pool_alloc(&x->pool, ev, &ptr, &fresh, x->d);
+        if (st == MP_OK && fresh)
+            st = init_storage(x, ev, ptr);
+        return st;
+    }
+    case MP_EV_FREE: return mp_pool_free(&x->pool, ev, x->d);
+    case MP_EV_FWD: return node_run(x, ev->id, true);
+    case MP_EV_BWD: return node_run(x, ev->id, false);
+    case MP_EV_LOSS_GRAD: return loss_grad(x);
+    case MP_EV_OPT_STEP: return opt_step(x);
+    case MP_EV_OP_BEGIN:
+    case MP_EV_OP_END: return MP_OK;
+    }
+    return MP_OK;
+}
+
+/* Frees every storage: the workspace is taken back from cuBLAS first; errors
+ * are cleared (after an OOM the device stays usable). */
+static void exec_release_storage(struct cu_exec *x)
+{
+    if (x->ws_set) {
+        cublasSetWorkspace(x->cx->blas, NULL, 0);
+        x->ws_set = false;
+    }
+    cudaStreamSynchronize(S(x));
+    mp_pool_free_all(&x->pool);
+    cudaStreamSynchronize(S(x));
+    (void)cudaGetLastError();
+}
+
+static void exec_free(struct cu_exec *x)
+{
+    if (!x)
+        return;
+    exec_release_storage(x);
+    mp_pool_release(&x->pool);
+    if (x->col)
+        cudaFree(x->col);
+    for (size_t i = 0; i < x->cap_ev; i++)
+        if (x->ev[i])
+            cudaEventDestroy(x->ev[i]);
+    free(x->ev);
+    free(x->lay);
+    (void)cudaGetLastError();
+    free(x);
+}
+
+/* The im2col buffer: the largest conv's column block, at most COL_CAP_BYTES. */
+static enum mp_status exec_col_buffer(struct cu_exec *x)
+{
+    uint64_t need = 0;
+    for (size_t k = 0; k < x->p->n_nodes; k++) {
+        const struct mp_node *n = &x->p->nodes[k];
+        if (n->prim != MP_P_CONV2D)
+            continue;
+        uint64_t g = n->groups ? n->groups : 1, kc = n->c_in / g * n->kernel * n->kernel, P = n->h_out * n->w_out;
+        uint64_t b;
+        if (!mp_mul3_u64(kc, P, 4, &b))
+            b = UINT64_MAX;
+        need = mp_max_u64(need, mp_min_u64(b, mp_max_u64(COL_CAP_BYTES, kc * 4)));
+    }
+    if (!need)
+        return MP_OK;
+    cudaError_t e = cudaMalloc(&x->col, (size_t)need);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        x->pool.oom_bytes = need;
+        snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:im2col buffer");
+        return MP_ERR_OOM;
+    }
+    if (e != cudaSuccess)
+        return cuda_fail(x->d, e, "cudaMalloc(im2col)", __FILE__, __LINE__);
+    x->col_bytes = need;
+    return MP_OK;
+}
+
+/* ---- the backend ---------------------------------------------------------------------------------- */
+
+static enum mp_status cuda_open(void **out, const struct mp_probe_opts *o, struct mp_diag *d)
+{
+    struct cu_ctx *cx = calloc(1, sizeof *cx);
+    if (!cx)
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory opening the cuda backend");
+    enum mp_status st = ctx_open(cx, o->device, d);
+    if (st != MP_OK) {
+        ctx_free(cx);
+        return st;
+    }
+    *out = cx;
+    return MP_OK;
+}
+
+static enum mp_status cuda_device_info(void *ctx, struct mp_device_info *out)
+{
+    struct cu_ctx *cx = ctx;
+    size_t fr = 0, tot = 0;
+    if (cudaSetDevice(cx->device) == cudaSuccess && cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+        cx->info.free_bytes = fr;
+        cx->info.total_bytes = tot;
+    }
+    (void)cudaGetLastError();
+    *out = cx->info;
+    return MP_OK;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static enum mp_status used_bytes(struct cu_exec *x, uint64_t *used)
+{
+    size_t fr = 0, tot = 0;
+    CK(x->d, cudaMemGetInfo(&fr, &tot));
+    *used = (uint64_t)(tot - fr);
+    return MP_OK;
+}
+
+/* One measured run; on any failure the caller frees through exec_free. */
+static enum mp_status run_steps(struct cu_exec *x, const struct mp_probe_opts *o, const struct mp_schedule *s,
+                                struct mp_probe_result *r, struct mp_diag *d)
+{
+    const struct mp_program *p = x->p;
+    double ms[64], gemm_ms = 0;
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    enum mp_status st = used_bytes(x, &r->device_used_before);
+    if (st == MP_OK)
+        st = exec_col_buffer(x);
+    if (st == MP_OK && (cudaEventCreate(&t0) != cudaSuccess || cudaEventCreate(&t1) != cudaSuccess))
+        st = mp_fail(d, MP_ERR_DEVICE, "cudaEventCreate failed at %s:%d", __FILE__, __LINE__);
+    for (unsigned k = 0; k <= o->steps && st == MP_OK; k++) {
+        x->timing = k > 0; /* step 0 warms up (first allocations, cuBLAS heuristics) */
+        x->n_ev = 0;
+        mp_pool_step_begin(&x->pool);
+        cudaError_t e = cudaEventRecord(t0, S(x));
+        if (e != cudaSuccess) {
+            st = cuda_fail(d, e, "cudaEventRecord", __FILE__, __LINE__);
+            break;
+        }
+        st = mp_replay(p, s, &x->t, cuda_event, x, d);
+        if (st == MP_OK)
+            st = mp_pool_step_end(&x->pool, d);
+        if (st != MP_OK)
+            break;
+        if ((e = cudaEventRecord(t1, S(x))) != cudaSuccess || (e = cudaEventSynchronize(t1)) != cudaSuccess) {
+            st = cuda_fail(d, e, "the training step", __FILE__, __LINE__); /* asynchronous faults land here */
+            break;
+        }
+        float el = 0;
+        cudaEventElapsedTime(&el, t0, t1);
+        for (size_t i = 0; i + 1 < x->n_ev && k > 0; i += 2) {
+            float g = 0;
+            if (cudaEventElapsedTime(&g, x->ev[i], x->ev[i + 1]) == cudaSuccess)
+                gemm_ms += g;
+        }
+        x->rng_step++;
+        if (k > 0) {
+            r->losses[k - 1] = *x->cx->host_loss;
+            ms[k - 1] = el;
+        }
+    }
+    if (t0)
+        cudaEventDestroy(t0);
+    if (t1)
+        cudaEventDestroy(t1);
+    r->measured_peak_bytes = x->pool.peak;
+    if (st != MP_OK)
+        return st;
+    st = used_bytes(x, &r->device_used_after); /* before freeing: the driver pool still holds the step */
+    if (st != MP_OK)
+        return st;
+    unsigned n = o->steps;
+    r->fits = true;
+    r->steps = n;
+    qsort(ms, n, sizeof ms[0], cmp_double);
+    r->step_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+    r->samples_per_s = r->step_ms > 0 ? (double)p->opts.batch * 1000.0 / r->step_ms : 0.0;
+    r->gemm_tflops = gemm_ms > 0 ? x->gemm_flops / (gemm_ms * 1e-3) / 1e12 : 0.0;
+    return MP_OK;
+}
+
+static enum mp_status cuda_run(void *ctx, const struct mp_probe_opts *o, const struct mp_program *p,
+                               const struct mp_schedule *s, const struct mp_train_opts *t, struct mp_probe_result *r,
+                               struct mp_diag *d)
+{
+    struct cu_ctx *cx = ctx;
+    CK(d, cudaSetDevice(cx->device));
+    struct cu_exec *x = calloc(1, sizeof *x);
+    if (!x)
+        return mp_fail(d, MP_ERR_NOMEM, "probe: out of memory");
+    x->cx = cx;
+    x->p = p;
+    x->t = *t;
+    x->seed = o->seed;
+    x->d = d;
+    struct mp_pool_ops ops = {cu_alloc, cu_free, cx};
+    enum mp_status st = mp_pool_init(&x->pool, p, &ops, o->capacity_bytes, d);
+    if (st == MP_OK)
+        st = mp_exec_layout(p, &x->lay, d);
+    if (st == MP_OK)
+        st = run_steps(x, o, s, r, d);
+    if (st == MP_ERR_OOM) {
+        r->fits = false;
+        r->oom_request_bytes = x->pool.oom_bytes;
+        snprintf(r->oom_event, sizeof r->oom_event, "%s", x->pool.oom_event);
+    }
+    (void)cuda_device_info(cx, &r->dev);
+    exec_free(x);
+    return st;
+}
+
+static void cuda_close(void *ctx) { ctx_free(ctx); }
+
+const struct mp_probe_backend mp_probe_backend_cuda = {
+    .name = "cuda",
+    .available = cuda_available,
+    .open = cuda_open,
+    .device_info = cuda_device_info,
+    .run = cuda_run,
+    .close = cuda_close,
+};
