@@ -540,12 +540,7 @@ def main():
         details.extend(d)
         print(lines[-1], flush=True)
     P("")
-    P("memplan plus the changes recommended in bench/torch_saved.md, computed (`recommended_delta`): "
-      "torch saved vs memplan vs memplan + delta (bytes; the last column is what would remain):\n")
-    P("| model | prec | attn | b | s | torch saved | memplan | memplan + delta | remaining |")
-    P("|---|---|---|---|---|---|---|---|---|")
-    lines.extend(fixed_rows)
-    P("")
+    # (the recommended-delta table went away once src/layers.c applied the recommendations)
     P("Activation functions (transformers ACT2FN) between two Linears: saved bytes in units of N = the "
       "activation input's bytes (act input/output + fc2 input; parameters, the fc1 input and bf16 weight "
       "copies excluded):\n")
