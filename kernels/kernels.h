@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 enum { MP_K_F32 = 0, MP_K_BF16 = 1, MP_K_F16 = 2, MP_K_I64 = 3, MP_K_U8 = 4 };
-enum { MP_K_GELU = 0, MP_K_GELU_TANH, MP_K_RELU, MP_K_SILU, MP_K_TANH, MP_K_SIGMOID };
+enum { MP_K_GELU = 0, MP_K_GELU_TANH, MP_K_RELU, MP_K_SILU, MP_K_TANH, MP_K_SIGMOID, MP_K_GELU_NEW, MP_K_GELU_FAST };
 
 /* ---- elementwise.cu ---------------------------------------------------------------------- */
 int mp_k_fill(void *dst, int dt, float v, uint64_t n, cudaStream_t s);
@@ -39,7 +39,8 @@ int mp_k_bias_grad(void *db, int bdt, const void *dy, int dt, uint64_t outer, ui
                    cudaStream_t s);
 
 /* ---- activation.cu ----------------------------------------------------------------------- */
-int mp_k_act_fwd(void *y, const void *x, int dt, uint64_t n, int act, cudaStream_t s);
+/* parts (optional, n_parts of n elements, dt): what HF's Python GELUs save (probe_host.c gelu_part) */
+int mp_k_act_fwd(void *y, const void *x, int dt, uint64_t n, int act, void *const *parts, int n_parts, cudaStream_t s);
 /* dx (+)= dy * act'(saved): saved is x (gelu, silu) or y (relu, tanh, sigmoid);
  * overwrite for ReLU(inplace=True), whose dx and dy are one storage */
 int mp_k_act_bwd(void *dx, const void *dy, const void *saved, int dt, uint64_t n, int act, int overwrite,

@@ -27,7 +27,8 @@ _Static_assert(MP_K_F32 == (int)MP_DT_F32 && MP_K_BF16 == (int)MP_DT_BF16 && MP_
                "kernels.h dtype codes follow enum mp_dtype");
 _Static_assert(MP_K_GELU == (int)MP_ACT_GELU && MP_K_GELU_TANH == (int)MP_ACT_GELU_TANH &&
                    MP_K_RELU == (int)MP_ACT_RELU && MP_K_SILU == (int)MP_ACT_SILU && MP_K_TANH == (int)MP_ACT_TANH &&
-                   MP_K_SIGMOID == (int)MP_ACT_SIGMOID,
+                   MP_K_SIGMOID == (int)MP_ACT_SIGMOID && MP_K_GELU_NEW == (int)MP_ACT_GELU_NEW &&
+                   MP_K_GELU_FAST == (int)MP_ACT_GELU_FAST,
                "kernels.h activation codes follow enum mp_act");
 
 #define COL_CAP_BYTES ((uint64_t)64 << 20) /* im2col buffer limit */
@@ -701,7 +702,13 @@ static enum mp_status act_run(struct ctx *c, bool fwd)
     if (fwd) {
         NEED(c->in[0]);
         NEED(c->out);
-        KK(x->d, mp_k_act_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->out.n, (int)c->n->act, S(x)));
+        void *parts[MP_NODE_EXTRA_MAX];
+        int np = c->n->act == MP_ACT_GELU_NEW || c->n->act == MP_ACT_GELU_FAST ? c->n->n_extra : 0;
+        for (int j = 0; j < np; j++) {
+            NEED(c->ex[j]);
+            parts[j] = c->ex[j].p;
+        }
+        KK(x->d, mp_k_act_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->out.n, (int)c->n->act, parts, np, S(x)));
     } else if (c->gout.p && c->gin[0].p) {
         struct dv sv = tview(x, MP_ST_ACT, c->n->saved[0]);
         NEED(sv);

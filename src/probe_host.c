@@ -928,7 +928,9 @@ static float act_f(enum mp_act a, float x)
 {
     switch (a) {
     case MP_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118f));
-    case MP_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(0.79788456080f * (x + 0.044715f * x * x * x)));
+    case MP_ACT_GELU_TANH:
+    case MP_ACT_GELU_NEW:
+    case MP_ACT_GELU_FAST: return 0.5f * x * (1.0f + tanhf(0.79788456080f * (x + 0.044715f * x * x * x)));
     case MP_ACT_RELU: return x > 0.0f ? x : 0.0f;
     case MP_ACT_SILU: return x / (1.0f + expf(-x));
     case MP_ACT_TANH: return tanhf(x);
@@ -942,7 +944,9 @@ static float act_df(enum mp_act a, float s)
 {
     switch (a) {
     case MP_ACT_GELU: return 0.5f * (1.0f + erff(s * 0.70710678118f)) + s * 0.39894228040f * expf(-0.5f * s * s);
-    case MP_ACT_GELU_TANH: {
+    case MP_ACT_GELU_TANH:
+    case MP_ACT_GELU_NEW:
+    case MP_ACT_GELU_FAST: {
         float u = 0.79788456080f * (s + 0.044715f * s * s * s), t = tanhf(u);
         return 0.5f * (1.0f + t) + 0.5f * s * (1.0f - t * t) * 0.79788456080f * (1.0f + 3.0f * 0.044715f * s * s);
     }
@@ -957,14 +961,37 @@ static float act_df(enum mp_act a, float s)
     return 1.0f;
 }
 
+/* HF's Python GELUs (NewGELUActivation, FastGELUActivation) keep their
+ * intermediates as extras (layers.c): new: tanh(u), 0.5x, 1 + tanh(u);
+ * fast: 0.044715x, 0.7978845608x, 1 + 0.044715x^2, tanh, 0.5x, 1 + tanh. */
+static float gelu_part(enum mp_act a, int j, float x)
+{
+    float t = tanhf(0.79788456080f * x * (1.0f + 0.044715f * x * x));
+    switch (a == MP_ACT_GELU_FAST ? j : j + 3) {
+    case 0: return 0.044715f * x;
+    case 1: return 0.79788456080f * x;
+    case 2: return 1.0f + 0.044715f * x * x;
+    case 3: return t;
+    case 4: return 0.5f * x;
+    default: return 1.0f + t;
+    }
+}
+
 static enum mp_status act_fwd(struct ctx *c)
 {
+    const struct mp_node *n = c->n;
     NEED(c->out);
     FGET(x, c->in[0]);
     FNEW(y, c->out.n);
     for (uint64_t i = 0; i < c->out.n; i++)
-        y[i] = act_f(c->n->act, x[i]);
+        y[i] = act_f(n->act, x[i]);
     fstore(c->out, y, c->out.n);
+    if (n->act == MP_ACT_GELU_NEW || n->act == MP_ACT_GELU_FAST)
+        for (int j = 0; j < n->n_extra && j < 6; j++) {
+            NEED(c->ex[j]);
+            for (uint64_t i = 0; i < c->ex[j].n; i++)
+                stf(c->ex[j], i, gelu_part(n->act, j, x[i]));
+        }
     return MP_OK;
 }
 

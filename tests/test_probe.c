@@ -170,7 +170,7 @@ static const char *llama_fmt =
     "{\"block\":\"head\",\"layers\":[{\"type\":\"rmsnorm\",\"name\":\"norm\",\"dim\":8},"
     "{\"type\":\"lm_head\",\"vocab\":13,\"dim\":8}]}]}";
 
-/* Every activation, dropout, a bias-free layernorm, an in-place ReLU and a residual; image-shaped features. */
+/* Every activation (HF's Python GELUs with their saved parts too), dropout, a bias-free layernorm, an in-place ReLU and a residual; image-shaped features. */
 static const char *mlp_json =
     "{\"name\":\"a\",\"input\":{\"shape\":[6]},\"layers\":["
     "{\"block\":\"acts\",\"layers\":["
@@ -179,6 +179,8 @@ static const char *mlp_json =
     "{\"type\":\"linear\",\"name\":\"l2\",\"in_features\":8,\"out_features\":8},{\"type\":\"activation\",\"name\":\"a2\",\"act\":\"tanh\"},"
     "{\"type\":\"linear\",\"name\":\"l3\",\"in_features\":8,\"out_features\":8},{\"type\":\"activation\",\"name\":\"a3\",\"act\":\"sigmoid\"},"
     "{\"type\":\"linear\",\"name\":\"l4\",\"in_features\":8,\"out_features\":8},{\"type\":\"activation\",\"name\":\"a4\",\"act\":\"gelu_tanh\"},"
+    "{\"type\":\"linear\",\"name\":\"l5\",\"in_features\":8,\"out_features\":8},{\"type\":\"activation\",\"name\":\"a5\",\"act\":\"gelu_new\"},"
+    "{\"type\":\"linear\",\"name\":\"l6\",\"in_features\":8,\"out_features\":8},{\"type\":\"activation\",\"name\":\"a6\",\"act\":\"gelu_fast\"},"
     "{\"type\":\"dropout\",\"name\":\"drop\",\"p\":0.25}]},"
     "{\"block\":\"res\",\"layers\":[{\"type\":\"layernorm\",\"name\":\"ln\",\"dim\":8,\"bias\":false},"
     "{\"type\":\"linear\",\"name\":\"fc\",\"in_features\":8,\"out_features\":8},"
