@@ -525,6 +525,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         }
         struct mp_gpu *gpus = NULL;
         size_t ng = 0;
+        bool gpu_found = false;
         if (mp_gpu_list(argv0, &gpus, &ng, d) == MP_OK) {
             j.build.precision = o->precision_fixed ? o->precision : precs[0];
             for (size_t i = 0; i < ng; i++) {
@@ -542,11 +543,17 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
                              mp_fmt_bytes(f.usable_bytes, b, sizeof b));
                 }
                 mp_fit_release(&f);
-                if (ok)
+                if (ok) {
+                    gpu_found = true;
                     break;
+                }
             }
             free(gpus);
         }
+        if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
+            snprintf(s->alternatives[s->n_alternatives++], 160,
+                     "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
+                     "optimizer state across GPUs (FSDP/ZeRO) or offload");
         snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch 1 with every block checkpointed");
     }
     (void)evals;
