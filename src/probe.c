@@ -96,12 +96,9 @@ enum mp_status mp_probe_open(struct mp_probe **out, const struct mp_probe_opts *
         }
         return last;
     }
-    for (size_t i = 0; i < N_BACKENDS; i++)
-        if (strcmp(registry[i]->name, name) == 0) {
-            if (registry[i]->available && !registry[i]->available())
-                return mp_fail(d, MP_ERR_DEVICE, "the %s backend has no usable device", name);
+    for (size_t i = 0; i < N_BACKENDS; i++) /* named: no fallback; open says why it cannot */
+        if (strcmp(registry[i]->name, name) == 0)
             return open_one(registry[i], out, o, d);
-        }
     if (strcmp(name, "cuda") == 0)
         return mp_fail(d, MP_ERR_UNSUPPORTED, "the cuda backend is not built in (rebuild with nvcc: make CUDA=yes)");
     return mp_fail(d, MP_ERR_USAGE, "unknown probe backend '%s' (expected auto, cuda or host)", name);

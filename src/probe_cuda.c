@@ -1,14 +1,10 @@
-/* probe_cuda.c — the cuda backend: the tensor program executed on one GPU.
- *
- * The same visitor as probe_host.c: every ALLOC/FREE of the replay is one
- * cudaMallocAsync/cudaFreeAsync (stream-ordered, cached by the driver's pool
- * like PyTorch's caching allocator) through the counting pool, so the measured
- * peak is the estimator's; GEMMs are cuBLAS (cublasGemm*Ex, bf16/fp16 inputs
- * with fp32 compute on tensor cores), the rest are kernels/.  The cuBLAS
- * workspace is the replay's WORKSPACE storage (cublasSetWorkspace).  Outside
- * the pool: the context, cuBLAS's handle, a few scalars and a bounded im2col
- * buffer (conv models only) — they show in device_used_*.  OOM is a result:
- * everything is freed and the error cleared.  C11; only CUDA runtime and cuBLAS C APIs.
+/* probe_cuda.c — the cuda backend: the tensor program executed on one GPU (C11,
+ * CUDA runtime and cuBLAS C APIs).  probe_host.c's visitor: each ALLOC/FREE is one
+ * cudaMallocAsync/cudaFreeAsync (driver-cached, like PyTorch's caching allocator)
+ * through the counting pool, so the measured peak is the estimator's; GEMMs are
+ * cuBLAS (bf16/fp16 in, fp32 compute), the rest kernels/; cuBLAS's workspace is the
+ * replay's WORKSPACE storage.  Outside the pool (seen in device_used_*): context,
+ * handle, a few scalars, a bounded im2col buffer.  OOM frees everything: a result.
  */
 #include "probe_impl.h"
 
@@ -31,7 +27,9 @@ _Static_assert(MP_K_GELU == (int)MP_ACT_GELU && MP_K_GELU_TANH == (int)MP_ACT_GE
                    MP_K_GELU_FAST == (int)MP_ACT_GELU_FAST,
                "kernels.h activation codes follow enum mp_act");
 
-#define COL_CAP_BYTES ((uint64_t)64 << 20) /* im2col buffer limit */
+#ifndef MP_PROBE_COL_CAP_BYTES
+#define MP_PROBE_COL_CAP_BYTES ((uint64_t)64 << 20) /* im2col buffer limit (tests may lower it) */
+#endif
 #define N_SCALARS 16                         /* [0] loss, [4..8) adafactor scratch */
 
 /* ---- checks ------------------------------------------------------------------------------ */
@@ -1091,7 +1089,7 @@ static void exec_free(struct cu_exec *x)
     free(x);
 }
 
-/* The im2col buffer: the largest conv's column block, at most COL_CAP_BYTES. */
+/* The im2col buffer: the largest conv's column block, at most MP_PROBE_COL_CAP_BYTES. */
 static enum mp_status exec_col_buffer(struct cu_exec *x)
 {
     uint64_t need = 0;
@@ -1103,7 +1101,7 @@ static enum mp_status exec_col_buffer(struct cu_exec *x)
         uint64_t b;
         if (!mp_mul3_u64(kc, P, 4, &b))
             b = UINT64_MAX;
-        need = mp_max_u64(need, mp_min_u64(b, mp_max_u64(COL_CAP_BYTES, kc * 4)));
+        need = mp_max_u64(need, mp_min_u64(b, mp_max_u64(MP_PROBE_COL_CAP_BYTES, kc * 4)));
     }
     if (!need)
         return MP_OK;

@@ -1,14 +1,11 @@
 /* probe_host.c — the host backend: the tensor program executed in plain C.
  *
- * A visitor of mp_replay (estimate.h): ALLOC/FREE go through the counting pool
- * (one malloc per storage, capacity-limited, 512-byte-rounded sums), so the
- * measured peak equals the estimator's peak_allocated_bytes; FWD/BWD compute
- * every prim for real; LOSS_GRAD seeds the loss gradient; OPT_STEP updates the
- * parameters with the configured optimizer using the state storages the replay
- * allocated.  bf16/fp16 tensors hold 2-byte values (round to nearest even);
- * arithmetic is float with double accumulation.  Float copies of operands made
- * while one node runs (like registers on a GPU) are outside the pool.
- * Shape letters: M rows, N/n width, K inner, b batch, s sequence, a heads, d head dim.
+ * A visitor of mp_replay: ALLOC/FREE go through the counting pool (one malloc per
+ * storage, capacity-limited), so the measured peak is the estimator's
+ * peak_allocated_bytes; FWD/BWD compute every prim; OPT_STEP updates parameters
+ * in the state storages the replay allocated.  Half tensors hold 2-byte values
+ * (round to nearest even); math is float, most sums double.  Float operand copies made
+ * while a node runs (a GPU's registers) are outside the pool.  Letters: M rows, K inner.
  */
 #include "probe_impl.h"
 
@@ -29,6 +26,7 @@ struct mp_host_exec {
     bool update;
     float *grads_out;
     double loss;
+    double ce_loss;     /* the last cross-entropy, before rounding to its fp32 tensor */
     struct mp_diag *d;
 };
 
@@ -394,24 +392,26 @@ static enum mp_status linear_bwd(struct ctx *c)
         if (st != MP_OK)
             return st;
         FNEW(dx, M * K);
-        for (uint64_t r = 0; r < M; r++)
-            for (uint64_t i = 0; i < K; i++) {
-                double s = 0;
-                for (uint64_t o = 0; o < N; o++)
-                    s += (double)dy[r * N + o] * w[o * K + i];
-                dx[r * K + i] = (float)s;
+        for (uint64_t r = 0; r < M; r++) /* row updates: contiguous in W and dx */
+            for (uint64_t o = 0; o < N; o++) {
+                float g = dy[r * N + o];
+                const float *wo = w + o * K;
+                float *dxr = dx + r * K;
+                for (uint64_t i = 0; i < K; i++)
+                    dxr[i] += g * wo[i];
             }
         facc(c->gin[0], dx, M * K);
     }
     if (c->gw.p) {
         FGET(x, c->in[0]);
         FNEW(dw, N * K);
-        for (uint64_t o = 0; o < N; o++)
-            for (uint64_t i = 0; i < K; i++) {
-                double s = 0;
-                for (uint64_t r = 0; r < M; r++)
-                    s += (double)dy[r * N + o] * x[r * K + i];
-                dw[o * K + i] = (float)s;
+        for (uint64_t r = 0; r < M; r++)
+            for (uint64_t o = 0; o < N; o++) {
+                float g = dy[r * N + o];
+                const float *xr = x + r * K;
+                float *dwo = dw + o * K;
+                for (uint64_t i = 0; i < K; i++)
+                    dwo[i] += g * xr[i];
             }
         enum mp_status st = weight_grad(c, dw, N * K);
         if (st != MP_OK)
@@ -1385,6 +1385,7 @@ static enum mp_status ce_fwd(struct ctx *c)
         loss -= lp[r * V + (uint64_t)lab[r]];
     }
     stf(c->out, 0, (float)(loss / (double)M));
+    c->x->ce_loss = loss / (double)M; /* the reported loss keeps double precision */
     return MP_OK;
 }
 
@@ -1527,7 +1528,7 @@ static enum mp_status loss_grad(struct mp_host_exec *x)
                        p->tensors[t].name);
     int ln = mp_exec_loss_node(p);
     if (ln >= 0 && p->nodes[ln].out == t) {
-        x->loss = ldf(y, 0);
+        x->loss = x->ce_loss;
         if (g.p)
             stf(g, 0, 1.0f);
         return MP_OK;

@@ -1,12 +1,10 @@
 /* probe_impl.h — private to probe.c, probe_host.c, probe_cuda.c and tests.
  *
- * The backend ops table (ggml's ggml_backend_i: optional members may be NULL,
- * the wrappers in probe.c check), the counting pool both executors allocate
- * through (one storage per (store, id), 512-byte-rounded bytes counted as the
- * estimator counts them, a capacity limit that turns an ALLOC into MP_ERR_OOM),
- * and what both executors must agree on so their runs are comparable: view
- * offsets of fused q/k/v, deterministic initial values, the dropout hash,
- * half-precision conversions and optimizer hyper-parameters.
+ * The backend ops table (as ggml_backend_i: optional members may be NULL; probe.c
+ * checks), the counting pool both executors allocate through (one storage per
+ * (store, id), 512-byte-rounded bytes as the estimator counts, a capacity that
+ * turns an ALLOC into MP_ERR_OOM), and what both must agree on: fused q/k/v view
+ * offsets, initial values, the dropout hash, half conversions, hyper-parameters.
  */
 #ifndef MEMPLAN_PROBE_IMPL_H
 #define MEMPLAN_PROBE_IMPL_H
