@@ -54,7 +54,9 @@ ifeq ($(USE_CUDA),yes)
   override CFLAGS += -DMEMPLAN_HAVE_CUDA -I$(CUDA_HOME)/include
   SRCS += $(wildcard src/probe_cuda.c)
   KSRCS := $(wildcard kernels/*.cu)
-  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++
+  # cuBLAS is dlopen()ed by the cuda backend when it opens (see probe_cuda.c), not linked
+  override CFLAGS += -DMEMPLAN_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
   NVFLAGS := -O2 -std=c++17 -Ikernels -Isrc $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
              -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
 endif

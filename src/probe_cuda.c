@@ -8,6 +8,7 @@
  */
 #include "probe_impl.h"
 
+#include <dlfcn.h> /* dlopen: cuBLAS is loaded when the backend opens */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,67 @@
 #include <cuda_runtime_api.h>
 
 #include "../kernels/kernels.h"
+
+#ifndef MEMPLAN_CUDA_LIBDIR
+#define MEMPLAN_CUDA_LIBDIR "/usr/local/cuda/lib64"
+#endif
+
+/* ---- cuBLAS, loaded on first use ----------------------------------------------------------
+ * Linking libcublas would map its ~700 MB of libraries into every memplan run
+ * (about 100 ms before main) for a backend most commands never open, so the six
+ * entry points used here are resolved with dlopen when the cuda backend opens. */
+static struct {
+    void *lib;
+    __typeof__(&cublasCreate_v2) create;
+    __typeof__(&cublasDestroy_v2) destroy;
+    __typeof__(&cublasSetStream_v2) set_stream;
+    __typeof__(&cublasSetWorkspace_v2) set_workspace;
+    __typeof__(&cublasGemmStridedBatchedEx) gemm_strided_batched_ex;
+    __typeof__(&cublasGetStatusName) status_name;
+} blas_api;
+
+static bool blas_sym(void *lib, const char *name, void *fnptr)
+{
+    void *p = dlsym(lib, name);
+    memcpy(fnptr, &p, sizeof p); /* object pointer to function pointer, as POSIX dlsym intends */
+    return p != NULL;
+}
+
+static enum mp_status blas_load(struct mp_diag *d)
+{
+    if (blas_api.lib)
+        return MP_OK;
+    char name[64], path[512];
+    snprintf(name, sizeof name, "libcublas.so.%d", CUBLAS_VER_MAJOR);
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(path, sizeof path, "%s/%s", MEMPLAN_CUDA_LIBDIR, name);
+        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!lib)
+        return mp_fail(d, MP_ERR_DEVICE, "cannot load %s (cuBLAS %d): %s", name, CUBLAS_VER_MAJOR, dlerror());
+    if (!blas_sym(lib, "cublasCreate_v2", &blas_api.create) || !blas_sym(lib, "cublasDestroy_v2", &blas_api.destroy) ||
+        !blas_sym(lib, "cublasSetStream_v2", &blas_api.set_stream) ||
+        !blas_sym(lib, "cublasSetWorkspace_v2", &blas_api.set_workspace) ||
+        !blas_sym(lib, "cublasGemmStridedBatchedEx", &blas_api.gemm_strided_batched_ex) ||
+        !blas_sym(lib, "cublasGetStatusName", &blas_api.status_name)) {
+        dlclose(lib);
+        return mp_fail(d, MP_ERR_DEVICE, "%s lacks an expected cuBLAS entry point", name);
+    }
+    blas_api.lib = lib;
+    return MP_OK;
+}
+
+#undef cublasCreate
+#undef cublasDestroy
+#undef cublasSetStream
+#undef cublasSetWorkspace
+#define cublasCreate(h) (blas_api.create(h))
+#define cublasDestroy(h) (blas_api.destroy(h))
+#define cublasSetStream(h, s) (blas_api.set_stream((h), (s)))
+#define cublasSetWorkspace(h, p, n) (blas_api.set_workspace((h), (p), (n)))
+#define cublasGemmStridedBatchedEx (*blas_api.gemm_strided_batched_ex)
+#define cublasGetStatusName(e) (blas_api.status_name ? blas_api.status_name(e) : "cuBLAS error")
 
 _Static_assert(MP_K_F32 == (int)MP_DT_F32 && MP_K_BF16 == (int)MP_DT_BF16 && MP_K_F16 == (int)MP_DT_F16 &&
                    MP_K_I64 == (int)MP_DT_I64 && MP_K_U8 == (int)MP_DT_U8,
@@ -125,6 +187,9 @@ static enum mp_status ctx_open(struct cu_ctx *cx, int dev, struct mp_diag *d)
     cx->info.cc_major = prop.major;
     cx->info.cc_minor = prop.minor;
     CK(d, cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
+    enum mp_status bst = blas_load(d);
+    if (bst != MP_OK)
+        return bst;
     BK(d, cublasCreate(&cx->blas));
     BK(d, cublasSetStream(cx->blas, cx->stream));
     BK(d, cublasSetWorkspace(cx->blas, NULL, 0)); /* only the replay's workspace storage */
