@@ -345,16 +345,17 @@ void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fi
             B(f->nockpt_activation_peak));
     fprintf(out, "recompute         %12s   (+%.1f%% of forward+backward FLOPs)\n", fl(p->recompute_cost), pct);
     if (cmp && (cmp->have_sqrt || cmp->have_seg)) {
-        fprintf(out, "\n%-22s %14s %16s %10s\n", "at the same memory", "activation peak", "recompute", "overhead");
+        fprintf(out, "\n%-22s %14s %16s %10s\n", "compared with", "activation peak", "recompute", "overhead");
         fprintf(out, "%-22s %14s %16s %9.1f%%\n", "this plan", B(p->peak_bytes), fl(p->recompute_cost), pct);
         if (cmp->have_sqrt)
-            fprintf(out, "%-22s %14s %16s %9.1f%%\n", "sqrt", B(cmp->sqrt_peak), fl(cmp->sqrt_recompute),
-                    base > 0 ? 100.0 * cmp->sqrt_recompute / base : 0);
+            fprintf(out, "%-22s %14s %16s %9.1f%%%s\n", "sqrt", B(cmp->sqrt_peak), fl(cmp->sqrt_recompute),
+                    base > 0 ? 100.0 * cmp->sqrt_recompute / base : 0,
+                    cmp->sqrt_peak > p->peak_bytes ? "   (needs more memory)" : "");
         if (cmp->have_seg) {
             char nm[32];
-            snprintf(nm, sizeof nm, "segments:%llu (best)", (unsigned long long)cmp->seg_k);
-            fprintf(out, "%-22s %14s %16s %9.1f%%\n", nm, B(cmp->seg_peak), fl(cmp->seg_recompute),
-                    base > 0 ? 100.0 * cmp->seg_recompute / base : 0);
+            snprintf(nm, sizeof nm, "segments:%llu", (unsigned long long)cmp->seg_k);
+            fprintf(out, "%-22s %14s %16s %9.1f%%   (least recompute of segments:K within this memory)\n", nm,
+                    B(cmp->seg_peak), fl(cmp->seg_recompute), base > 0 ? 100.0 * cmp->seg_recompute / base : 0);
         }
     }
     fprintf(out, "\nwith this plan the step peaks at %s allocated (%s on the device) at %s\n",
