@@ -25,6 +25,7 @@ void mp_train_opts_default(struct mp_train_opts *o)
 {
     o->optimizer = MP_OPT_ADAMW;
     o->cublas_workspace_bytes = 8519680; /* :4096:2:16:8 (memory-facts §8); 32 MiB on sm90 */
+    o->accumulate = false;
 }
 
 /* ---- optimizer state ------------------------------------------------------------------ */
@@ -202,23 +203,27 @@ static void bwd_block(struct rp *r, size_t i)
         size_t k = bp->node0 + kk;
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
+        uint64_t incoming = 0; /* accumulation: the node's new weight gradients, added in place */
         for (int j = 0; j < 2; j++) {
             int q = n->param[j];
             if (q >= 0 && !r->pglive[q]) {
                 r->pglive[q] = true;
                 emit(r, MP_EV_ALLOC, MP_ST_PGRAD, q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+            } else if (q >= 0 && r->t->accumulate) {
+                incoming += p->params[q].elems * mp_dtype_size(p->param_dtype);
             }
         }
         if (n->grad_in)
             for (int j = 0; j < 3; j++)
                 g_alloc(r, n->in[j]);
-        tmp(r, (int)k, n->bwd_tmp_bytes, true);
+        uint64_t btmp = n->bwd_tmp_bytes + incoming;
+        tmp(r, (int)k, btmp, true);
         if (r->st == MP_OK) {
             struct mp_event ev = {.kind = MP_EV_BWD, .store = MP_ST_TMP, .id = (int)k, .node = (int)k,
                                   .phase = r->phase};
             r->st = r->fn(r->ctx, &ev);
         }
-        tmp(r, (int)k, n->bwd_tmp_bytes, false);
+        tmp(r, (int)k, btmp, false);
         for (int j = 0; j < n->n_saved; j++) {
             int t = n->saved[j];
             if (r->saved[t] > 0)
@@ -301,6 +306,11 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
     }
     if (t->cublas_workspace_bytes)
         emit(&r, MP_EV_ALLOC, MP_ST_WORKSPACE, 0, t->cublas_workspace_bytes);
+    if (t->accumulate) /* gradients left by the previous micro-steps */
+        for (size_t q = 0; q < p->n_params; q++) {
+            r.pglive[q] = true;
+            emit(&r, MP_EV_ALLOC, MP_ST_PGRAD, (int)q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+        }
     r.is_input[p->input] = true;
     r.live[p->input] = true;
     emit(&r, MP_EV_ALLOC, MP_ST_INPUT, p->input, p->tensors[p->input].bytes);

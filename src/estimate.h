@@ -57,8 +57,11 @@ typedef enum mp_status (*mp_event_fn)(void *ctx, const struct mp_event *ev);
 struct mp_train_opts {
     enum mp_optimizer optimizer;
     uint64_t cublas_workspace_bytes; /* persistent, inside allocated (memory-facts §8) */
+    bool accumulate; /* gradient accumulation: a micro-step after the first, .grad resident from its
+                      * start (AccumulateGrad adds each incoming gradient in place: a transient);
+                      * then the optimizer step and zero_grad as usual (memory-facts §6) */
 };
-void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace */
+void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace, no accumulation */
 
 /* Replays one step of p through sched (NULL = no checkpointing) and calls fn for
  * every event in order.  Stops at the first non-OK status from fn and returns it. */

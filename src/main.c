@@ -61,7 +61,7 @@ static int usage_error(const char *cmd, const char *fmt, const char *arg)
 enum {
     O_BATCH = 'b', O_SEQ = 's', O_PREC = 'p', O_OPT = 'o', O_CKPT = 'c', O_HELP = 'h',
     O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
-    O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY,
+    O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
 };
 
 /* Which commands accept which options (bit per command). */
@@ -88,6 +88,7 @@ static const struct opt_info OPTS[] = {
     {{"slots", required_argument, 0, O_SLOTS}, C_PLAN | C_SUGG | C_CHECK | C_EST, "N", "memory slots of the optimal DP (default 500)"},
     {{"margin", required_argument, 0, O_MARGIN}, C_SUGG | C_CHECK | C_PLAN, "PCT", "safety margin in percent of capacity (default 5)"},
     {{"global-batch", required_argument, 0, O_GLOBAL}, C_SUGG, "G", "global batch: micro-batch x accumulation = G exactly"},
+    {{"grad-accum", required_argument, 0, O_ACCUM}, C_EST | C_CHECK, "N", "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
     {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed: print only that snippet"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
@@ -133,6 +134,7 @@ struct args {
     bool context_set;
     uint64_t max_batch;
     uint64_t capacity;
+    uint64_t grad_accum;
     bool json, all_layers;
 };
 
@@ -159,7 +161,7 @@ static const struct command COMMANDS[] = {
      "run real training steps and measure peak memory and step time"},
     {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--emit torch|hf|deepspeed] [--json]",
      "the configuration to train with: micro-batch, accumulation, checkpoints, precision"},
-    {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] (--vram SIZE | --gpu NAME) [--json]",
+    {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--grad-accum N] (--vram SIZE | --gpu NAME) [--json]",
      "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
@@ -354,6 +356,12 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             st = a->emit == MP_EMIT_NONE ? MP_ERR_USAGE : MP_OK;
             what = "--emit: expected torch, hf or deepspeed, got '%s'";
             break;
+        case O_ACCUM:
+            st = mp_parse_u64(optarg, &a->grad_accum);
+            if (st == MP_OK && a->grad_accum == 0)
+                st = MP_ERR_USAGE;
+            what = "--grad-accum: expected a positive integer, got '%s'";
+            break;
         case O_MAXBATCH:
             st = mp_parse_u64(optarg, &a->max_batch);
             if (st == MP_OK && a->max_batch == 0)
@@ -438,6 +446,7 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     s->build.attention_forced = a->attention_set;
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
+    s->train.accumulate = a->grad_accum > 1;
     char num[32];
     if (!a->seq && s->model.input == MP_INPUT_TOKENS) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);

@@ -91,6 +91,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         char sb[32];
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
+        cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
     }
     if (c->gpu) {
         cJSON *g = cJSON_AddObjectToObject(r, "target");
@@ -192,10 +193,11 @@ static void header(FILE *out, const struct mp_report_ctx *c)
             c->prog ? count(c->prog->total_params) : "?", c->model->n_blocks);
     if (c->build) {
         char sb[32];
-        fprintf(out, "config    batch %llu, seq %llu, %s, %s, checkpoint %s, attention %s\n",
+        fprintf(out, "config    batch %llu, seq %llu, %s, %s, checkpoint %s, attention %s%s\n",
                 (unsigned long long)c->build->batch, (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq),
                 mp_precision_str(c->build->precision), mp_optimizer_str(c->train->optimizer),
-                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", mp_attn_impl_str(c->build->attention));
+                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", mp_attn_impl_str(c->build->attention),
+                c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
     }
     if (c->defaults[0])
         fprintf(out, "defaults  %s\n", c->defaults);

@@ -285,9 +285,28 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
                                      struct mp_candidate *c, unsigned *evals, struct mp_diag *d)
 {
     uint64_t bmax = 0;
-    enum mp_status st = mp_search_max_batch(job, o->max_batch ? o->max_batch : 65536, &bmax, evals, d);
+    /* With a global batch, micro-steps accumulate into resident gradients unless one
+     * micro-batch is the whole global batch: search under accumulation, then re-check. */
+    struct mp_job sj = *job;
+    sj.train.accumulate = o->global_batch > 1;
+    enum mp_status st = mp_search_max_batch(&sj, o->max_batch ? o->max_batch : 65536, &bmax, evals, d);
     if (st != MP_OK)
         return st;
+    if (o->global_batch > 1 && bmax < o->global_batch) {
+        /* one micro-batch of the whole global batch needs no accumulation: it may fit */
+        struct mp_job gj = *job;
+        gj.build.batch = o->global_batch;
+        struct mp_fit gf;
+        st = mp_fit_eval(&gj, &gf, d);
+        (*evals)++;
+        if (st == MP_OK && gf.fits)
+            bmax = o->global_batch;
+        if (st == MP_OK)
+            mp_fit_release(&gf);
+        else if (st != MP_ERR_RANGE)
+            return st;
+        st = MP_OK;
+    }
     c->precision = job->build.precision;
     c->ckpt = job->ckpt;
     struct mp_job j = *job;
@@ -303,6 +322,7 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
         j.build.batch = c->micro_batch;
     }
     c->global_batch = c->micro_batch * c->grad_accum;
+    j.train.accumulate = c->grad_accum > 1;
     st = mp_fit_eval(&j, &c->fit, d);
     (*evals)++;
     if (st != MP_OK)
@@ -371,6 +391,7 @@ static enum mp_status probe_confirm(const struct mp_job *base, const struct mp_s
     struct mp_job j = *base;
     j.build.precision = c->precision;
     j.ckpt = c->ckpt;
+    j.train.accumulate = c->grad_accum > 1;
     uint64_t b = c->micro_batch, ok_b = 0, fail_b = 0;
     struct mp_probe_result r, ok_r;
     memset(&ok_r, 0, sizeof ok_r);

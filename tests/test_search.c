@@ -123,6 +123,7 @@ static void test_search_global_batch_met(void **state)
         struct mp_job cj = j;
         cj.build.precision = c->precision;
         cj.ckpt = c->ckpt;
+        cj.train.accumulate = c->grad_accum > 1; /* what check --grad-accum N evaluates */
         assert_true(fits(&cj, c->micro_batch));
         mp_suggestion_release(&s);
     }
@@ -176,6 +177,33 @@ static void test_search_fit_respects_margin(void **state)
     mp_model_release(&m);
 }
 
+/* Accumulation keeps .grad resident through the micro-step: exactly the gradient bytes more,
+ * at a forward/backward peak (GPT-2 at batch 8 peaks at the start of backward). */
+static void test_search_accumulation_costs_the_gradients(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/gpt2-124m.json");
+    struct mp_job j = job_for(&m, "a100-40gb");
+    j.build.batch = 8;
+    struct mp_fit f0, f1;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_fit_eval(&j, &f0, &d), MP_OK);
+    j.train.accumulate = true;
+    assert_int_equal(mp_fit_eval(&j, &f1, &d), MP_OK);
+    assert_int_equal(f1.est.peak_phase, MP_PH_BACKWARD);
+    uint64_t grads_rounded = 0;
+    struct mp_program prog;
+    assert_int_equal(mp_program_build(&m, &j.build, &prog, &d), MP_OK);
+    for (size_t q = 0; q < prog.n_params; q++)
+        grads_rounded += mp_round512(prog.params[q].elems * 4);
+    assert_int_equal(f1.est.peak_allocated_bytes - f0.est.peak_allocated_bytes, grads_rounded);
+    mp_program_release(&prog);
+    mp_fit_release(&f0);
+    mp_fit_release(&f1);
+    mp_model_release(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -184,6 +212,7 @@ int main(void)
         cmocka_unit_test(test_search_global_batch_met),
         cmocka_unit_test(test_search_nothing_fits_gives_alternatives),
         cmocka_unit_test(test_search_fit_respects_margin),
+        cmocka_unit_test(test_search_accumulation_costs_the_gradients),
     };
     return cmocka_run_group_tests_name("search", tests, NULL, NULL);
 }
