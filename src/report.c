@@ -594,6 +594,8 @@ void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_e
     }
     header(out, c);
     fprintf(out, "backend   %s on %s\n", r->backend, r->dev.name);
+    if (r->dev.total_bytes)
+        fprintf(out, "device    %s total, %s free before the probe\n", B(r->dev.total_bytes), B(r->dev.free_bytes));
     if (!r->fits) {
         fprintf(out, "\ndoes not fit: out of memory asking for %s at %s\n", B(r->oom_request_bytes), r->oom_event);
         fprintf(out, "estimated peak allocated %s at %s\n", B(e->peak_allocated_bytes), e->peak_event);
