@@ -556,6 +556,7 @@ struct counter {
     size_t *blk_of;   /* allocation key -> asim block */
     size_t nkeys;
     bool warm;        /* second step: persistent storages keep their blocks */
+    bool no_asim;     /* program too large for the allocator model: reserved = allocated */
 };
 
 static size_t key_of(const struct mp_program *p, const struct mp_event *ev)
@@ -602,7 +603,7 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
         }
         if (c->cur_req > c->peak_req)
             c->peak_req = c->cur_req;
-        if (ev->bytes && key < c->nkeys && !(c->warm && ev->phase == MP_PH_SETUP)) {
+        if (ev->bytes && key < c->nkeys && !c->no_asim && !(c->warm && ev->phase == MP_PH_SETUP)) {
             int b = asim_alloc(&c->as, ev->bytes);
             if (b < 0)
                 return MP_ERR_NOMEM;
@@ -648,14 +649,17 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     e->fwd_flops = p->fwd_flops;
     e->bwd_flops = p->bwd_flops;
 
-    struct counter c = {.p = p, .peak_node = -1};
+    /* The allocator model scans free blocks per allocation; beyond this many nodes
+     * (thousands of layers) it would dominate the run, so reserved falls back to the
+     * allocated peak (fit decisions never use it). */
+    struct counter c = {.p = p, .peak_node = -1, .no_asim = p->n_nodes > MP_ASIM_MAX_NODES};
     c.nkeys = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
     c.blk_of = calloc(c.nkeys, sizeof *c.blk_of);
     if (!c.blk_of)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
     /* Two steps: the caching allocator reaches its steady state in the second. */
     enum mp_status st = MP_OK;
-    for (int step = 0; step < 2 && st == MP_OK; step++) {
+    for (int step = 0; step < (c.no_asim ? 1 : 2) && st == MP_OK; step++) {
         c.have_loss = false;
         st = mp_replay(p, sched, t, count_event, &c, d);
         if (st == MP_OK && step == 0) {

@@ -107,6 +107,10 @@ struct mp_estimate {
 
 void mp_estimate_release(struct mp_estimate *e);
 
+/* Above this many program nodes the caching-allocator model is skipped
+ * (peak_reserved_bytes = peak_allocated_bytes). */
+#define MP_ASIM_MAX_NODES 20000
+
 /* Runs the estimator.  context_bytes is the CUDA context of the target (0 if unknown). */
 enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_schedule *sched,
                                const struct mp_train_opts *t, uint64_t context_bytes, struct mp_estimate *e,

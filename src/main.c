@@ -88,7 +88,7 @@ static const struct opt_info OPTS[] = {
     {{"slots", required_argument, 0, O_SLOTS}, C_PLAN | C_SUGG | C_CHECK | C_EST, "N", "memory slots of the optimal DP (default 500)"},
     {{"margin", required_argument, 0, O_MARGIN}, C_SUGG | C_CHECK | C_PLAN, "PCT", "safety margin in percent of capacity (default 5)"},
     {{"global-batch", required_argument, 0, O_GLOBAL}, C_SUGG, "G", "global batch: micro-batch x accumulation = G exactly"},
-    {{"grad-accum", required_argument, 0, O_ACCUM}, C_EST | C_CHECK, "N", "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
+    {{"grad-accum", required_argument, 0, O_ACCUM}, C_EST | C_PLAN | C_CHECK, "N", "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
     {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed: print only that snippet"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
@@ -528,6 +528,7 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
     c->target_how = s->how;
     c->json = a->json;
     c->all_layers = a->all_layers;
+    c->margin_pct = 100.0 * a->margin;
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
 }
 
@@ -613,23 +614,24 @@ static int cmd_plan(struct args *a)
         return fail(st, &d);
     }
     bool budgeted = a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
-    if (budgeted && f.activation_budget == 0) {
-        char a1[32], a2[32];
-        fprintf(stderr, "memplan: error: nothing is left for activations: weights, gradients, optimizer state and "
-                        "overheads take %s of %s usable\n",
-                mp_fmt_bytes(f.static_bytes, a1, sizeof a1), mp_fmt_bytes(f.usable_bytes, a2, sizeof a2));
+    if (budgeted && (f.activation_budget == 0 || f.infeasible)) {
+        char a1[32], a2[32], why[256];
+        if (f.activation_budget == 0)
+            snprintf(why, sizeof why, "nothing is left for activations: weights, gradients, optimizer state and "
+                                      "overheads take %s of %s usable",
+                     mp_fmt_bytes(f.static_bytes, a1, sizeof a1), mp_fmt_bytes(f.usable_bytes, a2, sizeof a2));
+        else
+            snprintf(why, sizeof why, "no plan fits an activation budget of %s; checkpointing every block needs %s",
+                     mp_fmt_bytes(f.activation_budget, a1, sizeof a1), mp_fmt_bytes(f.plan.peak_bytes, a2, sizeof a2));
+        fprintf(stderr, "memplan: does not fit: %s\n", why);
+        if (a->json) {
+            struct mp_report_ctx c;
+            fill_ctx(&c, "plan", &s, NULL, &a->ckpt, a);
+            mp_report_plan_none(stdout, &c, &f, why);
+        }
         mp_fit_release(&f);
         mp_model_release(&s.model);
-        return MP_EXIT_NOFIT;
-    }
-    if (budgeted && f.infeasible) {
-        char a1[32], a2[32];
-        fprintf(stderr, "memplan: error: no plan fits an activation budget of %s; checkpointing every block "
-                        "needs %s\n",
-                mp_fmt_bytes(f.activation_budget, a1, sizeof a1), mp_fmt_bytes(f.plan.peak_bytes, a2, sizeof a2));
-        mp_fit_release(&f);
-        mp_model_release(&s.model);
-        return MP_EXIT_NOFIT;
+        return finish(MP_EXIT_NOFIT);
     }
     struct mp_plan_cmp cmp = {0};
     if (budgeted && f.plan.sched.n) {
@@ -771,6 +773,26 @@ static int cmd_probe(struct args *a)
     po.device = a->device;
     po.steps = (unsigned)a->steps;
     po.capacity_bytes = a->capacity;
+    bool host = !strcmp(a->backend, "host") || (!strcmp(a->backend, "auto") && !mp_cuda_device_available());
+    if (host) {
+        /* the host executor really allocates: refuse what this machine cannot hold */
+        struct mp_estimate pe;
+        struct mp_train_opts ht = s.train;
+        if (mp_estimate_run(&prog, NULL, &ht, 0, &pe, &d) == MP_OK) {
+            uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+            uint64_t need = pe.peak_allocated_bytes;
+            mp_estimate_release(&pe);
+            if ((!a->capacity || a->capacity > ram / 2) && need > ram / 2) {
+                char b1[32], b2[32];
+                fprintf(stderr, "memplan: error: the host backend would need about %s of RAM for %s (this machine "
+                                "has %s); run on a GPU, use 'memplan estimate', or set --capacity\n",
+                        mp_fmt_bytes(need, b1, sizeof b1), s.model.name, mp_fmt_bytes(ram, b2, sizeof b2));
+                mp_program_release(&prog);
+                mp_model_release(&s.model);
+                return MP_EXIT_DEVICE;
+            }
+        }
+    }
     if (!strcmp(a->backend, "auto") && !mp_cuda_device_available()) {
         /* host is a CPU executor: only for models that run in reasonable time */
         double flops = prog.fwd_flops + prog.bwd_flops;

@@ -172,7 +172,25 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
     snprintf(m->path, sizeof m->path, "%s", path);
     if (len == 0)
         return mp_fail(d, MP_ERR_JSON, "%s: the file is empty", path);
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (root && end) { /* only whitespace may follow the value */
+        while (end < text + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+            end++;
+        if (end < text + len) {
+            cJSON_Delete(root);
+            size_t line = 1, col = 1;
+            for (const char *q = text; q < end; q++) {
+                if (*q == '\n') {
+                    line++;
+                    col = 1;
+                } else {
+                    col++;
+                }
+            }
+            return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: unexpected text after the JSON value", path, line, col);
+        }
+    }
     if (!root) {
         const char *e = cJSON_GetErrorPtr();
         size_t off = (e && e >= text && e <= text + len) ? (size_t)(e - text) : len;

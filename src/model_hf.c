@@ -500,7 +500,10 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
 
 bool mp_json_is_hf(const cJSON *root)
 {
-    return cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "model_type")) &&
+    /* any model_type (even a wrong one: the HF reader says what it expected) or an
+     * architectures list marks a config.json, unless memplan's own "layers" is there */
+    return (cJSON_GetObjectItemCaseSensitive(root, "model_type") ||
+            cJSON_GetObjectItemCaseSensitive(root, "architectures")) &&
            !cJSON_GetObjectItemCaseSensitive(root, "layers");
 }
 

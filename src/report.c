@@ -65,7 +65,13 @@ static void block_type(const struct mp_block *b, char *buf, size_t len)
 /* ---- JSON helpers ------------------------------------------------------------------------ */
 
 static void jnum(cJSON *o, const char *k, double v) { cJSON_AddNumberToObject(o, k, v); }
-static void ju64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
+/* Byte counts can exceed 2^53: write them as exact integers, not doubles. */
+static void ju64(cJSON *o, const char *k, uint64_t v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    cJSON_AddRawToObject(o, k, buf);
+}
 
 static cJSON *json_root(const struct mp_report_ctx *c)
 {
@@ -85,7 +91,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
     if (c->build) {
         cJSON *cf = cJSON_AddObjectToObject(r, "config");
         ju64(cf, "batch", c->build->batch);
-        ju64(cf, "seq_len", c->prog ? c->prog->opts.seq : c->build->seq);
+        ju64(cf, "seq_len", c->prog ? c->prog->opts.seq : c->build->seq ? c->build->seq : c->model->seq_len);
         cJSON_AddStringToObject(cf, "precision", mp_precision_str(c->build->precision));
         cJSON_AddStringToObject(cf, "optimizer", mp_optimizer_str(c->train->optimizer));
         char sb[32];
@@ -369,6 +375,21 @@ void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fi
     }
 }
 
+/* plan when no plan fits: the JSON object still comes out, with "plan": null. */
+void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const char *reason)
+{
+    if (!c->json)
+        return;
+    cJSON *r = json_root(c);
+    cJSON_AddNullToObject(r, "plan");
+    cJSON_AddBoolToObject(r, "fits", 0);
+    cJSON_AddStringToObject(r, "reason", reason);
+    ju64(r, "activation_budget_bytes", f->activation_budget);
+    ju64(r, "static_bytes", f->static_bytes);
+    ju64(r, "usable_bytes", f->usable_bytes);
+    print_json(out, r);
+}
+
 /* ---- check --------------------------------------------------------------------------------- */
 
 void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f)
@@ -387,9 +408,9 @@ void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_f
         print_json(out, r);
         return;
     }
-    fprintf(out, "%s: peak %s of %s usable (%s capacity, %.0f%% margin) at %s\n", f->fits ? "fits" : "does not fit",
+    fprintf(out, "%s: peak %s of %s usable (%s capacity, %.1f%% margin) at %s\n", f->fits ? "fits" : "does not fit",
             B(f->peak_device_bytes), B(f->usable_bytes), B(f->capacity_bytes),
-            f->capacity_bytes ? 100.0 * (1.0 - (double)f->usable_bytes / (double)f->capacity_bytes) : 0,
+            c->margin_pct,
             f->est.peak_event);
 }
 

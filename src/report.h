@@ -20,6 +20,7 @@ struct mp_report_ctx {
     const char *target_how;     /* "--gpu a100-80gb", "--vram 24GiB", "default profile a100-80gb", ... */
     bool json;
     bool all_layers;
+    double margin_pct;          /* check: the safety margin, in percent */
     bool defaults_note;         /* print which defaults were used */
     char defaults[256];         /* "seq 1024 (model default), precision amp-bf16 (default), ..." */
 };
@@ -36,6 +37,8 @@ struct mp_plan_cmp {
     uint64_t seg_k;
 };
 void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const struct mp_plan_cmp *cmp);
+
+void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const char *reason);
 
 void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f);
 
