@@ -582,6 +582,10 @@ static int cmd_estimate(struct args *a)
         mp_model_release(&s.model);
         return fail(st, &d);
     }
+    if (f.infeasible)
+        fprintf(stderr, "memplan: warning: no %s plan fits the target's activation budget; showing every "
+                        "block checkpointed (every:1)\n",
+                a->ckpt.strategy == MP_CKPT_OPTIMAL ? "optimal" : "optimal-segments");
     struct mp_report_ctx c;
     fill_ctx(&c, "estimate", &s, &prog, &a->ckpt, a);
     c.gpu = a->gpu ? &s.gpu : NULL;
