@@ -212,6 +212,20 @@ static void print_help(FILE *f)
                "Exit status: 0 success/fits, 1 does not fit, 2 usage, 3 bad input, 4 device error, 5 internal.\n");
 }
 
+/* A whole number in [lo, hi]; the option's own message says what was expected. */
+static enum mp_status parse_int_in(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    enum mp_status st = mp_parse_u64(s, out);
+    return st == MP_OK && (*out < lo || *out > hi) ? MP_ERR_USAGE : st;
+}
+
+/* A byte size, at least lo. */
+static enum mp_status parse_size_min(const char *s, uint64_t lo, uint64_t *out)
+{
+    enum mp_status st = mp_parse_size(s, out);
+    return st == MP_OK && *out < lo ? MP_ERR_USAGE : st;
+}
+
 static int parse_args(const struct command *c, int argc, char **argv, struct args *a)
 {
     memset(a, 0, sizeof *a);
@@ -268,16 +282,12 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             print_command_help(stdout, c);
             return -1;
         case O_BATCH:
-            st = mp_parse_u64(optarg, &a->batch);
+            st = parse_int_in(optarg, 1, UINT64_MAX, &a->batch);
             a->batch_set = true;
-            if (st == MP_OK && a->batch == 0)
-                st = MP_ERR_USAGE;
             what = "--batch: expected a positive integer, got '%s'";
             break;
         case O_SEQ:
-            st = mp_parse_u64(optarg, &a->seq);
-            if (st == MP_OK && a->seq == 0)
-                st = MP_ERR_USAGE;
+            st = parse_int_in(optarg, 1, UINT64_MAX, &a->seq);
             what = "--seq: expected a positive integer, got '%s'";
             break;
         case O_PREC:
@@ -307,31 +317,23 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             break;
         case O_GPU: a->gpu = optarg; break;
         case O_VRAM:
-            st = mp_parse_size(optarg, &a->vram);
-            if (st == MP_OK && a->vram == 0)
-                st = MP_ERR_USAGE;
+            st = parse_size_min(optarg, 1, &a->vram);
             what = "--vram: expected a size like 24GiB, 24G or 80GB, got '%s'";
             break;
         case O_DEVICE: {
-            uint64_t v;
-            st = mp_parse_u64(optarg, &v);
-            if (st == MP_OK && v > 64)
-                st = MP_ERR_USAGE;
+            uint64_t v = 0;
+            st = parse_int_in(optarg, 0, 64, &v);
             a->device = (int)v;
             a->device_set = true;
             what = "--device: expected a device index, got '%s'";
             break;
         }
         case O_BUDGET:
-            st = mp_parse_size(optarg, &a->budget);
-            if (st == MP_OK && a->budget == 0)
-                st = MP_ERR_USAGE;
+            st = parse_size_min(optarg, 1, &a->budget);
             what = "--activation-budget: expected a size, got '%s'";
             break;
         case O_SLOTS:
-            st = mp_parse_u64(optarg, &a->slots);
-            if (st == MP_OK && (a->slots < 10 || a->slots > 100000))
-                st = MP_ERR_USAGE;
+            st = parse_int_in(optarg, 10, 100000, &a->slots);
             what = "--slots: expected an integer from 10 to 100000, got '%s'";
             break;
         case O_MARGIN:
@@ -343,9 +345,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--margin: expected a percentage from 0 to 90, got '%s'";
             break;
         case O_GLOBAL:
-            st = mp_parse_u64(optarg, &a->global_batch);
-            if (st == MP_OK && a->global_batch == 0)
-                st = MP_ERR_USAGE;
+            st = parse_int_in(optarg, 1, UINT64_MAX, &a->global_batch);
             what = "--global-batch: expected a positive integer, got '%s'";
             break;
         case O_EMIT:
@@ -357,21 +357,15 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--emit: expected torch, hf or deepspeed, got '%s'";
             break;
         case O_ACCUM:
-            st = mp_parse_u64(optarg, &a->grad_accum);
-            if (st == MP_OK && a->grad_accum == 0)
-                st = MP_ERR_USAGE;
+            st = parse_int_in(optarg, 1, UINT64_MAX, &a->grad_accum);
             what = "--grad-accum: expected a positive integer, got '%s'";
             break;
         case O_MAXBATCH:
-            st = mp_parse_u64(optarg, &a->max_batch);
-            if (st == MP_OK && a->max_batch == 0)
-                st = MP_ERR_USAGE;
+            st = parse_int_in(optarg, 1, UINT64_MAX, &a->max_batch);
             what = "--max-batch: expected a positive integer, got '%s'";
             break;
         case O_STEPS:
-            st = mp_parse_u64(optarg, &a->steps);
-            if (st == MP_OK && (a->steps == 0 || a->steps > 64))
-                st = MP_ERR_USAGE;
+            st = parse_int_in(optarg, 1, 64, &a->steps);
             what = "--steps: expected an integer from 1 to 64, got '%s'";
             break;
         case O_BACKEND:
