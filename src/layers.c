@@ -1006,6 +1006,30 @@ static struct val lower_custom(struct bld *B, struct val x, const struct mp_laye
     return y;
 }
 
+/* out = x + rows of a learned table (ADD_POS): k == seq uses row = position
+ * (learned positions), k == 1 row 0 everywhere (BERT's all-zero token types). */
+static struct val lower_add_table(struct bld *B, struct val x, const struct mp_layer *l, const char *nm, uint64_t k,
+                                  struct mp_node **node)
+{
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", nm);
+    int w = new_param(B, pn, l->vocab, l->dim, false);
+    struct val y = like(B, nm, x, promote(dt_of(B, x), B->p->param_dtype), true);
+    struct mp_node *n = new_node(B, MP_P_ADD_POS, nm);
+    *node = n;
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->param[0] = w;
+    n->rows = rows_of(x);
+    n->n = l->dim;
+    n->seq = B->s;
+    n->k = k;
+    n->fwd_flops = (double)T(B, y.t)->elems;
+    return y;
+}
+
 /* One layer of a block. */
 static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, struct val *resid)
 {
@@ -1017,23 +1041,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             return x;
         if (x.t >= 0 && T(B, x.t)->dtype != MP_DT_I64 && B->embed_param >= 0 && last_dim(x) == l->dim) {
             /* A second embedding applied to hidden states: BERT's token-type table looked up
-             * with all-zero type ids and added (row 0 broadcast).  Lowered as ADD_POS with k = 1. */
-            char pn[80];
-            snprintf(pn, sizeof pn, "%s.weight", nm);
-            int w = new_param(B, pn, l->vocab, l->dim, false);
-            struct val y = like(B, nm, x, promote(dt_of(B, x), B->p->param_dtype), true);
-            struct mp_node *n = new_node(B, MP_P_ADD_POS, nm);
-            if (!n)
-                return y;
-            n->in[0] = x.t;
-            n->out = y.t;
-            n->param[0] = w;
-            n->rows = rows_of(x);
-            n->n = l->dim;
-            n->seq = B->s;
-            n->k = 1;
-            n->fwd_tmp_bytes = T(B, y.t)->bytes; /* the looked-up (b,s,h) rows before the add */
-            n->fwd_flops = (double)T(B, y.t)->elems;
+             * with all-zero type ids and added (row 0 broadcast). */
+            struct mp_node *n;
+            struct val y = lower_add_table(B, x, l, nm, 1, &n);
+            if (n)
+                n->fwd_tmp_bytes = T(B, y.t)->bytes; /* the looked-up (b,s,h) rows before the add */
             *resid = y;
             return y;
         }
@@ -1074,24 +1086,13 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         }
         if (!width_ok(B, x, l->dim, "dim", ""))
             return x;
-        char pn[80];
-        snprintf(pn, sizeof pn, "%s.weight", nm);
-        int w = new_param(B, pn, l->vocab, l->dim, false);
-        struct val y = like(B, nm, x, promote(dt_of(B, x), B->p->param_dtype), true);
-        struct mp_node *n = new_node(B, MP_P_ADD_POS, nm);
+        struct mp_node *n;
+        struct val y = lower_add_table(B, x, l, nm, B->s, &n);
         if (!n)
             return y;
-        n->in[0] = x.t;
-        n->out = y.t;
-        n->param[0] = w;
-        n->rows = rows_of(x);
-        n->n = l->dim;
-        n->seq = B->s;
-        n->k = B->s;
         char en[112];
         snprintf(en, sizeof en, "%s.position_ids", nm); /* int64, saved by the position lookup */
         extra(n, new_flat(B, en, MP_DT_I64, B->s), true);
-        n->fwd_flops = (double)T(B, y.t)->elems;
         *resid = y;
         return y;
     }
