@@ -78,6 +78,7 @@ struct mp_suggest_opts {
     bool probe;                   /* confirm with the cuda backend */
     int device;
     bool progress;                /* progress lines on stderr */
+    bool trainer_plans_only;      /* --emit hf: only plans a Trainer runs (none, layers) */
 };
 
 struct mp_suggestion {
