@@ -92,8 +92,8 @@ static const struct opt_info OPTS[] = {
     {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed: print only that snippet"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
-    {{"backend", required_argument, 0, O_BACKEND}, C_PROBE, "B", "auto | cuda | host (default auto)"},
-    {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE, "SIZE", "host backend: memory limit (default: none)"},
+    {{"backend", required_argument, 0, O_BACKEND}, C_PROBE | C_SUGG, "B", "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
+    {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE | C_SUGG, "SIZE", "probe memory limit (probe: host only, default none; suggest: default the target's usable less context)"},
     {{"no-probe", no_argument, 0, O_NOPROBE}, C_SUGG, NULL, "do not confirm with probes even when a GPU is present"},
     {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default: the --gpu profile's, else 8519680 B)"},
     {{"context", required_argument, 0, O_CONTEXT}, C_EST | C_PLAN | C_SUGG | C_CHECK, "SIZE", "CUDA context size (default: the GPU profile's, else 500MiB)"},
@@ -159,7 +159,7 @@ static const struct command COMMANDS[] = {
      "which blocks to checkpoint so the batch fits, at the least recompute"},
     {"probe", C_PROBE, cmd_probe, "probe MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--steps N] [--backend auto|cuda|host] [--device N] [--json]",
      "run real training steps and measure peak memory and step time"},
-    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--emit torch|hf|deepspeed] [--json]",
+    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--backend auto|cuda|host] [--emit torch|hf|deepspeed] [--json]",
      "the configuration to train with: micro-batch, accumulation, checkpoints, precision"},
     {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--grad-accum N] (--vram SIZE | --gpu NAME) [--json]",
      "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
@@ -413,6 +413,7 @@ struct setup {
     struct mp_train_opts train;
     struct mp_gpu gpu;
     bool have_gpu;
+    bool target_is_device; /* the target is the local GPU (probes of it answer for it) */
     char how[96];
     char defaults[256];
 };
@@ -480,6 +481,7 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
             snprintf(s->gpu.name, sizeof s->gpu.name, "cuda:%d", a->device);
             snprintf(s->gpu.description, sizeof s->gpu.description, "%s", di.name);
             s->have_gpu = true;
+            s->target_is_device = true;
             snprintf(s->how, sizeof s->how, "the local GPU (device %d)", a->device);
         } else if (a->device_set) {
             mp_probe_close(p);
@@ -723,8 +725,26 @@ static int cmd_suggest(struct args *a)
     struct mp_job j = job_of(&s, a);
     struct mp_suggest_opts o = {.precision_fixed = a->precision_set, .precision = (enum mp_precision)a->precision,
                                 .global_batch = a->global_batch, .max_batch = a->max_batch,
-                                .probe = !a->no_probe && mp_cuda_device_available(), .device = a->device,
+                                .probe = !a->no_probe && (!strcmp(a->backend, "host") || !strcmp(a->backend, "cuda") ||
+                                                          mp_cuda_device_available()),
+                                .probe_backend = !strcmp(a->backend, "host") ? "host" : "cuda",
+                                .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
+                                .device = a->device,
                                 .progress = isatty(2) && !a->json};
+    if (o.probe && !strcmp(o.probe_backend, "host")) {
+        /* the host pool really allocates, up to the target's limit: refuse what this machine cannot hold */
+        uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t lim = o.probe_capacity_bytes ? o.probe_capacity_bytes
+                                              : (uint64_t)((double)mp_gpu_capacity(&j.gpu) * (1.0 - j.margin));
+        if (lim > ram / 2) {
+            char b1[32], b2[32];
+            fprintf(stderr, "memplan: error: --backend host: probes up to %s do not fit this machine's RAM (%s); "
+                            "use a smaller --vram or --capacity, or --no-probe\n",
+                    mp_fmt_bytes(lim, b1, sizeof b1), mp_fmt_bytes(ram, b2, sizeof b2));
+            mp_model_release(&s.model);
+            return MP_EXIT_DEVICE;
+        }
+    }
     struct mp_suggestion sg;
     enum mp_status st = mp_suggest(&j, &o, argv0, &sg, &d);
     if (st != MP_OK) {

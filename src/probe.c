@@ -287,6 +287,7 @@ enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void
     } else {
         if (pl->capacity && (r > pl->capacity || pl->cur > pl->capacity - r)) {
             pl->oom_bytes = ev->bytes;
+            pl->oom_capacity = true;
             mp_event_name(pl->p, ev, pl->oom_event, sizeof pl->oom_event);
             return MP_ERR_OOM;
         }
@@ -294,6 +295,7 @@ enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void
             enum mp_status st = pl->ops.alloc(pl->ops.ctx, ev->bytes, ptr, d);
             if (st == MP_ERR_OOM) {
                 pl->oom_bytes = ev->bytes;
+                pl->oom_capacity = false;
                 mp_event_name(pl->p, ev, pl->oom_event, sizeof pl->oom_event);
             }
             if (st != MP_OK)

@@ -1956,6 +1956,7 @@ static enum mp_status host_run(void *ctx, const struct mp_probe_opts *o, const s
     if (st == MP_ERR_OOM) {
         r->fits = false;
         r->oom_request_bytes = x->pool.oom_bytes;
+        r->oom_capacity = x->pool.oom_capacity;
         snprintf(r->oom_event, sizeof r->oom_event, "%s", x->pool.oom_event);
     } else if (st == MP_OK) {
         r->fits = true;

@@ -508,6 +508,13 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     jnum(o, "samples_per_s", round(b->samples_per_s * 100) / 100);
     cJSON_AddStringToObject(o, "source", b->probed ? "probe" : "estimate");
     cJSON_AddStringToObject(o, "peak_event", b->fit.est.peak_event);
+    cJSON_AddBoolToObject(o, "probed", b->probed);
+    cJSON_AddBoolToObject(o, "probe_oom", b->probe_oom);
+    if (b->probed) { /* measured with memplan's kernels: reported, never ranked against estimates */
+        jnum(o, "probe_samples_per_s", round(b->probe_samples_per_s * 100) / 100);
+        jnum(o, "probe_step_ms", round(b->probe_step_ms * 1000) / 1000);
+        ju64(o, "probe_peak_allocated_bytes", b->probe_peak_bytes);
+    }
     return o;
 }
 
@@ -528,6 +535,8 @@ void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp
         for (size_t i = 0; i < s->n_alternatives; i++)
             cJSON_AddItemToArray(alt, cJSON_CreateString(s->alternatives[i]));
         jnum(r, "probes", s->probes);
+        ju64(r, "probe_capacity_bytes", s->probe_capacity_bytes);
+        cJSON_AddStringToObject(r, "probe_note", s->probe_note);
         print_json(out, r);
         return;
     }
@@ -558,9 +567,15 @@ void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp
         }
         fprintf(out, "  expected peak      %s of %s (%.1f%% headroom), peak at %s\n", B(b->peak_device_bytes),
                 B(b->capacity_bytes), b->headroom_pct, b->fit.est.peak_event);
-        fprintf(out, "  throughput         %.1f samples/s (%s)\n", b->samples_per_s,
-                b->probed ? "probed on the GPU"
-                          : "estimate: FLOPs at 50% of the profile's dense TFLOP/s; not probed");
+        fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s)\n",
+                b->samples_per_s);
+        if (b->probed)
+            fprintf(out, "  probe              micro-batch %llu ran in %s (peak %s, %.1f ms/step with memplan's "
+                         "kernels)\n",
+                    (unsigned long long)b->micro_batch, B(s->probe_capacity_bytes), B(b->probe_peak_bytes),
+                    b->probe_step_ms);
+        else if (s->probe_note[0])
+            fprintf(out, "  probe              %s\n", s->probe_note);
         if (s->note[0])
             fprintf(out, "  note               %s\n", s->note);
     }
@@ -573,7 +588,7 @@ void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "%-10s %-18s %8llu %6llu %12s %9.1f%% %8.1f%% %12.1f %s%s\n", mp_precision_str(k->precision),
                 mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
-                k->recompute_pct, k->samples_per_s, k->fits ? "" : "does not fit",
+                k->recompute_pct, k->samples_per_s, k->fits ? "" : k->probe_oom ? "probe: out of memory" : "does not fit",
                 (int)i == s->best ? "<- recommended" : "");
     }
     if (s->best >= 0) {
