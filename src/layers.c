@@ -496,7 +496,7 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
 {
     if (failed(B))
         return x;
-    bool saves_out = act == MP_ACT_RELU || act == MP_ACT_TANH || act == MP_ACT_SIGMOID;
+    bool saves_out = mp_act_saves_output(act);
     struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, dt_of(B, x), ng(B, x));
     struct mp_node *n = new_node(B, MP_P_ACT, name);
     if (!n)
@@ -505,17 +505,15 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
     n->out = y.t;
     n->act = act;
     save(n, saves_out ? y.t : x.t);
-    /* HF's Python GELUs save their intermediates (measured with saved_tensors_hooks,
-     * bench/torch_saved.md): NewGELUActivation tanh(u), 0.5x, 1+tanh(u);
-     * FastGELUActivation also 0.044715x, 0.7978845608x, 1+0.044715x^2. */
-    static const char *const gelu_new_saved[] = {"tanh", "half_x", "one_plus_tanh"};
-    static const char *const gelu_fast_saved[] = {"c_x", "k_x", "poly", "tanh", "half_x", "one_plus_tanh"};
-    const char *const *extra_names = act == MP_ACT_GELU_NEW ? gelu_new_saved : act == MP_ACT_GELU_FAST ? gelu_fast_saved : NULL;
-    size_t n_extras = act == MP_ACT_GELU_NEW ? 3 : act == MP_ACT_GELU_FAST ? 6 : 0;
-    for (size_t i = 0; i < n_extras; i++) {
+    /* HF's Python composites (gelu_new, gelu_fast) keep intermediates the size of x */
+    size_t n_extras = 0;
+    for (const char *e = mp_act_intermediates(act); *e; n_extras++) {
+        size_t w = strcspn(e, " ");
         char en[112];
-        snprintf(en, sizeof en, "%s.%s", name, extra_names[i]);
+        snprintf(en, sizeof en, "%s.%.*s", name, (int)w, e);
         extra(n, new_flat(B, en, dt_of(B, x), T(B, x.t)->elems), true);
+        e += w;
+        e += strspn(e, " ");
     }
     if (n_extras)
         n->fwd_tmp_bytes = mul(B, T(B, x.t)->bytes, 2); /* pow(x, 3) and the polynomial, not saved */
