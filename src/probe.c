@@ -489,7 +489,7 @@ float mp_exec_param_value(const struct mp_program *p, size_t q, uint64_t i, uint
 int mp_exec_loss_node(const struct mp_program *p)
 {
     for (size_t k = p->n_nodes; k-- > 0;)
-        if (p->nodes[k].prim == MP_P_CE_LOSS)
+        if (p->nodes[k].prim == MP_P_NLL_LOSS)
             return (int)k;
     return -1;
 }

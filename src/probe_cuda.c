@@ -912,18 +912,32 @@ static enum mp_status pool_run(struct ctx *c, bool fwd)
 
 /* ---- loss, custom -------------------------------------------------------------------------------- */
 
-static enum mp_status ce_run(struct ctx *c, bool fwd)
+static enum mp_status log_softmax_run(struct ctx *c, bool fwd)
 {
     const struct mp_node *n = c->n;
     struct cu_exec *x = c->x;
-    NEED(c->ex[0]);
+    NEED(c->out);
+    if (fwd) {
+        NEED(c->in[0]);
+        KK(x->d, mp_k_log_softmax_fwd(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, n->rows, n->n, S(x)));
+    } else if (c->gout.p && c->gin[0].p) {
+        KK(x->d, mp_k_log_softmax_bwd(c->gin[0].p, c->gin[0].dt, c->out.p, c->out.dt, c->gout.p, c->gout.dt, n->rows,
+                                      n->n, S(x)));
+    }
+    return MP_OK;
+}
+
+static enum mp_status nll_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
     NEED(c->in[1]);
     if (fwd) {
         NEED(c->in[0]);
         NEED(c->out);
-        KK(x->d, mp_k_ce_fwd(c->ex[0].p, c->out.p, c->in[0].p, c->in[0].dt, c->in[1].p, n->rows, n->n, S(x)));
+        KK(x->d, mp_k_nll_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->in[1].p, n->rows, n->n, S(x)));
     } else if (c->gout.p && c->gin[0].p) {
-        KK(x->d, mp_k_ce_bwd(c->gin[0].p, c->gin[0].dt, c->ex[0].p, c->in[1].p, c->gout.p, n->rows, n->n, S(x)));
+        KK(x->d, mp_k_nll_bwd(c->gin[0].p, c->gin[0].dt, c->in[1].p, c->gout.p, n->rows, n->n, S(x)));
     }
     return MP_OK;
 }
@@ -975,7 +989,8 @@ static enum mp_status node_run(struct cu_exec *x, int k, bool fwd)
     case MP_P_AVGPOOL:
     case MP_P_ADAPTIVE_AVGPOOL: return pool_run(&c, fwd);
     case MP_P_VIEW: return MP_OK;
-    case MP_P_CE_LOSS: return ce_run(&c, fwd);
+    case MP_P_LOG_SOFTMAX: return log_softmax_run(&c, fwd);
+    case MP_P_NLL_LOSS: return nll_run(&c, fwd);
     case MP_P_CUSTOM: return custom_run(&c, fwd);
     case MP_P_COUNT: break;
     }
