@@ -123,6 +123,7 @@ test-unit: $(TESTBINS)
 
 test-cli: memplan
 	$(ASAN_ENV) sh tests/cli.sh ./memplan
+	$(ASAN_ENV) sh tests/cli_output.sh ./memplan
 
 test-gpu: memplan $(BUILD)/tests/test_probe
 	$(BUILD)/tests/test_probe

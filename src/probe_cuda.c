@@ -1300,6 +1300,7 @@ static enum mp_status run_steps(struct cu_exec *x, const struct mp_probe_opts *o
     if (t1)
         cudaEventDestroy(t1);
     r->measured_peak_bytes = x->pool.peak;
+    mp_pool_take_trace(&x->pool, r);
     if (st != MP_OK)
         return st;
     st = used_bytes(x, &r->device_used_after); /* before freeing: the driver pool still holds the step */
@@ -1332,6 +1333,7 @@ static enum mp_status cuda_run(void *ctx, const struct mp_probe_opts *o, const s
     x->d = d;
     struct mp_pool_ops ops = {cu_alloc, cu_free, cx};
     enum mp_status st = mp_pool_init(&x->pool, p, &ops, o->capacity_bytes, d);
+    x->pool.trace_on = o->trace;
     if (st == MP_OK)
         st = mp_exec_layout(p, &x->lay, d);
     if (st == MP_OK)
