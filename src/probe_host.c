@@ -1970,6 +1970,7 @@ static enum mp_status host_run(void *ctx, const struct mp_probe_opts *o, const s
     enum mp_status st = mp_host_exec_new(&x, p, t, o->capacity_bytes, o->seed, d);
     if (st != MP_OK)
         return st;
+    x->pool.trace_on = o->trace;
     double ms[64];
     unsigned steps = o->steps;
     for (unsigned k = 0; k <= steps && st == MP_OK; k++) {
@@ -1982,9 +1983,11 @@ static enum mp_status host_run(void *ctx, const struct mp_probe_opts *o, const s
         }
     }
     r->measured_peak_bytes = x->pool.peak;
+    mp_pool_take_trace(&x->pool, r);
     if (st == MP_ERR_OOM) {
         r->fits = false;
         r->oom_request_bytes = x->pool.oom_bytes;
+        r->oom_capacity = x->pool.oom_capacity;
         snprintf(r->oom_event, sizeof r->oom_event, "%s", x->pool.oom_event);
     } else if (st == MP_OK) {
         r->fits = true;
