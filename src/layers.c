@@ -214,6 +214,7 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     n->in[0] = n->in[1] = n->in[2] = -1;
     n->out = -1;
     n->keep = -1;
+    n->wcopy = -1;
     n->param[0] = n->param[1] = -1;
     n->grad_in = true;
     return n;
@@ -336,7 +337,8 @@ static struct mp_node *matmul_node(struct bld *B, enum mp_prim prim, const char 
     if (B->amp && w >= 0) {
         char wn[112];
         snprintf(wn, sizeof wn, "%s.weight_copy", name);
-        extra(n, new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems), true);
+        n->wcopy = new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems);
+        extra(n, n->wcopy, true);
         /* backward: the half weight gradient, then its fp32 copy into .grad */
         n->bwd_tmp_bytes = mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype));
     }
@@ -774,16 +776,18 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
 }
 
 /* Cross-entropy as PyTorch runs it: an fp32 upcast of half logits, log_softmax, nll_loss.
- * HF's causal-LM loss always upcasts (`logits.float()`, ForCausalLMLoss); a plain
- * F.cross_entropy upcasts only under autocast (cross_entropy is on the CUDA fp32 list), so
- * a pure-bf16 classifier keeps bf16 log-probs.  The order matters for the peak: backward
+ * HF's causal-LM loss always upcasts (`logits.float()`, ForCausalLMLoss) and shifts the
+ * labels into a new int64 tensor; a plain nn.CrossEntropyLoss (MP_LOSS_CE: classifiers,
+ * *ForMaskedLM) upcasts only under autocast (cross_entropy is on the CUDA fp32 list), so in
+ * pure bf16 its log-probs are bf16, and it reads the labels as they are.  The order matters for the peak: backward
  * runs NllLossBackward (the dense M*V gradient of the log-probs; frees the labels and
  * total_weight), LogSoftmaxBackward (the gradient of the fp32 logits; frees the log-probs),
  * and only then ToCopyBackward0 makes the half gradient of the logits (M*V*2) and frees the
  * fp32 one.  In the forward the half logits stay alive (the model's local) while the
  * log-probs are made. */
-static struct val lower_loss(struct bld *B, struct val logits, const char *name, bool upcast)
+static struct val lower_loss(struct bld *B, struct val logits, const char *name, enum mp_loss_kind kind)
 {
+    bool upcast = kind == MP_LOSS_CAUSAL_LM;
     if (failed(B))
         return logits;
     uint64_t M = rows_of(logits), V = last_dim(logits);
@@ -821,7 +825,7 @@ static struct val lower_loss(struct bld *B, struct val logits, const char *name,
     save(n, lp.t);
     /* nll_loss saves its target and total_weight; HF causal LMs shift the labels
      * into a new int64 tensor first (the bench/torch_saved.md measurements) */
-    if (B->m->input == MP_INPUT_TOKENS) {
+    if (kind == MP_LOSS_CAUSAL_LM && B->m->input == MP_INPUT_TOKENS) {
         snprintf(en, sizeof en, "%s.shift_labels", name);
         extra(n, new_flat(B, en, MP_DT_I64, M), true);
     }
@@ -1178,11 +1182,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
         if (!failed(B) && l->tied)
             B->p->params[B->embed_param].matmul = true;
-        return lower_loss(B, logits, "loss", true);
+        return lower_loss(B, logits, "loss", l->loss);
     }
     case MP_LT_CLASSIFIER: {
         struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
-        return lower_loss(B, logits, "loss", false);
+        return lower_loss(B, logits, "loss", MP_LOSS_CE);
     }
     case MP_LT_CUSTOM:
         return lower_custom(B, x, l);

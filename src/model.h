@@ -85,6 +85,13 @@ const char *mp_attn_impl_str(enum mp_attn_impl a);
 
 enum mp_norm { MP_NORM_LAYERNORM, MP_NORM_RMSNORM };
 
+/* How an lm_head's cross-entropy is written, which decides what it copies. */
+enum mp_loss_kind {
+    MP_LOSS_CAUSAL_LM, /* HF ForCausalLMLoss: logits.float() always, a shifted int64 copy of the labels */
+    MP_LOSS_CE,        /* nn.CrossEntropyLoss(logits, labels): upcast only by autocast, labels used as they are
+                          (HF's *ForMaskedLM and classification heads) */
+};
+
 /* One op (or one composite block) as described by the user.  Only the fields
  * of its type are meaningful; the rest are zero. */
 struct mp_layer {
@@ -95,6 +102,7 @@ struct mp_layer {
     uint64_t vocab;     /* rows of the table, or classes of a classifier */
     uint64_t dim;       /* hidden size: embedding width, norm width, block hidden */
     bool tied;          /* lm_head shares the embedding weight (no params of its own) */
+    enum mp_loss_kind loss; /* lm_head: its cross-entropy (default: causal LM) */
 
     /* linear */
     uint64_t in_features, out_features;

@@ -526,6 +526,7 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
     l->dim = c->hidden;
     l->tied = c->tied;
     l->bias = c->lm_bias;
+    l->loss = mlm ? MP_LOSS_CE : MP_LOSS_CAUSAL_LM; /* *ForMaskedLM: nn.CrossEntropyLoss() */
     set_name(l, f->n_head);
     return MP_OK;
 }
