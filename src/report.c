@@ -98,6 +98,28 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        const struct mp_finetune *f = &c->build->ft;
+        cJSON *ft = cJSON_AddObjectToObject(cf, "finetune");
+        cJSON_AddStringToObject(ft, "mode", mp_ft_mode_str(f->mode));
+        if (f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA) {
+            char tg[160];
+            mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+            char *sp = strchr(tg, ' ');
+            if (sp)
+                *sp = 0; /* the names only */
+            ju64(ft, "lora_r", f->r);
+            cJSON_AddNumberToObject(ft, "lora_alpha", f->alpha);
+            cJSON_AddNumberToObject(ft, "lora_dropout", f->dropout);
+            cJSON_AddStringToObject(ft, "lora_targets", tg);
+            if (c->prog)
+                ju64(ft, "adapter_params", c->prog->adapter_params);
+        }
+        const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
+                                   : f->mode == MP_FT_QLORA                ? &f->quant
+                                                                           : NULL;
+        cJSON_AddStringToObject(ft, "base_quant", q ? mp_quant_kind_str(q->kind) : "none");
+        if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+            cJSON_AddBoolToObject(ft, "double_quant", q->double_quant);
     }
     if (c->gpu) {
         cJSON *g = cJSON_AddObjectToObject(r, "target");
@@ -192,6 +214,39 @@ static void print_json(FILE *out, cJSON *r)
 
 /* ---- text helpers ------------------------------------------------------------------------- */
 
+/* What trains and the assumptions behind it (memory-facts §12). */
+static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
+{
+    const struct mp_finetune *f = &c->build->ft;
+    const struct mp_program *p = c->prog;
+    char tg[160], tp[32];
+    snprintf(tp, sizeof tp, "%s", count(p->trainable_params));
+    if (f->mode == MP_FT_FREEZE) {
+        fprintf(out, "finetune  freeze: %s of %s params train; frozen blocks keep no .grad, no optimizer state\n", tp,
+                count(p->total_params));
+        return;
+    }
+    mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+    fprintf(out, "finetune  %s r %llu, alpha %g, dropout %g, targets %s\n", mp_ft_mode_str(f->mode),
+            (unsigned long long)f->r, f->alpha, f->dropout, tg);
+    fprintf(out, "          %s adapter params train (fp32 as peft makes them); the frozen base has no .grad\n",
+            tp);
+    const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
+                               : f->mode == MP_FT_QLORA                ? &f->quant
+                                                                       : NULL;
+    if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+        fprintf(out, "          base %s, blocksize %llu, double quant %s (%s), dequantized per matmul;\n"
+                     "          embeddings, norms, lm_head in %s\n",
+                mp_quant_kind_str(q->kind), (unsigned long long)q->blocksize, q->double_quant ? "on" : "off",
+                c->model->quant.kind != MP_Q_NONE ? "quantization_config" : "QLoRA recipe",
+                f->kbit_prepare || p->param_dtype == MP_DT_F32 ? "fp32 (prepare_model_for_kbit_training)" : "bf16");
+    else if (q)
+        fprintf(out, "          base %s (quantization_config), dequantized per matmul in forward and backward\n",
+                mp_quant_kind_str(q->kind));
+    if (f->input_grad)
+        fprintf(out, "          checkpointing: enable_input_require_grads keeps the embedding output and its grad\n");
+}
+
 static void header(FILE *out, const struct mp_report_ctx *c)
 {
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", c->model->name,
@@ -205,6 +260,8 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", mp_attn_impl_str(c->build->attention),
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
     }
+    if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
+        finetune_lines(out, c);
     if (c->defaults[0])
         fprintf(out, "defaults  %s\n", c->defaults);
     if (c->gpu)
