@@ -869,6 +869,7 @@ static int cmd_probe(struct args *a)
     po.device = a->device;
     po.steps = (unsigned)a->steps;
     po.capacity_bytes = a->capacity;
+    po.progress = true; /* stderr: a host step can take seconds */
     po.trace = a->timeline != NULL;
     bool host = !strcmp(a->backend, "host") || (!strcmp(a->backend, "auto") && !mp_cuda_device_available());
     if (host) {
