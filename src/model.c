@@ -34,35 +34,39 @@ int mp_layer_type_parse(const char *s)
     return -1;
 }
 
-const char *mp_act_str(enum mp_act a)
+enum { SAVES_IN, SAVES_OUT };
+static const struct {
+    const char *name, *aliases, *extras;
+    bool saves_out;
+} act_rows[MP_ACT_COUNT] = {
+#define MP_X(id, name, aliases, saves, extras) {name, aliases, extras, SAVES_##saves == SAVES_OUT},
+    MP_ACTIVATIONS(MP_X)
+#undef MP_X
+};
+
+const char *mp_act_str(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].name : "?"; }
+bool mp_act_saves_output(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT && act_rows[a].saves_out; }
+const char *mp_act_intermediates(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].extras : ""; }
+
+/* True when word is one of the space-separated words of list. */
+static bool in_list(const char *list, const char *word)
 {
-    switch (a) {
-    case MP_ACT_GELU: return "gelu";
-    case MP_ACT_GELU_TANH: return "gelu_tanh";
-    case MP_ACT_RELU: return "relu";
-    case MP_ACT_SILU: return "silu";
-    case MP_ACT_TANH: return "tanh";
-    case MP_ACT_SIGMOID: return "sigmoid";
-    case MP_ACT_GELU_NEW: return "gelu_new";
-    case MP_ACT_GELU_FAST: return "gelu_fast";
+    size_t n = strlen(word);
+    for (const char *p = list; *p;) {
+        size_t w = strcspn(p, " ");
+        if (w == n && strncmp(p, word, n) == 0)
+            return true;
+        p += w;
+        p += strspn(p, " ");
     }
-    return "?";
+    return false;
 }
 
 int mp_act_parse(const char *s)
 {
-    static const struct {
-        const char *name;
-        enum mp_act act;
-    } t[] = {
-        {"gelu", MP_ACT_GELU},           {"gelu_tanh", MP_ACT_GELU_TANH}, {"gelu_new", MP_ACT_GELU_NEW},
-        {"gelu_pytorch_tanh", MP_ACT_GELU_TANH}, {"gelu_fast", MP_ACT_GELU_FAST}, {"tanh_gelu", MP_ACT_GELU_TANH},
-        {"relu", MP_ACT_RELU},           {"silu", MP_ACT_SILU},           {"swish", MP_ACT_SILU},
-        {"tanh", MP_ACT_TANH},           {"sigmoid", MP_ACT_SIGMOID},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (strcmp(s, t[i].name) == 0)
-            return (int)t[i].act;
+    for (int i = 0; i < MP_ACT_COUNT; i++)
+        if (strcmp(s, act_rows[i].name) == 0 || (*s && in_list(act_rows[i].aliases, s)))
+            return i;
     return -1;
 }
 

@@ -45,21 +45,40 @@ const char *mp_layer_type_str(enum mp_layer_type t);
 /* Returns -1 when s names no layer type. */
 int mp_layer_type_parse(const char *s);
 
-/* GELU_TANH is the fused kernel (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh);
- * GELU_NEW / GELU_FAST are HF's Python composites (NewGELUActivation,
- * FastGELUActivation), same function, but autograd saves their intermediates. */
+/* Activations, one row each: X(id, name, HF aliases, what backward reads, HF intermediates).
+ * saves: IN (the input) or OUT (the output); intermediates: tensors the size of the input
+ * that HF's Python composites also keep (space-separated names, measured with
+ * saved_tensors_hooks, bench/torch_saved.md).  GELU_TANH is the fused kernel
+ * (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh); GELU_NEW / GELU_FAST are HF's
+ * composites (NewGELUActivation, FastGELUActivation), same function.  A new activation
+ * is one row here plus its math (probe_host.c act_f/act_df, kernels/); append rows only:
+ * the order is the kernels' activation code. */
+#define MP_ACTIVATIONS(X)                                                                        \
+    X(GELU, "gelu", "", IN, "")                                                                  \
+    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "")                             \
+    X(RELU, "relu", "", OUT, "")                                                                 \
+    X(SILU, "silu", "swish", IN, "")                                                             \
+    X(TANH, "tanh", "", OUT, "")                                                                 \
+    X(SIGMOID, "sigmoid", "", OUT, "")                                                           \
+    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh")                                 \
+    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh")
+
 enum mp_act {
-    MP_ACT_GELU,
-    MP_ACT_GELU_TANH,
-    MP_ACT_RELU,
-    MP_ACT_SILU,
-    MP_ACT_TANH,
-    MP_ACT_SIGMOID,
-    MP_ACT_GELU_NEW,
-    MP_ACT_GELU_FAST,
+#define MP_X(id, name, aliases, saves, extras) MP_ACT_##id,
+    MP_ACTIVATIONS(MP_X)
+#undef MP_X
+};
+enum { /* the number of rows (outside enum mp_act, so switches over it stay exhaustive) */
+#define MP_X(id, name, aliases, saves, extras) MP_ACT_ROW_##id,
+    MP_ACTIVATIONS(MP_X)
+#undef MP_X
+        MP_ACT_COUNT
 };
 const char *mp_act_str(enum mp_act a);
-int mp_act_parse(const char *s); /* -1 if unknown; accepts HF names (gelu_new, gelu_pytorch_tanh, swish) */
+int mp_act_parse(const char *s); /* -1 if unknown; accepts the HF aliases (gelu_pytorch_tanh, swish) */
+bool mp_act_saves_output(enum mp_act a);
+/* The space-separated names of the HF intermediates it keeps ("" for none). */
+const char *mp_act_intermediates(enum mp_act a);
 
 enum mp_attn_impl { MP_ATTN_SDPA, MP_ATTN_FLASH, MP_ATTN_EAGER };
 const char *mp_attn_impl_str(enum mp_attn_impl a);
