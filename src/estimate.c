@@ -156,6 +156,8 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
         for (int j = 0; j < 3; j++)
             if (n->in[j] >= 0 && !node_reads(n, n->in[j], j))
                 r->uses[n->in[j]]++;
+        if (n->keep >= 0)
+            r->uses[n->keep]++;
     }
     for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes && r->st == MP_OK; k++) {
         const struct mp_node *n = &p->nodes[k];
@@ -177,6 +179,10 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
                 r->uses[n->in[j]]--;
                 t_maybe_free(r, n->in[j]);
             }
+        if (n->keep >= 0) {
+            r->uses[n->keep]--;
+            t_maybe_free(r, n->keep);
+        }
         for (int j = 0; j < n->n_extra; j++)
             t_maybe_free(r, n->extra[j]);
         t_maybe_free(r, n->out);

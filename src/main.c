@@ -19,6 +19,7 @@
 #include "probe.h"    /* real steps */
 #include "report.h"   /* output */
 #include "search.h"   /* fit, batch search, suggest */
+#include "timeline.h" /* the SVG picture of a step */
 
 static const char *argv0 = "memplan";
 
@@ -62,6 +63,7 @@ enum {
     O_BATCH = 'b', O_SEQ = 's', O_PREC = 'p', O_OPT = 'o', O_CKPT = 'c', O_HELP = 'h',
     O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
+    O_TIMELINE, O_WIDE,
 };
 
 /* Which commands accept which options (bit per command). */
@@ -92,12 +94,15 @@ static const struct opt_info OPTS[] = {
     {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed: print only that snippet"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
-    {{"backend", required_argument, 0, O_BACKEND}, C_PROBE, "B", "auto | cuda | host (default auto)"},
-    {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE, "SIZE", "host backend: memory limit (default: none)"},
+    {{"backend", required_argument, 0, O_BACKEND}, C_PROBE | C_SUGG, "B", "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
+    {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE | C_SUGG, "SIZE", "probe memory limit (probe: host only, default none; suggest: default the target's usable less context)"},
     {{"no-probe", no_argument, 0, O_NOPROBE}, C_SUGG, NULL, "do not confirm with probes even when a GPU is present"},
     {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default: the --gpu profile's, else 8519680 B)"},
     {{"context", required_argument, 0, O_CONTEXT}, C_EST | C_PLAN | C_SUGG | C_CHECK, "SIZE", "CUDA context size (default: the GPU profile's, else 500MiB)"},
+    {{"timeline", required_argument, 0, O_TIMELINE}, C_EST | C_PLAN | C_PROBE | C_CHECK, "FILE",
+     "also draw the step's memory over time as an SVG picture in FILE"},
     {{"all-layers", no_argument, 0, O_ALL}, C_EST, NULL, "do not fold identical repeated blocks"},
+    {{"wide", no_argument, 0, O_WIDE}, 31, NULL, "text wider than 100 columns: the full block table, no wrapping"},
     {{"json", no_argument, 0, O_JSON}, 31, NULL, "print the report as JSON (schema 1)"},
     {{"help", no_argument, 0, O_HELP}, 31, NULL, "show this help"},
 };
@@ -135,7 +140,8 @@ struct args {
     uint64_t max_batch;
     uint64_t capacity;
     uint64_t grad_accum;
-    bool json, all_layers;
+    const char *timeline;
+    bool json, all_layers, wide;
 };
 
 struct command {
@@ -159,7 +165,7 @@ static const struct command COMMANDS[] = {
      "which blocks to checkpoint so the batch fits, at the least recompute"},
     {"probe", C_PROBE, cmd_probe, "probe MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--steps N] [--backend auto|cuda|host] [--device N] [--json]",
      "run real training steps and measure peak memory and step time"},
-    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--emit torch|hf|deepspeed] [--json]",
+    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--backend auto|cuda|host] [--emit torch|hf|deepspeed] [--json]",
      "the configuration to train with: micro-batch, accumulation, checkpoints, precision"},
     {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--grad-accum N] (--vram SIZE | --gpu NAME) [--json]",
      "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
@@ -181,9 +187,32 @@ static const char *command_notes(unsigned bit)
     }
 }
 
-static void print_command_help(FILE *f, const struct command *c)
+/* Usage generated from the option table: the synopsis wrapped under the command
+ * name, one line per option, help text wrapped at 100 columns. */
+static void print_command_help(FILE *out, const struct command *c)
 {
-    fprintf(f, "Usage: memplan %s\n\n%s.\n\nOptions:\n", c->synopsis, c->summary);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        f = out;
+    int ind = fprintf(f, "Usage: memplan %s ", c->name), col = ind + fprintf(f, "MODEL");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (!(OPTS[i].cmds & c->bit) || OPTS[i].lo.val == O_HELP)
+            continue;
+        char item[64];
+        int n = snprintf(item, sizeof item, "[--%s%s%s]", OPTS[i].lo.name, OPTS[i].arg ? " " : "",
+                         OPTS[i].arg ? OPTS[i].arg : "");
+        if (col + 1 + n > MP_TEXT_COLUMNS) {
+            fprintf(f, "\n%*s", ind, "");
+            col = ind;
+        } else {
+            fputc(' ', f);
+            col++;
+        }
+        col += fprintf(f, "%s", item);
+    }
+    fprintf(f, "\n\n%s.\n\nOptions:\n", c->summary);
     for (size_t i = 0; i < N_OPTS; i++) {
         if (!(OPTS[i].cmds & c->bit))
             continue;
@@ -197,6 +226,11 @@ static void print_command_help(FILE *f, const struct command *c)
     fprintf(f, "\n%sExit status: 0 success/fits, 1 does not fit, 2 usage, 3 bad input, 4 device error, 5 internal.\n"
                "See memplan(1).\n",
             command_notes(c->bit));
+    if (f != out) {
+        fclose(f);
+        mp_report_fit_text(out, buf, len, MP_TEXT_COLUMNS);
+        free(buf);
+    }
 }
 
 static void print_help(FILE *f)
@@ -388,6 +422,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             a->context_set = true;
             what = "--context: expected a size, got '%s'";
             break;
+        case O_TIMELINE: a->timeline = optarg; break;
+        case O_WIDE: a->wide = true; break;
         case O_ALL: a->all_layers = true; break;
         case O_JSON: a->json = true; break;
         default: return usage_error(c->name, "unexpected option '%s'", argv[optind - 1]);
@@ -413,6 +449,7 @@ struct setup {
     struct mp_train_opts train;
     struct mp_gpu gpu;
     bool have_gpu;
+    bool target_is_device; /* the target is the local GPU (probes of it answer for it) */
     char how[96];
     char defaults[256];
 };
@@ -480,6 +517,7 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
             snprintf(s->gpu.name, sizeof s->gpu.name, "cuda:%d", a->device);
             snprintf(s->gpu.description, sizeof s->gpu.description, "%s", di.name);
             s->have_gpu = true;
+            s->target_is_device = true;
             snprintf(s->how, sizeof s->how, "the local GPU (device %d)", a->device);
         } else if (a->device_set) {
             mp_probe_close(p);
@@ -522,6 +560,7 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
     c->target_how = s->how;
     c->json = a->json;
     c->all_layers = a->all_layers;
+    c->wide = a->wide;
     c->margin_pct = 100.0 * a->margin;
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
 }
@@ -540,6 +579,37 @@ static struct mp_job job_of(struct setup *s, struct args *a)
     struct mp_job j = {.model = &s->model, .build = s->build, .train = s->train, .ckpt = a->ckpt, .gpu = s->gpu,
                        .margin = a->margin, .slots = a->slots, .activation_budget = a->budget};
     return j;
+}
+
+/* --timeline FILE: the step of prog under sched as an SVG; target lines when the
+ * command has a target.  Returns 0 or an exit status (message printed). */
+static int write_timeline(const struct args *a, const char *cmd, const struct setup *s, const struct mp_program *prog,
+                          const struct mp_schedule *sched, uint64_t context, bool target, const uint64_t *measured,
+                          size_t n_measured)
+{
+    if (!a->timeline)
+        return 0;
+    char title[256], sub[256], ck[48];
+    snprintf(title, sizeof title, "%s: %s", s->model.name, cmd);
+    int n = snprintf(sub, sizeof sub, "batch %llu", (unsigned long long)prog->opts.batch);
+    if (s->model.input == MP_INPUT_TOKENS)
+        n += snprintf(sub + n, sizeof sub - (size_t)n, ", seq %llu", (unsigned long long)prog->opts.seq);
+    snprintf(sub + n, sizeof sub - (size_t)n, ", %s, %s, checkpoint %s%s%s", mp_precision_str(prog->opts.precision),
+             mp_optimizer_str(s->train.optimizer), mp_ckpt_spec_str(&a->ckpt, ck, sizeof ck),
+             target ? ", target " : "", target ? s->gpu.name : "");
+    FILE *f = fopen(a->timeline, "w");
+    if (!f) {
+        fprintf(stderr, "memplan: error: cannot write '%s': %s\n", a->timeline, strerror(errno));
+        return MP_EXIT_INPUT;
+    }
+    struct mp_timeline_opts o = {.title = title, .subtitle = sub, .context_bytes = context,
+                                 .capacity_bytes = target ? s->gpu.memory_bytes : 0, .margin = a->margin,
+                                 .measured = measured, .n_measured = n_measured};
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_timeline_svg(f, prog, sched, &s->train, &o, &d);
+    if (fclose(f) != 0 && st == MP_OK)
+        st = mp_fail(&d, MP_ERR_IO, "%s: writing failed: %s", a->timeline, strerror(errno));
+    return st == MP_OK ? 0 : fail(st, &d);
 }
 
 /* ---- commands -------------------------------------------------------------------------------- */
@@ -587,10 +657,12 @@ static int cmd_estimate(struct args *a)
     mp_report_estimate(stdout, &c, &f.est, &f.plan);
     if (getenv("MEMPLAN_TIMING"))
         fprintf(stderr, "memplan: estimate took %.2f ms\n", mp_now_ms() - t0);
+    rc = write_timeline(a, "estimate", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                        a->gpu != NULL, NULL, 0);
     mp_program_release(&prog);
     mp_fit_release(&f);
     mp_model_release(&s.model);
-    return finish(MP_EXIT_OK);
+    return rc ? rc : finish(MP_EXIT_OK);
 }
 
 static int cmd_plan(struct args *a)
@@ -665,6 +737,8 @@ static int cmd_plan(struct args *a)
         if (!a->gpu && !a->vram)
             c.gpu = NULL;
         mp_report_plan(stdout, &c, &f, &cmp);
+        rc = write_timeline(a, "plan", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                            a->gpu || a->vram, NULL, 0);
         mp_program_release(&prog);
     }
     bool fits = f.fits || (!a->gpu && !a->vram);
@@ -672,6 +746,8 @@ static int cmd_plan(struct args *a)
     mp_model_release(&s.model);
     if (st != MP_OK)
         return fail(st, &d);
+    if (rc)
+        return rc;
     return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
 }
 
@@ -699,6 +775,8 @@ static int cmd_check(struct args *a)
         struct mp_report_ctx c;
         fill_ctx(&c, "check", &s, &prog, &a->ckpt, a);
         mp_report_check(stdout, &c, &f);
+        rc = write_timeline(a, "check", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                            true, NULL, 0);
         mp_program_release(&prog);
     }
     if (st == MP_OK && !f.fits)
@@ -710,6 +788,8 @@ static int cmd_check(struct args *a)
     mp_model_release(&s.model);
     if (st != MP_OK)
         return fail(st, &d);
+    if (rc)
+        return rc;
     return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
 }
 
@@ -723,8 +803,26 @@ static int cmd_suggest(struct args *a)
     struct mp_job j = job_of(&s, a);
     struct mp_suggest_opts o = {.precision_fixed = a->precision_set, .precision = (enum mp_precision)a->precision,
                                 .global_batch = a->global_batch, .max_batch = a->max_batch,
-                                .probe = !a->no_probe && mp_cuda_device_available(), .device = a->device,
+                                .probe = !a->no_probe && (!strcmp(a->backend, "host") || !strcmp(a->backend, "cuda") ||
+                                                          mp_cuda_device_available()),
+                                .probe_backend = !strcmp(a->backend, "host") ? "host" : "cuda",
+                                .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
+                                .device = a->device,
                                 .progress = isatty(2) && !a->json};
+    if (o.probe && !strcmp(o.probe_backend, "host")) {
+        /* the host pool really allocates, up to the target's limit: refuse what this machine cannot hold */
+        uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t lim = o.probe_capacity_bytes ? o.probe_capacity_bytes
+                                              : (uint64_t)((double)mp_gpu_capacity(&j.gpu) * (1.0 - j.margin));
+        if (lim > ram / 2) {
+            char b1[32], b2[32];
+            fprintf(stderr, "memplan: error: --backend host: probes up to %s do not fit this machine's RAM (%s); "
+                            "use a smaller --vram or --capacity, or --no-probe\n",
+                    mp_fmt_bytes(lim, b1, sizeof b1), mp_fmt_bytes(ram, b2, sizeof b2));
+            mp_model_release(&s.model);
+            return MP_EXIT_DEVICE;
+        }
+    }
     struct mp_suggestion sg;
     enum mp_status st = mp_suggest(&j, &o, argv0, &sg, &d);
     if (st != MP_OK) {
@@ -771,6 +869,7 @@ static int cmd_probe(struct args *a)
     po.device = a->device;
     po.steps = (unsigned)a->steps;
     po.capacity_bytes = a->capacity;
+    po.trace = a->timeline != NULL;
     bool host = !strcmp(a->backend, "host") || (!strcmp(a->backend, "auto") && !mp_cuda_device_available());
     if (host) {
         /* the host executor really allocates: refuse what this machine cannot hold */
@@ -839,15 +938,20 @@ static int cmd_probe(struct args *a)
         fill_ctx(&c, "probe", &s, &prog, &a->ckpt, a);
         c.gpu = NULL;
         mp_report_probe(stdout, &c, &e, &r);
+        rc = write_timeline(a, "probe", &s, &prog, &plan.sched, 0, false, r.trace, r.n_trace);
     }
+    mp_probe_result_release(&r);
     mp_estimate_release(&e);
     mp_ckpt_plan_release(&plan);
+    bool fits = r.fits;
     mp_probe_close(p);
     mp_program_release(&prog);
     mp_model_release(&s.model);
     if (st != MP_OK)
         return fail(st, &d);
-    return finish(r.fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
+    if (rc)
+        return rc;
+    return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
 }
 
 static int cmd_help(int argc, char **argv)

@@ -1358,17 +1358,13 @@ static enum mp_status pool_bwd(struct ctx *c)
 
 /* ---- loss, custom -------------------------------------------------------------------------- */
 
-static enum mp_status ce_fwd(struct ctx *c)
+/* lp = log_softmax(z) per row, in lp's dtype. */
+static enum mp_status log_softmax_fwd(struct ctx *c)
 {
     const struct mp_node *n = c->n;
     uint64_t M = n->rows, V = n->n;
     NEED(c->out);
-    NEED(c->ex[0]);
-    NEED(c->in[1]);
     FGET(z, c->in[0]);
-    float *lp = c->ex[0].p;
-    const int64_t *lab = c->in[1].p;
-    double loss = 0;
     for (uint64_t r = 0; r < M; r++) {
         float m = -INFINITY;
         for (uint64_t j = 0; j < V; j++)
@@ -1378,7 +1374,43 @@ static enum mp_status ce_fwd(struct ctx *c)
             s += exp((double)z[r * V + j] - m);
         float lse = m + (float)log(s);
         for (uint64_t j = 0; j < V; j++)
-            lp[r * V + j] = z[r * V + j] - lse;
+            stf(c->out, r * V + j, z[r * V + j] - lse);
+    }
+    return MP_OK;
+}
+
+/* dz += g - exp(lp) * rowsum(g) */
+static enum mp_status log_softmax_bwd(struct ctx *c)
+{
+    const struct mp_node *n = c->n;
+    uint64_t M = n->rows, V = n->n;
+    if (!c->gout.p || !c->gin[0].p)
+        return MP_OK;
+    FGET(lp, c->out);
+    FGET(g, c->gout);
+    FNEW(dz, M * V);
+    for (uint64_t r = 0; r < M; r++) {
+        double s = 0;
+        for (uint64_t j = 0; j < V; j++)
+            s += g[r * V + j];
+        for (uint64_t j = 0; j < V; j++)
+            dz[r * V + j] = g[r * V + j] - expf(lp[r * V + j]) * (float)s;
+    }
+    facc(c->gin[0], dz, M * V);
+    return MP_OK;
+}
+
+/* loss = -mean over rows of lp[r, label[r]] */
+static enum mp_status nll_fwd(struct ctx *c)
+{
+    const struct mp_node *n = c->n;
+    uint64_t M = n->rows, V = n->n;
+    NEED(c->out);
+    NEED(c->in[1]);
+    FGET(lp, c->in[0]);
+    const int64_t *lab = c->in[1].p;
+    double loss = 0;
+    for (uint64_t r = 0; r < M; r++) {
         if (lab[r] < 0 || (uint64_t)lab[r] >= V)
             return mp_fail(c->x->d, MP_ERR_INTERNAL, "probe: %s: label %lld outside %llu classes", n->name,
                            (long long)lab[r], (unsigned long long)V);
@@ -1389,22 +1421,18 @@ static enum mp_status ce_fwd(struct ctx *c)
     return MP_OK;
 }
 
-static enum mp_status ce_bwd(struct ctx *c)
+/* dlp[r, label[r]] += -g / M (the rest of the dense gradient stays zero) */
+static enum mp_status nll_bwd(struct ctx *c)
 {
     const struct mp_node *n = c->n;
     uint64_t M = n->rows, V = n->n;
     if (!c->gout.p || !c->gin[0].p)
         return MP_OK;
-    NEED(c->ex[0]);
     NEED(c->in[1]);
-    const float *lp = c->ex[0].p;
     const int64_t *lab = c->in[1].p;
     float g = ldf(c->gout, 0) / (float)M;
-    FNEW(dz, M * V);
     for (uint64_t r = 0; r < M; r++)
-        for (uint64_t j = 0; j < V; j++)
-            dz[r * V + j] = g * (expf(lp[r * V + j]) - ((uint64_t)lab[r] == j ? 1.0f : 0.0f));
-    facc(c->gin[0], dz, M * V);
+        accf(c->gin[0], r * V + (uint64_t)lab[r], -g);
     return MP_OK;
 }
 
@@ -1507,7 +1535,8 @@ static enum mp_status node_run(struct mp_host_exec *x, int k, bool fwd)
     case MP_P_AVGPOOL:
     case MP_P_ADAPTIVE_AVGPOOL: st = fwd ? pool_fwd(&c) : pool_bwd(&c); break;
     case MP_P_VIEW: break; /* out is in[0]: nothing moves either way */
-    case MP_P_CE_LOSS: st = fwd ? ce_fwd(&c) : ce_bwd(&c); break;
+    case MP_P_LOG_SOFTMAX: st = fwd ? log_softmax_fwd(&c) : log_softmax_bwd(&c); break;
+    case MP_P_NLL_LOSS: st = fwd ? nll_fwd(&c) : nll_bwd(&c); break;
     case MP_P_CUSTOM: st = fwd ? custom_fwd(&c) : custom_bwd(&c); break;
     case MP_P_COUNT: st = mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: unknown prim", n->name); break;
     }
@@ -1941,6 +1970,7 @@ static enum mp_status host_run(void *ctx, const struct mp_probe_opts *o, const s
     enum mp_status st = mp_host_exec_new(&x, p, t, o->capacity_bytes, o->seed, d);
     if (st != MP_OK)
         return st;
+    x->pool.trace_on = o->trace;
     double ms[64];
     unsigned steps = o->steps;
     for (unsigned k = 0; k <= steps && st == MP_OK; k++) {
@@ -1953,9 +1983,11 @@ static enum mp_status host_run(void *ctx, const struct mp_probe_opts *o, const s
         }
     }
     r->measured_peak_bytes = x->pool.peak;
+    mp_pool_take_trace(&x->pool, r);
     if (st == MP_ERR_OOM) {
         r->fits = false;
         r->oom_request_bytes = x->pool.oom_bytes;
+        r->oom_capacity = x->pool.oom_capacity;
         snprintf(r->oom_event, sizeof r->oom_event, "%s", x->pool.oom_event);
     } else if (st == MP_OK) {
         r->fits = true;

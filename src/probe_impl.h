@@ -54,8 +54,15 @@ struct mp_pool {
     uint64_t *bytes;
     unsigned char *present;
     uint64_t oom_bytes;  /* the request that did not fit */
+    bool oom_capacity;   /* the capacity limit said no (false: the allocator itself) */
     char oom_event[96];
+    bool trace_on;       /* record cur after every alloc/free of the current step (timeline) */
+    uint64_t *trace;
+    size_t n_trace, cap_trace;
 };
+
+/* Hands the recorded trace of the last step to r (r->trace, r->n_trace); the pool forgets it. */
+void mp_pool_take_trace(struct mp_pool *pl, struct mp_probe_result *r);
 
 /* Parameters, optimizer state, the workspace and the input batch live across
  * steps: the replay allocates them at every step's setup; the pool counts them

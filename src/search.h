@@ -63,8 +63,12 @@ struct mp_candidate {
     bool fits;
     uint64_t peak_device_bytes, capacity_bytes, usable_bytes;
     double headroom_pct;
-    double samples_per_s;
-    bool probed;
+    double samples_per_s;         /* estimated (ranking compares estimates only) */
+    bool probed;                  /* micro_batch ran on the probe backend and fit */
+    bool probe_oom;               /* probed: out of memory at every batch tried */
+    double probe_samples_per_s;   /* measured by the probe (memplan's kernels, not PyTorch's): reported only */
+    double probe_step_ms;
+    uint64_t probe_peak_bytes;    /* the probe pool's measured peak at micro_batch */
     double recompute_pct;
     size_t n_ckpt_blocks;
     struct mp_fit fit;            /* the evaluation at micro_batch */
@@ -75,8 +79,12 @@ struct mp_suggest_opts {
     enum mp_precision precision;
     uint64_t global_batch;        /* 0 = none */
     uint64_t max_batch;           /* search bound (default 65536) */
-    bool probe;                   /* confirm with the cuda backend */
+    bool probe;                   /* confirm the choice with probe runs */
+    const char *probe_backend;    /* "cuda" (NULL) or "host" */
     int device;
+    uint64_t probe_capacity_bytes;/* the probes' pool limit; 0 = the target's usable bytes less its context,
+                                   * so a probe answers for the target, never for whatever the local GPU has */
+    bool target_is_device;        /* the target is the probed device itself: its own out-of-memory counts */
     bool progress;                /* progress lines on stderr */
 };
 
@@ -90,6 +98,8 @@ struct mp_suggestion {
     char alternatives[4][160];
     size_t n_alternatives;
     unsigned probes;
+    uint64_t probe_capacity_bytes;/* the pool limit the probes ran under (0: no probe) */
+    char probe_note[160];         /* why the probes did not confirm, when they did not */
     double elapsed_ms;
 };
 
