@@ -82,7 +82,7 @@ static const struct opt_info OPTS[] = {
     {{"seq", required_argument, 0, O_SEQ}, 31, "S", "sequence length (default: the model's, at most 2048 for HF configs)"},
     {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 | mixed-bf16 (default amp-bf16)"},
     {{"optimizer", required_argument, 0, O_OPT}, 31, "O", "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit (default adamw)"},
-    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none | sqrt | segments:K | every:K | optimal | optimal-segments (default none)"},
+    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none (default) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
@@ -186,7 +186,7 @@ static const char *command_notes(unsigned bit)
     switch (bit) {
     case C_PLAN: return "--checkpoint defaults to optimal here. With --vram/--gpu the activation budget is what the\n"
                         "target leaves after weights, gradients, optimizer state and overheads.\n";
-    case C_PROBE: return "--checkpoint takes a fixed plan here (none, sqrt, segments:K, every:K). Without a GPU,\n"
+    case C_PROBE: return "--checkpoint takes a fixed plan here (none, sqrt, segments:K, every:K, layers). Without a GPU,\n"
                          "--backend auto runs the host (CPU) executor for small models.\n";
     case C_SUGG: return "Micro-batch and checkpoint strategy are searched; precision too unless --precision is given.\n"
                         "Target: --gpu, --vram, --device, else the local GPU, else the a100-80gb profile.\n";
@@ -381,7 +381,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
         case O_CKPT:
             st = mp_ckpt_spec_parse(optarg, &a->ckpt);
             a->ckpt_set = true;
-            what = "--checkpoint: expected none, sqrt, segments:K, every:K, optimal or optimal-segments, got '%s'";
+            what = "--checkpoint: expected none, sqrt, segments:K, every:K, layers, optimal or optimal-segments, got '%s'";
             break;
         case O_ATTN:
             a->attention = !strcmp(optarg, "sdpa") ? MP_ATTN_SDPA
@@ -860,7 +860,7 @@ static int cmd_suggest(struct args *a)
                                 .probe_backend = !strcmp(a->backend, "host") ? "host" : "cuda",
                                 .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
                                 .device = a->device,
-                                .progress = isatty(2) && !a->json};
+                                .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF};
     if (o.probe && !strcmp(o.probe_backend, "host")) {
         /* the host pool really allocates, up to the target's limit: refuse what this machine cannot hold */
         uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
@@ -959,7 +959,7 @@ static int cmd_probe(struct args *a)
     if (a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS) {
         mp_program_release(&prog);
         mp_model_release(&s.model);
-        return usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K); "
+        return usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K, layers); "
                                           "use 'memplan plan' to find an optimal one");
     }
     struct mp_probe *p = NULL;

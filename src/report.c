@@ -526,10 +526,12 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         fprintf(out, "gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
         fprintf(out, "bf16=%s,\nfp16=%s,\n", b->precision == MP_PREC_AMP_BF16 ? "True" : "False",
                 b->precision == MP_PREC_AMP_FP16 ? "True" : "False");
-        fprintf(out, "gradient_checkpointing=%s,\n", nck ? "True" : "False");
-        if (nck && nck < p->L)
-            fprintf(out, "# memplan checkpoints blocks %zu of %zu; HF wraps every decoder layer, which uses\n"
-                         "# less memory and more recompute than this plan\n", nck, p->L);
+        /* gradient_checkpointing=True wraps each decoder layer and nothing else: memplan's
+         * "layers" (suggest --emit hf only considers none and layers) */
+        fprintf(out, "gradient_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
+        if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
+            fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
+                         "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
         fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? "adamw_bnb_8bit"
                                         : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
                                         : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
@@ -565,6 +567,9 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         fprintf(out, "# blocks = the model's %zu blocks as an nn.Sequential\n"
                      "x = torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",
                 p->L, p->n_segments + 1);
+    else if (b->ckpt.strategy == MP_CKPT_LAYERS)
+        fprintf(out, "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n"
+                     "# (or wrap each decoder layer alone with torch.utils.checkpoint)\n");
     else if (nck) {
         fprintf(out, "# checkpoint these block ranges [start, end) with torch.utils.checkpoint:\nsegments = [");
         for (size_t i = 0; i < p->n_segments; i++)

@@ -617,6 +617,14 @@ static enum mp_status probe_best(const struct mp_job *base, const struct mp_sugg
     return MP_OK;
 }
 
+static bool model_has_repeats(const struct mp_model *m)
+{
+    for (size_t i = 0; i < m->n_blocks; i++)
+        if (m->blocks[i].repeat_group > 0)
+            return true;
+    return false;
+}
+
 enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o, const char *argv0,
                           struct mp_suggestion *s, struct mp_diag *d)
 {
@@ -636,10 +644,20 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         if (precision_supported(&base->gpu, MP_PREC_BF16))
             precs[np++] = MP_PREC_BF16;
     }
-    const struct mp_ckpt_spec strategies[3] = {{MP_CKPT_NONE, 0}, {MP_CKPT_SQRT, 0}, {MP_CKPT_OPTIMAL, 0}};
+    /* "layers" is what HF's gradient_checkpointing does; a Trainer (--emit hf) can run only
+     * none and layers.  A model without repeated blocks has no "layers" plan. */
+    struct mp_ckpt_spec strategies[4];
+    size_t ns = 0;
+    strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_NONE, 0};
+    if (!o->trainer_plans_only) {
+        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
+        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+    }
+    if (model_has_repeats(base->model))
+        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
     unsigned evals = 0;
     for (size_t i = 0; i < np; i++) {
-        for (size_t k = 0; k < 3; k++) {
+        for (size_t k = 0; k < ns; k++) {
             if (s->n >= sizeof s->cand / sizeof s->cand[0])
                 break;
             struct mp_job j = *base;

@@ -91,6 +91,7 @@ struct mp_suggest_opts {
                                    * so a probe answers for the target, never for whatever the local GPU has */
     bool target_is_device;        /* the target is the probed device itself: its own out-of-memory counts */
     bool progress;                /* progress lines on stderr */
+    bool trainer_plans_only;      /* --emit hf: only plans a Trainer runs (none, layers) */
 };
 
 struct mp_suggestion {

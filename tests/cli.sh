@@ -214,6 +214,8 @@ elif mode in ("suggest", "recommend", "nofit"):
     plan_ok(r["plan"], "recommendation.plan")
     if mode == "recommend":
         print(r["micro_batch"], r["grad_accum"], r["global_batch"], r["precision"], r["plan"]["strategy"])
+elif mode == "ckflags":
+    print("".join("1" if l["checkpointed"] else "0" for l in d["layers"]))
 elif mode != "any":
     sys.exit("jcheck.py: unknown mode " + mode)
 EOF
@@ -456,6 +458,17 @@ done
 
 json_check "estimate --checkpoint sqrt --json: plan keys" estimate \
     estimate models/gpt2-124m.json --batch 4 --checkpoint sqrt --json
+# --checkpoint layers = transformers' gradient checkpointing: the 24 decoder layers, not the
+# embeddings (block 0) or the head (block 25)
+if json_check "estimate --checkpoint layers: decoder layers only" ckflags \
+    estimate models/hf/qwen2-0.5b.json --batch 2 --checkpoint layers --json; then
+    if [ "$(cat "$T/jout")" = "01111111111111111111111110" ]; then
+        ok "estimate --checkpoint layers: blocks 1..24 of 26 checkpointed"
+    else
+        echo "checkpointed flags $(cat "$T/jout")" >"$T/why"
+        bad "estimate --checkpoint layers: blocks 1..24 of 26 checkpointed"
+    fi
+fi
 json_check "plan --json: plan keys" plan plan models/gpt2-124m.json --batch 8 --gpu a100-40gb --json
 json_check "plan --activation-budget --json: plan keys" plan \
     plan models/gpt2-124m.json --batch 2 --activation-budget 2GiB --json
