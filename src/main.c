@@ -64,6 +64,7 @@ enum {
     O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
     O_TIMELINE, O_WIDE,
+    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV,
 };
 
 /* Which commands accept which options (bit per command). */
@@ -79,9 +80,9 @@ struct opt_info {
 static const struct opt_info OPTS[] = {
     {{"batch", required_argument, 0, O_BATCH}, C_EST | C_PLAN | C_PROBE | C_CHECK, "B", "micro-batch (default 1)"},
     {{"seq", required_argument, 0, O_SEQ}, 31, "S", "sequence length (default: the model's, at most 2048 for HF configs)"},
-    {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 (default amp-bf16)"},
+    {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 | mixed-bf16 (default amp-bf16)"},
     {{"optimizer", required_argument, 0, O_OPT}, 31, "O", "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit (default adamw)"},
-    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none | sqrt | segments:K | every:K | optimal | optimal-segments (default none)"},
+    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none (default) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
@@ -91,7 +92,12 @@ static const struct opt_info OPTS[] = {
     {{"margin", required_argument, 0, O_MARGIN}, C_SUGG | C_CHECK | C_PLAN, "PCT", "safety margin in percent of capacity (default 5)"},
     {{"global-batch", required_argument, 0, O_GLOBAL}, C_SUGG, "G", "global batch: micro-batch x accumulation = G exactly"},
     {{"grad-accum", required_argument, 0, O_ACCUM}, C_EST | C_PLAN | C_CHECK, "N", "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
-    {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed: print only that snippet"},
+    {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed | accelerate: print only that snippet"},
+    {{"gpus", required_argument, 0, O_GPUS}, C_EST | C_PLAN | C_SUGG | C_CHECK, "N", "GPUs per node for data parallelism (figures are per rank)"},
+    {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
+    {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
+    {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
+    {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
     {{"backend", required_argument, 0, O_BACKEND}, C_PROBE | C_SUGG, "B", "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
@@ -142,6 +148,8 @@ struct args {
     uint64_t grad_accum;
     const char *timeline;
     bool json, all_layers, wide;
+    struct mp_parallel par;
+    bool par_set, gpus_set;
 };
 
 struct command {
@@ -178,7 +186,7 @@ static const char *command_notes(unsigned bit)
     switch (bit) {
     case C_PLAN: return "--checkpoint defaults to optimal here. With --vram/--gpu the activation budget is what the\n"
                         "target leaves after weights, gradients, optimizer state and overheads.\n";
-    case C_PROBE: return "--checkpoint takes a fixed plan here (none, sqrt, segments:K, every:K). Without a GPU,\n"
+    case C_PROBE: return "--checkpoint takes a fixed plan here (none, sqrt, segments:K, every:K, layers). Without a GPU,\n"
                          "--backend auto runs the host (CPU) executor for small models.\n";
     case C_SUGG: return "Micro-batch and checkpoint strategy are searched; precision too unless --precision is given.\n"
                         "Target: --gpu, --vram, --device, else the local GPU, else the a100-80gb profile.\n";
@@ -263,6 +271,7 @@ static enum mp_status parse_size_min(const char *s, uint64_t lo, uint64_t *out)
 static int parse_args(const struct command *c, int argc, char **argv, struct args *a)
 {
     memset(a, 0, sizeof *a);
+    mp_parallel_default(&a->par);
     a->batch = 1;
     a->precision = MP_PREC_AMP_BF16;
     a->optimizer = MP_OPT_ADAMW;
@@ -325,11 +334,45 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--seq: expected a positive integer, got '%s'";
             break;
         case O_PREC:
-            a->precision = mp_precision_parse(optarg);
+            /* mixed-bf16: the program runs in bf16 (FSDP2 param_dtype / DeepSpeed bf16), the
+             * sharding engine keeps the fp32 master (parallel.h) */
+            a->par.mixed_bf16 = !strcmp(optarg, "mixed-bf16");
+            a->precision = a->par.mixed_bf16 ? (int)MP_PREC_BF16 : mp_precision_parse(optarg);
             a->precision_set = true;
             st = a->precision < 0 ? MP_ERR_USAGE : MP_OK;
-            what = "--precision: expected fp32, amp-bf16, amp-fp16 or bf16, got '%s'";
+            what = "--precision: expected fp32, amp-bf16, amp-fp16, bf16 or mixed-bf16, got '%s'";
             break;
+        case O_GPUS:
+            st = parse_int_in(optarg, 1, 65536, &a->par.gpus);
+            a->gpus_set = true;
+            what = "--gpus: expected an integer from 1 to 65536, got '%s'";
+            break;
+        case O_NODES:
+            st = parse_int_in(optarg, 1, 65536, &a->par.nodes);
+            what = "--nodes: expected an integer from 1 to 65536, got '%s'";
+            break;
+        case O_PARALLEL: {
+            int v = mp_par_strategy_parse(optarg);
+            st = v <= 0 ? MP_ERR_USAGE : MP_OK;
+            a->par.strategy = v > 0 ? (enum mp_par_strategy)v : MP_PAR_NONE;
+            a->par_set = true;
+            what = "--parallel: expected ddp, zero1, zero2, zero3, fsdp or fsdp-no-reshard, got '%s'";
+            break;
+        }
+        case O_OFFLOAD: {
+            int v = mp_offload_parse(optarg);
+            st = v < 0 ? MP_ERR_USAGE : MP_OK;
+            a->par.offload = v > 0 ? (enum mp_offload)v : MP_OFFLOAD_NONE;
+            what = "--offload: expected none, optimizer or params, got '%s'";
+            break;
+        }
+        case O_OFFDEV: {
+            int v = mp_offload_dev_parse(optarg);
+            st = v < 0 ? MP_ERR_USAGE : MP_OK;
+            a->par.offload_device = v > 0 ? (enum mp_offload_dev)v : MP_OFFDEV_CPU;
+            what = "--offload-device: expected cpu or nvme, got '%s'";
+            break;
+        }
         case O_OPT:
             a->optimizer = mp_optimizer_parse(optarg);
             st = a->optimizer < 0 ? MP_ERR_USAGE : MP_OK;
@@ -338,7 +381,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
         case O_CKPT:
             st = mp_ckpt_spec_parse(optarg, &a->ckpt);
             a->ckpt_set = true;
-            what = "--checkpoint: expected none, sqrt, segments:K, every:K, optimal or optimal-segments, got '%s'";
+            what = "--checkpoint: expected none, sqrt, segments:K, every:K, layers, optimal or optimal-segments, got '%s'";
             break;
         case O_ATTN:
             a->attention = !strcmp(optarg, "sdpa") ? MP_ATTN_SDPA
@@ -383,12 +426,13 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--global-batch: expected a positive integer, got '%s'";
             break;
         case O_EMIT:
-            a->emit = !strcmp(optarg, "torch")       ? MP_EMIT_TORCH
-                      : !strcmp(optarg, "hf")        ? MP_EMIT_HF
-                      : !strcmp(optarg, "deepspeed") ? MP_EMIT_DEEPSPEED
-                                                     : MP_EMIT_NONE;
+            a->emit = !strcmp(optarg, "torch")        ? MP_EMIT_TORCH
+                      : !strcmp(optarg, "hf")         ? MP_EMIT_HF
+                      : !strcmp(optarg, "deepspeed")  ? MP_EMIT_DEEPSPEED
+                      : !strcmp(optarg, "accelerate") ? MP_EMIT_ACCELERATE
+                                                      : MP_EMIT_NONE;
             st = a->emit == MP_EMIT_NONE ? MP_ERR_USAGE : MP_OK;
-            what = "--emit: expected torch, hf or deepspeed, got '%s'";
+            what = "--emit: expected torch, hf, deepspeed or accelerate, got '%s'";
             break;
         case O_ACCUM:
             st = parse_int_in(optarg, 1, UINT64_MAX, &a->grad_accum);
@@ -438,6 +482,11 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->model = argv[optind];
     if (a->gpu && a->vram)
         return usage_error(c->name, "%s", "--gpu and --vram are exclusive");
+    if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
+        struct mp_diag pd = {{0}};
+        if (mp_par_validate(&a->par, &pd) != MP_OK)
+            return usage_error(c->name, "%s", pd.msg);
+    }
     return 0;
 }
 
@@ -447,6 +496,7 @@ struct setup {
     struct mp_model model;
     struct mp_build_opts build;
     struct mp_train_opts train;
+    struct mp_parallel par;       /* train.par points here */
     struct mp_gpu gpu;
     bool have_gpu;
     bool target_is_device; /* the target is the local GPU (probes of it answer for it) */
@@ -478,6 +528,8 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
+    s->par = a->par;
+    s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
     char num[32];
     if (!a->seq && s->model.input == MP_INPUT_TOKENS) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
@@ -808,7 +860,7 @@ static int cmd_suggest(struct args *a)
                                 .probe_backend = !strcmp(a->backend, "host") ? "host" : "cuda",
                                 .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
                                 .device = a->device,
-                                .progress = isatty(2) && !a->json};
+                                .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF};
     if (o.probe && !strcmp(o.probe_backend, "host")) {
         /* the host pool really allocates, up to the target's limit: refuse what this machine cannot hold */
         uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
@@ -908,7 +960,7 @@ static int cmd_probe(struct args *a)
     if (a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS) {
         mp_program_release(&prog);
         mp_model_release(&s.model);
-        return usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K); "
+        return usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K, layers); "
                                           "use 'memplan plan' to find an optimal one");
     }
     struct mp_probe *p = NULL;
