@@ -2,14 +2,14 @@
 # `make run` runs the main job on a bundled model.  Both install missing build
 # dependencies first (Debian: libcjson-dev libcmocka-dev) when run as root.
 #
-# Knobs: CUDA=auto|yes|no  CUDA_HOME=/usr/local/cuda  CUDA_ARCH="80 86 89 90"
+# Knobs: CUDA=auto|yes|no  CUDA_HOME=/usr/local/cuda  CUDA_ARCH="70 75 80 86 89 90" (+ PTX of the last)
 #        SAN=1 (AddressSanitizer + UBSan)  V=1 (echo commands)  T=<suite> (one test)
 
 CC        ?= cc
 NVCC      ?= nvcc
 CUDA      ?= auto
 CUDA_HOME ?= /usr/local/cuda
-CUDA_ARCH ?= 80 86 89 90
+CUDA_ARCH ?= 70 75 80 86 89 90
 CFLAGS    ?= -O2 -g
 PREFIX    ?= /usr/local
 BUILD     ?= build
@@ -57,8 +57,15 @@ ifeq ($(USE_CUDA),yes)
   # cuBLAS is dlopen()ed by the cuda backend when it opens (see probe_cuda.c), not linked
   override CFLAGS += -DMEMPLAN_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
-  NVFLAGS := -O2 -std=c++17 -Ikernels -Isrc $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
-             -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+  # the architectures this nvcc can build (CUDA 13 dropped sm_70: build V100 code with CUDA 12)
+  NVCC_ARCHS := $(patsubst compute_%,%,$(shell $(NVCC_PATH) --list-gpu-arch 2>/dev/null))
+  CUDA_ARCH_OK := $(if $(NVCC_ARCHS),$(filter $(NVCC_ARCHS),$(CUDA_ARCH)),$(CUDA_ARCH))
+  CUDA_ARCH_DROPPED := $(filter-out $(CUDA_ARCH_OK),$(CUDA_ARCH))
+  ifeq ($(strip $(CUDA_ARCH_OK)),)
+    $(error CUDA_ARCH '$(CUDA_ARCH)': none of these is supported by $(NVCC_PATH) ($(NVCC_ARCHS)))
+  endif
+  NVFLAGS := -O2 -std=c++17 -MMD -MP -Ikernels -Isrc $(foreach a,$(CUDA_ARCH_OK),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_$(lastword $(CUDA_ARCH_OK)),code=compute_$(lastword $(CUDA_ARCH_OK))
 endif
 
 OBJS  := $(SRCS:%.c=$(BUILD)/%.o) $(KSRCS:%.cu=$(BUILD)/%.o)
@@ -66,7 +73,7 @@ LIBOBJS := $(filter-out $(BUILD)/src/main.o,$(OBJS))
 TESTS := $(patsubst tests/test_%.c,%,$(wildcard tests/test_*.c))
 TESTBINS := $(TESTS:%=$(BUILD)/tests/test_%)
 
-$(info I memplan build: CC=$(CC) CUDA=$(CUDA) -> $(if $(USE_CUDA),✓ cuda backend ($(NVCC_PATH); sm $(CUDA_ARCH)),✗ cuda backend (host only)) SAN=$(or $(SAN),0))
+$(info I memplan build: CC=$(CC) CUDA=$(CUDA) -> $(if $(USE_CUDA),✓ cuda backend ($(NVCC_PATH); sm $(CUDA_ARCH_OK) + PTX $(lastword $(CUDA_ARCH_OK))$(if $(CUDA_ARCH_DROPPED),; ✗ sm $(CUDA_ARCH_DROPPED): not supported by this nvcc)),✗ cuda backend (host only)) SAN=$(or $(SAN),0))
 
 .PHONY: all deps run test test-unit test-cli test-gpu check-man bench install clean
 all: memplan

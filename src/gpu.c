@@ -40,6 +40,8 @@ void mp_gpu_from_vram(uint64_t bytes, struct mp_gpu *g)
     g->usable_fraction = 1.0;
     g->context_bytes = 500u << 20;
     g->workspace_bytes = 8519680;
+    g->pcie_gbs = 16;
+    g->ib_gbs = 12.5;
 }
 
 static double num(const cJSON *o, const char *k, double def)
@@ -80,6 +82,12 @@ static enum mp_status parse_profile(const char *path, const char *text, size_t l
         g->bandwidth_gbs = num(root, "bandwidth_gbs", 0);
         g->context_bytes = (uint64_t)(num(root, "cuda_context_mib", 500) * 1048576.0);
         g->workspace_bytes = (uint64_t)num(root, "cublas_workspace_bytes", 8519680);
+        g->nvlink_gbs = num(root, "nvlink_gbs", 0);
+        g->pcie_gbs = num(root, "pcie_gbs", 16);
+        g->ib_gbs = num(root, "ib_gbs", 12.5);
+        g->nccl_overhead_bytes = (uint64_t)(num(root, "nccl_overhead_mib", 0) * 1048576.0);
+        if (g->nvlink_gbs < 0 || g->pcie_gbs <= 0 || g->ib_gbs <= 0 || g->nccl_overhead_bytes > g->memory_bytes)
+            st = mp_fail(d, MP_ERR_MODEL, "%s: nvlink_gbs/pcie_gbs/ib_gbs/nccl_overhead_mib: out of range", path);
         const cJSON *cc = cJSON_GetObjectItemCaseSensitive(root, "compute_capability");
         if (cJSON_IsString(cc))
             sscanf(cc->valuestring, "%d.%d", &g->cc_major, &g->cc_minor);

@@ -781,12 +781,19 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
  * total_weight), LogSoftmaxBackward (the gradient of the fp32 logits; frees the log-probs),
  * and only then ToCopyBackward0 makes the half gradient of the logits (M*V*2) and frees the
  * fp32 one.  In the forward the half logits stay alive (the model's local) while the
- * log-probs are made. */
-static struct val lower_loss(struct bld *B, struct val logits, const char *name, bool upcast)
+ * log-probs are made.  shift: HF causal LMs shift the labels into a new int64 tensor.
+ * One label per logits row: the labels shrink to one per sample for pooled heads. */
+static struct val lower_loss(struct bld *B, struct val logits, const char *name, bool upcast, bool shift)
 {
     if (failed(B))
         return logits;
     uint64_t M = rows_of(logits), V = last_dim(logits);
+    struct mp_tensor *lt = B->p->labels >= 0 ? T(B, B->p->labels) : NULL;
+    if (lt && lt->elems != M) {
+        lt->rank = 1;
+        lt->shape[0] = lt->elems = M;
+        lt->bytes = mul(B, M, mp_dtype_size(lt->dtype));
+    }
     char en[96];
     struct val z = logits;
     int half_logits = -1;
@@ -819,9 +826,8 @@ static struct val lower_loss(struct bld *B, struct val logits, const char *name,
     n->in[1] = B->p->labels;
     n->out = y.t;
     save(n, lp.t);
-    /* nll_loss saves its target and total_weight; HF causal LMs shift the labels
-     * into a new int64 tensor first (the bench/torch_saved.md measurements) */
-    if (B->m->input == MP_INPUT_TOKENS) {
+    /* nll_loss saves its target and total_weight (the bench/torch_saved.md measurements) */
+    if (shift) {
         snprintf(en, sizeof en, "%s.shift_labels", name);
         extra(n, new_flat(B, en, MP_DT_I64, M), true);
     }
@@ -1045,6 +1051,54 @@ static struct val lower_add_table(struct bld *B, struct val x, const struct mp_l
     return y;
 }
 
+/* x[:, 0]: a view of the first position (BERT's pooler); a linear on it saves the view,
+ * which keeps x's storage, or under autocast its half copy. */
+static struct val first_position(struct bld *B, struct val x, const char *name)
+{
+    if (failed(B) || x.rank != 3)
+        return x;
+    struct val y = x;
+    y.rank = 2;
+    y.shape[1] = x.shape[2];
+    char vn[80];
+    snprintf(vn, sizeof vn, "%s.first_position", name);
+    struct mp_node *n = new_node(B, MP_P_VIEW, vn);
+    if (n) {
+        n->in[0] = n->out = x.t;
+        n->rows = y.shape[0];
+        n->n = y.shape[1];
+    }
+    return y;
+}
+
+/* A classifier's logits (b, s, classes) as its loss reads them: MP_POOL_LAST gathers each
+ * sample's last position (logits[arange(b), last]: a new (b, classes) tensor; backward keeps
+ * the two int64 index vectors); MP_POOL_SPAN copies the start and end logits out of the
+ * (b, s, 2) output (split, squeeze, contiguous), each a cross-entropy over positions. */
+static struct val pool_logits(struct bld *B, struct val z, const struct mp_layer *l, const char *name)
+{
+    if (failed(B) || z.rank != 3 || (l->pool != MP_POOL_LAST && l->pool != MP_POOL_SPAN))
+        return z;
+    bool span = l->pool == MP_POOL_SPAN;
+    uint64_t shape[2] = {span ? mul(B, 2, z.shape[0]) : z.shape[0], span ? z.shape[1] : z.shape[2]};
+    char cn[80];
+    snprintf(cn, sizeof cn, "%s.%s", name, span ? "start_end" : "pooled");
+    struct val y = new_val(B, cn, dt_of(B, z), 2, shape, true);
+    struct mp_node *n = new_node(B, MP_P_CAST, cn);
+    if (!n)
+        return y;
+    n->in[0] = z.t;
+    n->out = y.t;
+    n->rows = shape[0];
+    n->n = shape[1];
+    if (!span) {
+        char en[96];
+        snprintf(en, sizeof en, "%s.index", cn);
+        extra(n, new_flat(B, en, MP_DT_I64, mul(B, 2, z.shape[0])), true);
+    }
+    return y;
+}
+
 /* One layer of a block. */
 static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, struct val *resid)
 {
@@ -1112,7 +1166,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         return y;
     }
     case MP_LT_LINEAR:
-        return lower_linear(B, x, l->in_features, l->out_features, l->bias, nm);
+        return lower_linear(B, l->pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
+                            l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
         return lower_layernorm(B, x, l->dim, l->norm_bias, nm);
     case MP_LT_RMSNORM:
@@ -1178,11 +1233,13 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
         if (!failed(B) && l->tied)
             B->p->params[B->embed_param].matmul = true;
-        return lower_loss(B, logits, "loss", true);
+        return lower_loss(B, logits, "loss", true, B->m->input == MP_INPUT_TOKENS && !l->masked);
     }
     case MP_LT_CLASSIFIER: {
+        /* HF's token classification upcasts (logits.float()); pooled heads and images do not */
         struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
-        return lower_loss(B, logits, "loss", false);
+        bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE;
+        return lower_loss(B, pool_logits(B, logits, l, nm), "loss", upcast, false);
     }
     case MP_LT_CUSTOM:
         return lower_custom(B, x, l);

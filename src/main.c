@@ -64,6 +64,7 @@ enum {
     O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
     O_TIMELINE, O_WIDE,
+    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV,
 };
 
 /* Which commands accept which options (bit per command). */
@@ -79,9 +80,9 @@ struct opt_info {
 static const struct opt_info OPTS[] = {
     {{"batch", required_argument, 0, O_BATCH}, C_EST | C_PLAN | C_PROBE | C_CHECK, "B", "micro-batch (default 1)"},
     {{"seq", required_argument, 0, O_SEQ}, 31, "S", "sequence length (default: the model's, at most 2048 for HF configs)"},
-    {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 (default amp-bf16)"},
+    {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 | mixed-bf16 (default amp-bf16)"},
     {{"optimizer", required_argument, 0, O_OPT}, 31, "O", "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit (default adamw)"},
-    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none | sqrt | segments:K | every:K | optimal | optimal-segments (default none; plan: optimal)"},
+    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none (default; plan: optimal) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
@@ -91,11 +92,16 @@ static const struct opt_info OPTS[] = {
     {{"margin", required_argument, 0, O_MARGIN}, C_SUGG | C_CHECK | C_PLAN, "PCT", "safety margin in percent of capacity (default 5)"},
     {{"global-batch", required_argument, 0, O_GLOBAL}, C_SUGG, "G", "global batch: micro-batch x accumulation = G exactly"},
     {{"grad-accum", required_argument, 0, O_ACCUM}, C_EST | C_PLAN | C_CHECK, "N", "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
-    {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed: print only that snippet"},
+    {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed | accelerate: print only that snippet"},
+    {{"gpus", required_argument, 0, O_GPUS}, C_EST | C_PLAN | C_SUGG | C_CHECK, "N", "GPUs per node for data parallelism (figures are per rank)"},
+    {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
+    {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
+    {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
+    {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
-    {{"backend", required_argument, 0, O_BACKEND}, C_PROBE, "B", "auto | cuda | host (default auto)"},
-    {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE, "SIZE", "host backend: memory limit (default: none)"},
+    {{"backend", required_argument, 0, O_BACKEND}, C_PROBE | C_SUGG, "B", "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
+    {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE | C_SUGG, "SIZE", "probe memory limit (probe: host only, default none; suggest: default the target's usable less context)"},
     {{"no-probe", no_argument, 0, O_NOPROBE}, C_SUGG, NULL, "do not confirm with probes even when a GPU is present"},
     {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default 8519680 B, or the --gpu profile's where --gpu applies)"},
     {{"context", required_argument, 0, O_CONTEXT}, C_EST | C_PLAN | C_SUGG | C_CHECK, "SIZE", "CUDA context size (default: the GPU profile's, else 500MiB)"},
@@ -142,6 +148,8 @@ struct args {
     uint64_t grad_accum;
     const char *timeline;
     bool json, all_layers, wide;
+    struct mp_parallel par;
+    bool par_set, gpus_set;
 };
 
 struct command {
@@ -165,7 +173,7 @@ static const struct command COMMANDS[] = {
      "which blocks to checkpoint so the batch fits, at the least recompute"},
     {"probe", C_PROBE, cmd_probe, "probe MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--steps N] [--backend auto|cuda|host] [--device N] [--json]",
      "run real training steps and measure peak memory and step time"},
-    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--emit torch|hf|deepspeed] [--json]",
+    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--backend auto|cuda|host] [--emit torch|hf|deepspeed] [--json]",
      "the configuration to train with: micro-batch, accumulation, checkpoints, precision"},
     {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--grad-accum N] (--vram SIZE | --gpu NAME) [--json]",
      "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
@@ -178,7 +186,7 @@ static const char *command_notes(unsigned bit)
     switch (bit) {
     case C_PLAN: return "--checkpoint defaults to optimal here. With --vram/--gpu the activation budget is what the\n"
                         "target leaves after weights, gradients, optimizer state and overheads.\n";
-    case C_PROBE: return "--checkpoint takes a fixed plan here (none, sqrt, segments:K, every:K). Without a GPU,\n"
+    case C_PROBE: return "--checkpoint takes a fixed plan here (none, sqrt, segments:K, every:K, layers). Without a GPU,\n"
                          "--backend auto runs the host (CPU) executor for small models.\n";
     case C_SUGG: return "Micro-batch and checkpoint strategy are searched; precision too unless --precision is given.\n"
                         "Target: --gpu, --vram, --device, else the local GPU, else the a100-80gb profile.\n";
@@ -274,6 +282,7 @@ static enum mp_status parse_size_min(const char *s, uint64_t lo, uint64_t *out)
 static int parse_args(const struct command *c, int argc, char **argv, struct args *a)
 {
     memset(a, 0, sizeof *a);
+    mp_parallel_default(&a->par);
     a->batch = 1;
     a->precision = MP_PREC_AMP_BF16;
     a->optimizer = MP_OPT_ADAMW;
@@ -334,11 +343,45 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--seq: expected a positive integer, got '%s'";
             break;
         case O_PREC:
-            a->precision = mp_precision_parse(optarg);
+            /* mixed-bf16: the program runs in bf16 (FSDP2 param_dtype / DeepSpeed bf16), the
+             * sharding engine keeps the fp32 master (parallel.h) */
+            a->par.mixed_bf16 = !strcmp(optarg, "mixed-bf16");
+            a->precision = a->par.mixed_bf16 ? (int)MP_PREC_BF16 : mp_precision_parse(optarg);
             a->precision_set = true;
             st = a->precision < 0 ? MP_ERR_USAGE : MP_OK;
-            what = "--precision: expected fp32, amp-bf16, amp-fp16 or bf16, got '%s'";
+            what = "--precision: expected fp32, amp-bf16, amp-fp16, bf16 or mixed-bf16, got '%s'";
             break;
+        case O_GPUS:
+            st = parse_int_in(optarg, 1, 65536, &a->par.gpus);
+            a->gpus_set = true;
+            what = "--gpus: expected an integer from 1 to 65536, got '%s'";
+            break;
+        case O_NODES:
+            st = parse_int_in(optarg, 1, 65536, &a->par.nodes);
+            what = "--nodes: expected an integer from 1 to 65536, got '%s'";
+            break;
+        case O_PARALLEL: {
+            int v = mp_par_strategy_parse(optarg);
+            st = v <= 0 ? MP_ERR_USAGE : MP_OK;
+            a->par.strategy = v > 0 ? (enum mp_par_strategy)v : MP_PAR_NONE;
+            a->par_set = true;
+            what = "--parallel: expected ddp, zero1, zero2, zero3, fsdp or fsdp-no-reshard, got '%s'";
+            break;
+        }
+        case O_OFFLOAD: {
+            int v = mp_offload_parse(optarg);
+            st = v < 0 ? MP_ERR_USAGE : MP_OK;
+            a->par.offload = v > 0 ? (enum mp_offload)v : MP_OFFLOAD_NONE;
+            what = "--offload: expected none, optimizer or params, got '%s'";
+            break;
+        }
+        case O_OFFDEV: {
+            int v = mp_offload_dev_parse(optarg);
+            st = v < 0 ? MP_ERR_USAGE : MP_OK;
+            a->par.offload_device = v > 0 ? (enum mp_offload_dev)v : MP_OFFDEV_CPU;
+            what = "--offload-device: expected cpu or nvme, got '%s'";
+            break;
+        }
         case O_OPT:
             a->optimizer = mp_optimizer_parse(optarg);
             st = a->optimizer < 0 ? MP_ERR_USAGE : MP_OK;
@@ -347,7 +390,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
         case O_CKPT:
             st = mp_ckpt_spec_parse(optarg, &a->ckpt);
             a->ckpt_set = true;
-            what = "--checkpoint: expected none, sqrt, segments:K, every:K, optimal or optimal-segments, got '%s'";
+            what = "--checkpoint: expected none, sqrt, segments:K, every:K, layers, optimal or optimal-segments, got '%s'";
             break;
         case O_ATTN:
             a->attention = !strcmp(optarg, "sdpa") ? MP_ATTN_SDPA
@@ -392,12 +435,13 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--global-batch: expected a positive integer, got '%s'";
             break;
         case O_EMIT:
-            a->emit = !strcmp(optarg, "torch")       ? MP_EMIT_TORCH
-                      : !strcmp(optarg, "hf")        ? MP_EMIT_HF
-                      : !strcmp(optarg, "deepspeed") ? MP_EMIT_DEEPSPEED
-                                                     : MP_EMIT_NONE;
+            a->emit = !strcmp(optarg, "torch")        ? MP_EMIT_TORCH
+                      : !strcmp(optarg, "hf")         ? MP_EMIT_HF
+                      : !strcmp(optarg, "deepspeed")  ? MP_EMIT_DEEPSPEED
+                      : !strcmp(optarg, "accelerate") ? MP_EMIT_ACCELERATE
+                                                      : MP_EMIT_NONE;
             st = a->emit == MP_EMIT_NONE ? MP_ERR_USAGE : MP_OK;
-            what = "--emit: expected torch, hf or deepspeed, got '%s'";
+            what = "--emit: expected torch, hf, deepspeed or accelerate, got '%s'";
             break;
         case O_ACCUM:
             st = parse_int_in(optarg, 1, MAX_BATCH, &a->grad_accum);
@@ -460,6 +504,11 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->model = argv[optind];
     if (a->gpu && a->vram)
         return usage_error(c->name, "%s", "--gpu and --vram are exclusive");
+    if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
+        struct mp_diag pd = {{0}};
+        if (mp_par_validate(&a->par, &pd) != MP_OK)
+            return usage_error(c->name, "%s", pd.msg);
+    }
     return 0;
 }
 
@@ -469,8 +518,10 @@ struct setup {
     struct mp_model model;
     struct mp_build_opts build;
     struct mp_train_opts train;
+    struct mp_parallel par;       /* train.par points here */
     struct mp_gpu gpu;
     bool have_gpu;
+    bool target_is_device; /* the target is the local GPU (probes of it answer for it) */
     char how[96];
     char defaults[256];
 };
@@ -499,6 +550,8 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
+    s->par = a->par;
+    s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
     char num[32];
     if (!a->seq && s->model.input == MP_INPUT_TOKENS) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
@@ -538,6 +591,7 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
             snprintf(s->gpu.name, sizeof s->gpu.name, "cuda:%d", a->device);
             snprintf(s->gpu.description, sizeof s->gpu.description, "%s", di.name);
             s->have_gpu = true;
+            s->target_is_device = true;
             snprintf(s->how, sizeof s->how, "the local GPU (device %d)", a->device);
         } else if (a->device_set) {
             mp_probe_close(p);
@@ -832,8 +886,26 @@ static int cmd_suggest(struct args *a)
     struct mp_job j = job_of(&s, a);
     struct mp_suggest_opts o = {.precision_fixed = a->precision_set, .precision = (enum mp_precision)a->precision,
                                 .global_batch = a->global_batch, .max_batch = a->max_batch,
-                                .probe = !a->no_probe && mp_cuda_device_available(), .device = a->device,
-                                .progress = isatty(2) && !a->json};
+                                .probe = !a->no_probe && (!strcmp(a->backend, "host") || !strcmp(a->backend, "cuda") ||
+                                                          mp_cuda_device_available()),
+                                .probe_backend = !strcmp(a->backend, "host") ? "host" : "cuda",
+                                .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
+                                .device = a->device,
+                                .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF};
+    if (o.probe && !strcmp(o.probe_backend, "host")) {
+        /* the host pool really allocates, up to the target's limit: refuse what this machine cannot hold */
+        uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t lim = o.probe_capacity_bytes ? o.probe_capacity_bytes
+                                              : (uint64_t)((double)mp_gpu_capacity(&j.gpu) * (1.0 - j.margin));
+        if (lim > ram / 2) {
+            char b1[32], b2[32];
+            fprintf(stderr, "memplan: error: --backend host: probes up to %s do not fit this machine's RAM (%s); "
+                            "use a smaller --vram or --capacity, or --no-probe\n",
+                    mp_fmt_bytes(lim, b1, sizeof b1), mp_fmt_bytes(ram, b2, sizeof b2));
+            mp_model_release(&s.model);
+            return MP_EXIT_DEVICE;
+        }
+    }
     struct mp_suggestion sg;
     enum mp_status st = mp_suggest(&j, &o, argv0, &sg, &d);
     if (st != MP_OK) {
@@ -918,7 +990,7 @@ static int cmd_probe(struct args *a)
     if (a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS) {
         mp_program_release(&prog);
         mp_model_release(&s.model);
-        return usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K); "
+        return usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K, layers); "
                                           "use 'memplan plan' to find an optimal one");
     }
     struct mp_probe *p = NULL;

@@ -48,16 +48,19 @@ const char *mp_act_str(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_
 bool mp_act_saves_output(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT && act_rows[a].saves_out; }
 const char *mp_act_intermediates(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].extras : ""; }
 
-/* True when word is one of the space-separated words of list. */
-static bool in_list(const char *list, const char *word)
+/* True when word is one of the space-separated words of list (model_read.h). */
+bool mp_in_list(const char *list, const char *word)
 {
     size_t n = strlen(word);
     for (const char *p = list; *p;) {
-        size_t w = strcspn(p, " ");
-        if (w == n && strncmp(p, word, n) == 0)
+        while (*p == ' ')
+            p++;
+        const char *e = p;
+        while (*e && *e != ' ')
+            e++;
+        if ((size_t)(e - p) == n && n > 0 && strncmp(p, word, n) == 0)
             return true;
-        p += w;
-        p += strspn(p, " ");
+        p = e;
     }
     return false;
 }
@@ -65,7 +68,7 @@ static bool in_list(const char *list, const char *word)
 int mp_act_parse(const char *s)
 {
     for (int i = 0; i < MP_ACT_COUNT; i++)
-        if (strcmp(s, act_rows[i].name) == 0 || (*s && in_list(act_rows[i].aliases, s)))
+        if (strcmp(s, act_rows[i].name) == 0 || mp_in_list(act_rows[i].aliases, s))
             return i;
     return -1;
 }
@@ -193,6 +196,54 @@ static void line_col(const char *text, size_t off, size_t *line, size_t *col)
     }
 }
 
+static int cmp_item_names(const void *a, const void *b)
+{
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* Duplicate keys are an error (cJSON keeps both and lookups see the first; Python's json,
+ * and so transformers, keep the last): "path: place: duplicate key", place like
+ * layers[3].heads.  Each object's names are sorted, so a huge object stays O(n log n). */
+static enum mp_status check_duplicates(const cJSON *node, char *place, size_t cap, const char *path,
+                                       struct mp_diag *d)
+{
+    size_t n = 0, len = strlen(place);
+    for (const cJSON *c = node->child; c; c = c->next)
+        n++;
+    if (cJSON_IsObject(node) && n > 1) {
+        const cJSON **v = malloc(n * sizeof *v);
+        if (!v)
+            return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", path);
+        size_t i = 0;
+        for (const cJSON *c = node->child; c; c = c->next)
+            v[i++] = c;
+        qsort(v, n, sizeof *v, cmp_item_names);
+        for (i = 1; i < n && strcmp(v[i - 1]->string, v[i]->string) != 0; i++)
+            ;
+        if (i < n) {
+            enum mp_status st = mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: duplicate key", path, place, *place ? "." : "",
+                                        v[i]->string);
+            free(v);
+            return st;
+        }
+        free(v);
+    }
+    size_t idx = 0;
+    for (const cJSON *c = node->child; c; c = c->next, idx++) {
+        if (!cJSON_IsObject(c) && !cJSON_IsArray(c))
+            continue;
+        if (cJSON_IsObject(node))
+            snprintf(place + len, cap - len, "%s%s", len ? "." : "", c->string);
+        else
+            snprintf(place + len, cap - len, "[%zu]", idx);
+        enum mp_status st = check_duplicates(c, place, cap, path, d);
+        place[len] = '\0';
+        if (st != MP_OK)
+            return st;
+    }
+    return MP_OK;
+}
+
 enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
                                     struct mp_diag *d)
 {
@@ -226,12 +277,11 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
         return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON", path, line, col);
     }
     enum mp_status st;
+    char place[256] = "";
     if (!cJSON_IsObject(root))
         st = mp_fail(d, MP_ERR_MODEL, "%s: expected a JSON object at the top level", path);
-    else if (mp_json_is_hf(root))
-        st = mp_model_from_hf(m, root, path, d);
-    else
-        st = mp_model_from_memplan(m, root, path, d);
+    else if ((st = check_duplicates(root, place, sizeof place, path, d)) == MP_OK)
+        st = mp_json_is_hf(root) ? mp_model_from_hf(m, root, path, d) : mp_model_from_memplan(m, root, path, d);
     cJSON_Delete(root);
     if (st != MP_OK)
         mp_model_release(m);

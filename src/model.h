@@ -85,6 +85,16 @@ const char *mp_attn_impl_str(enum mp_attn_impl a);
 
 enum mp_norm { MP_NORM_LAYERNORM, MP_NORM_RMSNORM };
 
+/* Which positions a token model's head reads (HF task heads; memplan JSON uses NONE). */
+enum mp_head_pool {
+    MP_POOL_NONE,  /* every position, one label each */
+    MP_POOL_FIRST, /* linear: the first position only (BERT's pooler), a view of the input */
+    MP_POOL_LAST,  /* classifier: the logits of each sample's last position (decoder sequence
+                      classification gathers them after the score layer), one label per sample */
+    MP_POOL_SPAN,  /* classifier with 2 classes: start and end logits over positions (question
+                      answering), two labels per sample */
+};
+
 /* One op (or one composite block) as described by the user.  Only the fields
  * of its type are meaningful; the rest are zero. */
 struct mp_layer {
@@ -95,6 +105,8 @@ struct mp_layer {
     uint64_t vocab;     /* rows of the table, or classes of a classifier */
     uint64_t dim;       /* hidden size: embedding width, norm width, block hidden */
     bool tied;          /* lm_head shares the embedding weight (no params of its own) */
+    bool masked;        /* lm_head: masked-LM labels, used as they are (causal LMs shift theirs) */
+    enum mp_head_pool pool; /* linear / classifier on tokens: which positions it reads */
 
     /* linear */
     uint64_t in_features, out_features;

@@ -176,6 +176,7 @@ static bool key_of(const struct mp_program *p, enum mp_store s, int id, size_t *
     case MP_ST_ACT: *key = base + i; return i < nt;
     case MP_ST_GRAD: *key = base + nt + i; return i < nt;
     case MP_ST_TMP: *key = base + 2 * nt + i; return i < nn;
+    case MP_ST_COMM: return false; /* data-parallel buffers: not probed yet */
     }
     return false;
 }
@@ -192,6 +193,7 @@ static const char *store_str(enum mp_store s)
     case MP_ST_PGRAD: return "param grad";
     case MP_ST_TMP: return "temporary";
     case MP_ST_OPT_TMP: return "optimizer temporary";
+    case MP_ST_COMM: return "communication buffer";
     }
     return "?";
 }
@@ -308,6 +310,7 @@ enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void
     } else {
         if (pl->capacity && (r > pl->capacity || pl->cur > pl->capacity - r)) {
             pl->oom_bytes = ev->bytes;
+            pl->oom_capacity = true;
             mp_event_name(pl->p, ev, pl->oom_event, sizeof pl->oom_event);
             return MP_ERR_OOM;
         }
@@ -315,6 +318,7 @@ enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void
             enum mp_status st = pl->ops.alloc(pl->ops.ctx, ev->bytes, ptr, d);
             if (st == MP_ERR_OOM) {
                 pl->oom_bytes = ev->bytes;
+                pl->oom_capacity = false;
                 mp_event_name(pl->p, ev, pl->oom_event, sizeof pl->oom_event);
             }
             if (st != MP_OK)

@@ -34,11 +34,13 @@ struct mp_device_info {
 struct mp_probe_result {
     bool fits;                    /* false: out of memory (oom_request_bytes says what was asked) */
     uint64_t oom_request_bytes;
+    bool oom_capacity;            /* out of memory by the capacity limit (false: the device/allocator said no) */
     char oom_event[96];
     unsigned steps;
     float losses[64];             /* one per measured step (warm-up excluded) */
     uint64_t measured_peak_bytes; /* the pool's peak allocated bytes (512-rounded, like the estimator) */
     uint64_t device_used_before, device_used_after; /* cudaMemGetInfo: context, cuBLAS, other processes */
+    uint64_t outside_pool_bytes;  /* device memory the step used outside the counting pool (im2col buffer) */
     double step_ms;               /* median over measured steps */
     double samples_per_s;
     double gemm_tflops;           /* achieved by the step's GEMMs (cuda), 0 on host */

@@ -1152,6 +1152,15 @@ static void exec_release_storage(struct cu_exec *x)
     (void)cudaGetLastError();
 }
 
+/* Gives every cached block of the driver pool back (PyTorch: torch.cuda.empty_cache()). */
+static void trim(struct cu_ctx *cx)
+{
+    cudaStreamSynchronize(cx->stream);
+    if (cx->mempool)
+        cudaMemPoolTrimTo(cx->pool, 0);
+    (void)cudaGetLastError();
+}
+
 static void exec_free(struct cu_exec *x)
 {
     if (!x)
@@ -1159,7 +1168,8 @@ static void exec_free(struct cu_exec *x)
     exec_release_storage(x);
     mp_pool_release(&x->pool);
     if (x->col)
-        cudaFree(x->col);
+        cu_free(x->cx, x->col);
+    trim(x->cx); /* the next run starts from an empty driver pool: device_used_before is not skewed */
     for (size_t i = 0; i < x->cap_ev; i++)
         if (x->ev[i])
             cudaEventDestroy(x->ev[i]);
@@ -1185,15 +1195,16 @@ static enum mp_status exec_col_buffer(struct cu_exec *x)
     }
     if (!need)
         return MP_OK;
-    cudaError_t e = cudaMalloc(&x->col, (size_t)need);
-    if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
+    /* from the same driver pool as the step's storages (trimmed with them), outside the counting pool:
+     * PyTorch's conv uses cuDNN workspaces the estimator does not count either */
+    enum mp_status st = cu_alloc(x->cx, need, &x->col, x->d);
+    if (st == MP_ERR_OOM) {
         x->pool.oom_bytes = need;
+        x->pool.oom_capacity = false;
         snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:im2col buffer");
-        return MP_ERR_OOM;
     }
-    if (e != cudaSuccess)
-        return cuda_fail(x->d, e, "cudaMalloc(im2col)", __FILE__, __LINE__);
+    if (st != MP_OK)
+        return st;
     x->col_bytes = need;
     return MP_OK;
 }
@@ -1311,6 +1322,7 @@ static enum mp_status cuda_run(void *ctx, const struct mp_probe_opts *o, const s
 {
     struct cu_ctx *cx = ctx;
     CK(d, cudaSetDevice(cx->device));
+    trim(cx); /* nothing cached from an earlier run counts as used */
     struct cu_exec *x = calloc(1, sizeof *x);
     if (!x)
         return mp_fail(d, MP_ERR_NOMEM, "probe: out of memory");
@@ -1329,8 +1341,10 @@ static enum mp_status cuda_run(void *ctx, const struct mp_probe_opts *o, const s
     if (st == MP_ERR_OOM) {
         r->fits = false;
         r->oom_request_bytes = x->pool.oom_bytes;
+        r->oom_capacity = x->pool.oom_capacity;
         snprintf(r->oom_event, sizeof r->oom_event, "%s", x->pool.oom_event);
     }
+    r->outside_pool_bytes = x->col_bytes;
     (void)cuda_device_info(cx, &r->dev);
     exec_free(x);
     return st;

@@ -1811,7 +1811,8 @@ static void zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void
     case MP_ST_ACT:
     case MP_ST_TMP:
     case MP_ST_OPT_TMP: memset(ptr, 0xff, (size_t)ev->bytes); break; /* NaN: reading it before writing shows */
-    case MP_ST_WORKSPACE: break;
+    case MP_ST_WORKSPACE:
+    case MP_ST_COMM: break;
     }
 }
 
@@ -1987,6 +1988,7 @@ static enum mp_status host_run(void *ctx, const struct mp_probe_opts *o, const s
     if (st == MP_ERR_OOM) {
         r->fits = false;
         r->oom_request_bytes = x->pool.oom_bytes;
+        r->oom_capacity = x->pool.oom_capacity;
         snprintf(r->oom_event, sizeof r->oom_event, "%s", x->pool.oom_event);
     } else if (st == MP_OK) {
         r->fits = true;

@@ -54,6 +54,7 @@ struct mp_pool {
     uint64_t *bytes;
     unsigned char *present;
     uint64_t oom_bytes;  /* the request that did not fit */
+    bool oom_capacity;   /* the capacity limit said no (false: the allocator itself) */
     char oom_event[96];
     bool trace_on;       /* record cur after every alloc/free of the current step (timeline) */
     uint64_t *trace;

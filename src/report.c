@@ -73,6 +73,25 @@ static void ju64(cJSON *o, const char *k, uint64_t v)
     cJSON_AddRawToObject(o, k, buf);
 }
 
+/* The precision policy's name: mixed-bf16 is a bf16 program with an fp32 master (parallel.h). */
+static const char *prec_name(const struct mp_report_ctx *c, enum mp_precision p)
+{
+    return c->train && c->train->par && c->train->par->mixed_bf16 && p == MP_PREC_BF16 ? "mixed-bf16"
+                                                                                       : mp_precision_str(p);
+}
+
+static cJSON *json_parallel_of(const struct mp_parallel *par)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "strategy", mp_par_strategy_str(par->strategy));
+    ju64(o, "gpus", par->gpus);
+    ju64(o, "nodes", par->nodes);
+    ju64(o, "world", mp_par_world(par));
+    cJSON_AddStringToObject(o, "offload", mp_offload_str(par->offload));
+    cJSON_AddStringToObject(o, "offload_device", mp_offload_dev_str(par->offload_device));
+    return o;
+}
+
 static cJSON *json_root(const struct mp_report_ctx *c)
 {
     cJSON *r = cJSON_CreateObject();
@@ -92,12 +111,14 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON *cf = cJSON_AddObjectToObject(r, "config");
         ju64(cf, "batch", c->build->batch);
         ju64(cf, "seq_len", c->prog ? c->prog->opts.seq : c->build->seq ? c->build->seq : c->model->seq_len);
-        cJSON_AddStringToObject(cf, "precision", mp_precision_str(c->build->precision));
+        cJSON_AddStringToObject(cf, "precision", prec_name(c, c->build->precision));
         cJSON_AddStringToObject(cf, "optimizer", mp_optimizer_str(c->train->optimizer));
         char sb[32];
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        if (c->train->par)
+            cJSON_AddItemToObject(cf, "parallel", json_parallel_of(c->train->par));
     }
     if (c->gpu) {
         cJSON *g = cJSON_AddObjectToObject(r, "target");
@@ -130,6 +151,17 @@ static void json_memory(cJSON *r, const struct mp_estimate *e)
     jnum(m, "fwd_flops", e->fwd_flops);
     jnum(m, "bwd_flops", e->bwd_flops);
     jnum(m, "recompute_flops", e->recompute_flops);
+    if (e->world > 1 || e->host_bytes || e->buffers_bytes) { /* data parallel: per rank */
+        ju64(m, "world", e->world);
+        ju64(m, "buffers_bytes", e->buffers_bytes);
+        ju64(m, "host_bytes", e->host_bytes);
+        ju64(m, "nvme_bytes", e->nvme_bytes);
+        cJSON *cm = cJSON_AddObjectToObject(m, "comm_per_step");
+        jnum(cm, "allgather_bytes", e->allgather_bytes);
+        jnum(cm, "reducescatter_bytes", e->reducescatter_bytes);
+        jnum(cm, "allreduce_bytes", e->allreduce_bytes);
+        jnum(cm, "pcie_bytes", e->pcie_bytes);
+    }
 }
 
 static void json_layers(cJSON *r, const struct mp_report_ctx *c, const struct mp_estimate *e)
@@ -207,9 +239,13 @@ static void header(FILE *out, const struct mp_report_ctx *c)
         if (mp_model_has_attention(c->model))
             snprintf(attn, sizeof attn, ", attention %s", mp_attn_impl_str(c->build->attention));
         fprintf(out, "config    batch %llu%s, %s, %s, checkpoint %s%s%s\n", (unsigned long long)c->build->batch, seq,
-                mp_precision_str(c->build->precision), mp_optimizer_str(c->train->optimizer),
+                prec_name(c, c->build->precision), mp_optimizer_str(c->train->optimizer),
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
+    }
+    if (c->train && c->train->par) {
+        char pb[96];
+        fprintf(out, "parallel  %s; memory figures are per rank\n", mp_par_describe(c->train->par, pb, sizeof pb));
     }
     if (c->defaults[0])
         fprintf(out, "defaults  %s\n", c->defaults);
@@ -329,6 +365,16 @@ static void totals(FILE *out, const struct mp_estimate *e)
     fprintf(out, "  activations        %12s   (live when backward starts)\n", B(e->activations_bytes));
     fprintf(out, "  input batch        %12s\n", B(e->input_bytes));
     fprintf(out, "  cuBLAS workspace   %12s\n", B(e->workspace_bytes));
+    if (e->world > 1 || e->host_bytes || e->buffers_bytes) {
+        fprintf(out, "  comm buffers       %12s   (persistent: DDP buckets, DeepSpeed reduce bucket / partitions)\n",
+                B(e->buffers_bytes));
+        if (e->host_bytes || e->nvme_bytes)
+            fprintf(out, "  host RAM (offload) %12s   per rank%s%s\n", B(e->host_bytes), e->nvme_bytes ? ", NVMe " : "",
+                    e->nvme_bytes ? B(e->nvme_bytes) : "");
+        fprintf(out, "  per step           all-gather %s, reduce-scatter %s, all-reduce %s, PCIe %s\n",
+                B((uint64_t)e->allgather_bytes), B((uint64_t)e->reducescatter_bytes), B((uint64_t)e->allreduce_bytes),
+                B((uint64_t)e->pcie_bytes));
+    }
     fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
             B(e->peak_allocated_bytes), e->peak_event);
     fprintf(out, "peak reserved        %12s   (caching-allocator model; cached blocks are released before an OOM)\n",
@@ -503,10 +549,12 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         fprintf(out, "gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
         fprintf(out, "bf16=%s,\nfp16=%s,\n", b->precision == MP_PREC_AMP_BF16 ? "True" : "False",
                 b->precision == MP_PREC_AMP_FP16 ? "True" : "False");
-        fprintf(out, "gradient_checkpointing=%s,\n", nck ? "True" : "False");
-        if (nck && nck < p->L)
-            fprintf(out, "# memplan checkpoints blocks %zu of %zu; HF wraps every decoder layer, which uses\n"
-                         "# less memory and more recompute than this plan\n", nck, p->L);
+        /* gradient_checkpointing=True wraps each decoder layer and nothing else: memplan's
+         * "layers" (suggest --emit hf only considers none and layers) */
+        fprintf(out, "gradient_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
+        if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
+            fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
+                         "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
         fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? "adamw_bnb_8bit"
                                         : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
                                         : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
@@ -542,6 +590,9 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         fprintf(out, "# blocks = the model's %zu blocks as an nn.Sequential\n"
                      "x = torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",
                 p->L, p->n_segments + 1);
+    else if (b->ckpt.strategy == MP_CKPT_LAYERS)
+        fprintf(out, "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n"
+                     "# (or wrap each decoder layer alone with torch.utils.checkpoint)\n");
     else if (nck) {
         fprintf(out, "# checkpoint these block ranges [start, end) with torch.utils.checkpoint:\nsegments = [");
         for (size_t i = 0; i < p->n_segments; i++)
@@ -581,6 +632,13 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     jnum(o, "samples_per_s", round(b->samples_per_s * 100) / 100);
     cJSON_AddStringToObject(o, "source", b->probed ? "probe" : "estimate");
     cJSON_AddStringToObject(o, "peak_event", b->fit.est.peak_event);
+    cJSON_AddBoolToObject(o, "probed", b->probed);
+    cJSON_AddBoolToObject(o, "probe_oom", b->probe_oom);
+    if (b->probed) { /* measured with memplan's kernels: reported, never ranked against estimates */
+        jnum(o, "probe_samples_per_s", round(b->probe_samples_per_s * 100) / 100);
+        jnum(o, "probe_step_ms", round(b->probe_step_ms * 1000) / 1000);
+        ju64(o, "probe_peak_allocated_bytes", b->probe_peak_bytes);
+    }
     return o;
 }
 
@@ -601,6 +659,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         for (size_t i = 0; i < s->n_alternatives; i++)
             cJSON_AddItemToArray(alt, cJSON_CreateString(s->alternatives[i]));
         jnum(r, "probes", s->probes);
+        ju64(r, "probe_capacity_bytes", s->probe_capacity_bytes);
+        cJSON_AddStringToObject(r, "probe_note", s->probe_note);
         print_json(out, r);
         return;
     }
@@ -631,9 +691,15 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         }
         fprintf(out, "  expected peak      %s of %s (%.1f%% headroom), peak at %s\n", B(b->peak_device_bytes),
                 B(b->capacity_bytes), b->headroom_pct, b->fit.est.peak_event);
-        fprintf(out, "  throughput         %.1f samples/s (%s)\n", b->samples_per_s,
-                b->probed ? "probed on the GPU"
-                          : "estimate: FLOPs at 50% of the profile's dense TFLOP/s; not probed");
+        fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s)\n",
+                b->samples_per_s);
+        if (b->probed)
+            fprintf(out, "  probe              micro-batch %llu ran in %s (peak %s, %.1f ms/step with memplan's "
+                         "kernels)\n",
+                    (unsigned long long)b->micro_batch, B(s->probe_capacity_bytes), B(b->probe_peak_bytes),
+                    b->probe_step_ms);
+        else if (s->probe_note[0])
+            fprintf(out, "  probe              %s\n", s->probe_note);
         if (s->note[0])
             fprintf(out, "  note               %s\n", s->note);
     }
@@ -646,7 +712,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         fprintf(out, "%-9s %-16s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", mp_precision_str(k->precision),
                 mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
-                k->recompute_pct, k->samples_per_s, k->fits ? "" : "does not fit",
+                k->recompute_pct, k->samples_per_s, k->fits ? "" : k->probe_oom ? "probe: out of memory" : "does not fit",
                 (int)i == s->best ? "<- recommended" : "");
     }
     if (s->best >= 0) {

@@ -44,7 +44,7 @@ void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct 
 
 void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f);
 
-enum mp_emit { MP_EMIT_NONE, MP_EMIT_TORCH, MP_EMIT_HF, MP_EMIT_DEEPSPEED };
+enum mp_emit { MP_EMIT_NONE, MP_EMIT_TORCH, MP_EMIT_HF, MP_EMIT_DEEPSPEED, MP_EMIT_ACCELERATE };
 void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit);
 
 void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,

@@ -38,7 +38,8 @@ static int cat_of(enum mp_store s)
     case MP_ST_ACT: return K_ACT;
     case MP_ST_GRAD: return K_AGRAD;
     case MP_ST_TMP:
-    case MP_ST_OPT_TMP: return K_TMP;
+    case MP_ST_OPT_TMP:
+    case MP_ST_COMM: return K_TMP; /* data-parallel buffers: transient, like temporaries */
     case MP_ST_WORKSPACE: return K_WS;
     }
     return K_TMP;

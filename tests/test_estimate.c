@@ -385,6 +385,61 @@ static void test_estimate_optimizer_step_peak(void **state)
 }
 
 
+/* --checkpoint layers wraps the repeated blocks only (transformers' gradient
+ * checkpointing: decoder layers, not embeddings or head).  Opaque blocks, batch 1,
+ * sizes in bytes (multiples of 512, so rounding changes nothing): embed out 1024 /
+ * keeps 4096; three repeated layers out 1024 / keep 8192; head out 512 / keeps 2048.
+ * Activations when backward starts (+ the 512-byte gradient of the output):
+ *   none:    4096 + 3*8192 + 2048 + 512 = 31232
+ *   layers:  embed 4096 (x_1 included) + the checkpoints x_2, x_3 1024 each + head 2048
+ *            (its input x_4 is not kept) + 512 = 8704
+ *   every:1: x_1..x_4 1024 each + x_5 512 + 512 = 5120 (the head checkpointed too). */
+static void test_estimate_checkpoint_layers(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"name\":\"c\",\"input\":{\"bytes_per_sample\":512},\"layers\":["
+             "{\"block\":\"embed\",\"layers\":[{\"type\":\"custom\",\"output_bytes\":1024,\"saved_bytes\":4096,"
+             "\"fwd_flops\":1}]},"
+             "{\"repeat\":3,\"name\":\"h\",\"layers\":[{\"type\":\"custom\",\"output_bytes\":1024,"
+             "\"saved_bytes\":8192,\"fwd_flops\":1}]},"
+             "{\"block\":\"head\",\"layers\":[{\"type\":\"custom\",\"output_bytes\":512,\"saved_bytes\":2048,"
+             "\"fwd_flops\":1}]}]}");
+    const char *specs[] = {"none", "layers", "every:1"};
+    const uint64_t want[] = {31232, 8704, 5120};
+    const bool ck[3][5] = {{0, 0, 0, 0, 0}, {0, 1, 1, 1, 0}, {1, 1, 1, 1, 1}};
+    for (int k = 0; k < 3; k++) {
+        struct mp_chain c;
+        chain_at(&m, 1, 0, MP_PREC_FP32, &c);
+        struct mp_ckpt_spec spec;
+        assert_int_equal(mp_ckpt_spec_parse(specs[k], &spec), MP_OK);
+        struct mp_ckpt_plan p;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &p, &d), MP_OK);
+        struct mp_estimate e;
+        run(&m, 1, 0, MP_PREC_FP32, MP_OPT_SGD, &p.sched, &e);
+        assert_int_equal(e.activations_bytes, want[k]);
+        for (size_t i = 0; i < 5; i++)
+            assert_int_equal(e.blocks[i].checkpointed, ck[k][i]);
+        mp_estimate_release(&e);
+        mp_ckpt_plan_release(&p);
+        mp_chain_release(&c);
+    }
+    mp_model_release(&m);
+    /* nothing repeated: nothing for "layers" to wrap */
+    load(&m, MLP);
+    struct mp_chain c;
+    chain_at(&m, 1, 0, MP_PREC_FP32, &c);
+    struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+    struct mp_ckpt_plan p;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &p, &d), MP_ERR_USAGE);
+    assert_non_null(strstr(d.msg, "no repeated blocks"));
+    mp_ckpt_plan_release(&p);
+    mp_chain_release(&c);
+    mp_model_release(&m);
+}
+
 /* A model of custom blocks reproduces a chain from the literature exactly: the unit
  * chain of checkpointing.md T4 (100 blocks, f = b = 1, x = xb = 1, batch 1), whose
  * 10-segment checkpoint_sequential peaks at 22 units for 290 time units, and
@@ -452,6 +507,7 @@ int main(void)
         cmocka_unit_test(test_estimate_activations_linear_in_batch),
         cmocka_unit_test(test_estimate_orderings),
         cmocka_unit_test(test_estimate_checkpoint_lowers_peak),
+        cmocka_unit_test(test_estimate_checkpoint_layers),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),

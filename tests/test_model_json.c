@@ -709,6 +709,9 @@ static const struct bad_case {
      ": input: missing (expected {\"tokens\": S}, {\"shape\": [C, H, W]} or {\"bytes_per_sample\": N})"},
     {"group-nested.json", MP_ERR_MODEL,
      ": layers[0].layers[1]: expected an op (with \"type\"); a block's layers cannot hold blocks or repeats"},
+    /* duplicates are refused in any object, comments included (Python's json keeps the last) */
+    {"duplicate-key-nested.json", MP_ERR_MODEL, ": input._note: duplicate key"},
+    {"hf-duplicate-key.json", MP_ERR_MODEL, ": hidden_size: duplicate key"},
 };
 
 static const struct bad_case *find_bad(const char *file)
