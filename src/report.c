@@ -213,7 +213,9 @@ static cJSON *json_plan(const struct mp_ckpt_plan *p, double base_flops)
 
 static void print_json(FILE *out, cJSON *r)
 {
-    char *s = cJSON_Print(r);
+    char *raw = cJSON_Print(r);
+    char *s = raw ? mp_utf8_fix(raw) : NULL; /* names are bytes from the model file */
+    free(raw);
     if (s) {
         fputs(s, out);
         fputc('\n', out);
@@ -230,11 +232,15 @@ static void header(FILE *out, const struct mp_report_ctx *c)
             strcmp(c->model->source, "hf") == 0 ? "HF config" : "memplan JSON",
             c->prog ? count(c->prog->total_params) : "?", c->model->n_blocks);
     if (c->build) {
-        char sb[32];
-        fprintf(out, "config    batch %llu, seq %llu, %s, %s, checkpoint %s, attention %s%s\n",
-                (unsigned long long)c->build->batch, (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq),
+        char sb[32], seq[48] = "", attn[48] = ""; /* seq and attention only where they apply */
+        if (c->model->input == MP_INPUT_TOKENS)
+            snprintf(seq, sizeof seq, ", seq %llu",
+                     (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq));
+        if (mp_model_has_attention(c->model))
+            snprintf(attn, sizeof attn, ", attention %s", mp_attn_impl_str(c->build->attention));
+        fprintf(out, "config    batch %llu%s, %s, %s, checkpoint %s%s%s\n", (unsigned long long)c->build->batch, seq,
                 prec_name(c, c->build->precision), mp_optimizer_str(c->train->optimizer),
-                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", mp_attn_impl_str(c->build->attention),
+                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
     }
     if (c->train && c->train->par) {
@@ -390,6 +396,12 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
         cJSON *r = json_root(c);
         json_memory(r, e);
         json_layers(r, c, e);
+        cJSON *tg = cJSON_GetObjectItemCaseSensitive(r, "target");
+        if (c->fit && tg) {
+            cJSON_AddBoolToObject(tg, "fits", c->fit->fits);
+            ju64(tg, "usable_bytes", c->fit->usable_bytes);
+            jnum(tg, "margin_pct", c->margin_pct);
+        }
         if (plan && plan->spec.strategy != MP_CKPT_NONE)
             cJSON_AddItemToObject(r, "plan", json_plan(plan, e->fwd_flops + e->bwd_flops));
         print_json(out, r);
@@ -398,6 +410,17 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
     header(out, c);
     fprintf(out, "\npeak      %s allocated at %s; %s on the device with overheads\n", B(e->peak_allocated_bytes),
             e->peak_event, B(e->peak_device_bytes));
+    if (c->fit && c->gpu) {
+        const struct mp_fit *f = c->fit;
+        if (f->fits)
+            fprintf(out, "verdict   fits %s: %s of %s usable (%.1f%% margin), %s to spare\n", c->gpu->name,
+                    B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
+                    B(f->usable_bytes - f->peak_device_bytes));
+        else
+            fprintf(out, "verdict   does not fit %s: %s of %s usable (%.1f%% margin), short by %s\n", c->gpu->name,
+                    B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
+                    B(f->peak_device_bytes - f->usable_bytes));
+    }
     layer_table(out, c, e);
     totals(out, e);
     if (plan && plan->spec.strategy != MP_CKPT_NONE) {
