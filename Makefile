@@ -78,9 +78,18 @@ $(info I memplan build: CC=$(CC) CUDA=$(CUDA) -> $(if $(USE_CUDA),✓ cuda backe
 .PHONY: all deps run test test-unit test-cli test-gpu check-man bench install clean
 all: memplan
 
-memplan: $(OBJS)
+# ./memplan is shared by every BUILD directory: a stamp of what it was linked from
+# (directory, compiler, flags) relinks it whenever that changes, so a sanitizer
+# build never stays behind as ./memplan after a plain `make`.
+LINK_STAMP := .memplan-link
+LINK_WHAT := $(BUILD) $(CC) $(CFLAGS) $(LDFLAGS) $(LDLIBS)
+ifneq ($(file <$(LINK_STAMP)),$(LINK_WHAT))
+  $(file >$(LINK_STAMP),$(LINK_WHAT))
+endif
+
+memplan: $(OBJS) $(LINK_STAMP)
 	@echo "  LD    $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(OBJS) $(LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -142,6 +151,6 @@ install: memplan
 	install -m 644 configs/gpus/*.json $(DESTDIR)$(PREFIX)/share/memplan/gpus/
 
 clean:
-	rm -rf $(BUILD) memplan
+	rm -rf $(BUILD) memplan $(LINK_STAMP)
 
 -include $(OBJS:.o=.d) $(TESTBINS:%=%.d)

@@ -192,6 +192,9 @@ enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct m
 enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
                                     struct mp_diag *d);
 
+/* True when some layer computes attention (so --attention and the attention default apply). */
+bool mp_model_has_attention(const struct mp_model *m);
+
 /* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
  * Readers call it last. */
 enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d);

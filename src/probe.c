@@ -176,6 +176,7 @@ static bool key_of(const struct mp_program *p, enum mp_store s, int id, size_t *
     case MP_ST_ACT: *key = base + i; return i < nt;
     case MP_ST_GRAD: *key = base + nt + i; return i < nt;
     case MP_ST_TMP: *key = base + 2 * nt + i; return i < nn;
+    case MP_ST_COMM: return false; /* data-parallel buffers: not probed yet */
     }
     return false;
 }
@@ -192,6 +193,7 @@ static const char *store_str(enum mp_store s)
     case MP_ST_PGRAD: return "param grad";
     case MP_ST_TMP: return "temporary";
     case MP_ST_OPT_TMP: return "optimizer temporary";
+    case MP_ST_COMM: return "communication buffer";
     }
     return "?";
 }

@@ -1811,7 +1811,8 @@ static void zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void
     case MP_ST_ACT:
     case MP_ST_TMP:
     case MP_ST_OPT_TMP: memset(ptr, 0xff, (size_t)ev->bytes); break; /* NaN: reading it before writing shows */
-    case MP_ST_WORKSPACE: break;
+    case MP_ST_WORKSPACE:
+    case MP_ST_COMM: break;
     }
 }
 
