@@ -1204,7 +1204,8 @@ enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c,
     for (size_t i = 0; i < L; i++) {
         c->f[i] = p->blocks[i].fwd_flops;
         c->b[i] = p->blocks[i].bwd_flops;
-        uint64_t grow = m.end[i] - m.begin[i];
+        /* a block can free more than it keeps (a small head that frees the last hidden state) */
+        uint64_t grow = m.end[i] > m.begin[i] ? m.end[i] - m.begin[i] : 0;
         c->xb[i + 1] = mp_max_u64(grow, c->x[i + 1]);
         c->ft[i] = m.peak_in[i] > m.end[i] ? m.peak_in[i] - m.end[i] : 0;
         size_t bpos = L + 1 + (L - 1 - i);
