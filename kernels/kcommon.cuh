@@ -57,13 +57,47 @@ __device__ __forceinline__ void stf(void *p, int dt, uint64_t i, float v)
 // p[i] += v (one writer).
 __device__ __forceinline__ void accf(void *p, int dt, uint64_t i, float v) { stf(p, dt, i, ldf(p, dt, i) + v); }
 
-// p[i] += v (many writers).  bf16/fp16 atomics need sm_70/sm_80, below our oldest target.
+// 16-bit atomic add through a CAS loop on the aligned 32-bit word holding it, for
+// architectures without native bf16 (sm_80) / fp16 (sm_70) atomics (T4 is sm_75).
+template <typename H, typename ToF, typename FromF>
+__device__ __forceinline__ void atomic_add16_cas(H *addr, float v, ToF to_f, FromF from_f)
+{
+    unsigned int *word = (unsigned int *)((uintptr_t)addr & ~(uintptr_t)3);
+    unsigned int shift = ((uintptr_t)addr & 2) ? 16u : 0u;
+    unsigned int old = *word, assumed;
+    do {
+        assumed = old;
+        unsigned short h = (unsigned short)((assumed >> shift) & 0xffffu);
+        unsigned short n = from_f(to_f(h) + v);
+        unsigned int upd = (assumed & ~(0xffffu << shift)) | ((unsigned int)n << shift);
+        old = atomicCAS(word, assumed, upd);
+    } while (assumed != old);
+}
+
+__device__ __forceinline__ float bf16_bits_to_f(unsigned short h) { return __bfloat162float(__ushort_as_bfloat16(h)); }
+__device__ __forceinline__ unsigned short f_to_bf16_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+__device__ __forceinline__ float f16_bits_to_f(unsigned short h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ unsigned short f_to_f16_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+
+// p[i] += v (many writers).  Native bf16 atomics from sm_80, fp16 from sm_70; CAS below.
 __device__ __forceinline__ void atomic_accf(void *p, int dt, uint64_t i, float v)
 {
     switch (dt) {
     case MP_K_F32: atomicAdd((float *)p + i, v); break;
-    case MP_K_BF16: atomicAdd((__nv_bfloat16 *)p + i, __float2bfloat16_rn(v)); break;
-    case MP_K_F16: atomicAdd((__half *)p + i, __float2half_rn(v)); break;
+    case MP_K_BF16:
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        atomicAdd((__nv_bfloat16 *)p + i, __float2bfloat16_rn(v));
+#else
+        atomic_add16_cas((__nv_bfloat16 *)p + i, v, bf16_bits_to_f, f_to_bf16_bits);
+#endif
+        break;
+    case MP_K_F16:
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+        atomicAdd((__half *)p + i, __float2half_rn(v));
+#else
+        atomic_add16_cas((__half *)p + i, v, f16_bits_to_f, f_to_f16_bits);
+#endif
+        break;
     default: break;
     }
 }

@@ -136,12 +136,15 @@ int mp_k_pool_fwd(void *y, const void *x, int dt, int64_t *idx, const struct mp_
 int mp_k_pool_bwd(void *dx, const void *dy, int dt, const int64_t *idx, const struct mp_k_pool *P, cudaStream_t s);
 
 /* ---- loss.cu ------------------------------------------------------------------------------ */
-/* lp = log_softmax(logits) (fp32, M x V); *loss = -mean lp[r, labels[r]] (overwrites) */
-int mp_k_ce_fwd(float *lp, float *loss, const void *logits, int dt, const int64_t *labels, uint64_t M, uint64_t V,
-                cudaStream_t s);
-/* dx += (exp(lp) - onehot) * dloss[0] / M */
-int mp_k_ce_bwd(void *dx, int dt, const float *lp, const int64_t *labels, const float *dloss, uint64_t M, uint64_t V,
-                cudaStream_t s);
+/* lp = log_softmax(logits) per row of V (lp in lp_dt, overwrites) */
+int mp_k_log_softmax_fwd(void *lp, int lp_dt, const void *logits, int dt, uint64_t M, uint64_t V, cudaStream_t s);
+/* dz += g - exp(lp) * rowsum(g) */
+int mp_k_log_softmax_bwd(void *dz, int dz_dt, const void *lp, int lp_dt, const void *g, int g_dt, uint64_t M,
+                         uint64_t V, cudaStream_t s);
+/* *loss = -mean lp[r, labels[r]] (overwrites) */
+int mp_k_nll_fwd(float *loss, const void *lp, int lp_dt, const int64_t *labels, uint64_t M, uint64_t V, cudaStream_t s);
+/* dlp[r, labels[r]] += -dloss[0] / M */
+int mp_k_nll_bwd(void *dlp, int dt, const int64_t *labels, const float *dloss, uint64_t M, uint64_t V, cudaStream_t s);
 /* A model without a loss layer: *loss = 0.5*mean(y^2), grad = y/n (float y); bytes: mean/255, grad = y^0x55 */
 int mp_k_implicit_loss(float *loss, void *grad, const void *y, int dt, uint64_t n, cudaStream_t s);
 

@@ -34,7 +34,8 @@ enum mp_status mp_chain_init(struct mp_chain *c, size_t L)
     c->xb = calloc(L + 1, sizeof *c->xb);
     c->ft = calloc(L ? L : 1, sizeof *c->ft);
     c->bt = calloc(L + 1, sizeof *c->bt);
-    if (!c->f || !c->b || !c->x || !c->xb || !c->ft || !c->bt) {
+    c->repeated = calloc(L ? L : 1, sizeof *c->repeated);
+    if (!c->f || !c->b || !c->x || !c->xb || !c->ft || !c->bt || !c->repeated) {
         mp_chain_release(c);
         return MP_ERR_NOMEM;
     }
@@ -51,6 +52,7 @@ void mp_chain_release(struct mp_chain *c)
     free(c->xb);
     free(c->ft);
     free(c->bt);
+    free(c->repeated);
     memset(c, 0, sizeof *c);
 }
 
@@ -113,6 +115,8 @@ enum mp_status mp_ckpt_spec_parse(const char *s, struct mp_ckpt_spec *out)
         r.strategy = MP_CKPT_NONE;
     else if (strcmp(s, "sqrt") == 0)
         r.strategy = MP_CKPT_SQRT;
+    else if (strcmp(s, "layers") == 0)
+        r.strategy = MP_CKPT_LAYERS;
     else if (strcmp(s, "optimal") == 0)
         r.strategy = MP_CKPT_OPTIMAL;
     else if (strcmp(s, "optimal-segments") == 0)
@@ -147,6 +151,9 @@ const char *mp_ckpt_spec_str(const struct mp_ckpt_spec *s, char *buf, size_t len
         break;
     case MP_CKPT_EVERY:
         snprintf(buf, len, "every:%llu", (unsigned long long)s->k);
+        break;
+    case MP_CKPT_LAYERS:
+        snprintf(buf, len, "layers");
         break;
     case MP_CKPT_OPTIMAL:
         snprintf(buf, len, "optimal");
@@ -1193,6 +1200,34 @@ static enum mp_status plan_readout(struct mp_ckpt_plan *p, struct mp_diag *d)
     return MP_OK;
 }
 
+/* "layers": one segment per block, checkpointed when the block is repeated (each
+ * decoder layer under transformers' gradient checkpointing; embeddings and head run
+ * normally).  A chain without repeated blocks has nothing to wrap: MP_ERR_USAGE. */
+static enum mp_status schedule_layers(const struct mp_chain *c, struct mp_schedule *s, struct mp_diag *d)
+{
+    size_t L = c->L, n = 0;
+    for (size_t i = 0; i < L; i++)
+        n += c->repeated && c->repeated[i];
+    if (n == 0)
+        return mp_fail(d, MP_ERR_USAGE, "ckpt: layers: the model has no repeated blocks (decoder layers) "
+                                         "to wrap; use every:1");
+    size_t *start = malloc(L * sizeof *start);
+    bool *ck = malloc(L * sizeof *ck);
+    enum mp_status st = MP_ERR_NOMEM;
+    if (start && ck) {
+        for (size_t i = 0; i < L; i++) {
+            start[i] = i;
+            ck[i] = c->repeated[i];
+        }
+        st = mp_ckpt_schedule_segments(L, L, start, ck, s);
+    }
+    free(start);
+    free(ck);
+    if (st != MP_OK)
+        mp_fail(d, st, "ckpt: layers: out of memory");
+    return st;
+}
+
 enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_spec *spec, uint64_t budget_bytes,
                                  size_t slots, struct mp_ckpt_plan *p, struct mp_diag *d)
 {
@@ -1228,6 +1263,11 @@ enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_
             st = mp_ckpt_schedule_none(0, &p->sched);
         else
             st = schedule_runs(L, (L + (size_t)eff.k - 1) / (size_t)eff.k, (size_t)eff.k, true, &p->sched);
+        break;
+    case MP_CKPT_LAYERS:
+        st = schedule_layers(c, &p->sched, d);
+        if (st != MP_OK)
+            goto fail;
         break;
     case MP_CKPT_OPTIMAL:
     case MP_CKPT_OPTIMAL_SEGMENTS: {

@@ -21,6 +21,7 @@ struct mp_chain {
     uint64_t *xb;   /* [L+1] xb[i] = all block i-1 keeps for backward incl. its output x[i] (xb[i] >= x[i]); xb[0] = x[0] */
     uint64_t *ft;   /* [L]   transient extra memory during forward of block i */
     uint64_t *bt;   /* [L+1] transient extra memory during backward of block i; bt[L] = loss temporary */
+    bool *repeated; /* [L]   block i is one of a repeated run (a decoder layer): what "layers" wraps */
 };
 
 /* Allocates arrays for L blocks, all zero.  Release with mp_chain_release. */
@@ -32,6 +33,8 @@ enum mp_ckpt_strategy {
     MP_CKPT_SQRT,             /* checkpoint_sequential with ceil(sqrt(L)) segments */
     MP_CKPT_SEGMENTS,         /* checkpoint_sequential(blocks, K): last segment not checkpointed */
     MP_CKPT_EVERY,            /* wrap every run of K blocks, the last run included */
+    MP_CKPT_LAYERS,           /* wrap each repeated block (decoder layer) alone, nothing else: what
+                                 transformers' gradient_checkpointing_enable() does */
     MP_CKPT_OPTIMAL,          /* rotor persistent DP under a budget (multi-level) */
     MP_CKPT_OPTIMAL_SEGMENTS, /* single-level segment DP under a budget */
 };
@@ -41,7 +44,7 @@ struct mp_ckpt_spec {
     uint64_t k; /* SEGMENTS / EVERY */
 };
 
-/* "none", "sqrt", "segments:K", "every:K", "optimal", "optimal-segments". */
+/* "none", "sqrt", "segments:K", "every:K", "layers", "optimal", "optimal-segments". */
 enum mp_status mp_ckpt_spec_parse(const char *s, struct mp_ckpt_spec *out);
 /* Inverse of parse, e.g. "segments:4". */
 const char *mp_ckpt_spec_str(const struct mp_ckpt_spec *s, char *buf, size_t len);

@@ -62,8 +62,8 @@ const char *mp_prim_str(enum mp_prim p)
     static const char *n[MP_P_COUNT] = {"embedding", "add_pos",  "cast",    "linear",   "layernorm",
                                         "rmsnorm",   "rope",     "attention", "activation", "mul",
                                         "dropout",   "add",      "conv2d",  "batchnorm2d", "maxpool2d",
-                                        "avgpool2d", "adaptive_avgpool2d", "view", "cross_entropy", "custom",
-                                        "scale"};
+                                        "avgpool2d", "adaptive_avgpool2d", "view", "log_softmax", "nll_loss",
+                                        "custom",    "scale"};
     return (unsigned)p < MP_P_COUNT ? n[p] : "?";
 }
 
@@ -216,6 +216,7 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     n->block = B->block;
     n->in[0] = n->in[1] = n->in[2] = -1;
     n->out = -1;
+    n->keep = -1;
     n->param[0] = n->param[1] = -1;
     n->grad_in = true;
     return n;
@@ -351,7 +352,9 @@ static struct mp_node *matmul_node(struct bld *B, enum mp_prim prim, const char 
 
 /* ---- primitive lowerings ------------------------------------------------------------ */
 
-/* A new value of x's shape: a cast (to dt) or LoRA's scaling (p != 0); saves nothing. */
+/* A new value of x's shape: a copy in dtype dt (autocast casts, .float(), .contiguous():
+ * ToCopyBackward0 saves nothing; its backward converts the gradient back), or LoRA's
+ * scaling by a Python float (scale != 0; MulBackward0 of a scalar saves nothing). */
 static struct val lower_copy(struct bld *B, struct val x, enum mp_dtype dt, double scale, const char *name)
 {
     if (failed(B))
@@ -368,6 +371,11 @@ static struct val lower_copy(struct bld *B, struct val x, enum mp_dtype dt, doub
     n->fwd_flops = (double)T(B, x.t)->elems;
     n->bwd_flops = n->fwd_flops;
     return y;
+}
+
+static struct val cast_to(struct bld *B, struct val x, enum mp_dtype dt, const char *name)
+{
+    return lower_copy(B, x, dt, 0, name);
 }
 
 /* Autocast: matmul/conv inputs in the half dtype.  Returns x itself when no cast is needed. */
@@ -475,14 +483,7 @@ static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, boo
     if (B->amp && dt_of(B, x) != MP_DT_F32) {
         char cn[64];
         snprintf(cn, sizeof cn, "%s.cast", name);
-        xin = like(B, cn, x, MP_DT_F32, ng(B, x));
-        struct mp_node *c = new_node(B, MP_P_CAST, cn);
-        if (c) {
-            c->in[0] = x.t;
-            c->out = xin.t;
-            c->rows = rows_of(x);
-            c->n = dim;
-        }
+        xin = cast_to(B, x, MP_DT_F32, cn);
     }
     char pn[80];
     snprintf(pn, sizeof pn, "%s.weight", name);
@@ -562,7 +563,7 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
 {
     if (failed(B))
         return x;
-    bool saves_out = act == MP_ACT_RELU || act == MP_ACT_TANH || act == MP_ACT_SIGMOID;
+    bool saves_out = mp_act_saves_output(act);
     struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, dt_of(B, x), ng(B, x));
     struct mp_node *n = new_node(B, MP_P_ACT, name);
     if (!n)
@@ -571,17 +572,15 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
     n->out = y.t;
     n->act = act;
     save(n, saves_out ? y.t : x.t);
-    /* HF's Python GELUs save their intermediates (measured with saved_tensors_hooks,
-     * bench/torch_saved.md): NewGELUActivation tanh(u), 0.5x, 1+tanh(u);
-     * FastGELUActivation also 0.044715x, 0.7978845608x, 1+0.044715x^2. */
-    static const char *const gelu_new_saved[] = {"tanh", "half_x", "one_plus_tanh"};
-    static const char *const gelu_fast_saved[] = {"c_x", "k_x", "poly", "tanh", "half_x", "one_plus_tanh"};
-    const char *const *extra_names = act == MP_ACT_GELU_NEW ? gelu_new_saved : act == MP_ACT_GELU_FAST ? gelu_fast_saved : NULL;
-    size_t n_extras = act == MP_ACT_GELU_NEW ? 3 : act == MP_ACT_GELU_FAST ? 6 : 0;
-    for (size_t i = 0; i < n_extras; i++) {
+    /* HF's Python composites (gelu_new, gelu_fast) keep intermediates the size of x */
+    size_t n_extras = 0;
+    for (const char *e = mp_act_intermediates(act); *e; n_extras++) {
+        size_t w = strcspn(e, " ");
         char en[112];
-        snprintf(en, sizeof en, "%s.%s", name, extra_names[i]);
+        snprintf(en, sizeof en, "%s.%.*s", name, (int)w, e);
         extra(n, new_flat(B, en, dt_of(B, x), T(B, x.t)->elems), true);
+        e += w;
+        e += strspn(e, " ");
     }
     if (n_extras)
         n->fwd_tmp_bytes = mul(B, T(B, x.t)->bytes, 2); /* pow(x, 3) and the polynomial, not saved */
@@ -806,15 +805,7 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
     if (l->rope && l->rotary_dim && l->rotary_dim < l->head_dim && !failed(B)) {
         /* Partial rotary builds q with torch.cat, so the attention output follows q's
          * layout and transpose(1, 2).contiguous() copies it (gpt_neox, phi). */
-        struct val c = like(B, "out_contiguous", o, dt_of(B, o), true);
-        struct mp_node *n = new_node(B, MP_P_CAST, "out_contiguous");
-        if (n) {
-            n->in[0] = o.t;
-            n->out = c.t;
-            n->rows = rows_of(o);
-            n->n = last_dim(o);
-        }
-        o = c;
+        o = cast_to(B, o, dt_of(B, o), "out_contiguous");
     }
     o = lower_linear(B, o, qd, hidden, l->out_bias, "o_proj");
     restore_prefix(B, saved);
@@ -879,41 +870,70 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
     return lower_add(B, h1, m, "mlp_residual");
 }
 
-/* Cross-entropy on logits (M, V) with int64 labels: log_softmax in fp32 (saved, M*V*4),
- * the .float() copy of half logits as a transient; backward: nll grad and the
- * log_softmax backward in fp32. */
-static struct val lower_loss(struct bld *B, struct val logits, const char *name)
+/* Cross-entropy as PyTorch runs it: an fp32 upcast of half logits, log_softmax, nll_loss.
+ * HF's causal-LM loss always upcasts (`logits.float()`, ForCausalLMLoss); a plain
+ * F.cross_entropy upcasts only under autocast (cross_entropy is on the CUDA fp32 list), so
+ * a pure-bf16 classifier keeps bf16 log-probs.  The order matters for the peak: backward
+ * runs NllLossBackward (the dense M*V gradient of the log-probs; frees the labels and
+ * total_weight), LogSoftmaxBackward (the gradient of the fp32 logits; frees the log-probs),
+ * and only then ToCopyBackward0 makes the half gradient of the logits (M*V*2) and frees the
+ * fp32 one.  In the forward the half logits stay alive (the model's local) while the
+ * log-probs are made.  shift: HF causal LMs shift the labels into a new int64 tensor.
+ * One label per logits row: the labels shrink to one per sample for pooled heads. */
+static struct val lower_loss(struct bld *B, struct val logits, const char *name, bool upcast, bool shift)
 {
     if (failed(B))
         return logits;
     uint64_t M = rows_of(logits), V = last_dim(logits);
+    struct mp_tensor *lt = B->p->labels >= 0 ? T(B, B->p->labels) : NULL;
+    if (lt && lt->elems != M) {
+        lt->rank = 1;
+        lt->shape[0] = lt->elems = M;
+        lt->bytes = mul(B, M, mp_dtype_size(lt->dtype));
+    }
+    char en[96];
+    struct val z = logits;
+    int half_logits = -1;
+    if (dt_of(B, logits) != MP_DT_F32 && (upcast || B->amp)) {
+        snprintf(en, sizeof en, "%s.upcast", name);
+        z = cast_to(B, logits, MP_DT_F32, en);
+        half_logits = logits.t;
+    }
+    snprintf(en, sizeof en, "%s.log_softmax", name);
+    struct val lp = like(B, en, z, dt_of(B, z), ng(B, z));
+    struct mp_node *ls = new_node(B, MP_P_LOG_SOFTMAX, en);
+    if (!ls)
+        return lp;
+    ls->in[0] = z.t;
+    ls->out = lp.t;
+    ls->keep = half_logits;
+    save(ls, lp.t);
+    ls->rows = M;
+    ls->n = V;
+    uint64_t mv = mul(B, M, V);
+    ls->fwd_flops = 4.0 * (double)mv;
+    ls->bwd_flops = 3.0 * (double)mv;
+
     uint64_t shape[1] = {1};
-    struct val y = new_val(B, name, MP_DT_F32, 1, shape, true);
-    struct mp_node *n = new_node(B, MP_P_CE_LOSS, name);
+    struct val y = new_val(B, name, MP_DT_F32, 1, shape, true); /* bf16 in torch for bf16 log-probs: 512 B either way */
+    struct mp_node *n = new_node(B, MP_P_NLL_LOSS, name);
     if (!n)
         return y;
-    n->in[0] = logits.t;
+    n->in[0] = lp.t;
     n->in[1] = B->p->labels;
     n->out = y.t;
-    char en[80];
-    snprintf(en, sizeof en, "%s.log_probs", name);
-    uint64_t mv = mul(B, M, V);
-    extra(n, new_flat(B, en, MP_DT_F32, mv), true);
-    /* nll_loss saves its target and total_weight; HF causal LMs shift the labels
-     * into a new int64 tensor first (the bench/torch_saved.md measurements) */
-    if (B->m->input == MP_INPUT_TOKENS) {
+    save(n, lp.t);
+    /* nll_loss saves its target and total_weight (the bench/torch_saved.md measurements) */
+    if (shift) {
         snprintf(en, sizeof en, "%s.shift_labels", name);
         extra(n, new_flat(B, en, MP_DT_I64, M), true);
     }
     snprintf(en, sizeof en, "%s.total_weight", name);
-    extra(n, new_flat(B, en, MP_DT_F32, 1), true);
-    bool half = dt_of(B, logits) != MP_DT_F32;
-    n->fwd_tmp_bytes = half ? mul(B, mv, 4) : 0;
-    n->bwd_tmp_bytes = half ? mul(B, mv, 8) : mul(B, mv, 4);
+    extra(n, new_flat(B, en, dt_of(B, lp), 1), true);
     n->rows = M;
     n->n = V;
-    n->fwd_flops = 5.0 * (double)mv;
-    n->bwd_flops = 2.0 * n->fwd_flops;
+    n->fwd_flops = (double)M;
+    n->bwd_flops = (double)mv; /* zero-filled M*V gradient, one scatter per row */
     B->p->explicit_loss = true;
     return y;
 }
@@ -1128,6 +1148,54 @@ static struct val lower_add_table(struct bld *B, struct val x, const struct mp_l
     return y;
 }
 
+/* x[:, 0]: a view of the first position (BERT's pooler); a linear on it saves the view,
+ * which keeps x's storage, or under autocast its half copy. */
+static struct val first_position(struct bld *B, struct val x, const char *name)
+{
+    if (failed(B) || x.rank != 3)
+        return x;
+    struct val y = x;
+    y.rank = 2;
+    y.shape[1] = x.shape[2];
+    char vn[80];
+    snprintf(vn, sizeof vn, "%s.first_position", name);
+    struct mp_node *n = new_node(B, MP_P_VIEW, vn);
+    if (n) {
+        n->in[0] = n->out = x.t;
+        n->rows = y.shape[0];
+        n->n = y.shape[1];
+    }
+    return y;
+}
+
+/* A classifier's logits (b, s, classes) as its loss reads them: MP_POOL_LAST gathers each
+ * sample's last position (logits[arange(b), last]: a new (b, classes) tensor; backward keeps
+ * the two int64 index vectors); MP_POOL_SPAN copies the start and end logits out of the
+ * (b, s, 2) output (split, squeeze, contiguous), each a cross-entropy over positions. */
+static struct val pool_logits(struct bld *B, struct val z, const struct mp_layer *l, const char *name)
+{
+    if (failed(B) || z.rank != 3 || (l->pool != MP_POOL_LAST && l->pool != MP_POOL_SPAN))
+        return z;
+    bool span = l->pool == MP_POOL_SPAN;
+    uint64_t shape[2] = {span ? mul(B, 2, z.shape[0]) : z.shape[0], span ? z.shape[1] : z.shape[2]};
+    char cn[80];
+    snprintf(cn, sizeof cn, "%s.%s", name, span ? "start_end" : "pooled");
+    struct val y = new_val(B, cn, dt_of(B, z), 2, shape, true);
+    struct mp_node *n = new_node(B, MP_P_CAST, cn);
+    if (!n)
+        return y;
+    n->in[0] = z.t;
+    n->out = y.t;
+    n->rows = shape[0];
+    n->n = shape[1];
+    if (!span) {
+        char en[96];
+        snprintf(en, sizeof en, "%s.index", cn);
+        extra(n, new_flat(B, en, MP_DT_I64, mul(B, 2, z.shape[0])), true);
+    }
+    return y;
+}
+
 /* One layer of a block. */
 static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, struct val *resid)
 {
@@ -1195,7 +1263,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         return y;
     }
     case MP_LT_LINEAR:
-        return lower_linear(B, x, l->in_features, l->out_features, l->bias, nm);
+        return lower_linear(B, l->pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
+                            l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
         return lower_layernorm(B, x, l->dim, l->norm_bias, nm);
     case MP_LT_RMSNORM:
@@ -1261,11 +1330,13 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
         if (!failed(B) && l->tied)
             B->p->params[B->embed_param].matmul = true;
-        return lower_loss(B, logits, "loss");
+        return lower_loss(B, logits, "loss", true, B->m->input == MP_INPUT_TOKENS && !l->masked);
     }
     case MP_LT_CLASSIFIER: {
+        /* HF's token classification upcasts (logits.float()); pooled heads and images do not */
         struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
-        return lower_loss(B, logits, "loss");
+        bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE;
+        return lower_loss(B, pool_logits(B, logits, l, nm), "loss", upcast, false);
     }
     case MP_LT_CUSTOM:
         return lower_custom(B, x, l);

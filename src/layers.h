@@ -58,7 +58,9 @@ enum mp_prim {
     MP_P_AVGPOOL,
     MP_P_ADAPTIVE_AVGPOOL,
     MP_P_VIEW,       /* flatten: out == in[0] */
-    MP_P_CE_LOSS,    /* in[0] logits (M,V), in[1] labels; out scalar loss; extras: fp32 log-probs */
+    MP_P_LOG_SOFTMAX,/* out (M,V) = log_softmax(in[0]) in in[0]'s dtype; saves out */
+    MP_P_NLL_LOSS,   /* in[0] log-probs (M,V), in[1] labels; out scalar mean loss; saves in[0] and the
+                        extras (shifted int64 labels, total_weight) */
     MP_P_CUSTOM,     /* opaque: out of given bytes, extras[0] the rest of what it saves */
     MP_P_SCALE,      /* out = in[0] * p (LoRA's scaling by a Python float: saves nothing) */
     MP_P_COUNT
@@ -88,6 +90,8 @@ struct mp_node {
     int block;
     int in[3];                    /* tensor ids; -1 unused (attention: q, k, v; loss: logits, labels) */
     int out;                      /* tensor id (== in[0] for views and in-place ops) */
+    int keep;                     /* tensor a Python local holds until this forward is done (no gradient
+                                     flows through it: the half logits during the loss); -1 none */
     int n_extra;
     int extra[MP_NODE_EXTRA_MAX]; /* tensors created besides out, kept only if saved */
     int n_saved;

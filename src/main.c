@@ -19,6 +19,7 @@
 #include "probe.h"    /* real steps */
 #include "report.h"   /* output */
 #include "search.h"   /* fit, batch search, suggest */
+#include "timeline.h" /* the SVG picture of a step */
 
 static const char *argv0 = "memplan";
 
@@ -62,6 +63,8 @@ enum {
     O_BATCH = 'b', O_SEQ = 's', O_PREC = 'p', O_OPT = 'o', O_CKPT = 'c', O_HELP = 'h',
     O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
+    O_TIMELINE, O_WIDE,
+    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV,
     O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
 };
 
@@ -78,9 +81,9 @@ struct opt_info {
 static const struct opt_info OPTS[] = {
     {{"batch", required_argument, 0, O_BATCH}, C_EST | C_PLAN | C_PROBE | C_CHECK, "B", "micro-batch (default 1)"},
     {{"seq", required_argument, 0, O_SEQ}, 31, "S", "sequence length (default: the model's, at most 2048 for HF configs)"},
-    {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 (default amp-bf16)"},
+    {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 | mixed-bf16 (default amp-bf16)"},
     {{"optimizer", required_argument, 0, O_OPT}, 31, "O", "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit (default adamw)"},
-    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none | sqrt | segments:K | every:K | optimal | optimal-segments (default none)"},
+    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none (default; plan: optimal) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
     {{"finetune", required_argument, 0, O_FINETUNE}, 31, "F", "full | lora | qlora | freeze: what trains (default full)"},
     {{"lora-r", required_argument, 0, O_LORA_R}, 31, "R", "LoRA rank (default 16)"},
     {{"lora-alpha", required_argument, 0, O_LORA_ALPHA}, 31, "A", "lora_alpha for the snippet; scaling alpha/r (default 2r)"},
@@ -90,21 +93,29 @@ static const struct opt_info OPTS[] = {
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
-    {{"device", required_argument, 0, O_DEVICE}, C_PROBE | C_SUGG, "N", "CUDA device to probe (suggest: target the local GPU)"},
+    {{"device", required_argument, 0, O_DEVICE}, C_PROBE | C_SUGG, "N", "CUDA device index, default 0 (probe: run on it; suggest: target it)"},
     {{"activation-budget", required_argument, 0, O_BUDGET}, C_PLAN, "SIZE", "activation budget for optimal plans"},
     {{"slots", required_argument, 0, O_SLOTS}, C_PLAN | C_SUGG | C_CHECK | C_EST, "N", "memory slots of the optimal DP (default 500)"},
     {{"margin", required_argument, 0, O_MARGIN}, C_SUGG | C_CHECK | C_PLAN, "PCT", "safety margin in percent of capacity (default 5)"},
     {{"global-batch", required_argument, 0, O_GLOBAL}, C_SUGG, "G", "global batch: micro-batch x accumulation = G exactly"},
     {{"grad-accum", required_argument, 0, O_ACCUM}, C_EST | C_PLAN | C_CHECK, "N", "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
-    {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed: print only that snippet"},
+    {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed | accelerate: print only that snippet"},
+    {{"gpus", required_argument, 0, O_GPUS}, C_EST | C_PLAN | C_SUGG | C_CHECK, "N", "GPUs per node for data parallelism (figures are per rank)"},
+    {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
+    {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
+    {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
+    {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
-    {{"backend", required_argument, 0, O_BACKEND}, C_PROBE, "B", "auto | cuda | host (default auto)"},
-    {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE, "SIZE", "host backend: memory limit (default: none)"},
+    {{"backend", required_argument, 0, O_BACKEND}, C_PROBE | C_SUGG, "B", "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
+    {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE | C_SUGG, "SIZE", "probe memory limit (probe: host only, default none; suggest: default the target's usable less context)"},
     {{"no-probe", no_argument, 0, O_NOPROBE}, C_SUGG, NULL, "do not confirm with probes even when a GPU is present"},
-    {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default: the --gpu profile's, else 8519680 B)"},
+    {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default 8519680 B, or the --gpu profile's where --gpu applies)"},
     {{"context", required_argument, 0, O_CONTEXT}, C_EST | C_PLAN | C_SUGG | C_CHECK, "SIZE", "CUDA context size (default: the GPU profile's, else 500MiB)"},
+    {{"timeline", required_argument, 0, O_TIMELINE}, C_EST | C_PLAN | C_PROBE | C_CHECK, "FILE",
+     "also draw the step's memory over time as an SVG picture in FILE"},
     {{"all-layers", no_argument, 0, O_ALL}, C_EST, NULL, "do not fold identical repeated blocks"},
+    {{"wide", no_argument, 0, O_WIDE}, 31, NULL, "text wider than 100 columns: the full block table, no wrapping"},
     {{"json", no_argument, 0, O_JSON}, 31, NULL, "print the report as JSON (schema 1)"},
     {{"help", no_argument, 0, O_HELP}, 31, NULL, "show this help"},
 };
@@ -142,9 +153,12 @@ struct args {
     uint64_t max_batch;
     uint64_t capacity;
     uint64_t grad_accum;
+    const char *timeline;
+    bool json, all_layers, wide;
+    struct mp_parallel par;
+    bool par_set, gpus_set;
     struct mp_finetune ft;
     bool alpha_set, lora_set, blocks_set;
-    bool json, all_layers;
 };
 
 struct command {
@@ -168,7 +182,7 @@ static const struct command COMMANDS[] = {
      "which blocks to checkpoint so the batch fits, at the least recompute"},
     {"probe", C_PROBE, cmd_probe, "probe MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--steps N] [--backend auto|cuda|host] [--device N] [--json]",
      "run real training steps and measure peak memory and step time"},
-    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--emit torch|hf|deepspeed] [--json]",
+    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--backend auto|cuda|host] [--emit torch|hf|deepspeed] [--json]",
      "the configuration to train with: micro-batch, accumulation, checkpoints, precision"},
     {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--grad-accum N] (--vram SIZE | --gpu NAME) [--json]",
      "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
@@ -181,7 +195,7 @@ static const char *command_notes(unsigned bit)
     switch (bit) {
     case C_PLAN: return "--checkpoint defaults to optimal here. With --vram/--gpu the activation budget is what the\n"
                         "target leaves after weights, gradients, optimizer state and overheads.\n";
-    case C_PROBE: return "--checkpoint takes a fixed plan here (none, sqrt, segments:K, every:K). Without a GPU,\n"
+    case C_PROBE: return "--checkpoint takes a fixed plan here (none, sqrt, segments:K, every:K, layers). Without a GPU,\n"
                          "--backend auto runs the host (CPU) executor for small models.\n";
     case C_SUGG: return "Micro-batch and checkpoint strategy are searched; precision too unless --precision is given.\n"
                         "Target: --gpu, --vram, --device, else the local GPU, else the a100-80gb profile.\n";
@@ -190,9 +204,32 @@ static const char *command_notes(unsigned bit)
     }
 }
 
-static void print_command_help(FILE *f, const struct command *c)
+/* Usage generated from the option table: the synopsis wrapped under the command
+ * name, one line per option, help text wrapped at 100 columns. */
+static void print_command_help(FILE *out, const struct command *c)
 {
-    fprintf(f, "Usage: memplan %s\n\n%s.\n\nOptions:\n", c->synopsis, c->summary);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        f = out;
+    int ind = fprintf(f, "Usage: memplan %s ", c->name), col = ind + fprintf(f, "MODEL");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (!(OPTS[i].cmds & c->bit) || OPTS[i].lo.val == O_HELP)
+            continue;
+        char item[64];
+        int n = snprintf(item, sizeof item, "[--%s%s%s]", OPTS[i].lo.name, OPTS[i].arg ? " " : "",
+                         OPTS[i].arg ? OPTS[i].arg : "");
+        if (col + 1 + n > MP_TEXT_COLUMNS) {
+            fprintf(f, "\n%*s", ind, "");
+            col = ind;
+        } else {
+            fputc(' ', f);
+            col++;
+        }
+        col += fprintf(f, "%s", item);
+    }
+    fprintf(f, "\n\n%s.\n\nOptions:\n", c->summary);
     for (size_t i = 0; i < N_OPTS; i++) {
         if (!(OPTS[i].cmds & c->bit))
             continue;
@@ -206,6 +243,11 @@ static void print_command_help(FILE *f, const struct command *c)
     fprintf(f, "\n%sExit status: 0 success/fits, 1 does not fit, 2 usage, 3 bad input, 4 device error, 5 internal.\n"
                "See memplan(1).\n",
             command_notes(c->bit));
+    if (f != out) {
+        fclose(f);
+        mp_report_fit_text(out, buf, len, MP_TEXT_COLUMNS);
+        free(buf);
+    }
 }
 
 static void print_help(FILE *f)
@@ -221,11 +263,22 @@ static void print_help(FILE *f)
                "Exit status: 0 success/fits, 1 does not fit, 2 usage, 3 bad input, 4 device error, 5 internal.\n");
 }
 
-/* A whole number in [lo, hi]; the option's own message says what was expected. */
+/* Largest values the integer options take: beyond them a plan means nothing. */
+#define MAX_BATCH (1ull << 24)        /* micro-batch, --max-batch, --grad-accum */
+#define MAX_SEQ (1ull << 24)
+#define MAX_GLOBAL_BATCH (1ull << 32)
+
+/* The bounds of the last integer option parsed, for its message. */
+static uint64_t range_lo, range_hi;
+
+/* A whole number in [lo, hi]: MP_ERR_RANGE outside it (or beyond 64 bits), MP_ERR_USAGE
+ * when it is not a number; the option's own message says what was expected. */
 static enum mp_status parse_int_in(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 {
+    range_lo = lo;
+    range_hi = hi;
     enum mp_status st = mp_parse_u64(s, out);
-    return st == MP_OK && (*out < lo || *out > hi) ? MP_ERR_USAGE : st;
+    return st == MP_OK && (*out < lo || *out > hi) ? MP_ERR_RANGE : st;
 }
 
 /* A byte size, at least lo. */
@@ -238,6 +291,7 @@ static enum mp_status parse_size_min(const char *s, uint64_t lo, uint64_t *out)
 static int parse_args(const struct command *c, int argc, char **argv, struct args *a)
 {
     memset(a, 0, sizeof *a);
+    mp_parallel_default(&a->par);
     a->batch = 1;
     a->precision = MP_PREC_AMP_BF16;
     a->optimizer = MP_OPT_ADAMW;
@@ -249,7 +303,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     mp_finetune_default(&a->ft);
     struct mp_diag fd = {{0}};
     struct option lo[N_OPTS + 1];
-    char shortopts[64] = "";
+    char shortopts[64] = ":"; /* ':' first: a missing value is reported as such */
     for (size_t i = 0; i < N_OPTS; i++) {
         lo[i] = OPTS[i].lo;
         if (OPTS[i].lo.val < 128) {
@@ -270,10 +324,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
                 snprintf(bad, sizeof bad, "-%c", optopt);
             else
                 snprintf(bad, sizeof bad, "%s", argv[optind - 1]);
-            return usage_error(c->name, ch == ':' || (optopt && strchr(shortopts, optopt))
-                                            ? "option '%s' needs a value"
-                                            : "unknown option '%s'",
-                               bad);
+            return usage_error(c->name, ch == ':' ? "option '%s' needs a value" : "unknown option '%s'", bad);
         }
         const struct opt_info *oi = NULL;
         for (size_t i = 0; i < N_OPTS; i++)
@@ -288,25 +339,60 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
         }
         enum mp_status st = MP_OK;
         const char *what = NULL;
+        range_lo = range_hi = 0;
         switch (ch) {
         case O_HELP:
             print_command_help(stdout, c);
             return -1;
         case O_BATCH:
-            st = parse_int_in(optarg, 1, UINT64_MAX, &a->batch);
+            st = parse_int_in(optarg, 1, MAX_BATCH, &a->batch);
             a->batch_set = true;
             what = "--batch: expected a positive integer, got '%s'";
             break;
         case O_SEQ:
-            st = parse_int_in(optarg, 1, UINT64_MAX, &a->seq);
+            st = parse_int_in(optarg, 1, MAX_SEQ, &a->seq);
             what = "--seq: expected a positive integer, got '%s'";
             break;
         case O_PREC:
-            a->precision = mp_precision_parse(optarg);
+            /* mixed-bf16: the program runs in bf16 (FSDP2 param_dtype / DeepSpeed bf16), the
+             * sharding engine keeps the fp32 master (parallel.h) */
+            a->par.mixed_bf16 = !strcmp(optarg, "mixed-bf16");
+            a->precision = a->par.mixed_bf16 ? (int)MP_PREC_BF16 : mp_precision_parse(optarg);
             a->precision_set = true;
             st = a->precision < 0 ? MP_ERR_USAGE : MP_OK;
-            what = "--precision: expected fp32, amp-bf16, amp-fp16 or bf16, got '%s'";
+            what = "--precision: expected fp32, amp-bf16, amp-fp16, bf16 or mixed-bf16, got '%s'";
             break;
+        case O_GPUS:
+            st = parse_int_in(optarg, 1, 65536, &a->par.gpus);
+            a->gpus_set = true;
+            what = "--gpus: expected an integer from 1 to 65536, got '%s'";
+            break;
+        case O_NODES:
+            st = parse_int_in(optarg, 1, 65536, &a->par.nodes);
+            what = "--nodes: expected an integer from 1 to 65536, got '%s'";
+            break;
+        case O_PARALLEL: {
+            int v = mp_par_strategy_parse(optarg);
+            st = v <= 0 ? MP_ERR_USAGE : MP_OK;
+            a->par.strategy = v > 0 ? (enum mp_par_strategy)v : MP_PAR_NONE;
+            a->par_set = true;
+            what = "--parallel: expected ddp, zero1, zero2, zero3, fsdp or fsdp-no-reshard, got '%s'";
+            break;
+        }
+        case O_OFFLOAD: {
+            int v = mp_offload_parse(optarg);
+            st = v < 0 ? MP_ERR_USAGE : MP_OK;
+            a->par.offload = v > 0 ? (enum mp_offload)v : MP_OFFLOAD_NONE;
+            what = "--offload: expected none, optimizer or params, got '%s'";
+            break;
+        }
+        case O_OFFDEV: {
+            int v = mp_offload_dev_parse(optarg);
+            st = v < 0 ? MP_ERR_USAGE : MP_OK;
+            a->par.offload_device = v > 0 ? (enum mp_offload_dev)v : MP_OFFDEV_CPU;
+            what = "--offload-device: expected cpu or nvme, got '%s'";
+            break;
+        }
         case O_OPT:
             a->optimizer = mp_optimizer_parse(optarg);
             st = a->optimizer < 0 ? MP_ERR_USAGE : MP_OK;
@@ -315,7 +401,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
         case O_CKPT:
             st = mp_ckpt_spec_parse(optarg, &a->ckpt);
             a->ckpt_set = true;
-            what = "--checkpoint: expected none, sqrt, segments:K, every:K, optimal or optimal-segments, got '%s'";
+            what = "--checkpoint: expected none, sqrt, segments:K, every:K, layers, optimal or optimal-segments, got '%s'";
             break;
         case O_ATTN:
             a->attention = !strcmp(optarg, "sdpa") ? MP_ATTN_SDPA
@@ -356,23 +442,24 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--margin: expected a percentage from 0 to 90, got '%s'";
             break;
         case O_GLOBAL:
-            st = parse_int_in(optarg, 1, UINT64_MAX, &a->global_batch);
+            st = parse_int_in(optarg, 1, MAX_GLOBAL_BATCH, &a->global_batch);
             what = "--global-batch: expected a positive integer, got '%s'";
             break;
         case O_EMIT:
-            a->emit = !strcmp(optarg, "torch")       ? MP_EMIT_TORCH
-                      : !strcmp(optarg, "hf")        ? MP_EMIT_HF
-                      : !strcmp(optarg, "deepspeed") ? MP_EMIT_DEEPSPEED
-                                                     : MP_EMIT_NONE;
+            a->emit = !strcmp(optarg, "torch")        ? MP_EMIT_TORCH
+                      : !strcmp(optarg, "hf")         ? MP_EMIT_HF
+                      : !strcmp(optarg, "deepspeed")  ? MP_EMIT_DEEPSPEED
+                      : !strcmp(optarg, "accelerate") ? MP_EMIT_ACCELERATE
+                                                      : MP_EMIT_NONE;
             st = a->emit == MP_EMIT_NONE ? MP_ERR_USAGE : MP_OK;
-            what = "--emit: expected torch, hf or deepspeed, got '%s'";
+            what = "--emit: expected torch, hf, deepspeed or accelerate, got '%s'";
             break;
         case O_ACCUM:
-            st = parse_int_in(optarg, 1, UINT64_MAX, &a->grad_accum);
+            st = parse_int_in(optarg, 1, MAX_BATCH, &a->grad_accum);
             what = "--grad-accum: expected a positive integer, got '%s'";
             break;
         case O_MAXBATCH:
-            st = parse_int_in(optarg, 1, UINT64_MAX, &a->max_batch);
+            st = parse_int_in(optarg, 1, MAX_BATCH, &a->max_batch);
             what = "--max-batch: expected a positive integer, got '%s'";
             break;
         case O_STEPS:
@@ -439,9 +526,24 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             }
             a->blocks_set = true;
             break;
+        case O_TIMELINE: a->timeline = optarg; break;
+        case O_WIDE: a->wide = true; break;
         case O_ALL: a->all_layers = true; break;
         case O_JSON: a->json = true; break;
         default: return usage_error(c->name, "unexpected option '%s'", argv[optind - 1]);
+        }
+        if (st == MP_ERR_RANGE && oi) {
+            bool small = range_hi && optarg[0] >= '0' && optarg[0] <= '9' && strlen(optarg) < 20 &&
+                         strtoull(optarg, NULL, 10) < range_lo;
+            if (range_hi)
+                fprintf(stderr, "memplan: error: --%s: %s is too %s: expected an integer from %llu to %llu "
+                                "(see 'memplan %s --help')\n",
+                        oi->lo.name, optarg, small ? "small" : "large", (unsigned long long)range_lo,
+                        (unsigned long long)range_hi, c->name);
+            else
+                fprintf(stderr, "memplan: error: --%s: '%s' is too large (see 'memplan %s --help')\n", oi->lo.name,
+                        optarg, c->name);
+            return MP_EXIT_USAGE;
         }
         if (st != MP_OK)
             return usage_error(c->name, what, optarg);
@@ -461,6 +563,11 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
                                                         : "--finetune freeze needs --train-blocks, e.g. 20-31,head");
     if (!a->alpha_set)
         a->ft.alpha = 2.0 * (double)a->ft.r;
+    if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
+        struct mp_diag pd = {{0}};
+        if (mp_par_validate(&a->par, &pd) != MP_OK)
+            return usage_error(c->name, "%s", pd.msg);
+    }
     return 0;
 }
 
@@ -470,8 +577,10 @@ struct setup {
     struct mp_model model;
     struct mp_build_opts build;
     struct mp_train_opts train;
+    struct mp_parallel par;       /* train.par points here */
     struct mp_gpu gpu;
     bool have_gpu;
+    bool target_is_device; /* the target is the local GPU (probes of it answer for it) */
     char how[96];
     char defaults[256];
 };
@@ -509,6 +618,8 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
+    s->par = a->par;
+    s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
     char num[32];
     if (!a->seq && s->model.input == MP_INPUT_TOKENS) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
@@ -520,7 +631,7 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         add_default(s, "precision %s", "amp-bf16");
     if (a->optimizer == MP_OPT_ADAMW)
         add_default(s, "optimizer %s", "adamw");
-    if (!a->attention_set)
+    if (!a->attention_set && mp_model_has_attention(&s->model))
         add_default(s, "attention %s (transformers' default: no s x s matrix kept)", "sdpa");
     if (a->gpu) {
         st = mp_gpu_load(a->gpu, argv0, &s->gpu, d);
@@ -548,6 +659,7 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
             snprintf(s->gpu.name, sizeof s->gpu.name, "cuda:%d", a->device);
             snprintf(s->gpu.description, sizeof s->gpu.description, "%s", di.name);
             s->have_gpu = true;
+            s->target_is_device = true;
             snprintf(s->how, sizeof s->how, "the local GPU (device %d)", a->device);
         } else if (a->device_set) {
             mp_probe_close(p);
@@ -590,6 +702,7 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
     c->target_how = s->how;
     c->json = a->json;
     c->all_layers = a->all_layers;
+    c->wide = a->wide;
     c->margin_pct = 100.0 * a->margin;
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
 }
@@ -608,6 +721,45 @@ static struct mp_job job_of(struct setup *s, struct args *a)
     struct mp_job j = {.model = &s->model, .build = s->build, .train = s->train, .ckpt = a->ckpt, .gpu = s->gpu,
                        .margin = a->margin, .slots = a->slots, .activation_budget = a->budget};
     return j;
+}
+
+/* The one stderr line of a configuration that does not fit its target (exit 1). */
+static void say_nofit(const struct mp_fit *f)
+{
+    fprintf(stderr, "memplan: does not fit: short by %llu bytes (peak %llu of %llu usable) at %s\n",
+            (unsigned long long)(f->peak_device_bytes - f->usable_bytes), (unsigned long long)f->peak_device_bytes,
+            (unsigned long long)f->usable_bytes, f->est.peak_event);
+}
+
+/* --timeline FILE: the step of prog under sched as an SVG; target lines when the
+ * command has a target.  Returns 0 or an exit status (message printed). */
+static int write_timeline(const struct args *a, const char *cmd, const struct setup *s, const struct mp_program *prog,
+                          const struct mp_schedule *sched, uint64_t context, bool target, const uint64_t *measured,
+                          size_t n_measured)
+{
+    if (!a->timeline)
+        return 0;
+    char title[256], sub[256], ck[48];
+    snprintf(title, sizeof title, "%s: %s", s->model.name, cmd);
+    int n = snprintf(sub, sizeof sub, "batch %llu", (unsigned long long)prog->opts.batch);
+    if (s->model.input == MP_INPUT_TOKENS)
+        n += snprintf(sub + n, sizeof sub - (size_t)n, ", seq %llu", (unsigned long long)prog->opts.seq);
+    snprintf(sub + n, sizeof sub - (size_t)n, ", %s, %s, checkpoint %s%s%s", mp_precision_str(prog->opts.precision),
+             mp_optimizer_str(s->train.optimizer), mp_ckpt_spec_str(&a->ckpt, ck, sizeof ck),
+             target ? ", target " : "", target ? s->gpu.name : "");
+    FILE *f = fopen(a->timeline, "w");
+    if (!f) {
+        fprintf(stderr, "memplan: error: cannot write '%s': %s\n", a->timeline, strerror(errno));
+        return MP_EXIT_INPUT;
+    }
+    struct mp_timeline_opts o = {.title = title, .subtitle = sub, .context_bytes = context,
+                                 .capacity_bytes = target ? s->gpu.memory_bytes : 0, .margin = a->margin,
+                                 .measured = measured, .n_measured = n_measured};
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_timeline_svg(f, prog, sched, &s->train, &o, &d);
+    if (fclose(f) != 0 && st == MP_OK)
+        st = mp_fail(&d, MP_ERR_IO, "%s: writing failed: %s", a->timeline, strerror(errno));
+    return st == MP_OK ? 0 : fail(st, &d);
 }
 
 /* ---- commands -------------------------------------------------------------------------------- */
@@ -651,14 +803,17 @@ static int cmd_estimate(struct args *a)
     struct mp_report_ctx c;
     fill_ctx(&c, "estimate", &s, &prog, &a->ckpt, a);
     c.gpu = a->gpu ? &s.gpu : NULL;
+    c.fit = a->gpu ? &f : NULL;
     s.build.seq = prog.opts.seq;
     mp_report_estimate(stdout, &c, &f.est, &f.plan);
     if (getenv("MEMPLAN_TIMING"))
         fprintf(stderr, "memplan: estimate took %.2f ms\n", mp_now_ms() - t0);
+    rc = write_timeline(a, "estimate", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                        a->gpu != NULL, NULL, 0);
     mp_program_release(&prog);
     mp_fit_release(&f);
     mp_model_release(&s.model);
-    return finish(MP_EXIT_OK);
+    return rc ? rc : finish(MP_EXIT_OK);
 }
 
 static int cmd_plan(struct args *a)
@@ -733,13 +888,19 @@ static int cmd_plan(struct args *a)
         if (!a->gpu && !a->vram)
             c.gpu = NULL;
         mp_report_plan(stdout, &c, &f, &cmp);
+        rc = write_timeline(a, "plan", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                            a->gpu || a->vram, NULL, 0);
         mp_program_release(&prog);
     }
     bool fits = f.fits || (!a->gpu && !a->vram);
+    if (st == MP_OK && !fits)
+        say_nofit(&f);
     mp_fit_release(&f);
     mp_model_release(&s.model);
     if (st != MP_OK)
         return fail(st, &d);
+    if (rc)
+        return rc;
     return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
 }
 
@@ -767,17 +928,19 @@ static int cmd_check(struct args *a)
         struct mp_report_ctx c;
         fill_ctx(&c, "check", &s, &prog, &a->ckpt, a);
         mp_report_check(stdout, &c, &f);
+        rc = write_timeline(a, "check", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                            true, NULL, 0);
         mp_program_release(&prog);
     }
     if (st == MP_OK && !f.fits)
-        fprintf(stderr, "memplan: does not fit: short by %llu bytes (peak %llu of %llu usable) at %s\n",
-                (unsigned long long)(f.peak_device_bytes - f.usable_bytes), (unsigned long long)f.peak_device_bytes,
-                (unsigned long long)f.usable_bytes, f.est.peak_event);
+        say_nofit(&f);
     bool fits = f.fits;
     mp_fit_release(&f);
     mp_model_release(&s.model);
     if (st != MP_OK)
         return fail(st, &d);
+    if (rc)
+        return rc;
     return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
 }
 
@@ -791,8 +954,26 @@ static int cmd_suggest(struct args *a)
     struct mp_job j = job_of(&s, a);
     struct mp_suggest_opts o = {.precision_fixed = a->precision_set, .precision = (enum mp_precision)a->precision,
                                 .global_batch = a->global_batch, .max_batch = a->max_batch,
-                                .probe = !a->no_probe && mp_cuda_device_available(), .device = a->device,
-                                .progress = isatty(2) && !a->json};
+                                .probe = !a->no_probe && (!strcmp(a->backend, "host") || !strcmp(a->backend, "cuda") ||
+                                                          mp_cuda_device_available()),
+                                .probe_backend = !strcmp(a->backend, "host") ? "host" : "cuda",
+                                .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
+                                .device = a->device,
+                                .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF};
+    if (o.probe && !strcmp(o.probe_backend, "host")) {
+        /* the host pool really allocates, up to the target's limit: refuse what this machine cannot hold */
+        uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t lim = o.probe_capacity_bytes ? o.probe_capacity_bytes
+                                              : (uint64_t)((double)mp_gpu_capacity(&j.gpu) * (1.0 - j.margin));
+        if (lim > ram / 2) {
+            char b1[32], b2[32];
+            fprintf(stderr, "memplan: error: --backend host: probes up to %s do not fit this machine's RAM (%s); "
+                            "use a smaller --vram or --capacity, or --no-probe\n",
+                    mp_fmt_bytes(lim, b1, sizeof b1), mp_fmt_bytes(ram, b2, sizeof b2));
+            mp_model_release(&s.model);
+            return MP_EXIT_DEVICE;
+        }
+    }
     struct mp_suggestion sg;
     enum mp_status st = mp_suggest(&j, &o, argv0, &sg, &d);
     if (st != MP_OK) {
@@ -839,6 +1020,8 @@ static int cmd_probe(struct args *a)
     po.device = a->device;
     po.steps = (unsigned)a->steps;
     po.capacity_bytes = a->capacity;
+    po.progress = true; /* stderr: a host step can take seconds */
+    po.trace = a->timeline != NULL;
     bool host = !strcmp(a->backend, "host") || (!strcmp(a->backend, "auto") && !mp_cuda_device_available());
     if (host) {
         /* the host executor really allocates: refuse what this machine cannot hold */
@@ -876,7 +1059,7 @@ static int cmd_probe(struct args *a)
     if (a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS) {
         mp_program_release(&prog);
         mp_model_release(&s.model);
-        return usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K); "
+        return usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K, layers); "
                                           "use 'memplan plan' to find an optimal one");
     }
     struct mp_probe *p = NULL;
@@ -907,15 +1090,20 @@ static int cmd_probe(struct args *a)
         fill_ctx(&c, "probe", &s, &prog, &a->ckpt, a);
         c.gpu = NULL;
         mp_report_probe(stdout, &c, &e, &r);
+        rc = write_timeline(a, "probe", &s, &prog, &plan.sched, 0, false, r.trace, r.n_trace);
     }
+    mp_probe_result_release(&r);
     mp_estimate_release(&e);
     mp_ckpt_plan_release(&plan);
+    bool fits = r.fits;
     mp_probe_close(p);
     mp_program_release(&prog);
     mp_model_release(&s.model);
     if (st != MP_OK)
         return fail(st, &d);
-    return finish(r.fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
+    if (rc)
+        return rc;
+    return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
 }
 
 static int cmd_help(int argc, char **argv)
@@ -933,9 +1121,12 @@ static int cmd_help(int argc, char **argv)
         struct mp_gpu *g;
         size_t n;
         struct mp_diag d = {{0}};
-        if (mp_gpu_list(argv0, &g, &n, &d) != MP_OK || n == 0) {
+        enum mp_status st = mp_gpu_list(argv0, &g, &n, &d);
+        if (st != MP_OK)
+            return fail(st, &d);
+        if (n == 0) {
             fprintf(stderr, "memplan: error: no GPU profiles found (configs/gpus or $MEMPLAN_GPUS)\n");
-            free(n ? g : NULL);
+            free(g);
             return MP_EXIT_INPUT;
         }
         printf("%-12s %-32s %10s %8s %8s %8s\n", "name", "description", "memory", "bf16", "fp16", "fp32");

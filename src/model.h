@@ -46,26 +46,55 @@ const char *mp_layer_type_str(enum mp_layer_type t);
 /* Returns -1 when s names no layer type. */
 int mp_layer_type_parse(const char *s);
 
-/* GELU_TANH is the fused kernel (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh);
- * GELU_NEW / GELU_FAST are HF's Python composites (NewGELUActivation,
- * FastGELUActivation), same function, but autograd saves their intermediates. */
+/* Activations, one row each: X(id, name, HF aliases, what backward reads, HF intermediates).
+ * saves: IN (the input) or OUT (the output); intermediates: tensors the size of the input
+ * that HF's Python composites also keep (space-separated names, measured with
+ * saved_tensors_hooks, bench/torch_saved.md).  GELU_TANH is the fused kernel
+ * (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh); GELU_NEW / GELU_FAST are HF's
+ * composites (NewGELUActivation, FastGELUActivation), same function.  A new activation
+ * is one row here plus its math (probe_host.c act_f/act_df, kernels/); append rows only:
+ * the order is the kernels' activation code. */
+#define MP_ACTIVATIONS(X)                                                                        \
+    X(GELU, "gelu", "", IN, "")                                                                  \
+    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "")                             \
+    X(RELU, "relu", "", OUT, "")                                                                 \
+    X(SILU, "silu", "swish", IN, "")                                                             \
+    X(TANH, "tanh", "", OUT, "")                                                                 \
+    X(SIGMOID, "sigmoid", "", OUT, "")                                                           \
+    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh")                                 \
+    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh")
+
 enum mp_act {
-    MP_ACT_GELU,
-    MP_ACT_GELU_TANH,
-    MP_ACT_RELU,
-    MP_ACT_SILU,
-    MP_ACT_TANH,
-    MP_ACT_SIGMOID,
-    MP_ACT_GELU_NEW,
-    MP_ACT_GELU_FAST,
+#define MP_X(id, name, aliases, saves, extras) MP_ACT_##id,
+    MP_ACTIVATIONS(MP_X)
+#undef MP_X
+};
+enum { /* the number of rows (outside enum mp_act, so switches over it stay exhaustive) */
+#define MP_X(id, name, aliases, saves, extras) MP_ACT_ROW_##id,
+    MP_ACTIVATIONS(MP_X)
+#undef MP_X
+        MP_ACT_COUNT
 };
 const char *mp_act_str(enum mp_act a);
-int mp_act_parse(const char *s); /* -1 if unknown; accepts HF names (gelu_new, gelu_pytorch_tanh, swish) */
+int mp_act_parse(const char *s); /* -1 if unknown; accepts the HF aliases (gelu_pytorch_tanh, swish) */
+bool mp_act_saves_output(enum mp_act a);
+/* The space-separated names of the HF intermediates it keeps ("" for none). */
+const char *mp_act_intermediates(enum mp_act a);
 
 enum mp_attn_impl { MP_ATTN_SDPA, MP_ATTN_FLASH, MP_ATTN_EAGER };
 const char *mp_attn_impl_str(enum mp_attn_impl a);
 
 enum mp_norm { MP_NORM_LAYERNORM, MP_NORM_RMSNORM };
+
+/* Which positions a token model's head reads (HF task heads; memplan JSON uses NONE). */
+enum mp_head_pool {
+    MP_POOL_NONE,  /* every position, one label each */
+    MP_POOL_FIRST, /* linear: the first position only (BERT's pooler), a view of the input */
+    MP_POOL_LAST,  /* classifier: the logits of each sample's last position (decoder sequence
+                      classification gathers them after the score layer), one label per sample */
+    MP_POOL_SPAN,  /* classifier with 2 classes: start and end logits over positions (question
+                      answering), two labels per sample */
+};
 
 /* One op (or one composite block) as described by the user.  Only the fields
  * of its type are meaningful; the rest are zero. */
@@ -77,6 +106,8 @@ struct mp_layer {
     uint64_t vocab;     /* rows of the table, or classes of a classifier */
     uint64_t dim;       /* hidden size: embedding width, norm width, block hidden */
     bool tied;          /* lm_head shares the embedding weight (no params of its own) */
+    bool masked;        /* lm_head: masked-LM labels, used as they are (causal LMs shift theirs) */
+    enum mp_head_pool pool; /* linear / classifier on tokens: which positions it reads */
 
     /* linear */
     uint64_t in_features, out_features;
@@ -162,6 +193,9 @@ struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t
 enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct mp_diag *d);
 enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
                                     struct mp_diag *d);
+
+/* True when some layer computes attention (so --attention and the attention default apply). */
+bool mp_model_has_attention(const struct mp_model *m);
 
 /* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
  * Readers call it last. */

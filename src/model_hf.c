@@ -6,6 +6,8 @@
  * defaults of the transformers config class, so parameter counts equal what
  * transformers instantiates.  Fields that would change memory in a way the
  * model cannot express are rejected, never silently dropped.  cJSON stays here.
+ * Each model_type is one row of families[] (below): its keys, defaults and switches;
+ * a llama-like family is one row.
  */
 #include <stdio.h>
 #include <string.h>
@@ -58,24 +60,128 @@
 #define HF_SEQ_DEFAULT 2048u
 #define HF_LAYERS_MAX MP_REPEAT_MAX
 
-enum family { F_GPT2, F_LLAMA, F_MISTRAL, F_QWEN2, F_NEOX, F_PHI, F_GEMMA, F_BERT, F_COUNT };
+/* Task heads, from architectures[0] (transformers' class names). */
+enum head { H_CAUSAL, H_MASKED, H_SEQ, H_TOKEN, H_QA, H_BARE, H_COUNT };
+static const struct {
+    const char *suffix;
+    enum head h;
+} head_classes[] = {
+    {"ForCausalLM", H_CAUSAL},
+    {"LMHeadModel", H_CAUSAL},
+    {"ForMaskedLM", H_MASKED},
+    {"ForSequenceClassification", H_SEQ},
+    {"ForTokenClassification", H_TOKEN},
+    {"ForQuestionAnswering", H_QA},
+    {"Model", H_BARE}, /* <Prefix>Model only: no "For", no "...Head(s)Model" */
+};
+#define HEAD(h) (1u << (h))
+#define DECODER_HEADS (HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE))
 
-static const char *const family_names[F_COUNT] = {"gpt2", "llama", "mistral", "qwen2",
-                                                  "gpt_neox", "phi", "gemma", "bert"};
+struct hf;
+typedef enum mp_status (*hf_hook)(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+
+/* One row per model_type: the keys its transformers config class reads, the class
+ * defaults, and the module layout of its *ForCausalLM (or *ForMaskedLM).  A key field
+ * left NULL is the usual name (hidden_size, num_hidden_layers, num_attention_heads,
+ * max_position_embeddings, intermediate_size, hidden_act); a NULL flag key means the
+ * class does not read that flag.  hook handles what no column expresses. */
+struct family {
+    const char *type;
+    const char *k_hidden[2], *k_layers[2], *k_heads[2], *k_pos[2]; /* first present wins */
+    const char *k_ffn;
+    uint64_t ffn_mult;          /* nonzero: k_ffn optional, null or absent means ffn_mult * hidden */
+    const char *k_act;
+    enum mp_act act;
+    enum mp_norm norm;
+    bool gqa;                   /* reads num_key_value_heads and head_dim */
+    uint64_t kv_default;        /* key absent: this many kv heads (0: as many as heads) */
+    uint64_t head_dim_default;  /* 0: hidden / heads */
+    uint64_t pos_rows;          /* learned position table rows by default; 0: rotary positions */
+    uint64_t type_vocab;        /* token-type table rows by default (0: no token types) */
+    const char *k_rotary;       /* legacy partial-rotary key; NULL: rotary over the whole head */
+    double rotary_default;
+    bool gated, fused_qkv, qkv_bias, out_bias, mlp_bias, lm_bias, tied, encoder;
+    bool parallel, shared_norm, post_norm, emb_norm, mlm_transform;
+    const char *k_attn_bias, *k_mlp_bias, *k_parallel;
+    double dropout;             /* default of every dropout below */
+    const char *k_emb_p, *k_attn_p, *k_resid_p; /* NULL: no such dropout */
+    bool emb_p_is_resid;        /* the embedding dropout uses the residual probability */
+    struct {
+        const char *key, *why;
+    } reject[2];                /* flags whose true value memplan does not model */
+    const char *n_tok, *n_pos, *n_drop, *n_norm, *n_head; /* module names */
+    unsigned heads;             /* HEAD() bits of the task heads transformers has */
+    enum head default_head;     /* without architectures */
+    const char *k_cls_p;        /* token / sequence classifier dropout when classifier_dropout is
+                                   null or absent (NULL: 0.1); transformers' fallbacks differ */
+    bool generic_heads;         /* Generic*For*: token_classification_bias is read */
+    hf_hook hook;
+};
+
+static enum mp_status gemma_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status bert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+
+#define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
+#define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
+                   .k_attn_p = "attention_dropout", .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", \
+                   .k_cls_p = "hidden_dropout", .generic_heads = true
+
+static const struct family families[] = {
+    {.type = "gpt2", .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
+     .k_heads = {"n_head", "num_attention_heads"}, .k_pos = {"n_positions", "max_position_embeddings"},
+     .k_ffn = "n_inner", .ffn_mult = 4, .k_act = "activation_function", .act = MP_ACT_GELU_NEW,
+     .norm = MP_NORM_LAYERNORM, .pos_rows = 1024, .fused_qkv = true, .qkv_bias = true, .out_bias = true,
+     .mlp_bias = true, .tied = true, .dropout = 0.1, .k_emb_p = "embd_pdrop", .k_attn_p = "attn_pdrop",
+     .k_resid_p = "resid_pdrop",
+     .reject = {NO_CROSS, {"reorder_and_upcast_attn", "the fp32 reordered attention is not modelled"}},
+     .n_tok = "wte", .n_pos = "wpe", .n_norm = "ln_f", .n_head = "lm_head", .heads = DECODER_HEADS,
+     .k_cls_p = "hidden_dropout"},
+    {.type = "llama", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
+     .heads = DECODER_HEADS},
+    {.type = "mistral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS},
+    {.type = "qwen2", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true, .heads = DECODER_HEADS},
+    {.type = "gpt_neox", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .k_rotary = "rotary_pct",
+     .rotary_default = 0.25, .fused_qkv = true, .qkv_bias = true, .out_bias = true, .mlp_bias = true,
+     .parallel = true, .k_attn_bias = "attention_bias", .k_parallel = "use_parallel_residual",
+     .k_attn_p = "attention_dropout", .k_resid_p = "hidden_dropout", .emb_p_is_resid = true, .n_tok = "embed_in",
+     .n_norm = "final_layer_norm", .n_head = "embed_out", .heads = DECODER_HEADS},
+    {.type = "phi", .act = MP_ACT_GELU_NEW, .norm = MP_NORM_LAYERNORM, .gqa = true,
+     .k_rotary = "partial_rotary_factor", .rotary_default = 0.5, .qkv_bias = true, .out_bias = true,
+     .mlp_bias = true, .lm_bias = true, .parallel = true, .shared_norm = true, .k_emb_p = "embd_pdrop",
+     .k_attn_p = "attention_dropout", .k_resid_p = "resid_pdrop",
+     .reject = {{"qk_layernorm", "per-head q/k layernorms are not modelled"}}, .n_tok = "embed_tokens",
+     .n_norm = "final_layernorm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .k_cls_p = "hidden_dropout", .generic_heads = true},
+    {.type = "gemma", LLAMA_LIKE(MP_ACT_GELU_TANH), .kv_default = 16, .head_dim_default = 256,
+     .tied = true, .k_attn_bias = "attention_bias", .heads = DECODER_HEADS & ~HEAD(H_QA), .hook = gemma_hook},
+    {.type = "bert", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
+     .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
+     .post_norm = true, .emb_norm = true, .mlm_transform = true, .dropout = 0.1,
+     .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob", .emb_p_is_resid = true,
+     .reject = {NO_CROSS}, .n_tok = "word_embeddings", .n_pos = "position_embeddings", .n_drop = "dropout",
+     .n_head = "decoder", .default_head = H_MASKED,
+     .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
+     .k_cls_p = "hidden_dropout_prob", .hook = bert_hook},
+};
+#define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert"
 
 /* The config after the transformers defaults: everything the lowering needs. */
 struct hf {
-    enum family f;
+    const struct family *f;
     uint64_t vocab, hidden, layers, heads, kv_heads, head_dim, ffn;
     uint64_t positions;    /* max positions; 0 = not given (rope models only) */
-    uint64_t type_vocab;   /* bert token types */
+    uint64_t type_vocab;   /* token-type rows (bert) */
     uint64_t rotary_dim;   /* 0 = whole head */
     enum mp_act act;
     enum mp_norm norm;
     bool learned_pos, rope, gated, fused_qkv, qkv_bias, out_bias, mlp_bias, lm_bias;
     bool tied, causal, parallel, shared_norm, post_norm;
     double emb_p, attn_p, resid_p;
+    enum head head;
+    uint64_t labels;       /* classes of a classification head */
+    double cls_p;          /* classifier dropout */
+    bool cls_bias;         /* token classifier bias */
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -141,71 +247,51 @@ static enum mp_status read_act(const cJSON *root, const char *key, enum mp_act *
     return MP_OK;
 }
 
-/* A flag whose true value changes the model in a way memplan does not express. */
-static enum mp_status reject_true(const cJSON *root, const char *key, const char *why, const char *path,
-                                  struct mp_diag *d)
-{
-    bool v = false;
-    enum mp_status st = mp_json_bool(root, key, &v, path, "", d);
-    if (st != MP_OK)
-        return st;
-    if (v)
-        return mp_fail(d, MP_ERR_MODEL, "%s: %s: true is not supported (%s)", path, key, why);
-    return MP_OK;
-}
-
 /* ---- reading the config ------------------------------------------------------------- */
 
-/* Per-family facts: defaults of the transformers config classes and the module layout. */
+static const char *key_or(const char *k, const char *dflt) { return k ? k : dflt; }
+
+/* The first of a row's two names present in root, else its first name (or dflt). */
+static const char *key2(const cJSON *root, const char *const k[2], const char *dflt)
+{
+    if (!k[0])
+        return dflt;
+    return k[1] ? first_key(root, k, 2) : k[0];
+}
+
+/* The row's defaults: what the transformers config class and module layout give. */
 static void family_defaults(struct hf *c)
 {
-    enum family f = c->f;
-    bool llama_like = f == F_LLAMA || f == F_MISTRAL || f == F_QWEN2 || f == F_GEMMA;
-    c->causal = f != F_BERT;
-    c->learned_pos = f == F_GPT2 || f == F_BERT;
+    const struct family *f = c->f;
+    c->causal = !f->encoder;
+    c->learned_pos = f->pos_rows != 0;
     c->rope = !c->learned_pos;
-    c->gated = llama_like;
-    c->norm = llama_like ? MP_NORM_RMSNORM : MP_NORM_LAYERNORM;
-    c->fused_qkv = f == F_GPT2 || f == F_NEOX;
-    /* Biases: GPT-2 Conv1D, NeoX, phi and BERT linears all have them; Qwen2 only on q/k/v. */
-    bool all = f == F_GPT2 || f == F_NEOX || f == F_PHI || f == F_BERT;
-    c->qkv_bias = all || f == F_QWEN2;
-    c->out_bias = all;
-    c->mlp_bias = all;
-    /* phi's lm_head; BERT's decoder bias, one vocab vector (transformers 5 keeps a second,
-     * unused one when the decoder is untied; 4.x links the two) */
-    c->lm_bias = f == F_PHI || f == F_BERT;
-    c->tied = f == F_GPT2 || f == F_GEMMA || f == F_BERT;
-    c->parallel = f == F_NEOX || f == F_PHI;
-    c->shared_norm = f == F_PHI;
-    c->post_norm = f == F_BERT;
-    c->type_vocab = 2;
-    switch (f) {
-    case F_GPT2: c->act = MP_ACT_GELU_NEW; break;   /* gelu_new */
-    case F_PHI: c->act = MP_ACT_GELU_NEW; break;    /* gelu_new */
-    case F_GEMMA: c->act = MP_ACT_GELU_TANH; break; /* gelu_pytorch_tanh */
-    case F_NEOX:
-    case F_BERT: c->act = MP_ACT_GELU; break;
-    default: c->act = MP_ACT_SILU; break;
-    }
-    if (f == F_GPT2 || f == F_BERT) /* GPT2Config / BertConfig default every dropout to 0.1 */
-        c->emb_p = c->attn_p = c->resid_p = 0.1;
-    if (c->learned_pos) /* n_positions / max_position_embeddings defaults: the table's rows */
-        c->positions = f == F_GPT2 ? 1024 : 512;
+    c->positions = f->pos_rows;
+    c->type_vocab = f->type_vocab;
+    c->gated = f->gated;
+    c->norm = f->norm;
+    c->fused_qkv = f->fused_qkv;
+    c->qkv_bias = f->qkv_bias;
+    c->out_bias = f->out_bias;
+    c->mlp_bias = f->mlp_bias;
+    c->lm_bias = f->lm_bias;
+    c->tied = f->tied;
+    c->parallel = f->parallel;
+    c->shared_norm = f->shared_norm;
+    c->post_norm = f->post_norm;
+    c->act = f->act;
+    c->emb_p = c->attn_p = c->resid_p = f->dropout;
 }
 
 /* The size fields shared by every family. */
 static enum mp_status read_sizes(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
-    static const char *const k_hidden[] = {"n_embd", "hidden_size"};
-    static const char *const k_layers[] = {"n_layer", "num_hidden_layers"};
-    static const char *const k_heads[] = {"n_head", "num_attention_heads"};
-    static const char *const k_pos_gpt2[] = {"n_positions", "max_position_embeddings"};
-    bool gpt2 = c->f == F_GPT2;
-    const char *hk = gpt2 ? first_key(root, k_hidden, 2) : "hidden_size";
-    const char *lk = gpt2 ? first_key(root, k_layers, 2) : "num_hidden_layers";
-    const char *ak = gpt2 ? first_key(root, k_heads, 2) : "num_attention_heads";
-    const char *pk = gpt2 ? first_key(root, k_pos_gpt2, 2) : "max_position_embeddings";
+    const struct family *f = c->f;
+    const char *hk = key2(root, f->k_hidden, "hidden_size");
+    const char *lk = key2(root, f->k_layers, "num_hidden_layers");
+    const char *ak = key2(root, f->k_heads, "num_attention_heads");
+    const char *pk = key2(root, f->k_pos, "max_position_embeddings");
+    const char *fk = key_or(f->k_ffn, "intermediate_size");
     enum mp_status st;
     if ((st = read_pos(root, "vocab_size", true, MP_DIM_MAX, &c->vocab, path, d)) != MP_OK ||
         (st = read_pos(root, hk, true, MP_DIM_MAX, &c->hidden, path, d)) != MP_OK ||
@@ -213,33 +299,27 @@ static enum mp_status read_sizes(const cJSON *root, struct hf *c, const char *pa
         (st = read_pos(root, ak, true, MP_DIM_MAX, &c->heads, path, d)) != MP_OK ||
         (st = read_pos(root, pk, false, MP_DIM_MAX, &c->positions, path, d)) != MP_OK)
         return st;
-    if (gpt2) {
-        c->ffn = 4 * c->hidden; /* n_inner: null means 4 * n_embd */
-        st = read_pos(root, "n_inner", false, MP_DIM_MAX, &c->ffn, path, d);
-    } else {
-        st = read_pos(root, "intermediate_size", true, MP_DIM_MAX, &c->ffn, path, d);
-    }
-    if (st != MP_OK)
+    c->ffn = f->ffn_mult * c->hidden; /* gpt2's n_inner: null means 4 * n_embd */
+    if ((st = read_pos(root, fk, f->ffn_mult == 0, MP_DIM_MAX, &c->ffn, path, d)) != MP_OK)
         return st;
 
     /* Key/value heads: an explicit null means "as many as heads" in every class; an absent
      * key takes the class default (MistralConfig 8, Qwen2Config 32, GemmaConfig 16). */
-    bool gqa = c->f == F_LLAMA || c->f == F_MISTRAL || c->f == F_QWEN2 || c->f == F_PHI || c->f == F_GEMMA;
     c->kv_heads = c->heads;
-    if (gqa && !cJSON_GetObjectItemCaseSensitive(root, "num_key_value_heads"))
-        c->kv_heads = c->f == F_MISTRAL ? 8 : c->f == F_QWEN2 ? 32 : c->f == F_GEMMA ? 16 : c->heads;
-    if (gqa && (st = read_pos(root, "num_key_value_heads", false, MP_DIM_MAX, &c->kv_heads, path, d)) != MP_OK)
+    if (f->gqa && !cJSON_GetObjectItemCaseSensitive(root, "num_key_value_heads") && f->kv_default)
+        c->kv_heads = f->kv_default;
+    if (f->gqa && (st = read_pos(root, "num_key_value_heads", false, MP_DIM_MAX, &c->kv_heads, path, d)) != MP_OK)
         return st;
     if (c->kv_heads > c->heads || c->heads % c->kv_heads != 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: num_key_value_heads: %llu does not divide %s %llu", path,
                        (unsigned long long)c->kv_heads, ak, (unsigned long long)c->heads);
 
-    /* head_dim: read by the same classes (gpt2, gpt_neox and bert ignore it); GemmaConfig
+    /* head_dim: read by the gqa classes (gpt2, gpt_neox and bert ignore it); GemmaConfig
      * defaults it to 256, the others to hidden / heads. */
-    if (gqa && present(root, "head_dim"))
+    if (f->gqa && present(root, "head_dim"))
         return read_pos(root, "head_dim", true, MP_DIM_MAX, &c->head_dim, path, d);
-    if (c->f == F_GEMMA) {
-        c->head_dim = 256;
+    if (f->head_dim_default) {
+        c->head_dim = f->head_dim_default;
         return MP_OK;
     }
     if (c->hidden % c->heads != 0)
@@ -252,10 +332,10 @@ static enum mp_status read_sizes(const cJSON *root, struct hf *c, const char *pa
 /* Partial rotary embeddings: rope_parameters.partial_rotary_factor wins over the legacy key. */
 static enum mp_status read_rotary(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
-    if (c->f != F_NEOX && c->f != F_PHI)
+    const char *legacy = c->f->k_rotary;
+    if (!legacy)
         return MP_OK;
-    const char *legacy = c->f == F_NEOX ? "rotary_pct" : "partial_rotary_factor";
-    double frac = c->f == F_NEOX ? 0.25 : 0.5;
+    double frac = c->f->rotary_default;
     const char *key = legacy;
     enum mp_status st = read_fraction(root, legacy, &frac, path, "", d);
     if (st != MP_OK)
@@ -275,108 +355,169 @@ static enum mp_status read_rotary(const cJSON *root, struct hf *c, const char *p
     return MP_OK;
 }
 
-/* Activation, biases, dropouts, residual layout, tying: the family-specific keys. */
+/* A flag the row names (NULL: the class does not read one). */
+static enum mp_status read_flag(const cJSON *root, const char *key, bool *out, const char *path, struct mp_diag *d)
+{
+    return key ? mp_json_bool(root, key, out, path, "", d) : MP_OK;
+}
+
+static enum mp_status read_prob(const cJSON *root, const char *key, double *out, const char *path,
+                                struct mp_diag *d)
+{
+    return key ? mp_json_prob(root, key, out, path, "", d) : MP_OK;
+}
+
+/* Activation, flags, dropouts, unmodelled options, tying. */
 static enum mp_status read_options(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
-    enum mp_status st = MP_OK;
-    switch (c->f) {
-    case F_GPT2:
-        if ((st = read_act(root, "activation_function", &c->act, path, d)) != MP_OK ||
-            (st = mp_json_prob(root, "embd_pdrop", &c->emb_p, path, "", d)) != MP_OK ||
-            (st = mp_json_prob(root, "attn_pdrop", &c->attn_p, path, "", d)) != MP_OK ||
-            (st = mp_json_prob(root, "resid_pdrop", &c->resid_p, path, "", d)) != MP_OK ||
-            (st = reject_true(root, "add_cross_attention", "cross-attention layers are not modelled", path, d)) !=
-                MP_OK ||
-            (st = reject_true(root, "reorder_and_upcast_attn", "the fp32 reordered attention is not modelled",
-                              path, d)) != MP_OK)
+    const struct family *f = c->f;
+    enum mp_status st;
+    if ((st = read_act(root, key_or(f->k_act, "hidden_act"), &c->act, path, d)) != MP_OK)
+        return st;
+    bool ab = c->qkv_bias;
+    if ((st = read_flag(root, f->k_attn_bias, &ab, path, d)) != MP_OK ||
+        (st = read_flag(root, f->k_mlp_bias, &c->mlp_bias, path, d)) != MP_OK ||
+        (st = read_flag(root, f->k_parallel, &c->parallel, path, d)) != MP_OK)
+        return st;
+    c->qkv_bias = ab;
+    if (f->k_attn_bias)
+        c->out_bias = ab;
+    c->emb_p = f->k_emb_p || f->emb_p_is_resid ? f->dropout : 0.0;
+    c->attn_p = f->k_attn_p ? f->dropout : 0.0;
+    c->resid_p = f->k_resid_p ? f->dropout : 0.0;
+    if ((st = read_prob(root, f->k_emb_p, &c->emb_p, path, d)) != MP_OK ||
+        (st = read_prob(root, f->k_attn_p, &c->attn_p, path, d)) != MP_OK ||
+        (st = read_prob(root, f->k_resid_p, &c->resid_p, path, d)) != MP_OK)
+        return st;
+    if (f->emb_p_is_resid)
+        c->emb_p = c->resid_p;
+    for (size_t i = 0; i < sizeof f->reject / sizeof f->reject[0] && f->reject[i].key; i++) {
+        bool v = false;
+        if ((st = mp_json_bool(root, f->reject[i].key, &v, path, "", d)) != MP_OK)
             return st;
-        break;
-    case F_LLAMA:
-    case F_MISTRAL:
-    case F_QWEN2:
-    case F_GEMMA:
-        if (c->f == F_GEMMA) {
-            /* Gemma's released configs say hidden_act "gelu" but mean the tanh approximation
-             * (transformers rewrites it); hidden_activation, where given, wins. */
-            const cJSON *ha = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
-            bool legacy_gelu = cJSON_IsString(ha) && strcmp(ha->valuestring, "gelu") == 0;
-            if (!legacy_gelu && (st = read_act(root, "hidden_act", &c->act, path, d)) != MP_OK)
-                return st;
-            if ((st = read_act(root, "hidden_activation", &c->act, path, d)) != MP_OK)
-                return st;
-            bool bidir = false;
-            if ((st = mp_json_bool(root, "use_bidirectional_attention", &bidir, path, "", d)) != MP_OK)
-                return st;
-            c->causal = !bidir;
-        } else if ((st = read_act(root, "hidden_act", &c->act, path, d)) != MP_OK) {
-            return st;
-        }
-        if (c->f == F_LLAMA || c->f == F_GEMMA) {
-            bool ab = false, mb = false;
-            if ((st = mp_json_bool(root, "attention_bias", &ab, path, "", d)) != MP_OK)
-                return st;
-            c->qkv_bias = c->out_bias = ab;
-            if (c->f == F_LLAMA && (st = mp_json_bool(root, "mlp_bias", &mb, path, "", d)) != MP_OK)
-                return st;
-            c->mlp_bias = mb;
-        }
-        if ((st = mp_json_prob(root, "attention_dropout", &c->attn_p, path, "", d)) != MP_OK)
-            return st;
-        break;
-    case F_NEOX: {
-        bool ab = true;
-        if ((st = read_act(root, "hidden_act", &c->act, path, d)) != MP_OK ||
-            (st = mp_json_bool(root, "use_parallel_residual", &c->parallel, path, "", d)) != MP_OK ||
-            (st = mp_json_bool(root, "attention_bias", &ab, path, "", d)) != MP_OK ||
-            (st = mp_json_prob(root, "attention_dropout", &c->attn_p, path, "", d)) != MP_OK ||
-            (st = mp_json_prob(root, "hidden_dropout", &c->resid_p, path, "", d)) != MP_OK)
-            return st;
-        c->qkv_bias = c->out_bias = ab; /* query_key_value and dense; the MLP always has biases */
-        c->emb_p = c->resid_p;          /* GPTNeoXModel.emb_dropout uses hidden_dropout */
-        break;
+        if (v)
+            return mp_fail(d, MP_ERR_MODEL, "%s: %s: true is not supported (%s)", path, f->reject[i].key,
+                           f->reject[i].why);
     }
-    case F_PHI:
-        if ((st = read_act(root, "hidden_act", &c->act, path, d)) != MP_OK ||
-            (st = mp_json_prob(root, "embd_pdrop", &c->emb_p, path, "", d)) != MP_OK ||
-            (st = mp_json_prob(root, "attention_dropout", &c->attn_p, path, "", d)) != MP_OK ||
-            (st = mp_json_prob(root, "resid_pdrop", &c->resid_p, path, "", d)) != MP_OK ||
-            (st = reject_true(root, "qk_layernorm", "per-head q/k layernorms are not modelled", path, d)) != MP_OK)
-            return st;
-        break;
-    case F_BERT: {
-        enum mp_status sst;
-        const char *pet = mp_json_str(root, "position_embedding_type", &sst, path, "", d);
-        if (sst != MP_OK)
-            return sst;
-        if (pet && strcmp(pet, "absolute") != 0)
-            return mp_fail(d, MP_ERR_MODEL,
-                           "%s: position_embedding_type: '%s' is not supported (supported: absolute)", path, pet);
-        bool dec = false;
-        if ((st = read_act(root, "hidden_act", &c->act, path, d)) != MP_OK ||
-            (st = read_pos(root, "type_vocab_size", false, MP_DIM_MAX, &c->type_vocab, path, d)) != MP_OK ||
-            (st = mp_json_prob(root, "hidden_dropout_prob", &c->resid_p, path, "", d)) != MP_OK ||
-            (st = mp_json_prob(root, "attention_probs_dropout_prob", &c->attn_p, path, "", d)) != MP_OK ||
-            (st = mp_json_bool(root, "is_decoder", &dec, path, "", d)) != MP_OK ||
-            (st = reject_true(root, "add_cross_attention", "cross-attention layers are not modelled", path, d)) !=
-                MP_OK)
-            return st;
-        c->emb_p = c->resid_p; /* BertEmbeddings.dropout uses hidden_dropout_prob */
-        c->causal = dec;
-        break;
-    }
-    case F_COUNT:
-        break;
-    }
+    if (f->hook && (st = f->hook(root, c, path, d)) != MP_OK)
+        return st;
     return mp_json_bool(root, "tie_word_embeddings", &c->tied, path, "", d);
+}
+
+/* Gemma's released configs say hidden_act "gelu" but mean the tanh approximation
+ * (transformers rewrites it); hidden_activation, where given, wins.  Gemma can also be
+ * bidirectional (use_bidirectional_attention). */
+static enum mp_status gemma_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const cJSON *ha = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (cJSON_IsString(ha) && strcmp(ha->valuestring, "gelu") == 0)
+        c->act = c->f->act;
+    enum mp_status st = read_act(root, "hidden_activation", &c->act, path, d);
+    bool bidir = false;
+    if (st != MP_OK || (st = mp_json_bool(root, "use_bidirectional_attention", &bidir, path, "", d)) != MP_OK)
+        return st;
+    c->causal = !bidir;
+    return MP_OK;
+}
+
+/* BERT: absolute positions only; token types; is_decoder makes it causal. */
+static enum mp_status bert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    enum mp_status st;
+    const char *pet = mp_json_str(root, "position_embedding_type", &st, path, "", d);
+    if (st != MP_OK)
+        return st;
+    if (pet && strcmp(pet, "absolute") != 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: position_embedding_type: '%s' is not supported (supported: absolute)",
+                       path, pet);
+    bool dec = false;
+    if ((st = read_pos(root, "type_vocab_size", false, MP_DIM_MAX, &c->type_vocab, path, d)) != MP_OK ||
+        (st = mp_json_bool(root, "is_decoder", &dec, path, "", d)) != MP_OK)
+        return st;
+    c->causal = dec;
+    return MP_OK;
+}
+
+/* The head architectures[0] names: "<Prefix><suffix>" for a suffix of head_classes. */
+static bool head_of_class(const char *cls, enum head *out)
+{
+    size_t n = strlen(cls);
+    for (size_t i = 0; i < sizeof head_classes / sizeof head_classes[0]; i++) {
+        size_t k = strlen(head_classes[i].suffix);
+        if (n <= k || strcmp(cls + n - k, head_classes[i].suffix) != 0)
+            continue;
+        if (head_classes[i].h == H_BARE) { /* GPT2DoubleHeadsModel, BertLMHeadModel... are not bare */
+            char pre[128];
+            snprintf(pre, sizeof pre, "%.*s", (int)(n - k), cls);
+            size_t pn = strlen(pre);
+            if (strstr(pre, "For") || (pn >= 4 && strcmp(pre + pn - 4, "Head") == 0) ||
+                (pn >= 5 && strcmp(pre + pn - 5, "Heads") == 0))
+                return false;
+        }
+        *out = head_classes[i].h;
+        return true;
+    }
+    return false;
+}
+
+static void heads_list(unsigned heads, char *out, size_t cap)
+{
+    static const char *const names[H_COUNT] = {"*ForCausalLM", "*ForMaskedLM", "*ForSequenceClassification",
+                                               "*ForTokenClassification", "*ForQuestionAnswering", "*Model"};
+    size_t len = 0;
+    out[0] = '\0';
+    for (int h = 0; h < H_COUNT; h++)
+        if (heads & HEAD(h))
+            len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%s", len ? ", " : "", names[h]);
+}
+
+/* The task head (architectures[0]), its classes and dropout.  Classes: id2label's size when
+ * given (transformers derives num_labels from it), else num_labels, else 2. */
+static enum mp_status read_head(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const struct family *f = c->f;
+    c->head = f->default_head;
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    if (arch && !cJSON_IsNull(arch)) {
+        const cJSON *a0 = cJSON_GetArrayItem(arch, 0);
+        if (!cJSON_IsArray(arch) || (a0 && !cJSON_IsString(a0)))
+            return mp_fail(d, MP_ERR_MODEL, "%s: architectures: expected a list of class names", path);
+        enum head h;
+        if (a0 && (!head_of_class(a0->valuestring, &h) || !(f->heads & HEAD(h)))) {
+            char list[200];
+            heads_list(f->heads, list, sizeof list);
+            return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: '%s' is not supported for %s (supported: %s)", path,
+                           a0->valuestring, f->type, list);
+        }
+        if (a0)
+            c->head = h;
+    }
+    enum mp_status st;
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "id2label");
+    c->labels = 2;
+    if (map && !cJSON_IsNull(map)) {
+        if (!cJSON_IsObject(map) || !map->child)
+            return mp_fail(d, MP_ERR_MODEL, "%s: id2label: expected an object with at least one label", path);
+        c->labels = (uint64_t)cJSON_GetArraySize(map);
+    } else if ((st = read_pos(root, "num_labels", false, MP_DIM_MAX, &c->labels, path, d)) != MP_OK) {
+        return st;
+    }
+    c->cls_p = 0.1;
+    c->cls_bias = true;
+    const char *pk = present(root, "classifier_dropout") ? "classifier_dropout" : f->k_cls_p;
+    if ((st = read_prob(root, pk, &c->cls_p, path, d)) != MP_OK)
+        return st;
+    return f->generic_heads ? mp_json_bool(root, "token_classification_bias", &c->cls_bias, path, "", d) : MP_OK;
 }
 
 static enum mp_status read_config(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     family_defaults(c);
     enum mp_status st;
-    if ((st = read_sizes(root, c, path, d)) != MP_OK || (st = read_rotary(root, c, path, d)) != MP_OK)
+    if ((st = read_sizes(root, c, path, d)) != MP_OK || (st = read_rotary(root, c, path, d)) != MP_OK ||
+        (st = read_options(root, c, path, d)) != MP_OK)
         return st;
-    return read_options(root, c, path, d);
+    return read_head(root, c, path, d);
 }
 
 /* ---- lowering ------------------------------------------------------------------------ */
@@ -394,10 +535,9 @@ static void norm_layer(struct mp_layer *l, const struct hf *c, const char *name)
 
 static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct mp_diag *d)
 {
-    static const char *const tok_names[F_COUNT] = {"wte", "embed_tokens", "embed_tokens", "embed_tokens",
-                                                   "embed_in", "embed_tokens", "embed_tokens", "word_embeddings"};
-    bool bert = c->f == F_BERT;
-    size_t n = 1u + (c->learned_pos ? 1u : 0u) + (bert ? 2u : 0u) + (c->emb_p > 0 ? 1u : 0u);
+    const struct family *f = c->f;
+    bool types = c->type_vocab > 0;
+    size_t n = 1u + (c->learned_pos ? 1u : 0u) + (types ? 1u : 0u) + (f->emb_norm ? 1u : 0u) + (c->emb_p > 0 ? 1u : 0u);
     struct mp_block *b = mp_model_add_block(m, "embed", n);
     if (!b)
         return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
@@ -405,8 +545,8 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
     l->type = MP_LT_EMBEDDING;
     l->vocab = c->vocab;
     l->dim = c->hidden;
-    set_name(l++, tok_names[c->f]);
-    if (bert) { /* BertEmbeddings: words + token types (ids default to zeros) + positions */
+    set_name(l++, f->n_tok);
+    if (types) { /* BertEmbeddings: words + token types (ids default to zeros) + positions */
         l->type = MP_LT_EMBEDDING;
         l->vocab = c->type_vocab;
         l->dim = c->hidden;
@@ -416,14 +556,14 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
         l->type = MP_LT_POS_EMBEDDING;
         l->vocab = c->positions;
         l->dim = c->hidden;
-        set_name(l++, bert ? "position_embeddings" : "wpe");
+        set_name(l++, f->n_pos);
     }
-    if (bert)
+    if (f->emb_norm)
         norm_layer(l++, c, "LayerNorm");
     if (c->emb_p > 0) {
         l->type = MP_LT_DROPOUT;
         l->p = c->emb_p;
-        set_name(l, bert ? "dropout" : "drop");
+        set_name(l, key_or(f->n_drop, "drop"));
     }
     return MP_OK;
 }
@@ -466,33 +606,85 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
     return MP_OK;
 }
 
+/* Appends a layer to the head block under construction. */
+static struct mp_layer *head_layer(struct mp_layer *l, size_t *n, enum mp_layer_type t, const char *name)
+{
+    l += (*n)++;
+    l->type = t;
+    set_name(l, name);
+    return l;
+}
+
+/* A classifier over hidden -> classes. */
+static void classifier(struct mp_layer *l, const struct hf *c, uint64_t classes, bool bias, enum mp_head_pool pool)
+{
+    l->in_features = l->dim = c->hidden;
+    l->vocab = l->out_features = classes;
+    l->bias = bias;
+    l->pool = pool;
+}
+
+/* The head block: the final norm (pre-norm families) and the task head of architectures[0]
+ * as transformers builds it.  Decoders: *ForSequenceClassification scores every position
+ * (Linear, no bias) and gathers the last non-pad one; *ForTokenClassification is dropout +
+ * Linear; *ForQuestionAnswering a Linear to 2 (start, end).  BERT: the pooler (dense + tanh
+ * on the first position) for sequence classification and the bare BertModel; the MLM
+ * transform for masked LM. */
 static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp_diag *d)
 {
-    static const char *const norm_names[F_COUNT] = {"ln_f", "norm", "norm", "norm", "final_layer_norm",
-                                                    "final_layernorm", "norm", ""};
-    bool bert = c->f == F_BERT;
-    struct mp_block *b = mp_model_add_block(m, "head", bert ? 4 : 2);
+    const struct family *f = c->f;
+    bool encoder = f->post_norm; /* no final norm: the last layer ends in one */
+    struct mp_block *b = mp_model_add_block(m, "head", 6);
     if (!b)
         return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
-    struct mp_layer *l = b->layers;
-    if (bert) { /* BertPredictionHeadTransform: dense, act, LayerNorm */
-        l->type = MP_LT_LINEAR;
+    struct mp_layer *L = b->layers, *l;
+    size_t n = 0;
+    if (!encoder)
+        norm_layer(head_layer(L, &n, MP_LT_LAYERNORM, ""), c, f->n_norm);
+    bool pooler = encoder && (c->head == H_SEQ || c->head == H_BARE);
+    if (pooler) { /* BertPooler: dense + tanh of the first position */
+        l = head_layer(L, &n, MP_LT_LINEAR, "pooler.dense");
         l->in_features = l->out_features = c->hidden;
         l->bias = true;
-        set_name(l++, "transform.dense");
-        l->type = MP_LT_ACTIVATION;
-        l->act = c->act;
-        set_name(l++, "transform.act");
-        norm_layer(l++, c, "transform.LayerNorm");
-    } else {
-        norm_layer(l++, c, norm_names[c->f]);
+        l->pool = MP_POOL_FIRST;
+        head_layer(L, &n, MP_LT_ACTIVATION, "pooler.activation")->act = MP_ACT_TANH;
     }
-    l->type = MP_LT_LM_HEAD;
-    l->vocab = c->vocab;
-    l->dim = c->hidden;
-    l->tied = c->tied;
-    l->bias = c->lm_bias;
-    set_name(l, bert ? "decoder" : c->f == F_NEOX ? "embed_out" : "lm_head");
+    switch (c->head) {
+    case H_CAUSAL:
+    case H_MASKED:
+        if (f->mlm_transform) { /* BertPredictionHeadTransform: dense, act, LayerNorm */
+            l = head_layer(L, &n, MP_LT_LINEAR, "transform.dense");
+            l->in_features = l->out_features = c->hidden;
+            l->bias = true;
+            head_layer(L, &n, MP_LT_ACTIVATION, "transform.act")->act = c->act;
+            norm_layer(head_layer(L, &n, MP_LT_LAYERNORM, ""), c, "transform.LayerNorm");
+        }
+        l = head_layer(L, &n, MP_LT_LM_HEAD, f->n_head);
+        l->vocab = c->vocab;
+        l->dim = c->hidden;
+        l->tied = c->tied;
+        l->bias = c->lm_bias;
+        l->masked = c->head == H_MASKED;
+        break;
+    case H_SEQ:
+        if (encoder && c->cls_p > 0)
+            head_layer(L, &n, MP_LT_DROPOUT, "dropout")->p = c->cls_p;
+        classifier(head_layer(L, &n, MP_LT_CLASSIFIER, encoder ? "classifier" : "score"), c, c->labels, encoder,
+                   encoder ? MP_POOL_FIRST : MP_POOL_LAST);
+        break;
+    case H_TOKEN:
+        if (c->cls_p > 0)
+            head_layer(L, &n, MP_LT_DROPOUT, "dropout")->p = c->cls_p;
+        classifier(head_layer(L, &n, MP_LT_CLASSIFIER, "classifier"), c, c->labels, c->cls_bias, MP_POOL_NONE);
+        break;
+    case H_QA:
+        classifier(head_layer(L, &n, MP_LT_CLASSIFIER, "qa_outputs"), c, 2, true, MP_POOL_SPAN);
+        break;
+    case H_BARE:
+    case H_COUNT:
+        break;
+    }
+    b->n_layers = n;
     return MP_OK;
 }
 
@@ -533,11 +725,10 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
         return mp_fail(d, MP_ERR_MODEL, "%s: model_type: missing (expected one of: " HF_SUPPORTED ")", path);
     struct hf c;
     memset(&c, 0, sizeof c);
-    c.f = F_COUNT;
-    for (int i = 0; i < F_COUNT; i++)
-        if (strcmp(type, family_names[i]) == 0)
-            c.f = (enum family)i;
-    if (c.f == F_COUNT)
+    for (size_t i = 0; i < N_FAMILIES && !c.f; i++)
+        if (strcmp(type, families[i].type) == 0)
+            c.f = &families[i];
+    if (!c.f)
         return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (supported: " HF_SUPPORTED ")", path,
                        type);
     if ((st = read_config(root, &c, path, d)) != MP_OK)

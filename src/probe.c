@@ -183,6 +183,7 @@ static bool key_of(const struct mp_program *p, enum mp_store s, int id, size_t *
     case MP_ST_ACT: *key = base + i; return i < nt;
     case MP_ST_GRAD: *key = base + nt + i; return i < nt;
     case MP_ST_TMP: *key = base + 2 * nt + i; return i < nn;
+    case MP_ST_COMM: return false; /* data-parallel buffers: not probed yet */
     }
     return false;
 }
@@ -199,6 +200,7 @@ static const char *store_str(enum mp_store s)
     case MP_ST_PGRAD: return "param grad";
     case MP_ST_TMP: return "temporary";
     case MP_ST_OPT_TMP: return "optimizer temporary";
+    case MP_ST_COMM: return "communication buffer";
     }
     return "?";
 }
@@ -266,6 +268,9 @@ void mp_pool_release(struct mp_pool *pl)
 {
     if (!pl)
         return;
+    free(pl->trace);
+    pl->trace = NULL;
+    pl->n_trace = pl->cap_trace = 0;
     mp_pool_free_all(pl);
     free(pl->ptr);
     free(pl->bytes);
@@ -273,6 +278,24 @@ void mp_pool_release(struct mp_pool *pl)
     pl->ptr = NULL;
     pl->bytes = NULL;
     pl->present = NULL;
+}
+
+/* Appends cur to the trace; a failed allocation only stops the trace (it is a picture). */
+static void trace_cur(struct mp_pool *pl)
+{
+    if (!pl->trace_on)
+        return;
+    if (pl->n_trace == pl->cap_trace) {
+        size_t nc = pl->cap_trace ? 2 * pl->cap_trace : 1024;
+        uint64_t *nt = realloc(pl->trace, nc * sizeof *nt);
+        if (!nt) {
+            pl->trace_on = false;
+            return;
+        }
+        pl->trace = nt;
+        pl->cap_trace = nc;
+    }
+    pl->trace[pl->n_trace++] = pl->cur;
 }
 
 enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void **ptr, bool *fresh,
@@ -294,6 +317,7 @@ enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void
     } else {
         if (pl->capacity && (r > pl->capacity || pl->cur > pl->capacity - r)) {
             pl->oom_bytes = ev->bytes;
+            pl->oom_capacity = true;
             mp_event_name(pl->p, ev, pl->oom_event, sizeof pl->oom_event);
             return MP_ERR_OOM;
         }
@@ -301,6 +325,7 @@ enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void
             enum mp_status st = pl->ops.alloc(pl->ops.ctx, ev->bytes, ptr, d);
             if (st == MP_ERR_OOM) {
                 pl->oom_bytes = ev->bytes;
+                pl->oom_capacity = false;
                 mp_event_name(pl->p, ev, pl->oom_event, sizeof pl->oom_event);
             }
             if (st != MP_OK)
@@ -315,6 +340,7 @@ enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void
     pl->cur += r;
     if (pl->cur > pl->peak)
         pl->peak = pl->cur;
+    trace_cur(pl);
     return MP_OK;
 }
 
@@ -333,6 +359,7 @@ enum mp_status mp_pool_free(struct mp_pool *pl, const struct mp_event *ev, struc
     pl->ptr[k] = NULL;
     pl->bytes[k] = 0;
     pl->n_live--;
+    trace_cur(pl);
     return MP_OK;
 }
 
@@ -350,7 +377,31 @@ bool mp_pool_has(const struct mp_pool *pl, enum mp_store s, int id)
     return key_of(pl->p, s, id, &k) && pl->present[k];
 }
 
-void mp_pool_step_begin(struct mp_pool *pl) { pl->cur = 0; }
+void mp_pool_step_begin(struct mp_pool *pl)
+{
+    pl->cur = 0;
+    pl->n_trace = 0;
+}
+
+void mp_pool_take_trace(struct mp_pool *pl, struct mp_probe_result *r)
+{
+    if (!pl->trace_on)
+        return;
+    free(r->trace);
+    r->trace = pl->trace;
+    r->n_trace = pl->n_trace;
+    pl->trace = NULL;
+    pl->n_trace = pl->cap_trace = 0;
+}
+
+void mp_probe_result_release(struct mp_probe_result *r)
+{
+    if (!r)
+        return;
+    free(r->trace);
+    r->trace = NULL;
+    r->n_trace = 0;
+}
 
 enum mp_status mp_pool_step_end(struct mp_pool *pl, struct mp_diag *d)
 {
@@ -449,7 +500,7 @@ float mp_exec_param_value(const struct mp_program *p, size_t q, uint64_t i, uint
 int mp_exec_loss_node(const struct mp_program *p)
 {
     for (size_t k = p->n_nodes; k-- > 0;)
-        if (p->nodes[k].prim == MP_P_CE_LOSS)
+        if (p->nodes[k].prim == MP_P_NLL_LOSS)
             return (int)k;
     return -1;
 }

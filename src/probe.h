@@ -20,7 +20,9 @@ struct mp_probe_opts {
     int device;              /* CUDA device index */
     uint64_t capacity_bytes; /* host: the pool limit (0 = unlimited); cuda: 0 = what the device has free */
     unsigned steps;          /* measured steps after one warm-up step (>= 1) */
+    bool progress;           /* a line per step on stderr (host: steps take seconds) */
     uint64_t seed;
+    bool trace;              /* keep the pool's allocated bytes after every event of the last step */
 };
 void mp_probe_opts_default(struct mp_probe_opts *o); /* auto, device 0, 3 steps, seed 1 */
 
@@ -33,17 +35,23 @@ struct mp_device_info {
 struct mp_probe_result {
     bool fits;                    /* false: out of memory (oom_request_bytes says what was asked) */
     uint64_t oom_request_bytes;
+    bool oom_capacity;            /* out of memory by the capacity limit (false: the device/allocator said no) */
     char oom_event[96];
     unsigned steps;
     float losses[64];             /* one per measured step (warm-up excluded) */
     uint64_t measured_peak_bytes; /* the pool's peak allocated bytes (512-rounded, like the estimator) */
     uint64_t device_used_before, device_used_after; /* cudaMemGetInfo: context, cuBLAS, other processes */
+    uint64_t outside_pool_bytes;  /* device memory the step used outside the counting pool (im2col buffer) */
     double step_ms;               /* median over measured steps */
     double samples_per_s;
     double gemm_tflops;           /* achieved by the step's GEMMs (cuda), 0 on host */
     char backend[16];
     struct mp_device_info dev;
+    uint64_t *trace;              /* opts.trace: allocated bytes after each ALLOC/FREE event of the
+                                   * last step run, in replay order (owned: mp_probe_result_release) */
+    size_t n_trace;
 };
+void mp_probe_result_release(struct mp_probe_result *r); /* frees the trace; NULL-safe */
 
 /* Opens a backend.  "auto": cuda if a device is usable, else host (the caller
  * says so on stderr).  MP_ERR_UNSUPPORTED: cuda not built in; MP_ERR_DEVICE: no device. */

@@ -912,18 +912,32 @@ static enum mp_status pool_run(struct ctx *c, bool fwd)
 
 /* ---- loss, custom -------------------------------------------------------------------------------- */
 
-static enum mp_status ce_run(struct ctx *c, bool fwd)
+static enum mp_status log_softmax_run(struct ctx *c, bool fwd)
 {
     const struct mp_node *n = c->n;
     struct cu_exec *x = c->x;
-    NEED(c->ex[0]);
+    NEED(c->out);
+    if (fwd) {
+        NEED(c->in[0]);
+        KK(x->d, mp_k_log_softmax_fwd(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, n->rows, n->n, S(x)));
+    } else if (c->gout.p && c->gin[0].p) {
+        KK(x->d, mp_k_log_softmax_bwd(c->gin[0].p, c->gin[0].dt, c->out.p, c->out.dt, c->gout.p, c->gout.dt, n->rows,
+                                      n->n, S(x)));
+    }
+    return MP_OK;
+}
+
+static enum mp_status nll_run(struct ctx *c, bool fwd)
+{
+    const struct mp_node *n = c->n;
+    struct cu_exec *x = c->x;
     NEED(c->in[1]);
     if (fwd) {
         NEED(c->in[0]);
         NEED(c->out);
-        KK(x->d, mp_k_ce_fwd(c->ex[0].p, c->out.p, c->in[0].p, c->in[0].dt, c->in[1].p, n->rows, n->n, S(x)));
+        KK(x->d, mp_k_nll_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->in[1].p, n->rows, n->n, S(x)));
     } else if (c->gout.p && c->gin[0].p) {
-        KK(x->d, mp_k_ce_bwd(c->gin[0].p, c->gin[0].dt, c->ex[0].p, c->in[1].p, c->gout.p, n->rows, n->n, S(x)));
+        KK(x->d, mp_k_nll_bwd(c->gin[0].p, c->gin[0].dt, c->in[1].p, c->gout.p, n->rows, n->n, S(x)));
     }
     return MP_OK;
 }
@@ -975,7 +989,8 @@ static enum mp_status node_run(struct cu_exec *x, int k, bool fwd)
     case MP_P_AVGPOOL:
     case MP_P_ADAPTIVE_AVGPOOL: return pool_run(&c, fwd);
     case MP_P_VIEW: return MP_OK;
-    case MP_P_CE_LOSS: return ce_run(&c, fwd);
+    case MP_P_LOG_SOFTMAX: return log_softmax_run(&c, fwd);
+    case MP_P_NLL_LOSS: return nll_run(&c, fwd);
     case MP_P_CUSTOM: return custom_run(&c, fwd);
     case MP_P_SCALE: /* LoRA programs are refused before they get here (mp_probe_run) */
     case MP_P_COUNT: break;
@@ -1138,6 +1153,15 @@ static void exec_release_storage(struct cu_exec *x)
     (void)cudaGetLastError();
 }
 
+/* Gives every cached block of the driver pool back (PyTorch: torch.cuda.empty_cache()). */
+static void trim(struct cu_ctx *cx)
+{
+    cudaStreamSynchronize(cx->stream);
+    if (cx->mempool)
+        cudaMemPoolTrimTo(cx->pool, 0);
+    (void)cudaGetLastError();
+}
+
 static void exec_free(struct cu_exec *x)
 {
     if (!x)
@@ -1145,7 +1169,8 @@ static void exec_free(struct cu_exec *x)
     exec_release_storage(x);
     mp_pool_release(&x->pool);
     if (x->col)
-        cudaFree(x->col);
+        cu_free(x->cx, x->col);
+    trim(x->cx); /* the next run starts from an empty driver pool: device_used_before is not skewed */
     for (size_t i = 0; i < x->cap_ev; i++)
         if (x->ev[i])
             cudaEventDestroy(x->ev[i]);
@@ -1171,15 +1196,16 @@ static enum mp_status exec_col_buffer(struct cu_exec *x)
     }
     if (!need)
         return MP_OK;
-    cudaError_t e = cudaMalloc(&x->col, (size_t)need);
-    if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
+    /* from the same driver pool as the step's storages (trimmed with them), outside the counting pool:
+     * PyTorch's conv uses cuDNN workspaces the estimator does not count either */
+    enum mp_status st = cu_alloc(x->cx, need, &x->col, x->d);
+    if (st == MP_ERR_OOM) {
         x->pool.oom_bytes = need;
+        x->pool.oom_capacity = false;
         snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:im2col buffer");
-        return MP_ERR_OOM;
     }
-    if (e != cudaSuccess)
-        return cuda_fail(x->d, e, "cudaMalloc(im2col)", __FILE__, __LINE__);
+    if (st != MP_OK)
+        return st;
     x->col_bytes = need;
     return MP_OK;
 }
@@ -1275,6 +1301,7 @@ static enum mp_status run_steps(struct cu_exec *x, const struct mp_probe_opts *o
     if (t1)
         cudaEventDestroy(t1);
     r->measured_peak_bytes = x->pool.peak;
+    mp_pool_take_trace(&x->pool, r);
     if (st != MP_OK)
         return st;
     st = used_bytes(x, &r->device_used_after); /* before freeing: the driver pool still holds the step */
@@ -1296,6 +1323,7 @@ static enum mp_status cuda_run(void *ctx, const struct mp_probe_opts *o, const s
 {
     struct cu_ctx *cx = ctx;
     CK(d, cudaSetDevice(cx->device));
+    trim(cx); /* nothing cached from an earlier run counts as used */
     struct cu_exec *x = calloc(1, sizeof *x);
     if (!x)
         return mp_fail(d, MP_ERR_NOMEM, "probe: out of memory");
@@ -1306,6 +1334,7 @@ static enum mp_status cuda_run(void *ctx, const struct mp_probe_opts *o, const s
     x->d = d;
     struct mp_pool_ops ops = {cu_alloc, cu_free, cx};
     enum mp_status st = mp_pool_init(&x->pool, p, &ops, o->capacity_bytes, d);
+    x->pool.trace_on = o->trace;
     if (st == MP_OK)
         st = mp_exec_layout(p, &x->lay, d);
     if (st == MP_OK)
@@ -1313,8 +1342,10 @@ static enum mp_status cuda_run(void *ctx, const struct mp_probe_opts *o, const s
     if (st == MP_ERR_OOM) {
         r->fits = false;
         r->oom_request_bytes = x->pool.oom_bytes;
+        r->oom_capacity = x->pool.oom_capacity;
         snprintf(r->oom_event, sizeof r->oom_event, "%s", x->pool.oom_event);
     }
+    r->outside_pool_bytes = x->col_bytes;
     (void)cuda_device_info(cx, &r->dev);
     exec_free(x);
     return st;

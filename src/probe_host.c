@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* mallopt */
+#endif
 
 struct mp_host_exec {
     const struct mp_program *p;
@@ -39,7 +42,7 @@ struct hv {
     uint64_t n;
 };
 
-static float ldf(struct hv v, uint64_t i)
+static inline float ldf(struct hv v, uint64_t i)
 {
     switch (v.dt) {
     case MP_DT_F32: return ((const float *)v.p)[i];
@@ -51,7 +54,7 @@ static float ldf(struct hv v, uint64_t i)
     return 0.0f;
 }
 
-static void stf(struct hv v, uint64_t i, float f)
+static inline void stf(struct hv v, uint64_t i, float f)
 {
     switch (v.dt) {
     case MP_DT_F32: ((float *)v.p)[i] = f; break;
@@ -62,7 +65,7 @@ static void stf(struct hv v, uint64_t i, float f)
     }
 }
 
-static void accf(struct hv v, uint64_t i, float f) { stf(v, i, ldf(v, i) + f); }
+static inline void accf(struct hv v, uint64_t i, float f) { stf(v, i, ldf(v, i) + f); }
 
 static float round_dt(enum mp_dtype dt, float f)
 {
@@ -171,9 +174,16 @@ static float *fget(struct ctx *c, struct hv v)
     if (v.dt == MP_DT_F32)
         return v.p;
     float *f = fscratch(c, v.n);
-    if (f)
+    if (!f)
+        return NULL;
+    if (v.dt == MP_DT_BF16) { /* the common half: one loop without a dtype switch per element */
+        const uint16_t *h = v.p;
+        for (uint64_t i = 0; i < v.n; i++)
+            f[i] = mp_f32_from_bf16(h[i]);
+    } else {
         for (uint64_t i = 0; i < v.n; i++)
             f[i] = ldf(v, i);
+    }
     return f;
 }
 
@@ -184,6 +194,12 @@ static void fstore(struct hv v, const float *src, uint64_t n)
             memcpy(v.p, src, (size_t)n * sizeof(float));
         return;
     }
+    if (v.dt == MP_DT_BF16) {
+        uint16_t *h = v.p;
+        for (uint64_t i = 0; i < n; i++)
+            h[i] = mp_bf16_from_f32(src[i]);
+        return;
+    }
     for (uint64_t i = 0; i < n; i++)
         stf(v, i, src[i]);
 }
@@ -192,6 +208,18 @@ static void facc(struct hv v, const float *src, uint64_t n)
 {
     if (!v.p)
         return;
+    if (v.dt == MP_DT_F32) {
+        float *f = v.p;
+        for (uint64_t i = 0; i < n; i++)
+            f[i] += src[i];
+        return;
+    }
+    if (v.dt == MP_DT_BF16) {
+        uint16_t *h = v.p;
+        for (uint64_t i = 0; i < n; i++)
+            h[i] = mp_bf16_from_f32(mp_f32_from_bf16(h[i]) + src[i]);
+        return;
+    }
     for (uint64_t i = 0; i < n; i++)
         accf(v, i, src[i]);
 }
@@ -310,18 +338,11 @@ static enum mp_status add_fwd(struct ctx *c)
 
 /* ---- linear -------------------------------------------------------------------------------- */
 
-/* y (M,N) = x (M,K) W^T (N,K) + bias */
-static void gemm_xwt(float *y, const float *x, const float *w, const float *bias, uint64_t M, uint64_t N, uint64_t K)
-{
-    for (uint64_t r = 0; r < M; r++)
-        for (uint64_t o = 0; o < N; o++) {
-            double s = bias ? bias[o] : 0.0;
-            const float *xr = x + r * K, *wo = w + o * K;
-            for (uint64_t i = 0; i < K; i++)
-                s += (double)xr[i] * wo[i];
-            y[r * N + o] = (float)s;
-        }
-}
+#define GEMM(...)                                   \
+    do {                                            \
+        if (mp_host_gemm(__VA_ARGS__) != MP_OK)     \
+            return nomem(c);                        \
+    } while (0)
 
 /* The weight the GEMM uses: under autocast the half copy (extra 0), else the parameter. */
 static enum mp_status linear_weight(struct ctx *c, bool fwd, float **wf)
@@ -330,8 +351,15 @@ static enum mp_status linear_weight(struct ctx *c, bool fwd, float **wf)
     if (c->n->n_extra > 0 && fwd) {
         NEED(c->w);
         NEED(c->ex[0]);
-        for (uint64_t i = 0; i < wc.n; i++)
-            stf(wc, i, ldf(c->w, i));
+        if (wc.dt == MP_DT_BF16 && c->w.dt == MP_DT_F32) {
+            const float *w = c->w.p;
+            uint16_t *h = wc.p;
+            for (uint64_t i = 0; i < wc.n; i++)
+                h[i] = mp_bf16_from_f32(w[i]);
+        } else {
+            for (uint64_t i = 0; i < wc.n; i++)
+                stf(wc, i, ldf(c->w, i));
+        }
     }
     *wf = fget(c, wc);
     if (!*wf)
@@ -355,7 +383,10 @@ static enum mp_status linear_fwd(struct ctx *c)
             return c->b.p ? nomem(c) : missing(c, "bias");
     }
     FNEW(y, n->rows * n->n);
-    gemm_xwt(y, x, w, bias, n->rows, n->n, n->k);
+    if (bias) /* y (M,N) = bias + x (M,K) W^T (N,K) */
+        for (uint64_t r = 0; r < n->rows; r++)
+            memcpy(y + r * n->n, bias, (size_t)n->n * sizeof *y);
+    GEMM(false, true, n->rows, n->n, n->k, 1.0f, x, n->k, w, n->k, bias ? 1.0f : 0.0f, y, n->n);
     fstore(c->out, y, n->rows * n->n);
     return MP_OK;
 }
@@ -369,6 +400,15 @@ static enum mp_status weight_grad(struct ctx *c, const float *dw, uint64_t count
     enum mp_dtype cdt = c->p->compute_dtype;
     if (c->tmp.p && c->n->bwd_tmp_bytes == count * mp_dtype_size(cdt) && cdt != MP_DT_F32) {
         struct hv t = {c->tmp.p, cdt, count};
+        if (cdt == MP_DT_BF16 && c->gw.dt == MP_DT_F32) {
+            uint16_t *h = t.p;
+            float *g = c->gw.p;
+            for (uint64_t i = 0; i < count; i++) {
+                h[i] = mp_bf16_from_f32(dw[i]);
+                g[i] += mp_f32_from_bf16(h[i]);
+            }
+            return MP_OK;
+        }
         for (uint64_t i = 0; i < count; i++) {
             stf(t, i, dw[i]);
             accf(c->gw, i, ldf(t, i));
@@ -392,27 +432,13 @@ static enum mp_status linear_bwd(struct ctx *c)
         if (st != MP_OK)
             return st;
         FNEW(dx, M * K);
-        for (uint64_t r = 0; r < M; r++) /* row updates: contiguous in W and dx */
-            for (uint64_t o = 0; o < N; o++) {
-                float g = dy[r * N + o];
-                const float *wo = w + o * K;
-                float *dxr = dx + r * K;
-                for (uint64_t i = 0; i < K; i++)
-                    dxr[i] += g * wo[i];
-            }
+        GEMM(false, false, M, K, N, 1.0f, dy, N, w, K, 0.0f, dx, K); /* dx (M,K) = dy (M,N) W (N,K) */
         facc(c->gin[0], dx, M * K);
     }
     if (c->gw.p) {
         FGET(x, c->in[0]);
         FNEW(dw, N * K);
-        for (uint64_t r = 0; r < M; r++)
-            for (uint64_t o = 0; o < N; o++) {
-                float g = dy[r * N + o];
-                const float *xr = x + r * K;
-                float *dwo = dw + o * K;
-                for (uint64_t i = 0; i < K; i++)
-                    dwo[i] += g * xr[i];
-            }
+        GEMM(true, false, N, K, M, 1.0f, dy, N, x, K, 0.0f, dw, K); /* dW (N,K) = dy^T (N,M) x (M,K) */
         enum mp_status st = weight_grad(c, dw, N * K);
         if (st != MP_OK)
             return st;
@@ -1380,17 +1406,13 @@ static enum mp_status pool_bwd(struct ctx *c)
 
 /* ---- loss, custom -------------------------------------------------------------------------- */
 
-static enum mp_status ce_fwd(struct ctx *c)
+/* lp = log_softmax(z) per row, in lp's dtype. */
+static enum mp_status log_softmax_fwd(struct ctx *c)
 {
     const struct mp_node *n = c->n;
     uint64_t M = n->rows, V = n->n;
     NEED(c->out);
-    NEED(c->ex[0]);
-    NEED(c->in[1]);
     FGET(z, c->in[0]);
-    float *lp = c->ex[0].p;
-    const int64_t *lab = c->in[1].p;
-    double loss = 0;
     for (uint64_t r = 0; r < M; r++) {
         float m = -INFINITY;
         for (uint64_t j = 0; j < V; j++)
@@ -1400,7 +1422,43 @@ static enum mp_status ce_fwd(struct ctx *c)
             s += exp((double)z[r * V + j] - m);
         float lse = m + (float)log(s);
         for (uint64_t j = 0; j < V; j++)
-            lp[r * V + j] = z[r * V + j] - lse;
+            stf(c->out, r * V + j, z[r * V + j] - lse);
+    }
+    return MP_OK;
+}
+
+/* dz += g - exp(lp) * rowsum(g) */
+static enum mp_status log_softmax_bwd(struct ctx *c)
+{
+    const struct mp_node *n = c->n;
+    uint64_t M = n->rows, V = n->n;
+    if (!c->gout.p || !c->gin[0].p)
+        return MP_OK;
+    FGET(lp, c->out);
+    FGET(g, c->gout);
+    FNEW(dz, M * V);
+    for (uint64_t r = 0; r < M; r++) {
+        double s = 0;
+        for (uint64_t j = 0; j < V; j++)
+            s += g[r * V + j];
+        for (uint64_t j = 0; j < V; j++)
+            dz[r * V + j] = g[r * V + j] - expf(lp[r * V + j]) * (float)s;
+    }
+    facc(c->gin[0], dz, M * V);
+    return MP_OK;
+}
+
+/* loss = -mean over rows of lp[r, label[r]] */
+static enum mp_status nll_fwd(struct ctx *c)
+{
+    const struct mp_node *n = c->n;
+    uint64_t M = n->rows, V = n->n;
+    NEED(c->out);
+    NEED(c->in[1]);
+    FGET(lp, c->in[0]);
+    const int64_t *lab = c->in[1].p;
+    double loss = 0;
+    for (uint64_t r = 0; r < M; r++) {
         if (lab[r] < 0 || (uint64_t)lab[r] >= V)
             return mp_fail(c->x->d, MP_ERR_INTERNAL, "probe: %s: label %lld outside %llu classes", n->name,
                            (long long)lab[r], (unsigned long long)V);
@@ -1411,22 +1469,18 @@ static enum mp_status ce_fwd(struct ctx *c)
     return MP_OK;
 }
 
-static enum mp_status ce_bwd(struct ctx *c)
+/* dlp[r, label[r]] += -g / M (the rest of the dense gradient stays zero) */
+static enum mp_status nll_bwd(struct ctx *c)
 {
     const struct mp_node *n = c->n;
     uint64_t M = n->rows, V = n->n;
     if (!c->gout.p || !c->gin[0].p)
         return MP_OK;
-    NEED(c->ex[0]);
     NEED(c->in[1]);
-    const float *lp = c->ex[0].p;
     const int64_t *lab = c->in[1].p;
     float g = ldf(c->gout, 0) / (float)M;
-    FNEW(dz, M * V);
     for (uint64_t r = 0; r < M; r++)
-        for (uint64_t j = 0; j < V; j++)
-            dz[r * V + j] = g * (expf(lp[r * V + j]) - ((uint64_t)lab[r] == j ? 1.0f : 0.0f));
-    facc(c->gin[0], dz, M * V);
+        accf(c->gin[0], r * V + (uint64_t)lab[r], -g);
     return MP_OK;
 }
 
@@ -1530,7 +1584,8 @@ static enum mp_status node_run(struct mp_host_exec *x, int k, bool fwd)
     case MP_P_AVGPOOL:
     case MP_P_ADAPTIVE_AVGPOOL: st = fwd ? pool_fwd(&c) : pool_bwd(&c); break;
     case MP_P_VIEW: break; /* out is in[0]: nothing moves either way */
-    case MP_P_CE_LOSS: st = fwd ? ce_fwd(&c) : ce_bwd(&c); break;
+    case MP_P_LOG_SOFTMAX: st = fwd ? log_softmax_fwd(&c) : log_softmax_bwd(&c); break;
+    case MP_P_NLL_LOSS: st = fwd ? nll_fwd(&c) : nll_bwd(&c); break;
     case MP_P_CUSTOM: st = fwd ? custom_fwd(&c) : custom_bwd(&c); break;
     case MP_P_COUNT: st = mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: unknown prim", n->name); break;
     }
@@ -1620,6 +1675,23 @@ static void adam_update(struct hv P, struct hv G, struct hv m, struct hv v, stru
                         float wd)
 {
     float bc1 = 1.0f - powf(MP_ADAM_BETA1, (float)t), bc2 = 1.0f - powf(MP_ADAM_BETA2, (float)t);
+    if (P.dt == MP_DT_F32 && G.dt == MP_DT_F32 && m.dt == MP_DT_F32 && v.dt == MP_DT_F32 &&
+        (!den.p || den.dt == MP_DT_F32)) { /* the same arithmetic without a dtype switch per element */
+        float *pp = P.p, *mp = m.p, *vp = v.p, *dp = den.p, sb2 = sqrtf(bc2), step = MP_ADAM_LR / bc1;
+        const float *gp = G.p;
+        for (uint64_t i = 0; i < n; i++) {
+            float p = pp[i], g = gp[i];
+            if (wd > 0.0f)
+                p *= 1.0f - MP_ADAM_LR * wd;
+            mp[i] = MP_ADAM_BETA1 * mp[i] + (1.0f - MP_ADAM_BETA1) * g;
+            vp[i] = MP_ADAM_BETA2 * vp[i] + (1.0f - MP_ADAM_BETA2) * g * g;
+            float d = sqrtf(vp[i]) / sb2 + MP_ADAM_EPS;
+            if (dp)
+                dp[i] = d;
+            pp[i] = p - step * mp[i] / d;
+        }
+        return;
+    }
     for (uint64_t i = 0; i < n; i++) {
         float p = ldf(P, i), g = ldf(G, i);
         if (wd > 0.0f)
@@ -1805,7 +1877,8 @@ static void zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void
     case MP_ST_ACT:
     case MP_ST_TMP:
     case MP_ST_OPT_TMP: memset(ptr, 0xff, (size_t)ev->bytes); break; /* NaN: reading it before writing shows */
-    case MP_ST_WORKSPACE: break;
+    case MP_ST_WORKSPACE:
+    case MP_ST_COMM: break;
     }
 }
 
@@ -1928,6 +2001,12 @@ static enum mp_status host_open(void **ctx, const struct mp_probe_opts *o, struc
     (void)o;
     (void)d;
     *ctx = NULL;
+#if defined(__GLIBC__) && defined(M_MMAP_THRESHOLD) && defined(M_TRIM_THRESHOLD)
+    /* Storages up to 32 MiB come from the heap and freed ones stay there, so every step
+     * does not map, fault in and zero its activations again (a GPU's caching allocator). */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
     return MP_OK;
 }
 
@@ -1964,21 +2043,29 @@ static enum mp_status host_run(void *ctx, const struct mp_probe_opts *o, const s
     enum mp_status st = mp_host_exec_new(&x, p, t, o->capacity_bytes, o->seed, d);
     if (st != MP_OK)
         return st;
+    x->pool.trace_on = o->trace;
     double ms[64];
     unsigned steps = o->steps;
     for (unsigned k = 0; k <= steps && st == MP_OK; k++) {
         double loss, t0 = mp_now_ms();
         st = mp_host_exec_step(x, s, true, NULL, &loss, d);
         double t1 = mp_now_ms();
+        if (o->progress && st == MP_OK) {
+            fprintf(stderr, "memplan: host step %u/%u%s: %.0f ms, loss %.4f\n", k + 1, steps + 1,
+                    k == 0 ? " (warm-up)" : "", t1 - t0, loss);
+            fflush(stderr);
+        }
         if (st == MP_OK && k > 0) { /* step 0 is the warm-up */
             r->losses[k - 1] = (float)loss;
             ms[k - 1] = t1 - t0;
         }
     }
     r->measured_peak_bytes = x->pool.peak;
+    mp_pool_take_trace(&x->pool, r);
     if (st == MP_ERR_OOM) {
         r->fits = false;
         r->oom_request_bytes = x->pool.oom_bytes;
+        r->oom_capacity = x->pool.oom_capacity;
         snprintf(r->oom_event, sizeof r->oom_event, "%s", x->pool.oom_event);
     } else if (st == MP_OK) {
         r->fits = true;

@@ -54,8 +54,15 @@ struct mp_pool {
     uint64_t *bytes;
     unsigned char *present;
     uint64_t oom_bytes;  /* the request that did not fit */
+    bool oom_capacity;   /* the capacity limit said no (false: the allocator itself) */
     char oom_event[96];
+    bool trace_on;       /* record cur after every alloc/free of the current step (timeline) */
+    uint64_t *trace;
+    size_t n_trace, cap_trace;
 };
+
+/* Hands the recorded trace of the last step to r (r->trace, r->n_trace); the pool forgets it. */
+void mp_pool_take_trace(struct mp_pool *pl, struct mp_probe_result *r);
 
 /* Parameters, optimizer state, the workspace and the input batch live across
  * steps: the replay allocates them at every step's setup; the pool counts them
@@ -214,6 +221,15 @@ static inline uint16_t mp_f16_from_f32(float f)
     uint32_t r = a + 0xfffu + ((a >> 13) & 1u); /* round mantissa to 10 bits, nearest even */
     return (uint16_t)(sign | (((r >> 23) - 112) << 10) | ((r >> 13) & 0x3ffu));
 }
+
+/* ---- the host executor's GEMM (probe_host_gemm.c) ------------------------------------------ */
+
+/* Row-major C (M,N) = alpha op(A) op(B) + beta C; op(X) = X^T when t.  cblas_sgemm when
+ * built with a CPU BLAS, else plain C (double sums).  MP_ERR_NOMEM only on the plain path. */
+enum mp_status mp_host_gemm(bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K, float alpha, const float *A,
+                            uint64_t lda, const float *B, uint64_t ldb, float beta, float *C, uint64_t ldc);
+/* True when the host GEMMs run on a CPU BLAS. */
+bool mp_host_blas(void);
 
 /* ---- the host executor (test hooks) ------------------------------------------------------ */
 

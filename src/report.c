@@ -73,6 +73,25 @@ static void ju64(cJSON *o, const char *k, uint64_t v)
     cJSON_AddRawToObject(o, k, buf);
 }
 
+/* The precision policy's name: mixed-bf16 is a bf16 program with an fp32 master (parallel.h). */
+static const char *prec_name(const struct mp_report_ctx *c, enum mp_precision p)
+{
+    return c->train && c->train->par && c->train->par->mixed_bf16 && p == MP_PREC_BF16 ? "mixed-bf16"
+                                                                                       : mp_precision_str(p);
+}
+
+static cJSON *json_parallel_of(const struct mp_parallel *par)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "strategy", mp_par_strategy_str(par->strategy));
+    ju64(o, "gpus", par->gpus);
+    ju64(o, "nodes", par->nodes);
+    ju64(o, "world", mp_par_world(par));
+    cJSON_AddStringToObject(o, "offload", mp_offload_str(par->offload));
+    cJSON_AddStringToObject(o, "offload_device", mp_offload_dev_str(par->offload_device));
+    return o;
+}
+
 static cJSON *json_root(const struct mp_report_ctx *c)
 {
     cJSON *r = cJSON_CreateObject();
@@ -92,7 +111,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON *cf = cJSON_AddObjectToObject(r, "config");
         ju64(cf, "batch", c->build->batch);
         ju64(cf, "seq_len", c->prog ? c->prog->opts.seq : c->build->seq ? c->build->seq : c->model->seq_len);
-        cJSON_AddStringToObject(cf, "precision", mp_precision_str(c->build->precision));
+        cJSON_AddStringToObject(cf, "precision", prec_name(c, c->build->precision));
         cJSON_AddStringToObject(cf, "optimizer", mp_optimizer_str(c->train->optimizer));
         char sb[32];
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
@@ -120,6 +139,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(ft, "base_quant", q ? mp_quant_kind_str(q->kind) : "none");
         if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
             cJSON_AddBoolToObject(ft, "double_quant", q->double_quant);
+        if (c->train->par)
+            cJSON_AddItemToObject(cf, "parallel", json_parallel_of(c->train->par));
     }
     if (c->gpu) {
         cJSON *g = cJSON_AddObjectToObject(r, "target");
@@ -152,6 +173,17 @@ static void json_memory(cJSON *r, const struct mp_estimate *e)
     jnum(m, "fwd_flops", e->fwd_flops);
     jnum(m, "bwd_flops", e->bwd_flops);
     jnum(m, "recompute_flops", e->recompute_flops);
+    if (e->world > 1 || e->host_bytes || e->buffers_bytes) { /* data parallel: per rank */
+        ju64(m, "world", e->world);
+        ju64(m, "buffers_bytes", e->buffers_bytes);
+        ju64(m, "host_bytes", e->host_bytes);
+        ju64(m, "nvme_bytes", e->nvme_bytes);
+        cJSON *cm = cJSON_AddObjectToObject(m, "comm_per_step");
+        jnum(cm, "allgather_bytes", e->allgather_bytes);
+        jnum(cm, "reducescatter_bytes", e->reducescatter_bytes);
+        jnum(cm, "allreduce_bytes", e->allreduce_bytes);
+        jnum(cm, "pcie_bytes", e->pcie_bytes);
+    }
 }
 
 static void json_layers(cJSON *r, const struct mp_report_ctx *c, const struct mp_estimate *e)
@@ -203,7 +235,9 @@ static cJSON *json_plan(const struct mp_ckpt_plan *p, double base_flops)
 
 static void print_json(FILE *out, cJSON *r)
 {
-    char *s = cJSON_Print(r);
+    char *raw = cJSON_Print(r);
+    char *s = raw ? mp_utf8_fix(raw) : NULL; /* names are bytes from the model file */
+    free(raw);
     if (s) {
         fputs(s, out);
         fputc('\n', out);
@@ -253,15 +287,23 @@ static void header(FILE *out, const struct mp_report_ctx *c)
             strcmp(c->model->source, "hf") == 0 ? "HF config" : "memplan JSON",
             c->prog ? count(c->prog->total_params) : "?", c->model->n_blocks);
     if (c->build) {
-        char sb[32];
-        fprintf(out, "config    batch %llu, seq %llu, %s, %s, checkpoint %s, attention %s%s\n",
-                (unsigned long long)c->build->batch, (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq),
-                mp_precision_str(c->build->precision), mp_optimizer_str(c->train->optimizer),
-                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", mp_attn_impl_str(c->build->attention),
+        char sb[32], seq[48] = "", attn[48] = ""; /* seq and attention only where they apply */
+        if (c->model->input == MP_INPUT_TOKENS)
+            snprintf(seq, sizeof seq, ", seq %llu",
+                     (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq));
+        if (mp_model_has_attention(c->model))
+            snprintf(attn, sizeof attn, ", attention %s", mp_attn_impl_str(c->build->attention));
+        fprintf(out, "config    batch %llu%s, %s, %s, checkpoint %s%s%s\n", (unsigned long long)c->build->batch, seq,
+                prec_name(c, c->build->precision), mp_optimizer_str(c->train->optimizer),
+                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
     }
     if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
         finetune_lines(out, c);
+    if (c->train && c->train->par) {
+        char pb[96];
+        fprintf(out, "parallel  %s; memory figures are per rank\n", mp_par_describe(c->train->par, pb, sizeof pb));
+    }
     if (c->defaults[0])
         fprintf(out, "defaults  %s\n", c->defaults);
     if (c->gpu)
@@ -289,10 +331,51 @@ static bool same_row(const struct mp_block_est *a, const struct mp_block_est *b)
            a->fwd_flops == b->fwd_flops && a->checkpointed == b->checkpointed;
 }
 
+/* At most 5 characters: three significant digits and a one-letter prefix of
+ * base (1024 for bytes: K = KiB, ...; 1000 for FLOPs), e.g. "150M", "27.0M", "512". */
+static const char *compact(double v, double base)
+{
+    static char buf[8][16];
+    static int k;
+    k = (k + 1) % 8;
+    const char *pre = " KMGTPE";
+    int i = 0;
+    while (v >= 999.5 && i < 6) {
+        v /= base;
+        i++;
+    }
+    const char *fmt = i == 0 ? "%.0f%s" : v < 9.995 ? "%.2f%c" : v < 99.95 ? "%.1f%c" : "%.0f%c";
+    if (i == 0)
+        snprintf(buf[k], sizeof buf[k], fmt, v, "");
+    else
+        snprintf(buf[k], sizeof buf[k], fmt, v, pre[i]);
+    return buf[k];
+}
+
+/* The narrow table (fits 100 columns): one compact figure per column. */
+static void narrow_row(FILE *out, const char *idx, const char *name, const char *type, const struct mp_block_est *b)
+{
+    char nm[24], ty[24];
+    snprintf(nm, sizeof nm, "%s", name);
+    if (strlen(name) > 16)
+        snprintf(nm + 14, sizeof nm - 14, "..");
+    snprintf(ty, sizeof ty, "%s", type);
+    if (strlen(type) > 17)
+        snprintf(ty + 15, sizeof ty - 15, "..");
+    fprintf(out, "%-11s %-16s %-17s %6s %6s %6s %6s %6s %6s %s\n", idx, nm, ty, short_count(b->params),
+            compact((double)b->weights_bytes, 1024), compact((double)b->optimizer_bytes, 1024),
+            compact((double)b->activation_bytes, 1024), compact((double)b->output_bytes, 1024),
+            compact(b->fwd_flops, 1000), b->checkpointed ? "yes" : "");
+}
+
 static void layer_table(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e)
 {
-    fprintf(out, "\n%-9s %-18s %-20s %9s %10s %10s %10s %11s %10s %12s %s\n", "blocks", "name", "type", "params",
-            "weights", "grads", "optimizer", "activations", "output", "fwd", "ckpt");
+    if (c->wide)
+        fprintf(out, "\n%-9s %-18s %-20s %9s %10s %10s %10s %11s %10s %12s %s\n", "blocks", "name", "type", "params",
+                "weights", "grads", "optimizer", "activations", "output", "fwd", "ckpt");
+    else
+        fprintf(out, "\n%-11s %-16s %-17s %6s %6s %6s %6s %6s %6s %s\n", "blocks", "name", "type", "params", "weight",
+                "optim", "activ", "output", "fwd", "ckpt");
     for (size_t i = 0; i < e->n_blocks;) {
         size_t j = i + 1;
         int grp = c->model->blocks[i].repeat_group;
@@ -304,18 +387,27 @@ static void layer_table(FILE *out, const struct mp_report_ctx *c, const struct m
         if (j - i > 1) {
             snprintf(idx, sizeof idx, "%zu-%zu", i, j - 1);
             snprintf(name, sizeof name, "%s..%s x%zu", c->model->blocks[i].name, c->model->blocks[j - 1].name, j - i);
+            if (!c->wide && strlen(name) > 16)
+                snprintf(name, sizeof name, "%s x%zu", c->model->blocks[i].name, j - i);
         } else {
             snprintf(idx, sizeof idx, "%zu", i);
             snprintf(name, sizeof name, "%s", c->model->blocks[i].name);
         }
         block_type(&c->model->blocks[i], t, sizeof t);
         char w[32], g[32], o[32], a[32], ou[32];
+        if (!c->wide) {
+            narrow_row(out, idx, name, t, b);
+            i = j;
+            continue;
+        }
         fprintf(out, "%-9s %-18s %-20s %9s %10s %10s %10s %11s %10s %12s %s\n", idx, name, t, short_count(b->params),
                 mp_fmt_bytes(b->weights_bytes, w, 32), mp_fmt_bytes(b->grads_bytes, g, 32),
                 mp_fmt_bytes(b->optimizer_bytes, o, 32), mp_fmt_bytes(b->activation_bytes, a, 32),
                 mp_fmt_bytes(b->output_bytes, ou, 32), fl(b->fwd_flops), b->checkpointed ? "yes" : "");
         i = j;
     }
+    if (!c->wide)
+        fprintf(out, "(bytes with K/M/G = KiB/MiB/GiB; gradients = weights; fwd in FLOP; --wide: full table)\n");
     if (!c->all_layers)
         fprintf(out, "(identical repeated blocks folded; per-block figures; --all-layers unfolds)\n");
 }
@@ -330,6 +422,16 @@ static void totals(FILE *out, const struct mp_estimate *e)
     fprintf(out, "  activations        %12s   (live when backward starts)\n", B(e->activations_bytes));
     fprintf(out, "  input batch        %12s\n", B(e->input_bytes));
     fprintf(out, "  cuBLAS workspace   %12s\n", B(e->workspace_bytes));
+    if (e->world > 1 || e->host_bytes || e->buffers_bytes) {
+        fprintf(out, "  comm buffers       %12s   (persistent: DDP buckets, DeepSpeed reduce bucket / partitions)\n",
+                B(e->buffers_bytes));
+        if (e->host_bytes || e->nvme_bytes)
+            fprintf(out, "  host RAM (offload) %12s   per rank%s%s\n", B(e->host_bytes), e->nvme_bytes ? ", NVMe " : "",
+                    e->nvme_bytes ? B(e->nvme_bytes) : "");
+        fprintf(out, "  per step           all-gather %s, reduce-scatter %s, all-reduce %s, PCIe %s\n",
+                B((uint64_t)e->allgather_bytes), B((uint64_t)e->reducescatter_bytes), B((uint64_t)e->allreduce_bytes),
+                B((uint64_t)e->pcie_bytes));
+    }
     fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
             B(e->peak_allocated_bytes), e->peak_event);
     fprintf(out, "peak reserved        %12s   (caching-allocator model; cached blocks are released before an OOM)\n",
@@ -344,13 +446,19 @@ static void totals(FILE *out, const struct mp_estimate *e)
 
 /* ---- estimate ------------------------------------------------------------------------------ */
 
-void mp_report_estimate(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
-                        const struct mp_ckpt_plan *plan)
+static void report_estimate(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
+                            const struct mp_ckpt_plan *plan)
 {
     if (c->json) {
         cJSON *r = json_root(c);
         json_memory(r, e);
         json_layers(r, c, e);
+        cJSON *tg = cJSON_GetObjectItemCaseSensitive(r, "target");
+        if (c->fit && tg) {
+            cJSON_AddBoolToObject(tg, "fits", c->fit->fits);
+            ju64(tg, "usable_bytes", c->fit->usable_bytes);
+            jnum(tg, "margin_pct", c->margin_pct);
+        }
         if (plan && plan->spec.strategy != MP_CKPT_NONE)
             cJSON_AddItemToObject(r, "plan", json_plan(plan, e->fwd_flops + e->bwd_flops));
         print_json(out, r);
@@ -359,6 +467,17 @@ void mp_report_estimate(FILE *out, const struct mp_report_ctx *c, const struct m
     header(out, c);
     fprintf(out, "\npeak      %s allocated at %s; %s on the device with overheads\n", B(e->peak_allocated_bytes),
             e->peak_event, B(e->peak_device_bytes));
+    if (c->fit && c->gpu) {
+        const struct mp_fit *f = c->fit;
+        if (f->fits)
+            fprintf(out, "verdict   fits %s: %s of %s usable (%.1f%% margin), %s to spare\n", c->gpu->name,
+                    B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
+                    B(f->usable_bytes - f->peak_device_bytes));
+        else
+            fprintf(out, "verdict   does not fit %s: %s of %s usable (%.1f%% margin), short by %s\n", c->gpu->name,
+                    B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
+                    B(f->peak_device_bytes - f->usable_bytes));
+    }
     layer_table(out, c, e);
     totals(out, e);
     if (plan && plan->spec.strategy != MP_CKPT_NONE) {
@@ -370,7 +489,7 @@ void mp_report_estimate(FILE *out, const struct mp_report_ctx *c, const struct m
 
 /* ---- plan ------------------------------------------------------------------------------------ */
 
-void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const struct mp_plan_cmp *cmp)
+static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const struct mp_plan_cmp *cmp)
 {
     const struct mp_ckpt_plan *p = &f->plan;
     double base = 0;
@@ -419,7 +538,7 @@ void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fi
         if (cmp->have_seg) {
             char nm[32];
             snprintf(nm, sizeof nm, "segments:%llu", (unsigned long long)cmp->seg_k);
-            fprintf(out, "%-22s %14s %16s %9.1f%%   (least recompute of segments:K within this memory)\n", nm,
+            fprintf(out, "%-22s %14s %16s %9.1f%%   (best segments:K at this memory)\n", nm,
                     B(cmp->seg_peak), fl(cmp->seg_recompute), base > 0 ? 100.0 * cmp->seg_recompute / base : 0);
         }
     }
@@ -433,7 +552,7 @@ void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fi
 }
 
 /* plan when no plan fits: the JSON object still comes out, with "plan": null. */
-void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const char *reason)
+static void report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const char *reason)
 {
     if (!c->json)
         return;
@@ -449,7 +568,7 @@ void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct 
 
 /* ---- check --------------------------------------------------------------------------------- */
 
-void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f)
+static void report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f)
 {
     uint64_t short_by = f->peak_device_bytes > f->usable_bytes ? f->peak_device_bytes - f->usable_bytes : 0;
     if (c->json) {
@@ -487,10 +606,12 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         fprintf(out, "gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
         fprintf(out, "bf16=%s,\nfp16=%s,\n", b->precision == MP_PREC_AMP_BF16 ? "True" : "False",
                 b->precision == MP_PREC_AMP_FP16 ? "True" : "False");
-        fprintf(out, "gradient_checkpointing=%s,\n", nck ? "True" : "False");
-        if (nck && nck < p->L)
-            fprintf(out, "# memplan checkpoints blocks %zu of %zu; HF wraps every decoder layer, which uses\n"
-                         "# less memory and more recompute than this plan\n", nck, p->L);
+        /* gradient_checkpointing=True wraps each decoder layer and nothing else: memplan's
+         * "layers" (suggest --emit hf only considers none and layers) */
+        fprintf(out, "gradient_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
+        if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
+            fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
+                         "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
         fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? "adamw_bnb_8bit"
                                         : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
                                         : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
@@ -526,6 +647,9 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         fprintf(out, "# blocks = the model's %zu blocks as an nn.Sequential\n"
                      "x = torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",
                 p->L, p->n_segments + 1);
+    else if (b->ckpt.strategy == MP_CKPT_LAYERS)
+        fprintf(out, "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n"
+                     "# (or wrap each decoder layer alone with torch.utils.checkpoint)\n");
     else if (nck) {
         fprintf(out, "# checkpoint these block ranges [start, end) with torch.utils.checkpoint:\nsegments = [");
         for (size_t i = 0; i < p->n_segments; i++)
@@ -565,10 +689,17 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     jnum(o, "samples_per_s", round(b->samples_per_s * 100) / 100);
     cJSON_AddStringToObject(o, "source", b->probed ? "probe" : "estimate");
     cJSON_AddStringToObject(o, "peak_event", b->fit.est.peak_event);
+    cJSON_AddBoolToObject(o, "probed", b->probed);
+    cJSON_AddBoolToObject(o, "probe_oom", b->probe_oom);
+    if (b->probed) { /* measured with memplan's kernels: reported, never ranked against estimates */
+        jnum(o, "probe_samples_per_s", round(b->probe_samples_per_s * 100) / 100);
+        jnum(o, "probe_step_ms", round(b->probe_step_ms * 1000) / 1000);
+        ju64(o, "probe_peak_allocated_bytes", b->probe_peak_bytes);
+    }
     return o;
 }
 
-void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit)
+static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit)
 {
     if (c->json) {
         cJSON *r = json_root(c);
@@ -585,6 +716,8 @@ void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp
         for (size_t i = 0; i < s->n_alternatives; i++)
             cJSON_AddItemToArray(alt, cJSON_CreateString(s->alternatives[i]));
         jnum(r, "probes", s->probes);
+        ju64(r, "probe_capacity_bytes", s->probe_capacity_bytes);
+        cJSON_AddStringToObject(r, "probe_note", s->probe_note);
         print_json(out, r);
         return;
     }
@@ -615,22 +748,28 @@ void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp
         }
         fprintf(out, "  expected peak      %s of %s (%.1f%% headroom), peak at %s\n", B(b->peak_device_bytes),
                 B(b->capacity_bytes), b->headroom_pct, b->fit.est.peak_event);
-        fprintf(out, "  throughput         %.1f samples/s (%s)\n", b->samples_per_s,
-                b->probed ? "probed on the GPU"
-                          : "estimate: FLOPs at 50% of the profile's dense TFLOP/s; not probed");
+        fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s)\n",
+                b->samples_per_s);
+        if (b->probed)
+            fprintf(out, "  probe              micro-batch %llu ran in %s (peak %s, %.1f ms/step with memplan's "
+                         "kernels)\n",
+                    (unsigned long long)b->micro_batch, B(s->probe_capacity_bytes), B(b->probe_peak_bytes),
+                    b->probe_step_ms);
+        else if (s->probe_note[0])
+            fprintf(out, "  probe              %s\n", s->probe_note);
         if (s->note[0])
             fprintf(out, "  note               %s\n", s->note);
     }
     header(out, c);
-    fprintf(out, "\n%-10s %-18s %8s %6s %12s %10s %9s %12s %s\n", "precision", "checkpoint", "micro", "accum",
-            "peak", "headroom", "recompute", "samples/s", "");
+    fprintf(out, "\n%-9s %-16s %6s %5s %10s %8s %9s %9s\n", "precision", "checkpoint", "micro", "accum", "peak",
+            "headroom", "recompute", "samples/s");
     for (size_t i = 0; i < s->n; i++) {
         const struct mp_candidate *k = &s->cand[i];
         char sb[32], pk[32];
-        fprintf(out, "%-10s %-18s %8llu %6llu %12s %9.1f%% %8.1f%% %12.1f %s%s\n", mp_precision_str(k->precision),
+        fprintf(out, "%-9s %-16s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", mp_precision_str(k->precision),
                 mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
-                k->recompute_pct, k->samples_per_s, k->fits ? "" : "does not fit",
+                k->recompute_pct, k->samples_per_s, k->fits ? "" : k->probe_oom ? "probe: out of memory" : "does not fit",
                 (int)i == s->best ? "<- recommended" : "");
     }
     if (s->best >= 0) {
@@ -641,8 +780,8 @@ void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp
 
 /* ---- probe ------------------------------------------------------------------------------------ */
 
-void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
-                     const struct mp_probe_result *r)
+static void report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
+                         const struct mp_probe_result *r)
 {
     if (c->json) {
         cJSON *root = json_root(c);
@@ -696,4 +835,122 @@ void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_e
     for (unsigned i = 0; i < r->steps && i < 64; i++)
         fprintf(out, " %.4f", r->losses[i]);
     fputc('\n', out);
+}
+
+/* ---- fitting text to the terminal ------------------------------------------------------------ */
+
+/* Hanging indent for the continuation of a long line: where its value starts
+ * (after the label and a run of two or more spaces), else two past its indent. */
+static size_t hang(const char *l, size_t n)
+{
+    size_t ls = 0;
+    while (ls < n && l[ls] == ' ')
+        ls++;
+    for (size_t i = ls + 1; i + 1 < n; i++)
+        if (l[i] == ' ' && l[i + 1] == ' ' && l[i - 1] != ' ') {
+            size_t h = i;
+            while (h < n && l[h] == ' ')
+                h++;
+            return h <= MP_TEXT_COLUMNS / 2 ? h : ls + 2;
+        }
+    return ls + 2;
+}
+
+void mp_report_fit_text(FILE *out, const char *text, size_t len, size_t width)
+{
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
+            n--;
+        size_t h = n > width ? hang(p, n) : 0, pos = 0, col0 = 0;
+        while (n - pos + col0 > width) {
+            /* the last space at or before the width; a word longer than the line is cut */
+            size_t lim = pos + (width - col0), brk = lim;
+            while (brk > pos && p[brk] != ' ')
+                brk--;
+            if (brk == pos)
+                brk = lim;
+            size_t e = brk;
+            while (e > pos && p[e - 1] == ' ')
+                e--;
+            fprintf(out, "%*s%.*s\n", (int)col0, "", (int)(e - pos), p + pos);
+            pos = brk;
+            while (pos < n && p[pos] == ' ')
+                pos++;
+            col0 = h;
+        }
+        fprintf(out, "%*s%.*s", (int)(pos < n ? col0 : 0), "", (int)(n - pos), p + pos);
+        if (nl)
+            fputc('\n', out);
+        p = nl ? nl + 1 : end;
+    }
+}
+
+/* Text reports go through mp_report_fit_text (unless --wide); JSON goes straight out. */
+struct fitted {
+    FILE *dst, *mem;
+    char *buf;
+    size_t len;
+};
+
+static FILE *fit_begin(struct fitted *f, FILE *dst, const struct mp_report_ctx *c)
+{
+    memset(f, 0, sizeof *f);
+    f->dst = dst;
+    if (!c->json && !c->wide)
+        f->mem = open_memstream(&f->buf, &f->len);
+    return f->mem ? f->mem : dst;
+}
+
+static void fit_end(struct fitted *f)
+{
+    if (!f->mem)
+        return;
+    if (fclose(f->mem) == 0)
+        mp_report_fit_text(f->dst, f->buf, f->len, MP_TEXT_COLUMNS);
+    else
+        fputs("memplan: out of memory formatting the report\n", f->dst);
+    free(f->buf);
+}
+
+#define FITTED(dst, c, call)                                                                                   \
+    do {                                                                                                       \
+        struct fitted fit_;                                                                                    \
+        FILE *o_ = fit_begin(&fit_, (dst), (c));                                                               \
+        call;                                                                                                  \
+        fit_end(&fit_);                                                                                        \
+    } while (0)
+
+void mp_report_estimate(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
+                        const struct mp_ckpt_plan *plan)
+{
+    FITTED(out, c, report_estimate(o_, c, e, plan));
+}
+
+void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const struct mp_plan_cmp *cmp)
+{
+    FITTED(out, c, report_plan(o_, c, f, cmp));
+}
+
+void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const char *reason)
+{
+    FITTED(out, c, report_plan_none(o_, c, f, reason));
+}
+
+void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f)
+{
+    FITTED(out, c, report_check(o_, c, f));
+}
+
+void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit)
+{
+    FITTED(out, c, report_suggest(o_, c, s, emit));
+}
+
+void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
+                     const struct mp_probe_result *r)
+{
+    FITTED(out, c, report_probe(o_, c, e, r));
 }

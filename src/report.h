@@ -20,7 +20,9 @@ struct mp_report_ctx {
     const char *target_how;     /* "--gpu a100-80gb", "--vram 24GiB", "default profile a100-80gb", ... */
     bool json;
     bool all_layers;
+    bool wide;                  /* --wide: the full block table, lines not fitted to 100 columns */
     double margin_pct;          /* check: the safety margin, in percent */
+    const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     bool defaults_note;         /* print which defaults were used */
     char defaults[256];         /* "seq 1024 (model default), precision amp-bf16 (default), ..." */
 };
@@ -42,11 +44,18 @@ void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct 
 
 void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f);
 
-enum mp_emit { MP_EMIT_NONE, MP_EMIT_TORCH, MP_EMIT_HF, MP_EMIT_DEEPSPEED };
+enum mp_emit { MP_EMIT_NONE, MP_EMIT_TORCH, MP_EMIT_HF, MP_EMIT_DEEPSPEED, MP_EMIT_ACCELERATE };
 void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit);
 
 void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
                      const struct mp_probe_result *r);
+
+/* Text output fits this many columns unless --wide. */
+#define MP_TEXT_COLUMNS 100
+
+/* Writes text (len bytes) with trailing blanks removed and every line longer than
+ * width wrapped at spaces, continuation lines indented where the line's value starts. */
+void mp_report_fit_text(FILE *out, const char *text, size_t len, size_t width);
 
 /* "0,3,6" / "[[0,4),[4,8)]" helpers used by text output */
 void mp_report_plan_blocks(FILE *out, const struct mp_ckpt_plan *p);

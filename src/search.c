@@ -37,6 +37,36 @@ static double step_seconds(const struct mp_job *job, const struct mp_estimate *e
     return t;
 }
 
+/* Collectives and offload for one step (parallel.h); compute_s is forward + backward. */
+static void par_seconds(const struct mp_job *job, const struct mp_estimate *e, double compute_s, struct mp_fit *f)
+{
+    const struct mp_parallel *par = job->train.par;
+    if (!par || par->strategy == MP_PAR_NONE)
+        return;
+    struct mp_par_plan tp;
+    memset(&tp, 0, sizeof tp);
+    tp.par = *par;
+    tp.world = e->world;
+    tp.n_groups = e->n_groups;
+    tp.n_buckets = par->strategy == MP_PAR_DDP ? (size_t)(e->buffers_bytes / par->ddp_bucket_cap_bytes) + 1 : 1;
+    tp.allgather_bytes = e->allgather_bytes;
+    tp.reducescatter_bytes = e->reducescatter_bytes;
+    tp.allreduce_bytes = e->allreduce_bytes;
+    tp.pcie_bytes = e->pcie_bytes;
+    tp.host_step_elems = e->host_step_elems;
+    struct mp_links l = {.intra_gbs = job->gpu.nvlink_gbs > 0 ? job->gpu.nvlink_gbs : job->gpu.pcie_gbs,
+                         .inter_gbs = job->gpu.ib_gbs, .pcie_gbs = job->gpu.pcie_gbs,
+                         .host_adam_gparams = MP_HOST_ADAM_GPARAMS};
+    double bwd = e->fwd_flops + e->bwd_flops > 0 ? (e->bwd_flops + e->recompute_flops) /
+                                                       (e->fwd_flops + e->bwd_flops + e->recompute_flops)
+                                                 : 0.66;
+    struct mp_par_time t;
+    mp_par_time(&tp, &l, compute_s, bwd, &t);
+    f->comm_s = t.comm_s;
+    f->exposed_comm_s = t.exposed_comm_s;
+    f->offload_s = t.offload_s;
+}
+
 static double opt_seconds(const struct mp_job *job, const struct mp_estimate *e)
 {
     double bw = job->gpu.bandwidth_gbs > 0 ? job->gpu.bandwidth_gbs : 1000.0;
@@ -59,6 +89,10 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     if (st != MP_OK)
         goto out;
     f->capacity_bytes = mp_gpu_capacity(&job->gpu);
+    /* NCCL's communicator buffers sit beside the CUDA context when there are peers */
+    uint64_t context = job->gpu.context_bytes;
+    if (job->train.par && mp_par_world(job->train.par) > 1)
+        context += job->gpu.nccl_overhead_bytes;
     f->usable_bytes = (uint64_t)((double)f->capacity_bytes * (1.0 - job->margin));
     {
         struct mp_ckpt_spec none = {MP_CKPT_NONE, 0};
@@ -73,7 +107,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         st = mp_ckpt_plan_make(&f->chain, &job->ckpt, 0, job->slots, &f->plan, d);
         if (st != MP_OK)
             goto out;
-        st = mp_estimate_run(&prog, &f->plan.sched, &job->train, job->gpu.context_bytes, &f->est, d);
+        st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
         if (st != MP_OK)
             goto out;
     } else {
@@ -87,12 +121,12 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             /* static figures do not depend on the plan */
             st = mp_ckpt_schedule_none(prog.n_blocks, &none);
             if (st == MP_OK)
-                st = mp_estimate_run(&prog, &none, &job->train, job->gpu.context_bytes, &e0, d);
+                st = mp_estimate_run(&prog, &none, &job->train, context, &e0, d);
             mp_schedule_release(&none);
             if (st != MP_OK)
                 goto out;
             uint64_t fixed = e0.weights_bytes + e0.grads_bytes + e0.optimizer_bytes + e0.workspace_bytes +
-                             job->gpu.context_bytes;
+                             e0.buffers_bytes + context;
             mp_estimate_release(&e0);
             f->static_bytes = fixed;
             budget = sub0(f->usable_bytes, fixed);
@@ -111,7 +145,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             if (st != MP_OK)
                 goto out;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, job->gpu.context_bytes, &f->est, d);
+            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
             if (st != MP_OK)
                 goto out;
             planned = true;
@@ -131,7 +165,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
                 goto out;
             f->plan.spec = job->ckpt;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, job->gpu.context_bytes, &f->est, d);
+            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
             if (st != MP_OK)
                 goto out;
             f->activation_budget = budget;
@@ -145,7 +179,9 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     f->fits = f->peak_device_bytes <= f->usable_bytes;
 throughput: {
     bool nominal;
-    f->step_s = step_seconds(job, &f->est, &nominal) + opt_seconds(job, &f->est);
+    double compute = step_seconds(job, &f->est, &nominal);
+    par_seconds(job, &f->est, compute, f);
+    f->step_s = compute + f->exposed_comm_s + f->offload_s + opt_seconds(job, &f->est);
     f->samples_per_s = f->step_s > 0 ? (double)job->build.batch / f->step_s : 0;
 }
 out:
@@ -283,6 +319,43 @@ static uint64_t largest_divisor_le(uint64_t g, uint64_t b)
     return 1;
 }
 
+/* Sets c to micro-batch b with grad_accum accumulation steps and re-evaluates everything that
+ * depends on it (fit, peak, headroom, estimated throughput, plan figures).  c->fits is the
+ * estimate's verdict only when c was found fitting (bmax > 0); callers set it otherwise. */
+static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candidate *c, uint64_t b, uint64_t accum,
+                                     struct mp_diag *d)
+{
+    struct mp_job j = *job;
+    j.build.precision = c->precision;
+    j.ckpt = c->ckpt;
+    j.build.batch = b;
+    j.train.accumulate = accum > 1;
+    mp_fit_release(&c->fit);
+    enum mp_status st = mp_fit_eval(&j, &c->fit, d);
+    if (st != MP_OK) {
+        memset(&c->fit, 0, sizeof c->fit);
+        return st;
+    }
+    c->micro_batch = b;
+    c->grad_accum = accum;
+    c->global_batch = b * accum;
+    c->peak_device_bytes = c->fit.peak_device_bytes;
+    c->capacity_bytes = c->fit.capacity_bytes;
+    c->usable_bytes = c->fit.usable_bytes;
+    c->headroom_pct = c->capacity_bytes
+                          ? 100.0 * ((double)c->capacity_bytes - (double)c->peak_device_bytes) / (double)c->capacity_bytes
+                          : 0;
+    double flops_time = c->fit.step_s - opt_seconds(&j, &c->fit.est);
+    double t = (double)c->grad_accum * flops_time + opt_seconds(&j, &c->fit.est);
+    c->samples_per_s = c->fits && t > 0 ? (double)c->global_batch / t : 0;
+    double base = c->fit.est.fwd_flops + c->fit.est.bwd_flops;
+    c->recompute_pct = base > 0 ? 100.0 * c->fit.est.recompute_flops / base : 0;
+    c->n_ckpt_blocks = 0;
+    for (size_t i = 0; i < c->fit.plan.L; i++)
+        c->n_ckpt_blocks += c->fit.plan.checkpointed[i];
+    return MP_OK;
+}
+
 static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_suggest_opts *o,
                                      struct mp_candidate *c, unsigned *evals, struct mp_diag *d)
 {
@@ -311,38 +384,17 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
     }
     c->precision = job->build.precision;
     c->ckpt = job->ckpt;
-    struct mp_job j = *job;
     if (bmax == 0) {
         c->fits = false;
-        j.build.batch = 1;
         c->micro_batch = 1;
         c->grad_accum = o->global_batch ? o->global_batch : 1;
     } else {
         c->fits = true;
         c->micro_batch = o->global_batch ? largest_divisor_le(o->global_batch, bmax) : bmax;
         c->grad_accum = o->global_batch ? o->global_batch / c->micro_batch : 1;
-        j.build.batch = c->micro_batch;
     }
-    c->global_batch = c->micro_batch * c->grad_accum;
-    j.train.accumulate = c->grad_accum > 1;
-    st = mp_fit_eval(&j, &c->fit, d);
     (*evals)++;
-    if (st != MP_OK)
-        return st;
-    c->peak_device_bytes = c->fit.peak_device_bytes;
-    c->capacity_bytes = c->fit.capacity_bytes;
-    c->usable_bytes = c->fit.usable_bytes;
-    c->headroom_pct = c->capacity_bytes
-                          ? 100.0 * ((double)c->capacity_bytes - (double)c->peak_device_bytes) / (double)c->capacity_bytes
-                          : 0;
-    double flops_time = c->fit.step_s - opt_seconds(&j, &c->fit.est);
-    double t = (double)c->grad_accum * flops_time + opt_seconds(&j, &c->fit.est);
-    c->samples_per_s = c->fits && t > 0 ? (double)c->global_batch / t : 0;
-    double base = c->fit.est.fwd_flops + c->fit.est.bwd_flops;
-    c->recompute_pct = base > 0 ? 100.0 * c->fit.est.recompute_flops / base : 0;
-    for (size_t i = 0; i < c->fit.plan.L; i++)
-        c->n_ckpt_blocks += c->fit.plan.checkpointed[i];
-    return MP_OK;
+    return cand_set_batch(job, c, c->micro_batch, c->grad_accum, d);
 }
 
 static bool precision_supported(const struct mp_gpu *g, enum mp_precision p)
@@ -377,71 +429,203 @@ static enum mp_status probe_at(struct mp_probe *pr, const struct mp_job *job, ui
     return st;
 }
 
-/* Confirms the chosen micro-batch on the GPU: probe b* and b*+1 and walk toward
- * the boundary when they disagree with the estimate, at most 4 probes.  Only a
- * batch that ran is called probed. */
-static enum mp_status probe_confirm(const struct mp_job *base, const struct mp_suggest_opts *o,
-                                    struct mp_candidate *c, unsigned *probes, struct mp_diag *d)
+/* The micro-batch next to b in direction dir (+1/-1): any batch, or with a global batch
+ * G only divisors of G (the divisor rule); 0 when there is none. */
+static uint64_t next_batch(const struct mp_suggest_opts *o, uint64_t b, int dir)
+{
+    uint64_t g = o->global_batch;
+    if (dir < 0) {
+        for (uint64_t k = b - 1; k >= 1; k--)
+            if (!g || g % k == 0)
+                return k;
+        return 0;
+    }
+    uint64_t lim = g ? g : (o->max_batch ? o->max_batch : 65536);
+    for (uint64_t k = b + 1; k <= lim; k++)
+        if (!g || g % k == 0)
+            return k;
+    return 0;
+}
+
+/* The probes' pool limit for the target: what the estimate allows the step's storages
+ * (usable capacity less the context the target's profile assumes).  The pool counts
+ * exactly what the estimator counts, so on the target itself the limits agree. */
+static uint64_t target_pool_bytes(const struct mp_job *base, const struct mp_suggest_opts *o)
+{
+    if (o->probe_capacity_bytes)
+        return o->probe_capacity_bytes;
+    uint64_t usable = (uint64_t)((double)mp_gpu_capacity(&base->gpu) * (1.0 - base->margin));
+    return sub0(usable, base->gpu.context_bytes);
+}
+
+#define MP_PROBES_PER_CANDIDATE 4
+#define MP_PROBES_MAX 10
+
+/* Confirms candidate c with probes under the target's pool limit: b*, then b*+1 (or the
+ * next divisor of the global batch) when b* fits, walking down while it does not.  A
+ * batch counts as probed only if it ran; a move re-evaluates the estimate at the new
+ * batch (fit, peak, headroom, estimated throughput), and never goes above what the
+ * estimate says fits the target.  *inconclusive: the local device itself ran out of
+ * memory below the target's limit (it is not the target), so nothing was learned. */
+static enum mp_status probe_confirm(struct mp_probe *pr, const struct mp_job *base, const struct mp_suggest_opts *o,
+                                    struct mp_candidate *c, unsigned *probes, bool *inconclusive, struct mp_diag *d)
+{
+    *inconclusive = false;
+    struct mp_job j = *base;
+    j.build.precision = c->precision;
+    j.ckpt = c->ckpt;
+    uint64_t b = c->micro_batch, ok_b = 0, fail_b = 0;
+    struct mp_probe_result r, ok_r;
+    memset(&ok_r, 0, sizeof ok_r);
+    enum mp_status st = MP_OK;
+    for (unsigned n = 0; n < MP_PROBES_PER_CANDIDATE && *probes < MP_PROBES_MAX && b >= 1; n++) {
+        bool est_fits = true; /* above ok_b, a batch is taken only where the estimate agrees */
+        if (ok_b && b > ok_b) {
+            struct mp_job uj = j;
+            uj.build.batch = b;
+            uj.train.accumulate = o->global_batch && o->global_batch / b > 1;
+            struct mp_fit uf;
+            st = mp_fit_eval(&uj, &uf, d);
+            if (st != MP_OK && st != MP_ERR_RANGE)
+                return st;
+            est_fits = st == MP_OK && uf.fits;
+            if (st == MP_OK)
+                mp_fit_release(&uf);
+            st = MP_OK;
+        }
+        if (o->progress) {
+            fprintf(stderr, "\rmemplan: probing micro-batch %llu on the %s backend ...        ", (unsigned long long)b,
+                    mp_probe_backend(pr));
+            fflush(stderr);
+        }
+        j.train.accumulate = o->global_batch && o->global_batch / b > 1;
+        st = probe_at(pr, &j, b, &r, d);
+        (*probes)++;
+        if (st != MP_OK)
+            return st;
+        if (r.fits) {
+            if (!est_fits)
+                break; /* it ran, but the estimate puts it over the target: keep the estimate's */
+            ok_b = b;
+            ok_r = r;
+            uint64_t up = next_batch(o, b, +1);
+            if (!up || (fail_b && fail_b == up))
+                break;
+            b = up;
+        } else {
+            if (!r.oom_capacity && !o->target_is_device) {
+                *inconclusive = true; /* the local device is smaller than the target */
+                break;
+            }
+            fail_b = b;
+            if (ok_b)
+                break; /* ok_b fits, the next batch up does not: the boundary */
+            b = next_batch(o, b, -1);
+        }
+    }
+    if (o->progress)
+        fprintf(stderr, "\r%70s\r", "");
+    if (*inconclusive)
+        return MP_OK;
+    if (!ok_b) {
+        c->fits = false;
+        c->probe_oom = true;
+        c->samples_per_s = 0;
+        return MP_OK;
+    }
+    if (ok_b != c->micro_batch) {
+        c->fits = true;
+        st = cand_set_batch(base, c, ok_b, o->global_batch ? o->global_batch / ok_b : 1, d);
+        if (st != MP_OK)
+            return st;
+    }
+    c->probed = true;
+    c->probe_samples_per_s = ok_r.samples_per_s;
+    c->probe_step_ms = ok_r.step_ms;
+    c->probe_peak_bytes = ok_r.measured_peak_bytes;
+    return MP_OK;
+}
+
+/* The best candidate: highest estimated throughput among mixed precision and fp32; pure
+ * bf16 (no fp32 master weights) only when nothing else fits.  Estimates only: a probe's
+ * step time (memplan's kernels) is never compared with an estimate. */
+static int choose_best(const struct mp_suggestion *s, const struct mp_suggest_opts *o, bool *bf16_only)
+{
+    int best = -1;
+    *bf16_only = false;
+    for (int pass = 0; pass < 2 && best < 0; pass++) {
+        for (size_t i = 0; i < s->n; i++) {
+            const struct mp_candidate *c = &s->cand[i];
+            if (!c->fits || (pass == 0 && c->precision == MP_PREC_BF16 && !o->precision_fixed))
+                continue;
+            if (best < 0 || c->samples_per_s > s->cand[best].samples_per_s * (1 + 1e-9))
+                best = (int)i;
+        }
+        *bf16_only = best >= 0 && pass == 1;
+    }
+    return best;
+}
+
+/* Probes the best candidate until the best one is confirmed: a candidate whose probes all
+ * ran out of memory no longer fits, and one moved to a smaller batch may lose its place,
+ * so the choice is made again after each confirmation. */
+static enum mp_status probe_best(const struct mp_job *base, const struct mp_suggest_opts *o, struct mp_suggestion *s,
+                                 bool *bf16_only, struct mp_diag *d)
 {
     struct mp_probe_opts po;
     mp_probe_opts_default(&po);
-    po.backend = "cuda";
+    po.backend = o->probe_backend ? o->probe_backend : "cuda";
     po.device = o->device;
+    po.capacity_bytes = target_pool_bytes(base, o);
+    if (po.capacity_bytes == 0) {
+        snprintf(s->probe_note, sizeof s->probe_note, "not probed: the target leaves nothing beyond its context");
+        return MP_OK;
+    }
     struct mp_probe *pr = NULL;
     enum mp_status st = mp_probe_open(&pr, &po, d);
     if (st != MP_OK)
         return st;
-    struct mp_job j = *base;
-    j.build.precision = c->precision;
-    j.ckpt = c->ckpt;
-    j.train.accumulate = c->grad_accum > 1;
-    uint64_t b = c->micro_batch, ok_b = 0, fail_b = 0;
-    struct mp_probe_result r, ok_r;
-    memset(&ok_r, 0, sizeof ok_r);
-    while (*probes < 4 && b >= 1 && st == MP_OK) {
-        if (o->progress)
-            fprintf(stderr, "\rmemplan: probing micro-batch %llu on the GPU ...        ", (unsigned long long)b);
-        st = probe_at(pr, &j, b, &r, d);
-        (*probes)++;
+    s->probe_capacity_bytes = po.capacity_bytes;
+    while (s->best >= 0 && !s->cand[s->best].probed && s->probes < MP_PROBES_MAX) {
+        struct mp_candidate *c = &s->cand[s->best];
+        bool inconclusive;
+        st = probe_confirm(pr, base, o, c, &s->probes, &inconclusive, d);
         if (st != MP_OK)
             break;
-        if (r.fits) {
-            ok_b = b;
-            ok_r = r;
-            if (o->global_batch || (fail_b && fail_b == b + 1))
-                break;
-            b++;
-        } else {
-            fail_b = b;
-            if (ok_b && ok_b == b - 1)
-                break;
-            b--;
+        if (inconclusive) {
+            snprintf(s->probe_note, sizeof s->probe_note,
+                     "not confirmed: the local GPU ran out of memory below the target's limit (it has less "
+                     "free memory than the target)");
+            break;
         }
+        s->best = choose_best(s, o, bf16_only);
     }
-    if (o->progress)
-        fprintf(stderr, "\r%60s\r", "");
     mp_probe_close(pr);
     if (st != MP_OK)
         return st;
-    if (ok_b) {
-        if (ok_b != c->micro_batch) {
-            /* the probe moved the boundary: re-evaluate the estimate at the probed batch */
-            mp_fit_release(&c->fit);
-            j.build.batch = ok_b;
-            st = mp_fit_eval(&j, &c->fit, d);
-            if (st != MP_OK)
-                return st;
-            c->micro_batch = ok_b;
-            c->grad_accum = o->global_batch ? o->global_batch / ok_b : 1;
-            c->global_batch = c->micro_batch * c->grad_accum;
-            c->peak_device_bytes = c->fit.peak_device_bytes;
-        }
-        c->probed = true;
-        c->samples_per_s = ok_r.samples_per_s;
-    } else {
-        c->fits = false;
+    if (s->best >= 0 && !s->cand[s->best].probed && !s->probe_note[0]) {
+        /* the budget is spent: only a confirmed candidate may be recommended */
+        int best = -1;
+        for (size_t i = 0; i < s->n; i++)
+            if (s->cand[i].probed && s->cand[i].fits &&
+                (best < 0 || s->cand[i].samples_per_s > s->cand[best].samples_per_s * (1 + 1e-9)))
+                best = (int)i;
+        s->best = best;
+        if (best >= 0)
+            *bf16_only = s->cand[best].precision == MP_PREC_BF16 && !o->precision_fixed;
+        snprintf(s->probe_note, sizeof s->probe_note,
+                 "the probe budget (%d runs) is spent: only a probe-confirmed candidate is recommended",
+                 MP_PROBES_MAX);
     }
     return MP_OK;
+}
+
+static bool model_has_repeats(const struct mp_model *m)
+{
+    for (size_t i = 0; i < m->n_blocks; i++)
+        if (m->blocks[i].repeat_group > 0)
+            return true;
+    return false;
 }
 
 enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o, const char *argv0,
@@ -463,10 +647,20 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         if (precision_supported(&base->gpu, MP_PREC_BF16))
             precs[np++] = MP_PREC_BF16;
     }
-    const struct mp_ckpt_spec strategies[3] = {{MP_CKPT_NONE, 0}, {MP_CKPT_SQRT, 0}, {MP_CKPT_OPTIMAL, 0}};
+    /* "layers" is what HF's gradient_checkpointing does; a Trainer (--emit hf) can run only
+     * none and layers.  A model without repeated blocks has no "layers" plan. */
+    struct mp_ckpt_spec strategies[4];
+    size_t ns = 0;
+    strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_NONE, 0};
+    if (!o->trainer_plans_only) {
+        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
+        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+    }
+    if (model_has_repeats(base->model))
+        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
     unsigned evals = 0;
     for (size_t i = 0; i < np; i++) {
-        for (size_t k = 0; k < 3; k++) {
+        for (size_t k = 0; k < ns; k++) {
             if (s->n >= sizeof s->cand / sizeof s->cand[0])
                 break;
             struct mp_job j = *base;
@@ -491,31 +685,19 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
     }
     if (o->progress)
         fprintf(stderr, "\r%60s\r", "");
-    /* Choose: best throughput among mixed precision and fp32; pure bf16 (no fp32 master
-     * weights) only when nothing else fits. */
-    for (int pass = 0; pass < 2 && s->best < 0; pass++) {
-        for (size_t i = 0; i < s->n; i++) {
-            const struct mp_candidate *c = &s->cand[i];
-            if (!c->fits || (pass == 0 && c->precision == MP_PREC_BF16 && !o->precision_fixed))
-                continue;
-            if (s->best < 0 || c->samples_per_s > s->cand[s->best].samples_per_s * (1 + 1e-9))
-                s->best = (int)i;
-        }
-        if (s->best >= 0 && pass == 1)
-            snprintf(s->note, sizeof s->note,
-                     "only pure bf16 (no fp32 master weights) fits; watch convergence, or use a larger GPU");
-    }
+    bool bf16_only;
+    s->best = choose_best(s, o, &bf16_only);
+    bool any_fit = s->best >= 0;
     if (s->best >= 0 && o->probe) {
-        struct mp_candidate *b = &s->cand[s->best];
-        enum mp_status st = probe_confirm(base, o, b, &s->probes, d);
+        enum mp_status st = probe_best(base, o, s, &bf16_only, d);
         if (st != MP_OK) {
             mp_suggestion_release(s);
             return st;
         }
-        if (!b->fits)
-            snprintf(s->note, sizeof s->note, "the estimate said it fits but the probe ran out of memory at every "
-                                              "batch it tried; rerun with --margin larger");
     }
+    if (s->best >= 0 && bf16_only)
+        snprintf(s->note, sizeof s->note,
+                 "only pure bf16 (no fp32 master weights) fits; watch convergence, or use a larger GPU");
     if (s->best >= 0) {
         const struct mp_candidate *b = &s->cand[s->best];
         s->global_met = !o->global_batch || b->global_batch == o->global_batch;
@@ -578,7 +760,11 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             snprintf(s->alternatives[s->n_alternatives++], 160,
                      "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
                      "optimizer state across GPUs (FSDP/ZeRO) or offload");
-        snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch 1 with every block checkpointed");
+        if (any_fit)
+            snprintf(s->note, sizeof s->note, "the estimate said it fits but the probes ran out of memory at every "
+                                              "batch they tried; rerun with a larger --margin");
+        else
+            snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch 1 with every block checkpointed");
     }
     (void)evals;
     s->elapsed_ms = mp_now_ms() - t0;

@@ -39,6 +39,8 @@ struct mp_fit {
     struct mp_chain chain;
     uint64_t nockpt_activation_peak; /* chain-model peak without checkpointing */
     double step_s;                /* estimated step time (FLOPs / (efficiency x dense peak)) */
+    double comm_s, exposed_comm_s, offload_s; /* data parallel: collectives (all / not hidden by
+                                               * compute) and offload transfers + host step */
     double samples_per_s;
 };
 
@@ -55,6 +57,9 @@ enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch,
 
 /* Matmul efficiency assumed by throughput estimates (fraction of dense peak). */
 #define MP_MATMUL_EFFICIENCY 0.5
+/* Host optimizer throughput per rank with offload (10^9 parameters updated per second):
+ * DeepSpeed's CPU Adam on a shared multi-core host, an assumption (no host here to measure). */
+#define MP_HOST_ADAM_GPARAMS 0.5
 
 struct mp_candidate {
     enum mp_precision precision;
@@ -63,8 +68,12 @@ struct mp_candidate {
     bool fits;
     uint64_t peak_device_bytes, capacity_bytes, usable_bytes;
     double headroom_pct;
-    double samples_per_s;
-    bool probed;
+    double samples_per_s;         /* estimated (ranking compares estimates only) */
+    bool probed;                  /* micro_batch ran on the probe backend and fit */
+    bool probe_oom;               /* probed: out of memory at every batch tried */
+    double probe_samples_per_s;   /* measured by the probe (memplan's kernels, not PyTorch's): reported only */
+    double probe_step_ms;
+    uint64_t probe_peak_bytes;    /* the probe pool's measured peak at micro_batch */
     double recompute_pct;
     size_t n_ckpt_blocks;
     struct mp_fit fit;            /* the evaluation at micro_batch */
@@ -75,9 +84,14 @@ struct mp_suggest_opts {
     enum mp_precision precision;
     uint64_t global_batch;        /* 0 = none */
     uint64_t max_batch;           /* search bound (default 65536) */
-    bool probe;                   /* confirm with the cuda backend */
+    bool probe;                   /* confirm the choice with probe runs */
+    const char *probe_backend;    /* "cuda" (NULL) or "host" */
     int device;
+    uint64_t probe_capacity_bytes;/* the probes' pool limit; 0 = the target's usable bytes less its context,
+                                   * so a probe answers for the target, never for whatever the local GPU has */
+    bool target_is_device;        /* the target is the probed device itself: its own out-of-memory counts */
     bool progress;                /* progress lines on stderr */
+    bool trainer_plans_only;      /* --emit hf: only plans a Trainer runs (none, layers) */
 };
 
 struct mp_suggestion {
@@ -90,6 +104,8 @@ struct mp_suggestion {
     char alternatives[4][160];
     size_t n_alternatives;
     unsigned probes;
+    uint64_t probe_capacity_bytes;/* the pool limit the probes ran under (0: no probe) */
+    char probe_note[160];         /* why the probes did not confirm, when they did not */
     double elapsed_ms;
 };
 

@@ -214,6 +214,8 @@ elif mode in ("suggest", "recommend", "nofit"):
     plan_ok(r["plan"], "recommendation.plan")
     if mode == "recommend":
         print(r["micro_batch"], r["grad_accum"], r["global_batch"], r["precision"], r["plan"]["strategy"])
+elif mode == "ckflags":
+    print("".join("1" if l["checkpointed"] else "0" for l in d["layers"]))
 elif mode != "any":
     sys.exit("jcheck.py: unknown mode " + mode)
 EOF
@@ -456,6 +458,17 @@ done
 
 json_check "estimate --checkpoint sqrt --json: plan keys" estimate \
     estimate models/gpt2-124m.json --batch 4 --checkpoint sqrt --json
+# --checkpoint layers = transformers' gradient checkpointing: the 24 decoder layers, not the
+# embeddings (block 0) or the head (block 25)
+if json_check "estimate --checkpoint layers: decoder layers only" ckflags \
+    estimate models/hf/qwen2-0.5b.json --batch 2 --checkpoint layers --json; then
+    if [ "$(cat "$T/jout")" = "01111111111111111111111110" ]; then
+        ok "estimate --checkpoint layers: blocks 1..24 of 26 checkpointed"
+    else
+        echo "checkpointed flags $(cat "$T/jout")" >"$T/why"
+        bad "estimate --checkpoint layers: blocks 1..24 of 26 checkpointed"
+    fi
+fi
 json_check "plan --json: plan keys" plan plan models/gpt2-124m.json --batch 8 --gpu a100-40gb --json
 json_check "plan --activation-budget --json: plan keys" plan \
     plan models/gpt2-124m.json --batch 2 --activation-budget 2GiB --json
@@ -553,12 +566,13 @@ fi
 # A model that cannot fit: suggest exits 1 and says what would help.
 BIG=models/llama-70b.json
 expect 1 "suggest $BIG --gpu t4: does not fit" suggest "$BIG" --gpu t4 --no-probe
-cp "$T/out" "$T/nofit.txt"
+# the text report wraps long lines at 100 columns: compare with blanks squeezed
+tr -s ' \n' '  ' <"$T/out" >"$T/nofit.txt"
 if json_check "suggest $BIG --gpu t4 --json: null recommendation, alternatives" nofit \
     suggest "$BIG" --gpu t4 --no-probe --json; then
     missing=
     while IFS= read -r alt; do
-        grep -qF -e "$alt" "$T/nofit.txt" || missing="$missing; $alt"
+        grep -qF -e "$(printf '%s' "$alt" | tr -s ' ' ' ')" "$T/nofit.txt" || missing="$missing; $alt"
     done <"$T/jout"
     if [ "$ec" -eq 1 ] && [ -z "$missing" ]; then
         ok "suggest $BIG --gpu t4: exit 1, the text report prints the alternatives"
@@ -594,6 +608,84 @@ fi
 run probe models/tiny-test.json --finetune lora --backend host --steps 2 --json
 if [ "$ec" -eq 0 ]; then ok "probe --finetune lora on the host backend: exit 0"; else bad "probe --finetune lora: exit 0"; fi
 expect_line 4 "probe of a QLoRA base (not executed yet)" probe models/tiny-test.json --finetune qlora --backend host
+
+# ---- data parallel: per-rank plans ----------------------------------------------------------
+
+# A 70B model: zero3 over 8 H100s does not fit (model states alone are 16 bytes per parameter
+# / 8 ranks), over 4 nodes of 8 it does; figures are per rank.
+DP="check $BIG --batch 1 --gpu h100-80gb --checkpoint every:1 --parallel zero3"
+expect_line 1 "$DP --gpus 8: does not fit" $DP --gpus 8
+expect 0 "$DP --gpus 8 --nodes 4: fits" $DP --gpus 8 --nodes 4
+if [ -n "$HAVE_PY" ]; then
+    run $DP --gpus 8 --nodes 4 --json
+    # every rank holds 1/32 of the fp32 parameters (padded; parameters under DeepSpeed's
+    # persistence threshold, the norms, stay whole): world x weights just above 4 x params
+    if python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+m, p = r["memory"], r["config"]["parallel"]
+assert p["strategy"] == "zero3" and p["world"] == 32 and m["world"] == 32, p
+full = 4 * r["model"]["params"]
+assert full <= 32 * m["weights_bytes"] < full * 1.001, (m["weights_bytes"], full)
+assert r["check"]["fits"] is True
+' "$T/out" 2>"$T/why"; then
+        ok "$DP --gpus 8 --nodes 4 --json: config.parallel, per-rank weights = params x 4 / 32"
+    else
+        bad "$DP --gpus 8 --nodes 4 --json: config.parallel, per-rank weights = params x 4 / 32"
+    fi
+    run $DP --gpus 8 --nodes 2 --json
+    cp "$T/out" "$T/dp16.json"
+    run $DP --gpus 8 --nodes 4 --json
+    if python3 -c '
+import json, sys
+a, b = (json.load(open(f))["memory"]["peak_allocated_bytes"] for f in sys.argv[1:3])
+assert b < a, (a, b)
+' "$T/dp16.json" "$T/out" 2>"$T/why"; then
+        ok "zero3: 32 ranks hold less per rank than 16"
+    else
+        bad "zero3: 32 ranks hold less per rank than 16"
+    fi
+else
+    skipped "data-parallel JSON checks (python3 not found)"
+fi
+expect_line 2 "--gpus 8 without --parallel" check models/tiny-test.json --batch 1 --gpu t4 --gpus 8
+expect_line 2 "--offload params with zero2" check models/tiny-test.json --batch 1 --gpu t4 --gpus 2 --parallel zero2 --offload params
+expect_line 2 "--parallel zero9" check models/tiny-test.json --batch 1 --gpu t4 --gpus 2 --parallel zero9
+expect 0 "estimate --gpus 4 --parallel fsdp --precision mixed-bf16" estimate models/gpt2-124m.json --gpus 4 --parallel fsdp --precision mixed-bf16
+expect 0 "estimate --gpus 2 --parallel zero2 --offload optimizer" estimate models/gpt2-124m.json --gpus 2 --parallel zero2 --offload optimizer
+
+# ---- suggest's probe confirmation on the host backend ----------------------------------------
+# A small target (24 MiB, 1 MiB context) keeps the host probes fast.  --capacity 4KiB is a
+# device that holds less than the estimate assumed: every probe runs out of memory, so
+# nothing is recommended (exit 1) and no snippet of an unconfirmed configuration is printed.
+TINY=models/tiny-test.json
+run suggest "$TINY" --vram 24MiB --context 1MiB --backend host --capacity 4KiB
+if [ "$ec" -eq 1 ] && grep -q "probes ran out of memory" "$T/out" && ! grep -q "micro_batch, grad_accum" "$T/out" &&
+    ! grep -q "^recommended" "$T/out"; then
+    ok "suggest --backend host, probes out of memory everywhere: exit 1, no recommendation, no snippet"
+else
+    echo "expected exit 1, the probes' note, and no recommendation or snippet on stdout" >"$T/why"
+    bad "suggest --backend host, probes out of memory everywhere: exit 1, no recommendation, no snippet"
+fi
+if [ -n "$HAVE_PY" ]; then
+    run suggest "$TINY" --vram 24MiB --context 1MiB --backend host --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = d["recommendation"]
+assert r["probed"] and r["source"] == "probe", r
+assert d["probes"] >= 1 and d["probe_capacity_bytes"] > 0, d
+# the probes ran under the target: usable (95 % of 24 MiB) less the 1 MiB context
+assert d["probe_capacity_bytes"] == int(24 * 2**20 * 0.95) - 2**20, d["probe_capacity_bytes"]
+assert r["probe_peak_allocated_bytes"] == r["peak_allocated_bytes"], r
+' "$T/out" 2>"$T/why"; then
+        ok "suggest --backend host --json: the recommendation is probe-confirmed under the target's limit"
+    else
+        bad "suggest --backend host --json: the recommendation is probe-confirmed under the target's limit"
+    fi
+else
+    skipped "suggest --backend host --json (no python3)"
+fi
 
 # ---- the man page's EXAMPLES run (jq's mantest) -------------------------------------------
 

@@ -58,7 +58,7 @@ static void run(const struct mp_model *m, uint64_t b, uint64_t s, enum mp_precis
  * setup: W1 2048 + b1 512 + W2 512 + b2 512 + images 512 + labels 512 = 4608
  * forward: h1 +512, h2 +512, h1 freed (relu saves its output; the block's input is
  * not saved), logits +512, loss +512, log-probs +512, logits freed -> 6656
- * backward: CE: grad(logits) +512, nll temporary +512 -> 7168, ...;
+ * backward: nll_loss: grad(log-probs) +512, log_softmax: grad(logits) +512 -> 7168, ...;
  * block 0: dW1 2048 + db1 512 on top of 6144 -> 8704 = the peak.
  * Unrounded: 2704 + 144 params/inputs + dW2,db2 528 + grad h1 256 + dW1,db1 2176 = 5808. */
 static void test_estimate_mlp_exact_bytes(void **state)
@@ -79,6 +79,68 @@ static void test_estimate_mlp_exact_bytes(void **state)
     assert_string_equal(e.peak_event, "backward:linear.linear");
     mp_estimate_release(&e);
     mp_model_release(&m);
+}
+
+/* embedding(1024, 8) | lm_head(8 -> 1024, untied) on 32 tokens, batch 2: M = 64 rows, V = 1024.
+ * amp-bf16, SGD, no workspace.  What PyTorch holds at each step of the loss backward
+ * (ForCausalLMLoss: logits.float(), log_softmax, nll_loss; every size a multiple of 512):
+ *   params 2 x 1024*8*4 = 65536; input ids + labels 512 + 512; the lm_head's saved bf16 input
+ *   64*8*2 = 1024 and bf16 weight copy 1024*8*2 = 16384; fp32 log-probs 64*1024*4 = 262144.
+ *   NllLossBackward0: + grad(log-probs) 262144; then frees the shifted labels and total_weight.
+ *   LogSoftmaxBackward0: + grad(fp32 logits) 262144 -> 65536 + 1024 + 1024 + 16384 + 3*262144
+ *   = 870400, the step's peak; then frees the log-probs and their gradient.
+ *   ToCopyBackward0: + bf16 grad(logits) 131072 next to the fp32 one: 477184 only.
+ * The half gradient never coexists with the log-probs (it did before: +131072 at the peak). */
+static const char *LM = "{\"name\":\"lm\",\"input\":{\"tokens\":32},\"layers\":["
+                        "{\"type\":\"embedding\",\"vocab\":1024,\"dim\":8},"
+                        "{\"type\":\"lm_head\",\"vocab\":1024,\"dim\":8}]}";
+
+static void test_estimate_loss_backward_order(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, LM);
+    struct mp_estimate e;
+    run(&m, 2, 32, MP_PREC_AMP_BF16, MP_OPT_SGD, NULL, &e);
+    assert_int_equal(e.peak_allocated_bytes, 870400);
+    assert_non_null(strstr(e.peak_event, "backward:"));
+    assert_non_null(strstr(e.peak_event, "log_softmax"));
+    mp_estimate_release(&e);
+    /* pure bf16: the same (params and their copies: 2 x 16384, no weight copy) */
+    run(&m, 2, 32, MP_PREC_BF16, MP_OPT_SGD, NULL, &e);
+    assert_int_equal(e.peak_allocated_bytes, 2 * 16384 + 1024 + 1024 + 3 * 262144);
+    mp_estimate_release(&e);
+    mp_model_release(&m);
+}
+
+/* The log-probs' dtype: HF's LM loss upcasts (fp32 in every precision); a classifier's
+ * F.cross_entropy upcasts only under autocast, so pure bf16 keeps bf16 log-probs. */
+static void test_estimate_loss_dtypes(void **state)
+{
+    (void)state;
+    const enum mp_precision precs[] = {MP_PREC_FP32, MP_PREC_AMP_BF16, MP_PREC_BF16};
+    const char *texts[] = {LM, MLP};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++) {
+            struct mp_model m;
+            load(&m, texts[k]);
+            struct mp_build_opts bo;
+            mp_build_opts_default(&bo);
+            bo.batch = 2;
+            bo.precision = precs[i];
+            struct mp_program prog;
+            struct mp_diag d = {{0}};
+            assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+            int ls = -1;
+            for (size_t n = 0; n < prog.n_nodes; n++)
+                if (prog.nodes[n].prim == MP_P_LOG_SOFTMAX)
+                    ls = (int)n;
+            assert_true(ls >= 0);
+            enum mp_dtype want = (k == 1 && precs[i] == MP_PREC_BF16) ? MP_DT_BF16 : MP_DT_F32;
+            assert_int_equal(prog.tensors[prog.nodes[ls].out].dtype, want);
+            mp_program_release(&prog);
+            mp_model_release(&m);
+        }
 }
 
 /* fp32 + AdamW: 4 + 4 + 8 = 16 bytes per parameter; pure bf16 + AdamW: 2 + 2 + 4 = 8. */
@@ -324,6 +386,61 @@ static void test_estimate_optimizer_step_peak(void **state)
 }
 
 
+/* --checkpoint layers wraps the repeated blocks only (transformers' gradient
+ * checkpointing: decoder layers, not embeddings or head).  Opaque blocks, batch 1,
+ * sizes in bytes (multiples of 512, so rounding changes nothing): embed out 1024 /
+ * keeps 4096; three repeated layers out 1024 / keep 8192; head out 512 / keeps 2048.
+ * Activations when backward starts (+ the 512-byte gradient of the output):
+ *   none:    4096 + 3*8192 + 2048 + 512 = 31232
+ *   layers:  embed 4096 (x_1 included) + the checkpoints x_2, x_3 1024 each + head 2048
+ *            (its input x_4 is not kept) + 512 = 8704
+ *   every:1: x_1..x_4 1024 each + x_5 512 + 512 = 5120 (the head checkpointed too). */
+static void test_estimate_checkpoint_layers(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"name\":\"c\",\"input\":{\"bytes_per_sample\":512},\"layers\":["
+             "{\"block\":\"embed\",\"layers\":[{\"type\":\"custom\",\"output_bytes\":1024,\"saved_bytes\":4096,"
+             "\"fwd_flops\":1}]},"
+             "{\"repeat\":3,\"name\":\"h\",\"layers\":[{\"type\":\"custom\",\"output_bytes\":1024,"
+             "\"saved_bytes\":8192,\"fwd_flops\":1}]},"
+             "{\"block\":\"head\",\"layers\":[{\"type\":\"custom\",\"output_bytes\":512,\"saved_bytes\":2048,"
+             "\"fwd_flops\":1}]}]}");
+    const char *specs[] = {"none", "layers", "every:1"};
+    const uint64_t want[] = {31232, 8704, 5120};
+    const bool ck[3][5] = {{0, 0, 0, 0, 0}, {0, 1, 1, 1, 0}, {1, 1, 1, 1, 1}};
+    for (int k = 0; k < 3; k++) {
+        struct mp_chain c;
+        chain_at(&m, 1, 0, MP_PREC_FP32, &c);
+        struct mp_ckpt_spec spec;
+        assert_int_equal(mp_ckpt_spec_parse(specs[k], &spec), MP_OK);
+        struct mp_ckpt_plan p;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &p, &d), MP_OK);
+        struct mp_estimate e;
+        run(&m, 1, 0, MP_PREC_FP32, MP_OPT_SGD, &p.sched, &e);
+        assert_int_equal(e.activations_bytes, want[k]);
+        for (size_t i = 0; i < 5; i++)
+            assert_int_equal(e.blocks[i].checkpointed, ck[k][i]);
+        mp_estimate_release(&e);
+        mp_ckpt_plan_release(&p);
+        mp_chain_release(&c);
+    }
+    mp_model_release(&m);
+    /* nothing repeated: nothing for "layers" to wrap */
+    load(&m, MLP);
+    struct mp_chain c;
+    chain_at(&m, 1, 0, MP_PREC_FP32, &c);
+    struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+    struct mp_ckpt_plan p;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &p, &d), MP_ERR_USAGE);
+    assert_non_null(strstr(d.msg, "no repeated blocks"));
+    mp_ckpt_plan_release(&p);
+    mp_chain_release(&c);
+    mp_model_release(&m);
+}
+
 /* A model of custom blocks reproduces a chain from the literature exactly: the unit
  * chain of checkpointing.md T4 (100 blocks, f = b = 1, x = xb = 1, batch 1), whose
  * 10-segment checkpoint_sequential peaks at 22 units for 290 time units, and
@@ -385,10 +502,13 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_estimate_mlp_exact_bytes),
+        cmocka_unit_test(test_estimate_loss_backward_order),
+        cmocka_unit_test(test_estimate_loss_dtypes),
         cmocka_unit_test(test_estimate_static_bytes_per_param),
         cmocka_unit_test(test_estimate_activations_linear_in_batch),
         cmocka_unit_test(test_estimate_orderings),
         cmocka_unit_test(test_estimate_checkpoint_lowers_peak),
+        cmocka_unit_test(test_estimate_checkpoint_layers),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),

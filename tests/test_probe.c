@@ -262,7 +262,7 @@ static void test_grad_gpt_flash(void **state)
     m.blocks[0].layers[0].emb_dropout = 0.1; /* embedding dropout (HF configs set it; JSON has no key) */
     build(&p, &m, MP_PREC_FP32, 2, MP_ATTN_FLASH);
     assert_true(has_prim(&p, MP_P_EMBED) && has_prim(&p, MP_P_ADD_POS) && has_prim(&p, MP_P_DROPOUT) &&
-                has_prim(&p, MP_P_ATTN) && has_prim(&p, MP_P_CE_LOSS) && has_prim(&p, MP_P_LAYERNORM));
+                has_prim(&p, MP_P_ATTN) && has_prim(&p, MP_P_NLL_LOSS) && has_prim(&p, MP_P_LOG_SOFTMAX) && has_prim(&p, MP_P_LAYERNORM));
     gradcheck(&p, NULL, 4e-3f, 2e-4, 1e-2, 64);
     mp_program_release(&p);
     mp_model_release(&m);
@@ -876,6 +876,42 @@ static void test_cuda_oom_is_a_result(void **state)
     mp_model_release(&m);
 }
 
+/* Two runs on one open cuda backend (as suggest's probes): the second starts from the
+ * same device usage as the first (the driver pool is trimmed between runs, so cached
+ * blocks of run 1 are not counted as "used" nor cause a false out-of-memory), and the
+ * im2col buffer comes from that pool and is reported. */
+static void test_cuda_pool_trimmed_between_runs(void **state)
+{
+    (void)state;
+    if (!mp_cuda_device_available())
+        skip();
+    struct mp_model m;
+    load_json(&m, cnn_json);
+    struct mp_program p;
+    build(&p, &m, MP_PREC_AMP_BF16, 8, -1);
+    struct mp_train_opts t = train_opts(MP_OPT_ADAMW, 33554432);
+    struct mp_probe_opts o;
+    struct mp_probe *pr;
+    struct mp_diag d = {{0}};
+    mp_probe_opts_default(&o);
+    o.backend = "cuda";
+    o.steps = 1;
+    if (mp_probe_open(&pr, &o, &d) != MP_OK)
+        fail_msg("cuda open: %s", d.msg);
+    struct mp_probe_result r1, r2;
+    assert_int_equal(mp_probe_run(pr, &p, NULL, &t, &r1, &d), MP_OK);
+    assert_int_equal(mp_probe_run(pr, &p, NULL, &t, &r2, &d), MP_OK);
+    assert_true(r1.fits && r2.fits);
+    assert_true(r1.measured_peak_bytes >= 33554432);
+    assert_true(r1.outside_pool_bytes > 0);
+    if (r2.device_used_before > r1.device_used_before + (2u << 20))
+        fail_msg("run 2 starts with %llu bytes used, run 1 with %llu: cached blocks were not trimmed",
+                 (unsigned long long)r2.device_used_before, (unsigned long long)r1.device_used_before);
+    mp_probe_close(pr);
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -900,6 +936,7 @@ int main(void)
         cmocka_unit_test(test_cuda_matches_host),
         cmocka_unit_test(test_cuda_all_models_train),
         cmocka_unit_test(test_cuda_oom_is_a_result),
+        cmocka_unit_test(test_cuda_pool_trimmed_between_runs),
     };
     return cmocka_run_group_tests_name("probe", tests, NULL, NULL);
 }

@@ -1,0 +1,643 @@
+/* timeline.c — the step's memory as one self-contained SVG (see timeline.h).
+ *
+ * Two replays of the step: the first counts the allocation/free events and
+ * finds the peak and the phase boundaries, the second fills one column per
+ * horizontal pixel with the event of largest total in that column (so no peak
+ * is lost to downsampling) and keeps every event of the zoom window around the
+ * peak.  Everything drawn is computed here from the replay; the picture has no
+ * script and no external reference.
+ */
+#include "timeline.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- categories ------------------------------------------------------------------------- */
+
+enum { K_WEIGHTS, K_GRADS, K_OPT, K_ACT, K_AGRAD, K_TMP, K_WS, K_N };
+
+static const struct {
+    const char *name, *color;
+} CAT[K_N] = {
+    [K_WEIGHTS] = {"weights", "#4e79a7"},
+    [K_GRADS] = {"gradients", "#f28e2b"},
+    [K_OPT] = {"optimizer state", "#76b7b2"},
+    [K_ACT] = {"saved activations", "#59a14f"},
+    [K_AGRAD] = {"activation gradients", "#edc948"},
+    [K_TMP] = {"temporaries", "#e15759"},
+    [K_WS] = {"workspace", "#b07aa1"},
+};
+
+static int cat_of(enum mp_store s)
+{
+    switch (s) {
+    case MP_ST_PARAM: return K_WEIGHTS;
+    case MP_ST_PGRAD: return K_GRADS;
+    case MP_ST_OPT_STATE: return K_OPT;
+    case MP_ST_INPUT:
+    case MP_ST_ACT: return K_ACT;
+    case MP_ST_GRAD: return K_AGRAD;
+    case MP_ST_TMP:
+    case MP_ST_OPT_TMP:
+    case MP_ST_COMM: return K_TMP; /* data-parallel buffers: transient, like temporaries */
+    case MP_ST_WORKSPACE: return K_WS;
+    }
+    return K_TMP;
+}
+
+static const char *PHASE_COLOR[] = {"#d9d9d9", "#a6cee3", "#fdbf6f", "#cab2d6", "#b2df8a", "#fb9a99", "#eeeeee"};
+#define N_PHASES (sizeof PHASE_COLOR / sizeof PHASE_COLOR[0])
+
+/* ---- geometry ----------------------------------------------------------------------------- */
+
+#define SVG_W 1200.0
+#define PX0 90.0   /* plot left */
+#define PX1 1170.0 /* plot right */
+#define MY0 78.0   /* main plot top */
+#define MY1 420.0  /* main plot bottom */
+#define IY0 540.0  /* inset top */
+#define IY1 720.0  /* inset bottom */
+#define SVG_H 770.0
+#define N_COLS 1080 /* one column per pixel of the main plot */
+#define INSET_MAX 600
+#define INSET_MIN 80
+
+/* ---- the replay ----------------------------------------------------------------------- */
+
+struct span {
+    size_t first, last; /* event indices, inclusive */
+    enum mp_phase phase;
+};
+
+struct sample {
+    uint64_t v[K_N];
+    uint64_t total;
+    int node;
+    enum mp_phase phase;
+};
+
+struct tl {
+    const struct mp_program *p;
+    const struct mp_schedule *sched;
+    int pass;
+    uint64_t cur[K_N], total;
+    size_t n_ev; /* ALLOC/FREE events seen */
+    /* pass 1 */
+    uint64_t peak;
+    size_t peak_ev;
+    struct sample peak_s;
+    struct span *spans;
+    size_t n_spans, cap_spans;
+    size_t *op_first;   /* per schedule op: the first event index at or after its begin */
+    size_t *op_last;    /* per schedule op: the last event index before its end */
+    size_t cur_op;
+    bool in_op;
+    bool nomem;
+    /* pass 2 */
+    size_t total_ev, n_cols;
+    struct sample *col;  /* [n_cols] the sample of largest total in each column */
+    bool *col_set;
+    size_t win0, win1;   /* zoom window [win0, win1) */
+    struct sample *win;
+};
+
+static size_t col_of(const struct tl *s, size_t ev)
+{
+    return s->total_ev <= s->n_cols ? ev : (size_t)((double)ev * (double)s->n_cols / (double)s->total_ev);
+}
+
+static void record_phase(struct tl *s, enum mp_phase ph)
+{
+    if (s->n_spans && s->spans[s->n_spans - 1].phase == ph) {
+        s->spans[s->n_spans - 1].last = s->n_ev;
+        return;
+    }
+    if (s->n_spans == s->cap_spans) {
+        size_t nc = s->cap_spans ? 2 * s->cap_spans : 16;
+        struct span *ns = realloc(s->spans, nc * sizeof *ns);
+        if (!ns) {
+            s->nomem = true;
+            return;
+        }
+        s->spans = ns;
+        s->cap_spans = nc;
+    }
+    s->spans[s->n_spans++] = (struct span){s->n_ev, s->n_ev, ph};
+}
+
+static enum mp_status on_event(void *ctx, const struct mp_event *ev)
+{
+    struct tl *s = ctx;
+    if (ev->kind == MP_EV_OP_BEGIN || ev->kind == MP_EV_OP_END) {
+        if (s->pass == 1 && ev->id >= 0 && (size_t)ev->id < s->sched->n) {
+            if (ev->kind == MP_EV_OP_BEGIN)
+                s->op_first[ev->id] = s->n_ev;
+            else
+                s->op_last[ev->id] = s->n_ev; /* exclusive */
+        }
+        return MP_OK;
+    }
+    if (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE)
+        return MP_OK;
+    int k = cat_of(ev->store);
+    uint64_t r = mp_round512(ev->bytes);
+    if (ev->kind == MP_EV_ALLOC) {
+        s->cur[k] += r;
+        s->total += r;
+    } else {
+        s->cur[k] -= r;
+        s->total -= r;
+    }
+    struct sample sm = {.total = s->total, .node = ev->node, .phase = ev->phase};
+    memcpy(sm.v, s->cur, sizeof sm.v);
+    size_t i = s->n_ev;
+    if (s->pass == 1) {
+        record_phase(s, ev->phase);
+        if (s->total > s->peak) {
+            s->peak = s->total;
+            s->peak_ev = i;
+            s->peak_s = sm;
+        }
+    } else if (i < s->total_ev) {
+        size_t c = col_of(s, i);
+        if (c < s->n_cols && (!s->col_set[c] || sm.total > s->col[c].total)) {
+            s->col[c] = sm;
+            s->col_set[c] = true;
+        }
+        if (i >= s->win0 && i < s->win1)
+            s->win[i - s->win0] = sm;
+    }
+    s->n_ev++;
+    return s->nomem ? MP_ERR_NOMEM : MP_OK;
+}
+
+/* ---- SVG helpers ------------------------------------------------------------------------ */
+
+void mp_xml_puts(FILE *out, const char *s)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    while (*u) {
+        unsigned c = *u;
+        size_t n = mp_utf8_seq_len((const char *)u);
+        bool ok = n > 0;
+        if (!ok || (n == 1 && c < 0x20 && c != '\t') || c == 0x7F) {
+            fputc('?', out);
+            u++;
+            continue;
+        }
+        if (n > 1) {
+            fwrite(u, 1, n, out);
+            u += n;
+            continue;
+        }
+        switch (c) {
+        case '&': fputs("&amp;", out); break;
+        case '<': fputs("&lt;", out); break;
+        case '>': fputs("&gt;", out); break;
+        case '"': fputs("&quot;", out); break;
+        case '\'': fputs("&apos;", out); break;
+        default: fputc((int)c, out);
+        }
+        u++;
+    }
+}
+
+static void text(FILE *out, double x, double y, const char *anchor, const char *style, const char *s)
+{
+    fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\"%s%s%s>", x, y, anchor, style ? " " : "",
+            style ? style : "", "");
+    mp_xml_puts(out, s);
+    fputs("</text>\n", out);
+}
+
+/* A round grid step (1, 2 or 5 times a power of ten of a binary unit) for about 5 lines up to top. */
+static uint64_t grid_step(uint64_t top)
+{
+    uint64_t unit = 1;
+    while (unit <= UINT64_MAX / 1024 && top / (unit * 1024) >= 5)
+        unit *= 1024;
+    uint64_t raw = top / 5 / unit + 1, m = 1;
+    while (m <= UINT64_MAX / 10 && m * 10 <= raw)
+        m *= 10;
+    uint64_t f = raw <= m ? 1 : raw <= 2 * m ? 2 : raw <= 5 * m ? 5 : 10;
+    uint64_t step = f * m;
+    return step > UINT64_MAX / unit ? UINT64_MAX / 4 : step * unit;
+}
+
+struct axis {
+    double y0, y1;        /* pixel top and bottom */
+    uint64_t lo, hi;      /* bytes at bottom and top */
+};
+
+static double ypx(const struct axis *a, uint64_t b)
+{
+    if (b <= a->lo)
+        return a->y1;
+    double f = (double)(b - a->lo) / (double)(a->hi - a->lo);
+    if (f > 1.05)
+        f = 1.05;
+    return a->y1 - f * (a->y1 - a->y0);
+}
+
+static void grid(FILE *out, const struct axis *a)
+{
+    uint64_t step = grid_step(a->hi - a->lo);
+    uint64_t first = (a->lo + step - 1) / step * step;
+    for (uint64_t b = first; b <= a->hi; b += step) {
+        char lbl[32];
+        double y = ypx(a, b);
+        fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e3e3\"/>\n", PX0, y, PX1, y);
+        text(out, PX0 - 6, y + 4, "end", "font-size=\"11\" fill=\"#555\"", mp_fmt_bytes(b, lbl, sizeof lbl));
+        if (b > UINT64_MAX - step)
+            break;
+    }
+}
+
+/* Stacked step areas of n samples s[] over x in [xa, xb); base bytes under category 0. */
+static void stack(FILE *out, const struct sample *s, const bool *set, size_t n, double xa, double xb, uint64_t base,
+                  const struct axis *a, const char *clip)
+{
+    double w = (xb - xa) / (double)(n ? n : 1);
+    for (int k = 0; k < K_N; k++) {
+        bool any = false;
+        for (size_t c = 0; c < n && !any; c++)
+            any = (!set || set[c]) && s[c].v[k];
+        if (!any)
+            continue;
+        fprintf(out, "<path class=\"cat\" data-category=\"%s\" fill=\"%s\"%s%s%s d=\"", CAT[k].name, CAT[k].color,
+                clip ? " clip-path=\"url(#" : "", clip ? clip : "", clip ? ")\"" : "");
+        /* top edge left to right, bottom edge right to left */
+        uint64_t lo = 0, hi = 0;
+        double last_y = -1;
+        for (size_t c = 0; c < n; c++) {
+            if (!set || set[c]) {
+                lo = base;
+                for (int j = 0; j < k; j++)
+                    lo += s[c].v[j];
+                hi = lo + s[c].v[k];
+            }
+            double y = ypx(a, hi);
+            if (c == 0)
+                fprintf(out, "M%.1f %.1fV%.1f", xa, ypx(a, lo), y);
+            else if (y != last_y)
+                fprintf(out, "V%.1f", y);
+            fprintf(out, "H%.1f", xa + w * (double)(c + 1));
+            last_y = y;
+        }
+        last_y = -1;
+        for (size_t c = n; c-- > 0;) {
+            size_t cc = c;
+            while (set && !set[cc] && cc > 0)
+                cc--;
+            lo = base;
+            if (!set || set[cc])
+                for (int j = 0; j < k; j++)
+                    lo += s[cc].v[j];
+            double y = ypx(a, lo);
+            if (y != last_y)
+                fprintf(out, "V%.1f", y);
+            fprintf(out, "H%.1f", xa + w * (double)c);
+            last_y = y;
+        }
+        fputs("Z\"/>\n", out);
+    }
+}
+
+static void event_name(const struct mp_program *p, const struct sample *s, char *buf, size_t len)
+{
+    if (s->node >= 0 && (size_t)s->node < p->n_nodes)
+        snprintf(buf, len, "%s:%s", mp_phase_str(s->phase), p->nodes[s->node].name);
+    else
+        snprintf(buf, len, "%s", mp_phase_str(s->phase));
+}
+
+static const char *block_name(const struct mp_program *p, size_t i, char *buf, size_t len)
+{
+    if (p->model && i < p->model->n_blocks && p->model->blocks[i].name[0])
+        snprintf(buf, len, "%s", p->model->blocks[i].name);
+    else
+        snprintf(buf, len, "block %zu", i);
+    return buf;
+}
+
+/* One legend entry at (*lx, *ly), wrapping to a new row at the plot's right edge. */
+static void legend_item(FILE *out, double *lx, double *ly, const char *attrs, const char *fill, const char *label)
+{
+    double w = 28 + 6.4 * (double)strlen(label);
+    if (*lx + w > PX1) {
+        *lx = PX0;
+        *ly += 16;
+    }
+    fprintf(out, "<rect%s x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"%s\" stroke=\"#888\" "
+                 "stroke-width=\"0.5\"/>\n",
+            attrs, *lx, *ly - 9, fill);
+    text(out, *lx + 14, *ly, "start", "font-size=\"11\"", label);
+    *lx += w;
+}
+
+/* ---- the picture -------------------------------------------------------------------------- */
+
+static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
+{
+    const struct mp_program *p = s->p;
+    char b1[32], b2[32], buf[256];
+    uint64_t ctx = o->context_bytes;
+    uint64_t top = s->peak + ctx;
+    uint64_t usable = o->capacity_bytes ? (uint64_t)((double)o->capacity_bytes * (1.0 - o->margin)) : 0;
+    if (o->capacity_bytes > top)
+        top = o->capacity_bytes;
+    if (o->measured)
+        for (size_t i = 0; i < o->n_measured; i++)
+            if (o->measured[i] + ctx > top)
+                top = o->measured[i] + ctx;
+    top += top / 10 + 1;
+    struct axis a = {MY0, MY1, 0, top};
+    double pw = PX1 - PX0;
+    double evw = pw / (double)(s->total_ev ? s->total_ev : 1);
+#define XEV(e) (PX0 + evw * (double)(e))
+
+    fprintf(out, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+                 "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" data-events=\"%zu\">\n",
+            SVG_W, SVG_H, SVG_W, SVG_H, s->total_ev);
+    fputs("<title>", out);
+    mp_xml_puts(out, o->title ? o->title : "memplan timeline");
+    fputs("</title>\n", out);
+    fprintf(out, "<defs><pattern id=\"hatch\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
+                 "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#000\" fill-opacity=\"0.06\"/>"
+                 "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#555\" stroke-opacity=\"0.35\" "
+                 "stroke-width=\"2\"/></pattern>\n"
+                 "<clipPath id=\"inset-clip\"><rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/></clipPath>"
+                 "</defs>\n",
+            PX0, IY0, pw, IY1 - IY0);
+    fputs("<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n", out);
+    text(out, PX0, 22, "start", "font-size=\"16\" font-weight=\"bold\"", o->title ? o->title : "memplan timeline");
+    if (o->subtitle)
+        text(out, PX0, 40, "start", "font-size=\"12\" fill=\"#444\"", o->subtitle);
+
+    /* phase bands above the plot */
+    for (size_t i = 0; i < s->n_spans; i++) {
+        const struct span *sp = &s->spans[i];
+        double x = XEV(sp->first), w = evw * (double)(sp->last + 1 - sp->first);
+        const char *col = (size_t)sp->phase < N_PHASES ? PHASE_COLOR[sp->phase] : "#eee";
+        fprintf(out, "<rect class=\"phase\" data-phase=\"%s\" data-first-event=\"%zu\" data-last-event=\"%zu\" "
+                     "x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"14\" fill=\"%s\"/>\n",
+                mp_phase_str(sp->phase), sp->first, sp->last, x, MY0 - 24, w, col);
+        if (sp->phase == MP_PH_RECOMPUTE)
+            fprintf(out, "<rect class=\"recompute\" data-first-event=\"%zu\" data-last-event=\"%zu\" x=\"%.2f\" "
+                         "y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"url(#hatch)\"/>\n",
+                    sp->first, sp->last, x, MY0, w, MY1 - MY0);
+    }
+    /* one label per phase, on its widest band */
+    for (size_t ph = 0; ph < N_PHASES; ph++) {
+        double best = 0, bx = 0;
+        for (size_t i = 0; i < s->n_spans; i++)
+            if ((size_t)s->spans[i].phase == ph && evw * (double)(s->spans[i].last + 1 - s->spans[i].first) > best) {
+                best = evw * (double)(s->spans[i].last + 1 - s->spans[i].first);
+                bx = XEV(s->spans[i].first) + best / 2;
+            }
+        if (best >= 40)
+            text(out, bx, MY0 - 13, "middle", "font-size=\"10\" fill=\"#222\"", mp_phase_str((enum mp_phase)ph));
+    }
+
+    grid(out, &a);
+    if (ctx) {
+        double y = ypx(&a, ctx);
+        fprintf(out, "<rect class=\"context\" data-bytes=\"%llu\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                     "fill=\"#bbbbbb\"/>\n",
+                (unsigned long long)ctx, PX0, y, pw, MY1 - y);
+    }
+    stack(out, s->col, s->col_set, s->n_cols, PX0, PX0 + (s->total_ev <= s->n_cols ? evw * (double)s->n_cols : pw),
+          ctx, &a, NULL);
+    /* block ticks: each block's first forward, labelled where there is room */
+    double last_lbl = -1e9;
+    for (size_t k = 0; k < s->sched->n; k++) {
+        const struct mp_sched_op *op = &s->sched->ops[k];
+        if (op->kind == MP_SCHED_B || op->kind == MP_SCHED_LOSS)
+            continue;
+        bool first = true;
+        for (size_t j = 0; j < k && first; j++)
+            first = !(s->sched->ops[j].index == op->index && s->sched->ops[j].kind != MP_SCHED_B &&
+                      s->sched->ops[j].kind != MP_SCHED_LOSS);
+        if (!first)
+            continue;
+        double x = XEV(s->op_first[k]);
+        fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#888\"/>\n", x, MY1, x, MY1 + 4);
+        if (x - last_lbl >= 70) {
+            fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"#444\" text-anchor=\"end\" "
+                         "transform=\"rotate(-35 %.1f %.1f)\">",
+                    x, MY1 + 14, x, MY1 + 14);
+            mp_xml_puts(out, block_name(p, op->index, buf, 64));
+            fputs("</text>\n", out);
+            last_lbl = x;
+        }
+    }
+    fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", PX0, MY1, PX1, MY1);
+    fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", PX0, MY0, PX0, MY1);
+    text(out, 16, (MY0 + MY1) / 2, "middle", "font-size=\"11\" fill=\"#444\" transform=\"rotate(-90 16 249)\"",
+         ctx ? "device memory (allocated + CUDA context)" : "allocated bytes");
+
+    /* target lines */
+    if (o->capacity_bytes) {
+        double y = ypx(&a, o->capacity_bytes);
+        fprintf(out, "<line id=\"capacity\" data-bytes=\"%llu\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                     "stroke=\"#c00\" stroke-width=\"1.5\"/>\n",
+                (unsigned long long)o->capacity_bytes, PX0, y, PX1, y);
+        snprintf(buf, sizeof buf, "capacity %s", mp_fmt_bytes(o->capacity_bytes, b1, sizeof b1));
+        text(out, PX1 - 4, y - 4, "end", "font-size=\"11\" fill=\"#c00\"", buf);
+        double yu = ypx(&a, usable);
+        fprintf(out, "<line id=\"usable\" data-bytes=\"%llu\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                     "stroke=\"#e67e00\" stroke-width=\"1.2\" stroke-dasharray=\"6 4\"/>\n",
+                (unsigned long long)usable, PX0, yu, PX1, yu);
+        snprintf(buf, sizeof buf, "usable with a %.1f%% margin %s", 100.0 * o->margin, mp_fmt_bytes(usable, b1, sizeof b1));
+        text(out, PX1 - 4, yu + 12, "end", "font-size=\"11\" fill=\"#b35f00\"", buf);
+    }
+
+    /* the probe's measured curve */
+    if (o->measured && o->n_measured) {
+        fprintf(out, "<polyline id=\"measured\" fill=\"none\" stroke=\"#000\" stroke-width=\"1.4\" "
+                     "stroke-dasharray=\"3 2\" points=\"");
+        size_t n = o->n_measured;
+        double w = pw / (double)n;
+        size_t per = n > N_COLS ? (n + N_COLS - 1) / N_COLS : 1;
+        for (size_t i = 0; i < n; i += per) {
+            uint64_t m = 0;
+            for (size_t j = i; j < i + per && j < n; j++)
+                m = o->measured[j] > m ? o->measured[j] : m;
+            fprintf(out, "%.1f,%.1f ", PX0 + w * (double)i, ypx(&a, m + ctx));
+        }
+        uint64_t mp = 0;
+        for (size_t i = 0; i < n; i++)
+            mp = o->measured[i] > mp ? o->measured[i] : mp;
+        fprintf(out, "\" data-peak-bytes=\"%llu\" data-events=\"%zu\"/>\n", (unsigned long long)mp, n);
+    }
+
+    /* the peak */
+    char ev[160];
+    event_name(p, &s->peak_s, ev, sizeof ev);
+    double px = XEV(s->peak_ev) + evw / 2, py = ypx(&a, s->peak + ctx);
+    fprintf(out, "<g id=\"peak\" data-bytes=\"%llu\" data-event=\"%zu\" data-label=\"", (unsigned long long)s->peak,
+            s->peak_ev);
+    mp_xml_puts(out, ev);
+    fprintf(out, "\">\n<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#000\" stroke-dasharray=\"2 2\"/>\n"
+                 "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#000\"/>\n",
+            px, py, px, MY1, px, py);
+    snprintf(buf, sizeof buf, "peak %s allocated at %s", mp_fmt_bytes(s->peak, b1, sizeof b1), ev);
+    bool left = px > PX0 + pw * 0.6;
+    text(out, left ? px - 8 : px + 8, py - 8 < MY0 + 10 ? MY0 + 12 : py - 8, left ? "end" : "start",
+         "font-size=\"12\" font-weight=\"bold\"", buf);
+    fputs("</g>\n", out);
+
+    /* legend: each category at the peak, then the other marks */
+    double lx = PX0, ly = 476;
+    for (int k = 0; k < K_N; k++) {
+        char attrs[128];
+        snprintf(attrs, sizeof attrs, " class=\"legend\" data-category=\"%s\" data-bytes-at-peak=\"%llu\"", CAT[k].name,
+                 (unsigned long long)s->peak_s.v[k]);
+        snprintf(buf, sizeof buf, "%s %s", CAT[k].name, mp_fmt_bytes(s->peak_s.v[k], b1, sizeof b1));
+        legend_item(out, &lx, &ly, attrs, CAT[k].color, buf);
+    }
+    if (ctx) {
+        snprintf(buf, sizeof buf, "CUDA context %s", mp_fmt_bytes(ctx, b1, sizeof b1));
+        legend_item(out, &lx, &ly, "", "#bbbbbb", buf);
+    }
+    legend_item(out, &lx, &ly, "", "url(#hatch)", "recomputed forward");
+    if (o->measured)
+        legend_item(out, &lx, &ly, "", "#000", "measured by the probe (dashed)");
+
+    /* zoom on the events around the peak */
+    size_t wn = s->win1 - s->win0;
+    uint64_t wmin = UINT64_MAX, wmax = 0;
+    for (size_t i = 0; i < wn; i++) {
+        wmin = s->win[i].total < wmin ? s->win[i].total : wmin;
+        wmax = s->win[i].total > wmax ? s->win[i].total : wmax;
+    }
+    uint64_t span = wmax - wmin;
+    uint64_t lo = span * 2 < wmax && wmin > span ? wmin - span : 0; /* zoom in vertically when it helps */
+    if (lo) {
+        uint64_t st = grid_step(wmax - lo);
+        lo = lo / st * st;
+    }
+    struct axis ia = {IY0, IY1, lo, wmax + (wmax - lo) / 8 + 1};
+    fprintf(out, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"none\" stroke=\"#000\" "
+                 "stroke-dasharray=\"4 3\"/>\n",
+            XEV(s->win0), MY0, evw * (double)wn, MY1 - MY0);
+    snprintf(buf, sizeof buf, "zoom: events %zu to %zu of %zu around the peak%s", s->win0, s->win1 - 1, s->total_ev,
+             lo ? " (y axis does not start at 0)" : "");
+    text(out, PX0, IY0 - 10, "start", "font-size=\"12\" font-weight=\"bold\" fill=\"#333\"", buf);
+    fprintf(out, "<g id=\"inset\" data-first-event=\"%zu\" data-last-event=\"%zu\">\n", s->win0, s->win1 - 1);
+    grid(out, &ia);
+    stack(out, s->win, NULL, wn, PX0, PX1, 0, &ia, "inset-clip");
+    double iw = pw / (double)(wn ? wn : 1);
+    /* the schedule ops that start inside the window */
+    last_lbl = -1e9;
+    for (size_t k = 0; k < s->sched->n; k++) {
+        if (s->op_first[k] < s->win0 || s->op_first[k] >= s->win1)
+            continue;
+        const struct mp_sched_op *op = &s->sched->ops[k];
+        double x = PX0 + iw * (double)(s->op_first[k] - s->win0);
+        fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#555\" stroke-dasharray=\"2 3\"/>\n",
+                x, IY0, x, IY1);
+        if (x - last_lbl >= 90) {
+            static const char *kn[] = {"forward (no grad)", "forward (checkpoint)", "forward", "loss", "backward"};
+            char bn[64];
+            snprintf(buf, sizeof buf, "%s %s", kn[op->kind],
+                     op->kind == MP_SCHED_LOSS ? "" : block_name(p, op->index, bn, sizeof bn));
+            text(out, x + 3, IY1 + 14, "start", "font-size=\"10\" fill=\"#444\"", buf);
+            last_lbl = x;
+        }
+    }
+    double ipx = PX0 + iw * ((double)(s->peak_ev - s->win0) + 0.5);
+    double ipy = ypx(&ia, s->peak);
+    fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#000\" stroke-dasharray=\"2 2\"/>\n"
+                 "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"#000\"/>\n",
+            ipx, ipy, ipx, IY1, ipx, ipy);
+    snprintf(buf, sizeof buf, "%s (%s B)", ev, (snprintf(b2, sizeof b2, "%llu", (unsigned long long)s->peak), b2));
+    left = ipx > PX0 + pw * 0.6;
+    text(out, left ? ipx - 6 : ipx + 6, ipy - 6 < IY0 + 10 ? IY0 + 12 : ipy - 6, left ? "end" : "start",
+         "font-size=\"11\"", buf);
+    fputs("</g>\n", out);
+    fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", PX0, IY1, PX1, IY1);
+    fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", PX0, IY0, PX0, IY1);
+    (void)b2;
+    text(out, PX1, SVG_H - 8, "end", "font-size=\"10\" fill=\"#777\"",
+         "x: the step's allocations and frees in order (one event per alloc/free); memplan " MEMPLAN_VERSION);
+    fputs("</svg>\n", out);
+#undef XEV
+}
+
+enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const struct mp_schedule *sched,
+                               const struct mp_train_opts *t, const struct mp_timeline_opts *o, struct mp_diag *d)
+{
+    struct mp_schedule none;
+    mp_schedule_init(&none);
+    struct tl s = {.p = p, .pass = 1};
+    enum mp_status st = MP_OK;
+    if (!sched) {
+        if (mp_ckpt_schedule_none(p->n_blocks, &none) != MP_OK) {
+            st = mp_fail(d, MP_ERR_NOMEM, "out of memory drawing the timeline");
+            goto out;
+        }
+        sched = &none;
+    }
+    s.sched = sched;
+    s.op_first = calloc(sched->n ? sched->n : 1, sizeof *s.op_first);
+    s.op_last = calloc(sched->n ? sched->n : 1, sizeof *s.op_last);
+    if (!s.op_first || !s.op_last) {
+        st = mp_fail(d, MP_ERR_NOMEM, "out of memory drawing the timeline");
+        goto out;
+    }
+    st = mp_replay(p, sched, t, on_event, &s, d);
+    if (st != MP_OK || s.n_ev == 0) {
+        if (st == MP_OK)
+            st = mp_fail(d, MP_ERR_INTERNAL, "timeline: the step has no allocations");
+        else if (st == MP_ERR_NOMEM)
+            mp_fail(d, st, "out of memory drawing the timeline");
+        goto out;
+    }
+    /* pass 2: columns and the zoom window (the schedule op holding the peak, widened) */
+    s.total_ev = s.n_ev;
+    s.n_cols = s.total_ev < N_COLS ? s.total_ev : N_COLS;
+    size_t a = s.peak_ev, b = s.peak_ev + 1;
+    for (size_t k = 0; k < sched->n; k++)
+        if (s.op_first[k] <= s.peak_ev && s.peak_ev < s.op_last[k]) {
+            a = s.op_first[k];
+            b = s.op_last[k];
+        }
+    size_t w = b - a;
+    w = w < INSET_MIN ? INSET_MIN : w + w; /* the op and as much again around it */
+    if (w > INSET_MAX)
+        w = INSET_MAX;
+    if (w > s.total_ev)
+        w = s.total_ev;
+    s.win0 = s.peak_ev > w / 2 ? s.peak_ev - w / 2 : 0;
+    if (s.win0 + w > s.total_ev)
+        s.win0 = s.total_ev - w;
+    s.win1 = s.win0 + w;
+    s.col = calloc(s.n_cols, sizeof *s.col);
+    s.col_set = calloc(s.n_cols, sizeof *s.col_set);
+    s.win = calloc(w, sizeof *s.win);
+    if (!s.col || !s.col_set || !s.win) {
+        st = mp_fail(d, MP_ERR_NOMEM, "out of memory drawing the timeline");
+        goto out;
+    }
+    memset(s.cur, 0, sizeof s.cur);
+    s.total = 0;
+    s.n_ev = 0;
+    s.pass = 2;
+    st = mp_replay(p, sched, t, on_event, &s, d);
+    if (st != MP_OK)
+        goto out;
+    draw(out, &s, o);
+    if (ferror(out))
+        st = mp_fail(d, MP_ERR_IO, "writing the timeline failed");
+out:
+    mp_schedule_release(&none);
+    free(s.spans);
+    free(s.op_first);
+    free(s.op_last);
+    free(s.col);
+    free(s.col_set);
+    free(s.win);
+    return st;
+}

@@ -1,0 +1,99 @@
+"""timeline_check.py SVG JSON [probe]: the --timeline picture agrees with the --json report.
+
+Exit 0 when it does; otherwise prints the first disagreement and exits 1.  The
+expected values come from the JSON report (a separate code path: the estimator's
+counting visitor), never from the SVG writer itself.
+"""
+import json
+import sys
+import xml.etree.ElementTree as ET
+
+NS = "{http://www.w3.org/2000/svg}"
+ORDER = ["setup", "forward", "loss", "recompute", "backward", "optimizer.step", "end"]
+
+
+def fail(msg):
+    sys.exit("timeline: " + msg)
+
+
+svg_path, json_path = sys.argv[1], sys.argv[2]
+probe = len(sys.argv) > 3 and sys.argv[3] == "probe"
+try:
+    root = ET.parse(svg_path).getroot()  # well-formed XML, or a ParseError
+except ET.ParseError as e:
+    fail("not well-formed XML: %s" % e)
+with open(json_path) as f:
+    rep = json.load(f)
+mem = rep["memory"]
+if root.tag != NS + "svg":
+    fail("root element is %s, not svg" % root.tag)
+
+peak = root.find(".//%sg[@id='peak']" % NS)
+if peak is None:
+    fail("no peak marker")
+if int(peak.get("data-bytes")) != mem["peak_allocated_bytes"]:
+    fail("peak %s != peak_allocated_bytes %d" % (peak.get("data-bytes"), mem["peak_allocated_bytes"]))
+if peak.get("data-label") != mem["peak_event"]:
+    fail("peak label %r != peak_event %r" % (peak.get("data-label"), mem["peak_event"]))
+texts = " ".join("".join(t.itertext()) for t in peak.iter(NS + "text"))
+if mem["peak_event"] not in texts:
+    fail("the peak's text %r does not name %r" % (texts, mem["peak_event"]))
+
+# the phases tile the events in order: setup first, then forward ... optimizer step
+phases = [(int(r.get("data-first-event")), int(r.get("data-last-event")), r.get("data-phase"))
+          for r in root.iter(NS + "rect") if r.get("class") == "phase"]
+n_ev = int(root.get("data-events"))
+if not phases or phases[0][0] != 0 or phases[-1][1] != n_ev - 1:
+    fail("phase bands do not cover events 0..%d" % (n_ev - 1))
+for (a0, a1, pa), (b0, b1, pb) in zip(phases, phases[1:]):
+    if b0 != a1 + 1 or b1 < b0:
+        fail("phase bands not contiguous: %s [%d,%d] then %s [%d,%d]" % (pa, a0, a1, pb, b0, b1))
+seen = [p for _, _, p in phases]
+if seen[0] != "setup" or "forward" not in seen or "loss" not in seen or "backward" not in seen:
+    fail("phases %s" % seen)
+first = {p: seen.index(p) for p in set(seen)}
+for a, b in (("setup", "forward"), ("forward", "loss"), ("loss", "backward")):
+    if first[a] > first[b]:
+        fail("%s after %s" % (a, b))
+if "optimizer.step" in first and first["optimizer.step"] < max(i for i, p in enumerate(seen) if p == "backward"):
+    fail("optimizer step before the last backward")
+pe = int(peak.get("data-event"))
+inside = [p for a, b, p in phases if a <= pe <= b]
+if inside != [mem["peak_event"].split(":")[0]]:
+    fail("peak event %d lies in phase %s, the report says %s" % (pe, inside, mem["peak_phase"]))
+
+# the categories at the peak add up to the peak
+cats = [int(r.get("data-bytes-at-peak")) for r in root.iter(NS + "rect") if r.get("class") == "legend"]
+if len(cats) < 6 or sum(cats) != mem["peak_allocated_bytes"]:
+    fail("legend categories sum to %d, peak %d" % (sum(cats), mem["peak_allocated_bytes"]))
+
+# recomputed forwards are shaded exactly when the plan recomputes
+recompute = [r for r in root.iter(NS + "rect") if r.get("class") == "recompute"]
+if bool(recompute) != (mem["recompute_flops"] > 0):
+    fail("%d recompute bands, recompute_flops %s" % (len(recompute), mem["recompute_flops"]))
+
+cap = root.find(".//%sline[@id='capacity']" % NS)
+tgt = rep.get("target")
+if tgt and tgt.get("capacity_bytes"):
+    if cap is None or int(cap.get("data-bytes")) != tgt["capacity_bytes"]:
+        fail("capacity line %s, target capacity %d" % (None if cap is None else cap.get("data-bytes"),
+                                                         tgt["capacity_bytes"]))
+    if root.find(".//%sline[@id='usable']" % NS) is None:
+        fail("no margin (usable) line with a target")
+elif cap is not None:
+    fail("a capacity line without a target")
+
+inset = root.find(".//%sg[@id='inset']" % NS)
+if inset is None or not int(inset.get("data-first-event")) <= pe <= int(inset.get("data-last-event")):
+    fail("the zoom does not contain the peak")
+
+if probe:
+    m = root.find(".//%spolyline[@id='measured']" % NS)
+    if m is None:
+        fail("no measured curve")
+    if int(m.get("data-peak-bytes")) != rep["probe"]["measured_peak_bytes"]:
+        fail("measured curve peak %s != probe.measured_peak_bytes %d"
+             % (m.get("data-peak-bytes"), rep["probe"]["measured_peak_bytes"]))
+    if int(m.get("data-events")) != n_ev:
+        fail("measured curve has %s events, the replay %d" % (m.get("data-events"), n_ev))
+print("ok")
