@@ -273,7 +273,8 @@ static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
                      "          embeddings, norms, lm_head in %s\n",
                 mp_quant_kind_str(q->kind), (unsigned long long)q->blocksize, q->double_quant ? "on" : "off",
                 c->model->quant.kind != MP_Q_NONE ? "quantization_config" : "QLoRA recipe",
-                f->kbit_prepare || p->param_dtype == MP_DT_F32 ? "fp32 (prepare_model_for_kbit_training)" : "bf16");
+                p->param_dtype == MP_DT_F32 ? "fp32 (as prepare_model_for_kbit_training casts them)"
+                                            : "bf16 (prepare_model_for_kbit_training would make them fp32)");
     else if (q)
         fprintf(out, "          base %s (quantization_config), dequantized per matmul in forward and backward\n",
                 mp_quant_kind_str(q->kind));
