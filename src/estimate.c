@@ -26,13 +26,17 @@ void mp_train_opts_default(struct mp_train_opts *o)
     o->optimizer = MP_OPT_ADAMW;
     o->cublas_workspace_bytes = 8519680; /* :4096:2:16:8 (memory-facts §8); 32 MiB on sm90 */
     o->accumulate = false;
+    o->par = NULL;
 }
 
 /* ---- optimizer state ------------------------------------------------------------------ */
 
 uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, const struct mp_param *q)
 {
-    uint64_t s = mp_dtype_size(p->param_dtype), n = q->elems;
+    uint64_t s = mp_dtype_size(q->dtype), n = q->elems;
+    (void)p;
+    if (!q->trainable)
+        return 0; /* frozen: no optimizer state */
     switch (o) {
     case MP_OPT_SGD: return 0;
     case MP_OPT_SGD_MOMENTUM: return n * s;
@@ -53,15 +57,15 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
 
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o)
 {
-    uint64_t s = mp_dtype_size(p->param_dtype), total = 0, largest = 0;
+    uint64_t total = 0, largest = 0;
     for (size_t i = 0; i < p->n_params; i++) {
-        total += p->params[i].elems;
-        largest = mp_max_u64(largest, p->params[i].elems);
+        total += mp_param_grad_bytes(&p->params[i]);
+        largest = mp_max_u64(largest, mp_param_grad_bytes(&p->params[i]));
     }
     switch (o) {
     case MP_OPT_ADAM:
-    case MP_OPT_ADAMW: return total * s; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
-    case MP_OPT_ADAFACTOR: return largest * s;
+    case MP_OPT_ADAMW: return total; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
+    case MP_OPT_ADAFACTOR: return largest;
     default: return 0;
     }
 }
@@ -81,6 +85,11 @@ struct rp {
     int *uses, *saved, *holds;
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
     bool *cached; /* per tensor: an autocast weight copy held by autocast's cache until the loss */
+    /* data parallel (NULL pp: one GPU) */
+    const struct mp_par_plan *pp;
+    bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
+    int ag_held;    /* FSDP2 forward: the all-gather output kept until the next group's copy-out */
+    int rs_pending; /* FSDP2: the reduce-scatter input kept until the next group's reduce */
 };
 
 static void emit(struct rp *r, enum mp_ev_kind k, enum mp_store s, int id, uint64_t bytes)
@@ -146,6 +155,14 @@ static bool node_reads(const struct mp_node *n, int t, int upto)
     return false;
 }
 
+/* ZeRO-3 / FSDP gather each layer's parameters for its forward: what autocast's cache
+ * would keep of those is not modelled (DeepSpeed casts the parameters themselves). */
+static bool params_sharded(const struct rp *r)
+{
+    return r->pp && (r->t->par->strategy == MP_PAR_ZERO3 || r->t->par->strategy == MP_PAR_FSDP ||
+                     r->t->par->strategy == MP_PAR_FSDP_NO_RESHARD);
+}
+
 /* Forward of block i; kind FE records for backward, FN/FC do not. */
 static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
 {
@@ -170,7 +187,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
         /* torch.autocast caches the half copy of every weight it casts (leaf, requires grad)
          * until the autocast region ends, after the loss: under checkpointing the copies of
          * every checkpointed layer outlive their no-grad forward (autocast_mode.cpp cached_cast) */
-        if (n->wcopy >= 0 && r->phase == MP_PH_FORWARD && !r->cached[n->wcopy]) {
+        if (n->wcopy >= 0 && r->phase == MP_PH_FORWARD && !r->cached[n->wcopy] && !params_sharded(r)) {
             r->cached[n->wcopy] = true;
             r->holds[n->wcopy]++;
         }
@@ -209,6 +226,275 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
     }
 }
 
+
+/* ---- data parallel: rank r's communication events (parallel.h, memory-facts §13) --------------- */
+
+static bool par_on(const struct rp *r) { return r->pp != NULL; }
+
+static void comm(struct rp *r, bool alloc, size_t slot, enum mp_comm_kind k, uint64_t bytes)
+{
+    if (bytes)
+        emit(r, alloc ? MP_EV_ALLOC : MP_EV_FREE, MP_ST_COMM, (int)(slot * MP_COMM_KINDS + k), bytes);
+}
+
+static bool fsdp(const struct rp *r) { return par_on(r) && mp_par_is_fsdp(r->pp->par.strategy); }
+static bool zero3(const struct rp *r) { return par_on(r) && r->pp->par.strategy == MP_PAR_ZERO3; }
+
+/* Bytes of the group's unsharded parameters / flat buffers in the compute dtype. */
+static uint64_t g_unsharded(const struct rp *r, size_t g)
+{
+    return r->pp->groups[g].unsharded_elems * r->pp->compute_elem_bytes;
+}
+
+/* FSDP2 unshard (all-gather, copy-out) of group g; in forward the flat output is kept until
+ * the next group's copy-out (implicit prefetch), otherwise freed right after the copy-out. */
+static void fsdp_unshard(struct rp *r, size_t g, bool forward)
+{
+    if (r->uns[g])
+        return;
+    uint64_t flat = g_unsharded(r, g);
+    if (!r->ag_pending[g]) {
+        if (r->pp->par.mixed_bf16) /* flat copy-in of the shards cast to bf16 */
+            comm(r, true, g, MP_COMM_COPY_IN, r->pp->groups[g].shard_elems * r->pp->compute_elem_bytes);
+        comm(r, true, g, MP_COMM_AG_OUT, flat);
+        if (r->pp->par.mixed_bf16)
+            comm(r, false, g, MP_COMM_COPY_IN, r->pp->groups[g].shard_elems * r->pp->compute_elem_bytes);
+    }
+    r->ag_pending[g] = false;
+    if (forward && r->ag_held >= 0) {
+        comm(r, false, (size_t)r->ag_held, MP_COMM_AG_OUT, g_unsharded(r, (size_t)r->ag_held));
+        r->ag_held = -1;
+    }
+    comm(r, true, g, MP_COMM_UNSHARD, flat);
+    r->uns[g] = true;
+    if (forward)
+        r->ag_held = (int)g;
+    else
+        comm(r, false, g, MP_COMM_AG_OUT, flat);
+}
+
+static void reshard(struct rp *r, size_t g)
+{
+    if (!r->uns[g])
+        return;
+    comm(r, false, g, MP_COMM_UNSHARD, g_unsharded(r, g));
+    r->uns[g] = false;
+}
+
+/* ZeRO-3 fetch: the block's parameters gathered into their own storage (no flat copy). */
+static void z3_fetch(struct rp *r, size_t g)
+{
+    if (r->uns[g])
+        return;
+    comm(r, true, g, MP_COMM_UNSHARD, g_unsharded(r, g));
+    r->uns[g] = true;
+}
+
+static void par_pre_fwd(struct rp *r, size_t i)
+{
+    if (!par_on(r) || !r->pp->group_of_block)
+        return;
+    int save = r->node;
+    r->node = (int)r->p->blocks[i].node0;
+    size_t g = (size_t)r->pp->group_of_block[i];
+    bool forward = r->phase == MP_PH_FORWARD;
+    if (fsdp(r)) {
+        for (size_t k = 0; k < r->pp->n_groups; k++) /* the root unshards first, before any block */
+            if (r->pp->groups[k].root && forward)
+                fsdp_unshard(r, k, true);
+        fsdp_unshard(r, g, forward);
+    } else if (zero3(r)) {
+        z3_fetch(r, g);
+        /* prefetch the next block's parameters if they fit the prefetch bucket */
+        if (forward && i + 1 < r->p->n_blocks) {
+            size_t n = (size_t)r->pp->group_of_block[i + 1];
+            if (r->pp->groups[n].unsharded_elems <= r->pp->par.ds_prefetch_bucket_elems)
+                z3_fetch(r, n);
+        }
+    }
+    r->node = save;
+}
+
+static void par_post_fwd(struct rp *r, size_t i)
+{
+    if (!par_on(r) || !r->pp->group_of_block || r->phase != MP_PH_FORWARD)
+        return; /* a recomputation in backward keeps the parameters until its backward */
+    int save = r->node;
+    r->node = (int)(r->p->blocks[i].node0 + (r->p->blocks[i].n_nodes ? r->p->blocks[i].n_nodes - 1 : 0));
+    size_t g = (size_t)r->pp->group_of_block[i];
+    if (fsdp(r)) {
+        if (r->pp->par.strategy == MP_PAR_FSDP && !r->pp->groups[g].root)
+            reshard(r, g);
+        if (i + 1 == r->p->n_blocks && r->ag_held >= 0) { /* root post-forward frees the last one */
+            comm(r, false, (size_t)r->ag_held, MP_COMM_AG_OUT, g_unsharded(r, (size_t)r->ag_held));
+            r->ag_held = -1;
+        }
+    } else if (zero3(r)) {
+        reshard(r, g);
+    }
+    r->node = save;
+}
+
+static void par_pre_bwd(struct rp *r, size_t i)
+{
+    if (!par_on(r) || !r->pp->group_of_block)
+        return;
+    int save = r->node;
+    r->node = (int)(r->p->blocks[i].node0 + (r->p->blocks[i].n_nodes ? r->p->blocks[i].n_nodes - 1 : 0));
+    size_t g = (size_t)r->pp->group_of_block[i];
+    if (fsdp(r)) {
+        fsdp_unshard(r, g, false);
+        /* backward prefetch: the group of the previous block is all-gathered now */
+        for (size_t j = i; j-- > 0;) {
+            size_t h = (size_t)r->pp->group_of_block[j];
+            if (h == g)
+                continue;
+            if (!r->pp->groups[h].root && !r->uns[h] && !r->ag_pending[h]) {
+                if (r->pp->par.mixed_bf16)
+                    comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].shard_elems * r->pp->compute_elem_bytes);
+                comm(r, true, h, MP_COMM_AG_OUT, g_unsharded(r, h));
+                if (r->pp->par.mixed_bf16)
+                    comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].shard_elems * r->pp->compute_elem_bytes);
+                r->ag_pending[h] = true;
+            }
+            break;
+        }
+    } else if (zero3(r)) {
+        z3_fetch(r, g);
+        if (i > 0) {
+            size_t h = (size_t)r->pp->group_of_block[i - 1];
+            if (r->pp->groups[h].unsharded_elems <= r->pp->par.ds_prefetch_bucket_elems)
+                z3_fetch(r, h);
+        }
+    }
+    r->node = save;
+}
+
+/* Frees the unsharded gradients of block range [b0, b1] (they were copied into a
+ * reduce-scatter input or a reduce bucket). */
+static void drop_pgrads(struct rp *r, size_t g, bool whole_group, size_t blk)
+{
+    const struct mp_program *p = r->p;
+    for (size_t q = 0; q < p->n_params; q++) {
+        int b = p->params[q].block;
+        if (b < 0 || !r->pglive[q])
+            continue;
+        if (whole_group ? (size_t)r->pp->group_of_block[b] != g : (size_t)b != blk)
+            continue;
+        r->pglive[q] = false;
+        emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
+    }
+}
+
+/* FSDP2 post-backward of group g: reshard, release the previous reduce-scatter input, then
+ * reduce-scatter: input (padded, reduce dtype), unsharded grads freed, output = sharded grads. */
+static void fsdp_post_bwd(struct rp *r, size_t g)
+{
+    const struct mp_par_plan *pp = r->pp;
+    uint64_t in = pp->groups[g].unsharded_elems * pp->reduce_elem_bytes;
+    reshard(r, g);
+    if (r->rs_pending >= 0) {
+        comm(r, false, (size_t)r->rs_pending, MP_COMM_RS_IN,
+             pp->groups[r->rs_pending].unsharded_elems * pp->reduce_elem_bytes);
+        r->rs_pending = -1;
+    }
+    comm(r, true, g, MP_COMM_RS_IN, in);
+    drop_pgrads(r, g, true, 0);
+    if (!r->rs_out[g]) {
+        comm(r, true, g, MP_COMM_RS_OUT, pp->groups[g].shard_elems * pp->reduce_elem_bytes);
+        r->rs_out[g] = true;
+    }
+    r->rs_pending = (int)g;
+}
+
+static void par_post_bwd(struct rp *r, size_t i)
+{
+    if (!par_on(r))
+        return;
+    int save = r->node;
+    r->node = (int)r->p->blocks[i].node0;
+    enum mp_par_strategy s = r->pp->par.strategy;
+    size_t g = r->pp->group_of_block ? (size_t)r->pp->group_of_block[i] : 0;
+    if (fsdp(r)) {
+        if (!r->pp->groups[g].root)
+            fsdp_post_bwd(r, g);
+        if (i == 0) { /* end of backward: the root group, then the final callback */
+            for (size_t k = 0; k < r->pp->n_groups; k++)
+                if (r->pp->groups[k].root)
+                    fsdp_post_bwd(r, k);
+            if (r->rs_pending >= 0) {
+                comm(r, false, (size_t)r->rs_pending, MP_COMM_RS_IN,
+                     r->pp->groups[r->rs_pending].unsharded_elems * r->pp->reduce_elem_bytes);
+                r->rs_pending = -1;
+            }
+        }
+    } else if (s == MP_PAR_ZERO3) {
+        reshard(r, g);
+        drop_pgrads(r, 0, false, i); /* reduced through the bucket into the fp32 partition */
+    } else if (s == MP_PAR_ZERO2) {
+        drop_pgrads(r, 0, false, i); /* copied into the bucket, reduced into grads_in_partition */
+    }
+    r->node = save;
+}
+
+/* Bytes of parameter q on this rank's GPU at setup. */
+static uint64_t par_param_bytes(const struct rp *r, size_t q)
+{
+    const struct mp_program *p = r->p;
+    uint64_t P = mp_dtype_size(p->param_dtype), n = p->params[q].elems;
+    if (!par_on(r))
+        return p->params[q].bytes; /* quantized weights: their packed parts */
+    const struct mp_par_plan *pp = r->pp;
+    bool off_par = pp->par.offload == MP_OFFLOAD_PARAMS;
+    switch (pp->par.strategy) {
+    case MP_PAR_FSDP:
+    case MP_PAR_FSDP_NO_RESHARD: return off_par ? 0 : pp->shard_elems[q] * pp->master_elem_bytes;
+    case MP_PAR_ZERO3:
+        if (n < pp->par.ds_persistence_elems)
+            return n * P;
+        return off_par ? 0 : pp->shard_elems[q] * P;
+    default: return n * P;
+    }
+}
+
+static void par_setup(struct rp *r)
+{
+    const struct mp_par_plan *pp = r->pp;
+    bool off = pp->par.offload != MP_OFFLOAD_NONE;
+    for (size_t b = 0; b < pp->n_buckets; b++)
+        comm(r, true, b, MP_COMM_BUCKET, pp->bucket_bytes[b]);
+    switch (pp->par.strategy) {
+    case MP_PAR_ZERO1:
+    case MP_PAR_ZERO2:
+        if (!off) {
+            comm(r, true, 0, MP_COMM_PARTITION, pp->partition_elems * 4); /* fp32 master partition */
+            emit(r, MP_EV_ALLOC, MP_ST_OPT_STATE, 0, pp->optimizer_bytes);
+        }
+        if (pp->par.strategy == MP_PAR_ZERO2 && !off) /* grads_in_partition */
+            comm(r, true, 1, MP_COMM_PARTITION, pp->partition_elems * pp->compute_elem_bytes);
+        break;
+    case MP_PAR_ZERO3:
+        if (!off) {
+            uint64_t shard = 0;
+            for (size_t q = 0; q < r->p->n_params; q++)
+                shard += pp->shard_elems[q];
+            if (pp->compute_elem_bytes != 4)
+                comm(r, true, 0, MP_COMM_PARTITION, shard * 4); /* fp32 master partition */
+            comm(r, true, 1, MP_COMM_PARTITION, shard * 4);     /* grad_partitions_flat_buffer */
+        }
+        break;
+    default: break;
+    }
+}
+
+static bool par_opt_per_param(const struct rp *r)
+{
+    /* ZeRO-1/2 keep the optimizer state as one flat partition; offload keeps it on the host */
+    return !par_on(r) || ((r->pp->par.strategy == MP_PAR_DDP || mp_par_is_fsdp(r->pp->par.strategy) ||
+                           r->pp->par.strategy == MP_PAR_ZERO3) &&
+                          r->pp->par.offload == MP_OFFLOAD_NONE);
+}
+
 static void bwd_block(struct rp *r, size_t i)
 {
     const struct mp_program *p = r->p;
@@ -218,13 +504,20 @@ static void bwd_block(struct rp *r, size_t i)
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
         uint64_t incoming = 0; /* accumulation: the node's new weight gradients, added in place */
+        if (n->no_grad) { /* not recorded: no backward; nothing saved, no gradient flows */
+            if (!node_reads(n, n->out, 3))
+                g_free(r, n->out);
+            continue;
+        }
         for (int j = 0; j < 2; j++) {
             int q = n->param[j];
-            if (q >= 0 && !r->pglive[q]) {
+            if (q < 0 || !p->params[q].trainable)
+                continue;
+            if (!r->pglive[q]) {
                 r->pglive[q] = true;
-                emit(r, MP_EV_ALLOC, MP_ST_PGRAD, q, p->params[q].elems * mp_dtype_size(p->param_dtype));
-            } else if (q >= 0 && r->t->accumulate) {
-                incoming += p->params[q].elems * mp_dtype_size(p->param_dtype);
+                emit(r, MP_EV_ALLOC, MP_ST_PGRAD, q, mp_param_grad_bytes(&p->params[q]));
+            } else if (r->t->accumulate) {
+                incoming += mp_param_grad_bytes(&p->params[q]);
             }
         }
         if (n->grad_in)
@@ -305,6 +598,23 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
     struct mp_schedule none;
     mp_schedule_init(&none);
     enum mp_status st = MP_OK;
+    struct mp_par_plan plan;
+    memset(&plan, 0, sizeof plan);
+    r.ag_held = r.rs_pending = -1;
+    if (t->par && t->par->strategy != MP_PAR_NONE) {
+        st = mp_par_plan_make(t->par, p, t->optimizer, &plan, d);
+        if (st != MP_OK)
+            goto out;
+        r.pp = &plan;
+        size_t ng = plan.n_groups ? plan.n_groups : 1;
+        r.uns = calloc(ng, sizeof(bool));
+        r.ag_pending = calloc(ng, sizeof(bool));
+        r.rs_out = calloc(ng, sizeof(bool));
+        if (!r.uns || !r.ag_pending || !r.rs_out) {
+            st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
+            goto out;
+        }
+    }
     if (!r.live || !r.glive || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds || !r.ckpt || !r.cached) {
         st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
         goto out;
@@ -320,19 +630,32 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
 
     /* setup: parameters, optimizer state, workspace, the batch */
     r.phase = MP_PH_SETUP;
-    for (size_t q = 0; q < p->n_params; q++)
-        emit(&r, MP_EV_ALLOC, MP_ST_PARAM, (int)q, p->params[q].elems * mp_dtype_size(p->param_dtype));
     for (size_t q = 0; q < p->n_params; q++) {
-        uint64_t b = mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
+        uint64_t b = par_param_bytes(&r, q);
+        if (b)
+            emit(&r, MP_EV_ALLOC, MP_ST_PARAM, (int)q, b);
+    }
+    for (size_t q = 0; q < p->n_params && par_opt_per_param(&r); q++) {
+        uint64_t b = r.pp ? mp_par_opt_state_bytes(r.pp, p, t->optimizer, q)
+                          : mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
         if (b)
             emit(&r, MP_EV_ALLOC, MP_ST_OPT_STATE, (int)q, b);
     }
+    if (r.pp)
+        par_setup(&r);
     if (t->cublas_workspace_bytes)
         emit(&r, MP_EV_ALLOC, MP_ST_WORKSPACE, 0, t->cublas_workspace_bytes);
-    if (t->accumulate) /* gradients left by the previous micro-steps */
+    if (t->accumulate && fsdp(&r)) /* sharded gradients left by the previous micro-steps */
+        for (size_t g = 0; g < r.pp->n_groups; g++) {
+            comm(&r, true, g, MP_COMM_RS_OUT, r.pp->groups[g].shard_elems * r.pp->reduce_elem_bytes);
+            r.rs_out[g] = true;
+        }
+    else if (t->accumulate && !(r.pp && (r.pp->par.strategy == MP_PAR_ZERO2 || r.pp->par.strategy == MP_PAR_ZERO3)))
         for (size_t q = 0; q < p->n_params; q++) {
+            if (!p->params[q].trainable)
+                continue;
             r.pglive[q] = true;
-            emit(&r, MP_EV_ALLOC, MP_ST_PGRAD, (int)q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+            emit(&r, MP_EV_ALLOC, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
         }
     r.is_input[p->input] = true;
     r.live[p->input] = true;
@@ -354,7 +677,9 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         case MP_SCHED_FC:
         case MP_SCHED_FE:
             r.phase = after_loss ? MP_PH_RECOMPUTE : MP_PH_FORWARD;
+            par_pre_fwd(&r, op->index);
             fwd_block(&r, op->index, op->kind);
+            par_post_fwd(&r, op->index);
             break;
         case MP_SCHED_LOSS:
             loss_op(&r);
@@ -362,7 +687,9 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
             break;
         case MP_SCHED_B:
             r.phase = MP_PH_BACKWARD;
+            par_pre_bwd(&r, op->index);
             bwd_block(&r, op->index);
+            par_post_bwd(&r, op->index);
             break;
         }
         emit(&r, MP_EV_OP_END, MP_ST_TMP, (int)k, 0);
@@ -373,26 +700,53 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
      * is one tensor the size of the largest parameter (id 0). */
     r.phase = MP_PH_STEP;
     bool per_param = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW;
-    uint64_t ps = mp_dtype_size(p->param_dtype);
+    uint64_t ps = mp_dtype_size(p->param_dtype); /* sharded paths: per element */
     uint64_t otmp = mp_opt_step_tmp_bytes(p, t->optimizer);
-    if (per_param)
+    /* Sharded: torch's foreach AdamW works on the fp32 shards (FSDP2); DeepSpeed's fused
+     * Adam has no temporaries but ZeRO-1/2 make an fp32 gradient partition; offload steps
+     * on the host. */
+    uint64_t *tmp_of = NULL;
+    bool z12 = r.pp && (r.pp->par.strategy == MP_PAR_ZERO1 || r.pp->par.strategy == MP_PAR_ZERO2);
+    if (r.pp && (mp_par_is_deepspeed(r.pp->par.strategy) || r.pp->par.offload != MP_OFFLOAD_NONE)) {
+        per_param = false;
+        otmp = 0;
+        if (z12 && r.pp->par.offload == MP_OFFLOAD_NONE)
+            comm(&r, true, 0, MP_COMM_STEP_GRAD, r.pp->partition_elems * 4);
+    } else if (r.pp && mp_par_is_fsdp(r.pp->par.strategy)) {
+        tmp_of = r.pp->shard_elems;
+        ps = r.pp->master_elem_bytes;
+        otmp = 0;
         for (size_t q = 0; q < p->n_params; q++)
-            emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, (int)q, p->params[q].elems * ps);
-    else if (otmp)
+            otmp = per_param ? otmp + tmp_of[q] * ps : mp_max_u64(otmp, tmp_of[q] * ps);
+    }
+    if (per_param) {
+        for (size_t q = 0; q < p->n_params; q++)
+            if (p->params[q].trainable)
+                emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, (int)q,
+                     tmp_of ? tmp_of[q] * ps : mp_param_grad_bytes(&p->params[q]));
+    } else if (otmp)
         emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, 0, otmp);
     if (r.st == MP_OK) {
         struct mp_event ev = {.kind = MP_EV_OPT_STEP, .store = MP_ST_OPT_TMP, .node = -1, .phase = r.phase};
         r.st = fn(ctx, &ev);
     }
-    if (per_param)
+    if (per_param) {
         for (size_t q = 0; q < p->n_params; q++)
-            emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, (int)q, p->params[q].elems * ps);
-    else if (otmp)
+            if (p->params[q].trainable)
+                emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, (int)q,
+                     tmp_of ? tmp_of[q] * ps : mp_param_grad_bytes(&p->params[q]));
+    } else if (otmp)
         emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, 0, otmp);
+    if (z12 && r.pp->par.offload == MP_OFFLOAD_NONE)
+        comm(&r, false, 0, MP_COMM_STEP_GRAD, r.pp->partition_elems * 4);
     r.phase = MP_PH_END;
+    if (r.pp) /* zero_grad(set_to_none=True) frees the sharded gradients */
+        for (size_t g = 0; g < r.pp->n_groups; g++)
+            if (r.rs_out[g])
+                comm(&r, false, g, MP_COMM_RS_OUT, r.pp->groups[g].shard_elems * r.pp->reduce_elem_bytes);
     for (size_t q = 0; q < p->n_params; q++)
         if (r.pglive[q])
-            emit(&r, MP_EV_FREE, MP_ST_PGRAD, (int)q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+            emit(&r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
     /* Anything still live is a bookkeeping bug; release it so visitors stay balanced. */
     for (size_t i = 0; i < p->n_tensors && r.st == MP_OK; i++) {
         if (r.glive[i])
@@ -405,6 +759,10 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
     st = r.st;
 out:
     mp_schedule_release(&none);
+    mp_par_plan_release(&plan);
+    free(r.uns);
+    free(r.ag_pending);
+    free(r.rs_out);
     free(r.live);
     free(r.glive);
     free(r.is_input);
@@ -573,6 +931,7 @@ struct counter {
     enum mp_phase peak_phase;
     int peak_node;
     enum mp_store peak_store;
+    int peak_id;
     uint64_t act_at_loss;
     bool have_loss;
     uint64_t act_cur; /* ACT + GRAD + TMP */
@@ -597,9 +956,20 @@ static size_t key_of(const struct mp_program *p, const struct mp_event *ev)
     case MP_ST_ACT: return 4 * np + 2 + (size_t)ev->id;
     case MP_ST_GRAD: return 4 * np + 2 + nt + (size_t)ev->id;
     case MP_ST_TMP: return 4 * np + 2 + 2 * nt + (size_t)ev->id;
+    case MP_ST_COMM: return 4 * np + 2 + 2 * nt + nn + 1 + (size_t)ev->id;
     }
     (void)nn;
     return 0;
+}
+
+/* Communication buffers that live for the whole run (DDP / DeepSpeed buckets, partitions). */
+static bool persistent_comm(const struct mp_program *p, size_t key)
+{
+    size_t base = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
+    if (key < base)
+        return false;
+    size_t kind = (key - base) % MP_COMM_KINDS;
+    return kind == MP_COMM_BUCKET || kind == MP_COMM_PARTITION;
 }
 
 static enum mp_status count_event(void *ctx, const struct mp_event *ev)
@@ -624,6 +994,7 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
             c->peak_phase = ev->phase;
             c->peak_node = ev->node;
             c->peak_store = ev->store;
+            c->peak_id = ev->id;
         }
         if (c->cur_req > c->peak_req)
             c->peak_req = c->cur_req;
@@ -661,12 +1032,11 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     memset(e, 0, sizeof *e);
     e->params = p->total_params;
     e->trainable_params = p->trainable_params;
-    uint64_t ps = mp_dtype_size(p->param_dtype);
     for (size_t q = 0; q < p->n_params; q++) {
-        e->weights_bytes += p->params[q].elems * ps;
+        e->weights_bytes += p->params[q].raw_bytes;
+        e->grads_bytes += mp_param_grad_bytes(&p->params[q]);
         e->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
     }
-    e->grads_bytes = e->weights_bytes;
     e->input_bytes = p->tensors[p->input].bytes + (p->labels >= 0 ? p->tensors[p->labels].bytes : 0);
     e->workspace_bytes = t->cublas_workspace_bytes;
     e->optimizer_tmp_bytes = mp_opt_step_tmp_bytes(p, t->optimizer);
@@ -678,6 +1048,8 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
      * allocated peak (fit decisions never use it). */
     struct counter c = {.p = p, .peak_node = -1, .no_asim = p->n_nodes > MP_ASIM_MAX_NODES};
     c.nkeys = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
+    if (t->par && t->par->strategy != MP_PAR_NONE) /* communication slots: groups or buckets */
+        c.nkeys += (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS;
     c.blk_of = calloc(c.nkeys, sizeof *c.blk_of);
     if (!c.blk_of)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
@@ -691,7 +1063,7 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
             c.warm = true; /* persistent storages (setup) keep their blocks; anything else
                             * still held would be a replay bug and is released */
             for (size_t k = 0; k < c.nkeys; k++)
-                if (c.blk_of[k] && k >= 3 * p->n_params && k != 4 * p->n_params + 1 &&
+                if (c.blk_of[k] && k >= 3 * p->n_params && k != 4 * p->n_params + 1 && !persistent_comm(p, k) &&
                     !(k >= 4 * p->n_params + 2 && ((int)(k - 4 * p->n_params - 2) == p->input ||
                                                    (int)(k - 4 * p->n_params - 2) == p->labels))) {
                     asim_free(&c.as, (int)c.blk_of[k] - 1);
@@ -714,8 +1086,46 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
      * whether a step fits; fragmentation is left to the safety margin. */
     e->peak_device_bytes = e->peak_allocated_bytes + context_bytes;
     e->peak_phase = c.peak_phase;
+    e->world = 1;
+    if (t->par && t->par->strategy != MP_PAR_NONE) {
+        struct mp_par_plan pp;
+        st = mp_par_plan_make(t->par, p, t->optimizer, &pp, d);
+        if (st != MP_OK)
+            return st;
+        e->world = pp.world;
+        e->weights_bytes = pp.weights_bytes;
+        e->grads_bytes = pp.grads_bytes;
+        e->optimizer_bytes = pp.optimizer_bytes;
+        e->buffers_bytes = pp.buffers_bytes;
+        e->host_bytes = pp.host_bytes;
+        e->nvme_bytes = pp.nvme_bytes;
+        e->allgather_bytes = pp.allgather_bytes;
+        e->reducescatter_bytes = pp.reducescatter_bytes;
+        e->allreduce_bytes = pp.allreduce_bytes;
+        e->pcie_bytes = pp.pcie_bytes;
+        e->host_step_elems = pp.host_step_elems;
+        e->n_groups = pp.n_groups;
+        if (mp_par_is_deepspeed(pp.par.strategy) || pp.par.offload != MP_OFFLOAD_NONE)
+            e->optimizer_tmp_bytes = 0; /* fused Adam / the host steps */
+        else if (mp_par_is_fsdp(pp.par.strategy) && e->optimizer_tmp_bytes) {
+            uint64_t tmp = 0;
+            for (size_t q = 0; q < p->n_params; q++)
+                tmp += pp.shard_elems[q] * pp.master_elem_bytes;
+            e->optimizer_tmp_bytes = t->optimizer == MP_OPT_ADAFACTOR ? e->optimizer_tmp_bytes / pp.world : tmp;
+        }
+        mp_par_plan_release(&pp);
+    }
     e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes;
-    if (c.peak_node >= 0)
+    if (c.peak_store == MP_ST_COMM && c.peak_node >= 0) {
+        int b = p->nodes[c.peak_node].block;
+        const char *bn = p->model && b >= 0 && (size_t)b < p->model->n_blocks ? p->model->blocks[b].name
+                                                                               : p->nodes[c.peak_node].name;
+        snprintf(e->peak_event, sizeof e->peak_event, "%s:%s %s", mp_phase_str(c.peak_phase), bn,
+                 mp_comm_kind_str((enum mp_comm_kind)(c.peak_id % MP_COMM_KINDS)));
+    } else if (c.peak_store == MP_ST_COMM) {
+        snprintf(e->peak_event, sizeof e->peak_event, "%s:%s", mp_phase_str(c.peak_phase),
+                 mp_comm_kind_str((enum mp_comm_kind)(c.peak_id % MP_COMM_KINDS)));
+    } else if (c.peak_node >= 0)
         snprintf(e->peak_event, sizeof e->peak_event, "%s:%s", mp_phase_str(c.peak_phase),
                  p->nodes[c.peak_node].name);
     else
@@ -735,10 +1145,10 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
         const struct mp_block_prog *bp = &p->blocks[i];
         b->params = bp->params;
         for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++) {
-            b->weights_bytes += p->params[q].elems * ps;
+            b->weights_bytes += p->params[q].raw_bytes;
+            b->grads_bytes += mp_param_grad_bytes(&p->params[q]);
             b->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
         }
-        b->grads_bytes = b->weights_bytes;
         b->activation_bytes = ch.xb[i + 1];
         b->output_bytes = p->tensors[bp->output].bytes;
         b->fwd_flops = bp->fwd_flops;
@@ -835,7 +1245,8 @@ enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c,
     for (size_t i = 0; i < L; i++) {
         c->f[i] = p->blocks[i].fwd_flops;
         c->b[i] = p->blocks[i].bwd_flops;
-        uint64_t grow = m.end[i] - m.begin[i];
+        /* a block can free more than it keeps (a small head that frees the last hidden state) */
+        uint64_t grow = m.end[i] > m.begin[i] ? m.end[i] - m.begin[i] : 0;
         c->xb[i + 1] = mp_max_u64(grow, c->x[i + 1]);
         c->ft[i] = m.peak_in[i] > m.end[i] ? m.peak_in[i] - m.end[i] : 0;
         size_t bpos = L + 1 + (L - 1 - i);

@@ -14,6 +14,7 @@
 
 #include "ckpt.h"
 #include "layers.h"
+#include "parallel.h"
 
 /* What a storage is. */
 enum mp_store {
@@ -26,6 +27,7 @@ enum mp_store {
     MP_ST_PGRAD,      /* gradient of param id */
     MP_ST_TMP,        /* node transient, id = node */
     MP_ST_OPT_TMP,    /* optimizer-step temporary: id = param (Adam/AdamW foreach), 0 (Adafactor) */
+    MP_ST_COMM,       /* data parallel: communication buffer, id = slot * MP_COMM_KINDS + kind (parallel.h) */
 };
 
 enum mp_ev_kind {
@@ -60,6 +62,8 @@ struct mp_train_opts {
     bool accumulate; /* gradient accumulation: a micro-step after the first, .grad resident from its
                       * start (AccumulateGrad adds each incoming gradient in place: a transient);
                       * then the optimizer step and zero_grad as usual (memory-facts §6) */
+    const struct mp_parallel *par; /* data parallel / sharding (NULL or strategy none: one GPU); the
+                                    * replay is then rank r's (all ranks hold the same bytes) */
 };
 void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace, no accumulation */
 
@@ -100,6 +104,12 @@ struct mp_estimate {
     enum mp_phase peak_phase;
     char peak_event[96];             /* "backward:h.11.mlp.fc2" */
     uint64_t static_bytes;           /* weights + optimizer state + workspace + input */
+    /* data parallel (per rank; world 1 without --parallel) */
+    uint64_t world;
+    uint64_t buffers_bytes;          /* persistent communication buffers (DDP buckets, DeepSpeed buckets) */
+    uint64_t host_bytes, nvme_bytes; /* offload: host RAM and NVMe space per rank */
+    double allgather_bytes, reducescatter_bytes, allreduce_bytes, pcie_bytes, host_step_elems;
+    size_t n_groups;
     double fwd_flops, bwd_flops, recompute_flops;
     size_t n_blocks;
     struct mp_block_est *blocks;

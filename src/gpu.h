@@ -19,6 +19,11 @@ struct mp_gpu {
     uint64_t context_bytes;
     uint64_t workspace_bytes;
     int cc_major, cc_minor;
+    /* interconnect (GB/s per GPU, one direction) and data-parallel overheads */
+    double nvlink_gbs;            /* GPU-GPU inside a node (0: peers talk over PCIe) */
+    double pcie_gbs;              /* host <-> GPU (offload traffic) */
+    double ib_gbs;                /* between nodes, per GPU (InfiniBand / RoCE NIC share) */
+    uint64_t nccl_overhead_bytes; /* NCCL communicator buffers, outside the caching allocator */
 };
 
 /* Capacity available to the trainer: memory * usable_fraction. */

@@ -48,16 +48,19 @@ const char *mp_act_str(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_
 bool mp_act_saves_output(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT && act_rows[a].saves_out; }
 const char *mp_act_intermediates(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].extras : ""; }
 
-/* True when word is one of the space-separated words of list. */
-static bool in_list(const char *list, const char *word)
+/* True when word is one of the space-separated words of list (model_read.h). */
+bool mp_in_list(const char *list, const char *word)
 {
     size_t n = strlen(word);
     for (const char *p = list; *p;) {
-        size_t w = strcspn(p, " ");
-        if (w == n && strncmp(p, word, n) == 0)
+        while (*p == ' ')
+            p++;
+        const char *e = p;
+        while (*e && *e != ' ')
+            e++;
+        if ((size_t)(e - p) == n && n > 0 && strncmp(p, word, n) == 0)
             return true;
-        p += w;
-        p += strspn(p, " ");
+        p = e;
     }
     return false;
 }
@@ -65,7 +68,7 @@ static bool in_list(const char *list, const char *word)
 int mp_act_parse(const char *s)
 {
     for (int i = 0; i < MP_ACT_COUNT; i++)
-        if (strcmp(s, act_rows[i].name) == 0 || (*s && in_list(act_rows[i].aliases, s)))
+        if (strcmp(s, act_rows[i].name) == 0 || mp_in_list(act_rows[i].aliases, s))
             return i;
     return -1;
 }
@@ -165,9 +168,81 @@ enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d)
     return st;
 }
 
+bool mp_model_has_attention(const struct mp_model *m)
+{
+    for (size_t i = 0; i < m->n_blocks; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++)
+            if (m->blocks[i].layers[j].type == MP_LT_ATTENTION || m->blocks[i].layers[j].type == MP_LT_TRANSFORMER_BLOCK)
+                return true;
+    return false;
+}
+
 /* ---- loading ---------------------------------------------------------------------- */
 
 #define MP_FILE_MAX (64u << 20)
+
+/* 1-based line and column of byte off in text. */
+static void line_col(const char *text, size_t off, size_t *line, size_t *col)
+{
+    *line = 1;
+    *col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (text[i] == '\n') {
+            ++*line;
+            *col = 1;
+        } else {
+            ++*col;
+        }
+    }
+}
+
+static int cmp_item_names(const void *a, const void *b)
+{
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* Duplicate keys are an error (cJSON keeps both and lookups see the first; Python's json,
+ * and so transformers, keep the last): "path: place: duplicate key", place like
+ * layers[3].heads.  Each object's names are sorted, so a huge object stays O(n log n). */
+static enum mp_status check_duplicates(const cJSON *node, char *place, size_t cap, const char *path,
+                                       struct mp_diag *d)
+{
+    size_t n = 0, len = strlen(place);
+    for (const cJSON *c = node->child; c; c = c->next)
+        n++;
+    if (cJSON_IsObject(node) && n > 1) {
+        const cJSON **v = malloc(n * sizeof *v);
+        if (!v)
+            return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", path);
+        size_t i = 0;
+        for (const cJSON *c = node->child; c; c = c->next)
+            v[i++] = c;
+        qsort(v, n, sizeof *v, cmp_item_names);
+        for (i = 1; i < n && strcmp(v[i - 1]->string, v[i]->string) != 0; i++)
+            ;
+        if (i < n) {
+            enum mp_status st = mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: duplicate key", path, place, *place ? "." : "",
+                                        v[i]->string);
+            free(v);
+            return st;
+        }
+        free(v);
+    }
+    size_t idx = 0;
+    for (const cJSON *c = node->child; c; c = c->next, idx++) {
+        if (!cJSON_IsObject(c) && !cJSON_IsArray(c))
+            continue;
+        if (cJSON_IsObject(node))
+            snprintf(place + len, cap - len, "%s%s", len ? "." : "", c->string);
+        else
+            snprintf(place + len, cap - len, "[%zu]", idx);
+        enum mp_status st = check_duplicates(c, place, cap, path, d);
+        place[len] = '\0';
+        if (st != MP_OK)
+            return st;
+    }
+    return MP_OK;
+}
 
 enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
                                     struct mp_diag *d)
@@ -176,6 +251,12 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
     snprintf(m->path, sizeof m->path, "%s", path);
     if (len == 0)
         return mp_fail(d, MP_ERR_JSON, "%s: the file is empty", path);
+    long lz = mp_json_leading_zero(text, len);
+    if (lz >= 0) {
+        size_t line, col;
+        line_col(text, (size_t)lz, &line, &col);
+        return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON: a number with a leading zero", path, line, col);
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (root && end) { /* only whitespace may follow the value */
@@ -183,39 +264,24 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
             end++;
         if (end < text + len) {
             cJSON_Delete(root);
-            size_t line = 1, col = 1;
-            for (const char *q = text; q < end; q++) {
-                if (*q == '\n') {
-                    line++;
-                    col = 1;
-                } else {
-                    col++;
-                }
-            }
+            size_t line, col;
+            line_col(text, (size_t)(end - text), &line, &col);
             return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: unexpected text after the JSON value", path, line, col);
         }
     }
     if (!root) {
         const char *e = cJSON_GetErrorPtr();
         size_t off = (e && e >= text && e <= text + len) ? (size_t)(e - text) : len;
-        size_t line = 1, col = 1;
-        for (size_t i = 0; i < off; i++) {
-            if (text[i] == '\n') {
-                line++;
-                col = 1;
-            } else {
-                col++;
-            }
-        }
+        size_t line, col;
+        line_col(text, off, &line, &col);
         return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON", path, line, col);
     }
     enum mp_status st;
+    char place[256] = "";
     if (!cJSON_IsObject(root))
         st = mp_fail(d, MP_ERR_MODEL, "%s: expected a JSON object at the top level", path);
-    else if (mp_json_is_hf(root))
-        st = mp_model_from_hf(m, root, path, d);
-    else
-        st = mp_model_from_memplan(m, root, path, d);
+    else if ((st = check_duplicates(root, place, sizeof place, path, d)) == MP_OK)
+        st = mp_json_is_hf(root) ? mp_model_from_hf(m, root, path, d) : mp_model_from_memplan(m, root, path, d);
     cJSON_Delete(root);
     if (st != MP_OK)
         mp_model_release(m);
@@ -225,29 +291,12 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
 enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct mp_diag *d)
 {
     mp_model_init(m);
-    struct stat sb;
-    if (stat(path, &sb) != 0)
-        return mp_fail(d, MP_ERR_IO, "%s: %s", path, strerror(errno));
-    if (S_ISDIR(sb.st_mode))
-        return mp_fail(d, MP_ERR_IO, "%s: is a directory, expected a model file", path);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return mp_fail(d, MP_ERR_IO, "%s: %s", path, strerror(errno));
-    char *buf = malloc(MP_FILE_MAX + 1);
-    if (!buf) {
-        fclose(f);
-        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory reading the file", path);
-    }
-    size_t n = fread(buf, 1, MP_FILE_MAX + 1, f);
-    int err = ferror(f);
-    fclose(f);
-    enum mp_status st;
-    if (err)
-        st = mp_fail(d, MP_ERR_IO, "%s: read error", path);
-    else if (n > MP_FILE_MAX)
-        st = mp_fail(d, MP_ERR_IO, "%s: larger than %u MiB, not a model description", path, MP_FILE_MAX >> 20);
-    else
-        st = mp_model_load_string(m, buf, n, path, d);
+    char *buf;
+    size_t n;
+    enum mp_status st = mp_read_file(path, MP_FILE_MAX, "a model file", &buf, &n, d);
+    if (st != MP_OK)
+        return st;
+    st = mp_model_load_string(m, buf, n, path, d);
     free(buf);
     return st;
 }

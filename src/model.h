@@ -10,6 +10,7 @@
 #ifndef MEMPLAN_MODEL_H
 #define MEMPLAN_MODEL_H
 
+#include "quant.h"
 #include "util.h"
 
 #define MP_LAYER_TYPES(X)                                            \
@@ -85,11 +86,14 @@ const char *mp_attn_impl_str(enum mp_attn_impl a);
 
 enum mp_norm { MP_NORM_LAYERNORM, MP_NORM_RMSNORM };
 
-/* How an lm_head's cross-entropy is written, which decides what it copies. */
-enum mp_loss_kind {
-    MP_LOSS_CAUSAL_LM, /* HF ForCausalLMLoss: logits.float() always, a shifted int64 copy of the labels */
-    MP_LOSS_CE,        /* nn.CrossEntropyLoss(logits, labels): upcast only by autocast, labels used as they are
-                          (HF's *ForMaskedLM and classification heads) */
+/* Which positions a token model's head reads (HF task heads; memplan JSON uses NONE). */
+enum mp_head_pool {
+    MP_POOL_NONE,  /* every position, one label each */
+    MP_POOL_FIRST, /* linear: the first position only (BERT's pooler), a view of the input */
+    MP_POOL_LAST,  /* classifier: the logits of each sample's last position (decoder sequence
+                      classification gathers them after the score layer), one label per sample */
+    MP_POOL_SPAN,  /* classifier with 2 classes: start and end logits over positions (question
+                      answering), two labels per sample */
 };
 
 /* One op (or one composite block) as described by the user.  Only the fields
@@ -102,7 +106,8 @@ struct mp_layer {
     uint64_t vocab;     /* rows of the table, or classes of a classifier */
     uint64_t dim;       /* hidden size: embedding width, norm width, block hidden */
     bool tied;          /* lm_head shares the embedding weight (no params of its own) */
-    enum mp_loss_kind loss; /* lm_head: its cross-entropy (default: causal LM) */
+    bool masked;        /* lm_head: masked-LM labels, used as they are (causal LMs shift theirs) */
+    enum mp_head_pool pool; /* linear / classifier on tokens: which positions it reads */
 
     /* linear */
     uint64_t in_features, out_features;
@@ -163,6 +168,7 @@ struct mp_model {
     char source[8];          /* "memplan" or "hf" */
     char path[256];          /* file it came from, for messages */
     char hf_type[32];        /* model_type of an HF config, else "" */
+    struct mp_quant quant;   /* quantization_config of an HF checkpoint (kind MP_Q_NONE: none) */
 
     enum mp_input_kind input;
     uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */
@@ -187,6 +193,9 @@ struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t
 enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct mp_diag *d);
 enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
                                     struct mp_diag *d);
+
+/* True when some layer computes attention (so --attention and the attention default apply). */
+bool mp_model_has_attention(const struct mp_model *m);
 
 /* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
  * Readers call it last. */

@@ -75,23 +75,6 @@ static bool ignorable_key(const char *k)
     return k[0] == '_' || strncmp(k, "comment", 7) == 0;
 }
 
-/* Is key one of the space-separated words of list? */
-static bool in_list(const char *list, const char *key)
-{
-    size_t n = strlen(key);
-    for (const char *p = list; *p;) {
-        while (*p == ' ')
-            p++;
-        const char *e = p;
-        while (*e && *e != ' ')
-            e++;
-        if ((size_t)(e - p) == n && n > 0 && strncmp(p, key, n) == 0)
-            return true;
-        p = e;
-    }
-    return false;
-}
-
 /* Levenshtein distance, capped for long strings (keys and type names are short). */
 static size_t edit_distance(const char *a, const char *b)
 {
@@ -144,7 +127,8 @@ static void suggest(const char *list, const char *key, char *out, size_t cap)
     }
 }
 
-/* Every key of obj must be in allowed (or ignorable), and appear once.  what names
+/* Every key of obj must be in allowed (or ignorable); duplicates were refused on loading
+ * (model.c).  what names
  * the object in the message: "a linear layer", "the input", ... */
 static enum mp_status check_keys(const struct reader *rd, const cJSON *obj, const char *place, const char *allowed,
                                  const char *what)
@@ -154,10 +138,7 @@ static enum mp_status check_keys(const struct reader *rd, const cJSON *obj, cons
             continue;
         if (ignorable_key(c->string))
             continue;
-        for (const cJSON *e = obj->child; e != c; e = e->next)
-            if (e->string && strcmp(e->string, c->string) == 0)
-                return fail_at(rd, MP_ERR_MODEL, place, c->string, "duplicate key");
-        if (in_list(allowed, c->string))
+        if (mp_in_list(allowed, c->string))
             continue;
         char hint[48];
         suggest(allowed, c->string, hint, sizeof hint);

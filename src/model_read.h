@@ -28,6 +28,9 @@ enum mp_status mp_json_prob(const cJSON *obj, const char *key, double *out, cons
 const char *mp_json_str(const cJSON *obj, const char *key, enum mp_status *st, const char *path, const char *where,
                         struct mp_diag *d);
 
+/* True when word is one of the space-separated words of list. */
+bool mp_in_list(const char *list, const char *word);
+
 /* Largest dimension any reader accepts (2^40): keeps every product of a few dims in 64 bits
  * checkable and rejects 10^15-wide layers with a clear message. */
 #define MP_DIM_MAX (UINT64_C(1) << 40)

@@ -73,6 +73,25 @@ static void ju64(cJSON *o, const char *k, uint64_t v)
     cJSON_AddRawToObject(o, k, buf);
 }
 
+/* The precision policy's name: mixed-bf16 is a bf16 program with an fp32 master (parallel.h). */
+static const char *prec_name(const struct mp_report_ctx *c, enum mp_precision p)
+{
+    return c->train && c->train->par && c->train->par->mixed_bf16 && p == MP_PREC_BF16 ? "mixed-bf16"
+                                                                                       : mp_precision_str(p);
+}
+
+static cJSON *json_parallel_of(const struct mp_parallel *par)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "strategy", mp_par_strategy_str(par->strategy));
+    ju64(o, "gpus", par->gpus);
+    ju64(o, "nodes", par->nodes);
+    ju64(o, "world", mp_par_world(par));
+    cJSON_AddStringToObject(o, "offload", mp_offload_str(par->offload));
+    cJSON_AddStringToObject(o, "offload_device", mp_offload_dev_str(par->offload_device));
+    return o;
+}
+
 static cJSON *json_root(const struct mp_report_ctx *c)
 {
     cJSON *r = cJSON_CreateObject();
@@ -92,12 +111,36 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON *cf = cJSON_AddObjectToObject(r, "config");
         ju64(cf, "batch", c->build->batch);
         ju64(cf, "seq_len", c->prog ? c->prog->opts.seq : c->build->seq ? c->build->seq : c->model->seq_len);
-        cJSON_AddStringToObject(cf, "precision", mp_precision_str(c->build->precision));
+        cJSON_AddStringToObject(cf, "precision", prec_name(c, c->build->precision));
         cJSON_AddStringToObject(cf, "optimizer", mp_optimizer_str(c->train->optimizer));
         char sb[32];
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        const struct mp_finetune *f = &c->build->ft;
+        cJSON *ft = cJSON_AddObjectToObject(cf, "finetune");
+        cJSON_AddStringToObject(ft, "mode", mp_ft_mode_str(f->mode));
+        if (f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA) {
+            char tg[160];
+            mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+            char *sp = strchr(tg, ' ');
+            if (sp)
+                *sp = 0; /* the names only */
+            ju64(ft, "lora_r", f->r);
+            cJSON_AddNumberToObject(ft, "lora_alpha", f->alpha);
+            cJSON_AddNumberToObject(ft, "lora_dropout", f->dropout);
+            cJSON_AddStringToObject(ft, "lora_targets", tg);
+            if (c->prog)
+                ju64(ft, "adapter_params", c->prog->adapter_params);
+        }
+        const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
+                                   : f->mode == MP_FT_QLORA                ? &f->quant
+                                                                           : NULL;
+        cJSON_AddStringToObject(ft, "base_quant", q ? mp_quant_kind_str(q->kind) : "none");
+        if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+            cJSON_AddBoolToObject(ft, "double_quant", q->double_quant);
+        if (c->train->par)
+            cJSON_AddItemToObject(cf, "parallel", json_parallel_of(c->train->par));
     }
     if (c->gpu) {
         cJSON *g = cJSON_AddObjectToObject(r, "target");
@@ -130,6 +173,17 @@ static void json_memory(cJSON *r, const struct mp_estimate *e)
     jnum(m, "fwd_flops", e->fwd_flops);
     jnum(m, "bwd_flops", e->bwd_flops);
     jnum(m, "recompute_flops", e->recompute_flops);
+    if (e->world > 1 || e->host_bytes || e->buffers_bytes) { /* data parallel: per rank */
+        ju64(m, "world", e->world);
+        ju64(m, "buffers_bytes", e->buffers_bytes);
+        ju64(m, "host_bytes", e->host_bytes);
+        ju64(m, "nvme_bytes", e->nvme_bytes);
+        cJSON *cm = cJSON_AddObjectToObject(m, "comm_per_step");
+        jnum(cm, "allgather_bytes", e->allgather_bytes);
+        jnum(cm, "reducescatter_bytes", e->reducescatter_bytes);
+        jnum(cm, "allreduce_bytes", e->allreduce_bytes);
+        jnum(cm, "pcie_bytes", e->pcie_bytes);
+    }
 }
 
 static void json_layers(cJSON *r, const struct mp_report_ctx *c, const struct mp_estimate *e)
@@ -181,7 +235,9 @@ static cJSON *json_plan(const struct mp_ckpt_plan *p, double base_flops)
 
 static void print_json(FILE *out, cJSON *r)
 {
-    char *s = cJSON_Print(r);
+    char *raw = cJSON_Print(r);
+    char *s = raw ? mp_utf8_fix(raw) : NULL; /* names are bytes from the model file */
+    free(raw);
     if (s) {
         fputs(s, out);
         fputc('\n', out);
@@ -192,18 +248,62 @@ static void print_json(FILE *out, cJSON *r)
 
 /* ---- text helpers ------------------------------------------------------------------------- */
 
+/* What trains and the assumptions behind it (memory-facts §12). */
+static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
+{
+    const struct mp_finetune *f = &c->build->ft;
+    const struct mp_program *p = c->prog;
+    char tg[160], tp[32];
+    snprintf(tp, sizeof tp, "%s", count(p->trainable_params));
+    if (f->mode == MP_FT_FREEZE) {
+        fprintf(out, "finetune  freeze: %s of %s params train; frozen blocks keep no .grad, no optimizer state\n", tp,
+                count(p->total_params));
+        return;
+    }
+    mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+    fprintf(out, "finetune  %s r %llu, alpha %g, dropout %g, targets %s\n", mp_ft_mode_str(f->mode),
+            (unsigned long long)f->r, f->alpha, f->dropout, tg);
+    fprintf(out, "          %s adapter params train (fp32 as peft makes them); the frozen base has no .grad\n",
+            tp);
+    const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
+                               : f->mode == MP_FT_QLORA                ? &f->quant
+                                                                       : NULL;
+    if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+        fprintf(out, "          base %s, blocksize %llu, double quant %s (%s), dequantized per matmul;\n"
+                     "          embeddings, norms, lm_head in %s\n",
+                mp_quant_kind_str(q->kind), (unsigned long long)q->blocksize, q->double_quant ? "on" : "off",
+                c->model->quant.kind != MP_Q_NONE ? "quantization_config" : "QLoRA recipe",
+                p->param_dtype == MP_DT_F32 ? "fp32 (as prepare_model_for_kbit_training casts them)"
+                                            : "bf16 (prepare_model_for_kbit_training would make them fp32)");
+    else if (q)
+        fprintf(out, "          base %s (quantization_config), dequantized per matmul in forward and backward\n",
+                mp_quant_kind_str(q->kind));
+    if (f->input_grad)
+        fprintf(out, "          checkpointing: enable_input_require_grads keeps the embedding output and its grad\n");
+}
+
 static void header(FILE *out, const struct mp_report_ctx *c)
 {
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", c->model->name,
             strcmp(c->model->source, "hf") == 0 ? "HF config" : "memplan JSON",
             c->prog ? count(c->prog->total_params) : "?", c->model->n_blocks);
     if (c->build) {
-        char sb[32];
-        fprintf(out, "config    batch %llu, seq %llu, %s, %s, checkpoint %s, attention %s%s\n",
-                (unsigned long long)c->build->batch, (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq),
-                mp_precision_str(c->build->precision), mp_optimizer_str(c->train->optimizer),
-                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", mp_attn_impl_str(c->build->attention),
+        char sb[32], seq[48] = "", attn[48] = ""; /* seq and attention only where they apply */
+        if (c->model->input == MP_INPUT_TOKENS)
+            snprintf(seq, sizeof seq, ", seq %llu",
+                     (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq));
+        if (mp_model_has_attention(c->model))
+            snprintf(attn, sizeof attn, ", attention %s", mp_attn_impl_str(c->build->attention));
+        fprintf(out, "config    batch %llu%s, %s, %s, checkpoint %s%s%s\n", (unsigned long long)c->build->batch, seq,
+                prec_name(c, c->build->precision), mp_optimizer_str(c->train->optimizer),
+                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
+    }
+    if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
+        finetune_lines(out, c);
+    if (c->train && c->train->par) {
+        char pb[96];
+        fprintf(out, "parallel  %s; memory figures are per rank\n", mp_par_describe(c->train->par, pb, sizeof pb));
     }
     if (c->defaults[0])
         fprintf(out, "defaults  %s\n", c->defaults);
@@ -323,6 +423,16 @@ static void totals(FILE *out, const struct mp_estimate *e)
     fprintf(out, "  activations        %12s   (live when backward starts)\n", B(e->activations_bytes));
     fprintf(out, "  input batch        %12s\n", B(e->input_bytes));
     fprintf(out, "  cuBLAS workspace   %12s\n", B(e->workspace_bytes));
+    if (e->world > 1 || e->host_bytes || e->buffers_bytes) {
+        fprintf(out, "  comm buffers       %12s   (persistent: DDP buckets, DeepSpeed reduce bucket / partitions)\n",
+                B(e->buffers_bytes));
+        if (e->host_bytes || e->nvme_bytes)
+            fprintf(out, "  host RAM (offload) %12s   per rank%s%s\n", B(e->host_bytes), e->nvme_bytes ? ", NVMe " : "",
+                    e->nvme_bytes ? B(e->nvme_bytes) : "");
+        fprintf(out, "  per step           all-gather %s, reduce-scatter %s, all-reduce %s, PCIe %s\n",
+                B((uint64_t)e->allgather_bytes), B((uint64_t)e->reducescatter_bytes), B((uint64_t)e->allreduce_bytes),
+                B((uint64_t)e->pcie_bytes));
+    }
     fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
             B(e->peak_allocated_bytes), e->peak_event);
     fprintf(out, "peak reserved        %12s   (caching-allocator model; cached blocks are released before an OOM)\n",
@@ -344,6 +454,12 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
         cJSON *r = json_root(c);
         json_memory(r, e);
         json_layers(r, c, e);
+        cJSON *tg = cJSON_GetObjectItemCaseSensitive(r, "target");
+        if (c->fit && tg) {
+            cJSON_AddBoolToObject(tg, "fits", c->fit->fits);
+            ju64(tg, "usable_bytes", c->fit->usable_bytes);
+            jnum(tg, "margin_pct", c->margin_pct);
+        }
         if (plan && plan->spec.strategy != MP_CKPT_NONE)
             cJSON_AddItemToObject(r, "plan", json_plan(plan, e->fwd_flops + e->bwd_flops));
         print_json(out, r);
@@ -352,6 +468,17 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
     header(out, c);
     fprintf(out, "\npeak      %s allocated at %s; %s on the device with overheads\n", B(e->peak_allocated_bytes),
             e->peak_event, B(e->peak_device_bytes));
+    if (c->fit && c->gpu) {
+        const struct mp_fit *f = c->fit;
+        if (f->fits)
+            fprintf(out, "verdict   fits %s: %s of %s usable (%.1f%% margin), %s to spare\n", c->gpu->name,
+                    B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
+                    B(f->usable_bytes - f->peak_device_bytes));
+        else
+            fprintf(out, "verdict   does not fit %s: %s of %s usable (%.1f%% margin), short by %s\n", c->gpu->name,
+                    B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
+                    B(f->peak_device_bytes - f->usable_bytes));
+    }
     layer_table(out, c, e);
     totals(out, e);
     if (plan && plan->spec.strategy != MP_CKPT_NONE) {
@@ -466,6 +593,45 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
 
 /* ---- suggest ----------------------------------------------------------------------------- */
 
+/* peft/bitsandbytes objects that reproduce a fine-tuning plan (memory-facts §12). */
+static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
+{
+    const struct mp_finetune *f = c->ft;
+    if (!f || (f->mode != MP_FT_LORA && f->mode != MP_FT_QLORA))
+        return;
+    char tg[160];
+    mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+    char *sp = strchr(tg, ' ');
+    if (sp)
+        *sp = 0;
+    fprintf(out, "# peft + bitsandbytes (memplan %s)\n", MEMPLAN_VERSION);
+    if (f->mode == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
+        fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
+                     "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
+                f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
+                b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
+        fprintf(out, "model = AutoModelForCausalLM.from_pretrained(NAME, quantization_config=bnb_config)\n");
+    }
+    if (f->mode == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
+        fprintf(out, "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=%s)\n",
+                b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
+    if (!strcmp(tg, "all-linear"))
+        fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=\"all-linear\",\n",
+                (unsigned long long)f->r, f->alpha, f->dropout);
+    else {
+        fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=[",
+                (unsigned long long)f->r, f->alpha, f->dropout);
+        for (char *t = tg, *e; t; t = e ? e + 1 : NULL) {
+            e = strchr(t, ',');
+            if (e)
+                *e = 0;
+            fprintf(out, "%s\"%s\"", t == tg ? "" : ", ", t);
+        }
+        fprintf(out, "],\n");
+    }
+    fprintf(out, "    bias=\"none\", task_type=\"CAUSAL_LM\")\nmodel = get_peft_model(model, lora_config)\n");
+}
+
 static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)
 {
     const struct mp_ckpt_plan *p = &b->fit.plan;
@@ -474,6 +640,8 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
     size_t nck = 0;
     for (size_t i = 0; i < p->L; i++)
         nck += p->checkpointed[i];
+    if (emit != MP_EMIT_DEEPSPEED)
+        peft_snippet(out, c, b);
     if (emit == MP_EMIT_HF) {
         fprintf(out, "# transformers.TrainingArguments fields\n");
         fprintf(out, "per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
@@ -486,7 +654,8 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
             fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
                          "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
-        fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? "adamw_bnb_8bit"
+        bool ft = c->ft && (c->ft->mode == MP_FT_LORA || c->ft->mode == MP_FT_QLORA);
+        fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? (ft ? "paged_adamw_8bit" : "adamw_bnb_8bit")
                                         : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
                                         : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
                                                                                                             : "adamw_torch");

@@ -14,6 +14,7 @@ struct mp_report_ctx {
     const struct mp_model *model;
     const struct mp_program *prog;
     const struct mp_build_opts *build;
+    const struct mp_finetune *ft;      /* what trains (set even when build is NULL, as in suggest) */
     const struct mp_train_opts *train;
     const struct mp_ckpt_spec *ckpt;
     const struct mp_gpu *gpu;   /* NULL when no target */
@@ -22,6 +23,7 @@ struct mp_report_ctx {
     bool all_layers;
     bool wide;                  /* --wide: the full block table, lines not fitted to 100 columns */
     double margin_pct;          /* check: the safety margin, in percent */
+    const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     bool defaults_note;         /* print which defaults were used */
     char defaults[256];         /* "seq 1024 (model default), precision amp-bf16 (default), ..." */
 };
@@ -43,7 +45,7 @@ void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct 
 
 void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f);
 
-enum mp_emit { MP_EMIT_NONE, MP_EMIT_TORCH, MP_EMIT_HF, MP_EMIT_DEEPSPEED };
+enum mp_emit { MP_EMIT_NONE, MP_EMIT_TORCH, MP_EMIT_HF, MP_EMIT_DEEPSPEED, MP_EMIT_ACCELERATE };
 void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit);
 
 void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,

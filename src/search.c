@@ -37,6 +37,36 @@ static double step_seconds(const struct mp_job *job, const struct mp_estimate *e
     return t;
 }
 
+/* Collectives and offload for one step (parallel.h); compute_s is forward + backward. */
+static void par_seconds(const struct mp_job *job, const struct mp_estimate *e, double compute_s, struct mp_fit *f)
+{
+    const struct mp_parallel *par = job->train.par;
+    if (!par || par->strategy == MP_PAR_NONE)
+        return;
+    struct mp_par_plan tp;
+    memset(&tp, 0, sizeof tp);
+    tp.par = *par;
+    tp.world = e->world;
+    tp.n_groups = e->n_groups;
+    tp.n_buckets = par->strategy == MP_PAR_DDP ? (size_t)(e->buffers_bytes / par->ddp_bucket_cap_bytes) + 1 : 1;
+    tp.allgather_bytes = e->allgather_bytes;
+    tp.reducescatter_bytes = e->reducescatter_bytes;
+    tp.allreduce_bytes = e->allreduce_bytes;
+    tp.pcie_bytes = e->pcie_bytes;
+    tp.host_step_elems = e->host_step_elems;
+    struct mp_links l = {.intra_gbs = job->gpu.nvlink_gbs > 0 ? job->gpu.nvlink_gbs : job->gpu.pcie_gbs,
+                         .inter_gbs = job->gpu.ib_gbs, .pcie_gbs = job->gpu.pcie_gbs,
+                         .host_adam_gparams = MP_HOST_ADAM_GPARAMS};
+    double bwd = e->fwd_flops + e->bwd_flops > 0 ? (e->bwd_flops + e->recompute_flops) /
+                                                       (e->fwd_flops + e->bwd_flops + e->recompute_flops)
+                                                 : 0.66;
+    struct mp_par_time t;
+    mp_par_time(&tp, &l, compute_s, bwd, &t);
+    f->comm_s = t.comm_s;
+    f->exposed_comm_s = t.exposed_comm_s;
+    f->offload_s = t.offload_s;
+}
+
 static double opt_seconds(const struct mp_job *job, const struct mp_estimate *e)
 {
     double bw = job->gpu.bandwidth_gbs > 0 ? job->gpu.bandwidth_gbs : 1000.0;
@@ -50,13 +80,19 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     memset(f, 0, sizeof *f);
     mp_ckpt_plan_init(&f->plan);
     struct mp_program prog;
-    enum mp_status st = mp_program_build(job->model, &job->build, &prog, d);
+    struct mp_build_opts bo = job->build;
+    bo.ft.input_grad = job->ckpt.strategy != MP_CKPT_NONE; /* transformers: enable_input_require_grads */
+    enum mp_status st = mp_program_build(job->model, &bo, &prog, d);
     if (st != MP_OK)
         return st;
     st = mp_estimate_chain(&prog, &f->chain, d);
     if (st != MP_OK)
         goto out;
     f->capacity_bytes = mp_gpu_capacity(&job->gpu);
+    /* NCCL's communicator buffers sit beside the CUDA context when there are peers */
+    uint64_t context = job->gpu.context_bytes;
+    if (job->train.par && mp_par_world(job->train.par) > 1)
+        context += job->gpu.nccl_overhead_bytes;
     f->usable_bytes = (uint64_t)((double)f->capacity_bytes * (1.0 - job->margin));
     {
         struct mp_ckpt_spec none = {MP_CKPT_NONE, 0};
@@ -71,7 +107,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         st = mp_ckpt_plan_make(&f->chain, &job->ckpt, 0, job->slots, &f->plan, d);
         if (st != MP_OK)
             goto out;
-        st = mp_estimate_run(&prog, &f->plan.sched, &job->train, job->gpu.context_bytes, &f->est, d);
+        st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
         if (st != MP_OK)
             goto out;
     } else {
@@ -85,12 +121,12 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             /* static figures do not depend on the plan */
             st = mp_ckpt_schedule_none(prog.n_blocks, &none);
             if (st == MP_OK)
-                st = mp_estimate_run(&prog, &none, &job->train, job->gpu.context_bytes, &e0, d);
+                st = mp_estimate_run(&prog, &none, &job->train, context, &e0, d);
             mp_schedule_release(&none);
             if (st != MP_OK)
                 goto out;
             uint64_t fixed = e0.weights_bytes + e0.grads_bytes + e0.optimizer_bytes + e0.workspace_bytes +
-                             job->gpu.context_bytes;
+                             e0.buffers_bytes + context;
             mp_estimate_release(&e0);
             f->static_bytes = fixed;
             budget = sub0(f->usable_bytes, fixed);
@@ -109,7 +145,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             if (st != MP_OK)
                 goto out;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, job->gpu.context_bytes, &f->est, d);
+            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
             if (st != MP_OK)
                 goto out;
             planned = true;
@@ -129,7 +165,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
                 goto out;
             f->plan.spec = job->ckpt;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, job->gpu.context_bytes, &f->est, d);
+            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
             if (st != MP_OK)
                 goto out;
             f->activation_budget = budget;
@@ -143,7 +179,9 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     f->fits = f->peak_device_bytes <= f->usable_bytes;
 throughput: {
     bool nominal;
-    f->step_s = step_seconds(job, &f->est, &nominal) + opt_seconds(job, &f->est);
+    double compute = step_seconds(job, &f->est, &nominal);
+    par_seconds(job, &f->est, compute, f);
+    f->step_s = compute + f->exposed_comm_s + f->offload_s + opt_seconds(job, &f->est);
     f->samples_per_s = f->step_s > 0 ? (double)job->build.batch / f->step_s : 0;
 }
 out:
@@ -380,6 +418,7 @@ static enum mp_status probe_at(struct mp_probe *pr, const struct mp_job *job, ui
     if (st != MP_OK)
         return st;
     struct mp_program prog;
+    j.build.ft.input_grad = j.ckpt.strategy != MP_CKPT_NONE;
     st = mp_program_build(j.model, &j.build, &prog, d);
     if (st == MP_OK) {
         memset(r, 0, sizeof *r);

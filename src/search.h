@@ -39,6 +39,8 @@ struct mp_fit {
     struct mp_chain chain;
     uint64_t nockpt_activation_peak; /* chain-model peak without checkpointing */
     double step_s;                /* estimated step time (FLOPs / (efficiency x dense peak)) */
+    double comm_s, exposed_comm_s, offload_s; /* data parallel: collectives (all / not hidden by
+                                               * compute) and offload transfers + host step */
     double samples_per_s;
 };
 
@@ -55,6 +57,9 @@ enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch,
 
 /* Matmul efficiency assumed by throughput estimates (fraction of dense peak). */
 #define MP_MATMUL_EFFICIENCY 0.5
+/* Host optimizer throughput per rank with offload (10^9 parameters updated per second):
+ * DeepSpeed's CPU Adam on a shared multi-core host, an assumption (no host here to measure). */
+#define MP_HOST_ADAM_GPARAMS 0.5
 
 struct mp_candidate {
     enum mp_precision precision;

@@ -589,6 +589,77 @@ else
     bad "check $BIG --gpu t4: exit 1, one stderr line 'short by'"
 fi
 
+# ---- fine-tuning ---------------------------------------------------------------------------
+
+expect_line 2 "--finetune with an unknown mode" estimate --finetune half models/tiny-test.json
+expect_line 2 "--lora-r without --finetune lora" estimate --lora-r 8 models/tiny-test.json
+expect_line 2 "--finetune freeze without --train-blocks" estimate --finetune freeze models/tiny-test.json
+expect_line 2 "--train-blocks with a reversed range" estimate --finetune freeze --train-blocks 3-1 models/tiny-test.json
+expect_line 2 "--lora-targets with an empty name" estimate --finetune lora --lora-targets q_proj,,v_proj models/tiny-test.json
+# tiny-test: 2 blocks of qkv 16->48, out 16->16, fc1 16->32, fc2 32->16; no peft default for a memplan
+# model, so all-linear: 2 x 4 x (64 + 32 + 48 + 48) = 1,536 adapter parameters at r 4
+run estimate --finetune lora --lora-r 4 models/tiny-test.json --json
+if [ "$ec" -eq 0 ] && tr -d ' \t\n' <"$T/out" | grep -q '"trainable_params":1536,'; then
+    ok "estimate --finetune lora: trainable_params 1536"
+else
+    echo "expected exit 0 and trainable_params 1536" >"$T/why"
+    bad "estimate --finetune lora: trainable_params 1536"
+fi
+# quantization_config: a quantized base trains adapters only; an unknown method is refused
+expect_line 3 "full fine-tuning of a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json
+expect_line 3 "full fine-tuning of a bnb 4-bit checkpoint" check tests/data/hf-qwen2-0.5b-bnb4.json --batch 1 --gpu t4
+expect 0 "LoRA on a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json --finetune lora --seq 64
+expect 0 "LoRA on a bnb 4-bit checkpoint" estimate tests/data/hf-qwen2-0.5b-bnb4.json --finetune lora --seq 64
+expect_line 3 "an unsupported quant_method" estimate tests/data/hf-qwen2-0.5b-hqq.json --finetune lora
+run probe models/tiny-test.json --finetune lora --backend host --steps 2 --json
+if [ "$ec" -eq 0 ]; then ok "probe --finetune lora on the host backend: exit 0"; else bad "probe --finetune lora: exit 0"; fi
+expect_line 4 "probe of a QLoRA base (not executed yet)" probe models/tiny-test.json --finetune qlora --backend host
+
+# ---- data parallel: per-rank plans ----------------------------------------------------------
+
+# A 70B model: zero3 over 8 H100s does not fit (model states alone are 16 bytes per parameter
+# / 8 ranks), over 4 nodes of 8 it does; figures are per rank.
+DP="check $BIG --batch 1 --gpu h100-80gb --checkpoint every:1 --parallel zero3"
+expect_line 1 "$DP --gpus 8: does not fit" $DP --gpus 8
+expect 0 "$DP --gpus 8 --nodes 4: fits" $DP --gpus 8 --nodes 4
+if [ -n "$HAVE_PY" ]; then
+    run $DP --gpus 8 --nodes 4 --json
+    # every rank holds 1/32 of the fp32 parameters (padded; parameters under DeepSpeed's
+    # persistence threshold, the norms, stay whole): world x weights just above 4 x params
+    if python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+m, p = r["memory"], r["config"]["parallel"]
+assert p["strategy"] == "zero3" and p["world"] == 32 and m["world"] == 32, p
+full = 4 * r["model"]["params"]
+assert full <= 32 * m["weights_bytes"] < full * 1.001, (m["weights_bytes"], full)
+assert r["check"]["fits"] is True
+' "$T/out" 2>"$T/why"; then
+        ok "$DP --gpus 8 --nodes 4 --json: config.parallel, per-rank weights = params x 4 / 32"
+    else
+        bad "$DP --gpus 8 --nodes 4 --json: config.parallel, per-rank weights = params x 4 / 32"
+    fi
+    run $DP --gpus 8 --nodes 2 --json
+    cp "$T/out" "$T/dp16.json"
+    run $DP --gpus 8 --nodes 4 --json
+    if python3 -c '
+import json, sys
+a, b = (json.load(open(f))["memory"]["peak_allocated_bytes"] for f in sys.argv[1:3])
+assert b < a, (a, b)
+' "$T/dp16.json" "$T/out" 2>"$T/why"; then
+        ok "zero3: 32 ranks hold less per rank than 16"
+    else
+        bad "zero3: 32 ranks hold less per rank than 16"
+    fi
+else
+    skipped "data-parallel JSON checks (python3 not found)"
+fi
+expect_line 2 "--gpus 8 without --parallel" check models/tiny-test.json --batch 1 --gpu t4 --gpus 8
+expect_line 2 "--offload params with zero2" check models/tiny-test.json --batch 1 --gpu t4 --gpus 2 --parallel zero2 --offload params
+expect_line 2 "--parallel zero9" check models/tiny-test.json --batch 1 --gpu t4 --gpus 2 --parallel zero9
+expect 0 "estimate --gpus 4 --parallel fsdp --precision mixed-bf16" estimate models/gpt2-124m.json --gpus 4 --parallel fsdp --precision mixed-bf16
+expect 0 "estimate --gpus 2 --parallel zero2 --offload optimizer" estimate models/gpt2-124m.json --gpus 2 --parallel zero2 --offload optimizer
+
 # ---- suggest's probe confirmation on the host backend ----------------------------------------
 # A small target (24 MiB, 1 MiB context) keeps the host probes fast.  --capacity 4KiB is a
 # device that holds less than the estimate assumed: every probe runs out of memory, so

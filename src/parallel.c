@@ -1,0 +1,437 @@
+/* parallel.c — per-rank sharding arithmetic for DDP, ZeRO 1/2/3, FSDP2 and offload.
+ *
+ * Sources (read from torch 2.15 and deepspeed; memory-facts.md §13):
+ *  DDP     nn/parallel/distributed.py, c10d reducer: buckets in reverse parameter order, the
+ *          first capped at 1 MiB, the rest at 25 MiB; together one more copy of the gradients.
+ *  FSDP2   distributed/fsdp/_fully_shard/: dim-0 chunks padded to ceil(dim0/world) rows; a
+ *          group's flat all-gather output (sum of padded shards x world), per-parameter
+ *          unsharded storages of the same size, a flat copy-in of the cast shards under a
+ *          param_dtype; reduce-scatter input (padded, reduce dtype) and output (input/world,
+ *          which the sharded gradients are views of).
+ *  ZeRO    deepspeed/runtime/zero/stage_1_and_2.py: parameters flattened and padded to a
+ *          multiple of 2 x world; an fp32 clone of this rank's partition (even for fp32
+ *          parameters); grads_in_partition in the parameter dtype; one reduce bucket buffer
+ *          (reduce_bucket_size elements); an fp32 gradient partition made for the step.
+ *          stage3.py: each parameter partitioned to ceil(numel/world) unless under
+ *          stage3_param_persistence_threshold; fp32 master partition (shared with the
+ *          parameter when that is already fp32); grad_partitions_flat_buffer in fp32
+ *          (gradient_accumulation_dtype); one reduce bucket buffer.
+ */
+#include "parallel.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "estimate.h"
+
+static const char *const STRATS[] = {"none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-no-reshard"};
+static const char *const OFFLOADS[] = {"none", "optimizer", "params"};
+static const char *const OFFDEVS[] = {"cpu", "nvme"};
+static const char *const COMMS[] = {"all-gather", "copy-in", "unsharded params", "reduce-scatter input",
+                                    "reduce-scatter output", "bucket", "partition", "fp32 grad partition"};
+
+static int parse_in(const char *const *names, size_t n, const char *s)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(s, names[i]))
+            return (int)i;
+    return -1;
+}
+
+const char *mp_par_strategy_str(enum mp_par_strategy s) { return (unsigned)s < 7 ? STRATS[s] : "?"; }
+int mp_par_strategy_parse(const char *s) { return parse_in(STRATS, 7, s); }
+const char *mp_offload_str(enum mp_offload o) { return (unsigned)o < 3 ? OFFLOADS[o] : "?"; }
+int mp_offload_parse(const char *s) { return parse_in(OFFLOADS, 3, s); }
+const char *mp_offload_dev_str(enum mp_offload_dev o) { return (unsigned)o < 2 ? OFFDEVS[o] : "?"; }
+int mp_offload_dev_parse(const char *s) { return parse_in(OFFDEVS, 2, s); }
+const char *mp_comm_kind_str(enum mp_comm_kind k) { return (unsigned)k < MP_COMM_KINDS ? COMMS[k] : "?"; }
+
+void mp_parallel_default(struct mp_parallel *p)
+{
+    memset(p, 0, sizeof *p);
+    p->strategy = MP_PAR_NONE;
+    p->gpus = 1;
+    p->nodes = 1;
+    p->ddp_bucket_cap_bytes = 25u << 20;
+    p->ddp_first_bucket_bytes = 1u << 20;
+    p->ds_max_live_elems = 1000000000;
+    p->ds_nvme_buffer_count = 5;
+}
+
+uint64_t mp_par_world(const struct mp_parallel *p) { return p->gpus * p->nodes; }
+
+bool mp_par_sharded_params(enum mp_par_strategy s)
+{
+    return s == MP_PAR_ZERO3 || s == MP_PAR_FSDP || s == MP_PAR_FSDP_NO_RESHARD;
+}
+bool mp_par_is_fsdp(enum mp_par_strategy s) { return s == MP_PAR_FSDP || s == MP_PAR_FSDP_NO_RESHARD; }
+bool mp_par_is_deepspeed(enum mp_par_strategy s) { return s >= MP_PAR_ZERO1 && s <= MP_PAR_ZERO3; }
+
+const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len)
+{
+    int n = snprintf(buf, len, "%s x%llu", mp_par_strategy_str(p->strategy), (unsigned long long)mp_par_world(p));
+    if (n > 0 && (size_t)n < len && p->nodes > 1)
+        n += snprintf(buf + n, len - (size_t)n, " (%llu nodes)", (unsigned long long)p->nodes);
+    if (n > 0 && (size_t)n < len && p->offload != MP_OFFLOAD_NONE)
+        snprintf(buf + n, len - (size_t)n, ", %s offload to %s", mp_offload_str(p->offload),
+                 mp_offload_dev_str(p->offload_device));
+    return buf;
+}
+
+enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d)
+{
+    if (p->gpus == 0 || p->nodes == 0)
+        return mp_fail(d, MP_ERR_USAGE, "--gpus and --nodes must be positive");
+    if (p->strategy == MP_PAR_NONE && mp_par_world(p) > 1)
+        return mp_fail(d, MP_ERR_USAGE, "--gpus/--nodes above 1 need --parallel ddp|zero1|zero2|zero3|fsdp|fsdp-no-reshard");
+    if (p->offload != MP_OFFLOAD_NONE && !mp_par_is_deepspeed(p->strategy) && !mp_par_is_fsdp(p->strategy))
+        return mp_fail(d, MP_ERR_USAGE, "--offload needs --parallel zero1|zero2|zero3|fsdp|fsdp-no-reshard");
+    if (p->offload == MP_OFFLOAD_PARAMS && p->strategy != MP_PAR_ZERO3 && !mp_par_is_fsdp(p->strategy))
+        return mp_fail(d, MP_ERR_USAGE, "--offload params needs --parallel zero3 or fsdp (parameters must be sharded)");
+    if (p->offload == MP_OFFLOAD_OPTIMIZER && mp_par_is_fsdp(p->strategy))
+        return mp_fail(d, MP_ERR_USAGE, "FSDP2 offloads parameters, gradients and optimizer state together "
+                                        "(CPUOffloadPolicy): use --offload params");
+    if (p->offload_device == MP_OFFDEV_NVME && p->strategy != MP_PAR_ZERO3)
+        return mp_fail(d, MP_ERR_USAGE, "--offload-device nvme needs --parallel zero3 (DeepSpeed ZeRO-Infinity)");
+    if (p->mixed_bf16 && (p->strategy == MP_PAR_NONE || p->strategy == MP_PAR_DDP))
+        return mp_fail(d, MP_ERR_USAGE, "--precision mixed-bf16 (bf16 parameters + fp32 master) is an FSDP2 or "
+                                        "DeepSpeed policy: add --parallel zero1|zero2|zero3|fsdp|fsdp-no-reshard");
+    return MP_OK;
+}
+
+/* ---- shard sizes ---------------------------------------------------------------------------- */
+
+static uint64_t dim0_of(const struct mp_param *q) { return q->rows > 1 ? q->rows : q->cols; }
+
+uint64_t mp_par_fsdp_shard_elems(const struct mp_param *q, uint64_t world)
+{
+    uint64_t d0 = dim0_of(q);
+    if (d0 == 0 || world == 0)
+        return q->elems;
+    return mp_ceil_div(d0, world) * (q->elems / d0);
+}
+
+uint64_t mp_par_zero3_shard_elems(uint64_t numel, uint64_t world) { return mp_ceil_div(numel, world); }
+
+uint64_t mp_par_zero12_partition_elems(uint64_t numel, uint64_t world)
+{
+    uint64_t align = 2 * world;
+    return mp_ceil_div(numel, align) * align / world;
+}
+
+uint64_t mp_par_opt_state_bytes(const struct mp_par_plan *pp, const struct mp_program *p, enum mp_optimizer o,
+                                size_t qi)
+{
+    const struct mp_param *q = &p->params[qi];
+    struct mp_param s = *q;
+    struct mp_program sp = *p;
+    sp.param_dtype = pp->master_elem_bytes == 2 ? MP_DT_BF16 : MP_DT_F32;
+    s.dtype = sp.param_dtype; /* the master copy's dtype (a frozen parameter still has none) */
+    uint64_t n = pp->shard_elems[qi];
+    if (n != q->elems) { /* a shard: Adafactor factors the local rows */
+        s.elems = n;
+        uint64_t d0 = dim0_of(q);
+        if (q->rows > 1 && d0)
+            s.rows = n / (q->elems / d0);
+        else
+            s.cols = n;
+    }
+    return mp_opt_state_bytes(&sp, o, &s);
+}
+
+/* ---- the plan ---------------------------------------------------------------------------------- */
+
+void mp_par_plan_release(struct mp_par_plan *pp)
+{
+    if (!pp)
+        return;
+    free(pp->shard_elems);
+    free(pp->groups);
+    free(pp->group_of_block);
+    free(pp->bucket_bytes);
+    memset(pp, 0, sizeof *pp);
+}
+
+/* DDP's bucket assignment (reducer's compute_bucket_assignment_by_size): parameters in
+ * reverse order, a bucket closes once its bytes reach the cap; the first cap is 1 MiB. */
+static enum mp_status ddp_buckets(struct mp_par_plan *pp, const struct mp_program *p, uint64_t esz)
+{
+    pp->bucket_bytes = calloc(p->n_params + 1, sizeof *pp->bucket_bytes);
+    if (!pp->bucket_bytes)
+        return MP_ERR_NOMEM;
+    uint64_t cur = 0, cap = pp->par.ddp_first_bucket_bytes;
+    for (size_t k = p->n_params; k-- > 0;) {
+        cur += p->params[k].elems * esz;
+        if (cur >= cap) {
+            pp->bucket_bytes[pp->n_buckets++] = cur;
+            cur = 0;
+            cap = pp->par.ddp_bucket_cap_bytes;
+        }
+    }
+    if (cur)
+        pp->bucket_bytes[pp->n_buckets++] = cur;
+    return MP_OK;
+}
+
+/* FSDP2: one group per repeated block (fully_shard on each decoder layer), the rest of the
+ * model in the root group (the last).  ZeRO-3: one group per block. */
+static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_program *p)
+{
+    bool fsdp = mp_par_is_fsdp(pp->par.strategy);
+    pp->group_of_block = calloc(p->n_blocks ? p->n_blocks : 1, sizeof *pp->group_of_block);
+    pp->groups = calloc(p->n_blocks + 1, sizeof *pp->groups);
+    if (!pp->group_of_block || !pp->groups)
+        return MP_ERR_NOMEM;
+    size_t g = 0;
+    for (size_t i = 0; i < p->n_blocks; i++) {
+        bool own = !fsdp || (p->model && i < p->model->n_blocks && p->model->blocks[i].repeat_group > 0);
+        pp->group_of_block[i] = own ? (int)g++ : -1;
+    }
+    size_t root = g;
+    bool any_root = false;
+    for (size_t i = 0; i < p->n_blocks; i++)
+        if (pp->group_of_block[i] < 0) {
+            pp->group_of_block[i] = (int)root;
+            any_root = true;
+        }
+    pp->n_groups = g + (any_root ? 1 : 0);
+    if (any_root)
+        pp->groups[root].root = true;
+    uint64_t N = pp->world;
+    for (size_t q = 0; q < p->n_params; q++) {
+        const struct mp_param *pa = &p->params[q];
+        if (pa->block < 0 || (size_t)pa->block >= p->n_blocks)
+            continue;
+        struct mp_par_group *gr = &pp->groups[pp->group_of_block[pa->block]];
+        if (!fsdp && pa->elems < pp->par.ds_persistence_elems) {
+            gr->persist_elems += pa->elems;
+            continue;
+        }
+        gr->shard_elems += pp->shard_elems[q];
+        gr->unsharded_elems += pp->shard_elems[q] * N;
+    }
+    return MP_OK;
+}
+
+enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_program *p, enum mp_optimizer o,
+                                struct mp_par_plan *pp, struct mp_diag *d)
+{
+    memset(pp, 0, sizeof *pp);
+    pp->par = *par;
+    pp->world = mp_par_world(par);
+    if (pp->world == 0)
+        return mp_fail(d, MP_ERR_USAGE, "world size must be positive");
+    enum mp_par_strategy s = par->strategy;
+    uint64_t N = pp->world, P = mp_dtype_size(p->param_dtype);
+    bool pure_bf16 = p->param_dtype == MP_DT_BF16 && !par->mixed_bf16;
+    pp->compute_elem_bytes = P;
+    /* The master copy: fp32 unless the model itself is bf16 with no fp32 copy (FSDP2 of a
+     * .bfloat16() model; DeepSpeed always keeps fp32 partitions). */
+    pp->master_elem_bytes = pure_bf16 && !mp_par_is_deepspeed(s) ? 2 : 4;
+    pp->reduce_elem_bytes = mp_par_is_fsdp(s) ? pp->master_elem_bytes : P;
+    pp->n_params = p->n_params;
+    for (size_t q = 0; q < p->n_params; q++) {
+        pp->total_elems += p->params[q].elems;
+        if (!pp->hidden && p->params[q].matrix)
+            pp->hidden = p->params[q].cols;
+    }
+    if (!pp->hidden)
+        pp->hidden = 1024;
+    /* DeepSpeed bucket sizes: accelerate's "auto" rule (hidden^2, 0.9 hidden^2, 10 hidden) */
+    if (!pp->par.ds_reduce_bucket_elems)
+        pp->par.ds_reduce_bucket_elems = pp->hidden * pp->hidden;
+    if (!pp->par.ds_allgather_bucket_elems)
+        pp->par.ds_allgather_bucket_elems = pp->hidden * pp->hidden;
+    if (!pp->par.ds_prefetch_bucket_elems)
+        pp->par.ds_prefetch_bucket_elems = pp->hidden * pp->hidden * 9 / 10;
+    if (!pp->par.ds_persistence_elems && s == MP_PAR_ZERO3)
+        pp->par.ds_persistence_elems = 10 * pp->hidden;
+    pp->shard_elems = calloc(p->n_params ? p->n_params : 1, sizeof *pp->shard_elems);
+    if (!pp->shard_elems)
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    for (size_t q = 0; q < p->n_params; q++) {
+        const struct mp_param *pa = &p->params[q];
+        switch (s) {
+        case MP_PAR_FSDP:
+        case MP_PAR_FSDP_NO_RESHARD: pp->shard_elems[q] = mp_par_fsdp_shard_elems(pa, N); break;
+        case MP_PAR_ZERO3:
+            pp->shard_elems[q] = mp_par_zero3_shard_elems(pa->elems, N);
+            break;
+        case MP_PAR_ZERO1:
+        case MP_PAR_ZERO2: pp->shard_elems[q] = mp_ceil_div(pa->elems, N); break; /* for the optimizer state */
+        default: pp->shard_elems[q] = pa->elems; break;
+        }
+    }
+    pp->partition_elems = mp_par_zero12_partition_elems(pp->total_elems, N);
+    enum mp_status st = MP_OK;
+    if (mp_par_sharded_params(s))
+        st = make_groups(pp, p);
+    if (st == MP_OK && s == MP_PAR_DDP)
+        st = ddp_buckets(pp, p, P);
+    if (st == MP_OK && mp_par_is_deepspeed(s)) {
+        pp->bucket_bytes = calloc(1, sizeof *pp->bucket_bytes);
+        if (!pp->bucket_bytes)
+            st = MP_ERR_NOMEM;
+        else {
+            pp->n_buckets = 1;
+            pp->bucket_bytes[0] = pp->par.ds_reduce_bucket_elems * P;
+        }
+    }
+    if (st != MP_OK) {
+        mp_par_plan_release(pp);
+        return mp_fail(d, st, "out of memory");
+    }
+
+    /* resident bytes per rank */
+    uint64_t opt = 0, shard = 0;
+    for (size_t q = 0; q < p->n_params; q++) {
+        opt += mp_par_opt_state_bytes(pp, p, o, q);
+        shard += pp->shard_elems[q];
+    }
+    uint64_t Psi = pp->total_elems, part = pp->partition_elems;
+    bool off_opt = par->offload != MP_OFFLOAD_NONE, off_par = par->offload == MP_OFFLOAD_PARAMS;
+    switch (s) {
+    case MP_PAR_NONE:
+    case MP_PAR_DDP:
+        pp->weights_bytes = Psi * P;
+        pp->grads_bytes = Psi * P;
+        pp->optimizer_bytes = opt;
+        for (size_t b = 0; b < pp->n_buckets; b++)
+            pp->buffers_bytes += pp->bucket_bytes[b];
+        if (s == MP_PAR_DDP)
+            pp->allreduce_bytes = (double)(Psi * P);
+        break;
+    case MP_PAR_ZERO1:
+    case MP_PAR_ZERO2:
+        /* optimizer state on the aligned partition */
+        opt = 0;
+        {
+            struct mp_param one = {.elems = part, .rows = 1, .cols = part, .dtype = MP_DT_F32, .trainable = true};
+            struct mp_program sp = *p;
+            sp.param_dtype = MP_DT_F32;
+            opt = mp_opt_state_bytes(&sp, o, &one);
+        }
+        pp->weights_bytes = Psi * P + (off_opt ? 0 : part * 4);
+        pp->grads_bytes = s == MP_PAR_ZERO1 ? Psi * P : (off_opt ? 0 : part * P);
+        pp->optimizer_bytes = off_opt ? 0 : opt;
+        pp->buffers_bytes = pp->bucket_bytes[0];
+        pp->host_bytes = off_opt ? part * 4 + opt + part * 4 : 0;
+        pp->reducescatter_bytes = (double)(Psi * P);
+        pp->allgather_bytes = (double)(Psi * P);
+        if (off_opt) {
+            pp->pcie_bytes = 2.0 * (double)(part * P);
+            pp->host_step_elems = (double)part;
+        }
+        break;
+    case MP_PAR_ZERO3: {
+        uint64_t persist = 0, persist_shard = 0;
+        for (size_t q = 0; q < p->n_params; q++)
+            if (p->params[q].elems < pp->par.ds_persistence_elems) {
+                persist += p->params[q].elems;
+                persist_shard += pp->shard_elems[q];
+            }
+        /* persisted parameters stay whole on the GPU; the rest are partitions (on the host
+         * with parameter offload) */
+        uint64_t dev_params = persist * P + (off_par ? 0 : (shard - persist_shard) * P);
+        uint64_t master = (P == 4 && !off_opt) ? 0 : shard * 4; /* fp32 params are their own master */
+        pp->weights_bytes = dev_params + (off_opt ? 0 : master);
+        pp->grads_bytes = off_opt ? 0 : shard * 4;
+        pp->optimizer_bytes = off_opt ? 0 : opt;
+        pp->buffers_bytes = pp->bucket_bytes[0];
+        if (off_opt)
+            pp->host_bytes = shard * 4 + opt + shard * 4;
+        if (off_par)
+            pp->host_bytes += (shard - persist_shard) * P;
+        pp->allgather_bytes = 2.0 * (double)(Psi * P);
+        pp->reducescatter_bytes = (double)(Psi * P);
+        if (off_opt) {
+            pp->pcie_bytes = 2.0 * (double)(shard * P);
+            pp->host_step_elems = (double)shard;
+        }
+        if (off_par)
+            pp->pcie_bytes += 2.0 * (double)(shard * P);
+        if (par->offload_device == MP_OFFDEV_NVME) {
+            /* ZeRO-Infinity: state on NVMe, pinned swap buffers on the host
+             * (buffer_count x buffer_size for parameters; 4 optimizer sub-group buffers) */
+            pp->nvme_bytes = pp->host_bytes;
+            uint64_t sub = mp_min_u64(shard, 100000000);
+            pp->host_bytes = 4 * sub * 4 + (off_par ? pp->par.ds_nvme_buffer_count * 100000000ull * P : 0);
+        }
+        break;
+    }
+    case MP_PAR_FSDP:
+    case MP_PAR_FSDP_NO_RESHARD: {
+        uint64_t M = pp->master_elem_bytes, un = 0, root_un = 0;
+        for (size_t g = 0; g < pp->n_groups; g++) {
+            un += pp->groups[g].unsharded_elems;
+            if (pp->groups[g].root)
+                root_un += pp->groups[g].unsharded_elems;
+        }
+        pp->weights_bytes = off_par ? 0 : shard * M;
+        pp->grads_bytes = off_par ? 0 : shard * pp->reduce_elem_bytes;
+        pp->optimizer_bytes = off_par ? 0 : opt;
+        pp->host_bytes = off_par ? shard * M + shard * pp->reduce_elem_bytes + opt : 0;
+        /* forward all-gathers every group; with reshard_after_forward the non-root groups
+         * are gathered again in backward */
+        pp->allgather_bytes = (double)(un * P) + (s == MP_PAR_FSDP ? (double)((un - root_un) * P) : 0);
+        pp->reducescatter_bytes = (double)(un * pp->reduce_elem_bytes);
+        if (off_par) {
+            pp->pcie_bytes = (double)(shard * M) * (s == MP_PAR_FSDP ? 2 : 1) + (double)(shard * pp->reduce_elem_bytes);
+            pp->host_step_elems = (double)shard;
+        }
+        break;
+    }
+    }
+    return MP_OK;
+}
+
+/* ---- time ---------------------------------------------------------------------------------------- */
+
+void mp_par_time(const struct mp_par_plan *pp, const struct mp_links *l, double compute_s, double bwd_share,
+                 struct mp_par_time *t)
+{
+    memset(t, 0, sizeof *t);
+    double N = (double)pp->world;
+    double bw = pp->par.nodes > 1 ? l->inter_gbs : l->intra_gbs;
+    if (bw <= 0)
+        bw = l->pcie_gbs > 0 ? l->pcie_gbs : 16;
+    t->bus_gbs = bw;
+    if (pp->world > 1) {
+        double ring = (N - 1) / N / (bw * 1e9);
+        double ag = pp->allgather_bytes * ring, rs = pp->reducescatter_bytes * ring;
+        double ar = 2 * pp->allreduce_bytes * ring;
+        t->comm_s = ag + rs + ar;
+        double bwd = compute_s * bwd_share;
+        switch (pp->par.strategy) {
+        case MP_PAR_DDP: {
+            /* buckets reduce during backward; the first bucket of the next... the last one is exposed */
+            double last = pp->n_buckets ? ar / (double)pp->n_buckets : 0;
+            t->exposed_comm_s = (ar > bwd ? ar - bwd : 0) + last;
+            break;
+        }
+        case MP_PAR_ZERO1:
+        case MP_PAR_ZERO2:
+            /* reduce-scatter overlaps backward; the parameter all-gather follows the step */
+            t->exposed_comm_s = (rs > bwd ? rs - bwd : 0) + ag;
+            break;
+        default: {
+            /* prefetch hides all-gathers and reduce-scatters behind compute, except the
+             * first group's all-gather and the last group's reduce-scatter */
+            double groups = pp->n_groups ? (double)pp->n_groups : 1;
+            double edge = (ag + rs) / groups;
+            double hidden = ag + rs - edge;
+            t->exposed_comm_s = edge + (hidden > compute_s ? hidden - compute_s : 0);
+            break;
+        }
+        }
+    }
+    if (pp->pcie_bytes > 0) {
+        double pcie = l->pcie_gbs > 0 ? l->pcie_gbs : 16;
+        double xfer = pp->pcie_bytes / (pcie * 1e9);
+        double host = l->host_adam_gparams > 0 ? pp->host_step_elems / (l->host_adam_gparams * 1e9) : 0;
+        /* gradients stream down during backward (DeepSpeed overlaps them); the host step and
+         * the parameters coming back up are on the critical path */
+        t->offload_s = xfer + host;
+    }
+}

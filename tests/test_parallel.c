@@ -1,0 +1,279 @@
+/* test_parallel.c — per-rank sharding arithmetic (parallel.c) and the per-rank replay.
+ *
+ * Expected values are worked by hand from the engines' sources (memory-facts.md §13):
+ * FSDP2 pads dim 0 to ceil(dim0/world) rows; ZeRO-3 partitions ceil(numel/world) per
+ * parameter and keeps parameters under stage3_param_persistence_threshold whole; ZeRO-1/2
+ * pad the flat parameter buffer to a multiple of 2 x world; DDP buckets fill in reverse
+ * parameter order with a first cap of 1 MiB.
+ *
+ * The model: linear(16->30, bias) | 2 x linear(30->30, bias) (a repeat: two FSDP2 groups)
+ * | classifier(30->4, bias).  Parameters: W1 30x16 = 480, b1 30, W 30x30 = 900 and b 30
+ * (twice), Wc 4x30 = 120, bc 4: 2494 in all.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "estimate.h"
+#include "layers.h"
+#include "model.h"
+#include "parallel.h"
+
+static const char *MODEL = "{\"name\":\"par\",\"input\":{\"shape\":[16]},\"classes\":4,\"layers\":["
+                           "{\"type\":\"linear\",\"in_features\":16,\"out_features\":30,\"bias\":true},"
+                           "{\"repeat\":2,\"layers\":[{\"type\":\"linear\",\"in_features\":30,\"out_features\":30,"
+                           "\"bias\":true}]},"
+                           "{\"type\":\"classifier\",\"in_features\":30,\"classes\":4}]}";
+
+struct fixture {
+    struct mp_model m;
+    struct mp_program p;
+};
+
+static void build(struct fixture *f, enum mp_precision prec)
+{
+    struct mp_diag d = {{0}};
+    if (mp_model_load_string(&f->m, MODEL, strlen(MODEL), "test.json", &d) != MP_OK)
+        fail_msg("load: %s", d.msg);
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = 2;
+    bo.precision = prec;
+    if (mp_program_build(&f->m, &bo, &f->p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+}
+
+static void release(struct fixture *f)
+{
+    mp_program_release(&f->p);
+    mp_model_release(&f->m);
+}
+
+static void plan(const struct fixture *f, enum mp_par_strategy s, uint64_t world, bool mixed, enum mp_offload off,
+                 struct mp_par_plan *pp)
+{
+    struct mp_parallel par;
+    mp_parallel_default(&par);
+    par.strategy = s;
+    par.gpus = world;
+    par.mixed_bf16 = mixed;
+    par.offload = off;
+    struct mp_diag d = {{0}};
+    if (mp_par_plan_make(&par, &f->p, MP_OPT_ADAMW, pp, &d) != MP_OK)
+        fail_msg("plan: %s", d.msg);
+}
+
+static void test_parallel_shard_sizes(void **state)
+{
+    (void)state;
+    /* FSDP2: a 30x16 weight on 4 ranks keeps ceil(30/4) = 8 rows of 16 */
+    struct mp_param w = {.elems = 480, .rows = 30, .cols = 16, .matrix = true};
+    assert_int_equal(mp_par_fsdp_shard_elems(&w, 4), 128);
+    /* a 30-vector (rows 1): 8 elements; 7 ranks: ceil(30/7) = 5 */
+    struct mp_param b = {.elems = 30, .rows = 1, .cols = 30};
+    assert_int_equal(mp_par_fsdp_shard_elems(&b, 4), 8);
+    assert_int_equal(mp_par_fsdp_shard_elems(&b, 7), 5);
+    /* more ranks than rows: every rank still holds one padded row */
+    struct mp_param c = {.elems = 120, .rows = 4, .cols = 30, .matrix = true};
+    assert_int_equal(mp_par_fsdp_shard_elems(&c, 8), 30);
+    /* ZeRO-3: ceil(numel / world) */
+    assert_int_equal(mp_par_zero3_shard_elems(1001, 4), 251);
+    /* ZeRO-1/2: 1001 padded to a multiple of 8 = 1008, 252 per rank */
+    assert_int_equal(mp_par_zero12_partition_elems(1001, 4), 252);
+    assert_int_equal(mp_par_zero12_partition_elems(2494, 4), 624);
+}
+
+static void test_parallel_fsdp_plan(void **state)
+{
+    (void)state;
+    struct fixture f;
+    build(&f, MP_PREC_FP32);
+    struct mp_par_plan pp;
+    plan(&f, MP_PAR_FSDP, 4, false, MP_OFFLOAD_NONE, &pp);
+    /* shards: W1 8x16 = 128, b1 8, per repeated block W 8x30 = 240 + b 8, Wc 1x30 = 30, bc 1
+     * -> 128 + 8 + 2 x 248 + 31 = 663 elements, fp32 */
+    assert_int_equal(pp.weights_bytes, 663 * 4);
+    assert_int_equal(pp.grads_bytes, 663 * 4);
+    assert_int_equal(pp.optimizer_bytes, 2 * 663 * 4);
+    /* groups: the two repeated blocks, then the root (linear + classifier) */
+    assert_int_equal(pp.n_groups, 3);
+    assert_int_equal(pp.groups[0].unsharded_elems, 248 * 4);
+    assert_int_equal(pp.groups[1].unsharded_elems, 248 * 4);
+    assert_true(pp.groups[2].root);
+    assert_int_equal(pp.groups[2].unsharded_elems, (128 + 8 + 30 + 1) * 4);
+    /* all-gathers: every group in forward, the two non-root groups again in backward */
+    assert_true(pp.allgather_bytes == (double)((2 * 992 + 668) + 2 * 992) * 4);
+    assert_true(pp.reducescatter_bytes == (double)(2 * 992 + 668) * 4);
+    mp_par_plan_release(&pp);
+    release(&f);
+}
+
+static void test_parallel_ddp_buckets(void **state)
+{
+    (void)state;
+    struct fixture f;
+    build(&f, MP_PREC_FP32);
+    struct mp_par_plan pp;
+    plan(&f, MP_PAR_DDP, 2, false, MP_OFFLOAD_NONE, &pp);
+    /* 2494 fp32 gradients = 9976 bytes: under the 1 MiB first bucket, so one bucket */
+    assert_int_equal(pp.n_buckets, 1);
+    assert_int_equal(pp.bucket_bytes[0], 9976);
+    assert_int_equal(pp.weights_bytes, 9976);
+    assert_int_equal(pp.buffers_bytes, 9976);
+    /* a 4 KiB first cap and 8 KiB cap: reverse order bc 16 + Wc 480 + b 120 + W 3600 = 4216
+     * closes the first bucket; b 120 + W 3600 + b1 120 + W1 1920 = 5760 is the rest */
+    mp_par_plan_release(&pp);
+    struct mp_parallel par;
+    mp_parallel_default(&par);
+    par.strategy = MP_PAR_DDP;
+    par.gpus = 2;
+    par.ddp_first_bucket_bytes = 4096;
+    par.ddp_bucket_cap_bytes = 8192;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_par_plan_make(&par, &f.p, MP_OPT_ADAMW, &pp, &d), MP_OK);
+    assert_int_equal(pp.n_buckets, 2);
+    assert_int_equal(pp.bucket_bytes[0], 4216);
+    assert_int_equal(pp.bucket_bytes[1], 5760);
+    mp_par_plan_release(&pp);
+    release(&f);
+}
+
+static void test_parallel_zero_model_states(void **state)
+{
+    (void)state;
+    struct fixture f;
+    build(&f, MP_PREC_AMP_BF16);
+    struct mp_par_plan pp;
+    /* ZeRO-2, fp32 parameters under autocast, 4 ranks: partition 624; parameters 4 x 2494,
+     * the fp32 clone of the partition, grads_in_partition, Adam m and v: DeepSpeed's own
+     * 4 Psi + 16 Psi / N (on the padded partition) */
+    plan(&f, MP_PAR_ZERO2, 4, false, MP_OFFLOAD_NONE, &pp);
+    assert_int_equal(pp.weights_bytes, 9976 + 624 * 4);
+    assert_int_equal(pp.grads_bytes, 624 * 4);
+    assert_int_equal(pp.optimizer_bytes, 2 * 624 * 4);
+    assert_int_equal(pp.weights_bytes + pp.grads_bytes + pp.optimizer_bytes, 9976 + 16 * 624);
+    mp_par_plan_release(&pp);
+    /* ZeRO-1: full gradients */
+    plan(&f, MP_PAR_ZERO1, 4, false, MP_OFFLOAD_NONE, &pp);
+    assert_int_equal(pp.grads_bytes, 9976);
+    mp_par_plan_release(&pp);
+    /* with optimizer offload the fp32 partition, the state and the fp32 grads go to the host */
+    plan(&f, MP_PAR_ZERO2, 4, false, MP_OFFLOAD_OPTIMIZER, &pp);
+    assert_int_equal(pp.weights_bytes, 9976);
+    assert_int_equal(pp.optimizer_bytes, 0);
+    assert_int_equal(pp.host_bytes, 624 * 4 + 2 * 624 * 4 + 624 * 4);
+    assert_true(pp.pcie_bytes == 2.0 * 624 * 4);
+    mp_par_plan_release(&pp);
+    release(&f);
+
+    /* ZeRO-3 with bf16 parameters (mixed-bf16), 4 ranks.  Persistence threshold 10 x hidden
+     * (hidden 16: the first matrix's width) = 160: the biases (30 x 3, 4) and Wc (120) stay
+     * whole: 214 elements.  Partitions ceil(n/4): W1 120, b1 8, W 225 x 2, b 8 x 2, Wc 30,
+     * bc 1 = 625, of which 55 belong to the persisted ones. */
+    build(&f, MP_PREC_BF16);
+    plan(&f, MP_PAR_ZERO3, 4, true, MP_OFFLOAD_NONE, &pp);
+    /* bf16: persisted 214 x 2 + the other partitions 570 x 2, + the fp32 master 625 x 4 */
+    assert_int_equal(pp.weights_bytes, 214 * 2 + 570 * 2 + 625 * 4);
+    assert_int_equal(pp.grads_bytes, 625 * 4); /* grad_partitions_flat_buffer, fp32 */
+    assert_int_equal(pp.optimizer_bytes, 2 * 625 * 4);
+    mp_par_plan_release(&pp);
+    release(&f);
+}
+
+/* Sums events of one replay by store, to check per-rank setup bytes and balance. */
+struct tally {
+    int64_t by_store[16];
+    uint64_t comm_allocs;
+};
+static enum mp_status tally_event(void *ctx, const struct mp_event *ev)
+{
+    struct tally *t = ctx;
+    if (ev->kind == MP_EV_ALLOC)
+        t->by_store[ev->store] += (int64_t)ev->bytes;
+    else if (ev->kind == MP_EV_FREE)
+        t->by_store[ev->store] -= (int64_t)ev->bytes;
+    if (ev->kind == MP_EV_ALLOC && ev->store == MP_ST_COMM)
+        t->comm_allocs++;
+    return MP_OK;
+}
+
+static void test_parallel_replay_per_rank(void **state)
+{
+    (void)state;
+    struct fixture f;
+    build(&f, MP_PREC_FP32);
+    struct mp_parallel par;
+    mp_parallel_default(&par);
+    par.strategy = MP_PAR_FSDP;
+    par.gpus = 4;
+    struct mp_train_opts t = {.optimizer = MP_OPT_ADAMW, .par = &par};
+    struct tally ty = {0};
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_replay(&f.p, NULL, &t, tally_event, &ty, &d), MP_OK);
+    /* what stays at the end of the step: the fp32 shards and their Adam state; every
+     * gather buffer, reduce-scatter buffer and sharded gradient was freed */
+    assert_int_equal(ty.by_store[MP_ST_PARAM], 663 * 4);
+    assert_int_equal(ty.by_store[MP_ST_OPT_STATE], 2 * 663 * 4);
+    assert_int_equal(ty.by_store[MP_ST_COMM], 0);
+    assert_int_equal(ty.by_store[MP_ST_PGRAD], 0);
+    /* forward: 3 all-gathers + 3 unshards; backward: 2 all-gathers + 2 unshards, 3
+     * reduce-scatter inputs and outputs */
+    assert_int_equal(ty.comm_allocs, 3 + 3 + 2 + 2 + 3 + 3);
+
+    /* the estimator: per-rank figures, and sharding lowers the peak */
+    struct mp_estimate e1, e4;
+    struct mp_train_opts t1 = {.optimizer = MP_OPT_ADAMW};
+    assert_int_equal(mp_estimate_run(&f.p, NULL, &t1, 0, &e1, &d), MP_OK);
+    assert_int_equal(mp_estimate_run(&f.p, NULL, &t, 0, &e4, &d), MP_OK);
+    assert_int_equal(e4.world, 4);
+    assert_int_equal(e4.weights_bytes, 663 * 4);
+    assert_true(e4.peak_allocated_bytes < e1.peak_allocated_bytes);
+    mp_estimate_release(&e1);
+    mp_estimate_release(&e4);
+
+    /* DDP: the buckets are one persistent copy of the gradients */
+    par.strategy = MP_PAR_DDP;
+    struct tally td = {0};
+    assert_int_equal(mp_replay(&f.p, NULL, &t, tally_event, &td, &d), MP_OK);
+    assert_int_equal(td.by_store[MP_ST_COMM], 9976);
+    release(&f);
+}
+
+static void test_parallel_validate(void **state)
+{
+    (void)state;
+    struct mp_parallel p;
+    struct mp_diag d = {{0}};
+    mp_parallel_default(&p);
+    assert_int_equal(mp_par_validate(&p, &d), MP_OK);
+    p.gpus = 8;
+    assert_int_equal(mp_par_validate(&p, &d), MP_ERR_USAGE); /* 8 GPUs, no strategy */
+    p.strategy = MP_PAR_ZERO2;
+    p.offload = MP_OFFLOAD_PARAMS;
+    assert_int_equal(mp_par_validate(&p, &d), MP_ERR_USAGE); /* params offload needs zero3 */
+    p.strategy = MP_PAR_ZERO3;
+    assert_int_equal(mp_par_validate(&p, &d), MP_OK);
+    p.strategy = MP_PAR_FSDP;
+    p.offload = MP_OFFLOAD_OPTIMIZER;
+    assert_int_equal(mp_par_validate(&p, &d), MP_ERR_USAGE); /* FSDP2 offloads everything */
+    p.offload = MP_OFFLOAD_NONE;
+    p.strategy = MP_PAR_DDP;
+    p.mixed_bf16 = true;
+    assert_int_equal(mp_par_validate(&p, &d), MP_ERR_USAGE);
+    assert_int_equal(mp_par_strategy_parse("fsdp-no-reshard"), MP_PAR_FSDP_NO_RESHARD);
+    assert_int_equal(mp_par_strategy_parse("zero4"), -1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parallel_shard_sizes),      cmocka_unit_test(test_parallel_fsdp_plan),
+        cmocka_unit_test(test_parallel_ddp_buckets),      cmocka_unit_test(test_parallel_zero_model_states),
+        cmocka_unit_test(test_parallel_replay_per_rank),  cmocka_unit_test(test_parallel_validate),
+    };
+    return cmocka_run_group_tests_name("parallel", tests, NULL, NULL);
+}
