@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #ifndef MEMPLAN_DATADIR
 #define MEMPLAN_DATADIR "/usr/local/share/memplan"
@@ -53,6 +54,8 @@ static enum mp_status parse_profile(const char *path, const char *text, size_t l
                                     struct mp_diag *d)
 {
     memset(g, 0, sizeof *g);
+    if (mp_json_leading_zero(text, len) >= 0)
+        return mp_fail(d, MP_ERR_JSON, "%s: malformed JSON: a number with a leading zero", path);
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!root)
         return mp_fail(d, MP_ERR_JSON, "%s: malformed JSON", path);
@@ -95,18 +98,21 @@ static enum mp_status parse_profile(const char *path, const char *text, size_t l
 
 static enum mp_status load_path(const char *path, struct mp_gpu *g, struct mp_diag *d)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return mp_fail(d, MP_ERR_IO, "%s: %s", path, strerror(errno));
-    char buf[65536];
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
-    if (n == sizeof buf)
-        return mp_fail(d, MP_ERR_IO, "%s: too large for a GPU profile", path);
-    return parse_profile(path, buf, n, g, d);
+    char *buf;
+    size_t n;
+    enum mp_status st = mp_read_file(path, 65536, "a GPU profile", &buf, &n, d);
+    if (st != MP_OK)
+        return st;
+    st = parse_profile(path, buf, n, g, d);
+    free(buf);
+    return st;
 }
 
-/* Candidate directories, in order. */
+#define MAX_DIRS 5
+
+/* Candidate directories, in order: $MEMPLAN_GPUS, ./configs/gpus, then next to the
+ * binary (a build tree's configs/gpus, an installed tree's ../share/memplan/gpus),
+ * then the compiled-in data directory. */
 static size_t profile_dirs(const char *argv0, char dirs[][512], size_t max)
 {
     size_t n = 0;
@@ -115,9 +121,19 @@ static size_t profile_dirs(const char *argv0, char dirs[][512], size_t max)
         snprintf(dirs[n++], 512, "%s", env);
     if (n < max)
         snprintf(dirs[n++], 512, "configs/gpus");
-    if (argv0 && strchr(argv0, '/') && n < max) {
-        const char *slash = strrchr(argv0, '/');
-        snprintf(dirs[n++], 512, "%.*s/configs/gpus", (int)(slash - argv0), argv0);
+    char exe[400] = "";
+    ssize_t l = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (l > 0 && (size_t)l < sizeof exe - 1)
+        exe[l] = 0;
+    else if (argv0 && strchr(argv0, '/'))
+        snprintf(exe, sizeof exe, "%s", argv0);
+    else
+        exe[0] = 0;
+    const char *slash = strrchr(exe, '/');
+    if (slash && n + 2 <= max) {
+        int dl = (int)(slash - exe);
+        snprintf(dirs[n++], 512, "%.*s/configs/gpus", dl, exe);
+        snprintf(dirs[n++], 512, "%.*s/../share/memplan/gpus", dl, exe);
     }
     if (n < max)
         snprintf(dirs[n++], 512, "%s/gpus", MEMPLAN_DATADIR);
@@ -127,14 +143,15 @@ static size_t profile_dirs(const char *argv0, char dirs[][512], size_t max)
 enum mp_status mp_gpu_load(const char *name, const char *argv0, struct mp_gpu *g, struct mp_diag *d)
 {
     size_t len = strlen(name);
-    if (len > 5 && strcmp(name + len - 5, ".json") == 0)
-        return load_path(name, g, d);
+    struct stat sb;
+    if (strchr(name, '/') || (len > 5 && strcmp(name + len - 5, ".json") == 0 && stat(name, &sb) == 0))
+        return load_path(name, g, d); /* a profile file given by its path */
     for (const char *c = name; *c; c++)
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-' ||
               *c == '_' || *c == '.'))
             return mp_fail(d, MP_ERR_USAGE, "--gpu: '%s' is not a profile name", name);
-    char dirs[4][512];
-    size_t nd = profile_dirs(argv0, dirs, 4);
+    char dirs[MAX_DIRS][512];
+    size_t nd = profile_dirs(argv0, dirs, MAX_DIRS);
     char lower[64];
     snprintf(lower, sizeof lower, "%s", name);
     for (char *c = lower; *c; c++)
@@ -143,7 +160,6 @@ enum mp_status mp_gpu_load(const char *name, const char *argv0, struct mp_gpu *g
     for (size_t i = 0; i < nd; i++) {
         char path[700];
         snprintf(path, sizeof path, "%s/%s.json", dirs[i], lower);
-        struct stat sb;
         if (stat(path, &sb) == 0)
             return load_path(path, g, d);
     }
@@ -162,8 +178,8 @@ static int cmp_mem(const void *a, const void *b)
 
 enum mp_status mp_gpu_list(const char *argv0, struct mp_gpu **out, size_t *n, struct mp_diag *d)
 {
-    char dirs[4][512];
-    size_t nd = profile_dirs(argv0, dirs, 4);
+    char dirs[MAX_DIRS][512];
+    size_t nd = profile_dirs(argv0, dirs, MAX_DIRS);
     *out = NULL;
     *n = 0;
     for (size_t i = 0; i < nd; i++) {
@@ -187,8 +203,15 @@ enum mp_status mp_gpu_list(const char *argv0, struct mp_gpu **out, size_t *n, st
             }
             char path[800];
             snprintf(path, sizeof path, "%s/%s", dirs[i], e->d_name);
-            if (load_path(path, &(*out)[*n], d) == MP_OK)
-                (*n)++;
+            enum mp_status st = load_path(path, &(*out)[*n], d);
+            if (st != MP_OK) { /* a broken or non-regular profile is an error, not a silent gap */
+                closedir(dir);
+                free(*out);
+                *out = NULL;
+                *n = 0;
+                return st;
+            }
+            (*n)++;
         }
         closedir(dir);
         if (*n)

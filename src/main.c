@@ -65,6 +65,7 @@ enum {
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
     O_TIMELINE, O_WIDE,
     O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV,
+    O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
 };
 
 /* Which commands accept which options (bit per command). */
@@ -82,11 +83,17 @@ static const struct opt_info OPTS[] = {
     {{"seq", required_argument, 0, O_SEQ}, 31, "S", "sequence length (default: the model's, at most 2048 for HF configs)"},
     {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 | mixed-bf16 (default amp-bf16)"},
     {{"optimizer", required_argument, 0, O_OPT}, 31, "O", "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit (default adamw)"},
-    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none (default) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
+    {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none (default; plan: optimal) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
+    {{"finetune", required_argument, 0, O_FINETUNE}, 31, "F", "full | lora | qlora | freeze: what trains (default full)"},
+    {{"lora-r", required_argument, 0, O_LORA_R}, 31, "R", "LoRA rank (default 16)"},
+    {{"lora-alpha", required_argument, 0, O_LORA_ALPHA}, 31, "A", "lora_alpha for the snippet; scaling alpha/r (default 2r)"},
+    {{"lora-dropout", required_argument, 0, O_LORA_DROPOUT}, 31, "P", "lora_dropout: > 0 keeps a mask and a copy per adapter (default 0)"},
+    {{"lora-targets", required_argument, 0, O_LORA_TARGETS}, 31, "T", "all-linear | NAME,NAME,... (default: peft's for the family)"},
+    {{"train-blocks", required_argument, 0, O_TRAIN_BLOCKS}, 31, "LIST", "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
-    {{"device", required_argument, 0, O_DEVICE}, C_PROBE | C_SUGG, "N", "CUDA device to probe (suggest: target the local GPU)"},
+    {{"device", required_argument, 0, O_DEVICE}, C_PROBE | C_SUGG, "N", "CUDA device index, default 0 (probe: run on it; suggest: target it)"},
     {{"activation-budget", required_argument, 0, O_BUDGET}, C_PLAN, "SIZE", "activation budget for optimal plans"},
     {{"slots", required_argument, 0, O_SLOTS}, C_PLAN | C_SUGG | C_CHECK | C_EST, "N", "memory slots of the optimal DP (default 500)"},
     {{"margin", required_argument, 0, O_MARGIN}, C_SUGG | C_CHECK | C_PLAN, "PCT", "safety margin in percent of capacity (default 5)"},
@@ -103,7 +110,7 @@ static const struct opt_info OPTS[] = {
     {{"backend", required_argument, 0, O_BACKEND}, C_PROBE | C_SUGG, "B", "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
     {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE | C_SUGG, "SIZE", "probe memory limit (probe: host only, default none; suggest: default the target's usable less context)"},
     {{"no-probe", no_argument, 0, O_NOPROBE}, C_SUGG, NULL, "do not confirm with probes even when a GPU is present"},
-    {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default: the --gpu profile's, else 8519680 B)"},
+    {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default 8519680 B, or the --gpu profile's where --gpu applies)"},
     {{"context", required_argument, 0, O_CONTEXT}, C_EST | C_PLAN | C_SUGG | C_CHECK, "SIZE", "CUDA context size (default: the GPU profile's, else 500MiB)"},
     {{"timeline", required_argument, 0, O_TIMELINE}, C_EST | C_PLAN | C_PROBE | C_CHECK, "FILE",
      "also draw the step's memory over time as an SVG picture in FILE"},
@@ -150,6 +157,8 @@ struct args {
     bool json, all_layers, wide;
     struct mp_parallel par;
     bool par_set, gpus_set;
+    struct mp_finetune ft;
+    bool alpha_set, lora_set, blocks_set;
 };
 
 struct command {
@@ -254,11 +263,22 @@ static void print_help(FILE *f)
                "Exit status: 0 success/fits, 1 does not fit, 2 usage, 3 bad input, 4 device error, 5 internal.\n");
 }
 
-/* A whole number in [lo, hi]; the option's own message says what was expected. */
+/* Largest values the integer options take: beyond them a plan means nothing. */
+#define MAX_BATCH (1ull << 24)        /* micro-batch, --max-batch, --grad-accum */
+#define MAX_SEQ (1ull << 24)
+#define MAX_GLOBAL_BATCH (1ull << 32)
+
+/* The bounds of the last integer option parsed, for its message. */
+static uint64_t range_lo, range_hi;
+
+/* A whole number in [lo, hi]: MP_ERR_RANGE outside it (or beyond 64 bits), MP_ERR_USAGE
+ * when it is not a number; the option's own message says what was expected. */
 static enum mp_status parse_int_in(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 {
+    range_lo = lo;
+    range_hi = hi;
     enum mp_status st = mp_parse_u64(s, out);
-    return st == MP_OK && (*out < lo || *out > hi) ? MP_ERR_USAGE : st;
+    return st == MP_OK && (*out < lo || *out > hi) ? MP_ERR_RANGE : st;
 }
 
 /* A byte size, at least lo. */
@@ -280,8 +300,10 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->steps = 3;
     a->backend = "auto";
     a->ckpt.strategy = c->bit == C_PLAN ? MP_CKPT_OPTIMAL : MP_CKPT_NONE;
+    mp_finetune_default(&a->ft);
+    struct mp_diag fd = {{0}};
     struct option lo[N_OPTS + 1];
-    char shortopts[64] = "";
+    char shortopts[64] = ":"; /* ':' first: a missing value is reported as such */
     for (size_t i = 0; i < N_OPTS; i++) {
         lo[i] = OPTS[i].lo;
         if (OPTS[i].lo.val < 128) {
@@ -302,10 +324,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
                 snprintf(bad, sizeof bad, "-%c", optopt);
             else
                 snprintf(bad, sizeof bad, "%s", argv[optind - 1]);
-            return usage_error(c->name, ch == ':' || (optopt && strchr(shortopts, optopt))
-                                            ? "option '%s' needs a value"
-                                            : "unknown option '%s'",
-                               bad);
+            return usage_error(c->name, ch == ':' ? "option '%s' needs a value" : "unknown option '%s'", bad);
         }
         const struct opt_info *oi = NULL;
         for (size_t i = 0; i < N_OPTS; i++)
@@ -320,17 +339,18 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
         }
         enum mp_status st = MP_OK;
         const char *what = NULL;
+        range_lo = range_hi = 0;
         switch (ch) {
         case O_HELP:
             print_command_help(stdout, c);
             return -1;
         case O_BATCH:
-            st = parse_int_in(optarg, 1, UINT64_MAX, &a->batch);
+            st = parse_int_in(optarg, 1, MAX_BATCH, &a->batch);
             a->batch_set = true;
             what = "--batch: expected a positive integer, got '%s'";
             break;
         case O_SEQ:
-            st = parse_int_in(optarg, 1, UINT64_MAX, &a->seq);
+            st = parse_int_in(optarg, 1, MAX_SEQ, &a->seq);
             what = "--seq: expected a positive integer, got '%s'";
             break;
         case O_PREC:
@@ -422,7 +442,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--margin: expected a percentage from 0 to 90, got '%s'";
             break;
         case O_GLOBAL:
-            st = parse_int_in(optarg, 1, UINT64_MAX, &a->global_batch);
+            st = parse_int_in(optarg, 1, MAX_GLOBAL_BATCH, &a->global_batch);
             what = "--global-batch: expected a positive integer, got '%s'";
             break;
         case O_EMIT:
@@ -435,11 +455,11 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--emit: expected torch, hf, deepspeed or accelerate, got '%s'";
             break;
         case O_ACCUM:
-            st = parse_int_in(optarg, 1, UINT64_MAX, &a->grad_accum);
+            st = parse_int_in(optarg, 1, MAX_BATCH, &a->grad_accum);
             what = "--grad-accum: expected a positive integer, got '%s'";
             break;
         case O_MAXBATCH:
-            st = parse_int_in(optarg, 1, UINT64_MAX, &a->max_batch);
+            st = parse_int_in(optarg, 1, MAX_BATCH, &a->max_batch);
             what = "--max-batch: expected a positive integer, got '%s'";
             break;
         case O_STEPS:
@@ -466,11 +486,64 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             a->context_set = true;
             what = "--context: expected a size, got '%s'";
             break;
+        case O_FINETUNE: {
+            int m = mp_ft_mode_parse(optarg);
+            a->ft.mode = m < 0 ? MP_FT_FULL : (enum mp_ft_mode)m;
+            st = m < 0 ? MP_ERR_USAGE : MP_OK;
+            what = "--finetune: expected full, lora, qlora or freeze, got '%s'";
+            break;
+        }
+        case O_LORA_R:
+            st = parse_int_in(optarg, 1, 65536, &a->ft.r);
+            a->lora_set = true;
+            what = "--lora-r: expected an integer from 1 to 65536, got '%s'";
+            break;
+        case O_LORA_ALPHA:
+            st = mp_parse_double(optarg, &a->ft.alpha);
+            if (st == MP_OK && !(a->ft.alpha > 0 && a->ft.alpha < 1e6))
+                st = MP_ERR_USAGE;
+            a->alpha_set = a->lora_set = true;
+            what = "--lora-alpha: expected a positive number, got '%s'";
+            break;
+        case O_LORA_DROPOUT:
+            st = mp_parse_double(optarg, &a->ft.dropout);
+            if (st == MP_OK && !(a->ft.dropout >= 0 && a->ft.dropout < 1))
+                st = MP_ERR_USAGE;
+            a->lora_set = true;
+            what = "--lora-dropout: expected a probability in [0, 1), got '%s'";
+            break;
+        case O_LORA_TARGETS:
+            if (mp_finetune_parse_targets(&a->ft, optarg, &fd) != MP_OK) {
+                fprintf(stderr, "memplan: error: %s (see 'memplan %s --help')\n", fd.msg, c->name);
+                return MP_EXIT_USAGE;
+            }
+            a->lora_set = true;
+            break;
+        case O_TRAIN_BLOCKS:
+            if (mp_finetune_parse_blocks(&a->ft, optarg, &fd) != MP_OK) {
+                fprintf(stderr, "memplan: error: %s (see 'memplan %s --help')\n", fd.msg, c->name);
+                return MP_EXIT_USAGE;
+            }
+            a->blocks_set = true;
+            break;
         case O_TIMELINE: a->timeline = optarg; break;
         case O_WIDE: a->wide = true; break;
         case O_ALL: a->all_layers = true; break;
         case O_JSON: a->json = true; break;
         default: return usage_error(c->name, "unexpected option '%s'", argv[optind - 1]);
+        }
+        if (st == MP_ERR_RANGE && oi) {
+            bool small = range_hi && optarg[0] >= '0' && optarg[0] <= '9' && strlen(optarg) < 20 &&
+                         strtoull(optarg, NULL, 10) < range_lo;
+            if (range_hi)
+                fprintf(stderr, "memplan: error: --%s: %s is too %s: expected an integer from %llu to %llu "
+                                "(see 'memplan %s --help')\n",
+                        oi->lo.name, optarg, small ? "small" : "large", (unsigned long long)range_lo,
+                        (unsigned long long)range_hi, c->name);
+            else
+                fprintf(stderr, "memplan: error: --%s: '%s' is too large (see 'memplan %s --help')\n", oi->lo.name,
+                        optarg, c->name);
+            return MP_EXIT_USAGE;
         }
         if (st != MP_OK)
             return usage_error(c->name, what, optarg);
@@ -482,6 +555,14 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->model = argv[optind];
     if (a->gpu && a->vram)
         return usage_error(c->name, "%s", "--gpu and --vram are exclusive");
+    bool lora = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA;
+    if (a->lora_set && !lora)
+        return usage_error(c->name, "%s", "--lora-* options need --finetune lora or qlora");
+    if (a->blocks_set != (a->ft.mode == MP_FT_FREEZE))
+        return usage_error(c->name, "%s", a->blocks_set ? "--train-blocks needs --finetune freeze"
+                                                        : "--finetune freeze needs --train-blocks, e.g. 20-31,head");
+    if (!a->alpha_set)
+        a->ft.alpha = 2.0 * (double)a->ft.r;
     if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
         struct mp_diag pd = {{0}};
         if (mp_par_validate(&a->par, &pd) != MP_OK)
@@ -525,6 +606,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     s->build.precision = (enum mp_precision)a->precision;
     s->build.attention = (enum mp_attn_impl)a->attention;
     s->build.attention_forced = a->attention_set;
+    s->build.ft = a->ft;
+    s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
+    if (s->model.quant.kind != MP_Q_NONE && (a->ft.mode == MP_FT_FULL || a->ft.mode == MP_FT_FREEZE)) {
+        fprintf(stderr, "memplan: error: %s: quantization_config: a %s-quantized base cannot be %s fine-tuned; "
+                        "train adapters on it with --finetune lora (or qlora)\n",
+                a->model, mp_quant_kind_str(s->model.quant.kind), a->ft.mode == MP_FT_FULL ? "fully" : "partly");
+        mp_model_release(&s->model);
+        return MP_EXIT_INPUT;
+    }
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
@@ -541,7 +631,7 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         add_default(s, "precision %s", "amp-bf16");
     if (a->optimizer == MP_OPT_ADAMW)
         add_default(s, "optimizer %s", "adamw");
-    if (!a->attention_set)
+    if (!a->attention_set && mp_model_has_attention(&s->model))
         add_default(s, "attention %s (transformers' default: no s x s matrix kept)", "sdpa");
     if (a->gpu) {
         st = mp_gpu_load(a->gpu, argv0, &s->gpu, d);
@@ -633,6 +723,14 @@ static struct mp_job job_of(struct setup *s, struct args *a)
     return j;
 }
 
+/* The one stderr line of a configuration that does not fit its target (exit 1). */
+static void say_nofit(const struct mp_fit *f)
+{
+    fprintf(stderr, "memplan: does not fit: short by %llu bytes (peak %llu of %llu usable) at %s\n",
+            (unsigned long long)(f->peak_device_bytes - f->usable_bytes), (unsigned long long)f->peak_device_bytes,
+            (unsigned long long)f->usable_bytes, f->est.peak_event);
+}
+
 /* --timeline FILE: the step of prog under sched as an SVG; target lines when the
  * command has a target.  Returns 0 or an exit status (message printed). */
 static int write_timeline(const struct args *a, const char *cmd, const struct setup *s, const struct mp_program *prog,
@@ -705,6 +803,7 @@ static int cmd_estimate(struct args *a)
     struct mp_report_ctx c;
     fill_ctx(&c, "estimate", &s, &prog, &a->ckpt, a);
     c.gpu = a->gpu ? &s.gpu : NULL;
+    c.fit = a->gpu ? &f : NULL;
     s.build.seq = prog.opts.seq;
     mp_report_estimate(stdout, &c, &f.est, &f.plan);
     if (getenv("MEMPLAN_TIMING"))
@@ -794,6 +893,8 @@ static int cmd_plan(struct args *a)
         mp_program_release(&prog);
     }
     bool fits = f.fits || (!a->gpu && !a->vram);
+    if (st == MP_OK && !fits)
+        say_nofit(&f);
     mp_fit_release(&f);
     mp_model_release(&s.model);
     if (st != MP_OK)
@@ -832,9 +933,7 @@ static int cmd_check(struct args *a)
         mp_program_release(&prog);
     }
     if (st == MP_OK && !f.fits)
-        fprintf(stderr, "memplan: does not fit: short by %llu bytes (peak %llu of %llu usable) at %s\n",
-                (unsigned long long)(f.peak_device_bytes - f.usable_bytes), (unsigned long long)f.peak_device_bytes,
-                (unsigned long long)f.usable_bytes, f.est.peak_event);
+        say_nofit(&f);
     bool fits = f.fits;
     mp_fit_release(&f);
     mp_model_release(&s.model);
@@ -926,6 +1025,7 @@ static int cmd_probe(struct args *a)
     po.device = a->device;
     po.steps = (unsigned)a->steps;
     po.capacity_bytes = a->capacity;
+    po.progress = true; /* stderr: a host step can take seconds */
     po.trace = a->timeline != NULL;
     bool host = !strcmp(a->backend, "host") || (!strcmp(a->backend, "auto") && !mp_cuda_device_available());
     if (host) {
@@ -1026,9 +1126,12 @@ static int cmd_help(int argc, char **argv)
         struct mp_gpu *g;
         size_t n;
         struct mp_diag d = {{0}};
-        if (mp_gpu_list(argv0, &g, &n, &d) != MP_OK || n == 0) {
+        enum mp_status st = mp_gpu_list(argv0, &g, &n, &d);
+        if (st != MP_OK)
+            return fail(st, &d);
+        if (n == 0) {
             fprintf(stderr, "memplan: error: no GPU profiles found (configs/gpus or $MEMPLAN_GPUS)\n");
-            free(n ? g : NULL);
+            free(g);
             return MP_EXIT_INPUT;
         }
         printf("%-12s %-32s %10s %8s %8s %8s\n", "name", "description", "memory", "bf16", "fp16", "fp32");

@@ -168,9 +168,33 @@ enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d)
     return st;
 }
 
+bool mp_model_has_attention(const struct mp_model *m)
+{
+    for (size_t i = 0; i < m->n_blocks; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++)
+            if (m->blocks[i].layers[j].type == MP_LT_ATTENTION || m->blocks[i].layers[j].type == MP_LT_TRANSFORMER_BLOCK)
+                return true;
+    return false;
+}
+
 /* ---- loading ---------------------------------------------------------------------- */
 
 #define MP_FILE_MAX (64u << 20)
+
+/* 1-based line and column of byte off in text. */
+static void line_col(const char *text, size_t off, size_t *line, size_t *col)
+{
+    *line = 1;
+    *col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (text[i] == '\n') {
+            ++*line;
+            *col = 1;
+        } else {
+            ++*col;
+        }
+    }
+}
 
 static int cmp_item_names(const void *a, const void *b)
 {
@@ -227,6 +251,12 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
     snprintf(m->path, sizeof m->path, "%s", path);
     if (len == 0)
         return mp_fail(d, MP_ERR_JSON, "%s: the file is empty", path);
+    long lz = mp_json_leading_zero(text, len);
+    if (lz >= 0) {
+        size_t line, col;
+        line_col(text, (size_t)lz, &line, &col);
+        return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON: a number with a leading zero", path, line, col);
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (root && end) { /* only whitespace may follow the value */
@@ -234,30 +264,16 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
             end++;
         if (end < text + len) {
             cJSON_Delete(root);
-            size_t line = 1, col = 1;
-            for (const char *q = text; q < end; q++) {
-                if (*q == '\n') {
-                    line++;
-                    col = 1;
-                } else {
-                    col++;
-                }
-            }
+            size_t line, col;
+            line_col(text, (size_t)(end - text), &line, &col);
             return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: unexpected text after the JSON value", path, line, col);
         }
     }
     if (!root) {
         const char *e = cJSON_GetErrorPtr();
         size_t off = (e && e >= text && e <= text + len) ? (size_t)(e - text) : len;
-        size_t line = 1, col = 1;
-        for (size_t i = 0; i < off; i++) {
-            if (text[i] == '\n') {
-                line++;
-                col = 1;
-            } else {
-                col++;
-            }
-        }
+        size_t line, col;
+        line_col(text, off, &line, &col);
         return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON", path, line, col);
     }
     enum mp_status st;
@@ -275,29 +291,12 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
 enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct mp_diag *d)
 {
     mp_model_init(m);
-    struct stat sb;
-    if (stat(path, &sb) != 0)
-        return mp_fail(d, MP_ERR_IO, "%s: %s", path, strerror(errno));
-    if (S_ISDIR(sb.st_mode))
-        return mp_fail(d, MP_ERR_IO, "%s: is a directory, expected a model file", path);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return mp_fail(d, MP_ERR_IO, "%s: %s", path, strerror(errno));
-    char *buf = malloc(MP_FILE_MAX + 1);
-    if (!buf) {
-        fclose(f);
-        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory reading the file", path);
-    }
-    size_t n = fread(buf, 1, MP_FILE_MAX + 1, f);
-    int err = ferror(f);
-    fclose(f);
-    enum mp_status st;
-    if (err)
-        st = mp_fail(d, MP_ERR_IO, "%s: read error", path);
-    else if (n > MP_FILE_MAX)
-        st = mp_fail(d, MP_ERR_IO, "%s: larger than %u MiB, not a model description", path, MP_FILE_MAX >> 20);
-    else
-        st = mp_model_load_string(m, buf, n, path, d);
+    char *buf;
+    size_t n;
+    enum mp_status st = mp_read_file(path, MP_FILE_MAX, "a model file", &buf, &n, d);
+    if (st != MP_OK)
+        return st;
+    st = mp_model_load_string(m, buf, n, path, d);
     free(buf);
     return st;
 }

@@ -10,6 +10,7 @@
 #ifndef MEMPLAN_MODEL_H
 #define MEMPLAN_MODEL_H
 
+#include "quant.h"
 #include "util.h"
 
 #define MP_LAYER_TYPES(X)                                            \
@@ -167,6 +168,7 @@ struct mp_model {
     char source[8];          /* "memplan" or "hf" */
     char path[256];          /* file it came from, for messages */
     char hf_type[32];        /* model_type of an HF config, else "" */
+    struct mp_quant quant;   /* quantization_config of an HF checkpoint (kind MP_Q_NONE: none) */
 
     enum mp_input_kind input;
     uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */
@@ -191,6 +193,9 @@ struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t
 enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct mp_diag *d);
 enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
                                     struct mp_diag *d);
+
+/* True when some layer computes attention (so --attention and the attention default apply). */
+bool mp_model_has_attention(const struct mp_model *m);
 
 /* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
  * Readers call it last. */

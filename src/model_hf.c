@@ -60,6 +60,23 @@
 #define HF_SEQ_DEFAULT 2048u
 #define HF_LAYERS_MAX MP_REPEAT_MAX
 
+/* Task heads, from architectures[0] (transformers' class names). */
+enum head { H_CAUSAL, H_MASKED, H_SEQ, H_TOKEN, H_QA, H_BARE, H_COUNT };
+static const struct {
+    const char *suffix;
+    enum head h;
+} head_classes[] = {
+    {"ForCausalLM", H_CAUSAL},
+    {"LMHeadModel", H_CAUSAL},
+    {"ForMaskedLM", H_MASKED},
+    {"ForSequenceClassification", H_SEQ},
+    {"ForTokenClassification", H_TOKEN},
+    {"ForQuestionAnswering", H_QA},
+    {"Model", H_BARE}, /* <Prefix>Model only: no "For", no "...Head(s)Model" */
+};
+#define HEAD(h) (1u << (h))
+#define DECODER_HEADS (HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE))
+
 struct hf;
 typedef enum mp_status (*hf_hook)(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
@@ -93,6 +110,11 @@ struct family {
         const char *key, *why;
     } reject[2];                /* flags whose true value memplan does not model */
     const char *n_tok, *n_pos, *n_drop, *n_norm, *n_head; /* module names */
+    unsigned heads;             /* HEAD() bits of the task heads transformers has */
+    enum head default_head;     /* without architectures */
+    const char *k_cls_p;        /* token / sequence classifier dropout when classifier_dropout is
+                                   null or absent (NULL: 0.1); transformers' fallbacks differ */
+    bool generic_heads;         /* Generic*For*: token_classification_bias is read */
     hf_hook hook;
 };
 
@@ -101,7 +123,8 @@ static enum mp_status bert_hook(const cJSON *root, struct hf *c, const char *pat
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
-                   .k_attn_p = "attention_dropout", .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head"
+                   .k_attn_p = "attention_dropout", .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", \
+                   .k_cls_p = "hidden_dropout", .generic_heads = true
 
 static const struct family families[] = {
     {.type = "gpt2", .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
@@ -111,29 +134,34 @@ static const struct family families[] = {
      .mlp_bias = true, .tied = true, .dropout = 0.1, .k_emb_p = "embd_pdrop", .k_attn_p = "attn_pdrop",
      .k_resid_p = "resid_pdrop",
      .reject = {NO_CROSS, {"reorder_and_upcast_attn", "the fp32 reordered attention is not modelled"}},
-     .n_tok = "wte", .n_pos = "wpe", .n_norm = "ln_f", .n_head = "lm_head"},
-    {.type = "llama", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias"},
-    {.type = "mistral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8},
-    {.type = "qwen2", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true},
+     .n_tok = "wte", .n_pos = "wpe", .n_norm = "ln_f", .n_head = "lm_head", .heads = DECODER_HEADS,
+     .k_cls_p = "hidden_dropout"},
+    {.type = "llama", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
+     .heads = DECODER_HEADS},
+    {.type = "mistral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS},
+    {.type = "qwen2", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true, .heads = DECODER_HEADS},
     {.type = "gpt_neox", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .k_rotary = "rotary_pct",
      .rotary_default = 0.25, .fused_qkv = true, .qkv_bias = true, .out_bias = true, .mlp_bias = true,
      .parallel = true, .k_attn_bias = "attention_bias", .k_parallel = "use_parallel_residual",
      .k_attn_p = "attention_dropout", .k_resid_p = "hidden_dropout", .emb_p_is_resid = true, .n_tok = "embed_in",
-     .n_norm = "final_layer_norm", .n_head = "embed_out"},
+     .n_norm = "final_layer_norm", .n_head = "embed_out", .heads = DECODER_HEADS},
     {.type = "phi", .act = MP_ACT_GELU_NEW, .norm = MP_NORM_LAYERNORM, .gqa = true,
      .k_rotary = "partial_rotary_factor", .rotary_default = 0.5, .qkv_bias = true, .out_bias = true,
      .mlp_bias = true, .lm_bias = true, .parallel = true, .shared_norm = true, .k_emb_p = "embd_pdrop",
      .k_attn_p = "attention_dropout", .k_resid_p = "resid_pdrop",
      .reject = {{"qk_layernorm", "per-head q/k layernorms are not modelled"}}, .n_tok = "embed_tokens",
-     .n_norm = "final_layernorm", .n_head = "lm_head"},
+     .n_norm = "final_layernorm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .k_cls_p = "hidden_dropout", .generic_heads = true},
     {.type = "gemma", LLAMA_LIKE(MP_ACT_GELU_TANH), .kv_default = 16, .head_dim_default = 256,
-     .tied = true, .k_attn_bias = "attention_bias", .hook = gemma_hook},
+     .tied = true, .k_attn_bias = "attention_bias", .heads = DECODER_HEADS & ~HEAD(H_QA), .hook = gemma_hook},
     {.type = "bert", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
      .post_norm = true, .emb_norm = true, .mlm_transform = true, .dropout = 0.1,
      .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob", .emb_p_is_resid = true,
      .reject = {NO_CROSS}, .n_tok = "word_embeddings", .n_pos = "position_embeddings", .n_drop = "dropout",
-     .n_head = "decoder", .hook = bert_hook},
+     .n_head = "decoder", .default_head = H_MASKED,
+     .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
+     .k_cls_p = "hidden_dropout_prob", .hook = bert_hook},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert"
@@ -150,6 +178,10 @@ struct hf {
     bool learned_pos, rope, gated, fused_qkv, qkv_bias, out_bias, mlp_bias, lm_bias;
     bool tied, causal, parallel, shared_norm, post_norm;
     double emb_p, attn_p, resid_p;
+    enum head head;
+    uint64_t labels;       /* classes of a classification head */
+    double cls_p;          /* classifier dropout */
+    bool cls_bias;         /* token classifier bias */
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -406,13 +438,86 @@ static enum mp_status bert_hook(const cJSON *root, struct hf *c, const char *pat
     return MP_OK;
 }
 
+/* The head architectures[0] names: "<Prefix><suffix>" for a suffix of head_classes. */
+static bool head_of_class(const char *cls, enum head *out)
+{
+    size_t n = strlen(cls);
+    for (size_t i = 0; i < sizeof head_classes / sizeof head_classes[0]; i++) {
+        size_t k = strlen(head_classes[i].suffix);
+        if (n <= k || strcmp(cls + n - k, head_classes[i].suffix) != 0)
+            continue;
+        if (head_classes[i].h == H_BARE) { /* GPT2DoubleHeadsModel, BertLMHeadModel... are not bare */
+            char pre[128];
+            snprintf(pre, sizeof pre, "%.*s", (int)(n - k), cls);
+            size_t pn = strlen(pre);
+            if (strstr(pre, "For") || (pn >= 4 && strcmp(pre + pn - 4, "Head") == 0) ||
+                (pn >= 5 && strcmp(pre + pn - 5, "Heads") == 0))
+                return false;
+        }
+        *out = head_classes[i].h;
+        return true;
+    }
+    return false;
+}
+
+static void heads_list(unsigned heads, char *out, size_t cap)
+{
+    static const char *const names[H_COUNT] = {"*ForCausalLM", "*ForMaskedLM", "*ForSequenceClassification",
+                                               "*ForTokenClassification", "*ForQuestionAnswering", "*Model"};
+    size_t len = 0;
+    out[0] = '\0';
+    for (int h = 0; h < H_COUNT; h++)
+        if (heads & HEAD(h))
+            len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%s", len ? ", " : "", names[h]);
+}
+
+/* The task head (architectures[0]), its classes and dropout.  Classes: id2label's size when
+ * given (transformers derives num_labels from it), else num_labels, else 2. */
+static enum mp_status read_head(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const struct family *f = c->f;
+    c->head = f->default_head;
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    if (arch && !cJSON_IsNull(arch)) {
+        const cJSON *a0 = cJSON_GetArrayItem(arch, 0);
+        if (!cJSON_IsArray(arch) || (a0 && !cJSON_IsString(a0)))
+            return mp_fail(d, MP_ERR_MODEL, "%s: architectures: expected a list of class names", path);
+        enum head h;
+        if (a0 && (!head_of_class(a0->valuestring, &h) || !(f->heads & HEAD(h)))) {
+            char list[200];
+            heads_list(f->heads, list, sizeof list);
+            return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: '%s' is not supported for %s (supported: %s)", path,
+                           a0->valuestring, f->type, list);
+        }
+        if (a0)
+            c->head = h;
+    }
+    enum mp_status st;
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "id2label");
+    c->labels = 2;
+    if (map && !cJSON_IsNull(map)) {
+        if (!cJSON_IsObject(map) || !map->child)
+            return mp_fail(d, MP_ERR_MODEL, "%s: id2label: expected an object with at least one label", path);
+        c->labels = (uint64_t)cJSON_GetArraySize(map);
+    } else if ((st = read_pos(root, "num_labels", false, MP_DIM_MAX, &c->labels, path, d)) != MP_OK) {
+        return st;
+    }
+    c->cls_p = 0.1;
+    c->cls_bias = true;
+    const char *pk = present(root, "classifier_dropout") ? "classifier_dropout" : f->k_cls_p;
+    if ((st = read_prob(root, pk, &c->cls_p, path, d)) != MP_OK)
+        return st;
+    return f->generic_heads ? mp_json_bool(root, "token_classification_bias", &c->cls_bias, path, "", d) : MP_OK;
+}
+
 static enum mp_status read_config(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     family_defaults(c);
     enum mp_status st;
-    if ((st = read_sizes(root, c, path, d)) != MP_OK || (st = read_rotary(root, c, path, d)) != MP_OK)
+    if ((st = read_sizes(root, c, path, d)) != MP_OK || (st = read_rotary(root, c, path, d)) != MP_OK ||
+        (st = read_options(root, c, path, d)) != MP_OK)
         return st;
-    return read_options(root, c, path, d);
+    return read_head(root, c, path, d);
 }
 
 /* ---- lowering ------------------------------------------------------------------------ */
@@ -501,32 +606,85 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
     return MP_OK;
 }
 
+/* Appends a layer to the head block under construction. */
+static struct mp_layer *head_layer(struct mp_layer *l, size_t *n, enum mp_layer_type t, const char *name)
+{
+    l += (*n)++;
+    l->type = t;
+    set_name(l, name);
+    return l;
+}
+
+/* A classifier over hidden -> classes. */
+static void classifier(struct mp_layer *l, const struct hf *c, uint64_t classes, bool bias, enum mp_head_pool pool)
+{
+    l->in_features = l->dim = c->hidden;
+    l->vocab = l->out_features = classes;
+    l->bias = bias;
+    l->pool = pool;
+}
+
+/* The head block: the final norm (pre-norm families) and the task head of architectures[0]
+ * as transformers builds it.  Decoders: *ForSequenceClassification scores every position
+ * (Linear, no bias) and gathers the last non-pad one; *ForTokenClassification is dropout +
+ * Linear; *ForQuestionAnswering a Linear to 2 (start, end).  BERT: the pooler (dense + tanh
+ * on the first position) for sequence classification and the bare BertModel; the MLM
+ * transform for masked LM. */
 static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp_diag *d)
 {
     const struct family *f = c->f;
-    bool mlm = f->mlm_transform;
-    struct mp_block *b = mp_model_add_block(m, "head", mlm ? 4 : 2);
+    bool encoder = f->post_norm; /* no final norm: the last layer ends in one */
+    struct mp_block *b = mp_model_add_block(m, "head", 6);
     if (!b)
         return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
-    struct mp_layer *l = b->layers;
-    if (mlm) { /* BertPredictionHeadTransform: dense, act, LayerNorm */
-        l->type = MP_LT_LINEAR;
+    struct mp_layer *L = b->layers, *l;
+    size_t n = 0;
+    if (!encoder)
+        norm_layer(head_layer(L, &n, MP_LT_LAYERNORM, ""), c, f->n_norm);
+    bool pooler = encoder && (c->head == H_SEQ || c->head == H_BARE);
+    if (pooler) { /* BertPooler: dense + tanh of the first position */
+        l = head_layer(L, &n, MP_LT_LINEAR, "pooler.dense");
         l->in_features = l->out_features = c->hidden;
         l->bias = true;
-        set_name(l++, "transform.dense");
-        l->type = MP_LT_ACTIVATION;
-        l->act = c->act;
-        set_name(l++, "transform.act");
-        norm_layer(l++, c, "transform.LayerNorm");
-    } else {
-        norm_layer(l++, c, f->n_norm);
+        l->pool = MP_POOL_FIRST;
+        head_layer(L, &n, MP_LT_ACTIVATION, "pooler.activation")->act = MP_ACT_TANH;
     }
-    l->type = MP_LT_LM_HEAD;
-    l->vocab = c->vocab;
-    l->dim = c->hidden;
-    l->tied = c->tied;
-    l->bias = c->lm_bias;
-    set_name(l, f->n_head);
+    switch (c->head) {
+    case H_CAUSAL:
+    case H_MASKED:
+        if (f->mlm_transform) { /* BertPredictionHeadTransform: dense, act, LayerNorm */
+            l = head_layer(L, &n, MP_LT_LINEAR, "transform.dense");
+            l->in_features = l->out_features = c->hidden;
+            l->bias = true;
+            head_layer(L, &n, MP_LT_ACTIVATION, "transform.act")->act = c->act;
+            norm_layer(head_layer(L, &n, MP_LT_LAYERNORM, ""), c, "transform.LayerNorm");
+        }
+        l = head_layer(L, &n, MP_LT_LM_HEAD, f->n_head);
+        l->vocab = c->vocab;
+        l->dim = c->hidden;
+        l->tied = c->tied;
+        l->bias = c->lm_bias;
+        l->masked = c->head == H_MASKED;
+        break;
+    case H_SEQ:
+        if (encoder && c->cls_p > 0)
+            head_layer(L, &n, MP_LT_DROPOUT, "dropout")->p = c->cls_p;
+        classifier(head_layer(L, &n, MP_LT_CLASSIFIER, encoder ? "classifier" : "score"), c, c->labels, encoder,
+                   encoder ? MP_POOL_FIRST : MP_POOL_LAST);
+        break;
+    case H_TOKEN:
+        if (c->cls_p > 0)
+            head_layer(L, &n, MP_LT_DROPOUT, "dropout")->p = c->cls_p;
+        classifier(head_layer(L, &n, MP_LT_CLASSIFIER, "classifier"), c, c->labels, c->cls_bias, MP_POOL_NONE);
+        break;
+    case H_QA:
+        classifier(head_layer(L, &n, MP_LT_CLASSIFIER, "qa_outputs"), c, 2, true, MP_POOL_SPAN);
+        break;
+    case H_BARE:
+    case H_COUNT:
+        break;
+    }
+    b->n_layers = n;
     return MP_OK;
 }
 

@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* mallopt */
+#endif
 
 struct mp_host_exec {
     const struct mp_program *p;
@@ -39,7 +42,7 @@ struct hv {
     uint64_t n;
 };
 
-static float ldf(struct hv v, uint64_t i)
+static inline float ldf(struct hv v, uint64_t i)
 {
     switch (v.dt) {
     case MP_DT_F32: return ((const float *)v.p)[i];
@@ -51,7 +54,7 @@ static float ldf(struct hv v, uint64_t i)
     return 0.0f;
 }
 
-static void stf(struct hv v, uint64_t i, float f)
+static inline void stf(struct hv v, uint64_t i, float f)
 {
     switch (v.dt) {
     case MP_DT_F32: ((float *)v.p)[i] = f; break;
@@ -62,7 +65,7 @@ static void stf(struct hv v, uint64_t i, float f)
     }
 }
 
-static void accf(struct hv v, uint64_t i, float f) { stf(v, i, ldf(v, i) + f); }
+static inline void accf(struct hv v, uint64_t i, float f) { stf(v, i, ldf(v, i) + f); }
 
 static float round_dt(enum mp_dtype dt, float f)
 {
@@ -101,7 +104,7 @@ static struct hv tview(const struct ctx *c, enum mp_store s, int t)
 
 static struct hv pview(const struct ctx *c, enum mp_store s, int q)
 {
-    struct hv v = {NULL, c->p->param_dtype, 0};
+    struct hv v = {NULL, q >= 0 ? c->p->params[q].dtype : c->p->param_dtype, 0};
     if (q < 0)
         return v;
     v.p = mp_pool_get(&c->x->pool, s, q);
@@ -171,9 +174,16 @@ static float *fget(struct ctx *c, struct hv v)
     if (v.dt == MP_DT_F32)
         return v.p;
     float *f = fscratch(c, v.n);
-    if (f)
+    if (!f)
+        return NULL;
+    if (v.dt == MP_DT_BF16) { /* the common half: one loop without a dtype switch per element */
+        const uint16_t *h = v.p;
+        for (uint64_t i = 0; i < v.n; i++)
+            f[i] = mp_f32_from_bf16(h[i]);
+    } else {
         for (uint64_t i = 0; i < v.n; i++)
             f[i] = ldf(v, i);
+    }
     return f;
 }
 
@@ -184,6 +194,12 @@ static void fstore(struct hv v, const float *src, uint64_t n)
             memcpy(v.p, src, (size_t)n * sizeof(float));
         return;
     }
+    if (v.dt == MP_DT_BF16) {
+        uint16_t *h = v.p;
+        for (uint64_t i = 0; i < n; i++)
+            h[i] = mp_bf16_from_f32(src[i]);
+        return;
+    }
     for (uint64_t i = 0; i < n; i++)
         stf(v, i, src[i]);
 }
@@ -192,6 +208,18 @@ static void facc(struct hv v, const float *src, uint64_t n)
 {
     if (!v.p)
         return;
+    if (v.dt == MP_DT_F32) {
+        float *f = v.p;
+        for (uint64_t i = 0; i < n; i++)
+            f[i] += src[i];
+        return;
+    }
+    if (v.dt == MP_DT_BF16) {
+        uint16_t *h = v.p;
+        for (uint64_t i = 0; i < n; i++)
+            h[i] = mp_bf16_from_f32(mp_f32_from_bf16(h[i]) + src[i]);
+        return;
+    }
     for (uint64_t i = 0; i < n; i++)
         accf(v, i, src[i]);
 }
@@ -310,18 +338,11 @@ static enum mp_status add_fwd(struct ctx *c)
 
 /* ---- linear -------------------------------------------------------------------------------- */
 
-/* y (M,N) = x (M,K) W^T (N,K) + bias */
-static void gemm_xwt(float *y, const float *x, const float *w, const float *bias, uint64_t M, uint64_t N, uint64_t K)
-{
-    for (uint64_t r = 0; r < M; r++)
-        for (uint64_t o = 0; o < N; o++) {
-            double s = bias ? bias[o] : 0.0;
-            const float *xr = x + r * K, *wo = w + o * K;
-            for (uint64_t i = 0; i < K; i++)
-                s += (double)xr[i] * wo[i];
-            y[r * N + o] = (float)s;
-        }
-}
+#define GEMM(...)                                   \
+    do {                                            \
+        if (mp_host_gemm(__VA_ARGS__) != MP_OK)     \
+            return nomem(c);                        \
+    } while (0)
 
 /* The weight the GEMM uses: under autocast the half copy (extra 0), else the parameter. */
 static enum mp_status linear_weight(struct ctx *c, bool fwd, float **wf)
@@ -330,8 +351,15 @@ static enum mp_status linear_weight(struct ctx *c, bool fwd, float **wf)
     if (c->n->n_extra > 0 && fwd) {
         NEED(c->w);
         NEED(c->ex[0]);
-        for (uint64_t i = 0; i < wc.n; i++)
-            stf(wc, i, ldf(c->w, i));
+        if (wc.dt == MP_DT_BF16 && c->w.dt == MP_DT_F32) {
+            const float *w = c->w.p;
+            uint16_t *h = wc.p;
+            for (uint64_t i = 0; i < wc.n; i++)
+                h[i] = mp_bf16_from_f32(w[i]);
+        } else {
+            for (uint64_t i = 0; i < wc.n; i++)
+                stf(wc, i, ldf(c->w, i));
+        }
     }
     *wf = fget(c, wc);
     if (!*wf)
@@ -355,7 +383,10 @@ static enum mp_status linear_fwd(struct ctx *c)
             return c->b.p ? nomem(c) : missing(c, "bias");
     }
     FNEW(y, n->rows * n->n);
-    gemm_xwt(y, x, w, bias, n->rows, n->n, n->k);
+    if (bias) /* y (M,N) = bias + x (M,K) W^T (N,K) */
+        for (uint64_t r = 0; r < n->rows; r++)
+            memcpy(y + r * n->n, bias, (size_t)n->n * sizeof *y);
+    GEMM(false, true, n->rows, n->n, n->k, 1.0f, x, n->k, w, n->k, bias ? 1.0f : 0.0f, y, n->n);
     fstore(c->out, y, n->rows * n->n);
     return MP_OK;
 }
@@ -369,6 +400,15 @@ static enum mp_status weight_grad(struct ctx *c, const float *dw, uint64_t count
     enum mp_dtype cdt = c->p->compute_dtype;
     if (c->tmp.p && c->n->bwd_tmp_bytes == count * mp_dtype_size(cdt) && cdt != MP_DT_F32) {
         struct hv t = {c->tmp.p, cdt, count};
+        if (cdt == MP_DT_BF16 && c->gw.dt == MP_DT_F32) {
+            uint16_t *h = t.p;
+            float *g = c->gw.p;
+            for (uint64_t i = 0; i < count; i++) {
+                h[i] = mp_bf16_from_f32(dw[i]);
+                g[i] += mp_f32_from_bf16(h[i]);
+            }
+            return MP_OK;
+        }
         for (uint64_t i = 0; i < count; i++) {
             stf(t, i, dw[i]);
             accf(c->gw, i, ldf(t, i));
@@ -392,27 +432,13 @@ static enum mp_status linear_bwd(struct ctx *c)
         if (st != MP_OK)
             return st;
         FNEW(dx, M * K);
-        for (uint64_t r = 0; r < M; r++) /* row updates: contiguous in W and dx */
-            for (uint64_t o = 0; o < N; o++) {
-                float g = dy[r * N + o];
-                const float *wo = w + o * K;
-                float *dxr = dx + r * K;
-                for (uint64_t i = 0; i < K; i++)
-                    dxr[i] += g * wo[i];
-            }
+        GEMM(false, false, M, K, N, 1.0f, dy, N, w, K, 0.0f, dx, K); /* dx (M,K) = dy (M,N) W (N,K) */
         facc(c->gin[0], dx, M * K);
     }
     if (c->gw.p) {
         FGET(x, c->in[0]);
         FNEW(dw, N * K);
-        for (uint64_t r = 0; r < M; r++)
-            for (uint64_t o = 0; o < N; o++) {
-                float g = dy[r * N + o];
-                const float *xr = x + r * K;
-                float *dwo = dw + o * K;
-                for (uint64_t i = 0; i < K; i++)
-                    dwo[i] += g * xr[i];
-            }
+        GEMM(true, false, N, K, M, 1.0f, dy, N, x, K, 0.0f, dw, K); /* dW (N,K) = dy^T (N,M) x (M,K) */
         enum mp_status st = weight_grad(c, dw, N * K);
         if (st != MP_OK)
             return st;
@@ -546,27 +572,31 @@ static enum mp_status rmsnorm_bwd(struct ctx *c)
         return MP_OK;
     struct hv xf, rsv, nmv;
     rms_extras(c, &xf, &rsv, &nmv);
-    NEED(rsv);
     FGET(dy, c->gout);
+    if (c->gw.p) { /* a frozen weight keeps no normed tensor (weight * normed saves it for dg only) */
+        FGET(nm, nmv);
+        FNEW(dg, N);
+        for (uint64_t r = 0; r < M; r++)
+            for (uint64_t j = 0; j < N; j++)
+                dg[j] += dy[r * N + j] * nm[r * N + j];
+        facc(c->gw, dg, N);
+    }
+    if (!c->gin[0].p)
+        return MP_OK; /* the input needs no gradient: x and rsqrt were not kept */
+    NEED(rsv);
     FGET(x, xf);
-    FGET(nm, nmv);
     FGET(g, c->w);
     const float *rs = rsv.p;
     FNEW(dx, M * N);
-    FNEW(dg, N);
     for (uint64_t r = 0; r < M; r++) {
         double s = 0;
-        for (uint64_t j = 0; j < N; j++) {
-            float dn = dy[r * N + j] * g[j];
-            s += (double)dn * x[r * N + j];
-            dg[j] += dy[r * N + j] * nm[r * N + j];
-        }
+        for (uint64_t j = 0; j < N; j++)
+            s += (double)(dy[r * N + j] * g[j]) * x[r * N + j];
         float mean = (float)(s / (double)N), r3 = rs[r] * rs[r] * rs[r];
         for (uint64_t j = 0; j < N; j++)
             dx[r * N + j] = rs[r] * dy[r * N + j] * g[j] - x[r * N + j] * r3 * mean;
     }
     facc(c->gin[0], dx, M * N);
-    facc(c->gw, dg, N);
     return MP_OK;
 }
 
@@ -1029,16 +1059,34 @@ static enum mp_status mul_bwd(struct ctx *c)
     if (!c->gout.p)
         return MP_OK;
     FGET(dy, c->gout);
-    FGET(a, c->in[0]);
-    FGET(b, c->in[1]);
-    FNEW(da, c->gout.n);
-    FNEW(db, c->gout.n);
-    for (uint64_t i = 0; i < c->gout.n; i++) {
-        da[i] = dy[i] * b[i];
-        db[i] = dy[i] * a[i];
+    for (int j = 0; j < 2; j++) { /* each factor is kept only for the other's gradient */
+        if (!c->gin[j].p)
+            continue;
+        FGET(other, c->in[1 - j]);
+        FNEW(d, c->gout.n);
+        for (uint64_t i = 0; i < c->gout.n; i++)
+            d[i] = dy[i] * other[i];
+        facc(c->gin[j], d, c->gout.n);
     }
-    facc(c->gin[0], da, c->gout.n);
-    facc(c->gin[1], db, c->gout.n);
+    return MP_OK;
+}
+
+/* LoRA's result * scaling (a Python float): y = p x, dx = p dy. */
+static enum mp_status scale_run(struct ctx *c, bool fwd)
+{
+    float a = (float)c->n->p;
+    struct hv src = fwd ? c->in[0] : c->gout, dst = fwd ? c->out : c->gin[0];
+    if (!fwd && (!src.p || !dst.p))
+        return MP_OK;
+    NEED(dst);
+    FGET(x, src);
+    FNEW(y, src.n);
+    for (uint64_t i = 0; i < src.n; i++)
+        y[i] = a * x[i];
+    if (fwd)
+        fstore(dst, y, src.n);
+    else
+        facc(dst, y, src.n);
     return MP_OK;
 }
 
@@ -1518,6 +1566,7 @@ static enum mp_status node_run(struct mp_host_exec *x, int k, bool fwd)
     case MP_P_EMBED: st = fwd ? embed_fwd(&c) : embed_bwd(&c); break;
     case MP_P_ADD_POS: st = fwd ? addpos_fwd(&c) : addpos_bwd(&c); break;
     case MP_P_CAST: st = fwd ? cast_fwd(&c) : pass_bwd(&c); break;
+    case MP_P_SCALE: st = scale_run(&c, fwd); break;
     case MP_P_LINEAR: st = fwd ? linear_fwd(&c) : linear_bwd(&c); break;
     case MP_P_LAYERNORM: st = fwd ? layernorm_fwd(&c) : layernorm_bwd(&c); break;
     case MP_P_RMSNORM: st = fwd ? rmsnorm_fwd(&c) : rmsnorm_bwd(&c); break;
@@ -1626,6 +1675,23 @@ static void adam_update(struct hv P, struct hv G, struct hv m, struct hv v, stru
                         float wd)
 {
     float bc1 = 1.0f - powf(MP_ADAM_BETA1, (float)t), bc2 = 1.0f - powf(MP_ADAM_BETA2, (float)t);
+    if (P.dt == MP_DT_F32 && G.dt == MP_DT_F32 && m.dt == MP_DT_F32 && v.dt == MP_DT_F32 &&
+        (!den.p || den.dt == MP_DT_F32)) { /* the same arithmetic without a dtype switch per element */
+        float *pp = P.p, *mp = m.p, *vp = v.p, *dp = den.p, sb2 = sqrtf(bc2), step = MP_ADAM_LR / bc1;
+        const float *gp = G.p;
+        for (uint64_t i = 0; i < n; i++) {
+            float p = pp[i], g = gp[i];
+            if (wd > 0.0f)
+                p *= 1.0f - MP_ADAM_LR * wd;
+            mp[i] = MP_ADAM_BETA1 * mp[i] + (1.0f - MP_ADAM_BETA1) * g;
+            vp[i] = MP_ADAM_BETA2 * vp[i] + (1.0f - MP_ADAM_BETA2) * g * g;
+            float d = sqrtf(vp[i]) / sb2 + MP_ADAM_EPS;
+            if (dp)
+                dp[i] = d;
+            pp[i] = p - step * mp[i] / d;
+        }
+        return;
+    }
     for (uint64_t i = 0; i < n; i++) {
         float p = ldf(P, i), g = ldf(G, i);
         if (wd > 0.0f)
@@ -1725,11 +1791,10 @@ static void adafactor_update(const struct mp_program *p, const struct mp_param *
 static enum mp_status opt_step(struct mp_host_exec *x)
 {
     const struct mp_program *p = x->p;
-    enum mp_dtype pdt = p->param_dtype;
     if (x->grads_out) {
         uint64_t off = 0;
         for (size_t q = 0; q < p->n_params; q++) {
-            struct hv G = {mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q), pdt, p->params[q].elems};
+            struct hv G = {mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q), p->params[q].dtype, p->params[q].elems};
             for (uint64_t i = 0; i < G.n; i++)
                 x->grads_out[off + i] = G.p ? ldf(G, i) : 0.0f;
             off += G.n;
@@ -1747,6 +1812,7 @@ static enum mp_status opt_step(struct mp_host_exec *x)
     for (size_t q = 0; q < p->n_params; q++) {
         const struct mp_param *pq = &p->params[q];
         uint64_t n = pq->elems;
+        enum mp_dtype pdt = pq->dtype; /* fp32 LoRA adapters on a bf16 base */
         struct hv P = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), pdt, n};
         struct hv G = {mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q), pdt, n};
         void *S = mp_pool_get(&x->pool, MP_ST_OPT_STATE, (int)q);
@@ -1799,7 +1865,7 @@ static void zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void
         return;
     switch (ev->store) {
     case MP_ST_PARAM: {
-        struct hv v = {ptr, p->param_dtype, p->params[ev->id].elems};
+        struct hv v = {ptr, p->params[ev->id].dtype, p->params[ev->id].elems};
         for (uint64_t i = 0; i < v.n; i++)
             stf(v, i, mp_exec_param_value(p, (size_t)ev->id, i, x->seed));
         break;
@@ -1917,13 +1983,13 @@ const struct mp_pool *mp_host_exec_pool(const struct mp_host_exec *x) { return &
 
 float mp_host_exec_param_get(const struct mp_host_exec *x, size_t q, uint64_t i)
 {
-    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->param_dtype, 0};
+    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->params[q].dtype, 0};
     return v.p ? ldf(v, i) : NAN;
 }
 
 void mp_host_exec_param_set(struct mp_host_exec *x, size_t q, uint64_t i, float f)
 {
-    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->param_dtype, 0};
+    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->params[q].dtype, 0};
     if (v.p)
         stf(v, i, f);
 }
@@ -1935,6 +2001,12 @@ static enum mp_status host_open(void **ctx, const struct mp_probe_opts *o, struc
     (void)o;
     (void)d;
     *ctx = NULL;
+#if defined(__GLIBC__) && defined(M_MMAP_THRESHOLD) && defined(M_TRIM_THRESHOLD)
+    /* Storages up to 32 MiB come from the heap and freed ones stay there, so every step
+     * does not map, fault in and zero its activations again (a GPU's caching allocator). */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
     return MP_OK;
 }
 
@@ -1978,6 +2050,11 @@ static enum mp_status host_run(void *ctx, const struct mp_probe_opts *o, const s
         double loss, t0 = mp_now_ms();
         st = mp_host_exec_step(x, s, true, NULL, &loss, d);
         double t1 = mp_now_ms();
+        if (o->progress && st == MP_OK) {
+            fprintf(stderr, "memplan: host step %u/%u%s: %.0f ms, loss %.4f\n", k + 1, steps + 1,
+                    k == 0 ? " (warm-up)" : "", t1 - t0, loss);
+            fflush(stderr);
+        }
         if (st == MP_OK && k > 0) { /* step 0 is the warm-up */
             r->losses[k - 1] = (float)loss;
             ms[k - 1] = t1 - t0;

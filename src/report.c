@@ -117,6 +117,28 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        const struct mp_finetune *f = &c->build->ft;
+        cJSON *ft = cJSON_AddObjectToObject(cf, "finetune");
+        cJSON_AddStringToObject(ft, "mode", mp_ft_mode_str(f->mode));
+        if (f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA) {
+            char tg[160];
+            mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+            char *sp = strchr(tg, ' ');
+            if (sp)
+                *sp = 0; /* the names only */
+            ju64(ft, "lora_r", f->r);
+            cJSON_AddNumberToObject(ft, "lora_alpha", f->alpha);
+            cJSON_AddNumberToObject(ft, "lora_dropout", f->dropout);
+            cJSON_AddStringToObject(ft, "lora_targets", tg);
+            if (c->prog)
+                ju64(ft, "adapter_params", c->prog->adapter_params);
+        }
+        const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
+                                   : f->mode == MP_FT_QLORA                ? &f->quant
+                                                                           : NULL;
+        cJSON_AddStringToObject(ft, "base_quant", q ? mp_quant_kind_str(q->kind) : "none");
+        if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+            cJSON_AddBoolToObject(ft, "double_quant", q->double_quant);
         if (c->train->par)
             cJSON_AddItemToObject(cf, "parallel", json_parallel_of(c->train->par));
     }
@@ -213,7 +235,9 @@ static cJSON *json_plan(const struct mp_ckpt_plan *p, double base_flops)
 
 static void print_json(FILE *out, cJSON *r)
 {
-    char *s = cJSON_Print(r);
+    char *raw = cJSON_Print(r);
+    char *s = raw ? mp_utf8_fix(raw) : NULL; /* names are bytes from the model file */
+    free(raw);
     if (s) {
         fputs(s, out);
         fputc('\n', out);
@@ -224,19 +248,58 @@ static void print_json(FILE *out, cJSON *r)
 
 /* ---- text helpers ------------------------------------------------------------------------- */
 
+/* What trains and the assumptions behind it (memory-facts §12). */
+static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
+{
+    const struct mp_finetune *f = &c->build->ft;
+    const struct mp_program *p = c->prog;
+    char tg[160], tp[32];
+    snprintf(tp, sizeof tp, "%s", count(p->trainable_params));
+    if (f->mode == MP_FT_FREEZE) {
+        fprintf(out, "finetune  freeze: %s of %s params train; frozen blocks keep no .grad, no optimizer state\n", tp,
+                count(p->total_params));
+        return;
+    }
+    mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+    fprintf(out, "finetune  %s r %llu, alpha %g, dropout %g, targets %s\n", mp_ft_mode_str(f->mode),
+            (unsigned long long)f->r, f->alpha, f->dropout, tg);
+    fprintf(out, "          %s adapter params train (fp32 as peft makes them); the frozen base has no .grad\n",
+            tp);
+    const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
+                               : f->mode == MP_FT_QLORA                ? &f->quant
+                                                                       : NULL;
+    if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+        fprintf(out, "          base %s, blocksize %llu, double quant %s (%s), dequantized per matmul;\n"
+                     "          embeddings, norms, lm_head in %s\n",
+                mp_quant_kind_str(q->kind), (unsigned long long)q->blocksize, q->double_quant ? "on" : "off",
+                c->model->quant.kind != MP_Q_NONE ? "quantization_config" : "QLoRA recipe",
+                f->kbit_prepare || p->param_dtype == MP_DT_F32 ? "fp32 (prepare_model_for_kbit_training)" : "bf16");
+    else if (q)
+        fprintf(out, "          base %s (quantization_config), dequantized per matmul in forward and backward\n",
+                mp_quant_kind_str(q->kind));
+    if (f->input_grad)
+        fprintf(out, "          checkpointing: enable_input_require_grads keeps the embedding output and its grad\n");
+}
+
 static void header(FILE *out, const struct mp_report_ctx *c)
 {
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", c->model->name,
             strcmp(c->model->source, "hf") == 0 ? "HF config" : "memplan JSON",
             c->prog ? count(c->prog->total_params) : "?", c->model->n_blocks);
     if (c->build) {
-        char sb[32];
-        fprintf(out, "config    batch %llu, seq %llu, %s, %s, checkpoint %s, attention %s%s\n",
-                (unsigned long long)c->build->batch, (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq),
+        char sb[32], seq[48] = "", attn[48] = ""; /* seq and attention only where they apply */
+        if (c->model->input == MP_INPUT_TOKENS)
+            snprintf(seq, sizeof seq, ", seq %llu",
+                     (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq));
+        if (mp_model_has_attention(c->model))
+            snprintf(attn, sizeof attn, ", attention %s", mp_attn_impl_str(c->build->attention));
+        fprintf(out, "config    batch %llu%s, %s, %s, checkpoint %s%s%s\n", (unsigned long long)c->build->batch, seq,
                 prec_name(c, c->build->precision), mp_optimizer_str(c->train->optimizer),
-                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", mp_attn_impl_str(c->build->attention),
+                c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
     }
+    if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
+        finetune_lines(out, c);
     if (c->train && c->train->par) {
         char pb[96];
         fprintf(out, "parallel  %s; memory figures are per rank\n", mp_par_describe(c->train->par, pb, sizeof pb));
@@ -390,6 +453,12 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
         cJSON *r = json_root(c);
         json_memory(r, e);
         json_layers(r, c, e);
+        cJSON *tg = cJSON_GetObjectItemCaseSensitive(r, "target");
+        if (c->fit && tg) {
+            cJSON_AddBoolToObject(tg, "fits", c->fit->fits);
+            ju64(tg, "usable_bytes", c->fit->usable_bytes);
+            jnum(tg, "margin_pct", c->margin_pct);
+        }
         if (plan && plan->spec.strategy != MP_CKPT_NONE)
             cJSON_AddItemToObject(r, "plan", json_plan(plan, e->fwd_flops + e->bwd_flops));
         print_json(out, r);
@@ -398,6 +467,17 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
     header(out, c);
     fprintf(out, "\npeak      %s allocated at %s; %s on the device with overheads\n", B(e->peak_allocated_bytes),
             e->peak_event, B(e->peak_device_bytes));
+    if (c->fit && c->gpu) {
+        const struct mp_fit *f = c->fit;
+        if (f->fits)
+            fprintf(out, "verdict   fits %s: %s of %s usable (%.1f%% margin), %s to spare\n", c->gpu->name,
+                    B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
+                    B(f->usable_bytes - f->peak_device_bytes));
+        else
+            fprintf(out, "verdict   does not fit %s: %s of %s usable (%.1f%% margin), short by %s\n", c->gpu->name,
+                    B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
+                    B(f->peak_device_bytes - f->usable_bytes));
+    }
     layer_table(out, c, e);
     totals(out, e);
     if (plan && plan->spec.strategy != MP_CKPT_NONE) {

@@ -22,6 +22,7 @@ struct mp_report_ctx {
     bool all_layers;
     bool wide;                  /* --wide: the full block table, lines not fitted to 100 columns */
     double margin_pct;          /* check: the safety margin, in percent */
+    const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     bool defaults_note;         /* print which defaults were used */
     char defaults[256];         /* "seq 1024 (model default), precision amp-bf16 (default), ..." */
 };

@@ -178,16 +178,8 @@ void mp_xml_puts(FILE *out, const char *s)
     const unsigned char *u = (const unsigned char *)s;
     while (*u) {
         unsigned c = *u;
-        size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        size_t n = mp_utf8_seq_len((const char *)u);
         bool ok = n > 0;
-        for (size_t j = 1; ok && j < n; j++)
-            ok = (u[j] & 0xC0) == 0x80;
-        if (ok && n == 2)
-            ok = c >= 0xC2; /* no overlong forms */
-        if (ok && n == 3)
-            ok = !(c == 0xE0 && u[1] < 0xA0) && !(c == 0xED && u[1] >= 0xA0); /* overlong, surrogates */
-        if (ok && n == 4)
-            ok = c <= 0xF4 && !(c == 0xF0 && u[1] < 0x90) && !(c == 0xF4 && u[1] >= 0x90);
         if (!ok || (n == 1 && c < 0x20 && c != '\t') || c == 0x7F) {
             fputc('?', out);
             u++;

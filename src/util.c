@@ -2,12 +2,15 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 const char *mp_status_str(enum mp_status st)
 {
@@ -178,4 +181,142 @@ void *mp_xcalloc(size_t n, size_t size)
     if (!p)
         MP_BUG("allocation of %zu x %zu bytes failed", n, size);
     return p;
+}
+
+/* ---- files ----------------------------------------------------------------------------- */
+
+enum mp_status mp_read_file(const char *path, size_t max, const char *what, char **out, size_t *len,
+                            struct mp_diag *d)
+{
+    *out = NULL;
+    *len = 0;
+    /* O_NONBLOCK: opening a FIFO for reading must not wait for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return mp_fail(d, MP_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    enum mp_status st = MP_OK;
+    if (fstat(fd, &sb) != 0)
+        st = mp_fail(d, MP_ERR_IO, "%s: %s", path, strerror(errno));
+    else if (S_ISDIR(sb.st_mode))
+        st = mp_fail(d, MP_ERR_IO, "%s: is a directory, expected %s", path, what);
+    else if (!S_ISREG(sb.st_mode))
+        st = mp_fail(d, MP_ERR_IO, "%s: not a regular file (a FIFO, device or socket), expected %s", path, what);
+    else if ((uint64_t)sb.st_size > max)
+        st = mp_fail(d, MP_ERR_IO, "%s: larger than %zu KiB, not %s", path, max >> 10, what);
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        st = mp_fail(d, MP_ERR_IO, "%s: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t n = 0, cap = st == MP_OK ? (size_t)sb.st_size + 1 : 0;
+    if (st == MP_OK && !(buf = malloc(cap + 1)))
+        st = mp_fail(d, MP_ERR_NOMEM, "%s: out of memory reading the file", path);
+    while (st == MP_OK) {
+        if (n == cap) { /* the file grew while we read it */
+            if (cap > max) {
+                st = mp_fail(d, MP_ERR_IO, "%s: larger than %zu KiB, not %s", path, max >> 10, what);
+                break;
+            }
+            char *nb = realloc(buf, 2 * cap + 1);
+            if (!nb) {
+                st = mp_fail(d, MP_ERR_NOMEM, "%s: out of memory reading the file", path);
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            st = mp_fail(d, MP_ERR_IO, "%s: read error: %s", path, strerror(errno));
+        else if (r == 0)
+            break;
+        else
+            n += (size_t)r;
+    }
+    close(fd);
+    if (st == MP_OK && n > max)
+        st = mp_fail(d, MP_ERR_IO, "%s: larger than %zu KiB, not %s", path, max >> 10, what);
+    if (st != MP_OK) {
+        free(buf);
+        return st;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return MP_OK;
+}
+
+/* ---- text ------------------------------------------------------------------------------ */
+
+size_t mp_utf8_seq_len(const char *str)
+{
+    const unsigned char *u = (const unsigned char *)str;
+    unsigned c = u[0];
+    size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    for (size_t j = 1; j < n; j++)
+        if ((u[j] & 0xC0) != 0x80)
+            return 0;
+    if ((n == 2 && c < 0xC2) ||                                            /* overlong */
+        (n == 3 && ((c == 0xE0 && u[1] < 0xA0) || (c == 0xED && u[1] >= 0xA0))) || /* overlong, surrogate */
+        (n == 4 && (c > 0xF4 || (c == 0xF0 && u[1] < 0x90) || (c == 0xF4 && u[1] >= 0x90))))
+        return 0;
+    return c ? n : 0;
+}
+
+char *mp_utf8_fix(const char *s)
+{
+    size_t len = strlen(s), bad = 0;
+    for (size_t i = 0; i < len;) {
+        size_t n = mp_utf8_seq_len(s + i);
+        bad += n == 0;
+        i += n ? n : 1;
+    }
+    char *out = malloc(len + 2 * bad + 1);
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        size_t n = mp_utf8_seq_len(s + i);
+        if (n) {
+            memcpy(out + o, s + i, n);
+            o += n;
+            i += n;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3); /* U+FFFD REPLACEMENT CHARACTER */
+            o += 3;
+            i++;
+        }
+    }
+    out[o] = 0;
+    return out;
+}
+
+long mp_json_leading_zero(const char *text, size_t len)
+{
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = text[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = false;
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+            continue;
+        }
+        bool starts = (c == '-' || (c >= '0' && c <= '9')) &&
+                      (i == 0 || !((text[i - 1] >= '0' && text[i - 1] <= '9') || text[i - 1] == '.' ||
+                                   text[i - 1] == 'e' || text[i - 1] == 'E' || text[i - 1] == '+' ||
+                                   text[i - 1] == '-'));
+        if (!starts)
+            continue;
+        size_t j = c == '-' ? i + 1 : i;
+        if (j + 1 < len && text[j] == '0' && text[j + 1] >= '0' && text[j + 1] <= '9')
+            return (long)j;
+    }
+    return -1;
 }

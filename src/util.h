@@ -89,6 +89,20 @@ double mp_now_ms(void);
 _Noreturn void mp_bug(const char *file, int line, const char *fmt, ...);
 #define MP_BUG(...) mp_bug(__FILE__, __LINE__, __VA_ARGS__)
 
+/* Reads a whole regular file of at most max bytes into *out (NUL-terminated, caller frees)
+ * without blocking on a FIFO: a directory, FIFO, device or socket is MP_ERR_IO with
+ * "path: not a regular file ..., expected <what>". */
+enum mp_status mp_read_file(const char *path, size_t max, const char *what, char **out, size_t *len,
+                            struct mp_diag *d);
+
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 for an invalid one or the NUL. */
+size_t mp_utf8_seq_len(const char *s);
+/* A malloc'd copy of s with each byte that is not valid UTF-8 replaced by U+FFFD (NULL: no memory). */
+char *mp_utf8_fix(const char *s);
+/* Offset of the first JSON number written with a leading zero ("007", "-01"), outside
+ * strings, or -1.  JSON (RFC 8259) forbids them; cJSON accepts them. */
+long mp_json_leading_zero(const char *text, size_t len);
+
 void *mp_xcalloc(size_t n, size_t size); /* MP_BUG on failure: tiny, bounded allocations only */
 
 #endif

@@ -126,6 +126,131 @@ width suggest models/gpt2-124m.json --gpu t4 --no-probe --emit deepspeed
 width probe models/tiny-test.json --backend host
 width probe models/tiny-mlp.json --backend host --capacity 1KiB
 
+# ---- the defects a new user and a fuzzer found ----------------------------------------
+
+# expect_err CODE PATTERN DESC ARGS...: exit CODE, nothing on stdout (for 2 and up), one stderr line
+# matching PATTERN (grep -E); runs under timeout(1) where present, so a hang fails.
+TO=
+command -v timeout >/dev/null 2>&1 && TO="timeout 20"
+expect_err() {
+    want=$1
+    pat=$2
+    desc=$3
+    shift 3
+    : >"$T/why"
+    $TO "$M" "$@" >"$T/out" 2>"$T/err" && ec=$? || ec=$?
+    echo "\$ memplan $* -> exit $ec (want $want, one stderr line matching: $pat)" >"$T/why"
+    sed -n '1,3s/^/stderr: /p' "$T/err" >>"$T/why"
+    [ "$ec" -eq "$want" ] && { [ "$want" -lt 2 ] || [ ! -s "$T/out" ]; } && [ "$(wc -l <"$T/err")" -eq 1 ] &&
+        grep -Eq -e "$pat" "$T/err"
+    check "$desc" $?
+}
+
+# non-regular files: refused (exit 3) without blocking on a FIFO
+if mkfifo "$T/fifo.json" 2>/dev/null; then
+    expect_err 3 "not a regular file" "a FIFO as MODEL: exit 3 at once" estimate "$T/fifo.json"
+    expect_err 3 "not a regular file" "a FIFO as --gpu FILE: exit 3 at once" \
+        check models/tiny-test.json --batch 1 --gpu "$T/fifo.json"
+    mkdir "$T/gpus"
+    cp configs/gpus/t4.json "$T/gpus/"
+    mkfifo "$T/gpus/stuck.json"
+    MEMPLAN_GPUS=$T/gpus
+    export MEMPLAN_GPUS
+    expect_err 3 "stuck.json: not a regular file" "a FIFO in \$MEMPLAN_GPUS: help gpus exits 3" help gpus
+    expect_err 3 "not a regular file" "a FIFO in \$MEMPLAN_GPUS: --gpu NAME exits 3" \
+        check models/tiny-test.json --batch 1 --gpu stuck
+    unset MEMPLAN_GPUS
+else
+    skip=$((skip + 1))
+    echo "skip FIFO checks (mkfifo failed)"
+fi
+if [ -c /dev/null ]; then
+    expect_err 3 "not a regular file" "a character device as MODEL: exit 3" estimate /dev/null
+fi
+
+# JSON output is valid UTF-8 whatever bytes the model's names hold
+if [ -n "$HAVE_PY" ]; then
+    sed -e "s/\"name\": \"tiny-test\"/\"name\": \"bad $(printf '\377\376') name $(printf '\342\202')\"/" \
+        -e "s/\"block\": \"embed\"/\"block\": \"em$(printf '\303')\"/" models/tiny-test.json >"$T/utf8.json"
+    run estimate "$T/utf8.json" --json
+    [ "$ec" -eq 0 ] && python3 -c 'import json, sys; json.loads(sys.stdin.buffer.read().decode("utf-8"))' \
+        <"$T/out" >>"$T/why" 2>&1
+    check "a model name that is not UTF-8: --json output is valid UTF-8 JSON" $?
+fi
+
+# option values
+expect_err 2 "option '--gpu' needs a value" "--gpu without a value says so" estimate models/tiny-test.json --gpu
+expect_err 2 "option '-b' needs a value" "-b without a value says so" estimate models/tiny-test.json -b
+expect_err 2 "no profile 'a10.json'" "--gpu a10.json (no such profile or file): exit 2" \
+    check models/tiny-test.json --batch 1 --gpu a10.json
+expect_err 2 "4294967297 is too large: expected an integer from 1 to [0-9]+" \
+    "--batch 4294967297: refused with the range" estimate models/tiny-test.json --batch 4294967297
+expect_err 2 "18446744073709551615 is too large: expected an integer from 1 to [0-9]+" \
+    "--global-batch 2^64-1: refused with the range" suggest models/tiny-test.json --gpu t4 --global-batch 18446744073709551615
+expect_err 2 "is too large" "--seq beyond 64 bits says too large" estimate models/tiny-test.json --seq 99999999999999999999999
+expect_err 2 "0 is too small" "--batch 0 says too small" estimate models/tiny-test.json --batch 0
+expect_err 2 "is too large" "--vram 1e30 says too large" check models/tiny-test.json --batch 1 --vram 1e30
+
+# estimate --gpu gives the verdict check gives
+for b in 1 64; do
+    run check models/gpt2-124m.json --batch "$b" --gpu t4
+    cec=$ec
+    run estimate models/gpt2-124m.json --batch "$b" --gpu t4
+    if [ "$cec" -eq 0 ]; then
+        grep -q "^verdict   fits t4" "$T/out"
+    else
+        grep -q "^verdict   does not fit t4" "$T/out"
+    fi
+    check "estimate --batch $b --gpu t4: the verdict agrees with check (exit $cec)" $?
+done
+
+# plan exiting 1 says why
+expect_err 1 "does not fit" "plan --checkpoint sqrt that does not fit: exit 1, says why" \
+    plan models/gpt2-124m.json --batch 64 --gpu t4 --checkpoint sqrt
+expect_err 1 "does not fit" "plan (optimal) with no room: exit 1, says why" plan models/llama-7b.json --batch 1 --gpu t4
+
+# an installed binary finds its profiles in ../share/memplan/gpus, from any directory
+mkdir -p "$T/inst/bin" "$T/inst/share/memplan/gpus"
+cp "$M" "$T/inst/bin/memplan"
+sed 's/"name": *"t4"/"name": "only-installed"/' configs/gpus/t4.json >"$T/inst/share/memplan/gpus/only-installed.json"
+(cd / && "$T/inst/bin/memplan" help gpus >"$T/out" 2>"$T/err") && grep -q only-installed "$T/out"
+check "installed binary: help gpus lists PREFIX/share/memplan/gpus (run from /)" $?
+(cd / && "$T/inst/bin/memplan" check "$OLDPWD/models/tiny-test.json" --batch 1 --gpu only-installed >"$T/out" 2>"$T/err")
+check "installed binary: --gpu finds a profile in PREFIX/share/memplan/gpus" $?
+
+# a plain make after a sanitizer build relinks ./memplan (the link stamp changes)
+if command -v make >/dev/null 2>&1 && [ -f .memplan-link ]; then
+    cp .memplan-link "$T/stamp"
+    make -n --no-print-directory memplan SAN=1 BUILD="$T/bsan" 2>/dev/null | grep -q -- "-o memplan"
+    r=$?
+    cp "$T/stamp" .memplan-link
+    check "switching to SAN=1 relinks ./memplan (link stamp)" $r
+fi
+
+# help and docs agree with the code
+run plan --help
+grep -q "plan: optimal" "$T/out"
+check "plan --help: --checkpoint defaults to optimal" $?
+run probe --help
+! grep -q -- "--gpu profile's, else" "$T/out"
+check "probe --help: --workspace does not promise a --gpu default" $?
+! grep -q "OWNER" README.md
+check "README: no 'Replace OWNER'" $?
+run check models/gpt2-124m.json --batch 1 --gpu a100-80gb
+m=$(grep -o '[0-9.]*% margin' "$T/out")
+grep -q "capacity, $m)" README.md
+check "README's check output shows the margin as the code prints it ($m)" $?
+run estimate models/tiny-test.json --json
+! grep -q '"target"' "$T/out" && grep -q "only when there is a target" README.md
+check "estimate without a target: no target key, as README says" $?
+
+# image and MLP models: no seq or attention defaults that do not apply
+for f in models/resnet50.json models/tiny-mlp.json; do
+    run estimate "$f"
+    ! sed -n '/^config/p; /^defaults/,/^target/p' "$T/out" | grep -Eq "seq|attention"
+    check "estimate $f: no seq or attention in config and defaults" $?
+done
+
 # ---- summary ----------------------------------------------------------------------------
 
 [ "$skip" -gt 0 ] && echo "note: $skip check(s) skipped"

@@ -682,6 +682,7 @@ static const struct bad_case {
     {"empty.json", MP_ERR_JSON, ": the file is empty"},
     {"not-json.json", MP_ERR_JSON, ":1:1: malformed JSON"},
     {"truncated.json", MP_ERR_JSON, ":3:34: malformed JSON"},
+    {"leading-zero.json", MP_ERR_JSON, ":11:44: malformed JSON: a number with a leading zero"},
     {"top-level-array.json", MP_ERR_MODEL, ": expected a JSON object at the top level"},
     {"unknown-type.json", MP_ERR_MODEL, ": layers[1].type: unknown layer type \"lstm\""},
     {"heads-not-dividing.json", MP_ERR_MODEL, ": layers[1].heads: 5 does not divide dim (768); give head_dim"},
