@@ -715,6 +715,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         fprintf(stderr, "\r%60s\r", "");
     bool bf16_only;
     s->best = choose_best(s, o, &bf16_only);
+    char world_alt[160] = "";
     if (s->best < 0 && !base->train.par && !o->par_search) {
         /* does not fit one GPU: the smallest world (8 GPUs per node) where a sharding strategy
          * fits micro-batch 1 with every block checkpointed, then the full search there */
@@ -740,19 +741,27 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             }
             if (!found)
                 continue;
-            mp_suggestion_release(s);
             struct mp_job wj = *base;
             wj.train.par = &par;
             struct mp_suggest_opts wo = *o;
             wo.par_search = true;
             wo.probe = false;
-            enum mp_status st = mp_suggest(&wj, &wo, argv0, s, d);
-            if (st == MP_OK && s->best >= 0) {
-                char pb[96];
-                snprintf(s->note, sizeof s->note, "does not fit one %s; the smallest world that fits is %s",
-                         base->gpu.name, mp_par_describe(&s->cand[s->best].par, pb, sizeof pb));
+            struct mp_suggestion *ws = calloc(1, sizeof *ws);
+            if (ws && mp_suggest(&wj, &wo, argv0, ws, d) == MP_OK && ws->best >= 0) {
+                const struct mp_candidate *b = &ws->cand[ws->best];
+                char pb[96], a1[32];
+                snprintf(world_alt, sizeof world_alt,
+                         "--gpus %llu --nodes %llu --parallel %s (%s): micro-batch %llu per rank, peak %s, "
+                         "%.1f samples/s",
+                         (unsigned long long)b->par.gpus, (unsigned long long)b->par.nodes,
+                         mp_par_strategy_str(b->par.strategy), mp_par_describe(&b->par, pb, sizeof pb),
+                         (unsigned long long)b->micro_batch, mp_fmt_bytes(b->peak_device_bytes, a1, sizeof a1),
+                         b->samples_per_s);
             }
-            return st;
+            if (ws)
+                mp_suggestion_release(ws);
+            free(ws);
+            break;
         }
     }
     bool any_fit = s->best >= 0;
@@ -833,6 +842,12 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
                                               "batch they tried; rerun with a larger --margin");
         else
             snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch 1 with every block checkpointed");
+        /* the smallest data-parallel world that fits (the full search: suggest --gpus N) */
+        if (world_alt[0]) {
+            if (s->n_alternatives == sizeof s->alternatives / sizeof s->alternatives[0])
+                s->n_alternatives--;
+            snprintf(s->alternatives[s->n_alternatives++], 160, "%s", world_alt);
+        }
     }
     (void)evals;
     s->elapsed_ms = mp_now_ms() - t0;
