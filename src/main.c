@@ -696,6 +696,7 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
     c->model = &s->model;
     c->prog = prog;
     c->build = &s->build;
+    c->ft = &s->build.ft;
     c->train = &s->train;
     c->ckpt = ck;
     c->gpu = s->have_gpu && s->gpu.memory_bytes ? &s->gpu : NULL;

@@ -273,7 +273,8 @@ static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
                      "          embeddings, norms, lm_head in %s\n",
                 mp_quant_kind_str(q->kind), (unsigned long long)q->blocksize, q->double_quant ? "on" : "off",
                 c->model->quant.kind != MP_Q_NONE ? "quantization_config" : "QLoRA recipe",
-                f->kbit_prepare || p->param_dtype == MP_DT_F32 ? "fp32 (prepare_model_for_kbit_training)" : "bf16");
+                p->param_dtype == MP_DT_F32 ? "fp32 (as prepare_model_for_kbit_training casts them)"
+                                            : "bf16 (prepare_model_for_kbit_training would make them fp32)");
     else if (q)
         fprintf(out, "          base %s (quantization_config), dequantized per matmul in forward and backward\n",
                 mp_quant_kind_str(q->kind));
@@ -592,6 +593,45 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
 
 /* ---- suggest ----------------------------------------------------------------------------- */
 
+/* peft/bitsandbytes objects that reproduce a fine-tuning plan (memory-facts §12). */
+static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
+{
+    const struct mp_finetune *f = c->ft;
+    if (!f || (f->mode != MP_FT_LORA && f->mode != MP_FT_QLORA))
+        return;
+    char tg[160];
+    mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+    char *sp = strchr(tg, ' ');
+    if (sp)
+        *sp = 0;
+    fprintf(out, "# peft + bitsandbytes (memplan %s)\n", MEMPLAN_VERSION);
+    if (f->mode == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
+        fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
+                     "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
+                f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
+                b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
+        fprintf(out, "model = AutoModelForCausalLM.from_pretrained(NAME, quantization_config=bnb_config)\n");
+    }
+    if (f->mode == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
+        fprintf(out, "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=%s)\n",
+                b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
+    if (!strcmp(tg, "all-linear"))
+        fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=\"all-linear\",\n",
+                (unsigned long long)f->r, f->alpha, f->dropout);
+    else {
+        fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=[",
+                (unsigned long long)f->r, f->alpha, f->dropout);
+        for (char *t = tg, *e; t; t = e ? e + 1 : NULL) {
+            e = strchr(t, ',');
+            if (e)
+                *e = 0;
+            fprintf(out, "%s\"%s\"", t == tg ? "" : ", ", t);
+        }
+        fprintf(out, "],\n");
+    }
+    fprintf(out, "    bias=\"none\", task_type=\"CAUSAL_LM\")\nmodel = get_peft_model(model, lora_config)\n");
+}
+
 static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)
 {
     const struct mp_ckpt_plan *p = &b->fit.plan;
@@ -600,6 +640,8 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
     size_t nck = 0;
     for (size_t i = 0; i < p->L; i++)
         nck += p->checkpointed[i];
+    if (emit != MP_EMIT_DEEPSPEED)
+        peft_snippet(out, c, b);
     if (emit == MP_EMIT_HF) {
         fprintf(out, "# transformers.TrainingArguments fields\n");
         fprintf(out, "per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
@@ -612,7 +654,8 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
             fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
                          "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
-        fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? "adamw_bnb_8bit"
+        bool ft = c->ft && (c->ft->mode == MP_FT_LORA || c->ft->mode == MP_FT_QLORA);
+        fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? (ft ? "paged_adamw_8bit" : "adamw_bnb_8bit")
                                         : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
                                         : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
                                                                                                             : "adamw_torch");

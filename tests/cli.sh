@@ -605,6 +605,12 @@ else
     echo "expected exit 0 and trainable_params 1536" >"$T/why"
     bad "estimate --finetune lora: trainable_params 1536"
 fi
+# quantization_config: a quantized base trains adapters only; an unknown method is refused
+expect_line 3 "full fine-tuning of a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json
+expect_line 3 "full fine-tuning of a bnb 4-bit checkpoint" check tests/data/hf-qwen2-0.5b-bnb4.json --batch 1 --gpu t4
+expect 0 "LoRA on a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json --finetune lora --seq 64
+expect 0 "LoRA on a bnb 4-bit checkpoint" estimate tests/data/hf-qwen2-0.5b-bnb4.json --finetune lora --seq 64
+expect_line 3 "an unsupported quant_method" estimate tests/data/hf-qwen2-0.5b-hqq.json --finetune lora
 run probe models/tiny-test.json --finetune lora --backend host --steps 2 --json
 if [ "$ec" -eq 0 ]; then ok "probe --finetune lora on the host backend: exit 0"; else bad "probe --finetune lora: exit 0"; fi
 expect_line 4 "probe of a QLoRA base (not executed yet)" probe models/tiny-test.json --finetune qlora --backend host
