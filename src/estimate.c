@@ -33,7 +33,10 @@ void mp_train_opts_default(struct mp_train_opts *o)
 
 uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, const struct mp_param *q)
 {
-    uint64_t s = mp_dtype_size(p->param_dtype), n = q->elems;
+    uint64_t s = mp_dtype_size(q->dtype), n = q->elems;
+    (void)p;
+    if (!q->trainable)
+        return 0; /* frozen: no optimizer state */
     switch (o) {
     case MP_OPT_SGD: return 0;
     case MP_OPT_SGD_MOMENTUM: return n * s;
@@ -54,15 +57,15 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
 
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o)
 {
-    uint64_t s = mp_dtype_size(p->param_dtype), total = 0, largest = 0;
+    uint64_t total = 0, largest = 0;
     for (size_t i = 0; i < p->n_params; i++) {
-        total += p->params[i].elems;
-        largest = mp_max_u64(largest, p->params[i].elems);
+        total += mp_param_grad_bytes(&p->params[i]);
+        largest = mp_max_u64(largest, mp_param_grad_bytes(&p->params[i]));
     }
     switch (o) {
     case MP_OPT_ADAM:
-    case MP_OPT_ADAMW: return total * s; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
-    case MP_OPT_ADAFACTOR: return largest * s;
+    case MP_OPT_ADAMW: return total; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
+    case MP_OPT_ADAFACTOR: return largest;
     default: return 0;
     }
 }
@@ -363,7 +366,7 @@ static void drop_pgrads(struct rp *r, size_t g, bool whole_group, size_t blk)
         if (whole_group ? (size_t)r->pp->group_of_block[b] != g : (size_t)b != blk)
             continue;
         r->pglive[q] = false;
-        emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+        emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
     }
 }
 
@@ -424,7 +427,7 @@ static uint64_t par_param_bytes(const struct rp *r, size_t q)
     const struct mp_program *p = r->p;
     uint64_t P = mp_dtype_size(p->param_dtype), n = p->params[q].elems;
     if (!par_on(r))
-        return n * P;
+        return p->params[q].bytes; /* quantized weights: their packed parts */
     const struct mp_par_plan *pp = r->pp;
     bool off_par = pp->par.offload == MP_OFFLOAD_PARAMS;
     switch (pp->par.strategy) {
@@ -485,13 +488,20 @@ static void bwd_block(struct rp *r, size_t i)
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
         uint64_t incoming = 0; /* accumulation: the node's new weight gradients, added in place */
+        if (n->no_grad) { /* not recorded: no backward; nothing saved, no gradient flows */
+            if (!node_reads(n, n->out, 3))
+                g_free(r, n->out);
+            continue;
+        }
         for (int j = 0; j < 2; j++) {
             int q = n->param[j];
-            if (q >= 0 && !r->pglive[q]) {
+            if (q < 0 || !p->params[q].trainable)
+                continue;
+            if (!r->pglive[q]) {
                 r->pglive[q] = true;
-                emit(r, MP_EV_ALLOC, MP_ST_PGRAD, q, p->params[q].elems * mp_dtype_size(p->param_dtype));
-            } else if (q >= 0 && r->t->accumulate) {
-                incoming += p->params[q].elems * mp_dtype_size(p->param_dtype);
+                emit(r, MP_EV_ALLOC, MP_ST_PGRAD, q, mp_param_grad_bytes(&p->params[q]));
+            } else if (r->t->accumulate) {
+                incoming += mp_param_grad_bytes(&p->params[q]);
             }
         }
         if (n->grad_in)
@@ -617,8 +627,10 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         }
     else if (t->accumulate && !(r.pp && (r.pp->par.strategy == MP_PAR_ZERO2 || r.pp->par.strategy == MP_PAR_ZERO3)))
         for (size_t q = 0; q < p->n_params; q++) {
+            if (!p->params[q].trainable)
+                continue;
             r.pglive[q] = true;
-            emit(&r, MP_EV_ALLOC, MP_ST_PGRAD, (int)q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+            emit(&r, MP_EV_ALLOC, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
         }
     r.is_input[p->input] = true;
     r.live[p->input] = true;
@@ -663,7 +675,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
      * is one tensor the size of the largest parameter (id 0). */
     r.phase = MP_PH_STEP;
     bool per_param = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW;
-    uint64_t ps = mp_dtype_size(p->param_dtype);
+    uint64_t ps = mp_dtype_size(p->param_dtype); /* sharded paths: per element */
     uint64_t otmp = mp_opt_step_tmp_bytes(p, t->optimizer);
     /* Sharded: torch's foreach AdamW works on the fp32 shards (FSDP2); DeepSpeed's fused
      * Adam has no temporaries but ZeRO-1/2 make an fp32 gradient partition; offload steps
@@ -682,19 +694,23 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         for (size_t q = 0; q < p->n_params; q++)
             otmp = per_param ? otmp + tmp_of[q] * ps : mp_max_u64(otmp, tmp_of[q] * ps);
     }
-    if (per_param)
+    if (per_param) {
         for (size_t q = 0; q < p->n_params; q++)
-            emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, (int)q, (tmp_of ? tmp_of[q] : p->params[q].elems) * ps);
-    else if (otmp)
+            if (p->params[q].trainable)
+                emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, (int)q,
+                     tmp_of ? tmp_of[q] * ps : mp_param_grad_bytes(&p->params[q]));
+    } else if (otmp)
         emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, 0, otmp);
     if (r.st == MP_OK) {
         struct mp_event ev = {.kind = MP_EV_OPT_STEP, .store = MP_ST_OPT_TMP, .node = -1, .phase = r.phase};
         r.st = fn(ctx, &ev);
     }
-    if (per_param)
+    if (per_param) {
         for (size_t q = 0; q < p->n_params; q++)
-            emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, (int)q, (tmp_of ? tmp_of[q] : p->params[q].elems) * ps);
-    else if (otmp)
+            if (p->params[q].trainable)
+                emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, (int)q,
+                     tmp_of ? tmp_of[q] * ps : mp_param_grad_bytes(&p->params[q]));
+    } else if (otmp)
         emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, 0, otmp);
     if (z12 && r.pp->par.offload == MP_OFFLOAD_NONE)
         comm(&r, false, 0, MP_COMM_STEP_GRAD, r.pp->partition_elems * 4);
@@ -705,7 +721,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
                 comm(&r, false, g, MP_COMM_RS_OUT, r.pp->groups[g].shard_elems * r.pp->reduce_elem_bytes);
     for (size_t q = 0; q < p->n_params; q++)
         if (r.pglive[q])
-            emit(&r, MP_EV_FREE, MP_ST_PGRAD, (int)q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+            emit(&r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
     /* Anything still live is a bookkeeping bug; release it so visitors stay balanced. */
     for (size_t i = 0; i < p->n_tensors && r.st == MP_OK; i++) {
         if (r.glive[i])
@@ -990,12 +1006,11 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     memset(e, 0, sizeof *e);
     e->params = p->total_params;
     e->trainable_params = p->trainable_params;
-    uint64_t ps = mp_dtype_size(p->param_dtype);
     for (size_t q = 0; q < p->n_params; q++) {
-        e->weights_bytes += p->params[q].elems * ps;
+        e->weights_bytes += p->params[q].raw_bytes;
+        e->grads_bytes += mp_param_grad_bytes(&p->params[q]);
         e->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
     }
-    e->grads_bytes = e->weights_bytes;
     e->input_bytes = p->tensors[p->input].bytes + (p->labels >= 0 ? p->tensors[p->labels].bytes : 0);
     e->workspace_bytes = t->cublas_workspace_bytes;
     e->optimizer_tmp_bytes = mp_opt_step_tmp_bytes(p, t->optimizer);
@@ -1104,10 +1119,10 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
         const struct mp_block_prog *bp = &p->blocks[i];
         b->params = bp->params;
         for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++) {
-            b->weights_bytes += p->params[q].elems * ps;
+            b->weights_bytes += p->params[q].raw_bytes;
+            b->grads_bytes += mp_param_grad_bytes(&p->params[q]);
             b->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
         }
-        b->grads_bytes = b->weights_bytes;
         b->activation_bytes = ch.xb[i + 1];
         b->output_bytes = p->tensors[bp->output].bytes;
         b->fwd_flops = bp->fwd_flops;

@@ -63,13 +63,14 @@ const char *mp_prim_str(enum mp_prim p)
                                         "rmsnorm",   "rope",     "attention", "activation", "mul",
                                         "dropout",   "add",      "conv2d",  "batchnorm2d", "maxpool2d",
                                         "avgpool2d", "adaptive_avgpool2d", "view", "log_softmax", "nll_loss",
-                                        "custom"};
+                                        "custom",    "scale"};
     return (unsigned)p < MP_P_COUNT ? n[p] : "?";
 }
 
 void mp_build_opts_default(struct mp_build_opts *o)
 {
     memset(o, 0, sizeof *o);
+    mp_finetune_default(&o->ft);
     o->batch = 1;
     o->precision = MP_PREC_AMP_BF16;
     o->attention = MP_ATTN_SDPA;
@@ -95,6 +96,8 @@ struct bld {
     int rope_cos_sin; /* the model's rotary cos/sin tables (created by the first rope node), or -1 */
     uint64_t b, s;
     bool amp;
+    bool in_adapter;  /* lowering a LoRA adapter: its Linears are trainable fp32, never quantized */
+    bool trained;     /* the current block's own parameters train (full, or freeze-selected) */
 };
 
 static bool failed(const struct bld *B) { return B->st != MP_OK; }
@@ -260,6 +263,10 @@ static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t co
     q->matrix = rows > 1 && cols > 1;
     q->matmul = matmul;
     q->block = B->block;
+    q->dtype = B->in_adapter ? MP_DT_F32 : p->param_dtype; /* peft autocast_adapter_dtype: fp32 adapters */
+    q->trainable = B->in_adapter || B->trained;
+    q->adapter = B->in_adapter;
+    q->raw_bytes = q->bytes = mul(B, q->elems, mp_dtype_size(q->dtype));
     p->total_params = add(B, p->total_params, q->elems);
     return (int)p->n_params++;
 }
@@ -345,21 +352,30 @@ static struct mp_node *matmul_node(struct bld *B, enum mp_prim prim, const char 
 
 /* ---- primitive lowerings ------------------------------------------------------------ */
 
-/* A copy of x in dtype dt (autocast casts, .float(), .contiguous()): ToCopyBackward0
- * saves nothing; its backward converts the gradient back. */
-static struct val cast_to(struct bld *B, struct val x, enum mp_dtype dt, const char *name)
+/* A new value of x's shape: a copy in dtype dt (autocast casts, .float(), .contiguous():
+ * ToCopyBackward0 saves nothing; its backward converts the gradient back), or LoRA's
+ * scaling by a Python float (scale != 0; MulBackward0 of a scalar saves nothing). */
+static struct val lower_copy(struct bld *B, struct val x, enum mp_dtype dt, double scale, const char *name)
 {
+    if (failed(B))
+        return x;
     struct val y = like(B, name, x, dt, ng(B, x));
-    struct mp_node *n = new_node(B, MP_P_CAST, name);
+    struct mp_node *n = new_node(B, scale != 0 ? MP_P_SCALE : MP_P_CAST, name);
     if (!n)
         return y;
     n->in[0] = x.t;
     n->out = y.t;
+    n->p = scale;
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = (double)T(B, x.t)->elems;
     n->bwd_flops = n->fwd_flops;
     return y;
+}
+
+static struct val cast_to(struct bld *B, struct val x, enum mp_dtype dt, const char *name)
+{
+    return lower_copy(B, x, dt, 0, name);
 }
 
 /* Autocast: matmul/conv inputs in the half dtype.  Returns x itself when no cast is needed. */
@@ -368,16 +384,38 @@ static struct val autocast_in(struct bld *B, struct val x, const char *name)
     enum mp_dtype c = B->p->compute_dtype;
     if (!B->amp || dt_of(B, x) == c || failed(B))
         return x;
-    return cast_to(B, x, c, name);
+    return lower_copy(B, x, c, 0, name);
+}
+
+static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
+                             const char *name);
+
+/* The base storage of a Linear that is not the output layer: quantized (QLoRA, or the
+ * checkpoint's quantization_config), else NULL. */
+static const struct mp_quant *base_quant(struct bld *B, bool head)
+{
+    if (B->in_adapter || head)
+        return NULL;
+    if (B->m->quant.kind != MP_Q_NONE)
+        return &B->m->quant;
+    if (B->p->opts.ft.mode == MP_FT_QLORA)
+        return &B->p->opts.ft.quant;
+    return NULL;
 }
 
 /* nn.Linear: saves its (cast) input and, under autocast, a half copy of W.
- * tied >= 0 uses that parameter as W (an lm_head tied to the embedding). */
+ * tied >= 0 uses that parameter as W (an lm_head tied to the embedding).
+ * A quantized base (bitsandbytes Linear4bit, GPTQ, AWQ) keeps packed storage and
+ * dequantizes W (out x in, compute dtype) into a temporary in forward and again in
+ * backward (bitsandbytes MatMul4Bit saves only the packed weight, memory-facts §12);
+ * autocast makes no weight copy of it.  A LoRA target gets its adapter after. */
 static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, bool bias,
                                  const char *name, int tied)
 {
     if (!width_ok(B, x, in_f, "in_features", name))
         return x;
+    bool head = B->layer && (B->layer->type == MP_LT_LM_HEAD || B->layer->type == MP_LT_CLASSIFIER);
+    const struct mp_quant *qz = tied < 0 ? base_quant(B, head) : NULL;
     char cname[64];
     snprintf(cname, sizeof cname, "%s.cast", name);
     struct val xin = autocast_in(B, x, cname);
@@ -391,8 +429,21 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
         snprintf(B->p->params[w].name, sizeof B->p->params[w].name, "%s%s%s", B->prefix, *B->prefix ? "." : "",
                  pn);
     }
+    if (qz && w >= 0) {
+        struct mp_param *q = &B->p->params[w];
+        q->dtype = MP_DT_U8;
+        q->trainable = false;
+        q->raw_bytes = mp_quant_weight_bytes(qz, out_f, in_f);
+        q->bytes = mp_quant_alloc_bytes(qz, out_f, in_f);
+        if (!q->bytes)
+            overflow(B);
+    }
     struct val y = with_last(B, name, xin, out_f, odt, true);
+    bool amp = B->amp;
+    if (qz)
+        B->amp = false; /* no autocast weight copy of a packed weight */
     struct mp_node *n = matmul_node(B, MP_P_LINEAR, name, xin, y, w, bp);
+    B->amp = amp;
     if (!n)
         return y;
     n->rows = rows_of(xin);
@@ -400,6 +451,20 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
     n->k = in_f;
     n->fwd_flops = 2.0 * (double)n->rows * (double)in_f * (double)out_f;
     n->bwd_flops = ng(B, xin) ? 2.0 * n->fwd_flops : n->fwd_flops;
+    if (qz) {
+        uint64_t dq = mp_quant_dequant_bytes(qz, out_f, in_f, mp_dtype_size(odt));
+        if (!dq)
+            overflow(B);
+        n->quantized = true;
+        n->fwd_tmp_bytes = dq;
+        n->bwd_tmp_bytes = dq;
+        /* dequantize: one pass over the weight in each direction */
+        n->fwd_flops += 2.0 * (double)out_f * (double)in_f;
+        n->bwd_flops += 2.0 * (double)out_f * (double)in_f;
+    }
+    if (!B->in_adapter && !head && tied < 0 &&
+        mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head))
+        y = lower_lora(B, x, y, in_f, out_f, name);
     return y;
 }
 
@@ -568,6 +633,38 @@ static struct val lower_add(struct bld *B, struct val a, struct val b, const cha
     n->n = last_dim(a);
     n->fwd_flops = (double)T(B, a.t)->elems;
     return y;
+}
+
+/* peft LoRA Linear.forward (tuners/lora/layer.py): result = base(x); x = x.to(A's dtype);
+ * result = result + lora_B(lora_A(dropout(x))) * scaling; result.to(base result dtype).
+ * A (r x in) and B (out x r) are fp32 (autocast_adapter_dtype).  Autograd keeps what
+ * each op's gradients need: lora_A its input (x, or dropout(x) and the mask), lora_B
+ * A.x; the scaling multiply and the sums keep nothing. */
+static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
+                             const char *name)
+{
+    const struct mp_finetune *ft = &B->p->opts.ft;
+    char saved[96], nm[64];
+    with_prefix(B, B->prefix, name, saved);
+    B->in_adapter = true;
+    struct val xa = x;
+    if (dt_of(B, x) != MP_DT_F32)
+        xa = lower_copy(B, x, MP_DT_F32, 0, "lora_cast");
+    if (ft->dropout > 0)
+        xa = lower_dropout(B, xa, ft->dropout, "lora_dropout");
+    struct val a = lower_linear_p(B, xa, in_f, ft->r, false, "lora_A", -1);
+    struct val bo = lower_linear_p(B, a, ft->r, out_f, false, "lora_B", -1);
+    B->in_adapter = false;
+    if (!failed(B))
+        B->p->adapter_params = add(B, B->p->adapter_params, mul(B, ft->r, add(B, in_f, out_f)));
+    struct val sc = lower_copy(B, bo, dt_of(B, bo), ft->alpha / (double)ft->r, "lora_scale");
+    struct val sum = lower_add(B, base, sc, "lora_add");
+    if (!failed(B) && dt_of(B, sum) != dt_of(B, base)) {
+        snprintf(nm, sizeof nm, "lora_to_%s", mp_dtype_str(dt_of(B, base)));
+        sum = lower_copy(B, sum, dt_of(B, base), 0, nm);
+    }
+    restore_prefix(B, saved);
+    return sum;
 }
 
 static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer *l, uint64_t heads,
@@ -1261,6 +1358,103 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
 
 /* ---- the program ------------------------------------------------------------------ */
 
+/* ---- frozen parameters: what autograd records ------------------------------------------------ */
+
+uint64_t mp_param_grad_bytes(const struct mp_param *q)
+{
+    return q->trainable ? q->elems * mp_dtype_size(q->dtype) : 0;
+}
+
+static void unsave(struct mp_node *n, int t)
+{
+    for (int i = 0; i < n->n_saved; i++)
+        if (n->saved[i] == t) {
+            n->saved[i] = n->saved[--n->n_saved];
+            return;
+        }
+}
+
+static bool param_trains(const struct mp_program *p, int q) { return q >= 0 && p->params[q].trainable; }
+
+/* With frozen parameters, autograd records an op only if an input requires grad or it
+ * has a trainable parameter, and a recorded op saves only what the gradients it must
+ * compute need (torch derivatives.yaml, checked with saved_tensors_hooks in
+ * bench/peft_step.py):
+ *  - linear (mm/addmm): x is saved for the weight gradient, W (its autocast copy) for
+ *    the input gradient;
+ *  - mul: each factor is saved for the other's gradient;
+ *  - HF RMSNorm: weight * normed saves normed only for the weight's gradient; x and
+ *    rsqrt only when x needs a gradient;
+ *  - layer_norm, attention, softmax, activations, dropout: saved whenever recorded.
+ * enable_input_require_grads (ft.input_grad) makes the embedding output a leaf that
+ * requires grad; its AccumulateGrad node holds it until the backward ends. */
+static void apply_requires_grad(struct mp_program *p)
+{
+    for (size_t i = 0; i < p->n_tensors; i++)
+        p->tensors[i].needs_grad = false;
+    for (size_t k = 0; k < p->n_nodes; k++) {
+        struct mp_node *n = &p->nodes[k];
+        bool ing[3] = {false, false, false}, any_in = false;
+        for (int j = 0; j < 3; j++)
+            if (n->in[j] >= 0 && p->tensors[n->in[j]].needs_grad)
+                ing[j] = any_in = true;
+        bool wt = param_trains(p, n->param[0]), pt = wt || param_trains(p, n->param[1]);
+        bool leaf = n->prim == MP_P_EMBED && p->opts.ft.input_grad && !pt;
+        bool rec = any_in || pt;
+        if (n->out >= 0)
+            p->tensors[n->out].needs_grad = p->tensors[n->out].needs_grad || rec || leaf;
+        if (leaf) {
+            n->n_saved = 0;
+            n->grad_in = false;
+            n->bwd_flops = 0;
+            n->bwd_tmp_bytes = 0;
+            save(n, n->out);
+            continue;
+        }
+        if (!rec) {
+            n->no_grad = true;
+            n->n_saved = 0;
+            n->grad_in = false;
+            n->bwd_flops = 0;
+            n->bwd_tmp_bytes = 0;
+            continue;
+        }
+        switch (n->prim) {
+        case MP_P_LINEAR: {
+            double f = 2.0 * (double)n->rows * (double)n->k * (double)n->n;
+            double dq = n->quantized ? 2.0 * (double)n->k * (double)n->n : 0;
+            if (!wt)
+                unsave(n, n->in[0]);
+            if (!ing[0])
+                for (int j = 0; j < n->n_extra; j++)
+                    unsave(n, n->extra[j]); /* the autocast weight copy */
+            n->bwd_flops = (wt ? f : 0) + (ing[0] ? f + dq : 0);
+            if (!wt && !n->quantized)
+                n->bwd_tmp_bytes = 0; /* no half weight gradient to copy into .grad */
+            if (n->quantized && !ing[0])
+                n->bwd_tmp_bytes = 0;
+            break;
+        }
+        case MP_P_MUL:
+            if (!ing[1])
+                unsave(n, n->in[0]);
+            if (!ing[0])
+                unsave(n, n->in[1]);
+            break;
+        case MP_P_RMSNORM:
+            if (!wt && n->n_extra > 0)
+                unsave(n, n->extra[n->n_extra - 1]); /* normed */
+            if (!ing[0]) {
+                unsave(n, n->in[0]);
+                for (int j = 0; j + 1 < n->n_extra; j++)
+                    unsave(n, n->extra[j]); /* x in fp32, rsqrt */
+            }
+            break;
+        default: break;
+        }
+    }
+}
+
 void mp_program_release(struct mp_program *p)
 {
     if (!p)
@@ -1311,10 +1505,20 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
         x = new_val(&B, "input", MP_DT_U8, 2, shape, false);
     }
     p->input = x.t;
+    long n_rep = 0, rep_seen = 0, last_rep = -1;
+    for (size_t i = 0; i < m->n_blocks; i++)
+        if (m->blocks[i].repeat_group > 0) {
+            n_rep++;
+            last_rep = (long)i;
+        }
     for (size_t i = 0; i < m->n_blocks && !failed(&B); i++) {
         const struct mp_block *blk = &m->blocks[i];
         struct mp_block_prog *bp = &p->blocks[i];
         B.block = (int)i;
+        /* freeze: numbers name decoder blocks (the repeated ones, as HF's layers.N); without
+         * repeated blocks, every block by its index */
+        long rep = n_rep == 0 ? (long)i : blk->repeat_group > 0 ? rep_seen++ : -1;
+        B.trained = mp_finetune_block_trained(&o->ft, rep, n_rep > 0 && (long)i > last_rep);
         snprintf(B.prefix, sizeof B.prefix, "%s", blk->name);
         bp->input = x.t;
         bp->node0 = p->n_nodes;
@@ -1328,12 +1532,6 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
         bp->n_params = p->n_params - bp->param0;
         for (size_t k = bp->param0; k < p->n_params; k++)
             bp->params += p->params[k].elems;
-        for (size_t k = bp->node0; k < p->n_nodes; k++) {
-            bp->fwd_flops += p->nodes[k].fwd_flops;
-            bp->bwd_flops += p->nodes[k].bwd_flops;
-        }
-        p->fwd_flops += bp->fwd_flops;
-        p->bwd_flops += bp->bwd_flops;
         if (!failed(&B) && p->explicit_loss && i + 1 < m->n_blocks) {
             B.layer = NULL;
             fail_model(&B, MP_ERR_MODEL, "the loss (lm_head or classifier) must be in the last block");
@@ -1344,6 +1542,26 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
         mp_program_release(p);
         return st;
     }
-    p->trainable_params = p->total_params;
+    if (o->ft.mode != MP_FT_FULL)
+        apply_requires_grad(p);
+    for (size_t i = 0; i < p->n_blocks; i++) {
+        struct mp_block_prog *bp = &p->blocks[i];
+        for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++) {
+            bp->fwd_flops += p->nodes[k].fwd_flops;
+            bp->bwd_flops += p->nodes[k].bwd_flops;
+        }
+        p->fwd_flops += bp->fwd_flops;
+        p->bwd_flops += bp->bwd_flops;
+    }
+    for (size_t q = 0; q < p->n_params; q++)
+        if (p->params[q].trainable)
+            p->trainable_params += p->params[q].elems;
+    if (p->trainable_params == 0 && o->ft.mode != MP_FT_FULL) {
+        enum mp_status st = mp_fail(d, MP_ERR_USAGE, "%s: --finetune %s trains no parameter%s", m->path,
+                                    mp_ft_mode_str(o->ft.mode),
+                                    o->ft.mode == MP_FT_FREEZE ? " (--train-blocks selects none)" : "");
+        mp_program_release(p);
+        return st;
+    }
     return MP_OK;
 }

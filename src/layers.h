@@ -12,6 +12,7 @@
 #ifndef MEMPLAN_LAYERS_H
 #define MEMPLAN_LAYERS_H
 
+#include "finetune.h"
 #include "model.h"
 
 enum mp_dtype { MP_DT_F32, MP_DT_BF16, MP_DT_F16, MP_DT_I64, MP_DT_U8 };
@@ -32,6 +33,7 @@ struct mp_build_opts {
     enum mp_precision precision;
     enum mp_attn_impl attention; /* default for attention layers that do not name one */
     bool attention_forced;       /* --attention given: overrides what the file says */
+    struct mp_finetune ft;       /* what trains: full (default), LoRA, QLoRA, frozen blocks */
 };
 /* batch 1, seq 0 (= model default), amp-bf16, sdpa. */
 void mp_build_opts_default(struct mp_build_opts *o);
@@ -60,6 +62,7 @@ enum mp_prim {
     MP_P_NLL_LOSS,   /* in[0] log-probs (M,V), in[1] labels; out scalar mean loss; saves in[0] and the
                         extras (shifted int64 labels, total_weight) */
     MP_P_CUSTOM,     /* opaque: out of given bytes, extras[0] the rest of what it saves */
+    MP_P_SCALE,      /* out = in[0] * p (LoRA's scaling by a Python float: saves nothing) */
     MP_P_COUNT
 };
 const char *mp_prim_str(enum mp_prim p);
@@ -102,6 +105,10 @@ struct mp_node {
     uint64_t rows, n, k;          /* linear: M rows, n out, k in; norms: rows, n = width */
     uint64_t heads, kv_heads, head_dim, seq, rotary_dim;
     bool causal, eager;
+    bool no_grad;                 /* not recorded by autograd (no input needs grad, no trainable
+                                   * parameter): saves nothing, has no backward */
+    bool quantized;               /* linear on a quantized weight: dequantized into a temporary
+                                   * (fwd_tmp_bytes, bwd_tmp_bytes) for the matmul */
     enum mp_act act;
     double p;
     uint64_t c_in, c_out, h_in, w_in, h_out, w_out, kernel, stride, padding, groups;
@@ -114,7 +121,15 @@ struct mp_param {
     bool matmul;         /* used by linear/conv: autocast makes a half copy */
     bool matrix;         /* 2-D or more (Adafactor factors it) */
     uint64_t rows, cols; /* for matrices (Adafactor: rows + cols state) */
+    enum mp_dtype dtype; /* storage dtype (u8 for a quantized weight) */
+    bool trainable;      /* has .grad and optimizer state (false: frozen base of LoRA / freeze) */
+    bool adapter;        /* a LoRA A or B matrix */
+    uint64_t bytes;      /* what its storage allocates: elems x dtype, or a quantized weight's
+                          * tensors each rounded to 512 (mp_quant_alloc_bytes) */
+    uint64_t raw_bytes;  /* the library's tensor bytes (weights_bytes sums these) */
 };
+/* Gradient bytes of a parameter: 0 when frozen. */
+uint64_t mp_param_grad_bytes(const struct mp_param *q);
 
 struct mp_block_prog {
     int input;           /* tensor id of x_i */
@@ -140,6 +155,7 @@ struct mp_program {
     bool explicit_loss;          /* last block computes the loss (lm_head / classifier) */
     uint64_t total_params;
     uint64_t trainable_params;
+    uint64_t adapter_params;     /* LoRA A and B elements */
     double fwd_flops, bwd_flops;
     size_t cap_tensors, cap_nodes, cap_params; /* private */
 };

@@ -65,6 +65,7 @@ enum {
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
     O_TIMELINE, O_WIDE,
     O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV,
+    O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
 };
 
 /* Which commands accept which options (bit per command). */
@@ -83,6 +84,12 @@ static const struct opt_info OPTS[] = {
     {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 | mixed-bf16 (default amp-bf16)"},
     {{"optimizer", required_argument, 0, O_OPT}, 31, "O", "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit (default adamw)"},
     {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none (default; plan: optimal) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
+    {{"finetune", required_argument, 0, O_FINETUNE}, 31, "F", "full | lora | qlora | freeze: what trains (default full)"},
+    {{"lora-r", required_argument, 0, O_LORA_R}, 31, "R", "LoRA rank (default 16)"},
+    {{"lora-alpha", required_argument, 0, O_LORA_ALPHA}, 31, "A", "lora_alpha for the snippet; scaling alpha/r (default 2r)"},
+    {{"lora-dropout", required_argument, 0, O_LORA_DROPOUT}, 31, "P", "lora_dropout: > 0 keeps a mask and a copy per adapter (default 0)"},
+    {{"lora-targets", required_argument, 0, O_LORA_TARGETS}, 31, "T", "all-linear | NAME,NAME,... (default: peft's for the family)"},
+    {{"train-blocks", required_argument, 0, O_TRAIN_BLOCKS}, 31, "LIST", "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
@@ -150,6 +157,8 @@ struct args {
     bool json, all_layers, wide;
     struct mp_parallel par;
     bool par_set, gpus_set;
+    struct mp_finetune ft;
+    bool alpha_set, lora_set, blocks_set;
 };
 
 struct command {
@@ -291,6 +300,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->steps = 3;
     a->backend = "auto";
     a->ckpt.strategy = c->bit == C_PLAN ? MP_CKPT_OPTIMAL : MP_CKPT_NONE;
+    mp_finetune_default(&a->ft);
+    struct mp_diag fd = {{0}};
     struct option lo[N_OPTS + 1];
     char shortopts[64] = ":"; /* ':' first: a missing value is reported as such */
     for (size_t i = 0; i < N_OPTS; i++) {
@@ -475,6 +486,46 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             a->context_set = true;
             what = "--context: expected a size, got '%s'";
             break;
+        case O_FINETUNE: {
+            int m = mp_ft_mode_parse(optarg);
+            a->ft.mode = m < 0 ? MP_FT_FULL : (enum mp_ft_mode)m;
+            st = m < 0 ? MP_ERR_USAGE : MP_OK;
+            what = "--finetune: expected full, lora, qlora or freeze, got '%s'";
+            break;
+        }
+        case O_LORA_R:
+            st = parse_int_in(optarg, 1, 65536, &a->ft.r);
+            a->lora_set = true;
+            what = "--lora-r: expected an integer from 1 to 65536, got '%s'";
+            break;
+        case O_LORA_ALPHA:
+            st = mp_parse_double(optarg, &a->ft.alpha);
+            if (st == MP_OK && !(a->ft.alpha > 0 && a->ft.alpha < 1e6))
+                st = MP_ERR_USAGE;
+            a->alpha_set = a->lora_set = true;
+            what = "--lora-alpha: expected a positive number, got '%s'";
+            break;
+        case O_LORA_DROPOUT:
+            st = mp_parse_double(optarg, &a->ft.dropout);
+            if (st == MP_OK && !(a->ft.dropout >= 0 && a->ft.dropout < 1))
+                st = MP_ERR_USAGE;
+            a->lora_set = true;
+            what = "--lora-dropout: expected a probability in [0, 1), got '%s'";
+            break;
+        case O_LORA_TARGETS:
+            if (mp_finetune_parse_targets(&a->ft, optarg, &fd) != MP_OK) {
+                fprintf(stderr, "memplan: error: %s (see 'memplan %s --help')\n", fd.msg, c->name);
+                return MP_EXIT_USAGE;
+            }
+            a->lora_set = true;
+            break;
+        case O_TRAIN_BLOCKS:
+            if (mp_finetune_parse_blocks(&a->ft, optarg, &fd) != MP_OK) {
+                fprintf(stderr, "memplan: error: %s (see 'memplan %s --help')\n", fd.msg, c->name);
+                return MP_EXIT_USAGE;
+            }
+            a->blocks_set = true;
+            break;
         case O_TIMELINE: a->timeline = optarg; break;
         case O_WIDE: a->wide = true; break;
         case O_ALL: a->all_layers = true; break;
@@ -504,6 +555,14 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->model = argv[optind];
     if (a->gpu && a->vram)
         return usage_error(c->name, "%s", "--gpu and --vram are exclusive");
+    bool lora = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA;
+    if (a->lora_set && !lora)
+        return usage_error(c->name, "%s", "--lora-* options need --finetune lora or qlora");
+    if (a->blocks_set != (a->ft.mode == MP_FT_FREEZE))
+        return usage_error(c->name, "%s", a->blocks_set ? "--train-blocks needs --finetune freeze"
+                                                        : "--finetune freeze needs --train-blocks, e.g. 20-31,head");
+    if (!a->alpha_set)
+        a->ft.alpha = 2.0 * (double)a->ft.r;
     if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
         struct mp_diag pd = {{0}};
         if (mp_par_validate(&a->par, &pd) != MP_OK)
@@ -547,6 +606,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     s->build.precision = (enum mp_precision)a->precision;
     s->build.attention = (enum mp_attn_impl)a->attention;
     s->build.attention_forced = a->attention_set;
+    s->build.ft = a->ft;
+    s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
+    if (s->model.quant.kind != MP_Q_NONE && (a->ft.mode == MP_FT_FULL || a->ft.mode == MP_FT_FREEZE)) {
+        fprintf(stderr, "memplan: error: %s: quantization_config: a %s-quantized base cannot be %s fine-tuned; "
+                        "train adapters on it with --finetune lora (or qlora)\n",
+                a->model, mp_quant_kind_str(s->model.quant.kind), a->ft.mode == MP_FT_FULL ? "fully" : "partly");
+        mp_model_release(&s->model);
+        return MP_EXIT_INPUT;
+    }
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
@@ -628,6 +696,7 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
     c->model = &s->model;
     c->prog = prog;
     c->build = &s->build;
+    c->ft = &s->build.ft;
     c->train = &s->train;
     c->ckpt = ck;
     c->gpu = s->have_gpu && s->gpu.memory_bytes ? &s->gpu : NULL;

@@ -10,6 +10,7 @@
 #ifndef MEMPLAN_MODEL_H
 #define MEMPLAN_MODEL_H
 
+#include "quant.h"
 #include "util.h"
 
 #define MP_LAYER_TYPES(X)                                            \
@@ -167,6 +168,7 @@ struct mp_model {
     char source[8];          /* "memplan" or "hf" */
     char path[256];          /* file it came from, for messages */
     char hf_type[32];        /* model_type of an HF config, else "" */
+    struct mp_quant quant;   /* quantization_config of an HF checkpoint (kind MP_Q_NONE: none) */
 
     enum mp_input_kind input;
     uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */

@@ -690,6 +690,58 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
 
 /* ---- entry points -------------------------------------------------------------------- */
 
+/* quantization_config (transformers' quantizers): bitsandbytes 4-bit / 8-bit, GPTQ, AWQ.
+ * Storage per format is quant.c's; a method memplan cannot size is refused, never ignored. */
+static enum mp_status read_quant(const cJSON *root, struct mp_quant *q, const char *path, struct mp_diag *d)
+{
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (!qc)
+        return MP_OK;
+    if (!cJSON_IsObject(qc))
+        return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config: expected an object", path);
+    const char *W = "quantization_config.";
+    enum mp_status st;
+    const char *method = mp_json_str(qc, "quant_method", &st, path, W, d);
+    if (st != MP_OK)
+        return st;
+    if (!method)
+        return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config.quant_method: missing", path);
+    if (!strcmp(method, "bitsandbytes")) {
+        bool b4 = false, b8 = false, dq = false;
+        if ((st = mp_json_bool(qc, "load_in_4bit", &b4, path, W, d)) != MP_OK ||
+            (st = mp_json_bool(qc, "load_in_8bit", &b8, path, W, d)) != MP_OK ||
+            (st = mp_json_bool(qc, "bnb_4bit_use_double_quant", &dq, path, W, d)) != MP_OK)
+            return st;
+        const char *qt = mp_json_str(qc, "bnb_4bit_quant_type", &st, path, W, d);
+        if (st != MP_OK)
+            return st;
+        if (b4 == b8)
+            return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config: expected exactly one of load_in_4bit and "
+                           "load_in_8bit to be true", path);
+        if (b4 && qt && strcmp(qt, "nf4") && strcmp(qt, "fp4"))
+            return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config.bnb_4bit_quant_type: expected nf4 or fp4, "
+                           "got '%s'", path, qt);
+        mp_quant_init(q, b8 ? MP_Q_BNB_INT8 : qt && !strcmp(qt, "nf4") ? MP_Q_BNB_NF4 : MP_Q_BNB_FP4);
+        q->double_quant = dq;
+        return MP_OK;
+    }
+    if (!strcmp(method, "gptq") || !strcmp(method, "awq")) {
+        mp_quant_init(q, method[0] == 'g' ? MP_Q_GPTQ : MP_Q_AWQ);
+        const cJSON *gs = cJSON_GetObjectItemCaseSensitive(qc, "group_size");
+        if ((st = mp_json_u64(qc, "bits", false, 8, &q->bits, path, W, d)) != MP_OK)
+            return st;
+        if (q->bits != 2 && q->bits != 3 && q->bits != 4 && q->bits != 8)
+            return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config.bits: expected 2, 3, 4 or 8", path);
+        if (cJSON_IsNumber(gs) && gs->valuedouble == -1)
+            q->group_size = 0; /* one group per input row */
+        else if ((st = mp_json_u64(qc, "group_size", false, MP_DIM_MAX, &q->group_size, path, W, d)) != MP_OK)
+            return st;
+        return MP_OK;
+    }
+    return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config.quant_method: '%s' is not supported (supported: "
+                   "bitsandbytes, gptq, awq)", path, method);
+}
+
 bool mp_json_is_hf(const cJSON *root)
 {
     /* any model_type (even a wrong one: the HF reader says what it expected) or an
@@ -734,6 +786,8 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     if ((st = read_config(root, &c, path, d)) != MP_OK)
         return st;
 
+    if ((st = read_quant(root, &m->quant, path, d)) != MP_OK)
+        return st;
     snprintf(m->source, sizeof m->source, "hf");
     snprintf(m->hf_type, sizeof m->hf_type, "%s", type);
     if ((st = set_model_name(m, root, type, path, d)) != MP_OK)

@@ -127,6 +127,13 @@ enum mp_status mp_probe_run(struct mp_probe *p, const struct mp_program *prog, c
                        sizeof r->losses / sizeof r->losses[0]);
     if (prog->n_blocks == 0)
         return mp_fail(d, MP_ERR_USAGE, "probe: the model has no blocks");
+    for (size_t k = 0; k < prog->n_nodes; k++)
+        if (prog->nodes[k].quantized)
+            return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s: quantized base weights (QLoRA, quantization_config) "
+                           "are estimated only; the probe does not execute them yet", prog->nodes[k].name);
+    if (prog->opts.ft.mode != MP_FT_FULL && strcmp(p->be->name, "host") != 0)
+        return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: --finetune %s runs on the host backend only so far "
+                       "(--backend host)", mp_ft_mode_str(prog->opts.ft.mode));
     snprintf(r->backend, sizeof r->backend, "%s", p->be->name);
     if (p->be->device_info)
         (void)p->be->device_info(p->ctx, &r->dev);

@@ -104,7 +104,7 @@ static struct hv tview(const struct ctx *c, enum mp_store s, int t)
 
 static struct hv pview(const struct ctx *c, enum mp_store s, int q)
 {
-    struct hv v = {NULL, c->p->param_dtype, 0};
+    struct hv v = {NULL, q >= 0 ? c->p->params[q].dtype : c->p->param_dtype, 0};
     if (q < 0)
         return v;
     v.p = mp_pool_get(&c->x->pool, s, q);
@@ -572,27 +572,31 @@ static enum mp_status rmsnorm_bwd(struct ctx *c)
         return MP_OK;
     struct hv xf, rsv, nmv;
     rms_extras(c, &xf, &rsv, &nmv);
-    NEED(rsv);
     FGET(dy, c->gout);
+    if (c->gw.p) { /* a frozen weight keeps no normed tensor (weight * normed saves it for dg only) */
+        FGET(nm, nmv);
+        FNEW(dg, N);
+        for (uint64_t r = 0; r < M; r++)
+            for (uint64_t j = 0; j < N; j++)
+                dg[j] += dy[r * N + j] * nm[r * N + j];
+        facc(c->gw, dg, N);
+    }
+    if (!c->gin[0].p)
+        return MP_OK; /* the input needs no gradient: x and rsqrt were not kept */
+    NEED(rsv);
     FGET(x, xf);
-    FGET(nm, nmv);
     FGET(g, c->w);
     const float *rs = rsv.p;
     FNEW(dx, M * N);
-    FNEW(dg, N);
     for (uint64_t r = 0; r < M; r++) {
         double s = 0;
-        for (uint64_t j = 0; j < N; j++) {
-            float dn = dy[r * N + j] * g[j];
-            s += (double)dn * x[r * N + j];
-            dg[j] += dy[r * N + j] * nm[r * N + j];
-        }
+        for (uint64_t j = 0; j < N; j++)
+            s += (double)(dy[r * N + j] * g[j]) * x[r * N + j];
         float mean = (float)(s / (double)N), r3 = rs[r] * rs[r] * rs[r];
         for (uint64_t j = 0; j < N; j++)
             dx[r * N + j] = rs[r] * dy[r * N + j] * g[j] - x[r * N + j] * r3 * mean;
     }
     facc(c->gin[0], dx, M * N);
-    facc(c->gw, dg, N);
     return MP_OK;
 }
 
@@ -1055,16 +1059,34 @@ static enum mp_status mul_bwd(struct ctx *c)
     if (!c->gout.p)
         return MP_OK;
     FGET(dy, c->gout);
-    FGET(a, c->in[0]);
-    FGET(b, c->in[1]);
-    FNEW(da, c->gout.n);
-    FNEW(db, c->gout.n);
-    for (uint64_t i = 0; i < c->gout.n; i++) {
-        da[i] = dy[i] * b[i];
-        db[i] = dy[i] * a[i];
+    for (int j = 0; j < 2; j++) { /* each factor is kept only for the other's gradient */
+        if (!c->gin[j].p)
+            continue;
+        FGET(other, c->in[1 - j]);
+        FNEW(d, c->gout.n);
+        for (uint64_t i = 0; i < c->gout.n; i++)
+            d[i] = dy[i] * other[i];
+        facc(c->gin[j], d, c->gout.n);
     }
-    facc(c->gin[0], da, c->gout.n);
-    facc(c->gin[1], db, c->gout.n);
+    return MP_OK;
+}
+
+/* LoRA's result * scaling (a Python float): y = p x, dx = p dy. */
+static enum mp_status scale_run(struct ctx *c, bool fwd)
+{
+    float a = (float)c->n->p;
+    struct hv src = fwd ? c->in[0] : c->gout, dst = fwd ? c->out : c->gin[0];
+    if (!fwd && (!src.p || !dst.p))
+        return MP_OK;
+    NEED(dst);
+    FGET(x, src);
+    FNEW(y, src.n);
+    for (uint64_t i = 0; i < src.n; i++)
+        y[i] = a * x[i];
+    if (fwd)
+        fstore(dst, y, src.n);
+    else
+        facc(dst, y, src.n);
     return MP_OK;
 }
 
@@ -1544,6 +1566,7 @@ static enum mp_status node_run(struct mp_host_exec *x, int k, bool fwd)
     case MP_P_EMBED: st = fwd ? embed_fwd(&c) : embed_bwd(&c); break;
     case MP_P_ADD_POS: st = fwd ? addpos_fwd(&c) : addpos_bwd(&c); break;
     case MP_P_CAST: st = fwd ? cast_fwd(&c) : pass_bwd(&c); break;
+    case MP_P_SCALE: st = scale_run(&c, fwd); break;
     case MP_P_LINEAR: st = fwd ? linear_fwd(&c) : linear_bwd(&c); break;
     case MP_P_LAYERNORM: st = fwd ? layernorm_fwd(&c) : layernorm_bwd(&c); break;
     case MP_P_RMSNORM: st = fwd ? rmsnorm_fwd(&c) : rmsnorm_bwd(&c); break;
@@ -1768,11 +1791,10 @@ static void adafactor_update(const struct mp_program *p, const struct mp_param *
 static enum mp_status opt_step(struct mp_host_exec *x)
 {
     const struct mp_program *p = x->p;
-    enum mp_dtype pdt = p->param_dtype;
     if (x->grads_out) {
         uint64_t off = 0;
         for (size_t q = 0; q < p->n_params; q++) {
-            struct hv G = {mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q), pdt, p->params[q].elems};
+            struct hv G = {mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q), p->params[q].dtype, p->params[q].elems};
             for (uint64_t i = 0; i < G.n; i++)
                 x->grads_out[off + i] = G.p ? ldf(G, i) : 0.0f;
             off += G.n;
@@ -1790,6 +1812,7 @@ static enum mp_status opt_step(struct mp_host_exec *x)
     for (size_t q = 0; q < p->n_params; q++) {
         const struct mp_param *pq = &p->params[q];
         uint64_t n = pq->elems;
+        enum mp_dtype pdt = pq->dtype; /* fp32 LoRA adapters on a bf16 base */
         struct hv P = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), pdt, n};
         struct hv G = {mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q), pdt, n};
         void *S = mp_pool_get(&x->pool, MP_ST_OPT_STATE, (int)q);
@@ -1842,7 +1865,7 @@ static void zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void
         return;
     switch (ev->store) {
     case MP_ST_PARAM: {
-        struct hv v = {ptr, p->param_dtype, p->params[ev->id].elems};
+        struct hv v = {ptr, p->params[ev->id].dtype, p->params[ev->id].elems};
         for (uint64_t i = 0; i < v.n; i++)
             stf(v, i, mp_exec_param_value(p, (size_t)ev->id, i, x->seed));
         break;
@@ -1960,13 +1983,13 @@ const struct mp_pool *mp_host_exec_pool(const struct mp_host_exec *x) { return &
 
 float mp_host_exec_param_get(const struct mp_host_exec *x, size_t q, uint64_t i)
 {
-    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->param_dtype, 0};
+    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->params[q].dtype, 0};
     return v.p ? ldf(v, i) : NAN;
 }
 
 void mp_host_exec_param_set(struct mp_host_exec *x, size_t q, uint64_t i, float f)
 {
-    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->param_dtype, 0};
+    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->params[q].dtype, 0};
     if (v.p)
         stf(v, i, f);
 }

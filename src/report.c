@@ -117,6 +117,28 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        const struct mp_finetune *f = &c->build->ft;
+        cJSON *ft = cJSON_AddObjectToObject(cf, "finetune");
+        cJSON_AddStringToObject(ft, "mode", mp_ft_mode_str(f->mode));
+        if (f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA) {
+            char tg[160];
+            mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+            char *sp = strchr(tg, ' ');
+            if (sp)
+                *sp = 0; /* the names only */
+            ju64(ft, "lora_r", f->r);
+            cJSON_AddNumberToObject(ft, "lora_alpha", f->alpha);
+            cJSON_AddNumberToObject(ft, "lora_dropout", f->dropout);
+            cJSON_AddStringToObject(ft, "lora_targets", tg);
+            if (c->prog)
+                ju64(ft, "adapter_params", c->prog->adapter_params);
+        }
+        const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
+                                   : f->mode == MP_FT_QLORA                ? &f->quant
+                                                                           : NULL;
+        cJSON_AddStringToObject(ft, "base_quant", q ? mp_quant_kind_str(q->kind) : "none");
+        if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+            cJSON_AddBoolToObject(ft, "double_quant", q->double_quant);
         if (c->train->par)
             cJSON_AddItemToObject(cf, "parallel", json_parallel_of(c->train->par));
     }
@@ -226,6 +248,40 @@ static void print_json(FILE *out, cJSON *r)
 
 /* ---- text helpers ------------------------------------------------------------------------- */
 
+/* What trains and the assumptions behind it (memory-facts §12). */
+static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
+{
+    const struct mp_finetune *f = &c->build->ft;
+    const struct mp_program *p = c->prog;
+    char tg[160], tp[32];
+    snprintf(tp, sizeof tp, "%s", count(p->trainable_params));
+    if (f->mode == MP_FT_FREEZE) {
+        fprintf(out, "finetune  freeze: %s of %s params train; frozen blocks keep no .grad, no optimizer state\n", tp,
+                count(p->total_params));
+        return;
+    }
+    mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+    fprintf(out, "finetune  %s r %llu, alpha %g, dropout %g, targets %s\n", mp_ft_mode_str(f->mode),
+            (unsigned long long)f->r, f->alpha, f->dropout, tg);
+    fprintf(out, "          %s adapter params train (fp32 as peft makes them); the frozen base has no .grad\n",
+            tp);
+    const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
+                               : f->mode == MP_FT_QLORA                ? &f->quant
+                                                                       : NULL;
+    if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+        fprintf(out, "          base %s, blocksize %llu, double quant %s (%s), dequantized per matmul;\n"
+                     "          embeddings, norms, lm_head in %s\n",
+                mp_quant_kind_str(q->kind), (unsigned long long)q->blocksize, q->double_quant ? "on" : "off",
+                c->model->quant.kind != MP_Q_NONE ? "quantization_config" : "QLoRA recipe",
+                p->param_dtype == MP_DT_F32 ? "fp32 (as prepare_model_for_kbit_training casts them)"
+                                            : "bf16 (prepare_model_for_kbit_training would make them fp32)");
+    else if (q)
+        fprintf(out, "          base %s (quantization_config), dequantized per matmul in forward and backward\n",
+                mp_quant_kind_str(q->kind));
+    if (f->input_grad)
+        fprintf(out, "          checkpointing: enable_input_require_grads keeps the embedding output and its grad\n");
+}
+
 static void header(FILE *out, const struct mp_report_ctx *c)
 {
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", c->model->name,
@@ -243,6 +299,8 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
     }
+    if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
+        finetune_lines(out, c);
     if (c->train && c->train->par) {
         char pb[96];
         fprintf(out, "parallel  %s; memory figures are per rank\n", mp_par_describe(c->train->par, pb, sizeof pb));
@@ -535,6 +593,45 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
 
 /* ---- suggest ----------------------------------------------------------------------------- */
 
+/* peft/bitsandbytes objects that reproduce a fine-tuning plan (memory-facts §12). */
+static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
+{
+    const struct mp_finetune *f = c->ft;
+    if (!f || (f->mode != MP_FT_LORA && f->mode != MP_FT_QLORA))
+        return;
+    char tg[160];
+    mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+    char *sp = strchr(tg, ' ');
+    if (sp)
+        *sp = 0;
+    fprintf(out, "# peft + bitsandbytes (memplan %s)\n", MEMPLAN_VERSION);
+    if (f->mode == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
+        fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
+                     "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
+                f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
+                b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
+        fprintf(out, "model = AutoModelForCausalLM.from_pretrained(NAME, quantization_config=bnb_config)\n");
+    }
+    if (f->mode == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
+        fprintf(out, "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=%s)\n",
+                b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
+    if (!strcmp(tg, "all-linear"))
+        fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=\"all-linear\",\n",
+                (unsigned long long)f->r, f->alpha, f->dropout);
+    else {
+        fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=[",
+                (unsigned long long)f->r, f->alpha, f->dropout);
+        for (char *t = tg, *e; t; t = e ? e + 1 : NULL) {
+            e = strchr(t, ',');
+            if (e)
+                *e = 0;
+            fprintf(out, "%s\"%s\"", t == tg ? "" : ", ", t);
+        }
+        fprintf(out, "],\n");
+    }
+    fprintf(out, "    bias=\"none\", task_type=\"CAUSAL_LM\")\nmodel = get_peft_model(model, lora_config)\n");
+}
+
 static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)
 {
     const struct mp_ckpt_plan *p = &b->fit.plan;
@@ -543,6 +640,8 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
     size_t nck = 0;
     for (size_t i = 0; i < p->L; i++)
         nck += p->checkpointed[i];
+    if (emit != MP_EMIT_DEEPSPEED)
+        peft_snippet(out, c, b);
     if (emit == MP_EMIT_HF) {
         fprintf(out, "# transformers.TrainingArguments fields\n");
         fprintf(out, "per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
@@ -555,7 +654,8 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
             fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
                          "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
-        fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? "adamw_bnb_8bit"
+        bool ft = c->ft && (c->ft->mode == MP_FT_LORA || c->ft->mode == MP_FT_QLORA);
+        fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? (ft ? "paged_adamw_8bit" : "adamw_bnb_8bit")
                                         : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
                                         : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
                                                                                                             : "adamw_torch");

@@ -80,7 +80,9 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     memset(f, 0, sizeof *f);
     mp_ckpt_plan_init(&f->plan);
     struct mp_program prog;
-    enum mp_status st = mp_program_build(job->model, &job->build, &prog, d);
+    struct mp_build_opts bo = job->build;
+    bo.ft.input_grad = job->ckpt.strategy != MP_CKPT_NONE; /* transformers: enable_input_require_grads */
+    enum mp_status st = mp_program_build(job->model, &bo, &prog, d);
     if (st != MP_OK)
         return st;
     st = mp_estimate_chain(&prog, &f->chain, d);
@@ -416,6 +418,7 @@ static enum mp_status probe_at(struct mp_probe *pr, const struct mp_job *job, ui
     if (st != MP_OK)
         return st;
     struct mp_program prog;
+    j.build.ft.input_grad = j.ckpt.strategy != MP_CKPT_NONE;
     st = mp_program_build(j.model, &j.build, &prog, d);
     if (st == MP_OK) {
         memset(r, 0, sizeof *r);

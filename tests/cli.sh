@@ -589,6 +589,32 @@ else
     bad "check $BIG --gpu t4: exit 1, one stderr line 'short by'"
 fi
 
+# ---- fine-tuning ---------------------------------------------------------------------------
+
+expect_line 2 "--finetune with an unknown mode" estimate --finetune half models/tiny-test.json
+expect_line 2 "--lora-r without --finetune lora" estimate --lora-r 8 models/tiny-test.json
+expect_line 2 "--finetune freeze without --train-blocks" estimate --finetune freeze models/tiny-test.json
+expect_line 2 "--train-blocks with a reversed range" estimate --finetune freeze --train-blocks 3-1 models/tiny-test.json
+expect_line 2 "--lora-targets with an empty name" estimate --finetune lora --lora-targets q_proj,,v_proj models/tiny-test.json
+# tiny-test: 2 blocks of qkv 16->48, out 16->16, fc1 16->32, fc2 32->16; no peft default for a memplan
+# model, so all-linear: 2 x 4 x (64 + 32 + 48 + 48) = 1,536 adapter parameters at r 4
+run estimate --finetune lora --lora-r 4 models/tiny-test.json --json
+if [ "$ec" -eq 0 ] && tr -d ' \t\n' <"$T/out" | grep -q '"trainable_params":1536,'; then
+    ok "estimate --finetune lora: trainable_params 1536"
+else
+    echo "expected exit 0 and trainable_params 1536" >"$T/why"
+    bad "estimate --finetune lora: trainable_params 1536"
+fi
+# quantization_config: a quantized base trains adapters only; an unknown method is refused
+expect_line 3 "full fine-tuning of a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json
+expect_line 3 "full fine-tuning of a bnb 4-bit checkpoint" check tests/data/hf-qwen2-0.5b-bnb4.json --batch 1 --gpu t4
+expect 0 "LoRA on a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json --finetune lora --seq 64
+expect 0 "LoRA on a bnb 4-bit checkpoint" estimate tests/data/hf-qwen2-0.5b-bnb4.json --finetune lora --seq 64
+expect_line 3 "an unsupported quant_method" estimate tests/data/hf-qwen2-0.5b-hqq.json --finetune lora
+run probe models/tiny-test.json --finetune lora --backend host --steps 2 --json
+if [ "$ec" -eq 0 ]; then ok "probe --finetune lora on the host backend: exit 0"; else bad "probe --finetune lora: exit 0"; fi
+expect_line 4 "probe of a QLoRA base (not executed yet)" probe models/tiny-test.json --finetune qlora --backend host
+
 # ---- data parallel: per-rank plans ----------------------------------------------------------
 
 # A 70B model: zero3 over 8 H100s does not fit (model states alone are 16 bytes per parameter

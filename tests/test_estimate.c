@@ -377,7 +377,8 @@ static void test_estimate_optimizer_step_peak(void **state)
     assert_int_equal(mp_opt_step_tmp_bytes(&prog, MP_OPT_SGD), 0);
     /* 8-bit Adam: tensors under 4096 elements keep fp32 states */
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAM8BIT, &prog.params[0]), 512 * 8);
-    struct mp_param big = {.elems = 1 << 20, .matrix = true, .rows = 1024, .cols = 1024};
+    struct mp_param big = {.elems = 1 << 20, .matrix = true, .rows = 1024, .cols = 1024, .dtype = MP_DT_F32,
+                           .trainable = true};
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAM8BIT, &big), 2 * (1 << 20) + 8 * 4096);
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAFACTOR, &big), (1024 + 1024) * 4);
     mp_program_release(&prog);
