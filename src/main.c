@@ -961,6 +961,11 @@ static int cmd_suggest(struct args *a)
                                 .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
                                 .device = a->device,
                                 .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF};
+    if (a->gpus_set || a->par_set) { /* data parallel: strategy given, or searched at --gpus x --nodes */
+        o.par_search = !a->par_set;
+        j.train.par = &s.par;
+        o.probe = false; /* the probe runs one rank's step on one GPU: not part of suggest yet */
+    }
     if (o.probe && !strcmp(o.probe_backend, "host")) {
         /* the host pool really allocates, up to the target's limit: refuse what this machine cannot hold */
         uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
