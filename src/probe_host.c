@@ -1016,12 +1016,15 @@ static enum mp_status act_fwd(struct ctx *c)
     for (uint64_t i = 0; i < c->out.n; i++)
         y[i] = act_f(n->act, x[i]);
     fstore(c->out, y, c->out.n);
-    if (n->act == MP_ACT_GELU_NEW || n->act == MP_ACT_GELU_FAST)
-        for (int j = 0; j < n->n_extra && j < 6; j++) {
-            NEED(c->ex[j]);
-            for (uint64_t i = 0; i < c->ex[j].n; i++)
-                stf(c->ex[j], i, gelu_part(n->act, j, x[i]));
-        }
+    /* HF's GELU composites keep their intermediates (extras, each in its own dtype); under
+     * autocast a gelu_new first keeps an fp32 copy of its input (layers.c lower_act) */
+    int parts = mp_act_n_intermediates(n->act);
+    int j0 = n->n_extra > parts ? n->n_extra - parts : 0;
+    for (int j = 0; j < n->n_extra; j++) {
+        NEED(c->ex[j]);
+        for (uint64_t i = 0; i < c->ex[j].n; i++)
+            stf(c->ex[j], i, j < j0 ? x[i] : gelu_part(n->act, j - j0, x[i]));
+    }
     return MP_OK;
 }
 
