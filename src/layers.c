@@ -514,8 +514,10 @@ static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, boo
 
 /* HF RMSNorm (LlamaRMSNorm): x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(in dtype).
  * Saves the fp32 input (a copy when x is half), rsqrt (M fp32) and the normalized
- * tensor in x's dtype; the fp32 x^2 is a forward transient. */
-static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, const char *name)
+ * tensor in x's dtype; the fp32 x^2 is a forward transient.  f32w (Gemma*RMSNorm,
+ * Olmo2RMSNorm): (weight * normalized) in fp32, then .to(x's dtype): the normalized tensor
+ * is saved in fp32 and the output has x's dtype. */
+static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool f32w, const char *name)
 {
     if (!width_ok(B, x, dim, "dim", name))
         return x;
@@ -523,7 +525,7 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, const
     snprintf(pn, sizeof pn, "%s.weight", name);
     int g = new_param(B, pn, 1, dim, false);
     enum mp_dtype xdt = dt_of(B, x);
-    struct val y = like(B, name, x, promote(xdt, B->p->param_dtype), true);
+    struct val y = like(B, name, x, f32w ? xdt : promote(xdt, B->p->param_dtype), true);
     struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
     if (!n)
         return y;
@@ -541,7 +543,7 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, const
     snprintf(en, sizeof en, "%s.rsqrt", name);
     extra(n, new_flat(B, en, MP_DT_F32, M), true);
     snprintf(en, sizeof en, "%s.normed", name);
-    extra(n, new_flat(B, en, xdt, N), true);
+    extra(n, new_flat(B, en, f32w ? MP_DT_F32 : xdt, N), true);
     n->fwd_tmp_bytes = mul(B, N, 4); /* x^2 in fp32 (or the fp32 normalized tensor before the cast) */
     n->rows = M;
     n->n = dim;
@@ -553,9 +555,8 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, const
 static struct val lower_norm(struct bld *B, struct val x, const struct mp_layer *l, enum mp_norm kind,
                              uint64_t dim, const char *name)
 {
-    (void)l;
     if (kind == MP_NORM_RMSNORM)
-        return lower_rmsnorm(B, x, dim, name);
+        return lower_rmsnorm(B, x, dim, l->rms_fp32, name);
     return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
 }
 
@@ -751,6 +752,10 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
             snprintf(en, sizeof en, "%s.%s", name, cn[i]);
             extra(n, new_flat(B, en, cdt, mul(B, asb, d)), true);
         }
+        if (l->attn_softcap > 0) { /* scores / cap, tanh (saves its output), * cap (Gemma2) */
+            snprintf(en, sizeof en, "%s.softcap_tanh", name);
+            extra(n, new_flat(B, en, cdt, ass), true);
+        }
         enum mp_dtype sm = B->amp ? MP_DT_F32 : cdt;
         snprintf(en, sizeof en, "%s.probs", name);
         extra(n, new_flat(B, en, sm, ass), true); /* softmax saves its output */
@@ -778,6 +783,27 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     return y;
 }
 
+/* RMSNorm of a q or k projection: over each head (the (b, s, heads, d) view; weight d) or
+ * over the whole projection. */
+static struct val qk_norm(struct bld *B, struct val x, const struct mp_layer *l, uint64_t heads, const char *name)
+{
+    if (failed(B) || l->qk_norm == MP_QK_NORM_ALL)
+        return lower_rmsnorm(B, x, last_dim(x), l->rms_fp32, name);
+    struct val v = x; /* (b, s, heads, d): a view */
+    v.rank = x.rank + 1;
+    v.shape[x.rank - 1] = heads;
+    v.shape[x.rank] = l->head_dim;
+    struct val y = lower_rmsnorm(B, v, l->head_dim, l->rms_fp32, name);
+    y.rank = x.rank;
+    y.shape[x.rank - 1] = last_dim(x);
+    if (!failed(B)) { /* the output tensor is stored (b, s, heads * d), like q */
+        struct mp_tensor *t = T(B, y.t);
+        t->rank = y.rank;
+        memcpy(t->shape, y.shape, sizeof t->shape);
+    }
+    return y;
+}
+
 /* Multi-head attention with projections: q/k/v (fused or not), rope, core, out projection. */
 static struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
                                   const char *name)
@@ -797,10 +823,17 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
         v = lower_linear(B, x, hidden, kd, l->qkv_bias, "v_proj");
     }
+    if (l->qk_norm != MP_QK_NORM_NONE) {
+        q = qk_norm(B, q, l, a, "q_norm");
+        k = qk_norm(B, k, l, kv, "k_norm");
+    }
     if (l->rope) {
         q = lower_rope(B, q, l, a, "q_rope");
         k = lower_rope(B, k, l, kv, "k_rope");
     }
+    /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies */
+    q = autocast_in(B, q, "q_cast");
+    k = autocast_in(B, k, "k_cast");
     struct val o = lower_attn_core(B, q, k, v, l, "sdpa");
     if (l->rope && l->rotary_dim && l->rotary_dim < l->head_dim && !failed(B)) {
         /* Partial rotary builds q with torch.cat, so the attention output follows q's
@@ -819,8 +852,14 @@ static struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *
     with_prefix(B, B->prefix, name, saved);
     struct val y;
     if (l->gated) {
-        struct val g = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "gate_proj");
-        struct val u = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "up_proj");
+        struct val g, u;
+        if (l->fused_gate_up) { /* Phi-3: gate_up_proj, chunked into two views of one storage */
+            g = u = lower_linear(B, x, hidden, mul(B, 2, l->ffn), l->mlp_bias, "gate_up_proj");
+            g.shape[g.rank - 1] = u.shape[u.rank - 1] = l->ffn;
+        } else {
+            g = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "gate_proj");
+            u = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "up_proj");
+        }
         struct val ga = lower_act(B, g, l->act, false, "act");
         struct val m = like(B, "mul", ga, dt_of(B, ga), true);
         struct mp_node *n = new_node(B, MP_P_MUL, "mul");
@@ -850,14 +889,23 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
     uint64_t h = l->dim;
     if (!width_ok(B, x, h, "dim", ""))
         return x;
+    double ap = l->no_attn_out_dropout ? 0.0 : l->p; /* dropout on the attention branch */
     if (l->post_norm) { /* BERT: x = ln(x + drop(attn(x))); x = ln(x + drop(mlp(x))) */
-        struct val a = lower_dropout(B, lower_attention(B, x, l, h, "attn"), l->p, "attn_dropout");
+        struct val a = lower_dropout(B, lower_attention(B, x, l, h, "attn"), ap, "attn_dropout");
         struct val h1 = lower_norm(B, lower_add(B, x, a, "attn_residual"), l, l->norm, h, "attn_norm");
         struct val m = lower_dropout(B, lower_mlp(B, h1, l, h, "mlp"), l->p, "mlp_dropout");
         return lower_norm(B, lower_add(B, h1, m, "mlp_residual"), l, l->norm, h, "mlp_norm");
     }
+    if (l->branch_norm) { /* Gemma2/3: x + post(attn(pre(x))); OLMo2 (no_pre_norm): x + post(attn(x)) */
+        struct val n1 = l->no_pre_norm ? x : lower_norm(B, x, l, l->norm, h, "ln_1");
+        struct val a = lower_norm(B, lower_attention(B, n1, l, h, "attn"), l, l->norm, h, "post_attn_norm");
+        struct val h1 = lower_add(B, x, lower_dropout(B, a, ap, "attn_dropout"), "attn_residual");
+        struct val n2 = l->no_pre_norm ? h1 : lower_norm(B, h1, l, l->norm, h, "ln_2");
+        struct val m = lower_norm(B, lower_mlp(B, n2, l, h, "mlp"), l, l->norm, h, "post_mlp_norm");
+        return lower_add(B, h1, lower_dropout(B, m, l->p, "mlp_dropout"), "mlp_residual");
+    }
     struct val n1 = lower_norm(B, x, l, l->norm, h, "ln_1");
-    struct val a = lower_dropout(B, lower_attention(B, n1, l, h, "attn"), l->p, "attn_dropout");
+    struct val a = lower_dropout(B, lower_attention(B, n1, l, h, "attn"), ap, "attn_dropout");
     if (l->parallel_residual) {
         struct val n2 = l->shared_norm ? n1 : lower_norm(B, x, l, l->norm, h, "ln_2");
         struct val m = lower_dropout(B, lower_mlp(B, n2, l, h, "mlp"), l->p, "mlp_dropout");
@@ -1148,6 +1196,28 @@ static struct val lower_add_table(struct bld *B, struct val x, const struct mp_l
     return y;
 }
 
+/* Gemma2's final softcapping: logits / cap (a transient), tanh (saves its output), * cap (a new
+ * tensor, what the loss reads). */
+static struct val softcap_logits(struct bld *B, struct val z, const char *name)
+{
+    char an[80];
+    snprintf(an, sizeof an, "%s.softcap_tanh", name);
+    struct val t = lower_act(B, z, MP_ACT_TANH, false, an);
+    if (failed(B))
+        return t;
+    B->p->nodes[B->p->n_nodes - 1].fwd_tmp_bytes = T(B, z.t)->bytes; /* the divided logits */
+    snprintf(an, sizeof an, "%s.softcap_scale", name);
+    struct val y = like(B, an, t, dt_of(B, t), true);
+    struct mp_node *n = new_node(B, MP_P_CAST, an);
+    if (n) {
+        n->in[0] = t.t;
+        n->out = y.t;
+        n->rows = rows_of(t);
+        n->n = last_dim(t);
+    }
+    return y;
+}
+
 /* x[:, 0]: a view of the first position (BERT's pooler); a linear on it saves the view,
  * which keeps x's storage, or under autocast its half copy. */
 static struct val first_position(struct bld *B, struct val x, const char *name)
@@ -1268,7 +1338,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     case MP_LT_LAYERNORM:
         return lower_layernorm(B, x, l->dim, l->norm_bias, nm);
     case MP_LT_RMSNORM:
-        return lower_rmsnorm(B, x, l->dim, nm);
+        return lower_rmsnorm(B, x, l->dim, l->rms_fp32, nm);
     case MP_LT_ATTENTION:
         if (!width_ok(B, x, l->dim, "dim", ""))
             return x;
@@ -1330,6 +1400,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
         if (!failed(B) && l->tied)
             B->p->params[B->embed_param].matmul = true;
+        if (l->logit_softcap > 0)
+            logits = softcap_logits(B, logits, nm);
         return lower_loss(B, logits, "loss", true, B->m->input == MP_INPUT_TOKENS && !l->masked);
     }
     case MP_LT_CLASSIFIER: {

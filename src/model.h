@@ -86,6 +86,12 @@ const char *mp_attn_impl_str(enum mp_attn_impl a);
 
 enum mp_norm { MP_NORM_LAYERNORM, MP_NORM_RMSNORM };
 
+enum mp_qk_norm {
+    MP_QK_NORM_NONE,
+    MP_QK_NORM_HEAD, /* over each head's head_dim (Qwen3, Gemma3) */
+    MP_QK_NORM_ALL,  /* over the whole projection, heads * head_dim (OLMo2) */
+};
+
 /* Which positions a token model's head reads (HF task heads; memplan JSON uses NONE). */
 enum mp_head_pool {
     MP_POOL_NONE,  /* every position, one label each */
@@ -141,6 +147,15 @@ struct mp_layer {
     bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (NeoX, GPT-J, phi) */
     bool shared_norm;       /* parallel residual with one norm for both branches (GPT-J, phi) */
     bool post_norm;         /* BERT: x = ln(x + attn(x)); x = ln(x + mlp(x)) */
+    bool branch_norm;       /* each branch's output is normed before its residual add (Gemma2/3, OLMo2) */
+    bool no_pre_norm;       /* with branch_norm: no norm before the branches (OLMo2) */
+    enum mp_qk_norm qk_norm; /* RMSNorm of q and k after their projections (Qwen3, Gemma3, OLMo2) */
+    bool rms_fp32;          /* RMSNorm applies its weight in fp32 and casts back (Gemma, OLMo2); also
+                               on rmsnorm layers */
+    bool fused_gate_up;     /* gated MLP with one gate_up projection, chunked (Phi-3) */
+    bool no_attn_out_dropout; /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
+    double attn_softcap;    /* tanh softcapping of the attention scores (Gemma2; eager only) */
+    double logit_softcap;   /* lm_head: tanh softcapping of the logits (Gemma2) */
 
     /* conv2d / pooling / batchnorm / bottleneck */
     uint64_t in_ch, out_ch, mid_ch;

@@ -102,8 +102,19 @@ struct family {
     double rotary_default;
     bool gated, fused_qkv, qkv_bias, out_bias, mlp_bias, lm_bias, tied, encoder;
     bool parallel, shared_norm, post_norm, emb_norm, mlm_transform;
+    bool ignores_head_dim;      /* reads num_key_value_heads but not head_dim (StableLM) */
+    uint64_t pos_offset;        /* learned position rows beyond max positions (OPT: 2) */
+    enum mp_qk_norm qk_norm;
+    bool rms_fp32, branch_norm, no_pre_norm, fused_gate_up;
+    bool no_attn_out_dropout;   /* the residual dropout is on the MLP branch only */
+    bool eager;                 /* transformers has no SDPA path for it (Gemma2: softcapping) */
+    const char *k_attn_softcap, *k_logit_softcap;
+    double attn_softcap, logit_softcap;
     const char *k_attn_bias, *k_mlp_bias, *k_parallel;
-    double dropout;             /* default of every dropout below */
+    const char *k_qkv_bias;     /* q/k/v biases only (StableLM use_qkv_bias) */
+    const char *k_bias;         /* every linear's bias (Starcoder2 use_bias, OPT enable_bias) */
+    double dropout;             /* default of the embedding and residual dropouts below */
+    double attn_dropout;        /* default of the attention dropout */
     const char *k_emb_p, *k_attn_p, *k_resid_p; /* NULL: no such dropout */
     bool emb_p_is_resid;        /* the embedding dropout uses the residual probability */
     struct {
@@ -115,11 +126,17 @@ struct family {
     const char *k_cls_p;        /* token / sequence classifier dropout when classifier_dropout is
                                    null or absent (NULL: 0.1); transformers' fallbacks differ */
     bool generic_heads;         /* Generic*For*: token_classification_bias is read */
-    hf_hook hook;
+    enum mp_act pooler_act;     /* encoders: the pooler / sequence-classifier activation */
+    const char *n_pooler;       /* its dense layer ("pooler.dense") */
+    bool bare_pooler;           /* the bare *Model has the pooler (BertModel, RobertaModel) */
+    bool mlm_gelu;              /* the MLM transform uses exact gelu whatever hidden_act (RoBERTa) */
+    hf_hook hook;               /* runs last: may override anything read before */
 };
 
 static enum mp_status gemma_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status bert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status opt_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status distilbert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -131,7 +148,7 @@ static const struct family families[] = {
      .k_heads = {"n_head", "num_attention_heads"}, .k_pos = {"n_positions", "max_position_embeddings"},
      .k_ffn = "n_inner", .ffn_mult = 4, .k_act = "activation_function", .act = MP_ACT_GELU_NEW,
      .norm = MP_NORM_LAYERNORM, .pos_rows = 1024, .fused_qkv = true, .qkv_bias = true, .out_bias = true,
-     .mlp_bias = true, .tied = true, .dropout = 0.1, .k_emb_p = "embd_pdrop", .k_attn_p = "attn_pdrop",
+     .mlp_bias = true, .tied = true, .dropout = 0.1, .attn_dropout = 0.1, .k_emb_p = "embd_pdrop", .k_attn_p = "attn_pdrop",
      .k_resid_p = "resid_pdrop",
      .reject = {NO_CROSS, {"reorder_and_upcast_attn", "the fp32 reordered attention is not modelled"}},
      .n_tok = "wte", .n_pos = "wpe", .n_norm = "ln_f", .n_head = "lm_head", .heads = DECODER_HEADS,
@@ -153,18 +170,75 @@ static const struct family families[] = {
      .n_norm = "final_layernorm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
      .k_cls_p = "hidden_dropout", .generic_heads = true},
     {.type = "gemma", LLAMA_LIKE(MP_ACT_GELU_TANH), .kv_default = 16, .head_dim_default = 256,
-     .tied = true, .k_attn_bias = "attention_bias", .heads = DECODER_HEADS & ~HEAD(H_QA), .hook = gemma_hook},
+     .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .hook = gemma_hook},
     {.type = "bert", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
-     .post_norm = true, .emb_norm = true, .mlm_transform = true, .dropout = 0.1,
+     .post_norm = true, .emb_norm = true, .mlm_transform = true, .dropout = 0.1, .attn_dropout = 0.1,
      .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob", .emb_p_is_resid = true,
      .reject = {NO_CROSS}, .n_tok = "word_embeddings", .n_pos = "position_embeddings", .n_drop = "dropout",
      .n_head = "decoder", .default_head = H_MASKED,
      .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
-     .k_cls_p = "hidden_dropout_prob", .hook = bert_hook},
+     .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "pooler.dense", .bare_pooler = true,
+     .hook = bert_hook},
+    /* ---- added with the family table ---- */
+    {.type = "qwen3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .head_dim_default = 128,
+     .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS},
+    {.type = "phi3", LLAMA_LIKE(MP_ACT_SILU), .fused_qkv = true, .fused_gate_up = true,
+     .k_rotary = "partial_rotary_factor", .rotary_default = 1.0, .k_emb_p = "embd_pdrop", .k_resid_p = "resid_pdrop",
+     .heads = DECODER_HEADS & ~HEAD(H_QA)},
+    {.type = "olmo2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
+     .rms_fp32 = true, .branch_norm = true, .no_pre_norm = true,
+     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
+    {.type = "stablelm", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gqa = true, .ignores_head_dim = true,
+     .kv_default = 32, .k_rotary = "partial_rotary_factor", .rotary_default = 0.25, .gated = true,
+     .shared_norm = true, .k_qkv_bias = "use_qkv_bias", .k_parallel = "use_parallel_residual",
+     .no_attn_out_dropout = true, .k_attn_p = "attention_dropout", .k_resid_p = "hidden_dropout",
+     .reject = {{"qk_layernorm", "per-head q/k layernorms are not modelled"}}, .n_tok = "embed_tokens",
+     .n_norm = "norm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA), .k_cls_p = "hidden_dropout",
+     .generic_heads = true},
+    {.type = "starcoder2", .act = MP_ACT_GELU_TANH, .norm = MP_NORM_LAYERNORM, .gqa = true, .kv_default = 2,
+     .qkv_bias = true, .out_bias = true, .mlp_bias = true, .k_bias = "use_bias", .tied = true,
+     .k_emb_p = "embedding_dropout", .k_attn_p = "attention_dropout", .k_resid_p = "residual_dropout",
+     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .k_cls_p = "hidden_dropout", .generic_heads = true},
+    {.type = "gemma2", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4,
+     .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true,
+     .branch_norm = true, .eager = true, .k_attn_softcap = "attn_logit_softcapping", .attn_softcap = 50.0,
+     .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+    {.type = "gemma3_text", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4,
+     .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
+     .rms_fp32 = true, .branch_norm = true, .k_attn_softcap = "attn_logit_softcapping",
+     .k_logit_softcap = "final_logit_softcapping", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
+     .hook = gemma_hook},
+    {.type = "opt", .k_ffn = "ffn_dim", .k_act = "activation_function", .act = MP_ACT_RELU,
+     .norm = MP_NORM_LAYERNORM, .pos_rows = 2048, .pos_offset = 2, .qkv_bias = true, .out_bias = true,
+     .mlp_bias = true, .k_bias = "enable_bias", .tied = true, .dropout = 0.1, .k_attn_p = "attention_dropout",
+     .k_resid_p = "dropout", .n_tok = "embed_tokens", .n_pos = "embed_positions", .n_norm = "final_layer_norm",
+     .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_QA) | HEAD(H_BARE), .hook = opt_hook},
+    {.type = "roberta", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
+     .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
+     .post_norm = true, .emb_norm = true, .mlm_transform = true, .mlm_gelu = true, .dropout = 0.1,
+     .attn_dropout = 0.1, .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob",
+     .emb_p_is_resid = true, .reject = {NO_CROSS}, .n_tok = "word_embeddings", .n_pos = "position_embeddings",
+     .n_drop = "dropout", .n_head = "decoder", .default_head = H_MASKED,
+     .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
+     .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "classifier.dense",
+     .bare_pooler = true, .hook = bert_hook},
+    {.type = "distilbert", .k_hidden = {"dim"}, .k_layers = {"n_layers"}, .k_heads = {"n_heads"},
+     .k_ffn = "hidden_dim", .k_act = "activation", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM,
+     .pos_rows = 512, .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true,
+     .encoder = true, .post_norm = true, .emb_norm = true, .mlm_transform = true, .no_attn_out_dropout = true,
+     .dropout = 0.1, .attn_dropout = 0.1, .k_attn_p = "attention_dropout", .k_resid_p = "dropout",
+     .emb_p_is_resid = true, .n_tok = "word_embeddings", .n_pos = "position_embeddings", .n_drop = "dropout",
+     .n_head = "vocab_projector", .default_head = H_MASKED,
+     .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
+     .pooler_act = MP_ACT_RELU, .n_pooler = "pre_classifier", .hook = distilbert_hook},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
-#define HF_SUPPORTED "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert"
+#define HF_SUPPORTED                                                                                \
+    "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
+    "gemma2, gemma3_text, opt, roberta, distilbert"
 
 /* The config after the transformers defaults: everything the lowering needs. */
 struct hf {
@@ -181,6 +255,8 @@ struct hf {
     enum head head;
     uint64_t labels;       /* classes of a classification head */
     double cls_p;          /* classifier dropout */
+    double qa_p;           /* dropout before qa_outputs (DistilBERT) */
+    double attn_softcap, logit_softcap;
     bool cls_bias;         /* token classifier bias */
 };
 
@@ -316,7 +392,7 @@ static enum mp_status read_sizes(const cJSON *root, struct hf *c, const char *pa
 
     /* head_dim: read by the gqa classes (gpt2, gpt_neox and bert ignore it); GemmaConfig
      * defaults it to 256, the others to hidden / heads. */
-    if (f->gqa && present(root, "head_dim"))
+    if (f->gqa && !f->ignores_head_dim && present(root, "head_dim"))
         return read_pos(root, "head_dim", true, MP_DIM_MAX, &c->head_dim, path, d);
     if (f->head_dim_default) {
         c->head_dim = f->head_dim_default;
@@ -367,6 +443,9 @@ static enum mp_status read_prob(const cJSON *root, const char *key, double *out,
     return key ? mp_json_prob(root, key, out, path, "", d) : MP_OK;
 }
 
+static enum mp_status read_softcap(const cJSON *root, const char *key, double *out, const char *path,
+                                   struct mp_diag *d);
+
 /* Activation, flags, dropouts, unmodelled options, tying. */
 static enum mp_status read_options(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
@@ -382,8 +461,19 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
     c->qkv_bias = ab;
     if (f->k_attn_bias)
         c->out_bias = ab;
+    bool all = c->qkv_bias;
+    if ((st = read_flag(root, f->k_qkv_bias, &c->qkv_bias, path, d)) != MP_OK ||
+        (st = read_flag(root, f->k_bias, &all, path, d)) != MP_OK)
+        return st;
+    if (f->k_bias)
+        c->qkv_bias = c->out_bias = c->mlp_bias = all;
+    c->attn_softcap = f->attn_softcap;
+    c->logit_softcap = f->logit_softcap;
+    if ((st = read_softcap(root, f->k_attn_softcap, &c->attn_softcap, path, d)) != MP_OK ||
+        (st = read_softcap(root, f->k_logit_softcap, &c->logit_softcap, path, d)) != MP_OK)
+        return st;
     c->emb_p = f->k_emb_p || f->emb_p_is_resid ? f->dropout : 0.0;
-    c->attn_p = f->k_attn_p ? f->dropout : 0.0;
+    c->attn_p = f->k_attn_p ? f->attn_dropout : 0.0;
     c->resid_p = f->k_resid_p ? f->dropout : 0.0;
     if ((st = read_prob(root, f->k_emb_p, &c->emb_p, path, d)) != MP_OK ||
         (st = read_prob(root, f->k_attn_p, &c->attn_p, path, d)) != MP_OK ||
@@ -399,9 +489,24 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
             return mp_fail(d, MP_ERR_MODEL, "%s: %s: true is not supported (%s)", path, f->reject[i].key,
                            f->reject[i].why);
     }
-    if (f->hook && (st = f->hook(root, c, path, d)) != MP_OK)
-        return st;
     return mp_json_bool(root, "tie_word_embeddings", &c->tied, path, "", d);
+}
+
+/* A tanh softcap: a positive number, or null / absent for none (when the default is none). */
+static enum mp_status read_softcap(const cJSON *root, const char *key, double *out, const char *path,
+                                   struct mp_diag *d)
+{
+    const cJSON *v = key ? cJSON_GetObjectItemCaseSensitive(root, key) : NULL;
+    if (!v)
+        return MP_OK;
+    if (cJSON_IsNull(v)) {
+        *out = 0.0;
+        return MP_OK;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0.0))
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a positive number or null", path, key);
+    *out = v->valuedouble;
+    return MP_OK;
 }
 
 /* Gemma's released configs say hidden_act "gelu" but mean the tanh approximation
@@ -510,14 +615,58 @@ static enum mp_status read_head(const cJSON *root, struct hf *c, const char *pat
     return f->generic_heads ? mp_json_bool(root, "token_classification_bias", &c->cls_bias, path, "", d) : MP_OK;
 }
 
+/* OPT: the pre-norm layout with word_embed_proj_dim == hidden_size (every OPT but opt-350m). */
+static enum mp_status opt_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    bool before = true, affine = true, remove_final = false;
+    uint64_t proj = c->hidden;
+    enum mp_status st;
+    if ((st = mp_json_bool(root, "do_layer_norm_before", &before, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "layer_norm_elementwise_affine", &affine, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "_remove_final_layer_norm", &remove_final, path, "", d)) != MP_OK ||
+        (st = read_pos(root, "word_embed_proj_dim", false, MP_DIM_MAX, &proj, path, d)) != MP_OK)
+        return st;
+    if (!before)
+        return mp_fail(d, MP_ERR_MODEL, "%s: do_layer_norm_before: false is not supported (the post-norm OPT "
+                       "layout is not modelled)", path);
+    if (!affine || remove_final)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: %s is not supported (OPT layer norms without parameters are not "
+                       "modelled)", path, affine ? "_remove_final_layer_norm" : "layer_norm_elementwise_affine",
+                       affine ? "true" : "false");
+    if (proj != c->hidden)
+        return mp_fail(d, MP_ERR_MODEL, "%s: word_embed_proj_dim: %llu differs from hidden_size %llu (the "
+                       "project_in/project_out layers are not modelled)", path, (unsigned long long)proj,
+                       (unsigned long long)c->hidden);
+    return MP_OK;
+}
+
+/* DistilBERT: learned positions only; each head has its own dropout key. */
+static enum mp_status distilbert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    bool sinus = false;
+    enum mp_status st;
+    if ((st = mp_json_bool(root, "sinusoidal_pos_embds", &sinus, path, "", d)) != MP_OK)
+        return st;
+    if (sinus)
+        return mp_fail(d, MP_ERR_MODEL, "%s: sinusoidal_pos_embds: true is not supported (a frozen position "
+                       "table is not modelled)", path);
+    c->cls_p = c->head == H_SEQ ? 0.2 : 0.1; /* seq_classif_dropout; dropout (token heads) */
+    c->qa_p = 0.1;
+    if (c->head == H_SEQ)
+        return read_prob(root, "seq_classif_dropout", &c->cls_p, path, d);
+    if (c->head == H_TOKEN)
+        c->cls_p = c->resid_p;
+    return read_prob(root, "qa_dropout", &c->qa_p, path, d);
+}
+
 static enum mp_status read_config(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     family_defaults(c);
     enum mp_status st;
     if ((st = read_sizes(root, c, path, d)) != MP_OK || (st = read_rotary(root, c, path, d)) != MP_OK ||
-        (st = read_options(root, c, path, d)) != MP_OK)
+        (st = read_options(root, c, path, d)) != MP_OK || (st = read_head(root, c, path, d)) != MP_OK)
         return st;
-    return read_head(root, c, path, d);
+    return c->f->hook ? c->f->hook(root, c, path, d) : MP_OK;
 }
 
 /* ---- lowering ------------------------------------------------------------------------ */
@@ -529,6 +678,7 @@ static void norm_layer(struct mp_layer *l, const struct hf *c, const char *name)
     l->type = c->norm == MP_NORM_RMSNORM ? MP_LT_RMSNORM : MP_LT_LAYERNORM;
     l->norm = c->norm;
     l->norm_bias = c->norm == MP_NORM_LAYERNORM;
+    l->rms_fp32 = c->f->rms_fp32;
     l->dim = c->hidden;
     set_name(l, name);
 }
@@ -554,7 +704,7 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
     }
     if (c->learned_pos) {
         l->type = MP_LT_POS_EMBEDDING;
-        l->vocab = c->positions;
+        l->vocab = c->positions + f->pos_offset;
         l->dim = c->hidden;
         set_name(l++, f->n_pos);
     }
@@ -602,6 +752,17 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->parallel_residual = c->parallel;
         l->shared_norm = c->parallel && c->shared_norm;
         l->post_norm = c->post_norm;
+        l->branch_norm = c->f->branch_norm;
+        l->no_pre_norm = c->f->no_pre_norm;
+        l->qk_norm = c->f->qk_norm;
+        l->rms_fp32 = c->f->rms_fp32;
+        l->fused_gate_up = c->f->fused_gate_up;
+        l->no_attn_out_dropout = c->f->no_attn_out_dropout;
+        l->attn_softcap = c->attn_softcap;
+        if (c->f->eager) { /* the model's default kernel; --attention still overrides it */
+            l->impl = MP_ATTN_EAGER;
+            l->impl_set = true;
+        }
     }
     return MP_OK;
 }
@@ -641,13 +802,13 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
     size_t n = 0;
     if (!encoder)
         norm_layer(head_layer(L, &n, MP_LT_LAYERNORM, ""), c, f->n_norm);
-    bool pooler = encoder && (c->head == H_SEQ || c->head == H_BARE);
-    if (pooler) { /* BertPooler: dense + tanh of the first position */
-        l = head_layer(L, &n, MP_LT_LINEAR, "pooler.dense");
+    bool pooler = encoder && (c->head == H_SEQ || (c->head == H_BARE && f->bare_pooler));
+    if (pooler) { /* BertPooler and the like: dense + activation of the first position */
+        l = head_layer(L, &n, MP_LT_LINEAR, f->n_pooler);
         l->in_features = l->out_features = c->hidden;
         l->bias = true;
         l->pool = MP_POOL_FIRST;
-        head_layer(L, &n, MP_LT_ACTIVATION, "pooler.activation")->act = MP_ACT_TANH;
+        head_layer(L, &n, MP_LT_ACTIVATION, "pooler.activation")->act = f->pooler_act;
     }
     switch (c->head) {
     case H_CAUSAL:
@@ -656,7 +817,7 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
             l = head_layer(L, &n, MP_LT_LINEAR, "transform.dense");
             l->in_features = l->out_features = c->hidden;
             l->bias = true;
-            head_layer(L, &n, MP_LT_ACTIVATION, "transform.act")->act = c->act;
+            head_layer(L, &n, MP_LT_ACTIVATION, "transform.act")->act = f->mlm_gelu ? MP_ACT_GELU : c->act;
             norm_layer(head_layer(L, &n, MP_LT_LAYERNORM, ""), c, "transform.LayerNorm");
         }
         l = head_layer(L, &n, MP_LT_LM_HEAD, f->n_head);
@@ -665,6 +826,7 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
         l->tied = c->tied;
         l->bias = c->lm_bias;
         l->masked = c->head == H_MASKED;
+        l->logit_softcap = c->logit_softcap;
         break;
     case H_SEQ:
         if (encoder && c->cls_p > 0)
@@ -678,6 +840,8 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
         classifier(head_layer(L, &n, MP_LT_CLASSIFIER, "classifier"), c, c->labels, c->cls_bias, MP_POOL_NONE);
         break;
     case H_QA:
+        if (c->qa_p > 0)
+            head_layer(L, &n, MP_LT_DROPOUT, "dropout")->p = c->qa_p;
         classifier(head_layer(L, &n, MP_LT_CLASSIFIER, "qa_outputs"), c, 2, true, MP_POOL_SPAN);
         break;
     case H_BARE:

@@ -677,7 +677,64 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         cJSON_AddBoolToObject(ac, "contiguous_memory_optimization", 0);
         ju64(ac, "number_checkpoints", p->n_segments);
         cJSON_AddBoolToObject(ac, "cpu_checkpointing", 0);
+        if (mp_par_is_deepspeed(b->par.strategy)) {
+            /* explicit sizes: what memplan's per-rank plan assumed (accelerate's "auto" rule) */
+            uint64_t h = 0;
+            for (size_t q = 0; c->prog && q < c->prog->n_params && !h; q++)
+                if (c->prog->params[q].matrix)
+                    h = c->prog->params[q].cols;
+            h = h ? h : 1024;
+            cJSON *z = cJSON_AddObjectToObject(r, "zero_optimization");
+            jnum(z, "stage", b->par.strategy == MP_PAR_ZERO1 ? 1 : b->par.strategy == MP_PAR_ZERO2 ? 2 : 3);
+            cJSON_AddBoolToObject(z, "contiguous_gradients", 1);
+            cJSON_AddBoolToObject(z, "overlap_comm", 1);
+            ju64(z, "reduce_bucket_size", h * h);
+            if (b->par.strategy == MP_PAR_ZERO3) {
+                ju64(z, "stage3_prefetch_bucket_size", h * h * 9 / 10);
+                ju64(z, "stage3_param_persistence_threshold", 10 * h);
+                ju64(z, "stage3_max_live_parameters", 1000000000);
+            } else {
+                ju64(z, "allgather_bucket_size", h * h);
+            }
+            if (b->par.offload != MP_OFFLOAD_NONE) {
+                cJSON *oo = cJSON_AddObjectToObject(z, "offload_optimizer");
+                cJSON_AddStringToObject(oo, "device", mp_offload_dev_str(b->par.offload_device));
+                cJSON_AddBoolToObject(oo, "pin_memory", 1);
+            }
+            if (b->par.offload == MP_OFFLOAD_PARAMS) {
+                cJSON *op = cJSON_AddObjectToObject(z, "offload_param");
+                cJSON_AddStringToObject(op, "device", mp_offload_dev_str(b->par.offload_device));
+                cJSON_AddBoolToObject(op, "pin_memory", 1);
+            }
+        }
         print_json(out, r);
+        return;
+    }
+    if (emit == MP_EMIT_ACCELERATE) {
+        /* accelerate config file (accelerate launch --config_file FILE) */
+        bool ds = mp_par_is_deepspeed(b->par.strategy);
+        fprintf(out, "compute_environment: LOCAL_MACHINE\ndistributed_type: %s\n",
+                ds ? "DEEPSPEED" : mp_par_is_fsdp(b->par.strategy) ? "FSDP" : b->par.strategy == MP_PAR_DDP ? "MULTI_GPU" : "NO");
+        if (mp_par_is_fsdp(b->par.strategy)) {
+            fprintf(out, "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                         "  fsdp_reshard_after_forward: %s\n  fsdp_offload_params: %s\n"
+                         "  fsdp_activation_checkpointing: %s\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n",
+                    b->par.strategy == MP_PAR_FSDP ? "true" : "false",
+                    b->par.offload == MP_OFFLOAD_PARAMS ? "true" : "false", b->n_ckpt_blocks ? "true" : "false");
+        } else if (ds) {
+            fprintf(out, "deepspeed_config:\n  zero_stage: %d\n  offload_optimizer_device: %s\n"
+                         "  offload_param_device: %s\n  gradient_accumulation_steps: %llu\n",
+                    b->par.strategy == MP_PAR_ZERO1 ? 1 : b->par.strategy == MP_PAR_ZERO2 ? 2 : 3,
+                    b->par.offload != MP_OFFLOAD_NONE ? mp_offload_dev_str(b->par.offload_device) : "none",
+                    b->par.offload == MP_OFFLOAD_PARAMS ? mp_offload_dev_str(b->par.offload_device) : "none",
+                    (unsigned long long)b->grad_accum);
+        }
+        fprintf(out, "mixed_precision: %s\nnum_machines: %llu\nnum_processes: %llu\nmachine_rank: 0\n",
+                b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16 ? "bf16"
+                : b->precision == MP_PREC_AMP_FP16                               ? "fp16"
+                                                                                 : "no",
+                (unsigned long long)(b->par.strategy ? b->par.nodes : 1),
+                (unsigned long long)(b->par.strategy ? mp_par_world(&b->par) : 1));
         return;
     }
     /* torch */
@@ -722,6 +779,14 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     ju64(o, "grad_accum", b->grad_accum);
     ju64(o, "global_batch", b->global_batch);
     cJSON_AddStringToObject(o, "precision", mp_precision_str(b->precision));
+    if (b->par.strategy != MP_PAR_NONE) {
+        cJSON *p = json_parallel_of(&b->par);
+        ju64(p, "host_bytes", b->fit.est.host_bytes);
+        jnum(p, "comm_s", b->fit.comm_s);
+        jnum(p, "exposed_comm_s", b->fit.exposed_comm_s);
+        jnum(p, "offload_s", b->fit.offload_s);
+        cJSON_AddItemToObject(o, "parallel", p);
+    }
     cJSON_AddBoolToObject(o, "fits", b->fits);
     cJSON_AddItemToObject(o, "plan", json_plan(&b->fit.plan, b->fit.est.fwd_flops + b->fit.est.bwd_flops));
     ju64(o, "peak_device_bytes", b->peak_device_bytes);
@@ -765,7 +830,16 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         return;
     }
     if (emit != MP_EMIT_NONE && s->best >= 0) {
-        snippet(out, c, &s->cand[s->best], emit);
+        /* --emit deepspeed after a search over strategies: the fastest DeepSpeed candidate */
+        int pick = s->best;
+        if (emit == MP_EMIT_DEEPSPEED && s->cand[pick].par.strategy != MP_PAR_NONE &&
+            !mp_par_is_deepspeed(s->cand[pick].par.strategy))
+            for (size_t i = 0; i < s->n; i++)
+                if (s->cand[i].fits && mp_par_is_deepspeed(s->cand[i].par.strategy) &&
+                    (!mp_par_is_deepspeed(s->cand[pick].par.strategy) ||
+                     s->cand[i].samples_per_s > s->cand[pick].samples_per_s))
+                    pick = (int)i;
+        snippet(out, c, &s->cand[pick], emit);
         return;
     }
     if (s->best < 0) {
@@ -782,6 +856,17 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         fprintf(out, "  grad accumulation  %llu   (global batch %llu%s)\n", (unsigned long long)b->grad_accum,
                 (unsigned long long)b->global_batch, s->global_met ? "" : ", requested global batch NOT met");
         fprintf(out, "  precision          %s\n", mp_precision_str(b->precision));
+        if (b->par.strategy != MP_PAR_NONE) {
+            char pb[96];
+            fprintf(out, "  parallel           %s; per step %.3f s of collectives (%.3f s not hidden by compute)",
+                    mp_par_describe(&b->par, pb, sizeof pb), b->fit.comm_s, b->fit.exposed_comm_s);
+            if (b->fit.offload_s > 0)
+                fprintf(out, ", offload %.3f s, host RAM %s per rank", b->fit.offload_s, B(b->fit.est.host_bytes));
+            fprintf(out, "\n  launch             torchrun --nnodes %llu --nproc-per-node %llu train.py%s\n",
+                    (unsigned long long)b->par.nodes, (unsigned long long)b->par.gpus,
+                    mp_par_is_deepspeed(b->par.strategy) ? "   (DeepSpeed config: --emit deepspeed)"
+                                                         : "   (accelerate config: --emit accelerate)");
+        }
         if (b->n_ckpt_blocks) {
             fprintf(out, "  checkpointing      %s: blocks ", mp_ckpt_spec_str(&b->ckpt, sb, sizeof sb));
             mp_report_plan_blocks(out, &b->fit.plan);
@@ -809,6 +894,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
     for (size_t i = 0; i < s->n; i++) {
         const struct mp_candidate *k = &s->cand[i];
         char sb[32], pk[32];
+        if (k->par.strategy != MP_PAR_NONE)
+            fprintf(out, "%s x%llu  ", mp_par_strategy_str(k->par.strategy), (unsigned long long)mp_par_world(&k->par));
         fprintf(out, "%-9s %-16s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", mp_precision_str(k->precision),
                 mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,

@@ -500,6 +500,180 @@ static void test_ignored_fields_accepted(void **state)
     mp_model_release(&m);
 }
 
+/* ---- families added with the family table -------------------------------- */
+
+/* Real checkpoints' config.json values under models/hf/.  Expected: transformers 5.23,
+ * `python3 bench/hf_params.py models/hf/<file>.json [ARCH...]` (the class built from the
+ * file on the meta device, tied weights counted once). */
+static const struct {
+    const char *path, *arch; /* arch: NULL = the file's architectures[0], else put in its place */
+    uint64_t params;
+} table_families[] = {
+    {"models/hf/qwen3-0.6b.json", NULL, 596049920u},
+    {"models/hf/qwen3-0.6b.json", "Qwen3ForSequenceClassification", 596051968u},
+    {"models/hf/qwen3-0.6b.json", "Qwen3ForQuestionAnswering", 596051970u},
+    {"models/hf/phi-3-mini-4k.json", NULL, UINT64_C(3821079552)},
+    {"models/hf/olmo-2-7b.json", NULL, UINT64_C(7298617344)},
+    {"models/hf/olmo-2-7b.json", "Olmo2ForSequenceClassification", UINT64_C(6887583744)},
+    {"models/hf/stablelm-2-1.6b.json", NULL, UINT64_C(1644515328)},
+    {"models/hf/starcoder2-3b.json", NULL, UINT64_C(3030371328)},
+    {"models/hf/gemma-2-2b.json", NULL, UINT64_C(2614341888)},
+    {"models/hf/gemma-3-1b.json", NULL, 999885952u},
+    {"models/hf/gemma-3-1b.json", "Gemma3TextForSequenceClassification", 999888256u},
+    {"models/hf/gemma-3-1b.json", "Gemma3TextModel", 999885952u},
+    {"models/hf/opt-125m.json", NULL, 125239296u},
+    {"models/hf/opt-125m.json", "OPTForSequenceClassification", 125240832u},
+    {"models/hf/opt-125m.json", "OPTForQuestionAnswering", 125240834u},
+    {"models/hf/opt-125m.json", "OPTModel", 125239296u},
+    {"models/hf/roberta-base.json", NULL, 124697433u},
+    {"models/hf/roberta-base.json", "RobertaForSequenceClassification", 124647170u},
+    {"models/hf/roberta-base.json", "RobertaForTokenClassification", 124056578u},
+    {"models/hf/roberta-base.json", "RobertaForQuestionAnswering", 124056578u},
+    {"models/hf/roberta-base.json", "RobertaModel", 124645632u},
+    {"models/hf/distilbert-base-uncased.json", NULL, 66985530u},
+    {"models/hf/distilbert-base-uncased.json", "DistilBertForSequenceClassification", 66955010u},
+    {"models/hf/distilbert-base-uncased.json", "DistilBertForTokenClassification", 66364418u},
+    {"models/hf/distilbert-base-uncased.json", "DistilBertForQuestionAnswering", 66364418u},
+    {"models/hf/distilbert-base-uncased.json", "DistilBertModel", 66362880u},
+};
+
+/* Loads path with its architectures[0] replaced by arch (the first "...For..." or "...Model"
+ * string after "architectures"). */
+static void load_with_arch(struct mp_model *m, const char *path, const char *arch)
+{
+    static char text[1 << 16], out[1 << 16];
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *a = strstr(text, "\"architectures\"");
+    assert_non_null(a);
+    char *q0 = strchr(strchr(a, '[') , '"');
+    assert_non_null(q0);
+    char *q1 = strchr(q0 + 1, '"');
+    assert_non_null(q1);
+    snprintf(out, sizeof out, "%.*s\"%s%s", (int)(q0 - text), text, arch, q1);
+    struct mp_diag d = {{0}};
+    if (mp_model_load_string(m, out, strlen(out), path, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+}
+
+static void test_params_table_families(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof table_families / sizeof table_families[0]; i++) {
+        struct mp_model m;
+        if (table_families[i].arch)
+            load_with_arch(&m, table_families[i].path, table_families[i].arch);
+        else
+            load_ok(&m, table_families[i].path);
+        uint64_t got = params_of(&m);
+        if (got != table_families[i].params)
+            print_error("%s %s\n", table_families[i].path, table_families[i].arch ? table_families[i].arch : "");
+        assert_int_equal(got, table_families[i].params);
+        mp_model_release(&m);
+    }
+}
+
+static void test_table_families_lowering(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/qwen3-0.6b.json");
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->qk_norm, MP_QK_NORM_HEAD);
+    assert_int_equal(l->head_dim, 128);
+    assert_int_equal(l->kv_heads, 8);
+    assert_false(l->qkv_bias || l->rms_fp32 || l->branch_norm);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/olmo-2-7b.json");
+    l = block_layer(&m, 1, 0);
+    assert_int_equal(l->qk_norm, MP_QK_NORM_ALL);
+    assert_true(l->rms_fp32 && l->branch_norm && l->no_pre_norm);
+    assert_true(block_layer(&m, m.n_blocks - 1, 0)->rms_fp32); /* the final norm too */
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/phi-3-mini-4k.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->fused_qkv && l->fused_gate_up && l->gated);
+    assert_int_equal(l->rotary_dim, 0);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/gemma-2-2b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->impl_set && l->impl == MP_ATTN_EAGER); /* Gemma2 has no SDPA path */
+    assert_float_equal(l->attn_softcap, 50.0, 0.0);
+    assert_true(l->branch_norm && !l->no_pre_norm && l->rms_fp32);
+    assert_float_equal(block_layer(&m, m.n_blocks - 1, 1)->logit_softcap, 30.0, 0.0);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/gemma-3-1b.json");
+    l = block_layer(&m, 1, 0);
+    assert_false(l->impl_set);
+    assert_float_equal(l->attn_softcap, 0.0, 0.0); /* null */
+    assert_int_equal(l->qk_norm, MP_QK_NORM_HEAD);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/stablelm-2-1.6b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->qkv_bias && l->no_attn_out_dropout);
+    assert_false(l->out_bias || l->mlp_bias || l->parallel_residual);
+    assert_int_equal(l->rotary_dim, 16); /* 0.25 * 64 */
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/starcoder2-3b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->qkv_bias && l->out_bias && l->mlp_bias && !l->gated);
+    assert_float_equal(l->p, 0.1, 1e-12);
+    assert_int_equal(m.blocks[0].layers[1].type, MP_LT_DROPOUT); /* embedding_dropout */
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/opt-125m.json");
+    assert_int_equal(block_layer(&m, 0, 1)->vocab, 2050); /* OPTLearnedPositionalEmbedding: offset 2 */
+    assert_int_equal(block_layer(&m, 1, 0)->act, MP_ACT_RELU);
+    assert_float_equal(block_layer(&m, 1, 0)->attn_dropout, 0.0, 0.0);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/distilbert-base-uncased.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->post_norm && l->no_attn_out_dropout && !l->causal);
+    assert_int_equal(m.blocks[0].n_layers, 4); /* words, positions, LayerNorm, dropout */
+    mp_model_release(&m);
+}
+
+static void test_error_table_families(void **state)
+{
+    (void)state;
+    expect_error("{\"model_type\": \"opt\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"ffn_dim\": 128, \"do_layer_norm_before\": false}",
+                 MP_ERR_MODEL,
+                 "cfg.json: do_layer_norm_before: false is not supported (the post-norm OPT layout is not modelled)");
+    expect_error("{\"model_type\": \"opt\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"ffn_dim\": 128, \"word_embed_proj_dim\": 32}",
+                 MP_ERR_MODEL,
+                 "cfg.json: word_embed_proj_dim: 32 differs from hidden_size 64 (the project_in/project_out layers "
+                 "are not modelled)");
+    expect_error("{\"model_type\": \"distilbert\", \"vocab_size\": 100, \"dim\": 64, \"n_layers\": 1, "
+                 "\"n_heads\": 4, \"hidden_dim\": 128, \"sinusoidal_pos_embds\": true}",
+                 MP_ERR_MODEL,
+                 "cfg.json: sinusoidal_pos_embds: true is not supported (a frozen position table is not modelled)");
+    expect_error("{\"model_type\": \"stablelm\", \"vocab_size\": 100, \"hidden_size\": 64, "
+                 "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"intermediate_size\": 128, "
+                 "\"num_key_value_heads\": 4, \"qk_layernorm\": true}",
+                 MP_ERR_MODEL,
+                 "cfg.json: qk_layernorm: true is not supported (per-head q/k layernorms are not modelled)");
+    expect_error("{\"model_type\": \"gemma2\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"attn_logit_softcapping\": -1}",
+                 MP_ERR_MODEL, "cfg.json: attn_logit_softcapping: expected a positive number or null");
+    /* not in the table: refused, not guessed */
+    expect_error("{\"model_type\": \"mixtral\", \"vocab_size\": 100}", MP_ERR_MODEL,
+                 "cfg.json: model_type: 'mixtral' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
+                 "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, opt, roberta, "
+                 "distilbert)");
+}
+
 /* ---- task heads (architectures[0]) ---------------------------------------- */
 
 #define BERT_TINY(extra)                                                                                    \
@@ -683,7 +857,8 @@ static void test_error_unknown_model_type(void **state)
     (void)state;
     expect_error("{\"model_type\": \"foo\"}", MP_ERR_MODEL,
                  "cfg.json: model_type: 'foo' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
-                 "phi, gemma, bert)");
+                 "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, opt, roberta, "
+                 "distilbert)");
 }
 
 static void test_error_missing_field(void **state)
@@ -831,6 +1006,9 @@ int main(void)
         cmocka_unit_test(test_gemma_head_dim_and_act),
         cmocka_unit_test(test_bert_lowering),
         cmocka_unit_test(test_ignored_fields_accepted),
+        cmocka_unit_test(test_params_table_families),
+        cmocka_unit_test(test_table_families_lowering),
+        cmocka_unit_test(test_error_table_families),
         cmocka_unit_test(test_head_param_counts),
         cmocka_unit_test(test_head_logits_and_labels),
         cmocka_unit_test(test_head_lowering),
