@@ -541,7 +541,8 @@ static void bwd_block(struct rp *r, size_t i)
             g_free(r, n->out);
     }
     r->node = -1;
-    g_free(r, bp->output);
+    if (bp->output != bp->input) /* a block of views (flatten) passes its gradient on to block i-1 */
+        g_free(r, bp->output);
     /* A hold left on x_{i+1} comes from recomputing block i (B_{i+1} already ran):
      * B_i consumes that recomputed output (rotor: B_i frees xb_{i+1}). */
     while (r->holds[bp->output] > 0 && bp->output != bp->input) {
