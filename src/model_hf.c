@@ -739,6 +739,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->fused_qkv = c->fused_qkv;
         l->rope = c->rope;
         l->rotary_dim = c->rotary_dim;
+        l->rope_cat = c->rope && c->f->k_rotary;
         l->impl = MP_ATTN_SDPA;
         l->impl_set = false;
         l->attn_dropout = c->attn_p;
