@@ -214,6 +214,9 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
 /* True when some layer computes attention (so --attention and the attention default apply). */
 bool mp_model_has_attention(const struct mp_model *m);
 
+/* The Hugging Face model_type values the config.json reader accepts, comma-separated. */
+const char *mp_hf_model_types(void);
+
 /* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
  * Readers call it last. */
 enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d);

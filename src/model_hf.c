@@ -240,6 +240,8 @@ static const struct family families[] = {
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
     "gemma2, gemma3_text, opt, roberta, distilbert"
 
+const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
+
 /* The config after the transformers defaults: everything the lowering needs. */
 struct hf {
     const struct family *f;
