@@ -51,6 +51,15 @@ else ifeq ($(BLAS),yes)
   $(error BLAS=yes but no cblas (OpenBLAS) was found: make deps, or apt-get install libopenblas-dev)
 endif
 
+# DEPS_ROOT=DIR: libcjson/libcmocka unpacked from .deb files under DIR (a machine without apt
+# access, e.g. bench/gpu/run.sh with .deps/ carried along); headers and libraries come from there.
+DEPS_ROOT ?=
+ifneq ($(DEPS_ROOT),)
+  DEPS_LIBDIR := $(DEPS_ROOT)/usr/lib/$(shell $(CC) -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)
+  override CFLAGS += -I$(DEPS_ROOT)/usr/include
+  override LDFLAGS += -L$(DEPS_LIBDIR) -Wl,-rpath,$(DEPS_LIBDIR)
+endif
+
 PKG_CFLAGS := $(shell pkg-config --cflags libcjson cmocka 2>/dev/null)
 CJSON_LIBS := $(or $(shell pkg-config --libs libcjson 2>/dev/null),-lcjson)
 CMOCKA_LIBS := $(or $(shell pkg-config --libs cmocka 2>/dev/null),-lcmocka)
@@ -128,11 +137,13 @@ $(BUILD)/%.o: %.cu
 $(BUILD)/tests/test_%: tests/test_%.c $(LIBOBJS)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CMOCKA_LIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CMOCKA_LIBS)
 
 # Install the two Debian build dependencies when they are missing (root only).
 deps:
-	@if [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/cmocka.h ]; then \
+	@if { [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/cmocka.h ]; } && \
+	    { [ -z "$(DEPS_ROOT)" ] || [ ! -f "$(DEPS_ROOT)/usr/include/cjson/cJSON.h" ] || \
+	      [ ! -f "$(DEPS_ROOT)/usr/include/cmocka.h" ]; }; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "I installing libcjson-dev libcmocka-dev"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcjson-dev libcmocka-dev pkg-config >/dev/null; \
@@ -164,8 +175,9 @@ test-cli: memplan
 	$(ASAN_ENV) sh tests/cli.sh ./memplan
 	$(ASAN_ENV) sh tests/cli_output.sh ./memplan
 
-test-gpu: memplan $(BUILD)/tests/test_probe
+test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops
 	$(BUILD)/tests/test_probe
+	$(BUILD)/tests/test_probe_ops
 
 check-man:
 	groff -man -Tutf8 -ww -z man/memplan.1

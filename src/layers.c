@@ -217,6 +217,7 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     n->in[0] = n->in[1] = n->in[2] = -1;
     n->out = -1;
     n->keep = -1;
+    n->wcopy = -1;
     n->param[0] = n->param[1] = -1;
     n->grad_in = true;
     return n;
@@ -343,7 +344,8 @@ static struct mp_node *matmul_node(struct bld *B, enum mp_prim prim, const char 
     if (B->amp && w >= 0) {
         char wn[112];
         snprintf(wn, sizeof wn, "%s.weight_copy", name);
-        extra(n, new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems), true);
+        n->wcopy = new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems);
+        extra(n, n->wcopy, true);
         /* backward: the half weight gradient, then its fp32 copy into .grad */
         n->bwd_tmp_bytes = mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype));
     }
@@ -919,14 +921,16 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
 }
 
 /* Cross-entropy as PyTorch runs it: an fp32 upcast of half logits, log_softmax, nll_loss.
- * HF's causal-LM loss always upcasts (`logits.float()`, ForCausalLMLoss); a plain
- * F.cross_entropy upcasts only under autocast (cross_entropy is on the CUDA fp32 list), so
- * a pure-bf16 classifier keeps bf16 log-probs.  The order matters for the peak: backward
- * runs NllLossBackward (the dense M*V gradient of the log-probs; frees the labels and
- * total_weight), LogSoftmaxBackward (the gradient of the fp32 logits; frees the log-probs),
- * and only then ToCopyBackward0 makes the half gradient of the logits (M*V*2) and frees the
- * fp32 one.  In the forward the half logits stay alive (the model's local) while the
- * log-probs are made.  shift: HF causal LMs shift the labels into a new int64 tensor.
+ * upcast: HF's causal-LM loss (ForCausalLMLoss) and token classification call
+ * logits.float() whatever the precision; a plain nn.CrossEntropyLoss (HF *ForMaskedLM,
+ * pooled classification heads, images) is upcast only by autocast (cross_entropy is on the
+ * CUDA fp32 list), so in pure bf16 its log-probs are bf16.  shift: HF causal LMs shift the
+ * labels into a new int64 tensor; the others read the labels as they are.
+ * The order matters for the peak: backward runs NllLossBackward (the dense M*V gradient of
+ * the log-probs; frees the labels and total_weight), LogSoftmaxBackward (the gradient of
+ * the fp32 logits; frees the log-probs), and only then ToCopyBackward0 makes the half
+ * gradient of the logits (M*V*2) and frees the fp32 one.  In the forward the half logits
+ * stay alive (the model's local) while the log-probs are made.
  * One label per logits row: the labels shrink to one per sample for pooled heads. */
 static struct val lower_loss(struct bld *B, struct val logits, const char *name, bool upcast, bool shift)
 {
@@ -1402,7 +1406,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             B->p->params[B->embed_param].matmul = true;
         if (l->logit_softcap > 0)
             logits = softcap_logits(B, logits, nm);
-        return lower_loss(B, logits, "loss", true, B->m->input == MP_INPUT_TOKENS && !l->masked);
+        /* masked LMs call nn.CrossEntropyLoss on the logits (BertForMaskedLM & co.) */
+        return lower_loss(B, logits, "loss", !l->masked, B->m->input == MP_INPUT_TOKENS && !l->masked);
     }
     case MP_LT_CLASSIFIER: {
         /* HF's token classification upcasts (logits.float()); pooled heads and images do not */

@@ -176,15 +176,15 @@ static int cmd_suggest(struct args *a);
 static int cmd_check(struct args *a);
 
 static const struct command COMMANDS[] = {
-    {"estimate", C_EST, cmd_estimate, "estimate MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--gpu NAME] [--all-layers] [--json]",
+    {"estimate", C_EST, cmd_estimate, "estimate MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--gpu NAME] [--gpus N --parallel S] [--all-layers] [--json]",
      "where a training step's GPU memory goes, layer by layer, and when it peaks"},
     {"plan", C_PLAN, cmd_plan, "plan MODEL [--batch B] [--seq S] (--activation-budget SIZE | --vram SIZE | --gpu NAME) [--checkpoint C] [--json]",
      "which blocks to checkpoint so the batch fits, at the least recompute"},
     {"probe", C_PROBE, cmd_probe, "probe MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--steps N] [--backend auto|cuda|host] [--device N] [--json]",
      "run real training steps and measure peak memory and step time"},
-    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--backend auto|cuda|host] [--emit torch|hf|deepspeed] [--json]",
+    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--gpus N [--parallel S]] [--global-batch G] [--backend auto|cuda|host] [--emit torch|hf|deepspeed] [--json]",
      "the configuration to train with: micro-batch, accumulation, checkpoints, precision"},
-    {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--grad-accum N] (--vram SIZE | --gpu NAME) [--json]",
+    {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--grad-accum N] [--gpus N --parallel S] (--vram SIZE | --gpu NAME) [--json]",
      "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
