@@ -1437,6 +1437,13 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
 
 /* ---- frozen parameters: what autograd records ------------------------------------------------ */
 
+const struct mp_quant *mp_program_base_quant(const struct mp_program *p)
+{
+    if (p->model->quant.kind != MP_Q_NONE)
+        return &p->model->quant;
+    return p->opts.ft.mode == MP_FT_QLORA ? &p->opts.ft.quant : NULL;
+}
+
 uint64_t mp_param_grad_bytes(const struct mp_param *q)
 {
     return q->trainable ? q->elems * mp_dtype_size(q->dtype) : 0;
