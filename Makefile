@@ -137,7 +137,7 @@ $(BUILD)/%.o: %.cu
 $(BUILD)/tests/test_%: tests/test_%.c $(LIBOBJS)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CMOCKA_LIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CMOCKA_LIBS)
 
 # Install the two Debian build dependencies when they are missing (root only).
 deps:
@@ -175,8 +175,9 @@ test-cli: memplan
 	$(ASAN_ENV) sh tests/cli.sh ./memplan
 	$(ASAN_ENV) sh tests/cli_output.sh ./memplan
 
-test-gpu: memplan $(BUILD)/tests/test_probe
+test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops
 	$(BUILD)/tests/test_probe
+	$(BUILD)/tests/test_probe_ops
 
 check-man:
 	groff -man -Tutf8 -ww -z man/memplan.1

@@ -84,6 +84,7 @@ struct rp {
     bool *live, *glive, *pglive, *is_input;
     int *uses, *saved, *holds;
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
+    bool *cached; /* per tensor: an autocast weight copy held by autocast's cache until the loss */
     /* data parallel (NULL pp: one GPU) */
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
@@ -154,6 +155,14 @@ static bool node_reads(const struct mp_node *n, int t, int upto)
     return false;
 }
 
+/* ZeRO-3 / FSDP gather each layer's parameters for its forward: what autocast's cache
+ * would keep of those is not modelled (DeepSpeed casts the parameters themselves). */
+static bool params_sharded(const struct rp *r)
+{
+    return r->pp && (r->t->par->strategy == MP_PAR_ZERO3 || r->t->par->strategy == MP_PAR_FSDP ||
+                     r->t->par->strategy == MP_PAR_FSDP_NO_RESHARD);
+}
+
 /* Forward of block i; kind FE records for backward, FN/FC do not. */
 static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
 {
@@ -175,6 +184,13 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
             t_alloc(r, n->out);
         for (int j = 0; j < n->n_extra; j++)
             t_alloc(r, n->extra[j]);
+        /* torch.autocast caches the half copy of every weight it casts (leaf, requires grad)
+         * until the autocast region ends, after the loss: under checkpointing the copies of
+         * every checkpointed layer outlive their no-grad forward (autocast_mode.cpp cached_cast) */
+        if (n->wcopy >= 0 && r->phase == MP_PH_FORWARD && !r->cached[n->wcopy] && !params_sharded(r)) {
+            r->cached[n->wcopy] = true;
+            r->holds[n->wcopy]++;
+        }
         tmp(r, (int)k, n->fwd_tmp_bytes, true);
         emit_fwd(r, (int)k, grad);
         tmp(r, (int)k, n->fwd_tmp_bytes, false);
@@ -525,7 +541,8 @@ static void bwd_block(struct rp *r, size_t i)
             g_free(r, n->out);
     }
     r->node = -1;
-    g_free(r, bp->output);
+    if (bp->output != bp->input) /* a block of views (flatten) passes its gradient on to block i-1 */
+        g_free(r, bp->output);
     /* A hold left on x_{i+1} comes from recomputing block i (B_{i+1} already ran):
      * B_i consumes that recomputed output (rotor: B_i frees xb_{i+1}). */
     while (r->holds[bp->output] > 0 && bp->output != bp->input) {
@@ -544,6 +561,14 @@ static void loss_op(struct rp *r)
     const struct mp_program *p = r->p;
     int out = p->blocks[p->n_blocks - 1].output;
     r->phase = MP_PH_LOSS;
+    /* the autocast region ends with the forward (loss included), before backward:
+     * its cache of weight copies is cleared */
+    for (size_t t = 0; t < p->n_tensors; t++)
+        if (r->cached[t]) {
+            r->cached[t] = false;
+            r->holds[t]--;
+            t_maybe_free(r, (int)t);
+        }
     if (r->st == MP_OK) {
         g_alloc(r, out);
         struct mp_event ev = {.kind = MP_EV_LOSS_GRAD, .store = MP_ST_GRAD, .id = out, .node = -1,
@@ -570,6 +595,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
     r.saved = calloc(nt, sizeof(int));
     r.holds = calloc(nt, sizeof(int));
     r.ckpt = calloc(p->n_blocks ? p->n_blocks : 1, sizeof(bool));
+    r.cached = calloc(nt, sizeof(bool));
     struct mp_schedule none;
     mp_schedule_init(&none);
     enum mp_status st = MP_OK;
@@ -590,7 +616,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
             goto out;
         }
     }
-    if (!r.live || !r.glive || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds || !r.ckpt) {
+    if (!r.live || !r.glive || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds || !r.ckpt || !r.cached) {
         st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
         goto out;
     }
@@ -746,6 +772,7 @@ out:
     free(r.saved);
     free(r.holds);
     free(r.ckpt);
+    free(r.cached);
     return st;
 }
 

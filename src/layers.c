@@ -217,6 +217,7 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     n->in[0] = n->in[1] = n->in[2] = -1;
     n->out = -1;
     n->keep = -1;
+    n->wcopy = -1;
     n->param[0] = n->param[1] = -1;
     n->grad_in = true;
     return n;
@@ -343,7 +344,8 @@ static struct mp_node *matmul_node(struct bld *B, enum mp_prim prim, const char 
     if (B->amp && w >= 0) {
         char wn[112];
         snprintf(wn, sizeof wn, "%s.weight_copy", name);
-        extra(n, new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems), true);
+        n->wcopy = new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems);
+        extra(n, n->wcopy, true);
         /* backward: the half weight gradient, then its fp32 copy into .grad */
         n->bwd_tmp_bytes = mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype));
     }
@@ -560,31 +562,52 @@ static struct val lower_norm(struct bld *B, struct val x, const struct mp_layer 
     return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
 }
 
+/* An activation.  Under autocast with a half input, a composite that calls an op on CUDA
+ * autocast's fp32 list (the amp32 column: gelu_new's torch.pow) runs in fp32 from there on:
+ * pow saves an fp32 copy of its input, the later intermediates and the output are fp32,
+ * and the next Linear casts the output back (its saved half copy).  CUDA's list, not the
+ * CPU's: memplan plans CUDA runs (bench/torch_step_results.md lists the CPU difference). */
 static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool inplace, const char *name)
 {
     if (failed(B))
         return x;
+    enum mp_dtype xdt = dt_of(B, x);
+    bool amp32 = B->amp && xdt != MP_DT_F32;
     bool saves_out = mp_act_saves_output(act);
-    struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, dt_of(B, x), ng(B, x));
+    enum mp_dtype odt = amp32 && mp_act_fp32_under_amp(act, "out") ? MP_DT_F32 : xdt;
+    struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, odt, ng(B, x));
     struct mp_node *n = new_node(B, MP_P_ACT, name);
     if (!n)
         return y;
     n->in[0] = x.t;
     n->out = y.t;
     n->act = act;
-    save(n, saves_out ? y.t : x.t);
+    char en[112];
+    if (saves_out) {
+        save(n, y.t);
+    } else if (amp32 && mp_act_fp32_under_amp(act, "in")) {
+        snprintf(en, sizeof en, "%s.x_fp32", name); /* autocast's cast for pow, saved by pow */
+        extra(n, new_flat(B, en, MP_DT_F32, T(B, x.t)->elems), true);
+    } else {
+        save(n, x.t);
+    }
     /* HF's Python composites (gelu_new, gelu_fast) keep intermediates the size of x */
     size_t n_extras = 0;
+    bool any32 = false;
     for (const char *e = mp_act_intermediates(act); *e; n_extras++) {
         size_t w = strcspn(e, " ");
-        char en[112];
-        snprintf(en, sizeof en, "%s.%.*s", name, (int)w, e);
-        extra(n, new_flat(B, en, dt_of(B, x), T(B, x.t)->elems), true);
+        char word[64];
+        snprintf(word, sizeof word, "%.*s", (int)w, e);
+        bool f32 = amp32 && mp_act_fp32_under_amp(act, word);
+        any32 |= f32;
+        snprintf(en, sizeof en, "%s.%s", name, word);
+        extra(n, new_flat(B, en, f32 ? MP_DT_F32 : xdt, T(B, x.t)->elems), true);
         e += w;
         e += strspn(e, " ");
     }
+    /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
     if (n_extras)
-        n->fwd_tmp_bytes = mul(B, T(B, x.t)->bytes, 2); /* pow(x, 3) and the polynomial, not saved */
+        n->fwd_tmp_bytes = mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2);
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
@@ -835,7 +858,7 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
     q = autocast_in(B, q, "q_cast");
     k = autocast_in(B, k, "k_cast");
     struct val o = lower_attn_core(B, q, k, v, l, "sdpa");
-    if (l->rope && l->rotary_dim && l->rotary_dim < l->head_dim && !failed(B)) {
+    if (l->rope && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) && !failed(B)) {
         /* Partial rotary builds q with torch.cat, so the attention output follows q's
          * layout and transpose(1, 2).contiguous() copies it (gpt_neox, phi). */
         o = cast_to(B, o, dt_of(B, o), "out_contiguous");
@@ -919,14 +942,16 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
 }
 
 /* Cross-entropy as PyTorch runs it: an fp32 upcast of half logits, log_softmax, nll_loss.
- * HF's causal-LM loss always upcasts (`logits.float()`, ForCausalLMLoss); a plain
- * F.cross_entropy upcasts only under autocast (cross_entropy is on the CUDA fp32 list), so
- * a pure-bf16 classifier keeps bf16 log-probs.  The order matters for the peak: backward
- * runs NllLossBackward (the dense M*V gradient of the log-probs; frees the labels and
- * total_weight), LogSoftmaxBackward (the gradient of the fp32 logits; frees the log-probs),
- * and only then ToCopyBackward0 makes the half gradient of the logits (M*V*2) and frees the
- * fp32 one.  In the forward the half logits stay alive (the model's local) while the
- * log-probs are made.  shift: HF causal LMs shift the labels into a new int64 tensor.
+ * upcast: HF's causal-LM loss (ForCausalLMLoss) and token classification call
+ * logits.float() whatever the precision; a plain nn.CrossEntropyLoss (HF *ForMaskedLM,
+ * pooled classification heads, images) is upcast only by autocast (cross_entropy is on the
+ * CUDA fp32 list), so in pure bf16 its log-probs are bf16.  shift: HF causal LMs shift the
+ * labels into a new int64 tensor; the others read the labels as they are.
+ * The order matters for the peak: backward runs NllLossBackward (the dense M*V gradient of
+ * the log-probs; frees the labels and total_weight), LogSoftmaxBackward (the gradient of
+ * the fp32 logits; frees the log-probs), and only then ToCopyBackward0 makes the half
+ * gradient of the logits (M*V*2) and frees the fp32 one.  In the forward the half logits
+ * stay alive (the model's local) while the log-probs are made.
  * One label per logits row: the labels shrink to one per sample for pooled heads. */
 static struct val lower_loss(struct bld *B, struct val logits, const char *name, bool upcast, bool shift)
 {
@@ -1402,7 +1427,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             B->p->params[B->embed_param].matmul = true;
         if (l->logit_softcap > 0)
             logits = softcap_logits(B, logits, nm);
-        return lower_loss(B, logits, "loss", true, B->m->input == MP_INPUT_TOKENS && !l->masked);
+        /* masked LMs call nn.CrossEntropyLoss on the logits (BertForMaskedLM & co.) */
+        return lower_loss(B, logits, "loss", !l->masked, B->m->input == MP_INPUT_TOKENS && !l->masked);
     }
     case MP_LT_CLASSIFIER: {
         /* HF's token classification upcasts (logits.float()); pooled heads and images do not */
@@ -1431,6 +1457,13 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
 /* ---- the program ------------------------------------------------------------------ */
 
 /* ---- frozen parameters: what autograd records ------------------------------------------------ */
+
+const struct mp_quant *mp_program_base_quant(const struct mp_program *p)
+{
+    if (p->model->quant.kind != MP_Q_NONE)
+        return &p->model->quant;
+    return p->opts.ft.mode == MP_FT_QLORA ? &p->opts.ft.quant : NULL;
+}
 
 uint64_t mp_param_grad_bytes(const struct mp_param *q)
 {

@@ -90,6 +90,8 @@ struct mp_node {
     int block;
     int in[3];                    /* tensor ids; -1 unused (attention: q, k, v; loss: logits, labels) */
     int out;                      /* tensor id (== in[0] for views and in-place ops) */
+    int wcopy;                    /* autocast's half copy of param[0] (an extra), -1 none: autocast caches it
+                                     until the forward's autocast region ends (after the loss) */
     int keep;                     /* tensor a Python local holds until this forward is done (no gradient
                                      flows through it: the half logits during the loss); -1 none */
     int n_extra;
@@ -165,5 +167,8 @@ struct mp_program {
 enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
                                 struct mp_diag *d);
 void mp_program_release(struct mp_program *p);
+
+/* The storage format of p's quantized Linear weights (params of dtype u8), or NULL. */
+const struct mp_quant *mp_program_base_quant(const struct mp_program *p);
 
 #endif

@@ -759,6 +759,14 @@ static enum mp_status eager_bwd(struct ctx *c)
 
 /* ---- activations, mul, dropout ------------------------------------------------------------------- */
 
+/* HF's GELU composites keep their intermediates as extras; under autocast a gelu_new
+ * first keeps an fp32 copy of its input (layers.c lower_act): extras before the parts. */
+static int act_first_part(const struct mp_node *n)
+{
+    int parts = mp_act_n_intermediates(n->act);
+    return n->n_extra > parts ? n->n_extra - parts : 0;
+}
+
 static enum mp_status act_run(struct ctx *c, bool fwd)
 {
     struct cu_exec *x = c->x;
@@ -766,17 +774,24 @@ static enum mp_status act_run(struct ctx *c, bool fwd)
         NEED(c->in[0]);
         NEED(c->out);
         void *parts[MP_NODE_EXTRA_MAX];
-        int np = c->n->act == MP_ACT_GELU_NEW || c->n->act == MP_ACT_GELU_FAST ? c->n->n_extra : 0;
-        for (int j = 0; j < np; j++) {
+        int dts[MP_NODE_EXTRA_MAX];
+        int j0 = act_first_part(c->n), np = 0;
+        for (int j = 0; j < j0; j++) { /* the fp32 copy of the input */
             NEED(c->ex[j]);
-            parts[j] = c->ex[j].p;
+            KK(x->d, mp_k_convert(c->ex[j].p, c->ex[j].dt, c->in[0].p, c->in[0].dt, c->ex[j].n, 0, S(x)));
         }
-        KK(x->d, mp_k_act_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->out.n, (int)c->n->act, parts, np, S(x)));
+        for (int j = j0; j < c->n->n_extra; j++, np++) {
+            NEED(c->ex[j]);
+            parts[np] = c->ex[j].p;
+            dts[np] = c->ex[j].dt;
+        }
+        KK(x->d, mp_k_act_fwd(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, c->out.n, (int)c->n->act, parts, dts,
+                              np, S(x)));
     } else if (c->gout.p && c->gin[0].p) {
         struct dv sv = tview(x, MP_ST_ACT, c->n->saved[0]);
         NEED(sv);
-        KK(x->d, mp_k_act_bwd(c->gin[0].p, c->gout.p, sv.p, c->gout.dt, c->gout.n, (int)c->n->act,
-                              c->gin[0].p == c->gout.p, S(x)));
+        KK(x->d, mp_k_act_bwd(c->gin[0].p, c->gin[0].dt, c->gout.p, c->gout.dt, sv.p, sv.dt, c->gout.n,
+                              (int)c->n->act, c->gin[0].p == c->gout.p, S(x)));
     }
     return MP_OK;
 }
