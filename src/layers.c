@@ -885,7 +885,7 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
     q = autocast_in(B, q, "q_cast");
     k = autocast_in(B, k, "k_cast");
     struct val o = lower_attn_core(B, q, k, v, l, "sdpa");
-    if (l->rope && l->rotary_dim && l->rotary_dim < l->head_dim && !failed(B)) {
+    if (l->rope && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) && !failed(B)) {
         /* Partial rotary builds q with torch.cat, so the attention output follows q's
          * layout and transpose(1, 2).contiguous() copies it (gpt_neox, phi). */
         o = cast_to(B, o, dt_of(B, o), "out_contiguous");
@@ -1524,6 +1524,13 @@ static enum mp_status check_roles(struct mp_program *p, struct mp_diag *d)
 /* ---- the program ------------------------------------------------------------------ */
 
 /* ---- frozen parameters: what autograd records ------------------------------------------------ */
+
+const struct mp_quant *mp_program_base_quant(const struct mp_program *p)
+{
+    if (p->model->quant.kind != MP_Q_NONE)
+        return &p->model->quant;
+    return p->opts.ft.mode == MP_FT_QLORA ? &p->opts.ft.quant : NULL;
+}
 
 uint64_t mp_param_grad_bytes(const struct mp_param *q)
 {

@@ -229,4 +229,7 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
                                 struct mp_diag *d);
 void mp_program_release(struct mp_program *p);
 
+/* The storage format of p's quantized Linear weights (params of dtype u8), or NULL. */
+const struct mp_quant *mp_program_base_quant(const struct mp_program *p);
+
 #endif

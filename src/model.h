@@ -126,6 +126,8 @@ struct mp_layer {
     bool fused_qkv;     /* one [h, (a+2kv)d] projection (GPT-2, NeoX) vs three (Llama) */
     bool rope;          /* rotary embedding: q and k are rewritten (new storages) */
     uint64_t rotary_dim; /* partial rotary (NeoX, phi); 0 = head_dim */
+    bool rope_cat;      /* q/k rebuilt with torch.cat even at full rotary (the partial-rotary code of
+                           NeoX, phi, Phi-3, StableLM): the attention output is then copied */
     enum mp_attn_impl impl;
     bool impl_set;      /* impl came from the file (else the --attention default applies) */
     double attn_dropout;  /* dropout on attention probabilities */
@@ -211,6 +213,9 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
 
 /* True when some layer computes attention (so --attention and the attention default apply). */
 bool mp_model_has_attention(const struct mp_model *m);
+
+/* The Hugging Face model_type values the config.json reader accepts, comma-separated. */
+const char *mp_hf_model_types(void);
 
 /* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
  * Readers call it last. */

@@ -127,10 +127,10 @@ enum mp_status mp_probe_run(struct mp_probe *p, const struct mp_program *prog, c
                        sizeof r->losses / sizeof r->losses[0]);
     if (prog->n_blocks == 0)
         return mp_fail(d, MP_ERR_USAGE, "probe: the model has no blocks");
-    for (size_t k = 0; k < prog->n_nodes; k++)
-        if (prog->nodes[k].quantized)
-            return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s: quantized base weights (QLoRA, quantization_config) "
-                           "are estimated only; the probe does not execute them yet", prog->nodes[k].name);
+    const struct mp_quant *qz = mp_program_base_quant(prog);
+    if (qz && qz->kind != MP_Q_BNB_NF4)
+        return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s base weights are estimated only; the probe executes "
+                       "bitsandbytes NF4 (QLoRA)", mp_quant_kind_str(qz->kind));
     if (prog->opts.ft.mode != MP_FT_FULL && strcmp(p->be->name, "host") != 0)
         return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: --finetune %s runs on the host backend only so far "
                        "(--backend host)", mp_ft_mode_str(prog->opts.ft.mode));

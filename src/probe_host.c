@@ -358,9 +358,36 @@ static enum mp_status add_fwd(struct ctx *c)
             return nomem(c);                        \
     } while (0)
 
-/* The weight the GEMM uses: under autocast the half copy, else the parameter. */
+/* A quantized base weight: dequantized (bitsandbytes dequantize_4bit) into the node's
+ * MP_TR_DEQUANT temporary in the output dtype, in forward and again in backward. */
+static enum mp_status dequant_weight(struct ctx *c, bool fwd, float **wf)
+{
+    const struct mp_param *q = &c->p->params[c->n->param[0]];
+    const struct mp_quant *qz = mp_program_base_quant(c->p);
+    NEED(c->w);
+    uint64_t tb;
+    void *dq = tmp_part(c, !fwd, MP_TR_DEQUANT, &tb);
+    if (!dq)
+        return missing(c, "the dequantized weight");
+    FNEW(w, q->elems);
+    if (!qz || mp_quant_unpack(qz, q->rows, q->cols, c->w.p, w) != MP_OK)
+        return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: the host backend executes bitsandbytes NF4 "
+                       "weights only", c->n->name);
+    struct hv t = {dq, c->p->tensors[c->n->out].dtype, q->elems};
+    for (uint64_t i = 0; i < q->elems; i++) /* the dequantized temporary, then read back */
+        stf(t, i, w[i]);
+    for (uint64_t i = 0; i < q->elems; i++)
+        w[i] = ldf(t, i);
+    *wf = w;
+    return MP_OK;
+}
+
+/* The weight the GEMM uses: the dequantized base weight, under autocast the half copy, else
+ * the parameter. */
 static enum mp_status linear_weight(struct ctx *c, bool fwd, float **wf)
 {
+    if (c->n->quantized)
+        return dequant_weight(c, fwd, wf);
     struct hv copy = xr(c, MP_XR_WEIGHT_COPY);
     bool has_copy = mp_node_extra(c->n, MP_XR_WEIGHT_COPY, 0) >= 0;
     struct hv wc = has_copy ? copy : c->w;
@@ -1894,14 +1921,28 @@ static enum mp_status opt_step(struct mp_host_exec *x)
 
 /* ---- the visitor ----------------------------------------------------------------------------- */
 
-static void zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void *ptr)
+static enum mp_status zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void *ptr)
 {
     const struct mp_program *p = x->p;
     if (!ptr)
-        return;
+        return MP_OK;
     switch (ev->store) {
     case MP_ST_PARAM: {
-        struct hv v = {ptr, p->params[ev->id].dtype, p->params[ev->id].elems};
+        const struct mp_param *q = &p->params[ev->id];
+        if (q->dtype == MP_DT_U8 && mp_program_base_quant(p)) { /* quantize_4bit of the values */
+            float *w = malloc(q->elems * sizeof *w);
+            if (!w)
+                return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory quantizing %s", q->name);
+            for (uint64_t i = 0; i < q->elems; i++)
+                w[i] = mp_exec_param_value(p, (size_t)ev->id, i, x->seed);
+            enum mp_status st = mp_quant_pack(mp_program_base_quant(p), q->rows, q->cols, w, ptr);
+            free(w);
+            if (st != MP_OK)
+                return mp_fail(x->d, st, "probe: %s: the host backend executes bitsandbytes NF4 weights only",
+                               q->name);
+            break;
+        }
+        struct hv v = {ptr, q->dtype, q->elems};
         for (uint64_t i = 0; i < v.n; i++)
             stf(v, i, mp_exec_param_value(p, (size_t)ev->id, i, x->seed));
         break;
@@ -1916,6 +1957,7 @@ static void zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void
     case MP_ST_WORKSPACE:
     case MP_ST_COMM: break;
     }
+    return MP_OK;
 }
 
 static enum mp_status host_event(void *ctx, const struct mp_event *ev)
@@ -1927,7 +1969,7 @@ static enum mp_status host_event(void *ctx, const struct mp_event *ev)
         bool fresh;
         enum mp_status st = mp_pool_alloc(&x->pool, ev, &ptr, &fresh, x->d);
         if (st == MP_OK && fresh)
-            zero_or_init(x, ev, ptr);
+            st = zero_or_init(x, ev, ptr);
         return st;
     }
     case MP_EV_FREE: return mp_pool_free(&x->pool, ev, x->d);

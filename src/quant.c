@@ -16,6 +16,8 @@
  */
 #include "quant.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *mp_quant_kind_str(enum mp_quant_kind k)
@@ -132,4 +134,150 @@ uint64_t mp_quant_dequant_bytes(const struct mp_quant *q, uint64_t out_f, uint64
             return 0;
     }
     return w;
+}
+
+/* ---- executing NF4 (the probe) ----------------------------------------------------------------- */
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+void mp_quant_dynamic_code(float code[256])
+{
+    /* signed, max_exponent_bits 7, total_bits 8: 7 exponent levels i, each 2^i + 1 linearly
+     * spaced boundaries in [0.1, 1] whose midpoints scaled by 10^(i-6) (and negated) are codes;
+     * no additional items (2^(7-7) - 1 = 0); then 0 and 1; sorted. */
+    int n = 0;
+    for (int i = 0; i < 7; i++) {
+        int items = (1 << i) + 1;
+        double scale = pow(10.0, (double)(i - 6));
+        for (int j = 0; j + 1 < items; j++) {
+            /* torch.linspace(0.1, 1, items) in fp32, then the midpoint in fp32 */
+            float b0 = (float)(0.1 + (0.9 * j) / (items - 1)), b1 = (float)(0.1 + (0.9 * (j + 1)) / (items - 1));
+            float mid = (b0 + b1) / 2.0f;
+            code[n++] = (float)(scale * mid);
+            code[n++] = (float)(-scale * mid);
+        }
+    }
+    code[n++] = 0.0f;
+    code[n++] = 1.0f;
+    while (n < 256)
+        code[n++] = 0.0f;
+    qsort(code, 256, sizeof code[0], cmp_float);
+}
+
+static uint8_t nearest(const float *code, int n, float v)
+{
+    int best = 0;
+    float bd = fabsf(code[0] - v);
+    for (int i = 1; i < n; i++) {
+        float dd = fabsf(code[i] - v);
+        if (dd < bd) {
+            bd = dd;
+            best = i;
+        }
+    }
+    return (uint8_t)best;
+}
+
+/* Offsets of the parts in the executor's layout. */
+static size_t layout(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, uint64_t off[MP_QUANT_PARTS_MAX],
+                     struct mp_quant_part parts[MP_QUANT_PARTS_MAX])
+{
+    size_t n = mp_quant_parts(q, out_f, in_f, parts);
+    uint64_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        off[i] = o;
+        o += mp_ceil_div(parts[i].bytes, 512) * 512;
+    }
+    return n;
+}
+
+enum mp_status mp_quant_pack(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, const float *w, uint8_t *dst)
+{
+    if (q->kind != MP_Q_BNB_NF4)
+        return MP_ERR_UNSUPPORTED;
+    struct mp_quant_part parts[MP_QUANT_PARTS_MAX];
+    uint64_t off[MP_QUANT_PARTS_MAX];
+    if (!layout(q, out_f, in_f, off, parts))
+        return MP_ERR_RANGE;
+    uint64_t n = out_f * in_f, bs = q->blocksize ? q->blocksize : 64, nb = mp_ceil_div(n, bs);
+    uint8_t *packed = dst + off[0];
+    memcpy(dst + off[1], mp_nf4_code, sizeof mp_nf4_code);
+    float *absmax = malloc(nb * sizeof *absmax);
+    if (!absmax)
+        return MP_ERR_NOMEM;
+    memset(packed, 0, mp_ceil_div(n, 2));
+    for (uint64_t b = 0; b < nb; b++) {
+        uint64_t e = mp_min_u64(n, (b + 1) * bs);
+        float m = 0;
+        for (uint64_t i = b * bs; i < e; i++)
+            m = fmaxf(m, fabsf(w[i]));
+        absmax[b] = m;
+        for (uint64_t i = b * bs; i < e; i++) {
+            uint8_t c = nearest(mp_nf4_code, 16, m > 0 ? w[i] / m : 0.0f);
+            packed[i / 2] |= (uint8_t)(i % 2 ? c : c << 4); /* first element in the high nibble */
+        }
+    }
+    if (!q->double_quant) {
+        memcpy(dst + off[2], absmax, nb * 4);
+    } else {
+        double mean = 0;
+        for (uint64_t b = 0; b < nb; b++)
+            mean += absmax[b];
+        float offset = (float)(mean / (double)nb);
+        float code2[256];
+        mp_quant_dynamic_code(code2);
+        uint8_t *qa = dst + off[2];
+        float *absmax2 = (float *)(void *)(dst + off[4]);
+        memcpy(dst + off[3], &offset, 4);
+        memcpy(dst + off[5], code2, sizeof code2);
+        for (uint64_t g = 0; g < mp_ceil_div(nb, 256); g++) {
+            uint64_t e = mp_min_u64(nb, (g + 1) * 256);
+            float m = 0;
+            for (uint64_t b = g * 256; b < e; b++)
+                m = fmaxf(m, fabsf(absmax[b] - offset));
+            absmax2[g] = m;
+            for (uint64_t b = g * 256; b < e; b++)
+                qa[b] = nearest(code2, 256, m > 0 ? (absmax[b] - offset) / m : 0.0f);
+        }
+    }
+    free(absmax);
+    return MP_OK;
+}
+
+enum mp_status mp_quant_unpack(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, const uint8_t *src, float *w)
+{
+    if (q->kind != MP_Q_BNB_NF4)
+        return MP_ERR_UNSUPPORTED;
+    struct mp_quant_part parts[MP_QUANT_PARTS_MAX];
+    uint64_t off[MP_QUANT_PARTS_MAX];
+    if (!layout(q, out_f, in_f, off, parts))
+        return MP_ERR_RANGE;
+    uint64_t n = out_f * in_f, bs = q->blocksize ? q->blocksize : 64, nb = mp_ceil_div(n, bs);
+    const uint8_t *packed = src + off[0];
+    float code[16], offset = 0, code2[256];
+    memcpy(code, src + off[1], sizeof code);
+    if (q->double_quant) {
+        memcpy(&offset, src + off[3], 4);
+        memcpy(code2, src + off[5], sizeof code2);
+    }
+    for (uint64_t b = 0; b < nb; b++) {
+        float m;
+        if (!q->double_quant) {
+            memcpy(&m, src + off[2] + 4 * b, 4);
+        } else {
+            float m2;
+            memcpy(&m2, src + off[4] + 4 * (b / 256), 4);
+            m = code2[src[off[2] + b]] * m2 + offset;
+        }
+        uint64_t e = mp_min_u64(n, (b + 1) * bs);
+        for (uint64_t i = b * bs; i < e; i++) {
+            uint8_t c = i % 2 ? packed[i / 2] & 15 : packed[i / 2] >> 4;
+            w[i] = code[c] * m;
+        }
+    }
+    return MP_OK;
 }

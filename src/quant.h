@@ -55,4 +55,18 @@ uint64_t mp_quant_dequant_bytes(const struct mp_quant *q, uint64_t out_f, uint64
 /* NF4 code book exactly as bitsandbytes defines it (functional.py get_4bit_type). */
 extern const float mp_nf4_code[16];
 
+/* bitsandbytes' signed 8-bit dynamic map (create_dynamic_map(True, 7, 8)), sorted: the code of
+ * double-quantized absmax values. */
+void mp_quant_dynamic_code(float code[256]);
+
+/* Executors (the probe) hold a bnb NF4 weight in its own layout: the parts of mp_quant_parts,
+ * each at an offset rounded to 512 bytes (mp_quant_alloc_bytes in all).  pack quantizes the
+ * out x in fp32 weight w into dst the way quantize_4bit does (per-block absmax, nearest code;
+ * double quant: absmax minus its mean, blockwise 8-bit per 256 blocks); unpack dequantizes
+ * into w (dequantize_4bit).  MP_ERR_UNSUPPORTED for other formats. */
+enum mp_status mp_quant_pack(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, const float *w,
+                             uint8_t *dst);
+enum mp_status mp_quant_unpack(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, const uint8_t *src,
+                               float *w);
+
 #endif

@@ -454,6 +454,23 @@ for f in models/*.json models/hf/*.json; do
         estimate "$f" --json
 done
 
+# every HF family through plan, suggest and check: a result (exit 0 fits, 1 does not), never
+# a usage, input or internal error
+for f in models/hf/*.json; do
+    [ -f "$f" ] || continue
+    for cmd in "plan $f --gpu a100-80gb --batch 1" "suggest $f --gpu a100-80gb --no-probe" \
+        "check $f --gpu a100-80gb --batch 1"; do
+        # shellcheck disable=SC2086
+        run $cmd
+        if { [ "$ec" -eq 0 ] && [ -s "$T/out" ]; } || { [ "$ec" -eq 1 ] && { [ -s "$T/out" ] || [ -s "$T/err" ]; }; }; then
+            ok "$cmd: exit 0 or 1 with a report"
+        else
+            echo "expected exit 0 with a report, or 1 with a report or a reason" >"$T/why"
+            bad "$cmd: exit 0 or 1 with a report"
+        fi
+    done
+done
+
 # ---- JSON of each command -----------------------------------------------------------------
 
 json_check "estimate --checkpoint sqrt --json: plan keys" estimate \
@@ -613,7 +630,10 @@ expect 0 "LoRA on a bnb 4-bit checkpoint" estimate tests/data/hf-qwen2-0.5b-bnb4
 expect_line 3 "an unsupported quant_method" estimate tests/data/hf-qwen2-0.5b-hqq.json --finetune lora
 run probe models/tiny-test.json --finetune lora --backend host --steps 2 --json
 if [ "$ec" -eq 0 ]; then ok "probe --finetune lora on the host backend: exit 0"; else bad "probe --finetune lora: exit 0"; fi
-expect_line 4 "probe of a QLoRA base (not executed yet)" probe models/tiny-test.json --finetune qlora --backend host
+run probe models/tiny-test.json --finetune qlora --backend host --steps 2
+if [ "$ec" -eq 0 ] && grep -q "+0.00%" "$T/out"; then ok "probe --finetune qlora (NF4 base) on the host backend: measured = estimate"
+else echo "expected exit 0 and a +0.00% peak difference" >"$T/why"; bad "probe --finetune qlora on the host backend"; fi
+expect_line 4 "probe of a GPTQ base (estimated only)" probe tests/data/hf-qwen2-0.5b-gptq.json --finetune lora --backend host --seq 8
 
 # ---- data parallel: per-rank plans ----------------------------------------------------------
 

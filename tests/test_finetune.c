@@ -299,6 +299,48 @@ static void test_nf4_code_book(void **state)
     assert_true(mp_nf4_code[8] == 0.07958029955625534f);
 }
 
+/* bitsandbytes' create_dynamic_map() (0.50.2), read on the CPU: the double-quant code. */
+static void test_dynamic_code_is_bitsandbytes(void **state)
+{
+    (void)state;
+    float c[256];
+    mp_quant_dynamic_code(c);
+    static const struct {
+        int i;
+        float v;
+    } want[] = {{0, -0.992968738079071f}, {1, -0.9789062738418579f}, {100, -0.0074687497690320015f},
+                {126, -5.500000384017767e-07f}, {127, 0.0f}, {129, 3.250000190746505e-06f},
+                {200, 0.23359374701976776f}, {255, 1.0f}};
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+        assert_float_equal(c[want[k].i], want[k].v, 1e-12);
+}
+
+/* NF4 pack/unpack: values on the code grid (code x block absmax) come back exactly, and a
+ * double-quantized absmax stays within the 8-bit code's resolution. */
+static void test_nf4_pack_unpack(void **state)
+{
+    (void)state;
+    enum { O = 8, I = 128 };
+    static float w[O * I], r[O * I];
+    static uint8_t buf[8192];
+    for (int i = 0; i < O * I; i++)
+        w[i] = mp_nf4_code[(i * 7) % 16] * (float)(1 + (i / 64) % 5);
+    struct mp_quant q;
+    mp_quant_init(&q, MP_Q_BNB_NF4);
+    assert_true(mp_quant_alloc_bytes(&q, O, I) <= sizeof buf);
+    assert_int_equal(mp_quant_pack(&q, O, I, w, buf), MP_OK);
+    assert_int_equal(mp_quant_unpack(&q, O, I, buf, r), MP_OK);
+    for (int i = 0; i < O * I; i++)
+        assert_float_equal(r[i], w[i], 1e-6);
+    q.double_quant = true;
+    assert_int_equal(mp_quant_pack(&q, O, I, w, buf), MP_OK);
+    assert_int_equal(mp_quant_unpack(&q, O, I, buf, r), MP_OK);
+    for (int i = 0; i < O * I; i++)
+        assert_float_equal(r[i], w[i], 0.02 * 5);
+    mp_quant_init(&q, MP_Q_GPTQ);
+    assert_int_equal(mp_quant_pack(&q, O, I, w, buf), MP_ERR_UNSUPPORTED);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -311,6 +353,8 @@ int main(void)
         cmocka_unit_test(test_quant_gptq_awq_int8),
         cmocka_unit_test(test_qlora_weight_bytes_match_bitsandbytes),
         cmocka_unit_test(test_nf4_code_book),
+        cmocka_unit_test(test_dynamic_code_is_bitsandbytes),
+        cmocka_unit_test(test_nf4_pack_unpack),
     };
     return cmocka_run_group_tests_name("finetune", tests, NULL, NULL);
 }
