@@ -605,31 +605,52 @@ static struct val lower_norm(struct bld *B, struct val x, const struct mp_layer 
     return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
 }
 
+/* An activation.  Under autocast with a half input, a composite that calls an op on CUDA
+ * autocast's fp32 list (the amp32 column: gelu_new's torch.pow) runs in fp32 from there on:
+ * pow saves an fp32 copy of its input, the later intermediates and the output are fp32,
+ * and the next Linear casts the output back (its saved half copy).  CUDA's list, not the
+ * CPU's: memplan plans CUDA runs (bench/torch_step_results.md lists the CPU difference). */
 static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool inplace, const char *name)
 {
     if (failed(B))
         return x;
+    enum mp_dtype xdt = dt_of(B, x);
+    bool amp32 = B->amp && xdt != MP_DT_F32;
     bool saves_out = mp_act_saves_output(act);
-    struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, dt_of(B, x), ng(B, x));
+    enum mp_dtype odt = amp32 && mp_act_fp32_under_amp(act, "out") ? MP_DT_F32 : xdt;
+    struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, odt, ng(B, x));
     struct mp_node *n = new_node(B, MP_P_ACT, name);
     if (!n)
         return y;
     n->in[0] = x.t;
     n->out = y.t;
     n->act = act;
-    save(n, saves_out ? y.t : x.t);
+    char en[112];
+    if (saves_out) {
+        save(n, y.t);
+    } else if (amp32 && mp_act_fp32_under_amp(act, "in")) {
+        snprintf(en, sizeof en, "%s.x_fp32", name); /* autocast's cast for pow, saved by pow */
+        extra_as(n, new_flat(B, en, MP_DT_F32, T(B, x.t)->elems), MP_XR_X_FP32);
+    } else {
+        save(n, x.t);
+    }
     /* HF's Python composites (gelu_new, gelu_fast) keep intermediates the size of x */
     size_t n_extras = 0;
+    bool any32 = false;
     for (const char *e = mp_act_intermediates(act); *e; n_extras++) {
         size_t w = strcspn(e, " ");
-        char en[112];
-        snprintf(en, sizeof en, "%s.%.*s", name, (int)w, e);
-        extra_as(n, new_flat(B, en, dt_of(B, x), T(B, x.t)->elems), MP_XR_ACT_PART);
+        char word[64];
+        snprintf(word, sizeof word, "%.*s", (int)w, e);
+        bool f32 = amp32 && mp_act_fp32_under_amp(act, word);
+        any32 |= f32;
+        snprintf(en, sizeof en, "%s.%s", name, word);
+        extra_as(n, new_flat(B, en, f32 ? MP_DT_F32 : xdt, T(B, x.t)->elems), MP_XR_ACT_PART);
         e += w;
         e += strspn(e, " ");
     }
+    /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
     if (n_extras)
-        tmp_one(B, n, false, MP_TR_OTHER, mul(B, T(B, x.t)->bytes, 2)); /* pow(x, 3) and the polynomial */
+        tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2));
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;

@@ -91,7 +91,7 @@ enum mp_xrole {
     MP_XR_WEIGHT_COPY,    /* linear: the autocast half copy of W */
     MP_XR_MEAN,           /* layernorm: mean (M fp32) */
     MP_XR_RSTD,           /* layernorm: 1/std (M fp32) */
-    MP_XR_X_FP32,         /* HF RMSNorm: x upcast to fp32 (half x only) */
+    MP_XR_X_FP32,         /* x upcast to fp32: HF RMSNorm (half x), an autocast pow's input (composite GELUs) */
     MP_XR_RSQRT,          /* HF RMSNorm: rsqrt(mean(x^2) + eps) (M fp32) */
     MP_XR_NORMED,         /* HF RMSNorm: x * rsqrt, the weight's input */
     MP_XR_ACT_PART,       /* HF composite GELUs: intermediates, in mp_act_intermediates order */

@@ -795,19 +795,25 @@ static enum mp_status act_run(struct ctx *c, bool fwd)
         NEED(c->in[0]);
         NEED(c->out);
         void *parts[MP_NODE_EXTRA_MAX];
-        int np = 0;
-        if (c->n->act == MP_ACT_GELU_NEW || c->n->act == MP_ACT_GELU_FAST)
-            for (; mp_node_extra(c->n, MP_XR_ACT_PART, np) >= 0; np++) {
-                struct dv part = tview(x, MP_ST_ACT, mp_node_extra(c->n, MP_XR_ACT_PART, np));
-                NEED(part);
-                parts[np] = part.p;
-            }
-        KK(x->d, mp_k_act_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->out.n, (int)c->n->act, parts, np, S(x)));
+        int dts[MP_NODE_EXTRA_MAX], np = 0;
+        if (has_x(c, MP_XR_X_FP32)) { /* the fp32 copy of the input */
+            struct dv xf = xr(c, MP_XR_X_FP32);
+            NEED(xf);
+            KK(x->d, mp_k_convert(xf.p, xf.dt, c->in[0].p, c->in[0].dt, xf.n, 0, S(x)));
+        }
+        for (; mp_node_extra(c->n, MP_XR_ACT_PART, np) >= 0; np++) {
+            struct dv part = tview(x, MP_ST_ACT, mp_node_extra(c->n, MP_XR_ACT_PART, np));
+            NEED(part);
+            parts[np] = part.p;
+            dts[np] = part.dt;
+        }
+        KK(x->d, mp_k_act_fwd(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, c->out.n, (int)c->n->act, parts, dts,
+                              np, S(x)));
     } else if (c->gout.p && c->gin[0].p) {
         struct dv sv = tview(x, MP_ST_ACT, c->n->saved[0]);
         NEED(sv);
-        KK(x->d, mp_k_act_bwd(c->gin[0].p, c->gout.p, sv.p, c->gout.dt, c->gout.n, (int)c->n->act,
-                              c->gin[0].p == c->gout.p, S(x)));
+        KK(x->d, mp_k_act_bwd(c->gin[0].p, c->gin[0].dt, c->gout.p, c->gout.dt, sv.p, sv.dt, c->gout.n,
+                              (int)c->n->act, c->gin[0].p == c->gout.p, S(x)));
     }
     return MP_OK;
 }

@@ -1078,13 +1078,17 @@ static enum mp_status act_fwd(struct ctx *c)
     for (uint64_t i = 0; i < c->out.n; i++)
         y[i] = act_f(n->act, x[i]);
     fstore(c->out, y, c->out.n);
-    if (n->act == MP_ACT_GELU_NEW || n->act == MP_ACT_GELU_FAST)
-        for (int j = 0; mp_node_extra(n, MP_XR_ACT_PART, j) >= 0; j++) {
-            struct hv part = tview(c, MP_ST_ACT, mp_node_extra(n, MP_XR_ACT_PART, j));
-            NEED(part);
-            for (uint64_t i = 0; i < part.n; i++)
-                stf(part, i, gelu_part(n->act, j, x[i]));
-        }
+    /* HF's GELU composites keep their intermediates (each in its own dtype); under autocast a
+     * gelu_new first keeps an fp32 copy of its input (layers.c lower_act) */
+    struct hv xf = xr(c, MP_XR_X_FP32);
+    if (xf.p)
+        fstore(xf, x, xf.n);
+    for (int j = 0; mp_node_extra(n, MP_XR_ACT_PART, j) >= 0; j++) {
+        struct hv part = tview(c, MP_ST_ACT, mp_node_extra(n, MP_XR_ACT_PART, j));
+        NEED(part);
+        for (uint64_t i = 0; i < part.n; i++)
+            stf(part, i, gelu_part(n->act, j, x[i]));
+    }
     return MP_OK;
 }
 
