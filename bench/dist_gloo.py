@@ -23,15 +23,15 @@ and memplan's per-rank figure for the same run:
           --gpus W --parallel S --json  ->  memory.peak_requested_bytes (no 512-byte rounding:
           the CPU allocator does not round)
 Side by side: DeepSpeed's estimate_zero2/3_model_states_mem_needs (model states only), on the
-same parameter count (bench/dist_results.md explains the differences).
+same parameter count (bench/dist_gloo_results.md explains the differences).
 
 Allocations made inside c10d collectives or on gloo's threads (gloo's own scratch; NCCL works in
 the buffers the engine hands it) are taken out, with their frees, matched by address.  The model
-runs with use_cache=False and the fused gelu_pytorch_tanh (bench/dist_results.md says why).
+runs with use_cache=False and the fused gelu_pytorch_tanh (bench/dist_gloo_results.md says why).
 DIST_GLOO_TRACE=FILE writes rank 0's step-2 allocations (and FILE.alive: what is alive when step 2
 starts) for debugging.
 
-Usage: python3 bench/dist_gloo.py [--memplan ./memplan] [--out bench/dist_results.md] [--quick]
+Usage: python3 bench/dist_gloo.py [--memplan ./memplan] [--out bench/dist_gloo_results.md] [--quick]
 """
 import argparse
 import gc
@@ -253,8 +253,13 @@ def main():
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
+        keep = ""  # the hand-written reading of the results, kept across reruns
+        if os.path.exists(a.out):
+            old = open(a.out).read()
+            if "\n## Reading" in old:
+                keep = old[old.index("\n## Reading"):]
         with open(a.out, "w") as f:
-            f.write(text)
+            f.write(text + keep)
 
 
 if __name__ == "__main__":
