@@ -2,7 +2,7 @@
 # `make run` runs the main job on a bundled model.  Both install missing build
 # dependencies first (Debian: libcjson-dev libcmocka-dev) when run as root.
 #
-# Knobs: CUDA=auto|yes|no  CUDA_HOME=/usr/local/cuda  CUDA_ARCH="70 75 80 86 89 90" (+ PTX of the last)
+# Knobs: CUDA=auto|yes|no  BLAS=auto|yes|no  CUDA_HOME=/usr/local/cuda  CUDA_ARCH="70 75 80 86 89 90" (+ PTX of the last)
 #        SAN=1 (AddressSanitizer + UBSan)  V=1 (echo commands)  T=<suite> (one test)
 
 CC        ?= cc
@@ -33,6 +33,33 @@ else
   USE_CUDA :=
 endif
 
+# CPU BLAS for the host backend's GEMMs (optional): OpenBLAS through cblas, found with
+# pkg-config and checked by a real compile; BLAS=no builds the plain-C loops.
+BLAS ?= auto
+ifneq ($(filter-out auto yes no,$(BLAS)),)
+  $(error BLAS must be auto, yes or no (got '$(BLAS)'))
+endif
+ifneq ($(BLAS),no)
+  BLAS_PC := $(firstword $(foreach p,openblas cblas blas-openblas,$(shell pkg-config --exists $(p) 2>/dev/null && echo $(p))))
+  BLAS_CFLAGS := $(if $(BLAS_PC),$(shell pkg-config --cflags $(BLAS_PC)))
+  BLAS_LIBS := $(if $(BLAS_PC),$(shell pkg-config --libs $(BLAS_PC)))
+  HAVE_CBLAS := $(if $(BLAS_PC),$(shell printf '\043include <cblas.h>\nint main(void){float a=1,b=1,c=0;cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,1,1,1,1.f,&a,1,&b,1,0.f,&c,1);return c!=1;}\n' | $(CC) $(BLAS_CFLAGS) -x c -o /dev/null - $(BLAS_LIBS) >/dev/null 2>&1 && echo yes))
+endif
+ifeq ($(HAVE_CBLAS),yes)
+  USE_BLAS := yes
+else ifeq ($(BLAS),yes)
+  $(error BLAS=yes but no cblas (OpenBLAS) was found: make deps, or apt-get install libopenblas-dev)
+endif
+
+# DEPS_ROOT=DIR: libcjson/libcmocka unpacked from .deb files under DIR (a machine without apt
+# access, e.g. bench/gpu/run.sh with .deps/ carried along); headers and libraries come from there.
+DEPS_ROOT ?=
+ifneq ($(DEPS_ROOT),)
+  DEPS_LIBDIR := $(DEPS_ROOT)/usr/lib/$(shell $(CC) -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)
+  override CFLAGS += -I$(DEPS_ROOT)/usr/include
+  override LDFLAGS += -L$(DEPS_LIBDIR) -Wl,-rpath,$(DEPS_LIBDIR)
+endif
+
 PKG_CFLAGS := $(shell pkg-config --cflags libcjson cmocka 2>/dev/null)
 CJSON_LIBS := $(or $(shell pkg-config --libs libcjson 2>/dev/null),-lcjson)
 CMOCKA_LIBS := $(or $(shell pkg-config --libs cmocka 2>/dev/null),-lcmocka)
@@ -42,6 +69,11 @@ WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototyp
 override CFLAGS += -std=c11 $(WARN) -D_POSIX_C_SOURCE=200809L -Isrc $(PKG_CFLAGS) -MMD -MP \
                    -DMEMPLAN_DATADIR='"$(PREFIX)/share/memplan"'
 LDLIBS := $(CJSON_LIBS) -lm
+
+ifeq ($(USE_BLAS),yes)
+  override CFLAGS += -DMEMPLAN_HAVE_CBLAS $(BLAS_CFLAGS)
+  LDLIBS += $(BLAS_LIBS)
+endif
 
 ifeq ($(SAN),1)
   override CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -73,6 +105,7 @@ LIBOBJS := $(filter-out $(BUILD)/src/main.o,$(OBJS))
 TESTS := $(patsubst tests/test_%.c,%,$(wildcard tests/test_*.c))
 TESTBINS := $(TESTS:%=$(BUILD)/tests/test_%)
 
+$(info I memplan build: BLAS=$(BLAS) -> $(if $(USE_BLAS),✓ cblas for the host backend ($(BLAS_PC)),✗ cblas (host GEMMs in plain C; make deps installs OpenBLAS)))
 $(info I memplan build: CC=$(CC) CUDA=$(CUDA) -> $(if $(USE_CUDA),✓ cuda backend ($(NVCC_PATH); sm $(CUDA_ARCH_OK) + PTX $(lastword $(CUDA_ARCH_OK))$(if $(CUDA_ARCH_DROPPED),; ✗ sm $(CUDA_ARCH_DROPPED): not supported by this nvcc)),✗ cuda backend (host only)) SAN=$(or $(SAN),0))
 
 .PHONY: all deps run test test-unit test-cli test-gpu check-man bench install clean
@@ -104,15 +137,23 @@ $(BUILD)/%.o: %.cu
 $(BUILD)/tests/test_%: tests/test_%.c $(LIBOBJS)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $@"
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CMOCKA_LIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CMOCKA_LIBS)
 
 # Install the two Debian build dependencies when they are missing (root only).
 deps:
-	@if [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/cmocka.h ]; then \
+	@if { [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/cmocka.h ]; } && \
+	    { [ -z "$(DEPS_ROOT)" ] || [ ! -f "$(DEPS_ROOT)/usr/include/cjson/cJSON.h" ] || \
+	      [ ! -f "$(DEPS_ROOT)/usr/include/cmocka.h" ]; }; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "I installing libcjson-dev libcmocka-dev"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcjson-dev libcmocka-dev pkg-config >/dev/null; \
 	  else echo "memplan: need libcjson-dev and libcmocka-dev (apt-get install libcjson-dev libcmocka-dev)" >&2; exit 1; fi; \
+	fi
+	@# optional: OpenBLAS makes the host backend's GEMMs fast (a failure here is not an error)
+	@if [ "$(BLAS)" != no ] && ! pkg-config --exists openblas 2>/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "I installing libopenblas-dev (optional: fast host probes)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas-dev >/dev/null 2>&1 || \
+	    echo "I libopenblas-dev not installed: the host backend uses plain C"; \
 	fi
 
 RUN_MODEL ?= models/gpt2-124m.json
@@ -134,8 +175,9 @@ test-cli: memplan
 	$(ASAN_ENV) sh tests/cli.sh ./memplan
 	$(ASAN_ENV) sh tests/cli_output.sh ./memplan
 
-test-gpu: memplan $(BUILD)/tests/test_probe
+test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops
 	$(BUILD)/tests/test_probe
+	$(BUILD)/tests/test_probe_ops
 
 # ---- fuzzing (clang's libFuzzer; tests/fuzz/fuzz_model.c) ------------------------------------
 # `make fuzz` builds the harness with ASan + UBSan into build-fuzz/ and runs it FUZZ_TIME

@@ -34,7 +34,10 @@ void mp_train_opts_default(struct mp_train_opts *o)
 
 uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, const struct mp_param *q)
 {
-    uint64_t s = mp_dtype_size(p->param_dtype), n = q->elems;
+    uint64_t s = mp_dtype_size(q->dtype), n = q->elems;
+    (void)p;
+    if (!q->trainable)
+        return 0; /* frozen: no optimizer state */
     switch (o) {
     case MP_OPT_SGD: return 0;
     case MP_OPT_SGD_MOMENTUM: return n * s;
@@ -55,15 +58,15 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
 
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o)
 {
-    uint64_t s = mp_dtype_size(p->param_dtype), total = 0, largest = 0;
+    uint64_t total = 0, largest = 0;
     for (size_t i = 0; i < p->n_params; i++) {
-        total += p->params[i].elems;
-        largest = mp_max_u64(largest, p->params[i].elems);
+        total += mp_param_grad_bytes(&p->params[i]);
+        largest = mp_max_u64(largest, mp_param_grad_bytes(&p->params[i]));
     }
     switch (o) {
     case MP_OPT_ADAM:
-    case MP_OPT_ADAMW: return total * s; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
-    case MP_OPT_ADAFACTOR: return largest * s;
+    case MP_OPT_ADAMW: return total; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
+    case MP_OPT_ADAFACTOR: return largest;
     default: return 0;
     }
 }
@@ -82,6 +85,7 @@ struct rp {
     bool *live, *glive, *pglive, *is_input;
     int *uses, *saved, *holds;
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
+    bool *cached; /* per tensor: an autocast weight copy held by autocast's cache until the loss */
     /* data parallel (NULL pp: one GPU) */
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
@@ -152,6 +156,14 @@ static bool node_reads(const struct mp_node *n, int t, int upto)
     return false;
 }
 
+/* ZeRO-3 / FSDP gather each layer's parameters for its forward: what autocast's cache
+ * would keep of those is not modelled (DeepSpeed casts the parameters themselves). */
+static bool params_sharded(const struct rp *r)
+{
+    return r->pp && (r->t->par->strategy == MP_PAR_ZERO3 || r->t->par->strategy == MP_PAR_FSDP ||
+                     r->t->par->strategy == MP_PAR_FSDP_NO_RESHARD);
+}
+
 /* Forward of block i; kind FE records for backward, FN/FC do not. */
 static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
 {
@@ -173,6 +185,13 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
             t_alloc(r, n->out);
         for (int j = 0; j < n->n_extra; j++)
             t_alloc(r, n->extra[j]);
+        /* torch.autocast caches the half copy of every weight it casts (leaf, requires grad)
+         * until the autocast region ends, after the loss: under checkpointing the copies of
+         * every checkpointed layer outlive their no-grad forward (autocast_mode.cpp cached_cast) */
+        if (n->wcopy >= 0 && r->phase == MP_PH_FORWARD && !r->cached[n->wcopy] && !params_sharded(r)) {
+            r->cached[n->wcopy] = true;
+            r->holds[n->wcopy]++;
+        }
         tmp(r, (int)k, n->fwd_tmp_bytes, true);
         emit_fwd(r, (int)k, grad);
         tmp(r, (int)k, n->fwd_tmp_bytes, false);
@@ -364,7 +383,7 @@ static void drop_pgrads(struct rp *r, size_t g, bool whole_group, size_t blk)
         if (whole_group ? (size_t)r->pp->group_of_block[b] != g : (size_t)b != blk)
             continue;
         r->pglive[q] = false;
-        emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+        emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
     }
 }
 
@@ -425,7 +444,7 @@ static uint64_t par_param_bytes(const struct rp *r, size_t q)
     const struct mp_program *p = r->p;
     uint64_t P = mp_dtype_size(p->param_dtype), n = p->params[q].elems;
     if (!par_on(r))
-        return n * P;
+        return p->params[q].bytes; /* quantized weights: their packed parts */
     const struct mp_par_plan *pp = r->pp;
     bool off_par = pp->par.offload == MP_OFFLOAD_PARAMS;
     switch (pp->par.strategy) {
@@ -486,13 +505,20 @@ static void bwd_block(struct rp *r, size_t i)
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
         uint64_t incoming = 0; /* accumulation: the node's new weight gradients, added in place */
+        if (n->no_grad) { /* not recorded: no backward; nothing saved, no gradient flows */
+            if (!node_reads(n, n->out, 3))
+                g_free(r, n->out);
+            continue;
+        }
         for (int j = 0; j < 2; j++) {
             int q = n->param[j];
-            if (q >= 0 && !r->pglive[q]) {
+            if (q < 0 || !p->params[q].trainable)
+                continue;
+            if (!r->pglive[q]) {
                 r->pglive[q] = true;
-                emit(r, MP_EV_ALLOC, MP_ST_PGRAD, q, p->params[q].elems * mp_dtype_size(p->param_dtype));
-            } else if (q >= 0 && r->t->accumulate) {
-                incoming += p->params[q].elems * mp_dtype_size(p->param_dtype);
+                emit(r, MP_EV_ALLOC, MP_ST_PGRAD, q, mp_param_grad_bytes(&p->params[q]));
+            } else if (r->t->accumulate) {
+                incoming += mp_param_grad_bytes(&p->params[q]);
             }
         }
         if (n->grad_in)
@@ -516,7 +542,8 @@ static void bwd_block(struct rp *r, size_t i)
             g_free(r, n->out);
     }
     r->node = -1;
-    g_free(r, bp->output);
+    if (bp->output != bp->input) /* a block of views (flatten) passes its gradient on to block i-1 */
+        g_free(r, bp->output);
     /* A hold left on x_{i+1} comes from recomputing block i (B_{i+1} already ran):
      * B_i consumes that recomputed output (rotor: B_i frees xb_{i+1}). */
     while (r->holds[bp->output] > 0 && bp->output != bp->input) {
@@ -535,6 +562,14 @@ static void loss_op(struct rp *r)
     const struct mp_program *p = r->p;
     int out = p->blocks[p->n_blocks - 1].output;
     r->phase = MP_PH_LOSS;
+    /* the autocast region ends with the forward (loss included), before backward:
+     * its cache of weight copies is cleared */
+    for (size_t t = 0; t < p->n_tensors; t++)
+        if (r->cached[t]) {
+            r->cached[t] = false;
+            r->holds[t]--;
+            t_maybe_free(r, (int)t);
+        }
     if (r->st == MP_OK) {
         g_alloc(r, out);
         struct mp_event ev = {.kind = MP_EV_LOSS_GRAD, .store = MP_ST_GRAD, .id = out, .node = -1,
@@ -561,6 +596,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
     r.saved = calloc(nt, sizeof(int));
     r.holds = calloc(nt, sizeof(int));
     r.ckpt = calloc(p->n_blocks ? p->n_blocks : 1, sizeof(bool));
+    r.cached = calloc(nt, sizeof(bool));
     struct mp_schedule none;
     mp_schedule_init(&none);
     enum mp_status st = MP_OK;
@@ -581,7 +617,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
             goto out;
         }
     }
-    if (!r.live || !r.glive || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds || !r.ckpt) {
+    if (!r.live || !r.glive || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds || !r.ckpt || !r.cached) {
         st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
         goto out;
     }
@@ -618,8 +654,10 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         }
     else if (t->accumulate && !(r.pp && (r.pp->par.strategy == MP_PAR_ZERO2 || r.pp->par.strategy == MP_PAR_ZERO3)))
         for (size_t q = 0; q < p->n_params; q++) {
+            if (!p->params[q].trainable)
+                continue;
             r.pglive[q] = true;
-            emit(&r, MP_EV_ALLOC, MP_ST_PGRAD, (int)q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+            emit(&r, MP_EV_ALLOC, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
         }
     r.is_input[p->input] = true;
     r.live[p->input] = true;
@@ -664,7 +702,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
      * is one tensor the size of the largest parameter (id 0). */
     r.phase = MP_PH_STEP;
     bool per_param = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW;
-    uint64_t ps = mp_dtype_size(p->param_dtype);
+    uint64_t ps = mp_dtype_size(p->param_dtype); /* sharded paths: per element */
     uint64_t otmp = mp_opt_step_tmp_bytes(p, t->optimizer);
     /* Sharded: torch's foreach AdamW works on the fp32 shards (FSDP2); DeepSpeed's fused
      * Adam has no temporaries but ZeRO-1/2 make an fp32 gradient partition; offload steps
@@ -683,19 +721,23 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         for (size_t q = 0; q < p->n_params; q++)
             otmp = per_param ? otmp + tmp_of[q] * ps : mp_max_u64(otmp, tmp_of[q] * ps);
     }
-    if (per_param)
+    if (per_param) {
         for (size_t q = 0; q < p->n_params; q++)
-            emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, (int)q, (tmp_of ? tmp_of[q] : p->params[q].elems) * ps);
-    else if (otmp)
+            if (p->params[q].trainable)
+                emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, (int)q,
+                     tmp_of ? tmp_of[q] * ps : mp_param_grad_bytes(&p->params[q]));
+    } else if (otmp)
         emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, 0, otmp);
     if (r.st == MP_OK) {
         struct mp_event ev = {.kind = MP_EV_OPT_STEP, .store = MP_ST_OPT_TMP, .node = -1, .phase = r.phase};
         r.st = fn(ctx, &ev);
     }
-    if (per_param)
+    if (per_param) {
         for (size_t q = 0; q < p->n_params; q++)
-            emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, (int)q, (tmp_of ? tmp_of[q] : p->params[q].elems) * ps);
-    else if (otmp)
+            if (p->params[q].trainable)
+                emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, (int)q,
+                     tmp_of ? tmp_of[q] * ps : mp_param_grad_bytes(&p->params[q]));
+    } else if (otmp)
         emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, 0, otmp);
     if (z12 && r.pp->par.offload == MP_OFFLOAD_NONE)
         comm(&r, false, 0, MP_COMM_STEP_GRAD, r.pp->partition_elems * 4);
@@ -706,7 +748,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
                 comm(&r, false, g, MP_COMM_RS_OUT, r.pp->groups[g].shard_elems * r.pp->reduce_elem_bytes);
     for (size_t q = 0; q < p->n_params; q++)
         if (r.pglive[q])
-            emit(&r, MP_EV_FREE, MP_ST_PGRAD, (int)q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+            emit(&r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
     /* Anything still live is a bookkeeping bug; release it so visitors stay balanced. */
     for (size_t i = 0; i < p->n_tensors && r.st == MP_OK; i++) {
         if (r.glive[i])
@@ -731,6 +773,7 @@ out:
     free(r.saved);
     free(r.holds);
     free(r.ckpt);
+    free(r.cached);
     return st;
 }
 
@@ -993,12 +1036,11 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     memset(e, 0, sizeof *e);
     e->params = p->total_params;
     e->trainable_params = p->trainable_params;
-    uint64_t ps = mp_dtype_size(p->param_dtype);
     for (size_t q = 0; q < p->n_params; q++) {
-        e->weights_bytes += p->params[q].elems * ps;
+        e->weights_bytes += p->params[q].raw_bytes;
+        e->grads_bytes += mp_param_grad_bytes(&p->params[q]);
         e->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
     }
-    e->grads_bytes = e->weights_bytes;
     e->input_bytes = p->tensors[p->input].bytes + (p->labels >= 0 ? p->tensors[p->labels].bytes : 0);
     e->workspace_bytes = t->cublas_workspace_bytes;
     e->optimizer_tmp_bytes = mp_opt_step_tmp_bytes(p, t->optimizer);
@@ -1107,10 +1149,10 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
         const struct mp_block_prog *bp = &p->blocks[i];
         b->params = bp->params;
         for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++) {
-            b->weights_bytes += p->params[q].elems * ps;
+            b->weights_bytes += p->params[q].raw_bytes;
+            b->grads_bytes += mp_param_grad_bytes(&p->params[q]);
             b->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
         }
-        b->grads_bytes = b->weights_bytes;
         b->activation_bytes = ch.xb[i + 1];
         b->output_bytes = p->tensors[bp->output].bytes;
         b->fwd_flops = bp->fwd_flops;
@@ -1207,7 +1249,8 @@ enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c,
     for (size_t i = 0; i < L; i++) {
         c->f[i] = p->blocks[i].fwd_flops;
         c->b[i] = p->blocks[i].bwd_flops;
-        uint64_t grow = m.end[i] - m.begin[i];
+        /* a block can free more than it keeps (a small head that frees the last hidden state) */
+        uint64_t grow = m.end[i] > m.begin[i] ? m.end[i] - m.begin[i] : 0;
         c->xb[i + 1] = mp_max_u64(grow, c->x[i + 1]);
         c->ft[i] = m.peak_in[i] > m.end[i] ? m.peak_in[i] - m.end[i] : 0;
         size_t bpos = L + 1 + (L - 1 - i);

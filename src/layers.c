@@ -63,13 +63,14 @@ const char *mp_prim_str(enum mp_prim p)
                                         "rmsnorm",   "rope",     "attention", "activation", "mul",
                                         "dropout",   "add",      "conv2d",  "batchnorm2d", "maxpool2d",
                                         "avgpool2d", "adaptive_avgpool2d", "view", "log_softmax", "nll_loss",
-                                        "custom"};
+                                        "custom",    "scale"};
     return (unsigned)p < MP_P_COUNT ? n[p] : "?";
 }
 
 void mp_build_opts_default(struct mp_build_opts *o)
 {
     memset(o, 0, sizeof *o);
+    mp_finetune_default(&o->ft);
     o->batch = 1;
     o->precision = MP_PREC_AMP_BF16;
     o->attention = MP_ATTN_SDPA;
@@ -95,6 +96,8 @@ struct bld {
     int rope_cos_sin; /* the model's rotary cos/sin tables (created by the first rope node), or -1 */
     uint64_t b, s;
     bool amp;
+    bool in_adapter;  /* lowering a LoRA adapter: its Linears are trainable fp32, never quantized */
+    bool trained;     /* the current block's own parameters train (full, or freeze-selected) */
 };
 
 static bool failed(const struct bld *B) { return B->st != MP_OK; }
@@ -214,6 +217,7 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     n->in[0] = n->in[1] = n->in[2] = -1;
     n->out = -1;
     n->keep = -1;
+    n->wcopy = -1;
     n->param[0] = n->param[1] = -1;
     n->grad_in = true;
     return n;
@@ -232,15 +236,58 @@ static void save(struct mp_node *n, int t)
         MP_BUG("node %s saves too many tensors", n->name);
 }
 
-static void extra(struct mp_node *n, int t, bool saved)
+/* An extra tensor t of n (created with it, saved for backward), with its role. */
+static void extra_as(struct mp_node *n, int t, enum mp_xrole role)
 {
     if (!n || t < 0)
         return;
     if (n->n_extra >= MP_NODE_EXTRA_MAX)
         MP_BUG("node %s has too many extras", n->name);
+    n->extra_role[n->n_extra] = role;
     n->extra[n->n_extra++] = t;
-    if (saved)
-        save(n, t);
+    save(n, t);
+}
+
+/* Sets n's forward or backward transient workspace to its parts (role, bytes), laid end to end. */
+static void tmp_parts(struct bld *B, struct mp_node *n, bool bwd, int count, const enum mp_trole *roles,
+                      const uint64_t *bytes)
+{
+    if (!n)
+        return;
+    if (count > MP_NODE_TMP_MAX)
+        MP_BUG("node %s has too many temporaries", n->name);
+    struct mp_tmp_part *pt = bwd ? n->bwd_tmp : n->fwd_tmp;
+    uint64_t off = 0;
+    for (int i = 0; i < count; i++) {
+        pt[i] = (struct mp_tmp_part){roles[i], off, bytes[i]};
+        off = add(B, off, bytes[i]);
+    }
+    *(bwd ? &n->n_bwd_tmp : &n->n_fwd_tmp) = count;
+    *(bwd ? &n->bwd_tmp_bytes : &n->fwd_tmp_bytes) = off;
+}
+
+/* One transient of one role (MP_TR_OTHER: counted only). */
+static void tmp_one(struct bld *B, struct mp_node *n, bool bwd, enum mp_trole role, uint64_t bytes)
+{
+    tmp_parts(B, n, bwd, bytes ? 1 : 0, &role, &bytes);
+}
+
+int mp_node_extra(const struct mp_node *n, enum mp_xrole r, int nth)
+{
+    for (int j = 0; j < n->n_extra; j++)
+        if (n->extra_role[j] == r && nth-- == 0)
+            return n->extra[j];
+    return -1;
+}
+
+const struct mp_tmp_part *mp_node_tmp(const struct mp_node *n, bool bwd, enum mp_trole r)
+{
+    const struct mp_tmp_part *pt = bwd ? n->bwd_tmp : n->fwd_tmp;
+    int cnt = bwd ? n->n_bwd_tmp : n->n_fwd_tmp;
+    for (int i = 0; i < cnt; i++)
+        if (pt[i].role == r && pt[i].bytes)
+            return &pt[i];
+    return NULL;
 }
 
 static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t cols, bool matmul)
@@ -260,6 +307,10 @@ static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t co
     q->matrix = rows > 1 && cols > 1;
     q->matmul = matmul;
     q->block = B->block;
+    q->dtype = B->in_adapter ? MP_DT_F32 : p->param_dtype; /* peft autocast_adapter_dtype: fp32 adapters */
+    q->trainable = B->in_adapter || B->trained;
+    q->adapter = B->in_adapter;
+    q->raw_bytes = q->bytes = mul(B, q->elems, mp_dtype_size(q->dtype));
     p->total_params = add(B, p->total_params, q->elems);
     return (int)p->n_params++;
 }
@@ -336,30 +387,40 @@ static struct mp_node *matmul_node(struct bld *B, enum mp_prim prim, const char 
     if (B->amp && w >= 0) {
         char wn[112];
         snprintf(wn, sizeof wn, "%s.weight_copy", name);
-        extra(n, new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems), true);
+        n->wcopy = new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems);
+        extra_as(n, n->wcopy, MP_XR_WEIGHT_COPY);
         /* backward: the half weight gradient, then its fp32 copy into .grad */
-        n->bwd_tmp_bytes = mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype));
+        tmp_one(B, n, true, MP_TR_WGRAD_HALF, mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype)));
     }
     return n;
 }
 
 /* ---- primitive lowerings ------------------------------------------------------------ */
 
-/* A copy of x in dtype dt (autocast casts, .float(), .contiguous()): ToCopyBackward0
- * saves nothing; its backward converts the gradient back. */
-static struct val cast_to(struct bld *B, struct val x, enum mp_dtype dt, const char *name)
+/* A new value of x's shape: a copy in dtype dt (autocast casts, .float(), .contiguous():
+ * ToCopyBackward0 saves nothing; its backward converts the gradient back), or LoRA's
+ * scaling by a Python float (scale != 0; MulBackward0 of a scalar saves nothing). */
+static struct val lower_copy(struct bld *B, struct val x, enum mp_dtype dt, double scale, const char *name)
 {
+    if (failed(B))
+        return x;
     struct val y = like(B, name, x, dt, ng(B, x));
-    struct mp_node *n = new_node(B, MP_P_CAST, name);
+    struct mp_node *n = new_node(B, scale != 0 ? MP_P_SCALE : MP_P_CAST, name);
     if (!n)
         return y;
     n->in[0] = x.t;
     n->out = y.t;
+    n->p = scale;
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = (double)T(B, x.t)->elems;
     n->bwd_flops = n->fwd_flops;
     return y;
+}
+
+static struct val cast_to(struct bld *B, struct val x, enum mp_dtype dt, const char *name)
+{
+    return lower_copy(B, x, dt, 0, name);
 }
 
 /* Autocast: matmul/conv inputs in the half dtype.  Returns x itself when no cast is needed. */
@@ -368,16 +429,38 @@ static struct val autocast_in(struct bld *B, struct val x, const char *name)
     enum mp_dtype c = B->p->compute_dtype;
     if (!B->amp || dt_of(B, x) == c || failed(B))
         return x;
-    return cast_to(B, x, c, name);
+    return lower_copy(B, x, c, 0, name);
+}
+
+static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
+                             const char *name);
+
+/* The base storage of a Linear that is not the output layer: quantized (QLoRA, or the
+ * checkpoint's quantization_config), else NULL. */
+static const struct mp_quant *base_quant(struct bld *B, bool head)
+{
+    if (B->in_adapter || head)
+        return NULL;
+    if (B->m->quant.kind != MP_Q_NONE)
+        return &B->m->quant;
+    if (B->p->opts.ft.mode == MP_FT_QLORA)
+        return &B->p->opts.ft.quant;
+    return NULL;
 }
 
 /* nn.Linear: saves its (cast) input and, under autocast, a half copy of W.
- * tied >= 0 uses that parameter as W (an lm_head tied to the embedding). */
+ * tied >= 0 uses that parameter as W (an lm_head tied to the embedding).
+ * A quantized base (bitsandbytes Linear4bit, GPTQ, AWQ) keeps packed storage and
+ * dequantizes W (out x in, compute dtype) into a temporary in forward and again in
+ * backward (bitsandbytes MatMul4Bit saves only the packed weight, memory-facts §12);
+ * autocast makes no weight copy of it.  A LoRA target gets its adapter after. */
 static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, bool bias,
                                  const char *name, int tied)
 {
     if (!width_ok(B, x, in_f, "in_features", name))
         return x;
+    bool head = B->layer && (B->layer->type == MP_LT_LM_HEAD || B->layer->type == MP_LT_CLASSIFIER);
+    const struct mp_quant *qz = tied < 0 ? base_quant(B, head) : NULL;
     char cname[64];
     snprintf(cname, sizeof cname, "%s.cast", name);
     struct val xin = autocast_in(B, x, cname);
@@ -391,8 +474,21 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
         snprintf(B->p->params[w].name, sizeof B->p->params[w].name, "%s%s%s", B->prefix, *B->prefix ? "." : "",
                  pn);
     }
+    if (qz && w >= 0) {
+        struct mp_param *q = &B->p->params[w];
+        q->dtype = MP_DT_U8;
+        q->trainable = false;
+        q->raw_bytes = mp_quant_weight_bytes(qz, out_f, in_f);
+        q->bytes = mp_quant_alloc_bytes(qz, out_f, in_f);
+        if (!q->bytes)
+            overflow(B);
+    }
     struct val y = with_last(B, name, xin, out_f, odt, true);
+    bool amp = B->amp;
+    if (qz)
+        B->amp = false; /* no autocast weight copy of a packed weight */
     struct mp_node *n = matmul_node(B, MP_P_LINEAR, name, xin, y, w, bp);
+    B->amp = amp;
     if (!n)
         return y;
     n->rows = rows_of(xin);
@@ -400,6 +496,20 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
     n->k = in_f;
     n->fwd_flops = 2.0 * (double)n->rows * (double)in_f * (double)out_f;
     n->bwd_flops = ng(B, xin) ? 2.0 * n->fwd_flops : n->fwd_flops;
+    if (qz) {
+        uint64_t dq = mp_quant_dequant_bytes(qz, out_f, in_f, mp_dtype_size(odt));
+        if (!dq)
+            overflow(B);
+        n->quantized = true;
+        tmp_one(B, n, false, MP_TR_DEQUANT, dq);
+        tmp_one(B, n, true, MP_TR_DEQUANT, dq);
+        /* dequantize: one pass over the weight in each direction */
+        n->fwd_flops += 2.0 * (double)out_f * (double)in_f;
+        n->bwd_flops += 2.0 * (double)out_f * (double)in_f;
+    }
+    if (!B->in_adapter && !head && tied < 0 &&
+        mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head))
+        y = lower_lora(B, x, y, in_f, out_f, name);
     return y;
 }
 
@@ -437,9 +547,9 @@ static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, boo
     save(n, xin.t);
     char en[80];
     snprintf(en, sizeof en, "%s.mean", name);
-    extra(n, new_flat(B, en, MP_DT_F32, M), true);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_MEAN);
     snprintf(en, sizeof en, "%s.rstd", name);
-    extra(n, new_flat(B, en, MP_DT_F32, M), true);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSTD);
     n->rows = M;
     n->n = dim;
     n->fwd_flops = 8.0 * (double)T(B, xin.t)->elems;
@@ -449,8 +559,10 @@ static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, boo
 
 /* HF RMSNorm (LlamaRMSNorm): x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(in dtype).
  * Saves the fp32 input (a copy when x is half), rsqrt (M fp32) and the normalized
- * tensor in x's dtype; the fp32 x^2 is a forward transient. */
-static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, const char *name)
+ * tensor in x's dtype; the fp32 x^2 is a forward transient.  f32w (Gemma*RMSNorm,
+ * Olmo2RMSNorm): (weight * normalized) in fp32, then .to(x's dtype): the normalized tensor
+ * is saved in fp32 and the output has x's dtype. */
+static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool f32w, const char *name)
 {
     if (!width_ok(B, x, dim, "dim", name))
         return x;
@@ -458,7 +570,7 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, const
     snprintf(pn, sizeof pn, "%s.weight", name);
     int g = new_param(B, pn, 1, dim, false);
     enum mp_dtype xdt = dt_of(B, x);
-    struct val y = like(B, name, x, promote(xdt, B->p->param_dtype), true);
+    struct val y = like(B, name, x, f32w ? xdt : promote(xdt, B->p->param_dtype), true);
     struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
     if (!n)
         return y;
@@ -471,13 +583,13 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, const
         save(n, x.t);
     } else {
         snprintf(en, sizeof en, "%s.x_fp32", name);
-        extra(n, new_flat(B, en, MP_DT_F32, N), true);
+        extra_as(n, new_flat(B, en, MP_DT_F32, N), MP_XR_X_FP32);
     }
     snprintf(en, sizeof en, "%s.rsqrt", name);
-    extra(n, new_flat(B, en, MP_DT_F32, M), true);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSQRT);
     snprintf(en, sizeof en, "%s.normed", name);
-    extra(n, new_flat(B, en, xdt, N), true);
-    n->fwd_tmp_bytes = mul(B, N, 4); /* x^2 in fp32 (or the fp32 normalized tensor before the cast) */
+    extra_as(n, new_flat(B, en, f32w ? MP_DT_F32 : xdt, N), MP_XR_NORMED);
+    tmp_one(B, n, false, MP_TR_OTHER, mul(B, N, 4)); /* x^2 in fp32 (or the fp32 normalized tensor before the cast) */
     n->rows = M;
     n->n = dim;
     n->fwd_flops = 6.0 * (double)N;
@@ -488,37 +600,57 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, const
 static struct val lower_norm(struct bld *B, struct val x, const struct mp_layer *l, enum mp_norm kind,
                              uint64_t dim, const char *name)
 {
-    (void)l;
     if (kind == MP_NORM_RMSNORM)
-        return lower_rmsnorm(B, x, dim, name);
+        return lower_rmsnorm(B, x, dim, l->rms_fp32, name);
     return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
 }
 
+/* An activation.  Under autocast with a half input, a composite that calls an op on CUDA
+ * autocast's fp32 list (the amp32 column: gelu_new's torch.pow) runs in fp32 from there on:
+ * pow saves an fp32 copy of its input, the later intermediates and the output are fp32,
+ * and the next Linear casts the output back (its saved half copy).  CUDA's list, not the
+ * CPU's: memplan plans CUDA runs (bench/torch_step_results.md lists the CPU difference). */
 static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool inplace, const char *name)
 {
     if (failed(B))
         return x;
+    enum mp_dtype xdt = dt_of(B, x);
+    bool amp32 = B->amp && xdt != MP_DT_F32;
     bool saves_out = mp_act_saves_output(act);
-    struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, dt_of(B, x), ng(B, x));
+    enum mp_dtype odt = amp32 && mp_act_fp32_under_amp(act, "out") ? MP_DT_F32 : xdt;
+    struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, odt, ng(B, x));
     struct mp_node *n = new_node(B, MP_P_ACT, name);
     if (!n)
         return y;
     n->in[0] = x.t;
     n->out = y.t;
     n->act = act;
-    save(n, saves_out ? y.t : x.t);
+    char en[112];
+    if (saves_out) {
+        save(n, y.t);
+    } else if (amp32 && mp_act_fp32_under_amp(act, "in")) {
+        snprintf(en, sizeof en, "%s.x_fp32", name); /* autocast's cast for pow, saved by pow */
+        extra_as(n, new_flat(B, en, MP_DT_F32, T(B, x.t)->elems), MP_XR_X_FP32);
+    } else {
+        save(n, x.t);
+    }
     /* HF's Python composites (gelu_new, gelu_fast) keep intermediates the size of x */
     size_t n_extras = 0;
+    bool any32 = false;
     for (const char *e = mp_act_intermediates(act); *e; n_extras++) {
         size_t w = strcspn(e, " ");
-        char en[112];
-        snprintf(en, sizeof en, "%s.%.*s", name, (int)w, e);
-        extra(n, new_flat(B, en, dt_of(B, x), T(B, x.t)->elems), true);
+        char word[64];
+        snprintf(word, sizeof word, "%.*s", (int)w, e);
+        bool f32 = amp32 && mp_act_fp32_under_amp(act, word);
+        any32 |= f32;
+        snprintf(en, sizeof en, "%s.%s", name, word);
+        extra_as(n, new_flat(B, en, f32 ? MP_DT_F32 : xdt, T(B, x.t)->elems), MP_XR_ACT_PART);
         e += w;
         e += strspn(e, " ");
     }
+    /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
     if (n_extras)
-        n->fwd_tmp_bytes = mul(B, T(B, x.t)->bytes, 2); /* pow(x, 3) and the polynomial, not saved */
+        tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2));
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
@@ -540,7 +672,7 @@ static struct val lower_dropout(struct bld *B, struct val x, double p, const cha
     n->in[0] = x.t;
     n->out = y.t;
     n->p = p;
-    extra(n, new_flat(B, mn, MP_DT_U8, T(B, x.t)->elems), true);
+    extra_as(n, new_flat(B, mn, MP_DT_U8, T(B, x.t)->elems), MP_XR_DROP_MASK);
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 2.0 * (double)T(B, x.t)->elems;
@@ -570,6 +702,38 @@ static struct val lower_add(struct bld *B, struct val a, struct val b, const cha
     return y;
 }
 
+/* peft LoRA Linear.forward (tuners/lora/layer.py): result = base(x); x = x.to(A's dtype);
+ * result = result + lora_B(lora_A(dropout(x))) * scaling; result.to(base result dtype).
+ * A (r x in) and B (out x r) are fp32 (autocast_adapter_dtype).  Autograd keeps what
+ * each op's gradients need: lora_A its input (x, or dropout(x) and the mask), lora_B
+ * A.x; the scaling multiply and the sums keep nothing. */
+static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
+                             const char *name)
+{
+    const struct mp_finetune *ft = &B->p->opts.ft;
+    char saved[96], nm[64];
+    with_prefix(B, B->prefix, name, saved);
+    B->in_adapter = true;
+    struct val xa = x;
+    if (dt_of(B, x) != MP_DT_F32)
+        xa = lower_copy(B, x, MP_DT_F32, 0, "lora_cast");
+    if (ft->dropout > 0)
+        xa = lower_dropout(B, xa, ft->dropout, "lora_dropout");
+    struct val a = lower_linear_p(B, xa, in_f, ft->r, false, "lora_A", -1);
+    struct val bo = lower_linear_p(B, a, ft->r, out_f, false, "lora_B", -1);
+    B->in_adapter = false;
+    if (!failed(B))
+        B->p->adapter_params = add(B, B->p->adapter_params, mul(B, ft->r, add(B, in_f, out_f)));
+    struct val sc = lower_copy(B, bo, dt_of(B, bo), ft->alpha / (double)ft->r, "lora_scale");
+    struct val sum = lower_add(B, base, sc, "lora_add");
+    if (!failed(B) && dt_of(B, sum) != dt_of(B, base)) {
+        snprintf(nm, sizeof nm, "lora_to_%s", mp_dtype_str(dt_of(B, base)));
+        sum = lower_copy(B, sum, dt_of(B, base), 0, nm);
+    }
+    restore_prefix(B, saved);
+    return sum;
+}
+
 static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer *l, uint64_t heads,
                              const char *name)
 {
@@ -588,7 +752,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
      * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
     if (B->rope_cos_sin < 0) {
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", B->p->param_dtype, mul(B, mul(B, 2, B->s), n->rotary_dim));
-        extra(n, B->rope_cos_sin, true);
+        extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
     } else {
         save(n, B->rope_cos_sin);
     }
@@ -596,7 +760,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->rows = rows_of(x);
     n->n = last_dim(x);
     /* q*cos, rotate_half(q) (a cat of two halves) and *sin: two x-sized temporaries. */
-    n->fwd_tmp_bytes = mul(B, T(B, x.t)->bytes, 2);
+    tmp_one(B, n, false, MP_TR_OTHER, mul(B, T(B, x.t)->bytes, 2));
     n->fwd_flops = 3.0 * (double)T(B, x.t)->elems;
     n->bwd_flops = n->fwd_flops;
     return y;
@@ -642,42 +806,72 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
         save(n, y.t);
         uint64_t s_lse = cdt == MP_DT_F32 ? round_up(s, 32) : s;
         snprintf(en, sizeof en, "%s.lse", name);
-        extra(n, new_flat(B, en, MP_DT_F32, mul(B, mul(B, a, b), s_lse)), true);
+        extra_as(n, new_flat(B, en, MP_DT_F32, mul(B, mul(B, a, b), s_lse)), MP_XR_LSE);
         /* backward: softmax_d [b,a,s_r] and dq_accum [b,s_r,a,d_r] in fp32 (flash_api mha_bwd) */
         uint64_t s_r = round_up(s, 128), d_r = round_up(d, 32);
-        n->bwd_tmp_bytes = add(B, mul(B, mul(B, mul(B, b, a), s_r), 4), mul(B, mul(B, mul(B, mul(B, b, s_r), a), d_r), 4));
+        const enum mp_trole fr[2] = {MP_TR_FLASH_D, MP_TR_FLASH_DQ};
+        const uint64_t fb[2] = {mul(B, mul(B, mul(B, b, a), s_r), 4), mul(B, mul(B, mul(B, mul(B, b, s_r), a), d_r), 4)};
+        tmp_parts(B, n, true, 2, fr, fb);
     } else {
         /* Eager: contiguous copies of q, k, v (reshape of transposed views, repeat_kv),
          * scores, softmax (fp32 under autocast), its cast, dropout. */
         const char *cn[3] = {"q_copy", "k_copy", "v_copy"};
+        const enum mp_xrole cr[3] = {MP_XR_Q_COPY, MP_XR_K_COPY, MP_XR_V_COPY};
         for (int i = 0; i < 3; i++) {
             snprintf(en, sizeof en, "%s.%s", name, cn[i]);
-            extra(n, new_flat(B, en, cdt, mul(B, asb, d)), true);
+            extra_as(n, new_flat(B, en, cdt, mul(B, asb, d)), cr[i]);
+        }
+        if (l->attn_softcap > 0) { /* scores / cap, tanh (saves its output), * cap (Gemma2) */
+            snprintf(en, sizeof en, "%s.softcap_tanh", name);
+            extra_as(n, new_flat(B, en, cdt, ass), MP_XR_SOFTCAP_TANH);
         }
         enum mp_dtype sm = B->amp ? MP_DT_F32 : cdt;
         snprintf(en, sizeof en, "%s.probs", name);
-        extra(n, new_flat(B, en, sm, ass), true); /* softmax saves its output */
+        extra_as(n, new_flat(B, en, sm, ass), MP_XR_PROBS); /* softmax saves its output */
         if (l->attn_dropout > 0) {
             snprintf(en, sizeof en, "%s.dropout_mask", name);
-            extra(n, new_flat(B, en, MP_DT_U8, ass), true);
+            extra_as(n, new_flat(B, en, MP_DT_U8, ass), MP_XR_ATTN_DROP_MASK);
             snprintf(en, sizeof en, "%s.probs_dropped", name); /* saved by P@V */
-            extra(n, new_flat(B, en, cdt, ass), true);
+            extra_as(n, new_flat(B, en, cdt, ass), MP_XR_PROBS_DROPPED);
         } else if (sm != cdt) {
             snprintf(en, sizeof en, "%s.probs_cast", name); /* probs.to(v dtype), saved by P@V */
-            extra(n, new_flat(B, en, cdt, ass), true);
+            extra_as(n, new_flat(B, en, cdt, ass), MP_XR_PROBS_CAST);
         }
         /* forward transients: scores and masked scores (cdt), the fp32 upcast, the (b,a,s,d) output
          * before its transpose-copy */
         uint64_t sc = mul(B, ass, mp_dtype_size(cdt));
-        n->fwd_tmp_bytes = add(B, add(B, mul(B, sc, 2), sm != cdt ? mul(B, ass, 4) : 0), qbytes);
+        const enum mp_trole er[3] = {MP_TR_SCORES, MP_TR_SCORES_F32, MP_TR_ATTN_OUT};
+        const uint64_t eb[3] = {mul(B, sc, 2), sm != cdt ? mul(B, ass, 4) : 0, qbytes};
+        tmp_parts(B, n, false, 3, er, eb);
         /* backward: grad of probs and the softmax backward output, fp32 */
-        n->bwd_tmp_bytes = mul(B, mul(B, ass, mp_dtype_size(sm)), 2);
+        tmp_one(B, n, true, MP_TR_PROBS_GRAD, mul(B, mul(B, ass, mp_dtype_size(sm)), 2));
     }
     double f = 4.0 * (double)b * (double)a * (double)s * (double)s * (double)d;
     if (l->causal && !eager)
         f /= 2.0;
     n->fwd_flops = f;
     n->bwd_flops = 2.5 * f;
+    return y;
+}
+
+/* RMSNorm of a q or k projection: over each head (the (b, s, heads, d) view; weight d) or
+ * over the whole projection. */
+static struct val qk_norm(struct bld *B, struct val x, const struct mp_layer *l, uint64_t heads, const char *name)
+{
+    if (failed(B) || l->qk_norm == MP_QK_NORM_ALL)
+        return lower_rmsnorm(B, x, last_dim(x), l->rms_fp32, name);
+    struct val v = x; /* (b, s, heads, d): a view */
+    v.rank = x.rank + 1;
+    v.shape[x.rank - 1] = heads;
+    v.shape[x.rank] = l->head_dim;
+    struct val y = lower_rmsnorm(B, v, l->head_dim, l->rms_fp32, name);
+    y.rank = x.rank;
+    y.shape[x.rank - 1] = last_dim(x);
+    if (!failed(B)) { /* the output tensor is stored (b, s, heads * d), like q */
+        struct mp_tensor *t = T(B, y.t);
+        t->rank = y.rank;
+        memcpy(t->shape, y.shape, sizeof t->shape);
+    }
     return y;
 }
 
@@ -700,12 +894,19 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
         v = lower_linear(B, x, hidden, kd, l->qkv_bias, "v_proj");
     }
+    if (l->qk_norm != MP_QK_NORM_NONE) {
+        q = qk_norm(B, q, l, a, "q_norm");
+        k = qk_norm(B, k, l, kv, "k_norm");
+    }
     if (l->rope) {
         q = lower_rope(B, q, l, a, "q_rope");
         k = lower_rope(B, k, l, kv, "k_rope");
     }
+    /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies */
+    q = autocast_in(B, q, "q_cast");
+    k = autocast_in(B, k, "k_cast");
     struct val o = lower_attn_core(B, q, k, v, l, "sdpa");
-    if (l->rope && l->rotary_dim && l->rotary_dim < l->head_dim && !failed(B)) {
+    if (l->rope && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) && !failed(B)) {
         /* Partial rotary builds q with torch.cat, so the attention output follows q's
          * layout and transpose(1, 2).contiguous() copies it (gpt_neox, phi). */
         o = cast_to(B, o, dt_of(B, o), "out_contiguous");
@@ -722,8 +923,14 @@ static struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *
     with_prefix(B, B->prefix, name, saved);
     struct val y;
     if (l->gated) {
-        struct val g = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "gate_proj");
-        struct val u = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "up_proj");
+        struct val g, u;
+        if (l->fused_gate_up) { /* Phi-3: gate_up_proj, chunked into two views of one storage */
+            g = u = lower_linear(B, x, hidden, mul(B, 2, l->ffn), l->mlp_bias, "gate_up_proj");
+            g.shape[g.rank - 1] = u.shape[u.rank - 1] = l->ffn;
+        } else {
+            g = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "gate_proj");
+            u = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "up_proj");
+        }
         struct val ga = lower_act(B, g, l->act, false, "act");
         struct val m = like(B, "mul", ga, dt_of(B, ga), true);
         struct mp_node *n = new_node(B, MP_P_MUL, "mul");
@@ -753,14 +960,23 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
     uint64_t h = l->dim;
     if (!width_ok(B, x, h, "dim", ""))
         return x;
+    double ap = l->no_attn_out_dropout ? 0.0 : l->p; /* dropout on the attention branch */
     if (l->post_norm) { /* BERT: x = ln(x + drop(attn(x))); x = ln(x + drop(mlp(x))) */
-        struct val a = lower_dropout(B, lower_attention(B, x, l, h, "attn"), l->p, "attn_dropout");
+        struct val a = lower_dropout(B, lower_attention(B, x, l, h, "attn"), ap, "attn_dropout");
         struct val h1 = lower_norm(B, lower_add(B, x, a, "attn_residual"), l, l->norm, h, "attn_norm");
         struct val m = lower_dropout(B, lower_mlp(B, h1, l, h, "mlp"), l->p, "mlp_dropout");
         return lower_norm(B, lower_add(B, h1, m, "mlp_residual"), l, l->norm, h, "mlp_norm");
     }
+    if (l->branch_norm) { /* Gemma2/3: x + post(attn(pre(x))); OLMo2 (no_pre_norm): x + post(attn(x)) */
+        struct val n1 = l->no_pre_norm ? x : lower_norm(B, x, l, l->norm, h, "ln_1");
+        struct val a = lower_norm(B, lower_attention(B, n1, l, h, "attn"), l, l->norm, h, "post_attn_norm");
+        struct val h1 = lower_add(B, x, lower_dropout(B, a, ap, "attn_dropout"), "attn_residual");
+        struct val n2 = l->no_pre_norm ? h1 : lower_norm(B, h1, l, l->norm, h, "ln_2");
+        struct val m = lower_norm(B, lower_mlp(B, n2, l, h, "mlp"), l, l->norm, h, "post_mlp_norm");
+        return lower_add(B, h1, lower_dropout(B, m, l->p, "mlp_dropout"), "mlp_residual");
+    }
     struct val n1 = lower_norm(B, x, l, l->norm, h, "ln_1");
-    struct val a = lower_dropout(B, lower_attention(B, n1, l, h, "attn"), l->p, "attn_dropout");
+    struct val a = lower_dropout(B, lower_attention(B, n1, l, h, "attn"), ap, "attn_dropout");
     if (l->parallel_residual) {
         struct val n2 = l->shared_norm ? n1 : lower_norm(B, x, l, l->norm, h, "ln_2");
         struct val m = lower_dropout(B, lower_mlp(B, n2, l, h, "mlp"), l->p, "mlp_dropout");
@@ -774,14 +990,16 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
 }
 
 /* Cross-entropy as PyTorch runs it: an fp32 upcast of half logits, log_softmax, nll_loss.
- * HF's causal-LM loss always upcasts (`logits.float()`, ForCausalLMLoss); a plain
- * F.cross_entropy upcasts only under autocast (cross_entropy is on the CUDA fp32 list), so
- * a pure-bf16 classifier keeps bf16 log-probs.  The order matters for the peak: backward
- * runs NllLossBackward (the dense M*V gradient of the log-probs; frees the labels and
- * total_weight), LogSoftmaxBackward (the gradient of the fp32 logits; frees the log-probs),
- * and only then ToCopyBackward0 makes the half gradient of the logits (M*V*2) and frees the
- * fp32 one.  In the forward the half logits stay alive (the model's local) while the
- * log-probs are made.  shift: HF causal LMs shift the labels into a new int64 tensor.
+ * upcast: HF's causal-LM loss (ForCausalLMLoss) and token classification call
+ * logits.float() whatever the precision; a plain nn.CrossEntropyLoss (HF *ForMaskedLM,
+ * pooled classification heads, images) is upcast only by autocast (cross_entropy is on the
+ * CUDA fp32 list), so in pure bf16 its log-probs are bf16.  shift: HF causal LMs shift the
+ * labels into a new int64 tensor; the others read the labels as they are.
+ * The order matters for the peak: backward runs NllLossBackward (the dense M*V gradient of
+ * the log-probs; frees the labels and total_weight), LogSoftmaxBackward (the gradient of
+ * the fp32 logits; frees the log-probs), and only then ToCopyBackward0 makes the half
+ * gradient of the logits (M*V*2) and frees the fp32 one.  In the forward the half logits
+ * stay alive (the model's local) while the log-probs are made.
  * One label per logits row: the labels shrink to one per sample for pooled heads. */
 static struct val lower_loss(struct bld *B, struct val logits, const char *name, bool upcast, bool shift)
 {
@@ -829,10 +1047,10 @@ static struct val lower_loss(struct bld *B, struct val logits, const char *name,
     /* nll_loss saves its target and total_weight (the bench/torch_saved.md measurements) */
     if (shift) {
         snprintf(en, sizeof en, "%s.shift_labels", name);
-        extra(n, new_flat(B, en, MP_DT_I64, M), true);
+        extra_as(n, new_flat(B, en, MP_DT_I64, M), MP_XR_SHIFT_LABELS);
     }
     snprintf(en, sizeof en, "%s.total_weight", name);
-    extra(n, new_flat(B, en, dt_of(B, lp), 1), true);
+    extra_as(n, new_flat(B, en, dt_of(B, lp), 1), MP_XR_TOTAL_WEIGHT);
     n->rows = M;
     n->n = V;
     n->fwd_flops = (double)M;
@@ -916,9 +1134,9 @@ static struct val lower_batchnorm(struct bld *B, struct val x, uint64_t c, const
     n->param[1] = be;
     save(n, x.t);
     snprintf(pn, sizeof pn, "%s.save_mean", name);
-    extra(n, new_flat(B, pn, MP_DT_F32, c), true);
+    extra_as(n, new_flat(B, pn, MP_DT_F32, c), MP_XR_BN_MEAN);
     snprintf(pn, sizeof pn, "%s.save_invstd", name);
-    extra(n, new_flat(B, pn, MP_DT_F32, c), true);
+    extra_as(n, new_flat(B, pn, MP_DT_F32, c), MP_XR_BN_INVSTD);
     n->c_in = n->c_out = c;
     n->h_in = n->h_out = x.shape[2];
     n->w_in = n->w_out = x.shape[3];
@@ -967,7 +1185,7 @@ static struct val lower_pool(struct bld *B, struct val x, enum mp_prim prim, uin
     if (prim == MP_P_MAXPOOL) {
         char en[80];
         snprintf(en, sizeof en, "%s.indices", name);
-        extra(n, new_flat(B, en, MP_DT_I64, T(B, y.t)->elems), true);
+        extra_as(n, new_flat(B, en, MP_DT_I64, T(B, y.t)->elems), MP_XR_POOL_INDICES);
     }
     n->c_in = n->c_out = x.shape[1];
     n->h_in = hi;
@@ -1017,7 +1235,8 @@ static struct val lower_custom(struct bld *B, struct val x, const struct mp_laye
     n->out = y.t;
     save(n, y.t);
     if (l->c_saved_bytes > l->c_output_bytes)
-        extra(n, new_flat(B, "saved", MP_DT_U8, mul(B, B->b, l->c_saved_bytes - l->c_output_bytes)), true);
+        extra_as(n, new_flat(B, "saved", MP_DT_U8, mul(B, B->b, l->c_saved_bytes - l->c_output_bytes)),
+                 MP_XR_CUSTOM_SAVED);
     if (l->c_params)
         n->param[0] = new_param(B, "params", 1, l->c_params, false);
     n->rows = B->b;
@@ -1048,6 +1267,28 @@ static struct val lower_add_table(struct bld *B, struct val x, const struct mp_l
     n->seq = B->s;
     n->k = k;
     n->fwd_flops = (double)T(B, y.t)->elems;
+    return y;
+}
+
+/* Gemma2's final softcapping: logits / cap (a transient), tanh (saves its output), * cap (a new
+ * tensor, what the loss reads). */
+static struct val softcap_logits(struct bld *B, struct val z, const char *name)
+{
+    char an[80];
+    snprintf(an, sizeof an, "%s.softcap_tanh", name);
+    struct val t = lower_act(B, z, MP_ACT_TANH, false, an);
+    if (failed(B))
+        return t;
+    tmp_one(B, &B->p->nodes[B->p->n_nodes - 1], false, MP_TR_OTHER, T(B, z.t)->bytes); /* the divided logits */
+    snprintf(an, sizeof an, "%s.softcap_scale", name);
+    struct val y = like(B, an, t, dt_of(B, t), true);
+    struct mp_node *n = new_node(B, MP_P_CAST, an);
+    if (n) {
+        n->in[0] = t.t;
+        n->out = y.t;
+        n->rows = rows_of(t);
+        n->n = last_dim(t);
+    }
     return y;
 }
 
@@ -1094,7 +1335,7 @@ static struct val pool_logits(struct bld *B, struct val z, const struct mp_layer
     if (!span) {
         char en[96];
         snprintf(en, sizeof en, "%s.index", cn);
-        extra(n, new_flat(B, en, MP_DT_I64, mul(B, 2, z.shape[0])), true);
+        extra_as(n, new_flat(B, en, MP_DT_I64, mul(B, 2, z.shape[0])), MP_XR_GATHER_INDEX);
     }
     return y;
 }
@@ -1114,7 +1355,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             struct mp_node *n;
             struct val y = lower_add_table(B, x, l, nm, 1, &n);
             if (n)
-                n->fwd_tmp_bytes = T(B, y.t)->bytes; /* the looked-up (b,s,h) rows before the add */
+                tmp_one(B, n, false, MP_TR_OTHER, T(B, y.t)->bytes); /* the looked-up (b,s,h) rows */
             *resid = y;
             return y;
         }
@@ -1161,7 +1402,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             return y;
         char en[112];
         snprintf(en, sizeof en, "%s.position_ids", nm); /* int64, saved by the position lookup */
-        extra(n, new_flat(B, en, MP_DT_I64, B->s), true);
+        extra_as(n, new_flat(B, en, MP_DT_I64, B->s), MP_XR_POSITION_IDS);
         *resid = y;
         return y;
     }
@@ -1171,7 +1412,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     case MP_LT_LAYERNORM:
         return lower_layernorm(B, x, l->dim, l->norm_bias, nm);
     case MP_LT_RMSNORM:
-        return lower_rmsnorm(B, x, l->dim, nm);
+        return lower_rmsnorm(B, x, l->dim, l->rms_fp32, nm);
     case MP_LT_ATTENTION:
         if (!width_ok(B, x, l->dim, "dim", ""))
             return x;
@@ -1233,7 +1474,10 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
         if (!failed(B) && l->tied)
             B->p->params[B->embed_param].matmul = true;
-        return lower_loss(B, logits, "loss", true, B->m->input == MP_INPUT_TOKENS && !l->masked);
+        if (l->logit_softcap > 0)
+            logits = softcap_logits(B, logits, nm);
+        /* masked LMs call nn.CrossEntropyLoss on the logits (BertForMaskedLM & co.) */
+        return lower_loss(B, logits, "loss", !l->masked, B->m->input == MP_INPUT_TOKENS && !l->masked);
     }
     case MP_LT_CLASSIFIER: {
         /* HF's token classification upcasts (logits.float()); pooled heads and images do not */
@@ -1259,7 +1503,152 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     MP_BUG("unknown layer type %d", (int)l->type);
 }
 
+/* Every extra has a role, and the parts of each transient add up to it: a transient set
+ * without parts (a plain fwd_tmp_bytes/bwd_tmp_bytes assignment) gets one MP_TR_OTHER part
+ * for what its parts do not cover, so executors never read it. */
+static enum mp_status fill_tmp_other(struct mp_node *n, bool bwd, struct mp_diag *d)
+{
+    struct mp_tmp_part *pt = bwd ? n->bwd_tmp : n->fwd_tmp;
+    int *cnt = bwd ? &n->n_bwd_tmp : &n->n_fwd_tmp;
+    uint64_t total = bwd ? n->bwd_tmp_bytes : n->fwd_tmp_bytes, covered = 0;
+    for (int i = 0; i < *cnt; i++)
+        covered = mp_max_u64(covered, pt[i].offset + pt[i].bytes);
+    if (covered > total)
+        return mp_fail(d, MP_ERR_INTERNAL, "%s: its %s temporaries (%llu bytes) exceed the transient (%llu)",
+                       n->name, bwd ? "backward" : "forward", (unsigned long long)covered,
+                       (unsigned long long)total);
+    if (covered < total) {
+        if (*cnt >= MP_NODE_TMP_MAX)
+            return mp_fail(d, MP_ERR_INTERNAL, "%s: too many temporaries", n->name);
+        pt[(*cnt)++] = (struct mp_tmp_part){MP_TR_OTHER, covered, total - covered};
+    }
+    return MP_OK;
+}
+
+static enum mp_status check_roles(struct mp_program *p, struct mp_diag *d)
+{
+    for (size_t k = 0; k < p->n_nodes; k++) {
+        struct mp_node *n = &p->nodes[k];
+        for (int j = 0; j < n->n_extra; j++)
+            if (n->extra_role[j] == MP_XR_NONE || n->extra_role[j] >= MP_XR_COUNT)
+                return mp_fail(d, MP_ERR_INTERNAL, "%s: extra %s has no role (layers.c: extra_as)", n->name,
+                               p->tensors[n->extra[j]].name);
+        enum mp_status st = fill_tmp_other(n, false, d);
+        if (st == MP_OK)
+            st = fill_tmp_other(n, true, d);
+        if (st != MP_OK)
+            return st;
+    }
+    return MP_OK;
+}
+
 /* ---- the program ------------------------------------------------------------------ */
+
+/* ---- frozen parameters: what autograd records ------------------------------------------------ */
+
+const struct mp_quant *mp_program_base_quant(const struct mp_program *p)
+{
+    if (p->model->quant.kind != MP_Q_NONE)
+        return &p->model->quant;
+    return p->opts.ft.mode == MP_FT_QLORA ? &p->opts.ft.quant : NULL;
+}
+
+uint64_t mp_param_grad_bytes(const struct mp_param *q)
+{
+    return q->trainable ? q->elems * mp_dtype_size(q->dtype) : 0;
+}
+
+static void unsave(struct mp_node *n, int t)
+{
+    for (int i = 0; i < n->n_saved; i++)
+        if (n->saved[i] == t) {
+            n->saved[i] = n->saved[--n->n_saved];
+            return;
+        }
+}
+
+static bool param_trains(const struct mp_program *p, int q) { return q >= 0 && p->params[q].trainable; }
+
+/* With frozen parameters, autograd records an op only if an input requires grad or it
+ * has a trainable parameter, and a recorded op saves only what the gradients it must
+ * compute need (torch derivatives.yaml, checked with saved_tensors_hooks in
+ * bench/peft_step.py):
+ *  - linear (mm/addmm): x is saved for the weight gradient, W (its autocast copy) for
+ *    the input gradient;
+ *  - mul: each factor is saved for the other's gradient;
+ *  - HF RMSNorm: weight * normed saves normed only for the weight's gradient; x and
+ *    rsqrt only when x needs a gradient;
+ *  - layer_norm, attention, softmax, activations, dropout: saved whenever recorded.
+ * enable_input_require_grads (ft.input_grad) makes the embedding output a leaf that
+ * requires grad; its AccumulateGrad node holds it until the backward ends. */
+static void apply_requires_grad(struct mp_program *p)
+{
+    for (size_t i = 0; i < p->n_tensors; i++)
+        p->tensors[i].needs_grad = false;
+    for (size_t k = 0; k < p->n_nodes; k++) {
+        struct mp_node *n = &p->nodes[k];
+        bool ing[3] = {false, false, false}, any_in = false;
+        for (int j = 0; j < 3; j++)
+            if (n->in[j] >= 0 && p->tensors[n->in[j]].needs_grad)
+                ing[j] = any_in = true;
+        bool wt = param_trains(p, n->param[0]), pt = wt || param_trains(p, n->param[1]);
+        bool leaf = n->prim == MP_P_EMBED && p->opts.ft.input_grad && !pt;
+        bool rec = any_in || pt;
+        if (n->out >= 0)
+            p->tensors[n->out].needs_grad = p->tensors[n->out].needs_grad || rec || leaf;
+        if (leaf) {
+            n->n_saved = 0;
+            n->grad_in = false;
+            n->bwd_flops = 0;
+            n->bwd_tmp_bytes = 0;
+            n->n_bwd_tmp = 0;
+            save(n, n->out);
+            continue;
+        }
+        if (!rec) {
+            n->no_grad = true;
+            n->n_saved = 0;
+            n->grad_in = false;
+            n->bwd_flops = 0;
+            n->bwd_tmp_bytes = 0;
+            n->n_bwd_tmp = 0;
+            continue;
+        }
+        switch (n->prim) {
+        case MP_P_LINEAR: {
+            double f = 2.0 * (double)n->rows * (double)n->k * (double)n->n;
+            double dq = n->quantized ? 2.0 * (double)n->k * (double)n->n : 0;
+            if (!wt)
+                unsave(n, n->in[0]);
+            if (!ing[0])
+                for (int j = 0; j < n->n_extra; j++)
+                    unsave(n, n->extra[j]); /* the autocast weight copy */
+            n->bwd_flops = (wt ? f : 0) + (ing[0] ? f + dq : 0);
+            if ((!wt && !n->quantized) || (n->quantized && !ing[0])) {
+                n->bwd_tmp_bytes = 0; /* no half weight gradient to copy into .grad / no dequantized W */
+                n->n_bwd_tmp = 0;
+            }
+            break;
+        }
+        case MP_P_MUL:
+            if (!ing[1])
+                unsave(n, n->in[0]);
+            if (!ing[0])
+                unsave(n, n->in[1]);
+            break;
+        case MP_P_RMSNORM:
+            if (!wt && n->n_extra > 0)
+                unsave(n, n->extra[n->n_extra - 1]); /* normed */
+            if (!ing[0]) {
+                unsave(n, n->in[0]);
+                for (int j = 0; j + 1 < n->n_extra; j++)
+                    unsave(n, n->extra[j]); /* x in fp32, rsqrt */
+            }
+            break;
+        default: break;
+        }
+    }
+}
 
 void mp_program_release(struct mp_program *p)
 {
@@ -1311,10 +1700,20 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
         x = new_val(&B, "input", MP_DT_U8, 2, shape, false);
     }
     p->input = x.t;
+    long n_rep = 0, rep_seen = 0, last_rep = -1;
+    for (size_t i = 0; i < m->n_blocks; i++)
+        if (m->blocks[i].repeat_group > 0) {
+            n_rep++;
+            last_rep = (long)i;
+        }
     for (size_t i = 0; i < m->n_blocks && !failed(&B); i++) {
         const struct mp_block *blk = &m->blocks[i];
         struct mp_block_prog *bp = &p->blocks[i];
         B.block = (int)i;
+        /* freeze: numbers name decoder blocks (the repeated ones, as HF's layers.N); without
+         * repeated blocks, every block by its index */
+        long rep = n_rep == 0 ? (long)i : blk->repeat_group > 0 ? rep_seen++ : -1;
+        B.trained = mp_finetune_block_trained(&o->ft, rep, n_rep > 0 && (long)i > last_rep);
         snprintf(B.prefix, sizeof B.prefix, "%s", blk->name);
         bp->input = x.t;
         bp->node0 = p->n_nodes;
@@ -1328,12 +1727,6 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
         bp->n_params = p->n_params - bp->param0;
         for (size_t k = bp->param0; k < p->n_params; k++)
             bp->params += p->params[k].elems;
-        for (size_t k = bp->node0; k < p->n_nodes; k++) {
-            bp->fwd_flops += p->nodes[k].fwd_flops;
-            bp->bwd_flops += p->nodes[k].bwd_flops;
-        }
-        p->fwd_flops += bp->fwd_flops;
-        p->bwd_flops += bp->bwd_flops;
         if (!failed(&B) && p->explicit_loss && i + 1 < m->n_blocks) {
             B.layer = NULL;
             fail_model(&B, MP_ERR_MODEL, "the loss (lm_head or classifier) must be in the last block");
@@ -1344,6 +1737,31 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
         mp_program_release(p);
         return st;
     }
-    p->trainable_params = p->total_params;
+    if (o->ft.mode != MP_FT_FULL)
+        apply_requires_grad(p);
+    enum mp_status rst = check_roles(p, d);
+    if (rst != MP_OK) {
+        mp_program_release(p);
+        return rst;
+    }
+    for (size_t i = 0; i < p->n_blocks; i++) {
+        struct mp_block_prog *bp = &p->blocks[i];
+        for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++) {
+            bp->fwd_flops += p->nodes[k].fwd_flops;
+            bp->bwd_flops += p->nodes[k].bwd_flops;
+        }
+        p->fwd_flops += bp->fwd_flops;
+        p->bwd_flops += bp->bwd_flops;
+    }
+    for (size_t q = 0; q < p->n_params; q++)
+        if (p->params[q].trainable)
+            p->trainable_params += p->params[q].elems;
+    if (p->trainable_params == 0 && o->ft.mode != MP_FT_FULL) {
+        enum mp_status st = mp_fail(d, MP_ERR_USAGE, "%s: --finetune %s trains no parameter%s", m->path,
+                                    mp_ft_mode_str(o->ft.mode),
+                                    o->ft.mode == MP_FT_FREEZE ? " (--train-blocks selects none)" : "");
+        mp_program_release(p);
+        return st;
+    }
     return MP_OK;
 }

@@ -12,6 +12,7 @@
 #ifndef MEMPLAN_LAYERS_H
 #define MEMPLAN_LAYERS_H
 
+#include "finetune.h"
 #include "model.h"
 
 enum mp_dtype { MP_DT_F32, MP_DT_BF16, MP_DT_F16, MP_DT_I64, MP_DT_U8 };
@@ -32,6 +33,7 @@ struct mp_build_opts {
     enum mp_precision precision;
     enum mp_attn_impl attention; /* default for attention layers that do not name one */
     bool attention_forced;       /* --attention given: overrides what the file says */
+    struct mp_finetune ft;       /* what trains: full (default), LoRA, QLoRA, frozen blocks */
 };
 /* batch 1, seq 0 (= model default), amp-bf16, sdpa. */
 void mp_build_opts_default(struct mp_build_opts *o);
@@ -60,6 +62,7 @@ enum mp_prim {
     MP_P_NLL_LOSS,   /* in[0] log-probs (M,V), in[1] labels; out scalar mean loss; saves in[0] and the
                         extras (shifted int64 labels, total_weight) */
     MP_P_CUSTOM,     /* opaque: out of given bytes, extras[0] the rest of what it saves */
+    MP_P_SCALE,      /* out = in[0] * p (LoRA's scaling by a Python float: saves nothing) */
     MP_P_COUNT
 };
 const char *mp_prim_str(enum mp_prim p);
@@ -77,7 +80,60 @@ struct mp_tensor {
     int block;                    /* block that creates it (-1: the model input) */
 };
 
-#define MP_NODE_EXTRA_MAX 6
+#define MP_NODE_EXTRA_MAX 8
+#define MP_NODE_TMP_MAX 3
+
+/* What each extra tensor of a node is.  Executors find an extra by its role
+ * (mp_node_extra), never by its position, the count of extras or a byte formula, so
+ * a change in layers.c cannot silently change what a backend reads. */
+enum mp_xrole {
+    MP_XR_NONE,           /* unset: mp_program_build refuses it (MP_ERR_INTERNAL) */
+    MP_XR_WEIGHT_COPY,    /* linear: the autocast half copy of W */
+    MP_XR_MEAN,           /* layernorm: mean (M fp32) */
+    MP_XR_RSTD,           /* layernorm: 1/std (M fp32) */
+    MP_XR_X_FP32,         /* x upcast to fp32: HF RMSNorm (half x), an autocast pow's input (composite GELUs) */
+    MP_XR_RSQRT,          /* HF RMSNorm: rsqrt(mean(x^2) + eps) (M fp32) */
+    MP_XR_NORMED,         /* HF RMSNorm: x * rsqrt, the weight's input */
+    MP_XR_ACT_PART,       /* HF composite GELUs: intermediates, in mp_act_intermediates order */
+    MP_XR_DROP_MASK,      /* dropout: the u8 keep mask */
+    MP_XR_COS_SIN,        /* rope: the cos/sin table (first rope of the forward) */
+    MP_XR_LSE,            /* flash attention: fp32 logsumexp (b, a, s rounded) */
+    MP_XR_Q_COPY,         /* eager attention: contiguous q, k, v */
+    MP_XR_K_COPY,
+    MP_XR_V_COPY,
+    MP_XR_SOFTCAP_TANH,   /* eager attention with logit soft-capping: tanh(scores / cap) */
+    MP_XR_PROBS,          /* eager attention: softmax output */
+    MP_XR_ATTN_DROP_MASK, /* eager attention: dropout mask on the probabilities (u8) */
+    MP_XR_PROBS_DROPPED,  /* eager attention: dropped probabilities, P@V's input */
+    MP_XR_PROBS_CAST,     /* eager attention: probabilities cast to v's dtype, P@V's input */
+    MP_XR_BN_MEAN,        /* batchnorm: save_mean (C fp32) */
+    MP_XR_BN_INVSTD,      /* batchnorm: save_invstd (C fp32) */
+    MP_XR_POOL_INDICES,   /* maxpool: int64 argmax indices */
+    MP_XR_SHIFT_LABELS,   /* nll_loss: the shifted int64 labels */
+    MP_XR_TOTAL_WEIGHT,   /* nll_loss: total_weight */
+    MP_XR_GATHER_INDEX,   /* last-token pooling: the two int64 index vectors */
+    MP_XR_POSITION_IDS,   /* learned positions: int64 position ids */
+    MP_XR_CUSTOM_SAVED,   /* custom: the rest of what the block saves (opaque bytes) */
+    MP_XR_COUNT
+};
+
+/* What a part of a node's transient workspace (its TMP storage, one per phase) is, at a
+ * byte offset inside it. */
+enum mp_trole {
+    MP_TR_OTHER,          /* counted only: no executor reads or writes it */
+    MP_TR_WGRAD_HALF,     /* linear backward under autocast: the half dW before its fp32 copy into .grad */
+    MP_TR_DEQUANT,        /* quantized linear: the dequantized weight (each direction) */
+    MP_TR_FLASH_D,        /* flash backward: softmax_d (b, a, s rounded to 128) fp32 */
+    MP_TR_FLASH_DQ,       /* flash backward: dq accumulator (b, s_r, a, d rounded to 32) fp32 */
+    MP_TR_SCORES,         /* eager forward: scores and masked scores (b, a, s, s) in the matmul dtype */
+    MP_TR_SCORES_F32,     /* eager forward under autocast: the fp32 upcast of the scores */
+    MP_TR_ATTN_OUT,       /* eager forward: the (b, a, s, d) output before its transpose-copy */
+    MP_TR_PROBS_GRAD,     /* eager backward: grad of probs, then softmax's backward output (2 x (b,a,s,s)) */
+};
+struct mp_tmp_part {
+    enum mp_trole role;
+    uint64_t offset, bytes;
+};
 #define MP_NODE_SAVED_MAX 8
 
 struct mp_node {
@@ -87,10 +143,15 @@ struct mp_node {
     int block;
     int in[3];                    /* tensor ids; -1 unused (attention: q, k, v; loss: logits, labels) */
     int out;                      /* tensor id (== in[0] for views and in-place ops) */
+    int wcopy;                    /* autocast's half copy of param[0] (an extra), -1 none: autocast caches it
+                                     until the forward's autocast region ends (after the loss) */
     int keep;                     /* tensor a Python local holds until this forward is done (no gradient
                                      flows through it: the half logits during the loss); -1 none */
     int n_extra;
     int extra[MP_NODE_EXTRA_MAX]; /* tensors created besides out, kept only if saved */
+    enum mp_xrole extra_role[MP_NODE_EXTRA_MAX];
+    int n_fwd_tmp, n_bwd_tmp;     /* the parts of fwd_tmp_bytes / bwd_tmp_bytes (they add up to them) */
+    struct mp_tmp_part fwd_tmp[MP_NODE_TMP_MAX], bwd_tmp[MP_NODE_TMP_MAX];
     int n_saved;
     int saved[MP_NODE_SAVED_MAX]; /* tensors kept for backward (distinct ids) */
     int param[2];                 /* parameter ids (weight, bias); -1 unused */
@@ -102,6 +163,10 @@ struct mp_node {
     uint64_t rows, n, k;          /* linear: M rows, n out, k in; norms: rows, n = width */
     uint64_t heads, kv_heads, head_dim, seq, rotary_dim;
     bool causal, eager;
+    bool no_grad;                 /* not recorded by autograd (no input needs grad, no trainable
+                                   * parameter): saves nothing, has no backward */
+    bool quantized;               /* linear on a quantized weight: dequantized into a temporary
+                                   * (fwd_tmp_bytes, bwd_tmp_bytes) for the matmul */
     enum mp_act act;
     double p;
     uint64_t c_in, c_out, h_in, w_in, h_out, w_out, kernel, stride, padding, groups;
@@ -114,7 +179,15 @@ struct mp_param {
     bool matmul;         /* used by linear/conv: autocast makes a half copy */
     bool matrix;         /* 2-D or more (Adafactor factors it) */
     uint64_t rows, cols; /* for matrices (Adafactor: rows + cols state) */
+    enum mp_dtype dtype; /* storage dtype (u8 for a quantized weight) */
+    bool trainable;      /* has .grad and optimizer state (false: frozen base of LoRA / freeze) */
+    bool adapter;        /* a LoRA A or B matrix */
+    uint64_t bytes;      /* what its storage allocates: elems x dtype, or a quantized weight's
+                          * tensors each rounded to 512 (mp_quant_alloc_bytes) */
+    uint64_t raw_bytes;  /* the library's tensor bytes (weights_bytes sums these) */
 };
+/* Gradient bytes of a parameter: 0 when frozen. */
+uint64_t mp_param_grad_bytes(const struct mp_param *q);
 
 struct mp_block_prog {
     int input;           /* tensor id of x_i */
@@ -140,14 +213,23 @@ struct mp_program {
     bool explicit_loss;          /* last block computes the loss (lm_head / classifier) */
     uint64_t total_params;
     uint64_t trainable_params;
+    uint64_t adapter_params;     /* LoRA A and B elements */
     double fwd_flops, bwd_flops;
     size_t cap_tensors, cap_nodes, cap_params; /* private */
 };
+
+/* The tensor id of n's nth extra with role r (nth from 0), or -1. */
+int mp_node_extra(const struct mp_node *n, enum mp_xrole r, int nth);
+/* The part of n's forward (bwd false) or backward TMP storage with role r, or NULL. */
+const struct mp_tmp_part *mp_node_tmp(const struct mp_node *n, bool bwd, enum mp_trole r);
 
 /* Lowers m at o (seq 0 means the model's default).  On error the program is
  * released and d says which layer and why.  Release with mp_program_release. */
 enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
                                 struct mp_diag *d);
 void mp_program_release(struct mp_program *p);
+
+/* The storage format of p's quantized Linear weights (params of dtype u8), or NULL. */
+const struct mp_quant *mp_program_base_quant(const struct mp_program *p);
 
 #endif

@@ -65,6 +65,7 @@ enum {
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
     O_TIMELINE, O_WIDE,
     O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV,
+    O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
 };
 
 /* Which commands accept which options (bit per command). */
@@ -83,6 +84,12 @@ static const struct opt_info OPTS[] = {
     {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 | mixed-bf16 (default amp-bf16)"},
     {{"optimizer", required_argument, 0, O_OPT}, 31, "O", "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit (default adamw)"},
     {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none (default; plan: optimal) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
+    {{"finetune", required_argument, 0, O_FINETUNE}, 31, "F", "full | lora | qlora | freeze: what trains (default full)"},
+    {{"lora-r", required_argument, 0, O_LORA_R}, 31, "R", "LoRA rank (default 16)"},
+    {{"lora-alpha", required_argument, 0, O_LORA_ALPHA}, 31, "A", "lora_alpha for the snippet; scaling alpha/r (default 2r)"},
+    {{"lora-dropout", required_argument, 0, O_LORA_DROPOUT}, 31, "P", "lora_dropout: > 0 keeps a mask and a copy per adapter (default 0)"},
+    {{"lora-targets", required_argument, 0, O_LORA_TARGETS}, 31, "T", "all-linear | NAME,NAME,... (default: peft's for the family)"},
+    {{"train-blocks", required_argument, 0, O_TRAIN_BLOCKS}, 31, "LIST", "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
@@ -150,6 +157,8 @@ struct args {
     bool json, all_layers, wide;
     struct mp_parallel par;
     bool par_set, gpus_set;
+    struct mp_finetune ft;
+    bool alpha_set, lora_set, blocks_set;
 };
 
 struct command {
@@ -167,15 +176,15 @@ static int cmd_suggest(struct args *a);
 static int cmd_check(struct args *a);
 
 static const struct command COMMANDS[] = {
-    {"estimate", C_EST, cmd_estimate, "estimate MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--gpu NAME] [--all-layers] [--json]",
+    {"estimate", C_EST, cmd_estimate, "estimate MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--gpu NAME] [--gpus N --parallel S] [--all-layers] [--json]",
      "where a training step's GPU memory goes, layer by layer, and when it peaks"},
     {"plan", C_PLAN, cmd_plan, "plan MODEL [--batch B] [--seq S] (--activation-budget SIZE | --vram SIZE | --gpu NAME) [--checkpoint C] [--json]",
      "which blocks to checkpoint so the batch fits, at the least recompute"},
     {"probe", C_PROBE, cmd_probe, "probe MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--steps N] [--backend auto|cuda|host] [--device N] [--json]",
      "run real training steps and measure peak memory and step time"},
-    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--global-batch G] [--backend auto|cuda|host] [--emit torch|hf|deepspeed] [--json]",
+    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--gpus N [--parallel S]] [--global-batch G] [--backend auto|cuda|host] [--emit torch|hf|deepspeed] [--json]",
      "the configuration to train with: micro-batch, accumulation, checkpoints, precision"},
-    {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--grad-accum N] (--vram SIZE | --gpu NAME) [--json]",
+    {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--grad-accum N] [--gpus N --parallel S] (--vram SIZE | --gpu NAME) [--json]",
      "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
@@ -245,7 +254,22 @@ static void print_help(FILE *f)
 {
     fprintf(f, "Usage: memplan COMMAND MODEL [options]\n\n"
                "Plans GPU memory for training: estimate, checkpoint placement, batch size.\n"
-               "MODEL is a memplan JSON model or a Hugging Face config.json.\n\nCommands:\n");
+               "MODEL is a memplan JSON model or a Hugging Face config.json (the task head from\n"
+               "architectures[0]) of model type");
+    /* the types, wrapped at 100 columns */
+    size_t col = strlen("architectures[0]) of model type");
+    for (const char *t = mp_hf_model_types(); *t;) {
+        size_t n = strcspn(t, ",");
+        if (col + n + 2 > 100) {
+            fputs("\n ", f);
+            col = 1;
+        }
+        fprintf(f, " %.*s%s", (int)n, t, t[n] ? "," : ".");
+        col += n + 2;
+        t += n;
+        t += strspn(t, ", ");
+    }
+    fputs("\n\nCommands:\n", f);
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-9s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
     fprintf(f, "  %-9s %s\n", "help", "help [COMMAND | gpus]: a command's options, or the GPU profiles");
@@ -291,6 +315,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->steps = 3;
     a->backend = "auto";
     a->ckpt.strategy = c->bit == C_PLAN ? MP_CKPT_OPTIMAL : MP_CKPT_NONE;
+    mp_finetune_default(&a->ft);
+    struct mp_diag fd = {{0}};
     struct option lo[N_OPTS + 1];
     char shortopts[64] = ":"; /* ':' first: a missing value is reported as such */
     for (size_t i = 0; i < N_OPTS; i++) {
@@ -475,6 +501,46 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             a->context_set = true;
             what = "--context: expected a size, got '%s'";
             break;
+        case O_FINETUNE: {
+            int m = mp_ft_mode_parse(optarg);
+            a->ft.mode = m < 0 ? MP_FT_FULL : (enum mp_ft_mode)m;
+            st = m < 0 ? MP_ERR_USAGE : MP_OK;
+            what = "--finetune: expected full, lora, qlora or freeze, got '%s'";
+            break;
+        }
+        case O_LORA_R:
+            st = parse_int_in(optarg, 1, 65536, &a->ft.r);
+            a->lora_set = true;
+            what = "--lora-r: expected an integer from 1 to 65536, got '%s'";
+            break;
+        case O_LORA_ALPHA:
+            st = mp_parse_double(optarg, &a->ft.alpha);
+            if (st == MP_OK && !(a->ft.alpha > 0 && a->ft.alpha < 1e6))
+                st = MP_ERR_USAGE;
+            a->alpha_set = a->lora_set = true;
+            what = "--lora-alpha: expected a positive number, got '%s'";
+            break;
+        case O_LORA_DROPOUT:
+            st = mp_parse_double(optarg, &a->ft.dropout);
+            if (st == MP_OK && !(a->ft.dropout >= 0 && a->ft.dropout < 1))
+                st = MP_ERR_USAGE;
+            a->lora_set = true;
+            what = "--lora-dropout: expected a probability in [0, 1), got '%s'";
+            break;
+        case O_LORA_TARGETS:
+            if (mp_finetune_parse_targets(&a->ft, optarg, &fd) != MP_OK) {
+                fprintf(stderr, "memplan: error: %s (see 'memplan %s --help')\n", fd.msg, c->name);
+                return MP_EXIT_USAGE;
+            }
+            a->lora_set = true;
+            break;
+        case O_TRAIN_BLOCKS:
+            if (mp_finetune_parse_blocks(&a->ft, optarg, &fd) != MP_OK) {
+                fprintf(stderr, "memplan: error: %s (see 'memplan %s --help')\n", fd.msg, c->name);
+                return MP_EXIT_USAGE;
+            }
+            a->blocks_set = true;
+            break;
         case O_TIMELINE: a->timeline = optarg; break;
         case O_WIDE: a->wide = true; break;
         case O_ALL: a->all_layers = true; break;
@@ -504,6 +570,14 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->model = argv[optind];
     if (a->gpu && a->vram)
         return usage_error(c->name, "%s", "--gpu and --vram are exclusive");
+    bool lora = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA;
+    if (a->lora_set && !lora)
+        return usage_error(c->name, "%s", "--lora-* options need --finetune lora or qlora");
+    if (a->blocks_set != (a->ft.mode == MP_FT_FREEZE))
+        return usage_error(c->name, "%s", a->blocks_set ? "--train-blocks needs --finetune freeze"
+                                                        : "--finetune freeze needs --train-blocks, e.g. 20-31,head");
+    if (!a->alpha_set)
+        a->ft.alpha = 2.0 * (double)a->ft.r;
     if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
         struct mp_diag pd = {{0}};
         if (mp_par_validate(&a->par, &pd) != MP_OK)
@@ -547,6 +621,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     s->build.precision = (enum mp_precision)a->precision;
     s->build.attention = (enum mp_attn_impl)a->attention;
     s->build.attention_forced = a->attention_set;
+    s->build.ft = a->ft;
+    s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
+    if (s->model.quant.kind != MP_Q_NONE && (a->ft.mode == MP_FT_FULL || a->ft.mode == MP_FT_FREEZE)) {
+        fprintf(stderr, "memplan: error: %s: quantization_config: a %s-quantized base cannot be %s fine-tuned; "
+                        "train adapters on it with --finetune lora (or qlora)\n",
+                a->model, mp_quant_kind_str(s->model.quant.kind), a->ft.mode == MP_FT_FULL ? "fully" : "partly");
+        mp_model_release(&s->model);
+        return MP_EXIT_INPUT;
+    }
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
@@ -628,6 +711,7 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
     c->model = &s->model;
     c->prog = prog;
     c->build = &s->build;
+    c->ft = &s->build.ft;
     c->train = &s->train;
     c->ckpt = ck;
     c->gpu = s->have_gpu && s->gpu.memory_bytes ? &s->gpu : NULL;
@@ -869,6 +953,11 @@ static int cmd_suggest(struct args *a)
                                 .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
                                 .device = a->device,
                                 .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF};
+    if (a->gpus_set || a->par_set) { /* data parallel: strategy given, or searched at --gpus x --nodes */
+        o.par_search = !a->par_set;
+        j.train.par = &s.par;
+        o.probe = false; /* the probe runs one rank's step on one GPU: not part of suggest yet */
+    }
     if (o.probe && !strcmp(o.probe_backend, "host")) {
         /* the host pool really allocates, up to the target's limit: refuse what this machine cannot hold */
         uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
@@ -929,6 +1018,7 @@ static int cmd_probe(struct args *a)
     po.device = a->device;
     po.steps = (unsigned)a->steps;
     po.capacity_bytes = a->capacity;
+    po.progress = true; /* stderr: a host step can take seconds */
     po.trace = a->timeline != NULL;
     bool host = !strcmp(a->backend, "host") || (!strcmp(a->backend, "auto") && !mp_cuda_device_available());
     if (host) {

@@ -10,6 +10,7 @@
 #ifndef MEMPLAN_MODEL_H
 #define MEMPLAN_MODEL_H
 
+#include "quant.h"
 #include "util.h"
 
 #define MP_LAYER_TYPES(X)                                            \
@@ -52,24 +53,27 @@ int mp_layer_type_parse(const char *s);
  * (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh); GELU_NEW / GELU_FAST are HF's
  * composites (NewGELUActivation, FastGELUActivation), same function.  A new activation
  * is one row here plus its math (probe_host.c act_f/act_df, kernels/); append rows only:
- * the order is the kernels' activation code. */
+ * the order is the kernels' activation code.  amp32: what is fp32 under CUDA autocast with a
+ * half input, because the composite calls an op on CUDA's fp32 list (gelu_new: torch.pow):
+ * "in" the saved input becomes an fp32 copy, named intermediates are fp32, "out" the output
+ * is fp32.  CPU autocast does not list pow, so a CPU measurement differs there. */
 #define MP_ACTIVATIONS(X)                                                                        \
-    X(GELU, "gelu", "", IN, "")                                                                  \
-    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "")                             \
-    X(RELU, "relu", "", OUT, "")                                                                 \
-    X(SILU, "silu", "swish", IN, "")                                                             \
-    X(TANH, "tanh", "", OUT, "")                                                                 \
-    X(SIGMOID, "sigmoid", "", OUT, "")                                                           \
-    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh")                                 \
-    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh")
+    X(GELU, "gelu", "", IN, "", "")                                                              \
+    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "", "")                         \
+    X(RELU, "relu", "", OUT, "", "")                                                             \
+    X(SILU, "silu", "swish", IN, "", "")                                                         \
+    X(TANH, "tanh", "", OUT, "", "")                                                             \
+    X(SIGMOID, "sigmoid", "", OUT, "", "")                                                       \
+    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh", "in tanh one_plus_tanh out")    \
+    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh", "")
 
 enum mp_act {
-#define MP_X(id, name, aliases, saves, extras) MP_ACT_##id,
+#define MP_X(id, name, aliases, saves, extras, amp32) MP_ACT_##id,
     MP_ACTIVATIONS(MP_X)
 #undef MP_X
 };
 enum { /* the number of rows (outside enum mp_act, so switches over it stay exhaustive) */
-#define MP_X(id, name, aliases, saves, extras) MP_ACT_ROW_##id,
+#define MP_X(id, name, aliases, saves, extras, amp32) MP_ACT_ROW_##id,
     MP_ACTIVATIONS(MP_X)
 #undef MP_X
         MP_ACT_COUNT
@@ -79,11 +83,22 @@ int mp_act_parse(const char *s); /* -1 if unknown; accepts the HF aliases (gelu_
 bool mp_act_saves_output(enum mp_act a);
 /* The space-separated names of the HF intermediates it keeps ("" for none). */
 const char *mp_act_intermediates(enum mp_act a);
+/* How many intermediates it keeps (words of mp_act_intermediates). */
+int mp_act_n_intermediates(enum mp_act a);
+/* Whether `what` ("in", "out" or an intermediate's name) is fp32 under CUDA autocast with a
+ * half input (the amp32 column). */
+bool mp_act_fp32_under_amp(enum mp_act a, const char *what);
 
 enum mp_attn_impl { MP_ATTN_SDPA, MP_ATTN_FLASH, MP_ATTN_EAGER };
 const char *mp_attn_impl_str(enum mp_attn_impl a);
 
 enum mp_norm { MP_NORM_LAYERNORM, MP_NORM_RMSNORM };
+
+enum mp_qk_norm {
+    MP_QK_NORM_NONE,
+    MP_QK_NORM_HEAD, /* over each head's head_dim (Qwen3, Gemma3) */
+    MP_QK_NORM_ALL,  /* over the whole projection, heads * head_dim (OLMo2) */
+};
 
 /* Which positions a token model's head reads (HF task heads; memplan JSON uses NONE). */
 enum mp_head_pool {
@@ -119,6 +134,8 @@ struct mp_layer {
     bool fused_qkv;     /* one [h, (a+2kv)d] projection (GPT-2, NeoX) vs three (Llama) */
     bool rope;          /* rotary embedding: q and k are rewritten (new storages) */
     uint64_t rotary_dim; /* partial rotary (NeoX, phi); 0 = head_dim */
+    bool rope_cat;      /* q/k rebuilt with torch.cat even at full rotary (the partial-rotary code of
+                           NeoX, phi, Phi-3, StableLM): the attention output is then copied */
     enum mp_attn_impl impl;
     bool impl_set;      /* impl came from the file (else the --attention default applies) */
     double attn_dropout;  /* dropout on attention probabilities */
@@ -140,6 +157,15 @@ struct mp_layer {
     bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (NeoX, GPT-J, phi) */
     bool shared_norm;       /* parallel residual with one norm for both branches (GPT-J, phi) */
     bool post_norm;         /* BERT: x = ln(x + attn(x)); x = ln(x + mlp(x)) */
+    bool branch_norm;       /* each branch's output is normed before its residual add (Gemma2/3, OLMo2) */
+    bool no_pre_norm;       /* with branch_norm: no norm before the branches (OLMo2) */
+    enum mp_qk_norm qk_norm; /* RMSNorm of q and k after their projections (Qwen3, Gemma3, OLMo2) */
+    bool rms_fp32;          /* RMSNorm applies its weight in fp32 and casts back (Gemma, OLMo2); also
+                               on rmsnorm layers */
+    bool fused_gate_up;     /* gated MLP with one gate_up projection, chunked (Phi-3) */
+    bool no_attn_out_dropout; /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
+    double attn_softcap;    /* tanh softcapping of the attention scores (Gemma2; eager only) */
+    double logit_softcap;   /* lm_head: tanh softcapping of the logits (Gemma2) */
 
     /* conv2d / pooling / batchnorm / bottleneck */
     uint64_t in_ch, out_ch, mid_ch;
@@ -167,6 +193,7 @@ struct mp_model {
     char source[8];          /* "memplan" or "hf" */
     char path[256];          /* file it came from, for messages */
     char hf_type[32];        /* model_type of an HF config, else "" */
+    struct mp_quant quant;   /* quantization_config of an HF checkpoint (kind MP_Q_NONE: none) */
 
     enum mp_input_kind input;
     uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */
@@ -194,6 +221,9 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
 
 /* True when some layer computes attention (so --attention and the attention default apply). */
 bool mp_model_has_attention(const struct mp_model *m);
+
+/* The Hugging Face model_type values the config.json reader accepts, comma-separated. */
+const char *mp_hf_model_types(void);
 
 /* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
  * Readers call it last. */

@@ -60,6 +60,23 @@
 #define HF_SEQ_DEFAULT 2048u
 #define HF_LAYERS_MAX MP_REPEAT_MAX
 
+/* Task heads, from architectures[0] (transformers' class names). */
+enum head { H_CAUSAL, H_MASKED, H_SEQ, H_TOKEN, H_QA, H_BARE, H_COUNT };
+static const struct {
+    const char *suffix;
+    enum head h;
+} head_classes[] = {
+    {"ForCausalLM", H_CAUSAL},
+    {"LMHeadModel", H_CAUSAL},
+    {"ForMaskedLM", H_MASKED},
+    {"ForSequenceClassification", H_SEQ},
+    {"ForTokenClassification", H_TOKEN},
+    {"ForQuestionAnswering", H_QA},
+    {"Model", H_BARE}, /* <Prefix>Model only: no "For", no "...Head(s)Model" */
+};
+#define HEAD(h) (1u << (h))
+#define DECODER_HEADS (HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE))
+
 struct hf;
 typedef enum mp_status (*hf_hook)(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
@@ -85,58 +102,145 @@ struct family {
     double rotary_default;
     bool gated, fused_qkv, qkv_bias, out_bias, mlp_bias, lm_bias, tied, encoder;
     bool parallel, shared_norm, post_norm, emb_norm, mlm_transform;
+    bool ignores_head_dim;      /* reads num_key_value_heads but not head_dim (StableLM) */
+    uint64_t pos_offset;        /* learned position rows beyond max positions (OPT: 2) */
+    enum mp_qk_norm qk_norm;
+    bool rms_fp32, branch_norm, no_pre_norm, fused_gate_up;
+    bool no_attn_out_dropout;   /* the residual dropout is on the MLP branch only */
+    bool eager;                 /* transformers has no SDPA path for it (Gemma2: softcapping) */
+    const char *k_attn_softcap, *k_logit_softcap;
+    double attn_softcap, logit_softcap;
     const char *k_attn_bias, *k_mlp_bias, *k_parallel;
-    double dropout;             /* default of every dropout below */
+    const char *k_qkv_bias;     /* q/k/v biases only (StableLM use_qkv_bias) */
+    const char *k_bias;         /* every linear's bias (Starcoder2 use_bias, OPT enable_bias) */
+    double dropout;             /* default of the embedding and residual dropouts below */
+    double attn_dropout;        /* default of the attention dropout */
     const char *k_emb_p, *k_attn_p, *k_resid_p; /* NULL: no such dropout */
     bool emb_p_is_resid;        /* the embedding dropout uses the residual probability */
     struct {
         const char *key, *why;
     } reject[2];                /* flags whose true value memplan does not model */
     const char *n_tok, *n_pos, *n_drop, *n_norm, *n_head; /* module names */
-    hf_hook hook;
+    unsigned heads;             /* HEAD() bits of the task heads transformers has */
+    enum head default_head;     /* without architectures */
+    const char *k_cls_p;        /* token / sequence classifier dropout when classifier_dropout is
+                                   null or absent (NULL: 0.1); transformers' fallbacks differ */
+    bool generic_heads;         /* Generic*For*: token_classification_bias is read */
+    enum mp_act pooler_act;     /* encoders: the pooler / sequence-classifier activation */
+    const char *n_pooler;       /* its dense layer ("pooler.dense") */
+    bool bare_pooler;           /* the bare *Model has the pooler (BertModel, RobertaModel) */
+    bool mlm_gelu;              /* the MLM transform uses exact gelu whatever hidden_act (RoBERTa) */
+    hf_hook hook;               /* runs last: may override anything read before */
 };
 
 static enum mp_status gemma_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status bert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status opt_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status distilbert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
-                   .k_attn_p = "attention_dropout", .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head"
+                   .k_attn_p = "attention_dropout", .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", \
+                   .k_cls_p = "hidden_dropout", .generic_heads = true
 
 static const struct family families[] = {
     {.type = "gpt2", .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
      .k_heads = {"n_head", "num_attention_heads"}, .k_pos = {"n_positions", "max_position_embeddings"},
      .k_ffn = "n_inner", .ffn_mult = 4, .k_act = "activation_function", .act = MP_ACT_GELU_NEW,
      .norm = MP_NORM_LAYERNORM, .pos_rows = 1024, .fused_qkv = true, .qkv_bias = true, .out_bias = true,
-     .mlp_bias = true, .tied = true, .dropout = 0.1, .k_emb_p = "embd_pdrop", .k_attn_p = "attn_pdrop",
+     .mlp_bias = true, .tied = true, .dropout = 0.1, .attn_dropout = 0.1, .k_emb_p = "embd_pdrop", .k_attn_p = "attn_pdrop",
      .k_resid_p = "resid_pdrop",
      .reject = {NO_CROSS, {"reorder_and_upcast_attn", "the fp32 reordered attention is not modelled"}},
-     .n_tok = "wte", .n_pos = "wpe", .n_norm = "ln_f", .n_head = "lm_head"},
-    {.type = "llama", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias"},
-    {.type = "mistral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8},
-    {.type = "qwen2", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true},
+     .n_tok = "wte", .n_pos = "wpe", .n_norm = "ln_f", .n_head = "lm_head", .heads = DECODER_HEADS,
+     .k_cls_p = "hidden_dropout"},
+    {.type = "llama", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
+     .heads = DECODER_HEADS},
+    {.type = "mistral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS},
+    {.type = "qwen2", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true, .heads = DECODER_HEADS},
     {.type = "gpt_neox", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .k_rotary = "rotary_pct",
      .rotary_default = 0.25, .fused_qkv = true, .qkv_bias = true, .out_bias = true, .mlp_bias = true,
      .parallel = true, .k_attn_bias = "attention_bias", .k_parallel = "use_parallel_residual",
      .k_attn_p = "attention_dropout", .k_resid_p = "hidden_dropout", .emb_p_is_resid = true, .n_tok = "embed_in",
-     .n_norm = "final_layer_norm", .n_head = "embed_out"},
+     .n_norm = "final_layer_norm", .n_head = "embed_out", .heads = DECODER_HEADS},
     {.type = "phi", .act = MP_ACT_GELU_NEW, .norm = MP_NORM_LAYERNORM, .gqa = true,
      .k_rotary = "partial_rotary_factor", .rotary_default = 0.5, .qkv_bias = true, .out_bias = true,
      .mlp_bias = true, .lm_bias = true, .parallel = true, .shared_norm = true, .k_emb_p = "embd_pdrop",
      .k_attn_p = "attention_dropout", .k_resid_p = "resid_pdrop",
      .reject = {{"qk_layernorm", "per-head q/k layernorms are not modelled"}}, .n_tok = "embed_tokens",
-     .n_norm = "final_layernorm", .n_head = "lm_head"},
+     .n_norm = "final_layernorm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .k_cls_p = "hidden_dropout", .generic_heads = true},
     {.type = "gemma", LLAMA_LIKE(MP_ACT_GELU_TANH), .kv_default = 16, .head_dim_default = 256,
-     .tied = true, .k_attn_bias = "attention_bias", .hook = gemma_hook},
+     .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .hook = gemma_hook},
     {.type = "bert", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
-     .post_norm = true, .emb_norm = true, .mlm_transform = true, .dropout = 0.1,
+     .post_norm = true, .emb_norm = true, .mlm_transform = true, .dropout = 0.1, .attn_dropout = 0.1,
      .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob", .emb_p_is_resid = true,
      .reject = {NO_CROSS}, .n_tok = "word_embeddings", .n_pos = "position_embeddings", .n_drop = "dropout",
-     .n_head = "decoder", .hook = bert_hook},
+     .n_head = "decoder", .default_head = H_MASKED,
+     .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
+     .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "pooler.dense", .bare_pooler = true,
+     .hook = bert_hook},
+    /* ---- added with the family table ---- */
+    {.type = "qwen3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .head_dim_default = 128,
+     .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS},
+    {.type = "phi3", LLAMA_LIKE(MP_ACT_SILU), .fused_qkv = true, .fused_gate_up = true,
+     .k_rotary = "partial_rotary_factor", .rotary_default = 1.0, .k_emb_p = "embd_pdrop", .k_resid_p = "resid_pdrop",
+     .heads = DECODER_HEADS & ~HEAD(H_QA)},
+    {.type = "olmo2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
+     .rms_fp32 = true, .branch_norm = true, .no_pre_norm = true,
+     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
+    {.type = "stablelm", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gqa = true, .ignores_head_dim = true,
+     .kv_default = 32, .k_rotary = "partial_rotary_factor", .rotary_default = 0.25, .gated = true,
+     .shared_norm = true, .k_qkv_bias = "use_qkv_bias", .k_parallel = "use_parallel_residual",
+     .no_attn_out_dropout = true, .k_attn_p = "attention_dropout", .k_resid_p = "hidden_dropout",
+     .reject = {{"qk_layernorm", "per-head q/k layernorms are not modelled"}}, .n_tok = "embed_tokens",
+     .n_norm = "norm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA), .k_cls_p = "hidden_dropout",
+     .generic_heads = true},
+    {.type = "starcoder2", .act = MP_ACT_GELU_TANH, .norm = MP_NORM_LAYERNORM, .gqa = true, .kv_default = 2,
+     .qkv_bias = true, .out_bias = true, .mlp_bias = true, .k_bias = "use_bias", .tied = true,
+     .k_emb_p = "embedding_dropout", .k_attn_p = "attention_dropout", .k_resid_p = "residual_dropout",
+     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .k_cls_p = "hidden_dropout", .generic_heads = true},
+    {.type = "gemma2", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4,
+     .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true,
+     .branch_norm = true, .eager = true, .k_attn_softcap = "attn_logit_softcapping", .attn_softcap = 50.0,
+     .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+    {.type = "gemma3_text", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4,
+     .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
+     .rms_fp32 = true, .branch_norm = true, .k_attn_softcap = "attn_logit_softcapping",
+     .k_logit_softcap = "final_logit_softcapping", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
+     .hook = gemma_hook},
+    {.type = "opt", .k_ffn = "ffn_dim", .k_act = "activation_function", .act = MP_ACT_RELU,
+     .norm = MP_NORM_LAYERNORM, .pos_rows = 2048, .pos_offset = 2, .qkv_bias = true, .out_bias = true,
+     .mlp_bias = true, .k_bias = "enable_bias", .tied = true, .dropout = 0.1, .k_attn_p = "attention_dropout",
+     .k_resid_p = "dropout", .n_tok = "embed_tokens", .n_pos = "embed_positions", .n_norm = "final_layer_norm",
+     .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_QA) | HEAD(H_BARE), .hook = opt_hook},
+    {.type = "roberta", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
+     .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
+     .post_norm = true, .emb_norm = true, .mlm_transform = true, .mlm_gelu = true, .dropout = 0.1,
+     .attn_dropout = 0.1, .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob",
+     .emb_p_is_resid = true, .reject = {NO_CROSS}, .n_tok = "word_embeddings", .n_pos = "position_embeddings",
+     .n_drop = "dropout", .n_head = "decoder", .default_head = H_MASKED,
+     .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
+     .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "classifier.dense",
+     .bare_pooler = true, .hook = bert_hook},
+    {.type = "distilbert", .k_hidden = {"dim"}, .k_layers = {"n_layers"}, .k_heads = {"n_heads"},
+     .k_ffn = "hidden_dim", .k_act = "activation", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM,
+     .pos_rows = 512, .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true,
+     .encoder = true, .post_norm = true, .emb_norm = true, .mlm_transform = true, .no_attn_out_dropout = true,
+     .dropout = 0.1, .attn_dropout = 0.1, .k_attn_p = "attention_dropout", .k_resid_p = "dropout",
+     .emb_p_is_resid = true, .n_tok = "word_embeddings", .n_pos = "position_embeddings", .n_drop = "dropout",
+     .n_head = "vocab_projector", .default_head = H_MASKED,
+     .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
+     .pooler_act = MP_ACT_RELU, .n_pooler = "pre_classifier", .hook = distilbert_hook},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
-#define HF_SUPPORTED "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert"
+#define HF_SUPPORTED                                                                                \
+    "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
+    "gemma2, gemma3_text, opt, roberta, distilbert"
+
+const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
 /* The config after the transformers defaults: everything the lowering needs. */
 struct hf {
@@ -150,6 +254,12 @@ struct hf {
     bool learned_pos, rope, gated, fused_qkv, qkv_bias, out_bias, mlp_bias, lm_bias;
     bool tied, causal, parallel, shared_norm, post_norm;
     double emb_p, attn_p, resid_p;
+    enum head head;
+    uint64_t labels;       /* classes of a classification head */
+    double cls_p;          /* classifier dropout */
+    double qa_p;           /* dropout before qa_outputs (DistilBERT) */
+    double attn_softcap, logit_softcap;
+    bool cls_bias;         /* token classifier bias */
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -284,7 +394,7 @@ static enum mp_status read_sizes(const cJSON *root, struct hf *c, const char *pa
 
     /* head_dim: read by the gqa classes (gpt2, gpt_neox and bert ignore it); GemmaConfig
      * defaults it to 256, the others to hidden / heads. */
-    if (f->gqa && present(root, "head_dim"))
+    if (f->gqa && !f->ignores_head_dim && present(root, "head_dim"))
         return read_pos(root, "head_dim", true, MP_DIM_MAX, &c->head_dim, path, d);
     if (f->head_dim_default) {
         c->head_dim = f->head_dim_default;
@@ -335,6 +445,9 @@ static enum mp_status read_prob(const cJSON *root, const char *key, double *out,
     return key ? mp_json_prob(root, key, out, path, "", d) : MP_OK;
 }
 
+static enum mp_status read_softcap(const cJSON *root, const char *key, double *out, const char *path,
+                                   struct mp_diag *d);
+
 /* Activation, flags, dropouts, unmodelled options, tying. */
 static enum mp_status read_options(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
@@ -350,8 +463,19 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
     c->qkv_bias = ab;
     if (f->k_attn_bias)
         c->out_bias = ab;
+    bool all = c->qkv_bias;
+    if ((st = read_flag(root, f->k_qkv_bias, &c->qkv_bias, path, d)) != MP_OK ||
+        (st = read_flag(root, f->k_bias, &all, path, d)) != MP_OK)
+        return st;
+    if (f->k_bias)
+        c->qkv_bias = c->out_bias = c->mlp_bias = all;
+    c->attn_softcap = f->attn_softcap;
+    c->logit_softcap = f->logit_softcap;
+    if ((st = read_softcap(root, f->k_attn_softcap, &c->attn_softcap, path, d)) != MP_OK ||
+        (st = read_softcap(root, f->k_logit_softcap, &c->logit_softcap, path, d)) != MP_OK)
+        return st;
     c->emb_p = f->k_emb_p || f->emb_p_is_resid ? f->dropout : 0.0;
-    c->attn_p = f->k_attn_p ? f->dropout : 0.0;
+    c->attn_p = f->k_attn_p ? f->attn_dropout : 0.0;
     c->resid_p = f->k_resid_p ? f->dropout : 0.0;
     if ((st = read_prob(root, f->k_emb_p, &c->emb_p, path, d)) != MP_OK ||
         (st = read_prob(root, f->k_attn_p, &c->attn_p, path, d)) != MP_OK ||
@@ -367,9 +491,24 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
             return mp_fail(d, MP_ERR_MODEL, "%s: %s: true is not supported (%s)", path, f->reject[i].key,
                            f->reject[i].why);
     }
-    if (f->hook && (st = f->hook(root, c, path, d)) != MP_OK)
-        return st;
     return mp_json_bool(root, "tie_word_embeddings", &c->tied, path, "", d);
+}
+
+/* A tanh softcap: a positive number, or null / absent for none (when the default is none). */
+static enum mp_status read_softcap(const cJSON *root, const char *key, double *out, const char *path,
+                                   struct mp_diag *d)
+{
+    const cJSON *v = key ? cJSON_GetObjectItemCaseSensitive(root, key) : NULL;
+    if (!v)
+        return MP_OK;
+    if (cJSON_IsNull(v)) {
+        *out = 0.0;
+        return MP_OK;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0.0))
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a positive number or null", path, key);
+    *out = v->valuedouble;
+    return MP_OK;
 }
 
 /* Gemma's released configs say hidden_act "gelu" but mean the tanh approximation
@@ -406,13 +545,130 @@ static enum mp_status bert_hook(const cJSON *root, struct hf *c, const char *pat
     return MP_OK;
 }
 
+/* The head architectures[0] names: "<Prefix><suffix>" for a suffix of head_classes. */
+static bool head_of_class(const char *cls, enum head *out)
+{
+    size_t n = strlen(cls);
+    for (size_t i = 0; i < sizeof head_classes / sizeof head_classes[0]; i++) {
+        size_t k = strlen(head_classes[i].suffix);
+        if (n <= k || strcmp(cls + n - k, head_classes[i].suffix) != 0)
+            continue;
+        if (head_classes[i].h == H_BARE) { /* GPT2DoubleHeadsModel, BertLMHeadModel... are not bare */
+            char pre[128];
+            snprintf(pre, sizeof pre, "%.*s", (int)(n - k), cls);
+            size_t pn = strlen(pre);
+            if (strstr(pre, "For") || (pn >= 4 && strcmp(pre + pn - 4, "Head") == 0) ||
+                (pn >= 5 && strcmp(pre + pn - 5, "Heads") == 0))
+                return false;
+        }
+        *out = head_classes[i].h;
+        return true;
+    }
+    return false;
+}
+
+static void heads_list(unsigned heads, char *out, size_t cap)
+{
+    static const char *const names[H_COUNT] = {"*ForCausalLM", "*ForMaskedLM", "*ForSequenceClassification",
+                                               "*ForTokenClassification", "*ForQuestionAnswering", "*Model"};
+    size_t len = 0;
+    out[0] = '\0';
+    for (int h = 0; h < H_COUNT; h++)
+        if (heads & HEAD(h))
+            len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%s", len ? ", " : "", names[h]);
+}
+
+/* The task head (architectures[0]), its classes and dropout.  Classes: id2label's size when
+ * given (transformers derives num_labels from it), else num_labels, else 2. */
+static enum mp_status read_head(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const struct family *f = c->f;
+    c->head = f->default_head;
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    if (arch && !cJSON_IsNull(arch)) {
+        const cJSON *a0 = cJSON_GetArrayItem(arch, 0);
+        if (!cJSON_IsArray(arch) || (a0 && !cJSON_IsString(a0)))
+            return mp_fail(d, MP_ERR_MODEL, "%s: architectures: expected a list of class names", path);
+        enum head h;
+        if (a0 && (!head_of_class(a0->valuestring, &h) || !(f->heads & HEAD(h)))) {
+            char list[200];
+            heads_list(f->heads, list, sizeof list);
+            return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: '%s' is not supported for %s (supported: %s)", path,
+                           a0->valuestring, f->type, list);
+        }
+        if (a0)
+            c->head = h;
+    }
+    enum mp_status st;
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "id2label");
+    c->labels = 2;
+    if (map && !cJSON_IsNull(map)) {
+        if (!cJSON_IsObject(map) || !map->child)
+            return mp_fail(d, MP_ERR_MODEL, "%s: id2label: expected an object with at least one label", path);
+        c->labels = (uint64_t)cJSON_GetArraySize(map);
+    } else if ((st = read_pos(root, "num_labels", false, MP_DIM_MAX, &c->labels, path, d)) != MP_OK) {
+        return st;
+    }
+    c->cls_p = 0.1;
+    c->cls_bias = true;
+    const char *pk = present(root, "classifier_dropout") ? "classifier_dropout" : f->k_cls_p;
+    if ((st = read_prob(root, pk, &c->cls_p, path, d)) != MP_OK)
+        return st;
+    return f->generic_heads ? mp_json_bool(root, "token_classification_bias", &c->cls_bias, path, "", d) : MP_OK;
+}
+
+/* OPT: the pre-norm layout with word_embed_proj_dim == hidden_size (every OPT but opt-350m). */
+static enum mp_status opt_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    bool before = true, affine = true, remove_final = false;
+    uint64_t proj = c->hidden;
+    enum mp_status st;
+    if ((st = mp_json_bool(root, "do_layer_norm_before", &before, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "layer_norm_elementwise_affine", &affine, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "_remove_final_layer_norm", &remove_final, path, "", d)) != MP_OK ||
+        (st = read_pos(root, "word_embed_proj_dim", false, MP_DIM_MAX, &proj, path, d)) != MP_OK)
+        return st;
+    if (!before)
+        return mp_fail(d, MP_ERR_MODEL, "%s: do_layer_norm_before: false is not supported (the post-norm OPT "
+                       "layout is not modelled)", path);
+    if (!affine || remove_final)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: %s is not supported (OPT layer norms without parameters are not "
+                       "modelled)", path, affine ? "_remove_final_layer_norm" : "layer_norm_elementwise_affine",
+                       affine ? "true" : "false");
+    if (proj != c->hidden)
+        return mp_fail(d, MP_ERR_MODEL, "%s: word_embed_proj_dim: %llu differs from hidden_size %llu (the "
+                       "project_in/project_out layers are not modelled)", path, (unsigned long long)proj,
+                       (unsigned long long)c->hidden);
+    return MP_OK;
+}
+
+/* DistilBERT: learned positions only; each head has its own dropout key. */
+static enum mp_status distilbert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    bool sinus = false;
+    enum mp_status st;
+    if ((st = mp_json_bool(root, "sinusoidal_pos_embds", &sinus, path, "", d)) != MP_OK)
+        return st;
+    if (sinus)
+        return mp_fail(d, MP_ERR_MODEL, "%s: sinusoidal_pos_embds: true is not supported (a frozen position "
+                       "table is not modelled)", path);
+    c->cls_p = c->head == H_SEQ ? 0.2 : 0.1; /* seq_classif_dropout; dropout (token heads) */
+    c->qa_p = 0.1;
+    if (c->head == H_SEQ)
+        return read_prob(root, "seq_classif_dropout", &c->cls_p, path, d);
+    if (c->head == H_TOKEN)
+        c->cls_p = c->resid_p;
+    return read_prob(root, "qa_dropout", &c->qa_p, path, d);
+}
+
 static enum mp_status read_config(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     family_defaults(c);
     enum mp_status st;
-    if ((st = read_sizes(root, c, path, d)) != MP_OK || (st = read_rotary(root, c, path, d)) != MP_OK)
+    if ((st = read_sizes(root, c, path, d)) != MP_OK || (st = read_rotary(root, c, path, d)) != MP_OK ||
+        (st = read_options(root, c, path, d)) != MP_OK || (st = read_head(root, c, path, d)) != MP_OK)
         return st;
-    return read_options(root, c, path, d);
+    return c->f->hook ? c->f->hook(root, c, path, d) : MP_OK;
 }
 
 /* ---- lowering ------------------------------------------------------------------------ */
@@ -424,6 +680,7 @@ static void norm_layer(struct mp_layer *l, const struct hf *c, const char *name)
     l->type = c->norm == MP_NORM_RMSNORM ? MP_LT_RMSNORM : MP_LT_LAYERNORM;
     l->norm = c->norm;
     l->norm_bias = c->norm == MP_NORM_LAYERNORM;
+    l->rms_fp32 = c->f->rms_fp32;
     l->dim = c->hidden;
     set_name(l, name);
 }
@@ -449,7 +706,7 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
     }
     if (c->learned_pos) {
         l->type = MP_LT_POS_EMBEDDING;
-        l->vocab = c->positions;
+        l->vocab = c->positions + f->pos_offset;
         l->dim = c->hidden;
         set_name(l++, f->n_pos);
     }
@@ -484,6 +741,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->fused_qkv = c->fused_qkv;
         l->rope = c->rope;
         l->rotary_dim = c->rotary_dim;
+        l->rope_cat = c->rope && c->f->k_rotary;
         l->impl = MP_ATTN_SDPA;
         l->impl_set = false;
         l->attn_dropout = c->attn_p;
@@ -497,40 +755,159 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->parallel_residual = c->parallel;
         l->shared_norm = c->parallel && c->shared_norm;
         l->post_norm = c->post_norm;
+        l->branch_norm = c->f->branch_norm;
+        l->no_pre_norm = c->f->no_pre_norm;
+        l->qk_norm = c->f->qk_norm;
+        l->rms_fp32 = c->f->rms_fp32;
+        l->fused_gate_up = c->f->fused_gate_up;
+        l->no_attn_out_dropout = c->f->no_attn_out_dropout;
+        l->attn_softcap = c->attn_softcap;
+        if (c->f->eager) { /* the model's default kernel; --attention still overrides it */
+            l->impl = MP_ATTN_EAGER;
+            l->impl_set = true;
+        }
     }
     return MP_OK;
 }
 
+/* Appends a layer to the head block under construction. */
+static struct mp_layer *head_layer(struct mp_layer *l, size_t *n, enum mp_layer_type t, const char *name)
+{
+    l += (*n)++;
+    l->type = t;
+    set_name(l, name);
+    return l;
+}
+
+/* A classifier over hidden -> classes. */
+static void classifier(struct mp_layer *l, const struct hf *c, uint64_t classes, bool bias, enum mp_head_pool pool)
+{
+    l->in_features = l->dim = c->hidden;
+    l->vocab = l->out_features = classes;
+    l->bias = bias;
+    l->pool = pool;
+}
+
+/* The head block: the final norm (pre-norm families) and the task head of architectures[0]
+ * as transformers builds it.  Decoders: *ForSequenceClassification scores every position
+ * (Linear, no bias) and gathers the last non-pad one; *ForTokenClassification is dropout +
+ * Linear; *ForQuestionAnswering a Linear to 2 (start, end).  BERT: the pooler (dense + tanh
+ * on the first position) for sequence classification and the bare BertModel; the MLM
+ * transform for masked LM. */
 static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp_diag *d)
 {
     const struct family *f = c->f;
-    bool mlm = f->mlm_transform;
-    struct mp_block *b = mp_model_add_block(m, "head", mlm ? 4 : 2);
+    bool encoder = f->post_norm; /* no final norm: the last layer ends in one */
+    struct mp_block *b = mp_model_add_block(m, "head", 6);
     if (!b)
         return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
-    struct mp_layer *l = b->layers;
-    if (mlm) { /* BertPredictionHeadTransform: dense, act, LayerNorm */
-        l->type = MP_LT_LINEAR;
+    struct mp_layer *L = b->layers, *l;
+    size_t n = 0;
+    if (!encoder)
+        norm_layer(head_layer(L, &n, MP_LT_LAYERNORM, ""), c, f->n_norm);
+    bool pooler = encoder && (c->head == H_SEQ || (c->head == H_BARE && f->bare_pooler));
+    if (pooler) { /* BertPooler and the like: dense + activation of the first position */
+        l = head_layer(L, &n, MP_LT_LINEAR, f->n_pooler);
         l->in_features = l->out_features = c->hidden;
         l->bias = true;
-        set_name(l++, "transform.dense");
-        l->type = MP_LT_ACTIVATION;
-        l->act = c->act;
-        set_name(l++, "transform.act");
-        norm_layer(l++, c, "transform.LayerNorm");
-    } else {
-        norm_layer(l++, c, f->n_norm);
+        l->pool = MP_POOL_FIRST;
+        head_layer(L, &n, MP_LT_ACTIVATION, "pooler.activation")->act = f->pooler_act;
     }
-    l->type = MP_LT_LM_HEAD;
-    l->vocab = c->vocab;
-    l->dim = c->hidden;
-    l->tied = c->tied;
-    l->bias = c->lm_bias;
-    set_name(l, f->n_head);
+    switch (c->head) {
+    case H_CAUSAL:
+    case H_MASKED:
+        if (f->mlm_transform) { /* BertPredictionHeadTransform: dense, act, LayerNorm */
+            l = head_layer(L, &n, MP_LT_LINEAR, "transform.dense");
+            l->in_features = l->out_features = c->hidden;
+            l->bias = true;
+            head_layer(L, &n, MP_LT_ACTIVATION, "transform.act")->act = f->mlm_gelu ? MP_ACT_GELU : c->act;
+            norm_layer(head_layer(L, &n, MP_LT_LAYERNORM, ""), c, "transform.LayerNorm");
+        }
+        l = head_layer(L, &n, MP_LT_LM_HEAD, f->n_head);
+        l->vocab = c->vocab;
+        l->dim = c->hidden;
+        l->tied = c->tied;
+        l->bias = c->lm_bias;
+        l->masked = c->head == H_MASKED;
+        l->logit_softcap = c->logit_softcap;
+        break;
+    case H_SEQ:
+        if (encoder && c->cls_p > 0)
+            head_layer(L, &n, MP_LT_DROPOUT, "dropout")->p = c->cls_p;
+        classifier(head_layer(L, &n, MP_LT_CLASSIFIER, encoder ? "classifier" : "score"), c, c->labels, encoder,
+                   encoder ? MP_POOL_FIRST : MP_POOL_LAST);
+        break;
+    case H_TOKEN:
+        if (c->cls_p > 0)
+            head_layer(L, &n, MP_LT_DROPOUT, "dropout")->p = c->cls_p;
+        classifier(head_layer(L, &n, MP_LT_CLASSIFIER, "classifier"), c, c->labels, c->cls_bias, MP_POOL_NONE);
+        break;
+    case H_QA:
+        if (c->qa_p > 0)
+            head_layer(L, &n, MP_LT_DROPOUT, "dropout")->p = c->qa_p;
+        classifier(head_layer(L, &n, MP_LT_CLASSIFIER, "qa_outputs"), c, 2, true, MP_POOL_SPAN);
+        break;
+    case H_BARE:
+    case H_COUNT:
+        break;
+    }
+    b->n_layers = n;
     return MP_OK;
 }
 
 /* ---- entry points -------------------------------------------------------------------- */
+
+/* quantization_config (transformers' quantizers): bitsandbytes 4-bit / 8-bit, GPTQ, AWQ.
+ * Storage per format is quant.c's; a method memplan cannot size is refused, never ignored. */
+static enum mp_status read_quant(const cJSON *root, struct mp_quant *q, const char *path, struct mp_diag *d)
+{
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (!qc)
+        return MP_OK;
+    if (!cJSON_IsObject(qc))
+        return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config: expected an object", path);
+    const char *W = "quantization_config.";
+    enum mp_status st;
+    const char *method = mp_json_str(qc, "quant_method", &st, path, W, d);
+    if (st != MP_OK)
+        return st;
+    if (!method)
+        return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config.quant_method: missing", path);
+    if (!strcmp(method, "bitsandbytes")) {
+        bool b4 = false, b8 = false, dq = false;
+        if ((st = mp_json_bool(qc, "load_in_4bit", &b4, path, W, d)) != MP_OK ||
+            (st = mp_json_bool(qc, "load_in_8bit", &b8, path, W, d)) != MP_OK ||
+            (st = mp_json_bool(qc, "bnb_4bit_use_double_quant", &dq, path, W, d)) != MP_OK)
+            return st;
+        const char *qt = mp_json_str(qc, "bnb_4bit_quant_type", &st, path, W, d);
+        if (st != MP_OK)
+            return st;
+        if (b4 == b8)
+            return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config: expected exactly one of load_in_4bit and "
+                           "load_in_8bit to be true", path);
+        if (b4 && qt && strcmp(qt, "nf4") && strcmp(qt, "fp4"))
+            return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config.bnb_4bit_quant_type: expected nf4 or fp4, "
+                           "got '%s'", path, qt);
+        mp_quant_init(q, b8 ? MP_Q_BNB_INT8 : qt && !strcmp(qt, "nf4") ? MP_Q_BNB_NF4 : MP_Q_BNB_FP4);
+        q->double_quant = dq;
+        return MP_OK;
+    }
+    if (!strcmp(method, "gptq") || !strcmp(method, "awq")) {
+        mp_quant_init(q, method[0] == 'g' ? MP_Q_GPTQ : MP_Q_AWQ);
+        const cJSON *gs = cJSON_GetObjectItemCaseSensitive(qc, "group_size");
+        if ((st = mp_json_u64(qc, "bits", false, 8, &q->bits, path, W, d)) != MP_OK)
+            return st;
+        if (q->bits != 2 && q->bits != 3 && q->bits != 4 && q->bits != 8)
+            return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config.bits: expected 2, 3, 4 or 8", path);
+        if (cJSON_IsNumber(gs) && gs->valuedouble == -1)
+            q->group_size = 0; /* one group per input row */
+        else if ((st = mp_json_u64(qc, "group_size", false, MP_DIM_MAX, &q->group_size, path, W, d)) != MP_OK)
+            return st;
+        return MP_OK;
+    }
+    return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config.quant_method: '%s' is not supported (supported: "
+                   "bitsandbytes, gptq, awq)", path, method);
+}
 
 bool mp_json_is_hf(const cJSON *root)
 {
@@ -576,6 +953,8 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     if ((st = read_config(root, &c, path, d)) != MP_OK)
         return st;
 
+    if ((st = read_quant(root, &m->quant, path, d)) != MP_OK)
+        return st;
     snprintf(m->source, sizeof m->source, "hf");
     snprintf(m->hf_type, sizeof m->hf_type, "%s", type);
     if ((st = set_model_name(m, root, type, path, d)) != MP_OK)

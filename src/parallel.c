@@ -127,6 +127,7 @@ uint64_t mp_par_opt_state_bytes(const struct mp_par_plan *pp, const struct mp_pr
     struct mp_param s = *q;
     struct mp_program sp = *p;
     sp.param_dtype = pp->master_elem_bytes == 2 ? MP_DT_BF16 : MP_DT_F32;
+    s.dtype = sp.param_dtype; /* the master copy's dtype (a frozen parameter still has none) */
     uint64_t n = pp->shard_elems[qi];
     if (n != q->elems) { /* a shard: Adafactor factors the local rows */
         s.elems = n;
@@ -306,7 +307,7 @@ enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_p
         /* optimizer state on the aligned partition */
         opt = 0;
         {
-            struct mp_param one = {.elems = part, .rows = 1, .cols = part};
+            struct mp_param one = {.elems = part, .rows = 1, .cols = part, .dtype = MP_DT_F32, .trainable = true};
             struct mp_program sp = *p;
             sp.param_dtype = MP_DT_F32;
             opt = mp_opt_state_bytes(&sp, o, &one);

@@ -20,6 +20,7 @@ struct mp_probe_opts {
     int device;              /* CUDA device index */
     uint64_t capacity_bytes; /* host: the pool limit (0 = unlimited); cuda: 0 = what the device has free */
     unsigned steps;          /* measured steps after one warm-up step (>= 1) */
+    bool progress;           /* a line per step on stderr (host: steps take seconds) */
     uint64_t seed;
     bool trace;              /* keep the pool's allocated bytes after every event of the last step */
 };

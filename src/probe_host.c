@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* mallopt */
+#endif
 
 struct mp_host_exec {
     const struct mp_program *p;
@@ -39,7 +42,7 @@ struct hv {
     uint64_t n;
 };
 
-static float ldf(struct hv v, uint64_t i)
+static inline float ldf(struct hv v, uint64_t i)
 {
     switch (v.dt) {
     case MP_DT_F32: return ((const float *)v.p)[i];
@@ -51,7 +54,7 @@ static float ldf(struct hv v, uint64_t i)
     return 0.0f;
 }
 
-static void stf(struct hv v, uint64_t i, float f)
+static inline void stf(struct hv v, uint64_t i, float f)
 {
     switch (v.dt) {
     case MP_DT_F32: ((float *)v.p)[i] = f; break;
@@ -62,7 +65,7 @@ static void stf(struct hv v, uint64_t i, float f)
     }
 }
 
-static void accf(struct hv v, uint64_t i, float f) { stf(v, i, ldf(v, i) + f); }
+static inline void accf(struct hv v, uint64_t i, float f) { stf(v, i, ldf(v, i) + f); }
 
 static float round_dt(enum mp_dtype dt, float f)
 {
@@ -101,12 +104,26 @@ static struct hv tview(const struct ctx *c, enum mp_store s, int t)
 
 static struct hv pview(const struct ctx *c, enum mp_store s, int q)
 {
-    struct hv v = {NULL, c->p->param_dtype, 0};
+    struct hv v = {NULL, q >= 0 ? c->p->params[q].dtype : c->p->param_dtype, 0};
     if (q < 0)
         return v;
     v.p = mp_pool_get(&c->x->pool, s, q);
     v.n = c->p->params[q].elems;
     return v;
+}
+
+/* The node's extra with role r (layers.h mp_xrole); p == NULL when it has none. */
+static struct hv xr(const struct ctx *c, enum mp_xrole r)
+{
+    return tview(c, MP_ST_ACT, mp_node_extra(c->n, r, 0));
+}
+
+/* The part of the node's TMP storage with role r, as floats (NULL when it has none). */
+static float *tmp_part(const struct ctx *c, bool bwd, enum mp_trole r, uint64_t *bytes)
+{
+    const struct mp_tmp_part *t = mp_node_tmp(c->n, bwd, r);
+    *bytes = t ? t->bytes : 0;
+    return t && c->tmp.p ? (float *)(void *)((char *)c->tmp.p + t->offset) : NULL;
 }
 
 static void ctx_open(struct ctx *c, struct mp_host_exec *x, int k)
@@ -171,9 +188,16 @@ static float *fget(struct ctx *c, struct hv v)
     if (v.dt == MP_DT_F32)
         return v.p;
     float *f = fscratch(c, v.n);
-    if (f)
+    if (!f)
+        return NULL;
+    if (v.dt == MP_DT_BF16) { /* the common half: one loop without a dtype switch per element */
+        const uint16_t *h = v.p;
+        for (uint64_t i = 0; i < v.n; i++)
+            f[i] = mp_f32_from_bf16(h[i]);
+    } else {
         for (uint64_t i = 0; i < v.n; i++)
             f[i] = ldf(v, i);
+    }
     return f;
 }
 
@@ -184,6 +208,12 @@ static void fstore(struct hv v, const float *src, uint64_t n)
             memcpy(v.p, src, (size_t)n * sizeof(float));
         return;
     }
+    if (v.dt == MP_DT_BF16) {
+        uint16_t *h = v.p;
+        for (uint64_t i = 0; i < n; i++)
+            h[i] = mp_bf16_from_f32(src[i]);
+        return;
+    }
     for (uint64_t i = 0; i < n; i++)
         stf(v, i, src[i]);
 }
@@ -192,6 +222,18 @@ static void facc(struct hv v, const float *src, uint64_t n)
 {
     if (!v.p)
         return;
+    if (v.dt == MP_DT_F32) {
+        float *f = v.p;
+        for (uint64_t i = 0; i < n; i++)
+            f[i] += src[i];
+        return;
+    }
+    if (v.dt == MP_DT_BF16) {
+        uint16_t *h = v.p;
+        for (uint64_t i = 0; i < n; i++)
+            h[i] = mp_bf16_from_f32(mp_f32_from_bf16(h[i]) + src[i]);
+        return;
+    }
     for (uint64_t i = 0; i < n; i++)
         accf(v, i, src[i]);
 }
@@ -310,28 +352,57 @@ static enum mp_status add_fwd(struct ctx *c)
 
 /* ---- linear -------------------------------------------------------------------------------- */
 
-/* y (M,N) = x (M,K) W^T (N,K) + bias */
-static void gemm_xwt(float *y, const float *x, const float *w, const float *bias, uint64_t M, uint64_t N, uint64_t K)
+#define GEMM(...)                                   \
+    do {                                            \
+        if (mp_host_gemm(__VA_ARGS__) != MP_OK)     \
+            return nomem(c);                        \
+    } while (0)
+
+/* A quantized base weight: dequantized (bitsandbytes dequantize_4bit) into the node's
+ * MP_TR_DEQUANT temporary in the output dtype, in forward and again in backward. */
+static enum mp_status dequant_weight(struct ctx *c, bool fwd, float **wf)
 {
-    for (uint64_t r = 0; r < M; r++)
-        for (uint64_t o = 0; o < N; o++) {
-            double s = bias ? bias[o] : 0.0;
-            const float *xr = x + r * K, *wo = w + o * K;
-            for (uint64_t i = 0; i < K; i++)
-                s += (double)xr[i] * wo[i];
-            y[r * N + o] = (float)s;
-        }
+    const struct mp_param *q = &c->p->params[c->n->param[0]];
+    const struct mp_quant *qz = mp_program_base_quant(c->p);
+    NEED(c->w);
+    uint64_t tb;
+    void *dq = tmp_part(c, !fwd, MP_TR_DEQUANT, &tb);
+    if (!dq)
+        return missing(c, "the dequantized weight");
+    FNEW(w, q->elems);
+    if (!qz || mp_quant_unpack(qz, q->rows, q->cols, c->w.p, w) != MP_OK)
+        return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: the host backend executes bitsandbytes NF4 "
+                       "weights only", c->n->name);
+    struct hv t = {dq, c->p->tensors[c->n->out].dtype, q->elems};
+    for (uint64_t i = 0; i < q->elems; i++) /* the dequantized temporary, then read back */
+        stf(t, i, w[i]);
+    for (uint64_t i = 0; i < q->elems; i++)
+        w[i] = ldf(t, i);
+    *wf = w;
+    return MP_OK;
 }
 
-/* The weight the GEMM uses: under autocast the half copy (extra 0), else the parameter. */
+/* The weight the GEMM uses: the dequantized base weight, under autocast the half copy, else
+ * the parameter. */
 static enum mp_status linear_weight(struct ctx *c, bool fwd, float **wf)
 {
-    struct hv wc = c->n->n_extra > 0 ? c->ex[0] : c->w;
-    if (c->n->n_extra > 0 && fwd) {
+    if (c->n->quantized)
+        return dequant_weight(c, fwd, wf);
+    struct hv copy = xr(c, MP_XR_WEIGHT_COPY);
+    bool has_copy = mp_node_extra(c->n, MP_XR_WEIGHT_COPY, 0) >= 0;
+    struct hv wc = has_copy ? copy : c->w;
+    if (has_copy && fwd) {
         NEED(c->w);
-        NEED(c->ex[0]);
-        for (uint64_t i = 0; i < wc.n; i++)
-            stf(wc, i, ldf(c->w, i));
+        NEED(copy);
+        if (wc.dt == MP_DT_BF16 && c->w.dt == MP_DT_F32) {
+            const float *w = c->w.p;
+            uint16_t *h = wc.p;
+            for (uint64_t i = 0; i < wc.n; i++)
+                h[i] = mp_bf16_from_f32(w[i]);
+        } else {
+            for (uint64_t i = 0; i < wc.n; i++)
+                stf(wc, i, ldf(c->w, i));
+        }
     }
     *wf = fget(c, wc);
     if (!*wf)
@@ -355,7 +426,10 @@ static enum mp_status linear_fwd(struct ctx *c)
             return c->b.p ? nomem(c) : missing(c, "bias");
     }
     FNEW(y, n->rows * n->n);
-    gemm_xwt(y, x, w, bias, n->rows, n->n, n->k);
+    if (bias) /* y (M,N) = bias + x (M,K) W^T (N,K) */
+        for (uint64_t r = 0; r < n->rows; r++)
+            memcpy(y + r * n->n, bias, (size_t)n->n * sizeof *y);
+    GEMM(false, true, n->rows, n->n, n->k, 1.0f, x, n->k, w, n->k, bias ? 1.0f : 0.0f, y, n->n);
     fstore(c->out, y, n->rows * n->n);
     return MP_OK;
 }
@@ -367,8 +441,22 @@ static enum mp_status weight_grad(struct ctx *c, const float *dw, uint64_t count
     if (!c->gw.p)
         return MP_OK;
     enum mp_dtype cdt = c->p->compute_dtype;
-    if (c->tmp.p && c->n->bwd_tmp_bytes == count * mp_dtype_size(cdt) && cdt != MP_DT_F32) {
-        struct hv t = {c->tmp.p, cdt, count};
+    uint64_t tb;
+    void *half = tmp_part(c, true, MP_TR_WGRAD_HALF, &tb);
+    if (half && cdt != MP_DT_F32) {
+        if (tb != count * mp_dtype_size(cdt))
+            return mp_fail(c->x->d, MP_ERR_INTERNAL, "probe: %s: half weight gradient of %llu bytes, %llu expected",
+                           c->n->name, (unsigned long long)tb, (unsigned long long)(count * mp_dtype_size(cdt)));
+        struct hv t = {half, cdt, count};
+        if (cdt == MP_DT_BF16 && c->gw.dt == MP_DT_F32) {
+            uint16_t *h = t.p;
+            float *g = c->gw.p;
+            for (uint64_t i = 0; i < count; i++) {
+                h[i] = mp_bf16_from_f32(dw[i]);
+                g[i] += mp_f32_from_bf16(h[i]);
+            }
+            return MP_OK;
+        }
         for (uint64_t i = 0; i < count; i++) {
             stf(t, i, dw[i]);
             accf(c->gw, i, ldf(t, i));
@@ -392,27 +480,13 @@ static enum mp_status linear_bwd(struct ctx *c)
         if (st != MP_OK)
             return st;
         FNEW(dx, M * K);
-        for (uint64_t r = 0; r < M; r++) /* row updates: contiguous in W and dx */
-            for (uint64_t o = 0; o < N; o++) {
-                float g = dy[r * N + o];
-                const float *wo = w + o * K;
-                float *dxr = dx + r * K;
-                for (uint64_t i = 0; i < K; i++)
-                    dxr[i] += g * wo[i];
-            }
+        GEMM(false, false, M, K, N, 1.0f, dy, N, w, K, 0.0f, dx, K); /* dx (M,K) = dy (M,N) W (N,K) */
         facc(c->gin[0], dx, M * K);
     }
     if (c->gw.p) {
         FGET(x, c->in[0]);
         FNEW(dw, N * K);
-        for (uint64_t r = 0; r < M; r++)
-            for (uint64_t o = 0; o < N; o++) {
-                float g = dy[r * N + o];
-                const float *xr = x + r * K;
-                float *dwo = dw + o * K;
-                for (uint64_t i = 0; i < K; i++)
-                    dwo[i] += g * xr[i];
-            }
+        GEMM(true, false, N, K, M, 1.0f, dy, N, x, K, 0.0f, dw, K); /* dW (N,K) = dy^T (N,M) x (M,K) */
         enum mp_status st = weight_grad(c, dw, N * K);
         if (st != MP_OK)
             return st;
@@ -434,14 +508,14 @@ static enum mp_status layernorm_fwd(struct ctx *c)
     const struct mp_node *n = c->n;
     uint64_t M = n->rows, N = n->n;
     NEED(c->out);
-    NEED(c->ex[0]);
-    NEED(c->ex[1]);
+    NEED(xr(c, MP_XR_MEAN));
+    NEED(xr(c, MP_XR_RSTD));
     FGET(x, c->in[0]);
     FGET(g, c->w);
     float *be = NULL;
     if (n->param[1] >= 0 && !(be = fget(c, c->b)))
         return nomem(c);
-    float *mean = c->ex[0].p, *rstd = c->ex[1].p;
+    float *mean = xr(c, MP_XR_MEAN).p, *rstd = xr(c, MP_XR_RSTD).p;
     FNEW(y, M * N);
     for (uint64_t r = 0; r < M; r++) {
         const float *xr = x + r * N;
@@ -470,9 +544,9 @@ static enum mp_status layernorm_bwd(struct ctx *c)
     FGET(dy, c->gout);
     FGET(x, c->in[0]);
     FGET(g, c->w);
-    NEED(c->ex[0]);
-    NEED(c->ex[1]);
-    const float *mean = c->ex[0].p, *rstd = c->ex[1].p;
+    NEED(xr(c, MP_XR_MEAN));
+    NEED(xr(c, MP_XR_RSTD));
+    const float *mean = xr(c, MP_XR_MEAN).p, *rstd = xr(c, MP_XR_RSTD).p;
     FNEW(dx, M * N);
     FNEW(dg, N);
     FNEW(db, N);
@@ -498,13 +572,12 @@ static enum mp_status layernorm_bwd(struct ctx *c)
     return MP_OK;
 }
 
-/* HF RMSNorm extras: [x_fp32 (when the input is not fp32), rsqrt, normed]. */
+/* HF RMSNorm extras: x_fp32 (when the input is not fp32; else x itself), rsqrt, normed. */
 static void rms_extras(struct ctx *c, struct hv *xf, struct hv *rs, struct hv *nm)
 {
-    int e = c->n->n_extra == 3 ? 1 : 0;
-    *xf = e ? c->ex[0] : c->in[0];
-    *rs = c->ex[e];
-    *nm = c->ex[e + 1];
+    *xf = mp_node_extra(c->n, MP_XR_X_FP32, 0) >= 0 ? xr(c, MP_XR_X_FP32) : c->in[0];
+    *rs = xr(c, MP_XR_RSQRT);
+    *nm = xr(c, MP_XR_NORMED);
 }
 
 static enum mp_status rmsnorm_fwd(struct ctx *c)
@@ -518,7 +591,7 @@ static enum mp_status rmsnorm_fwd(struct ctx *c)
     NEED(nmv);
     FGET(x, c->in[0]);
     FGET(g, c->w);
-    if (n->n_extra == 3) {
+    if (mp_node_extra(n, MP_XR_X_FP32, 0) >= 0) {
         NEED(xf);
         fstore(xf, x, M * N); /* hidden_states.to(torch.float32) */
     }
@@ -546,27 +619,31 @@ static enum mp_status rmsnorm_bwd(struct ctx *c)
         return MP_OK;
     struct hv xf, rsv, nmv;
     rms_extras(c, &xf, &rsv, &nmv);
-    NEED(rsv);
     FGET(dy, c->gout);
+    if (c->gw.p) { /* a frozen weight keeps no normed tensor (weight * normed saves it for dg only) */
+        FGET(nm, nmv);
+        FNEW(dg, N);
+        for (uint64_t r = 0; r < M; r++)
+            for (uint64_t j = 0; j < N; j++)
+                dg[j] += dy[r * N + j] * nm[r * N + j];
+        facc(c->gw, dg, N);
+    }
+    if (!c->gin[0].p)
+        return MP_OK; /* the input needs no gradient: x and rsqrt were not kept */
+    NEED(rsv);
     FGET(x, xf);
-    FGET(nm, nmv);
     FGET(g, c->w);
     const float *rs = rsv.p;
     FNEW(dx, M * N);
-    FNEW(dg, N);
     for (uint64_t r = 0; r < M; r++) {
         double s = 0;
-        for (uint64_t j = 0; j < N; j++) {
-            float dn = dy[r * N + j] * g[j];
-            s += (double)dn * x[r * N + j];
-            dg[j] += dy[r * N + j] * nm[r * N + j];
-        }
+        for (uint64_t j = 0; j < N; j++)
+            s += (double)(dy[r * N + j] * g[j]) * x[r * N + j];
         float mean = (float)(s / (double)N), r3 = rs[r] * rs[r] * rs[r];
         for (uint64_t j = 0; j < N; j++)
             dx[r * N + j] = rs[r] * dy[r * N + j] * g[j] - x[r * N + j] * r3 * mean;
     }
     facc(c->gin[0], dx, M * N);
-    facc(c->gw, dg, N);
     return MP_OK;
 }
 
@@ -676,14 +753,14 @@ static enum mp_status flash_fwd(struct ctx *c)
 {
     struct attn_dims A = attn_dims(c);
     NEED(c->out);
-    NEED(c->ex[0]);
+    NEED(xr(c, MP_XR_LSE));
     FGET(q, c->in[0]);
     FGET(k, c->in[1]);
     FGET(v, c->in[2]);
     FNEW(o, A.b * A.s * A.a * A.d);
     FNEW(sc, A.s);
-    float *lse = c->ex[0].p;
-    uint64_t s_lse = c->ex[0].n / (A.b * A.a);
+    float *lse = xr(c, MP_XR_LSE).p;
+    uint64_t s_lse = xr(c, MP_XR_LSE).n / (A.b * A.a);
     for (uint64_t bi = 0; bi < A.b; bi++)
         for (uint64_t h = 0; h < A.a; h++)
             for (uint64_t i = 0; i < A.s; i++) {
@@ -740,20 +817,20 @@ static enum mp_status flash_bwd(struct ctx *c)
     struct attn_dims A = attn_dims(c);
     if (!c->gout.p)
         return MP_OK;
-    NEED(c->ex[0]);
+    NEED(xr(c, MP_XR_LSE));
     FGET(q, c->in[0]);
     FGET(k, c->in[1]);
     FGET(v, c->in[2]);
     FGET(o, c->out);
     FGET(dO, c->gout);
-    const float *lse = c->ex[0].p;
-    uint64_t s_lse = c->ex[0].n / (A.b * A.a), s_r = round_up(A.s, 128), d_r = round_up(A.d, 32);
+    const float *lse = xr(c, MP_XR_LSE).p;
+    uint64_t s_lse = xr(c, MP_XR_LSE).n / (A.b * A.a), s_r = round_up(A.s, 128), d_r = round_up(A.d, 32);
     uint64_t nD = A.b * A.a * s_r, nQ = A.b * s_r * A.a * d_r;
-    float *Dv, *dqa;
-    if (c->tmp.p && c->n->bwd_tmp_bytes == (nD + nQ) * 4) {
-        Dv = c->tmp.p;
-        dqa = Dv + nD;
-        memset(c->tmp.p, 0, (size_t)(nD + nQ) * 4);
+    uint64_t bD, bQ;
+    float *Dv = tmp_part(c, true, MP_TR_FLASH_D, &bD), *dqa = tmp_part(c, true, MP_TR_FLASH_DQ, &bQ);
+    if (Dv && dqa && bD == nD * 4 && bQ == nQ * 4) { /* flash's own workspace: the replay's TMP storage */
+        memset(Dv, 0, (size_t)bD);
+        memset(dqa, 0, (size_t)bQ);
     } else {
         Dv = fscratch(c, nD);
         dqa = fscratch(c, nQ);
@@ -795,15 +872,23 @@ static enum mp_status flash_bwd(struct ctx *c)
     return MP_OK;
 }
 
-/* Eager extras: q_copy, k_copy, v_copy (b,a,s,d), probs (b,a,s,s) and either
- * [dropout_mask, probs_dropped] or [probs_cast] (what P@V reads). */
+/* Eager extras: q/k/v copies (b,a,s,d), probs (b,a,s,s) and what P@V reads: the dropped
+ * probabilities (with a dropout mask), their cast to v's dtype, or probs itself. */
 static struct hv eager_pv(const struct ctx *c)
 {
-    if (c->n->n_extra == 6)
-        return c->ex[5];
-    if (c->n->n_extra == 5)
-        return c->ex[4];
-    return c->ex[3];
+    if (mp_node_extra(c->n, MP_XR_PROBS_DROPPED, 0) >= 0)
+        return xr(c, MP_XR_PROBS_DROPPED);
+    if (mp_node_extra(c->n, MP_XR_PROBS_CAST, 0) >= 0)
+        return xr(c, MP_XR_PROBS_CAST);
+    return xr(c, MP_XR_PROBS);
+}
+
+static enum mp_status eager_supported(struct ctx *c)
+{
+    if (mp_node_extra(c->n, MP_XR_SOFTCAP_TANH, 0) >= 0)
+        return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: attention logit soft-capping is not implemented "
+                                                    "by the probe yet", c->n->name);
+    return MP_OK;
 }
 
 static enum mp_status eager_fwd(struct ctx *c)
@@ -811,13 +896,17 @@ static enum mp_status eager_fwd(struct ctx *c)
     struct attn_dims A = attn_dims(c);
     const struct mp_node *n = c->n;
     NEED(c->out);
+    enum mp_status sst = eager_supported(c);
+    if (sst != MP_OK)
+        return sst;
     for (int j = 0; j < n->n_extra; j++)
         if (!c->ex[j].p)
             return missing(c, "an eager extra");
     FGET(q, c->in[0]);
     FGET(k, c->in[1]);
     FGET(v, c->in[2]);
-    struct hv qc = c->ex[0], kc = c->ex[1], vc = c->ex[2], pr = c->ex[3], pv = eager_pv(c);
+    struct hv qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY), pr = xr(c, MP_XR_PROBS),
+              pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
     enum mp_dtype cdt = qc.dt;
     /* contiguous (b,a,s,d) copies; k and v repeated over the group (repeat_kv) */
     for (uint64_t bi = 0; bi < A.b; bi++)
@@ -852,11 +941,11 @@ static enum mp_status eager_fwd(struct ctx *c)
                     float P = j < jn ? (float)(exp((double)sc[j] - m) / l) : 0.0f;
                     stf(pr, idx, P);
                     P = ldf(pr, idx);
-                    if (n->n_extra == 6) {
+                    if (dmask.p) {
                         float ks = keep_scale(&A, idx);
-                        stf(c->ex[4], idx, ks > 0.0f ? 1.0f : 0.0f);
+                        stf(dmask, idx, ks > 0.0f ? 1.0f : 0.0f);
                         stf(pv, idx, P * ks);
-                    } else if (n->n_extra == 5) {
+                    } else if (pv.p != pr.p) {
                         stf(pv, idx, P);
                     }
                 }
@@ -878,14 +967,17 @@ static enum mp_status eager_bwd(struct ctx *c)
     const struct mp_node *n = c->n;
     if (!c->gout.p)
         return MP_OK;
+    enum mp_status sst = eager_supported(c);
+    if (sst != MP_OK)
+        return sst;
     for (int j = 0; j < n->n_extra; j++)
         if (!c->ex[j].p)
             return missing(c, "an eager extra");
     FGET(dO, c->gout);
-    FGET(Q, c->ex[0]);
-    FGET(K, c->ex[1]);
-    FGET(V, c->ex[2]);
-    struct hv pr = c->ex[3], pv = eager_pv(c);
+    FGET(Q, xr(c, MP_XR_Q_COPY));
+    FGET(K, xr(c, MP_XR_K_COPY));
+    FGET(V, xr(c, MP_XR_V_COPY));
+    struct hv pr = xr(c, MP_XR_PROBS), pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
     FNEW(dP, A.s);
     FNEW(dq, A.b * A.s * A.a * A.d);
     FNEW(dk, A.b * A.s * A.kv * A.d);
@@ -900,8 +992,8 @@ static enum mp_status eager_bwd(struct ctx *c)
                 for (uint64_t j = 0; j < A.s; j++) {
                     uint64_t idx = (bh + i) * A.s + j;
                     float d = dotf(doi, V + (bh + j) * A.d, A.d);
-                    if (n->n_extra == 6)
-                        d *= ldf(c->ex[4], idx) * inv_keep;
+                    if (dmask.p)
+                        d *= ldf(dmask, idx) * inv_keep;
                     dP[j] = d;
                     rowdot += (double)ldf(pr, idx) * d;
                 }
@@ -986,12 +1078,17 @@ static enum mp_status act_fwd(struct ctx *c)
     for (uint64_t i = 0; i < c->out.n; i++)
         y[i] = act_f(n->act, x[i]);
     fstore(c->out, y, c->out.n);
-    if (n->act == MP_ACT_GELU_NEW || n->act == MP_ACT_GELU_FAST)
-        for (int j = 0; j < n->n_extra && j < 6; j++) {
-            NEED(c->ex[j]);
-            for (uint64_t i = 0; i < c->ex[j].n; i++)
-                stf(c->ex[j], i, gelu_part(n->act, j, x[i]));
-        }
+    /* HF's GELU composites keep their intermediates (each in its own dtype); under autocast a
+     * gelu_new first keeps an fp32 copy of its input (layers.c lower_act) */
+    struct hv xf = xr(c, MP_XR_X_FP32);
+    if (xf.p)
+        fstore(xf, x, xf.n);
+    for (int j = 0; mp_node_extra(n, MP_XR_ACT_PART, j) >= 0; j++) {
+        struct hv part = tview(c, MP_ST_ACT, mp_node_extra(n, MP_XR_ACT_PART, j));
+        NEED(part);
+        for (uint64_t i = 0; i < part.n; i++)
+            stf(part, i, gelu_part(n->act, j, x[i]));
+    }
     return MP_OK;
 }
 
@@ -1029,25 +1126,43 @@ static enum mp_status mul_bwd(struct ctx *c)
     if (!c->gout.p)
         return MP_OK;
     FGET(dy, c->gout);
-    FGET(a, c->in[0]);
-    FGET(b, c->in[1]);
-    FNEW(da, c->gout.n);
-    FNEW(db, c->gout.n);
-    for (uint64_t i = 0; i < c->gout.n; i++) {
-        da[i] = dy[i] * b[i];
-        db[i] = dy[i] * a[i];
+    for (int j = 0; j < 2; j++) { /* each factor is kept only for the other's gradient */
+        if (!c->gin[j].p)
+            continue;
+        FGET(other, c->in[1 - j]);
+        FNEW(d, c->gout.n);
+        for (uint64_t i = 0; i < c->gout.n; i++)
+            d[i] = dy[i] * other[i];
+        facc(c->gin[j], d, c->gout.n);
     }
-    facc(c->gin[0], da, c->gout.n);
-    facc(c->gin[1], db, c->gout.n);
+    return MP_OK;
+}
+
+/* LoRA's result * scaling (a Python float): y = p x, dx = p dy. */
+static enum mp_status scale_run(struct ctx *c, bool fwd)
+{
+    float a = (float)c->n->p;
+    struct hv src = fwd ? c->in[0] : c->gout, dst = fwd ? c->out : c->gin[0];
+    if (!fwd && (!src.p || !dst.p))
+        return MP_OK;
+    NEED(dst);
+    FGET(x, src);
+    FNEW(y, src.n);
+    for (uint64_t i = 0; i < src.n; i++)
+        y[i] = a * x[i];
+    if (fwd)
+        fstore(dst, y, src.n);
+    else
+        facc(dst, y, src.n);
     return MP_OK;
 }
 
 static enum mp_status dropout_fwd(struct ctx *c)
 {
     NEED(c->out);
-    NEED(c->ex[0]);
+    NEED(xr(c, MP_XR_DROP_MASK));
     FGET(x, c->in[0]);
-    uint8_t *mask = c->ex[0].p;
+    uint8_t *mask = xr(c, MP_XR_DROP_MASK).p;
     float p = (float)c->n->p, sc = 1.0f / (1.0f - p);
     uint64_t key = mp_dropout_key(c->x->seed, c->k, c->x->rng_step);
     FNEW(y, c->out.n);
@@ -1063,9 +1178,9 @@ static enum mp_status dropout_bwd(struct ctx *c)
 {
     if (!c->gout.p || !c->gin[0].p)
         return MP_OK;
-    NEED(c->ex[0]);
+    NEED(xr(c, MP_XR_DROP_MASK));
     FGET(dy, c->gout);
-    const uint8_t *mask = c->ex[0].p;
+    const uint8_t *mask = xr(c, MP_XR_DROP_MASK).p;
     float sc = 1.0f / (1.0f - (float)c->n->p);
     FNEW(dx, c->gout.n);
     for (uint64_t i = 0; i < c->gout.n; i++)
@@ -1198,12 +1313,12 @@ static enum mp_status batchnorm_fwd(struct ctx *c)
     const struct mp_node *n = c->n;
     uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C && HW) ? c->out.n / (C * HW) : 0, N = B * HW;
     NEED(c->out);
-    NEED(c->ex[0]);
-    NEED(c->ex[1]);
+    NEED(xr(c, MP_XR_BN_MEAN));
+    NEED(xr(c, MP_XR_BN_INVSTD));
     FGET(x, c->in[0]);
     FGET(g, c->w);
     FGET(be, c->b);
-    float *mean = c->ex[0].p, *istd = c->ex[1].p;
+    float *mean = xr(c, MP_XR_BN_MEAN).p, *istd = xr(c, MP_XR_BN_INVSTD).p;
     FNEW(y, c->out.n);
     for (uint64_t ch = 0; ch < C; ch++) {
         double s = 0, v = 0;
@@ -1234,12 +1349,12 @@ static enum mp_status batchnorm_bwd(struct ctx *c)
     if (!c->gout.p)
         return MP_OK;
     uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C && HW) ? c->gout.n / (C * HW) : 0, N = B * HW;
-    NEED(c->ex[0]);
-    NEED(c->ex[1]);
+    NEED(xr(c, MP_XR_BN_MEAN));
+    NEED(xr(c, MP_XR_BN_INVSTD));
     FGET(dy, c->gout);
     FGET(x, c->in[0]);
     FGET(g, c->w);
-    const float *mean = c->ex[0].p, *istd = c->ex[1].p;
+    const float *mean = xr(c, MP_XR_BN_MEAN).p, *istd = xr(c, MP_XR_BN_INVSTD).p;
     FNEW(dx, c->gout.n);
     FNEW(dg, C);
     FNEW(db, C);
@@ -1294,7 +1409,7 @@ static enum mp_status pool_fwd(struct ctx *c)
     FNEW(y, c->out.n);
     bool mx = n->prim == MP_P_MAXPOOL;
     if (mx)
-        NEED(c->ex[0]);
+        NEED(xr(c, MP_XR_POOL_INDICES));
     for (uint64_t pl = 0; pl < planes; pl++)
         for (uint64_t oh = 0; oh < n->h_out; oh++)
             for (uint64_t ow = 0; ow < n->w_out; ow++) {
@@ -1314,7 +1429,7 @@ static enum mp_status pool_fwd(struct ctx *c)
                 uint64_t o = pl * HWo + oh * n->w_out + ow;
                 if (mx) {
                     y[o] = m;
-                    ((int64_t *)c->ex[0].p)[o] = (int64_t)best;
+                    ((int64_t *)xr(c, MP_XR_POOL_INDICES).p)[o] = (int64_t)best;
                 } else {
                     /* avg_pool2d count_include_pad=True: the whole kernel; adaptive: the window */
                     double cnt = n->prim == MP_P_AVGPOOL ? (double)(n->kernel * n->kernel)
@@ -1336,13 +1451,13 @@ static enum mp_status pool_bwd(struct ctx *c)
     FNEW(dx, c->gin[0].n);
     bool mx = n->prim == MP_P_MAXPOOL;
     if (mx)
-        NEED(c->ex[0]);
+        NEED(xr(c, MP_XR_POOL_INDICES));
     for (uint64_t pl = 0; pl < planes; pl++)
         for (uint64_t oh = 0; oh < n->h_out; oh++)
             for (uint64_t ow = 0; ow < n->w_out; ow++) {
                 uint64_t o = pl * HWo + oh * n->w_out + ow;
                 if (mx) {
-                    dx[pl * HWi + (uint64_t)((const int64_t *)c->ex[0].p)[o]] += dy[o];
+                    dx[pl * HWi + (uint64_t)((const int64_t *)xr(c, MP_XR_POOL_INDICES).p)[o]] += dy[o];
                     continue;
                 }
                 uint64_t h0, h1, w0, w1;
@@ -1460,9 +1575,9 @@ static enum mp_status custom_fwd(struct ctx *c)
             out[r * ob + j] = (uint8_t)(src * 167u + j * 13u + pb + 1u);
         }
     if (n->n_extra > 0) {
-        NEED(c->ex[0]);
-        uint64_t eb = c->ex[0].n / R;
-        uint8_t *e = c->ex[0].p;
+        NEED(xr(c, MP_XR_CUSTOM_SAVED));
+        uint64_t eb = xr(c, MP_XR_CUSTOM_SAVED).n / R;
+        uint8_t *e = xr(c, MP_XR_CUSTOM_SAVED).p;
         for (uint64_t r = 0; r < R; r++)
             for (uint64_t j = 0; j < eb; j++)
                 e[r * eb + j] = (uint8_t)(ob ? out[r * ob + j % ob] ^ 0x5a : 0x5a);
@@ -1479,9 +1594,9 @@ static enum mp_status custom_bwd(struct ctx *c)
     const uint8_t *go = c->gout.p, *e = NULL;
     uint64_t eb = 0;
     if (n->n_extra > 0) {
-        NEED(c->ex[0]);
-        e = c->ex[0].p;
-        eb = c->ex[0].n / R;
+        NEED(xr(c, MP_XR_CUSTOM_SAVED));
+        e = xr(c, MP_XR_CUSTOM_SAVED).p;
+        eb = xr(c, MP_XR_CUSTOM_SAVED).n / R;
     }
     NEED(c->out); /* saved: the block keeps its output */
     if (c->gin[0].p) {
@@ -1518,6 +1633,7 @@ static enum mp_status node_run(struct mp_host_exec *x, int k, bool fwd)
     case MP_P_EMBED: st = fwd ? embed_fwd(&c) : embed_bwd(&c); break;
     case MP_P_ADD_POS: st = fwd ? addpos_fwd(&c) : addpos_bwd(&c); break;
     case MP_P_CAST: st = fwd ? cast_fwd(&c) : pass_bwd(&c); break;
+    case MP_P_SCALE: st = scale_run(&c, fwd); break;
     case MP_P_LINEAR: st = fwd ? linear_fwd(&c) : linear_bwd(&c); break;
     case MP_P_LAYERNORM: st = fwd ? layernorm_fwd(&c) : layernorm_bwd(&c); break;
     case MP_P_RMSNORM: st = fwd ? rmsnorm_fwd(&c) : rmsnorm_bwd(&c); break;
@@ -1626,6 +1742,23 @@ static void adam_update(struct hv P, struct hv G, struct hv m, struct hv v, stru
                         float wd)
 {
     float bc1 = 1.0f - powf(MP_ADAM_BETA1, (float)t), bc2 = 1.0f - powf(MP_ADAM_BETA2, (float)t);
+    if (P.dt == MP_DT_F32 && G.dt == MP_DT_F32 && m.dt == MP_DT_F32 && v.dt == MP_DT_F32 &&
+        (!den.p || den.dt == MP_DT_F32)) { /* the same arithmetic without a dtype switch per element */
+        float *pp = P.p, *mp = m.p, *vp = v.p, *dp = den.p, sb2 = sqrtf(bc2), step = MP_ADAM_LR / bc1;
+        const float *gp = G.p;
+        for (uint64_t i = 0; i < n; i++) {
+            float p = pp[i], g = gp[i];
+            if (wd > 0.0f)
+                p *= 1.0f - MP_ADAM_LR * wd;
+            mp[i] = MP_ADAM_BETA1 * mp[i] + (1.0f - MP_ADAM_BETA1) * g;
+            vp[i] = MP_ADAM_BETA2 * vp[i] + (1.0f - MP_ADAM_BETA2) * g * g;
+            float d = sqrtf(vp[i]) / sb2 + MP_ADAM_EPS;
+            if (dp)
+                dp[i] = d;
+            pp[i] = p - step * mp[i] / d;
+        }
+        return;
+    }
     for (uint64_t i = 0; i < n; i++) {
         float p = ldf(P, i), g = ldf(G, i);
         if (wd > 0.0f)
@@ -1725,11 +1858,10 @@ static void adafactor_update(const struct mp_program *p, const struct mp_param *
 static enum mp_status opt_step(struct mp_host_exec *x)
 {
     const struct mp_program *p = x->p;
-    enum mp_dtype pdt = p->param_dtype;
     if (x->grads_out) {
         uint64_t off = 0;
         for (size_t q = 0; q < p->n_params; q++) {
-            struct hv G = {mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q), pdt, p->params[q].elems};
+            struct hv G = {mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q), p->params[q].dtype, p->params[q].elems};
             for (uint64_t i = 0; i < G.n; i++)
                 x->grads_out[off + i] = G.p ? ldf(G, i) : 0.0f;
             off += G.n;
@@ -1747,6 +1879,7 @@ static enum mp_status opt_step(struct mp_host_exec *x)
     for (size_t q = 0; q < p->n_params; q++) {
         const struct mp_param *pq = &p->params[q];
         uint64_t n = pq->elems;
+        enum mp_dtype pdt = pq->dtype; /* fp32 LoRA adapters on a bf16 base */
         struct hv P = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), pdt, n};
         struct hv G = {mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q), pdt, n};
         void *S = mp_pool_get(&x->pool, MP_ST_OPT_STATE, (int)q);
@@ -1792,14 +1925,28 @@ static enum mp_status opt_step(struct mp_host_exec *x)
 
 /* ---- the visitor ----------------------------------------------------------------------------- */
 
-static void zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void *ptr)
+static enum mp_status zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void *ptr)
 {
     const struct mp_program *p = x->p;
     if (!ptr)
-        return;
+        return MP_OK;
     switch (ev->store) {
     case MP_ST_PARAM: {
-        struct hv v = {ptr, p->param_dtype, p->params[ev->id].elems};
+        const struct mp_param *q = &p->params[ev->id];
+        if (q->dtype == MP_DT_U8 && mp_program_base_quant(p)) { /* quantize_4bit of the values */
+            float *w = malloc(q->elems * sizeof *w);
+            if (!w)
+                return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory quantizing %s", q->name);
+            for (uint64_t i = 0; i < q->elems; i++)
+                w[i] = mp_exec_param_value(p, (size_t)ev->id, i, x->seed);
+            enum mp_status st = mp_quant_pack(mp_program_base_quant(p), q->rows, q->cols, w, ptr);
+            free(w);
+            if (st != MP_OK)
+                return mp_fail(x->d, st, "probe: %s: the host backend executes bitsandbytes NF4 weights only",
+                               q->name);
+            break;
+        }
+        struct hv v = {ptr, q->dtype, q->elems};
         for (uint64_t i = 0; i < v.n; i++)
             stf(v, i, mp_exec_param_value(p, (size_t)ev->id, i, x->seed));
         break;
@@ -1814,6 +1961,7 @@ static void zero_or_init(struct mp_host_exec *x, const struct mp_event *ev, void
     case MP_ST_WORKSPACE:
     case MP_ST_COMM: break;
     }
+    return MP_OK;
 }
 
 static enum mp_status host_event(void *ctx, const struct mp_event *ev)
@@ -1825,7 +1973,7 @@ static enum mp_status host_event(void *ctx, const struct mp_event *ev)
         bool fresh;
         enum mp_status st = mp_pool_alloc(&x->pool, ev, &ptr, &fresh, x->d);
         if (st == MP_OK && fresh)
-            zero_or_init(x, ev, ptr);
+            st = zero_or_init(x, ev, ptr);
         return st;
     }
     case MP_EV_FREE: return mp_pool_free(&x->pool, ev, x->d);
@@ -1917,13 +2065,13 @@ const struct mp_pool *mp_host_exec_pool(const struct mp_host_exec *x) { return &
 
 float mp_host_exec_param_get(const struct mp_host_exec *x, size_t q, uint64_t i)
 {
-    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->param_dtype, 0};
+    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->params[q].dtype, 0};
     return v.p ? ldf(v, i) : NAN;
 }
 
 void mp_host_exec_param_set(struct mp_host_exec *x, size_t q, uint64_t i, float f)
 {
-    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->param_dtype, 0};
+    struct hv v = {mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), x->p->params[q].dtype, 0};
     if (v.p)
         stf(v, i, f);
 }
@@ -1935,6 +2083,12 @@ static enum mp_status host_open(void **ctx, const struct mp_probe_opts *o, struc
     (void)o;
     (void)d;
     *ctx = NULL;
+#if defined(__GLIBC__) && defined(M_MMAP_THRESHOLD) && defined(M_TRIM_THRESHOLD)
+    /* Storages up to 32 MiB come from the heap and freed ones stay there, so every step
+     * does not map, fault in and zero its activations again (a GPU's caching allocator). */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
     return MP_OK;
 }
 
@@ -1978,6 +2132,11 @@ static enum mp_status host_run(void *ctx, const struct mp_probe_opts *o, const s
         double loss, t0 = mp_now_ms();
         st = mp_host_exec_step(x, s, true, NULL, &loss, d);
         double t1 = mp_now_ms();
+        if (o->progress && st == MP_OK) {
+            fprintf(stderr, "memplan: host step %u/%u%s: %.0f ms, loss %.4f\n", k + 1, steps + 1,
+                    k == 0 ? " (warm-up)" : "", t1 - t0, loss);
+            fflush(stderr);
+        }
         if (st == MP_OK && k > 0) { /* step 0 is the warm-up */
             r->losses[k - 1] = (float)loss;
             ms[k - 1] = t1 - t0;

@@ -222,6 +222,15 @@ static inline uint16_t mp_f16_from_f32(float f)
     return (uint16_t)(sign | (((r >> 23) - 112) << 10) | ((r >> 13) & 0x3ffu));
 }
 
+/* ---- the host executor's GEMM (probe_host_gemm.c) ------------------------------------------ */
+
+/* Row-major C (M,N) = alpha op(A) op(B) + beta C; op(X) = X^T when t.  cblas_sgemm when
+ * built with a CPU BLAS, else plain C (double sums).  MP_ERR_NOMEM only on the plain path. */
+enum mp_status mp_host_gemm(bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K, float alpha, const float *A,
+                            uint64_t lda, const float *B, uint64_t ldb, float beta, float *C, uint64_t ldc);
+/* True when the host GEMMs run on a CPU BLAS. */
+bool mp_host_blas(void);
+
 /* ---- the host executor (test hooks) ------------------------------------------------------ */
 
 struct mp_host_exec;

@@ -117,6 +117,28 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        const struct mp_finetune *f = &c->build->ft;
+        cJSON *ft = cJSON_AddObjectToObject(cf, "finetune");
+        cJSON_AddStringToObject(ft, "mode", mp_ft_mode_str(f->mode));
+        if (f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA) {
+            char tg[160];
+            mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+            char *sp = strchr(tg, ' ');
+            if (sp)
+                *sp = 0; /* the names only */
+            ju64(ft, "lora_r", f->r);
+            cJSON_AddNumberToObject(ft, "lora_alpha", f->alpha);
+            cJSON_AddNumberToObject(ft, "lora_dropout", f->dropout);
+            cJSON_AddStringToObject(ft, "lora_targets", tg);
+            if (c->prog)
+                ju64(ft, "adapter_params", c->prog->adapter_params);
+        }
+        const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
+                                   : f->mode == MP_FT_QLORA                ? &f->quant
+                                                                           : NULL;
+        cJSON_AddStringToObject(ft, "base_quant", q ? mp_quant_kind_str(q->kind) : "none");
+        if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+            cJSON_AddBoolToObject(ft, "double_quant", q->double_quant);
         if (c->train->par)
             cJSON_AddItemToObject(cf, "parallel", json_parallel_of(c->train->par));
     }
@@ -226,6 +248,40 @@ static void print_json(FILE *out, cJSON *r)
 
 /* ---- text helpers ------------------------------------------------------------------------- */
 
+/* What trains and the assumptions behind it (memory-facts §12). */
+static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
+{
+    const struct mp_finetune *f = &c->build->ft;
+    const struct mp_program *p = c->prog;
+    char tg[160], tp[32];
+    snprintf(tp, sizeof tp, "%s", count(p->trainable_params));
+    if (f->mode == MP_FT_FREEZE) {
+        fprintf(out, "finetune  freeze: %s of %s params train; frozen blocks keep no .grad, no optimizer state\n", tp,
+                count(p->total_params));
+        return;
+    }
+    mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+    fprintf(out, "finetune  %s r %llu, alpha %g, dropout %g, targets %s\n", mp_ft_mode_str(f->mode),
+            (unsigned long long)f->r, f->alpha, f->dropout, tg);
+    fprintf(out, "          %s adapter params train (fp32 as peft makes them); the frozen base has no .grad\n",
+            tp);
+    const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
+                               : f->mode == MP_FT_QLORA                ? &f->quant
+                                                                       : NULL;
+    if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+        fprintf(out, "          base %s, blocksize %llu, double quant %s (%s), dequantized per matmul;\n"
+                     "          embeddings, norms, lm_head in %s\n",
+                mp_quant_kind_str(q->kind), (unsigned long long)q->blocksize, q->double_quant ? "on" : "off",
+                c->model->quant.kind != MP_Q_NONE ? "quantization_config" : "QLoRA recipe",
+                p->param_dtype == MP_DT_F32 ? "fp32 (as prepare_model_for_kbit_training casts them)"
+                                            : "bf16 (prepare_model_for_kbit_training would make them fp32)");
+    else if (q)
+        fprintf(out, "          base %s (quantization_config), dequantized per matmul in forward and backward\n",
+                mp_quant_kind_str(q->kind));
+    if (f->input_grad)
+        fprintf(out, "          checkpointing: enable_input_require_grads keeps the embedding output and its grad\n");
+}
+
 static void header(FILE *out, const struct mp_report_ctx *c)
 {
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", c->model->name,
@@ -243,6 +299,8 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
     }
+    if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
+        finetune_lines(out, c);
     if (c->train && c->train->par) {
         char pb[96];
         fprintf(out, "parallel  %s; memory figures are per rank\n", mp_par_describe(c->train->par, pb, sizeof pb));
@@ -542,6 +600,45 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
 
 /* ---- suggest ----------------------------------------------------------------------------- */
 
+/* peft/bitsandbytes objects that reproduce a fine-tuning plan (memory-facts §12). */
+static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
+{
+    const struct mp_finetune *f = c->ft;
+    if (!f || (f->mode != MP_FT_LORA && f->mode != MP_FT_QLORA))
+        return;
+    char tg[160];
+    mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
+    char *sp = strchr(tg, ' ');
+    if (sp)
+        *sp = 0;
+    fprintf(out, "# peft + bitsandbytes (memplan %s)\n", MEMPLAN_VERSION);
+    if (f->mode == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
+        fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
+                     "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
+                f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
+                b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
+        fprintf(out, "model = AutoModelForCausalLM.from_pretrained(NAME, quantization_config=bnb_config)\n");
+    }
+    if (f->mode == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
+        fprintf(out, "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=%s)\n",
+                b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
+    if (!strcmp(tg, "all-linear"))
+        fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=\"all-linear\",\n",
+                (unsigned long long)f->r, f->alpha, f->dropout);
+    else {
+        fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=[",
+                (unsigned long long)f->r, f->alpha, f->dropout);
+        for (char *t = tg, *e; t; t = e ? e + 1 : NULL) {
+            e = strchr(t, ',');
+            if (e)
+                *e = 0;
+            fprintf(out, "%s\"%s\"", t == tg ? "" : ", ", t);
+        }
+        fprintf(out, "],\n");
+    }
+    fprintf(out, "    bias=\"none\", task_type=\"CAUSAL_LM\")\nmodel = get_peft_model(model, lora_config)\n");
+}
+
 static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)
 {
     const struct mp_ckpt_plan *p = &b->fit.plan;
@@ -550,6 +647,8 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
     size_t nck = 0;
     for (size_t i = 0; i < p->L; i++)
         nck += p->checkpointed[i];
+    if (emit != MP_EMIT_DEEPSPEED)
+        peft_snippet(out, c, b);
     if (emit == MP_EMIT_HF) {
         fprintf(out, "# transformers.TrainingArguments fields\n");
         fprintf(out, "per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
@@ -562,7 +661,8 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
             fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
                          "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
-        fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? "adamw_bnb_8bit"
+        bool ft = c->ft && (c->ft->mode == MP_FT_LORA || c->ft->mode == MP_FT_QLORA);
+        fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? (ft ? "paged_adamw_8bit" : "adamw_bnb_8bit")
                                         : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
                                         : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
                                                                                                             : "adamw_torch");
@@ -584,7 +684,64 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         cJSON_AddBoolToObject(ac, "contiguous_memory_optimization", 0);
         ju64(ac, "number_checkpoints", p->n_segments);
         cJSON_AddBoolToObject(ac, "cpu_checkpointing", 0);
+        if (mp_par_is_deepspeed(b->par.strategy)) {
+            /* explicit sizes: what memplan's per-rank plan assumed (accelerate's "auto" rule) */
+            uint64_t h = 0;
+            for (size_t q = 0; c->prog && q < c->prog->n_params && !h; q++)
+                if (c->prog->params[q].matrix)
+                    h = c->prog->params[q].cols;
+            h = h ? h : 1024;
+            cJSON *z = cJSON_AddObjectToObject(r, "zero_optimization");
+            jnum(z, "stage", b->par.strategy == MP_PAR_ZERO1 ? 1 : b->par.strategy == MP_PAR_ZERO2 ? 2 : 3);
+            cJSON_AddBoolToObject(z, "contiguous_gradients", 1);
+            cJSON_AddBoolToObject(z, "overlap_comm", 1);
+            ju64(z, "reduce_bucket_size", h * h);
+            if (b->par.strategy == MP_PAR_ZERO3) {
+                ju64(z, "stage3_prefetch_bucket_size", h * h * 9 / 10);
+                ju64(z, "stage3_param_persistence_threshold", 10 * h);
+                ju64(z, "stage3_max_live_parameters", 1000000000);
+            } else {
+                ju64(z, "allgather_bucket_size", h * h);
+            }
+            if (b->par.offload != MP_OFFLOAD_NONE) {
+                cJSON *oo = cJSON_AddObjectToObject(z, "offload_optimizer");
+                cJSON_AddStringToObject(oo, "device", mp_offload_dev_str(b->par.offload_device));
+                cJSON_AddBoolToObject(oo, "pin_memory", 1);
+            }
+            if (b->par.offload == MP_OFFLOAD_PARAMS) {
+                cJSON *op = cJSON_AddObjectToObject(z, "offload_param");
+                cJSON_AddStringToObject(op, "device", mp_offload_dev_str(b->par.offload_device));
+                cJSON_AddBoolToObject(op, "pin_memory", 1);
+            }
+        }
         print_json(out, r);
+        return;
+    }
+    if (emit == MP_EMIT_ACCELERATE) {
+        /* accelerate config file (accelerate launch --config_file FILE) */
+        bool ds = mp_par_is_deepspeed(b->par.strategy);
+        fprintf(out, "compute_environment: LOCAL_MACHINE\ndistributed_type: %s\n",
+                ds ? "DEEPSPEED" : mp_par_is_fsdp(b->par.strategy) ? "FSDP" : b->par.strategy == MP_PAR_DDP ? "MULTI_GPU" : "NO");
+        if (mp_par_is_fsdp(b->par.strategy)) {
+            fprintf(out, "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                         "  fsdp_reshard_after_forward: %s\n  fsdp_offload_params: %s\n"
+                         "  fsdp_activation_checkpointing: %s\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n",
+                    b->par.strategy == MP_PAR_FSDP ? "true" : "false",
+                    b->par.offload == MP_OFFLOAD_PARAMS ? "true" : "false", b->n_ckpt_blocks ? "true" : "false");
+        } else if (ds) {
+            fprintf(out, "deepspeed_config:\n  zero_stage: %d\n  offload_optimizer_device: %s\n"
+                         "  offload_param_device: %s\n  gradient_accumulation_steps: %llu\n",
+                    b->par.strategy == MP_PAR_ZERO1 ? 1 : b->par.strategy == MP_PAR_ZERO2 ? 2 : 3,
+                    b->par.offload != MP_OFFLOAD_NONE ? mp_offload_dev_str(b->par.offload_device) : "none",
+                    b->par.offload == MP_OFFLOAD_PARAMS ? mp_offload_dev_str(b->par.offload_device) : "none",
+                    (unsigned long long)b->grad_accum);
+        }
+        fprintf(out, "mixed_precision: %s\nnum_machines: %llu\nnum_processes: %llu\nmachine_rank: 0\n",
+                b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16 ? "bf16"
+                : b->precision == MP_PREC_AMP_FP16                               ? "fp16"
+                                                                                 : "no",
+                (unsigned long long)(b->par.strategy ? b->par.nodes : 1),
+                (unsigned long long)(b->par.strategy ? mp_par_world(&b->par) : 1));
         return;
     }
     /* torch */
@@ -629,6 +786,14 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     ju64(o, "grad_accum", b->grad_accum);
     ju64(o, "global_batch", b->global_batch);
     cJSON_AddStringToObject(o, "precision", mp_precision_str(b->precision));
+    if (b->par.strategy != MP_PAR_NONE) {
+        cJSON *p = json_parallel_of(&b->par);
+        ju64(p, "host_bytes", b->fit.est.host_bytes);
+        jnum(p, "comm_s", b->fit.comm_s);
+        jnum(p, "exposed_comm_s", b->fit.exposed_comm_s);
+        jnum(p, "offload_s", b->fit.offload_s);
+        cJSON_AddItemToObject(o, "parallel", p);
+    }
     cJSON_AddBoolToObject(o, "fits", b->fits);
     cJSON_AddItemToObject(o, "plan", json_plan(&b->fit.plan, b->fit.est.fwd_flops + b->fit.est.bwd_flops));
     ju64(o, "peak_device_bytes", b->peak_device_bytes);
@@ -672,7 +837,16 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         return;
     }
     if (emit != MP_EMIT_NONE && s->best >= 0) {
-        snippet(out, c, &s->cand[s->best], emit);
+        /* --emit deepspeed after a search over strategies: the fastest DeepSpeed candidate */
+        int pick = s->best;
+        if (emit == MP_EMIT_DEEPSPEED && s->cand[pick].par.strategy != MP_PAR_NONE &&
+            !mp_par_is_deepspeed(s->cand[pick].par.strategy))
+            for (size_t i = 0; i < s->n; i++)
+                if (s->cand[i].fits && mp_par_is_deepspeed(s->cand[i].par.strategy) &&
+                    (!mp_par_is_deepspeed(s->cand[pick].par.strategy) ||
+                     s->cand[i].samples_per_s > s->cand[pick].samples_per_s))
+                    pick = (int)i;
+        snippet(out, c, &s->cand[pick], emit);
         return;
     }
     if (s->best < 0) {
@@ -689,6 +863,17 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         fprintf(out, "  grad accumulation  %llu   (global batch %llu%s)\n", (unsigned long long)b->grad_accum,
                 (unsigned long long)b->global_batch, s->global_met ? "" : ", requested global batch NOT met");
         fprintf(out, "  precision          %s\n", mp_precision_str(b->precision));
+        if (b->par.strategy != MP_PAR_NONE) {
+            char pb[96];
+            fprintf(out, "  parallel           %s; per step %.3f s of collectives (%.3f s not hidden by compute)",
+                    mp_par_describe(&b->par, pb, sizeof pb), b->fit.comm_s, b->fit.exposed_comm_s);
+            if (b->fit.offload_s > 0)
+                fprintf(out, ", offload %.3f s, host RAM %s per rank", b->fit.offload_s, B(b->fit.est.host_bytes));
+            fprintf(out, "\n  launch             torchrun --nnodes %llu --nproc-per-node %llu train.py%s\n",
+                    (unsigned long long)b->par.nodes, (unsigned long long)b->par.gpus,
+                    mp_par_is_deepspeed(b->par.strategy) ? "   (DeepSpeed config: --emit deepspeed)"
+                                                         : "   (accelerate config: --emit accelerate)");
+        }
         if (b->n_ckpt_blocks) {
             fprintf(out, "  checkpointing      %s: blocks ", mp_ckpt_spec_str(&b->ckpt, sb, sizeof sb));
             mp_report_plan_blocks(out, &b->fit.plan);
@@ -716,6 +901,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
     for (size_t i = 0; i < s->n; i++) {
         const struct mp_candidate *k = &s->cand[i];
         char sb[32], pk[32];
+        if (k->par.strategy != MP_PAR_NONE)
+            fprintf(out, "%s x%llu  ", mp_par_strategy_str(k->par.strategy), (unsigned long long)mp_par_world(&k->par));
         fprintf(out, "%-9s %-16s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", mp_precision_str(k->precision),
                 mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,

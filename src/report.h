@@ -14,6 +14,7 @@ struct mp_report_ctx {
     const struct mp_model *model;
     const struct mp_program *prog;
     const struct mp_build_opts *build;
+    const struct mp_finetune *ft;      /* what trains (set even when build is NULL, as in suggest) */
     const struct mp_train_opts *train;
     const struct mp_ckpt_spec *ckpt;
     const struct mp_gpu *gpu;   /* NULL when no target */

@@ -80,7 +80,9 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     memset(f, 0, sizeof *f);
     mp_ckpt_plan_init(&f->plan);
     struct mp_program prog;
-    enum mp_status st = mp_program_build(job->model, &job->build, &prog, d);
+    struct mp_build_opts bo = job->build;
+    bo.ft.input_grad = job->ckpt.strategy != MP_CKPT_NONE; /* transformers: enable_input_require_grads */
+    enum mp_status st = mp_program_build(job->model, &bo, &prog, d);
     if (st != MP_OK)
         return st;
     st = mp_estimate_chain(&prog, &f->chain, d);
@@ -337,7 +339,7 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     }
     c->micro_batch = b;
     c->grad_accum = accum;
-    c->global_batch = b * accum;
+    c->global_batch = b * accum * (c->par.strategy != MP_PAR_NONE ? mp_par_world(&c->par) : 1);
     c->peak_device_bytes = c->fit.peak_device_bytes;
     c->capacity_bytes = c->fit.capacity_bytes;
     c->usable_bytes = c->fit.usable_bytes;
@@ -417,6 +419,7 @@ static enum mp_status probe_at(struct mp_probe *pr, const struct mp_job *job, ui
     if (st != MP_OK)
         return st;
     struct mp_program prog;
+    j.build.ft.input_grad = j.ckpt.strategy != MP_CKPT_NONE;
     st = mp_program_build(j.model, &j.build, &prog, d);
     if (st == MP_OK) {
         memset(r, 0, sizeof *r);
@@ -656,14 +659,40 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
     }
     if (model_has_repeats(base->model))
         strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
+    /* data parallel: the strategy given, or every one at the world given (--gpus alone) */
+    struct mp_parallel pars[7];
+    size_t npar = 0;
+    if (o->par_search && base->train.par) {
+        static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,
+                                                   MP_PAR_FSDP_NO_RESHARD};
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+            pars[npar] = *base->train.par;
+            pars[npar].strategy = all[k];
+            npar++;
+        }
+        np = 1; /* bounded: the first precision only (amp unless --precision) */
+    } else if (base->train.par) {
+        pars[npar++] = *base->train.par;
+    } else {
+        mp_parallel_default(&pars[npar++]);
+    }
     unsigned evals = 0;
+    for (size_t pi = 0; pi < npar; pi++)
     for (size_t i = 0; i < np; i++) {
         for (size_t k = 0; k < ns; k++) {
             if (s->n >= sizeof s->cand / sizeof s->cand[0])
                 break;
+            struct mp_diag vd = {{0}};
+            if (mp_par_validate(&pars[pi], &vd) != MP_OK)
+                continue;
+            if (pars[pi].strategy != MP_PAR_NONE && precs[i] == MP_PREC_BF16 && !pars[pi].mixed_bf16 &&
+                mp_par_is_deepspeed(pars[pi].strategy))
+                continue; /* DeepSpeed always keeps an fp32 master: that is mixed-bf16 */
             struct mp_job j = *base;
             j.build.precision = precs[i];
             j.ckpt = strategies[k];
+            s->cand[s->n].par = pars[pi];
+            j.train.par = pars[pi].strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
             if (o->progress) {
                 char sb[32];
                 fprintf(stderr, "\rmemplan: evaluating %s, checkpoint %s ...        ", mp_precision_str(precs[i]),
@@ -671,7 +700,9 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
                 fflush(stderr);
             }
             struct mp_candidate *c = &s->cand[s->n];
+            struct mp_parallel keep = c->par;
             memset(c, 0, sizeof *c);
+            c->par = keep;
             enum mp_status st = eval_candidate(&j, o, c, &evals, d);
             if (st != MP_OK) {
                 mp_fit_release(&c->fit);
@@ -685,6 +716,55 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         fprintf(stderr, "\r%60s\r", "");
     bool bf16_only;
     s->best = choose_best(s, o, &bf16_only);
+    char world_alt[160] = "";
+    if (s->best < 0 && !base->train.par && !o->par_search) {
+        /* does not fit one GPU: the smallest world (8 GPUs per node) where a sharding strategy
+         * fits micro-batch 1 with every block checkpointed, then the full search there */
+        static const enum mp_par_strategy shard[] = {MP_PAR_FSDP, MP_PAR_ZERO3};
+        for (uint64_t w = 2; w <= 1024; w *= 2) {
+            struct mp_parallel par;
+            mp_parallel_default(&par);
+            par.gpus = w < 8 ? w : 8;
+            par.nodes = w < 8 ? 1 : w / 8;
+            bool found = false;
+            for (size_t k = 0; k < 2 && !found; k++) {
+                par.strategy = shard[k];
+                struct mp_job j = *base;
+                j.train.par = &par;
+                j.build.batch = 1;
+                j.build.precision = precs[0];
+                j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
+                struct mp_fit f;
+                if (mp_fit_eval(&j, &f, d) != MP_OK)
+                    continue;
+                found = f.fits;
+                mp_fit_release(&f);
+            }
+            if (!found)
+                continue;
+            struct mp_job wj = *base;
+            wj.train.par = &par;
+            struct mp_suggest_opts wo = *o;
+            wo.par_search = true;
+            wo.probe = false;
+            struct mp_suggestion *ws = calloc(1, sizeof *ws);
+            if (ws && mp_suggest(&wj, &wo, argv0, ws, d) == MP_OK && ws->best >= 0) {
+                const struct mp_candidate *b = &ws->cand[ws->best];
+                char pb[96], a1[32];
+                snprintf(world_alt, sizeof world_alt,
+                         "--gpus %llu --nodes %llu --parallel %s (%s): micro-batch %llu per rank, peak %s, "
+                         "%.1f samples/s",
+                         (unsigned long long)b->par.gpus, (unsigned long long)b->par.nodes,
+                         mp_par_strategy_str(b->par.strategy), mp_par_describe(&b->par, pb, sizeof pb),
+                         (unsigned long long)b->micro_batch, mp_fmt_bytes(b->peak_device_bytes, a1, sizeof a1),
+                         b->samples_per_s);
+            }
+            if (ws)
+                mp_suggestion_release(ws);
+            free(ws);
+            break;
+        }
+    }
     bool any_fit = s->best >= 0;
     if (s->best >= 0 && o->probe) {
         enum mp_status st = probe_best(base, o, s, &bf16_only, d);
@@ -763,6 +843,12 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
                                               "batch they tried; rerun with a larger --margin");
         else
             snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch 1 with every block checkpointed");
+        /* the smallest data-parallel world that fits (the full search: suggest --gpus N) */
+        if (world_alt[0]) {
+            if (s->n_alternatives == sizeof s->alternatives / sizeof s->alternatives[0])
+                s->n_alternatives--;
+            snprintf(s->alternatives[s->n_alternatives++], 160, "%s", world_alt);
+        }
     }
     (void)evals;
     s->elapsed_ms = mp_now_ms() - t0;

@@ -62,6 +62,7 @@ enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch,
 #define MP_HOST_ADAM_GPARAMS 0.5
 
 struct mp_candidate {
+    struct mp_parallel par;       /* data parallel (strategy none: one GPU); the fit's job points here */
     enum mp_precision precision;
     struct mp_ckpt_spec ckpt;
     uint64_t micro_batch, grad_accum, global_batch;
@@ -92,11 +93,12 @@ struct mp_suggest_opts {
     bool target_is_device;        /* the target is the probed device itself: its own out-of-memory counts */
     bool progress;                /* progress lines on stderr */
     bool trainer_plans_only;      /* --emit hf: only plans a Trainer runs (none, layers) */
+    bool par_search;              /* --gpus without --parallel: try every strategy at that world */
 };
 
 struct mp_suggestion {
     size_t n;
-    struct mp_candidate cand[16];
+    struct mp_candidate cand[48];
     int best;                     /* index, or -1 when nothing fits */
     bool global_met;              /* --global-batch met exactly */
     char note[256];               /* why the choice / what is unmet */

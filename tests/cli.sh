@@ -454,6 +454,23 @@ for f in models/*.json models/hf/*.json; do
         estimate "$f" --json
 done
 
+# every HF family through plan, suggest and check: a result (exit 0 fits, 1 does not), never
+# a usage, input or internal error
+for f in models/hf/*.json; do
+    [ -f "$f" ] || continue
+    for cmd in "plan $f --gpu a100-80gb --batch 1" "suggest $f --gpu a100-80gb --no-probe" \
+        "check $f --gpu a100-80gb --batch 1"; do
+        # shellcheck disable=SC2086
+        run $cmd
+        if { [ "$ec" -eq 0 ] && [ -s "$T/out" ]; } || { [ "$ec" -eq 1 ] && { [ -s "$T/out" ] || [ -s "$T/err" ]; }; }; then
+            ok "$cmd: exit 0 or 1 with a report"
+        else
+            echo "expected exit 0 with a report, or 1 with a report or a reason" >"$T/why"
+            bad "$cmd: exit 0 or 1 with a report"
+        fi
+    done
+done
+
 # ---- JSON of each command -----------------------------------------------------------------
 
 json_check "estimate --checkpoint sqrt --json: plan keys" estimate \
@@ -588,6 +605,35 @@ else
     echo "expected exit 1 and exactly one stderr line containing 'short by'" >"$T/why"
     bad "check $BIG --gpu t4: exit 1, one stderr line 'short by'"
 fi
+
+# ---- fine-tuning ---------------------------------------------------------------------------
+
+expect_line 2 "--finetune with an unknown mode" estimate --finetune half models/tiny-test.json
+expect_line 2 "--lora-r without --finetune lora" estimate --lora-r 8 models/tiny-test.json
+expect_line 2 "--finetune freeze without --train-blocks" estimate --finetune freeze models/tiny-test.json
+expect_line 2 "--train-blocks with a reversed range" estimate --finetune freeze --train-blocks 3-1 models/tiny-test.json
+expect_line 2 "--lora-targets with an empty name" estimate --finetune lora --lora-targets q_proj,,v_proj models/tiny-test.json
+# tiny-test: 2 blocks of qkv 16->48, out 16->16, fc1 16->32, fc2 32->16; no peft default for a memplan
+# model, so all-linear: 2 x 4 x (64 + 32 + 48 + 48) = 1,536 adapter parameters at r 4
+run estimate --finetune lora --lora-r 4 models/tiny-test.json --json
+if [ "$ec" -eq 0 ] && tr -d ' \t\n' <"$T/out" | grep -q '"trainable_params":1536,'; then
+    ok "estimate --finetune lora: trainable_params 1536"
+else
+    echo "expected exit 0 and trainable_params 1536" >"$T/why"
+    bad "estimate --finetune lora: trainable_params 1536"
+fi
+# quantization_config: a quantized base trains adapters only; an unknown method is refused
+expect_line 3 "full fine-tuning of a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json
+expect_line 3 "full fine-tuning of a bnb 4-bit checkpoint" check tests/data/hf-qwen2-0.5b-bnb4.json --batch 1 --gpu t4
+expect 0 "LoRA on a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json --finetune lora --seq 64
+expect 0 "LoRA on a bnb 4-bit checkpoint" estimate tests/data/hf-qwen2-0.5b-bnb4.json --finetune lora --seq 64
+expect_line 3 "an unsupported quant_method" estimate tests/data/hf-qwen2-0.5b-hqq.json --finetune lora
+run probe models/tiny-test.json --finetune lora --backend host --steps 2 --json
+if [ "$ec" -eq 0 ]; then ok "probe --finetune lora on the host backend: exit 0"; else bad "probe --finetune lora: exit 0"; fi
+run probe models/tiny-test.json --finetune qlora --backend host --steps 2
+if [ "$ec" -eq 0 ] && grep -q "+0.00%" "$T/out"; then ok "probe --finetune qlora (NF4 base) on the host backend: measured = estimate"
+else echo "expected exit 0 and a +0.00% peak difference" >"$T/why"; bad "probe --finetune qlora on the host backend"; fi
+expect_line 4 "probe of a GPTQ base (estimated only)" probe tests/data/hf-qwen2-0.5b-gptq.json --finetune lora --backend host --seq 8
 
 # ---- data parallel: per-rank plans ----------------------------------------------------------
 

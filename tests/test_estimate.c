@@ -377,13 +377,106 @@ static void test_estimate_optimizer_step_peak(void **state)
     assert_int_equal(mp_opt_step_tmp_bytes(&prog, MP_OPT_SGD), 0);
     /* 8-bit Adam: tensors under 4096 elements keep fp32 states */
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAM8BIT, &prog.params[0]), 512 * 8);
-    struct mp_param big = {.elems = 1 << 20, .matrix = true, .rows = 1024, .cols = 1024};
+    struct mp_param big = {.elems = 1 << 20, .matrix = true, .rows = 1024, .cols = 1024, .dtype = MP_DT_F32,
+                           .trainable = true};
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAM8BIT, &big), 2 * (1 << 20) + 8 * 4096);
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAFACTOR, &big), (1024 + 1024) * 4);
     mp_program_release(&prog);
     mp_model_release(&m);
 }
 
+
+/* HF's gelu_new calls torch.pow, which CUDA autocast runs in fp32 (autocast_mode.cpp's
+ * fp32 list; the CPU list lacks it).  Block "mlp" = linear(16 -> 64) | gelu_new |
+ * linear(64 -> 16), no biases, on 2 x 8 tokens (M = 16) after an fp32 embedding.  What the
+ * block keeps (unrounded), amp-bf16 on CUDA:
+ *   fc1: bf16 cast of its input 16*16*2 = 512, weight copy 64*16*2 = 2048;
+ *   gelu_new: pow's fp32 copy of its input 16*64*4 = 4096, tanh(u) fp32 4096, 0.5x bf16 2048,
+ *   1 + tanh(u) fp32 4096 (its bf16 input and fp32 output are not kept);
+ *   fc2: bf16 cast of the fp32 output 2048, weight copy 2048; the output 16*16*2 = 512;
+ *   minus the embedding output 1024 that nothing here keeps -> 20480.
+ * fp32: fc1 keeps its input (the embedding output) and gelu_new keeps x, tanh, 0.5x, 1+tanh and
+ * its output (fc2's input), all fp32: 5 * 4096 + the output 1024 = 21504. */
+static void test_estimate_gelu_new_autocast(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"name\":\"g\",\"input\":{\"tokens\":8},\"layers\":["
+             "{\"type\":\"embedding\",\"vocab\":32,\"dim\":16},"
+             "{\"block\":\"mlp\",\"layers\":["
+             "{\"type\":\"linear\",\"in_features\":16,\"out_features\":64,\"bias\":false},"
+             "{\"type\":\"activation\",\"act\":\"gelu_new\"},"
+             "{\"type\":\"linear\",\"in_features\":64,\"out_features\":16,\"bias\":false}]}]}");
+    struct mp_chain c;
+    chain_at(&m, 2, 8, MP_PREC_AMP_BF16, &c);
+    assert_int_equal(c.xb[2], 20480); /* growth over the block (rotor's xb) */
+    mp_chain_release(&c);
+    chain_at(&m, 2, 8, MP_PREC_FP32, &c);
+    assert_int_equal(c.xb[2], 21504);
+    mp_chain_release(&c);
+    mp_model_release(&m);
+}
+
+/* The forward-phase peak of a replay (512-rounded live bytes). */
+struct fwd_meter {
+    uint64_t cur, fwd_peak;
+};
+
+static enum mp_status fwd_meter_event(void *ctx, const struct mp_event *ev)
+{
+    struct fwd_meter *m = ctx;
+    if (ev->kind == MP_EV_ALLOC) {
+        m->cur += mp_round512(ev->bytes);
+        if (ev->phase == MP_PH_FORWARD && m->cur > m->fwd_peak)
+            m->fwd_peak = m->cur;
+    } else if (ev->kind == MP_EV_FREE) {
+        m->cur -= mp_round512(ev->bytes);
+    }
+    return MP_OK;
+}
+
+/* torch.autocast caches the bf16 copy of every weight it casts until the autocast region
+ * ends (after the loss), so under checkpointing the copies of the no-grad (checkpointed)
+ * layers outlive their layer (autocast_mode.cpp cached_cast; clear_autocast_cache on exit).
+ * embedding(64, 64) | 3 x linear(64 -> 64, no bias) | lm_head(64 -> 64, untied); 64 tokens,
+ * batch 1, amp-bf16, SGD, no workspace, --checkpoint layers.  At log_softmax's forward:
+ *   params 16384 + 3 x 16384 + 16384 = 81920; ids + labels 512 + 512;
+ *   checkpoints: embedding output 64*64*4 = 16384, the layers' bf16 outputs 3 x 8192;
+ *   the cache: 3 x 64*64*2 = 24576; lm_head's saved copy 8192;
+ *   bf16 logits 8192, fp32 upcast 16384, log-probs 16384  -> 197632
+ * (173056 if the copies died with their layer). */
+static void test_estimate_autocast_cache(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"name\":\"c\",\"input\":{\"tokens\":64},\"layers\":["
+             "{\"type\":\"embedding\",\"vocab\":64,\"dim\":64},"
+             "{\"repeat\":3,\"layers\":[{\"type\":\"linear\",\"in_features\":64,\"out_features\":64,"
+             "\"bias\":false}]},"
+             "{\"type\":\"lm_head\",\"vocab\":64,\"dim\":64}]}");
+    struct mp_chain c;
+    chain_at(&m, 1, 64, MP_PREC_AMP_BF16, &c);
+    struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+    struct mp_ckpt_plan plan;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = 1;
+    bo.seq = 64;
+    bo.precision = MP_PREC_AMP_BF16;
+    struct mp_program prog;
+    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct fwd_meter fm = {0};
+    assert_int_equal(mp_replay(&prog, &plan.sched, &t, fwd_meter_event, &fm, &d), MP_OK);
+    assert_int_equal(fm.fwd_peak, 197632);
+    assert_int_equal(fm.cur, 81920 + 1024); /* only params and the batch remain */
+    mp_program_release(&prog);
+    mp_ckpt_plan_release(&plan);
+    mp_chain_release(&c);
+    mp_model_release(&m);
+}
 
 /* --checkpoint layers wraps the repeated blocks only (transformers' gradient
  * checkpointing: decoder layers, not embeddings or head).  Opaque blocks, batch 1,
@@ -508,6 +601,8 @@ int main(void)
         cmocka_unit_test(test_estimate_orderings),
         cmocka_unit_test(test_estimate_checkpoint_lowers_peak),
         cmocka_unit_test(test_estimate_checkpoint_layers),
+        cmocka_unit_test(test_estimate_autocast_cache),
+        cmocka_unit_test(test_estimate_gelu_new_autocast),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),

@@ -500,6 +500,356 @@ static void test_ignored_fields_accepted(void **state)
     mp_model_release(&m);
 }
 
+/* ---- families added with the family table -------------------------------- */
+
+/* Real checkpoints' config.json values under models/hf/.  Expected: transformers 5.23,
+ * `python3 bench/hf_params.py models/hf/<file>.json [ARCH...]` (the class built from the
+ * file on the meta device, tied weights counted once). */
+static const struct {
+    const char *path, *arch; /* arch: NULL = the file's architectures[0], else put in its place */
+    uint64_t params;
+} table_families[] = {
+    {"models/hf/qwen3-0.6b.json", NULL, 596049920u},
+    {"models/hf/qwen3-0.6b.json", "Qwen3ForSequenceClassification", 596051968u},
+    {"models/hf/qwen3-0.6b.json", "Qwen3ForQuestionAnswering", 596051970u},
+    {"models/hf/phi-3-mini-4k.json", NULL, UINT64_C(3821079552)},
+    {"models/hf/olmo-2-7b.json", NULL, UINT64_C(7298617344)},
+    {"models/hf/olmo-2-7b.json", "Olmo2ForSequenceClassification", UINT64_C(6887583744)},
+    {"models/hf/stablelm-2-1.6b.json", NULL, UINT64_C(1644515328)},
+    {"models/hf/starcoder2-3b.json", NULL, UINT64_C(3030371328)},
+    {"models/hf/gemma-2-2b.json", NULL, UINT64_C(2614341888)},
+    {"models/hf/gemma-3-1b.json", NULL, 999885952u},
+    {"models/hf/gemma-3-1b.json", "Gemma3TextForSequenceClassification", 999888256u},
+    {"models/hf/gemma-3-1b.json", "Gemma3TextModel", 999885952u},
+    {"models/hf/opt-125m.json", NULL, 125239296u},
+    {"models/hf/opt-125m.json", "OPTForSequenceClassification", 125240832u},
+    {"models/hf/opt-125m.json", "OPTForQuestionAnswering", 125240834u},
+    {"models/hf/opt-125m.json", "OPTModel", 125239296u},
+    {"models/hf/roberta-base.json", NULL, 124697433u},
+    {"models/hf/roberta-base.json", "RobertaForSequenceClassification", 124647170u},
+    {"models/hf/roberta-base.json", "RobertaForTokenClassification", 124056578u},
+    {"models/hf/roberta-base.json", "RobertaForQuestionAnswering", 124056578u},
+    {"models/hf/roberta-base.json", "RobertaModel", 124645632u},
+    {"models/hf/distilbert-base-uncased.json", NULL, 66985530u},
+    {"models/hf/distilbert-base-uncased.json", "DistilBertForSequenceClassification", 66955010u},
+    {"models/hf/distilbert-base-uncased.json", "DistilBertForTokenClassification", 66364418u},
+    {"models/hf/distilbert-base-uncased.json", "DistilBertForQuestionAnswering", 66364418u},
+    {"models/hf/distilbert-base-uncased.json", "DistilBertModel", 66362880u},
+};
+
+/* Loads path with its architectures[0] replaced by arch (the first "...For..." or "...Model"
+ * string after "architectures"). */
+static void load_with_arch(struct mp_model *m, const char *path, const char *arch)
+{
+    static char text[1 << 16], out[1 << 16];
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *a = strstr(text, "\"architectures\"");
+    assert_non_null(a);
+    char *q0 = strchr(strchr(a, '[') , '"');
+    assert_non_null(q0);
+    char *q1 = strchr(q0 + 1, '"');
+    assert_non_null(q1);
+    snprintf(out, sizeof out, "%.*s\"%s%s", (int)(q0 - text), text, arch, q1);
+    struct mp_diag d = {{0}};
+    if (mp_model_load_string(m, out, strlen(out), path, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+}
+
+static void test_params_table_families(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof table_families / sizeof table_families[0]; i++) {
+        struct mp_model m;
+        if (table_families[i].arch)
+            load_with_arch(&m, table_families[i].path, table_families[i].arch);
+        else
+            load_ok(&m, table_families[i].path);
+        uint64_t got = params_of(&m);
+        if (got != table_families[i].params)
+            print_error("%s %s\n", table_families[i].path, table_families[i].arch ? table_families[i].arch : "");
+        assert_int_equal(got, table_families[i].params);
+        mp_model_release(&m);
+    }
+}
+
+static void test_table_families_lowering(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/qwen3-0.6b.json");
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->qk_norm, MP_QK_NORM_HEAD);
+    assert_int_equal(l->head_dim, 128);
+    assert_int_equal(l->kv_heads, 8);
+    assert_false(l->qkv_bias || l->rms_fp32 || l->branch_norm);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/olmo-2-7b.json");
+    l = block_layer(&m, 1, 0);
+    assert_int_equal(l->qk_norm, MP_QK_NORM_ALL);
+    assert_true(l->rms_fp32 && l->branch_norm && l->no_pre_norm);
+    assert_true(block_layer(&m, m.n_blocks - 1, 0)->rms_fp32); /* the final norm too */
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/phi-3-mini-4k.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->fused_qkv && l->fused_gate_up && l->gated);
+    assert_int_equal(l->rotary_dim, 0);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/gemma-2-2b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->impl_set && l->impl == MP_ATTN_EAGER); /* Gemma2 has no SDPA path */
+    assert_float_equal(l->attn_softcap, 50.0, 0.0);
+    assert_true(l->branch_norm && !l->no_pre_norm && l->rms_fp32);
+    assert_float_equal(block_layer(&m, m.n_blocks - 1, 1)->logit_softcap, 30.0, 0.0);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/gemma-3-1b.json");
+    l = block_layer(&m, 1, 0);
+    assert_false(l->impl_set);
+    assert_float_equal(l->attn_softcap, 0.0, 0.0); /* null */
+    assert_int_equal(l->qk_norm, MP_QK_NORM_HEAD);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/stablelm-2-1.6b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->qkv_bias && l->no_attn_out_dropout);
+    assert_false(l->out_bias || l->mlp_bias || l->parallel_residual);
+    assert_int_equal(l->rotary_dim, 16); /* 0.25 * 64 */
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/starcoder2-3b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->qkv_bias && l->out_bias && l->mlp_bias && !l->gated);
+    assert_float_equal(l->p, 0.1, 1e-12);
+    assert_int_equal(m.blocks[0].layers[1].type, MP_LT_DROPOUT); /* embedding_dropout */
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/opt-125m.json");
+    assert_int_equal(block_layer(&m, 0, 1)->vocab, 2050); /* OPTLearnedPositionalEmbedding: offset 2 */
+    assert_int_equal(block_layer(&m, 1, 0)->act, MP_ACT_RELU);
+    assert_float_equal(block_layer(&m, 1, 0)->attn_dropout, 0.0, 0.0);
+    mp_model_release(&m);
+
+    load_ok(&m, "models/hf/distilbert-base-uncased.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->post_norm && l->no_attn_out_dropout && !l->causal);
+    assert_int_equal(m.blocks[0].n_layers, 4); /* words, positions, LayerNorm, dropout */
+    mp_model_release(&m);
+}
+
+static void test_error_table_families(void **state)
+{
+    (void)state;
+    expect_error("{\"model_type\": \"opt\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"ffn_dim\": 128, \"do_layer_norm_before\": false}",
+                 MP_ERR_MODEL,
+                 "cfg.json: do_layer_norm_before: false is not supported (the post-norm OPT layout is not modelled)");
+    expect_error("{\"model_type\": \"opt\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"ffn_dim\": 128, \"word_embed_proj_dim\": 32}",
+                 MP_ERR_MODEL,
+                 "cfg.json: word_embed_proj_dim: 32 differs from hidden_size 64 (the project_in/project_out layers "
+                 "are not modelled)");
+    expect_error("{\"model_type\": \"distilbert\", \"vocab_size\": 100, \"dim\": 64, \"n_layers\": 1, "
+                 "\"n_heads\": 4, \"hidden_dim\": 128, \"sinusoidal_pos_embds\": true}",
+                 MP_ERR_MODEL,
+                 "cfg.json: sinusoidal_pos_embds: true is not supported (a frozen position table is not modelled)");
+    expect_error("{\"model_type\": \"stablelm\", \"vocab_size\": 100, \"hidden_size\": 64, "
+                 "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"intermediate_size\": 128, "
+                 "\"num_key_value_heads\": 4, \"qk_layernorm\": true}",
+                 MP_ERR_MODEL,
+                 "cfg.json: qk_layernorm: true is not supported (per-head q/k layernorms are not modelled)");
+    expect_error("{\"model_type\": \"gemma2\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"attn_logit_softcapping\": -1}",
+                 MP_ERR_MODEL, "cfg.json: attn_logit_softcapping: expected a positive number or null");
+    /* not in the table: refused, not guessed */
+    expect_error("{\"model_type\": \"mixtral\", \"vocab_size\": 100}", MP_ERR_MODEL,
+                 "cfg.json: model_type: 'mixtral' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
+                 "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, opt, roberta, "
+                 "distilbert)");
+}
+
+/* ---- task heads (architectures[0]) ---------------------------------------- */
+
+#define BERT_TINY(extra)                                                                                    \
+    "{\"model_type\": \"bert\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "   \
+    "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"max_position_embeddings\": 64" extra "}"
+#define GPT2_TINY(extra)                                                                                    \
+    "{\"model_type\": \"gpt2\", \"vocab_size\": 100, \"n_embd\": 64, \"n_layer\": 2, \"n_head\": 4, "     \
+    "\"n_positions\": 64" extra "}"
+#define NEOX_TINY(extra)                                                                                    \
+    "{\"model_type\": \"gpt_neox\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, " \
+    "\"num_attention_heads\": 4, \"intermediate_size\": 128" extra "}"
+
+/* Expected counts: transformers 5.23, the same config (architectures[0] as the class) built
+ * on the meta device, sum(p.numel() for p in model.parameters()) (bench/hf_params.py does
+ * it for a file). */
+static void test_head_param_counts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        uint64_t params;
+    } cases[] = {
+        {LLAMA_TINY(", \"architectures\": [\"LlamaForSequenceClassification\"], \"num_labels\": 1, "
+                    "\"pad_token_id\": 0"), 88704},
+        {LLAMA_TINY(", \"architectures\": [\"LlamaForTokenClassification\"], "
+                    "\"id2label\": {\"0\": \"a\", \"1\": \"b\", \"2\": \"c\"}"), 88835},
+        {LLAMA_TINY(", \"architectures\": [\"LlamaForTokenClassification\"], \"num_labels\": 5, "
+                    "\"token_classification_bias\": false"), 88960},
+        {LLAMA_TINY(", \"architectures\": [\"LlamaForQuestionAnswering\"]"), 88770},
+        {LLAMA_TINY(", \"architectures\": [\"LlamaModel\"]"), 88640},
+        {BERT_TINY(", \"architectures\": [\"BertForSequenceClassification\"], \"num_labels\": 3"), 82051},
+        {BERT_TINY(", \"architectures\": [\"BertForTokenClassification\"]"), 77826},
+        {BERT_TINY(", \"architectures\": [\"BertForQuestionAnswering\"]"), 77826},
+        {BERT_TINY(", \"architectures\": [\"BertModel\"]"), 81856},
+        {BERT_TINY(", \"architectures\": [\"BertForMaskedLM\"]"), 82084},
+        {GPT2_TINY(", \"architectures\": [\"GPT2ForSequenceClassification\"], \"num_labels\": 4"), 110848},
+        {GPT2_TINY(", \"architectures\": [\"GPT2ForTokenClassification\"]"), 110722},
+        {NEOX_TINY(", \"architectures\": [\"GPTNeoXForTokenClassification\"]"), 73602},
+        {NEOX_TINY(", \"architectures\": [\"GPTNeoXForQuestionAnswering\"]"), 73602},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct mp_model m;
+        load_str_ok(&m, cases[i].json);
+        uint64_t got = params_of(&m);
+        if (got != cases[i].params)
+            print_error("case %zu: %s\n", i, cases[i].json);
+        assert_int_equal(got, cases[i].params);
+        mp_model_release(&m);
+    }
+}
+
+/* The program of m at batch 2, sequence 16: the loss node's logits (rows x classes) and the
+ * labels' element count. */
+static void head_shapes(const char *json, uint64_t *rows, uint64_t *classes, uint64_t *labels, bool *has_loss)
+{
+    struct mp_model m;
+    load_str_ok(&m, json);
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 2;
+    o.seq = 16;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    if (mp_program_build(&m, &o, &p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+    *has_loss = p.explicit_loss;
+    *rows = *classes = 0;
+    for (size_t i = 0; i < p.n_nodes; i++)
+        if (p.nodes[i].prim == MP_P_NLL_LOSS) {
+            *rows = p.nodes[i].rows;
+            *classes = p.nodes[i].n;
+        }
+    *labels = p.tensors[p.labels].elems;
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
+/* A reward model is not planned with a vocab-sized head: its loss reads one row of
+ * num_labels logits per sample, and the labels are one per sample. */
+static void test_head_logits_and_labels(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        uint64_t rows, classes, labels;
+    } cases[] = {
+        {LLAMA_TINY(", \"architectures\": [\"LlamaForCausalLM\"]"), 32, 100, 32},
+        {LLAMA_TINY(", \"architectures\": [\"LlamaForSequenceClassification\"], \"num_labels\": 1"), 2, 1, 2},
+        {LLAMA_TINY(", \"architectures\": [\"LlamaForTokenClassification\"], \"num_labels\": 7"), 32, 7, 32},
+        /* start and end: two cross-entropies over the 16 positions per sample */
+        {LLAMA_TINY(", \"architectures\": [\"LlamaForQuestionAnswering\"]"), 4, 16, 4},
+        {BERT_TINY(", \"architectures\": [\"BertForSequenceClassification\"], \"num_labels\": 3"), 2, 3, 2},
+        {BERT_TINY(""), 32, 100, 32}, /* BertForMaskedLM without architectures */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint64_t rows, classes, labels;
+        bool loss;
+        head_shapes(cases[i].json, &rows, &classes, &labels, &loss);
+        assert_true(loss);
+        assert_int_equal(rows, cases[i].rows);
+        assert_int_equal(classes, cases[i].classes);
+        assert_int_equal(labels, cases[i].labels);
+    }
+    uint64_t rows, classes, labels;
+    bool loss;
+    head_shapes(LLAMA_TINY(", \"architectures\": [\"LlamaModel\"]"), &rows, &classes, &labels, &loss);
+    assert_false(loss);
+}
+
+static void test_head_lowering(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_str_ok(&m, LLAMA_TINY(", \"architectures\": [\"LlamaForSequenceClassification\"]"));
+    const struct mp_block *h = &m.blocks[m.n_blocks - 1];
+    assert_int_equal(h->n_layers, 2);
+    assert_int_equal(h->layers[0].type, MP_LT_RMSNORM);
+    assert_int_equal(h->layers[1].type, MP_LT_CLASSIFIER);
+    assert_int_equal(h->layers[1].pool, MP_POOL_LAST);
+    assert_int_equal(h->layers[1].vocab, 2); /* num_labels default */
+    assert_false(h->layers[1].bias);
+    mp_model_release(&m);
+    /* BERT sequence classification: pooler (first position), tanh, dropout, classifier */
+    load_str_ok(&m, BERT_TINY(", \"architectures\": [\"BertForSequenceClassification\"], \"classifier_dropout\": 0.2"));
+    h = &m.blocks[m.n_blocks - 1];
+    assert_int_equal(h->n_layers, 4);
+    assert_int_equal(h->layers[0].type, MP_LT_LINEAR);
+    assert_int_equal(h->layers[0].pool, MP_POOL_FIRST);
+    assert_int_equal(h->layers[1].act, MP_ACT_TANH);
+    assert_float_equal(h->layers[2].p, 0.2, 1e-12);
+    assert_true(h->layers[3].bias);
+    mp_model_release(&m);
+    /* GPT-NeoX token classification: classifier_dropout defaults to 0.1 (GPTNeoXConfig), not
+     * hidden_dropout; Llama's falls back to hidden_dropout when the config has it */
+    load_str_ok(&m, NEOX_TINY(", \"architectures\": [\"GPTNeoXForTokenClassification\"], \"hidden_dropout\": 0.0"));
+    h = &m.blocks[m.n_blocks - 1];
+    assert_int_equal(h->layers[1].type, MP_LT_DROPOUT);
+    assert_float_equal(h->layers[1].p, 0.1, 1e-12);
+    mp_model_release(&m);
+    load_str_ok(&m, LLAMA_TINY(", \"architectures\": [\"LlamaForTokenClassification\"], \"hidden_dropout\": 0.0"));
+    h = &m.blocks[m.n_blocks - 1];
+    assert_int_equal(h->n_layers, 2); /* norm, classifier: no dropout at p = 0 */
+    mp_model_release(&m);
+}
+
+static void test_error_heads(void **state)
+{
+    (void)state;
+    expect_error(LLAMA_TINY(", \"architectures\": [\"LlamaForCausalLMWithValueHead\"]"), MP_ERR_MODEL,
+                 "cfg.json: architectures[0]: 'LlamaForCausalLMWithValueHead' is not supported for llama (supported: "
+                 "*ForCausalLM, *ForSequenceClassification, *ForTokenClassification, *ForQuestionAnswering, *Model)");
+    expect_error(GPT2_TINY(", \"architectures\": [\"GPT2DoubleHeadsModel\"]"), MP_ERR_MODEL,
+                 "cfg.json: architectures[0]: 'GPT2DoubleHeadsModel' is not supported for gpt2 (supported: "
+                 "*ForCausalLM, *ForSequenceClassification, *ForTokenClassification, *ForQuestionAnswering, *Model)");
+    expect_error(BERT_TINY(", \"architectures\": [\"BertForPreTraining\"]"), MP_ERR_MODEL,
+                 "cfg.json: architectures[0]: 'BertForPreTraining' is not supported for bert (supported: "
+                 "*ForMaskedLM, *ForSequenceClassification, *ForTokenClassification, *ForQuestionAnswering, *Model)");
+    expect_error(LLAMA_TINY(", \"architectures\": \"LlamaForCausalLM\""), MP_ERR_MODEL,
+                 "cfg.json: architectures: expected a list of class names");
+    expect_error(LLAMA_TINY(", \"architectures\": [\"LlamaForTokenClassification\"], \"id2label\": {}"),
+                 MP_ERR_MODEL, "cfg.json: id2label: expected an object with at least one label");
+    expect_error(LLAMA_TINY(", \"architectures\": [\"LlamaForTokenClassification\"], \"num_labels\": 0"),
+                 MP_ERR_MODEL, "cfg.json: num_labels: expected a positive integer");
+}
+
+/* Python's json (and so transformers) keeps the last of duplicate keys, cJSON the first:
+ * a duplicate anywhere is refused, naming it. */
+static void test_error_duplicate_keys(void **state)
+{
+    (void)state;
+    expect_error(LLAMA_TINY(", \"hidden_size\": 32"), MP_ERR_MODEL, "cfg.json: hidden_size: duplicate key");
+    expect_error(LLAMA_TINY(", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_type\": \"linear\"}"),
+                 MP_ERR_MODEL, "cfg.json: rope_parameters.rope_type: duplicate key");
+    expect_error(LLAMA_TINY(", \"x\": [{}, {\"a\": 1, \"a\": 2}]"), MP_ERR_MODEL, "cfg.json: x[1].a: duplicate key");
+}
+
 /* ---- rejected input ------------------------------------------------------- */
 
 static void test_error_unknown_model_type(void **state)
@@ -507,7 +857,8 @@ static void test_error_unknown_model_type(void **state)
     (void)state;
     expect_error("{\"model_type\": \"foo\"}", MP_ERR_MODEL,
                  "cfg.json: model_type: 'foo' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
-                 "phi, gemma, bert)");
+                 "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, opt, roberta, "
+                 "distilbert)");
 }
 
 static void test_error_missing_field(void **state)
@@ -655,6 +1006,14 @@ int main(void)
         cmocka_unit_test(test_gemma_head_dim_and_act),
         cmocka_unit_test(test_bert_lowering),
         cmocka_unit_test(test_ignored_fields_accepted),
+        cmocka_unit_test(test_params_table_families),
+        cmocka_unit_test(test_table_families_lowering),
+        cmocka_unit_test(test_error_table_families),
+        cmocka_unit_test(test_head_param_counts),
+        cmocka_unit_test(test_head_logits_and_labels),
+        cmocka_unit_test(test_head_lowering),
+        cmocka_unit_test(test_error_heads),
+        cmocka_unit_test(test_error_duplicate_keys),
         cmocka_unit_test(test_error_unknown_model_type),
         cmocka_unit_test(test_error_missing_field),
         cmocka_unit_test(test_error_non_integer),

@@ -21,17 +21,9 @@
 
 #include "ckpt.h"
 #include "probe_impl.h"
+#include "probe_check.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
-
-static void load_json(struct mp_model *m, const char *json)
-{
-    struct mp_diag d = {{0}};
-    mp_model_init(m);
-    enum mp_status st = mp_model_load_string(m, json, strlen(json), "test.json", &d);
-    if (st != MP_OK)
-        fail_msg("model: %s", d.msg);
-}
 
 /* Loads models/<name>.json; false when the file is not there. */
 static bool load_file(struct mp_model *m, const char *name)
@@ -62,93 +54,12 @@ static void build(struct mp_program *p, const struct mp_model *m, enum mp_precis
         fail_msg("build: %s", d.msg);
 }
 
-static struct mp_train_opts train_opts(enum mp_optimizer o, uint64_t ws)
-{
-    struct mp_train_opts t;
-    mp_train_opts_default(&t);
-    t.optimizer = o;
-    t.cublas_workspace_bytes = ws;
-    return t;
-}
-
-static struct mp_host_exec *exec_new(const struct mp_program *p, enum mp_optimizer o, uint64_t cap)
-{
-    struct mp_host_exec *x;
-    struct mp_diag d = {{0}};
-    struct mp_train_opts t = train_opts(o, 0);
-    if (mp_host_exec_new(&x, p, &t, cap, 7, &d) != MP_OK)
-        fail_msg("exec: %s", d.msg);
-    return x;
-}
-
-static double step(struct mp_host_exec *x, const struct mp_schedule *s, bool update, float *grads)
-{
-    struct mp_diag d = {{0}};
-    double loss;
-    enum mp_status st = mp_host_exec_step(x, s, update, grads, &loss, &d);
-    if (st != MP_OK)
-        fail_msg("step: %s (%s)", mp_status_str(st), d.msg);
-    return loss;
-}
-
 static bool has_prim(const struct mp_program *p, enum mp_prim prim)
 {
     for (size_t k = 0; k < p->n_nodes; k++)
         if (p->nodes[k].prim == prim)
             return true;
     return false;
-}
-
-/* Central differences of the loss against the analytic gradient of every
- * parameter element (at most max_per_param per tensor, spread evenly).  An
- * element that misses is tried again at eps/3 and eps/10: a ReLU or max-pool kink
- * inside [v - eps, v + eps] breaks a finite difference, not the gradient. */
-static double central_diff(struct mp_host_exec *x, const struct mp_schedule *s, size_t q, uint64_t i, float eps)
-{
-    float v = mp_host_exec_param_get(x, q, i);
-    mp_host_exec_param_set(x, q, i, v + eps);
-    double lp = step(x, s, false, NULL);
-    mp_host_exec_param_set(x, q, i, v - eps);
-    double lm = step(x, s, false, NULL);
-    mp_host_exec_param_set(x, q, i, v);
-    return (lp - lm) / (2.0 * (double)eps);
-}
-
-static void gradcheck(const struct mp_program *p, const struct mp_schedule *s, float eps, double atol, double rtol,
-                      size_t max_per_param)
-{
-    struct mp_host_exec *x = exec_new(p, MP_OPT_SGD, 0);
-    float *g = calloc(p->total_params, sizeof *g);
-    assert_non_null(g);
-    step(x, s, false, g);
-    uint64_t off = 0;
-    size_t checked = 0, bad = 0;
-    double worst = 0;
-    for (size_t q = 0; q < p->n_params; q++) {
-        uint64_t n = p->params[q].elems, stride = n > max_per_param ? n / max_per_param : 1;
-        for (uint64_t i = 0; i < n; i += stride) {
-            double fd = central_diff(x, s, q, i, eps), an = g[off + i], err = fabs(fd - an);
-            double tol = atol + rtol * fmax(fabs(fd), fabs(an));
-            for (int r = 0; r < 2 && err > tol; r++) { /* eps/3, then eps/10 */
-                fd = central_diff(x, s, q, i, eps / (r ? 10.0f : 3.0f));
-                err = fabs(fd - an);
-                tol = atol + rtol * fmax(fabs(fd), fabs(an));
-            }
-            worst = fmax(worst, err / tol);
-            checked++;
-            if (err > tol) {
-                bad++;
-                print_message("  %s[%llu]: analytic %.6g, finite difference %.6g\n", p->params[q].name,
-                              (unsigned long long)i, an, fd);
-            }
-        }
-        off += n;
-    }
-    free(g);
-    mp_host_exec_free(x);
-    assert_true(checked > 0);
-    if (bad)
-        fail_msg("%zu of %zu gradient elements off (worst %.2f x tolerance)", bad, checked, worst);
 }
 
 /* ---- models ---------------------------------------------------------------------------------- */
@@ -461,23 +372,6 @@ static uint64_t estimate_peak(const struct mp_program *p, const struct mp_schedu
     return peak;
 }
 
-static void probe_host(const struct mp_program *p, const struct mp_schedule *s, const struct mp_train_opts *t,
-                       uint64_t cap, unsigned steps, struct mp_probe_result *r)
-{
-    struct mp_probe_opts o;
-    struct mp_probe *pr;
-    struct mp_diag d = {{0}};
-    mp_probe_opts_default(&o);
-    o.backend = "host";
-    o.capacity_bytes = cap;
-    o.steps = steps;
-    assert_int_equal(mp_probe_open(&pr, &o, &d), MP_OK);
-    enum mp_status st = mp_probe_run(pr, p, s, t, r, &d);
-    if (st != MP_OK)
-        fail_msg("probe: %s", d.msg);
-    mp_probe_close(pr);
-}
-
 static size_t peaks_checked;
 
 static void check_peaks(const char *name, const struct mp_model *m, uint64_t batch, int attn)
@@ -772,24 +666,6 @@ static void test_layout_offsets(void **state)
 }
 
 /* ---- CUDA (skipped without a device) ------------------------------------------------------------- */
-
-static void probe_cuda(const struct mp_program *p, const struct mp_train_opts *t, uint64_t cap, unsigned steps,
-                       struct mp_probe_result *r)
-{
-    struct mp_probe_opts o;
-    struct mp_probe *pr;
-    struct mp_diag d = {{0}};
-    mp_probe_opts_default(&o);
-    o.backend = "cuda";
-    o.capacity_bytes = cap;
-    o.steps = steps;
-    if (mp_probe_open(&pr, &o, &d) != MP_OK)
-        fail_msg("cuda open: %s", d.msg);
-    enum mp_status st = mp_probe_run(pr, p, NULL, t, r, &d);
-    if (st != MP_OK)
-        fail_msg("cuda probe: %s", d.msg);
-    mp_probe_close(pr);
-}
 
 static void test_cuda_matches_host(void **state)
 {

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""dist_gloo.py - memplan's per-rank memory against real PyTorch DDP and FSDP2 (CPU, gloo).
+
+For a small Hugging Face GPT-2 (real tensors), W processes (2 and 4) run real data-parallel
+training steps on the CPU with the gloo backend:
+
+  ddp              torch.nn.parallel.DistributedDataParallel (bucket_cap_mb default: 25 MiB,
+                   first bucket 1 MiB, gradient_as_bucket_view=False)
+  fsdp             fully_shard(block) for every GPT2Block, then fully_shard(model)
+                   (reshard_after_forward=True)
+  fsdp-no-reshard  the same with reshard_after_forward=False
+  fsdp mixed-bf16  MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
+
+AdamW(foreach=True) (the CUDA default; on the CPU torch would pick the per-tensor loop), two
+steps, zero_grad(set_to_none=True).  Each rank measures its live bytes with the profiler's
+allocation records (torch.profiler, profile_memory=True): every allocation and free of c10's
+CPU allocator, with the running total, from before the model is built.  That sees what a
+TorchDispatchMode cannot (FSDP2's storage.resize_, DDP's C++ buckets).  Reported per rank:
+  start  live bytes when step 2 begins (parameters or shards, optimizer state, buckets, batch)
+  peak   the largest live bytes during step 2 (forward, backward, optimizer step)
+and memplan's per-rank figure for the same run:
+  memplan estimate CONFIG --batch B --seq S --precision P --optimizer adamw --workspace 0
+          --gpus W --parallel S --json  ->  memory.peak_requested_bytes (no 512-byte rounding:
+          the CPU allocator does not round)
+Side by side: DeepSpeed's estimate_zero2/3_model_states_mem_needs (model states only), on the
+same parameter count (bench/dist_results.md explains the differences).
+
+Usage: python3 bench/dist_gloo.py [--memplan ./memplan] [--out bench/dist_results.md] [--quick]
+"""
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+CFG = dict(n_layer=3, n_embd=256, n_head=4, vocab_size=1000, n_positions=256, embd_pdrop=0.0, resid_pdrop=0.0,
+           attn_pdrop=0.0)
+BATCH, SEQ = 2, 64
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_model():
+    import transformers
+    cfg = transformers.GPT2Config(**CFG)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg), cfg
+
+
+def allocations(prof):
+    """(time, alloc_size, total_allocated) for every CPU allocation record, in time order."""
+    from torch._C._profiler import _EventType
+    out = []
+
+    def walk(n, ctx):
+        if n.tag == _EventType.Allocation:
+            f = n.extra_fields
+            if str(f.device) == "cpu":
+                out.append((n.start_time_ns, f.alloc_size, f.total_allocated, ctx, f.ptr))
+        else:
+            ctx = (ctx + " > " if ctx else "") + n.name
+        for ch in n.children:
+            walk(ch, ctx)
+
+    for r in prof.profiler.kineto_results.experimental_event_tree():
+        walk(r, "")
+    out.sort()
+    return out
+
+
+def rank_main(rank, world, port, strategy, mixed, result_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.profiler import ProfilerActivity, profile
+    marks = {}
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model, cfg = make_model()
+        model.train()
+        if strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(model)
+        else:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            kw = dict(reshard_after_forward=(strategy == "fsdp"))
+            if mixed:
+                kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for blk in model.transformer.h:
+                fully_shard(blk, **kw)
+            fully_shard(model, **{**kw, "reshard_after_forward": False} if strategy == "fsdp" else kw)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        g = torch.Generator().manual_seed(rank)
+        ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=g)
+        labels = ids.clone()
+        losses = []
+        for step in range(2):
+            marks[step] = time.time_ns()
+            out = model(input_ids=ids, labels=labels)
+            loss = out.loss
+            del out
+            loss.backward()
+            losses.append(float(loss.detach()))
+            del loss
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        marks[2] = time.time_ns()
+    raw = allocations(prof)
+    # gloo's own temporaries: what c10d collectives allocate inside themselves (NCCL works in
+    # the buffers FSDP2 / DDP hand it) are taken out, with their frees, matched by address
+    allocs, gloo, gloo_live, gloo_peak = [], {}, 0, 0
+    for t, size, total, ctx, ptr in raw:
+        if size > 0 and ("c10d::" in ctx or "gloo:" in ctx):
+            gloo[ptr] = size
+            gloo_live += size
+        elif size < 0 and ptr in gloo:
+            gloo_live -= gloo.pop(ptr)
+        gloo_peak = max(gloo_peak, gloo_live)
+        allocs.append((t, size, total - gloo_live, ctx))
+    start2 = marks[1]  # the allocation records carry wall-clock (epoch) nanoseconds
+    s = [a for a in allocs if a[0] >= start2]
+    before = [a for a in allocs if a[0] < start2]
+    start_live = before[-1][2] if before else 0
+    peak = max([a[2] for a in s] + [start_live])
+    where = next((a[3][-160:] for a in s if a[2] == peak), "step start")
+    raw_peak = max([a[2] for a in raw if a[0] >= start2] + [start_live])
+    res = dict(rank=rank, start=start_live, peak=peak, raw_peak=raw_peak, gloo_peak=gloo_peak, losses=losses,
+               n_allocs=len(allocs), where=where)
+    with open(os.path.join(result_dir, f"r{rank}.json"), "w") as f:
+        json.dump(res, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_case(world, strategy, mixed):
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(rank_main, args=(world, port, strategy, mixed, d), nprocs=world, join=True,
+                           start_method="spawn")
+        return [json.load(open(os.path.join(d, f"r{r}.json"))) for r in range(world)]
+
+
+def memplan_peak(exe, cfgpath, world, strategy, mixed):
+    prec = "mixed-bf16" if mixed else "fp32"
+    cmd = [exe, "estimate", cfgpath, "--batch", str(BATCH), "--seq", str(SEQ), "--precision", prec, "--optimizer",
+           "adamw", "--workspace", "0", "--context", "0", "--gpus", str(world), "--parallel", strategy, "--json"]
+    r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return r["memory"], " ".join(cmd[1:])
+
+
+def deepspeed_side(total_params, largest, world):
+    try:
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    except Exception as e:  # noqa: BLE001
+        return None, str(e)
+    _, z2 = estimate_zero2_model_states_mem_needs(total_params, world, 1, cpu_offload=False)
+    z3 = estimate_zero3_model_states_mem_needs(total_params, largest, world, 1, cpu_offload=False,
+                                                  cpu_offload_params=False)[1]
+    return (z2, z3), None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--memplan", default="./memplan")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="world 2 only")
+    a = ap.parse_args()
+    model, cfg = make_model()
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(sum(p.numel() for p in blk.parameters()) for blk in model.transformer.h)
+    tmp = tempfile.mkdtemp()
+    cfgpath = os.path.join(tmp, "config.json")
+    cfg.to_json_file(cfgpath)
+    del model
+    cases = [("ddp", False), ("fsdp", False), ("fsdp-no-reshard", False), ("fsdp", True)]
+    worlds = [2] if a.quick else [2, 4]
+    rows = []
+    for w in worlds:
+        for strat, mixed in cases:
+            t0 = time.time()
+            res = run_case(w, strat, mixed)
+            mem, cmd = memplan_peak(a.memplan, cfgpath, w, strat, mixed)
+            for r in res:
+                r["memplan_peak"] = mem["peak_requested_bytes"]
+            worst = max(abs(r["peak"] - r["memplan_peak"]) / r["peak"] for r in res)
+            rows.append(dict(world=w, strategy=strat, mixed=mixed, ranks=res, memplan=mem, cmd=cmd, worst=worst,
+                             secs=time.time() - t0))
+            print(f"world {w} {strat:16s} {'mixed-bf16' if mixed else 'fp32':10s} "
+                  + " ".join(f"r{r['rank']}: start {r['start']:>9} peak {r['peak']:>9}" for r in res)
+                  + f" | memplan peak {mem['peak_requested_bytes']:>9} at {mem['peak_event']}: worst {100 * worst:+.2f} %",
+                  flush=True)
+            for r in res:
+                print(f"    r{r['rank']} torch peak in: {r['where']}", flush=True)
+    ds = {w: deepspeed_side(total, largest, w) for w in worlds}
+    lines = ["# memplan per-rank peak vs PyTorch DDP / FSDP2 on the CPU (gloo)", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; "
+             f"GPT-2 config {CFG}, batch {BATCH}, seq {SEQ}, {total:,} parameters; AdamW(foreach=True).", "",
+             "| world | strategy | policy | rank | live at step-2 start | torch peak (step 2) | memplan peak | diff |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for r in row["ranks"]:
+            d = 100 * (row["memplan"]["peak_requested_bytes"] - r["peak"]) / r["peak"]
+            lines.append(f"| {row['world']} | {row['strategy']} | {'mixed-bf16' if row['mixed'] else 'fp32'} | "
+                         f"{r['rank']} | {r['start']:,} | {r['peak']:,} | {row['memplan']['peak_requested_bytes']:,} | "
+                         f"{d:+.2f} % |")
+    lines += ["", "memplan commands: `memplan " + rows[0]["cmd"] + "` (and the other strategies / worlds).", "",
+              "DeepSpeed's model-state estimators on the same parameter count (GPU bytes per rank, no offload):", "",
+              "| world | estimate_zero2_model_states_mem_needs | estimate_zero3_model_states_mem_needs |", "|---|---|---|"]
+    for w in worlds:
+        v, err = ds[w]
+        lines.append(f"| {w} | {v[0]:,} | {v[1]:,} |" if v else f"| {w} | unavailable: {err} | |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

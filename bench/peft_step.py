@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""peft_step.py — memplan's fine-tuning figures against transformers + peft + bitsandbytes on the CPU.
+
+  python3 bench/peft_step.py lora [--quick] [--out FILE.md]
+      For each config and setting (LoRA rank and targets, base fp32 / amp-bf16 / bf16,
+      checkpointing none / layers), the model is built with transformers, wrapped with
+      peft.get_peft_model(LoraConfig(r, lora_alpha=2r, lora_dropout=0, task_type=CAUSAL_LM)),
+      and trained for two steps under FakeTensorMode on the CPU (no memory used): forward with
+      labels, backward, AdamW (foreach) over the trainable parameters, zero_grad(set_to_none).
+      A TorchDispatchMode counts live storages (512-byte rounded, as CUDA's allocator counts
+      memory_allocated; parameters, buffers and optimizer state registered) and gives step
+      2's peak; saved_tensors_hooks give what autograd saves (no checkpointing).  Compared
+      with `memplan estimate --finetune lora ... --workspace 0 --json`: trainable params
+      (exact), saved bytes (sum of layers[].activation_bytes), step peak.  Dropout is 0 in
+      both (CPU dropout masks are not CUDA's).  CPU autocast differs from CUDA autocast on the
+      ops CUDA runs in fp32 (memory-facts §5); the full fine-tuning row of each setting shows
+      the base model's own difference beside the LoRA rows.
+
+  python3 bench/peft_step.py qlora-bytes [CONFIG ...]
+      QLoRA base storage as bitsandbytes really holds it: every Linear that
+      transformers' bnb integration replaces (all nn.Linear but lm_head) is quantized
+      with bitsandbytes.functional.quantize_4bit (nf4, blocksize 64, double quant) on
+      the CPU, one real tensor per distinct shape, and the bytes of every tensor of
+      its quant state are summed (packed weight, absmax, offset, second-level absmax,
+      both code tables).  Non-quantized parameters (embeddings, norms, lm_head, biases)
+      are counted in fp32, as after peft's prepare_model_for_kbit_training.  Prints
+      memplan's weights_bytes for `--finetune qlora` beside it.
+
+Needs torch, transformers, peft, bitsandbytes (pip).  Not part of `make test`.
+"""
+import json
+import os
+import subprocess
+import sys
+import warnings
+from collections import Counter
+
+warnings.filterwarnings("ignore")
+
+
+def meta_model(path):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(cfg)
+
+
+def bnb_linear_bytes(out_f, in_f, double_quant=True, quant_type="nf4"):
+    import torch
+    import bitsandbytes.functional as F
+    w = torch.randn(out_f, in_f, dtype=torch.bfloat16)
+    packed, st = F.quantize_4bit(w, blocksize=64, compress_statistics=double_quant, quant_type=quant_type)
+    tensors = [packed, st.absmax, st.code]
+    if st.nested:
+        tensors += [st.offset, st.state2.absmax, st.state2.code]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def qlora_bytes(path):
+    import torch
+    m = meta_model(path)
+    head = m.get_output_embeddings()
+    shapes = Counter()
+    other = 0
+    quantized_ids = set()
+    for name, mod in m.named_modules():
+        if isinstance(mod, torch.nn.Linear) and mod is not head:
+            shapes[(mod.out_features, mod.in_features)] += 1
+            quantized_ids.add(id(mod.weight))
+    seen = set()
+    for p in m.parameters():
+        if id(p) in quantized_ids or id(p) in seen:
+            continue
+        seen.add(id(p))
+        other += p.numel() * 4
+    q = sum(n * bnb_linear_bytes(o, i) for (o, i), n in shapes.items())
+    return q + other, q, other, dict(shapes)
+
+
+# ---- LoRA step under FakeTensorMode ------------------------------------------------------------
+
+def _round512(n):
+    return 0 if n == 0 else (n + 511) // 512 * 512
+
+
+def _tracker_classes():
+    import functools
+    import weakref
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    class Live(TorchDispatchMode):
+        """Live storages, 512-byte rounded; running total, peak and where it happened."""
+
+        def __init__(self):
+            super().__init__()
+            self.refs = WeakIdKeyDictionary()
+            self.cur = self.peak = 0
+            self.phase, self.peak_at = "setup", ""
+
+        def add(self, t, label):
+            if not isinstance(t, torch.Tensor):
+                return
+            st = t.untyped_storage()
+            if st in self.refs:
+                return
+            n = _round512(st.nbytes())
+            self.refs[st] = (weakref.ref(st, functools.partial(self._gone, n)), n)
+            self.cur += n
+            if self.cur > self.peak:
+                self.peak, self.peak_at = self.cur, "%s:%s" % (self.phase, label)
+
+        def forget(self, t):
+            e = self.refs.pop(t.untyped_storage(), None)
+            if e is not None:
+                self.cur -= e[1]
+
+        def _gone(self, n, _ref):
+            self.cur -= n
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                self.add(t, func.overloadpacket.__name__)
+            return out
+
+    class Saved:
+        """Distinct storages autograd saves (parameters and buffers excluded)."""
+
+        def __init__(self, exclude):
+            self.ex = WeakIdKeyDictionary()
+            for t in exclude:
+                self.ex[t.untyped_storage()] = True
+            self.saved = WeakIdKeyDictionary()
+            self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+        def _pack(self, t):
+            st = t.untyped_storage()
+            if st not in self.ex and st not in self.saved:
+                self.saved[st] = st.nbytes()
+            return t
+
+    return Live, Saved
+
+
+def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False):
+    import gc
+    import torch
+    import transformers
+    import transformers.masking_utils
+    import peft
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    # fake tensors look like tracing to transformers, which would build a 4-D mask
+    transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    Live, Saved = _tracker_classes()
+    with open(cfg_path) as f:
+        d = json.load(f)
+    for k, v in list(d.items()):
+        if "drop" in k and isinstance(v, float):
+            d[k] = 0.0
+    cfg = transformers.AutoConfig.for_model(**d)
+    cfg._attn_implementation = "sdpa"
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    # Built on the meta device (peft's adapter dtype/device moves cannot swap fake parameters),
+    # then given fake CPU storages.
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        if not full:
+            kw = dict(r=r, lora_alpha=2 * r, lora_dropout=0.0, task_type="CAUSAL_LM")
+            if targets:
+                kw["target_modules"] = targets if targets == "all-linear" else targets.split(",")
+            model = peft.get_peft_model(model, peft.LoraConfig(**kw))
+    with fake:
+        model.to_empty(device="cpu")
+        (model.get_base_model() if not full else model).tie_weights()  # to_empty unties them
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in trainable)
+    tr = Live()
+    saved = Saved(list(model.parameters()) + list(model.buffers()))
+    res = {"trainable": n_trainable}
+    with fake, tr:
+        if ckpt == "layers":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for p in model.parameters():
+            tr.add(p, "param")
+        for b in model.buffers():
+            tr.add(b, "buffer")
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+        labels = ids.clone()
+        opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+        for step in (1, 2):
+            last = step == 2
+            if last:
+                for st in opt.state.values():
+                    if "step" in st and isinstance(st["step"], torch.Tensor):
+                        tr.forget(st["step"])
+                gc.collect()
+                tr.peak, tr.peak_at = tr.cur, "step-start"
+            tr.phase = "forward"
+            ac = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "amp-bf16" else None
+            if ac:
+                ac.__enter__()
+            if last and ckpt == "none":
+                saved.hooks.__enter__()
+            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+            if last and ckpt == "none":
+                saved.hooks.__exit__(None, None, None)
+            if ac:
+                ac.__exit__(None, None, None)
+            if last:
+                res["saved"] = sum(saved.saved.values()) if ckpt == "none" else None
+            tr.phase = "backward"
+            loss.backward()
+            del loss
+            gc.collect()
+            tr.phase = "optimizer.step"
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            gc.collect()
+    res["peak"], res["peak_at"] = tr.peak, tr.peak_at
+    return res
+
+
+def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False):
+    cmd = ["./memplan", "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
+           "--checkpoint", ckpt, "--workspace", "0", "--json"]
+    if not full:
+        cmd += ["--finetune", "lora", "--lora-r", str(r)]
+        if targets:
+            cmd += ["--lora-targets", targets]
+    r_ = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return {"trainable": r_["model"]["trainable_params"], "peak": r_["memory"]["peak_allocated_bytes"],
+            "saved": sum(l["activation_bytes"] for l in r_["layers"]), "peak_at": r_["memory"]["peak_event"]}
+
+
+def lora_bench(quick, out):
+    configs = ["models/hf/qwen2-0.5b.json", "models/hf/gpt2.json"]
+    if not quick:
+        configs += ["models/hf/llama-2-7b.json", "models/hf/pythia-160m.json"]
+    settings = []
+    for cfg in configs:
+        for prec in ("fp32", "amp-bf16", "bf16"):
+            for ckpt in ("none", "layers"):
+                settings.append((cfg, prec, ckpt, 0, None, True))
+                settings.append((cfg, prec, ckpt, 16, None, False))
+                settings.append((cfg, prec, ckpt, 64, "all-linear", False))
+    lines = ["| config | precision | ckpt | finetune | trainable torch / memplan | saved torch | saved memplan "
+             "| diff | peak torch | peak memplan | diff |", "|" + "---|" * 11]
+    batch, seq = 2, 256
+    for cfg, prec, ckpt, r, tg, full in settings:
+        t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, tg, full)
+        m = memplan_lora(cfg, batch, seq, prec, ckpt, r, tg, full)
+        ft = "full" if full else "lora r%d %s" % (r, tg or "default")
+        sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
+        sv_d = "%+.2f%%" % (100.0 * (m["saved"] - t["saved"]) / t["saved"]) if t["saved"] else "-"
+        row = "| %s | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %.2f MiB | %.2f MiB | %+.2f%% |" % (
+            os.path.basename(cfg), prec, ckpt, ft, t["trainable"], m["trainable"],
+            "" if t["trainable"] == m["trainable"] else " MISMATCH", sv_t, m["saved"] / 2**20, sv_d,
+            t["peak"] / 2**20, m["peak"] / 2**20, 100.0 * (m["peak"] - t["peak"]) / t["peak"])
+        print(row, flush=True)
+        lines.append(row)
+        lines.append("")  if False else None
+    if out:
+        with open(out, "w") as f:
+            f.write("# bench/peft_step.py lora: batch %d x seq %d, CPU FakeTensorMode, torch %s\n\n" % (
+                batch, seq, __import__("torch").__version__))
+            f.write("\n".join(lines) + "\n")
+
+
+def memplan_weights(path, *extra):
+    out = subprocess.run(["./memplan", "estimate", path, "--seq", "16", "--json", *extra],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["memory"]["weights_bytes"]
+
+
+def main(argv):
+    if len(argv) >= 1 and argv[0] == "lora":
+        out = argv[argv.index("--out") + 1] if "--out" in argv else None
+        lora_bench("--quick" in argv, out)
+        return 0
+    if len(argv) >= 1 and argv[0] == "qlora-bytes":
+        paths = argv[1:] or ["models/hf/llama-3-8b.json", "models/hf/llama-2-70b.json"]
+        print(f"{'config':32} {'bitsandbytes':>16} {'memplan':>16}  diff   (quantized Linears / fp32 rest)")
+        for p in paths:
+            total, q, other, shapes = qlora_bytes(p)
+            mp = memplan_weights(p, "--finetune", "qlora")
+            print(f"{p:32} {total:16,d} {mp:16,d}  {mp - total:+d}   ({q:,d} / {other:,d})")
+        return 0
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

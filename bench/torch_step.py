@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""torch_step.py - the whole training step's memory, PyTorch against memplan (CPU, fake tensors).
+
+For each Hugging Face config (models/hf/*.json, one or more per model_type memplan accepts) and
+each setting (precision fp32 / amp-bf16 / bf16, attention sdpa / eager, checkpointing none /
+layers, AdamW or SGD with momentum, batch x sequence), the model is built and trained for two
+steps under torch._subclasses.fake_tensor.FakeTensorMode on the CPU: tensors have shapes, dtypes
+and storages but no data, so a 70B model costs no memory.  Step 2 is measured (step 1 creates the
+optimizer state): forward with labels, backward, optimizer.step() (foreach, the CUDA default),
+zero_grad(set_to_none=True).  Checkpointing is transformers' own:
+gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}).
+
+Measured:
+  * LiveTracker, a TorchDispatchMode: every storage an op creates is counted, rounded up to 512 B
+    as CUDA's caching allocator counts memory_allocated, until a weakref finalizer sees it die.
+    Parameters, buffers and optimizer state are registered too, so the running total is what
+    torch.cuda.memory_allocated() would say, and its maximum over step 2 is the step's peak
+    (max_memory_allocated), with the op, the autograd node and the module where it happens.
+  * SavedTracker, torch.autograd.graph.saved_tensors_hooks: what autograd saves for backward,
+    deduplicated by storage, parameters and buffers excluded (no checkpointing only: the
+    checkpoint installs its own hooks inside).
+  * the live activations when backward starts: live bytes after the forward minus live bytes at
+    the step's start (parameters, buffers, optimizer state, input ids and labels).
+
+memplan: `memplan estimate CONFIG --batch B --seq S --precision P --optimizer O --attention A
+--checkpoint C --json` on the same config file: memory.peak_allocated_bytes minus the cuBLAS
+workspace (no CUDA here), memory.activations_bytes, the sum of layers[].activation_bytes.
+
+Settings common to every run: dropout probabilities set to 0 in the config both sides read (CPU
+dropout keeps an input-dtype mask where CUDA keeps a 1-byte one), use_cache=False (memplan does
+not model the DynamicCache that training with use_cache=True fills; see torch_step_results.md),
+model.train(), labels = input ids.  Two gotchas: transformers treats fake tensors as tracing and
+would build a full 4-D causal mask, so find_packed_sequence_indices returns None (what real
+unpacked inputs get); AdamW keeps its `step` counters on the CPU on CUDA too, so they are not
+counted.
+
+Import it to reuse the trackers (LiveTracker, SavedTracker, fake_model, train_steps); run it as
+  python3 bench/torch_step.py [--memplan ./memplan] [--out FILE.md] [--quick] [--only TYPE,...]
+from the repository root.
+"""
+import argparse
+import collections
+import functools
+import gc
+import glob
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+
+import torch
+import transformers
+import transformers.masking_utils
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+ROUND = 512
+
+
+def round512(n):
+    return 0 if n == 0 else (n + ROUND - 1) // ROUND * ROUND
+
+
+# Real (non-packed) inputs make transformers skip the mask; fake tensors look like tracing to it.
+transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: None
+
+
+# ---- trackers ---------------------------------------------------------------------------------
+
+class LiveTracker(TorchDispatchMode):
+    """Live storages as the CUDA caching allocator counts them (512-byte rounded), their peak
+    and where it happens.  Register pre-existing tensors (parameters, buffers, inputs) with
+    add(); everything an op creates while the mode is active is added automatically."""
+
+    def __init__(self):
+        super().__init__()
+        self._refs = WeakIdKeyDictionary()    # storage -> (weakref with finalizer, bytes, label)
+        self.cur = 0
+        self.peak = 0
+        self.peak_at = ""
+        self.phase = "setup"                 # set by the caller: forward, backward, ...
+        self.module = ""                     # set by forward pre-hooks (module names)
+
+    def add(self, t, label="tensor"):
+        if not isinstance(t, torch.Tensor):
+            return
+        st = t.untyped_storage()
+        if st in self._refs:
+            return
+        n = round512(st.nbytes())
+        self._refs[st] = (weakref.ref(st, functools.partial(self._gone, n)), n, label)
+        self.cur += n
+        if self.cur > self.peak:
+            self.peak = self.cur
+            node = torch._C._current_autograd_node()
+            where = node.name() if node is not None else self.module
+            self.peak_at = "%s:%s%s" % (self.phase, label, " (%s)" % where if where else "")
+
+    def forget(self, t):
+        """Stop counting t's storage (e.g. tensors that live on the CPU on CUDA too)."""
+        st = t.untyped_storage()
+        e = self._refs.pop(st, None)
+        if e is not None:
+            self.cur -= e[1]
+
+    def reset_peak(self):
+        self.peak = self.cur
+        self.peak_at = self.phase
+
+    def live(self):
+        """[(bytes, label, storage)] of the storages alive now."""
+        return [(e[1], e[2], st) for st, e in list(self._refs.items())]
+
+    def _gone(self, n, _ref):
+        self.cur -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.add(t, func.overloadpacket.__name__)
+        return out
+
+
+class SavedTracker:
+    """Storages autograd saves for backward (saved_tensors_hooks), deduplicated by storage;
+    `exclude` storages (parameters, buffers) are not counted.  Use as a context manager."""
+
+    def __init__(self, exclude=()):
+        self._ex = WeakIdKeyDictionary()
+        for t in exclude:
+            self._ex[t.untyped_storage()] = True
+        self._saved = WeakIdKeyDictionary()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t):
+        st = t.untyped_storage()
+        if st not in self._ex and st not in self._saved:
+            self._saved[st] = st.nbytes()
+        return t
+
+    def bytes_alive(self):
+        return sum(self._saved.values())
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *a):
+        return self._hooks.__exit__(*a)
+
+
+# ---- the model and the step -----------------------------------------------------------------
+
+def load_config(path):
+    with open(path) as f:
+        d = json.load(f)
+    for k, v in list(d.items()):  # dropout off: CPU masks are not CUDA's (see the module doc)
+        if ("drop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool) and k != "summary_first_dropout":
+            d[k] = 0.0
+    return d
+
+
+def fake_model(config_dict, precision, attention, fake):
+    """The model of config_dict (class from architectures[0]) built under `fake`."""
+    cfg = transformers.AutoConfig.for_model(**config_dict)
+    cfg._attn_implementation = attention
+    arch = (config_dict.get("architectures") or ["AutoModelForCausalLM"])[0]
+    cls = getattr(transformers, arch, None) or transformers.AutoModelForCausalLM
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32  # never the config's torch_dtype
+    with fake:
+        model = cls._from_config(cfg, dtype=dtype)
+    assert all(p.dtype == dtype for p in model.parameters())
+    model.train()
+    return model
+
+
+def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=2, on_backward=None,
+                saved=None):
+    """Runs `steps` training steps inside tr (a LiveTracker, already entered with the fake mode).
+    Returns a dict of what step `steps` measured."""
+    if ckpt == "layers":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for n, m in model.named_modules():
+        if n.count(".") <= 3:
+            m.register_forward_pre_hook(functools.partial(_set_module, tr, n or "model"))
+    for p in model.parameters():
+        tr.add(p, "param")
+    for b in model.buffers():
+        tr.add(b, "buffer")
+    ids = torch.randint(0, vocab, (batch, seq))
+    labels = ids.clone()
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, foreach=True)
+    res = {}
+    for step in range(1, steps + 1):
+        last = step == steps
+        if last:
+            for st in opt.state.values():  # AdamW's step counters stay on the CPU on CUDA
+                if "step" in st and isinstance(st["step"], torch.Tensor):
+                    tr.forget(st["step"])
+            gc.collect()
+            res["static"] = tr.cur
+            tr.phase = "step-start"
+            tr.reset_peak()
+        tr.phase = "forward"
+        sv = saved if (last and saved is not None) else None
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "amp-bf16" else _Null()
+        if sv:
+            sv.__enter__()
+        with ctx:
+            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+        if sv:
+            sv.__exit__(None, None, None)
+        gc.collect()
+        if last:
+            res["act_at_backward"] = tr.cur - res["static"]
+            res["saved"] = sv.bytes_alive() if sv else None
+            res["fwd_peak"] = tr.peak
+            res["fwd_peak_at"] = tr.peak_at
+        tr.phase = "backward"
+        loss.backward()
+        del loss
+        gc.collect()
+        tr.phase = "optimizer.step"
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tr.phase = "end"
+        gc.collect()
+    res["peak"] = tr.peak
+    res["peak_at"] = tr.peak_at
+    return res
+
+
+def _set_module(tr, name, module, args):
+    tr.module = name
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer):
+    fake = FakeTensorMode()
+    model = fake_model(config_dict, precision, attention, fake)
+    vocab = config_dict.get("vocab_size", 1000)
+    tr = LiveTracker()
+    params = list(model.parameters()) + list(model.buffers())
+    saved = SavedTracker(exclude=params) if ckpt == "none" else None
+    with fake, tr:
+        return train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, saved=saved)
+
+
+# ---- memplan --------------------------------------------------------------------------------
+
+def measure_memplan(memplan, cfg_path, batch, seq, precision, attention, ckpt, optimizer):
+    cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
+           "--optimizer", "sgd-momentum" if optimizer == "sgd-momentum" else "adamw", "--attention", attention,
+           "--checkpoint", ckpt, "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error": r.stderr.strip(), "cmd": " ".join(cmd)}
+    d = json.loads(r.stdout)
+    m = d["memory"]
+    return {"peak": m["peak_allocated_bytes"] - m["workspace_bytes"], "peak_at": m["peak_event"],
+            "act_at_backward": m["activations_bytes"],
+            "saved": sum(l["activation_bytes"] for l in d["layers"]),
+            "static": m["weights_bytes"] + m["optimizer_bytes"] + m["input_bytes"],
+            "cmd": " ".join(cmd)}
+
+
+# ---- settings and the report -----------------------------------------------------------------
+
+def settings(cfg, quick):
+    """(batch, seq, precision, attention, ckpt, optimizer) rows for one config."""
+    maxpos = cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048
+    s1 = min(1024, maxpos)
+    s2 = min(256, maxpos)
+    rows = []
+    for prec in ("fp32", "amp-bf16", "bf16"):
+        for ck in ("none", "layers"):
+            rows.append((2, s1, prec, "sdpa", ck, "adamw"))
+    if quick:
+        return rows
+    rows += [(2, s1, "amp-bf16", "eager", "none", "adamw"), (2, s1, "fp32", "eager", "layers", "adamw"),
+             (2, s1, "amp-bf16", "sdpa", "layers", "sgd-momentum"), (4, s2, "bf16", "eager", "none", "sgd-momentum"),
+             (1, s1 * 2 if s1 * 2 <= maxpos else s1, "amp-bf16", "sdpa", "none", "adamw")]
+    return rows
+
+
+def pct(a, b):
+    return 100.0 * (a - b) / b if b else 0.0
+
+
+def mib(n):
+    return "%.1f" % (n / 2**20)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--memplan", default="./memplan")
+    ap.add_argument("--out", default=None, help="write the Markdown tables here (else stdout)")
+    ap.add_argument("--quick", action="store_true", help="the six sdpa/adamw rows only")
+    ap.add_argument("--only", default="", help="comma-separated model_types or file stems")
+    ap.add_argument("--configs", default="models/hf/*.json")
+    ap.add_argument("--json", default=None, help="also dump every row as JSON lines here")
+    a = ap.parse_args()
+    files = sorted(glob.glob(a.configs))
+    only = set(x for x in a.only.split(",") if x)
+    tmpdir = tempfile.mkdtemp(prefix="torch_step_")
+    out = open(a.out, "w") if a.out else sys.stdout
+    jout = open(a.json, "w") if a.json else None
+    print("# memplan vs PyTorch: whole training step (CPU, fake tensors)\n", file=out)
+    print("torch %s, transformers %s, Python %s, %s; memplan at %s.\n" % (
+        torch.__version__, transformers.__version__, platform.python_version(), platform.machine(),
+        subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()),
+        file=out)
+    print("Columns: peak = step 2's peak allocated bytes (torch: LiveTracker; memplan: peak_allocated_bytes "
+          "minus the cuBLAS workspace); act = activations live when backward starts; saved = what autograd "
+          "saves (torch: saved_tensors_hooks, by storage; memplan: sum of layers[].activation_bytes; "
+          "checkpointing none only). Differences are memplan minus torch, in % of torch.\n", file=out)
+    summary = []
+    for f in files:
+        raw = json.load(open(f))
+        stem = os.path.splitext(os.path.basename(f))[0]
+        if only and raw.get("model_type") not in only and stem not in only:
+            continue
+        cfg = load_config(f)
+        cpath = os.path.join(tmpdir, stem + ".json")
+        with open(cpath, "w") as g:
+            json.dump(cfg, g)
+        print("## %s (%s, %s)\n" % (stem, cfg.get("model_type"), (cfg.get("architectures") or ["?"])[0]), file=out)
+        print("| b x s | precision | attn | ckpt | optim | torch peak MiB | memplan MiB | diff | torch act MiB "
+              "| memplan act MiB | diff | saved diff | torch peak at | memplan peak at |", file=out)
+        print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|", file=out)
+        out.flush()
+        for (b, s, prec, attn, ck, optim) in settings(cfg, a.quick):
+            t0 = time.time()
+            try:
+                t = measure_torch(cfg, b, s, prec, attn, ck, optim)
+            except Exception as e:  # a family transformers cannot run this way: say so
+                print("| %dx%d | %s | %s | %s | %s | torch failed: %s |" % (b, s, prec, attn, ck, optim,
+                                                                          str(e).splitlines()[0][:80]), file=out)
+                continue
+            m = measure_memplan(a.memplan, cpath, b, s, prec, attn, ck, optim)
+            if "error" in m:
+                print("| %dx%d | %s | %s | %s | %s | memplan failed: %s |" % (b, s, prec, attn, ck, optim,
+                                                                            m["error"][:80]), file=out)
+                continue
+            dpk = pct(m["peak"], t["peak"])
+            dact = pct(m["act_at_backward"], t["act_at_backward"])
+            dsv = "%+.2f%%" % pct(m["saved"], t["saved"]) if t.get("saved") else ""
+            print("| %dx%d | %s | %s | %s | %s | %s | %s | %+.2f%% | %s | %s | %+.2f%% | %s | %s | %s |" % (
+                b, s, prec, attn, ck, optim, mib(t["peak"]), mib(m["peak"]), dpk, mib(t["act_at_backward"]),
+                mib(m["act_at_backward"]), dact, dsv, t["peak_at"], m["peak_at"]), file=out)
+            out.flush()
+            row = {"config": stem, "model_type": cfg.get("model_type"), "batch": b, "seq": s, "precision": prec,
+                   "attention": attn, "ckpt": ck, "optimizer": optim, "torch": t, "memplan": m,
+                   "peak_diff_pct": dpk, "act_diff_pct": dact, "seconds": round(time.time() - t0, 1)}
+            summary.append(row)
+            if jout:
+                jout.write(json.dumps(row) + "\n")
+                jout.flush()
+        print("", file=out)
+    worst = collections.defaultdict(float)
+    for r in summary:
+        k = r["config"]
+        worst[k] = max(worst[k], abs(r["peak_diff_pct"]))
+    print("## Summary: largest |peak difference| per config\n", file=out)
+    print("| config | rows | max abs peak diff |\n|---|---:|---:|", file=out)
+    for k in sorted(worst):
+        print("| %s | %d | %.2f%% |" % (k, sum(1 for r in summary if r["config"] == k), worst[k]), file=out)
+    if a.out:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()

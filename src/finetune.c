@@ -1,0 +1,249 @@
+/* finetune.c — the fine-tuning spec: parsing, peft's default targets, HF module
+ * names per family, and which Linears / blocks train (see finetune.h).
+ */
+#include "finetune.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *mp_ft_mode_str(enum mp_ft_mode m)
+{
+    static const char *const n[] = {"full", "lora", "qlora", "freeze"};
+    return (unsigned)m <= MP_FT_FREEZE ? n[m] : "?";
+}
+
+int mp_ft_mode_parse(const char *s)
+{
+    for (int i = 0; i <= MP_FT_FREEZE; i++)
+        if (!strcmp(s, mp_ft_mode_str((enum mp_ft_mode)i)))
+            return i;
+    return -1;
+}
+
+void mp_finetune_default(struct mp_finetune *f)
+{
+    memset(f, 0, sizeof *f);
+    f->mode = MP_FT_FULL;
+    f->r = 16;
+    f->alpha = 32;
+    f->dropout = 0.0;
+    f->kbit_prepare = true;
+    mp_quant_init(&f->quant, MP_Q_BNB_NF4);
+    f->quant.double_quant = true; /* the QLoRA recipe (bnb's own default is off) */
+}
+
+/* ---- family names -------------------------------------------------------------------------- */
+
+/* One row per family whose module names differ from memplan's roles, and peft's
+ * default targets (peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING). */
+struct fam_names {
+    const char *type;
+    const char *defaults;
+    const char *qkv, *o, *fc1, *fc2, *q, *k, *v;
+};
+
+static const struct fam_names FAMS[] = {
+    {"gpt2", "c_attn", "c_attn", "c_proj", "c_fc", "c_proj", NULL, NULL, NULL},
+    {"gpt_neox", "query_key_value", "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h", NULL, NULL, NULL},
+    {"phi", "q_proj,v_proj,fc1,fc2", NULL, "dense", NULL, NULL, NULL, NULL, NULL},
+    {"bert", "query,value", NULL, "dense", "dense", "dense", "query", "key", "value"},
+    {"roberta", "query,value", NULL, "dense", "dense", "dense", "query", "key", "value"},
+    {"llama", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"mistral", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"mixtral", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"qwen2", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"qwen3", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"gemma", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"gemma2", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"gemma3_text", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"stablelm", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"gptj", "q_proj,v_proj", NULL, "out_proj", "fc_in", "fc_out", NULL, NULL, NULL},
+    {"opt", "q_proj,v_proj", NULL, "out_proj", "fc1", "fc2", NULL, NULL, NULL},
+    {"falcon", "query_key_value", "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h", NULL, NULL, NULL},
+};
+
+static const struct fam_names *fam(const char *hf_type)
+{
+    if (!hf_type || !*hf_type)
+        return NULL;
+    for (size_t i = 0; i < sizeof FAMS / sizeof FAMS[0]; i++)
+        if (!strcmp(FAMS[i].type, hf_type))
+            return &FAMS[i];
+    return NULL;
+}
+
+const char *mp_finetune_default_targets(const char *hf_type)
+{
+    const struct fam_names *f = fam(hf_type);
+    return f ? f->defaults : NULL;
+}
+
+const char *mp_finetune_hf_name(const char *hf_type, const char *role)
+{
+    const struct fam_names *f = fam(hf_type);
+    if (!f)
+        return role;
+    const char *r = NULL;
+    if (!strcmp(role, "qkv_proj"))
+        r = f->qkv;
+    else if (!strcmp(role, "o_proj"))
+        r = f->o;
+    else if (!strcmp(role, "fc1"))
+        r = f->fc1;
+    else if (!strcmp(role, "fc2"))
+        r = f->fc2;
+    else if (!strcmp(role, "q_proj"))
+        r = f->q;
+    else if (!strcmp(role, "k_proj"))
+        r = f->k;
+    else if (!strcmp(role, "v_proj"))
+        r = f->v;
+    return r ? r : role;
+}
+
+/* ---- parsing -------------------------------------------------------------------------------- */
+
+enum mp_status mp_finetune_parse_targets(struct mp_finetune *f, const char *s, struct mp_diag *d)
+{
+    f->n_targets = 0;
+    f->all_linear = false;
+    if (!strcmp(s, "all-linear")) {
+        f->all_linear = true;
+        return MP_OK;
+    }
+    const char *p = s;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == 0 || n >= sizeof f->targets[0])
+            return mp_fail(d, MP_ERR_USAGE, "--lora-targets: expected all-linear or NAME[,NAME...], got '%s'", s);
+        if (f->n_targets == MP_FT_TARGETS_MAX)
+            return mp_fail(d, MP_ERR_USAGE, "--lora-targets: at most %d names", MP_FT_TARGETS_MAX);
+        memcpy(f->targets[f->n_targets], p, n);
+        f->targets[f->n_targets][n] = 0;
+        f->n_targets++;
+        p += n + (e != NULL);
+        if (e && !*p)
+            return mp_fail(d, MP_ERR_USAGE, "--lora-targets: expected all-linear or NAME[,NAME...], got '%s'", s);
+    }
+    if (!f->n_targets)
+        return mp_fail(d, MP_ERR_USAGE, "--lora-targets: expected all-linear or NAME[,NAME...], got '%s'", s);
+    return MP_OK;
+}
+
+static bool parse_u(const char *p, const char *end, uint64_t *out)
+{
+    if (p == end || end - p > 9)
+        return false;
+    uint64_t v = 0;
+    for (; p < end; p++) {
+        if (*p < '0' || *p > '9')
+            return false;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    *out = v;
+    return true;
+}
+
+enum mp_status mp_finetune_parse_blocks(struct mp_finetune *f, const char *s, struct mp_diag *d)
+{
+    f->n_ranges = 0;
+    f->train_embed = f->train_head = false;
+    const char *p = s;
+    if (!*p)
+        goto bad;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        const char *end = e ? e : p + strlen(p);
+        size_t n = (size_t)(end - p);
+        if (n == 4 && !strncmp(p, "head", 4)) {
+            f->train_head = true;
+        } else if (n == 5 && !strncmp(p, "embed", 5)) {
+            f->train_embed = true;
+        } else {
+            const char *dash = memchr(p, '-', n);
+            uint64_t lo, hi;
+            if (!parse_u(p, dash ? dash : end, &lo) || !parse_u(dash ? dash + 1 : p, end, &hi) || hi < lo)
+                goto bad;
+            if (f->n_ranges == MP_FT_RANGES_MAX)
+                return mp_fail(d, MP_ERR_USAGE, "--train-blocks: at most %d ranges", MP_FT_RANGES_MAX);
+            f->range_lo[f->n_ranges] = lo;
+            f->range_hi[f->n_ranges] = hi;
+            f->n_ranges++;
+        }
+        p = end + (e != NULL);
+        if (e && !*p)
+            goto bad;
+    }
+    return MP_OK;
+bad:
+    return mp_fail(d, MP_ERR_USAGE, "--train-blocks: expected ranges of decoder blocks and embed/head, e.g. "
+                                    "20-31,head, got '%s'", s);
+}
+
+/* ---- selection ------------------------------------------------------------------------------ */
+
+static bool in_list(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l == n && !strncmp(p, name, n))
+            return true;
+        p = e ? e + 1 : NULL;
+    }
+    return false;
+}
+
+bool mp_finetune_targets(const struct mp_finetune *f, const char *hf_type, const char *role, bool head)
+{
+    if (f->mode != MP_FT_LORA && f->mode != MP_FT_QLORA)
+        return false;
+    if (head)
+        return false; /* all-linear leaves the output layer out; peft never adapts it by default */
+    const char *name = mp_finetune_hf_name(hf_type, role);
+    if (f->all_linear)
+        return true;
+    if (f->n_targets) {
+        for (size_t i = 0; i < f->n_targets; i++)
+            if (!strcmp(f->targets[i], name))
+                return true;
+        return false;
+    }
+    const char *def = mp_finetune_default_targets(hf_type);
+    return def ? in_list(def, name) : true; /* no peft default: all-linear */
+}
+
+bool mp_finetune_block_trained(const struct mp_finetune *f, long rep, bool after)
+{
+    if (f->mode != MP_FT_FREEZE)
+        return f->mode == MP_FT_FULL;
+    if (rep < 0)
+        return after ? f->train_head : f->train_embed;
+    for (size_t i = 0; i < f->n_ranges; i++)
+        if ((uint64_t)rep >= f->range_lo[i] && (uint64_t)rep <= f->range_hi[i])
+            return true;
+    return false;
+}
+
+void mp_finetune_describe_targets(const struct mp_finetune *f, const char *hf_type, char *buf, size_t len)
+{
+    if (f->all_linear) {
+        snprintf(buf, len, "all-linear (every Linear but the output layer)");
+        return;
+    }
+    if (f->n_targets) {
+        size_t o = 0;
+        buf[0] = 0;
+        for (size_t i = 0; i < f->n_targets && o < len; i++)
+            o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? "," : "", f->targets[i]);
+        return;
+    }
+    const char *def = mp_finetune_default_targets(hf_type);
+    if (def)
+        snprintf(buf, len, "%s (peft's default for %s)", def, hf_type);
+    else
+        snprintf(buf, len, "all-linear (peft has no default for this model)");
+}

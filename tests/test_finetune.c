@@ -1,0 +1,360 @@
+/* test_finetune.c — LoRA, QLoRA and frozen blocks (finetune.c, quant.c, layers.c).
+ *
+ * Expected figures come from the libraries, not from memplan:
+ *  - trainable and total parameter counts from peft 0.21.2 (get_peft_model on the
+ *    transformers 5.23 model built on the meta device from the same config,
+ *    LoraConfig(r, lora_alpha=2r, task_type=CAUSAL_LM[, target_modules]),
+ *    get_nb_trainable_parameters());
+ *  - quantized storage from bitsandbytes 0.50.2, quantizing real tensors on the CPU
+ *    (bench/peft_step.py qlora-bytes), and hand-worked GPTQ/AWQ/int8 shapes.
+ * Run from the repo root.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "estimate.h"
+#include "finetune.h"
+#include "layers.h"
+#include "model.h"
+#include "quant.h"
+
+static void load_ok(struct mp_model *m, const char *path)
+{
+    struct mp_diag d = {{0}};
+    if (mp_model_load_file(m, path, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+}
+
+static void build_ok(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p)
+{
+    struct mp_diag d = {{0}};
+    if (mp_program_build(m, o, p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+}
+
+static void lora_opts(struct mp_build_opts *o, enum mp_ft_mode mode, uint64_t r, const char *targets)
+{
+    mp_build_opts_default(o);
+    o->seq = 16;
+    o->ft.mode = mode;
+    o->ft.r = r;
+    o->ft.alpha = 2.0 * (double)r;
+    if (targets) {
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_finetune_parse_targets(&o->ft, targets, &d), MP_OK);
+    }
+}
+
+/* ---- trainable parameters: exact against peft -------------------------------------------------- */
+
+static void test_lora_trainable_params_match_peft(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *path;
+        uint64_t r;
+        const char *targets;   /* NULL: peft's default for the family */
+        uint64_t trainable, total;
+    } cases[] = {
+        {"models/hf/llama-2-7b.json", 16, NULL, 8388608, 6746804224},
+        {"models/hf/llama-2-7b.json", 16, "all-linear", 39976960, 6778392576},
+        {"models/hf/gpt2.json", 8, NULL, 294912, 124734720},
+        {"models/hf/gpt2.json", 16, "all-linear", 2359296, 126799104},
+        {"models/hf/pythia-160m.json", 16, NULL, 589824, 162912768},
+        {"models/hf/qwen2-0.5b.json", 16, NULL, 1081344, 495114112},
+        {"models/hf/qwen2-0.5b.json", 64, "all-linear", 35192832, 529225600},
+        {"models/hf/phi-2.json", 16, NULL, 18350080, 2798033920},
+        {"models/hf/mistral-7b.json", 16, "q_proj,k_proj,v_proj,o_proj", 13631488, 7255363584},
+        {"models/hf/gemma-2b.json", 16, "all-linear", 19611648, 2525784064},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct mp_model m;
+        load_ok(&m, cases[i].path);
+        struct mp_build_opts o;
+        lora_opts(&o, MP_FT_LORA, cases[i].r, cases[i].targets);
+        struct mp_program p;
+        build_ok(&m, &o, &p);
+        if (p.trainable_params != cases[i].trainable || p.total_params != cases[i].total)
+            fail_msg("%s r=%llu %s: trainable %llu (peft %llu), total %llu (peft %llu)", cases[i].path,
+                     (unsigned long long)cases[i].r, cases[i].targets ? cases[i].targets : "default",
+                     (unsigned long long)p.trainable_params, (unsigned long long)cases[i].trainable,
+                     (unsigned long long)p.total_params, (unsigned long long)cases[i].total);
+        mp_program_release(&p);
+        mp_model_release(&m);
+    }
+}
+
+/* ---- what a frozen base keeps --------------------------------------------------------------------- */
+
+static const struct mp_node *node_named(const struct mp_program *p, const char *name)
+{
+    for (size_t k = 0; k < p->n_nodes; k++)
+        if (!strcmp(p->nodes[k].name, name))
+            return &p->nodes[k];
+    fail_msg("no node %s", name);
+    return NULL;
+}
+
+static bool saves(const struct mp_node *n, int t)
+{
+    for (int i = 0; i < n->n_saved; i++)
+        if (n->saved[i] == t)
+            return true;
+    return false;
+}
+
+/* Llama LoRA on q,v under amp-bf16 (fp32 base): layer 0's input needs no gradient, so its
+ * norm and k_proj record nothing; lora_A keeps its (bf16-cast) input, not the frozen base;
+ * from layer 1 on the frozen Linears keep only their bf16 weight copy (for grad_input),
+ * the frozen RMSNorm no normed tensor; frozen parameters have no gradient or state. */
+static void test_lora_frozen_base_saves(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/llama-2-7b.json");
+    struct mp_build_opts o;
+    lora_opts(&o, MP_FT_LORA, 16, NULL);
+    struct mp_program p;
+    build_ok(&m, &o, &p);
+    const struct mp_node *ln0 = node_named(&p, "h.0.ln_1");
+    assert_true(ln0->no_grad);
+    assert_int_equal(ln0->n_saved, 0);
+    assert_true(node_named(&p, "h.0.attn.k_proj")->no_grad);
+    const struct mp_node *q0 = node_named(&p, "h.0.attn.q_proj");
+    assert_true(q0->no_grad);
+    const struct mp_node *a0 = node_named(&p, "h.0.attn.q_proj.lora_A");
+    assert_false(a0->no_grad);
+    assert_true(saves(a0, a0->in[0]));   /* x for dA */
+    assert_int_equal(a0->n_saved, 1);    /* no weight copy: x needs no gradient */
+    const struct mp_node *b0 = node_named(&p, "h.0.attn.q_proj.lora_B");
+    assert_true(saves(b0, b0->in[0]));   /* A x for dB */
+    assert_int_equal(b0->n_saved, 2);    /* and B's bf16 copy for d(Ax) */
+    const struct mp_node *k1 = node_named(&p, "h.1.attn.k_proj");
+    assert_false(k1->no_grad);
+    assert_false(saves(k1, k1->in[0]));  /* frozen W: no weight gradient, input not kept */
+    assert_int_equal(k1->n_saved, 1);    /* the bf16 weight copy */
+    const struct mp_node *ln1 = node_named(&p, "h.1.ln_1");
+    assert_int_equal(ln1->n_saved, 2);   /* x (fp32) and rsqrt; not normed */
+    uint64_t grads = 0, adapters = 0;
+    for (size_t q = 0; q < p.n_params; q++) {
+        grads += mp_param_grad_bytes(&p.params[q]);
+        if (p.params[q].adapter) {
+            adapters += p.params[q].elems;
+            assert_int_equal(p.params[q].dtype, MP_DT_F32);
+        }
+        assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAMW, &p.params[q]),
+                         p.params[q].adapter ? 8 * p.params[q].elems : 0);
+    }
+    assert_int_equal(adapters, 8388608);
+    assert_int_equal(grads, 8388608ull * 4);
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
+/* Pure bf16 base: adapters stay fp32 (peft autocast_adapter_dtype), so x is copied to fp32
+ * for lora_A and the sum is cast back to bf16. */
+static void test_lora_fp32_adapters_on_bf16_base(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/qwen2-0.5b.json");
+    struct mp_build_opts o;
+    lora_opts(&o, MP_FT_LORA, 8, NULL);
+    o.precision = MP_PREC_BF16;
+    struct mp_program p;
+    build_ok(&m, &o, &p);
+    const struct mp_node *c = node_named(&p, "h.3.attn.v_proj.lora_cast");
+    assert_int_equal(p.tensors[c->out].dtype, MP_DT_F32);
+    const struct mp_node *back = node_named(&p, "h.3.attn.v_proj.lora_to_bf16");
+    assert_int_equal(p.tensors[back->out].dtype, MP_DT_BF16);
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
+/* Gradient checkpointing: transformers' enable_input_require_grads makes the embedding
+ * output a leaf requiring grad, kept until the backward ends. */
+static void test_lora_input_require_grads(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/llama-2-7b.json");
+    struct mp_build_opts o;
+    lora_opts(&o, MP_FT_LORA, 16, NULL);
+    o.ft.input_grad = true;
+    struct mp_program p;
+    build_ok(&m, &o, &p);
+    const struct mp_node *e = node_named(&p, "embed.embed_tokens");
+    assert_true(p.tensors[e->out].needs_grad);
+    assert_true(saves(e, e->out));
+    assert_false(node_named(&p, "h.0.ln_1")->no_grad);
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
+/* freeze: only the selected decoder blocks and the head train. */
+static void test_freeze_selected_blocks(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_ok(&m, "models/hf/llama-2-7b.json");
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.seq = 16;
+    o.ft.mode = MP_FT_FREEZE;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_finetune_parse_blocks(&o.ft, "30-31,head", &d), MP_OK);
+    struct mp_program p;
+    build_ok(&m, &o, &p);
+    /* Llama-2-7B decoder layer: 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096 = 202,383,360;
+     * head: final norm 4096 + lm_head 32000 x 4096 */
+    assert_int_equal(p.trainable_params, 2ull * 202383360 + 4096 + 32000ull * 4096);
+    mp_program_release(&p);
+    assert_int_equal(mp_finetune_parse_blocks(&o.ft, "31-30", &d), MP_ERR_USAGE);
+    assert_int_equal(mp_finetune_parse_blocks(&o.ft, "3,", &d), MP_ERR_USAGE);
+    mp_model_release(&m);
+}
+
+/* ---- quantized storage ------------------------------------------------------------------------------- */
+
+/* bitsandbytes 0.50.2 quantize_4bit of a 1024 x 3072 bf16 tensor on the CPU: packed 1,572,864 B,
+ * absmax 49,152 x fp32 = 196,608, code 64 -> 1,769,536; double quant: absmax 49,152 x u8,
+ * offset 4, absmax2 192 x fp32 = 768, code2 1,024 -> 1,623,876. */
+static void test_quant_bnb4_matches_bitsandbytes(void **state)
+{
+    (void)state;
+    struct mp_quant q;
+    mp_quant_init(&q, MP_Q_BNB_NF4);
+    assert_int_equal(mp_quant_weight_bytes(&q, 1024, 3072), 1769536);
+    q.double_quant = true;
+    assert_int_equal(mp_quant_weight_bytes(&q, 1024, 3072), 1623876);
+    /* each tensor rounded to 512 by the caching allocator: packed 1,572,864, absmax 49,152,
+     * code 64 -> 512, offset 4 -> 512, absmax2 768 -> 1,024, code2 1,024 */
+    assert_int_equal(mp_quant_alloc_bytes(&q, 1024, 3072), 1572864 + 49152 + 512 + 512 + 1024 + 1024);
+    mp_quant_init(&q, MP_Q_BNB_FP4);
+    assert_int_equal(mp_quant_weight_bytes(&q, 1024, 3072), 1769536);
+}
+
+/* GPTQ 4-bit, group 128, 4096 x 4096: qweight 512 x 4096 int32 (8 MiB), qzeros 32 x 512 int32
+ * (64 KiB), scales 32 x 4096 fp16 (256 KiB), g_idx 4096 int32 (16 KiB).  AWQ: qweight
+ * 4096 x 512 int32, qzeros 32 x 512 int32, scales 32 x 4096 fp16.  int8: CB + SCB. */
+static void test_quant_gptq_awq_int8(void **state)
+{
+    (void)state;
+    struct mp_quant q;
+    mp_quant_init(&q, MP_Q_GPTQ);
+    assert_int_equal(mp_quant_weight_bytes(&q, 4096, 4096), 8388608 + 65536 + 262144 + 16384);
+    mp_quant_init(&q, MP_Q_AWQ);
+    assert_int_equal(mp_quant_weight_bytes(&q, 4096, 4096), 8388608 + 65536 + 262144);
+    mp_quant_init(&q, MP_Q_BNB_INT8);
+    assert_int_equal(mp_quant_weight_bytes(&q, 4096, 11008), 4096ull * 11008 + 4096 * 4);
+}
+
+/* QLoRA (nf4, double quant, prepare_model_for_kbit_training) weight bytes equal what
+ * bitsandbytes holds (bench/peft_step.py qlora-bytes: every Linear but lm_head quantized
+ * on the CPU, the rest in fp32), plus the fp32 adapters (peft's count x 4). */
+static void test_qlora_weight_bytes_match_bitsandbytes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *path;
+        uint64_t bnb_bytes, adapters;
+    } cases[] = {
+        {"models/hf/llama-3-8b.json", 7804418944, 32ull * 16 * (4096 + 4096 + 4096 + 1024)},
+        {"models/hf/llama-2-70b.json", 37414819008, 80ull * 16 * (8192 + 8192 + 8192 + 1024)},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        struct mp_model m;
+        load_ok(&m, cases[i].path);
+        struct mp_build_opts o;
+        lora_opts(&o, MP_FT_QLORA, 16, NULL);
+        struct mp_program p;
+        build_ok(&m, &o, &p);
+        struct mp_train_opts t;
+        mp_train_opts_default(&t);
+        struct mp_estimate e;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_estimate_run(&p, NULL, &t, 0, &e, &d), MP_OK);
+        assert_int_equal(e.weights_bytes, cases[i].bnb_bytes + 4 * cases[i].adapters);
+        assert_int_equal(e.grads_bytes, 4 * cases[i].adapters);
+        mp_estimate_release(&e);
+        mp_program_release(&p);
+        mp_model_release(&m);
+    }
+}
+
+/* The NF4 code book is bitsandbytes' (functional.py get_4bit_type): 16 sorted values, -1..1, one 0. */
+static void test_nf4_code_book(void **state)
+{
+    (void)state;
+    assert_true(mp_nf4_code[0] == -1.0f && mp_nf4_code[15] == 1.0f && mp_nf4_code[7] == 0.0f);
+    for (int i = 1; i < 16; i++)
+        assert_true(mp_nf4_code[i] > mp_nf4_code[i - 1]);
+    assert_true(mp_nf4_code[8] == 0.07958029955625534f);
+}
+
+/* bitsandbytes' create_dynamic_map() (0.50.2), read on the CPU: the double-quant code. */
+static void test_dynamic_code_is_bitsandbytes(void **state)
+{
+    (void)state;
+    float c[256];
+    mp_quant_dynamic_code(c);
+    static const struct {
+        int i;
+        float v;
+    } want[] = {{0, -0.992968738079071f}, {1, -0.9789062738418579f}, {100, -0.0074687497690320015f},
+                {126, -5.500000384017767e-07f}, {127, 0.0f}, {129, 3.250000190746505e-06f},
+                {200, 0.23359374701976776f}, {255, 1.0f}};
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+        assert_float_equal(c[want[k].i], want[k].v, 1e-12);
+}
+
+/* NF4 pack/unpack: values on the code grid (code x block absmax) come back exactly, and a
+ * double-quantized absmax stays within the 8-bit code's resolution. */
+static void test_nf4_pack_unpack(void **state)
+{
+    (void)state;
+    enum { O = 8, I = 128 };
+    static float w[O * I], r[O * I];
+    static uint8_t buf[8192];
+    for (int i = 0; i < O * I; i++)
+        w[i] = mp_nf4_code[(i * 7) % 16] * (float)(1 + (i / 64) % 5);
+    struct mp_quant q;
+    mp_quant_init(&q, MP_Q_BNB_NF4);
+    assert_true(mp_quant_alloc_bytes(&q, O, I) <= sizeof buf);
+    assert_int_equal(mp_quant_pack(&q, O, I, w, buf), MP_OK);
+    assert_int_equal(mp_quant_unpack(&q, O, I, buf, r), MP_OK);
+    for (int i = 0; i < O * I; i++)
+        assert_float_equal(r[i], w[i], 1e-6);
+    q.double_quant = true;
+    assert_int_equal(mp_quant_pack(&q, O, I, w, buf), MP_OK);
+    assert_int_equal(mp_quant_unpack(&q, O, I, buf, r), MP_OK);
+    for (int i = 0; i < O * I; i++)
+        assert_float_equal(r[i], w[i], 0.02 * 5);
+    mp_quant_init(&q, MP_Q_GPTQ);
+    assert_int_equal(mp_quant_pack(&q, O, I, w, buf), MP_ERR_UNSUPPORTED);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lora_trainable_params_match_peft),
+        cmocka_unit_test(test_lora_frozen_base_saves),
+        cmocka_unit_test(test_lora_fp32_adapters_on_bf16_base),
+        cmocka_unit_test(test_lora_input_require_grads),
+        cmocka_unit_test(test_freeze_selected_blocks),
+        cmocka_unit_test(test_quant_bnb4_matches_bitsandbytes),
+        cmocka_unit_test(test_quant_gptq_awq_int8),
+        cmocka_unit_test(test_qlora_weight_bytes_match_bitsandbytes),
+        cmocka_unit_test(test_nf4_code_book),
+        cmocka_unit_test(test_dynamic_code_is_bitsandbytes),
+        cmocka_unit_test(test_nf4_pack_unpack),
+    };
+    return cmocka_run_group_tests_name("finetune", tests, NULL, NULL);
+}
