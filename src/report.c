@@ -514,6 +514,7 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
         cJSON *pl = json_plan(p, base);
         ju64(pl, "activation_peak_without_bytes", f->nockpt_activation_peak);
         ju64(pl, "activation_budget_bytes", f->activation_budget);
+        ju64(pl, "dp_group_blocks", p->dp_group > 1 ? p->dp_group : 1);
         if (cmp && cmp->have_sqrt) {
             cJSON *s = cJSON_AddObjectToObject(pl, "sqrt");
             ju64(s, "activation_peak_bytes", cmp->sqrt_peak);
@@ -541,6 +542,11 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
     fprintf(out, "activation peak   %12s   (without checkpointing %s)\n", B(p->peak_bytes),
             B(f->nockpt_activation_peak));
     fprintf(out, "recompute         %12s   (+%.1f%% of forward+backward FLOPs)\n", fl(p->recompute_cost), pct);
+    if (p->dp_group > 1)
+        fprintf(out, "approximate       the DP ran on groups of up to %zu consecutive blocks (identical ones "
+                     "grouped first): optimal among plans that checkpoint between groups, sizes rounded up "
+                     "to the DP's slots; the plan itself is checked on every block\n",
+                p->dp_group);
     if (cmp && (cmp->have_sqrt || cmp->have_seg)) {
         fprintf(out, "\n%-22s %14s %16s %10s\n", "compared with", "activation peak", "recompute", "overhead");
         fprintf(out, "%-22s %14s %16s %9.1f%%\n", "this plan", B(p->peak_bytes), fl(p->recompute_cost), pct);
@@ -551,8 +557,9 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
         if (cmp->have_seg) {
             char nm[32];
             snprintf(nm, sizeof nm, "segments:%llu", (unsigned long long)cmp->seg_k);
-            fprintf(out, "%-22s %14s %16s %9.1f%%   (best segments:K at this memory)\n", nm,
-                    B(cmp->seg_peak), fl(cmp->seg_recompute), base > 0 ? 100.0 * cmp->seg_recompute / base : 0);
+            fprintf(out, "%-22s %14s %16s %9.1f%%   (best %sK at this memory)\n", nm,
+                    B(cmp->seg_peak), fl(cmp->seg_recompute), base > 0 ? 100.0 * cmp->seg_recompute / base : 0,
+                    cmp->seg_sampled ? "sampled " : "");
         }
     }
     fprintf(out, "\nwith this plan the step peaks at %s allocated (%s on the device) at %s\n",

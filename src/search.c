@@ -199,6 +199,7 @@ static enum mp_status fits_at(const struct mp_job *job, uint64_t b, bool *fits, 
 {
     struct mp_job j = *job;
     j.build.batch = b;
+    j.train.skip_reserved = true; /* the search decides on allocated bytes */
     struct mp_fit f;
     enum mp_status st = mp_fit_eval(&j, &f, d);
     (*evals)++;
