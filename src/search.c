@@ -660,7 +660,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
     if (model_has_repeats(base->model))
         strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
     /* data parallel: the strategy given, or every one at the world given (--gpus alone) */
-    struct mp_parallel pars[7];
+    struct mp_parallel pars[8];
     size_t npar = 0;
     if (o->par_search && base->train.par) {
         static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,
@@ -668,6 +668,13 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
             pars[npar] = *base->train.par;
             pars[npar].strategy = all[k];
+            npar++;
+        }
+        /* and ZeRO-3 with the optimizer on the host (ZeRO-Offload), unless --offload was given */
+        if (base->train.par->offload == MP_OFFLOAD_NONE) {
+            pars[npar] = *base->train.par;
+            pars[npar].strategy = MP_PAR_ZERO3;
+            pars[npar].offload = MP_OFFLOAD_OPTIMIZER;
             npar++;
         }
         /* bounded: the first precision only (amp unless --precision), plus mixed-bf16 (bf16
