@@ -871,31 +871,8 @@ static int cmd_plan(struct args *a)
         return finish(MP_EXIT_NOFIT);
     }
     struct mp_plan_cmp cmp = {0};
-    if (budgeted && f.plan.sched.n) {
-        /* side by side at the same memory: sqrt, and the best segments:K whose peak fits */
-        struct mp_ckpt_plan p;
-        struct mp_ckpt_spec sq = {MP_CKPT_SQRT, 0};
-        mp_ckpt_plan_init(&p);
-        if (mp_ckpt_plan_make(&f.chain, &sq, 0, a->slots, &p, &d) == MP_OK) {
-            cmp.have_sqrt = true;
-            cmp.sqrt_peak = p.peak_bytes;
-            cmp.sqrt_recompute = p.recompute_cost;
-        }
-        mp_ckpt_plan_release(&p);
-        uint64_t limit = f.plan.peak_bytes;
-        for (uint64_t k = 1; k <= f.chain.L; k++) {
-            struct mp_ckpt_spec sg = {MP_CKPT_SEGMENTS, k};
-            mp_ckpt_plan_init(&p);
-            if (mp_ckpt_plan_make(&f.chain, &sg, 0, a->slots, &p, &d) == MP_OK && p.peak_bytes <= limit &&
-                (!cmp.have_seg || p.recompute_cost < cmp.seg_recompute)) {
-                cmp.have_seg = true;
-                cmp.seg_k = k;
-                cmp.seg_peak = p.peak_bytes;
-                cmp.seg_recompute = p.recompute_cost;
-            }
-            mp_ckpt_plan_release(&p);
-        }
-    }
+    if (budgeted && f.plan.sched.n)
+        mp_ckpt_compare(&f.chain, f.plan.peak_bytes, a->slots, &cmp);
     struct mp_program prog;
     st = mp_program_build(&s.model, &s.build, &prog, &d);
     if (st == MP_OK) {

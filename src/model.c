@@ -36,10 +36,10 @@ int mp_layer_type_parse(const char *s)
 
 enum { SAVES_IN, SAVES_OUT };
 static const struct {
-    const char *name, *aliases, *extras;
+    const char *name, *aliases, *extras, *amp32;
     bool saves_out;
 } act_rows[MP_ACT_COUNT] = {
-#define MP_X(id, name, aliases, saves, extras) {name, aliases, extras, SAVES_##saves == SAVES_OUT},
+#define MP_X(id, name, aliases, saves, extras, amp32) {name, aliases, extras, amp32, SAVES_##saves == SAVES_OUT},
     MP_ACTIVATIONS(MP_X)
 #undef MP_X
 };
@@ -47,6 +47,20 @@ static const struct {
 const char *mp_act_str(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].name : "?"; }
 bool mp_act_saves_output(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT && act_rows[a].saves_out; }
 const char *mp_act_intermediates(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].extras : ""; }
+int mp_act_n_intermediates(enum mp_act a)
+{
+    int n = 0;
+    for (const char *e = mp_act_intermediates(a); *e; n++) {
+        e += strcspn(e, " ");
+        e += strspn(e, " ");
+    }
+    return n;
+}
+
+bool mp_act_fp32_under_amp(enum mp_act a, const char *what)
+{
+    return (unsigned)a < MP_ACT_COUNT && mp_in_list(act_rows[a].amp32, what);
+}
 
 /* True when word is one of the space-separated words of list (model_read.h). */
 bool mp_in_list(const char *list, const char *word)
@@ -98,16 +112,21 @@ void mp_model_release(struct mp_model *m)
     free(m->blocks);
     m->blocks = NULL;
     m->n_blocks = 0;
+    m->cap_blocks = 0;
 }
 
 struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t n_layers)
 {
     if (m->n_blocks >= (size_t)1 << 24)
         return NULL;
-    struct mp_block *nb = realloc(m->blocks, (m->n_blocks + 1) * sizeof *nb);
-    if (!nb)
-        return NULL;
-    m->blocks = nb;
+    if (m->n_blocks == m->cap_blocks) { /* double: a 100,000-block model reads in linear time */
+        size_t cap = m->cap_blocks ? 2 * m->cap_blocks : 16;
+        struct mp_block *nb = realloc(m->blocks, cap * sizeof *nb);
+        if (!nb)
+            return NULL;
+        m->blocks = nb;
+        m->cap_blocks = cap;
+    }
     struct mp_block *b = &m->blocks[m->n_blocks];
     memset(b, 0, sizeof *b);
     snprintf(b->name, sizeof b->name, "%s", name);

@@ -251,6 +251,16 @@ for f in models/resnet50.json models/tiny-mlp.json; do
     check "estimate $f: no seq or attention in config and defaults" $?
 done
 
+# ---- long chains: plan answers (grouped DP), never exit 5 ----------------------------------
+
+sed 's/"repeat": 2,/"repeat": 3000,/' models/tiny-test.json >"$T/long.json"
+run plan "$T/long.json" --gpu t4 --batch 4096
+[ "$ec" -eq 0 ] && grep -q "^approximate .*groups of up to" "$T/out" && grep -q "^recompute" "$T/out"
+check "plan on 3,002 blocks at batch 4096: a plan from the grouped DP, the approximation said (exit $ec)" $?
+run plan "$T/long.json" --gpu t4 --batch 4096 --json
+[ "$ec" -eq 0 ] && grep -q '"dp_group_blocks"' "$T/out"
+check "plan --json on 3,002 blocks: dp_group_blocks" $?
+
 # ---- summary ----------------------------------------------------------------------------
 
 [ "$skip" -gt 0 ] && echo "note: $skip check(s) skipped"
