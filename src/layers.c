@@ -837,7 +837,9 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
             snprintf(en, sizeof en, "%s.softcap_tanh", name);
             extra_as(n, new_flat(B, en, cdt, ass), MP_XR_SOFTCAP_TANH);
         }
-        enum mp_dtype sm = B->amp ? MP_DT_F32 : cdt;
+        /* softmax in fp32: under autocast (softmax is on CUDA's fp32 list), or asked for
+         * (softmax(..., dtype=torch.float32).to(q.dtype) in most HF decoders) */
+        enum mp_dtype sm = B->amp || l->softmax_fp32 ? MP_DT_F32 : cdt;
         snprintf(en, sizeof en, "%s.probs", name);
         extra_as(n, new_flat(B, en, sm, ass), MP_XR_PROBS); /* softmax saves its output */
         if (l->attn_dropout > 0) {
@@ -1477,8 +1479,17 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             return x;
         }
         struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
-        if (!failed(B) && l->tied)
+        if (!failed(B) && l->tied) {
             B->p->params[B->embed_param].matmul = true;
+            /* Two gradients reach the tied table's AccumulateGrad: the engine keeps the head's
+             * until the embedding's backward has made its dense V x h gradient, then adds them
+             * out of place: two more table-sized tensors in that backward (measured,
+             * bench/torch_step_results.md). */
+            for (size_t k = 0; k < B->p->n_nodes; k++)
+                if (B->p->nodes[k].prim == MP_P_EMBED && B->p->nodes[k].param[0] == B->embed_param)
+                    tmp_one(B, &B->p->nodes[k], true, MP_TR_OTHER,
+                            mul(B, mp_param_grad_bytes(&B->p->params[B->embed_param]), 2));
+        }
         logits = mult_copy(B, logits, l, "logits_scaling");
         if (l->logit_softcap > 0)
             logits = softcap_logits(B, logits, nm);

@@ -160,6 +160,8 @@ struct mp_layer {
     bool branch_norm;       /* each branch's output is normed before its residual add (Gemma2/3, OLMo2) */
     bool no_pre_norm;       /* with branch_norm: no norm before the branches (OLMo2) */
     enum mp_qk_norm qk_norm; /* RMSNorm of q and k after their projections (Qwen3, Gemma3, OLMo2) */
+    bool softmax_fp32;      /* eager attention: softmax(..., dtype=float32).to(dtype), most HF decoders;
+                               false: a plain softmax (GPT-2, BERT), fp32 only under autocast */
     bool rms_fp32;          /* RMSNorm applies its weight in fp32 and casts back (Gemma, OLMo2); also
                                on rmsnorm layers */
     bool fused_gate_up;     /* gated MLP with one gate_up projection, chunked (Phi-3) */

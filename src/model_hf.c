@@ -110,6 +110,7 @@ struct family {
     bool rms_fp32, branch_norm, no_pre_norm, fused_gate_up;
     bool no_attn_out_dropout;   /* the residual dropout is on the MLP branch only */
     bool eager;                 /* transformers has no SDPA path for it (Gemma2: softcapping) */
+    bool plain_softmax;         /* eager attention calls softmax without dtype=float32 (GPT-2, BERT) */
     const char *k_attn_softcap, *k_logit_softcap;
     double attn_softcap, logit_softcap;
     bool emb_sqrt;              /* embeddings * sqrt(hidden) (Gemma*): a new tensor */
@@ -149,7 +150,7 @@ static enum mp_status distilbert_hook(const cJSON *root, struct hf *c, const cha
                    .k_cls_p = "hidden_dropout", .generic_heads = true
 
 static const struct family families[] = {
-    {.type = "gpt2", .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
+    {.type = "gpt2", .plain_softmax = true, .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
      .k_heads = {"n_head", "num_attention_heads"}, .k_pos = {"n_positions", "max_position_embeddings"},
      .k_ffn = "n_inner", .ffn_mult = 4, .k_act = "activation_function", .act = MP_ACT_GELU_NEW,
      .norm = MP_NORM_LAYERNORM, .pos_rows = 1024, .fused_qkv = true, .qkv_bias = true, .out_bias = true,
@@ -177,7 +178,7 @@ static const struct family families[] = {
     {.type = "gemma", LLAMA_LIKE(MP_ACT_GELU_TANH), .kv_default = 16, .head_dim_default = 256, .emb_sqrt = true,
      .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
      .hook = gemma_hook},
-    {.type = "bert", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
+    {.type = "bert", .plain_softmax = true, .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
      .post_norm = true, .emb_norm = true, .mlm_transform = true, .dropout = 0.1, .attn_dropout = 0.1,
      .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob", .emb_p_is_resid = true,
@@ -224,7 +225,7 @@ static const struct family families[] = {
      .mlp_bias = true, .k_bias = "enable_bias", .tied = true, .dropout = 0.1, .k_attn_p = "attention_dropout",
      .k_resid_p = "dropout", .n_tok = "embed_tokens", .n_pos = "embed_positions", .n_norm = "final_layer_norm",
      .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_QA) | HEAD(H_BARE), .hook = opt_hook},
-    {.type = "roberta", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
+    {.type = "roberta", .plain_softmax = true, .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
      .post_norm = true, .emb_norm = true, .mlm_transform = true, .mlm_gelu = true, .dropout = 0.1,
      .attn_dropout = 0.1, .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob",
@@ -233,7 +234,7 @@ static const struct family families[] = {
      .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
      .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "classifier.dense",
      .bare_pooler = true, .hook = bert_hook},
-    {.type = "distilbert", .k_hidden = {"dim"}, .k_layers = {"n_layers"}, .k_heads = {"n_heads"},
+    {.type = "distilbert", .plain_softmax = true, .k_hidden = {"dim"}, .k_layers = {"n_layers"}, .k_heads = {"n_heads"},
      .k_ffn = "hidden_dim", .k_act = "activation", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM,
      .pos_rows = 512, .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true,
      .encoder = true, .post_norm = true, .emb_norm = true, .mlm_transform = true, .no_attn_out_dropout = true,
@@ -780,6 +781,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->no_pre_norm = c->f->no_pre_norm;
         l->qk_norm = c->f->qk_norm;
         l->rms_fp32 = c->f->rms_fp32;
+        l->softmax_fp32 = !c->f->plain_softmax;
         l->fused_gate_up = c->f->fused_gate_up;
         l->no_attn_out_dropout = c->f->no_attn_out_dropout;
         l->attn_softcap = c->attn_softcap;
