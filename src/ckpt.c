@@ -600,6 +600,7 @@ static enum mp_status rotor_solve(const struct units *u, size_t L, struct rotor 
     }
 
     for (size_t dd = 1; dd <= L; dd++) {
+        mp_progress("planning: optimal DP, chains of %zu of %zu blocks", dd, L);
         for (size_t s = 0; s + dd <= L; s++) {
             const size_t l = s + dd;
             double *o = r->opt + rotor_at(r, s, l);
@@ -1230,6 +1231,8 @@ static enum mp_status budget_dp_long(const struct mp_chain *c, enum mp_ckpt_stra
     }
     uint64_t b = budget;
     for (int attempt = 0; attempt < 8; attempt++) {
+        mp_progress("planning: %s DP on %zu groups of up to %zu blocks (attempt %d)", strategy_name(strategy), n,
+                    *group, attempt + 1);
         struct mp_schedule gs;
         mp_schedule_init(&gs);
         st = budget_dp(&g, strategy, b, slots, cost, &gs, unit, exact, d);
@@ -1510,6 +1513,7 @@ void mp_ckpt_compare(const struct mp_chain *c, uint64_t limit_bytes, size_t slot
     cmp->seg_sampled = c->L > all;
     for (uint64_t k = 1; k <= c->L; k += k < all ? 1 : 1 + k / 16) {
         struct mp_ckpt_spec sg = {MP_CKPT_SEGMENTS, k};
+        mp_progress("planning: comparing with segments:%llu of %zu blocks", (unsigned long long)k, c->L);
         if (mp_ckpt_plan_make(c, &sg, 0, slots, &p, &d) == MP_OK && p.peak_bytes <= limit_bytes &&
             (!cmp->have_seg || p.recompute_cost < cmp->seg_recompute)) {
             cmp->have_seg = true;

@@ -44,6 +44,7 @@ static int exit_for(enum mp_status st)
 
 static int fail(enum mp_status st, const struct mp_diag *d)
 {
+    mp_progress_done();
     fprintf(stderr, "memplan: error: %s\n", d->msg[0] ? d->msg : mp_status_str(st));
     return exit_for(st);
 }
@@ -723,8 +724,32 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
 }
 
+/* The progress sink: on a terminal, after about 2 s of work, the latest message on one
+ * line of stderr, at most 5 times a second; cleared when the work is over. */
+static double t_start, progress_after_ms = 2000; /* $MEMPLAN_PROGRESS_AFTER_MS: tests use 0 */
+static bool progress_shown;
+
+static void show_progress(const char *msg)
+{
+    static double last;
+    double now = mp_now_ms();
+    if (!msg) {
+        if (progress_shown)
+            fputs("\r\033[K", stderr);
+        progress_shown = false;
+        return;
+    }
+    if (now - t_start < progress_after_ms || now - last < 200)
+        return;
+    last = now;
+    progress_shown = true;
+    fprintf(stderr, "\r\033[Kmemplan: %.88s ...", msg);
+    fflush(stderr);
+}
+
 static int finish(int code)
 {
+    mp_progress_done();
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "memplan: error: writing output failed: %s\n", strerror(errno ? errno : EIO));
         return MP_EXIT_INTERNAL;
@@ -742,6 +767,7 @@ static struct mp_job job_of(struct setup *s, struct args *a)
 /* The one stderr line of a configuration that does not fit its target (exit 1). */
 static void say_nofit(const struct mp_fit *f)
 {
+    mp_progress_done();
     fprintf(stderr, "memplan: does not fit: short by %llu bytes (peak %llu of %llu usable) at %s\n",
             (unsigned long long)(f->peak_device_bytes - f->usable_bytes), (unsigned long long)f->peak_device_bytes,
             (unsigned long long)f->usable_bytes, f->est.peak_event);
@@ -1142,6 +1168,12 @@ static int cmd_help(int argc, char **argv)
 int main(int argc, char **argv)
 {
     argv0 = argv[0];
+    t_start = mp_now_ms();
+    if (isatty(2))
+        mp_progress_set(show_progress);
+    const char *pa = getenv("MEMPLAN_PROGRESS_AFTER_MS");
+    if (pa && *pa)
+        progress_after_ms = atof(pa);
     if (argc < 2) {
         print_help(stderr);
         return MP_EXIT_USAGE;

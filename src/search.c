@@ -497,11 +497,8 @@ static enum mp_status probe_confirm(struct mp_probe *pr, const struct mp_job *ba
                 mp_fit_release(&uf);
             st = MP_OK;
         }
-        if (o->progress) {
-            fprintf(stderr, "\rmemplan: probing micro-batch %llu on the %s backend ...        ", (unsigned long long)b,
-                    mp_probe_backend(pr));
-            fflush(stderr);
-        }
+        if (o->progress)
+            mp_progress("probing micro-batch %llu on the %s backend", (unsigned long long)b, mp_probe_backend(pr));
         j.train.accumulate = o->global_batch && o->global_batch / b > 1;
         st = probe_at(pr, &j, b, &r, d);
         (*probes)++;
@@ -528,7 +525,7 @@ static enum mp_status probe_confirm(struct mp_probe *pr, const struct mp_job *ba
         }
     }
     if (o->progress)
-        fprintf(stderr, "\r%70s\r", "");
+        mp_progress_done();
     if (*inconclusive)
         return MP_OK;
     if (!ok_b) {
@@ -725,9 +722,8 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             j.train.par = cp.strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
             if (o->progress) {
                 char sb[32];
-                fprintf(stderr, "\rmemplan: evaluating %s, checkpoint %s ...        ", mp_precision_str(precs[i]),
-                        mp_ckpt_spec_str(&j.ckpt, sb, sizeof sb));
-                fflush(stderr);
+                mp_progress("evaluating %s, checkpoint %s", mp_precision_str(precs[i]),
+                            mp_ckpt_spec_str(&j.ckpt, sb, sizeof sb));
             }
             struct mp_candidate *c = &s->cand[s->n];
             struct mp_parallel keep = c->par;
@@ -743,7 +739,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         }
     }
     if (o->progress)
-        fprintf(stderr, "\r%60s\r", "");
+        mp_progress_done();
     bool bf16_only;
     s->best = choose_best(s, o, &bf16_only);
     char world_alt[160] = "";
