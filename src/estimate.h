@@ -64,6 +64,8 @@ struct mp_train_opts {
                       * then the optimizer step and zero_grad as usual (memory-facts §6) */
     const struct mp_parallel *par; /* data parallel / sharding (NULL or strategy none: one GPU); the
                                     * replay is then rank r's (all ranks hold the same bytes) */
+    bool skip_reserved; /* no caching-allocator model (peak_reserved = peak_allocated): for
+                         * searches, whose fit decisions use the allocated peak only */
 };
 void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace, no accumulation */
 
@@ -109,6 +111,7 @@ struct mp_estimate {
     uint64_t buffers_bytes;          /* persistent communication buffers (DDP buckets, DeepSpeed buckets) */
     uint64_t host_bytes, nvme_bytes; /* offload: host RAM and NVMe space per rank */
     double allgather_bytes, reducescatter_bytes, allreduce_bytes, pcie_bytes, host_step_elems;
+    double comm_s, exposed_comm_s, offload_s; /* filled by the fit (search.c): seconds per step */
     size_t n_groups;
     double fwd_flops, bwd_flops, recompute_flops;
     size_t n_blocks;

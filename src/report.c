@@ -80,6 +80,12 @@ static const char *prec_name(const struct mp_report_ctx *c, enum mp_precision p)
                                                                                        : mp_precision_str(p);
 }
 
+/* A candidate's precision: mixed-bf16 when its sharding engine keeps the fp32 master. */
+static const char *cand_prec(const struct mp_candidate *b)
+{
+    return b->par.mixed_bf16 && b->precision == MP_PREC_BF16 ? "mixed-bf16" : mp_precision_str(b->precision);
+}
+
 static cJSON *json_parallel_of(const struct mp_parallel *par)
 {
     cJSON *o = cJSON_CreateObject();
@@ -183,6 +189,9 @@ static void json_memory(cJSON *r, const struct mp_estimate *e)
         jnum(cm, "reducescatter_bytes", e->reducescatter_bytes);
         jnum(cm, "allreduce_bytes", e->allreduce_bytes);
         jnum(cm, "pcie_bytes", e->pcie_bytes);
+        jnum(cm, "comm_s", e->comm_s);
+        jnum(cm, "exposed_comm_s", e->exposed_comm_s);
+        jnum(cm, "offload_s", e->offload_s);
     }
 }
 
@@ -432,6 +441,9 @@ static void totals(FILE *out, const struct mp_estimate *e)
         fprintf(out, "  per step           all-gather %s, reduce-scatter %s, all-reduce %s, PCIe %s\n",
                 B((uint64_t)e->allgather_bytes), B((uint64_t)e->reducescatter_bytes), B((uint64_t)e->allreduce_bytes),
                 B((uint64_t)e->pcie_bytes));
+        if (e->comm_s > 0 || e->offload_s > 0)
+            fprintf(out, "  time per step      collectives %.3f s (%.3f s not hidden by compute), offload %.3f s\n",
+                    e->comm_s, e->exposed_comm_s, e->offload_s);
     }
     fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
             B(e->peak_allocated_bytes), e->peak_event);
@@ -502,6 +514,7 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
         cJSON *pl = json_plan(p, base);
         ju64(pl, "activation_peak_without_bytes", f->nockpt_activation_peak);
         ju64(pl, "activation_budget_bytes", f->activation_budget);
+        ju64(pl, "dp_group_blocks", p->dp_group > 1 ? p->dp_group : 1);
         if (cmp && cmp->have_sqrt) {
             cJSON *s = cJSON_AddObjectToObject(pl, "sqrt");
             ju64(s, "activation_peak_bytes", cmp->sqrt_peak);
@@ -529,6 +542,11 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
     fprintf(out, "activation peak   %12s   (without checkpointing %s)\n", B(p->peak_bytes),
             B(f->nockpt_activation_peak));
     fprintf(out, "recompute         %12s   (+%.1f%% of forward+backward FLOPs)\n", fl(p->recompute_cost), pct);
+    if (p->dp_group > 1)
+        fprintf(out, "approximate       the DP ran on groups of up to %zu consecutive blocks (identical ones "
+                     "grouped first): optimal among plans that checkpoint between groups, sizes rounded up "
+                     "to the DP's slots; the plan itself is checked on every block\n",
+                p->dp_group);
     if (cmp && (cmp->have_sqrt || cmp->have_seg)) {
         fprintf(out, "\n%-22s %14s %16s %10s\n", "compared with", "activation peak", "recompute", "overhead");
         fprintf(out, "%-22s %14s %16s %9.1f%%\n", "this plan", B(p->peak_bytes), fl(p->recompute_cost), pct);
@@ -539,8 +557,9 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
         if (cmp->have_seg) {
             char nm[32];
             snprintf(nm, sizeof nm, "segments:%llu", (unsigned long long)cmp->seg_k);
-            fprintf(out, "%-22s %14s %16s %9.1f%%   (best segments:K at this memory)\n", nm,
-                    B(cmp->seg_peak), fl(cmp->seg_recompute), base > 0 ? 100.0 * cmp->seg_recompute / base : 0);
+            fprintf(out, "%-22s %14s %16s %9.1f%%   (best %sK at this memory)\n", nm,
+                    B(cmp->seg_peak), fl(cmp->seg_recompute), base > 0 ? 100.0 * cmp->seg_recompute / base : 0,
+                    cmp->seg_sampled ? "sampled " : "");
         }
     }
     fprintf(out, "\nwith this plan the step peaks at %s allocated (%s on the device) at %s\n",
@@ -668,10 +687,18 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         ju64(r, "train_micro_batch_size_per_gpu", b->micro_batch);
         ju64(r, "gradient_accumulation_steps", b->grad_accum);
         ju64(r, "train_batch_size", b->global_batch);
-        if (b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16)
-            cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "bf16"), "enabled", 1);
-        if (b->precision == MP_PREC_AMP_FP16)
-            cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "fp16"), "enabled", 1);
+        if (mp_par_is_deepspeed(b->par.strategy) && b->precision != MP_PREC_BF16 && b->precision != MP_PREC_FP32) {
+            /* amp: fp32 parameters (sharded as such) under torch.autocast, as planned */
+            cJSON *ta = cJSON_AddObjectToObject(r, "torch_autocast");
+            cJSON_AddBoolToObject(ta, "enabled", 1);
+            cJSON_AddStringToObject(ta, "dtype", b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
+        } else {
+            /* bf16 / mixed-bf16: DeepSpeed's bf16 mode (bf16 parameters, fp32 master partition) */
+            if (b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16)
+                cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "bf16"), "enabled", 1);
+            if (b->precision == MP_PREC_AMP_FP16)
+                cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "fp16"), "enabled", 1);
+        }
         cJSON *ac = cJSON_AddObjectToObject(r, "activation_checkpointing");
         cJSON_AddBoolToObject(ac, "partition_activations", 0);
         cJSON_AddBoolToObject(ac, "contiguous_memory_optimization", 0);
@@ -741,7 +768,23 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
     fprintf(out, "# PyTorch training loop (memplan %s)\n", MEMPLAN_VERSION);
     fprintf(out, "micro_batch, grad_accum = %llu, %llu   # global batch %llu\n", (unsigned long long)b->micro_batch,
             (unsigned long long)b->grad_accum, (unsigned long long)b->global_batch);
-    if (b->precision == MP_PREC_BF16)
+    if (mp_par_is_fsdp(b->par.strategy)) {
+        /* FSDP2 (launch: torchrun --nproc-per-node N); memplan planned these settings */
+        fprintf(out, "from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy%s\n",
+                b->par.offload == MP_OFFLOAD_PARAMS ? ", CPUOffloadPolicy" : "");
+        fprintf(out, "kw = dict(reshard_after_forward=%s%s%s)\n", b->par.strategy == MP_PAR_FSDP ? "True" : "False",
+                b->par.mixed_bf16 ? ", mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+                                    "reduce_dtype=torch.float32)"
+                                  : "",
+                b->par.offload == MP_OFFLOAD_PARAMS ? ", offload_policy=CPUOffloadPolicy()" : "");
+        fprintf(out, "for layer in model.model.layers:   # each decoder layer (model.transformer.h for GPT-2)\n"
+                     "    fully_shard(layer, **kw)\nfully_shard(model, **kw)\n");
+    } else if (b->par.strategy == MP_PAR_DDP) {
+        fprintf(out, "model = torch.nn.parallel.DistributedDataParallel(model)   # torchrun --nproc-per-node N\n");
+    } else if (mp_par_is_deepspeed(b->par.strategy)) {
+        fprintf(out, "# DeepSpeed: deepspeed.initialize(model=model, config=<memplan suggest ... --emit deepspeed>)\n");
+    }
+    if (b->precision == MP_PREC_BF16 && !b->par.mixed_bf16)
         fprintf(out, "model = model.to(torch.bfloat16)\n");
     if (b->ckpt.strategy == MP_CKPT_SQRT || b->ckpt.strategy == MP_CKPT_SEGMENTS)
         fprintf(out, "# blocks = the model's %zu blocks as an nn.Sequential\n"
@@ -778,7 +821,7 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     ju64(o, "micro_batch", b->micro_batch);
     ju64(o, "grad_accum", b->grad_accum);
     ju64(o, "global_batch", b->global_batch);
-    cJSON_AddStringToObject(o, "precision", mp_precision_str(b->precision));
+    cJSON_AddStringToObject(o, "precision", cand_prec(b));
     if (b->par.strategy != MP_PAR_NONE) {
         cJSON *p = json_parallel_of(&b->par);
         ju64(p, "host_bytes", b->fit.est.host_bytes);
@@ -855,7 +898,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         fprintf(out, "  micro-batch        %llu\n", (unsigned long long)b->micro_batch);
         fprintf(out, "  grad accumulation  %llu   (global batch %llu%s)\n", (unsigned long long)b->grad_accum,
                 (unsigned long long)b->global_batch, s->global_met ? "" : ", requested global batch NOT met");
-        fprintf(out, "  precision          %s\n", mp_precision_str(b->precision));
+        fprintf(out, "  precision          %s\n", cand_prec(b));
         if (b->par.strategy != MP_PAR_NONE) {
             char pb[96];
             fprintf(out, "  parallel           %s; per step %.3f s of collectives (%.3f s not hidden by compute)",
@@ -889,14 +932,24 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "  note               %s\n", s->note);
     }
     header(out, c);
-    fprintf(out, "\n%-9s %-16s %6s %5s %10s %8s %9s %9s\n", "precision", "checkpoint", "micro", "accum", "peak",
-            "headroom", "recompute", "samples/s");
+    bool par_col = s->n && s->cand[0].par.strategy != MP_PAR_NONE;
+    if (par_col)
+        fprintf(out, "\n%-19s", "parallel");
+    fprintf(out, "%s%-10s %-14s %6s %5s %10s %8s %9s %9s\n", par_col ? "" : "\n", "precision", "checkpoint", "micro",
+            "accum", "peak", "headroom", "recompute", "samples/s");
     for (size_t i = 0; i < s->n; i++) {
         const struct mp_candidate *k = &s->cand[i];
         char sb[32], pk[32];
-        if (k->par.strategy != MP_PAR_NONE)
-            fprintf(out, "%s x%llu  ", mp_par_strategy_str(k->par.strategy), (unsigned long long)mp_par_world(&k->par));
-        fprintf(out, "%-9s %-16s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", mp_precision_str(k->precision),
+        if (par_col) { /* "zero3+opt-cpu x8", "fsdp-no-reshard x16" */
+            char lb[48];
+            snprintf(lb, sizeof lb, "%s%s x%llu", mp_par_strategy_str(k->par.strategy),
+                     k->par.offload == MP_OFFLOAD_OPTIMIZER ? "+opt-off"
+                     : k->par.offload == MP_OFFLOAD_PARAMS  ? "+par-off"
+                                                            : "",
+                     (unsigned long long)mp_par_world(&k->par));
+            fprintf(out, "%-19s", lb);
+        }
+        fprintf(out, "%-10s %-14s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", cand_prec(k),
                 mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
                 k->recompute_pct, k->samples_per_s, k->fits ? "" : k->probe_oom ? "probe: out of memory" : "does not fit",

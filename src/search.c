@@ -65,6 +65,9 @@ static void par_seconds(const struct mp_job *job, const struct mp_estimate *e, d
     f->comm_s = t.comm_s;
     f->exposed_comm_s = t.exposed_comm_s;
     f->offload_s = t.offload_s;
+    f->est.comm_s = t.comm_s;
+    f->est.exposed_comm_s = t.exposed_comm_s;
+    f->est.offload_s = t.offload_s;
 }
 
 static double opt_seconds(const struct mp_job *job, const struct mp_estimate *e)
@@ -196,6 +199,7 @@ static enum mp_status fits_at(const struct mp_job *job, uint64_t b, bool *fits, 
 {
     struct mp_job j = *job;
     j.build.batch = b;
+    j.train.skip_reserved = true; /* the search decides on allocated bytes */
     struct mp_fit f;
     enum mp_status st = mp_fit_eval(&j, &f, d);
     (*evals)++;
@@ -493,11 +497,8 @@ static enum mp_status probe_confirm(struct mp_probe *pr, const struct mp_job *ba
                 mp_fit_release(&uf);
             st = MP_OK;
         }
-        if (o->progress) {
-            fprintf(stderr, "\rmemplan: probing micro-batch %llu on the %s backend ...        ", (unsigned long long)b,
-                    mp_probe_backend(pr));
-            fflush(stderr);
-        }
+        if (o->progress)
+            mp_progress("probing micro-batch %llu on the %s backend", (unsigned long long)b, mp_probe_backend(pr));
         j.train.accumulate = o->global_batch && o->global_batch / b > 1;
         st = probe_at(pr, &j, b, &r, d);
         (*probes)++;
@@ -524,7 +525,7 @@ static enum mp_status probe_confirm(struct mp_probe *pr, const struct mp_job *ba
         }
     }
     if (o->progress)
-        fprintf(stderr, "\r%70s\r", "");
+        mp_progress_done();
     if (*inconclusive)
         return MP_OK;
     if (!ok_b) {
@@ -556,7 +557,7 @@ static int choose_best(const struct mp_suggestion *s, const struct mp_suggest_op
     for (int pass = 0; pass < 2 && best < 0; pass++) {
         for (size_t i = 0; i < s->n; i++) {
             const struct mp_candidate *c = &s->cand[i];
-            if (!c->fits || (pass == 0 && c->precision == MP_PREC_BF16 && !o->precision_fixed))
+            if (!c->fits || (pass == 0 && c->precision == MP_PREC_BF16 && !c->par.mixed_bf16 && !o->precision_fixed))
                 continue;
             if (best < 0 || c->samples_per_s > s->cand[best].samples_per_s * (1 + 1e-9))
                 best = (int)i;
@@ -659,7 +660,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
     if (model_has_repeats(base->model))
         strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
     /* data parallel: the strategy given, or every one at the world given (--gpus alone) */
-    struct mp_parallel pars[7];
+    struct mp_parallel pars[8];
     size_t npar = 0;
     if (o->par_search && base->train.par) {
         static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,
@@ -669,7 +670,18 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             pars[npar].strategy = all[k];
             npar++;
         }
-        np = 1; /* bounded: the first precision only (amp unless --precision) */
+        /* and ZeRO-3 with the optimizer on the host (ZeRO-Offload), unless --offload was given */
+        if (base->train.par->offload == MP_OFFLOAD_NONE) {
+            pars[npar] = *base->train.par;
+            pars[npar].strategy = MP_PAR_ZERO3;
+            pars[npar].offload = MP_OFFLOAD_OPTIMIZER;
+            npar++;
+        }
+        /* bounded: the first precision only (amp unless --precision), plus mixed-bf16 (bf16
+         * compute copies, fp32 master) for the sharding engines unless --precision is given */
+        np = 1;
+        if (!o->precision_fixed && precs[0] == MP_PREC_AMP_BF16)
+            precs[np++] = MP_PREC_BF16;
     } else if (base->train.par) {
         pars[npar++] = *base->train.par;
     } else {
@@ -684,19 +696,23 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             struct mp_diag vd = {{0}};
             if (mp_par_validate(&pars[pi], &vd) != MP_OK)
                 continue;
-            if (pars[pi].strategy != MP_PAR_NONE && precs[i] == MP_PREC_BF16 && !pars[pi].mixed_bf16 &&
-                mp_par_is_deepspeed(pars[pi].strategy))
+            struct mp_parallel cp = pars[pi];
+            if (o->par_search && !o->precision_fixed && precs[i] == MP_PREC_BF16)
+                cp.mixed_bf16 = true; /* the searched bf16 row is mixed-bf16 */
+            if (mp_par_validate(&cp, &vd) != MP_OK)
+                continue;
+            if (cp.strategy != MP_PAR_NONE && precs[i] == MP_PREC_BF16 && !cp.mixed_bf16 &&
+                mp_par_is_deepspeed(cp.strategy))
                 continue; /* DeepSpeed always keeps an fp32 master: that is mixed-bf16 */
             struct mp_job j = *base;
             j.build.precision = precs[i];
             j.ckpt = strategies[k];
-            s->cand[s->n].par = pars[pi];
-            j.train.par = pars[pi].strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
+            s->cand[s->n].par = cp;
+            j.train.par = cp.strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
             if (o->progress) {
                 char sb[32];
-                fprintf(stderr, "\rmemplan: evaluating %s, checkpoint %s ...        ", mp_precision_str(precs[i]),
-                        mp_ckpt_spec_str(&j.ckpt, sb, sizeof sb));
-                fflush(stderr);
+                mp_progress("evaluating %s, checkpoint %s", mp_precision_str(precs[i]),
+                            mp_ckpt_spec_str(&j.ckpt, sb, sizeof sb));
             }
             struct mp_candidate *c = &s->cand[s->n];
             struct mp_parallel keep = c->par;
@@ -712,7 +728,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         }
     }
     if (o->progress)
-        fprintf(stderr, "\r%60s\r", "");
+        mp_progress_done();
     bool bf16_only;
     s->best = choose_best(s, o, &bf16_only);
     char world_alt[160] = "";
