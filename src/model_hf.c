@@ -1,13 +1,14 @@
 /* model_hf.c — reads a Hugging Face config.json into struct mp_model.
  *
- * Supported model_type values: gpt2, llama, mistral, qwen2, gpt_neox, phi
- * (phi-1/1.5/2), gemma and bert (lowered as BertForMaskedLM).  Causal models
- * are lowered as their *ForCausalLM class.  Missing optional fields take the
- * defaults of the transformers config class, so parameter counts equal what
- * transformers instantiates.  Fields that would change memory in a way the
- * model cannot express are rejected, never silently dropped.  cJSON stays here.
- * Each model_type is one row of families[] (below): its keys, defaults and switches;
- * a llama-like family is one row.
+ * Each supported model_type is one row of families[] (below): the keys its transformers
+ * config class reads, the class defaults, the switches of its layout, the task heads it
+ * has, and an optional hook; a llama-like family is one row.  The task head is the class
+ * architectures[0] names (*ForCausalLM, *ForMaskedLM, *ForSequenceClassification,
+ * *ForTokenClassification, *ForQuestionAnswering, bare *Model; the row's default without
+ * architectures).  Missing optional fields take the defaults of the transformers config
+ * class, so parameter counts equal what transformers instantiates.  Fields that would change
+ * memory in a way the model cannot express are rejected, never silently dropped.  cJSON
+ * stays here.
  */
 #include <math.h>
 #include <stdio.h>
@@ -16,17 +17,18 @@
 #include "model_read.h"
 
 /* Lowering convention (layers.c relies on it):
- *   block 0 "embed":  EMBEDDING (vocab, hidden)
- *                     [EMBEDDING "token_type_embeddings" (type_vocab_size, hidden)]   bert: its
- *                      input is the hidden state, not token ids; it adds a lookup of the
- *                      all-zero token_type_ids (BertEmbeddings' buffer)
- *                     [POS_EMBEDDING (positions, hidden)]        gpt2, bert
- *                     [LAYERNORM (hidden)]                        bert
+ *   block 0 "embed":  EMBEDDING (vocab, hidden)                   [mult: Gemma sqrt(h), Granite]
+ *                     [EMBEDDING "token_type_embeddings" (type_vocab_size, hidden)]   bert,
+ *                      roberta: its input is the hidden state, not token ids; it adds a lookup
+ *                      of the all-zero token_type_ids (BertEmbeddings' buffer)
+ *                     [POS_EMBEDDING (positions + offset, hidden)] gpt2, bert-likes, opt
+ *                     [LAYERNORM (hidden)]                        bert-likes
  *                     [DROPOUT p]                                 when the embedding dropout p > 0
  *   blocks 1..N "h.i": one TRANSFORMER_BLOCK each, repeat_group 1
- *   last block "head": [final LAYERNORM / RMSNORM]               all but bert
- *                      [LINEAR, ACTIVATION, LAYERNORM]           bert's MLM transform
- *                      LM_HEAD (vocab, hidden, tied, bias): logits + cross-entropy
+ *   last block "head": [final LAYERNORM / RMSNORM]               pre-norm families
+ *                      then the task head (add_head): the MLM transform + LM_HEAD, LM_HEAD,
+ *                      a pooler LINEAR (first position) + ACTIVATION, DROPOUT, CLASSIFIER
+ *                      (pooled: first / last position / QA span)
  *
  * Default sequence: seq_len = min(max positions, 2048).  The position count is
  * what the model can take; 2048 keeps the default run of long-context models
@@ -46,9 +48,8 @@
  *   use_cache: memplan assumes use_cache=False, as training with checkpointing forces (with
  *     use_cache=True a gpt2/gpt_neox forward saves fresh k/v copies: bench/torch_saved.md);
  *   gradient_checkpointing: memplan plans checkpointing itself;
- *   architectures, summary_*, task_specific_params, classifier_dropout,
- *     n_special, predict_special_tokens: heads memplan does not train (it
- *     trains the LM head); architectures[0] only names the model;
+ *   summary_*, task_specific_params, n_special, predict_special_tokens: GPT2DoubleHeadsModel
+ *     fields (that class is refused);
  *   head_dim for gpt2, gpt_neox and bert, attention_bias for mistral and qwen2,
  *     num_key_value_heads for gpt2, gpt_neox and bert: their transformers classes ignore them;
  *   n_ctx (gpt2): legacy; transformers sizes wpe by n_positions alone;
