@@ -282,6 +282,16 @@ static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
         fprintf(out, "          checkpointing: enable_input_require_grads keeps the embedding output and its grad\n");
 }
 
+/* suggest: the fine-tuning assumptions in two lines (no program at hand). */
+static void finetune_assumptions(FILE *out, const struct mp_report_ctx *c)
+{
+    char tg[160];
+    mp_finetune_describe_targets(c->ft, c->model->hf_type, tg, sizeof tg);
+    fprintf(out, "finetune  r %llu, alpha %g, dropout %g, targets %s\n", (unsigned long long)c->ft->r, c->ft->alpha,
+            c->ft->dropout, tg);
+    fprintf(out, "          fp32 adapters, frozen base (no .grad); qlora: bnb NF4 base, double quant, blocksize 64\n");
+}
+
 static void header(FILE *out, const struct mp_report_ctx *c)
 {
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", c->model->name,
@@ -597,7 +607,7 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
 static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
     const struct mp_finetune *f = c->ft;
-    if (!f || (f->mode != MP_FT_LORA && f->mode != MP_FT_QLORA))
+    if (!f || (b->ft != MP_FT_LORA && b->ft != MP_FT_QLORA))
         return;
     char tg[160];
     mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
@@ -605,14 +615,14 @@ static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct 
     if (sp)
         *sp = 0;
     fprintf(out, "# peft + bitsandbytes (memplan %s)\n", MEMPLAN_VERSION);
-    if (f->mode == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
+    if (b->ft == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
         fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
                      "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
                 f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
                 b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
         fprintf(out, "model = AutoModelForCausalLM.from_pretrained(NAME, quantization_config=bnb_config)\n");
     }
-    if (f->mode == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
+    if (b->ft == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
         fprintf(out, "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=%s)\n",
                 b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
     if (!strcmp(tg, "all-linear"))
@@ -654,7 +664,7 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
             fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
                          "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
-        bool ft = c->ft && (c->ft->mode == MP_FT_LORA || c->ft->mode == MP_FT_QLORA);
+        bool ft = b->ft == MP_FT_LORA || b->ft == MP_FT_QLORA;
         fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? (ft ? "paged_adamw_8bit" : "adamw_bnb_8bit")
                                         : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
                                         : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
@@ -855,6 +865,10 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         fprintf(out, "  micro-batch        %llu\n", (unsigned long long)b->micro_batch);
         fprintf(out, "  grad accumulation  %llu   (global batch %llu%s)\n", (unsigned long long)b->grad_accum,
                 (unsigned long long)b->global_batch, s->global_met ? "" : ", requested global batch NOT met");
+        if (b->ft != MP_FT_FULL)
+            fprintf(out, "  finetune           %s (%s)\n", mp_ft_mode_str(b->ft),
+                    b->ft == MP_FT_QLORA ? "4-bit NF4 base, dequantized per matmul: slower, smaller"
+                                         : "adapters on a frozen base; --emit hf prints the peft config");
         fprintf(out, "  precision          %s\n", mp_precision_str(b->precision));
         if (b->par.strategy != MP_PAR_NONE) {
             char pb[96];
@@ -889,11 +903,16 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "  note               %s\n", s->note);
     }
     header(out, c);
-    fprintf(out, "\n%-9s %-16s %6s %5s %10s %8s %9s %9s\n", "precision", "checkpoint", "micro", "accum", "peak",
-            "headroom", "recompute", "samples/s");
+    bool ftcol = c->ft && c->ft->mode != MP_FT_FULL;
+    if (ftcol)
+        finetune_assumptions(out, c);
+    fprintf(out, "\n%s%-9s %-16s %6s %5s %10s %8s %9s %9s\n", ftcol ? "tune  " : "", "precision", "checkpoint",
+            "micro", "accum", "peak", "headroom", "recompute", "samples/s");
     for (size_t i = 0; i < s->n; i++) {
         const struct mp_candidate *k = &s->cand[i];
         char sb[32], pk[32];
+        if (ftcol)
+            fprintf(out, "%-5s ", mp_ft_mode_str(k->ft));
         if (k->par.strategy != MP_PAR_NONE)
             fprintf(out, "%s x%llu  ", mp_par_strategy_str(k->par.strategy), (unsigned long long)mp_par_world(&k->par));
         fprintf(out, "%-9s %-16s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", mp_precision_str(k->precision),
