@@ -43,6 +43,7 @@ __device__ __forceinline__ float act_df(int a, float s)
 
 struct gelu_parts {
     void *p[6];
+    int dt[6];
     int n;
 };
 
@@ -60,46 +61,49 @@ __device__ __forceinline__ float gelu_part(int act, int j, float x)
     }
 }
 
-__global__ void act_fwd_kernel(void *y, const void *x, int dt, uint64_t n, int act, gelu_parts parts)
+__global__ void act_fwd_kernel(void *y, int ydt, const void *x, int dt, uint64_t n, int act, gelu_parts parts)
 {
     GRID_STRIDE(i, n)
     {
         float v = ldf(x, dt, i);
-        stf(y, dt, i, act_f(act, v));
+        stf(y, ydt, i, act_f(act, v));
         for (int j = 0; j < parts.n; j++)
-            stf(parts.p[j], dt, i, gelu_part(act, j, v));
+            stf(parts.p[j], parts.dt[j], i, gelu_part(act, j, v));
     }
 }
 
-__global__ void act_bwd_kernel(void *dx, const void *dy, const void *saved, int dt, uint64_t n, int act, int overwrite)
+__global__ void act_bwd_kernel(void *dx, int dxdt, const void *dy, int dydt, const void *saved, int sdt, uint64_t n,
+                               int act, int overwrite)
 {
     GRID_STRIDE(i, n)
     {
-        float g = ldf(dy, dt, i) * act_df(act, ldf(saved, dt, i));
-        stf(dx, dt, i, overwrite ? g : ldf(dx, dt, i) + g);
+        float g = ldf(dy, dydt, i) * act_df(act, ldf(saved, sdt, i));
+        stf(dx, dxdt, i, overwrite ? g : ldf(dx, dxdt, i) + g);
     }
 }
 
 // ---- launchers ----------------------------------------------------------------------------
 
-extern "C" int mp_k_act_fwd(void *y, const void *x, int dt, uint64_t n, int act, void *const *parts, int n_parts,
-                            cudaStream_t s)
+extern "C" int mp_k_act_fwd(void *y, int ydt, const void *x, int dt, uint64_t n, int act, void *const *parts,
+                            const int *part_dts, int n_parts, cudaStream_t s)
 {
-    gelu_parts gp = {{0}, 0};
-    if (n_parts < 0 || n_parts > 6 || (n_parts && !parts))
+    gelu_parts gp = {{0}, {0}, 0};
+    if (n_parts < 0 || n_parts > 6 || (n_parts && (!parts || !part_dts)))
         return (int)cudaErrorInvalidValue;
-    for (int j = 0; j < n_parts; j++)
+    for (int j = 0; j < n_parts; j++) {
         gp.p[j] = parts[j];
+        gp.dt[j] = part_dts[j];
+    }
     gp.n = n_parts;
     if (n)
-        act_fwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(y, x, dt, n, act, gp);
+        act_fwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(y, ydt, x, dt, n, act, gp);
     KCHECK();
 }
 
-extern "C" int mp_k_act_bwd(void *dx, const void *dy, const void *saved, int dt, uint64_t n, int act, int overwrite,
-                            cudaStream_t s)
+extern "C" int mp_k_act_bwd(void *dx, int dxdt, const void *dy, int dydt, const void *saved, int sdt, uint64_t n,
+                            int act, int overwrite, cudaStream_t s)
 {
     if (n && dx)
-        act_bwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(dx, dy, saved, dt, n, act, overwrite);
+        act_bwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(dx, dxdt, dy, dydt, saved, sdt, n, act, overwrite);
     KCHECK();
 }

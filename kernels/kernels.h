@@ -39,12 +39,14 @@ int mp_k_bias_grad(void *db, int bdt, const void *dy, int dt, uint64_t outer, ui
                    cudaStream_t s);
 
 /* ---- activation.cu ----------------------------------------------------------------------- */
-/* parts (optional, n_parts of n elements, dt): what HF's Python GELUs save (probe_host.c gelu_part) */
-int mp_k_act_fwd(void *y, const void *x, int dt, uint64_t n, int act, void *const *parts, int n_parts, cudaStream_t s);
-/* dx (+)= dy * act'(saved): saved is x (gelu, silu) or y (relu, tanh, sigmoid);
+/* parts (optional, n_parts of n elements, each in its part_dts): what HF's Python GELUs save
+ * (probe_host.c gelu_part); y in ydt (fp32 where CUDA autocast upcasts gelu_new) */
+int mp_k_act_fwd(void *y, int ydt, const void *x, int dt, uint64_t n, int act, void *const *parts,
+                 const int *part_dts, int n_parts, cudaStream_t s);
+/* dx (+)= dy * act'(saved): saved is x (gelu, silu), its fp32 copy, or y (relu, tanh, sigmoid);
  * overwrite for ReLU(inplace=True), whose dx and dy are one storage */
-int mp_k_act_bwd(void *dx, const void *dy, const void *saved, int dt, uint64_t n, int act, int overwrite,
-                 cudaStream_t s);
+int mp_k_act_bwd(void *dx, int dxdt, const void *dy, int dydt, const void *saved, int sdt, uint64_t n, int act,
+                 int overwrite, cudaStream_t s);
 
 /* ---- embedding.cu ------------------------------------------------------------------------ */
 int mp_k_embed_fwd(void *out, int odt, const int64_t *ids, const void *w, int wdt, uint64_t rows, uint64_t dim,

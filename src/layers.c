@@ -236,15 +236,58 @@ static void save(struct mp_node *n, int t)
         MP_BUG("node %s saves too many tensors", n->name);
 }
 
-static void extra(struct mp_node *n, int t, bool saved)
+/* An extra tensor t of n (created with it, saved for backward), with its role. */
+static void extra_as(struct mp_node *n, int t, enum mp_xrole role)
 {
     if (!n || t < 0)
         return;
     if (n->n_extra >= MP_NODE_EXTRA_MAX)
         MP_BUG("node %s has too many extras", n->name);
+    n->extra_role[n->n_extra] = role;
     n->extra[n->n_extra++] = t;
-    if (saved)
-        save(n, t);
+    save(n, t);
+}
+
+/* Sets n's forward or backward transient workspace to its parts (role, bytes), laid end to end. */
+static void tmp_parts(struct bld *B, struct mp_node *n, bool bwd, int count, const enum mp_trole *roles,
+                      const uint64_t *bytes)
+{
+    if (!n)
+        return;
+    if (count > MP_NODE_TMP_MAX)
+        MP_BUG("node %s has too many temporaries", n->name);
+    struct mp_tmp_part *pt = bwd ? n->bwd_tmp : n->fwd_tmp;
+    uint64_t off = 0;
+    for (int i = 0; i < count; i++) {
+        pt[i] = (struct mp_tmp_part){roles[i], off, bytes[i]};
+        off = add(B, off, bytes[i]);
+    }
+    *(bwd ? &n->n_bwd_tmp : &n->n_fwd_tmp) = count;
+    *(bwd ? &n->bwd_tmp_bytes : &n->fwd_tmp_bytes) = off;
+}
+
+/* One transient of one role (MP_TR_OTHER: counted only). */
+static void tmp_one(struct bld *B, struct mp_node *n, bool bwd, enum mp_trole role, uint64_t bytes)
+{
+    tmp_parts(B, n, bwd, bytes ? 1 : 0, &role, &bytes);
+}
+
+int mp_node_extra(const struct mp_node *n, enum mp_xrole r, int nth)
+{
+    for (int j = 0; j < n->n_extra; j++)
+        if (n->extra_role[j] == r && nth-- == 0)
+            return n->extra[j];
+    return -1;
+}
+
+const struct mp_tmp_part *mp_node_tmp(const struct mp_node *n, bool bwd, enum mp_trole r)
+{
+    const struct mp_tmp_part *pt = bwd ? n->bwd_tmp : n->fwd_tmp;
+    int cnt = bwd ? n->n_bwd_tmp : n->n_fwd_tmp;
+    for (int i = 0; i < cnt; i++)
+        if (pt[i].role == r && pt[i].bytes)
+            return &pt[i];
+    return NULL;
 }
 
 static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t cols, bool matmul)
@@ -345,9 +388,9 @@ static struct mp_node *matmul_node(struct bld *B, enum mp_prim prim, const char 
         char wn[112];
         snprintf(wn, sizeof wn, "%s.weight_copy", name);
         n->wcopy = new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems);
-        extra(n, n->wcopy, true);
+        extra_as(n, n->wcopy, MP_XR_WEIGHT_COPY);
         /* backward: the half weight gradient, then its fp32 copy into .grad */
-        n->bwd_tmp_bytes = mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype));
+        tmp_one(B, n, true, MP_TR_WGRAD_HALF, mul(B, B->p->params[w].elems, mp_dtype_size(B->p->compute_dtype)));
     }
     return n;
 }
@@ -458,8 +501,8 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
         if (!dq)
             overflow(B);
         n->quantized = true;
-        n->fwd_tmp_bytes = dq;
-        n->bwd_tmp_bytes = dq;
+        tmp_one(B, n, false, MP_TR_DEQUANT, dq);
+        tmp_one(B, n, true, MP_TR_DEQUANT, dq);
         /* dequantize: one pass over the weight in each direction */
         n->fwd_flops += 2.0 * (double)out_f * (double)in_f;
         n->bwd_flops += 2.0 * (double)out_f * (double)in_f;
@@ -504,9 +547,9 @@ static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, boo
     save(n, xin.t);
     char en[80];
     snprintf(en, sizeof en, "%s.mean", name);
-    extra(n, new_flat(B, en, MP_DT_F32, M), true);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_MEAN);
     snprintf(en, sizeof en, "%s.rstd", name);
-    extra(n, new_flat(B, en, MP_DT_F32, M), true);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSTD);
     n->rows = M;
     n->n = dim;
     n->fwd_flops = 8.0 * (double)T(B, xin.t)->elems;
@@ -540,13 +583,13 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool 
         save(n, x.t);
     } else {
         snprintf(en, sizeof en, "%s.x_fp32", name);
-        extra(n, new_flat(B, en, MP_DT_F32, N), true);
+        extra_as(n, new_flat(B, en, MP_DT_F32, N), MP_XR_X_FP32);
     }
     snprintf(en, sizeof en, "%s.rsqrt", name);
-    extra(n, new_flat(B, en, MP_DT_F32, M), true);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSQRT);
     snprintf(en, sizeof en, "%s.normed", name);
-    extra(n, new_flat(B, en, f32w ? MP_DT_F32 : xdt, N), true);
-    n->fwd_tmp_bytes = mul(B, N, 4); /* x^2 in fp32 (or the fp32 normalized tensor before the cast) */
+    extra_as(n, new_flat(B, en, f32w ? MP_DT_F32 : xdt, N), MP_XR_NORMED);
+    tmp_one(B, n, false, MP_TR_OTHER, mul(B, N, 4)); /* x^2 in fp32 (or the fp32 normalized tensor before the cast) */
     n->rows = M;
     n->n = dim;
     n->fwd_flops = 6.0 * (double)N;
@@ -562,31 +605,52 @@ static struct val lower_norm(struct bld *B, struct val x, const struct mp_layer 
     return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
 }
 
+/* An activation.  Under autocast with a half input, a composite that calls an op on CUDA
+ * autocast's fp32 list (the amp32 column: gelu_new's torch.pow) runs in fp32 from there on:
+ * pow saves an fp32 copy of its input, the later intermediates and the output are fp32,
+ * and the next Linear casts the output back (its saved half copy).  CUDA's list, not the
+ * CPU's: memplan plans CUDA runs (bench/torch_step_results.md lists the CPU difference). */
 static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool inplace, const char *name)
 {
     if (failed(B))
         return x;
+    enum mp_dtype xdt = dt_of(B, x);
+    bool amp32 = B->amp && xdt != MP_DT_F32;
     bool saves_out = mp_act_saves_output(act);
-    struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, dt_of(B, x), ng(B, x));
+    enum mp_dtype odt = amp32 && mp_act_fp32_under_amp(act, "out") ? MP_DT_F32 : xdt;
+    struct val y = inplace && act == MP_ACT_RELU ? x : like(B, name, x, odt, ng(B, x));
     struct mp_node *n = new_node(B, MP_P_ACT, name);
     if (!n)
         return y;
     n->in[0] = x.t;
     n->out = y.t;
     n->act = act;
-    save(n, saves_out ? y.t : x.t);
+    char en[112];
+    if (saves_out) {
+        save(n, y.t);
+    } else if (amp32 && mp_act_fp32_under_amp(act, "in")) {
+        snprintf(en, sizeof en, "%s.x_fp32", name); /* autocast's cast for pow, saved by pow */
+        extra_as(n, new_flat(B, en, MP_DT_F32, T(B, x.t)->elems), MP_XR_X_FP32);
+    } else {
+        save(n, x.t);
+    }
     /* HF's Python composites (gelu_new, gelu_fast) keep intermediates the size of x */
     size_t n_extras = 0;
+    bool any32 = false;
     for (const char *e = mp_act_intermediates(act); *e; n_extras++) {
         size_t w = strcspn(e, " ");
-        char en[112];
-        snprintf(en, sizeof en, "%s.%.*s", name, (int)w, e);
-        extra(n, new_flat(B, en, dt_of(B, x), T(B, x.t)->elems), true);
+        char word[64];
+        snprintf(word, sizeof word, "%.*s", (int)w, e);
+        bool f32 = amp32 && mp_act_fp32_under_amp(act, word);
+        any32 |= f32;
+        snprintf(en, sizeof en, "%s.%s", name, word);
+        extra_as(n, new_flat(B, en, f32 ? MP_DT_F32 : xdt, T(B, x.t)->elems), MP_XR_ACT_PART);
         e += w;
         e += strspn(e, " ");
     }
+    /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
     if (n_extras)
-        n->fwd_tmp_bytes = mul(B, T(B, x.t)->bytes, 2); /* pow(x, 3) and the polynomial, not saved */
+        tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2));
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
@@ -608,7 +672,7 @@ static struct val lower_dropout(struct bld *B, struct val x, double p, const cha
     n->in[0] = x.t;
     n->out = y.t;
     n->p = p;
-    extra(n, new_flat(B, mn, MP_DT_U8, T(B, x.t)->elems), true);
+    extra_as(n, new_flat(B, mn, MP_DT_U8, T(B, x.t)->elems), MP_XR_DROP_MASK);
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 2.0 * (double)T(B, x.t)->elems;
@@ -688,7 +752,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
      * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
     if (B->rope_cos_sin < 0) {
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", B->p->param_dtype, mul(B, mul(B, 2, B->s), n->rotary_dim));
-        extra(n, B->rope_cos_sin, true);
+        extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
     } else {
         save(n, B->rope_cos_sin);
     }
@@ -696,7 +760,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->rows = rows_of(x);
     n->n = last_dim(x);
     /* q*cos, rotate_half(q) (a cat of two halves) and *sin: two x-sized temporaries. */
-    n->fwd_tmp_bytes = mul(B, T(B, x.t)->bytes, 2);
+    tmp_one(B, n, false, MP_TR_OTHER, mul(B, T(B, x.t)->bytes, 2));
     n->fwd_flops = 3.0 * (double)T(B, x.t)->elems;
     n->bwd_flops = n->fwd_flops;
     return y;
@@ -742,40 +806,45 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
         save(n, y.t);
         uint64_t s_lse = cdt == MP_DT_F32 ? round_up(s, 32) : s;
         snprintf(en, sizeof en, "%s.lse", name);
-        extra(n, new_flat(B, en, MP_DT_F32, mul(B, mul(B, a, b), s_lse)), true);
+        extra_as(n, new_flat(B, en, MP_DT_F32, mul(B, mul(B, a, b), s_lse)), MP_XR_LSE);
         /* backward: softmax_d [b,a,s_r] and dq_accum [b,s_r,a,d_r] in fp32 (flash_api mha_bwd) */
         uint64_t s_r = round_up(s, 128), d_r = round_up(d, 32);
-        n->bwd_tmp_bytes = add(B, mul(B, mul(B, mul(B, b, a), s_r), 4), mul(B, mul(B, mul(B, mul(B, b, s_r), a), d_r), 4));
+        const enum mp_trole fr[2] = {MP_TR_FLASH_D, MP_TR_FLASH_DQ};
+        const uint64_t fb[2] = {mul(B, mul(B, mul(B, b, a), s_r), 4), mul(B, mul(B, mul(B, mul(B, b, s_r), a), d_r), 4)};
+        tmp_parts(B, n, true, 2, fr, fb);
     } else {
         /* Eager: contiguous copies of q, k, v (reshape of transposed views, repeat_kv),
          * scores, softmax (fp32 under autocast), its cast, dropout. */
         const char *cn[3] = {"q_copy", "k_copy", "v_copy"};
+        const enum mp_xrole cr[3] = {MP_XR_Q_COPY, MP_XR_K_COPY, MP_XR_V_COPY};
         for (int i = 0; i < 3; i++) {
             snprintf(en, sizeof en, "%s.%s", name, cn[i]);
-            extra(n, new_flat(B, en, cdt, mul(B, asb, d)), true);
+            extra_as(n, new_flat(B, en, cdt, mul(B, asb, d)), cr[i]);
         }
         if (l->attn_softcap > 0) { /* scores / cap, tanh (saves its output), * cap (Gemma2) */
             snprintf(en, sizeof en, "%s.softcap_tanh", name);
-            extra(n, new_flat(B, en, cdt, ass), true);
+            extra_as(n, new_flat(B, en, cdt, ass), MP_XR_SOFTCAP_TANH);
         }
         enum mp_dtype sm = B->amp ? MP_DT_F32 : cdt;
         snprintf(en, sizeof en, "%s.probs", name);
-        extra(n, new_flat(B, en, sm, ass), true); /* softmax saves its output */
+        extra_as(n, new_flat(B, en, sm, ass), MP_XR_PROBS); /* softmax saves its output */
         if (l->attn_dropout > 0) {
             snprintf(en, sizeof en, "%s.dropout_mask", name);
-            extra(n, new_flat(B, en, MP_DT_U8, ass), true);
+            extra_as(n, new_flat(B, en, MP_DT_U8, ass), MP_XR_ATTN_DROP_MASK);
             snprintf(en, sizeof en, "%s.probs_dropped", name); /* saved by P@V */
-            extra(n, new_flat(B, en, cdt, ass), true);
+            extra_as(n, new_flat(B, en, cdt, ass), MP_XR_PROBS_DROPPED);
         } else if (sm != cdt) {
             snprintf(en, sizeof en, "%s.probs_cast", name); /* probs.to(v dtype), saved by P@V */
-            extra(n, new_flat(B, en, cdt, ass), true);
+            extra_as(n, new_flat(B, en, cdt, ass), MP_XR_PROBS_CAST);
         }
         /* forward transients: scores and masked scores (cdt), the fp32 upcast, the (b,a,s,d) output
          * before its transpose-copy */
         uint64_t sc = mul(B, ass, mp_dtype_size(cdt));
-        n->fwd_tmp_bytes = add(B, add(B, mul(B, sc, 2), sm != cdt ? mul(B, ass, 4) : 0), qbytes);
+        const enum mp_trole er[3] = {MP_TR_SCORES, MP_TR_SCORES_F32, MP_TR_ATTN_OUT};
+        const uint64_t eb[3] = {mul(B, sc, 2), sm != cdt ? mul(B, ass, 4) : 0, qbytes};
+        tmp_parts(B, n, false, 3, er, eb);
         /* backward: grad of probs and the softmax backward output, fp32 */
-        n->bwd_tmp_bytes = mul(B, mul(B, ass, mp_dtype_size(sm)), 2);
+        tmp_one(B, n, true, MP_TR_PROBS_GRAD, mul(B, mul(B, ass, mp_dtype_size(sm)), 2));
     }
     double f = 4.0 * (double)b * (double)a * (double)s * (double)s * (double)d;
     if (l->causal && !eager)
@@ -837,7 +906,7 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
     q = autocast_in(B, q, "q_cast");
     k = autocast_in(B, k, "k_cast");
     struct val o = lower_attn_core(B, q, k, v, l, "sdpa");
-    if (l->rope && l->rotary_dim && l->rotary_dim < l->head_dim && !failed(B)) {
+    if (l->rope && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) && !failed(B)) {
         /* Partial rotary builds q with torch.cat, so the attention output follows q's
          * layout and transpose(1, 2).contiguous() copies it (gpt_neox, phi). */
         o = cast_to(B, o, dt_of(B, o), "out_contiguous");
@@ -978,10 +1047,10 @@ static struct val lower_loss(struct bld *B, struct val logits, const char *name,
     /* nll_loss saves its target and total_weight (the bench/torch_saved.md measurements) */
     if (shift) {
         snprintf(en, sizeof en, "%s.shift_labels", name);
-        extra(n, new_flat(B, en, MP_DT_I64, M), true);
+        extra_as(n, new_flat(B, en, MP_DT_I64, M), MP_XR_SHIFT_LABELS);
     }
     snprintf(en, sizeof en, "%s.total_weight", name);
-    extra(n, new_flat(B, en, dt_of(B, lp), 1), true);
+    extra_as(n, new_flat(B, en, dt_of(B, lp), 1), MP_XR_TOTAL_WEIGHT);
     n->rows = M;
     n->n = V;
     n->fwd_flops = (double)M;
@@ -1065,9 +1134,9 @@ static struct val lower_batchnorm(struct bld *B, struct val x, uint64_t c, const
     n->param[1] = be;
     save(n, x.t);
     snprintf(pn, sizeof pn, "%s.save_mean", name);
-    extra(n, new_flat(B, pn, MP_DT_F32, c), true);
+    extra_as(n, new_flat(B, pn, MP_DT_F32, c), MP_XR_BN_MEAN);
     snprintf(pn, sizeof pn, "%s.save_invstd", name);
-    extra(n, new_flat(B, pn, MP_DT_F32, c), true);
+    extra_as(n, new_flat(B, pn, MP_DT_F32, c), MP_XR_BN_INVSTD);
     n->c_in = n->c_out = c;
     n->h_in = n->h_out = x.shape[2];
     n->w_in = n->w_out = x.shape[3];
@@ -1116,7 +1185,7 @@ static struct val lower_pool(struct bld *B, struct val x, enum mp_prim prim, uin
     if (prim == MP_P_MAXPOOL) {
         char en[80];
         snprintf(en, sizeof en, "%s.indices", name);
-        extra(n, new_flat(B, en, MP_DT_I64, T(B, y.t)->elems), true);
+        extra_as(n, new_flat(B, en, MP_DT_I64, T(B, y.t)->elems), MP_XR_POOL_INDICES);
     }
     n->c_in = n->c_out = x.shape[1];
     n->h_in = hi;
@@ -1166,7 +1235,8 @@ static struct val lower_custom(struct bld *B, struct val x, const struct mp_laye
     n->out = y.t;
     save(n, y.t);
     if (l->c_saved_bytes > l->c_output_bytes)
-        extra(n, new_flat(B, "saved", MP_DT_U8, mul(B, B->b, l->c_saved_bytes - l->c_output_bytes)), true);
+        extra_as(n, new_flat(B, "saved", MP_DT_U8, mul(B, B->b, l->c_saved_bytes - l->c_output_bytes)),
+                 MP_XR_CUSTOM_SAVED);
     if (l->c_params)
         n->param[0] = new_param(B, "params", 1, l->c_params, false);
     n->rows = B->b;
@@ -1209,7 +1279,7 @@ static struct val softcap_logits(struct bld *B, struct val z, const char *name)
     struct val t = lower_act(B, z, MP_ACT_TANH, false, an);
     if (failed(B))
         return t;
-    B->p->nodes[B->p->n_nodes - 1].fwd_tmp_bytes = T(B, z.t)->bytes; /* the divided logits */
+    tmp_one(B, &B->p->nodes[B->p->n_nodes - 1], false, MP_TR_OTHER, T(B, z.t)->bytes); /* the divided logits */
     snprintf(an, sizeof an, "%s.softcap_scale", name);
     struct val y = like(B, an, t, dt_of(B, t), true);
     struct mp_node *n = new_node(B, MP_P_CAST, an);
@@ -1265,7 +1335,7 @@ static struct val pool_logits(struct bld *B, struct val z, const struct mp_layer
     if (!span) {
         char en[96];
         snprintf(en, sizeof en, "%s.index", cn);
-        extra(n, new_flat(B, en, MP_DT_I64, mul(B, 2, z.shape[0])), true);
+        extra_as(n, new_flat(B, en, MP_DT_I64, mul(B, 2, z.shape[0])), MP_XR_GATHER_INDEX);
     }
     return y;
 }
@@ -1285,7 +1355,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             struct mp_node *n;
             struct val y = lower_add_table(B, x, l, nm, 1, &n);
             if (n)
-                n->fwd_tmp_bytes = T(B, y.t)->bytes; /* the looked-up (b,s,h) rows before the add */
+                tmp_one(B, n, false, MP_TR_OTHER, T(B, y.t)->bytes); /* the looked-up (b,s,h) rows */
             *resid = y;
             return y;
         }
@@ -1332,7 +1402,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             return y;
         char en[112];
         snprintf(en, sizeof en, "%s.position_ids", nm); /* int64, saved by the position lookup */
-        extra(n, new_flat(B, en, MP_DT_I64, B->s), true);
+        extra_as(n, new_flat(B, en, MP_DT_I64, B->s), MP_XR_POSITION_IDS);
         *resid = y;
         return y;
     }
@@ -1433,6 +1503,45 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     MP_BUG("unknown layer type %d", (int)l->type);
 }
 
+/* Every extra has a role, and the parts of each transient add up to it: a transient set
+ * without parts (a plain fwd_tmp_bytes/bwd_tmp_bytes assignment) gets one MP_TR_OTHER part
+ * for what its parts do not cover, so executors never read it. */
+static enum mp_status fill_tmp_other(struct mp_node *n, bool bwd, struct mp_diag *d)
+{
+    struct mp_tmp_part *pt = bwd ? n->bwd_tmp : n->fwd_tmp;
+    int *cnt = bwd ? &n->n_bwd_tmp : &n->n_fwd_tmp;
+    uint64_t total = bwd ? n->bwd_tmp_bytes : n->fwd_tmp_bytes, covered = 0;
+    for (int i = 0; i < *cnt; i++)
+        covered = mp_max_u64(covered, pt[i].offset + pt[i].bytes);
+    if (covered > total)
+        return mp_fail(d, MP_ERR_INTERNAL, "%s: its %s temporaries (%llu bytes) exceed the transient (%llu)",
+                       n->name, bwd ? "backward" : "forward", (unsigned long long)covered,
+                       (unsigned long long)total);
+    if (covered < total) {
+        if (*cnt >= MP_NODE_TMP_MAX)
+            return mp_fail(d, MP_ERR_INTERNAL, "%s: too many temporaries", n->name);
+        pt[(*cnt)++] = (struct mp_tmp_part){MP_TR_OTHER, covered, total - covered};
+    }
+    return MP_OK;
+}
+
+static enum mp_status check_roles(struct mp_program *p, struct mp_diag *d)
+{
+    for (size_t k = 0; k < p->n_nodes; k++) {
+        struct mp_node *n = &p->nodes[k];
+        for (int j = 0; j < n->n_extra; j++)
+            if (n->extra_role[j] == MP_XR_NONE || n->extra_role[j] >= MP_XR_COUNT)
+                return mp_fail(d, MP_ERR_INTERNAL, "%s: extra %s has no role (layers.c: extra_as)", n->name,
+                               p->tensors[n->extra[j]].name);
+        enum mp_status st = fill_tmp_other(n, false, d);
+        if (st == MP_OK)
+            st = fill_tmp_other(n, true, d);
+        if (st != MP_OK)
+            return st;
+    }
+    return MP_OK;
+}
+
 /* ---- the program ------------------------------------------------------------------ */
 
 /* ---- frozen parameters: what autograd records ------------------------------------------------ */
@@ -1492,6 +1601,7 @@ static void apply_requires_grad(struct mp_program *p)
             n->grad_in = false;
             n->bwd_flops = 0;
             n->bwd_tmp_bytes = 0;
+            n->n_bwd_tmp = 0;
             save(n, n->out);
             continue;
         }
@@ -1502,6 +1612,7 @@ static void apply_requires_grad(struct mp_program *p)
             n->grad_in = false;
             n->bwd_flops = 0;
             n->bwd_tmp_bytes = 0;
+            n->n_bwd_tmp = 0;
             continue;
         }
         switch (n->prim) {
@@ -1516,10 +1627,10 @@ static void apply_requires_grad(struct mp_program *p)
                 for (int j = 0; j < n->n_extra; j++)
                     unsave(n, n->extra[j]); /* the autocast weight copy */
             n->bwd_flops = (wt ? f : 0) + (ing[0] ? f + dq : 0);
-            if (!wt && !n->quantized)
-                n->bwd_tmp_bytes = 0; /* no half weight gradient to copy into .grad */
-            if (n->quantized && !ing[0])
-                n->bwd_tmp_bytes = 0;
+            if ((!wt && !n->quantized) || (n->quantized && !ing[0])) {
+                n->bwd_tmp_bytes = 0; /* no half weight gradient to copy into .grad / no dequantized W */
+                n->n_bwd_tmp = 0;
+            }
             break;
         }
         case MP_P_MUL:
@@ -1631,6 +1742,11 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
     }
     if (o->ft.mode != MP_FT_FULL)
         apply_requires_grad(p);
+    enum mp_status rst = check_roles(p, d);
+    if (rst != MP_OK) {
+        mp_program_release(p);
+        return rst;
+    }
     for (size_t i = 0; i < p->n_blocks; i++) {
         struct mp_block_prog *bp = &p->blocks[i];
         for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++) {

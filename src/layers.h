@@ -80,7 +80,60 @@ struct mp_tensor {
     int block;                    /* block that creates it (-1: the model input) */
 };
 
-#define MP_NODE_EXTRA_MAX 6
+#define MP_NODE_EXTRA_MAX 8
+#define MP_NODE_TMP_MAX 3
+
+/* What each extra tensor of a node is.  Executors find an extra by its role
+ * (mp_node_extra), never by its position, the count of extras or a byte formula, so
+ * a change in layers.c cannot silently change what a backend reads. */
+enum mp_xrole {
+    MP_XR_NONE,           /* unset: mp_program_build refuses it (MP_ERR_INTERNAL) */
+    MP_XR_WEIGHT_COPY,    /* linear: the autocast half copy of W */
+    MP_XR_MEAN,           /* layernorm: mean (M fp32) */
+    MP_XR_RSTD,           /* layernorm: 1/std (M fp32) */
+    MP_XR_X_FP32,         /* x upcast to fp32: HF RMSNorm (half x), an autocast pow's input (composite GELUs) */
+    MP_XR_RSQRT,          /* HF RMSNorm: rsqrt(mean(x^2) + eps) (M fp32) */
+    MP_XR_NORMED,         /* HF RMSNorm: x * rsqrt, the weight's input */
+    MP_XR_ACT_PART,       /* HF composite GELUs: intermediates, in mp_act_intermediates order */
+    MP_XR_DROP_MASK,      /* dropout: the u8 keep mask */
+    MP_XR_COS_SIN,        /* rope: the cos/sin table (first rope of the forward) */
+    MP_XR_LSE,            /* flash attention: fp32 logsumexp (b, a, s rounded) */
+    MP_XR_Q_COPY,         /* eager attention: contiguous q, k, v */
+    MP_XR_K_COPY,
+    MP_XR_V_COPY,
+    MP_XR_SOFTCAP_TANH,   /* eager attention with logit soft-capping: tanh(scores / cap) */
+    MP_XR_PROBS,          /* eager attention: softmax output */
+    MP_XR_ATTN_DROP_MASK, /* eager attention: dropout mask on the probabilities (u8) */
+    MP_XR_PROBS_DROPPED,  /* eager attention: dropped probabilities, P@V's input */
+    MP_XR_PROBS_CAST,     /* eager attention: probabilities cast to v's dtype, P@V's input */
+    MP_XR_BN_MEAN,        /* batchnorm: save_mean (C fp32) */
+    MP_XR_BN_INVSTD,      /* batchnorm: save_invstd (C fp32) */
+    MP_XR_POOL_INDICES,   /* maxpool: int64 argmax indices */
+    MP_XR_SHIFT_LABELS,   /* nll_loss: the shifted int64 labels */
+    MP_XR_TOTAL_WEIGHT,   /* nll_loss: total_weight */
+    MP_XR_GATHER_INDEX,   /* last-token pooling: the two int64 index vectors */
+    MP_XR_POSITION_IDS,   /* learned positions: int64 position ids */
+    MP_XR_CUSTOM_SAVED,   /* custom: the rest of what the block saves (opaque bytes) */
+    MP_XR_COUNT
+};
+
+/* What a part of a node's transient workspace (its TMP storage, one per phase) is, at a
+ * byte offset inside it. */
+enum mp_trole {
+    MP_TR_OTHER,          /* counted only: no executor reads or writes it */
+    MP_TR_WGRAD_HALF,     /* linear backward under autocast: the half dW before its fp32 copy into .grad */
+    MP_TR_DEQUANT,        /* quantized linear: the dequantized weight (each direction) */
+    MP_TR_FLASH_D,        /* flash backward: softmax_d (b, a, s rounded to 128) fp32 */
+    MP_TR_FLASH_DQ,       /* flash backward: dq accumulator (b, s_r, a, d rounded to 32) fp32 */
+    MP_TR_SCORES,         /* eager forward: scores and masked scores (b, a, s, s) in the matmul dtype */
+    MP_TR_SCORES_F32,     /* eager forward under autocast: the fp32 upcast of the scores */
+    MP_TR_ATTN_OUT,       /* eager forward: the (b, a, s, d) output before its transpose-copy */
+    MP_TR_PROBS_GRAD,     /* eager backward: grad of probs, then softmax's backward output (2 x (b,a,s,s)) */
+};
+struct mp_tmp_part {
+    enum mp_trole role;
+    uint64_t offset, bytes;
+};
 #define MP_NODE_SAVED_MAX 8
 
 struct mp_node {
@@ -96,6 +149,9 @@ struct mp_node {
                                      flows through it: the half logits during the loss); -1 none */
     int n_extra;
     int extra[MP_NODE_EXTRA_MAX]; /* tensors created besides out, kept only if saved */
+    enum mp_xrole extra_role[MP_NODE_EXTRA_MAX];
+    int n_fwd_tmp, n_bwd_tmp;     /* the parts of fwd_tmp_bytes / bwd_tmp_bytes (they add up to them) */
+    struct mp_tmp_part fwd_tmp[MP_NODE_TMP_MAX], bwd_tmp[MP_NODE_TMP_MAX];
     int n_saved;
     int saved[MP_NODE_SAVED_MAX]; /* tensors kept for backward (distinct ids) */
     int param[2];                 /* parameter ids (weight, bias); -1 unused */
@@ -161,6 +217,11 @@ struct mp_program {
     double fwd_flops, bwd_flops;
     size_t cap_tensors, cap_nodes, cap_params; /* private */
 };
+
+/* The tensor id of n's nth extra with role r (nth from 0), or -1. */
+int mp_node_extra(const struct mp_node *n, enum mp_xrole r, int nth);
+/* The part of n's forward (bwd false) or backward TMP storage with role r, or NULL. */
+const struct mp_tmp_part *mp_node_tmp(const struct mp_node *n, bool bwd, enum mp_trole r);
 
 /* Lowers m at o (seq 0 means the model's default).  On error the program is
  * released and d says which layer and why.  Release with mp_program_release. */

@@ -254,7 +254,22 @@ static void print_help(FILE *f)
 {
     fprintf(f, "Usage: memplan COMMAND MODEL [options]\n\n"
                "Plans GPU memory for training: estimate, checkpoint placement, batch size.\n"
-               "MODEL is a memplan JSON model or a Hugging Face config.json.\n\nCommands:\n");
+               "MODEL is a memplan JSON model or a Hugging Face config.json (the task head from\n"
+               "architectures[0]) of model type");
+    /* the types, wrapped at 100 columns */
+    size_t col = strlen("architectures[0]) of model type");
+    for (const char *t = mp_hf_model_types(); *t;) {
+        size_t n = strcspn(t, ",");
+        if (col + n + 2 > 100) {
+            fputs("\n ", f);
+            col = 1;
+        }
+        fprintf(f, " %.*s%s", (int)n, t, t[n] ? "," : ".");
+        col += n + 2;
+        t += n;
+        t += strspn(t, ", ");
+    }
+    fputs("\n\nCommands:\n", f);
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-9s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
     fprintf(f, "  %-9s %s\n", "help", "help [COMMAND | gpus]: a command's options, or the GPU profiles");

@@ -36,10 +36,10 @@ int mp_layer_type_parse(const char *s)
 
 enum { SAVES_IN, SAVES_OUT };
 static const struct {
-    const char *name, *aliases, *extras;
+    const char *name, *aliases, *extras, *amp32;
     bool saves_out;
 } act_rows[MP_ACT_COUNT] = {
-#define MP_X(id, name, aliases, saves, extras) {name, aliases, extras, SAVES_##saves == SAVES_OUT},
+#define MP_X(id, name, aliases, saves, extras, amp32) {name, aliases, extras, amp32, SAVES_##saves == SAVES_OUT},
     MP_ACTIVATIONS(MP_X)
 #undef MP_X
 };
@@ -47,6 +47,20 @@ static const struct {
 const char *mp_act_str(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].name : "?"; }
 bool mp_act_saves_output(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT && act_rows[a].saves_out; }
 const char *mp_act_intermediates(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].extras : ""; }
+int mp_act_n_intermediates(enum mp_act a)
+{
+    int n = 0;
+    for (const char *e = mp_act_intermediates(a); *e; n++) {
+        e += strcspn(e, " ");
+        e += strspn(e, " ");
+    }
+    return n;
+}
+
+bool mp_act_fp32_under_amp(enum mp_act a, const char *what)
+{
+    return (unsigned)a < MP_ACT_COUNT && mp_in_list(act_rows[a].amp32, what);
+}
 
 /* True when word is one of the space-separated words of list (model_read.h). */
 bool mp_in_list(const char *list, const char *word)

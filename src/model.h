@@ -53,24 +53,27 @@ int mp_layer_type_parse(const char *s);
  * (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh); GELU_NEW / GELU_FAST are HF's
  * composites (NewGELUActivation, FastGELUActivation), same function.  A new activation
  * is one row here plus its math (probe_host.c act_f/act_df, kernels/); append rows only:
- * the order is the kernels' activation code. */
+ * the order is the kernels' activation code.  amp32: what is fp32 under CUDA autocast with a
+ * half input, because the composite calls an op on CUDA's fp32 list (gelu_new: torch.pow):
+ * "in" the saved input becomes an fp32 copy, named intermediates are fp32, "out" the output
+ * is fp32.  CPU autocast does not list pow, so a CPU measurement differs there. */
 #define MP_ACTIVATIONS(X)                                                                        \
-    X(GELU, "gelu", "", IN, "")                                                                  \
-    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "")                             \
-    X(RELU, "relu", "", OUT, "")                                                                 \
-    X(SILU, "silu", "swish", IN, "")                                                             \
-    X(TANH, "tanh", "", OUT, "")                                                                 \
-    X(SIGMOID, "sigmoid", "", OUT, "")                                                           \
-    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh")                                 \
-    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh")
+    X(GELU, "gelu", "", IN, "", "")                                                              \
+    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "", "")                         \
+    X(RELU, "relu", "", OUT, "", "")                                                             \
+    X(SILU, "silu", "swish", IN, "", "")                                                         \
+    X(TANH, "tanh", "", OUT, "", "")                                                             \
+    X(SIGMOID, "sigmoid", "", OUT, "", "")                                                       \
+    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh", "in tanh one_plus_tanh out")    \
+    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh", "")
 
 enum mp_act {
-#define MP_X(id, name, aliases, saves, extras) MP_ACT_##id,
+#define MP_X(id, name, aliases, saves, extras, amp32) MP_ACT_##id,
     MP_ACTIVATIONS(MP_X)
 #undef MP_X
 };
 enum { /* the number of rows (outside enum mp_act, so switches over it stay exhaustive) */
-#define MP_X(id, name, aliases, saves, extras) MP_ACT_ROW_##id,
+#define MP_X(id, name, aliases, saves, extras, amp32) MP_ACT_ROW_##id,
     MP_ACTIVATIONS(MP_X)
 #undef MP_X
         MP_ACT_COUNT
@@ -80,6 +83,11 @@ int mp_act_parse(const char *s); /* -1 if unknown; accepts the HF aliases (gelu_
 bool mp_act_saves_output(enum mp_act a);
 /* The space-separated names of the HF intermediates it keeps ("" for none). */
 const char *mp_act_intermediates(enum mp_act a);
+/* How many intermediates it keeps (words of mp_act_intermediates). */
+int mp_act_n_intermediates(enum mp_act a);
+/* Whether `what` ("in", "out" or an intermediate's name) is fp32 under CUDA autocast with a
+ * half input (the amp32 column). */
+bool mp_act_fp32_under_amp(enum mp_act a, const char *what);
 
 enum mp_attn_impl { MP_ATTN_SDPA, MP_ATTN_FLASH, MP_ATTN_EAGER };
 const char *mp_attn_impl_str(enum mp_attn_impl a);
@@ -126,6 +134,8 @@ struct mp_layer {
     bool fused_qkv;     /* one [h, (a+2kv)d] projection (GPT-2, NeoX) vs three (Llama) */
     bool rope;          /* rotary embedding: q and k are rewritten (new storages) */
     uint64_t rotary_dim; /* partial rotary (NeoX, phi); 0 = head_dim */
+    bool rope_cat;      /* q/k rebuilt with torch.cat even at full rotary (the partial-rotary code of
+                           NeoX, phi, Phi-3, StableLM): the attention output is then copied */
     enum mp_attn_impl impl;
     bool impl_set;      /* impl came from the file (else the --attention default applies) */
     double attn_dropout;  /* dropout on attention probabilities */
@@ -211,6 +221,9 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
 
 /* True when some layer computes attention (so --attention and the attention default apply). */
 bool mp_model_has_attention(const struct mp_model *m);
+
+/* The Hugging Face model_type values the config.json reader accepts, comma-separated. */
+const char *mp_hf_model_types(void);
 
 /* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
  * Readers call it last. */

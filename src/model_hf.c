@@ -240,6 +240,8 @@ static const struct family families[] = {
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
     "gemma2, gemma3_text, opt, roberta, distilbert"
 
+const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
+
 /* The config after the transformers defaults: everything the lowering needs. */
 struct hf {
     const struct family *f;
@@ -739,6 +741,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->fused_qkv = c->fused_qkv;
         l->rope = c->rope;
         l->rotary_dim = c->rotary_dim;
+        l->rope_cat = c->rope && c->f->k_rotary;
         l->impl = MP_ATTN_SDPA;
         l->impl_set = false;
         l->attn_dropout = c->attn_p;

@@ -393,6 +393,19 @@ static void ctx_node(struct ctx *c, struct cu_exec *x, int k)
     c->tmp.dt = MP_K_U8;
 }
 
+/* The node's extra with role r (layers.h mp_xrole); p == NULL when it has none. */
+static struct dv xr(const struct ctx *c, enum mp_xrole r) { return tview(c->x, MP_ST_ACT, mp_node_extra(c->n, r, 0)); }
+static bool has_x(const struct ctx *c, enum mp_xrole r) { return mp_node_extra(c->n, r, 0) >= 0; }
+
+/* The part of the node's TMP storage with role r (NULL when it has none, or not that size). */
+static void *tmp_part(const struct ctx *c, bool bwd, enum mp_trole r, uint64_t want_bytes)
+{
+    const struct mp_tmp_part *t = mp_node_tmp(c->n, bwd, r);
+    if (!t || !c->tmp.p || (want_bytes && t->bytes != want_bytes))
+        return NULL;
+    return (char *)c->tmp.p + t->offset;
+}
+
 static enum mp_status missing(struct ctx *c, const char *what)
 {
     return mp_fail(c->x->d, MP_ERR_INTERNAL, "probe: %s (%s): %s is not allocated", c->n->name,
@@ -471,13 +484,14 @@ static enum mp_status pass_run(struct ctx *c, bool fwd)
 /* Under autocast the GEMM uses the half copy of W (extra 0), refreshed by the forward. */
 static enum mp_status matmul_weight(struct ctx *c, bool fwd, struct dv *w)
 {
-    if (c->n->n_extra > 0) {
-        NEED(c->ex[0]);
+    if (has_x(c, MP_XR_WEIGHT_COPY)) {
+        struct dv copy = xr(c, MP_XR_WEIGHT_COPY);
+        NEED(copy);
         if (fwd) {
             NEED(c->w);
-            KK(c->x->d, mp_k_convert(c->ex[0].p, c->ex[0].dt, c->w.p, c->w.dt, c->w.n, 0, S(c->x)));
+            KK(c->x->d, mp_k_convert(copy.p, copy.dt, c->w.p, c->w.dt, c->w.n, 0, S(c->x)));
         }
-        *w = c->ex[0];
+        *w = copy;
         return MP_OK;
     }
     NEED(c->w);
@@ -519,11 +533,12 @@ static enum mp_status linear_run(struct ctx *c, bool fwd)
     if (c->gw.p) {
         NEED(c->in[0]);
         int cdt = (int)c->p->compute_dtype;
-        if (c->tmp.p && cdt != MP_K_F32 && n->bwd_tmp_bytes == N * K * esz(cdt)) {
+        void *half = cdt != MP_K_F32 ? tmp_part(c, true, MP_TR_WGRAD_HALF, N * K * esz(cdt)) : NULL;
+        if (half) {
             /* PyTorch: a half weight gradient, then its fp32 copy into .grad */
             GEMM(x, true, false, N, K, M, 1.0f, c->gout.p, c->gout.dt, N, 0, c->in[0].p, c->in[0].dt, K, 0, 0.0f,
-                 c->tmp.p, cdt, K, 0, 1);
-            KK(x->d, mp_k_convert(c->gw.p, c->gw.dt, c->tmp.p, cdt, N * K, 1, S(x)));
+                 half, cdt, K, 0, 1);
+            KK(x->d, mp_k_convert(c->gw.p, c->gw.dt, half, cdt, N * K, 1, S(x)));
         } else {
             GEMM(x, true, false, N, K, M, 1.0f, c->gout.p, c->gout.dt, N, 0, c->in[0].p, c->in[0].dt, K, 0, 1.0f,
                  c->gw.p, c->gw.dt, K, 0, 1);
@@ -542,15 +557,17 @@ static enum mp_status layernorm_run(struct ctx *c, bool fwd)
     struct cu_exec *x = c->x;
     NEED(c->in[0]);
     NEED(c->w);
-    NEED(c->ex[0]);
-    NEED(c->ex[1]);
+    struct dv st0 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_MEAN) : xr(c, MP_XR_BN_MEAN);
+    struct dv st1 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_RSTD) : xr(c, MP_XR_BN_INVSTD);
+    NEED(st0);
+    NEED(st1);
     if (fwd) {
         NEED(c->out);
-        KK(x->d, mp_k_layernorm_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->w.p, c->b.p, c->w.dt, c->ex[0].p,
-                                    c->ex[1].p, n->rows, n->n, MP_LN_EPS, S(x)));
+        KK(x->d, mp_k_layernorm_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->w.p, c->b.p, c->w.dt, st0.p,
+                                    st1.p, n->rows, n->n, MP_LN_EPS, S(x)));
     } else if (c->gout.p) {
         KK(x->d, mp_k_layernorm_bwd(c->gin[0].p, c->gw.p, c->gb.p, c->w.dt, c->gout.p, c->in[0].p, c->in[0].dt,
-                                    c->ex[0].p, c->ex[1].p, c->w.p, n->rows, n->n, S(x)));
+                                    st0.p, st1.p, c->w.p, n->rows, n->n, S(x)));
     }
     return MP_OK;
 }
@@ -559,8 +576,8 @@ static enum mp_status rmsnorm_run(struct ctx *c, bool fwd)
 {
     const struct mp_node *n = c->n;
     struct cu_exec *x = c->x;
-    int e = n->n_extra == 3 ? 1 : 0;
-    struct dv xs = e ? c->ex[0] : c->in[0], rs = c->ex[e], nm = c->ex[e + 1];
+    bool e = has_x(c, MP_XR_X_FP32);
+    struct dv xs = e ? xr(c, MP_XR_X_FP32) : c->in[0], rs = xr(c, MP_XR_RSQRT), nm = xr(c, MP_XR_NORMED);
     NEED(c->w);
     NEED(rs);
     NEED(nm);
@@ -587,15 +604,17 @@ static enum mp_status batchnorm_run(struct ctx *c, bool fwd)
     NEED(c->in[0]);
     NEED(c->w);
     NEED(c->b);
-    NEED(c->ex[0]);
-    NEED(c->ex[1]);
+    struct dv st0 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_MEAN) : xr(c, MP_XR_BN_MEAN);
+    struct dv st1 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_RSTD) : xr(c, MP_XR_BN_INVSTD);
+    NEED(st0);
+    NEED(st1);
     if (fwd) {
         NEED(c->out);
-        KK(x->d, mp_k_batchnorm_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->w.p, c->b.p, c->w.dt, c->ex[0].p,
-                                    c->ex[1].p, B, C, HW, MP_BN_EPS, S(x)));
+        KK(x->d, mp_k_batchnorm_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->w.p, c->b.p, c->w.dt, st0.p,
+                                    st1.p, B, C, HW, MP_BN_EPS, S(x)));
     } else if (c->gout.p) {
         KK(x->d, mp_k_batchnorm_bwd(c->gin[0].p, c->gw.p, c->gb.p, c->w.dt, c->gout.p, c->in[0].p, c->in[0].dt,
-                                    c->ex[0].p, c->ex[1].p, c->w.p, B, C, HW, S(x)));
+                                    st0.p, st1.p, c->w.p, B, C, HW, S(x)));
     }
     return MP_OK;
 }
@@ -656,19 +675,21 @@ static enum mp_status flash_run(struct ctx *c, bool fwd)
     NEED(c->in[1]);
     NEED(c->in[2]);
     NEED(c->out);
-    NEED(c->ex[0]);
-    uint64_t s_lse = c->ex[0].n / (A.b * A.a);
+    struct dv lse = xr(c, MP_XR_LSE);
+    NEED(lse);
+    uint64_t s_lse = lse.n / (A.b * A.a);
     if (fwd) {
-        KK(x->d, mp_k_flash_fwd(&A, c->out.p, c->ex[0].p, s_lse, S(x)));
+        KK(x->d, mp_k_flash_fwd(&A, c->out.p, lse.p, s_lse, S(x)));
         return MP_OK;
     }
     if (!c->gout.p)
         return MP_OK;
     uint64_t s_r = round_up(A.s, 128), d_r = round_up(A.d, 32), nD = A.b * A.a * s_r;
-    if (!c->tmp.p || c->n->bwd_tmp_bytes != (nD + A.b * s_r * A.a * d_r) * 4)
+    float *dsum = tmp_part(c, true, MP_TR_FLASH_D, nD * 4), *dq_acc = tmp_part(c, true, MP_TR_FLASH_DQ,
+                                                                               A.b * s_r * A.a * d_r * 4);
+    if (!dsum || !dq_acc)
         return missing(c, "the softmax_d/dq_accum temporary");
-    float *dsum = c->tmp.p, *dq_acc = dsum + nD;
-    KK(x->d, mp_k_flash_bwd(&A, c->out.p, c->gout.p, c->ex[0].p, s_lse, dsum, dq_acc, s_r, d_r, c->gin[0].p,
+    KK(x->d, mp_k_flash_bwd(&A, c->out.p, c->gout.p, lse.p, s_lse, dsum, dq_acc, s_r, d_r, c->gin[0].p,
                             c->gin[1].p, c->gin[2].p, S(x)));
     return MP_OK;
 }
@@ -676,7 +697,9 @@ static enum mp_status flash_run(struct ctx *c, bool fwd)
 /* Eager: extras q_copy, k_copy, v_copy (b,a,s,d), probs (b,a,s,s), then [mask, dropped] or [cast]. */
 static struct dv eager_pv(const struct ctx *c)
 {
-    return c->n->n_extra == 6 ? c->ex[5] : c->n->n_extra == 5 ? c->ex[4] : c->ex[3];
+    return has_x(c, MP_XR_PROBS_DROPPED) ? xr(c, MP_XR_PROBS_DROPPED)
+           : has_x(c, MP_XR_PROBS_CAST) ? xr(c, MP_XR_PROBS_CAST)
+                                        : xr(c, MP_XR_PROBS);
 }
 
 static enum mp_status eager_fwd(struct ctx *c)
@@ -691,21 +714,25 @@ static enum mp_status eager_fwd(struct ctx *c)
     for (int j = 0; j < n->n_extra; j++)
         if (!c->ex[j].p)
             return missing(c, "an eager extra");
-    struct dv qc = c->ex[0], kc = c->ex[1], vc = c->ex[2], pr = c->ex[3], pv = eager_pv(c);
+    if (has_x(c, MP_XR_SOFTCAP_TANH))
+        return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: attention logit soft-capping is not implemented "
+                                                 "by the probe yet", n->name);
+    struct dv qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY), pr = xr(c, MP_XR_PROBS),
+              pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
     int cdt = qc.dt, sm = pr.dt;
     uint64_t b = A.b, s = A.s, a = A.a, d = A.d, ass = b * a * s * s;
     /* forward temporary: scores, masked scores (cdt), the fp32 upcast (if any), the (b,a,s,d) output */
-    uint64_t o_off = 2 * ass * esz(cdt) + (sm != cdt ? ass * 4 : 0);
-    if (!c->tmp.p || n->fwd_tmp_bytes != o_off + b * a * s * d * esz(cdt))
+    void *scores = tmp_part(c, false, MP_TR_SCORES, 2 * ass * esz(cdt));
+    void *o = tmp_part(c, false, MP_TR_ATTN_OUT, b * a * s * d * esz(cdt));
+    if (!scores || !o)
         return missing(c, "the scores temporary");
-    void *scores = c->tmp.p, *o = (char *)c->tmp.p + o_off;
     KK(x->d, mp_k_attn_pack(&A, qc.p, kc.p, vc.p, S(x)));
     GEMM(x, false, true, s, s, d, A.scale, qc.p, cdt, d, s * d, kc.p, cdt, d, s * d, 0.0f, scores, cdt, s, s * s,
          b * a);
     KK(x->d, mp_k_attn_softmax(pr.p, sm, scores, cdt, b * a * s, s, A.causal, S(x)));
-    if (n->n_extra == 6)
-        KK(x->d, mp_k_attn_probs_out(pv.p, pv.dt, c->ex[4].p, pr.p, sm, ass, A.p, A.key, S(x)));
-    else if (n->n_extra == 5)
+    if (dmask.p)
+        KK(x->d, mp_k_attn_probs_out(pv.p, pv.dt, dmask.p, pr.p, sm, ass, A.p, A.key, S(x)));
+    else if (pv.p != pr.p)
         KK(x->d, mp_k_attn_probs_out(pv.p, pv.dt, NULL, pr.p, sm, ass, 0.0f, 0, S(x)));
     GEMM(x, false, false, s, d, s, 1.0f, pv.p, pv.dt, s, s * s, vc.p, cdt, d, s * d, 0.0f, o, cdt, d, s * d, b * a);
     KK(x->d, mp_k_attn_unpack(c->out.p, o, cdt, b, s, a, d, S(x)));
@@ -722,17 +749,19 @@ static enum mp_status eager_bwd(struct ctx *c)
     for (int j = 0; j < n->n_extra; j++)
         if (!c->ex[j].p)
             return missing(c, "an eager extra");
-    struct dv qc = c->ex[0], kc = c->ex[1], vc = c->ex[2], pr = c->ex[3], pv = eager_pv(c), go = c->gout;
+    struct dv qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY), pr = xr(c, MP_XR_PROBS),
+              pv = eager_pv(c), go = c->gout, dmask = xr(c, MP_XR_ATTN_DROP_MASK);
     int cdt = qc.dt, sm = pr.dt;
     uint64_t b = A.b, s = A.s, a = A.a, kv = A.kv, d = A.d, g = a / kv, ass = b * a * s * s, ss = s * s;
-    if (!c->tmp.p || n->bwd_tmp_bytes != 2 * ass * esz(sm))
+    char *pg = tmp_part(c, true, MP_TR_PROBS_GRAD, 2 * ass * esz(sm));
+    if (!pg)
         return missing(c, "the softmax-backward temporary");
-    struct dv dP = {c->tmp.p, sm, ass}, dS = {(char *)c->tmp.p + ass * esz(sm), sm, ass};
+    struct dv dP = {pg, sm, ass}, dS = {pg + ass * esz(sm), sm, ass};
     /* dP' = dO V^T per sample (dO is (b, s, a*d): heads at column h*d) */
     for (uint64_t bi = 0; bi < b; bi++)
         GEMM(x, false, true, s, s, d, 1.0f, at(go, bi * s * a * d), go.dt, a * d, d, at(vc, bi * a * s * d), cdt, d,
              s * d, 0.0f, at(dP, bi * a * ss), sm, s, ss, a);
-    KK(x->d, mp_k_softmax_bwd(dS.p, dP.p, sm, pr.p, n->n_extra == 6 ? c->ex[4].p : NULL, A.p, b * a * s, s, S(x)));
+    KK(x->d, mp_k_softmax_bwd(dS.p, dP.p, sm, pr.p, dmask.p, A.p, b * a * s, s, S(x)));
     struct dv dsc = dS;
     if (sm != cdt) { /* the fp32 softmax gradient cast to the matmul dtype (into dP's space) */
         dsc = (struct dv){dP.p, cdt, ass};
@@ -766,17 +795,25 @@ static enum mp_status act_run(struct ctx *c, bool fwd)
         NEED(c->in[0]);
         NEED(c->out);
         void *parts[MP_NODE_EXTRA_MAX];
-        int np = c->n->act == MP_ACT_GELU_NEW || c->n->act == MP_ACT_GELU_FAST ? c->n->n_extra : 0;
-        for (int j = 0; j < np; j++) {
-            NEED(c->ex[j]);
-            parts[j] = c->ex[j].p;
+        int dts[MP_NODE_EXTRA_MAX], np = 0;
+        if (has_x(c, MP_XR_X_FP32)) { /* the fp32 copy of the input */
+            struct dv xf = xr(c, MP_XR_X_FP32);
+            NEED(xf);
+            KK(x->d, mp_k_convert(xf.p, xf.dt, c->in[0].p, c->in[0].dt, xf.n, 0, S(x)));
         }
-        KK(x->d, mp_k_act_fwd(c->out.p, c->in[0].p, c->in[0].dt, c->out.n, (int)c->n->act, parts, np, S(x)));
+        for (; mp_node_extra(c->n, MP_XR_ACT_PART, np) >= 0; np++) {
+            struct dv part = tview(x, MP_ST_ACT, mp_node_extra(c->n, MP_XR_ACT_PART, np));
+            NEED(part);
+            parts[np] = part.p;
+            dts[np] = part.dt;
+        }
+        KK(x->d, mp_k_act_fwd(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, c->out.n, (int)c->n->act, parts, dts,
+                              np, S(x)));
     } else if (c->gout.p && c->gin[0].p) {
         struct dv sv = tview(x, MP_ST_ACT, c->n->saved[0]);
         NEED(sv);
-        KK(x->d, mp_k_act_bwd(c->gin[0].p, c->gout.p, sv.p, c->gout.dt, c->gout.n, (int)c->n->act,
-                              c->gin[0].p == c->gout.p, S(x)));
+        KK(x->d, mp_k_act_bwd(c->gin[0].p, c->gin[0].dt, c->gout.p, c->gout.dt, sv.p, sv.dt, c->gout.n,
+                              (int)c->n->act, c->gin[0].p == c->gout.p, S(x)));
     }
     return MP_OK;
 }
@@ -799,14 +836,14 @@ static enum mp_status mul_run(struct ctx *c, bool fwd)
 static enum mp_status dropout_run(struct ctx *c, bool fwd)
 {
     struct cu_exec *x = c->x;
-    NEED(c->ex[0]);
+    NEED(xr(c, MP_XR_DROP_MASK));
     if (fwd) {
         NEED(c->in[0]);
         NEED(c->out);
-        KK(x->d, mp_k_dropout_fwd(c->out.p, c->in[0].p, c->out.dt, c->ex[0].p, c->out.n, (float)c->n->p,
+        KK(x->d, mp_k_dropout_fwd(c->out.p, c->in[0].p, c->out.dt, xr(c, MP_XR_DROP_MASK).p, c->out.n, (float)c->n->p,
                                   mp_dropout_key(x->seed, c->k, x->rng_step), S(x)));
     } else if (c->gout.p && c->gin[0].p) {
-        KK(x->d, mp_k_dropout_bwd(c->gin[0].p, c->gout.p, c->gout.dt, c->ex[0].p, c->gout.n, (float)c->n->p, S(x)));
+        KK(x->d, mp_k_dropout_bwd(c->gin[0].p, c->gout.p, c->gout.dt, xr(c, MP_XR_DROP_MASK).p, c->gout.n, (float)c->n->p, S(x)));
     }
     return MP_OK;
 }
@@ -899,13 +936,13 @@ static enum mp_status pool_run(struct ctx *c, bool fwd)
                                   : n->prim == MP_P_AVGPOOL ? MP_K_AVGPOOL
                                                             : MP_K_ADAPTIVE};
     if (P.kind == MP_K_MAXPOOL)
-        NEED(c->ex[0]);
+        NEED(xr(c, MP_XR_POOL_INDICES));
     if (fwd) {
         NEED(c->in[0]);
         NEED(c->out);
-        KK(x->d, mp_k_pool_fwd(c->out.p, c->in[0].p, c->out.dt, c->ex[0].p, &P, S(x)));
+        KK(x->d, mp_k_pool_fwd(c->out.p, c->in[0].p, c->out.dt, xr(c, MP_XR_POOL_INDICES).p, &P, S(x)));
     } else if (c->gout.p && c->gin[0].p) {
-        KK(x->d, mp_k_pool_bwd(c->gin[0].p, c->gout.p, c->gout.dt, c->ex[0].p, &P, S(x)));
+        KK(x->d, mp_k_pool_bwd(c->gin[0].p, c->gout.p, c->gout.dt, xr(c, MP_XR_POOL_INDICES).p, &P, S(x)));
     }
     return MP_OK;
 }
@@ -946,19 +983,19 @@ static enum mp_status custom_run(struct ctx *c, bool fwd)
 {
     const struct mp_node *n = c->n;
     struct cu_exec *x = c->x;
-    uint64_t R = n->rows ? n->rows : 1, ob = n->n, eb = n->n_extra > 0 ? c->ex[0].n / R : 0;
+    uint64_t R = n->rows ? n->rows : 1, ob = n->n, eb = has_x(c, MP_XR_CUSTOM_SAVED) ? xr(c, MP_XR_CUSTOM_SAVED).n / R : 0;
     uint64_t np = n->param[0] >= 0 ? c->w.n : 0;
-    if (n->n_extra > 0)
-        NEED(c->ex[0]);
+    if (has_x(c, MP_XR_CUSTOM_SAVED))
+        NEED(xr(c, MP_XR_CUSTOM_SAVED));
     NEED(c->out);
     if (fwd) {
         NEED(c->in[0]);
         uint64_t ib = c->p->tensors[n->in[0]].bytes / R;
-        KK(x->d, mp_k_custom_fwd(c->out.p, eb ? c->ex[0].p : NULL, c->in[0].p, R, ib, ob, eb, c->w.p, c->w.dt, np,
+        KK(x->d, mp_k_custom_fwd(c->out.p, eb ? xr(c, MP_XR_CUSTOM_SAVED).p : NULL, c->in[0].p, R, ib, ob, eb, c->w.p, c->w.dt, np,
                                  S(x)));
     } else if (c->gout.p) {
         uint64_t per = c->gin[0].p ? c->gin[0].n / R : 0;
-        KK(x->d, mp_k_custom_bwd(c->gin[0].p, c->gin[0].dt, per, c->gout.p, eb ? c->ex[0].p : NULL, R, ob, eb,
+        KK(x->d, mp_k_custom_bwd(c->gin[0].p, c->gin[0].dt, per, c->gout.p, eb ? xr(c, MP_XR_CUSTOM_SAVED).p : NULL, R, ob, eb,
                                  c->gw.p, c->gw.dt, np, S(x)));
     }
     return MP_OK;

@@ -112,6 +112,20 @@ static struct hv pview(const struct ctx *c, enum mp_store s, int q)
     return v;
 }
 
+/* The node's extra with role r (layers.h mp_xrole); p == NULL when it has none. */
+static struct hv xr(const struct ctx *c, enum mp_xrole r)
+{
+    return tview(c, MP_ST_ACT, mp_node_extra(c->n, r, 0));
+}
+
+/* The part of the node's TMP storage with role r, as floats (NULL when it has none). */
+static float *tmp_part(const struct ctx *c, bool bwd, enum mp_trole r, uint64_t *bytes)
+{
+    const struct mp_tmp_part *t = mp_node_tmp(c->n, bwd, r);
+    *bytes = t ? t->bytes : 0;
+    return t && c->tmp.p ? (float *)(void *)((char *)c->tmp.p + t->offset) : NULL;
+}
+
 static void ctx_open(struct ctx *c, struct mp_host_exec *x, int k)
 {
     memset(c, 0, sizeof *c);
@@ -344,20 +358,22 @@ static enum mp_status add_fwd(struct ctx *c)
             return nomem(c);                        \
     } while (0)
 
-/* The weight the GEMM uses: under autocast the half copy (extra 0), else the parameter. */
 /* A quantized base weight: dequantized (bitsandbytes dequantize_4bit) into the node's
- * temporary in the output dtype, in forward and again in backward. */
-static enum mp_status dequant_weight(struct ctx *c, float **wf)
+ * MP_TR_DEQUANT temporary in the output dtype, in forward and again in backward. */
+static enum mp_status dequant_weight(struct ctx *c, bool fwd, float **wf)
 {
     const struct mp_param *q = &c->p->params[c->n->param[0]];
     const struct mp_quant *qz = mp_program_base_quant(c->p);
     NEED(c->w);
-    NEED(c->tmp);
+    uint64_t tb;
+    void *dq = tmp_part(c, !fwd, MP_TR_DEQUANT, &tb);
+    if (!dq)
+        return missing(c, "the dequantized weight");
     FNEW(w, q->elems);
     if (!qz || mp_quant_unpack(qz, q->rows, q->cols, c->w.p, w) != MP_OK)
         return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: the host backend executes bitsandbytes NF4 "
                        "weights only", c->n->name);
-    struct hv t = {c->tmp.p, c->p->tensors[c->n->out].dtype, q->elems};
+    struct hv t = {dq, c->p->tensors[c->n->out].dtype, q->elems};
     for (uint64_t i = 0; i < q->elems; i++) /* the dequantized temporary, then read back */
         stf(t, i, w[i]);
     for (uint64_t i = 0; i < q->elems; i++)
@@ -366,14 +382,18 @@ static enum mp_status dequant_weight(struct ctx *c, float **wf)
     return MP_OK;
 }
 
+/* The weight the GEMM uses: the dequantized base weight, under autocast the half copy, else
+ * the parameter. */
 static enum mp_status linear_weight(struct ctx *c, bool fwd, float **wf)
 {
     if (c->n->quantized)
-        return dequant_weight(c, wf);
-    struct hv wc = c->n->n_extra > 0 ? c->ex[0] : c->w;
-    if (c->n->n_extra > 0 && fwd) {
+        return dequant_weight(c, fwd, wf);
+    struct hv copy = xr(c, MP_XR_WEIGHT_COPY);
+    bool has_copy = mp_node_extra(c->n, MP_XR_WEIGHT_COPY, 0) >= 0;
+    struct hv wc = has_copy ? copy : c->w;
+    if (has_copy && fwd) {
         NEED(c->w);
-        NEED(c->ex[0]);
+        NEED(copy);
         if (wc.dt == MP_DT_BF16 && c->w.dt == MP_DT_F32) {
             const float *w = c->w.p;
             uint16_t *h = wc.p;
@@ -421,8 +441,13 @@ static enum mp_status weight_grad(struct ctx *c, const float *dw, uint64_t count
     if (!c->gw.p)
         return MP_OK;
     enum mp_dtype cdt = c->p->compute_dtype;
-    if (c->tmp.p && c->n->bwd_tmp_bytes == count * mp_dtype_size(cdt) && cdt != MP_DT_F32) {
-        struct hv t = {c->tmp.p, cdt, count};
+    uint64_t tb;
+    void *half = tmp_part(c, true, MP_TR_WGRAD_HALF, &tb);
+    if (half && cdt != MP_DT_F32) {
+        if (tb != count * mp_dtype_size(cdt))
+            return mp_fail(c->x->d, MP_ERR_INTERNAL, "probe: %s: half weight gradient of %llu bytes, %llu expected",
+                           c->n->name, (unsigned long long)tb, (unsigned long long)(count * mp_dtype_size(cdt)));
+        struct hv t = {half, cdt, count};
         if (cdt == MP_DT_BF16 && c->gw.dt == MP_DT_F32) {
             uint16_t *h = t.p;
             float *g = c->gw.p;
@@ -483,14 +508,14 @@ static enum mp_status layernorm_fwd(struct ctx *c)
     const struct mp_node *n = c->n;
     uint64_t M = n->rows, N = n->n;
     NEED(c->out);
-    NEED(c->ex[0]);
-    NEED(c->ex[1]);
+    NEED(xr(c, MP_XR_MEAN));
+    NEED(xr(c, MP_XR_RSTD));
     FGET(x, c->in[0]);
     FGET(g, c->w);
     float *be = NULL;
     if (n->param[1] >= 0 && !(be = fget(c, c->b)))
         return nomem(c);
-    float *mean = c->ex[0].p, *rstd = c->ex[1].p;
+    float *mean = xr(c, MP_XR_MEAN).p, *rstd = xr(c, MP_XR_RSTD).p;
     FNEW(y, M * N);
     for (uint64_t r = 0; r < M; r++) {
         const float *xr = x + r * N;
@@ -519,9 +544,9 @@ static enum mp_status layernorm_bwd(struct ctx *c)
     FGET(dy, c->gout);
     FGET(x, c->in[0]);
     FGET(g, c->w);
-    NEED(c->ex[0]);
-    NEED(c->ex[1]);
-    const float *mean = c->ex[0].p, *rstd = c->ex[1].p;
+    NEED(xr(c, MP_XR_MEAN));
+    NEED(xr(c, MP_XR_RSTD));
+    const float *mean = xr(c, MP_XR_MEAN).p, *rstd = xr(c, MP_XR_RSTD).p;
     FNEW(dx, M * N);
     FNEW(dg, N);
     FNEW(db, N);
@@ -547,13 +572,12 @@ static enum mp_status layernorm_bwd(struct ctx *c)
     return MP_OK;
 }
 
-/* HF RMSNorm extras: [x_fp32 (when the input is not fp32), rsqrt, normed]. */
+/* HF RMSNorm extras: x_fp32 (when the input is not fp32; else x itself), rsqrt, normed. */
 static void rms_extras(struct ctx *c, struct hv *xf, struct hv *rs, struct hv *nm)
 {
-    int e = c->n->n_extra == 3 ? 1 : 0;
-    *xf = e ? c->ex[0] : c->in[0];
-    *rs = c->ex[e];
-    *nm = c->ex[e + 1];
+    *xf = mp_node_extra(c->n, MP_XR_X_FP32, 0) >= 0 ? xr(c, MP_XR_X_FP32) : c->in[0];
+    *rs = xr(c, MP_XR_RSQRT);
+    *nm = xr(c, MP_XR_NORMED);
 }
 
 static enum mp_status rmsnorm_fwd(struct ctx *c)
@@ -567,7 +591,7 @@ static enum mp_status rmsnorm_fwd(struct ctx *c)
     NEED(nmv);
     FGET(x, c->in[0]);
     FGET(g, c->w);
-    if (n->n_extra == 3) {
+    if (mp_node_extra(n, MP_XR_X_FP32, 0) >= 0) {
         NEED(xf);
         fstore(xf, x, M * N); /* hidden_states.to(torch.float32) */
     }
@@ -729,14 +753,14 @@ static enum mp_status flash_fwd(struct ctx *c)
 {
     struct attn_dims A = attn_dims(c);
     NEED(c->out);
-    NEED(c->ex[0]);
+    NEED(xr(c, MP_XR_LSE));
     FGET(q, c->in[0]);
     FGET(k, c->in[1]);
     FGET(v, c->in[2]);
     FNEW(o, A.b * A.s * A.a * A.d);
     FNEW(sc, A.s);
-    float *lse = c->ex[0].p;
-    uint64_t s_lse = c->ex[0].n / (A.b * A.a);
+    float *lse = xr(c, MP_XR_LSE).p;
+    uint64_t s_lse = xr(c, MP_XR_LSE).n / (A.b * A.a);
     for (uint64_t bi = 0; bi < A.b; bi++)
         for (uint64_t h = 0; h < A.a; h++)
             for (uint64_t i = 0; i < A.s; i++) {
@@ -793,20 +817,20 @@ static enum mp_status flash_bwd(struct ctx *c)
     struct attn_dims A = attn_dims(c);
     if (!c->gout.p)
         return MP_OK;
-    NEED(c->ex[0]);
+    NEED(xr(c, MP_XR_LSE));
     FGET(q, c->in[0]);
     FGET(k, c->in[1]);
     FGET(v, c->in[2]);
     FGET(o, c->out);
     FGET(dO, c->gout);
-    const float *lse = c->ex[0].p;
-    uint64_t s_lse = c->ex[0].n / (A.b * A.a), s_r = round_up(A.s, 128), d_r = round_up(A.d, 32);
+    const float *lse = xr(c, MP_XR_LSE).p;
+    uint64_t s_lse = xr(c, MP_XR_LSE).n / (A.b * A.a), s_r = round_up(A.s, 128), d_r = round_up(A.d, 32);
     uint64_t nD = A.b * A.a * s_r, nQ = A.b * s_r * A.a * d_r;
-    float *Dv, *dqa;
-    if (c->tmp.p && c->n->bwd_tmp_bytes == (nD + nQ) * 4) {
-        Dv = c->tmp.p;
-        dqa = Dv + nD;
-        memset(c->tmp.p, 0, (size_t)(nD + nQ) * 4);
+    uint64_t bD, bQ;
+    float *Dv = tmp_part(c, true, MP_TR_FLASH_D, &bD), *dqa = tmp_part(c, true, MP_TR_FLASH_DQ, &bQ);
+    if (Dv && dqa && bD == nD * 4 && bQ == nQ * 4) { /* flash's own workspace: the replay's TMP storage */
+        memset(Dv, 0, (size_t)bD);
+        memset(dqa, 0, (size_t)bQ);
     } else {
         Dv = fscratch(c, nD);
         dqa = fscratch(c, nQ);
@@ -848,15 +872,23 @@ static enum mp_status flash_bwd(struct ctx *c)
     return MP_OK;
 }
 
-/* Eager extras: q_copy, k_copy, v_copy (b,a,s,d), probs (b,a,s,s) and either
- * [dropout_mask, probs_dropped] or [probs_cast] (what P@V reads). */
+/* Eager extras: q/k/v copies (b,a,s,d), probs (b,a,s,s) and what P@V reads: the dropped
+ * probabilities (with a dropout mask), their cast to v's dtype, or probs itself. */
 static struct hv eager_pv(const struct ctx *c)
 {
-    if (c->n->n_extra == 6)
-        return c->ex[5];
-    if (c->n->n_extra == 5)
-        return c->ex[4];
-    return c->ex[3];
+    if (mp_node_extra(c->n, MP_XR_PROBS_DROPPED, 0) >= 0)
+        return xr(c, MP_XR_PROBS_DROPPED);
+    if (mp_node_extra(c->n, MP_XR_PROBS_CAST, 0) >= 0)
+        return xr(c, MP_XR_PROBS_CAST);
+    return xr(c, MP_XR_PROBS);
+}
+
+static enum mp_status eager_supported(struct ctx *c)
+{
+    if (mp_node_extra(c->n, MP_XR_SOFTCAP_TANH, 0) >= 0)
+        return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: attention logit soft-capping is not implemented "
+                                                    "by the probe yet", c->n->name);
+    return MP_OK;
 }
 
 static enum mp_status eager_fwd(struct ctx *c)
@@ -864,13 +896,17 @@ static enum mp_status eager_fwd(struct ctx *c)
     struct attn_dims A = attn_dims(c);
     const struct mp_node *n = c->n;
     NEED(c->out);
+    enum mp_status sst = eager_supported(c);
+    if (sst != MP_OK)
+        return sst;
     for (int j = 0; j < n->n_extra; j++)
         if (!c->ex[j].p)
             return missing(c, "an eager extra");
     FGET(q, c->in[0]);
     FGET(k, c->in[1]);
     FGET(v, c->in[2]);
-    struct hv qc = c->ex[0], kc = c->ex[1], vc = c->ex[2], pr = c->ex[3], pv = eager_pv(c);
+    struct hv qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY), pr = xr(c, MP_XR_PROBS),
+              pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
     enum mp_dtype cdt = qc.dt;
     /* contiguous (b,a,s,d) copies; k and v repeated over the group (repeat_kv) */
     for (uint64_t bi = 0; bi < A.b; bi++)
@@ -905,11 +941,11 @@ static enum mp_status eager_fwd(struct ctx *c)
                     float P = j < jn ? (float)(exp((double)sc[j] - m) / l) : 0.0f;
                     stf(pr, idx, P);
                     P = ldf(pr, idx);
-                    if (n->n_extra == 6) {
+                    if (dmask.p) {
                         float ks = keep_scale(&A, idx);
-                        stf(c->ex[4], idx, ks > 0.0f ? 1.0f : 0.0f);
+                        stf(dmask, idx, ks > 0.0f ? 1.0f : 0.0f);
                         stf(pv, idx, P * ks);
-                    } else if (n->n_extra == 5) {
+                    } else if (pv.p != pr.p) {
                         stf(pv, idx, P);
                     }
                 }
@@ -931,14 +967,17 @@ static enum mp_status eager_bwd(struct ctx *c)
     const struct mp_node *n = c->n;
     if (!c->gout.p)
         return MP_OK;
+    enum mp_status sst = eager_supported(c);
+    if (sst != MP_OK)
+        return sst;
     for (int j = 0; j < n->n_extra; j++)
         if (!c->ex[j].p)
             return missing(c, "an eager extra");
     FGET(dO, c->gout);
-    FGET(Q, c->ex[0]);
-    FGET(K, c->ex[1]);
-    FGET(V, c->ex[2]);
-    struct hv pr = c->ex[3], pv = eager_pv(c);
+    FGET(Q, xr(c, MP_XR_Q_COPY));
+    FGET(K, xr(c, MP_XR_K_COPY));
+    FGET(V, xr(c, MP_XR_V_COPY));
+    struct hv pr = xr(c, MP_XR_PROBS), pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
     FNEW(dP, A.s);
     FNEW(dq, A.b * A.s * A.a * A.d);
     FNEW(dk, A.b * A.s * A.kv * A.d);
@@ -953,8 +992,8 @@ static enum mp_status eager_bwd(struct ctx *c)
                 for (uint64_t j = 0; j < A.s; j++) {
                     uint64_t idx = (bh + i) * A.s + j;
                     float d = dotf(doi, V + (bh + j) * A.d, A.d);
-                    if (n->n_extra == 6)
-                        d *= ldf(c->ex[4], idx) * inv_keep;
+                    if (dmask.p)
+                        d *= ldf(dmask, idx) * inv_keep;
                     dP[j] = d;
                     rowdot += (double)ldf(pr, idx) * d;
                 }
@@ -1039,12 +1078,17 @@ static enum mp_status act_fwd(struct ctx *c)
     for (uint64_t i = 0; i < c->out.n; i++)
         y[i] = act_f(n->act, x[i]);
     fstore(c->out, y, c->out.n);
-    if (n->act == MP_ACT_GELU_NEW || n->act == MP_ACT_GELU_FAST)
-        for (int j = 0; j < n->n_extra && j < 6; j++) {
-            NEED(c->ex[j]);
-            for (uint64_t i = 0; i < c->ex[j].n; i++)
-                stf(c->ex[j], i, gelu_part(n->act, j, x[i]));
-        }
+    /* HF's GELU composites keep their intermediates (each in its own dtype); under autocast a
+     * gelu_new first keeps an fp32 copy of its input (layers.c lower_act) */
+    struct hv xf = xr(c, MP_XR_X_FP32);
+    if (xf.p)
+        fstore(xf, x, xf.n);
+    for (int j = 0; mp_node_extra(n, MP_XR_ACT_PART, j) >= 0; j++) {
+        struct hv part = tview(c, MP_ST_ACT, mp_node_extra(n, MP_XR_ACT_PART, j));
+        NEED(part);
+        for (uint64_t i = 0; i < part.n; i++)
+            stf(part, i, gelu_part(n->act, j, x[i]));
+    }
     return MP_OK;
 }
 
@@ -1116,9 +1160,9 @@ static enum mp_status scale_run(struct ctx *c, bool fwd)
 static enum mp_status dropout_fwd(struct ctx *c)
 {
     NEED(c->out);
-    NEED(c->ex[0]);
+    NEED(xr(c, MP_XR_DROP_MASK));
     FGET(x, c->in[0]);
-    uint8_t *mask = c->ex[0].p;
+    uint8_t *mask = xr(c, MP_XR_DROP_MASK).p;
     float p = (float)c->n->p, sc = 1.0f / (1.0f - p);
     uint64_t key = mp_dropout_key(c->x->seed, c->k, c->x->rng_step);
     FNEW(y, c->out.n);
@@ -1134,9 +1178,9 @@ static enum mp_status dropout_bwd(struct ctx *c)
 {
     if (!c->gout.p || !c->gin[0].p)
         return MP_OK;
-    NEED(c->ex[0]);
+    NEED(xr(c, MP_XR_DROP_MASK));
     FGET(dy, c->gout);
-    const uint8_t *mask = c->ex[0].p;
+    const uint8_t *mask = xr(c, MP_XR_DROP_MASK).p;
     float sc = 1.0f / (1.0f - (float)c->n->p);
     FNEW(dx, c->gout.n);
     for (uint64_t i = 0; i < c->gout.n; i++)
@@ -1269,12 +1313,12 @@ static enum mp_status batchnorm_fwd(struct ctx *c)
     const struct mp_node *n = c->n;
     uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C && HW) ? c->out.n / (C * HW) : 0, N = B * HW;
     NEED(c->out);
-    NEED(c->ex[0]);
-    NEED(c->ex[1]);
+    NEED(xr(c, MP_XR_BN_MEAN));
+    NEED(xr(c, MP_XR_BN_INVSTD));
     FGET(x, c->in[0]);
     FGET(g, c->w);
     FGET(be, c->b);
-    float *mean = c->ex[0].p, *istd = c->ex[1].p;
+    float *mean = xr(c, MP_XR_BN_MEAN).p, *istd = xr(c, MP_XR_BN_INVSTD).p;
     FNEW(y, c->out.n);
     for (uint64_t ch = 0; ch < C; ch++) {
         double s = 0, v = 0;
@@ -1305,12 +1349,12 @@ static enum mp_status batchnorm_bwd(struct ctx *c)
     if (!c->gout.p)
         return MP_OK;
     uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C && HW) ? c->gout.n / (C * HW) : 0, N = B * HW;
-    NEED(c->ex[0]);
-    NEED(c->ex[1]);
+    NEED(xr(c, MP_XR_BN_MEAN));
+    NEED(xr(c, MP_XR_BN_INVSTD));
     FGET(dy, c->gout);
     FGET(x, c->in[0]);
     FGET(g, c->w);
-    const float *mean = c->ex[0].p, *istd = c->ex[1].p;
+    const float *mean = xr(c, MP_XR_BN_MEAN).p, *istd = xr(c, MP_XR_BN_INVSTD).p;
     FNEW(dx, c->gout.n);
     FNEW(dg, C);
     FNEW(db, C);
@@ -1365,7 +1409,7 @@ static enum mp_status pool_fwd(struct ctx *c)
     FNEW(y, c->out.n);
     bool mx = n->prim == MP_P_MAXPOOL;
     if (mx)
-        NEED(c->ex[0]);
+        NEED(xr(c, MP_XR_POOL_INDICES));
     for (uint64_t pl = 0; pl < planes; pl++)
         for (uint64_t oh = 0; oh < n->h_out; oh++)
             for (uint64_t ow = 0; ow < n->w_out; ow++) {
@@ -1385,7 +1429,7 @@ static enum mp_status pool_fwd(struct ctx *c)
                 uint64_t o = pl * HWo + oh * n->w_out + ow;
                 if (mx) {
                     y[o] = m;
-                    ((int64_t *)c->ex[0].p)[o] = (int64_t)best;
+                    ((int64_t *)xr(c, MP_XR_POOL_INDICES).p)[o] = (int64_t)best;
                 } else {
                     /* avg_pool2d count_include_pad=True: the whole kernel; adaptive: the window */
                     double cnt = n->prim == MP_P_AVGPOOL ? (double)(n->kernel * n->kernel)
@@ -1407,13 +1451,13 @@ static enum mp_status pool_bwd(struct ctx *c)
     FNEW(dx, c->gin[0].n);
     bool mx = n->prim == MP_P_MAXPOOL;
     if (mx)
-        NEED(c->ex[0]);
+        NEED(xr(c, MP_XR_POOL_INDICES));
     for (uint64_t pl = 0; pl < planes; pl++)
         for (uint64_t oh = 0; oh < n->h_out; oh++)
             for (uint64_t ow = 0; ow < n->w_out; ow++) {
                 uint64_t o = pl * HWo + oh * n->w_out + ow;
                 if (mx) {
-                    dx[pl * HWi + (uint64_t)((const int64_t *)c->ex[0].p)[o]] += dy[o];
+                    dx[pl * HWi + (uint64_t)((const int64_t *)xr(c, MP_XR_POOL_INDICES).p)[o]] += dy[o];
                     continue;
                 }
                 uint64_t h0, h1, w0, w1;
@@ -1531,9 +1575,9 @@ static enum mp_status custom_fwd(struct ctx *c)
             out[r * ob + j] = (uint8_t)(src * 167u + j * 13u + pb + 1u);
         }
     if (n->n_extra > 0) {
-        NEED(c->ex[0]);
-        uint64_t eb = c->ex[0].n / R;
-        uint8_t *e = c->ex[0].p;
+        NEED(xr(c, MP_XR_CUSTOM_SAVED));
+        uint64_t eb = xr(c, MP_XR_CUSTOM_SAVED).n / R;
+        uint8_t *e = xr(c, MP_XR_CUSTOM_SAVED).p;
         for (uint64_t r = 0; r < R; r++)
             for (uint64_t j = 0; j < eb; j++)
                 e[r * eb + j] = (uint8_t)(ob ? out[r * ob + j % ob] ^ 0x5a : 0x5a);
@@ -1550,9 +1594,9 @@ static enum mp_status custom_bwd(struct ctx *c)
     const uint8_t *go = c->gout.p, *e = NULL;
     uint64_t eb = 0;
     if (n->n_extra > 0) {
-        NEED(c->ex[0]);
-        e = c->ex[0].p;
-        eb = c->ex[0].n / R;
+        NEED(xr(c, MP_XR_CUSTOM_SAVED));
+        e = xr(c, MP_XR_CUSTOM_SAVED).p;
+        eb = xr(c, MP_XR_CUSTOM_SAVED).n / R;
     }
     NEED(c->out); /* saved: the block keeps its output */
     if (c->gin[0].p) {

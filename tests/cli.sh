@@ -454,6 +454,23 @@ for f in models/*.json models/hf/*.json; do
         estimate "$f" --json
 done
 
+# every HF family through plan, suggest and check: a result (exit 0 fits, 1 does not), never
+# a usage, input or internal error
+for f in models/hf/*.json; do
+    [ -f "$f" ] || continue
+    for cmd in "plan $f --gpu a100-80gb --batch 1" "suggest $f --gpu a100-80gb --no-probe" \
+        "check $f --gpu a100-80gb --batch 1"; do
+        # shellcheck disable=SC2086
+        run $cmd
+        if { [ "$ec" -eq 0 ] && [ -s "$T/out" ]; } || { [ "$ec" -eq 1 ] && { [ -s "$T/out" ] || [ -s "$T/err" ]; }; }; then
+            ok "$cmd: exit 0 or 1 with a report"
+        else
+            echo "expected exit 0 with a report, or 1 with a report or a reason" >"$T/why"
+            bad "$cmd: exit 0 or 1 with a report"
+        fi
+    done
+done
+
 # ---- JSON of each command -----------------------------------------------------------------
 
 json_check "estimate --checkpoint sqrt --json: plan keys" estimate \

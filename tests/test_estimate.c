@@ -386,6 +386,37 @@ static void test_estimate_optimizer_step_peak(void **state)
 }
 
 
+/* HF's gelu_new calls torch.pow, which CUDA autocast runs in fp32 (autocast_mode.cpp's
+ * fp32 list; the CPU list lacks it).  Block "mlp" = linear(16 -> 64) | gelu_new |
+ * linear(64 -> 16), no biases, on 2 x 8 tokens (M = 16) after an fp32 embedding.  What the
+ * block keeps (unrounded), amp-bf16 on CUDA:
+ *   fc1: bf16 cast of its input 16*16*2 = 512, weight copy 64*16*2 = 2048;
+ *   gelu_new: pow's fp32 copy of its input 16*64*4 = 4096, tanh(u) fp32 4096, 0.5x bf16 2048,
+ *   1 + tanh(u) fp32 4096 (its bf16 input and fp32 output are not kept);
+ *   fc2: bf16 cast of the fp32 output 2048, weight copy 2048; the output 16*16*2 = 512;
+ *   minus the embedding output 1024 that nothing here keeps -> 20480.
+ * fp32: fc1 keeps its input (the embedding output) and gelu_new keeps x, tanh, 0.5x, 1+tanh and
+ * its output (fc2's input), all fp32: 5 * 4096 + the output 1024 = 21504. */
+static void test_estimate_gelu_new_autocast(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"name\":\"g\",\"input\":{\"tokens\":8},\"layers\":["
+             "{\"type\":\"embedding\",\"vocab\":32,\"dim\":16},"
+             "{\"block\":\"mlp\",\"layers\":["
+             "{\"type\":\"linear\",\"in_features\":16,\"out_features\":64,\"bias\":false},"
+             "{\"type\":\"activation\",\"act\":\"gelu_new\"},"
+             "{\"type\":\"linear\",\"in_features\":64,\"out_features\":16,\"bias\":false}]}]}");
+    struct mp_chain c;
+    chain_at(&m, 2, 8, MP_PREC_AMP_BF16, &c);
+    assert_int_equal(c.xb[2], 20480); /* growth over the block (rotor's xb) */
+    mp_chain_release(&c);
+    chain_at(&m, 2, 8, MP_PREC_FP32, &c);
+    assert_int_equal(c.xb[2], 21504);
+    mp_chain_release(&c);
+    mp_model_release(&m);
+}
+
 /* The forward-phase peak of a replay (512-rounded live bytes). */
 struct fwd_meter {
     uint64_t cur, fwd_peak;
@@ -571,6 +602,7 @@ int main(void)
         cmocka_unit_test(test_estimate_checkpoint_lowers_peak),
         cmocka_unit_test(test_estimate_checkpoint_layers),
         cmocka_unit_test(test_estimate_autocast_cache),
+        cmocka_unit_test(test_estimate_gelu_new_autocast),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),

@@ -240,10 +240,59 @@ static void test_ops_cuda_matches_host(void **state)
         fail_msg("%zu op program(s) differ between cuda and host", bad);
 }
 
+/* Extras are found by role: an eager attention with logit soft-capping (Gemma2) and dropout
+ * has seven extras (three copies, tanh, probs, mask, dropped probs).  Before roles the node
+ * overflowed the extras table (an internal error) and, without dropout, the executors took
+ * the tanh for the probabilities; now the program builds and the probe says what it lacks. */
+static void test_ops_extras_by_role(void **state)
+{
+    (void)state;
+    static const char *gemma2 =
+        "{\"architectures\":[\"Gemma2ForCausalLM\"],\"model_type\":\"gemma2\",\"hidden_size\":16,"
+        "\"intermediate_size\":32,\"num_hidden_layers\":1,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+        "\"head_dim\":8,\"vocab_size\":32,\"max_position_embeddings\":16,\"attn_logit_softcapping\":50.0,"
+        "\"final_logit_softcapping\":30.0,\"query_pre_attn_scalar\":8,\"sliding_window\":8,"
+        "\"hidden_activation\":\"gelu_pytorch_tanh\",\"rms_norm_eps\":1e-6,\"attention_dropout\":0.1}";
+    struct mp_model m;
+    load_json(&m, gemma2);
+    for (int k = 0; k < 2; k++) {
+        struct mp_build_opts o;
+        struct mp_diag d = {{0}};
+        mp_build_opts_default(&o);
+        o.seq = 8;
+        o.precision = k ? MP_PREC_AMP_BF16 : MP_PREC_FP32;
+        struct mp_program p;
+        assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_OK);
+        int attn = -1;
+        for (size_t n = 0; n < p.n_nodes; n++)
+            if (p.nodes[n].prim == MP_P_ATTN)
+                attn = (int)n;
+        assert_true(attn >= 0);
+        const struct mp_node *an = &p.nodes[attn];
+        assert_true(mp_node_extra(an, MP_XR_SOFTCAP_TANH, 0) >= 0);
+        assert_true(mp_node_extra(an, MP_XR_PROBS, 0) >= 0);
+        assert_int_not_equal(mp_node_extra(an, MP_XR_PROBS, 0), mp_node_extra(an, MP_XR_SOFTCAP_TANH, 0));
+        assert_true(mp_node_extra(an, MP_XR_ATTN_DROP_MASK, 0) >= 0);
+        struct mp_train_opts t = train_opts(MP_OPT_ADAMW, 8519680);
+        struct mp_probe_opts po;
+        struct mp_probe *pr;
+        struct mp_probe_result r;
+        mp_probe_opts_default(&po);
+        po.backend = "host";
+        assert_int_equal(mp_probe_open(&pr, &po, &d), MP_OK);
+        assert_int_equal(mp_probe_run(pr, &p, NULL, &t, &r, &d), MP_ERR_UNSUPPORTED);
+        assert_non_null(strstr(d.msg, "soft-capping"));
+        mp_probe_close(pr);
+        mp_program_release(&p);
+    }
+    mp_model_release(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ops_cover_every_prim),
+        cmocka_unit_test(test_ops_extras_by_role),
         cmocka_unit_test(test_ops_host_gradients),
         cmocka_unit_test(test_ops_host_train_every_precision),
         cmocka_unit_test(test_ops_cuda_matches_host),
