@@ -23,11 +23,18 @@ and memplan's per-rank figure for the same run:
           --gpus W --parallel S --json  ->  memory.peak_requested_bytes (no 512-byte rounding:
           the CPU allocator does not round)
 Side by side: DeepSpeed's estimate_zero2/3_model_states_mem_needs (model states only), on the
-same parameter count (bench/dist_results.md explains the differences).
+same parameter count (bench/dist_gloo_results.md explains the differences).
 
-Usage: python3 bench/dist_gloo.py [--memplan ./memplan] [--out bench/dist_results.md] [--quick]
+Allocations made inside c10d collectives or on gloo's threads (gloo's own scratch; NCCL works in
+the buffers the engine hands it) are taken out, with their frees, matched by address.  The model
+runs with use_cache=False and the fused gelu_pytorch_tanh (bench/dist_gloo_results.md says why).
+DIST_GLOO_TRACE=FILE writes rank 0's step-2 allocations (and FILE.alive: what is alive when step 2
+starts) for debugging.
+
+Usage: python3 bench/dist_gloo.py [--memplan ./memplan] [--out bench/dist_gloo_results.md] [--quick]
 """
 import argparse
+import gc
 import json
 import os
 import platform
@@ -42,6 +49,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 CFG = dict(n_layer=3, n_embd=256, n_head=4, vocab_size=1000, n_positions=256, embd_pdrop=0.0, resid_pdrop=0.0,
+           activation_function="gelu_pytorch_tanh",
            attn_pdrop=0.0)
 BATCH, SEQ = 2, 64
 
@@ -107,8 +115,13 @@ def rank_main(rank, world, port, strategy, mixed, result_dir):
         labels = ids.clone()
         losses = []
         for step in range(2):
+            # let gloo's worker threads drop the previous step's work objects (they hold
+            # references to buffers the engines have already released) before measuring
+            dist.barrier()
+            gc.collect()
+            time.sleep(0.2)
             marks[step] = time.time_ns()
-            out = model(input_ids=ids, labels=labels)
+            out = model(input_ids=ids, labels=labels, use_cache=False)
             loss = out.loss
             del out
             loss.backward()
@@ -138,6 +151,21 @@ def rank_main(rank, world, port, strategy, mixed, result_dir):
     raw_peak = max([a[2] for a in raw if a[0] >= start2] + [start_live])
     res = dict(rank=rank, start=start_live, peak=peak, raw_peak=raw_peak, gloo_peak=gloo_peak, losses=losses,
                n_allocs=len(allocs), where=where)
+    if os.environ.get("DIST_GLOO_TRACE") and rank == 0:  # debugging: rank 0's step-2 allocations
+        alive = {}
+        for t, size, total, ctx, ptr in raw:
+            if t >= start2:
+                break
+            if size > 0:
+                alive[ptr] = (size, ctx)
+            else:
+                alive.pop(ptr, None)
+        with open(os.environ["DIST_GLOO_TRACE"] + ".alive", "w") as f:
+            for ptr, (size, ctx) in sorted(alive.items(), key=lambda kv: -kv[1][0]):
+                f.write(f"{size} {ctx[-150:]}\n")
+        with open(os.environ["DIST_GLOO_TRACE"], "w") as f:
+            for a in s:
+                f.write(f"{a[1]} {a[2]} {a[3][-110:]}\n")
     with open(os.path.join(result_dir, f"r{rank}.json"), "w") as f:
         json.dump(res, f)
     dist.barrier()
@@ -225,8 +253,13 @@ def main():
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
+        keep = ""  # the hand-written reading of the results, kept across reruns
+        if os.path.exists(a.out):
+            old = open(a.out).read()
+            if "\n## Reading" in old:
+                keep = old[old.index("\n## Reading"):]
         with open(a.out, "w") as f:
-            f.write(text)
+            f.write(text + keep)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,7 @@ struct mp_estimate {
     uint64_t buffers_bytes;          /* persistent communication buffers (DDP buckets, DeepSpeed buckets) */
     uint64_t host_bytes, nvme_bytes; /* offload: host RAM and NVMe space per rank */
     double allgather_bytes, reducescatter_bytes, allreduce_bytes, pcie_bytes, host_step_elems;
+    double comm_s, exposed_comm_s, offload_s; /* filled by the fit (search.c): seconds per step */
     size_t n_groups;
     double fwd_flops, bwd_flops, recompute_flops;
     size_t n_blocks;

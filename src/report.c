@@ -80,6 +80,12 @@ static const char *prec_name(const struct mp_report_ctx *c, enum mp_precision p)
                                                                                        : mp_precision_str(p);
 }
 
+/* A candidate's precision: mixed-bf16 when its sharding engine keeps the fp32 master. */
+static const char *cand_prec(const struct mp_candidate *b)
+{
+    return b->par.mixed_bf16 && b->precision == MP_PREC_BF16 ? "mixed-bf16" : mp_precision_str(b->precision);
+}
+
 static cJSON *json_parallel_of(const struct mp_parallel *par)
 {
     cJSON *o = cJSON_CreateObject();
@@ -183,6 +189,9 @@ static void json_memory(cJSON *r, const struct mp_estimate *e)
         jnum(cm, "reducescatter_bytes", e->reducescatter_bytes);
         jnum(cm, "allreduce_bytes", e->allreduce_bytes);
         jnum(cm, "pcie_bytes", e->pcie_bytes);
+        jnum(cm, "comm_s", e->comm_s);
+        jnum(cm, "exposed_comm_s", e->exposed_comm_s);
+        jnum(cm, "offload_s", e->offload_s);
     }
 }
 
@@ -442,6 +451,9 @@ static void totals(FILE *out, const struct mp_estimate *e)
         fprintf(out, "  per step           all-gather %s, reduce-scatter %s, all-reduce %s, PCIe %s\n",
                 B((uint64_t)e->allgather_bytes), B((uint64_t)e->reducescatter_bytes), B((uint64_t)e->allreduce_bytes),
                 B((uint64_t)e->pcie_bytes));
+        if (e->comm_s > 0 || e->offload_s > 0)
+            fprintf(out, "  time per step      collectives %.3f s (%.3f s not hidden by compute), offload %.3f s\n",
+                    e->comm_s, e->exposed_comm_s, e->offload_s);
     }
     fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
             B(e->peak_allocated_bytes), e->peak_event);
@@ -678,10 +690,18 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         ju64(r, "train_micro_batch_size_per_gpu", b->micro_batch);
         ju64(r, "gradient_accumulation_steps", b->grad_accum);
         ju64(r, "train_batch_size", b->global_batch);
-        if (b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16)
-            cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "bf16"), "enabled", 1);
-        if (b->precision == MP_PREC_AMP_FP16)
-            cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "fp16"), "enabled", 1);
+        if (mp_par_is_deepspeed(b->par.strategy) && b->precision != MP_PREC_BF16 && b->precision != MP_PREC_FP32) {
+            /* amp: fp32 parameters (sharded as such) under torch.autocast, as planned */
+            cJSON *ta = cJSON_AddObjectToObject(r, "torch_autocast");
+            cJSON_AddBoolToObject(ta, "enabled", 1);
+            cJSON_AddStringToObject(ta, "dtype", b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
+        } else {
+            /* bf16 / mixed-bf16: DeepSpeed's bf16 mode (bf16 parameters, fp32 master partition) */
+            if (b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16)
+                cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "bf16"), "enabled", 1);
+            if (b->precision == MP_PREC_AMP_FP16)
+                cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "fp16"), "enabled", 1);
+        }
         cJSON *ac = cJSON_AddObjectToObject(r, "activation_checkpointing");
         cJSON_AddBoolToObject(ac, "partition_activations", 0);
         cJSON_AddBoolToObject(ac, "contiguous_memory_optimization", 0);
@@ -788,7 +808,8 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     ju64(o, "micro_batch", b->micro_batch);
     ju64(o, "grad_accum", b->grad_accum);
     ju64(o, "global_batch", b->global_batch);
-    cJSON_AddStringToObject(o, "precision", mp_precision_str(b->precision));
+    cJSON_AddStringToObject(o, "precision", cand_prec(b));
+    cJSON_AddStringToObject(o, "finetune", mp_ft_mode_str(b->ft));
     if (b->par.strategy != MP_PAR_NONE) {
         cJSON *p = json_parallel_of(&b->par);
         ju64(p, "host_bytes", b->fit.est.host_bytes);
@@ -869,7 +890,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "  finetune           %s (%s)\n", mp_ft_mode_str(b->ft),
                     b->ft == MP_FT_QLORA ? "4-bit NF4 base, dequantized per matmul: slower, smaller"
                                          : "adapters on a frozen base; --emit hf prints the peft config");
-        fprintf(out, "  precision          %s\n", mp_precision_str(b->precision));
+        fprintf(out, "  precision          %s\n", cand_prec(b));
         if (b->par.strategy != MP_PAR_NONE) {
             char pb[96];
             fprintf(out, "  parallel           %s; per step %.3f s of collectives (%.3f s not hidden by compute)",
@@ -915,7 +936,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "%-5s ", mp_ft_mode_str(k->ft));
         if (k->par.strategy != MP_PAR_NONE)
             fprintf(out, "%s x%llu  ", mp_par_strategy_str(k->par.strategy), (unsigned long long)mp_par_world(&k->par));
-        fprintf(out, "%-9s %-16s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", mp_precision_str(k->precision),
+        fprintf(out, "%-9s %-16s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", cand_prec(k),
                 mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
                 k->recompute_pct, k->samples_per_s, k->fits ? "" : k->probe_oom ? "probe: out of memory" : "does not fit",

@@ -65,6 +65,9 @@ static void par_seconds(const struct mp_job *job, const struct mp_estimate *e, d
     f->comm_s = t.comm_s;
     f->exposed_comm_s = t.exposed_comm_s;
     f->offload_s = t.offload_s;
+    f->est.comm_s = t.comm_s;
+    f->est.exposed_comm_s = t.exposed_comm_s;
+    f->est.offload_s = t.offload_s;
 }
 
 static double opt_seconds(const struct mp_job *job, const struct mp_estimate *e)
@@ -556,7 +559,7 @@ static int choose_best(const struct mp_suggestion *s, const struct mp_suggest_op
     for (int pass = 0; pass < 2 && best < 0; pass++) {
         for (size_t i = 0; i < s->n; i++) {
             const struct mp_candidate *c = &s->cand[i];
-            if (!c->fits || (pass == 0 && c->precision == MP_PREC_BF16 && !o->precision_fixed))
+            if (!c->fits || (pass == 0 && c->precision == MP_PREC_BF16 && !c->par.mixed_bf16 && !o->precision_fixed))
                 continue;
             if (best < 0 || c->samples_per_s > s->cand[best].samples_per_s * (1 + 1e-9))
                 best = (int)i;
@@ -669,7 +672,11 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             pars[npar].strategy = all[k];
             npar++;
         }
-        np = 1; /* bounded: the first precision only (amp unless --precision) */
+        /* bounded: the first precision only (amp unless --precision), plus mixed-bf16 (bf16
+         * compute copies, fp32 master) for the sharding engines unless --precision is given */
+        np = 1;
+        if (!o->precision_fixed && precs[0] == MP_PREC_AMP_BF16)
+            precs[np++] = MP_PREC_BF16;
     } else if (base->train.par) {
         pars[npar++] = *base->train.par;
     } else {
@@ -696,15 +703,20 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             struct mp_diag vd = {{0}};
             if (mp_par_validate(&pars[pi], &vd) != MP_OK)
                 continue;
-            if (pars[pi].strategy != MP_PAR_NONE && precs[i] == MP_PREC_BF16 && !pars[pi].mixed_bf16 &&
-                mp_par_is_deepspeed(pars[pi].strategy))
+            struct mp_parallel cp = pars[pi];
+            if (o->par_search && !o->precision_fixed && precs[i] == MP_PREC_BF16)
+                cp.mixed_bf16 = true; /* the searched bf16 row is mixed-bf16 */
+            if (mp_par_validate(&cp, &vd) != MP_OK)
+                continue;
+            if (cp.strategy != MP_PAR_NONE && precs[i] == MP_PREC_BF16 && !cp.mixed_bf16 &&
+                mp_par_is_deepspeed(cp.strategy))
                 continue; /* DeepSpeed always keeps an fp32 master: that is mixed-bf16 */
             struct mp_job j = *base;
             j.build.precision = precs[i];
             j.build.ft.mode = modes[mi];
             j.ckpt = strategies[k];
-            s->cand[s->n].par = pars[pi];
-            j.train.par = pars[pi].strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
+            s->cand[s->n].par = cp;
+            j.train.par = cp.strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
             if (o->progress) {
                 char sb[32];
                 fprintf(stderr, "\rmemplan: evaluating %s, checkpoint %s ...        ", mp_precision_str(precs[i]),
