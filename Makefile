@@ -179,6 +179,34 @@ test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops
 	$(BUILD)/tests/test_probe
 	$(BUILD)/tests/test_probe_ops
 
+# ---- fuzzing (clang's libFuzzer; tests/fuzz/fuzz_model.c) ------------------------------------
+# `make fuzz` builds the harness with ASan + UBSan into build-fuzz/ and runs it FUZZ_TIME
+# seconds on the seed corpus (every bundled model and tests/data/bad); any crash, leak,
+# sanitizer report or input slower than 10 s fails.  New inputs go to build-fuzz/corpus.
+FUZZ_CC ?= clang
+FUZZ_TIME ?= 60
+FUZZ_DIR := build-fuzz
+FUZZ_SRCS := $(filter-out src/main.c src/probe_cuda.c,$(wildcard src/*.c))
+FUZZ_FLAGS := -g -O1 -std=c11 -D_POSIX_C_SOURCE=200809L -Isrc $(PKG_CFLAGS) -DMEMPLAN_DATADIR='"$(PREFIX)/share/memplan"' \
+              -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_OBJS := $(FUZZ_SRCS:%.c=$(FUZZ_DIR)/%.o)
+
+$(FUZZ_DIR)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  CC    $< (fuzz)"
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c -o $@ $<
+
+$(FUZZ_DIR)/fuzz_model: tests/fuzz/fuzz_model.c $(FUZZ_OBJS)
+	@echo "  LD    $@"
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(CJSON_LIBS) -lm
+
+.PHONY: fuzz
+fuzz: deps $(FUZZ_DIR)/fuzz_model
+	@mkdir -p $(FUZZ_DIR)/corpus
+	ASAN_OPTIONS=detect_leaks=1 $(FUZZ_DIR)/fuzz_model -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=4096 \
+	    -max_len=65536 -artifact_prefix=$(FUZZ_DIR)/ -print_final_stats=1 \
+	    $(FUZZ_DIR)/corpus models models/hf tests/data/bad
+
 check-man:
 	groff -man -Tutf8 -ww -z man/memplan.1
 
@@ -193,6 +221,6 @@ install: memplan
 	install -m 644 configs/gpus/*.json $(DESTDIR)$(PREFIX)/share/memplan/gpus/
 
 clean:
-	rm -rf $(BUILD) memplan $(LINK_STAMP)
+	rm -rf $(BUILD) $(FUZZ_DIR) memplan $(LINK_STAMP)
 
--include $(OBJS:.o=.d) $(TESTBINS:%=%.d)
+-include $(OBJS:.o=.d) $(TESTBINS:%=%.d) $(FUZZ_OBJS:.o=.d)

@@ -203,6 +203,7 @@ static enum mp_status simulate(const struct mp_chain *c, const struct mp_schedul
 
 #define SIM_FAIL(...)                                                         \
     do {                                                                      \
+        op_name(op, nm, sizeof nm); /* named only on failure: simulate is hot */ \
         st = mp_fail(d, MP_ERR_INTERNAL, "ckpt: simulate: op %zu (%s): " __VA_ARGS__); \
         goto out;                                                             \
     } while (0)
@@ -219,7 +220,6 @@ static enum mp_status simulate(const struct mp_chain *c, const struct mp_schedul
         const struct mp_sched_op *op = &s->ops[k];
         const size_t i = op->index;
         uint64_t tmp = 0;
-        op_name(op, nm, sizeof nm);
         switch (op->kind) {
         case MP_SCHED_FE:
         case MP_SCHED_FC:
@@ -270,7 +270,8 @@ static enum mp_status simulate(const struct mp_chain *c, const struct mp_schedul
             SIM_FAIL("unknown op kind", k, nm);
         }
         if (!mp_add_u64(cur, tmp, &use)) {
-            st = mp_fail(d, MP_ERR_RANGE, "ckpt: simulate: op %zu (%s): memory overflows 64 bits", k, nm);
+            st = mp_fail(d, MP_ERR_RANGE, "ckpt: simulate: op %zu (%s): memory overflows 64 bits", k,
+                         op_name(op, nm, sizeof nm));
             goto out;
         }
         peak = mp_max_u64(peak, use);
@@ -599,6 +600,7 @@ static enum mp_status rotor_solve(const struct units *u, size_t L, struct rotor 
     }
 
     for (size_t dd = 1; dd <= L; dd++) {
+        mp_progress("planning: optimal DP, chains of %zu of %zu blocks", dd, L);
         for (size_t s = 0; s + dd <= L; s++) {
             const size_t l = s + dd;
             double *o = r->opt + rotor_at(r, s, l);
@@ -1107,6 +1109,163 @@ static enum mp_status budget_dp(const struct mp_chain *c, enum mp_ckpt_strategy 
     return st;
 }
 
+/* ---- long chains: the DP on groups of consecutive blocks ---------------------------------- */
+
+/* The rotor DP costs about L^3 x slots: beyond this many blocks consecutive
+ * blocks are grouped (identical ones first) and the DP runs on the groups, so
+ * checkpoints fall only between groups; the schedule is expanded back to the
+ * blocks and verified on the full chain like any other plan. */
+#ifndef CKPT_DP_MAX_BLOCKS
+#define CKPT_DP_MAX_BLOCKS 128 /* exact up to here */
+#endif
+#define CKPT_DP_GROUPS 64      /* longer chains: about this many groups */
+
+static bool same_block(const struct mp_chain *c, size_t i, size_t j)
+{
+    return c->f[i] == c->f[j] && c->b[i] == c->b[j] && c->x[i] == c->x[j] && c->x[i + 1] == c->x[j + 1] &&
+           c->xb[i + 1] == c->xb[j + 1] && c->ft[i] == c->ft[j] && c->bt[i] == c->bt[j];
+}
+
+/* Group starts for c: runs of identical blocks cut into groups of at most g; other
+ * blocks alone; if that leaves too many groups, any consecutive blocks are grouped. */
+static size_t make_groups(const struct mp_chain *c, size_t *start, size_t max_groups)
+{
+    size_t L = c->L, g = (L + max_groups - 1) / max_groups, n = 0;
+    for (int mixed = 0; mixed < 2; mixed++) {
+        n = 0;
+        for (size_t i = 0; i < L;) {
+            size_t j = i + 1;
+            while (j < L && j - i < g && (mixed || same_block(c, i, j)))
+                j++;
+            start[n++] = i;
+            i = j;
+        }
+        if (n <= 2 * max_groups)
+            break;
+    }
+    start[n] = L;
+    return n;
+}
+
+static uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+/* The chain of the groups: costs add; a group keeps what its blocks keep; its
+ * transients are its blocks' peaks above the group's own start and end. */
+static enum mp_status group_chain(const struct mp_chain *c, const size_t *start, size_t n, struct mp_chain *g)
+{
+    enum mp_status st = mp_chain_init(g, n);
+    if (st != MP_OK)
+        return st;
+    for (size_t k = 0; k < n; k++) {
+        size_t a = start[k], e = start[k + 1];
+        uint64_t kept = 0, fe_peak = 0, fn_peak = 0, b_peak = 0;
+        for (size_t j = a; j < e; j++) {
+            g->f[k] += c->f[j];
+            g->b[k] += c->b[j];
+            fe_peak = mp_max_u64(fe_peak, kept + c->xb[j + 1] + c->ft[j]);
+            fn_peak = mp_max_u64(fn_peak, c->x[j] + c->x[j + 1] + c->ft[j]);
+            kept += c->xb[j + 1];
+            b_peak = mp_max_u64(b_peak, kept + c->x[j + 1] + c->x[j] + c->bt[j]);
+        }
+        g->x[k] = c->x[a];
+        g->xb[k + 1] = mp_max_u64(kept, c->x[e]);
+        g->ft[k] = mp_max_u64(sat_sub(fe_peak, g->xb[k + 1]), sat_sub(fn_peak, c->x[a] + c->x[e]));
+        g->bt[k] = sat_sub(b_peak, kept + c->x[e] + c->x[a]);
+        if (c->repeated)
+            g->repeated[k] = c->repeated[a];
+    }
+    g->x[n] = c->x[c->L];
+    g->xb[0] = c->xb[0];
+    g->b[n] = c->b[c->L];
+    g->bt[n] = c->bt[c->L];
+    return MP_OK;
+}
+
+/* A schedule on the groups as a schedule on the blocks. */
+static enum mp_status expand_schedule(const struct mp_schedule *gs, const size_t *start, size_t L,
+                                      struct mp_schedule *s)
+{
+    enum mp_status st = MP_OK;
+    for (size_t k = 0; k < gs->n && st == MP_OK; k++) {
+        const struct mp_sched_op *op = &gs->ops[k];
+        if (op->kind == MP_SCHED_LOSS) {
+            st = mp_schedule_push(s, MP_SCHED_LOSS, (uint32_t)L);
+            continue;
+        }
+        size_t a = start[op->index], e = start[op->index + 1];
+        for (size_t j = a; j < e && st == MP_OK; j++) {
+            size_t i = op->kind == MP_SCHED_B ? e - 1 - (j - a) : j;
+            enum mp_sched_kind kind = op->kind == MP_SCHED_FC && i != a ? MP_SCHED_FN : op->kind;
+            st = mp_schedule_push(s, kind, (uint32_t)i);
+        }
+    }
+    return st;
+}
+
+/* budget_dp, on groups of blocks when the chain is long (*group = blocks per group
+ * of the largest group, 1 when exact).  The grouped chain's memory model is an
+ * approximation: the expanded plan is simulated on c, and the budget given to the
+ * DP is lowered by the excess until the plan fits (or nothing does). */
+static enum mp_status budget_dp_long(const struct mp_chain *c, enum mp_ckpt_strategy strategy, uint64_t budget,
+                                     size_t slots, double *cost, struct mp_schedule *sched, uint64_t *unit,
+                                     bool *exact, size_t *group, struct mp_diag *d)
+{
+    *group = 1;
+    uint64_t np;
+    enum mp_status st = none_peak(c, &np, d);
+    if (st != MP_OK)
+        return st;
+    if (c->L <= CKPT_DP_MAX_BLOCKS || budget >= np)
+        return budget_dp(c, strategy, budget, slots, cost, sched, unit, exact, d);
+    size_t *start = malloc((c->L + 1) * sizeof *start);
+    if (!start)
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: out of memory");
+    size_t n = make_groups(c, start, CKPT_DP_GROUPS);
+    for (size_t k = 0; k < n; k++)
+        *group = start[k + 1] - start[k] > *group ? start[k + 1] - start[k] : *group;
+    struct mp_chain g;
+    st = group_chain(c, start, n, &g);
+    if (st != MP_OK) {
+        free(start);
+        return mp_fail(d, st, "ckpt: out of memory");
+    }
+    uint64_t b = budget;
+    for (int attempt = 0; attempt < 8; attempt++) {
+        mp_progress("planning: %s DP on %zu groups of up to %zu blocks (attempt %d)", strategy_name(strategy), n,
+                    *group, attempt + 1);
+        struct mp_schedule gs;
+        mp_schedule_init(&gs);
+        st = budget_dp(&g, strategy, b, slots, cost, &gs, unit, exact, d);
+        if (st == MP_OK && !isinf(*cost)) {
+            mp_schedule_release(sched);
+            mp_schedule_init(sched);
+            st = expand_schedule(&gs, start, c->L, sched);
+        }
+        mp_schedule_release(&gs);
+        if (st != MP_OK || isinf(*cost))
+            break;
+        uint64_t peak;
+        double total;
+        bool complete;
+        if ((st = simulate(c, sched, &peak, &total, &complete, d)) != MP_OK)
+            break;
+        *cost = total;
+        if (peak <= budget)
+            break;
+        uint64_t over = peak - budget + budget / 64;
+        if (over >= b) {
+            *cost = HUGE_VAL;
+            break;
+        }
+        b -= over;
+        *cost = HUGE_VAL;
+    }
+    *exact = false;
+    mp_chain_release(&g);
+    free(start);
+    return st;
+}
+
 enum mp_status mp_ckpt_dp_cost(const struct mp_chain *c, enum mp_ckpt_strategy strategy, uint64_t budget_bytes,
                                size_t slots, double *cost, struct mp_diag *d)
 {
@@ -1274,7 +1433,7 @@ enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_
         budgeted = true;
         uint64_t np;
         double cost;
-        st = budget_dp(c, spec->strategy, budget_bytes, slots, &cost, &p->sched, &unit, &exact, d);
+        st = budget_dp_long(c, spec->strategy, budget_bytes, slots, &cost, &p->sched, &unit, &exact, &p->dp_group, d);
         if (st != MP_OK)
             goto fail;
         if (isinf(cost) && (st = none_peak(c, &np, d)) != MP_OK)
@@ -1336,6 +1495,34 @@ enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_
 fail:
     mp_ckpt_plan_release(p);
     return st;
+}
+
+void mp_ckpt_compare(const struct mp_chain *c, uint64_t limit_bytes, size_t slots, struct mp_plan_cmp *cmp)
+{
+    memset(cmp, 0, sizeof *cmp);
+    struct mp_diag d;
+    struct mp_ckpt_plan p;
+    struct mp_ckpt_spec sq = {MP_CKPT_SQRT, 0};
+    if (mp_ckpt_plan_make(c, &sq, 0, slots, &p, &d) == MP_OK) {
+        cmp->have_sqrt = true;
+        cmp->sqrt_peak = p.peak_bytes;
+        cmp->sqrt_recompute = p.recompute_cost;
+    }
+    mp_ckpt_plan_release(&p);
+    const uint64_t all = c->L <= 1000 ? c->L : 32; /* every K, or 1..32 then steps of about 6% */
+    cmp->seg_sampled = c->L > all;
+    for (uint64_t k = 1; k <= c->L; k += k < all ? 1 : 1 + k / 16) {
+        struct mp_ckpt_spec sg = {MP_CKPT_SEGMENTS, k};
+        mp_progress("planning: comparing with segments:%llu of %zu blocks", (unsigned long long)k, c->L);
+        if (mp_ckpt_plan_make(c, &sg, 0, slots, &p, &d) == MP_OK && p.peak_bytes <= limit_bytes &&
+            (!cmp->have_seg || p.recompute_cost < cmp->seg_recompute)) {
+            cmp->have_seg = true;
+            cmp->seg_k = k;
+            cmp->seg_peak = p.peak_bytes;
+            cmp->seg_recompute = p.recompute_cost;
+        }
+        mp_ckpt_plan_release(&p);
+    }
 }
 
 /* ------------------------------------------------------------------------ */

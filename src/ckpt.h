@@ -90,6 +90,8 @@ struct mp_ckpt_plan {
     uint64_t peak_bytes;  /* simulator peak of the chain model (bytes) */
     double total_cost;    /* simulator total cost */
     double recompute_cost;/* total_cost - sum f - sum b */
+    size_t dp_group;      /* optimal on a long chain: the DP ran on groups of up to this many
+                           * consecutive blocks, so checkpoints fall only between groups (0 or 1: exact) */
 };
 
 void mp_ckpt_plan_init(struct mp_ckpt_plan *p);
@@ -102,6 +104,20 @@ void mp_ckpt_plan_release(struct mp_ckpt_plan *p);
  * MP_ERR_INFEASIBLE when no plan fits the budget; MP_ERR_USAGE for a bad K. */
 enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_spec *spec, uint64_t budget_bytes,
                                  size_t slots, struct mp_ckpt_plan *p, struct mp_diag *d);
+
+/* What an optimal plan is compared with at the same memory: sqrt, and the
+ * segments:K of least recompute whose peak is at most limit_bytes. */
+struct mp_plan_cmp {
+    bool have_sqrt, have_seg;
+    uint64_t sqrt_peak, seg_peak;
+    double sqrt_recompute, seg_recompute;
+    uint64_t seg_k;
+    bool seg_sampled;     /* a long chain: K was sampled, not tried at every value of 1..L */
+};
+/* Fills cmp for chain c (plans that fail are left out).  Chains of up to 1,000
+ * blocks try every K; longer ones K = 1..32, then steps of about 6% (about 170
+ * plans at 100,000 blocks), so the sweep stays about linear in L. */
+void mp_ckpt_compare(const struct mp_chain *c, uint64_t limit_bytes, size_t slots, struct mp_plan_cmp *cmp);
 
 /* The total cost (all forwards, backwards and b[L]) of the plan that
  * mp_ckpt_plan_make builds for OPTIMAL (rotor) or OPTIMAL_SEGMENTS at

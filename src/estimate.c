@@ -23,6 +23,7 @@ const char *mp_phase_str(enum mp_phase ph)
 
 void mp_train_opts_default(struct mp_train_opts *o)
 {
+    memset(o, 0, sizeof *o);
     o->optimizer = MP_OPT_ADAMW;
     o->cublas_workspace_bytes = 8519680; /* :4096:2:16:8 (memory-facts §8); 32 MiB on sm90 */
     o->accumulate = false;
@@ -868,6 +869,8 @@ static int asim_alloc(struct alloc_sim *a, uint64_t bytes)
             continue;
         if (best < 0 || a->b[i].size < a->b[best].size)
             best = i;
+        if (a->b[i].size == rs)
+            break; /* nothing smaller can fit: the first exact fit is the best fit */
     }
     if (best < 0) {
         best = new_blk(a);
@@ -1047,7 +1050,7 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     /* The allocator model scans free blocks per allocation; beyond this many nodes
      * (thousands of layers) it would dominate the run, so reserved falls back to the
      * allocated peak (fit decisions never use it). */
-    struct counter c = {.p = p, .peak_node = -1, .no_asim = p->n_nodes > MP_ASIM_MAX_NODES};
+    struct counter c = {.p = p, .peak_node = -1, .no_asim = p->n_nodes > MP_ASIM_MAX_NODES || t->skip_reserved};
     c.nkeys = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
     if (t->par && t->par->strategy != MP_PAR_NONE) /* communication slots: groups or buckets */
         c.nkeys += (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS;

@@ -64,6 +64,8 @@ struct mp_train_opts {
                       * then the optimizer step and zero_grad as usual (memory-facts §6) */
     const struct mp_parallel *par; /* data parallel / sharding (NULL or strategy none: one GPU); the
                                     * replay is then rank r's (all ranks hold the same bytes) */
+    bool skip_reserved; /* no caching-allocator model (peak_reserved = peak_allocated): for
+                         * searches, whose fit decisions use the allocated peak only */
 };
 void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace, no accumulation */
 

@@ -44,6 +44,7 @@ static int exit_for(enum mp_status st)
 
 static int fail(enum mp_status st, const struct mp_diag *d)
 {
+    mp_progress_done();
     fprintf(stderr, "memplan: error: %s\n", d->msg[0] ? d->msg : mp_status_str(st));
     return exit_for(st);
 }
@@ -723,8 +724,32 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
 }
 
+/* The progress sink: on a terminal, after about 2 s of work, the latest message on one
+ * line of stderr, at most 5 times a second; cleared when the work is over. */
+static double t_start, progress_after_ms = 2000; /* $MEMPLAN_PROGRESS_AFTER_MS: tests use 0 */
+static bool progress_shown;
+
+static void show_progress(const char *msg)
+{
+    static double last;
+    double now = mp_now_ms();
+    if (!msg) {
+        if (progress_shown)
+            fputs("\r\033[K", stderr);
+        progress_shown = false;
+        return;
+    }
+    if (now - t_start < progress_after_ms || now - last < 200)
+        return;
+    last = now;
+    progress_shown = true;
+    fprintf(stderr, "\r\033[Kmemplan: %.88s ...", msg);
+    fflush(stderr);
+}
+
 static int finish(int code)
 {
+    mp_progress_done();
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "memplan: error: writing output failed: %s\n", strerror(errno ? errno : EIO));
         return MP_EXIT_INTERNAL;
@@ -742,6 +767,7 @@ static struct mp_job job_of(struct setup *s, struct args *a)
 /* The one stderr line of a configuration that does not fit its target (exit 1). */
 static void say_nofit(const struct mp_fit *f)
 {
+    mp_progress_done();
     fprintf(stderr, "memplan: does not fit: short by %llu bytes (peak %llu of %llu usable) at %s\n",
             (unsigned long long)(f->peak_device_bytes - f->usable_bytes), (unsigned long long)f->peak_device_bytes,
             (unsigned long long)f->usable_bytes, f->est.peak_event);
@@ -871,31 +897,8 @@ static int cmd_plan(struct args *a)
         return finish(MP_EXIT_NOFIT);
     }
     struct mp_plan_cmp cmp = {0};
-    if (budgeted && f.plan.sched.n) {
-        /* side by side at the same memory: sqrt, and the best segments:K whose peak fits */
-        struct mp_ckpt_plan p;
-        struct mp_ckpt_spec sq = {MP_CKPT_SQRT, 0};
-        mp_ckpt_plan_init(&p);
-        if (mp_ckpt_plan_make(&f.chain, &sq, 0, a->slots, &p, &d) == MP_OK) {
-            cmp.have_sqrt = true;
-            cmp.sqrt_peak = p.peak_bytes;
-            cmp.sqrt_recompute = p.recompute_cost;
-        }
-        mp_ckpt_plan_release(&p);
-        uint64_t limit = f.plan.peak_bytes;
-        for (uint64_t k = 1; k <= f.chain.L; k++) {
-            struct mp_ckpt_spec sg = {MP_CKPT_SEGMENTS, k};
-            mp_ckpt_plan_init(&p);
-            if (mp_ckpt_plan_make(&f.chain, &sg, 0, a->slots, &p, &d) == MP_OK && p.peak_bytes <= limit &&
-                (!cmp.have_seg || p.recompute_cost < cmp.seg_recompute)) {
-                cmp.have_seg = true;
-                cmp.seg_k = k;
-                cmp.seg_peak = p.peak_bytes;
-                cmp.seg_recompute = p.recompute_cost;
-            }
-            mp_ckpt_plan_release(&p);
-        }
-    }
+    if (budgeted && f.plan.sched.n)
+        mp_ckpt_compare(&f.chain, f.plan.peak_bytes, a->slots, &cmp);
     struct mp_program prog;
     st = mp_program_build(&s.model, &s.build, &prog, &d);
     if (st == MP_OK) {
@@ -1165,6 +1168,12 @@ static int cmd_help(int argc, char **argv)
 int main(int argc, char **argv)
 {
     argv0 = argv[0];
+    t_start = mp_now_ms();
+    if (isatty(2))
+        mp_progress_set(show_progress);
+    const char *pa = getenv("MEMPLAN_PROGRESS_AFTER_MS");
+    if (pa && *pa)
+        progress_after_ms = atof(pa);
     if (argc < 2) {
         print_help(stderr);
         return MP_EXIT_USAGE;

@@ -112,16 +112,21 @@ void mp_model_release(struct mp_model *m)
     free(m->blocks);
     m->blocks = NULL;
     m->n_blocks = 0;
+    m->cap_blocks = 0;
 }
 
 struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t n_layers)
 {
     if (m->n_blocks >= (size_t)1 << 24)
         return NULL;
-    struct mp_block *nb = realloc(m->blocks, (m->n_blocks + 1) * sizeof *nb);
-    if (!nb)
-        return NULL;
-    m->blocks = nb;
+    if (m->n_blocks == m->cap_blocks) { /* double: a 100,000-block model reads in linear time */
+        size_t cap = m->cap_blocks ? 2 * m->cap_blocks : 16;
+        struct mp_block *nb = realloc(m->blocks, cap * sizeof *nb);
+        if (!nb)
+            return NULL;
+        m->blocks = nb;
+        m->cap_blocks = cap;
+    }
     struct mp_block *b = &m->blocks[m->n_blocks];
     memset(b, 0, sizeof *b);
     snprintf(b->name, sizeof b->name, "%s", name);

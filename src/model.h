@@ -201,7 +201,7 @@ struct mp_model {
     uint64_t bytes_per_sample;         /* opaque input */
     uint64_t labels_vocab;   /* for classification of images: classes (informational) */
 
-    size_t n_blocks;
+    size_t n_blocks, cap_blocks; /* cap_blocks: private (geometric growth) */
     struct mp_block *blocks;
 
     /* Parameters that are shared (tied embeddings) are counted once. */

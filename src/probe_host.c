@@ -2129,6 +2129,7 @@ static enum mp_status host_run(void *ctx, const struct mp_probe_opts *o, const s
     double ms[64];
     unsigned steps = o->steps;
     for (unsigned k = 0; k <= steps && st == MP_OK; k++) {
+        mp_progress("probe: %s step %u of %u on the host backend", k ? "measured" : "warm-up", k ? k : 1, k ? steps : 1);
         double loss, t0 = mp_now_ms();
         st = mp_host_exec_step(x, s, true, NULL, &loss, d);
         double t1 = mp_now_ms();

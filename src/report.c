@@ -524,6 +524,7 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
         cJSON *pl = json_plan(p, base);
         ju64(pl, "activation_peak_without_bytes", f->nockpt_activation_peak);
         ju64(pl, "activation_budget_bytes", f->activation_budget);
+        ju64(pl, "dp_group_blocks", p->dp_group > 1 ? p->dp_group : 1);
         if (cmp && cmp->have_sqrt) {
             cJSON *s = cJSON_AddObjectToObject(pl, "sqrt");
             ju64(s, "activation_peak_bytes", cmp->sqrt_peak);
@@ -551,6 +552,11 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
     fprintf(out, "activation peak   %12s   (without checkpointing %s)\n", B(p->peak_bytes),
             B(f->nockpt_activation_peak));
     fprintf(out, "recompute         %12s   (+%.1f%% of forward+backward FLOPs)\n", fl(p->recompute_cost), pct);
+    if (p->dp_group > 1)
+        fprintf(out, "approximate       the DP ran on groups of up to %zu consecutive blocks (identical ones "
+                     "grouped first): optimal among plans that checkpoint between groups, sizes rounded up "
+                     "to the DP's slots; the plan itself is checked on every block\n",
+                p->dp_group);
     if (cmp && (cmp->have_sqrt || cmp->have_seg)) {
         fprintf(out, "\n%-22s %14s %16s %10s\n", "compared with", "activation peak", "recompute", "overhead");
         fprintf(out, "%-22s %14s %16s %9.1f%%\n", "this plan", B(p->peak_bytes), fl(p->recompute_cost), pct);
@@ -561,8 +567,9 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
         if (cmp->have_seg) {
             char nm[32];
             snprintf(nm, sizeof nm, "segments:%llu", (unsigned long long)cmp->seg_k);
-            fprintf(out, "%-22s %14s %16s %9.1f%%   (best segments:K at this memory)\n", nm,
-                    B(cmp->seg_peak), fl(cmp->seg_recompute), base > 0 ? 100.0 * cmp->seg_recompute / base : 0);
+            fprintf(out, "%-22s %14s %16s %9.1f%%   (best %sK at this memory)\n", nm,
+                    B(cmp->seg_peak), fl(cmp->seg_recompute), base > 0 ? 100.0 * cmp->seg_recompute / base : 0,
+                    cmp->seg_sampled ? "sampled " : "");
         }
     }
     fprintf(out, "\nwith this plan the step peaks at %s allocated (%s on the device) at %s\n",
@@ -771,7 +778,23 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
     fprintf(out, "# PyTorch training loop (memplan %s)\n", MEMPLAN_VERSION);
     fprintf(out, "micro_batch, grad_accum = %llu, %llu   # global batch %llu\n", (unsigned long long)b->micro_batch,
             (unsigned long long)b->grad_accum, (unsigned long long)b->global_batch);
-    if (b->precision == MP_PREC_BF16)
+    if (mp_par_is_fsdp(b->par.strategy)) {
+        /* FSDP2 (launch: torchrun --nproc-per-node N); memplan planned these settings */
+        fprintf(out, "from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy%s\n",
+                b->par.offload == MP_OFFLOAD_PARAMS ? ", CPUOffloadPolicy" : "");
+        fprintf(out, "kw = dict(reshard_after_forward=%s%s%s)\n", b->par.strategy == MP_PAR_FSDP ? "True" : "False",
+                b->par.mixed_bf16 ? ", mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+                                    "reduce_dtype=torch.float32)"
+                                  : "",
+                b->par.offload == MP_OFFLOAD_PARAMS ? ", offload_policy=CPUOffloadPolicy()" : "");
+        fprintf(out, "for layer in model.model.layers:   # each decoder layer (model.transformer.h for GPT-2)\n"
+                     "    fully_shard(layer, **kw)\nfully_shard(model, **kw)\n");
+    } else if (b->par.strategy == MP_PAR_DDP) {
+        fprintf(out, "model = torch.nn.parallel.DistributedDataParallel(model)   # torchrun --nproc-per-node N\n");
+    } else if (mp_par_is_deepspeed(b->par.strategy)) {
+        fprintf(out, "# DeepSpeed: deepspeed.initialize(model=model, config=<memplan suggest ... --emit deepspeed>)\n");
+    }
+    if (b->precision == MP_PREC_BF16 && !b->par.mixed_bf16)
         fprintf(out, "model = model.to(torch.bfloat16)\n");
     if (b->ckpt.strategy == MP_CKPT_SQRT || b->ckpt.strategy == MP_CKPT_SEGMENTS)
         fprintf(out, "# blocks = the model's %zu blocks as an nn.Sequential\n"
@@ -924,19 +947,29 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "  note               %s\n", s->note);
     }
     header(out, c);
+    bool par_col = s->n && s->cand[0].par.strategy != MP_PAR_NONE;
     bool ftcol = c->ft && c->ft->mode != MP_FT_FULL;
     if (ftcol)
         finetune_assumptions(out, c);
-    fprintf(out, "\n%s%-9s %-16s %6s %5s %10s %8s %9s %9s\n", ftcol ? "tune  " : "", "precision", "checkpoint",
-            "micro", "accum", "peak", "headroom", "recompute", "samples/s");
+    if (par_col)
+        fprintf(out, "\n%-19s", "parallel");
+    fprintf(out, "%s%s%-10s %-14s %6s %5s %10s %8s %9s %9s\n", par_col ? "" : "\n", ftcol ? "tune  " : "", "precision", "checkpoint", "micro",
+            "accum", "peak", "headroom", "recompute", "samples/s");
     for (size_t i = 0; i < s->n; i++) {
         const struct mp_candidate *k = &s->cand[i];
         char sb[32], pk[32];
         if (ftcol)
             fprintf(out, "%-5s ", mp_ft_mode_str(k->ft));
-        if (k->par.strategy != MP_PAR_NONE)
-            fprintf(out, "%s x%llu  ", mp_par_strategy_str(k->par.strategy), (unsigned long long)mp_par_world(&k->par));
-        fprintf(out, "%-9s %-16s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", cand_prec(k),
+        if (par_col) { /* "zero3+opt-cpu x8", "fsdp-no-reshard x16" */
+            char lb[48];
+            snprintf(lb, sizeof lb, "%s%s x%llu", mp_par_strategy_str(k->par.strategy),
+                     k->par.offload == MP_OFFLOAD_OPTIMIZER ? "+opt-off"
+                     : k->par.offload == MP_OFFLOAD_PARAMS  ? "+par-off"
+                                                            : "",
+                     (unsigned long long)mp_par_world(&k->par));
+            fprintf(out, "%-19s", lb);
+        }
+        fprintf(out, "%-10s %-14s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", cand_prec(k),
                 mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
                 k->recompute_pct, k->samples_per_s, k->fits ? "" : k->probe_oom ? "probe: out of memory" : "does not fit",

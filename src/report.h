@@ -31,14 +31,7 @@ struct mp_report_ctx {
 void mp_report_estimate(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
                         const struct mp_ckpt_plan *plan);
 
-/* plan: the chosen plan, plus optional comparisons for optimal (sqrt and the best
- * segments:K at the same memory); cmp may be NULL. */
-struct mp_plan_cmp {
-    bool have_sqrt, have_seg;
-    uint64_t sqrt_peak, seg_peak;
-    double sqrt_recompute, seg_recompute;
-    uint64_t seg_k;
-};
+/* plan: the chosen plan, plus optional comparisons for optimal (mp_ckpt_compare); cmp may be NULL. */
 void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const struct mp_plan_cmp *cmp);
 
 void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const char *reason);

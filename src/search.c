@@ -199,6 +199,7 @@ static enum mp_status fits_at(const struct mp_job *job, uint64_t b, bool *fits, 
 {
     struct mp_job j = *job;
     j.build.batch = b;
+    j.train.skip_reserved = true; /* the search decides on allocated bytes */
     struct mp_fit f;
     enum mp_status st = mp_fit_eval(&j, &f, d);
     (*evals)++;
@@ -496,11 +497,8 @@ static enum mp_status probe_confirm(struct mp_probe *pr, const struct mp_job *ba
                 mp_fit_release(&uf);
             st = MP_OK;
         }
-        if (o->progress) {
-            fprintf(stderr, "\rmemplan: probing micro-batch %llu on the %s backend ...        ", (unsigned long long)b,
-                    mp_probe_backend(pr));
-            fflush(stderr);
-        }
+        if (o->progress)
+            mp_progress("probing micro-batch %llu on the %s backend", (unsigned long long)b, mp_probe_backend(pr));
         j.train.accumulate = o->global_batch && o->global_batch / b > 1;
         st = probe_at(pr, &j, b, &r, d);
         (*probes)++;
@@ -527,7 +525,7 @@ static enum mp_status probe_confirm(struct mp_probe *pr, const struct mp_job *ba
         }
     }
     if (o->progress)
-        fprintf(stderr, "\r%70s\r", "");
+        mp_progress_done();
     if (*inconclusive)
         return MP_OK;
     if (!ok_b) {
@@ -662,7 +660,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
     if (model_has_repeats(base->model))
         strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
     /* data parallel: the strategy given, or every one at the world given (--gpus alone) */
-    struct mp_parallel pars[7];
+    struct mp_parallel pars[8];
     size_t npar = 0;
     if (o->par_search && base->train.par) {
         static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,
@@ -670,6 +668,13 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
             pars[npar] = *base->train.par;
             pars[npar].strategy = all[k];
+            npar++;
+        }
+        /* and ZeRO-3 with the optimizer on the host (ZeRO-Offload), unless --offload was given */
+        if (base->train.par->offload == MP_OFFLOAD_NONE) {
+            pars[npar] = *base->train.par;
+            pars[npar].strategy = MP_PAR_ZERO3;
+            pars[npar].offload = MP_OFFLOAD_OPTIMIZER;
             npar++;
         }
         /* bounded: the first precision only (amp unless --precision), plus mixed-bf16 (bf16
@@ -719,9 +724,8 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             j.train.par = cp.strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
             if (o->progress) {
                 char sb[32];
-                fprintf(stderr, "\rmemplan: evaluating %s, checkpoint %s ...        ", mp_precision_str(precs[i]),
-                        mp_ckpt_spec_str(&j.ckpt, sb, sizeof sb));
-                fflush(stderr);
+                mp_progress("evaluating %s, checkpoint %s", mp_precision_str(precs[i]),
+                            mp_ckpt_spec_str(&j.ckpt, sb, sizeof sb));
             }
             struct mp_candidate *c = &s->cand[s->n];
             struct mp_parallel keep = c->par;
@@ -738,7 +742,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
         }
     }
     if (o->progress)
-        fprintf(stderr, "\r%60s\r", "");
+        mp_progress_done();
     bool bf16_only;
     s->best = choose_best(s, o, &bf16_only);
     char world_alt[160] = "";

@@ -320,3 +320,27 @@ long mp_json_leading_zero(const char *text, size_t len)
     }
     return -1;
 }
+
+/* ---- progress -------------------------------------------------------------------------- */
+
+static mp_progress_fn progress_sink;
+
+void mp_progress_set(mp_progress_fn fn) { progress_sink = fn; }
+
+void mp_progress(const char *fmt, ...)
+{
+    if (!progress_sink)
+        return;
+    char msg[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    progress_sink(msg);
+}
+
+void mp_progress_done(void)
+{
+    if (progress_sink)
+        progress_sink(NULL);
+}

@@ -82,6 +82,18 @@ enum mp_status mp_parse_size(const char *s, uint64_t *out);
 enum mp_status mp_parse_u64(const char *s, uint64_t *out);
 enum mp_status mp_parse_double(const char *s, double *out);
 
+/* Progress of slow work (the planner, the searches, probe steps).  Library code calls
+ * mp_progress() at natural steps; it does nothing unless main.c installed a sink, which
+ * shows the latest message on a terminal once the work has run for about 2 s. */
+typedef void (*mp_progress_fn)(const char *msg); /* msg NULL: the work is over, clear the line */
+void mp_progress_set(mp_progress_fn fn);
+void mp_progress(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+void mp_progress_done(void);
+
 /* Wall-clock milliseconds since an arbitrary origin (CLOCK_MONOTONIC). */
 double mp_now_ms(void);
 

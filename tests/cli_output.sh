@@ -251,6 +251,39 @@ for f in models/resnet50.json models/tiny-mlp.json; do
     check "estimate $f: no seq or attention in config and defaults" $?
 done
 
+# ---- long chains: plan answers (grouped DP), never exit 5 ----------------------------------
+
+sed 's/"repeat": 2,/"repeat": 3000,/' models/tiny-test.json >"$T/long.json"
+run plan "$T/long.json" --gpu t4 --batch 4096
+[ "$ec" -eq 0 ] && grep -q "^approximate .*groups of up to" "$T/out" && grep -q "^recompute" "$T/out"
+check "plan on 3,002 blocks at batch 4096: a plan from the grouped DP, the approximation said (exit $ec)" $?
+run plan "$T/long.json" --gpu t4 --batch 4096 --json
+[ "$ec" -eq 0 ] && grep -q '"dp_group_blocks"' "$T/out"
+check "plan --json on 3,002 blocks: dp_group_blocks" $?
+
+# ---- progress: on a terminal only, and only for slow work ----------------------------------
+
+if command -v script >/dev/null 2>&1 && script -qc true /dev/null >/dev/null 2>&1; then
+    # onterm CMD: CMD run with stderr on a pseudo-terminal (stdout discarded); what it wrote in $T/tty
+    onterm() { script -qc "$1 2>&1 >/dev/null" /dev/null >"$T/tty" 2>&1 </dev/null; }
+    onterm "MEMPLAN_PROGRESS_AFTER_MS=0 '$M' plan '$T/long.json' --gpu t4 --batch 4096"
+    grep -q "memplan: planning: optimal DP" "$T/tty"
+    check "progress on a terminal: the planner says what it does" $?
+    onterm "MEMPLAN_PROGRESS_AFTER_MS=0 '$M' probe models/tiny-test.json --backend host --steps 2"
+    grep -q "memplan: probe: [a-z-]* step [0-9]* of [0-9]* on the host backend" "$T/tty"
+    check "progress on a terminal: host probe steps" $?
+    onterm "'$M' plan '$T/long.json' --gpu t4 --batch 4096"
+    [ "$(tr -d '\r\n' <"$T/tty" | wc -c)" -eq 0 ] || sed -n '1,3p' "$T/tty" >"$T/why"
+    [ "$(tr -d '\r\n' <"$T/tty" | wc -c)" -eq 0 ]
+    check "progress: nothing for work under 2 s" $?
+else
+    skip=$((skip + 1))
+    echo "skip progress checks (no script(1) pseudo-terminal)"
+fi
+MEMPLAN_PROGRESS_AFTER_MS=0 "$M" plan "$T/long.json" --gpu t4 --batch 4096 >/dev/null 2>"$T/err"
+[ ! -s "$T/err" ]
+check "progress: nothing when stderr is not a terminal" $?
+
 # ---- summary ----------------------------------------------------------------------------
 
 [ "$skip" -gt 0 ] && echo "note: $skip check(s) skipped"

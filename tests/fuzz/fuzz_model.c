@@ -1,0 +1,73 @@
+/* fuzz_model.c — libFuzzer harness: bytes as a model file (memplan JSON or an HF
+ * config.json, detected as for a real file), then what every command does with
+ * a model: build the tensor program, run the estimator, and make checkpoint
+ * plans (sqrt, and optimal under a budget below the no-checkpoint peak).
+ *
+ * Any crash, sanitizer report or leak is a bug; a rejected input is fine (it must
+ * only say why in the diagnostic).  Run by `make fuzz` (tests/fuzz/README).
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ckpt.h"
+#include "estimate.h"
+#include "layers.h"
+#include "model.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Keep one execution short: the fuzzer looks for crashes, not for slow giants
+ * (bench/scale.sh times those). */
+#define MAX_BLOCKS 256
+#define MAX_NODES 20000
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct mp_model m;
+    struct mp_diag d = {{0}};
+    if (mp_model_load_string(&m, (const char *)data, size, "fuzz.json", &d) != MP_OK) {
+        if (!d.msg[0] || memchr(d.msg, '\n', sizeof d.msg))
+            __builtin_trap(); /* every rejection says why, on one line */
+        return 0;
+    }
+    if (m.n_blocks > MAX_BLOCKS) {
+        mp_model_release(&m);
+        return 0;
+    }
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 2;
+    o.seq = m.input == MP_INPUT_TOKENS && m.seq_len > 64 ? 64 : 0;
+    struct mp_program p;
+    if (mp_program_build(&m, &o, &p, &d) == MP_OK) {
+        if (p.n_nodes <= MAX_NODES) {
+            struct mp_train_opts t;
+            mp_train_opts_default(&t);
+            struct mp_estimate e;
+            if (mp_estimate_run(&p, NULL, &t, 0, &e, &d) == MP_OK)
+                mp_estimate_release(&e);
+            struct mp_chain c;
+            if (mp_estimate_chain(&p, &c, &d) == MP_OK) {
+                struct mp_ckpt_plan plan;
+                struct mp_ckpt_spec sq = {MP_CKPT_SQRT, 0}, opt = {MP_CKPT_OPTIMAL, 0};
+                uint64_t peak = 0;
+                if (mp_ckpt_plan_make(&c, &sq, 0, 0, &plan, &d) == MP_OK) {
+                    peak = plan.peak_bytes;
+                    if (mp_estimate_run(&p, &plan.sched, &t, 0, &e, &d) == MP_OK)
+                        mp_estimate_release(&e);
+                    mp_ckpt_plan_release(&plan);
+                }
+                if (peak && mp_ckpt_plan_make(&c, &opt, peak, 100, &plan, &d) == MP_OK) {
+                    if (plan.peak_bytes > peak)
+                        __builtin_trap(); /* a budgeted plan never exceeds its budget */
+                    mp_ckpt_plan_release(&plan);
+                }
+                mp_chain_release(&c);
+            }
+        }
+        mp_program_release(&p);
+    }
+    mp_model_release(&m);
+    return 0;
+}
