@@ -418,6 +418,12 @@ static struct val lower_copy(struct bld *B, struct val x, enum mp_dtype dt, doub
     return y;
 }
 
+/* x * a Python float (l->mult): a new tensor, nothing saved (MulBackward0 of a scalar). */
+static struct val mult_copy(struct bld *B, struct val x, const struct mp_layer *l, const char *name)
+{
+    return l->mult != 0 ? lower_copy(B, x, dt_of(B, x), l->mult, name) : x;
+}
+
 static struct val cast_to(struct bld *B, struct val x, enum mp_dtype dt, const char *name)
 {
     return lower_copy(B, x, dt, 0, name);
@@ -983,10 +989,10 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
         struct val r = lower_add(B, a, m, "branch_sum");
         return lower_add(B, x, r, "residual");
     }
-    struct val h1 = lower_add(B, x, a, "attn_residual");
+    struct val h1 = lower_add(B, x, mult_copy(B, a, l, "attn_mult"), "attn_residual");
     struct val n2 = lower_norm(B, h1, l, l->norm, h, "ln_2");
     struct val m = lower_dropout(B, lower_mlp(B, n2, l, h, "mlp"), l->p, "mlp_dropout");
-    return lower_add(B, h1, m, "mlp_residual");
+    return lower_add(B, h1, mult_copy(B, m, l, "mlp_mult"), "mlp_residual");
 }
 
 /* Cross-entropy as PyTorch runs it: an fp32 upcast of half logits, log_softmax, nll_loss.
@@ -1281,16 +1287,9 @@ static struct val softcap_logits(struct bld *B, struct val z, const char *name)
         return t;
     tmp_one(B, &B->p->nodes[B->p->n_nodes - 1], false, MP_TR_OTHER, T(B, z.t)->bytes); /* the divided logits */
     snprintf(an, sizeof an, "%s.softcap_scale", name);
-    struct val y = like(B, an, t, dt_of(B, t), true);
-    struct mp_node *n = new_node(B, MP_P_CAST, an);
-    if (n) {
-        n->in[0] = t.t;
-        n->out = y.t;
-        n->rows = rows_of(t);
-        n->n = last_dim(t);
-    }
-    return y;
+    return lower_copy(B, t, dt_of(B, t), 1.0, an);
 }
+
 
 /* x[:, 0]: a view of the first position (BERT's pooler); a linear on it saves the view,
  * which keeps x's storage, or under autocast its half copy. */
@@ -1382,7 +1381,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         n->k = l->vocab;
         n->fwd_flops = (double)T(B, y.t)->elems;
         n->bwd_flops = n->fwd_flops;
-        struct val r = lower_dropout(B, y, l->emb_dropout, "dropout");
+        struct val r = lower_dropout(B, mult_copy(B, y, l, "embed_scale"), l->emb_dropout, "dropout");
         *resid = r;
         return r;
     }
@@ -1474,6 +1473,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
         if (!failed(B) && l->tied)
             B->p->params[B->embed_param].matmul = true;
+        logits = mult_copy(B, logits, l, "logits_scaling");
         if (l->logit_softcap > 0)
             logits = softcap_logits(B, logits, nm);
         /* masked LMs call nn.CrossEntropyLoss on the logits (BertForMaskedLM & co.) */

@@ -166,6 +166,9 @@ struct mp_layer {
     bool no_attn_out_dropout; /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
     double attn_softcap;    /* tanh softcapping of the attention scores (Gemma2; eager only) */
     double logit_softcap;   /* lm_head: tanh softcapping of the logits (Gemma2) */
+    double mult;            /* a Python-float multiplier that makes a new tensor (0: none): embedding
+                               output (Gemma's sqrt(h), Granite), each residual branch of a
+                               transformer_block (Granite), lm_head logits (Granite 1/logits_scaling) */
 
     /* conv2d / pooling / batchnorm / bottleneck */
     uint64_t in_ch, out_ch, mid_ch;

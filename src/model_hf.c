@@ -1,31 +1,34 @@
 /* model_hf.c — reads a Hugging Face config.json into struct mp_model.
  *
- * Supported model_type values: gpt2, llama, mistral, qwen2, gpt_neox, phi
- * (phi-1/1.5/2), gemma and bert (lowered as BertForMaskedLM).  Causal models
- * are lowered as their *ForCausalLM class.  Missing optional fields take the
- * defaults of the transformers config class, so parameter counts equal what
- * transformers instantiates.  Fields that would change memory in a way the
- * model cannot express are rejected, never silently dropped.  cJSON stays here.
- * Each model_type is one row of families[] (below): its keys, defaults and switches;
- * a llama-like family is one row.
+ * Each supported model_type is one row of families[] (below): the keys its transformers
+ * config class reads, the class defaults, the switches of its layout, the task heads it
+ * has, and an optional hook; a llama-like family is one row.  The task head is the class
+ * architectures[0] names (*ForCausalLM, *ForMaskedLM, *ForSequenceClassification,
+ * *ForTokenClassification, *ForQuestionAnswering, bare *Model; the row's default without
+ * architectures).  Missing optional fields take the defaults of the transformers config
+ * class, so parameter counts equal what transformers instantiates.  Fields that would change
+ * memory in a way the model cannot express are rejected, never silently dropped.  cJSON
+ * stays here.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "model_read.h"
 
 /* Lowering convention (layers.c relies on it):
- *   block 0 "embed":  EMBEDDING (vocab, hidden)
- *                     [EMBEDDING "token_type_embeddings" (type_vocab_size, hidden)]   bert: its
- *                      input is the hidden state, not token ids; it adds a lookup of the
- *                      all-zero token_type_ids (BertEmbeddings' buffer)
- *                     [POS_EMBEDDING (positions, hidden)]        gpt2, bert
- *                     [LAYERNORM (hidden)]                        bert
+ *   block 0 "embed":  EMBEDDING (vocab, hidden)                   [mult: Gemma sqrt(h), Granite]
+ *                     [EMBEDDING "token_type_embeddings" (type_vocab_size, hidden)]   bert,
+ *                      roberta: its input is the hidden state, not token ids; it adds a lookup
+ *                      of the all-zero token_type_ids (BertEmbeddings' buffer)
+ *                     [POS_EMBEDDING (positions + offset, hidden)] gpt2, bert-likes, opt
+ *                     [LAYERNORM (hidden)]                        bert-likes
  *                     [DROPOUT p]                                 when the embedding dropout p > 0
  *   blocks 1..N "h.i": one TRANSFORMER_BLOCK each, repeat_group 1
- *   last block "head": [final LAYERNORM / RMSNORM]               all but bert
- *                      [LINEAR, ACTIVATION, LAYERNORM]           bert's MLM transform
- *                      LM_HEAD (vocab, hidden, tied, bias): logits + cross-entropy
+ *   last block "head": [final LAYERNORM / RMSNORM]               pre-norm families
+ *                      then the task head (add_head): the MLM transform + LM_HEAD, LM_HEAD,
+ *                      a pooler LINEAR (first position) + ACTIVATION, DROPOUT, CLASSIFIER
+ *                      (pooled: first / last position / QA span)
  *
  * Default sequence: seq_len = min(max positions, 2048).  The position count is
  * what the model can take; 2048 keeps the default run of long-context models
@@ -45,9 +48,8 @@
  *   use_cache: memplan assumes use_cache=False, as training with checkpointing forces (with
  *     use_cache=True a gpt2/gpt_neox forward saves fresh k/v copies: bench/torch_saved.md);
  *   gradient_checkpointing: memplan plans checkpointing itself;
- *   architectures, summary_*, task_specific_params, classifier_dropout,
- *     n_special, predict_special_tokens: heads memplan does not train (it
- *     trains the LM head); architectures[0] only names the model;
+ *   summary_*, task_specific_params, n_special, predict_special_tokens: GPT2DoubleHeadsModel
+ *     fields (that class is refused);
  *   head_dim for gpt2, gpt_neox and bert, attention_bias for mistral and qwen2,
  *     num_key_value_heads for gpt2, gpt_neox and bert: their transformers classes ignore them;
  *   n_ctx (gpt2): legacy; transformers sizes wpe by n_positions alone;
@@ -110,6 +112,9 @@ struct family {
     bool eager;                 /* transformers has no SDPA path for it (Gemma2: softcapping) */
     const char *k_attn_softcap, *k_logit_softcap;
     double attn_softcap, logit_softcap;
+    bool emb_sqrt;              /* embeddings * sqrt(hidden) (Gemma*): a new tensor */
+    const char *k_emb_mult, *k_resid_mult, *k_logits_div; /* Granite's multipliers (default 1.0; applied
+                                   even at 1.0: each is a new tensor) */
     const char *k_attn_bias, *k_mlp_bias, *k_parallel;
     const char *k_qkv_bias;     /* q/k/v biases only (StableLM use_qkv_bias) */
     const char *k_bias;         /* every linear's bias (Starcoder2 use_bias, OPT enable_bias) */
@@ -169,7 +174,7 @@ static const struct family families[] = {
      .reject = {{"qk_layernorm", "per-head q/k layernorms are not modelled"}}, .n_tok = "embed_tokens",
      .n_norm = "final_layernorm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
      .k_cls_p = "hidden_dropout", .generic_heads = true},
-    {.type = "gemma", LLAMA_LIKE(MP_ACT_GELU_TANH), .kv_default = 16, .head_dim_default = 256,
+    {.type = "gemma", LLAMA_LIKE(MP_ACT_GELU_TANH), .kv_default = 16, .head_dim_default = 256, .emb_sqrt = true,
      .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
      .hook = gemma_hook},
     {.type = "bert", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
@@ -202,15 +207,18 @@ static const struct family families[] = {
      .k_emb_p = "embedding_dropout", .k_attn_p = "attention_dropout", .k_resid_p = "residual_dropout",
      .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
      .k_cls_p = "hidden_dropout", .generic_heads = true},
-    {.type = "gemma2", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4,
+    {.type = "gemma2", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true,
      .branch_norm = true, .eager = true, .k_attn_softcap = "attn_logit_softcapping", .attn_softcap = 50.0,
      .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA)},
-    {.type = "gemma3_text", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4,
+    {.type = "gemma3_text", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
      .rms_fp32 = true, .branch_norm = true, .k_attn_softcap = "attn_logit_softcapping",
      .k_logit_softcap = "final_logit_softcapping", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
      .hook = gemma_hook},
+    {.type = "granite", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
+     .k_emb_mult = "embedding_multiplier", .k_resid_mult = "residual_multiplier", .k_logits_div = "logits_scaling",
+     .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
     {.type = "opt", .k_ffn = "ffn_dim", .k_act = "activation_function", .act = MP_ACT_RELU,
      .norm = MP_NORM_LAYERNORM, .pos_rows = 2048, .pos_offset = 2, .qkv_bias = true, .out_bias = true,
      .mlp_bias = true, .k_bias = "enable_bias", .tied = true, .dropout = 0.1, .k_attn_p = "attention_dropout",
@@ -238,7 +246,7 @@ static const struct family families[] = {
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
-    "gemma2, gemma3_text, opt, roberta, distilbert"
+    "gemma2, gemma3_text, granite, opt, roberta, distilbert"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -260,6 +268,7 @@ struct hf {
     double qa_p;           /* dropout before qa_outputs (DistilBERT) */
     double attn_softcap, logit_softcap;
     bool cls_bias;         /* token classifier bias */
+    double emb_mult, resid_mult, logits_mult; /* 0: none */
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -474,6 +483,16 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
     if ((st = read_softcap(root, f->k_attn_softcap, &c->attn_softcap, path, d)) != MP_OK ||
         (st = read_softcap(root, f->k_logit_softcap, &c->logit_softcap, path, d)) != MP_OK)
         return st;
+    double div = 1.0;
+    c->emb_mult = f->emb_sqrt ? sqrt((double)c->hidden) : f->k_emb_mult ? 1.0 : 0.0;
+    c->resid_mult = f->k_resid_mult ? 1.0 : 0.0;
+    if ((st = read_softcap(root, f->k_emb_mult, &c->emb_mult, path, d)) != MP_OK ||
+        (st = read_softcap(root, f->k_resid_mult, &c->resid_mult, path, d)) != MP_OK ||
+        (st = read_softcap(root, f->k_logits_div, &div, path, d)) != MP_OK)
+        return st;
+    if (f->k_logits_div && !(div > 0))
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a positive number", path, f->k_logits_div);
+    c->logits_mult = f->k_logits_div ? 1.0 / div : 0.0;
     c->emb_p = f->k_emb_p || f->emb_p_is_resid ? f->dropout : 0.0;
     c->attn_p = f->k_attn_p ? f->attn_dropout : 0.0;
     c->resid_p = f->k_resid_p ? f->dropout : 0.0;
@@ -494,7 +513,8 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
     return mp_json_bool(root, "tie_word_embeddings", &c->tied, path, "", d);
 }
 
-/* A tanh softcap: a positive number, or null / absent for none (when the default is none). */
+/* A tanh softcap or a multiplier: a positive number, or null / absent for none (when the default
+ * is none). */
 static enum mp_status read_softcap(const cJSON *root, const char *key, double *out, const char *path,
                                    struct mp_diag *d)
 {
@@ -697,6 +717,7 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
     l->type = MP_LT_EMBEDDING;
     l->vocab = c->vocab;
     l->dim = c->hidden;
+    l->mult = c->emb_mult;
     set_name(l++, f->n_tok);
     if (types) { /* BertEmbeddings: words + token types (ids default to zeros) + positions */
         l->type = MP_LT_EMBEDDING;
@@ -762,6 +783,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->fused_gate_up = c->f->fused_gate_up;
         l->no_attn_out_dropout = c->f->no_attn_out_dropout;
         l->attn_softcap = c->attn_softcap;
+        l->mult = c->resid_mult;
         if (c->f->eager) { /* the model's default kernel; --attention still overrides it */
             l->impl = MP_ATTN_EAGER;
             l->impl_set = true;
@@ -830,6 +852,7 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
         l->bias = c->lm_bias;
         l->masked = c->head == H_MASKED;
         l->logit_softcap = c->logit_softcap;
+        l->mult = c->logits_mult;
         break;
     case H_SEQ:
         if (encoder && c->cls_p > 0)

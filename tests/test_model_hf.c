@@ -521,6 +521,8 @@ static const struct {
     {"models/hf/gemma-3-1b.json", NULL, 999885952u},
     {"models/hf/gemma-3-1b.json", "Gemma3TextForSequenceClassification", 999888256u},
     {"models/hf/gemma-3-1b.json", "Gemma3TextModel", 999885952u},
+    {"models/hf/granite-3.0-2b.json", NULL, UINT64_C(2533531648)},
+    {"models/hf/granite-3.0-2b.json", "GraniteModel", UINT64_C(2533531648)},
     {"models/hf/opt-125m.json", NULL, 125239296u},
     {"models/hf/opt-125m.json", "OPTForSequenceClassification", 125240832u},
     {"models/hf/opt-125m.json", "OPTForQuestionAnswering", 125240834u},
@@ -630,6 +632,17 @@ static void test_table_families_lowering(void **state)
     assert_int_equal(m.blocks[0].layers[1].type, MP_LT_DROPOUT); /* embedding_dropout */
     mp_model_release(&m);
 
+    /* Granite's multipliers: each makes a new tensor (applied even at 1.0) */
+    load_ok(&m, "models/hf/granite-3.0-2b.json");
+    assert_float_equal(block_layer(&m, 0, 0)->mult, 12.0, 0.0);
+    assert_float_equal(block_layer(&m, 1, 0)->mult, 0.22, 0.0);
+    assert_float_equal(block_layer(&m, m.n_blocks - 1, 1)->mult, 1.0 / 8.0, 0.0);
+    mp_model_release(&m);
+    load_ok(&m, "models/hf/gemma-2-2b.json"); /* Gemma: embeddings * sqrt(hidden) */
+    assert_float_equal(block_layer(&m, 0, 0)->mult, 48.0, 1e-12);
+    assert_float_equal(block_layer(&m, 1, 0)->mult, 0.0, 0.0);
+    mp_model_release(&m);
+
     load_ok(&m, "models/hf/opt-125m.json");
     assert_int_equal(block_layer(&m, 0, 1)->vocab, 2050); /* OPTLearnedPositionalEmbedding: offset 2 */
     assert_int_equal(block_layer(&m, 1, 0)->act, MP_ACT_RELU);
@@ -670,8 +683,8 @@ static void test_error_table_families(void **state)
     /* not in the table: refused, not guessed */
     expect_error("{\"model_type\": \"mixtral\", \"vocab_size\": 100}", MP_ERR_MODEL,
                  "cfg.json: model_type: 'mixtral' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
-                 "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, opt, roberta, "
-                 "distilbert)");
+                 "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, granite, opt, "
+                 "roberta, distilbert)");
 }
 
 /* ---- task heads (architectures[0]) ---------------------------------------- */
@@ -857,8 +870,8 @@ static void test_error_unknown_model_type(void **state)
     (void)state;
     expect_error("{\"model_type\": \"foo\"}", MP_ERR_MODEL,
                  "cfg.json: model_type: 'foo' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
-                 "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, opt, roberta, "
-                 "distilbert)");
+                 "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, granite, opt, "
+                 "roberta, distilbert)");
 }
 
 static void test_error_missing_field(void **state)
