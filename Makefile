@@ -175,9 +175,10 @@ test-cli: memplan
 	$(ASAN_ENV) sh tests/cli.sh ./memplan
 	$(ASAN_ENV) sh tests/cli_output.sh ./memplan
 
-test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops
+test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops $(BUILD)/tests/test_probe_suggest
 	$(BUILD)/tests/test_probe
 	$(BUILD)/tests/test_probe_ops
+	$(BUILD)/tests/test_probe_suggest
 
 # ---- fuzzing (clang's libFuzzer; tests/fuzz/fuzz_model.c) ------------------------------------
 # `make fuzz` builds the harness with ASan + UBSan into build-fuzz/ and runs it FUZZ_TIME
