@@ -86,6 +86,7 @@ struct rp {
     int *uses, *saved, *holds;
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
     bool *cached; /* per tensor: an autocast weight copy held by autocast's cache until the loss */
+    int rope_block; /* block whose first forward made the rotary tables (held until its backward), -1 */
     /* data parallel (NULL pp: one GPU) */
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
@@ -148,6 +149,14 @@ static void tmp(struct rp *r, int node, uint64_t bytes, bool alloc)
         emit(r, alloc ? MP_EV_ALLOC : MP_EV_FREE, MP_ST_TMP, node, bytes);
 }
 
+static bool node_makes(const struct mp_node *n, int t)
+{
+    for (int j = 0; j < n->n_extra; j++)
+        if (n->extra[j] == t)
+            return true;
+    return false;
+}
+
 static bool node_reads(const struct mp_node *n, int t, int upto)
 {
     for (int j = 0; j < upto; j++)
@@ -191,6 +200,11 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
         if (n->wcopy >= 0 && r->phase == MP_PH_FORWARD && !r->cached[n->wcopy] && !params_sharded(r)) {
             r->cached[n->wcopy] = true;
             r->holds[n->wcopy]++;
+        }
+        if (p->rope_tables >= 0 && r->phase == MP_PH_FORWARD && r->rope_block < 0 &&
+            node_makes(n, p->rope_tables)) {
+            r->rope_block = (int)i; /* held until this block's backward */
+            r->holds[p->rope_tables]++;
         }
         tmp(r, (int)k, n->fwd_tmp_bytes, true);
         emit_fwd(r, (int)k, grad);
@@ -555,6 +569,11 @@ static void bwd_block(struct rp *r, size_t i)
         r->holds[bp->input]--;
         t_maybe_free(r, bp->input);
     }
+    if (r->rope_block == (int)i) {
+        r->rope_block = -1;
+        r->holds[p->rope_tables]--;
+        t_maybe_free(r, p->rope_tables);
+    }
 }
 
 static void loss_op(struct rp *r)
@@ -586,7 +605,7 @@ static void loss_op(struct rp *r)
 enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *sched, const struct mp_train_opts *t,
                          mp_event_fn fn, void *ctx, struct mp_diag *d)
 {
-    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1};
+    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .rope_block = -1};
     size_t nt = p->n_tensors ? p->n_tensors : 1;
     r.live = calloc(nt, sizeof(bool));
     r.glive = calloc(nt, sizeof(bool));
@@ -666,6 +685,11 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         r.is_input[p->labels] = true;
         r.live[p->labels] = true;
         emit(&r, MP_EV_ALLOC, MP_ST_INPUT, p->labels, p->tensors[p->labels].bytes);
+    }
+    for (size_t b = 0; b < p->n_buffers; b++) { /* module buffers: resident like the batch */
+        r.is_input[p->buffers[b]] = true;
+        r.live[p->buffers[b]] = true;
+        emit(&r, MP_EV_ALLOC, MP_ST_INPUT, p->buffers[b], p->tensors[p->buffers[b]].bytes);
     }
 
     bool after_loss = false;
@@ -1042,6 +1066,8 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
         e->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
     }
     e->input_bytes = p->tensors[p->input].bytes + (p->labels >= 0 ? p->tensors[p->labels].bytes : 0);
+    for (size_t b = 0; b < p->n_buffers; b++)
+        e->module_buffers_bytes += p->tensors[p->buffers[b]].bytes;
     e->workspace_bytes = t->cublas_workspace_bytes;
     e->optimizer_tmp_bytes = mp_opt_step_tmp_bytes(p, t->optimizer);
     e->fwd_flops = p->fwd_flops;
@@ -1068,8 +1094,8 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
                             * still held would be a replay bug and is released */
             for (size_t k = 0; k < c.nkeys; k++)
                 if (c.blk_of[k] && k >= 3 * p->n_params && k != 4 * p->n_params + 1 && !persistent_comm(p, k) &&
-                    !(k >= 4 * p->n_params + 2 && ((int)(k - 4 * p->n_params - 2) == p->input ||
-                                                   (int)(k - 4 * p->n_params - 2) == p->labels))) {
+                    !(k >= 4 * p->n_params + 2 && k < 4 * p->n_params + 2 + p->n_tensors &&
+                      mp_program_resident(p, (int)(k - 4 * p->n_params - 2)))) {
                     asim_free(&c.as, (int)c.blk_of[k] - 1);
                     c.blk_of[k] = 0;
                 }
@@ -1119,7 +1145,8 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
         }
         mp_par_plan_release(&pp);
     }
-    e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes;
+    e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes +
+                      e->module_buffers_bytes;
     if (c.peak_store == MP_ST_COMM && c.peak_node >= 0) {
         int b = p->nodes[c.peak_node].block;
         const char *bn = p->model && b >= 0 && (size_t)b < p->model->n_blocks ? p->model->blocks[b].name

@@ -94,6 +94,7 @@ struct mp_estimate {
     uint64_t params, trainable_params;
     uint64_t weights_bytes, grads_bytes, optimizer_bytes;
     uint64_t input_bytes;            /* input batch and labels */
+    uint64_t module_buffers_bytes;   /* non-persistent module buffers (rotary inv_freq ...) */
     uint64_t workspace_bytes;        /* cuBLAS workspace */
     uint64_t activations_bytes;      /* activations live when backward starts (after the loss) */
     uint64_t optimizer_tmp_bytes;

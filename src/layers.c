@@ -759,6 +759,12 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     if (B->rope_cos_sin < 0) {
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", B->p->param_dtype, mul(B, mul(B, 2, B->s), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
+        B->p->rope_tables = B->rope_cos_sin;
+        /* HF's rotary embedding registers inv_freq and a clone, original_inv_freq
+         * (persistent=False: not in the checkpoint, but on the GPU): rotary_dim/2 fp32 each */
+        const char *bn[2] = {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"};
+        for (int i = 0; i < 2 && B->p->n_buffers < MP_BUFFERS_MAX; i++)
+            B->p->buffers[B->p->n_buffers++] = new_flat(B, bn[i], MP_DT_F32, mp_ceil_div(n->rotary_dim, 2));
     } else {
         save(n, B->rope_cos_sin);
     }
@@ -1650,6 +1656,18 @@ static void apply_requires_grad(struct mp_program *p)
     }
 }
 
+bool mp_program_resident(const struct mp_program *p, int t)
+{
+    if (t < 0)
+        return false;
+    if (t == p->input || t == p->labels)
+        return true;
+    for (size_t b = 0; b < p->n_buffers; b++)
+        if (p->buffers[b] == t)
+            return true;
+    return false;
+}
+
 void mp_program_release(struct mp_program *p)
 {
     if (!p)
@@ -1668,6 +1686,7 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
     p->opts = *o;
     p->model = m;
     p->labels = -1;
+    p->rope_tables = -1;
     if (p->opts.seq == 0)
         p->opts.seq = m->seq_len ? m->seq_len : 1;
     if (p->opts.batch == 0)

@@ -210,6 +210,13 @@ struct mp_program {
     struct mp_block_prog *blocks;
     int input;                   /* x_0: token ids, image or opaque input */
     int labels;                  /* int64 labels resident for the step, or -1 */
+    int rope_tables;             /* rotary cos/sin: the model makes them once per forward and every layer
+                                    saves them (checkpointed layers too, as checkpoint inputs): held from
+                                    the first forward that makes them to the backward of that block; -1 */
+#define MP_BUFFERS_MAX 4
+    size_t n_buffers;
+    int buffers[MP_BUFFERS_MAX]; /* non-persistent module buffers, resident like the batch (rotary
+                                    inv_freq and original_inv_freq, fp32) */
     bool explicit_loss;          /* last block computes the loss (lm_head / classifier) */
     uint64_t total_params;
     uint64_t trainable_params;
@@ -228,6 +235,9 @@ const struct mp_tmp_part *mp_node_tmp(const struct mp_node *n, bool bwd, enum mp
 enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
                                 struct mp_diag *d);
 void mp_program_release(struct mp_program *p);
+
+/* Tensors allocated at setup and kept across steps: the input batch, labels, module buffers. */
+bool mp_program_resident(const struct mp_program *p, int t);
 
 /* The storage format of p's quantized Linear weights (params of dtype u8), or NULL. */
 const struct mp_quant *mp_program_base_quant(const struct mp_program *p);

@@ -412,8 +412,7 @@ enum mp_status mp_pool_step_end(struct mp_pool *pl, struct mp_diag *d)
         if (!pl->present[k])
             continue;
         bool keep = k < 2 * np || k == KEY_WORKSPACE(np) ||
-                    (k >= base && k < base + p->n_tensors &&
-                     ((int)(k - base) == p->input || (int)(k - base) == p->labels));
+                    (k >= base && k < base + p->n_tensors && mp_program_resident(p, (int)(k - base)));
         if (!keep)
             return mp_fail(d, MP_ERR_INTERNAL, "probe: storage %zu is still allocated after the step", k);
         persistent += mp_round512(pl->bytes[k]);

@@ -167,6 +167,7 @@ static void json_memory(cJSON *r, const struct mp_estimate *e)
     ju64(m, "optimizer_bytes", e->optimizer_bytes);
     ju64(m, "activations_bytes", e->activations_bytes);
     ju64(m, "input_bytes", e->input_bytes);
+    ju64(m, "module_buffers_bytes", e->module_buffers_bytes);
     ju64(m, "workspace_bytes", e->workspace_bytes);
     ju64(m, "optimizer_tmp_bytes", e->optimizer_tmp_bytes);
     ju64(m, "peak_allocated_bytes", e->peak_allocated_bytes);

@@ -629,12 +629,23 @@ static bool model_has_repeats(const struct mp_model *m)
     return false;
 }
 
-enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o, const char *argv0,
+enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
                           struct mp_suggestion *s, struct mp_diag *d)
 {
     memset(s, 0, sizeof *s);
     s->best = -1;
     double t0 = mp_now_ms();
+    /* Data parallel: the global batch is micro x accumulation x ranks, so each rank's share is
+     * G / world; the search below works per rank. */
+    struct mp_suggest_opts lo = *o_in;
+    const struct mp_suggest_opts *o = &lo;
+    uint64_t world = base->train.par ? mp_par_world(base->train.par) : 1;
+    if (world > 1 && lo.global_batch) {
+        if (lo.global_batch % world)
+            return mp_fail(d, MP_ERR_USAGE, "--global-batch %llu is not a multiple of the %llu data-parallel ranks",
+                           (unsigned long long)lo.global_batch, (unsigned long long)world);
+        lo.global_batch /= world;
+    }
     enum mp_precision precs[4];
     size_t np = 0;
     if (o->precision_fixed) {
@@ -793,7 +804,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
                  "only pure bf16 (no fp32 master weights) fits; watch convergence, or use a larger GPU");
     if (s->best >= 0) {
         const struct mp_candidate *b = &s->cand[s->best];
-        s->global_met = !o->global_batch || b->global_batch == o->global_batch;
+        s->global_met = !o_in->global_batch || b->global_batch == o_in->global_batch;
     } else {
         /* what would fit: an 8-bit optimizer, pure bf16, a larger GPU */
         struct mp_job j = *base;

@@ -677,6 +677,21 @@ fi
 expect_line 2 "--gpus 8 without --parallel" check models/tiny-test.json --batch 1 --gpu t4 --gpus 8
 expect_line 2 "--offload params with zero2" check models/tiny-test.json --batch 1 --gpu t4 --gpus 2 --parallel zero2 --offload params
 expect_line 2 "--parallel zero9" check models/tiny-test.json --batch 1 --gpu t4 --gpus 2 --parallel zero9
+expect_line 2 "suggest --gpus 4 --global-batch 510 (not a multiple of the ranks)" suggest models/tiny-test.json --gpu t4 --gpus 4 --global-batch 510 --no-probe
+if [ -n "$HAVE_PY" ]; then
+    run suggest models/gpt2-124m.json --gpu a100-40gb --gpus 4 --global-batch 512 --no-probe --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["recommendation"]
+p = r["parallel"]
+assert p["world"] == 4, p
+assert r["global_batch"] == 512 == r["micro_batch"] * r["grad_accum"] * p["world"], r
+' "$T/out" 2>"$T/why"; then
+        ok "suggest --gpus 4 --global-batch 512: micro x accumulation x ranks = 512"
+    else
+        bad "suggest --gpus 4 --global-batch 512: micro x accumulation x ranks = 512"
+    fi
+fi
 expect 0 "estimate --gpus 4 --parallel fsdp --precision mixed-bf16" estimate models/gpt2-124m.json --gpus 4 --parallel fsdp --precision mixed-bf16
 expect 0 "estimate --gpus 2 --parallel zero2 --offload optimizer" estimate models/gpt2-124m.json --gpus 2 --parallel zero2 --offload optimizer
 

@@ -417,6 +417,74 @@ static void test_estimate_gelu_new_autocast(void **state)
     mp_model_release(&m);
 }
 
+/* Non-persistent buffers are on the GPU too: HF's rotary embedding registers inv_freq and a
+ * clone, original_inv_freq, rotary_dim/2 fp32 each (named_buffers() of transformers 5.23:
+ * llama-2-7b 2 x (64,), qwen2-0.5b 2 x (32,)); GPT-2 has none. */
+static void test_estimate_module_buffers(void **state)
+{
+    (void)state;
+    const char *files[] = {"models/hf/llama-2-7b.json", "models/hf/qwen2-0.5b.json", "models/hf/gpt2.json"};
+    const uint64_t want[] = {2 * 64 * 4, 2 * 32 * 4, 0};
+    for (int i = 0; i < 3; i++) {
+        struct mp_model m;
+        load_file(&m, files[i]);
+        struct mp_estimate e;
+        run(&m, 1, 16, MP_PREC_AMP_BF16, MP_OPT_SGD, NULL, &e);
+        assert_int_equal(e.module_buffers_bytes, want[i]);
+        mp_estimate_release(&e);
+        mp_model_release(&m);
+    }
+}
+
+/* Whether tensor t is live when the loss gradient is seeded. */
+struct live_at_loss {
+    int t;
+    bool live, at_loss;
+};
+
+static enum mp_status live_at_loss_event(void *ctx, const struct mp_event *ev)
+{
+    struct live_at_loss *w = ctx;
+    if (ev->store == MP_ST_ACT && ev->id == w->t && ev->kind == MP_EV_ALLOC)
+        w->live = true;
+    if (ev->store == MP_ST_ACT && ev->id == w->t && ev->kind == MP_EV_FREE)
+        w->live = false;
+    if (ev->kind == MP_EV_LOSS_GRAD)
+        w->at_loss = w->live;
+    return MP_OK;
+}
+
+/* HF computes the rotary cos/sin once in the model's forward and passes them to every
+ * layer; with gradient checkpointing they are checkpoint inputs, so they stay alive through
+ * the backward (they were lost with the checkpointed first layer). */
+static void test_estimate_rope_tables_under_checkpointing(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/hf/qwen2-0.5b.json");
+    struct mp_chain c;
+    chain_at(&m, 1, 16, MP_PREC_AMP_BF16, &c);
+    struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+    struct mp_ckpt_plan plan;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.seq = 16;
+    struct mp_program prog;
+    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    assert_true(prog.rope_tables >= 0);
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct live_at_loss w = {.t = prog.rope_tables};
+    assert_int_equal(mp_replay(&prog, &plan.sched, &t, live_at_loss_event, &w, &d), MP_OK);
+    assert_true(w.at_loss);
+    assert_false(w.live); /* freed by the end of the step */
+    mp_program_release(&prog);
+    mp_ckpt_plan_release(&plan);
+    mp_chain_release(&c);
+    mp_model_release(&m);
+}
+
 /* The forward-phase peak of a replay (512-rounded live bytes). */
 struct fwd_meter {
     uint64_t cur, fwd_peak;
@@ -603,6 +671,8 @@ int main(void)
         cmocka_unit_test(test_estimate_checkpoint_layers),
         cmocka_unit_test(test_estimate_autocast_cache),
         cmocka_unit_test(test_estimate_gelu_new_autocast),
+        cmocka_unit_test(test_estimate_module_buffers),
+        cmocka_unit_test(test_estimate_rope_tables_under_checkpointing),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),
