@@ -1613,6 +1613,7 @@ static void apply_requires_grad(struct mp_program *p)
         }
         if (!rec) {
             n->no_grad = true;
+            n->wcopy = -1; /* a frozen weight: autocast does not cache its copy */
             n->n_saved = 0;
             n->grad_in = false;
             n->bwd_flops = 0;
@@ -1624,8 +1625,10 @@ static void apply_requires_grad(struct mp_program *p)
         case MP_P_LINEAR: {
             double f = 2.0 * (double)n->rows * (double)n->k * (double)n->n;
             double dq = n->quantized ? 2.0 * (double)n->k * (double)n->n : 0;
-            if (!wt)
+            if (!wt) {
                 unsave(n, n->in[0]);
+                n->wcopy = -1; /* autocast caches copies of leaves that require grad only */
+            }
             if (!ing[0])
                 for (int j = 0; j < n->n_extra; j++)
                     unsave(n, n->extra[j]); /* the autocast weight copy */
@@ -1783,4 +1786,16 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
         return st;
     }
     return MP_OK;
+}
+
+enum mp_status mp_program_check(const struct mp_model *m, struct mp_diag *d)
+{
+    struct mp_program prog;
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 1;
+    o.seq = m->input == MP_INPUT_TOKENS ? m->seq_len : 1;
+    enum mp_status st = mp_program_build(m, &o, &prog, d);
+    mp_program_release(&prog);
+    return st;
 }
