@@ -3,43 +3,13 @@
 // Python GELUs (new, fast) compute tanh-GELU and also write their intermediates.
 #include "kcommon.cuh"
 
-// ---- kernels ------------------------------------------------------------------------------
+static_assert((int)MP_K_GELU == (int)MP_MA_GELU && (int)MP_K_GELU_TANH == (int)MP_MA_GELU_TANH &&
+                  (int)MP_K_RELU == (int)MP_MA_RELU && (int)MP_K_SILU == (int)MP_MA_SILU &&
+                  (int)MP_K_TANH == (int)MP_MA_TANH && (int)MP_K_SIGMOID == (int)MP_MA_SIGMOID &&
+                  (int)MP_K_GELU_NEW == (int)MP_MA_GELU_NEW && (int)MP_K_GELU_FAST == (int)MP_MA_GELU_FAST,
+              "kernels.h activation codes are mp_math.h's");
 
-__device__ __forceinline__ float act_f(int a, float x)
-{
-    switch (a) {
-    case MP_K_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118f));
-    case MP_K_GELU_TANH:
-    case MP_K_GELU_NEW:
-    case MP_K_GELU_FAST: return 0.5f * x * (1.0f + tanhf(0.79788456080f * (x + 0.044715f * x * x * x)));
-    case MP_K_RELU: return x > 0.0f ? x : 0.0f;
-    case MP_K_SILU: return x / (1.0f + expf(-x));
-    case MP_K_TANH: return tanhf(x);
-    case MP_K_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    }
-    return x;
-}
-
-__device__ __forceinline__ float act_df(int a, float s)
-{
-    switch (a) {
-    case MP_K_GELU: return 0.5f * (1.0f + erff(s * 0.70710678118f)) + s * 0.39894228040f * expf(-0.5f * s * s);
-    case MP_K_GELU_TANH:
-    case MP_K_GELU_NEW:
-    case MP_K_GELU_FAST: {
-        float u = 0.79788456080f * (s + 0.044715f * s * s * s), t = tanhf(u);
-        return 0.5f * (1.0f + t) + 0.5f * s * (1.0f - t * t) * 0.79788456080f * (1.0f + 3.0f * 0.044715f * s * s);
-    }
-    case MP_K_RELU: return s > 0.0f ? 1.0f : 0.0f;
-    case MP_K_SILU: {
-        float sg = 1.0f / (1.0f + expf(-s));
-        return sg * (1.0f + s * (1.0f - sg));
-    }
-    case MP_K_TANH: return 1.0f - s * s;
-    case MP_K_SIGMOID: return s * (1.0f - s);
-    }
-    return 1.0f;
-}
+// ---- kernels: the arithmetic is src/mp_math.h's (mp_act_f, mp_act_df, mp_gelu_part) -------
 
 struct gelu_parts {
     void *p[6];
@@ -48,27 +18,15 @@ struct gelu_parts {
 };
 
 // new: tanh, 0.5x, 1+tanh; fast: 0.044715x, 0.7978845608x, 1+0.044715x^2, tanh, 0.5x, 1+tanh
-__device__ __forceinline__ float gelu_part(int act, int j, float x)
-{
-    float t = tanhf(0.79788456080f * x * (1.0f + 0.044715f * x * x));
-    switch (act == MP_K_GELU_FAST ? j : j + 3) {
-    case 0: return 0.044715f * x;
-    case 1: return 0.79788456080f * x;
-    case 2: return 1.0f + 0.044715f * x * x;
-    case 3: return t;
-    case 4: return 0.5f * x;
-    default: return 1.0f + t;
-    }
-}
 
 __global__ void act_fwd_kernel(void *y, int ydt, const void *x, int dt, uint64_t n, int act, gelu_parts parts)
 {
     GRID_STRIDE(i, n)
     {
         float v = ldf(x, dt, i);
-        stf(y, ydt, i, act_f(act, v));
+        stf(y, ydt, i, mp_act_f(act, v));
         for (int j = 0; j < parts.n; j++)
-            stf(parts.p[j], parts.dt[j], i, gelu_part(act, j, v));
+            stf(parts.p[j], parts.dt[j], i, mp_gelu_part(act, j, v));
     }
 }
 
@@ -77,7 +35,7 @@ __global__ void act_bwd_kernel(void *dx, int dxdt, const void *dy, int dydt, con
 {
     GRID_STRIDE(i, n)
     {
-        float g = ldf(dy, dydt, i) * act_df(act, ldf(saved, sdt, i));
+        float g = ldf(dy, dydt, i) * mp_act_df(act, ldf(saved, sdt, i));
         stf(dx, dxdt, i, overwrite ? g : ldf(dx, dxdt, i) + g);
     }
 }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "mp_math.h" /* activations, 8-bit Adam codes, hyper-parameters (shared with C) */
 
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 

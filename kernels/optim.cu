@@ -5,7 +5,7 @@
 // come from the caller (src/probe_impl.h).
 #include "kcommon.cuh"
 
-#define A8_BLOCK 256 // = MP_ADAM8_BLOCK
+#define A8_BLOCK MP_ADAM8_BLOCK
 
 // ---- kernels ------------------------------------------------------------------------------
 
@@ -45,31 +45,7 @@ __global__ void adam_kernel(void *p, const void *g, int dt, void *m, void *v, in
     }
 }
 
-// Companded 8-bit codes (probe_host.c q8_*): m = sign*(c/127)^2*absmax, v = (c/255)^4*absmax.
-__device__ __forceinline__ float q8m_dec(uint8_t c, float a)
-{
-    int v = (int)(int8_t)c;
-    float f = (float)(v < 0 ? -v : v) / 127.0f;
-    return (v < 0 ? -1.0f : 1.0f) * f * f * a;
-}
-__device__ __forceinline__ uint8_t q8m_enc(float m, float a)
-{
-    if (a <= 0.0f)
-        return 0;
-    int v = (int)rintf(127.0f * sqrtf(fminf(fabsf(m) / a, 1.0f)));
-    return (uint8_t)(int8_t)(m < 0.0f ? -v : v);
-}
-__device__ __forceinline__ float q8v_dec(uint8_t c, float a)
-{
-    float f = (float)c / 255.0f;
-    return f * f * f * f * a;
-}
-__device__ __forceinline__ uint8_t q8v_enc(float v, float a)
-{
-    if (a <= 0.0f)
-        return 0;
-    return (uint8_t)rintf(255.0f * sqrtf(sqrtf(fminf(fmaxf(v, 0.0f) / a, 1.0f))));
-}
+// Companded 8-bit codes: mp_q8_* in src/mp_math.h (shared with probe_host.c).
 
 // One block of A8_BLOCK threads per quantization block.  The absmax arrays sit at
 // byte offsets 2n and 2n + 4nb, not necessarily 4-aligned: memcpy.
@@ -85,14 +61,14 @@ __global__ void adam8_kernel(void *p, const void *g, int dt, uint8_t *st, uint64
     float mi = 0.0f, vi = 0.0f;
     if (on) {
         float gi = ldf(g, dt, i);
-        mi = b1 * q8m_dec(qm[i], ma) + (1.0f - b1) * gi;
-        vi = b2 * q8v_dec(qv[i], va) + (1.0f - b2) * gi * gi;
+        mi = b1 * mp_q8_m_dec(qm[i], ma) + (1.0f - b1) * gi;
+        vi = b2 * mp_q8_v_dec(qv[i], va) + (1.0f - b2) * gi * gi;
         stf(p, dt, i, ldf(p, dt, i) - lr / bc1 * mi / (sqrtf(vi) / sqrtf(bc2) + eps));
     }
     float nm = block_max(on ? fabsf(mi) : 0.0f), nv = block_max(on ? vi : 0.0f);
     if (on) {
-        qm[i] = q8m_enc(mi, nm);
-        qv[i] = q8v_enc(vi, nv);
+        qm[i] = mp_q8_m_enc(mi, nm);
+        qv[i] = mp_q8_v_enc(vi, nv);
     }
     if (threadIdx.x == 0) {
         memcpy(am + 4 * blk, &nm, 4);

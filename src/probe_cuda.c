@@ -222,7 +222,7 @@ struct cu_exec {
     struct mp_diag *d;
     void *col;             /* im2col / dcol buffer, col_bytes */
     uint64_t col_bytes;
-    bool timing;           /* measured step: time GEMMs */
+    bool timing;           /* the GEMM-profiling step (after the timed ones): an event pair per GEMM */
     double gemm_flops;
     cudaEvent_t *ev;       /* GEMM start/stop pairs of the current step */
     size_t n_ev, cap_ev;
@@ -1302,8 +1302,12 @@ static enum mp_status run_steps(struct cu_exec *x, const struct mp_probe_opts *o
         st = exec_col_buffer(x);
     if (st == MP_OK && (cudaEventCreate(&t0) != cudaSuccess || cudaEventCreate(&t1) != cudaSuccess))
         st = mp_fail(d, MP_ERR_DEVICE, "cudaEventCreate failed at %s:%d", __FILE__, __LINE__);
-    for (unsigned k = 0; k <= o->steps && st == MP_OK; k++) {
-        x->timing = k > 0; /* step 0 warms up (first allocations, cuBLAS heuristics) */
+    /* step 0 warms up (first allocations, cuBLAS heuristics); steps 1..N are timed as a whole;
+     * one more step records an event pair around each GEMM for the GEMM rate, so the timed
+     * steps carry no per-GEMM events */
+    unsigned prof = o->steps + 1;
+    for (unsigned k = 0; k <= prof && st == MP_OK; k++) {
+        x->timing = k == prof;
         x->n_ev = 0;
         mp_pool_step_begin(&x->pool);
         cudaError_t e = cudaEventRecord(t0, S(x));
@@ -1322,13 +1326,13 @@ static enum mp_status run_steps(struct cu_exec *x, const struct mp_probe_opts *o
         }
         float el = 0;
         cudaEventElapsedTime(&el, t0, t1);
-        for (size_t i = 0; i + 1 < x->n_ev && k > 0; i += 2) {
+        for (size_t i = 0; i + 1 < x->n_ev && k == prof; i += 2) {
             float g = 0;
             if (cudaEventElapsedTime(&g, x->ev[i], x->ev[i + 1]) == cudaSuccess)
                 gemm_ms += g;
         }
         x->rng_step++;
-        if (k > 0) {
+        if (k > 0 && k < prof) {
             r->losses[k - 1] = *x->cx->host_loss;
             ms[k - 1] = el;
         }

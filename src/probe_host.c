@@ -9,6 +9,12 @@
  */
 #include "probe_impl.h"
 
+_Static_assert(MP_MA_GELU == (int)MP_ACT_GELU && MP_MA_GELU_TANH == (int)MP_ACT_GELU_TANH &&
+                   MP_MA_RELU == (int)MP_ACT_RELU && MP_MA_SILU == (int)MP_ACT_SILU && MP_MA_TANH == (int)MP_ACT_TANH &&
+                   MP_MA_SIGMOID == (int)MP_ACT_SIGMOID && MP_MA_GELU_NEW == (int)MP_ACT_GELU_NEW &&
+                   MP_MA_GELU_FAST == (int)MP_ACT_GELU_FAST,
+               "mp_math.h activation codes follow enum mp_act");
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1016,58 +1022,12 @@ static enum mp_status eager_bwd(struct ctx *c)
 
 /* ---- activations, mul, dropout ------------------------------------------------------------------ */
 
-static float act_f(enum mp_act a, float x)
-{
-    switch (a) {
-    case MP_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118f));
-    case MP_ACT_GELU_TANH:
-    case MP_ACT_GELU_NEW:
-    case MP_ACT_GELU_FAST: return 0.5f * x * (1.0f + tanhf(0.79788456080f * (x + 0.044715f * x * x * x)));
-    case MP_ACT_RELU: return x > 0.0f ? x : 0.0f;
-    case MP_ACT_SILU: return x / (1.0f + expf(-x));
-    case MP_ACT_TANH: return tanhf(x);
-    case MP_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    }
-    return x;
-}
 
 /* d act / d x, from the saved tensor: x for gelu/silu, y for relu/tanh/sigmoid. */
-static float act_df(enum mp_act a, float s)
-{
-    switch (a) {
-    case MP_ACT_GELU: return 0.5f * (1.0f + erff(s * 0.70710678118f)) + s * 0.39894228040f * expf(-0.5f * s * s);
-    case MP_ACT_GELU_TANH:
-    case MP_ACT_GELU_NEW:
-    case MP_ACT_GELU_FAST: {
-        float u = 0.79788456080f * (s + 0.044715f * s * s * s), t = tanhf(u);
-        return 0.5f * (1.0f + t) + 0.5f * s * (1.0f - t * t) * 0.79788456080f * (1.0f + 3.0f * 0.044715f * s * s);
-    }
-    case MP_ACT_RELU: return s > 0.0f ? 1.0f : 0.0f;
-    case MP_ACT_SILU: {
-        float sg = 1.0f / (1.0f + expf(-s));
-        return sg * (1.0f + s * (1.0f - sg));
-    }
-    case MP_ACT_TANH: return 1.0f - s * s;
-    case MP_ACT_SIGMOID: return s * (1.0f - s);
-    }
-    return 1.0f;
-}
 
 /* HF's Python GELUs (NewGELUActivation, FastGELUActivation) keep their
  * intermediates as extras (layers.c): new: tanh(u), 0.5x, 1 + tanh(u);
  * fast: 0.044715x, 0.7978845608x, 1 + 0.044715x^2, tanh, 0.5x, 1 + tanh. */
-static float gelu_part(enum mp_act a, int j, float x)
-{
-    float t = tanhf(0.79788456080f * x * (1.0f + 0.044715f * x * x));
-    switch (a == MP_ACT_GELU_FAST ? j : j + 3) {
-    case 0: return 0.044715f * x;
-    case 1: return 0.79788456080f * x;
-    case 2: return 1.0f + 0.044715f * x * x;
-    case 3: return t;
-    case 4: return 0.5f * x;
-    default: return 1.0f + t;
-    }
-}
 
 static enum mp_status act_fwd(struct ctx *c)
 {
@@ -1076,7 +1036,7 @@ static enum mp_status act_fwd(struct ctx *c)
     FGET(x, c->in[0]);
     FNEW(y, c->out.n);
     for (uint64_t i = 0; i < c->out.n; i++)
-        y[i] = act_f(n->act, x[i]);
+        y[i] = mp_act_f(n->act, x[i]);
     fstore(c->out, y, c->out.n);
     /* HF's GELU composites keep their intermediates (each in its own dtype); under autocast a
      * gelu_new first keeps an fp32 copy of its input (layers.c lower_act) */
@@ -1087,7 +1047,7 @@ static enum mp_status act_fwd(struct ctx *c)
         struct hv part = tview(c, MP_ST_ACT, mp_node_extra(n, MP_XR_ACT_PART, j));
         NEED(part);
         for (uint64_t i = 0; i < part.n; i++)
-            stf(part, i, gelu_part(n->act, j, x[i]));
+            stf(part, i, mp_gelu_part(n->act, j, x[i]));
     }
     return MP_OK;
 }
@@ -1101,7 +1061,7 @@ static enum mp_status act_bwd(struct ctx *c)
     FGET(dy, c->gout);
     FNEW(dx, c->gout.n);
     for (uint64_t i = 0; i < c->gout.n; i++)
-        dx[i] = dy[i] * act_df(c->n->act, s[i]);
+        dx[i] = dy[i] * mp_act_df(c->n->act, s[i]);
     if (c->gin[0].p == c->gout.p)
         fstore(c->gin[0], dx, c->gout.n); /* in place (ReLU(inplace=True)): one storage */
     else
@@ -1704,31 +1664,6 @@ static enum mp_status loss_grad(struct mp_host_exec *x)
  * per 256-element block per state).  Codes are companded rather than bnb's
  * dynamic tree map: m = sign * (c/127)^2 * absmax, v = (c/255)^4 * absmax.
  * kernels/optim.cu implements the same codes. */
-static float q8_m_dec(uint8_t c, float amax)
-{
-    int v = (int)(int8_t)c;
-    float f = (float)(v < 0 ? -v : v) / 127.0f;
-    return (v < 0 ? -1.0f : 1.0f) * f * f * amax;
-}
-static uint8_t q8_m_enc(float m, float amax)
-{
-    if (amax <= 0.0f)
-        return 0;
-    float c = rintf(127.0f * sqrtf(fminf(fabsf(m) / amax, 1.0f)));
-    int v = (int)c;
-    return (uint8_t)(int8_t)(m < 0 ? -v : v);
-}
-static float q8_v_dec(uint8_t c, float amax)
-{
-    float f = (float)c / 255.0f;
-    return f * f * f * f * amax;
-}
-static uint8_t q8_v_enc(float v, float amax)
-{
-    if (amax <= 0.0f)
-        return 0;
-    return (uint8_t)rintf(255.0f * sqrtf(sqrtf(fminf(fmaxf(v, 0.0f) / amax, 1.0f))));
-}
 
 static float f32_at(const uint8_t *b, uint64_t i)
 {
@@ -1787,16 +1722,16 @@ static void adam8_update(struct hv P, struct hv G, uint8_t *S, uint64_t n, uint6
         float ma = f32_at(am, blk), va = f32_at(av, blk), nm = 0.0f, nv = 0.0f;
         for (uint64_t j = 0; j < cnt; j++) {
             float g = ldf(G, i0 + j);
-            mb[j] = MP_ADAM_BETA1 * q8_m_dec(qm[i0 + j], ma) + (1.0f - MP_ADAM_BETA1) * g;
-            vb[j] = MP_ADAM_BETA2 * q8_v_dec(qv[i0 + j], va) + (1.0f - MP_ADAM_BETA2) * g * g;
+            mb[j] = MP_ADAM_BETA1 * mp_q8_m_dec(qm[i0 + j], ma) + (1.0f - MP_ADAM_BETA1) * g;
+            vb[j] = MP_ADAM_BETA2 * mp_q8_v_dec(qv[i0 + j], va) + (1.0f - MP_ADAM_BETA2) * g * g;
             float p = ldf(P, i0 + j);
             stf(P, i0 + j, p - MP_ADAM_LR / bc1 * mb[j] / (sqrtf(vb[j]) / sqrtf(bc2) + MP_ADAM_EPS));
             nm = fmaxf(nm, fabsf(mb[j]));
             nv = fmaxf(nv, vb[j]);
         }
         for (uint64_t j = 0; j < cnt; j++) {
-            qm[i0 + j] = q8_m_enc(mb[j], nm);
-            qv[i0 + j] = q8_v_enc(vb[j], nv);
+            qm[i0 + j] = mp_q8_m_enc(mb[j], nm);
+            qv[i0 + j] = mp_q8_v_enc(vb[j], nv);
         }
         f32_put(am, blk, nm);
         f32_put(av, blk, nv);

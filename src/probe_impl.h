@@ -11,6 +11,7 @@
 
 #include <string.h>
 
+#include "mp_math.h"
 #include "probe.h"
 
 /* ---- backend ops table ------------------------------------------------------------- */
@@ -112,24 +113,7 @@ void mp_exec_input_fill(const struct mp_program *p, int t, uint64_t seed, void *
 /* The CE node (explicit loss) or -1. */
 int mp_exec_loss_node(const struct mp_program *p);
 
-/* ---- optimizer hyper-parameters (both backends) ------------------------------------- */
-
-#define MP_SGD_LR 0.05f
-#define MP_SGD_MOMENTUM 0.9f
-#define MP_ADAM_LR 1e-2f
-#define MP_ADAM_BETA1 0.9f
-#define MP_ADAM_BETA2 0.999f
-#define MP_ADAM_EPS 1e-8f
-#define MP_ADAMW_WD 0.01f
-#define MP_ADAFACTOR_LR 1e-2f       /* torch.optim.Adafactor defaults */
-#define MP_ADAFACTOR_BETA2_DECAY (-0.8f)
-#define MP_ADAFACTOR_EPS2 1e-3f
-#define MP_ADAM8_BLOCK 256          /* bitsandbytes blockwise quantization */
-#define MP_ADAM8_MIN_ELEMS 4096     /* smaller tensors keep fp32 states */
-#define MP_LN_EPS 1e-5f
-#define MP_RMS_EPS 1e-6f
-#define MP_BN_EPS 1e-5f
-#define MP_ROPE_BASE 10000.0f
+/* Optimizer hyper-parameters, epsilons and shared arithmetic: mp_math.h (C and CUDA). */
 
 /* ---- deterministic hashing ----------------------------------------------------------- */
 
