@@ -1613,6 +1613,7 @@ static void apply_requires_grad(struct mp_program *p)
         }
         if (!rec) {
             n->no_grad = true;
+            n->wcopy = -1; /* a frozen weight: autocast does not cache its copy */
             n->n_saved = 0;
             n->grad_in = false;
             n->bwd_flops = 0;
@@ -1624,8 +1625,10 @@ static void apply_requires_grad(struct mp_program *p)
         case MP_P_LINEAR: {
             double f = 2.0 * (double)n->rows * (double)n->k * (double)n->n;
             double dq = n->quantized ? 2.0 * (double)n->k * (double)n->n : 0;
-            if (!wt)
+            if (!wt) {
                 unsave(n, n->in[0]);
+                n->wcopy = -1; /* autocast caches copies of leaves that require grad only */
+            }
             if (!ing[0])
                 for (int j = 0; j < n->n_extra; j++)
                     unsave(n, n->extra[j]); /* the autocast weight copy */

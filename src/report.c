@@ -292,6 +292,16 @@ static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
         fprintf(out, "          checkpointing: enable_input_require_grads keeps the embedding output and its grad\n");
 }
 
+/* suggest: the fine-tuning assumptions in two lines (no program at hand). */
+static void finetune_assumptions(FILE *out, const struct mp_report_ctx *c)
+{
+    char tg[160];
+    mp_finetune_describe_targets(c->ft, c->model->hf_type, tg, sizeof tg);
+    fprintf(out, "finetune  r %llu, alpha %g, dropout %g, targets %s\n", (unsigned long long)c->ft->r, c->ft->alpha,
+            c->ft->dropout, tg);
+    fprintf(out, "          fp32 adapters, frozen base (no .grad); qlora: bnb NF4 base, double quant, blocksize 64\n");
+}
+
 static void header(FILE *out, const struct mp_report_ctx *c)
 {
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", c->model->name,
@@ -617,7 +627,7 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
 static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
     const struct mp_finetune *f = c->ft;
-    if (!f || (f->mode != MP_FT_LORA && f->mode != MP_FT_QLORA))
+    if (!f || (b->ft != MP_FT_LORA && b->ft != MP_FT_QLORA))
         return;
     char tg[160];
     mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
@@ -625,14 +635,14 @@ static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct 
     if (sp)
         *sp = 0;
     fprintf(out, "# peft + bitsandbytes (memplan %s)\n", MEMPLAN_VERSION);
-    if (f->mode == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
+    if (b->ft == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
         fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
                      "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
                 f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
                 b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
         fprintf(out, "model = AutoModelForCausalLM.from_pretrained(NAME, quantization_config=bnb_config)\n");
     }
-    if (f->mode == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
+    if (b->ft == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
         fprintf(out, "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=%s)\n",
                 b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
     if (!strcmp(tg, "all-linear"))
@@ -674,7 +684,7 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
             fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
                          "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
-        bool ft = c->ft && (c->ft->mode == MP_FT_LORA || c->ft->mode == MP_FT_QLORA);
+        bool ft = b->ft == MP_FT_LORA || b->ft == MP_FT_QLORA;
         fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? (ft ? "paged_adamw_8bit" : "adamw_bnb_8bit")
                                         : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
                                         : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
@@ -823,6 +833,7 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     ju64(o, "grad_accum", b->grad_accum);
     ju64(o, "global_batch", b->global_batch);
     cJSON_AddStringToObject(o, "precision", cand_prec(b));
+    cJSON_AddStringToObject(o, "finetune", mp_ft_mode_str(b->ft));
     if (b->par.strategy != MP_PAR_NONE) {
         cJSON *p = json_parallel_of(&b->par);
         ju64(p, "host_bytes", b->fit.est.host_bytes);
@@ -899,6 +910,10 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         fprintf(out, "  micro-batch        %llu\n", (unsigned long long)b->micro_batch);
         fprintf(out, "  grad accumulation  %llu   (global batch %llu%s)\n", (unsigned long long)b->grad_accum,
                 (unsigned long long)b->global_batch, s->global_met ? "" : ", requested global batch NOT met");
+        if (b->ft != MP_FT_FULL)
+            fprintf(out, "  finetune           %s (%s)\n", mp_ft_mode_str(b->ft),
+                    b->ft == MP_FT_QLORA ? "4-bit NF4 base, dequantized per matmul: slower, smaller"
+                                         : "adapters on a frozen base; --emit hf prints the peft config");
         fprintf(out, "  precision          %s\n", cand_prec(b));
         if (b->par.strategy != MP_PAR_NONE) {
             char pb[96];
@@ -934,13 +949,18 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
     }
     header(out, c);
     bool par_col = s->n && s->cand[0].par.strategy != MP_PAR_NONE;
+    bool ftcol = c->ft && c->ft->mode != MP_FT_FULL;
+    if (ftcol)
+        finetune_assumptions(out, c);
     if (par_col)
         fprintf(out, "\n%-19s", "parallel");
-    fprintf(out, "%s%-10s %-14s %6s %5s %10s %8s %9s %9s\n", par_col ? "" : "\n", "precision", "checkpoint", "micro",
+    fprintf(out, "%s%s%-10s %-14s %6s %5s %10s %8s %9s %9s\n", par_col ? "" : "\n", ftcol ? "tune  " : "", "precision", "checkpoint", "micro",
             "accum", "peak", "headroom", "recompute", "samples/s");
     for (size_t i = 0; i < s->n; i++) {
         const struct mp_candidate *k = &s->cand[i];
         char sb[32], pk[32];
+        if (ftcol)
+            fprintf(out, "%-5s ", mp_ft_mode_str(k->ft));
         if (par_col) { /* "zero3+opt-cpu x8", "fsdp-no-reshard x16" */
             char lb[48];
             snprintf(lb, sizeof lb, "%s%s x%llu", mp_par_strategy_str(k->par.strategy),

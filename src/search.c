@@ -698,7 +698,19 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
     } else {
         mp_parallel_default(&pars[npar++]);
     }
+    /* fine-tuning: LoRA and QLoRA are weighed against each other (QLoRA stores the base in
+     * 4 bits but dequantizes every weight twice per step) */
+    enum mp_ft_mode modes[2];
+    size_t nm = 0;
+    modes[nm++] = base->build.ft.mode;
+    if (base->model->quant.kind == MP_Q_NONE && !base->train.par) {
+        if (base->build.ft.mode == MP_FT_LORA)
+            modes[nm++] = MP_FT_QLORA;
+        else if (base->build.ft.mode == MP_FT_QLORA)
+            modes[nm++] = MP_FT_LORA;
+    }
     unsigned evals = 0;
+    for (size_t mi = 0; mi < nm; mi++)
     for (size_t pi = 0; pi < npar; pi++)
     for (size_t i = 0; i < np; i++) {
         for (size_t k = 0; k < ns; k++) {
@@ -717,6 +729,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
                 continue; /* DeepSpeed always keeps an fp32 master: that is mixed-bf16 */
             struct mp_job j = *base;
             j.build.precision = precs[i];
+            j.build.ft.mode = modes[mi];
             j.ckpt = strategies[k];
             s->cand[s->n].par = cp;
             j.train.par = cp.strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
@@ -729,6 +742,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             struct mp_parallel keep = c->par;
             memset(c, 0, sizeof *c);
             c->par = keep;
+            c->ft = modes[mi];
             enum mp_status st = eval_candidate(&j, o, c, &evals, d);
             if (st != MP_OK) {
                 mp_fit_release(&c->fit);
@@ -832,6 +846,30 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
                          f.fits ? ", fits" : ", still does not fit");
                 mp_fit_release(&f);
             }
+        }
+        if (base->build.ft.mode == MP_FT_FULL && base->model->quant.kind == MP_Q_NONE && !base->train.par &&
+            base->model->input == MP_INPUT_TOKENS) {
+            /* fine-tuning with adapters instead: the best LoRA/QLoRA plan (peft's default targets) */
+            struct mp_job lj = *base;
+            lj.build.ft.mode = MP_FT_LORA;
+            struct mp_suggest_opts lo = *o;
+            lo.probe = false;
+            lo.progress = false;
+            struct mp_suggestion *ls = calloc(1, sizeof *ls);
+            if (ls && mp_suggest(&lj, &lo, argv0, ls, d) == MP_OK && ls->best >= 0) {
+                const struct mp_candidate *b = &ls->cand[ls->best];
+                char a1[32], sb[32];
+                snprintf(s->alternatives[s->n_alternatives++], 160,
+                         "--finetune %s (adapters r %llu on peft's default targets): micro-batch %llu, %s, checkpoint "
+                         "%s, peak %s, %.1f samples/s",
+                         mp_ft_mode_str(b->ft), (unsigned long long)base->build.ft.r,
+                         (unsigned long long)b->micro_batch, mp_precision_str(b->precision),
+                         mp_ckpt_spec_str(&b->ckpt, sb, sizeof sb), mp_fmt_bytes(b->peak_device_bytes, a1, sizeof a1),
+                         b->samples_per_s);
+            }
+            if (ls)
+                mp_suggestion_release(ls);
+            free(ls);
         }
         struct mp_gpu *gpus = NULL;
         size_t ng = 0;

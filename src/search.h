@@ -63,6 +63,7 @@ enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch,
 
 struct mp_candidate {
     struct mp_parallel par;       /* data parallel (strategy none: one GPU); the fit's job points here */
+    enum mp_ft_mode ft;           /* what trains (suggest --finetune lora also weighs qlora) */
     enum mp_precision precision;
     struct mp_ckpt_spec ckpt;
     uint64_t micro_batch, grad_accum, global_batch;
@@ -103,7 +104,7 @@ struct mp_suggestion {
     bool global_met;              /* --global-batch met exactly */
     char note[256];               /* why the choice / what is unmet */
     /* when nothing fits: what would */
-    char alternatives[4][160];
+    char alternatives[8][160];
     size_t n_alternatives;
     unsigned probes;
     uint64_t probe_capacity_bytes;/* the pool limit the probes ran under (0: no probe) */

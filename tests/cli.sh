@@ -622,6 +622,15 @@ else
     echo "expected exit 0 and trainable_params 1536" >"$T/why"
     bad "estimate --finetune lora: trainable_params 1536"
 fi
+# the case: Llama-3-8B, QLoRA r 16 on all linears, a 24 GB card: a recommendation and its peft snippet
+run suggest models/hf/llama-3-8b.json --finetune qlora --lora-targets all-linear --vram 24GiB --seq 1024 --emit hf
+if [ "$ec" -eq 0 ] && grep -q 'target_modules="all-linear"' "$T/out" && grep -q "BitsAndBytesConfig(load_in_4bit=True" "$T/out" \
+    && grep -q "per_device_train_batch_size=" "$T/out"; then
+    ok "suggest --finetune qlora llama-3-8b on 24 GiB: a recommendation with LoraConfig and BitsAndBytesConfig"
+else
+    echo "expected exit 0 and the peft + bitsandbytes snippet" >"$T/why"
+    bad "suggest --finetune qlora llama-3-8b on 24 GiB"
+fi
 # quantization_config: a quantized base trains adapters only; an unknown method is refused
 expect_line 3 "full fine-tuning of a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json
 expect_line 3 "full fine-tuning of a bnb 4-bit checkpoint" check tests/data/hf-qwen2-0.5b-bnb4.json --batch 1 --gpu t4

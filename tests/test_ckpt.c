@@ -938,6 +938,71 @@ static void test_discretise_coarse_slots(void **state)
     mp_chain_release(&c);
 }
 
+/* ---- comparisons and long chains ------------------------------------------ */
+
+/* mp_ckpt_compare finds the segments:K of least recompute within the limit, as a
+ * brute force over every K does, and the sqrt plan's figures. */
+static void test_compare_best_segments(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 40, 1);
+    for (uint64_t limit = 8; limit <= 45; limit += 6) {
+        struct mp_plan_cmp cmp;
+        mp_ckpt_compare(&c, limit, 0, &cmp);
+        bool have = false;
+        uint64_t bk = 0;
+        double best = 0;
+        for (uint64_t k = 1; k <= c.L; k++) {
+            struct mp_ckpt_plan p;
+            if (make(&c, MP_CKPT_SEGMENTS, k, 0, 0, &p) == MP_OK && p.peak_bytes <= limit &&
+                (!have || p.recompute_cost < best)) {
+                have = true;
+                bk = k;
+                best = p.recompute_cost;
+            }
+            mp_ckpt_plan_release(&p);
+        }
+        assert_int_equal(cmp.have_seg, have);
+        assert_false(cmp.seg_sampled);
+        if (have) {
+            assert_int_equal(cmp.seg_k, bk);
+            assert_float_equal(cmp.seg_recompute, best, 0);
+            assert_true(cmp.seg_peak <= limit);
+        }
+        struct mp_ckpt_plan q;
+        assert_int_equal(make(&c, MP_CKPT_SQRT, 0, 0, 0, &q), MP_OK);
+        assert_true(cmp.have_sqrt);
+        assert_int_equal(cmp.sqrt_peak, q.peak_bytes);
+        mp_ckpt_plan_release(&q);
+    }
+    mp_chain_release(&c);
+}
+
+/* Beyond 128 blocks the optimal DP runs on groups: the plan still fits its budget on
+ * the full chain, never costs less than the exact optimum's lower bound (no recompute),
+ * and says how coarse it was. */
+static void test_optimal_long_chain_grouped(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 1000, 1);
+    for (uint64_t budget = 60; budget <= 600; budget += 180) {
+        struct mp_ckpt_plan p;
+        assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, budget, 0, &p), MP_OK);
+        assert_true(p.peak_bytes <= budget);
+        assert_true(p.dp_group > 1);
+        assert_true(p.recompute_cost > 0);
+        struct mp_ckpt_plan s;
+        /* no worse than sqrt when sqrt fits the same budget */
+        if (make(&c, MP_CKPT_SQRT, 0, 0, 0, &s) == MP_OK && s.peak_bytes <= budget)
+            assert_true(p.total_cost <= s.total_cost);
+        mp_ckpt_plan_release(&s);
+        mp_ckpt_plan_release(&p);
+    }
+    mp_chain_release(&c);
+}
+
 /* ---- plan readout -------------------------------------------------------- */
 
 static void test_plan_readout_rotor(void **state)
@@ -1019,6 +1084,8 @@ int main(void)
         cmocka_unit_test(test_discretise_gcd_budget_rounds_down),
         cmocka_unit_test(test_discretise_coarse_slots),
         cmocka_unit_test(test_plan_readout_rotor),
+        cmocka_unit_test(test_compare_best_segments),
+        cmocka_unit_test(test_optimal_long_chain_grouped),
         cmocka_unit_test(test_optimal_long_chain),
     };
     return cmocka_run_group_tests_name("ckpt", tests, NULL, NULL);
