@@ -1787,3 +1787,15 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
     }
     return MP_OK;
 }
+
+enum mp_status mp_program_check(const struct mp_model *m, struct mp_diag *d)
+{
+    struct mp_program prog;
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 1;
+    o.seq = m->input == MP_INPUT_TOKENS ? m->seq_len : 1;
+    enum mp_status st = mp_program_build(m, &o, &prog, d);
+    mp_program_release(&prog);
+    return st;
+}

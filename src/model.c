@@ -1,19 +1,17 @@
 /* model.c — the validated model: names of enums, lifecycle, cross-field
- * validation, parameter counts, and the file loader that dispatches to the
- * memplan-JSON or HF reader.  cJSON is used only to parse and dispatch.
+ * validation.  No JSON here: the readers (model_json.c, model_hf.c) fill the
+ * model, model_load.c parses files and dispatches, json_field.c has the field
+ * readers they share.
  */
 #include "model.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-#include "layers.h"
-#include "model_read.h"
+#include "model_read.h" /* mp_in_list */
 
 static const char *const layer_type_names[] = {
 #define MP_X(id, str) str,
@@ -176,15 +174,7 @@ enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d)
                 return mp_fail(d, MP_ERR_MODEL, "%s: %s.ffn: expected a positive integer", m->path, where);
         }
     }
-    /* The shapes must chain; layers.c checks that while building, at batch 1. */
-    struct mp_program prog;
-    struct mp_build_opts o;
-    mp_build_opts_default(&o);
-    o.batch = 1;
-    o.seq = m->input == MP_INPUT_TOKENS ? m->seq_len : 1;
-    enum mp_status st = mp_program_build(m, &o, &prog, d);
-    mp_program_release(&prog);
-    return st;
+    return MP_OK; /* that the shapes chain is mp_program_check's (layers.c), called by the loader */
 }
 
 bool mp_model_has_attention(const struct mp_model *m)
@@ -194,190 +184,4 @@ bool mp_model_has_attention(const struct mp_model *m)
             if (m->blocks[i].layers[j].type == MP_LT_ATTENTION || m->blocks[i].layers[j].type == MP_LT_TRANSFORMER_BLOCK)
                 return true;
     return false;
-}
-
-/* ---- loading ---------------------------------------------------------------------- */
-
-#define MP_FILE_MAX (64u << 20)
-
-/* 1-based line and column of byte off in text. */
-static void line_col(const char *text, size_t off, size_t *line, size_t *col)
-{
-    *line = 1;
-    *col = 1;
-    for (size_t i = 0; i < off; i++) {
-        if (text[i] == '\n') {
-            ++*line;
-            *col = 1;
-        } else {
-            ++*col;
-        }
-    }
-}
-
-static int cmp_item_names(const void *a, const void *b)
-{
-    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
-}
-
-/* Duplicate keys are an error (cJSON keeps both and lookups see the first; Python's json,
- * and so transformers, keep the last): "path: place: duplicate key", place like
- * layers[3].heads.  Each object's names are sorted, so a huge object stays O(n log n). */
-static enum mp_status check_duplicates(const cJSON *node, char *place, size_t cap, const char *path,
-                                       struct mp_diag *d)
-{
-    size_t n = 0, len = strlen(place);
-    for (const cJSON *c = node->child; c; c = c->next)
-        n++;
-    if (cJSON_IsObject(node) && n > 1) {
-        const cJSON **v = malloc(n * sizeof *v);
-        if (!v)
-            return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", path);
-        size_t i = 0;
-        for (const cJSON *c = node->child; c; c = c->next)
-            v[i++] = c;
-        qsort(v, n, sizeof *v, cmp_item_names);
-        for (i = 1; i < n && strcmp(v[i - 1]->string, v[i]->string) != 0; i++)
-            ;
-        if (i < n) {
-            enum mp_status st = mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: duplicate key", path, place, *place ? "." : "",
-                                        v[i]->string);
-            free(v);
-            return st;
-        }
-        free(v);
-    }
-    size_t idx = 0;
-    for (const cJSON *c = node->child; c; c = c->next, idx++) {
-        if (!cJSON_IsObject(c) && !cJSON_IsArray(c))
-            continue;
-        if (cJSON_IsObject(node))
-            snprintf(place + len, cap - len, "%s%s", len ? "." : "", c->string);
-        else
-            snprintf(place + len, cap - len, "[%zu]", idx);
-        enum mp_status st = check_duplicates(c, place, cap, path, d);
-        place[len] = '\0';
-        if (st != MP_OK)
-            return st;
-    }
-    return MP_OK;
-}
-
-enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
-                                    struct mp_diag *d)
-{
-    mp_model_init(m);
-    snprintf(m->path, sizeof m->path, "%s", path);
-    if (len == 0)
-        return mp_fail(d, MP_ERR_JSON, "%s: the file is empty", path);
-    long lz = mp_json_leading_zero(text, len);
-    if (lz >= 0) {
-        size_t line, col;
-        line_col(text, (size_t)lz, &line, &col);
-        return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON: a number with a leading zero", path, line, col);
-    }
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (root && end) { /* only whitespace may follow the value */
-        while (end < text + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
-            end++;
-        if (end < text + len) {
-            cJSON_Delete(root);
-            size_t line, col;
-            line_col(text, (size_t)(end - text), &line, &col);
-            return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: unexpected text after the JSON value", path, line, col);
-        }
-    }
-    if (!root) {
-        const char *e = cJSON_GetErrorPtr();
-        size_t off = (e && e >= text && e <= text + len) ? (size_t)(e - text) : len;
-        size_t line, col;
-        line_col(text, off, &line, &col);
-        return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON", path, line, col);
-    }
-    enum mp_status st;
-    char place[256] = "";
-    if (!cJSON_IsObject(root))
-        st = mp_fail(d, MP_ERR_MODEL, "%s: expected a JSON object at the top level", path);
-    else if ((st = check_duplicates(root, place, sizeof place, path, d)) == MP_OK)
-        st = mp_json_is_hf(root) ? mp_model_from_hf(m, root, path, d) : mp_model_from_memplan(m, root, path, d);
-    cJSON_Delete(root);
-    if (st != MP_OK)
-        mp_model_release(m);
-    return st;
-}
-
-enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct mp_diag *d)
-{
-    mp_model_init(m);
-    char *buf;
-    size_t n;
-    enum mp_status st = mp_read_file(path, MP_FILE_MAX, "a model file", &buf, &n, d);
-    if (st != MP_OK)
-        return st;
-    st = mp_model_load_string(m, buf, n, path, d);
-    free(buf);
-    return st;
-}
-
-/* ---- shared JSON field readers ------------------------------------------------------ */
-
-enum mp_status mp_json_u64(const cJSON *obj, const char *key, bool required, uint64_t max, uint64_t *out,
-                           const char *path, const char *where, struct mp_diag *d)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v || cJSON_IsNull(v)) {
-        if (required)
-            return mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: missing (expected a positive integer)", path, where,
-                           *where ? "." : "", key);
-        return MP_OK;
-    }
-    double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
-    if (!cJSON_IsNumber(v) || x < 0 || x != floor(x))
-        return mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: expected a non-negative integer", path, where,
-                       *where ? "." : "", key);
-    if (x > (double)max) /* compared as doubles: no conversion of values >= 2^64 */
-        return mp_fail(d, MP_ERR_RANGE, "%s: %s%s%s: %.0f is too large (at most %llu)", path, where,
-                       *where ? "." : "", key, x, (unsigned long long)max);
-    *out = (uint64_t)x;
-    return MP_OK;
-}
-
-enum mp_status mp_json_bool(const cJSON *obj, const char *key, bool *out, const char *path, const char *where,
-                            struct mp_diag *d)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v || cJSON_IsNull(v))
-        return MP_OK;
-    if (!cJSON_IsBool(v))
-        return mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: expected true or false", path, where, *where ? "." : "", key);
-    *out = cJSON_IsTrue(v);
-    return MP_OK;
-}
-
-enum mp_status mp_json_prob(const cJSON *obj, const char *key, double *out, const char *path, const char *where,
-                            struct mp_diag *d)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v || cJSON_IsNull(v))
-        return MP_OK;
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0.0 && v->valuedouble < 1.0))
-        return mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: expected a probability in [0, 1)", path, where,
-                       *where ? "." : "", key);
-    *out = v->valuedouble;
-    return MP_OK;
-}
-
-const char *mp_json_str(const cJSON *obj, const char *key, enum mp_status *st, const char *path, const char *where,
-                        struct mp_diag *d)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    *st = MP_OK;
-    if (!v || cJSON_IsNull(v))
-        return NULL;
-    if (!cJSON_IsString(v)) {
-        *st = mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: expected a string", path, where, *where ? "." : "", key);
-        return NULL;
-    }
-    return v->valuestring;
 }

@@ -1,6 +1,9 @@
-/* model_read.h — the two model readers, behind mp_model_load_*().  Internal:
- * only model.c, model_json.c and model_hf.c include it, and only they see cJSON.
- * Each reader fills an initialised model and calls mp_model_validate() last;
+/* model_read.h — the two model readers, behind mp_model_load_*() (model_load.c),
+ * and the JSON field readers they share (json_field.c).  Internal: only the model
+ * files include it, and only they see cJSON.  Dependencies run one way:
+ * model_load -> readers -> json_field, model; the loader then calls
+ * mp_program_check (layers.c).  Each reader fills an initialised model and calls
+ * mp_model_validate() last;
  * messages are "path: place: problem" with place a JSON path like layers[3].heads.
  */
 #ifndef MEMPLAN_MODEL_READ_H

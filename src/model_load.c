@@ -1,0 +1,137 @@
+/* model_load.c — model files: read, parse, dispatch to the memplan-JSON or HF
+ * reader, then check that the layers chain (mp_program_check).  The JSON text
+ * is held to RFC 8259 here (no leading zeros, no duplicate keys, nothing after
+ * the value), so the readers see one well-formed document.
+ */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers.h"     /* mp_program_check */
+#include "model_read.h" /* the readers */
+
+#define MP_FILE_MAX (64u << 20)
+
+/* 1-based line and column of byte off in text. */
+static void line_col(const char *text, size_t off, size_t *line, size_t *col)
+{
+    *line = 1;
+    *col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (text[i] == '\n') {
+            ++*line;
+            *col = 1;
+        } else {
+            ++*col;
+        }
+    }
+}
+
+static int cmp_item_names(const void *a, const void *b)
+{
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* Duplicate keys are an error (cJSON keeps both and lookups see the first; Python's json,
+ * and so transformers, keep the last): "path: place: duplicate key", place like
+ * layers[3].heads.  Each object's names are sorted, so a huge object stays O(n log n). */
+static enum mp_status check_duplicates(const cJSON *node, char *place, size_t cap, const char *path,
+                                       struct mp_diag *d)
+{
+    size_t n = 0, len = strlen(place);
+    for (const cJSON *c = node->child; c; c = c->next)
+        n++;
+    if (cJSON_IsObject(node) && n > 1) {
+        const cJSON **v = malloc(n * sizeof *v);
+        if (!v)
+            return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", path);
+        size_t i = 0;
+        for (const cJSON *c = node->child; c; c = c->next)
+            v[i++] = c;
+        qsort(v, n, sizeof *v, cmp_item_names);
+        for (i = 1; i < n && strcmp(v[i - 1]->string, v[i]->string) != 0; i++)
+            ;
+        if (i < n) {
+            enum mp_status st = mp_fail(d, MP_ERR_MODEL, "%s: %s%s%s: duplicate key", path, place, *place ? "." : "",
+                                        v[i]->string);
+            free(v);
+            return st;
+        }
+        free(v);
+    }
+    size_t idx = 0;
+    for (const cJSON *c = node->child; c; c = c->next, idx++) {
+        if (!cJSON_IsObject(c) && !cJSON_IsArray(c))
+            continue;
+        if (cJSON_IsObject(node))
+            snprintf(place + len, cap - len, "%s%s", len ? "." : "", c->string);
+        else
+            snprintf(place + len, cap - len, "[%zu]", idx);
+        enum mp_status st = check_duplicates(c, place, cap, path, d);
+        place[len] = '\0';
+        if (st != MP_OK)
+            return st;
+    }
+    return MP_OK;
+}
+
+enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
+                                    struct mp_diag *d)
+{
+    mp_model_init(m);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    if (len == 0)
+        return mp_fail(d, MP_ERR_JSON, "%s: the file is empty", path);
+    long lz = mp_json_leading_zero(text, len);
+    if (lz >= 0) {
+        size_t line, col;
+        line_col(text, (size_t)lz, &line, &col);
+        return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON: a number with a leading zero", path, line, col);
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (root && end) { /* only whitespace may follow the value */
+        while (end < text + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+            end++;
+        if (end < text + len) {
+            cJSON_Delete(root);
+            size_t line, col;
+            line_col(text, (size_t)(end - text), &line, &col);
+            return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: unexpected text after the JSON value", path, line, col);
+        }
+    }
+    if (!root) {
+        const char *e = cJSON_GetErrorPtr();
+        size_t off = (e && e >= text && e <= text + len) ? (size_t)(e - text) : len;
+        size_t line, col;
+        line_col(text, off, &line, &col);
+        return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON", path, line, col);
+    }
+    enum mp_status st;
+    char place[256] = "";
+    if (!cJSON_IsObject(root))
+        st = mp_fail(d, MP_ERR_MODEL, "%s: expected a JSON object at the top level", path);
+    else if ((st = check_duplicates(root, place, sizeof place, path, d)) == MP_OK)
+        st = mp_json_is_hf(root) ? mp_model_from_hf(m, root, path, d) : mp_model_from_memplan(m, root, path, d);
+    cJSON_Delete(root);
+    if (st == MP_OK)
+        st = mp_program_check(m, d);
+    if (st != MP_OK)
+        mp_model_release(m);
+    return st;
+}
+
+enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct mp_diag *d)
+{
+    mp_model_init(m);
+    char *buf;
+    size_t n;
+    enum mp_status st = mp_read_file(path, MP_FILE_MAX, "a model file", &buf, &n, d);
+    if (st != MP_OK)
+        return st;
+    st = mp_model_load_string(m, buf, n, path, d);
+    free(buf);
+    return st;
+}
+
