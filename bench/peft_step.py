@@ -26,6 +26,15 @@
       are counted in fp32, as after peft's prepare_model_for_kbit_training.  Prints
       memplan's weights_bytes for `--finetune qlora` beside it.
 
+  python3 bench/peft_step.py qlora-step
+      A real QLoRA step on the CPU (bitsandbytes 0.50 runs Linear4bit forward and backward
+      there): a small Llama (hidden 256, 2 layers, vocab 1024) is saved with random weights,
+      loaded with BitsAndBytesConfig(nf4, double quant), prepare_model_for_kbit_training,
+      get_peft_model(r 16, q_proj/v_proj), trained 3 steps with AdamW on real tensors; the
+      live-storage tracker (parameters and every quant-state tensor registered) gives step
+      2's peak, compared with `memplan estimate --finetune qlora`.  Real tensors: the model is
+      kept small.
+
 Needs torch, transformers, peft, bitsandbytes (pip).  Not part of `make test`.
 """
 import json
@@ -272,6 +281,75 @@ def lora_bench(quick, out):
             f.write("\n".join(lines) + "\n")
 
 
+def qlora_step(precision, ckpt, batch=2, seq=128):
+    import gc
+    import tempfile
+    import torch
+    import transformers
+    import peft
+    Live, _ = _tracker_classes()
+    d = tempfile.mkdtemp(prefix="peft_step_")
+    cfg = transformers.LlamaConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=704, vocab_size=1024, max_position_embeddings=256,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+    cdt = torch.bfloat16 if precision == "amp-bf16" else torch.float32
+    bnb = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                          bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=cdt)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, quantization_config=bnb, dtype=torch.float32,
+                                                              device_map="cpu", attn_implementation="sdpa")
+    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt == "layers",
+                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM"))
+    model.train()
+    tr = Live()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in model.parameters():
+        tr.add(p, "param")
+        qs = getattr(p, "quant_state", None)
+        if qs is not None:
+            for t in [qs.absmax, qs.code] + ([qs.offset, qs.state2.absmax, qs.state2.code] if qs.nested else []):
+                tr.add(t, "quant_state")
+    for b in model.buffers():
+        tr.add(b, "buffer")
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    losses = []
+    with tr:
+        opt = torch.optim.AdamW(trainable, lr=1e-3, foreach=True)
+        for step in (1, 2, 3):
+            if step == 2:
+                for st in opt.state.values():
+                    if "step" in st and isinstance(st["step"], torch.Tensor):
+                        tr.forget(st["step"])
+                gc.collect()
+                tr.peak, tr.peak_at = tr.cur, "step-start"
+            tr.phase = "forward"
+            ac = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "amp-bf16" else None
+            if ac:
+                ac.__enter__()
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            if ac:
+                ac.__exit__(None, None, None)
+            tr.phase = "backward"
+            loss.backward()
+            losses.append(loss.item())
+            del loss
+            gc.collect()
+            tr.phase = "optimizer.step"
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            gc.collect()
+            if step == 2:
+                peak, peak_at = tr.peak, tr.peak_at
+    cmd = ["./memplan", "estimate", os.path.join(d, "config.json"), "--finetune", "qlora", "--precision", precision,
+           "--batch", str(batch), "--seq", str(seq), "--checkpoint", ckpt, "--workspace", "0", "--json"]
+    r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return {"trainable": sum(p.numel() for p in trainable), "peak": peak, "peak_at": peak_at, "losses": losses,
+            "m_trainable": r["model"]["trainable_params"], "m_peak": r["memory"]["peak_allocated_bytes"],
+            "m_peak_at": r["memory"]["peak_event"]}
+
+
 def memplan_weights(path, *extra):
     out = subprocess.run(["./memplan", "estimate", path, "--seq", "16", "--json", *extra],
                          check=True, capture_output=True, text=True).stdout
@@ -282,6 +360,15 @@ def main(argv):
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None
         lora_bench("--quick" in argv, out)
+        return 0
+    if len(argv) >= 1 and argv[0] == "qlora-step":
+        print("| precision | ckpt | trainable torch / memplan | peak torch | peak memplan | diff | losses |")
+        print("|---|---|---|---|---|---|---|")
+        for prec, ckpt in (("fp32", "none"), ("fp32", "layers"), ("amp-bf16", "none")):
+            r = qlora_step(prec, ckpt)
+            print("| %s | %s | %d / %d | %d | %d | %+.2f%% | %s |" % (
+                prec, ckpt, r["trainable"], r["m_trainable"], r["peak"], r["m_peak"],
+                100.0 * (r["m_peak"] - r["peak"]) / r["peak"], " ".join("%.4f" % l for l in r["losses"])), flush=True)
         return 0
     if len(argv) >= 1 and argv[0] == "qlora-bytes":
         paths = argv[1:] or ["models/hf/llama-3-8b.json", "models/hf/llama-2-70b.json"]

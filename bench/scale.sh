@@ -16,7 +16,9 @@ timeit() {
     label=$1
     shift
     /usr/bin/time -f "%e %U %S %M" -o "$T/time" "$BIN" "$@" >"$T/out" 2>"$T/err" && ec=$? || ec=$?
-    read -r wall user sys rss <"$T/time"
+    read -r wall user sys rss <<EOT
+$(tail -n 1 "$T/time")
+EOT
     printf '%-44s exit %d  wall %6.2f s  user %6.2f s  sys %5.2f s  rss %5d MiB\n' "$label" "$ec" \
         "$wall" "$user" "$sys" $((rss / 1024))
 }
@@ -24,6 +26,6 @@ for n in $SIZES; do
     sed "s/\"repeat\": 2,/\"repeat\": $n,/" models/tiny-test.json >"$T/tiny.json"
     sed "s/\"repeat\": 12,/\"repeat\": $n,/" models/gpt2-124m.json >"$T/gpt2.json"
     timeit "plan tiny-test x$n --gpu t4 --batch 1024" plan "$T/tiny.json" --gpu t4 --batch 1024
-    timeit "plan gpt2 x$n --activation-budget 64GiB" plan "$T/gpt2.json" --activation-budget 64GiB
+    timeit "plan gpt2 x$n --activation-budget 1TiB" plan "$T/gpt2.json" --activation-budget 1TiB
     [ "$n" -le 10000 ] && timeit "suggest tiny-test x$n --gpu t4" suggest "$T/tiny.json" --gpu t4 --no-probe
 done

@@ -1,6 +1,8 @@
 /* gpu.c — reads GPU profiles (configs/gpus/NAME.json).  cJSON stays inside. */
 #include "gpu.h"
 
+#include "probe.h" /* the local device */
+
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -219,5 +221,29 @@ enum mp_status mp_gpu_list(const char *argv0, struct mp_gpu **out, size_t *n, st
     }
     if (*n)
         qsort(*out, *n, sizeof **out, cmp_mem);
+    return MP_OK;
+}
+
+enum mp_status mp_gpu_from_device(int device, struct mp_gpu *g, struct mp_diag *d)
+{
+    if (!mp_cuda_built())
+        return mp_fail(d, MP_ERR_UNSUPPORTED, "the cuda backend is not built in");
+    if (!mp_cuda_device_available())
+        return mp_fail(d, MP_ERR_DEVICE, "none found");
+    struct mp_probe *p = NULL;
+    struct mp_probe_opts po;
+    mp_probe_opts_default(&po);
+    po.backend = "cuda";
+    po.device = device;
+    struct mp_device_info di;
+    enum mp_status st = mp_probe_open(&p, &po, d);
+    if (st == MP_OK && (st = mp_probe_device_info(p, &di)) != MP_OK)
+        mp_fail(d, st, "device %d: no device information", device);
+    mp_probe_close(p);
+    if (st != MP_OK)
+        return st;
+    mp_gpu_from_vram(di.total_bytes, g);
+    snprintf(g->name, sizeof g->name, "cuda:%d", device);
+    snprintf(g->description, sizeof g->description, "%s", di.name);
     return MP_OK;
 }

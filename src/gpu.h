@@ -31,6 +31,11 @@ uint64_t mp_gpu_capacity(const struct mp_gpu *g);
 /* Dense TFLOP/s for a precision policy's matmul dtype (0 = unsupported, e.g. bf16 on a T4). */
 double mp_gpu_tflops(const struct mp_gpu *g, enum mp_precision p);
 
+/* The local CUDA device as a target: its total memory, named "cuda:N", described by
+ * the device's name.  MP_ERR_UNSUPPORTED without the cuda backend, MP_ERR_DEVICE when
+ * device N does not answer (d says why); g is untouched then. */
+enum mp_status mp_gpu_from_device(int device, struct mp_gpu *g, struct mp_diag *d);
+
 enum mp_status mp_gpu_load(const char *name, const char *argv0, struct mp_gpu *g, struct mp_diag *d);
 
 /* All profiles found, sorted by memory; caller frees *out. */

@@ -664,23 +664,12 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         s->have_gpu = true;
         snprintf(s->how, sizeof s->how, "--vram");
     } else if (need_target) {
-        struct mp_device_info di;
-        struct mp_probe *p = NULL;
-        struct mp_probe_opts po;
-        mp_probe_opts_default(&po);
-        po.backend = "cuda";
-        po.device = a->device;
         struct mp_diag pd = {{0}};
-        if (mp_cuda_device_available() && mp_probe_open(&p, &po, &pd) == MP_OK &&
-            mp_probe_device_info(p, &di) == MP_OK) {
-            mp_gpu_from_vram(di.total_bytes, &s->gpu);
-            snprintf(s->gpu.name, sizeof s->gpu.name, "cuda:%d", a->device);
-            snprintf(s->gpu.description, sizeof s->gpu.description, "%s", di.name);
+        if (mp_gpu_from_device(a->device, &s->gpu, &pd) == MP_OK) {
             s->have_gpu = true;
             s->target_is_device = true;
             snprintf(s->how, sizeof s->how, "the local GPU (device %d)", a->device);
         } else if (a->device_set) {
-            mp_probe_close(p);
             mp_model_release(&s->model);
             fprintf(stderr, "memplan: error: --device %d: no usable CUDA device (%s)\n", a->device,
                     pd.msg[0] ? pd.msg : "none found");
@@ -694,7 +683,6 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
             s->have_gpu = true;
             snprintf(s->how, sizeof s->how, "default profile: no GPU here and no --gpu/--vram");
         }
-        mp_probe_close(p);
     }
     if (!s->have_gpu)
         mp_gpu_from_vram(0, &s->gpu);

@@ -852,11 +852,11 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             /* fine-tuning with adapters instead: the best LoRA/QLoRA plan (peft's default targets) */
             struct mp_job lj = *base;
             lj.build.ft.mode = MP_FT_LORA;
-            struct mp_suggest_opts lo = *o;
-            lo.probe = false;
-            lo.progress = false;
+            struct mp_suggest_opts ao = *o_in;
+            ao.probe = false;
+            ao.progress = false;
             struct mp_suggestion *ls = calloc(1, sizeof *ls);
-            if (ls && mp_suggest(&lj, &lo, argv0, ls, d) == MP_OK && ls->best >= 0) {
+            if (ls && mp_suggest(&lj, &ao, argv0, ls, d) == MP_OK && ls->best >= 0) {
                 const struct mp_candidate *b = &ls->cand[ls->best];
                 char a1[32], sb[32];
                 snprintf(s->alternatives[s->n_alternatives++], 160,
