@@ -1034,39 +1034,16 @@ static int cmd_probe(struct args *a)
     po.device = a->device;
     po.steps = (unsigned)a->steps;
     po.capacity_bytes = a->capacity;
-    po.progress = true; /* stderr: a host step can take seconds */
+    po.progress = isatty(2); /* stderr, on a terminal: a host step can take seconds */
     po.trace = a->timeline != NULL;
-    bool host = !strcmp(a->backend, "host") || (!strcmp(a->backend, "auto") && !mp_cuda_device_available());
-    if (host) {
-        /* the host executor really allocates: refuse what this machine cannot hold */
-        struct mp_estimate pe;
-        struct mp_train_opts ht = s.train;
-        if (mp_estimate_run(&prog, NULL, &ht, 0, &pe, &d) == MP_OK) {
-            uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-            uint64_t need = pe.peak_allocated_bytes;
-            mp_estimate_release(&pe);
-            if ((!a->capacity || a->capacity > ram / 2) && need > ram / 2) {
-                char b1[32], b2[32];
-                fprintf(stderr, "memplan: error: the host backend would need about %s of RAM for %s (this machine "
-                                "has %s); run on a GPU, use 'memplan estimate', or set --capacity\n",
-                        mp_fmt_bytes(need, b1, sizeof b1), s.model.name, mp_fmt_bytes(ram, b2, sizeof b2));
-                mp_program_release(&prog);
-                mp_model_release(&s.model);
-                return MP_EXIT_DEVICE;
-            }
-        }
+    bool autohost = !strcmp(a->backend, "auto") && !mp_cuda_device_available();
+    if ((autohost || !strcmp(a->backend, "host")) &&
+        (st = mp_probe_host_admit(&prog, &s.train, a->capacity, autohost, &d)) != MP_OK) {
+        mp_program_release(&prog);
+        mp_model_release(&s.model);
+        return fail(st, &d);
     }
-    if (!strcmp(a->backend, "auto") && !mp_cuda_device_available()) {
-        /* host is a CPU executor: only for models that run in reasonable time */
-        double flops = prog.fwd_flops + prog.bwd_flops;
-        if (flops > 5e11) {
-            fprintf(stderr, "memplan: error: no usable GPU, and %s is too large for the host backend "
-                            "(%.0f GFLOP per step); run on a machine with a GPU or use 'memplan estimate'\n",
-                    s.model.name, flops / 1e9);
-            mp_program_release(&prog);
-            mp_model_release(&s.model);
-            return MP_EXIT_DEVICE;
-        }
+    if (autohost) {
         fprintf(stderr, "memplan: no usable GPU: probing on the host backend (CPU)\n");
         po.backend = "host";
     }
