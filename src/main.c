@@ -65,7 +65,7 @@ enum {
     O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
     O_TIMELINE, O_WIDE,
-    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV,
+    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW,
     O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
 };
 
@@ -105,6 +105,7 @@ static const struct opt_info OPTS[] = {
     {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
     {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
     {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
+    {{"ddp-bucket-view", no_argument, 0, O_BUCKETVIEW}, C_EST | C_PLAN | C_SUGG | C_CHECK, NULL, "DDP gradient_as_bucket_view=True: .grad are views of the buckets"},
     {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
@@ -402,6 +403,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--offload: expected none, optimizer or params, got '%s'";
             break;
         }
+        case O_BUCKETVIEW: a->par.ddp_grad_as_bucket_view = true; break;
         case O_OFFDEV: {
             int v = mp_offload_dev_parse(optarg);
             st = v < 0 ? MP_ERR_USAGE : MP_OK;
@@ -1032,39 +1034,16 @@ static int cmd_probe(struct args *a)
     po.device = a->device;
     po.steps = (unsigned)a->steps;
     po.capacity_bytes = a->capacity;
-    po.progress = true; /* stderr: a host step can take seconds */
+    po.progress = isatty(2); /* stderr, on a terminal: a host step can take seconds */
     po.trace = a->timeline != NULL;
-    bool host = !strcmp(a->backend, "host") || (!strcmp(a->backend, "auto") && !mp_cuda_device_available());
-    if (host) {
-        /* the host executor really allocates: refuse what this machine cannot hold */
-        struct mp_estimate pe;
-        struct mp_train_opts ht = s.train;
-        if (mp_estimate_run(&prog, NULL, &ht, 0, &pe, &d) == MP_OK) {
-            uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-            uint64_t need = pe.peak_allocated_bytes;
-            mp_estimate_release(&pe);
-            if ((!a->capacity || a->capacity > ram / 2) && need > ram / 2) {
-                char b1[32], b2[32];
-                fprintf(stderr, "memplan: error: the host backend would need about %s of RAM for %s (this machine "
-                                "has %s); run on a GPU, use 'memplan estimate', or set --capacity\n",
-                        mp_fmt_bytes(need, b1, sizeof b1), s.model.name, mp_fmt_bytes(ram, b2, sizeof b2));
-                mp_program_release(&prog);
-                mp_model_release(&s.model);
-                return MP_EXIT_DEVICE;
-            }
-        }
+    bool autohost = !strcmp(a->backend, "auto") && !mp_cuda_device_available();
+    if ((autohost || !strcmp(a->backend, "host")) &&
+        (st = mp_probe_host_admit(&prog, &s.train, a->capacity, autohost, &d)) != MP_OK) {
+        mp_program_release(&prog);
+        mp_model_release(&s.model);
+        return fail(st, &d);
     }
-    if (!strcmp(a->backend, "auto") && !mp_cuda_device_available()) {
-        /* host is a CPU executor: only for models that run in reasonable time */
-        double flops = prog.fwd_flops + prog.bwd_flops;
-        if (flops > 5e11) {
-            fprintf(stderr, "memplan: error: no usable GPU, and %s is too large for the host backend "
-                            "(%.0f GFLOP per step); run on a machine with a GPU or use 'memplan estimate'\n",
-                    s.model.name, flops / 1e9);
-            mp_program_release(&prog);
-            mp_model_release(&s.model);
-            return MP_EXIT_DEVICE;
-        }
+    if (autohost) {
         fprintf(stderr, "memplan: no usable GPU: probing on the host backend (CPU)\n");
         po.backend = "host";
     }

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* sysconf */
 
 /* ---- registry -------------------------------------------------------------------------- */
 
@@ -38,6 +39,32 @@ void mp_probe_opts_default(struct mp_probe_opts *o)
     o->capacity_bytes = 0;
     o->steps = 3;
     o->seed = 1;
+}
+
+enum mp_status mp_probe_host_admit(const struct mp_program *prog, const struct mp_train_opts *t,
+                                   uint64_t capacity_bytes, bool automatic, struct mp_diag *d)
+{
+    const char *name = prog->model ? prog->model->name : "the model";
+    uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    struct mp_estimate e;
+    struct mp_train_opts ht = *t;
+    struct mp_diag ed;
+    if (mp_estimate_run(prog, NULL, &ht, 0, &e, &ed) == MP_OK) {
+        uint64_t need = e.peak_allocated_bytes;
+        mp_estimate_release(&e);
+        if ((!capacity_bytes || capacity_bytes > ram / 2) && need > ram / 2) {
+            char b1[32], b2[32];
+            return mp_fail(d, MP_ERR_DEVICE, "the host backend would need about %s of RAM for %s (this machine "
+                                             "has %s); run on a GPU, use 'memplan estimate', or set --capacity",
+                           mp_fmt_bytes(need, b1, sizeof b1), name, mp_fmt_bytes(ram, b2, sizeof b2));
+        }
+    }
+    double flops = prog->fwd_flops + prog->bwd_flops;
+    if (automatic && flops > 5e11) /* a CPU executor: only models that run in reasonable time */
+        return mp_fail(d, MP_ERR_DEVICE, "no usable GPU, and %s is too large for the host backend (%.0f GFLOP per "
+                                         "step); run on a machine with a GPU or use 'memplan estimate'",
+                       name, flops / 1e9);
+    return MP_OK;
 }
 
 bool mp_cuda_built(void)

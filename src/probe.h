@@ -67,6 +67,13 @@ enum mp_status mp_probe_run(struct mp_probe *p, const struct mp_program *prog, c
                             const struct mp_train_opts *t, struct mp_probe_result *r, struct mp_diag *d);
 void mp_probe_close(struct mp_probe *p); /* NULL-safe */
 
+/* Whether the host backend may run prog (it really allocates, on the CPU): the step's
+ * estimated peak must fit in half this machine's RAM unless capacity_bytes (> 0, at
+ * most half the RAM) limits the pool; and when the host was chosen automatically (no
+ * GPU), the step must be at most 5e11 FLOPs.  MP_ERR_DEVICE with the reason in d. */
+enum mp_status mp_probe_host_admit(const struct mp_program *prog, const struct mp_train_opts *t,
+                                   uint64_t capacity_bytes, bool automatic, struct mp_diag *d);
+
 /* True when the cuda backend is built in and a device answers (tests skip otherwise). */
 bool mp_cuda_device_available(void);
 bool mp_cuda_built(void);
