@@ -176,9 +176,10 @@ test-cli: memplan
 	$(ASAN_ENV) sh tests/cli_output.sh ./memplan
 	@if command -v python3 >/dev/null && command -v nm >/dev/null; then python3 tests/deps.py $(BUILD); fi
 
-test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops
+test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops $(BUILD)/tests/test_probe_suggest
 	$(BUILD)/tests/test_probe
 	$(BUILD)/tests/test_probe_ops
+	$(BUILD)/tests/test_probe_suggest
 
 # ---- fuzzing (clang's libFuzzer; tests/fuzz/fuzz_model.c) ------------------------------------
 # `make fuzz` builds the harness with ASan + UBSan into build-fuzz/ and runs it FUZZ_TIME

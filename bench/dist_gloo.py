@@ -6,6 +6,7 @@ training steps on the CPU with the gloo backend:
 
   ddp              torch.nn.parallel.DistributedDataParallel (bucket_cap_mb default: 25 MiB,
                    first bucket 1 MiB, gradient_as_bucket_view=False)
+  ddp-view         the same with gradient_as_bucket_view=True (memplan --ddp-bucket-view)
   fsdp             fully_shard(block) for every GPT2Block, then fully_shard(model)
                    (reshard_after_forward=True)
   fsdp-no-reshard  the same with reshard_after_forward=False
@@ -98,9 +99,9 @@ def rank_main(rank, world, port, strategy, mixed, result_dir):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model, cfg = make_model()
         model.train()
-        if strategy == "ddp":
+        if strategy in ("ddp", "ddp-view"):
             from torch.nn.parallel import DistributedDataParallel as DDP
-            model = DDP(model)
+            model = DDP(model, gradient_as_bucket_view=(strategy == "ddp-view"))
         else:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
             kw = dict(reshard_after_forward=(strategy == "fsdp"))
@@ -183,7 +184,8 @@ def run_case(world, strategy, mixed):
 def memplan_peak(exe, cfgpath, world, strategy, mixed):
     prec = "mixed-bf16" if mixed else "fp32"
     cmd = [exe, "estimate", cfgpath, "--batch", str(BATCH), "--seq", str(SEQ), "--precision", prec, "--optimizer",
-           "adamw", "--workspace", "0", "--context", "0", "--gpus", str(world), "--parallel", strategy, "--json"]
+           "adamw", "--workspace", "0", "--context", "0", "--gpus", str(world), "--json"]
+    cmd += ["--parallel", "ddp", "--ddp-bucket-view"] if strategy == "ddp-view" else ["--parallel", strategy]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return r["memory"], " ".join(cmd[1:])
 
@@ -213,7 +215,7 @@ def main():
     cfgpath = os.path.join(tmp, "config.json")
     cfg.to_json_file(cfgpath)
     del model
-    cases = [("ddp", False), ("fsdp", False), ("fsdp-no-reshard", False), ("fsdp", True)]
+    cases = [("ddp", False), ("ddp-view", False), ("fsdp", False), ("fsdp-no-reshard", False), ("fsdp", True)]
     worlds = [2] if a.quick else [2, 4]
     rows = []
     for w in worlds:

@@ -91,6 +91,7 @@ struct rp {
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
     int ag_held;    /* FSDP2 forward: the all-gather output kept until the next group's copy-out */
+    int *first_use; /* DDP gradient_as_bucket_view: per param, the first node using it (its last backward) */
     int rs_pending; /* FSDP2: the reduce-scatter input kept until the next group's reduce */
 };
 
@@ -546,6 +547,15 @@ static void bwd_block(struct rp *r, size_t i)
             r->st = r->fn(r->ctx, &ev);
         }
         tmp(r, (int)k, btmp, false);
+        if (r->first_use) /* DDP gradient_as_bucket_view: the reducer copies the fresh grad into its
+                           * bucket view and drops it once the parameter's last backward ran */
+            for (int j = 0; j < 2; j++) {
+                int q = n->param[j];
+                if (q >= 0 && r->pglive[q] && r->first_use[q] == (int)k) {
+                    r->pglive[q] = false;
+                    emit(r, MP_EV_FREE, MP_ST_PGRAD, q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+                }
+            }
         for (int j = 0; j < n->n_saved; j++) {
             int t = n->saved[j];
             if (r->saved[t] > 0)
@@ -627,6 +637,19 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         if (st != MP_OK)
             goto out;
         r.pp = &plan;
+        if (plan.par.strategy == MP_PAR_DDP && plan.par.ddp_grad_as_bucket_view) {
+            r.first_use = malloc((p->n_params ? p->n_params : 1) * sizeof *r.first_use);
+            if (!r.first_use) {
+                st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
+                goto out;
+            }
+            for (size_t q = 0; q < p->n_params; q++)
+                r.first_use[q] = -1;
+            for (size_t k = p->n_nodes; k-- > 0;)
+                for (int j = 0; j < 2; j++)
+                    if (p->nodes[k].param[j] >= 0)
+                        r.first_use[p->nodes[k].param[j]] = (int)k;
+        }
         size_t ng = plan.n_groups ? plan.n_groups : 1;
         r.uns = calloc(ng, sizeof(bool));
         r.ag_pending = calloc(ng, sizeof(bool));
@@ -787,6 +810,7 @@ out:
     mp_schedule_release(&none);
     mp_par_plan_release(&plan);
     free(r.uns);
+    free(r.first_use);
     free(r.ag_pending);
     free(r.rs_out);
     free(r.live);

@@ -65,7 +65,7 @@ enum {
     O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
     O_TIMELINE, O_WIDE,
-    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV,
+    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW,
     O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
 };
 
@@ -105,6 +105,7 @@ static const struct opt_info OPTS[] = {
     {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
     {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
     {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
+    {{"ddp-bucket-view", no_argument, 0, O_BUCKETVIEW}, C_EST | C_PLAN | C_SUGG | C_CHECK, NULL, "DDP gradient_as_bucket_view=True: .grad are views of the buckets"},
     {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
@@ -402,6 +403,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--offload: expected none, optimizer or params, got '%s'";
             break;
         }
+        case O_BUCKETVIEW: a->par.ddp_grad_as_bucket_view = true; break;
         case O_OFFDEV: {
             int v = mp_offload_dev_parse(optarg);
             st = v < 0 ? MP_ERR_USAGE : MP_OK;

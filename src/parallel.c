@@ -295,7 +295,8 @@ enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_p
     case MP_PAR_NONE:
     case MP_PAR_DDP:
         pp->weights_bytes = Psi * P;
-        pp->grads_bytes = Psi * P;
+        /* gradient_as_bucket_view: .grad are views of the buckets (counted there) */
+        pp->grads_bytes = s == MP_PAR_DDP && par->ddp_grad_as_bucket_view ? 0 : Psi * P;
         pp->optimizer_bytes = opt;
         for (size_t b = 0; b < pp->n_buckets; b++)
             pp->buffers_bytes += pp->bucket_bytes[b];

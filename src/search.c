@@ -637,14 +637,14 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
     double t0 = mp_now_ms();
     /* Data parallel: the global batch is micro x accumulation x ranks, so each rank's share is
      * G / world; the search below works per rank. */
-    struct mp_suggest_opts lo = *o_in;
-    const struct mp_suggest_opts *o = &lo;
+    struct mp_suggest_opts rank_o = *o_in;
+    const struct mp_suggest_opts *o = &rank_o;
     uint64_t world = base->train.par ? mp_par_world(base->train.par) : 1;
-    if (world > 1 && lo.global_batch) {
-        if (lo.global_batch % world)
+    if (world > 1 && rank_o.global_batch) {
+        if (rank_o.global_batch % world)
             return mp_fail(d, MP_ERR_USAGE, "--global-batch %llu is not a multiple of the %llu data-parallel ranks",
-                           (unsigned long long)lo.global_batch, (unsigned long long)world);
-        lo.global_batch /= world;
+                           (unsigned long long)rank_o.global_batch, (unsigned long long)world);
+        rank_o.global_batch /= world;
     }
     enum mp_precision precs[4];
     size_t np = 0;

@@ -240,6 +240,18 @@ static void test_parallel_replay_per_rank(void **state)
     struct tally td = {0};
     assert_int_equal(mp_replay(&f.p, NULL, &t, tally_event, &td, &d), MP_OK);
     assert_int_equal(td.by_store[MP_ST_COMM], 9976);
+    /* gradient_as_bucket_view: each fresh .grad is dropped for its bucket view after the
+     * parameter's backward, so at the optimizer step (the peak) the 9976 gradient bytes held
+     * besides the buckets are gone */
+    struct mp_estimate ev, ec;
+    assert_int_equal(mp_estimate_run(&f.p, NULL, &t, 0, &ec, &d), MP_OK);
+    par.ddp_grad_as_bucket_view = true;
+    assert_int_equal(mp_estimate_run(&f.p, NULL, &t, 0, &ev, &d), MP_OK);
+    assert_int_equal(ec.peak_phase, MP_PH_STEP);
+    assert_int_equal(ec.peak_requested_bytes - ev.peak_requested_bytes, 9976);
+    assert_int_equal(ev.grads_bytes, 0);
+    mp_estimate_release(&ev);
+    mp_estimate_release(&ec);
     release(&f);
 }
 

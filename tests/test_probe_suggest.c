@@ -218,6 +218,33 @@ static void test_probe_suggest_moved_batch_keeps_the_divisor_rule(void **state)
     mp_model_release(&m);
 }
 
+/* The same confirmation on the cuda backend (skips without a device): a --vram-style target
+ * much smaller than the local GPU is answered for the target — b* fits, b*+1 runs out of the
+ * target's limit, the batch is not moved up to what the local GPU could hold. */
+static void test_probe_suggest_cuda_uses_the_target_capacity(void **state)
+{
+    (void)state;
+    if (!mp_cuda_device_available())
+        skip();
+    struct mp_model m;
+    struct mp_job j = tiny_job(&m, vram_for_batch(6));
+    struct mp_suggest_opts est = {.precision_fixed = true, .precision = MP_PREC_FP32};
+    struct mp_suggestion s0, s1;
+    suggest(&j, &est, &s0);
+    struct mp_suggest_opts pr = est;
+    pr.probe = true;
+    pr.probe_backend = "cuda";
+    suggest(&j, &pr, &s1);
+    assert_true(s1.best >= 0);
+    const struct mp_candidate *a = &s0.cand[s0.best], *b = &s1.cand[s1.best];
+    assert_true(b->probed);
+    assert_int_equal(b->micro_batch, a->micro_batch);
+    assert_int_equal(b->probe_peak_bytes, b->fit.est.peak_allocated_bytes);
+    mp_suggestion_release(&s0);
+    mp_suggestion_release(&s1);
+    mp_model_release(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -225,6 +252,7 @@ int main(void)
         cmocka_unit_test(test_probe_suggest_oom_everywhere_recommends_nothing),
         cmocka_unit_test(test_probe_suggest_moved_batch_updates_the_candidate),
         cmocka_unit_test(test_probe_suggest_moved_batch_keeps_the_divisor_rule),
+        cmocka_unit_test(test_probe_suggest_cuda_uses_the_target_capacity),
     };
     return cmocka_run_group_tests_name("probe_suggest", tests, NULL, NULL);
 }
