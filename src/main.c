@@ -803,6 +803,11 @@ static int cmd_estimate(struct args *a)
     int rc = setup(a, &s, false, &d);
     if (rc)
         return rc;
+    struct mp_fit f;
+    struct mp_program prog;
+    memset(&f, 0, sizeof f);
+    memset(&prog, 0, sizeof prog);
+    enum mp_status st = MP_OK;
     if (!a->gpu) {
         s.gpu.context_bytes = a->context_set ? a->context : 500u << 20;
         if (!a->context_set)
@@ -811,23 +816,12 @@ static int cmd_estimate(struct args *a)
     struct mp_job j = job_of(&s, a);
     bool budgeted = a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
     if (budgeted && !a->gpu) {
-        mp_model_release(&s.model);
-        return usage_error("estimate", "%s", "--checkpoint optimal needs a target: add --gpu NAME (or use 'memplan plan')");
+        rc = usage_error("estimate", "%s", "--checkpoint optimal needs a target: add --gpu NAME (or use 'memplan plan')");
+        goto out;
     }
     double t0 = mp_now_ms();
-    struct mp_fit f;
-    enum mp_status st = mp_fit_eval(&j, &f, &d);
-    if (st != MP_OK) {
-        mp_model_release(&s.model);
-        return fail(st, &d);
-    }
-    struct mp_program prog;
-    st = mp_program_build(&s.model, &s.build, &prog, &d);
-    if (st != MP_OK) {
-        mp_fit_release(&f);
-        mp_model_release(&s.model);
-        return fail(st, &d);
-    }
+    if ((st = mp_fit_eval(&j, &f, &d)) != MP_OK || (st = mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)
+        goto out;
     if (f.infeasible)
         fprintf(stderr, "memplan: warning: no %s plan fits the target's activation budget; showing every "
                         "block checkpointed (every:1)\n",
@@ -842,9 +836,12 @@ static int cmd_estimate(struct args *a)
         fprintf(stderr, "memplan: estimate took %.2f ms\n", mp_now_ms() - t0);
     rc = write_timeline(a, "estimate", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
                         a->gpu != NULL, NULL, 0);
+out: /* the one way out: everything released, then the status */
     mp_program_release(&prog);
     mp_fit_release(&f);
     mp_model_release(&s.model);
+    if (st != MP_OK)
+        return fail(st, &d);
     return rc ? rc : finish(MP_EXIT_OK);
 }
 
@@ -924,25 +921,23 @@ static int cmd_check(struct args *a)
     int rc = setup(a, &s, false, &d);
     if (rc)
         return rc;
-    struct mp_job j = job_of(&s, a);
     struct mp_fit f;
-    enum mp_status st = mp_fit_eval(&j, &f, &d);
-    if (st != MP_OK) {
-        mp_model_release(&s.model);
-        return fail(st, &d);
-    }
     struct mp_program prog;
-    st = mp_program_build(&s.model, &s.build, &prog, &d);
-    if (st == MP_OK) {
-        struct mp_report_ctx c;
-        fill_ctx(&c, "check", &s, &prog, &a->ckpt, a);
-        mp_report_check(stdout, &c, &f);
-        rc = write_timeline(a, "check", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
-                            true, NULL, 0);
-        mp_program_release(&prog);
-    }
-    if (st == MP_OK && !f.fits)
+    memset(&f, 0, sizeof f);
+    memset(&prog, 0, sizeof prog);
+    struct mp_job j = job_of(&s, a);
+    enum mp_status st;
+    if ((st = mp_fit_eval(&j, &f, &d)) != MP_OK || (st = mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)
+        goto out;
+    struct mp_report_ctx c;
+    fill_ctx(&c, "check", &s, &prog, &a->ckpt, a);
+    mp_report_check(stdout, &c, &f);
+    rc = write_timeline(a, "check", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes, true,
+                        NULL, 0);
+    if (!f.fits)
         say_nofit(&f);
+out: /* the one way out: everything released, then the status */
+    mp_program_release(&prog);
     bool fits = f.fits;
     mp_fit_release(&f);
     mp_model_release(&s.model);
