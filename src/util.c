@@ -31,6 +31,11 @@ enum mp_status mp_fail(struct mp_diag *d, enum mp_status st, const char *fmt, ..
         va_start(ap, fmt);
         vsnprintf(d->msg, sizeof d->msg, fmt, ap);
         va_end(ap);
+        /* a message is one line whatever the input echoed into it (a key or a
+         * name with a newline or other control byte in it) */
+        for (char *c = d->msg; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = '?';
     }
     return st;
 }
