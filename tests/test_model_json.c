@@ -712,6 +712,8 @@ static const struct bad_case {
     /* duplicates are refused in any object, comments included (Python's json keeps the last) */
     {"duplicate-key-nested.json", MP_ERR_MODEL, ": input._note: duplicate key"},
     {"hf-duplicate-key.json", MP_ERR_MODEL, ": hidden_size: duplicate key"},
+    /* a key holding a newline: the one-line message shows the control byte as '?' */
+    {"key-with-newline.json", MP_ERR_MODEL, ": bad?key: unknown key for a memplan model"},
 };
 
 static const struct bad_case *find_bad(const char *file)
