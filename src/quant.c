@@ -195,15 +195,28 @@ static size_t layout(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, ui
     return n;
 }
 
-enum mp_status mp_quant_pack(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, const float *w, uint8_t *dst)
+/* The NF4 tensor's part offsets, element count, block size and block count:
+ * what packing and unpacking both start from. */
+static enum mp_status nf4_shape(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, uint64_t *off,
+                                uint64_t *n, uint64_t *bs, uint64_t *nb)
 {
     if (q->kind != MP_Q_BNB_NF4)
         return MP_ERR_UNSUPPORTED;
     struct mp_quant_part parts[MP_QUANT_PARTS_MAX];
-    uint64_t off[MP_QUANT_PARTS_MAX];
     if (!layout(q, out_f, in_f, off, parts))
         return MP_ERR_RANGE;
-    uint64_t n = out_f * in_f, bs = q->blocksize ? q->blocksize : 64, nb = mp_ceil_div(n, bs);
+    *n = out_f * in_f;
+    *bs = q->blocksize ? q->blocksize : 64;
+    *nb = mp_ceil_div(*n, *bs);
+    return MP_OK;
+}
+
+enum mp_status mp_quant_pack(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, const float *w, uint8_t *dst)
+{
+    uint64_t off[MP_QUANT_PARTS_MAX], n, bs, nb;
+    enum mp_status st = nf4_shape(q, out_f, in_f, off, &n, &bs, &nb);
+    if (st != MP_OK)
+        return st;
     uint8_t *packed = dst + off[0];
     memcpy(dst + off[1], mp_nf4_code, sizeof mp_nf4_code);
     float *absmax = malloc(nb * sizeof *absmax);
@@ -250,13 +263,10 @@ enum mp_status mp_quant_pack(const struct mp_quant *q, uint64_t out_f, uint64_t 
 
 enum mp_status mp_quant_unpack(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, const uint8_t *src, float *w)
 {
-    if (q->kind != MP_Q_BNB_NF4)
-        return MP_ERR_UNSUPPORTED;
-    struct mp_quant_part parts[MP_QUANT_PARTS_MAX];
-    uint64_t off[MP_QUANT_PARTS_MAX];
-    if (!layout(q, out_f, in_f, off, parts))
-        return MP_ERR_RANGE;
-    uint64_t n = out_f * in_f, bs = q->blocksize ? q->blocksize : 64, nb = mp_ceil_div(n, bs);
+    uint64_t off[MP_QUANT_PARTS_MAX], n, bs, nb;
+    enum mp_status st = nf4_shape(q, out_f, in_f, off, &n, &bs, &nb);
+    if (st != MP_OK)
+        return st;
     const uint8_t *packed = src + off[0];
     float code[16], offset = 0, code2[256];
     memcpy(code, src + off[1], sizeof code);
