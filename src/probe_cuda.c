@@ -1030,6 +1030,9 @@ static enum mp_status node_run(struct cu_exec *x, int k, bool fwd)
     case MP_P_NLL_LOSS: return nll_run(&c, fwd);
     case MP_P_CUSTOM: return custom_run(&c, fwd);
     case MP_P_SCALE: /* LoRA programs are refused before they get here (mp_probe_run) */
+    case MP_P_ROUTER:
+    case MP_P_ROWS:
+    case MP_P_GROUPED_MM: /* MoE programs too (prog->probe_unsupported) */
     case MP_P_COUNT: break;
     }
     return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: unknown prim", c.n->name);

@@ -1614,6 +1614,9 @@ static enum mp_status node_run(struct mp_host_exec *x, int k, bool fwd)
     case MP_P_LOG_SOFTMAX: st = fwd ? log_softmax_fwd(&c) : log_softmax_bwd(&c); break;
     case MP_P_NLL_LOSS: st = fwd ? nll_fwd(&c) : nll_bwd(&c); break;
     case MP_P_CUSTOM: st = fwd ? custom_fwd(&c) : custom_bwd(&c); break;
+    case MP_P_ROUTER:
+    case MP_P_ROWS:
+    case MP_P_GROUPED_MM: /* mp_probe_run refuses these programs first */
     case MP_P_COUNT: st = mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: unknown prim", n->name); break;
     }
     ctx_close(&c);
