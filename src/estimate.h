@@ -14,6 +14,7 @@
 
 #include "ckpt.h"
 #include "layers.h"
+#include "optim.h"
 #include "parallel.h"
 
 /* What a storage is. */
@@ -74,9 +75,6 @@ void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B works
 enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *sched, const struct mp_train_opts *t,
                          mp_event_fn fn, void *ctx, struct mp_diag *d);
 
-/* Optimizer state bytes for one parameter (persistent) and the step temporary for all. */
-uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, const struct mp_param *q);
-uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o);
 
 /* PyTorch caching-allocator rounding: < 512 -> 512, else a multiple of 512. */
 static inline uint64_t mp_round512(uint64_t b) { return b == 0 ? 0 : ((b + 511) / 512) * 512; }

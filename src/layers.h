@@ -128,6 +128,9 @@ enum mp_xrole {
     MP_XR_ROUTE_MASK,     /* MoE router: group-limited routing's (M, E) bool mask */
     MP_XR_ROW_INDEX,      /* MoE dispatch/combine: an int64 row index */
     MP_XR_EXPERT_OFFSETS, /* grouped_mm: per-expert row offsets (E int32) */
+    MP_XR_ATTN_MASK,      /* attention given a (b, 1, s, s) mask (Falcon): the model's mask (first
+                             attention) or, under autocast, this layer's half copy SDPA saves */
+    MP_XR_SPLIT_INDEX,    /* Falcon's qkv split by advanced indexing: the int64 index it saves */
     MP_XR_COUNT
 };
 
@@ -232,6 +235,8 @@ struct mp_program {
     int rope_tables;             /* rotary cos/sin: the model makes them once per forward and every layer
                                     saves them (checkpointed layers too, as checkpoint inputs): held from
                                     the first forward that makes them to the backward of that block; -1 */
+    int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward
+                                    (Falcon), held like rope_tables; -1 */
 #define MP_BUFFERS_MAX 4
     size_t n_buffers;
     int buffers[MP_BUFFERS_MAX]; /* non-persistent module buffers, resident like the batch (rotary

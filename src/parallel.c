@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "estimate.h"
+#include "optim.h"
 
 static const char *const STRATS[] = {"none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-no-reshard"};
 static const char *const OFFLOADS[] = {"none", "optimizer", "params"};
