@@ -99,6 +99,7 @@ struct bld {
     uint64_t b, s;
     bool amp;
     bool in_adapter;  /* lowering a LoRA adapter: its Linears are trainable fp32, never quantized */
+    bool no_lora;     /* the Linear is a module peft cannot adapt (an MoE router's bare Parameter) */
     bool trained;     /* the current block's own parameters train (full, or freeze-selected) */
 };
 
@@ -480,7 +481,7 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
     if (!width_ok(B, x, in_f, "in_features", name))
         return x;
     bool head = B->layer && (B->layer->type == MP_LT_LM_HEAD || B->layer->type == MP_LT_CLASSIFIER);
-    const struct mp_quant *qz = tied < 0 ? base_quant(B, head) : NULL;
+    const struct mp_quant *qz = tied < 0 && !B->no_lora ? base_quant(B, head) : NULL; /* bnb replaces nn.Linear only */
     char cname[64];
     snprintf(cname, sizeof cname, "%s.cast", name);
     struct val xin = autocast_in(B, x, cname);
@@ -527,7 +528,7 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
         n->fwd_flops += 2.0 * (double)out_f * (double)in_f;
         n->bwd_flops += 2.0 * (double)out_f * (double)in_f;
     }
-    if (!B->in_adapter && !head && tied < 0 &&
+    if (!B->in_adapter && !B->no_lora && !head && tied < 0 &&
         mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head))
         y = lower_lora(B, x, y, in_f, out_f, name);
     return y;
@@ -872,7 +873,9 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
         save(n, k.t);
         save(n, v.t);
         save(n, y.t);
-        uint64_t s_lse = cdt == MP_DT_F32 ? round_up(s, 32) : s;
+        /* q/k and v widths that differ (DeepSeek's MLA) rule out flash: the memory-efficient kernel
+         * runs, whose logsumexp rows are rounded up to 32 in every dtype (_efficient_attention_forward) */
+        uint64_t s_lse = cdt == MP_DT_F32 || dv != d ? round_up(s, 32) : s;
         snprintf(en, sizeof en, "%s.lse", name);
         extra_as(n, new_flat(B, en, MP_DT_F32, mul(B, mul(B, a, b), s_lse)), MP_XR_LSE);
         /* backward: softmax_d [b,a,s_r] and dq_accum [b,s_r,a,d_r] in fp32 (flash_api mha_bwd) */
@@ -1084,8 +1087,12 @@ static struct val lower_mul(struct bld *B, struct val a, struct val b, const cha
     n->n = last_dim(a);
     n->fwd_flops = (double)val_elems(B, a);
     n->bwd_flops = 2.0 * n->fwd_flops;
-    if (val_elems(B, b) < val_elems(B, a)) /* b's gradient: (grad * a), a-shaped, then summed */
-        tmp_one(B, n, true, MP_TR_OTHER, mul(B, val_elems(B, a), mp_dtype_size(dt_of(B, m))));
+    /* backward temporary (one at a time: a's gradient is made, then b's): a's gradient in the
+     * promoted dtype before its cast to a's (MulBackward0's _to_copy), or b's when b broadcasts
+     * ((grad * a), a-shaped, then summed) */
+    uint64_t ma = mul(B, val_elems(B, a), mp_dtype_size(dt_of(B, m)));
+    bool tmp = val_elems(B, b) < val_elems(B, a) || dt_of(B, a) != dt_of(B, m);
+    tmp_one(B, n, true, MP_TR_OTHER, tmp ? ma : 0);
     return m;
 }
 
@@ -1140,6 +1147,15 @@ static struct val moe_rows(struct bld *B, struct val x, uint64_t rows, uint64_t 
     return y;
 }
 
+/* Gives v's tensor another dtype (an op whose output dtype promotion the generic lowering does
+ * not know). */
+static void retype(struct bld *B, struct val v, enum mp_dtype dt)
+{
+    struct mp_tensor *t = T(B, v.t);
+    t->dtype = dt;
+    t->bytes = mul(B, t->elems, mp_dtype_size(dt));
+}
+
 /* grouped_mm(x, all experts' W^T): out (S, out_f) in x's dtype; saves x and the offsets. */
 static struct val grouped_mm(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, uint64_t experts,
                              int offsets, const char *name)
@@ -1176,7 +1192,9 @@ static struct val lower_router(struct bld *B, struct val x, const struct mp_laye
     bool copy_w = ds && !B->amp && dt_of(B, x) != MP_DT_F32; /* hidden.type(fp32), weight.type(fp32) */
     if (copy_w)
         xin = cast_to(B, x, MP_DT_F32, "gate.x_fp32");
+    B->no_lora = true; /* *TopKRouter holds a Parameter, not an nn.Linear */
     struct val logits = lower_linear(B, xin, h, E, false, "gate");
+    B->no_lora = false;
     if (failed(B))
         return logits;
     if (copy_w) /* the matmul saves the fp32 copy of W too */
@@ -1296,8 +1314,8 @@ static struct val lower_moe(struct bld *B, struct val x, const struct mp_layer *
  * kv = kv_a_layernorm(kv) (a view: its fp32 copy under half precision); rotary on q's and
  * k_rot's rope_dim columns; query = cat(q_nope, q_rot) (a new (b,a,s,nope+rope) tensor);
  * kv_b_proj(kv) -> k_nope | v per head; key = a new (b,a,s,nope+rope) tensor of k_nope and
- * k_rot (broadcast); v stays a view of kv_b's output; attention; the output follows q's
- * (b,a,s,dv) layout, so .transpose(1, 2).reshape copies it; o_proj. */
+ * k_rot (broadcast); v stays a view of kv_b's output; attention (SDPA: the memory-efficient
+ * kernel, q/k and v widths differ); o_proj. */
 static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h)
 {
     B->p->probe_unsupported = "multi-head latent attention (q/k and v head widths differ)";
@@ -1323,7 +1341,13 @@ static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *
     rl.rotary_dim = 0;
     qrot = lower_rope(B, qrot, &rl, a, "q_rope");
     krot = lower_rope(B, krot, &rl, 1, "k_rope");
-    struct val query = with_last(B, "query", q, mul(B, a, qk), dt_of(B, q), true);
+    if (!l->rope_complex && !failed(B)) { /* V3's halves: q * cos with cos in the residual dtype (fp32
+                                           * under amp) promote; V2's complex rotary casts back */
+        retype(B, qrot, promote(dt_of(B, qrot), B->p->param_dtype));
+        retype(B, krot, promote(dt_of(B, krot), B->p->param_dtype));
+    }
+    /* torch.cat((q_nope, q_rot)) in the promoted dtype (fp32 under amp: SDPA's autocast copies it) */
+    struct val query = with_last(B, "query", q, mul(B, a, qk), promote(dt_of(B, q), dt_of(B, qrot)), true);
     struct mp_node *n = new_node(B, MP_P_CAST, "query"); /* torch.cat((q_nope, q_rot)): saves nothing */
     if (n) {
         n->in[0] = q.t;
@@ -1346,7 +1370,9 @@ static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *
     v.shape[v.rank - 1] = mul(B, a, l->v_dim);
     struct val o = lower_attn_core(B, autocast_in(B, query, "q_cast"), autocast_in(B, key, "k_cast"), v, l, qk,
                                    l->v_dim, 4u, "sdpa");
-    o = cast_to(B, o, dt_of(B, o), "out_contiguous");
+    /* SDPA's memory-efficient kernel writes its output (b, s, a, dv): the transpose back is a view.
+     * Eager attention's (b, a, s, dv) output is copied by the transpose-contiguous (a forward
+     * transient of the node, as for every eager attention). */
     return lower_linear(B, o, mul(B, a, l->v_dim), h, l->out_bias, "o_proj");
 }
 

@@ -471,6 +471,16 @@ for f in models/hf/*.json; do
     done
 done
 
+# mixture-of-experts programs are estimated only: the probe refuses them with a reason (exit 4)
+expect_line 4 "probe of an MoE config: refused, one line" probe bench/moe/mixtral-shrunk.json --backend host \
+    --batch 1 --seq 64
+if grep -q "does not execute mixture-of-experts routing" "$T/err"; then
+    ok "probe of an MoE config: the reason names MoE routing"
+else
+    echo "expected the refusal to name mixture-of-experts routing" >"$T/why"
+    bad "probe of an MoE config: the reason names MoE routing"
+fi
+
 # ---- JSON of each command -----------------------------------------------------------------
 
 json_check "estimate --checkpoint sqrt --json: plan keys" estimate \
