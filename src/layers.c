@@ -143,6 +143,47 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
     return true;
 }
 
+/* Names of tensors, nodes and parameters: "prefix.name" (or name alone without a prefix),
+ * cut at MP_NAME_MAX - 1 bytes, kept in chunks the program owns.  One allocation per
+ * chunk instead of a fixed array in every tensor, node and parameter: a 100,000-block
+ * model has millions of them. */
+#define MP_NAME_MAX 96
+#define NAME_CHUNK_BYTES 65536
+struct mp_name_chunk {
+    struct mp_name_chunk *next;
+    size_t used;
+    char text[NAME_CHUNK_BYTES];
+};
+
+static const char *name_of(struct bld *B, const char *name)
+{
+    size_t lp = strlen(B->prefix), ln = strlen(name);
+    size_t len = lp + (lp ? 1 : 0) + ln;
+    if (len > MP_NAME_MAX - 1)
+        len = MP_NAME_MAX - 1;
+    struct mp_name_chunk *c = B->p->names;
+    if (!c || c->used + len + 1 > sizeof c->text) {
+        c = malloc(sizeof *c);
+        if (!c) {
+            B->st = mp_fail(B->d, MP_ERR_NOMEM, "%s: out of memory building the tensor program", B->m->path);
+            return "";
+        }
+        c->next = B->p->names;
+        c->used = 0;
+        B->p->names = c;
+    }
+    char *s = c->text + c->used, *w = s, *end = s + len;
+    for (const char *r = B->prefix; *r && w < end;)
+        *w++ = *r++;
+    if (lp && w < end)
+        *w++ = '.';
+    for (const char *r = name; *r && w < end;)
+        *w++ = *r++;
+    *w = '\0';
+    c->used += len + 1;
+    return s;
+}
+
 static uint64_t mul(struct bld *B, uint64_t a, uint64_t b)
 {
     uint64_t r;
@@ -175,7 +216,7 @@ static struct val new_val(struct bld *B, const char *name, enum mp_dtype dt, int
         return v;
     }
     struct mp_tensor *t = &p->tensors[p->n_tensors];
-    snprintf(t->name, sizeof t->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    t->name = name_of(B, name);
     t->dtype = dt;
     t->rank = rank;
     uint64_t e = 1;
@@ -211,7 +252,7 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     struct mp_node *n = &p->nodes[p->n_nodes++];
     memset(n, 0, sizeof *n);
     n->prim = prim;
-    snprintf(n->name, sizeof n->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    n->name = name_of(B, name);
     n->layer = B->layer;
     n->block = B->block;
     n->in[0] = n->in[1] = n->in[2] = -1;
@@ -300,7 +341,7 @@ static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t co
         return -1;
     }
     struct mp_param *q = &p->params[p->n_params];
-    snprintf(q->name, sizeof q->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    q->name = name_of(B, name);
     q->elems = mul(B, rows, cols);
     q->rows = rows;
     q->cols = cols;
@@ -477,8 +518,7 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
     int bp = bias ? new_param(B, pn, 1, out_f, false) : -1;
     if (tied < 0 && w >= 0) {
         snprintf(pn, sizeof pn, "%s.weight", name);
-        snprintf(B->p->params[w].name, sizeof B->p->params[w].name, "%s%s%s", B->prefix, *B->prefix ? "." : "",
-                 pn);
+        B->p->params[w].name = name_of(B, pn);
     }
     if (qz && w >= 0) {
         struct mp_param *q = &B->p->params[w];
@@ -1690,6 +1730,11 @@ void mp_program_release(struct mp_program *p)
     free(p->nodes);
     free(p->params);
     free(p->blocks);
+    while (p->names) {
+        struct mp_name_chunk *next = p->names->next;
+        free(p->names);
+        p->names = next;
+    }
     memset(p, 0, sizeof *p);
 }
 
