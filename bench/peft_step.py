@@ -16,6 +16,15 @@
       ops CUDA runs in fp32 (memory-facts §5); the full fine-tuning row of each setting shows
       the base model's own difference beside the LoRA rows.
 
+  python3 bench/peft_step.py params [CONFIG ...]
+      Trainable and total parameters as peft counts them (get_nb_trainable_parameters) for
+      each config (default: models/hf/*.json), built on the meta device as its
+      architectures[0], wrapped with LoraConfig(r=16, lora_alpha=32, task_type from the head)
+      with peft's default target_modules and with "all-linear"; memplan's figures beside.
+      Where peft has no default for the model type it refuses (it needs target_modules) and
+      memplan assumes all-linear: the row says so.  Prints the rows of tests/test_finetune.c's
+      table too (expected values from peft).
+
   python3 bench/peft_step.py qlora-bytes [CONFIG ...]
       QLoRA base storage as bitsandbytes really holds it: every Linear that
       transformers' bnb integration replaces (all nn.Linear but lm_head) is quantized
@@ -350,6 +359,63 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
             "m_peak_at": r["memory"]["peak_event"]}
 
 
+# ---- trainable parameters as peft counts them ----------------------------------------------------
+
+PEFT_TASK = (("ForCausalLM", "CAUSAL_LM"), ("LMHeadModel", "CAUSAL_LM"), ("ForSequenceClassification", "SEQ_CLS"),
+             ("ForTokenClassification", "TOKEN_CLS"), ("ForQuestionAnswering", "QUESTION_ANS"))
+
+
+def peft_params(path, r, targets):
+    """(trainable, total) from peft, or None where peft refuses the config (the reason beside)."""
+    import torch
+    import transformers
+    import peft
+    with open(path) as f:
+        d = json.load(f)
+    arch = d["architectures"][0]
+    cfg = transformers.AutoConfig.for_model(**d)
+    with torch.device("meta"):
+        model = getattr(transformers, arch)(cfg)
+    task = next((t for suffix, t in PEFT_TASK if arch.endswith(suffix)), None)
+    kw = dict(r=r, lora_alpha=2 * r, lora_dropout=0.0, task_type=task)
+    if targets:
+        kw["target_modules"] = targets if targets == "all-linear" else targets.split(",")
+    try:
+        return peft.get_peft_model(model, peft.LoraConfig(**kw)).get_nb_trainable_parameters(), ""
+    except ValueError as e:
+        return None, str(e).split(".")[0]
+
+
+def memplan_params(path, r, targets):
+    cmd = ["./memplan", "estimate", path, "--seq", "16", "--finetune", "lora", "--lora-r", str(r), "--json"]
+    if targets:
+        cmd += ["--lora-targets", targets]
+    j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return j["model"]["trainable_params"], j["model"]["params"]
+
+
+def params_bench(paths):
+    import glob
+    paths = paths or sorted(glob.glob("models/hf/*.json"))
+    rows, r = [], 16
+    print("| config | targets | peft trainable / total | memplan trainable / total | |")
+    print("|---|---|---|---|---|")
+    for p in paths:
+        for tg in (None, "all-linear"):
+            pe, why = peft_params(p, r, tg)
+            note = ""
+            if pe is None and tg is None:  # peft needs target_modules: memplan assumes all-linear
+                pe, _ = peft_params(p, r, "all-linear")
+                note = "peft: %s; memplan assumes all-linear" % why
+            mp = memplan_params(p, r, tg)
+            ok = "exact" if pe == mp else "MISMATCH"
+            print("| %s | %s | %d / %d | %d / %d | %s %s |" % (os.path.basename(p), tg or "default", pe[0], pe[1],
+                                                             mp[0], mp[1], ok, note), flush=True)
+            rows.append('        {"%s", %d, %s, %d, %d},' % (p, r, '"%s"' % tg if tg else "NULL", pe[0], pe[1]))
+    print("\n/* tests/test_finetune.c rows (peft %s) */" % __import__("peft").__version__)
+    print("\n".join(rows))
+
+
 def memplan_weights(path, *extra):
     out = subprocess.run(["./memplan", "estimate", path, "--seq", "16", "--json", *extra],
                          check=True, capture_output=True, text=True).stdout
@@ -369,6 +435,9 @@ def main(argv):
             print("| %s | %s | %d / %d | %d | %d | %+.2f%% | %s |" % (
                 prec, ckpt, r["trainable"], r["m_trainable"], r["peak"], r["m_peak"],
                 100.0 * (r["m_peak"] - r["peak"]) / r["peak"], " ".join("%.4f" % l for l in r["losses"])), flush=True)
+        return 0
+    if len(argv) >= 1 and argv[0] == "params":
+        params_bench(argv[1:])
         return 0
     if len(argv) >= 1 and argv[0] == "qlora-bytes":
         paths = argv[1:] or ["models/hf/llama-3-8b.json", "models/hf/llama-2-70b.json"]

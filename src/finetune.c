@@ -61,6 +61,15 @@ static const struct fam_names FAMS[] = {
     {"gptj", "q_proj,v_proj", NULL, "out_proj", "fc_in", "fc_out", NULL, NULL, NULL},
     {"opt", "q_proj,v_proj", NULL, "out_proj", "fc1", "fc2", NULL, NULL, NULL},
     {"falcon", "query_key_value", "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h", NULL, NULL, NULL},
+    {"starcoder2", NULL, NULL, NULL, "c_fc", "c_proj", NULL, NULL, NULL},
+    {"distilbert", NULL, NULL, "out_lin", "lin1", "lin2", "q_lin", "k_lin", "v_lin"},
+};
+
+/* Head Linears whose module name differs from memplan's layer name (one row each). */
+static const struct {
+    const char *type, *role, *hf;
+} HEAD_NAMES[] = {
+    {"distilbert", "transform.dense", "vocab_transform"},
 };
 
 static const struct fam_names *fam(const char *hf_type)
@@ -99,6 +108,9 @@ const char *mp_finetune_hf_name(const char *hf_type, const char *role)
         r = f->k;
     else if (!strcmp(role, "v_proj"))
         r = f->v;
+    for (size_t i = 0; !r && i < sizeof HEAD_NAMES / sizeof HEAD_NAMES[0]; i++)
+        if (!strcmp(HEAD_NAMES[i].type, hf_type) && !strcmp(HEAD_NAMES[i].role, role))
+            r = HEAD_NAMES[i].hf;
     return r ? r : role;
 }
 
@@ -184,13 +196,23 @@ bad:
 
 /* ---- selection ------------------------------------------------------------------------------ */
 
-static bool in_list(const char *list, const char *name)
+/* peft's match of one target_modules key: the module's name is the key or ends in
+ * ".key" (tuners_utils check_target_module_exists), so "dense" names BERT's
+ * transform.dense and pooler.dense too. */
+static bool key_matches(const char *key, size_t klen, const char *name)
 {
     size_t n = strlen(name);
+    if (klen == n)
+        return !strncmp(key, name, n);
+    return klen < n && name[n - klen - 1] == '.' && !strncmp(key, name + n - klen, klen);
+}
+
+static bool in_list(const char *list, const char *name)
+{
     for (const char *p = list; p && *p;) {
         const char *e = strchr(p, ',');
         size_t l = e ? (size_t)(e - p) : strlen(p);
-        if (l == n && !strncmp(p, name, n))
+        if (key_matches(p, l, name))
             return true;
         p = e ? e + 1 : NULL;
     }
@@ -208,7 +230,7 @@ bool mp_finetune_targets(const struct mp_finetune *f, const char *hf_type, const
         return true;
     if (f->n_targets) {
         for (size_t i = 0; i < f->n_targets; i++)
-            if (!strcmp(f->targets[i], name))
+            if (key_matches(f->targets[i], strlen(f->targets[i]), name))
                 return true;
         return false;
     }
@@ -244,6 +266,8 @@ void mp_finetune_describe_targets(const struct mp_finetune *f, const char *hf_ty
     const char *def = mp_finetune_default_targets(hf_type);
     if (def)
         snprintf(buf, len, "%s (peft's default for %s)", def, hf_type);
+    else if (hf_type && *hf_type)
+        snprintf(buf, len, "all-linear (peft has no default for %s and needs target_modules)", hf_type);
     else
         snprintf(buf, len, "all-linear (peft has no default for this model)");
 }
