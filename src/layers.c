@@ -157,9 +157,9 @@ struct mp_name_chunk {
     char text[NAME_CHUNK_BYTES];
 };
 
-static const char *name_of(struct bld *B, const char *name)
+static const char *store_name(struct bld *B, const char *prefix, const char *name)
 {
-    size_t lp = strlen(B->prefix), ln = strlen(name);
+    size_t lp = strlen(prefix), ln = strlen(name);
     size_t len = lp + (lp ? 1 : 0) + ln;
     if (len > MP_NAME_MAX - 1)
         len = MP_NAME_MAX - 1;
@@ -175,7 +175,7 @@ static const char *name_of(struct bld *B, const char *name)
         B->p->names = c;
     }
     char *s = c->text + c->used, *w = s, *end = s + len;
-    for (const char *r = B->prefix; *r && w < end;)
+    for (const char *r = prefix; *r && w < end;)
         *w++ = *r++;
     if (lp && w < end)
         *w++ = '.';
@@ -185,6 +185,9 @@ static const char *name_of(struct bld *B, const char *name)
     c->used += len + 1;
     return s;
 }
+
+/* The current op's name for name: "prefix.name". */
+static const char *name_of(struct bld *B, const char *name) { return store_name(B, B->prefix, name); }
 
 static uint64_t mul(struct bld *B, uint64_t a, uint64_t b)
 {
@@ -845,7 +848,7 @@ static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool e
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
     if (B->attn_mask < 0) {
         B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mb);
-        snprintf(B->p->tensors[B->attn_mask].name, sizeof B->p->tensors[0].name, "attn_mask");
+        B->p->tensors[B->attn_mask].name = store_name(B, "", "attn_mask");
         B->p->attn_mask = B->attn_mask;
         extra_as(n, B->attn_mask, MP_XR_ATTN_MASK);
         unsave(n, B->attn_mask);
@@ -1008,7 +1011,7 @@ static void pos_table(struct bld *B, const struct mp_layer *l)
             return;
         }
         B->pos_tables = new_flat(B, "embed_positions", MP_DT_F32, e);
-        snprintf(B->p->tensors[B->pos_tables].name, sizeof B->p->tensors[0].name, "attn.embed_positions (all layers)");
+        B->p->tensors[B->pos_tables].name = store_name(B, "", "attn.embed_positions (all layers)");
         B->p->buffers[B->p->n_buffers++] = B->pos_tables;
         return;
     }
