@@ -45,7 +45,8 @@ struct rp {
     int *uses, *saved, *holds;
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
     bool *cached; /* per tensor: an autocast weight copy held by autocast's cache until the loss */
-    int rope_block; /* block whose first forward made the rotary tables (held until its backward), -1 */
+    int shared_block[2]; /* per model-made tensor (rope_tables, attn_mask): the block whose first
+                            forward made it (held until its backward), -1 */
     /* data parallel (NULL pp: one GPU) */
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
@@ -180,11 +181,16 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
             r->cached[n->wcopy] = true;
             r->holds[n->wcopy]++;
         }
-        if (p->rope_tables >= 0 && r->phase == MP_PH_FORWARD && r->rope_block < 0 &&
-            node_makes(n, p->rope_tables)) {
-            r->rope_block = (int)i; /* held until this block's backward */
-            r->holds[p->rope_tables]++;
-        }
+        /* the rotary tables and the attention mask: made once per forward by the model and
+         * used by every layer (checkpoint inputs under checkpointing): held until this block's
+         * backward */
+        const int shared[2] = {p->rope_tables, p->attn_mask};
+        for (int j = 0; j < 2; j++)
+            if (shared[j] >= 0 && r->phase == MP_PH_FORWARD && r->shared_block[j] < 0 &&
+                node_makes(n, shared[j])) {
+                r->shared_block[j] = (int)i;
+                r->holds[shared[j]]++;
+            }
         tmp(r, (int)k, n->fwd_tmp_bytes, true);
         emit_fwd(r, (int)k, grad);
         tmp(r, (int)k, n->fwd_tmp_bytes, false);
@@ -557,11 +563,13 @@ static void bwd_block(struct rp *r, size_t i)
         r->holds[bp->input]--;
         t_maybe_free(r, bp->input);
     }
-    if (r->rope_block == (int)i) {
-        r->rope_block = -1;
-        r->holds[p->rope_tables]--;
-        t_maybe_free(r, p->rope_tables);
-    }
+    const int shared[2] = {p->rope_tables, p->attn_mask};
+    for (int j = 0; j < 2; j++)
+        if (r->shared_block[j] == (int)i) {
+            r->shared_block[j] = -1;
+            r->holds[shared[j]]--;
+            t_maybe_free(r, shared[j]);
+        }
 }
 
 static void loss_op(struct rp *r)
@@ -569,6 +577,13 @@ static void loss_op(struct rp *r)
     const struct mp_program *p = r->p;
     int out = p->blocks[p->n_blocks - 1].output;
     r->phase = MP_PH_LOSS;
+    /* the attention mask is a local of the model's forward: unless the block that first used it
+     * is a checkpoint (whose inputs hold it until its backward), it dies with the forward */
+    if (p->attn_mask >= 0 && r->shared_block[1] >= 0 && !r->ckpt[r->shared_block[1]]) {
+        r->shared_block[1] = -1;
+        r->holds[p->attn_mask]--;
+        t_maybe_free(r, p->attn_mask);
+    }
     /* the autocast region ends with the forward (loss included), before backward:
      * its cache of weight copies is cleared */
     for (size_t t = 0; t < p->n_tensors; t++)
@@ -593,7 +608,7 @@ static void loss_op(struct rp *r)
 enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *sched, const struct mp_train_opts *t,
                          mp_event_fn fn, void *ctx, struct mp_diag *d)
 {
-    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .rope_block = -1};
+    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1}};
     size_t nt = p->n_tensors ? p->n_tensors : 1;
     r.live = calloc(nt, sizeof(bool));
     r.glive = calloc(nt, sizeof(bool));

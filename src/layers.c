@@ -94,6 +94,8 @@ struct bld {
     char prefix[96];  /* name prefix of the current op */
     int embed_param;  /* first embedding table (tied lm_head) */
     int rope_cos_sin; /* the model's rotary cos/sin tables (created by the first rope node), or -1 */
+    int attn_mask;    /* the model's (b, 1, s, s) attention mask (created by the first attention), or -1 */
+    int pos_tables;   /* GPT-J: the per-layer sinusoid buffers, one resident tensor for all layers, or -1 */
     uint64_t b, s;
     bool amp;
     bool in_adapter;  /* lowering a LoRA adapter: its Linears are trainable fp32, never quantized */
@@ -440,6 +442,7 @@ static struct val autocast_in(struct bld *B, struct val x, const char *name)
 
 static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
                              const char *name);
+static void unsave(struct mp_node *n, int t);
 
 /* The base storage of a Linear that is not the output layer: quantized (QLoRA, or the
  * checkpoint's quantization_config), else NULL. */
@@ -767,9 +770,19 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->heads = heads;
     n->head_dim = l->head_dim;
     n->rotary_dim = l->rotary_dim ? l->rotary_dim : l->head_dim;
-    /* cos and sin (s x rotary_dim each, in the residual dtype) are made once per
-     * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
-    if (B->rope_cos_sin < 0) {
+    uint64_t tmp = mul(B, T(B, x.t)->bytes, 2);
+    if (l->rope_table_rows) {
+        /* GPT-J: cos and sin gathered from the layer's table for the s positions (position ids
+         * of batch 1), cast to x's dtype, repeat_interleave'd: each apply_rotary_pos_emb saves
+         * its own pair (1, s, 1, rotary_dim); the table's repeat and the fp32 gather are
+         * forward transients */
+        char en[112];
+        snprintf(en, sizeof en, "%s.cos_sin", name);
+        extra_as(n, new_flat(B, en, dt_of(B, x), mul(B, mul(B, 2, B->s), n->rotary_dim)), MP_XR_COS_SIN);
+        tmp = add(B, tmp, mul(B, mul(B, add(B, l->rope_table_rows, B->s), n->rotary_dim), 4));
+    } else if (B->rope_cos_sin < 0) {
+        /* cos and sin (s x rotary_dim each, in the residual dtype) are made once per
+         * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", B->p->param_dtype, mul(B, mul(B, 2, B->s), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
         B->p->rope_tables = B->rope_cos_sin;
@@ -785,13 +798,37 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->rows = rows_of(x);
     n->n = last_dim(x);
     /* q*cos, rotate_half(q) (a cat of two halves) and *sin: two x-sized temporaries. */
-    tmp_one(B, n, false, MP_TR_OTHER, mul(B, T(B, x.t)->bytes, 2));
+    tmp_one(B, n, false, MP_TR_OTHER, tmp);
     n->fwd_flops = 3.0 * (double)T(B, x.t)->elems;
     n->bwd_flops = n->fwd_flops;
     return y;
 }
 
 static uint64_t round_up(uint64_t v, uint64_t m) { return mp_ceil_div(v, m) * m; }
+
+/* The (b, 1, s, s) mask a model passes to attention (Falcon builds one even for causal
+ * attention, transformers' create_causal_mask): made once per forward (the first attention
+ * node's extra, held like the rotary tables).  For SDPA it is a bool mask that SDPA converts to
+ * a float mask in q's dtype in every layer (convert_boolean_attn_mask) and saves; for eager
+ * attention a float mask in the model's dtype, added to the scores: nothing saved. */
+static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, enum mp_dtype qdt)
+{
+    if (!n || !n->layer->attn_mask)
+        return;
+    uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
+    if (B->attn_mask < 0) {
+        B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mb);
+        snprintf(B->p->tensors[B->attn_mask].name, sizeof B->p->tensors[0].name, "attn_mask");
+        B->p->attn_mask = B->attn_mask;
+        extra_as(n, B->attn_mask, MP_XR_ATTN_MASK);
+        unsave(n, B->attn_mask);
+    }
+    if (!eager) {
+        char en[112];
+        snprintf(en, sizeof en, "%s.attn_mask_float", name);
+        extra_as(n, new_flat(B, en, qdt, mb), MP_XR_ATTN_MASK);
+    }
+}
 
 /* Scaled dot-product attention core: q (b,s,a*d), k and v (b,s,kv*d). */
 static struct val lower_attn_core(struct bld *B, struct val q, struct val k, struct val v, const struct mp_layer *l,
@@ -823,6 +860,7 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     uint64_t ass = mul(B, asb, s);                /* a*s*s*b */
     uint64_t qbytes = mul(B, mul(B, asb, d), mp_dtype_size(cdt));
     char en[80];
+    attn_mask(B, n, name, eager, cdt);
     if (!eager) {
         /* SDPA flash / mem-efficient: saves q, k, v, out and the fp32 logsumexp. */
         save(n, q.t);
@@ -843,8 +881,10 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
         const char *cn[3] = {"q_copy", "k_copy", "v_copy"};
         const enum mp_xrole cr[3] = {MP_XR_Q_COPY, MP_XR_K_COPY, MP_XR_V_COPY};
         for (int i = 0; i < 3; i++) {
+            /* GPT-J upcasts q and k to fp32 (under autocast the matmul casts them back) */
+            enum mp_dtype qdt = i < 2 && l->qk_fp32 && !B->amp ? MP_DT_F32 : cdt;
             snprintf(en, sizeof en, "%s.%s", name, cn[i]);
-            extra_as(n, new_flat(B, en, cdt, mul(B, asb, d)), cr[i]);
+            extra_as(n, new_flat(B, en, qdt, mul(B, asb, d)), cr[i]);
         }
         if (l->attn_softcap > 0) { /* scores / cap, tanh (saves its output), * cap (Gemma2) */
             snprintf(en, sizeof en, "%s.softcap_tanh", name);
@@ -902,6 +942,55 @@ static struct val qk_norm(struct bld *B, struct val x, const struct mp_layer *l,
     return y;
 }
 
+/* A copy of x, width wide (Falcon's split of its fused qkv): tmp, the intermediate copies it
+ * makes first (forward transients); index, an advanced-indexing copy that saves its int64 index. */
+static struct val split_copy(struct bld *B, struct val x, uint64_t width, uint64_t tmp, bool index,
+                             const char *name)
+{
+    if (failed(B))
+        return x;
+    struct val y = with_last(B, name, x, width, dt_of(B, x), ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_CAST, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->rows = rows_of(x);
+    n->n = width;
+    n->fwd_flops = (double)T(B, y.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    if (index) {
+        char en[112];
+        snprintf(en, sizeof en, "%s.index", name);
+        extra_as(n, new_flat(B, en, MP_DT_I64, 1), MP_XR_SPLIT_INDEX);
+    }
+    tmp_one(B, n, false, MP_TR_OTHER, tmp);
+    return y;
+}
+
+/* GPT-J: every attention layer registers its own sinusoid table (rope_table_rows x rotary_dim
+ * fp32, persistent=False: on the GPU, not in the checkpoint).  One resident tensor holds them all. */
+static void pos_table(struct bld *B, const struct mp_layer *l)
+{
+    uint64_t e = mul(B, l->rope_table_rows, l->rotary_dim ? l->rotary_dim : l->head_dim);
+    if (failed(B))
+        return;
+    if (B->pos_tables < 0) {
+        if (B->p->n_buffers >= MP_BUFFERS_MAX) {
+            fail_model(B, MP_ERR_INTERNAL, "too many module buffers");
+            return;
+        }
+        B->pos_tables = new_flat(B, "embed_positions", MP_DT_F32, e);
+        snprintf(B->p->tensors[B->pos_tables].name, sizeof B->p->tensors[0].name, "attn.embed_positions (all layers)");
+        B->p->buffers[B->p->n_buffers++] = B->pos_tables;
+        return;
+    }
+    struct mp_tensor *t = T(B, B->pos_tables);
+    t->elems = add(B, t->elems, e);
+    t->shape[0] = t->elems;
+    t->bytes = mul(B, t->elems, 4);
+}
+
 /* Multi-head attention with projections: q/k/v (fused or not), rope, core, out projection. */
 static struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
                                   const char *name)
@@ -911,11 +1000,25 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
     uint64_t a = l->heads, kv = l->kv_heads, d = l->head_dim;
     uint64_t qd = mul(B, a, d), kd = mul(B, kv, d);
     struct val q, k, v;
+    struct mp_layer core = *l; /* what the attention kernel sees */
     if (l->fused_qkv) {
         struct val qkv = lower_linear(B, x, hidden, add(B, qd, mul(B, 2, kd)), l->qkv_bias, "qkv_proj");
         q = k = v = qkv; /* views of one storage */
         q.shape[q.rank - 1] = qd;
         k.shape[k.rank - 1] = v.shape[v.rank - 1] = kd;
+        if (l->qkv_split != MP_QKV_VIEWS) {
+            bool expand = l->qkv_split == MP_QKV_COPY_EXPAND, index = l->qkv_split != MP_QKV_COPY_ALL;
+            uint64_t kw = expand ? qd : kd, rows = rows_of(qkv), es = mp_dtype_size(dt_of(B, qkv));
+            /* the new architecture first flattens each into (b, s, a*d), then copies it transposed;
+             * k and v start as index copies (b, s, kv, 1, d) */
+            uint64_t flat = expand ? mul(B, mul(B, rows, qd), es) : 0;
+            uint64_t kv_tmp = expand ? add(B, flat, mul(B, mul(B, rows, kd), es)) : 0;
+            q = split_copy(B, q, qd, flat, false, "q_split");
+            k = split_copy(B, k, kw, kv_tmp, index, "k_split");
+            v = split_copy(B, v, kw, kv_tmp, index, "v_split");
+            if (expand)
+                core.kv_heads = kv = a;
+        }
     } else {
         q = lower_linear(B, x, hidden, qd, l->qkv_bias, "q_proj");
         k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
@@ -925,6 +1028,8 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         q = qk_norm(B, q, l, a, "q_norm");
         k = qk_norm(B, k, l, kv, "k_norm");
     }
+    if (l->rope && l->rope_table_rows)
+        pos_table(B, l);
     if (l->rope) {
         q = lower_rope(B, q, l, a, "q_rope");
         k = lower_rope(B, k, l, kv, "k_rope");
@@ -934,8 +1039,10 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
     q = autocast_in(B, q, "q_cast");
     k = autocast_in(B, k, "k_cast");
     v = autocast_in(B, v, "v_cast");
-    struct val o = lower_attn_core(B, q, k, v, l, "sdpa");
-    if (l->rope && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) && !failed(B)) {
+    struct val o = lower_attn_core(B, q, k, v, &core, "sdpa");
+    /* (GPT-J's eager attention merges its heads with the one copy every eager output makes) */
+    if (l->rope && !l->rope_table_rows && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) &&
+        !failed(B)) {
         /* Partial rotary builds q with torch.cat, so the attention output follows q's
          * layout and transpose(1, 2).contiguous() copies it (gpt_neox, phi). */
         o = cast_to(B, o, dt_of(B, o), "out_contiguous");
@@ -1716,6 +1823,7 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
     p->model = m;
     p->labels = -1;
     p->rope_tables = -1;
+    p->attn_mask = -1;
     if (p->opts.seq == 0)
         p->opts.seq = m->seq_len ? m->seq_len : 1;
     if (p->opts.batch == 0)
@@ -1725,7 +1833,7 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
-    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .b = p->opts.batch,
+    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .attn_mask = -1, .pos_tables = -1, .b = p->opts.batch,
                     .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);

@@ -114,6 +114,9 @@ enum mp_xrole {
     MP_XR_GATHER_INDEX,   /* last-token pooling: the two int64 index vectors */
     MP_XR_POSITION_IDS,   /* learned positions: int64 position ids */
     MP_XR_CUSTOM_SAVED,   /* custom: the rest of what the block saves (opaque bytes) */
+    MP_XR_ATTN_MASK,      /* attention given a (b, 1, s, s) mask (Falcon): the model's mask (first
+                             attention) or, under autocast, this layer's half copy SDPA saves */
+    MP_XR_SPLIT_INDEX,    /* Falcon's qkv split by advanced indexing: the int64 index it saves */
     MP_XR_COUNT
 };
 
@@ -213,6 +216,8 @@ struct mp_program {
     int rope_tables;             /* rotary cos/sin: the model makes them once per forward and every layer
                                     saves them (checkpointed layers too, as checkpoint inputs): held from
                                     the first forward that makes them to the backward of that block; -1 */
+    int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward
+                                    (Falcon), held like rope_tables; -1 */
 #define MP_BUFFERS_MAX 4
     size_t n_buffers;
     int buffers[MP_BUFFERS_MAX]; /* non-persistent module buffers, resident like the batch (rotary

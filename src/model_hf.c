@@ -143,6 +143,8 @@ static enum mp_status gemma_hook(const cJSON *root, struct hf *c, const char *pa
 static enum mp_status bert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status opt_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status distilbert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status gptj_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -243,11 +245,26 @@ static const struct family families[] = {
      .n_head = "vocab_projector", .default_head = H_MASKED,
      .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
      .pooler_act = MP_ACT_RELU, .n_pooler = "pre_classifier", .hook = distilbert_hook},
+    /* GPT-J: eager attention only (its own _attn: fp32 q/k, rotate_every_two rotary from a
+     * per-layer table); rotary_dim in the hook */
+    {.type = "gptj", .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
+     .k_heads = {"n_head", "num_attention_heads"}, .k_pos = {"n_positions", "max_position_embeddings"},
+     .k_ffn = "n_inner", .ffn_mult = 4, .k_act = "activation_function", .act = MP_ACT_GELU_NEW,
+     .norm = MP_NORM_LAYERNORM, .mlp_bias = true, .lm_bias = true, .parallel = true, .shared_norm = true,
+     .eager = true, .k_emb_p = "embd_pdrop", .k_attn_p = "attn_pdrop", .k_resid_p = "resid_pdrop",
+     .n_tok = "wte", .n_norm = "ln_f", .n_head = "lm_head",
+     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_QA) | HEAD(H_BARE), .hook = gptj_hook},
+    /* Falcon: the layouts (multi-query 7B, new decoder architecture 40B/180B) in the hook */
+    {.type = "falcon", .plain_softmax = true, .k_hidden = {"n_embed", "hidden_size"}, .k_ffn = "ffn_hidden_size",
+     .ffn_mult = 4, .k_act = "activation", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .fused_qkv = true,
+     .k_bias = "bias", .tied = true, .parallel = true, .shared_norm = true, .no_attn_out_dropout = true,
+     .k_resid_p = "hidden_dropout", .n_tok = "word_embeddings", .n_norm = "ln_f", .n_head = "lm_head",
+     .heads = DECODER_HEADS, .hook = falcon_hook},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
-    "gemma2, gemma3_text, granite, opt, roberta, distilbert"
+    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -270,6 +287,10 @@ struct hf {
     double attn_softcap, logit_softcap;
     bool cls_bias;         /* token classifier bias */
     double emb_mult, resid_mult, logits_mult; /* 0: none */
+    enum mp_qkv_split qkv_split; /* Falcon: how the fused qkv is split */
+    bool attn_mask;        /* Falcon: a mask tensor reaches every attention */
+    bool qk_fp32;          /* GPT-J: eager q/k in fp32 */
+    uint64_t rope_table_rows; /* GPT-J: rows of each layer's sinusoid table */
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -682,6 +703,86 @@ static enum mp_status distilbert_hook(const cJSON *root, struct hf *c, const cha
     return read_prob(root, "qa_dropout", &c->qa_p, path, d);
 }
 
+/* GPT-J: rotary over the first rotary_dim of each head (null is not a layout transformers can
+ * run: its table would be hidden_size wide); each layer's table has n_positions rows.  Its
+ * question-answering head is a Linear to num_labels, split in two: 2 is the only count that runs. */
+static enum mp_status gptj_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    uint64_t rd = 64;
+    enum mp_status st = read_pos(root, "rotary_dim", false, MP_DIM_MAX, &rd, path, d);
+    if (st != MP_OK)
+        return st;
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(root, "rotary_dim")))
+        return mp_fail(d, MP_ERR_MODEL, "%s: rotary_dim: null is not supported (rotary over the whole hidden size "
+                       "does not run in transformers' GPT-J)", path);
+    if (rd % 2 != 0 || rd > c->head_dim)
+        return mp_fail(d, MP_ERR_MODEL, "%s: rotary_dim: %llu must be even and at most the head size %llu", path,
+                       (unsigned long long)rd, (unsigned long long)c->head_dim);
+    if (c->head == H_QA && c->labels != 2)
+        return mp_fail(d, MP_ERR_MODEL, "%s: num_labels: %llu is not supported for GPTJForQuestionAnswering "
+                       "(its qa_outputs are split into start and end logits: 2)", path, (unsigned long long)c->labels);
+    c->rotary_dim = rd == c->head_dim ? 0 : rd;
+    c->rope_table_rows = c->positions ? c->positions : 2048; /* GPTJConfig n_positions */
+    c->positions = c->rope_table_rows;
+    c->qk_fp32 = true;
+    c->attn_mask = true; /* create_causal_mask gives eager attention a 4-D float mask */
+    return MP_OK;
+}
+
+/* Falcon (FalconConfig, FalconDecoderLayer): the multi-query 7B layout (one k/v head, parallel
+ * attention, one norm), the new decoder architecture of 40B/180B (num_kv_heads, two norms
+ * ln_attn/ln_mlp unless num_ln_in_parallel_attn is 1), and the sequential layout
+ * (parallel_attn false).  Every layer gets the (b, 1, s, s) mask (allow_is_causal_skip=False).
+ * The residual dropout (hidden_dropout) is on the sum of both branches: one mask, modelled on
+ * the MLP branch.  Token classification falls back to hidden_dropout (FalconConfig's 0.0). */
+static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    bool alibi = false, newarch = false, mq = true, par = true;
+    uint64_t kv = c->heads, nln = 0;
+    double attn_p = 0.0;
+    enum mp_status st;
+    if ((st = mp_json_bool(root, "alibi", &alibi, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "new_decoder_architecture", &newarch, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "multi_query", &mq, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "parallel_attn", &par, path, "", d)) != MP_OK ||
+        (st = read_pos(root, "num_kv_heads", false, MP_DIM_MAX, &kv, path, d)) != MP_OK ||
+        (st = read_pos(root, "num_ln_in_parallel_attn", false, 2, &nln, path, d)) != MP_OK ||
+        (st = read_prob(root, "attention_dropout", &attn_p, path, d)) != MP_OK)
+        return st;
+    if (alibi)
+        return mp_fail(d, MP_ERR_MODEL, "%s: alibi: true is not supported (ALiBi attention biases are not "
+                       "modelled)", path);
+    if (newarch) {
+        if (!par)
+            return mp_fail(d, MP_ERR_MODEL, "%s: parallel_attn: false with new_decoder_architecture is not a "
+                           "layout transformers runs", path);
+        if (kv > c->heads || c->heads % kv != 0)
+            return mp_fail(d, MP_ERR_MODEL, "%s: num_kv_heads: %llu does not divide num_attention_heads %llu", path,
+                           (unsigned long long)kv, (unsigned long long)c->heads);
+        c->kv_heads = kv;
+        c->qkv_split = MP_QKV_COPY_EXPAND;
+        c->shared_norm = nln == 1;
+    } else {
+        if (nln == 2 && par)
+            return mp_fail(d, MP_ERR_MODEL, "%s: num_ln_in_parallel_attn: 2 needs new_decoder_architecture "
+                           "(transformers builds one norm otherwise)", path);
+        if (!mq && kv != c->heads)
+            return mp_fail(d, MP_ERR_MODEL, "%s: num_kv_heads: %llu must equal num_attention_heads without "
+                           "multi_query", path, (unsigned long long)kv);
+        if (!par && attn_p > 0)
+            return mp_fail(d, MP_ERR_MODEL, "%s: attention_dropout: a dropout on the attention branch of the "
+                           "sequential layout is not modelled", path);
+        c->kv_heads = mq ? 1 : c->heads;
+        c->qkv_split = mq ? MP_QKV_COPY_MQ : MP_QKV_COPY_ALL;
+        c->parallel = par;
+        c->shared_norm = true;
+    }
+    c->attn_mask = true;
+    if (c->head == H_TOKEN && !present(root, "classifier_dropout"))
+        c->cls_p = c->resid_p;
+    return MP_OK;
+}
+
 static enum mp_status read_config(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     family_defaults(c);
@@ -786,6 +887,10 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->no_attn_out_dropout = c->f->no_attn_out_dropout;
         l->attn_softcap = c->attn_softcap;
         l->mult = c->resid_mult;
+        l->qkv_split = c->qkv_split;
+        l->attn_mask = c->attn_mask;
+        l->qk_fp32 = c->qk_fp32;
+        l->rope_table_rows = c->rope_table_rows;
         if (c->f->eager) { /* the model's default kernel; --attention still overrides it */
             l->impl = MP_ATTN_EAGER;
             l->impl_set = true;
