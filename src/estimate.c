@@ -134,13 +134,32 @@ static bool params_sharded(const struct rp *r)
                      r->t->par->strategy == MP_PAR_FSDP_NO_RESHARD);
 }
 
-/* Forward of block i; kind FE records for backward, FN/FC do not. */
-static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
+/* Does autograd save anything (a parameter included) when n runs with grad?  A Linear whose
+ * input needs a gradient saves its weight; a quantized one (bitsandbytes MatMul4Bit) keeps the
+ * packed weight outside save_for_backward. */
+static bool node_packs(const struct mp_node *n)
+{
+    return !n->no_grad && (n->n_saved > 0 || (n->grad_in && n->param[0] >= 0 && !n->quantized));
+}
+
+/* Forward of block i; kind FE records for backward, FN/FC do not.  early: the recompute right
+ * before block i's backward; torch's non-reentrant checkpoint stops it at the pack of the last
+ * tensor the first forward saved (early stop, torch/utils/checkpoint.py _StopRecomputationError):
+ * the ops after the block's last saving op do not run again and its output is not remade. */
+static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool early)
 {
     const struct mp_program *p = r->p;
     const struct mp_block_prog *bp = &p->blocks[i];
     bool grad = kind == MP_SCHED_FE;
-    for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++) {
+    size_t end = bp->node0 + bp->n_nodes;
+    if (early && grad)
+        for (size_t k = end; k-- > bp->node0;)
+            if (node_packs(&p->nodes[k])) {
+                end = k + 1;
+                break;
+            }
+    bool stopped = end < bp->node0 + bp->n_nodes;
+    for (size_t k = bp->node0; k < end; k++) {
         const struct mp_node *n = &p->nodes[k];
         for (int j = 0; j < 3; j++)
             if (n->in[j] >= 0 && !node_reads(n, n->in[j], j))
@@ -148,7 +167,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
         if (n->keep >= 0)
             r->uses[n->keep]++;
     }
-    for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes && r->st == MP_OK; k++) {
+    for (size_t k = bp->node0; k < end && r->st == MP_OK; k++) {
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
         if (n->out != n->in[0])
@@ -178,7 +197,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind)
         if (grad)
             for (int j = 0; j < n->n_saved; j++)
                 r->saved[n->saved[j]]++;
-        if (k + 1 == bp->node0 + bp->n_nodes)
+        if (k + 1 == bp->node0 + bp->n_nodes && !stopped)
             r->holds[bp->output]++; /* the chain holds x_{i+1} before anything can free it */
         for (int j = 0; j < 3; j++)
             if (n->in[j] >= 0 && !node_reads(n, n->in[j], j)) {
@@ -701,7 +720,9 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         case MP_SCHED_FE:
             r.phase = after_loss ? MP_PH_RECOMPUTE : MP_PH_FORWARD;
             par_pre_fwd(&r, op->index);
-            fwd_block(&r, op->index, op->kind);
+            fwd_block(&r, op->index, op->kind,
+                      after_loss && k + 1 < sched->n && sched->ops[k + 1].kind == MP_SCHED_B &&
+                          sched->ops[k + 1].index == op->index);
             par_post_fwd(&r, op->index);
             break;
         case MP_SCHED_LOSS:

@@ -462,7 +462,10 @@ static const struct mp_quant *base_quant(struct bld *B, bool head)
  * A quantized base (bitsandbytes Linear4bit, GPTQ, AWQ) keeps packed storage and
  * dequantizes W (out x in, compute dtype) into a temporary in forward and again in
  * backward (bitsandbytes MatMul4Bit saves only the packed weight, memory-facts §12);
- * autocast makes no weight copy of it.  A LoRA target gets its adapter after. */
+ * autocast makes no weight copy of it.  bitsandbytes' Linear4bit.forward casts x to the
+ * compute dtype itself and its result back to x's dtype (an fp32 result under autocast
+ * when x is fp32, as after prepare_model_for_kbit_training); peft's LoRA Linear4bit clones
+ * that result before adding the adapter.  A LoRA target gets its adapter after. */
 static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, bool bias,
                                  const char *name, int tied)
 {
@@ -516,9 +519,19 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
         n->fwd_flops += 2.0 * (double)out_f * (double)in_f;
         n->bwd_flops += 2.0 * (double)out_f * (double)in_f;
     }
+    bool bnb4 = qz && (qz->kind == MP_Q_BNB_NF4 || qz->kind == MP_Q_BNB_FP4);
+    if (bnb4 && dt_of(B, y) != dt_of(B, x)) {
+        snprintf(cname, sizeof cname, "%s.to_%s", name, mp_dtype_str(dt_of(B, x)));
+        y = cast_to(B, y, dt_of(B, x), cname); /* .to(inp_dtype) */
+    }
     if (!B->in_adapter && !head && tied < 0 &&
-        mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head))
+        mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head)) {
+        if (bnb4) {
+            snprintf(cname, sizeof cname, "%s.clone", name);
+            y = cast_to(B, y, dt_of(B, y), cname); /* peft lora.Linear4bit: result.clone() */
+        }
         y = lower_lora(B, x, y, in_f, out_f, name);
+    }
     return y;
 }
 
@@ -1021,9 +1034,11 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         q = lower_rope(B, q, l, a, "q_rope");
         k = lower_rope(B, k, l, kv, "k_rope");
     }
-    /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies */
+    /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies, and an
+     * fp32 v (a bitsandbytes 4-bit v_proj returns x's dtype) too */
     q = autocast_in(B, q, "q_cast");
     k = autocast_in(B, k, "k_cast");
+    v = autocast_in(B, v, "v_cast");
     struct val o = lower_attn_core(B, q, k, v, &core, "sdpa");
     /* (GPT-J's eager attention merges its heads with the one copy every eager output makes) */
     if (l->rope && !l->rope_table_rows && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) &&
