@@ -139,6 +139,12 @@ $(BUILD)/tests/test_%: tests/test_%.c $(LIBOBJS)
 	@echo "  CC    $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CMOCKA_LIBS)
 
+# bench/dump_saved.c: memplan's saved tensors as JSON lines (bench/torch_saved_build.sh)
+$(BUILD)/bench/dump_saved: bench/dump_saved.c $(LIBOBJS)
+	@mkdir -p $(dir $@)
+	@echo "  CC    $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
 # Install the two Debian build dependencies when they are missing (root only).
 deps:
 	@if { [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/cmocka.h ]; } && \

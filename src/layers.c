@@ -94,6 +94,8 @@ struct bld {
     char prefix[96];  /* name prefix of the current op */
     int embed_param;  /* first embedding table (tied lm_head) */
     int rope_cos_sin; /* the model's rotary cos/sin tables (created by the first rope node), or -1 */
+    int attn_mask;    /* the model's (b, 1, s, s) attention mask (created by the first attention), or -1 */
+    int pos_tables;   /* GPT-J: the per-layer sinusoid buffers, one resident tensor for all layers, or -1 */
     uint64_t b, s;
     bool amp;
     bool in_adapter;  /* lowering a LoRA adapter: its Linears are trainable fp32, never quantized */
@@ -143,6 +145,50 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
     return true;
 }
 
+/* Names of tensors, nodes and parameters: "prefix.name" (or name alone without a prefix),
+ * cut at MP_NAME_MAX - 1 bytes, kept in chunks the program owns.  One allocation per
+ * chunk instead of a fixed array in every tensor, node and parameter: a 100,000-block
+ * model has millions of them. */
+#define MP_NAME_MAX 96
+#define NAME_CHUNK_BYTES 65536
+struct mp_name_chunk {
+    struct mp_name_chunk *next;
+    size_t used;
+    char text[NAME_CHUNK_BYTES];
+};
+
+static const char *store_name(struct bld *B, const char *prefix, const char *name)
+{
+    size_t lp = strlen(prefix), ln = strlen(name);
+    size_t len = lp + (lp ? 1 : 0) + ln;
+    if (len > MP_NAME_MAX - 1)
+        len = MP_NAME_MAX - 1;
+    struct mp_name_chunk *c = B->p->names;
+    if (!c || c->used + len + 1 > sizeof c->text) {
+        c = malloc(sizeof *c);
+        if (!c) {
+            B->st = mp_fail(B->d, MP_ERR_NOMEM, "%s: out of memory building the tensor program", B->m->path);
+            return "";
+        }
+        c->next = B->p->names;
+        c->used = 0;
+        B->p->names = c;
+    }
+    char *s = c->text + c->used, *w = s, *end = s + len;
+    for (const char *r = prefix; *r && w < end;)
+        *w++ = *r++;
+    if (lp && w < end)
+        *w++ = '.';
+    for (const char *r = name; *r && w < end;)
+        *w++ = *r++;
+    *w = '\0';
+    c->used += len + 1;
+    return s;
+}
+
+/* The current op's name for name: "prefix.name". */
+static const char *name_of(struct bld *B, const char *name) { return store_name(B, B->prefix, name); }
+
 static uint64_t mul(struct bld *B, uint64_t a, uint64_t b)
 {
     uint64_t r;
@@ -175,7 +221,7 @@ static struct val new_val(struct bld *B, const char *name, enum mp_dtype dt, int
         return v;
     }
     struct mp_tensor *t = &p->tensors[p->n_tensors];
-    snprintf(t->name, sizeof t->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    t->name = name_of(B, name);
     t->dtype = dt;
     t->rank = rank;
     uint64_t e = 1;
@@ -211,7 +257,7 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     struct mp_node *n = &p->nodes[p->n_nodes++];
     memset(n, 0, sizeof *n);
     n->prim = prim;
-    snprintf(n->name, sizeof n->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    n->name = name_of(B, name);
     n->layer = B->layer;
     n->block = B->block;
     n->in[0] = n->in[1] = n->in[2] = -1;
@@ -300,7 +346,7 @@ static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t co
         return -1;
     }
     struct mp_param *q = &p->params[p->n_params];
-    snprintf(q->name, sizeof q->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    q->name = name_of(B, name);
     q->elems = mul(B, rows, cols);
     q->rows = rows;
     q->cols = cols;
@@ -440,6 +486,7 @@ static struct val autocast_in(struct bld *B, struct val x, const char *name)
 
 static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
                              const char *name);
+static void unsave(struct mp_node *n, int t);
 
 /* The base storage of a Linear that is not the output layer: quantized (QLoRA, or the
  * checkpoint's quantization_config), else NULL. */
@@ -459,7 +506,10 @@ static const struct mp_quant *base_quant(struct bld *B, bool head)
  * A quantized base (bitsandbytes Linear4bit, GPTQ, AWQ) keeps packed storage and
  * dequantizes W (out x in, compute dtype) into a temporary in forward and again in
  * backward (bitsandbytes MatMul4Bit saves only the packed weight, memory-facts §12);
- * autocast makes no weight copy of it.  A LoRA target gets its adapter after. */
+ * autocast makes no weight copy of it.  bitsandbytes' Linear4bit.forward casts x to the
+ * compute dtype itself and its result back to x's dtype (an fp32 result under autocast
+ * when x is fp32, as after prepare_model_for_kbit_training); peft's LoRA Linear4bit clones
+ * that result before adding the adapter.  A LoRA target gets its adapter after. */
 static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, bool bias,
                                  const char *name, int tied)
 {
@@ -477,8 +527,7 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
     int bp = bias ? new_param(B, pn, 1, out_f, false) : -1;
     if (tied < 0 && w >= 0) {
         snprintf(pn, sizeof pn, "%s.weight", name);
-        snprintf(B->p->params[w].name, sizeof B->p->params[w].name, "%s%s%s", B->prefix, *B->prefix ? "." : "",
-                 pn);
+        B->p->params[w].name = name_of(B, pn);
     }
     if (qz && w >= 0) {
         struct mp_param *q = &B->p->params[w];
@@ -513,9 +562,19 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
         n->fwd_flops += 2.0 * (double)out_f * (double)in_f;
         n->bwd_flops += 2.0 * (double)out_f * (double)in_f;
     }
+    bool bnb4 = qz && (qz->kind == MP_Q_BNB_NF4 || qz->kind == MP_Q_BNB_FP4);
+    if (bnb4 && dt_of(B, y) != dt_of(B, x)) {
+        snprintf(cname, sizeof cname, "%s.to_%s", name, mp_dtype_str(dt_of(B, x)));
+        y = cast_to(B, y, dt_of(B, x), cname); /* .to(inp_dtype) */
+    }
     if (!B->in_adapter && !head && tied < 0 &&
-        mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head))
+        mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head)) {
+        if (bnb4) {
+            snprintf(cname, sizeof cname, "%s.clone", name);
+            y = cast_to(B, y, dt_of(B, y), cname); /* peft lora.Linear4bit: result.clone() */
+        }
         y = lower_lora(B, x, y, in_f, out_f, name);
+    }
     return y;
 }
 
@@ -754,9 +813,19 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->heads = heads;
     n->head_dim = l->head_dim;
     n->rotary_dim = l->rotary_dim ? l->rotary_dim : l->head_dim;
-    /* cos and sin (s x rotary_dim each, in the residual dtype) are made once per
-     * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
-    if (B->rope_cos_sin < 0) {
+    uint64_t tmp = mul(B, T(B, x.t)->bytes, 2);
+    if (l->rope_table_rows) {
+        /* GPT-J: cos and sin gathered from the layer's table for the s positions (position ids
+         * of batch 1), cast to x's dtype, repeat_interleave'd: each apply_rotary_pos_emb saves
+         * its own pair (1, s, 1, rotary_dim); the table's repeat and the fp32 gather are
+         * forward transients */
+        char en[112];
+        snprintf(en, sizeof en, "%s.cos_sin", name);
+        extra_as(n, new_flat(B, en, dt_of(B, x), mul(B, mul(B, 2, B->s), n->rotary_dim)), MP_XR_COS_SIN);
+        tmp = add(B, tmp, mul(B, mul(B, add(B, l->rope_table_rows, B->s), n->rotary_dim), 4));
+    } else if (B->rope_cos_sin < 0) {
+        /* cos and sin (s x rotary_dim each, in the residual dtype) are made once per
+         * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", B->p->param_dtype, mul(B, mul(B, 2, B->s), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
         B->p->rope_tables = B->rope_cos_sin;
@@ -772,13 +841,37 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->rows = rows_of(x);
     n->n = last_dim(x);
     /* q*cos, rotate_half(q) (a cat of two halves) and *sin: two x-sized temporaries. */
-    tmp_one(B, n, false, MP_TR_OTHER, mul(B, T(B, x.t)->bytes, 2));
+    tmp_one(B, n, false, MP_TR_OTHER, tmp);
     n->fwd_flops = 3.0 * (double)T(B, x.t)->elems;
     n->bwd_flops = n->fwd_flops;
     return y;
 }
 
 static uint64_t round_up(uint64_t v, uint64_t m) { return mp_ceil_div(v, m) * m; }
+
+/* The (b, 1, s, s) mask a model passes to attention (Falcon builds one even for causal
+ * attention, transformers' create_causal_mask): made once per forward (the first attention
+ * node's extra, held like the rotary tables).  For SDPA it is a bool mask that SDPA converts to
+ * a float mask in q's dtype in every layer (convert_boolean_attn_mask) and saves; for eager
+ * attention a float mask in the model's dtype, added to the scores: nothing saved. */
+static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, enum mp_dtype qdt)
+{
+    if (!n || !n->layer->attn_mask)
+        return;
+    uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
+    if (B->attn_mask < 0) {
+        B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mb);
+        B->p->tensors[B->attn_mask].name = store_name(B, "", "attn_mask");
+        B->p->attn_mask = B->attn_mask;
+        extra_as(n, B->attn_mask, MP_XR_ATTN_MASK);
+        unsave(n, B->attn_mask);
+    }
+    if (!eager) {
+        char en[112];
+        snprintf(en, sizeof en, "%s.attn_mask_float", name);
+        extra_as(n, new_flat(B, en, qdt, mb), MP_XR_ATTN_MASK);
+    }
+}
 
 /* Scaled dot-product attention core: q (b,s,a*d), k and v (b,s,kv*d). */
 static struct val lower_attn_core(struct bld *B, struct val q, struct val k, struct val v, const struct mp_layer *l,
@@ -810,6 +903,7 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     uint64_t ass = mul(B, asb, s);                /* a*s*s*b */
     uint64_t qbytes = mul(B, mul(B, asb, d), mp_dtype_size(cdt));
     char en[80];
+    attn_mask(B, n, name, eager, cdt);
     if (!eager) {
         /* SDPA flash / mem-efficient: saves q, k, v, out and the fp32 logsumexp. */
         save(n, q.t);
@@ -830,8 +924,10 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
         const char *cn[3] = {"q_copy", "k_copy", "v_copy"};
         const enum mp_xrole cr[3] = {MP_XR_Q_COPY, MP_XR_K_COPY, MP_XR_V_COPY};
         for (int i = 0; i < 3; i++) {
+            /* GPT-J upcasts q and k to fp32 (under autocast the matmul casts them back) */
+            enum mp_dtype qdt = i < 2 && l->qk_fp32 && !B->amp ? MP_DT_F32 : cdt;
             snprintf(en, sizeof en, "%s.%s", name, cn[i]);
-            extra_as(n, new_flat(B, en, cdt, mul(B, asb, d)), cr[i]);
+            extra_as(n, new_flat(B, en, qdt, mul(B, asb, d)), cr[i]);
         }
         if (l->attn_softcap > 0) { /* scores / cap, tanh (saves its output), * cap (Gemma2) */
             snprintf(en, sizeof en, "%s.softcap_tanh", name);
@@ -889,6 +985,55 @@ static struct val qk_norm(struct bld *B, struct val x, const struct mp_layer *l,
     return y;
 }
 
+/* A copy of x, width wide (Falcon's split of its fused qkv): tmp, the intermediate copies it
+ * makes first (forward transients); index, an advanced-indexing copy that saves its int64 index. */
+static struct val split_copy(struct bld *B, struct val x, uint64_t width, uint64_t tmp, bool index,
+                             const char *name)
+{
+    if (failed(B))
+        return x;
+    struct val y = with_last(B, name, x, width, dt_of(B, x), ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_CAST, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->rows = rows_of(x);
+    n->n = width;
+    n->fwd_flops = (double)T(B, y.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    if (index) {
+        char en[112];
+        snprintf(en, sizeof en, "%s.index", name);
+        extra_as(n, new_flat(B, en, MP_DT_I64, 1), MP_XR_SPLIT_INDEX);
+    }
+    tmp_one(B, n, false, MP_TR_OTHER, tmp);
+    return y;
+}
+
+/* GPT-J: every attention layer registers its own sinusoid table (rope_table_rows x rotary_dim
+ * fp32, persistent=False: on the GPU, not in the checkpoint).  One resident tensor holds them all. */
+static void pos_table(struct bld *B, const struct mp_layer *l)
+{
+    uint64_t e = mul(B, l->rope_table_rows, l->rotary_dim ? l->rotary_dim : l->head_dim);
+    if (failed(B))
+        return;
+    if (B->pos_tables < 0) {
+        if (B->p->n_buffers >= MP_BUFFERS_MAX) {
+            fail_model(B, MP_ERR_INTERNAL, "too many module buffers");
+            return;
+        }
+        B->pos_tables = new_flat(B, "embed_positions", MP_DT_F32, e);
+        B->p->tensors[B->pos_tables].name = store_name(B, "", "attn.embed_positions (all layers)");
+        B->p->buffers[B->p->n_buffers++] = B->pos_tables;
+        return;
+    }
+    struct mp_tensor *t = T(B, B->pos_tables);
+    t->elems = add(B, t->elems, e);
+    t->shape[0] = t->elems;
+    t->bytes = mul(B, t->elems, 4);
+}
+
 /* Multi-head attention with projections: q/k/v (fused or not), rope, core, out projection. */
 static struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
                                   const char *name)
@@ -898,11 +1043,25 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
     uint64_t a = l->heads, kv = l->kv_heads, d = l->head_dim;
     uint64_t qd = mul(B, a, d), kd = mul(B, kv, d);
     struct val q, k, v;
+    struct mp_layer core = *l; /* what the attention kernel sees */
     if (l->fused_qkv) {
         struct val qkv = lower_linear(B, x, hidden, add(B, qd, mul(B, 2, kd)), l->qkv_bias, "qkv_proj");
         q = k = v = qkv; /* views of one storage */
         q.shape[q.rank - 1] = qd;
         k.shape[k.rank - 1] = v.shape[v.rank - 1] = kd;
+        if (l->qkv_split != MP_QKV_VIEWS) {
+            bool expand = l->qkv_split == MP_QKV_COPY_EXPAND, index = l->qkv_split != MP_QKV_COPY_ALL;
+            uint64_t kw = expand ? qd : kd, rows = rows_of(qkv), es = mp_dtype_size(dt_of(B, qkv));
+            /* the new architecture first flattens each into (b, s, a*d), then copies it transposed;
+             * k and v start as index copies (b, s, kv, 1, d) */
+            uint64_t flat = expand ? mul(B, mul(B, rows, qd), es) : 0;
+            uint64_t kv_tmp = expand ? add(B, flat, mul(B, mul(B, rows, kd), es)) : 0;
+            q = split_copy(B, q, qd, flat, false, "q_split");
+            k = split_copy(B, k, kw, kv_tmp, index, "k_split");
+            v = split_copy(B, v, kw, kv_tmp, index, "v_split");
+            if (expand)
+                core.kv_heads = kv = a;
+        }
     } else {
         q = lower_linear(B, x, hidden, qd, l->qkv_bias, "q_proj");
         k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
@@ -912,15 +1071,21 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         q = qk_norm(B, q, l, a, "q_norm");
         k = qk_norm(B, k, l, kv, "k_norm");
     }
+    if (l->rope && l->rope_table_rows)
+        pos_table(B, l);
     if (l->rope) {
         q = lower_rope(B, q, l, a, "q_rope");
         k = lower_rope(B, k, l, kv, "k_rope");
     }
-    /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies */
+    /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies, and an
+     * fp32 v (a bitsandbytes 4-bit v_proj returns x's dtype) too */
     q = autocast_in(B, q, "q_cast");
     k = autocast_in(B, k, "k_cast");
-    struct val o = lower_attn_core(B, q, k, v, l, "sdpa");
-    if (l->rope && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) && !failed(B)) {
+    v = autocast_in(B, v, "v_cast");
+    struct val o = lower_attn_core(B, q, k, v, &core, "sdpa");
+    /* (GPT-J's eager attention merges its heads with the one copy every eager output makes) */
+    if (l->rope && !l->rope_table_rows && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) &&
+        !failed(B)) {
         /* Partial rotary builds q with torch.cat, so the attention output follows q's
          * layout and transpose(1, 2).contiguous() copies it (gpt_neox, phi). */
         o = cast_to(B, o, dt_of(B, o), "out_contiguous");
@@ -1236,6 +1401,54 @@ static struct val lower_bottleneck(struct bld *B, struct val x, const struct mp_
     return lower_act(B, y, MP_ACT_RELU, true, "relu3");
 }
 
+static struct val lower_add_table(struct bld *B, struct val x, const struct mp_layer *l, const char *nm, uint64_t k,
+                                  struct mp_node **node);
+
+/* ViT's embeddings: projection (conv, kernel = stride = patch) -> flatten(2).transpose(1, 2), a
+ * view (b, patches, dim) -> torch.cat with the expanded class token (a new tensor; the dtype
+ * promotes: fp32 under autocast, the token being fp32) -> + position_embeddings (1, seq, dim):
+ * a new tensor.  Nothing is saved besides the conv's input (and its weight copy).  From here on
+ * the sequence is patches + 1. */
+static struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_layer *l)
+{
+    if (failed(B))
+        return x;
+    uint64_t p = l->kernel;
+    if (x.rank != 4 || p == 0 || x.shape[2] % p || x.shape[3] % p) {
+        fail_model(B, MP_ERR_MODEL, "patch %llu must divide the image's height and width (input.shape [C, H, W])",
+                   (unsigned long long)p);
+        return x;
+    }
+    struct val c = lower_conv(B, x, l->in_ch, l->dim, p, p, 0, 1, true, "projection");
+    if (failed(B))
+        return c;
+    uint64_t np = mul(B, c.shape[2], c.shape[3]), s = add(B, np, l->cls_token ? 1 : 0);
+    struct val e = c; /* (b, patches, dim): a view of the conv output */
+    e.rank = 3;
+    e.shape[1] = np;
+    e.shape[2] = l->dim;
+    if (l->cls_token) {
+        uint64_t shape[3] = {B->b, s, l->dim};
+        int cls = new_param(B, "cls_token", 1, l->dim, false);
+        e = new_val(B, "cat", promote(dt_of(B, c), B->p->param_dtype), 3, shape, true);
+        struct mp_node *n = new_node(B, MP_P_CAST, "cat");
+        if (!n)
+            return e;
+        n->in[0] = c.t;
+        n->out = e.t;
+        n->param[0] = cls;
+        n->rows = mul(B, B->b, s);
+        n->n = l->dim;
+        n->fwd_flops = (double)T(B, e.t)->elems;
+        n->bwd_flops = n->fwd_flops;
+    }
+    B->s = s;
+    struct mp_layer pos = *l;
+    pos.vocab = s;
+    struct mp_node *n;
+    return lower_add_table(B, e, &pos, "position_embeddings", s, &n);
+}
+
 static struct val lower_custom(struct bld *B, struct val x, const struct mp_layer *l)
 {
     if (failed(B))
@@ -1497,7 +1710,10 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         return lower_loss(B, logits, "loss", !l->masked, B->m->input == MP_INPUT_TOKENS && !l->masked);
     }
     case MP_LT_CLASSIFIER: {
-        /* HF's token classification upcasts (logits.float()); pooled heads and images do not */
+        /* HF's token classification upcasts (logits.float()); pooled heads and images do not.
+         * MP_POOL_FIRST on a sequence: the first position (ViT's class token) */
+        if (l->pool == MP_POOL_FIRST)
+            x = first_position(B, x, nm);
         struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
         bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE;
         return lower_loss(B, pool_logits(B, logits, l, nm), "loss", upcast, false);
@@ -1514,6 +1730,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     }
     case MP_LT_BOTTLENECK:
         return lower_bottleneck(B, x, l);
+    case MP_LT_PATCH_EMBEDDING: {
+        struct val y = lower_patch_embedding(B, x, l);
+        *resid = y;
+        return y;
+    }
     case MP_LT_COUNT:
         break;
     }
@@ -1690,6 +1911,11 @@ void mp_program_release(struct mp_program *p)
     free(p->nodes);
     free(p->params);
     free(p->blocks);
+    while (p->names) {
+        struct mp_name_chunk *next = p->names->next;
+        free(p->names);
+        p->names = next;
+    }
     memset(p, 0, sizeof *p);
 }
 
@@ -1701,6 +1927,7 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
     p->model = m;
     p->labels = -1;
     p->rope_tables = -1;
+    p->attn_mask = -1;
     if (p->opts.seq == 0)
         p->opts.seq = m->seq_len ? m->seq_len : 1;
     if (p->opts.batch == 0)
@@ -1710,7 +1937,7 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
-    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .b = p->opts.batch,
+    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .attn_mask = -1, .pos_tables = -1, .b = p->opts.batch,
                     .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);

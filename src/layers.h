@@ -70,7 +70,7 @@ const char *mp_prim_str(enum mp_prim p);
 #define MP_TENSOR_RANK_MAX 4
 
 struct mp_tensor {
-    char name[96];
+    const char *name;             /* "h.3.attn.q_proj" (in the program's name store) */
     enum mp_dtype dtype;
     uint64_t elems;
     uint64_t bytes;               /* elems * dtype size, unrounded */
@@ -114,6 +114,9 @@ enum mp_xrole {
     MP_XR_GATHER_INDEX,   /* last-token pooling: the two int64 index vectors */
     MP_XR_POSITION_IDS,   /* learned positions: int64 position ids */
     MP_XR_CUSTOM_SAVED,   /* custom: the rest of what the block saves (opaque bytes) */
+    MP_XR_ATTN_MASK,      /* attention given a (b, 1, s, s) mask (Falcon): the model's mask (first
+                             attention) or, under autocast, this layer's half copy SDPA saves */
+    MP_XR_SPLIT_INDEX,    /* Falcon's qkv split by advanced indexing: the int64 index it saves */
     MP_XR_COUNT
 };
 
@@ -138,7 +141,7 @@ struct mp_tmp_part {
 
 struct mp_node {
     enum mp_prim prim;
-    char name[96];                /* "h.3.attn.q_proj" */
+    const char *name;             /* "h.3.attn.q_proj" (in the program's name store) */
     const struct mp_layer *layer; /* the model layer it lowers (never NULL) */
     int block;
     int in[3];                    /* tensor ids; -1 unused (attention: q, k, v; loss: logits, labels) */
@@ -173,7 +176,7 @@ struct mp_node {
 };
 
 struct mp_param {
-    char name[96];
+    const char *name;    /* in the program's name store */
     uint64_t elems;
     int block;           /* block that owns it */
     bool matmul;         /* used by linear/conv: autocast makes a half copy */
@@ -213,6 +216,8 @@ struct mp_program {
     int rope_tables;             /* rotary cos/sin: the model makes them once per forward and every layer
                                     saves them (checkpointed layers too, as checkpoint inputs): held from
                                     the first forward that makes them to the backward of that block; -1 */
+    int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward
+                                    (Falcon), held like rope_tables; -1 */
 #define MP_BUFFERS_MAX 4
     size_t n_buffers;
     int buffers[MP_BUFFERS_MAX]; /* non-persistent module buffers, resident like the batch (rotary
@@ -223,6 +228,7 @@ struct mp_program {
     uint64_t adapter_params;     /* LoRA A and B elements */
     double fwd_flops, bwd_flops;
     size_t cap_tensors, cap_nodes, cap_params; /* private */
+    struct mp_name_chunk *names;                /* private: the name store (layers.c) */
 };
 
 /* The tensor id of n's nth extra with role r (nth from 0), or -1. */

@@ -34,7 +34,8 @@
     X(CLASSIFIER, "classifier")                                      \
     X(CUSTOM, "custom")                                              \
     X(TRANSFORMER_BLOCK, "transformer_block")                        \
-    X(BOTTLENECK, "bottleneck")
+    X(BOTTLENECK, "bottleneck")                                      \
+    X(PATCH_EMBEDDING, "patch_embedding")
 
 enum mp_layer_type {
 #define MP_X(id, str) MP_LT_##id,
@@ -98,6 +99,16 @@ enum mp_qk_norm {
     MP_QK_NORM_NONE,
     MP_QK_NORM_HEAD, /* over each head's head_dim (Qwen3, Gemma3) */
     MP_QK_NORM_ALL,  /* over the whole projection, heads * head_dim (OLMo2) */
+};
+
+/* How a fused qkv projection is split (HF attention classes). */
+enum mp_qkv_split {
+    MP_QKV_VIEWS,      /* q, k, v are views of the fused output (GPT-2, NeoX, Phi-3) */
+    MP_QKV_COPY_MQ,    /* Falcon multi-query: q a reshape copy; k and v index copies ([-2], [-1]:
+                          kv_heads wide, their int64 indices saved) */
+    MP_QKV_COPY_ALL,   /* Falcon without multi-query: q, k, v reshape copies of strided views */
+    MP_QKV_COPY_EXPAND,/* Falcon new decoder architecture: q, k, v copies with k and v broadcast
+                          to every query head (attention sees as many kv heads as heads) */
 };
 
 /* Which positions a token model's head reads (HF task heads; memplan JSON uses NONE). */
@@ -168,9 +179,21 @@ struct mp_layer {
     bool no_attn_out_dropout; /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
     double attn_softcap;    /* tanh softcapping of the attention scores (Gemma2; eager only) */
     double logit_softcap;   /* lm_head: tanh softcapping of the logits (Gemma2) */
+    enum mp_qkv_split qkv_split; /* how a fused qkv output becomes q, k, v (Falcon's copies) */
+    bool attn_mask;         /* the model builds a (b, 1, s, s) mask and passes it to attention (Falcon):
+                               SDPA saves it (under autocast each layer's half copy); eager adds it */
+    bool qk_fp32;           /* eager: q and k upcast to fp32 before QK^T (GPT-J's _attn) */
+    uint64_t rope_table_rows; /* GPT-J rotary: each attention layer's own sinusoid buffer (rows x
+                               rotary_dim fp32); every rope call gathers cos/sin from it and
+                               saves its own (s x rotary_dim) pair (rotate_every_two) */
     double mult;            /* a Python-float multiplier that makes a new tensor (0: none): embedding
                                output (Gemma's sqrt(h), Granite), each residual branch of a
                                transformer_block (Granite), lm_head logits (Granite 1/logits_scaling) */
+
+    /* patch_embedding (ViT): a conv2d of in_ch -> dim with kernel = stride = patch (kernel), the
+     * patches flattened into a sequence, a learned class token prepended (cls_token), learned
+     * positions added: the sequence is (H / patch) * (W / patch) + 1 */
+    bool cls_token;
 
     /* conv2d / pooling / batchnorm / bottleneck */
     uint64_t in_ch, out_ch, mid_ch;

@@ -1,11 +1,13 @@
-/* probe.c — the probe's backend registry and the pieces both executors share.
+/* probe.c — the probe: the backend registry and the executor both backends run.
  *
  * Backends are registered as in ggml (ggml-backend-reg.cpp): cuda under
  * #ifdef MEMPLAN_HAVE_CUDA, host last as the floor.  "auto" takes the first
  * that is available and opens; an explicit "cuda" never falls back.  The
- * counting pool keeps one storage per (store, id) and counts 512-byte-rounded
- * bytes exactly as the estimator's visitor does, so the measured peak of a
- * replay equals the estimate.  No printing, no exit.
+ * executor is mp_replay's visitor: every ALLOC/FREE goes through the counting
+ * pool (probe_pool.c), every FWD/BWD hands a node view to the backend's prim,
+ * LOSS_GRAD and OPT_STEP call the backend per loss and per parameter; the run
+ * loop times the steps and reports progress.  No printing but the per-step
+ * progress line (stderr, when asked), no exit.
  */
 #include "probe_impl.h"
 
@@ -141,6 +143,351 @@ enum mp_status mp_probe_device_info(struct mp_probe *p, struct mp_device_info *o
     return p->be->device_info(p->ctx, out);
 }
 
+/* ---- the executor ------------------------------------------------------------------------ */
+
+static void exec_free(struct mp_exec *x);
+
+static enum mp_status exec_new(struct mp_exec **out, const struct mp_probe_backend *be, void *bctx,
+                               const struct mp_program *p, const struct mp_train_opts *t, uint64_t capacity_bytes,
+                               uint64_t seed, struct mp_diag *d)
+{
+    *out = NULL;
+    if (!p || p->n_blocks == 0)
+        return mp_fail(d, MP_ERR_USAGE, "probe: the model has no blocks");
+    struct mp_exec *x = calloc(1, sizeof *x);
+    if (!x)
+        return mp_fail(d, MP_ERR_NOMEM, "probe: out of memory");
+    x->be = be;
+    x->bctx = bctx;
+    x->p = p;
+    x->t = *t;
+    x->seed = seed;
+    x->d = d;
+    struct mp_pool_ops ops = {be->alloc, be->free, bctx};
+    enum mp_status st = mp_pool_init(&x->pool, p, &ops, capacity_bytes, d);
+    if (st == MP_OK)
+        st = mp_exec_layout(p, &x->lay, d);
+    if (st == MP_OK && be->exec_new)
+        st = be->exec_new(x);
+    if (st != MP_OK) {
+        exec_free(x);
+        return st;
+    }
+    *out = x;
+    return MP_OK;
+}
+
+/* Frees every storage: the workspace is taken back from the backend first, queued work
+ * is waited for (after an out-of-memory the device stays usable). */
+static void release_storage(struct mp_exec *x)
+{
+    if (x->ws_set && x->be->workspace) {
+        (void)x->be->workspace(x, NULL, 0);
+        x->ws_set = false;
+    }
+    if (x->be->sync)
+        x->be->sync(x);
+    mp_pool_free_all(&x->pool);
+    if (x->be->sync)
+        x->be->sync(x);
+}
+
+static void exec_free(struct mp_exec *x)
+{
+    if (!x)
+        return;
+    release_storage(x);
+    if (x->be->exec_free)
+        x->be->exec_free(x);
+    mp_pool_release(&x->pool);
+    free(x->lay);
+    free(x);
+}
+
+/* Parameters and the input batch get their deterministic values (staged on the host
+ * when the backend's storages are not host memory); gradients and optimizer state
+ * start at zero. */
+static enum mp_status fill_value(struct mp_exec *x, const struct mp_event *ev, void *buf)
+{
+    if (ev->store == MP_ST_INPUT) {
+        mp_exec_input_fill(x->p, ev->id, x->seed, buf);
+        return MP_OK;
+    }
+    return mp_exec_param_fill(x->p, (size_t)ev->id, x->seed, buf, x->d);
+}
+
+static enum mp_status init_storage(struct mp_exec *x, const struct mp_event *ev, void *ptr)
+{
+    const struct mp_probe_backend *be = x->be;
+    if (!ptr)
+        return MP_OK;
+    switch (ev->store) {
+    case MP_ST_PARAM:
+    case MP_ST_INPUT: {
+        if (!be->upload)
+            return fill_value(x, ev, ptr);
+        void *h = malloc(ev->bytes ? (size_t)ev->bytes : 1);
+        if (!h)
+            return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory staging %llu bytes",
+                           (unsigned long long)ev->bytes);
+        enum mp_status st = fill_value(x, ev, h);
+        if (st == MP_OK)
+            st = be->upload(x, ptr, h, ev->bytes);
+        free(h);
+        return st;
+    }
+    case MP_ST_GRAD:
+    case MP_ST_PGRAD:
+    case MP_ST_OPT_STATE: return be->zero(x, ptr, ev->bytes); /* zeros: gradients accumulate */
+    case MP_ST_ACT:
+    case MP_ST_TMP:
+    case MP_ST_OPT_TMP: return be->poison ? be->poison(x, ptr, ev->bytes) : MP_OK;
+    case MP_ST_WORKSPACE:
+        if (!be->workspace)
+            return MP_OK;
+        x->ws_set = true;
+        return be->workspace(x, ptr, ev->bytes);
+    case MP_ST_COMM: return MP_OK;
+    }
+    return MP_OK;
+}
+
+static void view_open(struct mp_node_view *c, struct mp_exec *x, int k)
+{
+    memset(c, 0, sizeof *c);
+    c->x = x;
+    c->p = x->p;
+    c->k = k;
+    c->n = &x->p->nodes[k];
+    c->lay = &x->lay[k];
+    const struct mp_node *n = c->n;
+    for (int j = 0; j < 3; j++) {
+        c->in[j] = mp_view_tensor(x, MP_ST_ACT, n->in[j]);
+        c->gin[j] = mp_view_tensor(x, MP_ST_GRAD, n->in[j]);
+    }
+    c->out = mp_view_tensor(x, MP_ST_ACT, n->out);
+    c->gout = mp_view_tensor(x, MP_ST_GRAD, n->out);
+    for (int j = 0; j < n->n_extra; j++)
+        c->ex[j] = mp_view_tensor(x, MP_ST_ACT, n->extra[j]);
+    c->w = mp_view_param(x, MP_ST_PARAM, n->param[0]);
+    c->b = mp_view_param(x, MP_ST_PARAM, n->param[1]);
+    c->gw = mp_view_param(x, MP_ST_PGRAD, n->param[0]);
+    c->gb = mp_view_param(x, MP_ST_PGRAD, n->param[1]);
+    c->tmp.p = mp_pool_get(&x->pool, MP_ST_TMP, k);
+    c->tmp.dt = MP_DT_U8;
+}
+
+static enum mp_status node_run(struct mp_exec *x, int k, bool fwd)
+{
+    const struct mp_node *n = &x->p->nodes[k];
+    if (n->prim == MP_P_VIEW) /* out is in[0]: nothing moves either way */
+        return MP_OK;
+    const struct mp_prim_fns *f = (unsigned)n->prim < MP_P_COUNT ? &x->be->prims[n->prim] : NULL;
+    enum mp_status (*fn)(struct mp_node_view *) = f ? (fwd ? f->fwd : f->bwd) : NULL;
+    if (!fn)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: %s is not run by the %s backend", n->name,
+                       mp_prim_str(n->prim), x->be->name);
+    struct mp_node_view c;
+    view_open(&c, x, k);
+    enum mp_status st = fn(&c);
+    if (x->be->node_end)
+        x->be->node_end(&c);
+    return st;
+}
+
+/* The last block's output: the CE scalar (explicit loss), or the implicit loss. */
+static enum mp_status loss_grad(struct mp_exec *x)
+{
+    const struct mp_program *p = x->p;
+    int t = p->blocks[p->n_blocks - 1].output;
+    struct mp_view y = mp_view_tensor(x, MP_ST_ACT, t), g = mp_view_tensor(x, MP_ST_GRAD, t);
+    if (!y.p)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: the model output %s is not allocated at the loss",
+                       p->tensors[t].name);
+    int ln = mp_exec_loss_node(p);
+    return x->be->loss_grad(x, y, g, ln >= 0 && p->nodes[ln].out == t);
+}
+
+static enum mp_status opt_step(struct mp_exec *x)
+{
+    const struct mp_program *p = x->p;
+    if (x->grads_out) { /* host memory only (the host test hook) */
+        uint64_t off = 0;
+        for (size_t q = 0; q < p->n_params; q++) {
+            struct mp_view G = mp_view_param(x, MP_ST_PGRAD, (int)q);
+            G.n = p->params[q].elems;
+            for (uint64_t i = 0; i < G.n; i++)
+                x->grads_out[off + i] = G.p ? mp_view_ld(G, i) : 0.0f;
+            off += G.n;
+        }
+    }
+    if (!x->update)
+        return MP_OK;
+    struct mp_param_view v;
+    memset(&v, 0, sizeof v);
+    v.t = ++x->opt_steps;
+    v.tmp0 = mp_pool_get(&x->pool, MP_ST_OPT_TMP, 0);
+    for (size_t q = 0; q < p->n_params; q++) {
+        v.q = q;
+        v.param = &p->params[q];
+        v.P = mp_view_param(x, MP_ST_PARAM, (int)q);
+        v.G = mp_view_param(x, MP_ST_PGRAD, (int)q);
+        if (!v.P.p || !v.G.p)
+            continue; /* no gradient this step (or empty) */
+        v.state = mp_pool_get(&x->pool, MP_ST_OPT_STATE, (int)q);
+        v.tmp = mp_pool_get(&x->pool, MP_ST_OPT_TMP, (int)q);
+        enum mp_status st = x->be->opt_param(x, &v);
+        if (st != MP_OK)
+            return st;
+    }
+    return MP_OK;
+}
+
+static enum mp_status exec_event(void *ctx, const struct mp_event *ev)
+{
+    struct mp_exec *x = ctx;
+    switch (ev->kind) {
+    case MP_EV_ALLOC: {
+        void *ptr;
+        bool fresh;
+        enum mp_status st = mp_pool_alloc(&x->pool, ev, &ptr, &fresh, x->d);
+        if (st == MP_OK && fresh)
+            st = init_storage(x, ev, ptr);
+        return st;
+    }
+    case MP_EV_FREE: return mp_pool_free(&x->pool, ev, x->d);
+    case MP_EV_FWD: return node_run(x, ev->id, true);
+    case MP_EV_BWD: return node_run(x, ev->id, false);
+    case MP_EV_LOSS_GRAD: return loss_grad(x);
+    case MP_EV_OPT_STEP: return opt_step(x);
+    case MP_EV_OP_BEGIN:
+    case MP_EV_OP_END: return MP_OK;
+    }
+    return MP_OK;
+}
+
+/* One training step (one replay); *ms its time.  On failure every storage is freed. */
+static enum mp_status exec_step(struct mp_exec *x, const struct mp_schedule *s, bool update, bool profile,
+                                float *grads, double *loss, double *ms, struct mp_diag *d)
+{
+    const struct mp_probe_backend *be = x->be;
+    x->update = update;
+    x->grads_out = grads;
+    x->loss = NAN;
+    x->d = d;
+    double t0 = mp_now_ms(), el = 0;
+    mp_pool_step_begin(&x->pool);
+    enum mp_status st = be->step_begin ? be->step_begin(x, profile) : MP_OK;
+    if (st == MP_OK)
+        st = mp_replay(x->p, s, &x->t, exec_event, x, d);
+    if (st == MP_OK)
+        st = mp_pool_step_end(&x->pool, d);
+    if (st == MP_OK && be->step_end)
+        st = be->step_end(x, &el);
+    else if (st == MP_OK)
+        el = mp_now_ms() - t0;
+    if (st != MP_OK) {
+        release_storage(x); /* OOM or error: nothing stays allocated */
+        x->opt_steps = 0;
+        return st;
+    }
+    if (update)
+        x->rng_step++;
+    if (loss)
+        *loss = x->loss;
+    if (ms)
+        *ms = el;
+    return MP_OK;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* 1 warm-up + o->steps measured steps (+ the backend's profiling step); the result. */
+static enum mp_status exec_run(const struct mp_probe_backend *be, void *bctx, const struct mp_probe_opts *o,
+                               const struct mp_program *p, const struct mp_schedule *s, const struct mp_train_opts *t,
+                               struct mp_probe_result *r, struct mp_diag *d)
+{
+    struct mp_exec *x;
+    enum mp_status st = exec_new(&x, be, bctx, p, t, o->capacity_bytes, o->seed, d);
+    if (st != MP_OK)
+        return st;
+    x->pool.trace_on = o->trace;
+    if (be->run_begin)
+        st = be->run_begin(x, r);
+    double ms[64];
+    unsigned steps = o->steps, last = steps + (be->profile_step ? 1 : 0);
+    for (unsigned k = 0; k <= last && st == MP_OK; k++) {
+        bool profile = k > steps;
+        if (!profile)
+            mp_progress("probe: %s step %u of %u on the %s backend", k ? "measured" : "warm-up", k ? k : 1,
+                        k ? steps : 1, be->name);
+        double loss, el;
+        st = exec_step(x, s, true, profile, NULL, &loss, &el, d);
+        if (o->progress && st == MP_OK && !profile) {
+            fprintf(stderr, "memplan: %s step %u/%u%s: %.0f ms, loss %.4f\n", be->name, k + 1, steps + 1,
+                    k == 0 ? " (warm-up)" : "", el, loss);
+            fflush(stderr);
+        }
+        if (st == MP_OK && k > 0 && !profile) { /* step 0 is the warm-up */
+            r->losses[k - 1] = (float)loss;
+            ms[k - 1] = el;
+        }
+    }
+    r->measured_peak_bytes = x->pool.peak;
+    mp_pool_take_trace(&x->pool, r);
+    if (be->run_end)
+        st = be->run_end(x, r, st);
+    if (st == MP_ERR_OOM) {
+        r->fits = false;
+        r->oom_request_bytes = x->pool.oom_bytes;
+        r->oom_capacity = x->pool.oom_capacity;
+        snprintf(r->oom_event, sizeof r->oom_event, "%s", x->pool.oom_event);
+    } else if (st == MP_OK) {
+        r->fits = true;
+        r->steps = steps;
+        qsort(ms, steps, sizeof ms[0], cmp_double);
+        r->step_ms = steps % 2 ? ms[steps / 2] : 0.5 * (ms[steps / 2 - 1] + ms[steps / 2]);
+        r->samples_per_s = r->step_ms > 0 ? (double)p->opts.batch * 1000.0 / r->step_ms : 0.0;
+    }
+    exec_free(x);
+    return st;
+}
+
+/* ---- the host executor (test hooks) -------------------------------------------------------- */
+
+enum mp_status mp_host_exec_new(struct mp_exec **out, const struct mp_program *p, const struct mp_train_opts *t,
+                                uint64_t capacity_bytes, uint64_t seed, struct mp_diag *d)
+{
+    return exec_new(out, &mp_probe_backend_host, NULL, p, t, capacity_bytes, seed, d);
+}
+
+void mp_host_exec_free(struct mp_exec *x) { exec_free(x); }
+
+enum mp_status mp_host_exec_step(struct mp_exec *x, const struct mp_schedule *s, bool update, float *grads,
+                                 double *loss, struct mp_diag *d)
+{
+    return exec_step(x, s, update, false, grads, loss, NULL, d);
+}
+
+const struct mp_pool *mp_host_exec_pool(const struct mp_exec *x) { return &x->pool; }
+
+float mp_host_exec_param_get(const struct mp_exec *x, size_t q, uint64_t i)
+{
+    struct mp_view v = mp_view_param(x, MP_ST_PARAM, (int)q);
+    return v.p ? mp_view_ld(v, i) : NAN;
+}
+
+void mp_host_exec_param_set(struct mp_exec *x, size_t q, uint64_t i, float f)
+{
+    struct mp_view v = mp_view_param(x, MP_ST_PARAM, (int)q);
+    if (v.p)
+        mp_view_st(v, i, f);
+}
+
 enum mp_status mp_probe_run(struct mp_probe *p, const struct mp_program *prog, const struct mp_schedule *sched,
                             const struct mp_train_opts *t, struct mp_probe_result *r, struct mp_diag *d)
 {
@@ -158,13 +505,17 @@ enum mp_status mp_probe_run(struct mp_probe *p, const struct mp_program *prog, c
     if (qz && qz->kind != MP_Q_BNB_NF4)
         return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s base weights are estimated only; the probe executes "
                        "bitsandbytes NF4 (QLoRA)", mp_quant_kind_str(qz->kind));
+    for (size_t k = 0; k < prog->n_nodes; k++)
+        if (prog->nodes[k].layer->type == MP_LT_PATCH_EMBEDDING)
+            return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s: patch embeddings (ViT) are estimated only; the "
+                           "backends do not execute them yet", prog->nodes[k].name);
     if (prog->opts.ft.mode != MP_FT_FULL && strcmp(p->be->name, "host") != 0)
         return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: --finetune %s runs on the host backend only so far "
                        "(--backend host)", mp_ft_mode_str(prog->opts.ft.mode));
     snprintf(r->backend, sizeof r->backend, "%s", p->be->name);
     if (p->be->device_info)
         (void)p->be->device_info(p->ctx, &r->dev);
-    enum mp_status st = p->be->run(p->ctx, &p->opts, prog, sched, t, r, d);
+    enum mp_status st = exec_run(p->be, p->ctx, &p->opts, prog, sched, t, r, d);
     if (st == MP_ERR_OOM) { /* a result: the backend has freed everything */
         r->fits = false;
         return MP_OK;
@@ -181,246 +532,6 @@ void mp_probe_close(struct mp_probe *p)
     free(p);
 }
 
-/* ---- the counting pool ----------------------------------------------------------------- */
-
-bool mp_store_persistent(enum mp_store s)
-{
-    return s == MP_ST_PARAM || s == MP_ST_OPT_STATE || s == MP_ST_WORKSPACE || s == MP_ST_INPUT;
-}
-
-/* One slot per (store, id), laid out as the estimator's key_of: parameters,
- * their optimizer state, their gradients and their step temporaries (Adam: one
- * per parameter; Adafactor: id 0), the workspace, then tensors and node temporaries. */
-#define KEY_WORKSPACE(np) (4 * (np) + 1)
-#define KEY_TENSORS(np) (4 * (np) + 2)
-
-static bool key_of(const struct mp_program *p, enum mp_store s, int id, size_t *key)
-{
-    size_t nt = p->n_tensors, np = p->n_params, nn = p->n_nodes, base = KEY_TENSORS(np);
-    if (id < 0)
-        return false;
-    size_t i = (size_t)id;
-    switch (s) {
-    case MP_ST_PARAM: *key = i; return i < np;
-    case MP_ST_OPT_STATE: *key = np + i; return i < np;
-    case MP_ST_PGRAD: *key = 2 * np + i; return i < np;
-    case MP_ST_OPT_TMP: *key = 3 * np + i; return i < np || i == 0;
-    case MP_ST_WORKSPACE: *key = KEY_WORKSPACE(np); return true;
-    case MP_ST_INPUT:
-    case MP_ST_ACT: *key = base + i; return i < nt;
-    case MP_ST_GRAD: *key = base + nt + i; return i < nt;
-    case MP_ST_TMP: *key = base + 2 * nt + i; return i < nn;
-    case MP_ST_COMM: return false; /* data-parallel buffers: not probed yet */
-    }
-    return false;
-}
-
-static const char *store_str(enum mp_store s)
-{
-    switch (s) {
-    case MP_ST_PARAM: return "param";
-    case MP_ST_OPT_STATE: return "optimizer state";
-    case MP_ST_WORKSPACE: return "cublas workspace";
-    case MP_ST_INPUT: return "input";
-    case MP_ST_ACT: return "activation";
-    case MP_ST_GRAD: return "grad";
-    case MP_ST_PGRAD: return "param grad";
-    case MP_ST_TMP: return "temporary";
-    case MP_ST_OPT_TMP: return "optimizer temporary";
-    case MP_ST_COMM: return "communication buffer";
-    }
-    return "?";
-}
-
-void mp_event_name(const struct mp_program *p, const struct mp_event *ev, char *buf, size_t len)
-{
-    const char *ph = mp_phase_str(ev->phase);
-    if (ev->node >= 0 && (size_t)ev->node < p->n_nodes) {
-        snprintf(buf, len, "%s:%s", ph, p->nodes[ev->node].name);
-        return;
-    }
-    const char *what = "";
-    switch (ev->store) {
-    case MP_ST_PARAM:
-    case MP_ST_OPT_STATE:
-    case MP_ST_PGRAD:
-        if (ev->id >= 0 && (size_t)ev->id < p->n_params)
-            what = p->params[ev->id].name;
-        break;
-    case MP_ST_INPUT:
-    case MP_ST_ACT:
-    case MP_ST_GRAD:
-        if (ev->id >= 0 && (size_t)ev->id < p->n_tensors)
-            what = p->tensors[ev->id].name;
-        break;
-    default: break;
-    }
-    snprintf(buf, len, "%s:%s%s%s", ph, store_str(ev->store), *what ? " " : "", what);
-}
-
-enum mp_status mp_pool_init(struct mp_pool *pl, const struct mp_program *p, const struct mp_pool_ops *ops,
-                            uint64_t capacity, struct mp_diag *d)
-{
-    memset(pl, 0, sizeof *pl);
-    pl->p = p;
-    pl->ops = *ops;
-    pl->capacity = capacity;
-    pl->n_keys = KEY_TENSORS(p->n_params) + 2 * p->n_tensors + p->n_nodes;
-    pl->ptr = calloc(pl->n_keys, sizeof *pl->ptr);
-    pl->bytes = calloc(pl->n_keys, sizeof *pl->bytes);
-    pl->present = calloc(pl->n_keys, 1);
-    if (!pl->ptr || !pl->bytes || !pl->present) {
-        mp_pool_release(pl);
-        return mp_fail(d, MP_ERR_NOMEM, "out of memory for the probe's storage table");
-    }
-    return MP_OK;
-}
-
-void mp_pool_free_all(struct mp_pool *pl)
-{
-    if (!pl->present)
-        return;
-    for (size_t k = 0; k < pl->n_keys; k++) {
-        if (pl->present[k] && pl->ptr[k])
-            pl->ops.free(pl->ops.ctx, pl->ptr[k]);
-        pl->present[k] = 0;
-        pl->ptr[k] = NULL;
-        pl->bytes[k] = 0;
-    }
-    pl->cur = 0;
-    pl->n_live = 0;
-}
-
-void mp_pool_release(struct mp_pool *pl)
-{
-    if (!pl)
-        return;
-    free(pl->trace);
-    pl->trace = NULL;
-    pl->n_trace = pl->cap_trace = 0;
-    mp_pool_free_all(pl);
-    free(pl->ptr);
-    free(pl->bytes);
-    free(pl->present);
-    pl->ptr = NULL;
-    pl->bytes = NULL;
-    pl->present = NULL;
-}
-
-/* Appends cur to the trace; a failed allocation only stops the trace (it is a picture). */
-static void trace_cur(struct mp_pool *pl)
-{
-    if (!pl->trace_on)
-        return;
-    if (pl->n_trace == pl->cap_trace) {
-        size_t nc = pl->cap_trace ? 2 * pl->cap_trace : 1024;
-        uint64_t *nt = realloc(pl->trace, nc * sizeof *nt);
-        if (!nt) {
-            pl->trace_on = false;
-            return;
-        }
-        pl->trace = nt;
-        pl->cap_trace = nc;
-    }
-    pl->trace[pl->n_trace++] = pl->cur;
-}
-
-enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void **ptr, bool *fresh,
-                             struct mp_diag *d)
-{
-    size_t k;
-    *fresh = false;
-    *ptr = NULL;
-    if (!key_of(pl->p, ev->store, ev->id, &k))
-        return mp_fail(d, MP_ERR_INTERNAL, "probe: allocation of %s %d out of range", store_str(ev->store), ev->id);
-    uint64_t r = mp_round512(ev->bytes);
-    if (pl->present[k]) {
-        if (!mp_store_persistent(ev->store) || pl->bytes[k] != ev->bytes) {
-            char nm[96];
-            mp_event_name(pl->p, ev, nm, sizeof nm);
-            return mp_fail(d, MP_ERR_INTERNAL, "probe: %s allocated twice", nm);
-        }
-        *ptr = pl->ptr[k];
-    } else {
-        if (pl->capacity && (r > pl->capacity || pl->cur > pl->capacity - r)) {
-            pl->oom_bytes = ev->bytes;
-            pl->oom_capacity = true;
-            mp_event_name(pl->p, ev, pl->oom_event, sizeof pl->oom_event);
-            return MP_ERR_OOM;
-        }
-        if (ev->bytes) {
-            enum mp_status st = pl->ops.alloc(pl->ops.ctx, ev->bytes, ptr, d);
-            if (st == MP_ERR_OOM) {
-                pl->oom_bytes = ev->bytes;
-                pl->oom_capacity = false;
-                mp_event_name(pl->p, ev, pl->oom_event, sizeof pl->oom_event);
-            }
-            if (st != MP_OK)
-                return st;
-        }
-        pl->present[k] = 1;
-        pl->ptr[k] = *ptr;
-        pl->bytes[k] = ev->bytes;
-        pl->n_live++;
-        *fresh = true;
-    }
-    pl->cur += r;
-    if (pl->cur > pl->peak)
-        pl->peak = pl->cur;
-    trace_cur(pl);
-    return MP_OK;
-}
-
-enum mp_status mp_pool_free(struct mp_pool *pl, const struct mp_event *ev, struct mp_diag *d)
-{
-    size_t k;
-    if (!key_of(pl->p, ev->store, ev->id, &k) || !pl->present[k]) {
-        char nm[96];
-        mp_event_name(pl->p, ev, nm, sizeof nm);
-        return mp_fail(d, MP_ERR_INTERNAL, "probe: %s freed but not allocated", nm);
-    }
-    if (pl->ptr[k])
-        pl->ops.free(pl->ops.ctx, pl->ptr[k]);
-    pl->cur -= mp_round512(pl->bytes[k]);
-    pl->present[k] = 0;
-    pl->ptr[k] = NULL;
-    pl->bytes[k] = 0;
-    pl->n_live--;
-    trace_cur(pl);
-    return MP_OK;
-}
-
-void *mp_pool_get(const struct mp_pool *pl, enum mp_store s, int id)
-{
-    size_t k;
-    if (!key_of(pl->p, s, id, &k) || !pl->present[k])
-        return NULL;
-    return pl->ptr[k];
-}
-
-bool mp_pool_has(const struct mp_pool *pl, enum mp_store s, int id)
-{
-    size_t k;
-    return key_of(pl->p, s, id, &k) && pl->present[k];
-}
-
-void mp_pool_step_begin(struct mp_pool *pl)
-{
-    pl->cur = 0;
-    pl->n_trace = 0;
-}
-
-void mp_pool_take_trace(struct mp_pool *pl, struct mp_probe_result *r)
-{
-    if (!pl->trace_on)
-        return;
-    free(r->trace);
-    r->trace = pl->trace;
-    r->n_trace = pl->n_trace;
-    pl->trace = NULL;
-    pl->n_trace = pl->cap_trace = 0;
-}
-
 void mp_probe_result_release(struct mp_probe_result *r)
 {
     if (!r)
@@ -428,152 +539,4 @@ void mp_probe_result_release(struct mp_probe_result *r)
     free(r->trace);
     r->trace = NULL;
     r->n_trace = 0;
-}
-
-enum mp_status mp_pool_step_end(struct mp_pool *pl, struct mp_diag *d)
-{
-    const struct mp_program *p = pl->p;
-    size_t np = p->n_params, base = KEY_TENSORS(np);
-    uint64_t persistent = 0;
-    for (size_t k = 0; k < pl->n_keys; k++) {
-        if (!pl->present[k])
-            continue;
-        bool keep = k < 2 * np || k == KEY_WORKSPACE(np) ||
-                    (k >= base && k < base + p->n_tensors && mp_program_resident(p, (int)(k - base)));
-        if (!keep)
-            return mp_fail(d, MP_ERR_INTERNAL, "probe: storage %zu is still allocated after the step", k);
-        persistent += mp_round512(pl->bytes[k]);
-    }
-    if (persistent != pl->cur)
-        return mp_fail(d, MP_ERR_INTERNAL, "probe: %llu bytes counted after the step, %llu allocated",
-                       (unsigned long long)pl->cur, (unsigned long long)persistent);
-    return MP_OK;
-}
-
-/* ---- layout ----------------------------------------------------------------------------- */
-
-static uint64_t width(const struct mp_program *p, int t)
-{
-    const struct mp_tensor *x = &p->tensors[t];
-    return x->rank ? x->shape[x->rank - 1] : x->elems;
-}
-
-enum mp_status mp_exec_layout(const struct mp_program *p, struct mp_node_layout **out, struct mp_diag *d)
-{
-    struct mp_node_layout *L = calloc(p->n_nodes ? p->n_nodes : 1, sizeof *L);
-    if (!L)
-        return mp_fail(d, MP_ERR_NOMEM, "out of memory for the probe's layout");
-    for (size_t k = 0; k < p->n_nodes; k++) {
-        const struct mp_node *n = &p->nodes[k];
-        for (int j = 0; j < 3; j++)
-            if (n->in[j] >= 0)
-                L[k].in_w[j] = width(p, n->in[j]);
-        if (n->prim == MP_P_ATTN) {
-            uint64_t kv = n->kv_heads ? n->kv_heads : n->heads, qd = n->heads * n->head_dim, kd = kv * n->head_dim;
-            L[k].in_off[0] = 0;
-            L[k].in_off[1] = L[k].in_w[1] == kd ? 0 : qd;
-            L[k].in_off[2] = L[k].in_w[2] == kd ? 0 : qd + kd;
-            if (L[k].in_w[0] < qd || L[k].in_w[1] < L[k].in_off[1] + kd || L[k].in_w[2] < L[k].in_off[2] + kd) {
-                free(L);
-                return mp_fail(d, MP_ERR_INTERNAL, "probe: %s: q/k/v widths do not match the heads", n->name);
-            }
-        }
-    }
-    /* a rope on a fused view: the k rope reads at column a*d of the fused storage */
-    for (size_t k = 0; k < p->n_nodes; k++) {
-        const struct mp_node *n = &p->nodes[k];
-        if (n->prim != MP_P_ROPE || L[k].in_w[0] == n->heads * n->head_dim)
-            continue;
-        for (size_t a = k + 1; a < p->n_nodes; a++) {
-            const struct mp_node *at = &p->nodes[a];
-            if (at->prim == MP_P_ATTN && at->in[1] == n->out && at->in[0] != n->out) {
-                L[k].in_off[0] = at->heads * at->head_dim;
-                break;
-            }
-            if (at->prim == MP_P_ATTN && at->in[0] == n->out)
-                break;
-        }
-        if (L[k].in_w[0] < L[k].in_off[0] + n->heads * n->head_dim) {
-            free(L);
-            return mp_fail(d, MP_ERR_INTERNAL, "probe: %s: input narrower than its heads", n->name);
-        }
-    }
-    *out = L;
-    return MP_OK;
-}
-
-/* ---- deterministic data ------------------------------------------------------------------- */
-
-static bool ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-float mp_exec_param_value(const struct mp_program *p, size_t q, uint64_t i, uint64_t seed)
-{
-    const struct mp_param *w = &p->params[q];
-    float u = 2.0f * mp_hash_unit(mp_hash64(seed ^ (0x51ED2701ull * (q + 1))) + i) - 1.0f; /* [-1, 1) */
-    if (w->matmul || w->matrix)
-        return u / sqrtf((float)(w->cols ? w->cols : 1));
-    if (ends_with(w->name, ".bias"))
-        return 0.0f;
-    if (ends_with(w->name, ".weight"))
-        return 1.0f;
-    return 0.1f * u;
-}
-
-int mp_exec_loss_node(const struct mp_program *p)
-{
-    for (size_t k = p->n_nodes; k-- > 0;)
-        if (p->nodes[k].prim == MP_P_NLL_LOSS)
-            return (int)k;
-    return -1;
-}
-
-/* Upper bound for the ids of tensor t: the vocabulary of the embedding that reads it. */
-static uint64_t id_bound(const struct mp_program *p, int t)
-{
-    for (size_t k = 0; k < p->n_nodes; k++)
-        if (p->nodes[k].prim == MP_P_EMBED && p->nodes[k].in[0] == t && p->nodes[k].k)
-            return p->nodes[k].k;
-    return 2;
-}
-
-static void store_float(enum mp_dtype dt, void *buf, uint64_t i, float v)
-{
-    switch (dt) {
-    case MP_DT_F32: ((float *)buf)[i] = v; break;
-    case MP_DT_BF16: ((uint16_t *)buf)[i] = mp_bf16_from_f32(v); break;
-    case MP_DT_F16: ((uint16_t *)buf)[i] = mp_f16_from_f32(v); break;
-    case MP_DT_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case MP_DT_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    }
-}
-
-void mp_exec_input_fill(const struct mp_program *p, int t, uint64_t seed, void *buf)
-{
-    const struct mp_tensor *x = &p->tensors[t];
-    uint64_t key = mp_hash64(seed ^ (0xA24BAED4963EE407ull * (uint64_t)(t + 1)));
-    if (x->dtype == MP_DT_I64) {
-        uint64_t bound = 2;
-        if (t == p->labels) {
-            int ln = mp_exec_loss_node(p);
-            bound = ln >= 0 && p->nodes[ln].n ? p->nodes[ln].n : 2;
-        } else {
-            bound = id_bound(p, t);
-        }
-        for (uint64_t i = 0; i < x->elems; i++)
-            ((int64_t *)buf)[i] = (int64_t)(mp_hash64(key + i) % bound);
-        return;
-    }
-    if (x->dtype == MP_DT_U8) {
-        for (uint64_t i = 0; i < x->elems; i++)
-            ((uint8_t *)buf)[i] = (uint8_t)(mp_hash64(key + i) >> 56);
-        return;
-    }
-    for (uint64_t i = 0; i < x->elems; i++) { /* Box-Muller */
-        float u1 = mp_hash_unit(key + 2 * i) + 1.0f / 33554432.0f, u2 = mp_hash_unit(key + 2 * i + 1);
-        store_float(x->dtype, buf, i, sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2));
-    }
 }

@@ -1,10 +1,11 @@
 /* probe_cuda.c — the cuda backend: the tensor program executed on one GPU (C11,
- * CUDA runtime and cuBLAS C APIs).  probe_host.c's visitor: each ALLOC/FREE is one
- * cudaMallocAsync/cudaFreeAsync (driver-cached, like PyTorch's caching allocator)
- * through the counting pool, so the measured peak is the estimator's; GEMMs are
- * cuBLAS (bf16/fp16 in, fp32 compute), the rest kernels/; cuBLAS's workspace is the
- * replay's WORKSPACE storage.  Outside the pool (seen in device_used_*): context,
- * handle, a few scalars, a bounded im2col buffer.  OOM frees everything: a result.
+ * CUDA runtime and cuBLAS C APIs).  probe.c's executor runs the step; this file gives
+ * it storage (each ALLOC/FREE is one cudaMallocAsync/cudaFreeAsync, driver-cached like
+ * PyTorch's caching allocator, through the counting pool, so the measured peak is the
+ * estimator's), event timing and the prim table: GEMMs are cuBLAS (bf16/fp16 in, fp32
+ * compute), the rest kernels/; cuBLAS's workspace is the replay's WORKSPACE storage.
+ * Outside the pool (seen in device_used_*): context, handle, a few scalars, a bounded
+ * im2col buffer.  OOM frees everything: a result.
  */
 #include "probe_impl.h"
 
@@ -25,7 +26,7 @@
 
 /* ---- cuBLAS, loaded on first use ----------------------------------------------------------
  * Linking libcublas would map its ~700 MB of libraries into every memplan run
- * (about 100 ms before main) for a backend most commands never open, so the six
+ * (about 100 ms before main) for a backend most commands never open, so the seven
  * entry points used here are resolved with dlopen when the cuda backend opens. */
 static struct {
     void *lib;
@@ -34,6 +35,7 @@ static struct {
     __typeof__(&cublasSetStream_v2) set_stream;
     __typeof__(&cublasSetWorkspace_v2) set_workspace;
     __typeof__(&cublasGemmStridedBatchedEx) gemm_strided_batched_ex;
+    __typeof__(&cublasGemmBatchedEx) gemm_batched_ex;
     __typeof__(&cublasGetStatusName) status_name;
 } blas_api;
 
@@ -61,6 +63,7 @@ static enum mp_status blas_load(struct mp_diag *d)
         !blas_sym(lib, "cublasSetStream_v2", &blas_api.set_stream) ||
         !blas_sym(lib, "cublasSetWorkspace_v2", &blas_api.set_workspace) ||
         !blas_sym(lib, "cublasGemmStridedBatchedEx", &blas_api.gemm_strided_batched_ex) ||
+        !blas_sym(lib, "cublasGemmBatchedEx", &blas_api.gemm_batched_ex) ||
         !blas_sym(lib, "cublasGetStatusName", &blas_api.status_name)) {
         dlclose(lib);
         return mp_fail(d, MP_ERR_DEVICE, "%s lacks an expected cuBLAS entry point", name);
@@ -78,6 +81,7 @@ static enum mp_status blas_load(struct mp_diag *d)
 #define cublasSetStream(h, s) (blas_api.set_stream((h), (s)))
 #define cublasSetWorkspace(h, p, n) (blas_api.set_workspace((h), (p), (n)))
 #define cublasGemmStridedBatchedEx (*blas_api.gemm_strided_batched_ex)
+#define cublasGemmBatchedEx (*blas_api.gemm_batched_ex)
 #define cublasGetStatusName(e) (blas_api.status_name ? blas_api.status_name(e) : "cuBLAS error")
 
 _Static_assert(MP_K_F32 == (int)MP_DT_F32 && MP_K_BF16 == (int)MP_DT_BF16 && MP_K_F16 == (int)MP_DT_F16 &&
@@ -210,57 +214,30 @@ static enum mp_status ctx_open(struct cu_ctx *cx, int dev, struct mp_diag *d)
     return MP_OK;
 }
 
-/* ---- the executor ----------------------------------------------------------------------------- */
+/* ---- the run's state (struct mp_exec bx) ------------------------------------------------------- */
 
-struct cu_exec {
-    struct cu_ctx *cx;
-    const struct mp_program *p;
-    struct mp_train_opts t;
-    struct mp_pool pool;
-    struct mp_node_layout *lay;
-    uint64_t seed, rng_step, opt_steps;
-    struct mp_diag *d;
+struct cu_run {
     void *col;             /* im2col / dcol buffer, col_bytes */
     uint64_t col_bytes;
     bool timing;           /* the GEMM-profiling step (after the timed ones): an event pair per GEMM */
-    double gemm_flops;
+    double gemm_flops, gemm_ms;
     cudaEvent_t *ev;       /* GEMM start/stop pairs of the current step */
     size_t n_ev, cap_ev;
-    bool ws_set;           /* cuBLAS uses the WORKSPACE storage */
+    cudaEvent_t t0, t1;    /* around each step */
+    /* pointer arrays of the batched GEMMs (cublasGemmBatchedEx): filled on the host (pinned),
+     * copied to the device beside them; slots are not reused within a step */
+    const void **hab;      /* A and B pointers: 2 * PTR_CAP */
+    void **hc;             /* C pointers: PTR_CAP */
+    void *hbase, *dptr;    /* pinned and device: the A/B array, then the C array (3 * PTR_CAP pointers) */
+    size_t ptr_used;       /* entries taken this step */
 };
 
-static cudaStream_t S(const struct cu_exec *x) { return x->cx->stream; }
-
-/* A storage seen as elements of one dtype; p == NULL when not allocated. */
-struct dv {
-    void *p;
-    int dt;
-    uint64_t n;
-};
+static struct cu_ctx *CX(const struct mp_exec *x) { return x->bctx; }
+static struct cu_run *RUN(const struct mp_exec *x) { return x->bx; }
+static cudaStream_t S(const struct mp_exec *x) { return CX(x)->stream; }
 
 static uint64_t esz(int dt) { return mp_dtype_size((enum mp_dtype)dt); }
-static void *at(struct dv v, uint64_t elem) { return (char *)v.p + elem * esz(v.dt); }
-
-static struct dv tview(const struct cu_exec *x, enum mp_store s, int t)
-{
-    struct dv v = {NULL, MP_K_U8, 0};
-    if (t < 0)
-        return v;
-    v.p = mp_pool_get(&x->pool, s, t);
-    v.dt = (int)x->p->tensors[t].dtype;
-    v.n = x->p->tensors[t].elems;
-    return v;
-}
-
-static struct dv pview(const struct cu_exec *x, enum mp_store s, int q)
-{
-    struct dv v = {NULL, (int)x->p->param_dtype, 0};
-    if (q < 0)
-        return v;
-    v.p = mp_pool_get(&x->pool, s, q);
-    v.n = x->p->params[q].elems;
-    return v;
-}
+static void *at(struct mp_view v, uint64_t elem) { return (char *)v.p + elem * esz(v.dt); }
 
 /* ---- allocation ------------------------------------------------------------------------------ */
 
@@ -305,49 +282,134 @@ static cudaDataType_t cuda_type(int dt)
 
 static bool fits_int(uint64_t v) { return v <= 0x7fffffffull; }
 
-/* Row-major C (M x N) = alpha op(A) op(B) + beta C, batched with element strides.
- * cuBLAS is column-major: compute C^T = op(B)^T op(A)^T.  fp32 compute; bf16/fp16
- * inputs run on tensor cores.  Counts FLOPs and, on measured steps, times the call. */
-static enum mp_status gemm(struct cu_exec *x, bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K, float alpha,
-                           const void *A, int adt, uint64_t lda, uint64_t sA, const void *B, int bdt, uint64_t ldb,
-                           uint64_t sB, float beta, void *C, int cdt, uint64_t ldc, uint64_t sC, uint64_t batch)
+/* Operand types cuBLAS takes here, and dimensions within its int range. */
+static enum mp_status gemm_check(struct mp_exec *x, uint64_t M, uint64_t N, uint64_t K, int adt, int bdt, int cdt,
+                                 uint64_t lda, uint64_t ldb, uint64_t ldc, uint64_t batch)
 {
-    if (!M || !N || !batch)
-        return MP_OK;
     if (adt != bdt || adt == MP_K_I64 || adt == MP_K_U8 || cdt == MP_K_I64 || cdt == MP_K_U8)
         return mp_fail(x->d, MP_ERR_INTERNAL, "probe: GEMM with operand types %d/%d -> %d", adt, bdt, cdt);
     if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc) ||
         !fits_int(batch))
         return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: a GEMM dimension exceeds cuBLAS's int range");
-    size_t e0 = 0;
-    if (x->timing) {
-        if (x->n_ev + 2 > x->cap_ev) {
-            size_t nc = x->cap_ev ? 2 * x->cap_ev : 256;
-            cudaEvent_t *ne = realloc(x->ev, nc * sizeof *ne);
-            if (!ne)
-                return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory for GEMM events");
-            for (size_t i = x->cap_ev; i < nc; i++)
-                ne[i] = NULL;
-            x->ev = ne;
-            x->cap_ev = nc;
-        }
-        for (size_t i = x->n_ev; i < x->n_ev + 2; i++)
-            if (!x->ev[i])
-                CK(x->d, cudaEventCreate(&x->ev[i]));
-        e0 = x->n_ev;
-        x->n_ev += 2;
-        CK(x->d, cudaEventRecord(x->ev[e0], S(x)));
+    return MP_OK;
+}
+
+/* On the profiling step: an event before the GEMM (*e0 its index; the pair's end follows). */
+static enum mp_status gemm_time_begin(struct mp_exec *x, size_t *e0)
+{
+    struct cu_run *u = RUN(x);
+    if (!u->timing)
+        return MP_OK;
+    if (u->n_ev + 2 > u->cap_ev) {
+        size_t nc = u->cap_ev ? 2 * u->cap_ev : 256;
+        cudaEvent_t *ne = realloc(u->ev, nc * sizeof *ne);
+        if (!ne)
+            return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory for GEMM events");
+        for (size_t i = u->cap_ev; i < nc; i++)
+            ne[i] = NULL;
+        u->ev = ne;
+        u->cap_ev = nc;
     }
+    for (size_t i = u->n_ev; i < u->n_ev + 2; i++)
+        if (!u->ev[i])
+            CK(x->d, cudaEventCreate(&u->ev[i]));
+    *e0 = u->n_ev;
+    u->n_ev += 2;
+    CK(x->d, cudaEventRecord(u->ev[*e0], S(x)));
+    return MP_OK;
+}
+
+static enum mp_status gemm_time_end(struct mp_exec *x, size_t e0, uint64_t M, uint64_t N, uint64_t K, uint64_t batch)
+{
+    struct cu_run *u = RUN(x);
+    if (!u->timing)
+        return MP_OK;
+    CK(x->d, cudaEventRecord(u->ev[e0 + 1], S(x)));
+    u->gemm_flops += 2.0 * (double)M * (double)N * (double)K * (double)batch;
+    return MP_OK;
+}
+
+/* Row-major C (M x N) = alpha op(A) op(B) + beta C, batched with element strides.
+ * cuBLAS is column-major: compute C^T = op(B)^T op(A)^T.  fp32 compute; bf16/fp16
+ * inputs run on tensor cores.  Counts FLOPs and, on the profiling step, times the call. */
+static enum mp_status gemm(struct mp_exec *x, bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K, float alpha,
+                           const void *A, int adt, uint64_t lda, uint64_t sA, const void *B, int bdt, uint64_t ldb,
+                           uint64_t sB, float beta, void *C, int cdt, uint64_t ldc, uint64_t sC, uint64_t batch)
+{
+    if (!M || !N || !batch)
+        return MP_OK;
+    enum mp_status st = gemm_check(x, M, N, K, adt, bdt, cdt, lda, ldb, ldc, batch);
+    size_t e0 = 0;
+    if (st == MP_OK)
+        st = gemm_time_begin(x, &e0);
+    if (st != MP_OK)
+        return st;
     cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    BK(x->d, cublasGemmStridedBatchedEx(x->cx->blas, opa, opb, (int)N, (int)M, (int)K, &alpha, B, cuda_type(bdt),
+    BK(x->d, cublasGemmStridedBatchedEx(CX(x)->blas, opa, opb, (int)N, (int)M, (int)K, &alpha, B, cuda_type(bdt),
                                         (int)ldb, (long long)sB, A, cuda_type(adt), (int)lda, (long long)sA, &beta, C,
                                         cuda_type(cdt), (int)ldc, (long long)sC, (int)batch, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
-    if (x->timing) {
-        CK(x->d, cudaEventRecord(x->ev[e0 + 1], S(x)));
-        x->gemm_flops += 2.0 * (double)M * (double)N * (double)K * (double)batch;
+    return gemm_time_end(x, e0, M, N, K, batch);
+}
+
+/* One pointer-array batched GEMM being filled: entry i multiplies a[i], b[i] into c[i]. */
+struct gemm_ptrs {
+    const void **a, **b;
+    void **c;
+    size_t off; /* the first entry's index in the run's pointer arrays */
+    uint64_t n;
+};
+
+#define PTR_CAP ((size_t)1 << 15)                    /* batched-GEMM entries per step before a drain */
+#define PTR_BYTES (3 * PTR_CAP * sizeof(void *)) /* 768 KiB on the device, as much pinned */
+
+/* Reserves n entries; when a step has used every slot, the stream is drained and the slots
+ * start again (the copies still queued read the pinned slots). */
+static enum mp_status gemm_ptrs_take(struct mp_exec *x, uint64_t n, struct gemm_ptrs *g)
+{
+    struct cu_run *u = RUN(x);
+    if (!u->hab || n > PTR_CAP / 2)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %llu batched GEMM entries (at most %zu)",
+                       (unsigned long long)n, PTR_CAP / 2);
+    if (u->ptr_used + n > PTR_CAP) {
+        CK(x->d, cudaStreamSynchronize(S(x)));
+        u->ptr_used = 0;
     }
+    g->off = u->ptr_used;
+    g->n = n;
+    g->a = u->hab + 2 * g->off;
+    g->b = g->a + n;
+    g->c = u->hc + g->off;
+    u->ptr_used += n;
     return MP_OK;
+}
+
+/* Row-major C_i (M x N) = alpha op(A_i) op(B_i) + beta C_i for every entry of g (filled);
+ * no two entries may write the same C. */
+static enum mp_status gemm_batched(struct mp_exec *x, bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K,
+                                   float alpha, const struct gemm_ptrs *g, int adt, uint64_t lda, int bdt,
+                                   uint64_t ldb, float beta, int cdt, uint64_t ldc)
+{
+    if (!M || !N || !g->n)
+        return MP_OK;
+    struct cu_run *u = RUN(x);
+    enum mp_status st = gemm_check(x, M, N, K, adt, bdt, cdt, lda, ldb, ldc, g->n);
+    if (st != MP_OK)
+        return st;
+    char *dab = (char *)u->dptr + 2 * g->off * sizeof(void *);
+    char *dc = (char *)u->dptr + (2 * PTR_CAP + g->off) * sizeof(void *);
+    CK(x->d, cudaMemcpyAsync(dab, g->a, 2 * g->n * sizeof(void *), cudaMemcpyHostToDevice, S(x)));
+    CK(x->d, cudaMemcpyAsync(dc, g->c, g->n * sizeof(void *), cudaMemcpyHostToDevice, S(x)));
+    size_t e0 = 0;
+    if ((st = gemm_time_begin(x, &e0)) != MP_OK)
+        return st;
+    const void *const *dA = (const void *const *)dab, *const *dB = dA + g->n;
+    void *const *dC = (void *const *)dc;
+    cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    BK(x->d, cublasGemmBatchedEx(CX(x)->blas, opa, opb, (int)N, (int)M, (int)K, &alpha, dB, cuda_type(bdt), (int)ldb,
+                                 dA, cuda_type(adt), (int)lda, &beta, dC, cuda_type(cdt), (int)ldc, (int)g->n,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return gemm_time_end(x, e0, M, N, K, g->n);
 }
 
 #define GEMM(...)                                   \
@@ -356,57 +418,34 @@ static enum mp_status gemm(struct cu_exec *x, bool ta, bool tb, uint64_t M, uint
         if (g_ != MP_OK)                            \
             return g_;                              \
     } while (0)
+#define GEMM_BATCHED(...)                                   \
+    do {                                                    \
+        enum mp_status g_ = gemm_batched(__VA_ARGS__);      \
+        if (g_ != MP_OK)                                    \
+            return g_;                                      \
+    } while (0)
+#define PTRS(x, n, g)                                           \
+    do {                                                        \
+        enum mp_status g_ = gemm_ptrs_take((x), (n), (g));      \
+        if (g_ != MP_OK)                                        \
+            return g_;                                          \
+    } while (0)
 
 /* ---- one node --------------------------------------------------------------------------------- */
 
-struct ctx {
-    struct cu_exec *x;
-    const struct mp_program *p;
-    const struct mp_node *n;
-    const struct mp_node_layout *lay;
-    int k;
-    struct dv in[3], out, ex[MP_NODE_EXTRA_MAX], w, b, gin[3], gout, gw, gb, tmp;
-};
-
-static void ctx_node(struct ctx *c, struct cu_exec *x, int k)
-{
-    memset(c, 0, sizeof *c);
-    c->x = x;
-    c->p = x->p;
-    c->k = k;
-    c->n = &x->p->nodes[k];
-    c->lay = &x->lay[k];
-    const struct mp_node *n = c->n;
-    for (int j = 0; j < 3; j++) {
-        c->in[j] = tview(x, MP_ST_ACT, n->in[j]);
-        c->gin[j] = tview(x, MP_ST_GRAD, n->in[j]);
-    }
-    c->out = tview(x, MP_ST_ACT, n->out);
-    c->gout = tview(x, MP_ST_GRAD, n->out);
-    for (int j = 0; j < n->n_extra; j++)
-        c->ex[j] = tview(x, MP_ST_ACT, n->extra[j]);
-    c->w = pview(x, MP_ST_PARAM, n->param[0]);
-    c->b = pview(x, MP_ST_PARAM, n->param[1]);
-    c->gw = pview(x, MP_ST_PGRAD, n->param[0]);
-    c->gb = pview(x, MP_ST_PGRAD, n->param[1]);
-    c->tmp.p = mp_pool_get(&x->pool, MP_ST_TMP, k);
-    c->tmp.dt = MP_K_U8;
-}
-
 /* The node's extra with role r (layers.h mp_xrole); p == NULL when it has none. */
-static struct dv xr(const struct ctx *c, enum mp_xrole r) { return tview(c->x, MP_ST_ACT, mp_node_extra(c->n, r, 0)); }
-static bool has_x(const struct ctx *c, enum mp_xrole r) { return mp_node_extra(c->n, r, 0) >= 0; }
+static struct mp_view xr(const struct mp_node_view *c, enum mp_xrole r) { return mp_view_extra(c, r); }
+static bool has_x(const struct mp_node_view *c, enum mp_xrole r) { return mp_node_extra(c->n, r, 0) >= 0; }
 
 /* The part of the node's TMP storage with role r (NULL when it has none, or not that size). */
-static void *tmp_part(const struct ctx *c, bool bwd, enum mp_trole r, uint64_t want_bytes)
+static void *tmp_part(const struct mp_node_view *c, bool bwd, enum mp_trole r, uint64_t want_bytes)
 {
-    const struct mp_tmp_part *t = mp_node_tmp(c->n, bwd, r);
-    if (!t || !c->tmp.p || (want_bytes && t->bytes != want_bytes))
-        return NULL;
-    return (char *)c->tmp.p + t->offset;
+    uint64_t bytes;
+    void *t = mp_view_tmp(c, bwd, r, &bytes);
+    return t && (!want_bytes || bytes == want_bytes) ? t : NULL;
 }
 
-static enum mp_status missing(struct ctx *c, const char *what)
+static enum mp_status missing(struct mp_node_view *c, const char *what)
 {
     return mp_fail(c->x->d, MP_ERR_INTERNAL, "probe: %s (%s): %s is not allocated", c->n->name,
                    mp_prim_str(c->n->prim), what);
@@ -420,10 +459,10 @@ static enum mp_status missing(struct ctx *c, const char *what)
 
 /* ---- embedding, positions, cast, add --------------------------------------------------------- */
 
-static enum mp_status embed_run(struct ctx *c, bool fwd)
+static enum mp_status embed_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     NEED(c->in[0]);
     if (fwd) {
         NEED(c->w);
@@ -435,10 +474,10 @@ static enum mp_status embed_run(struct ctx *c, bool fwd)
     return MP_OK;
 }
 
-static enum mp_status addpos_run(struct ctx *c, bool fwd)
+static enum mp_status addpos_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     if (fwd) {
         NEED(c->in[0]);
         NEED(c->w);
@@ -457,9 +496,9 @@ static enum mp_status addpos_run(struct ctx *c, bool fwd)
 }
 
 /* Cast forward; cast and residual-add backward (the gradient passes through). */
-static enum mp_status pass_run(struct ctx *c, bool fwd)
+static enum mp_status pass_run(struct mp_node_view *c, bool fwd)
 {
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     if (fwd) {
         NEED(c->in[0]);
         NEED(c->out);
@@ -482,10 +521,10 @@ static enum mp_status pass_run(struct ctx *c, bool fwd)
 /* ---- linear ------------------------------------------------------------------------------------ */
 
 /* Under autocast the GEMM uses the half copy of W (extra 0), refreshed by the forward. */
-static enum mp_status matmul_weight(struct ctx *c, bool fwd, struct dv *w)
+static enum mp_status matmul_weight(struct mp_node_view *c, bool fwd, struct mp_view *w)
 {
     if (has_x(c, MP_XR_WEIGHT_COPY)) {
-        struct dv copy = xr(c, MP_XR_WEIGHT_COPY);
+        struct mp_view copy = xr(c, MP_XR_WEIGHT_COPY);
         NEED(copy);
         if (fwd) {
             NEED(c->w);
@@ -499,12 +538,12 @@ static enum mp_status matmul_weight(struct ctx *c, bool fwd, struct dv *w)
     return MP_OK;
 }
 
-static enum mp_status linear_run(struct ctx *c, bool fwd)
+static enum mp_status linear_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     uint64_t M = n->rows, N = n->n, K = n->k;
-    struct dv w;
+    struct mp_view w;
     if (fwd) {
         NEED(c->in[0]);
         NEED(c->out);
@@ -551,14 +590,14 @@ static enum mp_status linear_run(struct ctx *c, bool fwd)
 
 /* ---- norms ------------------------------------------------------------------------------------- */
 
-static enum mp_status layernorm_run(struct ctx *c, bool fwd)
+static enum mp_status layernorm_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     NEED(c->in[0]);
     NEED(c->w);
-    struct dv st0 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_MEAN) : xr(c, MP_XR_BN_MEAN);
-    struct dv st1 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_RSTD) : xr(c, MP_XR_BN_INVSTD);
+    struct mp_view st0 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_MEAN) : xr(c, MP_XR_BN_MEAN);
+    struct mp_view st1 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_RSTD) : xr(c, MP_XR_BN_INVSTD);
     NEED(st0);
     NEED(st1);
     if (fwd) {
@@ -572,12 +611,12 @@ static enum mp_status layernorm_run(struct ctx *c, bool fwd)
     return MP_OK;
 }
 
-static enum mp_status rmsnorm_run(struct ctx *c, bool fwd)
+static enum mp_status rmsnorm_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     bool e = has_x(c, MP_XR_X_FP32);
-    struct dv xs = e ? xr(c, MP_XR_X_FP32) : c->in[0], rs = xr(c, MP_XR_RSQRT), nm = xr(c, MP_XR_NORMED);
+    struct mp_view xs = e ? xr(c, MP_XR_X_FP32) : c->in[0], rs = xr(c, MP_XR_RSQRT), nm = xr(c, MP_XR_NORMED);
     NEED(c->w);
     NEED(rs);
     NEED(nm);
@@ -596,16 +635,16 @@ static enum mp_status rmsnorm_run(struct ctx *c, bool fwd)
     return MP_OK;
 }
 
-static enum mp_status batchnorm_run(struct ctx *c, bool fwd)
+static enum mp_status batchnorm_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     uint64_t C = n->c_in, HW = n->h_in * n->w_in, B = (C && HW) ? c->p->tensors[n->in[0]].elems / (C * HW) : 0;
     NEED(c->in[0]);
     NEED(c->w);
     NEED(c->b);
-    struct dv st0 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_MEAN) : xr(c, MP_XR_BN_MEAN);
-    struct dv st1 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_RSTD) : xr(c, MP_XR_BN_INVSTD);
+    struct mp_view st0 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_MEAN) : xr(c, MP_XR_BN_MEAN);
+    struct mp_view st1 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_RSTD) : xr(c, MP_XR_BN_INVSTD);
     NEED(st0);
     NEED(st1);
     if (fwd) {
@@ -621,10 +660,10 @@ static enum mp_status batchnorm_run(struct ctx *c, bool fwd)
 
 /* ---- rope, attention ------------------------------------------------------------------------------ */
 
-static enum mp_status rope_run(struct ctx *c, bool fwd)
+static enum mp_status rope_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     uint64_t Wout = n->heads * n->head_dim, Win = c->lay->in_w[0], off = c->lay->in_off[0];
     if (fwd) {
         NEED(c->in[0]);
@@ -638,7 +677,7 @@ static enum mp_status rope_run(struct ctx *c, bool fwd)
     return MP_OK;
 }
 
-static struct mp_k_attn attn_of(const struct ctx *c)
+static struct mp_k_attn attn_of(const struct mp_node_view *c)
 {
     const struct mp_node *n = c->n;
     struct mp_k_attn A;
@@ -667,15 +706,15 @@ static struct mp_k_attn attn_of(const struct ctx *c)
 
 static uint64_t round_up(uint64_t v, uint64_t m) { return (v + m - 1) / m * m; }
 
-static enum mp_status flash_run(struct ctx *c, bool fwd)
+static enum mp_status flash_run(struct mp_node_view *c, bool fwd)
 {
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     struct mp_k_attn A = attn_of(c);
     NEED(c->in[0]);
     NEED(c->in[1]);
     NEED(c->in[2]);
     NEED(c->out);
-    struct dv lse = xr(c, MP_XR_LSE);
+    struct mp_view lse = xr(c, MP_XR_LSE);
     NEED(lse);
     uint64_t s_lse = lse.n / (A.b * A.a);
     if (fwd) {
@@ -695,16 +734,16 @@ static enum mp_status flash_run(struct ctx *c, bool fwd)
 }
 
 /* Eager: extras q_copy, k_copy, v_copy (b,a,s,d), probs (b,a,s,s), then [mask, dropped] or [cast]. */
-static struct dv eager_pv(const struct ctx *c)
+static struct mp_view eager_pv(const struct mp_node_view *c)
 {
     return has_x(c, MP_XR_PROBS_DROPPED) ? xr(c, MP_XR_PROBS_DROPPED)
            : has_x(c, MP_XR_PROBS_CAST) ? xr(c, MP_XR_PROBS_CAST)
                                         : xr(c, MP_XR_PROBS);
 }
 
-static enum mp_status eager_fwd(struct ctx *c)
+static enum mp_status eager_fwd(struct mp_node_view *c)
 {
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     const struct mp_node *n = c->n;
     struct mp_k_attn A = attn_of(c);
     NEED(c->in[0]);
@@ -717,8 +756,8 @@ static enum mp_status eager_fwd(struct ctx *c)
     if (has_x(c, MP_XR_SOFTCAP_TANH))
         return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: attention logit soft-capping is not implemented "
                                                  "by the probe yet", n->name);
-    struct dv qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY), pr = xr(c, MP_XR_PROBS),
-              pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
+    struct mp_view qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY);
+    struct mp_view pr = xr(c, MP_XR_PROBS), pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
     int cdt = qc.dt, sm = pr.dt;
     uint64_t b = A.b, s = A.s, a = A.a, d = A.d, ass = b * a * s * s;
     /* forward temporary: scores, masked scores (cdt), the fp32 upcast (if any), the (b,a,s,d) output */
@@ -739,9 +778,9 @@ static enum mp_status eager_fwd(struct ctx *c)
     return MP_OK;
 }
 
-static enum mp_status eager_bwd(struct ctx *c)
+static enum mp_status eager_bwd(struct mp_node_view *c)
 {
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     const struct mp_node *n = c->n;
     if (!c->gout.p)
         return MP_OK;
@@ -749,38 +788,62 @@ static enum mp_status eager_bwd(struct ctx *c)
     for (int j = 0; j < n->n_extra; j++)
         if (!c->ex[j].p)
             return missing(c, "an eager extra");
-    struct dv qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY), pr = xr(c, MP_XR_PROBS),
-              pv = eager_pv(c), go = c->gout, dmask = xr(c, MP_XR_ATTN_DROP_MASK);
+    struct mp_view qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY);
+    struct mp_view pr = xr(c, MP_XR_PROBS), pv = eager_pv(c), go = c->gout, dmask = xr(c, MP_XR_ATTN_DROP_MASK);
     int cdt = qc.dt, sm = pr.dt;
     uint64_t b = A.b, s = A.s, a = A.a, kv = A.kv, d = A.d, g = a / kv, ass = b * a * s * s, ss = s * s;
     char *pg = tmp_part(c, true, MP_TR_PROBS_GRAD, 2 * ass * esz(sm));
     if (!pg)
         return missing(c, "the softmax-backward temporary");
-    struct dv dP = {pg, sm, ass}, dS = {pg + ass * esz(sm), sm, ass};
-    /* dP' = dO V^T per sample (dO is (b, s, a*d): heads at column h*d) */
-    for (uint64_t bi = 0; bi < b; bi++)
-        GEMM(x, false, true, s, s, d, 1.0f, at(go, bi * s * a * d), go.dt, a * d, d, at(vc, bi * a * s * d), cdt, d,
-             s * d, 0.0f, at(dP, bi * a * ss), sm, s, ss, a);
+    struct mp_view dP = {pg, sm, ass}, dS = {pg + ass * esz(sm), sm, ass};
+    /* dP' = dO V^T for every (sample, head) in one batched GEMM (dO is (b, s, a*d): head h at
+     * column h*d, so no single stride reaches every (sample, head) pair) */
+    struct gemm_ptrs gp;
+    PTRS(x, b * a, &gp);
+    for (uint64_t e = 0; e < b * a; e++) { /* e = bi*a + h */
+        gp.a[e] = at(go, e / a * s * a * d + e % a * d);
+        gp.b[e] = at(vc, e * s * d);
+        gp.c[e] = at(dP, e * ss);
+    }
+    GEMM_BATCHED(x, false, true, s, s, d, 1.0f, &gp, go.dt, a * d, cdt, d, 0.0f, sm, s);
     KK(x->d, mp_k_softmax_bwd(dS.p, dP.p, sm, pr.p, dmask.p, A.p, b * a * s, s, S(x)));
-    struct dv dsc = dS;
+    struct mp_view dsc = dS;
     if (sm != cdt) { /* the fp32 softmax gradient cast to the matmul dtype (into dP's space) */
-        dsc = (struct dv){dP.p, cdt, ass};
+        dsc = (struct mp_view){dP.p, cdt, ass};
         KK(x->d, mp_k_convert(dsc.p, cdt, dS.p, sm, ass, 0, S(x)));
     }
-    struct dv gq = c->gin[0], gk = c->gin[1], gv = c->gin[2];
-    for (uint64_t bi = 0; bi < b; bi++) {
-        if (gq.p) /* dQ_h += scale dS_h K_h */
-            GEMM(x, false, false, s, d, s, A.scale, at(dsc, bi * a * ss), cdt, s, ss, at(kc, bi * a * s * d), cdt, d,
-                 s * d, 1.0f, at(gq, bi * s * A.wq + A.oq), gq.dt, A.wq, d, a);
-        for (uint64_t r = 0; r < g; r++) { /* kv head j gathers heads j*g + r */
-            if (gk.p)
-                GEMM(x, true, false, s, d, s, A.scale, at(dsc, (bi * a + r) * ss), cdt, s, g * ss,
-                     at(qc, (bi * a + r) * s * d), cdt, d, g * s * d, 1.0f, at(gk, bi * s * A.wk + A.ok), gk.dt, A.wk,
-                     d, kv);
-            if (gv.p)
-                GEMM(x, true, false, s, d, s, 1.0f, at(pv, (bi * a + r) * ss), pv.dt, s, g * ss,
-                     at(go, bi * s * a * d + r * d), go.dt, a * d, g * d, 1.0f, at(gv, bi * s * A.wv + A.ov), gv.dt,
-                     A.wv, d, kv);
+    struct mp_view gq = c->gin[0], gk = c->gin[1], gv = c->gin[2];
+    if (gq.p) { /* dQ_h += scale dS_h K_h, every (sample, head) */
+        PTRS(x, b * a, &gp);
+        for (uint64_t e = 0; e < b * a; e++) {
+            gp.a[e] = at(dsc, e * ss);
+            gp.b[e] = at(kc, e * s * d);
+            gp.c[e] = at(gq, e / a * s * A.wq + A.oq + e % a * d);
+        }
+        GEMM_BATCHED(x, false, false, s, d, s, A.scale, &gp, cdt, s, cdt, d, 1.0f, gq.dt, A.wq);
+    }
+    /* kv head j gathers query heads j*g + r: one batched GEMM per r over every (sample, kv head),
+     * so no two entries of a call write the same dK/dV rows */
+    for (uint64_t r = 0; r < g; r++) {
+        if (gk.p) { /* dK_j += scale dS_h^T Q_h */
+            PTRS(x, b * kv, &gp);
+            for (uint64_t e = 0; e < b * kv; e++) { /* e = bi*kv + j; h = j*g + r */
+                uint64_t bh = e / kv * a + e % kv * g + r;
+                gp.a[e] = at(dsc, bh * ss);
+                gp.b[e] = at(qc, bh * s * d);
+                gp.c[e] = at(gk, e / kv * s * A.wk + A.ok + e % kv * d);
+            }
+            GEMM_BATCHED(x, true, false, s, d, s, A.scale, &gp, cdt, s, cdt, d, 1.0f, gk.dt, A.wk);
+        }
+        if (gv.p) { /* dV_j += P_h^T dO_h */
+            PTRS(x, b * kv, &gp);
+            for (uint64_t e = 0; e < b * kv; e++) {
+                uint64_t bi = e / kv, h = e % kv * g + r;
+                gp.a[e] = at(pv, (bi * a + h) * ss);
+                gp.b[e] = at(go, bi * s * a * d + h * d);
+                gp.c[e] = at(gv, bi * s * A.wv + A.ov + e % kv * d);
+            }
+            GEMM_BATCHED(x, true, false, s, d, s, 1.0f, &gp, pv.dt, s, go.dt, a * d, 1.0f, gv.dt, A.wv);
         }
     }
     return MP_OK;
@@ -788,21 +851,21 @@ static enum mp_status eager_bwd(struct ctx *c)
 
 /* ---- activations, mul, dropout ------------------------------------------------------------------- */
 
-static enum mp_status act_run(struct ctx *c, bool fwd)
+static enum mp_status act_run(struct mp_node_view *c, bool fwd)
 {
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     if (fwd) {
         NEED(c->in[0]);
         NEED(c->out);
         void *parts[MP_NODE_EXTRA_MAX];
         int dts[MP_NODE_EXTRA_MAX], np = 0;
         if (has_x(c, MP_XR_X_FP32)) { /* the fp32 copy of the input */
-            struct dv xf = xr(c, MP_XR_X_FP32);
+            struct mp_view xf = xr(c, MP_XR_X_FP32);
             NEED(xf);
             KK(x->d, mp_k_convert(xf.p, xf.dt, c->in[0].p, c->in[0].dt, xf.n, 0, S(x)));
         }
         for (; mp_node_extra(c->n, MP_XR_ACT_PART, np) >= 0; np++) {
-            struct dv part = tview(x, MP_ST_ACT, mp_node_extra(c->n, MP_XR_ACT_PART, np));
+            struct mp_view part = mp_view_tensor(x, MP_ST_ACT, mp_node_extra(c->n, MP_XR_ACT_PART, np));
             NEED(part);
             parts[np] = part.p;
             dts[np] = part.dt;
@@ -810,7 +873,7 @@ static enum mp_status act_run(struct ctx *c, bool fwd)
         KK(x->d, mp_k_act_fwd(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, c->out.n, (int)c->n->act, parts, dts,
                               np, S(x)));
     } else if (c->gout.p && c->gin[0].p) {
-        struct dv sv = tview(x, MP_ST_ACT, c->n->saved[0]);
+        struct mp_view sv = mp_view_tensor(x, MP_ST_ACT, c->n->saved[0]);
         NEED(sv);
         KK(x->d, mp_k_act_bwd(c->gin[0].p, c->gin[0].dt, c->gout.p, c->gout.dt, sv.p, sv.dt, c->gout.n,
                               (int)c->n->act, c->gin[0].p == c->gout.p, S(x)));
@@ -818,9 +881,9 @@ static enum mp_status act_run(struct ctx *c, bool fwd)
     return MP_OK;
 }
 
-static enum mp_status mul_run(struct ctx *c, bool fwd)
+static enum mp_status mul_run(struct mp_node_view *c, bool fwd)
 {
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     NEED(c->in[0]);
     NEED(c->in[1]);
     if (fwd) {
@@ -833,9 +896,9 @@ static enum mp_status mul_run(struct ctx *c, bool fwd)
     return MP_OK;
 }
 
-static enum mp_status dropout_run(struct ctx *c, bool fwd)
+static enum mp_status dropout_run(struct mp_node_view *c, bool fwd)
 {
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     NEED(xr(c, MP_XR_DROP_MASK));
     if (fwd) {
         NEED(c->in[0]);
@@ -859,27 +922,32 @@ static struct mp_k_conv conv_of(const struct mp_node *n)
 }
 
 /* Output pixels per column block: Kc * pc fp32 values fit the buffer. */
-static uint64_t conv_chunk(const struct cu_exec *x, uint64_t kc, uint64_t P)
+static uint64_t conv_chunk(const struct mp_exec *x, uint64_t kc, uint64_t P)
 {
-    uint64_t pc = x->col_bytes / (kc ? kc * 4 : 4);
+    uint64_t pc = RUN(x)->col_bytes / (kc ? kc * 4 : 4);
     return pc < P ? (pc ? pc : 1) : P;
 }
 
-static enum mp_status conv_run(struct ctx *c, bool fwd)
+static enum mp_status conv_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     struct mp_k_conv C = conv_of(n);
-    uint64_t P = C.ho * C.wo, cpg = C.ci / C.g, opg = C.co / C.g, Kc = cpg * C.k * C.k;
+    uint64_t P = C.ho * C.wo, cpg = C.ci / C.g, opg = C.co / C.g, Kc = cpg * C.k * C.k, G = C.g;
     uint64_t B = (C.ci && C.hi && C.wi) ? c->p->tensors[n->in[0]].elems / (C.ci * C.hi * C.wi) : 0;
     uint64_t pc = conv_chunk(x, Kc, P);
-    if (!x->col || x->col_bytes < Kc * pc * 4)
+    char *col = RUN(x)->col;
+    if (!col || RUN(x)->col_bytes < Kc * pc * 4)
         return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: no im2col buffer", n->name);
+    /* Whole images fit the buffer: (sample, group) blocks side by side, one batched GEMM per
+     * buffer-full (slots of `per` bytes: fp32 is the widest column type); else pixel chunks. */
+    uint64_t per = Kc * P * 4, ne = pc == P ? mp_min_u64(RUN(x)->col_bytes / per, PTR_CAP / 2) : 0;
     NEED(c->in[0]);
-    struct dv xin = c->in[0], w;
+    struct mp_view xin = c->in[0], w, go = c->gout;
     enum mp_status st = matmul_weight(c, fwd, &w);
     if (st != MP_OK)
         return st;
+    struct gemm_ptrs gp;
     if (fwd) {
         NEED(c->out);
         float beta = 0.0f;
@@ -888,46 +956,87 @@ static enum mp_status conv_run(struct ctx *c, bool fwd)
             KK(x->d, mp_k_bias_fill(c->out.p, c->out.dt, c->b.p, c->b.dt, B, C.co, P, S(x)));
             beta = 1.0f;
         }
-        for (uint64_t bi = 0; bi < B; bi++)
-            for (uint64_t g = 0; g < C.g; g++)
+        for (uint64_t e0 = 0; ne && e0 < B * G; e0 += ne) { /* Y_(b,g) (+)= W_g col_(b,g) */
+            uint64_t k = mp_min_u64(ne, B * G - e0);
+            PTRS(x, k, &gp);
+            for (uint64_t j = 0; j < k; j++) {
+                uint64_t bi = (e0 + j) / G, g = (e0 + j) % G;
+                KK(x->d, mp_k_im2col(col + j * per, xin.p, xin.dt, &C, bi, g, 0, P, S(x)));
+                gp.a[j] = at(w, g * opg * Kc);
+                gp.b[j] = col + j * per;
+                gp.c[j] = at(c->out, (bi * C.co + g * opg) * P);
+            }
+            GEMM_BATCHED(x, false, false, opg, P, Kc, 1.0f, &gp, w.dt, Kc, xin.dt, P, beta, c->out.dt, P);
+        }
+        for (uint64_t bi = 0; !ne && bi < B; bi++)
+            for (uint64_t g = 0; g < G; g++)
                 for (uint64_t p0 = 0; p0 < P; p0 += pc) {
                     uint64_t m = mp_min_u64(pc, P - p0);
-                    KK(x->d, mp_k_im2col(x->col, xin.p, xin.dt, &C, bi, g, p0, m, S(x)));
-                    GEMM(x, false, false, opg, m, Kc, 1.0f, at(w, g * opg * Kc), w.dt, Kc, 0, x->col, xin.dt, m, 0,
+                    KK(x->d, mp_k_im2col(col, xin.p, xin.dt, &C, bi, g, p0, m, S(x)));
+                    GEMM(x, false, false, opg, m, Kc, 1.0f, at(w, g * opg * Kc), w.dt, Kc, 0, col, xin.dt, m, 0,
                          beta, at(c->out, (bi * C.co + g * opg) * P + p0), c->out.dt, P, 0, 1);
                 }
         return MP_OK;
     }
-    if (!c->gout.p)
+    if (!go.p)
         return MP_OK;
-    struct dv go = c->gout;
-    if (c->gw.p) /* dW_g += dY_g col^T, accumulated in .grad's dtype */
-        for (uint64_t bi = 0; bi < B; bi++)
-            for (uint64_t g = 0; g < C.g; g++)
+    if (c->gw.p) { /* dW_g += dY_(b,g) col_(b,g)^T, accumulated in .grad's dtype: samples one after
+                    * another (they add into the same dW_g), the groups of a sample batched */
+        for (uint64_t bi = 0; ne && bi < B; bi++)
+            for (uint64_t g0 = 0; g0 < G; g0 += ne) {
+                uint64_t k = mp_min_u64(ne, G - g0);
+                PTRS(x, k, &gp);
+                for (uint64_t j = 0; j < k; j++) {
+                    uint64_t g = g0 + j;
+                    KK(x->d, mp_k_im2col(col + j * per, xin.p, xin.dt, &C, bi, g, 0, P, S(x)));
+                    gp.a[j] = at(go, (bi * C.co + g * opg) * P);
+                    gp.b[j] = col + j * per;
+                    gp.c[j] = at(c->gw, g * opg * Kc);
+                }
+                GEMM_BATCHED(x, false, true, opg, Kc, P, 1.0f, &gp, go.dt, P, xin.dt, P, 1.0f, c->gw.dt, Kc);
+            }
+        for (uint64_t bi = 0; !ne && bi < B; bi++)
+            for (uint64_t g = 0; g < G; g++)
                 for (uint64_t p0 = 0; p0 < P; p0 += pc) {
                     uint64_t m = mp_min_u64(pc, P - p0);
-                    KK(x->d, mp_k_im2col(x->col, xin.p, xin.dt, &C, bi, g, p0, m, S(x)));
+                    KK(x->d, mp_k_im2col(col, xin.p, xin.dt, &C, bi, g, p0, m, S(x)));
                     GEMM(x, false, true, opg, Kc, m, 1.0f, at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0,
-                         x->col, xin.dt, m, 0, 1.0f, at(c->gw, g * opg * Kc), c->gw.dt, Kc, 0, 1);
+                         col, xin.dt, m, 0, 1.0f, at(c->gw, g * opg * Kc), c->gw.dt, Kc, 0, 1);
                 }
-    if (c->gin[0].p) /* dcol = W_g^T dY_g (fp32), then col2im */
-        for (uint64_t bi = 0; bi < B; bi++)
-            for (uint64_t g = 0; g < C.g; g++)
+    }
+    if (c->gin[0].p) { /* dcol_(b,g) = W_g^T dY_(b,g) (fp32), then col2im */
+        for (uint64_t e0 = 0; ne && e0 < B * G; e0 += ne) {
+            uint64_t k = mp_min_u64(ne, B * G - e0);
+            PTRS(x, k, &gp);
+            for (uint64_t j = 0; j < k; j++) {
+                uint64_t bi = (e0 + j) / G, g = (e0 + j) % G;
+                gp.a[j] = at(w, g * opg * Kc);
+                gp.b[j] = at(go, (bi * C.co + g * opg) * P);
+                gp.c[j] = col + j * per;
+            }
+            GEMM_BATCHED(x, true, false, Kc, P, opg, 1.0f, &gp, w.dt, Kc, go.dt, P, 0.0f, MP_K_F32, P);
+            for (uint64_t j = 0; j < k; j++)
+                KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, (const float *)(col + j * per), &C, (e0 + j) / G,
+                                     (e0 + j) % G, 0, P, S(x)));
+        }
+        for (uint64_t bi = 0; !ne && bi < B; bi++)
+            for (uint64_t g = 0; g < G; g++)
                 for (uint64_t p0 = 0; p0 < P; p0 += pc) {
                     uint64_t m = mp_min_u64(pc, P - p0);
                     GEMM(x, true, false, Kc, m, opg, 1.0f, at(w, g * opg * Kc), w.dt, Kc, 0,
-                         at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0, 0.0f, x->col, MP_K_F32, m, 0, 1);
-                    KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, x->col, &C, bi, g, p0, m, S(x)));
+                         at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0, 0.0f, col, MP_K_F32, m, 0, 1);
+                    KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, (const float *)col, &C, bi, g, p0, m, S(x)));
                 }
+    }
     if (c->gb.p)
         KK(x->d, mp_k_bias_grad(c->gb.p, c->gb.dt, go.p, go.dt, B, C.co, P, S(x)));
     return MP_OK;
 }
 
-static enum mp_status pool_run(struct ctx *c, bool fwd)
+static enum mp_status pool_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     uint64_t hwo = n->h_out * n->w_out;
     struct mp_k_pool P = {.planes = hwo ? c->p->tensors[n->out].elems / hwo : 0, .hi = n->h_in, .wi = n->w_in,
                           .ho = n->h_out, .wo = n->w_out, .k = n->kernel, .st = n->stride ? n->stride : 1,
@@ -949,10 +1058,10 @@ static enum mp_status pool_run(struct ctx *c, bool fwd)
 
 /* ---- loss, custom -------------------------------------------------------------------------------- */
 
-static enum mp_status log_softmax_run(struct ctx *c, bool fwd)
+static enum mp_status log_softmax_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     NEED(c->out);
     if (fwd) {
         NEED(c->in[0]);
@@ -964,10 +1073,10 @@ static enum mp_status log_softmax_run(struct ctx *c, bool fwd)
     return MP_OK;
 }
 
-static enum mp_status nll_run(struct ctx *c, bool fwd)
+static enum mp_status nll_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     NEED(c->in[1]);
     if (fwd) {
         NEED(c->in[0]);
@@ -979,10 +1088,10 @@ static enum mp_status nll_run(struct ctx *c, bool fwd)
     return MP_OK;
 }
 
-static enum mp_status custom_run(struct ctx *c, bool fwd)
+static enum mp_status custom_run(struct mp_node_view *c, bool fwd)
 {
     const struct mp_node *n = c->n;
-    struct cu_exec *x = c->x;
+    struct mp_exec *x = c->x;
     uint64_t R = n->rows ? n->rows : 1, ob = n->n, eb = has_x(c, MP_XR_CUSTOM_SAVED) ? xr(c, MP_XR_CUSTOM_SAVED).n / R : 0;
     uint64_t np = n->param[0] >= 0 ? c->w.n : 0;
     if (has_x(c, MP_XR_CUSTOM_SAVED))
@@ -1001,191 +1110,140 @@ static enum mp_status custom_run(struct ctx *c, bool fwd)
     return MP_OK;
 }
 
-/* ---- dispatch ------------------------------------------------------------------------------------- */
+/* ---- the prim table ------------------------------------------------------------------------------- */
 
-static enum mp_status node_run(struct cu_exec *x, int k, bool fwd)
-{
-    struct ctx c;
-    ctx_node(&c, x, k);
-    switch (c.n->prim) {
-    case MP_P_EMBED: return embed_run(&c, fwd);
-    case MP_P_ADD_POS: return addpos_run(&c, fwd);
-    case MP_P_CAST:
-    case MP_P_ADD: return pass_run(&c, fwd);
-    case MP_P_LINEAR: return linear_run(&c, fwd);
-    case MP_P_LAYERNORM: return layernorm_run(&c, fwd);
-    case MP_P_RMSNORM: return rmsnorm_run(&c, fwd);
-    case MP_P_ROPE: return rope_run(&c, fwd);
-    case MP_P_ATTN: return c.n->eager ? (fwd ? eager_fwd(&c) : eager_bwd(&c)) : flash_run(&c, fwd);
-    case MP_P_ACT: return act_run(&c, fwd);
-    case MP_P_MUL: return mul_run(&c, fwd);
-    case MP_P_DROPOUT: return dropout_run(&c, fwd);
-    case MP_P_CONV2D: return conv_run(&c, fwd);
-    case MP_P_BATCHNORM: return batchnorm_run(&c, fwd);
-    case MP_P_MAXPOOL:
-    case MP_P_AVGPOOL:
-    case MP_P_ADAPTIVE_AVGPOOL: return pool_run(&c, fwd);
-    case MP_P_VIEW: return MP_OK;
-    case MP_P_LOG_SOFTMAX: return log_softmax_run(&c, fwd);
-    case MP_P_NLL_LOSS: return nll_run(&c, fwd);
-    case MP_P_CUSTOM: return custom_run(&c, fwd);
-    case MP_P_SCALE: /* LoRA programs are refused before they get here (mp_probe_run) */
-    case MP_P_COUNT: break;
-    }
-    return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: unknown prim", c.n->name);
-}
+/* forward and backward of a prim whose one function takes a direction */
+#define FWD_BWD(name)                                                                        \
+    static enum mp_status name##_fwd(struct mp_node_view *c) { return name##_run(c, true); } \
+    static enum mp_status name##_bwd(struct mp_node_view *c) { return name##_run(c, false); }
+FWD_BWD(embed)
+FWD_BWD(addpos)
+FWD_BWD(pass)
+FWD_BWD(linear)
+FWD_BWD(layernorm)
+FWD_BWD(rmsnorm)
+FWD_BWD(rope)
+FWD_BWD(act)
+FWD_BWD(mul)
+FWD_BWD(dropout)
+FWD_BWD(conv)
+FWD_BWD(batchnorm)
+FWD_BWD(pool)
+FWD_BWD(log_softmax)
+FWD_BWD(nll)
+FWD_BWD(custom)
 
-/* The loss (explicit CE scalar, or the implicit loss of probe_host.c) into the
- * pinned host float, read after the step's synchronisation. */
-static enum mp_status loss_grad(struct cu_exec *x)
+static enum mp_status attn_fwd(struct mp_node_view *c) { return c->n->eager ? eager_fwd(c) : flash_run(c, true); }
+static enum mp_status attn_bwd(struct mp_node_view *c) { return c->n->eager ? eager_bwd(c) : flash_run(c, false); }
+
+/* One row per prim; LoRA's scale is not run here yet (mp_probe_run refuses such programs). */
+static const struct mp_prim_fns cuda_prims[MP_P_COUNT] = {
+    [MP_P_EMBED] = {embed_fwd, embed_bwd},
+    [MP_P_ADD_POS] = {addpos_fwd, addpos_bwd},
+    [MP_P_CAST] = {pass_fwd, pass_bwd},
+    [MP_P_LINEAR] = {linear_fwd, linear_bwd},
+    [MP_P_LAYERNORM] = {layernorm_fwd, layernorm_bwd},
+    [MP_P_RMSNORM] = {rmsnorm_fwd, rmsnorm_bwd},
+    [MP_P_ROPE] = {rope_fwd, rope_bwd},
+    [MP_P_ATTN] = {attn_fwd, attn_bwd},
+    [MP_P_ACT] = {act_fwd, act_bwd},
+    [MP_P_MUL] = {mul_fwd, mul_bwd},
+    [MP_P_DROPOUT] = {dropout_fwd, dropout_bwd},
+    [MP_P_ADD] = {pass_fwd, pass_bwd},
+    [MP_P_CONV2D] = {conv_fwd, conv_bwd},
+    [MP_P_BATCHNORM] = {batchnorm_fwd, batchnorm_bwd},
+    [MP_P_MAXPOOL] = {pool_fwd, pool_bwd},
+    [MP_P_AVGPOOL] = {pool_fwd, pool_bwd},
+    [MP_P_ADAPTIVE_AVGPOOL] = {pool_fwd, pool_bwd},
+    [MP_P_LOG_SOFTMAX] = {log_softmax_fwd, log_softmax_bwd},
+    [MP_P_NLL_LOSS] = {nll_fwd, nll_bwd},
+    [MP_P_CUSTOM] = {custom_fwd, custom_bwd},
+};
+
+/* ---- loss, optimizer ----------------------------------------------------------------------------- */
+
+/* The loss (explicit CE scalar, or the implicit loss of probe_host_loss.c) into the
+ * pinned host float, read after the step's synchronisation (cuda_step_end). */
+static enum mp_status cuda_loss_grad(struct mp_exec *x, struct mp_view y, struct mp_view g, bool ce)
 {
-    const struct mp_program *p = x->p;
-    int t = p->blocks[p->n_blocks - 1].output;
-    struct dv y = tview(x, MP_ST_ACT, t), g = tview(x, MP_ST_GRAD, t);
-    if (!y.p)
-        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: the model output %s is not allocated at the loss",
-                       p->tensors[t].name);
-    int ln = mp_exec_loss_node(p);
     const void *src = y.p;
-    if (ln >= 0 && p->nodes[ln].out == t) {
+    if (ce) {
         if (g.p)
             KK(x->d, mp_k_fill(g.p, g.dt, 1.0f, 1, S(x)));
     } else {
-        KK(x->d, mp_k_implicit_loss(x->cx->scalars, g.p, y.p, y.dt, y.n, S(x)));
-        src = x->cx->scalars;
+        KK(x->d, mp_k_implicit_loss(CX(x)->scalars, g.p, y.p, y.dt, y.n, S(x)));
+        src = CX(x)->scalars;
     }
-    CK(x->d, cudaMemcpyAsync(x->cx->host_loss, src, sizeof(float), cudaMemcpyDeviceToHost, S(x)));
+    CK(x->d, cudaMemcpyAsync(CX(x)->host_loss, src, sizeof(float), cudaMemcpyDeviceToHost, S(x)));
     return MP_OK;
 }
 
-static enum mp_status opt_step(struct cu_exec *x)
+static enum mp_status cuda_opt_param(struct mp_exec *x, const struct mp_param_view *v)
 {
-    const struct mp_program *p = x->p;
-    int pdt = (int)p->param_dtype;
-    uint64_t t = ++x->opt_steps;
+    const struct mp_param *pq = v->param;
+    int pdt = (int)v->P.dt;
+    uint64_t n = pq->elems, t = v->t;
+    void *P = v->P.p, *G = v->G.p, *St = v->state;
     float bc1 = 1.0f - powf(MP_ADAM_BETA1, (float)t), bc2 = 1.0f - powf(MP_ADAM_BETA2, (float)t);
-    for (size_t q = 0; q < p->n_params; q++) {
-        const struct mp_param *pq = &p->params[q];
-        uint64_t n = pq->elems;
-        void *P = mp_pool_get(&x->pool, MP_ST_PARAM, (int)q), *G = mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q);
-        void *St = mp_pool_get(&x->pool, MP_ST_OPT_STATE, (int)q);
-        if (!P || !G)
-            continue;
-        switch (x->t.optimizer) {
-        case MP_OPT_SGD: KK(x->d, mp_k_sgd(P, G, pdt, n, MP_SGD_LR, S(x))); break;
-        case MP_OPT_SGD_MOMENTUM:
-            KK(x->d, mp_k_sgd_momentum(P, G, St, pdt, n, MP_SGD_LR, MP_SGD_MOMENTUM, t == 1, S(x)));
-            break;
-        case MP_OPT_ADAM:
-        case MP_OPT_ADAMW:
-            KK(x->d, mp_k_adam(P, G, pdt, St, (char *)St + n * esz(pdt), pdt,
-                               mp_pool_get(&x->pool, MP_ST_OPT_TMP, (int)q), n, MP_ADAM_LR, MP_ADAM_BETA1,
-                               MP_ADAM_BETA2, MP_ADAM_EPS, x->t.optimizer == MP_OPT_ADAMW ? MP_ADAMW_WD : 0.0f, bc1,
-                               bc2, S(x)));
-            break;
-        case MP_OPT_ADAFACTOR: {
-            void *est = mp_pool_get(&x->pool, MP_ST_OPT_TMP, 0);
-            if (!est)
-                return mp_fail(x->d, MP_ERR_INTERNAL, "probe: the Adafactor step temporary is not allocated");
-            float b2 = powf((float)t, MP_ADAFACTOR_BETA2_DECAY), rho = fminf(MP_ADAFACTOR_LR, 1.0f / sqrtf((float)t));
-            float eps1 = pdt == MP_K_F32 ? 1.1920929e-07f : 0.0078125f;
-            KK(x->d, mp_k_adafactor(P, G, pdt, St, est, pq->matrix ? pq->rows : 1, pq->matrix ? pq->cols : n,
-                                    pq->matrix, x->cx->scalars + 4, b2, rho, eps1, MP_ADAFACTOR_EPS2, S(x)));
-            break;
-        }
-        case MP_OPT_ADAM8BIT:
-            if (n < MP_ADAM8_MIN_ELEMS)
-                KK(x->d, mp_k_adam(P, G, pdt, St, (char *)St + n * 4, MP_K_F32, NULL, n, MP_ADAM_LR, MP_ADAM_BETA1,
-                                   MP_ADAM_BETA2, MP_ADAM_EPS, 0.0f, bc1, bc2, S(x)));
-            else
-                KK(x->d, mp_k_adam8(P, G, pdt, St, n, MP_ADAM_LR, MP_ADAM_BETA1, MP_ADAM_BETA2, MP_ADAM_EPS, bc1, bc2,
-                                    S(x)));
-            break;
-        }
+    switch (x->t.optimizer) {
+    case MP_OPT_SGD: KK(x->d, mp_k_sgd(P, G, pdt, n, MP_SGD_LR, S(x))); break;
+    case MP_OPT_SGD_MOMENTUM:
+        KK(x->d, mp_k_sgd_momentum(P, G, St, pdt, n, MP_SGD_LR, MP_SGD_MOMENTUM, t == 1, S(x)));
+        break;
+    case MP_OPT_ADAM:
+    case MP_OPT_ADAMW:
+        KK(x->d, mp_k_adam(P, G, pdt, St, (char *)St + n * esz(pdt), pdt, v->tmp, n, MP_ADAM_LR, MP_ADAM_BETA1,
+                           MP_ADAM_BETA2, MP_ADAM_EPS, x->t.optimizer == MP_OPT_ADAMW ? MP_ADAMW_WD : 0.0f, bc1, bc2,
+                           S(x)));
+        break;
+    case MP_OPT_ADAFACTOR: {
+        if (!v->tmp0)
+            return mp_fail(x->d, MP_ERR_INTERNAL, "probe: the Adafactor step temporary is not allocated");
+        float b2 = powf((float)t, MP_ADAFACTOR_BETA2_DECAY), rho = fminf(MP_ADAFACTOR_LR, 1.0f / sqrtf((float)t));
+        float eps1 = pdt == MP_K_F32 ? 1.1920929e-07f : 0.0078125f;
+        KK(x->d, mp_k_adafactor(P, G, pdt, St, v->tmp0, pq->matrix ? pq->rows : 1, pq->matrix ? pq->cols : n,
+                                pq->matrix, CX(x)->scalars + 4, b2, rho, eps1, MP_ADAFACTOR_EPS2, S(x)));
+        break;
+    }
+    case MP_OPT_ADAM8BIT:
+        if (n < MP_ADAM8_MIN_ELEMS)
+            KK(x->d, mp_k_adam(P, G, pdt, St, (char *)St + n * 4, MP_K_F32, NULL, n, MP_ADAM_LR, MP_ADAM_BETA1,
+                               MP_ADAM_BETA2, MP_ADAM_EPS, 0.0f, bc1, bc2, S(x)));
+        else
+            KK(x->d, mp_k_adam8(P, G, pdt, St, n, MP_ADAM_LR, MP_ADAM_BETA1, MP_ADAM_BETA2, MP_ADAM_EPS, bc1, bc2,
+                                S(x)));
+        break;
     }
     return MP_OK;
 }
 
-/* ---- the visitor -------------------------------------------------------------------------------- */
+/* ---- storage ------------------------------------------------------------------------------------- */
 
-/* Parameters and the input batch come from the host (the same values as the
- * host backend); gradients and optimizer state start at zero. */
-static enum mp_status init_storage(struct cu_exec *x, const struct mp_event *ev, void *ptr)
+static enum mp_status cuda_upload(struct mp_exec *x, void *dst, const void *src, uint64_t bytes)
 {
-    const struct mp_program *p = x->p;
-    if (!ptr)
-        return MP_OK;
-    switch (ev->store) {
-    case MP_ST_PARAM:
-    case MP_ST_INPUT: {
-        void *h = malloc((size_t)ev->bytes);
-        if (!h)
-            return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory staging %llu bytes",
-                           (unsigned long long)ev->bytes);
-        if (ev->store == MP_ST_INPUT) {
-            mp_exec_input_fill(p, ev->id, x->seed, h);
-        } else {
-            uint64_t n = p->params[ev->id].elems;
-            for (uint64_t i = 0; i < n; i++) {
-                float v = mp_exec_param_value(p, (size_t)ev->id, i, x->seed);
-                if (p->param_dtype == MP_DT_F32)
-                    ((float *)h)[i] = v;
-                else
-                    ((uint16_t *)h)[i] = p->param_dtype == MP_DT_BF16 ? mp_bf16_from_f32(v) : mp_f16_from_f32(v);
-            }
-        }
-        cudaError_t e = cudaMemcpyAsync(ptr, h, (size_t)ev->bytes, cudaMemcpyHostToDevice, S(x));
-        if (e == cudaSuccess)
-            e = cudaStreamSynchronize(S(x));
-        free(h);
-        if (e != cudaSuccess)
-            return cuda_fail(x->d, e, "cudaMemcpyAsync(parameters/input)", __FILE__, __LINE__);
-        return MP_OK;
-    }
-    case MP_ST_GRAD:
-    case MP_ST_PGRAD:
-    case MP_ST_OPT_STATE: CK(x->d, cudaMemsetAsync(ptr, 0, (size_t)ev->bytes, S(x))); return MP_OK;
-    case MP_ST_WORKSPACE:
-        BK(x->d, cublasSetWorkspace(x->cx->blas, ptr, (size_t)ev->bytes));
-        x->ws_set = true;
-        return MP_OK;
-    default: return MP_OK;
-    }
-}
-
-static enum mp_status cuda_event(void *ctx, const struct mp_event *ev)
-{
-    struct cu_exec *x = ctx;
-    switch (ev->kind) {
-    case MP_EV_ALLOC: {
-        void *ptr;
-        bool fresh;
-        enum mp_status st = mp_pool_alloc(&x->pool, ev, &ptr, &fresh, x->d);
-        if (st == MP_OK && fresh)
-            st = init_storage(x, ev, ptr);
-        return st;
-    }
-    case MP_EV_FREE: return mp_pool_free(&x->pool, ev, x->d);
-    case MP_EV_FWD: return node_run(x, ev->id, true);
-    case MP_EV_BWD: return node_run(x, ev->id, false);
-    case MP_EV_LOSS_GRAD: return loss_grad(x);
-    case MP_EV_OPT_STEP: return opt_step(x);
-    case MP_EV_OP_BEGIN:
-    case MP_EV_OP_END: return MP_OK;
-    }
+    cudaError_t e = cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyHostToDevice, S(x));
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(S(x));
+    if (e != cudaSuccess)
+        return cuda_fail(x->d, e, "cudaMemcpyAsync(parameters/input)", __FILE__, __LINE__);
     return MP_OK;
 }
 
-/* Frees every storage: the workspace is taken back from cuBLAS first; errors
- * are cleared (after an OOM the device stays usable). */
-static void exec_release_storage(struct cu_exec *x)
+static enum mp_status cuda_zero(struct mp_exec *x, void *ptr, uint64_t bytes)
 {
-    if (x->ws_set) {
-        cublasSetWorkspace(x->cx->blas, NULL, 0);
-        x->ws_set = false;
-    }
-    cudaStreamSynchronize(S(x));
-    mp_pool_free_all(&x->pool);
+    CK(x->d, cudaMemsetAsync(ptr, 0, (size_t)bytes, S(x)));
+    return MP_OK;
+}
+
+static enum mp_status cuda_workspace(struct mp_exec *x, void *ptr, uint64_t bytes)
+{
+    BK(x->d, cublasSetWorkspace(CX(x)->blas, ptr, (size_t)bytes));
+    return MP_OK;
+}
+
+/* Waits for the stream; errors are cleared (after an OOM the device stays usable). */
+static void cuda_sync(struct mp_exec *x)
+{
     cudaStreamSynchronize(S(x));
     (void)cudaGetLastError();
 }
@@ -1197,54 +1255,6 @@ static void trim(struct cu_ctx *cx)
     if (cx->mempool)
         cudaMemPoolTrimTo(cx->pool, 0);
     (void)cudaGetLastError();
-}
-
-static void exec_free(struct cu_exec *x)
-{
-    if (!x)
-        return;
-    exec_release_storage(x);
-    mp_pool_release(&x->pool);
-    if (x->col)
-        cu_free(x->cx, x->col);
-    trim(x->cx); /* the next run starts from an empty driver pool: device_used_before is not skewed */
-    for (size_t i = 0; i < x->cap_ev; i++)
-        if (x->ev[i])
-            cudaEventDestroy(x->ev[i]);
-    free(x->ev);
-    free(x->lay);
-    (void)cudaGetLastError();
-    free(x);
-}
-
-/* The im2col buffer: the largest conv's column block, at most MP_PROBE_COL_CAP_BYTES. */
-static enum mp_status exec_col_buffer(struct cu_exec *x)
-{
-    uint64_t need = 0;
-    for (size_t k = 0; k < x->p->n_nodes; k++) {
-        const struct mp_node *n = &x->p->nodes[k];
-        if (n->prim != MP_P_CONV2D)
-            continue;
-        uint64_t g = n->groups ? n->groups : 1, kc = n->c_in / g * n->kernel * n->kernel, P = n->h_out * n->w_out;
-        uint64_t b;
-        if (!mp_mul3_u64(kc, P, 4, &b))
-            b = UINT64_MAX;
-        need = mp_max_u64(need, mp_min_u64(b, mp_max_u64(MP_PROBE_COL_CAP_BYTES, kc * 4)));
-    }
-    if (!need)
-        return MP_OK;
-    /* from the same driver pool as the step's storages (trimmed with them), outside the counting pool:
-     * PyTorch's conv uses cuDNN workspaces the estimator does not count either */
-    enum mp_status st = cu_alloc(x->cx, need, &x->col, x->d);
-    if (st == MP_ERR_OOM) {
-        x->pool.oom_bytes = need;
-        x->pool.oom_capacity = false;
-        snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:im2col buffer");
-    }
-    if (st != MP_OK)
-        return st;
-    x->col_bytes = need;
-    return MP_OK;
 }
 
 /* ---- the backend ---------------------------------------------------------------------------------- */
@@ -1276,13 +1286,77 @@ static enum mp_status cuda_device_info(void *ctx, struct mp_device_info *out)
     return MP_OK;
 }
 
-static int cmp_double(const void *a, const void *b)
+/* ---- the run ------------------------------------------------------------------------------------- */
+
+static enum mp_status cuda_exec_new(struct mp_exec *x)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    x->bx = calloc(1, sizeof(struct cu_run));
+    return x->bx ? MP_OK : mp_fail(x->d, MP_ERR_NOMEM, "probe: out of memory");
 }
 
-static enum mp_status used_bytes(struct cu_exec *x, uint64_t *used)
+/* After every storage is freed: the im2col buffer, then the driver pool is trimmed so the
+ * next run's device_used_before is not skewed. */
+static void cuda_exec_free(struct mp_exec *x)
+{
+    struct cu_run *u = RUN(x);
+    if (!u)
+        return;
+    if (u->col)
+        cu_free(CX(x), u->col);
+    if (u->dptr)
+        cu_free(CX(x), u->dptr);
+    if (u->hbase)
+        cudaFreeHost(u->hbase);
+    trim(CX(x));
+    for (size_t i = 0; i < u->cap_ev; i++)
+        if (u->ev[i])
+            cudaEventDestroy(u->ev[i]);
+    free(u->ev);
+    if (u->t0)
+        cudaEventDestroy(u->t0);
+    if (u->t1)
+        cudaEventDestroy(u->t1);
+    (void)cudaGetLastError();
+    free(u);
+    x->bx = NULL;
+}
+
+/* The im2col buffer: every (sample, group) column block of the largest conv side by side
+ * (one batched GEMM), at most MP_PROBE_COL_CAP_BYTES (then fewer blocks per GEMM, or pixel
+ * chunks of one block), at least one column. */
+static enum mp_status col_buffer(struct mp_exec *x)
+{
+    struct cu_run *u = RUN(x);
+    uint64_t need = 0;
+    for (size_t k = 0; k < x->p->n_nodes; k++) {
+        const struct mp_node *n = &x->p->nodes[k];
+        if (n->prim != MP_P_CONV2D)
+            continue;
+        uint64_t g = n->groups ? n->groups : 1, kc = n->c_in / g * n->kernel * n->kernel, P = n->h_out * n->w_out;
+        uint64_t per_sample = n->c_in * n->h_in * n->w_in, samples = per_sample ? x->p->tensors[n->in[0]].elems /
+                                                                                        per_sample : 1;
+        uint64_t b, all;
+        if (!mp_mul3_u64(kc, P, 4, &b) || !mp_mul3_u64(b, g, samples, &all))
+            all = UINT64_MAX;
+        need = mp_max_u64(need, mp_min_u64(all, mp_max_u64(MP_PROBE_COL_CAP_BYTES, kc * 4)));
+    }
+    if (!need)
+        return MP_OK;
+    /* from the same driver pool as the step's storages (trimmed with them), outside the counting pool:
+     * PyTorch's conv uses cuDNN workspaces the estimator does not count either */
+    enum mp_status st = cu_alloc(CX(x), need, &u->col, x->d);
+    if (st == MP_ERR_OOM) {
+        x->pool.oom_bytes = need;
+        x->pool.oom_capacity = false;
+        snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:im2col buffer");
+    }
+    if (st != MP_OK)
+        return st;
+    u->col_bytes = need;
+    return MP_OK;
+}
+
+static enum mp_status used_bytes(struct mp_exec *x, uint64_t *used)
 {
     size_t fr = 0, tot = 0;
     CK(x->d, cudaMemGetInfo(&fr, &tot));
@@ -1290,105 +1364,76 @@ static enum mp_status used_bytes(struct cu_exec *x, uint64_t *used)
     return MP_OK;
 }
 
-/* One measured run; on any failure the caller frees through exec_free. */
-static enum mp_status run_steps(struct cu_exec *x, const struct mp_probe_opts *o, const struct mp_schedule *s,
-                                struct mp_probe_result *r, struct mp_diag *d)
+static enum mp_status cuda_run_begin(struct mp_exec *x, struct mp_probe_result *r)
 {
-    const struct mp_program *p = x->p;
-    double ms[64], gemm_ms = 0;
-    cudaEvent_t t0 = NULL, t1 = NULL;
+    struct cu_run *u = RUN(x);
+    CK(x->d, cudaSetDevice(CX(x)->device));
+    trim(CX(x)); /* nothing cached from an earlier run counts as used */
     enum mp_status st = used_bytes(x, &r->device_used_before);
     if (st == MP_OK)
-        st = exec_col_buffer(x);
-    if (st == MP_OK && (cudaEventCreate(&t0) != cudaSuccess || cudaEventCreate(&t1) != cudaSuccess))
-        st = mp_fail(d, MP_ERR_DEVICE, "cudaEventCreate failed at %s:%d", __FILE__, __LINE__);
-    /* step 0 warms up (first allocations, cuBLAS heuristics); steps 1..N are timed as a whole;
-     * one more step records an event pair around each GEMM for the GEMM rate, so the timed
-     * steps carry no per-GEMM events */
-    unsigned prof = o->steps + 1;
-    for (unsigned k = 0; k <= prof && st == MP_OK; k++) {
-        x->timing = k == prof;
-        x->n_ev = 0;
-        mp_pool_step_begin(&x->pool);
-        cudaError_t e = cudaEventRecord(t0, S(x));
-        if (e != cudaSuccess) {
-            st = cuda_fail(d, e, "cudaEventRecord", __FILE__, __LINE__);
-            break;
-        }
-        st = mp_replay(p, s, &x->t, cuda_event, x, d);
-        if (st == MP_OK)
-            st = mp_pool_step_end(&x->pool, d);
-        if (st != MP_OK)
-            break;
-        if ((e = cudaEventRecord(t1, S(x))) != cudaSuccess || (e = cudaEventSynchronize(t1)) != cudaSuccess) {
-            st = cuda_fail(d, e, "the training step", __FILE__, __LINE__); /* asynchronous faults land here */
-            break;
-        }
-        float el = 0;
-        cudaEventElapsedTime(&el, t0, t1);
-        for (size_t i = 0; i + 1 < x->n_ev && k == prof; i += 2) {
-            float g = 0;
-            if (cudaEventElapsedTime(&g, x->ev[i], x->ev[i + 1]) == cudaSuccess)
-                gemm_ms += g;
-        }
-        x->rng_step++;
-        if (k > 0 && k < prof) {
-            r->losses[k - 1] = *x->cx->host_loss;
-            ms[k - 1] = el;
+        st = col_buffer(x);
+    if (st == MP_OK && (cudaEventCreate(&u->t0) != cudaSuccess || cudaEventCreate(&u->t1) != cudaSuccess))
+        st = mp_fail(x->d, MP_ERR_DEVICE, "cudaEventCreate failed at %s:%d", __FILE__, __LINE__);
+    if (st == MP_OK) { /* the batched GEMMs' pointer arrays, outside the counting pool as the im2col buffer */
+        void *h = NULL;
+        cudaError_t e = cudaMallocHost(&h, PTR_BYTES);
+        if (e != cudaSuccess)
+            return cuda_fail(x->d, e, "cudaMallocHost(GEMM pointers)", __FILE__, __LINE__);
+        u->hbase = h;
+        u->hab = h;
+        u->hc = (void **)((char *)h + 2 * PTR_CAP * sizeof(void *));
+        st = cu_alloc(CX(x), PTR_BYTES, &u->dptr, x->d);
+        if (st == MP_ERR_OOM) {
+            x->pool.oom_bytes = PTR_BYTES;
+            x->pool.oom_capacity = false;
+            snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:GEMM pointer arrays");
         }
     }
-    if (t0)
-        cudaEventDestroy(t0);
-    if (t1)
-        cudaEventDestroy(t1);
-    r->measured_peak_bytes = x->pool.peak;
-    mp_pool_take_trace(&x->pool, r);
-    if (st != MP_OK)
-        return st;
-    st = used_bytes(x, &r->device_used_after); /* before freeing: the driver pool still holds the step */
-    if (st != MP_OK)
-        return st;
-    unsigned n = o->steps;
-    r->fits = true;
-    r->steps = n;
-    qsort(ms, n, sizeof ms[0], cmp_double);
-    r->step_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-    r->samples_per_s = r->step_ms > 0 ? (double)p->opts.batch * 1000.0 / r->step_ms : 0.0;
-    r->gemm_tflops = gemm_ms > 0 ? x->gemm_flops / (gemm_ms * 1e-3) / 1e12 : 0.0;
+    return st;
+}
+
+/* Step 0 warms up (first allocations, cuBLAS heuristics); the measured steps are timed as a
+ * whole; the profiling step after them records an event pair around each GEMM for the GEMM
+ * rate, so the timed steps carry no per-GEMM events. */
+static enum mp_status cuda_step_begin(struct mp_exec *x, bool profile)
+{
+    struct cu_run *u = RUN(x);
+    u->timing = profile;
+    u->n_ev = 0;
+    u->ptr_used = 0; /* the last step ended synchronised: every slot is free */
+    cudaError_t e = cudaEventRecord(u->t0, S(x));
+    if (e != cudaSuccess)
+        return cuda_fail(x->d, e, "cudaEventRecord", __FILE__, __LINE__);
     return MP_OK;
 }
 
-static enum mp_status cuda_run(void *ctx, const struct mp_probe_opts *o, const struct mp_program *p,
-                               const struct mp_schedule *s, const struct mp_train_opts *t, struct mp_probe_result *r,
-                               struct mp_diag *d)
+static enum mp_status cuda_step_end(struct mp_exec *x, double *ms)
 {
-    struct cu_ctx *cx = ctx;
-    CK(d, cudaSetDevice(cx->device));
-    trim(cx); /* nothing cached from an earlier run counts as used */
-    struct cu_exec *x = calloc(1, sizeof *x);
-    if (!x)
-        return mp_fail(d, MP_ERR_NOMEM, "probe: out of memory");
-    x->cx = cx;
-    x->p = p;
-    x->t = *t;
-    x->seed = o->seed;
-    x->d = d;
-    struct mp_pool_ops ops = {cu_alloc, cu_free, cx};
-    enum mp_status st = mp_pool_init(&x->pool, p, &ops, o->capacity_bytes, d);
-    x->pool.trace_on = o->trace;
-    if (st == MP_OK)
-        st = mp_exec_layout(p, &x->lay, d);
-    if (st == MP_OK)
-        st = run_steps(x, o, s, r, d);
-    if (st == MP_ERR_OOM) {
-        r->fits = false;
-        r->oom_request_bytes = x->pool.oom_bytes;
-        r->oom_capacity = x->pool.oom_capacity;
-        snprintf(r->oom_event, sizeof r->oom_event, "%s", x->pool.oom_event);
+    struct cu_run *u = RUN(x);
+    cudaError_t e;
+    if ((e = cudaEventRecord(u->t1, S(x))) != cudaSuccess || (e = cudaEventSynchronize(u->t1)) != cudaSuccess)
+        return cuda_fail(x->d, e, "the training step", __FILE__, __LINE__); /* asynchronous faults land here */
+    float el = 0;
+    cudaEventElapsedTime(&el, u->t0, u->t1);
+    for (size_t i = 0; i + 1 < u->n_ev && u->timing; i += 2) {
+        float g = 0;
+        if (cudaEventElapsedTime(&g, u->ev[i], u->ev[i + 1]) == cudaSuccess)
+            u->gemm_ms += g;
     }
-    r->outside_pool_bytes = x->col_bytes;
-    (void)cuda_device_info(cx, &r->dev);
-    exec_free(x);
+    x->loss = *CX(x)->host_loss;
+    *ms = el;
+    return MP_OK;
+}
+
+static enum mp_status cuda_run_end(struct mp_exec *x, struct mp_probe_result *r, enum mp_status st)
+{
+    struct cu_run *u = RUN(x);
+    if (st == MP_OK) /* before freeing: the driver pool still holds the step */
+        st = used_bytes(x, &r->device_used_after);
+    if (st == MP_OK)
+        r->gemm_tflops = u->gemm_ms > 0 ? u->gemm_flops / (u->gemm_ms * 1e-3) / 1e12 : 0.0;
+    r->outside_pool_bytes = u->col_bytes + (u->dptr ? PTR_BYTES : 0);
+    (void)cuda_device_info(CX(x), &r->dev);
     return st;
 }
 
@@ -1399,6 +1444,21 @@ const struct mp_probe_backend mp_probe_backend_cuda = {
     .available = cuda_available,
     .open = cuda_open,
     .device_info = cuda_device_info,
-    .run = cuda_run,
     .close = cuda_close,
+    .prims = cuda_prims,
+    .loss_grad = cuda_loss_grad,
+    .opt_param = cuda_opt_param,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .upload = cuda_upload,
+    .zero = cuda_zero,
+    .workspace = cuda_workspace,
+    .sync = cuda_sync,
+    .exec_new = cuda_exec_new,
+    .exec_free = cuda_exec_free,
+    .run_begin = cuda_run_begin,
+    .run_end = cuda_run_end,
+    .profile_step = true,
+    .step_begin = cuda_step_begin,
+    .step_end = cuda_step_end,
 };

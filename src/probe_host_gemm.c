@@ -5,7 +5,7 @@
  * plain C with double accumulation.  fp32 in, fp32 out; no allocation in the
  * BLAS path (the plain path packs transposed operands into scratch).
  */
-#include "probe_impl.h"
+#include "probe_host.h"
 
 #include <limits.h>
 #include <stdlib.h>

@@ -1,210 +1,183 @@
-/* probe_impl.h — private to probe.c, probe_host.c, probe_cuda.c and tests.
+/* probe_impl.h — private to probe.c, the backends (probe_host*.c, probe_cuda.c) and tests.
  *
- * The backend ops table (as ggml_backend_i: optional members may be NULL; probe.c
- * checks), the counting pool both executors allocate through (one storage per
- * (store, id), 512-byte-rounded bytes as the estimator counts, a capacity that
- * turns an ALLOC into MP_ERR_OOM), and what both must agree on: fused q/k/v view
- * offsets, initial values, the dropout hash, half conversions, hyper-parameters.
+ * probe.c owns the executor: the pool, the node view and the step loop (mp_replay's
+ * visitor: storage, forward over nodes, loss, backward, optimizer, timing, progress).
+ * A backend supplies only its per-prim forward/backward and storage primitives
+ * through struct mp_probe_backend (as ggml_backend_i: optional members may be NULL;
+ * probe.c checks).  Backends include this header and probe_pool.h; they never call
+ * into probe.c, so the registry there can name them without a dependency cycle.
  */
 #ifndef MEMPLAN_PROBE_IMPL_H
 #define MEMPLAN_PROBE_IMPL_H
 
-#include <string.h>
+#include "probe_pool.h"
 
-#include "mp_math.h"
-#include "probe.h"
+/* ---- a storage seen as elements of one dtype ------------------------------------------ */
 
-/* ---- backend ops table ------------------------------------------------------------- */
+struct mp_view {
+    void *p; /* NULL when not allocated */
+    enum mp_dtype dt;
+    uint64_t n;
+};
+
+/* Element i of a view in host memory, as float (the host backend; test hooks). */
+static inline float mp_view_ld(struct mp_view v, uint64_t i)
+{
+    switch (v.dt) {
+    case MP_DT_F32: return ((const float *)v.p)[i];
+    case MP_DT_BF16: return mp_f32_from_bf16(((const uint16_t *)v.p)[i]);
+    case MP_DT_F16: return mp_f32_from_f16(((const uint16_t *)v.p)[i]);
+    case MP_DT_I64: return (float)((const int64_t *)v.p)[i];
+    case MP_DT_U8: return (float)((const uint8_t *)v.p)[i];
+    }
+    return 0.0f;
+}
+
+static inline void mp_view_st(struct mp_view v, uint64_t i, float f)
+{
+    switch (v.dt) {
+    case MP_DT_F32: ((float *)v.p)[i] = f; break;
+    case MP_DT_BF16: ((uint16_t *)v.p)[i] = mp_bf16_from_f32(f); break;
+    case MP_DT_F16: ((uint16_t *)v.p)[i] = mp_f16_from_f32(f); break;
+    case MP_DT_I64: ((int64_t *)v.p)[i] = (int64_t)f; break;
+    case MP_DT_U8: ((uint8_t *)v.p)[i] = (uint8_t)f; break;
+    }
+}
+
+/* ---- the executor (probe.c) --------------------------------------------------------------- */
+
+struct mp_probe_backend;
+
+struct mp_exec {
+    const struct mp_probe_backend *be;
+    void *bctx;           /* the backend's open context (cuda: device, stream, cuBLAS handle) */
+    void *bx;             /* the backend's per-run state (exec_new), or NULL */
+    const struct mp_program *p;
+    struct mp_train_opts t;
+    struct mp_pool pool;
+    struct mp_node_layout *lay;
+    uint64_t seed;
+    uint64_t rng_step;    /* dropout stream: advances with every updating step */
+    uint64_t opt_steps;   /* optimizer steps taken (Adam bias correction, Adafactor schedule) */
+    bool update;          /* false: the step leaves parameters and state alone (finite differences) */
+    bool ws_set;          /* the backend was handed the WORKSPACE storage */
+    float *grads_out;     /* (host memory only) every parameter gradient before zero_grad */
+    double loss;          /* the step's loss (LOSS_GRAD, or the backend's step_end) */
+    double ce_loss;       /* the last cross-entropy in double (a backend's NLL forward may set it) */
+    struct mp_diag *d;
+};
+
+/* One node's storages, built by the step loop for a backend's forward or backward. */
+struct mp_node_view {
+    struct mp_exec *x;
+    const struct mp_program *p;
+    const struct mp_node *n;
+    const struct mp_node_layout *lay;
+    int k;
+    struct mp_view in[3], out, ex[MP_NODE_EXTRA_MAX], w, b, gin[3], gout, gw, gb, tmp;
+};
+
+/* Tensor t of store s (ACT or GRAD) as a view; p == NULL when not allocated. */
+static inline struct mp_view mp_view_tensor(const struct mp_exec *x, enum mp_store s, int t)
+{
+    struct mp_view v = {NULL, MP_DT_U8, 0};
+    if (t < 0)
+        return v;
+    v.p = mp_pool_get(&x->pool, s, t);
+    v.dt = x->p->tensors[t].dtype;
+    v.n = x->p->tensors[t].elems;
+    return v;
+}
+
+/* Parameter q of store s (PARAM, PGRAD) as a view in the parameter's dtype. */
+static inline struct mp_view mp_view_param(const struct mp_exec *x, enum mp_store s, int q)
+{
+    struct mp_view v = {NULL, q >= 0 ? x->p->params[q].dtype : x->p->param_dtype, 0};
+    if (q < 0)
+        return v;
+    v.p = mp_pool_get(&x->pool, s, q);
+    v.n = x->p->params[q].elems;
+    return v;
+}
+
+/* The node's extra with role r (layers.h mp_xrole); p == NULL when it has none. */
+static inline struct mp_view mp_view_extra(const struct mp_node_view *c, enum mp_xrole r)
+{
+    return mp_view_tensor(c->x, MP_ST_ACT, mp_node_extra(c->n, r, 0));
+}
+
+/* The part of the node's TMP storage with role r and its size; NULL when it has none. */
+static inline void *mp_view_tmp(const struct mp_node_view *c, bool bwd, enum mp_trole r, uint64_t *bytes)
+{
+    const struct mp_tmp_part *t = mp_node_tmp(c->n, bwd, r);
+    *bytes = t ? t->bytes : 0;
+    return t && c->tmp.p ? (char *)c->tmp.p + t->offset : NULL;
+}
+
+/* One parameter at the optimizer step (parameters without a gradient are skipped). */
+struct mp_param_view {
+    size_t q;
+    const struct mp_param *param;
+    struct mp_view P, G;  /* the parameter and its gradient, in the parameter's dtype */
+    void *state;          /* its optimizer state (layout per optimizer), or NULL */
+    void *tmp;            /* its step temporary (Adam: the _foreach_sqrt output), or NULL */
+    void *tmp0;           /* the shared step temporary (Adafactor: id 0), or NULL */
+    uint64_t t;           /* the step number, from 1 */
+};
+
+/* ---- a backend ------------------------------------------------------------------------------ */
+
+struct mp_prim_fns {
+    enum mp_status (*fwd)(struct mp_node_view *c);
+    enum mp_status (*bwd)(struct mp_node_view *c);
+};
 
 struct mp_probe_backend {
     const char *name;
-    /* (optional) true when the backend can open now; NULL = always */
-    bool (*available)(void);
+    /* -- registry -- */
+    bool (*available)(void);  /* (optional) true when the backend can open now; NULL = always */
     enum mp_status (*open)(void **ctx, const struct mp_probe_opts *o, struct mp_diag *d);
     /* (optional) NULL: mp_probe_device_info reports MP_ERR_UNSUPPORTED */
     enum mp_status (*device_info)(void *ctx, struct mp_device_info *out);
-    enum mp_status (*run)(void *ctx, const struct mp_probe_opts *o, const struct mp_program *p,
-                          const struct mp_schedule *s, const struct mp_train_opts *t, struct mp_probe_result *r,
-                          struct mp_diag *d);
-    /* (optional) */
-    void (*close)(void *ctx);
+    void (*close)(void *ctx); /* (optional) */
+
+    /* -- compute: indexed by enum mp_prim; a NULL member: the backend does not run that prim
+     *    (MP_P_VIEW moves nothing and needs none) -- */
+    const struct mp_prim_fns *prims;
+    /* at LOSS_GRAD: the loss into x->loss (or at step_end) and the output's gradient g (may be
+     * absent): ce: y is the cross-entropy scalar; else the implicit loss of probe.h */
+    enum mp_status (*loss_grad)(struct mp_exec *x, struct mp_view y, struct mp_view g, bool ce);
+    enum mp_status (*opt_param)(struct mp_exec *x, const struct mp_param_view *v);
+    void (*node_end)(struct mp_node_view *c); /* (optional) after each node's forward or backward */
+
+    /* -- storage: the pool's allocator; MP_ERR_OOM is a result -- */
+    enum mp_status (*alloc)(void *ctx, uint64_t bytes, void **out, struct mp_diag *d);
+    void (*free)(void *ctx, void *ptr);
+    /* (optional) host bytes into a storage, finished on return; NULL: storages are host memory */
+    enum mp_status (*upload)(struct mp_exec *x, void *dst, const void *src, uint64_t bytes);
+    enum mp_status (*zero)(struct mp_exec *x, void *ptr, uint64_t bytes);
+    /* (optional) a fresh activation or temporary (host: NaN bytes, so a read before a write shows) */
+    enum mp_status (*poison)(struct mp_exec *x, void *ptr, uint64_t bytes);
+    /* (optional) the replay's WORKSPACE storage (cuda: cuBLAS's); (NULL, 0) takes it back */
+    enum mp_status (*workspace)(struct mp_exec *x, void *ptr, uint64_t bytes);
+    void (*sync)(struct mp_exec *x); /* (optional) waits for queued work; clears a sticky error */
+
+    /* -- run and step (all optional) -- */
+    enum mp_status (*exec_new)(struct mp_exec *x);  /* x->bx */
+    void (*exec_free)(struct mp_exec *x);           /* after every storage is freed */
+    enum mp_status (*run_begin)(struct mp_exec *x, struct mp_probe_result *r);
+    /* after the steps (st: how they ended), before the storages are freed */
+    enum mp_status (*run_end)(struct mp_exec *x, struct mp_probe_result *r, enum mp_status st);
+    bool profile_step;    /* one more step after the measured ones, with step_begin(profile = true) */
+    enum mp_status (*step_begin)(struct mp_exec *x, bool profile);
+    /* the step's time in *ms (NULL members: wall time around the replay) */
+    enum mp_status (*step_end)(struct mp_exec *x, double *ms);
 };
 
 extern const struct mp_probe_backend mp_probe_backend_host;
 #ifdef MEMPLAN_HAVE_CUDA
 extern const struct mp_probe_backend mp_probe_backend_cuda;
 #endif
-
-/* ---- the counting pool ------------------------------------------------------------- */
-
-struct mp_pool_ops {
-    /* Allocates bytes (> 0).  MP_ERR_OOM when the allocator is out of memory (a
-     * result, not an error); anything else is an error with d filled. */
-    enum mp_status (*alloc)(void *ctx, uint64_t bytes, void **out, struct mp_diag *d);
-    void (*free)(void *ctx, void *ptr);
-    void *ctx;
-};
-
-struct mp_pool {
-    const struct mp_program *p;
-    struct mp_pool_ops ops;
-    uint64_t capacity;   /* 0 = unlimited */
-    uint64_t cur, peak;  /* sum of mp_round512(bytes) of live storages; its maximum */
-    size_t n_keys, n_live;
-    void **ptr;
-    uint64_t *bytes;
-    unsigned char *present;
-    uint64_t oom_bytes;  /* the request that did not fit */
-    bool oom_capacity;   /* the capacity limit said no (false: the allocator itself) */
-    char oom_event[96];
-    bool trace_on;       /* record cur after every alloc/free of the current step (timeline) */
-    uint64_t *trace;
-    size_t n_trace, cap_trace;
-};
-
-/* Hands the recorded trace of the last step to r (r->trace, r->n_trace); the pool forgets it. */
-void mp_pool_take_trace(struct mp_pool *pl, struct mp_probe_result *r);
-
-/* Parameters, optimizer state, the workspace and the input batch live across
- * steps: the replay allocates them at every step's setup; the pool counts them
- * again and keeps their contents. */
-bool mp_store_persistent(enum mp_store s);
-
-enum mp_status mp_pool_init(struct mp_pool *pl, const struct mp_program *p, const struct mp_pool_ops *ops,
-                            uint64_t capacity, struct mp_diag *d);
-/* Frees every storage (persistent ones included); counters to 0. */
-void mp_pool_free_all(struct mp_pool *pl);
-/* mp_pool_free_all, then the tables.  NULL-safe. */
-void mp_pool_release(struct mp_pool *pl);
-/* An ALLOC event.  *fresh: a new storage (false: a persistent one counted again).
- * MP_ERR_OOM with oom_bytes/oom_event set when the capacity or the allocator says no. */
-enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void **ptr, bool *fresh,
-                             struct mp_diag *d);
-enum mp_status mp_pool_free(struct mp_pool *pl, const struct mp_event *ev, struct mp_diag *d);
-/* The storage of (store, id), or NULL when not allocated (or of zero bytes). */
-void *mp_pool_get(const struct mp_pool *pl, enum mp_store s, int id);
-bool mp_pool_has(const struct mp_pool *pl, enum mp_store s, int id);
-/* Before each step's replay: the live count restarts at 0 (persistent storages are re-counted). */
-void mp_pool_step_begin(struct mp_pool *pl);
-/* After each step: only persistent storages may remain. */
-enum mp_status mp_pool_step_end(struct mp_pool *pl, struct mp_diag *d);
-
-/* "backward:h.1.attn.sdpa", "setup:param wte.weight" */
-void mp_event_name(const struct mp_program *p, const struct mp_event *ev, char *buf, size_t len);
-
-/* ---- layout the executors share ------------------------------------------------------ */
-
-/* Row width (elements) and column offset of each input of a node.  The fused
- * q/k/v projection is one storage (b, s, (a+2kv)d): attention reads q at column
- * 0, k at a*d, v at a*d + kv*d; a rope on a fused view reads at the same offset. */
-struct mp_node_layout {
-    uint64_t in_w[3], in_off[3];
-};
-enum mp_status mp_exec_layout(const struct mp_program *p, struct mp_node_layout **out, struct mp_diag *d);
-
-/* Deterministic starting values (the same on every backend):
- * matmul/embedding matrices uniform(+-1/sqrt(cols)), norm weights 1, biases 0,
- * other parameters uniform(+-0.1).  Value of element i of parameter q. */
-float mp_exec_param_value(const struct mp_program *p, size_t q, uint64_t i, uint64_t seed);
-/* Fills the input tensor t (ids < vocab, labels < classes, images N(0,1), opaque
- * bytes) in its dtype into buf (tensors[t].bytes). */
-void mp_exec_input_fill(const struct mp_program *p, int t, uint64_t seed, void *buf);
-
-/* The CE node (explicit loss) or -1. */
-int mp_exec_loss_node(const struct mp_program *p);
-
-/* Optimizer hyper-parameters, epsilons and shared arithmetic: mp_math.h (C and CUDA). */
-
-/* ---- deterministic hashing ----------------------------------------------------------- */
-
-/* splitmix64 finalizer; kernels/kcommon.cuh has the same function. */
-static inline uint64_t mp_hash64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-/* Uniform in [0, 1) with 24 bits. */
-static inline float mp_hash_unit(uint64_t x) { return (float)(mp_hash64(x) >> 40) * (1.0f / 16777216.0f); }
-
-/* The key of a dropout node's mask at one step: element i is kept when
- * mp_hash_unit(key + i) >= p.  Recomputation (checkpointing) reuses the key, so
- * masks match PyTorch's RNG-state restore. */
-static inline uint64_t mp_dropout_key(uint64_t seed, int node, uint64_t rng_step)
-{
-    return mp_hash64(seed + 0x9E3779B97F4A7C15ull * (uint64_t)(node + 1)) ^
-           mp_hash64(rng_step * 0xD1B54A32D192ED03ull + 7);
-}
-
-/* ---- half precision (round to nearest even) -------------------------------------------- */
-
-static inline float mp_f32_from_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t mp_bf16_from_f32(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline float mp_f32_from_f16(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-    if (exp == 0) {
-        if (man == 0) {
-            u = sign;
-        } else { /* subnormal: normalise */
-            int e = -1;
-            do {
-                e++;
-                man <<= 1;
-            } while (!(man & 0x400u));
-            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000u | (man << 13);
-    } else {
-        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t mp_f16_from_f32(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return (uint16_t)(sign | 0x7e00u); /* NaN */
-    if (a >= 0x477ff000u)                  /* rounds to >= 65520: inf */
-        return (uint16_t)(sign | 0x7c00u);
-    if (a < 0x38800000u) { /* below the smallest normal half (2^-14): subnormal or zero */
-        if (a < 0x33000000u) /* < 2^-25: rounds to 0 */
-            return sign;
-        uint32_t e = a >> 23, man = (a & 0x7fffffu) | 0x800000u;
-        uint32_t shift = 126 - e; /* 14..24: value = man * 2^(e-150), half unit 2^-24 */
-        uint32_t q = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1u)))
-            q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1u); /* round mantissa to 10 bits, nearest even */
-    return (uint16_t)(sign | (((r >> 23) - 112) << 10) | ((r >> 13) & 0x3ffu));
-}
 
 /* ---- the host executor's GEMM (probe_host_gemm.c) ------------------------------------------ */
 
@@ -215,25 +188,23 @@ enum mp_status mp_host_gemm(bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K
 /* True when the host GEMMs run on a CPU BLAS. */
 bool mp_host_blas(void);
 
-/* ---- the host executor (test hooks) ------------------------------------------------------ */
+/* ---- the executor (test hooks) ---------------------------------------------------------- */
 
-struct mp_host_exec;
-
-/* An executor of p with its own pool (capacity 0 = unlimited). */
-enum mp_status mp_host_exec_new(struct mp_host_exec **out, const struct mp_program *p, const struct mp_train_opts *t,
+/* An executor of p on the host backend with its own pool (capacity 0 = unlimited). */
+enum mp_status mp_host_exec_new(struct mp_exec **out, const struct mp_program *p, const struct mp_train_opts *t,
                                 uint64_t capacity_bytes, uint64_t seed, struct mp_diag *d);
-void mp_host_exec_free(struct mp_host_exec *x); /* NULL-safe; frees every storage */
+void mp_host_exec_free(struct mp_exec *x); /* NULL-safe; frees every storage */
 /* One training step (one replay).  update=false leaves the parameters, the
  * optimizer state, the step count and the dropout stream alone (for finite
  * differences).  grads (optional, total_params floats) receives every
  * parameter gradient in parameter order just before zero_grad.  *loss: the
  * step's loss (double).  MP_ERR_OOM: every storage has been freed, the pool's
  * oom_* say what did not fit. */
-enum mp_status mp_host_exec_step(struct mp_host_exec *x, const struct mp_schedule *s, bool update, float *grads,
+enum mp_status mp_host_exec_step(struct mp_exec *x, const struct mp_schedule *s, bool update, float *grads,
                                  double *loss, struct mp_diag *d);
-const struct mp_pool *mp_host_exec_pool(const struct mp_host_exec *x);
+const struct mp_pool *mp_host_exec_pool(const struct mp_exec *x);
 /* Parameter element access (parameters exist after the first step). */
-float mp_host_exec_param_get(const struct mp_host_exec *x, size_t q, uint64_t i);
-void mp_host_exec_param_set(struct mp_host_exec *x, size_t q, uint64_t i, float v);
+float mp_host_exec_param_get(const struct mp_exec *x, size_t q, uint64_t i);
+void mp_host_exec_param_set(struct mp_exec *x, size_t q, uint64_t i, float v);
 
 #endif

@@ -12,8 +12,6 @@ import sys
 
 # Cycles still in the tree (issue 13, item 7), to be broken; none may grow.
 KNOWN = {
-    frozenset(["probe", "probe_cuda", "probe_host"]): "the registry (probe.c) names the backends, "
-                                                      "which use its counting pool",
 }
 
 

@@ -31,9 +31,9 @@ static inline struct mp_train_opts train_opts(enum mp_optimizer o, uint64_t ws)
     return t;
 }
 
-static inline struct mp_host_exec *exec_new(const struct mp_program *p, enum mp_optimizer o, uint64_t cap)
+static inline struct mp_exec *exec_new(const struct mp_program *p, enum mp_optimizer o, uint64_t cap)
 {
-    struct mp_host_exec *x;
+    struct mp_exec *x;
     struct mp_diag d = {{0}};
     struct mp_train_opts t = train_opts(o, 0);
     if (mp_host_exec_new(&x, p, &t, cap, 7, &d) != MP_OK)
@@ -41,7 +41,7 @@ static inline struct mp_host_exec *exec_new(const struct mp_program *p, enum mp_
     return x;
 }
 
-static inline double step(struct mp_host_exec *x, const struct mp_schedule *s, bool update, float *grads)
+static inline double step(struct mp_exec *x, const struct mp_schedule *s, bool update, float *grads)
 {
     struct mp_diag d = {{0}};
     double loss;
@@ -55,7 +55,7 @@ static inline double step(struct mp_host_exec *x, const struct mp_schedule *s, b
  * parameter element (at most max_per_param per tensor, spread evenly).  An
  * element that misses is tried again at eps/3 and eps/10: a ReLU or max-pool kink
  * inside [v - eps, v + eps] breaks a finite difference, not the gradient. */
-static inline double central_diff(struct mp_host_exec *x, const struct mp_schedule *s, size_t q, uint64_t i, float eps)
+static inline double central_diff(struct mp_exec *x, const struct mp_schedule *s, size_t q, uint64_t i, float eps)
 {
     float v = mp_host_exec_param_get(x, q, i);
     mp_host_exec_param_set(x, q, i, v + eps);
@@ -69,7 +69,7 @@ static inline double central_diff(struct mp_host_exec *x, const struct mp_schedu
 static inline void gradcheck(const struct mp_program *p, const struct mp_schedule *s, float eps, double atol, double rtol,
                       size_t max_per_param)
 {
-    struct mp_host_exec *x = exec_new(p, MP_OPT_SGD, 0);
+    struct mp_exec *x = exec_new(p, MP_OPT_SGD, 0);
     float *g = calloc(p->total_params, sizeof *g);
     assert_non_null(g);
     step(x, s, false, g);

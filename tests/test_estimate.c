@@ -436,6 +436,39 @@ static void test_estimate_module_buffers(void **state)
     }
 }
 
+/* Falcon (multi-query 7B layout) and GPT-J, one decoder layer (h.1) worked by hand from what
+ * transformers 5.23 saves (saved_tensors_hooks on the CPU, then CUDA's rules).  b=3, s=12,
+ * h=64, 4 heads of 16, ffn 256.
+ * Falcon fp32, SDPA: LayerNorm mean+rstd 2x144; qkv input 9216; the two int64 indices of the
+ * k/v split 2x8; SDPA: q after rope 9216, k after rope (1 head) 2304, v index copy 2304, out
+ * 9216 (also dense's input), CUDA mem-efficient lse (3,4,32) fp32 1536, the float conversion of
+ * the bool mask (3,1,12,12) 1728; MLP: gelu input 36864, dense_4h_to_h input 36864; the
+ * layer's output 9216: 118768.
+ * GPT-J bf16, eager: mean+rstd (fp32 on CUDA) 288; q/k/v_proj input 4608; cos and sin of the
+ * q and k rotary, (1,12,1,8) each 4x192; _attn's fp32 q and k copies 2x9216; fp32 softmax
+ * 6912, its bf16 cast 3456; v copy 4608; out_proj input 4608; gelu_new input and its three
+ * intermediates 4x18432; fc_out input 18432; output 4608: 140448.  Its per-layer sinusoid
+ * tables (64 x 8 fp32, two layers) are module buffers: 4096. */
+static void test_estimate_falcon_gptj_layer(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"model_type\": \"falcon\", \"vocab_size\": 100, \"hidden_size\": 64, "
+             "\"num_attention_heads\": 4, \"num_hidden_layers\": 2}");
+    struct mp_estimate e;
+    run(&m, 3, 12, MP_PREC_FP32, MP_OPT_SGD, NULL, &e);
+    assert_int_equal(e.blocks[2].activation_bytes, 118768);
+    mp_estimate_release(&e);
+    mp_model_release(&m);
+    load(&m, "{\"model_type\": \"gptj\", \"vocab_size\": 100, \"n_embd\": 64, \"n_head\": 4, "
+             "\"n_layer\": 2, \"rotary_dim\": 8, \"n_positions\": 64}");
+    run(&m, 3, 12, MP_PREC_BF16, MP_OPT_SGD, NULL, &e);
+    assert_int_equal(e.blocks[2].activation_bytes, 140448);
+    assert_int_equal(e.module_buffers_bytes, 4096);
+    mp_estimate_release(&e);
+    mp_model_release(&m);
+}
+
 /* Whether tensor t is live when the loss gradient is seeded. */
 struct live_at_loss {
     int t;
@@ -672,6 +705,7 @@ int main(void)
         cmocka_unit_test(test_estimate_autocast_cache),
         cmocka_unit_test(test_estimate_gelu_new_autocast),
         cmocka_unit_test(test_estimate_module_buffers),
+        cmocka_unit_test(test_estimate_falcon_gptj_layer),
         cmocka_unit_test(test_estimate_rope_tables_under_checkpointing),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),

@@ -537,7 +537,97 @@ static const struct {
     {"models/hf/distilbert-base-uncased.json", "DistilBertForTokenClassification", 66364418u},
     {"models/hf/distilbert-base-uncased.json", "DistilBertForQuestionAnswering", 66364418u},
     {"models/hf/distilbert-base-uncased.json", "DistilBertModel", 66362880u},
+    {"models/hf/falcon-7b.json", NULL, UINT64_C(6921720704)},
+    {"models/hf/falcon-7b.json", "FalconForSequenceClassification", UINT64_C(6921729792)},
+    {"models/hf/falcon-7b.json", "FalconForTokenClassification", UINT64_C(6921729794)},
+    {"models/hf/falcon-7b.json", "FalconForQuestionAnswering", UINT64_C(6921729794)},
+    {"models/hf/falcon-7b.json", "FalconModel", UINT64_C(6921720704)},
+    {"models/hf/falcon-40b.json", NULL, UINT64_C(41303293952)},
+    {"models/hf/falcon-40b.json", "FalconModel", UINT64_C(41303293952)},
+    {"models/hf/gpt-j-6b.json", NULL, UINT64_C(6050882784)},
+    {"models/hf/gpt-j-6b.json", "GPTJForSequenceClassification", UINT64_C(5844402176)},
+    {"models/hf/gpt-j-6b.json", "GPTJForQuestionAnswering", UINT64_C(5844402178)},
+    {"models/hf/gpt-j-6b.json", "GPTJModel", UINT64_C(5844393984)},
+    {"models/hf/vit-base-patch16-224.json", NULL, 86567656u},
+    {"models/hf/vit-base-patch16-224.json", "ViTModel", 86389248u},
 };
+
+/* ViT: a rectangular image, one channel, no q/k/v bias (o_proj keeps its bias), a pooler of
+ * another width (expected: bench/hf_params.py on the same JSON); the sequence is 4 x 6 patches
+ * + the class token. */
+static void test_vit_config(void **state)
+{
+    (void)state;
+#define VIT_TINY(arch, extra)                                                                               \
+    "{\"model_type\": \"vit\", \"architectures\": [\"" arch "\"], \"hidden_size\": 64, "                  \
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 96, \"image_size\": [32, 48], " \
+    "\"num_channels\": 1, \"qkv_bias\": false, \"pooler_output_size\": 40, \"num_labels\": 7" extra "}"
+    struct mp_model m;
+    load_str_ok(&m, VIT_TINY("ViTModel", ", \"patch_size\": 8"));
+    assert_int_equal(params_of(&m), 66856u);
+    assert_int_equal(m.input, MP_INPUT_IMAGE);
+    assert_int_equal(m.seq_len, 4 * 6 + 1);
+    mp_model_release(&m);
+    load_str_ok(&m, VIT_TINY("ViTForImageClassification", ", \"patch_size\": 8"));
+    assert_int_equal(params_of(&m), 64711u);
+    mp_model_release(&m);
+    expect_error(VIT_TINY("ViTModel", ", \"patch_size\": 5"), MP_ERR_MODEL,
+                 "cfg.json: patch_size: 5 does not divide image_size 32 x 48");
+    expect_error(VIT_TINY("ViTModel", ", \"patch_size\": [8, 16]"), MP_ERR_MODEL,
+                 "cfg.json: patch_size: 8 x 16 is not supported (square patches only)");
+    expect_error(VIT_TINY("ViTForMaskedImageModeling", ""), MP_ERR_MODEL,
+                 "cfg.json: architectures[0]: 'ViTForMaskedImageModeling' is not supported for vit (supported: "
+                 "*Model, *ForImageClassification)");
+#undef VIT_TINY
+}
+
+/* Falcon's other layouts and a tied GPT-J with rotary over the whole head, on small configs
+ * (expected: bench/hf_params.py on the same JSON, *ForCausalLM). */
+static void test_params_falcon_gptj_layouts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        uint64_t params;
+    } cases[] = {
+        {"{\"model_type\": \"falcon\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+         "\"num_hidden_layers\": 2, \"multi_query\": false, \"bias\": true}", 106240u},
+        {"{\"model_type\": \"falcon\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+         "\"num_hidden_layers\": 2, \"parallel_attn\": false}", 93056u},
+        {"{\"model_type\": \"falcon\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+         "\"num_hidden_layers\": 2, \"new_decoder_architecture\": true, \"num_kv_heads\": 2, "
+         "\"num_ln_in_parallel_attn\": 1, \"ffn_hidden_size\": 96, \"tie_word_embeddings\": false}", 62336u},
+        {"{\"model_type\": \"gptj\", \"vocab_size\": 100, \"n_embd\": 64, \"n_head\": 4, \"n_layer\": 2, "
+         "\"rotary_dim\": 16, \"tie_word_embeddings\": true, \"n_inner\": 96}", 64548u},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct mp_model m;
+        load_str_ok(&m, cases[i].json);
+        assert_int_equal(params_of(&m), cases[i].params);
+        mp_model_release(&m);
+    }
+#define FALCON_TINY(extra)                                                                                  \
+    "{\"model_type\": \"falcon\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_attention_heads\": 4, " \
+    "\"num_hidden_layers\": 2" extra "}"
+    expect_error(FALCON_TINY(", \"alibi\": true"), MP_ERR_MODEL,
+                 "cfg.json: alibi: true is not supported (ALiBi attention biases are not modelled)");
+    expect_error(FALCON_TINY(", \"num_ln_in_parallel_attn\": 2"), MP_ERR_MODEL,
+                 "cfg.json: num_ln_in_parallel_attn: 2 needs new_decoder_architecture (transformers builds one "
+                 "norm otherwise)");
+    expect_error(FALCON_TINY(", \"new_decoder_architecture\": true, \"num_kv_heads\": 3"), MP_ERR_MODEL,
+                 "cfg.json: num_kv_heads: 3 does not divide num_attention_heads 4");
+    expect_error(FALCON_TINY(", \"parallel_attn\": false, \"attention_dropout\": 0.1"), MP_ERR_MODEL,
+                 "cfg.json: attention_dropout: a dropout on the attention branch of the sequential layout is not "
+                 "modelled");
+#undef FALCON_TINY
+    expect_error("{\"model_type\": \"gptj\", \"vocab_size\": 100, \"n_embd\": 64, \"n_head\": 4, \"n_layer\": 2, "
+                 "\"rotary_dim\": null}", MP_ERR_MODEL,
+                 "cfg.json: rotary_dim: null is not supported (rotary over the whole hidden size does not run in "
+                 "transformers' GPT-J)");
+    expect_error("{\"model_type\": \"gptj\", \"vocab_size\": 100, \"n_embd\": 64, \"n_head\": 4, \"n_layer\": 2, "
+                 "\"rotary_dim\": 18}", MP_ERR_MODEL,
+                 "cfg.json: rotary_dim: 18 must be even and at most the head size 16");
+}
 
 /* Loads path with its architectures[0] replaced by arch (the first "...For..." or "...Model"
  * string after "architectures"). */
@@ -684,7 +774,7 @@ static void test_error_table_families(void **state)
     expect_error("{\"model_type\": \"mixtral\", \"vocab_size\": 100}", MP_ERR_MODEL,
                  "cfg.json: model_type: 'mixtral' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
                  "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, granite, opt, "
-                 "roberta, distilbert)");
+                 "roberta, distilbert, gptj, falcon, vit)");
 }
 
 /* ---- task heads (architectures[0]) ---------------------------------------- */
@@ -871,7 +961,7 @@ static void test_error_unknown_model_type(void **state)
     expect_error("{\"model_type\": \"foo\"}", MP_ERR_MODEL,
                  "cfg.json: model_type: 'foo' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
                  "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, granite, opt, "
-                 "roberta, distilbert)");
+                 "roberta, distilbert, gptj, falcon, vit)");
 }
 
 static void test_error_missing_field(void **state)
@@ -1020,6 +1110,8 @@ int main(void)
         cmocka_unit_test(test_bert_lowering),
         cmocka_unit_test(test_ignored_fields_accepted),
         cmocka_unit_test(test_params_table_families),
+        cmocka_unit_test(test_params_falcon_gptj_layouts),
+        cmocka_unit_test(test_vit_config),
         cmocka_unit_test(test_table_families_lowering),
         cmocka_unit_test(test_error_table_families),
         cmocka_unit_test(test_head_param_counts),

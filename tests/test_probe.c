@@ -269,7 +269,7 @@ static void grads_of(const struct mp_model *m, enum mp_precision prec, int attn,
 {
     struct mp_program p;
     build(&p, m, prec, 2, attn);
-    struct mp_host_exec *x = exec_new(&p, MP_OPT_SGD, 0);
+    struct mp_exec *x = exec_new(&p, MP_OPT_SGD, 0);
     *loss = step(x, s, false, g);
     mp_host_exec_free(x);
     mp_program_release(&p);
@@ -464,7 +464,7 @@ static void test_oom_just_below_peak(void **state)
     assert_true(r.oom_event[0] != '\0');
     assert_true(r.measured_peak_bytes < peak);
     /* the executor frees every storage on OOM */
-    struct mp_host_exec *x;
+    struct mp_exec *x;
     struct mp_diag d = {{0}};
     assert_int_equal(mp_host_exec_new(&x, &p, &t, peak - 1, 1, &d), MP_OK);
     double loss;
