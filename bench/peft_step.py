@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """peft_step.py — memplan's fine-tuning figures against transformers + peft + bitsandbytes on the CPU.
 
-  python3 bench/peft_step.py lora [--quick] [--out FILE.md]
+  python3 bench/peft_step.py lora [--quick] [--only NAME,...] [--out FILE.md]
       For each config and setting (LoRA rank and targets, base fp32 / amp-bf16 / bf16,
       checkpointing none / layers), the model is built with transformers, wrapped with
       peft.get_peft_model(LoraConfig(r, lora_alpha=2r, lora_dropout=0, task_type=CAUSAL_LM)),
@@ -11,10 +11,12 @@
       memory_allocated; parameters, buffers and optimizer state registered) and gives step
       2's peak; saved_tensors_hooks give what autograd saves (no checkpointing).  Compared
       with `memplan estimate --finetune lora ... --workspace 0 --json`: trainable params
-      (exact), saved bytes (sum of layers[].activation_bytes), step peak.  Dropout is 0 in
-      both (CPU dropout masks are not CUDA's).  CPU autocast differs from CUDA autocast on the
-      ops CUDA runs in fp32 (memory-facts §5); the full fine-tuning row of each setting shows
-      the base model's own difference beside the LoRA rows.
+      (exact), saved bytes (sum of layers[].activation_bytes), step peak.  Both sides read the
+      same config file, dropout set to 0 (torch_step.load_config: CPU dropout masks are not
+      CUDA's).  CPU autocast differs from CUDA autocast on the ops CUDA runs in fp32
+      (memory-facts §5): the bytes CUDA keeps beyond the CPU are listed per row, op by op, by
+      torch_step.cuda_only_bytes (GPT-2's gelu_new pow), and "diff vs CUDA" compares memplan
+      with torch + those bytes; the full fine-tuning row of each setting is the base model.
 
   python3 bench/peft_step.py params [CONFIG ...]
       Trainable and total parameters as peft counts them (get_nb_trainable_parameters) for
@@ -175,10 +177,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
     transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: None
     Live, Saved = _tracker_classes()
     with open(cfg_path) as f:
-        d = json.load(f)
-    for k, v in list(d.items()):
-        if "drop" in k and isinstance(v, float):
-            d[k] = 0.0
+        d = json.load(f)  # the config memplan reads too (dropout already off: bench_config)
     cfg = transformers.AutoConfig.for_model(**d)
     cfg._attn_implementation = "sdpa"
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -256,10 +255,27 @@ def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False):
             "saved": sum(l["activation_bytes"] for l in r_["layers"]), "peak_at": r_["memory"]["peak_event"]}
 
 
-def lora_bench(quick, out):
+def bench_config(path, tmpdir):
+    """The config both sides read: dropout off (torch_step.load_config), written to tmpdir."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_step
+    d = torch_step.load_config(path)
+    out = os.path.join(tmpdir, os.path.basename(path))
+    with open(out, "w") as f:
+        json.dump(d, f)
+    return out, d
+
+
+def lora_bench(quick, out, only=()):
+    import tempfile
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_step import cuda_only_bytes
+    tmpdir = tempfile.mkdtemp(prefix="peft_step_")
     configs = ["models/hf/qwen2-0.5b.json", "models/hf/gpt2.json"]
     if not quick:
         configs += ["models/hf/llama-2-7b.json", "models/hf/pythia-160m.json"]
+    if only:
+        configs = [c for c in configs if any(o in c for o in only)]
     settings = []
     for cfg in configs:
         for prec in ("fp32", "amp-bf16", "bf16"):
@@ -268,21 +284,29 @@ def lora_bench(quick, out):
                 settings.append((cfg, prec, ckpt, 16, None, False))
                 settings.append((cfg, prec, ckpt, 64, "all-linear", False))
     lines = ["| config | precision | ckpt | finetune | trainable torch / memplan | saved torch | saved memplan "
-             "| diff | peak torch | peak memplan | diff |", "|" + "---|" * 11]
+             "| diff | CUDA-only | diff vs CUDA | peak torch | peak memplan | diff | diff vs CUDA |", "|" + "---|" * 14]
     batch, seq = 2, 256
-    for cfg, prec, ckpt, r, tg, full in settings:
+    for path, prec, ckpt, r, tg, full in settings:
+        cfg, d = bench_config(path, tmpdir)
         t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, tg, full)
         m = memplan_lora(cfg, batch, seq, prec, ckpt, r, tg, full)
+        # what CUDA autocast keeps beyond CPU autocast (torch_step.cuda_only_bytes: GPT-2's gelu_new
+        # pow in fp32); a LoRA base keeps the same (the ops run on inputs that require grad)
+        cuda, why = cuda_only_bytes(d, batch, seq, prec, "sdpa", ckpt)
+        cuda_pk = cuda if t["peak_at"].startswith(("backward", "forward")) else 0
         ft = "full" if full else "lora r%d %s" % (r, tg or "default")
         sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
         sv_d = "%+.2f%%" % (100.0 * (m["saved"] - t["saved"]) / t["saved"]) if t["saved"] else "-"
-        row = "| %s | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %.2f MiB | %.2f MiB | %+.2f%% |" % (
+        sv_c = "%+.2f%%" % (100.0 * (m["saved"] - t["saved"] - cuda) / (t["saved"] + cuda)) if t["saved"] else "-"
+        row = ("| %s | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %s | %s | %.2f MiB | %.2f MiB | %+.2f%% "
+               "| %+.2f%% |") % (
             os.path.basename(cfg), prec, ckpt, ft, t["trainable"], m["trainable"],
             "" if t["trainable"] == m["trainable"] else " MISMATCH", sv_t, m["saved"] / 2**20, sv_d,
-            t["peak"] / 2**20, m["peak"] / 2**20, 100.0 * (m["peak"] - t["peak"]) / t["peak"])
+            "%.2f MiB (%s)" % (cuda / 2**20, why) if cuda else "", sv_c,
+            t["peak"] / 2**20, m["peak"] / 2**20, 100.0 * (m["peak"] - t["peak"]) / t["peak"],
+            100.0 * (m["peak"] - t["peak"] - cuda_pk) / (t["peak"] + cuda_pk))
         print(row, flush=True)
         lines.append(row)
-        lines.append("")  if False else None
     if out:
         with open(out, "w") as f:
             f.write("# bench/peft_step.py lora: batch %d x seq %d, CPU FakeTensorMode, torch %s\n\n" % (
@@ -425,12 +449,13 @@ def memplan_weights(path, *extra):
 def main(argv):
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None
-        lora_bench("--quick" in argv, out)
+        only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else ()
+        lora_bench("--quick" in argv, out, only)
         return 0
     if len(argv) >= 1 and argv[0] == "qlora-step":
         print("| precision | ckpt | trainable torch / memplan | peak torch | peak memplan | diff | losses |")
         print("|---|---|---|---|---|---|---|")
-        for prec, ckpt in (("fp32", "none"), ("fp32", "layers"), ("amp-bf16", "none")):
+        for prec, ckpt in (("fp32", "none"), ("fp32", "layers"), ("amp-bf16", "none"), ("amp-bf16", "layers")):
             r = qlora_step(prec, ckpt)
             print("| %s | %s | %d / %d | %d | %d | %+.2f%% | %s |" % (
                 prec, ckpt, r["trainable"], r["m_trainable"], r["peak"], r["m_peak"],

@@ -146,6 +146,50 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
     return true;
 }
 
+/* Names of tensors, nodes and parameters: "prefix.name" (or name alone without a prefix),
+ * cut at MP_NAME_MAX - 1 bytes, kept in chunks the program owns.  One allocation per
+ * chunk instead of a fixed array in every tensor, node and parameter: a 100,000-block
+ * model has millions of them. */
+#define MP_NAME_MAX 96
+#define NAME_CHUNK_BYTES 65536
+struct mp_name_chunk {
+    struct mp_name_chunk *next;
+    size_t used;
+    char text[NAME_CHUNK_BYTES];
+};
+
+static const char *store_name(struct bld *B, const char *prefix, const char *name)
+{
+    size_t lp = strlen(prefix), ln = strlen(name);
+    size_t len = lp + (lp ? 1 : 0) + ln;
+    if (len > MP_NAME_MAX - 1)
+        len = MP_NAME_MAX - 1;
+    struct mp_name_chunk *c = B->p->names;
+    if (!c || c->used + len + 1 > sizeof c->text) {
+        c = malloc(sizeof *c);
+        if (!c) {
+            B->st = mp_fail(B->d, MP_ERR_NOMEM, "%s: out of memory building the tensor program", B->m->path);
+            return "";
+        }
+        c->next = B->p->names;
+        c->used = 0;
+        B->p->names = c;
+    }
+    char *s = c->text + c->used, *w = s, *end = s + len;
+    for (const char *r = prefix; *r && w < end;)
+        *w++ = *r++;
+    if (lp && w < end)
+        *w++ = '.';
+    for (const char *r = name; *r && w < end;)
+        *w++ = *r++;
+    *w = '\0';
+    c->used += len + 1;
+    return s;
+}
+
+/* The current op's name for name: "prefix.name". */
+static const char *name_of(struct bld *B, const char *name) { return store_name(B, B->prefix, name); }
+
 static uint64_t mul(struct bld *B, uint64_t a, uint64_t b)
 {
     uint64_t r;
@@ -178,7 +222,7 @@ static struct val new_val(struct bld *B, const char *name, enum mp_dtype dt, int
         return v;
     }
     struct mp_tensor *t = &p->tensors[p->n_tensors];
-    snprintf(t->name, sizeof t->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    t->name = name_of(B, name);
     t->dtype = dt;
     t->rank = rank;
     uint64_t e = 1;
@@ -214,7 +258,7 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     struct mp_node *n = &p->nodes[p->n_nodes++];
     memset(n, 0, sizeof *n);
     n->prim = prim;
-    snprintf(n->name, sizeof n->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    n->name = name_of(B, name);
     n->layer = B->layer;
     n->block = B->block;
     n->in[0] = n->in[1] = n->in[2] = -1;
@@ -305,7 +349,7 @@ static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t co
         return -1;
     }
     struct mp_param *q = &p->params[p->n_params];
-    snprintf(q->name, sizeof q->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    q->name = name_of(B, name);
     q->elems = mul(B, rows, cols);
     q->rows = rows;
     q->cols = cols;
@@ -474,7 +518,10 @@ static const struct mp_quant *base_quant(struct bld *B, bool head)
  * A quantized base (bitsandbytes Linear4bit, GPTQ, AWQ) keeps packed storage and
  * dequantizes W (out x in, compute dtype) into a temporary in forward and again in
  * backward (bitsandbytes MatMul4Bit saves only the packed weight, memory-facts §12);
- * autocast makes no weight copy of it.  A LoRA target gets its adapter after. */
+ * autocast makes no weight copy of it.  bitsandbytes' Linear4bit.forward casts x to the
+ * compute dtype itself and its result back to x's dtype (an fp32 result under autocast
+ * when x is fp32, as after prepare_model_for_kbit_training); peft's LoRA Linear4bit clones
+ * that result before adding the adapter.  A LoRA target gets its adapter after. */
 static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, bool bias,
                                  const char *name, int tied)
 {
@@ -492,8 +539,7 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
     int bp = bias ? new_param(B, pn, 1, out_f, false) : -1;
     if (tied < 0 && w >= 0) {
         snprintf(pn, sizeof pn, "%s.weight", name);
-        snprintf(B->p->params[w].name, sizeof B->p->params[w].name, "%s%s%s", B->prefix, *B->prefix ? "." : "",
-                 pn);
+        B->p->params[w].name = name_of(B, pn);
     }
     if (qz && w >= 0) {
         struct mp_param *q = &B->p->params[w];
@@ -528,9 +574,19 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
         n->fwd_flops += 2.0 * (double)out_f * (double)in_f;
         n->bwd_flops += 2.0 * (double)out_f * (double)in_f;
     }
+    bool bnb4 = qz && (qz->kind == MP_Q_BNB_NF4 || qz->kind == MP_Q_BNB_FP4);
+    if (bnb4 && dt_of(B, y) != dt_of(B, x)) {
+        snprintf(cname, sizeof cname, "%s.to_%s", name, mp_dtype_str(dt_of(B, x)));
+        y = cast_to(B, y, dt_of(B, x), cname); /* .to(inp_dtype) */
+    }
     if (!B->in_adapter && !B->no_lora && !head && tied < 0 &&
-        mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head))
+        mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head)) {
+        if (bnb4) {
+            snprintf(cname, sizeof cname, "%s.clone", name);
+            y = cast_to(B, y, dt_of(B, y), cname); /* peft lora.Linear4bit: result.clone() */
+        }
         y = lower_lora(B, x, y, in_f, out_f, name);
+    }
     return y;
 }
 
@@ -822,7 +878,7 @@ static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool e
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
     if (B->attn_mask < 0) {
         B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mb);
-        snprintf(B->p->tensors[B->attn_mask].name, sizeof B->p->tensors[0].name, "attn_mask");
+        B->p->tensors[B->attn_mask].name = store_name(B, "", "attn_mask");
         B->p->attn_mask = B->attn_mask;
         extra_as(n, B->attn_mask, MP_XR_ATTN_MASK);
         unsave(n, B->attn_mask);
@@ -993,7 +1049,7 @@ static void pos_table(struct bld *B, const struct mp_layer *l)
             return;
         }
         B->pos_tables = new_flat(B, "embed_positions", MP_DT_F32, e);
-        snprintf(B->p->tensors[B->pos_tables].name, sizeof B->p->tensors[0].name, "attn.embed_positions (all layers)");
+        B->p->tensors[B->pos_tables].name = store_name(B, "", "attn.embed_positions (all layers)");
         B->p->buffers[B->p->n_buffers++] = B->pos_tables;
         return;
     }
@@ -1051,9 +1107,11 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         q = lower_rope(B, q, l, a, "q_rope");
         k = lower_rope(B, k, l, kv, "k_rope");
     }
-    /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies */
+    /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies, and an
+     * fp32 v (a bitsandbytes 4-bit v_proj returns x's dtype) too */
     q = autocast_in(B, q, "q_cast");
     k = autocast_in(B, k, "k_cast");
+    v = autocast_in(B, v, "v_cast");
     struct val o = lower_attn_core(B, q, k, v, &core, d, d, 7u, "sdpa");
     /* (GPT-J's eager attention merges its heads with the one copy every eager output makes) */
     if (l->rope && !l->rope_table_rows && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) &&
@@ -1162,9 +1220,7 @@ static struct val grouped_mm(struct bld *B, struct val x, uint64_t in_f, uint64_
 {
     if (!width_ok(B, x, in_f, "in_features", name))
         return x;
-    int w = new_param(B, name, mul(B, experts, out_f), in_f, false);
-    if (w >= 0) /* a 3-D (E, out, in) parameter */
-        snprintf(B->p->params[w].name, sizeof B->p->params[w].name, "%s.%s", B->prefix, name);
+    int w = new_param(B, name, mul(B, experts, out_f), in_f, false); /* a 3-D (E, out, in) parameter */
     struct val y = with_last(B, name, x, out_f, dt_of(B, x), true);
     struct mp_node *n = new_node(B, MP_P_GROUPED_MM, name);
     if (!n)
@@ -1672,6 +1728,54 @@ static struct val lower_bottleneck(struct bld *B, struct val x, const struct mp_
     return lower_act(B, y, MP_ACT_RELU, true, "relu3");
 }
 
+static struct val lower_add_table(struct bld *B, struct val x, const struct mp_layer *l, const char *nm, uint64_t k,
+                                  struct mp_node **node);
+
+/* ViT's embeddings: projection (conv, kernel = stride = patch) -> flatten(2).transpose(1, 2), a
+ * view (b, patches, dim) -> torch.cat with the expanded class token (a new tensor; the dtype
+ * promotes: fp32 under autocast, the token being fp32) -> + position_embeddings (1, seq, dim):
+ * a new tensor.  Nothing is saved besides the conv's input (and its weight copy).  From here on
+ * the sequence is patches + 1. */
+static struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_layer *l)
+{
+    if (failed(B))
+        return x;
+    uint64_t p = l->kernel;
+    if (x.rank != 4 || p == 0 || x.shape[2] % p || x.shape[3] % p) {
+        fail_model(B, MP_ERR_MODEL, "patch %llu must divide the image's height and width (input.shape [C, H, W])",
+                   (unsigned long long)p);
+        return x;
+    }
+    struct val c = lower_conv(B, x, l->in_ch, l->dim, p, p, 0, 1, true, "projection");
+    if (failed(B))
+        return c;
+    uint64_t np = mul(B, c.shape[2], c.shape[3]), s = add(B, np, l->cls_token ? 1 : 0);
+    struct val e = c; /* (b, patches, dim): a view of the conv output */
+    e.rank = 3;
+    e.shape[1] = np;
+    e.shape[2] = l->dim;
+    if (l->cls_token) {
+        uint64_t shape[3] = {B->b, s, l->dim};
+        int cls = new_param(B, "cls_token", 1, l->dim, false);
+        e = new_val(B, "cat", promote(dt_of(B, c), B->p->param_dtype), 3, shape, true);
+        struct mp_node *n = new_node(B, MP_P_CAST, "cat");
+        if (!n)
+            return e;
+        n->in[0] = c.t;
+        n->out = e.t;
+        n->param[0] = cls;
+        n->rows = mul(B, B->b, s);
+        n->n = l->dim;
+        n->fwd_flops = (double)T(B, e.t)->elems;
+        n->bwd_flops = n->fwd_flops;
+    }
+    B->s = s;
+    struct mp_layer pos = *l;
+    pos.vocab = s;
+    struct mp_node *n;
+    return lower_add_table(B, e, &pos, "position_embeddings", s, &n);
+}
+
 static struct val lower_custom(struct bld *B, struct val x, const struct mp_layer *l)
 {
     if (failed(B))
@@ -1933,7 +2037,10 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         return lower_loss(B, logits, "loss", !l->masked, B->m->input == MP_INPUT_TOKENS && !l->masked);
     }
     case MP_LT_CLASSIFIER: {
-        /* HF's token classification upcasts (logits.float()); pooled heads and images do not */
+        /* HF's token classification upcasts (logits.float()); pooled heads and images do not.
+         * MP_POOL_FIRST on a sequence: the first position (ViT's class token) */
+        if (l->pool == MP_POOL_FIRST)
+            x = first_position(B, x, nm);
         struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
         bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE;
         return lower_loss(B, pool_logits(B, logits, l, nm), "loss", upcast, false);
@@ -1950,6 +2057,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     }
     case MP_LT_BOTTLENECK:
         return lower_bottleneck(B, x, l);
+    case MP_LT_PATCH_EMBEDDING: {
+        struct val y = lower_patch_embedding(B, x, l);
+        *resid = y;
+        return y;
+    }
     case MP_LT_COUNT:
         break;
     }
@@ -2139,6 +2251,11 @@ void mp_program_release(struct mp_program *p)
     free(p->nodes);
     free(p->params);
     free(p->blocks);
+    while (p->names) {
+        struct mp_name_chunk *next = p->names->next;
+        free(p->names);
+        p->names = next;
+    }
     memset(p, 0, sizeof *p);
 }
 

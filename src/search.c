@@ -22,6 +22,7 @@ void mp_fit_release(struct mp_fit *f)
     mp_estimate_release(&f->est);
     mp_ckpt_plan_release(&f->plan);
     mp_chain_release(&f->chain);
+    mp_program_release(&f->prog);
 }
 
 static uint64_t sub0(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
@@ -110,7 +111,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         st = mp_ckpt_plan_make(&f->chain, &job->ckpt, 0, job->slots, &f->plan, d);
         if (st != MP_OK)
             goto out;
-        st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
+        st = mp_estimate_run_chain(&prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
         if (st != MP_OK)
             goto out;
     } else {
@@ -119,13 +120,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         uint64_t budget = job->activation_budget;
         if (!budget) {
             struct mp_estimate e0;
-            struct mp_schedule none;
-            mp_schedule_init(&none);
-            /* static figures do not depend on the plan */
-            st = mp_ckpt_schedule_none(prog.n_blocks, &none);
-            if (st == MP_OK)
-                st = mp_estimate_run(&prog, &none, &job->train, context, &e0, d);
-            mp_schedule_release(&none);
+            st = mp_estimate_static(&prog, &job->train, &e0, d); /* static figures do not depend on the plan */
             if (st != MP_OK)
                 goto out;
             uint64_t fixed = e0.weights_bytes + e0.grads_bytes + e0.optimizer_bytes + e0.workspace_bytes +
@@ -148,7 +143,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             if (st != MP_OK)
                 goto out;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
+            st = mp_estimate_run_chain(&prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
             if (st != MP_OK)
                 goto out;
             planned = true;
@@ -168,7 +163,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
                 goto out;
             f->plan.spec = job->ckpt;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
+            st = mp_estimate_run_chain(&prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
             if (st != MP_OK)
                 goto out;
             f->activation_budget = budget;
@@ -188,7 +183,10 @@ throughput: {
     f->samples_per_s = f->step_s > 0 ? (double)job->build.batch / f->step_s : 0;
 }
 out:
-    mp_program_release(&prog);
+    if (st == MP_OK && job->keep_program)
+        f->prog = prog;
+    else
+        mp_program_release(&prog);
     if (st != MP_OK)
         mp_fit_release(f);
     return st;
@@ -462,6 +460,19 @@ static uint64_t target_pool_bytes(const struct mp_job *base, const struct mp_sug
     return sub0(usable, base->gpu.context_bytes);
 }
 
+enum mp_status mp_suggest_host_admit(const struct mp_job *base, const struct mp_suggest_opts *o, uint64_t ram_bytes,
+                                     struct mp_diag *d)
+{
+    uint64_t lim = o->probe_capacity_bytes ? o->probe_capacity_bytes
+                                           : (uint64_t)((double)mp_gpu_capacity(&base->gpu) * (1.0 - base->margin));
+    if (lim <= ram_bytes / 2)
+        return MP_OK;
+    char b1[32], b2[32];
+    return mp_fail(d, MP_ERR_DEVICE, "--backend host: probes up to %s do not fit this machine's RAM (%s); use a "
+                                     "smaller --vram or --capacity, or --no-probe",
+                   mp_fmt_bytes(lim, b1, sizeof b1), mp_fmt_bytes(ram_bytes, b2, sizeof b2));
+}
+
 #define MP_PROBES_PER_CANDIDATE 4
 #define MP_PROBES_MAX 10
 
@@ -629,6 +640,61 @@ static bool model_has_repeats(const struct mp_model *m)
     return false;
 }
 
+/* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
+ * checkpointed on w ranks (8 GPUs per node)?  Sets *par to the one that fits. */
+static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64_t w, struct mp_parallel *par,
+                       struct mp_diag *d)
+{
+    static const enum mp_par_strategy shard[] = {MP_PAR_FSDP, MP_PAR_ZERO3};
+    mp_parallel_default(par);
+    par->gpus = w < 8 ? w : 8;
+    par->nodes = w < 8 ? 1 : w / 8;
+    for (size_t k = 0; k < 2; k++) {
+        par->strategy = shard[k];
+        struct mp_job j = *base;
+        j.train.par = par;
+        j.build.batch = 1;
+        j.build.precision = prec;
+        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
+        struct mp_fit f;
+        if (mp_fit_eval(&j, &f, d) != MP_OK)
+            continue;
+        bool fits = f.fits;
+        mp_fit_release(&f);
+        if (fits)
+            return true;
+    }
+    return false;
+}
+
+/* The smallest data-parallel world that fits (0 if none up to 128 nodes): 2, 4, 8 GPUs, then
+ * whole nodes of 8, found by doubling the node count and bisecting (what one rank holds only
+ * shrinks as ranks are added).  *par is set for that world. */
+static uint64_t smallest_world(const struct mp_job *base, enum mp_precision prec, struct mp_parallel *par,
+                               struct mp_diag *d)
+{
+    for (uint64_t w = 2; w <= 8; w *= 2)
+        if (world_fits(base, prec, w, par, d))
+            return w;
+    uint64_t lo = 1, hi = 0; /* nodes: lo does not fit, hi fits */
+    for (uint64_t n = 2; n <= 128 && !hi; n *= 2) {
+        if (world_fits(base, prec, 8 * n, par, d))
+            hi = n;
+        else
+            lo = n;
+    }
+    if (!hi)
+        return 0;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (world_fits(base, prec, 8 * mid, par, d))
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return world_fits(base, prec, 8 * hi, par, d) ? 8 * hi : 0;
+}
+
 enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
                           struct mp_suggestion *s, struct mp_diag *d)
 {
@@ -760,28 +826,9 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
     if (s->best < 0 && !base->train.par && !o->par_search) {
         /* does not fit one GPU: the smallest world (8 GPUs per node) where a sharding strategy
          * fits micro-batch 1 with every block checkpointed, then the full search there */
-        static const enum mp_par_strategy shard[] = {MP_PAR_FSDP, MP_PAR_ZERO3};
-        for (uint64_t w = 2; w <= 1024; w *= 2) {
-            struct mp_parallel par;
-            mp_parallel_default(&par);
-            par.gpus = w < 8 ? w : 8;
-            par.nodes = w < 8 ? 1 : w / 8;
-            bool found = false;
-            for (size_t k = 0; k < 2 && !found; k++) {
-                par.strategy = shard[k];
-                struct mp_job j = *base;
-                j.train.par = &par;
-                j.build.batch = 1;
-                j.build.precision = precs[0];
-                j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
-                struct mp_fit f;
-                if (mp_fit_eval(&j, &f, d) != MP_OK)
-                    continue;
-                found = f.fits;
-                mp_fit_release(&f);
-            }
-            if (!found)
-                continue;
+        struct mp_parallel par;
+        uint64_t w = smallest_world(base, precs[0], &par, d);
+        if (w) {
             struct mp_job wj = *base;
             wj.train.par = &par;
             struct mp_suggest_opts wo = *o;
@@ -802,7 +849,6 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
             if (ws)
                 mp_suggestion_release(ws);
             free(ws);
-            break;
         }
     }
     bool any_fit = s->best >= 0;
