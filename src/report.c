@@ -1007,6 +1007,7 @@ static void report_probe(FILE *out, const struct mp_report_ctx *c, const struct 
         ju64(p, "measured_peak_bytes", r->measured_peak_bytes);
         ju64(p, "device_used_bytes", r->device_used_after);
         ju64(p, "device_used_before_bytes", r->device_used_before);
+        ju64(p, "outside_pool_bytes", r->outside_pool_bytes);
         jnum(p, "step_ms", r->step_ms);
         jnum(p, "samples_per_s", r->samples_per_s);
         jnum(p, "gemm_tflops", r->gemm_tflops);
