@@ -1,4 +1,4 @@
-// elementwise.cu — fill, convert/accumulate, add, mul, dropout, bias broadcast and
+// elementwise.cu — fill, convert/accumulate, scale, add, mul, dropout, bias broadcast and
 // bias gradients.  Kernels, then launchers (llm.c's layout).  Shapes in kernels.h.
 #include "kcommon.cuh"
 
@@ -14,6 +14,15 @@ __global__ void convert_kernel(void *dst, int ddt, const void *src, int sdt, uin
     GRID_STRIDE(i, n)
     {
         float v = ldf(src, sdt, i);
+        stf(dst, ddt, i, acc ? ldf(dst, ddt, i) + v : v);
+    }
+}
+
+__global__ void scale_kernel(void *dst, int ddt, const void *src, int sdt, uint64_t n, float a, int acc)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = a * ldf(src, sdt, i);
         stf(dst, ddt, i, acc ? ldf(dst, ddt, i) + v : v);
     }
 }
@@ -103,6 +112,14 @@ extern "C" int mp_k_convert(void *dst, int ddt, const void *src, int sdt, uint64
 {
     if (n)
         convert_kernel<<<grid_for(n, 256), 256, 0, s>>>(dst, ddt, src, sdt, n, accumulate);
+    KCHECK();
+}
+
+extern "C" int mp_k_scale(void *dst, int ddt, const void *src, int sdt, uint64_t n, float a, int accumulate,
+                          cudaStream_t s)
+{
+    if (n)
+        scale_kernel<<<grid_for(n, 256), 256, 0, s>>>(dst, ddt, src, sdt, n, a, accumulate);
     KCHECK();
 }
 
