@@ -1,8 +1,10 @@
 #!/bin/sh
 # Times plan and suggest on long chains (issue 13: plan/suggest on a 100,000-block
 # model in under 10 s).  Models are the bundled tiny-test and gpt2-124m with their
-# repeated block repeated N times.  Prints wall, user and system seconds and peak
-# RSS per run (one run each: these are slow; the machine's load shows in wall).
+# repeated block repeated N times (N + 2 blocks: the embedding and the head).  Prints,
+# per run, the blocks, the exit status, wall seconds, CPU seconds (user + system) and
+# peak RSS.  One run each: these are slow, and the machine's load shows in wall time
+# (CPU time is the figure to compare on a shared machine).
 # Usage: sh bench/scale.sh [./memplan] [N...]   (default N: 1000 10000 100000)
 set -eu
 cd "$(dirname "$0")/.."
@@ -12,20 +14,21 @@ BIN=${1:-./memplan}
 SIZES=${*:-1000 10000 100000}
 T=$(mktemp -d "${TMPDIR:-/tmp}/memplan-scale.XXXXXX")
 trap 'rm -rf "$T"' EXIT
+printf '%-46s %7s %4s %8s %8s %8s\n' run blocks exit wall_s cpu_s rss_MiB
 timeit() {
-    label=$1
-    shift
+    label=$1 blocks=$2
+    shift 2
     /usr/bin/time -f "%e %U %S %M" -o "$T/time" "$BIN" "$@" >"$T/out" 2>"$T/err" && ec=$? || ec=$?
     read -r wall user sys rss <<EOT
 $(tail -n 1 "$T/time")
 EOT
-    printf '%-44s exit %d  wall %6.2f s  user %6.2f s  sys %5.2f s  rss %5d MiB\n' "$label" "$ec" \
-        "$wall" "$user" "$sys" $((rss / 1024))
+    printf '%-46s %7d %4d %8.2f %8.2f %8d\n' "$label" "$blocks" "$ec" "$wall" \
+        "$(awk "BEGIN { print $user + $sys }")" $((rss / 1024))
 }
 for n in $SIZES; do
     sed "s/\"repeat\": 2,/\"repeat\": $n,/" models/tiny-test.json >"$T/tiny.json"
     sed "s/\"repeat\": 12,/\"repeat\": $n,/" models/gpt2-124m.json >"$T/gpt2.json"
-    timeit "plan tiny-test x$n --gpu t4 --batch 1024" plan "$T/tiny.json" --gpu t4 --batch 1024
-    timeit "plan gpt2 x$n --activation-budget 1TiB" plan "$T/gpt2.json" --activation-budget 1TiB
-    [ "$n" -le 10000 ] && timeit "suggest tiny-test x$n --gpu t4" suggest "$T/tiny.json" --gpu t4 --no-probe
+    timeit "plan tiny-test x$n --gpu t4 --batch 1024" $((n + 2)) plan "$T/tiny.json" --gpu t4 --batch 1024
+    timeit "plan gpt2 x$n --activation-budget 1TiB" $((n + 2)) plan "$T/gpt2.json" --activation-budget 1TiB
+    timeit "suggest tiny-test x$n --gpu t4" $((n + 2)) suggest "$T/tiny.json" --gpu t4 --no-probe
 done

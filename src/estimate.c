@@ -1072,9 +1072,8 @@ void mp_estimate_release(struct mp_estimate *e)
     e->blocks = NULL;
 }
 
-enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_schedule *sched,
-                               const struct mp_train_opts *t, uint64_t context_bytes, struct mp_estimate *e,
-                               struct mp_diag *d)
+enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                                  struct mp_diag *d)
 {
     memset(e, 0, sizeof *e);
     e->params = p->total_params;
@@ -1092,6 +1091,54 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     e->fwd_flops = p->fwd_flops;
     e->bwd_flops = p->bwd_flops;
 
+    e->world = 1;
+    if (t->par && t->par->strategy != MP_PAR_NONE) {
+        struct mp_par_plan pp;
+        enum mp_status st = mp_par_plan_make(t->par, p, t->optimizer, &pp, d);
+        if (st != MP_OK)
+            return st;
+        e->world = pp.world;
+        e->weights_bytes = pp.weights_bytes;
+        e->grads_bytes = pp.grads_bytes;
+        e->optimizer_bytes = pp.optimizer_bytes;
+        e->buffers_bytes = pp.buffers_bytes;
+        e->host_bytes = pp.host_bytes;
+        e->nvme_bytes = pp.nvme_bytes;
+        e->allgather_bytes = pp.allgather_bytes;
+        e->reducescatter_bytes = pp.reducescatter_bytes;
+        e->allreduce_bytes = pp.allreduce_bytes;
+        e->pcie_bytes = pp.pcie_bytes;
+        e->host_step_elems = pp.host_step_elems;
+        e->n_groups = pp.n_groups;
+        if (mp_par_is_deepspeed(pp.par.strategy) || pp.par.offload != MP_OFFLOAD_NONE)
+            e->optimizer_tmp_bytes = 0; /* fused Adam / the host steps */
+        else if (mp_par_is_fsdp(pp.par.strategy) && e->optimizer_tmp_bytes) {
+            uint64_t tmp = 0;
+            for (size_t q = 0; q < p->n_params; q++)
+                tmp += pp.shard_elems[q] * pp.master_elem_bytes;
+            e->optimizer_tmp_bytes = t->optimizer == MP_OPT_ADAFACTOR ? e->optimizer_tmp_bytes / pp.world : tmp;
+        }
+        mp_par_plan_release(&pp);
+    }
+    e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes +
+                      e->module_buffers_bytes;
+    return MP_OK;
+}
+
+enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_schedule *sched,
+                               const struct mp_train_opts *t, uint64_t context_bytes, struct mp_estimate *e,
+                               struct mp_diag *d)
+{
+    return mp_estimate_run_chain(p, sched, t, context_bytes, NULL, e, d);
+}
+
+enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp_schedule *sched,
+                                     const struct mp_train_opts *t, uint64_t context_bytes,
+                                     const struct mp_chain *chain, struct mp_estimate *e, struct mp_diag *d)
+{
+    enum mp_status st = mp_estimate_static(p, t, e, d);
+    if (st != MP_OK)
+        return st;
     /* The allocator model scans free blocks per allocation; beyond this many nodes
      * (thousands of layers) it would dominate the run, so reserved falls back to the
      * allocated peak (fit decisions never use it). */
@@ -1103,7 +1150,6 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     if (!c.blk_of)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
     /* Two steps: the caching allocator reaches its steady state in the second. */
-    enum mp_status st = MP_OK;
     for (int step = 0; step < (c.no_asim ? 1 : 2) && st == MP_OK; step++) {
         c.have_loss = false;
         st = mp_replay(p, sched, t, count_event, &c, d);
@@ -1135,37 +1181,6 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
      * whether a step fits; fragmentation is left to the safety margin. */
     e->peak_device_bytes = e->peak_allocated_bytes + context_bytes;
     e->peak_phase = c.peak_phase;
-    e->world = 1;
-    if (t->par && t->par->strategy != MP_PAR_NONE) {
-        struct mp_par_plan pp;
-        st = mp_par_plan_make(t->par, p, t->optimizer, &pp, d);
-        if (st != MP_OK)
-            return st;
-        e->world = pp.world;
-        e->weights_bytes = pp.weights_bytes;
-        e->grads_bytes = pp.grads_bytes;
-        e->optimizer_bytes = pp.optimizer_bytes;
-        e->buffers_bytes = pp.buffers_bytes;
-        e->host_bytes = pp.host_bytes;
-        e->nvme_bytes = pp.nvme_bytes;
-        e->allgather_bytes = pp.allgather_bytes;
-        e->reducescatter_bytes = pp.reducescatter_bytes;
-        e->allreduce_bytes = pp.allreduce_bytes;
-        e->pcie_bytes = pp.pcie_bytes;
-        e->host_step_elems = pp.host_step_elems;
-        e->n_groups = pp.n_groups;
-        if (mp_par_is_deepspeed(pp.par.strategy) || pp.par.offload != MP_OFFLOAD_NONE)
-            e->optimizer_tmp_bytes = 0; /* fused Adam / the host steps */
-        else if (mp_par_is_fsdp(pp.par.strategy) && e->optimizer_tmp_bytes) {
-            uint64_t tmp = 0;
-            for (size_t q = 0; q < p->n_params; q++)
-                tmp += pp.shard_elems[q] * pp.master_elem_bytes;
-            e->optimizer_tmp_bytes = t->optimizer == MP_OPT_ADAFACTOR ? e->optimizer_tmp_bytes / pp.world : tmp;
-        }
-        mp_par_plan_release(&pp);
-    }
-    e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes +
-                      e->module_buffers_bytes;
     if (c.peak_store == MP_ST_COMM && c.peak_node >= 0) {
         int b = p->nodes[c.peak_node].block;
         const char *bn = p->model && b >= 0 && (size_t)b < p->model->n_blocks ? p->model->blocks[b].name
@@ -1186,10 +1201,13 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     e->blocks = calloc(p->n_blocks ? p->n_blocks : 1, sizeof *e->blocks);
     if (!e->blocks)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
-    struct mp_chain ch;
-    st = mp_estimate_chain(p, &ch, d);
-    if (st != MP_OK)
-        return st;
+    struct mp_chain own = {0};
+    if (!chain) {
+        st = mp_estimate_chain(p, &own, d);
+        if (st != MP_OK)
+            return st;
+        chain = &own;
+    }
     for (size_t i = 0; i < p->n_blocks; i++) {
         struct mp_block_est *b = &e->blocks[i];
         const struct mp_block_prog *bp = &p->blocks[i];
@@ -1199,7 +1217,7 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
             b->grads_bytes += mp_param_grad_bytes(&p->params[q]);
             b->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
         }
-        b->activation_bytes = ch.xb[i + 1];
+        b->activation_bytes = chain->xb[i + 1];
         b->output_bytes = p->tensors[bp->output].bytes;
         b->fwd_flops = bp->fwd_flops;
         b->bwd_flops = bp->bwd_flops;
@@ -1208,7 +1226,7 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
     if (sched) {
         size_t *runs = calloc(p->n_blocks ? p->n_blocks : 1, sizeof *runs);
         if (!runs) {
-            mp_chain_release(&ch);
+            mp_chain_release(&own);
             return mp_fail(d, MP_ERR_NOMEM, "out of memory");
         }
         for (size_t k = 0; k < sched->n; k++) {
@@ -1222,7 +1240,7 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
         }
         free(runs);
     }
-    mp_chain_release(&ch);
+    mp_chain_release(&own);
     return MP_OK;
 }
 

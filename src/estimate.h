@@ -127,6 +127,16 @@ void mp_estimate_release(struct mp_estimate *e);
 enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_schedule *sched,
                                const struct mp_train_opts *t, uint64_t context_bytes, struct mp_estimate *e,
                                struct mp_diag *d);
+/* The same with p's chain (mp_estimate_chain) already made, or NULL: the caller's copy
+ * saves the replay that the per-block figures would otherwise need. */
+enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp_schedule *sched,
+                                     const struct mp_train_opts *t, uint64_t context_bytes,
+                                     const struct mp_chain *chain, struct mp_estimate *e, struct mp_diag *d);
+/* Only the figures that do not depend on the schedule (no replay): parameters, weights,
+ * gradients, optimizer state, inputs, buffers, workspace, FLOPs, and the per-rank shares
+ * with data parallelism; static_bytes.  e->blocks stays NULL. */
+enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                                  struct mp_diag *d);
 
 /* The checkpoint chain of p (rotor notation, bytes rounded to 512, costs in FLOPs):
  * per block forward/backward FLOPs, input sizes, what a forward with grad keeps,

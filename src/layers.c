@@ -145,6 +145,50 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
     return true;
 }
 
+/* Names of tensors, nodes and parameters: "prefix.name" (or name alone without a prefix),
+ * cut at MP_NAME_MAX - 1 bytes, kept in chunks the program owns.  One allocation per
+ * chunk instead of a fixed array in every tensor, node and parameter: a 100,000-block
+ * model has millions of them. */
+#define MP_NAME_MAX 96
+#define NAME_CHUNK_BYTES 65536
+struct mp_name_chunk {
+    struct mp_name_chunk *next;
+    size_t used;
+    char text[NAME_CHUNK_BYTES];
+};
+
+static const char *store_name(struct bld *B, const char *prefix, const char *name)
+{
+    size_t lp = strlen(prefix), ln = strlen(name);
+    size_t len = lp + (lp ? 1 : 0) + ln;
+    if (len > MP_NAME_MAX - 1)
+        len = MP_NAME_MAX - 1;
+    struct mp_name_chunk *c = B->p->names;
+    if (!c || c->used + len + 1 > sizeof c->text) {
+        c = malloc(sizeof *c);
+        if (!c) {
+            B->st = mp_fail(B->d, MP_ERR_NOMEM, "%s: out of memory building the tensor program", B->m->path);
+            return "";
+        }
+        c->next = B->p->names;
+        c->used = 0;
+        B->p->names = c;
+    }
+    char *s = c->text + c->used, *w = s, *end = s + len;
+    for (const char *r = prefix; *r && w < end;)
+        *w++ = *r++;
+    if (lp && w < end)
+        *w++ = '.';
+    for (const char *r = name; *r && w < end;)
+        *w++ = *r++;
+    *w = '\0';
+    c->used += len + 1;
+    return s;
+}
+
+/* The current op's name for name: "prefix.name". */
+static const char *name_of(struct bld *B, const char *name) { return store_name(B, B->prefix, name); }
+
 static uint64_t mul(struct bld *B, uint64_t a, uint64_t b)
 {
     uint64_t r;
@@ -177,7 +221,7 @@ static struct val new_val(struct bld *B, const char *name, enum mp_dtype dt, int
         return v;
     }
     struct mp_tensor *t = &p->tensors[p->n_tensors];
-    snprintf(t->name, sizeof t->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    t->name = name_of(B, name);
     t->dtype = dt;
     t->rank = rank;
     uint64_t e = 1;
@@ -213,7 +257,7 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     struct mp_node *n = &p->nodes[p->n_nodes++];
     memset(n, 0, sizeof *n);
     n->prim = prim;
-    snprintf(n->name, sizeof n->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    n->name = name_of(B, name);
     n->layer = B->layer;
     n->block = B->block;
     n->in[0] = n->in[1] = n->in[2] = -1;
@@ -302,7 +346,7 @@ static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t co
         return -1;
     }
     struct mp_param *q = &p->params[p->n_params];
-    snprintf(q->name, sizeof q->name, "%s%s%s", B->prefix, *B->prefix ? "." : "", name);
+    q->name = name_of(B, name);
     q->elems = mul(B, rows, cols);
     q->rows = rows;
     q->cols = cols;
@@ -483,8 +527,7 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
     int bp = bias ? new_param(B, pn, 1, out_f, false) : -1;
     if (tied < 0 && w >= 0) {
         snprintf(pn, sizeof pn, "%s.weight", name);
-        snprintf(B->p->params[w].name, sizeof B->p->params[w].name, "%s%s%s", B->prefix, *B->prefix ? "." : "",
-                 pn);
+        B->p->params[w].name = name_of(B, pn);
     }
     if (qz && w >= 0) {
         struct mp_param *q = &B->p->params[w];
@@ -818,7 +861,7 @@ static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool e
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
     if (B->attn_mask < 0) {
         B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mb);
-        snprintf(B->p->tensors[B->attn_mask].name, sizeof B->p->tensors[0].name, "attn_mask");
+        B->p->tensors[B->attn_mask].name = store_name(B, "", "attn_mask");
         B->p->attn_mask = B->attn_mask;
         extra_as(n, B->attn_mask, MP_XR_ATTN_MASK);
         unsave(n, B->attn_mask);
@@ -981,7 +1024,7 @@ static void pos_table(struct bld *B, const struct mp_layer *l)
             return;
         }
         B->pos_tables = new_flat(B, "embed_positions", MP_DT_F32, e);
-        snprintf(B->p->tensors[B->pos_tables].name, sizeof B->p->tensors[0].name, "attn.embed_positions (all layers)");
+        B->p->tensors[B->pos_tables].name = store_name(B, "", "attn.embed_positions (all layers)");
         B->p->buffers[B->p->n_buffers++] = B->pos_tables;
         return;
     }
@@ -1812,6 +1855,11 @@ void mp_program_release(struct mp_program *p)
     free(p->nodes);
     free(p->params);
     free(p->blocks);
+    while (p->names) {
+        struct mp_name_chunk *next = p->names->next;
+        free(p->names);
+        p->names = next;
+    }
     memset(p, 0, sizeof *p);
 }
 

@@ -70,7 +70,7 @@ const char *mp_prim_str(enum mp_prim p);
 #define MP_TENSOR_RANK_MAX 4
 
 struct mp_tensor {
-    char name[96];
+    const char *name;             /* "h.3.attn.q_proj" (in the program's name store) */
     enum mp_dtype dtype;
     uint64_t elems;
     uint64_t bytes;               /* elems * dtype size, unrounded */
@@ -141,7 +141,7 @@ struct mp_tmp_part {
 
 struct mp_node {
     enum mp_prim prim;
-    char name[96];                /* "h.3.attn.q_proj" */
+    const char *name;             /* "h.3.attn.q_proj" (in the program's name store) */
     const struct mp_layer *layer; /* the model layer it lowers (never NULL) */
     int block;
     int in[3];                    /* tensor ids; -1 unused (attention: q, k, v; loss: logits, labels) */
@@ -176,7 +176,7 @@ struct mp_node {
 };
 
 struct mp_param {
-    char name[96];
+    const char *name;    /* in the program's name store */
     uint64_t elems;
     int block;           /* block that owns it */
     bool matmul;         /* used by linear/conv: autocast makes a half copy */
@@ -228,6 +228,7 @@ struct mp_program {
     uint64_t adapter_params;     /* LoRA A and B elements */
     double fwd_flops, bwd_flops;
     size_t cap_tensors, cap_nodes, cap_params; /* private */
+    struct mp_name_chunk *names;                /* private: the name store (layers.c) */
 };
 
 /* The tensor id of n's nth extra with role r (nth from 0), or -1. */

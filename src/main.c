@@ -167,7 +167,6 @@ struct command {
     const char *name;
     unsigned bit;
     int (*run)(struct args *a);
-    const char *synopsis;
     const char *summary;
 };
 
@@ -178,16 +177,11 @@ static int cmd_suggest(struct args *a);
 static int cmd_check(struct args *a);
 
 static const struct command COMMANDS[] = {
-    {"estimate", C_EST, cmd_estimate, "estimate MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--gpu NAME] [--gpus N --parallel S] [--all-layers] [--json]",
-     "where a training step's GPU memory goes, layer by layer, and when it peaks"},
-    {"plan", C_PLAN, cmd_plan, "plan MODEL [--batch B] [--seq S] (--activation-budget SIZE | --vram SIZE | --gpu NAME) [--checkpoint C] [--json]",
-     "which blocks to checkpoint so the batch fits, at the least recompute"},
-    {"probe", C_PROBE, cmd_probe, "probe MODEL [--batch B] [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--steps N] [--backend auto|cuda|host] [--device N] [--json]",
-     "run real training steps and measure peak memory and step time"},
-    {"suggest", C_SUGG, cmd_suggest, "suggest MODEL [--vram SIZE | --gpu NAME | --device N] [--seq S] [--precision P] [--optimizer O] [--gpus N [--parallel S]] [--global-batch G] [--backend auto|cuda|host] [--emit torch|hf|deepspeed] [--json]",
-     "the configuration to train with: micro-batch, accumulation, checkpoints, precision"},
-    {"check", C_CHECK, cmd_check, "check MODEL --batch B [--seq S] [--precision P] [--optimizer O] [--checkpoint C] [--grad-accum N] [--gpus N --parallel S] (--vram SIZE | --gpu NAME) [--json]",
-     "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
+    {"estimate", C_EST, cmd_estimate, "where a training step's GPU memory goes, layer by layer, and when it peaks"},
+    {"plan", C_PLAN, cmd_plan, "which blocks to checkpoint so the batch fits, at the least recompute"},
+    {"probe", C_PROBE, cmd_probe, "run real training steps and measure peak memory and step time"},
+    {"suggest", C_SUGG, cmd_suggest, "the configuration to train with: micro-batch, accumulation, checkpoints, precision"},
+    {"check", C_CHECK, cmd_check, "CI gate: exit 0 if the configuration fits the target, 1 if it does not"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
 
@@ -615,9 +609,10 @@ static void add_default(struct setup *s, const char *fmt, const char *v)
 static int setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
 {
     memset(s, 0, sizeof *s);
+    int rc = 0;
     enum mp_status st = mp_model_load_file(&s->model, a->model, d);
     if (st != MP_OK)
-        return fail(st, d);
+        return fail(st, d); /* nothing loaded: nothing to release */
     mp_build_opts_default(&s->build);
     s->build.batch = a->batch;
     s->build.seq = a->seq;
@@ -630,8 +625,8 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         fprintf(stderr, "memplan: error: %s: quantization_config: a %s-quantized base cannot be %s fine-tuned; "
                         "train adapters on it with --finetune lora (or qlora)\n",
                 a->model, mp_quant_kind_str(s->model.quant.kind), a->ft.mode == MP_FT_FULL ? "fully" : "partly");
-        mp_model_release(&s->model);
-        return MP_EXIT_INPUT;
+        rc = MP_EXIT_INPUT;
+        goto out;
     }
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
@@ -652,10 +647,9 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     if (!a->attention_set && mp_model_has_attention(&s->model))
         add_default(s, "attention %s (transformers' default: no s x s matrix kept)", "sdpa");
     if (a->gpu) {
-        st = mp_gpu_load(a->gpu, argv0, &s->gpu, d);
-        if (st != MP_OK) {
-            mp_model_release(&s->model);
-            return fail(st, d);
+        if ((st = mp_gpu_load(a->gpu, argv0, &s->gpu, d)) != MP_OK) {
+            rc = fail(st, d);
+            goto out;
         }
         s->have_gpu = true;
         snprintf(s->how, sizeof s->how, "--gpu %s", a->gpu);
@@ -670,15 +664,14 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
             s->target_is_device = true;
             snprintf(s->how, sizeof s->how, "the local GPU (device %d)", a->device);
         } else if (a->device_set) {
-            mp_model_release(&s->model);
             fprintf(stderr, "memplan: error: --device %d: no usable CUDA device (%s)\n", a->device,
                     pd.msg[0] ? pd.msg : "none found");
-            return MP_EXIT_DEVICE;
+            rc = MP_EXIT_DEVICE;
+            goto out;
         } else {
-            st = mp_gpu_load(MP_DEFAULT_GPU, argv0, &s->gpu, d);
-            if (st != MP_OK) {
-                mp_model_release(&s->model);
-                return fail(st, d);
+            if ((st = mp_gpu_load(MP_DEFAULT_GPU, argv0, &s->gpu, d)) != MP_OK) {
+                rc = fail(st, d);
+                goto out;
             }
             s->have_gpu = true;
             snprintf(s->how, sizeof s->how, "default profile: no GPU here and no --gpu/--vram");
@@ -691,7 +684,10 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     if (a->context_set)
         s->gpu.context_bytes = a->context;
     s->train.cublas_workspace_bytes = s->gpu.workspace_bytes;
-    return 0;
+out: /* the one way out: on a failure the model is released */
+    if (rc)
+        mp_model_release(&s->model);
+    return rc;
 }
 
 static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, const struct mp_program *prog,
@@ -796,6 +792,18 @@ static int write_timeline(const struct args *a, const char *cmd, const struct se
 
 /* ---- commands -------------------------------------------------------------------------------- */
 
+/* The end of every command, after its one cleanup: a library failure (st), else an exit
+ * status whose message is already printed (rc), else the command's own status (code) once
+ * stdout is written. */
+static int leave(enum mp_status st, const struct mp_diag *d, int rc, int code)
+{
+    if (st != MP_OK)
+        return fail(st, d);
+    if (rc)
+        return rc;
+    return finish(code);
+}
+
 static int cmd_estimate(struct args *a)
 {
     struct mp_diag d = {{0}};
@@ -804,9 +812,7 @@ static int cmd_estimate(struct args *a)
     if (rc)
         return rc;
     struct mp_fit f;
-    struct mp_program prog;
     memset(&f, 0, sizeof f);
-    memset(&prog, 0, sizeof prog);
     enum mp_status st = MP_OK;
     if (!a->gpu) {
         s.gpu.context_bytes = a->context_set ? a->context : 500u << 20;
@@ -814,35 +820,53 @@ static int cmd_estimate(struct args *a)
             add_default(&s, "CUDA context %s (typical; probe measures it)", "500 MiB");
     }
     struct mp_job j = job_of(&s, a);
+    j.keep_program = true;
     bool budgeted = a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
     if (budgeted && !a->gpu) {
         rc = usage_error("estimate", "%s", "--checkpoint optimal needs a target: add --gpu NAME (or use 'memplan plan')");
         goto out;
     }
     double t0 = mp_now_ms();
-    if ((st = mp_fit_eval(&j, &f, &d)) != MP_OK || (st = mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)
+    if ((st = mp_fit_eval(&j, &f, &d)) != MP_OK)
         goto out;
     if (f.infeasible)
         fprintf(stderr, "memplan: warning: no %s plan fits the target's activation budget; showing every "
                         "block checkpointed (every:1)\n",
                 a->ckpt.strategy == MP_CKPT_OPTIMAL ? "optimal" : "optimal-segments");
     struct mp_report_ctx c;
-    fill_ctx(&c, "estimate", &s, &prog, &a->ckpt, a);
+    fill_ctx(&c, "estimate", &s, &f.prog, &a->ckpt, a);
     c.gpu = a->gpu ? &s.gpu : NULL;
     c.fit = a->gpu ? &f : NULL;
-    s.build.seq = prog.opts.seq;
+    s.build.seq = f.prog.opts.seq;
     mp_report_estimate(stdout, &c, &f.est, &f.plan);
     if (getenv("MEMPLAN_TIMING"))
         fprintf(stderr, "memplan: estimate took %.2f ms\n", mp_now_ms() - t0);
-    rc = write_timeline(a, "estimate", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+    rc = write_timeline(a, "estimate", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
                         a->gpu != NULL, NULL, 0);
 out: /* the one way out: everything released, then the status */
-    mp_program_release(&prog);
     mp_fit_release(&f);
     mp_model_release(&s.model);
-    if (st != MP_OK)
-        return fail(st, &d);
-    return rc ? rc : finish(MP_EXIT_OK);
+    return leave(st, &d, rc, MP_EXIT_OK);
+}
+
+/* plan's one stderr line (and JSON report) when no optimal plan can be made: nothing is left
+ * for activations, or not even every block checkpointed fits the budget. */
+static void say_noplan(struct args *a, struct setup *s, const struct mp_fit *f)
+{
+    char a1[32], a2[32], why[256];
+    if (f->activation_budget == 0)
+        snprintf(why, sizeof why, "nothing is left for activations: weights, gradients, optimizer state and "
+                                  "overheads take %s of %s usable",
+                 mp_fmt_bytes(f->static_bytes, a1, sizeof a1), mp_fmt_bytes(f->usable_bytes, a2, sizeof a2));
+    else
+        snprintf(why, sizeof why, "no plan fits an activation budget of %s; checkpointing every block needs %s",
+                 mp_fmt_bytes(f->activation_budget, a1, sizeof a1), mp_fmt_bytes(f->plan.peak_bytes, a2, sizeof a2));
+    fprintf(stderr, "memplan: does not fit: %s\n", why);
+    if (a->json) {
+        struct mp_report_ctx c;
+        fill_ctx(&c, "plan", s, NULL, &a->ckpt, a);
+        mp_report_plan_none(stdout, &c, f, why);
+    }
 }
 
 static int cmd_plan(struct args *a)
@@ -857,57 +881,36 @@ static int cmd_plan(struct args *a)
     if (!a->gpu && !a->vram)
         mp_gpu_from_vram(UINT64_MAX / 4, &s.gpu); /* an explicit budget: no device limit */
     struct mp_job j = job_of(&s, a);
+    j.keep_program = true;
     struct mp_fit f;
-    enum mp_status st = mp_fit_eval(&j, &f, &d);
-    if (st != MP_OK) {
-        mp_model_release(&s.model);
-        return fail(st, &d);
-    }
+    int code = MP_EXIT_OK;
+    enum mp_status st = mp_fit_eval(&j, &f, &d); /* f is empty, or released, when it fails */
+    if (st != MP_OK)
+        goto out;
     bool budgeted = a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
     if (budgeted && (f.activation_budget == 0 || f.infeasible)) {
-        char a1[32], a2[32], why[256];
-        if (f.activation_budget == 0)
-            snprintf(why, sizeof why, "nothing is left for activations: weights, gradients, optimizer state and "
-                                      "overheads take %s of %s usable",
-                     mp_fmt_bytes(f.static_bytes, a1, sizeof a1), mp_fmt_bytes(f.usable_bytes, a2, sizeof a2));
-        else
-            snprintf(why, sizeof why, "no plan fits an activation budget of %s; checkpointing every block needs %s",
-                     mp_fmt_bytes(f.activation_budget, a1, sizeof a1), mp_fmt_bytes(f.plan.peak_bytes, a2, sizeof a2));
-        fprintf(stderr, "memplan: does not fit: %s\n", why);
-        if (a->json) {
-            struct mp_report_ctx c;
-            fill_ctx(&c, "plan", &s, NULL, &a->ckpt, a);
-            mp_report_plan_none(stdout, &c, &f, why);
-        }
-        mp_fit_release(&f);
-        mp_model_release(&s.model);
-        return finish(MP_EXIT_NOFIT);
+        say_noplan(a, &s, &f);
+        code = MP_EXIT_NOFIT;
+        goto out;
     }
     struct mp_plan_cmp cmp = {0};
     if (budgeted && f.plan.sched.n)
         mp_ckpt_compare(&f.chain, f.plan.peak_bytes, a->slots, &cmp);
-    struct mp_program prog;
-    st = mp_program_build(&s.model, &s.build, &prog, &d);
-    if (st == MP_OK) {
-        struct mp_report_ctx c;
-        fill_ctx(&c, "plan", &s, &prog, &a->ckpt, a);
-        if (!a->gpu && !a->vram)
-            c.gpu = NULL;
-        mp_report_plan(stdout, &c, &f, &cmp);
-        rc = write_timeline(a, "plan", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
-                            a->gpu || a->vram, NULL, 0);
-        mp_program_release(&prog);
-    }
+    struct mp_report_ctx c;
+    fill_ctx(&c, "plan", &s, &f.prog, &a->ckpt, a);
+    if (!a->gpu && !a->vram)
+        c.gpu = NULL;
+    mp_report_plan(stdout, &c, &f, &cmp);
+    rc = write_timeline(a, "plan", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                        a->gpu || a->vram, NULL, 0);
     bool fits = f.fits || (!a->gpu && !a->vram);
-    if (st == MP_OK && !fits)
+    if (!fits)
         say_nofit(&f);
+    code = fits ? MP_EXIT_OK : MP_EXIT_NOFIT;
+out: /* the one way out: everything released, then the status */
     mp_fit_release(&f);
     mp_model_release(&s.model);
-    if (st != MP_OK)
-        return fail(st, &d);
-    if (rc)
-        return rc;
-    return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
+    return leave(st, &d, rc, code);
 }
 
 static int cmd_check(struct args *a)
@@ -922,30 +925,25 @@ static int cmd_check(struct args *a)
     if (rc)
         return rc;
     struct mp_fit f;
-    struct mp_program prog;
     memset(&f, 0, sizeof f);
-    memset(&prog, 0, sizeof prog);
     struct mp_job j = job_of(&s, a);
-    enum mp_status st;
-    if ((st = mp_fit_eval(&j, &f, &d)) != MP_OK || (st = mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)
+    j.keep_program = true;
+    int code = MP_EXIT_OK;
+    enum mp_status st = mp_fit_eval(&j, &f, &d);
+    if (st != MP_OK)
         goto out;
     struct mp_report_ctx c;
-    fill_ctx(&c, "check", &s, &prog, &a->ckpt, a);
+    fill_ctx(&c, "check", &s, &f.prog, &a->ckpt, a);
     mp_report_check(stdout, &c, &f);
-    rc = write_timeline(a, "check", &s, &prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes, true,
+    rc = write_timeline(a, "check", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes, true,
                         NULL, 0);
     if (!f.fits)
         say_nofit(&f);
+    code = f.fits ? MP_EXIT_OK : MP_EXIT_NOFIT;
 out: /* the one way out: everything released, then the status */
-    mp_program_release(&prog);
-    bool fits = f.fits;
     mp_fit_release(&f);
     mp_model_release(&s.model);
-    if (st != MP_OK)
-        return fail(st, &d);
-    if (rc)
-        return rc;
-    return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
+    return leave(st, &d, rc, code);
 }
 
 static int cmd_suggest(struct args *a)
@@ -969,45 +967,30 @@ static int cmd_suggest(struct args *a)
         j.train.par = &s.par;
         o.probe = false; /* the probe runs one rank's step on one GPU: not part of suggest yet */
     }
-    if (o.probe && !strcmp(o.probe_backend, "host")) {
-        /* the host pool really allocates, up to the target's limit: refuse what this machine cannot hold */
-        uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-        uint64_t lim = o.probe_capacity_bytes ? o.probe_capacity_bytes
-                                              : (uint64_t)((double)mp_gpu_capacity(&j.gpu) * (1.0 - j.margin));
-        if (lim > ram / 2) {
-            char b1[32], b2[32];
-            fprintf(stderr, "memplan: error: --backend host: probes up to %s do not fit this machine's RAM (%s); "
-                            "use a smaller --vram or --capacity, or --no-probe\n",
-                    mp_fmt_bytes(lim, b1, sizeof b1), mp_fmt_bytes(ram, b2, sizeof b2));
-            mp_model_release(&s.model);
-            return MP_EXIT_DEVICE;
-        }
-    }
     struct mp_suggestion sg;
-    enum mp_status st = mp_suggest(&j, &o, argv0, &sg, &d);
-    if (st != MP_OK) {
-        mp_model_release(&s.model);
-        return fail(st, &d);
-    }
     struct mp_program prog;
-    st = mp_program_build(&s.model, &s.build, &prog, &d);
-    if (st != MP_OK) {
-        mp_suggestion_release(&sg);
-        mp_model_release(&s.model);
-        return fail(st, &d);
-    }
+    memset(&sg, 0, sizeof sg);
+    memset(&prog, 0, sizeof prog);
+    int code = MP_EXIT_OK;
+    enum mp_status st = MP_OK;
+    if (o.probe && !strcmp(o.probe_backend, "host") &&
+        (st = mp_suggest_host_admit(&j, &o, mp_host_ram_bytes(), &d)) != MP_OK)
+        goto out;
+    if ((st = mp_suggest(&j, &o, argv0, &sg, &d)) != MP_OK || (st = mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)
+        goto out;
     struct mp_report_ctx c;
     fill_ctx(&c, "suggest", &s, &prog, NULL, a);
     c.build = NULL; /* suggest searches batch and precision: no single config line */
     mp_report_suggest(stdout, &c, &sg, a->emit);
-    int code = sg.best >= 0 ? MP_EXIT_OK : MP_EXIT_NOFIT;
+    code = sg.best >= 0 ? MP_EXIT_OK : MP_EXIT_NOFIT;
     if (sg.best >= 0 && o.global_batch && !sg.global_met)
         fprintf(stderr, "memplan: warning: global batch %llu cannot be met exactly\n",
                 (unsigned long long)o.global_batch);
+out: /* the one way out: everything released, then the status */
     mp_program_release(&prog);
     mp_suggestion_release(&sg);
     mp_model_release(&s.model);
-    return finish(code);
+    return leave(st, &d, rc, code);
 }
 
 static int cmd_probe(struct args *a)
@@ -1018,11 +1001,20 @@ static int cmd_probe(struct args *a)
     if (rc)
         return rc;
     struct mp_program prog;
+    struct mp_probe *p = NULL;
+    struct mp_chain ch;
+    struct mp_ckpt_plan plan;
+    struct mp_estimate e;
+    struct mp_probe_result r;
+    memset(&prog, 0, sizeof prog);
+    memset(&ch, 0, sizeof ch);
+    mp_ckpt_plan_init(&plan);
+    memset(&e, 0, sizeof e);
+    memset(&r, 0, sizeof r);
+    int code = MP_EXIT_OK;
     enum mp_status st = mp_program_build(&s.model, &s.build, &prog, &d);
-    if (st != MP_OK) {
-        mp_model_release(&s.model);
-        return fail(st, &d);
-    }
+    if (st != MP_OK)
+        goto out;
     struct mp_probe_opts po;
     mp_probe_opts_default(&po);
     po.backend = a->backend;
@@ -1033,63 +1025,37 @@ static int cmd_probe(struct args *a)
     po.trace = a->timeline != NULL;
     bool autohost = !strcmp(a->backend, "auto") && !mp_cuda_device_available();
     if ((autohost || !strcmp(a->backend, "host")) &&
-        (st = mp_probe_host_admit(&prog, &s.train, a->capacity, autohost, &d)) != MP_OK) {
-        mp_program_release(&prog);
-        mp_model_release(&s.model);
-        return fail(st, &d);
-    }
+        (st = mp_probe_host_admit(&prog, &s.train, a->capacity, autohost, &d)) != MP_OK)
+        goto out;
     if (autohost) {
         fprintf(stderr, "memplan: no usable GPU: probing on the host backend (CPU)\n");
         po.backend = "host";
     }
     if (a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS) {
-        mp_program_release(&prog);
-        mp_model_release(&s.model);
-        return usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K, layers); "
-                                          "use 'memplan plan' to find an optimal one");
+        rc = usage_error("probe", "%s", "probe takes a fixed plan (none, sqrt, segments:K, every:K, layers); "
+                                        "use 'memplan plan' to find an optimal one");
+        goto out;
     }
-    struct mp_probe *p = NULL;
-    st = mp_probe_open(&p, &po, &d);
-    if (st != MP_OK) {
-        mp_program_release(&prog);
-        mp_model_release(&s.model);
-        return fail(st, &d);
-    }
-    struct mp_chain ch;
-    struct mp_ckpt_plan plan;
-    mp_ckpt_plan_init(&plan);
-    st = mp_estimate_chain(&prog, &ch, &d);
-    if (st == MP_OK) {
-        st = mp_ckpt_plan_make(&ch, &a->ckpt, 0, a->slots, &plan, &d);
-        mp_chain_release(&ch);
-    }
-    struct mp_estimate e;
-    memset(&e, 0, sizeof e);
-    struct mp_probe_result r;
-    memset(&r, 0, sizeof r);
-    if (st == MP_OK)
-        st = mp_estimate_run(&prog, &plan.sched, &s.train, 0, &e, &d);
-    if (st == MP_OK)
-        st = mp_probe_run(p, &prog, &plan.sched, &s.train, &r, &d);
-    if (st == MP_OK) {
-        struct mp_report_ctx c;
-        fill_ctx(&c, "probe", &s, &prog, &a->ckpt, a);
-        c.gpu = NULL;
-        mp_report_probe(stdout, &c, &e, &r);
-        rc = write_timeline(a, "probe", &s, &prog, &plan.sched, 0, false, r.trace, r.n_trace);
-    }
+    if ((st = mp_probe_open(&p, &po, &d)) != MP_OK || (st = mp_estimate_chain(&prog, &ch, &d)) != MP_OK ||
+        (st = mp_ckpt_plan_make(&ch, &a->ckpt, 0, a->slots, &plan, &d)) != MP_OK ||
+        (st = mp_estimate_run_chain(&prog, &plan.sched, &s.train, 0, &ch, &e, &d)) != MP_OK ||
+        (st = mp_probe_run(p, &prog, &plan.sched, &s.train, &r, &d)) != MP_OK)
+        goto out;
+    struct mp_report_ctx c;
+    fill_ctx(&c, "probe", &s, &prog, &a->ckpt, a);
+    c.gpu = NULL;
+    mp_report_probe(stdout, &c, &e, &r);
+    rc = write_timeline(a, "probe", &s, &prog, &plan.sched, 0, false, r.trace, r.n_trace);
+    code = r.fits ? MP_EXIT_OK : MP_EXIT_NOFIT;
+out: /* the one way out: everything released, then the status */
     mp_probe_result_release(&r);
     mp_estimate_release(&e);
     mp_ckpt_plan_release(&plan);
-    bool fits = r.fits;
+    mp_chain_release(&ch);
     mp_probe_close(p);
     mp_program_release(&prog);
     mp_model_release(&s.model);
-    if (st != MP_OK)
-        return fail(st, &d);
-    if (rc)
-        return rc;
-    return finish(fits ? MP_EXIT_OK : MP_EXIT_NOFIT);
+    return leave(st, &d, rc, code);
 }
 
 static int cmd_help(int argc, char **argv)

@@ -22,6 +22,7 @@ void mp_fit_release(struct mp_fit *f)
     mp_estimate_release(&f->est);
     mp_ckpt_plan_release(&f->plan);
     mp_chain_release(&f->chain);
+    mp_program_release(&f->prog);
 }
 
 static uint64_t sub0(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
@@ -110,7 +111,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         st = mp_ckpt_plan_make(&f->chain, &job->ckpt, 0, job->slots, &f->plan, d);
         if (st != MP_OK)
             goto out;
-        st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
+        st = mp_estimate_run_chain(&prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
         if (st != MP_OK)
             goto out;
     } else {
@@ -119,13 +120,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         uint64_t budget = job->activation_budget;
         if (!budget) {
             struct mp_estimate e0;
-            struct mp_schedule none;
-            mp_schedule_init(&none);
-            /* static figures do not depend on the plan */
-            st = mp_ckpt_schedule_none(prog.n_blocks, &none);
-            if (st == MP_OK)
-                st = mp_estimate_run(&prog, &none, &job->train, context, &e0, d);
-            mp_schedule_release(&none);
+            st = mp_estimate_static(&prog, &job->train, &e0, d); /* static figures do not depend on the plan */
             if (st != MP_OK)
                 goto out;
             uint64_t fixed = e0.weights_bytes + e0.grads_bytes + e0.optimizer_bytes + e0.workspace_bytes +
@@ -148,7 +143,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             if (st != MP_OK)
                 goto out;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
+            st = mp_estimate_run_chain(&prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
             if (st != MP_OK)
                 goto out;
             planned = true;
@@ -168,7 +163,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
                 goto out;
             f->plan.spec = job->ckpt;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run(&prog, &f->plan.sched, &job->train, context, &f->est, d);
+            st = mp_estimate_run_chain(&prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
             if (st != MP_OK)
                 goto out;
             f->activation_budget = budget;
@@ -188,7 +183,10 @@ throughput: {
     f->samples_per_s = f->step_s > 0 ? (double)job->build.batch / f->step_s : 0;
 }
 out:
-    mp_program_release(&prog);
+    if (st == MP_OK && job->keep_program)
+        f->prog = prog;
+    else
+        mp_program_release(&prog);
     if (st != MP_OK)
         mp_fit_release(f);
     return st;
@@ -460,6 +458,19 @@ static uint64_t target_pool_bytes(const struct mp_job *base, const struct mp_sug
         return o->probe_capacity_bytes;
     uint64_t usable = (uint64_t)((double)mp_gpu_capacity(&base->gpu) * (1.0 - base->margin));
     return sub0(usable, base->gpu.context_bytes);
+}
+
+enum mp_status mp_suggest_host_admit(const struct mp_job *base, const struct mp_suggest_opts *o, uint64_t ram_bytes,
+                                     struct mp_diag *d)
+{
+    uint64_t lim = o->probe_capacity_bytes ? o->probe_capacity_bytes
+                                           : (uint64_t)((double)mp_gpu_capacity(&base->gpu) * (1.0 - base->margin));
+    if (lim <= ram_bytes / 2)
+        return MP_OK;
+    char b1[32], b2[32];
+    return mp_fail(d, MP_ERR_DEVICE, "--backend host: probes up to %s do not fit this machine's RAM (%s); use a "
+                                     "smaller --vram or --capacity, or --no-probe",
+                   mp_fmt_bytes(lim, b1, sizeof b1), mp_fmt_bytes(ram_bytes, b2, sizeof b2));
 }
 
 #define MP_PROBES_PER_CANDIDATE 4

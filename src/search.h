@@ -24,6 +24,7 @@ struct mp_job {
     double margin;                /* safety margin, fraction of capacity (default 0.05) */
     size_t slots;                 /* DP discretisation (0 = 500) */
     uint64_t activation_budget;   /* plan: explicit budget for optimal strategies (0 = from the target) */
+    bool keep_program;            /* the fit keeps the program it evaluated (mp_fit.prog) for a report */
 };
 
 struct mp_fit {
@@ -42,6 +43,8 @@ struct mp_fit {
     double comm_s, exposed_comm_s, offload_s; /* data parallel: collectives (all / not hidden by
                                                * compute) and offload transfers + host step */
     double samples_per_s;
+    struct mp_program prog;       /* with job->keep_program: the program evaluated (build options
+                                   * job->build, input_grad set by the strategy); else empty */
 };
 
 void mp_fit_release(struct mp_fit *f);
@@ -112,6 +115,11 @@ struct mp_suggestion {
     double elapsed_ms;
 };
 
+/* suggest probing on the host backend: its pool really allocates, up to the probes' limit
+ * (o->probe_capacity_bytes, else the target's usable bytes), so a limit over half of
+ * ram_bytes (this machine's RAM, mp_host_ram_bytes) is refused: MP_ERR_DEVICE, reason in d. */
+enum mp_status mp_suggest_host_admit(const struct mp_job *base, const struct mp_suggest_opts *o, uint64_t ram_bytes,
+                                     struct mp_diag *d);
 enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o, const char *argv0,
                           struct mp_suggestion *s, struct mp_diag *d);
 void mp_suggestion_release(struct mp_suggestion *s);

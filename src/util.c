@@ -169,6 +169,12 @@ double mp_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+uint64_t mp_host_ram_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
 _Noreturn void mp_bug(const char *file, int line, const char *fmt, ...)
 {
     va_list ap;

@@ -96,6 +96,8 @@ void mp_progress_done(void);
 
 /* Wall-clock milliseconds since an arbitrary origin (CLOCK_MONOTONIC). */
 double mp_now_ms(void);
+/* This machine's physical memory in bytes (0 if unknown). */
+uint64_t mp_host_ram_bytes(void);
 
 /* Impossible states: print file:line and exit 5 (git's BUG()). */
 _Noreturn void mp_bug(const char *file, int line, const char *fmt, ...);

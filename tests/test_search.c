@@ -204,6 +204,31 @@ static void test_search_accumulation_costs_the_gradients(void **state)
     mp_model_release(&m);
 }
 
+/* suggest --backend host: the probes' limit (--capacity, else the target's usable bytes)
+ * must fit in half the machine's RAM.  A 64 GiB --vram target at the 5 % margin leaves
+ * 0.95 x 64 GiB = 60.80 GiB usable. */
+static void test_search_host_probe_admission(void **state)
+{
+    (void)state;
+    struct mp_job j;
+    memset(&j, 0, sizeof j);
+    mp_gpu_from_vram(64ull << 30, &j.gpu);
+    j.margin = 0.05;
+    struct mp_suggest_opts o;
+    memset(&o, 0, sizeof o);
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_suggest_host_admit(&j, &o, 128ull << 30, &d), MP_OK); /* 60.8 <= 64 */
+    assert_int_equal(mp_suggest_host_admit(&j, &o, 100ull << 30, &d), MP_ERR_DEVICE); /* 60.8 > 50 */
+    assert_string_equal(d.msg, "--backend host: probes up to 60.80 GiB do not fit this machine's RAM (100.00 GiB); "
+                               "use a smaller --vram or --capacity, or --no-probe");
+    o.probe_capacity_bytes = 16ull << 30; /* --capacity replaces the target's bytes */
+    memset(&d, 0, sizeof d);
+    assert_int_equal(mp_suggest_host_admit(&j, &o, 40ull << 30, &d), MP_OK); /* 16 <= 20 */
+    assert_int_equal(mp_suggest_host_admit(&j, &o, 32ull << 30, &d), MP_OK); /* 16 <= 16 */
+    assert_int_equal(mp_suggest_host_admit(&j, &o, (32ull << 30) - 2, &d), MP_ERR_DEVICE);
+    assert_non_null(strstr(d.msg, "probes up to 16.00 GiB"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -213,6 +238,7 @@ int main(void)
         cmocka_unit_test(test_search_nothing_fits_gives_alternatives),
         cmocka_unit_test(test_search_fit_respects_margin),
         cmocka_unit_test(test_search_accumulation_costs_the_gradients),
+        cmocka_unit_test(test_search_host_probe_admission),
     };
     return cmocka_run_group_tests_name("search", tests, NULL, NULL);
 }
