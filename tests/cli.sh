@@ -613,6 +613,8 @@ expect_line 2 "--lora-r without --finetune lora" estimate --lora-r 8 models/tiny
 expect_line 2 "--finetune freeze without --train-blocks" estimate --finetune freeze models/tiny-test.json
 expect_line 2 "--train-blocks with a reversed range" estimate --finetune freeze --train-blocks 3-1 models/tiny-test.json
 expect_line 2 "--lora-targets with an empty name" estimate --finetune lora --lora-targets q_proj,,v_proj models/tiny-test.json
+expect_line 2 "--finetune lora with data parallel (not modelled: refused)" estimate --finetune lora --gpus 2 models/tiny-test.json
+expect_line 2 "suggest --finetune qlora with --parallel fsdp (refused)" suggest --finetune qlora --parallel fsdp --gpu a100-40gb models/tiny-test.json
 # tiny-test: 2 blocks of qkv 16->48, out 16->16, fc1 16->32, fc2 32->16; no peft default for a memplan
 # model, so all-linear: 2 x 4 x (64 + 32 + 48 + 48) = 1,536 adapter parameters at r 4
 run estimate --finetune lora --lora-r 4 models/tiny-test.json --json
