@@ -1401,6 +1401,54 @@ static struct val lower_bottleneck(struct bld *B, struct val x, const struct mp_
     return lower_act(B, y, MP_ACT_RELU, true, "relu3");
 }
 
+static struct val lower_add_table(struct bld *B, struct val x, const struct mp_layer *l, const char *nm, uint64_t k,
+                                  struct mp_node **node);
+
+/* ViT's embeddings: projection (conv, kernel = stride = patch) -> flatten(2).transpose(1, 2), a
+ * view (b, patches, dim) -> torch.cat with the expanded class token (a new tensor; the dtype
+ * promotes: fp32 under autocast, the token being fp32) -> + position_embeddings (1, seq, dim):
+ * a new tensor.  Nothing is saved besides the conv's input (and its weight copy).  From here on
+ * the sequence is patches + 1. */
+static struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_layer *l)
+{
+    if (failed(B))
+        return x;
+    uint64_t p = l->kernel;
+    if (x.rank != 4 || p == 0 || x.shape[2] % p || x.shape[3] % p) {
+        fail_model(B, MP_ERR_MODEL, "patch %llu must divide the image's height and width (input.shape [C, H, W])",
+                   (unsigned long long)p);
+        return x;
+    }
+    struct val c = lower_conv(B, x, l->in_ch, l->dim, p, p, 0, 1, true, "projection");
+    if (failed(B))
+        return c;
+    uint64_t np = mul(B, c.shape[2], c.shape[3]), s = add(B, np, l->cls_token ? 1 : 0);
+    struct val e = c; /* (b, patches, dim): a view of the conv output */
+    e.rank = 3;
+    e.shape[1] = np;
+    e.shape[2] = l->dim;
+    if (l->cls_token) {
+        uint64_t shape[3] = {B->b, s, l->dim};
+        int cls = new_param(B, "cls_token", 1, l->dim, false);
+        e = new_val(B, "cat", promote(dt_of(B, c), B->p->param_dtype), 3, shape, true);
+        struct mp_node *n = new_node(B, MP_P_CAST, "cat");
+        if (!n)
+            return e;
+        n->in[0] = c.t;
+        n->out = e.t;
+        n->param[0] = cls;
+        n->rows = mul(B, B->b, s);
+        n->n = l->dim;
+        n->fwd_flops = (double)T(B, e.t)->elems;
+        n->bwd_flops = n->fwd_flops;
+    }
+    B->s = s;
+    struct mp_layer pos = *l;
+    pos.vocab = s;
+    struct mp_node *n;
+    return lower_add_table(B, e, &pos, "position_embeddings", s, &n);
+}
+
 static struct val lower_custom(struct bld *B, struct val x, const struct mp_layer *l)
 {
     if (failed(B))
@@ -1662,7 +1710,10 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         return lower_loss(B, logits, "loss", !l->masked, B->m->input == MP_INPUT_TOKENS && !l->masked);
     }
     case MP_LT_CLASSIFIER: {
-        /* HF's token classification upcasts (logits.float()); pooled heads and images do not */
+        /* HF's token classification upcasts (logits.float()); pooled heads and images do not.
+         * MP_POOL_FIRST on a sequence: the first position (ViT's class token) */
+        if (l->pool == MP_POOL_FIRST)
+            x = first_position(B, x, nm);
         struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
         bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE;
         return lower_loss(B, pool_logits(B, logits, l, nm), "loss", upcast, false);
@@ -1679,6 +1730,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     }
     case MP_LT_BOTTLENECK:
         return lower_bottleneck(B, x, l);
+    case MP_LT_PATCH_EMBEDDING: {
+        struct val y = lower_patch_embedding(B, x, l);
+        *resid = y;
+        return y;
+    }
     case MP_LT_COUNT:
         break;
     }

@@ -642,6 +642,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
         add_default(s, "seq %s (model)", num);
     }
+    for (size_t i = 0; i < s->model.n_blocks && s->model.input == MP_INPUT_IMAGE; i++)
+        for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &s->model.blocks[i].layers[j];
+            if (l->type != MP_LT_PATCH_EMBEDDING || !l->kernel)
+                continue;
+            snprintf(num, sizeof num, "%llu", (unsigned long long)((s->model.height / l->kernel) *
+                                                                   (s->model.width / l->kernel) + l->cls_token));
+            add_default(s, "seq %s (image patches + class token; --seq does not apply)", num);
+        }
     if (!a->batch_set && !need_target)
         add_default(s, "batch %s", "1");
     if (!a->precision_set && !need_target)
