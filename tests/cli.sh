@@ -633,6 +633,16 @@ else
     echo "expected exit 0 and the peft + bitsandbytes snippet" >"$T/why"
     bad "suggest --finetune qlora llama-3-8b on 24 GiB"
 fi
+# a token-classification head: peft's TOKEN_CLS task type (its head kept trainable), the model class that loads it
+run suggest tests/data/hf-qwen2-0.5b-tokencls.json --finetune qlora --gpu a100-40gb --seq 512 --emit hf --no-probe
+if [ "$ec" -eq 0 ] && grep -q 'task_type="TOKEN_CLS"' "$T/out" && grep -q "AutoModelForTokenClassification" "$T/out"; then
+    ok "suggest --finetune qlora on a token-classification head: task_type TOKEN_CLS in the snippet"
+else
+    echo "expected exit 0, task_type=\"TOKEN_CLS\" and AutoModelForTokenClassification" >"$T/why"
+    bad "suggest --finetune qlora on a token-classification head"
+fi
+expect_line 2 "all-linear on a token-classification head (peft refuses: modules_to_save)" \
+    estimate tests/data/hf-qwen2-0.5b-tokencls.json --finetune lora --lora-targets all-linear --seq 16
 # quantization_config: a quantized base trains adapters only; an unknown method is refused
 expect_line 3 "full fine-tuning of a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json
 expect_line 3 "full fine-tuning of a bnb 4-bit checkpoint" check tests/data/hf-qwen2-0.5b-bnb4.json --batch 1 --gpu t4
