@@ -26,7 +26,7 @@
 
 /* ---- cuBLAS, loaded on first use ----------------------------------------------------------
  * Linking libcublas would map its ~700 MB of libraries into every memplan run
- * (about 100 ms before main) for a backend most commands never open, so the six
+ * (about 100 ms before main) for a backend most commands never open, so the seven
  * entry points used here are resolved with dlopen when the cuda backend opens. */
 static struct {
     void *lib;
@@ -35,6 +35,7 @@ static struct {
     __typeof__(&cublasSetStream_v2) set_stream;
     __typeof__(&cublasSetWorkspace_v2) set_workspace;
     __typeof__(&cublasGemmStridedBatchedEx) gemm_strided_batched_ex;
+    __typeof__(&cublasGemmBatchedEx) gemm_batched_ex;
     __typeof__(&cublasGetStatusName) status_name;
 } blas_api;
 
@@ -62,6 +63,7 @@ static enum mp_status blas_load(struct mp_diag *d)
         !blas_sym(lib, "cublasSetStream_v2", &blas_api.set_stream) ||
         !blas_sym(lib, "cublasSetWorkspace_v2", &blas_api.set_workspace) ||
         !blas_sym(lib, "cublasGemmStridedBatchedEx", &blas_api.gemm_strided_batched_ex) ||
+        !blas_sym(lib, "cublasGemmBatchedEx", &blas_api.gemm_batched_ex) ||
         !blas_sym(lib, "cublasGetStatusName", &blas_api.status_name)) {
         dlclose(lib);
         return mp_fail(d, MP_ERR_DEVICE, "%s lacks an expected cuBLAS entry point", name);
@@ -79,6 +81,7 @@ static enum mp_status blas_load(struct mp_diag *d)
 #define cublasSetStream(h, s) (blas_api.set_stream((h), (s)))
 #define cublasSetWorkspace(h, p, n) (blas_api.set_workspace((h), (p), (n)))
 #define cublasGemmStridedBatchedEx (*blas_api.gemm_strided_batched_ex)
+#define cublasGemmBatchedEx (*blas_api.gemm_batched_ex)
 #define cublasGetStatusName(e) (blas_api.status_name ? blas_api.status_name(e) : "cuBLAS error")
 
 _Static_assert(MP_K_F32 == (int)MP_DT_F32 && MP_K_BF16 == (int)MP_DT_BF16 && MP_K_F16 == (int)MP_DT_F16 &&
@@ -221,6 +224,12 @@ struct cu_run {
     cudaEvent_t *ev;       /* GEMM start/stop pairs of the current step */
     size_t n_ev, cap_ev;
     cudaEvent_t t0, t1;    /* around each step */
+    /* pointer arrays of the batched GEMMs (cublasGemmBatchedEx): filled on the host (pinned),
+     * copied to the device beside them; slots are not reused within a step */
+    const void **hab;      /* A and B pointers: 2 * PTR_CAP */
+    void **hc;             /* C pointers: PTR_CAP */
+    void *hbase, *dptr;    /* pinned and device: the A/B array, then the C array (3 * PTR_CAP pointers) */
+    size_t ptr_used;       /* entries taken this step */
 };
 
 static struct cu_ctx *CX(const struct mp_exec *x) { return x->bctx; }
@@ -273,50 +282,134 @@ static cudaDataType_t cuda_type(int dt)
 
 static bool fits_int(uint64_t v) { return v <= 0x7fffffffull; }
 
+/* Operand types cuBLAS takes here, and dimensions within its int range. */
+static enum mp_status gemm_check(struct mp_exec *x, uint64_t M, uint64_t N, uint64_t K, int adt, int bdt, int cdt,
+                                 uint64_t lda, uint64_t ldb, uint64_t ldc, uint64_t batch)
+{
+    if (adt != bdt || adt == MP_K_I64 || adt == MP_K_U8 || cdt == MP_K_I64 || cdt == MP_K_U8)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: GEMM with operand types %d/%d -> %d", adt, bdt, cdt);
+    if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc) ||
+        !fits_int(batch))
+        return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: a GEMM dimension exceeds cuBLAS's int range");
+    return MP_OK;
+}
+
+/* On the profiling step: an event before the GEMM (*e0 its index; the pair's end follows). */
+static enum mp_status gemm_time_begin(struct mp_exec *x, size_t *e0)
+{
+    struct cu_run *u = RUN(x);
+    if (!u->timing)
+        return MP_OK;
+    if (u->n_ev + 2 > u->cap_ev) {
+        size_t nc = u->cap_ev ? 2 * u->cap_ev : 256;
+        cudaEvent_t *ne = realloc(u->ev, nc * sizeof *ne);
+        if (!ne)
+            return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory for GEMM events");
+        for (size_t i = u->cap_ev; i < nc; i++)
+            ne[i] = NULL;
+        u->ev = ne;
+        u->cap_ev = nc;
+    }
+    for (size_t i = u->n_ev; i < u->n_ev + 2; i++)
+        if (!u->ev[i])
+            CK(x->d, cudaEventCreate(&u->ev[i]));
+    *e0 = u->n_ev;
+    u->n_ev += 2;
+    CK(x->d, cudaEventRecord(u->ev[*e0], S(x)));
+    return MP_OK;
+}
+
+static enum mp_status gemm_time_end(struct mp_exec *x, size_t e0, uint64_t M, uint64_t N, uint64_t K, uint64_t batch)
+{
+    struct cu_run *u = RUN(x);
+    if (!u->timing)
+        return MP_OK;
+    CK(x->d, cudaEventRecord(u->ev[e0 + 1], S(x)));
+    u->gemm_flops += 2.0 * (double)M * (double)N * (double)K * (double)batch;
+    return MP_OK;
+}
+
 /* Row-major C (M x N) = alpha op(A) op(B) + beta C, batched with element strides.
  * cuBLAS is column-major: compute C^T = op(B)^T op(A)^T.  fp32 compute; bf16/fp16
- * inputs run on tensor cores.  Counts FLOPs and, on measured steps, times the call. */
+ * inputs run on tensor cores.  Counts FLOPs and, on the profiling step, times the call. */
 static enum mp_status gemm(struct mp_exec *x, bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K, float alpha,
                            const void *A, int adt, uint64_t lda, uint64_t sA, const void *B, int bdt, uint64_t ldb,
                            uint64_t sB, float beta, void *C, int cdt, uint64_t ldc, uint64_t sC, uint64_t batch)
 {
     if (!M || !N || !batch)
         return MP_OK;
-    if (adt != bdt || adt == MP_K_I64 || adt == MP_K_U8 || cdt == MP_K_I64 || cdt == MP_K_U8)
-        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: GEMM with operand types %d/%d -> %d", adt, bdt, cdt);
-    if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc) ||
-        !fits_int(batch))
-        return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: a GEMM dimension exceeds cuBLAS's int range");
-    struct cu_run *u = RUN(x);
+    enum mp_status st = gemm_check(x, M, N, K, adt, bdt, cdt, lda, ldb, ldc, batch);
     size_t e0 = 0;
-    if (u->timing) {
-        if (u->n_ev + 2 > u->cap_ev) {
-            size_t nc = u->cap_ev ? 2 * u->cap_ev : 256;
-            cudaEvent_t *ne = realloc(u->ev, nc * sizeof *ne);
-            if (!ne)
-                return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory for GEMM events");
-            for (size_t i = u->cap_ev; i < nc; i++)
-                ne[i] = NULL;
-            u->ev = ne;
-            u->cap_ev = nc;
-        }
-        for (size_t i = u->n_ev; i < u->n_ev + 2; i++)
-            if (!u->ev[i])
-                CK(x->d, cudaEventCreate(&u->ev[i]));
-        e0 = u->n_ev;
-        u->n_ev += 2;
-        CK(x->d, cudaEventRecord(u->ev[e0], S(x)));
-    }
+    if (st == MP_OK)
+        st = gemm_time_begin(x, &e0);
+    if (st != MP_OK)
+        return st;
     cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     BK(x->d, cublasGemmStridedBatchedEx(CX(x)->blas, opa, opb, (int)N, (int)M, (int)K, &alpha, B, cuda_type(bdt),
                                         (int)ldb, (long long)sB, A, cuda_type(adt), (int)lda, (long long)sA, &beta, C,
                                         cuda_type(cdt), (int)ldc, (long long)sC, (int)batch, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
-    if (u->timing) {
-        CK(x->d, cudaEventRecord(u->ev[e0 + 1], S(x)));
-        u->gemm_flops += 2.0 * (double)M * (double)N * (double)K * (double)batch;
+    return gemm_time_end(x, e0, M, N, K, batch);
+}
+
+/* One pointer-array batched GEMM being filled: entry i multiplies a[i], b[i] into c[i]. */
+struct gemm_ptrs {
+    const void **a, **b;
+    void **c;
+    size_t off; /* the first entry's index in the run's pointer arrays */
+    uint64_t n;
+};
+
+#define PTR_CAP ((size_t)1 << 15)                    /* batched-GEMM entries per step before a drain */
+#define PTR_BYTES (3 * PTR_CAP * sizeof(void *)) /* 768 KiB on the device, as much pinned */
+
+/* Reserves n entries; when a step has used every slot, the stream is drained and the slots
+ * start again (the copies still queued read the pinned slots). */
+static enum mp_status gemm_ptrs_take(struct mp_exec *x, uint64_t n, struct gemm_ptrs *g)
+{
+    struct cu_run *u = RUN(x);
+    if (!u->hab || n > PTR_CAP / 2)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %llu batched GEMM entries (at most %zu)",
+                       (unsigned long long)n, PTR_CAP / 2);
+    if (u->ptr_used + n > PTR_CAP) {
+        CK(x->d, cudaStreamSynchronize(S(x)));
+        u->ptr_used = 0;
     }
+    g->off = u->ptr_used;
+    g->n = n;
+    g->a = u->hab + 2 * g->off;
+    g->b = g->a + n;
+    g->c = u->hc + g->off;
+    u->ptr_used += n;
     return MP_OK;
+}
+
+/* Row-major C_i (M x N) = alpha op(A_i) op(B_i) + beta C_i for every entry of g (filled);
+ * no two entries may write the same C. */
+static enum mp_status gemm_batched(struct mp_exec *x, bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K,
+                                   float alpha, const struct gemm_ptrs *g, int adt, uint64_t lda, int bdt,
+                                   uint64_t ldb, float beta, int cdt, uint64_t ldc)
+{
+    if (!M || !N || !g->n)
+        return MP_OK;
+    struct cu_run *u = RUN(x);
+    enum mp_status st = gemm_check(x, M, N, K, adt, bdt, cdt, lda, ldb, ldc, g->n);
+    if (st != MP_OK)
+        return st;
+    char *dab = (char *)u->dptr + 2 * g->off * sizeof(void *);
+    char *dc = (char *)u->dptr + (2 * PTR_CAP + g->off) * sizeof(void *);
+    CK(x->d, cudaMemcpyAsync(dab, g->a, 2 * g->n * sizeof(void *), cudaMemcpyHostToDevice, S(x)));
+    CK(x->d, cudaMemcpyAsync(dc, g->c, g->n * sizeof(void *), cudaMemcpyHostToDevice, S(x)));
+    size_t e0 = 0;
+    if ((st = gemm_time_begin(x, &e0)) != MP_OK)
+        return st;
+    const void *const *dA = (const void *const *)dab, *const *dB = dA + g->n;
+    void *const *dC = (void *const *)dc;
+    cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    BK(x->d, cublasGemmBatchedEx(CX(x)->blas, opa, opb, (int)N, (int)M, (int)K, &alpha, dB, cuda_type(bdt), (int)ldb,
+                                 dA, cuda_type(adt), (int)lda, &beta, dC, cuda_type(cdt), (int)ldc, (int)g->n,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return gemm_time_end(x, e0, M, N, K, g->n);
 }
 
 #define GEMM(...)                                   \
@@ -324,6 +417,18 @@ static enum mp_status gemm(struct mp_exec *x, bool ta, bool tb, uint64_t M, uint
         enum mp_status g_ = gemm(__VA_ARGS__);      \
         if (g_ != MP_OK)                            \
             return g_;                              \
+    } while (0)
+#define GEMM_BATCHED(...)                                   \
+    do {                                                    \
+        enum mp_status g_ = gemm_batched(__VA_ARGS__);      \
+        if (g_ != MP_OK)                                    \
+            return g_;                                      \
+    } while (0)
+#define PTRS(x, n, g)                                           \
+    do {                                                        \
+        enum mp_status g_ = gemm_ptrs_take((x), (n), (g));      \
+        if (g_ != MP_OK)                                        \
+            return g_;                                          \
     } while (0)
 
 /* ---- one node --------------------------------------------------------------------------------- */
@@ -734,10 +839,16 @@ static enum mp_status eager_bwd(struct mp_node_view *c)
     if (!pg)
         return missing(c, "the softmax-backward temporary");
     struct mp_view dP = {pg, sm, ass}, dS = {pg + ass * esz(sm), sm, ass};
-    /* dP' = dO V^T per sample (dO is (b, s, a*d): heads at column h*d) */
-    for (uint64_t bi = 0; bi < b; bi++)
-        GEMM(x, false, true, s, s, d, 1.0f, at(go, bi * s * a * d), go.dt, a * d, d, at(vc, bi * a * s * d), cdt, d,
-             s * d, 0.0f, at(dP, bi * a * ss), sm, s, ss, a);
+    /* dP' = dO V^T for every (sample, head) in one batched GEMM (dO is (b, s, a*d): head h at
+     * column h*d, so no single stride reaches every (sample, head) pair) */
+    struct gemm_ptrs gp;
+    PTRS(x, b * a, &gp);
+    for (uint64_t e = 0; e < b * a; e++) { /* e = bi*a + h */
+        gp.a[e] = at(go, e / a * s * a * d + e % a * d);
+        gp.b[e] = at(vc, e * s * d);
+        gp.c[e] = at(dP, e * ss);
+    }
+    GEMM_BATCHED(x, false, true, s, s, d, 1.0f, &gp, go.dt, a * d, cdt, d, 0.0f, sm, s);
     KK(x->d, mp_k_softmax_bwd(dS.p, dP.p, sm, pr.p, dmask.p, A.p, b * a * s, s, S(x)));
     struct mp_view dsc = dS;
     if (sm != cdt) { /* the fp32 softmax gradient cast to the matmul dtype (into dP's space) */
@@ -745,19 +856,37 @@ static enum mp_status eager_bwd(struct mp_node_view *c)
         KK(x->d, mp_k_convert(dsc.p, cdt, dS.p, sm, ass, 0, S(x)));
     }
     struct mp_view gq = c->gin[0], gk = c->gin[1], gv = c->gin[2];
-    for (uint64_t bi = 0; bi < b; bi++) {
-        if (gq.p) /* dQ_h += scale dS_h K_h */
-            GEMM(x, false, false, s, d, s, A.scale, at(dsc, bi * a * ss), cdt, s, ss, at(kc, bi * a * s * d), cdt, d,
-                 s * d, 1.0f, at(gq, bi * s * A.wq + A.oq), gq.dt, A.wq, d, a);
-        for (uint64_t r = 0; r < g; r++) { /* kv head j gathers heads j*g + r */
-            if (gk.p)
-                GEMM(x, true, false, s, d, s, A.scale, at(dsc, (bi * a + r) * ss), cdt, s, g * ss,
-                     at(qc, (bi * a + r) * s * d), cdt, d, g * s * d, 1.0f, at(gk, bi * s * A.wk + A.ok), gk.dt, A.wk,
-                     d, kv);
-            if (gv.p)
-                GEMM(x, true, false, s, d, s, 1.0f, at(pv, (bi * a + r) * ss), pv.dt, s, g * ss,
-                     at(go, bi * s * a * d + r * d), go.dt, a * d, g * d, 1.0f, at(gv, bi * s * A.wv + A.ov), gv.dt,
-                     A.wv, d, kv);
+    if (gq.p) { /* dQ_h += scale dS_h K_h, every (sample, head) */
+        PTRS(x, b * a, &gp);
+        for (uint64_t e = 0; e < b * a; e++) {
+            gp.a[e] = at(dsc, e * ss);
+            gp.b[e] = at(kc, e * s * d);
+            gp.c[e] = at(gq, e / a * s * A.wq + A.oq + e % a * d);
+        }
+        GEMM_BATCHED(x, false, false, s, d, s, A.scale, &gp, cdt, s, cdt, d, 1.0f, gq.dt, A.wq);
+    }
+    /* kv head j gathers query heads j*g + r: one batched GEMM per r over every (sample, kv head),
+     * so no two entries of a call write the same dK/dV rows */
+    for (uint64_t r = 0; r < g; r++) {
+        if (gk.p) { /* dK_j += scale dS_h^T Q_h */
+            PTRS(x, b * kv, &gp);
+            for (uint64_t e = 0; e < b * kv; e++) { /* e = bi*kv + j; h = j*g + r */
+                uint64_t bh = e / kv * a + e % kv * g + r;
+                gp.a[e] = at(dsc, bh * ss);
+                gp.b[e] = at(qc, bh * s * d);
+                gp.c[e] = at(gk, e / kv * s * A.wk + A.ok + e % kv * d);
+            }
+            GEMM_BATCHED(x, true, false, s, d, s, A.scale, &gp, cdt, s, cdt, d, 1.0f, gk.dt, A.wk);
+        }
+        if (gv.p) { /* dV_j += P_h^T dO_h */
+            PTRS(x, b * kv, &gp);
+            for (uint64_t e = 0; e < b * kv; e++) {
+                uint64_t bi = e / kv, h = e % kv * g + r;
+                gp.a[e] = at(pv, (bi * a + h) * ss);
+                gp.b[e] = at(go, bi * s * a * d + h * d);
+                gp.c[e] = at(gv, bi * s * A.wv + A.ov + e % kv * d);
+            }
+            GEMM_BATCHED(x, true, false, s, d, s, 1.0f, &gp, pv.dt, s, go.dt, a * d, 1.0f, gv.dt, A.wv);
         }
     }
     return MP_OK;
@@ -847,17 +976,21 @@ static enum mp_status conv_run(struct mp_node_view *c, bool fwd)
     const struct mp_node *n = c->n;
     struct mp_exec *x = c->x;
     struct mp_k_conv C = conv_of(n);
-    uint64_t P = C.ho * C.wo, cpg = C.ci / C.g, opg = C.co / C.g, Kc = cpg * C.k * C.k;
+    uint64_t P = C.ho * C.wo, cpg = C.ci / C.g, opg = C.co / C.g, Kc = cpg * C.k * C.k, G = C.g;
     uint64_t B = (C.ci && C.hi && C.wi) ? c->p->tensors[n->in[0]].elems / (C.ci * C.hi * C.wi) : 0;
     uint64_t pc = conv_chunk(x, Kc, P);
-    void *col = RUN(x)->col;
+    char *col = RUN(x)->col;
     if (!col || RUN(x)->col_bytes < Kc * pc * 4)
         return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: no im2col buffer", n->name);
+    /* Whole images fit the buffer: (sample, group) blocks side by side, one batched GEMM per
+     * buffer-full (slots of `per` bytes: fp32 is the widest column type); else pixel chunks. */
+    uint64_t per = Kc * P * 4, ne = pc == P ? mp_min_u64(RUN(x)->col_bytes / per, PTR_CAP / 2) : 0;
     NEED(c->in[0]);
-    struct mp_view xin = c->in[0], w;
+    struct mp_view xin = c->in[0], w, go = c->gout;
     enum mp_status st = matmul_weight(c, fwd, &w);
     if (st != MP_OK)
         return st;
+    struct gemm_ptrs gp;
     if (fwd) {
         NEED(c->out);
         float beta = 0.0f;
@@ -866,8 +999,20 @@ static enum mp_status conv_run(struct mp_node_view *c, bool fwd)
             KK(x->d, mp_k_bias_fill(c->out.p, c->out.dt, c->b.p, c->b.dt, B, C.co, P, S(x)));
             beta = 1.0f;
         }
-        for (uint64_t bi = 0; bi < B; bi++)
-            for (uint64_t g = 0; g < C.g; g++)
+        for (uint64_t e0 = 0; ne && e0 < B * G; e0 += ne) { /* Y_(b,g) (+)= W_g col_(b,g) */
+            uint64_t k = mp_min_u64(ne, B * G - e0);
+            PTRS(x, k, &gp);
+            for (uint64_t j = 0; j < k; j++) {
+                uint64_t bi = (e0 + j) / G, g = (e0 + j) % G;
+                KK(x->d, mp_k_im2col(col + j * per, xin.p, xin.dt, &C, bi, g, 0, P, S(x)));
+                gp.a[j] = at(w, g * opg * Kc);
+                gp.b[j] = col + j * per;
+                gp.c[j] = at(c->out, (bi * C.co + g * opg) * P);
+            }
+            GEMM_BATCHED(x, false, false, opg, P, Kc, 1.0f, &gp, w.dt, Kc, xin.dt, P, beta, c->out.dt, P);
+        }
+        for (uint64_t bi = 0; !ne && bi < B; bi++)
+            for (uint64_t g = 0; g < G; g++)
                 for (uint64_t p0 = 0; p0 < P; p0 += pc) {
                     uint64_t m = mp_min_u64(pc, P - p0);
                     KK(x->d, mp_k_im2col(col, xin.p, xin.dt, &C, bi, g, p0, m, S(x)));
@@ -876,27 +1021,56 @@ static enum mp_status conv_run(struct mp_node_view *c, bool fwd)
                 }
         return MP_OK;
     }
-    if (!c->gout.p)
+    if (!go.p)
         return MP_OK;
-    struct mp_view go = c->gout;
-    if (c->gw.p) /* dW_g += dY_g col^T, accumulated in .grad's dtype */
-        for (uint64_t bi = 0; bi < B; bi++)
-            for (uint64_t g = 0; g < C.g; g++)
+    if (c->gw.p) { /* dW_g += dY_(b,g) col_(b,g)^T, accumulated in .grad's dtype: samples one after
+                    * another (they add into the same dW_g), the groups of a sample batched */
+        for (uint64_t bi = 0; ne && bi < B; bi++)
+            for (uint64_t g0 = 0; g0 < G; g0 += ne) {
+                uint64_t k = mp_min_u64(ne, G - g0);
+                PTRS(x, k, &gp);
+                for (uint64_t j = 0; j < k; j++) {
+                    uint64_t g = g0 + j;
+                    KK(x->d, mp_k_im2col(col + j * per, xin.p, xin.dt, &C, bi, g, 0, P, S(x)));
+                    gp.a[j] = at(go, (bi * C.co + g * opg) * P);
+                    gp.b[j] = col + j * per;
+                    gp.c[j] = at(c->gw, g * opg * Kc);
+                }
+                GEMM_BATCHED(x, false, true, opg, Kc, P, 1.0f, &gp, go.dt, P, xin.dt, P, 1.0f, c->gw.dt, Kc);
+            }
+        for (uint64_t bi = 0; !ne && bi < B; bi++)
+            for (uint64_t g = 0; g < G; g++)
                 for (uint64_t p0 = 0; p0 < P; p0 += pc) {
                     uint64_t m = mp_min_u64(pc, P - p0);
                     KK(x->d, mp_k_im2col(col, xin.p, xin.dt, &C, bi, g, p0, m, S(x)));
                     GEMM(x, false, true, opg, Kc, m, 1.0f, at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0,
                          col, xin.dt, m, 0, 1.0f, at(c->gw, g * opg * Kc), c->gw.dt, Kc, 0, 1);
                 }
-    if (c->gin[0].p) /* dcol = W_g^T dY_g (fp32), then col2im */
-        for (uint64_t bi = 0; bi < B; bi++)
-            for (uint64_t g = 0; g < C.g; g++)
+    }
+    if (c->gin[0].p) { /* dcol_(b,g) = W_g^T dY_(b,g) (fp32), then col2im */
+        for (uint64_t e0 = 0; ne && e0 < B * G; e0 += ne) {
+            uint64_t k = mp_min_u64(ne, B * G - e0);
+            PTRS(x, k, &gp);
+            for (uint64_t j = 0; j < k; j++) {
+                uint64_t bi = (e0 + j) / G, g = (e0 + j) % G;
+                gp.a[j] = at(w, g * opg * Kc);
+                gp.b[j] = at(go, (bi * C.co + g * opg) * P);
+                gp.c[j] = col + j * per;
+            }
+            GEMM_BATCHED(x, true, false, Kc, P, opg, 1.0f, &gp, w.dt, Kc, go.dt, P, 0.0f, MP_K_F32, P);
+            for (uint64_t j = 0; j < k; j++)
+                KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, (const float *)(col + j * per), &C, (e0 + j) / G,
+                                     (e0 + j) % G, 0, P, S(x)));
+        }
+        for (uint64_t bi = 0; !ne && bi < B; bi++)
+            for (uint64_t g = 0; g < G; g++)
                 for (uint64_t p0 = 0; p0 < P; p0 += pc) {
                     uint64_t m = mp_min_u64(pc, P - p0);
                     GEMM(x, true, false, Kc, m, opg, 1.0f, at(w, g * opg * Kc), w.dt, Kc, 0,
                          at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0, 0.0f, col, MP_K_F32, m, 0, 1);
-                    KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, col, &C, bi, g, p0, m, S(x)));
+                    KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, (const float *)col, &C, bi, g, p0, m, S(x)));
                 }
+    }
     if (c->gb.p)
         KK(x->d, mp_k_bias_grad(c->gb.p, c->gb.dt, go.p, go.dt, B, C.co, P, S(x)));
     return MP_OK;
@@ -1174,6 +1348,10 @@ static void cuda_exec_free(struct mp_exec *x)
         return;
     if (u->col)
         cu_free(CX(x), u->col);
+    if (u->dptr)
+        cu_free(CX(x), u->dptr);
+    if (u->hbase)
+        cudaFreeHost(u->hbase);
     trim(CX(x));
     for (size_t i = 0; i < u->cap_ev; i++)
         if (u->ev[i])
@@ -1188,7 +1366,9 @@ static void cuda_exec_free(struct mp_exec *x)
     x->bx = NULL;
 }
 
-/* The im2col buffer: the largest conv's column block, at most MP_PROBE_COL_CAP_BYTES. */
+/* The im2col buffer: every (sample, group) column block of the largest conv side by side
+ * (one batched GEMM), at most MP_PROBE_COL_CAP_BYTES (then fewer blocks per GEMM, or pixel
+ * chunks of one block), at least one column. */
 static enum mp_status col_buffer(struct mp_exec *x)
 {
     struct cu_run *u = RUN(x);
@@ -1198,10 +1378,12 @@ static enum mp_status col_buffer(struct mp_exec *x)
         if (n->prim != MP_P_CONV2D)
             continue;
         uint64_t g = n->groups ? n->groups : 1, kc = n->c_in / g * n->kernel * n->kernel, P = n->h_out * n->w_out;
-        uint64_t b;
-        if (!mp_mul3_u64(kc, P, 4, &b))
-            b = UINT64_MAX;
-        need = mp_max_u64(need, mp_min_u64(b, mp_max_u64(MP_PROBE_COL_CAP_BYTES, kc * 4)));
+        uint64_t per_sample = n->c_in * n->h_in * n->w_in, samples = per_sample ? x->p->tensors[n->in[0]].elems /
+                                                                                        per_sample : 1;
+        uint64_t b, all;
+        if (!mp_mul3_u64(kc, P, 4, &b) || !mp_mul3_u64(b, g, samples, &all))
+            all = UINT64_MAX;
+        need = mp_max_u64(need, mp_min_u64(all, mp_max_u64(MP_PROBE_COL_CAP_BYTES, kc * 4)));
     }
     if (!need)
         return MP_OK;
@@ -1237,6 +1419,21 @@ static enum mp_status cuda_run_begin(struct mp_exec *x, struct mp_probe_result *
         st = col_buffer(x);
     if (st == MP_OK && (cudaEventCreate(&u->t0) != cudaSuccess || cudaEventCreate(&u->t1) != cudaSuccess))
         st = mp_fail(x->d, MP_ERR_DEVICE, "cudaEventCreate failed at %s:%d", __FILE__, __LINE__);
+    if (st == MP_OK) { /* the batched GEMMs' pointer arrays, outside the counting pool as the im2col buffer */
+        void *h = NULL;
+        cudaError_t e = cudaMallocHost(&h, PTR_BYTES);
+        if (e != cudaSuccess)
+            return cuda_fail(x->d, e, "cudaMallocHost(GEMM pointers)", __FILE__, __LINE__);
+        u->hbase = h;
+        u->hab = h;
+        u->hc = (void **)((char *)h + 2 * PTR_CAP * sizeof(void *));
+        st = cu_alloc(CX(x), PTR_BYTES, &u->dptr, x->d);
+        if (st == MP_ERR_OOM) {
+            x->pool.oom_bytes = PTR_BYTES;
+            x->pool.oom_capacity = false;
+            snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:GEMM pointer arrays");
+        }
+    }
     return st;
 }
 
@@ -1248,6 +1445,7 @@ static enum mp_status cuda_step_begin(struct mp_exec *x, bool profile)
     struct cu_run *u = RUN(x);
     u->timing = profile;
     u->n_ev = 0;
+    u->ptr_used = 0; /* the last step ended synchronised: every slot is free */
     cudaError_t e = cudaEventRecord(u->t0, S(x));
     if (e != cudaSuccess)
         return cuda_fail(x->d, e, "cudaEventRecord", __FILE__, __LINE__);
@@ -1279,7 +1477,7 @@ static enum mp_status cuda_run_end(struct mp_exec *x, struct mp_probe_result *r,
         st = used_bytes(x, &r->device_used_after);
     if (st == MP_OK)
         r->gemm_tflops = u->gemm_ms > 0 ? u->gemm_flops / (u->gemm_ms * 1e-3) / 1e12 : 0.0;
-    r->outside_pool_bytes = u->col_bytes;
+    r->outside_pool_bytes = u->col_bytes + (u->dptr ? PTR_BYTES : 0);
     (void)cuda_device_info(CX(x), &r->dev);
     return st;
 }

@@ -30,6 +30,10 @@
 #define IMG(layers) "{\"name\":\"op\",\"input\":{\"shape\":[2,6,6]},\"layers\":[" layers "]}"
 #define CONV0 "{\"type\":\"conv2d\",\"name\":\"conv\",\"in_ch\":2,\"out_ch\":4,\"kernel\":3,\"padding\":1,\"bias\":true}"
 #define ACT(a) VEC(",{\"type\":\"activation\",\"name\":\"act\",\"act\":\"" a "\"}")
+/* 7 wide: 14 elements at batch 2, so the cuda elementwise kernels run their 8-element vector
+ * body and their scalar tail */
+#define VEC7(layers) "{\"name\":\"op\",\"input\":{\"shape\":[6]},\"layers\":[" \
+    "{\"type\":\"linear\",\"name\":\"in\",\"in_features\":6,\"out_features\":7}" layers "]}"
 
 struct op_case {
     const char *name;
@@ -63,6 +67,17 @@ static const struct op_case CASES[] = {
     {"gated mlp (mul)", MP_P_MUL, VEC(",{\"type\":\"mlp\",\"name\":\"mlp\",\"dim\":8,\"ffn\":12,\"gated\":true,"
                                       "\"act\":\"silu\"}"),
      MP_FT_FULL, false},
+    {"act silu, odd width", MP_P_ACT, VEC7(",{\"type\":\"activation\",\"name\":\"act\",\"act\":\"silu\"}"),
+     MP_FT_FULL, false},
+    {"dropout, odd width", MP_P_DROPOUT, VEC7(",{\"type\":\"dropout\",\"name\":\"drop\",\"p\":0.25}"), MP_FT_FULL, false},
+    {"gated mlp (mul), odd width", MP_P_MUL, VEC7(",{\"type\":\"mlp\",\"name\":\"mlp\",\"dim\":7,\"ffn\":11,"
+                                                  "\"gated\":true,\"act\":\"gelu\"}"),
+     MP_FT_FULL, false},
+    {"residual add, odd width", MP_P_ADD,
+     "{\"name\":\"op\",\"input\":{\"shape\":[6]},\"layers\":[{\"type\":\"linear\",\"name\":\"in\",\"in_features\":6,"
+     "\"out_features\":7},{\"block\":\"r\",\"layers\":[{\"type\":\"linear\",\"name\":\"fc\",\"in_features\":7,"
+     "\"out_features\":7},{\"type\":\"residual\",\"name\":\"add\"}]}]}",
+     MP_FT_FULL, false},
     {"attention sdpa causal", MP_P_ATTN, TOK(",{\"type\":\"attention\",\"name\":\"attn\",\"dim\":8,\"heads\":2}"), MP_FT_FULL, false},
     {"attention eager fused, dropout", MP_P_ATTN,
      TOK(",{\"type\":\"attention\",\"name\":\"attn\",\"dim\":8,\"heads\":2,\"fused_qkv\":true,\"impl\":\"eager\","
@@ -71,6 +86,9 @@ static const struct op_case CASES[] = {
     {"attention GQA, non-causal", MP_P_ATTN,
      TOK(",{\"type\":\"attention\",\"name\":\"attn\",\"dim\":8,\"heads\":4,\"kv_heads\":2,\"causal\":false,"
          "\"bias\":false}"),
+     MP_FT_FULL, false},
+    {"attention eager GQA (batched dK/dV per group member)", MP_P_ATTN,
+     TOK(",{\"type\":\"attention\",\"name\":\"attn\",\"dim\":8,\"heads\":4,\"kv_heads\":2,\"impl\":\"eager\"}"),
      MP_FT_FULL, false},
     {"rope (partial, fused qkv)", MP_P_ROPE,
      TOK(",{\"type\":\"attention\",\"name\":\"attn\",\"dim\":8,\"heads\":2,\"rope\":true,\"rotary_dim\":2,"
