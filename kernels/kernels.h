@@ -26,6 +26,8 @@ int mp_k_fill(void *dst, int dt, float v, uint64_t n, cudaStream_t s);
 /* dst = src converted (accumulate: dst += src) */
 int mp_k_convert(void *dst, int ddt, const void *src, int sdt, uint64_t n, int accumulate, cudaStream_t s);
 int mp_k_add(void *y, int ydt, const void *a, int adt, const void *b, int bdt, uint64_t n, cudaStream_t s);
+/* dst = a * src (accumulate: dst += a * src): LoRA's result * scaling and its backward */
+int mp_k_scale(void *dst, int ddt, const void *src, int sdt, uint64_t n, float a, int accumulate, cudaStream_t s);
 int mp_k_mul_fwd(void *y, const void *a, const void *b, int dt, uint64_t n, cudaStream_t s);
 int mp_k_mul_bwd(void *da, void *db, const void *dy, const void *a, const void *b, int dt, uint64_t n, cudaStream_t s);
 /* keep[i] = hash(key + i) >= p; y = keep ? x / (1-p) : 0 */
@@ -37,6 +39,19 @@ int mp_k_bias_fill(void *y, int ydt, const void *bias, int bdt, uint64_t outer, 
 /* db[j] += sum over o, i of dy[(o*c + j)*inner + i] */
 int mp_k_bias_grad(void *db, int bdt, const void *dy, int dt, uint64_t outer, uint64_t c, uint64_t inner,
                    cudaStream_t s);
+
+/* ---- quant.cu ----------------------------------------------------------------------------- */
+/* A bitsandbytes NF4 weight in the executor's layout (src/quant.h mp_quant_pack): byte offsets
+ * of its parts in the blob: packed nibbles (first element in the high nibble), the 16-entry
+ * fp32 code, absmax (fp32 per block, or u8 with double quant), then with double quant the fp32
+ * offset, the fp32 second-level absmax per 256 blocks and the 256-entry fp32 dynamic code. */
+struct mp_k_nf4 {
+    uint64_t n, blocksize;
+    uint64_t packed, code, absmax, offset, absmax2, code2;
+    int double_quant;
+};
+/* w[i] (n elements, wdt) = code[nibble i] * absmax[i / blocksize] (bitsandbytes dequantize_4bit) */
+int mp_k_nf4_dequant(void *w, int wdt, const uint8_t *blob, struct mp_k_nf4 q, cudaStream_t s);
 
 /* ---- activation.cu ----------------------------------------------------------------------- */
 /* parts (optional, n_parts of n elements, each in its part_dts): what HF's Python GELUs save

@@ -525,9 +525,36 @@ static enum mp_status pass_run(struct mp_node_view *c, bool fwd)
 
 /* ---- linear ------------------------------------------------------------------------------------ */
 
-/* Under autocast the GEMM uses the half copy of W (extra 0), refreshed by the forward. */
+/* A quantized base weight (bitsandbytes NF4, packed as mp_quant_pack lays it out): dequantized
+ * into the node's MP_TR_DEQUANT temporary in the output dtype, in forward and again in backward,
+ * as the host backend does (probe_host_linear.c). */
+static enum mp_status dequant_weight(struct mp_node_view *c, bool fwd, struct mp_view *w)
+{
+    const struct mp_param *q = &c->p->params[c->n->param[0]];
+    const struct mp_quant *qz = mp_program_base_quant(c->p);
+    uint64_t off[MP_QUANT_PARTS_MAX], bs;
+    NEED(c->w);
+    if (!qz || mp_quant_nf4_layout(qz, q->rows, q->cols, off, &bs) != MP_OK)
+        return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: the cuda backend executes bitsandbytes NF4 "
+                       "weights only", c->n->name);
+    int dt = (int)c->p->tensors[c->n->out].dtype;
+    uint64_t bytes;
+    void *t = mp_view_tmp(c, !fwd, MP_TR_DEQUANT, &bytes);
+    if (!t || bytes < q->elems * esz(dt))
+        return missing(c, "the dequantized weight");
+    struct mp_k_nf4 k = {.n = q->elems, .blocksize = bs, .packed = off[0], .code = off[1], .absmax = off[2],
+                         .offset = off[3], .absmax2 = off[4], .code2 = off[5], .double_quant = qz->double_quant};
+    KK(c->x->d, mp_k_nf4_dequant(t, dt, c->w.p, k, S(c->x)));
+    *w = (struct mp_view){t, (enum mp_dtype)dt, q->elems};
+    return MP_OK;
+}
+
+/* Under autocast the GEMM uses the half copy of W (extra 0), refreshed by the forward; a
+ * quantized base weight its dequantized temporary. */
 static enum mp_status matmul_weight(struct mp_node_view *c, bool fwd, struct mp_view *w)
 {
+    if (c->n->quantized)
+        return dequant_weight(c, fwd, w);
     if (has_x(c, MP_XR_WEIGHT_COPY)) {
         struct mp_view copy = xr(c, MP_XR_WEIGHT_COPY);
         NEED(copy);
@@ -590,6 +617,22 @@ static enum mp_status linear_run(struct mp_node_view *c, bool fwd)
     }
     if (c->gb.p)
         KK(x->d, mp_k_bias_grad(c->gb.p, c->gb.dt, c->gout.p, c->gout.dt, M, N, 1, S(x)));
+    return MP_OK;
+}
+
+/* LoRA's result * scaling (a Python float): y = p x; dx += p dy. */
+static enum mp_status scale_run(struct mp_node_view *c, bool fwd)
+{
+    struct mp_exec *x = c->x;
+    float a = (float)c->n->p;
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->out);
+        KK(x->d, mp_k_scale(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, c->out.n, a, 0, S(x)));
+        return MP_OK;
+    }
+    if (c->gout.p && c->gin[0].p)
+        KK(x->d, mp_k_scale(c->gin[0].p, c->gin[0].dt, c->gout.p, c->gout.dt, c->gout.n, a, 1, S(x)));
     return MP_OK;
 }
 
@@ -1286,6 +1329,7 @@ FWD_BWD(embed)
 FWD_BWD(addpos)
 FWD_BWD(pass)
 FWD_BWD(linear)
+FWD_BWD(scale)
 FWD_BWD(layernorm)
 FWD_BWD(rmsnorm)
 FWD_BWD(rope)
@@ -1302,11 +1346,12 @@ FWD_BWD(custom)
 static enum mp_status attn_fwd(struct mp_node_view *c) { return c->n->eager ? eager_fwd(c) : flash_run(c, true); }
 static enum mp_status attn_bwd(struct mp_node_view *c) { return c->n->eager ? eager_bwd(c) : flash_run(c, false); }
 
-/* One row per prim; LoRA's scale is not run here yet (mp_probe_run refuses such programs). */
+/* One row per prim. */
 static const struct mp_prim_fns cuda_prims[MP_P_COUNT] = {
     [MP_P_EMBED] = {embed_fwd, embed_bwd},
     [MP_P_ADD_POS] = {addpos_fwd, addpos_bwd},
     [MP_P_CAST] = {pass_fwd, pass_bwd},
+    [MP_P_SCALE] = {scale_fwd, scale_bwd},
     [MP_P_LINEAR] = {linear_fwd, linear_bwd},
     [MP_P_LAYERNORM] = {layernorm_fwd, layernorm_bwd},
     [MP_P_RMSNORM] = {rmsnorm_fwd, rmsnorm_bwd},
