@@ -1,4 +1,4 @@
-// elementwise.cu — fill, convert/accumulate, add, mul, dropout, bias broadcast and
+// elementwise.cu — fill, convert/accumulate, scale, add, mul, dropout, bias broadcast and
 // bias gradients.  Kernels, then launchers (llm.c's layout).  Shapes in kernels.h.
 // convert, add, mul and dropout on fp32/bf16/fp16 run as one template per op (the types
 // chosen once by the launcher, 16-byte vector loads: kcommon.cuh ew_kernel); the generic
@@ -130,6 +130,15 @@ __global__ void convert_kernel(void *dst, int ddt, const void *src, int sdt, uin
     }
 }
 
+__global__ void scale_kernel(void *dst, int ddt, const void *src, int sdt, uint64_t n, float a, int acc)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = a * ldf(src, sdt, i);
+        stf(dst, ddt, i, acc ? ldf(dst, ddt, i) + v : v);
+    }
+}
+
 __global__ void add_kernel(void *y, int ydt, const void *a, int adt, const void *b, int bdt, uint64_t n)
 {
     GRID_STRIDE(i, n) stf(y, ydt, i, ldf(a, adt, i) + ldf(b, bdt, i));
@@ -226,6 +235,14 @@ extern "C" int mp_k_convert(void *dst, int ddt, const void *src, int sdt, uint64
         return rc;
     if (n)
         convert_kernel<<<grid_for(n, 256), 256, 0, s>>>(dst, ddt, src, sdt, n, accumulate);
+    KCHECK();
+}
+
+extern "C" int mp_k_scale(void *dst, int ddt, const void *src, int sdt, uint64_t n, float a, int accumulate,
+                          cudaStream_t s)
+{
+    if (n)
+        scale_kernel<<<grid_for(n, 256), 256, 0, s>>>(dst, ddt, src, sdt, n, a, accumulate);
     KCHECK();
 }
 

@@ -582,6 +582,10 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
         a->ft.alpha = 2.0 * (double)a->ft.r;
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)
         return usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
+    /* parallel.c sizes gradients, buckets and shards from every parameter: refused, not ignored */
+    if (a->ft.mode != MP_FT_FULL && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
+        return usage_error(c->name, "--finetune %s with --gpus/--nodes/--parallel: data-parallel fine-tuning "
+                                    "is not modelled yet", mp_ft_mode_str(a->ft.mode));
     if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
         struct mp_diag pd = {{0}};
         if (mp_par_validate(&a->par, &pd) != MP_OK)

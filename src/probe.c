@@ -524,9 +524,6 @@ enum mp_status mp_probe_run(struct mp_probe *p, const struct mp_program *prog, c
         if (prog->nodes[k].layer->type == MP_LT_PATCH_EMBEDDING)
             return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s: patch embeddings (ViT) are estimated only; the "
                            "backends do not execute them yet", prog->nodes[k].name);
-    if (prog->opts.ft.mode != MP_FT_FULL && strcmp(p->be->name, "host") != 0)
-        return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: --finetune %s runs on the host backend only so far "
-                       "(--backend host)", mp_ft_mode_str(prog->opts.ft.mode));
     snprintf(r->backend, sizeof r->backend, "%s", p->be->name);
     if (p->be->device_info)
         (void)p->be->device_info(p->ctx, &r->dev);

@@ -635,6 +635,28 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
 
 /* ---- suggest ----------------------------------------------------------------------------- */
 
+/* peft's task_type for the model's head (the classifier's pooling says which) and the
+ * transformers Auto class that loads it; NULL task: a masked-LM or bare model (no task type). */
+static const char *peft_task(const struct mp_model *m, const char **auto_cls)
+{
+    *auto_cls = "AutoModelForCausalLM";
+    for (size_t i = m->n_blocks; i-- > 0;)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &m->blocks[i].layers[j];
+            if (l->type == MP_LT_CLASSIFIER) {
+                bool tok = l->pool == MP_POOL_NONE, qa = l->pool == MP_POOL_SPAN;
+                *auto_cls = tok ? "AutoModelForTokenClassification"
+                            : qa ? "AutoModelForQuestionAnswering" : "AutoModelForSequenceClassification";
+                return tok ? "TOKEN_CLS" : qa ? "QUESTION_ANS" : "SEQ_CLS";
+            }
+            if (l->type == MP_LT_LM_HEAD && l->masked) {
+                *auto_cls = "AutoModelForMaskedLM";
+                return NULL;
+            }
+        }
+    return "CAUSAL_LM";
+}
+
 /* peft/bitsandbytes objects that reproduce a fine-tuning plan (memory-facts §12). */
 static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
@@ -646,13 +668,14 @@ static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct 
     char *sp = strchr(tg, ' ');
     if (sp)
         *sp = 0;
+    const char *auto_cls, *task = peft_task(c->model, &auto_cls);
     fprintf(out, "# peft + bitsandbytes (memplan %s)\n", MEMPLAN_VERSION);
     if (b->ft == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
         fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
                      "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
                 f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
                 b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
-        fprintf(out, "model = AutoModelForCausalLM.from_pretrained(NAME, quantization_config=bnb_config)\n");
+        fprintf(out, "model = %s.from_pretrained(NAME, quantization_config=bnb_config)\n", auto_cls);
     }
     if (b->ft == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
         fprintf(out, "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=%s)\n",
@@ -671,7 +694,11 @@ static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct 
         }
         fprintf(out, "],\n");
     }
-    fprintf(out, "    bias=\"none\", task_type=\"CAUSAL_LM\")\nmodel = get_peft_model(model, lora_config)\n");
+    if (task) /* SEQ_CLS, TOKEN_CLS, QUESTION_ANS keep the head trainable (modules_to_save) */
+        fprintf(out, "    bias=\"none\", task_type=\"%s\")\n", task);
+    else
+        fprintf(out, "    bias=\"none\")\n");
+    fprintf(out, "model = get_peft_model(model, lora_config)\n");
 }
 
 static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)
@@ -1031,6 +1058,7 @@ static void report_probe(FILE *out, const struct mp_report_ctx *c, const struct 
         ju64(p, "measured_peak_bytes", r->measured_peak_bytes);
         ju64(p, "device_used_bytes", r->device_used_after);
         ju64(p, "device_used_before_bytes", r->device_used_before);
+        ju64(p, "outside_pool_bytes", r->outside_pool_bytes);
         jnum(p, "step_ms", r->step_ms);
         jnum(p, "samples_per_s", r->samples_per_s);
         jnum(p, "gemm_tflops", r->gemm_tflops);

@@ -613,6 +613,8 @@ expect_line 2 "--lora-r without --finetune lora" estimate --lora-r 8 models/tiny
 expect_line 2 "--finetune freeze without --train-blocks" estimate --finetune freeze models/tiny-test.json
 expect_line 2 "--train-blocks with a reversed range" estimate --finetune freeze --train-blocks 3-1 models/tiny-test.json
 expect_line 2 "--lora-targets with an empty name" estimate --finetune lora --lora-targets q_proj,,v_proj models/tiny-test.json
+expect_line 2 "--finetune lora with data parallel (not modelled: refused)" estimate --finetune lora --gpus 2 models/tiny-test.json
+expect_line 2 "suggest --finetune qlora with --parallel fsdp (refused)" suggest --finetune qlora --parallel fsdp --gpu a100-40gb models/tiny-test.json
 # tiny-test: 2 blocks of qkv 16->48, out 16->16, fc1 16->32, fc2 32->16; no peft default for a memplan
 # model, so all-linear: 2 x 4 x (64 + 32 + 48 + 48) = 1,536 adapter parameters at r 4
 run estimate --finetune lora --lora-r 4 models/tiny-test.json --json
@@ -631,6 +633,16 @@ else
     echo "expected exit 0 and the peft + bitsandbytes snippet" >"$T/why"
     bad "suggest --finetune qlora llama-3-8b on 24 GiB"
 fi
+# a token-classification head: peft's TOKEN_CLS task type (its head kept trainable), the model class that loads it
+run suggest tests/data/hf-qwen2-0.5b-tokencls.json --finetune qlora --gpu a100-40gb --seq 512 --emit hf --no-probe
+if [ "$ec" -eq 0 ] && grep -q 'task_type="TOKEN_CLS"' "$T/out" && grep -q "AutoModelForTokenClassification" "$T/out"; then
+    ok "suggest --finetune qlora on a token-classification head: task_type TOKEN_CLS in the snippet"
+else
+    echo "expected exit 0, task_type=\"TOKEN_CLS\" and AutoModelForTokenClassification" >"$T/why"
+    bad "suggest --finetune qlora on a token-classification head"
+fi
+expect_line 2 "all-linear on a token-classification head (peft refuses: modules_to_save)" \
+    estimate tests/data/hf-qwen2-0.5b-tokencls.json --finetune lora --lora-targets all-linear --seq 16
 # quantization_config: a quantized base trains adapters only; an unknown method is refused
 expect_line 3 "full fine-tuning of a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json
 expect_line 3 "full fine-tuning of a bnb 4-bit checkpoint" check tests/data/hf-qwen2-0.5b-bnb4.json --batch 1 --gpu t4
