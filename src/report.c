@@ -124,6 +124,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        /* transformers' use_cache in training (HF decoders; off under gradient checkpointing) */
+        cJSON_AddBoolToObject(cf, "use_cache", c->model->use_cache && !c->build->hf_checkpointing);
         const struct mp_finetune *f = &c->build->ft;
         cJSON *ft = cJSON_AddObjectToObject(cf, "finetune");
         cJSON_AddStringToObject(ft, "mode", mp_ft_mode_str(f->mode));
