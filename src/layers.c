@@ -1225,12 +1225,12 @@ static struct val lower_mul(struct bld *B, struct val a, struct val b, const cha
     n->n = last_dim(a);
     n->fwd_flops = (double)val_elems(B, a);
     n->bwd_flops = 2.0 * n->fwd_flops;
-    /* backward temporary (one at a time: a's gradient is made, then b's): a's gradient in the
-     * promoted dtype before its cast to a's (MulBackward0's _to_copy), or b's when b broadcasts
-     * ((grad * a), a-shaped, then summed) */
+    /* backward temporaries, alive together (measured: MulBackward0 makes b's product, then a's,
+     * then casts): b's gradient when b broadcasts ((grad * a), a-shaped, summed after), and a's
+     * gradient in the promoted dtype before its cast to a's (_to_copy) */
     uint64_t ma = mul(B, val_elems(B, a), mp_dtype_size(dt_of(B, m)));
-    bool tmp = val_elems(B, b) < val_elems(B, a) || dt_of(B, a) != dt_of(B, m);
-    tmp_one(B, n, true, MP_TR_OTHER, tmp ? ma : 0);
+    tmp_one(B, n, true, MP_TR_OTHER,
+            add(B, val_elems(B, b) < val_elems(B, a) ? ma : 0, dt_of(B, a) != dt_of(B, m) ? ma : 0));
     return m;
 }
 
