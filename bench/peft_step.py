@@ -386,7 +386,8 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
 # ---- trainable parameters as peft counts them ----------------------------------------------------
 
 PEFT_TASK = (("ForCausalLM", "CAUSAL_LM"), ("LMHeadModel", "CAUSAL_LM"), ("ForSequenceClassification", "SEQ_CLS"),
-             ("ForTokenClassification", "TOKEN_CLS"), ("ForQuestionAnswering", "QUESTION_ANS"))
+             ("ForTokenClassification", "TOKEN_CLS"), ("ForQuestionAnswering", "QUESTION_ANS"),
+             ("ForImageClassification", "SEQ_CLS"))  # SEQ_CLS keeps ViT's classifier too (modules_to_save)
 
 
 def peft_params(path, r, targets):

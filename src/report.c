@@ -641,8 +641,10 @@ static const char *peft_task(const struct mp_model *m, const char **auto_cls)
             const struct mp_layer *l = &m->blocks[i].layers[j];
             if (l->type == MP_LT_CLASSIFIER) {
                 bool tok = l->pool == MP_POOL_NONE, qa = l->pool == MP_POOL_SPAN;
-                *auto_cls = tok ? "AutoModelForTokenClassification"
-                            : qa ? "AutoModelForQuestionAnswering" : "AutoModelForSequenceClassification";
+                *auto_cls = m->input != MP_INPUT_TOKENS ? "AutoModelForImageClassification"
+                            : tok                        ? "AutoModelForTokenClassification"
+                            : qa                         ? "AutoModelForQuestionAnswering"
+                                                         : "AutoModelForSequenceClassification";
                 return tok ? "TOKEN_CLS" : qa ? "QUESTION_ANS" : "SEQ_CLS";
             }
             if (l->type == MP_LT_LM_HEAD && l->masked) {

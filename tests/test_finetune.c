@@ -120,6 +120,10 @@ static void test_lora_trainable_params_match_peft(void **state)
         {"models/hf/starcoder2-3b.json", 16, "all-linear", 23838720, 3054210048},
         {"models/hf/tinyllama-1.1b.json", 16, NULL, 2252800, 1102301184},
         {"models/hf/tinyllama-1.1b.json", 16, "all-linear", 12615680, 1112664064},
+        /* ViT: peft's SEQ_CLS task type keeps its classifier trainable (modules_to_save) */
+        {"models/hf/vit-base-patch16-224.json", 16, NULL, 3423208, 89990864},
+        {"models/hf/vit-base-patch16-224.json", 16, "all-linear", 3423208, 89990864},
+        {"models/hf/vit-base-patch16-224.json", 16, "q_proj,v_proj", 1358824, 87926480},
         /* other ranks and explicit names, matched as peft does (the name or its ".name" suffix) */
         {"models/hf/gpt2.json", 8, NULL, 294912, 124734720},
         {"models/hf/qwen2-0.5b.json", 64, "all-linear", 35192832, 529225600},
