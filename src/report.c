@@ -276,7 +276,10 @@ static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
     fprintf(out, "finetune  %s r %llu, alpha %g, dropout %g, targets %s\n", mp_ft_mode_str(f->mode),
             (unsigned long long)f->r, f->alpha, f->dropout, tg);
     fprintf(out, "          %s adapter params train (fp32 as peft makes them); the frozen base has no .grad\n",
-            tp);
+            count(p->adapter_params));
+    if (p->trainable_params > p->adapter_params) /* layers.c saved_module: peft's modules_to_save */
+        fprintf(out, "          + %s task-head params train whole beside a frozen copy (peft's modules_to_save)\n",
+                count(p->trainable_params - p->adapter_params));
     const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
                                : f->mode == MP_FT_QLORA                ? &f->quant
                                                                        : NULL;
