@@ -181,6 +181,11 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
             r->cached[n->wcopy] = true;
             r->holds[n->wcopy]++;
         }
+        /* use_cache: the DynamicCache keeps its k/v copies until the model's forward returns */
+        if (n->kv_cached && r->phase == MP_PH_FORWARD && !r->cached[n->out]) {
+            r->cached[n->out] = true;
+            r->holds[n->out]++;
+        }
         /* the rotary tables and the attention mask: made once per forward by the model and
          * used by every layer (checkpoint inputs under checkpointing): held until this block's
          * backward */

@@ -1122,6 +1122,23 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         q = lower_rope(B, q, l, a, "q_rope");
         k = lower_rope(B, k, l, kv, "k_rope");
     }
+    /* use_cache (transformers 5.23, no gradient checkpointing): DynamicLayer.update torch.cat's k
+     * and v onto an empty cache tensor, so attention gets fresh copies; SDPA saves those (the
+     * originals die unless something else keeps them: a fused qkv storage stays alive while q is
+     * its view, GPT-2).  Eager attention saves its own contiguous copies of k and v either way. */
+    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
+    if (B->m->use_cache && !B->p->opts.hf_checkpointing && impl != MP_ATTN_EAGER) {
+        /* the cache holds them until the forward returns; under autocast the rotated k is fp32
+         * (q * cos with cos in the fp32 residual's dtype), so its copy is too, and so is v's:
+         * the empty cache tensors take k's dtype and torch.cat promotes; SDPA saves their half
+         * casts */
+        k = cast_to(B, k, B->amp && l->rope ? MP_DT_F32 : dt_of(B, k), "k_cache");
+        if (!failed(B))
+            B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+        v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
+        if (!failed(B))
+            B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+    }
     /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies, and an
      * fp32 v (a bitsandbytes 4-bit v_proj returns x's dtype) too */
     q = autocast_in(B, q, "q_cast");

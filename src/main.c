@@ -67,6 +67,7 @@ enum {
     O_TIMELINE, O_WIDE,
     O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW,
     O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
+    O_USE_CACHE,
 };
 
 /* Which commands accept which options (bit per command). */
@@ -92,6 +93,7 @@ static const struct opt_info OPTS[] = {
     {{"lora-targets", required_argument, 0, O_LORA_TARGETS}, 31, "T", "all-linear | NAME,NAME,... (default: peft's for the family)"},
     {{"train-blocks", required_argument, 0, O_TRAIN_BLOCKS}, 31, "LIST", "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
+    {{"use-cache", required_argument, 0, O_USE_CACHE}, 31, "on|off", "HF decoders: transformers' use_cache in training (default: the config's; off under --checkpoint layers)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
     {{"device", required_argument, 0, O_DEVICE}, C_PROBE | C_SUGG, "N", "CUDA device index, default 0 (probe: run on it; suggest: target it)"},
@@ -135,6 +137,7 @@ struct args {
     bool ckpt_set;
     int attention;
     bool attention_set;
+    int use_cache; /* -1: the config's; 0 off; 1 on */
     const char *gpu;
     uint64_t vram;
     int device;
@@ -307,6 +310,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->precision = MP_PREC_AMP_BF16;
     a->optimizer = MP_OPT_ADAMW;
     a->attention = MP_ATTN_SDPA;
+    a->use_cache = -1;
     a->margin = 0.05;
     a->steps = 3;
     a->backend = "auto";
@@ -423,6 +427,11 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             a->attention_set = true;
             st = a->attention < 0 ? MP_ERR_USAGE : MP_OK;
             what = "--attention: expected sdpa, flash or eager, got '%s'";
+            break;
+        case O_USE_CACHE:
+            a->use_cache = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
+            st = a->use_cache < -1 ? MP_ERR_USAGE : MP_OK;
+            what = "--use-cache: expected on or off, got '%s'";
             break;
         case O_GPU: a->gpu = optarg; break;
         case O_VRAM:
@@ -625,6 +634,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     s->build.attention_forced = a->attention_set;
     s->build.ft = a->ft;
     s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
+    s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;
+    if (a->use_cache >= 0 && !s->model.kv_cache) {
+        fprintf(stderr, "memplan: error: --use-cache: %s has no key/value cache (HF decoder configs only)\n",
+                a->model);
+        rc = MP_EXIT_USAGE;
+        goto out;
+    }
+    if (a->use_cache >= 0)
+        s->model.use_cache = a->use_cache == 1;
     if (s->model.quant.kind != MP_Q_NONE && (a->ft.mode == MP_FT_FULL || a->ft.mode == MP_FT_FREEZE)) {
         fprintf(stderr, "memplan: error: %s: quantization_config: a %s-quantized base cannot be %s fine-tuned; "
                         "train adapters on it with --finetune lora (or qlora)\n",
@@ -659,6 +677,10 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         add_default(s, "optimizer %s", "adamw");
     if (!a->attention_set && mp_model_has_attention(&s->model))
         add_default(s, "attention %s (transformers' default: no s x s matrix kept)", "sdpa");
+    if (s->model.kv_cache && a->use_cache < 0)
+        add_default(s, "use_cache %s", !s->model.use_cache ? "off (config)"
+                                       : a->ckpt.strategy == MP_CKPT_LAYERS ? "off (gradient checkpointing turns it off)"
+                                                                            : "on (config: k/v copied into a DynamicCache)");
     if (a->gpu) {
         if ((st = mp_gpu_load(a->gpu, argv0, &s->gpu, d)) != MP_OK) {
             rc = fail(st, d);

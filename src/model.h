@@ -222,6 +222,10 @@ struct mp_model {
     char path[256];          /* file it came from, for messages */
     char hf_type[32];        /* model_type of an HF config, else "" */
     struct mp_quant quant;   /* quantization_config of an HF checkpoint (kind MP_Q_NONE: none) */
+    bool kv_cache;           /* an HF decoder that can fill a DynamicCache (else use_cache is moot) */
+    bool use_cache;          /* its config's use_cache (default true), or --use-cache: in training
+                                without gradient checkpointing, k and v are copied into the cache and
+                                attention reads those copies */
 
     enum mp_input_kind input;
     uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */

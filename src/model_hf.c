@@ -45,8 +45,6 @@
  *   *_eps, initializer_range, bos/eos/pad_token_id, scale_attn_weights,
  *     scale_attn_by_inverse_layer_idx, pretraining_tp: values or scalars only;
  *   torch_dtype, dtype: the checkpoint's storage; --precision decides training dtypes;
- *   use_cache: memplan assumes use_cache=False, as training with checkpointing forces (with
- *     use_cache=True a gpt2/gpt_neox forward saves fresh k/v copies: bench/torch_saved.md);
  *   gradient_checkpointing: memplan plans checkpointing itself;
  *   summary_*, task_specific_params, n_special, predict_special_tokens: GPT2DoubleHeadsModel
  *     fields (that class is refused);
@@ -54,6 +52,9 @@
  *     num_key_value_heads for gpt2, gpt_neox and bert: their transformers classes ignore them;
  *   n_ctx (gpt2): legacy; transformers sizes wpe by n_positions alone;
  *   _attn_implementation: the --attention option chooses the kernel.
+ * Honoured: use_cache (decoders; default true): in training without gradient checkpointing
+ *   transformers copies k and v into a DynamicCache and attention reads the copies (layers.c);
+ *   --use-cache overrides it.
  * Rejected when set to a non-default value: add_cross_attention,
  * reorder_and_upcast_attn (gpt2), qk_layernorm (phi), position_embedding_type
  * other than "absolute" (bert).
@@ -1174,6 +1175,12 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     if ((st = read_quant(root, &m->quant, path, d)) != MP_OK)
         return st;
     snprintf(m->source, sizeof m->source, "hf");
+    /* decoders fill a DynamicCache when use_cache (the config classes' default: true) */
+    m->kv_cache = c.causal && !c.f->vision;
+    m->use_cache = m->kv_cache;
+    if ((st = mp_json_bool(root, "use_cache", &m->use_cache, path, "", d)) != MP_OK)
+        return st;
+    m->use_cache = m->use_cache && m->kv_cache;
     snprintf(m->hf_type, sizeof m->hf_type, "%s", type);
     if ((st = set_model_name(m, root, type, path, d)) != MP_OK)
         return st;

@@ -93,6 +93,9 @@ _Static_assert(MP_K_GELU == (int)MP_ACT_GELU && MP_K_GELU_TANH == (int)MP_ACT_GE
                    MP_K_GELU_FAST == (int)MP_ACT_GELU_FAST,
                "kernels.h activation codes follow enum mp_act");
 
+#ifndef MP_PROBE_ATTN_WS_BYTES
+#define MP_PROBE_ATTN_WS_BYTES ((uint64_t)64 << 20) /* flash-path workspace limit */
+#endif
 #ifndef MP_PROBE_COL_CAP_BYTES
 #define MP_PROBE_COL_CAP_BYTES ((uint64_t)64 << 20) /* im2col buffer limit (tests may lower it) */
 #endif
@@ -230,6 +233,8 @@ struct cu_run {
     void **hc;             /* C pointers: PTR_CAP */
     void *hbase, *dptr;    /* pinned and device: the A/B array, then the C array (3 * PTR_CAP pointers) */
     size_t ptr_used;       /* entries taken this step */
+    float *attn_ws;        /* the flash path's workspace, attn_ws_bytes (see flash_fwd) */
+    uint64_t attn_ws_bytes;
 };
 
 static struct cu_ctx *CX(const struct mp_exec *x) { return x->bctx; }
@@ -749,6 +754,173 @@ static struct mp_k_attn attn_of(const struct mp_node_view *c)
 
 static uint64_t round_up(uint64_t v, uint64_t m) { return (v + m - 1) / m * m; }
 
+/* ---- the flash path: cuBLAS GEMMs over blocks of query rows ----
+ * Tensor cores through cuBLAS rather than a hand-written mma/WMMA flash kernel: every product
+ * (QK^T, PV; dO V^T, dS K, dS^T Q, P^T dO) is a batched GEMM cuBLAS runs near peak, each one
+ * checkable on its own, while a fused kernel could not be validated without a GPU here.  The
+ * price is the workspace: fp32 scores and dP, P and dS in the attention dtype for a block of
+ * query rows of many (sample, head) entries, at most MP_PROBE_ATTN_WS_BYTES, outside the
+ * counting pool (outside_pool_bytes; flash-attention needs none).  Nothing s x s outlives the
+ * node: the forward keeps the logsumexp, the backward recomputes P from it. */
+
+/* Workspace bytes per (entry, query row, key): S and dP fp32, P and dS at most 4 bytes. */
+#define FA_WS_PER 16
+
+/* Entries per GEMM call (ne) and query rows per block (qb) within ws bytes. */
+static void fa_plan(const struct mp_k_attn *A, uint64_t ws, uint64_t *ne, uint64_t *qb)
+{
+    uint64_t ents = A->b * A->a, row = A->s * FA_WS_PER, q = A->s, e = ws / (q * row);
+    if (!e) {
+        q = mp_min_u64(A->s, 128);
+        e = ws / (q * row);
+    }
+    if (!e) {
+        q = mp_max_u64(1, ws / row);
+        e = 1;
+    }
+    *qb = q;
+    *ne = mp_min_u64(mp_min_u64(e, ents), PTR_CAP / 2);
+}
+
+/* Element offsets: q row i of head h, k/v row 0 of kv head g, o row i of head h (b, s, a, d). */
+static uint64_t fa_q(const struct mp_k_attn *A, uint64_t bh, uint64_t i)
+{
+    return (bh / A->a * A->s + i) * A->wq + A->oq + bh % A->a * A->d;
+}
+static uint64_t fa_k(const struct mp_k_attn *A, uint64_t bh, uint64_t w, uint64_t off)
+{
+    return bh / A->a * A->s * w + off + bh % A->a / (A->a / A->kv) * A->d;
+}
+static uint64_t fa_o(const struct mp_k_attn *A, uint64_t bh, uint64_t i)
+{
+    return ((bh / A->a * A->s + i) * A->a + bh % A->a) * A->d;
+}
+
+/* S (fp32, ld jn) = scale Q_block K^T for every entry of F. */
+static enum mp_status fa_scores(struct mp_exec *x, const struct mp_k_attn *A, const struct mp_k_fblock *F,
+                                struct mp_view q, struct mp_view k, float *Sw)
+{
+    struct gemm_ptrs gp;
+    PTRS(x, F->ne, &gp);
+    for (uint64_t e = 0; e < F->ne; e++) {
+        gp.a[e] = at(q, fa_q(A, F->e0 + e, F->i0));
+        gp.b[e] = at(k, fa_k(A, F->e0 + e, A->wk, A->ok));
+        gp.c[e] = Sw + e * F->qb * F->jn;
+    }
+    GEMM_BATCHED(x, false, true, F->qb, F->jn, A->d, A->scale, &gp, q.dt, A->wq, k.dt, A->wk, 0.0f, MP_K_F32, F->jn);
+    return MP_OK;
+}
+
+static enum mp_status flash_fwd(struct mp_node_view *c, const struct mp_k_attn *A, struct mp_view lse,
+                                uint64_t s_lse)
+{
+    struct mp_exec *x = c->x;
+    struct mp_view q = c->in[0], k = c->in[1], v = c->in[2], out = c->out;
+    uint64_t ne, qb, ents = A->b * A->a;
+    fa_plan(A, RUN(x)->attn_ws_bytes, &ne, &qb);
+    for (uint64_t e0 = 0; e0 < ents; e0 += ne)
+        for (uint64_t i0 = 0; i0 < A->s; i0 += qb) {
+            uint64_t rows = mp_min_u64(qb, A->s - i0);
+            struct mp_k_fblock F = {e0, mp_min_u64(ne, ents - e0), i0, rows, A->causal ? i0 + rows : A->s};
+            float *Sw = RUN(x)->attn_ws;
+            struct mp_view P = {Sw + F.ne * F.qb * F.jn, q.dt, F.ne * F.qb * F.jn};
+            enum mp_status st = fa_scores(x, A, &F, q, k, Sw);
+            if (st != MP_OK)
+                return st;
+            KK(x->d, mp_k_fa_softmax_fwd(A, &F, Sw, P.p, lse.p, s_lse, S(x)));
+            struct gemm_ptrs gp; /* O_block = P V */
+            PTRS(x, F.ne, &gp);
+            for (uint64_t e = 0; e < F.ne; e++) {
+                gp.a[e] = at(P, e * F.qb * F.jn);
+                gp.b[e] = at(v, fa_k(A, e0 + e, A->wv, A->ov));
+                gp.c[e] = at(out, fa_o(A, e0 + e, i0));
+            }
+            GEMM_BATCHED(x, false, false, F.qb, A->d, F.jn, 1.0f, &gp, P.dt, F.jn, v.dt, A->wv, 0.0f, out.dt,
+                         A->a * A->d);
+        }
+    return MP_OK;
+}
+
+/* dK_g += dS^T Q (src dS, rhs q) or dV_g += Pk^T dO (src Pk, rhs dO) for the entries of F
+ * whose head is member r of its kv group: no two entries of one call add into the same rows. */
+static enum mp_status fa_kv_grad(struct mp_exec *x, const struct mp_k_attn *A, const struct mp_k_fblock *F,
+                                 uint64_t r, struct mp_view src, struct mp_view rhs, bool rhs_q, struct mp_view dst,
+                                 uint64_t w, uint64_t off)
+{
+    uint64_t group = A->a / A->kv, blk = F->qb * F->jn, n = 0;
+    struct gemm_ptrs gp;
+    PTRS(x, F->ne, &gp);
+    for (uint64_t e = 0; e < F->ne; e++) {
+        uint64_t bh = F->e0 + e;
+        if (bh % A->a % group != r)
+            continue;
+        gp.a[n] = at(src, e * blk);
+        gp.b[n] = at(rhs, rhs_q ? fa_q(A, bh, F->i0) : fa_o(A, bh, F->i0));
+        gp.c[n++] = at(dst, fa_k(A, bh, w, off));
+    }
+    gp.n = n;
+    GEMM_BATCHED(x, true, false, F->jn, A->d, F->qb, 1.0f, &gp, src.dt, F->jn, rhs.dt, rhs_q ? A->wq : A->a * A->d,
+                 1.0f, dst.dt, w);
+    return MP_OK;
+}
+
+static enum mp_status flash_bwd(struct mp_node_view *c, const struct mp_k_attn *A, struct mp_view lse,
+                                uint64_t s_lse)
+{
+    struct mp_exec *x = c->x;
+    struct mp_view q = c->in[0], k = c->in[1], v = c->in[2], go = c->gout, gq = c->gin[0], gk = c->gin[1],
+                   gv = c->gin[2];
+    uint64_t s_r = round_up(A->s, 128), d_r = round_up(A->d, 32), group = A->a / A->kv;
+    float *dsum = tmp_part(c, true, MP_TR_FLASH_D, A->b * A->a * s_r * 4);
+    float *dq_acc = tmp_part(c, true, MP_TR_FLASH_DQ, A->b * s_r * A->a * d_r * 4);
+    if (!dsum || !dq_acc)
+        return missing(c, "the softmax_d/dq_accum temporary");
+    KK(x->d, mp_k_flash_dsum(A, c->out.p, go.p, dsum, s_r, S(x)));
+    uint64_t ne, qb, ents = A->b * A->a;
+    fa_plan(A, RUN(x)->attn_ws_bytes, &ne, &qb);
+    struct gemm_ptrs gp;
+    for (uint64_t e0 = 0; e0 < ents; e0 += ne)
+        for (uint64_t i0 = 0; i0 < A->s; i0 += qb) {
+            uint64_t rows = mp_min_u64(qb, A->s - i0);
+            struct mp_k_fblock F = {e0, mp_min_u64(ne, ents - e0), i0, rows, A->causal ? i0 + rows : A->s};
+            uint64_t blk = F.qb * F.jn, all = F.ne * blk;
+            float *Sw = RUN(x)->attn_ws, *dPw = Sw + all;
+            struct mp_view Pk = {dPw + all, q.dt, all}, dS = {(char *)(dPw + all) + all * esz(q.dt), q.dt, all};
+            enum mp_status st = fa_scores(x, A, &F, q, k, Sw);
+            if (st != MP_OK)
+                return st;
+            PTRS(x, F.ne, &gp); /* dP = dO_block V^T */
+            for (uint64_t e = 0; e < F.ne; e++) {
+                gp.a[e] = at(go, fa_o(A, e0 + e, i0));
+                gp.b[e] = at(v, fa_k(A, e0 + e, A->wv, A->ov));
+                gp.c[e] = dPw + e * blk;
+            }
+            GEMM_BATCHED(x, false, true, F.qb, F.jn, A->d, 1.0f, &gp, go.dt, A->a * A->d, v.dt, A->wv, 0.0f, MP_K_F32,
+                         F.jn);
+            KK(x->d, mp_k_fa_softmax_bwd(A, &F, Sw, dPw, lse.p, s_lse, dsum, s_r, Pk.p, dS.p, S(x)));
+            if (gq.p) { /* dq_accum rows of the block = dS K (each block writes its own rows) */
+                PTRS(x, F.ne, &gp);
+                for (uint64_t e = 0; e < F.ne; e++) {
+                    uint64_t bh = e0 + e;
+                    gp.a[e] = at(dS, e * blk);
+                    gp.b[e] = at(k, fa_k(A, bh, A->wk, A->ok));
+                    gp.c[e] = dq_acc + ((bh / A->a * s_r + i0) * A->a + bh % A->a) * d_r;
+                }
+                GEMM_BATCHED(x, false, false, F.qb, A->d, F.jn, 1.0f, &gp, dS.dt, F.jn, k.dt, A->wk, 0.0f, MP_K_F32,
+                             A->a * d_r);
+            }
+            for (uint64_t r = 0; r < group; r++) {
+                if (gk.p && (st = fa_kv_grad(x, A, &F, r, dS, q, true, gk, A->wk, A->ok)) != MP_OK)
+                    return st;
+                if (gv.p && (st = fa_kv_grad(x, A, &F, r, Pk, go, false, gv, A->wv, A->ov)) != MP_OK)
+                    return st;
+            }
+        }
+    if (gq.p)
+        KK(x->d, mp_k_flash_dq_out(A, dq_acc, s_r, d_r, gq.p, S(x)));
+    return MP_OK;
+}
+
 static enum mp_status flash_run(struct mp_node_view *c, bool fwd)
 {
     struct mp_exec *x = c->x;
@@ -759,21 +931,15 @@ static enum mp_status flash_run(struct mp_node_view *c, bool fwd)
     NEED(c->out);
     struct mp_view lse = xr(c, MP_XR_LSE);
     NEED(lse);
+    if (!A.kv || A.a % A.kv || !A.b)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: %llu heads over %llu kv heads", c->n->name,
+                       (unsigned long long)A.a, (unsigned long long)A.kv);
+    if (!RUN(x)->attn_ws)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: no attention workspace", c->n->name);
     uint64_t s_lse = lse.n / (A.b * A.a);
-    if (fwd) {
-        KK(x->d, mp_k_flash_fwd(&A, c->out.p, lse.p, s_lse, S(x)));
-        return MP_OK;
-    }
-    if (!c->gout.p)
-        return MP_OK;
-    uint64_t s_r = round_up(A.s, 128), d_r = round_up(A.d, 32), nD = A.b * A.a * s_r;
-    float *dsum = tmp_part(c, true, MP_TR_FLASH_D, nD * 4), *dq_acc = tmp_part(c, true, MP_TR_FLASH_DQ,
-                                                                               A.b * s_r * A.a * d_r * 4);
-    if (!dsum || !dq_acc)
-        return missing(c, "the softmax_d/dq_accum temporary");
-    KK(x->d, mp_k_flash_bwd(&A, c->out.p, c->gout.p, lse.p, s_lse, dsum, dq_acc, s_r, d_r, c->gin[0].p,
-                            c->gin[1].p, c->gin[2].p, S(x)));
-    return MP_OK;
+    if (fwd)
+        return flash_fwd(c, &A, lse, s_lse);
+    return c->gout.p ? flash_bwd(c, &A, lse, s_lse) : MP_OK;
 }
 
 /* Eager: extras q_copy, k_copy, v_copy (b,a,s,d), probs (b,a,s,s), then [mask, dropped] or [cast]. */
@@ -1350,6 +1516,8 @@ static void cuda_exec_free(struct mp_exec *x)
         cu_free(CX(x), u->col);
     if (u->dptr)
         cu_free(CX(x), u->dptr);
+    if (u->attn_ws)
+        cu_free(CX(x), u->attn_ws);
     if (u->hbase)
         cudaFreeHost(u->hbase);
     trim(CX(x));
@@ -1364,6 +1532,19 @@ static void cuda_exec_free(struct mp_exec *x)
     (void)cudaGetLastError();
     free(u);
     x->bx = NULL;
+}
+
+/* A buffer outside the counting pool, from the same driver pool as the step's storages
+ * (trimmed with them); its out-of-memory is a result that names it. */
+static enum mp_status outside_alloc(struct mp_exec *x, uint64_t bytes, void **out, const char *what)
+{
+    enum mp_status st = cu_alloc(CX(x), bytes, out, x->d);
+    if (st == MP_ERR_OOM) {
+        x->pool.oom_bytes = bytes;
+        x->pool.oom_capacity = false;
+        snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:%s", what);
+    }
+    return st;
 }
 
 /* The im2col buffer: every (sample, group) column block of the largest conv side by side
@@ -1387,17 +1568,37 @@ static enum mp_status col_buffer(struct mp_exec *x)
     }
     if (!need)
         return MP_OK;
-    /* from the same driver pool as the step's storages (trimmed with them), outside the counting pool:
-     * PyTorch's conv uses cuDNN workspaces the estimator does not count either */
-    enum mp_status st = cu_alloc(CX(x), need, &u->col, x->d);
-    if (st == MP_ERR_OOM) {
-        x->pool.oom_bytes = need;
-        x->pool.oom_capacity = false;
-        snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:im2col buffer");
-    }
+    /* PyTorch's conv uses cuDNN workspaces the estimator does not count either */
+    enum mp_status st = outside_alloc(x, need, &u->col, "im2col buffer");
     if (st != MP_OK)
         return st;
     u->col_bytes = need;
+    return MP_OK;
+}
+
+/* The flash path's workspace: every (sample, head) entry's whole score block of the largest
+ * flash attention (one pass of GEMMs), at most MP_PROBE_ATTN_WS_BYTES, at least one query row. */
+static enum mp_status attn_buffer(struct mp_exec *x)
+{
+    struct cu_run *u = RUN(x);
+    uint64_t need = 0;
+    for (size_t k = 0; k < x->p->n_nodes; k++) {
+        const struct mp_node *n = &x->p->nodes[k];
+        if (n->prim != MP_P_ATTN || n->eager)
+            continue;
+        uint64_t s = n->seq ? n->seq : 1, rows = n->rows, all, row;
+        if (!mp_mul_u64(s, FA_WS_PER, &row) || !mp_mul3_u64(rows, n->heads, row, &all))
+            all = row = UINT64_MAX;
+        need = mp_max_u64(need, mp_min_u64(all, mp_max_u64(MP_PROBE_ATTN_WS_BYTES, row)));
+    }
+    if (!need)
+        return MP_OK;
+    void *ws = NULL;
+    enum mp_status st = outside_alloc(x, need, &ws, "attention workspace");
+    if (st != MP_OK)
+        return st;
+    u->attn_ws = ws;
+    u->attn_ws_bytes = need;
     return MP_OK;
 }
 
@@ -1417,6 +1618,8 @@ static enum mp_status cuda_run_begin(struct mp_exec *x, struct mp_probe_result *
     enum mp_status st = used_bytes(x, &r->device_used_before);
     if (st == MP_OK)
         st = col_buffer(x);
+    if (st == MP_OK)
+        st = attn_buffer(x);
     if (st == MP_OK && (cudaEventCreate(&u->t0) != cudaSuccess || cudaEventCreate(&u->t1) != cudaSuccess))
         st = mp_fail(x->d, MP_ERR_DEVICE, "cudaEventCreate failed at %s:%d", __FILE__, __LINE__);
     if (st == MP_OK) { /* the batched GEMMs' pointer arrays, outside the counting pool as the im2col buffer */
@@ -1427,12 +1630,7 @@ static enum mp_status cuda_run_begin(struct mp_exec *x, struct mp_probe_result *
         u->hbase = h;
         u->hab = h;
         u->hc = (void **)((char *)h + 2 * PTR_CAP * sizeof(void *));
-        st = cu_alloc(CX(x), PTR_BYTES, &u->dptr, x->d);
-        if (st == MP_ERR_OOM) {
-            x->pool.oom_bytes = PTR_BYTES;
-            x->pool.oom_capacity = false;
-            snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:GEMM pointer arrays");
-        }
+        st = outside_alloc(x, PTR_BYTES, &u->dptr, "GEMM pointer arrays");
     }
     return st;
 }
@@ -1477,7 +1675,7 @@ static enum mp_status cuda_run_end(struct mp_exec *x, struct mp_probe_result *r,
         st = used_bytes(x, &r->device_used_after);
     if (st == MP_OK)
         r->gemm_tflops = u->gemm_ms > 0 ? u->gemm_flops / (u->gemm_ms * 1e-3) / 1e12 : 0.0;
-    r->outside_pool_bytes = u->col_bytes + (u->dptr ? PTR_BYTES : 0);
+    r->outside_pool_bytes = u->col_bytes + u->attn_ws_bytes + (u->dptr ? PTR_BYTES : 0);
     (void)cuda_device_info(CX(x), &r->dev);
     return st;
 }

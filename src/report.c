@@ -123,6 +123,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        /* transformers' use_cache in training (HF decoders; off under gradient checkpointing) */
+        cJSON_AddBoolToObject(cf, "use_cache", c->model->use_cache && !c->build->hf_checkpointing);
         const struct mp_finetune *f = &c->build->ft;
         cJSON *ft = cJSON_AddObjectToObject(cf, "finetune");
         cJSON_AddStringToObject(ft, "mode", mp_ft_mode_str(f->mode));
@@ -1059,6 +1061,7 @@ static void report_probe(FILE *out, const struct mp_report_ctx *c, const struct 
         ju64(p, "measured_peak_bytes", r->measured_peak_bytes);
         ju64(p, "device_used_bytes", r->device_used_after);
         ju64(p, "device_used_before_bytes", r->device_used_before);
+        ju64(p, "outside_pool_bytes", r->outside_pool_bytes);
         jnum(p, "step_ms", r->step_ms);
         jnum(p, "samples_per_s", r->samples_per_s);
         jnum(p, "gemm_tflops", r->gemm_tflops);

@@ -347,6 +347,10 @@ expect 2 "--global-batch 0" suggest models/tiny-test.json --gpu t4 --global-batc
 expect 2 "--backend rocm" probe models/tiny-test.json --backend rocm
 expect 2 "--steps 0" probe models/tiny-test.json --backend host --steps 0
 expect 2 "--attention paged" estimate models/tiny-test.json --attention paged
+expect 2 "--use-cache maybe" estimate models/hf/gpt2.json --use-cache maybe
+expect 2 "--use-cache on for a model without a k/v cache (BERT)" estimate models/hf/bert-base-uncased.json \
+    --use-cache on
+expect 2 "--use-cache on for memplan JSON" estimate models/tiny-test.json --use-cache off
 expect 2 "check without --batch" check models/tiny-test.json --gpu a100-40gb
 expect 2 "check without a target" check models/tiny-test.json --batch 1
 expect 2 "plan without a target or budget" plan models/tiny-test.json --batch 1
