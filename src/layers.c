@@ -502,6 +502,21 @@ static struct val lower_copy(struct bld *B, struct val x, enum mp_dtype dt, doub
     return y;
 }
 
+/* A module buffer resident like the batch: int64 ids of `rows` elements, or (rows 0) an fp32
+ * scalar.  Returns its tensor id (-1 when the table of buffers is full: MP_ERR_INTERNAL). */
+static int id_buffer(struct bld *B, const char *name, uint64_t rows)
+{
+    if (failed(B))
+        return -1;
+    if (B->p->n_buffers >= MP_BUFFERS_MAX) {
+        fail_model(B, MP_ERR_INTERNAL, "too many module buffers");
+        return -1;
+    }
+    int t = new_flat(B, name, rows ? MP_DT_I64 : MP_DT_F32, rows ? rows : 1);
+    B->p->buffers[B->p->n_buffers++] = t;
+    return t;
+}
+
 /* x * a Python float (l->mult): a new tensor, nothing saved (MulBackward0 of a scalar). */
 static struct val mult_copy(struct bld *B, struct val x, const struct mp_layer *l, const char *name)
 {
@@ -1638,6 +1653,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             struct val y = lower_add_table(B, x, l, nm, 1, &n);
             if (n)
                 tmp_one(B, n, false, MP_TR_OTHER, T(B, y.t)->bytes); /* the looked-up (b,s,h) rows */
+            if (l->id_buffer && n) { /* BertEmbeddings' all-zero token_type_ids buffer, its view saved */
+                char en[112];
+                snprintf(en, sizeof en, "%s.ids", nm);
+                save(n, id_buffer(B, en, l->id_rows));
+            }
             *resid = y;
             return y;
         }
@@ -1664,6 +1684,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         n->k = l->vocab;
         n->fwd_flops = (double)T(B, y.t)->elems;
         n->bwd_flops = n->fwd_flops;
+        if (l->scale_buffer) /* Gemma: embed_scale, a registered fp32 scalar */
+            id_buffer(B, "embed_scale", 0);
         struct val r = lower_dropout(B, mult_copy(B, y, l, "embed_scale"), l->emb_dropout, "dropout");
         *resid = r;
         return r;
@@ -1684,7 +1706,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             return y;
         char en[112];
         snprintf(en, sizeof en, "%s.position_ids", nm); /* int64, saved by the position lookup */
-        extra_as(n, new_flat(B, en, MP_DT_I64, B->s), MP_XR_POSITION_IDS);
+        int ids = l->id_buffer ? id_buffer(B, en, l->id_rows) : -1;
+        if (l->id_view) /* BertEmbeddings: the lookup saves a view of the registered buffer */
+            save(n, ids);
+        else
+            extra_as(n, new_flat(B, en, MP_DT_I64, B->s), MP_XR_POSITION_IDS);
         *resid = y;
         return y;
     }

@@ -195,6 +195,12 @@ struct mp_layer {
      * positions added: the sequence is (H / patch) * (W / patch) + 1 */
     bool cls_token;
 
+    /* HF registered buffers of the embeddings (resident like the batch): id_buffer, the int64
+     * (1, id_rows) position_ids / token_type_ids of BertEmbeddings (id_view: the forward uses a
+     * view of it, no new ids); scale_buffer, Gemma's fp32 scalar embed_scale */
+    bool id_buffer, id_view, scale_buffer;
+    uint64_t id_rows;
+
     /* conv2d / pooling / batchnorm / bottleneck */
     uint64_t in_ch, out_ch, mid_ch;
     uint64_t kernel, stride, padding, groups;

@@ -138,6 +138,8 @@ struct family {
     const char *n_pooler;       /* its dense layer ("pooler.dense") */
     bool bare_pooler;           /* the bare *Model has the pooler (BertModel, RobertaModel) */
     bool mlm_gelu;              /* the MLM transform uses exact gelu whatever hidden_act (RoBERTa) */
+    bool id_buffers;            /* BertEmbeddings-style int64 position_ids (and token_type_ids) buffers */
+    bool id_views;              /* the forward uses views of them (BERT, DistilBERT; RoBERTa computes ids) */
     bool vision;                /* images in (ViT): a patch embedding instead of token embeddings, no
                                    vocabulary; image_size, patch_size, num_channels in the hook */
     hf_hook hook;               /* runs last: may override anything read before */
@@ -193,7 +195,7 @@ static const struct family families[] = {
      .n_head = "decoder", .default_head = H_MASKED,
      .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
      .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "pooler.dense", .bare_pooler = true,
-     .hook = bert_hook},
+     .id_buffers = true, .id_views = true, .hook = bert_hook},
     /* ---- added with the family table ---- */
     {.type = "qwen3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .head_dim_default = 128,
      .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS},
@@ -240,7 +242,7 @@ static const struct family families[] = {
      .n_drop = "dropout", .n_head = "decoder", .default_head = H_MASKED,
      .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
      .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "classifier.dense",
-     .bare_pooler = true, .hook = bert_hook},
+     .bare_pooler = true, .id_buffers = true, .hook = bert_hook},
     {.type = "distilbert", .plain_softmax = true, .k_hidden = {"dim"}, .k_layers = {"n_layers"}, .k_heads = {"n_heads"},
      .k_ffn = "hidden_dim", .k_act = "activation", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM,
      .pos_rows = 512, .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true,
@@ -249,7 +251,8 @@ static const struct family families[] = {
      .emb_p_is_resid = true, .n_tok = "word_embeddings", .n_pos = "position_embeddings", .n_drop = "dropout",
      .n_head = "vocab_projector", .default_head = H_MASKED,
      .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
-     .pooler_act = MP_ACT_RELU, .n_pooler = "pre_classifier", .hook = distilbert_hook},
+     .pooler_act = MP_ACT_RELU, .n_pooler = "pre_classifier", .id_buffers = true, .id_views = true,
+     .hook = distilbert_hook},
     /* GPT-J: eager attention only (its own _attn: fp32 q/k, rotate_every_two rotary from a
      * per-layer table); rotary_dim in the hook */
     {.type = "gptj", .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
@@ -905,16 +908,21 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
     l->vocab = c->vocab;
     l->dim = c->hidden;
     l->mult = c->emb_mult;
+    l->scale_buffer = f->emb_sqrt;
     set_name(l++, f->n_tok);
     if (types) { /* BertEmbeddings: words + token types (ids default to zeros) + positions */
         l->type = MP_LT_EMBEDDING;
         l->vocab = c->type_vocab;
         l->dim = c->hidden;
+        l->id_buffer = f->id_buffers;
+        l->id_rows = c->positions + f->pos_offset;
         set_name(l++, "token_type_embeddings");
     }
     if (c->learned_pos) {
         l->type = MP_LT_POS_EMBEDDING;
-        l->vocab = c->positions + f->pos_offset;
+        l->vocab = l->id_rows = c->positions + f->pos_offset;
+        l->id_buffer = f->id_buffers;
+        l->id_view = f->id_views;
         l->dim = c->hidden;
         set_name(l++, f->n_pos);
     }

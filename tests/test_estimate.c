@@ -419,13 +419,18 @@ static void test_estimate_gelu_new_autocast(void **state)
 
 /* Non-persistent buffers are on the GPU too: HF's rotary embedding registers inv_freq and a
  * clone, original_inv_freq, rotary_dim/2 fp32 each (named_buffers() of transformers 5.23:
- * llama-2-7b 2 x (64,), qwen2-0.5b 2 x (32,)); GPT-2 has none. */
+ * llama-2-7b 2 x (64,), qwen2-0.5b 2 x (32,)); GPT-2 has none.  BertEmbeddings registers int64
+ * position_ids and token_type_ids (1, max positions): bert 2 x (1, 512), roberta 2 x (1, 514);
+ * DistilBERT position_ids (1, 512); Gemma's embedding an fp32 scalar embed_scale () besides its
+ * rotary pair 2 x (128,). */
 static void test_estimate_module_buffers(void **state)
 {
     (void)state;
-    const char *files[] = {"models/hf/llama-2-7b.json", "models/hf/qwen2-0.5b.json", "models/hf/gpt2.json"};
-    const uint64_t want[] = {2 * 64 * 4, 2 * 32 * 4, 0};
-    for (int i = 0; i < 3; i++) {
+    const char *files[] = {"models/hf/llama-2-7b.json", "models/hf/qwen2-0.5b.json", "models/hf/gpt2.json",
+                           "models/hf/bert-base-uncased.json", "models/hf/roberta-base.json",
+                           "models/hf/distilbert-base-uncased.json", "models/hf/gemma-2b.json"};
+    const uint64_t want[] = {2 * 64 * 4, 2 * 32 * 4, 0, 2 * 512 * 8, 2 * 514 * 8, 512 * 8, 4 + 2 * 128 * 4};
+    for (int i = 0; i < 7; i++) {
         struct mp_model m;
         load_file(&m, files[i]);
         struct mp_estimate e;
