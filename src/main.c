@@ -65,7 +65,7 @@ enum {
     O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
     O_TIMELINE, O_WIDE,
-    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW,
+    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW, O_RANK,
     O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
     O_USE_CACHE,
 };
@@ -103,12 +103,13 @@ static const struct opt_info OPTS[] = {
     {{"global-batch", required_argument, 0, O_GLOBAL}, C_SUGG, "G", "global batch: micro-batch x accumulation = G exactly"},
     {{"grad-accum", required_argument, 0, O_ACCUM}, C_EST | C_PLAN | C_CHECK, "N", "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
     {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed | accelerate: print only that snippet"},
-    {{"gpus", required_argument, 0, O_GPUS}, C_EST | C_PLAN | C_SUGG | C_CHECK, "N", "GPUs per node for data parallelism (figures are per rank)"},
-    {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
-    {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
-    {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
-    {{"ddp-bucket-view", no_argument, 0, O_BUCKETVIEW}, C_EST | C_PLAN | C_SUGG | C_CHECK, NULL, "DDP gradient_as_bucket_view=True: .grad are views of the buckets"},
-    {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
+    {{"gpus", required_argument, 0, O_GPUS}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "N", "GPUs per node for data parallelism (figures are per rank)"},
+    {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
+    {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
+    {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
+    {{"ddp-bucket-view", no_argument, 0, O_BUCKETVIEW}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, NULL, "DDP gradient_as_bucket_view=True: .grad are views of the buckets"},
+    {{"rank", required_argument, 0, O_RANK}, C_PROBE, "R", "with --parallel: the rank whose shards the step holds (default 0)"},
+    {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
     {{"backend", required_argument, 0, O_BACKEND}, C_PROBE | C_SUGG, "B", "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
@@ -402,6 +403,10 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             break;
         }
         case O_BUCKETVIEW: a->par.ddp_grad_as_bucket_view = true; break;
+        case O_RANK:
+            st = parse_int_in(optarg, 0, 65536 * 65536ull - 1, &a->par.rank);
+            what = "--rank: expected an integer from 0, got '%s'";
+            break;
         case O_OFFDEV: {
             int v = mp_offload_dev_parse(optarg);
             st = v < 0 ? MP_ERR_USAGE : MP_OK;
@@ -584,6 +589,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
                                                         : "--finetune freeze needs --train-blocks, e.g. 20-31,head");
     if (!a->alpha_set)
         a->ft.alpha = 2.0 * (double)a->ft.r;
+    if (a->par.rank && a->par.strategy == MP_PAR_NONE)
+        return usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
     /* parallel.c sizes gradients, buckets and shards from every parameter: refused, not ignored */
     if (a->ft.mode != MP_FT_FULL && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
         return usage_error(c->name, "--finetune %s with --gpus/--nodes/--parallel: data-parallel fine-tuning "

@@ -95,6 +95,7 @@ static cJSON *json_parallel_of(const struct mp_parallel *par)
     ju64(o, "world", mp_par_world(par));
     cJSON_AddStringToObject(o, "offload", mp_offload_str(par->offload));
     cJSON_AddStringToObject(o, "offload_device", mp_offload_dev_str(par->offload_device));
+    ju64(o, "rank", par->rank); /* probe: the rank whose step ran */
     return o;
 }
 
@@ -329,8 +330,11 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
         finetune_lines(out, c);
     if (c->train && c->train->par) {
-        char pb[96];
-        fprintf(out, "parallel  %s; memory figures are per rank\n", mp_par_describe(c->train->par, pb, sizeof pb));
+        char pb[96], rk[64] = "";
+        if (!strcmp(c->command, "probe")) /* one rank's step, its collectives as local copies */
+            snprintf(rk, sizeof rk, "; the step of rank %llu", (unsigned long long)c->train->par->rank);
+        fprintf(out, "parallel  %s; memory figures are per rank%s\n", mp_par_describe(c->train->par, pb, sizeof pb),
+                rk);
     }
     if (c->defaults[0])
         fprintf(out, "defaults  %s\n", c->defaults);

@@ -745,6 +745,18 @@ assert r["global_batch"] == 512 == r["micro_batch"] * r["grad_accum"] * p["world
         bad "suggest --gpus 4 --global-batch 512: micro x accumulation x ranks = 512"
     fi
 fi
+# probe of one rank on the host backend: measured = the estimate's per-rank peak; what it
+# does not run is refused (offload: exit 4), a rank outside the world is a usage error.
+run probe models/tiny-test.json --backend host --steps 2 --gpus 2 --parallel fsdp --rank 1
+if [ "$ec" -eq 0 ] && grep -q "fsdp x2" "$T/out" && grep -q "+0.00%" "$T/out"; then
+    ok "probe --gpus 2 --parallel fsdp --rank 1 on the host backend: measured = estimate"
+else
+    echo "expected exit 0, the parallel line and a +0.00% peak difference" >"$T/why"
+    bad "probe --gpus 2 --parallel fsdp --rank 1 on the host backend"
+fi
+expect_line 4 "probe --parallel zero3 --offload optimizer (estimated only)" probe models/tiny-test.json --backend host --gpus 2 --parallel zero3 --offload optimizer
+expect_line 2 "probe --gpus 2 --parallel ddp --rank 2" probe models/tiny-test.json --backend host --gpus 2 --parallel ddp --rank 2
+expect_line 2 "--rank without --parallel" probe models/tiny-test.json --backend host --rank 1
 # NCCL's own memory: a profile's nccl_overhead_mib sits beside the context when there are peers;
 # the bundled profiles have 0 (not measured), and the report says it is not counted.
 NC="estimate models/tiny-test.json --batch 1 --parallel ddp --gpus 2"
