@@ -1004,9 +1004,12 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
          * scores, softmax (fp32 under autocast), its cast, dropout. */
         const char *cn[3] = {"q_copy", "k_copy", "v_copy"};
         const enum mp_xrole cr[3] = {MP_XR_Q_COPY, MP_XR_K_COPY, MP_XR_V_COPY};
+        const int in3[3] = {q.t, k.t, v.t};
         for (int i = 0; i < 3; i++) {
-            if (!(copies & (1u << i)))
+            if (!(copies & (1u << i))) { /* already a contiguous (b,a,s,d) tensor: the matmul saves it */
+                save(n, in3[i]);
                 continue;
+            }
             /* GPT-J upcasts q and k to fp32 (under autocast the matmul casts them back) */
             enum mp_dtype qdt = i < 2 && l->qk_fp32 && !B->amp ? MP_DT_F32 : cdt;
             snprintf(en, sizeof en, "%s.%s", name, cn[i]);
@@ -2328,6 +2331,30 @@ static void parts_need_grad(struct mp_program *p)
         for (int j = 0; j < 2; j++)
             if (p->nodes[k].out_parts[j] >= 0 && p->nodes[k].out >= 0)
                 p->tensors[p->nodes[k].out_parts[j]].needs_grad = p->tensors[p->nodes[k].out].needs_grad;
+}
+
+/* LoRA on an MoE model where peft 0.21 would adapt the experts' 3-D parameters (its
+ * target_parameters: all-linear; the MLP names its MoE mapping sends to the experts; no default
+ * targets at all): not modelled yet, so refused with the reason; attention targets are modelled
+ * (trainable parameters checked against peft, bench/peft_step.py).  NULL: modelled. */
+const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_finetune *f)
+{
+    bool moe = false;
+    for (size_t i = 0; i < m->n_blocks && !moe; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++)
+            moe |= m->blocks[i].layers[j].experts > 0;
+    if (!moe)
+        return NULL;
+    if (f->all_linear)
+        return "peft's all-linear also adapts the experts' 3-D parameters (target_parameters)";
+    if (f->n_targets == 0 && !mp_finetune_default_targets(m->hf_type))
+        return "peft has no default target modules for it (and all-linear adapts the experts' parameters)";
+    static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "gate", "experts"};
+    for (size_t t = 0; t < f->n_targets; t++)
+        for (size_t k = 0; k < sizeof mlp / sizeof mlp[0]; k++)
+            if (!strcmp(f->targets[t], mlp[k]))
+                return "peft maps the MLP names (gate_proj, up_proj, down_proj) to the experts' 3-D parameters";
+    return NULL;
 }
 
 bool mp_program_resident(const struct mp_program *p, int t)

@@ -667,6 +667,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         rc = MP_EXIT_INPUT;
         goto out;
     }
+    const char *why = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA ? mp_moe_lora_unmodelled(&s->model, &a->ft)
+                                                                             : NULL;
+    if (why) {
+        fprintf(stderr, "memplan: error: %s: --finetune %s on a mixture-of-experts model: %s; memplan does not "
+                        "model adapters on expert parameters yet: name attention modules with --lora-targets (e.g. "
+                        "q_proj,v_proj)\n", a->model, mp_ft_mode_str(a->ft.mode), why);
+        rc = MP_EXIT_USAGE;
+        goto out;
+    }
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;

@@ -509,6 +509,22 @@ else
     bad "--moe-capacity: config.moe records it; the grouped_mm figures do not change"
 fi
 
+# LoRA on MoE: peft's all-linear (and its MoE name mapping) adapt the experts' 3-D parameters, not
+# modelled: refused with the reason; attention targets are modelled (39,936 trainable = peft 0.21's
+# count for q_proj,v_proj on this config, meta device, bench/peft_step.py)
+expect_line 2 "--finetune lora all-linear on an MoE config: refused, one line" estimate \
+    bench/moe/mixtral-shrunk.json --finetune lora --lora-targets all-linear
+run estimate bench/moe/mixtral-shrunk.json --finetune lora --lora-targets q_proj,v_proj --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--finetune lora q_proj,v_proj on an MoE config (python3 not found)"
+elif [ "$ec" -eq 0 ] && python3 -c 'import json,sys; assert json.load(sys.stdin)["model"]["trainable_params"] == 39936' \
+    <"$T/out"; then
+    ok "--finetune lora q_proj,v_proj on an MoE config: peft's trainable count"
+else
+    echo "expected exit 0 and model.trainable_params 39936 (peft)" >"$T/why"
+    bad "--finetune lora q_proj,v_proj on an MoE config: peft's trainable count"
+fi
+
 # ---- JSON of each command -----------------------------------------------------------------
 
 json_check "estimate --checkpoint sqrt --json: plan keys" estimate \
