@@ -65,8 +65,9 @@ enum {
     O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
     O_TIMELINE, O_WIDE,
-    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW,
+    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW, O_RANK,
     O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
+    O_MOE_CAPACITY,
     O_USE_CACHE,
 };
 
@@ -93,6 +94,7 @@ static const struct opt_info OPTS[] = {
     {{"lora-targets", required_argument, 0, O_LORA_TARGETS}, 31, "T", "all-linear | NAME,NAME,... (default: peft's for the family)"},
     {{"train-blocks", required_argument, 0, O_TRAIN_BLOCKS}, 31, "LIST", "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
+    {{"moe-capacity", required_argument, 0, O_MOE_CAPACITY}, 31, "F", "MoE routing: the busiest expert gets F x the uniform share (F >= 1; default 1, uniform)"},
     {{"use-cache", required_argument, 0, O_USE_CACHE}, 31, "on|off", "HF decoders: transformers' use_cache in training (default: the config's; off under --checkpoint layers)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
@@ -103,12 +105,13 @@ static const struct opt_info OPTS[] = {
     {{"global-batch", required_argument, 0, O_GLOBAL}, C_SUGG, "G", "global batch: micro-batch x accumulation = G exactly"},
     {{"grad-accum", required_argument, 0, O_ACCUM}, C_EST | C_PLAN | C_CHECK, "N", "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
     {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed | accelerate: print only that snippet"},
-    {{"gpus", required_argument, 0, O_GPUS}, C_EST | C_PLAN | C_SUGG | C_CHECK, "N", "GPUs per node for data parallelism (figures are per rank)"},
-    {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
-    {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
-    {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
-    {{"ddp-bucket-view", no_argument, 0, O_BUCKETVIEW}, C_EST | C_PLAN | C_SUGG | C_CHECK, NULL, "DDP gradient_as_bucket_view=True: .grad are views of the buckets"},
-    {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
+    {{"gpus", required_argument, 0, O_GPUS}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "N", "GPUs per node for data parallelism (figures are per rank)"},
+    {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
+    {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
+    {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
+    {{"ddp-bucket-view", no_argument, 0, O_BUCKETVIEW}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, NULL, "DDP gradient_as_bucket_view=True: .grad are views of the buckets"},
+    {{"rank", required_argument, 0, O_RANK}, C_PROBE, "R", "with --parallel: the rank whose shards the step holds (default 0)"},
+    {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
     {{"backend", required_argument, 0, O_BACKEND}, C_PROBE | C_SUGG, "B", "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
@@ -127,6 +130,7 @@ static const struct opt_info OPTS[] = {
 
 struct args {
     const char *model;
+    double moe_capacity;   /* --moe-capacity (1: uniform routing) */
     uint64_t batch;
     bool batch_set;
     uint64_t seq;
@@ -312,6 +316,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->attention = MP_ATTN_SDPA;
     a->use_cache = -1;
     a->margin = 0.05;
+    a->moe_capacity = 1.0;
     a->steps = 3;
     a->backend = "auto";
     a->ckpt.strategy = c->bit == C_PLAN ? MP_CKPT_OPTIMAL : MP_CKPT_NONE;
@@ -402,6 +407,10 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             break;
         }
         case O_BUCKETVIEW: a->par.ddp_grad_as_bucket_view = true; break;
+        case O_RANK:
+            st = parse_int_in(optarg, 0, 65536 * 65536ull - 1, &a->par.rank);
+            what = "--rank: expected an integer from 0, got '%s'";
+            break;
         case O_OFFDEV: {
             int v = mp_offload_dev_parse(optarg);
             st = v < 0 ? MP_ERR_USAGE : MP_OK;
@@ -547,6 +556,12 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             }
             a->blocks_set = true;
             break;
+        case O_MOE_CAPACITY:
+            st = mp_parse_double(optarg, &a->moe_capacity);
+            if (st == MP_OK && !(a->moe_capacity >= 1 && a->moe_capacity <= 1e6))
+                st = MP_ERR_USAGE;
+            what = "--moe-capacity: expected a number of at least 1, got '%s'";
+            break;
         case O_TIMELINE: a->timeline = optarg; break;
         case O_WIDE: a->wide = true; break;
         case O_ALL: a->all_layers = true; break;
@@ -584,6 +599,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
                                                         : "--finetune freeze needs --train-blocks, e.g. 20-31,head");
     if (!a->alpha_set)
         a->ft.alpha = 2.0 * (double)a->ft.r;
+    if (a->par.rank && a->par.strategy == MP_PAR_NONE)
+        return usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
     /* parallel.c sizes gradients, buckets and shards from every parameter: refused, not ignored */
     if (a->ft.mode != MP_FT_FULL && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
         return usage_error(c->name, "--finetune %s with --gpus/--nodes/--parallel: data-parallel fine-tuning "
@@ -648,6 +665,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
                         "train adapters on it with --finetune lora (or qlora)\n",
                 a->model, mp_quant_kind_str(s->model.quant.kind), a->ft.mode == MP_FT_FULL ? "fully" : "partly");
         rc = MP_EXIT_INPUT;
+        goto out;
+    }
+    const char *why = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA ? mp_moe_lora_unmodelled(&s->model, &a->ft)
+                                                                             : NULL;
+    if (why) {
+        fprintf(stderr, "memplan: error: %s: --finetune %s on a mixture-of-experts model: %s; memplan does not "
+                        "model adapters on expert parameters yet: name attention modules with --lora-targets (e.g. "
+                        "q_proj,v_proj)\n", a->model, mp_ft_mode_str(a->ft.mode), why);
+        rc = MP_EXIT_USAGE;
         goto out;
     }
     mp_train_opts_default(&s->train);
@@ -742,6 +768,7 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
     c->all_layers = a->all_layers;
     c->wide = a->wide;
     c->margin_pct = 100.0 * a->margin;
+    c->moe_capacity = a->moe_capacity;
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
 }
 
