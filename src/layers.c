@@ -1225,12 +1225,12 @@ static struct val lower_mul(struct bld *B, struct val a, struct val b, const cha
     n->n = last_dim(a);
     n->fwd_flops = (double)val_elems(B, a);
     n->bwd_flops = 2.0 * n->fwd_flops;
-    /* backward temporary (one at a time: a's gradient is made, then b's): a's gradient in the
-     * promoted dtype before its cast to a's (MulBackward0's _to_copy), or b's when b broadcasts
-     * ((grad * a), a-shaped, then summed) */
+    /* backward temporaries, alive together (measured: MulBackward0 makes b's product, then a's,
+     * then casts): b's gradient when b broadcasts ((grad * a), a-shaped, summed after), and a's
+     * gradient in the promoted dtype before its cast to a's (_to_copy) */
     uint64_t ma = mul(B, val_elems(B, a), mp_dtype_size(dt_of(B, m)));
-    bool tmp = val_elems(B, b) < val_elems(B, a) || dt_of(B, a) != dt_of(B, m);
-    tmp_one(B, n, true, MP_TR_OTHER, tmp ? ma : 0);
+    tmp_one(B, n, true, MP_TR_OTHER,
+            add(B, val_elems(B, b) < val_elems(B, a) ? ma : 0, dt_of(B, a) != dt_of(B, m) ? ma : 0));
     return m;
 }
 
@@ -2398,6 +2398,10 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
         p->opts.seq = m->seq_len ? m->seq_len : 1;
     if (p->opts.batch == 0)
         return mp_fail(d, MP_ERR_USAGE, "batch must be positive");
+    if (mp_finetune_all_linear_unmodelled(&o->ft, m->hf_type))
+        return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
+                       "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
+                       m->path, m->hf_type);
     bool half_params = o->precision == MP_PREC_BF16;
     p->param_dtype = half_params ? MP_DT_BF16 : MP_DT_F32;
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
