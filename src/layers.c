@@ -933,11 +933,12 @@ static uint64_t round_up(uint64_t v, uint64_t m) { return mp_ceil_div(v, m) * m;
  * attention a float mask in the model's dtype, added to the scores: nothing saved. */
 static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, enum mp_dtype qdt)
 {
-    if (!n || !n->layer->attn_mask)
+    if (!n || !(n->layer->attn_mask || (eager && n->layer->eager_mask)))
         return;
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
     if (B->attn_mask < 0) {
-        B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mb);
+        uint64_t nm = eager && n->layer->eager_mask > 1 ? n->layer->eager_mask : 1;
+        B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mul(B, mb, nm));
         B->p->tensors[B->attn_mask].name = store_name(B, "", "attn_mask");
         B->p->attn_mask = B->attn_mask;
         extra_as(n, B->attn_mask, MP_XR_ATTN_MASK);
