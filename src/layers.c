@@ -2334,22 +2334,21 @@ static void parts_need_grad(struct mp_program *p)
                 p->tensors[p->nodes[k].out_parts[j]].needs_grad = p->tensors[p->nodes[k].out].needs_grad;
 }
 
-/* LoRA on an MoE model where peft 0.21 would adapt the experts' 3-D parameters (its
- * target_parameters: all-linear; the MLP names its MoE mapping sends to the experts; no default
- * targets at all): not modelled yet, so refused with the reason; attention targets are modelled
- * (trainable parameters checked against peft, bench/peft_step.py).  NULL: modelled. */
+/* LoRA on an MoE model where peft 0.21 would adapt what memplan does not lower as Linears: all-linear
+ * (finetune.c's per-family list: routers and fused experts), or, for the families measured so
+ * (DeepSeek-V3; not Qwen2-MoE, whose MLP names stay plain Linears), the MLP names that peft's MoE
+ * mapping sends to the experts' 3-D parameters.  NULL: modelled (named attention targets equal
+ * peft's count, bench/peft_step.py). */
 const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_finetune *f)
 {
+    if (mp_finetune_all_linear_unmodelled(f, m->hf_type))
+        return "peft's all-linear also adapts the MoE routers and the experts' 3-D parameters";
     bool moe = false;
     for (size_t i = 0; i < m->n_blocks && !moe; i++)
         for (size_t j = 0; j < m->blocks[i].n_layers; j++)
             moe |= m->blocks[i].layers[j].experts > 0;
-    if (!moe)
+    if (!moe || !strcmp(m->hf_type, "qwen2_moe"))
         return NULL;
-    if (f->all_linear)
-        return "peft's all-linear also adapts the experts' 3-D parameters (target_parameters)";
-    if (f->n_targets == 0 && !mp_finetune_default_targets(m->hf_type))
-        return "peft has no default target modules for it (and all-linear adapts the experts' parameters)";
     static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "gate", "experts"};
     for (size_t t = 0; t < f->n_targets; t++)
         for (size_t k = 0; k < sizeof mlp / sizeof mlp[0]; k++)
