@@ -26,13 +26,18 @@ and memplan's per-rank figure for the same run:
 Side by side: DeepSpeed's estimate_zero2/3_model_states_mem_needs (model states only), on the
 same parameter count (bench/dist_gloo_results.md explains the differences).
 
-Allocations made inside c10d collectives or on gloo's threads (gloo's own scratch; NCCL works in
-the buffers the engine hands it) are taken out, with their frees, matched by address.  The model
-runs with use_cache=False and the fused gelu_pytorch_tanh (bench/dist_gloo_results.md says why).
-DIST_GLOO_TRACE=FILE writes rank 0's step-2 allocations (and FILE.alive: what is alive when step 2
-starts) for debugging.
+The live bytes are c10's exact running total (FLAGS_caffe2_report_cpu_memory_usage set through
+ctypes: without it a tensor whose last reference goes on a gloo worker thread is never counted
+as freed, see exact_cpu_total) less gloo's own scratch, the allocations made inside c10d
+collectives or gloo's work (NCCL works in the buffers the engine hands it), tracked by address;
+frees no record shows are listed in the results.  The model runs with use_cache=False and the
+fused gelu_pytorch_tanh (bench/dist_gloo_results.md says why).  DIST_GLOO_NOFLAG=1 leaves the
+flag off (the old measurement, to see the artefact); DIST_GLOO_TRACE=FILE writes each rank's
+step-2 allocations (and FILE.<case>.alive: what is alive when step 2 starts, with the call that
+made it) for debugging.
 
-Usage: python3 bench/dist_gloo.py [--memplan ./memplan] [--out bench/dist_gloo_results.md] [--quick]
+Usage: python3 bench/dist_gloo.py [--memplan ./memplan] [--out FILE] [--quick] [--worlds 2,4]
+       [--cases ddp,ddp-view,fsdp,fsdp-no-reshard,fsdp-mixed]
 """
 import argparse
 import gc
@@ -78,7 +83,7 @@ def allocations(prof):
         if n.tag == _EventType.Allocation:
             f = n.extra_fields
             if str(f.device) == "cpu":
-                out.append((n.start_time_ns, f.alloc_size, f.total_allocated, ctx, f.ptr))
+                out.append((n.start_time_ns, f.alloc_size, f.total_allocated, ctx, f.ptr, n.start_tid))
         else:
             ctx = (ctx + " > " if ctx else "") + n.name
         for ch in n.children:
@@ -90,6 +95,86 @@ def allocations(prof):
     return out
 
 
+def exact_cpu_total():
+    """Make c10's CPU allocator keep its running total exact on every thread.
+
+    The profiler records an allocation or a free only on a thread that carries its state
+    (memoryProfilingEnabled() reads a thread-local): a tensor whose last reference goes away
+    on one of gloo's worker threads, after the collective's own scope, is freed without a
+    record, and without FLAGS_caffe2_report_cpu_memory_usage the allocator's running total
+    (total_allocated in every later record) keeps counting it.  c10/core/CPUAllocator.cpp,
+    ProfiledCPUMemoryReporter::Delete: with the flag on, the size table and the total are
+    kept whatever the thread.  The flag is an exported C10 flag: set it through ctypes."""
+    import ctypes
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+    ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_report_cpu_memory_usage").value = True
+
+
+def is_gloo_scratch(ctx):
+    """gloo's own buffers: allocated inside a c10d collective or in gloo's work (gloo's
+    reduce-scatter clones its input and all-reduces the clone; its all-gather gathers into a
+    flat temporary and copies out).  NCCL reads and writes the buffers FSDP2 / DDP hand it."""
+    return "c10d::" in ctx or "gloo:" in ctx
+
+
+def live_bytes(raw):
+    """Per allocation record: (time, live bytes without gloo's scratch, context, gloo scratch live).
+
+    The live bytes are the allocator's exact running total (exact_cpu_total) less the gloo
+    scratch blocks alive.  Blocks are tracked by address from the records, so that a gloo
+    block whose free no record shows (its last reference went on a gloo worker thread) stops
+    being subtracted, and so that such frees are listed.  An unrecorded free is found two
+    ways: the exact total drops below the sum of the blocks believed alive by exactly one
+    block's size (that block is taken out: a gloo scratch block first, then the oldest of
+    that size; should a block so taken out be freed on record later, the attribution moves
+    to another alive block of that size), or a new block is recorded at the address of a
+    block believed alive (the old one was freed before).  Returns the series, the blocks
+    freed off the record {ptr: (size, alloc context, alloc time, detection time, gloo)} and
+    the largest difference left between the exact total and the blocks believed alive
+    (allocations on a thread without the profiler's state would show there)."""
+    alive, out, unseen = {}, [], {}  # alive: ptr -> (size, gloo, ctx, time)
+    tot_alive = tot_gloo = 0
+    residual = 0
+
+    def drop(ptr, t, unrecorded):
+        nonlocal tot_alive, tot_gloo
+        size, g, ctx, t0 = alive.pop(ptr)
+        tot_alive -= size
+        tot_gloo -= size if g else 0
+        if unrecorded:
+            unseen[(ptr, t0)] = (size, ctx, t0, t, g)
+
+    for t, size, total, ctx, ptr, tid in raw:
+        if size > 0:
+            if ptr in alive:
+                drop(ptr, t, True)
+            g = is_gloo_scratch(ctx)
+            alive[ptr] = (size, g, ctx, t)
+            tot_alive += size
+            tot_gloo += size if g else 0
+        elif ptr in alive:
+            drop(ptr, t, False)
+        else:  # freed on record after being taken out as freed off the record: wrong block
+            wrong = [k for k in unseen if k[0] == ptr and unseen[k][0] == -size]
+            if wrong:
+                sz, _, _, t_found, _ = unseen.pop(wrong[-1])
+                other = sorted((b[3], p) for p, b in alive.items() if b[0] == sz and not b[1])
+                if other:  # same size, so the totals do not change
+                    _, p2 = other[0]
+                    b2 = alive.pop(p2)
+                    unseen[(p2, b2[3])] = (b2[0], b2[2], b2[3], t_found, b2[1])
+                    tot_alive -= sz
+        excess = tot_alive - total
+        if excess > 0:
+            hits = sorted((not b[1], b[3]) + (p,) for p, b in alive.items() if b[0] == excess)
+            if hits:
+                drop(hits[0][2], t, True)
+                excess = 0
+        residual = max(residual, abs(excess))
+        out.append((t, total - tot_gloo, ctx, tot_gloo))
+    return out, unseen, residual
+
+
 def rank_main(rank, world, port, strategy, mixed, result_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -97,6 +182,8 @@ def rank_main(rank, world, port, strategy, mixed, result_dir):
     from torch.profiler import ProfilerActivity, profile
     marks = {}
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        if not os.environ.get("DIST_GLOO_NOFLAG"):
+            exact_cpu_total()
         model, cfg = make_model()
         model.train()
         if strategy in ("ddp", "ddp-view"):
@@ -132,41 +219,38 @@ def rank_main(rank, world, port, strategy, mixed, result_dir):
             opt.zero_grad(set_to_none=True)
         marks[2] = time.time_ns()
     raw = allocations(prof)
-    # gloo's own temporaries: what c10d collectives allocate inside themselves (NCCL works in
-    # the buffers FSDP2 / DDP hand it) are taken out, with their frees, matched by address
-    allocs, gloo, gloo_live, gloo_peak = [], {}, 0, 0
-    for t, size, total, ctx, ptr in raw:
-        if size > 0 and ("c10d::" in ctx or "gloo:" in ctx):
-            gloo[ptr] = size
-            gloo_live += size
-        elif size < 0 and ptr in gloo:
-            gloo_live -= gloo.pop(ptr)
-        gloo_peak = max(gloo_peak, gloo_live)
-        allocs.append((t, size, total - gloo_live, ctx))
+    allocs, unseen, residual = live_bytes(raw)
     start2 = marks[1]  # the allocation records carry wall-clock (epoch) nanoseconds
     s = [a for a in allocs if a[0] >= start2]
     before = [a for a in allocs if a[0] < start2]
-    start_live = before[-1][2] if before else 0
-    peak = max([a[2] for a in s] + [start_live])
-    where = next((a[3][-160:] for a in s if a[2] == peak), "step start")
+    start_live = before[-1][1] if before else 0
+    peak = max([a[1] for a in s] + [start_live])
+    where = next((a[2][-160:] for a in s if a[1] == peak), "step start")
     raw_peak = max([a[2] for a in raw if a[0] >= start2] + [start_live])
+    gloo_peak = max(a[3] for a in allocs) if allocs else 0
+    phase = lambda t: "setup" if t < marks[0] else ("step 1" if t < marks[1] else "step 2")  # noqa: E731
+    unseen = [dict(size=u[0], ctx=u[1][-120:], alloc=phase(u[2]), freed_by=phase(u[3]), gloo=u[4])
+              for u in sorted(unseen.values(), key=lambda u: u[2])]
     res = dict(rank=rank, start=start_live, peak=peak, raw_peak=raw_peak, gloo_peak=gloo_peak, losses=losses,
-               n_allocs=len(allocs), where=where)
-    if os.environ.get("DIST_GLOO_TRACE") and rank == 0:  # debugging: rank 0's step-2 allocations
+               n_allocs=len(allocs), where=where, unseen_frees=unseen, residual=residual)
+    if os.environ.get("DIST_GLOO_TRACE"):  # debugging: each rank's step-2 allocations
         alive = {}
-        for t, size, total, ctx, ptr in raw:
+        main_tid = raw[0][5] if raw else 0
+        for t, size, total, ctx, ptr, tid in raw:
             if t >= start2:
                 break
             if size > 0:
-                alive[ptr] = (size, ctx)
+                phase = sum(t >= marks[k] for k in (0, 1))
+                alive[ptr] = (size, ctx, tid != main_tid, phase)
             else:
                 alive.pop(ptr, None)
-        with open(os.environ["DIST_GLOO_TRACE"] + ".alive", "w") as f:
-            for ptr, (size, ctx) in sorted(alive.items(), key=lambda kv: -kv[1][0]):
-                f.write(f"{size} {ctx[-150:]}\n")
-        with open(os.environ["DIST_GLOO_TRACE"], "w") as f:
+        base = os.environ["DIST_GLOO_TRACE"] + f".w{world}.{strategy}{'.mixed' if mixed else ''}.r{rank}"
+        with open(base + ".alive", "w") as f:
+            for ptr, (size, ctx, other, phase) in sorted(alive.items(), key=lambda kv: -kv[1][0]):
+                f.write(f"{size} {'thread' if other else 'main'} step{phase - 1} {ctx[-150:]}\n")
+        with open(base, "w") as f:
             for a in s:
-                f.write(f"{a[1]} {a[2]} {a[3][-110:]}\n")
+                f.write(f"{a[1]} {a[3]} {a[2][-110:]}\n")
     with open(os.path.join(result_dir, f"r{rank}.json"), "w") as f:
         json.dump(res, f)
     dist.barrier()
@@ -207,6 +291,9 @@ def main():
     ap.add_argument("--memplan", default="./memplan")
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="world 2 only")
+    ap.add_argument("--worlds", default="2,4", help="comma-separated world sizes")
+    ap.add_argument("--cases", default="", help="comma-separated subset: ddp,ddp-view,fsdp,fsdp-no-reshard,"
+                    "fsdp-mixed (default: all)")
     a = ap.parse_args()
     model, cfg = make_model()
     total = sum(p.numel() for p in model.parameters())
@@ -216,7 +303,9 @@ def main():
     cfg.to_json_file(cfgpath)
     del model
     cases = [("ddp", False), ("ddp-view", False), ("fsdp", False), ("fsdp-no-reshard", False), ("fsdp", True)]
-    worlds = [2] if a.quick else [2, 4]
+    if a.cases:
+        cases = [c for c in cases if (c[0] + ("-mixed" if c[1] else "")) in a.cases.split(",")]
+    worlds = [2] if a.quick else [int(w) for w in a.worlds.split(",")]
     rows = []
     for w in worlds:
         for strat, mixed in cases:
@@ -238,14 +327,31 @@ def main():
     lines = ["# memplan per-rank peak vs PyTorch DDP / FSDP2 on the CPU (gloo)", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; "
              f"GPT-2 config {CFG}, batch {BATCH}, seq {SEQ}, {total:,} parameters; AdamW(foreach=True).", "",
-             "| world | strategy | policy | rank | live at step-2 start | torch peak (step 2) | memplan peak | diff |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| world | strategy | policy | rank | live at step-2 start | torch peak (step 2) | memplan peak | diff "
+             "| gloo scratch peak (taken out) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    off_record = []
     for row in rows:
+        pol = "mixed-bf16" if row["mixed"] else "fp32"
         for r in row["ranks"]:
             d = 100 * (row["memplan"]["peak_requested_bytes"] - r["peak"]) / r["peak"]
-            lines.append(f"| {row['world']} | {row['strategy']} | {'mixed-bf16' if row['mixed'] else 'fp32'} | "
+            lines.append(f"| {row['world']} | {row['strategy']} | {pol} | "
                          f"{r['rank']} | {r['start']:,} | {r['peak']:,} | {row['memplan']['peak_requested_bytes']:,} | "
-                         f"{d:+.2f} % |")
+                         f"{d:+.2f} % | {r['gloo_peak']:,} |")
+            for u in r["unseen_frees"]:
+                off_record.append(f"| {row['world']} | {row['strategy']} | {pol} | {r['rank']} | {u['size']:,} | "
+                                  f"`{u['ctx'][-70:]}` | {u['alloc']} | {u['freed_by']} | "
+                                  f"{'yes' if u['gloo'] else 'no'} |")
+            if r["residual"]:
+                off_record.append(f"| {row['world']} | {row['strategy']} | {pol} | {r['rank']} | "
+                                  f"{r['residual']:,} | (unmatched: exact total minus blocks on record) | | | |")
+    lines += ["", "Frees the profiler did not record (the last reference went on a gloo worker thread), found "
+              "from the allocator's exact total or an address reused (this run):", ""]
+    if off_record:
+        lines += ["| world | strategy | policy | rank | bytes | allocated by | allocated in | found in | gloo scratch |",
+                  "|---|---|---|---|---|---|---|---|---|"] + off_record
+    else:
+        lines.append("none in this run.")
     lines += ["", "memplan commands: `memplan " + rows[0]["cmd"] + "` (and the other strategies / worlds).", "",
               "DeepSpeed's model-state estimators on the same parameter count (GPU bytes per rank, no offload):", "",
               "| world | estimate_zero2_model_states_mem_needs | estimate_zero3_model_states_mem_needs |", "|---|---|---|"]

@@ -348,7 +348,7 @@ def peft_params(path, r, targets):
         kw["target_modules"] = targets if targets == "all-linear" else targets.split(",")
     try:
         return peft.get_peft_model(model, peft.LoraConfig(**kw)).get_nb_trainable_parameters(), ""
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # no default targets; an adapted module in modules_to_save
         return None, str(e).split(".")[0]
 
 

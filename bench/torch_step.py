@@ -69,6 +69,9 @@ def round512(n):
 
 # Real (non-packed) inputs make transformers skip the mask; fake tensors look like tracing to it.
 transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: None
+# trunc_normal_ initialisation (ViT) asks the data (mask.any()), which fake tensors do not have;
+# values do not matter here
+torch.nn.init._no_grad_trunc_normal_ = lambda tensor, *a, **k: tensor
 
 
 # ---- trackers ---------------------------------------------------------------------------------
@@ -207,8 +210,15 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
         tr.add(p, "param")
     for b in model.buffers():
         tr.add(b, "buffer")
-    ids = torch.randint(0, vocab, (batch, seq))
-    labels = ids.clone()
+    vision = getattr(model, "main_input_name", "input_ids") == "pixel_values"
+    if vision:  # ViT: pixel values in the parameters' dtype, one class label per image
+        c = model.config
+        size = c.image_size if isinstance(c.image_size, (list, tuple)) else (c.image_size, c.image_size)
+        ids = torch.randn(batch, c.num_channels, size[0], size[1], dtype=next(model.parameters()).dtype)
+        labels = torch.randint(0, max(c.num_labels, 1), (batch,))
+    else:
+        ids = torch.randint(0, vocab, (batch, seq))
+        labels = ids.clone()
     if optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     else:
@@ -230,7 +240,10 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
         if sv:
             sv.__enter__()
         with ctx:
-            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+            if vision:
+                loss = model(pixel_values=ids, labels=labels).loss
+            else:
+                loss = model(input_ids=ids, labels=labels, use_cache=False).loss
         if sv:
             sv.__exit__(None, None, None)
         gc.collect()
@@ -411,6 +424,10 @@ def main():
         rows = core_settings(cfg) if a.rows == "core" else settings(cfg, a.quick)
         if cfg.get("model_type") in EAGER_ONLY:  # transformers has no SDPA path for them
             rows = list(dict.fromkeys((b, s, p, "eager", c, o) for (b, s, p, _, c, o) in rows))
+        if "image_size" in cfg:  # ViT: the sequence is the image's patches + 1 (--seq does not apply)
+            im, pt = cfg.get("image_size", 224), cfg.get("patch_size", 16)
+            seq = (im // pt) ** 2 + 1
+            rows = list(dict.fromkeys((8 * b, seq, p, a_, c, o) for (b, s, p, a_, c, o) in rows))
         for (b, s, prec, attn, ck, optim) in rows:
             t0 = time.time()
             try:

@@ -1,18 +1,18 @@
 // attention.cu — scaled dot-product attention.
 //
-// Flash path: one warp per query row, K/V tiles staged in shared memory, an
-// online softmax in fp32; only the logsumexp is kept (no s x s matrix).  The
-// backward recomputes probabilities from lse: a dq pass over keys (accumulated
-// in the node's fp32 dq_accum temporary) and a dk/dv pass over queries that
-// gathers every query head of a kv group (GQA), so no atomics are needed.
-// Eager path helpers: contiguous q/k/v copies, softmax, dropout on the
-// probabilities, the output transpose, the softmax backward; the GEMMs are
-// cuBLAS calls made by probe_cuda.c.  Dropout element (bi, h, i, j) is
-// ((bi*a + h)*s + i)*s + j in both paths, as in probe_host.c.
+// Flash (SDPA) path: the GEMMs are cuBLAS calls made by probe_cuda.c on tensor cores
+// (QK^T, PV and the four backward products, bf16/fp16 in, fp32 accumulate), over blocks of
+// query rows of many (sample, head) entries at once; these kernels are the softmax pieces
+// between them, written into a bounded workspace (struct mp_k_fblock): the forward keeps
+// only the logsumexp (no s x s tensor survives the node), the backward recomputes the
+// probabilities from it, D = rowsum(dO * O) goes into the node's softmax_d temporary and
+// dq accumulates in its fp32 dq_accum temporary, as flash-attention's do.
+// Eager path helpers: contiguous q/k/v copies, softmax, dropout on the probabilities, the
+// output transpose, the softmax backward.  Dropout element (bi, h, i, j) is
+// ((bi*a + h)*s + i)*s + j in both paths, as in probe_host_attention.c.
 #include "kcommon.cuh"
 
-#define FA_WARPS 4  // query (or key) rows per block
-#define FA_MAXE 16  // head_dim <= 32 * FA_MAXE
+#define FA_WARPS 4 // query rows per block of the dsum kernel
 
 // ---- kernels ------------------------------------------------------------------------------
 
@@ -33,92 +33,6 @@ __device__ __forceinline__ uint64_t o_at(const mp_k_attn &A, uint64_t bi, uint64
     return ((bi * A.s + i) * A.a + h) * A.d;
 }
 
-// Loads a row of d elements spread over the lanes (element lane + 32 t).
-__device__ __forceinline__ void load_row(float *r, const void *p, int dt, uint64_t base, uint64_t d, bool on)
-{
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int t = 0; t < FA_MAXE; t++) {
-        uint64_t e = lane + 32 * t;
-        r[t] = on && e < d ? ldf(p, dt, base + e) : 0.0f;
-    }
-}
-
-// Dot product of a lane-spread row with a shared-memory row.
-__device__ __forceinline__ float dot_sm(const float *r, const float *srow, uint64_t d)
-{
-    int lane = threadIdx.x & 31;
-    float s = 0.0f;
-#pragma unroll
-    for (int t = 0; t < FA_MAXE; t++) {
-        uint64_t e = lane + 32 * t;
-        if (e < d)
-            s += r[t] * srow[e];
-    }
-    return warp_sum(s);
-}
-
-// Stages rows [j0, j0 + tk) of k and v (kv head g) into shared memory as floats.
-__device__ __forceinline__ void stage_kv(const mp_k_attn &A, float *Ks, float *Vs, uint64_t bi, uint64_t g,
-                                         uint64_t j0, int tk)
-{
-    for (uint64_t idx = threadIdx.x; idx < (uint64_t)tk * A.d; idx += blockDim.x) {
-        uint64_t jj = idx / A.d, e = idx % A.d, j = j0 + jj;
-        Ks[idx] = j < A.s ? ldf(A.k, A.dt, k_at(A, bi, j, g) + e) : 0.0f;
-        Vs[idx] = j < A.s ? ldf(A.v, A.dt, v_at(A, bi, j, g) + e) : 0.0f;
-    }
-}
-
-// grid (b*a, ceil(s / FA_WARPS)); dynamic shared 2*tk*d floats
-__global__ void flash_fwd_kernel(mp_k_attn A, void *out, float *lse, uint64_t s_lse, int tk)
-{
-    extern __shared__ float sm[];
-    float *Ks = sm, *Vs = sm + (uint64_t)tk * A.d;
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    uint64_t bh = blockIdx.x, bi = bh / A.a, h = bh % A.a, g = h / (A.a / A.kv);
-    uint64_t i0 = (uint64_t)blockIdx.y * FA_WARPS, i = i0 + w;
-    bool active = i < A.s;
-    float q[FA_MAXE], o[FA_MAXE];
-    load_row(q, A.q, A.dt, q_at(A, bi, active ? i : 0, h), A.d, active);
-#pragma unroll
-    for (int t = 0; t < FA_MAXE; t++)
-        o[t] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
-    uint64_t jend = A.causal ? (i0 + FA_WARPS < A.s ? i0 + FA_WARPS : A.s) : A.s;
-    for (uint64_t j0 = 0; j0 < jend; j0 += tk) {
-        __syncthreads();
-        stage_kv(A, Ks, Vs, bi, g, j0, tk);
-        __syncthreads();
-        if (!active)
-            continue;
-        for (int jj = 0; jj < tk && j0 + jj < jend; jj++) {
-            uint64_t j = j0 + jj;
-            if (A.causal && j > i)
-                break;
-            float sc = dot_sm(q, Ks + (uint64_t)jj * A.d, A.d) * A.scale;
-            float mn = fmaxf(m, sc), corr = expf(m - mn), pe = expf(sc - mn);
-            float pk = pe * keep_scale(A.key, (bh * A.s + i) * A.s + j, A.p);
-            l = l * corr + pe;
-#pragma unroll
-            for (int t = 0; t < FA_MAXE; t++) {
-                uint64_t e = lane + 32 * t;
-                o[t] = o[t] * corr + (e < A.d ? pk * Vs[(uint64_t)jj * A.d + e] : 0.0f);
-            }
-            m = mn;
-        }
-    }
-    if (!active)
-        return;
-#pragma unroll
-    for (int t = 0; t < FA_MAXE; t++) {
-        uint64_t e = lane + 32 * t;
-        if (e < A.d)
-            stf(out, A.dt, o_at(A, bi, i, h) + e, o[t] / l);
-    }
-    if (lane == 0)
-        lse[bh * s_lse + i] = m + logf(l);
-}
-
 // D_i = dO_i . O_i per (bh, i): one warp each.
 __global__ void flash_dsum_kernel(mp_k_attn A, const void *out, const void *dout, float *dsum, uint64_t s_r)
 {
@@ -133,127 +47,56 @@ __global__ void flash_dsum_kernel(mp_k_attn A, const void *out, const void *dout
         dsum[bh * s_r + i] = s;
 }
 
-// dq for one query row per warp; grid and shared memory as the forward.
-__global__ void flash_dq_kernel(mp_k_attn A, const void *dout, const float *lse, uint64_t s_lse, const float *dsum,
-                                float *dq_acc, uint64_t s_r, uint64_t d_r, void *dq, int tk)
+// The flash path's workspace rows: entry e (bh = e0 + e), query row ii (i = i0 + ii), key
+// j < jn; element (e*qb + ii)*jn + j.  S holds scale * q.k.
+
+// P = exp(S - lse) * keep (0 above the causal diagonal), in the attention dtype; lse saved.
+// One block per (entry, row).
+__global__ void fa_softmax_fwd_kernel(mp_k_attn A, mp_k_fblock F, const float *S, void *P, float *lse, uint64_t s_lse)
 {
-    extern __shared__ float sm[];
-    float *Ks = sm, *Vs = sm + (uint64_t)tk * A.d;
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    uint64_t bh = blockIdx.x, bi = bh / A.a, h = bh % A.a, g = h / (A.a / A.kv);
-    uint64_t i0 = (uint64_t)blockIdx.y * FA_WARPS, i = i0 + w;
-    bool active = i < A.s;
-    uint64_t ic = active ? i : 0;
-    float q[FA_MAXE], dO[FA_MAXE], acc[FA_MAXE];
-    load_row(q, A.q, A.dt, q_at(A, bi, ic, h), A.d, active);
-    load_row(dO, dout, A.dt, o_at(A, bi, ic, h), A.d, active);
-#pragma unroll
-    for (int t = 0; t < FA_MAXE; t++)
-        acc[t] = 0.0f;
-    float L = active ? lse[bh * s_lse + i] : 0.0f, D = active ? dsum[bh * s_r + i] : 0.0f;
-    uint64_t jend = A.causal ? (i0 + FA_WARPS < A.s ? i0 + FA_WARPS : A.s) : A.s;
-    for (uint64_t j0 = 0; j0 < jend; j0 += tk) {
-        __syncthreads();
-        stage_kv(A, Ks, Vs, bi, g, j0, tk);
-        __syncthreads();
-        if (!active)
-            continue;
-        for (int jj = 0; jj < tk && j0 + jj < jend; jj++) {
-            uint64_t j = j0 + jj;
-            if (A.causal && j > i)
-                break;
-            float P = expf(dot_sm(q, Ks + (uint64_t)jj * A.d, A.d) * A.scale - L);
-            float dP = dot_sm(dO, Vs + (uint64_t)jj * A.d, A.d) * keep_scale(A.key, (bh * A.s + i) * A.s + j, A.p);
-            float dS = P * (dP - D) * A.scale;
-#pragma unroll
-            for (int t = 0; t < FA_MAXE; t++) {
-                uint64_t e = lane + 32 * t;
-                if (e < A.d)
-                    acc[t] += dS * Ks[(uint64_t)jj * A.d + e];
-            }
+    uint64_t r = blockIdx.x, i = F.i0 + r % F.qb, bh = F.e0 + r / F.qb, base = r * F.jn;
+    uint64_t jn = A.causal && i + 1 < F.jn ? i + 1 : F.jn;
+    float m = -INFINITY;
+    for (uint64_t j = threadIdx.x; j < jn; j += blockDim.x)
+        m = fmaxf(m, S[base + j]);
+    m = block_max(m);
+    float l = 0.0f;
+    for (uint64_t j = threadIdx.x; j < jn; j += blockDim.x)
+        l += expf(S[base + j] - m);
+    l = block_sum(l);
+    float L = m + logf(l);
+    if (threadIdx.x == 0)
+        lse[bh * s_lse + i] = L;
+    for (uint64_t j = threadIdx.x; j < F.jn; j += blockDim.x)
+        stf(P, A.dt, base + j, j < jn ? expf(S[base + j] - L) * keep_scale(A.key, (bh * A.s + i) * A.s + j, A.p) : 0.0f);
+}
+
+// From the recomputed scores S and dP = dO.v: Pk = P * keep (for dV) and
+// dS = P * (dP * keep - D) * scale (for dQ, dK), both in the attention dtype.
+__global__ void fa_softmax_bwd_kernel(mp_k_attn A, mp_k_fblock F, const float *S, const float *dP, const float *lse,
+                                      uint64_t s_lse, const float *dsum, uint64_t s_r, void *Pk, void *dS)
+{
+    GRID_STRIDE(idx, F.ne * F.qb * F.jn)
+    {
+        uint64_t j = idx % F.jn, r = idx / F.jn, i = F.i0 + r % F.qb, bh = F.e0 + r / F.qb;
+        float pk = 0.0f, ds = 0.0f;
+        if (!A.causal || j <= i) {
+            float P = expf(S[idx] - lse[bh * s_lse + i]), ks = keep_scale(A.key, (bh * A.s + i) * A.s + j, A.p);
+            pk = P * ks;
+            ds = P * (dP[idx] * ks - dsum[bh * s_r + i]) * A.scale;
         }
-    }
-    if (!active)
-        return;
-#pragma unroll
-    for (int t = 0; t < FA_MAXE; t++) {
-        uint64_t e = lane + 32 * t;
-        if (e < A.d) {
-            dq_acc[((bi * s_r + i) * A.a + h) * d_r + e] = acc[t];
-            if (dq)
-                accf(dq, A.dt, q_at(A, bi, i, h) + e, acc[t]);
-        }
+        stf(Pk, A.dt, idx, pk);
+        stf(dS, A.dt, idx, ds);
     }
 }
 
-// dk, dv for one key row per warp (kv head g), over every query head of the group.
-// grid (b*kv, ceil(s / FA_WARPS)); dynamic shared 2*tq*d + 2*tq floats.
-__global__ void flash_dkv_kernel(mp_k_attn A, const void *dout, const float *lse, uint64_t s_lse, const float *dsum,
-                                 uint64_t s_r, void *dk, void *dv, int tq)
+// dq (at q's offsets) += the fp32 dq_accum [b, s_r, a, d_r]
+__global__ void fa_dq_out_kernel(mp_k_attn A, const float *dq_acc, uint64_t s_r, uint64_t d_r, void *dq)
 {
-    extern __shared__ float sm[];
-    float *Qs = sm, *Os = sm + (uint64_t)tq * A.d, *Ls = Os + (uint64_t)tq * A.d, *Ds = Ls + tq;
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    uint64_t bg = blockIdx.x, bi = bg / A.kv, g = bg % A.kv, group = A.a / A.kv;
-    uint64_t j0b = (uint64_t)blockIdx.y * FA_WARPS, j = j0b + w;
-    bool active = j < A.s;
-    uint64_t jc = active ? j : 0;
-    float kr[FA_MAXE], vr[FA_MAXE], gk[FA_MAXE], gv[FA_MAXE];
-#pragma unroll
-    for (int t = 0; t < FA_MAXE; t++) {
-        uint64_t e = lane + 32 * t;
-        kr[t] = active && e < A.d ? ldf(A.k, A.dt, k_at(A, bi, jc, g) + e) : 0.0f;
-        vr[t] = active && e < A.d ? ldf(A.v, A.dt, v_at(A, bi, jc, g) + e) : 0.0f;
-        gk[t] = gv[t] = 0.0f;
-    }
-    uint64_t istart = A.causal ? j0b : 0;
-    for (uint64_t r = 0; r < group; r++) {
-        uint64_t h = g * group + r, bh = bi * A.a + h;
-        for (uint64_t i0 = istart; i0 < A.s; i0 += tq) {
-            __syncthreads();
-            for (uint64_t idx = threadIdx.x; idx < (uint64_t)tq * A.d; idx += blockDim.x) {
-                uint64_t ii = idx / A.d, e = idx % A.d, i = i0 + ii;
-                Qs[idx] = i < A.s ? ldf(A.q, A.dt, q_at(A, bi, i, h) + e) : 0.0f;
-                Os[idx] = i < A.s ? ldf(dout, A.dt, o_at(A, bi, i, h) + e) : 0.0f;
-            }
-            for (uint64_t ii = threadIdx.x; ii < (uint64_t)tq; ii += blockDim.x) {
-                uint64_t i = i0 + ii;
-                Ls[ii] = i < A.s ? lse[bh * s_lse + i] : 0.0f;
-                Ds[ii] = i < A.s ? dsum[bh * s_r + i] : 0.0f;
-            }
-            __syncthreads();
-            if (!active)
-                continue;
-            for (int ii = 0; ii < tq && i0 + ii < A.s; ii++) {
-                uint64_t i = i0 + ii;
-                if (A.causal && i < j)
-                    continue;
-                const float *qrow = Qs + (uint64_t)ii * A.d, *orow = Os + (uint64_t)ii * A.d;
-                float P = expf(dot_sm(kr, qrow, A.d) * A.scale - Ls[ii]);
-                float ks = keep_scale(A.key, (bh * A.s + i) * A.s + j, A.p);
-                float dP = dot_sm(vr, orow, A.d) * ks, dS = P * (dP - Ds[ii]) * A.scale;
-#pragma unroll
-                for (int t = 0; t < FA_MAXE; t++) {
-                    uint64_t e = lane + 32 * t;
-                    if (e < A.d) {
-                        gk[t] += dS * qrow[e];
-                        gv[t] += P * ks * orow[e];
-                    }
-                }
-            }
-        }
-    }
-    if (!active)
-        return;
-#pragma unroll
-    for (int t = 0; t < FA_MAXE; t++) {
-        uint64_t e = lane + 32 * t;
-        if (e < A.d) {
-            if (dk)
-                accf(dk, A.dt, k_at(A, bi, j, g) + e, gk[t]);
-            if (dv)
-                accf(dv, A.dt, v_at(A, bi, j, g) + e, gv[t]);
-        }
+    GRID_STRIDE(idx, A.b * A.s * A.a * A.d)
+    {
+        uint64_t e = idx % A.d, h = (idx / A.d) % A.a, i = (idx / (A.d * A.a)) % A.s, bi = idx / (A.d * A.a * A.s);
+        accf(dq, A.dt, q_at(A, bi, i, h) + e, dq_acc[((bi * s_r + i) * A.a + h) * d_r + e]);
     }
 }
 
@@ -332,51 +175,52 @@ __global__ void softmax_bwd_kernel(void *ds, void *dp, int pdt, const void *prob
 
 // ---- launchers ----------------------------------------------------------------------------
 
-static int tile_rows(uint64_t d, uint64_t cap)
-{
-    uint64_t t = 6144 / (d ? d : 1); // 2 * t * d floats <= 48 KiB
-    if (t > cap)
-        t = cap;
-    return (int)(t ? t : 1);
-}
-
 static bool attn_ok(const struct mp_k_attn *A)
 {
-    return A->d > 0 && A->d <= 32 * FA_MAXE && A->kv > 0 && A->a % A->kv == 0 && A->b * A->a <= 0x7fffffffull &&
+    return A->d > 0 && A->kv > 0 && A->a % A->kv == 0 && A->b * A->a <= 0x7fffffffull &&
            CEIL_DIV(A->s, (uint64_t)FA_WARPS) <= 65535;
 }
 
-extern "C" int mp_k_flash_fwd(const struct mp_k_attn *A, void *out, float *lse, uint64_t s_lse, cudaStream_t s)
+extern "C" int mp_k_fa_softmax_fwd(const struct mp_k_attn *A, const struct mp_k_fblock *F, const float *S, void *P,
+                                   float *lse, uint64_t s_lse, cudaStream_t s)
 {
-    if (!A->s || !A->b)
+    uint64_t rows = F->ne * F->qb;
+    if (!rows || !F->jn)
         return 0;
-    if (!attn_ok(A))
+    if (rows > 0x7fffffffull || F->i0 + F->qb > A->s || (A->causal && F->jn < F->i0 + F->qb))
         return (int)cudaErrorInvalidValue;
-    int tk = tile_rows(A->d, 64);
-    dim3 grid((unsigned)(A->b * A->a), (unsigned)CEIL_DIV(A->s, (uint64_t)FA_WARPS));
-    flash_fwd_kernel<<<grid, 32 * FA_WARPS, 2 * (size_t)tk * A->d * sizeof(float), s>>>(*A, out, lse, s_lse, tk);
+    fa_softmax_fwd_kernel<<<(unsigned)rows, 128, 0, s>>>(*A, *F, S, P, lse, s_lse);
     KCHECK();
 }
 
-extern "C" int mp_k_flash_bwd(const struct mp_k_attn *A, const void *out, const void *dout, const float *lse,
-                              uint64_t s_lse, float *dsum, float *dq_acc, uint64_t s_r, uint64_t d_r, void *dq,
-                              void *dk, void *dv, cudaStream_t s)
+extern "C" int mp_k_fa_softmax_bwd(const struct mp_k_attn *A, const struct mp_k_fblock *F, const float *S,
+                                   const float *dP, const float *lse, uint64_t s_lse, const float *dsum, uint64_t s_r,
+                                   void *Pk, void *dS, cudaStream_t s)
+{
+    uint64_t n = F->ne * F->qb * F->jn;
+    if (n)
+        fa_softmax_bwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(*A, *F, S, dP, lse, s_lse, dsum, s_r, Pk, dS);
+    KCHECK();
+}
+
+extern "C" int mp_k_flash_dsum(const struct mp_k_attn *A, const void *out, const void *dout, float *dsum,
+                               uint64_t s_r, cudaStream_t s)
 {
     if (!A->s || !A->b)
         return 0;
-    if (!attn_ok(A) || s_r < A->s || d_r < A->d)
+    if (!attn_ok(A) || s_r < A->s)
         return (int)cudaErrorInvalidValue;
-    int tk = tile_rows(A->d, 64);
     dim3 grid((unsigned)(A->b * A->a), (unsigned)CEIL_DIV(A->s, (uint64_t)FA_WARPS));
     flash_dsum_kernel<<<grid, 32 * FA_WARPS, 0, s>>>(*A, out, dout, dsum, s_r);
-    flash_dq_kernel<<<grid, 32 * FA_WARPS, 2 * (size_t)tk * A->d * sizeof(float), s>>>(*A, dout, lse, s_lse, dsum,
-                                                                                         dq_acc, s_r, d_r, dq, tk);
-    if (dk || dv) {
-        int tq = tile_rows(A->d + 1, 64);
-        dim3 g2((unsigned)(A->b * A->kv), (unsigned)CEIL_DIV(A->s, (uint64_t)FA_WARPS));
-        flash_dkv_kernel<<<g2, 32 * FA_WARPS, (2 * (size_t)tq * A->d + 2 * (size_t)tq) * sizeof(float), s>>>(
-            *A, dout, lse, s_lse, dsum, s_r, dk, dv, tq);
-    }
+    KCHECK();
+}
+
+extern "C" int mp_k_flash_dq_out(const struct mp_k_attn *A, const float *dq_acc, uint64_t s_r, uint64_t d_r, void *dq,
+                                 cudaStream_t s)
+{
+    uint64_t n = A->b * A->s * A->a * A->d;
+    if (n && dq)
+        fa_dq_out_kernel<<<grid_for(n, 256), 256, 0, s>>>(*A, dq_acc, s_r, d_r, dq);
     KCHECK();
 }
 

@@ -1,8 +1,120 @@
-// elementwise.cu — fill, convert/accumulate, add, mul, dropout, bias broadcast and
+// elementwise.cu — fill, convert/accumulate, scale, add, mul, dropout, bias broadcast and
 // bias gradients.  Kernels, then launchers (llm.c's layout).  Shapes in kernels.h.
+// convert, add, mul and dropout on fp32/bf16/fp16 run as one template per op (the types
+// chosen once by the launcher, 16-byte vector loads: kcommon.cuh ew_kernel); the generic
+// kernels with a dtype switch per element remain for other type mixes (int64, bytes).
 #include "kcommon.cuh"
 
-// ---- kernels ------------------------------------------------------------------------------
+// ---- typed kernels (ew_kernel ops: run<W>(i) handles elements [i, i + W)) --------------------
+
+template <typename Y, typename X> struct convert_op {
+    Y *dst;
+    const X *src;
+    int acc;
+    template <int W> __device__ void run(uint64_t i) const
+    {
+        float a[W], y[W];
+        vload<W>(src + i, a);
+        if (acc) {
+            vload<W>(dst + i, y);
+#pragma unroll
+            for (int k = 0; k < W; k++)
+                a[k] += y[k];
+        }
+        vstore<W>(dst + i, a);
+    }
+};
+
+struct plus_f {
+    __device__ static float apply(float u, float v) { return u + v; }
+};
+struct times_f {
+    __device__ static float apply(float u, float v) { return u * v; }
+};
+
+// y = a (+ or *) b, a and b of one type
+template <typename Y, typename T, typename F> struct binary_op {
+    Y *y;
+    const T *a, *b;
+    template <int W> __device__ void run(uint64_t i) const
+    {
+        float u[W], v[W];
+        vload<W>(a + i, u);
+        vload<W>(b + i, v);
+#pragma unroll
+        for (int k = 0; k < W; k++)
+            u[k] = F::apply(u[k], v[k]);
+        vstore<W>(y + i, u);
+    }
+};
+
+// da += dy * b, db += dy * a (either may be NULL)
+template <typename T> struct mul_bwd_op {
+    T *da, *db;
+    const T *dy, *a, *b;
+    template <int W> __device__ void run(uint64_t i) const
+    {
+        float g[W], o[W], acc[W];
+        vload<W>(dy + i, g);
+        if (da) {
+            vload<W>(b + i, o);
+            vload<W>(da + i, acc);
+#pragma unroll
+            for (int k = 0; k < W; k++)
+                acc[k] += g[k] * o[k];
+            vstore<W>(da + i, acc);
+        }
+        if (db) {
+            vload<W>(a + i, o);
+            vload<W>(db + i, acc);
+#pragma unroll
+            for (int k = 0; k < W; k++)
+                acc[k] += g[k] * o[k];
+            vstore<W>(db + i, acc);
+        }
+    }
+};
+
+template <typename T> struct dropout_fwd_op {
+    T *y;
+    const T *x;
+    uint8_t *mask;
+    float p, sc;
+    uint64_t key;
+    template <int W> __device__ void run(uint64_t i) const
+    {
+        float v[W];
+        vload<W>(x + i, v);
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            uint8_t keep = khash_unit(key + i + k) >= p;
+            mask[i + k] = keep;
+            v[k] = keep ? v[k] * sc : 0.0f;
+        }
+        vstore<W>(y + i, v);
+    }
+};
+
+// dx += dy / (1-p) where kept (dropped elements of dx are rewritten unchanged)
+template <typename T> struct dropout_bwd_op {
+    T *dx;
+    const T *dy;
+    const uint8_t *mask;
+    float sc;
+    template <int W> __device__ void run(uint64_t i) const
+    {
+        float g[W], acc[W];
+        vload<W>(dy + i, g);
+        vload<W>(dx + i, acc);
+#pragma unroll
+        for (int k = 0; k < W; k++)
+            if (mask[i + k])
+                acc[k] += g[k] * sc;
+        vstore<W>(dx + i, acc);
+    }
+};
+
+// ---- generic kernels (a dtype switch per element) -------------------------------------------
 
 __global__ void fill_kernel(void *dst, int dt, float v, uint64_t n)
 {
@@ -14,6 +126,15 @@ __global__ void convert_kernel(void *dst, int ddt, const void *src, int sdt, uin
     GRID_STRIDE(i, n)
     {
         float v = ldf(src, sdt, i);
+        stf(dst, ddt, i, acc ? ldf(dst, ddt, i) + v : v);
+    }
+}
+
+__global__ void scale_kernel(void *dst, int ddt, const void *src, int sdt, uint64_t n, float a, int acc)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = a * ldf(src, sdt, i);
         stf(dst, ddt, i, acc ? ldf(dst, ddt, i) + v : v);
     }
 }
@@ -101,13 +222,44 @@ extern "C" int mp_k_fill(void *dst, int dt, float v, uint64_t n, cudaStream_t s)
 
 extern "C" int mp_k_convert(void *dst, int ddt, const void *src, int sdt, uint64_t n, int accumulate, cudaStream_t s)
 {
+    int rc = -1;
+    bool vec = aligned16(dst) && aligned16(src);
+    with_float_type(ddt, [&](auto *y) {
+        with_float_type(sdt, [&](auto *x) {
+            using Y = ELEM_T(y);
+            using X = ELEM_T(x);
+            rc = ew_launch(convert_op<Y, X>{(Y *)dst, (const X *)src, accumulate}, n, vec, s);
+        });
+    });
+    if (rc >= 0)
+        return rc;
     if (n)
         convert_kernel<<<grid_for(n, 256), 256, 0, s>>>(dst, ddt, src, sdt, n, accumulate);
     KCHECK();
 }
 
+extern "C" int mp_k_scale(void *dst, int ddt, const void *src, int sdt, uint64_t n, float a, int accumulate,
+                          cudaStream_t s)
+{
+    if (n)
+        scale_kernel<<<grid_for(n, 256), 256, 0, s>>>(dst, ddt, src, sdt, n, a, accumulate);
+    KCHECK();
+}
+
 extern "C" int mp_k_add(void *y, int ydt, const void *a, int adt, const void *b, int bdt, uint64_t n, cudaStream_t s)
 {
+    int rc = -1;
+    bool vec = aligned16(y) && aligned16(a) && aligned16(b);
+    if (adt == bdt)
+        with_float_type(ydt, [&](auto *yp) {
+            with_float_type(adt, [&](auto *ap) {
+                using Y = ELEM_T(yp);
+                using T = ELEM_T(ap);
+                rc = ew_launch(binary_op<Y, T, plus_f>{(Y *)y, (const T *)a, (const T *)b}, n, vec, s);
+            });
+        });
+    if (rc >= 0)
+        return rc;
     if (n)
         add_kernel<<<grid_for(n, 256), 256, 0, s>>>(y, ydt, a, adt, b, bdt, n);
     KCHECK();
@@ -115,6 +267,14 @@ extern "C" int mp_k_add(void *y, int ydt, const void *a, int adt, const void *b,
 
 extern "C" int mp_k_mul_fwd(void *y, const void *a, const void *b, int dt, uint64_t n, cudaStream_t s)
 {
+    int rc = -1;
+    bool vec = aligned16(y) && aligned16(a) && aligned16(b);
+    with_float_type(dt, [&](auto *p) {
+        using T = ELEM_T(p);
+        rc = ew_launch(binary_op<T, T, times_f>{(T *)y, (const T *)a, (const T *)b}, n, vec, s);
+    });
+    if (rc >= 0)
+        return rc;
     if (n)
         mul_fwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(y, a, b, dt, n);
     KCHECK();
@@ -123,7 +283,17 @@ extern "C" int mp_k_mul_fwd(void *y, const void *a, const void *b, int dt, uint6
 extern "C" int mp_k_mul_bwd(void *da, void *db, const void *dy, const void *a, const void *b, int dt, uint64_t n,
                             cudaStream_t s)
 {
-    if (n && (da || db))
+    if (!da && !db)
+        return 0;
+    int rc = -1;
+    bool vec = aligned16(da) && aligned16(db) && aligned16(dy) && aligned16(a) && aligned16(b);
+    with_float_type(dt, [&](auto *p) {
+        using T = ELEM_T(p);
+        rc = ew_launch(mul_bwd_op<T>{(T *)da, (T *)db, (const T *)dy, (const T *)a, (const T *)b}, n, vec, s);
+    });
+    if (rc >= 0)
+        return rc;
+    if (n)
         mul_bwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(da, db, dy, a, b, dt, n);
     KCHECK();
 }
@@ -131,6 +301,14 @@ extern "C" int mp_k_mul_bwd(void *da, void *db, const void *dy, const void *a, c
 extern "C" int mp_k_dropout_fwd(void *y, const void *x, int dt, uint8_t *mask, uint64_t n, float p, uint64_t key,
                                 cudaStream_t s)
 {
+    int rc = -1;
+    bool vec = aligned16(y) && aligned16(x);
+    with_float_type(dt, [&](auto *ptr) {
+        using T = ELEM_T(ptr);
+        rc = ew_launch(dropout_fwd_op<T>{(T *)y, (const T *)x, mask, p, 1.0f / (1.0f - p), key}, n, vec, s);
+    });
+    if (rc >= 0)
+        return rc;
     if (n)
         dropout_fwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(y, x, dt, mask, n, p, key);
     KCHECK();
@@ -139,7 +317,17 @@ extern "C" int mp_k_dropout_fwd(void *y, const void *x, int dt, uint8_t *mask, u
 extern "C" int mp_k_dropout_bwd(void *dx, const void *dy, int dt, const uint8_t *mask, uint64_t n, float p,
                                 cudaStream_t s)
 {
-    if (n && dx)
+    if (!dx)
+        return 0;
+    int rc = -1;
+    bool vec = aligned16(dx) && aligned16(dy);
+    with_float_type(dt, [&](auto *ptr) {
+        using T = ELEM_T(ptr);
+        rc = ew_launch(dropout_bwd_op<T>{(T *)dx, (const T *)dy, mask, 1.0f / (1.0f - p)}, n, vec, s);
+    });
+    if (rc >= 0)
+        return rc;
+    if (n)
         dropout_bwd_kernel<<<grid_for(n, 256), 256, 0, s>>>(dx, dy, dt, mask, n, p);
     KCHECK();
 }

@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "kernels.h"
 #include "mp_math.h" /* activations, 8-bit Adam codes, hyper-parameters (shared with C) */
 
@@ -111,6 +113,98 @@ __device__ __forceinline__ float round_dt(int dt, float v)
         return __half2float(__float2half_rn(v));
     return v;
 }
+
+// ---- typed access, vector loads (llm.c's Packed128) ------------------------------------------
+// The fast elementwise kernels are one template on the element type: the launcher picks the
+// types once (with_float_type) and every element is read without a dtype switch, KVEC at a
+// time through 16-byte loads where every operand is 16-byte aligned, then a scalar tail.
+
+template <typename T> struct kdt;
+template <> struct kdt<float> {
+    __device__ static float to(float v) { return v; }
+    __device__ static float from(float v) { return v; }
+};
+template <> struct kdt<__nv_bfloat16> {
+    __device__ static float to(__nv_bfloat16 v) { return __bfloat162float(v); }
+    __device__ static __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct kdt<__half> {
+    __device__ static float to(__half v) { return __half2float(v); }
+    __device__ static __half from(float v) { return __float2half_rn(v); }
+};
+
+#define KVEC 8 // elements per vector step: one 16-byte load of a 16-bit type, two of fp32
+
+template <typename T> struct alignas(16) pack16 {
+    T v[16 / sizeof(T)];
+};
+
+// W elements at p as floats: 16-byte loads when W == KVEC (p 16-byte aligned), else one element.
+template <int W, typename T> __device__ __forceinline__ void vload(const T *p, float (&f)[W])
+{
+    if constexpr (W == 1) {
+        f[0] = kdt<T>::to(*p);
+    } else {
+        constexpr int per = 16 / sizeof(T);
+        static_assert(W % per == 0, "whole 16-byte packs");
+#pragma unroll
+        for (int c = 0; c < W / per; c++) {
+            pack16<T> r = *reinterpret_cast<const pack16<T> *>(p + c * per);
+#pragma unroll
+            for (int k = 0; k < per; k++)
+                f[c * per + k] = kdt<T>::to(r.v[k]);
+        }
+    }
+}
+
+template <int W, typename T> __device__ __forceinline__ void vstore(T *p, const float (&f)[W])
+{
+    if constexpr (W == 1) {
+        *p = kdt<T>::from(f[0]);
+    } else {
+        constexpr int per = 16 / sizeof(T);
+#pragma unroll
+        for (int c = 0; c < W / per; c++) {
+            pack16<T> r;
+#pragma unroll
+            for (int k = 0; k < per; k++)
+                r.v[k] = kdt<T>::from(f[c * per + k]);
+            *reinterpret_cast<pack16<T> *>(p + c * per) = r;
+        }
+    }
+}
+
+// Runs op.template run<KVEC>(i) over the vector body of n elements (when vec) and
+// op.template run<1>(i) over the rest: op is a struct of typed pointers and scalars.
+template <typename Op> __global__ void ew_kernel(Op op, uint64_t n, bool vec)
+{
+    uint64_t nv = vec ? n / KVEC : 0;
+    GRID_STRIDE(v, nv) op.template run<KVEC>(v * KVEC);
+    GRID_STRIDE(t, n - nv * KVEC) op.template run<1>(nv * KVEC + t);
+}
+
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+template <typename Op> static int ew_launch(const Op &op, uint64_t n, bool vec, cudaStream_t s)
+{
+    if (n)
+        ew_kernel<<<grid_for(vec ? CEIL_DIV(n, (uint64_t)KVEC) : n, 256), 256, 0, s>>>(op, n, vec);
+    KCHECK();
+}
+
+// Calls fn with a null pointer of the element type of dtype code dt and returns true for
+// fp32, bf16 and fp16; false (fn not called) for the others.
+template <typename Fn> static bool with_float_type(int dt, Fn &&fn)
+{
+    switch (dt) {
+    case MP_K_F32: fn((float *)nullptr); return true;
+    case MP_K_BF16: fn((__nv_bfloat16 *)nullptr); return true;
+    case MP_K_F16: fn((__half *)nullptr); return true;
+    default: return false;
+    }
+}
+
+#define ELEM_T(ptr) typename std::remove_pointer<decltype(ptr)>::type
 
 // ---- hashing (= mp_hash64 / mp_hash_unit in src/probe_impl.h) ------------------------------
 

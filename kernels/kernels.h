@@ -26,6 +26,8 @@ int mp_k_fill(void *dst, int dt, float v, uint64_t n, cudaStream_t s);
 /* dst = src converted (accumulate: dst += src) */
 int mp_k_convert(void *dst, int ddt, const void *src, int sdt, uint64_t n, int accumulate, cudaStream_t s);
 int mp_k_add(void *y, int ydt, const void *a, int adt, const void *b, int bdt, uint64_t n, cudaStream_t s);
+/* dst = a * src (accumulate: dst += a * src): LoRA's result * scaling and its backward */
+int mp_k_scale(void *dst, int ddt, const void *src, int sdt, uint64_t n, float a, int accumulate, cudaStream_t s);
 int mp_k_mul_fwd(void *y, const void *a, const void *b, int dt, uint64_t n, cudaStream_t s);
 int mp_k_mul_bwd(void *da, void *db, const void *dy, const void *a, const void *b, int dt, uint64_t n, cudaStream_t s);
 /* keep[i] = hash(key + i) >= p; y = keep ? x / (1-p) : 0 */
@@ -37,6 +39,19 @@ int mp_k_bias_fill(void *y, int ydt, const void *bias, int bdt, uint64_t outer, 
 /* db[j] += sum over o, i of dy[(o*c + j)*inner + i] */
 int mp_k_bias_grad(void *db, int bdt, const void *dy, int dt, uint64_t outer, uint64_t c, uint64_t inner,
                    cudaStream_t s);
+
+/* ---- quant.cu ----------------------------------------------------------------------------- */
+/* A bitsandbytes NF4 weight in the executor's layout (src/quant.h mp_quant_pack): byte offsets
+ * of its parts in the blob: packed nibbles (first element in the high nibble), the 16-entry
+ * fp32 code, absmax (fp32 per block, or u8 with double quant), then with double quant the fp32
+ * offset, the fp32 second-level absmax per 256 blocks and the 256-entry fp32 dynamic code. */
+struct mp_k_nf4 {
+    uint64_t n, blocksize;
+    uint64_t packed, code, absmax, offset, absmax2, code2;
+    int double_quant;
+};
+/* w[i] (n elements, wdt) = code[nibble i] * absmax[i / blocksize] (bitsandbytes dequantize_4bit) */
+int mp_k_nf4_dequant(void *w, int wdt, const uint8_t *blob, struct mp_k_nf4 q, cudaStream_t s);
 
 /* ---- activation.cu ----------------------------------------------------------------------- */
 /* parts (optional, n_parts of n elements, each in its part_dts): what HF's Python GELUs save
@@ -95,13 +110,25 @@ struct mp_k_attn {
     float scale, p;             /* 1/sqrt(d); attention dropout */
     uint64_t key;               /* dropout key; element (bi, h, i, j) is ((bi*a + h)*s + i)*s + j */
 };
-/* Tiled online-softmax attention; keeps only lse[(bi*a + h)*s_lse + i] (fp32).  d <= 512. */
-int mp_k_flash_fwd(const struct mp_k_attn *A, void *out, float *lse, uint64_t s_lse, cudaStream_t s);
-/* dsum [b*a*s_r] and dq_acc [b*s_r*a*d_r] are the node's fp32 temporaries; dq/dk/dv are
- * the q/k/v gradient storages (same widths/offsets as q/k/v, possibly one fused storage). */
-int mp_k_flash_bwd(const struct mp_k_attn *A, const void *out, const void *dout, const float *lse, uint64_t s_lse,
-                   float *dsum, float *dq_acc, uint64_t s_r, uint64_t d_r, void *dq, void *dk, void *dv,
-                   cudaStream_t s);
+/* The flash path (probe_cuda.c runs its GEMMs on cuBLAS): one block of query rows
+ * [i0, i0 + qb) of the ne (sample, head) entries bh = e0 .. e0 + ne - 1, keys [0, jn);
+ * workspace element ((bh - e0)*qb + i - i0)*jn + j, fp32 scores S = scale q.k. */
+struct mp_k_fblock {
+    uint64_t e0, ne, i0, qb, jn;
+};
+/* P (A->dt) = exp(S - lse) * dropout keep, 0 above the causal diagonal; lse[bh*s_lse + i] */
+int mp_k_fa_softmax_fwd(const struct mp_k_attn *A, const struct mp_k_fblock *F, const float *S, void *P,
+                        float *lse, uint64_t s_lse, cudaStream_t s);
+/* from recomputed S and dP = dO.v (fp32): Pk = P*keep, dS = P*(dP*keep - dsum)*scale (A->dt) */
+int mp_k_fa_softmax_bwd(const struct mp_k_attn *A, const struct mp_k_fblock *F, const float *S, const float *dP,
+                        const float *lse, uint64_t s_lse, const float *dsum, uint64_t s_r, void *Pk, void *dS,
+                        cudaStream_t s);
+/* dsum[(bi*a + h)*s_r + i] = dO_i . O_i (the node's fp32 softmax_d temporary) */
+int mp_k_flash_dsum(const struct mp_k_attn *A, const void *out, const void *dout, float *dsum, uint64_t s_r,
+                    cudaStream_t s);
+/* dq (q's widths/offsets) += dq_acc [b, s_r, a, d_r] (the node's fp32 dq_accum temporary) */
+int mp_k_flash_dq_out(const struct mp_k_attn *A, const float *dq_acc, uint64_t s_r, uint64_t d_r, void *dq,
+                      cudaStream_t s);
 /* eager: contiguous (b, a, s, d) copies, k and v repeated over the group */
 int mp_k_attn_pack(const struct mp_k_attn *A, void *qc, void *kc, void *vc, cudaStream_t s);
 /* probs (pdt) = softmax over each row of scores (sdt, rows of length sl), causal: row r masks j > r mod sl */

@@ -337,6 +337,28 @@ const struct mp_tmp_part *mp_node_tmp(const struct mp_node *n, bool bwd, enum mp
     return NULL;
 }
 
+/* peft's task types SEQ_CLS, TOKEN_CLS and QUESTION_ANS keep the task head whole and trainable
+ * (modules_to_save "classifier", "score" / "qa_outputs", matched as a name suffix, so DistilBERT's
+ * pre_classifier too, and every module inside one: RoBERTa's classifier.dense): a trainable copy
+ * beside the frozen original (ModulesToSaveWrapper).  memplan assumes the task type of the head
+ * (HF configs; the snippet says so). */
+static bool saved_module(const struct bld *B)
+{
+    static const char *const names[] = {"classifier", "score", "qa_outputs"};
+    const struct mp_layer *l = B->layer;
+    enum mp_ft_mode m = B->p->opts.ft.mode;
+    if (B->in_adapter || !l || !B->m->hf_type[0] || (m != MP_FT_LORA && m != MP_FT_QLORA) ||
+        (l->type != MP_LT_CLASSIFIER && l->type != MP_LT_LINEAR) || B->block != (int)B->m->n_blocks - 1)
+        return false;
+    size_t n = strlen(l->name);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        size_t k = strlen(names[i]);
+        if ((n >= k && !strcmp(l->name + n - k, names[i])) || (!strncmp(l->name, names[i], k) && l->name[k] == '.'))
+            return true;
+    }
+    return false;
+}
+
 static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t cols, bool matmul)
 {
     if (failed(B))
@@ -356,11 +378,27 @@ static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t co
     q->matmul = matmul;
     q->block = B->block;
     q->dtype = B->in_adapter ? MP_DT_F32 : p->param_dtype; /* peft autocast_adapter_dtype: fp32 adapters */
-    q->trainable = B->in_adapter || B->trained;
+    bool saved = saved_module(B);
+    q->trainable = B->in_adapter || B->trained || saved;
     q->adapter = B->in_adapter;
     q->raw_bytes = q->bytes = mul(B, q->elems, mp_dtype_size(q->dtype));
     p->total_params = add(B, p->total_params, q->elems);
-    return (int)p->n_params++;
+    int id = (int)p->n_params++;
+    if (saved) { /* the frozen original module: held, never used */
+        if (!grow((void **)&p->params, &p->cap_params, p->n_params + 1, sizeof *p->params)) {
+            B->st = mp_fail(B->d, MP_ERR_NOMEM, "%s: out of memory building the tensor program", B->m->path);
+            return -1;
+        }
+        struct mp_param *o = &p->params[p->n_params];
+        char on[96];
+        *o = p->params[id];
+        o->trainable = false;
+        snprintf(on, sizeof on, "%s.original", name);
+        o->name = name_of(B, on);
+        p->total_params = add(B, p->total_params, o->elems);
+        p->n_params++;
+    }
+    return id;
 }
 
 static struct mp_tensor *T(struct bld *B, int t) { return &B->p->tensors[t]; }
@@ -564,6 +602,13 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
         n->fwd_flops += 2.0 * (double)out_f * (double)in_f;
         n->bwd_flops += 2.0 * (double)out_f * (double)in_f;
     }
+    /* a module peft keeps whole may not carry an adapter too: all-linear takes a token or QA
+     * head (only SEQ_CLS leaves its head out), a named target may take a Linear inside one */
+    if (saved_module(B) && !failed(B) &&
+        (head ? B->p->opts.ft.all_linear && B->layer->pool != MP_POOL_FIRST && B->layer->pool != MP_POOL_LAST
+              : mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, false)))
+        fail_model(B, MP_ERR_USAGE, "--lora-targets takes %s, which peft keeps whole for the task head "
+                                    "(modules_to_save) and cannot also adapt (peft 0.21): name the targets", name);
     bool bnb4 = qz && (qz->kind == MP_Q_BNB_NF4 || qz->kind == MP_Q_BNB_FP4);
     if (bnb4 && dt_of(B, y) != dt_of(B, x)) {
         snprintf(cname, sizeof cname, "%s.to_%s", name, mp_dtype_str(dt_of(B, x)));
@@ -1403,6 +1448,54 @@ static struct val lower_bottleneck(struct bld *B, struct val x, const struct mp_
     return lower_act(B, y, MP_ACT_RELU, true, "relu3");
 }
 
+static struct val lower_add_table(struct bld *B, struct val x, const struct mp_layer *l, const char *nm, uint64_t k,
+                                  struct mp_node **node);
+
+/* ViT's embeddings: projection (conv, kernel = stride = patch) -> flatten(2).transpose(1, 2), a
+ * view (b, patches, dim) -> torch.cat with the expanded class token (a new tensor; the dtype
+ * promotes: fp32 under autocast, the token being fp32) -> + position_embeddings (1, seq, dim):
+ * a new tensor.  Nothing is saved besides the conv's input (and its weight copy).  From here on
+ * the sequence is patches + 1. */
+static struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_layer *l)
+{
+    if (failed(B))
+        return x;
+    uint64_t p = l->kernel;
+    if (x.rank != 4 || p == 0 || x.shape[2] % p || x.shape[3] % p) {
+        fail_model(B, MP_ERR_MODEL, "patch %llu must divide the image's height and width (input.shape [C, H, W])",
+                   (unsigned long long)p);
+        return x;
+    }
+    struct val c = lower_conv(B, x, l->in_ch, l->dim, p, p, 0, 1, true, "projection");
+    if (failed(B))
+        return c;
+    uint64_t np = mul(B, c.shape[2], c.shape[3]), s = add(B, np, l->cls_token ? 1 : 0);
+    struct val e = c; /* (b, patches, dim): a view of the conv output */
+    e.rank = 3;
+    e.shape[1] = np;
+    e.shape[2] = l->dim;
+    if (l->cls_token) {
+        uint64_t shape[3] = {B->b, s, l->dim};
+        int cls = new_param(B, "cls_token", 1, l->dim, false);
+        e = new_val(B, "cat", promote(dt_of(B, c), B->p->param_dtype), 3, shape, true);
+        struct mp_node *n = new_node(B, MP_P_CAST, "cat");
+        if (!n)
+            return e;
+        n->in[0] = c.t;
+        n->out = e.t;
+        n->param[0] = cls;
+        n->rows = mul(B, B->b, s);
+        n->n = l->dim;
+        n->fwd_flops = (double)T(B, e.t)->elems;
+        n->bwd_flops = n->fwd_flops;
+    }
+    B->s = s;
+    struct mp_layer pos = *l;
+    pos.vocab = s;
+    struct mp_node *n;
+    return lower_add_table(B, e, &pos, "position_embeddings", s, &n);
+}
+
 static struct val lower_custom(struct bld *B, struct val x, const struct mp_layer *l)
 {
     if (failed(B))
@@ -1664,7 +1757,10 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         return lower_loss(B, logits, "loss", !l->masked, B->m->input == MP_INPUT_TOKENS && !l->masked);
     }
     case MP_LT_CLASSIFIER: {
-        /* HF's token classification upcasts (logits.float()); pooled heads and images do not */
+        /* HF's token classification upcasts (logits.float()); pooled heads and images do not.
+         * MP_POOL_FIRST on a sequence: the first position (ViT's class token) */
+        if (l->pool == MP_POOL_FIRST)
+            x = first_position(B, x, nm);
         struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
         bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE;
         return lower_loss(B, pool_logits(B, logits, l, nm), "loss", upcast, false);
@@ -1681,6 +1777,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     }
     case MP_LT_BOTTLENECK:
         return lower_bottleneck(B, x, l);
+    case MP_LT_PATCH_EMBEDDING: {
+        struct val y = lower_patch_embedding(B, x, l);
+        *resid = y;
+        return y;
+    }
     case MP_LT_COUNT:
         break;
     }

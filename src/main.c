@@ -575,6 +575,10 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
                                                         : "--finetune freeze needs --train-blocks, e.g. 20-31,head");
     if (!a->alpha_set)
         a->ft.alpha = 2.0 * (double)a->ft.r;
+    /* parallel.c sizes gradients, buckets and shards from every parameter: refused, not ignored */
+    if (a->ft.mode != MP_FT_FULL && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
+        return usage_error(c->name, "--finetune %s with --gpus/--nodes/--parallel: data-parallel fine-tuning "
+                                    "is not modelled yet", mp_ft_mode_str(a->ft.mode));
     if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
         struct mp_diag pd = {{0}};
         if (mp_par_validate(&a->par, &pd) != MP_OK)
@@ -638,6 +642,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
         add_default(s, "seq %s (model)", num);
     }
+    for (size_t i = 0; i < s->model.n_blocks && s->model.input == MP_INPUT_IMAGE; i++)
+        for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &s->model.blocks[i].layers[j];
+            if (l->type != MP_LT_PATCH_EMBEDDING || !l->kernel)
+                continue;
+            snprintf(num, sizeof num, "%llu", (unsigned long long)((s->model.height / l->kernel) *
+                                                                   (s->model.width / l->kernel) + l->cls_token));
+            add_default(s, "seq %s (image patches + class token; --seq does not apply)", num);
+        }
     if (!a->batch_set && !need_target)
         add_default(s, "batch %s", "1");
     if (!a->precision_set && !need_target)

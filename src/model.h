@@ -34,7 +34,8 @@
     X(CLASSIFIER, "classifier")                                      \
     X(CUSTOM, "custom")                                              \
     X(TRANSFORMER_BLOCK, "transformer_block")                        \
-    X(BOTTLENECK, "bottleneck")
+    X(BOTTLENECK, "bottleneck")                                      \
+    X(PATCH_EMBEDDING, "patch_embedding")
 
 enum mp_layer_type {
 #define MP_X(id, str) MP_LT_##id,
@@ -188,6 +189,11 @@ struct mp_layer {
     double mult;            /* a Python-float multiplier that makes a new tensor (0: none): embedding
                                output (Gemma's sqrt(h), Granite), each residual branch of a
                                transformer_block (Granite), lm_head logits (Granite 1/logits_scaling) */
+
+    /* patch_embedding (ViT): a conv2d of in_ch -> dim with kernel = stride = patch (kernel), the
+     * patches flattened into a sequence, a learned class token prepended (cls_token), learned
+     * positions added: the sequence is (H / patch) * (W / patch) + 1 */
+    bool cls_token;
 
     /* conv2d / pooling / batchnorm / bottleneck */
     uint64_t in_ch, out_ch, mid_ch;

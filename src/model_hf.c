@@ -63,7 +63,7 @@
 #define HF_LAYERS_MAX MP_REPEAT_MAX
 
 /* Task heads, from architectures[0] (transformers' class names). */
-enum head { H_CAUSAL, H_MASKED, H_SEQ, H_TOKEN, H_QA, H_BARE, H_COUNT };
+enum head { H_CAUSAL, H_MASKED, H_SEQ, H_TOKEN, H_QA, H_BARE, H_IMAGE, H_COUNT };
 static const struct {
     const char *suffix;
     enum head h;
@@ -74,6 +74,7 @@ static const struct {
     {"ForSequenceClassification", H_SEQ},
     {"ForTokenClassification", H_TOKEN},
     {"ForQuestionAnswering", H_QA},
+    {"ForImageClassification", H_IMAGE},
     {"Model", H_BARE}, /* <Prefix>Model only: no "For", no "...Head(s)Model" */
 };
 #define HEAD(h) (1u << (h))
@@ -136,6 +137,8 @@ struct family {
     const char *n_pooler;       /* its dense layer ("pooler.dense") */
     bool bare_pooler;           /* the bare *Model has the pooler (BertModel, RobertaModel) */
     bool mlm_gelu;              /* the MLM transform uses exact gelu whatever hidden_act (RoBERTa) */
+    bool vision;                /* images in (ViT): a patch embedding instead of token embeddings, no
+                                   vocabulary; image_size, patch_size, num_channels in the hook */
     hf_hook hook;               /* runs last: may override anything read before */
 };
 
@@ -145,6 +148,7 @@ static enum mp_status opt_hook(const cJSON *root, struct hf *c, const char *path
 static enum mp_status distilbert_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status gptj_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -260,11 +264,18 @@ static const struct family families[] = {
      .k_bias = "bias", .tied = true, .parallel = true, .shared_norm = true, .no_attn_out_dropout = true,
      .k_resid_p = "hidden_dropout", .n_tok = "word_embeddings", .n_norm = "ln_f", .n_head = "lm_head",
      .heads = DECODER_HEADS, .hook = falcon_hook},
+    /* ViT: pre-norm encoder over patches + a class token */
+    {.type = "vit", .vision = true, .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .qkv_bias = true,
+     .out_bias = true, .mlp_bias = true, .encoder = true, .k_qkv_bias = "qkv_bias",
+     .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob", .emb_p_is_resid = true,
+     .n_drop = "dropout", .n_norm = "layernorm", .n_head = "classifier", .default_head = H_IMAGE,
+     .heads = HEAD(H_IMAGE) | HEAD(H_BARE), .pooler_act = MP_ACT_TANH, .n_pooler = "pooler.dense",
+     .bare_pooler = true, .hook = vit_hook},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
-    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon"
+    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -291,6 +302,9 @@ struct hf {
     bool attn_mask;        /* Falcon: a mask tensor reaches every attention */
     bool qk_fp32;          /* GPT-J: eager q/k in fp32 */
     uint64_t rope_table_rows; /* GPT-J: rows of each layer's sinusoid table */
+    uint64_t channels, image_h, image_w, patch; /* ViT */
+    uint64_t pooler_out;   /* ViT: pooler_output_size (default hidden) */
+    enum mp_act pooler_act;
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -374,7 +388,7 @@ static void family_defaults(struct hf *c)
     const struct family *f = c->f;
     c->causal = !f->encoder;
     c->learned_pos = f->pos_rows != 0;
-    c->rope = !c->learned_pos;
+    c->rope = !c->learned_pos && !f->vision;
     c->positions = f->pos_rows;
     c->type_vocab = f->type_vocab;
     c->gated = f->gated;
@@ -402,7 +416,7 @@ static enum mp_status read_sizes(const cJSON *root, struct hf *c, const char *pa
     const char *pk = key2(root, f->k_pos, "max_position_embeddings");
     const char *fk = key_or(f->k_ffn, "intermediate_size");
     enum mp_status st;
-    if ((st = read_pos(root, "vocab_size", true, MP_DIM_MAX, &c->vocab, path, d)) != MP_OK ||
+    if ((st = read_pos(root, "vocab_size", !f->vision, MP_DIM_MAX, &c->vocab, path, d)) != MP_OK ||
         (st = read_pos(root, hk, true, MP_DIM_MAX, &c->hidden, path, d)) != MP_OK ||
         (st = read_pos(root, lk, true, HF_LAYERS_MAX, &c->layers, path, d)) != MP_OK ||
         (st = read_pos(root, ak, true, MP_DIM_MAX, &c->heads, path, d)) != MP_OK ||
@@ -612,7 +626,8 @@ static bool head_of_class(const char *cls, enum head *out)
 static void heads_list(unsigned heads, char *out, size_t cap)
 {
     static const char *const names[H_COUNT] = {"*ForCausalLM", "*ForMaskedLM", "*ForSequenceClassification",
-                                               "*ForTokenClassification", "*ForQuestionAnswering", "*Model"};
+                                               "*ForTokenClassification", "*ForQuestionAnswering", "*Model",
+                                               "*ForImageClassification"};
     size_t len = 0;
     out[0] = '\0';
     for (int h = 0; h < H_COUNT; h++)
@@ -783,6 +798,57 @@ static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *p
     return MP_OK;
 }
 
+/* An image size or a patch size: one integer, or [height, width]. */
+static enum mp_status read_size2(const cJSON *root, const char *key, uint64_t *h, uint64_t *w, const char *path,
+                                 struct mp_diag *d)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v))
+        return MP_OK;
+    if (cJSON_IsArray(v)) {
+        const cJSON *a = cJSON_GetArrayItem(v, 0), *b = cJSON_GetArrayItem(v, 1);
+        if (cJSON_GetArraySize(v) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) || !(a->valuedouble >= 1) ||
+            !(b->valuedouble >= 1) || a->valuedouble > (double)MP_DIM_MAX || b->valuedouble > (double)MP_DIM_MAX ||
+            a->valuedouble != (double)(uint64_t)a->valuedouble || b->valuedouble != (double)(uint64_t)b->valuedouble)
+            return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a positive integer or [height, width]", path, key);
+        *h = (uint64_t)a->valuedouble;
+        *w = (uint64_t)b->valuedouble;
+        return MP_OK;
+    }
+    enum mp_status st = read_pos(root, key, false, MP_DIM_MAX, h, path, d);
+    *w = *h;
+    return st;
+}
+
+/* ViT (ViTConfig, ViTEmbeddings): image_size (224), patch_size (16), num_channels (3); the
+ * sequence is (H / patch) * (W / patch) + 1 (the class token).  head_dim is read when given
+ * (ViTAttention's getattr); the bare ViTModel has the pooler (pooler_output_size, pooler_act). */
+static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    uint64_t ph = 16, pw = 16;
+    c->channels = 3;
+    c->image_h = c->image_w = 224;
+    c->pooler_out = c->hidden;
+    c->pooler_act = MP_ACT_TANH;
+    enum mp_status st;
+    if ((st = read_size2(root, "image_size", &c->image_h, &c->image_w, path, d)) != MP_OK ||
+        (st = read_size2(root, "patch_size", &ph, &pw, path, d)) != MP_OK ||
+        (st = read_pos(root, "num_channels", false, MP_DIM_MAX, &c->channels, path, d)) != MP_OK ||
+        (st = read_pos(root, "pooler_output_size", false, MP_DIM_MAX, &c->pooler_out, path, d)) != MP_OK ||
+        (st = read_act(root, "pooler_act", &c->pooler_act, path, d)) != MP_OK)
+        return st;
+    if (ph != pw)
+        return mp_fail(d, MP_ERR_MODEL, "%s: patch_size: %llu x %llu is not supported (square patches only)", path,
+                       (unsigned long long)ph, (unsigned long long)pw);
+    if (c->image_h % ph || c->image_w % pw)
+        return mp_fail(d, MP_ERR_MODEL, "%s: patch_size: %llu does not divide image_size %llu x %llu", path,
+                       (unsigned long long)ph, (unsigned long long)c->image_h, (unsigned long long)c->image_w);
+    c->patch = ph;
+    if (present(root, "head_dim"))
+        return read_pos(root, "head_dim", true, MP_DIM_MAX, &c->head_dim, path, d);
+    return MP_OK;
+}
+
 static enum mp_status read_config(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     family_defaults(c);
@@ -810,6 +876,24 @@ static void norm_layer(struct mp_layer *l, const struct hf *c, const char *name)
 static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct mp_diag *d)
 {
     const struct family *f = c->f;
+    if (f->vision) { /* ViTEmbeddings: patches, class token, positions, dropout */
+        struct mp_block *b = mp_model_add_block(m, "embeddings", c->emb_p > 0 ? 2 : 1);
+        if (!b)
+            return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+        struct mp_layer *l = b->layers;
+        l->type = MP_LT_PATCH_EMBEDDING;
+        l->in_ch = c->channels;
+        l->dim = c->hidden;
+        l->kernel = l->stride = c->patch;
+        l->cls_token = true;
+        set_name(l, "patch_embeddings");
+        if (c->emb_p > 0) {
+            l[1].type = MP_LT_DROPOUT;
+            l[1].p = c->emb_p;
+            set_name(&l[1], f->n_drop);
+        }
+        return MP_OK;
+    }
     bool types = c->type_vocab > 0;
     size_t n = 1u + (c->learned_pos ? 1u : 0u) + (types ? 1u : 0u) + (f->emb_norm ? 1u : 0u) + (c->emb_p > 0 ? 1u : 0u);
     struct mp_block *b = mp_model_add_block(m, "embed", n);
@@ -934,13 +1018,14 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
     size_t n = 0;
     if (!encoder)
         norm_layer(head_layer(L, &n, MP_LT_LAYERNORM, ""), c, f->n_norm);
-    bool pooler = encoder && (c->head == H_SEQ || (c->head == H_BARE && f->bare_pooler));
+    bool pooler = (encoder && c->head == H_SEQ) || (c->head == H_BARE && f->bare_pooler);
     if (pooler) { /* BertPooler and the like: dense + activation of the first position */
         l = head_layer(L, &n, MP_LT_LINEAR, f->n_pooler);
-        l->in_features = l->out_features = c->hidden;
+        l->in_features = c->hidden;
+        l->out_features = f->vision ? c->pooler_out : c->hidden;
         l->bias = true;
         l->pool = MP_POOL_FIRST;
-        head_layer(L, &n, MP_LT_ACTIVATION, "pooler.activation")->act = f->pooler_act;
+        head_layer(L, &n, MP_LT_ACTIVATION, "pooler.activation")->act = f->vision ? c->pooler_act : f->pooler_act;
     }
     switch (c->head) {
     case H_CAUSAL:
@@ -976,6 +1061,9 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
         if (c->qa_p > 0)
             head_layer(L, &n, MP_LT_DROPOUT, "dropout")->p = c->qa_p;
         classifier(head_layer(L, &n, MP_LT_CLASSIFIER, "qa_outputs"), c, 2, true, MP_POOL_SPAN);
+        break;
+    case H_IMAGE: /* ViTForImageClassification: a Linear on the class token */
+        classifier(head_layer(L, &n, MP_LT_CLASSIFIER, f->n_head), c, c->labels, true, MP_POOL_FIRST);
         break;
     case H_BARE:
     case H_COUNT:
@@ -1091,6 +1179,16 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
         return st;
     m->input = MP_INPUT_TOKENS;
     m->seq_len = c.positions ? mp_min_u64(c.positions, HF_SEQ_DEFAULT) : HF_SEQ_DEFAULT;
+    if (c.f->vision) { /* pixel values in; the sequence is the patches and the class token */
+        m->input = MP_INPUT_IMAGE;
+        m->channels = c.channels;
+        m->height = c.image_h;
+        m->width = c.image_w;
+        if (!mp_mul_u64(c.image_h / c.patch, c.image_w / c.patch, &m->seq_len) || m->seq_len >= MP_DIM_MAX)
+            return mp_fail(d, MP_ERR_RANGE, "%s: image_size: too many patches", path);
+        m->seq_len++;
+        m->labels_vocab = c.head == H_IMAGE ? c.labels : 0;
+    }
     if ((st = add_embed(m, &c, d)) != MP_OK || (st = add_blocks(m, &c, d)) != MP_OK ||
         (st = add_head(m, &c, d)) != MP_OK)
         return st;

@@ -256,11 +256,12 @@ static const char *type_keys(enum mp_layer_type t)
     case MP_LT_ADAPTIVE_AVGPOOL2D: return "output_size out_h out_w";
     case MP_LT_FLATTEN: return "";
     case MP_LT_LM_HEAD: return "vocab dim tied bias";
-    case MP_LT_CLASSIFIER: return "in_features classes bias";
+    case MP_LT_CLASSIFIER: return "in_features classes bias pool";
     case MP_LT_CUSTOM: return "output_bytes saved_bytes params fwd_flops bwd_flops";
     case MP_LT_TRANSFORMER_BLOCK:
         return ATTN_KEYS " " MLP_KEYS " norm norm_bias p parallel_residual shared_norm post_norm";
     case MP_LT_BOTTLENECK: return "in_ch mid_ch out_ch stride groups downsample";
+    case MP_LT_PATCH_EMBEDDING: return "in_ch dim patch cls_token";
     case MP_LT_COUNT: break;
     }
     return "";
@@ -417,6 +418,34 @@ static enum mp_status read_conv(const struct reader *rd, const cJSON *o, const c
     if (!mp_mul3_u64(l->out_ch, l->in_ch / l->groups, l->kernel, &w) || !mp_mul_u64(w, l->kernel, &w) ||
         w > MP_DIM_MAX)
         return fail_at(rd, MP_ERR_RANGE, place, "kernel", "the weight is too large (at most %llu elements)",
+                       (unsigned long long)MP_DIM_MAX);
+    return MP_OK;
+}
+
+/* patch_embedding (ViT): in_ch -> dim by a conv with kernel = stride = patch, a class token
+ * (cls_token, default true) and learned positions; the image size fixes the sequence. */
+static enum mp_status read_patch_embedding(const struct reader *rd, const cJSON *o, const char *place,
+                                           struct mp_layer *l)
+{
+    if (rd->m->input != MP_INPUT_IMAGE)
+        return fail_at(rd, MP_ERR_MODEL, place, "type", "a patch_embedding needs an image input (input.shape "
+                       "[C, H, W])");
+    l->in_ch = rd->m->channels;
+    TRY(get_dim(rd, o, place, "in_ch", false, &l->in_ch));
+    TRY(get_dim(rd, o, place, "dim", true, &l->dim));
+    TRY(get_dim(rd, o, place, "patch", true, &l->kernel));
+    l->stride = l->kernel;
+    l->cls_token = true;
+    TRY(get_bool(rd, o, place, "cls_token", &l->cls_token));
+    if (rd->m->height % l->kernel || rd->m->width % l->kernel)
+        return fail_at(rd, MP_ERR_MODEL, place, "patch", "%llu does not divide the image's %llu x %llu",
+                       (unsigned long long)l->kernel, (unsigned long long)rd->m->height,
+                       (unsigned long long)rd->m->width);
+    uint64_t w, pos;
+    if (!mp_mul3_u64(l->dim, l->in_ch, l->kernel, &w) || !mp_mul_u64(w, l->kernel, &w) || w > MP_DIM_MAX ||
+        !mp_mul_u64(rd->m->height / l->kernel, rd->m->width / l->kernel, &pos) || !mp_mul_u64(pos + 1, l->dim, &w) ||
+        w > MP_DIM_MAX)
+        return fail_at(rd, MP_ERR_RANGE, place, "patch", "the weights are too large (at most %llu elements)",
                        (unsigned long long)MP_DIM_MAX);
     return MP_OK;
 }
@@ -655,7 +684,16 @@ static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *pla
         if (!rd->m->labels_vocab)
             rd->m->labels_vocab = l->vocab;
         l->bias = true;
-        return get_bool(rd, o, place, "bias", &l->bias);
+        TRY(get_bool(rd, o, place, "bias", &l->bias));
+        /* "pool": "first": a sequence classified by its first position (ViT's class token) */
+        enum mp_status pst;
+        const char *pool = mp_json_str(o, "pool", &pst, rd->path, place, rd->d);
+        if (pst != MP_OK)
+            return pst;
+        if (pool && strcmp(pool, "first") != 0 && strcmp(pool, "none") != 0)
+            return fail_at(rd, MP_ERR_MODEL, place, "pool", "expected \"first\" or \"none\", got \"%s\"", pool);
+        l->pool = pool && !strcmp(pool, "first") ? MP_POOL_FIRST : MP_POOL_NONE;
+        return MP_OK;
     }
     case MP_LT_CUSTOM:
         return read_custom(rd, o, place, l);
@@ -663,6 +701,8 @@ static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *pla
         return read_transformer(rd, o, place, l);
     case MP_LT_BOTTLENECK:
         return read_bottleneck(rd, o, place, l);
+    case MP_LT_PATCH_EMBEDDING:
+        return read_patch_embedding(rd, o, place, l);
     case MP_LT_COUNT:
         break;
     }

@@ -505,9 +505,10 @@ enum mp_status mp_probe_run(struct mp_probe *p, const struct mp_program *prog, c
     if (qz && qz->kind != MP_Q_BNB_NF4)
         return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s base weights are estimated only; the probe executes "
                        "bitsandbytes NF4 (QLoRA)", mp_quant_kind_str(qz->kind));
-    if (prog->opts.ft.mode != MP_FT_FULL && strcmp(p->be->name, "host") != 0)
-        return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: --finetune %s runs on the host backend only so far "
-                       "(--backend host)", mp_ft_mode_str(prog->opts.ft.mode));
+    for (size_t k = 0; k < prog->n_nodes; k++)
+        if (prog->nodes[k].layer->type == MP_LT_PATCH_EMBEDDING)
+            return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s: patch embeddings (ViT) are estimated only; the "
+                           "backends do not execute them yet", prog->nodes[k].name);
     snprintf(r->backend, sizeof r->backend, "%s", p->be->name);
     if (p->be->device_info)
         (void)p->be->device_info(p->ctx, &r->dev);

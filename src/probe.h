@@ -41,7 +41,8 @@ struct mp_probe_result {
     float losses[64];             /* one per measured step (warm-up excluded) */
     uint64_t measured_peak_bytes; /* the pool's peak allocated bytes (512-rounded, like the estimator) */
     uint64_t device_used_before, device_used_after; /* cudaMemGetInfo: context, cuBLAS, other processes */
-    uint64_t outside_pool_bytes;  /* device memory the step used outside the counting pool (im2col buffer) */
+    uint64_t outside_pool_bytes;  /* device memory outside the counting pool: the im2col buffer, the
+                                   * flash-attention workspace, the batched GEMMs' pointer arrays */
     double step_ms;               /* median over measured steps */
     double samples_per_s;
     double gemm_tflops;           /* achieved by the step's GEMMs (cuda), 0 on host */

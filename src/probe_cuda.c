@@ -26,7 +26,7 @@
 
 /* ---- cuBLAS, loaded on first use ----------------------------------------------------------
  * Linking libcublas would map its ~700 MB of libraries into every memplan run
- * (about 100 ms before main) for a backend most commands never open, so the six
+ * (about 100 ms before main) for a backend most commands never open, so the seven
  * entry points used here are resolved with dlopen when the cuda backend opens. */
 static struct {
     void *lib;
@@ -35,6 +35,7 @@ static struct {
     __typeof__(&cublasSetStream_v2) set_stream;
     __typeof__(&cublasSetWorkspace_v2) set_workspace;
     __typeof__(&cublasGemmStridedBatchedEx) gemm_strided_batched_ex;
+    __typeof__(&cublasGemmBatchedEx) gemm_batched_ex;
     __typeof__(&cublasGetStatusName) status_name;
 } blas_api;
 
@@ -62,6 +63,7 @@ static enum mp_status blas_load(struct mp_diag *d)
         !blas_sym(lib, "cublasSetStream_v2", &blas_api.set_stream) ||
         !blas_sym(lib, "cublasSetWorkspace_v2", &blas_api.set_workspace) ||
         !blas_sym(lib, "cublasGemmStridedBatchedEx", &blas_api.gemm_strided_batched_ex) ||
+        !blas_sym(lib, "cublasGemmBatchedEx", &blas_api.gemm_batched_ex) ||
         !blas_sym(lib, "cublasGetStatusName", &blas_api.status_name)) {
         dlclose(lib);
         return mp_fail(d, MP_ERR_DEVICE, "%s lacks an expected cuBLAS entry point", name);
@@ -79,6 +81,7 @@ static enum mp_status blas_load(struct mp_diag *d)
 #define cublasSetStream(h, s) (blas_api.set_stream((h), (s)))
 #define cublasSetWorkspace(h, p, n) (blas_api.set_workspace((h), (p), (n)))
 #define cublasGemmStridedBatchedEx (*blas_api.gemm_strided_batched_ex)
+#define cublasGemmBatchedEx (*blas_api.gemm_batched_ex)
 #define cublasGetStatusName(e) (blas_api.status_name ? blas_api.status_name(e) : "cuBLAS error")
 
 _Static_assert(MP_K_F32 == (int)MP_DT_F32 && MP_K_BF16 == (int)MP_DT_BF16 && MP_K_F16 == (int)MP_DT_F16 &&
@@ -90,6 +93,9 @@ _Static_assert(MP_K_GELU == (int)MP_ACT_GELU && MP_K_GELU_TANH == (int)MP_ACT_GE
                    MP_K_GELU_FAST == (int)MP_ACT_GELU_FAST,
                "kernels.h activation codes follow enum mp_act");
 
+#ifndef MP_PROBE_ATTN_WS_BYTES
+#define MP_PROBE_ATTN_WS_BYTES ((uint64_t)64 << 20) /* flash-path workspace limit */
+#endif
 #ifndef MP_PROBE_COL_CAP_BYTES
 #define MP_PROBE_COL_CAP_BYTES ((uint64_t)64 << 20) /* im2col buffer limit (tests may lower it) */
 #endif
@@ -221,6 +227,14 @@ struct cu_run {
     cudaEvent_t *ev;       /* GEMM start/stop pairs of the current step */
     size_t n_ev, cap_ev;
     cudaEvent_t t0, t1;    /* around each step */
+    /* pointer arrays of the batched GEMMs (cublasGemmBatchedEx): filled on the host (pinned),
+     * copied to the device beside them; slots are not reused within a step */
+    const void **hab;      /* A and B pointers: 2 * PTR_CAP */
+    void **hc;             /* C pointers: PTR_CAP */
+    void *hbase, *dptr;    /* pinned and device: the A/B array, then the C array (3 * PTR_CAP pointers) */
+    size_t ptr_used;       /* entries taken this step */
+    float *attn_ws;        /* the flash path's workspace, attn_ws_bytes (see flash_fwd) */
+    uint64_t attn_ws_bytes;
 };
 
 static struct cu_ctx *CX(const struct mp_exec *x) { return x->bctx; }
@@ -273,50 +287,134 @@ static cudaDataType_t cuda_type(int dt)
 
 static bool fits_int(uint64_t v) { return v <= 0x7fffffffull; }
 
+/* Operand types cuBLAS takes here, and dimensions within its int range. */
+static enum mp_status gemm_check(struct mp_exec *x, uint64_t M, uint64_t N, uint64_t K, int adt, int bdt, int cdt,
+                                 uint64_t lda, uint64_t ldb, uint64_t ldc, uint64_t batch)
+{
+    if (adt != bdt || adt == MP_K_I64 || adt == MP_K_U8 || cdt == MP_K_I64 || cdt == MP_K_U8)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: GEMM with operand types %d/%d -> %d", adt, bdt, cdt);
+    if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc) ||
+        !fits_int(batch))
+        return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: a GEMM dimension exceeds cuBLAS's int range");
+    return MP_OK;
+}
+
+/* On the profiling step: an event before the GEMM (*e0 its index; the pair's end follows). */
+static enum mp_status gemm_time_begin(struct mp_exec *x, size_t *e0)
+{
+    struct cu_run *u = RUN(x);
+    if (!u->timing)
+        return MP_OK;
+    if (u->n_ev + 2 > u->cap_ev) {
+        size_t nc = u->cap_ev ? 2 * u->cap_ev : 256;
+        cudaEvent_t *ne = realloc(u->ev, nc * sizeof *ne);
+        if (!ne)
+            return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory for GEMM events");
+        for (size_t i = u->cap_ev; i < nc; i++)
+            ne[i] = NULL;
+        u->ev = ne;
+        u->cap_ev = nc;
+    }
+    for (size_t i = u->n_ev; i < u->n_ev + 2; i++)
+        if (!u->ev[i])
+            CK(x->d, cudaEventCreate(&u->ev[i]));
+    *e0 = u->n_ev;
+    u->n_ev += 2;
+    CK(x->d, cudaEventRecord(u->ev[*e0], S(x)));
+    return MP_OK;
+}
+
+static enum mp_status gemm_time_end(struct mp_exec *x, size_t e0, uint64_t M, uint64_t N, uint64_t K, uint64_t batch)
+{
+    struct cu_run *u = RUN(x);
+    if (!u->timing)
+        return MP_OK;
+    CK(x->d, cudaEventRecord(u->ev[e0 + 1], S(x)));
+    u->gemm_flops += 2.0 * (double)M * (double)N * (double)K * (double)batch;
+    return MP_OK;
+}
+
 /* Row-major C (M x N) = alpha op(A) op(B) + beta C, batched with element strides.
  * cuBLAS is column-major: compute C^T = op(B)^T op(A)^T.  fp32 compute; bf16/fp16
- * inputs run on tensor cores.  Counts FLOPs and, on measured steps, times the call. */
+ * inputs run on tensor cores.  Counts FLOPs and, on the profiling step, times the call. */
 static enum mp_status gemm(struct mp_exec *x, bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K, float alpha,
                            const void *A, int adt, uint64_t lda, uint64_t sA, const void *B, int bdt, uint64_t ldb,
                            uint64_t sB, float beta, void *C, int cdt, uint64_t ldc, uint64_t sC, uint64_t batch)
 {
     if (!M || !N || !batch)
         return MP_OK;
-    if (adt != bdt || adt == MP_K_I64 || adt == MP_K_U8 || cdt == MP_K_I64 || cdt == MP_K_U8)
-        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: GEMM with operand types %d/%d -> %d", adt, bdt, cdt);
-    if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc) ||
-        !fits_int(batch))
-        return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: a GEMM dimension exceeds cuBLAS's int range");
-    struct cu_run *u = RUN(x);
+    enum mp_status st = gemm_check(x, M, N, K, adt, bdt, cdt, lda, ldb, ldc, batch);
     size_t e0 = 0;
-    if (u->timing) {
-        if (u->n_ev + 2 > u->cap_ev) {
-            size_t nc = u->cap_ev ? 2 * u->cap_ev : 256;
-            cudaEvent_t *ne = realloc(u->ev, nc * sizeof *ne);
-            if (!ne)
-                return mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory for GEMM events");
-            for (size_t i = u->cap_ev; i < nc; i++)
-                ne[i] = NULL;
-            u->ev = ne;
-            u->cap_ev = nc;
-        }
-        for (size_t i = u->n_ev; i < u->n_ev + 2; i++)
-            if (!u->ev[i])
-                CK(x->d, cudaEventCreate(&u->ev[i]));
-        e0 = u->n_ev;
-        u->n_ev += 2;
-        CK(x->d, cudaEventRecord(u->ev[e0], S(x)));
-    }
+    if (st == MP_OK)
+        st = gemm_time_begin(x, &e0);
+    if (st != MP_OK)
+        return st;
     cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     BK(x->d, cublasGemmStridedBatchedEx(CX(x)->blas, opa, opb, (int)N, (int)M, (int)K, &alpha, B, cuda_type(bdt),
                                         (int)ldb, (long long)sB, A, cuda_type(adt), (int)lda, (long long)sA, &beta, C,
                                         cuda_type(cdt), (int)ldc, (long long)sC, (int)batch, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
-    if (u->timing) {
-        CK(x->d, cudaEventRecord(u->ev[e0 + 1], S(x)));
-        u->gemm_flops += 2.0 * (double)M * (double)N * (double)K * (double)batch;
+    return gemm_time_end(x, e0, M, N, K, batch);
+}
+
+/* One pointer-array batched GEMM being filled: entry i multiplies a[i], b[i] into c[i]. */
+struct gemm_ptrs {
+    const void **a, **b;
+    void **c;
+    size_t off; /* the first entry's index in the run's pointer arrays */
+    uint64_t n;
+};
+
+#define PTR_CAP ((size_t)1 << 15)                    /* batched-GEMM entries per step before a drain */
+#define PTR_BYTES (3 * PTR_CAP * sizeof(void *)) /* 768 KiB on the device, as much pinned */
+
+/* Reserves n entries; when a step has used every slot, the stream is drained and the slots
+ * start again (the copies still queued read the pinned slots). */
+static enum mp_status gemm_ptrs_take(struct mp_exec *x, uint64_t n, struct gemm_ptrs *g)
+{
+    struct cu_run *u = RUN(x);
+    if (!u->hab || n > PTR_CAP / 2)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %llu batched GEMM entries (at most %zu)",
+                       (unsigned long long)n, PTR_CAP / 2);
+    if (u->ptr_used + n > PTR_CAP) {
+        CK(x->d, cudaStreamSynchronize(S(x)));
+        u->ptr_used = 0;
     }
+    g->off = u->ptr_used;
+    g->n = n;
+    g->a = u->hab + 2 * g->off;
+    g->b = g->a + n;
+    g->c = u->hc + g->off;
+    u->ptr_used += n;
     return MP_OK;
+}
+
+/* Row-major C_i (M x N) = alpha op(A_i) op(B_i) + beta C_i for every entry of g (filled);
+ * no two entries may write the same C. */
+static enum mp_status gemm_batched(struct mp_exec *x, bool ta, bool tb, uint64_t M, uint64_t N, uint64_t K,
+                                   float alpha, const struct gemm_ptrs *g, int adt, uint64_t lda, int bdt,
+                                   uint64_t ldb, float beta, int cdt, uint64_t ldc)
+{
+    if (!M || !N || !g->n)
+        return MP_OK;
+    struct cu_run *u = RUN(x);
+    enum mp_status st = gemm_check(x, M, N, K, adt, bdt, cdt, lda, ldb, ldc, g->n);
+    if (st != MP_OK)
+        return st;
+    char *dab = (char *)u->dptr + 2 * g->off * sizeof(void *);
+    char *dc = (char *)u->dptr + (2 * PTR_CAP + g->off) * sizeof(void *);
+    CK(x->d, cudaMemcpyAsync(dab, g->a, 2 * g->n * sizeof(void *), cudaMemcpyHostToDevice, S(x)));
+    CK(x->d, cudaMemcpyAsync(dc, g->c, g->n * sizeof(void *), cudaMemcpyHostToDevice, S(x)));
+    size_t e0 = 0;
+    if ((st = gemm_time_begin(x, &e0)) != MP_OK)
+        return st;
+    const void *const *dA = (const void *const *)dab, *const *dB = dA + g->n;
+    void *const *dC = (void *const *)dc;
+    cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    BK(x->d, cublasGemmBatchedEx(CX(x)->blas, opa, opb, (int)N, (int)M, (int)K, &alpha, dB, cuda_type(bdt), (int)ldb,
+                                 dA, cuda_type(adt), (int)lda, &beta, dC, cuda_type(cdt), (int)ldc, (int)g->n,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return gemm_time_end(x, e0, M, N, K, g->n);
 }
 
 #define GEMM(...)                                   \
@@ -324,6 +422,18 @@ static enum mp_status gemm(struct mp_exec *x, bool ta, bool tb, uint64_t M, uint
         enum mp_status g_ = gemm(__VA_ARGS__);      \
         if (g_ != MP_OK)                            \
             return g_;                              \
+    } while (0)
+#define GEMM_BATCHED(...)                                   \
+    do {                                                    \
+        enum mp_status g_ = gemm_batched(__VA_ARGS__);      \
+        if (g_ != MP_OK)                                    \
+            return g_;                                      \
+    } while (0)
+#define PTRS(x, n, g)                                           \
+    do {                                                        \
+        enum mp_status g_ = gemm_ptrs_take((x), (n), (g));      \
+        if (g_ != MP_OK)                                        \
+            return g_;                                          \
     } while (0)
 
 /* ---- one node --------------------------------------------------------------------------------- */
@@ -415,9 +525,36 @@ static enum mp_status pass_run(struct mp_node_view *c, bool fwd)
 
 /* ---- linear ------------------------------------------------------------------------------------ */
 
-/* Under autocast the GEMM uses the half copy of W (extra 0), refreshed by the forward. */
+/* A quantized base weight (bitsandbytes NF4, packed as mp_quant_pack lays it out): dequantized
+ * into the node's MP_TR_DEQUANT temporary in the output dtype, in forward and again in backward,
+ * as the host backend does (probe_host_linear.c). */
+static enum mp_status dequant_weight(struct mp_node_view *c, bool fwd, struct mp_view *w)
+{
+    const struct mp_param *q = &c->p->params[c->n->param[0]];
+    const struct mp_quant *qz = mp_program_base_quant(c->p);
+    uint64_t off[MP_QUANT_PARTS_MAX], bs;
+    NEED(c->w);
+    if (!qz || mp_quant_nf4_layout(qz, q->rows, q->cols, off, &bs) != MP_OK)
+        return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: the cuda backend executes bitsandbytes NF4 "
+                       "weights only", c->n->name);
+    int dt = (int)c->p->tensors[c->n->out].dtype;
+    uint64_t bytes;
+    void *t = mp_view_tmp(c, !fwd, MP_TR_DEQUANT, &bytes);
+    if (!t || bytes < q->elems * esz(dt))
+        return missing(c, "the dequantized weight");
+    struct mp_k_nf4 k = {.n = q->elems, .blocksize = bs, .packed = off[0], .code = off[1], .absmax = off[2],
+                         .offset = off[3], .absmax2 = off[4], .code2 = off[5], .double_quant = qz->double_quant};
+    KK(c->x->d, mp_k_nf4_dequant(t, dt, c->w.p, k, S(c->x)));
+    *w = (struct mp_view){t, (enum mp_dtype)dt, q->elems};
+    return MP_OK;
+}
+
+/* Under autocast the GEMM uses the half copy of W (extra 0), refreshed by the forward; a
+ * quantized base weight its dequantized temporary. */
 static enum mp_status matmul_weight(struct mp_node_view *c, bool fwd, struct mp_view *w)
 {
+    if (c->n->quantized)
+        return dequant_weight(c, fwd, w);
     if (has_x(c, MP_XR_WEIGHT_COPY)) {
         struct mp_view copy = xr(c, MP_XR_WEIGHT_COPY);
         NEED(copy);
@@ -480,6 +617,22 @@ static enum mp_status linear_run(struct mp_node_view *c, bool fwd)
     }
     if (c->gb.p)
         KK(x->d, mp_k_bias_grad(c->gb.p, c->gb.dt, c->gout.p, c->gout.dt, M, N, 1, S(x)));
+    return MP_OK;
+}
+
+/* LoRA's result * scaling (a Python float): y = p x; dx += p dy. */
+static enum mp_status scale_run(struct mp_node_view *c, bool fwd)
+{
+    struct mp_exec *x = c->x;
+    float a = (float)c->n->p;
+    if (fwd) {
+        NEED(c->in[0]);
+        NEED(c->out);
+        KK(x->d, mp_k_scale(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, c->out.n, a, 0, S(x)));
+        return MP_OK;
+    }
+    if (c->gout.p && c->gin[0].p)
+        KK(x->d, mp_k_scale(c->gin[0].p, c->gin[0].dt, c->gout.p, c->gout.dt, c->gout.n, a, 1, S(x)));
     return MP_OK;
 }
 
@@ -601,6 +754,173 @@ static struct mp_k_attn attn_of(const struct mp_node_view *c)
 
 static uint64_t round_up(uint64_t v, uint64_t m) { return (v + m - 1) / m * m; }
 
+/* ---- the flash path: cuBLAS GEMMs over blocks of query rows ----
+ * Tensor cores through cuBLAS rather than a hand-written mma/WMMA flash kernel: every product
+ * (QK^T, PV; dO V^T, dS K, dS^T Q, P^T dO) is a batched GEMM cuBLAS runs near peak, each one
+ * checkable on its own, while a fused kernel could not be validated without a GPU here.  The
+ * price is the workspace: fp32 scores and dP, P and dS in the attention dtype for a block of
+ * query rows of many (sample, head) entries, at most MP_PROBE_ATTN_WS_BYTES, outside the
+ * counting pool (outside_pool_bytes; flash-attention needs none).  Nothing s x s outlives the
+ * node: the forward keeps the logsumexp, the backward recomputes P from it. */
+
+/* Workspace bytes per (entry, query row, key): S and dP fp32, P and dS at most 4 bytes. */
+#define FA_WS_PER 16
+
+/* Entries per GEMM call (ne) and query rows per block (qb) within ws bytes. */
+static void fa_plan(const struct mp_k_attn *A, uint64_t ws, uint64_t *ne, uint64_t *qb)
+{
+    uint64_t ents = A->b * A->a, row = A->s * FA_WS_PER, q = A->s, e = ws / (q * row);
+    if (!e) {
+        q = mp_min_u64(A->s, 128);
+        e = ws / (q * row);
+    }
+    if (!e) {
+        q = mp_max_u64(1, ws / row);
+        e = 1;
+    }
+    *qb = q;
+    *ne = mp_min_u64(mp_min_u64(e, ents), PTR_CAP / 2);
+}
+
+/* Element offsets: q row i of head h, k/v row 0 of kv head g, o row i of head h (b, s, a, d). */
+static uint64_t fa_q(const struct mp_k_attn *A, uint64_t bh, uint64_t i)
+{
+    return (bh / A->a * A->s + i) * A->wq + A->oq + bh % A->a * A->d;
+}
+static uint64_t fa_k(const struct mp_k_attn *A, uint64_t bh, uint64_t w, uint64_t off)
+{
+    return bh / A->a * A->s * w + off + bh % A->a / (A->a / A->kv) * A->d;
+}
+static uint64_t fa_o(const struct mp_k_attn *A, uint64_t bh, uint64_t i)
+{
+    return ((bh / A->a * A->s + i) * A->a + bh % A->a) * A->d;
+}
+
+/* S (fp32, ld jn) = scale Q_block K^T for every entry of F. */
+static enum mp_status fa_scores(struct mp_exec *x, const struct mp_k_attn *A, const struct mp_k_fblock *F,
+                                struct mp_view q, struct mp_view k, float *Sw)
+{
+    struct gemm_ptrs gp;
+    PTRS(x, F->ne, &gp);
+    for (uint64_t e = 0; e < F->ne; e++) {
+        gp.a[e] = at(q, fa_q(A, F->e0 + e, F->i0));
+        gp.b[e] = at(k, fa_k(A, F->e0 + e, A->wk, A->ok));
+        gp.c[e] = Sw + e * F->qb * F->jn;
+    }
+    GEMM_BATCHED(x, false, true, F->qb, F->jn, A->d, A->scale, &gp, q.dt, A->wq, k.dt, A->wk, 0.0f, MP_K_F32, F->jn);
+    return MP_OK;
+}
+
+static enum mp_status flash_fwd(struct mp_node_view *c, const struct mp_k_attn *A, struct mp_view lse,
+                                uint64_t s_lse)
+{
+    struct mp_exec *x = c->x;
+    struct mp_view q = c->in[0], k = c->in[1], v = c->in[2], out = c->out;
+    uint64_t ne, qb, ents = A->b * A->a;
+    fa_plan(A, RUN(x)->attn_ws_bytes, &ne, &qb);
+    for (uint64_t e0 = 0; e0 < ents; e0 += ne)
+        for (uint64_t i0 = 0; i0 < A->s; i0 += qb) {
+            uint64_t rows = mp_min_u64(qb, A->s - i0);
+            struct mp_k_fblock F = {e0, mp_min_u64(ne, ents - e0), i0, rows, A->causal ? i0 + rows : A->s};
+            float *Sw = RUN(x)->attn_ws;
+            struct mp_view P = {Sw + F.ne * F.qb * F.jn, q.dt, F.ne * F.qb * F.jn};
+            enum mp_status st = fa_scores(x, A, &F, q, k, Sw);
+            if (st != MP_OK)
+                return st;
+            KK(x->d, mp_k_fa_softmax_fwd(A, &F, Sw, P.p, lse.p, s_lse, S(x)));
+            struct gemm_ptrs gp; /* O_block = P V */
+            PTRS(x, F.ne, &gp);
+            for (uint64_t e = 0; e < F.ne; e++) {
+                gp.a[e] = at(P, e * F.qb * F.jn);
+                gp.b[e] = at(v, fa_k(A, e0 + e, A->wv, A->ov));
+                gp.c[e] = at(out, fa_o(A, e0 + e, i0));
+            }
+            GEMM_BATCHED(x, false, false, F.qb, A->d, F.jn, 1.0f, &gp, P.dt, F.jn, v.dt, A->wv, 0.0f, out.dt,
+                         A->a * A->d);
+        }
+    return MP_OK;
+}
+
+/* dK_g += dS^T Q (src dS, rhs q) or dV_g += Pk^T dO (src Pk, rhs dO) for the entries of F
+ * whose head is member r of its kv group: no two entries of one call add into the same rows. */
+static enum mp_status fa_kv_grad(struct mp_exec *x, const struct mp_k_attn *A, const struct mp_k_fblock *F,
+                                 uint64_t r, struct mp_view src, struct mp_view rhs, bool rhs_q, struct mp_view dst,
+                                 uint64_t w, uint64_t off)
+{
+    uint64_t group = A->a / A->kv, blk = F->qb * F->jn, n = 0;
+    struct gemm_ptrs gp;
+    PTRS(x, F->ne, &gp);
+    for (uint64_t e = 0; e < F->ne; e++) {
+        uint64_t bh = F->e0 + e;
+        if (bh % A->a % group != r)
+            continue;
+        gp.a[n] = at(src, e * blk);
+        gp.b[n] = at(rhs, rhs_q ? fa_q(A, bh, F->i0) : fa_o(A, bh, F->i0));
+        gp.c[n++] = at(dst, fa_k(A, bh, w, off));
+    }
+    gp.n = n;
+    GEMM_BATCHED(x, true, false, F->jn, A->d, F->qb, 1.0f, &gp, src.dt, F->jn, rhs.dt, rhs_q ? A->wq : A->a * A->d,
+                 1.0f, dst.dt, w);
+    return MP_OK;
+}
+
+static enum mp_status flash_bwd(struct mp_node_view *c, const struct mp_k_attn *A, struct mp_view lse,
+                                uint64_t s_lse)
+{
+    struct mp_exec *x = c->x;
+    struct mp_view q = c->in[0], k = c->in[1], v = c->in[2], go = c->gout, gq = c->gin[0], gk = c->gin[1],
+                   gv = c->gin[2];
+    uint64_t s_r = round_up(A->s, 128), d_r = round_up(A->d, 32), group = A->a / A->kv;
+    float *dsum = tmp_part(c, true, MP_TR_FLASH_D, A->b * A->a * s_r * 4);
+    float *dq_acc = tmp_part(c, true, MP_TR_FLASH_DQ, A->b * s_r * A->a * d_r * 4);
+    if (!dsum || !dq_acc)
+        return missing(c, "the softmax_d/dq_accum temporary");
+    KK(x->d, mp_k_flash_dsum(A, c->out.p, go.p, dsum, s_r, S(x)));
+    uint64_t ne, qb, ents = A->b * A->a;
+    fa_plan(A, RUN(x)->attn_ws_bytes, &ne, &qb);
+    struct gemm_ptrs gp;
+    for (uint64_t e0 = 0; e0 < ents; e0 += ne)
+        for (uint64_t i0 = 0; i0 < A->s; i0 += qb) {
+            uint64_t rows = mp_min_u64(qb, A->s - i0);
+            struct mp_k_fblock F = {e0, mp_min_u64(ne, ents - e0), i0, rows, A->causal ? i0 + rows : A->s};
+            uint64_t blk = F.qb * F.jn, all = F.ne * blk;
+            float *Sw = RUN(x)->attn_ws, *dPw = Sw + all;
+            struct mp_view Pk = {dPw + all, q.dt, all}, dS = {(char *)(dPw + all) + all * esz(q.dt), q.dt, all};
+            enum mp_status st = fa_scores(x, A, &F, q, k, Sw);
+            if (st != MP_OK)
+                return st;
+            PTRS(x, F.ne, &gp); /* dP = dO_block V^T */
+            for (uint64_t e = 0; e < F.ne; e++) {
+                gp.a[e] = at(go, fa_o(A, e0 + e, i0));
+                gp.b[e] = at(v, fa_k(A, e0 + e, A->wv, A->ov));
+                gp.c[e] = dPw + e * blk;
+            }
+            GEMM_BATCHED(x, false, true, F.qb, F.jn, A->d, 1.0f, &gp, go.dt, A->a * A->d, v.dt, A->wv, 0.0f, MP_K_F32,
+                         F.jn);
+            KK(x->d, mp_k_fa_softmax_bwd(A, &F, Sw, dPw, lse.p, s_lse, dsum, s_r, Pk.p, dS.p, S(x)));
+            if (gq.p) { /* dq_accum rows of the block = dS K (each block writes its own rows) */
+                PTRS(x, F.ne, &gp);
+                for (uint64_t e = 0; e < F.ne; e++) {
+                    uint64_t bh = e0 + e;
+                    gp.a[e] = at(dS, e * blk);
+                    gp.b[e] = at(k, fa_k(A, bh, A->wk, A->ok));
+                    gp.c[e] = dq_acc + ((bh / A->a * s_r + i0) * A->a + bh % A->a) * d_r;
+                }
+                GEMM_BATCHED(x, false, false, F.qb, A->d, F.jn, 1.0f, &gp, dS.dt, F.jn, k.dt, A->wk, 0.0f, MP_K_F32,
+                             A->a * d_r);
+            }
+            for (uint64_t r = 0; r < group; r++) {
+                if (gk.p && (st = fa_kv_grad(x, A, &F, r, dS, q, true, gk, A->wk, A->ok)) != MP_OK)
+                    return st;
+                if (gv.p && (st = fa_kv_grad(x, A, &F, r, Pk, go, false, gv, A->wv, A->ov)) != MP_OK)
+                    return st;
+            }
+        }
+    if (gq.p)
+        KK(x->d, mp_k_flash_dq_out(A, dq_acc, s_r, d_r, gq.p, S(x)));
+    return MP_OK;
+}
+
 static enum mp_status flash_run(struct mp_node_view *c, bool fwd)
 {
     struct mp_exec *x = c->x;
@@ -611,21 +931,15 @@ static enum mp_status flash_run(struct mp_node_view *c, bool fwd)
     NEED(c->out);
     struct mp_view lse = xr(c, MP_XR_LSE);
     NEED(lse);
+    if (!A.kv || A.a % A.kv || !A.b)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: %llu heads over %llu kv heads", c->n->name,
+                       (unsigned long long)A.a, (unsigned long long)A.kv);
+    if (!RUN(x)->attn_ws)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: no attention workspace", c->n->name);
     uint64_t s_lse = lse.n / (A.b * A.a);
-    if (fwd) {
-        KK(x->d, mp_k_flash_fwd(&A, c->out.p, lse.p, s_lse, S(x)));
-        return MP_OK;
-    }
-    if (!c->gout.p)
-        return MP_OK;
-    uint64_t s_r = round_up(A.s, 128), d_r = round_up(A.d, 32), nD = A.b * A.a * s_r;
-    float *dsum = tmp_part(c, true, MP_TR_FLASH_D, nD * 4), *dq_acc = tmp_part(c, true, MP_TR_FLASH_DQ,
-                                                                               A.b * s_r * A.a * d_r * 4);
-    if (!dsum || !dq_acc)
-        return missing(c, "the softmax_d/dq_accum temporary");
-    KK(x->d, mp_k_flash_bwd(&A, c->out.p, c->gout.p, lse.p, s_lse, dsum, dq_acc, s_r, d_r, c->gin[0].p,
-                            c->gin[1].p, c->gin[2].p, S(x)));
-    return MP_OK;
+    if (fwd)
+        return flash_fwd(c, &A, lse, s_lse);
+    return c->gout.p ? flash_bwd(c, &A, lse, s_lse) : MP_OK;
 }
 
 /* Eager: extras q_copy, k_copy, v_copy (b,a,s,d), probs (b,a,s,s), then [mask, dropped] or [cast]. */
@@ -691,10 +1005,16 @@ static enum mp_status eager_bwd(struct mp_node_view *c)
     if (!pg)
         return missing(c, "the softmax-backward temporary");
     struct mp_view dP = {pg, sm, ass}, dS = {pg + ass * esz(sm), sm, ass};
-    /* dP' = dO V^T per sample (dO is (b, s, a*d): heads at column h*d) */
-    for (uint64_t bi = 0; bi < b; bi++)
-        GEMM(x, false, true, s, s, d, 1.0f, at(go, bi * s * a * d), go.dt, a * d, d, at(vc, bi * a * s * d), cdt, d,
-             s * d, 0.0f, at(dP, bi * a * ss), sm, s, ss, a);
+    /* dP' = dO V^T for every (sample, head) in one batched GEMM (dO is (b, s, a*d): head h at
+     * column h*d, so no single stride reaches every (sample, head) pair) */
+    struct gemm_ptrs gp;
+    PTRS(x, b * a, &gp);
+    for (uint64_t e = 0; e < b * a; e++) { /* e = bi*a + h */
+        gp.a[e] = at(go, e / a * s * a * d + e % a * d);
+        gp.b[e] = at(vc, e * s * d);
+        gp.c[e] = at(dP, e * ss);
+    }
+    GEMM_BATCHED(x, false, true, s, s, d, 1.0f, &gp, go.dt, a * d, cdt, d, 0.0f, sm, s);
     KK(x->d, mp_k_softmax_bwd(dS.p, dP.p, sm, pr.p, dmask.p, A.p, b * a * s, s, S(x)));
     struct mp_view dsc = dS;
     if (sm != cdt) { /* the fp32 softmax gradient cast to the matmul dtype (into dP's space) */
@@ -702,19 +1022,37 @@ static enum mp_status eager_bwd(struct mp_node_view *c)
         KK(x->d, mp_k_convert(dsc.p, cdt, dS.p, sm, ass, 0, S(x)));
     }
     struct mp_view gq = c->gin[0], gk = c->gin[1], gv = c->gin[2];
-    for (uint64_t bi = 0; bi < b; bi++) {
-        if (gq.p) /* dQ_h += scale dS_h K_h */
-            GEMM(x, false, false, s, d, s, A.scale, at(dsc, bi * a * ss), cdt, s, ss, at(kc, bi * a * s * d), cdt, d,
-                 s * d, 1.0f, at(gq, bi * s * A.wq + A.oq), gq.dt, A.wq, d, a);
-        for (uint64_t r = 0; r < g; r++) { /* kv head j gathers heads j*g + r */
-            if (gk.p)
-                GEMM(x, true, false, s, d, s, A.scale, at(dsc, (bi * a + r) * ss), cdt, s, g * ss,
-                     at(qc, (bi * a + r) * s * d), cdt, d, g * s * d, 1.0f, at(gk, bi * s * A.wk + A.ok), gk.dt, A.wk,
-                     d, kv);
-            if (gv.p)
-                GEMM(x, true, false, s, d, s, 1.0f, at(pv, (bi * a + r) * ss), pv.dt, s, g * ss,
-                     at(go, bi * s * a * d + r * d), go.dt, a * d, g * d, 1.0f, at(gv, bi * s * A.wv + A.ov), gv.dt,
-                     A.wv, d, kv);
+    if (gq.p) { /* dQ_h += scale dS_h K_h, every (sample, head) */
+        PTRS(x, b * a, &gp);
+        for (uint64_t e = 0; e < b * a; e++) {
+            gp.a[e] = at(dsc, e * ss);
+            gp.b[e] = at(kc, e * s * d);
+            gp.c[e] = at(gq, e / a * s * A.wq + A.oq + e % a * d);
+        }
+        GEMM_BATCHED(x, false, false, s, d, s, A.scale, &gp, cdt, s, cdt, d, 1.0f, gq.dt, A.wq);
+    }
+    /* kv head j gathers query heads j*g + r: one batched GEMM per r over every (sample, kv head),
+     * so no two entries of a call write the same dK/dV rows */
+    for (uint64_t r = 0; r < g; r++) {
+        if (gk.p) { /* dK_j += scale dS_h^T Q_h */
+            PTRS(x, b * kv, &gp);
+            for (uint64_t e = 0; e < b * kv; e++) { /* e = bi*kv + j; h = j*g + r */
+                uint64_t bh = e / kv * a + e % kv * g + r;
+                gp.a[e] = at(dsc, bh * ss);
+                gp.b[e] = at(qc, bh * s * d);
+                gp.c[e] = at(gk, e / kv * s * A.wk + A.ok + e % kv * d);
+            }
+            GEMM_BATCHED(x, true, false, s, d, s, A.scale, &gp, cdt, s, cdt, d, 1.0f, gk.dt, A.wk);
+        }
+        if (gv.p) { /* dV_j += P_h^T dO_h */
+            PTRS(x, b * kv, &gp);
+            for (uint64_t e = 0; e < b * kv; e++) {
+                uint64_t bi = e / kv, h = e % kv * g + r;
+                gp.a[e] = at(pv, (bi * a + h) * ss);
+                gp.b[e] = at(go, bi * s * a * d + h * d);
+                gp.c[e] = at(gv, bi * s * A.wv + A.ov + e % kv * d);
+            }
+            GEMM_BATCHED(x, true, false, s, d, s, 1.0f, &gp, pv.dt, s, go.dt, a * d, 1.0f, gv.dt, A.wv);
         }
     }
     return MP_OK;
@@ -804,17 +1142,21 @@ static enum mp_status conv_run(struct mp_node_view *c, bool fwd)
     const struct mp_node *n = c->n;
     struct mp_exec *x = c->x;
     struct mp_k_conv C = conv_of(n);
-    uint64_t P = C.ho * C.wo, cpg = C.ci / C.g, opg = C.co / C.g, Kc = cpg * C.k * C.k;
+    uint64_t P = C.ho * C.wo, cpg = C.ci / C.g, opg = C.co / C.g, Kc = cpg * C.k * C.k, G = C.g;
     uint64_t B = (C.ci && C.hi && C.wi) ? c->p->tensors[n->in[0]].elems / (C.ci * C.hi * C.wi) : 0;
     uint64_t pc = conv_chunk(x, Kc, P);
-    void *col = RUN(x)->col;
+    char *col = RUN(x)->col;
     if (!col || RUN(x)->col_bytes < Kc * pc * 4)
         return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: no im2col buffer", n->name);
+    /* Whole images fit the buffer: (sample, group) blocks side by side, one batched GEMM per
+     * buffer-full (slots of `per` bytes: fp32 is the widest column type); else pixel chunks. */
+    uint64_t per = Kc * P * 4, ne = pc == P ? mp_min_u64(RUN(x)->col_bytes / per, PTR_CAP / 2) : 0;
     NEED(c->in[0]);
-    struct mp_view xin = c->in[0], w;
+    struct mp_view xin = c->in[0], w, go = c->gout;
     enum mp_status st = matmul_weight(c, fwd, &w);
     if (st != MP_OK)
         return st;
+    struct gemm_ptrs gp;
     if (fwd) {
         NEED(c->out);
         float beta = 0.0f;
@@ -823,8 +1165,20 @@ static enum mp_status conv_run(struct mp_node_view *c, bool fwd)
             KK(x->d, mp_k_bias_fill(c->out.p, c->out.dt, c->b.p, c->b.dt, B, C.co, P, S(x)));
             beta = 1.0f;
         }
-        for (uint64_t bi = 0; bi < B; bi++)
-            for (uint64_t g = 0; g < C.g; g++)
+        for (uint64_t e0 = 0; ne && e0 < B * G; e0 += ne) { /* Y_(b,g) (+)= W_g col_(b,g) */
+            uint64_t k = mp_min_u64(ne, B * G - e0);
+            PTRS(x, k, &gp);
+            for (uint64_t j = 0; j < k; j++) {
+                uint64_t bi = (e0 + j) / G, g = (e0 + j) % G;
+                KK(x->d, mp_k_im2col(col + j * per, xin.p, xin.dt, &C, bi, g, 0, P, S(x)));
+                gp.a[j] = at(w, g * opg * Kc);
+                gp.b[j] = col + j * per;
+                gp.c[j] = at(c->out, (bi * C.co + g * opg) * P);
+            }
+            GEMM_BATCHED(x, false, false, opg, P, Kc, 1.0f, &gp, w.dt, Kc, xin.dt, P, beta, c->out.dt, P);
+        }
+        for (uint64_t bi = 0; !ne && bi < B; bi++)
+            for (uint64_t g = 0; g < G; g++)
                 for (uint64_t p0 = 0; p0 < P; p0 += pc) {
                     uint64_t m = mp_min_u64(pc, P - p0);
                     KK(x->d, mp_k_im2col(col, xin.p, xin.dt, &C, bi, g, p0, m, S(x)));
@@ -833,27 +1187,56 @@ static enum mp_status conv_run(struct mp_node_view *c, bool fwd)
                 }
         return MP_OK;
     }
-    if (!c->gout.p)
+    if (!go.p)
         return MP_OK;
-    struct mp_view go = c->gout;
-    if (c->gw.p) /* dW_g += dY_g col^T, accumulated in .grad's dtype */
-        for (uint64_t bi = 0; bi < B; bi++)
-            for (uint64_t g = 0; g < C.g; g++)
+    if (c->gw.p) { /* dW_g += dY_(b,g) col_(b,g)^T, accumulated in .grad's dtype: samples one after
+                    * another (they add into the same dW_g), the groups of a sample batched */
+        for (uint64_t bi = 0; ne && bi < B; bi++)
+            for (uint64_t g0 = 0; g0 < G; g0 += ne) {
+                uint64_t k = mp_min_u64(ne, G - g0);
+                PTRS(x, k, &gp);
+                for (uint64_t j = 0; j < k; j++) {
+                    uint64_t g = g0 + j;
+                    KK(x->d, mp_k_im2col(col + j * per, xin.p, xin.dt, &C, bi, g, 0, P, S(x)));
+                    gp.a[j] = at(go, (bi * C.co + g * opg) * P);
+                    gp.b[j] = col + j * per;
+                    gp.c[j] = at(c->gw, g * opg * Kc);
+                }
+                GEMM_BATCHED(x, false, true, opg, Kc, P, 1.0f, &gp, go.dt, P, xin.dt, P, 1.0f, c->gw.dt, Kc);
+            }
+        for (uint64_t bi = 0; !ne && bi < B; bi++)
+            for (uint64_t g = 0; g < G; g++)
                 for (uint64_t p0 = 0; p0 < P; p0 += pc) {
                     uint64_t m = mp_min_u64(pc, P - p0);
                     KK(x->d, mp_k_im2col(col, xin.p, xin.dt, &C, bi, g, p0, m, S(x)));
                     GEMM(x, false, true, opg, Kc, m, 1.0f, at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0,
                          col, xin.dt, m, 0, 1.0f, at(c->gw, g * opg * Kc), c->gw.dt, Kc, 0, 1);
                 }
-    if (c->gin[0].p) /* dcol = W_g^T dY_g (fp32), then col2im */
-        for (uint64_t bi = 0; bi < B; bi++)
-            for (uint64_t g = 0; g < C.g; g++)
+    }
+    if (c->gin[0].p) { /* dcol_(b,g) = W_g^T dY_(b,g) (fp32), then col2im */
+        for (uint64_t e0 = 0; ne && e0 < B * G; e0 += ne) {
+            uint64_t k = mp_min_u64(ne, B * G - e0);
+            PTRS(x, k, &gp);
+            for (uint64_t j = 0; j < k; j++) {
+                uint64_t bi = (e0 + j) / G, g = (e0 + j) % G;
+                gp.a[j] = at(w, g * opg * Kc);
+                gp.b[j] = at(go, (bi * C.co + g * opg) * P);
+                gp.c[j] = col + j * per;
+            }
+            GEMM_BATCHED(x, true, false, Kc, P, opg, 1.0f, &gp, w.dt, Kc, go.dt, P, 0.0f, MP_K_F32, P);
+            for (uint64_t j = 0; j < k; j++)
+                KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, (const float *)(col + j * per), &C, (e0 + j) / G,
+                                     (e0 + j) % G, 0, P, S(x)));
+        }
+        for (uint64_t bi = 0; !ne && bi < B; bi++)
+            for (uint64_t g = 0; g < G; g++)
                 for (uint64_t p0 = 0; p0 < P; p0 += pc) {
                     uint64_t m = mp_min_u64(pc, P - p0);
                     GEMM(x, true, false, Kc, m, opg, 1.0f, at(w, g * opg * Kc), w.dt, Kc, 0,
                          at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0, 0.0f, col, MP_K_F32, m, 0, 1);
-                    KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, col, &C, bi, g, p0, m, S(x)));
+                    KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, (const float *)col, &C, bi, g, p0, m, S(x)));
                 }
+    }
     if (c->gb.p)
         KK(x->d, mp_k_bias_grad(c->gb.p, c->gb.dt, go.p, go.dt, B, C.co, P, S(x)));
     return MP_OK;
@@ -946,6 +1329,7 @@ FWD_BWD(embed)
 FWD_BWD(addpos)
 FWD_BWD(pass)
 FWD_BWD(linear)
+FWD_BWD(scale)
 FWD_BWD(layernorm)
 FWD_BWD(rmsnorm)
 FWD_BWD(rope)
@@ -962,11 +1346,12 @@ FWD_BWD(custom)
 static enum mp_status attn_fwd(struct mp_node_view *c) { return c->n->eager ? eager_fwd(c) : flash_run(c, true); }
 static enum mp_status attn_bwd(struct mp_node_view *c) { return c->n->eager ? eager_bwd(c) : flash_run(c, false); }
 
-/* One row per prim; LoRA's scale is not run here yet (mp_probe_run refuses such programs). */
+/* One row per prim. */
 static const struct mp_prim_fns cuda_prims[MP_P_COUNT] = {
     [MP_P_EMBED] = {embed_fwd, embed_bwd},
     [MP_P_ADD_POS] = {addpos_fwd, addpos_bwd},
     [MP_P_CAST] = {pass_fwd, pass_bwd},
+    [MP_P_SCALE] = {scale_fwd, scale_bwd},
     [MP_P_LINEAR] = {linear_fwd, linear_bwd},
     [MP_P_LAYERNORM] = {layernorm_fwd, layernorm_bwd},
     [MP_P_RMSNORM] = {rmsnorm_fwd, rmsnorm_bwd},
@@ -1129,6 +1514,12 @@ static void cuda_exec_free(struct mp_exec *x)
         return;
     if (u->col)
         cu_free(CX(x), u->col);
+    if (u->dptr)
+        cu_free(CX(x), u->dptr);
+    if (u->attn_ws)
+        cu_free(CX(x), u->attn_ws);
+    if (u->hbase)
+        cudaFreeHost(u->hbase);
     trim(CX(x));
     for (size_t i = 0; i < u->cap_ev; i++)
         if (u->ev[i])
@@ -1143,7 +1534,22 @@ static void cuda_exec_free(struct mp_exec *x)
     x->bx = NULL;
 }
 
-/* The im2col buffer: the largest conv's column block, at most MP_PROBE_COL_CAP_BYTES. */
+/* A buffer outside the counting pool, from the same driver pool as the step's storages
+ * (trimmed with them); its out-of-memory is a result that names it. */
+static enum mp_status outside_alloc(struct mp_exec *x, uint64_t bytes, void **out, const char *what)
+{
+    enum mp_status st = cu_alloc(CX(x), bytes, out, x->d);
+    if (st == MP_ERR_OOM) {
+        x->pool.oom_bytes = bytes;
+        x->pool.oom_capacity = false;
+        snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:%s", what);
+    }
+    return st;
+}
+
+/* The im2col buffer: every (sample, group) column block of the largest conv side by side
+ * (one batched GEMM), at most MP_PROBE_COL_CAP_BYTES (then fewer blocks per GEMM, or pixel
+ * chunks of one block), at least one column. */
 static enum mp_status col_buffer(struct mp_exec *x)
 {
     struct cu_run *u = RUN(x);
@@ -1153,24 +1559,46 @@ static enum mp_status col_buffer(struct mp_exec *x)
         if (n->prim != MP_P_CONV2D)
             continue;
         uint64_t g = n->groups ? n->groups : 1, kc = n->c_in / g * n->kernel * n->kernel, P = n->h_out * n->w_out;
-        uint64_t b;
-        if (!mp_mul3_u64(kc, P, 4, &b))
-            b = UINT64_MAX;
-        need = mp_max_u64(need, mp_min_u64(b, mp_max_u64(MP_PROBE_COL_CAP_BYTES, kc * 4)));
+        uint64_t per_sample = n->c_in * n->h_in * n->w_in, samples = per_sample ? x->p->tensors[n->in[0]].elems /
+                                                                                        per_sample : 1;
+        uint64_t b, all;
+        if (!mp_mul3_u64(kc, P, 4, &b) || !mp_mul3_u64(b, g, samples, &all))
+            all = UINT64_MAX;
+        need = mp_max_u64(need, mp_min_u64(all, mp_max_u64(MP_PROBE_COL_CAP_BYTES, kc * 4)));
     }
     if (!need)
         return MP_OK;
-    /* from the same driver pool as the step's storages (trimmed with them), outside the counting pool:
-     * PyTorch's conv uses cuDNN workspaces the estimator does not count either */
-    enum mp_status st = cu_alloc(CX(x), need, &u->col, x->d);
-    if (st == MP_ERR_OOM) {
-        x->pool.oom_bytes = need;
-        x->pool.oom_capacity = false;
-        snprintf(x->pool.oom_event, sizeof x->pool.oom_event, "setup:im2col buffer");
-    }
+    /* PyTorch's conv uses cuDNN workspaces the estimator does not count either */
+    enum mp_status st = outside_alloc(x, need, &u->col, "im2col buffer");
     if (st != MP_OK)
         return st;
     u->col_bytes = need;
+    return MP_OK;
+}
+
+/* The flash path's workspace: every (sample, head) entry's whole score block of the largest
+ * flash attention (one pass of GEMMs), at most MP_PROBE_ATTN_WS_BYTES, at least one query row. */
+static enum mp_status attn_buffer(struct mp_exec *x)
+{
+    struct cu_run *u = RUN(x);
+    uint64_t need = 0;
+    for (size_t k = 0; k < x->p->n_nodes; k++) {
+        const struct mp_node *n = &x->p->nodes[k];
+        if (n->prim != MP_P_ATTN || n->eager)
+            continue;
+        uint64_t s = n->seq ? n->seq : 1, rows = n->rows, all, row;
+        if (!mp_mul_u64(s, FA_WS_PER, &row) || !mp_mul3_u64(rows, n->heads, row, &all))
+            all = row = UINT64_MAX;
+        need = mp_max_u64(need, mp_min_u64(all, mp_max_u64(MP_PROBE_ATTN_WS_BYTES, row)));
+    }
+    if (!need)
+        return MP_OK;
+    void *ws = NULL;
+    enum mp_status st = outside_alloc(x, need, &ws, "attention workspace");
+    if (st != MP_OK)
+        return st;
+    u->attn_ws = ws;
+    u->attn_ws_bytes = need;
     return MP_OK;
 }
 
@@ -1190,8 +1618,20 @@ static enum mp_status cuda_run_begin(struct mp_exec *x, struct mp_probe_result *
     enum mp_status st = used_bytes(x, &r->device_used_before);
     if (st == MP_OK)
         st = col_buffer(x);
+    if (st == MP_OK)
+        st = attn_buffer(x);
     if (st == MP_OK && (cudaEventCreate(&u->t0) != cudaSuccess || cudaEventCreate(&u->t1) != cudaSuccess))
         st = mp_fail(x->d, MP_ERR_DEVICE, "cudaEventCreate failed at %s:%d", __FILE__, __LINE__);
+    if (st == MP_OK) { /* the batched GEMMs' pointer arrays, outside the counting pool as the im2col buffer */
+        void *h = NULL;
+        cudaError_t e = cudaMallocHost(&h, PTR_BYTES);
+        if (e != cudaSuccess)
+            return cuda_fail(x->d, e, "cudaMallocHost(GEMM pointers)", __FILE__, __LINE__);
+        u->hbase = h;
+        u->hab = h;
+        u->hc = (void **)((char *)h + 2 * PTR_CAP * sizeof(void *));
+        st = outside_alloc(x, PTR_BYTES, &u->dptr, "GEMM pointer arrays");
+    }
     return st;
 }
 
@@ -1203,6 +1643,7 @@ static enum mp_status cuda_step_begin(struct mp_exec *x, bool profile)
     struct cu_run *u = RUN(x);
     u->timing = profile;
     u->n_ev = 0;
+    u->ptr_used = 0; /* the last step ended synchronised: every slot is free */
     cudaError_t e = cudaEventRecord(u->t0, S(x));
     if (e != cudaSuccess)
         return cuda_fail(x->d, e, "cudaEventRecord", __FILE__, __LINE__);
@@ -1234,7 +1675,7 @@ static enum mp_status cuda_run_end(struct mp_exec *x, struct mp_probe_result *r,
         st = used_bytes(x, &r->device_used_after);
     if (st == MP_OK)
         r->gemm_tflops = u->gemm_ms > 0 ? u->gemm_flops / (u->gemm_ms * 1e-3) / 1e12 : 0.0;
-    r->outside_pool_bytes = u->col_bytes;
+    r->outside_pool_bytes = u->col_bytes + u->attn_ws_bytes + (u->dptr ? PTR_BYTES : 0);
     (void)cuda_device_info(CX(x), &r->dev);
     return st;
 }

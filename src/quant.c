@@ -211,6 +211,13 @@ static enum mp_status nf4_shape(const struct mp_quant *q, uint64_t out_f, uint64
     return MP_OK;
 }
 
+enum mp_status mp_quant_nf4_layout(const struct mp_quant *q, uint64_t out_f, uint64_t in_f,
+                                   uint64_t off[MP_QUANT_PARTS_MAX], uint64_t *blocksize)
+{
+    uint64_t n, nb;
+    return nf4_shape(q, out_f, in_f, off, &n, blocksize, &nb);
+}
+
 enum mp_status mp_quant_pack(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, const float *w, uint8_t *dst)
 {
     uint64_t off[MP_QUANT_PARTS_MAX], n, bs, nb;

@@ -68,5 +68,10 @@ enum mp_status mp_quant_pack(const struct mp_quant *q, uint64_t out_f, uint64_t 
                              uint8_t *dst);
 enum mp_status mp_quant_unpack(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, const uint8_t *src,
                                float *w);
+/* The byte offsets of the parts of that layout (mp_quant_parts' order) and the block size, for
+ * an executor that dequantizes elsewhere (the cuda backend's kernel).  MP_ERR_UNSUPPORTED for
+ * other formats. */
+enum mp_status mp_quant_nf4_layout(const struct mp_quant *q, uint64_t out_f, uint64_t in_f,
+                                   uint64_t off[MP_QUANT_PARTS_MAX], uint64_t *blocksize);
 
 #endif

@@ -159,7 +159,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
     return r;
 }
 
-static void json_memory(cJSON *r, const struct mp_estimate *e)
+static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp_estimate *e)
 {
     cJSON *m = cJSON_AddObjectToObject(r, "memory");
     ju64(m, "weights_bytes", e->weights_bytes);
@@ -185,6 +185,8 @@ static void json_memory(cJSON *r, const struct mp_estimate *e)
         ju64(m, "buffers_bytes", e->buffers_bytes);
         ju64(m, "host_bytes", e->host_bytes);
         ju64(m, "nvme_bytes", e->nvme_bytes);
+        /* NCCL's communicator memory, from the profile (in overhead_bytes); 0 = not counted */
+        ju64(m, "nccl_overhead_bytes", e->world > 1 && c->gpu ? c->gpu->nccl_overhead_bytes : 0);
         cJSON *cm = cJSON_AddObjectToObject(m, "comm_per_step");
         jnum(cm, "allgather_bytes", e->allgather_bytes);
         jnum(cm, "reducescatter_bytes", e->reducescatter_bytes);
@@ -433,7 +435,7 @@ static void layer_table(FILE *out, const struct mp_report_ctx *c, const struct m
         fprintf(out, "(identical repeated blocks folded; per-block figures; --all-layers unfolds)\n");
 }
 
-static void totals(FILE *out, const struct mp_estimate *e)
+static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e)
 {
     fprintf(out, "\nmemory by category\n");
     fprintf(out, "  weights            %12s\n", B(e->weights_bytes));
@@ -455,6 +457,12 @@ static void totals(FILE *out, const struct mp_estimate *e)
         if (e->comm_s > 0 || e->offload_s > 0)
             fprintf(out, "  time per step      collectives %.3f s (%.3f s not hidden by compute), offload %.3f s\n",
                     e->comm_s, e->exposed_comm_s, e->offload_s);
+        if (e->world > 1 && c->gpu && c->gpu->nccl_overhead_bytes)
+            fprintf(out, "  NCCL buffers       %12s   (profile nccl_overhead_mib; counted in the context below)\n",
+                    B(c->gpu->nccl_overhead_bytes));
+        else if (e->world > 1)
+            fprintf(out, "  NCCL buffers       not counted (%s): they come on top\n",
+                    c->gpu ? "profile nccl_overhead_mib = 0, not measured" : "no GPU profile");
     }
     fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
             B(e->peak_allocated_bytes), e->peak_event);
@@ -475,7 +483,7 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
 {
     if (c->json) {
         cJSON *r = json_root(c);
-        json_memory(r, e);
+        json_memory(r, c, e);
         json_layers(r, c, e);
         cJSON *tg = cJSON_GetObjectItemCaseSensitive(r, "target");
         if (c->fit && tg) {
@@ -503,7 +511,7 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
                     B(f->peak_device_bytes - f->usable_bytes));
     }
     layer_table(out, c, e);
-    totals(out, e);
+    totals(out, c, e);
     if (plan && plan->spec.strategy != MP_CKPT_NONE) {
         fprintf(out, "checkpointed blocks  ");
         mp_report_plan_blocks(out, plan);
@@ -538,7 +546,7 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
             jnum(s, "recompute_flops", cmp->seg_recompute);
         }
         cJSON_AddItemToObject(r, "plan", pl);
-        json_memory(r, &f->est);
+        json_memory(r, c, &f->est);
         print_json(out, r);
         return;
     }
@@ -610,7 +618,7 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
         ju64(k, "usable_bytes", f->usable_bytes);
         ju64(k, "capacity_bytes", f->capacity_bytes);
         ju64(k, "peak_device_bytes", f->peak_device_bytes);
-        json_memory(r, &f->est);
+        json_memory(r, c, &f->est);
         cJSON_AddItemToObject(r, "plan", json_plan(&f->plan, f->est.fwd_flops + f->est.bwd_flops));
         print_json(out, r);
         return;
@@ -623,6 +631,28 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
 
 /* ---- suggest ----------------------------------------------------------------------------- */
 
+/* peft's task_type for the model's head (the classifier's pooling says which) and the
+ * transformers Auto class that loads it; NULL task: a masked-LM or bare model (no task type). */
+static const char *peft_task(const struct mp_model *m, const char **auto_cls)
+{
+    *auto_cls = "AutoModelForCausalLM";
+    for (size_t i = m->n_blocks; i-- > 0;)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &m->blocks[i].layers[j];
+            if (l->type == MP_LT_CLASSIFIER) {
+                bool tok = l->pool == MP_POOL_NONE, qa = l->pool == MP_POOL_SPAN;
+                *auto_cls = tok ? "AutoModelForTokenClassification"
+                            : qa ? "AutoModelForQuestionAnswering" : "AutoModelForSequenceClassification";
+                return tok ? "TOKEN_CLS" : qa ? "QUESTION_ANS" : "SEQ_CLS";
+            }
+            if (l->type == MP_LT_LM_HEAD && l->masked) {
+                *auto_cls = "AutoModelForMaskedLM";
+                return NULL;
+            }
+        }
+    return "CAUSAL_LM";
+}
+
 /* peft/bitsandbytes objects that reproduce a fine-tuning plan (memory-facts §12). */
 static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
@@ -634,13 +664,14 @@ static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct 
     char *sp = strchr(tg, ' ');
     if (sp)
         *sp = 0;
+    const char *auto_cls, *task = peft_task(c->model, &auto_cls);
     fprintf(out, "# peft + bitsandbytes (memplan %s)\n", MEMPLAN_VERSION);
     if (b->ft == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
         fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
                      "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
                 f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
                 b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
-        fprintf(out, "model = AutoModelForCausalLM.from_pretrained(NAME, quantization_config=bnb_config)\n");
+        fprintf(out, "model = %s.from_pretrained(NAME, quantization_config=bnb_config)\n", auto_cls);
     }
     if (b->ft == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
         fprintf(out, "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=%s)\n",
@@ -659,7 +690,11 @@ static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct 
         }
         fprintf(out, "],\n");
     }
-    fprintf(out, "    bias=\"none\", task_type=\"CAUSAL_LM\")\nmodel = get_peft_model(model, lora_config)\n");
+    if (task) /* SEQ_CLS, TOKEN_CLS, QUESTION_ANS keep the head trainable (modules_to_save) */
+        fprintf(out, "    bias=\"none\", task_type=\"%s\")\n", task);
+    else
+        fprintf(out, "    bias=\"none\")\n");
+    fprintf(out, "model = get_peft_model(model, lora_config)\n");
 }
 
 static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)
@@ -731,17 +766,29 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
                 ju64(z, "stage3_prefetch_bucket_size", h * h * 9 / 10);
                 ju64(z, "stage3_param_persistence_threshold", 10 * h);
                 ju64(z, "stage3_max_live_parameters", 1000000000);
+                /* DeepSpeed keeps a gathered parameter whose next use is within this many
+                 * elements (default 10^9: a model under 10^9 parameters would stay gathered from
+                 * its forward to its backward); one prefetch bucket keeps the engine within
+                 * memplan's plan (the current block and the next one gathered) */
+                ju64(z, "stage3_max_reuse_distance", h * h * 9 / 10);
             } else {
                 ju64(z, "allgather_bucket_size", h * h);
             }
+            /* NVMe: DeepSpeed needs nvme_path (None fails at initialize); its docs' example mount,
+             * to be set to the user's (README) */
+            bool nvme = b->par.offload_device == MP_OFFDEV_NVME;
             if (b->par.offload != MP_OFFLOAD_NONE) {
                 cJSON *oo = cJSON_AddObjectToObject(z, "offload_optimizer");
                 cJSON_AddStringToObject(oo, "device", mp_offload_dev_str(b->par.offload_device));
+                if (nvme)
+                    cJSON_AddStringToObject(oo, "nvme_path", "/local_nvme");
                 cJSON_AddBoolToObject(oo, "pin_memory", 1);
             }
             if (b->par.offload == MP_OFFLOAD_PARAMS) {
                 cJSON *op = cJSON_AddObjectToObject(z, "offload_param");
                 cJSON_AddStringToObject(op, "device", mp_offload_dev_str(b->par.offload_device));
+                if (nvme)
+                    cJSON_AddStringToObject(op, "nvme_path", "/local_nvme");
                 cJSON_AddBoolToObject(op, "pin_memory", 1);
             }
         }
@@ -989,7 +1036,7 @@ static void report_probe(FILE *out, const struct mp_report_ctx *c, const struct 
 {
     if (c->json) {
         cJSON *root = json_root(c);
-        json_memory(root, e);
+        json_memory(root, c, e);
         cJSON *p = cJSON_AddObjectToObject(root, "probe");
         cJSON_AddStringToObject(p, "backend", r->backend);
         cJSON_AddStringToObject(p, "device", r->dev.name);
@@ -1007,6 +1054,7 @@ static void report_probe(FILE *out, const struct mp_report_ctx *c, const struct 
         ju64(p, "measured_peak_bytes", r->measured_peak_bytes);
         ju64(p, "device_used_bytes", r->device_used_after);
         ju64(p, "device_used_before_bytes", r->device_used_before);
+        ju64(p, "outside_pool_bytes", r->outside_pool_bytes);
         jnum(p, "step_ms", r->step_ms);
         jnum(p, "samples_per_s", r->samples_per_s);
         jnum(p, "gemm_tflops", r->gemm_tflops);

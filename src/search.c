@@ -641,6 +641,61 @@ static bool model_has_repeats(const struct mp_model *m)
     return false;
 }
 
+/* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
+ * checkpointed on w ranks (8 GPUs per node)?  Sets *par to the one that fits. */
+static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64_t w, struct mp_parallel *par,
+                       struct mp_diag *d)
+{
+    static const enum mp_par_strategy shard[] = {MP_PAR_FSDP, MP_PAR_ZERO3};
+    mp_parallel_default(par);
+    par->gpus = w < 8 ? w : 8;
+    par->nodes = w < 8 ? 1 : w / 8;
+    for (size_t k = 0; k < 2; k++) {
+        par->strategy = shard[k];
+        struct mp_job j = *base;
+        j.train.par = par;
+        j.build.batch = 1;
+        j.build.precision = prec;
+        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
+        struct mp_fit f;
+        if (mp_fit_eval(&j, &f, d) != MP_OK)
+            continue;
+        bool fits = f.fits;
+        mp_fit_release(&f);
+        if (fits)
+            return true;
+    }
+    return false;
+}
+
+/* The smallest data-parallel world that fits (0 if none up to 128 nodes): 2, 4, 8 GPUs, then
+ * whole nodes of 8, found by doubling the node count and bisecting (what one rank holds only
+ * shrinks as ranks are added).  *par is set for that world. */
+static uint64_t smallest_world(const struct mp_job *base, enum mp_precision prec, struct mp_parallel *par,
+                               struct mp_diag *d)
+{
+    for (uint64_t w = 2; w <= 8; w *= 2)
+        if (world_fits(base, prec, w, par, d))
+            return w;
+    uint64_t lo = 1, hi = 0; /* nodes: lo does not fit, hi fits */
+    for (uint64_t n = 2; n <= 128 && !hi; n *= 2) {
+        if (world_fits(base, prec, 8 * n, par, d))
+            hi = n;
+        else
+            lo = n;
+    }
+    if (!hi)
+        return 0;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (world_fits(base, prec, 8 * mid, par, d))
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return world_fits(base, prec, 8 * hi, par, d) ? 8 * hi : 0;
+}
+
 static enum mp_status suggest_run(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
                                   struct mp_suggestion *s, struct mp_diag *d);
 
@@ -790,28 +845,9 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     if (s->best < 0 && !base->train.par && !o->par_search) {
         /* does not fit one GPU: the smallest world (8 GPUs per node) where a sharding strategy
          * fits micro-batch 1 with every block checkpointed, then the full search there */
-        static const enum mp_par_strategy shard[] = {MP_PAR_FSDP, MP_PAR_ZERO3};
-        for (uint64_t w = 2; w <= 1024; w *= 2) {
-            struct mp_parallel par;
-            mp_parallel_default(&par);
-            par.gpus = w < 8 ? w : 8;
-            par.nodes = w < 8 ? 1 : w / 8;
-            bool found = false;
-            for (size_t k = 0; k < 2 && !found; k++) {
-                par.strategy = shard[k];
-                struct mp_job j = *base;
-                j.train.par = &par;
-                j.build.batch = 1;
-                j.build.precision = precs[0];
-                j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
-                struct mp_fit f;
-                if (mp_fit_eval(&j, &f, d) != MP_OK)
-                    continue;
-                found = f.fits;
-                mp_fit_release(&f);
-            }
-            if (!found)
-                continue;
+        struct mp_parallel par;
+        uint64_t w = smallest_world(base, precs[0], &par, d);
+        if (w) {
             struct mp_job wj = *base;
             wj.train.par = &par;
             struct mp_suggest_opts wo = *o;
@@ -832,7 +868,6 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
             if (ws)
                 mp_suggestion_release(ws);
             free(ws);
-            break;
         }
     }
     bool any_fit = s->best >= 0;

@@ -613,6 +613,8 @@ expect_line 2 "--lora-r without --finetune lora" estimate --lora-r 8 models/tiny
 expect_line 2 "--finetune freeze without --train-blocks" estimate --finetune freeze models/tiny-test.json
 expect_line 2 "--train-blocks with a reversed range" estimate --finetune freeze --train-blocks 3-1 models/tiny-test.json
 expect_line 2 "--lora-targets with an empty name" estimate --finetune lora --lora-targets q_proj,,v_proj models/tiny-test.json
+expect_line 2 "--finetune lora with data parallel (not modelled: refused)" estimate --finetune lora --gpus 2 models/tiny-test.json
+expect_line 2 "suggest --finetune qlora with --parallel fsdp (refused)" suggest --finetune qlora --parallel fsdp --gpu a100-40gb models/tiny-test.json
 # tiny-test: 2 blocks of qkv 16->48, out 16->16, fc1 16->32, fc2 32->16; no peft default for a memplan
 # model, so all-linear: 2 x 4 x (64 + 32 + 48 + 48) = 1,536 adapter parameters at r 4
 run estimate --finetune lora --lora-r 4 models/tiny-test.json --json
@@ -631,6 +633,16 @@ else
     echo "expected exit 0 and the peft + bitsandbytes snippet" >"$T/why"
     bad "suggest --finetune qlora llama-3-8b on 24 GiB"
 fi
+# a token-classification head: peft's TOKEN_CLS task type (its head kept trainable), the model class that loads it
+run suggest tests/data/hf-qwen2-0.5b-tokencls.json --finetune qlora --gpu a100-40gb --seq 512 --emit hf --no-probe
+if [ "$ec" -eq 0 ] && grep -q 'task_type="TOKEN_CLS"' "$T/out" && grep -q "AutoModelForTokenClassification" "$T/out"; then
+    ok "suggest --finetune qlora on a token-classification head: task_type TOKEN_CLS in the snippet"
+else
+    echo "expected exit 0, task_type=\"TOKEN_CLS\" and AutoModelForTokenClassification" >"$T/why"
+    bad "suggest --finetune qlora on a token-classification head"
+fi
+expect_line 2 "all-linear on a token-classification head (peft refuses: modules_to_save)" \
+    estimate tests/data/hf-qwen2-0.5b-tokencls.json --finetune lora --lora-targets all-linear --seq 16
 # quantization_config: a quantized base trains adapters only; an unknown method is refused
 expect_line 3 "full fine-tuning of a GPTQ checkpoint" estimate tests/data/hf-qwen2-0.5b-gptq.json
 expect_line 3 "full fine-tuning of a bnb 4-bit checkpoint" check tests/data/hf-qwen2-0.5b-bnb4.json --batch 1 --gpu t4
@@ -683,6 +695,34 @@ assert b < a, (a, b)
 else
     skipped "data-parallel JSON checks (python3 not found)"
 fi
+# suggest for a model that does not fit one GPU names the smallest world that fits: the named
+# nodes x 8 ranks fit micro-batch 1 with every block checkpointed, one node fewer does not
+# (neither fsdp nor zero3).
+if [ -n "$HAVE_PY" ]; then
+    run suggest $BIG --gpu h100-80gb --no-probe --json
+    if [ "$ec" -eq 1 ] && python3 -c '
+import json, re, sys
+alts = json.load(open(sys.argv[1]))["alternatives"]
+m = [re.match(r"--gpus 8 --nodes (\d+) --parallel (\S+) .*samples/s", a) for a in alts]
+m = [x for x in m if x]
+assert len(m) == 1, alts
+print(m[0].group(1), m[0].group(2))
+' "$T/out" >"$T/world" 2>"$T/why"; then
+        read -r NODES STRAT <"$T/world"
+        W="check $BIG --batch 1 --gpu h100-80gb --checkpoint every:1 --gpus 8"
+        $M $W --nodes "$NODES" --parallel "$STRAT" >/dev/null 2>&1; e0=$?
+        $M $W --nodes $((NODES - 1)) --parallel fsdp >/dev/null 2>&1; e1=$?
+        $M $W --nodes $((NODES - 1)) --parallel zero3 >/dev/null 2>&1; e2=$?
+        if [ "$e0" -eq 0 ] && [ "$e1" -eq 1 ] && [ "$e2" -eq 1 ]; then
+            ok "suggest $BIG --gpu h100-80gb: smallest world ($NODES nodes, $STRAT) with throughput"
+        else
+            echo "check exits: $NODES nodes $STRAT $e0 (want 0); $((NODES - 1)) nodes fsdp $e1, zero3 $e2 (want 1)" >"$T/why"
+            bad "suggest $BIG --gpu h100-80gb: smallest world"
+        fi
+    else
+        bad "suggest $BIG --gpu h100-80gb: exit 1 and one '--gpus 8 --nodes N' alternative"
+    fi
+fi
 expect_line 2 "--gpus 8 without --parallel" check models/tiny-test.json --batch 1 --gpu t4 --gpus 8
 expect_line 2 "--offload params with zero2" check models/tiny-test.json --batch 1 --gpu t4 --gpus 2 --parallel zero2 --offload params
 expect_line 2 "--parallel zero9" check models/tiny-test.json --batch 1 --gpu t4 --gpus 2 --parallel zero9
@@ -699,6 +739,33 @@ assert r["global_batch"] == 512 == r["micro_batch"] * r["grad_accum"] * p["world
         ok "suggest --gpus 4 --global-batch 512: micro x accumulation x ranks = 512"
     else
         bad "suggest --gpus 4 --global-batch 512: micro x accumulation x ranks = 512"
+    fi
+fi
+# NCCL's own memory: a profile's nccl_overhead_mib sits beside the context when there are peers;
+# the bundled profiles have 0 (not measured), and the report says it is not counted.
+NC="estimate models/tiny-test.json --batch 1 --parallel ddp --gpus 2"
+run $NC --gpu t4
+if [ "$ec" -eq 0 ] && grep -q "NCCL buffers  *not counted (profile nccl_overhead_mib = 0" "$T/out"; then
+    ok "estimate --gpus 2 on a bundled profile: NCCL buffers stated as not counted"
+else
+    echo "expected the line 'NCCL buffers not counted (profile nccl_overhead_mib = 0 ...'" >"$T/why"
+    bad "estimate --gpus 2 on a bundled profile: NCCL buffers stated as not counted"
+fi
+if [ -n "$HAVE_PY" ]; then
+    sed 's/"nccl_overhead_mib": 0/"nccl_overhead_mib": 100/' configs/gpus/t4.json >"$T/t4-nccl.json"
+    run $NC --gpu t4 --json
+    cp "$T/out" "$T/nccl0.json"
+    run $NC --gpu "$T/t4-nccl.json" --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b = (json.load(open(f))["memory"] for f in sys.argv[1:3])
+assert a["nccl_overhead_bytes"] == 0 and b["nccl_overhead_bytes"] == 100 << 20, (a, b)
+assert b["overhead_bytes"] - a["overhead_bytes"] == 100 << 20, (a["overhead_bytes"], b["overhead_bytes"])
+assert b["peak_device_bytes"] - a["peak_device_bytes"] == 100 << 20
+' "$T/nccl0.json" "$T/out" 2>"$T/why"; then
+        ok "nccl_overhead_mib 100 in a profile: 100 MiB more overhead and peak device per rank"
+    else
+        bad "nccl_overhead_mib 100 in a profile: 100 MiB more overhead and peak device per rank"
     fi
 fi
 expect 0 "estimate --gpus 4 --parallel fsdp --precision mixed-bf16" estimate models/gpt2-124m.json --gpus 4 --parallel fsdp --precision mixed-bf16

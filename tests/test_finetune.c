@@ -146,6 +146,55 @@ static void test_lora_trainable_params_match_peft(void **state)
     }
 }
 
+/* Task heads: peft's task types SEQ_CLS, TOKEN_CLS and QUESTION_ANS (the one of the head,
+ * as the snippet prints it) keep the head whole and trainable beside a frozen original
+ * (modules_to_save, matched as a name suffix: DistilBERT's pre_classifier too, RoBERTa's
+ * classifier.dense inside its classifier).  Figures from peft 0.21.2 on these configs
+ * (bench/peft_step.py peft_params, r 8); where peft refuses (an adapted Linear inside a saved
+ * module) memplan refuses too. */
+static void test_lora_task_heads_match_peft(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *path, *targets;
+        uint64_t trainable, total; /* 0: peft refuses */
+    } cases[] = {
+        {"tests/data/hf-bert-base-seqcls.json", NULL, 296450, 109780228},
+        {"tests/data/hf-bert-base-seqcls.json", "all-linear", 1340930, 110824708},
+        {"tests/data/hf-roberta-base-seqcls.json", NULL, 887042, 125534212},
+        {"tests/data/hf-distilbert-seqcls.json", "q_lin,v_lin", 739586, 67694596},
+        {"tests/data/hf-qwen2-0.5b-tokencls.json", NULL, 542466, 494577028},
+        {"tests/data/hf-gpt2-qa.json", NULL, 296450, 124737796},
+        {"tests/data/hf-qwen2-0.5b-tokencls.json", "all-linear", 0, 0},
+        {"tests/data/hf-gpt2-qa.json", "all-linear", 0, 0},
+        {"tests/data/hf-distilbert-seqcls.json", "all-linear", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct mp_model m;
+        load_ok(&m, cases[i].path);
+        struct mp_build_opts o;
+        lora_opts(&o, MP_FT_LORA, 8, cases[i].targets);
+        struct mp_program p;
+        struct mp_diag d = {{0}};
+        enum mp_status st = mp_program_build(&m, &o, &p, &d);
+        if (!cases[i].trainable) {
+            if (st != MP_ERR_USAGE || !strstr(d.msg, "modules_to_save"))
+                fail_msg("%s %s: expected a refusal naming modules_to_save, got %d (%s)", cases[i].path,
+                         cases[i].targets, (int)st, d.msg);
+        } else {
+            if (st != MP_OK)
+                fail_msg("%s: %s", cases[i].path, d.msg);
+            if (p.trainable_params != cases[i].trainable || p.total_params != cases[i].total)
+                fail_msg("%s %s: trainable %llu (peft %llu), total %llu (peft %llu)", cases[i].path,
+                         cases[i].targets ? cases[i].targets : "default", (unsigned long long)p.trainable_params,
+                         (unsigned long long)cases[i].trainable, (unsigned long long)p.total_params,
+                         (unsigned long long)cases[i].total);
+            mp_program_release(&p);
+        }
+        mp_model_release(&m);
+    }
+}
+
 /* ---- what a frozen base keeps --------------------------------------------------------------------- */
 
 static const struct mp_node *node_named(const struct mp_program *p, const char *name)
@@ -400,6 +449,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lora_trainable_params_match_peft),
+        cmocka_unit_test(test_lora_task_heads_match_peft),
         cmocka_unit_test(test_lora_frozen_base_saves),
         cmocka_unit_test(test_lora_fp32_adapters_on_bf16_base),
         cmocka_unit_test(test_lora_input_require_grads),

@@ -548,7 +548,38 @@ static const struct {
     {"models/hf/gpt-j-6b.json", "GPTJForSequenceClassification", UINT64_C(5844402176)},
     {"models/hf/gpt-j-6b.json", "GPTJForQuestionAnswering", UINT64_C(5844402178)},
     {"models/hf/gpt-j-6b.json", "GPTJModel", UINT64_C(5844393984)},
+    {"models/hf/vit-base-patch16-224.json", NULL, 86567656u},
+    {"models/hf/vit-base-patch16-224.json", "ViTModel", 86389248u},
 };
+
+/* ViT: a rectangular image, one channel, no q/k/v bias (o_proj keeps its bias), a pooler of
+ * another width (expected: bench/hf_params.py on the same JSON); the sequence is 4 x 6 patches
+ * + the class token. */
+static void test_vit_config(void **state)
+{
+    (void)state;
+#define VIT_TINY(arch, extra)                                                                               \
+    "{\"model_type\": \"vit\", \"architectures\": [\"" arch "\"], \"hidden_size\": 64, "                  \
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 96, \"image_size\": [32, 48], " \
+    "\"num_channels\": 1, \"qkv_bias\": false, \"pooler_output_size\": 40, \"num_labels\": 7" extra "}"
+    struct mp_model m;
+    load_str_ok(&m, VIT_TINY("ViTModel", ", \"patch_size\": 8"));
+    assert_int_equal(params_of(&m), 66856u);
+    assert_int_equal(m.input, MP_INPUT_IMAGE);
+    assert_int_equal(m.seq_len, 4 * 6 + 1);
+    mp_model_release(&m);
+    load_str_ok(&m, VIT_TINY("ViTForImageClassification", ", \"patch_size\": 8"));
+    assert_int_equal(params_of(&m), 64711u);
+    mp_model_release(&m);
+    expect_error(VIT_TINY("ViTModel", ", \"patch_size\": 5"), MP_ERR_MODEL,
+                 "cfg.json: patch_size: 5 does not divide image_size 32 x 48");
+    expect_error(VIT_TINY("ViTModel", ", \"patch_size\": [8, 16]"), MP_ERR_MODEL,
+                 "cfg.json: patch_size: 8 x 16 is not supported (square patches only)");
+    expect_error(VIT_TINY("ViTForMaskedImageModeling", ""), MP_ERR_MODEL,
+                 "cfg.json: architectures[0]: 'ViTForMaskedImageModeling' is not supported for vit (supported: "
+                 "*Model, *ForImageClassification)");
+#undef VIT_TINY
+}
 
 /* Falcon's other layouts and a tied GPT-J with rotary over the whole head, on small configs
  * (expected: bench/hf_params.py on the same JSON, *ForCausalLM). */
@@ -743,7 +774,7 @@ static void test_error_table_families(void **state)
     expect_error("{\"model_type\": \"mixtral\", \"vocab_size\": 100}", MP_ERR_MODEL,
                  "cfg.json: model_type: 'mixtral' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
                  "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, granite, opt, "
-                 "roberta, distilbert, gptj, falcon)");
+                 "roberta, distilbert, gptj, falcon, vit)");
 }
 
 /* ---- task heads (architectures[0]) ---------------------------------------- */
@@ -930,7 +961,7 @@ static void test_error_unknown_model_type(void **state)
     expect_error("{\"model_type\": \"foo\"}", MP_ERR_MODEL,
                  "cfg.json: model_type: 'foo' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
                  "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, granite, opt, "
-                 "roberta, distilbert, gptj, falcon)");
+                 "roberta, distilbert, gptj, falcon, vit)");
 }
 
 static void test_error_missing_field(void **state)
@@ -1080,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_ignored_fields_accepted),
         cmocka_unit_test(test_params_table_families),
         cmocka_unit_test(test_params_falcon_gptj_layouts),
+        cmocka_unit_test(test_vit_config),
         cmocka_unit_test(test_table_families_lowering),
         cmocka_unit_test(test_error_table_families),
         cmocka_unit_test(test_head_param_counts),

@@ -362,6 +362,46 @@ static void test_parse_image_ops(void **state)
     mp_model_release(&m);
 }
 
+/* patch_embedding (ViT): conv 3 -> 64 with kernel = stride = 8 on a 32 x 32 image: 16 patches +
+ * the class token = 17 positions.  Parameters by hand: conv 64*3*8*8 + 64, class token 64,
+ * positions 17*64 = 13504 (ViTEmbeddings of the same sizes). */
+static void test_parse_patch_embedding(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    expect_ok("{\"input\": {\"shape\": [3, 32, 32]}, \"classes\": 10, \"layers\": ["
+              " {\"type\": \"patch_embedding\", \"dim\": 64, \"patch\": 8},"
+              " {\"type\": \"transformer_block\", \"dim\": 64, \"heads\": 4, \"ffn\": 96, \"causal\": false},"
+              " {\"block\": \"head\", \"layers\": [{\"type\": \"layernorm\", \"dim\": 64},"
+              "   {\"type\": \"classifier\", \"in_features\": 64, \"pool\": \"first\"}]}]}",
+              &m);
+    const struct mp_layer *l = layer_at(&m, 0, 0);
+    assert_int_equal(l->type, MP_LT_PATCH_EMBEDDING);
+    assert_int_equal(l->in_ch, 3);
+    assert_int_equal(l->kernel, 8);
+    assert_true(l->cls_token);
+    assert_int_equal(layer_at(&m, 2, 1)->pool, MP_POOL_FIRST);
+    struct mp_build_opts o;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    mp_build_opts_default(&o);
+    assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_OK);
+    assert_int_equal(p.blocks[0].params, 13504);
+    assert_int_equal(p.tensors[p.blocks[1].output].shape[1], 17); /* the sequence after the embedding */
+    assert_int_equal(p.total_params, 13504 + ref_layer_params(layer_at(&m, 1, 0)) + 128 + 650);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    expect_error("{\"input\": {\"tokens\": 16}, \"layers\": [{\"type\": \"patch_embedding\", \"dim\": 64, "
+                 "\"patch\": 8}]}", MP_ERR_MODEL,
+                 "t.json: layers[0].type: a patch_embedding needs an image input (input.shape [C, H, W])");
+    expect_error("{\"input\": {\"shape\": [3, 32, 32]}, \"layers\": [{\"type\": \"patch_embedding\", "
+                 "\"dim\": 64, \"patch\": 5}]}", MP_ERR_MODEL,
+                 "t.json: layers[0].patch: 5 does not divide the image's 32 x 32");
+    expect_error("{\"input\": {\"shape\": [3, 32, 32]}, \"classes\": 4, \"layers\": [{\"type\": \"flatten\"}, "
+                 "{\"type\": \"classifier\", \"in_features\": 3072, \"pool\": \"last\"}]}", MP_ERR_MODEL,
+                 "t.json: layers[1].pool: expected \"first\" or \"none\", got \"last\"");
+}
+
 static void test_parse_custom_and_inputs(void **state)
 {
     (void)state;
@@ -905,6 +945,7 @@ int main(void)
         cmocka_unit_test(test_bad_corpus_exact),
         cmocka_unit_test(test_bad_corpus_readme),
         cmocka_unit_test(test_load_directory_rejected),
+        cmocka_unit_test(test_parse_patch_embedding),
         cmocka_unit_test(test_bundled_param_counts),
         cmocka_unit_test(test_bundled_shapes),
     };
