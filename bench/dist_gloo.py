@@ -21,8 +21,9 @@ TorchDispatchMode cannot (FSDP2's storage.resize_, DDP's C++ buckets).  Reported
   peak   the largest live bytes during step 2 (forward, backward, optimizer step)
 and memplan's per-rank figure for the same run:
   memplan estimate CONFIG --batch B --seq S --precision P --optimizer adamw --workspace 0
-          --gpus W --parallel S --json  ->  memory.peak_requested_bytes (no 512-byte rounding:
-          the CPU allocator does not round)
+          --context 0 --use-cache off --gpus W --parallel S --json
+  ->  memory.peak_requested_bytes (no 512-byte rounding: the CPU allocator does not round;
+      --use-cache off: the model runs with use_cache=False)
 Side by side: DeepSpeed's estimate_zero2/3_model_states_mem_needs (model states only), on the
 same parameter count (bench/dist_gloo_results.md explains the differences).
 
@@ -268,7 +269,7 @@ def run_case(world, strategy, mixed):
 def memplan_peak(exe, cfgpath, world, strategy, mixed):
     prec = "mixed-bf16" if mixed else "fp32"
     cmd = [exe, "estimate", cfgpath, "--batch", str(BATCH), "--seq", str(SEQ), "--precision", prec, "--optimizer",
-           "adamw", "--workspace", "0", "--context", "0", "--gpus", str(world), "--json"]
+           "adamw", "--workspace", "0", "--context", "0", "--use-cache", "off", "--gpus", str(world), "--json"]
     cmd += ["--parallel", "ddp", "--ddp-bucket-view"] if strategy == "ddp-view" else ["--parallel", strategy]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return r["memory"], " ".join(cmd[1:])

@@ -27,8 +27,9 @@ memplan: `memplan estimate CONFIG --batch B --seq S --precision P --optimizer O 
 workspace (no CUDA here), memory.activations_bytes, the sum of layers[].activation_bytes.
 
 Settings common to every run: dropout probabilities set to 0 in the config both sides read (CPU
-dropout keeps an input-dtype mask where CUDA keeps a 1-byte one), use_cache=False (memplan does
-not model the DynamicCache that training with use_cache=True fills; see torch_step_results.md),
+dropout keeps an input-dtype mask where CUDA keeps a 1-byte one), use_cache=False both sides
+(memplan --use-cache off) unless --use-cache is given (then use_cache=True and --use-cache on:
+transformers fills a DynamicCache during training; gradient checkpointing turns it off),
 model.train(), labels = input ids.  Two gotchas: transformers treats fake tensors as tracing and
 would build a full 4-D causal mask, so find_packed_sequence_indices returns None (what real
 unpacked inputs get); AdamW keeps its `step` counters on the CPU on CUDA too, so they are not
@@ -198,7 +199,7 @@ def fake_model(config_dict, precision, attention, fake):
 
 
 def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=2, on_backward=None,
-                saved=None):
+                saved=None, use_cache=False):
     """Runs `steps` training steps inside tr (a LiveTracker, already entered with the fake mode).
     Returns a dict of what step `steps` measured."""
     if ckpt == "layers":
@@ -243,7 +244,7 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
             if vision:
                 loss = model(pixel_values=ids, labels=labels).loss
             else:
-                loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+                loss = model(input_ids=ids, labels=labels, use_cache=use_cache).loss
         if sv:
             sv.__exit__(None, None, None)
         gc.collect()
@@ -278,7 +279,7 @@ class _Null:
         return False
 
 
-def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer):
+def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer, use_cache=False):
     fake = FakeTensorMode()
     model = fake_model(config_dict, precision, attention, fake)
     vocab = config_dict.get("vocab_size", 1000)
@@ -286,16 +287,20 @@ def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer
     params = list(model.parameters()) + list(model.buffers())
     saved = SavedTracker(exclude=params) if ckpt == "none" else None
     with fake, tr:
-        return train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, saved=saved)
+        return train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, saved=saved,
+                           use_cache=use_cache)
 
 
 # ---- memplan --------------------------------------------------------------------------------
 
-def measure_memplan(memplan, cfg_path, batch, seq, precision, attention, ckpt, optimizer):
+def measure_memplan(memplan, cfg_path, batch, seq, precision, attention, ckpt, optimizer, use_cache=False):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--optimizer", "sgd-momentum" if optimizer == "sgd-momentum" else "adamw", "--attention", attention,
-           "--checkpoint", ckpt, "--json"]
+           "--checkpoint", ckpt, "--json", "--use-cache", "on" if use_cache else "off"]
     r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode == 2 and "--use-cache" in r.stderr:  # a model without a k/v cache (encoders, ViT)
+        cmd = cmd[:-2]
+        r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         return {"error": r.stderr.strip(), "cmd": " ".join(cmd)}
     d = json.loads(r.stdout)
@@ -386,6 +391,8 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated model_types or file stems")
     ap.add_argument("--configs", default="models/hf/*.json")
     ap.add_argument("--json", default=None, help="also dump every row as JSON lines here")
+    ap.add_argument("--use-cache", action="store_true",
+                    help="train with use_cache=True (memplan --use-cache on): the DynamicCache rows")
     ap.add_argument("--max-layers", type=int, default=4,
                     help="cap the decoder layers (0: as in the config; default 4)")
     a = ap.parse_args()
@@ -431,12 +438,12 @@ def main():
         for (b, s, prec, attn, ck, optim) in rows:
             t0 = time.time()
             try:
-                t = measure_torch(cfg, b, s, prec, attn, ck, optim)
+                t = measure_torch(cfg, b, s, prec, attn, ck, optim, a.use_cache)
             except Exception as e:  # a family transformers cannot run this way: say so
                 print("| %dx%d | %s | %s | %s | %s | torch failed: %s |" % (b, s, prec, attn, ck, optim,
                                                                           str(e).splitlines()[0][:80]), file=out)
                 continue
-            m = measure_memplan(a.memplan, cpath, b, s, prec, attn, ck, optim)
+            m = measure_memplan(a.memplan, cpath, b, s, prec, attn, ck, optim, a.use_cache)
             if "error" in m:
                 print("| %dx%d | %s | %s | %s | %s | memplan failed: %s |" % (b, s, prec, attn, ck, optim,
                                                                             m["error"][:80]), file=out)

@@ -50,6 +50,7 @@ struct rp {
     /* data parallel (NULL pp: one GPU) */
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
+    bool *borrowed; /* ZeRO-3: groups gathered for a block that uses one of their parameters (tied) */
     int ag_held;    /* FSDP2 forward: the all-gather output kept until the next group's copy-out */
     int *first_use; /* DDP gradient_as_bucket_view: per param, the first node using it (its last backward) */
     int rs_pending; /* FSDP2: the reduce-scatter input kept until the next group's reduce */
@@ -181,6 +182,11 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
             r->cached[n->wcopy] = true;
             r->holds[n->wcopy]++;
         }
+        /* use_cache: the DynamicCache keeps its k/v copies until the model's forward returns */
+        if (n->kv_cached && r->phase == MP_PH_FORWARD && !r->cached[n->out]) {
+            r->cached[n->out] = true;
+            r->holds[n->out]++;
+        }
         /* the rotary tables and the attention mask: made once per forward by the model and
          * used by every layer (checkpoint inputs under checkpointing): held until this block's
          * backward */
@@ -290,6 +296,36 @@ static void z3_fetch(struct rp *r, size_t g)
     r->uns[g] = true;
 }
 
+/* ZeRO-3: a block that uses a parameter of another block (a tied embedding in the head)
+ * has that block's group gathered for it too (DeepSpeed fetches every parameter of the
+ * submodule it runs), released after it. */
+static void z3_fetch_tied(struct rp *r, size_t i)
+{
+    const struct mp_block_prog *b = &r->p->blocks[i];
+    for (size_t k = b->node0; k < b->node0 + b->n_nodes; k++)
+        for (int j = 0; j < 2; j++) {
+            int q = r->p->nodes[k].param[j];
+            int o = q >= 0 ? r->p->params[q].block : -1;
+            if (o < 0 || (size_t)o == i || r->p->params[q].elems < r->pp->par.ds_persistence_elems)
+                continue;
+            size_t h = (size_t)r->pp->group_of_block[o];
+            if (!r->uns[h]) {
+                z3_fetch(r, h);
+                r->borrowed[h] = true;
+            }
+        }
+}
+
+static void z3_release_tied(struct rp *r)
+{
+    for (size_t h = 0; h < r->pp->n_groups; h++)
+        if (r->borrowed[h]) {
+            r->borrowed[h] = false;
+            comm(r, false, h, MP_COMM_UNSHARD, g_unsharded(r, h));
+            r->uns[h] = false;
+        }
+}
+
 static void par_pre_fwd(struct rp *r, size_t i)
 {
     if (!par_on(r) || !r->pp->group_of_block)
@@ -305,6 +341,7 @@ static void par_pre_fwd(struct rp *r, size_t i)
         fsdp_unshard(r, g, forward);
     } else if (zero3(r)) {
         z3_fetch(r, g);
+        z3_fetch_tied(r, i);
         /* prefetch the next block's parameters if they fit the prefetch bucket */
         if (forward && i + 1 < r->p->n_blocks) {
             size_t n = (size_t)r->pp->group_of_block[i + 1];
@@ -331,6 +368,7 @@ static void par_post_fwd(struct rp *r, size_t i)
         }
     } else if (zero3(r)) {
         reshard(r, g);
+        z3_release_tied(r);
     }
     r->node = save;
 }
@@ -361,6 +399,7 @@ static void par_pre_bwd(struct rp *r, size_t i)
         }
     } else if (zero3(r)) {
         z3_fetch(r, g);
+        z3_fetch_tied(r, i);
         if (i > 0) {
             size_t h = (size_t)r->pp->group_of_block[i - 1];
             if (r->pp->groups[h].unsharded_elems <= r->pp->par.ds_prefetch_bucket_elems)
@@ -430,6 +469,7 @@ static void par_post_bwd(struct rp *r, size_t i)
         }
     } else if (s == MP_PAR_ZERO3) {
         reshard(r, g);
+        z3_release_tied(r);
         drop_pgrads(r, 0, false, i); /* reduced through the bucket into the fp32 partition */
     } else if (s == MP_PAR_ZERO2) {
         drop_pgrads(r, 0, false, i); /* copied into the bucket, reduced into grads_in_partition */
@@ -661,7 +701,8 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         r.uns = calloc(ng, sizeof(bool));
         r.ag_pending = calloc(ng, sizeof(bool));
         r.rs_out = calloc(ng, sizeof(bool));
-        if (!r.uns || !r.ag_pending || !r.rs_out) {
+        r.borrowed = calloc(ng, sizeof(bool));
+        if (!r.uns || !r.ag_pending || !r.rs_out || !r.borrowed) {
             st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
             goto out;
         }
@@ -810,6 +851,7 @@ out:
     free(r.first_use);
     free(r.ag_pending);
     free(r.rs_out);
+    free(r.borrowed);
     free(r.live);
     free(r.glive);
     free(r.is_input);

@@ -504,6 +504,21 @@ static struct val lower_copy(struct bld *B, struct val x, enum mp_dtype dt, doub
     return y;
 }
 
+/* A module buffer resident like the batch: int64 ids of `rows` elements, or (rows 0) an fp32
+ * scalar.  Returns its tensor id (-1 when the table of buffers is full: MP_ERR_INTERNAL). */
+static int id_buffer(struct bld *B, const char *name, uint64_t rows)
+{
+    if (failed(B))
+        return -1;
+    if (B->p->n_buffers >= MP_BUFFERS_MAX) {
+        fail_model(B, MP_ERR_INTERNAL, "too many module buffers");
+        return -1;
+    }
+    int t = new_flat(B, name, rows ? MP_DT_I64 : MP_DT_F32, rows ? rows : 1);
+    B->p->buffers[B->p->n_buffers++] = t;
+    return t;
+}
+
 /* x * a Python float (l->mult): a new tensor, nothing saved (MulBackward0 of a scalar). */
 static struct val mult_copy(struct bld *B, struct val x, const struct mp_layer *l, const char *name)
 {
@@ -1124,6 +1139,23 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         q = lower_rope(B, q, l, a, "q_rope");
         k = lower_rope(B, k, l, kv, "k_rope");
     }
+    /* use_cache (transformers 5.23, no gradient checkpointing): DynamicLayer.update torch.cat's k
+     * and v onto an empty cache tensor, so attention gets fresh copies; SDPA saves those (the
+     * originals die unless something else keeps them: a fused qkv storage stays alive while q is
+     * its view, GPT-2).  Eager attention saves its own contiguous copies of k and v either way. */
+    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
+    if (B->m->use_cache && !B->p->opts.hf_checkpointing && impl != MP_ATTN_EAGER) {
+        /* the cache holds them until the forward returns; under autocast the rotated k is fp32
+         * (q * cos with cos in the fp32 residual's dtype), so its copy is too, and so is v's:
+         * the empty cache tensors take k's dtype and torch.cat promotes; SDPA saves their half
+         * casts */
+        k = cast_to(B, k, B->amp && l->rope ? MP_DT_F32 : dt_of(B, k), "k_cache");
+        if (!failed(B))
+            B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+        v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
+        if (!failed(B))
+            B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+    }
     /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies, and an
      * fp32 v (a bitsandbytes 4-bit v_proj returns x's dtype) too */
     q = autocast_in(B, q, "q_cast");
@@ -1623,6 +1655,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             struct val y = lower_add_table(B, x, l, nm, 1, &n);
             if (n)
                 tmp_one(B, n, false, MP_TR_OTHER, T(B, y.t)->bytes); /* the looked-up (b,s,h) rows */
+            if (l->id_buffer && n) { /* BertEmbeddings' all-zero token_type_ids buffer, its view saved */
+                char en[112];
+                snprintf(en, sizeof en, "%s.ids", nm);
+                save(n, id_buffer(B, en, l->id_rows));
+            }
             *resid = y;
             return y;
         }
@@ -1649,6 +1686,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         n->k = l->vocab;
         n->fwd_flops = (double)T(B, y.t)->elems;
         n->bwd_flops = n->fwd_flops;
+        if (l->scale_buffer) /* Gemma: embed_scale, a registered fp32 scalar */
+            id_buffer(B, "embed_scale", 0);
         struct val r = lower_dropout(B, mult_copy(B, y, l, "embed_scale"), l->emb_dropout, "dropout");
         *resid = r;
         return r;
@@ -1669,7 +1708,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
             return y;
         char en[112];
         snprintf(en, sizeof en, "%s.position_ids", nm); /* int64, saved by the position lookup */
-        extra_as(n, new_flat(B, en, MP_DT_I64, B->s), MP_XR_POSITION_IDS);
+        int ids = l->id_buffer ? id_buffer(B, en, l->id_rows) : -1;
+        if (l->id_view) /* BertEmbeddings: the lookup saves a view of the registered buffer */
+            save(n, ids);
+        else
+            extra_as(n, new_flat(B, en, MP_DT_I64, B->s), MP_XR_POSITION_IDS);
         *resid = y;
         return y;
     }

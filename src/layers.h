@@ -34,6 +34,8 @@ struct mp_build_opts {
     enum mp_attn_impl attention; /* default for attention layers that do not name one */
     bool attention_forced;       /* --attention given: overrides what the file says */
     struct mp_finetune ft;       /* what trains: full (default), LoRA, QLoRA, frozen blocks */
+    bool hf_checkpointing;       /* transformers' gradient checkpointing (--checkpoint layers): it
+                                    turns use_cache off */
 };
 /* batch 1, seq 0 (= model default), amp-bf16, sdpa. */
 void mp_build_opts_default(struct mp_build_opts *o);
@@ -150,6 +152,8 @@ struct mp_node {
                                      until the forward's autocast region ends (after the loss) */
     int keep;                     /* tensor a Python local holds until this forward is done (no gradient
                                      flows through it: the half logits during the loss); -1 none */
+    bool kv_cached;               /* out is held by transformers' DynamicCache (use_cache) until the
+                                     forward, loss included, is done */
     int n_extra;
     int extra[MP_NODE_EXTRA_MAX]; /* tensors created besides out, kept only if saved */
     enum mp_xrole extra_role[MP_NODE_EXTRA_MAX];

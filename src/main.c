@@ -65,8 +65,9 @@ enum {
     O_JSON = 1000, O_ALL, O_ATTN, O_GPU, O_VRAM, O_DEVICE, O_BUDGET, O_SLOTS, O_MARGIN, O_GLOBAL, O_EMIT,
     O_STEPS, O_BACKEND, O_NOPROBE, O_WORKSPACE, O_CONTEXT, O_MAXBATCH, O_CAPACITY, O_ACCUM,
     O_TIMELINE, O_WIDE,
-    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW,
+    O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW, O_RANK,
     O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
+    O_USE_CACHE,
 };
 
 /* Which commands accept which options (bit per command). */
@@ -92,6 +93,7 @@ static const struct opt_info OPTS[] = {
     {{"lora-targets", required_argument, 0, O_LORA_TARGETS}, 31, "T", "all-linear | NAME,NAME,... (default: peft's for the family)"},
     {{"train-blocks", required_argument, 0, O_TRAIN_BLOCKS}, 31, "LIST", "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
+    {{"use-cache", required_argument, 0, O_USE_CACHE}, 31, "on|off", "HF decoders: transformers' use_cache in training (default: the config's; off under --checkpoint layers)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
     {{"device", required_argument, 0, O_DEVICE}, C_PROBE | C_SUGG, "N", "CUDA device index, default 0 (probe: run on it; suggest: target it)"},
@@ -101,12 +103,13 @@ static const struct opt_info OPTS[] = {
     {{"global-batch", required_argument, 0, O_GLOBAL}, C_SUGG, "G", "global batch: micro-batch x accumulation = G exactly"},
     {{"grad-accum", required_argument, 0, O_ACCUM}, C_EST | C_PLAN | C_CHECK, "N", "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
     {{"emit", required_argument, 0, O_EMIT}, C_SUGG, "WHAT", "torch | hf | deepspeed | accelerate: print only that snippet"},
-    {{"gpus", required_argument, 0, O_GPUS}, C_EST | C_PLAN | C_SUGG | C_CHECK, "N", "GPUs per node for data parallelism (figures are per rank)"},
-    {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
-    {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
-    {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
-    {{"ddp-bucket-view", no_argument, 0, O_BUCKETVIEW}, C_EST | C_PLAN | C_SUGG | C_CHECK, NULL, "DDP gradient_as_bucket_view=True: .grad are views of the buckets"},
-    {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
+    {{"gpus", required_argument, 0, O_GPUS}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "N", "GPUs per node for data parallelism (figures are per rank)"},
+    {{"nodes", required_argument, 0, O_NODES}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "M", "nodes (world = N x M ranks; default 1)"},
+    {{"parallel", required_argument, 0, O_PARALLEL}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "S", "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
+    {{"offload", required_argument, 0, O_OFFLOAD}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "W", "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
+    {{"ddp-bucket-view", no_argument, 0, O_BUCKETVIEW}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, NULL, "DDP gradient_as_bucket_view=True: .grad are views of the buckets"},
+    {{"rank", required_argument, 0, O_RANK}, C_PROBE, "R", "with --parallel: the rank whose shards the step holds (default 0)"},
+    {{"offload-device", required_argument, 0, O_OFFDEV}, C_EST | C_PLAN | C_PROBE | C_SUGG | C_CHECK, "D", "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
     {{"max-batch", required_argument, 0, O_MAXBATCH}, C_SUGG, "B", "largest micro-batch to consider (default 65536)"},
     {{"steps", required_argument, 0, O_STEPS}, C_PROBE, "N", "measured steps after one warm-up (default 3)"},
     {{"backend", required_argument, 0, O_BACKEND}, C_PROBE | C_SUGG, "B", "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
@@ -135,6 +138,7 @@ struct args {
     bool ckpt_set;
     int attention;
     bool attention_set;
+    int use_cache; /* -1: the config's; 0 off; 1 on */
     const char *gpu;
     uint64_t vram;
     int device;
@@ -307,6 +311,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->precision = MP_PREC_AMP_BF16;
     a->optimizer = MP_OPT_ADAMW;
     a->attention = MP_ATTN_SDPA;
+    a->use_cache = -1;
     a->margin = 0.05;
     a->steps = 3;
     a->backend = "auto";
@@ -398,6 +403,10 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             break;
         }
         case O_BUCKETVIEW: a->par.ddp_grad_as_bucket_view = true; break;
+        case O_RANK:
+            st = parse_int_in(optarg, 0, 65536 * 65536ull - 1, &a->par.rank);
+            what = "--rank: expected an integer from 0, got '%s'";
+            break;
         case O_OFFDEV: {
             int v = mp_offload_dev_parse(optarg);
             st = v < 0 ? MP_ERR_USAGE : MP_OK;
@@ -423,6 +432,11 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             a->attention_set = true;
             st = a->attention < 0 ? MP_ERR_USAGE : MP_OK;
             what = "--attention: expected sdpa, flash or eager, got '%s'";
+            break;
+        case O_USE_CACHE:
+            a->use_cache = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -2;
+            st = a->use_cache < -1 ? MP_ERR_USAGE : MP_OK;
+            what = "--use-cache: expected on or off, got '%s'";
             break;
         case O_GPU: a->gpu = optarg; break;
         case O_VRAM:
@@ -575,6 +589,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
                                                         : "--finetune freeze needs --train-blocks, e.g. 20-31,head");
     if (!a->alpha_set)
         a->ft.alpha = 2.0 * (double)a->ft.r;
+    if (a->par.rank && a->par.strategy == MP_PAR_NONE)
+        return usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
     /* parallel.c sizes gradients, buckets and shards from every parameter: refused, not ignored */
     if (a->ft.mode != MP_FT_FULL && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
         return usage_error(c->name, "--finetune %s with --gpus/--nodes/--parallel: data-parallel fine-tuning "
@@ -625,6 +641,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     s->build.attention_forced = a->attention_set;
     s->build.ft = a->ft;
     s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
+    s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;
+    if (a->use_cache >= 0 && !s->model.kv_cache) {
+        fprintf(stderr, "memplan: error: --use-cache: %s has no key/value cache (HF decoder configs only)\n",
+                a->model);
+        rc = MP_EXIT_USAGE;
+        goto out;
+    }
+    if (a->use_cache >= 0)
+        s->model.use_cache = a->use_cache == 1;
     if (s->model.quant.kind != MP_Q_NONE && (a->ft.mode == MP_FT_FULL || a->ft.mode == MP_FT_FREEZE)) {
         fprintf(stderr, "memplan: error: %s: quantization_config: a %s-quantized base cannot be %s fine-tuned; "
                         "train adapters on it with --finetune lora (or qlora)\n",
@@ -659,6 +684,10 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         add_default(s, "optimizer %s", "adamw");
     if (!a->attention_set && mp_model_has_attention(&s->model))
         add_default(s, "attention %s (transformers' default: no s x s matrix kept)", "sdpa");
+    if (s->model.kv_cache && a->use_cache < 0)
+        add_default(s, "use_cache %s", !s->model.use_cache ? "off (config)"
+                                       : a->ckpt.strategy == MP_CKPT_LAYERS ? "off (gradient checkpointing turns it off)"
+                                                                            : "on (config: k/v copied into a DynamicCache)");
     if (a->gpu) {
         if ((st = mp_gpu_load(a->gpu, argv0, &s->gpu, d)) != MP_OK) {
             rc = fail(st, d);

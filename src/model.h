@@ -195,6 +195,12 @@ struct mp_layer {
      * positions added: the sequence is (H / patch) * (W / patch) + 1 */
     bool cls_token;
 
+    /* HF registered buffers of the embeddings (resident like the batch): id_buffer, the int64
+     * (1, id_rows) position_ids / token_type_ids of BertEmbeddings (id_view: the forward uses a
+     * view of it, no new ids); scale_buffer, Gemma's fp32 scalar embed_scale */
+    bool id_buffer, id_view, scale_buffer;
+    uint64_t id_rows;
+
     /* conv2d / pooling / batchnorm / bottleneck */
     uint64_t in_ch, out_ch, mid_ch;
     uint64_t kernel, stride, padding, groups;
@@ -222,6 +228,10 @@ struct mp_model {
     char path[256];          /* file it came from, for messages */
     char hf_type[32];        /* model_type of an HF config, else "" */
     struct mp_quant quant;   /* quantization_config of an HF checkpoint (kind MP_Q_NONE: none) */
+    bool kv_cache;           /* an HF decoder that can fill a DynamicCache (else use_cache is moot) */
+    bool use_cache;          /* its config's use_cache (default true), or --use-cache: in training
+                                without gradient checkpointing, k and v are copied into the cache and
+                                attention reads those copies */
 
     enum mp_input_kind input;
     uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */

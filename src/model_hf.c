@@ -45,8 +45,6 @@
  *   *_eps, initializer_range, bos/eos/pad_token_id, scale_attn_weights,
  *     scale_attn_by_inverse_layer_idx, pretraining_tp: values or scalars only;
  *   torch_dtype, dtype: the checkpoint's storage; --precision decides training dtypes;
- *   use_cache: memplan assumes use_cache=False, as training with checkpointing forces (with
- *     use_cache=True a gpt2/gpt_neox forward saves fresh k/v copies: bench/torch_saved.md);
  *   gradient_checkpointing: memplan plans checkpointing itself;
  *   summary_*, task_specific_params, n_special, predict_special_tokens: GPT2DoubleHeadsModel
  *     fields (that class is refused);
@@ -54,6 +52,9 @@
  *     num_key_value_heads for gpt2, gpt_neox and bert: their transformers classes ignore them;
  *   n_ctx (gpt2): legacy; transformers sizes wpe by n_positions alone;
  *   _attn_implementation: the --attention option chooses the kernel.
+ * Honoured: use_cache (decoders; default true): in training without gradient checkpointing
+ *   transformers copies k and v into a DynamicCache and attention reads the copies (layers.c);
+ *   --use-cache overrides it.
  * Rejected when set to a non-default value: add_cross_attention,
  * reorder_and_upcast_attn (gpt2), qk_layernorm (phi), position_embedding_type
  * other than "absolute" (bert).
@@ -137,6 +138,8 @@ struct family {
     const char *n_pooler;       /* its dense layer ("pooler.dense") */
     bool bare_pooler;           /* the bare *Model has the pooler (BertModel, RobertaModel) */
     bool mlm_gelu;              /* the MLM transform uses exact gelu whatever hidden_act (RoBERTa) */
+    bool id_buffers;            /* BertEmbeddings-style int64 position_ids (and token_type_ids) buffers */
+    bool id_views;              /* the forward uses views of them (BERT, DistilBERT; RoBERTa computes ids) */
     bool vision;                /* images in (ViT): a patch embedding instead of token embeddings, no
                                    vocabulary; image_size, patch_size, num_channels in the hook */
     hf_hook hook;               /* runs last: may override anything read before */
@@ -192,7 +195,7 @@ static const struct family families[] = {
      .n_head = "decoder", .default_head = H_MASKED,
      .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
      .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "pooler.dense", .bare_pooler = true,
-     .hook = bert_hook},
+     .id_buffers = true, .id_views = true, .hook = bert_hook},
     /* ---- added with the family table ---- */
     {.type = "qwen3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .head_dim_default = 128,
      .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS},
@@ -239,7 +242,7 @@ static const struct family families[] = {
      .n_drop = "dropout", .n_head = "decoder", .default_head = H_MASKED,
      .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
      .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "classifier.dense",
-     .bare_pooler = true, .hook = bert_hook},
+     .bare_pooler = true, .id_buffers = true, .hook = bert_hook},
     {.type = "distilbert", .plain_softmax = true, .k_hidden = {"dim"}, .k_layers = {"n_layers"}, .k_heads = {"n_heads"},
      .k_ffn = "hidden_dim", .k_act = "activation", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM,
      .pos_rows = 512, .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true,
@@ -248,7 +251,8 @@ static const struct family families[] = {
      .emb_p_is_resid = true, .n_tok = "word_embeddings", .n_pos = "position_embeddings", .n_drop = "dropout",
      .n_head = "vocab_projector", .default_head = H_MASKED,
      .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
-     .pooler_act = MP_ACT_RELU, .n_pooler = "pre_classifier", .hook = distilbert_hook},
+     .pooler_act = MP_ACT_RELU, .n_pooler = "pre_classifier", .id_buffers = true, .id_views = true,
+     .hook = distilbert_hook},
     /* GPT-J: eager attention only (its own _attn: fp32 q/k, rotate_every_two rotary from a
      * per-layer table); rotary_dim in the hook */
     {.type = "gptj", .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
@@ -904,16 +908,21 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
     l->vocab = c->vocab;
     l->dim = c->hidden;
     l->mult = c->emb_mult;
+    l->scale_buffer = f->emb_sqrt;
     set_name(l++, f->n_tok);
     if (types) { /* BertEmbeddings: words + token types (ids default to zeros) + positions */
         l->type = MP_LT_EMBEDDING;
         l->vocab = c->type_vocab;
         l->dim = c->hidden;
+        l->id_buffer = f->id_buffers;
+        l->id_rows = c->positions + f->pos_offset;
         set_name(l++, "token_type_embeddings");
     }
     if (c->learned_pos) {
         l->type = MP_LT_POS_EMBEDDING;
-        l->vocab = c->positions + f->pos_offset;
+        l->vocab = l->id_rows = c->positions + f->pos_offset;
+        l->id_buffer = f->id_buffers;
+        l->id_view = f->id_views;
         l->dim = c->hidden;
         set_name(l++, f->n_pos);
     }
@@ -1174,6 +1183,12 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     if ((st = read_quant(root, &m->quant, path, d)) != MP_OK)
         return st;
     snprintf(m->source, sizeof m->source, "hf");
+    /* decoders fill a DynamicCache when use_cache (the config classes' default: true) */
+    m->kv_cache = c.causal && !c.f->vision;
+    m->use_cache = m->kv_cache;
+    if ((st = mp_json_bool(root, "use_cache", &m->use_cache, path, "", d)) != MP_OK)
+        return st;
+    m->use_cache = m->use_cache && m->kv_cache;
     snprintf(m->hf_type, sizeof m->hf_type, "%s", type);
     if ((st = set_model_name(m, root, type, path, d)) != MP_OK)
         return st;

@@ -53,6 +53,7 @@ struct mp_parallel {
     uint64_t ds_max_live_elems;           /* stage3_max_live_parameters */
     uint64_t ds_persistence_elems;        /* stage3_param_persistence_threshold */
     uint64_t ds_nvme_buffer_count;        /* offload_param.buffer_count (5) */
+    uint64_t rank;                    /* probe: the rank whose shards the step holds (0) */
 };
 /* One GPU, no offload, the engines' default settings; DeepSpeed bucket sizes 0 = derived
  * from the model's hidden size (mp_par_plan_make: accelerate's "auto" rule). */

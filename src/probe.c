@@ -10,6 +10,7 @@
  * progress line (stderr, when asked), no exit.
  */
 #include "probe_impl.h"
+#include "probe_par.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -167,6 +168,8 @@ static enum mp_status exec_new(struct mp_exec **out, const struct mp_probe_backe
     enum mp_status st = mp_pool_init(&x->pool, p, &ops, capacity_bytes, d);
     if (st == MP_OK)
         st = mp_exec_layout(p, &x->lay, d);
+    if (st == MP_OK && t->par && t->par->strategy != MP_PAR_NONE)
+        st = mp_par_exec_new(x, d); /* rank r of a data-parallel run */
     if (st == MP_OK && be->exec_new)
         st = be->exec_new(x);
     if (st != MP_OK) {
@@ -200,6 +203,7 @@ static void exec_free(struct mp_exec *x)
     if (x->be->exec_free)
         x->be->exec_free(x);
     mp_pool_release(&x->pool);
+    mp_par_exec_free(x->par);
     free(x->lay);
     free(x);
 }
@@ -269,8 +273,8 @@ static void view_open(struct mp_node_view *c, struct mp_exec *x, int k)
     c->gout = mp_view_tensor(x, MP_ST_GRAD, n->out);
     for (int j = 0; j < n->n_extra; j++)
         c->ex[j] = mp_view_tensor(x, MP_ST_ACT, n->extra[j]);
-    c->w = mp_view_param(x, MP_ST_PARAM, n->param[0]);
-    c->b = mp_view_param(x, MP_ST_PARAM, n->param[1]);
+    c->w = x->par ? mp_par_exec_param(x, n->param[0]) : mp_view_param(x, MP_ST_PARAM, n->param[0]);
+    c->b = x->par ? mp_par_exec_param(x, n->param[1]) : mp_view_param(x, MP_ST_PARAM, n->param[1]);
     c->gw = mp_view_param(x, MP_ST_PGRAD, n->param[0]);
     c->gb = mp_view_param(x, MP_ST_PGRAD, n->param[1]);
     c->tmp.p = mp_pool_get(&x->pool, MP_ST_TMP, k);
@@ -289,6 +293,9 @@ static enum mp_status node_run(struct mp_exec *x, int k, bool fwd)
                        mp_prim_str(n->prim), x->be->name);
     struct mp_node_view c;
     view_open(&c, x, k);
+    if ((n->param[0] >= 0 && !c.w.p) || (n->param[1] >= 0 && !c.b.p))
+        return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: its parameters are not gathered here (a parameter "
+                       "shared across sharding groups)", n->name);
     enum mp_status st = fn(&c);
     if (x->be->node_end)
         x->be->node_end(&c);
@@ -311,6 +318,8 @@ static enum mp_status loss_grad(struct mp_exec *x)
 static enum mp_status opt_step(struct mp_exec *x)
 {
     const struct mp_program *p = x->p;
+    if (x->par) /* rank r's shards or partition */
+        return mp_par_exec_opt(x);
     if (x->grads_out) { /* host memory only (the host test hook) */
         uint64_t off = 0;
         for (size_t q = 0; q < p->n_params; q++) {
@@ -351,11 +360,17 @@ static enum mp_status exec_event(void *ctx, const struct mp_event *ev)
         void *ptr;
         bool fresh;
         enum mp_status st = mp_pool_alloc(&x->pool, ev, &ptr, &fresh, x->d);
-        if (st == MP_OK && fresh)
+        bool done = false;
+        if (st == MP_OK && fresh && x->par)
+            st = mp_par_exec_alloc(x, ev, ptr, &done);
+        if (st == MP_OK && fresh && !done)
             st = init_storage(x, ev, ptr);
         return st;
     }
-    case MP_EV_FREE: return mp_pool_free(&x->pool, ev, x->d);
+    case MP_EV_FREE: {
+        enum mp_status st = x->par ? mp_par_exec_free_event(x, ev) : MP_OK;
+        return st == MP_OK ? mp_pool_free(&x->pool, ev, x->d) : st;
+    }
     case MP_EV_FWD: return node_run(x, ev->id, true);
     case MP_EV_BWD: return node_run(x, ev->id, false);
     case MP_EV_LOSS_GRAD: return loss_grad(x);

@@ -1440,6 +1440,18 @@ static enum mp_status cuda_upload(struct mp_exec *x, void *dst, const void *src,
     return MP_OK;
 }
 
+/* A storage into host memory, after the work queued before it (the data-parallel probe's
+ * local collectives stage through the host). */
+static enum mp_status cuda_download(struct mp_exec *x, void *dst, const void *src, uint64_t bytes)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDeviceToHost, S(x));
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(S(x));
+    if (e != cudaSuccess)
+        return cuda_fail(x->d, e, "cudaMemcpyAsync(device to host)", __FILE__, __LINE__);
+    return MP_OK;
+}
+
 static enum mp_status cuda_zero(struct mp_exec *x, void *ptr, uint64_t bytes)
 {
     CK(x->d, cudaMemsetAsync(ptr, 0, (size_t)bytes, S(x)));
@@ -1694,6 +1706,7 @@ const struct mp_probe_backend mp_probe_backend_cuda = {
     .alloc = cu_alloc,
     .free = cu_free,
     .upload = cuda_upload,
+    .download = cuda_download,
     .zero = cuda_zero,
     .workspace = cuda_workspace,
     .sync = cuda_sync,

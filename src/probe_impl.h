@@ -64,6 +64,7 @@ struct mp_exec {
     float *grads_out;     /* (host memory only) every parameter gradient before zero_grad */
     double loss;          /* the step's loss (LOSS_GRAD, or the backend's step_end) */
     double ce_loss;       /* the last cross-entropy in double (a backend's NLL forward may set it) */
+    struct mp_par_exec *par; /* data parallel: rank r's shards and local collectives (probe_par.c) */
     struct mp_diag *d;
 };
 
@@ -155,6 +156,9 @@ struct mp_probe_backend {
     void (*free)(void *ctx, void *ptr);
     /* (optional) host bytes into a storage, finished on return; NULL: storages are host memory */
     enum mp_status (*upload)(struct mp_exec *x, void *dst, const void *src, uint64_t bytes);
+    /* (optional, with upload) a storage's bytes into host memory, finished on return (the
+     * data-parallel probe's local collectives) */
+    enum mp_status (*download)(struct mp_exec *x, void *dst, const void *src, uint64_t bytes);
     enum mp_status (*zero)(struct mp_exec *x, void *ptr, uint64_t bytes);
     /* (optional) a fresh activation or temporary (host: NaN bytes, so a read before a write shows) */
     enum mp_status (*poison)(struct mp_exec *x, void *ptr, uint64_t bytes);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel.h"
 #include "quant.h"
 
 /* ---- the counting pool ----------------------------------------------------------------- */
@@ -26,6 +27,10 @@ bool mp_store_persistent(enum mp_store s)
  * per parameter; Adafactor: id 0), the workspace, then tensors and node temporaries. */
 #define KEY_WORKSPACE(np) (4 * (np) + 1)
 #define KEY_TENSORS(np) (4 * (np) + 2)
+/* Data-parallel buffers (MP_ST_COMM, id = slot x MP_COMM_KINDS + kind) after the node
+ * temporaries: a slot is a group (at most one per block, plus the root), a DDP bucket (at
+ * most one per parameter) or a DeepSpeed partition (0, 1). */
+static size_t comm_keys(const struct mp_program *p) { return (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS; }
 
 static bool key_of(const struct mp_program *p, enum mp_store s, int id, size_t *key)
 {
@@ -43,7 +48,7 @@ static bool key_of(const struct mp_program *p, enum mp_store s, int id, size_t *
     case MP_ST_ACT: *key = base + i; return i < nt;
     case MP_ST_GRAD: *key = base + nt + i; return i < nt;
     case MP_ST_TMP: *key = base + 2 * nt + i; return i < nn;
-    case MP_ST_COMM: return false; /* data-parallel buffers: not probed yet */
+    case MP_ST_COMM: *key = base + 2 * nt + nn + i; return i < comm_keys(p);
     }
     return false;
 }
@@ -98,7 +103,7 @@ enum mp_status mp_pool_init(struct mp_pool *pl, const struct mp_program *p, cons
     pl->p = p;
     pl->ops = *ops;
     pl->capacity = capacity;
-    pl->n_keys = KEY_TENSORS(p->n_params) + 2 * p->n_tensors + p->n_nodes;
+    pl->n_keys = KEY_TENSORS(p->n_params) + 2 * p->n_tensors + p->n_nodes + comm_keys(p);
     pl->ptr = calloc(pl->n_keys, sizeof *pl->ptr);
     pl->bytes = calloc(pl->n_keys, sizeof *pl->bytes);
     pl->present = calloc(pl->n_keys, 1);
@@ -158,6 +163,15 @@ static void trace_cur(struct mp_pool *pl)
     pl->trace[pl->n_trace++] = pl->cur;
 }
 
+/* The persistent stores, and the data-parallel buffers that live across steps (DDP buckets,
+ * DeepSpeed partitions: allocated at every step's setup like the parameters). */
+static bool event_persistent(enum mp_store s, int id)
+{
+    if (s == MP_ST_COMM)
+        return id % MP_COMM_KINDS == MP_COMM_BUCKET || id % MP_COMM_KINDS == MP_COMM_PARTITION;
+    return mp_store_persistent(s);
+}
+
 enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void **ptr, bool *fresh,
                              struct mp_diag *d)
 {
@@ -168,7 +182,7 @@ enum mp_status mp_pool_alloc(struct mp_pool *pl, const struct mp_event *ev, void
         return mp_fail(d, MP_ERR_INTERNAL, "probe: allocation of %s %d out of range", store_str(ev->store), ev->id);
     uint64_t r = mp_round512(ev->bytes);
     if (pl->present[k]) {
-        if (!mp_store_persistent(ev->store) || pl->bytes[k] != ev->bytes) {
+        if (!event_persistent(ev->store, ev->id) || pl->bytes[k] != ev->bytes) {
             char nm[96];
             mp_event_name(pl->p, ev, nm, sizeof nm);
             return mp_fail(d, MP_ERR_INTERNAL, "probe: %s allocated twice", nm);
@@ -262,8 +276,10 @@ enum mp_status mp_pool_step_end(struct mp_pool *pl, struct mp_diag *d)
     for (size_t k = 0; k < pl->n_keys; k++) {
         if (!pl->present[k])
             continue;
+        size_t cbase = base + 2 * p->n_tensors + p->n_nodes;
         bool keep = k < 2 * np || k == KEY_WORKSPACE(np) ||
-                    (k >= base && k < base + p->n_tensors && mp_program_resident(p, (int)(k - base)));
+                    (k >= base && k < base + p->n_tensors && mp_program_resident(p, (int)(k - base))) ||
+                    (k >= cbase && event_persistent(MP_ST_COMM, (int)(k - cbase)));
         if (!keep)
             return mp_fail(d, MP_ERR_INTERNAL, "probe: storage %zu is still allocated after the step", k);
         persistent += mp_round512(pl->bytes[k]);

@@ -95,6 +95,7 @@ static cJSON *json_parallel_of(const struct mp_parallel *par)
     ju64(o, "world", mp_par_world(par));
     cJSON_AddStringToObject(o, "offload", mp_offload_str(par->offload));
     cJSON_AddStringToObject(o, "offload_device", mp_offload_dev_str(par->offload_device));
+    ju64(o, "rank", par->rank); /* probe: the rank whose step ran */
     return o;
 }
 
@@ -123,6 +124,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        /* transformers' use_cache in training (HF decoders; off under gradient checkpointing) */
+        cJSON_AddBoolToObject(cf, "use_cache", c->model->use_cache && !c->build->hf_checkpointing);
         const struct mp_finetune *f = &c->build->ft;
         cJSON *ft = cJSON_AddObjectToObject(cf, "finetune");
         cJSON_AddStringToObject(ft, "mode", mp_ft_mode_str(f->mode));
@@ -324,8 +327,11 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
         finetune_lines(out, c);
     if (c->train && c->train->par) {
-        char pb[96];
-        fprintf(out, "parallel  %s; memory figures are per rank\n", mp_par_describe(c->train->par, pb, sizeof pb));
+        char pb[96], rk[64] = "";
+        if (!strcmp(c->command, "probe")) /* one rank's step, its collectives as local copies */
+            snprintf(rk, sizeof rk, "; the step of rank %llu", (unsigned long long)c->train->par->rank);
+        fprintf(out, "parallel  %s; memory figures are per rank%s\n", mp_par_describe(c->train->par, pb, sizeof pb),
+                rk);
     }
     if (c->defaults[0])
         fprintf(out, "defaults  %s\n", c->defaults);

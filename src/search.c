@@ -86,6 +86,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     struct mp_program own, *prog = job->scratch && !job->keep_program ? job->scratch : &own;
     struct mp_build_opts bo = job->build;
     bo.ft.input_grad = job->ckpt.strategy != MP_CKPT_NONE; /* transformers: enable_input_require_grads */
+    bo.hf_checkpointing = job->ckpt.strategy == MP_CKPT_LAYERS; /* and use_cache off */
     enum mp_status st = prog == &own ? mp_program_build(job->model, &bo, prog, d)
                                      : mp_program_rebuild(job->model, &bo, prog, d);
     if (st != MP_OK)
@@ -422,6 +423,7 @@ static enum mp_status probe_at(struct mp_probe *pr, const struct mp_job *job, ui
         return st;
     struct mp_program prog;
     j.build.ft.input_grad = j.ckpt.strategy != MP_CKPT_NONE;
+    j.build.hf_checkpointing = j.ckpt.strategy == MP_CKPT_LAYERS;
     st = mp_program_build(j.model, &j.build, &prog, d);
     if (st == MP_OK) {
         memset(r, 0, sizeof *r);

@@ -347,6 +347,10 @@ expect 2 "--global-batch 0" suggest models/tiny-test.json --gpu t4 --global-batc
 expect 2 "--backend rocm" probe models/tiny-test.json --backend rocm
 expect 2 "--steps 0" probe models/tiny-test.json --backend host --steps 0
 expect 2 "--attention paged" estimate models/tiny-test.json --attention paged
+expect 2 "--use-cache maybe" estimate models/hf/gpt2.json --use-cache maybe
+expect 2 "--use-cache on for a model without a k/v cache (BERT)" estimate models/hf/bert-base-uncased.json \
+    --use-cache on
+expect 2 "--use-cache on for memplan JSON" estimate models/tiny-test.json --use-cache off
 expect 2 "check without --batch" check models/tiny-test.json --gpu a100-40gb
 expect 2 "check without a target" check models/tiny-test.json --batch 1
 expect 2 "plan without a target or budget" plan models/tiny-test.json --batch 1
@@ -741,6 +745,18 @@ assert r["global_batch"] == 512 == r["micro_batch"] * r["grad_accum"] * p["world
         bad "suggest --gpus 4 --global-batch 512: micro x accumulation x ranks = 512"
     fi
 fi
+# probe of one rank on the host backend: measured = the estimate's per-rank peak; what it
+# does not run is refused (offload: exit 4), a rank outside the world is a usage error.
+run probe models/tiny-test.json --backend host --steps 2 --gpus 2 --parallel fsdp --rank 1
+if [ "$ec" -eq 0 ] && grep -q "fsdp x2" "$T/out" && grep -q "+0.00%" "$T/out"; then
+    ok "probe --gpus 2 --parallel fsdp --rank 1 on the host backend: measured = estimate"
+else
+    echo "expected exit 0, the parallel line and a +0.00% peak difference" >"$T/why"
+    bad "probe --gpus 2 --parallel fsdp --rank 1 on the host backend"
+fi
+expect_line 4 "probe --parallel zero3 --offload optimizer (estimated only)" probe models/tiny-test.json --backend host --gpus 2 --parallel zero3 --offload optimizer
+expect_line 2 "probe --gpus 2 --parallel ddp --rank 2" probe models/tiny-test.json --backend host --gpus 2 --parallel ddp --rank 2
+expect_line 2 "--rank without --parallel" probe models/tiny-test.json --backend host --rank 1
 # NCCL's own memory: a profile's nccl_overhead_mib sits beside the context when there are peers;
 # the bundled profiles have 0 (not measured), and the report says it is not counted.
 NC="estimate models/tiny-test.json --batch 1 --parallel ddp --gpus 2"

@@ -406,13 +406,18 @@ static void test_estimate_gelu_new_autocast(void **state)
 
 /* Non-persistent buffers are on the GPU too: HF's rotary embedding registers inv_freq and a
  * clone, original_inv_freq, rotary_dim/2 fp32 each (named_buffers() of transformers 5.23:
- * llama-2-7b 2 x (64,), qwen2-0.5b 2 x (32,)); GPT-2 has none. */
+ * llama-2-7b 2 x (64,), qwen2-0.5b 2 x (32,)); GPT-2 has none.  BertEmbeddings registers int64
+ * position_ids and token_type_ids (1, max positions): bert 2 x (1, 512), roberta 2 x (1, 514);
+ * DistilBERT position_ids (1, 512); Gemma's embedding an fp32 scalar embed_scale () besides its
+ * rotary pair 2 x (128,). */
 static void test_estimate_module_buffers(void **state)
 {
     (void)state;
-    const char *files[] = {"models/hf/llama-2-7b.json", "models/hf/qwen2-0.5b.json", "models/hf/gpt2.json"};
-    const uint64_t want[] = {2 * 64 * 4, 2 * 32 * 4, 0};
-    for (int i = 0; i < 3; i++) {
+    const char *files[] = {"models/hf/llama-2-7b.json", "models/hf/qwen2-0.5b.json", "models/hf/gpt2.json",
+                           "models/hf/bert-base-uncased.json", "models/hf/roberta-base.json",
+                           "models/hf/distilbert-base-uncased.json", "models/hf/gemma-2b.json"};
+    const uint64_t want[] = {2 * 64 * 4, 2 * 32 * 4, 0, 2 * 512 * 8, 2 * 514 * 8, 512 * 8, 4 + 2 * 128 * 4};
+    for (int i = 0; i < 7; i++) {
         struct mp_model m;
         load_file(&m, files[i]);
         struct mp_estimate e;
@@ -453,6 +458,52 @@ static void test_estimate_falcon_gptj_layer(void **state)
     assert_int_equal(e.blocks[2].activation_bytes, 140448);
     assert_int_equal(e.module_buffers_bytes, 4096);
     mp_estimate_release(&e);
+    mp_model_release(&m);
+}
+
+/* use_cache (transformers 5.23 DynamicLayer.update: torch.cat of k and v onto an empty cache):
+ * SDPA then saves the copies.  GPT-2 (fused c_attn): q stays a view of the c_attn output, so
+ * that storage stays alive and the k and v copies are extra: 12 layers x 2 x (1·16·768·2 B) at
+ * b=1, s=16, amp = 589,824 B more activations when backward starts.  Llama (separate k_proj and
+ * v_proj): the copies replace the rotated k and the v_proj output (under autocast the cache
+ * holds fp32 copies until the forward returns and SDPA saves their half casts), no change when
+ * backward starts.  Under
+ * transformers' gradient checkpointing (hf_checkpointing) the cache is off: no copies. */
+static void test_estimate_use_cache(void **state)
+{
+    (void)state;
+    const char *files[] = {"models/hf/gpt2.json", "models/hf/llama-2-7b.json"};
+    const uint64_t extra[] = {589824, 0};
+    for (int i = 0; i < 2; i++) {
+        struct mp_model m;
+        load_file(&m, files[i]);
+        assert_true(m.kv_cache && m.use_cache); /* the config says use_cache: true */
+        uint64_t act[2];
+        for (int on = 0; on < 2; on++) {
+            m.use_cache = on;
+            struct mp_estimate e;
+            run(&m, 1, 16, MP_PREC_AMP_BF16, MP_OPT_SGD, NULL, &e);
+            act[on] = e.activations_bytes;
+            mp_estimate_release(&e);
+        }
+        assert_int_equal(act[1] - act[0], extra[i]);
+        struct mp_build_opts bo;
+        mp_build_opts_default(&bo);
+        bo.seq = 16;
+        bo.hf_checkpointing = true;
+        struct mp_program prog;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK); /* m.use_cache is on here */
+        for (size_t k = 0; k < prog.n_nodes; k++)
+            assert_null(strstr(prog.nodes[k].name, "_cache"));
+        mp_program_release(&prog);
+        mp_model_release(&m);
+    }
+    struct mp_model m;
+    load(&m, "{\"model_type\": \"bert\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+             "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"use_cache\": true}");
+    assert_false(m.kv_cache); /* an encoder: no cache whatever the config says */
+    assert_false(m.use_cache);
     mp_model_release(&m);
 }
 
@@ -499,6 +550,55 @@ static void test_estimate_rope_tables_under_checkpointing(void **state)
     mp_program_release(&prog);
     mp_ckpt_plan_release(&plan);
     mp_chain_release(&c);
+    mp_model_release(&m);
+}
+
+/* Whether tensor t is live at the forward of node `node` and when the loss gradient is seeded. */
+struct live_at_node {
+    int t, node;
+    bool live, at_node, at_loss;
+};
+
+static enum mp_status live_at_node_event(void *ctx, const struct mp_event *ev)
+{
+    struct live_at_node *w = ctx;
+    if (ev->store == MP_ST_ACT && ev->id == w->t)
+        w->live = ev->kind == MP_EV_ALLOC ? true : ev->kind == MP_EV_FREE ? false : w->live;
+    if (ev->kind == MP_EV_FWD && ev->node == w->node)
+        w->at_node = w->live;
+    if (ev->kind == MP_EV_LOSS_GRAD)
+        w->at_loss = w->live;
+    return MP_OK;
+}
+
+/* use_cache under autocast: transformers' DynamicCache keeps each layer's fp32 k and v copies
+ * (the rotated k is fp32, the empty cache takes its dtype) until the model's forward returns:
+ * alive in the loss's forward (inside the model's forward), gone when backward starts (measured
+ * with bench/torch_step.py --use-cache: llama-2-7b 8x1024 amp peaks in the loss forward). */
+static void test_estimate_kv_cache_held_to_loss(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/hf/llama-2-7b.json");
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.seq = 16;
+    struct mp_program prog;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    int kc = -1;
+    for (size_t k = 0; k < prog.n_nodes && kc < 0; k++)
+        if (prog.nodes[k].kv_cached)
+            kc = prog.nodes[k].out;
+    assert_true(kc >= 0);
+    assert_int_equal(prog.tensors[kc].dtype, MP_DT_F32);
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct live_at_node w = {.t = kc, .node = (int)prog.n_nodes - 1}; /* the nll_loss */
+    assert_int_equal(prog.nodes[w.node].prim, MP_P_NLL_LOSS);
+    assert_int_equal(mp_replay(&prog, NULL, &t, live_at_node_event, &w, &d), MP_OK);
+    assert_true(w.at_node);
+    assert_false(w.at_loss);
+    mp_program_release(&prog);
     mp_model_release(&m);
 }
 
@@ -732,6 +832,8 @@ int main(void)
         cmocka_unit_test(test_estimate_gelu_new_autocast),
         cmocka_unit_test(test_estimate_module_buffers),
         cmocka_unit_test(test_estimate_falcon_gptj_layer),
+        cmocka_unit_test(test_estimate_use_cache),
+        cmocka_unit_test(test_estimate_kv_cache_held_to_loss),
         cmocka_unit_test(test_estimate_rope_tables_under_checkpointing),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
