@@ -74,6 +74,28 @@ transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: N
 # values do not matter here
 torch.nn.init._no_grad_trunc_normal_ = lambda tensor, *a, **k: tensor
 
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def _sdpa_cuda_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+    """SDPA with CUDA's kernel where the CPU's differs.  q/k and v head widths that differ
+    (DeepSeek's multi-head latent attention: 192 and 128) rule out flash on both; the CPU then runs
+    the math path, which saves the s x s probabilities, where CUDA runs the memory-efficient
+    kernel.  Its aten op has a meta function, so under fake tensors it gives that kernel's
+    tensors: the output (b, s, a, dv) in memory, an fp32 logsumexp (b, a, s rounded up to 32),
+    q, k, v and the output saved.  Listed in torch_step_results.md."""
+    if query.shape[-1] != value.shape[-1] and not kw.get("enable_gqa"):
+        if torch.is_autocast_enabled("cpu"):  # SDPA is on autocast's half list; the aten op is not
+            dt = torch.get_autocast_dtype("cpu")
+            query, key, value = query.to(dt), key.to(dt), value.to(dt)
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, query.requires_grad or key.requires_grad or value.requires_grad,
+            dropout_p, is_causal, scale=scale)[0]
+    return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
+
+
+torch.nn.functional.scaled_dot_product_attention = _sdpa_cuda_kernel
+
 
 # ---- trackers ---------------------------------------------------------------------------------
 

@@ -48,30 +48,30 @@ template <typename Y, typename T, typename F> struct binary_op {
     }
 };
 
+// acc[i..i+W) += g * other[i..i+W), in acc's type
+template <int W, typename T> __device__ __forceinline__ void add_product(T *acc, const float (&g)[W], const T *other)
+{
+    float o[W], a[W];
+    vload<W>(other, o);
+    vload<W>(acc, a);
+#pragma unroll
+    for (int k = 0; k < W; k++)
+        a[k] += g[k] * o[k];
+    vstore<W>(acc, a);
+}
+
 // da += dy * b, db += dy * a (either may be NULL)
 template <typename T> struct mul_bwd_op {
     T *da, *db;
     const T *dy, *a, *b;
     template <int W> __device__ void run(uint64_t i) const
     {
-        float g[W], o[W], acc[W];
+        float g[W];
         vload<W>(dy + i, g);
-        if (da) {
-            vload<W>(b + i, o);
-            vload<W>(da + i, acc);
-#pragma unroll
-            for (int k = 0; k < W; k++)
-                acc[k] += g[k] * o[k];
-            vstore<W>(da + i, acc);
-        }
-        if (db) {
-            vload<W>(a + i, o);
-            vload<W>(db + i, acc);
-#pragma unroll
-            for (int k = 0; k < W; k++)
-                acc[k] += g[k] * o[k];
-            vstore<W>(db + i, acc);
-        }
+        if (da)
+            add_product<W>(da + i, g, b + i);
+        if (db)
+            add_product<W>(db + i, g, a + i);
     }
 };
 

@@ -560,9 +560,15 @@ static void bwd_block(struct rp *r, size_t i)
                 incoming += mp_param_grad_bytes(&p->params[q]);
             }
         }
+        if ((n->out_parts[0] >= 0 && r->glive[n->out_parts[0]]) ||
+            (n->out_parts[1] >= 0 && r->glive[n->out_parts[1]])) { /* chunk's backward: cat the parts */
+            g_alloc(r, n->out);
+            g_free(r, n->out_parts[0]);
+            g_free(r, n->out_parts[1]);
+        }
         if (n->grad_in)
             for (int j = 0; j < 3; j++)
-                g_alloc(r, n->in[j]);
+                g_alloc(r, n->in_grad_part[j] >= 0 ? n->in_grad_part[j] : n->in[j]);
         uint64_t btmp = n->bwd_tmp_bytes + incoming;
         tmp(r, (int)k, btmp, true);
         if (r->st == MP_OK) {

@@ -63,7 +63,7 @@ const char *mp_prim_str(enum mp_prim p)
                                         "rmsnorm",   "rope",     "attention", "activation", "mul",
                                         "dropout",   "add",      "conv2d",  "batchnorm2d", "maxpool2d",
                                         "avgpool2d", "adaptive_avgpool2d", "view", "log_softmax", "nll_loss",
-                                        "custom",    "scale"};
+                                        "custom",    "scale",    "router",  "rows",     "grouped_mm"};
     return (unsigned)p < MP_P_COUNT ? n[p] : "?";
 }
 
@@ -99,6 +99,7 @@ struct bld {
     uint64_t b, s;
     bool amp;
     bool in_adapter;  /* lowering a LoRA adapter: its Linears are trainable fp32, never quantized */
+    bool no_lora;     /* the Linear is a module peft cannot adapt (an MoE router's bare Parameter) */
     bool trained;     /* the current block's own parameters train (full, or freeze-selected) */
 };
 
@@ -262,6 +263,8 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     n->layer = B->layer;
     n->block = B->block;
     n->in[0] = n->in[1] = n->in[2] = -1;
+    n->in_grad_part[0] = n->in_grad_part[1] = n->in_grad_part[2] = -1;
+    n->out_parts[0] = n->out_parts[1] = -1;
     n->out = -1;
     n->keep = -1;
     n->wcopy = -1;
@@ -411,6 +414,15 @@ static uint64_t rows_of(struct val v)
     for (int i = 0; i + 1 < v.rank; i++)
         r *= v.shape[i]; /* bounded: the tensor's element count was checked */
     return r;
+}
+
+/* Elements of a value's logical shape (a view of part of a storage counts its part). */
+static uint64_t val_elems(struct bld *B, struct val v)
+{
+    uint64_t e = 1;
+    for (int i = 0; i < v.rank; i++)
+        e = mul(B, e, v.shape[i]);
+    return e;
 }
 
 static enum mp_dtype promote(enum mp_dtype a, enum mp_dtype b)
@@ -571,7 +583,7 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
     if (!width_ok(B, x, in_f, "in_features", name))
         return x;
     bool head = B->layer && (B->layer->type == MP_LT_LM_HEAD || B->layer->type == MP_LT_CLASSIFIER);
-    const struct mp_quant *qz = tied < 0 ? base_quant(B, head) : NULL;
+    const struct mp_quant *qz = tied < 0 && !B->no_lora ? base_quant(B, head) : NULL; /* bnb replaces nn.Linear only */
     char cname[64];
     snprintf(cname, sizeof cname, "%s.cast", name);
     struct val xin = autocast_in(B, x, cname);
@@ -629,7 +641,7 @@ static struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uin
         snprintf(cname, sizeof cname, "%s.to_%s", name, mp_dtype_str(dt_of(B, x)));
         y = cast_to(B, y, dt_of(B, x), cname); /* .to(inp_dtype) */
     }
-    if (!B->in_adapter && !head && tied < 0 &&
+    if (!B->in_adapter && !B->no_lora && !head && tied < 0 &&
         mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head)) {
         if (bnb4) {
             snprintf(cname, sizeof cname, "%s.clone", name);
@@ -701,7 +713,7 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool 
     struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
     if (!n)
         return y;
-    uint64_t M = rows_of(x), N = T(B, x.t)->elems;
+    uint64_t M = rows_of(x), N = val_elems(B, x); /* a view (DeepSeek's kv latent): its part */
     n->in[0] = x.t;
     n->out = y.t;
     n->param[0] = g;
@@ -902,9 +914,14 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->seq = B->s;
     n->rows = rows_of(x);
     n->n = last_dim(x);
-    /* q*cos, rotate_half(q) (a cat of two halves) and *sin: two x-sized temporaries. */
+    /* q*cos, rotate_half(q) (a cat of two halves) and *sin: two x-sized temporaries (x may be a
+     * view of the rotary part of each head, DeepSeek's MLA: its part; DeepSeek-V2's complex rotary
+     * makes an fp32 copy and an fp32 product) */
+    uint64_t xe = l->kv_lora ? val_elems(B, x) : T(B, x.t)->elems;
+    if (l->kv_lora)
+        tmp = mul(B, mul(B, xe, l->rope_complex ? 4 : mp_dtype_size(dt_of(B, x))), 2);
     tmp_one(B, n, false, MP_TR_OTHER, tmp);
-    n->fwd_flops = 3.0 * (double)T(B, x.t)->elems;
+    n->fwd_flops = 3.0 * (double)xe;
     n->bwd_flops = n->fwd_flops;
     return y;
 }
@@ -935,17 +952,19 @@ static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool e
     }
 }
 
-/* Scaled dot-product attention core: q (b,s,a*d), k and v (b,s,kv*d). */
+/* Scaled dot-product attention core: q (b,s,a*d), k (b,s,kv*d) and v (b,s,kv*dv).  Eager
+ * attention makes contiguous copies of the inputs that are transposed views (copies: bit 0 q,
+ * bit 1 k, bit 2 v; DeepSeek's q and k are fresh (b,a,s,d) tensors, its v a view). */
 static struct val lower_attn_core(struct bld *B, struct val q, struct val k, struct val v, const struct mp_layer *l,
-                                  const char *name)
+                                  uint64_t d, uint64_t dv, unsigned copies, const char *name)
 {
     if (failed(B))
         return q;
     enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
     bool eager = impl == MP_ATTN_EAGER;
-    uint64_t b = B->b, s = B->s, a = l->heads, d = l->head_dim;
+    uint64_t b = B->b, s = B->s, a = l->heads;
     enum mp_dtype cdt = dt_of(B, q);
-    struct val y = with_last(B, name, q, mul(B, a, d), cdt, true);
+    struct val y = with_last(B, name, q, mul(B, a, dv), cdt, true);
     struct mp_node *n = new_node(B, MP_P_ATTN, name);
     if (!n)
         return y;
@@ -963,7 +982,7 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     n->p = l->attn_dropout;
     uint64_t asb = mul(B, mul(B, a, s), b);      /* a*s*b */
     uint64_t ass = mul(B, asb, s);                /* a*s*s*b */
-    uint64_t qbytes = mul(B, mul(B, asb, d), mp_dtype_size(cdt));
+    uint64_t qbytes = mul(B, mul(B, asb, dv), mp_dtype_size(cdt)); /* the (b,a,s,dv) output */
     char en[80];
     attn_mask(B, n, name, eager, cdt);
     if (!eager) {
@@ -972,7 +991,9 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
         save(n, k.t);
         save(n, v.t);
         save(n, y.t);
-        uint64_t s_lse = cdt == MP_DT_F32 ? round_up(s, 32) : s;
+        /* q/k and v widths that differ (DeepSeek's MLA) rule out flash: the memory-efficient kernel
+         * runs, whose logsumexp rows are rounded up to 32 in every dtype (_efficient_attention_forward) */
+        uint64_t s_lse = cdt == MP_DT_F32 || dv != d ? round_up(s, 32) : s;
         snprintf(en, sizeof en, "%s.lse", name);
         extra_as(n, new_flat(B, en, MP_DT_F32, mul(B, mul(B, a, b), s_lse)), MP_XR_LSE);
         /* backward: softmax_d [b,a,s_r] and dq_accum [b,s_r,a,d_r] in fp32 (flash_api mha_bwd) */
@@ -985,11 +1006,16 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
          * scores, softmax (fp32 under autocast), its cast, dropout. */
         const char *cn[3] = {"q_copy", "k_copy", "v_copy"};
         const enum mp_xrole cr[3] = {MP_XR_Q_COPY, MP_XR_K_COPY, MP_XR_V_COPY};
+        const int in3[3] = {q.t, k.t, v.t};
         for (int i = 0; i < 3; i++) {
+            if (!(copies & (1u << i))) { /* already a contiguous (b,a,s,d) tensor: the matmul saves it */
+                save(n, in3[i]);
+                continue;
+            }
             /* GPT-J upcasts q and k to fp32 (under autocast the matmul casts them back) */
             enum mp_dtype qdt = i < 2 && l->qk_fp32 && !B->amp ? MP_DT_F32 : cdt;
             snprintf(en, sizeof en, "%s.%s", name, cn[i]);
-            extra_as(n, new_flat(B, en, qdt, mul(B, asb, d)), cr[i]);
+            extra_as(n, new_flat(B, en, qdt, mul(B, asb, i == 2 ? dv : d)), cr[i]);
         }
         if (l->attn_softcap > 0) { /* scores / cap, tanh (saves its output), * cap (Gemma2) */
             snprintf(en, sizeof en, "%s.softcap_tanh", name);
@@ -1047,6 +1073,8 @@ static struct val qk_norm(struct bld *B, struct val x, const struct mp_layer *l,
     return y;
 }
 
+static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h);
+
 /* A copy of x, width wide (Falcon's split of its fused qkv): tmp, the intermediate copies it
  * makes first (forward transients); index, an advanced-indexing copy that saves its int64 index. */
 static struct val split_copy(struct bld *B, struct val x, uint64_t width, uint64_t tmp, bool index,
@@ -1102,6 +1130,11 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
 {
     char saved[96];
     with_prefix(B, B->prefix, name, saved);
+    if (l->kv_lora) {
+        struct val y = lower_mla(B, x, l, hidden);
+        restore_prefix(B, saved);
+        return y;
+    }
     uint64_t a = l->heads, kv = l->kv_heads, d = l->head_dim;
     uint64_t qd = mul(B, a, d), kd = mul(B, kv, d);
     struct val q, k, v;
@@ -1161,7 +1194,7 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
     q = autocast_in(B, q, "q_cast");
     k = autocast_in(B, k, "k_cast");
     v = autocast_in(B, v, "v_cast");
-    struct val o = lower_attn_core(B, q, k, v, &core, "sdpa");
+    struct val o = lower_attn_core(B, q, k, v, &core, d, d, 7u, "sdpa");
     /* (GPT-J's eager attention merges its heads with the one copy every eager output makes) */
     if (l->rope && !l->rope_table_rows && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) &&
         !failed(B)) {
@@ -1174,9 +1207,329 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
     return o;
 }
 
+/* a * b (MulBackward0 saves both factors); b may broadcast over a's last dimension (the MoE
+ * weights (S, 1), Qwen2-MoE's shared-expert gate).  The product has a's shape and the promoted
+ * dtype. */
+static struct val lower_mul(struct bld *B, struct val a, struct val b, const char *name)
+{
+    if (failed(B))
+        return a;
+    struct val m = like(B, name, a, promote(dt_of(B, a), dt_of(B, b)), true);
+    struct mp_node *n = new_node(B, MP_P_MUL, name);
+    if (!n)
+        return m;
+    n->in[0] = a.t;
+    n->in[1] = b.t;
+    n->out = m.t;
+    save(n, a.t);
+    save(n, b.t);
+    n->rows = rows_of(a);
+    n->n = last_dim(a);
+    n->fwd_flops = (double)val_elems(B, a);
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    /* backward temporary (one at a time: a's gradient is made, then b's): a's gradient in the
+     * promoted dtype before its cast to a's (MulBackward0's _to_copy), or b's when b broadcasts
+     * ((grad * a), a-shaped, then summed) */
+    uint64_t ma = mul(B, val_elems(B, a), mp_dtype_size(dt_of(B, m)));
+    bool tmp = val_elems(B, b) < val_elems(B, a) || dt_of(B, a) != dt_of(B, m);
+    tmp_one(B, n, true, MP_TR_OTHER, tmp ? ma : 0);
+    return m;
+}
+
+static struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
+                            const char *name);
+
+/* ---- mixture of experts (transformers 5.23, experts_implementation "grouped_mm") ----------------
+ *
+ * grouped_mm is transformers' default (modeling_utils get_correct_experts_implementation) and
+ * what its integrations/moe.py grouped_mm_experts_forward does, op by op, for M tokens, top-k
+ * k, S = M*k routed rows, E experts of width F:
+ *   router (*TopKRouter.forward): logits = Linear(h, E); softmax or sigmoid (saved, M x E); topk
+ *     (indices saved, M x k int64); optional renormalization (in place: saves the values and
+ *     their sum); the weights (M, k);
+ *   sort the S expert ids (perm); x[perm // k] -> (S, h) (IndexBackward saves the index, S int64);
+ *     weights[perm] -> (S,) (saves perm); per-expert offsets (E int32, saved by grouped_mm);
+ *   grouped_mm(x_sorted, gate_up_proj) -> (S, 2F) [all experts' weights: one (E, 2F, h)
+ *     parameter]; act(gate) * up; grouped_mm(., down_proj) -> (S, h); * weights (S, 1);
+ *     un-permute (saves inv_perm, S int64); view (M, k, h).sum(1); .to(x's dtype).
+ * grouped_mm is not an autocast op: under amp it runs in the weights' dtype, fp32 (x, the
+ * RMSNorm output, is fp32 there), so the experts' activations are fp32 (measured on the CPU,
+ * bench/torch_step_results.md; CUDA's autocast list has no grouped_mm either, transformers'
+ * _grouped_mm comment, pytorch#174763).  The S rows are one grouped GEMM whatever the split
+ * over experts: routing imbalance (--moe-capacity) changes no tensor of this path. */
+
+/* Dispatch/combine rows: out (rows, width) of x gathered by an index / permuted / summed over
+ * the top-k copies, in dtype dt; n_idx int64 index tensors of S elements each are made and
+ * saved (IndexBackward keeps its index).  Backward scatters into a zero gradient of x. */
+static struct val moe_rows(struct bld *B, struct val x, uint64_t rows, uint64_t width, enum mp_dtype dt, int n_idx,
+                           uint64_t idx, const char *name)
+{
+    if (failed(B))
+        return x;
+    uint64_t shape[2] = {rows, width};
+    struct val y = new_val(B, name, dt, 2, shape, ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_ROWS, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->rows = rows;
+    n->n = width;
+    char en[96];
+    for (int i = 0; i < n_idx; i++) {
+        snprintf(en, sizeof en, "%s.index", name);
+        extra_as(n, new_flat(B, en, MP_DT_I64, idx), MP_XR_ROW_INDEX);
+    }
+    if (n_idx) /* IndexBackward: index_put(zeros like x, ..., accumulate) is out of place */
+        tmp_one(B, n, true, MP_TR_OTHER, T(B, x.t)->bytes);
+    n->fwd_flops = (double)T(B, y.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    return y;
+}
+
+/* Gives v's tensor another dtype (an op whose output dtype promotion the generic lowering does
+ * not know). */
+static void retype(struct bld *B, struct val v, enum mp_dtype dt)
+{
+    struct mp_tensor *t = T(B, v.t);
+    t->dtype = dt;
+    t->bytes = mul(B, t->elems, mp_dtype_size(dt));
+}
+
+/* grouped_mm(x, all experts' W^T): out (S, out_f) in x's dtype; saves x and the offsets. */
+static struct val grouped_mm(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, uint64_t experts,
+                             int offsets, const char *name)
+{
+    if (!width_ok(B, x, in_f, "in_features", name))
+        return x;
+    int w = new_param(B, name, mul(B, experts, out_f), in_f, false); /* a 3-D (E, out, in) parameter */
+    struct val y = with_last(B, name, x, out_f, dt_of(B, x), true);
+    struct mp_node *n = new_node(B, MP_P_GROUPED_MM, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->param[0] = w;
+    save(n, x.t);
+    save(n, offsets);
+    n->rows = rows_of(x);
+    n->n = out_f;
+    n->k = in_f;
+    n->fwd_flops = 2.0 * (double)n->rows * (double)in_f * (double)out_f;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
+/* The router: logits = Linear(h, E) (DeepSeek: on fp32 copies of x and W outside autocast),
+ * then the top-k weights (M, k) as the family's *TopKRouter computes them. */
+static struct val lower_router(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h)
+{
+    uint64_t M = rows_of(x), E = l->experts, k = l->top_k;
+    bool ds = l->router == MP_ROUTER_FP32_SOFTMAX || l->router == MP_ROUTER_FP32_SIGMOID;
+    struct val xin = x;
+    bool copy_w = ds && !B->amp && dt_of(B, x) != MP_DT_F32; /* hidden.type(fp32), weight.type(fp32) */
+    if (copy_w)
+        xin = cast_to(B, x, MP_DT_F32, "gate.x_fp32");
+    B->no_lora = true; /* *TopKRouter holds a Parameter, not an nn.Linear */
+    struct val logits = lower_linear(B, xin, h, E, false, "gate");
+    B->no_lora = false;
+    if (failed(B))
+        return logits;
+    if (copy_w) /* the matmul saves the fp32 copy of W too */
+        extra_as(&B->p->nodes[B->p->n_nodes - 1], new_flat(B, "gate.weight_fp32", MP_DT_F32, mul(B, E, h)),
+                 MP_XR_WEIGHT_COPY);
+    enum mp_dtype ldt = dt_of(B, logits);
+    /* softmax(logits.float()) / softmax(dtype=float): fp32 probabilities; sigmoid: the logits' dtype */
+    enum mp_dtype pdt = l->router == MP_ROUTER_FP32_SIGMOID ? ldt : MP_DT_F32;
+    enum mp_dtype wdt = l->router == MP_ROUTER_SOFTMAX_CAST ? ldt : pdt; /* the weights */
+    uint64_t shape[2] = {M, k};
+    struct val w = new_val(B, "gate.weights", wdt, 2, shape, true);
+    struct mp_node *n = new_node(B, MP_P_ROUTER, "gate.topk");
+    if (!n)
+        return w;
+    n->in[0] = logits.t;
+    n->out = w.t;
+    n->rows = M;
+    n->n = E;
+    n->k = k;
+    extra_as(n, new_flat(B, "gate.probs", pdt, mul(B, M, E)), MP_XR_ROUTER_PROBS);
+    extra_as(n, new_flat(B, "gate.topk_index", MP_DT_I64, mul(B, M, k)), MP_XR_TOPK_INDEX);
+    if (l->norm_topk) { /* values /= values.sum(-1, keepdim=True): DivBackward keeps both */
+        extra_as(n, new_flat(B, "gate.topk_values", pdt, mul(B, M, k)), MP_XR_TOPK_VALUES);
+        extra_as(n, new_flat(B, "gate.topk_sum", pdt, M), MP_XR_TOPK_SUM);
+    }
+    if (l->route_mask) /* DeepSeek-V2 group_limited_greedy: masked_fill keeps its mask */
+        extra_as(n, new_flat(B, "gate.group_mask", MP_DT_U8, mul(B, M, E)), MP_XR_ROUTE_MASK);
+    /* forward transients: an fp32 copy of the logits (Mixtral's .float()) or DeepSeek-V3's
+     * scores_for_choice and its masked copy; backward: the dense (M, E) gradient */
+    uint64_t me4 = mul(B, mul(B, M, E), 4);
+    tmp_one(B, n, false, MP_TR_OTHER,
+            l->router == MP_ROUTER_FP32_SIGMOID ? mul(B, me4, 2) : ldt != MP_DT_F32 ? me4 : 0);
+    tmp_one(B, n, true, MP_TR_OTHER, me4);
+    n->fwd_flops = 5.0 * (double)M * (double)E;
+    n->bwd_flops = n->fwd_flops;
+    return w;
+}
+
+/* The routed experts on x (M, h) with weights w (M, k): grouped_mm_experts_forward. */
+static struct val lower_experts(struct bld *B, struct val x, struct val w, const struct mp_layer *l, uint64_t h)
+{
+    char saved[96];
+    with_prefix(B, B->prefix, "experts", saved);
+    uint64_t M = rows_of(x), k = l->top_k, E = l->experts, F = l->expert_ffn, S = mul(B, M, k);
+    enum mp_dtype xdt = dt_of(B, x);
+    struct val xs = moe_rows(B, x, S, h, xdt, 1, S, "dispatch"); /* hidden_states[perm // k] */
+    struct val ws = moe_rows(B, w, S, 1, dt_of(B, w), 1, S, "dispatch_weights"); /* weights[perm] */
+    if (xdt != B->p->param_dtype) /* input.to(weight.dtype) */
+        xs = cast_to(B, xs, B->p->param_dtype, "dispatch_cast");
+    int offs = new_flat(B, "offsets", MP_DT_U8, mul(B, E, 4)); /* cumsum(histc(...)), int32 */
+    if (!failed(B))
+        extra_as(&B->p->nodes[B->p->n_nodes - 1], offs, MP_XR_EXPERT_OFFSETS);
+    struct val gu = grouped_mm(B, xs, h, mul(B, 2, F), E, offs, "gate_up_proj");
+    struct val g = gu, u = gu; /* chunk(2): two views; their gradients are two tensors, cat by
+                                * SplitBackward once both exist */
+    g.shape[g.rank - 1] = u.shape[u.rank - 1] = F;
+    size_t gun = failed(B) ? 0 : B->p->n_nodes - 1; /* an index: the node array may move */
+    struct val gp = like(B, "gate_up_proj.grad_gate", g, dt_of(B, gu), ng(B, gu));
+    struct val up = like(B, "gate_up_proj.grad_up", u, dt_of(B, gu), ng(B, gu));
+    struct val ga = lower_act(B, g, l->act, false, "act_fn");
+    if (!failed(B))
+        B->p->nodes[B->p->n_nodes - 1].in_grad_part[0] = gp.t;
+    struct val m = lower_mul(B, ga, u, "mul");
+    if (!failed(B)) {
+        B->p->nodes[B->p->n_nodes - 1].in_grad_part[1] = up.t;
+        B->p->nodes[gun].out_parts[0] = gp.t;
+        B->p->nodes[gun].out_parts[1] = up.t;
+    }
+    struct val dn = grouped_mm(B, m, F, h, E, offs, "down_proj");
+    struct val wo = lower_mul(B, dn, ws, "weighted");
+    struct val un = moe_rows(B, wo, S, h, dt_of(B, wo), 1, S, "unpermute"); /* weighted_out[inv_perm] */
+    struct val y = moe_rows(B, un, M, h, dt_of(B, un), 0, 0, "combine");  /* view(M, k, h).sum(1) */
+    if (!failed(B) && dt_of(B, y) != xdt)
+        y = cast_to(B, y, xdt, "combine_cast");
+    restore_prefix(B, saved);
+    return y;
+}
+
+/* An MoE layer's MLP: [shared expert (Qwen2-MoE, first)], router, experts, [shared expert
+ * (DeepSeek)], the sum.  Qwen2-MoE gates its shared expert: sigmoid(Linear(h, 1)) * it. */
+static struct val lower_moe(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h, const char *name)
+{
+    char saved[96];
+    with_prefix(B, B->prefix, name, saved);
+    B->p->probe_unsupported = "mixture-of-experts routing (router, token dispatch, grouped_mm)";
+    struct val xt = x; /* hidden_states.view(-1, h) */
+    xt.rank = 2;
+    xt.shape[0] = rows_of(x);
+    xt.shape[1] = h;
+    struct mp_layer sl = *l; /* the shared expert: a gated MLP of its own width */
+    sl.experts = 0;
+    sl.ffn = l->shared_ffn;
+    sl.gated = true;
+    sl.fused_gate_up = false;
+    struct val sh = {.t = -1};
+    const char *shn = l->shared_gate ? "shared_expert" : "shared_experts";
+    if (l->shared_ffn && l->shared_first)
+        sh = lower_mlp(B, xt, &sl, h, shn);
+    struct val y = lower_experts(B, xt, lower_router(B, xt, l, h), l, h);
+    if (l->shared_ffn && !l->shared_first)
+        sh = lower_mlp(B, xt, &sl, h, shn);
+    if (sh.t >= 0 && l->shared_gate) {
+        struct val gt = lower_act(B, lower_linear(B, xt, h, 1, false, "shared_expert_gate"), MP_ACT_SIGMOID, false,
+                                  "shared_expert_gate.sigmoid");
+        sh = lower_mul(B, sh, gt, "shared_expert_gated");
+    }
+    if (sh.t >= 0)
+        y = lower_add(B, y, sh, "shared_add");
+    y.rank = x.rank;
+    memcpy(y.shape, x.shape, sizeof y.shape);
+    restore_prefix(B, saved);
+    return y;
+}
+
+/* ---- multi-head latent attention (DeepSeek-V2/V3 *Attention.forward) ------------------------
+ * q = q_b(RMSNorm(q_a(x))) (or q_proj(x)); [kv | k_rot] = kv_a_proj_with_mqa(x);
+ * kv = kv_a_layernorm(kv) (a view: its fp32 copy under half precision); rotary on q's and
+ * k_rot's rope_dim columns; query = cat(q_nope, q_rot) (a new (b,a,s,nope+rope) tensor);
+ * kv_b_proj(kv) -> k_nope | v per head; key = a new (b,a,s,nope+rope) tensor of k_nope and
+ * k_rot (broadcast); v stays a view of kv_b's output; attention (SDPA: the memory-efficient
+ * kernel, q/k and v widths differ); o_proj. */
+static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h)
+{
+    B->p->probe_unsupported = "multi-head latent attention (q/k and v head widths differ)";
+    uint64_t a = l->heads, r = l->rope_dim, qk = add(B, l->nope_dim, r), kvw = add(B, l->nope_dim, l->v_dim);
+    struct val q;
+    if (l->q_lora) {
+        q = lower_linear(B, x, h, l->q_lora, l->qkv_bias, "q_a_proj");
+        q = lower_rmsnorm(B, q, l->q_lora, false, "q_a_layernorm");
+        q = lower_linear(B, q, l->q_lora, mul(B, a, qk), false, "q_b_proj");
+    } else {
+        q = lower_linear(B, x, h, mul(B, a, qk), false, "q_proj");
+    }
+    struct val ckv = lower_linear(B, x, h, add(B, l->kv_lora, r), l->qkv_bias, "kv_a_proj_with_mqa");
+    struct val lat = ckv, krot = ckv, qrot = q;
+    if (failed(B))
+        return q;
+    lat.shape[lat.rank - 1] = l->kv_lora;
+    krot.shape[krot.rank - 1] = r;
+    qrot.shape[qrot.rank - 1] = mul(B, a, r);
+    lat = lower_rmsnorm(B, lat, l->kv_lora, false, "kv_a_layernorm");
+    struct mp_layer rl = *l; /* rotary over rope_dim of each head */
+    rl.head_dim = r;
+    rl.rotary_dim = 0;
+    qrot = lower_rope(B, qrot, &rl, a, "q_rope");
+    krot = lower_rope(B, krot, &rl, 1, "k_rope");
+    if (!l->rope_complex && !failed(B)) { /* V3's halves: q * cos with cos in the residual dtype (fp32
+                                           * under amp) promote; V2's complex rotary casts back */
+        retype(B, qrot, promote(dt_of(B, qrot), B->p->param_dtype));
+        retype(B, krot, promote(dt_of(B, krot), B->p->param_dtype));
+    }
+    /* torch.cat((q_nope, q_rot)) in the promoted dtype (fp32 under amp: SDPA's autocast copies it) */
+    struct val query = with_last(B, "query", q, mul(B, a, qk), promote(dt_of(B, q), dt_of(B, qrot)), true);
+    struct mp_node *n = new_node(B, MP_P_CAST, "query"); /* torch.cat((q_nope, q_rot)): saves nothing */
+    if (n) {
+        n->in[0] = q.t;
+        n->in[1] = qrot.t;
+        n->out = query.t;
+        n->rows = rows_of(q);
+        n->n = mul(B, a, qk);
+    }
+    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
+    if (B->m->use_cache && !B->p->opts.hf_checkpointing && impl != MP_ATTN_EAGER) {
+        /* use_cache: past_key_values.update(kv, k_rot) torch.cat's the latent and the rotated
+         * k_rot into the cache (held until the forward returns); expand_kv reads the copies */
+        lat = cast_to(B, lat, dt_of(B, lat), "kv_cache");
+        if (!failed(B))
+            B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+        krot = cast_to(B, krot, dt_of(B, krot), "k_rot_cache");
+        if (!failed(B))
+            B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+    }
+    struct val kvb = lower_linear(B, lat, l->kv_lora, mul(B, a, kvw), false, "kv_b_proj");
+    struct val key = with_last(B, "key", kvb, mul(B, a, qk), dt_of(B, kvb), true);
+    n = new_node(B, MP_P_CAST, "key"); /* new_empty + copy_ of k_nope and k_rot: saves nothing */
+    if (n) {
+        n->in[0] = kvb.t;
+        n->in[1] = krot.t;
+        n->out = key.t;
+        n->rows = rows_of(kvb);
+        n->n = mul(B, a, qk);
+    }
+    struct val v = kvb; /* a view: the v columns of each head */
+    v.shape[v.rank - 1] = mul(B, a, l->v_dim);
+    struct val o = lower_attn_core(B, autocast_in(B, query, "q_cast"), autocast_in(B, key, "k_cast"), v, l, qk,
+                                   l->v_dim, 4u, "sdpa");
+    /* SDPA's memory-efficient kernel writes its output (b, s, a, dv): the transpose back is a view.
+     * Eager attention's (b, a, s, dv) output is copied by the transpose-contiguous (a forward
+     * transient of the node, as for every eager attention). */
+    return lower_linear(B, o, mul(B, a, l->v_dim), h, l->out_bias, "o_proj");
+}
+
 static struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
                             const char *name)
 {
+    if (l->experts)
+        return lower_moe(B, x, l, hidden, name);
     char saved[96];
     with_prefix(B, B->prefix, name, saved);
     struct val y;
@@ -1190,19 +1543,7 @@ static struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *
             u = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "up_proj");
         }
         struct val ga = lower_act(B, g, l->act, false, "act");
-        struct val m = like(B, "mul", ga, dt_of(B, ga), true);
-        struct mp_node *n = new_node(B, MP_P_MUL, "mul");
-        if (n) {
-            n->in[0] = ga.t;
-            n->in[1] = u.t;
-            n->out = m.t;
-            save(n, ga.t);
-            save(n, u.t);
-            n->rows = rows_of(ga);
-            n->n = last_dim(ga);
-            n->fwd_flops = (double)T(B, ga.t)->elems;
-            n->bwd_flops = 2.0 * n->fwd_flops;
-        }
+        struct val m = lower_mul(B, ga, u, "mul");
         y = lower_linear(B, m, l->ffn, hidden, l->mlp_bias, "down_proj");
     } else {
         struct val f = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "fc1");
@@ -1961,6 +2302,10 @@ static void apply_requires_grad(struct mp_program *p)
             }
             break;
         }
+        case MP_P_GROUPED_MM:
+            if (!wt)
+                unsave(n, n->in[0]); /* x is kept for the experts' weight gradient only */
+            break;
         case MP_P_MUL:
             if (!ing[1])
                 unsave(n, n->in[0]);
@@ -1979,6 +2324,39 @@ static void apply_requires_grad(struct mp_program *p)
         default: break;
         }
     }
+}
+
+/* Gradient parts follow their whole tensor (apply_requires_grad sets needs_grad on node outputs). */
+static void parts_need_grad(struct mp_program *p)
+{
+    for (size_t k = 0; k < p->n_nodes; k++)
+        for (int j = 0; j < 2; j++)
+            if (p->nodes[k].out_parts[j] >= 0 && p->nodes[k].out >= 0)
+                p->tensors[p->nodes[k].out_parts[j]].needs_grad = p->tensors[p->nodes[k].out].needs_grad;
+}
+
+/* LoRA on an MoE model where peft 0.21 would adapt the experts' 3-D parameters (its
+ * target_parameters: all-linear; the MLP names its MoE mapping sends to the experts; no default
+ * targets at all): not modelled yet, so refused with the reason; attention targets are modelled
+ * (trainable parameters checked against peft, bench/peft_step.py).  NULL: modelled. */
+const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_finetune *f)
+{
+    bool moe = false;
+    for (size_t i = 0; i < m->n_blocks && !moe; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++)
+            moe |= m->blocks[i].layers[j].experts > 0;
+    if (!moe)
+        return NULL;
+    if (f->all_linear)
+        return "peft's all-linear also adapts the experts' 3-D parameters (target_parameters)";
+    if (f->n_targets == 0 && !mp_finetune_default_targets(m->hf_type))
+        return "peft has no default target modules for it (and all-linear adapts the experts' parameters)";
+    static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "gate", "experts"};
+    for (size_t t = 0; t < f->n_targets; t++)
+        for (size_t k = 0; k < sizeof mlp / sizeof mlp[0]; k++)
+            if (!strcmp(f->targets[t], mlp[k]))
+                return "peft maps the MLP names (gate_proj, up_proj, down_proj) to the experts' 3-D parameters";
+    return NULL;
 }
 
 bool mp_program_resident(const struct mp_program *p, int t)
@@ -2115,8 +2493,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         mp_program_release(p);
         return st;
     }
-    if (o->ft.mode != MP_FT_FULL)
+    if (o->ft.mode != MP_FT_FULL) {
         apply_requires_grad(p);
+        parts_need_grad(p);
+    }
     enum mp_status rst = check_roles(p, d);
     if (rst != MP_OK) {
         mp_program_release(p);

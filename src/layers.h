@@ -65,6 +65,13 @@ enum mp_prim {
                         extras (shifted int64 labels, total_weight) */
     MP_P_CUSTOM,     /* opaque: out of given bytes, extras[0] the rest of what it saves */
     MP_P_SCALE,      /* out = in[0] * p (LoRA's scaling by a Python float: saves nothing) */
+    /* mixture of experts (transformers' grouped_mm path); no executor runs these: the probe
+     * refuses a program that has them (mp_program.probe_unsupported) */
+    MP_P_ROUTER,     /* in[0] router logits (M,E) -> out top-k weights (M,k); extras: probabilities,
+                        top-k indices, the renormalization's saved operands */
+    MP_P_ROWS,       /* out = rows of in[0] picked by an int64 index (extras), permuted, or summed over
+                        the top-k copies of each token; backward scatters into a zero gradient */
+    MP_P_GROUPED_MM, /* out (S,n) = each row's expert: in (S,k) W_e^T; param[0] all experts (E*n, k) */
     MP_P_COUNT
 };
 const char *mp_prim_str(enum mp_prim p);
@@ -116,6 +123,13 @@ enum mp_xrole {
     MP_XR_GATHER_INDEX,   /* last-token pooling: the two int64 index vectors */
     MP_XR_POSITION_IDS,   /* learned positions: int64 position ids */
     MP_XR_CUSTOM_SAVED,   /* custom: the rest of what the block saves (opaque bytes) */
+    MP_XR_ROUTER_PROBS,   /* MoE router: softmax / sigmoid of the logits (M, E) */
+    MP_XR_TOPK_INDEX,     /* MoE router: top-k expert indices (M, k) int64 */
+    MP_XR_TOPK_VALUES,    /* MoE router: the top-k weights before renormalization (M, k) */
+    MP_XR_TOPK_SUM,       /* MoE router: their sum (M, 1), the divisor */
+    MP_XR_ROUTE_MASK,     /* MoE router: group-limited routing's (M, E) bool mask */
+    MP_XR_ROW_INDEX,      /* MoE dispatch/combine: an int64 row index */
+    MP_XR_EXPERT_OFFSETS, /* grouped_mm: per-expert row offsets (E int32) */
     MP_XR_ATTN_MASK,      /* attention given a (b, 1, s, s) mask (Falcon): the model's mask (first
                              attention) or, under autocast, this layer's half copy SDPA saves */
     MP_XR_SPLIT_INDEX,    /* Falcon's qkv split by advanced indexing: the int64 index it saves */
@@ -161,6 +175,11 @@ struct mp_node {
     struct mp_tmp_part fwd_tmp[MP_NODE_TMP_MAX], bwd_tmp[MP_NODE_TMP_MAX];
     int n_saved;
     int saved[MP_NODE_SAVED_MAX]; /* tensors kept for backward (distinct ids) */
+    int in_grad_part[3];          /* >= 0: in[j] is a view of part of its storage (a chunk) and the
+                                     gradient this node makes for it is that tensor (a part), not
+                                     in[j]'s whole gradient; -1: the whole gradient */
+    int out_parts[2];             /* the gradient parts of out (-1 none): this node's backward first
+                                     assembles out's gradient from them (SplitBackward's cat) */
     int param[2];                 /* parameter ids (weight, bias); -1 unused */
     bool grad_in;                 /* produces gradients for its inputs that need one */
     uint64_t fwd_tmp_bytes;       /* transient workspace during forward */
@@ -227,6 +246,8 @@ struct mp_program {
     int buffers[MP_BUFFERS_MAX]; /* non-persistent module buffers, resident like the batch (rotary
                                     inv_freq and original_inv_freq, fp32) */
     bool explicit_loss;          /* last block computes the loss (lm_head / classifier) */
+    const char *probe_unsupported; /* what no executor runs (MoE routing, latent attention): the probe
+                                    refuses the program, naming it; NULL: everything runs */
     uint64_t total_params;
     uint64_t trainable_params;
     uint64_t adapter_params;     /* LoRA A and B elements */
@@ -255,6 +276,10 @@ enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_
 enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
                                   struct mp_diag *d);
 void mp_program_release(struct mp_program *p);
+
+/* Why LoRA/QLoRA with f's targets on m is not modelled (peft would adapt MoE expert parameters),
+ * or NULL when it is (also NULL for a model without experts). */
+const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_finetune *f);
 
 /* Tensors allocated at setup and kept across steps: the input batch, labels, module buffers. */
 bool mp_program_resident(const struct mp_program *p, int t);

@@ -67,6 +67,7 @@ enum {
     O_TIMELINE, O_WIDE,
     O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW, O_RANK,
     O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
+    O_MOE_CAPACITY,
     O_USE_CACHE,
 };
 
@@ -93,6 +94,7 @@ static const struct opt_info OPTS[] = {
     {{"lora-targets", required_argument, 0, O_LORA_TARGETS}, 31, "T", "all-linear | NAME,NAME,... (default: peft's for the family)"},
     {{"train-blocks", required_argument, 0, O_TRAIN_BLOCKS}, 31, "LIST", "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {{"attention", required_argument, 0, O_ATTN}, 31, "A", "sdpa | flash | eager: override the attention implementation (default sdpa)"},
+    {{"moe-capacity", required_argument, 0, O_MOE_CAPACITY}, 31, "F", "MoE routing: the busiest expert gets F x the uniform share (F >= 1; default 1, uniform)"},
     {{"use-cache", required_argument, 0, O_USE_CACHE}, 31, "on|off", "HF decoders: transformers' use_cache in training (default: the config's; off under --checkpoint layers)"},
     {{"gpu", required_argument, 0, O_GPU}, C_EST | C_PLAN | C_SUGG | C_CHECK, "NAME", "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {{"vram", required_argument, 0, O_VRAM}, C_PLAN | C_SUGG | C_CHECK, "SIZE", "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
@@ -128,6 +130,7 @@ static const struct opt_info OPTS[] = {
 
 struct args {
     const char *model;
+    double moe_capacity;   /* --moe-capacity (1: uniform routing) */
     uint64_t batch;
     bool batch_set;
     uint64_t seq;
@@ -313,6 +316,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     a->attention = MP_ATTN_SDPA;
     a->use_cache = -1;
     a->margin = 0.05;
+    a->moe_capacity = 1.0;
     a->steps = 3;
     a->backend = "auto";
     a->ckpt.strategy = c->bit == C_PLAN ? MP_CKPT_OPTIMAL : MP_CKPT_NONE;
@@ -552,6 +556,12 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             }
             a->blocks_set = true;
             break;
+        case O_MOE_CAPACITY:
+            st = mp_parse_double(optarg, &a->moe_capacity);
+            if (st == MP_OK && !(a->moe_capacity >= 1 && a->moe_capacity <= 1e6))
+                st = MP_ERR_USAGE;
+            what = "--moe-capacity: expected a number of at least 1, got '%s'";
+            break;
         case O_TIMELINE: a->timeline = optarg; break;
         case O_WIDE: a->wide = true; break;
         case O_ALL: a->all_layers = true; break;
@@ -657,6 +667,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         rc = MP_EXIT_INPUT;
         goto out;
     }
+    const char *why = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA ? mp_moe_lora_unmodelled(&s->model, &a->ft)
+                                                                             : NULL;
+    if (why) {
+        fprintf(stderr, "memplan: error: %s: --finetune %s on a mixture-of-experts model: %s; memplan does not "
+                        "model adapters on expert parameters yet: name attention modules with --lora-targets (e.g. "
+                        "q_proj,v_proj)\n", a->model, mp_ft_mode_str(a->ft.mode), why);
+        rc = MP_EXIT_USAGE;
+        goto out;
+    }
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
@@ -749,6 +768,7 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
     c->all_layers = a->all_layers;
     c->wide = a->wide;
     c->margin_pct = 100.0 * a->margin;
+    c->moe_capacity = a->moe_capacity;
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
 }
 

@@ -101,6 +101,15 @@ enum mp_qk_norm {
     MP_QK_NORM_ALL,  /* over the whole projection, heads * head_dim (OLMo2) */
 };
 
+/* How a mixture-of-experts router turns its logits (Linear(h, E)) into the top-k weights
+ * (transformers 5.23's *TopKRouter / *TopkRouter). */
+enum mp_router {
+    MP_ROUTER_SOFTMAX,      /* softmax(logits.float()): fp32 weights (Mixtral) */
+    MP_ROUTER_SOFTMAX_CAST, /* softmax(logits, dtype=float), weights cast back to the logits' dtype (Qwen-MoE) */
+    MP_ROUTER_FP32_SOFTMAX, /* Linear on fp32 copies of x and W, softmax, * routed_scaling_factor (DeepSeek-V2) */
+    MP_ROUTER_FP32_SIGMOID, /* Linear on fp32 copies, sigmoid, group-limited top-k, gather (DeepSeek-V3) */
+};
+
 /* How a fused qkv projection is split (HF attention classes). */
 enum mp_qkv_split {
     MP_QKV_VIEWS,      /* q, k, v are views of the fused output (GPT-2, NeoX, Phi-3) */
@@ -179,6 +188,22 @@ struct mp_layer {
     bool no_attn_out_dropout; /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
     double attn_softcap;    /* tanh softcapping of the attention scores (Gemma2; eager only) */
     double logit_softcap;   /* lm_head: tanh softcapping of the logits (Gemma2) */
+    /* mixture of experts (transformer_block with experts > 0): the MLP is a router, experts
+     * (all experts' weights in two 3-D parameters, run by transformers' grouped_mm) and an
+     * optional shared expert; ffn stays the dense MLP's width (unused here) */
+    uint64_t experts, top_k;  /* routed experts, experts per token */
+    uint64_t expert_ffn;      /* one expert's intermediate width */
+    uint64_t shared_ffn;      /* the shared expert's intermediate width (0: none) */
+    bool shared_gate;         /* sigmoid(Linear(h, 1)) * shared expert (Qwen2-MoE) */
+    bool shared_first;        /* the shared expert runs before the router (Qwen2-MoE) */
+    bool norm_topk;           /* the top-k weights are renormalized (in place: a / sum) */
+    bool route_mask;          /* group-limited routing that keeps a (tokens, E) bool mask (DeepSeek-V2) */
+    enum mp_router router;
+    /* multi-head latent attention (DeepSeek-V2/V3; kv_lora > 0): q through a rank-q_lora
+     * bottleneck (0: one q_proj), k/v from a rank-kv_lora latent, rotary on rope_dim of each
+     * head; q/k heads are nope_dim + rope_dim wide, v heads v_dim (head_dim is unused) */
+    uint64_t q_lora, kv_lora, rope_dim, nope_dim, v_dim;
+    bool rope_complex;        /* DeepSeek-V2's rotary: fp32 complex multiply (else V3's interleaved halves) */
     enum mp_qkv_split qkv_split; /* how a fused qkv output becomes q, k, v (Falcon's copies) */
     bool attn_mask;         /* the model builds a (b, 1, s, s) mask and passes it to attention (Falcon):
                                SDPA saves it (under autocast each layer's half copy); eager adds it */

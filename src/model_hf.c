@@ -152,6 +152,7 @@ static enum mp_status distilbert_hook(const cJSON *root, struct hf *c, const cha
 static enum mp_status gptj_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -275,11 +276,22 @@ static const struct family families[] = {
      .n_drop = "dropout", .n_norm = "layernorm", .n_head = "classifier", .default_head = H_IMAGE,
      .heads = HEAD(H_IMAGE) | HEAD(H_BARE), .pooler_act = MP_ACT_TANH, .n_pooler = "pooler.dense",
      .bare_pooler = true, .hook = vit_hook},
+    /* ---- mixture of experts (moe_hook; the MoE and MLA keys are read there) ---- */
+    {.type = "mixtral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .hook = moe_hook},
+    {.type = "qwen2_moe", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 16, .qkv_bias = true, .k_qkv_bias = "qkv_bias",
+     .heads = DECODER_HEADS, .hook = moe_hook},
+    {.type = "qwen3_moe", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 4, .k_attn_bias = "attention_bias",
+     .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS, .hook = moe_hook},
+    {.type = "deepseek_v2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
+     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE), .hook = moe_hook},
+    {.type = "deepseek_v3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias",
+     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_BARE), .hook = moe_hook},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
-    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit"
+    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, mixtral, qwen2_moe, " \
+    "qwen3_moe, deepseek_v2, deepseek_v3"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -309,6 +321,16 @@ struct hf {
     uint64_t channels, image_h, image_w, patch; /* ViT */
     uint64_t pooler_out;   /* ViT: pooler_output_size (default hidden) */
     enum mp_act pooler_act;
+    /* mixture of experts (moe_hook): what every MoE layer gets (struct mp_layer's fields), and
+     * which layers are MoE */
+    uint64_t experts, top_k, expert_ffn, shared_ffn;
+    bool shared_gate, shared_first, norm_topk, route_mask;
+    enum mp_router router;
+    uint64_t sparse_step;    /* Qwen-MoE: layer i is MoE when (i + 1) % step == 0 ... */
+    const cJSON *mlp_only;   /* ... and i is not in mlp_only_layers (validated) */
+    uint64_t first_dense;    /* DeepSeek: layers below first_k_dense_replace are dense */
+    uint64_t q_lora, kv_lora, rope_dim, nope_dim, v_dim; /* MLA (kv_lora > 0) */
+    bool rope_complex;
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -853,6 +875,156 @@ static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path
     return MP_OK;
 }
 
+
+/* A size key whose explicit null means 0 (DeepSeek's q_lora_rank: no q bottleneck); absent
+ * leaves *out at the class default. */
+static enum mp_status read_pos_or_null(const cJSON *root, const char *key, uint64_t *out, const char *path,
+                                       struct mp_diag *d)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (v && cJSON_IsNull(v)) {
+        *out = 0;
+        return MP_OK;
+    }
+    return read_pos(root, key, false, MP_DIM_MAX, out, path, d);
+}
+
+/* Qwen-MoE's mlp_only_layers: layer indices in [0, layers) that keep the dense MLP. */
+static enum mp_status read_mlp_only(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
+    if (!a || cJSON_IsNull(a))
+        return MP_OK;
+    if (!cJSON_IsArray(a))
+        return mp_fail(d, MP_ERR_MODEL, "%s: mlp_only_layers: expected a list of layer indices", path);
+    int i = 0;
+    for (const cJSON *e = a->child; e; e = e->next, i++)
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble != floor(e->valuedouble) ||
+            e->valuedouble >= (double)c->layers)
+            return mp_fail(d, MP_ERR_MODEL, "%s: mlp_only_layers[%d]: expected a layer index below %llu", path, i,
+                           (unsigned long long)c->layers);
+    c->mlp_only = a;
+    return MP_OK;
+}
+
+/* Mixture of experts, as transformers 5.23 builds it (Mixtral, Qwen2-MoE, Qwen3-MoE,
+ * DeepSeek-V2/V3): experts, top-k, expert and shared-expert widths, the router, which layers
+ * are MoE, and DeepSeek's multi-head latent attention.  Defaults are the config classes'.
+ * Refused (they change memory and are not modelled): output_router_logits (the auxiliary
+ * loss keeps every layer's router logits), router_jitter_noise > 0 (Mixtral multiplies the
+ * input by a saved random tensor), moe_layer_freq other than 1 (transformers ignores it;
+ * DeepSeek's own code would not).  Read and not memory: routed_scaling_factor (a Python
+ * float), n_group / topk_group (a transient mask), rope_interleave (rotary temporaries). */
+static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const char *t = c->f->type;
+    bool mixtral = !strcmp(t, "mixtral"), qwen2 = !strcmp(t, "qwen2_moe"), ds2 = !strcmp(t, "deepseek_v2");
+    bool ds3 = !strcmp(t, "deepseek_v3"), ds = ds2 || ds3;
+    enum mp_status st;
+    bool aux = false;
+    double jitter = 0;
+    if ((st = mp_json_bool(root, "output_router_logits", &aux, path, "", d)) != MP_OK ||
+        (mixtral && (st = mp_json_prob(root, "router_jitter_noise", &jitter, path, "", d)) != MP_OK))
+        return st;
+    if (aux)
+        return mp_fail(d, MP_ERR_MODEL, "%s: output_router_logits: true is not supported (the router auxiliary "
+                       "loss over every layer's logits is not modelled)", path);
+    if (jitter > 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: router_jitter_noise: %g is not supported (the saved noise tensor is "
+                       "not modelled; 0 is)", path, jitter);
+    const char *ek = mixtral ? "num_local_experts" : ds ? "n_routed_experts" : "num_experts";
+    c->experts = mixtral ? 8 : qwen2 ? 60 : ds2 ? 64 : ds3 ? 256 : 128;
+    c->top_k = mixtral ? 2 : qwen2 ? 4 : ds2 ? 0 : 8; /* DeepseekV2Config: None */
+    c->expert_ffn = mixtral ? c->ffn : qwen2 ? 1408 : ds2 ? 1407 : ds3 ? 2048 : 768;
+    c->norm_topk = mixtral || ds3;
+    c->router = mixtral ? MP_ROUTER_SOFTMAX : ds2 ? MP_ROUTER_FP32_SOFTMAX : ds3 ? MP_ROUTER_FP32_SIGMOID
+                                                                               : MP_ROUTER_SOFTMAX_CAST;
+    c->sparse_step = 1;
+    if ((st = mp_json_u64(root, ek, false, MP_DIM_MAX, &c->experts, path, "", d)) != MP_OK ||
+        (st = read_pos(root, "num_experts_per_tok", false, MP_DIM_MAX, &c->top_k, path, d)) != MP_OK ||
+        (!mixtral && (st = read_pos(root, "moe_intermediate_size", false, MP_DIM_MAX, &c->expert_ffn, path, d)) != MP_OK) ||
+        (!ds2 && !mixtral && (st = mp_json_bool(root, "norm_topk_prob", &c->norm_topk, path, "", d)) != MP_OK))
+        return st;
+    if (c->experts && !c->top_k)
+        return mp_fail(d, MP_ERR_MODEL, "%s: num_experts_per_tok: missing (expected a positive integer)", path);
+    if (c->top_k > c->experts && c->experts)
+        return mp_fail(d, MP_ERR_MODEL, "%s: num_experts_per_tok: %llu exceeds %s %llu", path,
+                       (unsigned long long)c->top_k, ek, (unsigned long long)c->experts);
+    if (qwen2) { /* one shared expert with a sigmoid gate, run first */
+        c->shared_ffn = 5632;
+        c->shared_gate = c->shared_first = true;
+        if ((st = read_pos(root, "shared_expert_intermediate_size", false, MP_DIM_MAX, &c->shared_ffn, path, d)) != MP_OK)
+            return st;
+    }
+    if (!mixtral && !ds && ((st = read_pos(root, "decoder_sparse_step", false, MP_DIM_MAX, &c->sparse_step, path, d)) !=
+                            MP_OK || (st = read_mlp_only(root, c, path, d)) != MP_OK))
+        return st;
+    if (!ds)
+        return MP_OK;
+
+    /* DeepSeek: n_shared_experts experts in one MLP, dense layers first, MLA */
+    uint64_t shared = ds2 ? 2 : 1, freq = 1, groups = ds3 ? 8 : 1, tg = ds3 ? 4 : 1;
+    c->first_dense = ds3 ? 3 : 0;
+    if ((st = mp_json_u64(root, "n_shared_experts", false, MP_DIM_MAX, &shared, path, "", d)) != MP_OK ||
+        (st = mp_json_u64(root, "first_k_dense_replace", false, MP_DIM_MAX, &c->first_dense, path, "", d)) != MP_OK ||
+        (st = read_pos(root, "moe_layer_freq", false, MP_DIM_MAX, &freq, path, d)) != MP_OK ||
+        (st = read_pos(root, "n_group", false, MP_DIM_MAX, &groups, path, d)) != MP_OK ||
+        (st = read_pos(root, "topk_group", false, MP_DIM_MAX, &tg, path, d)) != MP_OK)
+        return st;
+    if (freq != 1)
+        return mp_fail(d, MP_ERR_MODEL, "%s: moe_layer_freq: %llu is not supported (transformers makes every layer "
+                       "from first_k_dense_replace on an MoE layer; only 1 agrees with that)", path,
+                       (unsigned long long)freq);
+    if (!mp_mul_u64(c->expert_ffn, shared, &c->shared_ffn) || c->shared_ffn > MP_DIM_MAX)
+        return mp_fail(d, MP_ERR_RANGE, "%s: n_shared_experts: %llu x moe_intermediate_size is too large", path,
+                       (unsigned long long)shared);
+    const char *method = "greedy";
+    if (ds2 && (method = mp_json_str(root, "topk_method", &st, path, "", d), st != MP_OK))
+        return st;
+    if (ds2 && !method)
+        method = "greedy";
+    bool grouped = ds3 || !strcmp(method, "group_limited_greedy");
+    if (ds2 && !grouped && strcmp(method, "greedy"))
+        return mp_fail(d, MP_ERR_MODEL, "%s: topk_method: '%s' is not supported (supported: greedy, "
+                       "group_limited_greedy)", path, method);
+    c->route_mask = ds2 && grouped;
+    if (grouped && c->experts && (c->experts % groups || tg > groups || (ds3 && c->experts / groups < 2)))
+        return mp_fail(d, MP_ERR_MODEL, "%s: n_group: %llu groups (topk_group %llu) do not split %llu experts%s",
+                       path, (unsigned long long)groups, (unsigned long long)tg, (unsigned long long)c->experts,
+                       ds3 ? " into groups of two or more" : "");
+    if (c->kv_heads != c->heads)
+        return mp_fail(d, MP_ERR_MODEL, "%s: num_key_value_heads: %llu is not supported (multi-head latent "
+                       "attention expands keys and values to every head: %llu)", path,
+                       (unsigned long long)c->kv_heads, (unsigned long long)c->heads);
+    c->q_lora = 1536;
+    c->kv_lora = 512;
+    c->rope_dim = 64;
+    c->nope_dim = c->v_dim = 128;
+    c->rope_complex = ds2;
+    if ((st = read_pos_or_null(root, "q_lora_rank", &c->q_lora, path, d)) != MP_OK ||
+        (st = read_pos(root, "kv_lora_rank", false, MP_DIM_MAX, &c->kv_lora, path, d)) != MP_OK ||
+        (st = read_pos(root, "qk_rope_head_dim", false, MP_DIM_MAX, &c->rope_dim, path, d)) != MP_OK ||
+        (st = read_pos(root, "qk_nope_head_dim", false, MP_DIM_MAX, &c->nope_dim, path, d)) != MP_OK ||
+        (st = read_pos(root, "v_head_dim", false, MP_DIM_MAX, &c->v_dim, path, d)) != MP_OK)
+        return st;
+    if (c->rope_dim % 2)
+        return mp_fail(d, MP_ERR_MODEL, "%s: qk_rope_head_dim: %llu is odd (rotary pairs need an even width)", path,
+                       (unsigned long long)c->rope_dim);
+    c->head_dim = c->nope_dim + c->rope_dim;
+    return MP_OK;
+}
+
+/* Whether decoder layer i is an MoE layer. */
+static bool moe_layer(const struct hf *c, uint64_t i)
+{
+    if (!c->experts || i < c->first_dense || (i + 1) % c->sparse_step != 0)
+        return false;
+    for (const cJSON *e = c->mlp_only ? c->mlp_only->child : NULL; e; e = e->next)
+        if ((uint64_t)e->valuedouble == i)
+            return false;
+    return true;
+}
+
 static enum mp_status read_config(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     family_defaults(c);
@@ -984,6 +1156,23 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->attn_mask = c->attn_mask;
         l->qk_fp32 = c->qk_fp32;
         l->rope_table_rows = c->rope_table_rows;
+        if (moe_layer(c, i)) {
+            l->experts = c->experts;
+            l->top_k = c->top_k;
+            l->expert_ffn = c->expert_ffn;
+            l->shared_ffn = c->shared_ffn;
+            l->shared_gate = c->shared_gate;
+            l->shared_first = c->shared_first;
+            l->norm_topk = c->norm_topk;
+            l->route_mask = c->route_mask;
+            l->router = c->router;
+        }
+        l->q_lora = c->q_lora;
+        l->kv_lora = c->kv_lora;
+        l->rope_dim = c->rope_dim;
+        l->nope_dim = c->nope_dim;
+        l->v_dim = c->v_dim;
+        l->rope_complex = c->rope_complex;
         if (c->f->eager) { /* the model's default kernel; --attention still overrides it */
             l->impl = MP_ATTN_EAGER;
             l->impl_set = true;

@@ -516,6 +516,10 @@ enum mp_status mp_probe_run(struct mp_probe *p, const struct mp_program *prog, c
                        sizeof r->losses / sizeof r->losses[0]);
     if (prog->n_blocks == 0)
         return mp_fail(d, MP_ERR_USAGE, "probe: the model has no blocks");
+    if (prog->probe_unsupported)
+        return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s: the probe does not execute %s yet; use 'memplan "
+                       "estimate' (its figures are the plan's)", prog->model ? prog->model->name : "the model",
+                       prog->probe_unsupported);
     const struct mp_quant *qz = mp_program_base_quant(prog);
     if (qz && qz->kind != MP_Q_BNB_NF4)
         return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s base weights are estimated only; the probe executes "

@@ -166,6 +166,9 @@ enum mp_status mp_host_linear_bwd(struct mp_node_view *c);
 /* The weight a GEMM (or conv) uses as floats: the dequantized base weight, under
  * autocast the half copy (refreshed in forward), else the parameter. */
 enum mp_status mp_host_linear_weight(struct mp_node_view *c, bool fwd, float **wf);
+/* A Linear's or conv's forward operands as floats: the weight (mp_host_linear_weight), the
+ * input, the bias (NULL without one). */
+enum mp_status mp_host_matmul_inputs(struct mp_node_view *c, float **w, float **x, float **bias);
 /* Adds the weight gradient dw (count floats) into .grad, through the half temporary
  * under autocast (PyTorch: a half grad, then its fp32 copy into .grad). */
 enum mp_status mp_host_weight_grad(struct mp_node_view *c, const float *dw, uint64_t count);

@@ -35,15 +35,10 @@ static bool conv_at(const struct conv_dims *D, uint64_t oh, uint64_t ow, uint64_
 enum mp_status mp_host_conv_fwd(struct mp_node_view *c)
 {
     struct conv_dims D = conv_dims(c);
-    NEED(c->out);
-    float *w;
-    enum mp_status st = mp_host_linear_weight(c, true, &w);
+    float *w, *x, *bias;
+    enum mp_status st = mp_host_matmul_inputs(c, &w, &x, &bias);
     if (st != MP_OK)
         return st;
-    FGET(x, c->in[0]);
-    float *bias = NULL;
-    if (c->n->param[1] >= 0 && !(bias = fget(c, c->b)))
-        return nomem(c);
     FNEW(y, c->out.n);
     for (uint64_t bi = 0; bi < D.b; bi++)
         for (uint64_t o = 0; o < D.co; o++) {

@@ -65,21 +65,27 @@ enum mp_status mp_host_linear_weight(struct mp_node_view *c, bool fwd, float **w
     return MP_OK;
 }
 
+enum mp_status mp_host_matmul_inputs(struct mp_node_view *c, float **w, float **x, float **bias)
+{
+    NEED(c->out);
+    enum mp_status st = mp_host_linear_weight(c, true, w);
+    if (st != MP_OK)
+        return st;
+    if (!(*x = fget(c, c->in[0])))
+        return c->in[0].p ? nomem(c) : missing(c, "input");
+    *bias = NULL;
+    if (c->n->param[1] >= 0 && !(*bias = fget(c, c->b)))
+        return c->b.p ? nomem(c) : missing(c, "bias");
+    return MP_OK;
+}
+
 enum mp_status mp_host_linear_fwd(struct mp_node_view *c)
 {
     const struct mp_node *n = c->n;
-    NEED(c->out);
-    float *w;
-    enum mp_status st = mp_host_linear_weight(c, true, &w);
+    float *w, *x, *bias;
+    enum mp_status st = mp_host_matmul_inputs(c, &w, &x, &bias);
     if (st != MP_OK)
         return st;
-    FGET(x, c->in[0]);
-    float *bias = NULL;
-    if (n->param[1] >= 0) {
-        bias = fget(c, c->b);
-        if (!bias)
-            return c->b.p ? nomem(c) : missing(c, "bias");
-    }
     FNEW(y, n->rows * n->n);
     if (bias) /* y (M,N) = bias + x (M,K) W^T (N,K) */
         for (uint64_t r = 0; r < n->rows; r++)

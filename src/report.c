@@ -99,6 +99,8 @@ static cJSON *json_parallel_of(const struct mp_parallel *par)
     return o;
 }
 
+static void moe_json(cJSON *cf, const struct mp_report_ctx *c);
+
 static cJSON *json_root(const struct mp_report_ctx *c)
 {
     cJSON *r = cJSON_CreateObject();
@@ -124,6 +126,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        moe_json(cf, c);
         /* transformers' use_cache in training (HF decoders; off under gradient checkpointing) */
         cJSON_AddBoolToObject(cf, "use_cache", c->model->use_cache && !c->build->hf_checkpointing);
         const struct mp_finetune *f = &c->build->ft;
@@ -307,6 +310,89 @@ static void finetune_assumptions(FILE *out, const struct mp_report_ctx *c)
     fprintf(out, "          fp32 adapters, frozen base (no .grad); qlora: bnb NF4 base, double quant, blocksize 64\n");
 }
 
+/* ---- mixture of experts: the routing assumption ------------------------------------------ */
+
+/* The first MoE layer of the model and how many there are (HF configs give every MoE layer the
+ * same experts and top-k), or NULL. */
+static const struct mp_layer *moe_first(const struct mp_model *m, uint64_t *n)
+{
+    const struct mp_layer *f = NULL;
+    *n = 0;
+    for (size_t i = 0; i < m->n_blocks; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++)
+            if (m->blocks[i].layers[j].experts) {
+                f = f ? f : &m->blocks[i].layers[j];
+                (*n)++;
+            }
+    return f;
+}
+
+struct moe_rows {
+    uint64_t tokens, routed, uniform, busiest; /* tokens = 0: not known (suggest's many batches) */
+};
+
+/* Routed rows per MoE layer: tokens x top-k, spread over the experts (uniform: routed / E; the
+ * busiest expert --moe-capacity times that, at most one row per token). */
+static struct moe_rows moe_rows_of(const struct mp_report_ctx *c, const struct mp_layer *l)
+{
+    struct moe_rows r = {0, 0, 0, 0};
+    if (!c->prog || c->model->input != MP_INPUT_TOKENS)
+        return r;
+    double cap = c->moe_capacity >= 1 ? c->moe_capacity : 1;
+    r.tokens = c->prog->opts.batch * c->prog->opts.seq; /* both checked when the program was built */
+    r.routed = r.tokens * l->top_k;
+    r.uniform = mp_ceil_div(r.routed, l->experts);
+    double b = ceil((double)r.routed * cap / (double)l->experts);
+    r.busiest = b >= (double)r.tokens ? r.tokens : (uint64_t)b;
+    return r;
+}
+
+static void moe_json(cJSON *cf, const struct mp_report_ctx *c)
+{
+    uint64_t n;
+    const struct mp_layer *l = moe_first(c->model, &n);
+    if (!l)
+        return;
+    struct moe_rows r = moe_rows_of(c, l);
+    cJSON *o = cJSON_AddObjectToObject(cf, "moe");
+    ju64(o, "layers", n);
+    ju64(o, "experts", l->experts);
+    ju64(o, "top_k", l->top_k);
+    jnum(o, "capacity", c->moe_capacity >= 1 ? c->moe_capacity : 1);
+    cJSON_AddStringToObject(o, "routing", c->moe_capacity > 1 ? "capacity" : "uniform");
+    cJSON_AddStringToObject(o, "experts_implementation", "grouped_mm");
+    if (r.tokens) {
+        ju64(o, "routed_rows", r.routed);
+        ju64(o, "rows_per_expert", r.uniform);
+        ju64(o, "busiest_expert_rows", r.busiest);
+    }
+    cJSON_AddBoolToObject(o, "capacity_changes_memory", false);
+}
+
+static void moe_lines(FILE *out, const struct mp_report_ctx *c)
+{
+    uint64_t n;
+    const struct mp_layer *l = moe_first(c->model, &n);
+    if (!l)
+        return;
+    struct moe_rows r = moe_rows_of(c, l);
+    double cap = c->moe_capacity >= 1 ? c->moe_capacity : 1;
+    char share[96];
+    if (r.tokens && cap > 1)
+        snprintf(share, sizeof share, "busiest expert %g x uniform: %s of %s routed rows", cap, count(r.busiest),
+                 count(r.routed));
+    else if (r.tokens)
+        snprintf(share, sizeof share, "uniform routing: %s of %s routed rows per expert", count(r.uniform),
+                 count(r.routed));
+    else
+        snprintf(share, sizeof share, "%s routing: tokens x %llu / %llu rows per expert",
+                 cap > 1 ? "imbalanced" : "uniform", (unsigned long long)l->top_k, (unsigned long long)l->experts);
+    fprintf(out, "moe       %llu MoE layers, %llu experts, top-%llu; %s\n", (unsigned long long)n,
+            (unsigned long long)l->experts, (unsigned long long)l->top_k, share);
+    fprintf(out, "          experts run as transformers' grouped_mm: every routed row in one grouped GEMM, so\n"
+                 "          how tokens split over experts (--moe-capacity) changes no tensor\n");
+}
+
 static void header(FILE *out, const struct mp_report_ctx *c)
 {
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", c->model->name,
@@ -326,6 +412,7 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     }
     if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
         finetune_lines(out, c);
+    moe_lines(out, c);
     if (c->train && c->train->par) {
         char pb[96], rk[64] = "";
         if (!strcmp(c->command, "probe")) /* one rank's step, its collectives as local copies */

@@ -26,6 +26,8 @@ struct mp_report_ctx {
     const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     bool defaults_note;         /* print which defaults were used */
     char defaults[256];         /* "seq 1024 (model default), precision amp-bf16 (default), ..." */
+    double moe_capacity;        /* --moe-capacity: the busiest expert's share over the uniform one (>= 1;
+                                   0 means 1) */
 };
 
 void mp_report_estimate(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,

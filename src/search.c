@@ -914,8 +914,10 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
                 mp_fit_release(&f);
             }
         }
+        struct mp_finetune lft = base->build.ft;
+        lft.mode = MP_FT_LORA;
         if (base->build.ft.mode == MP_FT_FULL && base->model->quant.kind == MP_Q_NONE && !base->train.par &&
-            base->model->input == MP_INPUT_TOKENS) {
+            base->model->input == MP_INPUT_TOKENS && !mp_moe_lora_unmodelled(base->model, &lft)) {
             /* fine-tuning with adapters instead: the best LoRA/QLoRA plan (peft's default targets) */
             struct mp_job lj = *base;
             lj.build.ft.mode = MP_FT_LORA;

@@ -475,6 +475,56 @@ for f in models/hf/*.json; do
     done
 done
 
+# mixture-of-experts programs are estimated only: the probe refuses them with a reason (exit 4)
+expect_line 4 "probe of an MoE config: refused, one line" probe bench/moe/mixtral-shrunk.json --backend host \
+    --batch 1 --seq 64
+if grep -q "does not execute mixture-of-experts routing" "$T/err"; then
+    ok "probe of an MoE config: the reason names MoE routing"
+else
+    echo "expected the refusal to name mixture-of-experts routing" >"$T/why"
+    bad "probe of an MoE config: the reason names MoE routing"
+fi
+
+# --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
+# (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
+expect_line 2 "--moe-capacity below 1: usage error" estimate bench/moe/mixtral-shrunk.json --moe-capacity 0.5
+run estimate bench/moe/mixtral-shrunk.json --batch 2 --seq 64 --json
+cp "$T/out" "$T/moe1.json"
+run estimate bench/moe/mixtral-shrunk.json --batch 2 --seq 64 --moe-capacity 3 --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--moe-capacity: config.moe (python3 not found)"
+elif python3 - "$T/moe1.json" "$T/out" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+m = b["config"]["moe"]
+assert (m["experts"], m["top_k"], m["routed_rows"], m["rows_per_expert"]) == (8, 2, 256, 32), m
+assert m["busiest_expert_rows"] == 96 and m["capacity"] == 3 and m["routing"] == "capacity", m
+assert a["config"]["moe"]["busiest_expert_rows"] == 32 and a["config"]["moe"]["routing"] == "uniform"
+assert a["memory"]["peak_allocated_bytes"] == b["memory"]["peak_allocated_bytes"]
+PY
+then
+    ok "--moe-capacity: config.moe records it; the grouped_mm figures do not change"
+else
+    echo "expected config.moe with the busiest expert's 96 of 256 rows and an unchanged peak" >"$T/why"
+    bad "--moe-capacity: config.moe records it; the grouped_mm figures do not change"
+fi
+
+# LoRA on MoE: peft's all-linear (and its MoE name mapping) adapt the experts' 3-D parameters, not
+# modelled: refused with the reason; attention targets are modelled (39,936 trainable = peft 0.21's
+# count for q_proj,v_proj on this config, meta device, bench/peft_step.py)
+expect_line 2 "--finetune lora all-linear on an MoE config: refused, one line" estimate \
+    bench/moe/mixtral-shrunk.json --finetune lora --lora-targets all-linear
+run estimate bench/moe/mixtral-shrunk.json --finetune lora --lora-targets q_proj,v_proj --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--finetune lora q_proj,v_proj on an MoE config (python3 not found)"
+elif [ "$ec" -eq 0 ] && python3 -c 'import json,sys; assert json.load(sys.stdin)["model"]["trainable_params"] == 39936' \
+    <"$T/out"; then
+    ok "--finetune lora q_proj,v_proj on an MoE config: peft's trainable count"
+else
+    echo "expected exit 0 and model.trainable_params 39936 (peft)" >"$T/why"
+    bad "--finetune lora q_proj,v_proj on an MoE config: peft's trainable count"
+fi
+
 # ---- JSON of each command -----------------------------------------------------------------
 
 json_check "estimate --checkpoint sqrt --json: plan keys" estimate \

@@ -771,10 +771,9 @@ static void test_error_table_families(void **state)
                  "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"attn_logit_softcapping\": -1}",
                  MP_ERR_MODEL, "cfg.json: attn_logit_softcapping: expected a positive number or null");
     /* not in the table: refused, not guessed */
-    expect_error("{\"model_type\": \"mixtral\", \"vocab_size\": 100}", MP_ERR_MODEL,
-                 "cfg.json: model_type: 'mixtral' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
-                 "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, granite, opt, "
-                 "roberta, distilbert, gptj, falcon, vit)");
+    char msg[600];
+    snprintf(msg, sizeof msg, "cfg.json: model_type: 'jamba' is not supported (supported: %s)", mp_hf_model_types());
+    expect_error("{\"model_type\": \"jamba\", \"vocab_size\": 100}", MP_ERR_MODEL, msg);
 }
 
 /* ---- task heads (architectures[0]) ---------------------------------------- */
@@ -958,10 +957,10 @@ static void test_error_duplicate_keys(void **state)
 static void test_error_unknown_model_type(void **state)
 {
     (void)state;
-    expect_error("{\"model_type\": \"foo\"}", MP_ERR_MODEL,
-                 "cfg.json: model_type: 'foo' is not supported (supported: gpt2, llama, mistral, qwen2, gpt_neox, "
-                 "phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, gemma2, gemma3_text, granite, opt, "
-                 "roberta, distilbert, gptj, falcon, vit)");
+    char msg[600];
+    snprintf(msg, sizeof msg, "cfg.json: model_type: 'foo' is not supported (supported: %s)", mp_hf_model_types());
+    expect_error("{\"model_type\": \"foo\"}", MP_ERR_MODEL, msg);
+    assert_non_null(strstr(mp_hf_model_types(), "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3"));
 }
 
 static void test_error_missing_field(void **state)
@@ -1063,6 +1062,145 @@ static void test_error_rotary_fraction(void **state)
                  MP_ERR_MODEL, "cfg.json: partial_rotary_factor: expected a number in (0, 1]");
 }
 
+/* ---- mixture of experts (moe_hook) --------------------------------------- */
+
+/* Real checkpoints' config.json values (typed from the published files; no hub access here).
+ * Expected: transformers 5.23 on the meta device, `python3 bench/hf_params.py FILE [ARCH]`.
+ * deepseek-v3.json omits the published fp8 quantization_config (memplan refuses fp8;
+ * test_error_moe checks it): the bf16 checkpoint people fine-tune. */
+static const struct {
+    const char *path, *arch;
+    uint64_t params;
+} moe_families[] = {
+    {"models/hf/mixtral-8x7b.json", NULL, UINT64_C(46702792704)},
+    {"models/hf/mixtral-8x7b.json", "MixtralForSequenceClassification", UINT64_C(46571728896)},
+    {"models/hf/mixtral-8x7b.json", "MixtralModel", UINT64_C(46571720704)},
+    {"models/hf/qwen1.5-moe-a2.7b.json", NULL, UINT64_C(14315784192)},
+    {"models/hf/qwen1.5-moe-a2.7b.json", "Qwen2MoeForTokenClassification", UINT64_C(14004623362)},
+    {"models/hf/qwen3-30b-a3b.json", NULL, UINT64_C(30532122624)},
+    {"models/hf/qwen3-30b-a3b.json", "Qwen3MoeForQuestionAnswering", UINT64_C(30220961794)},
+    {"models/hf/deepseek-v2-lite.json", NULL, UINT64_C(15706484224)},
+    {"models/hf/deepseek-v2-lite.json", "DeepseekV2ForSequenceClassification", UINT64_C(15496773120)},
+    {"models/hf/deepseek-v3.json", NULL, UINT64_C(671026404352)},
+    {"models/hf/deepseek-v3.json", "DeepseekV3ForTokenClassification", UINT64_C(670099739650)},
+    {"models/hf/deepseek-v3.json", "DeepseekV3Model", UINT64_C(670099725312)},
+};
+
+static void load_with_arch(struct mp_model *m, const char *path, const char *arch);
+
+static void test_params_moe_families(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof moe_families / sizeof moe_families[0]; i++) {
+        struct mp_model m;
+        if (moe_families[i].arch)
+            load_with_arch(&m, moe_families[i].path, moe_families[i].arch);
+        else
+            load_ok(&m, moe_families[i].path);
+        uint64_t got = params_of(&m);
+        if (got != moe_families[i].params)
+            print_error("%s %s\n", moe_families[i].path, moe_families[i].arch ? moe_families[i].arch : "");
+        assert_int_equal(got, moe_families[i].params);
+        mp_model_release(&m);
+    }
+}
+
+/* Which layers are MoE, and the fields that change memory: transformers' counts of small
+ * configs (the `python3 -c` in the comment of each row, meta device). */
+static void test_moe_layers_and_mla(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    /* Qwen2-MoE: layer i is MoE iff (i + 1) % decoder_sparse_step == 0 and i is not in
+     * mlp_only_layers: layers 1 and 5 (3 is listed); tied head; transformers: 305,344 */
+    load_str_ok(&m, "{\"model_type\": \"qwen2_moe\", \"vocab_size\": 1000, \"hidden_size\": 64, "
+                    "\"num_hidden_layers\": 6, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                    "\"intermediate_size\": 96, \"moe_intermediate_size\": 32, "
+                    "\"shared_expert_intermediate_size\": 48, \"num_experts\": 6, \"num_experts_per_tok\": 2, "
+                    "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [3], \"qkv_bias\": false, "
+                    "\"tie_word_embeddings\": true}");
+    assert_int_equal(params_of(&m), 305344u);
+    for (size_t i = 0; i < 6; i++)
+        assert_int_equal(block_layer(&m, 1 + i, 0)->experts, i == 1 || i == 5 ? 6u : 0u);
+    const struct mp_layer *l = block_layer(&m, 2, 0);
+    assert_int_equal(l->top_k, 2);
+    assert_int_equal(l->expert_ffn, 32);
+    assert_int_equal(l->shared_ffn, 48);
+    assert_true(l->shared_gate && l->shared_first && !l->norm_topk);
+    assert_int_equal(l->router, MP_ROUTER_SOFTMAX_CAST);
+    mp_model_release(&m);
+    /* DeepSeek-V2: dense below first_k_dense_replace, n_shared_experts x moe width, a q
+     * bottleneck, biases from attention_bias / mlp_bias, group-limited routing; 261,512 */
+    load_str_ok(&m, "{\"model_type\": \"deepseek_v2\", \"vocab_size\": 1000, \"hidden_size\": 64, "
+                    "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"intermediate_size\": 96, "
+                    "\"moe_intermediate_size\": 32, \"n_routed_experts\": 8, \"n_shared_experts\": 3, "
+                    "\"num_experts_per_tok\": 2, \"first_k_dense_replace\": 2, \"q_lora_rank\": 24, "
+                    "\"kv_lora_rank\": 16, \"qk_rope_head_dim\": 8, \"qk_nope_head_dim\": 12, \"v_head_dim\": 10, "
+                    "\"attention_bias\": true, \"mlp_bias\": true, \"topk_method\": \"group_limited_greedy\", "
+                    "\"n_group\": 4, \"topk_group\": 2}");
+    assert_int_equal(params_of(&m), 261512u);
+    assert_int_equal(block_layer(&m, 2, 0)->experts, 0);
+    l = block_layer(&m, 3, 0);
+    assert_int_equal(l->experts, 8);
+    assert_int_equal(l->shared_ffn, 96);
+    assert_true(l->route_mask && l->rope_complex);
+    assert_int_equal(l->q_lora, 24);
+    assert_int_equal(l->kv_lora, 16);
+    mp_model_release(&m);
+    /* V2-Lite: q_lora_rank null is one q_proj; V3: sigmoid router, renormalized */
+    load_ok(&m, "models/hf/deepseek-v2-lite.json");
+    assert_int_equal(block_layer(&m, 1, 0)->q_lora, 0);
+    assert_int_equal(block_layer(&m, 1, 0)->experts, 0);
+    assert_int_equal(block_layer(&m, 2, 0)->experts, 64);
+    mp_model_release(&m);
+    load_ok(&m, "models/hf/deepseek-v3.json");
+    l = block_layer(&m, 4, 0);
+    assert_int_equal(l->router, MP_ROUTER_FP32_SIGMOID);
+    assert_true(l->norm_topk && !l->rope_complex);
+    assert_int_equal(l->q_lora, 1536);
+    assert_int_equal(block_layer(&m, 3, 0)->experts, 0);
+    mp_model_release(&m);
+}
+
+/* A small MoE config of one family with one field spliced in. */
+#define MOE_TINY(type, extra)                                                                                \
+    "{\"model_type\": \"" type "\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, " \
+    "\"num_attention_heads\": 8, \"intermediate_size\": 128" extra "}"
+
+static void test_error_moe(void **state)
+{
+    (void)state;
+    expect_error(MOE_TINY("mixtral", ", \"output_router_logits\": true"), MP_ERR_MODEL,
+                 "cfg.json: output_router_logits: true is not supported (the router auxiliary loss over every "
+                 "layer's logits is not modelled)");
+    expect_error(MOE_TINY("mixtral", ", \"router_jitter_noise\": 0.1"), MP_ERR_MODEL,
+                 "cfg.json: router_jitter_noise: 0.1 is not supported (the saved noise tensor is not modelled; 0 "
+                 "is)");
+    expect_error(MOE_TINY("qwen3_moe", ", \"num_experts\": 4, \"num_experts_per_tok\": 6"), MP_ERR_MODEL,
+                 "cfg.json: num_experts_per_tok: 6 exceeds num_experts 4");
+    expect_error(MOE_TINY("qwen2_moe", ", \"num_key_value_heads\": 8, \"mlp_only_layers\": [0, 2]"), MP_ERR_MODEL,
+                 "cfg.json: mlp_only_layers[1]: expected a layer index below 2");
+    expect_error(MOE_TINY("deepseek_v2", ", \"num_experts_per_tok\": 2, \"moe_layer_freq\": 2"), MP_ERR_MODEL,
+                 "cfg.json: moe_layer_freq: 2 is not supported (transformers makes every layer from "
+                 "first_k_dense_replace on an MoE layer; only 1 agrees with that)");
+    expect_error(MOE_TINY("deepseek_v2", ""), MP_ERR_MODEL,
+                 "cfg.json: num_experts_per_tok: missing (expected a positive integer)");
+    expect_error(MOE_TINY("deepseek_v2", ", \"num_experts_per_tok\": 2, \"topk_method\": \"noaux_tc\""),
+                 MP_ERR_MODEL, "cfg.json: topk_method: 'noaux_tc' is not supported (supported: greedy, "
+                 "group_limited_greedy)");
+    expect_error(MOE_TINY("deepseek_v3", ", \"n_routed_experts\": 12"), MP_ERR_MODEL,
+                 "cfg.json: n_group: 8 groups (topk_group 4) do not split 12 experts into groups of two or more");
+    expect_error(MOE_TINY("deepseek_v3", ", \"num_key_value_heads\": 2"), MP_ERR_MODEL,
+                 "cfg.json: num_key_value_heads: 2 is not supported (multi-head latent attention expands keys and "
+                 "values to every head: 8)");
+    expect_error(MOE_TINY("deepseek_v3", ", \"qk_rope_head_dim\": 7"), MP_ERR_MODEL,
+                 "cfg.json: qk_rope_head_dim: 7 is odd (rotary pairs need an even width)");
+    expect_error(MOE_TINY("deepseek_v3", ", \"quantization_config\": {\"quant_method\": \"fp8\", "
+                                         "\"fmt\": \"e4m3\"}"),
+                 MP_ERR_MODEL, "cfg.json: quantization_config.quant_method: 'fp8' is not supported (supported: "
+                 "bitsandbytes, gptq, awq)");
+}
+
 static void test_error_unmodelled_options(void **state)
 {
     (void)state;
@@ -1112,6 +1250,9 @@ int main(void)
         cmocka_unit_test(test_params_table_families),
         cmocka_unit_test(test_params_falcon_gptj_layouts),
         cmocka_unit_test(test_vit_config),
+        cmocka_unit_test(test_params_moe_families),
+        cmocka_unit_test(test_moe_layers_and_mla),
+        cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),
         cmocka_unit_test(test_error_table_families),
         cmocka_unit_test(test_head_param_counts),
