@@ -187,7 +187,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
 
 def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False):
     cmd = ["./memplan", "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
-           "--checkpoint", ckpt, "--workspace", "0", "--json"]
+           "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off", "--json"]  # torch: use_cache=False
     if not full:
         cmd += ["--finetune", "lora", "--lora-r", str(r)]
         if targets:
@@ -318,7 +318,8 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
             if step == 2:
                 peak, peak_at = tr.peak, tr.peak_at
     cmd = ["./memplan", "estimate", os.path.join(d, "config.json"), "--finetune", "qlora", "--precision", precision,
-           "--batch", str(batch), "--seq", str(seq), "--checkpoint", ckpt, "--workspace", "0", "--json"]
+           "--batch", str(batch), "--seq", str(seq), "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off",
+           "--json"]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return {"trainable": sum(p.numel() for p in trainable), "peak": peak, "peak_at": peak_at, "losses": losses,
             "m_trainable": r["model"]["trainable_params"], "m_peak": r["memory"]["peak_allocated_bytes"],
@@ -328,7 +329,8 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
 # ---- trainable parameters as peft counts them ----------------------------------------------------
 
 PEFT_TASK = (("ForCausalLM", "CAUSAL_LM"), ("LMHeadModel", "CAUSAL_LM"), ("ForSequenceClassification", "SEQ_CLS"),
-             ("ForTokenClassification", "TOKEN_CLS"), ("ForQuestionAnswering", "QUESTION_ANS"))
+             ("ForTokenClassification", "TOKEN_CLS"), ("ForQuestionAnswering", "QUESTION_ANS"),
+             ("ForImageClassification", "SEQ_CLS"))  # SEQ_CLS keeps ViT's classifier too (modules_to_save)
 
 
 def peft_params(path, r, targets):

@@ -51,7 +51,7 @@ static const struct fam_names FAMS[] = {
     {"roberta", "query,value", NULL, "dense", "dense", "dense", "query", "key", "value"},
     {"llama", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
     {"mistral", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-    {"mixtral", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {"mixtral", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}, /* peft 0.21 + transformers 5: none works */
     {"qwen2", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
     {"qwen3", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
     {"gemma", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
@@ -80,6 +80,23 @@ static const struct fam_names *fam(const char *hf_type)
         if (!strcmp(FAMS[i].type, hf_type))
             return &FAMS[i];
     return NULL;
+}
+
+/* Families whose all-linear peft 0.21 extends to what memplan does not lower as Linears (on
+ * transformers 5.23: the routers and the fused expert tensors of MoE blocks, through peft's
+ * parameter targeting); named targets are exact (tests/test_finetune.c). */
+static const char *const ALL_LINEAR_UNMODELLED[] = {"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"};
+
+bool mp_finetune_all_linear_unmodelled(const struct mp_finetune *f, const char *hf_type)
+{
+    if ((f->mode != MP_FT_LORA && f->mode != MP_FT_QLORA) || f->n_targets || !hf_type)
+        return false;
+    if (!f->all_linear && mp_finetune_default_targets(hf_type))
+        return false;
+    for (size_t i = 0; i < sizeof ALL_LINEAR_UNMODELLED / sizeof ALL_LINEAR_UNMODELLED[0]; i++)
+        if (!strcmp(ALL_LINEAR_UNMODELLED[i], hf_type))
+            return true;
+    return false;
 }
 
 const char *mp_finetune_default_targets(const char *hf_type)

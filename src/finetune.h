@@ -50,6 +50,11 @@ enum mp_status mp_finetune_parse_blocks(struct mp_finetune *f, const char *s, st
  * as a comma list; NULL when peft has none (memplan JSON models: all-linear is used). */
 const char *mp_finetune_default_targets(const char *hf_type);
 
+/* True when f asks for all-linear (given, or as the fallback of a family peft has no default for)
+ * on a family where peft's all-linear also adapts MoE routers and fused experts, which memplan
+ * does not model: the caller refuses, asking for named targets. */
+bool mp_finetune_all_linear_unmodelled(const struct mp_finetune *f, const char *hf_type);
+
 /* The Hugging Face module name of one of memplan's Linear roles (q_proj, k_proj,
  * v_proj, qkv_proj, o_proj, gate_proj, up_proj, down_proj, fc1, fc2) in a family. */
 const char *mp_finetune_hf_name(const char *hf_type, const char *role);

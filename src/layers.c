@@ -2428,6 +2428,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         p->opts.seq = m->seq_len ? m->seq_len : 1;
     if (p->opts.batch == 0)
         return mp_fail(d, MP_ERR_USAGE, "batch must be positive");
+    if (mp_finetune_all_linear_unmodelled(&o->ft, m->hf_type))
+        return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
+                       "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
+                       m->path, m->hf_type);
     bool half_params = o->precision == MP_PREC_BF16;
     p->param_dtype = half_params ? MP_DT_BF16 : MP_DT_F32;
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32

@@ -282,7 +282,10 @@ static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
     fprintf(out, "finetune  %s r %llu, alpha %g, dropout %g, targets %s\n", mp_ft_mode_str(f->mode),
             (unsigned long long)f->r, f->alpha, f->dropout, tg);
     fprintf(out, "          %s adapter params train (fp32 as peft makes them); the frozen base has no .grad\n",
-            tp);
+            count(p->adapter_params));
+    if (p->trainable_params > p->adapter_params) /* layers.c saved_module: peft's modules_to_save */
+        fprintf(out, "          + %s task-head params train whole beside a frozen copy (peft's modules_to_save)\n",
+                count(p->trainable_params - p->adapter_params));
     const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant
                                : f->mode == MP_FT_QLORA                ? &f->quant
                                                                        : NULL;
@@ -734,8 +737,10 @@ static const char *peft_task(const struct mp_model *m, const char **auto_cls)
             const struct mp_layer *l = &m->blocks[i].layers[j];
             if (l->type == MP_LT_CLASSIFIER) {
                 bool tok = l->pool == MP_POOL_NONE, qa = l->pool == MP_POOL_SPAN;
-                *auto_cls = tok ? "AutoModelForTokenClassification"
-                            : qa ? "AutoModelForQuestionAnswering" : "AutoModelForSequenceClassification";
+                *auto_cls = m->input != MP_INPUT_TOKENS ? "AutoModelForImageClassification"
+                            : tok                        ? "AutoModelForTokenClassification"
+                            : qa                         ? "AutoModelForQuestionAnswering"
+                                                         : "AutoModelForSequenceClassification";
                 return tok ? "TOKEN_CLS" : qa ? "QUESTION_ANS" : "SEQ_CLS";
             }
             if (l->type == MP_LT_LM_HEAD && l->masked) {

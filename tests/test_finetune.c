@@ -120,6 +120,20 @@ static void test_lora_trainable_params_match_peft(void **state)
         {"models/hf/starcoder2-3b.json", 16, "all-linear", 23838720, 3054210048},
         {"models/hf/tinyllama-1.1b.json", 16, NULL, 2252800, 1102301184},
         {"models/hf/tinyllama-1.1b.json", 16, "all-linear", 12615680, 1112664064},
+        /* ViT: peft's SEQ_CLS task type keeps its classifier trainable (modules_to_save) */
+        {"models/hf/vit-base-patch16-224.json", 16, NULL, 3423208, 89990864},
+        {"models/hf/vit-base-patch16-224.json", 16, "all-linear", 3423208, 89990864},
+        {"models/hf/vit-base-patch16-224.json", 16, "q_proj,v_proj", 1358824, 87926480},
+        /* MoE families: named attention targets (peft 0.21 has no working default for them and its
+         * all-linear adapts routers and fused experts: refused, test below); qwen2_moe: all exact */
+        {"models/hf/mixtral-8x7b.json", 16, "q_proj,v_proj", 6815744, 46709608448},
+        {"models/hf/qwen3-30b-a3b.json", 16, "q_proj,k_proj,v_proj,o_proj", 13369344, 30545491968},
+        {"models/hf/deepseek-v2-lite.json", 16, "q_proj,kv_b_proj,o_proj", 5971968, 15712456192},
+        {"models/hf/deepseek-v3.json", 16, "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", 97006592,
+         671123410944},
+        {"models/hf/qwen1.5-moe-a2.7b.json", 16, "q_proj,v_proj", 3145728, 14318929920},
+        {"models/hf/qwen1.5-moe-a2.7b.json", 16, NULL, 15925632, 14331709824},
+        {"models/hf/qwen1.5-moe-a2.7b.json", 16, "all-linear", 15925632, 14331709824},
         /* other ranks and explicit names, matched as peft does (the name or its ".name" suffix) */
         {"models/hf/gpt2.json", 8, NULL, 294912, 124734720},
         {"models/hf/qwen2-0.5b.json", 64, "all-linear", 35192832, 529225600},
@@ -191,6 +205,35 @@ static void test_lora_task_heads_match_peft(void **state)
                          (unsigned long long)cases[i].total);
             mp_program_release(&p);
         }
+        mp_model_release(&m);
+    }
+}
+
+/* MoE families where peft 0.21's all-linear (also the fallback when peft has no default) adapts the
+ * routers and the fused expert tensors: memplan does not model those adapters and refuses, asking
+ * for named targets; named targets build (their counts are in the table above). */
+static void test_lora_moe_all_linear_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *path, *targets;
+    } cases[] = {
+        {"models/hf/mixtral-8x7b.json", NULL},
+        {"models/hf/mixtral-8x7b.json", "all-linear"},
+        {"models/hf/qwen3-30b-a3b.json", NULL},
+        {"models/hf/deepseek-v2-lite.json", "all-linear"},
+        {"models/hf/deepseek-v3.json", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct mp_model m;
+        load_ok(&m, cases[i].path);
+        struct mp_build_opts o;
+        lora_opts(&o, MP_FT_QLORA, 16, cases[i].targets);
+        struct mp_program p;
+        struct mp_diag d = {{0}};
+        if (mp_program_build(&m, &o, &p, &d) != MP_ERR_USAGE || !strstr(d.msg, "name the targets"))
+            fail_msg("%s %s: expected a refusal asking for named targets, got '%s'", cases[i].path,
+                     cases[i].targets ? cases[i].targets : "default", d.msg);
         mp_model_release(&m);
     }
 }
@@ -450,6 +493,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lora_trainable_params_match_peft),
         cmocka_unit_test(test_lora_task_heads_match_peft),
+        cmocka_unit_test(test_lora_moe_all_linear_refused),
         cmocka_unit_test(test_lora_frozen_base_saves),
         cmocka_unit_test(test_lora_fp32_adapters_on_bf16_base),
         cmocka_unit_test(test_lora_input_require_grads),
