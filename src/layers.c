@@ -935,11 +935,12 @@ static uint64_t round_up(uint64_t v, uint64_t m) { return mp_ceil_div(v, m) * m;
  * attention a float mask in the model's dtype, added to the scores: nothing saved. */
 static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, enum mp_dtype qdt)
 {
-    if (!n || !n->layer->attn_mask)
+    if (!n || !(n->layer->attn_mask || (eager && n->layer->eager_mask)))
         return;
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
     if (B->attn_mask < 0) {
-        B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mb);
+        uint64_t nm = eager && n->layer->eager_mask > 1 ? n->layer->eager_mask : 1;
+        B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mul(B, mb, nm));
         B->p->tensors[B->attn_mask].name = store_name(B, "", "attn_mask");
         B->p->attn_mask = B->attn_mask;
         extra_as(n, B->attn_mask, MP_XR_ATTN_MASK);
@@ -1227,12 +1228,12 @@ static struct val lower_mul(struct bld *B, struct val a, struct val b, const cha
     n->n = last_dim(a);
     n->fwd_flops = (double)val_elems(B, a);
     n->bwd_flops = 2.0 * n->fwd_flops;
-    /* backward temporary (one at a time: a's gradient is made, then b's): a's gradient in the
-     * promoted dtype before its cast to a's (MulBackward0's _to_copy), or b's when b broadcasts
-     * ((grad * a), a-shaped, then summed) */
+    /* backward temporaries, alive together (measured: MulBackward0 makes b's product, then a's,
+     * then casts): b's gradient when b broadcasts ((grad * a), a-shaped, summed after), and a's
+     * gradient in the promoted dtype before its cast to a's (_to_copy) */
     uint64_t ma = mul(B, val_elems(B, a), mp_dtype_size(dt_of(B, m)));
-    bool tmp = val_elems(B, b) < val_elems(B, a) || dt_of(B, a) != dt_of(B, m);
-    tmp_one(B, n, true, MP_TR_OTHER, tmp ? ma : 0);
+    tmp_one(B, n, true, MP_TR_OTHER,
+            add(B, val_elems(B, b) < val_elems(B, a) ? ma : 0, dt_of(B, a) != dt_of(B, m) ? ma : 0));
     return m;
 }
 

@@ -207,6 +207,9 @@ struct mp_layer {
     enum mp_qkv_split qkv_split; /* how a fused qkv output becomes q, k, v (Falcon's copies) */
     bool attn_mask;         /* the model builds a (b, 1, s, s) mask and passes it to attention (Falcon):
                                SDPA saves it (under autocast each layer's half copy); eager adds it */
+    unsigned eager_mask;    /* eager attention gets this many (b, 1, s, s) float masks from the
+                               model, made once per forward (HF decoders: create_causal_mask; 2
+                               with sliding-window layer types too, Gemma2/3) */
     bool qk_fp32;           /* eager: q and k upcast to fp32 before QK^T (GPT-J's _attn) */
     uint64_t rope_table_rows; /* GPT-J rotary: each attention layer's own sinusoid buffer (rows x
                                rotary_dim fp32); every rope call gathers cos/sin from it and

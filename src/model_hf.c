@@ -321,6 +321,7 @@ struct hf {
     uint64_t channels, image_h, image_w, patch; /* ViT */
     uint64_t pooler_out;   /* ViT: pooler_output_size (default hidden) */
     enum mp_act pooler_act;
+    unsigned mask_kinds;   /* distinct layer types (full / sliding attention): one eager mask each */
     /* mixture of experts (moe_hook): what every MoE layer gets (struct mp_layer's fields), and
      * which layers are MoE */
     uint64_t experts, top_k, expert_ffn, shared_ffn;
@@ -875,6 +876,35 @@ static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path
     return MP_OK;
 }
 
+/* transformers builds one 4-D eager mask per distinct layer type: layer_types when given, else
+ * the class default (Gemma2 alternates sliding and full layers; Gemma3 has a full layer every
+ * sliding_window_pattern, 6) — both kinds as soon as there are enough layers. */
+static enum mp_status read_mask_kinds(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    c->mask_kinds = 1;
+    if (cJSON_IsArray(lt)) {
+        const cJSON *first = cJSON_GetArrayItem(lt, 0), *e;
+        int i = 0;
+        cJSON_ArrayForEach(e, lt)
+            if ((uint64_t)i++ < c->layers && cJSON_IsString(e) && cJSON_IsString(first) &&
+                strcmp(e->valuestring, first->valuestring) != 0)
+                c->mask_kinds = 2;
+        return MP_OK;
+    }
+    uint64_t pattern = 0;
+    if (!strcmp(c->f->type, "gemma2"))
+        pattern = 2;
+    else if (!strcmp(c->f->type, "gemma3_text")) {
+        pattern = 6;
+        enum mp_status st = read_pos(root, "sliding_window_pattern", false, MP_DIM_MAX, &pattern, path, d);
+        if (st != MP_OK)
+            return st;
+    }
+    if (pattern > 1 && c->layers >= pattern)
+        c->mask_kinds = 2;
+    return MP_OK;
+}
 
 /* A size key whose explicit null means 0 (DeepSeek's q_lora_rank: no q bottleneck); absent
  * leaves *out at the class default. */
@@ -1030,7 +1060,8 @@ static enum mp_status read_config(const cJSON *root, struct hf *c, const char *p
     family_defaults(c);
     enum mp_status st;
     if ((st = read_sizes(root, c, path, d)) != MP_OK || (st = read_rotary(root, c, path, d)) != MP_OK ||
-        (st = read_options(root, c, path, d)) != MP_OK || (st = read_head(root, c, path, d)) != MP_OK)
+        (st = read_options(root, c, path, d)) != MP_OK || (st = read_head(root, c, path, d)) != MP_OK ||
+        (st = read_mask_kinds(root, c, path, d)) != MP_OK)
         return st;
     return c->f->hook ? c->f->hook(root, c, path, d) : MP_OK;
 }
@@ -1154,6 +1185,9 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->mult = c->resid_mult;
         l->qkv_split = c->qkv_split;
         l->attn_mask = c->attn_mask;
+        /* transformers' eager path always gets a 4-D causal mask (and a sliding-window one for
+         * Gemma2/3's mixed layer types) */
+        l->eager_mask = c->causal ? c->mask_kinds : 0;
         l->qk_fp32 = c->qk_fp32;
         l->rope_table_rows = c->rope_table_rows;
         if (moe_layer(c, i)) {

@@ -602,6 +602,45 @@ static void test_estimate_kv_cache_held_to_loss(void **state)
     mp_model_release(&m);
 }
 
+/* Eager attention in an HF decoder gets a (b, 1, s, s) mask in the model's dtype from
+ * create_causal_mask, once per forward: a checkpoint input under gradient checkpointing (held
+ * to the first layer's backward: llama-2-7b 2x1024 amp eager `layers` was -8 MiB = 2·1024²·4 in
+ * the bench before it was modelled), a forward local otherwise (gone when backward starts). */
+static void test_estimate_eager_mask(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/hf/llama-2-7b.json");
+    struct mp_chain c;
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = 2;
+    bo.seq = 16;
+    bo.attention = MP_ATTN_EAGER;
+    bo.attention_forced = true;
+    struct mp_program prog;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    assert_true(prog.attn_mask >= 0);
+    assert_int_equal(prog.tensors[prog.attn_mask].bytes, 2 * 16 * 16 * 4);
+    assert_int_equal(mp_estimate_chain(&prog, &c, &d), MP_OK);
+    struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+    struct mp_ckpt_plan plan;
+    assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct live_at_loss w = {.t = prog.attn_mask};
+    assert_int_equal(mp_replay(&prog, &plan.sched, &t, live_at_loss_event, &w, &d), MP_OK);
+    assert_true(w.at_loss);
+    assert_false(w.live);
+    w = (struct live_at_loss){.t = prog.attn_mask};
+    assert_int_equal(mp_replay(&prog, NULL, &t, live_at_loss_event, &w, &d), MP_OK);
+    assert_false(w.at_loss);
+    mp_ckpt_plan_release(&plan);
+    mp_chain_release(&c);
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
 /* The forward-phase peak of a replay (512-rounded live bytes). */
 struct fwd_meter {
     uint64_t cur, fwd_peak;
@@ -834,6 +873,7 @@ int main(void)
         cmocka_unit_test(test_estimate_falcon_gptj_layer),
         cmocka_unit_test(test_estimate_use_cache),
         cmocka_unit_test(test_estimate_kv_cache_held_to_loss),
+        cmocka_unit_test(test_estimate_eager_mask),
         cmocka_unit_test(test_estimate_rope_tables_under_checkpointing),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
