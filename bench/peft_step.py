@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """peft_step.py — memplan's fine-tuning figures against transformers + peft + bitsandbytes on the CPU.
 
-  python3 bench/peft_step.py lora [--quick] [--only NAME,...] [--out FILE.md]
+  python3 bench/peft_step.py lora [--quick] [--only NAME,...] [--skip K] [--out FILE.md]
       For each config and setting (LoRA rank and targets, base fp32 / amp-bf16 / bf16,
       checkpointing none / layers), the model is built with transformers, wrapped with
       peft.get_peft_model(LoraConfig(r, lora_alpha=2r, lora_dropout=0, task_type=CAUSAL_LM)),
@@ -208,7 +208,7 @@ def bench_config(path, tmpdir):
     return out, d
 
 
-def lora_bench(quick, out, only=()):
+def lora_bench(quick, out, only=(), skip=0):
     import tempfile
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from torch_step import cuda_only_bytes
@@ -228,7 +228,7 @@ def lora_bench(quick, out, only=()):
     lines = ["| config | precision | ckpt | finetune | trainable torch / memplan | saved torch | saved memplan "
              "| diff | CUDA-only | diff vs CUDA | peak torch | peak memplan | diff | diff vs CUDA |", "|" + "---|" * 14]
     batch, seq = 2, 256
-    for path, prec, ckpt, r, tg, full in settings:
+    for path, prec, ckpt, r, tg, full in settings[skip:]:  # --skip K: resume after K rows
         cfg, d = bench_config(path, tmpdir)
         t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, tg, full)
         m = memplan_lora(cfg, batch, seq, prec, ckpt, r, tg, full)
@@ -394,7 +394,8 @@ def main(argv):
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None
         only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else ()
-        lora_bench("--quick" in argv, out, only)
+        skip = int(argv[argv.index("--skip") + 1]) if "--skip" in argv else 0
+        lora_bench("--quick" in argv, out, only, skip)
         return 0
     if len(argv) >= 1 and argv[0] == "qlora-step":
         print("| precision | ckpt | trainable torch / memplan | peak torch | peak memplan | diff | losses |")

@@ -751,9 +751,10 @@ else
 fi
 # suggest for a model that does not fit one GPU names the smallest world that fits: the named
 # nodes x 8 ranks fit micro-batch 1 with every block checkpointed, one node fewer does not
-# (neither fsdp nor zero3).
+# (neither fsdp nor zero3).  The issue's own example: Llama-2-70B's HF config on H100s.
+L70=models/hf/llama-2-70b.json
 if [ -n "$HAVE_PY" ]; then
-    run suggest $BIG --gpu h100-80gb --no-probe --json
+    run suggest $L70 --gpu h100-80gb --no-probe --json
     if [ "$ec" -eq 1 ] && python3 -c '
 import json, re, sys
 alts = json.load(open(sys.argv[1]))["alternatives"]
@@ -763,18 +764,18 @@ assert len(m) == 1, alts
 print(m[0].group(1), m[0].group(2))
 ' "$T/out" >"$T/world" 2>"$T/why"; then
         read -r NODES STRAT <"$T/world"
-        W="check $BIG --batch 1 --gpu h100-80gb --checkpoint every:1 --gpus 8"
+        W="check $L70 --batch 1 --gpu h100-80gb --checkpoint every:1 --gpus 8"
         $M $W --nodes "$NODES" --parallel "$STRAT" >/dev/null 2>&1; e0=$?
         $M $W --nodes $((NODES - 1)) --parallel fsdp >/dev/null 2>&1; e1=$?
         $M $W --nodes $((NODES - 1)) --parallel zero3 >/dev/null 2>&1; e2=$?
         if [ "$e0" -eq 0 ] && [ "$e1" -eq 1 ] && [ "$e2" -eq 1 ]; then
-            ok "suggest $BIG --gpu h100-80gb: smallest world ($NODES nodes, $STRAT) with throughput"
+            ok "suggest $L70 --gpu h100-80gb: smallest world ($NODES nodes, $STRAT) with throughput"
         else
             echo "check exits: $NODES nodes $STRAT $e0 (want 0); $((NODES - 1)) nodes fsdp $e1, zero3 $e2 (want 1)" >"$T/why"
-            bad "suggest $BIG --gpu h100-80gb: smallest world"
+            bad "suggest $L70 --gpu h100-80gb: smallest world"
         fi
     else
-        bad "suggest $BIG --gpu h100-80gb: exit 1 and one '--gpus 8 --nodes N' alternative"
+        bad "suggest $L70 --gpu h100-80gb: exit 1 and one '--gpus 8 --nodes N' alternative"
     fi
 fi
 expect_line 2 "--gpus 8 without --parallel" check models/tiny-test.json --batch 1 --gpu t4 --gpus 8

@@ -52,6 +52,16 @@ static void lora_opts(struct mp_build_opts *o, enum mp_ft_mode mode, uint64_t r,
     }
 }
 
+/* Loads path and builds it with LoRA-style options (mode, r, targets). */
+static enum mp_status build_ft(struct mp_model *m, const char *path, enum mp_ft_mode mode, uint64_t r,
+                               const char *targets, struct mp_program *p, struct mp_diag *d)
+{
+    load_ok(m, path);
+    struct mp_build_opts o;
+    lora_opts(&o, mode, r, targets);
+    return mp_program_build(m, &o, p, d);
+}
+
 /* ---- trainable parameters: exact against peft -------------------------------------------------- */
 
 static void test_lora_trainable_params_match_peft(void **state)
@@ -185,12 +195,9 @@ static void test_lora_task_heads_match_peft(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct mp_model m;
-        load_ok(&m, cases[i].path);
-        struct mp_build_opts o;
-        lora_opts(&o, MP_FT_LORA, 8, cases[i].targets);
         struct mp_program p;
         struct mp_diag d = {{0}};
-        enum mp_status st = mp_program_build(&m, &o, &p, &d);
+        enum mp_status st = build_ft(&m, cases[i].path, MP_FT_LORA, 8, cases[i].targets, &p, &d);
         if (!cases[i].trainable) {
             if (st != MP_ERR_USAGE || !strstr(d.msg, "modules_to_save"))
                 fail_msg("%s %s: expected a refusal naming modules_to_save, got %d (%s)", cases[i].path,
@@ -226,12 +233,10 @@ static void test_lora_moe_all_linear_refused(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct mp_model m;
-        load_ok(&m, cases[i].path);
-        struct mp_build_opts o;
-        lora_opts(&o, MP_FT_QLORA, 16, cases[i].targets);
         struct mp_program p;
         struct mp_diag d = {{0}};
-        if (mp_program_build(&m, &o, &p, &d) != MP_ERR_USAGE || !strstr(d.msg, "name the targets"))
+        if (build_ft(&m, cases[i].path, MP_FT_QLORA, 16, cases[i].targets, &p, &d) != MP_ERR_USAGE ||
+            !strstr(d.msg, "name the targets"))
             fail_msg("%s %s: expected a refusal asking for named targets, got '%s'", cases[i].path,
                      cases[i].targets ? cases[i].targets : "default", d.msg);
         mp_model_release(&m);
