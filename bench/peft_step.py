@@ -100,70 +100,12 @@ def qlora_bytes(path):
 
 # ---- LoRA step under FakeTensorMode ------------------------------------------------------------
 
-def _round512(n):
-    return 0 if n == 0 else (n + 511) // 512 * 512
-
-
-def _tracker_classes():
-    import functools
-    import weakref
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-    from torch.utils.weak import WeakIdKeyDictionary
-
-    class Live(TorchDispatchMode):
-        """Live storages, 512-byte rounded; running total, peak and where it happened."""
-
-        def __init__(self):
-            super().__init__()
-            self.refs = WeakIdKeyDictionary()
-            self.cur = self.peak = 0
-            self.phase, self.peak_at = "setup", ""
-
-        def add(self, t, label):
-            if not isinstance(t, torch.Tensor):
-                return
-            st = t.untyped_storage()
-            if st in self.refs:
-                return
-            n = _round512(st.nbytes())
-            self.refs[st] = (weakref.ref(st, functools.partial(self._gone, n)), n)
-            self.cur += n
-            if self.cur > self.peak:
-                self.peak, self.peak_at = self.cur, "%s:%s" % (self.phase, label)
-
-        def forget(self, t):
-            e = self.refs.pop(t.untyped_storage(), None)
-            if e is not None:
-                self.cur -= e[1]
-
-        def _gone(self, n, _ref):
-            self.cur -= n
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                self.add(t, func.overloadpacket.__name__)
-            return out
-
-    class Saved:
-        """Distinct storages autograd saves (parameters and buffers excluded)."""
-
-        def __init__(self, exclude):
-            self.ex = WeakIdKeyDictionary()
-            for t in exclude:
-                self.ex[t.untyped_storage()] = True
-            self.saved = WeakIdKeyDictionary()
-            self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-        def _pack(self, t):
-            st = t.untyped_storage()
-            if st not in self.ex and st not in self.saved:
-                self.saved[st] = st.nbytes()
-            return t
-
-    return Live, Saved
+def _trackers():
+    """torch_step's LiveTracker (live storages, 512-byte rounded, peak and where) and
+    SavedTracker (distinct storages autograd saves)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_step import LiveTracker, SavedTracker
+    return LiveTracker, SavedTracker
 
 
 def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False):
@@ -175,7 +117,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
     from torch._subclasses.fake_tensor import FakeTensorMode
     # fake tensors look like tracing to transformers, which would build a 4-D mask
     transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: None
-    Live, Saved = _tracker_classes()
+    Live, Saved = _trackers()
     with open(cfg_path) as f:
         d = json.load(f)  # the config memplan reads too (dropout already off: bench_config)
     cfg = transformers.AutoConfig.for_model(**d)
@@ -223,14 +165,14 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             if ac:
                 ac.__enter__()
             if last and ckpt == "none":
-                saved.hooks.__enter__()
+                saved.__enter__()
             loss = model(input_ids=ids, labels=labels, use_cache=False).loss
             if last and ckpt == "none":
-                saved.hooks.__exit__(None, None, None)
+                saved.__exit__(None, None, None)
             if ac:
                 ac.__exit__(None, None, None)
             if last:
-                res["saved"] = sum(saved.saved.values()) if ckpt == "none" else None
+                res["saved"] = saved.bytes_alive() if ckpt == "none" else None
             tr.phase = "backward"
             loss.backward()
             del loss
@@ -320,7 +262,7 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
     import torch
     import transformers
     import peft
-    Live, _ = _tracker_classes()
+    Live, _ = _trackers()
     d = tempfile.mkdtemp(prefix="peft_step_")
     cfg = transformers.LlamaConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                    intermediate_size=704, vocab_size=1024, max_position_embeddings=256,

@@ -651,6 +651,20 @@ static void loss_op(struct rp *r)
     }
 }
 
+/* The optimizer step's temporaries (kind ALLOC or FREE): per trainable parameter q (foreach),
+ * tmp_of[q] x ps bytes (sharded) or its gradient's size; else one of otmp bytes (if any). */
+static void opt_tmps(struct rp *r, enum mp_ev_kind kind, bool per_param, const uint64_t *tmp_of, uint64_t ps,
+                     uint64_t otmp)
+{
+    const struct mp_program *p = r->p;
+    if (per_param) {
+        for (size_t q = 0; q < p->n_params; q++)
+            if (p->params[q].trainable)
+                emit(r, kind, MP_ST_OPT_TMP, (int)q, tmp_of ? tmp_of[q] * ps : mp_param_grad_bytes(&p->params[q]));
+    } else if (otmp)
+        emit(r, kind, MP_ST_OPT_TMP, 0, otmp);
+}
+
 enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *sched, const struct mp_train_opts *t,
                          mp_event_fn fn, void *ctx, struct mp_diag *d)
 {
@@ -810,24 +824,12 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
         for (size_t q = 0; q < p->n_params; q++)
             otmp = per_param ? otmp + tmp_of[q] * ps : mp_max_u64(otmp, tmp_of[q] * ps);
     }
-    if (per_param) {
-        for (size_t q = 0; q < p->n_params; q++)
-            if (p->params[q].trainable)
-                emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, (int)q,
-                     tmp_of ? tmp_of[q] * ps : mp_param_grad_bytes(&p->params[q]));
-    } else if (otmp)
-        emit(&r, MP_EV_ALLOC, MP_ST_OPT_TMP, 0, otmp);
+    opt_tmps(&r, MP_EV_ALLOC, per_param, tmp_of, ps, otmp);
     if (r.st == MP_OK) {
         struct mp_event ev = {.kind = MP_EV_OPT_STEP, .store = MP_ST_OPT_TMP, .node = -1, .phase = r.phase};
         r.st = fn(ctx, &ev);
     }
-    if (per_param) {
-        for (size_t q = 0; q < p->n_params; q++)
-            if (p->params[q].trainable)
-                emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, (int)q,
-                     tmp_of ? tmp_of[q] * ps : mp_param_grad_bytes(&p->params[q]));
-    } else if (otmp)
-        emit(&r, MP_EV_FREE, MP_ST_OPT_TMP, 0, otmp);
+    opt_tmps(&r, MP_EV_FREE, per_param, tmp_of, ps, otmp);
     if (z12 && r.pp->par.offload == MP_OFFLOAD_NONE)
         comm(&r, false, 0, MP_COMM_STEP_GRAD, r.pp->partition_elems * 4);
     r.phase = MP_PH_END;

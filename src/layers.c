@@ -222,6 +222,7 @@ static struct val new_val(struct bld *B, const char *name, enum mp_dtype dt, int
         return v;
     }
     struct mp_tensor *t = &p->tensors[p->n_tensors];
+    memset(t, 0, sizeof *t); /* a rebuilt program reuses its memory */
     t->name = name_of(B, name);
     t->dtype = dt;
     t->rank = rank;
@@ -371,6 +372,7 @@ static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t co
         return -1;
     }
     struct mp_param *q = &p->params[p->n_params];
+    memset(q, 0, sizeof *q); /* a rebuilt program reuses its memory */
     q->name = name_of(B, name);
     q->elems = mul(B, rows, cols);
     q->rows = rows;
@@ -2385,10 +2387,38 @@ void mp_program_release(struct mp_program *p)
     memset(p, 0, sizeof *p);
 }
 
+static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
+                                   struct mp_diag *d);
+
 enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
                                 struct mp_diag *d)
 {
     memset(p, 0, sizeof *p);
+    return lower_program(m, o, p, d);
+}
+
+enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
+                                  struct mp_diag *d)
+{
+    struct mp_tensor *t = p->tensors;
+    struct mp_node *n = p->nodes;
+    struct mp_param *q = p->params;
+    size_t ct = p->cap_tensors, cn = p->cap_nodes, cq = p->cap_params;
+    p->tensors = NULL, p->nodes = NULL, p->params = NULL;
+    mp_program_release(p); /* names and blocks; p is zeroed */
+    p->tensors = t, p->nodes = n, p->params = q;
+    p->cap_tensors = ct, p->cap_nodes = cn, p->cap_params = cq;
+    enum mp_status st = lower_program(m, o, p, d);
+    if (st != MP_OK)
+        mp_program_release(p);
+    return st;
+}
+
+/* Lowers m into p, whose arrays may hold memory from an earlier program (their slots are
+ * written afresh: new_val, new_node and new_param clear each one). */
+static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
+                                    struct mp_diag *d)
+{
     p->opts = *o;
     p->model = m;
     p->labels = -1;

@@ -270,6 +270,11 @@ enum mp_status mp_program_check(const struct mp_model *m, struct mp_diag *d);
 
 enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
                                 struct mp_diag *d);
+/* The same for a p already built (or empty, or released): its memory is reused, which a
+ * search that builds the same model at many batches needs on long models (no page faults
+ * for arrays of a million nodes).  On error p is released. */
+enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
+                                  struct mp_diag *d);
 void mp_program_release(struct mp_program *p);
 
 /* Why LoRA/QLoRA with f's targets on m is not modelled (peft would adapt MoE expert parameters),

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_read.h" /* mp_in_list */
+#include "model_read.h" /* mp_in_list, mp_list_word */
 
 static const char *const layer_type_names[] = {
 #define MP_X(id, str) str,
@@ -60,20 +60,26 @@ bool mp_act_fp32_under_amp(enum mp_act a, const char *what)
     return (unsigned)a < MP_ACT_COUNT && mp_in_list(act_rows[a].amp32, what);
 }
 
+const char *mp_list_word(const char **list, size_t *n)
+{
+    const char *p = *list;
+    while (*p == ' ')
+        p++;
+    const char *e = p;
+    while (*e && *e != ' ')
+        e++;
+    *list = e;
+    *n = (size_t)(e - p);
+    return *n ? p : NULL;
+}
+
 /* True when word is one of the space-separated words of list (model_read.h). */
 bool mp_in_list(const char *list, const char *word)
 {
-    size_t n = strlen(word);
-    for (const char *p = list; *p;) {
-        while (*p == ' ')
-            p++;
-        const char *e = p;
-        while (*e && *e != ' ')
-            e++;
-        if ((size_t)(e - p) == n && n > 0 && strncmp(p, word, n) == 0)
+    size_t n = strlen(word), k;
+    for (const char *w; (w = mp_list_word(&list, &k));)
+        if (k == n && strncmp(w, word, n) == 0)
             return true;
-        p = e;
-    }
     return false;
 }
 

@@ -106,15 +106,10 @@ static void suggest(const char *list, const char *key, char *out, size_t cap)
 {
     size_t best = 3;
     out[0] = '\0';
-    for (const char *p = list; *p;) {
-        while (*p == ' ')
-            p++;
-        const char *e = p;
-        while (*e && *e != ' ')
-            e++;
+    size_t n;
+    for (const char *p; (p = mp_list_word(&list, &n));) {
         char w[48];
-        size_t n = (size_t)(e - p);
-        if (n > 0 && n < sizeof w) {
+        if (n < sizeof w) {
             memcpy(w, p, n);
             w[n] = '\0';
             size_t dist = edit_distance(key, w);
@@ -123,7 +118,6 @@ static void suggest(const char *list, const char *key, char *out, size_t cap)
                 snprintf(out, cap, "%s", w);
             }
         }
-        p = e;
     }
 }
 

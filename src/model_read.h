@@ -33,6 +33,9 @@ const char *mp_json_str(const cJSON *obj, const char *key, enum mp_status *st, c
 
 /* True when word is one of the space-separated words of list. */
 bool mp_in_list(const char *list, const char *word);
+/* The next space-separated word of *list (its length in *n), moving *list past it; NULL when
+ * no word is left. */
+const char *mp_list_word(const char **list, size_t *n);
 
 /* Largest dimension any reader accepts (2^40): keeps every product of a few dims in 64 bits
  * checkable and rejects 10^15-wide layers with a clear message. */

@@ -83,14 +83,15 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
 {
     memset(f, 0, sizeof *f);
     mp_ckpt_plan_init(&f->plan);
-    struct mp_program prog;
+    struct mp_program own, *prog = job->scratch && !job->keep_program ? job->scratch : &own;
     struct mp_build_opts bo = job->build;
     bo.ft.input_grad = job->ckpt.strategy != MP_CKPT_NONE; /* transformers: enable_input_require_grads */
     bo.hf_checkpointing = job->ckpt.strategy == MP_CKPT_LAYERS; /* and use_cache off */
-    enum mp_status st = mp_program_build(job->model, &bo, &prog, d);
+    enum mp_status st = prog == &own ? mp_program_build(job->model, &bo, prog, d)
+                                     : mp_program_rebuild(job->model, &bo, prog, d);
     if (st != MP_OK)
         return st;
-    st = mp_estimate_chain(&prog, &f->chain, d);
+    st = mp_estimate_chain(prog, &f->chain, d);
     if (st != MP_OK)
         goto out;
     f->capacity_bytes = mp_gpu_capacity(&job->gpu);
@@ -112,7 +113,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         st = mp_ckpt_plan_make(&f->chain, &job->ckpt, 0, job->slots, &f->plan, d);
         if (st != MP_OK)
             goto out;
-        st = mp_estimate_run_chain(&prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
+        st = mp_estimate_run_chain(prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
         if (st != MP_OK)
             goto out;
     } else {
@@ -121,7 +122,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         uint64_t budget = job->activation_budget;
         if (!budget) {
             struct mp_estimate e0;
-            st = mp_estimate_static(&prog, &job->train, &e0, d); /* static figures do not depend on the plan */
+            st = mp_estimate_static(prog, &job->train, &e0, d); /* static figures do not depend on the plan */
             if (st != MP_OK)
                 goto out;
             uint64_t fixed = e0.weights_bytes + e0.grads_bytes + e0.optimizer_bytes + e0.workspace_bytes +
@@ -144,7 +145,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             if (st != MP_OK)
                 goto out;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run_chain(&prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
+            st = mp_estimate_run_chain(prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
             if (st != MP_OK)
                 goto out;
             planned = true;
@@ -164,7 +165,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
                 goto out;
             f->plan.spec = job->ckpt;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run_chain(&prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
+            st = mp_estimate_run_chain(prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
             if (st != MP_OK)
                 goto out;
             f->activation_budget = budget;
@@ -184,10 +185,10 @@ throughput: {
     f->samples_per_s = f->step_s > 0 ? (double)job->build.batch / f->step_s : 0;
 }
 out:
-    if (st == MP_OK && job->keep_program)
-        f->prog = prog;
-    else
-        mp_program_release(&prog);
+    if (prog == &own && st == MP_OK && job->keep_program)
+        f->prog = own;
+    else if (prog == &own)
+        mp_program_release(&own);
     if (st != MP_OK)
         mp_fit_release(f);
     return st;
@@ -697,8 +698,26 @@ static uint64_t smallest_world(const struct mp_job *base, enum mp_precision prec
     return world_fits(base, prec, 8 * hi, par, d) ? 8 * hi : 0;
 }
 
+static enum mp_status suggest_run(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
+                                  struct mp_suggestion *s, struct mp_diag *d);
+
+/* Every evaluation of one suggest (nested ones included) builds into the same program
+ * memory: on long models, page faults and copies would otherwise cost as much as the work. */
 enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
                           struct mp_suggestion *s, struct mp_diag *d)
+{
+    struct mp_program scratch;
+    memset(&scratch, 0, sizeof scratch);
+    struct mp_job b = *base;
+    if (!b.scratch)
+        b.scratch = &scratch;
+    enum mp_status st = suggest_run(&b, o_in, argv0, s, d);
+    mp_program_release(&scratch);
+    return st;
+}
+
+static enum mp_status suggest_run(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
+                                  struct mp_suggestion *s, struct mp_diag *d)
 {
     memset(s, 0, sizeof *s);
     s->best = -1;

@@ -25,6 +25,8 @@ struct mp_job {
     size_t slots;                 /* DP discretisation (0 = 500) */
     uint64_t activation_budget;   /* plan: explicit budget for optimal strategies (0 = from the target) */
     bool keep_program;            /* the fit keeps the program it evaluated (mp_fit.prog) for a report */
+    struct mp_program *scratch;   /* or NULL: a program whose memory the fit reuses (mp_program_rebuild);
+                                   * searches pass one, the caller releases it */
 };
 
 struct mp_fit {

@@ -38,18 +38,26 @@ static void load_file(struct mp_model *m, const char *path)
         fail_msg("load: %s", d.msg);
 }
 
-static void run(const struct mp_model *m, uint64_t b, uint64_t s, enum mp_precision p, enum mp_optimizer o,
-                const struct mp_schedule *sched, struct mp_estimate *e)
+/* m's program at batch b, sequence s (0: the model's) and precision p. */
+static void build(const struct mp_model *m, uint64_t b, uint64_t s, enum mp_precision p, struct mp_program *prog)
 {
     struct mp_build_opts bo;
     mp_build_opts_default(&bo);
     bo.batch = b;
     bo.seq = s;
     bo.precision = p;
+    struct mp_diag d = {{0}};
+    if (mp_program_build(m, &bo, prog, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+}
+
+static void run(const struct mp_model *m, uint64_t b, uint64_t s, enum mp_precision p, enum mp_optimizer o,
+                const struct mp_schedule *sched, struct mp_estimate *e)
+{
     struct mp_train_opts t = {.optimizer = o, .cublas_workspace_bytes = 0};
     struct mp_program prog;
     struct mp_diag d = {{0}};
-    assert_int_equal(mp_program_build(m, &bo, &prog, &d), MP_OK);
+    build(m, b, s, p, &prog);
     assert_int_equal(mp_estimate_run(&prog, sched, &t, 0, e, &d), MP_OK);
     mp_program_release(&prog);
 }
@@ -124,13 +132,8 @@ static void test_estimate_loss_dtypes(void **state)
         for (int i = 0; i < 3; i++) {
             struct mp_model m;
             load(&m, texts[k]);
-            struct mp_build_opts bo;
-            mp_build_opts_default(&bo);
-            bo.batch = 2;
-            bo.precision = precs[i];
             struct mp_program prog;
-            struct mp_diag d = {{0}};
-            assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+            build(&m, 2, 0, precs[i], &prog);
             int ls = -1;
             for (size_t n = 0; n < prog.n_nodes; n++)
                 if (prog.nodes[n].prim == MP_P_LOG_SOFTMAX)
@@ -173,14 +176,9 @@ static void test_estimate_static_bytes_per_param(void **state)
 
 static void chain_at(const struct mp_model *m, uint64_t b, uint64_t s, enum mp_precision p, struct mp_chain *c)
 {
-    struct mp_build_opts bo;
-    mp_build_opts_default(&bo);
-    bo.batch = b;
-    bo.seq = s;
-    bo.precision = p;
     struct mp_program prog;
     struct mp_diag d = {{0}};
-    assert_int_equal(mp_program_build(m, &bo, &prog, &d), MP_OK);
+    build(m, b, s, p, &prog);
     assert_int_equal(mp_estimate_chain(&prog, c, &d), MP_OK);
     mp_program_release(&prog);
 }
@@ -255,13 +253,9 @@ static void test_estimate_checkpoint_lowers_peak(void **state)
     (void)state;
     struct mp_model m;
     load_file(&m, "models/gpt2-124m.json");
-    struct mp_build_opts bo;
-    mp_build_opts_default(&bo);
-    bo.batch = 4;
-    bo.seq = 512;
     struct mp_program prog;
     struct mp_diag d = {{0}};
-    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    build(&m, 4, 512, MP_PREC_AMP_BF16, &prog);
     struct mp_chain c;
     assert_int_equal(mp_estimate_chain(&prog, &c, &d), MP_OK);
     struct mp_ckpt_plan p;
@@ -318,12 +312,9 @@ static void test_estimate_timeline_balances(void **state)
     for (size_t k = 0; k < 4; k++) {
         struct mp_model m;
         load_file(&m, models[k]);
-        struct mp_build_opts bo;
-        mp_build_opts_default(&bo);
-        bo.batch = 2; /* the model's own sequence length */
         struct mp_program prog;
         struct mp_diag d = {{0}};
-        assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+        build(&m, 2, 0, MP_PREC_AMP_BF16, &prog); /* the model's own sequence length */
         struct mp_schedule s;
         mp_schedule_init(&s);
         assert_int_equal(mp_ckpt_schedule_sequential(prog.n_blocks, 2, &s), MP_OK);
@@ -367,12 +358,8 @@ static void test_estimate_optimizer_step_peak(void **state)
     (void)state;
     struct mp_model m;
     load(&m, MLP);
-    struct mp_build_opts bo;
-    mp_build_opts_default(&bo);
-    bo.precision = MP_PREC_FP32;
     struct mp_program prog;
-    struct mp_diag d = {{0}};
-    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    build(&m, 1, 0, MP_PREC_FP32, &prog);
     assert_int_equal(mp_opt_step_tmp_bytes(&prog, MP_OPT_ADAMW), 676 * 4);
     assert_int_equal(mp_opt_step_tmp_bytes(&prog, MP_OPT_SGD), 0);
     /* 8-bit Adam: tensors under 4096 elements keep fp32 states */
@@ -552,11 +539,8 @@ static void test_estimate_rope_tables_under_checkpointing(void **state)
     struct mp_ckpt_plan plan;
     struct mp_diag d = {{0}};
     assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
-    struct mp_build_opts bo;
-    mp_build_opts_default(&bo);
-    bo.seq = 16;
     struct mp_program prog;
-    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    build(&m, 1, 16, MP_PREC_AMP_BF16, &prog);
     assert_true(prog.rope_tables >= 0);
     struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
     struct live_at_loss w = {.t = prog.rope_tables};
@@ -700,13 +684,8 @@ static void test_estimate_autocast_cache(void **state)
     struct mp_ckpt_plan plan;
     struct mp_diag d = {{0}};
     assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
-    struct mp_build_opts bo;
-    mp_build_opts_default(&bo);
-    bo.batch = 1;
-    bo.seq = 64;
-    bo.precision = MP_PREC_AMP_BF16;
     struct mp_program prog;
-    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    build(&m, 1, 64, MP_PREC_AMP_BF16, &prog);
     struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
     struct fwd_meter fm = {0};
     assert_int_equal(mp_replay(&prog, &plan.sched, &t, fwd_meter_event, &fm, &d), MP_OK);
@@ -830,6 +809,53 @@ static void test_estimate_custom_chain_reproduces_literature(void **state)
     mp_model_release(&m);
 }
 
+/* A program rebuilt in the memory of another (the search's scratch) equals one built fresh:
+ * every tensor, node and parameter, names included. */
+static void test_estimate_rebuild_equals_build(void **state)
+{
+    (void)state;
+    static const char *const models[] = {"models/gpt2-124m.json", "models/hf/llama-2-7b.json", "models/resnet50.json"};
+    for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
+        struct mp_model m;
+        load_file(&m, models[k]);
+        struct mp_program fresh, re;
+        build(&m, 4, 0, MP_PREC_AMP_BF16, &fresh);
+        build(&m, 64, 0, MP_PREC_FP32, &re); /* more and larger slots than needed next */
+        struct mp_build_opts bo;
+        mp_build_opts_default(&bo);
+        bo.batch = 4;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_program_rebuild(&m, &bo, &re, &d), MP_OK);
+        assert_int_equal(re.n_tensors, fresh.n_tensors);
+        assert_int_equal(re.n_nodes, fresh.n_nodes);
+        assert_int_equal(re.n_params, fresh.n_params);
+        assert_int_equal(re.n_blocks, fresh.n_blocks);
+        for (size_t i = 0; i < fresh.n_tensors; i++) {
+            struct mp_tensor *a = &fresh.tensors[i], *b = &re.tensors[i];
+            assert_string_equal(a->name, b->name);
+            a->name = b->name = NULL; /* the rest byte for byte (names live in the name store) */
+            assert_memory_equal(a, b, sizeof *a);
+        }
+        for (size_t i = 0; i < fresh.n_nodes; i++) {
+            struct mp_node *a = &fresh.nodes[i], *b = &re.nodes[i];
+            assert_string_equal(a->name, b->name);
+            a->name = b->name = NULL; /* the rest byte for byte (names live in the name store) */
+            assert_memory_equal(a, b, sizeof *a);
+        }
+        for (size_t i = 0; i < fresh.n_params; i++) {
+            struct mp_param *a = &fresh.params[i], *b = &re.params[i];
+            assert_string_equal(a->name, b->name);
+            a->name = b->name = NULL; /* the rest byte for byte (names live in the name store) */
+            assert_memory_equal(a, b, sizeof *a);
+        }
+        assert_memory_equal(fresh.blocks, re.blocks, fresh.n_blocks * sizeof *fresh.blocks);
+        assert_int_equal(re.total_params, fresh.total_params);
+        mp_program_release(&fresh);
+        mp_program_release(&re);
+        mp_model_release(&m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -853,6 +879,7 @@ int main(void)
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),
         cmocka_unit_test(test_estimate_custom_chain_reproduces_literature),
+        cmocka_unit_test(test_estimate_rebuild_equals_build),
     };
     return cmocka_run_group_tests_name("estimate", tests, NULL, NULL);
 }
