@@ -58,6 +58,18 @@ from collections import Counter
 warnings.filterwarnings("ignore")
 
 
+def start_measured_step(tr, opt):
+    """The measured step starts here: AdamW's step counters are not memory a CUDA run keeps
+    (they live on the host), and the peak restarts from what is live now."""
+    import gc
+    import torch
+    for st in opt.state.values():
+        if "step" in st and isinstance(st["step"], torch.Tensor):
+            tr.forget(st["step"])
+    gc.collect()
+    tr.peak, tr.peak_at = tr.cur, "step-start"
+
+
 def meta_model(path):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -155,11 +167,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
         for step in (1, 2):
             last = step == 2
             if last:
-                for st in opt.state.values():
-                    if "step" in st and isinstance(st["step"], torch.Tensor):
-                        tr.forget(st["step"])
-                gc.collect()
-                tr.peak, tr.peak_at = tr.cur, "step-start"
+                start_measured_step(tr, opt)
             tr.phase = "forward"
             ac = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "amp-bf16" else None
             if ac:
@@ -294,11 +302,7 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
         opt = torch.optim.AdamW(trainable, lr=1e-3, foreach=True)
         for step in (1, 2, 3):
             if step == 2:
-                for st in opt.state.values():
-                    if "step" in st and isinstance(st["step"], torch.Tensor):
-                        tr.forget(st["step"])
-                gc.collect()
-                tr.peak, tr.peak_at = tr.cur, "step-start"
+                start_measured_step(tr, opt)
             tr.phase = "forward"
             ac = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "amp-bf16" else None
             if ac:
