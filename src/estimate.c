@@ -630,6 +630,12 @@ static void loss_op(struct rp *r)
         r->holds[p->attn_mask]--;
         t_maybe_free(r, p->attn_mask);
     }
+    /* so is a rotary table no layer saves (interleaved rotary: each layer saves its own pair) */
+    if (p->rope_local && p->rope_tables >= 0 && r->shared_block[0] >= 0 && !r->ckpt[r->shared_block[0]]) {
+        r->shared_block[0] = -1;
+        r->holds[p->rope_tables]--;
+        t_maybe_free(r, p->rope_tables);
+    }
     /* the autocast region ends with the forward (loss included), before backward:
      * its cache of weight copies is cleared */
     for (size_t t = 0; t < p->n_tensors; t++)

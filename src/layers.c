@@ -94,6 +94,7 @@ struct bld {
     char prefix[96];  /* name prefix of the current op */
     int embed_param;  /* first embedding table (tied lm_head) */
     int rope_cos_sin; /* the model's rotary cos/sin tables (created by the first rope node), or -1 */
+    int rope_pair;    /* interleaved rotary: the current layer's cos/sin pair (made by its q rope), or -1 */
     int attn_mask;    /* the model's (b, 1, s, s) attention mask (created by the first attention), or -1 */
     int pos_tables;   /* GPT-J: the per-layer sinusoid buffers, one resident tensor for all layers, or -1 */
     uint64_t b, s;
@@ -888,7 +889,31 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->head_dim = l->head_dim;
     n->rotary_dim = l->rotary_dim ? l->rotary_dim : l->head_dim;
     uint64_t tmp = mul(B, T(B, x.t)->bytes, 2);
-    if (l->rope_table_rows) {
+    bool q_call = !strcmp(name, "q_rope");
+    if (l->rope_interleave && !q_call) {
+        save(n, B->rope_pair); /* k: the layer's pair, made by q's call */
+    } else if (l->rope_interleave) {
+        /* apply_rotary_pos_emb slices the model's cos/sin to rotary_dim/2 and repeat_interleave's
+         * them: a new (1, 1, s, rotary_dim) pair per layer, in the table's dtype (the residual
+         * dtype; fp32 for ERNIE 4.5), saved by q's and k's products.  The model's table (made
+         * once, by the first layer here) is saved by nobody: a forward local */
+        enum mp_dtype cdt = l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype;
+        uint64_t pair = mul(B, mul(B, 2, B->s), n->rotary_dim);
+        if (B->rope_cos_sin < 0) {
+            B->rope_cos_sin = new_flat(B, "rope.cos_sin", cdt, pair);
+            extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
+            unsave(n, B->rope_cos_sin);
+            B->p->rope_tables = B->rope_cos_sin;
+            B->p->rope_local = true;
+            const char *bn[2] = {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"};
+            for (int i = 0; i < 2 && B->p->n_buffers < MP_BUFFERS_MAX; i++)
+                B->p->buffers[B->p->n_buffers++] = new_flat(B, bn[i], MP_DT_F32, mp_ceil_div(n->rotary_dim, 2));
+        }
+        char en[112];
+        snprintf(en, sizeof en, "%s.cos_sin", name);
+        B->rope_pair = new_flat(B, en, cdt, pair);
+        extra_as(n, B->rope_pair, MP_XR_COS_SIN);
+    } else if (l->rope_table_rows) {
         /* GPT-J: cos and sin gathered from the layer's table for the s positions (position ids
          * of batch 1), cast to x's dtype, repeat_interleave'd: each apply_rotary_pos_emb saves
          * its own pair (1, s, 1, rotary_dim); the table's repeat and the fp32 gather are
@@ -900,17 +925,26 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     } else if (B->rope_cos_sin < 0) {
         /* cos and sin (s x rotary_dim each, in the residual dtype) are made once per
          * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
-        B->rope_cos_sin = new_flat(B, "rope.cos_sin", B->p->param_dtype, mul(B, mul(B, 2, B->s), n->rotary_dim));
+        /* (one pair per distinct layer type where the model keeps a table per type: Gemma3,
+         * OLMo3; counted as one tensor) */
+        uint64_t kinds = l->rope_kinds > 1 ? l->rope_kinds : 1;
+        B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype,
+                                   mul(B, mul(B, mul(B, 2, kinds), B->s), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
         B->p->rope_tables = B->rope_cos_sin;
         /* HF's rotary embedding registers inv_freq and a clone, original_inv_freq
-         * (persistent=False: not in the checkpoint, but on the GPU): rotary_dim/2 fp32 each */
+         * (persistent=False: not in the checkpoint, but on the GPU): rotary_dim/2 fp32 each,
+         * per layer type where there is a table per type */
         const char *bn[2] = {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"};
         for (int i = 0; i < 2 && B->p->n_buffers < MP_BUFFERS_MAX; i++)
-            B->p->buffers[B->p->n_buffers++] = new_flat(B, bn[i], MP_DT_F32, mp_ceil_div(n->rotary_dim, 2));
+            B->p->buffers[B->p->n_buffers++] =
+                new_flat(B, bn[i], MP_DT_F32, mul(B, kinds, mp_ceil_div(n->rotary_dim, 2)));
     } else {
         save(n, B->rope_cos_sin);
     }
+    /* fp32 cos/sin: products and sum in fp32 (ERNIE: q.float() too), cast back */
+    if (l->rope_fp32 && dt_of(B, x) != MP_DT_F32)
+        tmp = mul(B, mul(B, T(B, x.t)->elems, 4), 3);
     n->seq = B->s;
     n->rows = rows_of(x);
     n->n = last_dim(x);
@@ -1182,8 +1216,8 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         /* the cache holds them until the forward returns; under autocast the rotated k is fp32
          * (q * cos with cos in the fp32 residual's dtype), so its copy is too, and so is v's:
          * the empty cache tensors take k's dtype and torch.cat promotes; SDPA saves their half
-         * casts */
-        k = cast_to(B, k, B->amp && l->rope ? MP_DT_F32 : dt_of(B, k), "k_cache");
+         * casts (rope_fp32 families cast the rotated k back to k's dtype: no promotion) */
+        k = cast_to(B, k, B->amp && l->rope && !l->rope_fp32 ? MP_DT_F32 : dt_of(B, k), "k_cache");
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
         v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
@@ -2423,6 +2457,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     p->model = m;
     p->labels = -1;
     p->rope_tables = -1;
+    p->rope_local = false;
     p->attn_mask = -1;
     if (p->opts.seq == 0)
         p->opts.seq = m->seq_len ? m->seq_len : 1;
@@ -2437,7 +2472,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
-    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .attn_mask = -1, .pos_tables = -1, .b = p->opts.batch,
+    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .rope_pair = -1, .attn_mask = -1, .pos_tables = -1, .b = p->opts.batch,
                     .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);

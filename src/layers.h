@@ -241,6 +241,9 @@ struct mp_program {
                                     the first forward that makes them to the backward of that block; -1 */
     int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward
                                     (Falcon), held like rope_tables; -1 */
+    bool rope_local;             /* rope_tables are saved by no layer (interleaved rotary: each layer
+                                    saves its own repeat_interleave'd pair): a local of the model's
+                                    forward, like attn_mask */
 #define MP_BUFFERS_MAX 4
     size_t n_buffers;
     int buffers[MP_BUFFERS_MAX]; /* non-persistent module buffers, resident like the batch (rotary

@@ -154,6 +154,13 @@ struct mp_layer {
     bool fused_qkv;     /* one [h, (a+2kv)d] projection (GPT-2, NeoX) vs three (Llama) */
     bool rope;          /* rotary embedding: q and k are rewritten (new storages) */
     uint64_t rotary_dim; /* partial rotary (NeoX, phi); 0 = head_dim */
+    unsigned rope_kinds; /* rotary tables the model makes (one per distinct layer type: Gemma3, OLMo3;
+                            0 counts as 1) */
+    bool rope_interleave; /* interleaved rotary (GLM, Helium, ERNIE 4.5: cos/sin repeat_interleave'd and
+                             rotate_half of even/odd pairs): each layer makes and saves its own cos/sin
+                             pair (1, s, rotary_dim); the model's table is saved by no layer */
+    bool rope_fp32;     /* the model's cos/sin stay fp32 (no cast to the residual dtype) and the rotated
+                           q/k are cast back to q's dtype (OLMo2/3, ERNIE 4.5) */
     bool rope_cat;      /* q/k rebuilt with torch.cat even at full rotary (the partial-rotary code of
                            NeoX, phi, Phi-3, StableLM): the attention output is then copied */
     enum mp_attn_impl impl;

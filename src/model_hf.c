@@ -119,6 +119,8 @@ struct family {
     const char *k_emb_mult, *k_resid_mult, *k_logits_div; /* Granite's multipliers (default 1.0; applied
                                    even at 1.0: each is a new tensor) */
     const char *k_attn_bias, *k_mlp_bias, *k_parallel;
+    const char *k_out_bias;     /* o_proj's own bias flag (Seed-OSS attention_out_bias): k_attn_bias
+                                   then sets the q/k/v biases only */
     const char *k_qkv_bias;     /* q/k/v biases only (StableLM use_qkv_bias) */
     const char *k_bias;         /* every linear's bias (Starcoder2 use_bias, OPT enable_bias) */
     double dropout;             /* default of the embedding and residual dropouts below */
@@ -142,6 +144,13 @@ struct family {
     bool id_views;              /* the forward uses views of them (BERT, DistilBERT; RoBERTa computes ids) */
     bool vision;                /* images in (ViT): a patch embedding instead of token embeddings, no
                                    vocabulary; image_size, patch_size, num_channels in the hook */
+    uint64_t swa_every;         /* without layer_types: every swa_every-th layer is full attention, the
+                                   others sliding (Gemma2 2, Gemma3 6, OLMo3 4, EXAONE 4 4); 0: all full */
+    const char *k_swa_every;    /* the key that overrides it (sliding_window_pattern) */
+    bool rope_interleave;       /* interleaved rotary (GLM, Helium, ERNIE 4.5): a cos/sin pair per layer */
+    bool rope_fp32;             /* fp32 cos/sin, rotated q/k cast back (OLMo2/3, ERNIE 4.5) */
+    bool rope_per_type;         /* one rotary table (and inv_freq pair) per distinct layer type (Gemma3,
+                                   OLMo3: position_embeddings[layer_type]) */
     hf_hook hook;               /* runs last: may override anything read before */
 };
 
@@ -153,6 +162,9 @@ static enum mp_status gptj_hook(const cJSON *root, struct hf *c, const char *pat
 static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status smollm3_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status exaone4_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status helium_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -204,7 +216,7 @@ static const struct family families[] = {
      .k_rotary = "partial_rotary_factor", .rotary_default = 1.0, .k_emb_p = "embd_pdrop", .k_resid_p = "resid_pdrop",
      .heads = DECODER_HEADS & ~HEAD(H_QA)},
     {.type = "olmo2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
-     .rms_fp32 = true, .branch_norm = true, .no_pre_norm = true,
+     .rms_fp32 = true, .rope_fp32 = true, .branch_norm = true, .no_pre_norm = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
     {.type = "stablelm", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gqa = true, .ignores_head_dim = true,
      .kv_default = 32, .k_rotary = "partial_rotary_factor", .rotary_default = 0.25, .gated = true,
@@ -221,12 +233,13 @@ static const struct family families[] = {
     {.type = "gemma2", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true,
      .branch_norm = true, .eager = true, .k_attn_softcap = "attn_logit_softcapping", .attn_softcap = 50.0,
-     .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+     .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .swa_every = 2},
     {.type = "gemma3_text", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
      .rms_fp32 = true, .branch_norm = true, .k_attn_softcap = "attn_logit_softcapping",
      .k_logit_softcap = "final_logit_softcapping", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
-     .hook = gemma_hook},
+     .swa_every = 6, .k_swa_every = "sliding_window_pattern", .rope_per_type = true, .hook = gemma_hook},
     {.type = "granite", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
      .k_emb_mult = "embedding_multiplier", .k_resid_mult = "residual_multiplier", .k_logits_div = "logits_scaling",
      .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
@@ -286,12 +299,45 @@ static const struct family families[] = {
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE), .hook = moe_hook},
     {.type = "deepseek_v3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias",
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_BARE), .hook = moe_hook},
+    /* ---- llama variants of 2025 ---- */
+    {.type = "seed_oss", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .head_dim_default = 128, .qkv_bias = true,
+     .k_attn_bias = "attention_bias", .k_out_bias = "attention_out_bias", .k_mlp_bias = "mlp_bias",
+     .dropout = 0.1, .attn_dropout = 0.1, .k_resid_p = "residual_dropout", .heads = DECODER_HEADS},
+    /* SmolLM3: no rotary on every no_rope_layer_interval-th layer (NoPE), in the hook */
+    {.type = "smollm3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 4, .tied = true, .k_attn_bias = "attention_bias",
+     .k_mlp_bias = "mlp_bias", .heads = DECODER_HEADS, .hook = smollm3_hook},
+    /* OLMo3: OLMo2 with sliding-window layers (3 of 4) and a rotary table per layer type */
+    {.type = "olmo3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
+     .rms_fp32 = true, .rope_fp32 = true, .branch_norm = true, .no_pre_norm = true, .swa_every = 4, .rope_per_type = true,
+     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
+    /* EXAONE 4: OLMo2's post-norm layer with plain RMSNorms, per-head q/k norms; with a sliding
+     * window, rotary on the sliding layers only (the full ones are NoPE), in the hook */
+    {.type = "exaone4", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qk_norm = MP_QK_NORM_HEAD, .branch_norm = true,
+     .no_pre_norm = true, .swa_every = 4, .k_swa_every = "sliding_window_pattern", .heads = DECODER_HEADS,
+     .hook = exaone4_hook},
+    /* ---- interleaved rotary (each layer saves its own repeat_interleave'd cos/sin) ---- */
+    /* GLM-4 (glm): partial interleaved rotary, q/k/v biases, Phi-3's fused gate_up MLP */
+    {.type = "glm", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 2, .head_dim_default = 128, .qkv_bias = true,
+     .k_qkv_bias = "attention_bias", .fused_gate_up = true, .k_rotary = "partial_rotary_factor",
+     .rotary_default = 0.5, .rope_interleave = true, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+    /* GLM-4-0414 (glm4): glm with sandwich norms (post_self_attn / post_mlp) */
+    {.type = "glm4", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 2, .head_dim_default = 128, .qkv_bias = true,
+     .k_qkv_bias = "attention_bias", .fused_gate_up = true, .k_rotary = "partial_rotary_factor",
+     .rotary_default = 0.5, .rope_interleave = true, .branch_norm = true, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+    /* Helium: fp32-weight RMSNorm, o_proj hidden x hidden without bias (checked in the hook) */
+    {.type = "helium", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 20, .head_dim_default = 128, .k_qkv_bias = "attention_bias",
+     .k_mlp_bias = "mlp_bias", .rms_fp32 = true, .rope_interleave = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .hook = helium_hook},
+    /* ERNIE 4.5 (dense): fp32 interleaved rotary, use_bias on every Linear, no attention dropout */
+    {.type = "ernie4_5", .act = MP_ACT_SILU, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, .kv_default = 2,
+     .head_dim_default = 128, .tied = true, .k_bias = "use_bias", .rope_interleave = true, .rope_fp32 = true,
+     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
     "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, mixtral, qwen2_moe, " \
-    "qwen3_moe, deepseek_v2, deepseek_v3"
+    "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -322,6 +368,13 @@ struct hf {
     uint64_t pooler_out;   /* ViT: pooler_output_size (default hidden) */
     enum mp_act pooler_act;
     unsigned mask_kinds;   /* distinct layer types (full / sliding attention): one eager mask each */
+    const cJSON *layer_types; /* the config's layer_types (validated), else NULL */
+    uint64_t swa_every;    /* without layer_types: layer i is full attention iff (i + 1) % swa_every == 0 */
+    /* per-layer rotary (NoPE layers): SmolLM3's no_rope_layers (1: rope) or every nope_every-th
+     * layer without; EXAONE 4: rope on the sliding layers only */
+    const cJSON *no_rope;
+    uint64_t nope_every;
+    bool rope_sliding_only;
     /* mixture of experts (moe_hook): what every MoE layer gets (struct mp_layer's fields), and
      * which layers are MoE */
     uint64_t experts, top_k, expert_ffn, shared_ffn;
@@ -533,8 +586,10 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
         (st = read_flag(root, f->k_parallel, &c->parallel, path, d)) != MP_OK)
         return st;
     c->qkv_bias = ab;
-    if (f->k_attn_bias)
+    if (f->k_attn_bias && !f->k_out_bias)
         c->out_bias = ab;
+    if ((st = read_flag(root, f->k_out_bias, &c->out_bias, path, d)) != MP_OK)
+        return st;
     bool all = c->qkv_bias;
     if ((st = read_flag(root, f->k_qkv_bias, &c->qkv_bias, path, d)) != MP_OK ||
         (st = read_flag(root, f->k_bias, &all, path, d)) != MP_OK)
@@ -825,6 +880,18 @@ static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *p
     return MP_OK;
 }
 
+/* Helium: o_proj is Linear(hidden_size, hidden_size), so the heads must fill the hidden size
+ * (transformers' forward fails otherwise). */
+static enum mp_status helium_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    (void)root;
+    if (c->heads * c->head_dim != c->hidden)
+        return mp_fail(d, MP_ERR_MODEL, "%s: head_dim: %llu heads x %llu differ from hidden_size %llu (Helium's "
+                       "o_proj is hidden_size x hidden_size)", path, (unsigned long long)c->heads,
+                       (unsigned long long)c->head_dim, (unsigned long long)c->hidden);
+    return MP_OK;
+}
+
 /* An image size or a patch size: one integer, or [height, width]. */
 static enum mp_status read_size2(const cJSON *root, const char *key, uint64_t *h, uint64_t *w, const char *path,
                                  struct mp_diag *d)
@@ -876,33 +943,110 @@ static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path
     return MP_OK;
 }
 
-/* transformers builds one 4-D eager mask per distinct layer type: layer_types when given, else
- * the class default (Gemma2 alternates sliding and full layers; Gemma3 has a full layer every
- * sliding_window_pattern, 6) — both kinds as soon as there are enough layers. */
+static bool layer_sliding(const struct hf *c, uint64_t i);
+static bool layer_rope(const struct hf *c, uint64_t i);
+
+/* Layer types (full / sliding attention): layer_types when given (at least one entry per layer,
+ * each "full_attention" or "sliding_attention"), else the class default — every swa_every-th
+ * layer full, the others sliding (sliding_window_pattern overrides swa_every where the class
+ * reads it).  transformers builds one 4-D eager mask per distinct type among the layers
+ * (Gemma2/3, OLMo3, EXAONE 4: both kinds as soon as there are enough layers). */
 static enum mp_status read_mask_kinds(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
     c->mask_kinds = 1;
-    if (cJSON_IsArray(lt)) {
-        const cJSON *first = cJSON_GetArrayItem(lt, 0), *e;
+    c->swa_every = c->f->swa_every;
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt) || (uint64_t)cJSON_GetArraySize(lt) < c->layers)
+            return mp_fail(d, MP_ERR_MODEL, "%s: layer_types: expected a list of at least %llu layer types", path,
+                           (unsigned long long)c->layers);
         int i = 0;
-        cJSON_ArrayForEach(e, lt)
-            if ((uint64_t)i++ < c->layers && cJSON_IsString(e) && cJSON_IsString(first) &&
-                strcmp(e->valuestring, first->valuestring) != 0)
-                c->mask_kinds = 2;
-        return MP_OK;
-    }
-    uint64_t pattern = 0;
-    if (!strcmp(c->f->type, "gemma2"))
-        pattern = 2;
-    else if (!strcmp(c->f->type, "gemma3_text")) {
-        pattern = 6;
-        enum mp_status st = read_pos(root, "sliding_window_pattern", false, MP_DIM_MAX, &pattern, path, d);
+        for (const cJSON *e = lt->child; e; e = e->next, i++)
+            if (!cJSON_IsString(e) || (strcmp(e->valuestring, "full_attention") &&
+                                       strcmp(e->valuestring, "sliding_attention")))
+                return mp_fail(d, MP_ERR_MODEL, "%s: layer_types[%d]: expected \"full_attention\" or "
+                               "\"sliding_attention\"", path, i);
+        c->layer_types = lt;
+    } else if (c->f->k_swa_every) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, c->f->k_swa_every);
+        if (v && !cJSON_IsNull(v) && !cJSON_IsNumber(v)) /* EXAONE 4 32B's "LLLG": read only with layer_types */
+            return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a positive integer when layer_types is not given",
+                           path, c->f->k_swa_every);
+        enum mp_status st = read_pos(root, c->f->k_swa_every, false, MP_DIM_MAX, &c->swa_every, path, d);
         if (st != MP_OK)
             return st;
     }
-    if (pattern > 1 && c->layers >= pattern)
-        c->mask_kinds = 2;
+    bool first = layer_sliding(c, 0);
+    for (uint64_t i = 1; i < c->layers; i++)
+        if (layer_sliding(c, i) != first)
+            c->mask_kinds = 2;
+    return MP_OK;
+}
+
+/* Whether decoder layer i is a sliding-window layer (its type; the window itself does not change
+ * what SDPA saves, see the header). */
+static bool layer_sliding(const struct hf *c, uint64_t i)
+{
+    if (c->layer_types)
+        return !strcmp(cJSON_GetArrayItem(c->layer_types, (int)i)->valuestring, "sliding_attention");
+    return c->swa_every > 1 && (i + 1) % c->swa_every != 0;
+}
+
+/* Whether decoder layer i applies the rotary embedding (NoPE layers do not). */
+static bool layer_rope(const struct hf *c, uint64_t i)
+{
+    if (!c->rope)
+        return false;
+    if (c->no_rope)
+        return cJSON_GetArrayItem(c->no_rope, (int)i)->valueint != 0;
+    if (c->nope_every)
+        return (i + 1) % c->nope_every != 0;
+    return !c->rope_sliding_only || layer_sliding(c, i);
+}
+
+/* SmolLM3: no_rope_layers (one 0 / 1 per layer, 1 = rotary), else no rotary on every
+ * no_rope_layer_interval-th layer (4).  use_sliding_window makes the NoPE layers sliding. */
+static enum mp_status smollm3_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const cJSON *nr = cJSON_GetObjectItemCaseSensitive(root, "no_rope_layers");
+    c->nope_every = 4;
+    if (nr && !cJSON_IsNull(nr)) {
+        if (!cJSON_IsArray(nr) || (uint64_t)cJSON_GetArraySize(nr) < c->layers)
+            return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers: expected a list of at least %llu entries (0 or 1)",
+                           path, (unsigned long long)c->layers);
+        int i = 0;
+        for (const cJSON *e = nr->child; e; e = e->next, i++)
+            if (!cJSON_IsNumber(e) || (e->valuedouble != 0 && e->valuedouble != 1))
+                return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers[%d]: expected 0 or 1", path, i);
+        c->no_rope = nr;
+    } else {
+        enum mp_status st = read_pos(root, "no_rope_layer_interval", false, MP_DIM_MAX, &c->nope_every, path, d);
+        if (st != MP_OK)
+            return st;
+    }
+    bool swa = false;
+    enum mp_status st = mp_json_bool(root, "use_sliding_window", &swa, path, "", d);
+    if (st != MP_OK)
+        return st;
+    if (swa && present(root, "sliding_window") && !c->layer_types) { /* NoPE layers slide */
+        c->mask_kinds = 1;
+        for (uint64_t i = 1; i < c->layers; i++)
+            if (layer_rope(c, i) != layer_rope(c, 0))
+                c->mask_kinds = 2;
+    }
+    return MP_OK;
+}
+
+/* EXAONE 4: with a sliding_window, rotary on the sliding layers only; without one, every layer
+ * is full attention with rotary — transformers then needs layer_types (its default pattern
+ * divides by zero), as it needs an integer sliding_window_pattern (e.g. not "LLLG"). */
+static enum mp_status exaone4_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    bool window = present(root, "sliding_window") || !cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    if (!c->layer_types && !window)
+        return mp_fail(d, MP_ERR_MODEL, "%s: layer_types: needed when sliding_window is null (transformers' "
+                       "default pattern is undefined then)", path);
+    c->rope_sliding_only = window;
     return MP_OK;
 }
 
@@ -1158,9 +1302,12 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->qkv_bias = c->qkv_bias;
         l->out_bias = c->out_bias;
         l->fused_qkv = c->fused_qkv;
-        l->rope = c->rope;
+        l->rope = layer_rope(c, i);
         l->rotary_dim = c->rotary_dim;
-        l->rope_cat = c->rope && c->f->k_rotary;
+        l->rope_cat = l->rope && c->f->k_rotary;
+        l->rope_kinds = c->f->rope_per_type ? c->mask_kinds : 1;
+        l->rope_interleave = l->rope && c->f->rope_interleave;
+        l->rope_fp32 = l->rope && c->f->rope_fp32;
         l->impl = MP_ATTN_SDPA;
         l->impl_set = false;
         l->attn_dropout = c->attn_p;
