@@ -548,6 +548,16 @@ static const struct {
     {"models/hf/gpt-j-6b.json", "GPTJForSequenceClassification", UINT64_C(5844402176)},
     {"models/hf/gpt-j-6b.json", "GPTJForQuestionAnswering", UINT64_C(5844402178)},
     {"models/hf/gpt-j-6b.json", "GPTJModel", UINT64_C(5844393984)},
+    {"models/hf/t5-small.json", NULL, 60506624u},
+    {"models/hf/t5-small.json", "T5Model", 60506624u},
+    {"models/hf/t5-small.json", "T5EncoderModel", 35330816u},
+    {"models/hf/t5-small.json", "T5ForTokenClassification", 35331842u},
+    {"models/hf/t5-small.json", "T5ForQuestionAnswering", 60507650u},
+    /* flan-t5 says tie_word_embeddings false: transformers 5.23 ties lm_head all the same */
+    {"models/hf/flan-t5-base.json", NULL, 222903552u},
+    {"models/hf/flan-t5-base.json", "T5EncoderModel", 109628544u},
+    {"models/hf/flan-t5-base.json", "T5ForTokenClassification", 109630082u},
+    {"models/hf/flan-t5-base.json", "T5ForQuestionAnswering", 222905090u},
     {"models/hf/vit-base-patch16-224.json", NULL, 86567656u},
     {"models/hf/vit-base-patch16-224.json", "ViTModel", 86389248u},
 };
