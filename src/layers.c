@@ -1238,6 +1238,9 @@ static struct val lower_mul(struct bld *B, struct val a, struct val b, const cha
     uint64_t ma = mul(B, val_elems(B, a), mp_dtype_size(dt_of(B, m)));
     tmp_one(B, n, true, MP_TR_OTHER,
             add(B, val_elems(B, b) < val_elems(B, a) ? ma : 0, dt_of(B, a) != dt_of(B, m) ? ma : 0));
+    /* the cast and the sum are the engine's (validate_outputs), after MulBackward0 returns */
+    n->engine_grad[0] = dt_of(B, a) != dt_of(B, m);
+    n->engine_grad[1] = val_elems(B, b) < val_elems(B, a) || dt_of(B, b) != dt_of(B, m);
     return m;
 }
 

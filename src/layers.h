@@ -181,6 +181,10 @@ struct mp_node {
                                      in[j]'s whole gradient; -1: the whole gradient */
     int out_parts[2];             /* the gradient parts of out (-1 none): this node's backward first
                                      assembles out's gradient from them (SplitBackward's cat) */
+    bool engine_grad[3];          /* in[j]'s gradient is made by the autograd engine after the node's
+                                     backward returns (validate_outputs: the cast to in[j]'s dtype, the
+                                     sum over a broadcast operand's dimensions), not by the node (set
+                                     on MoE multiplies only, which no probe executor runs) */
     int param[2];                 /* parameter ids (weight, bias); -1 unused */
     bool grad_in;                 /* produces gradients for its inputs that need one */
     uint64_t fwd_tmp_bytes;       /* transient workspace during forward */

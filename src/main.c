@@ -933,17 +933,16 @@ out: /* the one way out: everything released, then the status */
     return leave(st, &d, rc, MP_EXIT_OK);
 }
 
-/* plan's one stderr line (and JSON report) when no optimal plan can be made: nothing is left
- * for activations, or not even every block checkpointed fits the budget. */
+/* plan's one stderr line (and JSON report) when no optimal plan can be made: the static bytes
+ * leave nothing for activations, or not even every block checkpointed fits the budget. */
 static void say_noplan(struct args *a, struct setup *s, const struct mp_fit *f)
 {
     char a1[32], a2[32], why[256];
     if (f->activation_budget == 0)
-        snprintf(why, sizeof why, "nothing is left for activations: weights, gradients, optimizer state and "
-                                  "overheads take %s of %s usable",
+        snprintf(why, sizeof why, "weights, grads, optimizer and overheads alone take %s of %s usable",
                  mp_fmt_bytes(f->static_bytes, a1, sizeof a1), mp_fmt_bytes(f->usable_bytes, a2, sizeof a2));
     else
-        snprintf(why, sizeof why, "no plan fits an activation budget of %s; checkpointing every block needs %s",
+        snprintf(why, sizeof why, "no plan fits the activation budget %s: every block checkpointed needs %s",
                  mp_fmt_bytes(f->activation_budget, a1, sizeof a1), mp_fmt_bytes(f->plan.peak_bytes, a2, sizeof a2));
     fprintf(stderr, "memplan: does not fit: %s\n", why);
     if (a->json) {
@@ -956,7 +955,7 @@ static void say_noplan(struct args *a, struct setup *s, const struct mp_fit *f)
 static int cmd_plan(struct args *a)
 {
     if (!a->budget && !a->gpu && !a->vram)
-        return usage_error("plan", "%s", "plan: give --activation-budget SIZE, --vram SIZE or --gpu NAME");
+        return usage_error("plan", "%s", "plan needs --activation-budget, --vram or --gpu");
     struct mp_diag d = {{0}};
     struct setup s;
     int rc = setup(a, &s, false, &d);
