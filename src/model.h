@@ -225,6 +225,22 @@ struct mp_layer {
                                output (Gemma's sqrt(h), Granite), each residual branch of a
                                transformer_block (Granite), lm_head logits (Granite 1/logits_scaling) */
 
+    /* T5 (t5_block: a transformer_block laid out as transformers' T5Block): T5LayerNorm before
+     * each sub-layer (RMS, fp32 variance, no bias), attention without 1/sqrt(d) scaling whose
+     * scores get a relative position bias, the feed-forward cast to wo's dtype; cross_attn: a
+     * decoder block (causal self-attention, then attention over the encoder output);
+     * rel_buckets > 0: this block (layer 0 of its stack) computes the bias from its
+     * relative_attention_bias table (rel_buckets x heads) */
+    bool t5, cross_attn;
+    uint64_t rel_buckets;
+    /* embedding: dec_input, the decoder's embedding of an encoder-decoder model: it looks up
+     * the decoder ids (the labels shifted right, made in this block) and its incoming hidden
+     * state is the encoder output, held for every cross-attention; tied: it shares the first
+     * embedding's table (T5's shared) */
+    bool dec_input;
+    /* lm_head: in_mult multiplies its input first (T5's d_model**-0.5 rescale; 0: none) */
+    double in_mult;
+
     /* patch_embedding (ViT): a conv2d of in_ch -> dim with kernel = stride = patch (kernel), the
      * patches flattened into a sequence, a learned class token prepended (cls_token), learned
      * positions added: the sequence is (H / patch) * (W / patch) + 1 */
@@ -270,6 +286,10 @@ struct mp_model {
 
     enum mp_input_kind input;
     uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */
+    bool enc_dec;            /* encoder-decoder (T5): seq_len is the encoder's, the decoder's is
+                                --target-seq (default seq_len) */
+    bool dec_from_input;     /* the decoder reads the input ids shifted (T5ForQuestionAnswering): its
+                                length is the encoder's (--target-seq does not apply) */
     uint64_t channels, height, width; /* image input */
     uint64_t bytes_per_sample;         /* opaque input */
     uint64_t labels_vocab;   /* for classification of images: classes (informational) */
