@@ -48,6 +48,7 @@ struct rp {
     bool *cached; /* per tensor: an autocast weight copy held by autocast's cache until the loss */
     int shared_block[2]; /* per model-made tensor (rope_tables, attn_mask): the block whose first
                             forward made it (held until its backward), -1 */
+    bool held_on[MP_HELD_MAX]; /* p->held[j] is held (made by the forward, not yet released) */
     /* data parallel (NULL pp: one GPU) */
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
@@ -144,6 +145,33 @@ static bool node_packs(const struct mp_node *n)
     return !n->no_grad && (n->n_saved > 0 || (n->grad_in && n->param[0] >= 0 && !n->quantized));
 }
 
+/* The tensors a model hands to many blocks (p->held: T5's encoder output and position biases):
+ * held from the forward that makes them until the loss, or, when their release block is a
+ * checkpoint (whose inputs keep them), until that block's backward.  release_at: the loss (-1)
+ * or block i's backward. */
+static void hold_made(struct rp *r, const struct mp_node *n)
+{
+    for (size_t j = 0; j < r->p->n_held; j++) {
+        int t = r->p->held[j].t;
+        if (r->phase == MP_PH_FORWARD && !r->held_on[j] && (n->out == t || node_makes(n, t))) {
+            r->held_on[j] = true;
+            r->holds[t]++;
+        }
+    }
+}
+
+static void release_held(struct rp *r, int release_at)
+{
+    for (size_t j = 0; j < r->p->n_held; j++) {
+        int rb = r->p->held[j].release;
+        if (!r->held_on[j] || (release_at < 0 ? rb >= 0 && r->ckpt[rb] : rb != release_at))
+            continue;
+        r->held_on[j] = false;
+        r->holds[r->p->held[j].t]--;
+        t_maybe_free(r, r->p->held[j].t);
+    }
+}
+
 /* Forward of block i; kind FE records for backward, FN/FC do not.  early: the recompute right
  * before block i's backward; torch's non-reentrant checkpoint stops it at the pack of the last
  * tensor the first forward saved (early stop, torch/utils/checkpoint.py _StopRecomputationError):
@@ -200,6 +228,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
                 r->shared_block[j] = (int)i;
                 r->holds[shared[j]]++;
             }
+        hold_made(r, n);
         tmp(r, (int)k, n->fwd_tmp_bytes, true);
         emit_fwd(r, (int)k, grad);
         tmp(r, (int)k, n->fwd_tmp_bytes, false);
@@ -639,6 +668,7 @@ static void bwd_block(struct rp *r, size_t i)
             r->holds[shared[j]]--;
             t_maybe_free(r, shared[j]);
         }
+    release_held(r, (int)i);
 }
 
 static void loss_op(struct rp *r)
@@ -653,6 +683,7 @@ static void loss_op(struct rp *r)
         r->holds[p->attn_mask]--;
         t_maybe_free(r, p->attn_mask);
     }
+    release_held(r, -1);
     /* the autocast region ends with the forward (loss included), before backward:
      * its cache of weight copies is cleared */
     for (size_t t = 0; t < p->n_tensors; t++)

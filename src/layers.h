@@ -29,7 +29,8 @@ int mp_optimizer_parse(const char *s); /* -1 if unknown */
 
 struct mp_build_opts {
     uint64_t batch;              /* micro-batch */
-    uint64_t seq;                /* sequence length (token models) */
+    uint64_t seq;                /* sequence length (token models; the encoder's for encoder-decoders) */
+    uint64_t target_seq;         /* encoder-decoder models: the decoder's length (0: = seq) */
     enum mp_precision precision;
     enum mp_attn_impl attention; /* default for attention layers that do not name one */
     bool attention_forced;       /* --attention given: overrides what the file says */
@@ -245,6 +246,14 @@ struct mp_program {
                                     the first forward that makes them to the backward of that block; -1 */
     int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward
                                     (Falcon), held like rope_tables; -1 */
+#define MP_HELD_MAX 6
+    size_t n_held;
+    struct {
+        int t;                   /* a tensor the model makes once per forward and hands to many blocks
+                                    (T5: the encoder output, the position biases) */
+        int release;             /* it lives until the loss; if this block is a checkpoint (its inputs
+                                    hold it), until this block's backward */
+    } held[MP_HELD_MAX];
 #define MP_BUFFERS_MAX 4
     size_t n_buffers;
     int buffers[MP_BUFFERS_MAX]; /* non-persistent module buffers, resident like the batch (rotary
