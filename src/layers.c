@@ -2819,14 +2819,14 @@ void mp_program_release(struct mp_program *p)
     memset(p, 0, sizeof *p);
 }
 
-static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
-                                   struct mp_diag *d);
+static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
+                                    struct mp_program *p, struct mp_diag *d);
 
 enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
                                 struct mp_diag *d)
 {
     memset(p, 0, sizeof *p);
-    return lower_program(m, o, p, d);
+    return lower_program(m, o, false, p, d);
 }
 
 enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
@@ -2840,16 +2840,33 @@ enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_buil
     mp_program_release(p); /* names and blocks; p is zeroed */
     p->tensors = t, p->nodes = n, p->params = q;
     p->cap_tensors = ct, p->cap_nodes = cn, p->cap_params = cq;
-    enum mp_status st = lower_program(m, o, p, d);
+    enum mp_status st = lower_program(m, o, false, p, d);
     if (st != MP_OK)
         mp_program_release(p);
     return st;
 }
 
+/* The same layers (a copy made by "repeat"). */
+static bool same_block(const struct mp_block *a, const struct mp_block *b)
+{
+    return a->n_layers == b->n_layers && memcmp(a->layers, b->layers, a->n_layers * sizeof *a->layers) == 0;
+}
+
+/* The input or output of a block as the next block sees it: shape, dtype, needs a gradient. */
+static bool same_val(const struct mp_program *p, struct val a, struct val b)
+{
+    const struct mp_tensor *x = &p->tensors[a.t], *y = &p->tensors[b.t];
+    return a.rank == b.rank && memcmp(a.shape, b.shape, sizeof a.shape) == 0 && x->dtype == y->dtype &&
+           x->needs_grad == y->needs_grad;
+}
+
 /* Lowers m into p, whose arrays may hold memory from an earlier program (their slots are
- * written afresh: new_val, new_node and new_param clear each one). */
-static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
-                                    struct mp_diag *d)
+ * written afresh: new_val, new_node and new_param clear each one).  check_only: only whether
+ * the layers chain (mp_program_check); a block that repeats the block before it, lowered at
+ * least twice already, each time from and to this same input, lowers the same way again and
+ * is skipped (its slot in p->blocks stays empty). */
+static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
+                                    struct mp_program *p, struct mp_diag *d)
 {
     p->opts = *o;
     p->model = m;
@@ -2902,6 +2919,8 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
             n_rep++;
             last_rep = (long)i;
         }
+    unsigned fixed = 0; /* check_only: copies of this block lowered in a row, each from and to x */
+    struct val fixed_x = x;
     for (size_t i = 0; i < m->n_blocks && !failed(&B); i++) {
         const struct mp_block *blk = &m->blocks[i];
         struct mp_block_prog *bp = &p->blocks[i];
@@ -2909,6 +2928,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         /* freeze: numbers name decoder blocks (the repeated ones, as HF's layers.N); without
          * repeated blocks, every block by its index */
         long rep = n_rep == 0 ? (long)i : blk->repeat_group > 0 ? rep_seen++ : -1;
+        bool again = check_only && i > 0 && same_block(blk, &m->blocks[i - 1]);
+        if (again && fixed >= 2 && same_val(p, x, fixed_x))
+            continue;
+        struct val in = x;
         B.trained = mp_finetune_block_trained(&o->ft, rep, n_rep > 0 && (long)i > last_rep);
         snprintf(B.prefix, sizeof B.prefix, "%s", blk->name);
         bp->input = x.t;
@@ -2918,6 +2941,11 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         for (size_t j = 0; j < blk->n_layers && !failed(&B); j++)
             x = lower_layer(&B, x, &blk->layers[j], &resid);
         B.layer = NULL;
+        if (check_only && !failed(&B)) {
+            bool to_itself = same_val(p, in, x);
+            fixed = !to_itself ? 0 : again && fixed && same_val(p, in, fixed_x) ? fixed + 1 : 1;
+            fixed_x = x;
+        }
         bp->output = x.t;
         bp->n_nodes = p->n_nodes - bp->node0;
         bp->n_params = p->n_params - bp->param0;
@@ -2971,7 +2999,8 @@ enum mp_status mp_program_check(const struct mp_model *m, struct mp_diag *d)
     mp_build_opts_default(&o);
     o.batch = 1;
     o.seq = m->input == MP_INPUT_TOKENS ? m->seq_len : 1;
-    enum mp_status st = mp_program_build(m, &o, &prog, d);
+    memset(&prog, 0, sizeof prog);
+    enum mp_status st = lower_program(m, &o, true, &prog, d);
     mp_program_release(&prog);
     return st;
 }
