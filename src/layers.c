@@ -795,6 +795,11 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
     /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
     if (n_extras)
         tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2));
+    /* backward of the composite: its last op, half_x * one_plus_tanh, is a MulBackward0 that makes
+     * both factors' gradients (the output's dtype) while the incoming one is alive; the fused
+     * kernels make one (measured with bench/torch_step.py's tracker: 3 vs 2 x-sized tensors) */
+    if (n_extras)
+        tmp_one(B, n, true, MP_TR_OTHER, mul(B, T(B, x.t)->elems, mp_dtype_size(odt)));
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;

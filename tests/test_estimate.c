@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -403,6 +404,45 @@ static void test_estimate_gelu_new_autocast(void **state)
     assert_int_equal(c.xb[2], 21504);
     mp_chain_release(&c);
     mp_model_release(&m);
+}
+
+/* HF's composite gelu_new ends in half_x * one_plus_tanh: its MulBackward0 makes both factors'
+ * gradients while the incoming one is alive, one x-sized tensor more than the fused kernels
+ * (measured with bench/torch_step.py's LiveTracker under fake tensors: the backward peaks 3 and
+ * 2 x-sized tensors above what is live before it).  fp32, b=2, s=8, ffn 64: 1024 elements, 4096
+ * bytes of backward workspace; gelu_tanh (F.gelu, fused) none. */
+static void test_estimate_gelu_new_backward(void **state)
+{
+    (void)state;
+    const char *acts[2] = {"gelu_new", "gelu_tanh"};
+    const uint64_t want[2] = {4096, 0};
+    for (int i = 0; i < 2; i++) {
+        char js[600];
+        snprintf(js, sizeof js, "{\"name\":\"g\",\"input\":{\"tokens\":8},\"layers\":["
+                 "{\"type\":\"embedding\",\"vocab\":32,\"dim\":16},"
+                 "{\"type\":\"linear\",\"in_features\":16,\"out_features\":64,\"bias\":false},"
+                 "{\"type\":\"activation\",\"act\":\"%s\"},"
+                 "{\"type\":\"linear\",\"in_features\":64,\"out_features\":16,\"bias\":false}]}", acts[i]);
+        struct mp_model m;
+        load(&m, js);
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.batch = 2;
+        o.seq = 8;
+        o.precision = MP_PREC_FP32;
+        struct mp_program p;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_OK);
+        bool seen = false;
+        for (size_t k = 0; k < p.n_nodes; k++)
+            if (p.nodes[k].prim == MP_P_ACT) {
+                assert_int_equal(p.nodes[k].bwd_tmp_bytes, want[i]);
+                seen = true;
+            }
+        assert_true(seen);
+        mp_program_release(&p);
+        mp_model_release(&m);
+    }
 }
 
 /* Non-persistent buffers are on the GPU too: HF's rotary embedding registers inv_freq and a
@@ -1150,6 +1190,7 @@ int main(void)
         cmocka_unit_test(test_estimate_checkpoint_layers),
         cmocka_unit_test(test_estimate_autocast_cache),
         cmocka_unit_test(test_estimate_gelu_new_autocast),
+        cmocka_unit_test(test_estimate_gelu_new_backward),
         cmocka_unit_test(test_estimate_module_buffers),
         cmocka_unit_test(test_estimate_falcon_gptj_layer),
         cmocka_unit_test(test_estimate_use_cache),
