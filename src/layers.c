@@ -664,6 +664,14 @@ static struct val lower_linear(struct bld *B, struct val x, uint64_t in_f, uint6
 }
 
 /* LayerNorm (autocast: fp32).  Saves input, mean, rstd (M fp32 each). */
+/* A norm's weight: a (dim) parameter named "<name>.weight". */
+static int norm_weight(struct bld *B, const char *name, uint64_t dim)
+{
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", name);
+    return new_param(B, pn, 1, dim, false);
+}
+
 static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, bool bias, const char *name)
 {
     if (!width_ok(B, x, dim, "dim", name))
@@ -710,9 +718,7 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool 
 {
     if (!width_ok(B, x, dim, "dim", name))
         return x;
-    char pn[80];
-    snprintf(pn, sizeof pn, "%s.weight", name);
-    int g = new_param(B, pn, 1, dim, false);
+    int g = norm_weight(B, name, dim);
     enum mp_dtype xdt = dt_of(B, x);
     struct val y = like(B, name, x, f32w ? xdt : promote(xdt, B->p->param_dtype), true);
     struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
@@ -752,9 +758,7 @@ static struct val lower_cohere_norm(struct bld *B, struct val x, uint64_t dim, c
 {
     if (!width_ok(B, x, dim, "dim", name))
         return x;
-    char pn[80];
-    snprintf(pn, sizeof pn, "%s.weight", name);
-    int g = new_param(B, pn, 1, dim, false);
+    int g = norm_weight(B, name, dim);
     enum mp_dtype xdt = dt_of(B, x);
     struct val y = like(B, name, x, xdt, true);
     struct mp_node *n = new_node(B, MP_P_LAYERNORM, name);
