@@ -795,6 +795,11 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
     /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
     if (n_extras)
         tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2));
+    /* backward of the composite: its last op, half_x * one_plus_tanh, is a MulBackward0 that makes
+     * both factors' gradients (the output's dtype) while the incoming one is alive; the fused
+     * kernels make one (measured with bench/torch_step.py's tracker: 3 vs 2 x-sized tensors) */
+    if (n_extras)
+        tmp_one(B, n, true, MP_TR_OTHER, mul(B, T(B, x.t)->elems, mp_dtype_size(odt)));
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
@@ -967,14 +972,23 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
 
 static uint64_t round_up(uint64_t v, uint64_t m) { return mp_ceil_div(v, m) * m; }
 
-/* The (b, 1, s, s) mask a model passes to attention (Falcon builds one even for causal
- * attention, transformers' create_causal_mask): made once per forward (the first attention
+/* Does attention layer l get a (b, 1, s, s) mask: always (Falcon builds one even for causal
+ * attention), or on a sliding-window layer once the sequence reaches the window (transformers'
+ * masking_utils then builds the mask instead of relying on SDPA's is_causal:
+ * _ignore_causal_mask_sdpa). */
+static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
+{
+    return l->attn_mask || (l->window && B->s >= l->window);
+}
+
+/* The (b, 1, s, s) mask a model passes to attention (sdpa_masked; transformers'
+ * create_causal_mask): made once per forward (the first attention
  * node's extra, held like the rotary tables).  For SDPA it is a bool mask that SDPA converts to
  * a float mask in q's dtype in every layer (convert_boolean_attn_mask) and saves; for eager
  * attention a float mask in the model's dtype, added to the scores: nothing saved. */
 static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, enum mp_dtype qdt)
 {
-    if (!n || !(n->layer->attn_mask || (eager && n->layer->eager_mask)))
+    if (!n || !(sdpa_masked(B, n->layer) || (eager && n->layer->eager_mask)))
         return;
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
     if (B->attn_mask < 0) {
@@ -1164,6 +1178,31 @@ static void pos_table(struct bld *B, const struct mp_layer *l)
     t->bytes = mul(B, t->elems, 4);
 }
 
+/* transformers' repeat_kv(x, heads / kv_heads): expand(b, kv, n_rep, s, d).reshape(b, heads, s, d).
+ * More than one kv head: the reshape copies every head (b, s, width) in x's dtype (saved by SDPA
+ * in its place).  One kv head: the reshape is a view (SDPA saves x's storage, nothing is made),
+ * unless autocast then casts it: that copy has every head.  Under amp the rotated k is fp32 in
+ * torch (q * cos, cos in the fp32 residual's dtype; memplan's rope keeps x's dtype, and the bytes
+ * SDPA saves are the same), so `rotated` says it is cast.  Not modelled:
+ * the view's gradient, every head wide, before the expand's backward sums it.  The copy widens
+ * its input, which no probe executor does. */
+static struct val repeat_kv(struct bld *B, struct val x, uint64_t kv, uint64_t width, bool rotated,
+                            const char *name)
+{
+    enum mp_dtype c = B->p->compute_dtype;
+    bool cast = B->amp && (dt_of(B, x) != c || rotated);
+    if (failed(B) || last_dim(x) == width || (kv == 1 && !cast))
+        return x;
+    B->p->probe_unsupported = "transformers' repeat_kv copies (sliding-window attention past its window)";
+    struct val y = split_copy(B, x, width, 0, false, name);
+    if (kv == 1 && !failed(B)) { /* the view's cast is the copy */
+        struct mp_tensor *t = T(B, y.t);
+        t->dtype = c;
+        t->bytes = mul(B, t->elems, mp_dtype_size(c));
+    }
+    return y;
+}
+
 /* Multi-head attention with projections: q/k/v (fused or not), rope, core, out projection. */
 static struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
                                   const char *name)
@@ -1228,6 +1267,13 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+    }
+    /* transformers' SDPA path with a mask (sliding window) repeats k and v to every head
+     * (sdpa_attention.py: use_gqa_in_sdpa is false with a mask; repeat_kv) */
+    if (impl != MP_ATTN_EAGER && l->window && sdpa_masked(B, l) && kv < a) {
+        k = repeat_kv(B, k, kv, qd, l->rope, "k_repeat");
+        v = repeat_kv(B, v, kv, qd, false, "v_repeat");
+        core.kv_heads = a;
     }
     /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies, and an
      * fp32 v (a bitsandbytes 4-bit v_proj returns x's dtype) too */
