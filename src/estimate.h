@@ -53,6 +53,8 @@ struct mp_event {
     uint64_t bytes;   /* unrounded request size for ALLOC/FREE */
     enum mp_phase phase;
     bool grad_mode;   /* FWD: with grad (saves) or without (Fn/Fc) */
+    int step;         /* FWD / BWD of a node that runs as several ops (mp_node.n_fops, n_bops): which,
+                         from 0 */
 };
 
 typedef enum mp_status (*mp_event_fn)(void *ctx, const struct mp_event *ev);

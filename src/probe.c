@@ -281,7 +281,7 @@ static void view_open(struct mp_node_view *c, struct mp_exec *x, int k)
     c->tmp.dt = MP_DT_U8;
 }
 
-static enum mp_status node_run(struct mp_exec *x, int k, bool fwd)
+static enum mp_status node_run(struct mp_exec *x, int k, bool fwd, int step)
 {
     const struct mp_node *n = &x->p->nodes[k];
     if (n->prim == MP_P_VIEW) /* out is in[0]: nothing moves either way */
@@ -293,6 +293,8 @@ static enum mp_status node_run(struct mp_exec *x, int k, bool fwd)
                        mp_prim_str(n->prim), x->be->name);
     struct mp_node_view c;
     view_open(&c, x, k);
+    c.step = step;
+    c.fwd = fwd;
     if ((n->param[0] >= 0 && !c.w.p) || (n->param[1] >= 0 && !c.b.p))
         return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: its parameters are not gathered here (a parameter "
                        "shared across sharding groups)", n->name);
@@ -371,8 +373,8 @@ static enum mp_status exec_event(void *ctx, const struct mp_event *ev)
         enum mp_status st = x->par ? mp_par_exec_free_event(x, ev) : MP_OK;
         return st == MP_OK ? mp_pool_free(&x->pool, ev, x->d) : st;
     }
-    case MP_EV_FWD: return node_run(x, ev->id, true);
-    case MP_EV_BWD: return node_run(x, ev->id, false);
+    case MP_EV_FWD: return node_run(x, ev->id, true, ev->step);
+    case MP_EV_BWD: return node_run(x, ev->id, false, ev->step);
     case MP_EV_LOSS_GRAD: return loss_grad(x);
     case MP_EV_OPT_STEP: return opt_step(x);
     case MP_EV_OP_BEGIN:
