@@ -106,7 +106,9 @@ TESTS := $(patsubst tests/test_%.c,%,$(wildcard tests/test_*.c))
 TESTBINS := $(TESTS:%=$(BUILD)/tests/test_%)
 
 $(info I memplan build: BLAS=$(BLAS) -> $(if $(USE_BLAS),✓ cblas for the host backend ($(BLAS_PC)),✗ cblas (host GEMMs in plain C; make deps installs OpenBLAS)))
-$(info I memplan build: CC=$(CC) CUDA=$(CUDA) -> $(if $(USE_CUDA),✓ cuda backend ($(NVCC_PATH); sm $(CUDA_ARCH_OK) + PTX $(lastword $(CUDA_ARCH_OK))$(if $(CUDA_ARCH_DROPPED),; ✗ sm $(CUDA_ARCH_DROPPED): not supported by this nvcc$(if $(filter 70,$(CUDA_ARCH_DROPPED)), (CUDA 13 removed Volta: V100 code needs CUDA 12)))),✗ cuda backend (host only)) SAN=$(or $(SAN),0))
+$(info I memplan build: CC=$(CC) CUDA=$(CUDA) SAN=$(or $(SAN),0) -> $(if $(USE_CUDA),✓ cuda backend ($(NVCC_PATH)),✗ cuda backend (host only)))
+$(if $(USE_CUDA),$(info I memplan build: cuda targets sm $(CUDA_ARCH_OK) + PTX $(lastword $(CUDA_ARCH_OK))))
+$(if $(and $(USE_CUDA),$(CUDA_ARCH_DROPPED)),$(info I memplan build: ✗ sm $(CUDA_ARCH_DROPPED): not supported by this nvcc$(if $(filter 70,$(CUDA_ARCH_DROPPED)), (CUDA 13 dropped Volta; V100 needs CUDA 12))))
 
 .PHONY: all deps run test test-unit test-cli test-gpu check-man bench install clean
 all: memplan

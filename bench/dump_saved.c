@@ -2,7 +2,7 @@
  * for backward (node->saved) plus each block's output, with the block that creates it.
  * Used by bench/torch_saved.py to compare memplan with PyTorch tensor by tensor.
  *
- *   dump_saved MODEL BATCH SEQ PRECISION [ATTENTION]
+ *   dump_saved MODEL BATCH SEQ PRECISION [ATTENTION [TARGET_SEQ]]   (TARGET_SEQ: encoder-decoders)
  *
  * Build: see bench/torch_saved.md ("Building").  It links memplan's objects except
  * main.o, report.o and the probe (a stub provides the probe symbols nothing here calls).
@@ -41,6 +41,8 @@ int main(int argc, char **argv)
         o.attention_forced = true;
         o.attention = strcmp(argv[5], "eager") == 0 ? MP_ATTN_EAGER : MP_ATTN_SDPA;
     }
+    if (argc > 6)
+        o.target_seq = strtoull(argv[6], NULL, 10);
     struct mp_program p;
     if (mp_program_build(&m, &o, &p, &d) != MP_OK) {
         fprintf(stderr, "%s\n", d.msg);

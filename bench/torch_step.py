@@ -84,10 +84,15 @@ def _sdpa_cuda_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     kernel.  Its aten op has a meta function, so under fake tensors it gives that kernel's
     tensors: the output (b, s, a, dv) in memory, an fp32 logsumexp (b, a, s rounded up to 32),
     q, k, v and the output saved.  Listed in torch_step_results.md."""
-    if query.shape[-1] != value.shape[-1] and not kw.get("enable_gqa"):
+    t5_mask = CUDA_FLOAT_MASK and attn_mask is not None and attn_mask.is_floating_point()
+    if (query.shape[-1] != value.shape[-1] or t5_mask) and not kw.get("enable_gqa"):
         if torch.is_autocast_enabled("cpu"):  # SDPA is on autocast's half list; the aten op is not
             dt = torch.get_autocast_dtype("cpu")
             query, key, value = query.to(dt), key.to(dt), value.to(dt)
+            if attn_mask is not None and attn_mask.is_floating_point():
+                attn_mask = attn_mask.to(dt)  # CUDA autocast casts every floating argument
+        if t5_mask:  # CUDA's preprocess_mask: the bias expanded to (b, a, q, k) (a view)
+            attn_mask = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
         return torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, attn_mask, query.requires_grad or key.requires_grad or value.requires_grad,
             dropout_p, is_causal, scale=scale)[0]
@@ -95,6 +100,10 @@ def _sdpa_cuda_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
 
 
 torch.nn.functional.scaled_dot_product_attention = _sdpa_cuda_kernel
+# T5 (set per config by main): a float attn_mask (its position bias) sends CUDA to the memory-
+# efficient kernel, which computes the mask's gradient; the CPU runs the math path when the mask
+# needs a gradient and its flash kernel otherwise.  The aten op gives CUDA's tensors here.
+CUDA_FLOAT_MASK = False
 
 
 # ---- trackers ---------------------------------------------------------------------------------
@@ -197,7 +206,7 @@ def load_config(path, max_layers=0):
         for k in LAYER_KEYS:
             if isinstance(d.get(k), int) and d[k] > max_layers:
                 d[k] = max_layers
-        for k in ("layer_types",):  # per-layer lists (gemma3, qwen3 ...) follow the count
+        for k in ("layer_types", "no_rope_layers"):  # per-layer lists (gemma3, smollm3 ...) follow the count
             if isinstance(d.get(k), list):
                 d[k] = d[k][:max_layers]
     for k, v in list(d.items()):  # dropout off: CPU masks are not CUDA's (see the module doc)
@@ -221,7 +230,7 @@ def fake_model(config_dict, precision, attention, fake):
 
 
 def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=2, on_backward=None,
-                saved=None, use_cache=False):
+                saved=None, use_cache=False, target_seq=0):
     """Runs `steps` training steps inside tr (a LiveTracker, already entered with the fake mode).
     Returns a dict of what step `steps` measured."""
     if ckpt == "layers":
@@ -239,6 +248,10 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
         size = c.image_size if isinstance(c.image_size, (list, tuple)) else (c.image_size, c.image_size)
         ids = torch.randn(batch, c.num_channels, size[0], size[1], dtype=next(model.parameters()).dtype)
         labels = torch.randint(0, max(c.num_labels, 1), (batch,))
+    elif getattr(model.config, "is_encoder_decoder", False) and target_seq:
+        # T5: labels of the decoder's length; the model shifts them into decoder_input_ids
+        ids = torch.randint(0, vocab, (batch, seq))
+        labels = torch.randint(0, vocab, (batch, target_seq))
     else:
         ids = torch.randint(0, vocab, (batch, seq))
         labels = ids.clone()
@@ -301,7 +314,7 @@ class _Null:
         return False
 
 
-def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer, use_cache=False):
+def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer, use_cache=False, target_seq=0):
     fake = FakeTensorMode()
     model = fake_model(config_dict, precision, attention, fake)
     vocab = config_dict.get("vocab_size", 1000)
@@ -310,15 +323,19 @@ def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer
     saved = SavedTracker(exclude=params) if ckpt == "none" else None
     with fake, tr:
         return train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, saved=saved,
-                           use_cache=use_cache)
+                           use_cache=use_cache, target_seq=target_seq)
 
 
 # ---- memplan --------------------------------------------------------------------------------
 
-def measure_memplan(memplan, cfg_path, batch, seq, precision, attention, ckpt, optimizer, use_cache=False):
+def measure_memplan(memplan, cfg_path, batch, seq, precision, attention, ckpt, optimizer, use_cache=False,
+                    target_seq=0):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--optimizer", "sgd-momentum" if optimizer == "sgd-momentum" else "adamw", "--attention", attention,
-           "--checkpoint", ckpt, "--json", "--use-cache", "on" if use_cache else "off"]
+           "--checkpoint", ckpt, "--json"]
+    if target_seq:
+        cmd += ["--target-seq", str(target_seq)]
+    cmd += ["--use-cache", "on" if use_cache else "off"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode == 2 and "--use-cache" in r.stderr:  # a model without a k/v cache (encoders, ViT)
         cmd = cmd[:-2]
@@ -417,6 +434,8 @@ def main():
                     help="train with use_cache=True (memplan --use-cache on): the DynamicCache rows")
     ap.add_argument("--attention", choices=("all", "sdpa", "eager"), default="all",
                     help="only the rows with this attention implementation")
+    ap.add_argument("--target-seq", type=int, default=0,
+                    help="encoder-decoders (t5): the decoder's length (default: half each row's --seq)")
     ap.add_argument("--max-layers", type=int, default=4,
                     help="cap the decoder layers (0: as in the config; default 4)")
     a = ap.parse_args()
@@ -435,6 +454,7 @@ def main():
           "saves (torch: saved_tensors_hooks, by storage; memplan: sum of layers[].activation_bytes; "
           "checkpointing none only). Differences are memplan minus torch, in % of torch.\n", file=out)
     summary = []
+    global CUDA_FLOAT_MASK
     for f in files:
         raw = json.load(open(f))
         stem = os.path.splitext(os.path.basename(f))[0]
@@ -461,15 +481,18 @@ def main():
             im, pt = cfg.get("image_size", 224), cfg.get("patch_size", 16)
             seq = (im // pt) ** 2 + 1
             rows = list(dict.fromkeys((8 * b, seq, p, a_, c, o) for (b, s, p, a_, c, o) in rows))
+        CUDA_FLOAT_MASK = cfg.get("model_type") == "t5"
+        enc_dec = bool(cfg.get("is_encoder_decoder")) and "ForConditionalGeneration" in str(cfg.get("architectures"))
         for (b, s, prec, attn, ck, optim) in rows:
             t0 = time.time()
+            tgt = (a.target_seq or s // 2) if enc_dec else 0
             try:
-                t = measure_torch(cfg, b, s, prec, attn, ck, optim, a.use_cache)
+                t = measure_torch(cfg, b, s, prec, attn, ck, optim, a.use_cache, tgt)
             except Exception as e:  # a family transformers cannot run this way: say so
                 print("| %dx%d | %s | %s | %s | %s | torch failed: %s |" % (b, s, prec, attn, ck, optim,
                                                                           str(e).splitlines()[0][:80]), file=out)
                 continue
-            m = measure_memplan(a.memplan, cpath, b, s, prec, attn, ck, optim, a.use_cache)
+            m = measure_memplan(a.memplan, cpath, b, s, prec, attn, ck, optim, a.use_cache, tgt)
             if "error" in m:
                 print("| %dx%d | %s | %s | %s | %s | memplan failed: %s |" % (b, s, prec, attn, ck, optim,
                                                                             m["error"][:80]), file=out)
@@ -482,12 +505,13 @@ def main():
             dcu = pct(m["peak"], t["peak"] + cuda_pk)
             dact = pct(m["act_at_backward"], t["act_at_backward"])
             dsv = "%+.2f%%" % pct(m["saved"], t["saved"]) if t.get("saved") else ""
-            print("| %dx%d | %s | %s | %s | %s | %s | %s | %+.2f%% | %s | %+.2f%% | %s | %s | %+.2f%% | %s | %s | %s |" % (
-                b, s, prec, attn, ck, optim, mib(t["peak"]), mib(m["peak"]), dpk,
+            print("| %dx%d%s | %s | %s | %s | %s | %s | %s | %+.2f%% | %s | %+.2f%% | %s | %s | %+.2f%% | %s | %s | %s |" % (
+                b, s, "->%d" % tgt if tgt else "", prec, attn, ck, optim, mib(t["peak"]), mib(m["peak"]), dpk,
                 ("%s (%s)" % (mib(cuda), why)) if cuda else "", dcu, mib(t["act_at_backward"]),
                 mib(m["act_at_backward"]), dact, dsv, t["peak_at"], m["peak_at"]), file=out)
             out.flush()
-            row = {"config": stem, "model_type": cfg.get("model_type"), "batch": b, "seq": s, "precision": prec,
+            row = {"config": stem, "model_type": cfg.get("model_type"), "batch": b, "seq": s, "target_seq": tgt,
+                   "precision": prec,
                    "attention": attn, "ckpt": ck, "optimizer": optim, "torch": t, "memplan": m,
                    "peak_diff_pct": dpk, "peak_diff_vs_cuda_pct": dcu, "cuda_only_bytes": cuda,
                    "act_diff_pct": dact, "seconds": round(time.time() - t0, 1)}

@@ -44,9 +44,11 @@ struct rp {
     bool *live, *glive, *pglive, *is_input;
     int *uses, *saved, *holds;
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
+    bool *recomp; /* per block: recorded by a recompute (after the loss) for its backward */
     bool *cached; /* per tensor: an autocast weight copy held by autocast's cache until the loss */
     int shared_block[2]; /* per model-made tensor (rope_tables, attn_mask): the block whose first
                             forward made it (held until its backward), -1 */
+    bool held_on[MP_HELD_MAX]; /* p->held[j] is held (made by the forward, not yet released) */
     /* data parallel (NULL pp: one GPU) */
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
@@ -166,6 +168,33 @@ static bool node_packs(const struct mp_node *n)
     return !n->no_grad && (n->n_saved > 0 || (n->grad_in && n->param[0] >= 0 && !n->quantized));
 }
 
+/* The tensors a model hands to many blocks (p->held: T5's encoder output and position biases):
+ * held from the forward that makes them until the loss, or, when their release block is a
+ * checkpoint (whose inputs keep them), until that block's backward.  release_at: the loss (-1)
+ * or block i's backward. */
+static void hold_made(struct rp *r, const struct mp_node *n)
+{
+    for (size_t j = 0; j < r->p->n_held; j++) {
+        int t = r->p->held[j].t;
+        if (r->phase == MP_PH_FORWARD && !r->held_on[j] && (n->out == t || node_makes(n, t))) {
+            r->held_on[j] = true;
+            r->holds[t]++;
+        }
+    }
+}
+
+static void release_held(struct rp *r, int release_at)
+{
+    for (size_t j = 0; j < r->p->n_held; j++) {
+        int rb = r->p->held[j].release;
+        if (!r->held_on[j] || (release_at < 0 ? rb >= 0 && r->ckpt[rb] : rb != release_at))
+            continue;
+        r->held_on[j] = false;
+        r->holds[r->p->held[j].t]--;
+        t_maybe_free(r, r->p->held[j].t);
+    }
+}
+
 /* Forward of block i; kind FE records for backward, FN/FC do not.  early: the recompute right
  * before block i's backward; torch's non-reentrant checkpoint stops it at the pack of the last
  * tensor the first forward saved (early stop, torch/utils/checkpoint.py _StopRecomputationError):
@@ -183,6 +212,8 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
                 break;
             }
     bool stopped = end < bp->node0 + bp->n_nodes;
+    if (grad && r->phase == MP_PH_RECOMPUTE)
+        r->recomp[i] = true;
     for (size_t k = bp->node0; k < end; k++) {
         const struct mp_node *n = &p->nodes[k];
         for (int j = 0; j < 3; j++)
@@ -221,6 +252,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
                 r->shared_block[j] = (int)i;
                 r->holds[shared[j]]++;
             }
+        hold_made(r, n);
         tmp(r, (int)k, n->fwd_tmp_bytes, true);
         if (n->n_fops)
             fwd_ops(r, n, (int)k, grad);
@@ -562,8 +594,19 @@ static bool par_opt_per_param(const struct rp *r)
                           r->pp->par.offload == MP_OFFLOAD_NONE);
 }
 
+/* Backward of node n is done with what it saved. */
+static void release_saved(struct rp *r, const struct mp_node *n)
+{
+    for (int j = 0; j < n->n_saved; j++) {
+        int t = n->saved[j];
+        if (r->saved[t] > 0)
+            r->saved[t]--;
+        t_maybe_free(r, t);
+    }
+}
+
 /* Releases n's saved tensor t (once: released[] marks n->saved[] entries already released). */
-static void release_saved(struct rp *r, const struct mp_node *n, int t, bool *released)
+static void release_saved_one(struct rp *r, const struct mp_node *n, int t, bool *released)
 {
     for (int j = 0; j < n->n_saved; j++)
         if (n->saved[j] == t && !released[j]) {
@@ -595,12 +638,12 @@ static void bwd_ops(struct rp *r, const struct mp_node *n, int k)
         g_free(r, s->free_buf);
         for (int j = 0; j < 2; j++)
             if (s->release[j] >= 0)
-                release_saved(r, n, s->release[j], released);
+                release_saved_one(r, n, s->release[j], released);
         if (s->free_gout && !node_reads(n, n->out, 3))
             g_free(r, n->out);
     }
     for (int j = 0; j < n->n_saved; j++)
-        release_saved(r, n, n->saved[j], released);
+        release_saved_one(r, n, n->saved[j], released);
 }
 
 static void bwd_block(struct rp *r, size_t i)
@@ -636,7 +679,8 @@ static void bwd_block(struct rp *r, size_t i)
         }
         if (n->grad_in && !n->n_bops)
             for (int j = 0; j < 3; j++)
-                g_alloc(r, n->in_grad_part[j] >= 0 ? n->in_grad_part[j] : n->in[j]);
+                if (!n->engine_grad[j])
+                    g_alloc(r, n->in_grad_part[j] >= 0 ? n->in_grad_part[j] : n->in[j]);
         uint64_t btmp = n->bwd_tmp_bytes + incoming;
         tmp(r, (int)k, btmp, true);
         if (n->n_bops) {
@@ -646,6 +690,17 @@ static void bwd_block(struct rp *r, size_t i)
                                   .phase = r->phase};
             r->st = r->fn(r->ctx, &ev);
         }
+        /* torch's non-reentrant checkpoint hands the node the recomputed tensors and drops its own
+         * reference as it does (checkpoint.py unpack_hook: holder.handles[gid] = None): they die
+         * with the node's backward, before the engine makes the gradients it casts or sums
+         * (validate_outputs); a tensor autograd saved itself lives until release_variables, after
+         * that.  (Bench: the MoE routing-weights MulBackward0 under `layers`, pure bf16.) */
+        if (r->recomp[i] && !n->n_bops)
+            release_saved(r, n);
+        if (n->grad_in && !n->n_bops)
+            for (int j = 0; j < 3; j++)
+                if (n->engine_grad[j])
+                    g_alloc(r, n->in_grad_part[j] >= 0 ? n->in_grad_part[j] : n->in[j]);
         tmp(r, (int)k, btmp, false);
         if (r->first_use) /* DDP gradient_as_bucket_view: the reducer copies the fresh grad into its
                            * bucket view and drops it once the parameter's last backward ran */
@@ -656,16 +711,13 @@ static void bwd_block(struct rp *r, size_t i)
                     emit(r, MP_EV_FREE, MP_ST_PGRAD, q, p->params[q].elems * mp_dtype_size(p->param_dtype));
                 }
             }
-        for (int j = 0; j < n->n_saved && !n->n_bops; j++) { /* (bwd_ops released them) */
-            int t = n->saved[j];
-            if (r->saved[t] > 0)
-                r->saved[t]--;
-            t_maybe_free(r, t);
-        }
+        if (!r->recomp[i] && !n->n_bops) /* (bwd_ops released them op by op) */
+            release_saved(r, n);
         if (!node_reads(n, n->out, 3))
             g_free(r, n->out);
     }
     r->node = -1;
+    r->recomp[i] = false;
     if (bp->output != bp->input) /* a block of views (flatten) passes its gradient on to block i-1 */
         g_free(r, bp->output);
     /* A hold left on x_{i+1} comes from recomputing block i (B_{i+1} already ran):
@@ -686,6 +738,7 @@ static void bwd_block(struct rp *r, size_t i)
             r->holds[shared[j]]--;
             t_maybe_free(r, shared[j]);
         }
+    release_held(r, (int)i);
 }
 
 static void loss_op(struct rp *r)
@@ -700,6 +753,7 @@ static void loss_op(struct rp *r)
         r->holds[p->attn_mask]--;
         t_maybe_free(r, p->attn_mask);
     }
+    release_held(r, -1);
     /* the autocast region ends with the forward (loss included), before backward:
      * its cache of weight copies is cleared */
     for (size_t t = 0; t < p->n_tensors; t++)
@@ -748,6 +802,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
     r.saved = calloc(nt, sizeof(int));
     r.holds = calloc(nt, sizeof(int));
     r.ckpt = calloc(p->n_blocks ? p->n_blocks : 1, sizeof(bool));
+    r.recomp = calloc(p->n_blocks ? p->n_blocks : 1, sizeof(bool));
     r.cached = calloc(nt, sizeof(bool));
     struct mp_schedule none;
     mp_schedule_init(&none);
@@ -783,7 +838,8 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
             goto out;
         }
     }
-    if (!r.live || !r.glive || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds || !r.ckpt || !r.cached) {
+    if (!r.live || !r.glive || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds || !r.ckpt || !r.recomp ||
+        !r.cached) {
         st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
         goto out;
     }
@@ -936,6 +992,7 @@ out:
     free(r.saved);
     free(r.holds);
     free(r.ckpt);
+    free(r.recomp);
     free(r.cached);
     return st;
 }

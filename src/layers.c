@@ -94,8 +94,13 @@ struct bld {
     char prefix[96];  /* name prefix of the current op */
     int embed_param;  /* first embedding table (tied lm_head) */
     int rope_cos_sin; /* the model's rotary cos/sin tables (created by the first rope node), or -1 */
+    int rope_pair;    /* interleaved rotary: the current layer's cos/sin pair (made by its q rope), or -1 */
     int attn_mask;    /* the model's (b, 1, s, s) attention mask (created by the first attention), or -1 */
     int pos_tables;   /* GPT-J: the per-layer sinusoid buffers, one resident tensor for all layers, or -1 */
+    /* T5: the encoder output (read by every cross-attention), the current stack's position bias
+     * (1, a, q, k), the decoder's cross-attention bias (zeros) and eager causal mask, or -1 */
+    int enc_out, pos_bias, cross_bias, dec_mask;
+    uint64_t s_enc;   /* T5: the encoder's length (B->s is the decoder's once the decoder starts) */
     uint64_t b, s;
     bool amp;
     bool in_adapter;  /* lowering a LoRA adapter: its Linears are trainable fp32, never quantized */
@@ -267,6 +272,7 @@ static struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *na
     n->out_parts[0] = n->out_parts[1] = -1;
     n->out = -1;
     n->keep = -1;
+    n->score_add[0] = n->score_add[1] = -1;
     n->wcopy = -1;
     n->param[0] = n->param[1] = -1;
     n->grad_in = true;
@@ -873,6 +879,8 @@ static struct val lower_lora(struct bld *B, struct val x, struct val base, uint6
     return sum;
 }
 
+static void held_tensor(struct bld *B, int t, int release);
+
 static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer *l, uint64_t heads,
                              const char *name)
 {
@@ -888,7 +896,30 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->head_dim = l->head_dim;
     n->rotary_dim = l->rotary_dim ? l->rotary_dim : l->head_dim;
     uint64_t tmp = mul(B, T(B, x.t)->bytes, 2);
-    if (l->rope_table_rows) {
+    bool q_call = !strcmp(name, "q_rope");
+    if (l->rope_interleave && !q_call) {
+        save(n, B->rope_pair); /* k: the layer's pair, made by q's call */
+    } else if (l->rope_interleave) {
+        /* apply_rotary_pos_emb slices the model's cos/sin to rotary_dim/2 and repeat_interleave's
+         * them: a new (1, 1, s, rotary_dim) pair per layer, in the table's dtype (the residual
+         * dtype; fp32 for ERNIE 4.5), saved by q's and k's products.  The model's table (made
+         * once, by the first layer here) is saved by nobody: a forward local */
+        enum mp_dtype cdt = l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype;
+        uint64_t pair = mul(B, mul(B, 2, B->s), n->rotary_dim);
+        if (B->rope_cos_sin < 0) {
+            B->rope_cos_sin = new_flat(B, "rope.cos_sin", cdt, pair);
+            extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
+            unsave(n, B->rope_cos_sin);
+            held_tensor(B, B->rope_cos_sin, B->block); /* a checkpoint input under checkpointing */
+            const char *bn[2] = {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"};
+            for (int i = 0; i < 2 && B->p->n_buffers < MP_BUFFERS_MAX; i++)
+                B->p->buffers[B->p->n_buffers++] = new_flat(B, bn[i], MP_DT_F32, mp_ceil_div(n->rotary_dim, 2));
+        }
+        char en[112];
+        snprintf(en, sizeof en, "%s.cos_sin", name);
+        B->rope_pair = new_flat(B, en, cdt, pair);
+        extra_as(n, B->rope_pair, MP_XR_COS_SIN);
+    } else if (l->rope_table_rows) {
         /* GPT-J: cos and sin gathered from the layer's table for the s positions (position ids
          * of batch 1), cast to x's dtype, repeat_interleave'd: each apply_rotary_pos_emb saves
          * its own pair (1, s, 1, rotary_dim); the table's repeat and the fp32 gather are
@@ -900,17 +931,26 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     } else if (B->rope_cos_sin < 0) {
         /* cos and sin (s x rotary_dim each, in the residual dtype) are made once per
          * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
-        B->rope_cos_sin = new_flat(B, "rope.cos_sin", B->p->param_dtype, mul(B, mul(B, 2, B->s), n->rotary_dim));
+        /* (one pair per distinct layer type where the model keeps a table per type: Gemma3,
+         * OLMo3; counted as one tensor) */
+        uint64_t kinds = l->rope_kinds > 1 ? l->rope_kinds : 1;
+        B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype,
+                                   mul(B, mul(B, mul(B, 2, kinds), B->s), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
         B->p->rope_tables = B->rope_cos_sin;
         /* HF's rotary embedding registers inv_freq and a clone, original_inv_freq
-         * (persistent=False: not in the checkpoint, but on the GPU): rotary_dim/2 fp32 each */
+         * (persistent=False: not in the checkpoint, but on the GPU): rotary_dim/2 fp32 each,
+         * per layer type where there is a table per type */
         const char *bn[2] = {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"};
         for (int i = 0; i < 2 && B->p->n_buffers < MP_BUFFERS_MAX; i++)
-            B->p->buffers[B->p->n_buffers++] = new_flat(B, bn[i], MP_DT_F32, mp_ceil_div(n->rotary_dim, 2));
+            B->p->buffers[B->p->n_buffers++] =
+                new_flat(B, bn[i], MP_DT_F32, mul(B, kinds, mp_ceil_div(n->rotary_dim, 2)));
     } else {
         save(n, B->rope_cos_sin);
     }
+    /* fp32 cos/sin: products and sum in fp32 (ERNIE: q.float() too), cast back */
+    if (l->rope_fp32 && dt_of(B, x) != MP_DT_F32)
+        tmp = mul(B, mul(B, T(B, x.t)->elems, 4), 3);
     n->seq = B->s;
     n->rows = rows_of(x);
     n->n = last_dim(x);
@@ -985,6 +1025,8 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     uint64_t ass = mul(B, asb, s);                /* a*s*s*b */
     char en[80];
     attn_mask(B, n, name, eager, cdt);
+    if (eager && (l->attn_mask || l->eager_mask))
+        n->score_add[0] = B->attn_mask;
     if (!eager) {
         /* SDPA flash / mem-efficient: saves q, k, v, out and the fp32 logsumexp. */
         save(n, q.t);
@@ -1175,8 +1217,8 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         /* the cache holds them until the forward returns; under autocast the rotated k is fp32
          * (q * cos with cos in the fp32 residual's dtype), so its copy is too, and so is v's:
          * the empty cache tensors take k's dtype and torch.cat promotes; SDPA saves their half
-         * casts */
-        k = cast_to(B, k, B->amp && l->rope ? MP_DT_F32 : dt_of(B, k), "k_cache");
+         * casts (rope_fp32 families cast the rotated k back to k's dtype: no promotion) */
+        k = cast_to(B, k, B->amp && l->rope && !l->rope_fp32 ? MP_DT_F32 : dt_of(B, k), "k_cache");
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
         v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
@@ -1227,6 +1269,9 @@ static struct val lower_mul(struct bld *B, struct val a, struct val b, const cha
     uint64_t ma = mul(B, val_elems(B, a), mp_dtype_size(dt_of(B, m)));
     tmp_one(B, n, true, MP_TR_OTHER,
             add(B, val_elems(B, b) < val_elems(B, a) ? ma : 0, dt_of(B, a) != dt_of(B, m) ? ma : 0));
+    /* the cast and the sum are the engine's (validate_outputs), after MulBackward0 returns */
+    n->engine_grad[0] = dt_of(B, a) != dt_of(B, m);
+    n->engine_grad[1] = val_elems(B, b) < val_elems(B, a) || dt_of(B, b) != dt_of(B, m);
     return m;
 }
 
@@ -1580,6 +1625,344 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
     struct val n2 = lower_norm(B, h1, l, l->norm, h, "ln_2");
     struct val m = lower_dropout(B, lower_mlp(B, n2, l, h, "mlp"), l->p, "mlp_dropout");
     return lower_add(B, h1, mult_copy(B, m, l, "mlp_mult"), "mlp_residual");
+}
+
+/* ---- T5 (transformers 5.23 modeling_t5.py) ------------------------------------------------ */
+
+/* T5LayerNorm: x.to(fp32).pow(2).mean (pow saves the fp32 x: a copy when x is half), x * rsqrt
+ * (saves x itself and rsqrt), .to(the weight's dtype) when that is half, weight * normed (saves
+ * normed): HF's RMSNorm plus, for a half x, x itself saved. */
+static struct val lower_t5_norm(struct bld *B, struct val x, uint64_t dim, const char *name)
+{
+    struct val y = lower_rmsnorm(B, x, dim, false, name);
+    if (!failed(B) && dt_of(B, x) != MP_DT_F32)
+        save(&B->p->nodes[B->p->n_nodes - 1], x.t);
+    return y;
+}
+
+/* A tensor the model makes once per forward and hands to many blocks: held until the loss, or
+ * until block release's backward when that block is a checkpoint (estimate.c). */
+static void held_tensor(struct bld *B, int t, int release)
+{
+    if (failed(B) || t < 0)
+        return;
+    if (B->p->n_held >= MP_HELD_MAX) {
+        fail_model(B, MP_ERR_INTERNAL, "too many model-wide tensors");
+        return;
+    }
+    B->p->held[B->p->n_held].t = t;
+    B->p->held[B->p->n_held++].release = release;
+}
+
+/* A node making a new tensor from in (-1: none) with transients, no saved tensor of its own. */
+static struct mp_node *t5_node(struct bld *B, const char *name, int in, int out, uint64_t fwd_tmp)
+{
+    struct mp_node *n = new_node(B, MP_P_CAST, name);
+    if (!n)
+        return NULL;
+    n->in[0] = in;
+    n->out = out;
+    n->rows = 1;
+    n->n = T(B, out)->elems;
+    n->fwd_flops = (double)T(B, out)->elems;
+    n->bwd_flops = n->fwd_flops;
+    tmp_one(B, n, false, MP_TR_OTHER, fwd_tmp);
+    return n;
+}
+
+/* compute_bias in layer 0 of a stack: the (q, k) relative positions bucketed (int64 and fp32
+ * (q, k) intermediates: forward transients), looked up in relative_attention_bias (buckets x
+ * heads, the parameters' dtype; Embedding saves the int64 bucket index) and permuted to
+ * (1, heads, q, k): a view, handed to every layer of the stack. */
+static struct val t5_position_bias(struct bld *B, const struct mp_layer *l, uint64_t ql, uint64_t kl)
+{
+    uint64_t shape[4] = {1, l->heads, ql, kl}, qk = mul(B, ql, kl);
+    int w = new_param(B, "relative_attention_bias.weight", l->rel_buckets, l->heads, false);
+    struct val pb = new_val(B, "position_bias", B->p->param_dtype, 4, shape, true);
+    struct mp_node *n = t5_node(B, "relative_attention_bias", -1, pb.t, mul(B, qk, 3 * 8));
+    if (!n)
+        return pb;
+    n->param[0] = w;
+    extra_as(n, new_flat(B, "relative_position_bucket", MP_DT_I64, qk), MP_XR_POSITION_IDS);
+    held_tensor(B, pb.t, B->block);
+    return pb;
+}
+
+/* T5Attention (no 1/sqrt(d) scaling) of x over kv (x itself, or the encoder output) with the
+ * position bias pb (1, a, q, k) added to the scores.
+ * SDPA (transformers' default for T5): sdpa_attention_forward folds pb into a float attn_mask
+ * per layer (create_position_bias_mask): encoder, pb.contiguous() (a copy: pb is a permuted
+ * view); causal decoder, torch.where(causal (1, 1, q, k) bool, pb, min) (WhereBackward saves the
+ * bool); cross-attention, the shared zeros as they are.  Under autocast SDPA casts the fp32 mask
+ * to the half dtype (that copy is saved).  On CUDA a float mask rules out flash: the memory-
+ * efficient kernel saves q, k, v, the mask, out and its fp32 logsumexp (b, a, q rounded up to
+ * 32); its backward makes the mask's gradient at the expanded (b, a, q, k rounded up to 16) size
+ * (_efficient_attention_backward), summed over the batch by ExpandBackward, and keeps delta
+ * (b, a, q) and, for half inputs, an fp32 dq accumulator.  (The CPU runs a mask that needs a
+ * gradient through the math kernel instead: bench/torch_step_results.md.)
+ * Eager (eager_attention_forward): contiguous copies of q, k, v for the matmuls (saved), the
+ * scores, + pb (promoted: fp32 under autocast), + the decoder's causal mask, a plain softmax
+ * (fp32 under CUDA autocast; saves its output), dropout, the probabilities cast to v's dtype
+ * (saved by P@V); the bias gradient is the scores' gradient summed over the batch. */
+enum t5_attn { T5_ENC_SELF, T5_DEC_SELF, T5_CROSS };
+static struct val t5_attention(struct bld *B, struct val x, struct val kv, const struct mp_layer *l,
+                               enum t5_attn kind, const char *name)
+{
+    char saved[96], en[112];
+    with_prefix(B, B->prefix, name, saved);
+    uint64_t h = l->dim, a = l->heads, d = l->head_dim, inner = mul(B, a, d);
+    uint64_t b = B->b, ql = B->s, kl = kind == T5_CROSS ? B->s_enc : B->s;
+    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
+    bool eager = impl == MP_ATTN_EAGER;
+    if (impl == MP_ATTN_FLASH) {
+        fail_model(B, MP_ERR_USAGE, "--attention flash: transformers has no flash-attention path for T5 (the "
+                                    "position bias is an additive mask): use sdpa or eager");
+        restore_prefix(B, saved);
+        return x;
+    }
+    struct val q = lower_linear(B, x, h, inner, false, "q");
+    struct val k = lower_linear(B, kv, h, inner, false, "k");
+    struct val v = lower_linear(B, kv, h, inner, false, "v");
+    if (kind != T5_ENC_SELF && B->m->use_cache && !B->p->opts.hf_checkpointing && !eager) {
+        /* EncoderDecoderCache: DynamicLayer.update torch.cat's k and v (self and cross) onto an
+         * empty tensor; SDPA saves the copies, the cache holds them until the forward returns */
+        k = cast_to(B, k, dt_of(B, k), "k_cache");
+        if (!failed(B))
+            B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+        v = cast_to(B, v, dt_of(B, v), "v_cache");
+        if (!failed(B))
+            B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+    }
+    if (failed(B)) {
+        restore_prefix(B, saved);
+        return x;
+    }
+    enum mp_dtype cdt = dt_of(B, q);
+    uint64_t shape4[4] = {1, a, ql, kl}, aqk = mul(B, mul(B, a, ql), kl), baqk = mul(B, b, aqk);
+    int pb;
+    if (kind == T5_CROSS) {
+        if (B->cross_bias < 0) { /* layer 0: torch.zeros (1, a, q, k) in q's dtype, handed on */
+            struct val z = new_val(B, "position_bias_zeros", cdt, 4, shape4, B->p->opts.hf_checkpointing);
+            struct mp_node *zn = t5_node(B, "position_bias_zeros", -1, z.t, 0);
+            if (zn) {
+                zn->no_grad = true;
+                zn->grad_in = false;
+            }
+            B->cross_bias = z.t;
+            held_tensor(B, z.t, B->block);
+        }
+        pb = B->cross_bias;
+    } else {
+        if (l->rel_buckets)
+            B->pos_bias = t5_position_bias(B, l, ql, kl).t;
+        pb = B->pos_bias;
+    }
+    if (pb < 0) {
+        fail_model(B, MP_ERR_MODEL, "no relative position bias before this layer (rel_buckets in layer 0)");
+        restore_prefix(B, saved);
+        return x;
+    }
+    bool pb_grad = T(B, pb)->needs_grad;
+    enum mp_dtype pdt = T(B, pb)->dtype;
+    struct val y = with_last(B, "attn", q, inner, cdt, true);
+    int mask = pb;
+    if (!eager && kind != T5_CROSS) {
+        enum mp_dtype mdt = B->amp ? cdt : pdt;
+        mask = new_val(B, "position_bias_mask", mdt, 4, shape4, true).t;
+        /* the fp32 contiguous / where output before its autocast copy */
+        struct mp_node *mn = t5_node(B, "position_bias_mask", pb, mask, B->amp ? mul(B, aqk, 4) : 0);
+        if (mn && kind == T5_DEC_SELF)
+            extra_as(mn, new_flat(B, "causal_mask", MP_DT_U8, mul(B, ql, kl)), MP_XR_ATTN_MASK);
+        /* backward: the expanded gradient, its batch sum, the sum's fp32 copy (autocast) */
+        tmp_one(B, mn, true, MP_TR_OTHER,
+                add(B, mul(B, mul(B, mul(B, b, mul(B, a, ql)), round_up(kl, 16)), mp_dtype_size(mdt)),
+                    mul(B, aqk, mp_dtype_size(mdt) + (B->amp ? 4 : 0))));
+    } else if (pb_grad) {
+        /* the scores' (or the zeros' mask's) gradient reaches pb: a view node carries it */
+        struct mp_node *vn = new_node(B, MP_P_VIEW, "position_bias_grad");
+        if (vn) {
+            vn->in[0] = vn->out = pb;
+            vn->rows = 1;
+            vn->n = aqk;
+            /* eager: the batch sum of the scores' gradient; SDPA (the zeros under HF checkpointing):
+             * the kernel's expanded gradient and its batch sum */
+            uint64_t ex = eager ? 0 : mul(B, mul(B, mul(B, b, mul(B, a, ql)), round_up(kl, 16)), mp_dtype_size(pdt));
+            tmp_one(B, vn, true, MP_TR_OTHER, add(B, ex, mul(B, aqk, mp_dtype_size(eager ? promote(cdt, pdt) : pdt))));
+        }
+    }
+    if (eager && kind == T5_DEC_SELF && B->dec_mask < 0) {
+        /* create_causal_mask: a (b, 1, q, q) float mask in the model's dtype, once per forward */
+        B->dec_mask = new_flat(B, "causal_mask", B->p->param_dtype, mul(B, mul(B, b, ql), kl));
+        t5_node(B, "causal_mask", -1, B->dec_mask, 0);
+        if (!failed(B)) {
+            B->p->nodes[B->p->n_nodes - 1].no_grad = true;
+            B->p->nodes[B->p->n_nodes - 1].grad_in = false;
+        }
+        held_tensor(B, B->dec_mask, B->block);
+    }
+    struct mp_node *n = new_node(B, MP_P_ATTN, "attention");
+    if (!n) {
+        restore_prefix(B, saved);
+        return y;
+    }
+    n->in[0] = q.t;
+    n->in[1] = k.t;
+    n->in[2] = v.t;
+    n->out = y.t;
+    n->heads = n->kv_heads = a;
+    n->head_dim = d;
+    n->seq = ql;
+    n->rows = mul(B, b, ql);
+    n->causal = false; /* the causal mask is in the bias */
+    n->eager = eager;
+    n->p = l->attn_dropout;
+    n->keep = mask; /* the mask is an argument, not an input with a gradient slot: alive until it runs */
+    uint64_t baq = mul(B, mul(B, b, a), ql);
+    if (!eager) {
+        save(n, q.t);
+        save(n, k.t);
+        save(n, v.t);
+        save(n, y.t);
+        save(n, mask);
+        snprintf(en, sizeof en, "lse");
+        extra_as(n, new_flat(B, en, MP_DT_F32, mul(B, mul(B, b, a), round_up(ql, 32))), MP_XR_LSE);
+        uint64_t gb = T(B, mask)->needs_grad
+                          ? mul(B, mul(B, baq, round_up(kl, 16)), mp_dtype_size(T(B, mask)->dtype)) : 0;
+        tmp_one(B, n, true, MP_TR_OTHER,
+                add(B, add(B, mul(B, baq, 4), cdt != MP_DT_F32 ? mul(B, mul(B, baq, d), 4) : 0), gb));
+    } else {
+        extra_as(n, new_flat(B, "q_copy", cdt, mul(B, baq, d)), MP_XR_Q_COPY);
+        extra_as(n, new_flat(B, "k_copy", cdt, mul(B, mul(B, mul(B, b, a), kl), d)), MP_XR_K_COPY);
+        extra_as(n, new_flat(B, "v_copy", cdt, mul(B, mul(B, mul(B, b, a), kl), d)), MP_XR_V_COPY);
+        enum mp_dtype sdt = promote(cdt, pdt);            /* scores + pb */
+        enum mp_dtype sm = B->amp ? MP_DT_F32 : sdt;       /* softmax: CUDA autocast's fp32 list */
+        extra_as(n, new_flat(B, "probs", sm, baqk), MP_XR_PROBS);
+        if (l->attn_dropout > 0) {
+            extra_as(n, new_flat(B, "dropout_mask", MP_DT_U8, baqk), MP_XR_ATTN_DROP_MASK);
+            extra_as(n, new_flat(B, "probs_dropped", sm, baqk), MP_XR_PROBS_DROPPED);
+            if (sm != cdt) {
+                unsave(n, n->extra[n->n_extra - 1]); /* P@V saves the cast, not the dropped fp32 */
+                extra_as(n, new_flat(B, "probs_cast", cdt, baqk), MP_XR_PROBS_CAST);
+            }
+        } else if (sm != cdt) {
+            extra_as(n, new_flat(B, "probs_cast", cdt, baqk), MP_XR_PROBS_CAST);
+        }
+        /* the scores (* 1.0), + pb, + the decoder's causal mask, ..., op by op (eager_ops) */
+        n->score_add[0] = pb;
+        n->score_add[1] = kind == T5_DEC_SELF ? B->dec_mask : -1;
+    }
+    double f = 4.0 * (double)b * (double)a * (double)ql * (double)kl * (double)d;
+    n->fwd_flops = f;
+    n->bwd_flops = 2.5 * f;
+    struct val o = lower_linear(B, y, inner, h, false, "o");
+    restore_prefix(B, saved);
+    return o;
+}
+
+/* T5LayerFF: DenseReluDense (wi, act; or wi_0 act * wi_1), dropout, the cast to wo's dtype (an
+ * fp32 copy of the half activation under autocast; wo then casts it back), wo. */
+static struct val t5_ff(struct bld *B, struct val x, const struct mp_layer *l, const char *name)
+{
+    char saved[96];
+    with_prefix(B, B->prefix, name, saved);
+    uint64_t h = l->dim, F = l->ffn;
+    struct val m;
+    if (l->gated) {
+        struct val g = lower_act(B, lower_linear(B, x, h, F, false, "wi_0"), l->act, false, "act");
+        m = lower_mul(B, g, lower_linear(B, x, h, F, false, "wi_1"), "mul");
+    } else {
+        m = lower_act(B, lower_linear(B, x, h, F, false, "wi"), l->act, false, "act");
+    }
+    m = lower_dropout(B, m, l->p, "dropout");
+    if (!failed(B) && dt_of(B, m) != B->p->param_dtype)
+        m = cast_to(B, m, B->p->param_dtype, "to_wo_dtype");
+    struct val y = lower_linear(B, m, F, h, false, "wo");
+    restore_prefix(B, saved);
+    return y;
+}
+
+/* T5Block: x + dropout(SelfAttention(norm(x))); [x + dropout(EncDecAttention(norm(x), encoder
+ * output))]; x + dropout(FF(norm(x))).  Module names as transformers': layer.0 / 1 / 2. */
+static struct val lower_t5_block(struct bld *B, struct val x, const struct mp_layer *l)
+{
+    uint64_t h = l->dim;
+    if (!width_ok(B, x, h, "dim", ""))
+        return x;
+    if (l->cross_attn && B->enc_out < 0) {
+        fail_model(B, MP_ERR_MODEL, "a T5 decoder block needs the decoder embedding (dec_input) before it");
+        return x;
+    }
+    if (l->cross_attn && l->rel_buckets) /* the first decoder layer: checkpoint inputs hold it */
+        for (size_t j = 0; j < B->p->n_held; j++)
+            if (B->p->held[j].t == B->enc_out)
+                B->p->held[j].release = B->block;
+    B->p->probe_unsupported = "T5's encoder-decoder attention (relative position bias, cross-attention)";
+    char p0[24], p1[24], p2[24];
+    snprintf(p0, sizeof p0, "layer.0");
+    snprintf(p1, sizeof p1, "layer.1");
+    snprintf(p2, sizeof p2, "layer.%d", l->cross_attn ? 2 : 1);
+    char sv[96];
+    with_prefix(B, B->prefix, p0, sv);
+    struct val n0 = lower_t5_norm(B, x, h, "layer_norm");
+    struct val a = t5_attention(B, n0, n0, l, l->cross_attn ? T5_DEC_SELF : T5_ENC_SELF, "SelfAttention");
+    restore_prefix(B, sv);
+    x = lower_add(B, x, lower_dropout(B, a, l->p, "layer.0.dropout"), "layer.0.residual");
+    if (l->cross_attn) {
+        struct val e = {.t = B->enc_out, .rank = 3, .shape = {B->b, B->s_enc, h}};
+        with_prefix(B, B->prefix, p1, sv);
+        struct val c = t5_attention(B, lower_t5_norm(B, x, h, "layer_norm"), e, l, T5_CROSS, "EncDecAttention");
+        restore_prefix(B, sv);
+        x = lower_add(B, x, lower_dropout(B, c, l->p, "layer.1.dropout"), "layer.1.residual");
+    }
+    with_prefix(B, B->prefix, p2, sv);
+    struct val f = t5_ff(B, lower_t5_norm(B, x, h, "layer_norm"), l, "DenseReluDense");
+    f = lower_dropout(B, f, l->p, "dropout");
+    restore_prefix(B, sv);
+    char rn[32];
+    snprintf(rn, sizeof rn, "%s.residual", p2);
+    return lower_add(B, x, f, rn);
+}
+
+/* The decoder's embedding: decoder_input_ids = _shift_right(labels) (new_zeros, a shifted clone,
+ * masked_fill_ of -100: int64 (b, t), made when the decoder starts, saved by the lookup), looked
+ * up in the shared table.  The incoming value is the encoder output: held for every decoder
+ * layer's cross-attention (checkpoint inputs under checkpointing).  From here on the sequence is
+ * the decoder's. */
+static struct val lower_t5_decoder_embed(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    if (failed(B))
+        return x;
+    if (B->embed_param < 0 || !width_ok(B, x, l->dim, "dim", nm)) {
+        fail_model(B, MP_ERR_MODEL, "a decoder embedding needs the encoder (its shared table and output) before it");
+        return x;
+    }
+    B->enc_out = x.t;
+    held_tensor(B, x.t, B->block);
+    B->s_enc = B->s;
+    B->s = B->p->opts.target_seq;
+    B->pos_bias = -1;
+    uint64_t shape[3] = {B->b, B->s, l->dim};
+    struct val ids = new_val(B, "decoder_input_ids", MP_DT_I64, 2, shape, false);
+    struct mp_node *sn = t5_node(B, "shift_right", B->m->dec_from_input ? B->p->input : B->p->labels, ids.t,
+                                 add(B, T(B, ids.t)->bytes, mul(B, B->b, B->s)));
+    if (sn) {
+        sn->no_grad = true;
+        sn->grad_in = false;
+    }
+    struct val y = new_val(B, nm, B->p->param_dtype, 3, shape, true);
+    struct mp_node *n = new_node(B, MP_P_EMBED, nm);
+    if (!n)
+        return y;
+    n->in[0] = ids.t;
+    n->out = y.t;
+    n->param[0] = B->embed_param;
+    save(n, ids.t);
+    n->rows = mul(B, B->b, B->s);
+    n->n = l->dim;
+    n->k = l->vocab;
+    n->fwd_flops = (double)T(B, y.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    return lower_dropout(B, y, l->emb_dropout, "dropout");
 }
 
 /* Cross-entropy as PyTorch runs it: an fp32 upcast of half logits, log_softmax, nll_loss.
@@ -1983,6 +2366,11 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     case MP_LT_EMBEDDING: {
         if (failed(B))
             return x;
+        if (l->dec_input) {
+            struct val y = lower_t5_decoder_embed(B, x, l, nm);
+            *resid = y;
+            return y;
+        }
         if (x.t >= 0 && T(B, x.t)->dtype != MP_DT_I64 && B->embed_param >= 0 && last_dim(x) == l->dim) {
             /* A second embedding applied to hidden states: BERT's token-type table looked up
              * with all-zero type ids and added (row 0 broadcast). */
@@ -2057,7 +2445,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     case MP_LT_LAYERNORM:
         return lower_layernorm(B, x, l->dim, l->norm_bias, nm);
     case MP_LT_RMSNORM:
-        return lower_rmsnorm(B, x, l->dim, l->rms_fp32, nm);
+        return l->t5 ? lower_t5_norm(B, x, l->dim, nm) : lower_rmsnorm(B, x, l->dim, l->rms_fp32, nm);
     case MP_LT_ATTENTION:
         if (!width_ok(B, x, l->dim, "dim", ""))
             return x;
@@ -2116,6 +2504,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
                        (unsigned long long)B->p->params[B->embed_param].cols);
             return x;
         }
+        if (l->in_mult != 0) /* T5: sequence_output * d_model**-0.5, a new tensor (saves nothing) */
+            x = lower_copy(B, x, dt_of(B, x), l->in_mult, "scale_decoder_outputs");
         struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
         if (!failed(B) && l->tied) {
             B->p->params[B->embed_param].matmul = true;
@@ -2140,7 +2530,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         if (l->pool == MP_POOL_FIRST)
             x = first_position(B, x, nm);
         struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
-        bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE;
+        bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE && !l->masked; /* masked: a plain
+                                                                 nn.CrossEntropyLoss (T5ForTokenClassification) */
         return lower_loss(B, pool_logits(B, logits, l, nm), "loss", upcast, false);
     }
     case MP_LT_CUSTOM:
@@ -2148,7 +2539,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
     case MP_LT_TRANSFORMER_BLOCK: {
         char saved[96];
         with_prefix(B, B->prefix, "", saved);
-        struct val y = lower_transformer(B, x, l);
+        struct val y = l->t5 ? lower_t5_block(B, x, l) : lower_transformer(B, x, l);
         restore_prefix(B, saved);
         *resid = y;
         return y;
@@ -2286,7 +2677,6 @@ static void eager_ops(struct bld *B, int k)
 {
     struct mp_program *p = B->p;
     const struct mp_node *n = &p->nodes[k];
-    const struct mp_layer *l = n->layer;
     int copy[3], op[3];
     const enum mp_xrole cr[3] = {MP_XR_Q_COPY, MP_XR_K_COPY, MP_XR_V_COPY};
     for (int j = 0; j < 3; j++) {
@@ -2296,7 +2686,7 @@ static void eager_ops(struct bld *B, int k)
     int probs = mp_node_extra(n, MP_XR_PROBS, 0), mask = mp_node_extra(n, MP_XR_ATTN_DROP_MASK, 0);
     int dropped = mp_node_extra(n, MP_XR_PROBS_DROPPED, 0), cast = mp_node_extra(n, MP_XR_PROBS_CAST, 0);
     int tanh_out = mp_node_extra(n, MP_XR_SOFTCAP_TANH, 0);
-    int pv = dropped >= 0 ? dropped : cast >= 0 ? cast : probs; /* what P@V reads and saves */
+    int pv = cast >= 0 ? cast : dropped >= 0 ? dropped : probs; /* what P@V reads and saves */
     if (failed(B) || probs < 0)
         return;
     enum mp_dtype scd = p->tensors[op[0]].dtype, sm = p->tensors[probs].dtype, cdt = p->tensors[n->out].dtype;
@@ -2311,10 +2701,12 @@ static void eager_ops(struct bld *B, int k)
         chain[nc++] = (struct score_op){MP_SOP_SOFTCAP_MUL, scd, -1, "softcap_mul", "grad_softcap_tanh"};
     }
     enum mp_dtype dt = scd;
-    if (l->attn_mask || l->eager_mask) { /* + the model's mask, in its dtype (p->param_dtype) */
-        dt = promote(dt, p->param_dtype);
-        chain[nc++] = (struct score_op){MP_SOP_MASK, dt, -1, "scores_masked", "grad_scores_masked"};
-    }
+    for (int i = 0; i < 2; i++) /* + the masks / position bias, promoting to their dtype */
+        if (n->score_add[i] >= 0) {
+            dt = promote(dt, p->tensors[n->score_add[i]].dtype);
+            chain[nc++] = (struct score_op){MP_SOP_MASK, dt, -1, i ? "scores_masked2" : "scores_masked",
+                                            i ? "grad_scores_masked2" : "grad_scores_masked"};
+        }
     if (dt != sm) /* softmax(dtype=float32) / autocast's fp32 softmax: an upcast copy first */
         chain[nc++] = (struct score_op){MP_SOP_CAST, sm, -1, "scores_f32", "grad_scores_f32"};
 
@@ -2331,19 +2723,27 @@ static void eager_ops(struct bld *B, int k)
     struct mp_subop *st = sop(B, k, false, MP_SOP_SOFTMAX, cur, probs);
     if (st && (nc == 0 || chain[nc - 1].saved < 0))
         st->free_buf = cur;
+    /* the probabilities' way to P@V: HF decoders cast them to v's dtype, then dropout; T5
+     * drops them out in the softmax's dtype and P@V's autocast casts them */
+    struct score_op post[2];
+    int np = 0;
+    bool drop_first = mask >= 0 && cast >= 0;
+    if (mask >= 0 && drop_first)
+        post[np++] = (struct score_op){MP_SOP_DROPOUT, sm, dropped, NULL, "grad_probs_undropped"};
+    if (pv != probs && p->tensors[pv].dtype != sm)
+        post[np++] = (struct score_op){MP_SOP_CAST, cdt, cast, "probs_cast", "grad_probs_f32"};
+    if (mask >= 0 && !drop_first)
+        post[np++] = (struct score_op){MP_SOP_DROPOUT, cdt, dropped, NULL, "grad_probs_undropped"};
     cur = probs;
-    if (mask >= 0) { /* dropout on the probabilities (cast to v's dtype first when they are fp32) */
-        if (sm != cdt) {
-            int c = op_tensor(B, n, "probs_cast", cdt, ass, false);
-            sop(B, k, false, MP_SOP_CAST, cur, c);
-            cur = c;
-        }
-        if ((st = sop(B, k, false, MP_SOP_DROPOUT, cur, dropped)) != NULL) {
+    for (int i = 0; i < np; i++) {
+        int t = post[i].saved >= 0 ? post[i].saved : op_tensor(B, n, post[i].fwd, post[i].dt, ass, false);
+        if ((st = sop(B, k, false, post[i].op, cur, t)) == NULL)
+            return;
+        if (post[i].op == MP_SOP_DROPOUT)
             st->dst2 = mask;
-            st->free_buf = cur != probs ? cur : -1;
-        }
-    } else if (cast >= 0) {
-        sop(B, k, false, MP_SOP_CAST, cur, cast);
+        if (cur != probs && cur != pv) /* a transient, or T5's dropped probabilities (not saved) */
+            st->free_buf = cur;
+        cur = t;
     }
     uint64_t dv = p->tensors[n->out].elems / (n->rows * n->heads);
     int heads = op_tensor(B, n, "heads", cdt, n->rows * n->heads * dv, false);
@@ -2380,10 +2780,9 @@ static void eager_ops(struct bld *B, int k)
          * each, the one before dies */
         struct score_op rev[12];
         int nr = 0;
-        if (mask >= 0)
-            rev[nr++] = (struct score_op){MP_SOP_DROPOUT, p->tensors[pv].dtype, mask, NULL, "grad_probs_undropped"};
-        if (p->tensors[pv].dtype != sm)
-            rev[nr++] = (struct score_op){MP_SOP_CAST, sm, -1, NULL, "grad_probs_f32"};
+        for (int i = np; i-- > 0;) /* each op's input gradient, in its input's dtype */
+            rev[nr++] = (struct score_op){post[i].op, i > 0 ? post[i - 1].dt : sm,
+                                          post[i].op == MP_SOP_DROPOUT ? mask : -1, NULL, post[i].bwd};
         rev[nr++] = (struct score_op){MP_SOP_SOFTMAX, sm, probs, NULL, "grad_softmax_in"};
         for (int i = nc; i-- > 0;) {
             /* each op's input gradient, in its input's dtype; the scalar ops and the add make one
@@ -2639,6 +3038,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     p->attn_mask = -1;
     if (p->opts.seq == 0)
         p->opts.seq = m->seq_len ? m->seq_len : 1;
+    if (!m->enc_dec)
+        p->opts.target_seq = 0;
+    else if (p->opts.target_seq == 0 || m->dec_from_input)
+        p->opts.target_seq = p->opts.seq;
     if (p->opts.batch == 0)
         return mp_fail(d, MP_ERR_USAGE, "batch must be positive");
     if (mp_finetune_all_linear_unmodelled(&o->ft, m->hf_type))
@@ -2650,7 +3053,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
-    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .attn_mask = -1, .pos_tables = -1, .b = p->opts.batch,
+    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .rope_pair = -1, .attn_mask = -1, .pos_tables = -1, .enc_out = -1, .pos_bias = -1, .cross_bias = -1, .dec_mask = -1, .b = p->opts.batch,
                     .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);

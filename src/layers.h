@@ -29,7 +29,8 @@ int mp_optimizer_parse(const char *s); /* -1 if unknown */
 
 struct mp_build_opts {
     uint64_t batch;              /* micro-batch */
-    uint64_t seq;                /* sequence length (token models) */
+    uint64_t seq;                /* sequence length (token models; the encoder's for encoder-decoders) */
+    uint64_t target_seq;         /* encoder-decoder models: the decoder's length (0: = seq) */
     enum mp_precision precision;
     enum mp_attn_impl attention; /* default for attention layers that do not name one */
     bool attention_forced;       /* --attention given: overrides what the file says */
@@ -207,6 +208,8 @@ struct mp_node {
     int out;                      /* tensor id (== in[0] for views and in-place ops) */
     int wcopy;                    /* autocast's half copy of param[0] (an extra), -1 none: autocast caches it
                                      until the forward's autocast region ends (after the loss) */
+    int score_add[2];             /* eager attention: what is added to the scaled scores, in order (the
+                                     model's mask, T5's position bias and causal mask), -1 none */
     int keep;                     /* tensor a Python local holds until this forward is done (no gradient
                                      flows through it: the half logits during the loss); -1 none */
     bool kv_cached;               /* out is held by transformers' DynamicCache (use_cache) until the
@@ -223,6 +226,10 @@ struct mp_node {
                                      in[j]'s whole gradient; -1: the whole gradient */
     int out_parts[2];             /* the gradient parts of out (-1 none): this node's backward first
                                      assembles out's gradient from them (SplitBackward's cat) */
+    bool engine_grad[3];          /* in[j]'s gradient is made by the autograd engine after the node's
+                                     backward returns (validate_outputs: the cast to in[j]'s dtype, the
+                                     sum over a broadcast operand's dimensions), not by the node (set
+                                     on MoE multiplies only, which no probe executor runs) */
     int param[2];                 /* parameter ids (weight, bias); -1 unused */
     bool grad_in;                 /* produces gradients for its inputs that need one */
     int fop0, n_fops;             /* its forward as several ops: mp_program.subops[fop0 ..
@@ -287,6 +294,14 @@ struct mp_program {
                                     the first forward that makes them to the backward of that block; -1 */
     int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward
                                     (Falcon), held like rope_tables; -1 */
+#define MP_HELD_MAX 6
+    size_t n_held;
+    struct {
+        int t;                   /* a tensor the model makes once per forward and hands to many blocks
+                                    (T5: the encoder output, the position biases) */
+        int release;             /* it lives until the loss; if this block is a checkpoint (its inputs
+                                    hold it), until this block's backward */
+    } held[MP_HELD_MAX];
 #define MP_BUFFERS_MAX 4
     size_t n_buffers;
     int buffers[MP_BUFFERS_MAX]; /* non-persistent module buffers, resident like the batch (rotary

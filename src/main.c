@@ -68,7 +68,7 @@ enum {
     O_GPUS, O_NODES, O_PARALLEL, O_OFFLOAD, O_OFFDEV, O_BUCKETVIEW, O_RANK,
     O_FINETUNE, O_LORA_R, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_TRAIN_BLOCKS,
     O_MOE_CAPACITY,
-    O_USE_CACHE,
+    O_USE_CACHE, O_TARGET_SEQ,
 };
 
 /* Which commands accept which options (bit per command). */
@@ -84,6 +84,7 @@ struct opt_info {
 static const struct opt_info OPTS[] = {
     {{"batch", required_argument, 0, O_BATCH}, C_EST | C_PLAN | C_PROBE | C_CHECK, "B", "micro-batch (default 1)"},
     {{"seq", required_argument, 0, O_SEQ}, 31, "S", "sequence length (default: the model's, at most 2048 for HF configs)"},
+    {{"target-seq", required_argument, 0, O_TARGET_SEQ}, 31, "T", "encoder-decoders (t5): the decoder's length; --seq is the encoder's (default: = --seq)"},
     {{"precision", required_argument, 0, O_PREC}, 31, "P", "fp32 | amp-bf16 | amp-fp16 | bf16 | mixed-bf16 (default amp-bf16)"},
     {{"optimizer", required_argument, 0, O_OPT}, 31, "O", "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit (default adamw)"},
     {{"checkpoint", required_argument, 0, O_CKPT}, C_EST | C_PLAN | C_PROBE | C_CHECK, "C", "none (default; plan: optimal) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
@@ -134,6 +135,7 @@ struct args {
     uint64_t batch;
     bool batch_set;
     uint64_t seq;
+    uint64_t target_seq; /* --target-seq (0: not given) */
     int precision;
     bool precision_set;
     int optimizer;
@@ -372,6 +374,10 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
         case O_SEQ:
             st = parse_int_in(optarg, 1, MAX_SEQ, &a->seq);
             what = "--seq: expected a positive integer, got '%s'";
+            break;
+        case O_TARGET_SEQ:
+            st = parse_int_in(optarg, 1, MAX_SEQ, &a->target_seq);
+            what = "--target-seq: expected a positive integer, got '%s'";
             break;
         case O_PREC:
             /* mixed-bf16: the program runs in bf16 (FSDP2 param_dtype / DeepSpeed bf16), the
@@ -624,7 +630,7 @@ struct setup {
     bool have_gpu;
     bool target_is_device; /* the target is the local GPU (probes of it answer for it) */
     char how[96];
-    char defaults[256];
+    char defaults[384];
 };
 
 static void add_default(struct setup *s, const char *fmt, const char *v)
@@ -652,6 +658,15 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     s->build.ft = a->ft;
     s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
     s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;
+    s->build.target_seq = a->target_seq;
+    if (a->target_seq && (!s->model.enc_dec || s->model.dec_from_input)) {
+        fprintf(stderr, "memplan: error: --target-seq: %s %s\n", a->model,
+                s->model.enc_dec ? "decodes its input ids shifted (T5ForQuestionAnswering): the decoder's length is "
+                                   "--seq"
+                                 : "is not an encoder-decoder model (t5 configs only)");
+        rc = MP_EXIT_USAGE;
+        goto out;
+    }
     if (a->use_cache >= 0 && !s->model.kv_cache) {
         fprintf(stderr, "memplan: error: --use-cache: %s has no key/value cache (HF decoder configs only)\n",
                 a->model);
@@ -685,6 +700,11 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
     if (!a->seq && s->model.input == MP_INPUT_TOKENS) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
         add_default(s, "seq %s (model)", num);
+    }
+    if (s->model.enc_dec && !a->target_seq) {
+        snprintf(num, sizeof num, "%llu", (unsigned long long)(a->seq ? a->seq : s->model.seq_len));
+        add_default(s, s->model.dec_from_input ? "target seq %s (= seq: the input ids shifted)"
+                                               : "target seq %s (= seq; the decoder's length)", num);
     }
     for (size_t i = 0; i < s->model.n_blocks && s->model.input == MP_INPUT_IMAGE; i++)
         for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
@@ -834,6 +854,8 @@ static int write_timeline(const struct args *a, const char *cmd, const struct se
     int n = snprintf(sub, sizeof sub, "batch %llu", (unsigned long long)prog->opts.batch);
     if (s->model.input == MP_INPUT_TOKENS)
         n += snprintf(sub + n, sizeof sub - (size_t)n, ", seq %llu", (unsigned long long)prog->opts.seq);
+    if (prog->opts.target_seq)
+        n += snprintf(sub + n, sizeof sub - (size_t)n, ", target seq %llu", (unsigned long long)prog->opts.target_seq);
     snprintf(sub + n, sizeof sub - (size_t)n, ", %s, %s, checkpoint %s%s%s", mp_precision_str(prog->opts.precision),
              mp_optimizer_str(s->train.optimizer), mp_ckpt_spec_str(&a->ckpt, ck, sizeof ck),
              target ? ", target " : "", target ? s->gpu.name : "");
@@ -911,17 +933,16 @@ out: /* the one way out: everything released, then the status */
     return leave(st, &d, rc, MP_EXIT_OK);
 }
 
-/* plan's one stderr line (and JSON report) when no optimal plan can be made: nothing is left
- * for activations, or not even every block checkpointed fits the budget. */
+/* plan's one stderr line (and JSON report) when no optimal plan can be made: the static bytes
+ * leave nothing for activations, or not even every block checkpointed fits the budget. */
 static void say_noplan(struct args *a, struct setup *s, const struct mp_fit *f)
 {
     char a1[32], a2[32], why[256];
     if (f->activation_budget == 0)
-        snprintf(why, sizeof why, "nothing is left for activations: weights, gradients, optimizer state and "
-                                  "overheads take %s of %s usable",
+        snprintf(why, sizeof why, "weights, grads, optimizer and overheads alone take %s of %s usable",
                  mp_fmt_bytes(f->static_bytes, a1, sizeof a1), mp_fmt_bytes(f->usable_bytes, a2, sizeof a2));
     else
-        snprintf(why, sizeof why, "no plan fits an activation budget of %s; checkpointing every block needs %s",
+        snprintf(why, sizeof why, "no plan fits the activation budget %s: every block checkpointed needs %s",
                  mp_fmt_bytes(f->activation_budget, a1, sizeof a1), mp_fmt_bytes(f->plan.peak_bytes, a2, sizeof a2));
     fprintf(stderr, "memplan: does not fit: %s\n", why);
     if (a->json) {
@@ -934,7 +955,7 @@ static void say_noplan(struct args *a, struct setup *s, const struct mp_fit *f)
 static int cmd_plan(struct args *a)
 {
     if (!a->budget && !a->gpu && !a->vram)
-        return usage_error("plan", "%s", "plan: give --activation-budget SIZE, --vram SIZE or --gpu NAME");
+        return usage_error("plan", "%s", "plan needs --activation-budget, --vram or --gpu");
     struct mp_diag d = {{0}};
     struct setup s;
     int rc = setup(a, &s, false, &d);

@@ -154,6 +154,13 @@ struct mp_layer {
     bool fused_qkv;     /* one [h, (a+2kv)d] projection (GPT-2, NeoX) vs three (Llama) */
     bool rope;          /* rotary embedding: q and k are rewritten (new storages) */
     uint64_t rotary_dim; /* partial rotary (NeoX, phi); 0 = head_dim */
+    unsigned rope_kinds; /* rotary tables the model makes (one per distinct layer type: Gemma3, OLMo3;
+                            0 counts as 1) */
+    bool rope_interleave; /* interleaved rotary (GLM, Helium, ERNIE 4.5: cos/sin repeat_interleave'd and
+                             rotate_half of even/odd pairs): each layer makes and saves its own cos/sin
+                             pair (1, s, rotary_dim); the model's table is saved by no layer */
+    bool rope_fp32;     /* the model's cos/sin stay fp32 (no cast to the residual dtype) and the rotated
+                           q/k are cast back to q's dtype (OLMo2/3, ERNIE 4.5) */
     bool rope_cat;      /* q/k rebuilt with torch.cat even at full rotary (the partial-rotary code of
                            NeoX, phi, Phi-3, StableLM): the attention output is then copied */
     enum mp_attn_impl impl;
@@ -218,6 +225,22 @@ struct mp_layer {
                                output (Gemma's sqrt(h), Granite), each residual branch of a
                                transformer_block (Granite), lm_head logits (Granite 1/logits_scaling) */
 
+    /* T5 (t5_block: a transformer_block laid out as transformers' T5Block): T5LayerNorm before
+     * each sub-layer (RMS, fp32 variance, no bias), attention without 1/sqrt(d) scaling whose
+     * scores get a relative position bias, the feed-forward cast to wo's dtype; cross_attn: a
+     * decoder block (causal self-attention, then attention over the encoder output);
+     * rel_buckets > 0: this block (layer 0 of its stack) computes the bias from its
+     * relative_attention_bias table (rel_buckets x heads) */
+    bool t5, cross_attn;
+    uint64_t rel_buckets;
+    /* embedding: dec_input, the decoder's embedding of an encoder-decoder model: it looks up
+     * the decoder ids (the labels shifted right, made in this block) and its incoming hidden
+     * state is the encoder output, held for every cross-attention; tied: it shares the first
+     * embedding's table (T5's shared) */
+    bool dec_input;
+    /* lm_head: in_mult multiplies its input first (T5's d_model**-0.5 rescale; 0: none) */
+    double in_mult;
+
     /* patch_embedding (ViT): a conv2d of in_ch -> dim with kernel = stride = patch (kernel), the
      * patches flattened into a sequence, a learned class token prepended (cls_token), learned
      * positions added: the sequence is (H / patch) * (W / patch) + 1 */
@@ -263,6 +286,10 @@ struct mp_model {
 
     enum mp_input_kind input;
     uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */
+    bool enc_dec;            /* encoder-decoder (T5): seq_len is the encoder's, the decoder's is
+                                --target-seq (default seq_len) */
+    bool dec_from_input;     /* the decoder reads the input ids shifted (T5ForQuestionAnswering): its
+                                length is the encoder's (--target-seq does not apply) */
     uint64_t channels, height, width; /* image input */
     uint64_t bytes_per_sample;         /* opaque input */
     uint64_t labels_vocab;   /* for classification of images: classes (informational) */

@@ -119,6 +119,8 @@ struct family {
     const char *k_emb_mult, *k_resid_mult, *k_logits_div; /* Granite's multipliers (default 1.0; applied
                                    even at 1.0: each is a new tensor) */
     const char *k_attn_bias, *k_mlp_bias, *k_parallel;
+    const char *k_out_bias;     /* o_proj's own bias flag (Seed-OSS attention_out_bias): k_attn_bias
+                                   then sets the q/k/v biases only */
     const char *k_qkv_bias;     /* q/k/v biases only (StableLM use_qkv_bias) */
     const char *k_bias;         /* every linear's bias (Starcoder2 use_bias, OPT enable_bias) */
     double dropout;             /* default of the embedding and residual dropouts below */
@@ -140,8 +142,16 @@ struct family {
     bool mlm_gelu;              /* the MLM transform uses exact gelu whatever hidden_act (RoBERTa) */
     bool id_buffers;            /* BertEmbeddings-style int64 position_ids (and token_type_ids) buffers */
     bool id_views;              /* the forward uses views of them (BERT, DistilBERT; RoBERTa computes ids) */
+    bool enc_dec;               /* an encoder-decoder (T5): its own reader and layout (t5_model) */
     bool vision;                /* images in (ViT): a patch embedding instead of token embeddings, no
                                    vocabulary; image_size, patch_size, num_channels in the hook */
+    uint64_t swa_every;         /* without layer_types: every swa_every-th layer is full attention, the
+                                   others sliding (Gemma2 2, Gemma3 6, OLMo3 4, EXAONE 4 4); 0: all full */
+    const char *k_swa_every;    /* the key that overrides it (sliding_window_pattern) */
+    bool rope_interleave;       /* interleaved rotary (GLM, Helium, ERNIE 4.5): a cos/sin pair per layer */
+    bool rope_fp32;             /* fp32 cos/sin, rotated q/k cast back (OLMo2/3, ERNIE 4.5) */
+    bool rope_per_type;         /* one rotary table (and inv_freq pair) per distinct layer type (Gemma3,
+                                   OLMo3: position_embeddings[layer_type]) */
     hf_hook hook;               /* runs last: may override anything read before */
 };
 
@@ -153,6 +163,9 @@ static enum mp_status gptj_hook(const cJSON *root, struct hf *c, const char *pat
 static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status smollm3_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status exaone4_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status helium_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -204,7 +217,7 @@ static const struct family families[] = {
      .k_rotary = "partial_rotary_factor", .rotary_default = 1.0, .k_emb_p = "embd_pdrop", .k_resid_p = "resid_pdrop",
      .heads = DECODER_HEADS & ~HEAD(H_QA)},
     {.type = "olmo2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
-     .rms_fp32 = true, .branch_norm = true, .no_pre_norm = true,
+     .rms_fp32 = true, .rope_fp32 = true, .branch_norm = true, .no_pre_norm = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
     {.type = "stablelm", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gqa = true, .ignores_head_dim = true,
      .kv_default = 32, .k_rotary = "partial_rotary_factor", .rotary_default = 0.25, .gated = true,
@@ -221,12 +234,13 @@ static const struct family families[] = {
     {.type = "gemma2", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true,
      .branch_norm = true, .eager = true, .k_attn_softcap = "attn_logit_softcapping", .attn_softcap = 50.0,
-     .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+     .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .swa_every = 2},
     {.type = "gemma3_text", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
      .rms_fp32 = true, .branch_norm = true, .k_attn_softcap = "attn_logit_softcapping",
      .k_logit_softcap = "final_logit_softcapping", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
-     .hook = gemma_hook},
+     .swa_every = 6, .k_swa_every = "sliding_window_pattern", .rope_per_type = true, .hook = gemma_hook},
     {.type = "granite", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
      .k_emb_mult = "embedding_multiplier", .k_resid_mult = "residual_multiplier", .k_logits_div = "logits_scaling",
      .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
@@ -276,6 +290,8 @@ static const struct family families[] = {
      .n_drop = "dropout", .n_norm = "layernorm", .n_head = "classifier", .default_head = H_IMAGE,
      .heads = HEAD(H_IMAGE) | HEAD(H_BARE), .pooler_act = MP_ACT_TANH, .n_pooler = "pooler.dense",
      .bare_pooler = true, .hook = vit_hook},
+    /* T5: encoder-decoder; every key, the layout and the heads in t5_model */
+    {.type = "t5", .enc_dec = true},
     /* ---- mixture of experts (moe_hook; the MoE and MLA keys are read there) ---- */
     {.type = "mixtral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .hook = moe_hook},
     {.type = "qwen2_moe", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 16, .qkv_bias = true, .k_qkv_bias = "qkv_bias",
@@ -286,12 +302,45 @@ static const struct family families[] = {
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE), .hook = moe_hook},
     {.type = "deepseek_v3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias",
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_BARE), .hook = moe_hook},
+    /* ---- llama variants of 2025 ---- */
+    {.type = "seed_oss", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .head_dim_default = 128, .qkv_bias = true,
+     .k_attn_bias = "attention_bias", .k_out_bias = "attention_out_bias", .k_mlp_bias = "mlp_bias",
+     .dropout = 0.1, .attn_dropout = 0.1, .k_resid_p = "residual_dropout", .heads = DECODER_HEADS},
+    /* SmolLM3: no rotary on every no_rope_layer_interval-th layer (NoPE), in the hook */
+    {.type = "smollm3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 4, .tied = true, .k_attn_bias = "attention_bias",
+     .k_mlp_bias = "mlp_bias", .heads = DECODER_HEADS, .hook = smollm3_hook},
+    /* OLMo3: OLMo2 with sliding-window layers (3 of 4) and a rotary table per layer type */
+    {.type = "olmo3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
+     .rms_fp32 = true, .rope_fp32 = true, .branch_norm = true, .no_pre_norm = true, .swa_every = 4, .rope_per_type = true,
+     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
+    /* EXAONE 4: OLMo2's post-norm layer with plain RMSNorms, per-head q/k norms; with a sliding
+     * window, rotary on the sliding layers only (the full ones are NoPE), in the hook */
+    {.type = "exaone4", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qk_norm = MP_QK_NORM_HEAD, .branch_norm = true,
+     .no_pre_norm = true, .swa_every = 4, .k_swa_every = "sliding_window_pattern", .heads = DECODER_HEADS,
+     .hook = exaone4_hook},
+    /* ---- interleaved rotary (each layer saves its own repeat_interleave'd cos/sin) ---- */
+    /* GLM-4 (glm): partial interleaved rotary, q/k/v biases, Phi-3's fused gate_up MLP */
+    {.type = "glm", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 2, .head_dim_default = 128, .qkv_bias = true,
+     .k_qkv_bias = "attention_bias", .fused_gate_up = true, .k_rotary = "partial_rotary_factor",
+     .rotary_default = 0.5, .rope_interleave = true, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+    /* GLM-4-0414 (glm4): glm with sandwich norms (post_self_attn / post_mlp) */
+    {.type = "glm4", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 2, .head_dim_default = 128, .qkv_bias = true,
+     .k_qkv_bias = "attention_bias", .fused_gate_up = true, .k_rotary = "partial_rotary_factor",
+     .rotary_default = 0.5, .rope_interleave = true, .branch_norm = true, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+    /* Helium: fp32-weight RMSNorm, o_proj hidden x hidden without bias (checked in the hook) */
+    {.type = "helium", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 20, .head_dim_default = 128, .k_qkv_bias = "attention_bias",
+     .k_mlp_bias = "mlp_bias", .rms_fp32 = true, .rope_interleave = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .hook = helium_hook},
+    /* ERNIE 4.5 (dense): fp32 interleaved rotary, use_bias on every Linear, no attention dropout */
+    {.type = "ernie4_5", .act = MP_ACT_SILU, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, .kv_default = 2,
+     .head_dim_default = 128, .tied = true, .k_bias = "use_bias", .rope_interleave = true, .rope_fp32 = true,
+     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
-    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, mixtral, qwen2_moe, " \
-    "qwen3_moe, deepseek_v2, deepseek_v3"
+    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mixtral, qwen2_moe, " \
+    "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -322,6 +371,13 @@ struct hf {
     uint64_t pooler_out;   /* ViT: pooler_output_size (default hidden) */
     enum mp_act pooler_act;
     unsigned mask_kinds;   /* distinct layer types (full / sliding attention): one eager mask each */
+    const cJSON *layer_types; /* the config's layer_types (validated), else NULL */
+    uint64_t swa_every;    /* without layer_types: layer i is full attention iff (i + 1) % swa_every == 0 */
+    /* per-layer rotary (NoPE layers): SmolLM3's no_rope_layers (1: rope) or every nope_every-th
+     * layer without; EXAONE 4: rope on the sliding layers only */
+    const cJSON *no_rope;
+    uint64_t nope_every;
+    bool rope_sliding_only;
     /* mixture of experts (moe_hook): what every MoE layer gets (struct mp_layer's fields), and
      * which layers are MoE */
     uint64_t experts, top_k, expert_ffn, shared_ffn;
@@ -533,8 +589,10 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
         (st = read_flag(root, f->k_parallel, &c->parallel, path, d)) != MP_OK)
         return st;
     c->qkv_bias = ab;
-    if (f->k_attn_bias)
+    if (f->k_attn_bias && !f->k_out_bias)
         c->out_bias = ab;
+    if ((st = read_flag(root, f->k_out_bias, &c->out_bias, path, d)) != MP_OK)
+        return st;
     bool all = c->qkv_bias;
     if ((st = read_flag(root, f->k_qkv_bias, &c->qkv_bias, path, d)) != MP_OK ||
         (st = read_flag(root, f->k_bias, &all, path, d)) != MP_OK)
@@ -662,6 +720,21 @@ static void heads_list(unsigned heads, char *out, size_t cap)
             len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%s", len ? ", " : "", names[h]);
 }
 
+/* Classes of a classification head: id2label's size when given (transformers derives num_labels
+ * from it), else num_labels, else 2. */
+static enum mp_status read_labels(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "id2label");
+    c->labels = 2;
+    if (map && !cJSON_IsNull(map)) {
+        if (!cJSON_IsObject(map) || !map->child)
+            return mp_fail(d, MP_ERR_MODEL, "%s: id2label: expected an object with at least one label", path);
+        c->labels = (uint64_t)cJSON_GetArraySize(map);
+        return MP_OK;
+    }
+    return read_pos(root, "num_labels", false, MP_DIM_MAX, &c->labels, path, d);
+}
+
 /* The task head (architectures[0]), its classes and dropout.  Classes: id2label's size when
  * given (transformers derives num_labels from it), else num_labels, else 2. */
 static enum mp_status read_head(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
@@ -684,15 +757,8 @@ static enum mp_status read_head(const cJSON *root, struct hf *c, const char *pat
             c->head = h;
     }
     enum mp_status st;
-    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "id2label");
-    c->labels = 2;
-    if (map && !cJSON_IsNull(map)) {
-        if (!cJSON_IsObject(map) || !map->child)
-            return mp_fail(d, MP_ERR_MODEL, "%s: id2label: expected an object with at least one label", path);
-        c->labels = (uint64_t)cJSON_GetArraySize(map);
-    } else if ((st = read_pos(root, "num_labels", false, MP_DIM_MAX, &c->labels, path, d)) != MP_OK) {
+    if ((st = read_labels(root, c, path, d)) != MP_OK)
         return st;
-    }
     c->cls_p = 0.1;
     c->cls_bias = true;
     const char *pk = present(root, "classifier_dropout") ? "classifier_dropout" : f->k_cls_p;
@@ -825,6 +891,18 @@ static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *p
     return MP_OK;
 }
 
+/* Helium: o_proj is Linear(hidden_size, hidden_size), so the heads must fill the hidden size
+ * (transformers' forward fails otherwise). */
+static enum mp_status helium_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    (void)root;
+    if (c->heads * c->head_dim != c->hidden)
+        return mp_fail(d, MP_ERR_MODEL, "%s: head_dim: %llu heads x %llu differ from hidden_size %llu (Helium's "
+                       "o_proj is hidden_size x hidden_size)", path, (unsigned long long)c->heads,
+                       (unsigned long long)c->head_dim, (unsigned long long)c->hidden);
+    return MP_OK;
+}
+
 /* An image size or a patch size: one integer, or [height, width]. */
 static enum mp_status read_size2(const cJSON *root, const char *key, uint64_t *h, uint64_t *w, const char *path,
                                  struct mp_diag *d)
@@ -876,33 +954,110 @@ static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path
     return MP_OK;
 }
 
-/* transformers builds one 4-D eager mask per distinct layer type: layer_types when given, else
- * the class default (Gemma2 alternates sliding and full layers; Gemma3 has a full layer every
- * sliding_window_pattern, 6) — both kinds as soon as there are enough layers. */
+static bool layer_sliding(const struct hf *c, uint64_t i);
+static bool layer_rope(const struct hf *c, uint64_t i);
+
+/* Layer types (full / sliding attention): layer_types when given (at least one entry per layer,
+ * each "full_attention" or "sliding_attention"), else the class default — every swa_every-th
+ * layer full, the others sliding (sliding_window_pattern overrides swa_every where the class
+ * reads it).  transformers builds one 4-D eager mask per distinct type among the layers
+ * (Gemma2/3, OLMo3, EXAONE 4: both kinds as soon as there are enough layers). */
 static enum mp_status read_mask_kinds(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
     c->mask_kinds = 1;
-    if (cJSON_IsArray(lt)) {
-        const cJSON *first = cJSON_GetArrayItem(lt, 0), *e;
+    c->swa_every = c->f->swa_every;
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt) || (uint64_t)cJSON_GetArraySize(lt) < c->layers)
+            return mp_fail(d, MP_ERR_MODEL, "%s: layer_types: expected a list of at least %llu layer types", path,
+                           (unsigned long long)c->layers);
         int i = 0;
-        cJSON_ArrayForEach(e, lt)
-            if ((uint64_t)i++ < c->layers && cJSON_IsString(e) && cJSON_IsString(first) &&
-                strcmp(e->valuestring, first->valuestring) != 0)
-                c->mask_kinds = 2;
-        return MP_OK;
-    }
-    uint64_t pattern = 0;
-    if (!strcmp(c->f->type, "gemma2"))
-        pattern = 2;
-    else if (!strcmp(c->f->type, "gemma3_text")) {
-        pattern = 6;
-        enum mp_status st = read_pos(root, "sliding_window_pattern", false, MP_DIM_MAX, &pattern, path, d);
+        for (const cJSON *e = lt->child; e; e = e->next, i++)
+            if (!cJSON_IsString(e) || (strcmp(e->valuestring, "full_attention") &&
+                                       strcmp(e->valuestring, "sliding_attention")))
+                return mp_fail(d, MP_ERR_MODEL, "%s: layer_types[%d]: expected \"full_attention\" or "
+                               "\"sliding_attention\"", path, i);
+        c->layer_types = lt;
+    } else if (c->f->k_swa_every) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, c->f->k_swa_every);
+        if (v && !cJSON_IsNull(v) && !cJSON_IsNumber(v)) /* EXAONE 4 32B's "LLLG": read only with layer_types */
+            return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a positive integer when layer_types is not given",
+                           path, c->f->k_swa_every);
+        enum mp_status st = read_pos(root, c->f->k_swa_every, false, MP_DIM_MAX, &c->swa_every, path, d);
         if (st != MP_OK)
             return st;
     }
-    if (pattern > 1 && c->layers >= pattern)
-        c->mask_kinds = 2;
+    bool first = layer_sliding(c, 0);
+    for (uint64_t i = 1; i < c->layers; i++)
+        if (layer_sliding(c, i) != first)
+            c->mask_kinds = 2;
+    return MP_OK;
+}
+
+/* Whether decoder layer i is a sliding-window layer (its type; the window itself does not change
+ * what SDPA saves, see the header). */
+static bool layer_sliding(const struct hf *c, uint64_t i)
+{
+    if (c->layer_types)
+        return !strcmp(cJSON_GetArrayItem(c->layer_types, (int)i)->valuestring, "sliding_attention");
+    return c->swa_every > 1 && (i + 1) % c->swa_every != 0;
+}
+
+/* Whether decoder layer i applies the rotary embedding (NoPE layers do not). */
+static bool layer_rope(const struct hf *c, uint64_t i)
+{
+    if (!c->rope)
+        return false;
+    if (c->no_rope)
+        return cJSON_GetArrayItem(c->no_rope, (int)i)->valueint != 0;
+    if (c->nope_every)
+        return (i + 1) % c->nope_every != 0;
+    return !c->rope_sliding_only || layer_sliding(c, i);
+}
+
+/* SmolLM3: no_rope_layers (one 0 / 1 per layer, 1 = rotary), else no rotary on every
+ * no_rope_layer_interval-th layer (4).  use_sliding_window makes the NoPE layers sliding. */
+static enum mp_status smollm3_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const cJSON *nr = cJSON_GetObjectItemCaseSensitive(root, "no_rope_layers");
+    c->nope_every = 4;
+    if (nr && !cJSON_IsNull(nr)) {
+        if (!cJSON_IsArray(nr) || (uint64_t)cJSON_GetArraySize(nr) < c->layers)
+            return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers: expected a list of at least %llu entries (0 or 1)",
+                           path, (unsigned long long)c->layers);
+        int i = 0;
+        for (const cJSON *e = nr->child; e; e = e->next, i++)
+            if (!cJSON_IsNumber(e) || (e->valuedouble != 0 && e->valuedouble != 1))
+                return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers[%d]: expected 0 or 1", path, i);
+        c->no_rope = nr;
+    } else {
+        enum mp_status st = read_pos(root, "no_rope_layer_interval", false, MP_DIM_MAX, &c->nope_every, path, d);
+        if (st != MP_OK)
+            return st;
+    }
+    bool swa = false;
+    enum mp_status st = mp_json_bool(root, "use_sliding_window", &swa, path, "", d);
+    if (st != MP_OK)
+        return st;
+    if (swa && present(root, "sliding_window") && !c->layer_types) { /* NoPE layers slide */
+        c->mask_kinds = 1;
+        for (uint64_t i = 1; i < c->layers; i++)
+            if (layer_rope(c, i) != layer_rope(c, 0))
+                c->mask_kinds = 2;
+    }
+    return MP_OK;
+}
+
+/* EXAONE 4: with a sliding_window, rotary on the sliding layers only; without one, every layer
+ * is full attention with rotary — transformers then needs layer_types (its default pattern
+ * divides by zero), as it needs an integer sliding_window_pattern (e.g. not "LLLG"). */
+static enum mp_status exaone4_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    bool window = present(root, "sliding_window") || !cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    if (!c->layer_types && !window)
+        return mp_fail(d, MP_ERR_MODEL, "%s: layer_types: needed when sliding_window is null (transformers' "
+                       "default pattern is undefined then)", path);
+    c->rope_sliding_only = window;
     return MP_OK;
 }
 
@@ -1158,9 +1313,12 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->qkv_bias = c->qkv_bias;
         l->out_bias = c->out_bias;
         l->fused_qkv = c->fused_qkv;
-        l->rope = c->rope;
+        l->rope = layer_rope(c, i);
         l->rotary_dim = c->rotary_dim;
-        l->rope_cat = c->rope && c->f->k_rotary;
+        l->rope_cat = l->rope && c->f->k_rotary;
+        l->rope_kinds = c->f->rope_per_type ? c->mask_kinds : 1;
+        l->rope_interleave = l->rope && c->f->rope_interleave;
+        l->rope_fp32 = l->rope && c->f->rope_fp32;
         l->impl = MP_ATTN_SDPA;
         l->impl_set = false;
         l->attn_dropout = c->attn_p;
@@ -1305,6 +1463,249 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
     return MP_OK;
 }
 
+/* ---- t5: an encoder-decoder (T5Config, modeling_t5.py of transformers 5.23) --------------------
+ *
+ * Blocks: "encoder.embed" (the shared table, dropout), "encoder.block.i" (T5Block, repeat group 1;
+ * block 0 owns the relative_attention_bias), "encoder.final" (final_layer_norm, dropout),
+ * "decoder.embed" (decoder ids looked up in the shared table; the encoder output is held from
+ * here for every cross-attention), "decoder.block.i" (repeat group 2), "head" (the decoder's
+ * final_layer_norm and dropout, then the task head).  T5EncoderModel and T5ForTokenClassification
+ * end after the encoder.  T5Config keys: d_model, d_kv (independent of d_model / num_heads),
+ * d_ff, num_layers, num_decoder_layers (default num_layers), num_heads,
+ * relative_attention_num_buckets, dropout_rate (every dropout, attention's included),
+ * feed_forward_proj ("relu", "gated-gelu" = gelu_new, "gated-ACT", "ACT"; dense_act_fn and
+ * is_gated_act in the file win, as T5Config's kwargs do), classifier_dropout, num_labels.
+ * transformers 5.23 ties lm_head to the shared table whatever tie_word_embeddings says (T5Config
+ * forces it); tie_word_embeddings false only turns off the d_model**-0.5 rescale of the decoder
+ * output.  relative_attention_max_distance and the token ids change values, not memory. */
+enum t5_head { T5_LM, T5_BARE, T5_ENCODER, T5_TOKEN, T5_QA };
+
+static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *head, uint64_t *dec_layers,
+                              uint64_t *buckets, bool *scale, const char *path, struct mp_diag *d)
+{
+    enum mp_status st;
+    c->vocab = 32128, c->hidden = 512, c->head_dim = 64, c->ffn = 2048, c->layers = 6, c->heads = 8;
+    *buckets = 32;
+    c->resid_p = 0.1;
+    c->cls_p = 0.0;
+    if ((st = read_pos(root, "vocab_size", false, MP_DIM_MAX, &c->vocab, path, d)) != MP_OK ||
+        (st = read_pos(root, "d_model", false, MP_DIM_MAX, &c->hidden, path, d)) != MP_OK ||
+        (st = read_pos(root, "d_kv", false, MP_DIM_MAX, &c->head_dim, path, d)) != MP_OK ||
+        (st = read_pos(root, "d_ff", false, MP_DIM_MAX, &c->ffn, path, d)) != MP_OK ||
+        (st = read_pos(root, "num_layers", false, HF_LAYERS_MAX, &c->layers, path, d)) != MP_OK ||
+        (st = read_pos(root, "num_heads", false, MP_DIM_MAX, &c->heads, path, d)) != MP_OK ||
+        (st = read_pos(root, "relative_attention_num_buckets", false, MP_DIM_MAX, buckets, path, d)) != MP_OK ||
+        (st = read_prob(root, "dropout_rate", &c->resid_p, path, d)) != MP_OK ||
+        (st = read_prob(root, "classifier_dropout", &c->cls_p, path, d)) != MP_OK)
+        return st;
+    *dec_layers = c->layers;
+    if ((st = read_pos(root, "num_decoder_layers", false, HF_LAYERS_MAX, dec_layers, path, d)) != MP_OK)
+        return st;
+    /* feed_forward_proj: "gated-ACT" or "ACT" */
+    const char *ff = mp_json_str(root, "feed_forward_proj", &st, path, "", d);
+    if (st != MP_OK)
+        return st;
+    char act[48];
+    ff = ff ? ff : "relu";
+    const char *dash = strchr(ff, '-');
+    if (dash && (strncmp(ff, "gated-", 6) != 0 || strchr(dash + 1, '-')))
+        return mp_fail(d, MP_ERR_MODEL, "%s: feed_forward_proj: '%s' is not gated-ACT or ACT (transformers refuses it)",
+                       path, ff);
+    c->gated = dash != NULL;
+    snprintf(act, sizeof act, "%s", !strcmp(ff, "gated-gelu") ? "gelu_new" : dash ? dash + 1 : ff);
+    const char *da = mp_json_str(root, "dense_act_fn", &st, path, "", d);
+    if (st != MP_OK || (st = mp_json_bool(root, "is_gated_act", &c->gated, path, "", d)) != MP_OK)
+        return st;
+    if (da)
+        snprintf(act, sizeof act, "%s", da);
+    int a = mp_act_parse(act);
+    if (a < 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: '%s' is not a supported activation (supported: gelu, gelu_new, "
+                       "gelu_fast, gelu_pytorch_tanh, relu, silu, swish, tanh, sigmoid)", path,
+                       da ? "dense_act_fn" : "feed_forward_proj", act);
+    c->act = (enum mp_act)a;
+    bool tied = true, is_decoder = false;
+    if ((st = mp_json_bool(root, "tie_word_embeddings", &tied, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "is_decoder", &is_decoder, path, "", d)) != MP_OK)
+        return st;
+    *scale = tied;
+    if (is_decoder)
+        return mp_fail(d, MP_ERR_MODEL, "%s: is_decoder: true is not supported (a T5 stack used as a decoder alone)",
+                       path);
+    /* the task head */
+    *head = T5_LM;
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
+    if (arch && !cJSON_IsNull(arch) && (!cJSON_IsArray(arch) || (a0 && !cJSON_IsString(a0))))
+        return mp_fail(d, MP_ERR_MODEL, "%s: architectures: expected a list of class names", path);
+    static const struct {
+        const char *cls;
+        enum t5_head h;
+    } t5_heads[] = {{"ForConditionalGeneration", T5_LM}, {"Model", T5_BARE}, {"EncoderModel", T5_ENCODER},
+                    {"ForTokenClassification", T5_TOKEN}, {"ForQuestionAnswering", T5_QA}};
+    if (a0) {
+        const char *cls = a0->valuestring;
+        bool found = false;
+        for (size_t i = 0; i < sizeof t5_heads / sizeof t5_heads[0] && !found; i++)
+            if (!strncmp(cls, "T5", 2) && !strcmp(cls + 2, t5_heads[i].cls)) {
+                *head = t5_heads[i].h;
+                found = true;
+            }
+        if (!found && !strcmp(cls, "T5ForSequenceClassification"))
+            return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: T5ForSequenceClassification is not modelled (it "
+                           "gathers the hidden states at the <eos> positions of input_ids, a data-dependent size)",
+                           path);
+        if (!found)
+            return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: '%s' is not supported for t5 (supported: "
+                           "T5ForConditionalGeneration, T5Model, T5EncoderModel, T5ForTokenClassification, "
+                           "T5ForQuestionAnswering)", path, cls);
+    }
+    if ((st = read_labels(root, c, path, d)) != MP_OK)
+        return st;
+    if (*head == T5_QA && c->labels != 2)
+        return mp_fail(d, MP_ERR_MODEL, "%s: num_labels: T5ForQuestionAnswering splits its logits into start and end "
+                       "(expected 2, got %llu)", path, (unsigned long long)c->labels);
+    return MP_OK;
+}
+
+static struct mp_layer *t5_add(struct mp_model *m, const char *name, size_t n, int group, struct mp_diag *d)
+{
+    struct mp_block *b = mp_model_add_block(m, name, n);
+    if (!b) {
+        mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+        return NULL;
+    }
+    b->repeat_group = group;
+    return b->layers;
+}
+
+/* A T5LayerNorm, then dropout when p > 0: returns the layers used. */
+static size_t t5_norm_drop(struct mp_layer *l, const struct hf *c, const char *norm, const char *drop)
+{
+    l->type = MP_LT_RMSNORM;
+    l->norm = MP_NORM_RMSNORM;
+    l->t5 = true;
+    l->dim = c->hidden;
+    set_name(l, norm);
+    if (c->resid_p <= 0)
+        return 1;
+    l[1].type = MP_LT_DROPOUT;
+    l[1].p = c->resid_p;
+    set_name(&l[1], drop);
+    return 2;
+}
+
+static enum mp_status t5_stack(struct mp_model *m, const struct hf *c, bool decoder, uint64_t layers,
+                               uint64_t buckets, struct mp_diag *d)
+{
+    const char *stack = decoder ? "decoder" : "encoder";
+    char name[48];
+    snprintf(name, sizeof name, "%s.embed", stack);
+    struct mp_layer *l = t5_add(m, name, c->resid_p > 0 ? 2 : 1, 0, d);
+    if (!l)
+        return MP_ERR_NOMEM;
+    l->type = MP_LT_EMBEDDING;
+    l->vocab = c->vocab;
+    l->dim = c->hidden;
+    l->dec_input = decoder;
+    set_name(l, decoder ? "decoder.embed_tokens" : "shared");
+    if (c->resid_p > 0) {
+        l[1].type = MP_LT_DROPOUT;
+        l[1].p = c->resid_p;
+        set_name(&l[1], decoder ? "decoder.dropout" : "encoder.dropout");
+    }
+    for (uint64_t i = 0; i < layers; i++) {
+        snprintf(name, sizeof name, "%s.block.%llu", stack, (unsigned long long)i);
+        if (!(l = t5_add(m, name, 1, decoder ? 2 : 1, d)))
+            return MP_ERR_NOMEM;
+        l->type = MP_LT_TRANSFORMER_BLOCK;
+        l->t5 = true;
+        l->cross_attn = l->causal = decoder;
+        l->rel_buckets = i == 0 ? buckets : 0;
+        l->dim = c->hidden;
+        l->heads = l->kv_heads = c->heads;
+        l->head_dim = c->head_dim;
+        l->impl = MP_ATTN_SDPA;
+        l->attn_dropout = c->resid_p;
+        l->ffn = c->ffn;
+        l->act = c->act;
+        l->gated = c->gated;
+        l->norm = MP_NORM_RMSNORM;
+        l->p = c->resid_p;
+    }
+    return MP_OK;
+}
+
+static enum mp_status t5_model(struct mp_model *m, const cJSON *root, struct hf *c, const char *path,
+                               struct mp_diag *d)
+{
+    enum t5_head head = T5_LM;
+    uint64_t dec_layers = 0, buckets = 0;
+    bool scale = true;
+    enum mp_status st = t5_read(root, c, &head, &dec_layers, &buckets, &scale, path, d);
+    if (st != MP_OK)
+        return st;
+    bool decoder = head != T5_ENCODER && head != T5_TOKEN;
+    m->enc_dec = decoder;
+    m->dec_from_input = head == T5_QA;
+    /* T5ForConditionalGeneration and T5Model fill an EncoderDecoderCache (use_cache, default true);
+     * the question-answering head turns it off in training */
+    m->kv_cache = head == T5_LM || head == T5_BARE;
+    m->use_cache = m->kv_cache;
+    if ((st = mp_json_bool(root, "use_cache", &m->use_cache, path, "", d)) != MP_OK)
+        return st;
+    m->use_cache = m->use_cache && m->kv_cache;
+    m->input = MP_INPUT_TOKENS;
+    m->seq_len = 512; /* n_positions of the released configs; T5 has no position table */
+    if ((st = read_pos(root, "n_positions", false, MP_DIM_MAX, &m->seq_len, path, d)) != MP_OK ||
+        (st = t5_stack(m, c, false, c->layers, buckets, d)) != MP_OK)
+        return st;
+    size_t n = 0;
+    struct mp_layer *l;
+    if (decoder) {
+        if (!(l = t5_add(m, "encoder.final", 2, 0, d)))
+            return MP_ERR_NOMEM;
+        m->blocks[m->n_blocks - 1].n_layers = t5_norm_drop(l, c, "encoder.final_layer_norm", "encoder.dropout");
+        if ((st = t5_stack(m, c, true, dec_layers, buckets, d)) != MP_OK)
+            return st;
+    }
+    if (!(l = t5_add(m, "head", 5, 0, d)))
+        return MP_ERR_NOMEM;
+    n = t5_norm_drop(l, c, decoder ? "decoder.final_layer_norm" : "encoder.final_layer_norm",
+                     decoder ? "decoder.dropout" : "encoder.dropout");
+    switch (head) {
+    case T5_LM:
+        l[n].type = MP_LT_LM_HEAD;
+        l[n].vocab = c->vocab;
+        l[n].dim = c->hidden;
+        l[n].tied = true;
+        l[n].masked = true; /* CrossEntropyLoss(ignore_index=-100) on the labels as they are */
+        l[n].in_mult = scale ? 1.0 / sqrt((double)c->hidden) : 0.0;
+        set_name(&l[n++], "lm_head");
+        break;
+    case T5_TOKEN:
+        if (c->cls_p > 0) {
+            l[n].type = MP_LT_DROPOUT;
+            l[n].p = c->cls_p;
+            set_name(&l[n++], "dropout");
+        }
+        l[n].type = MP_LT_CLASSIFIER;
+        classifier(&l[n], c, c->labels, true, MP_POOL_NONE);
+        l[n].masked = true; /* a plain CrossEntropyLoss: no logits.float() */
+        set_name(&l[n++], "classifier");
+        break;
+    case T5_QA:
+        l[n].type = MP_LT_CLASSIFIER;
+        classifier(&l[n], c, 2, true, MP_POOL_SPAN);
+        set_name(&l[n++], "qa_outputs");
+        break;
+    case T5_BARE:
+    case T5_ENCODER: break;
+    }
+    m->blocks[m->n_blocks - 1].n_layers = n;
+    return MP_OK;
+}
+
 /* ---- entry points -------------------------------------------------------------------- */
 
 /* quantization_config (transformers' quantizers): bitsandbytes 4-bit / 8-bit, GPTQ, AWQ.
@@ -1400,7 +1801,7 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     if (!c.f)
         return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (supported: " HF_SUPPORTED ")", path,
                        type);
-    if ((st = read_config(root, &c, path, d)) != MP_OK)
+    if (!c.f->enc_dec && (st = read_config(root, &c, path, d)) != MP_OK)
         return st;
 
     if ((st = read_quant(root, &m->quant, path, d)) != MP_OK)
@@ -1415,6 +1816,11 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     snprintf(m->hf_type, sizeof m->hf_type, "%s", type);
     if ((st = set_model_name(m, root, type, path, d)) != MP_OK)
         return st;
+    if (c.f->enc_dec) { /* t5_model sets its cache flags itself */
+        if ((st = t5_model(m, root, &c, path, d)) != MP_OK)
+            return st;
+        return mp_model_validate(m, d);
+    }
     m->input = MP_INPUT_TOKENS;
     m->seq_len = c.positions ? mp_min_u64(c.positions, HF_SEQ_DEFAULT) : HF_SEQ_DEFAULT;
     if (c.f->vision) { /* pixel values in; the sequence is the patches and the class token */

@@ -120,6 +120,10 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON *cf = cJSON_AddObjectToObject(r, "config");
         ju64(cf, "batch", c->build->batch);
         ju64(cf, "seq_len", c->prog ? c->prog->opts.seq : c->build->seq ? c->build->seq : c->model->seq_len);
+        if (c->model->enc_dec) /* the decoder's length (encoder-decoders) */
+            ju64(cf, "target_seq_len", c->prog ? c->prog->opts.target_seq
+                                       : c->build->target_seq ? c->build->target_seq
+                                       : c->build->seq ? c->build->seq : c->model->seq_len);
         cJSON_AddStringToObject(cf, "precision", prec_name(c, c->build->precision));
         cJSON_AddStringToObject(cf, "optimizer", mp_optimizer_str(c->train->optimizer));
         char sb[32];
@@ -406,6 +410,9 @@ static void header(FILE *out, const struct mp_report_ctx *c)
         if (c->model->input == MP_INPUT_TOKENS)
             snprintf(seq, sizeof seq, ", seq %llu",
                      (unsigned long long)(c->prog ? c->prog->opts.seq : c->build->seq));
+        if (c->model->enc_dec && c->prog)
+            snprintf(seq + strlen(seq), sizeof seq - strlen(seq), ", target seq %llu",
+                     (unsigned long long)c->prog->opts.target_seq);
         if (mp_model_has_attention(c->model))
             snprintf(attn, sizeof attn, ", attention %s", mp_attn_impl_str(c->build->attention));
         fprintf(out, "config    batch %llu%s, %s, %s, checkpoint %s%s%s\n", (unsigned long long)c->build->batch, seq,

@@ -351,6 +351,33 @@ expect 2 "--use-cache maybe" estimate models/hf/gpt2.json --use-cache maybe
 expect 2 "--use-cache on for a model without a k/v cache (BERT)" estimate models/hf/bert-base-uncased.json \
     --use-cache on
 expect 2 "--use-cache on for memplan JSON" estimate models/tiny-test.json --use-cache off
+
+# --target-seq: the decoder's length of an encoder-decoder (t5); refused elsewhere
+expect_line 2 "--target-seq on a decoder-only model" estimate models/hf/gpt2.json --target-seq 64
+expect_line 2 "--target-seq 0" estimate models/hf/t5-small.json --target-seq 0
+run estimate models/hf/t5-small.json --seq 256 --target-seq 64 --json
+if [ "$ec" -eq 0 ] && grep -q '"seq_len":[[:space:]]*256' "$T/out" && grep -q '"target_seq_len":[[:space:]]*64' "$T/out"; then
+    ok "t5 --target-seq 64: config.seq_len 256 and config.target_seq_len 64 in JSON"
+else
+    bad "t5 --target-seq 64: config.seq_len 256 and config.target_seq_len 64 in JSON"
+fi
+run estimate models/hf/t5-small.json --seq 256
+if [ "$ec" -eq 0 ] && grep -q 'target seq 256 (= seq' "$T/out"; then
+    ok "t5 without --target-seq: the default (= seq) is printed"
+else
+    bad "t5 without --target-seq: the default (= seq) is printed"
+fi
+expect_line 4 "probe of a T5 config: refused, one line" probe models/hf/t5-small.json --backend host --batch 1 \
+    --seq 32
+expect_line 2 "t5 with --attention flash (transformers has no flash path for T5)" estimate models/hf/t5-small.json \
+    --attention flash
+printf '{"model_type": "t5", "architectures": ["T5ForSequenceClassification"]}' >"$T/t5seq.json"
+expect_line 3 "T5ForSequenceClassification: refused with the reason" estimate "$T/t5seq.json"
+printf '{"model_type": "t5", "feed_forward_proj": "gated-gelu-x"}' >"$T/t5ff.json"
+expect_line 3 "t5 feed_forward_proj not gated-ACT or ACT" estimate "$T/t5ff.json"
+printf '{"model_type": "t5", "architectures": ["T5ForQuestionAnswering"]}' >"$T/t5qa.json"
+expect_line 2 "--target-seq for T5ForQuestionAnswering (its decoder reads the input ids)" estimate "$T/t5qa.json" \
+    --target-seq 64
 expect 2 "check without --batch" check models/tiny-test.json --gpu a100-40gb
 expect 2 "check without a target" check models/tiny-test.json --batch 1
 expect 2 "plan without a target or budget" plan models/tiny-test.json --batch 1

@@ -847,6 +847,96 @@ static void test_estimate_checkpoint_layers(void **state)
     mp_model_release(&m);
 }
 
+/* Node `node`'s backward: the live bytes (512-rounded) just before it, their maximum during it,
+ * and whether tensor `a` is live when the gradient of `a` is made. */
+struct node_bwd {
+    int node, a;
+    uint64_t cur, before, max;
+    bool started, a_live, a_live_at_grad;
+};
+
+static enum mp_status node_bwd_event(void *ctx, const struct mp_event *ev)
+{
+    struct node_bwd *w = ctx;
+    bool mine = ev->phase == MP_PH_BACKWARD && ev->node == w->node;
+    if (mine && !w->started) {
+        w->started = true;
+        w->before = w->max = w->cur;
+    }
+    if (ev->kind == MP_EV_ALLOC) {
+        w->cur += mp_round512(ev->bytes);
+        if (ev->store == MP_ST_ACT && ev->id == w->a)
+            w->a_live = true;
+        if (mine && ev->store == MP_ST_GRAD && ev->id == w->a)
+            w->a_live_at_grad = w->a_live;
+    } else if (ev->kind == MP_EV_FREE) {
+        w->cur -= mp_round512(ev->bytes);
+        if (ev->store == MP_ST_ACT && ev->id == w->a)
+            w->a_live = false;
+    }
+    if (mine && w->cur > w->max)
+        w->max = w->cur;
+    return MP_OK;
+}
+
+/* Under torch's non-reentrant checkpoint a node's saved tensors are the recomputed ones, which
+ * die with the node's backward (checkpoint.py unpack_hook drops the frame's reference), before
+ * the autograd engine casts its output gradients to the inputs' dtypes (validate_outputs); a
+ * tensor autograd saved itself lives until release_variables, after the cast.
+ * A Mixtral layer in pure bf16 (hidden 64, 4 experts, top-2), batch 1 x 64 tokens: S = 128
+ * routed rows.  The routing-weights multiply: a = the experts' bf16 output (S, 64), 16384 B;
+ * b = the fp32 weights (S, 1), 512 B; a * b is fp32.  Its backward, as LiveTracker traced it
+ * (bench/torch_step.py, mixtral-shrunk 2x1024 bf16), on top of the fp32 incoming gradient:
+ *   grad * a -> fp32 (S, 64) 32768 (b's, before its sum); grad * b -> fp32 32768 (a's, before
+ *   its cast): +65536; [checkpointed: a and b freed, -16896]; the cast of a's gradient to bf16
+ *   +16384; the sum of b's 512.
+ * Highest point above the live bytes before the node: no checkpointing 65536 + 16384 + 512
+ * = 82432 (torch frees a's fp32 product before the 512-byte sum: 81920); `layers` 65536 (it
+ * was 82432: +16384, the whole Mixtral/DeepSeek bf16 `layers` excess in the bench). */
+static void test_estimate_recomputed_saved_die_before_engine_cast(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"model_type\": \"mixtral\", \"architectures\": [\"MixtralForCausalLM\"], \"vocab_size\": 64, "
+             "\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"num_local_experts\": 4, "
+             "\"num_experts_per_tok\": 2, \"max_position_embeddings\": 256}");
+    const uint64_t rise[2] = {82432, 65536};
+    for (int ck = 0; ck < 2; ck++) {
+        struct mp_program prog;
+        build(&m, 1, 64, MP_PREC_BF16, &prog);
+        struct node_bwd w = {.node = -1, .a = -1};
+        for (size_t k = 0; k < prog.n_nodes; k++) /* the first layer's routing-weights multiply */
+            if (prog.nodes[k].prim == MP_P_MUL && strstr(prog.nodes[k].name, "experts.weighted") && w.node < 0)
+                w.node = (int)k;
+        assert_true(w.node >= 0);
+        const struct mp_node *n = &prog.nodes[w.node];
+        w.a = n->in[0];
+        assert_int_equal(prog.tensors[n->in[0]].bytes, 128 * 64 * 2);
+        assert_int_equal(prog.tensors[n->in[1]].bytes, 128 * 4);
+        assert_int_equal(prog.tensors[n->out].dtype, MP_DT_F32);
+        struct mp_chain c;
+        struct mp_ckpt_plan plan;
+        struct mp_diag d = {{0}};
+        if (ck) {
+            chain_at(&m, 1, 64, MP_PREC_BF16, &c);
+            struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+            assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
+        }
+        struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+        assert_int_equal(mp_replay(&prog, ck ? &plan.sched : NULL, &t, node_bwd_event, &w, &d), MP_OK);
+        assert_true(w.started);
+        assert_int_equal(w.max - w.before, rise[ck]);
+        assert_int_equal(w.a_live_at_grad, !ck);
+        if (ck) {
+            mp_ckpt_plan_release(&plan);
+            mp_chain_release(&c);
+        }
+        mp_program_release(&prog);
+    }
+    mp_model_release(&m);
+}
+
 /* A model of custom blocks reproduces a chain from the literature exactly: the unit
  * chain of checkpointing.md T4 (100 blocks, f = b = 1, x = xb = 1, batch 1), whose
  * 10-segment checkpoint_sequential peaks at 22 units for 290 time units, and
@@ -971,6 +1061,7 @@ int main(void)
         cmocka_unit_test(test_estimate_eager_mask),
         cmocka_unit_test(test_estimate_eager_ops),
         cmocka_unit_test(test_estimate_rope_tables_under_checkpointing),
+        cmocka_unit_test(test_estimate_recomputed_saved_die_before_engine_cast),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),

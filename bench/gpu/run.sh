@@ -83,9 +83,10 @@ if has build; then
         check "build ($CUDAVAR)" FAILED $(($(now) - t))
         say "the build failed: see $LOG"
     fi
-    grep -m2 '^I memplan build' "$LOG" | tail -2 | sed 's/^/  /' >&2
+    grep '^I memplan build' "$LOG" | sed 's/^/  /' >&2
 fi
-BUILDLINE=$(make -n $CUDAVAR $MAKEVARS memplan 2>/dev/null | grep -m1 'cuda backend' | sed 's/^I memplan build: //')
+BUILDLINE=$(make -n $CUDAVAR $MAKEVARS memplan 2>/dev/null | grep '^I memplan build: ' \
+    | grep -v cblas | sed 's/^I memplan build: //' | paste -sd ';' -)
 [ -x ./memplan ] || { say "no ./memplan: nothing else can run"; exit 1; }
 
 # ---- tests --------------------------------------------------------------------------------------
