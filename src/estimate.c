@@ -1456,6 +1456,12 @@ static enum mp_status chain_event(void *ctx, const struct mp_event *ev)
     return MP_OK;
 }
 
+void mp_estimate_chain_mark(const struct mp_program *p, struct mp_chain *c)
+{
+    for (size_t i = 0; i < c->L && i < p->n_blocks; i++)
+        c->repeated[i] = p->model->blocks[i].repeat_group > 0;
+}
+
 /* One replay of the no-checkpoint schedule (Fe_0..Fe_{L-1}, Loss, B_{L-1}..B_0)
  * with a meter that snapshots at op boundaries: xb_{i+1} = growth over Fe_i,
  * ft_i = peak inside Fe_i above its end, bt_i = peak inside B_i above (its start
@@ -1484,8 +1490,7 @@ enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c,
     for (size_t i = 0; i <= L; i++)
         c->x[i] = i < L ? p->tensors[p->blocks[i].input].bytes : p->tensors[p->blocks[L - 1].output].bytes;
     c->x[0] += p->labels >= 0 ? p->tensors[p->labels].bytes : 0;
-    for (size_t i = 0; i < L; i++)
-        c->repeated[i] = p->model->blocks[i].repeat_group > 0;
+    mp_estimate_chain_mark(p, c);
     c->xb[0] = c->x[0];
     for (size_t i = 0; i < L; i++) {
         c->f[i] = p->blocks[i].fwd_flops;

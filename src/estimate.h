@@ -144,5 +144,8 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
  * per block forward/backward FLOPs, input sizes, what a forward with grad keeps,
  * and forward/backward transients, measured by replaying each block alone. */
 enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c, struct mp_diag *d);
+/* Marks the chain's repeated blocks (c->repeated) from p's model: the only part of the chain
+ * that the fixed plans (none, sqrt, segments, every, layers) read to make their schedule. */
+void mp_estimate_chain_mark(const struct mp_program *p, struct mp_chain *c);
 
 #endif

@@ -796,6 +796,11 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
     /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
     if (n_extras)
         tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2));
+    /* backward of the composite: its last op, half_x * one_plus_tanh, is a MulBackward0 that makes
+     * both factors' gradients (the output's dtype) while the incoming one is alive; the fused
+     * kernels make one (measured with bench/torch_step.py's tracker: 3 vs 2 x-sized tensors) */
+    if (n_extras)
+        tmp_one(B, n, true, MP_TR_OTHER, mul(B, T(B, x.t)->elems, mp_dtype_size(odt)));
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
@@ -968,14 +973,23 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
 
 static uint64_t round_up(uint64_t v, uint64_t m) { return mp_ceil_div(v, m) * m; }
 
-/* The (b, 1, s, s) mask a model passes to attention (Falcon builds one even for causal
- * attention, transformers' create_causal_mask): made once per forward (the first attention
+/* Does attention layer l get a (b, 1, s, s) mask: always (Falcon builds one even for causal
+ * attention), or on a sliding-window layer once the sequence reaches the window (transformers'
+ * masking_utils then builds the mask instead of relying on SDPA's is_causal:
+ * _ignore_causal_mask_sdpa). */
+static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
+{
+    return l->attn_mask || (l->window && B->s >= l->window);
+}
+
+/* The (b, 1, s, s) mask a model passes to attention (sdpa_masked; transformers'
+ * create_causal_mask): made once per forward (the first attention
  * node's extra, held like the rotary tables).  For SDPA it is a bool mask that SDPA converts to
  * a float mask in q's dtype in every layer (convert_boolean_attn_mask) and saves; for eager
  * attention a float mask in the model's dtype, added to the scores: nothing saved. */
 static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, enum mp_dtype qdt)
 {
-    if (!n || !(n->layer->attn_mask || (eager && n->layer->eager_mask)))
+    if (!n || !(sdpa_masked(B, n->layer) || (eager && n->layer->eager_mask)))
         return;
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
     if (B->attn_mask < 0) {
@@ -1160,6 +1174,31 @@ static void pos_table(struct bld *B, const struct mp_layer *l)
     t->bytes = mul(B, t->elems, 4);
 }
 
+/* transformers' repeat_kv(x, heads / kv_heads): expand(b, kv, n_rep, s, d).reshape(b, heads, s, d).
+ * More than one kv head: the reshape copies every head (b, s, width) in x's dtype (saved by SDPA
+ * in its place).  One kv head: the reshape is a view (SDPA saves x's storage, nothing is made),
+ * unless autocast then casts it: that copy has every head.  Under amp the rotated k is fp32 in
+ * torch (q * cos, cos in the fp32 residual's dtype; memplan's rope keeps x's dtype, and the bytes
+ * SDPA saves are the same), so `rotated` says it is cast.  Not modelled:
+ * the view's gradient, every head wide, before the expand's backward sums it.  The copy widens
+ * its input, which no probe executor does. */
+static struct val repeat_kv(struct bld *B, struct val x, uint64_t kv, uint64_t width, bool rotated,
+                            const char *name)
+{
+    enum mp_dtype c = B->p->compute_dtype;
+    bool cast = B->amp && (dt_of(B, x) != c || rotated);
+    if (failed(B) || last_dim(x) == width || (kv == 1 && !cast))
+        return x;
+    B->p->probe_unsupported = "transformers' repeat_kv copies (sliding-window attention past its window)";
+    struct val y = split_copy(B, x, width, 0, false, name);
+    if (kv == 1 && !failed(B)) { /* the view's cast is the copy */
+        struct mp_tensor *t = T(B, y.t);
+        t->dtype = c;
+        t->bytes = mul(B, t->elems, mp_dtype_size(c));
+    }
+    return y;
+}
+
 /* Multi-head attention with projections: q/k/v (fused or not), rope, core, out projection. */
 static struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
                                   const char *name)
@@ -1224,6 +1263,13 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+    }
+    /* transformers' SDPA path with a mask (sliding window) repeats k and v to every head
+     * (sdpa_attention.py: use_gqa_in_sdpa is false with a mask; repeat_kv) */
+    if (impl != MP_ATTN_EAGER && l->window && sdpa_masked(B, l) && kv < a) {
+        k = repeat_kv(B, k, kv, qd, l->rope, "k_repeat");
+        v = repeat_kv(B, v, kv, qd, false, "v_repeat");
+        core.kv_heads = a;
     }
     /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies, and an
      * fp32 v (a bitsandbytes 4-bit v_proj returns x's dtype) too */
@@ -2998,14 +3044,14 @@ void mp_program_release(struct mp_program *p)
     memset(p, 0, sizeof *p);
 }
 
-static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
-                                   struct mp_diag *d);
+static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
+                                    struct mp_program *p, struct mp_diag *d);
 
 enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
                                 struct mp_diag *d)
 {
     memset(p, 0, sizeof *p);
-    return lower_program(m, o, p, d);
+    return lower_program(m, o, false, p, d);
 }
 
 enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
@@ -3020,16 +3066,33 @@ enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_buil
     mp_program_release(p); /* names and blocks; p is zeroed */
     p->tensors = t, p->nodes = n, p->params = q, p->subops = so;
     p->cap_tensors = ct, p->cap_nodes = cn, p->cap_params = cq, p->cap_subops = cs;
-    enum mp_status st = lower_program(m, o, p, d);
+    enum mp_status st = lower_program(m, o, false, p, d);
     if (st != MP_OK)
         mp_program_release(p);
     return st;
 }
 
+/* The same layers (a copy made by "repeat"). */
+static bool same_block(const struct mp_block *a, const struct mp_block *b)
+{
+    return a->n_layers == b->n_layers && memcmp(a->layers, b->layers, a->n_layers * sizeof *a->layers) == 0;
+}
+
+/* The input or output of a block as the next block sees it: shape, dtype, needs a gradient. */
+static bool same_val(const struct mp_program *p, struct val a, struct val b)
+{
+    const struct mp_tensor *x = &p->tensors[a.t], *y = &p->tensors[b.t];
+    return a.rank == b.rank && memcmp(a.shape, b.shape, sizeof a.shape) == 0 && x->dtype == y->dtype &&
+           x->needs_grad == y->needs_grad;
+}
+
 /* Lowers m into p, whose arrays may hold memory from an earlier program (their slots are
- * written afresh: new_val, new_node and new_param clear each one). */
-static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
-                                    struct mp_diag *d)
+ * written afresh: new_val, new_node and new_param clear each one).  check_only: only whether
+ * the layers chain (mp_program_check); a block that repeats the block before it, lowered at
+ * least twice already, each time from and to this same input, lowers the same way again and
+ * is skipped (its slot in p->blocks stays empty). */
+static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
+                                    struct mp_program *p, struct mp_diag *d)
 {
     p->opts = *o;
     p->model = m;
@@ -3082,6 +3145,8 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
             n_rep++;
             last_rep = (long)i;
         }
+    unsigned fixed = 0; /* check_only: copies of this block lowered in a row, each from and to x */
+    struct val fixed_x = x;
     for (size_t i = 0; i < m->n_blocks && !failed(&B); i++) {
         const struct mp_block *blk = &m->blocks[i];
         struct mp_block_prog *bp = &p->blocks[i];
@@ -3089,6 +3154,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         /* freeze: numbers name decoder blocks (the repeated ones, as HF's layers.N); without
          * repeated blocks, every block by its index */
         long rep = n_rep == 0 ? (long)i : blk->repeat_group > 0 ? rep_seen++ : -1;
+        bool again = check_only && i > 0 && same_block(blk, &m->blocks[i - 1]);
+        if (again && fixed >= 2 && same_val(p, x, fixed_x))
+            continue;
+        struct val in = x;
         B.trained = mp_finetune_block_trained(&o->ft, rep, n_rep > 0 && (long)i > last_rep);
         snprintf(B.prefix, sizeof B.prefix, "%s", blk->name);
         bp->input = x.t;
@@ -3098,6 +3167,11 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         for (size_t j = 0; j < blk->n_layers && !failed(&B); j++)
             x = lower_layer(&B, x, &blk->layers[j], &resid);
         B.layer = NULL;
+        if (check_only && !failed(&B)) {
+            bool to_itself = same_val(p, in, x);
+            fixed = !to_itself ? 0 : again && fixed && same_val(p, in, fixed_x) ? fixed + 1 : 1;
+            fixed_x = x;
+        }
         bp->output = x.t;
         bp->n_nodes = p->n_nodes - bp->node0;
         bp->n_params = p->n_params - bp->param0;
@@ -3159,7 +3233,8 @@ enum mp_status mp_program_check(const struct mp_model *m, struct mp_diag *d)
     mp_build_opts_default(&o);
     o.batch = 1;
     o.seq = m->input == MP_INPUT_TOKENS ? m->seq_len : 1;
-    enum mp_status st = mp_program_build(m, &o, &prog, d);
+    memset(&prog, 0, sizeof prog);
+    enum mp_status st = lower_program(m, &o, true, &prog, d);
     mp_program_release(&prog);
     return st;
 }

@@ -214,6 +214,8 @@ struct mp_layer {
     enum mp_qkv_split qkv_split; /* how a fused qkv output becomes q, k, v (Falcon's copies) */
     bool attn_mask;         /* the model builds a (b, 1, s, s) mask and passes it to attention (Falcon):
                                SDPA saves it (under autocast each layer's half copy); eager adds it */
+    uint64_t window;        /* sliding-window attention over this many positions (0: full): from a
+                               sequence of that length on, transformers gives SDPA a mask */
     unsigned eager_mask;    /* eager attention gets this many (b, 1, s, s) float masks from the
                                model, made once per forward (HF decoders: create_causal_mask; 2
                                with sliding-window layer types too, Gemma2/3) */

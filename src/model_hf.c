@@ -40,8 +40,6 @@
  * Ignored on purpose, because they do not change training memory:
  *   rope_theta, rotary_emb_base, rope_scaling, rope_parameters (except its
  *     partial_rotary_factor for gpt_neox/phi): values of cos/sin, same shapes;
- *   sliding_window, use_sliding_window, max_window_layers: a mask over the same
- *     scores; SDPA/flash save the same tensors;
  *   *_eps, initializer_range, bos/eos/pad_token_id, scale_attn_weights,
  *     scale_attn_by_inverse_layer_idx, pretraining_tp: values or scalars only;
  *   torch_dtype, dtype: the checkpoint's storage; --precision decides training dtypes;
@@ -89,6 +87,14 @@ typedef enum mp_status (*hf_hook)(const cJSON *root, struct hf *c, const char *p
  * left NULL is the usual name (hidden_size, num_hidden_layers, num_attention_heads,
  * max_position_embeddings, intermediate_size, hidden_act); a NULL flag key means the
  * class does not read that flag.  hook handles what no column expresses. */
+/* Which layers use sliding-window attention, as transformers 5.23 lays them out: every layer
+ * (W_ALL: the model picks its mask function from sliding_window alone, layer_types unread:
+ * Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE), the sliding layer types (W_TYPES:
+ * layer_sliding(), Gemma2/3, OLMo3, EXAONE 4), and, without layer_types, layers from
+ * max_window_layers on (W_FROM_MAX: Qwen2, Qwen3), even layers below it (W_ODD_BELOW_MAX:
+ * Qwen2-MoE), the NoPE layers (W_NOPE: SmolLM3). */
+enum win { W_NONE, W_ALL, W_TYPES, W_FROM_MAX, W_ODD_BELOW_MAX, W_NOPE };
+
 struct family {
     const char *type;
     const char *k_hidden[2], *k_layers[2], *k_heads[2], *k_pos[2]; /* first present wins */
@@ -152,6 +158,9 @@ struct family {
     bool rope_fp32;             /* fp32 cos/sin, rotated q/k cast back (OLMo2/3, ERNIE 4.5) */
     bool rope_per_type;         /* one rotary table (and inv_freq pair) per distinct layer type (Gemma3,
                                    OLMo3: position_embeddings[layer_type]) */
+    enum win window;            /* which layers use sliding-window attention (W_NONE: none) */
+    uint64_t window_default;    /* sliding_window absent (0: null, no window) */
+    bool k_use_window;          /* use_sliding_window (default false) gates the window (Qwen, SmolLM3) */
     hf_hook hook;               /* runs last: may override anything read before */
 };
 
@@ -184,8 +193,10 @@ static const struct family families[] = {
      .k_cls_p = "hidden_dropout"},
     {.type = "llama", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
      .heads = DECODER_HEADS},
-    {.type = "mistral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS},
-    {.type = "qwen2", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true, .heads = DECODER_HEADS},
+    {.type = "mistral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
+     .window_default = 4096},
+    {.type = "qwen2", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true, .heads = DECODER_HEADS,
+     .window = W_FROM_MAX, .window_default = 4096, .k_use_window = true},
     {.type = "gpt_neox", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .k_rotary = "rotary_pct",
      .rotary_default = 0.25, .fused_qkv = true, .qkv_bias = true, .out_bias = true, .mlp_bias = true,
      .parallel = true, .k_attn_bias = "attention_bias", .k_parallel = "use_parallel_residual",
@@ -212,10 +223,11 @@ static const struct family families[] = {
      .id_buffers = true, .id_views = true, .hook = bert_hook},
     /* ---- added with the family table ---- */
     {.type = "qwen3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .head_dim_default = 128,
-     .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS},
+     .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS, .window = W_FROM_MAX,
+     .window_default = 4096, .k_use_window = true},
     {.type = "phi3", LLAMA_LIKE(MP_ACT_SILU), .fused_qkv = true, .fused_gate_up = true,
      .k_rotary = "partial_rotary_factor", .rotary_default = 1.0, .k_emb_p = "embd_pdrop", .k_resid_p = "resid_pdrop",
-     .heads = DECODER_HEADS & ~HEAD(H_QA)},
+     .heads = DECODER_HEADS & ~HEAD(H_QA), .window = W_ALL},
     {.type = "olmo2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
      .rms_fp32 = true, .rope_fp32 = true, .branch_norm = true, .no_pre_norm = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
@@ -230,17 +242,18 @@ static const struct family families[] = {
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .k_bias = "use_bias", .tied = true,
      .k_emb_p = "embedding_dropout", .k_attn_p = "attention_dropout", .k_resid_p = "residual_dropout",
      .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
-     .k_cls_p = "hidden_dropout", .generic_heads = true},
+     .k_cls_p = "hidden_dropout", .generic_heads = true, .window = W_ALL},
     {.type = "gemma2", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true,
      .branch_norm = true, .eager = true, .k_attn_softcap = "attn_logit_softcapping", .attn_softcap = 50.0,
      .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA),
-     .swa_every = 2},
+     .swa_every = 2, .window = W_TYPES, .window_default = 4096},
     {.type = "gemma3_text", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
      .rms_fp32 = true, .branch_norm = true, .k_attn_softcap = "attn_logit_softcapping",
      .k_logit_softcap = "final_logit_softcapping", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
-     .swa_every = 6, .k_swa_every = "sliding_window_pattern", .rope_per_type = true, .hook = gemma_hook},
+     .swa_every = 6, .k_swa_every = "sliding_window_pattern", .rope_per_type = true, .window = W_TYPES,
+     .window_default = 4096, .hook = gemma_hook},
     {.type = "granite", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
      .k_emb_mult = "embedding_multiplier", .k_resid_mult = "residual_multiplier", .k_logits_div = "logits_scaling",
      .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
@@ -293,11 +306,14 @@ static const struct family families[] = {
     /* T5: encoder-decoder; every key, the layout and the heads in t5_model */
     {.type = "t5", .enc_dec = true},
     /* ---- mixture of experts (moe_hook; the MoE and MLA keys are read there) ---- */
-    {.type = "mixtral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .hook = moe_hook},
+    {.type = "mixtral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
+     .hook = moe_hook},
     {.type = "qwen2_moe", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 16, .qkv_bias = true, .k_qkv_bias = "qkv_bias",
-     .heads = DECODER_HEADS, .hook = moe_hook},
+     .heads = DECODER_HEADS, .window = W_ODD_BELOW_MAX, .window_default = 4096, .k_use_window = true,
+     .hook = moe_hook},
     {.type = "qwen3_moe", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 4, .k_attn_bias = "attention_bias",
-     .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS, .hook = moe_hook},
+     .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS, .window = W_ALL, .window_default = 4096,
+     .k_use_window = true, .hook = moe_hook},
     {.type = "deepseek_v2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE), .hook = moe_hook},
     {.type = "deepseek_v3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias",
@@ -308,16 +324,17 @@ static const struct family families[] = {
      .dropout = 0.1, .attn_dropout = 0.1, .k_resid_p = "residual_dropout", .heads = DECODER_HEADS},
     /* SmolLM3: no rotary on every no_rope_layer_interval-th layer (NoPE), in the hook */
     {.type = "smollm3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 4, .tied = true, .k_attn_bias = "attention_bias",
-     .k_mlp_bias = "mlp_bias", .heads = DECODER_HEADS, .hook = smollm3_hook},
+     .k_mlp_bias = "mlp_bias", .heads = DECODER_HEADS, .window = W_NOPE, .k_use_window = true,
+     .hook = smollm3_hook},
     /* OLMo3: OLMo2 with sliding-window layers (3 of 4) and a rotary table per layer type */
     {.type = "olmo3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
      .rms_fp32 = true, .rope_fp32 = true, .branch_norm = true, .no_pre_norm = true, .swa_every = 4, .rope_per_type = true,
-     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
+     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE), .window = W_TYPES, .window_default = 4096},
     /* EXAONE 4: OLMo2's post-norm layer with plain RMSNorms, per-head q/k norms; with a sliding
      * window, rotary on the sliding layers only (the full ones are NoPE), in the hook */
     {.type = "exaone4", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qk_norm = MP_QK_NORM_HEAD, .branch_norm = true,
      .no_pre_norm = true, .swa_every = 4, .k_swa_every = "sliding_window_pattern", .heads = DECODER_HEADS,
-     .hook = exaone4_hook},
+     .window = W_TYPES, .window_default = 4096, .hook = exaone4_hook},
     /* ---- interleaved rotary (each layer saves its own repeat_interleave'd cos/sin) ---- */
     /* GLM-4 (glm): partial interleaved rotary, q/k/v biases, Phi-3's fused gate_up MLP */
     {.type = "glm", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 2, .head_dim_default = 128, .qkv_bias = true,
@@ -378,6 +395,8 @@ struct hf {
     const cJSON *no_rope;
     uint64_t nope_every;
     bool rope_sliding_only;
+    uint64_t window;       /* sliding_window after the config class's rules (0: no sliding layers) */
+    uint64_t window_max;   /* Qwen's max_window_layers */
     /* mixture of experts (moe_hook): what every MoE layer gets (struct mp_layer's fields), and
      * which layers are MoE */
     uint64_t experts, top_k, expert_ffn, shared_ffn;
@@ -665,6 +684,8 @@ static enum mp_status gemma_hook(const cJSON *root, struct hf *c, const char *pa
     if (st != MP_OK || (st = mp_json_bool(root, "use_bidirectional_attention", &bidir, path, "", d)) != MP_OK)
         return st;
     c->causal = !bidir;
+    if (bidir && c->window) /* Gemma3Config: exclusive bounds for the bidirectional window */
+        c->window = c->window / 2 + 1;
     return MP_OK;
 }
 
@@ -994,8 +1015,7 @@ static enum mp_status read_mask_kinds(const cJSON *root, struct hf *c, const cha
     return MP_OK;
 }
 
-/* Whether decoder layer i is a sliding-window layer (its type; the window itself does not change
- * what SDPA saves, see the header). */
+/* Whether decoder layer i is a sliding-window layer (its type; layer_window() has its window). */
 static bool layer_sliding(const struct hf *c, uint64_t i)
 {
     if (c->layer_types)
@@ -1072,6 +1092,52 @@ static enum mp_status read_pos_or_null(const cJSON *root, const char *key, uint6
         return MP_OK;
     }
     return read_pos(root, key, false, MP_DIM_MAX, out, path, d);
+}
+
+/* Sliding-window attention (enum win): the window after the config class's rules.  It changes
+ * memory once the sequence reaches it: the model then gives SDPA a mask instead of is_causal
+ * (layers.c sdpa_masked). */
+static enum mp_status read_window(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const struct family *f = c->f;
+    if (f->window == W_NONE)
+        return MP_OK;
+    uint64_t w = f->window_default;
+    bool use = true;
+    c->window_max = 28; /* Qwen2Config / Qwen3Config / Qwen2MoeConfig max_window_layers */
+    enum mp_status st = read_pos_or_null(root, "sliding_window", &w, path, d);
+    if (st == MP_OK && f->k_use_window) {
+        use = false;
+        st = mp_json_bool(root, "use_sliding_window", &use, path, "", d);
+    }
+    if (st == MP_OK && (f->window == W_FROM_MAX || f->window == W_ODD_BELOW_MAX))
+        st = read_pos(root, "max_window_layers", false, MP_DIM_MAX, &c->window_max, path, d);
+    c->window = use ? w : 0;
+    return st;
+}
+
+/* The window of decoder layer i (0: full attention). */
+static uint64_t layer_window(const struct hf *c, uint64_t i)
+{
+    if (!c->window)
+        return 0;
+    if (c->layer_types && c->f->window != W_ALL)
+        return layer_sliding(c, i) ? c->window : 0;
+    switch (c->f->window) {
+    case W_ALL:
+        return c->window;
+    case W_TYPES:
+        return layer_sliding(c, i) ? c->window : 0;
+    case W_FROM_MAX:
+        return i >= c->window_max ? c->window : 0;
+    case W_ODD_BELOW_MAX:
+        return i % 2 == 0 && i < c->window_max ? c->window : 0;
+    case W_NOPE:
+        return layer_rope(c, i) ? 0 : c->window;
+    case W_NONE:
+        break;
+    }
+    return 0;
 }
 
 /* Qwen-MoE's mlp_only_layers: layer indices in [0, layers) that keep the dense MLP. */
@@ -1216,7 +1282,7 @@ static enum mp_status read_config(const cJSON *root, struct hf *c, const char *p
     enum mp_status st;
     if ((st = read_sizes(root, c, path, d)) != MP_OK || (st = read_rotary(root, c, path, d)) != MP_OK ||
         (st = read_options(root, c, path, d)) != MP_OK || (st = read_head(root, c, path, d)) != MP_OK ||
-        (st = read_mask_kinds(root, c, path, d)) != MP_OK)
+        (st = read_mask_kinds(root, c, path, d)) != MP_OK || (st = read_window(root, c, path, d)) != MP_OK)
         return st;
     return c->f->hook ? c->f->hook(root, c, path, d) : MP_OK;
 }
@@ -1343,6 +1409,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->mult = c->resid_mult;
         l->qkv_split = c->qkv_split;
         l->attn_mask = c->attn_mask;
+        l->window = layer_window(c, i);
         /* transformers' eager path always gets a 4-D causal mask (and a sliding-window one for
          * Gemma2/3's mixed layer types) */
         l->eager_mask = c->causal ? c->mask_kinds : 0;

@@ -6,7 +6,9 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -402,6 +404,45 @@ static void test_estimate_gelu_new_autocast(void **state)
     assert_int_equal(c.xb[2], 21504);
     mp_chain_release(&c);
     mp_model_release(&m);
+}
+
+/* HF's composite gelu_new ends in half_x * one_plus_tanh: its MulBackward0 makes both factors'
+ * gradients while the incoming one is alive, one x-sized tensor more than the fused kernels
+ * (measured with bench/torch_step.py's LiveTracker under fake tensors: the backward peaks 3 and
+ * 2 x-sized tensors above what is live before it).  fp32, b=2, s=8, ffn 64: 1024 elements, 4096
+ * bytes of backward workspace; gelu_tanh (F.gelu, fused) none. */
+static void test_estimate_gelu_new_backward(void **state)
+{
+    (void)state;
+    const char *acts[2] = {"gelu_new", "gelu_tanh"};
+    const uint64_t want[2] = {4096, 0};
+    for (int i = 0; i < 2; i++) {
+        char js[600];
+        snprintf(js, sizeof js, "{\"name\":\"g\",\"input\":{\"tokens\":8},\"layers\":["
+                 "{\"type\":\"embedding\",\"vocab\":32,\"dim\":16},"
+                 "{\"type\":\"linear\",\"in_features\":16,\"out_features\":64,\"bias\":false},"
+                 "{\"type\":\"activation\",\"act\":\"%s\"},"
+                 "{\"type\":\"linear\",\"in_features\":64,\"out_features\":16,\"bias\":false}]}", acts[i]);
+        struct mp_model m;
+        load(&m, js);
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.batch = 2;
+        o.seq = 8;
+        o.precision = MP_PREC_FP32;
+        struct mp_program p;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_OK);
+        bool seen = false;
+        for (size_t k = 0; k < p.n_nodes; k++)
+            if (p.nodes[k].prim == MP_P_ACT) {
+                assert_int_equal(p.nodes[k].bwd_tmp_bytes, want[i]);
+                seen = true;
+            }
+        assert_true(seen);
+        mp_program_release(&p);
+        mp_model_release(&m);
+    }
 }
 
 /* Non-persistent buffers are on the GPU too: HF's rotary embedding registers inv_freq and a
@@ -937,6 +978,54 @@ static void test_estimate_recomputed_saved_die_before_engine_cast(void **state)
     mp_model_release(&m);
 }
 
+/* Sliding-window attention once the sequence reaches the window: transformers gives SDPA a
+ * (b, 1, s, s) bool mask instead of is_causal (masking_utils _ignore_causal_mask_sdpa), which
+ * SDPA converts to a float mask in q's dtype and saves in every layer (convert_boolean_attn_mask),
+ * and repeats k and v to every head (sdpa_attention.py: no enable_gqa with a mask; repeat_kv).
+ * Batch 2, seq 16, 2 layers of 4 heads of 16; window 16 (masked) against 17 (not), activations
+ * when backward starts (the bool mask is a forward local, gone by then), per layer:
+ *   mistral, 2 kv heads, fp32: the float mask 2*16*16*4 = 2048; repeat_kv copies k and v to
+ *     (2, 16, 4*16) fp32, 8192 each, saved in place of k and v (2, 16, 2*16), 4096 each: +8192;
+ *     10240 per layer;
+ *   gemma3_text, 1 kv head (repeat_kv's reshape is a view), fp32: the mask only, 2048;
+ *   gemma3_text, amp-bf16: the bf16 mask 1024, and autocast's copy of the expanded fp32 rotated
+ *     k has every head: (2, 4, 16, 16) bf16 4096 instead of 1024: +3072; 4096 per layer
+ * (measured at full size with bench/torch_step.py: gemma-3-1b 2x1024 fp32, 8x1024 amp-bf16). */
+static void test_estimate_sliding_window_mask(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *type;
+        uint64_t kv;
+        enum mp_precision prec;
+        uint64_t per_layer;
+    } cases[] = {
+        {"mistral", 2, MP_PREC_FP32, 10240},
+        {"gemma3_text", 1, MP_PREC_FP32, 2048},
+        {"gemma3_text", 1, MP_PREC_AMP_BF16, 4096},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint64_t act[2];
+        for (int w = 0; w < 2; w++) {
+            char json[512];
+            snprintf(json, sizeof json, "{\"model_type\": \"%s\", \"vocab_size\": 64, \"hidden_size\": 64, "
+                     "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": %llu, "
+                     "\"head_dim\": 16, \"intermediate_size\": 128, \"sliding_window\": %d, \"use_cache\": false}",
+                     cases[k].type, (unsigned long long)cases[k].kv, w ? 16 : 17);
+            struct mp_model m;
+            load(&m, json);
+            struct mp_estimate e;
+            run(&m, 2, 16, cases[k].prec, MP_OPT_SGD, NULL, &e);
+            act[w] = e.activations_bytes;
+            mp_estimate_release(&e);
+            mp_model_release(&m);
+        }
+        if (act[1] - act[0] != 2 * cases[k].per_layer)
+            fail_msg("%s kv %llu: +%llu bytes, want 2 x %llu", cases[k].type, (unsigned long long)cases[k].kv,
+                     (unsigned long long)(act[1] - act[0]), (unsigned long long)cases[k].per_layer);
+    }
+}
+
 /* A model of custom blocks reproduces a chain from the literature exactly: the unit
  * chain of checkpointing.md T4 (100 blocks, f = b = 1, x = xb = 1, batch 1), whose
  * 10-segment checkpoint_sequential peaks at 22 units for 290 time units, and
@@ -1054,6 +1143,7 @@ int main(void)
         cmocka_unit_test(test_estimate_checkpoint_layers),
         cmocka_unit_test(test_estimate_autocast_cache),
         cmocka_unit_test(test_estimate_gelu_new_autocast),
+        cmocka_unit_test(test_estimate_gelu_new_backward),
         cmocka_unit_test(test_estimate_module_buffers),
         cmocka_unit_test(test_estimate_falcon_gptj_layer),
         cmocka_unit_test(test_estimate_use_cache),
@@ -1062,6 +1152,7 @@ int main(void)
         cmocka_unit_test(test_estimate_eager_ops),
         cmocka_unit_test(test_estimate_rope_tables_under_checkpointing),
         cmocka_unit_test(test_estimate_recomputed_saved_die_before_engine_cast),
+        cmocka_unit_test(test_estimate_sliding_window_mask),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),

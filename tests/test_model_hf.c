@@ -1456,6 +1456,60 @@ static void test_error_unmodelled_options(void **state)
                  "cfg.json: position_embedding_type: 'relative_key' is not supported (supported: absolute)");
 }
 
+/* Sliding-window layers as transformers 5.23's config classes lay them out (configuration_*.py
+ * __post_init__ and each model's mask choice): 4 layers, window 16 unless said. */
+static void test_sliding_window_layers(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        uint64_t want[4];
+    } cases[] = {
+        /* MistralConfig: sliding_window defaults to 4096, every layer */
+        {"{\"model_type\": \"mistral\"", {4096, 4096, 4096, 4096}},
+        {"{\"model_type\": \"mistral\", \"sliding_window\": null", {0, 0, 0, 0}},
+        /* Mistral's model ignores layer_types (the mask function follows sliding_window) */
+        {"{\"model_type\": \"mistral\", \"sliding_window\": 16, \"layer_types\": [\"full_attention\", "
+         "\"full_attention\", \"full_attention\", \"full_attention\"]", {16, 16, 16, 16}},
+        {"{\"model_type\": \"phi3\", \"sliding_window\": 16", {16, 16, 16, 16}},
+        {"{\"model_type\": \"phi3\"", {0, 0, 0, 0}},
+        /* Qwen2: only with use_sliding_window, from max_window_layers on */
+        {"{\"model_type\": \"qwen2\", \"sliding_window\": 16, \"max_window_layers\": 1", {0, 0, 0, 0}},
+        {"{\"model_type\": \"qwen2\", \"sliding_window\": 16, \"use_sliding_window\": true, \"max_window_layers\": 1",
+         {0, 16, 16, 16}},
+        {"{\"model_type\": \"qwen3\", \"use_sliding_window\": true, \"max_window_layers\": 3", {0, 0, 0, 4096}},
+        /* Qwen2-MoE: even layers below max_window_layers */
+        {"{\"model_type\": \"qwen2_moe\", \"sliding_window\": 16, \"use_sliding_window\": true, "
+         "\"max_window_layers\": 3", {16, 0, 16, 0}},
+        /* Gemma2 alternates; Gemma3 slides except every sliding_window_pattern-th layer */
+        {"{\"model_type\": \"gemma2\", \"sliding_window\": 16", {16, 0, 16, 0}},
+        {"{\"model_type\": \"gemma3_text\", \"sliding_window\": 16", {16, 16, 16, 16}},
+        {"{\"model_type\": \"gemma3_text\", \"sliding_window\": 16, \"sliding_window_pattern\": 3", {16, 16, 0, 16}},
+        /* layer_types, when given, decide */
+        {"{\"model_type\": \"gemma3_text\", \"sliding_window\": 16, \"layer_types\": [\"full_attention\", "
+         "\"sliding_attention\", \"full_attention\", \"sliding_attention\"]", {0, 16, 0, 16}},
+        /* OLMo3, EXAONE 4: 3 of 4 layers slide; SmolLM3: the NoPE layers, with use_sliding_window */
+        {"{\"model_type\": \"olmo3\"", {4096, 4096, 4096, 0}},
+        {"{\"model_type\": \"exaone4\", \"sliding_window\": 16", {16, 16, 16, 0}},
+        {"{\"model_type\": \"smollm3\", \"sliding_window\": 16", {0, 0, 0, 0}},
+        {"{\"model_type\": \"smollm3\", \"sliding_window\": 16, \"use_sliding_window\": true", {0, 0, 0, 16}},
+        {"{\"model_type\": \"llama\"", {0, 0, 0, 0}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char json[640];
+        snprintf(json, sizeof json, "%s, \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 4, "
+                 "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "
+                 "\"intermediate_size\": 128}", cases[k].json);
+        struct mp_model m;
+        load_str_ok(&m, json);
+        for (size_t i = 0; i < 4; i++)
+            if (block_layer(&m, 1 + i, 0)->window != cases[k].want[i])
+                fail_msg("%s: layer %zu: window %llu, want %llu", cases[k].json, i,
+                         (unsigned long long)block_layer(&m, 1 + i, 0)->window, (unsigned long long)cases[k].want[i]);
+        mp_model_release(&m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1512,6 +1566,7 @@ int main(void)
         cmocka_unit_test(test_error_bad_dropout_and_flag),
         cmocka_unit_test(test_error_rotary_fraction),
         cmocka_unit_test(test_error_unmodelled_options),
+        cmocka_unit_test(test_sliding_window_layers),
     };
     return cmocka_run_group_tests_name("model_hf", tests, NULL, NULL);
 }
