@@ -1023,10 +1023,10 @@ static enum mp_status eager_bwd(struct mp_node_view *c)
     struct mp_k_attn A = attn_of(c);
     struct mp_view qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY);
     struct mp_view pr = xr(c, MP_XR_PROBS), pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
-    struct mp_view src = op->src >= 0 ? mp_view_tensor(x, MP_ST_GRAD, op->src) : c->gout;
+    struct mp_view src = op->src >= 0 ? mp_view_grad(x, op->src) : c->gout;
     struct mp_view dst = {NULL, MP_DT_U8, 0};
     if (op->dst >= 0)
-        dst = mp_view_tensor(x, MP_ST_GRAD, op->dst);
+        dst = mp_view_grad(x, op->dst);
     NEED(src);
     if (op->dst >= 0)
         NEED(dst);

@@ -356,8 +356,8 @@ static enum mp_status eager_bwd(struct mp_node_view *c)
     enum mp_status sst = eager_supported(c);
     if (sst != MP_OK)
         return sst;
-    struct mp_view src = op->src >= 0 ? mp_view_tensor(c->x, MP_ST_GRAD, op->src) : c->gout;
-    struct mp_view dst = op->dst >= 0 ? mp_view_tensor(c->x, MP_ST_GRAD, op->dst) : (struct mp_view){NULL, MP_DT_U8, 0};
+    struct mp_view src = op->src >= 0 ? mp_view_grad(c->x, op->src) : c->gout;
+    struct mp_view dst = op->dst >= 0 ? mp_view_grad(c->x, op->dst) : (struct mp_view){NULL, MP_DT_U8, 0};
     NEED(src);
     if (op->dst >= 0)
         NEED(dst);
