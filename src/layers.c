@@ -665,6 +665,14 @@ static struct val lower_linear(struct bld *B, struct val x, uint64_t in_f, uint6
 }
 
 /* LayerNorm (autocast: fp32).  Saves input, mean, rstd (M fp32 each). */
+/* A norm's weight: a (dim) parameter named "<name>.weight". */
+static int norm_weight(struct bld *B, const char *name, uint64_t dim)
+{
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", name);
+    return new_param(B, pn, 1, dim, false);
+}
+
 static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, bool bias, const char *name)
 {
     if (!width_ok(B, x, dim, "dim", name))
@@ -711,9 +719,7 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool 
 {
     if (!width_ok(B, x, dim, "dim", name))
         return x;
-    char pn[80];
-    snprintf(pn, sizeof pn, "%s.weight", name);
-    int g = new_param(B, pn, 1, dim, false);
+    int g = norm_weight(B, name, dim);
     enum mp_dtype xdt = dt_of(B, x);
     struct val y = like(B, name, x, f32w ? xdt : promote(xdt, B->p->param_dtype), true);
     struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
@@ -742,9 +748,50 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool 
     return y;
 }
 
+/* Cohere's LayerNorm (CohereLayerNorm: weight, no bias), a Python composite in fp32:
+ * h = x.float(); mean; var = (h - mean).pow(2).mean() (pow saves its input, one fp32 h - mean);
+ * (h - mean) * rsqrt(var + eps) (a second fp32 h - mean and the rsqrt, saved by the product);
+ * weight.float() * normalized (saves the fp32 normalized tensor); .to(x's dtype).  Measured with
+ * bench/torch_step.py's trackers under fake tensors: 3 x-sized fp32 tensors saved in fp32 and
+ * bf16; backward 2 of them in fp32 beyond the gradients (and a half input's fp32 gradient before
+ * its cast).  The executors want a mean: memplan keeps it (M fp32 more than torch). */
+static struct val lower_cohere_norm(struct bld *B, struct val x, uint64_t dim, const char *name)
+{
+    if (!width_ok(B, x, dim, "dim", name))
+        return x;
+    int g = norm_weight(B, name, dim);
+    enum mp_dtype xdt = dt_of(B, x);
+    struct val y = like(B, name, x, xdt, true);
+    struct mp_node *n = new_node(B, MP_P_LAYERNORM, name);
+    if (!n)
+        return y;
+    uint64_t M = rows_of(x), N = val_elems(B, x);
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->param[0] = g;
+    n->param[1] = -1;
+    static const char *const parts[5] = {"mean", "rsqrt", "centered", "centered_2", "normed"};
+    static const enum mp_xrole roles[5] = {MP_XR_MEAN, MP_XR_RSTD, MP_XR_X_FP32, MP_XR_X_FP32, MP_XR_NORMED};
+    for (int i = 0; i < 5; i++) {
+        char en[80];
+        snprintf(en, sizeof en, "%s.%s", name, parts[i]);
+        extra_as(n, new_flat(B, en, MP_DT_F32, i < 2 ? M : N), roles[i]);
+    }
+    bool half = xdt != MP_DT_F32;
+    tmp_one(B, n, false, MP_TR_OTHER, half ? mul(B, N, 4) : 0);       /* x.float() */
+    tmp_one(B, n, true, MP_TR_OTHER, add(B, mul(B, N, 8), half ? mul(B, N, 2) : 0));
+    n->rows = M;
+    n->n = dim;
+    n->fwd_flops = 10.0 * (double)N;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
 static struct val lower_norm(struct bld *B, struct val x, const struct mp_layer *l, enum mp_norm kind,
                              uint64_t dim, const char *name)
 {
+    if (kind == MP_NORM_LAYERNORM && l->ln_fp32)
+        return lower_cohere_norm(B, x, dim, name);
     if (kind == MP_NORM_RMSNORM)
         return lower_rmsnorm(B, x, dim, l->rms_fp32, name);
     return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
@@ -953,8 +1000,8 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     } else {
         save(n, B->rope_cos_sin);
     }
-    /* fp32 cos/sin: products and sum in fp32 (ERNIE: q.float() too), cast back */
-    if (l->rope_fp32 && dt_of(B, x) != MP_DT_F32)
+    /* products and sum in fp32 (ERNIE, Cohere: q.float() too), cast back */
+    if (l->rope_cast_back && dt_of(B, x) != MP_DT_F32)
         tmp = mul(B, mul(B, T(B, x.t)->elems, 4), 3);
     n->seq = B->s;
     n->rows = rows_of(x);
@@ -1256,8 +1303,8 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         /* the cache holds them until the forward returns; under autocast the rotated k is fp32
          * (q * cos with cos in the fp32 residual's dtype), so its copy is too, and so is v's:
          * the empty cache tensors take k's dtype and torch.cat promotes; SDPA saves their half
-         * casts (rope_fp32 families cast the rotated k back to k's dtype: no promotion) */
-        k = cast_to(B, k, B->amp && l->rope && !l->rope_fp32 ? MP_DT_F32 : dt_of(B, k), "k_cache");
+         * casts (rope_cast_back families cast the rotated k back to k's dtype: no promotion) */
+        k = cast_to(B, k, B->amp && l->rope && !l->rope_cast_back ? MP_DT_F32 : dt_of(B, k), "k_cache");
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
         v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
@@ -2489,7 +2536,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         return lower_linear(B, l->pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
                             l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
-        return lower_layernorm(B, x, l->dim, l->norm_bias, nm);
+        return l->ln_fp32 ? lower_cohere_norm(B, x, l->dim, nm) : lower_layernorm(B, x, l->dim, l->norm_bias, nm);
     case MP_LT_RMSNORM:
         return l->t5 ? lower_t5_norm(B, x, l->dim, nm) : lower_rmsnorm(B, x, l->dim, l->rms_fp32, nm);
     case MP_LT_ATTENTION:

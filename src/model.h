@@ -159,8 +159,10 @@ struct mp_layer {
     bool rope_interleave; /* interleaved rotary (GLM, Helium, ERNIE 4.5: cos/sin repeat_interleave'd and
                              rotate_half of even/odd pairs): each layer makes and saves its own cos/sin
                              pair (1, s, rotary_dim); the model's table is saved by no layer */
-    bool rope_fp32;     /* the model's cos/sin stay fp32 (no cast to the residual dtype) and the rotated
-                           q/k are cast back to q's dtype (OLMo2/3, ERNIE 4.5) */
+    bool rope_fp32;     /* the model's cos/sin stay fp32 (no cast to the residual dtype) (OLMo2/3,
+                           ERNIE 4.5) */
+    bool rope_cast_back; /* the rotated q/k (fp32 products) are cast back to q's dtype (OLMo2/3,
+                           ERNIE 4.5, Cohere) */
     bool rope_cat;      /* q/k rebuilt with torch.cat even at full rotary (the partial-rotary code of
                            NeoX, phi, Phi-3, StableLM): the attention output is then copied */
     enum mp_attn_impl impl;
@@ -191,6 +193,8 @@ struct mp_layer {
                                false: a plain softmax (GPT-2, BERT), fp32 only under autocast */
     bool rms_fp32;          /* RMSNorm applies its weight in fp32 and casts back (Gemma, OLMo2); also
                                on rmsnorm layers */
+    bool ln_fp32;           /* layernorm is Cohere's Python composite in fp32 (no bias); also on
+                               layernorm layers */
     bool fused_gate_up;     /* gated MLP with one gate_up projection, chunked (Phi-3) */
     bool no_attn_out_dropout; /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
     double attn_softcap;    /* tanh softcapping of the attention scores (Gemma2; eager only) */

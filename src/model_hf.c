@@ -155,7 +155,11 @@ struct family {
                                    others sliding (Gemma2 2, Gemma3 6, OLMo3 4, EXAONE 4 4); 0: all full */
     const char *k_swa_every;    /* the key that overrides it (sliding_window_pattern) */
     bool rope_interleave;       /* interleaved rotary (GLM, Helium, ERNIE 4.5): a cos/sin pair per layer */
-    bool rope_fp32;             /* fp32 cos/sin, rotated q/k cast back (OLMo2/3, ERNIE 4.5) */
+    bool rope_fp32;             /* fp32 cos/sin (OLMo2/3, ERNIE 4.5) */
+    bool rope_cast_back;        /* rotated q/k in fp32, cast back (OLMo2/3, ERNIE 4.5, Cohere) */
+    bool ln_fp32;               /* Cohere's composite fp32 LayerNorm without bias */
+    const char *k_logit_scale;  /* logits * logit_scale (Cohere; default logit_scale below) */
+    double logit_scale;
     bool rope_per_type;         /* one rotary table (and inv_freq pair) per distinct layer type (Gemma3,
                                    OLMo3: position_embeddings[layer_type]) */
     enum win window;            /* which layers use sliding-window attention (W_NONE: none) */
@@ -229,7 +233,7 @@ static const struct family families[] = {
      .k_rotary = "partial_rotary_factor", .rotary_default = 1.0, .k_emb_p = "embd_pdrop", .k_resid_p = "resid_pdrop",
      .heads = DECODER_HEADS & ~HEAD(H_QA), .window = W_ALL},
     {.type = "olmo2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
-     .rms_fp32 = true, .rope_fp32 = true, .branch_norm = true, .no_pre_norm = true,
+     .rms_fp32 = true, .rope_fp32 = true, .rope_cast_back = true, .branch_norm = true, .no_pre_norm = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
     {.type = "stablelm", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gqa = true, .ignores_head_dim = true,
      .kv_default = 32, .k_rotary = "partial_rotary_factor", .rotary_default = 0.25, .gated = true,
@@ -328,7 +332,8 @@ static const struct family families[] = {
      .hook = smollm3_hook},
     /* OLMo3: OLMo2 with sliding-window layers (3 of 4) and a rotary table per layer type */
     {.type = "olmo3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
-     .rms_fp32 = true, .rope_fp32 = true, .branch_norm = true, .no_pre_norm = true, .swa_every = 4, .rope_per_type = true,
+     .rms_fp32 = true, .rope_fp32 = true, .rope_cast_back = true, .branch_norm = true, .no_pre_norm = true,
+     .swa_every = 4, .rope_per_type = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE), .window = W_TYPES, .window_default = 4096},
     /* EXAONE 4: OLMo2's post-norm layer with plain RMSNorms, per-head q/k norms; with a sliding
      * window, rotary on the sliding layers only (the full ones are NoPE), in the hook */
@@ -351,13 +356,22 @@ static const struct family families[] = {
     /* ERNIE 4.5 (dense): fp32 interleaved rotary, use_bias on every Linear, no attention dropout */
     {.type = "ernie4_5", .act = MP_ACT_SILU, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, .kv_default = 2,
      .head_dim_default = 128, .tied = true, .k_bias = "use_bias", .rope_interleave = true, .rope_fp32 = true,
-     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
+     .rope_cast_back = true, .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head",
+     .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
+    /* Cohere (Command-R, Aya): fp32 composite LayerNorm without bias shared by parallel attention and
+     * MLP, q/k rotated in fp32 (the rotary table interleaved by the model), logits * logit_scale */
+    {.type = "cohere", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gated = true, .gqa = true, .tied = true,
+     .k_attn_bias = "attention_bias", .parallel = true, .shared_norm = true, .ln_fp32 = true, .rope_cast_back = true,
+     .k_logit_scale = "logit_scale", .logit_scale = 0.0625, .k_attn_p = "attention_dropout",
+     .reject = {{"use_qk_norm", "Cohere's per-head q/k LayerNorms are not modelled"}}, .n_tok = "embed_tokens",
+     .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
     "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mixtral, qwen2_moe, " \
-    "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5"
+    "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, " \
+    "cohere"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -633,6 +647,11 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
     if (f->k_logits_div && !(div > 0))
         return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a positive number", path, f->k_logits_div);
     c->logits_mult = f->k_logits_div ? 1.0 / div : 0.0;
+    if (f->k_logit_scale) {
+        c->logits_mult = f->logit_scale;
+        if ((st = read_softcap(root, f->k_logit_scale, &c->logits_mult, path, d)) != MP_OK)
+            return st;
+    }
     c->emb_p = f->k_emb_p || f->emb_p_is_resid ? f->dropout : 0.0;
     c->attn_p = f->k_attn_p ? f->attn_dropout : 0.0;
     c->resid_p = f->k_resid_p ? f->dropout : 0.0;
@@ -1295,8 +1314,9 @@ static void norm_layer(struct mp_layer *l, const struct hf *c, const char *name)
 {
     l->type = c->norm == MP_NORM_RMSNORM ? MP_LT_RMSNORM : MP_LT_LAYERNORM;
     l->norm = c->norm;
-    l->norm_bias = c->norm == MP_NORM_LAYERNORM;
+    l->norm_bias = c->norm == MP_NORM_LAYERNORM && !c->f->ln_fp32;
     l->rms_fp32 = c->f->rms_fp32;
+    l->ln_fp32 = c->f->ln_fp32;
     l->dim = c->hidden;
     set_name(l, name);
 }
@@ -1385,6 +1405,8 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->rope_kinds = c->f->rope_per_type ? c->mask_kinds : 1;
         l->rope_interleave = l->rope && c->f->rope_interleave;
         l->rope_fp32 = l->rope && c->f->rope_fp32;
+        l->rope_cast_back = l->rope && c->f->rope_cast_back;
+        l->ln_fp32 = c->f->ln_fp32;
         l->impl = MP_ATTN_SDPA;
         l->impl_set = false;
         l->attn_dropout = c->attn_p;
@@ -1393,7 +1415,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->gated = c->gated;
         l->mlp_bias = c->mlp_bias;
         l->norm = c->norm;
-        l->norm_bias = c->norm == MP_NORM_LAYERNORM;
+        l->norm_bias = c->norm == MP_NORM_LAYERNORM && !c->f->ln_fp32;
         l->p = c->resid_p;
         l->parallel_residual = c->parallel;
         l->shared_norm = c->parallel && c->shared_norm;

@@ -801,7 +801,7 @@ static void test_error_table_families(void **state)
     expect_error("{\"model_type\": \"jamba\", \"vocab_size\": 100}", MP_ERR_MODEL, msg);
 }
 
-/* ---- llama variants of 2025: seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5 ---- */
+/* ---- llama variants of 2025: seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, cohere ---- */
 
 /* Real checkpoints' config.json values (typed from the published files); expected counts:
  * transformers 5.23, `python3 bench/hf_params.py models/hf/<file>.json [ARCH...]`. */
@@ -832,6 +832,8 @@ static const struct param_row variants_2025[] = {
     {"models/hf/helium-1-preview-2b.json", "HeliumModel", UINT64_C(2049763840)},
     {"models/hf/ernie-4.5-0.3b.json", NULL, UINT64_C(360748032)},
     {"models/hf/ernie-4.5-0.3b.json", "Ernie4_5Model", UINT64_C(360748032)},
+    {"models/hf/aya-expanse-8b.json", NULL, UINT64_C(8028033024)},
+    {"models/hf/aya-expanse-8b.json", "CohereModel", UINT64_C(8028033024)},
 };
 
 static void test_params_variants_2025(void **state)
@@ -934,7 +936,17 @@ static void test_variants_2025_lowering(void **state)
     mp_model_release(&m);
     load_ok(&m, "models/hf/olmo-2-7b.json"); /* OLMo2's cos/sin are fp32 too (not interleaved) */
     l = block_layer(&m, 1, 0);
-    assert_true(l->rope_fp32 && !l->rope_interleave);
+    assert_true(l->rope_fp32 && l->rope_cast_back && !l->rope_interleave);
+    mp_model_release(&m);
+    /* Cohere: one fp32 composite LayerNorm without bias for both parallel branches (the final
+     * norm too), q/k rotated in fp32 and cast back, logits * logit_scale (0.125 in Aya) */
+    load_ok(&m, "models/hf/aya-expanse-8b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->ln_fp32 && !l->norm_bias && l->parallel_residual && l->shared_norm);
+    assert_true(l->rope_cast_back && !l->rope_fp32 && !l->rope_interleave);
+    assert_true(block_layer(&m, m.n_blocks - 1, 0)->ln_fp32);
+    assert_float_equal(block_layer(&m, m.n_blocks - 1, 1)->mult, 0.125, 0.0);
+    assert_true(block_layer(&m, m.n_blocks - 1, 1)->tied);
     mp_model_release(&m);
 
     /* Seed-OSS: q/k/v biases, no o_proj bias, dropouts 0.1 by default */
@@ -979,6 +991,36 @@ static void test_interleaved_rope_pairs(void **state)
     mp_model_release(&m);
 }
 
+/* Cohere's LayerNorm, a Python composite in fp32 (CohereLayerNorm): pow saves one fp32 x - mean,
+ * the product another and the rsqrt (M fp32), the weight product the fp32 normalized tensor
+ * (measured: 3 x-sized fp32 tensors in fp32 and bf16).  b=1, s=16, hidden 64: 3 x 1024 x 4 +
+ * 16 x 4 = 12,352 bytes, plus the mean memplan keeps for its executors (64): 12,416, by hand; the
+ * same in bf16 (the saved tensors are fp32 whatever x's dtype). */
+static void test_cohere_norm_saves(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_str_ok(&m, "{\"model_type\": \"cohere\", \"vocab_size\": 100, \"hidden_size\": 64, "
+                    "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"intermediate_size\": 128}");
+    struct mp_program p;
+    build_small(&m, &p);
+    size_t norms = 0;
+    for (size_t i = 0; i < p.n_nodes; i++) {
+        const struct mp_node *n = &p.nodes[i];
+        if (n->prim != MP_P_LAYERNORM)
+            continue;
+        uint64_t saved = 0;
+        for (int j = 0; j < n->n_saved; j++)
+            saved += p.tensors[n->saved[j]].bytes;
+        assert_int_equal(saved, 12416);
+        assert_int_equal(n->param[1], -1); /* no bias */
+        norms++;
+    }
+    assert_int_equal(norms, 2); /* the layer's shared norm and the final one */
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
 #define SMOL_TINY(extra)                                                                                    \
     "{\"model_type\": \"smollm3\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "  \
     "\"num_attention_heads\": 4, \"intermediate_size\": 128" extra "}"
@@ -1005,6 +1047,10 @@ static void test_error_variants_2025(void **state)
                  "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"intermediate_size\": 128}",
                  MP_ERR_MODEL, "cfg.json: head_dim: 4 heads x 128 differ from hidden_size 64 (Helium's o_proj is "
                  "hidden_size x hidden_size)");
+    expect_error("{\"model_type\": \"cohere\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"use_qk_norm\": true}",
+                 MP_ERR_MODEL, "cfg.json: use_qk_norm: true is not supported (Cohere's per-head q/k LayerNorms are "
+                 "not modelled)");
     /* with layer_types the pattern is not read (the published 32B config) */
     struct mp_model m;
     load_str_ok(&m, EXAONE_TINY(", \"sliding_window_pattern\": \"LLLG\", \"layer_types\": [\"sliding_attention\", "
@@ -1550,6 +1596,7 @@ int main(void)
         cmocka_unit_test(test_variants_2025_lowering),
         cmocka_unit_test(test_error_variants_2025),
         cmocka_unit_test(test_interleaved_rope_pairs),
+        cmocka_unit_test(test_cohere_norm_saves),
         cmocka_unit_test(test_head_param_counts),
         cmocka_unit_test(test_head_logits_and_labels),
         cmocka_unit_test(test_head_lowering),
