@@ -2738,8 +2738,11 @@ static struct mp_subop *sop(struct bld *B, int k, bool bwd, enum mp_subop_kind o
         MP_BUG("node %s: too many ops", n->name);
     struct mp_subop *st = &p->subops[p->n_subops++];
     (*count)++;
-    *st = (struct mp_subop){.op = op, .src = src, .dst = dst, .dst2 = -1, .grad = -1, .free_buf = -1,
-                            .release = {-1, -1}};
+    memset(st, 0, sizeof *st); /* padding too: programs compare byte for byte (test_build) */
+    st->op = op;
+    st->src = src;
+    st->dst = dst;
+    st->dst2 = st->grad = st->free_buf = st->release[0] = st->release[1] = -1;
     return st;
 }
 
