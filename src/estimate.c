@@ -707,6 +707,12 @@ static void bwd_block(struct rp *r, size_t i)
                 g_free(r, n->out);
             continue;
         }
+        /* the chunk's backward (SplitBackward0, its own node, run first) cats out's gradient parts */
+        if (g_has(r, n->out_parts[0]) || g_has(r, n->out_parts[1])) {
+            g_alloc(r, n->out);
+            g_free(r, n->out_parts[0]);
+            g_free(r, n->out_parts[1]);
+        }
         for (int j = 0; j < 2; j++) {
             int q = n->param[j];
             if (q < 0 || !p->params[q].trainable)
@@ -717,11 +723,6 @@ static void bwd_block(struct rp *r, size_t i)
             } else if (r->t->accumulate) {
                 incoming += mp_param_grad_bytes(&p->params[q]);
             }
-        }
-        if (g_has(r, n->out_parts[0]) || g_has(r, n->out_parts[1])) { /* chunk's backward: cat the parts */
-            g_alloc(r, n->out);
-            g_free(r, n->out_parts[0]);
-            g_free(r, n->out_parts[1]);
         }
         /* the gradient the node makes for each input: a new storage, its output's own (a residual
          * add), or one added after the node to the gradient the input already has */
