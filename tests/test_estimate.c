@@ -785,6 +785,62 @@ static void test_estimate_gradient_added_out_of_place(void **state)
     mp_model_release(&m);
 }
 
+/* The order of one linear node's backward events. */
+struct wgrad_order {
+    int node, q, x;       /* the node, its weight, its saved input */
+    int n, bwd, x_free, pgrad, cast, tmp_free;
+};
+
+static enum mp_status wgrad_order_event(void *ctx, const struct mp_event *ev)
+{
+    struct wgrad_order *o = ctx;
+    o->n++;
+    if (ev->kind == MP_EV_BWD && ev->node == o->node)
+        o->bwd = o->n;
+    if (ev->kind == MP_EV_FREE && ev->store == MP_ST_ACT && ev->id == o->x)
+        o->x_free = o->n;
+    if (ev->kind == MP_EV_ALLOC && ev->store == MP_ST_PGRAD && ev->id == o->q)
+        o->pgrad = o->n;
+    if (ev->kind == MP_EV_WGRAD_CAST && ev->node == o->node && ev->id == o->q)
+        o->cast = o->n;
+    if (ev->kind == MP_EV_FREE && ev->store == MP_ST_TMP && ev->node == o->node && ev->phase == MP_PH_BACKWARD)
+        o->tmp_free = o->n;
+    return MP_OK;
+}
+
+/* Under autocast a Linear's weight is an autocast cast (ToCopyBackward0 between the fp32
+ * parameter and the node): AddmmBackward0 makes the half weight gradient (its TMP), releases
+ * what it saved, and only then ToCopyBackward0 makes the fp32 gradient AccumulateGrad keeps,
+ * while the half one is still alive.  Without autocast the gradient is the node's own (its mm
+ * output, AccumulateGrad steals it): made during the node, before it releases anything. */
+static void test_estimate_autocast_weight_grad_after_node(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, RES);
+    struct mp_program prog;
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct mp_diag d = {{0}};
+    build(&m, 2, 0, MP_PREC_AMP_BF16, &prog);
+    int fc2 = node_named(&prog, "r.fc2");
+    struct wgrad_order o = {.node = fc2, .q = prog.nodes[fc2].param[0], .x = prog.nodes[fc2].in[0]};
+    assert_int_equal(mp_replay(&prog, NULL, &t, wgrad_order_event, &o, &d), MP_OK);
+    assert_true(o.bwd > 0 && o.x_free > o.bwd);
+    assert_true(o.pgrad > o.x_free);
+    assert_true(o.cast > o.pgrad);
+    assert_true(o.tmp_free > o.cast);
+    mp_program_release(&prog);
+
+    build(&m, 2, 0, MP_PREC_FP32, &prog);
+    fc2 = node_named(&prog, "r.fc2");
+    struct wgrad_order f = {.node = fc2, .q = prog.nodes[fc2].param[0], .x = prog.nodes[fc2].in[0]};
+    assert_int_equal(mp_replay(&prog, NULL, &t, wgrad_order_event, &f, &d), MP_OK);
+    assert_true(f.pgrad > 0 && f.pgrad < f.bwd);
+    assert_int_equal(f.cast, 0);
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
 /* Eager attention in an HF decoder gets a (b, 1, s, s) mask in the model's dtype from
  * create_causal_mask, once per forward: a checkpoint input under gradient checkpointing (held
  * to the first layer's backward: llama-2-7b 2x1024 amp eager `layers` was -8 MiB = 2·1024²·4 in
@@ -1281,6 +1337,7 @@ int main(void)
         cmocka_unit_test(test_estimate_eager_ops),
         cmocka_unit_test(test_estimate_residual_add_shares_gradient),
         cmocka_unit_test(test_estimate_gradient_added_out_of_place),
+        cmocka_unit_test(test_estimate_autocast_weight_grad_after_node),
         cmocka_unit_test(test_estimate_rope_tables_under_checkpointing),
         cmocka_unit_test(test_estimate_recomputed_saved_die_before_engine_cast),
         cmocka_unit_test(test_estimate_sliding_window_mask),
