@@ -383,7 +383,7 @@ def core_settings(cfg):
             (1, s1, "bf16", "sdpa", "layers", "sgd-momentum")]
 
 
-EAGER_ONLY = {"gptj"}  # model types whose attention transformers runs eagerly only
+EAGER_ONLY = {"gptj", "gemma2"}  # model types whose attention transformers runs eagerly only
 PLAIN_SOFTMAX = {"gpt2", "bert", "roberta", "distilbert"}  # eager softmax without dtype=float32
 
 
