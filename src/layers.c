@@ -3251,6 +3251,8 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     struct span prev = {.ok = false};
     struct state st_cur, st_prev;
     bool verified = false; /* block i-1 is the exact shift of block i-2, from and to the same state */
+    unsigned misses = 0;   /* verifications of this run that failed: after two, its blocks are lowered
+                            * (each one copies what was built before: a long run must not repeat it) */
     for (size_t i = 0; i < m->n_blocks && !failed(&B); i++) {
         const struct mp_block *blk = &m->blocks[i];
         struct mp_block_prog *bp = &p->blocks[i];
@@ -3271,8 +3273,11 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         uint64_t total0 = p->total_params, adapter0 = p->adapter_params;
         if (copies)
             take_state(&B, &st_cur);
-        bool same_as_prev = copies && again && prev.ok && same_state(&st_cur, &st_prev) && same_val(p, x, prev.in);
-        bool copied = same_as_prev && verified && copy_block(&B, &prev, i, x);
+        if (!again)
+            misses = 0;
+        bool same_as_prev = copies && again && misses < 2 && prev.ok && same_state(&st_cur, &st_prev) &&
+                            same_val(p, x, prev.in);
+        bool copied = same_as_prev && verified && copy_block(&B, &prev, i, x), tried = same_as_prev && !copied;
         if (copied) {
             p->copied_blocks++;
             struct shift h = {.s = &prev, .m = m, .to = i, .in_to = x.t};
@@ -3309,6 +3314,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
                 struct state after;
                 take_state(&B, &after);
                 verified = same_as_prev && same_state(&after, &st_cur) && is_shift(p, m, &prev, &cur);
+                misses += tried && !verified;
             }
             prev = cur;
             st_prev = st_cur;
