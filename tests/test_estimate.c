@@ -785,6 +785,62 @@ static void test_estimate_gradient_added_out_of_place(void **state)
     mp_model_release(&m);
 }
 
+/* The order of one linear node's backward events. */
+struct wgrad_order {
+    int node, q, x;       /* the node, its weight, its saved input */
+    int n, bwd, x_free, pgrad, cast, tmp_free;
+};
+
+static enum mp_status wgrad_order_event(void *ctx, const struct mp_event *ev)
+{
+    struct wgrad_order *o = ctx;
+    o->n++;
+    if (ev->kind == MP_EV_BWD && ev->node == o->node)
+        o->bwd = o->n;
+    if (ev->kind == MP_EV_FREE && ev->store == MP_ST_ACT && ev->id == o->x)
+        o->x_free = o->n;
+    if (ev->kind == MP_EV_ALLOC && ev->store == MP_ST_PGRAD && ev->id == o->q)
+        o->pgrad = o->n;
+    if (ev->kind == MP_EV_WGRAD_CAST && ev->node == o->node && ev->id == o->q)
+        o->cast = o->n;
+    if (ev->kind == MP_EV_FREE && ev->store == MP_ST_TMP && ev->node == o->node && ev->phase == MP_PH_BACKWARD)
+        o->tmp_free = o->n;
+    return MP_OK;
+}
+
+/* Under autocast a Linear's weight is an autocast cast (ToCopyBackward0 between the fp32
+ * parameter and the node): AddmmBackward0 makes the half weight gradient (its TMP), releases
+ * what it saved, and only then ToCopyBackward0 makes the fp32 gradient AccumulateGrad keeps,
+ * while the half one is still alive.  Without autocast the gradient is the node's own (its mm
+ * output, AccumulateGrad steals it): made during the node, before it releases anything. */
+static void test_estimate_autocast_weight_grad_after_node(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, RES);
+    struct mp_program prog;
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct mp_diag d = {{0}};
+    build(&m, 2, 0, MP_PREC_AMP_BF16, &prog);
+    int fc2 = node_named(&prog, "r.fc2");
+    struct wgrad_order o = {.node = fc2, .q = prog.nodes[fc2].param[0], .x = prog.nodes[fc2].in[0]};
+    assert_int_equal(mp_replay(&prog, NULL, &t, wgrad_order_event, &o, &d), MP_OK);
+    assert_true(o.bwd > 0 && o.x_free > o.bwd);
+    assert_true(o.pgrad > o.x_free);
+    assert_true(o.cast > o.pgrad);
+    assert_true(o.tmp_free > o.cast);
+    mp_program_release(&prog);
+
+    build(&m, 2, 0, MP_PREC_FP32, &prog);
+    fc2 = node_named(&prog, "r.fc2");
+    struct wgrad_order f = {.node = fc2, .q = prog.nodes[fc2].param[0], .x = prog.nodes[fc2].in[0]};
+    assert_int_equal(mp_replay(&prog, NULL, &t, wgrad_order_event, &f, &d), MP_OK);
+    assert_true(f.pgrad > 0 && f.pgrad < f.bwd);
+    assert_int_equal(f.cast, 0);
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
 /* Eager attention in an HF decoder gets a (b, 1, s, s) mask in the model's dtype from
  * create_causal_mask, once per forward: a checkpoint input under gradient checkpointing (held
  * to the first layer's backward: llama-2-7b 2x1024 amp eager `layers` was -8 MiB = 2·1024²·4 in
@@ -822,6 +878,101 @@ static void test_estimate_eager_mask(void **state)
     mp_chain_release(&c);
     mp_program_release(&prog);
     mp_model_release(&m);
+}
+
+/* Live bytes (512-rounded) while one node runs in one phase: the level just before its first
+ * event and the highest level after any of its events. */
+struct node_meter {
+    int node;
+    enum mp_phase phase;
+    uint64_t cur, start, peak;
+    bool seen;
+};
+
+static enum mp_status node_meter_event(void *ctx, const struct mp_event *ev)
+{
+    struct node_meter *m = ctx;
+    if (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE)
+        return MP_OK;
+    bool mine = ev->node == m->node && ev->phase == m->phase;
+    if (mine && !m->seen) {
+        m->seen = true;
+        m->start = m->peak = m->cur;
+    }
+    if (ev->kind == MP_EV_ALLOC)
+        m->cur += mp_round512(ev->bytes);
+    else
+        m->cur -= mp_round512(ev->bytes);
+    if (mine && m->cur > m->peak)
+        m->peak = m->cur;
+    return MP_OK;
+}
+
+/* How far above its starting level the eager attention node's forward and backward go. */
+static void eager_rise(const char *model_json, enum mp_precision prec, uint64_t *fwd, uint64_t *bwd)
+{
+    struct mp_model m;
+    load(&m, model_json);
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = 2;
+    bo.precision = prec;
+    struct mp_program prog;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    int k = -1;
+    for (size_t i = 0; i < prog.n_nodes; i++)
+        if (prog.nodes[i].prim == MP_P_ATTN)
+            k = (int)i;
+    assert_true(k >= 0 && prog.nodes[k].eager);
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct node_meter f = {.node = k, .phase = MP_PH_FORWARD}, b = {.node = k, .phase = MP_PH_BACKWARD};
+    assert_int_equal(mp_replay(&prog, NULL, &t, node_meter_event, &f, &d), MP_OK);
+    assert_int_equal(mp_replay(&prog, NULL, &t, node_meter_event, &b, &d), MP_OK);
+    assert_true(f.seen && b.seen);
+    *fwd = f.peak - f.start;
+    *bwd = b.peak - b.start;
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
+#define EAGER_MODEL(kv) "{\"name\":\"e\",\"input\":{\"tokens\":16},\"layers\":[" \
+    "{\"type\":\"embedding\",\"vocab\":16,\"dim\":32}," \
+    "{\"type\":\"attention\",\"dim\":32,\"heads\":4,\"kv_heads\":" kv ",\"impl\":\"eager\"}," \
+    "{\"type\":\"lm_head\",\"vocab\":16,\"dim\":32}]}"
+
+/* Eager attention runs as torch's ops (Q@K^T, * scale, the softmax and the casts around it,
+ * P@V, the transpose copy), each freeing its input once done; its backward as their autograd
+ * nodes, each freeing its saved operands and incoming gradient when it ends (derivatives.yaml
+ * bmm, _softmax_backward_data, _to_copy, mul).  Worked by hand, batch 2, seq 16, 4 heads of
+ * width 8: the scores (b, a, s, s) have 2048 elements (bf16 4096 B, fp32 8192 B), a head
+ * tensor (b, a, s, d) 1024 (bf16 2048 B, fp32 4096 B).
+ * amp-bf16 (the softmax in fp32 on CUDA autocast; no mask in memplan JSON):
+ *   forward, above the level before the node: the q/k/v copies 3 x 2048, then scores 4096 ->
+ *   scaled 4096 (scores die) -> fp32 upcast 8192 (scaled die) -> probabilities 8192 (the upcast
+ *   dies) -> their bf16 cast 4096 -> heads 2048 -> output 2048: 6144 + 8192 + 8192 = 22528 at
+ *   the softmax (and again at the output: 6144 + 8192 + 4096 + 2048 + 2048), not 38912 (every
+ *   transient at once);
+ *   backward: dV (v's own gradient: the copy has its size) 2048, dP 4096, then the P@V operands
+ *   (v copy 2048, bf16 probabilities 4096) and dO 2048 die; dP's fp32 copy 8192 (dP dies); the
+ *   softmax backward's 8192: 2048 + 8192 + 8192 = 18432 - the 8192 freed = 10240 at
+ *   _softmax_backward_data (was 22528: every gradient and a 2 x fp32 workspace from the start).
+ * fp32, 2 kv heads (repeat_kv: k/v copies of 4 heads, 4096 B each; k and v 2048 B):
+ *   forward: copies 3 x 4096, scores 8192, scaled 8192 (no upcast, no cast): 28672 with the
+ *   scores and again with the probabilities, and with the heads and the output (4096 each);
+ *   backward: dV into a buffer of the copy's size (summed into v's 2048 at the end) 4096, dP
+ *   8192: 12288; then the v copy and dO (4096 each) die, the probabilities stay (the softmax
+ *   saved them too): 4096; the softmax backward's 8192: 12288 again. */
+static void test_estimate_eager_ops(void **state)
+{
+    (void)state;
+    uint64_t fwd, bwd;
+    eager_rise(EAGER_MODEL("4"), MP_PREC_AMP_BF16, &fwd, &bwd);
+    assert_int_equal(fwd, 22528);
+    assert_int_equal(bwd, 10240);
+    eager_rise(EAGER_MODEL("2"), MP_PREC_FP32, &fwd, &bwd);
+    assert_int_equal(fwd, 28672);
+    assert_int_equal(bwd, 12288);
 }
 
 /* The forward-phase peak of a replay (512-rounded live bytes). */
@@ -1025,6 +1176,40 @@ static void test_estimate_recomputed_saved_die_before_engine_cast(void **state)
     mp_model_release(&m);
 }
 
+/* The gate/up chunk's gradient parts are catted by SplitBackward0, a node of its own that runs
+ * before the grouped GEMM's backward: the cat is made, the parts die, and only then does
+ * GroupedMmBackward0 make the weight and input gradients (bench: mixtral-8x7b 8x1024 amp-bf16
+ * `none` was +2.13 % = 1536 MiB, the parts alive next to the expert weights' gradient).
+ * The tiny Mixtral above in fp32, batch 1 x 64 tokens, S = 128 routed rows, E = 4 experts,
+ * F = 128, h = 64: cat (S, 2F) 131072 B; then the parts (2 x 65536) freed; then the weight
+ * gradient (E, 2F, h) 262144 and the input's (S, h) 32768.  Highest point above the live bytes
+ * before the node: max(131072, 262144 + 32768) = 294912 (it was 262144 + 131072 = 393216). */
+static void test_estimate_chunk_cat_before_weight_grad(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"model_type\": \"mixtral\", \"architectures\": [\"MixtralForCausalLM\"], \"vocab_size\": 64, "
+             "\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"num_local_experts\": 4, "
+             "\"num_experts_per_tok\": 2, \"max_position_embeddings\": 256}");
+    struct mp_program prog;
+    build(&m, 1, 64, MP_PREC_FP32, &prog);
+    struct node_bwd w = {.node = -1, .a = -1};
+    for (size_t k = 0; k < prog.n_nodes && w.node < 0; k++)
+        if (prog.nodes[k].prim == MP_P_GROUPED_MM && prog.nodes[k].out_parts[0] >= 0)
+            w.node = (int)k;
+    assert_true(w.node >= 0);
+    const struct mp_node *n = &prog.nodes[w.node];
+    assert_int_equal(prog.tensors[n->out].bytes, 128 * 256 * 4);
+    assert_int_equal(prog.params[n->param[0]].elems, 4 * 256 * 64);
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_replay(&prog, NULL, &t, node_bwd_event, &w, &d), MP_OK);
+    assert_int_equal(w.max - w.before, 294912);
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
 /* Sliding-window attention once the sequence reaches the window: transformers gives SDPA a
  * (b, 1, s, s) bool mask instead of is_causal (masking_utils _ignore_causal_mask_sdpa), which
  * SDPA converts to a float mask in q's dtype and saves in every layer (convert_boolean_attn_mask),
@@ -1149,11 +1334,14 @@ int main(void)
         cmocka_unit_test(test_estimate_use_cache),
         cmocka_unit_test(test_estimate_kv_cache_held_to_loss),
         cmocka_unit_test(test_estimate_eager_mask),
+        cmocka_unit_test(test_estimate_eager_ops),
         cmocka_unit_test(test_estimate_residual_add_shares_gradient),
         cmocka_unit_test(test_estimate_gradient_added_out_of_place),
+        cmocka_unit_test(test_estimate_autocast_weight_grad_after_node),
         cmocka_unit_test(test_estimate_rope_tables_under_checkpointing),
         cmocka_unit_test(test_estimate_recomputed_saved_die_before_engine_cast),
         cmocka_unit_test(test_estimate_sliding_window_mask),
+        cmocka_unit_test(test_estimate_chunk_cat_before_weight_grad),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),
