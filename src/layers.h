@@ -246,7 +246,7 @@ struct mp_program {
                                     the first forward that makes them to the backward of that block; -1 */
     int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward
                                     (Falcon), held like rope_tables; -1 */
-#define MP_HELD_MAX 6
+#define MP_HELD_MAX 8
     size_t n_held;
     struct {
         int t;                   /* a tensor the model makes once per forward and hands to many blocks
