@@ -206,7 +206,7 @@ def load_config(path, max_layers=0):
         for k in LAYER_KEYS:
             if isinstance(d.get(k), int) and d[k] > max_layers:
                 d[k] = max_layers
-        for k in ("layer_types",):  # per-layer lists (gemma3, qwen3 ...) follow the count
+        for k in ("layer_types", "no_rope_layers"):  # per-layer lists (gemma3, smollm3 ...) follow the count
             if isinstance(d.get(k), list):
                 d[k] = d[k][:max_layers]
     for k, v in list(d.items()):  # dropout off: CPU masks are not CUDA's (see the module doc)

@@ -5,7 +5,9 @@
  * chain holds it (a block's output until the next block consumes it; a
  * checkpointed block input until that block's backward, as in rotor's model).
  * Gradients of activations appear when their consumer's backward runs and die
- * after their producer's backward; parameter gradients live until zero_grad.
+ * after their producer's backward (a residual add's inputs share its output's
+ * gradient storage, as AddBackward0 returns it); parameter gradients live until
+ * zero_grad.
  * The estimator's visitor sums 512-byte-rounded sizes (max_memory_allocated)
  * and feeds a model of PyTorch's caching allocator for reserved bytes.
  */
@@ -41,8 +43,10 @@ struct rp {
     enum mp_status st;
     enum mp_phase phase;
     int node;
-    bool *live, *glive, *pglive, *is_input;
+    bool *live, *pglive, *is_input;
     int *uses, *saved, *holds;
+    int *grad_of; /* per tensor: the GRAD storage holding its gradient, -1 none (mp_event.grad_of) */
+    int *grefs;   /* per GRAD storage: how many tensors' gradients it holds */
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
     bool *recomp; /* per block: recorded by a recompute (after the loss) for its backward */
     bool *cached; /* per tensor: an autocast weight copy held by autocast's cache until the loss */
@@ -62,7 +66,8 @@ static void emit(struct rp *r, enum mp_ev_kind k, enum mp_store s, int id, uint6
 {
     if (r->st != MP_OK)
         return;
-    struct mp_event ev = {.kind = k, .store = s, .id = id, .node = r->node, .bytes = bytes, .phase = r->phase};
+    struct mp_event ev = {.kind = k, .store = s, .id = id, .node = r->node, .bytes = bytes, .phase = r->phase,
+                          .grad_of = r->grad_of};
     r->st = r->fn(r->ctx, &ev);
 }
 
@@ -71,7 +76,7 @@ static void emit_fwd(struct rp *r, int node, bool grad)
     if (r->st != MP_OK)
         return;
     struct mp_event ev = {.kind = MP_EV_FWD, .store = MP_ST_TMP, .id = node, .node = node, .phase = r->phase,
-                          .grad_mode = grad};
+                          .grad_mode = grad, .grad_of = r->grad_of};
     r->st = r->fn(r->ctx, &ev);
 }
 
@@ -91,20 +96,62 @@ static void t_maybe_free(struct rp *r, int t)
     emit(r, MP_EV_FREE, MP_ST_ACT, t, r->p->tensors[t].bytes);
 }
 
-static void g_alloc(struct rp *r, int t)
+/* ---- activation gradients: storages, and the tensors whose gradient each holds ----------------
+ * A node's backward makes a new gradient for each input (a GRAD storage with that input's id),
+ * except AddBackward0: it returns its incoming gradient itself for every input of the output's
+ * shape and dtype (derivatives.yaml add.Tensor, alpha 1; the engine's validate_outputs makes a
+ * new tensor only to sum a broadcast away or to cast), so the inputs' gradients share the
+ * output's storage.  The engine keeps one gradient per tensor in its consumer's InputBuffer;
+ * a second one is added by InputBuffer::accumulate (torch/csrc/autograd/input_buffer.cpp), after
+ * the node has run and released its incoming gradient and saved tensors: in place (old += new)
+ * when that buffer holds the last reference to the old storage, else out of place (old + new, a
+ * new storage).  The new gradient it adds is a tensor of its own until then (counted in the
+ * node's TMP).  A storage is freed when no tensor's gradient is in it. */
+
+static bool g_wanted(const struct rp *r, int t)
 {
-    if (t < 0 || r->glive[t] || !r->p->tensors[t].needs_grad || r->is_input[t])
-        return;
-    r->glive[t] = true;
+    return t >= 0 && r->p->tensors[t].needs_grad && !r->is_input[t];
+}
+
+static bool g_has(const struct rp *r, int t) { return t >= 0 && r->grad_of[t] >= 0; }
+
+/* A new storage (id t) for t's gradient. */
+static void g_new(struct rp *r, int t)
+{
+    if (r->grefs[t] > 0)
+        MP_BUG("gradient storage %d (%s) made twice", t, r->p->tensors[t].name);
+    r->grad_of[t] = t;
+    r->grefs[t] = 1;
     emit(r, MP_EV_ALLOC, MP_ST_GRAD, t, r->p->tensors[t].bytes);
 }
 
+static void g_unref(struct rp *r, int s)
+{
+    if (--r->grefs[s] == 0)
+        emit(r, MP_EV_FREE, MP_ST_GRAD, s, r->p->tensors[s].bytes);
+}
+
+static void g_alloc(struct rp *r, int t)
+{
+    if (g_wanted(r, t) && !g_has(r, t))
+        g_new(r, t);
+}
+
+/* t's gradient is consumed (its producer's backward ran): its storage loses one holder. */
 static void g_free(struct rp *r, int t)
 {
-    if (t < 0 || !r->glive[t])
+    if (!g_has(r, t))
         return;
-    r->glive[t] = false;
-    emit(r, MP_EV_FREE, MP_ST_GRAD, t, r->p->tensors[t].bytes);
+    int s = r->grad_of[t];
+    r->grad_of[t] = -1;
+    g_unref(r, s);
+}
+
+/* Does n's backward hand its output's gradient itself to input j (whose gradient is tensor g)? */
+static bool g_passes(const struct rp *r, const struct mp_node *n, int g)
+{
+    const struct mp_tensor *a = &r->p->tensors[g], *y = &r->p->tensors[n->out];
+    return n->prim == MP_P_ADD && g_has(r, n->out) && a->dtype == y->dtype && a->elems == y->elems;
 }
 
 static void tmp(struct rp *r, int node, uint64_t bytes, bool alloc)
@@ -615,21 +662,61 @@ static void bwd_block(struct rp *r, size_t i)
                 incoming += mp_param_grad_bytes(&p->params[q]);
             }
         }
-        if ((n->out_parts[0] >= 0 && r->glive[n->out_parts[0]]) ||
-            (n->out_parts[1] >= 0 && r->glive[n->out_parts[1]])) { /* chunk's backward: cat the parts */
+        if (g_has(r, n->out_parts[0]) || g_has(r, n->out_parts[1])) { /* chunk's backward: cat the parts */
             g_alloc(r, n->out);
             g_free(r, n->out_parts[0]);
             g_free(r, n->out_parts[1]);
         }
-        if (n->grad_in)
-            for (int j = 0; j < 3; j++)
-                if (!n->engine_grad[j])
-                    g_alloc(r, n->in_grad_part[j] >= 0 ? n->in_grad_part[j] : n->in[j]);
-        uint64_t btmp = n->bwd_tmp_bytes + incoming;
+        /* the gradient the node makes for each input: a new storage, its output's own (a residual
+         * add), or one added after the node to the gradient the input already has */
+        int acc[3] = {-1, -1, -1};  /* the tensor whose gradient input j's is added to, -1 none */
+        int late[3] = {-1, -1, -1}; /* a new gradient the engine makes after the node (engine_grad) */
+        int passed = -1;           /* a residual add's incoming gradient storage, when it is added to
+                                      another: the add's outputs hold it until then */
+        uint64_t fresh = 0;        /* the new gradients to be added: tensors until then (TMP) */
+        bool oop = false;
+        for (int j = 0; j < 3 && n->grad_in; j++) {
+            int g = n->in_grad_part[j] >= 0 ? n->in_grad_part[j] : n->in[j];
+            if (!g_wanted(r, g) || g == n->out)
+                continue; /* an in-place op's input: its gradient is the output's */
+            if (g_passes(r, n, g)) {
+                if (g_has(r, g)) {
+                    acc[j] = g;
+                    passed = r->grad_of[n->out];
+                } else { /* the same storage */
+                    r->grad_of[g] = r->grad_of[n->out];
+                    r->grefs[r->grad_of[g]]++;
+                }
+                continue;
+            }
+            bool dup = false; /* one gradient per distinct input (q and k of one tensor) */
+            for (int e = 0; e < j; e++)
+                dup |= g == (n->in_grad_part[e] >= 0 ? n->in_grad_part[e] : n->in[e]);
+            if (dup)
+                continue;
+            if (!g_has(r, g)) {
+                if (n->engine_grad[j])
+                    late[j] = g;
+                else
+                    g_new(r, g);
+                continue;
+            }
+            acc[j] = g;
+            fresh += p->tensors[g].bytes;
+        }
+        /* Out of place when, once the node's incoming gradient is released, another tensor's
+         * gradient is in the same storage (or the node's outputs still hold it: x + x). */
+        int out_s = g_has(r, n->out) && !node_reads(n, n->out, 3) ? r->grad_of[n->out] : -1;
+        for (int j = 0; j < 3; j++)
+            if (acc[j] >= 0) {
+                int s = r->grad_of[acc[j]];
+                oop |= r->grefs[s] - (s == out_s) + (s == passed) > 1;
+            }
+        uint64_t btmp = n->bwd_tmp_bytes + fresh + incoming;
         tmp(r, (int)k, btmp, true);
         if (r->st == MP_OK) {
             struct mp_event ev = {.kind = MP_EV_BWD, .store = MP_ST_TMP, .id = (int)k, .node = (int)k,
-                                  .phase = r->phase};
+                                  .phase = r->phase, .grad_of = r->grad_of, .grad_out_of_place = oop};
             r->st = r->fn(r->ctx, &ev);
         }
         /* torch's non-reentrant checkpoint hands the node the recomputed tensors and drops its own
@@ -639,11 +726,9 @@ static void bwd_block(struct rp *r, size_t i)
          * that.  (Bench: the MoE routing-weights MulBackward0 under `layers`, pure bf16.) */
         if (r->recomp[i])
             release_saved(r, n);
-        if (n->grad_in)
-            for (int j = 0; j < 3; j++)
-                if (n->engine_grad[j])
-                    g_alloc(r, n->in_grad_part[j] >= 0 ? n->in_grad_part[j] : n->in[j]);
-        tmp(r, (int)k, btmp, false);
+        for (int j = 0; j < 3; j++)
+            if (late[j] >= 0 && !g_has(r, late[j]))
+                g_new(r, late[j]);
         if (r->first_use) /* DDP gradient_as_bucket_view: the reducer copies the fresh grad into its
                            * bucket view and drops it once the parameter's last backward ran */
             for (int j = 0; j < 2; j++) {
@@ -655,8 +740,21 @@ static void bwd_block(struct rp *r, size_t i)
             }
         if (!r->recomp[i])
             release_saved(r, n);
+        if (passed >= 0)
+            r->grefs[passed]++;
         if (!node_reads(n, n->out, 3))
             g_free(r, n->out);
+        for (int j = 0; j < 3; j++) {
+            int g = acc[j];
+            if (g < 0 || r->grefs[r->grad_of[g]] == 1)
+                continue; /* in place: old += new */
+            int old = r->grad_of[g]; /* out of place: old + new, then the old storage loses g */
+            g_new(r, g);
+            g_unref(r, old);
+        }
+        if (passed >= 0)
+            g_unref(r, passed);
+        tmp(r, (int)k, btmp, false);
     }
     r->node = -1;
     r->recomp[i] = false;
@@ -707,7 +805,7 @@ static void loss_op(struct rp *r)
     if (r->st == MP_OK) {
         g_alloc(r, out);
         struct mp_event ev = {.kind = MP_EV_LOSS_GRAD, .store = MP_ST_GRAD, .id = out, .node = -1,
-                              .phase = r->phase};
+                              .phase = r->phase, .grad_of = r->grad_of};
         r->st = r->fn(r->ctx, &ev);
     }
     /* the loss frees a plain x_L (checkpointing.md §8): nothing saved holds it */
@@ -737,7 +835,8 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
     struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1}};
     size_t nt = p->n_tensors ? p->n_tensors : 1;
     r.live = calloc(nt, sizeof(bool));
-    r.glive = calloc(nt, sizeof(bool));
+    r.grad_of = malloc(nt * sizeof *r.grad_of);
+    r.grefs = calloc(nt, sizeof *r.grefs);
     r.is_input = calloc(nt, sizeof(bool));
     r.pglive = calloc(p->n_params ? p->n_params : 1, sizeof(bool));
     r.uses = calloc(nt, sizeof(int));
@@ -780,11 +879,13 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
             goto out;
         }
     }
-    if (!r.live || !r.glive || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds || !r.ckpt || !r.recomp ||
-        !r.cached) {
+    if (!r.live || !r.grad_of || !r.grefs || !r.is_input || !r.pglive || !r.uses || !r.saved || !r.holds ||
+        !r.ckpt || !r.recomp || !r.cached) {
         st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
         goto out;
     }
+    for (size_t i = 0; i < nt; i++)
+        r.grad_of[i] = -1;
     if (!sched) {
         st = mp_ckpt_schedule_none(p->n_blocks, &none);
         if (st != MP_OK) {
@@ -910,8 +1011,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
             emit(&r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
     /* Anything still live is a bookkeeping bug; release it so visitors stay balanced. */
     for (size_t i = 0; i < p->n_tensors && r.st == MP_OK; i++) {
-        if (r.glive[i])
-            g_free(&r, (int)i);
+        g_free(&r, (int)i);
         if (r.live[i] && !r.is_input[i]) {
             r.live[i] = false;
             emit(&r, MP_EV_FREE, MP_ST_ACT, (int)i, p->tensors[i].bytes);
@@ -927,7 +1027,8 @@ out:
     free(r.rs_out);
     free(r.borrowed);
     free(r.live);
-    free(r.glive);
+    free(r.grad_of);
+    free(r.grefs);
     free(r.is_input);
     free(r.pglive);
     free(r.uses);
@@ -1398,6 +1499,12 @@ static enum mp_status chain_event(void *ctx, const struct mp_event *ev)
     return MP_OK;
 }
 
+void mp_estimate_chain_mark(const struct mp_program *p, struct mp_chain *c)
+{
+    for (size_t i = 0; i < c->L && i < p->n_blocks; i++)
+        c->repeated[i] = p->model->blocks[i].repeat_group > 0;
+}
+
 /* One replay of the no-checkpoint schedule (Fe_0..Fe_{L-1}, Loss, B_{L-1}..B_0)
  * with a meter that snapshots at op boundaries: xb_{i+1} = growth over Fe_i,
  * ft_i = peak inside Fe_i above its end, bt_i = peak inside B_i above (its start
@@ -1426,8 +1533,7 @@ enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c,
     for (size_t i = 0; i <= L; i++)
         c->x[i] = i < L ? p->tensors[p->blocks[i].input].bytes : p->tensors[p->blocks[L - 1].output].bytes;
     c->x[0] += p->labels >= 0 ? p->tensors[p->labels].bytes : 0;
-    for (size_t i = 0; i < L; i++)
-        c->repeated[i] = p->model->blocks[i].repeat_group > 0;
+    mp_estimate_chain_mark(p, c);
     c->xb[0] = c->x[0];
     for (size_t i = 0; i < L; i++) {
         c->f[i] = p->blocks[i].fwd_flops;

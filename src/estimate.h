@@ -24,7 +24,7 @@ enum mp_store {
     MP_ST_WORKSPACE,  /* cuBLAS workspace, id = 0 */
     MP_ST_INPUT,      /* id = tensor (input ids / images, labels) */
     MP_ST_ACT,        /* id = tensor */
-    MP_ST_GRAD,       /* gradient of tensor id */
+    MP_ST_GRAD,       /* a gradient storage, id = the tensor it was made for (mp_event.grad_of) */
     MP_ST_PGRAD,      /* gradient of param id */
     MP_ST_TMP,        /* node transient, id = node */
     MP_ST_OPT_TMP,    /* optimizer-step temporary: id = param (Adam/AdamW foreach), 0 (Adafactor) */
@@ -53,6 +53,12 @@ struct mp_event {
     uint64_t bytes;   /* unrounded request size for ALLOC/FREE */
     enum mp_phase phase;
     bool grad_mode;   /* FWD: with grad (saves) or without (Fn/Fc) */
+    /* Per tensor: the MP_ST_GRAD storage (its id) holding its gradient now, -1 none.  A residual
+     * add hands its incoming gradient to its inputs (AddBackward0), so several tensors can share
+     * one storage.  The replay's own array: valid until mp_replay returns. */
+    const int *grad_of;
+    bool grad_out_of_place; /* BWD: a gradient this node makes is added out of place to one held by
+                               another tensor too (a new storage after the node) */
 };
 
 typedef enum mp_status (*mp_event_fn)(void *ctx, const struct mp_event *ev);
@@ -142,5 +148,8 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
  * per block forward/backward FLOPs, input sizes, what a forward with grad keeps,
  * and forward/backward transients, measured by replaying each block alone. */
 enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c, struct mp_diag *d);
+/* Marks the chain's repeated blocks (c->repeated) from p's model: the only part of the chain
+ * that the fixed plans (none, sqrt, segments, every, layers) read to make their schedule. */
+void mp_estimate_chain_mark(const struct mp_program *p, struct mp_chain *c);
 
 #endif

@@ -94,6 +94,7 @@ struct bld {
     char prefix[96];  /* name prefix of the current op */
     int embed_param;  /* first embedding table (tied lm_head) */
     int rope_cos_sin; /* the model's rotary cos/sin tables (created by the first rope node), or -1 */
+    int rope_pair;    /* interleaved rotary: the current layer's cos/sin pair (made by its q rope), or -1 */
     int attn_mask;    /* the model's (b, 1, s, s) attention mask (created by the first attention), or -1 */
     int pos_tables;   /* GPT-J: the per-layer sinusoid buffers, one resident tensor for all layers, or -1 */
     /* T5: the encoder output (read by every cross-attention), the current stack's position bias
@@ -663,6 +664,14 @@ static struct val lower_linear(struct bld *B, struct val x, uint64_t in_f, uint6
 }
 
 /* LayerNorm (autocast: fp32).  Saves input, mean, rstd (M fp32 each). */
+/* A norm's weight: a (dim) parameter named "<name>.weight". */
+static int norm_weight(struct bld *B, const char *name, uint64_t dim)
+{
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", name);
+    return new_param(B, pn, 1, dim, false);
+}
+
 static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, bool bias, const char *name)
 {
     if (!width_ok(B, x, dim, "dim", name))
@@ -709,9 +718,7 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool 
 {
     if (!width_ok(B, x, dim, "dim", name))
         return x;
-    char pn[80];
-    snprintf(pn, sizeof pn, "%s.weight", name);
-    int g = new_param(B, pn, 1, dim, false);
+    int g = norm_weight(B, name, dim);
     enum mp_dtype xdt = dt_of(B, x);
     struct val y = like(B, name, x, f32w ? xdt : promote(xdt, B->p->param_dtype), true);
     struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
@@ -740,9 +747,50 @@ static struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool 
     return y;
 }
 
+/* Cohere's LayerNorm (CohereLayerNorm: weight, no bias), a Python composite in fp32:
+ * h = x.float(); mean; var = (h - mean).pow(2).mean() (pow saves its input, one fp32 h - mean);
+ * (h - mean) * rsqrt(var + eps) (a second fp32 h - mean and the rsqrt, saved by the product);
+ * weight.float() * normalized (saves the fp32 normalized tensor); .to(x's dtype).  Measured with
+ * bench/torch_step.py's trackers under fake tensors: 3 x-sized fp32 tensors saved in fp32 and
+ * bf16; backward 2 of them in fp32 beyond the gradients (and a half input's fp32 gradient before
+ * its cast).  The executors want a mean: memplan keeps it (M fp32 more than torch). */
+static struct val lower_cohere_norm(struct bld *B, struct val x, uint64_t dim, const char *name)
+{
+    if (!width_ok(B, x, dim, "dim", name))
+        return x;
+    int g = norm_weight(B, name, dim);
+    enum mp_dtype xdt = dt_of(B, x);
+    struct val y = like(B, name, x, xdt, true);
+    struct mp_node *n = new_node(B, MP_P_LAYERNORM, name);
+    if (!n)
+        return y;
+    uint64_t M = rows_of(x), N = val_elems(B, x);
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->param[0] = g;
+    n->param[1] = -1;
+    static const char *const parts[5] = {"mean", "rsqrt", "centered", "centered_2", "normed"};
+    static const enum mp_xrole roles[5] = {MP_XR_MEAN, MP_XR_RSTD, MP_XR_X_FP32, MP_XR_X_FP32, MP_XR_NORMED};
+    for (int i = 0; i < 5; i++) {
+        char en[80];
+        snprintf(en, sizeof en, "%s.%s", name, parts[i]);
+        extra_as(n, new_flat(B, en, MP_DT_F32, i < 2 ? M : N), roles[i]);
+    }
+    bool half = xdt != MP_DT_F32;
+    tmp_one(B, n, false, MP_TR_OTHER, half ? mul(B, N, 4) : 0);       /* x.float() */
+    tmp_one(B, n, true, MP_TR_OTHER, add(B, mul(B, N, 8), half ? mul(B, N, 2) : 0));
+    n->rows = M;
+    n->n = dim;
+    n->fwd_flops = 10.0 * (double)N;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
 static struct val lower_norm(struct bld *B, struct val x, const struct mp_layer *l, enum mp_norm kind,
                              uint64_t dim, const char *name)
 {
+    if (kind == MP_NORM_LAYERNORM && l->ln_fp32)
+        return lower_cohere_norm(B, x, dim, name);
     if (kind == MP_NORM_RMSNORM)
         return lower_rmsnorm(B, x, dim, l->rms_fp32, name);
     return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
@@ -794,6 +842,11 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
     /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
     if (n_extras)
         tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2));
+    /* backward of the composite: its last op, half_x * one_plus_tanh, is a MulBackward0 that makes
+     * both factors' gradients (the output's dtype) while the incoming one is alive; the fused
+     * kernels make one (measured with bench/torch_step.py's tracker: 3 vs 2 x-sized tensors) */
+    if (n_extras)
+        tmp_one(B, n, true, MP_TR_OTHER, mul(B, T(B, x.t)->elems, mp_dtype_size(odt)));
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
@@ -877,6 +930,8 @@ static struct val lower_lora(struct bld *B, struct val x, struct val base, uint6
     return sum;
 }
 
+static void held_tensor(struct bld *B, int t, int release);
+
 static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer *l, uint64_t heads,
                              const char *name)
 {
@@ -892,7 +947,30 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->head_dim = l->head_dim;
     n->rotary_dim = l->rotary_dim ? l->rotary_dim : l->head_dim;
     uint64_t tmp = mul(B, T(B, x.t)->bytes, 2);
-    if (l->rope_table_rows) {
+    bool q_call = !strcmp(name, "q_rope");
+    if (l->rope_interleave && !q_call) {
+        save(n, B->rope_pair); /* k: the layer's pair, made by q's call */
+    } else if (l->rope_interleave) {
+        /* apply_rotary_pos_emb slices the model's cos/sin to rotary_dim/2 and repeat_interleave's
+         * them: a new (1, 1, s, rotary_dim) pair per layer, in the table's dtype (the residual
+         * dtype; fp32 for ERNIE 4.5), saved by q's and k's products.  The model's table (made
+         * once, by the first layer here) is saved by nobody: a forward local */
+        enum mp_dtype cdt = l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype;
+        uint64_t pair = mul(B, mul(B, 2, B->s), n->rotary_dim);
+        if (B->rope_cos_sin < 0) {
+            B->rope_cos_sin = new_flat(B, "rope.cos_sin", cdt, pair);
+            extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
+            unsave(n, B->rope_cos_sin);
+            held_tensor(B, B->rope_cos_sin, B->block); /* a checkpoint input under checkpointing */
+            const char *bn[2] = {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"};
+            for (int i = 0; i < 2 && B->p->n_buffers < MP_BUFFERS_MAX; i++)
+                B->p->buffers[B->p->n_buffers++] = new_flat(B, bn[i], MP_DT_F32, mp_ceil_div(n->rotary_dim, 2));
+        }
+        char en[112];
+        snprintf(en, sizeof en, "%s.cos_sin", name);
+        B->rope_pair = new_flat(B, en, cdt, pair);
+        extra_as(n, B->rope_pair, MP_XR_COS_SIN);
+    } else if (l->rope_table_rows) {
         /* GPT-J: cos and sin gathered from the layer's table for the s positions (position ids
          * of batch 1), cast to x's dtype, repeat_interleave'd: each apply_rotary_pos_emb saves
          * its own pair (1, s, 1, rotary_dim); the table's repeat and the fp32 gather are
@@ -904,17 +982,26 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     } else if (B->rope_cos_sin < 0) {
         /* cos and sin (s x rotary_dim each, in the residual dtype) are made once per
          * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
-        B->rope_cos_sin = new_flat(B, "rope.cos_sin", B->p->param_dtype, mul(B, mul(B, 2, B->s), n->rotary_dim));
+        /* (one pair per distinct layer type where the model keeps a table per type: Gemma3,
+         * OLMo3; counted as one tensor) */
+        uint64_t kinds = l->rope_kinds > 1 ? l->rope_kinds : 1;
+        B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype,
+                                   mul(B, mul(B, mul(B, 2, kinds), B->s), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
         B->p->rope_tables = B->rope_cos_sin;
         /* HF's rotary embedding registers inv_freq and a clone, original_inv_freq
-         * (persistent=False: not in the checkpoint, but on the GPU): rotary_dim/2 fp32 each */
+         * (persistent=False: not in the checkpoint, but on the GPU): rotary_dim/2 fp32 each,
+         * per layer type where there is a table per type */
         const char *bn[2] = {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"};
         for (int i = 0; i < 2 && B->p->n_buffers < MP_BUFFERS_MAX; i++)
-            B->p->buffers[B->p->n_buffers++] = new_flat(B, bn[i], MP_DT_F32, mp_ceil_div(n->rotary_dim, 2));
+            B->p->buffers[B->p->n_buffers++] =
+                new_flat(B, bn[i], MP_DT_F32, mul(B, kinds, mp_ceil_div(n->rotary_dim, 2)));
     } else {
         save(n, B->rope_cos_sin);
     }
+    /* products and sum in fp32 (ERNIE, Cohere: q.float() too), cast back */
+    if (l->rope_cast_back && dt_of(B, x) != MP_DT_F32)
+        tmp = mul(B, mul(B, T(B, x.t)->elems, 4), 3);
     n->seq = B->s;
     n->rows = rows_of(x);
     n->n = last_dim(x);
@@ -932,14 +1019,23 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
 
 static uint64_t round_up(uint64_t v, uint64_t m) { return mp_ceil_div(v, m) * m; }
 
-/* The (b, 1, s, s) mask a model passes to attention (Falcon builds one even for causal
- * attention, transformers' create_causal_mask): made once per forward (the first attention
+/* Does attention layer l get a (b, 1, s, s) mask: always (Falcon builds one even for causal
+ * attention), or on a sliding-window layer once the sequence reaches the window (transformers'
+ * masking_utils then builds the mask instead of relying on SDPA's is_causal:
+ * _ignore_causal_mask_sdpa). */
+static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
+{
+    return l->attn_mask || (l->window && B->s >= l->window);
+}
+
+/* The (b, 1, s, s) mask a model passes to attention (sdpa_masked; transformers'
+ * create_causal_mask): made once per forward (the first attention
  * node's extra, held like the rotary tables).  For SDPA it is a bool mask that SDPA converts to
  * a float mask in q's dtype in every layer (convert_boolean_attn_mask) and saves; for eager
  * attention a float mask in the model's dtype, added to the scores: nothing saved. */
 static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, enum mp_dtype qdt)
 {
-    if (!n || !(n->layer->attn_mask || (eager && n->layer->eager_mask)))
+    if (!n || !(sdpa_masked(B, n->layer) || (eager && n->layer->eager_mask)))
         return;
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
     if (B->attn_mask < 0) {
@@ -1129,6 +1225,31 @@ static void pos_table(struct bld *B, const struct mp_layer *l)
     t->bytes = mul(B, t->elems, 4);
 }
 
+/* transformers' repeat_kv(x, heads / kv_heads): expand(b, kv, n_rep, s, d).reshape(b, heads, s, d).
+ * More than one kv head: the reshape copies every head (b, s, width) in x's dtype (saved by SDPA
+ * in its place).  One kv head: the reshape is a view (SDPA saves x's storage, nothing is made),
+ * unless autocast then casts it: that copy has every head.  Under amp the rotated k is fp32 in
+ * torch (q * cos, cos in the fp32 residual's dtype; memplan's rope keeps x's dtype, and the bytes
+ * SDPA saves are the same), so `rotated` says it is cast.  Not modelled:
+ * the view's gradient, every head wide, before the expand's backward sums it.  The copy widens
+ * its input, which no probe executor does. */
+static struct val repeat_kv(struct bld *B, struct val x, uint64_t kv, uint64_t width, bool rotated,
+                            const char *name)
+{
+    enum mp_dtype c = B->p->compute_dtype;
+    bool cast = B->amp && (dt_of(B, x) != c || rotated);
+    if (failed(B) || last_dim(x) == width || (kv == 1 && !cast))
+        return x;
+    B->p->probe_unsupported = "transformers' repeat_kv copies (sliding-window attention past its window)";
+    struct val y = split_copy(B, x, width, 0, false, name);
+    if (kv == 1 && !failed(B)) { /* the view's cast is the copy */
+        struct mp_tensor *t = T(B, y.t);
+        t->dtype = c;
+        t->bytes = mul(B, t->elems, mp_dtype_size(c));
+    }
+    return y;
+}
+
 /* Multi-head attention with projections: q/k/v (fused or not), rope, core, out projection. */
 static struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
                                   const char *name)
@@ -1186,13 +1307,20 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         /* the cache holds them until the forward returns; under autocast the rotated k is fp32
          * (q * cos with cos in the fp32 residual's dtype), so its copy is too, and so is v's:
          * the empty cache tensors take k's dtype and torch.cat promotes; SDPA saves their half
-         * casts */
-        k = cast_to(B, k, B->amp && l->rope ? MP_DT_F32 : dt_of(B, k), "k_cache");
+         * casts (rope_cast_back families cast the rotated k back to k's dtype: no promotion) */
+        k = cast_to(B, k, B->amp && l->rope && !l->rope_cast_back ? MP_DT_F32 : dt_of(B, k), "k_cache");
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
         v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+    }
+    /* transformers' SDPA path with a mask (sliding window) repeats k and v to every head
+     * (sdpa_attention.py: use_gqa_in_sdpa is false with a mask; repeat_kv) */
+    if (impl != MP_ATTN_EAGER && l->window && sdpa_masked(B, l) && kv < a) {
+        k = repeat_kv(B, k, kv, qd, l->rope, "k_repeat");
+        v = repeat_kv(B, v, kv, qd, false, "v_repeat");
+        core.kv_heads = a;
     }
     /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies, and an
      * fp32 v (a bitsandbytes 4-bit v_proj returns x's dtype) too */
@@ -2418,7 +2546,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         return lower_linear(B, l->pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
                             l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
-        return lower_layernorm(B, x, l->dim, l->norm_bias, nm);
+        return l->ln_fp32 ? lower_cohere_norm(B, x, l->dim, nm) : lower_layernorm(B, x, l->dim, l->norm_bias, nm);
     case MP_LT_RMSNORM:
         return l->t5 ? lower_t5_norm(B, x, l->dim, nm) : lower_rmsnorm(B, x, l->dim, l->rms_fp32, nm);
     case MP_LT_ATTENTION:
@@ -2753,14 +2881,14 @@ void mp_program_release(struct mp_program *p)
     memset(p, 0, sizeof *p);
 }
 
-static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
-                                   struct mp_diag *d);
+static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
+                                    struct mp_program *p, struct mp_diag *d);
 
 enum mp_status mp_program_build(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
                                 struct mp_diag *d)
 {
     memset(p, 0, sizeof *p);
-    return lower_program(m, o, p, d);
+    return lower_program(m, o, false, p, d);
 }
 
 enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
@@ -2774,16 +2902,33 @@ enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_buil
     mp_program_release(p); /* names and blocks; p is zeroed */
     p->tensors = t, p->nodes = n, p->params = q;
     p->cap_tensors = ct, p->cap_nodes = cn, p->cap_params = cq;
-    enum mp_status st = lower_program(m, o, p, d);
+    enum mp_status st = lower_program(m, o, false, p, d);
     if (st != MP_OK)
         mp_program_release(p);
     return st;
 }
 
+/* The same layers (a copy made by "repeat"). */
+static bool same_block(const struct mp_block *a, const struct mp_block *b)
+{
+    return a->n_layers == b->n_layers && memcmp(a->layers, b->layers, a->n_layers * sizeof *a->layers) == 0;
+}
+
+/* The input or output of a block as the next block sees it: shape, dtype, needs a gradient. */
+static bool same_val(const struct mp_program *p, struct val a, struct val b)
+{
+    const struct mp_tensor *x = &p->tensors[a.t], *y = &p->tensors[b.t];
+    return a.rank == b.rank && memcmp(a.shape, b.shape, sizeof a.shape) == 0 && x->dtype == y->dtype &&
+           x->needs_grad == y->needs_grad;
+}
+
 /* Lowers m into p, whose arrays may hold memory from an earlier program (their slots are
- * written afresh: new_val, new_node and new_param clear each one). */
-static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
-                                    struct mp_diag *d)
+ * written afresh: new_val, new_node and new_param clear each one).  check_only: only whether
+ * the layers chain (mp_program_check); a block that repeats the block before it, lowered at
+ * least twice already, each time from and to this same input, lowers the same way again and
+ * is skipped (its slot in p->blocks stays empty). */
+static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
+                                    struct mp_program *p, struct mp_diag *d)
 {
     p->opts = *o;
     p->model = m;
@@ -2807,7 +2952,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
-    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .attn_mask = -1, .pos_tables = -1, .enc_out = -1, .pos_bias = -1, .cross_bias = -1, .dec_mask = -1, .b = p->opts.batch,
+    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .rope_pair = -1, .attn_mask = -1, .pos_tables = -1, .enc_out = -1, .pos_bias = -1, .cross_bias = -1, .dec_mask = -1, .b = p->opts.batch,
                     .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);
@@ -2836,6 +2981,8 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
             n_rep++;
             last_rep = (long)i;
         }
+    unsigned fixed = 0; /* check_only: copies of this block lowered in a row, each from and to x */
+    struct val fixed_x = x;
     for (size_t i = 0; i < m->n_blocks && !failed(&B); i++) {
         const struct mp_block *blk = &m->blocks[i];
         struct mp_block_prog *bp = &p->blocks[i];
@@ -2843,6 +2990,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         /* freeze: numbers name decoder blocks (the repeated ones, as HF's layers.N); without
          * repeated blocks, every block by its index */
         long rep = n_rep == 0 ? (long)i : blk->repeat_group > 0 ? rep_seen++ : -1;
+        bool again = check_only && i > 0 && same_block(blk, &m->blocks[i - 1]);
+        if (again && fixed >= 2 && same_val(p, x, fixed_x))
+            continue;
+        struct val in = x;
         B.trained = mp_finetune_block_trained(&o->ft, rep, n_rep > 0 && (long)i > last_rep);
         snprintf(B.prefix, sizeof B.prefix, "%s", blk->name);
         bp->input = x.t;
@@ -2852,6 +3003,11 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         for (size_t j = 0; j < blk->n_layers && !failed(&B); j++)
             x = lower_layer(&B, x, &blk->layers[j], &resid);
         B.layer = NULL;
+        if (check_only && !failed(&B)) {
+            bool to_itself = same_val(p, in, x);
+            fixed = !to_itself ? 0 : again && fixed && same_val(p, in, fixed_x) ? fixed + 1 : 1;
+            fixed_x = x;
+        }
         bp->output = x.t;
         bp->n_nodes = p->n_nodes - bp->node0;
         bp->n_params = p->n_params - bp->param0;
@@ -2905,7 +3061,8 @@ enum mp_status mp_program_check(const struct mp_model *m, struct mp_diag *d)
     mp_build_opts_default(&o);
     o.batch = 1;
     o.seq = m->input == MP_INPUT_TOKENS ? m->seq_len : 1;
-    enum mp_status st = mp_program_build(m, &o, &prog, d);
+    memset(&prog, 0, sizeof prog);
+    enum mp_status st = lower_program(m, &o, true, &prog, d);
     mp_program_release(&prog);
     return st;
 }

@@ -154,6 +154,15 @@ struct mp_layer {
     bool fused_qkv;     /* one [h, (a+2kv)d] projection (GPT-2, NeoX) vs three (Llama) */
     bool rope;          /* rotary embedding: q and k are rewritten (new storages) */
     uint64_t rotary_dim; /* partial rotary (NeoX, phi); 0 = head_dim */
+    unsigned rope_kinds; /* rotary tables the model makes (one per distinct layer type: Gemma3, OLMo3;
+                            0 counts as 1) */
+    bool rope_interleave; /* interleaved rotary (GLM, Helium, ERNIE 4.5: cos/sin repeat_interleave'd and
+                             rotate_half of even/odd pairs): each layer makes and saves its own cos/sin
+                             pair (1, s, rotary_dim); the model's table is saved by no layer */
+    bool rope_fp32;     /* the model's cos/sin stay fp32 (no cast to the residual dtype) (OLMo2/3,
+                           ERNIE 4.5) */
+    bool rope_cast_back; /* the rotated q/k (fp32 products) are cast back to q's dtype (OLMo2/3,
+                           ERNIE 4.5, Cohere) */
     bool rope_cat;      /* q/k rebuilt with torch.cat even at full rotary (the partial-rotary code of
                            NeoX, phi, Phi-3, StableLM): the attention output is then copied */
     enum mp_attn_impl impl;
@@ -184,6 +193,8 @@ struct mp_layer {
                                false: a plain softmax (GPT-2, BERT), fp32 only under autocast */
     bool rms_fp32;          /* RMSNorm applies its weight in fp32 and casts back (Gemma, OLMo2); also
                                on rmsnorm layers */
+    bool ln_fp32;           /* layernorm is Cohere's Python composite in fp32 (no bias); also on
+                               layernorm layers */
     bool fused_gate_up;     /* gated MLP with one gate_up projection, chunked (Phi-3) */
     bool no_attn_out_dropout; /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
     double attn_softcap;    /* tanh softcapping of the attention scores (Gemma2; eager only) */
@@ -207,6 +218,8 @@ struct mp_layer {
     enum mp_qkv_split qkv_split; /* how a fused qkv output becomes q, k, v (Falcon's copies) */
     bool attn_mask;         /* the model builds a (b, 1, s, s) mask and passes it to attention (Falcon):
                                SDPA saves it (under autocast each layer's half copy); eager adds it */
+    uint64_t window;        /* sliding-window attention over this many positions (0: full): from a
+                               sequence of that length on, transformers gives SDPA a mask */
     unsigned eager_mask;    /* eager attention gets this many (b, 1, s, s) float masks from the
                                model, made once per forward (HF decoders: create_causal_mask; 2
                                with sliding-window layer types too, Gemma2/3) */

@@ -40,8 +40,6 @@
  * Ignored on purpose, because they do not change training memory:
  *   rope_theta, rotary_emb_base, rope_scaling, rope_parameters (except its
  *     partial_rotary_factor for gpt_neox/phi): values of cos/sin, same shapes;
- *   sliding_window, use_sliding_window, max_window_layers: a mask over the same
- *     scores; SDPA/flash save the same tensors;
  *   *_eps, initializer_range, bos/eos/pad_token_id, scale_attn_weights,
  *     scale_attn_by_inverse_layer_idx, pretraining_tp: values or scalars only;
  *   torch_dtype, dtype: the checkpoint's storage; --precision decides training dtypes;
@@ -89,6 +87,14 @@ typedef enum mp_status (*hf_hook)(const cJSON *root, struct hf *c, const char *p
  * left NULL is the usual name (hidden_size, num_hidden_layers, num_attention_heads,
  * max_position_embeddings, intermediate_size, hidden_act); a NULL flag key means the
  * class does not read that flag.  hook handles what no column expresses. */
+/* Which layers use sliding-window attention, as transformers 5.23 lays them out: every layer
+ * (W_ALL: the model picks its mask function from sliding_window alone, layer_types unread:
+ * Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE), the sliding layer types (W_TYPES:
+ * layer_sliding(), Gemma2/3, OLMo3, EXAONE 4), and, without layer_types, layers from
+ * max_window_layers on (W_FROM_MAX: Qwen2, Qwen3), even layers below it (W_ODD_BELOW_MAX:
+ * Qwen2-MoE), the NoPE layers (W_NOPE: SmolLM3). */
+enum win { W_NONE, W_ALL, W_TYPES, W_FROM_MAX, W_ODD_BELOW_MAX, W_NOPE };
+
 struct family {
     const char *type;
     const char *k_hidden[2], *k_layers[2], *k_heads[2], *k_pos[2]; /* first present wins */
@@ -119,6 +125,8 @@ struct family {
     const char *k_emb_mult, *k_resid_mult, *k_logits_div; /* Granite's multipliers (default 1.0; applied
                                    even at 1.0: each is a new tensor) */
     const char *k_attn_bias, *k_mlp_bias, *k_parallel;
+    const char *k_out_bias;     /* o_proj's own bias flag (Seed-OSS attention_out_bias): k_attn_bias
+                                   then sets the q/k/v biases only */
     const char *k_qkv_bias;     /* q/k/v biases only (StableLM use_qkv_bias) */
     const char *k_bias;         /* every linear's bias (Starcoder2 use_bias, OPT enable_bias) */
     double dropout;             /* default of the embedding and residual dropouts below */
@@ -143,6 +151,20 @@ struct family {
     bool enc_dec;               /* an encoder-decoder (T5): its own reader and layout (t5_model) */
     bool vision;                /* images in (ViT): a patch embedding instead of token embeddings, no
                                    vocabulary; image_size, patch_size, num_channels in the hook */
+    uint64_t swa_every;         /* without layer_types: every swa_every-th layer is full attention, the
+                                   others sliding (Gemma2 2, Gemma3 6, OLMo3 4, EXAONE 4 4); 0: all full */
+    const char *k_swa_every;    /* the key that overrides it (sliding_window_pattern) */
+    bool rope_interleave;       /* interleaved rotary (GLM, Helium, ERNIE 4.5): a cos/sin pair per layer */
+    bool rope_fp32;             /* fp32 cos/sin (OLMo2/3, ERNIE 4.5) */
+    bool rope_cast_back;        /* rotated q/k in fp32, cast back (OLMo2/3, ERNIE 4.5, Cohere) */
+    bool ln_fp32;               /* Cohere's composite fp32 LayerNorm without bias */
+    const char *k_logit_scale;  /* logits * logit_scale (Cohere; default logit_scale below) */
+    double logit_scale;
+    bool rope_per_type;         /* one rotary table (and inv_freq pair) per distinct layer type (Gemma3,
+                                   OLMo3: position_embeddings[layer_type]) */
+    enum win window;            /* which layers use sliding-window attention (W_NONE: none) */
+    uint64_t window_default;    /* sliding_window absent (0: null, no window) */
+    bool k_use_window;          /* use_sliding_window (default false) gates the window (Qwen, SmolLM3) */
     hf_hook hook;               /* runs last: may override anything read before */
 };
 
@@ -154,6 +176,9 @@ static enum mp_status gptj_hook(const cJSON *root, struct hf *c, const char *pat
 static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status smollm3_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status exaone4_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status helium_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -172,8 +197,10 @@ static const struct family families[] = {
      .k_cls_p = "hidden_dropout"},
     {.type = "llama", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
      .heads = DECODER_HEADS},
-    {.type = "mistral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS},
-    {.type = "qwen2", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true, .heads = DECODER_HEADS},
+    {.type = "mistral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
+     .window_default = 4096},
+    {.type = "qwen2", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true, .heads = DECODER_HEADS,
+     .window = W_FROM_MAX, .window_default = 4096, .k_use_window = true},
     {.type = "gpt_neox", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .k_rotary = "rotary_pct",
      .rotary_default = 0.25, .fused_qkv = true, .qkv_bias = true, .out_bias = true, .mlp_bias = true,
      .parallel = true, .k_attn_bias = "attention_bias", .k_parallel = "use_parallel_residual",
@@ -200,12 +227,13 @@ static const struct family families[] = {
      .id_buffers = true, .id_views = true, .hook = bert_hook},
     /* ---- added with the family table ---- */
     {.type = "qwen3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .head_dim_default = 128,
-     .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS},
+     .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS, .window = W_FROM_MAX,
+     .window_default = 4096, .k_use_window = true},
     {.type = "phi3", LLAMA_LIKE(MP_ACT_SILU), .fused_qkv = true, .fused_gate_up = true,
      .k_rotary = "partial_rotary_factor", .rotary_default = 1.0, .k_emb_p = "embd_pdrop", .k_resid_p = "resid_pdrop",
-     .heads = DECODER_HEADS & ~HEAD(H_QA)},
+     .heads = DECODER_HEADS & ~HEAD(H_QA), .window = W_ALL},
     {.type = "olmo2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
-     .rms_fp32 = true, .branch_norm = true, .no_pre_norm = true,
+     .rms_fp32 = true, .rope_fp32 = true, .rope_cast_back = true, .branch_norm = true, .no_pre_norm = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
     {.type = "stablelm", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gqa = true, .ignores_head_dim = true,
      .kv_default = 32, .k_rotary = "partial_rotary_factor", .rotary_default = 0.25, .gated = true,
@@ -218,16 +246,18 @@ static const struct family families[] = {
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .k_bias = "use_bias", .tied = true,
      .k_emb_p = "embedding_dropout", .k_attn_p = "attention_dropout", .k_resid_p = "residual_dropout",
      .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
-     .k_cls_p = "hidden_dropout", .generic_heads = true},
+     .k_cls_p = "hidden_dropout", .generic_heads = true, .window = W_ALL},
     {.type = "gemma2", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true,
      .branch_norm = true, .eager = true, .k_attn_softcap = "attn_logit_softcapping", .attn_softcap = 50.0,
-     .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+     .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .swa_every = 2, .window = W_TYPES, .window_default = 4096},
     {.type = "gemma3_text", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
      .rms_fp32 = true, .branch_norm = true, .k_attn_softcap = "attn_logit_softcapping",
      .k_logit_softcap = "final_logit_softcapping", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
-     .hook = gemma_hook},
+     .swa_every = 6, .k_swa_every = "sliding_window_pattern", .rope_per_type = true, .window = W_TYPES,
+     .window_default = 4096, .hook = gemma_hook},
     {.type = "granite", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
      .k_emb_mult = "embedding_multiplier", .k_resid_mult = "residual_multiplier", .k_logits_div = "logits_scaling",
      .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
@@ -281,21 +311,68 @@ static const struct family families[] = {
     {.type = "t5", .enc_dec = true},
     {.type = "mt5", .enc_dec = true},
     /* ---- mixture of experts (moe_hook; the MoE and MLA keys are read there) ---- */
-    {.type = "mixtral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .hook = moe_hook},
+    {.type = "mixtral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
+     .hook = moe_hook},
     {.type = "qwen2_moe", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 16, .qkv_bias = true, .k_qkv_bias = "qkv_bias",
-     .heads = DECODER_HEADS, .hook = moe_hook},
+     .heads = DECODER_HEADS, .window = W_ODD_BELOW_MAX, .window_default = 4096, .k_use_window = true,
+     .hook = moe_hook},
     {.type = "qwen3_moe", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 4, .k_attn_bias = "attention_bias",
-     .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS, .hook = moe_hook},
+     .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS, .window = W_ALL, .window_default = 4096,
+     .k_use_window = true, .hook = moe_hook},
     {.type = "deepseek_v2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE), .hook = moe_hook},
     {.type = "deepseek_v3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias",
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_BARE), .hook = moe_hook},
+    /* ---- llama variants of 2025 ---- */
+    {.type = "seed_oss", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .head_dim_default = 128, .qkv_bias = true,
+     .k_attn_bias = "attention_bias", .k_out_bias = "attention_out_bias", .k_mlp_bias = "mlp_bias",
+     .dropout = 0.1, .attn_dropout = 0.1, .k_resid_p = "residual_dropout", .heads = DECODER_HEADS},
+    /* SmolLM3: no rotary on every no_rope_layer_interval-th layer (NoPE), in the hook */
+    {.type = "smollm3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 4, .tied = true, .k_attn_bias = "attention_bias",
+     .k_mlp_bias = "mlp_bias", .heads = DECODER_HEADS, .window = W_NOPE, .k_use_window = true,
+     .hook = smollm3_hook},
+    /* OLMo3: OLMo2 with sliding-window layers (3 of 4) and a rotary table per layer type */
+    {.type = "olmo3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
+     .rms_fp32 = true, .rope_fp32 = true, .rope_cast_back = true, .branch_norm = true, .no_pre_norm = true,
+     .swa_every = 4, .rope_per_type = true,
+     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE), .window = W_TYPES, .window_default = 4096},
+    /* EXAONE 4: OLMo2's post-norm layer with plain RMSNorms, per-head q/k norms; with a sliding
+     * window, rotary on the sliding layers only (the full ones are NoPE), in the hook */
+    {.type = "exaone4", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qk_norm = MP_QK_NORM_HEAD, .branch_norm = true,
+     .no_pre_norm = true, .swa_every = 4, .k_swa_every = "sliding_window_pattern", .heads = DECODER_HEADS,
+     .window = W_TYPES, .window_default = 4096, .hook = exaone4_hook},
+    /* ---- interleaved rotary (each layer saves its own repeat_interleave'd cos/sin) ---- */
+    /* GLM-4 (glm): partial interleaved rotary, q/k/v biases, Phi-3's fused gate_up MLP */
+    {.type = "glm", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 2, .head_dim_default = 128, .qkv_bias = true,
+     .k_qkv_bias = "attention_bias", .fused_gate_up = true, .k_rotary = "partial_rotary_factor",
+     .rotary_default = 0.5, .rope_interleave = true, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+    /* GLM-4-0414 (glm4): glm with sandwich norms (post_self_attn / post_mlp) */
+    {.type = "glm4", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 2, .head_dim_default = 128, .qkv_bias = true,
+     .k_qkv_bias = "attention_bias", .fused_gate_up = true, .k_rotary = "partial_rotary_factor",
+     .rotary_default = 0.5, .rope_interleave = true, .branch_norm = true, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+    /* Helium: fp32-weight RMSNorm, o_proj hidden x hidden without bias (checked in the hook) */
+    {.type = "helium", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 20, .head_dim_default = 128, .k_qkv_bias = "attention_bias",
+     .k_mlp_bias = "mlp_bias", .rms_fp32 = true, .rope_interleave = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .hook = helium_hook},
+    /* ERNIE 4.5 (dense): fp32 interleaved rotary, use_bias on every Linear, no attention dropout */
+    {.type = "ernie4_5", .act = MP_ACT_SILU, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, .kv_default = 2,
+     .head_dim_default = 128, .tied = true, .k_bias = "use_bias", .rope_interleave = true, .rope_fp32 = true,
+     .rope_cast_back = true, .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head",
+     .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
+    /* Cohere (Command-R, Aya): fp32 composite LayerNorm without bias shared by parallel attention and
+     * MLP, q/k rotated in fp32 (the rotary table interleaved by the model), logits * logit_scale */
+    {.type = "cohere", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gated = true, .gqa = true, .tied = true,
+     .k_attn_bias = "attention_bias", .parallel = true, .shared_norm = true, .ln_fp32 = true, .rope_cast_back = true,
+     .k_logit_scale = "logit_scale", .logit_scale = 0.0625, .k_attn_p = "attention_dropout",
+     .reject = {{"use_qk_norm", "Cohere's per-head q/k LayerNorms are not modelled"}}, .n_tok = "embed_tokens",
+     .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
     "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mt5, mixtral, qwen2_moe, " \
-    "qwen3_moe, deepseek_v2, deepseek_v3"
+    "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, " \
+    "cohere"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -326,6 +403,15 @@ struct hf {
     uint64_t pooler_out;   /* ViT: pooler_output_size (default hidden) */
     enum mp_act pooler_act;
     unsigned mask_kinds;   /* distinct layer types (full / sliding attention): one eager mask each */
+    const cJSON *layer_types; /* the config's layer_types (validated), else NULL */
+    uint64_t swa_every;    /* without layer_types: layer i is full attention iff (i + 1) % swa_every == 0 */
+    /* per-layer rotary (NoPE layers): SmolLM3's no_rope_layers (1: rope) or every nope_every-th
+     * layer without; EXAONE 4: rope on the sliding layers only */
+    const cJSON *no_rope;
+    uint64_t nope_every;
+    bool rope_sliding_only;
+    uint64_t window;       /* sliding_window after the config class's rules (0: no sliding layers) */
+    uint64_t window_max;   /* Qwen's max_window_layers */
     /* mixture of experts (moe_hook): what every MoE layer gets (struct mp_layer's fields), and
      * which layers are MoE */
     uint64_t experts, top_k, expert_ffn, shared_ffn;
@@ -537,8 +623,10 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
         (st = read_flag(root, f->k_parallel, &c->parallel, path, d)) != MP_OK)
         return st;
     c->qkv_bias = ab;
-    if (f->k_attn_bias)
+    if (f->k_attn_bias && !f->k_out_bias)
         c->out_bias = ab;
+    if ((st = read_flag(root, f->k_out_bias, &c->out_bias, path, d)) != MP_OK)
+        return st;
     bool all = c->qkv_bias;
     if ((st = read_flag(root, f->k_qkv_bias, &c->qkv_bias, path, d)) != MP_OK ||
         (st = read_flag(root, f->k_bias, &all, path, d)) != MP_OK)
@@ -560,6 +648,11 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
     if (f->k_logits_div && !(div > 0))
         return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a positive number", path, f->k_logits_div);
     c->logits_mult = f->k_logits_div ? 1.0 / div : 0.0;
+    if (f->k_logit_scale) {
+        c->logits_mult = f->logit_scale;
+        if ((st = read_softcap(root, f->k_logit_scale, &c->logits_mult, path, d)) != MP_OK)
+            return st;
+    }
     c->emb_p = f->k_emb_p || f->emb_p_is_resid ? f->dropout : 0.0;
     c->attn_p = f->k_attn_p ? f->attn_dropout : 0.0;
     c->resid_p = f->k_resid_p ? f->dropout : 0.0;
@@ -611,6 +704,8 @@ static enum mp_status gemma_hook(const cJSON *root, struct hf *c, const char *pa
     if (st != MP_OK || (st = mp_json_bool(root, "use_bidirectional_attention", &bidir, path, "", d)) != MP_OK)
         return st;
     c->causal = !bidir;
+    if (bidir && c->window) /* Gemma3Config: exclusive bounds for the bidirectional window */
+        c->window = c->window / 2 + 1;
     return MP_OK;
 }
 
@@ -837,6 +932,18 @@ static enum mp_status falcon_hook(const cJSON *root, struct hf *c, const char *p
     return MP_OK;
 }
 
+/* Helium: o_proj is Linear(hidden_size, hidden_size), so the heads must fill the hidden size
+ * (transformers' forward fails otherwise). */
+static enum mp_status helium_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    (void)root;
+    if (c->heads * c->head_dim != c->hidden)
+        return mp_fail(d, MP_ERR_MODEL, "%s: head_dim: %llu heads x %llu differ from hidden_size %llu (Helium's "
+                       "o_proj is hidden_size x hidden_size)", path, (unsigned long long)c->heads,
+                       (unsigned long long)c->head_dim, (unsigned long long)c->hidden);
+    return MP_OK;
+}
+
 /* An image size or a patch size: one integer, or [height, width]. */
 static enum mp_status read_size2(const cJSON *root, const char *key, uint64_t *h, uint64_t *w, const char *path,
                                  struct mp_diag *d)
@@ -888,33 +995,109 @@ static enum mp_status vit_hook(const cJSON *root, struct hf *c, const char *path
     return MP_OK;
 }
 
-/* transformers builds one 4-D eager mask per distinct layer type: layer_types when given, else
- * the class default (Gemma2 alternates sliding and full layers; Gemma3 has a full layer every
- * sliding_window_pattern, 6) — both kinds as soon as there are enough layers. */
+static bool layer_sliding(const struct hf *c, uint64_t i);
+static bool layer_rope(const struct hf *c, uint64_t i);
+
+/* Layer types (full / sliding attention): layer_types when given (at least one entry per layer,
+ * each "full_attention" or "sliding_attention"), else the class default — every swa_every-th
+ * layer full, the others sliding (sliding_window_pattern overrides swa_every where the class
+ * reads it).  transformers builds one 4-D eager mask per distinct type among the layers
+ * (Gemma2/3, OLMo3, EXAONE 4: both kinds as soon as there are enough layers). */
 static enum mp_status read_mask_kinds(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
     c->mask_kinds = 1;
-    if (cJSON_IsArray(lt)) {
-        const cJSON *first = cJSON_GetArrayItem(lt, 0), *e;
+    c->swa_every = c->f->swa_every;
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt) || (uint64_t)cJSON_GetArraySize(lt) < c->layers)
+            return mp_fail(d, MP_ERR_MODEL, "%s: layer_types: expected a list of at least %llu layer types", path,
+                           (unsigned long long)c->layers);
         int i = 0;
-        cJSON_ArrayForEach(e, lt)
-            if ((uint64_t)i++ < c->layers && cJSON_IsString(e) && cJSON_IsString(first) &&
-                strcmp(e->valuestring, first->valuestring) != 0)
-                c->mask_kinds = 2;
-        return MP_OK;
-    }
-    uint64_t pattern = 0;
-    if (!strcmp(c->f->type, "gemma2"))
-        pattern = 2;
-    else if (!strcmp(c->f->type, "gemma3_text")) {
-        pattern = 6;
-        enum mp_status st = read_pos(root, "sliding_window_pattern", false, MP_DIM_MAX, &pattern, path, d);
+        for (const cJSON *e = lt->child; e; e = e->next, i++)
+            if (!cJSON_IsString(e) || (strcmp(e->valuestring, "full_attention") &&
+                                       strcmp(e->valuestring, "sliding_attention")))
+                return mp_fail(d, MP_ERR_MODEL, "%s: layer_types[%d]: expected \"full_attention\" or "
+                               "\"sliding_attention\"", path, i);
+        c->layer_types = lt;
+    } else if (c->f->k_swa_every) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, c->f->k_swa_every);
+        if (v && !cJSON_IsNull(v) && !cJSON_IsNumber(v)) /* EXAONE 4 32B's "LLLG": read only with layer_types */
+            return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a positive integer when layer_types is not given",
+                           path, c->f->k_swa_every);
+        enum mp_status st = read_pos(root, c->f->k_swa_every, false, MP_DIM_MAX, &c->swa_every, path, d);
         if (st != MP_OK)
             return st;
     }
-    if (pattern > 1 && c->layers >= pattern)
-        c->mask_kinds = 2;
+    bool first = layer_sliding(c, 0);
+    for (uint64_t i = 1; i < c->layers; i++)
+        if (layer_sliding(c, i) != first)
+            c->mask_kinds = 2;
+    return MP_OK;
+}
+
+/* Whether decoder layer i is a sliding-window layer (its type; layer_window() has its window). */
+static bool layer_sliding(const struct hf *c, uint64_t i)
+{
+    if (c->layer_types)
+        return !strcmp(cJSON_GetArrayItem(c->layer_types, (int)i)->valuestring, "sliding_attention");
+    return c->swa_every > 1 && (i + 1) % c->swa_every != 0;
+}
+
+/* Whether decoder layer i applies the rotary embedding (NoPE layers do not). */
+static bool layer_rope(const struct hf *c, uint64_t i)
+{
+    if (!c->rope)
+        return false;
+    if (c->no_rope)
+        return cJSON_GetArrayItem(c->no_rope, (int)i)->valueint != 0;
+    if (c->nope_every)
+        return (i + 1) % c->nope_every != 0;
+    return !c->rope_sliding_only || layer_sliding(c, i);
+}
+
+/* SmolLM3: no_rope_layers (one 0 / 1 per layer, 1 = rotary), else no rotary on every
+ * no_rope_layer_interval-th layer (4).  use_sliding_window makes the NoPE layers sliding. */
+static enum mp_status smollm3_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const cJSON *nr = cJSON_GetObjectItemCaseSensitive(root, "no_rope_layers");
+    c->nope_every = 4;
+    if (nr && !cJSON_IsNull(nr)) {
+        if (!cJSON_IsArray(nr) || (uint64_t)cJSON_GetArraySize(nr) < c->layers)
+            return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers: expected a list of at least %llu entries (0 or 1)",
+                           path, (unsigned long long)c->layers);
+        int i = 0;
+        for (const cJSON *e = nr->child; e; e = e->next, i++)
+            if (!cJSON_IsNumber(e) || (e->valuedouble != 0 && e->valuedouble != 1))
+                return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers[%d]: expected 0 or 1", path, i);
+        c->no_rope = nr;
+    } else {
+        enum mp_status st = read_pos(root, "no_rope_layer_interval", false, MP_DIM_MAX, &c->nope_every, path, d);
+        if (st != MP_OK)
+            return st;
+    }
+    bool swa = false;
+    enum mp_status st = mp_json_bool(root, "use_sliding_window", &swa, path, "", d);
+    if (st != MP_OK)
+        return st;
+    if (swa && present(root, "sliding_window") && !c->layer_types) { /* NoPE layers slide */
+        c->mask_kinds = 1;
+        for (uint64_t i = 1; i < c->layers; i++)
+            if (layer_rope(c, i) != layer_rope(c, 0))
+                c->mask_kinds = 2;
+    }
+    return MP_OK;
+}
+
+/* EXAONE 4: with a sliding_window, rotary on the sliding layers only; without one, every layer
+ * is full attention with rotary — transformers then needs layer_types (its default pattern
+ * divides by zero), as it needs an integer sliding_window_pattern (e.g. not "LLLG"). */
+static enum mp_status exaone4_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    bool window = present(root, "sliding_window") || !cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    if (!c->layer_types && !window)
+        return mp_fail(d, MP_ERR_MODEL, "%s: layer_types: needed when sliding_window is null (transformers' "
+                       "default pattern is undefined then)", path);
+    c->rope_sliding_only = window;
     return MP_OK;
 }
 
@@ -929,6 +1112,52 @@ static enum mp_status read_pos_or_null(const cJSON *root, const char *key, uint6
         return MP_OK;
     }
     return read_pos(root, key, false, MP_DIM_MAX, out, path, d);
+}
+
+/* Sliding-window attention (enum win): the window after the config class's rules.  It changes
+ * memory once the sequence reaches it: the model then gives SDPA a mask instead of is_causal
+ * (layers.c sdpa_masked). */
+static enum mp_status read_window(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    const struct family *f = c->f;
+    if (f->window == W_NONE)
+        return MP_OK;
+    uint64_t w = f->window_default;
+    bool use = true;
+    c->window_max = 28; /* Qwen2Config / Qwen3Config / Qwen2MoeConfig max_window_layers */
+    enum mp_status st = read_pos_or_null(root, "sliding_window", &w, path, d);
+    if (st == MP_OK && f->k_use_window) {
+        use = false;
+        st = mp_json_bool(root, "use_sliding_window", &use, path, "", d);
+    }
+    if (st == MP_OK && (f->window == W_FROM_MAX || f->window == W_ODD_BELOW_MAX))
+        st = read_pos(root, "max_window_layers", false, MP_DIM_MAX, &c->window_max, path, d);
+    c->window = use ? w : 0;
+    return st;
+}
+
+/* The window of decoder layer i (0: full attention). */
+static uint64_t layer_window(const struct hf *c, uint64_t i)
+{
+    if (!c->window)
+        return 0;
+    if (c->layer_types && c->f->window != W_ALL)
+        return layer_sliding(c, i) ? c->window : 0;
+    switch (c->f->window) {
+    case W_ALL:
+        return c->window;
+    case W_TYPES:
+        return layer_sliding(c, i) ? c->window : 0;
+    case W_FROM_MAX:
+        return i >= c->window_max ? c->window : 0;
+    case W_ODD_BELOW_MAX:
+        return i % 2 == 0 && i < c->window_max ? c->window : 0;
+    case W_NOPE:
+        return layer_rope(c, i) ? 0 : c->window;
+    case W_NONE:
+        break;
+    }
+    return 0;
 }
 
 /* Qwen-MoE's mlp_only_layers: layer indices in [0, layers) that keep the dense MLP. */
@@ -1073,7 +1302,7 @@ static enum mp_status read_config(const cJSON *root, struct hf *c, const char *p
     enum mp_status st;
     if ((st = read_sizes(root, c, path, d)) != MP_OK || (st = read_rotary(root, c, path, d)) != MP_OK ||
         (st = read_options(root, c, path, d)) != MP_OK || (st = read_head(root, c, path, d)) != MP_OK ||
-        (st = read_mask_kinds(root, c, path, d)) != MP_OK)
+        (st = read_mask_kinds(root, c, path, d)) != MP_OK || (st = read_window(root, c, path, d)) != MP_OK)
         return st;
     return c->f->hook ? c->f->hook(root, c, path, d) : MP_OK;
 }
@@ -1086,8 +1315,9 @@ static void norm_layer(struct mp_layer *l, const struct hf *c, const char *name)
 {
     l->type = c->norm == MP_NORM_RMSNORM ? MP_LT_RMSNORM : MP_LT_LAYERNORM;
     l->norm = c->norm;
-    l->norm_bias = c->norm == MP_NORM_LAYERNORM;
+    l->norm_bias = c->norm == MP_NORM_LAYERNORM && !c->f->ln_fp32;
     l->rms_fp32 = c->f->rms_fp32;
+    l->ln_fp32 = c->f->ln_fp32;
     l->dim = c->hidden;
     set_name(l, name);
 }
@@ -1170,9 +1400,14 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->qkv_bias = c->qkv_bias;
         l->out_bias = c->out_bias;
         l->fused_qkv = c->fused_qkv;
-        l->rope = c->rope;
+        l->rope = layer_rope(c, i);
         l->rotary_dim = c->rotary_dim;
-        l->rope_cat = c->rope && c->f->k_rotary;
+        l->rope_cat = l->rope && c->f->k_rotary;
+        l->rope_kinds = c->f->rope_per_type ? c->mask_kinds : 1;
+        l->rope_interleave = l->rope && c->f->rope_interleave;
+        l->rope_fp32 = l->rope && c->f->rope_fp32;
+        l->rope_cast_back = l->rope && c->f->rope_cast_back;
+        l->ln_fp32 = c->f->ln_fp32;
         l->impl = MP_ATTN_SDPA;
         l->impl_set = false;
         l->attn_dropout = c->attn_p;
@@ -1181,7 +1416,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->gated = c->gated;
         l->mlp_bias = c->mlp_bias;
         l->norm = c->norm;
-        l->norm_bias = c->norm == MP_NORM_LAYERNORM;
+        l->norm_bias = c->norm == MP_NORM_LAYERNORM && !c->f->ln_fp32;
         l->p = c->resid_p;
         l->parallel_residual = c->parallel;
         l->shared_norm = c->parallel && c->shared_norm;
@@ -1197,6 +1432,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->mult = c->resid_mult;
         l->qkv_split = c->qkv_split;
         l->attn_mask = c->attn_mask;
+        l->window = layer_window(c, i);
         /* transformers' eager path always gets a 4-D causal mask (and a sliding-window one for
          * Gemma2/3's mixed layer types) */
         l->eager_mask = c->causal ? c->mask_kinds : 0;

@@ -267,10 +267,10 @@ static void view_open(struct mp_node_view *c, struct mp_exec *x, int k)
     const struct mp_node *n = c->n;
     for (int j = 0; j < 3; j++) {
         c->in[j] = mp_view_tensor(x, MP_ST_ACT, n->in[j]);
-        c->gin[j] = mp_view_tensor(x, MP_ST_GRAD, n->in[j]);
+        c->gin[j] = mp_view_grad(x, n->in[j]);
     }
     c->out = mp_view_tensor(x, MP_ST_ACT, n->out);
-    c->gout = mp_view_tensor(x, MP_ST_GRAD, n->out);
+    c->gout = mp_view_grad(x, n->out);
     for (int j = 0; j < n->n_extra; j++)
         c->ex[j] = mp_view_tensor(x, MP_ST_ACT, n->extra[j]);
     c->w = x->par ? mp_par_exec_param(x, n->param[0]) : mp_view_param(x, MP_ST_PARAM, n->param[0]);
@@ -279,6 +279,34 @@ static void view_open(struct mp_node_view *c, struct mp_exec *x, int k)
     c->gb = mp_view_param(x, MP_ST_PGRAD, n->param[1]);
     c->tmp.p = mp_pool_get(&x->pool, MP_ST_TMP, k);
     c->tmp.dt = MP_DT_U8;
+}
+
+/* A copy of gradient view g in a storage of the backend's own (outside the pool), in *copy. */
+static enum mp_status grad_copy(struct mp_exec *x, struct mp_view g, uint64_t bytes, void **copy)
+{
+    const struct mp_probe_backend *be = x->be;
+    if (be->upload && !be->download)
+        return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: the %s backend cannot copy a gradient", be->name);
+    enum mp_status st = be->alloc(x->bctx, bytes, copy, x->d);
+    if (st != MP_OK)
+        return st;
+    if (!be->upload) {
+        memcpy(*copy, g.p, (size_t)bytes);
+        return MP_OK;
+    }
+    void *h = malloc(bytes ? (size_t)bytes : 1);
+    if (!h)
+        st = mp_fail(x->d, MP_ERR_NOMEM, "probe: out of host memory staging %llu bytes", (unsigned long long)bytes);
+    if (st == MP_OK)
+        st = be->download(x, h, g.p, bytes);
+    if (st == MP_OK)
+        st = be->upload(x, *copy, h, bytes);
+    free(h);
+    if (st != MP_OK) {
+        be->free(x->bctx, *copy);
+        *copy = NULL;
+    }
+    return st;
 }
 
 static enum mp_status node_run(struct mp_exec *x, int k, bool fwd)
@@ -296,9 +324,25 @@ static enum mp_status node_run(struct mp_exec *x, int k, bool fwd)
     if ((n->param[0] >= 0 && !c.w.p) || (n->param[1] >= 0 && !c.b.p))
         return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: its parameters are not gathered here (a parameter "
                        "shared across sharding groups)", n->name);
+    /* x + f(x) with f this one node: the add handed its gradient to both, so x's gradient is in
+     * the storage of f's output's.  Autograd makes f's gradient for x a new tensor and adds it in
+     * place afterwards (the replay counts that tensor in the node's TMP); the kernels add into
+     * gin while they read gout, so here they read a copy of gout. */
+    void *copy = NULL;
+    bool shared = false;
+    for (int j = 0; j < 3 && !fwd && n->prim != MP_P_ADD; j++)
+        shared |= n->in[j] >= 0 && n->in[j] != n->out && c.gin[j].p && c.gin[j].p == c.gout.p;
+    if (shared) {
+        enum mp_status st = grad_copy(x, c.gout, x->p->tensors[n->out].bytes, &copy);
+        if (st != MP_OK)
+            return st;
+        c.gout.p = copy;
+    }
     enum mp_status st = fn(&c);
     if (x->be->node_end)
         x->be->node_end(&c);
+    if (copy) /* stream-ordered on the cuda backend */
+        x->be->free(x->bctx, copy);
     return st;
 }
 
@@ -307,7 +351,7 @@ static enum mp_status loss_grad(struct mp_exec *x)
 {
     const struct mp_program *p = x->p;
     int t = p->blocks[p->n_blocks - 1].output;
-    struct mp_view y = mp_view_tensor(x, MP_ST_ACT, t), g = mp_view_tensor(x, MP_ST_GRAD, t);
+    struct mp_view y = mp_view_tensor(x, MP_ST_ACT, t), g = mp_view_grad(x, t);
     if (!y.p)
         return mp_fail(x->d, MP_ERR_INTERNAL, "probe: the model output %s is not allocated at the loss",
                        p->tensors[t].name);
@@ -355,6 +399,7 @@ static enum mp_status opt_step(struct mp_exec *x)
 static enum mp_status exec_event(void *ctx, const struct mp_event *ev)
 {
     struct mp_exec *x = ctx;
+    x->grad_of = ev->grad_of;
     switch (ev->kind) {
     case MP_EV_ALLOC: {
         void *ptr;
@@ -372,7 +417,11 @@ static enum mp_status exec_event(void *ctx, const struct mp_event *ev)
         return st == MP_OK ? mp_pool_free(&x->pool, ev, x->d) : st;
     }
     case MP_EV_FWD: return node_run(x, ev->id, true);
-    case MP_EV_BWD: return node_run(x, ev->id, false);
+    case MP_EV_BWD:
+        if (ev->grad_out_of_place) /* counted by the replay; no layer memplan lowers makes one */
+            return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: a gradient added out of place to one "
+                           "another tensor shares", x->p->nodes[ev->id].name);
+        return node_run(x, ev->id, false);
     case MP_EV_LOSS_GRAD: return loss_grad(x);
     case MP_EV_OPT_STEP: return opt_step(x);
     case MP_EV_OP_BEGIN:

@@ -65,6 +65,7 @@ struct mp_exec {
     double loss;          /* the step's loss (LOSS_GRAD, or the backend's step_end) */
     double ce_loss;       /* the last cross-entropy in double (a backend's NLL forward may set it) */
     struct mp_par_exec *par; /* data parallel: rank r's shards and local collectives (probe_par.c) */
+    const int *grad_of;   /* the replay's tensor -> gradient storage map (mp_event.grad_of) */
     struct mp_diag *d;
 };
 
@@ -87,6 +88,16 @@ static inline struct mp_view mp_view_tensor(const struct mp_exec *x, enum mp_sto
     v.p = mp_pool_get(&x->pool, s, t);
     v.dt = x->p->tensors[t].dtype;
     v.n = x->p->tensors[t].elems;
+    return v;
+}
+
+/* Tensor t's gradient as a view: the GRAD storage that holds it now (a residual add's inputs
+ * share its output's); p == NULL when t has none. */
+static inline struct mp_view mp_view_grad(const struct mp_exec *x, int t)
+{
+    struct mp_view v = mp_view_tensor(x, MP_ST_GRAD, t);
+    if (t >= 0 && x->grad_of)
+        v.p = x->grad_of[t] >= 0 ? mp_pool_get(&x->pool, MP_ST_GRAD, x->grad_of[t]) : NULL;
     return v;
 }
 

@@ -1,10 +1,10 @@
 /* search.c — fit evaluation, largest micro-batch, and the recommendation.
  *
- * One judge (mp_fit_eval) for check, plan and suggest.  The batch search is
- * analytic first — memory is affine in batch while the plan does not change,
- * so two evaluations give the slope and the boundary is solved — then the
- * boundary is verified (b* fits, b*+1 does not) and, if the guess was off
- * (rounding, a plan change), bracketed and bisected.  Throughput without a
+ * One judge (mp_fit_eval) for check, plan and suggest.  The batch search
+ * finds a boundary (b* fits, b*+1 does not) by extrapolating and then
+ * interpolating the peak — memory is near-affine in batch while the plan
+ * does not change — with bisection as the fallback (mp_search_max_batch
+ * says what the answer promises).  Throughput without a
  * GPU is an estimate: FLOPs / (MP_MATMUL_EFFICIENCY x the profile's dense
  * TFLOP/s) plus the optimizer step's memory traffic over the bandwidth.
  */
@@ -91,16 +91,27 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
                                      : mp_program_rebuild(job->model, &bo, prog, d);
     if (st != MP_OK)
         return st;
-    st = mp_estimate_chain(prog, &f->chain, d);
-    if (st != MP_OK)
-        goto out;
+    bool budgeted = job->ckpt.strategy == MP_CKPT_OPTIMAL || job->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
+    bool no_chain = job->verdict_only && !budgeted;
+    if (no_chain) {
+        st = mp_chain_init(&f->chain, prog->n_blocks);
+        if (st != MP_OK) {
+            mp_fail(d, st, "out of memory");
+            goto out;
+        }
+        mp_estimate_chain_mark(prog, &f->chain);
+    } else {
+        st = mp_estimate_chain(prog, &f->chain, d);
+        if (st != MP_OK)
+            goto out;
+    }
     f->capacity_bytes = mp_gpu_capacity(&job->gpu);
     /* NCCL's communicator buffers sit beside the CUDA context when there are peers */
     uint64_t context = job->gpu.context_bytes;
     if (job->train.par && mp_par_world(job->train.par) > 1)
         context += job->gpu.nccl_overhead_bytes;
     f->usable_bytes = (uint64_t)((double)f->capacity_bytes * (1.0 - job->margin));
-    {
+    if (!no_chain) {
         struct mp_ckpt_spec none = {MP_CKPT_NONE, 0};
         struct mp_ckpt_plan p0;
         mp_ckpt_plan_init(&p0);
@@ -108,7 +119,6 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             f->nockpt_activation_peak = p0.peak_bytes;
         mp_ckpt_plan_release(&p0);
     }
-    bool budgeted = job->ckpt.strategy == MP_CKPT_OPTIMAL || job->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
     if (!budgeted) {
         st = mp_ckpt_plan_make(&f->chain, &job->ckpt, 0, job->slots, &f->plan, d);
         if (st != MP_OK)
@@ -200,6 +210,7 @@ static enum mp_status fits_at(const struct mp_job *job, uint64_t b, bool *fits, 
     struct mp_job j = *job;
     j.build.batch = b;
     j.train.skip_reserved = true; /* the search decides on allocated bytes */
+    j.verdict_only = true;
     struct mp_fit f;
     enum mp_status st = mp_fit_eval(&j, &f, d);
     (*evals)++;
@@ -216,89 +227,78 @@ static enum mp_status fits_at(const struct mp_job *job, uint64_t b, bool *fits, 
     return MP_OK;
 }
 
+/* The micro-batch the search promises (README and memplan(1), suggest): b fits, and b + 1 does
+ * not (or b is max_batch).  A checkpoint plan needs no more memory at a smaller batch (no
+ * tensor shrinks as the batch grows), so b's plan also fits every batch below b.  Where "fits"
+ * is monotone in the batch, b is the largest batch that fits: so it is with the fixed plans
+ * (none, sqrt, every, segments, layers), whose schedule does not depend on the batch.  With the
+ * optimal plans a larger batch can fit again (the planner's budget rounds and slots), and b is
+ * the boundary the search meets.
+ *
+ * The search goes up from 1: doubling while the peak does not grow with the batch, else a jump
+ * to where the line through the last two fitting batches reaches the usable bytes.  Once a
+ * batch fails, it interpolates between the bracket's peaks.  Each such guess is followed by its
+ * neighbour: memory is near-affine in the batch, so the boundary is usually there.  Two guesses
+ * that missed turn the search to plain doubling and bisection, which the optimal plans use
+ * from the start.  So with an optimal plan b lies between the last power of two that fits and
+ * the first that does not (or max_batch), found by bisection. */
 enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch, uint64_t *best, unsigned *evals,
                                    struct mp_diag *d)
 {
     *best = 0;
     bool ok;
-    uint64_t p1, p2;
-    enum mp_status st = fits_at(job, 1, &ok, &p1, evals, d);
+    uint64_t plo;
+    enum mp_status st = fits_at(job, 1, &ok, &plo, evals, d);
     if (st != MP_OK || !ok)
         return st;
-    if (max_batch <= 1) {
-        *best = 1;
-        return MP_OK;
-    }
-    st = fits_at(job, 2, &ok, &p2, evals, d);
-    if (st != MP_OK)
-        return st;
-    if (!ok) {
-        *best = 1;
-        return MP_OK;
-    }
-    /* analytic guess from the slope */
     uint64_t usable = (uint64_t)((double)mp_gpu_capacity(&job->gpu) * (1.0 - job->margin));
-    uint64_t lo = 2, hi = 0; /* lo fits; hi (if > 0) does not */
-    if (p2 > p1) {
-        uint64_t slope = p2 - p1;
-        uint64_t guess = 2 + (usable > p2 ? (usable - p2) / slope : 0);
-        if (guess > max_batch)
-            guess = max_batch;
-        if (guess > lo) {
-            uint64_t pg;
-            st = fits_at(job, guess, &ok, &pg, evals, d);
-            if (st != MP_OK)
-                return st;
-            if (ok)
-                lo = guess;
-            else
-                hi = guess;
+    uint64_t lo = 1, prev = 0, pprev = 0; /* lo fits (peak plo); prev < lo fitted before it (0: none) */
+    uint64_t hi = 0, phi = 0;             /* hi > lo does not fit (peak phi); 0: none found yet */
+    uint64_t next = 0;                    /* the last guess's neighbour, tried next */
+    uint64_t round_lo = 0, round_span = 0; /* lo and the bracket before the last guess */
+    /* guesses that missed; after two, doubling and bisection only.  An optimal plan fills its
+     * budget whatever the batch, so its peak says nothing of the boundary: no guesses at all */
+    unsigned misses = job->ckpt.strategy == MP_CKPT_OPTIMAL || job->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS ? 2 : 0;
+    while (hi ? hi - lo > 1 : lo < max_batch) {
+        bool guess = false;
+        uint64_t b;
+        if (next <= lo || (hi && next >= hi) || next > max_batch) {
+            next = 0;
+            if (round_lo) /* the guess and its neighbour are done: did they bracket the boundary
+                           * (before a failure) or halve the bracket? */
+                misses += !(round_span ? 2 * (hi - lo) <= round_span : hi != 0);
+            round_lo = round_span = 0;
         }
-        if (ok && lo < max_batch) {
-            uint64_t pn;
-            st = fits_at(job, lo + 1, &ok, &pn, evals, d);
-            if (st != MP_OK)
-                return st;
-            if (!ok)
-                hi = lo + 1;
-            else
-                lo = lo + 1;
+        if (next) {
+            b = next;
+        } else if (!hi) {
+            b = lo > max_batch / 2 ? max_batch : 2 * lo;
+            if (misses < 2 && prev && plo > pprev) { /* the line through (prev, pprev) and (lo, plo) */
+                double g = (double)lo + (double)(usable - plo) * (double)(lo - prev) / (double)(plo - pprev);
+                b = g >= (double)max_batch ? max_batch : g < (double)lo + 1 ? lo + 1 : (uint64_t)g;
+                guess = true;
+                round_lo = lo;
+            }
+        } else if (misses < 2 && phi > plo && phi != UINT64_MAX) {
+            double g = (double)lo + (double)(usable - plo) * (double)(hi - lo) / (double)(phi - plo);
+            b = g < (double)lo + 1 ? lo + 1 : g >= (double)(hi - 1) ? hi - 1 : (uint64_t)g;
+            guess = true;
+            round_lo = lo;
+            round_span = hi - lo;
+        } else {
+            b = lo + (hi - lo) / 2;
         }
-    }
-    if (lo >= max_batch) {
-        *best = max_batch;
-        return MP_OK;
-    }
-    /* bracket upward if needed, then bisect */
-    uint64_t step = lo;
-    while (!hi) {
-        uint64_t b = lo + step;
-        if (b > max_batch || b < lo)
-            b = max_batch;
         uint64_t pb;
         st = fits_at(job, b, &ok, &pb, evals, d);
         if (st != MP_OK)
             return st;
         if (ok) {
-            lo = b;
-            if (b == max_batch) {
-                *best = max_batch;
-                return MP_OK;
-            }
-            step *= 2;
+            prev = lo, pprev = plo;
+            lo = b, plo = pb;
         } else {
-            hi = b;
+            hi = b, phi = pb;
         }
-    }
-    while (hi - lo > 1) {
-        uint64_t mid = lo + (hi - lo) / 2, pm;
-        st = fits_at(job, mid, &ok, &pm, evals, d);
-        if (st != MP_OK)
-            return st;
-        if (ok)
-            lo = mid;
-        else
-            hi = mid;
+        next = guess ? (ok ? b + 1 : b - 1) : 0;
     }
     *best = lo;
     return MP_OK;

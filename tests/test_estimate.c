@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -405,6 +406,45 @@ static void test_estimate_gelu_new_autocast(void **state)
     mp_model_release(&m);
 }
 
+/* HF's composite gelu_new ends in half_x * one_plus_tanh: its MulBackward0 makes both factors'
+ * gradients while the incoming one is alive, one x-sized tensor more than the fused kernels
+ * (measured with bench/torch_step.py's LiveTracker under fake tensors: the backward peaks 3 and
+ * 2 x-sized tensors above what is live before it).  fp32, b=2, s=8, ffn 64: 1024 elements, 4096
+ * bytes of backward workspace; gelu_tanh (F.gelu, fused) none. */
+static void test_estimate_gelu_new_backward(void **state)
+{
+    (void)state;
+    const char *acts[2] = {"gelu_new", "gelu_tanh"};
+    const uint64_t want[2] = {4096, 0};
+    for (int i = 0; i < 2; i++) {
+        char js[600];
+        snprintf(js, sizeof js, "{\"name\":\"g\",\"input\":{\"tokens\":8},\"layers\":["
+                 "{\"type\":\"embedding\",\"vocab\":32,\"dim\":16},"
+                 "{\"type\":\"linear\",\"in_features\":16,\"out_features\":64,\"bias\":false},"
+                 "{\"type\":\"activation\",\"act\":\"%s\"},"
+                 "{\"type\":\"linear\",\"in_features\":64,\"out_features\":16,\"bias\":false}]}", acts[i]);
+        struct mp_model m;
+        load(&m, js);
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.batch = 2;
+        o.seq = 8;
+        o.precision = MP_PREC_FP32;
+        struct mp_program p;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_OK);
+        bool seen = false;
+        for (size_t k = 0; k < p.n_nodes; k++)
+            if (p.nodes[k].prim == MP_P_ACT) {
+                assert_int_equal(p.nodes[k].bwd_tmp_bytes, want[i]);
+                seen = true;
+            }
+        assert_true(seen);
+        mp_program_release(&p);
+        mp_model_release(&m);
+    }
+}
+
 /* Non-persistent buffers are on the GPU too: HF's rotary embedding registers inv_freq and a
  * clone, original_inv_freq, rotary_dim/2 fp32 each (named_buffers() of transformers 5.23:
  * llama-2-7b 2 x (64,), qwen2-0.5b 2 x (32,)); GPT-2 has none.  BertEmbeddings registers int64
@@ -682,6 +722,148 @@ static void test_estimate_kv_cache_held_to_loss(void **state)
     mp_model_release(&m);
 }
 
+/* Activation gradients as the backward runs: live GRAD bytes and storages, at given nodes. */
+struct grad_meter {
+    const struct mp_program *p;
+    int watch[3];          /* node ids */
+    uint64_t live, max_live_after[3]; /* bytes now; the most after watch[i]'s BWD, in its node */
+    int stores;            /* GRAD storages alive */
+    uint64_t at[3];        /* live bytes at watch[i]'s BWD */
+    int stores_at[3];
+    uint64_t tmp[3];       /* TMP bytes allocated for watch[i]'s backward */
+    bool oop[3];           /* BWD of watch[i] said out of place */
+    int cur;               /* the watched node whose backward ran last, -1 */
+    bool balanced;
+};
+
+static enum mp_status grad_meter_event(void *ctx, const struct mp_event *ev)
+{
+    struct grad_meter *g = ctx;
+    if (ev->kind == MP_EV_BWD) {
+        g->cur = -1;
+        for (int i = 0; i < 3; i++)
+            if (ev->node == g->watch[i]) {
+                g->at[i] = g->live;
+                g->stores_at[i] = g->stores;
+                g->oop[i] = ev->grad_out_of_place;
+                g->max_live_after[i] = g->live;
+                g->cur = i;
+            }
+    }
+    if (ev->kind == MP_EV_ALLOC && ev->store == MP_ST_TMP && ev->phase == MP_PH_BACKWARD)
+        for (int i = 0; i < 3; i++)
+            if (ev->node == g->watch[i])
+                g->tmp[i] = ev->bytes;
+    if (ev->store != MP_ST_GRAD || (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE))
+        return MP_OK;
+    if (ev->kind == MP_EV_ALLOC) {
+        g->live += ev->bytes;
+        g->stores++;
+        if (g->cur >= 0 && ev->node == g->watch[g->cur] && g->live > g->max_live_after[g->cur])
+            g->max_live_after[g->cur] = g->live;
+    } else {
+        g->balanced &= g->live >= ev->bytes && g->stores > 0;
+        g->live -= ev->bytes;
+        g->stores--;
+    }
+    return MP_OK;
+}
+
+static int node_named(const struct mp_program *p, const char *name)
+{
+    for (size_t k = 0; k < p->n_nodes; k++)
+        if (strcmp(p->nodes[k].name, name) == 0)
+            return (int)k;
+    fail_msg("no node %s", name);
+    return -1;
+}
+
+/* x -> layernorm -> fc1 -> gelu -> fc2, y = x + fc2 (batch 2, 16 wide, 32 in the MLP). */
+static const char *RES = "{\"name\":\"res\",\"input\":{\"shape\":[16]},\"layers\":["
+                         "{\"type\":\"linear\",\"name\":\"in\",\"in_features\":16,\"out_features\":16},"
+                         "{\"type\":\"layernorm\",\"name\":\"in_ln\",\"dim\":16},"
+                         "{\"block\":\"r\",\"layers\":["
+                         "{\"type\":\"layernorm\",\"name\":\"ln\",\"dim\":16},"
+                         "{\"type\":\"linear\",\"name\":\"fc1\",\"in_features\":16,\"out_features\":32},"
+                         "{\"type\":\"activation\",\"name\":\"act\",\"act\":\"gelu\"},"
+                         "{\"type\":\"linear\",\"name\":\"fc2\",\"in_features\":32,\"out_features\":16},"
+                         "{\"type\":\"residual\",\"name\":\"add\"}]},"
+                         "{\"type\":\"linear\",\"name\":\"proj\",\"in_features\":16,\"out_features\":8}]}";
+
+/* A residual add's backward (AddBackward0, derivatives.yaml add.Tensor: `self: grad`, `other:
+ * grad`) returns its incoming gradient G itself to both inputs; the engine puts it in both
+ * inputs' buffers.  Worked by hand from that rule and InputBuffer::accumulate, fp32, batch 2:
+ *   add:  x's and fc2's gradients are G (2x16x4 = 128 B); nothing is allocated.
+ *   fc2:  G (one storage for x and fc2's output) + the new gradient of gelu's output (2x32x4 =
+ *         256 B) = 384 B in 2 storages (a gradient per input was 512 B in 3).
+ *   ln:   G (now x's alone) + ln's output gradient 128 B = 256 B in 2; ln's new gradient for x
+ *         (128 B) is a tensor of its own until it is added to G in place: in ln's TMP.
+ * Under autocast fc2's output is bf16 and x fp32 (layernorm), y fp32: x takes G, fc2's output
+ * gets G cast to bf16, a new tensor (2x16x2 = 64 B): 128 + 64 = 192 B at the add's backward. */
+static void test_estimate_residual_add_shares_gradient(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, RES);
+    struct mp_program prog;
+    build(&m, 2, 0, MP_PREC_FP32, &prog);
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct mp_diag d = {{0}};
+    struct grad_meter g = {.p = &prog, .cur = -1, .balanced = true};
+    g.watch[0] = node_named(&prog, "r.add");
+    g.watch[1] = node_named(&prog, "r.fc2");
+    g.watch[2] = node_named(&prog, "r.ln");
+    assert_int_equal(mp_replay(&prog, NULL, &t, grad_meter_event, &g, &d), MP_OK);
+    assert_true(g.balanced);
+    assert_int_equal(g.live, 0);
+    assert_int_equal(g.at[0], 128);
+    assert_int_equal(g.stores_at[0], 1);
+    assert_int_equal(g.at[1], 128 + 256);
+    assert_int_equal(g.stores_at[1], 2);
+    assert_int_equal(g.at[2], 128 + 128);
+    assert_int_equal(g.stores_at[2], 2);
+    assert_int_equal(g.tmp[2], prog.nodes[g.watch[2]].bwd_tmp_bytes + 128);
+    for (int i = 0; i < 3; i++)
+        assert_false(g.oop[i]);
+    mp_program_release(&prog);
+
+    build(&m, 2, 0, MP_PREC_AMP_BF16, &prog);
+    struct grad_meter a = {.p = &prog, .cur = -1, .balanced = true, .watch = {node_named(&prog, "r.add"), -2, -2}};
+    assert_int_equal(prog.tensors[prog.nodes[a.watch[0]].in[0]].dtype, MP_DT_F32);
+    assert_int_equal(prog.tensors[prog.nodes[a.watch[0]].in[1]].dtype, MP_DT_BF16);
+    assert_int_equal(mp_replay(&prog, NULL, &t, grad_meter_event, &a, &d), MP_OK);
+    assert_int_equal(a.at[0], 128 + 64);
+    assert_int_equal(a.stores_at[0], 2);
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
+/* InputBuffer::accumulate adds out of place (old + new: a new storage) when the old gradient's
+ * storage is held elsewhere too.  y = x + x (the add's inputs made one tensor): G goes to x's
+ * buffer, then G again, while the add's outputs still hold it: x's gradient becomes a new
+ * 128 B storage next to G (256 B), then G is freed (128 B). */
+static void test_estimate_gradient_added_out_of_place(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, RES);
+    struct mp_program prog;
+    build(&m, 2, 0, MP_PREC_FP32, &prog);
+    int add = node_named(&prog, "r.add");
+    prog.nodes[add].in[1] = prog.nodes[add].in[0];
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct mp_diag d = {{0}};
+    struct grad_meter g = {.p = &prog, .cur = -1, .balanced = true, .watch = {add, -2, -2}};
+    assert_int_equal(mp_replay(&prog, NULL, &t, grad_meter_event, &g, &d), MP_OK);
+    assert_true(g.balanced);
+    assert_int_equal(g.live, 0);
+    assert_true(g.oop[0]);
+    assert_int_equal(g.at[0], 128);
+    assert_int_equal(g.max_live_after[0], 256);
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
 /* Eager attention in an HF decoder gets a (b, 1, s, s) mask in the model's dtype from
  * create_causal_mask, once per forward: a checkpoint input under gradient checkpointing (held
  * to the first layer's backward: llama-2-7b 2x1024 amp eager `layers` was -8 MiB = 2·1024²·4 in
@@ -922,6 +1104,54 @@ static void test_estimate_recomputed_saved_die_before_engine_cast(void **state)
     mp_model_release(&m);
 }
 
+/* Sliding-window attention once the sequence reaches the window: transformers gives SDPA a
+ * (b, 1, s, s) bool mask instead of is_causal (masking_utils _ignore_causal_mask_sdpa), which
+ * SDPA converts to a float mask in q's dtype and saves in every layer (convert_boolean_attn_mask),
+ * and repeats k and v to every head (sdpa_attention.py: no enable_gqa with a mask; repeat_kv).
+ * Batch 2, seq 16, 2 layers of 4 heads of 16; window 16 (masked) against 17 (not), activations
+ * when backward starts (the bool mask is a forward local, gone by then), per layer:
+ *   mistral, 2 kv heads, fp32: the float mask 2*16*16*4 = 2048; repeat_kv copies k and v to
+ *     (2, 16, 4*16) fp32, 8192 each, saved in place of k and v (2, 16, 2*16), 4096 each: +8192;
+ *     10240 per layer;
+ *   gemma3_text, 1 kv head (repeat_kv's reshape is a view), fp32: the mask only, 2048;
+ *   gemma3_text, amp-bf16: the bf16 mask 1024, and autocast's copy of the expanded fp32 rotated
+ *     k has every head: (2, 4, 16, 16) bf16 4096 instead of 1024: +3072; 4096 per layer
+ * (measured at full size with bench/torch_step.py: gemma-3-1b 2x1024 fp32, 8x1024 amp-bf16). */
+static void test_estimate_sliding_window_mask(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *type;
+        uint64_t kv;
+        enum mp_precision prec;
+        uint64_t per_layer;
+    } cases[] = {
+        {"mistral", 2, MP_PREC_FP32, 10240},
+        {"gemma3_text", 1, MP_PREC_FP32, 2048},
+        {"gemma3_text", 1, MP_PREC_AMP_BF16, 4096},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint64_t act[2];
+        for (int w = 0; w < 2; w++) {
+            char json[512];
+            snprintf(json, sizeof json, "{\"model_type\": \"%s\", \"vocab_size\": 64, \"hidden_size\": 64, "
+                     "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": %llu, "
+                     "\"head_dim\": 16, \"intermediate_size\": 128, \"sliding_window\": %d, \"use_cache\": false}",
+                     cases[k].type, (unsigned long long)cases[k].kv, w ? 16 : 17);
+            struct mp_model m;
+            load(&m, json);
+            struct mp_estimate e;
+            run(&m, 2, 16, cases[k].prec, MP_OPT_SGD, NULL, &e);
+            act[w] = e.activations_bytes;
+            mp_estimate_release(&e);
+            mp_model_release(&m);
+        }
+        if (act[1] - act[0] != 2 * cases[k].per_layer)
+            fail_msg("%s kv %llu: +%llu bytes, want 2 x %llu", cases[k].type, (unsigned long long)cases[k].kv,
+                     (unsigned long long)(act[1] - act[0]), (unsigned long long)cases[k].per_layer);
+    }
+}
+
 /* A model of custom blocks reproduces a chain from the literature exactly: the unit
  * chain of checkpointing.md T4 (100 blocks, f = b = 1, x = xb = 1, batch 1), whose
  * 10-segment checkpoint_sequential peaks at 22 units for 290 time units, and
@@ -1039,15 +1269,19 @@ int main(void)
         cmocka_unit_test(test_estimate_checkpoint_layers),
         cmocka_unit_test(test_estimate_autocast_cache),
         cmocka_unit_test(test_estimate_gelu_new_autocast),
+        cmocka_unit_test(test_estimate_gelu_new_backward),
         cmocka_unit_test(test_estimate_module_buffers),
         cmocka_unit_test(test_estimate_falcon_gptj_layer),
         cmocka_unit_test(test_estimate_use_cache),
         cmocka_unit_test(test_estimate_kv_cache_held_to_loss),
         cmocka_unit_test(test_estimate_eager_mask),
+        cmocka_unit_test(test_estimate_residual_add_shares_gradient),
+        cmocka_unit_test(test_estimate_gradient_added_out_of_place),
         cmocka_unit_test(test_estimate_rope_tables_under_checkpointing),
         cmocka_unit_test(test_estimate_t5_encoder_layer),
         cmocka_unit_test(test_estimate_t5_encoder_output_held),
         cmocka_unit_test(test_estimate_recomputed_saved_die_before_engine_cast),
+        cmocka_unit_test(test_estimate_sliding_window_mask),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),

@@ -56,18 +56,23 @@ static void load_str_ok(struct mp_model *m, const char *json)
         fail_msg("%s", d.msg);
 }
 
-/* Parameter total of m's program at batch 1, sequence 16. */
-static uint64_t params_of(const struct mp_model *m)
+/* m's program at batch 1, sequence 16. */
+static void build_small(const struct mp_model *m, struct mp_program *p)
 {
     struct mp_build_opts o;
     mp_build_opts_default(&o);
     o.batch = 1;
     o.seq = 16;
-    struct mp_program p;
     struct mp_diag d = {{0}};
-    enum mp_status st = mp_program_build(m, &o, &p, &d);
-    if (st != MP_OK)
+    if (mp_program_build(m, &o, p, &d) != MP_OK)
         fail_msg("build: %s", d.msg);
+}
+
+/* Parameter total of m's program at batch 1, sequence 16. */
+static uint64_t params_of(const struct mp_model *m)
+{
+    struct mp_program p;
+    build_small(m, &p);
     uint64_t n = p.total_params;
     mp_program_release(&p);
     return n;
@@ -505,10 +510,31 @@ static void test_ignored_fields_accepted(void **state)
 /* Real checkpoints' config.json values under models/hf/.  Expected: transformers 5.23,
  * `python3 bench/hf_params.py models/hf/<file>.json [ARCH...]` (the class built from the
  * file on the meta device, tied weights counted once). */
-static const struct {
+struct param_row {
     const char *path, *arch; /* arch: NULL = the file's architectures[0], else put in its place */
     uint64_t params;
-} table_families[] = {
+};
+
+static void load_with_arch(struct mp_model *m, const char *path, const char *arch);
+
+/* Each row's parameter count, the file loaded with its architecture. */
+static void check_param_rows(const struct param_row *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct mp_model m;
+        if (rows[i].arch)
+            load_with_arch(&m, rows[i].path, rows[i].arch);
+        else
+            load_ok(&m, rows[i].path);
+        uint64_t got = params_of(&m);
+        if (got != rows[i].params)
+            print_error("%s %s\n", rows[i].path, rows[i].arch ? rows[i].arch : "");
+        assert_int_equal(got, rows[i].params);
+        mp_model_release(&m);
+    }
+}
+
+static const struct param_row table_families[] = {
     {"models/hf/qwen3-0.6b.json", NULL, 596049920u},
     {"models/hf/qwen3-0.6b.json", "Qwen3ForSequenceClassification", 596051968u},
     {"models/hf/qwen3-0.6b.json", "Qwen3ForQuestionAnswering", 596051970u},
@@ -667,18 +693,7 @@ static void load_with_arch(struct mp_model *m, const char *path, const char *arc
 static void test_params_table_families(void **state)
 {
     (void)state;
-    for (size_t i = 0; i < sizeof table_families / sizeof table_families[0]; i++) {
-        struct mp_model m;
-        if (table_families[i].arch)
-            load_with_arch(&m, table_families[i].path, table_families[i].arch);
-        else
-            load_ok(&m, table_families[i].path);
-        uint64_t got = params_of(&m);
-        if (got != table_families[i].params)
-            print_error("%s %s\n", table_families[i].path, table_families[i].arch ? table_families[i].arch : "");
-        assert_int_equal(got, table_families[i].params);
-        mp_model_release(&m);
-    }
+    check_param_rows(table_families, sizeof table_families / sizeof table_families[0]);
 }
 
 static void test_table_families_lowering(void **state)
@@ -787,6 +802,264 @@ static void test_error_table_families(void **state)
     char msg[600];
     snprintf(msg, sizeof msg, "cfg.json: model_type: 'jamba' is not supported (supported: %s)", mp_hf_model_types());
     expect_error("{\"model_type\": \"jamba\", \"vocab_size\": 100}", MP_ERR_MODEL, msg);
+}
+
+/* ---- llama variants of 2025: seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, cohere ---- */
+
+/* Real checkpoints' config.json values (typed from the published files); expected counts:
+ * transformers 5.23, `python3 bench/hf_params.py models/hf/<file>.json [ARCH...]`. */
+static const struct param_row variants_2025[] = {
+    {"models/hf/seed-oss-36b.json", NULL, UINT64_C(36151104512)},
+    {"models/hf/seed-oss-36b.json", "SeedOssForSequenceClassification", UINT64_C(35356818432)},
+    {"models/hf/seed-oss-36b.json", "SeedOssForQuestionAnswering", UINT64_C(35356818434)},
+    {"models/hf/seed-oss-36b.json", "SeedOssModel", UINT64_C(35356808192)},
+    {"models/hf/smollm3-3b.json", NULL, UINT64_C(3075098624)},
+    {"models/hf/smollm3-3b.json", "SmolLM3ForTokenClassification", UINT64_C(3075102722)},
+    {"models/hf/smollm3-3b.json", "SmolLM3Model", UINT64_C(3075098624)},
+    {"models/hf/exaone-4.0-1.2b.json", NULL, UINT64_C(1279391488)},
+    {"models/hf/exaone-4.0-1.2b.json", "Exaone4ForSequenceClassification", UINT64_C(1279395584)},
+    {"models/hf/exaone-4.0-1.2b.json", "Exaone4ForQuestionAnswering", UINT64_C(1279395586)},
+    {"models/hf/exaone-4.0-32b.json", NULL, UINT64_C(32003216384)},
+    {"models/hf/olmo-3-7b.json", NULL, UINT64_C(7298011136)},
+    {"models/hf/olmo-3-7b.json", "Olmo3ForSequenceClassification", UINT64_C(6887280640)},
+    {"models/hf/olmo-3-7b.json", "Olmo3Model", UINT64_C(6887272448)},
+    {"models/hf/glm-4-9b.json", NULL, UINT64_C(9399951360)},
+    {"models/hf/glm-4-9b.json", "GlmForSequenceClassification", UINT64_C(8779202560)},
+    {"models/hf/glm-4-9b.json", "GlmForTokenClassification", UINT64_C(8779202562)},
+    {"models/hf/glm-4-9b.json", "GlmModel", UINT64_C(8779194368)},
+    {"models/hf/glm-4-9b-0414.json", NULL, UINT64_C(9400279040)},
+    {"models/hf/glm-4-9b-0414.json", "Glm4ForSequenceClassification", UINT64_C(8779530240)},
+    {"models/hf/glm-4-9b-0414.json", "Glm4Model", UINT64_C(8779522048)},
+    {"models/hf/helium-1-preview-2b.json", NULL, UINT64_C(2172643840)},
+    {"models/hf/helium-1-preview-2b.json", "HeliumForTokenClassification", UINT64_C(2049768962)},
+    {"models/hf/helium-1-preview-2b.json", "HeliumModel", UINT64_C(2049763840)},
+    {"models/hf/ernie-4.5-0.3b.json", NULL, UINT64_C(360748032)},
+    {"models/hf/ernie-4.5-0.3b.json", "Ernie4_5Model", UINT64_C(360748032)},
+    {"models/hf/aya-expanse-8b.json", NULL, UINT64_C(8028033024)},
+    {"models/hf/aya-expanse-8b.json", "CohereModel", UINT64_C(8028033024)},
+};
+
+static void test_params_variants_2025(void **state)
+{
+    (void)state;
+    check_param_rows(variants_2025, sizeof variants_2025 / sizeof variants_2025[0]);
+    /* Seed-OSS: attention_out_bias is o_proj's own flag, attention_bias the q/k/v one (87,872:
+     * transformers on this JSON) */
+    struct mp_model m;
+    load_str_ok(&m, "{\"model_type\": \"seed_oss\", \"vocab_size\": 100, \"hidden_size\": 64, "
+                    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 128, "
+                    "\"attention_out_bias\": true, \"mlp_bias\": true, \"num_key_value_heads\": 2, \"head_dim\": 16}");
+    assert_int_equal(params_of(&m), 87872);
+    mp_model_release(&m);
+}
+
+/* Rotary nodes of m's program (two per layer with rotary: q and k). */
+static size_t rope_nodes(const struct mp_model *m)
+{
+    struct mp_program p;
+    build_small(m, &p);
+    size_t n = 0;
+    for (size_t i = 0; i < p.n_nodes; i++)
+        n += p.nodes[i].prim == MP_P_ROPE;
+    mp_program_release(&p);
+    return n;
+}
+
+static void test_variants_2025_lowering(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    /* SmolLM3: no rotary on every 4th layer (no_rope_layers) */
+    load_ok(&m, "models/hf/smollm3-3b.json");
+    for (size_t i = 1; i <= 36; i++)
+        assert_int_equal(block_layer(&m, i, 0)->rope, i % 4 != 0);
+    assert_true(block_layer(&m, 1, 0)->rope);
+    mp_model_release(&m);
+    /* without the list: every no_rope_layer_interval-th layer (here 2 of 4 layers are NoPE) */
+    load_str_ok(&m, "{\"model_type\": \"smollm3\", \"vocab_size\": 100, \"hidden_size\": 64, "
+                    "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"intermediate_size\": 128, "
+                    "\"no_rope_layer_interval\": 2}");
+    assert_true(block_layer(&m, 1, 0)->rope && !block_layer(&m, 2, 0)->rope);
+    assert_true(block_layer(&m, 3, 0)->rope && !block_layer(&m, 4, 0)->rope);
+    assert_int_equal(rope_nodes(&m), 4);
+    mp_model_release(&m);
+
+    /* EXAONE 4 32B: three sliding layers with rotary, then a full NoPE layer; two eager masks */
+    load_ok(&m, "models/hf/exaone-4.0-32b.json");
+    for (size_t i = 1; i <= 64; i++)
+        assert_int_equal(block_layer(&m, i, 0)->rope, i % 4 != 0);
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->qk_norm, MP_QK_NORM_HEAD);
+    assert_true(l->branch_norm && l->no_pre_norm && !l->rms_fp32);
+    assert_int_equal(l->eager_mask, 2);
+    mp_model_release(&m);
+    /* 1.2B: no sliding window, every layer full with rotary */
+    load_ok(&m, "models/hf/exaone-4.0-1.2b.json");
+    for (size_t i = 1; i <= 30; i++)
+        assert_true(block_layer(&m, i, 0)->rope);
+    assert_int_equal(block_layer(&m, 1, 0)->eager_mask, 1);
+    mp_model_release(&m);
+
+    /* OLMo3: OLMo2's layer, a rotary table per layer type */
+    load_ok(&m, "models/hf/olmo-3-7b.json");
+    l = block_layer(&m, 1, 0);
+    assert_int_equal(l->qk_norm, MP_QK_NORM_ALL);
+    assert_true(l->rms_fp32 && l->branch_norm && l->no_pre_norm && l->rope);
+    assert_int_equal(l->rope_kinds, 2);
+    assert_int_equal(l->eager_mask, 2);
+    mp_model_release(&m);
+    /* Gemma3 too (26 layers: a full layer every 6th) */
+    load_ok(&m, "models/hf/gemma-3-1b.json");
+    assert_int_equal(block_layer(&m, 1, 0)->rope_kinds, 2);
+    mp_model_release(&m);
+
+    /* interleaved rotary: GLM (partial 0.5, q/k/v biases only, fused gate_up), GLM-4-0414 (sandwich
+     * norms), Helium (fp32-weight norms), ERNIE 4.5 (fp32 cos/sin) */
+    load_ok(&m, "models/hf/glm-4-9b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->rope_interleave && l->rope_cat && l->qkv_bias && l->fused_gate_up);
+    assert_false(l->out_bias || l->branch_norm || l->rope_fp32);
+    assert_int_equal(l->rotary_dim, 64);
+    assert_int_equal(l->kv_heads, 2);
+    mp_model_release(&m);
+    load_ok(&m, "models/hf/glm-4-9b-0414.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->rope_interleave && l->branch_norm && !l->no_pre_norm && !l->rms_fp32);
+    mp_model_release(&m);
+    load_ok(&m, "models/hf/helium-1-preview-2b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->rope_interleave && l->rms_fp32 && !l->rope_cat);
+    assert_int_equal(l->rotary_dim, 0);
+    mp_model_release(&m);
+    load_ok(&m, "models/hf/ernie-4.5-0.3b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->rope_interleave && l->rope_fp32);
+    assert_float_equal(l->attn_dropout, 0.0, 0.0);
+    assert_true(block_layer(&m, m.n_blocks - 1, 1)->tied);
+    mp_model_release(&m);
+    load_ok(&m, "models/hf/olmo-2-7b.json"); /* OLMo2's cos/sin are fp32 too (not interleaved) */
+    l = block_layer(&m, 1, 0);
+    assert_true(l->rope_fp32 && l->rope_cast_back && !l->rope_interleave);
+    mp_model_release(&m);
+    /* Cohere: one fp32 composite LayerNorm without bias for both parallel branches (the final
+     * norm too), q/k rotated in fp32 and cast back, logits * logit_scale (0.125 in Aya) */
+    load_ok(&m, "models/hf/aya-expanse-8b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->ln_fp32 && !l->norm_bias && l->parallel_residual && l->shared_norm);
+    assert_true(l->rope_cast_back && !l->rope_fp32 && !l->rope_interleave);
+    assert_true(block_layer(&m, m.n_blocks - 1, 0)->ln_fp32);
+    assert_float_equal(block_layer(&m, m.n_blocks - 1, 1)->mult, 0.125, 0.0);
+    assert_true(block_layer(&m, m.n_blocks - 1, 1)->tied);
+    mp_model_release(&m);
+
+    /* Seed-OSS: q/k/v biases, no o_proj bias, dropouts 0.1 by default */
+    load_ok(&m, "models/hf/seed-oss-36b.json");
+    l = block_layer(&m, 1, 0);
+    assert_true(l->qkv_bias && !l->out_bias && !l->mlp_bias);
+    assert_int_equal(l->head_dim, 128);
+    assert_float_equal(l->p, 0.1, 1e-12);
+    assert_float_equal(l->attn_dropout, 0.1, 1e-12);
+    mp_model_release(&m);
+}
+
+/* Interleaved rotary (Helium; apply_rotary_pos_emb's repeat_interleave): each layer makes one
+ * cos/sin pair (1, 1, s, head_dim) in the table's dtype, saved by its q and k products; the
+ * model's table is saved by nobody (a forward local).  fp32, s = 16, head_dim 16: 2 x 16 x 16
+ * x 4 = 2048 bytes per layer, by hand. */
+static void test_interleaved_rope_pairs(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_str_ok(&m, "{\"model_type\": \"helium\", \"vocab_size\": 100, \"hidden_size\": 64, "
+                    "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, "
+                    "\"head_dim\": 16, \"intermediate_size\": 128}");
+    struct mp_program p;
+    build_small(&m, &p);
+    assert_int_equal(p.rope_tables, -1); /* the table is held until the loss (p.held), saved by nobody */
+    assert_int_equal(p.n_held, 1);
+    int table = p.held[0].t;
+    int pairs[8], np = 0;
+    for (size_t i = 0; i < p.n_nodes; i++) {
+        const struct mp_node *n = &p.nodes[i];
+        if (n->prim != MP_P_ROPE)
+            continue;
+        assert_int_equal(n->n_saved, 1); /* the layer's pair, not the table */
+        assert_int_not_equal(n->saved[0], table);
+        assert_int_equal(p.tensors[n->saved[0]].bytes, 2 * 16 * 16 * 4);
+        if (np == 0 || pairs[np - 1] != n->saved[0])
+            pairs[np++] = n->saved[0];
+    }
+    assert_int_equal(np, 3); /* one per layer, shared by q and k */
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
+/* Cohere's LayerNorm, a Python composite in fp32 (CohereLayerNorm): pow saves one fp32 x - mean,
+ * the product another and the rsqrt (M fp32), the weight product the fp32 normalized tensor
+ * (measured: 3 x-sized fp32 tensors in fp32 and bf16).  b=1, s=16, hidden 64: 3 x 1024 x 4 +
+ * 16 x 4 = 12,352 bytes, plus the mean memplan keeps for its executors (64): 12,416, by hand; the
+ * same in bf16 (the saved tensors are fp32 whatever x's dtype). */
+static void test_cohere_norm_saves(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_str_ok(&m, "{\"model_type\": \"cohere\", \"vocab_size\": 100, \"hidden_size\": 64, "
+                    "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"intermediate_size\": 128}");
+    struct mp_program p;
+    build_small(&m, &p);
+    size_t norms = 0;
+    for (size_t i = 0; i < p.n_nodes; i++) {
+        const struct mp_node *n = &p.nodes[i];
+        if (n->prim != MP_P_LAYERNORM)
+            continue;
+        uint64_t saved = 0;
+        for (int j = 0; j < n->n_saved; j++)
+            saved += p.tensors[n->saved[j]].bytes;
+        assert_int_equal(saved, 12416);
+        assert_int_equal(n->param[1], -1); /* no bias */
+        norms++;
+    }
+    assert_int_equal(norms, 2); /* the layer's shared norm and the final one */
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
+#define SMOL_TINY(extra)                                                                                    \
+    "{\"model_type\": \"smollm3\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "  \
+    "\"num_attention_heads\": 4, \"intermediate_size\": 128" extra "}"
+#define EXAONE_TINY(extra)                                                                                  \
+    "{\"model_type\": \"exaone4\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "  \
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"intermediate_size\": 128" extra "}"
+
+static void test_error_variants_2025(void **state)
+{
+    (void)state;
+    expect_error(SMOL_TINY(", \"no_rope_layers\": [1]"), MP_ERR_MODEL,
+                 "cfg.json: no_rope_layers: expected a list of at least 2 entries (0 or 1)");
+    expect_error(SMOL_TINY(", \"no_rope_layers\": [1, 2]"), MP_ERR_MODEL, "cfg.json: no_rope_layers[1]: expected 0 or 1");
+    expect_error(SMOL_TINY(", \"layer_types\": [\"full_attention\", \"chunked_attention\"]"), MP_ERR_MODEL,
+                 "cfg.json: layer_types[1]: expected \"full_attention\" or \"sliding_attention\"");
+    expect_error(SMOL_TINY(", \"layer_types\": [\"full_attention\"]"), MP_ERR_MODEL,
+                 "cfg.json: layer_types: expected a list of at least 2 layer types");
+    expect_error(EXAONE_TINY(", \"sliding_window\": null"), MP_ERR_MODEL,
+                 "cfg.json: layer_types: needed when sliding_window is null (transformers' default pattern is "
+                 "undefined then)");
+    expect_error(EXAONE_TINY(", \"sliding_window_pattern\": \"LLLG\""), MP_ERR_MODEL,
+                 "cfg.json: sliding_window_pattern: expected a positive integer when layer_types is not given");
+    expect_error("{\"model_type\": \"helium\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"intermediate_size\": 128}",
+                 MP_ERR_MODEL, "cfg.json: head_dim: 4 heads x 128 differ from hidden_size 64 (Helium's o_proj is "
+                 "hidden_size x hidden_size)");
+    expect_error("{\"model_type\": \"cohere\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"use_qk_norm\": true}",
+                 MP_ERR_MODEL, "cfg.json: use_qk_norm: true is not supported (Cohere's per-head q/k LayerNorms are "
+                 "not modelled)");
+    /* with layer_types the pattern is not read (the published 32B config) */
+    struct mp_model m;
+    load_str_ok(&m, EXAONE_TINY(", \"sliding_window_pattern\": \"LLLG\", \"layer_types\": [\"sliding_attention\", "
+                                "\"full_attention\"]"));
+    assert_true(block_layer(&m, 1, 0)->rope && !block_layer(&m, 2, 0)->rope);
+    mp_model_release(&m);
 }
 
 /* ---- task heads (architectures[0]) ---------------------------------------- */
@@ -1232,6 +1505,60 @@ static void test_error_unmodelled_options(void **state)
                  "cfg.json: position_embedding_type: 'relative_key' is not supported (supported: absolute)");
 }
 
+/* Sliding-window layers as transformers 5.23's config classes lay them out (configuration_*.py
+ * __post_init__ and each model's mask choice): 4 layers, window 16 unless said. */
+static void test_sliding_window_layers(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        uint64_t want[4];
+    } cases[] = {
+        /* MistralConfig: sliding_window defaults to 4096, every layer */
+        {"{\"model_type\": \"mistral\"", {4096, 4096, 4096, 4096}},
+        {"{\"model_type\": \"mistral\", \"sliding_window\": null", {0, 0, 0, 0}},
+        /* Mistral's model ignores layer_types (the mask function follows sliding_window) */
+        {"{\"model_type\": \"mistral\", \"sliding_window\": 16, \"layer_types\": [\"full_attention\", "
+         "\"full_attention\", \"full_attention\", \"full_attention\"]", {16, 16, 16, 16}},
+        {"{\"model_type\": \"phi3\", \"sliding_window\": 16", {16, 16, 16, 16}},
+        {"{\"model_type\": \"phi3\"", {0, 0, 0, 0}},
+        /* Qwen2: only with use_sliding_window, from max_window_layers on */
+        {"{\"model_type\": \"qwen2\", \"sliding_window\": 16, \"max_window_layers\": 1", {0, 0, 0, 0}},
+        {"{\"model_type\": \"qwen2\", \"sliding_window\": 16, \"use_sliding_window\": true, \"max_window_layers\": 1",
+         {0, 16, 16, 16}},
+        {"{\"model_type\": \"qwen3\", \"use_sliding_window\": true, \"max_window_layers\": 3", {0, 0, 0, 4096}},
+        /* Qwen2-MoE: even layers below max_window_layers */
+        {"{\"model_type\": \"qwen2_moe\", \"sliding_window\": 16, \"use_sliding_window\": true, "
+         "\"max_window_layers\": 3", {16, 0, 16, 0}},
+        /* Gemma2 alternates; Gemma3 slides except every sliding_window_pattern-th layer */
+        {"{\"model_type\": \"gemma2\", \"sliding_window\": 16", {16, 0, 16, 0}},
+        {"{\"model_type\": \"gemma3_text\", \"sliding_window\": 16", {16, 16, 16, 16}},
+        {"{\"model_type\": \"gemma3_text\", \"sliding_window\": 16, \"sliding_window_pattern\": 3", {16, 16, 0, 16}},
+        /* layer_types, when given, decide */
+        {"{\"model_type\": \"gemma3_text\", \"sliding_window\": 16, \"layer_types\": [\"full_attention\", "
+         "\"sliding_attention\", \"full_attention\", \"sliding_attention\"]", {0, 16, 0, 16}},
+        /* OLMo3, EXAONE 4: 3 of 4 layers slide; SmolLM3: the NoPE layers, with use_sliding_window */
+        {"{\"model_type\": \"olmo3\"", {4096, 4096, 4096, 0}},
+        {"{\"model_type\": \"exaone4\", \"sliding_window\": 16", {16, 16, 16, 0}},
+        {"{\"model_type\": \"smollm3\", \"sliding_window\": 16", {0, 0, 0, 0}},
+        {"{\"model_type\": \"smollm3\", \"sliding_window\": 16, \"use_sliding_window\": true", {0, 0, 0, 16}},
+        {"{\"model_type\": \"llama\"", {0, 0, 0, 0}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char json[640];
+        snprintf(json, sizeof json, "%s, \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 4, "
+                 "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "
+                 "\"intermediate_size\": 128}", cases[k].json);
+        struct mp_model m;
+        load_str_ok(&m, json);
+        for (size_t i = 0; i < 4; i++)
+            if (block_layer(&m, 1 + i, 0)->window != cases[k].want[i])
+                fail_msg("%s: layer %zu: window %llu, want %llu", cases[k].json, i,
+                         (unsigned long long)block_layer(&m, 1 + i, 0)->window, (unsigned long long)cases[k].want[i]);
+        mp_model_release(&m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1268,6 +1595,11 @@ int main(void)
         cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),
         cmocka_unit_test(test_error_table_families),
+        cmocka_unit_test(test_params_variants_2025),
+        cmocka_unit_test(test_variants_2025_lowering),
+        cmocka_unit_test(test_error_variants_2025),
+        cmocka_unit_test(test_interleaved_rope_pairs),
+        cmocka_unit_test(test_cohere_norm_saves),
         cmocka_unit_test(test_head_param_counts),
         cmocka_unit_test(test_head_logits_and_labels),
         cmocka_unit_test(test_head_lowering),
@@ -1284,6 +1616,7 @@ int main(void)
         cmocka_unit_test(test_error_bad_dropout_and_flag),
         cmocka_unit_test(test_error_rotary_fraction),
         cmocka_unit_test(test_error_unmodelled_options),
+        cmocka_unit_test(test_sliding_window_layers),
     };
     return cmocka_run_group_tests_name("model_hf", tests, NULL, NULL);
 }

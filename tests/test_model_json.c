@@ -526,6 +526,25 @@ static void test_repeat_expansion_names_groups(void **state)
     mp_model_release(&m);
 }
 
+/* The loader's chain check (mp_program_check) lowers only the first copies of a run of
+ * identical blocks that give back the shape they take; it still finds a copy that gets a
+ * shape it does not take (the second of three 16 -> 32 Linears) and a block after 2,000 copies
+ * that does not take what they give. */
+static void test_repeat_chain_checked(void **state)
+{
+    (void)state;
+    expect_error(MODEL16("{\"repeat\": 3, \"name\": \"h\", \"layers\": [{\"type\": \"linear\", \"in_features\": 16,"
+                         " \"out_features\": 32}]}"),
+                 MP_ERR_MODEL, "t.json: h.1.linear: linear: in_features 16 does not match the incoming width 32");
+    expect_error(MODEL16("{\"repeat\": 2000, \"name\": \"h\", \"layers\": [" LIN "]}, {\"type\": \"linear\","
+                         " \"name\": \"out\", \"in_features\": 32, \"out_features\": 16}"),
+                 MP_ERR_MODEL, "t.json: out.linear: linear: in_features 32 does not match the incoming width 16");
+    struct mp_model m;
+    expect_ok(MODEL16("{\"repeat\": 2000, \"name\": \"h\", \"layers\": [" LIN "]}, " LIN), &m);
+    assert_int_equal(m.n_blocks, 2001);
+    mp_model_release(&m);
+}
+
 static void test_repeat_nesting(void **state)
 {
     (void)state;
@@ -939,6 +958,7 @@ int main(void)
         cmocka_unit_test(test_parse_custom_and_inputs),
         cmocka_unit_test(test_lm_head_tied_takes_embedding),
         cmocka_unit_test(test_repeat_expansion_names_groups),
+        cmocka_unit_test(test_repeat_chain_checked),
         cmocka_unit_test(test_repeat_nesting),
         cmocka_unit_test(test_keys_ignored_and_rejected),
         cmocka_unit_test(test_errors_field_values),

@@ -48,6 +48,16 @@ static bool fits(const struct mp_job *job, uint64_t b)
     return ok;
 }
 
+/* mp_search_max_batch up to 65536; *evals counts its evaluations. */
+static uint64_t search(const struct mp_job *job, unsigned *evals)
+{
+    uint64_t best = 0;
+    struct mp_diag d = {{0}};
+    *evals = 0;
+    assert_int_equal(mp_search_max_batch(job, 65536, &best, evals, &d), MP_OK);
+    return best;
+}
+
 /* The search returns b* with b* fitting and b*+1 not, for each fixed plan. */
 static void test_search_max_batch_is_the_boundary(void **state)
 {
@@ -58,10 +68,8 @@ static void test_search_max_batch_is_the_boundary(void **state)
     const struct mp_ckpt_spec specs[] = {{MP_CKPT_NONE, 0}, {MP_CKPT_SQRT, 0}, {MP_CKPT_EVERY, 1}};
     for (size_t k = 0; k < 3; k++) {
         j.ckpt = specs[k];
-        uint64_t best = 0;
-        unsigned evals = 0;
-        struct mp_diag d = {{0}};
-        assert_int_equal(mp_search_max_batch(&j, 65536, &best, &evals, &d), MP_OK);
+        unsigned evals;
+        uint64_t best = search(&j, &evals);
         assert_true(best >= 1);
         assert_true(fits(&j, best));
         assert_false(fits(&j, best + 1));
@@ -69,6 +77,73 @@ static void test_search_max_batch_is_the_boundary(void **state)
         assert_true(evals <= 12);
     }
     mp_model_release(&m);
+}
+
+/* What suggest promises (README, memplan(1)): with a fixed plan (none, sqrt, layers) the
+ * schedule does not depend on the batch, so "fits" is monotone and the search's answer is the
+ * largest batch that fits: every batch up to it fits and none above it, up to twice as large. */
+static void test_search_fixed_plans_give_the_largest_batch(void **state)
+{
+    (void)state;
+    const char *models[] = {"models/gpt2-124m.json", "models/hf/bert-base-uncased.json"};
+    const struct mp_ckpt_spec specs[] = {{MP_CKPT_NONE, 0}, {MP_CKPT_SQRT, 0}, {MP_CKPT_LAYERS, 0}};
+    for (size_t mi = 0; mi < 2; mi++) {
+        struct mp_model m;
+        load_file(&m, models[mi]);
+        struct mp_job j = job_for(&m, "t4");
+        for (size_t k = 0; k < 3; k++) {
+            j.ckpt = specs[k];
+            unsigned evals;
+            uint64_t best = search(&j, &evals);
+            assert_true(best >= 1);
+            for (uint64_t b = 1; b <= 2 * best + 2; b++)
+                assert_true(fits(&j, b) == (b <= best));
+        }
+        mp_model_release(&m);
+    }
+}
+
+/* An optimal plan is made for its batch, so "fits" need not be monotone; the search still
+ * returns a boundary (b fits, b + 1 does not), and b's plan fits every smaller batch: replayed
+ * at each batch below b, its peak stays within the usable bytes and never exceeds its peak at
+ * b (no tensor shrinks as the batch grows). */
+static void test_search_optimal_plan_fits_every_smaller_batch(void **state)
+{
+    (void)state;
+    const char *models[] = {"models/gpt2-124m.json", "models/hf/bert-base-uncased.json"};
+    for (size_t mi = 0; mi < 2; mi++) {
+        struct mp_model m;
+        load_file(&m, models[mi]);
+        struct mp_job j = job_for(&m, "t4");
+        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+        unsigned evals;
+        uint64_t best = search(&j, &evals);
+        assert_true(best >= 2);
+        struct mp_diag d = {{0}};
+        assert_true(fits(&j, best));
+        assert_false(fits(&j, best + 1));
+        struct mp_job bj = j;
+        bj.build.batch = best;
+        struct mp_fit f;
+        assert_int_equal(mp_fit_eval(&bj, &f, &d), MP_OK);
+        assert_true(f.fits);
+        uint64_t peak_best = f.peak_device_bytes;
+        for (uint64_t b = 1; b < best; b++) {
+            struct mp_build_opts bo = j.build;
+            bo.batch = b;
+            bo.ft.input_grad = true; /* as the fit builds it for a checkpointing plan */
+            struct mp_program prog;
+            assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+            struct mp_estimate e;
+            assert_int_equal(mp_estimate_run(&prog, &f.plan.sched, &j.train, j.gpu.context_bytes, &e, &d), MP_OK);
+            assert_true(e.peak_device_bytes <= peak_best);
+            assert_true(e.peak_device_bytes <= f.usable_bytes);
+            mp_estimate_release(&e);
+            mp_program_release(&prog);
+        }
+        mp_fit_release(&f);
+        mp_model_release(&m);
+    }
 }
 
 /* suggest's recommendation passes check; one more micro-batch fails check. */
@@ -233,6 +308,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_search_max_batch_is_the_boundary),
+        cmocka_unit_test(test_search_fixed_plans_give_the_largest_batch),
+        cmocka_unit_test(test_search_optimal_plan_fits_every_smaller_batch),
         cmocka_unit_test(test_search_suggest_and_check_agree),
         cmocka_unit_test(test_search_global_batch_met),
         cmocka_unit_test(test_search_nothing_fits_gives_alternatives),
