@@ -1209,53 +1209,6 @@ static void test_estimate_custom_chain_reproduces_literature(void **state)
     mp_model_release(&m);
 }
 
-/* A program rebuilt in the memory of another (the search's scratch) equals one built fresh:
- * every tensor, node and parameter, names included. */
-static void test_estimate_rebuild_equals_build(void **state)
-{
-    (void)state;
-    static const char *const models[] = {"models/gpt2-124m.json", "models/hf/llama-2-7b.json", "models/resnet50.json"};
-    for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
-        struct mp_model m;
-        load_file(&m, models[k]);
-        struct mp_program fresh, re;
-        build(&m, 4, 0, MP_PREC_AMP_BF16, &fresh);
-        build(&m, 64, 0, MP_PREC_FP32, &re); /* more and larger slots than needed next */
-        struct mp_build_opts bo;
-        mp_build_opts_default(&bo);
-        bo.batch = 4;
-        struct mp_diag d = {{0}};
-        assert_int_equal(mp_program_rebuild(&m, &bo, &re, &d), MP_OK);
-        assert_int_equal(re.n_tensors, fresh.n_tensors);
-        assert_int_equal(re.n_nodes, fresh.n_nodes);
-        assert_int_equal(re.n_params, fresh.n_params);
-        assert_int_equal(re.n_blocks, fresh.n_blocks);
-        for (size_t i = 0; i < fresh.n_tensors; i++) {
-            struct mp_tensor *a = &fresh.tensors[i], *b = &re.tensors[i];
-            assert_string_equal(a->name, b->name);
-            a->name = b->name = NULL; /* the rest byte for byte (names live in the name store) */
-            assert_memory_equal(a, b, sizeof *a);
-        }
-        for (size_t i = 0; i < fresh.n_nodes; i++) {
-            struct mp_node *a = &fresh.nodes[i], *b = &re.nodes[i];
-            assert_string_equal(a->name, b->name);
-            a->name = b->name = NULL; /* the rest byte for byte (names live in the name store) */
-            assert_memory_equal(a, b, sizeof *a);
-        }
-        for (size_t i = 0; i < fresh.n_params; i++) {
-            struct mp_param *a = &fresh.params[i], *b = &re.params[i];
-            assert_string_equal(a->name, b->name);
-            a->name = b->name = NULL; /* the rest byte for byte (names live in the name store) */
-            assert_memory_equal(a, b, sizeof *a);
-        }
-        assert_memory_equal(fresh.blocks, re.blocks, fresh.n_blocks * sizeof *fresh.blocks);
-        assert_int_equal(re.total_params, fresh.total_params);
-        mp_program_release(&fresh);
-        mp_program_release(&re);
-        mp_model_release(&m);
-    }
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1286,7 +1239,6 @@ int main(void)
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),
         cmocka_unit_test(test_estimate_custom_chain_reproduces_literature),
-        cmocka_unit_test(test_estimate_rebuild_equals_build),
     };
     return cmocka_run_group_tests_name("estimate", tests, NULL, NULL);
 }
