@@ -40,6 +40,9 @@ enum mp_ev_kind {
     MP_EV_OPT_STEP,   /* optimizer update of every parameter */
     MP_EV_OP_BEGIN,   /* schedule op number id begins (Fn/Fc/Fe/Loss/B) */
     MP_EV_OP_END,     /* schedule op number id ends */
+    MP_EV_WGRAD_CAST, /* after linear node's backward under autocast: its half weight gradient (its TMP
+                         part MP_TR_WGRAD_HALF) added into param id's fp32 gradient, just allocated
+                         (ToCopyBackward0 of autocast's weight cast, then AccumulateGrad) */
 };
 
 enum mp_phase { MP_PH_SETUP, MP_PH_FORWARD, MP_PH_LOSS, MP_PH_RECOMPUTE, MP_PH_BACKWARD, MP_PH_STEP, MP_PH_END };

@@ -2898,6 +2898,279 @@ enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_buil
     return st;
 }
 
+/* ---- copies of a repeated block ---------------------------------------------------------------
+ *
+ * A run of identical blocks (a "repeat") lowers to the same tensors, nodes and parameters each
+ * time, shifted: ids by the block's counts, names by the block's name.  After a copy has been
+ * lowered and found to be exactly the shift of the copy before it, from the same builder state
+ * and leaving that state as it was, the next copies are made by shifting instead of lowering
+ * (a 100,000-block model builds in the time it takes to copy its arrays).  Anything else (a
+ * first copy, frozen and trained copies, a name that would be cut, state a layer keeps per
+ * block) is lowered as usual. */
+
+/* What block i made: its ranges in the program's arrays and the totals it added. */
+struct span {
+    size_t i, t0, t1, n0, n1, q0, q1;
+    struct val in, out;         /* what it was lowered from and to */
+    uint64_t total, adapter;    /* p->total_params, p->adapter_params it added */
+    bool ok;                    /* lowered (or copied) without failure */
+};
+
+/* The builder and program state a block's lowering reads, without its counters, arrays,
+ * current block and name prefix: copies are made only while it stays the same. */
+struct state {
+    struct bld b;
+    struct mp_program p;
+};
+
+static void take_state(const struct bld *B, struct state *s)
+{
+    memset(s, 0, sizeof *s);
+    s->b = *B;
+    s->p = *B->p;
+    s->b.block = 0;
+    s->b.layer = NULL;
+    memset(s->b.prefix, 0, sizeof s->b.prefix);
+    s->p.n_tensors = s->p.n_nodes = s->p.n_params = 0;
+    s->p.tensors = NULL, s->p.nodes = NULL, s->p.params = NULL, s->p.names = NULL;
+    s->p.cap_tensors = s->p.cap_nodes = s->p.cap_params = 0;
+    s->p.total_params = s->p.adapter_params = 0;
+    s->p.copied_blocks = 0;
+}
+
+static bool same_state(const struct state *a, const struct state *b) { return memcmp(a, b, sizeof *a) == 0; }
+
+/* The shift from span s (block s->i) to block i, whose input is tensor in_to. */
+struct shift {
+    const struct span *s;
+    const struct mp_model *m;
+    size_t to;
+    int in_to;
+};
+
+static int sh_t(const struct shift *h, int id)
+{
+    if (id < 0)
+        return id;
+    if (id == h->s->in.t)
+        return h->in_to;
+    if ((size_t)id >= h->s->t0 && (size_t)id < h->s->t1)
+        return id + (int)(h->s->t1 - h->s->t0);
+    return id;
+}
+
+static int sh_q(const struct shift *h, int id)
+{
+    return id >= 0 && (size_t)id >= h->s->q0 && (size_t)id < h->s->q1 ? id + (int)(h->s->q1 - h->s->q0) : id;
+}
+
+/* name with the block name of s replaced by block to's: *rest is what follows the block's name
+ * and its dot (NULL: the name does not start with it and stays as it is).  False when the new
+ * name could be cut (MP_NAME_MAX): the copy is then lowered instead. */
+static bool sh_name(const struct shift *h, const char *name, const char **rest)
+{
+    const char *from = h->m->blocks[h->s->i].name, *to = h->m->blocks[h->to].name;
+    size_t lf = strlen(from), ln = strlen(name);
+    *rest = NULL;
+    if (ln >= MP_NAME_MAX - 1)
+        return false;
+    if (strncmp(name, from, lf) != 0 || (name[lf] != '.' && name[lf] != '\0'))
+        return true;
+    *rest = name[lf] ? name + lf + 1 : "";
+    return strlen(to) + 1 + strlen(*rest) < MP_NAME_MAX - 1;
+}
+
+static bool same_name(const struct shift *h, const char *from_name, const char *name)
+{
+    const char *rest;
+    if (!sh_name(h, from_name, &rest))
+        return false;
+    if (!rest)
+        return strcmp(from_name, name) == 0;
+    const char *to = h->m->blocks[h->to].name;
+    size_t lt = strlen(to);
+    return strncmp(name, to, lt) == 0 &&
+           (*rest ? name[lt] == '.' && strcmp(name + lt + 1, rest) == 0 : name[lt] == '\0');
+}
+
+static void sh_tensor(const struct shift *h, struct mp_tensor *t)
+{
+    if (t->block == (int)h->s->i)
+        t->block = (int)h->to;
+}
+
+static void sh_node(const struct shift *h, struct mp_node *n)
+{
+    for (int j = 0; j < 3; j++) {
+        n->in[j] = sh_t(h, n->in[j]);
+        n->in_grad_part[j] = sh_t(h, n->in_grad_part[j]);
+    }
+    n->out = sh_t(h, n->out);
+    n->wcopy = sh_t(h, n->wcopy);
+    n->keep = sh_t(h, n->keep);
+    for (int j = 0; j < n->n_extra; j++)
+        n->extra[j] = sh_t(h, n->extra[j]);
+    for (int j = 0; j < n->n_saved; j++)
+        n->saved[j] = sh_t(h, n->saved[j]);
+    for (int j = 0; j < 2; j++) {
+        n->out_parts[j] = sh_t(h, n->out_parts[j]);
+        n->param[j] = sh_q(h, n->param[j]);
+    }
+    const struct mp_block *bf = &h->m->blocks[h->s->i];
+    if (n->layer >= bf->layers && n->layer < bf->layers + bf->n_layers)
+        n->layer = h->m->blocks[h->to].layers + (n->layer - bf->layers);
+    if (n->block == (int)h->s->i)
+        n->block = (int)h->to;
+}
+
+static void sh_param(const struct shift *h, struct mp_param *q)
+{
+    if (q->block == (int)h->s->i)
+        q->block = (int)h->to;
+}
+
+/* Is block b (span b) exactly span a shifted to it? */
+static bool is_shift(const struct mp_program *p, const struct mp_model *m, const struct span *a, const struct span *b)
+{
+    if (b->t1 - b->t0 != a->t1 - a->t0 || b->n1 - b->n0 != a->n1 - a->n0 || b->q1 - b->q0 != a->q1 - a->q0 ||
+        b->t0 != a->t1 || b->n0 != a->n1 || b->q0 != a->q1 || b->total != a->total || b->adapter != a->adapter)
+        return false;
+    struct shift h = {.s = a, .m = m, .to = b->i, .in_to = b->in.t};
+    if (p->blocks[b->i].output != sh_t(&h, p->blocks[a->i].output))
+        return false;
+    for (size_t k = 0; k < a->t1 - a->t0; k++) {
+        struct mp_tensor x = p->tensors[a->t0 + k];
+        const struct mp_tensor *y = &p->tensors[b->t0 + k];
+        sh_tensor(&h, &x);
+        if (!same_name(&h, x.name, y->name))
+            return false;
+        x.name = y->name;
+        if (memcmp(&x, y, sizeof x) != 0)
+            return false;
+    }
+    for (size_t k = 0; k < a->n1 - a->n0; k++) {
+        struct mp_node x = p->nodes[a->n0 + k];
+        const struct mp_node *y = &p->nodes[b->n0 + k];
+        sh_node(&h, &x);
+        if (!same_name(&h, x.name, y->name))
+            return false;
+        x.name = y->name;
+        if (memcmp(&x, y, sizeof x) != 0)
+            return false;
+    }
+    for (size_t k = 0; k < a->q1 - a->q0; k++) {
+        struct mp_param x = p->params[a->q0 + k];
+        const struct mp_param *y = &p->params[b->q0 + k];
+        sh_param(&h, &x);
+        if (!same_name(&h, x.name, y->name))
+            return false;
+        x.name = y->name;
+        if (memcmp(&x, y, sizeof x) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* The program as it is before a block is lowered (tensors, nodes, parameters and blocks
+ * already made): lowering a copy must leave them as they are (GPT-J's one sinusoid buffer for
+ * all layers grows with each layer, so its layers are not copied). */
+struct before {
+    struct mp_tensor *t;
+    struct mp_node *n;
+    struct mp_param *q;
+    struct mp_block_prog *b;
+    size_t nt, nn, nq, nb;
+    bool ok;
+};
+
+static void take_before(const struct mp_program *p, size_t nb, struct before *s)
+{
+    memset(s, 0, sizeof *s);
+    s->nt = p->n_tensors, s->nn = p->n_nodes, s->nq = p->n_params, s->nb = nb;
+    s->t = malloc(s->nt ? s->nt * sizeof *s->t : 1);
+    s->n = malloc(s->nn ? s->nn * sizeof *s->n : 1);
+    s->q = malloc(s->nq ? s->nq * sizeof *s->q : 1);
+    s->b = malloc(s->nb ? s->nb * sizeof *s->b : 1);
+    s->ok = s->t && s->n && s->q && s->b;
+    if (s->ok) {
+        memcpy(s->t, p->tensors, s->nt * sizeof *s->t);
+        memcpy(s->n, p->nodes, s->nn * sizeof *s->n);
+        memcpy(s->q, p->params, s->nq * sizeof *s->q);
+        memcpy(s->b, p->blocks, s->nb * sizeof *s->b);
+    }
+}
+
+/* Frees s; true when p still begins with what s holds. */
+static bool unchanged_before(const struct mp_program *p, struct before *s)
+{
+    bool same = s->ok && memcmp(s->t, p->tensors, s->nt * sizeof *s->t) == 0 &&
+                memcmp(s->n, p->nodes, s->nn * sizeof *s->n) == 0 &&
+                memcmp(s->q, p->params, s->nq * sizeof *s->q) == 0 &&
+                memcmp(s->b, p->blocks, s->nb * sizeof *s->b) == 0;
+    free(s->t);
+    free(s->n);
+    free(s->q);
+    free(s->b);
+    memset(s, 0, sizeof *s);
+    return same;
+}
+
+static const char *copy_name(struct bld *B, const struct shift *h, const char *name)
+{
+    const char *rest;
+    sh_name(h, name, &rest);
+    return rest ? store_name(B, h->m->blocks[h->to].name, rest) : store_name(B, "", name);
+}
+
+/* Appends span a shifted to block i (input x); false (nothing appended) when a name of the copy
+ * could be cut. */
+static bool copy_block(struct bld *B, const struct span *a, size_t i, struct val x)
+{
+    struct mp_program *p = B->p;
+    struct shift h = {.s = a, .m = B->m, .to = i, .in_to = x.t};
+    size_t nt = a->t1 - a->t0, nn = a->n1 - a->n0, nq = a->q1 - a->q0;
+    const char *rest;
+    /* a's names fit with a's block name (they were checked when a was found to be a shift, or
+     * made as a copy): only a longer block name (h.99 to h.100) can make one too long */
+    bool longer = strlen(B->m->blocks[i].name) > strlen(B->m->blocks[a->i].name);
+    for (size_t k = 0; longer && k < nt; k++)
+        if (!sh_name(&h, p->tensors[a->t0 + k].name, &rest))
+            return false;
+    for (size_t k = 0; longer && k < nn; k++)
+        if (!sh_name(&h, p->nodes[a->n0 + k].name, &rest))
+            return false;
+    for (size_t k = 0; longer && k < nq; k++)
+        if (!sh_name(&h, p->params[a->q0 + k].name, &rest))
+            return false;
+    if (!grow((void **)&p->tensors, &p->cap_tensors, p->n_tensors + nt, sizeof *p->tensors) ||
+        !grow((void **)&p->nodes, &p->cap_nodes, p->n_nodes + nn, sizeof *p->nodes) ||
+        !grow((void **)&p->params, &p->cap_params, p->n_params + nq, sizeof *p->params)) {
+        B->st = mp_fail(B->d, MP_ERR_NOMEM, "%s: out of memory building the tensor program", B->m->path);
+        return true;
+    }
+    for (size_t k = 0; k < nt; k++) {
+        struct mp_tensor *t = &p->tensors[p->n_tensors++];
+        *t = p->tensors[a->t0 + k];
+        sh_tensor(&h, t);
+        t->name = copy_name(B, &h, t->name);
+    }
+    for (size_t k = 0; k < nn; k++) {
+        struct mp_node *n = &p->nodes[p->n_nodes++];
+        *n = p->nodes[a->n0 + k];
+        sh_node(&h, n);
+        n->name = copy_name(B, &h, n->name);
+    }
+    for (size_t k = 0; k < nq; k++) {
+        struct mp_param *q = &p->params[p->n_params++];
+        *q = p->params[a->q0 + k];
+        sh_param(&h, q);
+        q->name = copy_name(B, &h, q->name);
+    }
+    p->total_params = add(B, p->total_params, a->total);
+    p->adapter_params = add(B, p->adapter_params, a->adapter);
+    return true;
+}
+
 /* The same layers (a copy made by "repeat"). */
 static bool same_block(const struct mp_block *a, const struct mp_block *b)
 {
@@ -2916,7 +3189,8 @@ static bool same_val(const struct mp_program *p, struct val a, struct val b)
  * written afresh: new_val, new_node and new_param clear each one).  check_only: only whether
  * the layers chain (mp_program_check); a block that repeats the block before it, lowered at
  * least twice already, each time from and to this same input, lowers the same way again and
- * is skipped (its slot in p->blocks stays empty). */
+ * is skipped (its slot in p->blocks stays empty).  Otherwise a block may be a copy of the block
+ * before it (see "copies of a repeated block" above; not with o->no_copies). */
 static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
                                     struct mp_program *p, struct mp_diag *d)
 {
@@ -2973,6 +3247,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         }
     unsigned fixed = 0; /* check_only: copies of this block lowered in a row, each from and to x */
     struct val fixed_x = x;
+    bool copies = !check_only && !o->no_copies;
+    struct span prev = {.ok = false};
+    struct state st_cur, st_prev;
+    bool verified = false; /* block i-1 is the exact shift of block i-2, from and to the same state */
     for (size_t i = 0; i < m->n_blocks && !failed(&B); i++) {
         const struct mp_block *blk = &m->blocks[i];
         struct mp_block_prog *bp = &p->blocks[i];
@@ -2980,8 +3258,8 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         /* freeze: numbers name decoder blocks (the repeated ones, as HF's layers.N); without
          * repeated blocks, every block by its index */
         long rep = n_rep == 0 ? (long)i : blk->repeat_group > 0 ? rep_seen++ : -1;
-        bool again = check_only && i > 0 && same_block(blk, &m->blocks[i - 1]);
-        if (again && fixed >= 2 && same_val(p, x, fixed_x))
+        bool again = i > 0 && same_block(blk, &m->blocks[i - 1]);
+        if (check_only && again && fixed >= 2 && same_val(p, x, fixed_x))
             continue;
         struct val in = x;
         B.trained = mp_finetune_block_trained(&o->ft, rep, n_rep > 0 && (long)i > last_rep);
@@ -2989,10 +3267,28 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         bp->input = x.t;
         bp->node0 = p->n_nodes;
         bp->param0 = p->n_params;
-        struct val resid = x;
-        for (size_t j = 0; j < blk->n_layers && !failed(&B); j++)
-            x = lower_layer(&B, x, &blk->layers[j], &resid);
-        B.layer = NULL;
+        struct span cur = {.i = i, .t0 = p->n_tensors, .n0 = p->n_nodes, .q0 = p->n_params, .in = x};
+        uint64_t total0 = p->total_params, adapter0 = p->adapter_params;
+        if (copies)
+            take_state(&B, &st_cur);
+        bool same_as_prev = copies && again && prev.ok && same_state(&st_cur, &st_prev) && same_val(p, x, prev.in);
+        bool copied = same_as_prev && verified && copy_block(&B, &prev, i, x);
+        if (copied) {
+            p->copied_blocks++;
+            struct shift h = {.s = &prev, .m = m, .to = i, .in_to = x.t};
+            x = prev.out;
+            x.t = sh_t(&h, prev.out.t);
+        } else {
+            struct before before = {.ok = false};
+            if (same_as_prev)
+                take_before(p, i, &before);
+            struct val resid = x;
+            for (size_t j = 0; j < blk->n_layers && !failed(&B); j++)
+                x = lower_layer(&B, x, &blk->layers[j], &resid);
+            B.layer = NULL;
+            if (same_as_prev)
+                same_as_prev = unchanged_before(p, &before);
+        }
         if (check_only && !failed(&B)) {
             bool to_itself = same_val(p, in, x);
             fixed = !to_itself ? 0 : again && fixed && same_val(p, in, fixed_x) ? fixed + 1 : 1;
@@ -3003,6 +3299,20 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         bp->n_params = p->n_params - bp->param0;
         for (size_t k = bp->param0; k < p->n_params; k++)
             bp->params += p->params[k].elems;
+        if (copies && !failed(&B)) {
+            cur.t1 = p->n_tensors, cur.n1 = p->n_nodes, cur.q1 = p->n_params;
+            cur.out = x;
+            cur.total = p->total_params - total0;
+            cur.adapter = p->adapter_params - adapter0;
+            cur.ok = true;
+            if (!copied) { /* lowered: is it the block before, shifted, and did it leave the state as it was? */
+                struct state after;
+                take_state(&B, &after);
+                verified = same_as_prev && same_state(&after, &st_cur) && is_shift(p, m, &prev, &cur);
+            }
+            prev = cur;
+            st_prev = st_cur;
+        }
         if (!failed(&B) && p->explicit_loss && i + 1 < m->n_blocks) {
             B.layer = NULL;
             fail_model(&B, MP_ERR_MODEL, "the loss (lm_head or classifier) must be in the last block");

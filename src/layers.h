@@ -37,6 +37,8 @@ struct mp_build_opts {
     struct mp_finetune ft;       /* what trains: full (default), LoRA, QLoRA, frozen blocks */
     bool hf_checkpointing;       /* transformers' gradient checkpointing (--checkpoint layers): it
                                     turns use_cache off */
+    bool no_copies;              /* lower every block: none is made by shifting a copy of the block
+                                    before it (tests compare the two builds) */
 };
 /* batch 1, seq 0 (= model default), amp-bf16, sdpa. */
 void mp_build_opts_default(struct mp_build_opts *o);
@@ -265,6 +267,7 @@ struct mp_program {
     uint64_t trainable_params;
     uint64_t adapter_params;     /* LoRA A and B elements */
     double fwd_flops, bwd_flops;
+    size_t copied_blocks;        /* blocks made by shifting a copy of the block before (no_copies off) */
     size_t cap_tensors, cap_nodes, cap_params; /* private */
     struct mp_name_chunk *names;                /* private: the name store (layers.c) */
 };

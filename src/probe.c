@@ -359,6 +359,19 @@ static enum mp_status loss_grad(struct mp_exec *x)
     return x->be->loss_grad(x, y, g, ln >= 0 && p->nodes[ln].out == t);
 }
 
+/* Autocast: the node's half weight gradient (left in its TMP) into the weight's fp32 gradient. */
+static enum mp_status wgrad_cast(struct mp_exec *x, const struct mp_event *ev)
+{
+    const struct mp_node *n = &x->p->nodes[ev->node];
+    const struct mp_tmp_part *h = mp_node_tmp(n, true, MP_TR_WGRAD_HALF);
+    char *tmp = mp_pool_get(&x->pool, MP_ST_TMP, ev->node);
+    struct mp_view g = mp_view_param(x, MP_ST_PGRAD, ev->id);
+    if (!h || !tmp || !g.p)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: no half weight gradient to cast", n->name);
+    struct mp_view src = {tmp + h->offset, x->p->compute_dtype, g.n};
+    return x->be->cast_add(x, g, src);
+}
+
 static enum mp_status opt_step(struct mp_exec *x)
 {
     const struct mp_program *p = x->p;
@@ -423,6 +436,7 @@ static enum mp_status exec_event(void *ctx, const struct mp_event *ev)
                            "another tensor shares", x->p->nodes[ev->id].name);
         return node_run(x, ev->id, false);
     case MP_EV_LOSS_GRAD: return loss_grad(x);
+    case MP_EV_WGRAD_CAST: return wgrad_cast(x, ev);
     case MP_EV_OPT_STEP: return opt_step(x);
     case MP_EV_OP_BEGIN:
     case MP_EV_OP_END: return MP_OK;

@@ -601,15 +601,17 @@ static enum mp_status linear_run(struct mp_node_view *c, bool fwd)
         GEMM(x, false, false, M, K, N, 1.0f, c->gout.p, c->gout.dt, N, 0, w.p, w.dt, K, 0, 1.0f, c->gin[0].p,
              c->gin[0].dt, K, 0, 1);
     }
-    if (c->gw.p) {
+    if (c->gw.p || mp_weight_grad_cast_later(c)) {
         NEED(c->in[0]);
         int cdt = (int)c->p->compute_dtype;
         void *half = cdt != MP_K_F32 ? tmp_part(c, true, MP_TR_WGRAD_HALF, N * K * esz(cdt)) : NULL;
         if (half) {
-            /* PyTorch: a half weight gradient, then its fp32 copy into .grad */
+            /* PyTorch: a half weight gradient, then its fp32 copy into .grad (MP_EV_WGRAD_CAST, after
+             * the node, when .grad is made then) */
             GEMM(x, true, false, N, K, M, 1.0f, c->gout.p, c->gout.dt, N, 0, c->in[0].p, c->in[0].dt, K, 0, 0.0f,
                  half, cdt, K, 0, 1);
-            KK(x->d, mp_k_convert(c->gw.p, c->gw.dt, half, cdt, N * K, 1, S(x)));
+            if (c->gw.p)
+                KK(x->d, mp_k_convert(c->gw.p, c->gw.dt, half, cdt, N * K, 1, S(x)));
         } else {
             GEMM(x, true, false, N, K, M, 1.0f, c->gout.p, c->gout.dt, N, 0, c->in[0].p, c->in[0].dt, K, 0, 1.0f,
                  c->gw.p, c->gw.dt, K, 0, 1);
@@ -1458,6 +1460,12 @@ static enum mp_status cuda_zero(struct mp_exec *x, void *ptr, uint64_t bytes)
     return MP_OK;
 }
 
+static enum mp_status cuda_cast_add(struct mp_exec *x, struct mp_view dst, struct mp_view src)
+{
+    KK(x->d, mp_k_convert(dst.p, dst.dt, src.p, src.dt, src.n, 1, S(x)));
+    return MP_OK;
+}
+
 static enum mp_status cuda_workspace(struct mp_exec *x, void *ptr, uint64_t bytes)
 {
     BK(x->d, cublasSetWorkspace(CX(x)->blas, ptr, (size_t)bytes));
@@ -1708,6 +1716,7 @@ const struct mp_probe_backend mp_probe_backend_cuda = {
     .upload = cuda_upload,
     .download = cuda_download,
     .zero = cuda_zero,
+    .cast_add = cuda_cast_add,
     .workspace = cuda_workspace,
     .sync = cuda_sync,
     .exec_new = cuda_exec_new,

@@ -47,6 +47,14 @@ static enum mp_status host_zero(struct mp_exec *x, void *ptr, uint64_t bytes)
     return MP_OK;
 }
 
+static enum mp_status host_cast_add(struct mp_exec *x, struct mp_view dst, struct mp_view src)
+{
+    (void)x;
+    for (uint64_t i = 0; i < src.n; i++)
+        mp_view_st(dst, i, mp_view_ld(dst, i) + mp_view_ld(src, i));
+    return MP_OK;
+}
+
 /* NaN bytes: an activation or temporary read before it is written shows in the loss. */
 static enum mp_status host_poison(struct mp_exec *x, void *ptr, uint64_t bytes)
 {
@@ -147,6 +155,7 @@ const struct mp_probe_backend mp_probe_backend_host = {
     .alloc = host_alloc,
     .free = host_free,
     .zero = host_zero,
+    .cast_add = host_cast_add,
     .poison = host_poison,
     .exec_new = host_exec_new,
     .exec_free = host_exec_free,

@@ -99,16 +99,21 @@ enum mp_status mp_host_linear_fwd(struct mp_node_view *c)
  * (PyTorch: a half grad, then its fp32 copy into .grad). */
 enum mp_status mp_host_weight_grad(struct mp_node_view *c, const float *dw, uint64_t count)
 {
-    if (!c->gw.p)
-        return MP_OK;
     enum mp_dtype cdt = c->p->compute_dtype;
     uint64_t tb;
     void *half = tmp_part(c, true, MP_TR_WGRAD_HALF, &tb);
+    if (!c->gw.p && !(half && mp_weight_grad_cast_later(c)))
+        return MP_OK;
     if (half && cdt != MP_DT_F32) {
         if (tb != count * mp_dtype_size(cdt))
             return mp_fail(c->x->d, MP_ERR_INTERNAL, "probe: %s: half weight gradient of %llu bytes, %llu expected",
                            c->n->name, (unsigned long long)tb, (unsigned long long)(count * mp_dtype_size(cdt)));
         struct mp_view t = {half, cdt, count};
+        if (!c->gw.p) { /* the replay's MP_EV_WGRAD_CAST adds it to .grad after the node */
+            for (uint64_t i = 0; i < count; i++)
+                stf(t, i, dw[i]);
+            return MP_OK;
+        }
         if (cdt == MP_DT_BF16 && c->gw.dt == MP_DT_F32) {
             uint16_t *h = t.p;
             float *g = c->gw.p;
@@ -144,7 +149,7 @@ enum mp_status mp_host_linear_bwd(struct mp_node_view *c)
         GEMM(false, false, M, K, N, 1.0f, dy, N, w, K, 0.0f, dx, K); /* dx (M,K) = dy (M,N) W (N,K) */
         facc(c->gin[0], dx, M * K);
     }
-    if (c->gw.p) {
+    if (c->gw.p || mp_weight_grad_cast_later(c)) {
         FGET(x, c->in[0]);
         FNEW(dw, N * K);
         GEMM(true, false, N, K, M, 1.0f, dy, N, x, K, 0.0f, dw, K); /* dW (N,K) = dy^T (N,M) x (M,K) */

@@ -126,6 +126,16 @@ static inline void *mp_view_tmp(const struct mp_node_view *c, bool bwd, enum mp_
     return t && c->tmp.p ? (char *)c->tmp.p + t->offset : NULL;
 }
 
+/* A linear node under autocast whose weight gradient is still to be made: the node leaves its
+ * half weight gradient in its TMP (MP_TR_WGRAD_HALF) and MP_EV_WGRAD_CAST adds it to the fp32
+ * .grad the replay allocates after the node. */
+static inline bool mp_weight_grad_cast_later(const struct mp_node_view *c)
+{
+    int q = c->n->param[0];
+    return !c->gw.p && q >= 0 && c->n->prim == MP_P_LINEAR && c->p->params[q].trainable &&
+           mp_node_tmp(c->n, true, MP_TR_WGRAD_HALF) != NULL;
+}
+
 /* One parameter at the optimizer step (parameters without a gradient are skipped). */
 struct mp_param_view {
     size_t q;
@@ -171,6 +181,9 @@ struct mp_probe_backend {
      * data-parallel probe's local collectives) */
     enum mp_status (*download)(struct mp_exec *x, void *dst, const void *src, uint64_t bytes);
     enum mp_status (*zero)(struct mp_exec *x, void *ptr, uint64_t bytes);
+    /* dst += src converted to dst's dtype (src.n elements): an autocast weight's half gradient
+     * into its fp32 .grad (MP_EV_WGRAD_CAST) */
+    enum mp_status (*cast_add)(struct mp_exec *x, struct mp_view dst, struct mp_view src);
     /* (optional) a fresh activation or temporary (host: NaN bytes, so a read before a write shows) */
     enum mp_status (*poison)(struct mp_exec *x, void *ptr, uint64_t bytes);
     /* (optional) the replay's WORKSPACE storage (cuda: cuBLAS's); (NULL, 0) takes it back */

@@ -142,8 +142,13 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             budget = sub0(f->usable_bytes, fixed);
         }
         /* Plan, replay, and shrink the budget by any excess the storage-level replay finds
-         * (allocator rounding, gradients overlapping activations). */
+         * (allocator rounding, gradients overlapping activations).  A shrink that left the peak
+         * as it was (the DP's slots are coarser than the excess: the same plan again) is
+         * followed by one of a slot, then two, four...: without it the rounds ran out on the
+         * same plan, and a batch that a plan fits was said not to fit while a larger one did. */
         bool planned = false;
+        uint64_t last_peak = 0;
+        unsigned stuck = 0;
         for (int round = 0; round < 6 && budget > 0; round++) {
             mp_ckpt_plan_release(&f->plan);
             mp_ckpt_plan_init(&f->plan);
@@ -162,8 +167,11 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             f->activation_budget = budget;
             if (job->activation_budget || f->est.peak_device_bytes <= f->usable_bytes)
                 break;
-            uint64_t excess = f->est.peak_device_bytes - f->usable_bytes;
-            budget = sub0(budget, excess + excess / 8 + 4096);
+            uint64_t excess = f->est.peak_device_bytes - f->usable_bytes, shrink = excess + excess / 8 + 4096;
+            if (f->est.peak_device_bytes == last_peak)
+                shrink = mp_max_u64(shrink, budget / (job->slots ? job->slots : 500) << stuck++);
+            last_peak = f->est.peak_device_bytes;
+            budget = sub0(budget, shrink);
         }
         if (!planned) {
             /* nothing fits: report the fully checkpointed peak (every block) for the shortfall */

@@ -146,6 +146,31 @@ static void test_search_optimal_plan_fits_every_smaller_batch(void **state)
     }
 }
 
+/* An optimal plan whose replay exceeds the usable bytes by less than one of the DP's slots
+ * used to get the same plan again each round until the rounds ran out: Llama-2-7B with LoRA in
+ * pure bf16 on an A100 40GB "did not fit" at batch 3 while 4 to 14 did.  The budget now shrinks
+ * by a slot, then two, four... when a round leaves the peak as it was, and fits is monotone
+ * over 1..16: a run of batches that fit, then a run that do not. */
+static void test_search_optimal_budget_rounds_converge(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/hf/llama-2-7b.json");
+    struct mp_job j = job_for(&m, "a100-40gb");
+    j.build.ft.mode = MP_FT_LORA;
+    j.build.precision = MP_PREC_BF16;
+    j.ckpt = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+    bool seen_fail = false;
+    for (uint64_t b = 1; b <= 16; b++) {
+        bool ok = fits(&j, b);
+        assert_false(ok && seen_fail);
+        seen_fail |= !ok;
+    }
+    assert_true(fits(&j, 3));
+    assert_true(seen_fail);
+    mp_model_release(&m);
+}
+
 /* suggest's recommendation passes check; one more micro-batch fails check. */
 static void test_search_suggest_and_check_agree(void **state)
 {
@@ -310,6 +335,7 @@ int main(void)
         cmocka_unit_test(test_search_max_batch_is_the_boundary),
         cmocka_unit_test(test_search_fixed_plans_give_the_largest_batch),
         cmocka_unit_test(test_search_optimal_plan_fits_every_smaller_batch),
+        cmocka_unit_test(test_search_optimal_budget_rounds_converge),
         cmocka_unit_test(test_search_suggest_and_check_agree),
         cmocka_unit_test(test_search_global_batch_met),
         cmocka_unit_test(test_search_nothing_fits_gives_alternatives),
