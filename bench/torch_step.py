@@ -432,6 +432,8 @@ def main():
     ap.add_argument("--json", default=None, help="also dump every row as JSON lines here")
     ap.add_argument("--use-cache", action="store_true",
                     help="train with use_cache=True (memplan --use-cache on): the DynamicCache rows")
+    ap.add_argument("--attention", choices=("all", "sdpa", "eager"), default="all",
+                    help="only the rows with this attention implementation")
     ap.add_argument("--target-seq", type=int, default=0,
                     help="encoder-decoders (t5): the decoder's length (default: half each row's --seq)")
     ap.add_argument("--max-layers", type=int, default=4,
@@ -473,6 +475,8 @@ def main():
         rows = core_settings(cfg) if a.rows == "core" else settings(cfg, a.quick)
         if cfg.get("model_type") in EAGER_ONLY:  # transformers has no SDPA path for them
             rows = list(dict.fromkeys((b, s, p, "eager", c, o) for (b, s, p, _, c, o) in rows))
+        if a.attention != "all":
+            rows = [r for r in rows if r[3] == a.attention]
         if "image_size" in cfg:  # ViT: the sequence is the image's patches + 1 (--seq does not apply)
             im, pt = cfg.get("image_size", 224), cfg.get("patch_size", 16)
             seq = (im // pt) ** 2 + 1

@@ -112,6 +112,22 @@ __global__ void attn_pack_kernel(mp_k_attn A, void *qc, void *kc, void *vc)
     }
 }
 
+// g (input j's layout: 0 q, 1 k, 2 v; gdt) += src, a copy's gradient (b, a, s, d; sdt), the
+// heads of a kv group summed (repeat_kv's backward).  One thread per element of g.
+__global__ void attn_gather_kernel(mp_k_attn A, int j, void *g, int gdt, const void *src, int sdt)
+{
+    uint64_t nh = j == 0 ? A.a : A.kv, grp = j == 0 ? 1 : A.a / A.kv;
+    GRID_STRIDE(idx, A.b * nh * A.s * A.d)
+    {
+        uint64_t e = idx % A.d, i = (idx / A.d) % A.s, hh = (idx / (A.d * A.s)) % nh, bi = idx / (A.d * A.s * nh);
+        float acc = 0.0f;
+        for (uint64_t r = 0; r < grp; r++)
+            acc += ldf(src, sdt, ((bi * A.a + hh * grp + r) * A.s + i) * A.d + e);
+        uint64_t o = (j == 0 ? q_at(A, bi, i, hh) : j == 1 ? k_at(A, bi, i, hh) : v_at(A, bi, i, hh)) + e;
+        stf(g, gdt, o, ldf(g, gdt, o) + acc);
+    }
+}
+
 // One block per row r of rows (b*a*s); position i = r mod sl.
 __global__ void attn_softmax_kernel(void *probs, int pdt, const void *scores, int sdt, uint64_t sl, int causal)
 {
@@ -232,6 +248,18 @@ extern "C" int mp_k_attn_pack(const struct mp_k_attn *A, void *qc, void *kc, voi
     if (!A->kv || A->a % A->kv)
         return (int)cudaErrorInvalidValue;
     attn_pack_kernel<<<grid_for(n, 256), 256, 0, s>>>(*A, qc, kc, vc);
+    KCHECK();
+}
+
+extern "C" int mp_k_attn_gather(const struct mp_k_attn *A, int j, void *g, int gdt, const void *src, int sdt,
+                                cudaStream_t s)
+{
+    uint64_t n = A->b * (j == 0 ? A->a : A->kv) * A->s * A->d;
+    if (!n || !g)
+        return 0;
+    if (!A->kv || A->a % A->kv || j < 0 || j > 2)
+        return (int)cudaErrorInvalidValue;
+    attn_gather_kernel<<<grid_for(n, 256), 256, 0, s>>>(*A, j, g, gdt, src, sdt);
     KCHECK();
 }
 

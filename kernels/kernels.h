@@ -132,6 +132,9 @@ int mp_k_flash_dq_out(const struct mp_k_attn *A, const float *dq_acc, uint64_t s
                       cudaStream_t s);
 /* eager: contiguous (b, a, s, d) copies, k and v repeated over the group */
 int mp_k_attn_pack(const struct mp_k_attn *A, void *qc, void *kc, void *vc, cudaStream_t s);
+/* eager backward: g (input j's layout: 0 q, 1 k, 2 v; gdt) += src, the gradient of its (b, a, s, d)
+ * copy (sdt), the heads of a kv group summed */
+int mp_k_attn_gather(const struct mp_k_attn *A, int j, void *g, int gdt, const void *src, int sdt, cudaStream_t s);
 /* probs (pdt) = softmax over each row of scores (sdt, rows of length sl), causal: row r masks j > r mod sl */
 int mp_k_attn_softmax(void *probs, int pdt, const void *scores, int sdt, uint64_t rows, uint64_t sl, int causal,
                       cudaStream_t s);

@@ -71,12 +71,12 @@ static void emit(struct rp *r, enum mp_ev_kind k, enum mp_store s, int id, uint6
     r->st = r->fn(r->ctx, &ev);
 }
 
-static void emit_fwd(struct rp *r, int node, bool grad)
+static void emit_fwd(struct rp *r, int node, bool grad, int step)
 {
     if (r->st != MP_OK)
         return;
     struct mp_event ev = {.kind = MP_EV_FWD, .store = MP_ST_TMP, .id = node, .node = node, .phase = r->phase,
-                          .grad_mode = grad, .grad_of = r->grad_of};
+                          .grad_mode = grad, .step = step, .grad_of = r->grad_of};
     r->st = r->fn(r->ctx, &ev);
 }
 
@@ -168,6 +168,29 @@ static bool node_makes(const struct mp_node *n, int t)
     return false;
 }
 
+/* Is t made by one of n's forward ops (layers.h mp_subop), allocated when that op runs? */
+static bool fop_makes(const struct mp_program *p, const struct mp_node *n, int t)
+{
+    for (int i = 0; i < n->n_fops; i++)
+        if (p->subops[n->fop0 + i].dst == t || p->subops[n->fop0 + i].dst2 == t)
+            return true;
+    return false;
+}
+
+/* The forward of node k as several ops: each op's tensors appear before it runs, its input
+ * transient dies after it (the node's extras and output stay, as for any node). */
+static void fwd_ops(struct rp *r, const struct mp_node *n, int k, bool grad)
+{
+    const struct mp_program *p = r->p;
+    for (int i = 0; i < n->n_fops && r->st == MP_OK; i++) {
+        const struct mp_subop *s = &p->subops[n->fop0 + i];
+        t_alloc(r, s->dst);
+        t_alloc(r, s->dst2);
+        emit_fwd(r, k, grad, i);
+        t_maybe_free(r, s->free_buf);
+    }
+}
+
 static bool node_reads(const struct mp_node *n, int t, int upto)
 {
     for (int j = 0; j < upto; j++)
@@ -249,10 +272,11 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
     for (size_t k = bp->node0; k < end && r->st == MP_OK; k++) {
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
-        if (n->out != n->in[0])
+        if (n->out != n->in[0] && !fop_makes(p, n, n->out))
             t_alloc(r, n->out);
         for (int j = 0; j < n->n_extra; j++)
-            t_alloc(r, n->extra[j]);
+            if (!fop_makes(p, n, n->extra[j]))
+                t_alloc(r, n->extra[j]);
         /* torch.autocast caches the half copy of every weight it casts (leaf, requires grad)
          * until the autocast region ends, after the loss: under checkpointing the copies of
          * every checkpointed layer outlive their no-grad forward (autocast_mode.cpp cached_cast) */
@@ -277,7 +301,10 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
             }
         hold_made(r, n);
         tmp(r, (int)k, n->fwd_tmp_bytes, true);
-        emit_fwd(r, (int)k, grad);
+        if (n->n_fops)
+            fwd_ops(r, n, (int)k, grad);
+        else
+            emit_fwd(r, (int)k, grad, 0);
         tmp(r, (int)k, n->fwd_tmp_bytes, false);
         if (grad)
             for (int j = 0; j < n->n_saved; j++)
@@ -625,6 +652,47 @@ static void release_saved(struct rp *r, const struct mp_node *n)
     }
 }
 
+/* Releases n's saved tensor t (once: released[] marks n->saved[] entries already released). */
+static void release_saved_one(struct rp *r, const struct mp_node *n, int t, bool *released)
+{
+    for (int j = 0; j < n->n_saved; j++)
+        if (n->saved[j] == t && !released[j]) {
+            released[j] = true;
+            if (r->saved[t] > 0)
+                r->saved[t]--;
+            t_maybe_free(r, t);
+        }
+}
+
+/* The backward of node k that autograd runs as several ops (layers.h mp_subop): each op's
+ * gradient appears before it runs; its input buffer, the saved tensors of its autograd node
+ * and the output gradient die after it as the op says. */
+static void bwd_ops(struct rp *r, const struct mp_node *n, int k)
+{
+    const struct mp_program *p = r->p;
+    bool released[MP_NODE_SAVED_MAX] = {false};
+    for (int i = 0; i < n->n_bops && r->st == MP_OK; i++) {
+        const struct mp_subop *s = &p->subops[n->bop0 + i];
+        if (s->dst >= 0)
+            g_alloc(r, s->dst);
+        else if (s->grad >= 0)
+            g_alloc(r, n->in_grad_part[s->grad] >= 0 ? n->in_grad_part[s->grad] : n->in[s->grad]);
+        if (r->st == MP_OK) {
+            struct mp_event ev = {.kind = MP_EV_BWD, .store = MP_ST_TMP, .id = k, .node = k, .phase = r->phase,
+                                  .step = i, .grad_of = r->grad_of};
+            r->st = r->fn(r->ctx, &ev);
+        }
+        g_free(r, s->free_buf);
+        for (int j = 0; j < 2; j++)
+            if (s->release[j] >= 0)
+                release_saved_one(r, n, s->release[j], released);
+        if (s->free_gout && !node_reads(n, n->out, 3))
+            g_free(r, n->out);
+    }
+    for (int j = 0; j < n->n_saved; j++)
+        release_saved_one(r, n, n->saved[j], released);
+}
+
 static void bwd_block(struct rp *r, size_t i)
 {
     const struct mp_program *p = r->p;
@@ -667,7 +735,7 @@ static void bwd_block(struct rp *r, size_t i)
                                       another: the add's outputs hold it until then */
         uint64_t fresh = 0;        /* the new gradients to be added: tensors until then (TMP) */
         bool oop = false;
-        for (int j = 0; j < 3 && n->grad_in; j++) {
+        for (int j = 0; j < 3 && n->grad_in && !n->n_bops; j++) { /* (bwd_ops makes its own) */
             int g = n->in_grad_part[j] >= 0 ? n->in_grad_part[j] : n->in[j];
             if (!g_wanted(r, g) || g == n->out)
                 continue; /* an in-place op's input: its gradient is the output's */
@@ -706,7 +774,9 @@ static void bwd_block(struct rp *r, size_t i)
             }
         uint64_t btmp = n->bwd_tmp_bytes + fresh + incoming;
         tmp(r, (int)k, btmp, true);
-        if (r->st == MP_OK) {
+        if (n->n_bops) {
+            bwd_ops(r, n, (int)k);
+        } else if (r->st == MP_OK) {
             struct mp_event ev = {.kind = MP_EV_BWD, .store = MP_ST_TMP, .id = (int)k, .node = (int)k,
                                   .phase = r->phase, .grad_of = r->grad_of, .grad_out_of_place = oop};
             r->st = r->fn(r->ctx, &ev);
@@ -716,12 +786,12 @@ static void bwd_block(struct rp *r, size_t i)
          * with the node's backward, before the engine makes the gradients it casts or sums
          * (validate_outputs); a tensor autograd saved itself lives until release_variables, after
          * that.  (Bench: the MoE routing-weights MulBackward0 under `layers`, pure bf16.) */
-        if (r->recomp[i])
+        if (r->recomp[i] && !n->n_bops)
             release_saved(r, n);
         for (int j = 0; j < 3; j++)
             if (late[j] >= 0 && !g_has(r, late[j]))
                 g_new(r, late[j]);
-        if (!r->recomp[i])
+        if (!r->recomp[i] && !n->n_bops) /* (bwd_ops released them op by op) */
             release_saved(r, n);
         if (passed >= 0)
             r->grefs[passed]++;

@@ -56,6 +56,8 @@ struct mp_event {
     uint64_t bytes;   /* unrounded request size for ALLOC/FREE */
     enum mp_phase phase;
     bool grad_mode;   /* FWD: with grad (saves) or without (Fn/Fc) */
+    int step;         /* FWD / BWD of a node that runs as several ops (mp_node.n_fops, n_bops): which,
+                         from 0 */
     /* Per tensor: the MP_ST_GRAD storage (its id) holding its gradient now, -1 none.  A residual
      * add hands its incoming gradient to its inputs (AddBackward0), so several tensors can share
      * one storage.  The replay's own array: valid until mp_replay returns. */

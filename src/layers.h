@@ -147,16 +147,59 @@ enum mp_trole {
     MP_TR_DEQUANT,        /* quantized linear: the dequantized weight (each direction) */
     MP_TR_FLASH_D,        /* flash backward: softmax_d (b, a, s rounded to 128) fp32 */
     MP_TR_FLASH_DQ,       /* flash backward: dq accumulator (b, s_r, a, d rounded to 32) fp32 */
-    MP_TR_SCORES,         /* eager forward: scores and masked scores (b, a, s, s) in the matmul dtype */
-    MP_TR_SCORES_F32,     /* eager forward under autocast: the fp32 upcast of the scores */
-    MP_TR_ATTN_OUT,       /* eager forward: the (b, a, s, d) output before its transpose-copy */
-    MP_TR_PROBS_GRAD,     /* eager backward: grad of probs, then softmax's backward output (2 x (b,a,s,s)) */
 };
 struct mp_tmp_part {
     enum mp_trole role;
     uint64_t offset, bytes;
 };
 #define MP_NODE_SAVED_MAX 8
+
+/* A node that autograd runs as several ops (eager attention: Q@K^T, the scaling, the mask add,
+ * the softmax and the casts around it, dropout, P@V, each a torch op and an autograd node of its
+ * own) lists them, forward and backward, in torch's order (mp_program.subops).  Forward, each op
+ * makes a tensor: an extra of the node, its output, or a transient (a tensor of the program that
+ * only this op sequence allocates); then its input transient dies.  Backward, each op makes one
+ * gradient: a buffer (a tensor only backward allocates, in the GRAD store) or the gradient of an
+ * input, reading the buffer before it (or the node's output gradient); then what no later op reads
+ * dies: its input buffer, the saved tensors of its autograd node (freed when that node ends), the
+ * output gradient.  The replay walks them; executors run one per MP_EV_FWD / MP_EV_BWD
+ * (mp_event.step). */
+enum mp_subop_kind {
+    /* forward */
+    MP_SOP_QK,          /* scores = Q K^T per head (the contiguous q/k/v copies are made first) */
+    MP_SOP_SCALE,       /* src * scale (forward and backward: MulBackward0 / DivBackward0) */
+    MP_SOP_SOFTCAP_DIV, /* Gemma2's soft-capping: / cap, tanh (saved), * cap; backward in reverse */
+    MP_SOP_SOFTCAP_TANH,
+    MP_SOP_SOFTCAP_MUL,
+    MP_SOP_MASK,        /* + the (b, 1, s, s) float mask (dtype promotion); the executors mask in
+                           the softmax (causal) and copy here */
+    MP_SOP_CAST,        /* src in dst's dtype (forward: softmax's fp32 upcast, probs cast to v's
+                           dtype; backward: ToCopyBackward0, the engine's cast to an input's dtype) */
+    MP_SOP_SOFTMAX,     /* forward: softmax of src; backward: P * (src - rowsum(P * src)), P dies */
+    MP_SOP_DROPOUT,     /* forward: dst = src * keep / (1 - p), dst2 the keep mask; backward: src *
+                           mask / (1 - p), the mask dies */
+    MP_SOP_PV,          /* forward: out heads (b, a, s, dv) = P V */
+    MP_SOP_OUT,         /* forward: the node's output (b, s, a*dv) = the heads transposed (a copy) */
+    /* backward only */
+    MP_SOP_PV_DV,       /* dV = P^T dO, per head (P@V's BmmBackward0, its mat2 gradient) */
+    MP_SOP_PV_DP,       /* dP = dO V^T (its self gradient); P@V's operands and dO die */
+    MP_SOP_QK_DQ,       /* dQ = src K (Q@K^T's BmmBackward0) */
+    MP_SOP_QK_DK,       /* dK = src^T Q; Q@K^T's operands die */
+    MP_SOP_GATHER,      /* in[grad]'s gradient += src, a copy's gradient in the input's layout and
+                           dtype (repeat_kv's sum over the group, a cast back, a fused qkv's cat) */
+};
+struct mp_subop {
+    enum mp_subop_kind op;
+    int src;            /* what it reads: a tensor id; -1: the node's q/k/v (forward QK), its
+                           output gradient (backward) */
+    int dst, dst2;      /* what it makes (tensor ids, -1 none); backward dst -1: it makes or adds
+                           to in[grad]'s gradient */
+    int grad;           /* backward: that input (0 q, 1 k, 2 v), -1 none */
+    int free_buf;       /* a transient / buffer that dies after it, -1 none */
+    int release[2];     /* backward: tensors the node saved that die after it, -1 none */
+    bool free_gout;     /* backward: the node's output gradient dies after it */
+};
+#define MP_NODE_SUBOP_MAX 16
 
 struct mp_node {
     enum mp_prim prim;
@@ -167,6 +210,8 @@ struct mp_node {
     int out;                      /* tensor id (== in[0] for views and in-place ops) */
     int wcopy;                    /* autocast's half copy of param[0] (an extra), -1 none: autocast caches it
                                      until the forward's autocast region ends (after the loss) */
+    int score_add[2];             /* eager attention: what is added to the scaled scores, in order (the
+                                     model's mask, T5's position bias and causal mask), -1 none */
     int keep;                     /* tensor a Python local holds until this forward is done (no gradient
                                      flows through it: the half logits during the loss); -1 none */
     bool kv_cached;               /* out is held by transformers' DynamicCache (use_cache) until the
@@ -189,6 +234,9 @@ struct mp_node {
                                      on MoE multiplies only, which no probe executor runs) */
     int param[2];                 /* parameter ids (weight, bias); -1 unused */
     bool grad_in;                 /* produces gradients for its inputs that need one */
+    int fop0, n_fops;             /* its forward as several ops: mp_program.subops[fop0 ..
+                                     fop0 + n_fops); n_fops 0: one op */
+    int bop0, n_bops;             /* the same for its backward */
     uint64_t fwd_tmp_bytes;       /* transient workspace during forward */
     uint64_t bwd_tmp_bytes;       /* transient workspace during backward (beyond grads of inputs/params) */
     double fwd_flops, bwd_flops;
@@ -268,7 +316,9 @@ struct mp_program {
     uint64_t adapter_params;     /* LoRA A and B elements */
     double fwd_flops, bwd_flops;
     size_t copied_blocks;        /* blocks made by shifting a copy of the block before (no_copies off) */
-    size_t cap_tensors, cap_nodes, cap_params; /* private */
+    size_t n_subops;
+    struct mp_subop *subops;     /* the ops of nodes that run as several (mp_node.fop0, bop0) */
+    size_t cap_tensors, cap_nodes, cap_params, cap_subops; /* private */
     struct mp_name_chunk *names;                /* private: the name store (layers.c) */
 };
 

@@ -309,7 +309,7 @@ static enum mp_status grad_copy(struct mp_exec *x, struct mp_view g, uint64_t by
     return st;
 }
 
-static enum mp_status node_run(struct mp_exec *x, int k, bool fwd)
+static enum mp_status node_run(struct mp_exec *x, int k, bool fwd, int step)
 {
     const struct mp_node *n = &x->p->nodes[k];
     if (n->prim == MP_P_VIEW) /* out is in[0]: nothing moves either way */
@@ -321,6 +321,8 @@ static enum mp_status node_run(struct mp_exec *x, int k, bool fwd)
                        mp_prim_str(n->prim), x->be->name);
     struct mp_node_view c;
     view_open(&c, x, k);
+    c.step = step;
+    c.fwd = fwd;
     if ((n->param[0] >= 0 && !c.w.p) || (n->param[1] >= 0 && !c.b.p))
         return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: its parameters are not gathered here (a parameter "
                        "shared across sharding groups)", n->name);
@@ -429,12 +431,12 @@ static enum mp_status exec_event(void *ctx, const struct mp_event *ev)
         enum mp_status st = x->par ? mp_par_exec_free_event(x, ev) : MP_OK;
         return st == MP_OK ? mp_pool_free(&x->pool, ev, x->d) : st;
     }
-    case MP_EV_FWD: return node_run(x, ev->id, true);
+    case MP_EV_FWD: return node_run(x, ev->id, true, ev->step);
     case MP_EV_BWD:
         if (ev->grad_out_of_place) /* counted by the replay; no layer memplan lowers makes one */
             return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: a gradient added out of place to one "
                            "another tensor shares", x->p->nodes[ev->id].name);
-        return node_run(x, ev->id, false);
+        return node_run(x, ev->id, false, ev->step);
     case MP_EV_LOSS_GRAD: return loss_grad(x);
     case MP_EV_WGRAD_CAST: return wgrad_cast(x, ev);
     case MP_EV_OPT_STEP: return opt_step(x);

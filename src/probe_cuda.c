@@ -952,112 +952,154 @@ static struct mp_view eager_pv(const struct mp_node_view *c)
                                         : xr(c, MP_XR_PROBS);
 }
 
+/* One op of the eager forward (layers.h mp_subop, layers.c eager_ops' order), as
+ * probe_host_attention.c runs it: Q K^T (after the contiguous copies), the scaling, the mask add
+ * (a copy: the softmax masks), casts, the softmax, dropout, P V, the heads transposed. */
 static enum mp_status eager_fwd(struct mp_node_view *c)
 {
     struct mp_exec *x = c->x;
     const struct mp_node *n = c->n;
+    const struct mp_subop *op = mp_view_subop(c);
+    if (!op)
+        return missing(c, "its forward ops");
     struct mp_k_attn A = attn_of(c);
-    NEED(c->in[0]);
-    NEED(c->in[1]);
-    NEED(c->in[2]);
-    NEED(c->out);
-    for (int j = 0; j < n->n_extra; j++)
-        if (!c->ex[j].p)
-            return missing(c, "an eager extra");
     if (has_x(c, MP_XR_SOFTCAP_TANH))
         return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: attention logit soft-capping is not implemented "
                                                  "by the probe yet", n->name);
     struct mp_view qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY);
-    struct mp_view pr = xr(c, MP_XR_PROBS), pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
-    int cdt = qc.dt, sm = pr.dt;
-    uint64_t b = A.b, s = A.s, a = A.a, d = A.d, ass = b * a * s * s;
-    /* forward temporary: scores, masked scores (cdt), the fp32 upcast (if any), the (b,a,s,d) output */
-    void *scores = tmp_part(c, false, MP_TR_SCORES, 2 * ass * esz(cdt));
-    void *o = tmp_part(c, false, MP_TR_ATTN_OUT, b * a * s * d * esz(cdt));
-    if (!scores || !o)
-        return missing(c, "the scores temporary");
-    KK(x->d, mp_k_attn_pack(&A, qc.p, kc.p, vc.p, S(x)));
-    GEMM(x, false, true, s, s, d, A.scale, qc.p, cdt, d, s * d, kc.p, cdt, d, s * d, 0.0f, scores, cdt, s, s * s,
-         b * a);
-    KK(x->d, mp_k_attn_softmax(pr.p, sm, scores, cdt, b * a * s, s, A.causal, S(x)));
-    if (dmask.p)
-        KK(x->d, mp_k_attn_probs_out(pv.p, pv.dt, dmask.p, pr.p, sm, ass, A.p, A.key, S(x)));
-    else if (pv.p != pr.p)
-        KK(x->d, mp_k_attn_probs_out(pv.p, pv.dt, NULL, pr.p, sm, ass, 0.0f, 0, S(x)));
-    GEMM(x, false, false, s, d, s, 1.0f, pv.p, pv.dt, s, s * s, vc.p, cdt, d, s * d, 0.0f, o, cdt, d, s * d, b * a);
-    KK(x->d, mp_k_attn_unpack(c->out.p, o, cdt, b, s, a, d, S(x)));
-    return MP_OK;
+    struct mp_view src = mp_view_tensor(x, MP_ST_ACT, op->src), dst = mp_view_tensor(x, MP_ST_ACT, op->dst);
+    if (op->src >= 0)
+        NEED(src);
+    NEED(dst);
+    NEED(qc);
+    NEED(kc);
+    NEED(vc);
+    uint64_t b = A.b, s = A.s, a = A.a, d = A.d, ass = b * a * s * s, ss = s * s, sd = s * d;
+    switch (op->op) {
+    case MP_SOP_QK:
+        NEED(c->in[0]);
+        NEED(c->in[1]);
+        NEED(c->in[2]);
+        KK(x->d, mp_k_attn_pack(&A, qc.p, kc.p, vc.p, S(x)));
+        GEMM(x, false, true, s, s, d, 1.0f, qc.p, qc.dt, d, sd, kc.p, kc.dt, d, sd, 0.0f, dst.p, dst.dt, s, ss, b * a);
+        return MP_OK;
+    case MP_SOP_SCALE:
+        KK(x->d, mp_k_scale(dst.p, dst.dt, src.p, src.dt, ass, A.scale, 0, S(x)));
+        return MP_OK;
+    case MP_SOP_MASK:
+    case MP_SOP_CAST:
+        KK(x->d, mp_k_convert(dst.p, dst.dt, src.p, src.dt, ass, 0, S(x)));
+        return MP_OK;
+    case MP_SOP_SOFTMAX:
+        KK(x->d, mp_k_attn_softmax(dst.p, dst.dt, src.p, src.dt, b * a * s, s, A.causal, S(x)));
+        return MP_OK;
+    case MP_SOP_DROPOUT: {
+        struct mp_view mask = mp_view_tensor(x, MP_ST_ACT, op->dst2);
+        NEED(mask);
+        KK(x->d, mp_k_attn_probs_out(dst.p, dst.dt, mask.p, src.p, src.dt, ass, A.p, A.key, S(x)));
+        return MP_OK;
+    }
+    case MP_SOP_PV:
+        GEMM(x, false, false, s, d, s, 1.0f, src.p, src.dt, s, ss, vc.p, vc.dt, d, sd, 0.0f, dst.p, dst.dt, d, sd,
+             b * a);
+        return MP_OK;
+    case MP_SOP_OUT:
+        KK(x->d, mp_k_attn_unpack(dst.p, src.p, dst.dt, b, s, a, d, S(x)));
+        return MP_OK;
+    default:
+        return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: this eager forward op is not implemented by the "
+                                                 "probe", n->name);
+    }
 }
 
+/* One op of the eager backward (layers.h mp_subop, in layers.c eager_ops' order): it reads
+ * its source gradient (dO or the buffer before it) and writes its buffer ((b, a, s, s) or a copy's
+ * (b, a, s, d), contiguous) or an input's gradient, as probe_host_attention.c does. */
 static enum mp_status eager_bwd(struct mp_node_view *c)
 {
     struct mp_exec *x = c->x;
     const struct mp_node *n = c->n;
-    if (!c->gout.p)
-        return MP_OK;
+    const struct mp_subop *op = mp_view_subop(c);
+    if (!op)
+        return missing(c, "its backward ops");
     struct mp_k_attn A = attn_of(c);
-    for (int j = 0; j < n->n_extra; j++)
-        if (!c->ex[j].p)
-            return missing(c, "an eager extra");
     struct mp_view qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY);
-    struct mp_view pr = xr(c, MP_XR_PROBS), pv = eager_pv(c), go = c->gout, dmask = xr(c, MP_XR_ATTN_DROP_MASK);
-    int cdt = qc.dt, sm = pr.dt;
-    uint64_t b = A.b, s = A.s, a = A.a, kv = A.kv, d = A.d, g = a / kv, ass = b * a * s * s, ss = s * s;
-    char *pg = tmp_part(c, true, MP_TR_PROBS_GRAD, 2 * ass * esz(sm));
-    if (!pg)
-        return missing(c, "the softmax-backward temporary");
-    struct mp_view dP = {pg, sm, ass}, dS = {pg + ass * esz(sm), sm, ass};
-    /* dP' = dO V^T for every (sample, head) in one batched GEMM (dO is (b, s, a*d): head h at
-     * column h*d, so no single stride reaches every (sample, head) pair) */
+    struct mp_view pr = xr(c, MP_XR_PROBS), pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
+    struct mp_view src = op->src >= 0 ? mp_view_grad(x, op->src) : c->gout;
+    struct mp_view dst = {NULL, MP_DT_U8, 0};
+    if (op->dst >= 0)
+        dst = mp_view_grad(x, op->dst);
+    NEED(src);
+    if (op->dst >= 0)
+        NEED(dst);
+    uint64_t b = A.b, s = A.s, a = A.a, d = A.d, ass = b * a * s * s, ss = s * s, sd = s * d;
+    /* a product that goes straight into an input's gradient: its layout (width w, offset o);
+     * layers.c makes it direct only when the copy has the input's size (no kv group) */
+    struct mp_view gj = op->dst < 0 && op->grad >= 0 ? c->gin[op->grad] : dst;
+    uint64_t wj = op->grad == 0 ? A.wq : op->grad == 1 ? A.wk : A.wv;
+    uint64_t oj = op->grad == 0 ? A.oq : op->grad == 1 ? A.ok : A.ov;
+    if (op->dst < 0 && op->op != MP_SOP_GATHER && op->grad > 0 && A.kv != A.a)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: %s: a grouped k/v gradient without its buffer", n->name);
     struct gemm_ptrs gp;
-    PTRS(x, b * a, &gp);
-    for (uint64_t e = 0; e < b * a; e++) { /* e = bi*a + h */
-        gp.a[e] = at(go, e / a * s * a * d + e % a * d);
-        gp.b[e] = at(vc, e * s * d);
-        gp.c[e] = at(dP, e * ss);
+    if (op->op == MP_SOP_PV_DP)
+        NEED(vc);
+    if (op->op == MP_SOP_PV_DV)
+        NEED(pv);
+    if (op->op == MP_SOP_QK_DQ || op->op == MP_SOP_QK_DK) {
+        NEED(qc);
+        NEED(kc);
     }
-    GEMM_BATCHED(x, false, true, s, s, d, 1.0f, &gp, go.dt, a * d, cdt, d, 0.0f, sm, s);
-    KK(x->d, mp_k_softmax_bwd(dS.p, dP.p, sm, pr.p, dmask.p, A.p, b * a * s, s, S(x)));
-    struct mp_view dsc = dS;
-    if (sm != cdt) { /* the fp32 softmax gradient cast to the matmul dtype (into dP's space) */
-        dsc = (struct mp_view){dP.p, cdt, ass};
-        KK(x->d, mp_k_convert(dsc.p, cdt, dS.p, sm, ass, 0, S(x)));
-    }
-    struct mp_view gq = c->gin[0], gk = c->gin[1], gv = c->gin[2];
-    if (gq.p) { /* dQ_h += scale dS_h K_h, every (sample, head) */
+    if (op->op == MP_SOP_SOFTMAX)
+        NEED(pr);
+    switch (op->op) {
+    case MP_SOP_PV_DP: /* dP_h = dO_h V_h^T (dO is (b, s, a*d): head h at column h*d) */
+        PTRS(x, b * a, &gp);
+        for (uint64_t e = 0; e < b * a; e++) { /* e = bi*a + h */
+            gp.a[e] = at(src, e / a * s * a * d + e % a * d);
+            gp.b[e] = at(vc, e * sd);
+            gp.c[e] = at(dst, e * ss);
+        }
+        GEMM_BATCHED(x, false, true, s, s, d, 1.0f, &gp, src.dt, a * d, vc.dt, d, 0.0f, dst.dt, s);
+        return MP_OK;
+    case MP_SOP_PV_DV: /* dV_h = P_h^T dO_h */
+    case MP_SOP_QK_DQ: /* dQ_h = dS_h K_h */
+    case MP_SOP_QK_DK: /* dK_h = dS_h^T Q_h */
+        if (!gj.p)
+            return MP_OK;
         PTRS(x, b * a, &gp);
         for (uint64_t e = 0; e < b * a; e++) {
-            gp.a[e] = at(dsc, e * ss);
-            gp.b[e] = at(kc, e * s * d);
-            gp.c[e] = at(gq, e / a * s * A.wq + A.oq + e % a * d);
+            bool pvop = op->op == MP_SOP_PV_DV;
+            gp.a[e] = pvop ? at(pv, e * ss) : at(src, e * ss);
+            gp.b[e] = pvop ? at(src, e / a * s * a * d + e % a * d) : at(op->op == MP_SOP_QK_DQ ? kc : qc, e * sd);
+            gp.c[e] = dst.p ? at(dst, e * sd) : at(gj, e / a * s * wj + oj + e % a * d);
         }
-        GEMM_BATCHED(x, false, false, s, d, s, A.scale, &gp, cdt, s, cdt, d, 1.0f, gq.dt, A.wq);
+        if (op->op == MP_SOP_PV_DV)
+            GEMM_BATCHED(x, true, false, s, d, s, 1.0f, &gp, pv.dt, s, src.dt, a * d, dst.p ? 0.0f : 1.0f, gj.dt,
+                         dst.p ? d : wj);
+        else
+            GEMM_BATCHED(x, op->op == MP_SOP_QK_DK, false, s, d, s, 1.0f, &gp, src.dt, s, qc.dt, d,
+                         dst.p ? 0.0f : 1.0f, gj.dt, dst.p ? d : wj);
+        return MP_OK;
+    case MP_SOP_GATHER:
+        KK(x->d, mp_k_attn_gather(&A, op->grad, c->gin[op->grad].p, c->gin[op->grad].dt, src.p, src.dt, S(x)));
+        return MP_OK;
+    case MP_SOP_DROPOUT: /* dst (zeroed) += src * keep / (1 - p) */
+        NEED(dmask);
+        KK(x->d, mp_k_dropout_bwd(dst.p, src.p, src.dt, dmask.p, ass, A.p, S(x)));
+        return MP_OK;
+    case MP_SOP_CAST:
+        KK(x->d, mp_k_convert(dst.p, dst.dt, src.p, src.dt, ass, 0, S(x)));
+        return MP_OK;
+    case MP_SOP_SOFTMAX:
+        KK(x->d, mp_k_softmax_bwd(dst.p, src.p, pr.dt, pr.p, NULL, 0.0f, b * a * s, s, S(x)));
+        return MP_OK;
+    case MP_SOP_SCALE:
+        KK(x->d, mp_k_scale(dst.p, dst.dt, src.p, src.dt, ass, A.scale, 0, S(x)));
+        return MP_OK;
+    default:
+        return mp_fail(x->d, MP_ERR_UNSUPPORTED, "probe: %s: this eager backward op is not implemented by the "
+                                                 "probe", n->name);
     }
-    /* kv head j gathers query heads j*g + r: one batched GEMM per r over every (sample, kv head),
-     * so no two entries of a call write the same dK/dV rows */
-    for (uint64_t r = 0; r < g; r++) {
-        if (gk.p) { /* dK_j += scale dS_h^T Q_h */
-            PTRS(x, b * kv, &gp);
-            for (uint64_t e = 0; e < b * kv; e++) { /* e = bi*kv + j; h = j*g + r */
-                uint64_t bh = e / kv * a + e % kv * g + r;
-                gp.a[e] = at(dsc, bh * ss);
-                gp.b[e] = at(qc, bh * s * d);
-                gp.c[e] = at(gk, e / kv * s * A.wk + A.ok + e % kv * d);
-            }
-            GEMM_BATCHED(x, true, false, s, d, s, A.scale, &gp, cdt, s, cdt, d, 1.0f, gk.dt, A.wk);
-        }
-        if (gv.p) { /* dV_j += P_h^T dO_h */
-            PTRS(x, b * kv, &gp);
-            for (uint64_t e = 0; e < b * kv; e++) {
-                uint64_t bi = e / kv, h = e % kv * g + r;
-                gp.a[e] = at(pv, (bi * a + h) * ss);
-                gp.b[e] = at(go, bi * s * a * d + h * d);
-                gp.c[e] = at(gv, bi * s * A.wv + A.ov + e % kv * d);
-            }
-            GEMM_BATCHED(x, true, false, s, d, s, 1.0f, &gp, pv.dt, s, go.dt, a * d, 1.0f, gv.dt, A.wv);
-        }
-    }
-    return MP_OK;
 }
 
 /* ---- activations, mul, dropout ------------------------------------------------------------------- */

@@ -7,15 +7,6 @@
 
 #include <math.h>
 
-static float round_dt(enum mp_dtype dt, float f)
-{
-    switch (dt) {
-    case MP_DT_BF16: return mp_f32_from_bf16(mp_bf16_from_f32(f));
-    case MP_DT_F16: return mp_f32_from_f16(mp_f16_from_f32(f));
-    default: return f;
-    }
-}
-
 struct attn_dims {
     uint64_t b, s, a, kv, d, group;
     uint64_t wq, wk, wv, oq, ok, ov;
@@ -215,130 +206,234 @@ static enum mp_status eager_supported(struct mp_node_view *c)
     if (mp_node_extra(c->n, MP_XR_SOFTCAP_TANH, 0) >= 0)
         return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: attention logit soft-capping is not implemented "
                                                     "by the probe yet", c->n->name);
+    if (mp_node_extra(c->n, MP_XR_Q_COPY, 0) < 0 || mp_node_extra(c->n, MP_XR_K_COPY, 0) < 0 ||
+        mp_node_extra(c->n, MP_XR_V_COPY, 0) < 0)
+        return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: eager attention on saved inputs (no copies) is not "
+                                                    "implemented by the probe", c->n->name);
     return MP_OK;
 }
 
+/* The elementwise ops on (b, a, s, s) tensors, both directions: scaling, the mask add (the
+ * executors mask in the softmax: a copy here), casts, dropout (forward: dst2 the keep mask;
+ * backward: the saved mask). */
+static enum mp_status eager_elementwise(struct mp_node_view *c, const struct attn_dims *A, const struct mp_subop *op,
+                                        struct mp_view src, struct mp_view dst)
+{
+    struct mp_view mask = c->fwd ? mp_view_tensor(c->x, MP_ST_ACT, op->dst2) : xr(c, MP_XR_ATTN_DROP_MASK);
+    if (op->op == MP_SOP_DROPOUT)
+        NEED(mask);
+    float inv_keep = A->p > 0.0f ? 1.0f / (1.0f - A->p) : 1.0f;
+    uint64_t n = A->b * A->a * A->s * A->s;
+    for (uint64_t i = 0; i < n; i++) {
+        float v = ldf(src, i);
+        if (op->op == MP_SOP_SCALE) {
+            v *= A->scale;
+        } else if (op->op == MP_SOP_DROPOUT && c->fwd) {
+            float ks = keep_scale(A, i);
+            stf(mask, i, ks > 0.0f ? 1.0f : 0.0f);
+            v *= ks;
+        } else if (op->op == MP_SOP_DROPOUT) {
+            v *= ldf(mask, i) * inv_keep;
+        }
+        stf(dst, i, v);
+    }
+    return MP_OK;
+}
+
+/* One op of the eager forward (layers.h mp_subop, layers.c eager_ops' order). */
 static enum mp_status eager_fwd(struct mp_node_view *c)
 {
     struct attn_dims A = attn_dims(c);
     const struct mp_node *n = c->n;
-    NEED(c->out);
+    const struct mp_subop *op = mp_view_subop(c);
+    if (!op)
+        return missing(c, "its forward ops");
     enum mp_status sst = eager_supported(c);
     if (sst != MP_OK)
         return sst;
-    for (int j = 0; j < n->n_extra; j++)
-        if (!c->ex[j].p)
-            return missing(c, "an eager extra");
-    FGET(q, c->in[0]);
-    FGET(k, c->in[1]);
-    FGET(v, c->in[2]);
+    struct mp_view src = mp_view_tensor(c->x, MP_ST_ACT, op->src), dst = mp_view_tensor(c->x, MP_ST_ACT, op->dst);
+    if (op->src >= 0)
+        NEED(src);
+    NEED(dst);
     struct mp_view qc = xr(c, MP_XR_Q_COPY), kc = xr(c, MP_XR_K_COPY), vc = xr(c, MP_XR_V_COPY);
-    struct mp_view pr = xr(c, MP_XR_PROBS), pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
-    enum mp_dtype cdt = qc.dt;
-    /* contiguous (b,a,s,d) copies; k and v repeated over the group (repeat_kv) */
-    for (uint64_t bi = 0; bi < A.b; bi++)
-        for (uint64_t h = 0; h < A.a; h++)
-            for (uint64_t i = 0; i < A.s; i++)
-                for (uint64_t e = 0; e < A.d; e++) {
-                    uint64_t dst = ((bi * A.a + h) * A.s + i) * A.d + e, g = h / A.group;
-                    stf(qc, dst, q[qoff(&A, bi, i, h) + e]);
-                    stf(kc, dst, k[koff(&A, bi, i, g) + e]);
-                    stf(vc, dst, v[voff(&A, bi, i, g) + e]);
-                }
-    FGET(Q, qc);
-    FGET(K, kc);
-    FGET(V, vc);
-    FNEW(sc, A.s);
-    FNEW(o, A.b * A.s * A.a * A.d);
-    for (uint64_t bi = 0; bi < A.b; bi++)
-        for (uint64_t h = 0; h < A.a; h++) {
-            uint64_t bh = (bi * A.a + h) * A.s;
-            for (uint64_t i = 0; i < A.s; i++) {
-                uint64_t jn = n->causal ? i + 1 : A.s;
-                float m = -INFINITY;
-                for (uint64_t j = 0; j < jn; j++) {
-                    sc[j] = round_dt(cdt, A.scale * dotf(Q + (bh + i) * A.d, K + (bh + j) * A.d, A.d));
-                    m = fmaxf(m, sc[j]);
-                }
-                double l = 0;
-                for (uint64_t j = 0; j < jn; j++)
-                    l += exp((double)sc[j] - m);
-                for (uint64_t j = 0; j < A.s; j++) {
-                    uint64_t idx = (bh + i) * A.s + j;
-                    float P = j < jn ? (float)(exp((double)sc[j] - m) / l) : 0.0f;
-                    stf(pr, idx, P);
-                    P = ldf(pr, idx);
-                    if (dmask.p) {
-                        float ks = keep_scale(&A, idx);
-                        stf(dmask, idx, ks > 0.0f ? 1.0f : 0.0f);
-                        stf(pv, idx, P * ks);
-                    } else if (pv.p != pr.p) {
-                        stf(pv, idx, P);
+    switch (op->op) {
+    case MP_SOP_QK: { /* contiguous (b,a,s,d) copies (k and v repeated over the group), then Q K^T */
+        NEED(qc);
+        NEED(kc);
+        NEED(vc);
+        FGET(q, c->in[0]);
+        FGET(k, c->in[1]);
+        FGET(v, c->in[2]);
+        for (uint64_t bi = 0; bi < A.b; bi++)
+            for (uint64_t h = 0; h < A.a; h++)
+                for (uint64_t i = 0; i < A.s; i++)
+                    for (uint64_t e = 0; e < A.d; e++) {
+                        uint64_t at = ((bi * A.a + h) * A.s + i) * A.d + e, g = h / A.group;
+                        stf(qc, at, q[qoff(&A, bi, i, h) + e]);
+                        stf(kc, at, k[koff(&A, bi, i, g) + e]);
+                        stf(vc, at, v[voff(&A, bi, i, g) + e]);
                     }
-                }
-                float *oi = o + ((bi * A.s + i) * A.a + h) * A.d;
-                for (uint64_t j = 0; j < jn; j++) {
-                    float P = ldf(pv, (bh + i) * A.s + j);
-                    for (uint64_t e = 0; e < A.d; e++)
-                        oi[e] += P * V[(bh + j) * A.d + e];
-                }
-            }
+        FGET(Q, qc);
+        FGET(K, kc);
+        for (uint64_t bh = 0; bh < A.b * A.a; bh++)
+            for (uint64_t i = 0; i < A.s; i++)
+                for (uint64_t j = 0; j < A.s; j++)
+                    stf(dst, (bh * A.s + i) * A.s + j, dotf(Q + (bh * A.s + i) * A.d, K + (bh * A.s + j) * A.d, A.d));
+        return MP_OK;
+    }
+    case MP_SOP_SOFTMAX: /* over each row's first jn keys (causal), 0 beyond */
+        for (uint64_t row = 0; row < A.b * A.a * A.s; row++) {
+            uint64_t jn = n->causal ? row % A.s + 1 : A.s;
+            float m = -INFINITY;
+            for (uint64_t j = 0; j < jn; j++)
+                m = fmaxf(m, ldf(src, row * A.s + j));
+            double l = 0;
+            for (uint64_t j = 0; j < jn; j++)
+                l += exp((double)ldf(src, row * A.s + j) - m);
+            for (uint64_t j = 0; j < A.s; j++)
+                stf(dst, row * A.s + j, j < jn ? (float)(exp((double)ldf(src, row * A.s + j) - m) / l) : 0.0f);
         }
-    fstore(c->out, o, c->out.n);
-    return MP_OK;
+        return MP_OK;
+    case MP_SOP_PV: { /* heads (b, a, s, d) = P V */
+        FGET(P, src);
+        FGET(V, vc);
+        FNEW(o, A.b * A.a * A.s * A.d);
+        for (uint64_t bh = 0; bh < A.b * A.a; bh++)
+            for (uint64_t i = 0; i < A.s; i++)
+                for (uint64_t j = 0; j < A.s; j++) {
+                    float w = P[(bh * A.s + i) * A.s + j];
+                    for (uint64_t e = 0; e < A.d; e++)
+                        o[(bh * A.s + i) * A.d + e] += w * V[(bh * A.s + j) * A.d + e];
+                }
+        fstore(dst, o, dst.n);
+        return MP_OK;
+    }
+    case MP_SOP_OUT: /* (b, s, a*d) = the heads transposed */
+        for (uint64_t bi = 0; bi < A.b; bi++)
+            for (uint64_t h = 0; h < A.a; h++)
+                for (uint64_t i = 0; i < A.s; i++)
+                    for (uint64_t e = 0; e < A.d; e++)
+                        stf(dst, ((bi * A.s + i) * A.a + h) * A.d + e, ldf(src, ((bi * A.a + h) * A.s + i) * A.d + e));
+        return MP_OK;
+    case MP_SOP_SCALE:
+    case MP_SOP_MASK:
+    case MP_SOP_CAST:
+    case MP_SOP_DROPOUT: return eager_elementwise(c, &A, op, src, dst);
+    default:
+        return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: this eager forward op is not implemented by the "
+                                                    "probe", n->name);
+    }
 }
 
+/* Adds src (float, the copies' (b, a, s, d) layout) into input j's gradient, in the input's
+ * layout: the heads of a kv group add up (repeat_kv's backward), the dtype is the gradient's. */
+static void eager_scatter(struct mp_node_view *c, const struct attn_dims *A, int j, const float *src)
+{
+    struct mp_view g = c->gin[j];
+    if (!g.p)
+        return;
+    for (uint64_t bi = 0; bi < A->b; bi++)
+        for (uint64_t h = 0; h < A->a; h++)
+            for (uint64_t i = 0; i < A->s; i++) {
+                uint64_t o = j == 0 ? qoff(A, bi, i, h) : j == 1 ? koff(A, bi, i, h / A->group) : voff(A, bi, i, h / A->group);
+                const float *r = src + ((bi * A->a + h) * A->s + i) * A->d;
+                for (uint64_t e = 0; e < A->d; e++)
+                    accf(g, o + e, r[e]);
+            }
+}
+
+/* One op of the eager backward (layers.h mp_subop, in the order layers.c's eager_ops gives):
+ * it reads its source gradient (dO or the buffer before it) and writes its buffer or adds into
+ * an input's gradient.  Buffers are (b, a, s, s) or the copies' (b, a, s, d), contiguous. */
 static enum mp_status eager_bwd(struct mp_node_view *c)
 {
     struct attn_dims A = attn_dims(c);
-    const struct mp_node *n = c->n;
-    if (!c->gout.p)
+    const struct mp_subop *op = mp_view_subop(c);
+    if (!c->gout.p && !op)
         return MP_OK;
+    if (!op)
+        return missing(c, "its backward ops");
     enum mp_status sst = eager_supported(c);
     if (sst != MP_OK)
         return sst;
-    for (int j = 0; j < n->n_extra; j++)
-        if (!c->ex[j].p)
-            return missing(c, "an eager extra");
-    FGET(dO, c->gout);
-    FGET(Q, xr(c, MP_XR_Q_COPY));
-    FGET(K, xr(c, MP_XR_K_COPY));
-    FGET(V, xr(c, MP_XR_V_COPY));
-    struct mp_view pr = xr(c, MP_XR_PROBS), pv = eager_pv(c), dmask = xr(c, MP_XR_ATTN_DROP_MASK);
-    FNEW(dP, A.s);
-    FNEW(dq, A.b * A.s * A.a * A.d);
-    FNEW(dk, A.b * A.s * A.kv * A.d);
-    FNEW(dv, A.b * A.s * A.kv * A.d);
-    float inv_keep = A.p > 0.0f ? 1.0f / (1.0f - A.p) : 1.0f;
-    for (uint64_t bi = 0; bi < A.b; bi++)
-        for (uint64_t h = 0; h < A.a; h++) {
-            uint64_t bh = (bi * A.a + h) * A.s, g = h / A.group;
-            for (uint64_t i = 0; i < A.s; i++) {
-                const float *doi = dO + ((bi * A.s + i) * A.a + h) * A.d;
-                double rowdot = 0;
-                for (uint64_t j = 0; j < A.s; j++) {
-                    uint64_t idx = (bh + i) * A.s + j;
-                    float d = dotf(doi, V + (bh + j) * A.d, A.d);
-                    if (dmask.p)
-                        d *= ldf(dmask, idx) * inv_keep;
-                    dP[j] = d;
-                    rowdot += (double)ldf(pr, idx) * d;
-                }
-                float *dqi = dq + ((bi * A.s + i) * A.a + h) * A.d;
-                for (uint64_t j = 0; j < A.s; j++) {
-                    uint64_t idx = (bh + i) * A.s + j;
-                    float P = ldf(pr, idx), Pv = ldf(pv, idx), dS = P * (dP[j] - (float)rowdot);
-                    float *dkj = dk + ((bi * A.s + j) * A.kv + g) * A.d, *dvj = dv + ((bi * A.s + j) * A.kv + g) * A.d;
-                    for (uint64_t e = 0; e < A.d; e++) {
-                        dqi[e] += A.scale * dS * K[(bh + j) * A.d + e];
-                        dkj[e] += A.scale * dS * Q[(bh + i) * A.d + e];
-                        dvj[e] += Pv * doi[e];
+    struct mp_view src = op->src >= 0 ? mp_view_grad(c->x, op->src) : c->gout;
+    struct mp_view dst = op->dst >= 0 ? mp_view_grad(c->x, op->dst) : (struct mp_view){NULL, MP_DT_U8, 0};
+    NEED(src);
+    if (op->dst >= 0)
+        NEED(dst);
+    uint64_t bas = A.b * A.a * A.s, ass = bas * A.s, nd = bas * A.d;
+    switch (op->op) {
+    case MP_SOP_PV_DV:
+    case MP_SOP_PV_DP:
+    case MP_SOP_QK_DQ:
+    case MP_SOP_QK_DK: {
+        bool pv = op->op == MP_SOP_PV_DV || op->op == MP_SOP_PV_DP;
+        FGET(G, src); /* dO (b, s, a*d) for P@V; the scores' gradient (b, a, s, s) for Q@K^T */
+        FGET(X, xr(c, op->op == MP_SOP_PV_DP ? MP_XR_V_COPY : op->op == MP_SOP_QK_DQ ? MP_XR_K_COPY : MP_XR_Q_COPY));
+        FNEW(r, op->op == MP_SOP_PV_DP ? ass : nd);
+        struct mp_view P = eager_pv(c);
+        if (op->op == MP_SOP_PV_DV)
+            NEED(P);
+        for (uint64_t bi = 0; bi < A.b; bi++)
+            for (uint64_t h = 0; h < A.a; h++) {
+                uint64_t bh = (bi * A.a + h) * A.s;
+                for (uint64_t i = 0; i < A.s; i++) {
+                    const float *gi = pv ? G + ((bi * A.s + i) * A.a + h) * A.d : G + (bh + i) * A.s;
+                    for (uint64_t j = 0; j < A.s; j++) {
+                        switch (op->op) {
+                        case MP_SOP_PV_DP: /* dP[i][j] = dO_i . V_j */
+                            r[(bh + i) * A.s + j] = dotf(gi, X + (bh + j) * A.d, A.d);
+                            break;
+                        case MP_SOP_PV_DV: { /* dV_j += P[i][j] dO_i */
+                            float w = ldf(P, (bh + i) * A.s + j);
+                            for (uint64_t e = 0; e < A.d; e++)
+                                r[(bh + j) * A.d + e] += w * gi[e];
+                            break;
+                        }
+                        case MP_SOP_QK_DQ: /* dQ_i += dS[i][j] K_j */
+                            for (uint64_t e = 0; e < A.d; e++)
+                                r[(bh + i) * A.d + e] += gi[j] * X[(bh + j) * A.d + e];
+                            break;
+                        default: /* dK_j += dS[i][j] Q_i */
+                            for (uint64_t e = 0; e < A.d; e++)
+                                r[(bh + j) * A.d + e] += gi[j] * X[(bh + i) * A.d + e];
+                            break;
+                        }
                     }
                 }
             }
+        if (dst.p)
+            fstore(dst, r, dst.n);
+        else
+            eager_scatter(c, &A, op->grad, r);
+        return MP_OK;
+    }
+    case MP_SOP_GATHER: {
+        FGET(g, src);
+        eager_scatter(c, &A, op->grad, g);
+        return MP_OK;
+    }
+    case MP_SOP_SOFTMAX: {
+        struct mp_view P = xr(c, MP_XR_PROBS);
+        NEED(P);
+        for (uint64_t row = 0; row < bas; row++) {
+            double dot = 0;
+            for (uint64_t j = 0; j < A.s; j++)
+                dot += (double)ldf(P, row * A.s + j) * ldf(src, row * A.s + j);
+            for (uint64_t j = 0; j < A.s; j++) {
+                uint64_t idx = row * A.s + j;
+                stf(dst, idx, ldf(P, idx) * (ldf(src, idx) - (float)dot));
+            }
         }
-    attn_scatter_grads(c, &A, dq, dk, dv);
-    return MP_OK;
+        return MP_OK;
+    }
+    case MP_SOP_DROPOUT:
+    case MP_SOP_CAST:
+    case MP_SOP_SCALE: return eager_elementwise(c, &A, op, src, dst);
+    default:
+        return mp_fail(c->x->d, MP_ERR_UNSUPPORTED, "probe: %s: this eager backward op is not implemented by the "
+                                                    "probe", c->n->name);
+    }
 }
 
 enum mp_status mp_host_attn_fwd(struct mp_node_view *c) { return c->n->eager ? eager_fwd(c) : flash_fwd(c); }

@@ -76,8 +76,17 @@ struct mp_node_view {
     const struct mp_node *n;
     const struct mp_node_layout *lay;
     int k;
+    int step;             /* a node that runs as several ops (layers.h mp_subop): which one now */
+    bool fwd;             /* forward or backward */
     struct mp_view in[3], out, ex[MP_NODE_EXTRA_MAX], w, b, gin[3], gout, gw, gb, tmp;
 };
+
+/* The op an executor runs now, of a node that runs as several (NULL: the node is one op). */
+static inline const struct mp_subop *mp_view_subop(const struct mp_node_view *c)
+{
+    int first = c->fwd ? c->n->fop0 : c->n->bop0, count = c->fwd ? c->n->n_fops : c->n->n_bops;
+    return count && c->step >= 0 && c->step < count ? &c->p->subops[first + c->step] : NULL;
+}
 
 /* Tensor t of store s (ACT or GRAD) as a view; p == NULL when not allocated. */
 static inline struct mp_view mp_view_tensor(const struct mp_exec *x, enum mp_store s, int t)

@@ -74,6 +74,9 @@ static void assert_same_program(const char *what, struct mp_program *a, struct m
         x->name = y->name = keep;
     }
     assert_memory_equal(a->blocks, b->blocks, a->n_blocks * sizeof *a->blocks);
+    assert_int_equal(a->n_subops, b->n_subops); /* eager attention's ops */
+    if (a->n_subops)
+        assert_memory_equal(a->subops, b->subops, a->n_subops * sizeof *a->subops);
     assert_int_equal(a->total_params, b->total_params);
     assert_int_equal(a->trainable_params, b->trainable_params);
     assert_int_equal(a->adapter_params, b->adapter_params);

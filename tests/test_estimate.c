@@ -881,6 +881,101 @@ static void test_estimate_eager_mask(void **state)
     mp_model_release(&m);
 }
 
+/* Live bytes (512-rounded) while one node runs in one phase: the level just before its first
+ * event and the highest level after any of its events. */
+struct node_meter {
+    int node;
+    enum mp_phase phase;
+    uint64_t cur, start, peak;
+    bool seen;
+};
+
+static enum mp_status node_meter_event(void *ctx, const struct mp_event *ev)
+{
+    struct node_meter *m = ctx;
+    if (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE)
+        return MP_OK;
+    bool mine = ev->node == m->node && ev->phase == m->phase;
+    if (mine && !m->seen) {
+        m->seen = true;
+        m->start = m->peak = m->cur;
+    }
+    if (ev->kind == MP_EV_ALLOC)
+        m->cur += mp_round512(ev->bytes);
+    else
+        m->cur -= mp_round512(ev->bytes);
+    if (mine && m->cur > m->peak)
+        m->peak = m->cur;
+    return MP_OK;
+}
+
+/* How far above its starting level the eager attention node's forward and backward go. */
+static void eager_rise(const char *model_json, enum mp_precision prec, uint64_t *fwd, uint64_t *bwd)
+{
+    struct mp_model m;
+    load(&m, model_json);
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = 2;
+    bo.precision = prec;
+    struct mp_program prog;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(&m, &bo, &prog, &d), MP_OK);
+    int k = -1;
+    for (size_t i = 0; i < prog.n_nodes; i++)
+        if (prog.nodes[i].prim == MP_P_ATTN)
+            k = (int)i;
+    assert_true(k >= 0 && prog.nodes[k].eager);
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct node_meter f = {.node = k, .phase = MP_PH_FORWARD}, b = {.node = k, .phase = MP_PH_BACKWARD};
+    assert_int_equal(mp_replay(&prog, NULL, &t, node_meter_event, &f, &d), MP_OK);
+    assert_int_equal(mp_replay(&prog, NULL, &t, node_meter_event, &b, &d), MP_OK);
+    assert_true(f.seen && b.seen);
+    *fwd = f.peak - f.start;
+    *bwd = b.peak - b.start;
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
+#define EAGER_MODEL(kv) "{\"name\":\"e\",\"input\":{\"tokens\":16},\"layers\":[" \
+    "{\"type\":\"embedding\",\"vocab\":16,\"dim\":32}," \
+    "{\"type\":\"attention\",\"dim\":32,\"heads\":4,\"kv_heads\":" kv ",\"impl\":\"eager\"}," \
+    "{\"type\":\"lm_head\",\"vocab\":16,\"dim\":32}]}"
+
+/* Eager attention runs as torch's ops (Q@K^T, * scale, the softmax and the casts around it,
+ * P@V, the transpose copy), each freeing its input once done; its backward as their autograd
+ * nodes, each freeing its saved operands and incoming gradient when it ends (derivatives.yaml
+ * bmm, _softmax_backward_data, _to_copy, mul).  Worked by hand, batch 2, seq 16, 4 heads of
+ * width 8: the scores (b, a, s, s) have 2048 elements (bf16 4096 B, fp32 8192 B), a head
+ * tensor (b, a, s, d) 1024 (bf16 2048 B, fp32 4096 B).
+ * amp-bf16 (the softmax in fp32 on CUDA autocast; no mask in memplan JSON):
+ *   forward, above the level before the node: the q/k/v copies 3 x 2048, then scores 4096 ->
+ *   scaled 4096 (scores die) -> fp32 upcast 8192 (scaled die) -> probabilities 8192 (the upcast
+ *   dies) -> their bf16 cast 4096 -> heads 2048 -> output 2048: 6144 + 8192 + 8192 = 22528 at
+ *   the softmax (and again at the output: 6144 + 8192 + 4096 + 2048 + 2048), not 38912 (every
+ *   transient at once);
+ *   backward: dV (v's own gradient: the copy has its size) 2048, dP 4096, then the P@V operands
+ *   (v copy 2048, bf16 probabilities 4096) and dO 2048 die; dP's fp32 copy 8192 (dP dies); the
+ *   softmax backward's 8192: 2048 + 8192 + 8192 = 18432 - the 8192 freed = 10240 at
+ *   _softmax_backward_data (was 22528: every gradient and a 2 x fp32 workspace from the start).
+ * fp32, 2 kv heads (repeat_kv: k/v copies of 4 heads, 4096 B each; k and v 2048 B):
+ *   forward: copies 3 x 4096, scores 8192, scaled 8192 (no upcast, no cast): 28672 with the
+ *   scores and again with the probabilities, and with the heads and the output (4096 each);
+ *   backward: dV into a buffer of the copy's size (summed into v's 2048 at the end) 4096, dP
+ *   8192: 12288; then the v copy and dO (4096 each) die, the probabilities stay (the softmax
+ *   saved them too): 4096; the softmax backward's 8192: 12288 again. */
+static void test_estimate_eager_ops(void **state)
+{
+    (void)state;
+    uint64_t fwd, bwd;
+    eager_rise(EAGER_MODEL("4"), MP_PREC_AMP_BF16, &fwd, &bwd);
+    assert_int_equal(fwd, 22528);
+    assert_int_equal(bwd, 10240);
+    eager_rise(EAGER_MODEL("2"), MP_PREC_FP32, &fwd, &bwd);
+    assert_int_equal(fwd, 28672);
+    assert_int_equal(bwd, 12288);
+}
+
 /* The forward-phase peak of a replay (512-rounded live bytes). */
 struct fwd_meter {
     uint64_t cur, fwd_peak;
@@ -1240,6 +1335,7 @@ int main(void)
         cmocka_unit_test(test_estimate_use_cache),
         cmocka_unit_test(test_estimate_kv_cache_held_to_loss),
         cmocka_unit_test(test_estimate_eager_mask),
+        cmocka_unit_test(test_estimate_eager_ops),
         cmocka_unit_test(test_estimate_residual_add_shares_gradient),
         cmocka_unit_test(test_estimate_gradient_added_out_of_place),
         cmocka_unit_test(test_estimate_autocast_weight_grad_after_node),
