@@ -100,6 +100,7 @@ struct bld {
     /* T5: the encoder output (read by every cross-attention), the current stack's position bias
      * (1, a, q, k), the decoder's cross-attention bias (zeros) and eager causal mask, or -1 */
     int enc_out, pos_bias, cross_bias, dec_mask;
+    bool dec_started; /* T5: the first decoder block has been lowered */
     uint64_t s_enc;   /* T5: the encoder's length (B->s is the decoder's once the decoder starts) */
     uint64_t b, s;
     bool amp;
@@ -1777,7 +1778,8 @@ static struct val t5_position_bias(struct bld *B, const struct mp_layer *l, uint
         return pb;
     n->param[0] = w;
     extra_as(n, new_flat(B, "relative_position_bucket", MP_DT_I64, qk), MP_XR_POSITION_IDS);
-    held_tensor(B, pb.t, B->block);
+    if (!l->bias_per_layer) /* UMT5: a local of the layer's attention */
+        held_tensor(B, pb.t, B->block);
     return pb;
 }
 
@@ -1834,17 +1836,20 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
     uint64_t shape4[4] = {1, a, ql, kl}, aqk = mul(B, mul(B, a, ql), kl), baqk = mul(B, b, aqk);
     int pb;
     if (kind == T5_CROSS) {
-        if (B->cross_bias < 0) { /* layer 0: torch.zeros (1, a, q, k) in q's dtype, handed on */
-            struct val z = new_val(B, "position_bias_zeros", cdt, 4, shape4, B->p->opts.hf_checkpointing);
+        if (B->cross_bias < 0 || l->bias_per_layer) { /* torch.zeros (1, a, q, k) in q's dtype: made
+                                                          by layer 0 and handed on (UMT5: every layer) */
+            struct val z = new_val(B, "position_bias_zeros", cdt, 4, shape4,
+                                   B->p->opts.hf_checkpointing && !l->bias_per_layer);
             struct mp_node *zn = t5_node(B, "position_bias_zeros", -1, z.t, 0);
             if (zn) {
                 zn->no_grad = true;
                 zn->grad_in = false;
             }
             B->cross_bias = z.t;
-            held_tensor(B, z.t, B->block);
-            /* under HF checkpointing T5Attention sets requires_grad on it: a leaf */
-            if (!failed(B) && B->p->opts.hf_checkpointing)
+            if (!l->bias_per_layer)
+                held_tensor(B, z.t, B->block);
+            /* under HF checkpointing T5Attention sets requires_grad on it: a leaf (not UMT5's) */
+            if (!failed(B) && B->p->opts.hf_checkpointing && !l->bias_per_layer)
                 B->p->held[B->p->n_held - 1].leaf = true;
         }
         pb = B->cross_bias;
@@ -1988,10 +1993,12 @@ static struct val lower_t5_block(struct bld *B, struct val x, const struct mp_la
         fail_model(B, MP_ERR_MODEL, "a T5 decoder block needs the decoder embedding (dec_input) before it");
         return x;
     }
-    if (l->cross_attn && l->rel_buckets) /* the first decoder layer: checkpoint inputs hold it */
+    if (l->cross_attn && !B->dec_started) { /* the first decoder layer: checkpoint inputs hold it */
+        B->dec_started = true;
         for (size_t j = 0; j < B->p->n_held; j++)
             if (B->p->held[j].t == B->enc_out)
                 B->p->held[j].release = B->block;
+    }
     B->p->probe_unsupported = "T5's encoder-decoder attention (relative position bias, cross-attention)";
     char p0[24], p1[24], p2[24];
     snprintf(p0, sizeof p0, "layer.0");

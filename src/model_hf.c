@@ -311,6 +311,7 @@ static const struct family families[] = {
     /* T5: encoder-decoder; every key, the layout and the heads in t5_model */
     {.type = "t5", .enc_dec = true},
     {.type = "mt5", .enc_dec = true},
+    {.type = "umt5", .enc_dec = true}, /* every layer its own relative position bias */
     /* ---- mixture of experts (moe_hook; the MoE and MLA keys are read there) ---- */
     {.type = "mixtral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
      .hook = moe_hook},
@@ -376,7 +377,7 @@ static const struct family families[] = {
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
-    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mt5, mixtral, qwen2_moe, " \
+    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mt5, umt5, mixtral, qwen2_moe, " \
     "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, " \
     "cohere, arcee"
 
@@ -1581,7 +1582,9 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
                               uint64_t *buckets, bool *scale, const char *path, struct mp_diag *d)
 {
     enum mp_status st;
-    bool mt5 = !strcmp(c->f->type, "mt5"); /* MT5Config's defaults; MT5 never rescales */
+    /* MT5Config's and UMT5Config's defaults; MT5 never rescales, UMT5 always does (it tests
+     * tie_word_embeddings, which its config forces to true) */
+    bool umt5 = !strcmp(c->f->type, "umt5"), mt5 = umt5 || !strcmp(c->f->type, "mt5");
     c->vocab = mt5 ? 250112 : 32128, c->hidden = 512, c->head_dim = 64, c->ffn = mt5 ? 1024 : 2048;
     c->layers = mt5 ? 8 : 6, c->heads = mt5 ? 6 : 8;
     *buckets = 32;
@@ -1627,7 +1630,7 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
     if ((st = mp_json_bool(root, "tie_word_embeddings", &tied, path, "", d)) != MP_OK ||
         (st = mp_json_bool(root, "is_decoder", &is_decoder, path, "", d)) != MP_OK)
         return st;
-    *scale = tied && !mt5;
+    *scale = umt5 || (tied && !mt5);
     if (is_decoder)
         return mp_fail(d, MP_ERR_MODEL, "%s: is_decoder: true is not supported (a T5 stack used as a decoder alone)",
                        path);
@@ -1643,7 +1646,7 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
     } t5_heads[] = {{"ForConditionalGeneration", T5_LM}, {"Model", T5_BARE}, {"EncoderModel", T5_ENCODER},
                     {"ForTokenClassification", T5_TOKEN}, {"ForQuestionAnswering", T5_QA}};
     if (a0) {
-        const char *cls = a0->valuestring, *pre = mt5 ? "MT5" : "T5";
+        const char *cls = a0->valuestring, *pre = umt5 ? "UMT5" : mt5 ? "MT5" : "T5";
         size_t pl = strlen(pre);
         bool found = false;
         for (size_t i = 0; i < sizeof t5_heads / sizeof t5_heads[0] && !found; i++)
@@ -1720,7 +1723,8 @@ static enum mp_status t5_stack(struct mp_model *m, const struct hf *c, bool deco
         l->type = MP_LT_TRANSFORMER_BLOCK;
         l->t5 = true;
         l->cross_attn = l->causal = decoder;
-        l->rel_buckets = i == 0 ? buckets : 0;
+        l->bias_per_layer = !strcmp(c->f->type, "umt5");
+        l->rel_buckets = i == 0 || l->bias_per_layer ? buckets : 0;
         l->dim = c->hidden;
         l->heads = l->kv_heads = c->heads;
         l->head_dim = c->head_dim;
@@ -1900,9 +1904,6 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     for (size_t i = 0; i < N_FAMILIES && !c.f; i++)
         if (strcmp(type, families[i].type) == 0)
             c.f = &families[i];
-    if (!c.f && !strcmp(type, "umt5"))
-        return mp_fail(d, MP_ERR_MODEL, "%s: model_type: 'umt5' is not supported (its per-layer relative position "
-                       "bias and per-layer cross-attention zeros are not modelled; t5 and mt5 are)", path);
     if (!c.f)
         return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (supported: " HF_SUPPORTED ")", path,
                        type);
