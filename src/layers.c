@@ -844,11 +844,11 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
     /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
     if (n_extras)
         tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2));
-    /* backward of the composite: its last op, half_x * one_plus_tanh, is a MulBackward0 that makes
-     * both factors' gradients (the output's dtype) while the incoming one is alive; the fused
-     * kernels make one (measured with bench/torch_step.py's tracker: 3 vs 2 x-sized tensors) */
-    if (n_extras)
-        tmp_one(B, n, true, MP_TR_OTHER, mul(B, T(B, x.t)->elems, mp_dtype_size(odt)));
+    /* backward of HF's composites: the x-sized tensors their chain of autograd nodes holds beyond
+     * a fused kernel's gradients (model.h's bwd column, measured) */
+    if (mp_act_bwd_tensors(act))
+        tmp_one(B, n, true, MP_TR_OTHER,
+                mul(B, mul(B, T(B, x.t)->elems, mp_dtype_size(odt)), (uint64_t)mp_act_bwd_tensors(act)));
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
@@ -1679,9 +1679,9 @@ static struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *
         struct val m = lower_mul(B, ga, u, "mul");
         y = lower_linear(B, m, l->ffn, hidden, l->mlp_bias, "down_proj");
     } else {
-        struct val f = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "fc1");
+        struct val f = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, l->up_down ? "up_proj" : "fc1");
         f = lower_act(B, f, l->act, false, "act");
-        y = lower_linear(B, f, l->ffn, hidden, l->mlp_bias, "fc2");
+        y = lower_linear(B, f, l->ffn, hidden, l->mlp_bias, l->up_down ? "down_proj" : "fc2");
     }
     restore_prefix(B, saved);
     return y;
