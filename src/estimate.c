@@ -233,13 +233,25 @@ static void hold_made(struct rp *r, const struct mp_node *n)
 static void release_held(struct rp *r, int release_at)
 {
     for (size_t j = 0; j < r->p->n_held; j++) {
-        int rb = r->p->held[j].release;
-        if (!r->held_on[j] || (release_at < 0 ? rb >= 0 && r->ckpt[rb] : rb != release_at))
+        int rb = r->p->held[j].release, t = r->p->held[j].t;
+        bool leaf = r->p->held[j].leaf;
+        if (!r->held_on[j] || (leaf ? release_at != 0 : release_at < 0 ? rb >= 0 && r->ckpt[rb] : rb != release_at))
             continue;
         r->held_on[j] = false;
-        r->holds[r->p->held[j].t]--;
-        t_maybe_free(r, r->p->held[j].t);
+        r->holds[t]--;
+        t_maybe_free(r, t);
+        if (leaf) /* its .grad dies with it */
+            g_free(r, t);
     }
+}
+
+/* A held leaf keeps its gradient (.grad) past its producer's backward. */
+static bool held_leaf(const struct rp *r, int t)
+{
+    for (size_t j = 0; j < r->p->n_held; j++)
+        if (r->p->held[j].t == t && r->p->held[j].leaf)
+            return true;
+    return false;
 }
 
 /* Forward of block i; kind FE records for backward, FN/FC do not.  early: the recompute right
@@ -704,7 +716,7 @@ static void bwd_block(struct rp *r, size_t i)
         uint64_t incoming = 0; /* accumulation: the node's new weight gradients, added in place */
         int wcast = -1; /* a weight autocast cast: its fp32 gradient is made after the node */
         if (n->no_grad) { /* not recorded: no backward; nothing saved, no gradient flows */
-            if (!node_reads(n, n->out, 3))
+            if (!node_reads(n, n->out, 3) && !held_leaf(r, n->out))
                 g_free(r, n->out);
             continue;
         }
@@ -1350,7 +1362,7 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
         c->cur_req -= ev->bytes;
         if (act)
             c->act_cur -= r;
-        if (ev->bytes && key < c->nkeys && c->blk_of[key]) {
+        if (ev->bytes && c->blk_of && key < c->nkeys && c->blk_of[key]) {
             asim_free(&c->as, (int)c->blk_of[key] - 1);
             c->blk_of[key] = 0;
         }
@@ -1440,8 +1452,8 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     c.nkeys = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
     if (t->par && t->par->strategy != MP_PAR_NONE) /* communication slots: groups or buckets */
         c.nkeys += (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS;
-    c.blk_of = calloc(c.nkeys, sizeof *c.blk_of);
-    if (!c.blk_of)
+    c.blk_of = c.no_asim ? NULL : calloc(c.nkeys, sizeof *c.blk_of); /* only the allocator model reads it */
+    if (!c.no_asim && !c.blk_of)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
     /* Two steps: the caching allocator reaches its steady state in the second. */
     for (int step = 0; step < (c.no_asim ? 1 : 2) && st == MP_OK; step++) {
@@ -1451,7 +1463,7 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
             c.cur = c.cur_req = c.act_cur = 0;
             c.warm = true; /* persistent storages (setup) keep their blocks; anything else
                             * still held would be a replay bug and is released */
-            for (size_t k = 0; k < c.nkeys; k++)
+            for (size_t k = 0; c.blk_of && k < c.nkeys; k++)
                 if (c.blk_of[k] && k >= 3 * p->n_params && k != 4 * p->n_params + 1 && !persistent_comm(p, k) &&
                     !(k >= 4 * p->n_params + 2 && k < 4 * p->n_params + 2 + p->n_tensors &&
                       mp_program_resident(p, (int)(k - 4 * p->n_params - 2)))) {
