@@ -384,7 +384,9 @@ def core_settings(cfg):
 
 
 EAGER_ONLY = {"gptj"}  # model types whose attention transformers runs eagerly only
-PLAIN_SOFTMAX = {"gpt2", "bert", "roberta", "distilbert"}  # eager softmax without dtype=float32
+# eager softmax without dtype=float32 on unmasked (encoder) scores; GPT-2's is plain too, but its
+# causal mask is an fp32 tensor under amp, so the scores it is added to are fp32 on both devices
+PLAIN_SOFTMAX = {"bert", "roberta", "distilbert"}
 
 
 def cuda_only_bytes(cfg, b, s, prec, attn, ck):
@@ -394,8 +396,9 @@ def cuda_only_bytes(cfg, b, s, prec, attn, ck):
       instead of x's 2N), tanh(u) and 1+tanh(u) are fp32 (4N each instead of 2N), the output
       is fp32 and the next Linear saves its bf16 cast (2N, as on the CPU): +6N per layer,
       N = b*s*ffn.
-      a plain F.softmax (GPT-2, BERT eager attention) runs in fp32 on CUDA: fp32 probabilities
-      (4 b a s^2) and their bf16 cast (2 b a s^2) instead of bf16 probabilities: +4 b a s^2."""
+      a plain F.softmax on bf16 scores (BERT, RoBERTa, DistilBERT eager attention: no mask) runs
+      in fp32 on CUDA: fp32 probabilities (4 b a s^2) and their bf16 cast (2 b a s^2) instead of
+      bf16 probabilities: +4 b a s^2 (GPT-2's scores are fp32 on both: + its fp32 causal mask)."""
     if prec != "amp-bf16" or ck != "none":
         return 0, ""
     layers = next((cfg[k] for k in LAYER_KEYS if isinstance(cfg.get(k), int)), 0)
