@@ -37,6 +37,7 @@ counted.
 
 Import it to reuse the trackers (LiveTracker, SavedTracker, fake_model, train_steps); run it as
   python3 bench/torch_step.py [--memplan ./memplan] [--out FILE.md] [--quick] [--only TYPE,...]
+      [--attention all|sdpa|eager]
 from the repository root.
 """
 import argparse
@@ -193,7 +194,7 @@ class SavedTracker:
 
 # ---- the model and the step -----------------------------------------------------------------
 
-LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "n_layers")  # n_layers: DistilBERT
 
 
 def load_config(path, max_layers=0):
