@@ -100,6 +100,7 @@ struct bld {
     /* T5: the encoder output (read by every cross-attention), the current stack's position bias
      * (1, a, q, k), the decoder's cross-attention bias (zeros) and eager causal mask, or -1 */
     int enc_out, pos_bias, cross_bias, dec_mask;
+    bool dec_started; /* T5: the first decoder block has been lowered */
     uint64_t s_enc;   /* T5: the encoder's length (B->s is the decoder's once the decoder starts) */
     uint64_t b, s;
     bool amp;
@@ -1777,7 +1778,8 @@ static struct val t5_position_bias(struct bld *B, const struct mp_layer *l, uint
         return pb;
     n->param[0] = w;
     extra_as(n, new_flat(B, "relative_position_bucket", MP_DT_I64, qk), MP_XR_POSITION_IDS);
-    held_tensor(B, pb.t, B->block);
+    if (!l->bias_per_layer) /* UMT5: a local of the layer's attention */
+        held_tensor(B, pb.t, B->block);
     return pb;
 }
 
@@ -1834,15 +1836,21 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
     uint64_t shape4[4] = {1, a, ql, kl}, aqk = mul(B, mul(B, a, ql), kl), baqk = mul(B, b, aqk);
     int pb;
     if (kind == T5_CROSS) {
-        if (B->cross_bias < 0) { /* layer 0: torch.zeros (1, a, q, k) in q's dtype, handed on */
-            struct val z = new_val(B, "position_bias_zeros", cdt, 4, shape4, B->p->opts.hf_checkpointing);
+        if (B->cross_bias < 0 || l->bias_per_layer) { /* torch.zeros (1, a, q, k) in q's dtype: made
+                                                          by layer 0 and handed on (UMT5: every layer) */
+            struct val z = new_val(B, "position_bias_zeros", cdt, 4, shape4,
+                                   B->p->opts.hf_checkpointing && !l->bias_per_layer);
             struct mp_node *zn = t5_node(B, "position_bias_zeros", -1, z.t, 0);
             if (zn) {
                 zn->no_grad = true;
                 zn->grad_in = false;
             }
             B->cross_bias = z.t;
-            held_tensor(B, z.t, B->block);
+            if (!l->bias_per_layer)
+                held_tensor(B, z.t, B->block);
+            /* under HF checkpointing T5Attention sets requires_grad on it: a leaf (not UMT5's) */
+            if (!failed(B) && B->p->opts.hf_checkpointing && !l->bias_per_layer)
+                B->p->held[B->p->n_held - 1].leaf = true;
         }
         pb = B->cross_bias;
     } else {
@@ -1985,10 +1993,12 @@ static struct val lower_t5_block(struct bld *B, struct val x, const struct mp_la
         fail_model(B, MP_ERR_MODEL, "a T5 decoder block needs the decoder embedding (dec_input) before it");
         return x;
     }
-    if (l->cross_attn && l->rel_buckets) /* the first decoder layer: checkpoint inputs hold it */
+    if (l->cross_attn && !B->dec_started) { /* the first decoder layer: checkpoint inputs hold it */
+        B->dec_started = true;
         for (size_t j = 0; j < B->p->n_held; j++)
             if (B->p->held[j].t == B->enc_out)
                 B->p->held[j].release = B->block;
+    }
     B->p->probe_unsupported = "T5's encoder-decoder attention (relative position bias, cross-attention)";
     char p0[24], p1[24], p2[24];
     snprintf(p0, sizeof p0, "layer.0");
@@ -2597,8 +2607,13 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
                        (unsigned long long)B->p->params[B->embed_param].cols);
             return x;
         }
-        if (l->in_mult != 0) /* T5: sequence_output * d_model**-0.5, a new tensor (saves nothing) */
+        if (l->t5) /* T5: decoder_outputs[0] and the scaled sequence_output are locals of the forward */
+            held_tensor(B, x.t, -1);
+        if (l->in_mult != 0) { /* T5: sequence_output * d_model**-0.5, a new tensor (saves nothing) */
             x = lower_copy(B, x, dt_of(B, x), l->in_mult, "scale_decoder_outputs");
+            if (l->t5)
+                held_tensor(B, x.t, -1);
+        }
         struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
         if (!failed(B) && l->tied) {
             B->p->params[B->embed_param].matmul = true;
@@ -2622,6 +2637,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
          * MP_POOL_FIRST on a sequence: the first position (ViT's class token) */
         if (l->pool == MP_POOL_FIRST)
             x = first_position(B, x, nm);
+        if (l->t5) /* T5: the stack's output is a local of the forward (outputs[0]) */
+            held_tensor(B, x.t, -1);
         struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
         bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE && !l->masked; /* masked: a plain
                                                                  nn.CrossEntropyLoss (T5ForTokenClassification) */
@@ -3319,20 +3336,24 @@ static void take_before(const struct mp_program *p, size_t nb, struct before *s)
     s->b = malloc(s->nb ? s->nb * sizeof *s->b : 1);
     s->ok = s->t && s->n && s->q && s->b;
     if (s->ok) {
-        memcpy(s->t, p->tensors, s->nt * sizeof *s->t);
-        memcpy(s->n, p->nodes, s->nn * sizeof *s->n);
-        memcpy(s->q, p->params, s->nq * sizeof *s->q);
-        memcpy(s->b, p->blocks, s->nb * sizeof *s->b);
+        if (s->nt) /* (an empty array may be NULL: memcpy's arguments may not, UBSan) */
+            memcpy(s->t, p->tensors, s->nt * sizeof *s->t);
+        if (s->nn)
+            memcpy(s->n, p->nodes, s->nn * sizeof *s->n);
+        if (s->nq)
+            memcpy(s->q, p->params, s->nq * sizeof *s->q);
+        if (s->nb)
+            memcpy(s->b, p->blocks, s->nb * sizeof *s->b);
     }
 }
 
 /* Frees s; true when p still begins with what s holds. */
 static bool unchanged_before(const struct mp_program *p, struct before *s)
 {
-    bool same = s->ok && memcmp(s->t, p->tensors, s->nt * sizeof *s->t) == 0 &&
-                memcmp(s->n, p->nodes, s->nn * sizeof *s->n) == 0 &&
-                memcmp(s->q, p->params, s->nq * sizeof *s->q) == 0 &&
-                memcmp(s->b, p->blocks, s->nb * sizeof *s->b) == 0;
+    bool same = s->ok && (!s->nt || memcmp(s->t, p->tensors, s->nt * sizeof *s->t) == 0) &&
+                (!s->nn || memcmp(s->n, p->nodes, s->nn * sizeof *s->n) == 0) &&
+                (!s->nq || memcmp(s->q, p->params, s->nq * sizeof *s->q) == 0) &&
+                (!s->nb || memcmp(s->b, p->blocks, s->nb * sizeof *s->b) == 0);
     free(s->t);
     free(s->n);
     free(s->q);

@@ -239,6 +239,8 @@ struct mp_layer {
      * relative_attention_bias table (rel_buckets x heads) */
     bool t5, cross_attn;
     uint64_t rel_buckets;
+    bool bias_per_layer;    /* UMT5: every self-attention computes its own bias and every
+                               cross-attention its own zeros (locals of the layer, not handed on) */
     /* embedding: dec_input, the decoder's embedding of an encoder-decoder model: it looks up
      * the decoder ids (the labels shifted right, made in this block) and its incoming hidden
      * state is the encoder output, held for every cross-attention; tied: it shares the first
