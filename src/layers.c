@@ -779,6 +779,8 @@ static struct val lower_cohere_norm(struct bld *B, struct val x, uint64_t dim, c
         extra_as(n, new_flat(B, en, MP_DT_F32, i < 2 ? M : N), roles[i]);
     }
     bool half = xdt != MP_DT_F32;
+    /* the executors' layernorm backward reads x, which this composite does not keep */
+    B->p->probe_unsupported = "Cohere's composite LayerNorm (its backward does not keep x)";
     tmp_one(B, n, false, MP_TR_OTHER, half ? mul(B, N, 4) : 0);       /* x.float() */
     tmp_one(B, n, true, MP_TR_OTHER, add(B, mul(B, N, 8), half ? mul(B, N, 2) : 0));
     n->rows = M;
