@@ -158,6 +158,7 @@ struct family {
     bool rope_fp32;             /* fp32 cos/sin (OLMo2/3, ERNIE 4.5) */
     bool rope_cast_back;        /* rotated q/k in fp32, cast back (OLMo2/3, ERNIE 4.5, Cohere) */
     bool ln_fp32;               /* Cohere's composite fp32 LayerNorm without bias */
+    bool up_down;               /* a non-gated MLP named up_proj / down_proj (Arcee) */
     const char *k_logit_scale;  /* logits * logit_scale (Cohere; default logit_scale below) */
     double logit_scale;
     bool rope_per_type;         /* one rotary table (and inv_freq pair) per distinct layer type (Gemma3,
@@ -367,13 +368,18 @@ static const struct family families[] = {
      .k_logit_scale = "logit_scale", .logit_scale = 0.0625, .k_attn_p = "attention_dropout",
      .reject = {{"use_qk_norm", "Cohere's per-head q/k LayerNorms are not modelled"}}, .n_tok = "embed_tokens",
      .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
+    /* Arcee (AFM): llama with a non-gated relu2 MLP (NemotronMLP: up_proj, down_proj) */
+    {.type = "arcee", .act = MP_ACT_RELU2, .norm = MP_NORM_RMSNORM, .gqa = true, .up_down = true,
+     .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias", .k_attn_p = "attention_dropout", .n_tok = "embed_tokens",
+     .n_norm = "norm", .n_head = "lm_head", .k_cls_p = "hidden_dropout", .generic_heads = true,
+     .heads = DECODER_HEADS},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
     "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mt5, umt5, mixtral, qwen2_moe, " \
     "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, " \
-    "cohere"
+    "cohere, arcee"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -482,7 +488,7 @@ static enum mp_status read_act(const cJSON *root, const char *key, enum mp_act *
     if (a < 0)
         return mp_fail(d, MP_ERR_MODEL,
                        "%s: %s: '%s' is not a supported activation (supported: gelu, gelu_new, gelu_fast, "
-                       "gelu_pytorch_tanh, relu, silu, swish, tanh, sigmoid)",
+                       "gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid)",
                        path, key, s);
     *out = (enum mp_act)a;
     return MP_OK;
@@ -1409,6 +1415,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->rope_fp32 = l->rope && c->f->rope_fp32;
         l->rope_cast_back = l->rope && c->f->rope_cast_back;
         l->ln_fp32 = c->f->ln_fp32;
+        l->up_down = c->f->up_down;
         l->impl = MP_ATTN_SDPA;
         l->impl_set = false;
         l->attn_dropout = c->attn_p;
@@ -1616,7 +1623,7 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
     int a = mp_act_parse(act);
     if (a < 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: %s: '%s' is not a supported activation (supported: gelu, gelu_new, "
-                       "gelu_fast, gelu_pytorch_tanh, relu, silu, swish, tanh, sigmoid)", path,
+                       "gelu_fast, gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid)", path,
                        da ? "dense_act_fn" : "feed_forward_proj", act);
     c->act = (enum mp_act)a;
     bool tied = true, is_decoder = false;
