@@ -383,11 +383,12 @@ def core_settings(cfg):
             (1, s1, "bf16", "sdpa", "layers", "sgd-momentum")]
 
 
+T5_TYPES = {"t5", "mt5"}  # encoder-decoders with T5's position-bias attention
 EAGER_ONLY = {"gptj"}  # model types whose attention transformers runs eagerly only
 PLAIN_SOFTMAX = {"gpt2", "bert", "roberta", "distilbert"}  # eager softmax without dtype=float32
 
 
-def cuda_only_bytes(cfg, b, s, prec, attn, ck):
+def cuda_only_bytes(cfg, b, s, prec, attn, ck, tgt=0):
     """What CUDA autocast keeps beyond what CPU autocast keeps, for this row (bytes, why).
     memplan follows CUDA; the bench runs CPU autocast (see torch_step_results.md).
       gelu_new calls torch.pow, on CUDA's fp32 list only: pow saves an fp32 copy of x (4N
@@ -398,6 +399,8 @@ def cuda_only_bytes(cfg, b, s, prec, attn, ck):
       (4 b a s^2) and their bf16 cast (2 b a s^2) instead of bf16 probabilities: +4 b a s^2."""
     if prec != "amp-bf16" or ck != "none":
         return 0, ""
+    if cfg.get("model_type") in T5_TYPES:
+        return t5_cuda_only_bytes(cfg, b, s, attn, tgt)
     layers = next((cfg[k] for k in LAYER_KEYS if isinstance(cfg.get(k), int)), 0)
     h = cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("dim") or 0
     act = str(cfg.get("activation_function") or cfg.get("hidden_act") or "")
@@ -410,6 +413,30 @@ def cuda_only_bytes(cfg, b, s, prec, attn, ck):
         heads = cfg.get("n_head") or cfg.get("num_attention_heads") or cfg.get("n_heads") or 0
         extra += 4 * b * heads * s * s * layers
         why.append("fp32 softmax")
+    return extra, " + ".join(why)
+
+
+def t5_cuda_only_bytes(cfg, b, s, attn, tgt):
+    """T5 under amp-bf16 (modeling_t5.py):
+      gated-gelu (gelu_new) in every layer of both stacks: as above, and the fp32 output is also
+      saved by the gate's mul (fp32 instead of bf16): +8N per layer, N = b * len * d_ff (len: s
+      in the encoder, the target length in the decoder); the mul's product is then fp32 on CUDA,
+      so the cast to wo's dtype copies nothing (on the CPU a transient fp32 copy);
+      eager cross-attention: scores + the bf16 zeros bias are bf16, so CUDA's softmax is fp32
+      (its output and the bf16 cast P@V saves) where the CPU's is bf16: +4 b a t s per decoder
+      layer (self-attention scores are fp32 on both: + the fp32 position bias)."""
+    enc = cfg.get("num_layers", 6)
+    dec = cfg.get("num_decoder_layers") or enc
+    t = tgt or s
+    extra, why = 0, []
+    act = cfg.get("dense_act_fn") or ""
+    ffp = cfg.get("feed_forward_proj") or ("gated-gelu" if cfg.get("model_type") == "mt5" else "relu")
+    if act == "gelu_new" or (not act and ffp == "gated-gelu") or ffp == "gelu_new" or ffp == "gated-gelu_new":
+        extra += 8 * b * cfg.get("d_ff", 2048) * (enc * s + dec * t)
+        why.append("gelu_new pow")
+    if attn == "eager":
+        extra += 4 * b * cfg.get("num_heads", 8) * t * s * dec
+        why.append("fp32 cross softmax")
     return extra, " + ".join(why)
 
 
@@ -481,7 +508,7 @@ def main():
             im, pt = cfg.get("image_size", 224), cfg.get("patch_size", 16)
             seq = (im // pt) ** 2 + 1
             rows = list(dict.fromkeys((8 * b, seq, p, a_, c, o) for (b, s, p, a_, c, o) in rows))
-        CUDA_FLOAT_MASK = cfg.get("model_type") == "t5"
+        CUDA_FLOAT_MASK = cfg.get("model_type") in T5_TYPES
         enc_dec = bool(cfg.get("is_encoder_decoder")) and "ForConditionalGeneration" in str(cfg.get("architectures"))
         for (b, s, prec, attn, ck, optim) in rows:
             t0 = time.time()
@@ -498,7 +525,7 @@ def main():
                                                                             m["error"][:80]), file=out)
                 continue
             dpk = pct(m["peak"], t["peak"])
-            cuda, why = cuda_only_bytes(cfg, b, s, prec, attn, ck)
+            cuda, why = cuda_only_bytes(cfg, b, s, prec, attn, ck, tgt)
             # CUDA-only bytes are activations alive at a backward-time peak; a peak in the
             # optimizer step (activations gone) is unchanged by them
             cuda_pk = cuda if t["peak_at"].startswith(("backward", "forward")) else 0

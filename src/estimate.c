@@ -233,13 +233,25 @@ static void hold_made(struct rp *r, const struct mp_node *n)
 static void release_held(struct rp *r, int release_at)
 {
     for (size_t j = 0; j < r->p->n_held; j++) {
-        int rb = r->p->held[j].release;
-        if (!r->held_on[j] || (release_at < 0 ? rb >= 0 && r->ckpt[rb] : rb != release_at))
+        int rb = r->p->held[j].release, t = r->p->held[j].t;
+        bool leaf = r->p->held[j].leaf;
+        if (!r->held_on[j] || (leaf ? release_at != 0 : release_at < 0 ? rb >= 0 && r->ckpt[rb] : rb != release_at))
             continue;
         r->held_on[j] = false;
-        r->holds[r->p->held[j].t]--;
-        t_maybe_free(r, r->p->held[j].t);
+        r->holds[t]--;
+        t_maybe_free(r, t);
+        if (leaf) /* its .grad dies with it */
+            g_free(r, t);
     }
+}
+
+/* A held leaf keeps its gradient (.grad) past its producer's backward. */
+static bool held_leaf(const struct rp *r, int t)
+{
+    for (size_t j = 0; j < r->p->n_held; j++)
+        if (r->p->held[j].t == t && r->p->held[j].leaf)
+            return true;
+    return false;
 }
 
 /* Forward of block i; kind FE records for backward, FN/FC do not.  early: the recompute right
@@ -704,7 +716,7 @@ static void bwd_block(struct rp *r, size_t i)
         uint64_t incoming = 0; /* accumulation: the node's new weight gradients, added in place */
         int wcast = -1; /* a weight autocast cast: its fp32 gradient is made after the node */
         if (n->no_grad) { /* not recorded: no backward; nothing saved, no gradient flows */
-            if (!node_reads(n, n->out, 3))
+            if (!node_reads(n, n->out, 3) && !held_leaf(r, n->out))
                 g_free(r, n->out);
             continue;
         }

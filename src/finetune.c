@@ -63,6 +63,8 @@ static const struct fam_names FAMS[] = {
     {"falcon", "query_key_value", "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h", NULL, NULL, NULL},
     {"starcoder2", NULL, NULL, NULL, "c_fc", "c_proj", NULL, NULL, NULL},
     {"distilbert", NULL, NULL, "out_lin", "lin1", "lin2", "q_lin", "k_lin", "v_lin"},
+    {"t5", "q,v", NULL, NULL, NULL, NULL, NULL, NULL, NULL}, /* T5's Linears carry their HF names */
+    {"mt5", "q,v", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };
 
 /* Head Linears whose module name differs from memplan's layer name (one row each). */

@@ -1843,6 +1843,9 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
             }
             B->cross_bias = z.t;
             held_tensor(B, z.t, B->block);
+            /* under HF checkpointing T5Attention sets requires_grad on it: a leaf */
+            if (!failed(B) && B->p->opts.hf_checkpointing)
+                B->p->held[B->p->n_held - 1].leaf = true;
         }
         pb = B->cross_bias;
     } else {
@@ -2597,8 +2600,13 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
                        (unsigned long long)B->p->params[B->embed_param].cols);
             return x;
         }
-        if (l->in_mult != 0) /* T5: sequence_output * d_model**-0.5, a new tensor (saves nothing) */
+        if (l->t5) /* T5: decoder_outputs[0] and the scaled sequence_output are locals of the forward */
+            held_tensor(B, x.t, -1);
+        if (l->in_mult != 0) { /* T5: sequence_output * d_model**-0.5, a new tensor (saves nothing) */
             x = lower_copy(B, x, dt_of(B, x), l->in_mult, "scale_decoder_outputs");
+            if (l->t5)
+                held_tensor(B, x.t, -1);
+        }
         struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
         if (!failed(B) && l->tied) {
             B->p->params[B->embed_param].matmul = true;
@@ -2622,6 +2630,8 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
          * MP_POOL_FIRST on a sequence: the first position (ViT's class token) */
         if (l->pool == MP_POOL_FIRST)
             x = first_position(B, x, nm);
+        if (l->t5) /* T5: the stack's output is a local of the forward (outputs[0]) */
+            held_tensor(B, x.t, -1);
         struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
         bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE && !l->masked; /* masked: a plain
                                                                  nn.CrossEntropyLoss (T5ForTokenClassification) */

@@ -296,13 +296,16 @@ struct mp_program {
                                     the first forward that makes them to the backward of that block; -1 */
     int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward
                                     (Falcon), held like rope_tables; -1 */
-#define MP_HELD_MAX 6
+#define MP_HELD_MAX 8
     size_t n_held;
     struct {
         int t;                   /* a tensor the model makes once per forward and hands to many blocks
                                     (T5: the encoder output, the position biases) */
         int release;             /* it lives until the loss; if this block is a checkpoint (its inputs
-                                    hold it), until this block's backward */
+                                    hold it), until this block's backward; -1: until the loss */
+        bool leaf;               /* a leaf that requires grad (T5's cross-attention zeros under HF
+                                    checkpointing): AccumulateGrad keeps it and its .grad until the
+                                    backward ends */
     } held[MP_HELD_MAX];
 #define MP_BUFFERS_MAX 4
     size_t n_buffers;

@@ -309,6 +309,7 @@ static const struct family families[] = {
      .bare_pooler = true, .hook = vit_hook},
     /* T5: encoder-decoder; every key, the layout and the heads in t5_model */
     {.type = "t5", .enc_dec = true},
+    {.type = "mt5", .enc_dec = true},
     /* ---- mixture of experts (moe_hook; the MoE and MLA keys are read there) ---- */
     {.type = "mixtral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
      .hook = moe_hook},
@@ -369,7 +370,7 @@ static const struct family families[] = {
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
-    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mixtral, qwen2_moe, " \
+    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mt5, mixtral, qwen2_moe, " \
     "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, " \
     "cohere"
 
@@ -1573,7 +1574,9 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
                               uint64_t *buckets, bool *scale, const char *path, struct mp_diag *d)
 {
     enum mp_status st;
-    c->vocab = 32128, c->hidden = 512, c->head_dim = 64, c->ffn = 2048, c->layers = 6, c->heads = 8;
+    bool mt5 = !strcmp(c->f->type, "mt5"); /* MT5Config's defaults; MT5 never rescales */
+    c->vocab = mt5 ? 250112 : 32128, c->hidden = 512, c->head_dim = 64, c->ffn = mt5 ? 1024 : 2048;
+    c->layers = mt5 ? 8 : 6, c->heads = mt5 ? 6 : 8;
     *buckets = 32;
     c->resid_p = 0.1;
     c->cls_p = 0.0;
@@ -1595,7 +1598,7 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
     if (st != MP_OK)
         return st;
     char act[48];
-    ff = ff ? ff : "relu";
+    ff = ff ? ff : mt5 ? "gated-gelu" : "relu";
     const char *dash = strchr(ff, '-');
     if (dash && (strncmp(ff, "gated-", 6) != 0 || strchr(dash + 1, '-')))
         return mp_fail(d, MP_ERR_MODEL, "%s: feed_forward_proj: '%s' is not gated-ACT or ACT (transformers refuses it)",
@@ -1617,7 +1620,7 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
     if ((st = mp_json_bool(root, "tie_word_embeddings", &tied, path, "", d)) != MP_OK ||
         (st = mp_json_bool(root, "is_decoder", &is_decoder, path, "", d)) != MP_OK)
         return st;
-    *scale = tied;
+    *scale = tied && !mt5;
     if (is_decoder)
         return mp_fail(d, MP_ERR_MODEL, "%s: is_decoder: true is not supported (a T5 stack used as a decoder alone)",
                        path);
@@ -1633,21 +1636,21 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
     } t5_heads[] = {{"ForConditionalGeneration", T5_LM}, {"Model", T5_BARE}, {"EncoderModel", T5_ENCODER},
                     {"ForTokenClassification", T5_TOKEN}, {"ForQuestionAnswering", T5_QA}};
     if (a0) {
-        const char *cls = a0->valuestring;
+        const char *cls = a0->valuestring, *pre = mt5 ? "MT5" : "T5";
+        size_t pl = strlen(pre);
         bool found = false;
         for (size_t i = 0; i < sizeof t5_heads / sizeof t5_heads[0] && !found; i++)
-            if (!strncmp(cls, "T5", 2) && !strcmp(cls + 2, t5_heads[i].cls)) {
+            if (!strncmp(cls, pre, pl) && !strcmp(cls + pl, t5_heads[i].cls)) {
                 *head = t5_heads[i].h;
                 found = true;
             }
-        if (!found && !strcmp(cls, "T5ForSequenceClassification"))
-            return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: T5ForSequenceClassification is not modelled (it "
-                           "gathers the hidden states at the <eos> positions of input_ids, a data-dependent size)",
-                           path);
+        if (!found && !strncmp(cls, pre, pl) && !strcmp(cls + pl, "ForSequenceClassification"))
+            return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: %s is not modelled (it gathers the hidden states "
+                           "at the <eos> positions of input_ids, a data-dependent size)", path, cls);
         if (!found)
-            return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: '%s' is not supported for t5 (supported: "
-                           "T5ForConditionalGeneration, T5Model, T5EncoderModel, T5ForTokenClassification, "
-                           "T5ForQuestionAnswering)", path, cls);
+            return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: '%s' is not supported for %s (supported: "
+                           "%sForConditionalGeneration, %sModel, %sEncoderModel, %sForTokenClassification, "
+                           "%sForQuestionAnswering)", path, cls, c->f->type, pre, pre, pre, pre, pre);
     }
     if ((st = read_labels(root, c, path, d)) != MP_OK)
         return st;
@@ -1770,6 +1773,7 @@ static enum mp_status t5_model(struct mp_model *m, const cJSON *root, struct hf 
         l[n].tied = true;
         l[n].masked = true; /* CrossEntropyLoss(ignore_index=-100) on the labels as they are */
         l[n].in_mult = scale ? 1.0 / sqrt((double)c->hidden) : 0.0;
+        l[n].t5 = true;
         set_name(&l[n++], "lm_head");
         break;
     case T5_TOKEN:
@@ -1781,11 +1785,13 @@ static enum mp_status t5_model(struct mp_model *m, const cJSON *root, struct hf 
         l[n].type = MP_LT_CLASSIFIER;
         classifier(&l[n], c, c->labels, true, MP_POOL_NONE);
         l[n].masked = true; /* a plain CrossEntropyLoss: no logits.float() */
+        l[n].t5 = true;
         set_name(&l[n++], "classifier");
         break;
     case T5_QA:
         l[n].type = MP_LT_CLASSIFIER;
         classifier(&l[n], c, 2, true, MP_POOL_SPAN);
+        l[n].t5 = true;
         set_name(&l[n++], "qa_outputs");
         break;
     case T5_BARE:
@@ -1887,6 +1893,9 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     for (size_t i = 0; i < N_FAMILIES && !c.f; i++)
         if (strcmp(type, families[i].type) == 0)
             c.f = &families[i];
+    if (!c.f && !strcmp(type, "umt5"))
+        return mp_fail(d, MP_ERR_MODEL, "%s: model_type: 'umt5' is not supported (its per-layer relative position "
+                       "bias and per-layer cross-attention zeros are not modelled; t5 and mt5 are)", path);
     if (!c.f)
         return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (supported: " HF_SUPPORTED ")", path,
                        type);

@@ -371,6 +371,14 @@ expect_line 4 "probe of a T5 config: refused, one line" probe models/hf/t5-small
     --seq 32
 expect_line 2 "t5 with --attention flash (transformers has no flash path for T5)" estimate models/hf/t5-small.json \
     --attention flash
+for ck in none layers; do
+    run estimate models/hf/t5-small.json --attention eager --checkpoint "$ck" --target-seq 128
+    if [ "$ec" -eq 0 ] && [ -s "$T/out" ]; then
+        ok "t5 eager attention, checkpoint $ck: exit 0"
+    else
+        bad "t5 eager attention, checkpoint $ck: exit 0"
+    fi
+done
 printf '{"model_type": "t5", "architectures": ["T5ForSequenceClassification"]}' >"$T/t5seq.json"
 expect_line 3 "T5ForSequenceClassification: refused with the reason" estimate "$T/t5seq.json"
 printf '{"model_type": "t5", "feed_forward_proj": "gated-gelu-x"}' >"$T/t5ff.json"

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdint.h>
-#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -564,6 +564,85 @@ static enum mp_status live_at_loss_event(void *ctx, const struct mp_event *ev)
     if (ev->kind == MP_EV_LOSS_GRAD)
         w->at_loss = w->live;
     return MP_OK;
+}
+
+/* T5 (transformers 5.23 modeling_t5.py), an encoder layer after the first at fp32 / SDPA, b 2,
+ * s 32, d_model 64, 4 heads of d_kv 16, d_ff 128, relu, no dropout: what it keeps, worked by hand
+ * from the module's ops (x itself belongs to the block before):
+ *   layer_norm: rsqrt (b*s*4 = 256), normed (b*s*h*4 = 16384), its output weight * normed
+ *   (16384, saved by q, k and v); q, k, v: 3 x 16384 (saved by SDPA); the position-bias mask
+ *   pb.contiguous() (a*s*s*4 = 16384); SDPA's output (16384) and logsumexp (b*a*32*4 = 1024);
+ *   the residual sum x1 (16384, saved by the next norm); its rsqrt (256), normed (16384) and
+ *   output (16384, saved by wi); relu's output (b*s*F*4 = 32768, saved by relu and wo).
+ *   Total 198144 (bench/torch_step.py: saved tensors equal to PyTorch's). */
+static const char T5_TINY[] =
+    "{\"model_type\": \"t5\", \"vocab_size\": 100, \"d_model\": 64, \"d_kv\": 16, \"d_ff\": 128,"
+    " \"num_layers\": 2, \"num_heads\": 4, \"dropout_rate\": 0.0, \"n_positions\": 32}";
+
+static uint64_t block_saved_bytes(const struct mp_program *p, size_t i)
+{
+    uint64_t sum = 0;
+    bool *seen = calloc(p->n_tensors, 1);
+    assert_non_null(seen);
+    const struct mp_block_prog *bp = &p->blocks[i];
+    for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++)
+        for (int j = 0; j < p->nodes[k].n_saved; j++) {
+            int t = p->nodes[k].saved[j];
+            if (!seen[t] && p->tensors[t].block == (int)i)
+                sum += p->tensors[t].bytes;
+            seen[t] = true;
+        }
+    free(seen);
+    return sum;
+}
+
+static void test_estimate_t5_encoder_layer(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_diag d = {{0}};
+    mp_model_init(&m);
+    assert_int_equal(mp_model_load_string(&m, T5_TINY, sizeof T5_TINY - 1, "t5.json", &d), MP_OK);
+    struct mp_program prog;
+    build(&m, 2, 32, MP_PREC_FP32, &prog);
+    assert_string_equal(m.blocks[2].name, "encoder.block.1");
+    assert_int_equal(block_saved_bytes(&prog, 2), 198144);
+    assert_int_equal(prog.opts.target_seq, 32); /* the default: = seq */
+    assert_non_null(prog.probe_unsupported);
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
+/* The encoder output is a local of T5ForConditionalGeneration.forward: under autocast nothing
+ * saves it (every cross-attention k / v projection saves its own bf16 cast), so it dies when the
+ * forward returns; under --checkpoint layers it is an input of every checkpointed decoder layer,
+ * alive until the first one's backward. */
+static void test_estimate_t5_encoder_output_held(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_diag d = {{0}};
+    mp_model_init(&m);
+    assert_int_equal(mp_model_load_string(&m, T5_TINY, sizeof T5_TINY - 1, "t5.json", &d), MP_OK);
+    for (int ck = 0; ck < 2; ck++) {
+        struct mp_chain c;
+        chain_at(&m, 2, 32, MP_PREC_AMP_BF16, &c);
+        struct mp_ckpt_spec spec = {ck ? MP_CKPT_LAYERS : MP_CKPT_NONE, 0};
+        struct mp_ckpt_plan plan;
+        assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
+        struct mp_program prog;
+        build(&m, 2, 32, MP_PREC_AMP_BF16, &prog);
+        assert_string_equal(m.blocks[3].name, "encoder.final");
+        struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+        struct live_at_loss w = {.t = prog.blocks[3].output};
+        assert_int_equal(mp_replay(&prog, &plan.sched, &t, live_at_loss_event, &w, &d), MP_OK);
+        assert_int_equal(w.at_loss, ck == 1);
+        assert_false(w.live);
+        mp_program_release(&prog);
+        mp_ckpt_plan_release(&plan);
+        mp_chain_release(&c);
+    }
+    mp_model_release(&m);
 }
 
 /* HF computes the rotary cos/sin once in the model's forward and passes them to every
@@ -1339,6 +1418,8 @@ int main(void)
         cmocka_unit_test(test_estimate_gradient_added_out_of_place),
         cmocka_unit_test(test_estimate_autocast_weight_grad_after_node),
         cmocka_unit_test(test_estimate_rope_tables_under_checkpointing),
+        cmocka_unit_test(test_estimate_t5_encoder_layer),
+        cmocka_unit_test(test_estimate_t5_encoder_output_held),
         cmocka_unit_test(test_estimate_recomputed_saved_die_before_engine_cast),
         cmocka_unit_test(test_estimate_sliding_window_mask),
         cmocka_unit_test(test_estimate_chunk_cat_before_weight_grad),

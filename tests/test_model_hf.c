@@ -584,6 +584,9 @@ static const struct param_row table_families[] = {
     {"models/hf/flan-t5-base.json", "T5EncoderModel", 109628544u},
     {"models/hf/flan-t5-base.json", "T5ForTokenClassification", 109630082u},
     {"models/hf/flan-t5-base.json", "T5ForQuestionAnswering", 222905090u},
+    {"models/hf/mt5-small.json", NULL, 172119424u},
+    {"models/hf/mt5-small.json", "MT5EncoderModel", 146940608u},
+    {"models/hf/mt5-small.json", "MT5ForQuestionAnswering", 172120450u},
     {"models/hf/vit-base-patch16-224.json", NULL, 86567656u},
     {"models/hf/vit-base-patch16-224.json", "ViTModel", 86389248u},
 };
