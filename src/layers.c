@@ -3329,20 +3329,25 @@ static void take_before(const struct mp_program *p, size_t nb, struct before *s)
     s->b = malloc(s->nb ? s->nb * sizeof *s->b : 1);
     s->ok = s->t && s->n && s->q && s->b;
     if (s->ok) {
-        memcpy(s->t, p->tensors, s->nt * sizeof *s->t);
-        memcpy(s->n, p->nodes, s->nn * sizeof *s->n);
-        memcpy(s->q, p->params, s->nq * sizeof *s->q);
-        memcpy(s->b, p->blocks, s->nb * sizeof *s->b);
+        /* an empty array may be NULL: memcpy from NULL is undefined even for 0 bytes (SAN=1) */
+        if (s->nt)
+            memcpy(s->t, p->tensors, s->nt * sizeof *s->t);
+        if (s->nn)
+            memcpy(s->n, p->nodes, s->nn * sizeof *s->n);
+        if (s->nq)
+            memcpy(s->q, p->params, s->nq * sizeof *s->q);
+        if (s->nb)
+            memcpy(s->b, p->blocks, s->nb * sizeof *s->b);
     }
 }
 
 /* Frees s; true when p still begins with what s holds. */
 static bool unchanged_before(const struct mp_program *p, struct before *s)
 {
-    bool same = s->ok && memcmp(s->t, p->tensors, s->nt * sizeof *s->t) == 0 &&
-                memcmp(s->n, p->nodes, s->nn * sizeof *s->n) == 0 &&
-                memcmp(s->q, p->params, s->nq * sizeof *s->q) == 0 &&
-                memcmp(s->b, p->blocks, s->nb * sizeof *s->b) == 0;
+    bool same = s->ok && (!s->nt || memcmp(s->t, p->tensors, s->nt * sizeof *s->t) == 0) &&
+                (!s->nn || memcmp(s->n, p->nodes, s->nn * sizeof *s->n) == 0) &&
+                (!s->nq || memcmp(s->q, p->params, s->nq * sizeof *s->q) == 0) &&
+                (!s->nb || memcmp(s->b, p->blocks, s->nb * sizeof *s->b) == 0);
     free(s->t);
     free(s->n);
     free(s->q);
