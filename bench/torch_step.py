@@ -383,7 +383,7 @@ def core_settings(cfg):
             (1, s1, "bf16", "sdpa", "layers", "sgd-momentum")]
 
 
-T5_TYPES = {"t5", "mt5"}  # encoder-decoders with T5's position-bias attention
+T5_TYPES = {"t5", "mt5", "umt5"}  # encoder-decoders with T5's position-bias attention
 EAGER_ONLY = {"gptj"}  # model types whose attention transformers runs eagerly only
 PLAIN_SOFTMAX = {"gpt2", "bert", "roberta", "distilbert"}  # eager softmax without dtype=float32
 
@@ -430,7 +430,7 @@ def t5_cuda_only_bytes(cfg, b, s, attn, tgt):
     t = tgt or s
     extra, why = 0, []
     act = cfg.get("dense_act_fn") or ""
-    ffp = cfg.get("feed_forward_proj") or ("gated-gelu" if cfg.get("model_type") == "mt5" else "relu")
+    ffp = cfg.get("feed_forward_proj") or ("relu" if cfg.get("model_type") == "t5" else "gated-gelu")
     if act == "gelu_new" or (not act and ffp == "gated-gelu") or ffp == "gelu_new" or ffp == "gated-gelu_new":
         extra += 8 * b * cfg.get("d_ff", 2048) * (enc * s + dec * t)
         why.append("gelu_new pow")

@@ -100,6 +100,7 @@ struct bld {
     /* T5: the encoder output (read by every cross-attention), the current stack's position bias
      * (1, a, q, k), the decoder's cross-attention bias (zeros) and eager causal mask, or -1 */
     int enc_out, pos_bias, cross_bias, dec_mask;
+    bool dec_started; /* T5: the first decoder block has been lowered */
     uint64_t s_enc;   /* T5: the encoder's length (B->s is the decoder's once the decoder starts) */
     uint64_t b, s;
     bool amp;
@@ -843,11 +844,11 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
     /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
     if (n_extras)
         tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2));
-    /* backward of the composite: its last op, half_x * one_plus_tanh, is a MulBackward0 that makes
-     * both factors' gradients (the output's dtype) while the incoming one is alive; the fused
-     * kernels make one (measured with bench/torch_step.py's tracker: 3 vs 2 x-sized tensors) */
-    if (n_extras)
-        tmp_one(B, n, true, MP_TR_OTHER, mul(B, T(B, x.t)->elems, mp_dtype_size(odt)));
+    /* backward of HF's composites: the x-sized tensors their chain of autograd nodes holds beyond
+     * a fused kernel's gradients (model.h's bwd column, measured) */
+    if (mp_act_bwd_tensors(act))
+        tmp_one(B, n, true, MP_TR_OTHER,
+                mul(B, mul(B, T(B, x.t)->elems, mp_dtype_size(odt)), (uint64_t)mp_act_bwd_tensors(act)));
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
@@ -1678,9 +1679,9 @@ static struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *
         struct val m = lower_mul(B, ga, u, "mul");
         y = lower_linear(B, m, l->ffn, hidden, l->mlp_bias, "down_proj");
     } else {
-        struct val f = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "fc1");
+        struct val f = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, l->up_down ? "up_proj" : "fc1");
         f = lower_act(B, f, l->act, false, "act");
-        y = lower_linear(B, f, l->ffn, hidden, l->mlp_bias, "fc2");
+        y = lower_linear(B, f, l->ffn, hidden, l->mlp_bias, l->up_down ? "down_proj" : "fc2");
     }
     restore_prefix(B, saved);
     return y;
@@ -1777,7 +1778,8 @@ static struct val t5_position_bias(struct bld *B, const struct mp_layer *l, uint
         return pb;
     n->param[0] = w;
     extra_as(n, new_flat(B, "relative_position_bucket", MP_DT_I64, qk), MP_XR_POSITION_IDS);
-    held_tensor(B, pb.t, B->block);
+    if (!l->bias_per_layer) /* UMT5: a local of the layer's attention */
+        held_tensor(B, pb.t, B->block);
     return pb;
 }
 
@@ -1834,17 +1836,20 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
     uint64_t shape4[4] = {1, a, ql, kl}, aqk = mul(B, mul(B, a, ql), kl), baqk = mul(B, b, aqk);
     int pb;
     if (kind == T5_CROSS) {
-        if (B->cross_bias < 0) { /* layer 0: torch.zeros (1, a, q, k) in q's dtype, handed on */
-            struct val z = new_val(B, "position_bias_zeros", cdt, 4, shape4, B->p->opts.hf_checkpointing);
+        if (B->cross_bias < 0 || l->bias_per_layer) { /* torch.zeros (1, a, q, k) in q's dtype: made
+                                                          by layer 0 and handed on (UMT5: every layer) */
+            struct val z = new_val(B, "position_bias_zeros", cdt, 4, shape4,
+                                   B->p->opts.hf_checkpointing && !l->bias_per_layer);
             struct mp_node *zn = t5_node(B, "position_bias_zeros", -1, z.t, 0);
             if (zn) {
                 zn->no_grad = true;
                 zn->grad_in = false;
             }
             B->cross_bias = z.t;
-            held_tensor(B, z.t, B->block);
-            /* under HF checkpointing T5Attention sets requires_grad on it: a leaf */
-            if (!failed(B) && B->p->opts.hf_checkpointing)
+            if (!l->bias_per_layer)
+                held_tensor(B, z.t, B->block);
+            /* under HF checkpointing T5Attention sets requires_grad on it: a leaf (not UMT5's) */
+            if (!failed(B) && B->p->opts.hf_checkpointing && !l->bias_per_layer)
                 B->p->held[B->p->n_held - 1].leaf = true;
         }
         pb = B->cross_bias;
@@ -1988,10 +1993,12 @@ static struct val lower_t5_block(struct bld *B, struct val x, const struct mp_la
         fail_model(B, MP_ERR_MODEL, "a T5 decoder block needs the decoder embedding (dec_input) before it");
         return x;
     }
-    if (l->cross_attn && l->rel_buckets) /* the first decoder layer: checkpoint inputs hold it */
+    if (l->cross_attn && !B->dec_started) { /* the first decoder layer: checkpoint inputs hold it */
+        B->dec_started = true;
         for (size_t j = 0; j < B->p->n_held; j++)
             if (B->p->held[j].t == B->enc_out)
                 B->p->held[j].release = B->block;
+    }
     B->p->probe_unsupported = "T5's encoder-decoder attention (relative position bias, cross-attention)";
     char p0[24], p1[24], p2[24];
     snprintf(p0, sizeof p0, "layer.0");

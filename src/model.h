@@ -47,7 +47,8 @@ const char *mp_layer_type_str(enum mp_layer_type t);
 /* Returns -1 when s names no layer type. */
 int mp_layer_type_parse(const char *s);
 
-/* Activations, one row each: X(id, name, HF aliases, what backward reads, HF intermediates).
+/* Activations, one row each: X(id, name, HF aliases, what backward reads, HF intermediates,
+ * amp32, bwd).
  * saves: IN (the input) or OUT (the output); intermediates: tensors the size of the input
  * that HF's Python composites also keep (space-separated names, measured with
  * saved_tensors_hooks, bench/torch_saved.md).  GELU_TANH is the fused kernel
@@ -57,24 +58,30 @@ int mp_layer_type_parse(const char *s);
  * the order is the kernels' activation code.  amp32: what is fp32 under CUDA autocast with a
  * half input, because the composite calls an op on CUDA's fp32 list (gelu_new: torch.pow):
  * "in" the saved input becomes an fp32 copy, named intermediates are fp32, "out" the output
- * is fp32.  CPU autocast does not list pow, so a CPU measurement differs there. */
+ * is fp32.  CPU autocast does not list pow, so a CPU measurement differs there.  bwd: the x-sized
+ * tensors (output dtype) its backward holds beyond the two gradients a fused kernel has: HF's
+ * composites chain several autograd nodes (gelu_new's last MulBackward0 makes both factors'
+ * gradients: 1; relu2's square backward: 2), measured with bench/torch_step.py's LiveTracker
+ * (backward peaks 3, 4 and 2 x-sized tensors above the live set for gelu_new, relu2, fused).
+ * RELU2 (HF ReLUSquaredActivation, relu(x)^2) saves relu(x), an x-sized tensor: modelled as IN. */
 #define MP_ACTIVATIONS(X)                                                                        \
-    X(GELU, "gelu", "", IN, "", "")                                                              \
-    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "", "")                         \
-    X(RELU, "relu", "", OUT, "", "")                                                             \
-    X(SILU, "silu", "swish", IN, "", "")                                                         \
-    X(TANH, "tanh", "", OUT, "", "")                                                             \
-    X(SIGMOID, "sigmoid", "", OUT, "", "")                                                       \
-    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh", "in tanh one_plus_tanh out")    \
-    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh", "")
+    X(GELU, "gelu", "", IN, "", "", 0)                                                           \
+    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "", "", 0)                      \
+    X(RELU, "relu", "", OUT, "", "", 0)                                                          \
+    X(SILU, "silu", "swish", IN, "", "", 0)                                                      \
+    X(TANH, "tanh", "", OUT, "", "", 0)                                                          \
+    X(SIGMOID, "sigmoid", "", OUT, "", "", 0)                                                    \
+    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh", "in tanh one_plus_tanh out", 1) \
+    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh", "", 1)          \
+    X(RELU2, "relu2", "", IN, "", "", 2)
 
 enum mp_act {
-#define MP_X(id, name, aliases, saves, extras, amp32) MP_ACT_##id,
+#define MP_X(id, name, aliases, saves, extras, amp32, bwd) MP_ACT_##id,
     MP_ACTIVATIONS(MP_X)
 #undef MP_X
 };
 enum { /* the number of rows (outside enum mp_act, so switches over it stay exhaustive) */
-#define MP_X(id, name, aliases, saves, extras, amp32) MP_ACT_ROW_##id,
+#define MP_X(id, name, aliases, saves, extras, amp32, bwd) MP_ACT_ROW_##id,
     MP_ACTIVATIONS(MP_X)
 #undef MP_X
         MP_ACT_COUNT
@@ -89,6 +96,8 @@ int mp_act_n_intermediates(enum mp_act a);
 /* Whether `what` ("in", "out" or an intermediate's name) is fp32 under CUDA autocast with a
  * half input (the amp32 column). */
 bool mp_act_fp32_under_amp(enum mp_act a, const char *what);
+/* The bwd column: x-sized tensors its backward holds beyond a fused kernel's two gradients. */
+int mp_act_bwd_tensors(enum mp_act a);
 
 enum mp_attn_impl { MP_ATTN_SDPA, MP_ATTN_FLASH, MP_ATTN_EAGER };
 const char *mp_attn_impl_str(enum mp_attn_impl a);
@@ -173,6 +182,7 @@ struct mp_layer {
     uint64_t ffn;
     enum mp_act act;
     bool gated;         /* SwiGLU/GeGLU: act(gate) * up */
+    bool up_down;       /* not gated, its Linears named up_proj / down_proj (Arcee), not fc1 / fc2 */
     bool mlp_bias;
 
     /* norms, dropout */
@@ -239,6 +249,8 @@ struct mp_layer {
      * relative_attention_bias table (rel_buckets x heads) */
     bool t5, cross_attn;
     uint64_t rel_buckets;
+    bool bias_per_layer;    /* UMT5: every self-attention computes its own bias and every
+                               cross-attention its own zeros (locals of the layer, not handed on) */
     /* embedding: dec_input, the decoder's embedding of an encoder-decoder model: it looks up
      * the decoder ids (the labels shifted right, made in this block) and its incoming hidden
      * state is the encoder output, held for every cross-attention; tied: it shares the first

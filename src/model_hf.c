@@ -158,6 +158,7 @@ struct family {
     bool rope_fp32;             /* fp32 cos/sin (OLMo2/3, ERNIE 4.5) */
     bool rope_cast_back;        /* rotated q/k in fp32, cast back (OLMo2/3, ERNIE 4.5, Cohere) */
     bool ln_fp32;               /* Cohere's composite fp32 LayerNorm without bias */
+    bool up_down;               /* a non-gated MLP named up_proj / down_proj (Arcee) */
     const char *k_logit_scale;  /* logits * logit_scale (Cohere; default logit_scale below) */
     double logit_scale;
     bool rope_per_type;         /* one rotary table (and inv_freq pair) per distinct layer type (Gemma3,
@@ -310,6 +311,7 @@ static const struct family families[] = {
     /* T5: encoder-decoder; every key, the layout and the heads in t5_model */
     {.type = "t5", .enc_dec = true},
     {.type = "mt5", .enc_dec = true},
+    {.type = "umt5", .enc_dec = true}, /* every layer its own relative position bias */
     /* ---- mixture of experts (moe_hook; the MoE and MLA keys are read there) ---- */
     {.type = "mixtral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
      .hook = moe_hook},
@@ -366,13 +368,18 @@ static const struct family families[] = {
      .k_logit_scale = "logit_scale", .logit_scale = 0.0625, .k_attn_p = "attention_dropout",
      .reject = {{"use_qk_norm", "Cohere's per-head q/k LayerNorms are not modelled"}}, .n_tok = "embed_tokens",
      .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
+    /* Arcee (AFM): llama with a non-gated relu2 MLP (NemotronMLP: up_proj, down_proj) */
+    {.type = "arcee", .act = MP_ACT_RELU2, .norm = MP_NORM_RMSNORM, .gqa = true, .up_down = true,
+     .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias", .k_attn_p = "attention_dropout", .n_tok = "embed_tokens",
+     .n_norm = "norm", .n_head = "lm_head", .k_cls_p = "hidden_dropout", .generic_heads = true,
+     .heads = DECODER_HEADS},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
-    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mt5, mixtral, qwen2_moe, " \
+    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mt5, umt5, mixtral, qwen2_moe, " \
     "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, " \
-    "cohere"
+    "cohere, arcee"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -481,7 +488,7 @@ static enum mp_status read_act(const cJSON *root, const char *key, enum mp_act *
     if (a < 0)
         return mp_fail(d, MP_ERR_MODEL,
                        "%s: %s: '%s' is not a supported activation (supported: gelu, gelu_new, gelu_fast, "
-                       "gelu_pytorch_tanh, relu, silu, swish, tanh, sigmoid)",
+                       "gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid)",
                        path, key, s);
     *out = (enum mp_act)a;
     return MP_OK;
@@ -1408,6 +1415,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->rope_fp32 = l->rope && c->f->rope_fp32;
         l->rope_cast_back = l->rope && c->f->rope_cast_back;
         l->ln_fp32 = c->f->ln_fp32;
+        l->up_down = c->f->up_down;
         l->impl = MP_ATTN_SDPA;
         l->impl_set = false;
         l->attn_dropout = c->attn_p;
@@ -1574,7 +1582,9 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
                               uint64_t *buckets, bool *scale, const char *path, struct mp_diag *d)
 {
     enum mp_status st;
-    bool mt5 = !strcmp(c->f->type, "mt5"); /* MT5Config's defaults; MT5 never rescales */
+    /* MT5Config's and UMT5Config's defaults; MT5 never rescales, UMT5 always does (it tests
+     * tie_word_embeddings, which its config forces to true) */
+    bool umt5 = !strcmp(c->f->type, "umt5"), mt5 = umt5 || !strcmp(c->f->type, "mt5");
     c->vocab = mt5 ? 250112 : 32128, c->hidden = 512, c->head_dim = 64, c->ffn = mt5 ? 1024 : 2048;
     c->layers = mt5 ? 8 : 6, c->heads = mt5 ? 6 : 8;
     *buckets = 32;
@@ -1613,14 +1623,14 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
     int a = mp_act_parse(act);
     if (a < 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: %s: '%s' is not a supported activation (supported: gelu, gelu_new, "
-                       "gelu_fast, gelu_pytorch_tanh, relu, silu, swish, tanh, sigmoid)", path,
+                       "gelu_fast, gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid)", path,
                        da ? "dense_act_fn" : "feed_forward_proj", act);
     c->act = (enum mp_act)a;
     bool tied = true, is_decoder = false;
     if ((st = mp_json_bool(root, "tie_word_embeddings", &tied, path, "", d)) != MP_OK ||
         (st = mp_json_bool(root, "is_decoder", &is_decoder, path, "", d)) != MP_OK)
         return st;
-    *scale = tied && !mt5;
+    *scale = umt5 || (tied && !mt5);
     if (is_decoder)
         return mp_fail(d, MP_ERR_MODEL, "%s: is_decoder: true is not supported (a T5 stack used as a decoder alone)",
                        path);
@@ -1636,7 +1646,7 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
     } t5_heads[] = {{"ForConditionalGeneration", T5_LM}, {"Model", T5_BARE}, {"EncoderModel", T5_ENCODER},
                     {"ForTokenClassification", T5_TOKEN}, {"ForQuestionAnswering", T5_QA}};
     if (a0) {
-        const char *cls = a0->valuestring, *pre = mt5 ? "MT5" : "T5";
+        const char *cls = a0->valuestring, *pre = umt5 ? "UMT5" : mt5 ? "MT5" : "T5";
         size_t pl = strlen(pre);
         bool found = false;
         for (size_t i = 0; i < sizeof t5_heads / sizeof t5_heads[0] && !found; i++)
@@ -1713,7 +1723,8 @@ static enum mp_status t5_stack(struct mp_model *m, const struct hf *c, bool deco
         l->type = MP_LT_TRANSFORMER_BLOCK;
         l->t5 = true;
         l->cross_attn = l->causal = decoder;
-        l->rel_buckets = i == 0 ? buckets : 0;
+        l->bias_per_layer = !strcmp(c->f->type, "umt5");
+        l->rel_buckets = i == 0 || l->bias_per_layer ? buckets : 0;
         l->dim = c->hidden;
         l->heads = l->kv_heads = c->heads;
         l->head_dim = c->head_dim;
@@ -1893,9 +1904,6 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     for (size_t i = 0; i < N_FAMILIES && !c.f; i++)
         if (strcmp(type, families[i].type) == 0)
             c.f = &families[i];
-    if (!c.f && !strcmp(type, "umt5"))
-        return mp_fail(d, MP_ERR_MODEL, "%s: model_type: 'umt5' is not supported (its per-layer relative position "
-                       "bias and per-layer cross-attention zeros are not modelled; t5 and mt5 are)", path);
     if (!c.f)
         return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (supported: " HF_SUPPORTED ")", path,
                        type);

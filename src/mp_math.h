@@ -38,7 +38,7 @@
 /* ---- activations ---------------------------------------------------------------------------
  * Codes are enum mp_act's (layers.h / model.h) and kernels.h's MP_K_*; both assert it. */
 enum { MP_MA_GELU, MP_MA_GELU_TANH, MP_MA_RELU, MP_MA_SILU, MP_MA_TANH, MP_MA_SIGMOID, MP_MA_GELU_NEW,
-       MP_MA_GELU_FAST };
+       MP_MA_GELU_FAST, MP_MA_RELU2 };
 
 #define MP_SQRT_2_OVER_PI 0.79788456080f
 #define MP_GELU_TANH_C 0.044715f
@@ -54,11 +54,12 @@ MP_HD float mp_act_f(int a, float x)
     case MP_MA_SILU: return x / (1.0f + expf(-x));
     case MP_MA_TANH: return tanhf(x);
     case MP_MA_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case MP_MA_RELU2: return x > 0.0f ? x * x : 0.0f;
     }
     return x;
 }
 
-/* dy/dx from the saved tensor s: x (GELUs, SiLU) or y (ReLU, tanh, sigmoid). */
+/* dy/dx from the saved tensor s: x (GELUs, SiLU, ReLU^2) or y (ReLU, tanh, sigmoid). */
 MP_HD float mp_act_df(int a, float s)
 {
     switch (a) {
@@ -77,6 +78,7 @@ MP_HD float mp_act_df(int a, float s)
     }
     case MP_MA_TANH: return 1.0f - s * s;
     case MP_MA_SIGMOID: return s * (1.0f - s);
+    case MP_MA_RELU2: return s > 0.0f ? 2.0f * s : 0.0f;
     }
     return 1.0f;
 }

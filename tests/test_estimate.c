@@ -407,16 +407,17 @@ static void test_estimate_gelu_new_autocast(void **state)
 }
 
 /* HF's composite gelu_new ends in half_x * one_plus_tanh: its MulBackward0 makes both factors'
- * gradients while the incoming one is alive, one x-sized tensor more than the fused kernels
- * (measured with bench/torch_step.py's LiveTracker under fake tensors: the backward peaks 3 and
- * 2 x-sized tensors above what is live before it).  fp32, b=2, s=8, ffn 64: 1024 elements, 4096
- * bytes of backward workspace; gelu_tanh (F.gelu, fused) none. */
+ * gradients while the incoming one is alive, one x-sized tensor more than the fused kernels;
+ * relu2 (relu then square) two (measured with bench/torch_step.py's LiveTracker under fake
+ * tensors: the backward peaks 3, 4 and 2 x-sized tensors above what is live before it).  fp32,
+ * b=2, s=8, ffn 64: 1024 elements, 4096 / 8192 bytes of backward workspace; gelu_tanh (F.gelu,
+ * fused) none. */
 static void test_estimate_gelu_new_backward(void **state)
 {
     (void)state;
-    const char *acts[2] = {"gelu_new", "gelu_tanh"};
-    const uint64_t want[2] = {4096, 0};
-    for (int i = 0; i < 2; i++) {
+    const char *acts[3] = {"gelu_new", "gelu_tanh", "relu2"};
+    const uint64_t want[3] = {4096, 0, 8192};
+    for (int i = 0; i < 3; i++) {
         char js[600];
         snprintf(js, sizeof js, "{\"name\":\"g\",\"input\":{\"tokens\":8},\"layers\":["
                  "{\"type\":\"embedding\",\"vocab\":32,\"dim\":16},"

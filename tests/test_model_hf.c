@@ -587,6 +587,10 @@ static const struct param_row table_families[] = {
     {"models/hf/mt5-small.json", NULL, 172119424u},
     {"models/hf/mt5-small.json", "MT5EncoderModel", 146940608u},
     {"models/hf/mt5-small.json", "MT5ForQuestionAnswering", 172120450u},
+    {"models/hf/umt5-small.json", NULL, 175333376u},
+    {"models/hf/umt5-small.json", "UMT5EncoderModel", 150153216u},
+    {"models/hf/umt5-small.json", "UMT5ForTokenClassification", 150154242u},
+    {"models/hf/umt5-small.json", "UMT5ForQuestionAnswering", 175334402u},
     {"models/hf/vit-base-patch16-224.json", NULL, 86567656u},
     {"models/hf/vit-base-patch16-224.json", "ViTModel", 86389248u},
 };
@@ -837,6 +841,9 @@ static const struct param_row variants_2025[] = {
     {"models/hf/ernie-4.5-0.3b.json", "Ernie4_5Model", UINT64_C(360748032)},
     {"models/hf/aya-expanse-8b.json", NULL, UINT64_C(8028033024)},
     {"models/hf/aya-expanse-8b.json", "CohereModel", UINT64_C(8028033024)},
+    {"models/hf/afm-4.5b.json", NULL, UINT64_C(4619184640)},
+    {"models/hf/afm-4.5b.json", "ArceeForQuestionAnswering", UINT64_C(4291499522)},
+    {"models/hf/afm-4.5b.json", "ArceeModel", UINT64_C(4291494400)},
 };
 
 static void test_params_variants_2025(void **state)
@@ -950,6 +957,13 @@ static void test_variants_2025_lowering(void **state)
     assert_true(block_layer(&m, m.n_blocks - 1, 0)->ln_fp32);
     assert_float_equal(block_layer(&m, m.n_blocks - 1, 1)->mult, 0.125, 0.0);
     assert_true(block_layer(&m, m.n_blocks - 1, 1)->tied);
+    mp_model_release(&m);
+    /* Arcee: a non-gated relu2 MLP named up_proj / down_proj */
+    load_ok(&m, "models/hf/afm-4.5b.json");
+    l = block_layer(&m, 1, 0);
+    assert_int_equal(l->act, MP_ACT_RELU2);
+    assert_true(l->up_down && !l->gated && !l->mlp_bias);
+    assert_int_equal(l->kv_heads, 4);
     mp_model_release(&m);
 
     /* Seed-OSS: q/k/v biases, no o_proj bias, dropouts 0.1 by default */
@@ -1317,13 +1331,13 @@ static void test_error_unknown_activation(void **state)
     (void)state;
     expect_error(LLAMA_TINY(", \"hidden_act\": \"foo\""), MP_ERR_MODEL,
                  "cfg.json: hidden_act: 'foo' is not a supported activation (supported: gelu, gelu_new, gelu_fast, "
-                 "gelu_pytorch_tanh, relu, silu, swish, tanh, sigmoid)");
+                 "gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid)");
     expect_error(LLAMA_TINY(", \"hidden_act\": 3"), MP_ERR_MODEL, "cfg.json: hidden_act: expected a string");
     expect_error("{\"model_type\": \"gpt2\", \"vocab_size\": 100, \"n_embd\": 64, \"n_layer\": 1, \"n_head\": 4, "
                  "\"n_positions\": 64, \"activation_function\": \"mish\"}",
                  MP_ERR_MODEL,
                  "cfg.json: activation_function: 'mish' is not a supported activation (supported: gelu, gelu_new, "
-                 "gelu_fast, gelu_pytorch_tanh, relu, silu, swish, tanh, sigmoid)");
+                 "gelu_fast, gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid)");
 }
 
 static void test_error_bad_dropout_and_flag(void **state)
