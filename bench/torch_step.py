@@ -37,6 +37,7 @@ counted.
 
 Import it to reuse the trackers (LiveTracker, SavedTracker, fake_model, train_steps); run it as
   python3 bench/torch_step.py [--memplan ./memplan] [--out FILE.md] [--quick] [--only TYPE,...]
+      [--attention all|sdpa|eager]
 from the repository root.
 """
 import argparse
@@ -193,7 +194,7 @@ class SavedTracker:
 
 # ---- the model and the step -----------------------------------------------------------------
 
-LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "n_layers")  # n_layers: DistilBERT
 
 
 def load_config(path, max_layers=0):
@@ -385,7 +386,9 @@ def core_settings(cfg):
 
 T5_TYPES = {"t5", "mt5", "umt5"}  # encoder-decoders with T5's position-bias attention
 EAGER_ONLY = {"gptj"}  # model types whose attention transformers runs eagerly only
-PLAIN_SOFTMAX = {"gpt2", "bert", "roberta", "distilbert"}  # eager softmax without dtype=float32
+# eager softmax without dtype=float32 on unmasked (encoder) scores; GPT-2's is plain too, but its
+# causal mask is an fp32 tensor under amp, so the scores it is added to are fp32 on both devices
+PLAIN_SOFTMAX = {"bert", "roberta", "distilbert"}
 
 
 def cuda_only_bytes(cfg, b, s, prec, attn, ck, tgt=0):
@@ -395,8 +398,9 @@ def cuda_only_bytes(cfg, b, s, prec, attn, ck, tgt=0):
       instead of x's 2N), tanh(u) and 1+tanh(u) are fp32 (4N each instead of 2N), the output
       is fp32 and the next Linear saves its bf16 cast (2N, as on the CPU): +6N per layer,
       N = b*s*ffn.
-      a plain F.softmax (GPT-2, BERT eager attention) runs in fp32 on CUDA: fp32 probabilities
-      (4 b a s^2) and their bf16 cast (2 b a s^2) instead of bf16 probabilities: +4 b a s^2."""
+      a plain F.softmax on bf16 scores (BERT, RoBERTa, DistilBERT eager attention: no mask) runs
+      in fp32 on CUDA: fp32 probabilities (4 b a s^2) and their bf16 cast (2 b a s^2) instead of
+      bf16 probabilities: +4 b a s^2 (GPT-2's scores are fp32 on both: + its fp32 causal mask)."""
     if prec != "amp-bf16" or ck != "none":
         return 0, ""
     if cfg.get("model_type") in T5_TYPES:

@@ -1362,7 +1362,7 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
         c->cur_req -= ev->bytes;
         if (act)
             c->act_cur -= r;
-        if (ev->bytes && key < c->nkeys && c->blk_of[key]) {
+        if (ev->bytes && c->blk_of && key < c->nkeys && c->blk_of[key]) {
             asim_free(&c->as, (int)c->blk_of[key] - 1);
             c->blk_of[key] = 0;
         }
@@ -1452,8 +1452,8 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     c.nkeys = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
     if (t->par && t->par->strategy != MP_PAR_NONE) /* communication slots: groups or buckets */
         c.nkeys += (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS;
-    c.blk_of = calloc(c.nkeys, sizeof *c.blk_of);
-    if (!c.blk_of)
+    c.blk_of = c.no_asim ? NULL : calloc(c.nkeys, sizeof *c.blk_of); /* only the allocator model reads it */
+    if (!c.no_asim && !c.blk_of)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
     /* Two steps: the caching allocator reaches its steady state in the second. */
     for (int step = 0; step < (c.no_asim ? 1 : 2) && st == MP_OK; step++) {
@@ -1463,7 +1463,7 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
             c.cur = c.cur_req = c.act_cur = 0;
             c.warm = true; /* persistent storages (setup) keep their blocks; anything else
                             * still held would be a replay bug and is released */
-            for (size_t k = 0; k < c.nkeys; k++)
+            for (size_t k = 0; c.blk_of && k < c.nkeys; k++)
                 if (c.blk_of[k] && k >= 3 * p->n_params && k != 4 * p->n_params + 1 && !persistent_comm(p, k) &&
                     !(k >= 4 * p->n_params + 2 && k < 4 * p->n_params + 2 + p->n_tensors &&
                       mp_program_resident(p, (int)(k - 4 * p->n_params - 2)))) {

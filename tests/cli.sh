@@ -519,6 +519,9 @@ else
     echo "expected the refusal to name mixture-of-experts routing" >"$T/why"
     bad "probe of an MoE config: the reason names MoE routing"
 fi
+# Cohere's composite LayerNorm keeps no x for the executors' backward: refused with the reason
+expect_line 4 "probe of a cohere config: refused, one line" probe models/hf/aya-expanse-8b.json --backend host \
+    --batch 1 --seq 64
 
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
