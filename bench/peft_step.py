@@ -18,6 +18,12 @@
       torch_step.cuda_only_bytes (GPT-2's gelu_new pow), and "diff vs CUDA" compares memplan
       with torch + those bytes; the full fine-tuning row of each setting is the base model.
 
+  python3 bench/peft_step.py seq2seq-lora [--out FILE.md] [--memplan PATH]
+      The same for T5 (t5-small, flan-t5-base; every layer): AutoModelForSeq2SeqLM with peft's
+      default LoRA (q, v; SEQ_2_SEQ_LM), batch 4, encoder 512, labels of 128 (memplan
+      --target-seq 128), CUDA's memory-efficient SDPA for T5's position-bias mask
+      (torch_step.CUDA_FLOAT_MASK) and T5's CUDA-only bytes (torch_step.t5_cuda_only_bytes).
+
   python3 bench/peft_step.py params [CONFIG ...]
       Trainable and total parameters as peft counts them (get_nb_trainable_parameters) for
       each config (default: models/hf/*.json), built on the meta device as its
@@ -264,6 +270,84 @@ def lora_bench(quick, out, only=(), skip=0):
             f.write("\n".join(lines) + "\n")
 
 
+def seq2seq_lora_bench(out=None, memplan="./memplan"):
+    """T5 / flan-t5 with peft's default LoRA (q, v; task SEQ_2_SEQ_LM), labels of the target
+    length, CUDA's memory-efficient SDPA for the position-bias mask (torch_step.CUDA_FLOAT_MASK),
+    every layer at real widths: step 2's peak, torch vs memplan (--target-seq)."""
+    import gc
+    import tempfile
+    import torch
+    import transformers
+    import peft
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_step
+    torch_step.CUDA_FLOAT_MASK = True
+    tmpdir = tempfile.mkdtemp(prefix="peft_s2s_")
+    batch, seq, tgt = 4, 512, 128
+    lines = ["| config | precision | ckpt | trainable torch / memplan | peak torch MiB | peak memplan MiB | diff "
+             "| CUDA-only MiB | diff vs CUDA |", "|" + "---|" * 9]
+    for path in ("models/hf/t5-small.json", "models/hf/flan-t5-base.json"):
+        cfg_path, d = bench_config(path, tmpdir)
+        for prec in ("fp32", "amp-bf16", "bf16"):
+            for ckpt in ("none", "layers"):
+                cfg = transformers.AutoConfig.for_model(**d)
+                cfg._attn_implementation = "sdpa"
+                dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+                fake = FakeTensorMode(allow_non_fake_inputs=True)
+                with torch.device("meta"):
+                    model = transformers.AutoModelForSeq2SeqLM.from_config(cfg, dtype=dtype)
+                    model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                                                       task_type="SEQ_2_SEQ_LM"))
+                with fake:
+                    model.to_empty(device="cpu")
+                    model.get_base_model().tie_weights()  # to_empty unties them
+                model.train()
+                trainable = [p for p in model.parameters() if p.requires_grad]
+                tr = torch_step.LiveTracker()
+                with fake, tr:
+                    if ckpt == "layers":
+                        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                    for p in model.parameters():
+                        tr.add(p, "param")
+                    for b in model.buffers():
+                        tr.add(b, "buffer")
+                    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+                    labels = torch.randint(0, cfg.vocab_size, (batch, tgt))
+                    opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+                    for step in (1, 2):
+                        if step == 2:
+                            start_measured_step(tr, opt)
+                        tr.phase = "forward"
+                        ac = torch.autocast("cpu", dtype=torch.bfloat16) if prec == "amp-bf16" else torch_step._Null()
+                        with ac:
+                            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+                        tr.phase = "backward"
+                        loss.backward()
+                        del loss
+                        gc.collect()
+                        tr.phase = "optimizer.step"
+                        opt.step()
+                        opt.zero_grad(set_to_none=True)
+                        gc.collect()
+                cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--target-seq",
+                       str(tgt), "--precision", prec, "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off",
+                       "--json", "--finetune", "lora", "--lora-r", "16"]
+                m = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+                mp = m["memory"]["peak_allocated_bytes"]
+                cuda, why = torch_step.cuda_only_bytes(d, batch, seq, prec, "sdpa", ckpt, tgt)
+                cuda_pk = cuda if tr.peak_at.startswith(("backward", "forward")) else 0
+                row = "| %s | %s | %s | %d / %d | %.1f | %.1f | %+.2f%% | %s | %+.2f%% |" % (
+                    os.path.basename(path), prec, ckpt, sum(p.numel() for p in trainable),
+                    m["model"]["trainable_params"], tr.peak / 2**20, mp / 2**20, 100.0 * (mp - tr.peak) / tr.peak,
+                    "%.1f (%s)" % (cuda / 2**20, why) if cuda else "", 100.0 * (mp - tr.peak - cuda_pk) / (tr.peak + cuda_pk))
+                print(row, flush=True)
+                lines.append(row)
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 def qlora_step(precision, ckpt, batch=2, seq=128):
     import gc
     import tempfile
@@ -400,6 +484,10 @@ def main(argv):
         only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else ()
         skip = int(argv[argv.index("--skip") + 1]) if "--skip" in argv else 0
         lora_bench("--quick" in argv, out, only, skip)
+        return 0
+    if len(argv) >= 1 and argv[0] == "seq2seq-lora":
+        seq2seq_lora_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
+                           argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan")
         return 0
     if len(argv) >= 1 and argv[0] == "qlora-step":
         print("| precision | ckpt | trainable torch / memplan | peak torch | peak memplan | diff | losses |")

@@ -1766,10 +1766,11 @@ static struct mp_node *t5_node(struct bld *B, const char *name, int in, int out,
     return n;
 }
 
-/* compute_bias in layer 0 of a stack: the (q, k) relative positions bucketed (int64 and fp32
- * (q, k) intermediates: forward transients), looked up in relative_attention_bias (buckets x
- * heads, the parameters' dtype; Embedding saves the int64 bucket index) and permuted to
- * (1, heads, q, k): a view, handed to every layer of the stack. */
+/* compute_bias in layer 0 of a stack (UMT5: in every layer): the (q, k) relative positions
+ * bucketed (int64 and fp32 (q, k) intermediates: forward transients), looked up in
+ * relative_attention_bias (buckets x heads, the parameters' dtype; Embedding saves the int64
+ * bucket index) and permuted to (1, heads, q, k): a view, handed to every layer of the stack
+ * (UMT5: used by its own layer only). */
 static struct val t5_position_bias(struct bld *B, const struct mp_layer *l, uint64_t ql, uint64_t kl)
 {
     uint64_t shape[4] = {1, l->heads, ql, kl}, qk = mul(B, ql, kl);
@@ -1966,6 +1967,12 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
  * fp32 copy of the half activation under autocast; wo then casts it back), wo. */
 static struct val t5_ff(struct bld *B, struct val x, const struct mp_layer *l, const char *name)
 {
+    if (base_quant(B, false)) { /* checked before any Linear of the feed-forward */
+        fail_model(B, B->m->quant.kind != MP_Q_NONE ? MP_ERR_MODEL : MP_ERR_USAGE,
+                   "a quantized T5 is not modelled: transformers keeps wo in fp32 and unquantized "
+                   "(_keep_in_fp32_modules), so the feed-forward's dtypes differ; use --finetune lora");
+        return x;
+    }
     char saved[96];
     with_prefix(B, B->prefix, name, saved);
     uint64_t h = l->dim, F = l->ffn;

@@ -306,6 +306,8 @@ struct mp_model {
     uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */
     bool enc_dec;            /* encoder-decoder (T5): seq_len is the encoder's, the decoder's is
                                 --target-seq (default seq_len) */
+    bool keep_fp32_wo;       /* T5: transformers keeps wo in fp32 and unquantized (_keep_in_fp32_modules):
+                                a quantized base (QLoRA, quantization_config) is refused */
     bool dec_from_input;     /* the decoder reads the input ids shifted (T5ForQuestionAnswering): its
                                 length is the encoder's (--target-seq does not apply) */
     uint64_t channels, height, width; /* image input */

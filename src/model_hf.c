@@ -1750,6 +1750,7 @@ static enum mp_status t5_model(struct mp_model *m, const cJSON *root, struct hf 
         return st;
     bool decoder = head != T5_ENCODER && head != T5_TOKEN;
     m->enc_dec = decoder;
+    m->keep_fp32_wo = true;
     m->dec_from_input = head == T5_QA;
     /* T5ForConditionalGeneration and T5Model fill an EncoderDecoderCache (use_cache, default true);
      * the question-answering head turns it off in training */

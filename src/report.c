@@ -750,6 +750,10 @@ static const char *peft_task(const struct mp_model *m, const char **auto_cls)
                                                          : "AutoModelForSequenceClassification";
                 return tok ? "TOKEN_CLS" : qa ? "QUESTION_ANS" : "SEQ_CLS";
             }
+            if (l->type == MP_LT_LM_HEAD && m->enc_dec) { /* T5's LM head */
+                *auto_cls = "AutoModelForSeq2SeqLM";
+                return "SEQ_2_SEQ_LM";
+            }
             if (l->type == MP_LT_LM_HEAD && l->masked) {
                 *auto_cls = "AutoModelForMaskedLM";
                 return NULL;

@@ -798,7 +798,7 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     enum mp_ft_mode modes[2];
     size_t nm = 0;
     modes[nm++] = base->build.ft.mode;
-    if (base->model->quant.kind == MP_Q_NONE && !base->train.par) {
+    if (base->model->quant.kind == MP_Q_NONE && !base->train.par && !base->model->keep_fp32_wo) {
         if (base->build.ft.mode == MP_FT_LORA)
             modes[nm++] = MP_FT_QLORA;
         else if (base->build.ft.mode == MP_FT_QLORA)

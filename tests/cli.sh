@@ -379,6 +379,8 @@ for ck in none layers; do
         bad "t5 eager attention, checkpoint $ck: exit 0"
     fi
 done
+expect_line 2 "t5 with --finetune qlora (wo stays fp32 and unquantized: not modelled)" estimate \
+    models/hf/t5-small.json --finetune qlora
 printf '{"model_type": "t5", "architectures": ["T5ForSequenceClassification"]}' >"$T/t5seq.json"
 expect_line 3 "T5ForSequenceClassification: refused with the reason" estimate "$T/t5seq.json"
 printf '{"model_type": "t5", "feed_forward_proj": "gated-gelu-x"}' >"$T/t5ff.json"
