@@ -1103,6 +1103,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         if (s->note[0])
             fprintf(out, "  note               %s\n", s->note);
     }
+    fputc('\n', out); /* the answer, then what it was worked out for */
     header(out, c);
     bool par_col = s->n && s->cand[0].par.strategy != MP_PAR_NONE;
     bool ftcol = c->ft && c->ft->mode != MP_FT_FULL;
