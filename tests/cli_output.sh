@@ -134,6 +134,13 @@ width suggest models/gpt2-124m.json --gpu t4 --no-probe --emit deepspeed
 width probe models/tiny-test.json --backend host
 width probe models/tiny-mlp.json --backend host --capacity 1KiB
 
+# --wide: the full block table (every column, exact units), unwrapped, still no trailing blank
+run estimate models/hf/llama-2-7b.json --wide
+[ "$ec" -eq 0 ] && grep -q "^blocks .* grads  *optimizer activations  *output  *fwd ckpt$" "$T/out" &&
+    grep -q "^33  .* MiB .* GFLOP$" "$T/out" && LC_ALL=C.UTF-8 awk 'length($0) > 100 { w = 1 } END { exit !w }' "$T/out" &&
+    ! grep -q '[[:blank:]]$' "$T/out"
+check "estimate --wide: the full table, lines over 100 columns, no trailing blank" $?
+
 # ---- the defects a new user and a fuzzer found ----------------------------------------
 
 # expect_err CODE PATTERN DESC ARGS...: exit CODE, nothing on stdout (for 2 and up), one stderr line
@@ -180,10 +187,14 @@ fi
 if [ -n "$HAVE_PY" ]; then
     sed -e "s/\"name\": \"tiny-test\"/\"name\": \"bad $(printf '\377\376') name $(printf '\342\202')\"/" \
         -e "s/\"block\": \"embed\"/\"block\": \"em$(printf '\303')\"/" models/tiny-test.json >"$T/utf8.json"
-    run estimate "$T/utf8.json" --json
-    [ "$ec" -eq 0 ] && python3 -c 'import json, sys; json.loads(sys.stdin.buffer.read().decode("utf-8"))' \
-        <"$T/out" >>"$T/why" 2>&1
-    check "a model name that is not UTF-8: --json output is valid UTF-8 JSON" $?
+    for c in "estimate" "plan --gpu t4 --batch 4" "check --gpu t4 --batch 100000" "suggest --gpu t4 --no-probe" \
+        "probe --backend host" "plan --activation-budget 1KiB --batch 64"; do
+        # shellcheck disable=SC2086
+        run $c "$T/utf8.json" --json
+        [ "$ec" -le 1 ] && python3 -c 'import json, sys; json.loads(sys.stdin.buffer.read().decode("utf-8"))' \
+            <"$T/out" >>"$T/why" 2>&1
+        check "a model name that is not UTF-8: $c --json is valid UTF-8 JSON" $?
+    done
 fi
 
 # leading zeros: refused in both model formats and in a GPU profile, the file and place named
@@ -353,6 +364,9 @@ check "progress: nothing when stderr is not a terminal" $?
 MEMPLAN_PROGRESS_AFTER_MS=0 "$M" suggest models/tiny-test.json --gpu t4 --no-probe >/dev/null 2>"$T/err"
 [ ! -s "$T/err" ]
 check "progress: suggest's search says nothing when stderr is not a terminal" $?
+MEMPLAN_PROGRESS_AFTER_MS=0 "$M" probe models/tiny-test.json --backend host --steps 2 >/dev/null 2>"$T/err"
+[ ! -s "$T/err" ]
+check "progress: host probe steps say nothing when stderr is not a terminal" $?
 
 # ---- summary ----------------------------------------------------------------------------
 
