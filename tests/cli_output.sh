@@ -358,6 +358,13 @@ if command -v script >/dev/null 2>&1 && script -qc true /dev/null >/dev/null 2>&
     onterm "MEMPLAN_PROGRESS_AFTER_MS=0 '$M' probe models/tiny-test.json --backend host --steps 2"
     grep -q "memplan: probe: [a-z-]* step [0-9]* of [0-9]* on the host backend" "$T/tty"
     check "progress on a terminal: host probe steps" $?
+    # on a 40-column terminal every progress line stays within 39 columns (a wrapped line
+    # could not be cleared), and the last thing written clears the line
+    script -qc "stty cols 40 && MEMPLAN_PROGRESS_AFTER_MS=0 '$M' plan '$T/long.json' --gpu t4 --batch 4096 2>&1 >/dev/null" \
+        /dev/null >"$T/tty" 2>&1 </dev/null
+    grep -q "memplan: planning" "$T/tty" && [ "$(printf '\r\033[K' | od -An -c)" = "$(tail -c 4 "$T/tty" | od -An -c)" ] &&
+        tr '\r' '\n' <"$T/tty" | sed 's/\x1b\[K//' | awk 'length($0) > 39 { bad = 1 } END { exit bad }'
+    check "progress on a 40-column terminal: lines cut to 39 columns, cleared at the end" $?
     # a plan on 4 blocks reports progress to the sink, but is over long before 2 s
     onterm "'$M' plan models/tiny-test.json --batch 64 --activation-budget 2500KiB"
     [ "$(tr -d '\r\n' <"$T/tty" | wc -c)" -eq 0 ] || sed -n '1,3p' "$T/tty" >"$T/why"
