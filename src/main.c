@@ -342,8 +342,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     int ch, idx;
     while ((ch = getopt_long(argc, argv, shortopts, lo, &idx)) != -1) {
         if (ch == '?' || ch == ':') {
-            char bad[64];
-            if (optopt && optopt < 128)
+            char bad[64]; /* a missing value: the option as typed (--seq, not -s) */
+            if (optopt && optopt < 128 && (ch == '?' || argv[optind - 1][1] != '-'))
                 snprintf(bad, sizeof bad, "-%c", optopt);
             else
                 snprintf(bad, sizeof bad, "%s", argv[optind - 1]);

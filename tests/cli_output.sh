@@ -210,6 +210,8 @@ expect_err 3 "lz-gpu.json: malformed JSON: a number with a leading zero" \
 # option values
 expect_err 2 "option '--gpu' needs a value" "--gpu without a value says so" estimate models/tiny-test.json --gpu
 expect_err 2 "option '-b' needs a value" "-b without a value says so" estimate models/tiny-test.json -b
+expect_err 2 "option '--seq' needs a value" "--seq without a value names --seq as typed (not -s)" \
+    estimate models/tiny-test.json --seq
 expect_err 2 "no profile 'a10.json'" "--gpu a10.json (no such profile or file): exit 2" \
     check models/tiny-test.json --batch 1 --gpu a10.json
 expect_err 2 "4294967297 is too large: expected an integer from 1 to [0-9]+" \
