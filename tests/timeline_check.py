@@ -72,6 +72,19 @@ recompute = [r for r in root.iter(NS + "rect") if r.get("class") == "recompute"]
 if bool(recompute) != (mem["recompute_flops"] > 0):
     fail("%d recompute bands, recompute_flops %s" % (len(recompute), mem["recompute_flops"]))
 
+hatch = [r for r in root.iter(NS + "rect") if r.get("class") == "legend-recompute"]
+if bool(hatch) != (mem["recompute_flops"] > 0):
+    fail("'recomputed forward' in the legend: %s, recompute_flops %s" % (bool(hatch), mem["recompute_flops"]))
+
+# the zoom's op labels: a forward after the loss is named a recompute, and only there
+for t in root.iter(NS + "text"):
+    if t.get("class") != "op":
+        continue
+    ev, word = int(t.get("data-event")), "".join(t.itertext()).split(" ")[0]
+    at = [p for a, b, p in phases if a <= ev <= b]
+    if (word == "recompute") != (at == ["recompute"]) or (word == "forward" and at[0] not in ("setup", "forward")):
+        fail("zoom label %r at event %d, in phase %s" % ("".join(t.itertext()), ev, at))
+
 cap = root.find(".//%sline[@id='capacity']" % NS)
 tgt = rep.get("target")
 if tgt and tgt.get("capacity_bytes"):
