@@ -462,7 +462,8 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
         fprintf(out, "<polyline id=\"measured\" fill=\"none\" stroke=\"#000\" stroke-width=\"1.4\" "
                      "stroke-dasharray=\"3 2\" points=\"");
         size_t n = o->n_measured;
-        double w = pw / (double)n;
+        /* on the replay's event axis: a probe that ran out of memory stops where it did */
+        double w = n <= s->total_ev ? evw : pw / (double)n;
         size_t per = n > N_COLS ? (n + N_COLS - 1) / N_COLS : 1;
         for (size_t i = 0; i < n; i += per) {
             uint64_t m = 0;
@@ -474,6 +475,13 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
         for (size_t i = 0; i < n; i++)
             mp = o->measured[i] > mp ? o->measured[i] : mp;
         fprintf(out, "\" data-peak-bytes=\"%llu\" data-events=\"%zu\"/>\n", (unsigned long long)mp, n);
+        if (n < s->total_ev) { /* the probe stopped early: out of memory */
+            double x = XEV(n), y = ypx(&a, o->measured[n - 1] + ctx);
+            fprintf(out, "<path class=\"probe-stop\" d=\"M%.1f %.1fl8 -8m-8 0l8 8\" stroke=\"#000\" stroke-width=\"2\" "
+                         "transform=\"translate(-4 4)\"/>\n",
+                    x, y);
+            text(out, x + 8, y - 10, "start", "font-size=\"11\"" HALO, "the probe stopped here: out of memory");
+        }
     }
 
     /* the peak */
