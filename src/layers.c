@@ -1118,6 +1118,17 @@ static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
     return l->attn_mask || (l->window && B->s >= l->window);
 }
 
+/* x.clamp_(-c, c) (OLMo's clip_qkv): in place, but ClampBackward1 needs x as it was, so autograd
+ * saves a clone of it (measured: saved_tensors_hooks sees a new storage).  Modelled as a new clamped
+ * tensor whose node saves x: the same two x-sized tensors, the same gradient. */
+static struct val lower_clamp(struct bld *B, struct val x, const char *name)
+{
+    struct val y = lower_copy(B, x, dt_of(B, x), 0, name);
+    if (!failed(B))
+        save(&B->p->nodes[B->p->n_nodes - 1], x.t);
+    return y;
+}
+
 /* The (b, 1, s, s) mask a model passes to attention (sdpa_masked; transformers'
  * create_causal_mask): made once per forward (the first attention
  * node's extra, held like the rotary tables).  For SDPA it is a bool mask that SDPA converts to
@@ -1372,6 +1383,11 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         q = lower_linear(B, x, hidden, qd, l->qkv_bias, "q_proj");
         k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
         v = lower_linear(B, x, hidden, kd, l->qkv_bias, "v_proj");
+    }
+    if (l->clip_qkv) {
+        q = lower_clamp(B, q, "q_clamp");
+        k = lower_clamp(B, k, "k_clamp");
+        v = lower_clamp(B, v, "v_clamp");
     }
     if (l->qk_norm != MP_QK_NORM_NONE && !l->qk_norm_late) {
         q = qk_norm(B, q, l, a, "q_norm");

@@ -213,6 +213,7 @@ struct mp_layer {
     bool no_pre_norm;       /* with branch_norm: no norm before the branches (OLMo2) */
     enum mp_qk_norm qk_norm; /* RMSNorm of q and k after their projections (Qwen3, Gemma3, OLMo2) */
     bool qk_norm_late;      /* the q/k norms come after the rotary, not before (HunYuan) */
+    bool clip_qkv;          /* q, k and v clamped in place after their projections (OLMo's clip_qkv) */
     bool softmax_fp32;      /* eager attention: softmax(..., dtype=float32).to(dtype), most HF decoders;
                                false: a plain softmax (GPT-2, BERT), fp32 only under autocast */
     bool rms_fp32;          /* RMSNorm applies its weight in fp32 and casts back (Gemma, OLMo2); also

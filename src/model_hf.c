@@ -470,6 +470,7 @@ struct hf {
     uint64_t first_dense;    /* DeepSeek: layers below first_k_dense_replace are dense */
     uint64_t q_lora, kv_lora, rope_dim, nope_dim, v_dim; /* MLA (kv_lora > 0) */
     bool rope_complex;
+    bool clip_qkv;           /* OLMo: q, k, v clamped in place */
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -1165,15 +1166,14 @@ static enum mp_status ministral_hook(const cJSON *root, struct hf *c, const char
     return MP_OK;
 }
 
-/* OLMo: clip_qkv (a number: q, k and v clamped in place) is refused: clamp_ saves a copy of each
- * projection's output, which the model does not express. */
+/* OLMo: clip_qkv (a positive number, or null for none): q, k and v clamped in place after their
+ * projections; clamp_ keeps a copy of each for backward (layers.c lower_clamp). */
 static enum mp_status olmo_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
-    (void)c;
-    if (present(root, "clip_qkv"))
-        return mp_fail(d, MP_ERR_MODEL, "%s: clip_qkv: only null is supported (the in-place clamp of q, k and v "
-                       "keeps a copy of each projection for backward; not modelled)", path);
-    return MP_OK;
+    double clip = 0;
+    enum mp_status st = read_softcap(root, "clip_qkv", &clip, path, d);
+    c->clip_qkv = clip > 0;
+    return st;
 }
 
 /* A size key whose explicit null means 0 (DeepSeek's q_lora_rank: no q bottleneck); absent
@@ -1507,6 +1507,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->no_pre_norm = c->f->no_pre_norm;
         l->qk_norm = c->f->qk_norm;
         l->qk_norm_late = c->f->qk_norm_late;
+        l->clip_qkv = c->clip_qkv;
         l->rms_fp32 = c->f->rms_fp32;
         l->softmax_fp32 = !c->f->plain_softmax;
         l->fused_gate_up = c->f->fused_gate_up;

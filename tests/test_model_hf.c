@@ -856,6 +856,7 @@ static const struct param_row variants_2025[] = {
     {"models/hf/olmo-7b-hf.json", NULL, UINT64_C(6888095744)},
     {"models/hf/olmo-7b-hf.json", "OlmoForSequenceClassification", UINT64_C(6682058752)},
     {"models/hf/olmo-7b-hf.json", "OlmoModel", UINT64_C(6682050560)},
+    {"models/hf/olmo-7b-0424-hf.json", NULL, UINT64_C(6888095744)},
     {"models/hf/minitron-8b-base.json", NULL, UINT64_C(8271699968)},
     {"models/hf/minitron-8b-base.json", "NemotronForSequenceClassification", UINT64_C(7223132160)},
     {"models/hf/minitron-8b-base.json", "NemotronForTokenClassification", UINT64_C(7223132162)},
@@ -1634,14 +1635,30 @@ static void test_families_s4(void **state)
                  "cfg.json: model_type: 'llama4_text' is not supported (Llama 4's MoE layers run every token through "
                  "all num_local_experts experts (a dense bmm over E x tokens rows), plus chunked attention, L2 q/k "
                  "norms, temperature-tuned NoPE layers and an fp32 complex rotary: not modelled)");
-    /* OLMo's clip_qkv: clamp_ keeps a copy of each projection; not modelled, refused (null is fine) */
+    /* OLMo's clip_qkv: null is none; a number clamps q, k and v in place, and clamp_ keeps a copy of
+     * each (amp: the bf16 projections, 16 x 64 elements = 2048 bytes each) */
     load_str_ok(&m, "{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
                     "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": null}");
+    assert_false(block_layer(&m, 1, 0)->clip_qkv);
+    mp_model_release(&m);
+    load_str_ok(&m, "{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                    "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": 8.0}");
+    struct mp_program p;
+    build_small(&m, &p);
+    size_t clamps = 0;
+    for (size_t i = 0; i < p.n_nodes; i++)
+        if (strstr(p.tensors[p.nodes[i].out].name, "_clamp")) {
+            assert_int_equal(p.nodes[i].n_saved, 1);
+            assert_int_equal(p.tensors[p.nodes[i].saved[0]].bytes, 2048);
+            assert_int_equal(p.nodes[i].saved[0], p.nodes[i].in[0]);
+            clamps++;
+        }
+    assert_int_equal(clamps, 3);
+    mp_program_release(&p);
     mp_model_release(&m);
     expect_error("{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
-                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": 8.0}", MP_ERR_MODEL,
-                 "cfg.json: clip_qkv: only null is supported (the in-place clamp of q, k and v keeps a copy of each "
-                 "projection for backward; not modelled)");
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": -1}", MP_ERR_MODEL,
+                 "cfg.json: clip_qkv: expected a positive number or null");
 }
 
 /* m's program at batch 1, sequence 16, in precision prec. */
