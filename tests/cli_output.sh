@@ -70,6 +70,10 @@ timeline "estimate --timeline: peak, phases, legend agree with --json" -- \
     estimate models/gpt2-124m.json --batch 4
 timeline "estimate --gpu --checkpoint sqrt --timeline: capacity lines, recompute shaded" -- \
     estimate models/gpt2-124m.json --batch 8 --gpu a100-40gb --checkpoint sqrt
+timeline "estimate --gpus 2 --parallel ddp --timeline: the buckets as collective buffers" -- \
+    estimate models/gpt2-124m.json --gpus 2 --parallel ddp
+timeline "check --gpus 8 --parallel zero3 --timeline" -- \
+    check models/gpt2-124m.json --batch 8 --gpu t4 --gpus 8 --parallel zero3
 timeline "plan --timeline (optimal plan, budget from the target)" -- \
     plan models/gpt2-124m.json --batch 32 --gpu a100-40gb
 timeline "plan --activation-budget --timeline (recomputes)" -- \
