@@ -9,6 +9,7 @@
  */
 #include "timeline.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,17 +247,31 @@ static double ypx(const struct axis *a, uint64_t b)
     return a->y1 - f * (a->y1 - a->y0);
 }
 
+/* Horizontal grid lines with labels in one unit, the largest binary unit the top reaches,
+ * at a round step of it (1, 2 or 5 times a power of ten): "13.4 GiB, 13.5 GiB", not
+ * "13.38 GiB, 13.48 GiB" or "1000.00 MiB, 1.95 GiB". */
 static void grid(FILE *out, const struct axis *a)
 {
-    uint64_t step = grid_step(a->hi - a->lo);
-    uint64_t first = (a->lo + step - 1) / step * step;
-    for (uint64_t b = first; b <= a->hi; b += step) {
+    static const char *UNIT[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (u < 6 && a->hi >> (10 * (u + 1)) != 0)
+        u++;
+    double unit = ldexp(1.0, 10 * u), lo = (double)a->lo / unit, hi = (double)a->hi / unit;
+    double raw = (hi - lo) / 5, m = pow(10, floor(log10(raw > 0 ? raw : 1)));
+    double step = raw <= m ? m : raw <= 2 * m ? 2 * m : raw <= 5 * m ? 5 * m : 10 * m;
+    if (u == 0 && step < 1)
+        step = 1; /* whole bytes */
+    int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
+    for (double k = ceil(lo / step - 1e-9); k * step <= hi + 1e-9 * step; k += 1) {
+        double v = k * step;
         char lbl[32];
-        double y = ypx(a, b);
+        double y = ypx(a, (uint64_t)llround(v * unit));
+        if (k == 0)
+            snprintf(lbl, sizeof lbl, "0 B");
+        else
+            snprintf(lbl, sizeof lbl, "%.*f %s", dec, v, UNIT[u]);
         fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e3e3\"/>\n", PX0, y, PX1, y);
-        text(out, PX0 - 6, y + 4, "end", "font-size=\"11\" fill=\"#555\"", mp_fmt_bytes(b, lbl, sizeof lbl));
-        if (b > UINT64_MAX - step)
-            break;
+        text(out, PX0 - 6, y + 4, "end", "class=\"grid\" font-size=\"11\" fill=\"#555\"", lbl);
     }
 }
 

@@ -72,6 +72,8 @@ timeline "estimate --gpu --checkpoint sqrt --timeline: capacity lines, recompute
     estimate models/gpt2-124m.json --batch 8 --gpu a100-40gb --checkpoint sqrt
 timeline "estimate --gpus 2 --parallel ddp --timeline: the buckets as collective buffers" -- \
     estimate models/gpt2-124m.json --gpus 2 --parallel ddp
+timeline "estimate --timeline: an encoder-decoder under layers checkpointing (t5-small)" -- \
+    estimate models/hf/t5-small.json --batch 8 --gpu t4 --checkpoint layers
 timeline "check --gpus 8 --parallel zero3 --timeline" -- \
     check models/gpt2-124m.json --batch 8 --gpu t4 --gpus 8 --parallel zero3
 timeline "plan --timeline (optimal plan, budget from the target)" -- \
