@@ -191,8 +191,9 @@ test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops $(BUIL
 
 # ---- fuzzing (clang's libFuzzer; tests/fuzz/fuzz_model.c) ------------------------------------
 # `make fuzz` builds the harness with ASan + UBSan into build-fuzz/ and runs it FUZZ_TIME
-# seconds on the seed corpus (every bundled model and tests/data/bad); any crash, leak,
-# sanitizer report or input slower than 10 s fails.  New inputs go to build-fuzz/corpus.
+# seconds on the seed corpus (every bundled model and tests/data/bad; libFuzzer reads a
+# directory recursively, so models/ brings models/hf/ once); any crash, leak, sanitizer
+# report or input slower than 10 s fails.  New inputs go to build-fuzz/corpus.
 FUZZ_CC ?= clang
 FUZZ_TIME ?= 60
 FUZZ_DIR := build-fuzz
@@ -215,7 +216,7 @@ fuzz: deps $(FUZZ_DIR)/fuzz_model
 	@mkdir -p $(FUZZ_DIR)/corpus
 	ASAN_OPTIONS=detect_leaks=1 $(FUZZ_DIR)/fuzz_model -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=4096 \
 	    -max_len=65536 -artifact_prefix=$(FUZZ_DIR)/ -print_final_stats=1 \
-	    $(FUZZ_DIR)/corpus models models/hf tests/data/bad
+	    $(FUZZ_DIR)/corpus models tests/data/bad
 
 check-man:
 	groff -man -Tutf8 -ww -z man/memplan.1

@@ -101,6 +101,24 @@ def _sdpa_cuda_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
 
 
 torch.nn.functional.scaled_dot_product_attention = _sdpa_cuda_kernel
+
+
+def _nemotron_cast_like_cuda(device_type, *args):
+    """Nemotron's LayerNorm1P casts x, weight + 1 and bias to the autocast dtype and runs the norm
+    there when torch.is_autocast_enabled() says so: that asks CUDA's autocast, never the CPU's,
+    so on the CPU the norm stays fp32 while on CUDA it runs in bf16.  memplan plans the CUDA path;
+    here the device's own autocast is asked, which makes the casts CUDA makes.  Listed in
+    torch_step_results.md."""
+    if not torch.is_autocast_enabled(device_type):
+        return args
+    return torch.amp.autocast_mode._cast(args, device_type, torch.get_autocast_dtype(device_type))
+
+
+try:
+    import transformers.models.nemotron.modeling_nemotron as _nemotron
+    _nemotron._cast_if_autocast_enabled = _nemotron_cast_like_cuda
+except ImportError:  # a transformers without Nemotron
+    pass
 # T5 (set per config by main): a float attn_mask (its position bias) sends CUDA to the memory-
 # efficient kernel, which computes the mask's gradient; the CPU runs the math path when the mask
 # needs a gradient and its flash kernel otherwise.  The aten op gives CUDA's tensors here.

@@ -674,6 +674,32 @@ static int norm_weight(struct bld *B, const char *name, uint64_t dim)
     return new_param(B, pn, 1, dim, false);
 }
 
+/* The layer_norm op on xin: saves xin, mean and rstd (M fp32 each); g and be are its weight and
+ * bias parameters (-1: none).  The output has xin's dtype. */
+static struct val layernorm_node(struct bld *B, struct val xin, uint64_t dim, int g, int be, const char *name)
+{
+    struct val y = like(B, name, xin, dt_of(B, xin), true);
+    struct mp_node *n = new_node(B, MP_P_LAYERNORM, name);
+    if (!n)
+        return y;
+    uint64_t M = rows_of(xin);
+    n->in[0] = xin.t;
+    n->out = y.t;
+    n->param[0] = g;
+    n->param[1] = be;
+    save(n, xin.t);
+    char en[80];
+    snprintf(en, sizeof en, "%s.mean", name);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_MEAN);
+    snprintf(en, sizeof en, "%s.rstd", name);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSTD);
+    n->rows = M;
+    n->n = dim;
+    n->fwd_flops = 8.0 * (double)T(B, xin.t)->elems;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
 static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, bool bias, const char *name)
 {
     if (!width_ok(B, x, dim, "dim", name))
@@ -689,25 +715,53 @@ static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, boo
     int g = new_param(B, pn, 1, dim, false);
     snprintf(pn, sizeof pn, "%s.bias", name);
     int be = bias ? new_param(B, pn, 1, dim, false) : -1;
-    struct val y = like(B, name, xin, dt_of(B, xin), true);
-    struct mp_node *n = new_node(B, MP_P_LAYERNORM, name);
-    if (!n)
+    return layernorm_node(B, xin, dim, g, be, name);
+}
+
+/* The LayerNorm variants of HF families, one rule each (lower_norm picks them):
+ * OLMo (OlmoLayerNorm): no weight, no bias; x.to(fp32), F.layer_norm, .to(x's dtype): a half x's
+ *   fp32 copy is what the norm saves, and its fp32 output is cast back (a forward transient).
+ *   Under autocast x is the fp32 residual: no copies.
+ * Nemotron (NemotronLayerNorm1P): F.layer_norm(x, weight + 1, bias), weight + 1 a new (dim)
+ *   tensor the norm saves; under autocast x, weight + 1 and bias are cast to the half dtype and
+ *   the norm runs there with autocast off: x's half copy is saved (not the fp32 residual), the
+ *   two half (dim) copies are saved too (layer_norm's backward takes weight and bias), the fp32
+ *   weight + 1 is a forward transient, and the output is half. */
+static struct val lower_layernorm_variant(struct bld *B, struct val x, const struct mp_layer *l, uint64_t dim,
+                                          const char *name)
+{
+    if (!width_ok(B, x, dim, "dim", name))
+        return x;
+    enum mp_dtype xdt = dt_of(B, x), hdt = B->p->compute_dtype;
+    char cn[64];
+    if (l->ln_plain) {
+        /* the executors' layernorm runs with a weight */
+        B->p->probe_unsupported = "OLMo's LayerNorm without weight or bias";
+        snprintf(cn, sizeof cn, "%s.float", name);
+        struct val y = layernorm_node(B, xdt == MP_DT_F32 ? x : cast_to(B, x, MP_DT_F32, cn), dim, -1, -1, name);
+        snprintf(cn, sizeof cn, "%s.to_%s", name, mp_dtype_str(xdt));
+        return xdt == MP_DT_F32 ? y : cast_to(B, y, xdt, cn);
+    }
+    int g = norm_weight(B, name, dim);
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.bias", name);
+    int be = l->norm_bias ? new_param(B, pn, 1, dim, false) : -1;
+    struct val xin = x;
+    if (B->amp && xdt != hdt) {
+        snprintf(cn, sizeof cn, "%s.cast", name);
+        xin = cast_to(B, x, hdt, cn);
+    }
+    struct val y = layernorm_node(B, xin, dim, g, be, name);
+    if (failed(B))
         return y;
-    uint64_t M = rows_of(x);
-    n->in[0] = xin.t;
-    n->out = y.t;
-    n->param[0] = g;
-    n->param[1] = be;
-    save(n, xin.t);
-    char en[80];
-    snprintf(en, sizeof en, "%s.mean", name);
-    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_MEAN);
-    snprintf(en, sizeof en, "%s.rstd", name);
-    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSTD);
-    n->rows = M;
-    n->n = dim;
-    n->fwd_flops = 8.0 * (double)T(B, xin.t)->elems;
-    n->bwd_flops = 2.0 * n->fwd_flops;
+    struct mp_node *n = &B->p->nodes[B->p->n_nodes - 1];
+    enum mp_dtype wdt = B->amp ? hdt : B->p->param_dtype;
+    for (int i = 0; i < (B->amp && be >= 0 ? 2 : 1); i++) {
+        snprintf(pn, sizeof pn, "%s.%s", name, i ? "bias_cast" : "weight_1p");
+        extra_as(n, new_flat(B, pn, wdt, dim), MP_XR_NORM_WEIGHT);
+    }
+    if (B->amp)
+        tmp_one(B, n, false, MP_TR_OTHER, mul(B, dim, mp_dtype_size(B->p->param_dtype)));
     return y;
 }
 
@@ -795,6 +849,8 @@ static struct val lower_norm(struct bld *B, struct val x, const struct mp_layer 
 {
     if (kind == MP_NORM_LAYERNORM && l->ln_fp32)
         return lower_cohere_norm(B, x, dim, name);
+    if (kind == MP_NORM_LAYERNORM && (l->ln_plain || l->ln_1p))
+        return lower_layernorm_variant(B, x, l, dim, name);
     if (kind == MP_NORM_RMSNORM)
         return lower_rmsnorm(B, x, dim, l->rms_fp32, name);
     return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
@@ -941,7 +997,13 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
 {
     if (failed(B))
         return x;
-    struct val y = like(B, name, x, dt_of(B, x), ng(B, x));
+    /* q * cos + rotate_half(q) * sin is in the promoted dtype (fp32 under autocast, the table
+     * being in the fp32 residual's dtype).  memplan keeps x's dtype where SDPA follows (its autocast
+     * makes the half copy it saves either way); a q/k norm after the rotary gets the promoted one */
+    enum mp_dtype ydt = dt_of(B, x);
+    if (l->qk_norm_late && !l->rope_cast_back)
+        ydt = promote(ydt, l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype);
+    struct val y = like(B, name, x, ydt, ng(B, x));
     struct mp_node *n = new_node(B, MP_P_ROPE, name);
     if (!n)
         return y;
@@ -1287,7 +1349,7 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
         v = lower_linear(B, x, hidden, kd, l->qkv_bias, "v_proj");
     }
-    if (l->qk_norm != MP_QK_NORM_NONE) {
+    if (l->qk_norm != MP_QK_NORM_NONE && !l->qk_norm_late) {
         q = qk_norm(B, q, l, a, "q_norm");
         k = qk_norm(B, k, l, kv, "k_norm");
     }
@@ -1296,6 +1358,10 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
     if (l->rope) {
         q = lower_rope(B, q, l, a, "q_rope");
         k = lower_rope(B, k, l, kv, "k_rope");
+    }
+    if (l->qk_norm != MP_QK_NORM_NONE && l->qk_norm_late) {
+        q = qk_norm(B, q, l, a, "q_norm");
+        k = qk_norm(B, k, l, kv, "k_norm");
     }
     /* use_cache (transformers 5.23, no gradient checkpointing): DynamicLayer.update torch.cat's k
      * and v onto an empty cache tensor, so attention gets fresh copies; SDPA saves those (the
@@ -2555,7 +2621,7 @@ static struct val lower_layer(struct bld *B, struct val x, const struct mp_layer
         return lower_linear(B, l->pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
                             l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
-        return l->ln_fp32 ? lower_cohere_norm(B, x, l->dim, nm) : lower_layernorm(B, x, l->dim, l->norm_bias, nm);
+        return lower_norm(B, x, l, MP_NORM_LAYERNORM, l->dim, nm);
     case MP_LT_RMSNORM:
         return l->t5 ? lower_t5_norm(B, x, l->dim, nm) : lower_rmsnorm(B, x, l->dim, l->rms_fp32, nm);
     case MP_LT_ATTENTION:

@@ -136,6 +136,8 @@ enum mp_xrole {
     MP_XR_ATTN_MASK,      /* attention given a (b, 1, s, s) mask (Falcon): the model's mask (first
                              attention) or, under autocast, this layer's half copy SDPA saves */
     MP_XR_SPLIT_INDEX,    /* Falcon's qkv split by advanced indexing: the int64 index it saves */
+    MP_XR_NORM_WEIGHT,    /* layernorm: a weight or bias it runs with that is not the parameter
+                             (Nemotron's weight + 1, autocast's half copies): saved */
     MP_XR_COUNT
 };
 

@@ -836,10 +836,12 @@ static struct mp_job job_of(struct setup *s, struct args *a)
 /* The one stderr line of a configuration that does not fit its target (exit 1). */
 static void say_nofit(const struct mp_fit *f)
 {
+    char a1[32], a2[32], a3[32]; /* units as the report prints them; --json has the exact bytes */
     mp_progress_done();
-    fprintf(stderr, "memplan: does not fit: short by %llu bytes (peak %llu of %llu usable) at %s\n",
-            (unsigned long long)(f->peak_device_bytes - f->usable_bytes), (unsigned long long)f->peak_device_bytes,
-            (unsigned long long)f->usable_bytes, f->est.peak_event);
+    fprintf(stderr, "memplan: does not fit: short by %s (peak %s of %s usable) at %s\n",
+            mp_fmt_bytes(f->peak_device_bytes - f->usable_bytes, a1, sizeof a1),
+            mp_fmt_bytes(f->peak_device_bytes, a2, sizeof a2), mp_fmt_bytes(f->usable_bytes, a3, sizeof a3),
+            f->est.peak_event);
 }
 
 /* --timeline FILE: the step of prog under sched as an SVG; target lines when the
@@ -850,16 +852,28 @@ static int write_timeline(const struct args *a, const char *cmd, const struct se
 {
     if (!a->timeline)
         return 0;
-    char title[256], sub[256], ck[48];
+    char title[256], sub[512], ck[48]; /* sub: every part is bounded, the GPU name comes last */
     snprintf(title, sizeof title, "%s: %s", s->model.name, cmd);
     int n = snprintf(sub, sizeof sub, "batch %llu", (unsigned long long)prog->opts.batch);
     if (s->model.input == MP_INPUT_TOKENS)
         n += snprintf(sub + n, sizeof sub - (size_t)n, ", seq %llu", (unsigned long long)prog->opts.seq);
     if (prog->opts.target_seq)
         n += snprintf(sub + n, sizeof sub - (size_t)n, ", target seq %llu", (unsigned long long)prog->opts.target_seq);
-    snprintf(sub + n, sizeof sub - (size_t)n, ", %s, %s, checkpoint %s%s%s", mp_precision_str(prog->opts.precision),
-             mp_optimizer_str(s->train.optimizer), mp_ckpt_spec_str(&a->ckpt, ck, sizeof ck),
-             target ? ", target " : "", target ? s->gpu.name : "");
+    n += snprintf(sub + n, sizeof sub - (size_t)n, ", %s, %s, checkpoint %s", mp_precision_str(prog->opts.precision),
+                  mp_optimizer_str(s->train.optimizer), mp_ckpt_spec_str(&a->ckpt, ck, sizeof ck));
+    const struct mp_finetune *ft = &s->build.ft; /* what trains, and where, as the report's header says */
+    if (ft->mode == MP_FT_LORA || ft->mode == MP_FT_QLORA)
+        n += snprintf(sub + n, sizeof sub - (size_t)n, ", %s r%llu", mp_ft_mode_str(ft->mode),
+                      (unsigned long long)ft->r);
+    else if (ft->mode != MP_FT_FULL)
+        n += snprintf(sub + n, sizeof sub - (size_t)n, ", %s", mp_ft_mode_str(ft->mode));
+    if (s->train.par) {
+        char pb[96];
+        n += snprintf(sub + n, sizeof sub - (size_t)n, ", %s per rank", mp_par_describe(s->train.par, pb, sizeof pb));
+    }
+    if (s->train.accumulate)
+        n += snprintf(sub + n, sizeof sub - (size_t)n, ", accumulating gradients");
+    snprintf(sub + n, sizeof sub - (size_t)n, "%s%s", target ? ", target " : "", target ? s->gpu.name : "");
     FILE *f = fopen(a->timeline, "w");
     if (!f) {
         fprintf(stderr, "memplan: error: cannot write '%s': %s\n", a->timeline, strerror(errno));

@@ -199,12 +199,17 @@ struct mp_layer {
     bool branch_norm;       /* each branch's output is normed before its residual add (Gemma2/3, OLMo2) */
     bool no_pre_norm;       /* with branch_norm: no norm before the branches (OLMo2) */
     enum mp_qk_norm qk_norm; /* RMSNorm of q and k after their projections (Qwen3, Gemma3, OLMo2) */
+    bool qk_norm_late;      /* the q/k norms come after the rotary, not before (HunYuan) */
     bool softmax_fp32;      /* eager attention: softmax(..., dtype=float32).to(dtype), most HF decoders;
                                false: a plain softmax (GPT-2, BERT), fp32 only under autocast */
     bool rms_fp32;          /* RMSNorm applies its weight in fp32 and casts back (Gemma, OLMo2); also
                                on rmsnorm layers */
     bool ln_fp32;           /* layernorm is Cohere's Python composite in fp32 (no bias); also on
                                layernorm layers */
+    bool ln_plain;          /* layernorm is OLMo's: no weight, no bias, run in fp32 (x.to(fp32),
+                               F.layer_norm, .to(x's dtype)); also on layernorm layers */
+    bool ln_1p;             /* layernorm is Nemotron's LayerNorm1P: weight + 1 (a new tensor), under
+                               autocast run in the half dtype; also on layernorm layers */
     bool fused_gate_up;     /* gated MLP with one gate_up projection, chunked (Phi-3) */
     bool no_attn_out_dropout; /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
     double attn_softcap;    /* tanh softcapping of the attention scores (Gemma2; eager only) */

@@ -92,8 +92,9 @@ typedef enum mp_status (*hf_hook)(const cJSON *root, struct hf *c, const char *p
  * Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE), the sliding layer types (W_TYPES:
  * layer_sliding(), Gemma2/3, OLMo3, EXAONE 4), and, without layer_types, layers from
  * max_window_layers on (W_FROM_MAX: Qwen2, Qwen3), even layers below it (W_ODD_BELOW_MAX:
- * Qwen2-MoE), the NoPE layers (W_NOPE: SmolLM3). */
-enum win { W_NONE, W_ALL, W_TYPES, W_FROM_MAX, W_ODD_BELOW_MAX, W_NOPE };
+ * Qwen2-MoE), the NoPE layers (W_NOPE: SmolLM3); the layer types, and without layer_types every
+ * layer (W_TYPES_OR_ALL: Ministral). */
+enum win { W_NONE, W_ALL, W_TYPES, W_FROM_MAX, W_ODD_BELOW_MAX, W_NOPE, W_TYPES_OR_ALL };
 
 struct family {
     const char *type;
@@ -115,6 +116,7 @@ struct family {
     bool ignores_head_dim;      /* reads num_key_value_heads but not head_dim (StableLM) */
     uint64_t pos_offset;        /* learned position rows beyond max positions (OPT: 2) */
     enum mp_qk_norm qk_norm;
+    bool qk_norm_late;          /* the q/k norms after the rotary (HunYuan) */
     bool rms_fp32, branch_norm, no_pre_norm, fused_gate_up;
     bool no_attn_out_dropout;   /* the residual dropout is on the MLP branch only */
     bool eager;                 /* transformers has no SDPA path for it (Gemma2: softcapping) */
@@ -158,6 +160,8 @@ struct family {
     bool rope_fp32;             /* fp32 cos/sin (OLMo2/3, ERNIE 4.5) */
     bool rope_cast_back;        /* rotated q/k in fp32, cast back (OLMo2/3, ERNIE 4.5, Cohere) */
     bool ln_fp32;               /* Cohere's composite fp32 LayerNorm without bias */
+    bool ln_plain;              /* OLMo's fp32 LayerNorm without weight or bias */
+    bool ln_1p;                 /* Nemotron's LayerNorm1P (weight + 1; half under autocast) */
     bool up_down;               /* a non-gated MLP named up_proj / down_proj (Arcee) */
     const char *k_logit_scale;  /* logits * logit_scale (Cohere; default logit_scale below) */
     double logit_scale;
@@ -180,6 +184,8 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
 static enum mp_status smollm3_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status exaone4_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status helium_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status ministral_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status olmo_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -373,13 +379,31 @@ static const struct family families[] = {
      .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias", .k_attn_p = "attention_dropout", .n_tok = "embed_tokens",
      .n_norm = "norm", .n_head = "lm_head", .k_cls_p = "hidden_dropout", .generic_heads = true,
      .heads = DECODER_HEADS},
+    /* Ministral: Mistral's config with layer_types (sliding or full per layer), Qwen2's layer
+     * without biases; head_dim and sliding_window required (in the hook) */
+    {.type = "ministral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS,
+     .window = W_TYPES_OR_ALL, .window_default = 4096, .hook = ministral_hook},
+    /* OLMo (v1): llama with LayerNorms without parameters (fp32), fp32 cos/sin; clip_qkv in the hook */
+    {.type = "olmo", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .ln_plain = true, .gated = true, .gqa = true,
+     .k_attn_bias = "attention_bias", .rope_fp32 = true, .rope_cast_back = true, .k_attn_p = "attention_dropout",
+     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
+     .hook = olmo_hook},
+    /* Nemotron (Minitron): LayerNorm1P with bias, a non-gated relu2 MLP (up_proj, down_proj), partial rotary
+     * (0.5 by default) */
+    {.type = "nemotron", .act = MP_ACT_RELU2, .norm = MP_NORM_LAYERNORM, .ln_1p = true, .gqa = true, .up_down = true,
+     .k_rotary = "partial_rotary_factor", .rotary_default = 0.5, .k_attn_bias = "attention_bias",
+     .k_mlp_bias = "mlp_bias", .k_attn_p = "attention_dropout", .n_tok = "embed_tokens", .n_norm = "norm",
+     .n_head = "lm_head", .k_cls_p = "hidden_dropout", .generic_heads = true, .heads = DECODER_HEADS},
+    /* HunYuan dense (Hunyuan-7B): llama with per-head q/k RMSNorms after the rotary */
+    {.type = "hunyuan_v1_dense", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
+     .qk_norm_late = true, .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
     "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mt5, umt5, mixtral, qwen2_moe, " \
     "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, " \
-    "cohere, arcee"
+    "cohere, arcee, ministral, olmo, nemotron, hunyuan_v1_dense"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
 
@@ -1108,6 +1132,33 @@ static enum mp_status exaone4_hook(const cJSON *root, struct hf *c, const char *
     return MP_OK;
 }
 
+/* Ministral (MinistralConfig, MinistralModel): MinistralConfig leaves head_dim None, which
+ * MinistralAttention cannot size, and the model builds the sliding-window mask whatever the layer
+ * types, which fails without a sliding_window; both masks are built, so eager attention gets two
+ * (b, 1, s, s) masks even when every layer has one type. */
+static enum mp_status ministral_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    if (!present(root, "head_dim"))
+        return mp_fail(d, MP_ERR_MODEL, "%s: head_dim: missing (MinistralConfig leaves it None and "
+                       "MinistralAttention cannot size q/k/v without it)", path);
+    if (!c->window)
+        return mp_fail(d, MP_ERR_MODEL, "%s: sliding_window: null is not supported (MinistralModel always builds "
+                       "the sliding-window mask, which needs it)", path);
+    c->mask_kinds = 2;
+    return MP_OK;
+}
+
+/* OLMo: clip_qkv (a number: q, k and v clamped in place) is refused: clamp_ saves a copy of each
+ * projection's output, which the model does not express. */
+static enum mp_status olmo_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    (void)c;
+    if (present(root, "clip_qkv"))
+        return mp_fail(d, MP_ERR_MODEL, "%s: clip_qkv: only null is supported (the in-place clamp of q, k and v "
+                       "keeps a copy of each projection for backward; not modelled)", path);
+    return MP_OK;
+}
+
 /* A size key whose explicit null means 0 (DeepSeek's q_lora_rank: no q bottleneck); absent
  * leaves *out at the class default. */
 static enum mp_status read_pos_or_null(const cJSON *root, const char *key, uint64_t *out, const char *path,
@@ -1161,6 +1212,8 @@ static uint64_t layer_window(const struct hf *c, uint64_t i)
         return i % 2 == 0 && i < c->window_max ? c->window : 0;
     case W_NOPE:
         return layer_rope(c, i) ? 0 : c->window;
+    case W_TYPES_OR_ALL:
+        return c->window;
     case W_NONE:
         break;
     }
@@ -1322,9 +1375,11 @@ static void norm_layer(struct mp_layer *l, const struct hf *c, const char *name)
 {
     l->type = c->norm == MP_NORM_RMSNORM ? MP_LT_RMSNORM : MP_LT_LAYERNORM;
     l->norm = c->norm;
-    l->norm_bias = c->norm == MP_NORM_LAYERNORM && !c->f->ln_fp32;
+    l->norm_bias = c->norm == MP_NORM_LAYERNORM && !c->f->ln_fp32 && !c->f->ln_plain;
     l->rms_fp32 = c->f->rms_fp32;
     l->ln_fp32 = c->f->ln_fp32;
+    l->ln_plain = c->f->ln_plain;
+    l->ln_1p = c->f->ln_1p;
     l->dim = c->hidden;
     set_name(l, name);
 }
@@ -1415,6 +1470,8 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->rope_fp32 = l->rope && c->f->rope_fp32;
         l->rope_cast_back = l->rope && c->f->rope_cast_back;
         l->ln_fp32 = c->f->ln_fp32;
+        l->ln_plain = c->f->ln_plain;
+        l->ln_1p = c->f->ln_1p;
         l->up_down = c->f->up_down;
         l->impl = MP_ATTN_SDPA;
         l->impl_set = false;
@@ -1424,7 +1481,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->gated = c->gated;
         l->mlp_bias = c->mlp_bias;
         l->norm = c->norm;
-        l->norm_bias = c->norm == MP_NORM_LAYERNORM && !c->f->ln_fp32;
+        l->norm_bias = c->norm == MP_NORM_LAYERNORM && !c->f->ln_fp32 && !c->f->ln_plain;
         l->p = c->resid_p;
         l->parallel_residual = c->parallel;
         l->shared_norm = c->parallel && c->shared_norm;
@@ -1432,6 +1489,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->branch_norm = c->f->branch_norm;
         l->no_pre_norm = c->f->no_pre_norm;
         l->qk_norm = c->f->qk_norm;
+        l->qk_norm_late = c->f->qk_norm_late;
         l->rms_fp32 = c->f->rms_fp32;
         l->softmax_fp32 = !c->f->plain_softmax;
         l->fused_gate_up = c->f->fused_gate_up;

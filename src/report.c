@@ -1103,6 +1103,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         if (s->note[0])
             fprintf(out, "  note               %s\n", s->note);
     }
+    fputc('\n', out); /* the answer, then what it was worked out for */
     header(out, c);
     bool par_col = s->n && s->cand[0].par.strategy != MP_PAR_NONE;
     bool ftcol = c->ft && c->ft->mode != MP_FT_FULL;
@@ -1201,8 +1202,9 @@ static void report_probe(FILE *out, const struct mp_report_ctx *c, const struct 
 /* ---- fitting text to the terminal ------------------------------------------------------------ */
 
 /* Hanging indent for the continuation of a long line: where its value starts
- * (after the label and a run of two or more spaces), else two past its indent. */
-static size_t hang(const char *l, size_t n)
+ * (after the label and a run of two or more spaces), else two past its indent;
+ * at most half the width, so every continuation has room. */
+static size_t hang(const char *l, size_t n, size_t width)
 {
     size_t ls = 0;
     while (ls < n && l[ls] == ' ')
@@ -1212,9 +1214,11 @@ static size_t hang(const char *l, size_t n)
             size_t h = i;
             while (h < n && l[h] == ' ')
                 h++;
-            return h <= MP_TEXT_COLUMNS / 2 ? h : ls + 2;
+            if (h <= width / 2)
+                return h;
+            break;
         }
-    return ls + 2;
+    return ls + 2 <= width / 2 ? ls + 2 : width / 2;
 }
 
 void mp_report_fit_text(FILE *out, const char *text, size_t len, size_t width)
@@ -1225,14 +1229,17 @@ void mp_report_fit_text(FILE *out, const char *text, size_t len, size_t width)
         size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
         while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
             n--;
-        size_t h = n > width ? hang(p, n) : 0, pos = 0, col0 = 0;
+        size_t h = n > width ? hang(p, n, width) : 0, pos = 0, col0 = 0;
         while (n - pos + col0 > width) {
             /* the last space at or before the width; a word longer than the line is cut */
             size_t lim = pos + (width - col0), brk = lim;
             while (brk > pos && p[brk] != ' ')
                 brk--;
-            if (brk == pos)
+            if (brk == pos) { /* cut, but not inside a UTF-8 character */
                 brk = lim;
+                while (brk > pos + 1 && ((unsigned char)p[brk] & 0xC0) == 0x80)
+                    brk--;
+            }
             size_t e = brk;
             while (e > pos && p[e - 1] == ' ')
                 e--;
@@ -1249,18 +1256,21 @@ void mp_report_fit_text(FILE *out, const char *text, size_t len, size_t width)
     }
 }
 
-/* Text reports go through mp_report_fit_text (unless --wide); JSON goes straight out. */
+/* Text reports go through mp_report_fit_text (--wide: trailing blanks stripped, no
+ * wrapping); JSON goes straight out. */
 struct fitted {
     FILE *dst, *mem;
     char *buf;
     size_t len;
+    size_t width;
 };
 
 static FILE *fit_begin(struct fitted *f, FILE *dst, const struct mp_report_ctx *c)
 {
     memset(f, 0, sizeof *f);
     f->dst = dst;
-    if (!c->json && !c->wide)
+    f->width = c->wide ? SIZE_MAX : MP_TEXT_COLUMNS;
+    if (!c->json)
         f->mem = open_memstream(&f->buf, &f->len);
     return f->mem ? f->mem : dst;
 }
@@ -1270,7 +1280,7 @@ static void fit_end(struct fitted *f)
     if (!f->mem)
         return;
     if (fclose(f->mem) == 0)
-        mp_report_fit_text(f->dst, f->buf, f->len, MP_TEXT_COLUMNS);
+        mp_report_fit_text(f->dst, f->buf, f->len, f->width);
     else
         fputs("memplan: out of memory formatting the report\n", f->dst);
     free(f->buf);

@@ -45,6 +45,10 @@ static int cat_of(enum mp_store s)
     return K_TMP;
 }
 
+/* Labels drawn over the plot get a white outline under their glyphs, so a line or a
+ * band crossing them does not make them unreadable. */
+#define HALO " stroke=\"#fff\" stroke-width=\"3\" stroke-linejoin=\"round\" paint-order=\"stroke\""
+
 static const char *PHASE_COLOR[] = {"#d9d9d9", "#a6cee3", "#fdbf6f", "#cab2d6", "#b2df8a", "#fb9a99", "#eeeeee"};
 #define N_PHASES (sizeof PHASE_COLOR / sizeof PHASE_COLOR[0])
 
@@ -444,13 +448,13 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
                      "stroke=\"#c00\" stroke-width=\"1.5\"/>\n",
                 (unsigned long long)o->capacity_bytes, PX0, y, PX1, y);
         snprintf(buf, sizeof buf, "capacity %s", mp_fmt_bytes(o->capacity_bytes, b1, sizeof b1));
-        text(out, PX1 - 4, y - 4, "end", "font-size=\"11\" fill=\"#c00\"", buf);
+        text(out, PX1 - 4, y - 4, "end", "font-size=\"11\" fill=\"#c00\"" HALO, buf);
         double yu = ypx(&a, usable);
         fprintf(out, "<line id=\"usable\" data-bytes=\"%llu\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                      "stroke=\"#e67e00\" stroke-width=\"1.2\" stroke-dasharray=\"6 4\"/>\n",
                 (unsigned long long)usable, PX0, yu, PX1, yu);
         snprintf(buf, sizeof buf, "usable with a %.1f%% margin %s", 100.0 * o->margin, mp_fmt_bytes(usable, b1, sizeof b1));
-        text(out, PX1 - 4, yu + 12, "end", "font-size=\"11\" fill=\"#b35f00\"", buf);
+        text(out, PX1 - 4, yu + 12, "end", "font-size=\"11\" fill=\"#b35f00\"" HALO, buf);
     }
 
     /* the probe's measured curve */
@@ -458,7 +462,8 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
         fprintf(out, "<polyline id=\"measured\" fill=\"none\" stroke=\"#000\" stroke-width=\"1.4\" "
                      "stroke-dasharray=\"3 2\" points=\"");
         size_t n = o->n_measured;
-        double w = pw / (double)n;
+        /* on the replay's event axis: a probe that ran out of memory stops where it did */
+        double w = n <= s->total_ev ? evw : pw / (double)n;
         size_t per = n > N_COLS ? (n + N_COLS - 1) / N_COLS : 1;
         for (size_t i = 0; i < n; i += per) {
             uint64_t m = 0;
@@ -470,6 +475,13 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
         for (size_t i = 0; i < n; i++)
             mp = o->measured[i] > mp ? o->measured[i] : mp;
         fprintf(out, "\" data-peak-bytes=\"%llu\" data-events=\"%zu\"/>\n", (unsigned long long)mp, n);
+        if (n < s->total_ev) { /* the probe stopped early: out of memory */
+            double x = XEV(n), y = ypx(&a, o->measured[n - 1] + ctx);
+            fprintf(out, "<path class=\"probe-stop\" d=\"M%.1f %.1fl8 -8m-8 0l8 8\" stroke=\"#000\" stroke-width=\"2\" "
+                         "transform=\"translate(-4 4)\"/>\n",
+                    x, y);
+            text(out, x + 8, y - 10, "start", "font-size=\"11\"" HALO, "the probe stopped here: out of memory");
+        }
     }
 
     /* the peak */
@@ -485,7 +497,7 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     snprintf(buf, sizeof buf, "peak %s allocated at %s", mp_fmt_bytes(s->peak, b1, sizeof b1), ev);
     bool left = px > PX0 + pw * 0.6;
     text(out, left ? px - 8 : px + 8, py - 8 < MY0 + 10 ? MY0 + 12 : py - 8, left ? "end" : "start",
-         "font-size=\"12\" font-weight=\"bold\"", buf);
+         "font-size=\"12\" font-weight=\"bold\"" HALO, buf);
     fputs("</g>\n", out);
 
     /* legend: each category at the peak, then the other marks */
@@ -501,9 +513,18 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
         snprintf(buf, sizeof buf, "CUDA context %s", mp_fmt_bytes(ctx, b1, sizeof b1));
         legend_item(out, &lx, &ly, "", "#bbbbbb", buf);
     }
-    legend_item(out, &lx, &ly, "", "url(#hatch)", "recomputed forward");
-    if (o->measured)
-        legend_item(out, &lx, &ly, "", "#000", "measured by the probe (dashed)");
+    bool recomputes = false;
+    for (size_t i = 0; i < s->n_spans; i++)
+        recomputes = recomputes || s->spans[i].phase == MP_PH_RECOMPUTE;
+    if (recomputes)
+        legend_item(out, &lx, &ly, " class=\"legend-recompute\"", "url(#hatch)", "recomputed forward");
+    if (o->measured && o->n_measured) {
+        uint64_t mp = 0;
+        for (size_t i = 0; i < o->n_measured; i++)
+            mp = o->measured[i] > mp ? o->measured[i] : mp;
+        snprintf(buf, sizeof buf, "measured by the probe (dashed), peak %s", mp_fmt_bytes(mp, b1, sizeof b1));
+        legend_item(out, &lx, &ly, "", "#000", buf);
+    }
 
     /* zoom on the events around the peak */
     size_t wn = s->win1 - s->win0;
@@ -529,7 +550,11 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     grid(out, &ia);
     stack(out, s->win, NULL, wn, PX0, PX1, 0, &ia, "inset-clip");
     double iw = pw / (double)(wn ? wn : 1);
-    /* the schedule ops that start inside the window */
+    /* the schedule ops that start inside the window; a forward after the loss is a recompute */
+    size_t loss_op = s->sched->n;
+    for (size_t k = 0; k < s->sched->n && loss_op == s->sched->n; k++)
+        if (s->sched->ops[k].kind == MP_SCHED_LOSS)
+            loss_op = k;
     last_lbl = -1e9;
     for (size_t k = 0; k < s->sched->n; k++) {
         if (s->op_first[k] < s->win0 || s->op_first[k] >= s->win1)
@@ -541,9 +566,12 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
         if (x - last_lbl >= 90) {
             static const char *kn[] = {"forward (no grad)", "forward (checkpoint)", "forward", "loss", "backward"};
             char bn[64];
-            snprintf(buf, sizeof buf, "%s %s", kn[op->kind],
+            bool again = k > loss_op && op->kind != MP_SCHED_B;
+            snprintf(buf, sizeof buf, "%s %s", again ? "recompute" : kn[op->kind],
                      op->kind == MP_SCHED_LOSS ? "" : block_name(p, op->index, bn, sizeof bn));
-            text(out, x + 3, IY1 + 14, "start", "font-size=\"10\" fill=\"#444\"", buf);
+            char at[96];
+            snprintf(at, sizeof at, "class=\"op\" data-event=\"%zu\" font-size=\"10\" fill=\"#444\"", s->op_first[k]);
+            text(out, x + 3, IY1 + 14, "start", at, buf);
             last_lbl = x;
         }
     }
@@ -555,7 +583,7 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     snprintf(buf, sizeof buf, "%s (%s B)", ev, (snprintf(b2, sizeof b2, "%llu", (unsigned long long)s->peak), b2));
     left = ipx > PX0 + pw * 0.6;
     text(out, left ? ipx - 6 : ipx + 6, ipy - 6 < IY0 + 10 ? IY0 + 12 : ipy - 6, left ? "end" : "start",
-         "font-size=\"11\"", buf);
+         "font-size=\"11\"" HALO, buf);
     fputs("</g>\n", out);
     fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", PX0, IY1, PX1, IY1);
     fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", PX0, IY0, PX0, IY1);

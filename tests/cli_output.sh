@@ -79,9 +79,19 @@ timeline "check --timeline on a model that does not fit (exit 1)" -- \
 timeline "check --timeline: an image model" -- check models/resnet50.json --batch 16 --gpu t4
 timeline "probe --timeline: the measured curve is overlaid" probe -- \
     probe models/tiny-test.json --backend host --checkpoint every:1
+timeline "probe --timeline of a probe out of memory: its curve stops where it did" probe -- \
+    probe models/tiny-mlp.json --backend host --capacity 1KiB
 # 120 transformer blocks: still one picture with a zoom on the peak
 sed 's/"repeat": 12/"repeat": 120/' models/gpt2-124m.json >"$T/gpt2-120.json"
 timeline "plan --timeline at 122 blocks" -- plan "$T/gpt2-120.json" --batch 4 --gpu a100-80gb
+
+# the picture says what it shows: a LoRA step on two ranks is not read as full training on one GPU
+run estimate models/tiny-test.json --finetune lora --lora-r 4 --timeline "$T/tl.svg"
+[ "$ec" -eq 0 ] && grep -q ">batch 1, seq 8, amp-bf16, adamw, checkpoint none, lora r4<" "$T/tl.svg"
+check "--timeline subtitle of a LoRA run names lora and its rank" $?
+run estimate models/tiny-test.json --gpus 2 --parallel zero2 --timeline "$T/tl.svg"
+[ "$ec" -eq 0 ] && grep -q ", zero2 x2 per rank<" "$T/tl.svg"
+check "--timeline subtitle of a data-parallel run names the strategy and world" $?
 
 run estimate models/tiny-test.json --timeline "$T/no-such-dir/x.svg"
 [ "$ec" -eq 3 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "cannot write" "$T/err"
@@ -125,6 +135,13 @@ width suggest models/resnet50.json --gpu t4 --no-probe --emit hf
 width suggest models/gpt2-124m.json --gpu t4 --no-probe --emit deepspeed
 width probe models/tiny-test.json --backend host
 width probe models/tiny-mlp.json --backend host --capacity 1KiB
+
+# --wide: the full block table (every column, exact units), unwrapped, still no trailing blank
+run estimate models/hf/llama-2-7b.json --wide
+[ "$ec" -eq 0 ] && grep -q "^blocks .* grads  *optimizer activations  *output  *fwd ckpt$" "$T/out" &&
+    grep -q "^33  .* MiB .* GFLOP$" "$T/out" && LC_ALL=C.UTF-8 awk 'length($0) > 100 { w = 1 } END { exit !w }' "$T/out" &&
+    ! grep -q '[[:blank:]]$' "$T/out"
+check "estimate --wide: the full table, lines over 100 columns, no trailing blank" $?
 
 # ---- the defects a new user and a fuzzer found ----------------------------------------
 
@@ -172,11 +189,23 @@ fi
 if [ -n "$HAVE_PY" ]; then
     sed -e "s/\"name\": \"tiny-test\"/\"name\": \"bad $(printf '\377\376') name $(printf '\342\202')\"/" \
         -e "s/\"block\": \"embed\"/\"block\": \"em$(printf '\303')\"/" models/tiny-test.json >"$T/utf8.json"
-    run estimate "$T/utf8.json" --json
-    [ "$ec" -eq 0 ] && python3 -c 'import json, sys; json.loads(sys.stdin.buffer.read().decode("utf-8"))' \
-        <"$T/out" >>"$T/why" 2>&1
-    check "a model name that is not UTF-8: --json output is valid UTF-8 JSON" $?
+    for c in "estimate" "plan --gpu t4 --batch 4" "check --gpu t4 --batch 100000" "suggest --gpu t4 --no-probe" \
+        "probe --backend host" "plan --activation-budget 1KiB --batch 64"; do
+        # shellcheck disable=SC2086
+        run $c "$T/utf8.json" --json
+        [ "$ec" -le 1 ] && python3 -c 'import json, sys; json.loads(sys.stdin.buffer.read().decode("utf-8"))' \
+            <"$T/out" >>"$T/why" 2>&1
+        check "a model name that is not UTF-8: $c --json is valid UTF-8 JSON" $?
+    done
 fi
+
+# leading zeros: refused in both model formats and in a GPU profile, the file and place named
+sed 's/"n_layer": 12/"n_layer": 012/' models/hf/gpt2.json >"$T/lz-hf.json"
+expect_err 3 "lz-hf.json:[0-9]+:[0-9]+: malformed JSON: a number with a leading zero" \
+    "an HF config with a leading zero: exit 3, line:col" estimate "$T/lz-hf.json"
+sed 's/"memory_mib": *\([0-9]*\)/"memory_mib": 0\1/' configs/gpus/t4.json >"$T/lz-gpu.json"
+expect_err 3 "lz-gpu.json: malformed JSON: a number with a leading zero" \
+    "a GPU profile with a leading zero: exit 3" check models/tiny-test.json --batch 1 --gpu "$T/lz-gpu.json"
 
 # option values
 expect_err 2 "option '--gpu' needs a value" "--gpu without a value says so" estimate models/tiny-test.json --gpu
@@ -204,10 +233,20 @@ for b in 1 64; do
     check "estimate --batch $b --gpu t4: the verdict agrees with check (exit $cec)" $?
 done
 
+# check's stderr line on a miss gives the report's figures, in its units, within 100 columns
+run check models/llama-7b.json --batch 1 --gpu a100-40gb
+pu=$(sed -n 's/^does not fit: peak \([0-9.]* [KMGT]*i*B\) of \([0-9.]* [KMGT]*i*B\) usable.*/peak \1 of \2 usable/p' "$T/out")
+[ "$ec" -eq 1 ] && [ -n "$pu" ] && grep -q "^memplan: does not fit: short by [0-9.]* GiB ($pu) at optimizer.step$" "$T/err" &&
+    [ "$(wc -L <"$T/err")" -le 100 ]
+check "check that does not fit: the stderr line repeats the report's '$pu', fits 100 columns" $?
+
 # plan exiting 1 says why
 expect_err 1 "does not fit" "plan --checkpoint sqrt that does not fit: exit 1, says why" \
     plan models/gpt2-124m.json --batch 64 --gpu t4 --checkpoint sqrt
 expect_err 1 "does not fit" "plan (optimal) with no room: exit 1, says why" plan models/llama-7b.json --batch 1 --gpu t4
+expect_err 1 "does not fit: no plan fits the activation budget 1.00 MiB" \
+    "plan under an activation budget no plan meets: exit 1, says why" \
+    plan models/gpt2-124m.json --batch 64 --activation-budget 1MiB
 
 # an installed binary finds its profiles in ../share/memplan/gpus, from any directory
 mkdir -p "$T/inst/bin" "$T/inst/share/memplan/gpus"
@@ -218,13 +257,36 @@ check "installed binary: help gpus lists PREFIX/share/memplan/gpus (run from /)"
 (cd / && "$T/inst/bin/memplan" check "$OLDPWD/models/tiny-test.json" --batch 1 --gpu only-installed >"$T/out" 2>"$T/err")
 check "installed binary: --gpu finds a profile in PREFIX/share/memplan/gpus" $?
 
-# a plain make after a sanitizer build relinks ./memplan (the link stamp changes)
-if command -v make >/dev/null 2>&1 && [ -f .memplan-link ]; then
-    cp .memplan-link "$T/stamp"
-    make -n --no-print-directory memplan SAN=1 BUILD="$T/bsan" 2>/dev/null | grep -q -- "-o memplan"
+# make install PREFIX=... of the built binary (-o memplan: installed as it is, never relinked;
+# MAKEFLAGS carries a SAN=1 BUILD=... of the calling make): the installed binary reads the
+# installed profiles, whatever the directory it runs from
+if command -v make >/dev/null 2>&1 && [ -f .memplan-link ] && [ "$M" -ef memplan ]; then
+    cp -p .memplan-link "$T/stamp"
+    make --no-print-directory -o memplan install PREFIX="$T/pfx" >"$T/why" 2>&1
     r=$?
-    cp "$T/stamp" .memplan-link
-    check "switching to SAN=1 relinks ./memplan (link stamp)" $r
+    cp -p "$T/stamp" .memplan-link
+    if [ "$r" -eq 0 ]; then
+        sed -i 's/"description": *"[^"]*"/"description": "as installed in PREFIX"/' "$T/pfx/share/memplan/gpus/t4.json"
+        (cd / && "$T/pfx/bin/memplan" help gpus >"$T/out" 2>>"$T/why") && grep -q "^t4 .*as installed in PREFIX" "$T/out"
+        r=$?
+    fi
+    check "make install PREFIX=...: the installed binary lists PREFIX/share/memplan/gpus (run from /)" $r
+fi
+
+# ./memplan never stays linked with other flags (a sanitizer build): with every object up to
+# date, a change of what it is linked with (here only CC) relinks it, and nothing else does.
+# make -n still rewrites the stamp when parsing: it is put back with its time (cp -p).
+# MAKEFLAGS carries a SAN=1 BUILD=... of the calling make, so ./memplan is up to date here.
+if command -v make >/dev/null 2>&1 && [ -f .memplan-link ] && [ "$M" -ef memplan ] &&
+    ! make -n --no-print-directory memplan 2>/dev/null | grep -q -- "-o memplan"; then
+    cp -p .memplan-link "$T/stamp"
+    make -n --no-print-directory memplan CC=cc-link-stamp-test 2>/dev/null | grep -q -- "-o memplan"
+    r=$?
+    cp -p "$T/stamp" .memplan-link
+    check "other link flags (CC, CFLAGS, SAN=1, BUILD) relink ./memplan, objects up to date (link stamp)" $r
+else
+    skip=$((skip + 1))
+    echo "skip link stamp check (./memplan is not the up-to-date build of this tree)"
 fi
 
 # help and docs agree with the code
@@ -234,6 +296,12 @@ check "plan --help: --checkpoint defaults to optimal" $?
 run probe --help
 ! grep -q -- "--gpu profile's, else" "$T/out"
 check "probe --help: --workspace does not promise a --gpu default" $?
+# the foreach AdamW step's temporary is one tensor the size of the parameters, as estimate prints it
+run estimate models/gpt2-124m.json --optimizer adamw
+w=$(sed -n 's/^  weights  *\([0-9.]* [KMGT]*i*B\)$/\1/p' "$T/out")
+[ -n "$w" ] && grep -q "^  optimizer state .*(+$w temporary during step)" "$T/out" &&
+    ! grep -qi "state-sized temporary\|copy of the state" man/memplan.1 README.md
+check "AdamW's step temporary is the size of the weights ($w), and the docs say no more" $?
 ! grep -q "OWNER" README.md
 check "README: no 'Replace OWNER'" $?
 run check models/gpt2-124m.json --batch 1 --gpu a100-80gb
@@ -243,6 +311,21 @@ check "README's check output shows the margin as the code prints it ($m)" $?
 run estimate models/tiny-test.json --json
 ! grep -q '"target"' "$T/out" && grep -q "only when there is a target" README.md
 check "estimate without a target: no target key, as README says" $?
+
+# suggest: a blank line between the answer and the header of what it was worked out for
+for g in a100-40gb t4; do
+    run suggest models/gpt2-124m.json --gpu $g --no-probe
+    [ "$ec" -le 1 ] && awk '/^model / && !seen { seen = 1; ok = prev == "" } { prev = $0 } END { exit !ok }' "$T/out"
+    check "suggest --gpu $g: a blank line before the model header" $?
+done
+
+# every option a command's --help lists has its own entry in the man page, and every option
+# the man page gives an entry exists (--version aside)
+for c in estimate plan check suggest probe; do "$M" $c --help; done | grep -o -- '--[a-z][a-z0-9-]*' | sort -u >"$T/opts"
+awk 'tp { print; tp = 0 } /^\.TP/ { tp = 1 }' man/memplan.1 | grep -o -- '\\-\\-[a-z0-9\\-]*' | sed 's/\\-/-/g' |
+    grep -vx -- --version | sort -u >"$T/mantags"
+[ -s "$T/opts" ] && cmp "$T/opts" "$T/mantags" >"$T/why" 2>&1 || diff "$T/opts" "$T/mantags" >>"$T/why"
+check "the options of every --help are the man page's option entries ($(wc -l <"$T/opts") options)" $?
 
 # image and MLP models: no seq or attention defaults that do not apply
 for f in models/resnet50.json models/tiny-mlp.json; do
@@ -269,6 +352,9 @@ if command -v script >/dev/null 2>&1 && script -qc true /dev/null >/dev/null 2>&
     onterm "MEMPLAN_PROGRESS_AFTER_MS=0 '$M' plan '$T/long.json' --gpu t4 --batch 4096"
     grep -q "memplan: planning: optimal DP" "$T/tty"
     check "progress on a terminal: the planner says what it does" $?
+    onterm "MEMPLAN_PROGRESS_AFTER_MS=0 '$M' suggest models/tiny-test.json --gpu t4 --no-probe"
+    grep -q "memplan: evaluating [a-z0-9-]*, checkpoint [a-z]*" "$T/tty"
+    check "progress on a terminal: suggest's search says what it evaluates" $?
     onterm "MEMPLAN_PROGRESS_AFTER_MS=0 '$M' probe models/tiny-test.json --backend host --steps 2"
     grep -q "memplan: probe: [a-z-]* step [0-9]* of [0-9]* on the host backend" "$T/tty"
     check "progress on a terminal: host probe steps" $?
@@ -284,6 +370,12 @@ fi
 MEMPLAN_PROGRESS_AFTER_MS=0 "$M" plan "$T/long.json" --gpu t4 --batch 4096 >/dev/null 2>"$T/err"
 [ ! -s "$T/err" ]
 check "progress: nothing when stderr is not a terminal" $?
+MEMPLAN_PROGRESS_AFTER_MS=0 "$M" suggest models/tiny-test.json --gpu t4 --no-probe >/dev/null 2>"$T/err"
+[ ! -s "$T/err" ]
+check "progress: suggest's search says nothing when stderr is not a terminal" $?
+MEMPLAN_PROGRESS_AFTER_MS=0 "$M" probe models/tiny-test.json --backend host --steps 2 >/dev/null 2>"$T/err"
+[ ! -s "$T/err" ]
+check "progress: host probe steps say nothing when stderr is not a terminal" $?
 
 # ---- summary ----------------------------------------------------------------------------
 

@@ -844,6 +844,26 @@ static const struct param_row variants_2025[] = {
     {"models/hf/afm-4.5b.json", NULL, UINT64_C(4619184640)},
     {"models/hf/afm-4.5b.json", "ArceeForQuestionAnswering", UINT64_C(4291499522)},
     {"models/hf/afm-4.5b.json", "ArceeModel", UINT64_C(4291494400)},
+    /* ---- session 4 ---- */
+    {"models/hf/ministral-8b-instruct-2410.json", NULL, UINT64_C(8019808256)},
+    {"models/hf/ministral-8b-instruct-2410.json", "MinistralForSequenceClassification", UINT64_C(7482945536)},
+    {"models/hf/ministral-8b-instruct-2410.json", "MinistralForTokenClassification", UINT64_C(7482945538)},
+    {"models/hf/ministral-8b-instruct-2410.json", "MinistralForQuestionAnswering", UINT64_C(7482945538)},
+    {"models/hf/ministral-8b-instruct-2410.json", "MinistralModel", UINT64_C(7482937344)},
+    {"models/hf/olmo-1b-hf.json", NULL, UINT64_C(1176764416)},
+    {"models/hf/olmo-1b-hf.json", "OlmoForSequenceClassification", UINT64_C(1176768512)},
+    {"models/hf/olmo-1b-hf.json", "OlmoModel", UINT64_C(1176764416)},
+    {"models/hf/olmo-7b-hf.json", NULL, UINT64_C(6888095744)},
+    {"models/hf/olmo-7b-hf.json", "OlmoForSequenceClassification", UINT64_C(6682058752)},
+    {"models/hf/olmo-7b-hf.json", "OlmoModel", UINT64_C(6682050560)},
+    {"models/hf/minitron-8b-base.json", NULL, UINT64_C(8271699968)},
+    {"models/hf/minitron-8b-base.json", "NemotronForSequenceClassification", UINT64_C(7223132160)},
+    {"models/hf/minitron-8b-base.json", "NemotronForTokenClassification", UINT64_C(7223132162)},
+    {"models/hf/minitron-8b-base.json", "NemotronForQuestionAnswering", UINT64_C(7223132162)},
+    {"models/hf/minitron-8b-base.json", "NemotronModel", UINT64_C(7223123968)},
+    {"models/hf/hunyuan-7b-instruct.json", NULL, UINT64_C(8029540352)},
+    {"models/hf/hunyuan-7b-instruct.json", "HunYuanDenseV1ForSequenceClassification", UINT64_C(7504576512)},
+    {"models/hf/hunyuan-7b-instruct.json", "HunYuanDenseV1Model", UINT64_C(7504568320)},
 };
 
 static void test_params_variants_2025(void **state)
@@ -1557,6 +1577,10 @@ static void test_sliding_window_layers(void **state)
         {"{\"model_type\": \"smollm3\", \"sliding_window\": 16", {0, 0, 0, 0}},
         {"{\"model_type\": \"smollm3\", \"sliding_window\": 16, \"use_sliding_window\": true", {0, 0, 0, 16}},
         {"{\"model_type\": \"llama\"", {0, 0, 0, 0}},
+        /* Ministral: every layer without layer_types (MinistralConfig), else the types */
+        {"{\"model_type\": \"ministral\"", {4096, 4096, 4096, 4096}},
+        {"{\"model_type\": \"ministral\", \"sliding_window\": 16, \"layer_types\": [\"sliding_attention\", "
+         "\"full_attention\", \"full_attention\", \"full_attention\"]", {16, 0, 0, 0}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         char json[640];
@@ -1571,6 +1595,163 @@ static void test_sliding_window_layers(void **state)
                          (unsigned long long)block_layer(&m, 1 + i, 0)->window, (unsigned long long)cases[k].want[i]);
         mp_model_release(&m);
     }
+}
+
+/* ---- families of session 4 ------------------------------------------------------ */
+
+#define MINISTRAL_TINY(extra)                                                                               \
+    "{\"model_type\": \"ministral\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, " \
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128" extra "}"
+
+static void test_families_s4(void **state)
+{
+    (void)state;
+    /* Ministral: MinistralModel builds the causal and the sliding-window mask whatever the layer
+     * types, so eager attention gets two masks; kv heads default to MistralConfig's 8 */
+    struct mp_model m;
+    load_ok(&m, "models/hf/ministral-8b-instruct-2410.json");
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->eager_mask, 2);
+    assert_int_equal(l->window, 32768);
+    assert_false(l->qkv_bias || l->out_bias || l->mlp_bias);
+    mp_model_release(&m);
+    load_str_ok(&m, "{\"model_type\": \"ministral\", \"vocab_size\": 100, \"hidden_size\": 64, "
+                    "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"head_dim\": 8, \"intermediate_size\": 128}");
+    assert_int_equal(block_layer(&m, 1, 0)->kv_heads, 8);
+    mp_model_release(&m);
+    /* transformers fails on both (MinistralAttention: head_dim None; the sliding mask: no window) */
+    expect_error(MINISTRAL_TINY(""), MP_ERR_MODEL,
+                 "cfg.json: head_dim: missing (MinistralConfig leaves it None and MinistralAttention cannot size "
+                 "q/k/v without it)");
+    expect_error(MINISTRAL_TINY(", \"head_dim\": 16, \"sliding_window\": null"),
+                 MP_ERR_MODEL, "cfg.json: sliding_window: null is not supported (MinistralModel always builds the "
+                 "sliding-window mask, which needs it)");
+    /* OLMo's clip_qkv: clamp_ keeps a copy of each projection; not modelled, refused (null is fine) */
+    load_str_ok(&m, "{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                    "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": null}");
+    mp_model_release(&m);
+    expect_error("{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": 8.0}", MP_ERR_MODEL,
+                 "cfg.json: clip_qkv: only null is supported (the in-place clamp of q, k and v keeps a copy of each "
+                 "projection for backward; not modelled)");
+}
+
+/* m's program at batch 1, sequence 16, in precision prec. */
+static void build_prec(const struct mp_model *m, enum mp_precision prec, struct mp_program *p)
+{
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 1;
+    o.seq = 16;
+    o.precision = prec;
+    struct mp_diag d = {{0}};
+    if (mp_program_build(m, &o, p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+}
+
+/* Bytes the idx-th node of kind prim saves (-1: no such node); *in_dt and *out_dt its input and
+ * output dtypes. */
+static int64_t nth_saved(const struct mp_program *p, enum mp_prim prim, size_t idx, enum mp_dtype *in_dt,
+                         enum mp_dtype *out_dt)
+{
+    for (size_t i = 0; i < p->n_nodes; i++) {
+        const struct mp_node *n = &p->nodes[i];
+        if (n->prim != prim || idx--)
+            continue;
+        uint64_t saved = 0;
+        for (int j = 0; j < n->n_saved; j++)
+            saved += p->tensors[n->saved[j]].bytes;
+        *in_dt = p->tensors[n->in[0]].dtype;
+        *out_dt = p->tensors[n->out].dtype;
+        return (int64_t)saved;
+    }
+    return -1;
+}
+
+#define TINY(type, extra)                                                                                   \
+    "{\"model_type\": \"" type "\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, " \
+    "\"num_attention_heads\": 4, \"intermediate_size\": 128" extra "}"
+
+/* The LayerNorm variants by hand at batch 1, sequence 16, hidden 64: M = 16 rows, N = 1024
+ * elements; mean and rstd are M fp32 = 64 bytes each. */
+static void test_layernorm_variants(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_program p;
+    enum mp_dtype in, out;
+    /* OLMo: no parameters (53,760: transformers' count, all in the Linears and embeddings); the
+     * norm runs on fp32 x: amp's fp32 residual itself (4096 + 64 + 64), bf16's fp32 copy (the same
+     * bytes), and its fp32 output is cast back to bf16 */
+    load_str_ok(&m, TINY("olmo", ""));
+    assert_int_equal(params_of(&m), 53760);
+    build_prec(&m, MP_PREC_AMP_BF16, &p);
+    assert_int_equal(nth_saved(&p, MP_P_LAYERNORM, 0, &in, &out), 4224);
+    assert_true(in == MP_DT_F32 && out == MP_DT_F32);
+    mp_program_release(&p);
+    build_prec(&m, MP_PREC_BF16, &p);
+    assert_int_equal(nth_saved(&p, MP_P_LAYERNORM, 0, &in, &out), 4224);
+    assert_true(in == MP_DT_F32 && out == MP_DT_F32);
+    for (size_t i = 0; i < p.n_nodes; i++)
+        if (p.nodes[i].prim == MP_P_LAYERNORM) {
+            assert_int_equal(p.nodes[i].param[0], -1);
+            assert_int_equal(p.nodes[i].param[1], -1);
+            assert_int_equal(p.tensors[p.nodes[i + 1].out].dtype, MP_DT_BF16); /* .to(bf16) */
+        }
+    assert_non_null(p.probe_unsupported);
+    mp_program_release(&p);
+    mp_model_release(&m);
+
+    /* Nemotron (45,952 with transformers): weight + 1 saved by the norm (64 elements in the weight's
+     * dtype); under autocast (CUDA) x's bf16 copy (2048), bf16 weight + 1 and bias (128 each), the
+     * output bf16 and no cast before q_proj */
+    load_str_ok(&m, TINY("nemotron", ", \"head_dim\": 16, \"num_key_value_heads\": 4"));
+    assert_int_equal(params_of(&m), 45952);
+    build_prec(&m, MP_PREC_AMP_BF16, &p);
+    assert_int_equal(nth_saved(&p, MP_P_LAYERNORM, 0, &in, &out), 2048 + 64 + 64 + 128 + 128);
+    assert_true(in == MP_DT_BF16 && out == MP_DT_BF16);
+    for (size_t i = 0; i < p.n_nodes; i++)
+        assert_null(strstr(p.tensors[p.nodes[i].out].name, "q_proj.cast"));
+    mp_program_release(&p);
+    build_prec(&m, MP_PREC_FP32, &p);
+    assert_int_equal(nth_saved(&p, MP_P_LAYERNORM, 1, &in, &out), 4096 + 64 + 64 + 256);
+    mp_program_release(&p);
+    build_prec(&m, MP_PREC_BF16, &p);
+    assert_int_equal(nth_saved(&p, MP_P_LAYERNORM, 2, &in, &out), 2048 + 64 + 64 + 128);
+    assert_true(in == MP_DT_BF16 && out == MP_DT_BF16);
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
+/* HunYuan: the per-head q/k RMSNorms come after the rotary, whose output under autocast is fp32
+ * (q * cos with the fp32 table): q (16 x 64 elements) saved as it is, 4096 bytes, rsqrt 64 rows
+ * (256), the normed fp32 4096 (Qwen3's order: a 4096 fp32 copy and a 2048 bf16 normed). */
+static void test_qk_norm_after_rope(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_program p;
+    enum mp_dtype in, out;
+    load_str_ok(&m, TINY("hunyuan_v1_dense", ", \"head_dim\": 16"));
+    assert_int_equal(params_of(&m), 53984);
+    build_prec(&m, MP_PREC_AMP_BF16, &p);
+    size_t rope = 0, norm = 0;
+    for (size_t i = 0; i < p.n_nodes; i++) {
+        if (p.nodes[i].prim == MP_P_ROPE && !rope)
+            rope = i;
+        if (p.nodes[i].prim == MP_P_RMSNORM && strstr(p.tensors[p.nodes[i].out].name, "q_norm"))
+            norm = i;
+    }
+    assert_true(rope && norm > rope);
+    assert_int_equal(nth_saved(&p, MP_P_RMSNORM, 1, &in, &out), 4096 + 256 + 4096);
+    assert_true(in == MP_DT_F32 && out == MP_DT_F32);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    load_str_ok(&m, TINY("qwen3", ", \"head_dim\": 16, \"num_key_value_heads\": 4"));
+    build_prec(&m, MP_PREC_AMP_BF16, &p);
+    assert_int_equal(nth_saved(&p, MP_P_RMSNORM, 1, &in, &out), 4096 + 256 + 2048);
+    mp_program_release(&p);
+    mp_model_release(&m);
 }
 
 int main(void)
@@ -1631,6 +1812,9 @@ int main(void)
         cmocka_unit_test(test_error_rotary_fraction),
         cmocka_unit_test(test_error_unmodelled_options),
         cmocka_unit_test(test_sliding_window_layers),
+        cmocka_unit_test(test_families_s4),
+        cmocka_unit_test(test_layernorm_variants),
+        cmocka_unit_test(test_qk_norm_after_rope),
     };
     return cmocka_run_group_tests_name("model_hf", tests, NULL, NULL);
 }

@@ -72,6 +72,19 @@ recompute = [r for r in root.iter(NS + "rect") if r.get("class") == "recompute"]
 if bool(recompute) != (mem["recompute_flops"] > 0):
     fail("%d recompute bands, recompute_flops %s" % (len(recompute), mem["recompute_flops"]))
 
+hatch = [r for r in root.iter(NS + "rect") if r.get("class") == "legend-recompute"]
+if bool(hatch) != (mem["recompute_flops"] > 0):
+    fail("'recomputed forward' in the legend: %s, recompute_flops %s" % (bool(hatch), mem["recompute_flops"]))
+
+# the zoom's op labels: a forward after the loss is named a recompute, and only there
+for t in root.iter(NS + "text"):
+    if t.get("class") != "op":
+        continue
+    ev, word = int(t.get("data-event")), "".join(t.itertext()).split(" ")[0]
+    at = [p for a, b, p in phases if a <= ev <= b]
+    if (word == "recompute") != (at == ["recompute"]) or (word == "forward" and at[0] not in ("setup", "forward")):
+        fail("zoom label %r at event %d, in phase %s" % ("".join(t.itertext()), ev, at))
+
 cap = root.find(".//%sline[@id='capacity']" % NS)
 tgt = rep.get("target")
 if tgt and tgt.get("capacity_bytes"):
@@ -94,6 +107,18 @@ if probe:
     if int(m.get("data-peak-bytes")) != rep["probe"]["measured_peak_bytes"]:
         fail("measured curve peak %s != probe.measured_peak_bytes %d"
              % (m.get("data-peak-bytes"), rep["probe"]["measured_peak_bytes"]))
-    if int(m.get("data-events")) != n_ev:
-        fail("measured curve has %s events, the replay %d" % (m.get("data-events"), n_ev))
+    got_ev = int(m.get("data-events"))
+    stop = root.find(".//%spath[@class='probe-stop']" % NS)
+    if rep["probe"]["fits"]:
+        if got_ev != n_ev or stop is not None:
+            fail("measured curve has %d events (stop mark: %s), the replay %d" % (got_ev, stop is not None, n_ev))
+    else:
+        # out of memory: the curve ends at its last event on the replay's axis, marked
+        bands = sorted((float(r.get("x")), float(r.get("width"))) for r in root.iter(NS + "rect")
+                       if r.get("class") == "phase")
+        x0, x1 = bands[0][0], bands[-1][0] + bands[-1][1]
+        xs = [float(pt.split(",")[0]) for pt in m.get("points").split()]
+        if not 0 < got_ev < n_ev or stop is None or max(xs) > x0 + (x1 - x0) * got_ev / n_ev + 0.1:
+            fail("a probe out of memory after %d of %d events: curve to x=%.1f, stop mark %s"
+                 % (got_ev, n_ev, max(xs), stop is not None))
 print("ok")
