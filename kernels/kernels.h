@@ -20,7 +20,7 @@ extern "C" {
 
 enum { MP_K_F32 = 0, MP_K_BF16 = 1, MP_K_F16 = 2, MP_K_I64 = 3, MP_K_U8 = 4 };
 enum { MP_K_GELU = 0, MP_K_GELU_TANH, MP_K_RELU, MP_K_SILU, MP_K_TANH, MP_K_SIGMOID, MP_K_GELU_NEW, MP_K_GELU_FAST,
-       MP_K_RELU2 };
+       MP_K_RELU2, MP_K_XIELU };
 
 /* ---- elementwise.cu ---------------------------------------------------------------------- */
 int mp_k_fill(void *dst, int dt, float v, uint64_t n, cudaStream_t s);

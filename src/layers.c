@@ -885,28 +885,52 @@ static struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool i
     } else {
         save(n, x.t);
     }
-    /* HF's Python composites (gelu_new, gelu_fast) keep intermediates the size of x */
+    /* HF's Python composites (gelu_new, gelu_fast, xielu) keep intermediates the size of x (in x's
+     * dtype, fp32 where the amp32 column says, one byte per element for a ":u8" bool) */
     size_t n_extras = 0;
     bool any32 = false;
     for (const char *e = mp_act_intermediates(act); *e; n_extras++) {
-        size_t w = strcspn(e, " ");
+        size_t w = strcspn(e, " "), k = strcspn(e, " :");
         char word[64];
-        snprintf(word, sizeof word, "%.*s", (int)w, e);
+        snprintf(word, sizeof word, "%.*s", (int)k, e);
         bool f32 = amp32 && mp_act_fp32_under_amp(act, word);
         any32 |= f32;
         snprintf(en, sizeof en, "%s.%s", name, word);
-        extra_as(n, new_flat(B, en, f32 ? MP_DT_F32 : xdt, T(B, x.t)->elems), MP_XR_ACT_PART);
+        enum mp_dtype pdt = k < w ? MP_DT_U8 : f32 ? MP_DT_F32 : xdt;
+        extra_as(n, new_flat(B, en, pdt, T(B, x.t)->elems), MP_XR_ACT_PART);
         e += w;
         e += strspn(e, " ");
     }
-    /* pow(x, 3) and the polynomial, not saved (fp32 where autocast upcast them) */
-    if (n_extras)
-        tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, T(B, x.t)->elems, any32 ? 4 : mp_dtype_size(xdt)), 2));
+    /* xIELU's two learned (1,) scalars (the node makes their gradients).  Its two 0-dim buffers
+     * (beta, eps: 512 bytes each as allocated) are not modelled: the table of module buffers is
+     * short (MP_BUFFERS_MAX) and 1 KiB per layer is below any figure memplan reports */
+    if (act == MP_ACT_XIELU) {
+        static const char *const pn[2] = {"alpha_p", "alpha_n"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(en, sizeof en, "%s.%s", name, pn[i]);
+            n->param[i] = new_param(B, en, 1, 1, false);
+        }
+    }
+    /* forward transients (the fwd column: gelu's pow(x, 3) and polynomial, xIELU's where branches),
+     * not saved; two of them fp32 where autocast or an fp32 parameter upcast them */
+    uint64_t elems = T(B, x.t)->elems, nf = (uint64_t)mp_act_fwd_tensors(act), n32 = any32 ? mp_min_u64(nf, 2) : 0;
+    if (nf)
+        tmp_one(B, n, false, MP_TR_OTHER,
+                add(B, mul(B, mul(B, elems, 4), n32), mul(B, mul(B, elems, mp_dtype_size(xdt)), nf - n32)));
     /* backward of HF's composites: the x-sized tensors their chain of autograd nodes holds beyond
-     * a fused kernel's gradients (model.h's bwd column, measured) */
-    if (mp_act_bwd_tensors(act))
-        tmp_one(B, n, true, MP_TR_OTHER,
-                mul(B, mul(B, T(B, x.t)->elems, mp_dtype_size(odt)), (uint64_t)mp_act_bwd_tensors(act)));
+     * a fused kernel's gradients (model.h's bwd column, measured); an output promoted to fp32 by a
+     * parameter (amp32 "out" without "in": xIELU) casts x's gradient back to x's dtype, one more
+     * x-sized tensor; a bool part (xIELU's where mask) is freed before the peak, when the last op's
+     * backward is done */
+    if (mp_act_bwd_tensors(act)) {
+        uint64_t bw = mul(B, mul(B, elems, mp_dtype_size(odt)), (uint64_t)mp_act_bwd_tensors(act));
+        if (odt != xdt && !mp_act_fp32_under_amp(act, "in"))
+            bw = add(B, bw, mul(B, elems, mp_dtype_size(xdt)));
+        for (const char *e = mp_act_intermediates(act); *e; e += strcspn(e, " "), e += strspn(e, " "))
+            if (strcspn(e, " ") > strcspn(e, " :") && bw >= elems)
+                bw -= elems;
+        tmp_one(B, n, true, MP_TR_OTHER, bw);
+    }
     n->rows = rows_of(x);
     n->n = last_dim(x);
     n->fwd_flops = 8.0 * (double)T(B, x.t)->elems;
@@ -1092,6 +1116,17 @@ static uint64_t round_up(uint64_t v, uint64_t m) { return mp_ceil_div(v, m) * m;
 static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
 {
     return l->attn_mask || (l->window && B->s >= l->window);
+}
+
+/* x.clamp_(-c, c) (OLMo's clip_qkv): in place, but ClampBackward1 needs x as it was, so autograd
+ * saves a clone of it (measured: saved_tensors_hooks sees a new storage).  Modelled as a new clamped
+ * tensor whose node saves x: the same two x-sized tensors, the same gradient. */
+static struct val lower_clamp(struct bld *B, struct val x, const char *name)
+{
+    struct val y = lower_copy(B, x, dt_of(B, x), 0, name);
+    if (!failed(B))
+        save(&B->p->nodes[B->p->n_nodes - 1], x.t);
+    return y;
 }
 
 /* The (b, 1, s, s) mask a model passes to attention (sdpa_masked; transformers'
@@ -1348,6 +1383,11 @@ static struct val lower_attention(struct bld *B, struct val x, const struct mp_l
         q = lower_linear(B, x, hidden, qd, l->qkv_bias, "q_proj");
         k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
         v = lower_linear(B, x, hidden, kd, l->qkv_bias, "v_proj");
+    }
+    if (l->clip_qkv) {
+        q = lower_clamp(B, q, "q_clamp");
+        k = lower_clamp(B, k, "k_clamp");
+        v = lower_clamp(B, v, "v_clamp");
     }
     if (l->qk_norm != MP_QK_NORM_NONE && !l->qk_norm_late) {
         q = qk_norm(B, q, l, a, "q_norm");

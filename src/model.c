@@ -36,9 +36,10 @@ enum { SAVES_IN, SAVES_OUT };
 static const struct {
     const char *name, *aliases, *extras, *amp32;
     bool saves_out;
-    int bwd;
+    int bwd, fwd;
 } act_rows[MP_ACT_COUNT] = {
-#define MP_X(id, name, aliases, saves, extras, amp32, bwd) {name, aliases, extras, amp32, SAVES_##saves == SAVES_OUT, bwd},
+#define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd)                                                  \
+    {name, aliases, extras, amp32, SAVES_##saves == SAVES_OUT, bwd, fwd},
     MP_ACTIVATIONS(MP_X)
 #undef MP_X
 };
@@ -46,6 +47,7 @@ static const struct {
 const char *mp_act_str(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].name : "?"; }
 bool mp_act_saves_output(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT && act_rows[a].saves_out; }
 int mp_act_bwd_tensors(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].bwd : 0; }
+int mp_act_fwd_tensors(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].fwd : 0; }
 const char *mp_act_intermediates(enum mp_act a) { return (unsigned)a < MP_ACT_COUNT ? act_rows[a].extras : ""; }
 int mp_act_n_intermediates(enum mp_act a)
 {

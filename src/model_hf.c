@@ -397,15 +397,32 @@ static const struct family families[] = {
     /* HunYuan dense (Hunyuan-7B): llama with per-head q/k RMSNorms after the rotary */
     {.type = "hunyuan_v1_dense", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
      .qk_norm_late = true, .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
+    /* Apertus: llama with per-head q/k RMSNorms and a non-gated xIELU MLP (up_proj, down_proj; the
+     * activation's two learned scalars) */
+    {.type = "apertus", .act = MP_ACT_XIELU, .norm = MP_NORM_RMSNORM, .gqa = true, .up_down = true,
+     .qk_norm = MP_QK_NORM_HEAD, .k_attn_bias = "attention_bias", .k_attn_p = "attention_dropout",
+     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .k_cls_p = "hidden_dropout", .generic_heads = true,
+     .heads = HEAD(H_CAUSAL) | HEAD(H_TOKEN) | HEAD(H_BARE)},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define HF_SUPPORTED                                                                                \
     "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
     "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mt5, umt5, mixtral, qwen2_moe, " \
     "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, " \
-    "cohere, arcee, ministral, olmo, nemotron, hunyuan_v1_dense"
+    "cohere, arcee, ministral, olmo, nemotron, hunyuan_v1_dense, apertus"
 
 const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
+
+/* model_types transformers has and memplan knowingly does not model: refused with what is missing,
+ * never approximated. */
+static const struct {
+    const char *type, *why;
+} refused_types[] = {
+    {"llama4_text", "Llama 4's MoE layers run every token through all num_local_experts experts (a dense bmm "
+                    "over E x tokens rows), plus chunked attention, L2 q/k norms, temperature-tuned NoPE layers "
+                    "and an fp32 complex rotary: not modelled"},
+    {"llama4", "Llama 4 is a vision-language model and its text model (llama4_text) is not modelled either"},
+};
 
 /* The config after the transformers defaults: everything the lowering needs. */
 struct hf {
@@ -453,6 +470,7 @@ struct hf {
     uint64_t first_dense;    /* DeepSeek: layers below first_k_dense_replace are dense */
     uint64_t q_lora, kv_lora, rope_dim, nope_dim, v_dim; /* MLA (kv_lora > 0) */
     bool rope_complex;
+    bool clip_qkv;           /* OLMo: q, k, v clamped in place */
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -512,7 +530,7 @@ static enum mp_status read_act(const cJSON *root, const char *key, enum mp_act *
     if (a < 0)
         return mp_fail(d, MP_ERR_MODEL,
                        "%s: %s: '%s' is not a supported activation (supported: gelu, gelu_new, gelu_fast, "
-                       "gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid)",
+                       "gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid, xielu)",
                        path, key, s);
     *out = (enum mp_act)a;
     return MP_OK;
@@ -1148,15 +1166,14 @@ static enum mp_status ministral_hook(const cJSON *root, struct hf *c, const char
     return MP_OK;
 }
 
-/* OLMo: clip_qkv (a number: q, k and v clamped in place) is refused: clamp_ saves a copy of each
- * projection's output, which the model does not express. */
+/* OLMo: clip_qkv (a positive number, or null for none): q, k and v clamped in place after their
+ * projections; clamp_ keeps a copy of each for backward (layers.c lower_clamp). */
 static enum mp_status olmo_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
-    (void)c;
-    if (present(root, "clip_qkv"))
-        return mp_fail(d, MP_ERR_MODEL, "%s: clip_qkv: only null is supported (the in-place clamp of q, k and v "
-                       "keeps a copy of each projection for backward; not modelled)", path);
-    return MP_OK;
+    double clip = 0;
+    enum mp_status st = read_softcap(root, "clip_qkv", &clip, path, d);
+    c->clip_qkv = clip > 0;
+    return st;
 }
 
 /* A size key whose explicit null means 0 (DeepSeek's q_lora_rank: no q bottleneck); absent
@@ -1490,6 +1507,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->no_pre_norm = c->f->no_pre_norm;
         l->qk_norm = c->f->qk_norm;
         l->qk_norm_late = c->f->qk_norm_late;
+        l->clip_qkv = c->clip_qkv;
         l->rms_fp32 = c->f->rms_fp32;
         l->softmax_fp32 = !c->f->plain_softmax;
         l->fused_gate_up = c->f->fused_gate_up;
@@ -1681,7 +1699,7 @@ static enum mp_status t5_read(const cJSON *root, struct hf *c, enum t5_head *hea
     int a = mp_act_parse(act);
     if (a < 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: %s: '%s' is not a supported activation (supported: gelu, gelu_new, "
-                       "gelu_fast, gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid)", path,
+                       "gelu_fast, gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid, xielu)", path,
                        da ? "dense_act_fn" : "feed_forward_proj", act);
     c->act = (enum mp_act)a;
     bool tied = true, is_decoder = false;
@@ -1963,6 +1981,10 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     for (size_t i = 0; i < N_FAMILIES && !c.f; i++)
         if (strcmp(type, families[i].type) == 0)
             c.f = &families[i];
+    for (size_t i = 0; i < sizeof refused_types / sizeof refused_types[0] && !c.f; i++)
+        if (strcmp(type, refused_types[i].type) == 0)
+            return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (%s)", path, type,
+                           refused_types[i].why);
     if (!c.f)
         return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (supported: " HF_SUPPORTED ")", path,
                        type);

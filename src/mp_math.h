@@ -38,7 +38,12 @@
 /* ---- activations ---------------------------------------------------------------------------
  * Codes are enum mp_act's (layers.h / model.h) and kernels.h's MP_K_*; both assert it. */
 enum { MP_MA_GELU, MP_MA_GELU_TANH, MP_MA_RELU, MP_MA_SILU, MP_MA_TANH, MP_MA_SIGMOID, MP_MA_GELU_NEW,
-       MP_MA_GELU_FAST, MP_MA_RELU2 };
+       MP_MA_GELU_FAST, MP_MA_RELU2, MP_MA_XIELU };
+/* xIELU at its initial scalars (XIELUActivation: alpha_p 0.8, alpha_n 0.8, beta 0.5, eps -1e-6) */
+#define MP_XIELU_AP 0.8f
+#define MP_XIELU_AN 0.8f
+#define MP_XIELU_BETA 0.5f
+#define MP_XIELU_EPS (-1e-6f)
 
 #define MP_SQRT_2_OVER_PI 0.79788456080f
 #define MP_GELU_TANH_C 0.044715f
@@ -55,6 +60,9 @@ MP_HD float mp_act_f(int a, float x)
     case MP_MA_TANH: return tanhf(x);
     case MP_MA_SIGMOID: return 1.0f / (1.0f + expf(-x));
     case MP_MA_RELU2: return x > 0.0f ? x * x : 0.0f;
+    case MP_MA_XIELU:
+        return x > 0.0f ? MP_XIELU_AP * x * x + MP_XIELU_BETA * x
+                        : (expm1f(fminf(x, MP_XIELU_EPS)) - x) * MP_XIELU_AN + MP_XIELU_BETA * x;
     }
     return x;
 }
@@ -79,14 +87,21 @@ MP_HD float mp_act_df(int a, float s)
     case MP_MA_TANH: return 1.0f - s * s;
     case MP_MA_SIGMOID: return s * (1.0f - s);
     case MP_MA_RELU2: return s > 0.0f ? 2.0f * s : 0.0f;
+    case MP_MA_XIELU:
+        return s > 0.0f ? 2.0f * MP_XIELU_AP * s + MP_XIELU_BETA
+                        : (s < MP_XIELU_EPS ? expf(s) - 1.0f : -1.0f) * MP_XIELU_AN + MP_XIELU_BETA;
     }
     return 1.0f;
 }
 
-/* Intermediate j of HF's Python GELUs, in mp_act_intermediates order.
+/* Intermediate j of HF's Python GELUs (and xIELU), in mp_act_intermediates order.
  * gelu_new: tanh, 0.5x, 1+tanh; gelu_fast: 0.044715x, 0.7978845608x, 1+0.044715x^2, tanh, 0.5x, 1+tanh. */
 MP_HD float mp_gelu_part(int a, int j, float x)
 {
+    if (a == MP_MA_XIELU) { /* x > 0 (a bool), alpha_p * x, expm1(min(x, eps)), that - x */
+        float e = expm1f(fminf(x, MP_XIELU_EPS));
+        return j == 0 ? (x > 0.0f ? 1.0f : 0.0f) : j == 1 ? MP_XIELU_AP * x : j == 2 ? e : e - x;
+    }
     float t = tanhf(MP_SQRT_2_OVER_PI * x * (1.0f + MP_GELU_TANH_C * x * x));
     switch (a == MP_MA_GELU_FAST ? j : j + 3) {
     case 0: return MP_GELU_TANH_C * x;

@@ -90,7 +90,8 @@ _Static_assert(MP_K_F32 == (int)MP_DT_F32 && MP_K_BF16 == (int)MP_DT_BF16 && MP_
 _Static_assert(MP_K_GELU == (int)MP_ACT_GELU && MP_K_GELU_TANH == (int)MP_ACT_GELU_TANH &&
                    MP_K_RELU == (int)MP_ACT_RELU && MP_K_SILU == (int)MP_ACT_SILU && MP_K_TANH == (int)MP_ACT_TANH &&
                    MP_K_SIGMOID == (int)MP_ACT_SIGMOID && MP_K_GELU_NEW == (int)MP_ACT_GELU_NEW &&
-                   MP_K_GELU_FAST == (int)MP_ACT_GELU_FAST && MP_K_RELU2 == (int)MP_ACT_RELU2,
+                   MP_K_GELU_FAST == (int)MP_ACT_GELU_FAST && MP_K_RELU2 == (int)MP_ACT_RELU2 &&
+                   MP_K_XIELU == (int)MP_ACT_XIELU,
                "kernels.h activation codes follow enum mp_act");
 
 #ifndef MP_PROBE_ATTN_WS_BYTES

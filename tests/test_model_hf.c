@@ -856,6 +856,7 @@ static const struct param_row variants_2025[] = {
     {"models/hf/olmo-7b-hf.json", NULL, UINT64_C(6888095744)},
     {"models/hf/olmo-7b-hf.json", "OlmoForSequenceClassification", UINT64_C(6682058752)},
     {"models/hf/olmo-7b-hf.json", "OlmoModel", UINT64_C(6682050560)},
+    {"models/hf/olmo-7b-0424-hf.json", NULL, UINT64_C(6888095744)},
     {"models/hf/minitron-8b-base.json", NULL, UINT64_C(8271699968)},
     {"models/hf/minitron-8b-base.json", "NemotronForSequenceClassification", UINT64_C(7223132160)},
     {"models/hf/minitron-8b-base.json", "NemotronForTokenClassification", UINT64_C(7223132162)},
@@ -864,6 +865,9 @@ static const struct param_row variants_2025[] = {
     {"models/hf/hunyuan-7b-instruct.json", NULL, UINT64_C(8029540352)},
     {"models/hf/hunyuan-7b-instruct.json", "HunYuanDenseV1ForSequenceClassification", UINT64_C(7504576512)},
     {"models/hf/hunyuan-7b-instruct.json", "HunYuanDenseV1Model", UINT64_C(7504568320)},
+    {"models/hf/apertus-8b-2509.json", NULL, UINT64_C(8053338176)},
+    {"models/hf/apertus-8b-2509.json", "ApertusForTokenClassification", UINT64_C(7516475458)},
+    {"models/hf/apertus-8b-2509.json", "ApertusModel", UINT64_C(7516467264)},
 };
 
 static void test_params_variants_2025(void **state)
@@ -1351,13 +1355,13 @@ static void test_error_unknown_activation(void **state)
     (void)state;
     expect_error(LLAMA_TINY(", \"hidden_act\": \"foo\""), MP_ERR_MODEL,
                  "cfg.json: hidden_act: 'foo' is not a supported activation (supported: gelu, gelu_new, gelu_fast, "
-                 "gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid)");
+                 "gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid, xielu)");
     expect_error(LLAMA_TINY(", \"hidden_act\": 3"), MP_ERR_MODEL, "cfg.json: hidden_act: expected a string");
     expect_error("{\"model_type\": \"gpt2\", \"vocab_size\": 100, \"n_embd\": 64, \"n_layer\": 1, \"n_head\": 4, "
                  "\"n_positions\": 64, \"activation_function\": \"mish\"}",
                  MP_ERR_MODEL,
                  "cfg.json: activation_function: 'mish' is not a supported activation (supported: gelu, gelu_new, "
-                 "gelu_fast, gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid)");
+                 "gelu_fast, gelu_pytorch_tanh, relu, relu2, silu, swish, tanh, sigmoid, xielu)");
 }
 
 static void test_error_bad_dropout_and_flag(void **state)
@@ -1626,14 +1630,35 @@ static void test_families_s4(void **state)
     expect_error(MINISTRAL_TINY(", \"head_dim\": 16, \"sliding_window\": null"),
                  MP_ERR_MODEL, "cfg.json: sliding_window: null is not supported (MinistralModel always builds the "
                  "sliding-window mask, which needs it)");
-    /* OLMo's clip_qkv: clamp_ keeps a copy of each projection; not modelled, refused (null is fine) */
+    /* Llama 4: refused with what is missing */
+    expect_error("{\"model_type\": \"llama4_text\"}", MP_ERR_MODEL,
+                 "cfg.json: model_type: 'llama4_text' is not supported (Llama 4's MoE layers run every token through "
+                 "all num_local_experts experts (a dense bmm over E x tokens rows), plus chunked attention, L2 q/k "
+                 "norms, temperature-tuned NoPE layers and an fp32 complex rotary: not modelled)");
+    /* OLMo's clip_qkv: null is none; a number clamps q, k and v in place, and clamp_ keeps a copy of
+     * each (amp: the bf16 projections, 16 x 64 elements = 2048 bytes each) */
     load_str_ok(&m, "{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
                     "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": null}");
+    assert_false(block_layer(&m, 1, 0)->clip_qkv);
+    mp_model_release(&m);
+    load_str_ok(&m, "{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
+                    "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": 8.0}");
+    struct mp_program p;
+    build_small(&m, &p);
+    size_t clamps = 0;
+    for (size_t i = 0; i < p.n_nodes; i++)
+        if (strstr(p.tensors[p.nodes[i].out].name, "_clamp")) {
+            assert_int_equal(p.nodes[i].n_saved, 1);
+            assert_int_equal(p.tensors[p.nodes[i].saved[0]].bytes, 2048);
+            assert_int_equal(p.nodes[i].saved[0], p.nodes[i].in[0]);
+            clamps++;
+        }
+    assert_int_equal(clamps, 3);
+    mp_program_release(&p);
     mp_model_release(&m);
     expect_error("{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
-                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": 8.0}", MP_ERR_MODEL,
-                 "cfg.json: clip_qkv: only null is supported (the in-place clamp of q, k and v keeps a copy of each "
-                 "projection for backward; not modelled)");
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": -1}", MP_ERR_MODEL,
+                 "cfg.json: clip_qkv: expected a positive number or null");
 }
 
 /* m's program at batch 1, sequence 16, in precision prec. */
@@ -1754,6 +1779,48 @@ static void test_qk_norm_after_rope(void **state)
     mp_model_release(&m);
 }
 
+/* Apertus's xIELU (HF XIELUActivation, Python path) by hand at batch 1, sequence 16, ffn 128:
+ * x is 2048 elements.  Saved: x, the bool mask (1 byte each), alpha_p * x, expm1(min(x, eps)) and
+ * that - x; under amp alpha_p * x and the output are fp32 (the fp32 (1,) parameter promotes the
+ * bf16 x).  Its two scalars are parameters of the node (45,794: transformers' count). */
+static void test_xielu_saves(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_program p;
+    enum mp_dtype in, out;
+    load_str_ok(&m, TINY("apertus", ""));
+    assert_int_equal(params_of(&m), 45794);
+    /* transients (bench/torch_step.py's LiveTracker): forward 3 x-sized beside the output, two of
+     * them fp32 under amp; backward 3 output-sized beyond a fused kernel's, plus the gradient's cast
+     * back to bf16 under amp, less the mask (freed first) */
+    static const struct {
+        enum mp_precision prec;
+        int64_t saved;
+        enum mp_dtype in, out;
+        uint64_t fwd, bwd;
+    } cases[] = {
+        {MP_PREC_AMP_BF16, 4096 + 2048 + 8192 + 4096 + 4096, MP_DT_BF16, MP_DT_F32, 2 * 8192 + 4096,
+         3 * 8192 + 4096 - 2048},
+        {MP_PREC_BF16, 4096 + 2048 + 4096 + 4096 + 4096, MP_DT_BF16, MP_DT_BF16, 3 * 4096, 3 * 4096 - 2048},
+        {MP_PREC_FP32, 8192 + 2048 + 8192 + 8192 + 8192, MP_DT_F32, MP_DT_F32, 3 * 8192, 3 * 8192 - 2048},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        build_prec(&m, cases[k].prec, &p);
+        assert_int_equal(nth_saved(&p, MP_P_ACT, 0, &in, &out), cases[k].saved);
+        assert_true(in == cases[k].in && out == cases[k].out);
+        for (size_t i = 0; i < p.n_nodes; i++)
+            if (p.nodes[i].prim == MP_P_ACT) {
+                assert_int_equal(p.nodes[i].fwd_tmp_bytes, cases[k].fwd);
+                assert_int_equal(p.nodes[i].bwd_tmp_bytes, cases[k].bwd);
+                assert_true(p.nodes[i].param[0] >= 0 && p.nodes[i].param[1] >= 0);
+                assert_int_equal(p.params[p.nodes[i].param[0]].elems, 1);
+            }
+        mp_program_release(&p);
+    }
+    mp_model_release(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1815,6 +1882,7 @@ int main(void)
         cmocka_unit_test(test_families_s4),
         cmocka_unit_test(test_layernorm_variants),
         cmocka_unit_test(test_qk_norm_after_rope),
+        cmocka_unit_test(test_xielu_saves),
     };
     return cmocka_run_group_tests_name("model_hf", tests, NULL, NULL);
 }
