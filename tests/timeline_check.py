@@ -28,6 +28,14 @@ mem = rep["memory"]
 if root.tag != NS + "svg":
     fail("root element is %s, not svg" % root.tag)
 
+# self-contained: no script, nothing fetched (every reference is to an id in the file)
+for el in root.iter():
+    if el.tag.split("}")[-1] in ("script", "image", "foreignObject", "use"):
+        fail("a <%s> element: the picture must be self-contained" % el.tag.split("}")[-1])
+    for k, v in el.attrib.items():
+        if k.split("}")[-1] == "href" or k.startswith("on") or ("url(" in v and "url(#" not in v):
+            fail("%s=%r on <%s>: the picture must be self-contained" % (k, v, el.tag.split("}")[-1]))
+
 peak = root.find(".//%sg[@id='peak']" % NS)
 if peak is None:
     fail("no peak marker")
@@ -66,6 +74,15 @@ if inside != [mem["peak_event"].split(":")[0]]:
 cats = [int(r.get("data-bytes-at-peak")) for r in root.iter(NS + "rect") if r.get("class") == "legend"]
 if len(cats) < 6 or sum(cats) != mem["peak_allocated_bytes"]:
     fail("legend categories sum to %d, peak %d" % (sum(cats), mem["peak_allocated_bytes"]))
+
+# collective buffers: only with data parallelism; under DDP they are its buckets, all persistent
+coll = [int(r.get("data-bytes-at-peak")) for r in root.iter(NS + "rect")
+        if r.get("class") == "legend" and r.get("data-category") == "collective buffers"]
+par = rep["config"].get("parallel")
+if not par and coll:
+    fail("collective buffers in the legend of a run without data parallelism")
+if par and par["strategy"] == "ddp" and coll != [mem["buffers_bytes"]]:
+    fail("DDP: collective buffers at the peak %s, the report's buckets %d" % (coll, mem["buffers_bytes"]))
 
 # recomputed forwards are shaded exactly when the plan recomputes
 recompute = [r for r in root.iter(NS + "rect") if r.get("class") == "recompute"]
