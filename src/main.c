@@ -19,6 +19,7 @@
 #include "model.h"    /* model files */
 #include "probe.h"    /* real steps */
 #include "report.h"   /* output */
+#include "fold.h"     /* a long model's program for suggest's report */
 #include "search.h"   /* fit, batch search, suggest */
 #include "timeline.h" /* the SVG picture of a step */
 
@@ -1079,7 +1080,11 @@ static int cmd_suggest(struct args *a)
     if (o.probe && !strcmp(o.probe_backend, "host") &&
         (st = mp_suggest_host_admit(&j, &o, mp_host_ram_bytes(), &d)) != MP_OK)
         goto out;
-    if ((st = mp_suggest(&j, &o, argv0, &sg, &d)) != MP_OK || (st = mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)
+    if ((st = mp_suggest(&j, &o, argv0, &sg, &d)) != MP_OK)
+        goto out;
+    /* the report reads the program's counts: a long model's through its fold (fold.h) */
+    if ((st = s.model.n_blocks >= MP_FIT_FOLD_BLOCKS ? mp_fold_report_program(&s.model, &s.build, &prog, &d)
+                                                     : mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)
         goto out;
     struct mp_report_ctx c;
     fill_ctx(&c, "suggest", &s, &prog, NULL, a);
