@@ -100,6 +100,8 @@ struct tl {
     bool in_op;
     bool nomem;
     bool comm_seen; /* a data-parallel step: collective buffers in the legend */
+    bool step_seen; /* the optimizer's update, at event step_ev (it may allocate nothing) */
+    size_t step_ev;
     /* pass 2 */
     size_t total_ev, n_cols;
     struct sample *col;  /* [n_cols] the sample of largest total in each column */
@@ -143,6 +145,10 @@ static enum mp_status on_event(void *ctx, const struct mp_event *ev)
                 s->op_last[ev->id] = s->n_ev; /* exclusive */
         }
         return MP_OK;
+    }
+    if (ev->kind == MP_EV_OPT_STEP && s->pass == 1) {
+        s->step_seen = true;
+        s->step_ev = s->n_ev;
     }
     if (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE)
         return MP_OK;
@@ -441,6 +447,18 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
             text(out, bx, MY0 - 13, "middle", "font-size=\"10\" fill=\"#222\"", mp_phase_str((enum mp_phase)ph));
     }
 
+    /* an optimizer step that allocates nothing (DeepSpeed's fused Adam) has no band: a mark */
+    bool step_band = false;
+    for (size_t i = 0; i < s->n_spans; i++)
+        step_band = step_band || s->spans[i].phase == MP_PH_STEP;
+    if (s->step_seen && !step_band) {
+        double x = XEV(s->step_ev);
+        fprintf(out, "<line class=\"step-mark\" data-event=\"%zu\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                     "stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"4 2\"/>\n",
+                s->step_ev, x, MY0 - 24, x, MY1 + 4);
+        /* under the axis, where block names (forward, on the left) do not reach */
+        text(out, x - 4, MY1 + 14, "end", "font-size=\"10\" fill=\"#a00\"" HALO, "optimizer.step (allocates nothing)");
+    }
     grid(out, &a);
     if (ctx) {
         double y = ypx(&a, ctx);

@@ -66,6 +66,12 @@ for a, b in (("setup", "forward"), ("forward", "loss"), ("loss", "backward")):
         fail("%s after %s" % (a, b))
 if "optimizer.step" in first and first["optimizer.step"] < max(i for i, p in enumerate(seen) if p == "backward"):
     fail("optimizer step before the last backward")
+# the optimizer step is marked: its band, or (a step that allocates nothing, DeepSpeed's
+# fused Adam) a mark after the last backward event
+marks = [int(l.get("data-event")) for l in root.iter(NS + "line") if l.get("class") == "step-mark"]
+last_bwd = max(b for a, b, p in phases if p == "backward")
+if ("optimizer.step" in first) == bool(marks) or (marks and marks[0] <= last_bwd):
+    fail("optimizer step: band %s, marks %s (last backward event %d)" % ("optimizer.step" in first, marks, last_bwd))
 pe = int(peak.get("data-event"))
 inside = [p for a, b, p in phases if a <= pe <= b]
 if inside != [mem["peak_event"].split(":")[0]]:
