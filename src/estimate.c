@@ -13,6 +13,7 @@
  */
 #include "estimate.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1293,6 +1294,7 @@ struct counter {
     size_t nkeys;
     bool warm;        /* second step: persistent storages keep their blocks */
     bool no_asim;     /* program too large for the allocator model: reserved = allocated */
+    struct fold_meter *fm; /* a fold's short program (fold_event), else NULL */
 };
 
 static size_t key_of(const struct mp_program *p, const struct mp_event *ev)
@@ -1325,6 +1327,20 @@ static bool persistent_comm(const struct mp_program *p, size_t key)
     return kind == MP_COMM_BUCKET || kind == MP_COMM_PARTITION;
 }
 
+/* After an allocation: a new peak is where the event is. */
+static void note_peak(struct counter *c, const struct mp_event *ev)
+{
+    if (c->cur > c->peak) {
+        c->peak = c->cur;
+        c->peak_phase = ev->phase;
+        c->peak_node = ev->node;
+        c->peak_store = ev->store;
+        c->peak_id = ev->id;
+    }
+    if (c->cur_req > c->peak_req)
+        c->peak_req = c->cur_req;
+}
+
 static enum mp_status count_event(void *ctx, const struct mp_event *ev)
 {
     struct counter *c = ctx;
@@ -1342,15 +1358,7 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
         c->cur_req += ev->bytes;
         if (act)
             c->act_cur += r;
-        if (c->cur > c->peak) {
-            c->peak = c->cur;
-            c->peak_phase = ev->phase;
-            c->peak_node = ev->node;
-            c->peak_store = ev->store;
-            c->peak_id = ev->id;
-        }
-        if (c->cur_req > c->peak_req)
-            c->peak_req = c->cur_req;
+        note_peak(c, ev);
         if (ev->bytes && key < c->nkeys && !c->no_asim && !(c->warm && ev->phase == MP_PH_SETUP)) {
             int b = asim_alloc(&c->as, ev->bytes);
             if (b < 0)
@@ -1367,6 +1375,185 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
             c->blk_of[key] = 0;
         }
     }
+    return MP_OK;
+}
+
+/* ---- a fold's short program counted as the full model (fold.h) -------------------------------
+ * An op of the blocks' schedule (a forward or backward) on a weighted block runs weight times in
+ * a row on its copies: each run starts where the one before ended, so the op's peak is its
+ * first or last run's (as the op frees or adds memory), and it adds weight times what one run
+ * adds.  Outside the blocks' ops (setup, loss, optimizer step, the end) a parameter, tensor or
+ * node of a weighted block stands for that many.  Each op's events are hashed: the ops of an
+ * interval's two interior blocks must agree. */
+struct fold_meter {
+    const struct mp_fold *f;
+    bool per_param_opt;      /* the optimizer's step temporaries are one per parameter */
+    bool in_blocks;          /* in a forward or backward op: counted once or by the op's weight */
+    uint64_t w;              /* the current op's weight (1 outside the blocks' ops) */
+    size_t op;               /* the current op */
+    uint64_t b_cur, b_req, b_act; /* at the weighted op's start */
+    bool l_has;              /* the weighted op allocated: its highest point above b_cur */
+    int64_t l_max, l_req;
+    enum mp_phase l_phase;
+    int l_node, l_id;
+    enum mp_store l_store;
+    bool desc;               /* the weighted step runs down the blocks */
+    uint64_t peak_rep;       /* the peak is in the copy this far above the short block's */
+    uint64_t h;              /* the current op's events, hashed (FNV-1a) */
+    uint64_t *sig;           /* per short op */
+    bool overflow;
+};
+
+static void fold_hash(struct fold_meter *m, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        m->h ^= (v >> (8 * i)) & 0xff;
+        m->h *= 1099511628211ULL;
+    }
+}
+
+/* base + k x delta + extra, in 64 bits: false when it leaves them */
+static bool fold_affine(uint64_t base, uint64_t k, int64_t delta, int64_t extra, uint64_t *out)
+{
+    uint64_t ad = delta < 0 ? 0 - (uint64_t)delta : (uint64_t)delta, ae = extra < 0 ? 0 - (uint64_t)extra : (uint64_t)extra;
+    uint64_t m, v = base;
+    if (!mp_mul_u64(k, ad, &m))
+        return false;
+    if (delta >= 0 ? !mp_add_u64(v, m, &v) : m > v)
+        return false;
+    if (delta < 0)
+        v -= m;
+    if (extra >= 0 ? !mp_add_u64(v, ae, &v) : ae > v)
+        return false;
+    if (extra < 0)
+        v -= ae;
+    *out = v;
+    return true;
+}
+
+/* How many of its kind the event's parameter, tensor or node stands for. */
+static uint64_t fold_entity_weight(const struct counter *c, const struct mp_event *ev)
+{
+    const struct mp_program *p = c->p;
+    int b = -1;
+    switch (ev->store) {
+    case MP_ST_OPT_TMP:
+        if (!c->fm->per_param_opt)
+            return 1; /* one temporary, the size of the largest gradient */
+        /* fall through */
+    case MP_ST_PARAM:
+    case MP_ST_OPT_STATE:
+    case MP_ST_PGRAD: b = ev->id >= 0 && (size_t)ev->id < p->n_params ? p->params[ev->id].block : -1; break;
+    case MP_ST_INPUT:
+    case MP_ST_ACT:
+    case MP_ST_GRAD: b = ev->id >= 0 && (size_t)ev->id < p->n_tensors ? p->tensors[ev->id].block : -1; break;
+    case MP_ST_TMP: b = ev->id >= 0 && (size_t)ev->id < p->n_nodes ? p->nodes[ev->id].block : -1; break;
+    default: break;
+    }
+    return b >= 0 && (size_t)b < c->fm->f->n ? c->fm->f->weight[b] : 1;
+}
+
+static enum mp_status fold_event(void *ctx, const struct mp_event *ev)
+{
+    struct counter *c = ctx;
+    struct fold_meter *m = c->fm;
+    const struct mp_schedule *fs = &m->f->sched;
+    if (ev->kind == MP_EV_OP_BEGIN) {
+        size_t k = (size_t)ev->id;
+        const struct mp_sched_op *op = &fs->ops[k];
+        m->in_blocks = op->kind != MP_SCHED_LOSS;
+        if (k > 0 && m->in_blocks && fs->ops[k - 1].kind != MP_SCHED_LOSS && fs->ops[k - 1].index == op->index)
+            return MP_OK; /* within a block step: it is counted as one */
+        m->op = k;
+        m->w = m->in_blocks ? m->f->weight[op->index] : 1;
+        /* a run down the blocks (a backward) meets the block before, the first interior one, next */
+        size_t e = k + 1;
+        while (m->in_blocks && e < fs->n && fs->ops[e].kind != MP_SCHED_LOSS && fs->ops[e].index == op->index)
+            e++;
+        m->desc = m->w > 1 && e < fs->n && fs->ops[e].kind != MP_SCHED_LOSS && fs->ops[e].index + 1 == op->index;
+        m->h = 1469598103934665603ULL;
+        m->b_cur = c->cur, m->b_req = c->cur_req, m->b_act = c->act_cur;
+        m->l_has = false;
+        return MP_OK;
+    }
+    if (ev->kind == MP_EV_OP_END) {
+        size_t k = (size_t)ev->id;
+        const struct mp_sched_op *op = &fs->ops[k];
+        if (op->kind != MP_SCHED_LOSS && k + 1 < fs->n && fs->ops[k + 1].kind != MP_SCHED_LOSS &&
+            fs->ops[k + 1].index == op->index)
+            return MP_OK; /* the step goes on */
+        m->sig[m->op] = m->h;
+        uint64_t w = m->w;
+        m->in_blocks = false;
+        m->w = 1;
+        if (w <= 1)
+            return MP_OK;
+        int64_t dc = (int64_t)(c->cur - m->b_cur), dr = (int64_t)(c->cur_req - m->b_req),
+                da = (int64_t)(c->act_cur - m->b_act);
+        uint64_t pk = 0, pr = 0;
+        uint64_t kc = dc > 0 ? w - 1 : 0, kr = dr > 0 ? w - 1 : 0;
+        if (m->l_has && (!fold_affine(m->b_cur, kc, dc, m->l_max, &pk) || !fold_affine(m->b_req, kr, dr, m->l_req, &pr)))
+            m->overflow = true;
+        if (!fold_affine(m->b_cur, w, dc, 0, &c->cur) || !fold_affine(m->b_req, w, dr, 0, &c->cur_req) ||
+            !fold_affine(m->b_act, w, da, 0, &c->act_cur))
+            m->overflow = true;
+        if (m->overflow)
+            return MP_ERR_RANGE;
+        if (m->l_has && pk > c->peak) {
+            c->peak = pk;
+            c->peak_phase = m->l_phase;
+            c->peak_node = m->l_node;
+            c->peak_store = m->l_store;
+            c->peak_id = m->l_id;
+            m->peak_rep = m->desc ? w - 1 - kc : kc; /* the copy's offset from the short block's */
+        }
+        if (m->l_has && pr > c->peak_req)
+            c->peak_req = pr;
+        return MP_OK;
+    }
+    if (ev->kind == MP_EV_LOSS_GRAD && !c->have_loss) {
+        c->have_loss = true;
+        c->act_at_loss = c->act_cur;
+    }
+    if (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE)
+        return MP_OK;
+    fold_hash(m, (uint64_t)ev->kind << 8 | (uint64_t)ev->store);
+    fold_hash(m, ev->bytes);
+    uint64_t w = m->in_blocks ? 1 : fold_entity_weight(c, ev), r, q;
+    if (!mp_mul_u64(mp_round512(ev->bytes), w, &r) || !mp_mul_u64(ev->bytes, w, &q)) {
+        m->overflow = true;
+        return MP_ERR_RANGE;
+    }
+    bool act = ev->store == MP_ST_ACT || ev->store == MP_ST_GRAD || ev->store == MP_ST_TMP;
+    if (ev->kind == MP_EV_FREE) {
+        c->cur -= r;
+        c->cur_req -= q;
+        if (act)
+            c->act_cur -= r;
+        return MP_OK;
+    }
+    if (!mp_add_u64(c->cur, r, &c->cur) || !mp_add_u64(c->cur_req, q, &c->cur_req) ||
+        (act && !mp_add_u64(c->act_cur, r, &c->act_cur))) {
+        m->overflow = true;
+        return MP_ERR_RANGE;
+    }
+    if (m->w > 1) {
+        int64_t lc = (int64_t)(c->cur - m->b_cur), lr = (int64_t)(c->cur_req - m->b_req);
+        if (!m->l_has || lc > m->l_max) {
+            m->l_max = lc;
+            m->l_phase = ev->phase;
+            m->l_node = ev->node;
+            m->l_store = ev->store;
+            m->l_id = ev->id;
+        }
+        if (!m->l_has || lr > m->l_req)
+            m->l_req = lr;
+        m->l_has = true;
+        return MP_OK;
+    }
+    if (c->cur > c->peak)
+        m->peak_rep = 0;
+    note_peak(c, ev);
     return MP_OK;
 }
 
@@ -1436,6 +1623,23 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
                                struct mp_diag *d)
 {
     return mp_estimate_run_chain(p, sched, t, context_bytes, NULL, e, d);
+}
+
+/* Block j's figures (activation: what it keeps for backward, from the chain). */
+static void block_est(const struct mp_program *p, const struct mp_train_opts *t, size_t j, uint64_t activation,
+                      struct mp_block_est *b)
+{
+    const struct mp_block_prog *bp = &p->blocks[j];
+    b->params = bp->params;
+    for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++) {
+        b->weights_bytes += p->params[q].raw_bytes;
+        b->grads_bytes += mp_param_grad_bytes(&p->params[q]);
+        b->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
+    }
+    b->activation_bytes = activation;
+    b->output_bytes = p->tensors[bp->output].bytes;
+    b->fwd_flops = bp->fwd_flops;
+    b->bwd_flops = bp->bwd_flops;
 }
 
 enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp_schedule *sched,
@@ -1514,20 +1718,8 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
             return st;
         chain = &own;
     }
-    for (size_t i = 0; i < p->n_blocks; i++) {
-        struct mp_block_est *b = &e->blocks[i];
-        const struct mp_block_prog *bp = &p->blocks[i];
-        b->params = bp->params;
-        for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++) {
-            b->weights_bytes += p->params[q].raw_bytes;
-            b->grads_bytes += mp_param_grad_bytes(&p->params[q]);
-            b->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
-        }
-        b->activation_bytes = chain->xb[i + 1];
-        b->output_bytes = p->tensors[bp->output].bytes;
-        b->fwd_flops = bp->fwd_flops;
-        b->bwd_flops = bp->bwd_flops;
-    }
+    for (size_t i = 0; i < p->n_blocks; i++)
+        block_est(p, t, i, chain->xb[i + 1], &e->blocks[i]);
     /* recompute FLOPs: forwards the schedule runs beyond one per block */
     if (sched) {
         size_t *runs = calloc(p->n_blocks ? p->n_blocks : 1, sizeof *runs);
@@ -1647,4 +1839,160 @@ out:
     if (st != MP_OK)
         mp_chain_release(c);
     return st;
+}
+
+/* ---- the full model's figures from its fold (fold.h) -------------------------------------------- */
+
+static bool fold_mul(uint64_t a, uint64_t w, uint64_t *acc)
+{
+    uint64_t m;
+    return mp_mul_u64(a, w, &m) && mp_add_u64(*acc, m, acc);
+}
+
+/* What does not depend on the schedule, for the full model: each parameter and block of a
+ * weighted short block counted weight times. */
+static enum mp_status fold_static(const struct mp_fold *f, const struct mp_program *p, const struct mp_train_opts *t,
+                                  struct mp_estimate *e, struct mp_diag *d)
+{
+    memset(e, 0, sizeof *e);
+    bool ok = true;
+    uint64_t total_grad = 0, largest_grad = 0;
+    for (size_t q = 0; q < p->n_params; q++) {
+        const struct mp_param *pq = &p->params[q];
+        uint64_t w = pq->block >= 0 && (size_t)pq->block < f->n ? f->weight[pq->block] : 1;
+        uint64_t g = mp_param_grad_bytes(pq);
+        ok = ok && fold_mul(pq->raw_bytes, w, &e->weights_bytes) && fold_mul(g, w, &e->grads_bytes) &&
+             fold_mul(mp_opt_state_bytes(p, t->optimizer, pq), w, &e->optimizer_bytes) &&
+             fold_mul(g, w, &total_grad) && (!pq->trainable || fold_mul(pq->elems, w, &e->trainable_params));
+        largest_grad = mp_max_u64(largest_grad, g);
+    }
+    e->params = p->total_params;
+    for (size_t j = 0; j < p->n_blocks && j < f->n; j++) {
+        ok = ok && fold_mul(p->blocks[j].params, f->weight[j] - 1, &e->params);
+        e->fwd_flops += (double)f->weight[j] * p->blocks[j].fwd_flops;
+        e->bwd_flops += (double)f->weight[j] * p->blocks[j].bwd_flops;
+    }
+    if (!ok)
+        return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
+    e->input_bytes = p->tensors[p->input].bytes + (p->labels >= 0 ? p->tensors[p->labels].bytes : 0);
+    for (size_t b = 0; b < p->n_buffers; b++)
+        e->module_buffers_bytes += p->tensors[p->buffers[b]].bytes;
+    e->workspace_bytes = t->cublas_workspace_bytes;
+    e->optimizer_tmp_bytes = mp_opt_step_tmp_of(t->optimizer, total_grad, largest_grad);
+    e->world = 1;
+    e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes +
+                      e->module_buffers_bytes;
+    return MP_OK;
+}
+
+enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_program *p,
+                                      const struct mp_schedule *full, const struct mp_train_opts *t,
+                                      uint64_t context_bytes, const struct mp_chain *chain, struct mp_estimate *e,
+                                      bool *holds, struct mp_diag *d)
+{
+    *holds = false;
+    memset(e, 0, sizeof *e);
+    if (t->par || p->n_held || p->n_blocks != f->n)
+        return MP_OK;
+    uint64_t nodes = p->n_nodes;
+    for (size_t j = 0; j < f->n; j++) {
+        if (f->weight[j] > 1 && !p->copied[j])
+            return MP_OK; /* not a verified copy of the block before: the fold may not hold */
+        if (!fold_mul(p->blocks[j].n_nodes, f->weight[j] - 1, &nodes))
+            return MP_OK;
+    }
+    if (!t->skip_reserved && nodes <= MP_ASIM_MAX_NODES)
+        return MP_OK; /* the full model is small enough for the allocator model: replay it */
+    enum mp_status st = fold_static(f, p, t, e, d);
+    if (st != MP_OK)
+        return st;
+    struct fold_meter m = {.f = f, .w = 1, .per_param_opt = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW};
+    m.sig = calloc(f->sched.n ? f->sched.n : 1, sizeof *m.sig);
+    if (!m.sig)
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    struct counter c = {.p = p, .peak_node = -1, .no_asim = true, .fm = &m};
+    st = mp_replay(p, &f->sched, t, fold_event, &c, d);
+    if (st == MP_ERR_RANGE && m.overflow)
+        st = mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits", p->model->path);
+    /* the op on an interval's first interior block and the one on its second, weighted, block
+     * must have made the same events: next to each other in the schedule */
+    bool agree = st == MP_OK;
+    const struct mp_schedule *fs = &f->sched;
+    for (size_t k = 0, len; agree && k < fs->n; k += len) {
+        const struct mp_sched_op *op = &fs->ops[k];
+        for (len = 1; op->kind != MP_SCHED_LOSS && k + len < fs->n && fs->ops[k + len].kind != MP_SCHED_LOSS &&
+                      fs->ops[k + len].index == op->index;)
+            len++;
+        if (op->kind == MP_SCHED_LOSS || f->weight[op->index] <= 1)
+            continue;
+        /* the same step on the block before (the first interior one): just before or after */
+        size_t k1 = k >= len && fs->ops[k - len].index + 1 == op->index ? k - len : k + len;
+        agree = k1 + len <= fs->n && (k1 == 0 || fs->ops[k1 - 1].index != fs->ops[k1].index ||
+                                      fs->ops[k1 - 1].kind == MP_SCHED_LOSS) &&
+                (k1 + len == fs->n || fs->ops[k1 + len].index != fs->ops[k1].index ||
+                 fs->ops[k1 + len].kind == MP_SCHED_LOSS) &&
+                m.sig[k1] == m.sig[k];
+        for (size_t i = 0; agree && i < len; i++)
+            agree = fs->ops[k1 + i].kind == fs->ops[k + i].kind && fs->ops[k1 + i].index + 1 == op->index;
+    }
+    free(m.sig);
+    if (st != MP_OK || !agree) {
+        mp_estimate_release(e);
+        return st;
+    }
+    e->peak_allocated_bytes = c.peak;
+    e->peak_requested_bytes = c.peak_req;
+    e->peak_reserved_bytes = c.peak;
+    e->activations_bytes = c.act_at_loss;
+    e->overhead_bytes = context_bytes;
+    e->peak_device_bytes = c.peak + context_bytes;
+    e->peak_phase = c.peak_phase;
+    if (c.peak_node >= 0) {
+        /* the node's name with its short block's name replaced by the full block's */
+        const struct mp_node *n = &p->nodes[c.peak_node];
+        const char *bn = n->block >= 0 ? f->model.blocks[n->block].name : "";
+        size_t fb = n->block >= 0 ? f->full_of[n->block] + m.peak_rep : 0, len = strlen(bn);
+        if (n->block >= 0 && m.peak_rep && strncmp(n->name, bn, len) == 0)
+            snprintf(e->peak_event, sizeof e->peak_event, "%s:%s%s", mp_phase_str(c.peak_phase),
+                     f->full->blocks[fb].name, n->name + len);
+        else
+            snprintf(e->peak_event, sizeof e->peak_event, "%s:%s", mp_phase_str(c.peak_phase), n->name);
+    } else {
+        snprintf(e->peak_event, sizeof e->peak_event, "%s", mp_phase_str(c.peak_phase));
+    }
+    /* recompute: forwards the full schedule runs beyond one per block */
+    size_t N = f->n_full;
+    bool *ran = calloc(N ? N : 1, sizeof *ran), *ckpt = calloc(N ? N : 1, sizeof *ckpt);
+    if (!ran || !ckpt) {
+        free(ran);
+        free(ckpt);
+        mp_estimate_release(e);
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    }
+    for (size_t k = 0; full && k < full->n; k++) {
+        const struct mp_sched_op *op = &full->ops[k];
+        if (op->kind != MP_SCHED_FN && op->kind != MP_SCHED_FC && op->kind != MP_SCHED_FE)
+            continue;
+        if (ran[op->index])
+            e->recompute_flops += p->blocks[f->short_of[op->index]].fwd_flops;
+        else if (op->kind != MP_SCHED_FE)
+            ckpt[op->index] = true;
+        ran[op->index] = true;
+    }
+    free(ran);
+    if (chain) { /* per block: each full block has its short block's figures */
+        e->n_blocks = N;
+        e->blocks = calloc(N ? N : 1, sizeof *e->blocks);
+        if (!e->blocks) {
+            free(ckpt);
+            return mp_fail(d, MP_ERR_NOMEM, "out of memory");
+        }
+        for (size_t i = 0; i < N; i++) {
+            block_est(p, t, f->short_of[i], chain->xb[i + 1], &e->blocks[i]);
+            e->blocks[i].checkpointed = ckpt[i];
+        }
+    }
+    free(ckpt);
+    *holds = true;
+    return MP_OK;
 }

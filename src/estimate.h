@@ -13,6 +13,7 @@
 #define MEMPLAN_ESTIMATE_H
 
 #include "ckpt.h"
+#include "fold.h"
 #include "layers.h"
 #include "optim.h"
 #include "parallel.h"
@@ -148,6 +149,18 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
  * with data parallelism; static_bytes.  e->blocks stays NULL. */
 enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
                                   struct mp_diag *d);
+
+/* mp_estimate_run_chain for the full model of fold f (fold.h), from one replay of f's short
+ * program p with f's schedule.  full: the full schedule (recompute FLOPs, checkpointed blocks);
+ * chain: the full model's chain for the per-block figures, or NULL (e->blocks stays NULL).  The
+ * caching-allocator model is not run (peak_reserved_bytes = peak_allocated_bytes).  *holds false
+ * (and MP_OK): the fold does not hold for this program (data parallel, tensors held across
+ * blocks, a weighted block not a verified copy, an interval's interior blocks replayed
+ * differently); the caller evaluates the full model. */
+enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_program *p,
+                                      const struct mp_schedule *full, const struct mp_train_opts *t,
+                                      uint64_t context_bytes, const struct mp_chain *chain, struct mp_estimate *e,
+                                      bool *holds, struct mp_diag *d);
 
 /* The checkpoint chain of p (rotor notation, bytes rounded to 512, costs in FLOPs):
  * per block forward/backward FLOPs, input sizes, what a forward with grad keeps,

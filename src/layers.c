@@ -3216,6 +3216,7 @@ void mp_program_release(struct mp_program *p)
     free(p->params);
     free(p->subops);
     free(p->blocks);
+    free(p->copied);
     while (p->names) {
         struct mp_name_chunk *next = p->names->next;
         free(p->names);
@@ -3581,8 +3582,11 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
                     .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);
-    if (!p->blocks)
+    p->copied = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->copied);
+    if (!p->blocks || !p->copied) {
+        mp_program_release(p);
         return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+    }
     p->n_blocks = m->n_blocks;
 
     struct val x;
@@ -3641,6 +3645,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         bool copied = same_as_prev && verified && copy_block(&B, &prev, i, x), tried = same_as_prev && !copied;
         if (copied) {
             p->copied_blocks++;
+            p->copied[i] = true;
             struct shift h = {.s = &prev, .m = m, .to = i, .in_to = x.t};
             x = prev.out;
             x.t = sh_t(&h, prev.out.t);

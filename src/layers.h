@@ -321,6 +321,8 @@ struct mp_program {
     uint64_t adapter_params;     /* LoRA A and B elements */
     double fwd_flops, bwd_flops;
     size_t copied_blocks;        /* blocks made by shifting a copy of the block before (no_copies off) */
+    bool *copied;                /* [n_blocks] block i is one of those (fold.h: a folded interval's
+                                    weighted block must be) */
     size_t n_subops;
     struct mp_subop *subops;     /* the ops of nodes that run as several (mp_node.fop0, bop0) */
     size_t cap_tensors, cap_nodes, cap_params, cap_subops; /* private */

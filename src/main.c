@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h> /* TIOCGWINSZ: the terminal's width, for the progress line */
 #include <unistd.h>  /* isatty */
 
 #include "ckpt.h"     /* strategies and plans */
@@ -18,6 +19,7 @@
 #include "model.h"    /* model files */
 #include "probe.h"    /* real steps */
 #include "report.h"   /* output */
+#include "fold.h"     /* a long model's program for suggest's report */
 #include "search.h"   /* fit, batch search, suggest */
 #include "timeline.h" /* the SVG picture of a step */
 
@@ -341,8 +343,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     int ch, idx;
     while ((ch = getopt_long(argc, argv, shortopts, lo, &idx)) != -1) {
         if (ch == '?' || ch == ':') {
-            char bad[64];
-            if (optopt && optopt < 128)
+            char bad[64]; /* a missing value: the option as typed (--seq, not -s) */
+            if (optopt && optopt < 128 && (ch == '?' || argv[optind - 1][1] != '-'))
                 snprintf(bad, sizeof bad, "-%c", optopt);
             else
                 snprintf(bad, sizeof bad, "%s", argv[optind - 1]);
@@ -793,9 +795,12 @@ static void fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, 
 }
 
 /* The progress sink: on a terminal, after about 2 s of work, the latest message on one
- * line of stderr, at most 5 times a second; cleared when the work is over. */
+ * line of stderr, at most 5 times a second; cleared when the work is over.  The line is
+ * cut to the terminal's width (100 columns when it does not say), since a line that
+ * wraps cannot be cleared with a carriage return. */
 static double t_start, progress_after_ms = 2000; /* $MEMPLAN_PROGRESS_AFTER_MS: tests use 0 */
 static bool progress_shown;
+static int progress_cols = MP_TEXT_COLUMNS;
 
 static void show_progress(const char *msg)
 {
@@ -811,7 +816,9 @@ static void show_progress(const char *msg)
         return;
     last = now;
     progress_shown = true;
-    fprintf(stderr, "\r\033[Kmemplan: %.88s ...", msg);
+    /* "memplan: " + msg + " ...", within progress_cols - 1 (the cursor stays on the line) */
+    int room = progress_cols - 1 - 9 - 4;
+    fprintf(stderr, "\r\033[Kmemplan: %.*s ...", room > 8 ? room : 8, msg);
     fflush(stderr);
 }
 
@@ -1073,7 +1080,11 @@ static int cmd_suggest(struct args *a)
     if (o.probe && !strcmp(o.probe_backend, "host") &&
         (st = mp_suggest_host_admit(&j, &o, mp_host_ram_bytes(), &d)) != MP_OK)
         goto out;
-    if ((st = mp_suggest(&j, &o, argv0, &sg, &d)) != MP_OK || (st = mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)
+    if ((st = mp_suggest(&j, &o, argv0, &sg, &d)) != MP_OK)
+        goto out;
+    /* the report reads the program's counts: a long model's through its fold (fold.h) */
+    if ((st = s.model.n_blocks >= MP_FIT_FOLD_BLOCKS ? mp_fold_report_program(&s.model, &s.build, &prog, &d)
+                                                     : mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)
         goto out;
     struct mp_report_ctx c;
     fill_ctx(&c, "suggest", &s, &prog, NULL, a);
@@ -1194,8 +1205,12 @@ int main(int argc, char **argv)
 {
     argv0 = argv[0];
     t_start = mp_now_ms();
-    if (isatty(2))
+    if (isatty(2)) {
+        struct winsize ws;
+        if (ioctl(2, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+            progress_cols = ws.ws_col < MP_TEXT_COLUMNS ? ws.ws_col : MP_TEXT_COLUMNS;
         mp_progress_set(show_progress);
+    }
     const char *pa = getenv("MEMPLAN_PROGRESS_AFTER_MS");
     if (pa && *pa)
         progress_after_ms = atof(pa);

@@ -195,3 +195,12 @@ bool mp_model_has_attention(const struct mp_model *m)
                 return true;
     return false;
 }
+
+void mp_model_mark_copies(struct mp_model *m)
+{
+    for (size_t i = 0; i < m->n_blocks; i++) {
+        const struct mp_block *a = i ? &m->blocks[i - 1] : NULL, *b = &m->blocks[i];
+        m->blocks[i].same_as_prev = a && a->n_layers == b->n_layers &&
+                                    (!a->n_layers || memcmp(a->layers, b->layers, a->n_layers * sizeof *a->layers) == 0);
+    }
+}

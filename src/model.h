@@ -306,6 +306,7 @@ struct mp_block {
     struct mp_layer *layers;
     /* Blocks expanded from one "repeat" share a group id (>0); the table folds them. */
     int repeat_group;
+    bool same_as_prev;   /* its layers equal the block before's (mp_model_mark_copies) */
 };
 
 enum mp_input_kind { MP_INPUT_TOKENS, MP_INPUT_IMAGE, MP_INPUT_BYTES };
@@ -341,6 +342,9 @@ struct mp_model {
 
 void mp_model_init(struct mp_model *m);
 void mp_model_release(struct mp_model *m);
+
+/* Sets each block's same_as_prev (the loaders call it). */
+void mp_model_mark_copies(struct mp_model *m);
 
 /* Appends a block with n_layers zeroed layers; returns it (NULL on overflow/alloc failure). */
 struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t n_layers);

@@ -117,6 +117,8 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
     cJSON_Delete(root);
     if (st == MP_OK)
         st = mp_program_check(m, d);
+    if (st == MP_OK)
+        mp_model_mark_copies(m);
     if (st != MP_OK)
         mp_model_release(m);
     return st;

@@ -27,6 +27,16 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
     return 0;
 }
 
+uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes)
+{
+    switch (o) {
+    case MP_OPT_ADAM:
+    case MP_OPT_ADAMW: return total_grad_bytes; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
+    case MP_OPT_ADAFACTOR: return largest_grad_bytes;
+    default: return 0;
+    }
+}
+
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o)
 {
     uint64_t total = 0, largest = 0;
@@ -34,10 +44,5 @@ uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o)
         total += mp_param_grad_bytes(&p->params[i]);
         largest = mp_max_u64(largest, mp_param_grad_bytes(&p->params[i]));
     }
-    switch (o) {
-    case MP_OPT_ADAM:
-    case MP_OPT_ADAMW: return total; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
-    case MP_OPT_ADAFACTOR: return largest;
-    default: return 0;
-    }
+    return mp_opt_step_tmp_of(o, total, largest);
 }

@@ -13,5 +13,7 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
 /* The optimizer step's temporary for all of p's parameters (Adam/AdamW foreach: one tensor per
  * parameter, together the size of the gradients; Adafactor: the largest; others none). */
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o);
+/* The same from the gradients' total and largest bytes. */
+uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes);
 
 #endif

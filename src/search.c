@@ -10,6 +10,8 @@
  */
 #include "search.h"
 
+#include "fold.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,32 +81,161 @@ static double opt_seconds(const struct mp_job *job, const struct mp_estimate *e)
     return bytes / (bw * 1e9);
 }
 
+/* ---- how a fit evaluates: the full program, or folds of it (fold.h) --------------------------- */
+
+struct evalr {
+    const struct mp_job *job;
+    struct mp_build_opts bo;
+    struct mp_program *prog, own; /* the full program (job->scratch, or own), once built */
+    bool built;
+    bool fold;                    /* folds are tried (until one does not hold) */
+    struct mp_fold nf;            /* the fold for the no-checkpoint schedule (chain, static figures) */
+    struct mp_program nprog;      /* its short program */
+    bool nf_made;
+    struct mp_program sprog;      /* a fold's short program for a replay */
+};
+
+static bool fold_wanted(const struct mp_job *job)
+{
+    const struct mp_model *m = job->model;
+    if (job->fold < 0 || job->keep_program || job->train.par || m->enc_dec || job->build.ft.mode == MP_FT_FREEZE)
+        return false;
+    return job->fold > 0 || m->n_blocks >= MP_FIT_FOLD_BLOCKS;
+}
+
+static enum mp_status ev_build(struct evalr *ev, struct mp_diag *d)
+{
+    if (ev->built)
+        return MP_OK;
+    ev->prog = ev->job->scratch && !ev->job->keep_program ? ev->job->scratch : &ev->own;
+    enum mp_status st = ev->prog == &ev->own ? mp_program_build(ev->job->model, &ev->bo, ev->prog, d)
+                                             : mp_program_rebuild(ev->job->model, &ev->bo, ev->prog, d);
+    ev->built = st == MP_OK;
+    return st;
+}
+
+static void ev_release(struct evalr *ev, struct mp_fit *f, bool ok)
+{
+    if (ev->built && ev->prog == &ev->own && ok && ev->job->keep_program)
+        f->prog = ev->own;
+    else if (ev->built && ev->prog == &ev->own)
+        mp_program_release(&ev->own);
+    mp_fold_release(&ev->nf);
+    mp_program_release(&ev->nprog);
+    mp_program_release(&ev->sprog);
+}
+
+/* The no-checkpoint fold and its short program. */
+static enum mp_status ev_none_fold(struct evalr *ev, struct mp_diag *d)
+{
+    if (ev->nf_made)
+        return MP_OK;
+    enum mp_status st = mp_fold_make(ev->job->model, NULL, &ev->nf, d);
+    if (st == MP_OK)
+        st = mp_program_build(&ev->nf.model, &ev->bo, &ev->nprog, d);
+    ev->nf_made = st == MP_OK;
+    return st;
+}
+
+/* Does every weighted block of fold f's short program p come from a verified copy? */
+static bool fold_copied(const struct mp_fold *f, const struct mp_program *p)
+{
+    for (size_t j = 0; j < f->n && j < p->n_blocks; j++)
+        if (f->weight[j] > 1 && !p->copied[j])
+            return false;
+    return p->n_blocks == f->n;
+}
+
+/* The chain (or only its marks, for a fixed plan's verdict). */
+static enum mp_status ev_chain(struct evalr *ev, bool marks_only, struct mp_chain *c, struct mp_diag *d)
+{
+    enum mp_status st;
+    if (marks_only) {
+        if ((st = mp_chain_init(c, ev->job->model->n_blocks)) != MP_OK)
+            return mp_fail(d, st, "out of memory");
+        mp_fold_mark_chain(ev->job->model, c);
+        return MP_OK;
+    }
+    if (ev->fold) {
+        if ((st = ev_none_fold(ev, d)) != MP_OK)
+            return st;
+        struct mp_chain sc;
+        if (fold_copied(&ev->nf, &ev->nprog) && !ev->nprog.n_held) {
+            if ((st = mp_estimate_chain(&ev->nprog, &sc, d)) != MP_OK)
+                return st;
+            bool held = mp_fold_expand_chain(&ev->nf, &sc, c, &st);
+            mp_chain_release(&sc);
+            if (held) {
+                mp_fold_mark_chain(ev->job->model, c);
+                return MP_OK;
+            }
+            if (st != MP_OK)
+                return mp_fail(d, st, "out of memory");
+        }
+        ev->fold = false;
+    }
+    if ((st = ev_build(ev, d)) != MP_OK)
+        return st;
+    return mp_estimate_chain(ev->prog, c, d);
+}
+
+static enum mp_status ev_static(struct evalr *ev, struct mp_estimate *e, struct mp_diag *d)
+{
+    enum mp_status st;
+    if (ev->fold) {
+        if ((st = ev_none_fold(ev, d)) != MP_OK)
+            return st;
+        bool holds; /* the figures of the fold's replay include the static ones */
+        st = mp_estimate_run_folded(&ev->nf, &ev->nprog, NULL, &ev->job->train, 0, NULL, e, &holds, d);
+        if (st != MP_OK || holds)
+            return st;
+        ev->fold = false;
+    }
+    if ((st = ev_build(ev, d)) != MP_OK)
+        return st;
+    return mp_estimate_static(ev->prog, &ev->job->train, e, d);
+}
+
+/* The step's replay with schedule s. */
+static enum mp_status ev_run(struct evalr *ev, const struct mp_schedule *s, uint64_t context, const struct mp_chain *c,
+                             struct mp_estimate *e, size_t *folded, struct mp_diag *d)
+{
+    enum mp_status st;
+    if (ev->fold) {
+        struct mp_fold fd;
+        if ((st = mp_fold_make(ev->job->model, s, &fd, d)) != MP_OK)
+            return st;
+        st = ev->sprog.blocks ? mp_program_rebuild(&fd.model, &ev->bo, &ev->sprog, d)
+                              : mp_program_build(&fd.model, &ev->bo, &ev->sprog, d);
+        bool holds = false;
+        if (st == MP_OK)
+            st = mp_estimate_run_folded(&fd, &ev->sprog, s, &ev->job->train, context,
+                                        ev->job->verdict_only ? NULL : c, e, &holds, d);
+        *folded = holds ? fd.folded : 0;
+        mp_fold_release(&fd);
+        if (st != MP_OK || holds)
+            return st;
+        ev->fold = false;
+    }
+    if ((st = ev_build(ev, d)) != MP_OK)
+        return st;
+    return mp_estimate_run_chain(ev->prog, s, &ev->job->train, context, c, e, d);
+}
+
 enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp_diag *d)
 {
     memset(f, 0, sizeof *f);
     mp_ckpt_plan_init(&f->plan);
-    struct mp_program own, *prog = job->scratch && !job->keep_program ? job->scratch : &own;
-    struct mp_build_opts bo = job->build;
-    bo.ft.input_grad = job->ckpt.strategy != MP_CKPT_NONE; /* transformers: enable_input_require_grads */
-    bo.hf_checkpointing = job->ckpt.strategy == MP_CKPT_LAYERS; /* and use_cache off */
-    enum mp_status st = prog == &own ? mp_program_build(job->model, &bo, prog, d)
-                                     : mp_program_rebuild(job->model, &bo, prog, d);
-    if (st != MP_OK)
+    struct evalr ev = {.job = job, .bo = job->build, .fold = fold_wanted(job)};
+    ev.bo.ft.input_grad = job->ckpt.strategy != MP_CKPT_NONE; /* transformers: enable_input_require_grads */
+    ev.bo.hf_checkpointing = job->ckpt.strategy == MP_CKPT_LAYERS; /* and use_cache off */
+    enum mp_status st = MP_OK;
+    if (!ev.fold && (st = ev_build(&ev, d)) != MP_OK)
         return st;
     bool budgeted = job->ckpt.strategy == MP_CKPT_OPTIMAL || job->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
     bool no_chain = job->verdict_only && !budgeted;
-    if (no_chain) {
-        st = mp_chain_init(&f->chain, prog->n_blocks);
-        if (st != MP_OK) {
-            mp_fail(d, st, "out of memory");
-            goto out;
-        }
-        mp_estimate_chain_mark(prog, &f->chain);
-    } else {
-        st = mp_estimate_chain(prog, &f->chain, d);
-        if (st != MP_OK)
-            goto out;
-    }
+    if ((st = ev_chain(&ev, no_chain, &f->chain, d)) != MP_OK)
+        goto out;
     f->capacity_bytes = mp_gpu_capacity(&job->gpu);
     /* NCCL's communicator buffers sit beside the CUDA context when there are peers */
     uint64_t context = job->gpu.context_bytes;
@@ -123,7 +254,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         st = mp_ckpt_plan_make(&f->chain, &job->ckpt, 0, job->slots, &f->plan, d);
         if (st != MP_OK)
             goto out;
-        st = mp_estimate_run_chain(prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
+        st = ev_run(&ev, &f->plan.sched, context, &f->chain, &f->est, &f->folded_blocks, d);
         if (st != MP_OK)
             goto out;
     } else {
@@ -132,7 +263,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         uint64_t budget = job->activation_budget;
         if (!budget) {
             struct mp_estimate e0;
-            st = mp_estimate_static(prog, &job->train, &e0, d); /* static figures do not depend on the plan */
+            st = ev_static(&ev, &e0, d); /* static figures do not depend on the plan */
             if (st != MP_OK)
                 goto out;
             uint64_t fixed = e0.weights_bytes + e0.grads_bytes + e0.optimizer_bytes + e0.workspace_bytes +
@@ -160,7 +291,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             if (st != MP_OK)
                 goto out;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run_chain(prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
+            st = ev_run(&ev, &f->plan.sched, context, &f->chain, &f->est, &f->folded_blocks, d);
             if (st != MP_OK)
                 goto out;
             planned = true;
@@ -183,7 +314,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
                 goto out;
             f->plan.spec = job->ckpt;
             mp_estimate_release(&f->est);
-            st = mp_estimate_run_chain(prog, &f->plan.sched, &job->train, context, &f->chain, &f->est, d);
+            st = ev_run(&ev, &f->plan.sched, context, &f->chain, &f->est, &f->folded_blocks, d);
             if (st != MP_OK)
                 goto out;
             f->activation_budget = budget;
@@ -203,10 +334,7 @@ throughput: {
     f->samples_per_s = f->step_s > 0 ? (double)job->build.batch / f->step_s : 0;
 }
 out:
-    if (prog == &own && st == MP_OK && job->keep_program)
-        f->prog = own;
-    else if (prog == &own)
-        mp_program_release(&own);
+    ev_release(&ev, f, st == MP_OK);
     if (st != MP_OK)
         mp_fit_release(f);
     return st;

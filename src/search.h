@@ -30,7 +30,13 @@ struct mp_job {
     bool verdict_only;            /* only fits and peak_device_bytes are wanted (the batch search): a
                                    * fixed plan's schedule is made without the chain's replay (the
                                    * chain's sizes and the per-block figures stay zero) */
+    int fold;                     /* 0: fold (fold.h) models of MP_FIT_FOLD_BLOCKS blocks or more when
+                                   * no program is kept; 1: whenever the fold may hold (tests); -1:
+                                   * never */
 };
+
+/* Models with at least this many blocks are evaluated through folds by default. */
+#define MP_FIT_FOLD_BLOCKS 512
 
 struct mp_fit {
     bool fits;
@@ -48,6 +54,7 @@ struct mp_fit {
     double comm_s, exposed_comm_s, offload_s; /* data parallel: collectives (all / not hidden by
                                                * compute) and offload transfers + host step */
     double samples_per_s;
+    size_t folded_blocks;         /* blocks its replays did not run (counted through folds, fold.h) */
     struct mp_program prog;       /* with job->keep_program: the program evaluated (build options
                                    * job->build, input_grad set by the strategy); else empty */
 };

@@ -9,12 +9,13 @@
  */
 #include "timeline.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- categories ------------------------------------------------------------------------- */
 
-enum { K_WEIGHTS, K_GRADS, K_OPT, K_ACT, K_AGRAD, K_TMP, K_WS, K_N };
+enum { K_WEIGHTS, K_GRADS, K_OPT, K_ACT, K_AGRAD, K_TMP, K_COMM, K_WS, K_N };
 
 static const struct {
     const char *name, *color;
@@ -25,6 +26,7 @@ static const struct {
     [K_ACT] = {"saved activations", "#59a14f"},
     [K_AGRAD] = {"activation gradients", "#edc948"},
     [K_TMP] = {"temporaries", "#e15759"},
+    [K_COMM] = {"collective buffers", "#9c755f"}, /* data parallel: buckets, all-gathers, partitions */
     [K_WS] = {"workspace", "#b07aa1"},
 };
 
@@ -38,8 +40,8 @@ static int cat_of(enum mp_store s)
     case MP_ST_ACT: return K_ACT;
     case MP_ST_GRAD: return K_AGRAD;
     case MP_ST_TMP:
-    case MP_ST_OPT_TMP:
-    case MP_ST_COMM: return K_TMP; /* data-parallel buffers: transient, like temporaries */
+    case MP_ST_OPT_TMP: return K_TMP;
+    case MP_ST_COMM: return K_COMM; /* some persist (DDP buckets), some are transient (all-gathers) */
     case MP_ST_WORKSPACE: return K_WS;
     }
     return K_TMP;
@@ -97,6 +99,7 @@ struct tl {
     size_t cur_op;
     bool in_op;
     bool nomem;
+    bool comm_seen; /* a data-parallel step: collective buffers in the legend */
     /* pass 2 */
     size_t total_ev, n_cols;
     struct sample *col;  /* [n_cols] the sample of largest total in each column */
@@ -156,6 +159,7 @@ static enum mp_status on_event(void *ctx, const struct mp_event *ev)
     memcpy(sm.v, s->cur, sizeof sm.v);
     size_t i = s->n_ev;
     if (s->pass == 1) {
+        s->comm_seen = s->comm_seen || k == K_COMM;
         record_phase(s, ev->phase);
         if (s->total > s->peak) {
             s->peak = s->total;
@@ -243,17 +247,31 @@ static double ypx(const struct axis *a, uint64_t b)
     return a->y1 - f * (a->y1 - a->y0);
 }
 
+/* Horizontal grid lines with labels in one unit, the largest binary unit the top reaches,
+ * at a round step of it (1, 2 or 5 times a power of ten): "13.4 GiB, 13.5 GiB", not
+ * "13.38 GiB, 13.48 GiB" or "1000.00 MiB, 1.95 GiB". */
 static void grid(FILE *out, const struct axis *a)
 {
-    uint64_t step = grid_step(a->hi - a->lo);
-    uint64_t first = (a->lo + step - 1) / step * step;
-    for (uint64_t b = first; b <= a->hi; b += step) {
+    static const char *UNIT[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (u < 6 && a->hi >> (10 * (u + 1)) != 0)
+        u++;
+    double unit = ldexp(1.0, 10 * u), lo = (double)a->lo / unit, hi = (double)a->hi / unit;
+    double raw = (hi - lo) / 5, m = pow(10, floor(log10(raw > 0 ? raw : 1)));
+    double step = raw <= m ? m : raw <= 2 * m ? 2 * m : raw <= 5 * m ? 5 * m : 10 * m;
+    if (u == 0 && step < 1)
+        step = 1; /* whole bytes */
+    int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
+    for (double k = ceil(lo / step - 1e-9); k * step <= hi + 1e-9 * step; k += 1) {
+        double v = k * step;
         char lbl[32];
-        double y = ypx(a, b);
+        double y = ypx(a, (uint64_t)llround(v * unit));
+        if (k == 0)
+            snprintf(lbl, sizeof lbl, "0 B");
+        else
+            snprintf(lbl, sizeof lbl, "%.*f %s", dec, v, UNIT[u]);
         fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e3e3e3\"/>\n", PX0, y, PX1, y);
-        text(out, PX0 - 6, y + 4, "end", "font-size=\"11\" fill=\"#555\"", mp_fmt_bytes(b, lbl, sizeof lbl));
-        if (b > UINT64_MAX - step)
-            break;
+        text(out, PX0 - 6, y + 4, "end", "class=\"grid\" font-size=\"11\" fill=\"#555\"", lbl);
     }
 }
 
@@ -322,6 +340,25 @@ static const char *block_name(const struct mp_program *p, size_t i, char *buf, s
     else
         snprintf(buf, len, "block %zu", i);
     return buf;
+}
+
+/* The box a line of text takes, from its font size (DejaVu Sans averages about 0.6 em a
+ * character): labels that would overlap are moved apart. */
+struct box {
+    double x0, x1, y0, y1;
+};
+
+static struct box box_of(double x, double y, const char *anchor, double size, const char *s)
+{
+    double w = 0.6 * size * (double)strlen(s);
+    double x0 = !strcmp(anchor, "end") ? x - w : !strcmp(anchor, "middle") ? x - w / 2 : x;
+    struct box b = {x0, x0 + w, y - size, y + size * 0.25};
+    return b;
+}
+
+static bool boxes_meet(const struct box *a, const struct box *b)
+{
+    return a->x0 < b->x1 && b->x0 < a->x1 && a->y0 < b->y1 && b->y0 < a->y1;
 }
 
 /* One legend entry at (*lx, *ly), wrapping to a new row at the plot's right edge. */
@@ -427,13 +464,13 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
             continue;
         double x = XEV(s->op_first[k]);
         fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#888\"/>\n", x, MY1, x, MY1 + 4);
-        if (x - last_lbl >= 70) {
-            fprintf(out, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"#444\" text-anchor=\"end\" "
-                         "transform=\"rotate(-35 %.1f %.1f)\">",
-                    x, MY1 + 14, x, MY1 + 14);
-            mp_xml_puts(out, block_name(p, op->index, buf, 64));
-            fputs("</text>\n", out);
-            last_lbl = x;
+        /* level, from the tick, where it clears the label before and the plot's end
+         * (rotated, a long name such as encoder.block.4 ran into the legend) */
+        block_name(p, op->index, buf, 64);
+        struct box b = box_of(x + 2, MY1 + 14, "start", 10, buf);
+        if (b.x0 >= last_lbl + 10 && b.x1 <= PX1) {
+            text(out, x + 2, MY1 + 14, "start", "class=\"block\" font-size=\"10\" fill=\"#444\"", buf);
+            last_lbl = b.x1;
         }
     }
     fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", PX0, MY1, PX1, MY1);
@@ -441,7 +478,9 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     text(out, 16, (MY0 + MY1) / 2, "middle", "font-size=\"11\" fill=\"#444\" transform=\"rotate(-90 16 249)\"",
          ctx ? "device memory (allocated + CUDA context)" : "allocated bytes");
 
-    /* target lines */
+    /* target lines; their labels' boxes, which the peak's label keeps clear of */
+    struct box lbl[2];
+    size_t n_lbl = 0;
     if (o->capacity_bytes) {
         double y = ypx(&a, o->capacity_bytes);
         fprintf(out, "<line id=\"capacity\" data-bytes=\"%llu\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
@@ -449,12 +488,14 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
                 (unsigned long long)o->capacity_bytes, PX0, y, PX1, y);
         snprintf(buf, sizeof buf, "capacity %s", mp_fmt_bytes(o->capacity_bytes, b1, sizeof b1));
         text(out, PX1 - 4, y - 4, "end", "font-size=\"11\" fill=\"#c00\"" HALO, buf);
+        lbl[n_lbl++] = box_of(PX1 - 4, y - 4, "end", 11, buf);
         double yu = ypx(&a, usable);
         fprintf(out, "<line id=\"usable\" data-bytes=\"%llu\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                      "stroke=\"#e67e00\" stroke-width=\"1.2\" stroke-dasharray=\"6 4\"/>\n",
                 (unsigned long long)usable, PX0, yu, PX1, yu);
         snprintf(buf, sizeof buf, "usable with a %.1f%% margin %s", 100.0 * o->margin, mp_fmt_bytes(usable, b1, sizeof b1));
         text(out, PX1 - 4, yu + 12, "end", "font-size=\"11\" fill=\"#b35f00\"" HALO, buf);
+        lbl[n_lbl++] = box_of(PX1 - 4, yu + 12, "end", 11, buf);
     }
 
     /* the probe's measured curve */
@@ -495,14 +536,35 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
                  "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#000\"/>\n",
             px, py, px, MY1, px, py);
     snprintf(buf, sizeof buf, "peak %s allocated at %s", mp_fmt_bytes(s->peak, b1, sizeof b1), ev);
+    /* above the dot, on the side with more room; else the other side; else below */
     bool left = px > PX0 + pw * 0.6;
-    text(out, left ? px - 8 : px + 8, py - 8 < MY0 + 10 ? MY0 + 12 : py - 8, left ? "end" : "start",
-         "font-size=\"12\" font-weight=\"bold\"" HALO, buf);
+    double ya = py - 8 < MY0 + 10 ? MY0 + 12 : py - 8, yb = py + 20 < MY1 - 4 ? py + 20 : MY1 - 4;
+    struct {
+        double x, y;
+        const char *anchor;
+    } at[4] = {{left ? px - 8 : px + 8, ya, left ? "end" : "start"},
+               {left ? px + 8 : px - 8, ya, left ? "start" : "end"},
+               {left ? px - 8 : px + 8, yb, left ? "end" : "start"},
+               {left ? px + 8 : px - 8, yb, left ? "start" : "end"}};
+    size_t pick = 0;
+    for (size_t c = 0; c < 4; c++) {
+        struct box b = box_of(at[c].x, at[c].y, at[c].anchor, 12, buf);
+        bool clear = b.x0 >= PX0 - 60 && b.x1 <= PX1 + 20;
+        for (size_t i = 0; i < n_lbl && clear; i++)
+            clear = !boxes_meet(&b, &lbl[i]);
+        if (clear) {
+            pick = c;
+            break;
+        }
+    }
+    text(out, at[pick].x, at[pick].y, at[pick].anchor, "font-size=\"12\" font-weight=\"bold\"" HALO, buf);
     fputs("</g>\n", out);
 
     /* legend: each category at the peak, then the other marks */
     double lx = PX0, ly = 476;
     for (int k = 0; k < K_N; k++) {
+        if (k == K_COMM && !s->comm_seen)
+            continue;
         char attrs[128];
         snprintf(attrs, sizeof attrs, " class=\"legend\" data-category=\"%s\" data-bytes-at-peak=\"%llu\"", CAT[k].name,
                  (unsigned long long)s->peak_s.v[k]);
@@ -569,9 +631,10 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
             bool again = k > loss_op && op->kind != MP_SCHED_B;
             snprintf(buf, sizeof buf, "%s %s", again ? "recompute" : kn[op->kind],
                      op->kind == MP_SCHED_LOSS ? "" : block_name(p, op->index, bn, sizeof bn));
-            char at[96];
-            snprintf(at, sizeof at, "class=\"op\" data-event=\"%zu\" font-size=\"10\" fill=\"#444\"", s->op_first[k]);
-            text(out, x + 3, IY1 + 14, "start", at, buf);
+            char style[96];
+            snprintf(style, sizeof style, "class=\"op\" data-event=\"%zu\" font-size=\"10\" fill=\"#444\"",
+                     s->op_first[k]);
+            text(out, x + 3, IY1 + 14, "start", style, buf);
             last_lbl = x;
         }
     }

@@ -70,6 +70,12 @@ timeline "estimate --timeline: peak, phases, legend agree with --json" -- \
     estimate models/gpt2-124m.json --batch 4
 timeline "estimate --gpu --checkpoint sqrt --timeline: capacity lines, recompute shaded" -- \
     estimate models/gpt2-124m.json --batch 8 --gpu a100-40gb --checkpoint sqrt
+timeline "estimate --gpus 2 --parallel ddp --timeline: the buckets as collective buffers" -- \
+    estimate models/gpt2-124m.json --gpus 2 --parallel ddp
+timeline "estimate --timeline: an encoder-decoder under layers checkpointing (t5-small)" -- \
+    estimate models/hf/t5-small.json --batch 8 --gpu t4 --checkpoint layers
+timeline "check --gpus 8 --parallel zero3 --timeline" -- \
+    check models/gpt2-124m.json --batch 8 --gpu t4 --gpus 8 --parallel zero3
 timeline "plan --timeline (optimal plan, budget from the target)" -- \
     plan models/gpt2-124m.json --batch 32 --gpu a100-40gb
 timeline "plan --activation-budget --timeline (recomputes)" -- \
@@ -210,6 +216,8 @@ expect_err 3 "lz-gpu.json: malformed JSON: a number with a leading zero" \
 # option values
 expect_err 2 "option '--gpu' needs a value" "--gpu without a value says so" estimate models/tiny-test.json --gpu
 expect_err 2 "option '-b' needs a value" "-b without a value says so" estimate models/tiny-test.json -b
+expect_err 2 "option '--seq' needs a value" "--seq without a value names --seq as typed (not -s)" \
+    estimate models/tiny-test.json --seq
 expect_err 2 "no profile 'a10.json'" "--gpu a10.json (no such profile or file): exit 2" \
     check models/tiny-test.json --batch 1 --gpu a10.json
 expect_err 2 "4294967297 is too large: expected an integer from 1 to [0-9]+" \
@@ -358,6 +366,13 @@ if command -v script >/dev/null 2>&1 && script -qc true /dev/null >/dev/null 2>&
     onterm "MEMPLAN_PROGRESS_AFTER_MS=0 '$M' probe models/tiny-test.json --backend host --steps 2"
     grep -q "memplan: probe: [a-z-]* step [0-9]* of [0-9]* on the host backend" "$T/tty"
     check "progress on a terminal: host probe steps" $?
+    # on a 40-column terminal every progress line stays within 39 columns (a wrapped line
+    # could not be cleared), and the last thing written clears the line
+    script -qc "stty cols 40 && MEMPLAN_PROGRESS_AFTER_MS=0 '$M' plan '$T/long.json' --gpu t4 --batch 4096 2>&1 >/dev/null" \
+        /dev/null >"$T/tty" 2>&1 </dev/null
+    grep -q "memplan: planning" "$T/tty" && [ "$(printf '\r\033[K' | od -An -c)" = "$(tail -c 4 "$T/tty" | od -An -c)" ] &&
+        tr '\r' '\n' <"$T/tty" | sed 's/\x1b\[K//' | awk 'length($0) > 39 { bad = 1 } END { exit bad }'
+    check "progress on a 40-column terminal: lines cut to 39 columns, cleared at the end" $?
     # a plan on 4 blocks reports progress to the sink, but is over long before 2 s
     onterm "'$M' plan models/tiny-test.json --batch 64 --activation-budget 2500KiB"
     [ "$(tr -d '\r\n' <"$T/tty" | wc -c)" -eq 0 ] || sed -n '1,3p' "$T/tty" >"$T/why"

@@ -11,6 +11,8 @@
 
 #include <cmocka.h>
 
+#include "fit_job.h"
+
 #include "search.h"
 
 static void load_file(struct mp_model *m, const char *path)
@@ -20,20 +22,6 @@ static void load_file(struct mp_model *m, const char *path)
         fail_msg("load: %s", d.msg);
 }
 
-static struct mp_job job_for(const struct mp_model *m, const char *gpu)
-{
-    struct mp_job j;
-    memset(&j, 0, sizeof j);
-    j.model = m;
-    mp_build_opts_default(&j.build);
-    mp_train_opts_default(&j.train);
-    j.margin = 0.05;
-    struct mp_diag d = {{0}};
-    if (mp_gpu_load(gpu, NULL, &j.gpu, &d) != MP_OK)
-        fail_msg("gpu: %s", d.msg);
-    j.train.cublas_workspace_bytes = j.gpu.workspace_bytes;
-    return j;
-}
 
 static bool fits(const struct mp_job *job, uint64_t b)
 {

@@ -5,6 +5,7 @@ expected values come from the JSON report (a separate code path: the estimator's
 counting visitor), never from the SVG writer itself.
 """
 import json
+import math
 import sys
 import xml.etree.ElementTree as ET
 
@@ -27,6 +28,14 @@ with open(json_path) as f:
 mem = rep["memory"]
 if root.tag != NS + "svg":
     fail("root element is %s, not svg" % root.tag)
+
+# self-contained: no script, nothing fetched (every reference is to an id in the file)
+for el in root.iter():
+    if el.tag.split("}")[-1] in ("script", "image", "foreignObject", "use"):
+        fail("a <%s> element: the picture must be self-contained" % el.tag.split("}")[-1])
+    for k, v in el.attrib.items():
+        if k.split("}")[-1] == "href" or k.startswith("on") or ("url(" in v and "url(#" not in v):
+            fail("%s=%r on <%s>: the picture must be self-contained" % (k, v, el.tag.split("}")[-1]))
 
 peak = root.find(".//%sg[@id='peak']" % NS)
 if peak is None:
@@ -66,6 +75,42 @@ if inside != [mem["peak_event"].split(":")[0]]:
 cats = [int(r.get("data-bytes-at-peak")) for r in root.iter(NS + "rect") if r.get("class") == "legend"]
 if len(cats) < 6 or sum(cats) != mem["peak_allocated_bytes"]:
     fail("legend categories sum to %d, peak %d" % (sum(cats), mem["peak_allocated_bytes"]))
+
+# grid labels, per panel (the main plot, then the zoom): one unit, a round step (1, 2 or 5
+# times a power of ten of it), evenly spaced
+def grid_labels(els):
+    out = []
+    for t in els:
+        if t.get("class") == "grid":
+            num, unit = "".join(t.itertext()).split(" ")
+            out.append((float(num), unit))
+    return out
+
+
+inset_el = root.find(".//%sg[@id='inset']" % NS)
+in_inset = set(id(t) for t in inset_el.iter(NS + "text")) if inset_el is not None else set()
+panels = [grid_labels(t for t in root.iter(NS + "text") if id(t) not in in_inset),
+          grid_labels(t for t in root.iter(NS + "text") if id(t) in in_inset)]
+panels = [pl for pl in panels if pl]
+if len(panels) != 2:
+    fail("%d panels of grid labels, expected the plot and the zoom" % len(panels))
+for pl in panels:
+    units = {u for v, u in pl if v != 0}
+    steps = [b[0] - a[0] for a, b in zip(pl, pl[1:])]
+    if len(units) > 1 or not steps or max(steps) - min(steps) > 1e-6 * max(steps):
+        fail("grid labels %s" % pl)
+    mant = steps[0] / 10 ** math.floor(math.log10(steps[0]) + 1e-9)
+    if min(abs(mant - r) for r in (1, 2, 5)) > 1e-6:
+        fail("grid step %g is not 1, 2 or 5 times a power of ten" % steps[0])
+
+# collective buffers: only with data parallelism; under DDP they are its buckets, all persistent
+coll = [int(r.get("data-bytes-at-peak")) for r in root.iter(NS + "rect")
+        if r.get("class") == "legend" and r.get("data-category") == "collective buffers"]
+par = rep["config"].get("parallel")
+if not par and coll:
+    fail("collective buffers in the legend of a run without data parallelism")
+if par and par["strategy"] == "ddp" and coll != [mem["buffers_bytes"]]:
+    fail("DDP: collective buffers at the peak %s, the report's buckets %d" % (coll, mem["buffers_bytes"]))
 
 # recomputed forwards are shaded exactly when the plan recomputes
 recompute = [r for r in root.iter(NS + "rect") if r.get("class") == "recompute"]

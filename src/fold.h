@@ -1,0 +1,73 @@
+/* fold.h — a long run of identical blocks evaluated through four of them (suggest at scale).
+ *
+ * In a run of identical blocks (a "repeat") every copy lowers to the same program, shifted
+ * (layers.c, "copies of a repeated block").  Where a schedule also treats consecutive copies
+ * alike (each op that touches one of them is part of a run of ops over all of them, in order),
+ * the replay of an interior copy is the replay of the copy before it, shifted: the same events,
+ * and so the same bytes.  A fold stands each such interval of m >= 5 blocks for four of them:
+ * its first block, two interior ones and its last; the second interior one is weighted m - 3,
+ * the copies it stands for.  The short model (a few thousand blocks at most) is lowered and
+ * replayed once per evaluation instead of the full one, and mp_estimate_run_folded (estimate.c)
+ * counts each op on a weighted block weight times in a row and each parameter, tensor or node
+ * of one weight times in the sweeps outside the blocks' ops (setup, loss, optimizer step).
+ *
+ * The fold holds only if the short build made each weighted block as a verified copy of the
+ * one before (mp_program.copied: same lowering, same builder state before and after), and the
+ * two interior blocks' ops made the same events: the estimator checks both and says when they
+ * do not, and the caller then evaluates the full model. */
+#ifndef MP_FOLD_H
+#define MP_FOLD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt.h"
+#include "layers.h"
+#include "model.h"
+
+/* Intervals shorter than this are not folded (nothing to gain). */
+#define MP_FOLD_MIN_RUN 5
+
+struct mp_fold {
+    size_t n_full;            /* blocks of the full model */
+    size_t n;                 /* blocks of the short model */
+    struct mp_model model;    /* the short model: copies of n of the full model's blocks, whose
+                                 layers stay the full model's (mp_fold_release frees the array) */
+    size_t *full_of;          /* [n] the full block that short block j is (the first it stands for) */
+    uint64_t *weight;         /* [n] the consecutive full blocks it stands for (1 but for the
+                                 second interior block of a folded interval) */
+    uint32_t *short_of;       /* [n_full] the short block full block i is counted in */
+    struct mp_schedule sched; /* the full schedule's ops on the short blocks: a run of ops over
+                                 a weighted block's copies is one op */
+    size_t folded;            /* full blocks not replayed (the sum of weight - 1) */
+    const struct mp_model *full; /* the full model */
+};
+
+void mp_fold_init(struct mp_fold *f);
+void mp_fold_release(struct mp_fold *f);
+
+/* Folds model m for schedule s (on m's n_blocks blocks; NULL: the no-checkpoint schedule).
+ * f->folded 0: nothing to fold (f is still a valid fold, of m itself).  MP_ERR_NOMEM, or
+ * MP_ERR_INTERNAL for a schedule that does not fit m. */
+enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *s, struct mp_fold *f,
+                            struct mp_diag *d);
+
+/* The full model's chain from the chain of f's short program (f made for the no-checkpoint
+ * schedule): each full block takes the figures of the short block it is counted in.  false:
+ * the two interior blocks of an interval differ (the fold does not hold), or out of memory
+ * (*st says which: MP_OK for the first). */
+bool mp_fold_expand_chain(const struct mp_fold *f, const struct mp_chain *shortc, struct mp_chain *full,
+                          enum mp_status *st);
+
+/* For a report of m at o: the short program of m's no-checkpoint fold, with its parameter
+ * counts (total_params, trainable_params, adapter_params) and model the full model's: what a
+ * report reads of a program (counts, options, a parameter's shape), without lowering every
+ * block.  Where the fold does not hold, m's own program. */
+enum mp_status mp_fold_report_program(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
+                                      struct mp_diag *d);
+
+/* The chain's "repeated" marks (what the fixed plans read) from m itself. */
+void mp_fold_mark_chain(const struct mp_model *m, struct mp_chain *c);
+
+#endif

@@ -1,0 +1,204 @@
+/* test_fold.c — a fit evaluated through folds (fold.h: a long run of identical blocks counted
+ * through four of them) gives what the replay of the whole model gives: the same verdict,
+ * peak (allocated and requested), peak event, activations at the loss, static figures,
+ * FLOPs, plan and per-block figures, for every bundled model, plan, precision and batch
+ * tried.  The expected values are the full replay's, which the rest of the suite checks
+ * against PyTorch; folding must not change a byte.  No GPU.
+ */
+#include <dirent.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fit_job.h"
+#include "fold.h"
+#include "search.h"
+
+static bool close_enough(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(1.0, fmax(fabs(a), fabs(b))); }
+
+#define SAME_U64(field)                                                                            \
+    do {                                                                                           \
+        if (a->field != b->field)                                                                  \
+            fail_msg("%s: %s: %llu folded, %llu replayed", what, #field, (unsigned long long)b->field, \
+                     (unsigned long long)a->field);                                                \
+    } while (0)
+
+static void assert_same_fit(const char *what, const struct mp_fit *a, const struct mp_fit *b, bool verdict)
+{
+    SAME_U64(fits);
+    SAME_U64(peak_device_bytes);
+    SAME_U64(activation_budget);
+    SAME_U64(infeasible);
+    SAME_U64(static_bytes);
+    SAME_U64(nockpt_activation_peak);
+    SAME_U64(est.peak_allocated_bytes);
+    SAME_U64(est.peak_requested_bytes);
+    SAME_U64(est.activations_bytes);
+    SAME_U64(est.params);
+    SAME_U64(est.trainable_params);
+    SAME_U64(est.weights_bytes);
+    SAME_U64(est.grads_bytes);
+    SAME_U64(est.optimizer_bytes);
+    SAME_U64(est.optimizer_tmp_bytes);
+    SAME_U64(est.input_bytes);
+    SAME_U64(est.static_bytes);
+    SAME_U64(est.peak_phase);
+    if (!verdict) /* a verdict has no per-block figures (mp_job.verdict_only) */
+        SAME_U64(est.n_blocks);
+    if (strcmp(a->est.peak_event, b->est.peak_event) != 0)
+        fail_msg("%s: peak at %s folded, %s replayed", what, b->est.peak_event, a->est.peak_event);
+    if (!close_enough(a->est.fwd_flops, b->est.fwd_flops) || !close_enough(a->est.bwd_flops, b->est.bwd_flops) ||
+        !close_enough(a->est.recompute_flops, b->est.recompute_flops) || !close_enough(a->step_s, b->step_s))
+        fail_msg("%s: FLOPs or step time differ", what);
+    if (a->plan.sched.n != b->plan.sched.n ||
+        (a->plan.sched.n && memcmp(a->plan.sched.ops, b->plan.sched.ops, a->plan.sched.n * sizeof *a->plan.sched.ops)))
+        fail_msg("%s: the plans differ", what);
+    for (size_t i = 0; i < a->est.n_blocks && a->est.blocks && b->est.blocks; i++)
+        if (memcmp(&a->est.blocks[i], &b->est.blocks[i], sizeof a->est.blocks[i]) != 0)
+            fail_msg("%s: block %zu's figures differ", what, i);
+}
+
+/* How the model trains, besides the defaults. */
+enum variant { V_PLAIN, V_LORA, V_ACCUM_ADAFACTOR, V_EAGER_SGD, V_QLORA, N_VARIANTS };
+
+/* Every plan, two precisions, three batches, verdicts and full reports: returns the blocks the
+ * folded fits did not replay. */
+static size_t compare_model(const struct mp_model *m, const char *name, enum variant v)
+{
+    static const struct mp_ckpt_spec plans[] = {
+        {MP_CKPT_NONE, 0},  {MP_CKPT_SQRT, 0},  {MP_CKPT_LAYERS, 0},  {MP_CKPT_EVERY, 3},
+        {MP_CKPT_SEGMENTS, 4}, {MP_CKPT_OPTIMAL, 0}, {MP_CKPT_OPTIMAL_SEGMENTS, 0},
+    };
+    static const enum mp_precision precs[] = {MP_PREC_AMP_BF16, MP_PREC_FP32};
+    static const uint64_t batches[] = {1, 3, 64};
+    size_t folded = 0;
+    for (size_t pi = 0; pi < sizeof plans / sizeof plans[0]; pi++)
+        for (size_t qi = 0; qi < 2; qi++)
+            for (size_t bi = 0; bi < 3; bi++)
+                for (int verdict = 0; verdict < 2; verdict++) {
+                    struct mp_job j = job_for(m, "t4");
+                    j.train.skip_reserved = true; /* the allocator model is not folded: as in suggest's search */
+                    j.ckpt = plans[pi];
+                    j.build.precision = precs[qi];
+                    j.build.batch = batches[bi];
+                    j.verdict_only = verdict;
+                    if (v == V_LORA || v == V_QLORA)
+                        j.build.ft.mode = v == V_LORA ? MP_FT_LORA : MP_FT_QLORA;
+                    if (v == V_ACCUM_ADAFACTOR) {
+                        j.train.accumulate = true;
+                        j.train.optimizer = MP_OPT_ADAFACTOR;
+                    }
+                    if (v == V_EAGER_SGD) {
+                        j.build.attention = MP_ATTN_EAGER;
+                        j.build.attention_forced = true;
+                        j.train.optimizer = MP_OPT_SGD_MOMENTUM;
+                    }
+                    struct mp_fit a, b;
+                    struct mp_diag d = {{0}};
+                    j.fold = -1;
+                    enum mp_status sa = mp_fit_eval(&j, &a, &d);
+                    j.fold = 1;
+                    enum mp_status sb = mp_fit_eval(&j, &b, &d);
+                    char what[160], sb_[32];
+                    snprintf(what, sizeof what, "%s variant %d %s %s batch %llu%s", name, (int)v,
+                             mp_ckpt_spec_str(&plans[pi], sb_, sizeof sb_), mp_precision_str(precs[qi]),
+                             (unsigned long long)batches[bi], verdict ? " (verdict)" : "");
+                    if (sa != sb)
+                        fail_msg("%s: status %d replayed, %d folded (%s)", what, (int)sa, (int)sb, d.msg);
+                    if (sa != MP_OK)
+                        continue;
+                    assert_same_fit(what, &a, &b, verdict);
+                    folded += b.folded_blocks;
+                    mp_fit_release(&a);
+                    mp_fit_release(&b);
+                }
+    return folded;
+}
+
+static void load_file(struct mp_model *m, const char *path)
+{
+    struct mp_diag d = {{0}};
+    if (mp_model_load_file(m, path, &d) != MP_OK)
+        fail_msg("load %s: %s", path, d.msg);
+}
+
+/* A long GPT-2 style chain and a long Llama style chain: folds that count hundreds of blocks. */
+static void test_fold_long_chains_equal_their_replay(void **state)
+{
+    (void)state;
+    static const char *files[] = {"models/tiny-test.json", "models/gpt2-124m.json", "models/hf/llama-2-7b.json"};
+    for (size_t k = 0; k < 3; k++) {
+        struct mp_model m;
+        load_file(&m, files[k]);
+        /* the model with its repeated block 60 times: append copies of the last repeated block */
+        size_t last = 0;
+        for (size_t i = 0; i < m.n_blocks; i++)
+            if (m.blocks[i].repeat_group > 0)
+                last = i;
+        assert_true(last > 0);
+        struct mp_model big = m;
+        size_t extra = 60, n = m.n_blocks + extra;
+        big.blocks = calloc(n, sizeof *big.blocks);
+        assert_non_null(big.blocks);
+        memcpy(big.blocks, m.blocks, (last + 1) * sizeof *big.blocks);
+        for (size_t i = last + 1; i < last + 1 + extra; i++) {
+            big.blocks[i] = m.blocks[last];
+            snprintf(big.blocks[i].name, sizeof big.blocks[i].name, "h.%zu", i - 1);
+        }
+        memcpy(big.blocks + last + 1 + extra, m.blocks + last + 1, (m.n_blocks - last - 1) * sizeof *big.blocks);
+        big.n_blocks = big.cap_blocks = n;
+        mp_model_mark_copies(&big);
+        for (int v = 0; v < N_VARIANTS; v++) {
+            if (v == V_QLORA && k == 0)
+                continue; /* tiny-test has no HF family: peft's default targets are unknown */
+            size_t folded = compare_model(&big, files[k], (enum variant)v);
+            assert_true(folded > 0);
+        }
+        free(big.blocks);
+        mp_model_release(&m);
+    }
+}
+
+/* Every bundled model, as it is. */
+static void test_fold_bundled_models_equal_their_replay(void **state)
+{
+    (void)state;
+    static const char *dirs[] = {"models", "models/hf"};
+    size_t folded = 0, models = 0;
+    for (size_t di = 0; di < 2; di++) {
+        DIR *dir = opendir(dirs[di]);
+        assert_non_null(dir);
+        struct dirent *e;
+        while ((e = readdir(dir)) != NULL) {
+            size_t len = strlen(e->d_name);
+            if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0)
+                continue;
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s", dirs[di], e->d_name);
+            struct mp_model m;
+            load_file(&m, path);
+            folded += compare_model(&m, path, V_PLAIN);
+            models++;
+            mp_model_release(&m);
+        }
+        closedir(dir);
+    }
+    assert_true(models > 40);
+    assert_true(folded > 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fold_long_chains_equal_their_replay),
+        cmocka_unit_test(test_fold_bundled_models_equal_their_replay),
+    };
+    return cmocka_run_group_tests_name("fold", tests, NULL, NULL);
+}
