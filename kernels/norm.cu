@@ -1,4 +1,4 @@
-// norm.cu — LayerNorm, HF RMSNorm and training BatchNorm2d, forward and backward.
+// norm.cu — LayerNorm (g NULL: no weight, OLMo), HF RMSNorm and training BatchNorm2d, forward and backward.
 // Row norms: one block per row of n; parameter gradients by column with row
 // chunks added atomically.  Batch norm: one block per channel over (B, HW).
 #include "kcommon.cuh"
@@ -26,7 +26,7 @@ __global__ void layernorm_fwd_kernel(void *y, const void *x, int dt, const void 
         rstd[r] = rs;
     }
     for (uint64_t j = threadIdx.x; j < n; j += blockDim.x)
-        stf(y, dt, base + j, (ldf(x, dt, base + j) - mu) * rs * ldf(g, pdt, j) + (b ? ldf(b, pdt, j) : 0.0f));
+        stf(y, dt, base + j, (ldf(x, dt, base + j) - mu) * rs * (g ? ldf(g, pdt, j) : 1.0f) + (b ? ldf(b, pdt, j) : 0.0f));
 }
 
 __global__ void layernorm_dx_kernel(void *dx, const void *dy, const void *x, int dt, const float *mean,
@@ -35,14 +35,14 @@ __global__ void layernorm_dx_kernel(void *dx, const void *dy, const void *x, int
     uint64_t r = blockIdx.x, base = r * n;
     float mu = mean[r], rs = rstd[r], a = 0.0f, bb = 0.0f;
     for (uint64_t j = threadIdx.x; j < n; j += blockDim.x) {
-        float xh = (ldf(x, dt, base + j) - mu) * rs, dxh = ldf(dy, dt, base + j) * ldf(g, pdt, j);
+        float xh = (ldf(x, dt, base + j) - mu) * rs, dxh = ldf(dy, dt, base + j) * (g ? ldf(g, pdt, j) : 1.0f);
         a += dxh;
         bb += dxh * xh;
     }
     a = block_sum(a) / (float)n;
     bb = block_sum(bb) / (float)n;
     for (uint64_t j = threadIdx.x; j < n; j += blockDim.x) {
-        float xh = (ldf(x, dt, base + j) - mu) * rs, dxh = ldf(dy, dt, base + j) * ldf(g, pdt, j);
+        float xh = (ldf(x, dt, base + j) - mu) * rs, dxh = ldf(dy, dt, base + j) * (g ? ldf(g, pdt, j) : 1.0f);
         accf(dx, dt, base + j, rs * (dxh - a - xh * bb));
     }
 }

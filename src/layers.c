@@ -735,8 +735,6 @@ static struct val lower_layernorm_variant(struct bld *B, struct val x, const str
     enum mp_dtype xdt = dt_of(B, x), hdt = B->p->compute_dtype;
     char cn[64];
     if (l->ln_plain) {
-        /* the executors' layernorm runs with a weight */
-        B->p->probe_unsupported = "OLMo's LayerNorm without weight or bias";
         snprintf(cn, sizeof cn, "%s.float", name);
         struct val y = layernorm_node(B, xdt == MP_DT_F32 ? x : cast_to(B, x, MP_DT_F32, cn), dim, -1, -1, name);
         snprintf(cn, sizeof cn, "%s.to_%s", name, mp_dtype_str(xdt));

@@ -646,7 +646,8 @@ static enum mp_status layernorm_run(struct mp_node_view *c, bool fwd)
     const struct mp_node *n = c->n;
     struct mp_exec *x = c->x;
     NEED(c->in[0]);
-    NEED(c->w);
+    if (n->param[0] >= 0) /* none: OLMo's LayerNorm (the kernels take a NULL weight as 1) */
+        NEED(c->w);
     struct mp_view st0 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_MEAN) : xr(c, MP_XR_BN_MEAN);
     struct mp_view st1 = n->prim == MP_P_LAYERNORM ? xr(c, MP_XR_RSTD) : xr(c, MP_XR_BN_INVSTD);
     NEED(st0);

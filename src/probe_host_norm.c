@@ -15,8 +15,9 @@ enum mp_status mp_host_layernorm_fwd(struct mp_node_view *c)
     NEED(xr(c, MP_XR_MEAN));
     NEED(xr(c, MP_XR_RSTD));
     FGET(x, c->in[0]);
-    FGET(g, c->w);
-    float *be = NULL;
+    float *g = NULL, *be = NULL; /* no weight (OLMo's LayerNorm): 1 */
+    if (n->param[0] >= 0 && !(g = fget(c, c->w)))
+        return c->w.p ? nomem(c) : missing(c, "c->w");
     if (n->param[1] >= 0 && !(be = fget(c, c->b)))
         return nomem(c);
     float *mean = xr(c, MP_XR_MEAN).p, *rstd = xr(c, MP_XR_RSTD).p;
@@ -33,7 +34,7 @@ enum mp_status mp_host_layernorm_fwd(struct mp_node_view *c)
         mean[r] = (float)mu;
         rstd[r] = rs;
         for (uint64_t j = 0; j < N; j++)
-            y[r * N + j] = (xr[j] - (float)mu) * rs * g[j] + (be ? be[j] : 0.0f);
+            y[r * N + j] = (xr[j] - (float)mu) * rs * (g ? g[j] : 1.0f) + (be ? be[j] : 0.0f);
     }
     fstore(c->out, y, M * N);
     return MP_OK;
@@ -47,7 +48,9 @@ enum mp_status mp_host_layernorm_bwd(struct mp_node_view *c)
         return MP_OK;
     FGET(dy, c->gout);
     FGET(x, c->in[0]);
-    FGET(g, c->w);
+    float *g = NULL;
+    if (n->param[0] >= 0 && !(g = fget(c, c->w)))
+        return c->w.p ? nomem(c) : missing(c, "c->w");
     NEED(xr(c, MP_XR_MEAN));
     NEED(xr(c, MP_XR_RSTD));
     const float *mean = xr(c, MP_XR_MEAN).p, *rstd = xr(c, MP_XR_RSTD).p;
@@ -57,7 +60,7 @@ enum mp_status mp_host_layernorm_bwd(struct mp_node_view *c)
     for (uint64_t r = 0; r < M; r++) {
         double a = 0, bsum = 0;
         for (uint64_t j = 0; j < N; j++) {
-            float xh = (x[r * N + j] - mean[r]) * rstd[r], dxh = dy[r * N + j] * g[j];
+            float xh = (x[r * N + j] - mean[r]) * rstd[r], dxh = dy[r * N + j] * (g ? g[j] : 1.0f);
             a += dxh;
             bsum += (double)dxh * xh;
             dg[j] += dy[r * N + j] * xh;
@@ -66,7 +69,7 @@ enum mp_status mp_host_layernorm_bwd(struct mp_node_view *c)
         a /= (double)N;
         bsum /= (double)N;
         for (uint64_t j = 0; j < N; j++) {
-            float xh = (x[r * N + j] - mean[r]) * rstd[r], dxh = dy[r * N + j] * g[j];
+            float xh = (x[r * N + j] - mean[r]) * rstd[r], dxh = dy[r * N + j] * (g ? g[j] : 1.0f);
             dx[r * N + j] = rstd[r] * (dxh - (float)a - xh * (float)bsum);
         }
     }

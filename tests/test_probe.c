@@ -443,6 +443,35 @@ static void test_peak_equals_estimate_test_models(void **state)
     print_message("  %zu peaks equal\n", peaks_checked);
 }
 
+/* The HF families of session 4 (tiny configs, 16 positions): OLMo's weightless LayerNorm and
+ * clip_qkv clamps, Nemotron's LayerNorm1P, HunYuan's q/k norms after the rotary, Apertus's xIELU,
+ * Ministral's layer types: the host executor's peak equals the estimate. */
+static void test_peak_equals_estimate_hf_families(void **state)
+{
+    (void)state;
+    static const char *const cfgs[] = {
+        "{\"model_type\": \"olmo\", \"clip_qkv\": 8.0",
+        "{\"model_type\": \"nemotron\", \"head_dim\": 8",
+        "{\"model_type\": \"hunyuan_v1_dense\", \"head_dim\": 8",
+        "{\"model_type\": \"apertus\"",
+        "{\"model_type\": \"ministral\", \"head_dim\": 8, \"sliding_window\": 8, "
+        "\"layer_types\": [\"sliding_attention\", \"full_attention\"]",
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json, "%s, \"vocab_size\": 11, \"hidden_size\": 16, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 2, \"num_key_value_heads\": 2, \"intermediate_size\": 24, "
+                 "\"max_position_embeddings\": 16}", cfgs[i]);
+        struct mp_model m;
+        struct mp_diag d = {{0}};
+        mp_model_init(&m);
+        if (mp_model_load_string(&m, json, strlen(json), "cfg.json", &d) != MP_OK)
+            fail_msg("%s", d.msg);
+        check_peaks(cfgs[i], &m, 2, -1);
+        mp_model_release(&m);
+    }
+}
+
 /* ---- out of memory ---------------------------------------------------------------------------- */
 
 static void test_oom_just_below_peak(void **state)
@@ -804,6 +833,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_same_grads),
         cmocka_unit_test(test_peak_equals_estimate_bundled),
         cmocka_unit_test(test_peak_equals_estimate_test_models),
+        cmocka_unit_test(test_peak_equals_estimate_hf_families),
         cmocka_unit_test(test_oom_just_below_peak),
         cmocka_unit_test(test_loss_falls_tiny_test),
         cmocka_unit_test(test_loss_falls_adam8bit_blockwise),
