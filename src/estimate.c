@@ -1450,7 +1450,7 @@ static uint64_t fold_entity_weight(const struct counter *c, const struct mp_even
     case MP_ST_TMP: b = ev->id >= 0 && (size_t)ev->id < p->n_nodes ? p->nodes[ev->id].block : -1; break;
     default: break;
     }
-    return b >= 0 && (size_t)b < c->fm->f->n ? c->fm->f->weight[b] : 1;
+    return mp_fold_weight(c->fm->f, b);
 }
 
 static enum mp_status fold_event(void *ctx, const struct mp_event *ev)
@@ -1849,26 +1849,31 @@ static bool fold_mul(uint64_t a, uint64_t w, uint64_t *acc)
     return mp_mul_u64(a, w, &m) && mp_add_u64(*acc, m, acc);
 }
 
-/* What does not depend on the schedule, for the full model: each parameter and block of a
- * weighted short block counted weight times. */
-static enum mp_status fold_static(const struct mp_fold *f, const struct mp_program *p, const struct mp_train_opts *t,
-                                  struct mp_estimate *e, struct mp_diag *d)
+/* Can fold f's short program p stand for the full model (before its replay)?  Data parallelism
+ * and tensors held across blocks are not folded; each weighted block must be a verified copy. */
+static bool fold_admits(const struct mp_fold *f, const struct mp_program *p, const struct mp_train_opts *t)
+{
+    return !t->par && !p->n_held && mp_fold_copied(f, p);
+}
+
+enum mp_status mp_estimate_static_folded(const struct mp_fold *f, const struct mp_program *p,
+                                         const struct mp_train_opts *t, struct mp_estimate *e, bool *holds,
+                                         struct mp_diag *d)
 {
     memset(e, 0, sizeof *e);
-    bool ok = true;
-    uint64_t total_grad = 0, largest_grad = 0;
+    *holds = fold_admits(f, p, t);
+    if (!*holds)
+        return MP_OK;
+    uint64_t total_grad = 0, largest_grad = 0, adapter;
+    bool ok = mp_fold_counts(f, p, &e->params, &e->trainable_params, &adapter);
     for (size_t q = 0; q < p->n_params; q++) {
         const struct mp_param *pq = &p->params[q];
-        uint64_t w = pq->block >= 0 && (size_t)pq->block < f->n ? f->weight[pq->block] : 1;
-        uint64_t g = mp_param_grad_bytes(pq);
+        uint64_t w = mp_fold_weight(f, pq->block), g = mp_param_grad_bytes(pq);
         ok = ok && fold_mul(pq->raw_bytes, w, &e->weights_bytes) && fold_mul(g, w, &e->grads_bytes) &&
-             fold_mul(mp_opt_state_bytes(p, t->optimizer, pq), w, &e->optimizer_bytes) &&
-             fold_mul(g, w, &total_grad) && (!pq->trainable || fold_mul(pq->elems, w, &e->trainable_params));
+             fold_mul(mp_opt_state_bytes(p, t->optimizer, pq), w, &e->optimizer_bytes) && fold_mul(g, w, &total_grad);
         largest_grad = mp_max_u64(largest_grad, g);
     }
-    e->params = p->total_params;
-    for (size_t j = 0; j < p->n_blocks && j < f->n; j++) {
-        ok = ok && fold_mul(p->blocks[j].params, f->weight[j] - 1, &e->params);
+    for (size_t j = 0; j < p->n_blocks; j++) {
         e->fwd_flops += (double)f->weight[j] * p->blocks[j].fwd_flops;
         e->bwd_flops += (double)f->weight[j] * p->blocks[j].bwd_flops;
     }
@@ -1892,18 +1897,16 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
 {
     *holds = false;
     memset(e, 0, sizeof *e);
-    if (t->par || p->n_held || p->n_blocks != f->n)
+    if (!fold_admits(f, p, t))
         return MP_OK;
     uint64_t nodes = p->n_nodes;
-    for (size_t j = 0; j < f->n; j++) {
-        if (f->weight[j] > 1 && !p->copied[j])
-            return MP_OK; /* not a verified copy of the block before: the fold may not hold */
+    for (size_t j = 0; j < f->n; j++)
         if (!fold_mul(p->blocks[j].n_nodes, f->weight[j] - 1, &nodes))
             return MP_OK;
-    }
     if (!t->skip_reserved && nodes <= MP_ASIM_MAX_NODES)
         return MP_OK; /* the full model is small enough for the allocator model: replay it */
-    enum mp_status st = fold_static(f, p, t, e, d);
+    bool admitted; /* (it is: fold_admits above) */
+    enum mp_status st = mp_estimate_static_folded(f, p, t, e, &admitted, d);
     if (st != MP_OK)
         return st;
     struct fold_meter m = {.f = f, .w = 1, .per_param_opt = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW};

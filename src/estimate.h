@@ -162,6 +162,12 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
                                       uint64_t context_bytes, const struct mp_chain *chain, struct mp_estimate *e,
                                       bool *holds, struct mp_diag *d);
 
+/* mp_estimate_static for the full model of fold f, from f's short program p, without a replay.
+ * *holds false (and MP_OK): the fold does not hold for p (as mp_estimate_run_folded says). */
+enum mp_status mp_estimate_static_folded(const struct mp_fold *f, const struct mp_program *p,
+                                         const struct mp_train_opts *t, struct mp_estimate *e, bool *holds,
+                                         struct mp_diag *d);
+
 /* The checkpoint chain of p (rotor notation, bytes rounded to 512, costs in FLOPs):
  * per block forward/backward FLOPs, input sizes, what a forward with grad keeps,
  * and forward/backward transients, measured by replaying each block alone. */

@@ -247,6 +247,38 @@ bool mp_fold_expand_chain(const struct mp_fold *f, const struct mp_chain *sc, st
     return true;
 }
 
+bool mp_fold_copied(const struct mp_fold *f, const struct mp_program *p)
+{
+    if (p->n_blocks != f->n)
+        return false;
+    for (size_t j = 0; j < f->n; j++)
+        if (f->weight[j] > 1 && !p->copied[j])
+            return false;
+    return true;
+}
+
+uint64_t mp_fold_weight(const struct mp_fold *f, int j) { return j >= 0 && (size_t)j < f->n ? f->weight[j] : 1; }
+
+bool mp_fold_counts(const struct mp_fold *f, const struct mp_program *p, uint64_t *total, uint64_t *trainable,
+                    uint64_t *adapter)
+{
+    uint64_t x;
+    bool ok = true;
+    *total = p->total_params, *trainable = 0, *adapter = p->adapter_params;
+    for (size_t j = 0; ok && j < f->n && j < p->n_blocks; j++) {
+        const struct mp_block_prog *bp = &p->blocks[j];
+        uint64_t w = f->weight[j], adapter_j = 0;
+        for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++)
+            adapter_j += p->params[q].adapter ? p->params[q].elems : 0;
+        ok = mp_mul_u64(bp->params, w - 1, &x) && mp_add_u64(*total, x, total) &&
+             mp_mul_u64(adapter_j, w - 1, &x) && mp_add_u64(*adapter, x, adapter);
+    }
+    for (size_t q = 0; ok && q < p->n_params; q++)
+        ok = !p->params[q].trainable || (mp_mul_u64(p->params[q].elems, mp_fold_weight(f, p->params[q].block), &x) &&
+                                         mp_add_u64(*trainable, x, trainable));
+    return ok;
+}
+
 enum mp_status mp_fold_report_program(const struct mp_model *m, const struct mp_build_opts *o, struct mp_program *p,
                                       struct mp_diag *d)
 {
@@ -255,28 +287,12 @@ enum mp_status mp_fold_report_program(const struct mp_model *m, const struct mp_
     enum mp_status st = mp_fold_make(m, NULL, &f, d);
     if (st != MP_OK)
         return st;
-    bool holds = f.folded > 0 && (st = mp_program_build(&f.model, o, p, d)) == MP_OK;
-    for (size_t j = 0; holds && j < f.n; j++)
-        holds = f.weight[j] == 1 || p->copied[j];
+    uint64_t total, trainable, adapter;
+    bool holds = f.folded > 0 && (st = mp_program_build(&f.model, o, p, d)) == MP_OK && mp_fold_copied(&f, p) &&
+                 mp_fold_counts(&f, p, &total, &trainable, &adapter);
     if (holds) {
-        uint64_t total = p->total_params, trainable = 0, adapter = p->adapter_params, x;
-        for (size_t j = 0; holds && j < f.n; j++) {
-            const struct mp_block_prog *bp = &p->blocks[j];
-            uint64_t w = f.weight[j], adapter_j = 0;
-            for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++)
-                adapter_j += p->params[q].adapter ? p->params[q].elems : 0;
-            holds = mp_mul_u64(bp->params, w - 1, &x) && mp_add_u64(total, x, &total) &&
-                    mp_mul_u64(adapter_j, w - 1, &x) && mp_add_u64(adapter, x, &adapter);
-        }
-        for (size_t q = 0; holds && q < p->n_params; q++) {
-            int b = p->params[q].block;
-            uint64_t w = b >= 0 && (size_t)b < f.n ? f.weight[b] : 1;
-            holds = !p->params[q].trainable || (mp_mul_u64(p->params[q].elems, w, &x) && mp_add_u64(trainable, x, &trainable));
-        }
-        if (holds) {
-            p->total_params = total, p->trainable_params = trainable, p->adapter_params = adapter;
-            p->model = m;
-        }
+        p->total_params = total, p->trainable_params = trainable, p->adapter_params = adapter;
+        p->model = m;
     }
     if (!holds && st == MP_OK && p->blocks)
         mp_program_release(p);

@@ -60,6 +60,19 @@ enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *
 bool mp_fold_expand_chain(const struct mp_fold *f, const struct mp_chain *shortc, struct mp_chain *full,
                           enum mp_status *st);
 
+/* Was each weighted block of f's short program p (lowered from f.model) made as a verified copy
+ * of the block before (mp_program.copied)?  The fold cannot hold otherwise. */
+bool mp_fold_copied(const struct mp_fold *f, const struct mp_program *p);
+
+/* The full model's parameter counts from f's short program p: all (total_params), trainable and
+ * LoRA adapter elements, each block of a weighted short block counted weight times.  false: they
+ * overflow 64 bits. */
+bool mp_fold_counts(const struct mp_fold *f, const struct mp_program *p, uint64_t *total, uint64_t *trainable,
+                    uint64_t *adapter);
+
+/* How many full blocks short block j (or -1: no block) stands for. */
+uint64_t mp_fold_weight(const struct mp_fold *f, int j);
+
 /* For a report of m at o: the short program of m's no-checkpoint fold, with its parameter
  * counts (total_params, trainable_params, adapter_params) and model the full model's: what a
  * report reads of a program (counts, options, a parameter's shape), without lowering every

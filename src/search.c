@@ -137,15 +137,6 @@ static enum mp_status ev_none_fold(struct evalr *ev, struct mp_diag *d)
     return st;
 }
 
-/* Does every weighted block of fold f's short program p come from a verified copy? */
-static bool fold_copied(const struct mp_fold *f, const struct mp_program *p)
-{
-    for (size_t j = 0; j < f->n && j < p->n_blocks; j++)
-        if (f->weight[j] > 1 && !p->copied[j])
-            return false;
-    return p->n_blocks == f->n;
-}
-
 /* The chain (or only its marks, for a fixed plan's verdict). */
 static enum mp_status ev_chain(struct evalr *ev, bool marks_only, struct mp_chain *c, struct mp_diag *d)
 {
@@ -160,7 +151,7 @@ static enum mp_status ev_chain(struct evalr *ev, bool marks_only, struct mp_chai
         if ((st = ev_none_fold(ev, d)) != MP_OK)
             return st;
         struct mp_chain sc;
-        if (fold_copied(&ev->nf, &ev->nprog) && !ev->nprog.n_held) {
+        if (mp_fold_copied(&ev->nf, &ev->nprog) && !ev->nprog.n_held) {
             if ((st = mp_estimate_chain(&ev->nprog, &sc, d)) != MP_OK)
                 return st;
             bool held = mp_fold_expand_chain(&ev->nf, &sc, c, &st);
@@ -185,8 +176,8 @@ static enum mp_status ev_static(struct evalr *ev, struct mp_estimate *e, struct 
     if (ev->fold) {
         if ((st = ev_none_fold(ev, d)) != MP_OK)
             return st;
-        bool holds; /* the figures of the fold's replay include the static ones */
-        st = mp_estimate_run_folded(&ev->nf, &ev->nprog, NULL, &ev->job->train, 0, NULL, e, &holds, d);
+        bool holds;
+        st = mp_estimate_static_folded(&ev->nf, &ev->nprog, &ev->job->train, e, &holds, d);
         if (st != MP_OK || holds)
             return st;
         ev->fold = false;
