@@ -98,7 +98,7 @@ struct evalr {
 static bool fold_wanted(const struct mp_job *job)
 {
     const struct mp_model *m = job->model;
-    if (job->fold < 0 || job->keep_program || job->train.par || m->enc_dec || job->build.ft.mode == MP_FT_FREEZE)
+    if (job->fold < 0 || job->keep_program || m->enc_dec || job->build.ft.mode == MP_FT_FREEZE)
         return false;
     return job->fold > 0 || m->n_blocks >= MP_FIT_FOLD_BLOCKS;
 }
@@ -461,6 +461,8 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     j.ckpt = c->ckpt;
     j.build.batch = b;
     j.train.accumulate = accum > 1;
+    j.train.skip_reserved = true; /* suggest reports allocated bytes; the allocator model would
+                                   * only cost time (and keep long models from folding) */
     mp_fit_release(&c->fit);
     enum mp_status st = mp_fit_eval(&j, &c->fit, d);
     if (st != MP_OK) {
@@ -783,6 +785,8 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64
         par->strategy = shard[k];
         struct mp_job j = *base;
         j.train.par = par;
+        j.train.skip_reserved = true; /* a verdict on allocated bytes, as the search's */
+        j.verdict_only = true;
         j.build.batch = 1;
         j.build.precision = prec;
         j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
@@ -971,11 +975,13 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     bool bf16_only;
     s->best = choose_best(s, o, &bf16_only);
     char world_alt[160] = "";
+    bool no_world = false; /* no world up to 128 nodes fits either */
     if (s->best < 0 && !base->train.par && !o->par_search) {
         /* does not fit one GPU: the smallest world (8 GPUs per node) where a sharding strategy
          * fits micro-batch 1 with every block checkpointed, then the full search there */
         struct mp_parallel par;
         uint64_t w = smallest_world(base, precs[0], &par, d);
+        no_world = !w;
         if (w) {
             struct mp_job wj = *base;
             wj.train.par = &par;
@@ -1019,6 +1025,8 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
         j.build.batch = 1;
         j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
         j.build.precision = o->precision_fixed ? o->precision : precs[0];
+        j.train.skip_reserved = true; /* verdicts on allocated bytes, as the search's */
+        j.verdict_only = true;
         struct mp_fit f;
         j.train.optimizer = MP_OPT_ADAM8BIT;
         if (base->train.optimizer != MP_OPT_ADAM8BIT && mp_fit_eval(&j, &f, d) == MP_OK) {
@@ -1095,9 +1103,11 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
             free(gpus);
         }
         if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
-            snprintf(s->alternatives[s->n_alternatives++], 160,
-                     "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
-                     "optimizer state across GPUs (FSDP/ZeRO) or offload");
+            snprintf(s->alternatives[s->n_alternatives++], 160, "%s",
+                     no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
+                                "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
+                              : "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
+                                "optimizer state across GPUs (FSDP/ZeRO) or offload");
         if (any_fit)
             snprintf(s->note, sizeof s->note, "the estimate said it fits but the probes ran out of memory at every "
                                               "batch they tried; rerun with a larger --margin");
