@@ -57,7 +57,7 @@ static enum mp_status make_cuts(const struct mp_model *m, const struct mp_schedu
     size_t N = m->n_blocks, rs = 0;
     cut[0] = cut[N] = true;
     for (size_t i = 0; i < N; i++) {
-        if (i == 0 || m->blocks[i].repeat_group <= 0 || !m->blocks[i].same_as_prev)
+        if (i == 0 || m->blocks[i].repeat_group <= 0 || m->blocks[i].period != 1)
             rs = i;
         if (i - rs <= 3)
             cut[i] = true;

@@ -3256,12 +3256,14 @@ enum mp_status mp_program_rebuild(const struct mp_model *m, const struct mp_buil
 /* ---- copies of a repeated block ---------------------------------------------------------------
  *
  * A run of identical blocks (a "repeat") lowers to the same tensors, nodes and parameters each
- * time, shifted: ids by the block's counts, names by the block's name.  After a copy has been
- * lowered and found to be exactly the shift of the copy before it, from the same builder state
- * and leaving that state as it was, the next copies are made by shifting instead of lowering
- * (a 100,000-block model builds in the time it takes to copy its arrays).  Anything else (a
- * first copy, frozen and trained copies, a name that would be cut, state a layer keeps per
- * block) is lowered as usual. */
+ * time, shifted: ids by the block's counts, names by the block's name.  So does a run of
+ * blocks that repeat with a period p (mp_block.period: layers that alternate, sliding and
+ * global attention), each block the shift of the block p before it, ids by the counts of the p
+ * blocks from that one.  After a block has been lowered and found to be exactly the shift of
+ * the block it repeats, from the same builder state and leaving that state as it was, the block
+ * p after it is made by shifting instead of lowering (a 100,000-block model builds in the time
+ * it takes to copy its arrays).  Anything else (a first copy, frozen and trained copies, a name
+ * that would be cut, state a layer keeps per block) is lowered as usual. */
 
 /* What block i made: its ranges in the program's arrays and the totals it added. */
 struct span {
@@ -3295,12 +3297,22 @@ static void take_state(const struct bld *B, struct state *s)
 
 static bool same_state(const struct state *a, const struct state *b) { return memcmp(a, b, sizeof *a) == 0; }
 
-/* The shift from span s (block s->i) to block i, whose input is tensor in_to. */
+/* What a block made and the state before it, kept for a block that repeats it. */
+struct past {
+    struct span sp;  /* sp.ok: made without failure */
+    struct state st; /* the state before it */
+    unsigned per;    /* it is the exact shift of the block per before it (lowered and verified, or
+                        copied); 0: not */
+};
+
+/* The shift from span s (block s->i) to block i, whose input is tensor in_to and whose first
+ * tensor and parameter are dt and dq past s's (the sizes of the blocks s->i to i - 1). */
 struct shift {
     const struct span *s;
     const struct mp_model *m;
     size_t to;
     int in_to;
+    size_t dt, dq;
 };
 
 static int sh_t(const struct shift *h, int id)
@@ -3310,13 +3322,13 @@ static int sh_t(const struct shift *h, int id)
     if (id == h->s->in.t)
         return h->in_to;
     if ((size_t)id >= h->s->t0 && (size_t)id < h->s->t1)
-        return id + (int)(h->s->t1 - h->s->t0);
+        return id + (int)h->dt;
     return id;
 }
 
 static int sh_q(const struct shift *h, int id)
 {
-    return id >= 0 && (size_t)id >= h->s->q0 && (size_t)id < h->s->q1 ? id + (int)(h->s->q1 - h->s->q0) : id;
+    return id >= 0 && (size_t)id >= h->s->q0 && (size_t)id < h->s->q1 ? id + (int)h->dq : id;
 }
 
 /* name with the block name of s replaced by block to's: *rest is what follows the block's name
@@ -3390,9 +3402,9 @@ static void sh_param(const struct shift *h, struct mp_param *q)
 static bool is_shift(const struct mp_program *p, const struct mp_model *m, const struct span *a, const struct span *b)
 {
     if (b->t1 - b->t0 != a->t1 - a->t0 || b->n1 - b->n0 != a->n1 - a->n0 || b->q1 - b->q0 != a->q1 - a->q0 ||
-        b->t0 != a->t1 || b->n0 != a->n1 || b->q0 != a->q1 || b->total != a->total || b->adapter != a->adapter)
+        b->t0 < a->t1 || b->n0 < a->n1 || b->q0 < a->q1 || b->total != a->total || b->adapter != a->adapter)
         return false;
-    struct shift h = {.s = a, .m = m, .to = b->i, .in_to = b->in.t};
+    struct shift h = {.s = a, .m = m, .to = b->i, .in_to = b->in.t, .dt = b->t0 - a->t0, .dq = b->q0 - a->q0};
     if (p->blocks[b->i].output != sh_t(&h, p->blocks[a->i].output))
         return false;
     for (size_t k = 0; k < a->t1 - a->t0; k++) {
@@ -3488,7 +3500,7 @@ static const char *copy_name(struct bld *B, const struct shift *h, const char *n
 static bool copy_block(struct bld *B, const struct span *a, size_t i, struct val x)
 {
     struct mp_program *p = B->p;
-    struct shift h = {.s = a, .m = B->m, .to = i, .in_to = x.t};
+    struct shift h = {.s = a, .m = B->m, .to = i, .in_to = x.t, .dt = p->n_tensors - a->t0, .dq = p->n_params - a->q0};
     size_t nt = a->t1 - a->t0, nn = a->n1 - a->n0, nq = a->q1 - a->q0;
     const char *rest;
     /* a's names fit with a's block name (they were checked when a was found to be a shift, or
@@ -3549,10 +3561,11 @@ static bool same_val(const struct mp_program *p, struct val a, struct val b)
 
 /* Lowers m into p, whose arrays may hold memory from an earlier program (their slots are
  * written afresh: new_val, new_node and new_param clear each one).  check_only: only whether
- * the layers chain (mp_program_check); a block that repeats the block before it, lowered at
- * least twice already, each time from and to this same input, lowers the same way again and
- * is skipped (its slot in p->blocks stays empty).  Otherwise a block may be a copy of the block
- * before it (see "copies of a repeated block" above; not with o->no_copies). */
+ * the layers chain (mp_program_check); a block that repeats the block its period before it (or
+ * the block before), where the run's last two periods of blocks were lowered each from and to
+ * this same input, lowers the same way again and is skipped (its slot in p->blocks stays
+ * empty).  Otherwise a block may be a copy of the block it repeats (see "copies of a repeated
+ * block" above; not with o->no_copies). */
 static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
                                     struct mp_program *p, struct mp_diag *d)
 {
@@ -3610,14 +3623,19 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
             n_rep++;
             last_rep = (long)i;
         }
-    unsigned fixed = 0; /* check_only: copies of this block lowered in a row, each from and to x */
+    unsigned fixed = 0; /* check_only: blocks of this run lowered in a row, each from and to x */
+    size_t last_per = 0;
     struct val fixed_x = x;
     bool copies = !check_only && !o->no_copies;
-    struct span prev = {.ok = false};
-    struct state st_cur, st_prev;
-    bool verified = false; /* block i-1 is the exact shift of block i-2, from and to the same state */
-    unsigned misses = 0;   /* verifications of this run that failed: after two, its blocks are lowered
-                            * (each one copies what was built before: a long run must not repeat it) */
+    /* what the last MP_PERIOD_MAX + 1 blocks made, for copies of them (copies only) */
+    struct past *ring = copies ? calloc(MP_PERIOD_MAX + 1, sizeof *ring) : NULL;
+    if (copies && !ring) {
+        mp_program_release(p);
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+    }
+    struct state st_cur;
+    unsigned misses = 0; /* verifications of this run that failed: after two, its blocks are lowered
+                          * (each one copies what was built before: a long run must not repeat it) */
     for (size_t i = 0; i < m->n_blocks && !failed(&B); i++) {
         const struct mp_block *blk = &m->blocks[i];
         struct mp_block_prog *bp = &p->blocks[i];
@@ -3625,8 +3643,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         /* freeze: numbers name decoder blocks (the repeated ones, as HF's layers.N); without
          * repeated blocks, every block by its index */
         long rep = n_rep == 0 ? (long)i : blk->repeat_group > 0 ? rep_seen++ : -1;
-        bool again = i > 0 && same_block(blk, &m->blocks[i - 1]);
-        if (check_only && again && fixed >= 2 && same_val(p, x, fixed_x))
+        /* the block this one repeats: per blocks before (its period; else the one before) */
+        size_t per = blk->period && blk->period <= MP_PERIOD_MAX ? blk->period : 1;
+        bool again = i >= per && same_block(blk, &m->blocks[i - per]);
+        if (check_only && again && per == last_per && fixed >= 2 * per && same_val(p, x, fixed_x))
             continue;
         struct val in = x;
         B.trained = mp_finetune_block_trained(&o->ft, rep, n_rep > 0 && (long)i > last_rep);
@@ -3640,15 +3660,21 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
             take_state(&B, &st_cur);
         if (!again)
             misses = 0;
-        bool same_as_prev = copies && again && misses < 2 && prev.ok && same_state(&st_cur, &st_prev) &&
-                            same_val(p, x, prev.in);
-        bool copied = same_as_prev && verified && copy_block(&B, &prev, i, x), tried = same_as_prev && !copied;
+        const struct past *src = copies && again ? &ring[(i - per) % (MP_PERIOD_MAX + 1)] : NULL;
+        bool same_as_prev = src && misses < 2 && src->sp.ok && src->sp.i == i - per &&
+                            same_state(&st_cur, &src->st) && same_val(p, x, src->sp.in);
+        struct shift h = {.s = src ? &src->sp : NULL, .m = m, .to = i, .in_to = x.t};
+        if (src) {
+            h.dt = p->n_tensors - src->sp.t0;
+            h.dq = p->n_params - src->sp.q0;
+        }
+        bool copied = same_as_prev && src->per == per && copy_block(&B, &src->sp, i, x),
+             tried = same_as_prev && !copied;
         if (copied) {
             p->copied_blocks++;
             p->copied[i] = true;
-            struct shift h = {.s = &prev, .m = m, .to = i, .in_to = x.t};
-            x = prev.out;
-            x.t = sh_t(&h, prev.out.t);
+            x = src->sp.out;
+            x.t = sh_t(&h, src->sp.out.t);
         } else {
             struct before before = {.ok = false};
             if (same_as_prev)
@@ -3662,8 +3688,9 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         }
         if (check_only && !failed(&B)) {
             bool to_itself = same_val(p, in, x);
-            fixed = !to_itself ? 0 : again && fixed && same_val(p, in, fixed_x) ? fixed + 1 : 1;
+            fixed = !to_itself ? 0 : again && per == last_per && fixed && same_val(p, in, fixed_x) ? fixed + 1 : 1;
             fixed_x = x;
+            last_per = per;
         }
         bp->output = x.t;
         bp->n_nodes = p->n_nodes - bp->node0;
@@ -3676,20 +3703,25 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
             cur.total = p->total_params - total0;
             cur.adapter = p->adapter_params - adapter0;
             cur.ok = true;
-            if (!copied) { /* lowered: is it the block before, shifted, and did it leave the state as it was? */
+            unsigned ver = copied ? (unsigned)per : 0;
+            if (!copied) { /* lowered: is it the block it repeats, shifted, and did it leave the state as it was? */
                 struct state after;
                 take_state(&B, &after);
-                verified = same_as_prev && same_state(&after, &st_cur) && is_shift(p, m, &prev, &cur);
+                bool verified = same_as_prev && same_state(&after, &st_cur) && is_shift(p, m, &src->sp, &cur);
+                ver = verified ? (unsigned)per : 0;
                 misses += tried && !verified;
             }
-            prev = cur;
-            st_prev = st_cur;
+            struct past *me = &ring[i % (MP_PERIOD_MAX + 1)];
+            me->sp = cur;
+            me->st = st_cur;
+            me->per = ver;
         }
         if (!failed(&B) && p->explicit_loss && i + 1 < m->n_blocks) {
             B.layer = NULL;
             fail_model(&B, MP_ERR_MODEL, "the loss (lm_head or classifier) must be in the last block");
         }
     }
+    free(ring);
     if (failed(&B)) {
         enum mp_status st = B.st;
         mp_program_release(p);

@@ -196,11 +196,72 @@ bool mp_model_has_attention(const struct mp_model *m)
     return false;
 }
 
+/* A hash of a block's layers (FNV-1a over their bytes, a word at a time). */
+static uint64_t block_hash(const struct mp_block *b)
+{
+    uint64_t h = 1469598103934665603ULL ^ b->n_layers;
+    const unsigned char *c = (const unsigned char *)b->layers;
+    size_t n = b->n_layers * sizeof *b->layers;
+    for (size_t k = 0; k + 8 <= n; k += 8) {
+        uint64_t w;
+        memcpy(&w, c + k, sizeof w);
+        h = (h ^ w) * 1099511628211ULL;
+    }
+    for (size_t k = n - n % 8; k < n; k++)
+        h = (h ^ c[k]) * 1099511628211ULL;
+    return h;
+}
+
+static bool same_layers(const struct mp_block *a, const struct mp_block *b)
+{
+    return a->n_layers == b->n_layers &&
+           (!a->n_layers || memcmp(a->layers, b->layers, a->n_layers * sizeof *a->layers) == 0);
+}
+
+/* cls[i]: the first block with block i's layers; false: out of memory. */
+static bool block_classes(const struct mp_model *m, size_t *cls)
+{
+    size_t N = m->n_blocks, cap = 16;
+    while (cap < 2 * N)
+        cap *= 2;
+    size_t *slot = malloc(cap * sizeof *slot); /* a first block + 1, or 0: empty */
+    if (!slot)
+        return false;
+    memset(slot, 0, cap * sizeof *slot);
+    for (size_t i = 0; i < N; i++) {
+        size_t k = (size_t)block_hash(&m->blocks[i]) & (cap - 1);
+        while (slot[k] && !same_layers(&m->blocks[slot[k] - 1], &m->blocks[i]))
+            k = (k + 1) & (cap - 1);
+        if (!slot[k])
+            slot[k] = i + 1;
+        cls[i] = slot[k] - 1;
+    }
+    free(slot);
+    return true;
+}
+
 void mp_model_mark_copies(struct mp_model *m)
 {
-    for (size_t i = 0; i < m->n_blocks; i++) {
-        const struct mp_block *a = i ? &m->blocks[i - 1] : NULL, *b = &m->blocks[i];
-        m->blocks[i].same_as_prev = a && a->n_layers == b->n_layers &&
-                                    (!a->n_layers || memcmp(a->layers, b->layers, a->n_layers * sizeof *a->layers) == 0);
+    size_t N = m->n_blocks;
+    for (size_t i = 0; i < N; i++)
+        m->blocks[i].period = 0;
+    size_t *cls = malloc((N ? N : 1) * sizeof *cls);
+    if (!cls || !block_classes(m, cls)) { /* no marks: only slower (nothing is copied or folded) */
+        free(cls);
+        return;
     }
+    for (size_t i = 0; i < N;) {
+        size_t best = 0, best_p = 0;
+        for (size_t p = 1; p <= MP_PERIOD_MAX && p <= i; p++) {
+            size_t len = 0;
+            while (i + len < N && cls[i + len] == cls[i + len - p])
+                len++;
+            if (len > best)
+                best = len, best_p = p;
+        }
+        for (size_t k = i; k < i + best; k++)
+            m->blocks[k].period = (unsigned)best_p;
+        i += best ? best : 1;
+    }
+    free(cls);
 }

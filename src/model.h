@@ -306,7 +306,10 @@ struct mp_block {
     struct mp_layer *layers;
     /* Blocks expanded from one "repeat" share a group id (>0); the table folds them. */
     int repeat_group;
-    bool same_as_prev;   /* its layers equal the block before's (mp_model_mark_copies) */
+    /* period p > 0: its layers equal block i - p's, in a run of blocks that repeat with period p
+     * (each the block p before it: 1 for copies in a row, 2 for alternating layers, 6 for
+     * Gemma-3's five sliding and one global); 0: none (mp_model_mark_copies) */
+    unsigned period;
 };
 
 enum mp_input_kind { MP_INPUT_TOKENS, MP_INPUT_IMAGE, MP_INPUT_BYTES };
@@ -343,7 +346,12 @@ struct mp_model {
 void mp_model_init(struct mp_model *m);
 void mp_model_release(struct mp_model *m);
 
-/* Sets each block's same_as_prev (the loaders call it). */
+/* The longest period mp_model_mark_copies looks for. */
+#define MP_PERIOD_MAX 64
+
+/* Sets each block's period (the loaders call it): from the first block on, the run that goes on
+ * longest from there with some period p <= MP_PERIOD_MAX (each block equal to the one p before
+ * it) marks its blocks p, the smallest p among the longest; a block no run starts at is 0. */
 void mp_model_mark_copies(struct mp_model *m);
 
 /* Appends a block with n_layers zeroed layers; returns it (NULL on overflow/alloc failure). */

@@ -115,10 +115,10 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
     else if ((st = check_duplicates(root, place, sizeof place, path, d)) == MP_OK)
         st = mp_json_is_hf(root) ? mp_model_from_hf(m, root, path, d) : mp_model_from_memplan(m, root, path, d);
     cJSON_Delete(root);
-    if (st == MP_OK)
+    if (st == MP_OK) {
+        mp_model_mark_copies(m); /* (the check skips copies of copies by their period) */
         st = mp_program_check(m, d);
-    if (st == MP_OK)
-        mp_model_mark_copies(m);
+    }
     if (st != MP_OK)
         mp_model_release(m);
     return st;

@@ -128,10 +128,8 @@ static void set_way(struct mp_build_opts *bo, int way)
 }
 #define N_WAYS 7
 
-static void check_copies(const char *path, size_t *copies)
+static void check_model_copies(const struct mp_model *m, const char *path, size_t *copies)
 {
-    struct mp_model m;
-    load_file(&m, path);
     for (int way = 0; way < N_WAYS; way++) {
         struct mp_build_opts bo;
         mp_build_opts_default(&bo);
@@ -140,9 +138,9 @@ static void check_copies(const char *path, size_t *copies)
         struct mp_program plain, copied;
         struct mp_diag d1 = {{0}}, d2 = {{0}};
         bo.no_copies = true;
-        enum mp_status s1 = mp_program_build(&m, &bo, &plain, &d1);
+        enum mp_status s1 = mp_program_build(m, &bo, &plain, &d1);
         bo.no_copies = false;
-        enum mp_status s2 = mp_program_build(&m, &bo, &copied, &d2);
+        enum mp_status s2 = mp_program_build(m, &bo, &copied, &d2);
         if (s1 != s2 || strcmp(d1.msg, d2.msg) != 0)
             fail_msg("%s way %d: %s (%s) against %s (%s)", path, way, mp_status_str(s1), d1.msg, mp_status_str(s2),
                      d2.msg);
@@ -157,6 +155,13 @@ static void check_copies(const char *path, size_t *copies)
             mp_program_release(&copied);
         }
     }
+}
+
+static void check_copies(const char *path, size_t *copies)
+{
+    struct mp_model m;
+    load_file(&m, path);
+    check_model_copies(&m, path, copies);
     mp_model_release(&m);
 }
 
@@ -193,6 +198,59 @@ static void test_build_copies_equal_lowering(void **state)
     struct mp_program p;
     build(&m, 1, MP_PREC_AMP_BF16, &p);
     assert_int_equal(p.copied_blocks, 10);
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
+/* Layers that alternate: each block repeats the one a period before it (mp_block.period), and
+ * the builder copies it from that one.  gemma-2-2b: 26 layers, sliding and global in turn
+ * (transformers' Gemma2 layer_types: every second layer full attention); blocks 1 and 2 are
+ * the first pair, 3 and 4 the second (lowered: the state before block 1 is not the state
+ * before block 3, the rotary tables and masks are made by the first layers), 5 and 6 lowered and
+ * found to be 3 and 4 shifted, then copied: blocks 7 to 26, and block 6 itself, 21 blocks. */
+static void test_build_copies_by_period(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/hf/gemma-2-2b.json");
+    assert_int_equal(m.n_blocks, 28);
+    for (size_t i = 0; i < m.n_blocks; i++)
+        assert_int_equal(m.blocks[i].period, i >= 3 && i <= 26 ? 2 : 0);
+    struct mp_program p;
+    build(&m, 1, MP_PREC_AMP_BF16, &p);
+    assert_int_equal(p.copied_blocks, 21);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    /* gemma-3-1b: five sliding layers and a global one (sliding_window_pattern 6): blocks 2 to
+     * 5 repeat the one before, 7 to 26 the one six before; of the fourth six, all are copies */
+    load_file(&m, "models/hf/gemma-3-1b.json");
+    assert_int_equal(m.n_blocks, 28);
+    for (size_t i = 0; i < m.n_blocks; i++)
+        assert_int_equal(m.blocks[i].period, i >= 2 && i <= 5 ? 1 : i >= 7 && i <= 26 ? 6 : 0);
+    build(&m, 1, MP_PREC_AMP_BF16, &p);
+    for (size_t i = 19; i <= 26; i++)
+        assert_true(p.copied[i]);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    /* a memplan model whose repeat holds three blocks, two alike: period 3 from block 4 on
+     * (blocks 1-3, 4-6, ...: a a b), copies equal to lowering every block, every way */
+    const char *json = "{\"input\": {\"shape\": [16]}, \"layers\": [{\"repeat\": 20, \"name\": \"h\", \"layers\": ["
+                       "{\"block\": \"a\", \"layers\": [{\"type\": \"linear\", \"in_features\": 16, \"out_features\": 16}]},"
+                       "{\"block\": \"a2\", \"layers\": [{\"type\": \"linear\", \"in_features\": 16, \"out_features\": 16}]},"
+                       "{\"block\": \"b\", \"layers\": [{\"type\": \"linear\", \"in_features\": 16, \"out_features\": 32},"
+                       "{\"type\": \"activation\", \"act\": \"gelu\"}, {\"type\": \"linear\", \"in_features\": 32, \"out_features\": 16}]}]}]}";
+    struct mp_diag d = {{0}};
+    if (mp_model_load_string(&m, json, strlen(json), "t.json", &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(m.n_blocks, 60);
+    assert_int_equal(m.blocks[1].period, 1);
+    for (size_t i = 3; i < 60; i++)
+        assert_int_equal(m.blocks[i].period, 3);
+    size_t copies = 0;
+    check_model_copies(&m, "t.json", &copies);
+    assert_true(copies > 0);
+    build(&m, 2, MP_PREC_AMP_BF16, &p);
+    assert_true(p.copied_blocks >= 60 - 4 * 3); /* the first four triples lowered, at most */
     mp_program_release(&p);
     mp_model_release(&m);
 }
@@ -249,6 +307,7 @@ int main(void)
         cmocka_unit_test(test_build_rebuild_equals_build),
         cmocka_unit_test(test_build_copies_equal_lowering),
         cmocka_unit_test(test_build_copies_long_names),
+        cmocka_unit_test(test_build_copies_by_period),
     };
     return cmocka_run_group_tests_name("build", tests, NULL, NULL);
 }
