@@ -213,6 +213,40 @@ static enum mp_status ev_run(struct evalr *ev, const struct mp_schedule *s, uint
     return mp_estimate_run_chain(ev->prog, s, &ev->job->train, context, c, e, d);
 }
 
+/* The sqrt plan in place of f's budgeted one (planned: f has one) where it fits and that does
+ * not, or costs less; f->plan keeps the job's strategy as its name. */
+static enum mp_status sqrt_floor(struct evalr *ev, const struct mp_job *job, uint64_t context, struct mp_fit *f,
+                                 bool *planned, struct mp_diag *d)
+{
+    bool fits = *planned && f->est.peak_device_bytes <= f->usable_bytes;
+    struct mp_ckpt_spec sqrt = {MP_CKPT_SQRT, 0};
+    struct mp_ckpt_plan sp;
+    mp_ckpt_plan_init(&sp);
+    enum mp_status st = mp_ckpt_plan_make(&f->chain, &sqrt, 0, job->slots, &sp, d);
+    if (st != MP_OK || (fits && sp.total_cost >= f->plan.total_cost)) {
+        mp_ckpt_plan_release(&sp);
+        return st;
+    }
+    struct mp_estimate se;
+    size_t folded = 0;
+    memset(&se, 0, sizeof se);
+    st = ev_run(ev, &sp.sched, context, &f->chain, &se, &folded, d);
+    if (st == MP_OK && se.peak_device_bytes <= f->usable_bytes) {
+        sp.spec = job->ckpt;
+        sp.dp_group = f->plan.dp_group;
+        mp_ckpt_plan_release(&f->plan);
+        f->plan = sp;
+        mp_estimate_release(&f->est);
+        f->est = se;
+        f->folded_blocks = folded;
+        *planned = true;
+        return MP_OK;
+    }
+    mp_estimate_release(&se);
+    mp_ckpt_plan_release(&sp);
+    return st;
+}
+
 enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp_diag *d)
 {
     memset(f, 0, sizeof *f);
@@ -295,6 +329,14 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             last_peak = f->est.peak_device_bytes;
             budget = sub0(budget, shrink);
         }
+        /* On a long chain the DP runs on groups (ckpt.c) and its chain model counts a little
+         * more than the replay: sqrt's plan, replayed, is taken where it fits and the DP's plan
+         * does not, or costs less, so the optimal plan is never worse than sqrt's */
+        if (!job->activation_budget && f->chain.L > MP_CKPT_DP_MAX_BLOCKS &&
+            (st = sqrt_floor(&ev, job, context, f, &planned, d)) != MP_OK)
+            goto out;
+        if (planned && !f->activation_budget)
+            f->activation_budget = budget;
         if (!planned) {
             /* nothing fits: report the fully checkpointed peak (every block) for the shortfall */
             struct mp_ckpt_spec every = {MP_CKPT_EVERY, 1};
@@ -369,19 +411,26 @@ static enum mp_status fits_at(const struct mp_job *job, uint64_t b, bool *fits, 
  * that missed turn the search to plain doubling and bisection, which the optimal plans use
  * from the start.  So with an optimal plan b lies between the last power of two that fits and
  * the first that does not (or max_batch), found by bisection. */
-enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch, uint64_t *best, unsigned *evals,
-                                   struct mp_diag *d)
+/* mp_search_max_batch from batch `from` when it fits (a batch a weaker plan of the same job was
+ * found to fit: the search then starts there), else from 1. */
+static enum mp_status search_max_batch_from(const struct mp_job *job, uint64_t max_batch, uint64_t from,
+                                            uint64_t *best, unsigned *evals, struct mp_diag *d)
 {
     *best = 0;
-    bool ok;
-    uint64_t plo;
-    enum mp_status st = fits_at(job, 1, &ok, &plo, evals, d);
+    bool ok = false;
+    uint64_t plo, start = 1;
+    enum mp_status st = MP_OK;
+    if (from > 1 && from <= max_batch && (st = fits_at(job, from, &ok, &plo, evals, d)) == MP_OK && ok)
+        start = from;
+    if (st == MP_OK && start == 1)
+        st = fits_at(job, 1, &ok, &plo, evals, d);
     if (st != MP_OK || !ok)
         return st;
     uint64_t usable = (uint64_t)((double)mp_gpu_capacity(&job->gpu) * (1.0 - job->margin));
-    uint64_t lo = 1, prev = 0, pprev = 0; /* lo fits (peak plo); prev < lo fitted before it (0: none) */
+    uint64_t lo = start, prev = 0, pprev = 0; /* lo fits (peak plo); prev < lo fitted before it (0: none) */
     uint64_t hi = 0, phi = 0;             /* hi > lo does not fit (peak phi); 0: none found yet */
-    uint64_t next = 0;                    /* the last guess's neighbour, tried next */
+    uint64_t next = start > 1 ? start + 1 : 0; /* the last guess's neighbour, tried next (after a
+                                                * start: the batch above it) */
     uint64_t round_lo = 0, round_span = 0; /* lo and the bracket before the last guess */
     /* guesses that missed; after two, doubling and bisection only.  An optimal plan fills its
      * budget whatever the batch, so its peak says nothing of the boundary: no guesses at all */
@@ -429,6 +478,12 @@ enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch,
     }
     *best = lo;
     return MP_OK;
+}
+
+enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch, uint64_t *best, unsigned *evals,
+                                   struct mp_diag *d)
+{
+    return search_max_batch_from(job, max_batch, 1, best, evals, d);
 }
 
 /* ---- suggest -------------------------------------------------------------------------- */
@@ -489,7 +544,7 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     return MP_OK;
 }
 
-static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_suggest_opts *o,
+static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_suggest_opts *o, uint64_t from,
                                      struct mp_candidate *c, unsigned *evals, struct mp_diag *d)
 {
     uint64_t bmax = 0;
@@ -497,7 +552,8 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
      * micro-batch is the whole global batch: search under accumulation, then re-check. */
     struct mp_job sj = *job;
     sj.train.accumulate = o->global_batch > 1;
-    enum mp_status st = mp_search_max_batch(&sj, o->max_batch ? o->max_batch : 65536, &bmax, evals, d);
+    enum mp_status st = search_max_batch_from(&sj, o->max_batch ? o->max_batch : 65536, from, &bmax, evals, d);
+    c->search_bmax = bmax;
     if (st != MP_OK)
         return st;
     if (o->global_batch > 1 && bmax < o->global_batch) {
@@ -961,7 +1017,14 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
             memset(c, 0, sizeof *c);
             c->par = keep;
             c->ft = modes[mi];
-            enum mp_status st = eval_candidate(&j, o, c, &evals, d);
+            /* On a long model the optimal plan is never worse than sqrt (ckpt.c): its search
+             * starts at the batch sqrt's reached, two candidates before (same mode, engine and
+             * precision), once that batch is confirmed to fit */
+            uint64_t from = 0;
+            if (j.ckpt.strategy == MP_CKPT_OPTIMAL && k >= 1 && strategies[k - 1].strategy == MP_CKPT_SQRT &&
+                base->model->n_blocks >= MP_FIT_FOLD_BLOCKS)
+                from = s->cand[s->n - 1].search_bmax;
+            enum mp_status st = eval_candidate(&j, o, from, c, &evals, d);
             if (st != MP_OK) {
                 mp_fit_release(&c->fit);
                 mp_suggestion_release(s);
