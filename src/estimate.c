@@ -1393,10 +1393,10 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
 }
 
 /* ---- a fold's short program counted as the full model (fold.h) -------------------------------
- * An op of the blocks' schedule (a forward or backward) on a weighted block runs weight times in
- * a row on its copies: each run starts where the one before ended, so the op's peak is its
- * first or last run's (as the op frees or adds memory), and it adds weight times what one run
- * adds.  Outside the blocks' ops (setup, loss, optimizer step, the end) a parameter, tensor or
+ * A step of the blocks' schedule (forwards or backwards in a row on one unit) on a weighted unit
+ * runs weight times in a row on its copies: each run starts where the one before ended, so the
+ * step's peak is its first or last run's (as the step frees or adds memory), and it adds weight
+ * times what one run adds.  Outside the blocks' ops (setup, loss, optimizer step, the end) a parameter, tensor or
  * node of a weighted block stands for that many.  Each op's events are hashed: the ops of an
  * interval's two interior blocks must agree. */
 struct fold_meter {
@@ -1486,15 +1486,15 @@ static enum mp_status fold_event(void *ctx, const struct mp_event *ev)
         size_t k = (size_t)ev->id;
         const struct mp_sched_op *op = &fs->ops[k];
         m->in_blocks = op->kind != MP_SCHED_LOSS;
-        if (k > 0 && m->in_blocks && fs->ops[k - 1].kind != MP_SCHED_LOSS && fs->ops[k - 1].index == op->index)
-            return MP_OK; /* within a block step: it is counted as one */
+        if (k > 0 && m->in_blocks && fs->ops[k - 1].kind != MP_SCHED_LOSS &&
+            mp_fold_same_unit(m->f, fs->ops[k - 1].index, op->index))
+            return MP_OK; /* within a step: it is counted as one */
         m->op = k;
         m->w = m->in_blocks ? m->f->weight[op->index] : 1;
-        /* a run down the blocks (a backward) meets the block before, the first interior one, next */
-        size_t e = k + 1;
-        while (m->in_blocks && e < fs->n && fs->ops[e].kind != MP_SCHED_LOSS && fs->ops[e].index == op->index)
-            e++;
-        m->desc = m->w > 1 && e < fs->n && fs->ops[e].kind != MP_SCHED_LOSS && fs->ops[e].index + 1 == op->index;
+        /* a run down the units (a backward) meets the unit before, the first interior one, next */
+        size_t e = k + mp_fold_step_len(m->f, k);
+        m->desc = m->w > 1 && e < fs->n && fs->ops[e].kind != MP_SCHED_LOSS &&
+                  mp_fold_unit_before(m->f, fs->ops[e].index, op->index);
         m->h = 1469598103934665603ULL;
         m->b_cur = c->cur, m->b_req = c->cur_req, m->b_act = c->act_cur;
         m->l_has = false;
@@ -1504,7 +1504,7 @@ static enum mp_status fold_event(void *ctx, const struct mp_event *ev)
         size_t k = (size_t)ev->id;
         const struct mp_sched_op *op = &fs->ops[k];
         if (op->kind != MP_SCHED_LOSS && k + 1 < fs->n && fs->ops[k + 1].kind != MP_SCHED_LOSS &&
-            fs->ops[k + 1].index == op->index)
+            mp_fold_same_unit(m->f, fs->ops[k + 1].index, op->index))
             return MP_OK; /* the step goes on */
         m->sig[m->op] = m->h;
         uint64_t w = m->w;
@@ -1529,7 +1529,7 @@ static enum mp_status fold_event(void *ctx, const struct mp_event *ev)
             c->peak_node = m->l_node;
             c->peak_store = m->l_store;
             c->peak_id = m->l_id;
-            m->peak_rep = m->desc ? w - 1 - kc : kc; /* the copy's offset from the short block's */
+            m->peak_rep = m->desc ? w - 1 - kc : kc; /* the copy's offset from the short unit's, in units */
         }
         if (m->l_has && pr > c->peak_req)
             c->peak_req = pr;
@@ -1980,27 +1980,9 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
         mp_par_plan_release(&pp);
     if (st == MP_ERR_RANGE && m.overflow)
         st = mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits", p->model->path);
-    /* the op on an interval's first interior block and the one on its second, weighted, block
-     * must have made the same events: next to each other in the schedule */
-    bool agree = st == MP_OK;
-    const struct mp_schedule *fs = &f->sched;
-    for (size_t k = 0, len; agree && k < fs->n; k += len) {
-        const struct mp_sched_op *op = &fs->ops[k];
-        for (len = 1; op->kind != MP_SCHED_LOSS && k + len < fs->n && fs->ops[k + len].kind != MP_SCHED_LOSS &&
-                      fs->ops[k + len].index == op->index;)
-            len++;
-        if (op->kind == MP_SCHED_LOSS || f->weight[op->index] <= 1)
-            continue;
-        /* the same step on the block before (the first interior one): just before or after */
-        size_t k1 = k >= len && fs->ops[k - len].index + 1 == op->index ? k - len : k + len;
-        agree = k1 + len <= fs->n && (k1 == 0 || fs->ops[k1 - 1].index != fs->ops[k1].index ||
-                                      fs->ops[k1 - 1].kind == MP_SCHED_LOSS) &&
-                (k1 + len == fs->n || fs->ops[k1 + len].index != fs->ops[k1].index ||
-                 fs->ops[k1 + len].kind == MP_SCHED_LOSS) &&
-                m.sig[k1] == m.sig[k];
-        for (size_t i = 0; agree && i < len; i++)
-            agree = fs->ops[k1 + i].kind == fs->ops[k + i].kind && fs->ops[k1 + i].index + 1 == op->index;
-    }
+    /* the step on an interval's first interior unit and the one on its second, weighted, unit
+     * must have made the same events */
+    bool agree = st == MP_OK && mp_fold_steps_agree(f, m.sig);
     free(m.sig);
     if (st != MP_OK || !agree) {
         mp_estimate_release(e);
@@ -2025,7 +2007,7 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
         /* the node's name with its short block's name replaced by the full block's */
         const struct mp_node *n = &p->nodes[c.peak_node];
         const char *bn = n->block >= 0 ? f->model.blocks[n->block].name : "";
-        size_t fb = n->block >= 0 ? f->full_of[n->block] + m.peak_rep : 0, len = strlen(bn);
+        size_t fb = n->block >= 0 ? f->full_of[n->block] + m.peak_rep * f->unit_len[n->block] : 0, len = strlen(bn);
         if (n->block >= 0 && m.peak_rep && strncmp(n->name, bn, len) == 0)
             snprintf(e->peak_event, sizeof e->peak_event, "%s:%s%s", mp_phase_str(c.peak_phase),
                      f->full->blocks[fb].name, n->name + len);

@@ -22,81 +22,111 @@ void mp_fold_release(struct mp_fold *f)
     free(f->full_of);
     free(f->weight);
     free(f->short_of);
+    free(f->unit);
+    free(f->unit_len);
     mp_schedule_release(&f->sched);
     mp_fold_init(f);
 }
 
-/* A block step: the ops in a row on one block (a recompute and its backward, FE B), ops
- * [k, k + len).  Two steps alike: the same kinds in the same order. */
-static size_t step_len(const struct mp_schedule *s, size_t k)
+/* The model's units: a run of blocks that repeat with period p (mp_block.period, repeated
+ * blocks) and the p blocks before it, cut into units of p blocks, [s - p, s), [s, s + p), ...
+ * (whole ones: a run's last blocks short of a unit are units of their own, and a later run's
+ * first unit takes its blocks from an earlier run's units, whose unit it cuts into becomes
+ * blocks of their own); every other block is a unit of its own.  us[i]: the first block of
+ * block i's unit, ul[i]: its length, seg[i]: the first block of the units of its run. */
+static void make_units(const struct mp_model *m, uint32_t *us, uint32_t *ul, uint32_t *seg)
+{
+    size_t N = m->n_blocks;
+    for (size_t i = 0; i < N; i++)
+        us[i] = seg[i] = (uint32_t)i, ul[i] = 1;
+    for (size_t s = 0; s < N;) {
+        unsigned p = m->blocks[s].period;
+        if (!p || m->blocks[s].repeat_group <= 0 || p > s) {
+            s++;
+            continue;
+        }
+        size_t e = s + 1;
+        while (e < N && m->blocks[e].period == p && m->blocks[e].repeat_group > 0)
+            e++;
+        size_t a = s - p, b = a + (e - a) / p * p;
+        if (a > 0 && us[a - 1] + ul[a - 1] > a) /* an earlier unit that this run's first takes blocks of */
+            for (size_t i = us[a - 1]; i < a; i++)
+                us[i] = seg[i] = (uint32_t)i, ul[i] = 1;
+        for (size_t i = a; i < b; i++)
+            us[i] = (uint32_t)(a + (i - a) / p * p), ul[i] = p, seg[i] = (uint32_t)a;
+        s = e;
+    }
+}
+
+/* A step: the ops in a row on one unit (us: each block's unit; a recompute and its backward,
+ * FE B, or a unit's forwards), ops [k, k + len). */
+static size_t step_len(const struct mp_schedule *s, const uint32_t *us, size_t k)
 {
     size_t e = k + 1;
     while (e < s->n && s->ops[k].kind != MP_SCHED_LOSS && s->ops[e].kind != MP_SCHED_LOSS &&
-           s->ops[e].index == s->ops[k].index)
+           us[s->ops[e].index] == us[s->ops[k].index])
         e++;
     return e - k;
 }
 
-static bool steps_alike(const struct mp_schedule *s, size_t a, size_t la, size_t b, size_t lb)
+/* Two steps alike: the same kinds on the same blocks of their units, in the same order. */
+static bool steps_alike(const struct mp_schedule *s, const uint32_t *us, size_t a, size_t la, size_t b, size_t lb)
 {
     if (la != lb)
         return false;
     for (size_t i = 0; i < la; i++)
-        if (s->ops[a + i].kind != s->ops[b + i].kind)
+        if (s->ops[a + i].kind != s->ops[b + i].kind ||
+            s->ops[a + i].index - us[s->ops[a].index] != s->ops[b + i].index - us[s->ops[b].index])
             return false;
     return true;
 }
 
-/* Marks cut[i] where an interval that may be folded cannot continue across block i: a block
- * that is not one of a repeat, or not the same as the block before; the first three blocks of a
- * run (the first copies lower and replay differently: the model's shared tensors are made there);
- * and both ends of every run of alike block steps over consecutive blocks, one way. */
-static enum mp_status make_cuts(const struct mp_model *m, const struct mp_schedule *s, bool *cut,
-                                struct mp_diag *d)
+/* Marks cut[i] (i the first block of a unit, or N) where an interval that may be folded cannot
+ * continue across unit i: a unit that is not one of a run's; the first three units of a run (the
+ * first copies lower and replay differently: the model's shared tensors are made there) and the
+ * fourth's start; and both ends of every run of alike steps over consecutive units, one way. */
+static enum mp_status make_cuts(const struct mp_model *m, const struct mp_schedule *s, const uint32_t *us,
+                                const uint32_t *ul, const uint32_t *seg, bool *cut, struct mp_diag *d)
 {
-    size_t N = m->n_blocks, rs = 0;
+    size_t N = m->n_blocks;
     cut[0] = cut[N] = true;
-    for (size_t i = 0; i < N; i++) {
-        if (i == 0 || m->blocks[i].repeat_group <= 0 || m->blocks[i].period != 1)
-            rs = i;
-        if (i - rs <= 3)
+    for (size_t i = 0; i < N; i += ul[i])
+        if ((i - seg[i]) / ul[i] <= 3)
             cut[i] = true;
-    }
     for (size_t k = 0; k < s->n; k++) {
         const struct mp_sched_op *op = &s->ops[k];
         if (op->kind == MP_SCHED_LOSS ? op->index != N : op->index >= N)
             return mp_fail(d, MP_ERR_INTERNAL, "fold: op %zu on block %u of %zu", k, op->index, N);
     }
-    size_t lo = 0, hi = 0, pk = 0, pl = 0; /* the open run's blocks, its last step */
+    size_t lo = 0, hi = 0, pk = 0, pl = 0; /* the open run's units (their first blocks), its last step */
     int dir = 0;                           /* its direction (0: one step so far) */
     bool open = false;
     for (size_t k = 0; k < s->n;) {
-        size_t len = step_len(s, k);
-        uint32_t i = s->ops[k].index;
+        size_t len = step_len(s, us, k);
         bool loss = s->ops[k].kind == MP_SCHED_LOSS;
-        int step = open ? (int)((int64_t)i - (int64_t)s->ops[pk].index) : 0;
-        bool cont = open && !loss && (step == 1 || step == -1) && (dir == 0 || dir == step) &&
-                    steps_alike(s, pk, pl, k, len);
+        size_t u = loss ? 0 : us[s->ops[k].index], pu = open ? us[s->ops[pk].index] : 0;
+        int step = !open || loss || seg[u] != seg[pu] ? 0 : u == pu + ul[u] ? 1 : u + ul[u] == pu ? -1 : 0;
+        bool cont = open && step != 0 && (dir == 0 || dir == step) && steps_alike(s, us, pk, pl, k, len);
         if (!cont && open) {
-            cut[lo] = cut[hi + 1] = true;
+            cut[lo] = cut[hi + ul[hi]] = true;
             open = false;
         }
         if (!loss) {
             if (!cont) {
-                lo = hi = i;
+                lo = hi = u;
                 dir = 0;
                 open = true;
             } else {
                 dir = step;
-                lo = i < lo ? i : lo;
-                hi = i > hi ? i : hi;
+                lo = u < lo ? u : lo;
+                hi = u > hi ? u : hi;
             }
             pk = k, pl = len;
         }
         k += len;
     }
     if (open)
-        cut[lo] = cut[hi + 1] = true;
+        cut[lo] = cut[hi + ul[hi]] = true;
     return MP_OK;
 }
 
@@ -108,8 +138,10 @@ enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *
     struct mp_schedule none;
     mp_schedule_init(&none);
     bool *cut = calloc(N + 1, sizeof *cut);
+    uint32_t *us = malloc((N ? N : 1) * sizeof *us), *ul = malloc((N ? N : 1) * sizeof *ul),
+             *seg = malloc((N ? N : 1) * sizeof *seg);
     enum mp_status st = MP_OK;
-    if (!cut) {
+    if (!cut || !us || !ul || !seg) {
         st = mp_fail(d, MP_ERR_NOMEM, "out of memory folding the model");
         goto out;
     }
@@ -120,16 +152,17 @@ enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *
         }
         s = &none;
     }
-    if ((st = make_cuts(m, s, cut, d)) != MP_OK)
+    make_units(m, us, ul, seg);
+    if ((st = make_cuts(m, s, us, ul, seg, cut, d)) != MP_OK)
         goto out;
-    /* the short blocks: an interval of MP_FOLD_MIN_RUN or more keeps its first, two interior
-     * and its last block; shorter ones keep all theirs */
+    /* the short blocks: an interval of MP_FOLD_MIN_RUN or more units keeps its first, two
+     * interior and its last unit; shorter ones keep all theirs */
     size_t n = 0;
     for (size_t c = 0; c < N;) {
-        size_t e = c + 1;
-        while (!cut[e])
-            e++;
-        n += e - c >= MP_FOLD_MIN_RUN ? 4 : e - c;
+        size_t e = c + ul[c];
+        while (e < N && !cut[e])
+            e += ul[c];
+        n += (e - c) / ul[c] >= MP_FOLD_MIN_RUN ? 4 * ul[c] : e - c;
         c = e;
     }
     f->n_full = N;
@@ -137,47 +170,56 @@ enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *
     f->full = m;
     f->full_of = malloc((n ? n : 1) * sizeof *f->full_of);
     f->weight = malloc((n ? n : 1) * sizeof *f->weight);
+    f->unit = malloc((n ? n : 1) * sizeof *f->unit);
+    f->unit_len = malloc((n ? n : 1) * sizeof *f->unit_len);
     f->short_of = malloc((N ? N : 1) * sizeof *f->short_of);
     f->model = *m;
     f->model.blocks = malloc((n ? n : 1) * sizeof *f->model.blocks);
-    if (!f->full_of || !f->weight || !f->short_of || !f->model.blocks) {
+    if (!f->full_of || !f->weight || !f->unit || !f->unit_len || !f->short_of || !f->model.blocks) {
         st = mp_fail(d, MP_ERR_NOMEM, "out of memory folding the model");
         goto out;
     }
     f->model.n_blocks = f->model.cap_blocks = n;
     size_t j = 0;
     for (size_t c = 0; c < N;) {
-        size_t e = c + 1;
-        while (!cut[e])
-            e++;
-        for (size_t i = c; i < e; i++) {
-            bool fold = e - c >= MP_FOLD_MIN_RUN;
-            bool rep = !fold || i < c + 2 || i == e - 1; /* a block of its own in the short model */
-            if (rep || i == c + 2) {
-                f->full_of[j] = i;
-                f->weight[j] = rep ? 1 : (uint64_t)(e - c - 3);
-                f->model.blocks[j] = m->blocks[i];
-                j++;
+        size_t u = ul[c], e = c + u;
+        while (e < N && !cut[e])
+            e += u;
+        size_t units = (e - c) / u, wj = 0; /* wj: the weighted unit's first short block */
+        bool fold = units >= MP_FOLD_MIN_RUN;
+        for (size_t k = 0; k < units; k++) {
+            bool rep = !fold || k < 2 || k == units - 1; /* a unit of its own in the short model */
+            if (rep || k == 2) {
+                wj = j;
+                for (size_t o = 0; o < u; o++, j++) {
+                    f->full_of[j] = c + k * u + o;
+                    f->weight[j] = rep ? 1 : (uint64_t)(units - 3);
+                    f->unit[j] = (uint32_t)wj;
+                    f->unit_len[j] = (uint32_t)u;
+                    f->model.blocks[j] = m->blocks[c + k * u + o];
+                }
             }
-            f->short_of[i] = (uint32_t)(j - 1);
+            for (size_t o = 0; o < u; o++)
+                f->short_of[c + k * u + o] = (uint32_t)(wj + o);
         }
-        if (e - c >= MP_FOLD_MIN_RUN)
-            f->folded += e - c - 4;
+        if (fold)
+            f->folded += (units - 4) * u;
         c = e;
     }
     /* the short schedule: each op on its short block; a run of alike steps over a weighted
-     * block's copies is one step */
+     * unit's copies is one step */
     size_t count = 0, last = SIZE_MAX, last_len = 0; /* steps merged into the last step pushed */
     for (size_t k = 0; k < s->n && st == MP_OK;) {
-        size_t len = step_len(s, k);
+        size_t len = step_len(s, us, k);
         const struct mp_sched_op *op = &s->ops[k];
         uint32_t sj = op->kind == MP_SCHED_LOSS ? (uint32_t)n : f->short_of[op->index];
         bool weighted = op->kind != MP_SCHED_LOSS && f->weight[sj] > 1;
-        if (weighted && last != SIZE_MAX && f->sched.ops[last].index == sj && f->sched.ops[last].kind != MP_SCHED_LOSS &&
-            count < f->weight[sj] && last_len == len) {
+        if (weighted && last != SIZE_MAX && f->sched.ops[last].kind != MP_SCHED_LOSS &&
+            f->unit[f->sched.ops[last].index] == f->unit[sj] && count < f->weight[sj] && last_len == len) {
             bool alike = true;
             for (size_t i = 0; i < len; i++)
-                alike &= f->sched.ops[last + i].kind == s->ops[k + i].kind;
+                alike &= f->sched.ops[last + i].kind == s->ops[k + i].kind &&
+                         f->sched.ops[last + i].index == f->short_of[s->ops[k + i].index];
             if (alike) {
                 count++;
                 k += len;
@@ -194,7 +236,8 @@ enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *
         last_len = len;
         count = 1;
         for (size_t i = 0; i < len && st == MP_OK; i++)
-            st = mp_schedule_push(&f->sched, s->ops[k + i].kind, sj);
+            st = mp_schedule_push(&f->sched, s->ops[k + i].kind,
+                                  s->ops[k + i].kind == MP_SCHED_LOSS ? (uint32_t)n : f->short_of[s->ops[k + i].index]);
         k += len;
     }
     if (st == MP_OK && last != SIZE_MAX && f->sched.ops[last].kind != MP_SCHED_LOSS &&
@@ -204,10 +247,62 @@ enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *
         mp_fail(d, st, "out of memory folding the model");
 out:
     free(cut);
+    free(us);
+    free(ul);
+    free(seg);
     mp_schedule_release(&none);
     if (st != MP_OK)
         mp_fold_release(f);
     return st;
+}
+
+bool mp_fold_same_unit(const struct mp_fold *f, uint32_t a, uint32_t b)
+{
+    return a < f->n && b < f->n && f->unit[a] == f->unit[b];
+}
+
+size_t mp_fold_step_len(const struct mp_fold *f, size_t k)
+{
+    const struct mp_schedule *s = &f->sched;
+    size_t e = k + 1;
+    while (e < s->n && s->ops[k].kind != MP_SCHED_LOSS && s->ops[e].kind != MP_SCHED_LOSS &&
+           mp_fold_same_unit(f, s->ops[e].index, s->ops[k].index))
+        e++;
+    return e - k;
+}
+
+bool mp_fold_unit_before(const struct mp_fold *f, uint32_t a, uint32_t b)
+{
+    return a < f->n && b < f->n && f->unit_len[a] == f->unit_len[b] && f->unit[a] + f->unit_len[a] == f->unit[b];
+}
+
+bool mp_fold_steps_agree(const struct mp_fold *f, const uint64_t *sig)
+{
+    const struct mp_schedule *fs = &f->sched;
+    for (size_t k = 0, len; k < fs->n; k += len) {
+        const struct mp_sched_op *op = &fs->ops[k];
+        len = mp_fold_step_len(f, k);
+        if (op->kind == MP_SCHED_LOSS || f->weight[op->index] <= 1)
+            continue;
+        /* the same step on the unit before (the first interior one): just before or after */
+        size_t k1 = k >= len && fs->ops[k - len].kind != MP_SCHED_LOSS &&
+                            mp_fold_unit_before(f, fs->ops[k - len].index, op->index)
+                        ? k - len
+                        : k + len;
+        if (k1 + len > fs->n || mp_fold_step_len(f, k1) != len)
+            return false;
+        if (k1 > 0 && fs->ops[k1 - 1].kind != MP_SCHED_LOSS && fs->ops[k1].kind != MP_SCHED_LOSS &&
+            mp_fold_same_unit(f, fs->ops[k1 - 1].index, fs->ops[k1].index))
+            return false; /* not a whole step */
+        if (sig[k1] != sig[k])
+            return false;
+        uint32_t ul = f->unit_len[op->index];
+        for (size_t i = 0; i < len; i++)
+            if (fs->ops[k1 + i].kind != fs->ops[k + i].kind || fs->ops[k1 + i].kind == MP_SCHED_LOSS ||
+                fs->ops[k1 + i].index + ul != fs->ops[k + i].index)
+                return false;
+    }
+    return true;
 }
 
 void mp_fold_mark_chain(const struct mp_model *m, struct mp_chain *c)
@@ -223,12 +318,14 @@ bool mp_fold_expand_chain(const struct mp_fold *f, const struct mp_chain *sc, st
     size_t n = f->n, N = f->n_full;
     if (sc->L != n)
         return false;
-    for (size_t j = 1; j < n; j++) /* an interval's two interior blocks must agree */
+    for (size_t j = 0; j < n; j++) { /* an interval's two interior units must agree */
+        size_t u = f->unit_len[j];
         if (f->weight[j] > 1 &&
-            (sc->f[j] != sc->f[j - 1] || sc->b[j] != sc->b[j - 1] || sc->x[j] != sc->x[j - 1] ||
-             sc->x[j + 1] != sc->x[j] || sc->xb[j + 1] != sc->xb[j] || sc->ft[j] != sc->ft[j - 1] ||
-             sc->bt[j] != sc->bt[j - 1]))
+            (j < u || sc->f[j] != sc->f[j - u] || sc->b[j] != sc->b[j - u] || sc->x[j] != sc->x[j - u] ||
+             sc->x[j + 1] != sc->x[j + 1 - u] || sc->xb[j + 1] != sc->xb[j + 1 - u] || sc->ft[j] != sc->ft[j - u] ||
+             sc->bt[j] != sc->bt[j - u]))
             return false;
+    }
     if ((*st = mp_chain_init(c, N)) != MP_OK)
         return false;
     for (size_t i = 0; i < N; i++) {

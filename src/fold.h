@@ -1,20 +1,24 @@
-/* fold.h — a long run of identical blocks evaluated through four of them (suggest at scale).
+/* fold.h — a long run of identical blocks (or units) evaluated through four of them (suggest at
+ * scale).
  *
  * In a run of identical blocks (a "repeat") every copy lowers to the same program, shifted
- * (layers.c, "copies of a repeated block").  Where a schedule also treats consecutive copies
- * alike (each op that touches one of them is part of a run of ops over all of them, in order),
- * the replay of an interior copy is the replay of the copy before it, shifted: the same events,
- * and so the same bytes.  A fold stands each such interval of m >= 5 blocks for four of them:
- * its first block, two interior ones and its last; the second interior one is weighted m - 3,
+ * (layers.c, "copies of a repeated block"); so does each block of a run of blocks that repeat
+ * with a period p (alternating layers: sliding and global attention), shifted from the block
+ * p before it.  Such a run is taken in units of p blocks (of one block for copies in a row).
+ * Where a schedule also treats consecutive units alike (each op that touches one of them is
+ * part of a run of alike steps, the ops in a row on one unit, over all of them, in order), the
+ * replay of an interior unit is the replay of the unit before it, shifted: the same events,
+ * and so the same bytes.  A fold stands each such interval of m >= 5 units for four of them:
+ * its first unit, two interior ones and its last; the second interior one is weighted m - 3,
  * the copies it stands for.  The short model (a few thousand blocks at most) is lowered and
  * replayed once per evaluation instead of the full one, and mp_estimate_run_folded (estimate.c)
- * counts each op on a weighted block weight times in a row and each parameter, tensor or node
+ * counts each step on a weighted unit weight times in a row and each parameter, tensor or node
  * of one weight times in the sweeps outside the blocks' ops (setup, loss, optimizer step).
  *
  * The fold holds only if the short build made each weighted block as a verified copy of the
- * one before (mp_program.copied: same lowering, same builder state before and after), and the
- * two interior blocks' ops made the same events: the estimator checks both and says when they
- * do not, and the caller then evaluates the full model. */
+ * block it repeats (mp_program.copied: same lowering, same builder state before and after), and
+ * the two interior units' steps made the same events: the estimator checks both and says when
+ * they do not, and the caller then evaluates the full model. */
 #ifndef MP_FOLD_H
 #define MP_FOLD_H
 
@@ -26,7 +30,7 @@
 #include "layers.h"
 #include "model.h"
 
-/* Intervals shorter than this are not folded (nothing to gain). */
+/* Intervals shorter than this (in units) are not folded (nothing to gain). */
 #define MP_FOLD_MIN_RUN 5
 
 struct mp_fold {
@@ -35,11 +39,15 @@ struct mp_fold {
     struct mp_model model;    /* the short model: copies of n of the full model's blocks, whose
                                  layers stay the full model's (mp_fold_release frees the array) */
     size_t *full_of;          /* [n] the full block that short block j is (the first it stands for) */
-    uint64_t *weight;         /* [n] the consecutive full blocks it stands for (1 but for the
-                                 second interior block of a folded interval) */
+    uint64_t *weight;         /* [n] the consecutive full units its unit stands for (1 but for the
+                                 second interior unit of a folded interval) */
     uint32_t *short_of;       /* [n_full] the short block full block i is counted in */
-    struct mp_schedule sched; /* the full schedule's ops on the short blocks: a run of ops over
-                                 a weighted block's copies is one op */
+    uint32_t *unit;           /* [n] the first short block of short block j's unit: a run of blocks
+                                 that repeat with a period p is folded in units of p blocks (one
+                                 block for copies in a row), all of a unit weighted alike */
+    uint32_t *unit_len;       /* [n] the blocks of its unit */
+    struct mp_schedule sched; /* the full schedule's ops on the short blocks: a run of steps over
+                                 a weighted unit's copies is one step */
     size_t folded;            /* full blocks not replayed (the sum of weight - 1) */
     const struct mp_model *full; /* the full model */
 };
@@ -61,7 +69,7 @@ bool mp_fold_expand_chain(const struct mp_fold *f, const struct mp_chain *shortc
                           enum mp_status *st);
 
 /* Was each weighted block of f's short program p (lowered from f.model) made as a verified copy
- * of the block before (mp_program.copied)?  The fold cannot hold otherwise. */
+ * of the block it repeats (mp_program.copied)?  The fold cannot hold otherwise. */
 bool mp_fold_copied(const struct mp_fold *f, const struct mp_program *p);
 
 /* The full model's parameter counts from f's short program p: all (total_params), trainable and
@@ -69,6 +77,19 @@ bool mp_fold_copied(const struct mp_fold *f, const struct mp_program *p);
  * overflow 64 bits. */
 bool mp_fold_counts(const struct mp_fold *f, const struct mp_program *p, uint64_t *total, uint64_t *trainable,
                     uint64_t *adapter);
+
+/* A step of f's short schedule: the ops in a row on one unit (one op for the loss).  The length
+ * of the step at op k. */
+size_t mp_fold_step_len(const struct mp_fold *f, size_t k);
+
+/* Are short blocks a and b of one unit?  Is a's unit the one just before b's, of as many blocks? */
+bool mp_fold_same_unit(const struct mp_fold *f, uint32_t a, uint32_t b);
+bool mp_fold_unit_before(const struct mp_fold *f, uint32_t a, uint32_t b);
+
+/* Did each weighted unit's step make the same events (sig: a hash of them, per op that starts a
+ * step) as the same step on the unit before it, the first interior one, next to it in f's short
+ * schedule?  The fold holds only if so. */
+bool mp_fold_steps_agree(const struct mp_fold *f, const uint64_t *sig);
 
 /* How many full blocks short block j (or -1: no block) stands for. */
 uint64_t mp_fold_weight(const struct mp_fold *f, int j);

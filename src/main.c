@@ -985,11 +985,20 @@ static int cmd_plan(struct args *a)
     if (!a->gpu && !a->vram)
         mp_gpu_from_vram(UINT64_MAX / 4, &s.gpu); /* an explicit budget: no device limit */
     struct mp_job j = job_of(&s, a);
-    j.keep_program = true;
+    /* a long model is evaluated through folds (fold.h), and the report reads the counts of its
+     * fold's program; a timeline replays the whole program */
+    bool folds = s.model.n_blocks >= MP_FIT_FOLD_BLOCKS && !a->timeline;
+    j.keep_program = !folds;
     struct mp_fit f;
+    struct mp_program rprog;
+    memset(&rprog, 0, sizeof rprog);
     int code = MP_EXIT_OK;
     enum mp_status st = mp_fit_eval(&j, &f, &d); /* f is empty, or released, when it fails */
     if (st != MP_OK)
+        goto out;
+    struct mp_build_opts rbo;
+    mp_fit_build_opts(&j, &rbo);
+    if (folds && (st = mp_fold_report_program(&s.model, &rbo, &rprog, &d)) != MP_OK)
         goto out;
     bool budgeted = a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
     if (budgeted && (f.activation_budget == 0 || f.infeasible)) {
@@ -1001,7 +1010,7 @@ static int cmd_plan(struct args *a)
     if (budgeted && f.plan.sched.n)
         mp_ckpt_compare(&f.chain, f.plan.peak_bytes, a->slots, &cmp);
     struct mp_report_ctx c;
-    fill_ctx(&c, "plan", &s, &f.prog, &a->ckpt, a);
+    fill_ctx(&c, "plan", &s, folds ? &rprog : &f.prog, &a->ckpt, a);
     if (!a->gpu && !a->vram)
         c.gpu = NULL;
     mp_report_plan(stdout, &c, &f, &cmp);
@@ -1012,6 +1021,7 @@ static int cmd_plan(struct args *a)
         say_nofit(&f);
     code = fits ? MP_EXIT_OK : MP_EXIT_NOFIT;
 out: /* the one way out: everything released, then the status */
+    mp_program_release(&rprog);
     mp_fit_release(&f);
     mp_model_release(&s.model);
     return leave(st, &d, rc, code);

@@ -247,13 +247,19 @@ static enum mp_status sqrt_floor(struct evalr *ev, const struct mp_job *job, uin
     return st;
 }
 
+void mp_fit_build_opts(const struct mp_job *job, struct mp_build_opts *bo)
+{
+    *bo = job->build;
+    bo->ft.input_grad = job->ckpt.strategy != MP_CKPT_NONE; /* transformers: enable_input_require_grads */
+    bo->hf_checkpointing = job->ckpt.strategy == MP_CKPT_LAYERS; /* and use_cache off */
+}
+
 enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp_diag *d)
 {
     memset(f, 0, sizeof *f);
     mp_ckpt_plan_init(&f->plan);
-    struct evalr ev = {.job = job, .bo = job->build, .fold = fold_wanted(job)};
-    ev.bo.ft.input_grad = job->ckpt.strategy != MP_CKPT_NONE; /* transformers: enable_input_require_grads */
-    ev.bo.hf_checkpointing = job->ckpt.strategy == MP_CKPT_LAYERS; /* and use_cache off */
+    struct evalr ev = {.job = job, .fold = fold_wanted(job)};
+    mp_fit_build_opts(job, &ev.bo);
     enum mp_status st = MP_OK;
     if (!ev.fold && (st = ev_build(&ev, d)) != MP_OK)
         return st;

@@ -65,6 +65,10 @@ void mp_fit_release(struct mp_fit *f);
  * optimal plan that cannot fit gives fits = false (with the no-checkpoint peak). */
 enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp_diag *d);
 
+/* The build options mp_fit_eval lowers job's model with (its plan's: input gradients and
+ * use_cache as transformers sets them for checkpointing). */
+void mp_fit_build_opts(const struct mp_job *job, struct mp_build_opts *bo);
+
 /* Largest micro-batch (<= max_batch) that fits; 0 if even 1 does not.
  * *evals counts estimator runs. */
 enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch, uint64_t *best, unsigned *evals,

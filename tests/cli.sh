@@ -911,6 +911,36 @@ else
     skipped "suggest --backend host --json (no python3)"
 fi
 
+# ---- long models: plan through folds ------------------------------------------------------
+# A model of 512 blocks or more is planned through folds (fold.h); --timeline replays the whole
+# model.  Both must print the same plan, figure for figure: tiny-test with 600 blocks, and
+# gemma-3-1b with 600 layers (five sliding layers, then a global one: folded by period).
+
+sed 's/"repeat": 2,/"repeat": 600,/' models/tiny-test.json >"$T/long.json"
+if [ -n "$HAVE_PY" ]; then
+    python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 600; json.dump(c, open(sys.argv[2], "w"))
+' models/hf/gemma-3-1b.json "$T/long-hf.json"
+fi
+for lm in long long-hf; do
+    [ -f "$T/$lm.json" ] || { skipped "plan $lm: folds (no python3)"; continue; }
+    seq=8 budget=2MiB
+    [ $lm = long-hf ] && seq=64 budget=3GiB
+    for j in "" --json; do
+        run plan "$T/$lm.json" --seq $seq --activation-budget $budget $j
+        cp "$T/out" "$T/fold.out"
+        fec=$ec
+        run plan "$T/$lm.json" --seq $seq --activation-budget $budget $j --timeline "$T/long.svg"
+        if [ "$fec" -eq 0 ] && [ "$ec" -eq 0 ] && cmp -s "$T/fold.out" "$T/out"; then
+            ok "plan $lm $j: through folds as through the whole model"
+        else
+            diff "$T/fold.out" "$T/out" | head -5 >"$T/why"
+            bad "plan $lm $j: through folds as through the whole model"
+        fi
+    done
+done
+
 # ---- the man page's EXAMPLES run (jq's mantest) -------------------------------------------
 
 MAN=man/memplan.1

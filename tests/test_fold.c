@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <cJSON.h>
 
 #include "fit_job.h"
 #include "fold.h"
@@ -237,6 +238,102 @@ static void test_fold_data_parallel_equals_its_replay(void **state)
     }
 }
 
+/* An HF config with `layers` decoder layers: its per-layer lists (layer_types, no_rope_layers)
+ * go on as they were, from their start again. */
+static void load_stretched(struct mp_model *m, const char *path, int layers)
+{
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    char buf[1 << 16];
+    size_t len = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    buf[len] = '\0';
+    cJSON *root = cJSON_Parse(buf);
+    assert_non_null(root);
+    int old = cJSON_GetObjectItem(root, "num_hidden_layers")->valueint;
+    cJSON_ReplaceItemInObject(root, "num_hidden_layers", cJSON_CreateNumber(layers));
+    static const char *lists[] = {"layer_types", "no_rope_layers"};
+    for (size_t k = 0; k < 2; k++) {
+        cJSON *a = cJSON_GetObjectItem(root, lists[k]);
+        if (!a)
+            continue;
+        assert_int_equal(cJSON_GetArraySize(a), old);
+        for (int i = old; i < layers; i++)
+            cJSON_AddItemToArray(a, cJSON_Duplicate(cJSON_GetArrayItem(a, i % old), true));
+    }
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    struct mp_diag d = {{0}};
+    if (mp_model_load_string(m, text, strlen(text), path, &d) != MP_OK)
+        fail_msg("load %s x%d: %s", path, layers, d.msg);
+    free(text);
+}
+
+/* Layers that alternate (fold.h: units of a period): gemma-2's sliding and global layers in
+ * turn, gemma-3's five sliding and a global one, OLMo-3's three sliding and a full one,
+ * SmolLM3's rotary on three layers of four, each with 60 layers (gemma-3: 62). */
+static void test_fold_alternating_layers_equal_their_replay(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *path;
+        int layers;
+        unsigned period;
+    } models[] = {
+        {"models/hf/gemma-2-2b.json", 60, 2},
+        {"models/hf/gemma-3-1b.json", 62, 6},
+        {"models/hf/olmo-3-7b.json", 60, 4},
+        {"models/hf/smollm3-3b.json", 60, 4},
+    };
+    for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
+        struct mp_model m;
+        load_stretched(&m, models[k].path, models[k].layers);
+        assert_int_equal(m.blocks[m.n_blocks - 2].period, models[k].period);
+        for (int v = 0; v < N_VARIANTS; v++) {
+            char what[300];
+            snprintf(what, sizeof what, "%s x%d", models[k].path, models[k].layers);
+            size_t folded = compare_model(&m, what, (enum variant)v, NULL);
+            assert_true(folded > 0);
+        }
+        /* and data parallel: a weighted unit's FSDP2 / ZeRO-3 groups and DDP buckets */
+        static const enum mp_par_strategy engines[] = {MP_PAR_DDP, MP_PAR_ZERO3, MP_PAR_FSDP};
+        for (size_t e = 0; k < 2 && e < 3; e++) {
+            struct mp_parallel par;
+            mp_parallel_default(&par);
+            par.strategy = engines[e];
+            par.gpus = 8;
+            char what[300];
+            snprintf(what, sizeof what, "%s x%d", models[k].path, models[k].layers);
+            assert_true(compare_model(&m, what, V_PLAIN, &par) > 0);
+        }
+        mp_model_release(&m);
+    }
+    /* runs of periods that overlap: blocks 1-9 a b a b a b a b a (period 2), then (c a b) x 20
+     * (period 3, whose first unit takes blocks of the period-2 run's last units; the greedy
+     * marks 11-12 period 4 on the way) */
+#define TB(ffn) "{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"ffn\": " #ffn ", \"norm\": \"layernorm\"}"
+    const char *json = "{\"name\": \"runs\", \"input\": {\"tokens\": 8}, \"layers\": ["
+                       "{\"block\": \"embed\", \"layers\": [{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 16}]},"
+                       "{\"repeat\": 4, \"name\": \"p\", \"layers\": [" TB(32) "," TB(48) "]},"
+                       "{\"repeat\": 1, \"name\": \"q\", \"layers\": [" TB(32) "]},"
+                       "{\"repeat\": 20, \"name\": \"h\", \"layers\": [" TB(64) "," TB(32) "," TB(48) "]},"
+                       "{\"block\": \"head\", \"layers\": [{\"type\": \"layernorm\", \"dim\": 16},"
+                       "{\"type\": \"lm_head\", \"tied\": true}]}]}";
+#undef TB
+    struct mp_model m;
+    struct mp_diag d = {{0}};
+    if (mp_model_load_string(&m, json, strlen(json), "runs.json", &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(m.n_blocks, 71);
+    static const unsigned per[] = {0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 0, 4, 4, 3};
+    for (size_t i = 0; i < m.n_blocks - 1; i++)
+        assert_int_equal(m.blocks[i].period, i < 13 ? per[i] : 3);
+    for (int v = 0; v < N_VARIANTS; v++)
+        if (v != V_QLORA) /* no HF family: peft's default targets are unknown */
+            assert_true(compare_model(&m, "runs.json", (enum variant)v, NULL) > 0);
+    mp_model_release(&m);
+}
+
 /* Every bundled model, as it is. */
 static void test_fold_bundled_models_equal_their_replay(void **state)
 {
@@ -302,6 +399,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fold_long_chains_equal_their_replay),
+        cmocka_unit_test(test_fold_alternating_layers_equal_their_replay),
         cmocka_unit_test(test_fold_bundled_models_equal_their_replay),
         cmocka_unit_test(test_fold_data_parallel_equals_its_replay),
         cmocka_unit_test(test_long_model_optimal_never_worse_than_sqrt),
