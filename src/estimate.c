@@ -1555,8 +1555,8 @@ static enum mp_status fold_event(void *ctx, const struct mp_event *ev)
         return MP_OK;
     fold_hash(m, (uint64_t)ev->kind << 8 | (uint64_t)ev->store);
     fold_hash(m, ev->bytes);
-    uint64_t w = m->in_blocks ? 1 : fold_entity_weight(c, ev), r, q;
-    if (!mp_mul_u64(mp_round512(ev->bytes), w, &r) || !mp_mul_u64(ev->bytes, w, &q)) {
+    uint64_t w = m->in_blocks ? 1 : fold_entity_weight(c, ev), r = mp_round512(ev->bytes), q = ev->bytes;
+    if (w != 1 && (!mp_mul_u64(r, w, &r) || !mp_mul_u64(q, w, &q))) {
         m->overflow = true;
         return MP_ERR_RANGE;
     }
