@@ -1115,9 +1115,6 @@ static enum mp_status budget_dp(const struct mp_chain *c, enum mp_ckpt_strategy 
  * blocks are grouped (identical ones first) and the DP runs on the groups, so
  * checkpoints fall only between groups; the schedule is expanded back to the
  * blocks and verified on the full chain like any other plan. */
-#ifndef CKPT_DP_MAX_BLOCKS
-#define CKPT_DP_MAX_BLOCKS 128 /* exact up to here */
-#endif
 #define CKPT_DP_GROUPS 64      /* longer chains: about this many groups */
 
 static bool same_block(const struct mp_chain *c, size_t i, size_t j)
@@ -1202,6 +1199,8 @@ static enum mp_status expand_schedule(const struct mp_schedule *gs, const size_t
     return st;
 }
 
+static uint64_t ceil_sqrt(uint64_t n);
+
 /* budget_dp, on groups of blocks when the chain is long (*group = blocks per group
  * of the largest group, 1 when exact).  The grouped chain's memory model is an
  * approximation: the expanded plan is simulated on c, and the budget given to the
@@ -1215,7 +1214,7 @@ static enum mp_status budget_dp_long(const struct mp_chain *c, enum mp_ckpt_stra
     enum mp_status st = none_peak(c, &np, d);
     if (st != MP_OK)
         return st;
-    if (c->L <= CKPT_DP_MAX_BLOCKS || budget >= np)
+    if (c->L <= MP_CKPT_DP_MAX_BLOCKS || budget >= np)
         return budget_dp(c, strategy, budget, slots, cost, sched, unit, exact, d);
     size_t *start = malloc((c->L + 1) * sizeof *start);
     if (!start)
@@ -1259,6 +1258,25 @@ static enum mp_status budget_dp_long(const struct mp_chain *c, enum mp_ckpt_stra
         }
         b -= over;
         *cost = HUGE_VAL;
+    }
+    /* Checkpoints fall only between groups, so on a long chain the DP's plan can need more
+     * memory than sqrt's, or cost more: sqrt's plan is taken instead where it fits and is
+     * cheaper, so the optimal plan is never worse than sqrt. */
+    if (st == MP_OK) {
+        struct mp_schedule sq;
+        mp_schedule_init(&sq);
+        uint64_t peak;
+        double total;
+        bool complete;
+        st = mp_ckpt_schedule_sequential(c->L, (size_t)ceil_sqrt(c->L), &sq);
+        if (st != MP_OK)
+            st = mp_fail(d, st, "ckpt: out of memory");
+        else if ((st = simulate(c, &sq, &peak, &total, &complete, d)) == MP_OK && complete && peak <= budget &&
+                 (isinf(*cost) || total < *cost)) {
+            *cost = total;
+            schedule_swap(sched, &sq);
+        }
+        mp_schedule_release(&sq);
     }
     *exact = false;
     mp_chain_release(&g);

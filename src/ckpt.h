@@ -94,6 +94,10 @@ struct mp_ckpt_plan {
                            * consecutive blocks, so checkpoints fall only between groups (0 or 1: exact) */
 };
 
+/* The budgeted DPs are exact up to this many blocks; on longer chains they run on about 64
+ * groups of consecutive blocks (dp_group), and the plan is never worse than sqrt's. */
+#define MP_CKPT_DP_MAX_BLOCKS 128
+
 void mp_ckpt_plan_init(struct mp_ckpt_plan *p);
 void mp_ckpt_plan_release(struct mp_ckpt_plan *p);
 

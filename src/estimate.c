@@ -528,25 +528,28 @@ static void par_pre_bwd(struct rp *r, size_t i)
     r->node = save;
 }
 
-/* Frees the unsharded gradients of block range [b0, b1] (they were copied into a
- * reduce-scatter input or a reduce bucket). */
+/* Frees the unsharded gradients of block blk, or with whole_group of every block in group g
+ * (blk's own group unless g is the root's): they were copied into a reduce-scatter input or a
+ * reduce bucket. */
 static void drop_pgrads(struct rp *r, size_t g, bool whole_group, size_t blk)
 {
     const struct mp_program *p = r->p;
-    for (size_t q = 0; q < p->n_params; q++) {
-        int b = p->params[q].block;
-        if (b < 0 || !r->pglive[q])
+    bool all = whole_group && r->pp->groups[g].root; /* the root group: the blocks outside repeats */
+    for (size_t b = all ? 0 : blk; b < (all ? p->n_blocks : blk + 1); b++) {
+        if (all && (size_t)r->pp->group_of_block[b] != g)
             continue;
-        if (whole_group ? (size_t)r->pp->group_of_block[b] != g : (size_t)b != blk)
-            continue;
-        r->pglive[q] = false;
-        emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
+        const struct mp_block_prog *bp = &p->blocks[b];
+        for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++)
+            if (r->pglive[q]) {
+                r->pglive[q] = false;
+                emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
+            }
     }
 }
 
 /* FSDP2 post-backward of group g: reshard, release the previous reduce-scatter input, then
  * reduce-scatter: input (padded, reduce dtype), unsharded grads freed, output = sharded grads. */
-static void fsdp_post_bwd(struct rp *r, size_t g)
+static void fsdp_post_bwd(struct rp *r, size_t g, size_t blk)
 {
     const struct mp_par_plan *pp = r->pp;
     uint64_t in = pp->groups[g].unsharded_elems * pp->reduce_elem_bytes;
@@ -557,7 +560,7 @@ static void fsdp_post_bwd(struct rp *r, size_t g)
         r->rs_pending = -1;
     }
     comm(r, true, g, MP_COMM_RS_IN, in);
-    drop_pgrads(r, g, true, 0);
+    drop_pgrads(r, g, true, blk);
     if (!r->rs_out[g]) {
         comm(r, true, g, MP_COMM_RS_OUT, pp->groups[g].shard_elems * pp->reduce_elem_bytes);
         r->rs_out[g] = true;
@@ -575,11 +578,11 @@ static void par_post_bwd(struct rp *r, size_t i)
     size_t g = r->pp->group_of_block ? (size_t)r->pp->group_of_block[i] : 0;
     if (fsdp(r)) {
         if (!r->pp->groups[g].root)
-            fsdp_post_bwd(r, g);
+            fsdp_post_bwd(r, g, i);
         if (i == 0) { /* end of backward: the root group, then the final callback */
             for (size_t k = 0; k < r->pp->n_groups; k++)
                 if (r->pp->groups[k].root)
-                    fsdp_post_bwd(r, k);
+                    fsdp_post_bwd(r, k, i);
             if (r->rs_pending >= 0) {
                 comm(r, false, (size_t)r->rs_pending, MP_COMM_RS_IN,
                      r->pp->groups[r->rs_pending].unsharded_elems * r->pp->reduce_elem_bytes);
@@ -634,12 +637,9 @@ static void par_setup(struct rp *r)
         break;
     case MP_PAR_ZERO3:
         if (!off) {
-            uint64_t shard = 0;
-            for (size_t q = 0; q < r->p->n_params; q++)
-                shard += pp->shard_elems[q];
-            if (pp->compute_elem_bytes != 4)
-                comm(r, true, 0, MP_COMM_PARTITION, shard * 4); /* fp32 master partition */
-            comm(r, true, 1, MP_COMM_PARTITION, shard * 4);     /* grad_partitions_flat_buffer */
+            if (pp->compute_elem_bytes != 4) /* fp32 master partition */
+                comm(r, true, 0, MP_COMM_PARTITION, pp->shard_total * 4);
+            comm(r, true, 1, MP_COMM_PARTITION, pp->shard_total * 4); /* grad_partitions_flat_buffer */
         }
         break;
     default: break;
@@ -916,8 +916,20 @@ static void opt_tmps(struct rp *r, enum mp_ev_kind kind, bool per_param, const u
         emit(r, kind, MP_ST_OPT_TMP, 0, otmp);
 }
 
+/* mp_replay under a data-parallel plan already made (a fold's, weighted), or NULL to make it. */
+static enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule *sched,
+                                  const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
+                                  void *ctx, struct mp_diag *d);
+
 enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *sched, const struct mp_train_opts *t,
                          mp_event_fn fn, void *ctx, struct mp_diag *d)
+{
+    return replay_plan(p, sched, t, NULL, fn, ctx, d);
+}
+
+static enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule *sched,
+                                  const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
+                                  void *ctx, struct mp_diag *d)
 {
     struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1}};
     size_t nt = p->n_tensors ? p->n_tensors : 1;
@@ -939,11 +951,13 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
     memset(&plan, 0, sizeof plan);
     r.ag_held = r.rs_pending = -1;
     if (t->par && t->par->strategy != MP_PAR_NONE) {
-        st = mp_par_plan_make(t->par, p, t->optimizer, &plan, d);
-        if (st != MP_OK)
-            goto out;
-        r.pp = &plan;
-        if (plan.par.strategy == MP_PAR_DDP && plan.par.ddp_grad_as_bucket_view) {
+        if (!given) {
+            st = mp_par_plan_make(t->par, p, t->optimizer, &plan, d);
+            if (st != MP_OK)
+                goto out;
+        }
+        r.pp = given ? given : &plan;
+        if (r.pp->par.strategy == MP_PAR_DDP && r.pp->par.ddp_grad_as_bucket_view) {
             r.first_use = malloc((p->n_params ? p->n_params : 1) * sizeof *r.first_use);
             if (!r.first_use) {
                 st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
@@ -956,7 +970,7 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
                     if (p->nodes[k].param[j] >= 0)
                         r.first_use[p->nodes[k].param[j]] = (int)k;
         }
-        size_t ng = plan.n_groups ? plan.n_groups : 1;
+        size_t ng = r.pp->n_groups ? r.pp->n_groups : 1;
         r.uns = calloc(ng, sizeof(bool));
         r.ag_pending = calloc(ng, sizeof(bool));
         r.rs_out = calloc(ng, sizeof(bool));
@@ -1402,6 +1416,7 @@ struct fold_meter {
     uint64_t h;              /* the current op's events, hashed (FNV-1a) */
     uint64_t *sig;           /* per short op */
     bool overflow;
+    const struct mp_par_plan *pp; /* data parallel: the weighted plan (its groups' weights) */
 };
 
 static void fold_hash(struct fold_meter *m, uint64_t v)
@@ -1448,6 +1463,15 @@ static uint64_t fold_entity_weight(const struct counter *c, const struct mp_even
     case MP_ST_ACT:
     case MP_ST_GRAD: b = ev->id >= 0 && (size_t)ev->id < p->n_tensors ? p->tensors[ev->id].block : -1; break;
     case MP_ST_TMP: b = ev->id >= 0 && (size_t)ev->id < p->n_nodes ? p->nodes[ev->id].block : -1; break;
+    case MP_ST_COMM: {
+        /* a group's buffers (FSDP2 / ZeRO-3) stand for its copies; buckets and partitions are
+         * the full model's already (mp_par_plan_make_weighted) */
+        size_t g = (size_t)ev->id / MP_COMM_KINDS, k = (size_t)ev->id % MP_COMM_KINDS;
+        bool per_group = k == MP_COMM_AG_OUT || k == MP_COMM_COPY_IN || k == MP_COMM_UNSHARD ||
+                         k == MP_COMM_RS_IN || k == MP_COMM_RS_OUT;
+        const struct mp_par_plan *pp = c->fm->pp;
+        return per_group && pp && pp->group_weight && g < pp->n_groups ? pp->group_weight[g] : 1;
+    }
     default: break;
     }
     return mp_fold_weight(c->fm->f, b);
@@ -1565,6 +1589,29 @@ void mp_estimate_release(struct mp_estimate *e)
     e->blocks = NULL;
 }
 
+/* One rank's resident figures under data-parallel plan pp (replacing one GPU's). */
+static void par_static(const struct mp_par_plan *pp, const struct mp_train_opts *t, struct mp_estimate *e)
+{
+    e->world = pp->world;
+    e->weights_bytes = pp->weights_bytes;
+    e->grads_bytes = pp->grads_bytes;
+    e->optimizer_bytes = pp->optimizer_bytes;
+    e->buffers_bytes = pp->buffers_bytes;
+    e->host_bytes = pp->host_bytes;
+    e->nvme_bytes = pp->nvme_bytes;
+    e->allgather_bytes = pp->allgather_bytes;
+    e->reducescatter_bytes = pp->reducescatter_bytes;
+    e->allreduce_bytes = pp->allreduce_bytes;
+    e->pcie_bytes = pp->pcie_bytes;
+    e->host_step_elems = pp->host_step_elems;
+    e->n_groups = (size_t)pp->groups_total;
+    if (mp_par_is_deepspeed(pp->par.strategy) || pp->par.offload != MP_OFFLOAD_NONE)
+        e->optimizer_tmp_bytes = 0; /* fused Adam / the host steps */
+    else if (mp_par_is_fsdp(pp->par.strategy) && e->optimizer_tmp_bytes)
+        e->optimizer_tmp_bytes = t->optimizer == MP_OPT_ADAFACTOR ? e->optimizer_tmp_bytes / pp->world
+                                                                  : pp->shard_total * pp->master_elem_bytes;
+}
+
 enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
                                   struct mp_diag *d)
 {
@@ -1590,27 +1637,7 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
         enum mp_status st = mp_par_plan_make(t->par, p, t->optimizer, &pp, d);
         if (st != MP_OK)
             return st;
-        e->world = pp.world;
-        e->weights_bytes = pp.weights_bytes;
-        e->grads_bytes = pp.grads_bytes;
-        e->optimizer_bytes = pp.optimizer_bytes;
-        e->buffers_bytes = pp.buffers_bytes;
-        e->host_bytes = pp.host_bytes;
-        e->nvme_bytes = pp.nvme_bytes;
-        e->allgather_bytes = pp.allgather_bytes;
-        e->reducescatter_bytes = pp.reducescatter_bytes;
-        e->allreduce_bytes = pp.allreduce_bytes;
-        e->pcie_bytes = pp.pcie_bytes;
-        e->host_step_elems = pp.host_step_elems;
-        e->n_groups = pp.n_groups;
-        if (mp_par_is_deepspeed(pp.par.strategy) || pp.par.offload != MP_OFFLOAD_NONE)
-            e->optimizer_tmp_bytes = 0; /* fused Adam / the host steps */
-        else if (mp_par_is_fsdp(pp.par.strategy) && e->optimizer_tmp_bytes) {
-            uint64_t tmp = 0;
-            for (size_t q = 0; q < p->n_params; q++)
-                tmp += pp.shard_elems[q] * pp.master_elem_bytes;
-            e->optimizer_tmp_bytes = t->optimizer == MP_OPT_ADAFACTOR ? e->optimizer_tmp_bytes / pp.world : tmp;
-        }
+        par_static(&pp, t, e);
         mp_par_plan_release(&pp);
     }
     e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes +
@@ -1849,21 +1876,32 @@ static bool fold_mul(uint64_t a, uint64_t w, uint64_t *acc)
     return mp_mul_u64(a, w, &m) && mp_add_u64(*acc, m, acc);
 }
 
-/* Can fold f's short program p stand for the full model (before its replay)?  Data parallelism
- * and tensors held across blocks are not folded; each weighted block must be a verified copy. */
-static bool fold_admits(const struct mp_fold *f, const struct mp_program *p, const struct mp_train_opts *t)
+/* Can fold f's short program p stand for the full model (before its replay)?  Tensors held
+ * across blocks are not folded; each weighted block must be a verified copy. */
+static bool fold_admits(const struct mp_fold *f, const struct mp_program *p)
 {
-    return !t->par && !p->n_held && mp_fold_copied(f, p);
+    return !p->n_held && mp_fold_copied(f, p);
 }
 
-enum mp_status mp_estimate_static_folded(const struct mp_fold *f, const struct mp_program *p,
-                                         const struct mp_train_opts *t, struct mp_estimate *e, bool *holds,
-                                         struct mp_diag *d)
+/* The data-parallel plan of the full model from f's short program p (none on one GPU). */
+static enum mp_status fold_par_plan(const struct mp_fold *f, const struct mp_program *p,
+                                    const struct mp_train_opts *t, struct mp_par_plan *pp, bool *made,
+                                    struct mp_diag *d)
+{
+    *made = t->par && t->par->strategy != MP_PAR_NONE;
+    if (!*made)
+        return MP_OK;
+    enum mp_status st = mp_par_plan_make_weighted(t->par, p, t->optimizer, f->weight, pp, d);
+    *made = st == MP_OK;
+    return st;
+}
+
+/* The full model's static figures from f's short program p (pp: the weighted data-parallel plan,
+ * or NULL on one GPU). */
+static enum mp_status fold_static(const struct mp_fold *f, const struct mp_program *p, const struct mp_train_opts *t,
+                                  const struct mp_par_plan *pp, struct mp_estimate *e, struct mp_diag *d)
 {
     memset(e, 0, sizeof *e);
-    *holds = fold_admits(f, p, t);
-    if (!*holds)
-        return MP_OK;
     uint64_t total_grad = 0, largest_grad = 0, adapter;
     bool ok = mp_fold_counts(f, p, &e->params, &e->trainable_params, &adapter);
     for (size_t q = 0; q < p->n_params; q++) {
@@ -1885,9 +1923,29 @@ enum mp_status mp_estimate_static_folded(const struct mp_fold *f, const struct m
     e->workspace_bytes = t->cublas_workspace_bytes;
     e->optimizer_tmp_bytes = mp_opt_step_tmp_of(t->optimizer, total_grad, largest_grad);
     e->world = 1;
+    if (pp)
+        par_static(pp, t, e);
     e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes +
                       e->module_buffers_bytes;
     return MP_OK;
+}
+
+enum mp_status mp_estimate_static_folded(const struct mp_fold *f, const struct mp_program *p,
+                                         const struct mp_train_opts *t, struct mp_estimate *e, bool *holds,
+                                         struct mp_diag *d)
+{
+    memset(e, 0, sizeof *e);
+    *holds = fold_admits(f, p);
+    if (!*holds)
+        return MP_OK;
+    struct mp_par_plan pp;
+    bool made;
+    enum mp_status st = fold_par_plan(f, p, t, &pp, &made, d);
+    if (st == MP_OK)
+        st = fold_static(f, p, t, made ? &pp : NULL, e, d);
+    if (made)
+        mp_par_plan_release(&pp);
+    return st;
 }
 
 enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_program *p,
@@ -1897,7 +1955,7 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
 {
     *holds = false;
     memset(e, 0, sizeof *e);
-    if (!fold_admits(f, p, t))
+    if (!fold_admits(f, p))
         return MP_OK;
     uint64_t nodes = p->n_nodes;
     for (size_t j = 0; j < f->n; j++)
@@ -1905,16 +1963,21 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
             return MP_OK;
     if (!t->skip_reserved && nodes <= MP_ASIM_MAX_NODES)
         return MP_OK; /* the full model is small enough for the allocator model: replay it */
-    bool admitted; /* (it is: fold_admits above) */
-    enum mp_status st = mp_estimate_static_folded(f, p, t, e, &admitted, d);
-    if (st != MP_OK)
-        return st;
-    struct fold_meter m = {.f = f, .w = 1, .per_param_opt = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW};
-    m.sig = calloc(f->sched.n ? f->sched.n : 1, sizeof *m.sig);
-    if (!m.sig)
-        return mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    struct mp_par_plan pp;
+    bool made;
+    enum mp_status st = fold_par_plan(f, p, t, &pp, &made, d);
+    if (st == MP_OK)
+        st = fold_static(f, p, t, made ? &pp : NULL, e, d);
+    struct fold_meter m = {.f = f, .w = 1, .per_param_opt = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW,
+                           .pp = made ? &pp : NULL};
+    m.sig = st == MP_OK ? calloc(f->sched.n ? f->sched.n : 1, sizeof *m.sig) : NULL;
+    if (st == MP_OK && !m.sig)
+        st = mp_fail(d, MP_ERR_NOMEM, "out of memory");
     struct counter c = {.p = p, .peak_node = -1, .no_asim = true, .fm = &m};
-    st = mp_replay(p, &f->sched, t, fold_event, &c, d);
+    if (st == MP_OK)
+        st = replay_plan(p, &f->sched, t, m.pp, fold_event, &c, d);
+    if (made)
+        mp_par_plan_release(&pp);
     if (st == MP_ERR_RANGE && m.overflow)
         st = mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits", p->model->path);
     /* the step on an interval's first interior unit and the one on its second, weighted, unit
@@ -1932,7 +1995,15 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
     e->overhead_bytes = context_bytes;
     e->peak_device_bytes = c.peak + context_bytes;
     e->peak_phase = c.peak_phase;
-    if (c.peak_node >= 0) {
+    if (c.peak_node >= 0 && c.peak_store == MP_ST_COMM) { /* as mp_estimate_run_chain names it */
+        const struct mp_node *n = &p->nodes[c.peak_node];
+        snprintf(e->peak_event, sizeof e->peak_event, "%s:%s %s", mp_phase_str(c.peak_phase),
+                 n->block >= 0 ? f->full->blocks[f->full_of[n->block] + m.peak_rep].name : n->name,
+                 mp_comm_kind_str((enum mp_comm_kind)(c.peak_id % MP_COMM_KINDS)));
+    } else if (c.peak_store == MP_ST_COMM) {
+        snprintf(e->peak_event, sizeof e->peak_event, "%s:%s", mp_phase_str(c.peak_phase),
+                 mp_comm_kind_str((enum mp_comm_kind)(c.peak_id % MP_COMM_KINDS)));
+    } else if (c.peak_node >= 0) {
         /* the node's name with its short block's name replaced by the full block's */
         const struct mp_node *n = &p->nodes[c.peak_node];
         const char *bn = n->block >= 0 ? f->model.blocks[n->block].name : "";
@@ -1972,8 +2043,11 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
             free(ckpt);
             return mp_fail(d, MP_ERR_NOMEM, "out of memory");
         }
+        for (size_t j = 0; j < f->n; j++) /* each short block's figures, then copied */
+            block_est(p, t, j, 0, &e->blocks[f->full_of[j]]);
         for (size_t i = 0; i < N; i++) {
-            block_est(p, t, f->short_of[i], chain->xb[i + 1], &e->blocks[i]);
+            e->blocks[i] = e->blocks[f->full_of[f->short_of[i]]];
+            e->blocks[i].activation_bytes = chain->xb[i + 1];
             e->blocks[i].checkpointed = ckpt[i];
         }
     }

@@ -149,43 +149,77 @@ void mp_par_plan_release(struct mp_par_plan *pp)
     free(pp->shard_elems);
     free(pp->groups);
     free(pp->group_of_block);
+    free(pp->group_weight);
     free(pp->bucket_bytes);
     memset(pp, 0, sizeof *pp);
 }
 
-/* DDP's bucket assignment (reducer's compute_bucket_assignment_by_size): parameters in
- * reverse order, a bucket closes once its bytes reach the cap; the first cap is 1 MiB. */
-static enum mp_status ddp_buckets(struct mp_par_plan *pp, const struct mp_program *p, uint64_t esz)
+/* How many blocks block b of p stands for (fold.h; NULL weights: one each). */
+static uint64_t weight_of(const uint64_t *w, const struct mp_program *p, int b)
 {
-    pp->bucket_bytes = calloc(p->n_params + 1, sizeof *pp->bucket_bytes);
-    if (!pp->bucket_bytes)
-        return MP_ERR_NOMEM;
+    return w && b >= 0 && (size_t)b < p->n_blocks ? w[b] : 1;
+}
+
+static bool add_bucket(struct mp_par_plan *pp, size_t *cap_n, uint64_t bytes)
+{
+    if (pp->n_buckets == *cap_n) {
+        size_t n = *cap_n ? 2 * *cap_n : 64;
+        uint64_t *b = n > SIZE_MAX / sizeof *b ? NULL : realloc(pp->bucket_bytes, n * sizeof *b);
+        if (!b)
+            return false;
+        pp->bucket_bytes = b;
+        *cap_n = n;
+    }
+    pp->bucket_bytes[pp->n_buckets++] = bytes;
+    return true;
+}
+
+/* DDP's bucket assignment (reducer's compute_bucket_assignment_by_size): parameters in
+ * reverse order, a bucket closes once its bytes reach the cap; the first cap is 1 MiB.  A
+ * weighted block's parameters come that many times over (its copies, last to first). */
+static enum mp_status ddp_buckets(struct mp_par_plan *pp, const struct mp_program *p, uint64_t esz, const uint64_t *w)
+{
+    size_t cap_n = 0;
     uint64_t cur = 0, cap = pp->par.ddp_first_bucket_bytes;
     for (size_t k = p->n_params; k-- > 0;) {
-        cur += p->params[k].elems * esz;
-        if (cur >= cap) {
-            pp->bucket_bytes[pp->n_buckets++] = cur;
-            cur = 0;
-            cap = pp->par.ddp_bucket_cap_bytes;
-        }
+        int b = p->params[k].block;
+        uint64_t reps = weight_of(w, p, b);
+        size_t lo = k;
+        if (reps > 1) /* the block's parameters are params[param0 .. k] (k its last) */
+            lo = p->blocks[b].param0;
+        for (uint64_t r = 0; r < reps; r++)
+            for (size_t j = k + 1; j-- > lo;) {
+                cur += p->params[j].elems * esz;
+                if (cur >= cap) {
+                    if (!add_bucket(pp, &cap_n, cur))
+                        return MP_ERR_NOMEM;
+                    cur = 0;
+                    cap = pp->par.ddp_bucket_cap_bytes;
+                }
+            }
+        k = lo;
     }
-    if (cur)
-        pp->bucket_bytes[pp->n_buckets++] = cur;
+    if (cur && !add_bucket(pp, &cap_n, cur))
+        return MP_ERR_NOMEM;
     return MP_OK;
 }
 
 /* FSDP2: one group per repeated block (fully_shard on each decoder layer), the rest of the
- * model in the root group (the last).  ZeRO-3: one group per block. */
-static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_program *p)
+ * model in the root group (the last).  ZeRO-3: one group per block.  A weighted block's group
+ * stands for that many groups. */
+static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_program *p, const uint64_t *w)
 {
     bool fsdp = mp_par_is_fsdp(pp->par.strategy);
     pp->group_of_block = calloc(p->n_blocks ? p->n_blocks : 1, sizeof *pp->group_of_block);
     pp->groups = calloc(p->n_blocks + 1, sizeof *pp->groups);
-    if (!pp->group_of_block || !pp->groups)
+    pp->group_weight = calloc(p->n_blocks + 1, sizeof *pp->group_weight);
+    if (!pp->group_of_block || !pp->groups || !pp->group_weight)
         return MP_ERR_NOMEM;
     size_t g = 0;
     for (size_t i = 0; i < p->n_blocks; i++) {
         bool own = !fsdp || (p->model && i < p->model->n_blocks && p->model->blocks[i].repeat_group > 0);
+        if (own)
+            pp->group_weight[g] = weight_of(w, p, (int)i);
         pp->group_of_block[i] = own ? (int)g++ : -1;
     }
     size_t root = g;
@@ -196,8 +230,12 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
             any_root = true;
         }
     pp->n_groups = g + (any_root ? 1 : 0);
-    if (any_root)
+    if (any_root) {
         pp->groups[root].root = true;
+        pp->group_weight[root] = 1; /* the blocks outside repeats, never weighted */
+    }
+    for (size_t k = 0; k < pp->n_groups; k++)
+        pp->groups_total += pp->group_weight[k];
     uint64_t N = pp->world;
     for (size_t q = 0; q < p->n_params; q++) {
         const struct mp_param *pa = &p->params[q];
@@ -217,6 +255,21 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
 enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_program *p, enum mp_optimizer o,
                                 struct mp_par_plan *pp, struct mp_diag *d)
 {
+    return mp_par_plan_make_weighted(par, p, o, NULL, pp, d);
+}
+
+/* acc += v x w; false when it leaves 64 bits */
+static bool wadd(uint64_t *acc, uint64_t v, uint64_t w)
+{
+    uint64_t m;
+    return mp_mul_u64(v, w, &m) && mp_add_u64(*acc, m, acc);
+}
+
+enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const struct mp_program *p,
+                                         enum mp_optimizer o, const uint64_t *block_weight, struct mp_par_plan *pp,
+                                         struct mp_diag *d)
+{
+    const uint64_t *w = block_weight;
     memset(pp, 0, sizeof *pp);
     pp->par = *par;
     pp->world = mp_par_world(par);
@@ -231,11 +284,16 @@ enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_p
     pp->master_elem_bytes = pure_bf16 && !mp_par_is_deepspeed(s) ? 2 : 4;
     pp->reduce_elem_bytes = mp_par_is_fsdp(s) ? pp->master_elem_bytes : P;
     pp->n_params = p->n_params;
+    bool ok = true;
     for (size_t q = 0; q < p->n_params; q++) {
-        pp->total_elems += p->params[q].elems;
+        ok = ok && wadd(&pp->total_elems, p->params[q].elems, weight_of(w, p, p->params[q].block));
         if (!pp->hidden && p->params[q].matrix)
             pp->hidden = p->params[q].cols;
     }
+    /* every per-rank figure below is a few bytes per element at most */
+    if (!ok || pp->total_elems > UINT64_MAX / 64)
+        return mp_fail(d, MP_ERR_RANGE, "%s: parameter sizes overflow 64 bits",
+                       p->model ? p->model->path : "model");
     if (!pp->hidden)
         pp->hidden = 1024;
     /* DeepSpeed bucket sizes: accelerate's "auto" rule (hidden^2, 0.9 hidden^2, 10 hidden) */
@@ -266,9 +324,9 @@ enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_p
     pp->partition_elems = mp_par_zero12_partition_elems(pp->total_elems, N);
     enum mp_status st = MP_OK;
     if (mp_par_sharded_params(s))
-        st = make_groups(pp, p);
+        st = make_groups(pp, p, w);
     if (st == MP_OK && s == MP_PAR_DDP)
-        st = ddp_buckets(pp, p, P);
+        st = ddp_buckets(pp, p, P, w);
     if (st == MP_OK && mp_par_is_deepspeed(s)) {
         pp->bucket_bytes = calloc(1, sizeof *pp->bucket_bytes);
         if (!pp->bucket_bytes)
@@ -284,11 +342,25 @@ enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_p
     }
 
     /* resident bytes per rank */
-    uint64_t opt = 0, shard = 0;
+    uint64_t opt = 0, shard = 0, persist = 0, persist_shard = 0, un = 0, root_un = 0;
     for (size_t q = 0; q < p->n_params; q++) {
-        opt += mp_par_opt_state_bytes(pp, p, o, q);
-        shard += pp->shard_elems[q];
+        uint64_t wq = weight_of(w, p, p->params[q].block);
+        ok = ok && wadd(&opt, mp_par_opt_state_bytes(pp, p, o, q), wq) && wadd(&shard, pp->shard_elems[q], wq);
+        if (s == MP_PAR_ZERO3 && p->params[q].elems < pp->par.ds_persistence_elems)
+            ok = ok && wadd(&persist, p->params[q].elems, wq) && wadd(&persist_shard, pp->shard_elems[q], wq);
     }
+    for (size_t g = 0; g < pp->n_groups; g++) {
+        ok = ok && wadd(&un, pp->groups[g].unsharded_elems, pp->group_weight[g]);
+        if (pp->groups[g].root)
+            root_un += pp->groups[g].unsharded_elems;
+    }
+    /* (shards are at most twice their parameters: padding to whole rows) */
+    if (!ok || un > UINT64_MAX / 64) {
+        mp_par_plan_release(pp);
+        return mp_fail(d, MP_ERR_RANGE, "%s: parameter sizes overflow 64 bits",
+                       p->model ? p->model->path : "model");
+    }
+    pp->shard_total = shard;
     uint64_t Psi = pp->total_elems, part = pp->partition_elems;
     bool off_opt = par->offload != MP_OFFLOAD_NONE, off_par = par->offload == MP_OFFLOAD_PARAMS;
     switch (s) {
@@ -326,12 +398,6 @@ enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_p
         }
         break;
     case MP_PAR_ZERO3: {
-        uint64_t persist = 0, persist_shard = 0;
-        for (size_t q = 0; q < p->n_params; q++)
-            if (p->params[q].elems < pp->par.ds_persistence_elems) {
-                persist += p->params[q].elems;
-                persist_shard += pp->shard_elems[q];
-            }
         /* persisted parameters stay whole on the GPU; the rest are partitions (on the host
          * with parameter offload) */
         uint64_t dev_params = persist * P + (off_par ? 0 : (shard - persist_shard) * P);
@@ -363,12 +429,7 @@ enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_p
     }
     case MP_PAR_FSDP:
     case MP_PAR_FSDP_NO_RESHARD: {
-        uint64_t M = pp->master_elem_bytes, un = 0, root_un = 0;
-        for (size_t g = 0; g < pp->n_groups; g++) {
-            un += pp->groups[g].unsharded_elems;
-            if (pp->groups[g].root)
-                root_un += pp->groups[g].unsharded_elems;
-        }
+        uint64_t M = pp->master_elem_bytes;
         pp->weights_bytes = off_par ? 0 : shard * M;
         pp->grads_bytes = off_par ? 0 : shard * pp->reduce_elem_bytes;
         pp->optimizer_bytes = off_par ? 0 : opt;

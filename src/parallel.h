@@ -102,6 +102,8 @@ struct mp_par_plan {
     size_t n_groups;             /* FSDP2 / ZeRO-3 groups; the last is the root (FSDP2) */
     struct mp_par_group *groups;
     int *group_of_block;         /* per block */
+    uint64_t *group_weight;      /* per group: the groups it stands for (a fold's weighted block) */
+    uint64_t groups_total;       /* groups of the full model: the sum of group_weight */
     size_t n_buckets;            /* DDP buckets or DeepSpeed reduce buffers */
     uint64_t *bucket_bytes;
     uint64_t master_elem_bytes;  /* fp32 (4), or 2 for pure bf16 */
@@ -110,6 +112,7 @@ struct mp_par_plan {
     uint64_t hidden;             /* model width, for DeepSpeed's "auto" bucket rule */
     uint64_t total_elems;        /* trainable parameter elements */
     uint64_t partition_elems;    /* ZeRO-1/2: flat partition per rank (aligned to 2 x world) */
+    uint64_t shard_total;        /* the sum of shard_elems over the full model's parameters */
     /* per rank, resident through the step (what the report calls weights/grads/optimizer) */
     uint64_t weights_bytes, grads_bytes, optimizer_bytes;
     uint64_t buffers_bytes;      /* persistent communication buffers (DDP buckets, DeepSpeed ipg) */
@@ -124,6 +127,13 @@ struct mp_par_plan {
 /* Per-rank plan of p under par with optimizer o.  Owns memory: mp_par_plan_release. */
 enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_program *p, enum mp_optimizer o,
                                 struct mp_par_plan *pp, struct mp_diag *d);
+/* The same for a fold's short program p (fold.h): block j stands for block_weight[j] identical
+ * blocks, so its parameters count that many times in the totals and DDP buckets, and its group
+ * (group_weight) stands for that many groups; per-parameter and per-group sizes are one copy's.
+ * MP_ERR_RANGE when the totals overflow 64 bits. */
+enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const struct mp_program *p,
+                                         enum mp_optimizer o, const uint64_t *block_weight, struct mp_par_plan *pp,
+                                         struct mp_diag *d);
 void mp_par_plan_release(struct mp_par_plan *pp);
 
 /* FSDP2 shard of one parameter: dim 0 chunked in world pieces, each padded to

@@ -446,8 +446,22 @@ void mp_report_plan_blocks(FILE *out, const struct mp_ckpt_plan *p)
         fputs("none", out);
         return;
     }
-    for (size_t i = 0; i < p->n_segments; i++)
+    /* a long plan (a long model's sqrt plan has hundreds of segments): each run of 4 or more
+     * back-to-back segments of one length as its first and last with their count */
+    bool shorten = p->n_segments > 16;
+    for (size_t i = 0; i < p->n_segments;) {
+        size_t len = p->segments[i][1] - p->segments[i][0], j = i + 1;
+        while (shorten && j < p->n_segments && p->segments[j][0] == p->segments[j - 1][1] &&
+               p->segments[j][1] - p->segments[j][0] == len)
+            j++;
+        if (j - i < 4)
+            j = i + 1;
         fprintf(out, "%s[%zu,%zu)", i ? " " : "", p->segments[i][0], p->segments[i][1]);
+        if (j - i >= 4)
+            fprintf(out, " .. [%zu,%zu) (%zu segments of %zu block%s)", p->segments[j - 1][0],
+                    p->segments[j - 1][1], j - i, len, len == 1 ? "" : "s");
+        i = j;
+    }
 }
 
 static bool same_row(const struct mp_block_est *a, const struct mp_block_est *b)

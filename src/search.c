@@ -98,7 +98,7 @@ struct evalr {
 static bool fold_wanted(const struct mp_job *job)
 {
     const struct mp_model *m = job->model;
-    if (job->fold < 0 || job->keep_program || job->train.par || m->enc_dec || job->build.ft.mode == MP_FT_FREEZE)
+    if (job->fold < 0 || job->keep_program || m->enc_dec || job->build.ft.mode == MP_FT_FREEZE)
         return false;
     return job->fold > 0 || m->n_blocks >= MP_FIT_FOLD_BLOCKS;
 }
@@ -213,6 +213,40 @@ static enum mp_status ev_run(struct evalr *ev, const struct mp_schedule *s, uint
     return mp_estimate_run_chain(ev->prog, s, &ev->job->train, context, c, e, d);
 }
 
+/* The sqrt plan in place of f's budgeted one (planned: f has one) where it fits and that does
+ * not, or costs less; f->plan keeps the job's strategy as its name. */
+static enum mp_status sqrt_floor(struct evalr *ev, const struct mp_job *job, uint64_t context, struct mp_fit *f,
+                                 bool *planned, struct mp_diag *d)
+{
+    bool fits = *planned && f->est.peak_device_bytes <= f->usable_bytes;
+    struct mp_ckpt_spec sqrt = {MP_CKPT_SQRT, 0};
+    struct mp_ckpt_plan sp;
+    mp_ckpt_plan_init(&sp);
+    enum mp_status st = mp_ckpt_plan_make(&f->chain, &sqrt, 0, job->slots, &sp, d);
+    if (st != MP_OK || (fits && sp.total_cost >= f->plan.total_cost)) {
+        mp_ckpt_plan_release(&sp);
+        return st;
+    }
+    struct mp_estimate se;
+    size_t folded = 0;
+    memset(&se, 0, sizeof se);
+    st = ev_run(ev, &sp.sched, context, &f->chain, &se, &folded, d);
+    if (st == MP_OK && se.peak_device_bytes <= f->usable_bytes) {
+        sp.spec = job->ckpt;
+        sp.dp_group = f->plan.dp_group;
+        mp_ckpt_plan_release(&f->plan);
+        f->plan = sp;
+        mp_estimate_release(&f->est);
+        f->est = se;
+        f->folded_blocks = folded;
+        *planned = true;
+        return MP_OK;
+    }
+    mp_estimate_release(&se);
+    mp_ckpt_plan_release(&sp);
+    return st;
+}
+
 void mp_fit_build_opts(const struct mp_job *job, struct mp_build_opts *bo)
 {
     *bo = job->build;
@@ -301,6 +335,14 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             last_peak = f->est.peak_device_bytes;
             budget = sub0(budget, shrink);
         }
+        /* On a long chain the DP runs on groups (ckpt.c) and its chain model counts a little
+         * more than the replay: sqrt's plan, replayed, is taken where it fits and the DP's plan
+         * does not, or costs less, so the optimal plan is never worse than sqrt's */
+        if (!job->activation_budget && f->chain.L > MP_CKPT_DP_MAX_BLOCKS &&
+            (st = sqrt_floor(&ev, job, context, f, &planned, d)) != MP_OK)
+            goto out;
+        if (planned && !f->activation_budget)
+            f->activation_budget = budget;
         if (!planned) {
             /* nothing fits: report the fully checkpointed peak (every block) for the shortfall */
             struct mp_ckpt_spec every = {MP_CKPT_EVERY, 1};
@@ -375,19 +417,26 @@ static enum mp_status fits_at(const struct mp_job *job, uint64_t b, bool *fits, 
  * that missed turn the search to plain doubling and bisection, which the optimal plans use
  * from the start.  So with an optimal plan b lies between the last power of two that fits and
  * the first that does not (or max_batch), found by bisection. */
-enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch, uint64_t *best, unsigned *evals,
-                                   struct mp_diag *d)
+/* mp_search_max_batch from batch `from` when it fits (a batch a weaker plan of the same job was
+ * found to fit: the search then starts there), else from 1. */
+static enum mp_status search_max_batch_from(const struct mp_job *job, uint64_t max_batch, uint64_t from,
+                                            uint64_t *best, unsigned *evals, struct mp_diag *d)
 {
     *best = 0;
-    bool ok;
-    uint64_t plo;
-    enum mp_status st = fits_at(job, 1, &ok, &plo, evals, d);
+    bool ok = false;
+    uint64_t plo, start = 1;
+    enum mp_status st = MP_OK;
+    if (from > 1 && from <= max_batch && (st = fits_at(job, from, &ok, &plo, evals, d)) == MP_OK && ok)
+        start = from;
+    if (st == MP_OK && start == 1)
+        st = fits_at(job, 1, &ok, &plo, evals, d);
     if (st != MP_OK || !ok)
         return st;
     uint64_t usable = (uint64_t)((double)mp_gpu_capacity(&job->gpu) * (1.0 - job->margin));
-    uint64_t lo = 1, prev = 0, pprev = 0; /* lo fits (peak plo); prev < lo fitted before it (0: none) */
+    uint64_t lo = start, prev = 0, pprev = 0; /* lo fits (peak plo); prev < lo fitted before it (0: none) */
     uint64_t hi = 0, phi = 0;             /* hi > lo does not fit (peak phi); 0: none found yet */
-    uint64_t next = 0;                    /* the last guess's neighbour, tried next */
+    uint64_t next = start > 1 ? start + 1 : 0; /* the last guess's neighbour, tried next (after a
+                                                * start: the batch above it) */
     uint64_t round_lo = 0, round_span = 0; /* lo and the bracket before the last guess */
     /* guesses that missed; after two, doubling and bisection only.  An optimal plan fills its
      * budget whatever the batch, so its peak says nothing of the boundary: no guesses at all */
@@ -437,6 +486,12 @@ enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch,
     return MP_OK;
 }
 
+enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch, uint64_t *best, unsigned *evals,
+                                   struct mp_diag *d)
+{
+    return search_max_batch_from(job, max_batch, 1, best, evals, d);
+}
+
 /* ---- suggest -------------------------------------------------------------------------- */
 
 void mp_suggestion_release(struct mp_suggestion *s)
@@ -467,6 +522,8 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     j.ckpt = c->ckpt;
     j.build.batch = b;
     j.train.accumulate = accum > 1;
+    j.train.skip_reserved = true; /* suggest reports allocated bytes; the allocator model would
+                                   * only cost time (and keep long models from folding) */
     mp_fit_release(&c->fit);
     enum mp_status st = mp_fit_eval(&j, &c->fit, d);
     if (st != MP_OK) {
@@ -493,7 +550,7 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     return MP_OK;
 }
 
-static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_suggest_opts *o,
+static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_suggest_opts *o, uint64_t from,
                                      struct mp_candidate *c, unsigned *evals, struct mp_diag *d)
 {
     uint64_t bmax = 0;
@@ -501,7 +558,8 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
      * micro-batch is the whole global batch: search under accumulation, then re-check. */
     struct mp_job sj = *job;
     sj.train.accumulate = o->global_batch > 1;
-    enum mp_status st = mp_search_max_batch(&sj, o->max_batch ? o->max_batch : 65536, &bmax, evals, d);
+    enum mp_status st = search_max_batch_from(&sj, o->max_batch ? o->max_batch : 65536, from, &bmax, evals, d);
+    c->search_bmax = bmax;
     if (st != MP_OK)
         return st;
     if (o->global_batch > 1 && bmax < o->global_batch) {
@@ -789,6 +847,8 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64
         par->strategy = shard[k];
         struct mp_job j = *base;
         j.train.par = par;
+        j.train.skip_reserved = true; /* a verdict on allocated bytes, as the search's */
+        j.verdict_only = true;
         j.build.batch = 1;
         j.build.precision = prec;
         j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
@@ -963,7 +1023,14 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
             memset(c, 0, sizeof *c);
             c->par = keep;
             c->ft = modes[mi];
-            enum mp_status st = eval_candidate(&j, o, c, &evals, d);
+            /* On a long model the optimal plan is never worse than sqrt (ckpt.c): its search
+             * starts at the batch sqrt's reached, two candidates before (same mode, engine and
+             * precision), once that batch is confirmed to fit */
+            uint64_t from = 0;
+            if (j.ckpt.strategy == MP_CKPT_OPTIMAL && k >= 1 && strategies[k - 1].strategy == MP_CKPT_SQRT &&
+                base->model->n_blocks >= MP_FIT_FOLD_BLOCKS)
+                from = s->cand[s->n - 1].search_bmax;
+            enum mp_status st = eval_candidate(&j, o, from, c, &evals, d);
             if (st != MP_OK) {
                 mp_fit_release(&c->fit);
                 mp_suggestion_release(s);
@@ -977,11 +1044,13 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     bool bf16_only;
     s->best = choose_best(s, o, &bf16_only);
     char world_alt[160] = "";
+    bool no_world = false; /* no world up to 128 nodes fits either */
     if (s->best < 0 && !base->train.par && !o->par_search) {
         /* does not fit one GPU: the smallest world (8 GPUs per node) where a sharding strategy
          * fits micro-batch 1 with every block checkpointed, then the full search there */
         struct mp_parallel par;
         uint64_t w = smallest_world(base, precs[0], &par, d);
+        no_world = !w;
         if (w) {
             struct mp_job wj = *base;
             wj.train.par = &par;
@@ -1025,6 +1094,8 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
         j.build.batch = 1;
         j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
         j.build.precision = o->precision_fixed ? o->precision : precs[0];
+        j.train.skip_reserved = true; /* verdicts on allocated bytes, as the search's */
+        j.verdict_only = true;
         struct mp_fit f;
         j.train.optimizer = MP_OPT_ADAM8BIT;
         if (base->train.optimizer != MP_OPT_ADAM8BIT && mp_fit_eval(&j, &f, d) == MP_OK) {
@@ -1101,9 +1172,11 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
             free(gpus);
         }
         if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
-            snprintf(s->alternatives[s->n_alternatives++], 160,
-                     "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
-                     "optimizer state across GPUs (FSDP/ZeRO) or offload");
+            snprintf(s->alternatives[s->n_alternatives++], 160, "%s",
+                     no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
+                                "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
+                              : "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
+                                "optimizer state across GPUs (FSDP/ZeRO) or offload");
         if (any_fit)
             snprintf(s->note, sizeof s->note, "the estimate said it fits but the probes ran out of memory at every "
                                               "batch they tried; rerun with a larger --margin");

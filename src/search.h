@@ -97,6 +97,7 @@ struct mp_candidate {
     uint64_t probe_peak_bytes;    /* the probe pool's measured peak at micro_batch */
     double recompute_pct;
     size_t n_ckpt_blocks;
+    uint64_t search_bmax;         /* the largest micro-batch the search found to fit (0: none) */
     struct mp_fit fit;            /* the evaluation at micro_batch */
 };
 

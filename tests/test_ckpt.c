@@ -1003,6 +1003,29 @@ static void test_optimal_long_chain_grouped(void **state)
     mp_chain_release(&c);
 }
 
+/* On a chain so long that a group of blocks is longer than sqrt's segments (20,000 blocks: 64
+ * groups of about 313), whose blocks save 16 times their input (a transformer block's saved
+ * activations against its input), the DP on groups alone cannot go down to sqrt's memory: at
+ * sqrt's own peak the optimal plan still exists, fits, and costs no more than sqrt's. */
+static void test_optimal_long_chain_never_worse_than_sqrt(void **state)
+{
+    (void)state;
+    struct mp_chain c;
+    unit_chain(&c, 20000, 1);
+    for (size_t i = 1; i <= c.L; i++)
+        c.xb[i] = 16;
+    struct mp_ckpt_plan s, p;
+    assert_int_equal(make(&c, MP_CKPT_SQRT, 0, 0, 0, &s), MP_OK);
+    for (uint64_t extra = 0; extra <= 200; extra += 100) {
+        assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, s.peak_bytes + extra, 0, &p), MP_OK);
+        assert_true(p.peak_bytes <= s.peak_bytes + extra);
+        assert_true(p.total_cost <= s.total_cost);
+        mp_ckpt_plan_release(&p);
+    }
+    mp_ckpt_plan_release(&s);
+    mp_chain_release(&c);
+}
+
 /* ---- plan readout -------------------------------------------------------- */
 
 static void test_plan_readout_rotor(void **state)
@@ -1086,6 +1109,7 @@ int main(void)
         cmocka_unit_test(test_plan_readout_rotor),
         cmocka_unit_test(test_compare_best_segments),
         cmocka_unit_test(test_optimal_long_chain_grouped),
+        cmocka_unit_test(test_optimal_long_chain_never_worse_than_sqrt),
         cmocka_unit_test(test_optimal_long_chain),
     };
     return cmocka_run_group_tests_name("ckpt", tests, NULL, NULL);
