@@ -34,6 +34,16 @@ for n in $SIZES; do
     timeit "plan tiny-test x$n --gpu t4 --batch 1024" $((n + 2)) plan "$T/tiny.json" --gpu t4 --batch 1024
     timeit "plan gpt2 x$n --activation-budget 1TiB" $((n + 2)) plan "$T/gpt2.json" --activation-budget 1TiB
     timeit "suggest tiny-test x$n --gpu t4" $((n + 2)) suggest "$T/tiny.json" --gpu t4 --no-probe
+    # every data-parallel engine at 4 GPUs
+    timeit "suggest tiny-test x$n --gpu t4 --gpus 4" $((n + 2)) suggest "$T/tiny.json" --gpu t4 --gpus 4 --no-probe
+    # fits no single GPU: the smallest FSDP2 / ZeRO-3 world, then every engine there
+    timeit "suggest gpt2 x$n --gpu a100-80gb" $((n + 2)) suggest "$T/gpt2.json" --gpu a100-80gb --no-probe
+    # LoRA weighed against QLoRA (an HF config, for peft's default targets; width 64, so that
+    # the frozen base fits one GPU)
+    sed -e "s/\"n_layer\": 12,/\"n_layer\": $n,/" -e 's/"n_embd": 768,/"n_embd": 64,/' \
+        -e 's/"n_head": 12,/"n_head": 4,/' models/hf/gpt2.json >"$T/gpt2-hf.json"
+    timeit "suggest gpt2-hf d64 x$n --finetune lora --gpu a100" $((n + 2)) suggest "$T/gpt2-hf.json" \
+        --gpu a100-80gb --finetune lora --no-probe
     for g in gemma-2-2b gemma-3-1b; do
         sed "s/\"num_hidden_layers\": [0-9]*/\"num_hidden_layers\": $n/" models/hf/$g.json >"$T/$g.json"
         sed -e 's/"hidden_size": [0-9]*/"hidden_size": 32/' -e 's/"intermediate_size": [0-9]*/"intermediate_size": 128/' \

@@ -425,6 +425,26 @@ static const struct {
 };
 
 /* The config after the transformers defaults: everything the lowering needs. */
+/* Reading a per-layer list in layer order: cJSON's lists are linked, so item i from the start
+ * costs i steps (quadratic over 100,000 layers); a cursor walks on from the last item read. */
+struct list_cursor {
+    const cJSON *item;
+    uint64_t index;
+};
+
+static const cJSON *list_item(const cJSON *a, uint64_t i, struct list_cursor *cur)
+{
+    if (!cur->item || cur->index > i) {
+        cur->item = a->child;
+        cur->index = 0;
+    }
+    while (cur->item && cur->index < i) {
+        cur->item = cur->item->next;
+        cur->index++;
+    }
+    return cur->item;
+}
+
 struct hf {
     const struct family *f;
     uint64_t vocab, hidden, layers, heads, kv_heads, head_dim, ffn;
@@ -452,6 +472,7 @@ struct hf {
     enum mp_act pooler_act;
     unsigned mask_kinds;   /* distinct layer types (full / sliding attention): one eager mask each */
     const cJSON *layer_types; /* the config's layer_types (validated), else NULL */
+    struct list_cursor *lt_at, *nr_at; /* where layer_types / no_rope_layers were last read */
     uint64_t swa_every;    /* without layer_types: layer i is full attention iff (i + 1) % swa_every == 0 */
     /* per-layer rotary (NoPE layers): SmolLM3's no_rope_layers (1: rope) or every nope_every-th
      * layer without; EXAONE 4: rope on the sliding layers only */
@@ -1088,7 +1109,7 @@ static enum mp_status read_mask_kinds(const cJSON *root, struct hf *c, const cha
 static bool layer_sliding(const struct hf *c, uint64_t i)
 {
     if (c->layer_types)
-        return !strcmp(cJSON_GetArrayItem(c->layer_types, (int)i)->valuestring, "sliding_attention");
+        return !strcmp(list_item(c->layer_types, i, c->lt_at)->valuestring, "sliding_attention");
     return c->swa_every > 1 && (i + 1) % c->swa_every != 0;
 }
 
@@ -1098,7 +1119,7 @@ static bool layer_rope(const struct hf *c, uint64_t i)
     if (!c->rope)
         return false;
     if (c->no_rope)
-        return cJSON_GetArrayItem(c->no_rope, (int)i)->valueint != 0;
+        return list_item(c->no_rope, i, c->nr_at)->valueint != 0;
     if (c->nope_every)
         return (i + 1) % c->nope_every != 0;
     return !c->rope_sliding_only || layer_sliding(c, i);
@@ -1978,6 +1999,9 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
         return mp_fail(d, MP_ERR_MODEL, "%s: model_type: missing (expected one of: " HF_SUPPORTED ")", path);
     struct hf c;
     memset(&c, 0, sizeof c);
+    struct list_cursor lt_at = {0}, nr_at = {0};
+    c.lt_at = &lt_at;
+    c.nr_at = &nr_at;
     for (size_t i = 0; i < N_FAMILIES && !c.f; i++)
         if (strcmp(type, families[i].type) == 0)
             c.f = &families[i];
