@@ -196,11 +196,15 @@ static enum mp_status ev_run(struct evalr *ev, const struct mp_schedule *s, uint
         struct mp_fold fd;
         if ((st = mp_fold_make(ev->job->model, s, &fd, d)) != MP_OK)
             return st;
-        st = ev->sprog.blocks ? mp_program_rebuild(&fd.model, &ev->bo, &ev->sprog, d)
-                              : mp_program_build(&fd.model, &ev->bo, &ev->sprog, d);
+        /* the short program is built into the search's program memory when there is one (the
+         * full program is not built while folds hold): fresh memory for each fit costs the
+         * kernel's page clearing as much as the replay */
+        struct mp_program *sp = ev->job->scratch ? ev->job->scratch : &ev->sprog;
+        st = sp->blocks || sp == ev->job->scratch ? mp_program_rebuild(&fd.model, &ev->bo, sp, d)
+                                                  : mp_program_build(&fd.model, &ev->bo, sp, d);
         bool holds = false;
         if (st == MP_OK)
-            st = mp_estimate_run_folded(&fd, &ev->sprog, s, &ev->job->train, context,
+            st = mp_estimate_run_folded(&fd, sp, s, &ev->job->train, context,
                                         ev->job->verdict_only ? NULL : c, e, &holds, d);
         *folded = holds ? fd.folded : 0;
         mp_fold_release(&fd);
