@@ -58,6 +58,7 @@ struct rp {
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
     bool *borrowed; /* ZeRO-3: groups gathered for a block that uses one of their parameters (tied) */
+    size_t *borrow_list, n_borrow; /* those groups, to release without a pass over every group */
     int ag_held;    /* FSDP2 forward: the all-gather output kept until the next group's copy-out */
     int *first_use; /* DDP gradient_as_bucket_view: per param, the first node using it (its last backward) */
     int rs_pending; /* FSDP2: the reduce-scatter input kept until the next group's reduce */
@@ -431,18 +432,28 @@ static void z3_fetch_tied(struct rp *r, size_t i)
             if (!r->uns[h]) {
                 z3_fetch(r, h);
                 r->borrowed[h] = true;
+                r->borrow_list[r->n_borrow++] = h;
             }
         }
 }
 
 static void z3_release_tied(struct rp *r)
 {
-    for (size_t h = 0; h < r->pp->n_groups; h++)
-        if (r->borrowed[h]) {
-            r->borrowed[h] = false;
-            comm(r, false, h, MP_COMM_UNSHARD, g_unsharded(r, h));
-            r->uns[h] = false;
+    /* in group order (a handful at most: insertion sort) */
+    size_t *l = r->borrow_list, n = r->n_borrow;
+    for (size_t a = 1; a < n; a++)
+        for (size_t b = a; b > 0 && l[b - 1] > l[b]; b--) {
+            size_t t = l[b];
+            l[b] = l[b - 1];
+            l[b - 1] = t;
         }
+    for (size_t k = 0; k < n; k++) {
+        size_t h = l[k];
+        r->borrowed[h] = false;
+        comm(r, false, h, MP_COMM_UNSHARD, g_unsharded(r, h));
+        r->uns[h] = false;
+    }
+    r->n_borrow = 0;
 }
 
 static void par_pre_fwd(struct rp *r, size_t i)
@@ -454,9 +465,8 @@ static void par_pre_fwd(struct rp *r, size_t i)
     size_t g = (size_t)r->pp->group_of_block[i];
     bool forward = r->phase == MP_PH_FORWARD;
     if (fsdp(r)) {
-        for (size_t k = 0; k < r->pp->n_groups; k++) /* the root unshards first, before any block */
-            if (r->pp->groups[k].root && forward)
-                fsdp_unshard(r, k, true);
+        if (r->pp->root_group >= 0 && forward) /* the root unshards first, before any block */
+            fsdp_unshard(r, (size_t)r->pp->root_group, true);
         fsdp_unshard(r, g, forward);
     } else if (zero3(r)) {
         z3_fetch(r, g);
@@ -975,7 +985,8 @@ static enum mp_status replay_plan(const struct mp_program *p, const struct mp_sc
         r.ag_pending = calloc(ng, sizeof(bool));
         r.rs_out = calloc(ng, sizeof(bool));
         r.borrowed = calloc(ng, sizeof(bool));
-        if (!r.uns || !r.ag_pending || !r.rs_out || !r.borrowed) {
+        r.borrow_list = calloc(ng, sizeof *r.borrow_list);
+        if (!r.uns || !r.ag_pending || !r.rs_out || !r.borrowed || !r.borrow_list) {
             st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
             goto out;
         }
@@ -1127,6 +1138,7 @@ out:
     free(r.ag_pending);
     free(r.rs_out);
     free(r.borrowed);
+    free(r.borrow_list);
     free(r.live);
     free(r.grad_of);
     free(r.grefs);

@@ -230,6 +230,7 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
             any_root = true;
         }
     pp->n_groups = g + (any_root ? 1 : 0);
+    pp->root_group = any_root ? (int)root : -1;
     if (any_root) {
         pp->groups[root].root = true;
         pp->group_weight[root] = 1; /* the blocks outside repeats, never weighted */
@@ -271,6 +272,7 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
 {
     const uint64_t *w = block_weight;
     memset(pp, 0, sizeof *pp);
+    pp->root_group = -1;
     pp->par = *par;
     pp->world = mp_par_world(par);
     if (pp->world == 0)

@@ -104,6 +104,7 @@ struct mp_par_plan {
     int *group_of_block;         /* per block */
     uint64_t *group_weight;      /* per group: the groups it stands for (a fold's weighted block) */
     uint64_t groups_total;       /* groups of the full model: the sum of group_weight */
+    int root_group;              /* FSDP2: the root module's group (-1: none) */
     size_t n_buckets;            /* DDP buckets or DeepSpeed reduce buffers */
     uint64_t *bucket_bytes;
     uint64_t master_elem_bytes;  /* fp32 (4), or 2 for pure bf16 */
