@@ -1889,11 +1889,12 @@ static bool fold_mul(uint64_t a, uint64_t w, uint64_t *acc)
     return mp_mul_u64(a, w, &m) && mp_add_u64(*acc, m, acc);
 }
 
-/* Can fold f's short program p stand for the full model (before its replay)?  Tensors held
- * across blocks are not folded; each weighted block must be a verified copy. */
+/* Can fold f's short program p stand for the full model (before its replay)?  Each weighted
+ * block must be a verified copy (tensors a model hands to many blocks, T5's, are outside the
+ * copies: made by an unweighted block and held as in the full replay). */
 static bool fold_admits(const struct mp_fold *f, const struct mp_program *p)
 {
-    return !p->n_held && mp_fold_copied(f, p);
+    return mp_fold_copied(f, p);
 }
 
 /* The data-parallel plan of the full model from f's short program p (none on one GPU). */

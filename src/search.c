@@ -98,7 +98,7 @@ struct evalr {
 static bool fold_wanted(const struct mp_job *job)
 {
     const struct mp_model *m = job->model;
-    if (job->fold < 0 || job->keep_program || m->enc_dec || job->build.ft.mode == MP_FT_FREEZE)
+    if (job->fold < 0 || job->keep_program || job->build.ft.mode == MP_FT_FREEZE)
         return false;
     return job->fold > 0 || m->n_blocks >= MP_FIT_FOLD_BLOCKS;
 }
@@ -151,7 +151,7 @@ static enum mp_status ev_chain(struct evalr *ev, bool marks_only, struct mp_chai
         if ((st = ev_none_fold(ev, d)) != MP_OK)
             return st;
         struct mp_chain sc;
-        if (mp_fold_copied(&ev->nf, &ev->nprog) && !ev->nprog.n_held) {
+        if (mp_fold_copied(&ev->nf, &ev->nprog)) {
             if ((st = mp_estimate_chain(&ev->nprog, &sc, d)) != MP_OK)
                 return st;
             bool held = mp_fold_expand_chain(&ev->nf, &sc, c, &st);

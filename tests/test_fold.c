@@ -250,8 +250,12 @@ static void load_stretched(struct mp_model *m, const char *path, int layers)
     buf[len] = '\0';
     cJSON *root = cJSON_Parse(buf);
     assert_non_null(root);
-    int old = cJSON_GetObjectItem(root, "num_hidden_layers")->valueint;
-    cJSON_ReplaceItemInObject(root, "num_hidden_layers", cJSON_CreateNumber(layers));
+    /* (T5: num_layers per stack, and num_decoder_layers when given) */
+    const char *key = cJSON_GetObjectItem(root, "num_hidden_layers") ? "num_hidden_layers" : "num_layers";
+    int old = cJSON_GetObjectItem(root, key)->valueint;
+    cJSON_ReplaceItemInObject(root, key, cJSON_CreateNumber(layers));
+    if (cJSON_GetObjectItem(root, "num_decoder_layers"))
+        cJSON_ReplaceItemInObject(root, "num_decoder_layers", cJSON_CreateNumber(layers));
     static const char *lists[] = {"layer_types", "no_rope_layers"};
     for (size_t k = 0; k < 2; k++) {
         cJSON *a = cJSON_GetObjectItem(root, lists[k]);
@@ -334,6 +338,39 @@ static void test_fold_alternating_layers_equal_their_replay(void **state)
     mp_model_release(&m);
 }
 
+/* Encoder-decoders: T5's stacks hand tensors to all their blocks (p->held: the encoder's output
+ * to every decoder block's cross-attention, each stack's position bias made in its first block),
+ * held across the folded blocks as across the replayed ones.  Each T5 family with 30 layers per
+ * stack, every variant, and the data-parallel engines (t5-small). */
+static void test_fold_encoder_decoder_equals_its_replay(void **state)
+{
+    (void)state;
+    static const char *files[] = {"models/hf/t5-small.json", "models/hf/flan-t5-base.json",
+                                  "models/hf/mt5-small.json", "models/hf/umt5-small.json"};
+    for (size_t k = 0; k < 4; k++) {
+        struct mp_model m;
+        load_stretched(&m, files[k], 30);
+        assert_true(m.enc_dec);
+        for (int v = 0; v < N_VARIANTS; v++)
+        {
+            size_t folded = compare_model(&m, files[k], (enum variant)v, NULL);
+            /* umt5 (every layer with its own relative attention bias) and QLoRA do not fold:
+             * their whole model is replayed */
+            if (k < 3 && v != V_QLORA)
+                assert_true(folded > 0);
+        }
+        static const enum mp_par_strategy engines[] = {MP_PAR_DDP, MP_PAR_ZERO3, MP_PAR_FSDP};
+        for (size_t e = 0; k == 0 && e < 3; e++) {
+            struct mp_parallel par;
+            mp_parallel_default(&par);
+            par.strategy = engines[e];
+            par.gpus = 8;
+            assert_true(compare_model(&m, files[k], V_PLAIN, &par) > 0);
+        }
+        mp_model_release(&m);
+    }
+}
+
 /* Every bundled model, as it is. */
 static void test_fold_bundled_models_equal_their_replay(void **state)
 {
@@ -402,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_fold_alternating_layers_equal_their_replay),
         cmocka_unit_test(test_fold_bundled_models_equal_their_replay),
         cmocka_unit_test(test_fold_data_parallel_equals_its_replay),
+        cmocka_unit_test(test_fold_encoder_decoder_equals_its_replay),
         cmocka_unit_test(test_long_model_optimal_never_worse_than_sqrt),
     };
     return cmocka_run_group_tests_name("fold", tests, NULL, NULL);
