@@ -90,9 +90,9 @@ struct evalr {
     bool built;
     bool fold;                    /* folds are tried (until one does not hold) */
     struct mp_fold nf;            /* the fold for the no-checkpoint schedule (chain, static figures) */
-    struct mp_program nprog;      /* its short program */
+    struct mp_program nprog, *np; /* its short program (np: job->fold_scratch[0], or &nprog) */
     bool nf_made;
-    struct mp_program sprog;      /* a fold's short program for a replay */
+    struct mp_program sprog, *sp; /* a fold's short program for a replay (job->fold_scratch[1], or &sprog) */
 };
 
 static bool fold_wanted(const struct mp_job *job)
@@ -121,7 +121,7 @@ static void ev_release(struct evalr *ev, struct mp_fit *f, bool ok)
     else if (ev->built && ev->prog == &ev->own)
         mp_program_release(&ev->own);
     mp_fold_release(&ev->nf);
-    mp_program_release(&ev->nprog);
+    mp_program_release(&ev->nprog); /* (the scratch programs are the caller's) */
     mp_program_release(&ev->sprog);
 }
 
@@ -132,7 +132,8 @@ static enum mp_status ev_none_fold(struct evalr *ev, struct mp_diag *d)
         return MP_OK;
     enum mp_status st = mp_fold_make(ev->job->model, NULL, &ev->nf, d);
     if (st == MP_OK)
-        st = mp_program_build(&ev->nf.model, &ev->bo, &ev->nprog, d);
+        st = ev->np->blocks ? mp_program_rebuild(&ev->nf.model, &ev->bo, ev->np, d)
+                            : mp_program_build(&ev->nf.model, &ev->bo, ev->np, d);
     ev->nf_made = st == MP_OK;
     return st;
 }
@@ -151,8 +152,8 @@ static enum mp_status ev_chain(struct evalr *ev, bool marks_only, struct mp_chai
         if ((st = ev_none_fold(ev, d)) != MP_OK)
             return st;
         struct mp_chain sc;
-        if (mp_fold_copied(&ev->nf, &ev->nprog)) {
-            if ((st = mp_estimate_chain(&ev->nprog, &sc, d)) != MP_OK)
+        if (mp_fold_copied(&ev->nf, ev->np)) {
+            if ((st = mp_estimate_chain(ev->np, &sc, d)) != MP_OK)
                 return st;
             bool held = mp_fold_expand_chain(&ev->nf, &sc, c, &st);
             mp_chain_release(&sc);
@@ -177,7 +178,7 @@ static enum mp_status ev_static(struct evalr *ev, struct mp_estimate *e, struct 
         if ((st = ev_none_fold(ev, d)) != MP_OK)
             return st;
         bool holds;
-        st = mp_estimate_static_folded(&ev->nf, &ev->nprog, &ev->job->train, e, &holds, d);
+        st = mp_estimate_static_folded(&ev->nf, ev->np, &ev->job->train, e, &holds, d);
         if (st != MP_OK || holds)
             return st;
         ev->fold = false;
@@ -196,15 +197,11 @@ static enum mp_status ev_run(struct evalr *ev, const struct mp_schedule *s, uint
         struct mp_fold fd;
         if ((st = mp_fold_make(ev->job->model, s, &fd, d)) != MP_OK)
             return st;
-        /* the short program is built into the search's program memory when there is one (the
-         * full program is not built while folds hold): fresh memory for each fit costs the
-         * kernel's page clearing as much as the replay */
-        struct mp_program *sp = ev->job->scratch ? ev->job->scratch : &ev->sprog;
-        st = sp->blocks || sp == ev->job->scratch ? mp_program_rebuild(&fd.model, &ev->bo, sp, d)
-                                                  : mp_program_build(&fd.model, &ev->bo, sp, d);
+        st = ev->sp->blocks ? mp_program_rebuild(&fd.model, &ev->bo, ev->sp, d)
+                            : mp_program_build(&fd.model, &ev->bo, ev->sp, d);
         bool holds = false;
         if (st == MP_OK)
-            st = mp_estimate_run_folded(&fd, sp, s, &ev->job->train, context,
+            st = mp_estimate_run_folded(&fd, ev->sp, s, &ev->job->train, context,
                                         ev->job->verdict_only ? NULL : c, e, &holds, d);
         *folded = holds ? fd.folded : 0;
         mp_fold_release(&fd);
@@ -263,6 +260,8 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     memset(f, 0, sizeof *f);
     mp_ckpt_plan_init(&f->plan);
     struct evalr ev = {.job = job, .fold = fold_wanted(job)};
+    ev.np = job->fold_scratch ? &job->fold_scratch[0] : &ev.nprog;
+    ev.sp = job->fold_scratch ? &job->fold_scratch[1] : &ev.sprog;
     mp_fit_build_opts(job, &ev.bo);
     enum mp_status st = MP_OK;
     if (!ev.fold && (st = ev_build(&ev, d)) != MP_OK)
@@ -899,17 +898,23 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
                                   struct mp_suggestion *s, struct mp_diag *d);
 
 /* Every evaluation of one suggest (nested ones included) builds into the same program
- * memory: on long models, page faults and copies would otherwise cost as much as the work. */
+ * memory, and its folds into the same two short programs: on long models, page faults and
+ * copies would otherwise cost as much as the work. */
 enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
                           struct mp_suggestion *s, struct mp_diag *d)
 {
-    struct mp_program scratch;
+    struct mp_program scratch, fold_scratch[2];
     memset(&scratch, 0, sizeof scratch);
+    memset(fold_scratch, 0, sizeof fold_scratch);
     struct mp_job b = *base;
     if (!b.scratch)
         b.scratch = &scratch;
+    if (!b.fold_scratch)
+        b.fold_scratch = fold_scratch;
     enum mp_status st = suggest_run(&b, o_in, argv0, s, d);
     mp_program_release(&scratch);
+    mp_program_release(&fold_scratch[0]);
+    mp_program_release(&fold_scratch[1]);
     return st;
 }
 

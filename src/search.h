@@ -27,6 +27,8 @@ struct mp_job {
     bool keep_program;            /* the fit keeps the program it evaluated (mp_fit.prog) for a report */
     struct mp_program *scratch;   /* or NULL: a program whose memory the fit reuses (mp_program_rebuild);
                                    * searches pass one, the caller releases it */
+    struct mp_program *fold_scratch; /* or NULL: two programs a fit's folds reuse (the no-checkpoint
+                                   * fold's short program, a plan's); the caller releases them */
     bool verdict_only;            /* only fits and peak_device_bytes are wanted (the batch search): a
                                    * fixed plan's schedule is made without the chain's replay (the
                                    * chain's sizes and the per-block figures stay zero) */
