@@ -1,7 +1,10 @@
 #!/bin/sh
 # Times plan and suggest on long chains (issue 13: plan/suggest on a 100,000-block
 # model in under 10 s).  Models are the bundled tiny-test and gpt2-124m with their
-# repeated block repeated N times (N + 2 blocks: the embedding and the head).  Prints,
+# repeated block repeated N times (N + 2 blocks: the embedding and the head), and
+# gemma-2-2b and gemma-3-1b with N layers (layers that alternate: sliding and global
+# attention, folded by period); suggest on gemma runs on a narrow copy (hidden 32,
+# vocabulary 32,000: 1.6 G parameters at N = 100,000) that fits one GPU.  Prints,
 # per run, the blocks, the exit status, wall seconds, CPU seconds (user + system) and
 # peak RSS.  One run each: these are slow, and the machine's load shows in wall time
 # (CPU time is the figure to compare on a shared machine).
@@ -41,4 +44,14 @@ for n in $SIZES; do
         -e 's/"n_head": 12,/"n_head": 4,/' models/hf/gpt2.json >"$T/gpt2-hf.json"
     timeit "suggest gpt2-hf d64 x$n --finetune lora --gpu a100" $((n + 2)) suggest "$T/gpt2-hf.json" \
         --gpu a100-80gb --finetune lora --no-probe
+    for g in gemma-2-2b gemma-3-1b; do
+        sed "s/\"num_hidden_layers\": [0-9]*/\"num_hidden_layers\": $n/" models/hf/$g.json >"$T/$g.json"
+        sed -e 's/"hidden_size": [0-9]*/"hidden_size": 32/' -e 's/"intermediate_size": [0-9]*/"intermediate_size": 128/' \
+            -e 's/"num_attention_heads": [0-9]*/"num_attention_heads": 2/' -e 's/"head_dim": [0-9]*/"head_dim": 16/' \
+            -e 's/"num_key_value_heads": [0-9]*/"num_key_value_heads": 1/' -e 's/"vocab_size": [0-9]*/"vocab_size": 32000/' \
+            -e 's/"query_pre_attn_scalar": [0-9]*/"query_pre_attn_scalar": 16/' "$T/$g.json" >"$T/$g-narrow.json"
+        timeit "plan $g x$n --activation-budget 4TiB" $((n + 2)) plan "$T/$g.json" --activation-budget 4TiB
+        timeit "suggest $g-narrow x$n --gpu a100-40gb" $((n + 2)) suggest "$T/$g-narrow.json" --gpu a100-40gb \
+            --no-probe
+    done
 done

@@ -1425,18 +1425,19 @@ struct fold_meter {
     enum mp_store l_store;
     bool desc;               /* the weighted step runs down the blocks */
     uint64_t peak_rep;       /* the peak is in the copy this far above the short block's */
-    uint64_t h;              /* the current op's events, hashed (FNV-1a) */
+    uint64_t h;              /* the current op's events, hashed (fold_hash) */
     uint64_t *sig;           /* per short op */
     bool overflow;
     const struct mp_par_plan *pp; /* data parallel: the weighted plan (its groups' weights) */
 };
 
+/* Mixes a word into the op's hash.  Each word's step (xor, odd multiply, xor-shift) is one-to-one
+ * on the hash, so two ops whose events differ in one word always hash apart (the bytewise FNV-1a
+ * it replaces took eight serial multiplies a word: a tenth of suggest's time on long folds). */
 static void fold_hash(struct fold_meter *m, uint64_t v)
 {
-    for (int i = 0; i < 8; i++) {
-        m->h ^= (v >> (8 * i)) & 0xff;
-        m->h *= 1099511628211ULL;
-    }
+    uint64_t h = (m->h ^ v) * 0x9E3779B97F4A7C15ULL;
+    m->h = h ^ (h >> 29);
 }
 
 /* base + k x delta + extra, in 64 bits: false when it leaves them */
