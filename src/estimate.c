@@ -57,8 +57,8 @@ struct rp {
     /* data parallel (NULL pp: one GPU) */
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
-    bool *borrowed; /* ZeRO-3: groups gathered for a block that uses one of their parameters (tied) */
-    size_t *borrow_list, n_borrow; /* those groups, to release without a pass over every group */
+    size_t *borrow_list, n_borrow; /* ZeRO-3: groups gathered for a block that uses one of their
+                                    * parameters (tied), released after it */
     int ag_held;    /* FSDP2 forward: the all-gather output kept until the next group's copy-out */
     int *first_use; /* DDP gradient_as_bucket_view: per param, the first node using it (its last backward) */
     int rs_pending; /* FSDP2: the reduce-scatter input kept until the next group's reduce */
@@ -431,7 +431,6 @@ static void z3_fetch_tied(struct rp *r, size_t i)
             size_t h = (size_t)r->pp->group_of_block[o];
             if (!r->uns[h]) {
                 z3_fetch(r, h);
-                r->borrowed[h] = true;
                 r->borrow_list[r->n_borrow++] = h;
             }
         }
@@ -449,7 +448,6 @@ static void z3_release_tied(struct rp *r)
         }
     for (size_t k = 0; k < n; k++) {
         size_t h = l[k];
-        r->borrowed[h] = false;
         comm(r, false, h, MP_COMM_UNSHARD, g_unsharded(r, h));
         r->uns[h] = false;
     }
@@ -590,9 +588,8 @@ static void par_post_bwd(struct rp *r, size_t i)
         if (!r->pp->groups[g].root)
             fsdp_post_bwd(r, g, i);
         if (i == 0) { /* end of backward: the root group, then the final callback */
-            for (size_t k = 0; k < r->pp->n_groups; k++)
-                if (r->pp->groups[k].root)
-                    fsdp_post_bwd(r, k, i);
+            if (r->pp->root_group >= 0)
+                fsdp_post_bwd(r, (size_t)r->pp->root_group, i);
             if (r->rs_pending >= 0) {
                 comm(r, false, (size_t)r->rs_pending, MP_COMM_RS_IN,
                      r->pp->groups[r->rs_pending].unsharded_elems * r->pp->reduce_elem_bytes);
@@ -984,9 +981,8 @@ static enum mp_status replay_plan(const struct mp_program *p, const struct mp_sc
         r.uns = calloc(ng, sizeof(bool));
         r.ag_pending = calloc(ng, sizeof(bool));
         r.rs_out = calloc(ng, sizeof(bool));
-        r.borrowed = calloc(ng, sizeof(bool));
         r.borrow_list = calloc(ng, sizeof *r.borrow_list);
-        if (!r.uns || !r.ag_pending || !r.rs_out || !r.borrowed || !r.borrow_list) {
+        if (!r.uns || !r.ag_pending || !r.rs_out || !r.borrow_list) {
             st = mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
             goto out;
         }
@@ -1137,7 +1133,6 @@ out:
     free(r.first_use);
     free(r.ag_pending);
     free(r.rs_out);
-    free(r.borrowed);
     free(r.borrow_list);
     free(r.live);
     free(r.grad_of);

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "fit_job.h"
 #include "search.h"
 
 /* tiny-test on a --vram-style target sized so that micro-batches are small (fast probes) */
@@ -22,16 +23,10 @@ static struct mp_job tiny_job(struct mp_model *m, uint64_t vram)
     struct mp_diag d = {{0}};
     if (mp_model_load_file(m, "models/tiny-test.json", &d) != MP_OK)
         fail_msg("load: %s", d.msg);
-    struct mp_job j;
-    memset(&j, 0, sizeof j);
-    j.model = m;
-    mp_build_opts_default(&j.build);
-    mp_train_opts_default(&j.train);
-    j.margin = 0.05;
-    mp_gpu_from_vram(vram, &j.gpu);
-    j.gpu.context_bytes = 1u << 20; /* a small context: the step's storages are most of the target */
-    j.train.cublas_workspace_bytes = j.gpu.workspace_bytes;
-    return j;
+    struct mp_gpu g;
+    mp_gpu_from_vram(vram, &g);
+    g.context_bytes = 1u << 20; /* a small context: the step's storages are most of the target */
+    return job_on(m, &g);
 }
 
 /* The estimator's peak allocated bytes (what the probe pool counts) at batch b. */
