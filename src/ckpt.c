@@ -94,6 +94,16 @@ enum mp_status mp_schedule_push(struct mp_schedule *s, enum mp_sched_kind k, uin
 /* ------------------------------------------------------------------------ */
 
 /* K of "segments:K" / "every:K": decimal digits only, > 0, no overflow. */
+bool mp_schedule_equal(const struct mp_schedule *a, const struct mp_schedule *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (size_t k = 0; k < a->n; k++)
+        if (a->ops[k].kind != b->ops[k].kind || a->ops[k].index != b->ops[k].index)
+            return false;
+    return true;
+}
+
 static enum mp_status parse_k(const char *s, uint64_t *k)
 {
     if (!*s)

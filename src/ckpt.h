@@ -70,6 +70,8 @@ struct mp_schedule {
 void mp_schedule_init(struct mp_schedule *s);
 void mp_schedule_release(struct mp_schedule *s);
 enum mp_status mp_schedule_push(struct mp_schedule *s, enum mp_sched_kind k, uint32_t index);
+/* The same ops in the same order. */
+bool mp_schedule_equal(const struct mp_schedule *a, const struct mp_schedule *b);
 
 /* Replays a schedule on the chain (checkpointing.md §7).  Sets *peak (bytes,
  * including x_0 and gradient buffers) and *cost (sum of op costs).  An unmet

@@ -224,7 +224,8 @@ static enum mp_status sqrt_floor(struct evalr *ev, const struct mp_job *job, uin
     struct mp_ckpt_plan sp;
     mp_ckpt_plan_init(&sp);
     enum mp_status st = mp_ckpt_plan_make(&f->chain, &sqrt, 0, job->slots, &sp, d);
-    if (st != MP_OK || (fits && sp.total_cost >= f->plan.total_cost)) {
+    if (st != MP_OK || (fits && sp.total_cost >= f->plan.total_cost) ||
+        (*planned && mp_schedule_equal(&sp.sched, &f->plan.sched))) { /* (the DP's plan is sqrt's) */
         mp_ckpt_plan_release(&sp);
         return st;
     }
@@ -315,19 +316,27 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         uint64_t last_peak = 0;
         unsigned stuck = 0;
         for (int round = 0; round < 6 && budget > 0; round++) {
-            mp_ckpt_plan_release(&f->plan);
-            mp_ckpt_plan_init(&f->plan);
-            st = mp_ckpt_plan_make(&f->chain, &job->ckpt, budget, job->slots, &f->plan, d);
-            if (st == MP_ERR_INFEASIBLE) {
-                st = MP_OK;
+            struct mp_ckpt_plan np;
+            mp_ckpt_plan_init(&np);
+            st = mp_ckpt_plan_make(&f->chain, &job->ckpt, budget, job->slots, &np, d);
+            if (st != MP_OK) {
+                mp_ckpt_plan_release(&np);
+                if (st != MP_ERR_INFEASIBLE)
+                    goto out;
+                st = MP_OK; /* (the last round's plan, if any, stays) */
                 break;
             }
-            if (st != MP_OK)
-                goto out;
-            mp_estimate_release(&f->est);
-            st = ev_run(&ev, &f->plan.sched, context, &f->chain, &f->est, &f->folded_blocks, d);
-            if (st != MP_OK)
-                goto out;
+            /* the same plan as the last round's (a long chain's DP on groups often gives it
+             * again, or sqrt's): the same replay */
+            bool again = planned && mp_schedule_equal(&np.sched, &f->plan.sched);
+            mp_ckpt_plan_release(&f->plan);
+            f->plan = np;
+            if (!again) {
+                mp_estimate_release(&f->est);
+                st = ev_run(&ev, &f->plan.sched, context, &f->chain, &f->est, &f->folded_blocks, d);
+                if (st != MP_OK)
+                    goto out;
+            }
             planned = true;
             f->activation_budget = budget;
             if (job->activation_budget || f->est.peak_device_bytes <= f->usable_bytes)
