@@ -53,5 +53,10 @@ for n in $SIZES; do
         timeit "plan $g x$n --activation-budget 4TiB" $((n + 2)) plan "$T/$g.json" --activation-budget 4TiB
         timeit "suggest $g-narrow x$n --gpu a100-40gb" $((n + 2)) suggest "$T/$g-narrow.json" --gpu a100-40gb \
             --no-probe
+        # LoRA weighed against QLoRA: sqrt's segments of S blocks over units of six (folds of folds)
+        if [ $g = gemma-3-1b ]; then
+            timeit "suggest $g-narrow x$n --finetune lora" $((n + 2)) suggest "$T/$g-narrow.json" \
+                --gpu a100-40gb --finetune lora --no-probe
+        fi
     done
 done

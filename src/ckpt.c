@@ -451,16 +451,6 @@ static void units_release(struct units *u)
     memset(u, 0, sizeof *u);
 }
 
-static uint64_t gcd_u64(uint64_t a, uint64_t b)
-{
-    while (b) {
-        uint64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 /* budget: bytes, already clamped to the no-checkpoint peak by the caller. */
 static enum mp_status discretise(const struct mp_chain *c, uint64_t budget, size_t slots, struct units *u,
                                  struct mp_diag *d)
@@ -481,11 +471,11 @@ static enum mp_status discretise(const struct mp_chain *c, uint64_t budget, size
 
     uint64_t g = 0;
     for (size_t i = 0; i <= L; i++) {
-        g = gcd_u64(g, c->x[i]);
-        g = gcd_u64(g, c->xb[i]);
-        g = gcd_u64(g, c->bt[i]);
+        g = mp_gcd_u64(g, c->x[i]);
+        g = mp_gcd_u64(g, c->xb[i]);
+        g = mp_gcd_u64(g, c->bt[i]);
         if (i < L)
-            g = gcd_u64(g, c->ft[i]);
+            g = mp_gcd_u64(g, c->ft[i]);
     }
     if (g == 0) /* every size is zero */
         g = 1;
@@ -1567,7 +1557,7 @@ uint64_t mp_revolve_beta(uint64_t s, uint64_t t)
         uint64_t num;
         if (!mp_add_u64(n, i, &num))
             return UINT64_MAX;
-        uint64_t g = gcd_u64(r, i);
+        uint64_t g = mp_gcd_u64(r, i);
         if (!mp_mul_u64(r / g, num / (i / g), &r))
             return UINT64_MAX;
     }

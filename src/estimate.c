@@ -1406,22 +1406,31 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
  * times what one run adds.  Outside the blocks' ops (setup, loss, optimizer step, the end) a parameter, tensor or
  * node of a weighted block stands for that many.  Each op's events are hashed: the ops of an
  * interval's two interior blocks must agree. */
-struct fold_meter {
-    const struct mp_fold *f;
-    bool per_param_opt;      /* the optimizer's step temporaries are one per parameter */
-    bool in_blocks;          /* in a forward or backward op: counted once or by the op's weight */
-    uint64_t w;              /* the current op's weight (1 outside the blocks' ops) */
-    size_t op;               /* the current op */
-    uint64_t b_cur, b_req, b_act; /* at the weighted op's start */
-    bool l_has;              /* the weighted op allocated: its highest point above b_cur */
+/* One level's step in progress (fold.h: level 0 the ops in a row on a unit, level 1 on a
+ * super-unit, whose steps hold whole steps of level 0). */
+struct fold_step {
+    bool on;                 /* a step of this level is open */
+    uint64_t w;              /* the copies it runs on */
+    size_t op;               /* its first op */
+    uint64_t b_cur, b_req, b_act; /* at its start */
+    bool l_has;              /* a weighted step allocated: its highest point above b_cur, and where */
     int64_t l_max, l_req;
     enum mp_phase l_phase;
     int l_node, l_id;
     enum mp_store l_store;
-    bool desc;               /* the weighted step runs down the blocks */
-    uint64_t peak_rep;       /* the peak is in the copy this far above the short block's */
-    uint64_t h;              /* the current op's events, hashed (fold_hash) */
-    uint64_t *sig;           /* per short op */
+    uint64_t l_shift;        /* that point's copy: this many full blocks above its short block's */
+    bool desc;               /* the step's runs go down the units */
+    uint64_t h;              /* its events, hashed (fold_hash) */
+};
+
+struct fold_meter {
+    const struct mp_fold *f;
+    bool per_param_opt;      /* the optimizer's step temporaries are one per parameter */
+    bool in_blocks;          /* in a forward or backward op: counted once or by the op's weight */
+    int levels;              /* mp_fold_levels */
+    struct fold_step lv[2];
+    uint64_t peak_shift;     /* the peak is in the copy this many full blocks above the short block's */
+    uint64_t *sig[2];        /* per short op that starts a step of the level */
     bool overflow;
     const struct mp_par_plan *pp; /* data parallel: the weighted plan (its groups' weights) */
 };
@@ -1431,8 +1440,11 @@ struct fold_meter {
  * it replaces took eight serial multiplies a word: a tenth of suggest's time on long folds). */
 static void fold_hash(struct fold_meter *m, uint64_t v)
 {
-    uint64_t h = (m->h ^ v) * 0x9E3779B97F4A7C15ULL;
-    m->h = h ^ (h >> 29);
+    for (int l = 0; l < m->levels; l++)
+        if (m->lv[l].on) {
+            uint64_t h = (m->lv[l].h ^ v) * 0x9E3779B97F4A7C15ULL;
+            m->lv[l].h = h ^ (h >> 29);
+        }
 }
 
 /* base + k x delta + extra, in 64 bits: false when it leaves them */
@@ -1485,62 +1497,115 @@ static uint64_t fold_entity_weight(const struct counter *c, const struct mp_even
     return mp_fold_weight(c->fm->f, b);
 }
 
+/* A high point of the replay (cur at pk, requested bytes at pr, made by the attributed event, in
+ * the copy `shift` full blocks above its short block): the innermost open weighted step above
+ * `level` keeps it, relative to its start, else it is the step's peak if higher. */
+static void fold_high(struct counter *c, struct fold_meter *m, int level, uint64_t pk, uint64_t pr,
+                      enum mp_phase phase, int node, enum mp_store store, int id, uint64_t shift)
+{
+    for (int l = level; l < m->levels; l++) {
+        struct fold_step *s = &m->lv[l];
+        if (!s->on || s->w <= 1)
+            continue;
+        int64_t lc = (int64_t)(pk - s->b_cur), lr = (int64_t)(pr - s->b_req);
+        if (!s->l_has || lc > s->l_max) {
+            s->l_max = lc;
+            s->l_phase = phase, s->l_node = node, s->l_store = store, s->l_id = id;
+            s->l_shift = shift;
+        }
+        if (!s->l_has || lr > s->l_req)
+            s->l_req = lr;
+        s->l_has = true;
+        return;
+    }
+    if (pk > c->peak) {
+        c->peak = pk;
+        c->peak_phase = phase, c->peak_node = node, c->peak_store = store, c->peak_id = id;
+        m->peak_shift = shift;
+    }
+    if (pr > c->peak_req)
+        c->peak_req = pr;
+}
+
+/* Opens level l's step at op k (a forward or backward on short block j). */
+static void fold_open(struct counter *c, struct fold_meter *m, int l, size_t k, uint32_t j)
+{
+    const struct mp_fold *f = m->f;
+    const struct mp_schedule *fs = &f->sched;
+    struct fold_step *s = &m->lv[l];
+    s->on = true;
+    s->op = k;
+    s->w = mp_fold_step_weight(f, l, j);
+    /* a run down the units (a backward) meets the unit before, the first interior one, next */
+    size_t e = k + mp_fold_step_len(f, l, k);
+    s->desc = s->w > 1 && e < fs->n && fs->ops[e].kind != MP_SCHED_LOSS && mp_fold_unit_before(f, l, fs->ops[e].index, j);
+    s->h = 1469598103934665603ULL;
+    s->b_cur = c->cur, s->b_req = c->cur_req, s->b_act = c->act_cur;
+    s->l_has = false;
+}
+
+/* Closes level l's step: its runs on the copies it stands for, one after another. */
+static enum mp_status fold_close(struct counter *c, struct fold_meter *m, int l, uint32_t j)
+{
+    struct fold_step *s = &m->lv[l];
+    s->on = false;
+    m->sig[l][s->op] = s->h;
+    uint64_t w = s->w;
+    if (w <= 1)
+        return MP_OK;
+    int64_t dc = (int64_t)(c->cur - s->b_cur), dr = (int64_t)(c->cur_req - s->b_req), da = (int64_t)(c->act_cur - s->b_act);
+    uint64_t pk = 0, pr = 0;
+    uint64_t kc = dc > 0 ? w - 1 : 0, kr = dr > 0 ? w - 1 : 0;
+    if (s->l_has && (!fold_affine(s->b_cur, kc, dc, s->l_max, &pk) || !fold_affine(s->b_req, kr, dr, s->l_req, &pr)))
+        m->overflow = true;
+    if (!fold_affine(s->b_cur, w, dc, 0, &c->cur) || !fold_affine(s->b_req, w, dr, 0, &c->cur_req) ||
+        !fold_affine(s->b_act, w, da, 0, &c->act_cur))
+        m->overflow = true;
+    if (m->overflow)
+        return MP_ERR_RANGE;
+    if (s->l_has) { /* the copy the high point is in: its offset from the short unit's, in units */
+        uint64_t rep = s->desc ? w - 1 - kc : kc, shift;
+        if (!mp_mul_u64(rep, mp_fold_unit_len(m->f, l, j), &shift) || !mp_add_u64(shift, s->l_shift, &shift)) {
+            m->overflow = true;
+            return MP_ERR_RANGE;
+        }
+        fold_high(c, m, l + 1, pk, pr, s->l_phase, s->l_node, s->l_store, s->l_id, shift);
+    }
+    return MP_OK;
+}
+
 static enum mp_status fold_event(void *ctx, const struct mp_event *ev)
 {
     struct counter *c = ctx;
     struct fold_meter *m = c->fm;
-    const struct mp_schedule *fs = &m->f->sched;
+    const struct mp_fold *f = m->f;
+    const struct mp_schedule *fs = &f->sched;
     if (ev->kind == MP_EV_OP_BEGIN) {
         size_t k = (size_t)ev->id;
         const struct mp_sched_op *op = &fs->ops[k];
         m->in_blocks = op->kind != MP_SCHED_LOSS;
-        if (k > 0 && m->in_blocks && fs->ops[k - 1].kind != MP_SCHED_LOSS &&
-            mp_fold_same_unit(m->f, fs->ops[k - 1].index, op->index))
-            return MP_OK; /* within a step: it is counted as one */
-        m->op = k;
-        m->w = m->in_blocks ? m->f->weight[op->index] : 1;
-        /* a run down the units (a backward) meets the unit before, the first interior one, next */
-        size_t e = k + mp_fold_step_len(m->f, k);
-        m->desc = m->w > 1 && e < fs->n && fs->ops[e].kind != MP_SCHED_LOSS &&
-                  mp_fold_unit_before(m->f, fs->ops[e].index, op->index);
-        m->h = 1469598103934665603ULL;
-        m->b_cur = c->cur, m->b_req = c->cur_req, m->b_act = c->act_cur;
-        m->l_has = false;
+        if (!m->in_blocks)
+            return MP_OK;
+        bool cont = k > 0 && fs->ops[k - 1].kind != MP_SCHED_LOSS; /* the op before was a block's */
+        for (int l = m->levels - 1; l >= 0; l--) /* outer steps open first */
+            if (!cont || !mp_fold_same_unit(f, l, fs->ops[k - 1].index, op->index))
+                fold_open(c, m, l, k, op->index);
         return MP_OK;
     }
     if (ev->kind == MP_EV_OP_END) {
         size_t k = (size_t)ev->id;
         const struct mp_sched_op *op = &fs->ops[k];
-        if (op->kind != MP_SCHED_LOSS && k + 1 < fs->n && fs->ops[k + 1].kind != MP_SCHED_LOSS &&
-            mp_fold_same_unit(m->f, fs->ops[k + 1].index, op->index))
-            return MP_OK; /* the step goes on */
-        m->sig[m->op] = m->h;
-        uint64_t w = m->w;
-        m->in_blocks = false;
-        m->w = 1;
-        if (w <= 1)
+        if (op->kind == MP_SCHED_LOSS)
             return MP_OK;
-        int64_t dc = (int64_t)(c->cur - m->b_cur), dr = (int64_t)(c->cur_req - m->b_req),
-                da = (int64_t)(c->act_cur - m->b_act);
-        uint64_t pk = 0, pr = 0;
-        uint64_t kc = dc > 0 ? w - 1 : 0, kr = dr > 0 ? w - 1 : 0;
-        if (m->l_has && (!fold_affine(m->b_cur, kc, dc, m->l_max, &pk) || !fold_affine(m->b_req, kr, dr, m->l_req, &pr)))
-            m->overflow = true;
-        if (!fold_affine(m->b_cur, w, dc, 0, &c->cur) || !fold_affine(m->b_req, w, dr, 0, &c->cur_req) ||
-            !fold_affine(m->b_act, w, da, 0, &c->act_cur))
-            m->overflow = true;
-        if (m->overflow)
-            return MP_ERR_RANGE;
-        if (m->l_has && pk > c->peak) {
-            c->peak = pk;
-            c->peak_phase = m->l_phase;
-            c->peak_node = m->l_node;
-            c->peak_store = m->l_store;
-            c->peak_id = m->l_id;
-            m->peak_rep = m->desc ? w - 1 - kc : kc; /* the copy's offset from the short unit's, in units */
-        }
-        if (m->l_has && pr > c->peak_req)
-            c->peak_req = pr;
+        bool cont = k + 1 < fs->n && fs->ops[k + 1].kind != MP_SCHED_LOSS; /* a block's op follows */
+        for (int l = 0; l < m->levels; l++) /* inner steps close first */
+            if (!cont || !mp_fold_same_unit(f, l, fs->ops[k + 1].index, op->index)) {
+                if (l == 0)
+                    m->in_blocks = false;
+                enum mp_status st = fold_close(c, m, l, op->index);
+                if (st != MP_OK)
+                    return st;
+            }
         return MP_OK;
     }
     if (ev->kind == MP_EV_LOSS_GRAD && !c->have_loss) {
@@ -1569,23 +1634,7 @@ static enum mp_status fold_event(void *ctx, const struct mp_event *ev)
         m->overflow = true;
         return MP_ERR_RANGE;
     }
-    if (m->w > 1) {
-        int64_t lc = (int64_t)(c->cur - m->b_cur), lr = (int64_t)(c->cur_req - m->b_req);
-        if (!m->l_has || lc > m->l_max) {
-            m->l_max = lc;
-            m->l_phase = ev->phase;
-            m->l_node = ev->node;
-            m->l_store = ev->store;
-            m->l_id = ev->id;
-        }
-        if (!m->l_has || lr > m->l_req)
-            m->l_req = lr;
-        m->l_has = true;
-        return MP_OK;
-    }
-    if (c->cur > c->peak)
-        m->peak_rep = 0;
-    note_peak(c, ev);
+    fold_high(c, m, 0, c->cur, c->cur_req, ev->phase, ev->node, ev->store, ev->id, 0);
     return MP_OK;
 }
 
@@ -1977,11 +2026,12 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
     enum mp_status st = fold_par_plan(f, p, t, &pp, &made, d);
     if (st == MP_OK)
         st = fold_static(f, p, t, made ? &pp : NULL, e, d);
-    struct fold_meter m = {.f = f, .w = 1, .per_param_opt = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW,
+    struct fold_meter m = {.f = f, .levels = mp_fold_levels(f),
+                           .per_param_opt = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW,
                            .pp = made ? &pp : NULL};
-    m.sig = st == MP_OK ? calloc(f->sched.n ? f->sched.n : 1, sizeof *m.sig) : NULL;
-    if (st == MP_OK && !m.sig)
-        st = mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < m.levels && st == MP_OK; l++)
+        if (!(m.sig[l] = calloc(f->sched.n ? f->sched.n : 1, sizeof *m.sig[l])))
+            st = mp_fail(d, MP_ERR_NOMEM, "out of memory");
     struct counter c = {.p = p, .peak_node = -1, .no_asim = true, .fm = &m};
     if (st == MP_OK)
         st = replay_plan(p, &f->sched, t, m.pp, fold_event, &c, d);
@@ -1991,8 +2041,11 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
         st = mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits", p->model->path);
     /* the step on an interval's first interior unit and the one on its second, weighted, unit
      * must have made the same events */
-    bool agree = st == MP_OK && mp_fold_steps_agree(f, m.sig);
-    free(m.sig);
+    bool agree = st == MP_OK;
+    for (int l = 0; l < m.levels; l++) {
+        agree = agree && mp_fold_steps_agree(f, l, m.sig[l]);
+        free(m.sig[l]);
+    }
     if (st != MP_OK || !agree) {
         mp_estimate_release(e);
         return st;
@@ -2007,7 +2060,7 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
     if (c.peak_node >= 0 && c.peak_store == MP_ST_COMM) { /* as mp_estimate_run_chain names it */
         const struct mp_node *n = &p->nodes[c.peak_node];
         snprintf(e->peak_event, sizeof e->peak_event, "%s:%s %s", mp_phase_str(c.peak_phase),
-                 n->block >= 0 ? f->full->blocks[f->full_of[n->block] + m.peak_rep].name : n->name,
+                 n->block >= 0 ? f->full->blocks[f->full_of[n->block] + m.peak_shift].name : n->name,
                  mp_comm_kind_str((enum mp_comm_kind)(c.peak_id % MP_COMM_KINDS)));
     } else if (c.peak_store == MP_ST_COMM) {
         snprintf(e->peak_event, sizeof e->peak_event, "%s:%s", mp_phase_str(c.peak_phase),
@@ -2016,8 +2069,8 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
         /* the node's name with its short block's name replaced by the full block's */
         const struct mp_node *n = &p->nodes[c.peak_node];
         const char *bn = n->block >= 0 ? f->model.blocks[n->block].name : "";
-        size_t fb = n->block >= 0 ? f->full_of[n->block] + m.peak_rep * f->unit_len[n->block] : 0, len = strlen(bn);
-        if (n->block >= 0 && m.peak_rep && strncmp(n->name, bn, len) == 0)
+        size_t fb = n->block >= 0 ? f->full_of[n->block] + m.peak_shift : 0, len = strlen(bn);
+        if (n->block >= 0 && m.peak_shift && strncmp(n->name, bn, len) == 0)
             snprintf(e->peak_event, sizeof e->peak_event, "%s:%s%s", mp_phase_str(c.peak_phase),
                      f->full->blocks[fb].name, n->name + len);
         else

@@ -24,6 +24,10 @@ void mp_fold_release(struct mp_fold *f)
     free(f->short_of);
     free(f->unit);
     free(f->unit_len);
+    free(f->step_w);
+    free(f->outer);
+    free(f->outer_len);
+    free(f->outer_w);
     mp_schedule_release(&f->sched);
     mp_fold_init(f);
 }
@@ -58,6 +62,20 @@ static void make_units(const struct mp_model *m, uint32_t *us, uint32_t *ul, uin
     }
 }
 
+/* A unit with a point of split (split[i]: block i starts a unit of an enclosing fold) inside
+ * it becomes blocks of their own. */
+static void split_units(const bool *split, size_t N, uint32_t *us, uint32_t *ul, uint32_t *seg)
+{
+    for (size_t i = 0; i < N; i += ul[i]) {
+        bool inside = false;
+        for (size_t k = i + 1; k < i + ul[i] && k < N; k++)
+            inside |= split[k];
+        if (inside)
+            for (size_t k = i, e = i + ul[i]; k < e; k++)
+                us[k] = seg[k] = (uint32_t)k, ul[k] = 1;
+    }
+}
+
 /* A step: the ops in a row on one unit (us: each block's unit; a recompute and its backward,
  * FE B, or a unit's forwards), ops [k, k + len). */
 static size_t step_len(const struct mp_schedule *s, const uint32_t *us, size_t k)
@@ -82,16 +100,17 @@ static bool steps_alike(const struct mp_schedule *s, const uint32_t *us, size_t 
 }
 
 /* Marks cut[i] (i the first block of a unit, or N) where an interval that may be folded cannot
- * continue across unit i: a unit that is not one of a run's; the first three units of a run (the
- * first copies lower and replay differently: the model's shared tensors are made there) and the
- * fourth's start; and both ends of every run of alike steps over consecutive units, one way. */
+ * continue across unit i: a unit that is not one of a run's; the first `early` units of a run
+ * (the first copies lower and replay differently: the model's shared tensors are made there)
+ * and the next one's start; and both ends of every run of alike steps over consecutive units,
+ * one way. */
 static enum mp_status make_cuts(const struct mp_model *m, const struct mp_schedule *s, const uint32_t *us,
-                                const uint32_t *ul, const uint32_t *seg, bool *cut, struct mp_diag *d)
+                                const uint32_t *ul, const uint32_t *seg, size_t early, bool *cut, struct mp_diag *d)
 {
     size_t N = m->n_blocks;
     cut[0] = cut[N] = true;
     for (size_t i = 0; i < N; i += ul[i])
-        if ((i - seg[i]) / ul[i] <= 3)
+        if ((i - seg[i]) / ul[i] <= early)
             cut[i] = true;
     for (size_t k = 0; k < s->n; k++) {
         const struct mp_sched_op *op = &s->ops[k];
@@ -130,31 +149,22 @@ static enum mp_status make_cuts(const struct mp_model *m, const struct mp_schedu
     return MP_OK;
 }
 
-enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *s, struct mp_fold *f,
-                            struct mp_diag *d)
+/* Folds m for schedule s in units us / ul / seg (make_units), the first `early` of a run never
+ * folded, with cuts besides make_cuts' (extra: [N + 1], or NULL). */
+static enum mp_status fold_units(const struct mp_model *m, const struct mp_schedule *s, const uint32_t *us,
+                                 const uint32_t *ul, const uint32_t *seg, size_t early, const bool *extra,
+                                 struct mp_fold *f, struct mp_diag *d)
 {
     mp_fold_init(f);
     size_t N = m->n_blocks;
-    struct mp_schedule none;
-    mp_schedule_init(&none);
     bool *cut = calloc(N + 1, sizeof *cut);
-    uint32_t *us = malloc((N ? N : 1) * sizeof *us), *ul = malloc((N ? N : 1) * sizeof *ul),
-             *seg = malloc((N ? N : 1) * sizeof *seg);
     enum mp_status st = MP_OK;
-    if (!cut || !us || !ul || !seg) {
-        st = mp_fail(d, MP_ERR_NOMEM, "out of memory folding the model");
+    if (!cut)
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory folding the model");
+    if ((st = make_cuts(m, s, us, ul, seg, early, cut, d)) != MP_OK)
         goto out;
-    }
-    if (!s) {
-        if ((st = mp_ckpt_schedule_none(N, &none)) != MP_OK) {
-            mp_fail(d, st, "out of memory folding the model");
-            goto out;
-        }
-        s = &none;
-    }
-    make_units(m, us, ul, seg);
-    if ((st = make_cuts(m, s, us, ul, seg, cut, d)) != MP_OK)
-        goto out;
+    for (size_t i = 0; extra && i <= N; i++)
+        cut[i] |= extra[i];
     /* the short blocks: an interval of MP_FOLD_MIN_RUN or more units keeps its first, two
      * interior and its last unit; shorter ones keep all theirs */
     size_t n = 0;
@@ -247,59 +257,245 @@ enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *
         mp_fail(d, st, "out of memory folding the model");
 out:
     free(cut);
-    free(us);
-    free(ul);
-    free(seg);
-    mp_schedule_release(&none);
     if (st != MP_OK)
         mp_fold_release(f);
     return st;
 }
 
-bool mp_fold_same_unit(const struct mp_fold *f, uint32_t a, uint32_t b)
+enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *s, struct mp_fold *f,
+                            struct mp_diag *d)
 {
-    return a < f->n && b < f->n && f->unit[a] == f->unit[b];
+    mp_fold_init(f);
+    size_t N = m->n_blocks;
+    struct mp_schedule none;
+    mp_schedule_init(&none);
+    uint32_t *us = malloc((N ? N : 1) * sizeof *us), *ul = malloc((N ? N : 1) * sizeof *ul),
+             *seg = malloc((N ? N : 1) * sizeof *seg);
+    enum mp_status st = MP_OK;
+    if (!us || !ul || !seg)
+        st = mp_fail(d, MP_ERR_NOMEM, "out of memory folding the model");
+    else if (!s && (st = mp_ckpt_schedule_none(N, &none)) != MP_OK)
+        mp_fail(d, st, "out of memory folding the model");
+    if (st == MP_OK) {
+        make_units(m, us, ul, seg);
+        st = fold_units(m, s ? s : &none, us, ul, seg, 3, NULL, f, d);
+    }
+    free(us);
+    free(ul);
+    free(seg);
+    mp_schedule_release(&none);
+    return st;
 }
 
-size_t mp_fold_step_len(const struct mp_fold *f, size_t k)
+/* ---- folds of folds ----------------------------------------------------------------------
+ * A plan that checkpoints segments of S blocks over a run that repeats with period p (sqrt's)
+ * cuts every run of units at each segment's ends, so a single fold keeps a few units of every
+ * segment: some 9,500 blocks of gemma-3 x100,000.  But lcm(S, p) blocks from a segment's start
+ * repeat exactly, blocks and schedule alike: a fold in such super-units (f1: the model's other
+ * blocks units of their own) stands the run for four of them, and a fold of its short model in
+ * the run's units (f2: split where a super-unit starts or ends) folds each segment inside them. */
+
+/* The longest stretch of segments of one length S checkpointed in a row (the first forward's
+ * FC ops) inside the longest run of blocks of one period p, past its first `early` units:
+ * super-units of lcm(S, p) blocks from *o, *k of them.  false: none that could fold. */
+static bool find_super(const struct mp_model *m, const struct mp_schedule *s, size_t early, size_t *U, size_t *o,
+                       size_t *k)
+{
+    size_t N = m->n_blocks, rs = 0, re = 0;
+    unsigned p = 0;
+    for (size_t i = 0; i < N;) {
+        unsigned q = m->blocks[i].period;
+        size_t e = i + 1;
+        while (q && m->blocks[i].repeat_group > 0 && e < N && m->blocks[e].period == q && m->blocks[e].repeat_group > 0)
+            e++;
+        if (q && m->blocks[i].repeat_group > 0 && q <= i && e - i > re - rs)
+            rs = i, re = e, p = q;
+        i = e;
+    }
+    if (!p)
+        return false;
+    size_t lo = rs - p + (early + 1) * p, last = SIZE_MAX, gap = 0, first = 0, best_len = 0;
+    *k = 0;
+    for (size_t t = 0; t < s->n && s->ops[t].kind != MP_SCHED_LOSS; t++) {
+        size_t c = s->ops[t].index;
+        if (s->ops[t].kind != MP_SCHED_FC || c < lo || c >= re)
+            continue;
+        if (last == SIZE_MAX || c - last != gap) { /* a new stretch: [last, c) its first segment */
+            first = last == SIZE_MAX ? c : last;
+            gap = last == SIZE_MAX ? 0 : c - last;
+        }
+        last = c;
+        if (gap && c - first > best_len) {
+            size_t u = gap / mp_gcd_u64(gap, p) * p;
+            best_len = c - first;
+            *U = u, *o = first, *k = (c - first) / u;
+        }
+    }
+    return *k >= MP_FOLD_MIN_RUN + 2;
+}
+
+/* f: f1's short model folded by f2, counted as the full model (f1's). */
+static enum mp_status compose(struct mp_fold *f1, struct mp_fold *f2, struct mp_fold *f, struct mp_diag *d)
+{
+    mp_fold_init(f);
+    size_t n = f2->n, N = f1->n_full;
+    f->n_full = N, f->n = n, f->full = f1->full;
+    f->full_of = malloc((n ? n : 1) * sizeof *f->full_of);
+    f->weight = malloc((n ? n : 1) * sizeof *f->weight);
+    f->outer = malloc((n ? n : 1) * sizeof *f->outer);
+    f->outer_len = malloc((n ? n : 1) * sizeof *f->outer_len);
+    f->outer_w = malloc((n ? n : 1) * sizeof *f->outer_w);
+    f->short_of = malloc((N ? N : 1) * sizeof *f->short_of);
+    if (!f->full_of || !f->weight || !f->outer || !f->outer_len || !f->outer_w || !f->short_of) {
+        mp_fold_release(f);
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory folding the model");
+    }
+    for (size_t j = 0; j < n; j++) {
+        size_t mid = f2->full_of[j];
+        f->full_of[j] = f1->full_of[mid];
+        if (!mp_mul_u64(f1->weight[mid], f2->weight[j], &f->weight[j])) {
+            mp_fold_release(f);
+            return MP_ERR_RANGE; /* (not folded so: the caller keeps the single fold) */
+        }
+        f->outer[j] = f1->unit[mid];
+        f->outer_len[j] = f1->unit_len[mid];
+        f->outer_w[j] = f1->weight[mid];
+    }
+    for (size_t i = 0; i < N; i++)
+        f->short_of[i] = f2->short_of[f1->short_of[i]];
+    /* f2's short model, units, step weights and schedule are f's */
+    f->model = f2->model, f->unit = f2->unit, f->unit_len = f2->unit_len, f->step_w = f2->weight;
+    f->sched = f2->sched;
+    f2->model.blocks = NULL, f2->unit = f2->unit_len = NULL, f2->weight = NULL;
+    mp_schedule_init(&f2->sched);
+    f->folded = N - n;
+    return MP_OK;
+}
+
+enum mp_status mp_fold_make_nested(const struct mp_model *m, const struct mp_schedule *s, struct mp_fold *f,
+                                   struct mp_diag *d)
+{
+    enum mp_status st = mp_fold_make(m, s, f, d);
+    size_t N = m->n_blocks, U, o, k;
+    if (st != MP_OK || !s || !find_super(m, s, 3, &U, &o, &k))
+        return st;
+    struct mp_fold f1, f2, fn;
+    mp_fold_init(&f1);
+    mp_fold_init(&f2);
+    mp_fold_init(&fn);
+    size_t big = N + 1;
+    uint32_t *us = malloc(big * sizeof *us), *ul = malloc(big * sizeof *ul), *seg = malloc(big * sizeof *seg);
+    bool *split = NULL;
+    if (!us || !ul || !seg) {
+        st = mp_fail(d, MP_ERR_NOMEM, "out of memory folding the model");
+        goto out;
+    }
+    for (size_t i = 0; i < N; i++)
+        us[i] = seg[i] = (uint32_t)i, ul[i] = 1;
+    for (size_t i = o; i < o + k * U; i++)
+        us[i] = (uint32_t)(o + (i - o) / U * U), ul[i] = (uint32_t)U, seg[i] = (uint32_t)o;
+    if ((st = fold_units(m, s, us, ul, seg, 0, NULL, &f1, d)) != MP_OK || f1.folded == 0)
+        goto out;
+    /* the run's units in f1's short model, none across a super-unit's ends */
+    size_t n1 = f1.n;
+    split = calloc(n1 + 1, sizeof *split);
+    if (!split) {
+        st = mp_fail(d, MP_ERR_NOMEM, "out of memory folding the model");
+        goto out;
+    }
+    for (size_t j = 0; j < n1; j++)
+        if (f1.unit_len[j] > 1 && f1.unit[j] == j)
+            split[j] = split[j + f1.unit_len[j]] = true;
+    make_units(&f1.model, us, ul, seg);
+    split_units(split, n1, us, ul, seg);
+    if ((st = fold_units(&f1.model, &f1.sched, us, ul, seg, 3, split, &f2, d)) != MP_OK)
+        goto out;
+    st = compose(&f1, &f2, &fn, d);
+    if (st == MP_ERR_RANGE)
+        st = MP_OK;
+    else if (st == MP_OK && fn.n < f->n) {
+        mp_fold_release(f);
+        *f = fn;
+        mp_fold_init(&fn);
+    }
+out:
+    free(us);
+    free(ul);
+    free(seg);
+    free(split);
+    mp_fold_release(&f1);
+    mp_fold_release(&f2);
+    mp_fold_release(&fn);
+    if (st != MP_OK)
+        mp_fold_release(f);
+    return st;
+}
+
+/* Level 0: the units of f's schedule steps; level 1 (nested folds only): the super-units. */
+static const uint32_t *lv_unit(const struct mp_fold *f, int level) { return level ? f->outer : f->unit; }
+static const uint32_t *lv_len(const struct mp_fold *f, int level) { return level ? f->outer_len : f->unit_len; }
+
+int mp_fold_levels(const struct mp_fold *f) { return f->outer ? 2 : 1; }
+
+bool mp_fold_same_unit(const struct mp_fold *f, int level, uint32_t a, uint32_t b)
+{
+    const uint32_t *u = lv_unit(f, level);
+    return a < f->n && b < f->n && u[a] == u[b];
+}
+
+size_t mp_fold_step_len(const struct mp_fold *f, int level, size_t k)
 {
     const struct mp_schedule *s = &f->sched;
     size_t e = k + 1;
     while (e < s->n && s->ops[k].kind != MP_SCHED_LOSS && s->ops[e].kind != MP_SCHED_LOSS &&
-           mp_fold_same_unit(f, s->ops[e].index, s->ops[k].index))
+           mp_fold_same_unit(f, level, s->ops[e].index, s->ops[k].index))
         e++;
     return e - k;
 }
 
-bool mp_fold_unit_before(const struct mp_fold *f, uint32_t a, uint32_t b)
+bool mp_fold_unit_before(const struct mp_fold *f, int level, uint32_t a, uint32_t b)
 {
-    return a < f->n && b < f->n && f->unit_len[a] == f->unit_len[b] && f->unit[a] + f->unit_len[a] == f->unit[b];
+    const uint32_t *u = lv_unit(f, level), *ul = lv_len(f, level);
+    return a < f->n && b < f->n && ul[a] == ul[b] && u[a] + ul[a] == u[b];
 }
 
-bool mp_fold_steps_agree(const struct mp_fold *f, const uint64_t *sig)
+uint64_t mp_fold_step_weight(const struct mp_fold *f, int level, uint32_t j)
+{
+    if (j >= f->n)
+        return 1;
+    return level ? f->outer_w[j] : f->step_w ? f->step_w[j] : f->weight[j];
+}
+
+uint32_t mp_fold_unit_len(const struct mp_fold *f, int level, uint32_t j)
+{
+    return j < f->n ? lv_len(f, level)[j] : 1;
+}
+
+bool mp_fold_steps_agree(const struct mp_fold *f, int level, const uint64_t *sig)
 {
     const struct mp_schedule *fs = &f->sched;
     for (size_t k = 0, len; k < fs->n; k += len) {
         const struct mp_sched_op *op = &fs->ops[k];
-        len = mp_fold_step_len(f, k);
-        if (op->kind == MP_SCHED_LOSS || f->weight[op->index] <= 1)
+        len = mp_fold_step_len(f, level, k);
+        if (op->kind == MP_SCHED_LOSS || mp_fold_step_weight(f, level, op->index) <= 1)
             continue;
         /* the same step on the unit before (the first interior one): just before or after */
         size_t k1 = k >= len && fs->ops[k - len].kind != MP_SCHED_LOSS &&
-                            mp_fold_unit_before(f, fs->ops[k - len].index, op->index)
+                            mp_fold_unit_before(f, level, fs->ops[k - len].index, op->index)
                         ? k - len
                         : k + len;
-        if (k1 + len > fs->n || mp_fold_step_len(f, k1) != len)
+        if (k1 + len > fs->n || mp_fold_step_len(f, level, k1) != len)
             return false;
         if (k1 > 0 && fs->ops[k1 - 1].kind != MP_SCHED_LOSS && fs->ops[k1].kind != MP_SCHED_LOSS &&
-            mp_fold_same_unit(f, fs->ops[k1 - 1].index, fs->ops[k1].index))
+            mp_fold_same_unit(f, level, fs->ops[k1 - 1].index, fs->ops[k1].index))
             return false; /* not a whole step */
         if (sig[k1] != sig[k])
             return false;
-        uint32_t ul = f->unit_len[op->index];
+        /* op for op, the same kind a unit's length of full blocks before */
+        uint32_t ul = lv_len(f, level)[op->index];
         for (size_t i = 0; i < len; i++)
             if (fs->ops[k1 + i].kind != fs->ops[k + i].kind || fs->ops[k1 + i].kind == MP_SCHED_LOSS ||
-                fs->ops[k1 + i].index + ul != fs->ops[k + i].index)
+                f->full_of[fs->ops[k1 + i].index] + ul != f->full_of[fs->ops[k + i].index])
                 return false;
     }
     return true;

@@ -18,7 +18,15 @@
  * The fold holds only if the short build made each weighted block as a verified copy of the
  * block it repeats (mp_program.copied: same lowering, same builder state before and after), and
  * the two interior units' steps made the same events: the estimator checks both and says when
- * they do not, and the caller then evaluates the full model. */
+ * they do not, and the caller then evaluates the full model.
+ *
+ * A fold of a fold (mp_fold_make_nested): sqrt's plan checkpoints segments of S blocks, which
+ * cut the runs of units at every segment's ends, so one fold keeps a few units per segment (some
+ * 9,500 blocks of gemma-3 with 100,000 layers: S = 315, units of 6).  Super-units of lcm(S, p)
+ * blocks from a segment's start repeat exactly, blocks and schedule alike: they are folded the
+ * same way (a step on a super-unit holds whole steps on its units), and the short model of that
+ * fold is folded again in the run's units (a few hundred blocks in all).  The estimator counts a
+ * step on a weighted unit inside a step on a weighted super-unit, and checks both levels. */
 #ifndef MP_FOLD_H
 #define MP_FOLD_H
 
@@ -50,6 +58,14 @@ struct mp_fold {
                                  a weighted unit's copies is one step */
     size_t folded;            /* full blocks not replayed (the sum of weight - 1) */
     const struct mp_model *full; /* the full model */
+    /* A fold of a fold (mp_fold_make_nested; NULL otherwise): weight is then the product of the
+     * two folds' weights, and a step on a unit (level 0) runs step_w times; the super-units
+     * (level 1) hold whole steps of units, and a step on one runs outer_w times. */
+    uint64_t *step_w;         /* [n] */
+    uint32_t *outer;          /* [n] short block j's super-unit (an id, consecutive ones differ
+                                 by their length) */
+    uint32_t *outer_len;      /* [n] its blocks in the full model */
+    uint64_t *outer_w;        /* [n] */
 };
 
 void mp_fold_init(struct mp_fold *f);
@@ -60,6 +76,13 @@ void mp_fold_release(struct mp_fold *f);
  * MP_ERR_INTERNAL for a schedule that does not fit m. */
 enum mp_status mp_fold_make(const struct mp_model *m, const struct mp_schedule *s, struct mp_fold *f,
                             struct mp_diag *d);
+
+/* mp_fold_make, then, where s checkpoints segments of one length in a row over a run of blocks
+ * that repeat (sqrt's plan), a fold of a fold where it has fewer short blocks (fold.c, "folds of
+ * folds"): the segments' repeats folded, and each segment inside them.  Not for a data-parallel
+ * plan (its weighted buckets take a weighted block's copies as consecutive). */
+enum mp_status mp_fold_make_nested(const struct mp_model *m, const struct mp_schedule *s, struct mp_fold *f,
+                                   struct mp_diag *d);
 
 /* The full model's chain from the chain of f's short program (f made for the no-checkpoint
  * schedule): each full block takes the figures of the short block it is counted in.  false:
@@ -78,18 +101,25 @@ bool mp_fold_copied(const struct mp_fold *f, const struct mp_program *p);
 bool mp_fold_counts(const struct mp_fold *f, const struct mp_program *p, uint64_t *total, uint64_t *trainable,
                     uint64_t *adapter);
 
-/* A step of f's short schedule: the ops in a row on one unit (one op for the loss).  The length
- * of the step at op k. */
-size_t mp_fold_step_len(const struct mp_fold *f, size_t k);
+/* Steps come in levels: level 0 the ops in a row on one unit (one op for the loss), level 1
+ * (folds of folds) the ops in a row on one super-unit.  How many levels f has (1 or 2). */
+int mp_fold_levels(const struct mp_fold *f);
+
+/* The length of the step at op k of f's short schedule. */
+size_t mp_fold_step_len(const struct mp_fold *f, int level, size_t k);
 
 /* Are short blocks a and b of one unit?  Is a's unit the one just before b's, of as many blocks? */
-bool mp_fold_same_unit(const struct mp_fold *f, uint32_t a, uint32_t b);
-bool mp_fold_unit_before(const struct mp_fold *f, uint32_t a, uint32_t b);
+bool mp_fold_same_unit(const struct mp_fold *f, int level, uint32_t a, uint32_t b);
+bool mp_fold_unit_before(const struct mp_fold *f, int level, uint32_t a, uint32_t b);
+
+/* How many times in a row a step on short block j's unit runs; the full blocks of that unit. */
+uint64_t mp_fold_step_weight(const struct mp_fold *f, int level, uint32_t j);
+uint32_t mp_fold_unit_len(const struct mp_fold *f, int level, uint32_t j);
 
 /* Did each weighted unit's step make the same events (sig: a hash of them, per op that starts a
- * step) as the same step on the unit before it, the first interior one, next to it in f's short
- * schedule?  The fold holds only if so. */
-bool mp_fold_steps_agree(const struct mp_fold *f, const uint64_t *sig);
+ * step of the level) as the same step on the unit before it, the first interior one, next to it
+ * in f's short schedule?  The fold holds only if so, at each level. */
+bool mp_fold_steps_agree(const struct mp_fold *f, int level, const uint64_t *sig);
 
 /* How many full blocks short block j (or -1: no block) stands for. */
 uint64_t mp_fold_weight(const struct mp_fold *f, int j);

@@ -195,7 +195,9 @@ static enum mp_status ev_run(struct evalr *ev, const struct mp_schedule *s, uint
     enum mp_status st;
     if (ev->fold) {
         struct mp_fold fd;
-        if ((st = mp_fold_make(ev->job->model, s, &fd, d)) != MP_OK)
+        /* folds of folds on one GPU (fold.h: not for a data-parallel plan) */
+        if ((st = ev->job->train.par ? mp_fold_make(ev->job->model, s, &fd, d)
+                                     : mp_fold_make_nested(ev->job->model, s, &fd, d)) != MP_OK)
             return st;
         st = ev->sp->blocks ? mp_program_rebuild(&fd.model, &ev->bo, ev->sp, d)
                             : mp_program_build(&fd.model, &ev->bo, ev->sp, d);

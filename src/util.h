@@ -70,6 +70,15 @@ bool mp_mul3_u64(uint64_t a, uint64_t b, uint64_t c, uint64_t *out);
 static inline uint64_t mp_max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 static inline uint64_t mp_min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static inline uint64_t mp_ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+static inline uint64_t mp_gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
 
 /* "1.50 GiB", "512 B": human-readable binary size into buf (>= 32 bytes). */
 const char *mp_fmt_bytes(uint64_t bytes, char *buf, size_t len);

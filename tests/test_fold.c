@@ -399,6 +399,53 @@ static void test_fold_bundled_models_equal_their_replay(void **state)
     assert_true(folded > 0);
 }
 
+/* Folds of folds (fold.h, mp_fold_make_nested): sqrt's segments (S blocks) over a long run of
+ * period p repeat every lcm(S, p) blocks; those super-units are folded, and the segments inside
+ * them.  GPT-2 with 1,000 more blocks (p 1: S 31), gemma-3 (p 6: S 34, super-units of 102) and
+ * SmolLM3 (p 4: 68) with 1,200 layers: the nested fold is the one a sqrt fit uses, and it holds
+ * (fewer short blocks than one fold, all of the full model's other blocks counted); every plan's
+ * fit through folds equals the whole replay. */
+static void test_fold_nested_equals_its_replay(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 3; k++) {
+        struct mp_model m, base;
+        if (k == 0) {
+            load_file(&base, "models/gpt2-124m.json");
+            stretch(&base, 1000, &m);
+        } else {
+            load_stretched(&m, k == 1 ? "models/hf/gemma-3-1b.json" : "models/hf/smollm3-3b.json", 1200);
+        }
+        const char *what = k == 0 ? "gpt2-124m +1000" : k == 1 ? "gemma-3-1b x1200" : "smollm3-3b x1200";
+        struct mp_job j = job_for(&m, "t4");
+        j.train.skip_reserved = true;
+        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
+        j.fold = 1;
+        struct mp_fit fit;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_fit_eval(&j, &fit, &d), MP_OK);
+        struct mp_fold one, two;
+        assert_int_equal(mp_fold_make(&m, &fit.plan.sched, &one, &d), MP_OK);
+        assert_int_equal(mp_fold_make_nested(&m, &fit.plan.sched, &two, &d), MP_OK);
+        if (mp_fold_levels(&two) != 2 || 2 * two.n > one.n)
+            fail_msg("%s: a nested fold of %zu short blocks, one fold %zu", what, two.n, one.n);
+        if (fit.folded_blocks != m.n_blocks - two.n)
+            fail_msg("%s: the sqrt fit replayed %zu of %zu blocks, not the nested fold's %zu", what,
+                     m.n_blocks - fit.folded_blocks, m.n_blocks, two.n);
+        mp_fold_release(&one);
+        mp_fold_release(&two);
+        mp_fit_release(&fit);
+        assert_true(compare_model(&m, what, V_PLAIN, NULL) > 0);
+        assert_true(compare_model(&m, what, k == 0 ? V_ACCUM_ADAFACTOR : V_LORA, NULL) > 0);
+        if (k == 0) {
+            free(m.blocks);
+            mp_model_release(&base);
+        } else {
+            mp_model_release(&m);
+        }
+    }
+}
+
 /* On a long model the optimal plan is never worse than sqrt's (search.c sqrt_floor, ckpt.c): at
  * the batch where sqrt's plan fits tiny-test x100,000 on a T4 (5,917 in amp-fp16), the optimal
  * one fits too and recomputes no more.  Its DP on 64 groups alone fitted only 1,766. */
@@ -440,6 +487,7 @@ int main(void)
         cmocka_unit_test(test_fold_bundled_models_equal_their_replay),
         cmocka_unit_test(test_fold_data_parallel_equals_its_replay),
         cmocka_unit_test(test_fold_encoder_decoder_equals_its_replay),
+        cmocka_unit_test(test_fold_nested_equals_its_replay),
         cmocka_unit_test(test_long_model_optimal_never_worse_than_sqrt),
     };
     return cmocka_run_group_tests_name("fold", tests, NULL, NULL);
