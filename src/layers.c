@@ -1970,6 +1970,9 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
         restore_prefix(B, saved);
         return x;
     }
+    if (l->bias_per_layer) /* UMT5: the layer's own, for no other (so each layer leaves the builder
+                            * as it found it, and a layer repeats the one before: copies, folds) */
+        *(kind == T5_CROSS ? &B->cross_bias : &B->pos_bias) = -1;
     bool pb_grad = T(B, pb)->needs_grad;
     enum mp_dtype pdt = T(B, pb)->dtype;
     struct val y = with_last(B, "attn", q, inner, cdt, true);
