@@ -331,7 +331,7 @@ static bool find_super(const struct mp_model *m, const struct mp_schedule *s, si
             *U = u, *o = first, *k = (c - first) / u;
         }
     }
-    return *k >= MP_FOLD_MIN_RUN + 2;
+    return *U >= 2 && *k >= MP_FOLD_MIN_RUN + 2;
 }
 
 /* f: f1's short model folded by f2, counted as the full model (f1's). */
@@ -363,6 +363,15 @@ static enum mp_status compose(struct mp_fold *f1, struct mp_fold *f2, struct mp_
     }
     for (size_t i = 0; i < N; i++)
         f->short_of[i] = f2->short_of[f1->short_of[i]];
+    /* each f1 block an f2 short block stands for has the weight and super-unit length of the
+     * one it is made from (else the product would count them wrong) */
+    for (size_t mid = 0; mid < f2->n_full; mid++) {
+        size_t rep = f2->full_of[f2->short_of[mid]];
+        if (f1->weight[mid] != f1->weight[rep] || f1->unit_len[mid] != f1->unit_len[rep]) {
+            mp_fold_release(f);
+            return MP_ERR_RANGE; /* (not folded so: the caller keeps the single fold) */
+        }
+    }
     /* f2's short model, units, step weights and schedule are f's */
     f->model = f2->model, f->unit = f2->unit, f->unit_len = f2->unit_len, f->step_w = f2->weight;
     f->sched = f2->sched;
@@ -376,7 +385,7 @@ enum mp_status mp_fold_make_nested(const struct mp_model *m, const struct mp_sch
                                    struct mp_diag *d)
 {
     enum mp_status st = mp_fold_make(m, s, f, d);
-    size_t N = m->n_blocks, U, o, k;
+    size_t N = m->n_blocks, U = 0, o = 0, k = 0;
     if (st != MP_OK || !s || !find_super(m, s, 3, &U, &o, &k))
         return st;
     struct mp_fold f1, f2, fn;
@@ -404,16 +413,14 @@ enum mp_status mp_fold_make_nested(const struct mp_model *m, const struct mp_sch
         goto out;
     }
     for (size_t j = 0; j < n1; j++)
-        if (f1.unit_len[j] > 1 && f1.unit[j] == j)
+        if ((f1.unit_len[j] > 1 || f1.weight[j] > 1) && f1.unit[j] == j)
             split[j] = split[j + f1.unit_len[j]] = true;
     make_units(&f1.model, us, ul, seg);
     split_units(split, n1, us, ul, seg);
     if ((st = fold_units(&f1.model, &f1.sched, us, ul, seg, 3, split, &f2, d)) != MP_OK)
         goto out;
     st = compose(&f1, &f2, &fn, d);
-    if (st == MP_ERR_RANGE)
-        st = MP_OK;
-    else if (st == MP_OK && fn.n < f->n) {
+    if (st == MP_OK && fn.n < f->n) {
         mp_fold_release(f);
         *f = fn;
         mp_fold_init(&fn);
@@ -426,9 +433,11 @@ out:
     mp_fold_release(&f1);
     mp_fold_release(&f2);
     mp_fold_release(&fn);
-    if (st != MP_OK)
+    if (st == MP_ERR_NOMEM) {
         mp_fold_release(f);
-    return st;
+        return st;
+    }
+    return MP_OK; /* (a fold of a fold that cannot be made: the one fold) */
 }
 
 /* Level 0: the units of f's schedule steps; level 1 (nested folds only): the super-units. */

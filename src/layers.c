@@ -1038,6 +1038,8 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     bool q_call = !strcmp(name, "q_rope");
     if (l->rope_interleave && !q_call) {
         save(n, B->rope_pair); /* k: the layer's pair, made by q's call */
+        B->rope_pair = -1;     /* no other's (each layer leaves the builder as it found it:
+                                * copies, folds) */
     } else if (l->rope_interleave) {
         /* apply_rotary_pos_emb slices the model's cos/sin to rotary_dim/2 and repeat_interleave's
          * them: a new (1, 1, s, rotary_dim) pair per layer, in the table's dtype (the residual
@@ -1297,7 +1299,8 @@ static struct val split_copy(struct bld *B, struct val x, uint64_t width, uint64
 }
 
 /* GPT-J: every attention layer registers its own sinusoid table (rope_table_rows x rotary_dim
- * fp32, persistent=False: on the GPU, not in the checkpoint).  One resident tensor holds them all. */
+ * fp32, persistent=False: on the GPU, not in the checkpoint).  One resident tensor holds them all
+ * (m->pos_table_elems; a model made without mp_model_mark_copies: grown layer by layer). */
 static void pos_table(struct bld *B, const struct mp_layer *l)
 {
     uint64_t e = mul(B, l->rope_table_rows, l->rotary_dim ? l->rotary_dim : l->head_dim);
@@ -1308,11 +1311,14 @@ static void pos_table(struct bld *B, const struct mp_layer *l)
             fail_model(B, MP_ERR_INTERNAL, "too many module buffers");
             return;
         }
-        B->pos_tables = new_flat(B, "embed_positions", MP_DT_F32, e);
+        B->pos_tables = new_flat(B, "embed_positions", MP_DT_F32, B->m->pos_table_elems ? B->m->pos_table_elems : e);
         B->p->tensors[B->pos_tables].name = store_name(B, "", "attn.embed_positions (all layers)");
         B->p->buffers[B->p->n_buffers++] = B->pos_tables;
         return;
     }
+    if (B->m->pos_table_elems) /* every layer's, made with the first (so each later layer leaves the
+                                * program as it found it: copies, folds) */
+        return;
     struct mp_tensor *t = T(B, B->pos_tables);
     t->elems = add(B, t->elems, e);
     t->shape[0] = t->elems;

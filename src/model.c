@@ -243,6 +243,18 @@ static bool block_classes(const struct mp_model *m, size_t *cls)
 void mp_model_mark_copies(struct mp_model *m)
 {
     size_t N = m->n_blocks;
+    bool ok = true;
+    m->pos_table_elems = 0;
+    for (size_t i = 0; ok && i < N; i++)
+        for (size_t k = 0; ok && k < m->blocks[i].n_layers; k++) {
+            const struct mp_layer *l = &m->blocks[i].layers[k];
+            uint64_t e;
+            if (l->rope && l->rope_table_rows)
+                ok = mp_mul_u64(l->rope_table_rows, l->rotary_dim ? l->rotary_dim : l->head_dim, &e) &&
+                     mp_add_u64(m->pos_table_elems, e, &m->pos_table_elems);
+        }
+    if (!ok)
+        m->pos_table_elems = 0; /* (the builder grows its tensor layer by layer, and says it overflows) */
     for (size_t i = 0; i < N; i++)
         m->blocks[i].period = 0;
     size_t *cls = malloc((N ? N : 1) * sizeof *cls);

@@ -339,6 +339,10 @@ struct mp_model {
 
     size_t n_blocks, cap_blocks; /* cap_blocks: private (geometric growth) */
     struct mp_block *blocks;
+    uint64_t pos_table_elems; /* GPT-J: the elements of every attention layer's own sinusoid table
+                                 (mp_model_mark_copies; 0: none, or too many to count), which the
+                                 builder's one resident tensor holds from the first layer on (a
+                                 fold's short model keeps the full model's count) */
 
     /* Parameters that are shared (tied embeddings) are counted once. */
 };
@@ -351,7 +355,8 @@ void mp_model_release(struct mp_model *m);
 
 /* Sets each block's period (the loaders call it): from the first block on, the run that goes on
  * longest from there with some period p <= MP_PERIOD_MAX (each block equal to the one p before
- * it) marks its blocks p, the smallest p among the longest; a block no run starts at is 0. */
+ * it) marks its blocks p, the smallest p among the longest; a block no run starts at is 0.  And
+ * pos_table_elems, over every block. */
 void mp_model_mark_copies(struct mp_model *m);
 
 /* Appends a block with n_layers zeroed layers; returns it (NULL on overflow/alloc failure). */

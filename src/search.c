@@ -193,15 +193,16 @@ static enum mp_status ev_run(struct evalr *ev, const struct mp_schedule *s, uint
                              struct mp_estimate *e, size_t *folded, struct mp_diag *d)
 {
     enum mp_status st;
-    if (ev->fold) {
+    /* folds of folds on one GPU (fold.h: not for a data-parallel plan); where one does not
+     * hold, the one fold; where that does not, the whole model from then on */
+    for (bool nested = !ev->job->train.par; ev->fold; nested = false) {
         struct mp_fold fd;
-        /* folds of folds on one GPU (fold.h: not for a data-parallel plan) */
-        if ((st = ev->job->train.par ? mp_fold_make(ev->job->model, s, &fd, d)
-                                     : mp_fold_make_nested(ev->job->model, s, &fd, d)) != MP_OK)
+        if ((st = nested ? mp_fold_make_nested(ev->job->model, s, &fd, d) : mp_fold_make(ev->job->model, s, &fd, d)) !=
+            MP_OK)
             return st;
         st = ev->sp->blocks ? mp_program_rebuild(&fd.model, &ev->bo, ev->sp, d)
                             : mp_program_build(&fd.model, &ev->bo, ev->sp, d);
-        bool holds = false;
+        bool holds = false, two = mp_fold_levels(&fd) == 2;
         if (st == MP_OK)
             st = mp_estimate_run_folded(&fd, ev->sp, s, &ev->job->train, context,
                                         ev->job->verdict_only ? NULL : c, e, &holds, d);
@@ -209,7 +210,8 @@ static enum mp_status ev_run(struct evalr *ev, const struct mp_schedule *s, uint
         mp_fold_release(&fd);
         if (st != MP_OK || holds)
             return st;
-        ev->fold = false;
+        if (!two)
+            ev->fold = false;
     }
     if ((st = ev_build(ev, d)) != MP_OK)
         return st;

@@ -389,7 +389,14 @@ static void test_fold_bundled_models_equal_their_replay(void **state)
             snprintf(path, sizeof path, "%s/%s", dirs[di], e->d_name);
             struct mp_model m;
             load_file(&m, path);
-            folded += compare_model(&m, path, V_PLAIN, NULL);
+            size_t f = compare_model(&m, path, V_PLAIN, NULL);
+            /* layers that make tensors of their own for no other layer fold too: GPT-J's sinusoid
+             * tables (one tensor, sized for every layer by the first), the interleaved rotary's
+             * cos/sin pair per layer (ERNIE 4.5, GLM-4-0414) */
+            if (strstr(path, "gpt-j-6b") || strstr(path, "ernie-4.5") || strstr(path, "glm-4-9b-0414"))
+                if (f == 0)
+                    fail_msg("%s: nothing folded", path);
+            folded += f;
             models++;
             mp_model_release(&m);
         }
