@@ -89,11 +89,6 @@ enum mp_status mp_schedule_push(struct mp_schedule *s, enum mp_sched_kind k, uin
     return MP_OK;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Strategy specs                                                            */
-/* ------------------------------------------------------------------------ */
-
-/* K of "segments:K" / "every:K": decimal digits only, > 0, no overflow. */
 bool mp_schedule_equal(const struct mp_schedule *a, const struct mp_schedule *b)
 {
     if (a->n != b->n)
@@ -104,6 +99,11 @@ bool mp_schedule_equal(const struct mp_schedule *a, const struct mp_schedule *b)
     return true;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Strategy specs                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* K of "segments:K" / "every:K": decimal digits only, > 0, no overflow. */
 static enum mp_status parse_k(const char *s, uint64_t *k)
 {
     if (!*s)

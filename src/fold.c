@@ -304,11 +304,11 @@ static bool find_super(const struct mp_model *m, const struct mp_schedule *s, si
     size_t N = m->n_blocks, rs = 0, re = 0;
     unsigned p = 0;
     for (size_t i = 0; i < N;) {
-        unsigned q = m->blocks[i].period;
+        unsigned q = m->blocks[i].repeat_group > 0 ? m->blocks[i].period : 0; /* 0: not in a run */
         size_t e = i + 1;
-        while (q && m->blocks[i].repeat_group > 0 && e < N && m->blocks[e].period == q && m->blocks[e].repeat_group > 0)
+        while (q && e < N && m->blocks[e].period == q && m->blocks[e].repeat_group > 0)
             e++;
-        if (q && m->blocks[i].repeat_group > 0 && q <= i && e - i > re - rs)
+        if (q && q <= i && e - i > re - rs)
             rs = i, re = e, p = q;
         i = e;
     }
