@@ -1,9 +1,9 @@
 /* gpu.c — reads GPU profiles (configs/gpus/NAME.json).  cJSON stays inside. */
 #include "gpu.h"
 
-#include "probe.h" /* the local device */
+#include "model_read.h" /* the JSON parser and field readers models are read with */
+#include "probe.h"      /* the local device */
 
-#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -46,55 +46,133 @@ void mp_gpu_from_vram(uint64_t bytes, struct mp_gpu *g)
     g->ib_gbs = 12.5;
 }
 
-static double num(const cJSON *o, const char *k, double def)
+/* A profile is read as untrusted as a model file: the same parser (mp_json_parse: RFC 8259,
+ * duplicate keys, \u0000, nesting, text after the value refused with file:line:col) and the same
+ * field readers (json_field.c); unknown keys are refused as the memplan model reader refuses
+ * them (keys starting with "_" or "comment" are ignored). */
+#define PROFILE_KEYS                                                                                              \
+    "name description memory_mib usable_fraction compute_capability tflops bandwidth_gbs cuda_context_mib "       \
+    "cublas_workspace_bytes nvlink_gbs pcie_gbs ib_gbs nccl_overhead_mib"
+#define PROFILE_MIB_MAX (UINT64_C(1) << 30)  /* memory, context, NCCL buffers: at most 1 PiB */
+#define PROFILE_BYTES_MAX (UINT64_C(1) << 50) /* the cuBLAS workspace */
+#define PROFILE_RATE_MAX 1e6                  /* TFLOP/s and GB/s */
+
+/* A whole number of MiB (at most 1 PiB; positive when required), as bytes; absent: def_mib. */
+static enum mp_status read_mib(const cJSON *root, const char *key, bool required, uint64_t def_mib,
+                               uint64_t *bytes, const char *path, struct mp_diag *d)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(v) ? v->valuedouble : def;
+    uint64_t mib = def_mib;
+    enum mp_status st = mp_json_u64(root, key, required, PROFILE_MIB_MAX, &mib, path, "", d);
+    bool present = cJSON_GetObjectItemCaseSensitive(root, key) != NULL;
+    if (required && present && ((st == MP_OK && mib == 0) || st == MP_ERR_MODEL))
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a positive integer", path, key);
+    if (st != MP_OK)
+        return st;
+    if (!mp_mul_u64(mib, UINT64_C(1) << 20, bytes))
+        return mp_fail(d, MP_ERR_RANGE, "%s: %s: too large", path, key);
+    return MP_OK;
+}
+
+/* A string of at most cap-1 bytes (non-empty), copied to out; absent leaves out as it is. */
+static enum mp_status read_text(const cJSON *root, const char *key, bool required, char *out, size_t cap,
+                                const char *path, struct mp_diag *d)
+{
+    enum mp_status st;
+    const char *s = mp_json_str(root, key, &st, path, "", d);
+    if (st != MP_OK)
+        return st;
+    if (!s && required)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: missing (expected a string)", path, key);
+    if (!s)
+        return MP_OK;
+    if (!*s)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected a non-empty string", path, key);
+    if (strlen(s) >= cap)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: longer than %zu characters", path, key, cap - 1);
+    snprintf(out, cap, "%s", s);
+    return MP_OK;
+}
+
+/* compute_capability: "MAJOR.MINOR", each one or two digits. */
+static enum mp_status read_cc(const cJSON *root, struct mp_gpu *g, const char *path, struct mp_diag *d)
+{
+    enum mp_status st;
+    const char *s = mp_json_str(root, "compute_capability", &st, path, "", d);
+    if (st != MP_OK || !s)
+        return st;
+    int major = 0, minor = 0, n = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9' && n < 3; p++, n++)
+        major = major * 10 + (*p - '0');
+    bool ok = n >= 1 && n <= 2 && *p == '.';
+    n = 0;
+    for (p += ok; ok && *p >= '0' && *p <= '9' && n < 3; p++, n++)
+        minor = minor * 10 + (*p - '0');
+    if (!ok || n < 1 || n > 2 || *p)
+        return mp_fail(d, MP_ERR_MODEL, "%s: compute_capability: expected a string like \"8.0\"", path);
+    g->cc_major = major;
+    g->cc_minor = minor;
+    return MP_OK;
+}
+
+static enum mp_status read_profile(const cJSON *root, struct mp_gpu *g, const char *path, struct mp_diag *d)
+{
+    enum mp_status st;
+    if (!cJSON_IsObject(root))
+        return mp_fail(d, MP_ERR_MODEL, "%s: expected a JSON object at the top level", path);
+    if ((st = mp_json_check_keys(root, PROFILE_KEYS, "a GPU profile", path, "", d)) != MP_OK ||
+        (st = read_text(root, "name", true, g->name, sizeof g->name, path, d)) != MP_OK)
+        return st;
+    snprintf(g->description, sizeof g->description, "%s", g->name);
+    if ((st = read_text(root, "description", false, g->description, sizeof g->description, path, d)) != MP_OK ||
+        (st = read_mib(root, "memory_mib", true, 0, &g->memory_bytes, path, d)) != MP_OK)
+        return st;
+    g->usable_fraction = 1.0;
+    if ((st = mp_json_num(root, "usable_fraction", 0, true, 1, &g->usable_fraction, path, "", d)) != MP_OK ||
+        (st = read_cc(root, g, path, d)) != MP_OK)
+        return st;
+    const cJSON *tf = cJSON_GetObjectItemCaseSensitive(root, "tflops");
+    if (tf && !cJSON_IsNull(tf)) {
+        if (!cJSON_IsObject(tf))
+            return mp_fail(d, MP_ERR_MODEL, "%s: tflops: expected an object of dense TFLOP/s (fp32, tf32, bf16, fp16)",
+                           path);
+        if ((st = mp_json_check_keys(tf, "fp32 tf32 bf16 fp16", "tflops", path, "tflops", d)) != MP_OK ||
+            (st = mp_json_num(tf, "fp32", 0, false, PROFILE_RATE_MAX, &g->tflops_fp32, path, "tflops", d)) != MP_OK ||
+            (st = mp_json_num(tf, "tf32", 0, false, PROFILE_RATE_MAX, &g->tflops_tf32, path, "tflops", d)) != MP_OK ||
+            (st = mp_json_num(tf, "bf16", 0, false, PROFILE_RATE_MAX, &g->tflops_bf16, path, "tflops", d)) != MP_OK ||
+            (st = mp_json_num(tf, "fp16", 0, false, PROFILE_RATE_MAX, &g->tflops_fp16, path, "tflops", d)) != MP_OK)
+            return st;
+    }
+    g->workspace_bytes = 8519680;
+    g->pcie_gbs = 16;
+    g->ib_gbs = 12.5;
+    if ((st = mp_json_num(root, "bandwidth_gbs", 0, false, PROFILE_RATE_MAX, &g->bandwidth_gbs, path, "", d)) !=
+            MP_OK ||
+        (st = read_mib(root, "cuda_context_mib", false, 500, &g->context_bytes, path, d)) != MP_OK ||
+        (st = mp_json_u64(root, "cublas_workspace_bytes", false, PROFILE_BYTES_MAX, &g->workspace_bytes, path, "",
+                          d)) != MP_OK ||
+        (st = mp_json_num(root, "nvlink_gbs", 0, false, PROFILE_RATE_MAX, &g->nvlink_gbs, path, "", d)) != MP_OK ||
+        (st = mp_json_num(root, "pcie_gbs", 0, true, PROFILE_RATE_MAX, &g->pcie_gbs, path, "", d)) != MP_OK ||
+        (st = mp_json_num(root, "ib_gbs", 0, true, PROFILE_RATE_MAX, &g->ib_gbs, path, "", d)) != MP_OK ||
+        (st = read_mib(root, "nccl_overhead_mib", false, 0, &g->nccl_overhead_bytes, path, d)) != MP_OK)
+        return st;
+    if (g->nccl_overhead_bytes > g->memory_bytes)
+        return mp_fail(d, MP_ERR_MODEL, "%s: nccl_overhead_mib: more than memory_mib", path);
+    return MP_OK;
 }
 
 static enum mp_status parse_profile(const char *path, const char *text, size_t len, struct mp_gpu *g,
                                     struct mp_diag *d)
 {
     memset(g, 0, sizeof *g);
-    if (mp_json_leading_zero(text, len) >= 0)
-        return mp_fail(d, MP_ERR_JSON, "%s: malformed JSON: a number with a leading zero", path);
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    if (!root)
-        return mp_fail(d, MP_ERR_JSON, "%s: malformed JSON", path);
-    enum mp_status st = MP_OK;
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(root, "name");
-    const cJSON *mem = cJSON_GetObjectItemCaseSensitive(root, "memory_mib");
-    const cJSON *tf = cJSON_GetObjectItemCaseSensitive(root, "tflops");
-    if (!cJSON_IsString(name)) {
-        st = mp_fail(d, MP_ERR_MODEL, "%s: name: expected a string", path);
-    } else if (!cJSON_IsNumber(mem) || mem->valuedouble <= 0 || mem->valuedouble > 1e9) {
-        st = mp_fail(d, MP_ERR_MODEL, "%s: memory_mib: expected a positive number", path);
-    } else {
-        snprintf(g->name, sizeof g->name, "%s", name->valuestring);
-        const cJSON *desc = cJSON_GetObjectItemCaseSensitive(root, "description");
-        snprintf(g->description, sizeof g->description, "%s", cJSON_IsString(desc) ? desc->valuestring : g->name);
-        g->memory_bytes = (uint64_t)(mem->valuedouble * 1048576.0);
-        g->usable_fraction = num(root, "usable_fraction", 1.0);
-        if (!(g->usable_fraction > 0 && g->usable_fraction <= 1))
-            st = mp_fail(d, MP_ERR_MODEL, "%s: usable_fraction: expected a number in (0, 1]", path);
-        g->tflops_fp32 = num(tf, "fp32", 0);
-        g->tflops_tf32 = num(tf, "tf32", 0);
-        g->tflops_bf16 = num(tf, "bf16", 0);
-        g->tflops_fp16 = num(tf, "fp16", 0);
-        g->bandwidth_gbs = num(root, "bandwidth_gbs", 0);
-        g->context_bytes = (uint64_t)(num(root, "cuda_context_mib", 500) * 1048576.0);
-        g->workspace_bytes = (uint64_t)num(root, "cublas_workspace_bytes", 8519680);
-        g->nvlink_gbs = num(root, "nvlink_gbs", 0);
-        g->pcie_gbs = num(root, "pcie_gbs", 16);
-        g->ib_gbs = num(root, "ib_gbs", 12.5);
-        g->nccl_overhead_bytes = (uint64_t)(num(root, "nccl_overhead_mib", 0) * 1048576.0);
-        if (g->nvlink_gbs < 0 || g->pcie_gbs <= 0 || g->ib_gbs <= 0 || g->nccl_overhead_bytes > g->memory_bytes)
-            st = mp_fail(d, MP_ERR_MODEL, "%s: nvlink_gbs/pcie_gbs/ib_gbs/nccl_overhead_mib: out of range", path);
-        const cJSON *cc = cJSON_GetObjectItemCaseSensitive(root, "compute_capability");
-        if (cJSON_IsString(cc))
-            sscanf(cc->valuestring, "%d.%d", &g->cc_major, &g->cc_minor);
-    }
+    cJSON *root;
+    enum mp_status st = mp_json_parse(text, len, path, &root, d);
+    if (st != MP_OK)
+        return st;
+    st = read_profile(root, g, path, d);
     cJSON_Delete(root);
+    if (st != MP_OK)
+        memset(g, 0, sizeof *g);
     return st;
 }
 

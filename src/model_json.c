@@ -70,78 +70,12 @@ static void cut_printf(char *out, size_t cap, const char *fmt, ...)
     va_end(ap);
 }
 
-static bool ignorable_key(const char *k)
-{
-    return k[0] == '_' || strncmp(k, "comment", 7) == 0;
-}
-
-/* Levenshtein distance, capped for long strings (keys and type names are short). */
-static size_t edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 40 || lb > 40)
-        return 99;
-    size_t row[41];
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
-/* Closest word of list to key within distance 2, copied to out ("" when none). */
-static void suggest(const char *list, const char *key, char *out, size_t cap)
-{
-    size_t best = 3;
-    out[0] = '\0';
-    size_t n;
-    for (const char *p; (p = mp_list_word(&list, &n));) {
-        char w[48];
-        if (n < sizeof w) {
-            memcpy(w, p, n);
-            w[n] = '\0';
-            size_t dist = edit_distance(key, w);
-            if (dist < best) {
-                best = dist;
-                snprintf(out, cap, "%s", w);
-            }
-        }
-    }
-}
-
-/* Every key of obj must be in allowed (or ignorable); duplicates were refused on loading
- * (model.c).  what names
- * the object in the message: "a linear layer", "the input", ... */
+/* Every key of obj must be in allowed (or ignorable: json_field.c); duplicates were refused on
+ * loading (model_load.c).  what names the object in the message: "a linear layer", "the input", ... */
 static enum mp_status check_keys(const struct reader *rd, const cJSON *obj, const char *place, const char *allowed,
                                  const char *what)
 {
-    for (const cJSON *c = obj->child; c; c = c->next) {
-        if (!c->string)
-            continue;
-        if (ignorable_key(c->string))
-            continue;
-        if (mp_in_list(allowed, c->string))
-            continue;
-        char hint[48];
-        suggest(allowed, c->string, hint, sizeof hint);
-        if (hint[0])
-            return fail_at(rd, MP_ERR_MODEL, place, c->string, "unknown key for %s (did you mean \"%s\"?)", what,
-                           hint);
-        return fail_at(rd, MP_ERR_MODEL, place, c->string, "unknown key for %s", what);
-    }
-    return MP_OK;
+    return mp_json_check_keys(obj, allowed, what, rd->path, place, rd->d);
 }
 
 /* ---- value readers ------------------------------------------------------------------ */
@@ -603,7 +537,7 @@ static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *pla
             strcat(all, mp_layer_type_str((enum mp_layer_type)i));
             strcat(all, " ");
         }
-        suggest(all, ts ? ts : "", hint, sizeof hint);
+        mp_json_suggest(all, ts ? ts : "", hint, sizeof hint);
         if (hint[0])
             return fail_at(rd, MP_ERR_MODEL, place, "type", "unknown layer type \"%s\" (did you mean \"%s\"?)", ts,
                            hint);

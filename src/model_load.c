@@ -1,7 +1,8 @@
 /* model_load.c — model files: read, parse, dispatch to the memplan-JSON or HF
  * reader, then check that the layers chain (mp_program_check).  The JSON text
- * is held to RFC 8259 here (no leading zeros, no duplicate keys, nothing after
- * the value), so the readers see one well-formed document.
+ * is held to RFC 8259 here (mp_json_parse: no leading zeros, no duplicate keys,
+ * no control characters or \u0000 in strings, nothing after the value), so the
+ * readers see one well-formed document; GPU profiles (gpu.c) are parsed the same way.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -76,18 +77,65 @@ static enum mp_status check_duplicates(const cJSON *node, char *place, size_t ca
     return MP_OK;
 }
 
-enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
-                                    struct mp_diag *d)
+/* The first place where text departs from RFC 8259 in a way cJSON lets through, or -1:
+ * a \u0000 escape in a string (cJSON keeps strings NUL-terminated, so "a\u0000b" would be read
+ * as "a" where Python reads another key), a raw control byte inside a string (RFC 8259 wants
+ * it escaped) or between tokens (cJSON skips every byte up to a space as white space).  *what
+ * says which.  *deep is the offset of the first bracket nested deeper than cJSON's limit
+ * (CJSON_NESTING_LIMIT), or -1. */
+static long json_scan(const char *text, size_t len, const char **what, long *deep)
 {
-    mp_model_init(m);
-    snprintf(m->path, sizeof m->path, "%s", path);
+    bool in_str = false;
+    size_t depth = 0;
+    *deep = -1;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (in_str) {
+            if (c == '"') {
+                in_str = false;
+            } else if (c < 0x20) {
+                *what = "malformed JSON: a control character inside a string (JSON needs it escaped)";
+                return (long)i;
+            } else if (c == '\\' && i + 1 < len) {
+                if (text[i + 1] == 'u' && i + 5 < len && !memcmp(text + i + 2, "0000", 4)) {
+                    *what = "a \\u0000 (NUL) escape in a string is not supported";
+                    return (long)i;
+                }
+                i++;
+            }
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+        } else if (c < 0x20 && c != ' ' && c != '\t' && c != '\n' && c != '\r') {
+            *what = "malformed JSON: a control character outside a string";
+            return (long)i;
+        } else if (c == '[' || c == '{') {
+            if (++depth > CJSON_NESTING_LIMIT && *deep < 0)
+                *deep = (long)i;
+        } else if ((c == ']' || c == '}') && depth) {
+            depth--;
+        }
+    }
+    return -1;
+}
+
+enum mp_status mp_json_parse(const char *text, size_t len, const char *path, cJSON **out, struct mp_diag *d)
+{
+    *out = NULL;
     if (len == 0)
         return mp_fail(d, MP_ERR_JSON, "%s: the file is empty", path);
+    size_t line, col;
     long lz = mp_json_leading_zero(text, len);
     if (lz >= 0) {
-        size_t line, col;
         line_col(text, (size_t)lz, &line, &col);
         return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON: a number with a leading zero", path, line, col);
+    }
+    const char *what = NULL;
+    long deep, bad = json_scan(text, len, &what, &deep);
+    if (bad >= 0) {
+        line_col(text, (size_t)bad, &line, &col);
+        return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: %s", path, line, col, what);
     }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
@@ -96,7 +144,6 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
             end++;
         if (end < text + len) {
             cJSON_Delete(root);
-            size_t line, col;
             line_col(text, (size_t)(end - text), &line, &col);
             return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: unexpected text after the JSON value", path, line, col);
         }
@@ -104,15 +151,36 @@ enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t
     if (!root) {
         const char *e = cJSON_GetErrorPtr();
         size_t off = (e && e >= text && e <= text + len) ? (size_t)(e - text) : len;
-        size_t line, col;
+        if (deep >= 0 && (size_t)deep <= off) { /* cJSON stopped at its nesting limit */
+            line_col(text, (size_t)deep, &line, &col);
+            return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: nested deeper than %d levels", path, line, col,
+                           CJSON_NESTING_LIMIT);
+        }
         line_col(text, off, &line, &col);
         return mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: malformed JSON", path, line, col);
     }
-    enum mp_status st;
     char place[256] = "";
+    enum mp_status st = check_duplicates(root, place, sizeof place, path, d);
+    if (st != MP_OK) {
+        cJSON_Delete(root);
+        return st;
+    }
+    *out = root;
+    return MP_OK;
+}
+
+enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
+                                    struct mp_diag *d)
+{
+    mp_model_init(m);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    cJSON *root;
+    enum mp_status st = mp_json_parse(text, len, path, &root, d);
+    if (st != MP_OK)
+        return st;
     if (!cJSON_IsObject(root))
         st = mp_fail(d, MP_ERR_MODEL, "%s: expected a JSON object at the top level", path);
-    else if ((st = check_duplicates(root, place, sizeof place, path, d)) == MP_OK)
+    else
         st = mp_json_is_hf(root) ? mp_model_from_hf(m, root, path, d) : mp_model_from_memplan(m, root, path, d);
     cJSON_Delete(root);
     if (st == MP_OK) {
