@@ -1989,6 +1989,20 @@ static enum mp_status set_model_name(struct mp_model *m, const cJSON *root, cons
     return MP_OK;
 }
 
+/* rope_scaling and rope_parameters change only the values of cos/sin (ignored, above), but
+ * transformers reads them as dicts (rope_config_validation calls .get on them): another type is
+ * a broken config, refused rather than ignored. */
+static enum mp_status check_rope_dicts(const cJSON *root, const char *path, struct mp_diag *d)
+{
+    static const char *const keys[] = {"rope_scaling", "rope_parameters"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
+        if (v && !cJSON_IsNull(v) && !cJSON_IsObject(v))
+            return mp_fail(d, MP_ERR_MODEL, "%s: %s: expected an object or null", path, keys[i]);
+    }
+    return MP_OK;
+}
+
 enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d)
 {
     enum mp_status st;
@@ -2012,6 +2026,8 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     if (!c.f)
         return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (supported: " HF_SUPPORTED ")", path,
                        type);
+    if ((st = check_rope_dicts(root, path, d)) != MP_OK)
+        return st;
     if (!c.f->enc_dec && (st = read_config(root, &c, path, d)) != MP_OK)
         return st;
 

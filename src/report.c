@@ -1034,6 +1034,7 @@ static cJSON *json_candidate(const struct mp_candidate *b)
 
 static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit)
 {
+    const char *target = c->gpu ? c->gpu->name : "the target"; /* (fill_ctx leaves out a 0-byte target) */
     if (c->json) {
         cJSON *r = json_root(c);
         if (s->best >= 0)
@@ -1068,7 +1069,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         return;
     }
     if (s->best < 0) {
-        fprintf(out, "memplan: %s does not fit %s: %s\n", c->model->name, c->gpu->name, s->note);
+        fprintf(out, "memplan: %s does not fit %s: %s\n", c->model->name, target, s->note);
         for (size_t i = 0; i < s->n_alternatives; i++)
             fprintf(out, "  would fit or help: %s\n", s->alternatives[i]);
         if (!s->n_alternatives)
@@ -1076,7 +1077,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
     } else {
         const struct mp_candidate *b = &s->cand[s->best];
         char sb[32];
-        fprintf(out, "recommended for %s on %s\n\n", c->model->name, c->gpu->name);
+        fprintf(out, "recommended for %s on %s\n\n", c->model->name, target);
         fprintf(out, "  micro-batch        %llu\n", (unsigned long long)b->micro_batch);
         fprintf(out, "  grad accumulation  %llu   (global batch %llu%s)\n", (unsigned long long)b->grad_accum,
                 (unsigned long long)b->global_batch, s->global_met ? "" : ", requested global batch NOT met");
