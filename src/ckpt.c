@@ -217,13 +217,18 @@ static enum mp_status simulate(const struct mp_chain *c, const struct mp_schedul
         st = mp_fail(d, MP_ERR_INTERNAL, "ckpt: simulate: op %zu (%s): " __VA_ARGS__); \
         goto out;                                                             \
     } while (0)
-#define SIM_ADD(v)                                                                          \
-    do {                                                                                    \
-        if (!mp_add_u64(cur, (v), &cur)) {                                                  \
-            st = mp_fail(d, MP_ERR_RANGE, "ckpt: simulate: op %zu (%s): memory overflows 64 bits", k, \
-                         op_name(op, nm, sizeof nm));                                       \
-            goto out;                                                                       \
-        }                                                                                   \
+/* the bytes live at once pass 2^64: said in the user's terms (the caller names the model) */
+#define SIM_OVERFLOW()                                                                                            \
+    do {                                                                                                          \
+        st = mp_fail(d, MP_ERR_RANGE, "the step's activations need more than 16 EiB (2^64 bytes) at once, in the " \
+                                      "%s; use a smaller --batch or --seq",                                       \
+                     op->kind == MP_SCHED_B ? "backward" : op->kind == MP_SCHED_LOSS ? "loss" : "forward");       \
+        goto out;                                                                                                 \
+    } while (0)
+#define SIM_ADD(v)                             \
+    do {                                       \
+        if (!mp_add_u64(cur, (v), &cur))       \
+            SIM_OVERFLOW();                    \
     } while (0)
 
     for (size_t k = 0; k < s->n; k++) {
@@ -279,11 +284,8 @@ static enum mp_status simulate(const struct mp_chain *c, const struct mp_schedul
         default:
             SIM_FAIL("unknown op kind", k, nm);
         }
-        if (!mp_add_u64(cur, tmp, &use)) {
-            st = mp_fail(d, MP_ERR_RANGE, "ckpt: simulate: op %zu (%s): memory overflows 64 bits", k,
-                         op_name(op, nm, sizeof nm));
-            goto out;
-        }
+        if (!mp_add_u64(cur, tmp, &use))
+            SIM_OVERFLOW();
         peak = mp_max_u64(peak, use);
         /* Frees happen after the op's usage is counted. */
         if (op->kind == MP_SCHED_FN) {
@@ -312,6 +314,7 @@ static enum mp_status simulate(const struct mp_chain *c, const struct mp_schedul
     }
 #undef SIM_FAIL
 #undef SIM_ADD
+#undef SIM_OVERFLOW
 
     if (complete) {
         bool ok = hy[0] != 0;

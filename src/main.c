@@ -303,6 +303,20 @@ static enum mp_status parse_int_in(const char *s, uint64_t lo, uint64_t hi, uint
     return st == MP_OK && (*out < lo || *out > hi) ? MP_ERR_RANGE : st;
 }
 
+/* A decimal number in lo..hi, each end included or not: MP_ERR_USAGE when it is not a decimal
+ * number (nan, inf, hex, junk), MP_ERR_RANGE outside the range or beyond a double. */
+static enum mp_status parse_num_in(const char *s, double lo, bool lo_in, double hi, bool hi_in, double *out)
+{
+    double v = 0;
+    enum mp_status st = mp_parse_double(s, &v);
+    if (st != MP_OK)
+        return st;
+    if (v < lo || (v == lo && !lo_in) || v > hi || (v == hi && !hi_in))
+        return MP_ERR_RANGE;
+    *out = v;
+    return MP_OK;
+}
+
 /* A byte size, at least lo. */
 static enum mp_status parse_size_min(const char *s, uint64_t lo, uint64_t *out)
 {
@@ -363,6 +377,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
         }
         enum mp_status st = MP_OK;
         const char *what = NULL;
+        const char *num = NULL; /* a decimal option's range, for its messages */
         range_lo = range_hi = 0;
         switch (ch) {
         case O_HELP:
@@ -472,12 +487,10 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--slots: expected an integer from 10 to 100000, got '%s'";
             break;
         case O_MARGIN:
-            st = mp_parse_double(optarg, &a->margin);
-            if (st == MP_OK && !(a->margin >= 0 && a->margin < 90))
-                st = MP_ERR_USAGE;
+            st = parse_num_in(optarg, 0, true, 90, false, &a->margin);
             a->margin /= 100.0;
             a->margin_set = true;
-            what = "--margin: expected a percentage from 0 to 90, got '%s'";
+            num = "a percentage, at least 0 and under 90";
             break;
         case O_GLOBAL:
             st = parse_int_in(optarg, 1, MAX_GLOBAL_BATCH, &a->global_batch);
@@ -537,18 +550,14 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--lora-r: expected an integer from 1 to 65536, got '%s'";
             break;
         case O_LORA_ALPHA:
-            st = mp_parse_double(optarg, &a->ft.alpha);
-            if (st == MP_OK && !(a->ft.alpha > 0 && a->ft.alpha < 1e6))
-                st = MP_ERR_USAGE;
+            st = parse_num_in(optarg, 0, false, 1e6, false, &a->ft.alpha);
             a->alpha_set = a->lora_set = true;
-            what = "--lora-alpha: expected a positive number, got '%s'";
+            num = "a number above 0 and under 1000000";
             break;
         case O_LORA_DROPOUT:
-            st = mp_parse_double(optarg, &a->ft.dropout);
-            if (st == MP_OK && !(a->ft.dropout >= 0 && a->ft.dropout < 1))
-                st = MP_ERR_USAGE;
+            st = parse_num_in(optarg, 0, true, 1, false, &a->ft.dropout);
             a->lora_set = true;
-            what = "--lora-dropout: expected a probability in [0, 1), got '%s'";
+            num = "a probability in [0, 1)";
             break;
         case O_LORA_TARGETS:
             if (mp_finetune_parse_targets(&a->ft, optarg, &fd) != MP_OK) {
@@ -565,16 +574,22 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             a->blocks_set = true;
             break;
         case O_MOE_CAPACITY:
-            st = mp_parse_double(optarg, &a->moe_capacity);
-            if (st == MP_OK && !(a->moe_capacity >= 1 && a->moe_capacity <= 1e6))
-                st = MP_ERR_USAGE;
-            what = "--moe-capacity: expected a number of at least 1, got '%s'";
+            st = parse_num_in(optarg, 1, true, 1e6, true, &a->moe_capacity);
+            num = "a number from 1 to 1000000";
             break;
         case O_TIMELINE: a->timeline = optarg; break;
         case O_WIDE: a->wide = true; break;
         case O_ALL: a->all_layers = true; break;
         case O_JSON: a->json = true; break;
         default: return usage_error(c->name, "unexpected option '%s'", argv[optind - 1]);
+        }
+        if (st != MP_OK && num && oi) {
+            fprintf(stderr, "memplan: error: --%s: '%s' is %s: expected %s (see 'memplan %s --help')\n", oi->lo.name,
+                    optarg, st == MP_ERR_RANGE          ? "out of range"
+                            : strpbrk(optarg, "xX") ? "not a decimal number"
+                                                    : "not a number",
+                    num, c->name);
+            return MP_EXIT_USAGE;
         }
         if (st == MP_ERR_RANGE && oi) {
             bool small = range_hi && optarg[0] >= '0' && optarg[0] <= '9' && strlen(optarg) < 20 &&
@@ -597,6 +612,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
     if (optind + 1 < argc)
         return usage_error(c->name, "unexpected argument '%s'", argv[optind + 1]);
     a->model = argv[optind];
+    if (!strcmp(a->model, "-"))
+        return usage_error(c->name, "%s", "MODEL '-': memplan does not read a model from stdin; pass the file's path");
     if (a->gpu && a->vram)
         return usage_error(c->name, "%s", "--gpu and --vram are exclusive");
     bool lora = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA;
@@ -644,6 +661,42 @@ static void add_default(struct setup *s, const char *fmt, const char *v)
     snprintf(s->defaults + l, sizeof s->defaults - l, fmt, v);
 }
 
+/* --train-blocks against the model, as layers.c reads it: numbers name the repeated (decoder)
+ * blocks, 0 to n-1, or without repeated blocks every block by its index; embed and head the
+ * blocks before and after the repeated ones.  0, or the exit status (message printed). */
+static int check_train_blocks(const struct args *a, const struct mp_model *m)
+{
+    if (a->ft.mode != MP_FT_FREEZE)
+        return 0;
+    size_t n_rep = 0, first = 0, last = 0;
+    for (size_t i = 0; i < m->n_blocks; i++)
+        if (m->blocks[i].repeat_group > 0) {
+            first = n_rep++ ? first : i;
+            last = i;
+        }
+    size_t n = n_rep ? n_rep : m->n_blocks;
+    const char *kind = n_rep ? "repeated (decoder) blocks" : "blocks and no repeated ones";
+    for (size_t i = 0; i < a->ft.n_ranges; i++) {
+        if (a->ft.range_hi[i] < n)
+            continue;
+        char r[48];
+        snprintf(r, sizeof r, a->ft.range_lo[i] == a->ft.range_hi[i] ? "%llu" : "%llu-%llu",
+                 (unsigned long long)a->ft.range_lo[i], (unsigned long long)a->ft.range_hi[i]);
+        fprintf(stderr, "memplan: error: --train-blocks: %s is out of range: %s has %zu %s (numbered 0 to %zu)\n",
+                r, a->model, n, kind, n - 1);
+        return MP_EXIT_USAGE;
+    }
+    bool no_embed = a->ft.train_embed && (!n_rep || first == 0),
+         no_head = a->ft.train_head && (!n_rep || last + 1 == m->n_blocks);
+    if (no_embed || no_head) {
+        fprintf(stderr, "memplan: error: --train-blocks: %s: %s has no block %s its repeated (decoder) blocks%s\n",
+                no_embed ? "embed" : "head", a->model, no_embed ? "before" : "after",
+                n_rep ? "" : " (it has none: name its blocks by number)");
+        return MP_EXIT_USAGE;
+    }
+    return 0;
+}
+
 static int setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
 {
     memset(s, 0, sizeof *s);
@@ -669,6 +722,8 @@ static int setup(struct args *a, struct setup *s, bool need_target, struct mp_di
         rc = MP_EXIT_USAGE;
         goto out;
     }
+    if ((rc = check_train_blocks(a, &s->model)) != 0)
+        goto out;
     if (a->use_cache >= 0 && !s->model.kv_cache) {
         fprintf(stderr, "memplan: error: --use-cache: %s has no key/value cache (HF decoder configs only)\n",
                 a->model);
@@ -899,9 +954,16 @@ static int write_timeline(const struct args *a, const char *cmd, const struct se
 
 /* The end of every command, after its one cleanup: a library failure (st), else an exit
  * status whose message is already printed (rc), else the command's own status (code) once
- * stdout is written. */
-static int leave(enum mp_status st, const struct mp_diag *d, int rc, int code)
+ * stdout is written.  A size that overflows 64 bits is the model's (at this batch): a message
+ * that does not name the model file (the checkpoint simulator's) is given its name. */
+static int leave(enum mp_status st, struct mp_diag *d, int rc, int code, const char *model)
 {
+    size_t n = strlen(model);
+    if (st == MP_ERR_RANGE && d->msg[0] && !(strncmp(d->msg, model, n) == 0 && d->msg[n] == ':')) {
+        char msg[sizeof d->msg];
+        snprintf(msg, sizeof msg, "%s", d->msg);
+        mp_fail(d, st, "%s: %s", model, msg);
+    }
     if (st != MP_OK)
         return fail(st, d);
     if (rc)
@@ -951,7 +1013,7 @@ static int cmd_estimate(struct args *a)
 out: /* the one way out: everything released, then the status */
     mp_fit_release(&f);
     mp_model_release(&s.model);
-    return leave(st, &d, rc, MP_EXIT_OK);
+    return leave(st, &d, rc, MP_EXIT_OK, a->model);
 }
 
 /* plan's one stderr line (and JSON report) when no optimal plan can be made: the static bytes
@@ -1024,7 +1086,7 @@ out: /* the one way out: everything released, then the status */
     mp_program_release(&rprog);
     mp_fit_release(&f);
     mp_model_release(&s.model);
-    return leave(st, &d, rc, code);
+    return leave(st, &d, rc, code, a->model);
 }
 
 static int cmd_check(struct args *a)
@@ -1057,7 +1119,7 @@ static int cmd_check(struct args *a)
 out: /* the one way out: everything released, then the status */
     mp_fit_release(&f);
     mp_model_release(&s.model);
-    return leave(st, &d, rc, code);
+    return leave(st, &d, rc, code, a->model);
 }
 
 static int cmd_suggest(struct args *a)
@@ -1108,7 +1170,7 @@ out: /* the one way out: everything released, then the status */
     mp_program_release(&prog);
     mp_suggestion_release(&sg);
     mp_model_release(&s.model);
-    return leave(st, &d, rc, code);
+    return leave(st, &d, rc, code, a->model);
 }
 
 static int cmd_probe(struct args *a)
@@ -1173,7 +1235,7 @@ out: /* the one way out: everything released, then the status */
     mp_probe_close(p);
     mp_program_release(&prog);
     mp_model_release(&s.model);
-    return leave(st, &d, rc, code);
+    return leave(st, &d, rc, code, a->model);
 }
 
 static int cmd_help(int argc, char **argv)

@@ -105,14 +105,22 @@ enum mp_status mp_parse_u64(const char *s, uint64_t *out)
     return MP_OK;
 }
 
+/* A decimal number's start: strtod also reads hex ("0x10", "0x1p3"), "inf" and "nan", which
+ * no option takes (the integer options, read in base 10, refuse them too). */
+static bool decimal_start(const char *s)
+{
+    const char *p = s + (*s == '-' || *s == '+');
+    return ((*p >= '0' && *p <= '9') || *p == '.') && !strpbrk(s, "xX");
+}
+
 enum mp_status mp_parse_double(const char *s, double *out)
 {
-    if (!s || !*s || *s == ' ')
+    if (!s || !decimal_start(s))
         return MP_ERR_USAGE;
     errno = 0;
     char *end;
     double v = strtod(s, &end);
-    if (errno == ERANGE || !isfinite(v))
+    if ((errno == ERANGE && fabs(v) > 1) || !isfinite(v)) /* beyond a double; an underflow reads as ~0 */
         return MP_ERR_RANGE;
     if (*end != '\0' || end == s)
         return MP_ERR_USAGE;
@@ -122,7 +130,7 @@ enum mp_status mp_parse_double(const char *s, double *out)
 
 enum mp_status mp_parse_size(const char *s, uint64_t *out)
 {
-    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
+    if (!s || !*s || *s == '-' || *s == '+' || !decimal_start(s))
         return MP_ERR_USAGE;
     errno = 0;
     char *end;

@@ -85,7 +85,8 @@ const char *mp_fmt_bytes(uint64_t bytes, char *buf, size_t len);
 /* "1.23 TFLOP" style. */
 const char *mp_fmt_flops(double flops, char *buf, size_t len);
 
-/* Parsers for command-line values.  Strict: no trailing junk, no sign, no overflow.
+/* Parsers for command-line values.  Strict: decimal only (no hex, inf or nan), no trailing junk,
+ * no sign (doubles: a sign), no overflow (MP_ERR_RANGE).
  * Sizes: "24GiB", "24G" (GiB), "80GB" (10^9), "1e9", "512", "512B", "4MiB", "4M", "4MB". */
 enum mp_status mp_parse_size(const char *s, uint64_t *out);
 enum mp_status mp_parse_u64(const char *s, uint64_t *out);
