@@ -210,8 +210,73 @@ sed 's/"n_layer": 12/"n_layer": 012/' models/hf/gpt2.json >"$T/lz-hf.json"
 expect_err 3 "lz-hf.json:[0-9]+:[0-9]+: malformed JSON: a number with a leading zero" \
     "an HF config with a leading zero: exit 3, line:col" estimate "$T/lz-hf.json"
 sed 's/"memory_mib": *\([0-9]*\)/"memory_mib": 0\1/' configs/gpus/t4.json >"$T/lz-gpu.json"
-expect_err 3 "lz-gpu.json: malformed JSON: a number with a leading zero" \
+expect_err 3 "lz-gpu.json:4:17: malformed JSON: a number with a leading zero" \
     "a GPU profile with a leading zero: exit 3" check models/tiny-test.json --batch 1 --gpu "$T/lz-gpu.json"
+
+# a GPU profile is untrusted input, read as a model file is: every field type- and range-checked,
+# the JSON held to RFC 8259 with file:line:col (before, a negative context was taken as a huge
+# unsigned number and a 1e-9 MiB GPU reached a null profile in suggest's report)
+sed 's/"cuda_context_mib": *[0-9]*/"cuda_context_mib": -600/' configs/gpus/t4.json >"$T/neg-ctx.json"
+expect_err 3 "neg-ctx.json: cuda_context_mib: expected a non-negative integer" \
+    "a profile with a negative cuda_context_mib: exit 3, the field named" check models/tiny-test.json --batch 1 \
+    --gpu "$T/neg-ctx.json"
+sed 's/"cublas_workspace_bytes": *[0-9]*/"cublas_workspace_bytes": -5/' configs/gpus/t4.json >"$T/neg-ws.json"
+expect_err 3 "neg-ws.json: cublas_workspace_bytes: expected a non-negative integer" \
+    "a profile with a negative cublas_workspace_bytes: exit 3" estimate models/tiny-test.json --gpu "$T/neg-ws.json"
+sed 's/"memory_mib": *[0-9]*/"memory_mib": 1e-9/' configs/gpus/t4.json >"$T/tiny-mem.json"
+expect_err 3 "tiny-mem.json: memory_mib: expected a positive integer" \
+    "a profile with memory_mib 1e-9: suggest exits 3 (no '(null)' target)" suggest models/tiny-test.json --no-probe \
+    --gpu "$T/tiny-mem.json"
+sed 's/"memory_mib": *\([0-9]*\),/"memory_mib": \1, "memory_mib": 81920,/' configs/gpus/t4.json >"$T/dup-gpu.json"
+expect_err 3 "dup-gpu.json: memory_mib: duplicate key" "a profile with a duplicate key: exit 3" \
+    check models/tiny-test.json --batch 1 --gpu "$T/dup-gpu.json"
+{ cat configs/gpus/t4.json; echo '{}'; } >"$T/trail-gpu.json"
+expect_err 3 "trail-gpu.json:[0-9]+:1: unexpected text after the JSON value" \
+    "a profile with text after its object: exit 3, line:col" check models/tiny-test.json --batch 1 --gpu "$T/trail-gpu.json"
+printf '{"name": "x",\n "memory_mib": 1024,,\n}\n' >"$T/bad-gpu.json"
+expect_err 3 "bad-gpu.json:2:[0-9]+: malformed JSON$" "a malformed profile: exit 3, line:col" \
+    check models/tiny-test.json --batch 1 --gpu "$T/bad-gpu.json"
+sed 's/"bandwidth_gbs"/"bandwith_gbs"/' configs/gpus/t4.json >"$T/typo-gpu.json"
+expect_err 3 'typo-gpu.json: bandwith_gbs: unknown key for a GPU profile \(did you mean "bandwidth_gbs"\?\)' \
+    "a profile with a misspelt key: exit 3, the key named" check models/tiny-test.json --batch 1 --gpu "$T/typo-gpu.json"
+mkdir "$T/gpus-env"
+sed 's/"usable_fraction": *[0-9.]*/"usable_fraction": 2/' configs/gpus/t4.json >"$T/gpus-env/t4.json"
+MEMPLAN_GPUS=$T/gpus-env
+export MEMPLAN_GPUS
+expect_err 3 "gpus-env/t4.json: usable_fraction: expected a number in \(0, 1\]" \
+    "\$MEMPLAN_GPUS with a bad profile: --gpu NAME exits 3" check models/tiny-test.json --batch 1 --gpu t4
+unset MEMPLAN_GPUS
+
+# an HF rope_scaling that is not an object: transformers calls .get on it
+sed 's/"rope_scaling": null/"rope_scaling": "x"/' models/hf/llama-2-7b.json >"$T/rope-x.json"
+expect_err 3 "rope-x.json: rope_scaling: expected an object or null" "HF rope_scaling \"x\": exit 3, the field named" \
+    estimate "$T/rope-x.json"
+# nesting beyond cJSON's 1000 levels is said as such, with the place (was: malformed JSON)
+awk 'BEGIN { for (i = 0; i < 1001; i++) printf "["; for (i = 0; i < 1001; i++) printf "]"; print "" }' >"$T/deep.json"
+expect_err 3 "deep.json:1:1001: nested deeper than 1000 levels$" "1001 nested arrays: exit 3, 'nested deeper', line:col" \
+    estimate "$T/deep.json"
+# a step whose live activations pass 2^64 bytes: the model file named, the overflow said in words
+{
+    printf '{"name": "huge", "input": {"bytes_per_sample": 4096}, "layers": ['
+    for i in 0 1 2 3 4 5 6; do printf '{"type": "custom", "output_bytes": 1099511627776, "saved_bytes": 1099511627776},'; done
+    printf '{"type": "custom", "output_bytes": 1099511627776, "saved_bytes": 1099511627776}]}\n'
+} >"$T/huge.json"
+for c in "estimate" "plan --activation-budget 1TiB --checkpoint sqrt" "check --gpu t4"; do
+    # shellcheck disable=SC2086
+    expect_err 3 "huge.json: the step's activations need more than 16 EiB \(2\^64 bytes\) at once, in the forward" \
+        "$c on activations past 2^64 bytes: the model file and the overflow named" $c "$T/huge.json" --batch 4194304
+done
+
+# \u0000 in a key or string: cJSON would cut the string there (Python reads another key)
+sed 's/"num_hidden_layers": \([0-9]*\)/"num_hidden_layers": \1, "num_hidden_layers\\u0000x": 99/' \
+    models/hf/llama-2-7b.json >"$T/nul-key.json"
+expect_err 3 "nul-key.json:[0-9]+:[0-9]+: a \\\\u0000 \\(NUL\\) escape in a string is not supported" \
+    "an HF config with a \\u0000 in a key: exit 3, line:col" estimate "$T/nul-key.json"
+sed 's/"name": "tiny-test"/"name": "tiny\\u0000hidden"/' models/tiny-test.json >"$T/nul-name.json"
+expect_err 3 "nul-name.json:3:16: a \\\\u0000" "a model name with a \\u0000: exit 3, line:col" estimate "$T/nul-name.json"
+sed 's/"name": "t4"/"name": "t4\\u0000x"/' configs/gpus/t4.json >"$T/nul-gpu.json"
+expect_err 3 "nul-gpu.json:[0-9]+:[0-9]+: a \\\\u0000" "a GPU profile name with a \\u0000: exit 3" \
+    check models/tiny-test.json --batch 1 --gpu "$T/nul-gpu.json"
 
 # option values
 expect_err 2 "option '--gpu' needs a value" "--gpu without a value says so" estimate models/tiny-test.json --gpu
@@ -227,6 +292,33 @@ expect_err 2 "18446744073709551615 is too large: expected an integer from 1 to [
 expect_err 2 "is too large" "--seq beyond 64 bits says too large" estimate models/tiny-test.json --seq 99999999999999999999999
 expect_err 2 "0 is too small" "--batch 0 says too small" estimate models/tiny-test.json --batch 0
 expect_err 2 "is too large" "--vram 1e30 says too large" check models/tiny-test.json --batch 1 --vram 1e30
+expect_err 2 "--margin: 'nan' is not a number: expected a percentage, at least 0 and under 90" \
+    "--margin nan says it is not a number (was: too large)" check models/tiny-test.json --batch 1 --gpu t4 --margin nan
+expect_err 2 "--margin: '90' is out of range: expected a percentage, at least 0 and under 90" \
+    "--margin 90: out of range, the range given" check models/tiny-test.json --batch 1 --gpu t4 --margin 90
+expect_err 2 "--moe-capacity: '-inf' is not a number" "--moe-capacity -inf says it is not a number" \
+    estimate models/tiny-test.json --moe-capacity -inf
+expect_err 2 "--lora-alpha: '18446744073709551616' is out of range: expected a number above 0 and under 1000000" \
+    "--lora-alpha 2^64: out of range, the range given (was: expected a positive number)" \
+    estimate models/tiny-test.json --finetune lora --lora-alpha 18446744073709551616
+# hexadecimal: the integer options refuse 0x10, and so do the sizes and decimal options (strtod read them)
+for o in "--margin 0x10" "--lora-alpha 0x1p3"; do
+    # shellcheck disable=SC2086
+    expect_err 2 "'0x[0-9a-z]*' is not a decimal number" "$o: refused as not a decimal number" \
+        check models/tiny-test.json --batch 1 --gpu t4 --finetune lora $o
+done
+for o in "--vram 0x10" "--vram 0x1p30" "--activation-budget 0x1p3" "--workspace 0x10" "--context 0X10"; do
+    # shellcheck disable=SC2086
+    expect_err 2 "expected a size" "$o: refused like --batch 0x10" plan models/tiny-test.json --batch 1 $o
+done
+expect_err 2 "--train-blocks: 31-40 is out of range: models/hf/llama-2-7b.json has 32 repeated \(decoder\) blocks \(numbered 0 to 31\)" \
+    "--train-blocks 31-40 on a 32-layer model: refused, the block count named" \
+    estimate models/hf/llama-2-7b.json --finetune freeze --train-blocks 31-40
+expect_err 2 "--train-blocks: 5 is out of range: models/tiny-test.json has 2 repeated" \
+    "--train-blocks 5 on tiny-test (2 blocks): refused (suggest too)" \
+    suggest models/tiny-test.json --gpu t4 --no-probe --finetune freeze --train-blocks 0,5
+expect_err 2 "MODEL '-': memplan does not read a model from stdin; pass the file's path" \
+    "'-' as MODEL says stdin is not read (was: No such file or directory)" estimate -
 
 # estimate --gpu gives the verdict check gives
 for b in 1 64; do
