@@ -1276,6 +1276,41 @@ static void test_error_duplicate_keys(void **state)
     expect_error(LLAMA_TINY(", \"x\": [{}, {\"a\": 1, \"a\": 2}]"), MP_ERR_MODEL, "cfg.json: x[1].a: duplicate key");
 }
 
+/* A \u0000 in a key: cJSON would read "num_hidden_layers\u0000x" as num_hidden_layers (its strings
+ * end at the NUL) where Python reads another key; refused with the place of the escape. */
+static void test_error_nul_escape(void **state)
+{
+    (void)state;
+    static const char *const cfgs[] = {
+        LLAMA_TINY(", \"num_hidden_layers\\u0000x\": 9"),
+        LLAMA_TINY(", \"_name_or_path\": \"meta\\u0000/other\""),
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "cfg.json:1:%d: a \\u0000 (NUL) escape in a string is not supported",
+                 (int)(strstr(cfgs[i], "\\u0000") - cfgs[i]) + 1);
+        expect_error(cfgs[i], MP_ERR_JSON, msg);
+    }
+}
+
+/* rope_scaling and rope_parameters: objects or null (transformers calls .get on them). */
+static void test_error_rope_dict_types(void **state)
+{
+    (void)state;
+    expect_error(LLAMA_TINY(", \"rope_scaling\": \"x\""), MP_ERR_MODEL,
+                 "cfg.json: rope_scaling: expected an object or null");
+    expect_error(LLAMA_TINY(", \"rope_scaling\": 2"), MP_ERR_MODEL, "cfg.json: rope_scaling: expected an object or null");
+    expect_error(LLAMA_TINY(", \"rope_scaling\": [\"linear\"]"), MP_ERR_MODEL,
+                 "cfg.json: rope_scaling: expected an object or null");
+    expect_error(LLAMA_TINY(", \"rope_parameters\": true"), MP_ERR_MODEL,
+                 "cfg.json: rope_parameters: expected an object or null");
+    struct mp_model m;
+    load_str_ok(&m, LLAMA_TINY(", \"rope_scaling\": null, \"rope_parameters\": {\"rope_type\": \"default\"}"));
+    mp_model_release(&m);
+    load_str_ok(&m, LLAMA_TINY(", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}"));
+    mp_model_release(&m);
+}
+
 /* ---- rejected input ------------------------------------------------------- */
 
 static void test_error_unknown_model_type(void **state)
@@ -1867,6 +1902,8 @@ int main(void)
         cmocka_unit_test(test_head_lowering),
         cmocka_unit_test(test_error_heads),
         cmocka_unit_test(test_error_duplicate_keys),
+        cmocka_unit_test(test_error_nul_escape),
+        cmocka_unit_test(test_error_rope_dict_types),
         cmocka_unit_test(test_error_unknown_model_type),
         cmocka_unit_test(test_error_missing_field),
         cmocka_unit_test(test_error_non_integer),

@@ -627,6 +627,90 @@ static void test_keys_ignored_and_rejected(void **state)
                  "t.json: layers[0].type: unknown layer type \"linaer\" (did you mean \"linear\"?)");
 }
 
+/* Loads text of len bytes (NULs included) expecting status st and message msg. */
+static void expect_error_len(const char *text, size_t len, enum mp_status st, const char *msg)
+{
+    struct mp_model m;
+    struct mp_diag d = {{0}};
+    enum mp_status got = mp_model_load_string(&m, text, len, "t.json", &d);
+    if (got != st || strcmp(d.msg, msg) != 0)
+        print_error("expected %s: %s\ngot      %s: %s\n", mp_status_str(st), msg, mp_status_str(got), d.msg);
+    assert_int_equal(got, st);
+    assert_string_equal(d.msg, msg);
+    mp_model_release(&m);
+}
+
+/* Text cJSON takes but RFC 8259 (and Python's json) does not, or that cJSON would read as
+ * something else: refused with the line and column (1-based, counted by hand below). */
+static void test_json_text_refused(void **state)
+{
+    (void)state;
+    /* \u0000: cJSON's strings end at the NUL, so "na\u0000me" would be read as "na" */
+    expect_error("{\"na\\u0000me\": \"x\", \"input\": {\"shape\": [16]}, \"layers\": [" LIN "]}", MP_ERR_JSON,
+                 "t.json:1:5: a \\u0000 (NUL) escape in a string is not supported");
+    expect_error("{\"name\": \"a\\u0000b\", \"input\": {\"shape\": [16]}, \"layers\": [" LIN "]}", MP_ERR_JSON,
+                 "t.json:1:12: a \\u0000 (NUL) escape in a string is not supported");
+    expect_error("{\n  \"_c\": \"\\u0000\",\n  \"input\": {\"shape\": [16]}, \"layers\": [" LIN "]}", MP_ERR_JSON,
+                 "t.json:2:10: a \\u0000 (NUL) escape in a string is not supported");
+    /* an escaped backslash then "u0000" is six plain characters */
+    struct mp_model m;
+    expect_ok("{\"name\": \"a\\\\u0000\", \"input\": {\"shape\": [16]}, \"layers\": [" LIN "]}", &m);
+    assert_string_equal(m.name, "a\\u0000");
+    mp_model_release(&m);
+    /* raw control bytes: inside a string (a NUL cut it too), or between tokens (cJSON skips
+     * every byte up to a space) */
+    static const char nul_key[] = "{\"na\0me\": 1}";
+    expect_error_len(nul_key, sizeof nul_key - 1, MP_ERR_JSON,
+                     "t.json:1:5: malformed JSON: a control character inside a string (JSON needs it escaped)");
+    expect_error("{\"name\": \"a\tb\"}", MP_ERR_JSON,
+                 "t.json:1:12: malformed JSON: a control character inside a string (JSON needs it escaped)");
+    expect_error("{\"name\":\n\x01\"a\"}", MP_ERR_JSON, "t.json:2:1: malformed JSON: a control character outside a string");
+    static const char nul_ws[] = "{\"name\": \"a\"}\0";
+    expect_error_len(nul_ws, sizeof nul_ws - 1, MP_ERR_JSON,
+                     "t.json:1:14: malformed JSON: a control character outside a string");
+}
+
+/* Nesting beyond cJSON's limit (1000 levels) is said as such, at the first bracket too deep. */
+static void test_json_nesting_limit(void **state)
+{
+    (void)state;
+    char text[4200];
+    size_t n = 0;
+    for (int i = 0; i < 1001; i++)
+        text[n++] = '[';
+    for (int i = 0; i < 1001; i++)
+        text[n++] = ']';
+    text[n] = '\0';
+    expect_error(text, MP_ERR_JSON, "t.json:1:1001: nested deeper than 1000 levels");
+    /* 1000 levels parse (and are then not a model) */
+    memmove(text + 1000, text + 1001, 1001 + 1);
+    text[2000] = '\0';
+    expect_error(text, MP_ERR_MODEL, "t.json: expected a JSON object at the top level");
+    n = 0;
+    text[n++] = '{';
+    memcpy(text + n, "\"a\":\n", 5);
+    n += 5;
+    for (int i = 0; i < 1000; i++)
+        text[n++] = '[';
+    for (int i = 0; i < 1000; i++)
+        text[n++] = ']';
+    text[n++] = '}';
+    text[n] = '\0';
+    expect_error(text, MP_ERR_JSON, "t.json:2:1000: nested deeper than 1000 levels");
+    /* a syntax error before the deep part is reported as it is */
+    n = 0;
+    memcpy(text, "[1,,", 4);
+    n = 4;
+    for (int i = 0; i < 1001; i++)
+        text[n++] = '[';
+    text[n] = '\0';
+    struct mp_model m;
+    struct mp_diag d;
+    assert_int_equal(load(text, &m, &d), MP_ERR_JSON);
+    assert_non_null(strstr(d.msg, "malformed JSON"));
+    assert_null(strstr(d.msg, "nested"));
+}
+
 static void test_errors_field_values(void **state)
 {
     (void)state;
@@ -961,6 +1045,8 @@ int main(void)
         cmocka_unit_test(test_repeat_chain_checked),
         cmocka_unit_test(test_repeat_nesting),
         cmocka_unit_test(test_keys_ignored_and_rejected),
+        cmocka_unit_test(test_json_text_refused),
+        cmocka_unit_test(test_json_nesting_limit),
         cmocka_unit_test(test_errors_field_values),
         cmocka_unit_test(test_bad_corpus_exact),
         cmocka_unit_test(test_bad_corpus_readme),

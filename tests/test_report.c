@@ -1,7 +1,8 @@
 /* test_report.c — text that fits the terminal (report.c mp_report_fit_text): the
  * expected outputs below are worked by hand from the rule (wrap at the last space
  * within the width, continuation lines indented where the line's value starts,
- * trailing blanks removed, a word longer than the line cut between characters). */
+ * trailing blanks removed, a word longer than the line cut between characters).
+ * And suggest's report without a target. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "model.h"
 #include "report.h"
 
 /* mp_report_fit_text(text, width) into a string the caller frees. */
@@ -134,6 +136,35 @@ static void test_any_text_fits_and_keeps_its_words(void **state)
     }
 }
 
+/* suggest's report without a target profile (main.c leaves a 0-byte target out): the text
+ * names "the target", where it read the null profile's name ("(null)" in a release build). */
+static void test_suggest_without_a_target(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_model_load_file(&m, "models/tiny-test.json", &d), MP_OK);
+    struct mp_suggestion *sg = calloc(1, sizeof *sg);
+    assert_non_null(sg);
+    sg->best = -1;
+    snprintf(sg->note, sizeof sg->note, "nothing fits");
+    struct mp_report_ctx c;
+    memset(&c, 0, sizeof c);
+    c.command = "suggest";
+    c.model = &m;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    mp_report_suggest(f, &c, sg, MP_EMIT_NONE);
+    assert_int_equal(fclose(f), 0);
+    assert_non_null(strstr(buf, "memplan: tiny-test does not fit the target: nothing fits\n"));
+    assert_null(strstr(buf, "(null)"));
+    free(buf);
+    free(sg);
+    mp_model_release(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -144,6 +175,7 @@ int main(void)
         cmocka_unit_test(test_cut_keeps_utf8_characters_whole),
         cmocka_unit_test(test_unlimited_width_only_strips),
         cmocka_unit_test(test_any_text_fits_and_keeps_its_words),
+        cmocka_unit_test(test_suggest_without_a_target),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
