@@ -226,13 +226,13 @@ enum mp_status mp_gpu_load(const char *name, const char *argv0, struct mp_gpu *g
     struct stat sb;
     if (strchr(name, '/') || (len > 5 && strcmp(name + len - 5, ".json") == 0 && stat(name, &sb) == 0))
         return load_path(name, g, d); /* a profile file given by its path */
+    char lower[64];
     for (const char *c = name; *c; c++)
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-' ||
-              *c == '_' || *c == '.'))
+              *c == '_' || *c == '.') || len >= sizeof lower) /* (a longer name would be looked up cut) */
             return mp_fail(d, MP_ERR_USAGE, "--gpu: '%s' is not a profile name", name);
     char dirs[MAX_DIRS][512];
     size_t nd = profile_dirs(argv0, dirs, MAX_DIRS);
-    char lower[64];
     snprintf(lower, sizeof lower, "%s", name);
     for (char *c = lower; *c; c++)
         if (*c >= 'A' && *c <= 'Z')

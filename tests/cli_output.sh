@@ -245,6 +245,12 @@ MEMPLAN_GPUS=$T/gpus-env
 export MEMPLAN_GPUS
 expect_err 3 "gpus-env/t4.json: usable_fraction: expected a number in \(0, 1\]" \
     "\$MEMPLAN_GPUS with a bad profile: --gpu NAME exits 3" check models/tiny-test.json --batch 1 --gpu t4
+# a name longer than 63 characters was looked up cut to its first 63
+a63=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
+cp configs/gpus/t4.json "$T/gpus-env/$a63.json"
+rm "$T/gpus-env/t4.json"
+expect_err 2 "--gpu: '${a63}b' is not a profile name" "--gpu with a 64-character name: not looked up cut" \
+    check models/tiny-test.json --batch 1 --gpu "${a63}b"
 unset MEMPLAN_GPUS
 
 # an HF rope_scaling that is not an object: transformers calls .get on it
