@@ -120,8 +120,8 @@ static const struct opt_info OPTS[] = {
     {{"backend", required_argument, 0, O_BACKEND}, C_PROBE | C_SUGG, "B", "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
     {{"capacity", required_argument, 0, O_CAPACITY}, C_PROBE | C_SUGG, "SIZE", "probe memory limit (probe: host only, default none; suggest: default the target's usable less context)"},
     {{"no-probe", no_argument, 0, O_NOPROBE}, C_SUGG, NULL, "do not confirm with probes even when a GPU is present"},
-    {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace (default 8519680 B, or the --gpu profile's where --gpu applies)"},
-    {{"context", required_argument, 0, O_CONTEXT}, C_EST | C_PLAN | C_SUGG | C_CHECK, "SIZE", "CUDA context size (default: the GPU profile's, else 500MiB)"},
+    {{"workspace", required_argument, 0, O_WORKSPACE}, 31, "SIZE", "cuBLAS workspace, at most 1024TiB (default 8519680 B, or the --gpu profile's where --gpu applies)"},
+    {{"context", required_argument, 0, O_CONTEXT}, C_EST | C_PLAN | C_SUGG | C_CHECK, "SIZE", "CUDA context size, at most 1024TiB (default: the GPU profile's, else 500MiB)"},
     {{"timeline", required_argument, 0, O_TIMELINE}, C_EST | C_PLAN | C_PROBE | C_CHECK, "FILE",
      "also draw the step's memory over time as an SVG picture in FILE"},
     {{"all-layers", no_argument, 0, O_ALL}, C_EST, NULL, "do not fold identical repeated blocks"},
@@ -315,6 +315,17 @@ static enum mp_status parse_num_in(const char *s, double lo, bool lo_in, double 
         return MP_ERR_RANGE;
     *out = v;
     return MP_OK;
+}
+
+/* The CUDA context and the cuBLAS workspace: at most 1 PiB, as a GPU profile's (a size near
+ * 2^64 overflowed the peak device bytes they are added to). */
+#define MAX_OVERHEAD_BYTES (UINT64_C(1) << 50)
+
+/* A byte size, at most hi. */
+static enum mp_status parse_size_max(const char *s, uint64_t hi, uint64_t *out)
+{
+    enum mp_status st = mp_parse_size(s, out);
+    return st == MP_OK && *out > hi ? MP_ERR_RANGE : st;
 }
 
 /* A byte size, at least lo. */
@@ -528,12 +539,12 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             break;
         case O_NOPROBE: a->no_probe = true; break;
         case O_WORKSPACE:
-            st = mp_parse_size(optarg, &a->workspace);
+            st = parse_size_max(optarg, MAX_OVERHEAD_BYTES, &a->workspace);
             a->workspace_set = true;
             what = "--workspace: expected a size, got '%s'";
             break;
         case O_CONTEXT:
-            st = mp_parse_size(optarg, &a->context);
+            st = parse_size_max(optarg, MAX_OVERHEAD_BYTES, &a->context);
             a->context_set = true;
             what = "--context: expected a size, got '%s'";
             break;
@@ -600,8 +611,8 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
                         oi->lo.name, optarg, small ? "small" : "large", (unsigned long long)range_lo,
                         (unsigned long long)range_hi, c->name);
             else
-                fprintf(stderr, "memplan: error: --%s: '%s' is too large (see 'memplan %s --help')\n", oi->lo.name,
-                        optarg, c->name);
+                fprintf(stderr, "memplan: error: --%s: '%s' is too large%s (see 'memplan %s --help')\n", oi->lo.name,
+                        optarg, ch == O_CONTEXT || ch == O_WORKSPACE ? " (at most 1024TiB)" : "", c->name);
             return MP_EXIT_USAGE;
         }
         if (st != MP_OK)

@@ -323,6 +323,11 @@ expect_err 2 "--train-blocks: 31-40 is out of range: models/hf/llama-2-7b.json h
 expect_err 2 "--train-blocks: 5 is out of range: models/tiny-test.json has 2 repeated" \
     "--train-blocks 5 on tiny-test (2 blocks): refused (suggest too)" \
     suggest models/tiny-test.json --gpu t4 --no-probe --finetune freeze --train-blocks 0,5
+# a context and workspace near 2^64 bytes wrapped the peak device bytes around (14.52 EiB printed)
+expect_err 2 "--context: '16000000T' is too large \(at most 1024TiB\)" \
+    "--context near 2^64: refused with its bound" estimate models/tiny-test.json --context 16000000T --workspace 1024T
+expect_err 2 "--workspace: '1025TiB' is too large \(at most 1024TiB\)" "--workspace above 1024TiB: refused" \
+    check models/tiny-test.json --batch 1 --gpu t4 --workspace 1025TiB
 expect_err 2 "MODEL '-': memplan does not read a model from stdin; pass the file's path" \
     "'-' as MODEL says stdin is not read (was: No such file or directory)" estimate -
 
