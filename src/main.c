@@ -970,9 +970,9 @@ static int write_timeline(const struct args *a, const char *cmd, const struct se
 static int leave(enum mp_status st, struct mp_diag *d, int rc, int code, const char *model)
 {
     size_t n = strlen(model);
-    if (st == MP_ERR_RANGE && d->msg[0] && !(strncmp(d->msg, model, n) == 0 && d->msg[n] == ':')) {
+    if (st == MP_ERR_RANGE && !(strncmp(d->msg, model, n) == 0 && d->msg[n] == ':')) {
         char msg[sizeof d->msg];
-        snprintf(msg, sizeof msg, "%s", d->msg);
+        snprintf(msg, sizeof msg, "%s", d->msg[0] ? d->msg : mp_status_str(st));
         mp_fail(d, st, "%s: %s", model, msg);
     }
     if (st != MP_OK)
