@@ -503,6 +503,7 @@ tl_refused() {
         echo "expected exit $want, one stderr line naming $file, nothing on stdout, the model unchanged" >"$T/why"
         bad "--timeline $desc: exit $want before the work, one line naming the file"
     fi
+    cp models/tiny-test.json "$TL/m.json" # written in place (its links too): as it was, for the next check
 }
 tl_refused 2 "the model file itself" "$TL/m.json"
 tl_refused 2 "the model file spelled another way" "$TL/../tl/./m.json"
