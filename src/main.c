@@ -1072,11 +1072,13 @@ static int cmd_estimate(struct args *a)
     c.gpu = a->gpu ? &s.gpu : NULL;
     c.fit = a->gpu ? &f : NULL;
     s.build.seq = f.prog.opts.seq;
+    /* the picture before the report: a failed write (exit 5) prints no report */
+    if ((rc = write_timeline(a, "estimate", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL,
+                             f.est.overhead_bytes, a->gpu != NULL, NULL, 0)) != 0)
+        goto out;
     mp_report_estimate(stdout, &c, &f.est, &f.plan);
     if (getenv("MEMPLAN_TIMING"))
         fprintf(stderr, "memplan: estimate took %.2f ms\n", mp_now_ms() - t0);
-    rc = write_timeline(a, "estimate", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
-                        a->gpu != NULL, NULL, 0);
 out: /* the one way out: everything released, then the status */
     mp_fit_release(&f);
     mp_model_release(&s.model);
@@ -1142,9 +1144,11 @@ static int cmd_plan(struct args *a)
     fill_ctx(&c, "plan", &s, folds ? &rprog : &f.prog, &a->ckpt, a);
     if (!a->gpu && !a->vram)
         c.gpu = NULL;
+    /* the picture before the report: a failed write (exit 5) prints no report */
+    if ((rc = write_timeline(a, "plan", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                             a->gpu || a->vram, NULL, 0)) != 0)
+        goto out;
     mp_report_plan(stdout, &c, &f, &cmp);
-    rc = write_timeline(a, "plan", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
-                        a->gpu || a->vram, NULL, 0);
     bool fits = f.fits || (!a->gpu && !a->vram);
     if (!fits)
         say_nofit(&f);
@@ -1177,9 +1181,11 @@ static int cmd_check(struct args *a)
         goto out;
     struct mp_report_ctx c;
     fill_ctx(&c, "check", &s, &f.prog, &a->ckpt, a);
+    /* the picture before the report: a failed write (exit 5) prints no report */
+    if ((rc = write_timeline(a, "check", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                             true, NULL, 0)) != 0)
+        goto out;
     mp_report_check(stdout, &c, &f);
-    rc = write_timeline(a, "check", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes, true,
-                        NULL, 0);
     if (!f.fits)
         say_nofit(&f);
     code = f.fits ? MP_EXIT_OK : MP_EXIT_NOFIT;
@@ -1291,8 +1297,10 @@ static int cmd_probe(struct args *a)
     struct mp_report_ctx c;
     fill_ctx(&c, "probe", &s, &prog, &a->ckpt, a);
     c.gpu = NULL;
+    /* the picture before the report: a failed write (exit 5) prints no report */
+    if ((rc = write_timeline(a, "probe", &s, &prog, &plan.sched, 0, false, r.trace, r.n_trace)) != 0)
+        goto out;
     mp_report_probe(stdout, &c, &e, &r);
-    rc = write_timeline(a, "probe", &s, &prog, &plan.sched, 0, false, r.trace, r.n_trace);
     code = r.fits ? MP_EXIT_OK : MP_EXIT_NOFIT;
 out: /* the one way out: everything released, then the status */
     mp_probe_result_release(&r);
