@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h> /* TIOCGWINSZ: the terminal's width, for the progress line */
+#include <sys/stat.h>  /* lstat, fchmod: the --timeline file */
 #include <unistd.h>  /* isatty */
 
 #include "ckpt.h"     /* strategies and plans */
@@ -909,11 +910,139 @@ static struct mp_job job_of(struct setup *s, struct args *a)
 static void say_nofit(const struct mp_fit *f)
 {
     char a1[32], a2[32], a3[32]; /* units as the report prints them; --json has the exact bytes */
+    char ev[4 * sizeof f->est.peak_event]; /* the event's name from the model, escaped */
     mp_progress_done();
     fprintf(stderr, "memplan: does not fit: short by %s (peak %s of %s usable) at %s\n",
             mp_fmt_bytes(f->peak_device_bytes - f->usable_bytes, a1, sizeof a1),
             mp_fmt_bytes(f->peak_device_bytes, a2, sizeof a2), mp_fmt_bytes(f->usable_bytes, a3, sizeof a3),
-            f->est.peak_event);
+            mp_text_clean(f->est.peak_event, ev, sizeof ev));
+}
+
+/* ---- output files ------------------------------------------------------------------------ */
+
+/* An output file (--timeline FILE) is checked before the work and written to a temporary file
+ * beside it, renamed into place once complete: a failed write leaves no half-written file (an
+ * existing FILE stays as it was).  FILE is never a symbolic link followed, a FIFO or device
+ * opened, nor the model file written over. */
+
+/* The one line of a failed write: exit 5 (README: a failure to write the output). */
+static int out_failed(const char *what, const char *path, int err)
+{
+    mp_progress_done();
+    fprintf(stderr, "memplan: error: writing %s %s failed: %s\n", what, path, strerror(err));
+    return MP_EXIT_INTERNAL;
+}
+
+/* The directory part of path ("." for none), malloc'd; NULL: no memory. */
+static char *dir_of(const char *path)
+{
+    const char *sl = strrchr(path, '/');
+    size_t n = !sl ? 0 : sl == path ? 1 : (size_t)(sl - path);
+    char *d = malloc(n + 2);
+    if (d)
+        snprintf(d, n + 2, "%.*s", (int)(n ? n : 1), n ? path : ".");
+    return d;
+}
+
+/* Before the work: 0, or an exit status with its one line printed.  2: path (the value of opt)
+ * names a directory, a symbolic link, something other than a regular file, or the file input;
+ * 5: its directory cannot be written. */
+static int check_out_file(const char *opt, const char *what, const char *path, const char *input)
+{
+    const char *base = strrchr(path, '/'), *why = NULL;
+    struct stat st, in;
+    if (!*(base ? base + 1 : path)) {
+        why = "names a directory, not a file";
+    } else if (lstat(path, &st) != 0) {
+        if (errno != ENOENT) /* ENOENT: a new file */
+            return out_failed(what, path, errno);
+    } else {
+        if (S_ISLNK(st.st_mode))
+            why = "is a symbolic link: not followed (give the file it points to)";
+        else if (S_ISDIR(st.st_mode))
+            why = "is a directory";
+        else if (S_ISFIFO(st.st_mode))
+            why = "is a FIFO, not a regular file";
+        else if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))
+            why = "is a device, not a regular file";
+        else if (!S_ISREG(st.st_mode))
+            why = "is not a regular file";
+        else if (stat(input, &in) == 0 && in.st_dev == st.st_dev && in.st_ino == st.st_ino) {
+            /* the model, under this name or another (a link, another spelling) */
+            fprintf(stderr, "memplan: error: %s %s: is the model file %s: refusing to overwrite it\n", opt, path,
+                    input);
+            return MP_EXIT_USAGE;
+        }
+    }
+    if (why) {
+        fprintf(stderr, "memplan: error: %s %s: %s\n", opt, path, why);
+        return MP_EXIT_USAGE;
+    }
+    char *dir = dir_of(path);
+    if (!dir)
+        return out_failed(what, path, ENOMEM);
+    int r = access(dir, W_OK | X_OK), err = errno;
+    free(dir);
+    return r == 0 ? 0 : out_failed(what, path, err);
+}
+
+/* A file being written: a temporary file in path's directory until out_finish. */
+struct out_file {
+    FILE *f;
+    char *tmp;
+};
+
+/* 0, or exit status 5 with its line printed (nothing left behind). */
+static int out_open(struct out_file *o, const char *what, const char *path)
+{
+    o->f = NULL;
+    char *dir = dir_of(path);
+    size_t n = dir ? strlen(dir) + sizeof "/.memplan-XXXXXX" : 0;
+    o->tmp = dir ? malloc(n) : NULL;
+    if (!o->tmp) {
+        free(dir);
+        return out_failed(what, path, ENOMEM);
+    }
+    snprintf(o->tmp, n, "%s/.memplan-XXXXXX", dir);
+    free(dir);
+    int fd = mkstemp(o->tmp), err = errno;
+    if (fd >= 0) {
+        /* the mode of the file it replaces, else a new file's (mkstemp makes it 0600) */
+        struct stat st;
+        mode_t um = umask(0);
+        umask(um);
+        mode_t mode = stat(path, &st) == 0 && S_ISREG(st.st_mode) ? st.st_mode & 07777 : 0666 & ~um;
+        if (fchmod(fd, mode) == 0 && (o->f = fdopen(fd, "w")) != NULL)
+            return 0;
+        err = errno;
+        close(fd);
+        unlink(o->tmp);
+    }
+    free(o->tmp);
+    o->tmp = NULL;
+    return out_failed(what, path, err);
+}
+
+/* Closes o; keep: renames it to path, else removes it.  Returns 0 or the errno of a failed
+ * write or rename (then nothing is left behind). */
+static int out_finish(struct out_file *o, const char *path, bool keep)
+{
+    int err = 0;
+    errno = 0;
+    if (fflush(o->f) != 0)
+        err = errno ? errno : EIO;
+    else if (ferror(o->f))
+        err = EIO;
+    if (fclose(o->f) != 0 && !err)
+        err = errno;
+    if (keep && !err && rename(o->tmp, path) != 0)
+        err = errno;
+    if (!keep || err)
+        unlink(o->tmp);
+    free(o->tmp);
+    o->f = NULL;
+    o->tmp = NULL;
+    return keep ? err : 0;
 }
 
 /* --timeline FILE: the step of prog under sched as an SVG; target lines when the
@@ -946,19 +1075,19 @@ static int write_timeline(const struct args *a, const char *cmd, const struct se
     if (s->train.accumulate)
         n += snprintf(sub + n, sizeof sub - (size_t)n, ", accumulating gradients");
     snprintf(sub + n, sizeof sub - (size_t)n, "%s%s", target ? ", target " : "", target ? s->gpu.name : "");
-    FILE *f = fopen(a->timeline, "w");
-    if (!f) {
-        fprintf(stderr, "memplan: error: cannot write '%s': %s\n", a->timeline, strerror(errno));
-        return MP_EXIT_INPUT;
-    }
+    struct out_file of;
+    int rc = out_open(&of, "the timeline", a->timeline);
+    if (rc)
+        return rc;
     struct mp_timeline_opts o = {.title = title, .subtitle = sub, .context_bytes = context,
                                  .capacity_bytes = target ? s->gpu.memory_bytes : 0, .margin = a->margin,
                                  .measured = measured, .n_measured = n_measured};
     struct mp_diag d = {{0}};
-    enum mp_status st = mp_timeline_svg(f, prog, sched, &s->train, &o, &d);
-    if (fclose(f) != 0 && st == MP_OK)
-        st = mp_fail(&d, MP_ERR_IO, "%s: writing failed: %s", a->timeline, strerror(errno));
-    return st == MP_OK ? 0 : fail(st, &d);
+    enum mp_status st = mp_timeline_svg(of.f, prog, sched, &s->train, &o, &d);
+    int err = out_finish(&of, a->timeline, st == MP_OK || st == MP_ERR_IO); /* IO: out_finish says why */
+    if (st != MP_OK && st != MP_ERR_IO)
+        return fail(st, &d);
+    return err || st != MP_OK ? out_failed("the timeline", a->timeline, err ? err : EIO) : 0;
 }
 
 /* ---- commands -------------------------------------------------------------------------------- */
@@ -1016,11 +1145,13 @@ static int cmd_estimate(struct args *a)
     c.gpu = a->gpu ? &s.gpu : NULL;
     c.fit = a->gpu ? &f : NULL;
     s.build.seq = f.prog.opts.seq;
+    /* the picture before the report: a failed write (exit 5) prints no report */
+    if ((rc = write_timeline(a, "estimate", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL,
+                             f.est.overhead_bytes, a->gpu != NULL, NULL, 0)) != 0)
+        goto out;
     mp_report_estimate(stdout, &c, &f.est, &f.plan);
     if (getenv("MEMPLAN_TIMING"))
         fprintf(stderr, "memplan: estimate took %.2f ms\n", mp_now_ms() - t0);
-    rc = write_timeline(a, "estimate", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
-                        a->gpu != NULL, NULL, 0);
 out: /* the one way out: everything released, then the status */
     mp_fit_release(&f);
     mp_model_release(&s.model);
@@ -1086,9 +1217,11 @@ static int cmd_plan(struct args *a)
     fill_ctx(&c, "plan", &s, folds ? &rprog : &f.prog, &a->ckpt, a);
     if (!a->gpu && !a->vram)
         c.gpu = NULL;
+    /* the picture before the report: a failed write (exit 5) prints no report */
+    if ((rc = write_timeline(a, "plan", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                             a->gpu || a->vram, NULL, 0)) != 0)
+        goto out;
     mp_report_plan(stdout, &c, &f, &cmp);
-    rc = write_timeline(a, "plan", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
-                        a->gpu || a->vram, NULL, 0);
     bool fits = f.fits || (!a->gpu && !a->vram);
     if (!fits)
         say_nofit(&f);
@@ -1121,9 +1254,11 @@ static int cmd_check(struct args *a)
         goto out;
     struct mp_report_ctx c;
     fill_ctx(&c, "check", &s, &f.prog, &a->ckpt, a);
+    /* the picture before the report: a failed write (exit 5) prints no report */
+    if ((rc = write_timeline(a, "check", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes,
+                             true, NULL, 0)) != 0)
+        goto out;
     mp_report_check(stdout, &c, &f);
-    rc = write_timeline(a, "check", &s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL, f.est.overhead_bytes, true,
-                        NULL, 0);
     if (!f.fits)
         say_nofit(&f);
     code = f.fits ? MP_EXIT_OK : MP_EXIT_NOFIT;
@@ -1235,8 +1370,10 @@ static int cmd_probe(struct args *a)
     struct mp_report_ctx c;
     fill_ctx(&c, "probe", &s, &prog, &a->ckpt, a);
     c.gpu = NULL;
+    /* the picture before the report: a failed write (exit 5) prints no report */
+    if ((rc = write_timeline(a, "probe", &s, &prog, &plan.sched, 0, false, r.trace, r.n_trace)) != 0)
+        goto out;
     mp_report_probe(stdout, &c, &e, &r);
-    rc = write_timeline(a, "probe", &s, &prog, &plan.sched, 0, false, r.trace, r.n_trace);
     code = r.fits ? MP_EXIT_OK : MP_EXIT_NOFIT;
 out: /* the one way out: everything released, then the status */
     mp_probe_result_release(&r);
@@ -1274,8 +1411,9 @@ static int cmd_help(int argc, char **argv)
         }
         printf("%-12s %-32s %10s %8s %8s %8s\n", "name", "description", "memory", "bf16", "fp16", "fp32");
         for (size_t i = 0; i < n; i++) {
-            char m[32];
-            printf("%-12s %-32s %10s %8.1f %8.1f %8.1f\n", g[i].name, g[i].description,
+            char m[32], nm[4 * sizeof g[i].name], ds[4 * sizeof g[i].description]; /* profiles' names escaped */
+            printf("%-12s %-32s %10s %8.1f %8.1f %8.1f\n", mp_text_clean(g[i].name, nm, sizeof nm),
+                   mp_text_clean(g[i].description, ds, sizeof ds),
                    mp_fmt_bytes(g[i].memory_bytes, m, 32), g[i].tflops_bf16, g[i].tflops_fp16, g[i].tflops_fp32);
         }
         free(g);
@@ -1319,6 +1457,8 @@ int main(int argc, char **argv)
         int rc = parse_args(&COMMANDS[i], argc - 1, argv + 1, &a);
         if (rc == -1)
             return finish(0);
+        if (!rc && a.timeline) /* before the work, not after it */
+            rc = check_out_file("--timeline", "the timeline", a.timeline, a.model);
         if (rc)
             return rc;
         return COMMANDS[i].run(&a);

@@ -54,6 +54,17 @@ static const char *short_count(uint64_t n)
     return buf[k];
 }
 
+/* A name from an input file (model, block, event, GPU profile) as the text report shows it:
+ * control characters escaped (mp_text_clean), so it cannot drive the terminal or split a row.
+ * JSON keeps the exact bytes (cJSON escapes them).  Eight at a time, like count(). */
+static const char *shown(const char *s)
+{
+    static char buf[8][1024]; /* 4 x the longest name (a 255-byte note) + 1 */
+    static int k;
+    k = (k + 1) % 8;
+    return mp_text_clean(s, buf[k], sizeof buf[k]);
+}
+
 static void block_type(const struct mp_block *b, char *buf, size_t len)
 {
     if (b->n_layers == 1)
@@ -284,7 +295,7 @@ static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
     }
     mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
     fprintf(out, "finetune  %s r %llu, alpha %g, dropout %g, targets %s\n", mp_ft_mode_str(f->mode),
-            (unsigned long long)f->r, f->alpha, f->dropout, tg);
+            (unsigned long long)f->r, f->alpha, f->dropout, shown(tg));
     fprintf(out, "          %s adapter params train (fp32 as peft makes them); the frozen base has no .grad\n",
             count(p->adapter_params));
     if (p->trainable_params > p->adapter_params) /* layers.c saved_module: peft's modules_to_save */
@@ -313,7 +324,7 @@ static void finetune_assumptions(FILE *out, const struct mp_report_ctx *c)
     char tg[160];
     mp_finetune_describe_targets(c->ft, c->model->hf_type, tg, sizeof tg);
     fprintf(out, "finetune  r %llu, alpha %g, dropout %g, targets %s\n", (unsigned long long)c->ft->r, c->ft->alpha,
-            c->ft->dropout, tg);
+            c->ft->dropout, shown(tg));
     fprintf(out, "          fp32 adapters, frozen base (no .grad); qlora: bnb NF4 base, double quant, blocksize 64\n");
 }
 
@@ -402,7 +413,7 @@ static void moe_lines(FILE *out, const struct mp_report_ctx *c)
 
 static void header(FILE *out, const struct mp_report_ctx *c)
 {
-    fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", c->model->name,
+    fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", shown(c->model->name),
             strcmp(c->model->source, "hf") == 0 ? "HF config" : "memplan JSON",
             c->prog ? count(c->prog->total_params) : "?", c->model->n_blocks);
     if (c->build) {
@@ -433,8 +444,9 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     if (c->defaults[0])
         fprintf(out, "defaults  %s\n", c->defaults);
     if (c->gpu)
-        fprintf(out, "target    %s (%s): %s, CUDA context %s (%s)\n", c->gpu->name, c->gpu->description,
-                B(mp_gpu_capacity(c->gpu)), B(c->gpu->context_bytes), c->target_how ? c->target_how : "");
+        fprintf(out, "target    %s (%s): %s, CUDA context %s (%s)\n", shown(c->gpu->name),
+                shown(c->gpu->description), B(mp_gpu_capacity(c->gpu)), B(c->gpu->context_bytes),
+                shown(c->target_how ? c->target_how : ""));
 }
 
 void mp_report_plan_blocks(FILE *out, const struct mp_ckpt_plan *p)
@@ -497,8 +509,12 @@ static void narrow_row(FILE *out, const char *idx, const char *name, const char 
 {
     char nm[24], ty[24];
     snprintf(nm, sizeof nm, "%s", name);
-    if (strlen(name) > 16)
-        snprintf(nm + 14, sizeof nm - 14, "..");
+    if (strlen(name) > 16) { /* cut at 14 bytes, not inside a UTF-8 character */
+        size_t cut = 14;
+        while (cut > 0 && ((unsigned char)nm[cut] & 0xC0) == 0x80)
+            cut--;
+        snprintf(nm + cut, sizeof nm - cut, "..");
+    }
     snprintf(ty, sizeof ty, "%s", type);
     if (strlen(type) > 17)
         snprintf(ty + 15, sizeof ty - 15, "..");
@@ -526,12 +542,13 @@ static void layer_table(FILE *out, const struct mp_report_ctx *c, const struct m
         char idx[24], name[40], t[64];
         if (j - i > 1) {
             snprintf(idx, sizeof idx, "%zu-%zu", i, j - 1);
-            snprintf(name, sizeof name, "%s..%s x%zu", c->model->blocks[i].name, c->model->blocks[j - 1].name, j - i);
+            snprintf(name, sizeof name, "%s..%s x%zu", shown(c->model->blocks[i].name),
+                     shown(c->model->blocks[j - 1].name), j - i);
             if (!c->wide && strlen(name) > 16)
-                snprintf(name, sizeof name, "%s x%zu", c->model->blocks[i].name, j - i);
+                snprintf(name, sizeof name, "%s x%zu", shown(c->model->blocks[i].name), j - i);
         } else {
             snprintf(idx, sizeof idx, "%zu", i);
-            snprintf(name, sizeof name, "%s", c->model->blocks[i].name);
+            snprintf(name, sizeof name, "%s", shown(c->model->blocks[i].name));
         }
         block_type(&c->model->blocks[i], t, sizeof t);
         char w[32], g[32], o[32], a[32], ou[32];
@@ -582,7 +599,7 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
                     c->gpu ? "profile nccl_overhead_mib = 0, not measured" : "no GPU profile");
     }
     fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
-            B(e->peak_allocated_bytes), e->peak_event);
+            B(e->peak_allocated_bytes), shown(e->peak_event));
     fprintf(out, "peak reserved        %12s   (caching-allocator model; cached blocks are released before an OOM)\n",
             B(e->peak_reserved_bytes));
     fprintf(out, "CUDA context         %12s\n", B(e->overhead_bytes));
@@ -615,15 +632,16 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
     }
     header(out, c);
     fprintf(out, "\npeak      %s allocated at %s; %s on the device with overheads\n", B(e->peak_allocated_bytes),
-            e->peak_event, B(e->peak_device_bytes));
+            shown(e->peak_event), B(e->peak_device_bytes));
     if (c->fit && c->gpu) {
         const struct mp_fit *f = c->fit;
         if (f->fits)
-            fprintf(out, "verdict   fits %s: %s of %s usable (%.1f%% margin), %s to spare\n", c->gpu->name,
+            fprintf(out, "verdict   fits %s: %s of %s usable (%.1f%% margin), %s to spare\n", shown(c->gpu->name),
                     B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
                     B(f->usable_bytes - f->peak_device_bytes));
         else
-            fprintf(out, "verdict   does not fit %s: %s of %s usable (%.1f%% margin), short by %s\n", c->gpu->name,
+            fprintf(out, "verdict   does not fit %s: %s of %s usable (%.1f%% margin), short by %s\n",
+                    shown(c->gpu->name),
                     B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
                     B(f->peak_device_bytes - f->usable_bytes));
     }
@@ -699,7 +717,7 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
         }
     }
     fprintf(out, "\nwith this plan the step peaks at %s allocated (%s on the device) at %s\n",
-            B(f->est.peak_allocated_bytes), B(f->est.peak_device_bytes), f->est.peak_event);
+            B(f->est.peak_allocated_bytes), B(f->est.peak_device_bytes), shown(f->est.peak_event));
     if (p->spec.strategy == MP_CKPT_SQRT || p->spec.strategy == MP_CKPT_SEGMENTS) {
         size_t segs = p->n_segments + 1;
         fprintf(out, "reproduce torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",
@@ -743,7 +761,7 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
     fprintf(out, "%s: peak %s of %s usable (%s capacity, %.1f%% margin) at %s\n", f->fits ? "fits" : "does not fit",
             B(f->peak_device_bytes), B(f->usable_bytes), B(f->capacity_bytes),
             c->margin_pct,
-            f->est.peak_event);
+            shown(f->est.peak_event));
 }
 
 /* ---- suggest ----------------------------------------------------------------------------- */
@@ -809,7 +827,7 @@ static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct 
             e = strchr(t, ',');
             if (e)
                 *e = 0;
-            fprintf(out, "%s\"%s\"", t == tg ? "" : ", ", t);
+            fprintf(out, "%s\"%s\"", t == tg ? "" : ", ", shown(t));
         }
         fprintf(out, "],\n");
     }
@@ -1069,15 +1087,16 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         return;
     }
     if (s->best < 0) {
-        fprintf(out, "memplan: %s does not fit %s: %s\n", c->model->name, target, s->note);
+        fprintf(out, "memplan: %s does not fit %s: %s\n", shown(c->model->name), shown(target),
+                shown(s->note));
         for (size_t i = 0; i < s->n_alternatives; i++)
-            fprintf(out, "  would fit or help: %s\n", s->alternatives[i]);
+            fprintf(out, "  would fit or help: %s\n", shown(s->alternatives[i]));
         if (!s->n_alternatives)
             fprintf(out, "  no listed GPU, optimizer or precision change makes it fit on one GPU\n");
     } else {
         const struct mp_candidate *b = &s->cand[s->best];
         char sb[32];
-        fprintf(out, "recommended for %s on %s\n\n", c->model->name, target);
+        fprintf(out, "recommended for %s on %s\n\n", shown(c->model->name), shown(target));
         fprintf(out, "  micro-batch        %llu\n", (unsigned long long)b->micro_batch);
         fprintf(out, "  grad accumulation  %llu   (global batch %llu%s)\n", (unsigned long long)b->grad_accum,
                 (unsigned long long)b->global_batch, s->global_met ? "" : ", requested global batch NOT met");
@@ -1105,7 +1124,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "  checkpointing      none\n");
         }
         fprintf(out, "  expected peak      %s of %s (%.1f%% headroom), peak at %s\n", B(b->peak_device_bytes),
-                B(b->capacity_bytes), b->headroom_pct, b->fit.est.peak_event);
+                B(b->capacity_bytes), b->headroom_pct, shown(b->fit.est.peak_event));
         fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s)\n",
                 b->samples_per_s);
         if (b->probed)
@@ -1114,9 +1133,9 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
                     (unsigned long long)b->micro_batch, B(s->probe_capacity_bytes), B(b->probe_peak_bytes),
                     b->probe_step_ms);
         else if (s->probe_note[0])
-            fprintf(out, "  probe              %s\n", s->probe_note);
+            fprintf(out, "  probe              %s\n", shown(s->probe_note));
         if (s->note[0])
-            fprintf(out, "  note               %s\n", s->note);
+            fprintf(out, "  note               %s\n", shown(s->note));
     }
     fputc('\n', out); /* the answer, then what it was worked out for */
     header(out, c);
@@ -1187,12 +1206,13 @@ static void report_probe(FILE *out, const struct mp_report_ctx *c, const struct 
         return;
     }
     header(out, c);
-    fprintf(out, "backend   %s on %s\n", r->backend, r->dev.name);
+    fprintf(out, "backend   %s on %s\n", r->backend, shown(r->dev.name));
     if (r->dev.total_bytes)
         fprintf(out, "device    %s total, %s free before the probe\n", B(r->dev.total_bytes), B(r->dev.free_bytes));
     if (!r->fits) {
-        fprintf(out, "\ndoes not fit: out of memory asking for %s at %s\n", B(r->oom_request_bytes), r->oom_event);
-        fprintf(out, "estimated peak allocated %s at %s\n", B(e->peak_allocated_bytes), e->peak_event);
+        fprintf(out, "\ndoes not fit: out of memory asking for %s at %s\n", B(r->oom_request_bytes),
+                shown(r->oom_event));
+        fprintf(out, "estimated peak allocated %s at %s\n", B(e->peak_allocated_bytes), shown(e->peak_event));
         return;
     }
     double diff = e->peak_allocated_bytes

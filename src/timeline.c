@@ -199,6 +199,11 @@ void mp_xml_puts(FILE *out, const char *s)
             u++;
             continue;
         }
+        if (n == 2 && c == 0xC2 && u[1] < 0xA0) { /* a C1 control (XML 1.0 discourages them) */
+            fputc('?', out);
+            u += 2;
+            continue;
+        }
         if (n > 1) {
             fwrite(u, 1, n, out);
             u += n;

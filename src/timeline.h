@@ -33,8 +33,8 @@ struct mp_timeline_opts {
 enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const struct mp_schedule *sched,
                                const struct mp_train_opts *t, const struct mp_timeline_opts *o, struct mp_diag *d);
 
-/* Writes s with XML's five special characters escaped, control characters and
- * bytes that are not valid UTF-8 replaced by '?'. */
+/* Writes s with XML's five special characters escaped, control characters (but tab; C1
+ * too) and bytes that are not valid UTF-8 replaced by '?'. */
 void mp_xml_puts(FILE *out, const char *s);
 
 #endif

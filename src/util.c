@@ -311,6 +311,34 @@ char *mp_utf8_fix(const char *s)
     return out;
 }
 
+const char *mp_text_clean(const char *s, char *buf, size_t len)
+{
+    size_t o = 0;
+    for (const char *p = s; *p;) {
+        unsigned char c = (unsigned char)*p;
+        size_t n = mp_utf8_seq_len(p), m = n;
+        const char *piece = p;
+        char esc[8];
+        if (n == 0 || (n == 1 && (c < 0x20 || c == 0x7F))) {
+            snprintf(esc, sizeof esc, "\\x%02x", c);
+            piece = esc;
+            n = 1;
+            m = 4;
+        } else if (n == 2 && c == 0xC2 && (unsigned char)p[1] < 0xA0) { /* U+0080..U+009F */
+            snprintf(esc, sizeof esc, "\\u%04x", (unsigned char)p[1]);
+            piece = esc;
+            m = 6;
+        }
+        if (o + m >= len)
+            break;
+        memcpy(buf + o, piece, m);
+        o += m;
+        p += n;
+    }
+    buf[o] = 0;
+    return buf;
+}
+
 long mp_json_leading_zero(const char *text, size_t len)
 {
     bool in_str = false;

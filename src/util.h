@@ -123,6 +123,11 @@ enum mp_status mp_read_file(const char *path, size_t max, const char *what, char
 size_t mp_utf8_seq_len(const char *s);
 /* A malloc'd copy of s with each byte that is not valid UTF-8 replaced by U+FFFD (NULL: no memory). */
 char *mp_utf8_fix(const char *s);
+/* s as a text report shows it, in buf (len > 0; NUL-terminated): control characters (C0, DEL)
+ * and bytes that are not valid UTF-8 as \xNN, C1 controls as \u00NN, so a name from an input file
+ * cannot clear the screen, set the terminal's title or split a line.  Cut before an escape or a
+ * character that does not fit; 4 x strlen(s) + 1 bytes always hold all of it.  Returns buf. */
+const char *mp_text_clean(const char *s, char *buf, size_t len);
 /* Offset of the first JSON number written with a leading zero ("007", "-01"), outside
  * strings, or -1.  JSON (RFC 8259) forbids them; cJSON accepts them. */
 long mp_json_leading_zero(const char *text, size_t len);

@@ -480,6 +480,246 @@ else
     skipped "writes to /dev/full (no /dev/full here)"
 fi
 
+# ---- output files: --timeline FILE -----------------------------------------------------------
+# FILE is checked before the work (nothing on stdout when it is refused) and written through a
+# temporary file beside it, renamed into place: never a half-written file, never through a
+# symbolic link, into a FIFO or device, or over the model.  A refused FILE is a bad value of the
+# option (exit 2); a failed write is exit 5 with one line naming the file and the reason.
+
+TL=$T/tl
+mkdir "$TL"
+cp models/tiny-test.json "$TL/m.json"
+cksum <"$TL/m.json" >"$TL/m.sum"
+# tl_refused CODE DESC FILE [MODEL]: estimate MODEL --timeline FILE exits CODE before the work:
+# one stderr line naming FILE, nothing on stdout, the model untouched, no temporary file left.
+tl_refused() {
+    want=$1 desc=$2 file=$3 model=${4:-$TL/m.json}
+    run estimate "$model" --timeline "$file"
+    if [ "$ec" -eq "$want" ] && [ "$(nlines "$T/err")" -eq 1 ] && [ ! -s "$T/out" ] &&
+        grep -qF -e "$file" "$T/err" && cksum <"$TL/m.json" | cmp -s - "$TL/m.sum" &&
+        [ -z "$(find "$TL" -name '.memplan-*')" ]; then
+        ok "--timeline $desc: exit $want before the work, one line naming the file"
+    else
+        echo "expected exit $want, one stderr line naming $file, nothing on stdout, the model unchanged" >"$T/why"
+        bad "--timeline $desc: exit $want before the work, one line naming the file"
+    fi
+    cp models/tiny-test.json "$TL/m.json" # written in place (its links too): as it was, for the next check
+}
+tl_refused 2 "the model file itself" "$TL/m.json"
+tl_refused 2 "the model file spelled another way" "$TL/../tl/./m.json"
+ln "$TL/m.json" "$TL/hard.json"
+tl_refused 2 "a hard link to the model file" "$TL/hard.json"
+ln -s m.json "$TL/sym.json"
+tl_refused 2 "the model file through a symbolic link given as MODEL" "$TL/m.json" "$TL/sym.json"
+ln -s "$TL/elsewhere.svg" "$TL/link.svg"
+tl_refused 2 "a symbolic link (not followed)" "$TL/link.svg"
+if [ -e "$TL/elsewhere.svg" ]; then
+    echo "the link's target was written" >"$T/why"
+    bad "--timeline a symbolic link: its target is not written"
+else
+    ok "--timeline a symbolic link: its target is not written"
+fi
+tl_refused 2 "a directory" "$TL"
+tl_refused 5 "in a missing directory" "$TL/no-such-dir/x.svg"
+tl_refused 5 "under a regular file" "$TL/m.json/x.svg"
+if [ -c /dev/full ]; then
+    tl_refused 2 "a device (/dev/full)" /dev/full
+fi
+if command -v mkfifo >/dev/null 2>&1 && mkfifo "$TL/fifo" && command -v timeout >/dev/null 2>&1; then
+    # a regression would block in open(2) for good: the timeout turns that into a failure
+    cmdline="estimate $TL/m.json --timeline $TL/fifo"
+    timeout 20 "$M" estimate "$TL/m.json" --timeline "$TL/fifo" >"$T/out" 2>"$T/err" && ec=$? || ec=$?
+    if [ "$ec" -eq 2 ] && [ "$(nlines "$T/err")" -eq 1 ] && [ ! -s "$T/out" ] && grep -q "FIFO" "$T/err"; then
+        ok "--timeline a FIFO: exit 2 at once, one line (no hang)"
+    else
+        echo "expected exit 2 and one line saying it is a FIFO (124: it hung)" >"$T/why"
+        bad "--timeline a FIFO: exit 2 at once, one line (no hang)"
+    fi
+else
+    skipped "--timeline a FIFO (no mkfifo or timeout here)"
+fi
+# a directory memplan may not write in: as root (which writes anywhere), run as nobody
+mkdir "$TL/ro"
+chmod 555 "$TL/ro"
+as=
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null 2>&1; then
+    as="setpriv --reuid=65534 --regid=65534 --clear-groups"
+    chmod 755 "$T" "$TL"
+    chmod 644 "$TL/m.json"
+fi
+if [ "$(id -u)" -ne 0 ] || [ -n "$as" ]; then
+    cmdline="estimate $TL/m.json --timeline $TL/ro/x.svg${as:+ (as nobody)}"
+    $as "$M" estimate "$TL/m.json" --timeline "$TL/ro/x.svg" >"$T/out" 2>"$T/err" && ec=$? || ec=$?
+    if [ "$ec" -eq 5 ] && [ "$(nlines "$T/err")" -eq 1 ] && [ ! -s "$T/out" ] &&
+        grep -qF "writing the timeline $TL/ro/x.svg failed: " "$T/err"; then
+        ok "--timeline in a directory that cannot be written: exit 5 before the work, one line"
+    else
+        echo "expected exit 5, nothing on stdout, 'writing the timeline FILE failed: REASON'" >"$T/why"
+        bad "--timeline in a directory that cannot be written: exit 5 before the work, one line"
+    fi
+else
+    skipped "--timeline in a directory that cannot be written (root without setpriv)"
+fi
+chmod 700 "$T" "$TL"
+# a write that fails part way (the file-size limit: EFBIG, not SIGXFSZ): exit 5, one line with
+# the reason, no report (the picture is written first), the old FILE as it was, no temporary left
+echo "the old picture" >"$TL/t.svg"
+cmdline="estimate $TL/m.json --timeline $TL/t.svg (ulimit -f 16)"
+(ulimit -f 16 && trap '' XFSZ && exec "$M" estimate "$TL/m.json" --timeline "$TL/t.svg") >"$T/out" 2>"$T/err" &&
+    ec=$? || ec=$?
+if [ "$ec" -eq 5 ] && [ "$(nlines "$T/err")" -eq 1 ] && [ ! -s "$T/out" ] &&
+    grep -qF "writing the timeline $TL/t.svg failed: File too large" "$T/err" &&
+    [ "$(cat "$TL/t.svg")" = "the old picture" ] && [ -z "$(find "$TL" -name '.memplan-*')" ]; then
+    ok "--timeline write fails part way: exit 5, one line, no report, the old file intact, no temporary left"
+else
+    echo "expected exit 5, no report, 'writing the timeline FILE failed: File too large', $TL/t.svg unchanged" >"$T/why"
+    bad "--timeline write fails part way: exit 5, one line, no report, the old file intact, no temporary left"
+fi
+chmod 640 "$TL/t.svg"
+run estimate "$TL/m.json" --timeline "$TL/t.svg"
+if [ "$ec" -eq 0 ] && grep -q "^<svg" "$TL/t.svg" && [ "$(ls -l "$TL/t.svg" | cut -c1-10)" = "-rw-r-----" ] &&
+    [ -z "$(find "$TL" -name '.memplan-*')" ]; then
+    ok "--timeline over an existing file: replaced, its mode kept, no temporary left"
+else
+    echo "expected exit 0, an SVG in $TL/t.svg with mode -rw-r-----" >"$T/why"
+    bad "--timeline over an existing file: replaced, its mode kept, no temporary left"
+fi
+(cd "$TL" && "$M" estimate m.json --timeline rel.svg >/dev/null 2>&1) && [ -s "$TL/rel.svg" ]
+if [ $? -eq 0 ]; then
+    ok "--timeline FILE without a directory part: written in the current directory"
+else
+    cmdline="(cd $TL) estimate m.json --timeline rel.svg"; : >"$T/why"
+    bad "--timeline FILE without a directory part: written in the current directory"
+fi
+
+# ---- names from input files on the terminal ----------------------------------------------------
+# A model's, block's, op's or GPU profile's name can carry escape sequences (clear the screen,
+# set the terminal's title), a newline that would split a row, a tab, a C1 control.  Text
+# reports and stderr show them escaped (\x1b, \u009b); --json keeps the exact names (JSON
+# escapes them); the timeline's SVG shows '?' and stays well-formed XML.
+
+cat >"$T/names.json" <<'JSON'
+{
+  "name": "evil\u001b]0;pwned\u0007\u001b[2J\nfake row",
+  "input": {"tokens": 8},
+  "layers": [
+    {"block": "emb\u001b[31m\nx", "layers": [
+      {"type": "embedding", "name": "wte\u001b[1m", "vocab": 64, "dim": 16},
+      {"type": "pos_embedding", "name": "wpe", "max_positions": 8, "dim": 16}
+    ]},
+    {"repeat": 2, "name": "h\t\u009b", "layers": [
+      {"type": "transformer_block", "dim": 16, "heads": 2, "ffn": 32,
+       "norm": "layernorm", "act": "gelu_tanh", "fused_qkv": true}
+    ]},
+    {"block": "aaaaaaaaaaaaa\u00e9\u00e9\u00e9\u00e9", "layers": [{"type": "layernorm", "dim": 16}]},
+    {"block": "head\u001b[2K", "layers": [
+      {"type": "layernorm", "name": "ln\u001bf", "dim": 16},
+      {"type": "lm_head", "tied": true}
+    ]}
+  ]
+}
+JSON
+cat >"$T/names-gpu.json" <<'JSON'
+{"name": "g\u001b[2Jpu", "description": "desc\u001b]0;t\u0007\nrow", "memory_mib": 15360,
+ "tflops": {"fp32": 8, "bf16": 65, "fp16": 65}}
+JSON
+# an HF config whose _name_or_path carries the escapes
+sed '1s/^{$/{ "_name_or_path": "gpt2\\u001b]0;pwned\\u0007\\n\\u001b[2Jfake row",/' models/hf/gpt2.json >"$T/names-hf.json"
+C1=$(printf '\302[\200-\237]')
+WIDE=
+# clean_out DESC: stdout and stderr of the last run hold no control byte but newlines, no C1
+# control, and valid UTF-8 (python3, when there); text lines fit 100 columns (unless $WIDE).
+clean_out() {
+    n=$(cat "$T/out" "$T/err" | LC_ALL=C tr -d '\n\040-\176\200-\377' | wc -c)
+    r=0
+    [ "$n" -eq 0 ] || { echo "$n control byte(s) on stdout/stderr" >"$T/why"; r=1; }
+    if cat "$T/out" "$T/err" | LC_ALL=C grep -q "$C1"; then echo "a C1 control on stdout/stderr" >>"$T/why"; r=1; fi
+    if [ -n "$HAVE_PY" ] && ! cat "$T/out" "$T/err" | python3 -c 'import sys; sys.stdin.buffer.read().decode("utf-8")' 2>>"$T/why"; then
+        r=1
+    fi
+    [ -n "$WIDE" ] || LC_ALL=C.UTF-8 awk 'length($0) > 100 { print "line " NR " has " length($0) " columns"; bad = 1 }
+        END { exit bad }' "$T/out" >>"$T/why" 2>&1 || r=1
+    if [ "$r" -eq 0 ] && [ "$ec" -le 1 ]; then ok "$1"; else bad "$1"; fi
+}
+N=$T/names.json
+G=$T/names-gpu.json
+run estimate "$N" --gpu "$G"
+clean_out "estimate: names with escapes and newlines shown escaped"
+if grep -qF 'model     evil\x1b]0;pwned\x07\x1b[2J\x0afake row (memplan JSON' "$T/out" &&
+    grep -qF 'target    g\x1b[2Jpu (desc\x1b]0;t\x07\x0arow)' "$T/out" &&
+    grep -q '^0  *emb\\x1b\[31m\\x0ax  *embedding' "$T/out" && grep -q '^1-2  *h\\x09\\u009b\.0 x2 ' "$T/out" &&
+    grep -q '^4  *head\\x1b\[2K  *layernorm' "$T/out" && ! grep -q '^fake row' "$T/out"; then
+    ok "estimate: the model, GPU and block names as one escaped string each, rows unsplit"
+else
+    echo "expected the escaped names in the header and the block table" >"$T/why"
+    bad "estimate: the model, GPU and block names as one escaped string each, rows unsplit"
+fi
+# a name cut to fit its column is cut between characters (13 bytes, not 14 into an e-acute)
+if grep -q '^3  *aaaaaaaaaaaaa\.\.  *layernorm' "$T/out"; then
+    ok "estimate: a long UTF-8 block name is cut between characters"
+else
+    echo "expected block 3 shown as 'aaaaaaaaaaaaa..'" >"$T/why"
+    bad "estimate: a long UTF-8 block name is cut between characters"
+fi
+WIDE=yes
+run estimate "$N" --gpu "$G" --wide --all-layers
+clean_out "estimate --wide --all-layers: names escaped"
+WIDE=
+run check "$N" --batch 1 --gpu "$G"
+clean_out "check: the peak event escaped"
+run check "$N" --batch 1 --vram 1MiB
+clean_out "check that does not fit: the event escaped on stdout and stderr"
+run plan "$N" --activation-budget 1MiB
+clean_out "plan: names escaped"
+run suggest "$N" --gpu "$G" --no-probe
+clean_out "suggest: model and GPU names escaped"
+run suggest "$N" --gpu "$G" --no-probe --finetune lora --emit torch
+clean_out "suggest --emit torch: the snippet is clean"
+run probe "$N" --backend host --capacity 1KiB
+clean_out "probe out of memory: the event escaped"
+run estimate "$T/names-hf.json"
+clean_out "estimate of an HF config: _name_or_path escaped"
+if grep -qF 'model     gpt2\x1b]0;pwned\x07\x0a\x1b[2Jfake row (HF config' "$T/out"; then
+    ok "estimate of an HF config: _name_or_path shown escaped on one line"
+else
+    echo "expected the escaped _name_or_path on the model line" >"$T/why"
+    bad "estimate of an HF config: _name_or_path shown escaped on one line"
+fi
+mkdir "$T/names-gpus"
+cp "$G" "$T/names-gpus/evil.json"
+cmdline="help gpus (MEMPLAN_GPUS=$T/names-gpus)"
+MEMPLAN_GPUS=$T/names-gpus "$M" help gpus >"$T/out" 2>"$T/err" && ec=$? || ec=$?
+clean_out "help gpus: a profile's name and description escaped"
+if [ -n "$HAVE_PY" ]; then
+    run estimate "$N" --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["model"]["name"] == "evil\x1b]0;pwned\x07\x1b[2J\nfake row", d["model"]["name"]
+names = [l["name"] for l in d["layers"]]
+assert names == ["emb\x1b[31m\nx", "h\t\x9b.0", "h\t\x9b.1", "aaaaaaaaaaaaa\xe9\xe9\xe9\xe9", "head\x1b[2K"], names
+' "$T/out" 2>"$T/why" && [ "$(nlines "$T/out")" -gt 1 ] && ! LC_ALL=C grep -q "$(printf '\033')" "$T/out"; then
+        ok "estimate --json: the exact names, escaped by JSON (no raw ESC)"
+    else
+        bad "estimate --json: the exact names, escaped by JSON (no raw ESC)"
+    fi
+else
+    skipped "estimate --json with escapes in names (no python3)"
+fi
+run estimate "$N" --gpu "$G" --timeline "$T/names.svg"
+r=0
+n=$(LC_ALL=C tr -d '\n\t\040-\176\200-\377' <"$T/names.svg" | wc -c) # a tab is blank in SVG text
+[ "$ec" -eq 0 ] && [ "$n" -eq 0 ] && ! LC_ALL=C grep -q "$C1" "$T/names.svg" &&
+    grep -qF '>evil?]0;pwned??[2J?fake row: estimate<' "$T/names.svg" || r=1
+if [ "$r" -eq 0 ] && command -v xmllint >/dev/null 2>&1; then
+    xmllint --noout "$T/names.svg" >"$T/why" 2>&1 || r=1
+fi
+if [ "$r" -eq 0 ]; then
+    ok "--timeline: names with escapes drawn as '?', well-formed XML"
+else
+    bad "--timeline: names with escapes drawn as '?', well-formed XML"
+fi
+
 # ---- every bundled model ------------------------------------------------------------------
 
 for f in models/*.json models/hf/*.json; do

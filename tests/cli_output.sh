@@ -100,8 +100,9 @@ run estimate models/tiny-test.json --gpus 2 --parallel zero2 --timeline "$T/tl.s
 check "--timeline subtitle of a data-parallel run names the strategy and world" $?
 
 run estimate models/tiny-test.json --timeline "$T/no-such-dir/x.svg"
-[ "$ec" -eq 3 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "cannot write" "$T/err"
-check "--timeline into a missing directory: exit 3, one line" $?
+[ "$ec" -eq 5 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && [ ! -s "$T/out" ] &&
+    grep -q "writing the timeline $T/no-such-dir/x.svg failed: No such file or directory" "$T/err"
+check "--timeline into a missing directory: exit 5 before the report, one line" $?
 run estimate models/tiny-test.json --gpu t4 --timeline "$T/tl.svg"
 [ "$ec" -eq 0 ] && [ -s "$T/tl.svg" ]
 check "--timeline with the text report: exit 0, file written" $?

@@ -165,6 +165,33 @@ static void test_suggest_without_a_target(void **state)
     mp_model_release(&m);
 }
 
+/* mp_text_clean (util.c): how a text report shows a name from an input file.  The escapes
+ * below are written out by hand. */
+static void test_names_shown_with_controls_escaped(void **state)
+{
+    (void)state;
+    char buf[256];
+    /* printable ASCII and UTF-8 (e-acute, a check mark, a no-break space) as they are */
+    assert_string_equal(mp_text_clean("h.0.attn \xC3\xA9\xE2\x9C\x93\xC2\xA0", buf, sizeof buf),
+                        "h.0.attn \xC3\xA9\xE2\x9C\x93\xC2\xA0");
+    /* ESC, BEL, newline, tab, DEL: the terminal's title, a cleared screen, a split row */
+    assert_string_equal(mp_text_clean("a\x1b]0;t\x07\x1b[2J\nb\tc\x7f", buf, sizeof buf),
+                        "a\\x1b]0;t\\x07\\x1b[2J\\x0ab\\x09c\\x7f");
+    /* C1 controls (U+009B is CSI to some terminals) and bytes that are not UTF-8 */
+    assert_string_equal(mp_text_clean("x\xC2\x9By\xC2\x85", buf, sizeof buf), "x\\u009by\\u0085");
+    assert_string_equal(mp_text_clean("\xFF\xC3(\xE2\x9C", buf, sizeof buf), "\\xff\\xc3(\\xe2\\x9c");
+    /* a small buffer: cut before an escape or a character that does not fit, never inside */
+    assert_string_equal(mp_text_clean("ab\x1b", buf, 6), "ab");
+    assert_string_equal(mp_text_clean("ab\x1b", buf, 7), "ab\\x1b");
+    assert_string_equal(mp_text_clean("a\xC3\xA9", buf, 3), "a");
+    assert_string_equal(mp_text_clean("", buf, 1), "");
+    /* 4 bytes out for each byte in, at most: 4 x strlen + 1 holds any name */
+    char worst[64];
+    memset(worst, 0x1b, sizeof worst - 1);
+    worst[sizeof worst - 1] = 0;
+    assert_int_equal(strlen(mp_text_clean(worst, buf, 4 * (sizeof worst - 1) + 1)), 4 * (sizeof worst - 1));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -176,6 +203,7 @@ int main(void)
         cmocka_unit_test(test_unlimited_width_only_strips),
         cmocka_unit_test(test_any_text_fits_and_keeps_its_words),
         cmocka_unit_test(test_suggest_without_a_target),
+        cmocka_unit_test(test_names_shown_with_controls_escaped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
