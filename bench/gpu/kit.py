@@ -67,6 +67,8 @@ CAPS = {"build": (200, 400, 5), "tests": (120, 240, 15), "sanitizer": (90, 0, 20
 RESERVE_S = 4          # kept back at the end for the last report
 WORKER_START_S = (90, 120)   # (GPU, CPU): import torch + transformers, CUDA context
 ROW_S = {"estimate": 30, "probe": (75, 60), "torch": (90, 90)}
+# make test-gpu's suites, each capped (GPU, CPU) so that one that hangs leaves the others time
+SUITES = [("probe", (60, 120)), ("probe_ops", (45, 120)), ("probe_suggest", (30, 60))]
 
 # id, model name, config, batch, seq, precision, checkpointing, finetune
 MODELS = [("gpt2", "models/hf/gpt2.json", 8, 1024), ("qwen2-0.5b", "models/hf/qwen2-0.5b.json", 4, 1024)]
@@ -737,8 +739,8 @@ def part_tests(kit, res):
     suites = {}
     bad = []
     skipped = 0
-    for t in ("probe", "probe_ops", "probe_suggest"):
-        left = kit.part_left()
+    for t, caps in SUITES:
+        left = min(kit.part_left(), caps[0 if kit.gpu else 1])
         if left < 5:
             suites[t] = {"status": "skipped", "note": "budget"}
             bad.append(t + " (not run: budget)")
@@ -905,6 +907,8 @@ def part_matrix(kit, res):
         r["torch"] = worker.row(spec, lim)
         if r["torch"].get("status") == "skipped":
             r["torch"]["status"] = "na"
+        if any(k in r["torch"].get("error", "") for k in ("CUDA error", "CUBLAS_STATUS", "cuDNN error")):
+            worker.close()   # a CUDA error sticks to the context: the next row gets a fresh process
         kit.say("torch %s: %s %s (%.0f s)" % (r["id"], r["torch"].get("status"), r["torch"].get("error", ""),
                                              time.time() - t))
         kit.save()
