@@ -1117,11 +1117,7 @@ def choose_parts(kit, prev):
         return [p for p in PARTS if p in names]
     if not a.rerun:
         return list(PARTS)
-    todo = ["build"]
-    for p in PARTS[1:]:
-        st = prev.get("parts", {}).get(p, {}).get("status")
-        if st not in ("ok",) and not (st == "skipped" and prev["parts"][p].get("final")):
-            todo.append(p)
+    todo = ["build"] + [p for p in PARTS[1:] if prev.get("parts", {}).get(p, {}).get("status") != "ok"]
     if "matrix" in todo and "steptime" not in todo:
         todo.append("steptime")
     return todo

@@ -32,8 +32,10 @@ status=0
 # ---- 1. build dependencies as .deb files, unpacked ---------------------------------------------
 mkdir -p .deps
 debs="libcjson1 libcjson-dev libcmocka0 libcmocka-dev"
+# shellcheck disable=SC2086
 if ! (cd .deps && apt-get download $debs >/dev/null 2>&1); then
     apt-get update -qq >/dev/null 2>&1
+    # shellcheck disable=SC2086
     (cd .deps && apt-get download $debs) || { echo "prepare: apt-get download failed" >&2; status=1; }
 fi
 rm -rf .deps/root
