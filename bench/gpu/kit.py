@@ -870,6 +870,7 @@ def part_matrix(kit, res):
     # 2. PyTorch, one worker for every row
     torch_ok = has_module("torch") and has_module("transformers")
     worker = None
+    starts, start_error = 0, None   # a worker that died is started again, 3 times in all
     wstart = WORKER_START_S[0 if kit.gpu else 1]
     for r in chosen:
         if not want(r.get("torch"), a.rerun, selected(r)):
@@ -881,16 +882,21 @@ def part_matrix(kit, res):
             r["torch"] = {"status": "na", "error": "memplan estimates more than the device holds"}
             continue
         if worker is None or not worker.alive():
+            if start_error or starts >= 3:
+                r["torch"] = {"status": "FAILED", "error": start_error or "the PyTorch worker died 3 times"}
+                continue
             if left() < wstart / 3 + ROW_S["torch"][0] / 6:
                 r["torch"] = {"status": "budget", "error": "not run: %.0f s left" % left()}
                 continue
+            starts += 1
             try:
                 worker = Worker(kit, min(wstart, left()))
                 kit.state["env"]["torch_worker"] = worker.hello
                 kit.say("PyTorch worker: %s" % json.dumps(worker.hello)[:300])
             except RuntimeError as e:
                 worker = None
-                r["torch"] = {"status": "FAILED", "error": str(e)[:300]}
+                start_error = str(e)[:300]
+                r["torch"] = {"status": "FAILED", "error": start_error}
                 if "no torch" in str(e):
                     torch_ok = False
                     r["torch"]["status"] = "na"
@@ -947,7 +953,7 @@ def part_matrix(kit, res):
         kit.save()
 
     derive(m)
-    cols = [(r["id"], c, r.get(c, {}).get("status")) for r in rows for c in ("estimate", "torch", "probe")]
+    cols = [(r["id"], c, r.get(c, {}).get("status")) for r in chosen for c in ("estimate", "torch", "probe")]
     failed = [x for x in cols if x[2] in ("FAILED", "timeout")]
     missing = [x for x in cols if x[2] in (None, "budget")]
     res["status"] = "FAILED" if failed else ("partial" if missing else "ok")
@@ -957,6 +963,8 @@ def part_matrix(kit, res):
         res["note"] += "; failed: " + ", ".join("%s %s" % (i, c) for i, c, _ in failed[:8])
     if missing:
         res["note"] += "; not run (budget): %d" % len(missing)
+    if len(chosen) < len(rows):
+        res["note"] += "; %d of %d rows chosen by --rows" % (len(chosen), len(rows))
     nas = sorted({r.get(c, {}).get("error", "") for r in rows for c in ("torch", "probe")
                   if r.get(c, {}).get("status") == "na"})
     if nas:
