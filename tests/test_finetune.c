@@ -104,6 +104,8 @@ static void test_lora_trainable_params_match_peft(void **state)
         {"models/hf/llama-2-7b.json", 16, "all-linear", 39976960, 6778392576},
         {"models/hf/llama-3-8b.json", 16, NULL, 6815744, 8037076992},
         {"models/hf/llama-3-8b.json", 16, "all-linear", 41943040, 8072204288},
+        {"models/hf/llama-3.2-1b.json", 16, NULL, 1703936, 1237518336},
+        {"models/hf/llama-3.2-1b.json", 16, "all-linear", 11272192, 1247086592},
         {"models/hf/mistral-7b.json", 16, NULL, 6815744, 7248547840},
         {"models/hf/mistral-7b.json", 16, "all-linear", 41943040, 7283675136},
         {"models/hf/olmo-2-7b.json", 16, NULL, 39976960, 7338594304},

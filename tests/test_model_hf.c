@@ -135,6 +135,13 @@ static void test_params_llama2_70b(void **state)
     expect_params("models/hf/llama-2-70b.json", UINT64_C(68976648192));
 }
 
+/* Llama-3.2-1B: tied embeddings, head_dim 64, GQA 32/8 (transformers 5.24 counts 1,235,814,400) */
+static void test_params_llama_3_2_1b(void **state)
+{
+    (void)state;
+    expect_params("models/hf/llama-3.2-1b.json", UINT64_C(1235814400));
+}
+
 static void test_params_mistral_7b(void **state)
 {
     (void)state;
@@ -1863,6 +1870,7 @@ int main(void)
         cmocka_unit_test(test_params_gpt2_medium),
         cmocka_unit_test(test_params_llama2_7b),
         cmocka_unit_test(test_params_llama2_70b),
+        cmocka_unit_test(test_params_llama_3_2_1b),
         cmocka_unit_test(test_params_mistral_7b),
         cmocka_unit_test(test_params_qwen2_05b),
         cmocka_unit_test(test_params_pythia_160m),
