@@ -170,6 +170,22 @@ def huge_matrix():
             runs.append(run('huge', ['plan', m] + bs + ['--gpu', 'h100-80gb'], what=m))
         runs.append(run('huge', ['suggest', m, '--no-probe', '--seq', '16777216', '--gpu', 'h100-80gb', '--json'],
                         what=m))
+    # the largest values of the options that set how much work there is, on a few models
+    h100 = ['--gpu', 'h100-80gb']
+    for m in ('models/gpt2-124m.json', 'models/llama-70b.json', 'models/hf/qwen2-0.5b.json',
+              'models/hf/gemma-3-1b.json', 'models/hf/t5-small.json'):
+        runs.append(run('huge', ['plan', m, '--batch', '8', '--activation-budget', '8GiB', '--slots', '100000'],
+                        what='--slots 100000'))
+    for m in ('models/tiny-test.json', 'models/gpt2-124m.json', 'models/llama-70b.json'):
+        runs.append(run('huge', ['suggest', m, '--no-probe', '--gpus', '65536', '--nodes', '65536'] + h100,
+                        what='--gpus 65536 --nodes 65536'))
+    for m in ('models/llama-70b.json', 'models/hf/mixtral-8x7b.json'):
+        for par in ('ddp', 'zero1', 'zero2', 'zero3', 'fsdp', 'fsdp-no-reshard'):
+            runs.append(run('huge', ['check', m, '--batch', '1', '--gpus', '65536', '--nodes', '65536', '--parallel',
+                                     par, '--json'] + h100, what='--gpus 65536 --nodes 65536'))
+    for m in ('models/gpt2-124m.json', 'models/llama-7b.json'):
+        runs.append(run('huge', ['suggest', m, '--no-probe', '--max-batch', '16777216', '--global-batch',
+                                 '4294967296'] + h100, what='--max-batch 16777216 --global-batch 2^32'))
     return runs
 
 
