@@ -31,7 +31,9 @@ Wrong (each counted, each offending command printed, exit status 1 if any):
   json       --json output (exit 0 or 1) that is not one strict JSON document;
   nan        "nan" or "inf" printed as a number.
 
-Usage: tests/sweep.sh [-j JOBS] [-g GROUP]... [-k SUBSTRING] [BINARY]   (from the repository root)
+Usage (from the repository root): tests/sweep.sh [-j JOBS] [-g GROUP]... [-k SUBSTRING] [-v]
+[--keep] [BINARY]; --keep keeps the files the runs read (odd models and profiles), so that the
+printed commands can be run again.
 Python 3 standard library only.
 """
 
@@ -42,6 +44,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,7 +87,7 @@ def tiny_hf(base, **kw):
 
 
 def options_matrix(d):
-    """(group, argv tail, json?) for every numeric option at every edge value."""
+    """Every numeric option, on the commands that take it, at every edge value."""
     tiny = 'models/tiny-test.json'
     llama = os.path.join(d, 'llama-tiny.json')
     t5 = os.path.join(d, 't5-tiny.json')
@@ -158,6 +161,7 @@ def options_matrix(d):
 
 
 def huge_matrix():
+    """Every bundled model at the largest batch and sequence; the options that set the work."""
     models = sorted(f for f in os.listdir('models') if f.endswith('.json'))
     models = ['models/' + f for f in models] + \
              sorted('models/hf/' + f for f in os.listdir('models/hf') if f.endswith('.json'))
@@ -428,7 +432,7 @@ def run_one(binary, asan, spec):
         r.out = ''
     else:
         out.seek(0)
-        r.out = out.read(4 << 20).decode('utf-8', 'replace')
+        r.out = out.read().decode('utf-8', 'replace')
     out.close()
     err.seek(0)
     r.err = err.read(1 << 20).decode('utf-8', 'replace')
@@ -520,6 +524,7 @@ def main():
     ap.add_argument('-g', '--group', action='append', choices=['options', 'huge', 'files', 'gpus'])
     ap.add_argument('-k', '--filter', help='only the runs whose command line contains this')
     ap.add_argument('-v', '--verbose', action='store_true', help='print every run')
+    ap.add_argument('--keep', action='store_true', help='keep the files the runs read, to run them again')
     a = ap.parse_args()
     if not os.path.isdir('models') or not os.path.isdir('configs/gpus'):
         sys.exit('sweep: run from the repository root')
@@ -527,7 +532,8 @@ def main():
     if not os.access(binary, os.X_OK):
         sys.exit('sweep: %s: not an executable (make first)' % a.binary)
     asan = is_asan(binary)
-    with tempfile.TemporaryDirectory(prefix='memplan-sweep-') as d:
+    d = tempfile.mkdtemp(prefix='memplan-sweep-')
+    try:
         small = {
             'llama-tiny.json': tiny_hf('models/hf/llama-3-8b.json', hidden_size=64, intermediate_size=128,
                                        num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
@@ -565,6 +571,9 @@ def main():
                                                           ' :: ' + ','.join(r.problems) if r.problems else ''),
                           flush=True)
         wall = time.monotonic() - t0
+    finally:
+        if not a.keep:
+            shutil.rmtree(d, ignore_errors=True)
     bad = [r for r in results if r.problems]
     for kind in KINDS:
         hit = [r for r in bad if kind in r.problems]
@@ -586,7 +595,8 @@ def main():
                                                              cmdline(fattest)) if results else ''))
     print('sweep: ' + ', '.join('%s %d' % (k, sum(1 for r in bad if k in r.problems)) for k in KINDS))
     if bad:
-        print('sweep: FAILED: %d of %d runs went wrong' % (len(bad), len(results)))
+        print('sweep: FAILED: %d of %d runs went wrong%s' % (len(bad), len(results),
+              ' (their files are in %s)' % d if a.keep else ' (--keep keeps the files they read under /tmp)'))
         return 1
     print('sweep: ok')
     return 0
