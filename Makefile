@@ -189,11 +189,14 @@ test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops $(BUIL
 	$(BUILD)/tests/test_probe_ops
 	$(BUILD)/tests/test_probe_suggest
 
-# ---- fuzzing (clang's libFuzzer; tests/fuzz/fuzz_model.c) ------------------------------------
-# `make fuzz` builds the harness with ASan + UBSan into build-fuzz/ and runs it FUZZ_TIME
-# seconds on the seed corpus (every bundled model and tests/data/bad; libFuzzer reads a
-# directory recursively, so models/ brings models/hf/ once); any crash, leak, sanitizer
-# report or input slower than 10 s fails.  New inputs go to build-fuzz/corpus.
+# ---- fuzzing (clang's libFuzzer; tests/fuzz/README) -------------------------------------------
+# `make fuzz` builds two harnesses with ASan + UBSan into build-fuzz/ and runs each half of
+# FUZZ_TIME seconds: fuzz_model (tests/fuzz/fuzz_model.c: bytes as a model file, then the
+# builder, estimator and planners) on every bundled model and tests/data (libFuzzer reads a
+# directory recursively, so models/ brings models/hf/ once), and fuzz_cli (tests/fuzz/fuzz_cli.c:
+# option values, a GPU profile and a model through main()) on tests/fuzz/cli.  Any crash,
+# leak, sanitizer report, wrong exit status or input slower than 10 s fails.  New inputs go
+# to build-fuzz/corpus and build-fuzz/corpus-cli, a failing one to build-fuzz/{model,cli}-*.
 FUZZ_CC ?= clang
 FUZZ_TIME ?= 60
 FUZZ_DIR := build-fuzz
@@ -201,22 +204,42 @@ FUZZ_SRCS := $(filter-out src/main.c src/probe_cuda.c,$(wildcard src/*.c))
 FUZZ_FLAGS := -g -O1 -std=c11 -D_POSIX_C_SOURCE=200809L -Isrc $(PKG_CFLAGS) -DMEMPLAN_DATADIR='"$(PREFIX)/share/memplan"' \
               -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_OBJS := $(FUZZ_SRCS:%.c=$(FUZZ_DIR)/%.o)
+FUZZ_RUN := ASAN_OPTIONS=detect_leaks=1
+FUZZ_ARGS = -max_total_time=$$(( ($(FUZZ_TIME) + 1) / 2 )) -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
+            -print_final_stats=1
 
 $(FUZZ_DIR)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< (fuzz)"
 	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c -o $@ $<
 
+# fuzz_cli calls main() of src/main.c, compiled here as mp_cli_main
+$(FUZZ_DIR)/src/main_cli.o: src/main.c
+	@mkdir -p $(dir $@)
+	@echo "  CC    $< (fuzz, main as mp_cli_main)"
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -Dmain=mp_cli_main -MMD -MP -c -o $@ $<
+
 $(FUZZ_DIR)/fuzz_model: tests/fuzz/fuzz_model.c $(FUZZ_OBJS)
 	@echo "  LD    $@"
 	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(CJSON_LIBS) -lm
 
-.PHONY: fuzz
-fuzz: deps $(FUZZ_DIR)/fuzz_model
-	@mkdir -p $(FUZZ_DIR)/corpus
-	ASAN_OPTIONS=detect_leaks=1 $(FUZZ_DIR)/fuzz_model -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=4096 \
-	    -max_len=65536 -artifact_prefix=$(FUZZ_DIR)/ -print_final_stats=1 \
-	    $(FUZZ_DIR)/corpus models tests/data/bad
+$(FUZZ_DIR)/fuzz_cli: tests/fuzz/fuzz_cli.c $(FUZZ_DIR)/src/main_cli.o $(FUZZ_OBJS)
+	@echo "  LD    $@"
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(CJSON_LIBS) -lm
+
+.PHONY: fuzz sweep
+fuzz: deps $(FUZZ_DIR)/fuzz_model $(FUZZ_DIR)/fuzz_cli
+	@mkdir -p $(FUZZ_DIR)/corpus $(FUZZ_DIR)/corpus-cli
+	$(FUZZ_RUN) $(FUZZ_DIR)/fuzz_model $(FUZZ_ARGS) -artifact_prefix=$(FUZZ_DIR)/model- \
+	    $(FUZZ_DIR)/corpus models tests/data
+	$(FUZZ_RUN) $(FUZZ_DIR)/fuzz_cli $(FUZZ_ARGS) -artifact_prefix=$(FUZZ_DIR)/cli- -dict=tests/fuzz/cli.dict \
+	    $(FUZZ_DIR)/corpus-cli tests/fuzz/cli
+
+# `make sweep` runs tests/sweep.sh on ./memplan: every numeric option at its edge values, every
+# bundled model at huge batch and sequence, odd files and odd GPU profiles, each under a time
+# and memory limit (CI runs it on the sanitizer build: make sweep SAN=1 BUILD=build-san).
+sweep: memplan
+	sh tests/sweep.sh ./memplan
 
 check-man:
 	groff -man -Tutf8 -ww -z man/memplan.1
@@ -234,4 +257,4 @@ install: memplan
 clean:
 	rm -rf $(BUILD) $(FUZZ_DIR) memplan $(LINK_STAMP)
 
--include $(OBJS:.o=.d) $(TESTBINS:%=%.d) $(FUZZ_OBJS:.o=.d)
+-include $(OBJS:.o=.d) $(TESTBINS:%=%.d) $(FUZZ_OBJS:.o=.d) $(FUZZ_DIR)/src/main_cli.d
