@@ -73,6 +73,18 @@ static void emit(struct rp *r, enum mp_ev_kind k, enum mp_store s, int id, uint6
     r->st = r->fn(r->ctx, &ev);
 }
 
+/* a + b, the bytes of one event: an overflow ends the replay (MP_ERR_RANGE) */
+static uint64_t r_add(struct rp *r, uint64_t a, uint64_t b)
+{
+    uint64_t s;
+    if (mp_add_u64(a, b, &s))
+        return s;
+    if (r->st == MP_OK)
+        r->st = mp_fail(r->d, MP_ERR_RANGE, "%s: memory overflows 64 bits",
+                        r->p->model ? r->p->model->path : "model");
+    return 0;
+}
+
 static void emit_fwd(struct rp *r, int node, bool grad, int step)
 {
     if (r->st != MP_OK)
@@ -744,7 +756,7 @@ static void bwd_block(struct rp *r, size_t i)
                 r->pglive[q] = true;
                 emit(r, MP_EV_ALLOC, MP_ST_PGRAD, q, mp_param_grad_bytes(&p->params[q]));
             } else if (r->t->accumulate) {
-                incoming += mp_param_grad_bytes(&p->params[q]);
+                incoming = r_add(r, incoming, mp_param_grad_bytes(&p->params[q]));
             }
         }
         /* the gradient the node makes for each input: a new storage, its output's own (a residual
@@ -782,7 +794,7 @@ static void bwd_block(struct rp *r, size_t i)
                 continue;
             }
             acc[j] = g;
-            fresh += p->tensors[g].bytes;
+            fresh = r_add(r, fresh, p->tensors[g].bytes);
         }
         /* Out of place when, once the node's incoming gradient is released, another tensor's
          * gradient is in the same storage (or the node's outputs still hold it: x + x). */
@@ -792,7 +804,7 @@ static void bwd_block(struct rp *r, size_t i)
                 int s = r->grad_of[acc[j]];
                 oop |= r->grefs[s] - (s == out_s) + (s == passed) > 1;
             }
-        uint64_t btmp = n->bwd_tmp_bytes + fresh + incoming;
+        uint64_t btmp = r_add(r, r_add(r, n->bwd_tmp_bytes, fresh), incoming);
         tmp(r, (int)k, btmp, true);
         if (n->n_bops) {
             bwd_ops(r, n, (int)k);
@@ -1083,7 +1095,12 @@ static enum mp_status replay_plan(const struct mp_program *p, const struct mp_sc
     r.phase = MP_PH_STEP;
     bool per_param = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW;
     uint64_t ps = mp_dtype_size(p->param_dtype); /* sharded paths: per element */
-    uint64_t otmp = mp_opt_step_tmp_bytes(p, t->optimizer);
+    uint64_t total_grad = 0, largest_grad = 0; /* (mp_opt_step_tmp_bytes, with the total checked) */
+    for (size_t q = 0; q < p->n_params; q++) {
+        total_grad = r_add(&r, total_grad, mp_param_grad_bytes(&p->params[q]));
+        largest_grad = mp_max_u64(largest_grad, mp_param_grad_bytes(&p->params[q]));
+    }
+    uint64_t otmp = mp_opt_step_tmp_of(t->optimizer, total_grad, largest_grad);
     /* Sharded: torch's foreach AdamW works on the fp32 shards (FSDP2); DeepSpeed's fused
      * Adam has no temporaries but ZeRO-1/2 make an fp32 gradient partition; offload steps
      * on the host. */
@@ -1169,6 +1186,7 @@ struct alloc_sim {
     int n_free, cap_free;
     uint64_t reserved, peak_reserved;
     bool nomem;
+    bool overflow;   /* reserved bytes left 64 bits */
 };
 
 static uint64_t seg_size(uint64_t rs)
@@ -1248,9 +1266,12 @@ static int asim_alloc(struct alloc_sim *a, uint64_t bytes)
         if (best < 0)
             return -1;
         uint64_t ss = seg_size(rs);
+        if (ss < rs || !mp_add_u64(a->reserved, ss, &a->reserved)) { /* (a rounded size that wrapped) */
+            a->overflow = true;
+            return -1;
+        }
         a->b[best] = (struct ablk){.size = ss, .prev = -1, .next = -1, .free_pos = -1, .small = small};
         free_list_add(a, best);
-        a->reserved += ss;
         if (a->reserved > a->peak_reserved)
             a->peak_reserved = a->reserved;
     }
@@ -1315,8 +1336,18 @@ struct counter {
     size_t nkeys;
     bool warm;        /* second step: persistent storages keep their blocks */
     bool no_asim;     /* program too large for the allocator model: reserved = allocated */
+    bool overflow;    /* the bytes left 64 bits (MP_ERR_RANGE) */
     struct fold_meter *fm; /* a fold's short program (fold_event), else NULL */
 };
+
+/* bytes rounded up to the allocator's 512-byte granule, false when that leaves 64 bits */
+static bool round512(uint64_t bytes, uint64_t *r)
+{
+    if (bytes > UINT64_MAX - 511)
+        return false;
+    *r = mp_round512(bytes);
+    return true;
+}
 
 static size_t key_of(const struct mp_program *p, const struct mp_event *ev)
 {
@@ -1371,22 +1402,28 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
     }
     if (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE)
         return MP_OK;
-    uint64_t r = mp_round512(ev->bytes);
+    uint64_t r = 0;
     bool act = ev->store == MP_ST_ACT || ev->store == MP_ST_GRAD || ev->store == MP_ST_TMP;
     size_t key = key_of(c->p, ev);
     if (ev->kind == MP_EV_ALLOC) {
-        c->cur += r;
-        c->cur_req += ev->bytes;
-        if (act)
-            c->act_cur += r;
+        if (!round512(ev->bytes, &r) || !mp_add_u64(c->cur, r, &c->cur) ||
+            !mp_add_u64(c->cur_req, ev->bytes, &c->cur_req) || (act && !mp_add_u64(c->act_cur, r, &c->act_cur))) {
+            c->overflow = true;
+            return MP_ERR_RANGE;
+        }
         note_peak(c, ev);
         if (ev->bytes && key < c->nkeys && !c->no_asim && !(c->warm && ev->phase == MP_PH_SETUP)) {
             int b = asim_alloc(&c->as, ev->bytes);
+            if (b < 0 && c->as.overflow) {
+                c->overflow = true;
+                return MP_ERR_RANGE;
+            }
             if (b < 0)
                 return MP_ERR_NOMEM;
             c->blk_of[key] = (size_t)b + 1;
         }
     } else {
+        r = mp_round512(ev->bytes); /* (allocated before: it was checked then) */
         c->cur -= r;
         c->cur_req -= ev->bytes;
         if (act)
@@ -1616,8 +1653,8 @@ static enum mp_status fold_event(void *ctx, const struct mp_event *ev)
         return MP_OK;
     fold_hash(m, (uint64_t)ev->kind << 8 | (uint64_t)ev->store);
     fold_hash(m, ev->bytes);
-    uint64_t w = m->in_blocks ? 1 : fold_entity_weight(c, ev), r = mp_round512(ev->bytes), q = ev->bytes;
-    if (w != 1 && (!mp_mul_u64(r, w, &r) || !mp_mul_u64(q, w, &q))) {
+    uint64_t w = m->in_blocks ? 1 : fold_entity_weight(c, ev), r = 0, q = ev->bytes;
+    if (!round512(ev->bytes, &r) || (w != 1 && (!mp_mul_u64(r, w, &r) || !mp_mul_u64(q, w, &q)))) {
         m->overflow = true;
         return MP_ERR_RANGE;
     }
@@ -1644,6 +1681,51 @@ void mp_estimate_release(struct mp_estimate *e)
         return;
     free(e->blocks);
     e->blocks = NULL;
+}
+
+/* The batch and the module buffers (resident from the start), into e; false on an overflow. */
+static bool inputs_bytes(const struct mp_program *p, struct mp_estimate *e)
+{
+    bool ok = mp_add_u64(p->tensors[p->input].bytes, p->labels >= 0 ? p->tensors[p->labels].bytes : 0,
+                         &e->input_bytes);
+    for (size_t b = 0; b < p->n_buffers; b++)
+        ok = ok && mp_add_u64(e->module_buffers_bytes, p->tensors[p->buffers[b]].bytes, &e->module_buffers_bytes);
+    return ok;
+}
+
+/* e->static_bytes: what is resident before the step, the cuBLAS workspace included.  With the
+ * gradients it is all live as the optimizer step starts: that sum must fit 64 bits too. */
+static enum mp_status static_total(const struct mp_program *p, struct mp_estimate *e, struct mp_diag *d)
+{
+    uint64_t s = e->weights_bytes, all;
+    if (!mp_add_u64(s, e->optimizer_bytes, &s) || !mp_add_u64(s, e->input_bytes, &s) ||
+        !mp_add_u64(s, e->module_buffers_bytes, &s) || !mp_add_u64(s, e->grads_bytes, &all))
+        return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
+    if (!mp_add_u64(s, e->workspace_bytes, &e->static_bytes) || !mp_add_u64(all, e->workspace_bytes, &all))
+        return mp_fail(d, MP_ERR_RANGE, "%s: the cuBLAS workspace (--workspace) of %llu bytes overflows 64 bits "
+                       "with the weights, gradients and optimizer state", p->model->path,
+                       (unsigned long long)e->workspace_bytes);
+    return MP_OK;
+}
+
+/* The step's bytes left 64 bits: MP_ERR_RANGE, naming --workspace when it is most of them. */
+static enum mp_status peak_overflow(const struct mp_program *p, const struct mp_train_opts *t, struct mp_diag *d)
+{
+    if (t->cublas_workspace_bytes > UINT64_MAX / 2)
+        return mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits with the cuBLAS workspace (--workspace) of %llu "
+                       "bytes", p->model->path, (unsigned long long)t->cublas_workspace_bytes);
+    return mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits", p->model->path);
+}
+
+/* e's peak on the device: the allocated peak plus the CUDA context. */
+static enum mp_status device_peak(const struct mp_program *p, uint64_t context_bytes, struct mp_estimate *e,
+                                  struct mp_diag *d)
+{
+    e->overhead_bytes = context_bytes;
+    if (!mp_add_u64(e->peak_allocated_bytes, context_bytes, &e->peak_device_bytes))
+        return mp_fail(d, MP_ERR_RANGE, "%s: the CUDA context (--context) of %llu bytes overflows 64 bits with "
+                       "the peak", p->model->path, (unsigned long long)context_bytes);
+    return MP_OK;
 }
 
 /* One rank's resident figures under data-parallel plan pp (replacing one GPU's). */
@@ -1675,16 +1757,15 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
     memset(e, 0, sizeof *e);
     e->params = p->total_params;
     e->trainable_params = p->trainable_params;
-    for (size_t q = 0; q < p->n_params; q++) {
-        e->weights_bytes += p->params[q].raw_bytes;
-        e->grads_bytes += mp_param_grad_bytes(&p->params[q]);
-        e->optimizer_bytes += mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
-    }
-    e->input_bytes = p->tensors[p->input].bytes + (p->labels >= 0 ? p->tensors[p->labels].bytes : 0);
-    for (size_t b = 0; b < p->n_buffers; b++)
-        e->module_buffers_bytes += p->tensors[p->buffers[b]].bytes;
+    bool ok = true;
+    for (size_t q = 0; q < p->n_params; q++)
+        ok = ok && mp_add_u64(e->weights_bytes, p->params[q].raw_bytes, &e->weights_bytes) &&
+             mp_add_u64(e->grads_bytes, mp_param_grad_bytes(&p->params[q]), &e->grads_bytes) &&
+             mp_add_u64(e->optimizer_bytes, mp_opt_state_bytes(p, t->optimizer, &p->params[q]), &e->optimizer_bytes);
+    if (!ok || !inputs_bytes(p, e))
+        return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
+    e->optimizer_tmp_bytes = mp_opt_step_tmp_bytes(p, t->optimizer); /* (at most grads_bytes: checked) */
     e->workspace_bytes = t->cublas_workspace_bytes;
-    e->optimizer_tmp_bytes = mp_opt_step_tmp_bytes(p, t->optimizer);
     e->fwd_flops = p->fwd_flops;
     e->bwd_flops = p->bwd_flops;
 
@@ -1697,9 +1778,7 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
         par_static(&pp, t, e);
         mp_par_plan_release(&pp);
     }
-    e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes +
-                      e->module_buffers_bytes;
-    return MP_OK;
+    return static_total(p, e, d);
 }
 
 enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_schedule *sched,
@@ -1762,18 +1841,20 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     }
     free(c.blk_of);
     asim_release(&c.as);
+    if (st == MP_ERR_RANGE && c.overflow)
+        return peak_overflow(p, t, d);
     if (st != MP_OK)
         return st == MP_ERR_NOMEM ? mp_fail(d, st, "out of memory") : st;
     e->peak_allocated_bytes = c.peak;
     e->peak_requested_bytes = c.peak_req;
     e->peak_reserved_bytes = mp_max_u64(c.as.peak_reserved, c.peak);
     e->activations_bytes = c.act_at_loss;
-    e->overhead_bytes = context_bytes;
     /* What the GPU must have: the allocated peak plus the context.  Reserved can be
      * higher (cached blocks of other sizes), but on a failed cudaMalloc the caching
      * allocator frees its cached blocks and retries, so the cache does not decide
      * whether a step fits; fragmentation is left to the safety margin. */
-    e->peak_device_bytes = e->peak_allocated_bytes + context_bytes;
+    if ((st = device_peak(p, context_bytes, e, d)) != MP_OK)
+        return st;
     e->peak_phase = c.peak_phase;
     if (c.peak_store == MP_ST_COMM && c.peak_node >= 0) {
         int b = p->nodes[c.peak_node].block;
@@ -1830,6 +1911,7 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
 
 struct chain_meter {
     uint64_t cur, peak;       /* activation bytes only (ACT, GRAD, TMP), unrounded */
+    bool overflow;            /* they left 64 bits */
     uint64_t *begin, *end, *peak_in; /* per schedule op */
     size_t n_ops;
 };
@@ -1852,7 +1934,10 @@ static enum mp_status chain_event(void *ctx, const struct mp_event *ev)
     if (ev->store != MP_ST_ACT && ev->store != MP_ST_GRAD && ev->store != MP_ST_TMP)
         return MP_OK;
     if (ev->kind == MP_EV_ALLOC) {
-        m->cur += ev->bytes;
+        if (!mp_add_u64(m->cur, ev->bytes, &m->cur)) {
+            m->overflow = true;
+            return MP_ERR_RANGE;
+        }
         if (m->cur > m->peak)
             m->peak = m->cur;
     } else {
@@ -1890,6 +1975,8 @@ enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c,
         goto out;
     }
     st = mp_replay(p, &none, &t, chain_event, &m, d);
+    if (st == MP_ERR_RANGE && m.overflow)
+        st = mp_fail(d, st, "%s: activation memory overflows 64 bits", p->model->path);
     if (st != MP_OK)
         goto out;
     for (size_t i = 0; i <= L; i++)
@@ -1907,12 +1994,16 @@ enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c,
         size_t bpos = L + 1 + (L - 1 - i);
         const struct mp_tensor *xi = &p->tensors[p->blocks[i].input];
         uint64_t yi = (i > 0 && xi->needs_grad) ? xi->bytes : 0;
-        uint64_t base = m.begin[bpos] + yi;
+        uint64_t base; /* (beyond 64 bits: nothing is above it) */
+        if (!mp_add_u64(m.begin[bpos], yi, &base))
+            base = UINT64_MAX;
         c->bt[i] = m.peak_in[bpos] > base ? m.peak_in[bpos] - base : 0;
     }
     c->b[L] = 0;
     {
-        uint64_t base = m.begin[L] + c->x[L];
+        uint64_t base;
+        if (!mp_add_u64(m.begin[L], c->x[L], &base))
+            base = UINT64_MAX;
         c->bt[L] = m.peak_in[L] > base ? m.peak_in[L] - base : 0;
     }
 out:
@@ -1973,19 +2064,14 @@ static enum mp_status fold_static(const struct mp_fold *f, const struct mp_progr
         e->fwd_flops += (double)f->weight[j] * p->blocks[j].fwd_flops;
         e->bwd_flops += (double)f->weight[j] * p->blocks[j].bwd_flops;
     }
-    if (!ok)
+    if (!ok || !inputs_bytes(p, e))
         return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
-    e->input_bytes = p->tensors[p->input].bytes + (p->labels >= 0 ? p->tensors[p->labels].bytes : 0);
-    for (size_t b = 0; b < p->n_buffers; b++)
-        e->module_buffers_bytes += p->tensors[p->buffers[b]].bytes;
     e->workspace_bytes = t->cublas_workspace_bytes;
     e->optimizer_tmp_bytes = mp_opt_step_tmp_of(t->optimizer, total_grad, largest_grad);
     e->world = 1;
     if (pp)
         par_static(pp, t, e);
-    e->static_bytes = e->weights_bytes + e->optimizer_bytes + e->workspace_bytes + e->input_bytes +
-                      e->module_buffers_bytes;
-    return MP_OK;
+    return static_total(p, e, d);
 }
 
 enum mp_status mp_estimate_static_folded(const struct mp_fold *f, const struct mp_program *p,
@@ -2038,7 +2124,7 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
     if (made)
         mp_par_plan_release(&pp);
     if (st == MP_ERR_RANGE && m.overflow)
-        st = mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits", p->model->path);
+        st = peak_overflow(p, t, d);
     /* the step on an interval's first interior unit and the one on its second, weighted, unit
      * must have made the same events */
     bool agree = st == MP_OK;
@@ -2054,8 +2140,10 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
     e->peak_requested_bytes = c.peak_req;
     e->peak_reserved_bytes = c.peak;
     e->activations_bytes = c.act_at_loss;
-    e->overhead_bytes = context_bytes;
-    e->peak_device_bytes = c.peak + context_bytes;
+    if ((st = device_peak(p, context_bytes, e, d)) != MP_OK) {
+        mp_estimate_release(e);
+        return st;
+    }
     e->peak_phase = c.peak_phase;
     if (c.peak_node >= 0 && c.peak_store == MP_ST_COMM) { /* as mp_estimate_run_chain names it */
         const struct mp_node *n = &p->nodes[c.peak_node];

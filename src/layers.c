@@ -107,6 +107,7 @@ struct bld {
     bool in_adapter;  /* lowering a LoRA adapter: its Linears are trainable fp32, never quantized */
     bool no_lora;     /* the Linear is a module peft cannot adapt (an MoE router's bare Parameter) */
     bool trained;     /* the current block's own parameters train (full, or freeze-selected) */
+    struct mp_tensor scratch; /* what T() gives for the id of a step that failed */
 };
 
 static bool failed(const struct bld *B) { return B->st != MP_OK; }
@@ -411,7 +412,18 @@ static int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t co
     return id;
 }
 
-static struct mp_tensor *T(struct bld *B, int t) { return &B->p->tensors[t]; }
+/* Tensor t.  A step that fails makes no tensor (new_val's id -1) and the lowering runs on
+ * until its caller looks at B->st, so an id may be -1 once the build has failed: reads and
+ * writes through it go to a scratch tensor, never outside the array. */
+static struct mp_tensor *T(struct bld *B, int t)
+{
+    if (t >= 0 && (size_t)t < B->p->n_tensors)
+        return &B->p->tensors[t];
+    if (!failed(B))
+        MP_BUG("tensor id %d of %zu", t, B->p->n_tensors);
+    memset(&B->scratch, 0, sizeof B->scratch);
+    return &B->scratch;
+}
 static enum mp_dtype dt_of(struct bld *B, struct val v) { return T(B, v.t)->dtype; }
 static bool ng(struct bld *B, struct val v) { return v.t >= 0 && T(B, v.t)->needs_grad; }
 static uint64_t last_dim(struct val v) { return v.rank ? v.shape[v.rank - 1] : 0; }
@@ -1142,7 +1154,7 @@ static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool e
     if (B->attn_mask < 0) {
         uint64_t nm = eager && n->layer->eager_mask > 1 ? n->layer->eager_mask : 1;
         B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mul(B, mb, nm));
-        B->p->tensors[B->attn_mask].name = store_name(B, "", "attn_mask");
+        T(B, B->attn_mask)->name = store_name(B, "", "attn_mask");
         B->p->attn_mask = B->attn_mask;
         extra_as(n, B->attn_mask, MP_XR_ATTN_MASK);
         unsave(n, B->attn_mask);
@@ -1312,7 +1324,7 @@ static void pos_table(struct bld *B, const struct mp_layer *l)
             return;
         }
         B->pos_tables = new_flat(B, "embed_positions", MP_DT_F32, B->m->pos_table_elems ? B->m->pos_table_elems : e);
-        B->p->tensors[B->pos_tables].name = store_name(B, "", "attn.embed_positions (all layers)");
+        T(B, B->pos_tables)->name = store_name(B, "", "attn.embed_positions (all layers)");
         B->p->buffers[B->p->n_buffers++] = B->pos_tables;
         return;
     }

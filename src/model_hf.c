@@ -1405,6 +1405,99 @@ static enum mp_status read_config(const cJSON *root, struct hf *c, const char *p
     return c->f->hook ? c->f->hook(root, c, path, d) : MP_OK;
 }
 
+/* ---- the weights' sizes -------------------------------------------------------------------
+ * Every field is at most MP_DIM_MAX; one weight is too (as the memplan reader caps each of its
+ * weights), so that the builder's and estimator's sums of weights stay far inside 64 bits. */
+
+/* A factor of a weight's element count: its value and the config key that gives it (NULL: a
+ * constant of the layout). */
+struct factor {
+    const char *key;
+    uint64_t v;
+};
+
+/* A weight of n factors' product elements is at most MP_DIM_MAX; else the error names the key
+ * of its largest factor (fs[0] on a tie). */
+static enum mp_status cap_weight(const char *what, const struct factor *fs, size_t n, const char *path,
+                                 struct mp_diag *d)
+{
+    uint64_t w = 1;
+    bool ok = true;
+    const struct factor *big = &fs[0];
+    for (size_t i = 0; i < n; i++) {
+        ok = ok && mp_mul_u64(w, fs[i].v, &w);
+        if (fs[i].key && fs[i].v > big->v)
+            big = &fs[i];
+    }
+    if (ok && w <= MP_DIM_MAX)
+        return MP_OK;
+    return mp_fail(d, MP_ERR_RANGE, "%s: %s: the %s weight is too large (at most %llu elements)", path, big->key, what,
+                   (unsigned long long)MP_DIM_MAX);
+}
+
+#define CAP(what, ...)                                                                                             \
+    cap_weight(what, (const struct factor[]){__VA_ARGS__},                                                         \
+               sizeof((const struct factor[]){__VA_ARGS__}) / sizeof(struct factor), path, d)
+
+/* The config's weights, each within the cap (c read whole; T5: buckets its relative position
+ * buckets, else 0). */
+static enum mp_status check_weights(const cJSON *root, const struct hf *c, uint64_t buckets, const char *path,
+                                    struct mp_diag *d)
+{
+    const struct family *f = c->f;
+    const char *t = f->type;
+    bool t5 = f->enc_dec, mixtral = !strcmp(t, "mixtral"), ds = !strncmp(t, "deepseek", 8);
+    struct factor h = {t5 ? "d_model" : key2(root, f->k_hidden, "hidden_size"), c->hidden};
+    struct factor heads = {t5 ? "num_heads" : key2(root, f->k_heads, "num_attention_heads"), c->heads};
+    struct factor ffn = {t5 ? "d_ff" : key_or(f->k_ffn, "intermediate_size"), c->ffn};
+    struct factor qkv = heads; /* a fused projection makes q, k and v */
+    if (c->fused_qkv)
+        qkv.v = c->heads + 2 * c->kv_heads;
+    enum mp_status st;
+    if ((st = CAP("embedding", {"vocab_size", c->vocab}, h)) != MP_OK ||
+        (st = CAP("MLP", ffn, h, {NULL, f->fused_gate_up ? 2 : 1})) != MP_OK ||
+        (st = CAP("token type embedding", {"type_vocab_size", c->type_vocab}, h)) != MP_OK ||
+        (st = CAP("classifier", {"num_labels", c->labels}, h)) != MP_OK ||
+        (st = CAP("relative attention bias", {"relative_attention_num_buckets", buckets}, heads)) != MP_OK)
+        return st;
+    if (c->kv_lora) { /* MLA: its own projections */
+        struct factor ql = {"q_lora_rank", c->q_lora}, kvl = {"kv_lora_rank", c->kv_lora};
+        if ((c->q_lora && ((st = CAP("q_a_proj", ql, h)) != MP_OK ||
+                           (st = CAP("q_b_proj", heads, ql, {"qk_nope_head_dim", c->head_dim})) != MP_OK)) ||
+            (!c->q_lora && (st = CAP("q_proj", heads, h, {"qk_nope_head_dim", c->head_dim})) != MP_OK) ||
+            (st = CAP("kv_a_proj", {"kv_lora_rank", c->kv_lora + c->rope_dim}, h)) != MP_OK ||
+            (st = CAP("kv_b_proj", heads, kvl, {"v_head_dim", c->nope_dim + c->v_dim})) != MP_OK ||
+            (st = CAP("o_proj", heads, {"v_head_dim", c->v_dim}, h)) != MP_OK)
+            return st;
+    } else if ((st = CAP("attention projection", h, qkv, {t5 ? "d_kv" : "head_dim", c->head_dim})) != MP_OK) {
+        return st;
+    }
+    if (c->learned_pos &&
+        (st = CAP("position embedding", {key2(root, f->k_pos, "max_position_embeddings"), c->positions}, h)) != MP_OK)
+        return st;
+    if (c->experts) { /* the fused experts: (E, 2 x F, h) gate_up and (E, h, F) down */
+        struct factor e = {mixtral ? "num_local_experts" : ds ? "n_routed_experts" : "num_experts", c->experts};
+        if ((st = CAP("experts", e, {mixtral ? ffn.key : "moe_intermediate_size", c->expert_ffn}, h, {NULL, 2})) !=
+                MP_OK ||
+            (st = CAP("shared expert", {ds ? "n_shared_experts" : "shared_expert_intermediate_size", c->shared_ffn},
+                      h)) != MP_OK)
+            return st;
+    }
+    if (f->vision) {
+        uint64_t patches = 0; /* (beyond 64 bits: left at 0 for image_size's own check) */
+        if (c->patch && !mp_mul_u64(c->image_h / c->patch, c->image_w / c->patch, &patches))
+            patches = 0;
+        if ((st = CAP("patch embedding", {"num_channels", c->channels}, h, {"patch_size", c->patch},
+                      {"patch_size", c->patch})) != MP_OK ||
+            (st = CAP("position embedding", {"image_size", patches + 1}, h)) != MP_OK ||
+            (st = CAP("pooler", {"pooler_output_size", c->pooler_out}, h)) != MP_OK)
+            return st;
+    }
+    return MP_OK;
+}
+
+#undef CAP
+
 /* ---- lowering ------------------------------------------------------------------------ */
 
 static void set_name(struct mp_layer *l, const char *name) { snprintf(l->name, sizeof l->name, "%s", name); }
@@ -1843,6 +1936,8 @@ static enum mp_status t5_model(struct mp_model *m, const cJSON *root, struct hf 
     uint64_t dec_layers = 0, buckets = 0;
     bool scale = true;
     enum mp_status st = t5_read(root, c, &head, &dec_layers, &buckets, &scale, path, d);
+    if (st == MP_OK)
+        st = check_weights(root, c, buckets, path, d);
     if (st != MP_OK)
         return st;
     bool decoder = head != T5_ENCODER && head != T5_TOKEN;
@@ -2028,7 +2123,8 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
                        type);
     if ((st = check_rope_dicts(root, path, d)) != MP_OK)
         return st;
-    if (!c.f->enc_dec && (st = read_config(root, &c, path, d)) != MP_OK)
+    if (!c.f->enc_dec &&
+        ((st = read_config(root, &c, path, d)) != MP_OK || (st = check_weights(root, &c, 0, path, d)) != MP_OK))
         return st;
 
     if ((st = read_quant(root, &m->quant, path, d)) != MP_OK)

@@ -299,12 +299,16 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
     if (!pp->hidden)
         pp->hidden = 1024;
     /* DeepSpeed bucket sizes: accelerate's "auto" rule (hidden^2, 0.9 hidden^2, 10 hidden) */
+    uint64_t h2 = 0; /* (only DeepSpeed reads them) */
+    if (mp_par_is_deepspeed(s) && (!mp_mul_u64(pp->hidden, pp->hidden, &h2) || h2 > UINT64_MAX / 64))
+        return mp_fail(d, MP_ERR_RANGE, "%s: DeepSpeed's buckets (hidden size %llu squared) overflow 64 bits",
+                       p->model ? p->model->path : "model", (unsigned long long)pp->hidden);
     if (!pp->par.ds_reduce_bucket_elems)
-        pp->par.ds_reduce_bucket_elems = pp->hidden * pp->hidden;
+        pp->par.ds_reduce_bucket_elems = h2;
     if (!pp->par.ds_allgather_bucket_elems)
-        pp->par.ds_allgather_bucket_elems = pp->hidden * pp->hidden;
+        pp->par.ds_allgather_bucket_elems = h2;
     if (!pp->par.ds_prefetch_bucket_elems)
-        pp->par.ds_prefetch_bucket_elems = pp->hidden * pp->hidden * 9 / 10;
+        pp->par.ds_prefetch_bucket_elems = h2 * 9 / 10;
     if (!pp->par.ds_persistence_elems && s == MP_PAR_ZERO3)
         pp->par.ds_persistence_elems = 10 * pp->hidden;
     pp->shard_elems = calloc(p->n_params ? p->n_params : 1, sizeof *pp->shard_elems);

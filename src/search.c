@@ -218,6 +218,19 @@ static enum mp_status ev_run(struct evalr *ev, const struct mp_schedule *s, uint
     return mp_estimate_run_chain(ev->prog, s, &ev->job->train, context, c, e, d);
 }
 
+/* mp_ckpt_plan_make for job's model: the planner's overflow (MP_ERR_RANGE) names the model file. */
+static enum mp_status plan_make(const struct mp_job *job, const struct mp_chain *c, const struct mp_ckpt_spec *spec,
+                                uint64_t budget, struct mp_ckpt_plan *p, struct mp_diag *d)
+{
+    enum mp_status st = mp_ckpt_plan_make(c, spec, budget, job->slots, p, d);
+    if (st == MP_ERR_RANGE) {
+        char why[sizeof d->msg];
+        snprintf(why, sizeof why, "%s", d->msg);
+        mp_fail(d, st, "%s: %s", job->model->path, why);
+    }
+    return st;
+}
+
 /* The sqrt plan in place of f's budgeted one (planned: f has one) where it fits and that does
  * not, or costs less; f->plan keeps the job's strategy as its name. */
 static enum mp_status sqrt_floor(struct evalr *ev, const struct mp_job *job, uint64_t context, struct mp_fit *f,
@@ -227,7 +240,7 @@ static enum mp_status sqrt_floor(struct evalr *ev, const struct mp_job *job, uin
     struct mp_ckpt_spec sqrt = {MP_CKPT_SQRT, 0};
     struct mp_ckpt_plan sp;
     mp_ckpt_plan_init(&sp);
-    enum mp_status st = mp_ckpt_plan_make(&f->chain, &sqrt, 0, job->slots, &sp, d);
+    enum mp_status st = plan_make(job, &f->chain, &sqrt, 0, &sp, d);
     if (st != MP_OK || (fits && sp.total_cost >= f->plan.total_cost) ||
         (*planned && mp_schedule_equal(&sp.sched, &f->plan.sched))) { /* (the DP's plan is sqrt's) */
         mp_ckpt_plan_release(&sp);
@@ -278,8 +291,12 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     f->capacity_bytes = mp_gpu_capacity(&job->gpu);
     /* NCCL's communicator buffers sit beside the CUDA context when there are peers */
     uint64_t context = job->gpu.context_bytes;
-    if (job->train.par && mp_par_world(job->train.par) > 1)
-        context += job->gpu.nccl_overhead_bytes;
+    if (job->train.par && mp_par_world(job->train.par) > 1 &&
+        !mp_add_u64(context, job->gpu.nccl_overhead_bytes, &context)) {
+        st = mp_fail(d, MP_ERR_RANGE, "%s: the CUDA context (--context) of %llu bytes overflows 64 bits with "
+                     "NCCL's buffers", job->model->path, (unsigned long long)job->gpu.context_bytes);
+        goto out;
+    }
     f->usable_bytes = (uint64_t)((double)f->capacity_bytes * (1.0 - job->margin));
     if (!no_chain) {
         struct mp_ckpt_spec none = {MP_CKPT_NONE, 0};
@@ -290,7 +307,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         mp_ckpt_plan_release(&p0);
     }
     if (!budgeted) {
-        st = mp_ckpt_plan_make(&f->chain, &job->ckpt, 0, job->slots, &f->plan, d);
+        st = plan_make(job, &f->chain, &job->ckpt, 0, &f->plan, d);
         if (st != MP_OK)
             goto out;
         st = ev_run(&ev, &f->plan.sched, context, &f->chain, &f->est, &f->folded_blocks, d);
@@ -305,9 +322,20 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             st = ev_static(&ev, &e0, d); /* static figures do not depend on the plan */
             if (st != MP_OK)
                 goto out;
-            uint64_t fixed = e0.weights_bytes + e0.grads_bytes + e0.optimizer_bytes + e0.workspace_bytes +
-                             e0.buffers_bytes + context;
+            uint64_t fixed = e0.weights_bytes;
+            bool ok = mp_add_u64(fixed, e0.grads_bytes, &fixed) && mp_add_u64(fixed, e0.optimizer_bytes, &fixed) &&
+                      mp_add_u64(fixed, e0.workspace_bytes, &fixed) && mp_add_u64(fixed, e0.buffers_bytes, &fixed);
             mp_estimate_release(&e0);
+            if (!ok) {
+                st = mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", job->model->path);
+                goto out;
+            }
+            if (!mp_add_u64(fixed, context, &fixed)) {
+                st = mp_fail(d, MP_ERR_RANGE, "%s: the CUDA context (--context) of %llu bytes overflows 64 bits "
+                             "with the weights, gradients and optimizer state", job->model->path,
+                             (unsigned long long)context);
+                goto out;
+            }
             f->static_bytes = fixed;
             budget = sub0(f->usable_bytes, fixed);
         }
@@ -322,7 +350,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
         for (int round = 0; round < 6 && budget > 0; round++) {
             struct mp_ckpt_plan np;
             mp_ckpt_plan_init(&np);
-            st = mp_ckpt_plan_make(&f->chain, &job->ckpt, budget, job->slots, &np, d);
+            st = plan_make(job, &f->chain, &job->ckpt, budget, &np, d);
             if (st != MP_OK) {
                 mp_ckpt_plan_release(&np);
                 if (st != MP_ERR_INFEASIBLE)
@@ -345,7 +373,9 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             f->activation_budget = budget;
             if (job->activation_budget || f->est.peak_device_bytes <= f->usable_bytes)
                 break;
-            uint64_t excess = f->est.peak_device_bytes - f->usable_bytes, shrink = excess + excess / 8 + 4096;
+            uint64_t excess = f->est.peak_device_bytes - f->usable_bytes, shrink;
+            if (!mp_add_u64(excess, excess / 8 + 4096, &shrink))
+                shrink = UINT64_MAX; /* (the budget goes to 0: nothing fits) */
             if (f->est.peak_device_bytes == last_peak)
                 shrink = mp_max_u64(shrink, budget / (job->slots ? job->slots : 500) << stuck++);
             last_peak = f->est.peak_device_bytes;
@@ -364,7 +394,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             struct mp_ckpt_spec every = {MP_CKPT_EVERY, 1};
             mp_ckpt_plan_release(&f->plan);
             mp_ckpt_plan_init(&f->plan);
-            st = mp_ckpt_plan_make(&f->chain, &every, 0, job->slots, &f->plan, d);
+            st = plan_make(job, &f->chain, &every, 0, &f->plan, d);
             if (st != MP_OK)
                 goto out;
             f->plan.spec = job->ckpt;

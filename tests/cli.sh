@@ -459,6 +459,47 @@ expect_line 3 "a directory as MODEL" estimate models
 expect_line 3 "a missing MODEL file" estimate tests/data/no-such-model.json
 expect_line 3 "a missing MODEL file (check)" check tests/data/no-such-model.json --batch 1 --gpu t4
 
+# ---- sizes beyond 64 bits: exit 3 naming the file or option -------------------------------
+# Never a crash (under SAN=1 the sanitizers catch a read or write past the builder's arrays)
+# nor a wrapped figure ("fits" at a peak that left 64 bits).
+
+# expect_msg CODE DESC MSG ARGS...: as expect_line, and the stderr line contains MSG.
+expect_msg() {
+    want=$1
+    desc=$2
+    msg=$3
+    shift 3
+    run "$@"
+    n=$(nlines "$T/err")
+    if [ "$ec" -eq "$want" ] && [ "$n" -eq 1 ] && [ ! -s "$T/out" ] && grep -qF -e "$msg" "$T/err"; then
+        ok "$desc: exit $want, one line with '$msg'"
+    else
+        echo "expected exit $want, nothing on stdout, one stderr line containing: $msg" >"$T/why"
+        bad "$desc: exit $want, one line with '$msg'"
+    fi
+}
+OVF="sizes overflow 64 bits"
+expect_msg 3 "batch x seq x seq beyond 64 bits (the attention mask)" "models/hf/mistral-7b.json: h.0.transformer_block: $OVF" \
+    estimate models/hf/mistral-7b.json --batch 65536 --seq 16777216
+expect_msg 3 "batch x seq x seq beyond 64 bits, eager attention" "models/hf/llama-2-7b.json: h.0.transformer_block: $OVF" \
+    estimate models/hf/llama-2-7b.json --attention eager --batch 65536 --seq 16777216
+expect_msg 3 "batch x seq beyond 64 bits (DeepSeek's MLA)" "models/hf/deepseek-v3.json: h.0.transformer_block: $OVF" \
+    estimate models/hf/deepseek-v3.json --batch 16777216 --seq 16777216
+expect_msg 3 "suggest at a sequence beyond 64 bits" "models/hf/mistral-7b.json: " \
+    suggest --no-probe models/hf/mistral-7b.json --seq 16777216 --vram 16777215T
+NEAR64=18446744073709549568 # 2^64 - 2048
+for ck in none optimal; do
+    expect_msg 3 "check --context near 2^64, checkpoint $ck: not a wrapped fit" "--context" \
+        check models/tiny-test.json --batch 1 --vram 1G --checkpoint "$ck" --context "$NEAR64"
+    expect_msg 3 "check --workspace near 2^64, checkpoint $ck: not a wrapped fit" "--workspace" \
+        check models/tiny-test.json --batch 1 --vram 1G --checkpoint "$ck" --workspace "$NEAR64"
+done
+expect_msg 3 "estimate --context near 2^64" "--context" estimate models/tiny-test.json --context "$NEAR64"
+expect_msg 3 "suggest --context near 2^64" "--context" suggest --no-probe models/tiny-test.json --vram 1G \
+    --context "$NEAR64"
+expect_msg 3 "check --context near 2^64 with data parallelism (NCCL's buffers)" "--context" \
+    check models/tiny-test.json --batch 1 --vram 1G --gpus 2 --parallel ddp --context "$NEAR64"
+
 # ---- output errors ------------------------------------------------------------------------
 
 if [ -w /dev/full ]; then

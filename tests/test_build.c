@@ -3,7 +3,8 @@
  * blocks are copies of the block before them (shifted ids and names, mp_build_opts.no_copies
  * off) equal a fresh build that lowers every block, byte for byte and name for name, for
  * every bundled model and each way of training it.  Every replay and report reads only the
- * program, so equal programs give equal answers.  No GPU.
+ * program, so equal programs give equal answers.  Sizes beyond 64 bits fail with a message,
+ * never a crash.  No GPU.
  */
 #include <dirent.h>
 #include <setjmp.h>
@@ -183,6 +184,63 @@ static void check_dir(const char *dir, size_t *copies)
     assert_true(n >= 5);
 }
 
+/* Sizes beyond 64 bits: building m each way at batch b, sequence s makes the program or fails
+ * with a message (MP_ERR_RANGE for the overflow; others: a sequence beyond a learned position
+ * table, a way that trains nothing); a step that failed must not be read or written after it
+ * (its tensor id is -1: a heap overflow under the sanitizers).  Counts the overflows. */
+static void check_model_overflow(const struct mp_model *m, const char *path, uint64_t b, uint64_t s, size_t *n_range)
+{
+    for (int way = 0; way < N_WAYS; way++) {
+        struct mp_build_opts bo;
+        mp_build_opts_default(&bo);
+        set_way(&bo, way);
+        bo.batch = b;
+        bo.seq = s;
+        struct mp_program p;
+        struct mp_diag d = {{0}};
+        enum mp_status st = mp_program_build(m, &bo, &p, &d);
+        if (st == MP_OK) {
+            mp_program_release(&p);
+            continue;
+        }
+        if (st == MP_ERR_INTERNAL || !d.msg[0] || (st == MP_ERR_RANGE && !strstr(d.msg, "overflow")))
+            fail_msg("%s way %d at batch %llu, seq %llu: %s (%s)", path, way, (unsigned long long)b,
+                     (unsigned long long)s, mp_status_str(st), d.msg);
+        *n_range += st == MP_ERR_RANGE;
+    }
+}
+
+static void check_overflow_dir(const char *dir, size_t *n_range)
+{
+    /* batch x seq x seq overflows (the attention mask), batch x seq x hidden does */
+    static const uint64_t bs[][2] = {{65536, 16777216}, {16777216, 16777216}, {1048576, 1048576}};
+    DIR *dp = opendir(dir);
+    assert_non_null(dp);
+    for (struct dirent *e; (e = readdir(dp));) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 5, ".json") != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct mp_model m;
+        load_file(&m, path);
+        for (size_t k = 0; k < sizeof bs / sizeof bs[0]; k++)
+            check_model_overflow(&m, path, bs[k][0], bs[k][1], n_range);
+        mp_model_release(&m);
+    }
+    closedir(dp);
+}
+
+/* Every bundled model, each way, at sizes beyond 64 bits: an error, never a crash. */
+static void test_build_overflow_fails_cleanly(void **state)
+{
+    (void)state;
+    size_t n_range = 0;
+    check_overflow_dir("models", &n_range);
+    check_overflow_dir("models/hf", &n_range);
+    assert_true(n_range > 100);
+}
+
 /* Copies of repeated blocks equal lowering every block, for every bundled model and way. */
 static void test_build_copies_equal_lowering(void **state)
 {
@@ -308,6 +366,7 @@ int main(void)
         cmocka_unit_test(test_build_copies_equal_lowering),
         cmocka_unit_test(test_build_copies_long_names),
         cmocka_unit_test(test_build_copies_by_period),
+        cmocka_unit_test(test_build_overflow_fails_cleanly),
     };
     return cmocka_run_group_tests_name("build", tests, NULL, NULL);
 }

@@ -354,6 +354,61 @@ static void test_estimate_overflow_is_an_error(void **state)
     mp_model_release(&m);
 }
 
+/* 2^36 fp32 features a sample and three activations after them: at batch 2^23 the input and
+ * the three outputs, 2^61 bytes each, and the labels (an int64 a sample, 2^26 bytes) are live
+ * together at the third (2^63 + 2^26 bytes); at batch 2^24 that is beyond 2^64 bytes, an
+ * error, never a wrapped figure. */
+static const char *WIDE = "{\"name\":\"wide\",\"input\":{\"shape\":[68719476736]},\"layers\":[{\"block\":\"a\","
+                          "\"layers\":[{\"type\":\"activation\",\"act\":\"gelu\"},{\"type\":\"activation\","
+                          "\"act\":\"gelu\"},{\"type\":\"activation\",\"act\":\"gelu\"}]}]}";
+
+static void test_estimate_peak_overflow_is_an_error(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, WIDE);
+    struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
+    struct mp_program prog;
+    struct mp_estimate e;
+    struct mp_diag d = {{0}};
+    build(&m, UINT64_C(1) << 23, 0, MP_PREC_FP32, &prog);
+    assert_int_equal(mp_estimate_run(&prog, NULL, &t, 0, &e, &d), MP_OK);
+    uint64_t peak = (UINT64_C(1) << 63) + (UINT64_C(1) << 26);
+    assert_true(e.peak_allocated_bytes == peak);
+    mp_estimate_release(&e);
+    /* the context on top: up to 2^64 - 1 in all, else an error naming --context */
+    assert_int_equal(mp_estimate_run(&prog, NULL, &t, UINT64_MAX - peak, &e, &d), MP_OK);
+    assert_true(e.peak_device_bytes == UINT64_MAX);
+    mp_estimate_release(&e);
+    assert_int_equal(mp_estimate_run(&prog, NULL, &t, UINT64_MAX - peak + 1, &e, &d), MP_ERR_RANGE);
+    assert_non_null(strstr(d.msg, "--context"));
+    mp_program_release(&prog);
+    build(&m, UINT64_C(1) << 24, 0, MP_PREC_FP32, &prog);
+    memset(&d, 0, sizeof d);
+    assert_int_equal(mp_estimate_run(&prog, NULL, &t, 0, &e, &d), MP_ERR_RANGE);
+    assert_string_equal(d.msg, "test.json: memory overflows 64 bits");
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
+/* A cuBLAS workspace that takes the resident bytes beyond 64 bits is an error naming
+ * --workspace. */
+static void test_estimate_workspace_overflow_is_an_error(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, MLP);
+    struct mp_train_opts t = {.optimizer = MP_OPT_ADAMW, .cublas_workspace_bytes = UINT64_MAX - 2047};
+    struct mp_program prog;
+    struct mp_estimate e;
+    struct mp_diag d = {{0}};
+    build(&m, 2, 0, MP_PREC_FP32, &prog);
+    assert_int_equal(mp_estimate_run(&prog, NULL, &t, 0, &e, &d), MP_ERR_RANGE);
+    assert_non_null(strstr(d.msg, "--workspace"));
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
 /* Pure bf16 AdamW: the optimizer step's foreach temporary is +1x state (2 B/param). */
 static void test_estimate_optimizer_step_peak(void **state)
 {
@@ -1426,6 +1481,8 @@ int main(void)
         cmocka_unit_test(test_estimate_chunk_cat_before_weight_grad),
         cmocka_unit_test(test_estimate_timeline_balances),
         cmocka_unit_test(test_estimate_overflow_is_an_error),
+        cmocka_unit_test(test_estimate_peak_overflow_is_an_error),
+        cmocka_unit_test(test_estimate_workspace_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),
         cmocka_unit_test(test_estimate_custom_chain_reproduces_literature),
     };

@@ -1372,6 +1372,45 @@ static void test_error_absurd_sizes(void **state)
                  MP_ERR_RANGE, "cfg.json: num_hidden_layers: 200000 is too large (at most 100000)");
 }
 
+/* Each field is within 2^40 but one weight is not: refused with the memplan reader's cap (2^40
+ * elements per weight), naming the key, before the builder or the estimator sees it. */
+static void test_error_weight_too_large(void **state)
+{
+    (void)state;
+    /* 2^32 x (4 heads x 2^30 head_dim) q projection (the 100 x 2^32 embedding is within the cap) */
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 4294967296, "
+                 "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 128}",
+                 MP_ERR_RANGE,
+                 "cfg.json: hidden_size: the attention projection weight is too large (at most 1099511627776 elements)");
+    /* 2^21 x 2^20 embedding, every field 2^21 at most */
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 2097152, \"hidden_size\": 1048576, "
+                 "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 128}",
+                 MP_ERR_RANGE, "cfg.json: vocab_size: the embedding weight is too large (at most 1099511627776 elements)");
+    /* 64 x 2^35 MLP */
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": 34359738368}", MP_ERR_RANGE,
+                 "cfg.json: intermediate_size: the MLP weight is too large (at most 1099511627776 elements)");
+    /* q projection 64 x (4 heads x 2^39 head_dim) */
+    expect_error(LLAMA_TINY(", \"head_dim\": 549755813888"), MP_ERR_RANGE,
+                 "cfg.json: head_dim: the attention projection weight is too large (at most 1099511627776 elements)");
+    /* Mixtral's fused experts: 2^40 x (2 x 128) x 64 */
+    expect_error("{\"model_type\": \"mixtral\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"intermediate_size\": 128, "
+                 "\"num_local_experts\": 1099511627776, \"num_experts_per_tok\": 2}",
+                 MP_ERR_RANGE, "cfg.json: num_local_experts: the experts weight is too large (at most 1099511627776 elements)");
+    /* T5's relative attention bias: 2^40 buckets x 8 heads */
+    expect_error("{\"model_type\": \"t5\", \"relative_attention_num_buckets\": 1099511627776}", MP_ERR_RANGE,
+                 "cfg.json: relative_attention_num_buckets: the relative attention bias weight is too large (at most "
+                 "1099511627776 elements)");
+    /* at the cap itself: 2^20 x 2^20 embedding loads */
+    struct mp_model m;
+    const char *ok = "{\"model_type\": \"llama\", \"vocab_size\": 1048576, \"hidden_size\": 1048576, "
+                     "\"num_hidden_layers\": 1, \"num_attention_heads\": 1024, \"intermediate_size\": 1048576}";
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_model_load_string(&m, ok, strlen(ok), "cfg.json", &d), MP_OK);
+    mp_model_release(&m);
+}
+
 static void test_error_heads_not_dividing_hidden(void **state)
 {
     (void)state;
@@ -1917,6 +1956,7 @@ int main(void)
         cmocka_unit_test(test_error_non_integer),
         cmocka_unit_test(test_error_zero),
         cmocka_unit_test(test_error_absurd_sizes),
+        cmocka_unit_test(test_error_weight_too_large),
         cmocka_unit_test(test_error_heads_not_dividing_hidden),
         cmocka_unit_test(test_error_kv_heads_not_dividing),
         cmocka_unit_test(test_error_unknown_activation),
