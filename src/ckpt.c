@@ -514,11 +514,19 @@ static enum mp_status discretise(const struct mp_chain *c, uint64_t budget, size
 /* Rotor persistent DP (§5.1)                                                */
 /* ------------------------------------------------------------------------ */
 
-/* Tables OPT[s][l][m] and WHAT[s][l][m] for 0 <= s <= l <= L, stored
- * triangularly by (s, l) with m contiguous: entry (s, l) starts at
- * (row[s] + l - s) * (M + 1).  Every sub-problem depends only on strictly
- * shorter ones, so lengths are filled in ascending order and each inner loop
- * runs over m (vectorisable).
+/* Tables OPT[s][l][m] and WHAT[s][l][m] for 0 <= s <= l <= L and 0 <= m <= M.
+ * Every sub-problem depends only on strictly shorter ones, so lengths are
+ * filled in ascending order.
+ *
+ * Each table is a step function of m, kept as its pieces: from piece k's m up
+ * to the next piece's, OPT and WHAT are piece k's (the first piece starts at
+ * 0).  OPT is non-increasing in m and takes few values: on Llama-2-70B's 82
+ * blocks each table has about 65 pieces (at most 142) at 500 slots and at
+ * 5,000, where a dense table of M + 1 entries per (s, l) took 4 GiB and 19
+ * CPU seconds at 100,000 slots (and a chain of 84 blocks more than 4 GiB).  Each candidate (a leaf j, the chain) is a
+ * sum of shifted step functions, merged into the table piece by piece: the
+ * same values, compared in the same order with the same ties, as at every m
+ * of a dense table, so the plans are the dense DP's.
  *
  * Memory bounds (m excludes the sub-chain input x_s, includes y_{l+1}):
  *   base s == l:  m >= max(x[s+1] + xb[s+1] + ft[s], x[s] + x[s+1] + xb[s+1] + bt[s])
@@ -531,33 +539,200 @@ static enum mp_status discretise(const struct mp_chain *c, uint64_t budget, size
  * x[s+1] where y_{l+1} is resident: that under-estimates Fe_s when
  * x[l+1] > x[s+1] and ft[s] > 0 (and over-estimates otherwise).  The bounds
  * above are exact for the simulator, so DP cost == simulated cost. */
-struct rotor {
-    size_t L, Mn;  /* Mn = M + 1 */
-    size_t *row;   /* [L+1] */
-    double *opt;
-    int32_t *what; /* -1 chain, j leaf */
+struct piece {
+    double v;   /* OPT */
+    uint32_t m; /* from this m on (m <= M < 2^32: slots are at most 100,000) */
+    int32_t w;  /* WHAT: -1 chain, j leaf */
 };
+
+struct pieces {
+    struct piece *p;
+    size_t n, cap;
+};
+
+struct rotor {
+    size_t L;
+    uint64_t Mn;        /* M + 1 */
+    size_t *row;        /* [L+1] */
+    size_t *first;      /* [ntri]: table (s, l)'s first piece in all.p */
+    size_t *count;      /* [ntri]: its pieces */
+    struct pieces all;  /* every table's pieces */
+    struct pieces a, b; /* the table being made, and the next version of it */
+};
+
+/* Bytes of pieces beyond which the DP gives up (a chain whose tables have as
+ * many pieces as m values, at many slots): ask for fewer slots. */
+#define CKPT_DP_MAX_PIECE_BYTES ((uint64_t)1 << 30)
 
 static void rotor_release(struct rotor *r)
 {
     free(r->row);
-    free(r->opt);
-    free(r->what);
+    free(r->first);
+    free(r->count);
+    free(r->all.p);
+    free(r->a.p);
+    free(r->b.p);
     memset(r, 0, sizeof *r);
 }
 
-static inline size_t rotor_at(const struct rotor *r, size_t s, size_t l)
+static inline size_t rotor_tri(const struct rotor *r, size_t s, size_t l) { return r->row[s] + (l - s); }
+
+/* The piece of p (n pieces, the first at 0) that holds m. */
+static size_t piece_index(const struct piece *p, size_t n, uint64_t m)
 {
-    return (r->row[s] + (l - s)) * r->Mn;
+    size_t lo = 0, hi = n; /* p[lo].m <= m < p[hi].m */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p[mid].m <= m)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
-/* Allocates a triangular table of ntri * Mn entries of elem bytes (checked). */
+/* Table (s, l)'s piece at m (m < Mn). */
+static const struct piece *rotor_at(const struct rotor *r, size_t s, size_t l, uint64_t m)
+{
+    size_t t = rotor_tri(r, s, l);
+    const struct piece *p = r->all.p + r->first[t];
+    return p + piece_index(p, r->count[t], m);
+}
+
+/* Room in b for n more pieces; false: out of memory. */
+static bool pieces_reserve(struct pieces *b, size_t n)
+{
+    if (b->cap - b->n >= n)
+        return true;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap - b->n < n)
+        cap *= 2;
+    struct piece *q = realloc(b->p, cap * sizeof *q);
+    if (!q)
+        return false;
+    b->p = q;
+    b->cap = cap;
+    return true;
+}
+
+/* Appends (m, v, w) to b, which has room, unless it continues b's last piece. */
+static inline void piece_append(struct pieces *b, uint64_t m, double v, int32_t w)
+{
+    if (b->n && b->p[b->n - 1].v == v && b->p[b->n - 1].w == w)
+        return;
+    b->p[b->n++] = (struct piece){v, (uint32_t)m, w};
+}
+
+/* The same, making room; false: out of memory. */
+static bool piece_push(struct pieces *b, uint64_t m, double v, int32_t w)
+{
+    if (!pieces_reserve(b, 1))
+        return false;
+    piece_append(b, m, v, w);
+    return true;
+}
+
+/* A sum of step functions: f1 (n1 pieces) at m - shift, plus f2 (n2) at m
+ * where p2 is not NULL. */
+struct walk {
+    const struct piece *p1, *p2;
+    size_t n1, n2;
+    uint64_t shift;
+};
+
+/* Merges a candidate into table r->a from m = lo (< Mn) on: at each m >= lo
+ * the candidate costs add + f1(m - shift) (+ f2(m)) and replaces the table's
+ * entry where the dense DP would; below lo the table is unchanged.  leaf: the
+ * candidate is leaf j, taken where strictly cheaper; else the chain, taken
+ * also where no leaf is.  false: out of memory. */
+static bool rotor_merge(struct rotor *r, uint64_t lo, double add, struct walk wk, bool leaf, int32_t j)
+{
+    /* Where f1 or f2 is infinite (one piece from m = 0, tables being non-increasing) the
+     * candidate is, and changes nothing: start after it. */
+    if (isinf(wk.p1[0].v))
+        lo = mp_max_u64(lo, wk.n1 > 1 ? wk.p1[1].m + wk.shift : r->Mn);
+    if (wk.p2 && isinf(wk.p2[0].v))
+        lo = mp_max_u64(lo, wk.n2 > 1 ? wk.p2[1].m : r->Mn);
+    if (lo >= r->Mn)
+        return true;
+    const struct pieces *a = &r->a;
+    size_t ia = piece_index(a->p, a->n, lo); /* the piece holding lo */
+    /* Tables and candidates are non-increasing in m (sums round monotonically): the candidate
+     * costs at least its cost at the largest m, so it can replace nothing from where the table
+     * is down to that (a leaf where it is not cheaper, the chain where a leaf was taken). */
+    double least = add + wk.p1[wk.n1 - 1].v;
+    least = wk.p2 ? least + wk.p2[wk.n2 - 1].v : least;
+    size_t ih = ia, top = a->n; /* ih: the first piece from lo on at or below least */
+    while (ih < top) {
+        size_t mid = ih + (top - ih) / 2;
+        if (a->p[mid].v <= least)
+            top = mid;
+        else
+            ih = mid + 1;
+    }
+    const uint64_t end = ih < a->n ? mp_max_u64(a->p[ih].m, lo) : r->Mn;
+    if (end <= lo)
+        return true;
+    struct pieces *b = &r->b;
+    b->n = 0;
+    /* each piece of the result starts at lo or where a, f1 or f2 has a piece */
+    if (!pieces_reserve(b, a->n + wk.n1 + (wk.p2 ? wk.n2 : 0) + 1))
+        return false;
+    memcpy(b->p, a->p, ia * sizeof *b->p);
+    b->n = ia;
+    if (a->p[ia].m < lo)
+        piece_append(b, a->p[ia].m, a->p[ia].v, a->p[ia].w);
+    size_t i1 = piece_index(wk.p1, wk.n1, lo - wk.shift), i2 = wk.p2 ? piece_index(wk.p2, wk.n2, lo) : 0;
+    for (uint64_t m = lo; m < end;) {
+        const struct piece *t = &a->p[ia];
+        /* the dense DP's expression, in its order */
+        double cst = wk.p2 ? add + wk.p1[i1].v + wk.p2[i2].v : add + wk.p1[i1].v;
+        bool take = leaf ? cst < t->v : t->w < 0 || cst < t->v;
+        if (take)
+            piece_append(b, m, cst, leaf ? j : -1);
+        else
+            piece_append(b, m, t->v, t->w);
+        /* on to where a, f1 or f2 next changes */
+        uint64_t na = ia + 1 < a->n ? a->p[ia + 1].m : end;
+        uint64_t n1 = i1 + 1 < wk.n1 ? wk.p1[i1 + 1].m + wk.shift : end;
+        uint64_t n2 = wk.p2 && i2 + 1 < wk.n2 ? wk.p2[i2 + 1].m : end;
+        m = mp_min_u64(end, mp_min_u64(na, mp_min_u64(n1, n2)));
+        ia += na == m && m < end;
+        i1 += n1 == m && m < end;
+        i2 += n2 == m && m < end;
+    }
+    for (; ih < a->n; ih++) /* the rest as it was (a->p[ih] starts at end) */
+        piece_append(b, a->p[ih].m, a->p[ih].v, a->p[ih].w);
+    struct pieces tmp = r->a;
+    r->a = *b;
+    *b = tmp;
+    return true;
+}
+
+/* Stores table (s, l) from r->a. */
+static enum mp_status rotor_keep(struct rotor *r, size_t s, size_t l, struct mp_diag *d)
+{
+    size_t t = rotor_tri(r, s, l);
+    if (!pieces_reserve(&r->all, r->a.n))
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: out of memory for the DP tables");
+    r->first[t] = r->all.n;
+    r->count[t] = r->a.n;
+    memcpy(r->all.p + r->all.n, r->a.p, r->a.n * sizeof *r->a.p);
+    r->all.n += r->a.n;
+    if ((uint64_t)r->all.n * sizeof *r->all.p > CKPT_DP_MAX_PIECE_BYTES)
+        return mp_fail(d, MP_ERR_USAGE, "ckpt: optimal: the DP's tables take more than %llu MiB at %llu memory "
+                                        "slots; use fewer --slots",
+                       (unsigned long long)(CKPT_DP_MAX_PIECE_BYTES >> 20), (unsigned long long)(r->Mn - 1));
+    return MP_OK;
+}
+
+/* Checks a dense table of ntri * Mn entries of elem bytes against CKPT_DP_MAX_BYTES. */
 static enum mp_status dp_alloc_check(size_t ntri, size_t Mn, size_t elem, const char *what, struct mp_diag *d)
 {
     uint64_t n, bytes;
     if (!mp_mul_u64(ntri, Mn, &n) || !mp_mul_u64(n, elem, &bytes) || bytes > CKPT_DP_MAX_BYTES ||
         bytes > SIZE_MAX)
-        return mp_fail(d, MP_ERR_NOMEM, "ckpt: %s: DP table of %zu x %zu entries is too large; use fewer slots",
+        return mp_fail(d, MP_ERR_USAGE, "ckpt: %s: DP table of %zu x %zu entries is too large; use fewer --slots",
                        what, ntri, Mn);
     return MP_OK;
 }
@@ -569,92 +744,85 @@ static enum mp_status rotor_solve(const struct units *u, size_t L, struct rotor 
     const double *f = u->f, *b = u->b;
     const uint64_t M = u->Mtop - x[0]; /* largest m0: caller guarantees u->Mtop >= x[0] */
     const double INF = HUGE_VAL;
-    size_t ntri = (L + 1) * (L + 2) / 2;
-    enum mp_status st;
-    if ((L + 1) > SIZE_MAX / (L + 2) || M >= SIZE_MAX)
+    if ((L + 1) > SIZE_MAX / (L + 2) || M >= UINT32_MAX)
         return mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: chain too long");
-    size_t Mn = (size_t)M + 1;
-    if ((st = dp_alloc_check(ntri, Mn, sizeof(double) + sizeof(int32_t), "optimal", d)) != MP_OK)
-        return st;
+    size_t ntri = (L + 1) * (L + 2) / 2;
     r->L = L;
-    r->Mn = Mn;
+    r->Mn = M + 1;
     r->row = malloc((L + 1) * sizeof *r->row);
-    r->opt = malloc(ntri * Mn * sizeof *r->opt);
-    r->what = malloc(ntri * Mn * sizeof *r->what);
-    if (!r->row || !r->opt || !r->what) {
+    r->first = malloc(ntri * sizeof *r->first);
+    r->count = malloc(ntri * sizeof *r->count);
+    if (!r->row || !r->first || !r->count) {
         rotor_release(r);
-        return mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: out of memory for the DP table (%zu x %zu)", ntri, Mn);
+        return mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: out of memory for the DP tables");
     }
     for (size_t s = 0, acc = 0; s <= L; s++) {
         r->row[s] = acc;
         acc += L + 1 - s;
     }
+    enum mp_status st = MP_OK;
+#define PUSH_OR_FAIL(ok)                                                                       \
+    do {                                                                                       \
+        if (!(ok)) {                                                                           \
+            st = mp_fail(d, MP_ERR_NOMEM, "ckpt: optimal: out of memory for the DP tables"); \
+            goto out;                                                                          \
+        }                                                                                      \
+    } while (0)
 
     /* Base: a single block (or the loss when i == L). */
     for (size_t i = 0; i <= L; i++) {
-        double *o = r->opt + rotor_at(r, i, i);
-        int32_t *w = r->what + rotor_at(r, i, i);
         uint64_t need = mp_max_u64(x[i + 1] + xb[i + 1] + ft[i], x[i] + x[i + 1] + xb[i + 1] + bt[i]);
-        double v = f[i] + b[i];
-        for (size_t m = 0; m < Mn; m++) {
-            o[m] = m >= need ? v : INF;
-            w[m] = -1;
-        }
+        r->a.n = 0;
+        PUSH_OR_FAIL(piece_push(&r->a, 0, need > 0 ? INF : f[i] + b[i], -1));
+        if (need > 0 && need <= M)
+            PUSH_OR_FAIL(piece_push(&r->a, need, f[i] + b[i], -1));
+        if ((st = rotor_keep(r, i, i, d)) != MP_OK)
+            goto out;
     }
 
     for (size_t dd = 1; dd <= L; dd++) {
         mp_progress("planning: optimal DP, chains of %zu of %zu blocks", dd, L);
         for (size_t s = 0; s + dd <= L; s++) {
             const size_t l = s + dd;
-            double *o = r->opt + rotor_at(r, s, l);
-            int32_t *w = r->what + rotor_at(r, s, l);
-            for (size_t m = 0; m < Mn; m++) {
-                o[m] = INF;
-                w[m] = -1;
-            }
+            r->a.n = 0;
+            PUSH_OR_FAIL(piece_push(&r->a, 0, INF, -1));
             uint64_t mmin = x[l + 1] + x[s + 1] + ft[s];
             for (size_t j = s + 1; j < l; j++)
                 mmin = mp_max_u64(mmin, x[l + 1] + x[j] + x[j + 1] + ft[j]);
-            if (mmin > M)
-                continue;
+            if (mmin <= M) {
+                /* Leaf at j: Fc_s, Fn_{s+1..j-1} store x_j; right part with x_j
+                 * resident, then the left part with y_j. */
+                double sumf = 0;
+                for (size_t j = s + 1; j <= l; j++) {
+                    sumf += f[j - 1];
+                    const uint64_t xj = x[j];
+                    const uint64_t lo = mp_max_u64(mmin, xj);
+                    if (lo > M)
+                        continue;
+                    size_t tr = rotor_tri(r, j, l), tl = rotor_tri(r, s, j - 1);
+                    struct walk wk = {.p1 = r->all.p + r->first[tr], .n1 = r->count[tr], .shift = xj,
+                                      .p2 = r->all.p + r->first[tl], .n2 = r->count[tl]};
+                    PUSH_OR_FAIL(rotor_merge(r, lo, sumf, wk, true, (int32_t)j));
+                }
 
-            /* Leaf at j: Fc_s, Fn_{s+1..j-1} store x_j; right part with x_j
-             * resident, then the left part with y_j. */
-            double sumf = 0;
-            for (size_t j = s + 1; j <= l; j++) {
-                sumf += f[j - 1];
-                const uint64_t xj = x[j];
-                const uint64_t lo = mp_max_u64(mmin, xj);
-                if (lo > M)
-                    continue;
-                const double *R = r->opt + rotor_at(r, j, l);
-                const double *Lf = r->opt + rotor_at(r, s, j - 1);
-                const int32_t jj = (int32_t)j;
-                for (size_t m = (size_t)lo; m < Mn; m++) {
-                    double cst = sumf + R[m - xj] + Lf[m];
-                    bool better = cst < o[m];
-                    o[m] = better ? cst : o[m];
-                    w[m] = better ? jj : w[m];
+                /* Chain: Fe_s keeps xb_{s+1}; solve s+1..l; B_s.  Ties go to the leaf. */
+                uint64_t need = mp_max_u64(mmin, mp_max_u64(xb[s + 1] + x[l + 1] + ft[s],
+                                                            x[s] + x[s + 1] + xb[s + 1] + bt[s]));
+                if (need <= M) {
+                    size_t tc = rotor_tri(r, s + 1, l);
+                    struct walk wk = {.p1 = r->all.p + r->first[tc], .n1 = r->count[tc], .shift = xb[s + 1]};
+                    PUSH_OR_FAIL(rotor_merge(r, need, f[s] + b[s], wk, false, -1));
                 }
             }
-
-            /* Chain: Fe_s keeps xb_{s+1}; solve s+1..l; B_s.  Ties go to the leaf. */
-            uint64_t need = mp_max_u64(mmin, mp_max_u64(xb[s + 1] + x[l + 1] + ft[s],
-                                                        x[s] + x[s + 1] + xb[s + 1] + bt[s]));
-            if (need > M)
-                continue;
-            const double fb = f[s] + b[s];
-            const uint64_t xs1 = xb[s + 1];
-            const double *C = r->opt + rotor_at(r, s + 1, l);
-            for (size_t m = (size_t)need; m < Mn; m++) {
-                double cst = fb + C[m - xs1];
-                bool take = w[m] < 0 || cst < o[m];
-                o[m] = take ? cst : o[m];
-                w[m] = take ? -1 : w[m];
-            }
+            if ((st = rotor_keep(r, s, l, d)) != MP_OK)
+                goto out;
         }
     }
-    return MP_OK;
+#undef PUSH_OR_FAIL
+out:
+    if (st != MP_OK)
+        rotor_release(r);
+    return st;
 }
 
 /* Back-tracks rotor's rec(0, L, m0) into s with an explicit stack. */
@@ -687,8 +855,8 @@ static enum mp_status rotor_schedule(const struct rotor *r, const struct units *
             EMIT(MP_SCHED_B, fr.s);
             continue;
         }
-        size_t at = rotor_at(r, fr.s, fr.l) + (size_t)fr.m;
-        if (fr.m >= r->Mn || isinf(r->opt[at])) {
+        const struct piece *at = fr.m < r->Mn ? rotor_at(r, fr.s, fr.l, fr.m) : NULL;
+        if (!at || isinf(at->v)) {
             st = mp_fail(d, MP_ERR_INTERNAL, "ckpt: optimal: back-tracking reached an infeasible state (%u, %u, %llu)",
                          (unsigned)fr.s, (unsigned)fr.l, (unsigned long long)fr.m);
             goto out;
@@ -712,7 +880,7 @@ static enum mp_status rotor_schedule(const struct rotor *r, const struct units *
             stk = t;
             cap = ncap;
         }
-        int32_t w = r->what[at];
+        int32_t w = at->w;
         if (w < 0) {
             EMIT(MP_SCHED_FE, fr.s);
             stk[n++] = (struct frame){fr.s, 0, 0, true};
@@ -985,7 +1153,7 @@ static enum mp_status rotor_search(const struct mp_chain *c, const struct units 
     const uint64_t top = u->Mtop - u->x[0];
     const uint64_t lo = u->M >= u->x[0] ? u->M - u->x[0] : 0;
     for (uint64_t m0 = top + 1; m0-- > lo;) {
-        double v = r.opt[rotor_at(&r, 0, L) + (size_t)m0];
+        double v = rotor_at(&r, 0, L, m0)->v;
         if (isinf(v))
             break; /* and so is every smaller m0 */
         if (u->exact) { /* nothing to verify: units are bytes */

@@ -1111,6 +1111,27 @@ static int leave(enum mp_status st, struct mp_diag *d, int rc, int code, const c
     return finish(code);
 }
 
+/* estimate and check: a long model is evaluated through folds (fold.h), as plan and suggest do,
+ * where the whole model's replay took seconds and gigabytes for 100,000 blocks (same figures);
+ * a timeline draws the whole program's events, so it still replays the whole model. */
+static void fit_program_for_report(const struct args *a, const struct setup *s, struct mp_job *j)
+{
+    bool folds = s->model.n_blocks >= MP_FIT_FOLD_BLOCKS && !a->timeline;
+    j->keep_program = !folds;
+    j->keep_built = folds;
+}
+
+/* The program the report reads (counts, options): the fit's whole program where it built one,
+ * else that of the model's fold (mp_fold_report_program), into f->prog. */
+static enum mp_status fit_report_program(const struct mp_job *j, struct mp_fit *f, struct mp_diag *d)
+{
+    if (j->keep_program || f->prog.blocks)
+        return MP_OK;
+    struct mp_build_opts bo;
+    mp_fit_build_opts(j, &bo);
+    return mp_fold_report_program(j->model, &bo, &f->prog, d);
+}
+
 static int cmd_estimate(struct args *a)
 {
     struct mp_diag d = {{0}};
@@ -1127,14 +1148,14 @@ static int cmd_estimate(struct args *a)
             add_default(&s, "CUDA context %s (typical; probe measures it)", "500 MiB");
     }
     struct mp_job j = job_of(&s, a);
-    j.keep_program = true;
+    fit_program_for_report(a, &s, &j);
     bool budgeted = a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
     if (budgeted && !a->gpu) {
         rc = usage_error("estimate", "%s", "--checkpoint optimal needs a target: add --gpu NAME (or use 'memplan plan')");
         goto out;
     }
     double t0 = mp_now_ms();
-    if ((st = mp_fit_eval(&j, &f, &d)) != MP_OK)
+    if ((st = mp_fit_eval(&j, &f, &d)) != MP_OK || (st = fit_report_program(&j, &f, &d)) != MP_OK)
         goto out;
     if (f.infeasible)
         fprintf(stderr, "memplan: warning: no %s plan fits the target's activation budget; showing every "
@@ -1247,9 +1268,11 @@ static int cmd_check(struct args *a)
     struct mp_fit f;
     memset(&f, 0, sizeof f);
     struct mp_job j = job_of(&s, a);
-    j.keep_program = true;
+    fit_program_for_report(a, &s, &j);
     int code = MP_EXIT_OK;
     enum mp_status st = mp_fit_eval(&j, &f, &d);
+    if (st == MP_OK)
+        st = fit_report_program(&j, &f, &d);
     if (st != MP_OK)
         goto out;
     struct mp_report_ctx c;

@@ -14,7 +14,14 @@
 #include "model.h"
 #include "model_read.h"
 
-#define MP_BLOCKS_MAX ((size_t)1 << 20)      /* blocks after expanding every repeat */
+/* Ops (entries with a "type", a composite counting as one) after expanding every repeat: nested
+ * repeats multiply, so a file of a few hundred bytes could ask for millions of blocks.  Where a
+ * command needs the whole program (estimate with --timeline, freeze fine-tuning, probe, a fold
+ * that does not hold) it takes up to some 30 KiB per transformer_block (Llama-7B's with 100,000
+ * layers: 3.0 GB), so about 4 GiB at this limit, which still holds the longest repeat (100,000)
+ * with room around it, as an HF config's 100,000 layers.  Checked before a repeat is expanded;
+ * every block has an op, so it bounds blocks too. */
+#define MP_OPS_MAX ((uint64_t)1 << 17)
 #define MP_FLOPS_MAX (UINT64_C(1) << 53)     /* per-sample FLOPs: exact in a JSON double */
 #define PLACE_MAX 320
 
@@ -23,6 +30,7 @@ struct reader {
     const char *path;
     struct mp_diag *d;
     int n_groups;         /* repeat instances expanded so far (repeat_group ids) */
+    uint64_t n_ops;       /* ops read so far (at most MP_OPS_MAX) */
     bool have_emb;        /* an embedding precedes: tied lm_head and defaults */
     uint64_t emb_vocab, emb_dim;
     uint64_t classes;     /* top-level "classes", 0 when absent */
@@ -658,8 +666,10 @@ static void block_name(const struct naming *nm, const char *explicit_name, const
 static enum mp_status add_block(struct reader *rd, const char *place, const char *name, size_t n_layers,
                                 int group, struct mp_block **out)
 {
-    if (rd->m->n_blocks >= MP_BLOCKS_MAX)
-        return fail_at(rd, MP_ERR_RANGE, place, NULL, "the model has more than %zu blocks", MP_BLOCKS_MAX);
+    if (n_layers > MP_OPS_MAX - rd->n_ops)
+        return fail_at(rd, MP_ERR_RANGE, place, NULL, "the model has more than %llu ops here (memplan's limit on a "
+                       "model's ops, repeats expanded)", (unsigned long long)MP_OPS_MAX);
+    rd->n_ops += n_layers;
     struct mp_block *b = mp_model_add_block(rd->m, name, n_layers);
     if (!b)
         return fail_at(rd, MP_ERR_NOMEM, place, NULL, "out of memory");
@@ -702,6 +712,30 @@ static enum mp_status read_group(struct reader *rd, const cJSON *o, const char *
     return MP_OK;
 }
 
+/* The ops that entries arr make once expanded, read leniently: anything the reader will reject
+ * counts as one op (its own error comes when it is read); saturates at UINT64_MAX.  Walks the
+ * JSON once and makes nothing, so a repeat's size is known before it is expanded. */
+static uint64_t count_ops(const cJSON *arr, int depth)
+{
+    uint64_t n = 0;
+    for (const cJSON *e = cJSON_IsArray(arr) ? arr->child : NULL; e; e = e->next) {
+        uint64_t c = 1; /* an op */
+        const cJSON *r = cJSON_IsObject(e) ? item(e, "repeat") : NULL;
+        const cJSON *body = cJSON_IsObject(e) ? item(e, "layers") : NULL;
+        if (r && depth < MP_NEST_MAX) {
+            double x = cJSON_IsNumber(r) ? r->valuedouble : 1;
+            uint64_t times = x >= 1 && x <= MP_REPEAT_MAX ? (uint64_t)x : 1;
+            if (!mp_mul_u64(times, count_ops(body, depth + 1), &c))
+                c = UINT64_MAX;
+        } else if (!r && !item(e, "type") && cJSON_GetArraySize(body) > 0) {
+            c = (uint64_t)cJSON_GetArraySize(body); /* a group of ops */
+        }
+        if (!mp_add_u64(n, c, &n))
+            return UINT64_MAX;
+    }
+    return n;
+}
+
 static enum mp_status read_repeat(struct reader *rd, const cJSON *o, const char *place, int depth,
                                   const struct naming *nm)
 {
@@ -719,11 +753,16 @@ static enum mp_status read_repeat(struct reader *rd, const cJSON *o, const char 
         return fail_at(rd, MP_ERR_MODEL, place, "layers", "expected a non-empty array of blocks");
     const cJSON *first = body->child;
     bool single = named && !first->next && cJSON_IsObject(first) && !item(first, "repeat");
+    /* its size before any of it is made: nested repeats multiply */
+    uint64_t per = count_ops(body, depth + 1), all;
+    if (!mp_mul_u64(n, per, &all) || all > MP_OPS_MAX - rd->n_ops)
+        return fail_at(rd, MP_ERR_RANGE, place, "repeat", "%llu repeats of %llu ops take the model over %llu ops "
+                       "(memplan's limit on a model's ops, repeats expanded)", (unsigned long long)n,
+                       (unsigned long long)per, (unsigned long long)MP_OPS_MAX);
 
     char sub[PLACE_MAX];
     cut_printf(sub, sizeof sub, "%s.layers", place);
     int group = ++rd->n_groups;
-    size_t n0 = rd->m->n_blocks;
     for (uint64_t i = 0; i < n; i++) {
         struct naming child = *nm;
         child.group = group;
@@ -738,13 +777,6 @@ static enum mp_status read_repeat(struct reader *rd, const cJSON *o, const char 
             child.single = false;
         }
         TRY(read_entries(rd, body, sub, depth + 1, &child));
-        if (i == 0) {
-            /* The body is deterministic: one iteration tells how many blocks all of them make. */
-            size_t per = rd->m->n_blocks - n0;
-            if (per != 0 && (n > (MP_BLOCKS_MAX - n0) / per))
-                return fail_at(rd, MP_ERR_RANGE, place, "repeat", "%llu repeats make more than %zu blocks",
-                               (unsigned long long)n, MP_BLOCKS_MAX);
-        }
     }
     return MP_OK;
 }

@@ -107,7 +107,7 @@ static enum mp_status ev_build(struct evalr *ev, struct mp_diag *d)
 {
     if (ev->built)
         return MP_OK;
-    ev->prog = ev->job->scratch && !ev->job->keep_program ? ev->job->scratch : &ev->own;
+    ev->prog = ev->job->scratch && !ev->job->keep_program && !ev->job->keep_built ? ev->job->scratch : &ev->own;
     enum mp_status st = ev->prog == &ev->own ? mp_program_build(ev->job->model, &ev->bo, ev->prog, d)
                                              : mp_program_rebuild(ev->job->model, &ev->bo, ev->prog, d);
     ev->built = st == MP_OK;
@@ -116,7 +116,7 @@ static enum mp_status ev_build(struct evalr *ev, struct mp_diag *d)
 
 static void ev_release(struct evalr *ev, struct mp_fit *f, bool ok)
 {
-    if (ev->built && ev->prog == &ev->own && ok && ev->job->keep_program)
+    if (ev->built && ev->prog == &ev->own && ok && (ev->job->keep_program || ev->job->keep_built))
         f->prog = ev->own;
     else if (ev->built && ev->prog == &ev->own)
         mp_program_release(&ev->own);
@@ -138,6 +138,20 @@ static enum mp_status ev_none_fold(struct evalr *ev, struct mp_diag *d)
     return st;
 }
 
+/* Is the whole program small enough for the caching-allocator model (MP_ASIM_MAX_NODES), which a
+ * report of reserved bytes wants and folds do not run?  Counted from the no-checkpoint fold's
+ * short program: each weighted block a verified copy, of its block's nodes. */
+static bool ev_whole_for_reserved(const struct evalr *ev)
+{
+    if (ev->job->train.skip_reserved)
+        return false;
+    uint64_t nodes = ev->np->n_nodes, more;
+    for (size_t j = 0; j < ev->nf.n && j < ev->np->n_blocks; j++)
+        if (!mp_mul_u64(ev->np->blocks[j].n_nodes, ev->nf.weight[j] - 1, &more) || !mp_add_u64(nodes, more, &nodes))
+            return false;
+    return nodes <= MP_ASIM_MAX_NODES;
+}
+
 /* The chain (or only its marks, for a fixed plan's verdict). */
 static enum mp_status ev_chain(struct evalr *ev, bool marks_only, struct mp_chain *c, struct mp_diag *d)
 {
@@ -152,7 +166,8 @@ static enum mp_status ev_chain(struct evalr *ev, bool marks_only, struct mp_chai
         if ((st = ev_none_fold(ev, d)) != MP_OK)
             return st;
         struct mp_chain sc;
-        if (mp_fold_copied(&ev->nf, ev->np)) {
+        /* (a replay with the allocator model folds nowhere: mp_estimate_run_folded) */
+        if (mp_fold_copied(&ev->nf, ev->np) && !ev_whole_for_reserved(ev)) {
             if ((st = mp_estimate_chain(ev->np, &sc, d)) != MP_OK)
                 return st;
             bool held = mp_fold_expand_chain(&ev->nf, &sc, c, &st);

@@ -25,6 +25,9 @@ struct mp_job {
     size_t slots;                 /* DP discretisation (0 = 500) */
     uint64_t activation_budget;   /* plan: explicit budget for optimal strategies (0 = from the target) */
     bool keep_program;            /* the fit keeps the program it evaluated (mp_fit.prog) for a report */
+    bool keep_built;              /* it keeps the whole program only where it built one (a fold did not
+                                   * hold, or none was tried) and folds otherwise: mp_fit.prog is then
+                                   * that program or empty */
     struct mp_program *scratch;   /* or NULL: a program whose memory the fit reuses (mp_program_rebuild);
                                    * searches pass one, the caller releases it */
     struct mp_program *fold_scratch; /* or NULL: two programs a fit's folds reuse (the no-checkpoint

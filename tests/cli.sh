@@ -1222,6 +1222,68 @@ for lm in long long-hf; do
     done
 done
 
+# ---- long models: estimate and check through folds ----------------------------------------
+# estimate and check evaluate a model of 512 blocks or more through folds too, where the whole
+# program is larger than the caching-allocator model takes (MP_ASIM_MAX_NODES: reserved bytes
+# are then the allocated ones either way); --timeline replays the whole model.  The reports
+# must be the same, byte for byte: tiny-test with 2,000 blocks, gemma-3-1b with 1,000 layers.
+
+sed 's/"repeat": 2,/"repeat": 2000,/' models/tiny-test.json >"$T/long2k.json"
+if [ -n "$HAVE_PY" ]; then
+    python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 1000; json.dump(c, open(sys.argv[2], "w"))
+' models/hf/gemma-3-1b.json "$T/long1k-hf.json"
+fi
+for lm in long2k long1k-hf; do
+    [ -f "$T/$lm.json" ] || { skipped "estimate $lm: folds (no python3)"; continue; }
+    seq=8
+    [ $lm = long1k-hf ] && seq=64
+    for args in "estimate" "estimate --json" "estimate --checkpoint sqrt --batch 3 --json" \
+        "estimate --gpus 4 --parallel zero3 --json" "estimate --finetune lora --checkpoint layers" \
+        "check --batch 2 --gpu t4" "check --batch 2 --gpu t4 --checkpoint optimal --json"; do
+        [ $lm = long2k ] && [ "$args" = "estimate --finetune lora --checkpoint layers" ] && continue
+        # shellcheck disable=SC2086 # word splitting of args is intended
+        set -- $args
+        cmd=$1
+        shift
+        run "$cmd" "$T/$lm.json" --seq $seq "$@"
+        cp "$T/out" "$T/fold.out"
+        cp "$T/err" "$T/fold.err"
+        fec=$ec
+        run "$cmd" "$T/$lm.json" --seq $seq "$@" --timeline "$T/long.svg"
+        if [ "$fec" -eq "$ec" ] && [ "$ec" -le 1 ] && cmp -s "$T/fold.out" "$T/out" && cmp -s "$T/fold.err" "$T/err"; then
+            ok "$args $lm: through folds as through the whole model"
+        else
+            diff "$T/fold.out" "$T/out" | head -5 >"$T/why"
+            bad "$args $lm: through folds as through the whole model"
+        fi
+    done
+done
+
+# A 100,000-block model in modest memory: through folds estimate and check take some 90 MiB where
+# the whole model's replay took 1.8 GiB (out of memory under this 1 GiB limit: exit 5).  Not with
+# AddressSanitizer, whose shadow memory needs far more address space than any such limit.
+sed 's/"repeat": 2,/"repeat": 100000,/' models/tiny-test.json >"$T/long100k.json"
+if ldd "$M" 2>/dev/null | grep -q libasan; then
+    skipped "estimate and check on 100,000 blocks under a 1 GiB limit (AddressSanitizer build)"
+else
+    for args in "estimate" "check --batch 1 --gpu t4"; do
+        # shellcheck disable=SC2086
+        set -- $args
+        cmd=$1
+        shift
+        cmdline="$cmd $T/long100k.json $* (ulimit -v 1048576)"
+        : >"$T/why"
+        (ulimit -v 1048576 && exec "$M" "$cmd" "$T/long100k.json" "$@") >"$T/out" 2>"$T/err" && ec=$? || ec=$?
+        if [ "$ec" -le 1 ] && [ -s "$T/out" ]; then
+            ok "$args on 100,000 blocks within 1 GiB of address space: exit $ec"
+        else
+            bad "$args on 100,000 blocks within 1 GiB of address space"
+        fi
+    done
+fi
+
 # ---- the man page's EXAMPLES run (jq's mantest) -------------------------------------------
 
 MAN=man/memplan.1

@@ -569,6 +569,229 @@ static void test_optimal_unit_table_scaled_gcd(void **state)
     check_rotor_unit_table(4096);
 }
 
+/* The most slots (--slots 100000) on a 100-block chain: T4's times.  Sizes of a million bytes and
+ * one byte more for the input make the discretisation round (unit = budget / 100,000); the DP's
+ * tables were dense, 5151 x 100,000 entries (6 GB: refused as out of memory, and 82 blocks of
+ * Llama-2-70B took 19 CPU seconds and 4 GB), and are step functions now. */
+static void test_optimal_unit_table_most_slots(void **state)
+{
+    (void)state;
+    const uint64_t S = 1000000;
+    struct mp_chain c;
+    unit_chain(&c, 100, S);
+    c.x[0] = c.xb[0] = S + 1;
+    for (size_t i = 0; i < sizeof T4_BUDGET / sizeof T4_BUDGET[0]; i++) {
+        uint64_t budget = T4_BUDGET[i] * S + 1;
+        struct mp_ckpt_plan p;
+        assert_int_equal(make(&c, MP_CKPT_OPTIMAL, 0, budget, 100000, &p), MP_OK);
+        assert_float_equal(p.total_cost, T4_TIME[i], 0);
+        assert_true(p.peak_bytes <= budget);
+        mp_ckpt_plan_release(&p);
+    }
+    mp_chain_release(&c);
+}
+
+/* ---- the dense rotor DP: the reference for its step functions ------------------------------
+ * ckpt.c kept OPT and WHAT as dense arrays of M + 1 entries per (s, l) (4 GB and 19 CPU seconds
+ * for 82 blocks at 100,000 slots); it now keeps each as a step function.  Written here as it was
+ * (discretisation, tables, the downward scan of m0, back-tracking), the plans must be equal, op
+ * for op, at every budget and slot count tried. */
+struct ref_dp {
+    size_t L, Mn;
+    uint64_t *x, *xb, *ft, *bt, unit, M, Mtop;
+    double *f, *b, *opt;
+    int32_t *what;
+    bool exact;
+};
+
+static size_t ref_at(const struct ref_dp *r, size_t s, size_t l)
+{
+    size_t row = s * (r->L + 1) - s * (s - 1) / 2; /* tables of s' < s: L + 1 - s' each */
+    return (row + (l - s)) * r->Mn;
+}
+
+static void ref_units(struct ref_dp *r, const struct mp_chain *c, uint64_t budget, size_t slots)
+{
+    size_t L = c->L;
+    r->L = L;
+    r->x = calloc(4 * (L + 2), sizeof *r->x);
+    r->f = calloc(2 * (L + 1), sizeof *r->f);
+    assert_true(r->x && r->f);
+    r->xb = r->x + (L + 2), r->ft = r->xb + (L + 2), r->bt = r->ft + (L + 2), r->b = r->f + (L + 1);
+    uint64_t g = 0;
+    for (size_t i = 0; i <= L; i++) {
+        g = mp_gcd_u64(mp_gcd_u64(mp_gcd_u64(g, c->x[i]), c->xb[i]), c->bt[i]);
+        if (i < L)
+            g = mp_gcd_u64(g, c->ft[i]);
+    }
+    g = g ? g : 1;
+    r->exact = budget / g <= slots;
+    r->unit = r->exact ? g : mp_ceil_div(budget, slots);
+    r->M = budget / r->unit;
+    r->Mtop = r->exact ? r->M : r->M + (2 * (uint64_t)(L + 1) + 2 < r->M + 1 ? 2 * (uint64_t)(L + 1) + 2 : r->M + 1);
+    uint64_t cap = r->Mtop + 1;
+    for (size_t i = 0; i <= L; i++) {
+        uint64_t v[4] = {c->x[i], c->xb[i], c->bt[i], i < L ? c->ft[i] : 0}, *to[4] = {r->x, r->xb, r->bt, r->ft};
+        for (int k = 0; k < 4; k++) {
+            uint64_t q = mp_ceil_div(v[k], r->unit);
+            to[k][i] = q < cap ? q : cap;
+        }
+        r->f[i] = i < L ? c->f[i] : 0;
+        r->b[i] = c->b[i];
+    }
+}
+
+static void ref_solve(struct ref_dp *r)
+{
+    const uint64_t *x = r->x, *xb = r->xb, *ft = r->ft, *bt = r->bt, M = r->Mtop - x[0];
+    size_t L = r->L;
+    r->Mn = (size_t)M + 1;
+    size_t n = (L + 1) * (L + 2) / 2 * r->Mn;
+    r->opt = malloc(n * sizeof *r->opt);
+    r->what = malloc(n * sizeof *r->what);
+    assert_true(r->opt && r->what);
+    for (size_t i = 0; i <= L; i++) {
+        uint64_t need = x[i + 1] + xb[i + 1] + ft[i], n2 = x[i] + x[i + 1] + xb[i + 1] + bt[i];
+        need = need > n2 ? need : n2;
+        for (size_t m = 0; m < r->Mn; m++) {
+            r->opt[ref_at(r, i, i) + m] = m >= need ? r->f[i] + r->b[i] : HUGE_VAL;
+            r->what[ref_at(r, i, i) + m] = -1;
+        }
+    }
+    for (size_t dd = 1; dd <= L; dd++)
+        for (size_t s = 0; s + dd <= L; s++) {
+            size_t l = s + dd;
+            double *o = r->opt + ref_at(r, s, l);
+            int32_t *w = r->what + ref_at(r, s, l);
+            for (size_t m = 0; m < r->Mn; m++)
+                o[m] = HUGE_VAL, w[m] = -1;
+            uint64_t mmin = x[l + 1] + x[s + 1] + ft[s];
+            for (size_t j = s + 1; j < l; j++)
+                if (x[l + 1] + x[j] + x[j + 1] + ft[j] > mmin)
+                    mmin = x[l + 1] + x[j] + x[j + 1] + ft[j];
+            if (mmin > M)
+                continue;
+            double sumf = 0;
+            for (size_t j = s + 1; j <= l; j++) {
+                sumf += r->f[j - 1];
+                uint64_t lo = mmin > x[j] ? mmin : x[j];
+                for (size_t m = (size_t)lo; m < r->Mn; m++) {
+                    double cst = sumf + r->opt[ref_at(r, j, l) + m - x[j]] + r->opt[ref_at(r, s, j - 1) + m];
+                    if (cst < o[m])
+                        o[m] = cst, w[m] = (int32_t)j;
+                }
+            }
+            uint64_t need = xb[s + 1] + x[l + 1] + ft[s], n2 = x[s] + x[s + 1] + xb[s + 1] + bt[s];
+            need = need > n2 ? need : n2;
+            need = need > mmin ? need : mmin;
+            for (size_t m = (size_t)need; m < r->Mn; m++) {
+                double cst = r->f[s] + r->b[s] + r->opt[ref_at(r, s + 1, l) + m - xb[s + 1]];
+                if (w[m] < 0 || cst < o[m])
+                    o[m] = cst, w[m] = -1;
+            }
+        }
+}
+
+static void ref_schedule(const struct ref_dp *r, size_t s, size_t l, uint64_t m, struct mp_schedule *out)
+{
+    assert_true(m < r->Mn && !isinf(r->opt[ref_at(r, s, l) + m]));
+    if (s == l) {
+        if (s == r->L) {
+            assert_int_equal(mp_schedule_push(out, MP_SCHED_LOSS, (uint32_t)s), MP_OK);
+        } else {
+            assert_int_equal(mp_schedule_push(out, MP_SCHED_FE, (uint32_t)s), MP_OK);
+            assert_int_equal(mp_schedule_push(out, MP_SCHED_B, (uint32_t)s), MP_OK);
+        }
+        return;
+    }
+    int32_t w = r->what[ref_at(r, s, l) + m];
+    if (w < 0) {
+        assert_int_equal(mp_schedule_push(out, MP_SCHED_FE, (uint32_t)s), MP_OK);
+        ref_schedule(r, s + 1, l, m - r->xb[s + 1], out);
+        assert_int_equal(mp_schedule_push(out, MP_SCHED_B, (uint32_t)s), MP_OK);
+        return;
+    }
+    assert_int_equal(mp_schedule_push(out, MP_SCHED_FC, (uint32_t)s), MP_OK);
+    for (size_t k = s + 1; k < (size_t)w; k++)
+        assert_int_equal(mp_schedule_push(out, MP_SCHED_FN, (uint32_t)k), MP_OK);
+    ref_schedule(r, (size_t)w, l, m - r->x[w], out);
+    ref_schedule(r, s, (size_t)w - 1, m, out);
+}
+
+/* The reference plan at budget (below the no-checkpoint peak): false when none fits. */
+static bool ref_plan(const struct mp_chain *c, uint64_t budget, size_t slots, struct mp_schedule *out)
+{
+    struct ref_dp r = {0};
+    ref_units(&r, c, budget, slots);
+    bool found = false;
+    if (r.x[0] <= r.Mtop) {
+        ref_solve(&r);
+        uint64_t top = r.Mtop - r.x[0], lo = r.M >= r.x[0] ? r.M - r.x[0] : 0;
+        for (uint64_t m0 = top + 1; m0-- > lo && !found;) {
+            if (isinf(r.opt[ref_at(&r, 0, r.L) + m0]))
+                break;
+            out->n = 0;
+            ref_schedule(&r, 0, r.L, m0, out);
+            uint64_t peak;
+            double cost;
+            assert_int_equal(mp_ckpt_simulate(c, out, &peak, &cost, NULL), MP_OK);
+            found = r.exact || peak <= budget;
+        }
+    }
+    free(r.x);
+    free(r.f);
+    free(r.opt);
+    free(r.what);
+    return found;
+}
+
+static void test_optimal_equals_dense_dp(void **state)
+{
+    (void)state;
+    rng_state = 20261127;
+    static const size_t slots[] = {10, 37, 500, 2000};
+    int compared = 0, feasible = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        struct mp_chain c;
+        size_t L = (size_t)rng_range(1, 16);
+        random_chain(&c, L, trial % 3 == 0 ? 0 : 6);
+        /* sizes of up to a few million bytes, no common factor: the rounded discretisation */
+        uint64_t scale = trial % 4 == 0 ? 1 : rng_range(1000, 1000000);
+        for (size_t i = 0; i <= L; i++) {
+            uint64_t kept = c.xb[i] - c.x[i];
+            c.x[i] = c.x[i] * scale + rng_range(0, scale / 2);
+            c.xb[i] = c.x[i] + kept * scale;
+            c.bt[i] *= scale;
+            if (i < L)
+                c.ft[i] = c.ft[i] * scale + rng_range(0, 3);
+        }
+        uint64_t np = none_peak(&c);
+        for (int k = 0; k < 6; k++) {
+            uint64_t budget = rng_range(c.x[0], np - 1);
+            size_t sl = slots[rng_range(0, 3)];
+            struct mp_schedule want;
+            mp_schedule_init(&want);
+            bool found = ref_plan(&c, budget, sl, &want);
+            feasible += found;
+            struct mp_ckpt_plan p;
+            enum mp_status st = make(&c, MP_CKPT_OPTIMAL, 0, budget, sl, &p);
+            if (!found) {
+                assert_int_equal(st, MP_ERR_INFEASIBLE);
+            } else {
+                if (st != MP_OK || !mp_schedule_equal(&p.sched, &want))
+                    fail_msg("trial %d: L %zu, budget %llu, %zu slots: the plans differ", trial, L,
+                             (unsigned long long)budget, sl);
+                mp_ckpt_plan_release(&p);
+            }
+            mp_schedule_release(&want);
+            compared++;
+        }
+        mp_chain_release(&c);
+    }
+    assert_int_equal(compared, 360);
+    assert_true(feasible > 100 && feasible < 300); /* plans to compare, and budgets too small */
+}
+
 /* rotor(M = peak of checkpoint_sequential(k)) <= time of checkpoint_sequential(k). */
 static void test_optimal_beats_sequential_unit(void **state)
 {
@@ -1096,6 +1319,8 @@ int main(void)
         cmocka_unit_test(test_plan_empty_chain),
         cmocka_unit_test(test_optimal_unit_table),
         cmocka_unit_test(test_optimal_unit_table_scaled_gcd),
+        cmocka_unit_test(test_optimal_unit_table_most_slots),
+        cmocka_unit_test(test_optimal_equals_dense_dp),
         cmocka_unit_test(test_optimal_beats_sequential_unit),
         cmocka_unit_test(test_optimal_below_input_infeasible),
         cmocka_unit_test(test_plan_rejects_bad_chain),

@@ -188,6 +188,76 @@ static void test_fold_long_chains_equal_their_replay(void **state)
     }
 }
 
+/* estimate and check (main.c): a model of 512 blocks or more is evaluated through folds where a
+ * fit keeps only the program it had to build (mp_job.keep_built), with the reserved bytes the
+ * report prints: where the whole program has few enough nodes for the caching-allocator model
+ * it is replayed whole (and kept for the report), above that both give reserved = allocated.
+ * Either way the report's figures are the whole replay's: tiny-test with 600 and 3,000 more
+ * blocks, Llama-2 with 1,200 more layers, four plans, on one GPU and with ZeRO-3. */
+static void test_fold_estimate_equals_its_replay(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *file;
+        size_t extra;
+        uint64_t seq;
+    } cases[] = {{"models/tiny-test.json", 600, 8}, {"models/tiny-test.json", 3000, 8},
+                 {"models/hf/llama-2-7b.json", 1200, 64}};
+    static const struct mp_ckpt_spec plans[] = {
+        {MP_CKPT_NONE, 0}, {MP_CKPT_SQRT, 0}, {MP_CKPT_EVERY, 3}, {MP_CKPT_OPTIMAL, 0},
+    };
+    size_t folded = 0, whole = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        struct mp_model m, big;
+        load_file(&m, cases[k].file);
+        stretch(&m, cases[k].extra, &big);
+        for (size_t pi = 0; pi < sizeof plans / sizeof plans[0]; pi++)
+            for (int dp = 0; dp < 2; dp++) {
+                struct mp_parallel par;
+                mp_parallel_default(&par);
+                par.strategy = MP_PAR_ZERO3;
+                par.gpus = 8;
+                struct mp_job j = job_for(&big, "t4");
+                j.ckpt = plans[pi];
+                j.build.batch = 2;
+                j.build.seq = cases[k].seq;
+                j.train.par = dp ? &par : NULL;
+                struct mp_fit a, b;
+                struct mp_diag d = {{0}};
+                j.keep_program = true; /* the whole model, as estimate did */
+                if (mp_fit_eval(&j, &a, &d) != MP_OK)
+                    fail_msg("%s", d.msg);
+                j.keep_program = false;
+                j.keep_built = true; /* estimate and check now */
+                if (mp_fit_eval(&j, &b, &d) != MP_OK)
+                    fail_msg("%s", d.msg);
+                char what[160], sb[32];
+                snprintf(what, sizeof what, "%s +%zu %s%s", cases[k].file, cases[k].extra,
+                         mp_ckpt_spec_str(&plans[pi], sb, sizeof sb), dp ? " zero3 x8" : "");
+                assert_same_fit(what, &a, &b, false);
+                if (a.est.peak_reserved_bytes != b.est.peak_reserved_bytes)
+                    fail_msg("%s: reserved %llu folded, %llu replayed", what,
+                             (unsigned long long)b.est.peak_reserved_bytes,
+                             (unsigned long long)a.est.peak_reserved_bytes);
+                if (a.prog.n_nodes <= MP_ASIM_MAX_NODES) { /* replayed whole, the program kept */
+                    assert_int_equal(b.folded_blocks, 0);
+                    assert_int_equal(b.prog.n_nodes, a.prog.n_nodes);
+                    whole++;
+                } else if (b.folded_blocks) { /* the whole program was not built */
+                    assert_null(b.prog.blocks);
+                    folded++;
+                } else { /* a fold that did not hold (the whole program, kept), or folded nothing */
+                    assert_true(!b.prog.blocks || b.prog.n_nodes == a.prog.n_nodes);
+                }
+                mp_fit_release(&a);
+                mp_fit_release(&b);
+            }
+        free(big.blocks);
+        mp_model_release(&m);
+    }
+    assert_true(folded >= 12 && whole == 8); /* both ways were taken */
+}
+
 /* Data parallelism: every engine and option the planner offers, on the long chains.  The
  * full model's buckets, partitions and groups come from the weighted short program. */
 static void test_fold_data_parallel_equals_its_replay(void **state)
@@ -493,6 +563,7 @@ int main(void)
         cmocka_unit_test(test_fold_alternating_layers_equal_their_replay),
         cmocka_unit_test(test_fold_bundled_models_equal_their_replay),
         cmocka_unit_test(test_fold_data_parallel_equals_its_replay),
+        cmocka_unit_test(test_fold_estimate_equals_its_replay),
         cmocka_unit_test(test_fold_encoder_decoder_equals_its_replay),
         cmocka_unit_test(test_fold_nested_equals_its_replay),
         cmocka_unit_test(test_long_model_optimal_never_worse_than_sqrt),

@@ -596,6 +596,51 @@ static void test_repeat_nesting(void **state)
     }
 }
 
+/* A model expands to at most 131,072 ops (a composite counting as one; docs/model-format.md), and a
+ * repeat that would take it past that is refused, naming it, before any of it is made: nested
+ * repeats of a few hundred bytes asked for a million GPT-2 blocks (19 GB, exit 5 out of memory). */
+#define GROUP4 "{\"block\": \"b\", \"layers\": [" LIN ", " LIN ", " LIN ", " LIN "]}"
+static void test_ops_limit(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    /* 32,768 blocks of 4 ops: 131,072, the limit */
+    expect_ok(MODEL16("{\"repeat\": 32768, \"layers\": [" GROUP4 "]}"), &m);
+    assert_int_equal(m.n_blocks, 32768);
+    mp_model_release(&m);
+    expect_ok(MODEL16("{\"repeat\": 4, \"layers\": [{\"repeat\": 8192, \"layers\": [" GROUP4 "]}]}"), &m);
+    assert_int_equal(m.n_blocks, 32768);
+    mp_model_release(&m);
+    static const char *const limit = " (memplan's limit on a model's ops, repeats expanded)";
+    char msg[256];
+    /* one op more, wherever it is */
+    snprintf(msg, sizeof msg, "t.json: layers[0].repeat: 32769 repeats of 4 ops take the model over 131072 ops%s",
+             limit);
+    expect_error(MODEL16("{\"repeat\": 32769, \"layers\": [" GROUP4 "]}"), MP_ERR_RANGE, msg);
+    snprintf(msg, sizeof msg, "t.json: layers[1].repeat: 32768 repeats of 4 ops take the model over 131072 ops%s",
+             limit);
+    expect_error(MODEL16(LIN ", {\"repeat\": 32768, \"layers\": [" GROUP4 "]}"), MP_ERR_RANGE, msg);
+    snprintf(msg, sizeof msg, "t.json: layers[1]: the model has more than 131072 ops here%s", limit);
+    expect_error(MODEL16("{\"repeat\": 32768, \"layers\": [" GROUP4 "]}, " LIN), MP_ERR_RANGE, msg);
+    /* nested: the outer repeat is named, its body counted through the inner one (2 x 100,000
+     * per iteration) */
+    snprintf(msg, sizeof msg, "t.json: layers[0].repeat: 2 repeats of 200000 ops take the model over 131072 ops%s",
+             limit);
+    expect_error(MODEL16("{\"repeat\": 2, \"layers\": [{\"repeat\": 100000, \"layers\": [" LIN ", " LIN "]}]}"),
+                 MP_ERR_RANGE, msg);
+    /* eight levels of the largest repeat: more ops than 64 bits count, refused all the same */
+    char json[1024] = "", inner[1024] = "";
+    for (int i = 0; i < 8; i++)
+        strcat(inner, "{\"repeat\": 100000, \"layers\": [");
+    strcat(inner, LIN);
+    for (int i = 0; i < 8; i++)
+        strcat(inner, "]}");
+    snprintf(json, sizeof json, MODEL16("%s"), inner);
+    snprintf(msg, sizeof msg, "t.json: layers[0].repeat: 100000 repeats of %llu ops take the model over 131072 ops%s",
+             (unsigned long long)UINT64_MAX, limit);
+    expect_error(json, MP_ERR_RANGE, msg);
+}
+
 static void test_keys_ignored_and_rejected(void **state)
 {
     (void)state;
@@ -836,7 +881,13 @@ static const struct bad_case {
     {"huge-layer.json", MP_ERR_RANGE,
      ": layers[0].out_features: 1000000000000000 is too large (at most 1099511627776)"},
     {"repeat-huge.json", MP_ERR_RANGE, ": layers[0].repeat: 1000000000 is too large (at most 100000)"},
-    {"too-many-blocks.json", MP_ERR_RANGE, ": layers[0].repeat: 2000 repeats make more than 1048576 blocks"},
+    {"too-many-blocks.json", MP_ERR_RANGE,
+     ": layers[0].repeat: 2000 repeats of 1000 ops take the model over 131072 ops (memplan's limit on a model's ops, "
+     "repeats expanded)"},
+    /* 1,000 x 1,000 GPT-2 blocks in 600 bytes: refused before any is made (it took 19 GB) */
+    {"nested-repeats.json", MP_ERR_RANGE,
+     ": layers[1].repeat: 1000 repeats of 1000 ops take the model over 131072 ops (memplan's limit on a model's ops, "
+     "repeats expanded)"},
     {"nesting-deep.json", MP_ERR_RANGE,
      ": layers[0].layers[0].layers[0].layers[0].layers[0].layers[0].layers[0].layers[0].layers[0]: "
      "repeats nested more than 8 deep"},
@@ -1050,6 +1101,7 @@ int main(void)
         cmocka_unit_test(test_errors_field_values),
         cmocka_unit_test(test_bad_corpus_exact),
         cmocka_unit_test(test_bad_corpus_readme),
+        cmocka_unit_test(test_ops_limit),
         cmocka_unit_test(test_load_directory_rejected),
         cmocka_unit_test(test_parse_patch_embedding),
         cmocka_unit_test(test_bundled_param_counts),
