@@ -24,9 +24,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * grows with the program, not with batch or seq: an estimator replay costs about
  * nodes x live allocations (gpt2-124m with 250 blocks, 3,759 nodes: 2.5 s a replay),
  * the optimal DP about blocks^3 x slots (128 blocks at 100 slots: 2.4 s).  So the
- * stages stop at budgets that keep every input under about 0.5 s unloaded: the bundled
- * 70B-class seeds (1,700 to 2,600 nodes) build, chain and plan, but are not replayed
- * (1.8 to 3.3 s each before). */
+ * stages stop at budgets: the bundled 70B-class seeds (1,700 to 2,600 nodes) build, chain
+ * and plan but are not replayed, and took 5.4 to 8.6 s each at load 6 to 8 here, now at
+ * most 1.0 s (every seed; 128 blocks of tiny-test, the DP's worst, 0.6 s). */
 #define MAX_BLOCKS 256   /* above: load only */
 #define MAX_NODES 4000   /* above: load and build only */
 #define REPLAY_NODES 800 /* above: no estimator replay */
