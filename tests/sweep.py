@@ -19,7 +19,7 @@ thread kills it past that) and every run's peak RSS is read from wait4()'s rusag
 
 Wrong (each counted, each offending command printed, exit status 1 if any):
   sanitizer  an ASan, UBSan or LeakSanitizer report;
-  internal   exit status 5;
+  internal   exit status 5 (except a failed write, where 5 is the documented status);
   exit       any other status outside 0-4 (a signal, an abort);
   timeout    still running after 10 s (killed): a hang or a run too slow;
   memory     peak RSS over 2 GiB;
@@ -364,11 +364,14 @@ def gpus_matrix(d):
     for name in ('', 'nonexistent', '../configs/gpus/t4', 'a' * 5000, '%s%n', '.json', '-', adir, '/dev/null',
                  '/dev/zero', os.path.join(d, 'missing.json'), 't4\n'):
         runs.append(run('gpus', ['check', tiny, '--batch', '1', '--gpu', name], expect={2, 3}, what='--gpu NAME'))
-    # output that cannot be written: a timeline into a directory or onto a full device, stdout full
-    for target in (d, '/dev/full', os.path.join(d, 'no', 'such', 'dir.svg')):
-        runs.append(run('gpus', ['estimate', tiny, '--timeline', target], expect={2, 3}, what='--timeline FILE'))
+    # output that cannot be written: a timeline onto a directory or a device is refused (2); one
+    # whose directory is missing, or stdout full, is a failed write (5, README's exit codes)
+    for target in (d, '/dev/full'):
+        runs.append(run('gpus', ['estimate', tiny, '--timeline', target], expect={2}, what='--timeline FILE'))
+    runs.append(run('gpus', ['estimate', tiny, '--timeline', os.path.join(d, 'no', 'such', 'dir.svg')], expect={5},
+                    what='--timeline FILE'))
     for cmd in (['estimate', tiny], ['check', tiny, '--batch', '1'] + T4, ['help', 'gpus']):
-        runs.append(run('gpus', cmd, stdout='/dev/full', what='stdout full'))
+        runs.append(run('gpus', cmd, stdout='/dev/full', expect={5}, what='stdout full'))
     return runs
 
 
@@ -460,7 +463,7 @@ def classify(r):
         p.append('sanitizer')
     if p:
         return p
-    if r.rc == 5:
+    if r.rc == 5 and 5 not in (r.spec['expect'] or ()):
         p.append('internal')
     elif not 0 <= r.rc <= 4:
         p.append('exit')
