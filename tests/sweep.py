@@ -463,8 +463,9 @@ def classify(r):
         p.append('sanitizer')
     if p:
         return p
-    if r.rc == 5 and 5 not in (r.spec['expect'] or ()):
-        p.append('internal')
+    if r.rc == 5:
+        if 5 not in (r.spec['expect'] or ()):
+            p.append('internal')
     elif not 0 <= r.rc <= 4:
         p.append('exit')
     if p:
