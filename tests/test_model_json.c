@@ -773,6 +773,11 @@ static const struct bad_case {
     {"hf-duplicate-key.json", MP_ERR_MODEL, ": hidden_size: duplicate key"},
     /* a key holding a newline: the one-line message shows the control byte as '?' */
     {"key-with-newline.json", MP_ERR_MODEL, ": bad?key: unknown key for a memplan model"},
+    /* every HF field within 2^40, one weight beyond it (the memplan reader's cap) */
+    {"hf-hidden-huge.json", MP_ERR_RANGE,
+     ": hidden_size: the embedding weight is too large (at most 1099511627776 elements)"},
+    {"hf-experts-huge.json", MP_ERR_RANGE,
+     ": num_local_experts: the experts weight is too large (at most 1099511627776 elements)"},
 };
 
 static const struct bad_case *find_bad(const char *file)
