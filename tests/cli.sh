@@ -487,18 +487,27 @@ expect_msg 3 "batch x seq beyond 64 bits (DeepSeek's MLA)" "models/hf/deepseek-v
     estimate models/hf/deepseek-v3.json --batch 16777216 --seq 16777216
 expect_msg 3 "suggest at a sequence beyond 64 bits" "models/hf/mistral-7b.json: " \
     suggest --no-probe models/hf/mistral-7b.json --seq 16777216 --vram 16777215T
-NEAR64=18446744073709549568 # 2^64 - 2048
+NEAR64=18446744073709549568 # 2^64 - 2048: refused as an option value (the cap keeps every sum
+# below 2^64; the estimator's own checked sums are tested in test_estimate)
 for ck in none optimal; do
-    expect_msg 3 "check --context near 2^64, checkpoint $ck: not a wrapped fit" "--context" \
+    expect_msg 2 "check --context near 2^64, checkpoint $ck: not a wrapped fit" "--context: '$NEAR64' is too large (at most 1024TiB)" \
         check models/tiny-test.json --batch 1 --vram 1G --checkpoint "$ck" --context "$NEAR64"
-    expect_msg 3 "check --workspace near 2^64, checkpoint $ck: not a wrapped fit" "--workspace" \
+    expect_msg 2 "check --workspace near 2^64, checkpoint $ck: not a wrapped fit" "--workspace: '$NEAR64' is too large (at most 1024TiB)" \
         check models/tiny-test.json --batch 1 --vram 1G --checkpoint "$ck" --workspace "$NEAR64"
 done
-expect_msg 3 "estimate --context near 2^64" "--context" estimate models/tiny-test.json --context "$NEAR64"
-expect_msg 3 "suggest --context near 2^64" "--context" suggest --no-probe models/tiny-test.json --vram 1G \
+expect_msg 2 "estimate --context near 2^64" "--context: '$NEAR64' is too large" estimate models/tiny-test.json --context "$NEAR64"
+expect_msg 2 "suggest --context near 2^64" "--context: '$NEAR64' is too large" suggest --no-probe models/tiny-test.json --vram 1G \
     --context "$NEAR64"
-expect_msg 3 "check --context near 2^64 with data parallelism (NCCL's buffers)" "--context" \
+expect_msg 2 "check --context near 2^64 with data parallelism (NCCL's buffers)" "--context: '$NEAR64' is too large" \
     check models/tiny-test.json --batch 1 --vram 1G --gpus 2 --parallel ddp --context "$NEAR64"
+# at the cap the sums stay exact: 1024TiB of context and of workspace on tiny-test do not fit 1G
+run check models/tiny-test.json --batch 1 --vram 1G --context 1024TiB --workspace 1024TiB
+if [ "$ec" -eq 1 ] && grep -q "does not fit: peak 2.00 PiB" "$T/out"; then
+    ok "check --context and --workspace at their cap: exit 1, peak 2.00 PiB (no wrap)"
+else
+    echo "expected exit 1 and 'does not fit: peak 2.00 PiB' (2 x 1024TiB + tiny-test)" >"$T/why"
+    bad "check --context and --workspace at their cap: exit 1, peak 2.00 PiB (no wrap)"
+fi
 
 # ---- output errors ------------------------------------------------------------------------
 
