@@ -1976,7 +1976,8 @@ enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c,
     }
     st = mp_replay(p, &none, &t, chain_event, &m, d);
     if (st == MP_ERR_RANGE && m.overflow)
-        st = mp_fail(d, st, "%s: activation memory overflows 64 bits", p->model->path);
+        st = mp_fail(d, st, "%s: the step's activations need more than 16 EiB (2^64 bytes) at once; use a smaller "
+                     "--batch or --seq", p->model->path);
     if (st != MP_OK)
         goto out;
     for (size_t i = 0; i <= L; i++)

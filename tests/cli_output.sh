@@ -270,7 +270,7 @@ expect_err 3 "deep.json:1:1001: nested deeper than 1000 levels$" "1001 nested ar
 } >"$T/huge.json"
 for c in "estimate" "plan --activation-budget 1TiB --checkpoint sqrt" "check --gpu t4"; do
     # shellcheck disable=SC2086
-    expect_err 3 "huge.json: the step's activations need more than 16 EiB \(2\^64 bytes\) at once, in the forward" \
+    expect_err 3 "huge.json: the step's activations need more than 16 EiB \(2\^64 bytes\) at once(, in the forward)?; use a smaller --batch or --seq" \
         "$c on activations past 2^64 bytes: the model file and the overflow named" $c "$T/huge.json" --batch 4194304
 done
 
