@@ -166,7 +166,8 @@ static void check_copies(const char *path, size_t *copies)
     mp_model_release(&m);
 }
 
-static void check_dir(const char *dir, size_t *copies)
+/* Calls fn(path, ctx) for each .json file in dir; returns how many. */
+static size_t for_each_json(const char *dir, void (*fn)(const char *path, size_t *ctx), size_t *ctx)
 {
     DIR *dp = opendir(dir);
     assert_non_null(dp);
@@ -177,11 +178,16 @@ static void check_dir(const char *dir, size_t *copies)
             continue;
         char path[512];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        check_copies(path, copies);
+        fn(path, ctx);
         n++;
     }
     closedir(dp);
-    assert_true(n >= 5);
+    return n;
+}
+
+static void check_dir(const char *dir, size_t *copies)
+{
+    assert_true(for_each_json(dir, check_copies, copies) >= 5);
 }
 
 /* Sizes beyond 64 bits: building m each way at batch b, sequence s makes the program or fails
@@ -210,25 +216,20 @@ static void check_model_overflow(const struct mp_model *m, const char *path, uin
     }
 }
 
-static void check_overflow_dir(const char *dir, size_t *n_range)
+static void check_file_overflow(const char *path, size_t *n_range)
 {
     /* batch x seq x seq overflows (the attention mask), batch x seq x hidden does */
     static const uint64_t bs[][2] = {{65536, 16777216}, {16777216, 16777216}, {1048576, 1048576}};
-    DIR *dp = opendir(dir);
-    assert_non_null(dp);
-    for (struct dirent *e; (e = readdir(dp));) {
-        size_t len = strlen(e->d_name);
-        if (len < 5 || strcmp(e->d_name + len - 5, ".json") != 0)
-            continue;
-        char path[512];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        struct mp_model m;
-        load_file(&m, path);
-        for (size_t k = 0; k < sizeof bs / sizeof bs[0]; k++)
-            check_model_overflow(&m, path, bs[k][0], bs[k][1], n_range);
-        mp_model_release(&m);
-    }
-    closedir(dp);
+    struct mp_model m;
+    load_file(&m, path);
+    for (size_t k = 0; k < sizeof bs / sizeof bs[0]; k++)
+        check_model_overflow(&m, path, bs[k][0], bs[k][1], n_range);
+    mp_model_release(&m);
+}
+
+static void check_overflow_dir(const char *dir, size_t *n_range)
+{
+    for_each_json(dir, check_file_overflow, n_range);
 }
 
 /* Every bundled model, each way, at sizes beyond 64 bits: an error, never a crash. */
