@@ -80,13 +80,14 @@ ifeq ($(SAN),1)
   override LDFLAGS += -fsanitize=address,undefined
 endif
 
-SRCS := $(filter-out src/probe_cuda.c,$(wildcard src/*.c))
+# src/<folder>/ in pipeline order (README's map; tests/deps.py holds the order); probe/cuda/ only with CUDA
+SRCS := $(sort $(filter-out src/probe/cuda/%,$(shell find src -name '*.c')))
 KSRCS :=
 ifeq ($(USE_CUDA),yes)
   override CFLAGS += -DMEMPLAN_HAVE_CUDA -I$(CUDA_HOME)/include
-  SRCS += $(wildcard src/probe_cuda.c)
+  SRCS += $(wildcard src/probe/cuda/*.c)
   KSRCS := $(wildcard kernels/*.cu)
-  # cuBLAS is dlopen()ed by the cuda backend when it opens (see probe_cuda.c), not linked
+  # cuBLAS is dlopen()ed by the cuda backend when it opens (see src/probe/cuda/probe_cuda.c), not linked
   override CFLAGS += -DMEMPLAN_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
   # the architectures this nvcc can build (CUDA 13 dropped sm_70: build V100 code with CUDA 12)
@@ -101,7 +102,7 @@ ifeq ($(USE_CUDA),yes)
 endif
 
 OBJS  := $(SRCS:%.c=$(BUILD)/%.o) $(KSRCS:%.cu=$(BUILD)/%.o)
-LIBOBJS := $(filter-out $(BUILD)/src/main.o,$(OBJS))
+LIBOBJS := $(filter-out $(BUILD)/src/cli/main.o,$(OBJS))
 TESTS := $(patsubst tests/test_%.c,%,$(wildcard tests/test_*.c))
 TESTBINS := $(TESTS:%=$(BUILD)/tests/test_%)
 
@@ -200,7 +201,7 @@ test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops $(BUIL
 FUZZ_CC ?= clang
 FUZZ_TIME ?= 60
 FUZZ_DIR := build-fuzz
-FUZZ_SRCS := $(filter-out src/main.c src/probe_cuda.c,$(wildcard src/*.c))
+FUZZ_SRCS := $(filter-out src/cli/main.c src/probe/cuda/%,$(SRCS))
 FUZZ_FLAGS := -g -O1 -std=c11 -D_POSIX_C_SOURCE=200809L -Isrc $(PKG_CFLAGS) -DMEMPLAN_DATADIR='"$(PREFIX)/share/memplan"' \
               -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_OBJS := $(FUZZ_SRCS:%.c=$(FUZZ_DIR)/%.o)
@@ -213,8 +214,8 @@ $(FUZZ_DIR)/%.o: %.c
 	@echo "  CC    $< (fuzz)"
 	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c -o $@ $<
 
-# fuzz_cli calls main() of src/main.c, compiled here as mp_cli_main
-$(FUZZ_DIR)/src/main_cli.o: src/main.c
+# fuzz_cli calls main() of src/cli/main.c, compiled here as mp_cli_main
+$(FUZZ_DIR)/src/main_cli.o: src/cli/main.c
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< (fuzz, main as mp_cli_main)"
 	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -Dmain=mp_cli_main -MMD -MP -c -o $@ $<

@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "ckpt.h"
+#include "ckpt/ckpt.h"
 
 #define MiB (1024.0 * 1024.0)
 

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layers.h"
-#include "model.h"
+#include "ir/layers.h"
+#include "model/model.h"
 
 int main(int argc, char **argv)
 {

@@ -13,7 +13,7 @@
 #include <type_traits>
 
 #include "kernels.h"
-#include "mp_math.h" /* activations, 8-bit Adam codes, hyper-parameters (shared with C) */
+#include "probe/mp_math.h"
 
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 

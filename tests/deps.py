@@ -1,14 +1,35 @@
-"""deps.py BUILD_DIR: no dependency cycles between src files.
+"""deps.py BUILD_DIR: the code's structure holds.
 
-Reads every BUILD_DIR/src/*.o with nm: file A depends on file B when A uses a
-function or object that B defines.  A cycle (files that depend on each other,
-directly or around a loop) fails, except the cycles listed in KNOWN below, each
-with why it is still there; a cycle that grows, or a new one, fails.
+1. No dependency cycles between src files.  Reads every BUILD_DIR/src/**/*.o with nm:
+   file A depends on file B when A uses a function or object that B defines.  A cycle
+   (files that depend on each other, directly or around a loop) fails, except the cycles
+   listed in KNOWN below, each with why it is still there; a cycle that grows, or a new
+   one, fails.
+2. The folders are the pipeline, in ORDER: a file may use (nm) and include only files of
+   its own folder or of folders before it.
+3. A file includes another folder's code only through that folder's public header
+   (PUBLIC); the other headers of a folder are its own.  kernels/ is the cuda probe's
+   device code and includes only probe/mp_math.h.
 """
 import glob
 import os
+import re
 import subprocess
 import sys
+
+ORDER = ["util", "json", "model", "ir", "ckpt", "estimate", "probe", "search", "report", "cli"]
+PUBLIC = {
+    "util": "util/util.h",
+    "json": "json/json.h",
+    "model": "model/model.h",
+    "ir": "ir/layers.h",
+    "ckpt": "ckpt/ckpt.h",
+    "estimate": "estimate/estimate.h",
+    "probe": "probe/probe.h",
+    "search": "search/search.h",
+    "report": "report/report.h",
+}
+KERNEL_INCLUDES = {"probe/mp_math.h"}
 
 # Cycles still in the tree (issue 13, item 7), to be broken; none may grow.
 KNOWN = {
@@ -17,11 +38,12 @@ KNOWN = {
 
 def graph(build):
     defs, uses = {}, {}
-    objs = glob.glob(os.path.join(build, "src", "*.o"))
+    root = os.path.join(build, "src")
+    objs = glob.glob(os.path.join(root, "**", "*.o"), recursive=True)
     if not objs:
         sys.exit("deps.py: no objects in %s/src (build first)" % build)
     for o in objs:
-        name = os.path.basename(o)[:-2]
+        name = os.path.relpath(o, root)[:-2]
         out = subprocess.run(["nm", o], capture_output=True, text=True, check=True).stdout
         for line in out.splitlines():
             p = line.split()
@@ -79,4 +101,66 @@ for comp in cycles(g):
         print("FAIL dependency cycle between src files: %s" % edges)
         bad = 1
 print("ok   no dependency cycles between src files beyond the known ones" if not bad else "")
+
+
+def folder(name):
+    """The pipeline folder of a path relative to src/ ("probe/host/x" -> "probe")."""
+    return name.split("/")[0]
+
+
+def rank(name):
+    f = folder(name)
+    if f not in ORDER:
+        print("FAIL src/%s is in no folder of ORDER (tests/deps.py): add the folder there" % name)
+        return None
+    return ORDER.index(f)
+
+
+for a in sorted(g):
+    for b in sorted(g[a]):
+        ra, rb = rank(a), rank(b)
+        if ra is None or rb is None:
+            bad = 1
+        elif rb > ra:
+            print("FAIL src/%s.c uses src/%s.c: %s/ comes after %s/ in the pipeline" % (a, b, folder(b), folder(a)))
+            bad = 1
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+for path in sorted(glob.glob(os.path.join(src, "**", "*.[ch]"), recursive=True)):
+    rel = os.path.relpath(path, src)
+    here = os.path.dirname(rel)
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    for inc in INCLUDE.findall(text):
+        if inc.startswith("../"):  # the cuda backend's device code
+            if rel.startswith("probe/cuda/") and inc.endswith("kernels/kernels.h"):
+                continue
+            print("FAIL src/%s includes %s: include by path from src/, not ../" % (rel, inc))
+            bad = 1
+            continue
+        target = inc if "/" in inc else os.path.join(here, inc)
+        if not os.path.exists(os.path.join(src, target)):
+            print("FAIL src/%s includes %s: no such file under src/" % (rel, inc))
+            bad = 1
+            continue
+        fa, fb = folder(rel), folder(target)
+        if fa == fb:
+            continue
+        if fb not in ORDER or fa not in ORDER or ORDER.index(fb) > ORDER.index(fa):
+            print("FAIL src/%s includes %s: %s/ comes after %s/ in the pipeline" % (rel, inc, fb, fa))
+            bad = 1
+        elif PUBLIC.get(fb) != target:
+            print("FAIL src/%s includes %s: another folder's code is reached through its public header %s"
+                  % (rel, inc, PUBLIC.get(fb)))
+            bad = 1
+kdir = os.path.join(src, "..", "kernels")
+for path in sorted(glob.glob(os.path.join(kdir, "*"))):
+    with open(path, encoding="utf-8") as fh:
+        for inc in INCLUDE.findall(fh.read()):
+            if "/" in inc and inc not in KERNEL_INCLUDES:
+                print("FAIL kernels/%s includes %s: kernels/ includes only %s from src/"
+                      % (os.path.basename(path), inc, ", ".join(sorted(KERNEL_INCLUDES))))
+                bad = 1
+print("ok   folders in pipeline order, each reached through its public header" if not bad else "")
 sys.exit(bad)

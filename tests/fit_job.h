@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-#include "search.h"
+#include "search/search.h"
 
 /* A fit job of m on target g with memplan's defaults. */
 static inline struct mp_job job_on(const struct mp_model *m, const struct mp_gpu *g)

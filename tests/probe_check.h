@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt.h"
-#include "probe_impl.h"
+#include "ckpt/ckpt.h"
+#include "probe/probe_impl.h"
 
 static inline void load_json(struct mp_model *m, const char *json)
 {

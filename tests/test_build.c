@@ -16,8 +16,8 @@
 
 #include <cmocka.h>
 
-#include "layers.h"
-#include "model.h"
+#include "ir/layers.h"
+#include "model/model.h"
 
 static void load_file(struct mp_model *m, const char *path)
 {

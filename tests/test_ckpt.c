@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt.h"
+#include "ckpt/ckpt.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 

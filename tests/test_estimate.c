@@ -13,10 +13,10 @@
 
 #include <cmocka.h>
 
-#include "ckpt.h"
-#include "estimate.h"
-#include "layers.h"
-#include "model.h"
+#include "ckpt/ckpt.h"
+#include "estimate/estimate.h"
+#include "ir/layers.h"
+#include "model/model.h"
 
 /* linear(16->32, bias) | relu | classifier(32->4, bias) on a [16] input. */
 static const char *MLP = "{\"name\":\"t\",\"input\":{\"shape\":[16]},\"classes\":4,\"layers\":["

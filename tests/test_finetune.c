@@ -19,11 +19,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "estimate.h"
-#include "finetune.h"
-#include "layers.h"
-#include "model.h"
-#include "quant.h"
+#include "estimate/estimate.h"
+#include "ir/finetune.h"
+#include "ir/layers.h"
+#include "model/model.h"
+#include "model/quant.h"
 
 static void load_ok(struct mp_model *m, const char *path)
 {

@@ -19,8 +19,8 @@
 #include <cJSON.h>
 
 #include "fit_job.h"
-#include "fold.h"
-#include "search.h"
+#include "estimate/fold.h"
+#include "search/search.h"
 
 static bool close_enough(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(1.0, fmax(fabs(a), fabs(b))); }
 

@@ -11,8 +11,8 @@
 
 #include <cmocka.h>
 
-#include "gpu.h"
-#include "probe.h"
+#include "search/gpu.h"
+#include "probe/probe.h"
 
 /* Without a usable device the target is refused and left as it was. */
 static void test_from_device_without_one(void **state)

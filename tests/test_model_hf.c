@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "layers.h"
-#include "model.h"
-#include "model_read.h"
+#include "ir/layers.h"
+#include "model/model.h"
+#include "model/model_read.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 

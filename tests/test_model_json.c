@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layers.h"
-#include "model.h"
+#include "ir/layers.h"
+#include "model/model.h"
 
 #define BAD_DIR "tests/data/bad"
 #define NEST_MAX 8 /* NEST_MAX of model_read.h, which only the readers include */

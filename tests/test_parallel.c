@@ -18,10 +18,10 @@
 
 #include <cmocka.h>
 
-#include "estimate.h"
-#include "layers.h"
-#include "model.h"
-#include "parallel.h"
+#include "estimate/estimate.h"
+#include "ir/layers.h"
+#include "model/model.h"
+#include "estimate/parallel.h"
 
 static const char *MODEL = "{\"name\":\"par\",\"input\":{\"shape\":[16]},\"classes\":4,\"layers\":["
                            "{\"type\":\"linear\",\"in_features\":16,\"out_features\":30,\"bias\":true},"

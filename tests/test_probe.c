@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt.h"
-#include "probe_impl.h"
+#include "ckpt/ckpt.h"
+#include "probe/probe_impl.h"
 #include "probe_check.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */

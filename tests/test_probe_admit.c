@@ -6,8 +6,8 @@
 
 #include <cmocka.h>
 
-#include "layers.h"
-#include "probe.h"
+#include "ir/layers.h"
+#include "probe/probe.h"
 
 static enum mp_status admit(const char *path, uint64_t capacity, bool automatic, struct mp_diag *d)
 {

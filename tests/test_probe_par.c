@@ -23,11 +23,11 @@
 
 #include <cmocka.h>
 
-#include "estimate.h"
-#include "layers.h"
-#include "model.h"
-#include "parallel.h"
-#include "probe.h"
+#include "estimate/estimate.h"
+#include "ir/layers.h"
+#include "model/model.h"
+#include "estimate/parallel.h"
+#include "probe/probe.h"
 
 static const char *MODEL = "{\"name\":\"par\",\"input\":{\"shape\":[16]},\"classes\":4,\"layers\":["
                            "{\"type\":\"linear\",\"in_features\":16,\"out_features\":30,\"bias\":true},"

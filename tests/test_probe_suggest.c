@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "fit_job.h"
-#include "search.h"
+#include "search/search.h"
 
 /* tiny-test on a --vram-style target sized so that micro-batches are small (fast probes) */
 static struct mp_job tiny_job(struct mp_model *m, uint64_t vram)

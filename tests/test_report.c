@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "model.h"
-#include "report.h"
+#include "model/model.h"
+#include "report/report.h"
 
 /* mp_report_fit_text(text, width) into a string the caller frees. */
 static char *fit(const char *text, size_t width)

@@ -13,7 +13,7 @@
 
 #include "fit_job.h"
 
-#include "search.h"
+#include "search/search.h"
 
 static void load_file(struct mp_model *m, const char *path)
 {

@@ -32,7 +32,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model.h"
+#include "model/model.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

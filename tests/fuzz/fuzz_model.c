@@ -11,10 +11,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "ckpt.h"
-#include "estimate.h"
-#include "layers.h"
-#include "model.h"
+#include "ckpt/ckpt.h"
+#include "estimate/estimate.h"
+#include "ir/layers.h"
+#include "model/model.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,0 +1,179 @@
+/* estimate.h — one steady-state training step as a stream of alloc/free events,
+ * and the estimator that replays it.
+ *
+ * mp_replay() walks the tensor program through a block schedule (forward,
+ * loss, backward with recomputation, optimizer step, zero_grad) and calls a
+ * visitor for every allocation, free and compute event.  The estimator's
+ * visitor counts bytes (512-byte rounding, plus a caching-allocator model for
+ * reserved bytes); the probe's visitor allocates and computes for real.  Step
+ * 2 onward: optimizer state exists at the start, gradients are set to None
+ * after the step.  Pure: no I/O.
+ */
+#ifndef MEMPLAN_ESTIMATE_H
+#define MEMPLAN_ESTIMATE_H
+
+#include "ckpt/ckpt.h"
+#include "fold.h"
+#include "ir/layers.h"
+#include "optim.h"
+#include "parallel.h"
+
+/* What a storage is. */
+enum mp_store {
+    MP_ST_PARAM,      /* id = param */
+    MP_ST_OPT_STATE,  /* id = param */
+    MP_ST_WORKSPACE,  /* cuBLAS workspace, id = 0 */
+    MP_ST_INPUT,      /* id = tensor (input ids / images, labels) */
+    MP_ST_ACT,        /* id = tensor */
+    MP_ST_GRAD,       /* a gradient storage, id = the tensor it was made for (mp_event.grad_of) */
+    MP_ST_PGRAD,      /* gradient of param id */
+    MP_ST_TMP,        /* node transient, id = node */
+    MP_ST_OPT_TMP,    /* optimizer-step temporary: id = param (Adam/AdamW foreach), 0 (Adafactor) */
+    MP_ST_COMM,       /* data parallel: communication buffer, id = slot * MP_COMM_KINDS + kind (parallel.h) */
+};
+
+enum mp_ev_kind {
+    MP_EV_ALLOC,
+    MP_EV_FREE,
+    MP_EV_FWD,        /* compute node forward (node), grad_mode says whether it records for backward */
+    MP_EV_BWD,        /* compute node backward (node) */
+    MP_EV_LOSS_GRAD,  /* seed the gradient of the loss / final output */
+    MP_EV_OPT_STEP,   /* optimizer update of every parameter */
+    MP_EV_OP_BEGIN,   /* schedule op number id begins (Fn/Fc/Fe/Loss/B) */
+    MP_EV_OP_END,     /* schedule op number id ends */
+    MP_EV_WGRAD_CAST, /* after linear node's backward under autocast: its half weight gradient (its TMP
+                         part MP_TR_WGRAD_HALF) added into param id's fp32 gradient, just allocated
+                         (ToCopyBackward0 of autocast's weight cast, then AccumulateGrad) */
+};
+
+enum mp_phase { MP_PH_SETUP, MP_PH_FORWARD, MP_PH_LOSS, MP_PH_RECOMPUTE, MP_PH_BACKWARD, MP_PH_STEP, MP_PH_END };
+const char *mp_phase_str(enum mp_phase ph);
+
+struct mp_event {
+    enum mp_ev_kind kind;
+    enum mp_store store;
+    int id;           /* tensor, param or node id per store / kind */
+    int node;         /* node being processed, or -1 */
+    uint64_t bytes;   /* unrounded request size for ALLOC/FREE */
+    enum mp_phase phase;
+    bool grad_mode;   /* FWD: with grad (saves) or without (Fn/Fc) */
+    int step;         /* FWD / BWD of a node that runs as several ops (mp_node.n_fops, n_bops): which,
+                         from 0 */
+    /* Per tensor: the MP_ST_GRAD storage (its id) holding its gradient now, -1 none.  A residual
+     * add hands its incoming gradient to its inputs (AddBackward0), so several tensors can share
+     * one storage.  The replay's own array: valid until mp_replay returns. */
+    const int *grad_of;
+    bool grad_out_of_place; /* BWD: a gradient this node makes is added out of place to one held by
+                               another tensor too (a new storage after the node) */
+};
+
+typedef enum mp_status (*mp_event_fn)(void *ctx, const struct mp_event *ev);
+
+struct mp_train_opts {
+    enum mp_optimizer optimizer;
+    uint64_t cublas_workspace_bytes; /* persistent, inside allocated (memory-facts §8) */
+    bool accumulate; /* gradient accumulation: a micro-step after the first, .grad resident from its
+                      * start (AccumulateGrad adds each incoming gradient in place: a transient);
+                      * then the optimizer step and zero_grad as usual (memory-facts §6) */
+    const struct mp_parallel *par; /* data parallel / sharding (NULL or strategy none: one GPU); the
+                                    * replay is then rank r's (all ranks hold the same bytes) */
+    bool skip_reserved; /* no caching-allocator model (peak_reserved = peak_allocated): for
+                         * searches, whose fit decisions use the allocated peak only */
+};
+void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace, no accumulation */
+
+/* Replays one step of p through sched (NULL = no checkpointing) and calls fn for
+ * every event in order.  Stops at the first non-OK status from fn and returns it. */
+enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *sched, const struct mp_train_opts *t,
+                         mp_event_fn fn, void *ctx, struct mp_diag *d);
+
+
+/* PyTorch caching-allocator rounding: < 512 -> 512, else a multiple of 512. */
+static inline uint64_t mp_round512(uint64_t b) { return b == 0 ? 0 : ((b + 511) / 512) * 512; }
+
+struct mp_block_est {
+    uint64_t params;
+    uint64_t weights_bytes, grads_bytes, optimizer_bytes;
+    uint64_t activation_bytes;  /* what the block keeps for backward when run with grad (its output included) */
+    uint64_t output_bytes;
+    double fwd_flops, bwd_flops;
+    bool checkpointed;
+};
+
+struct mp_estimate {
+    uint64_t params, trainable_params;
+    uint64_t weights_bytes, grads_bytes, optimizer_bytes;
+    uint64_t input_bytes;            /* input batch and labels */
+    uint64_t module_buffers_bytes;   /* non-persistent module buffers (rotary inv_freq ...) */
+    uint64_t workspace_bytes;        /* cuBLAS workspace */
+    uint64_t activations_bytes;      /* activations live when backward starts (after the loss) */
+    uint64_t optimizer_tmp_bytes;
+    uint64_t peak_allocated_bytes;   /* comparable to torch.cuda.max_memory_allocated */
+    uint64_t peak_requested_bytes;   /* without 512-byte rounding */
+    uint64_t peak_reserved_bytes;    /* caching-allocator segments */
+    uint64_t overhead_bytes;         /* CUDA context (not in allocated/reserved) */
+    uint64_t peak_device_bytes;      /* allocated + context: what the GPU must have (the allocator
+                                      * empties its cache before failing; margin covers fragmentation) */
+    enum mp_phase peak_phase;
+    char peak_event[96];             /* "backward:h.11.mlp.fc2" */
+    uint64_t static_bytes;           /* weights + optimizer state + workspace + input */
+    /* data parallel (per rank; world 1 without --parallel) */
+    uint64_t world;
+    uint64_t buffers_bytes;          /* persistent communication buffers (DDP buckets, DeepSpeed buckets) */
+    uint64_t host_bytes, nvme_bytes; /* offload: host RAM and NVMe space per rank */
+    double allgather_bytes, reducescatter_bytes, allreduce_bytes, pcie_bytes, host_step_elems;
+    double comm_s, exposed_comm_s, offload_s; /* filled by the fit (search.c): seconds per step */
+    size_t n_groups;
+    double fwd_flops, bwd_flops, recompute_flops;
+    size_t n_blocks;
+    struct mp_block_est *blocks;
+};
+
+void mp_estimate_release(struct mp_estimate *e);
+
+/* Above this many program nodes the caching-allocator model is skipped
+ * (peak_reserved_bytes = peak_allocated_bytes). */
+#define MP_ASIM_MAX_NODES 20000
+
+/* Runs the estimator.  context_bytes is the CUDA context of the target (0 if unknown). */
+enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_schedule *sched,
+                               const struct mp_train_opts *t, uint64_t context_bytes, struct mp_estimate *e,
+                               struct mp_diag *d);
+/* The same with p's chain (mp_estimate_chain) already made, or NULL: the caller's copy
+ * saves the replay that the per-block figures would otherwise need. */
+enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp_schedule *sched,
+                                     const struct mp_train_opts *t, uint64_t context_bytes,
+                                     const struct mp_chain *chain, struct mp_estimate *e, struct mp_diag *d);
+/* Only the figures that do not depend on the schedule (no replay): parameters, weights,
+ * gradients, optimizer state, inputs, buffers, workspace, FLOPs, and the per-rank shares
+ * with data parallelism; static_bytes.  e->blocks stays NULL. */
+enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                                  struct mp_diag *d);
+
+/* mp_estimate_run_chain for the full model of fold f (fold.h), from one replay of f's short
+ * program p with f's schedule.  full: the full schedule (recompute FLOPs, checkpointed blocks);
+ * chain: the full model's chain for the per-block figures, or NULL (e->blocks stays NULL).  The
+ * caching-allocator model is not run (peak_reserved_bytes = peak_allocated_bytes).  *holds false
+ * (and MP_OK): the fold does not hold for this program (data parallel, tensors held across
+ * blocks, a weighted block not a verified copy, an interval's interior blocks replayed
+ * differently); the caller evaluates the full model. */
+enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_program *p,
+                                      const struct mp_schedule *full, const struct mp_train_opts *t,
+                                      uint64_t context_bytes, const struct mp_chain *chain, struct mp_estimate *e,
+                                      bool *holds, struct mp_diag *d);
+
+/* mp_estimate_static for the full model of fold f, from f's short program p, without a replay.
+ * *holds false (and MP_OK): the fold does not hold for p (as mp_estimate_run_folded says). */
+enum mp_status mp_estimate_static_folded(const struct mp_fold *f, const struct mp_program *p,
+                                         const struct mp_train_opts *t, struct mp_estimate *e, bool *holds,
+                                         struct mp_diag *d);
+
+/* The checkpoint chain of p (rotor notation, bytes rounded to 512, costs in FLOPs):
+ * per block forward/backward FLOPs, input sizes, what a forward with grad keeps,
+ * and forward/backward transients, measured by replaying each block alone. */
+enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c, struct mp_diag *d);
+/* Marks the chain's repeated blocks (c->repeated) from p's model: the only part of the chain
+ * that the fixed plans (none, sqrt, segments, every, layers) read to make their schedule. */
+void mp_estimate_chain_mark(const struct mp_program *p, struct mp_chain *c);
+
+#endif

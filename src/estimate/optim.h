@@ -1,0 +1,19 @@
+/* optim.h — what an optimizer keeps: its state per parameter (persistent) and the
+ * temporaries of its step.  The rules of torch.optim and bitsandbytes, per parameter;
+ * the step replay (estimate.c) and the sharding arithmetic (parallel.c) both use them.
+ * Pure: no allocation, no I/O.  Sizes are bytes in uint64_t.
+ */
+#ifndef MEMPLAN_OPTIM_H
+#define MEMPLAN_OPTIM_H
+
+#include "ir/layers.h"
+
+/* Optimizer state bytes for one parameter (persistent; 0 when it does not train). */
+uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, const struct mp_param *q);
+/* The optimizer step's temporary for all of p's parameters (Adam/AdamW foreach: one tensor per
+ * parameter, together the size of the gradients; Adafactor: the largest; others none). */
+uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o);
+/* The same from the gradients' total and largest bytes. */
+uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes);
+
+#endif

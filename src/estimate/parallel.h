@@ -1,0 +1,174 @@
+/* parallel.h — data parallelism and sharding: what one rank holds under DDP,
+ * DeepSpeed ZeRO 1/2/3, PyTorch FSDP2 and CPU/NVMe offload, and what the
+ * collectives move per step.
+ *
+ * mp_par_plan_make() does the per-rank arithmetic from the tensor program
+ * (shard sizes with the engines' padding, FSDP2 groups and their all-gather /
+ * reduce-scatter buffers, DDP buckets, DeepSpeed bucket buffers, host and
+ * NVMe bytes, bytes per collective).  The step replay (estimate.c) uses the
+ * plan to emit rank r's alloc/free events, so the peak and where it happens
+ * are per rank.  All ranks hold the same bytes (shards are padded to equal
+ * size), so the plan is the plan of every rank.  Facts: memory-facts.md §13.
+ */
+#ifndef MEMPLAN_PARALLEL_H
+#define MEMPLAN_PARALLEL_H
+
+#include "ir/layers.h"
+
+enum mp_par_strategy {
+    MP_PAR_NONE,            /* one GPU */
+    MP_PAR_DDP,             /* torch DistributedDataParallel */
+    MP_PAR_ZERO1,           /* DeepSpeed ZeRO stage 1: optimizer state sharded */
+    MP_PAR_ZERO2,           /* + gradients sharded */
+    MP_PAR_ZERO3,           /* + parameters sharded */
+    MP_PAR_FSDP,            /* FSDP2 fully_shard per repeated block, reshard_after_forward=True */
+    MP_PAR_FSDP_NO_RESHARD, /* the same with reshard_after_forward=False */
+};
+const char *mp_par_strategy_str(enum mp_par_strategy s);
+int mp_par_strategy_parse(const char *s); /* -1 if unknown */
+
+enum mp_offload { MP_OFFLOAD_NONE, MP_OFFLOAD_OPTIMIZER, MP_OFFLOAD_PARAMS };
+enum mp_offload_dev { MP_OFFDEV_CPU, MP_OFFDEV_NVME };
+const char *mp_offload_str(enum mp_offload o);
+int mp_offload_parse(const char *s);     /* -1 if unknown */
+const char *mp_offload_dev_str(enum mp_offload_dev o);
+int mp_offload_dev_parse(const char *s); /* -1 if unknown */
+
+struct mp_parallel {
+    enum mp_par_strategy strategy;
+    uint64_t gpus, nodes;             /* world = gpus x nodes (all data-parallel ranks) */
+    enum mp_offload offload;
+    enum mp_offload_dev offload_device;
+    bool mixed_bf16;                  /* bf16 compute copies + fp32 master (program built as bf16):
+                                       * FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32),
+                                       * DeepSpeed "bf16": {"enabled": true} */
+    /* DDP (torch/nn/parallel/distributed.py) */
+    uint64_t ddp_bucket_cap_bytes;    /* 25 MiB */
+    uint64_t ddp_first_bucket_bytes;  /* 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES) */
+    bool ddp_grad_as_bucket_view;     /* false (the default) */
+    /* DeepSpeed (deepspeed/runtime/zero/config.py; memplan emits these explicitly) */
+    uint64_t ds_reduce_bucket_elems;      /* reduce_bucket_size */
+    uint64_t ds_allgather_bucket_elems;   /* allgather_bucket_size */
+    uint64_t ds_prefetch_bucket_elems;    /* stage3_prefetch_bucket_size */
+    uint64_t ds_max_live_elems;           /* stage3_max_live_parameters */
+    uint64_t ds_persistence_elems;        /* stage3_param_persistence_threshold */
+    uint64_t ds_nvme_buffer_count;        /* offload_param.buffer_count (5) */
+    uint64_t rank;                    /* probe: the rank whose shards the step holds (0) */
+};
+/* One GPU, no offload, the engines' default settings; DeepSpeed bucket sizes 0 = derived
+ * from the model's hidden size (mp_par_plan_make: accelerate's "auto" rule). */
+void mp_parallel_default(struct mp_parallel *p);
+uint64_t mp_par_world(const struct mp_parallel *p);
+bool mp_par_sharded_params(enum mp_par_strategy s); /* zero3, fsdp, fsdp-no-reshard */
+bool mp_par_is_fsdp(enum mp_par_strategy s);
+bool mp_par_is_deepspeed(enum mp_par_strategy s);
+
+/* "fsdp x8", "zero3 x16 (2 nodes), optimizer offload to cpu" */
+const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len);
+
+/* Checks that a combination exists in the engines (e.g. param offload needs zero3 or
+ * fsdp, fsdp has no optimizer-only offload, mixed-bf16 needs a sharding engine).
+ * MP_ERR_USAGE with a one-line reason. */
+enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d);
+
+/* A group all-gathered and reduce-scattered as one (FSDP2 fully_shard unit, or the
+ * DeepSpeed ZeRO-3 fetch of one block's parameters). */
+struct mp_par_group {
+    uint64_t shard_elems;      /* per rank, padded */
+    uint64_t unsharded_elems;  /* shard_elems x world: all-gather output / reduce-scatter input */
+    uint64_t persist_elems;    /* ZeRO-3: parameters under the persistence threshold (kept whole) */
+    bool root;                 /* FSDP2: the root module's group */
+};
+
+/* Kinds of communication buffers (MP_ST_COMM events: id = group * MP_COMM_KINDS + kind). */
+enum mp_comm_kind {
+    MP_COMM_AG_OUT,    /* flat all-gather output */
+    MP_COMM_COPY_IN,   /* flat copy-in of the cast shards (mixed precision) */
+    MP_COMM_UNSHARD,   /* the group's unsharded parameters */
+    MP_COMM_RS_IN,     /* reduce-scatter input */
+    MP_COMM_RS_OUT,    /* reduce-scatter output = the sharded gradients */
+    MP_COMM_BUCKET,    /* DDP bucket / DeepSpeed reduce bucket (id = group slot = bucket) */
+    MP_COMM_PARTITION, /* DeepSpeed gradient partition / fp32 master partition */
+    MP_COMM_STEP_GRAD, /* DeepSpeed: fp32 gradient partition made for the step */
+    MP_COMM_KINDS
+};
+const char *mp_comm_kind_str(enum mp_comm_kind k);
+
+struct mp_par_plan {
+    struct mp_parallel par;
+    uint64_t world;
+    size_t n_params;
+    uint64_t *shard_elems;       /* per param: what rank r keeps (padded); full size when replicated */
+    size_t n_groups;             /* FSDP2 / ZeRO-3 groups; the last is the root (FSDP2) */
+    struct mp_par_group *groups;
+    int *group_of_block;         /* per block */
+    uint64_t *group_weight;      /* per group: the groups it stands for (a fold's weighted block) */
+    uint64_t groups_total;       /* groups of the full model: the sum of group_weight */
+    int root_group;              /* FSDP2: the root module's group (-1: none) */
+    size_t n_buckets;            /* DDP buckets or DeepSpeed reduce buffers */
+    uint64_t *bucket_bytes;
+    uint64_t master_elem_bytes;  /* fp32 (4), or 2 for pure bf16 */
+    uint64_t compute_elem_bytes; /* the unsharded parameters' dtype size */
+    uint64_t reduce_elem_bytes;  /* reduce-scatter / all-reduce dtype size */
+    uint64_t hidden;             /* model width, for DeepSpeed's "auto" bucket rule */
+    uint64_t total_elems;        /* trainable parameter elements */
+    uint64_t partition_elems;    /* ZeRO-1/2: flat partition per rank (aligned to 2 x world) */
+    uint64_t shard_total;        /* the sum of shard_elems over the full model's parameters */
+    /* per rank, resident through the step (what the report calls weights/grads/optimizer) */
+    uint64_t weights_bytes, grads_bytes, optimizer_bytes;
+    uint64_t buffers_bytes;      /* persistent communication buffers (DDP buckets, DeepSpeed ipg) */
+    uint64_t host_bytes;         /* host RAM per rank (pinned offload buffers and state) */
+    uint64_t nvme_bytes;         /* NVMe space per rank */
+    /* bytes per step per rank */
+    double allgather_bytes, reducescatter_bytes, allreduce_bytes; /* payload (full tensor sizes) */
+    double pcie_bytes;           /* offload traffic between host and GPU */
+    double host_step_elems;      /* parameters the host optimizer updates per rank (offload) */
+};
+
+/* Per-rank plan of p under par with optimizer o.  Owns memory: mp_par_plan_release. */
+enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_program *p, enum mp_optimizer o,
+                                struct mp_par_plan *pp, struct mp_diag *d);
+/* The same for a fold's short program p (fold.h): block j stands for block_weight[j] identical
+ * blocks, so its parameters count that many times in the totals and DDP buckets, and its group
+ * (group_weight) stands for that many groups; per-parameter and per-group sizes are one copy's.
+ * MP_ERR_RANGE when the totals overflow 64 bits. */
+enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const struct mp_program *p,
+                                         enum mp_optimizer o, const uint64_t *block_weight, struct mp_par_plan *pp,
+                                         struct mp_diag *d);
+void mp_par_plan_release(struct mp_par_plan *pp);
+
+/* FSDP2 shard of one parameter: dim 0 chunked in world pieces, each padded to
+ * ceil(dim0 / world) rows (torch.chunk + pad).  ZeRO-3: ceil(numel / world). */
+uint64_t mp_par_fsdp_shard_elems(const struct mp_param *q, uint64_t world);
+uint64_t mp_par_zero3_shard_elems(uint64_t numel, uint64_t world);
+/* ZeRO-1/2 flat partition: numel padded to a multiple of 2 x world (nccl_start_alignment_factor 2). */
+uint64_t mp_par_zero12_partition_elems(uint64_t numel, uint64_t world);
+
+/* Optimizer state bytes per rank for param q of p holding `elems` elements in fp32 (or the
+ * master dtype). */
+uint64_t mp_par_opt_state_bytes(const struct mp_par_plan *pp, const struct mp_program *p, enum mp_optimizer o,
+                                size_t q);
+
+/* Interconnect figures of a target (GB/s per GPU, one direction). */
+struct mp_links {
+    double intra_gbs;   /* NVLink / PCIe peer bandwidth inside a node */
+    double inter_gbs;   /* InfiniBand / Ethernet per GPU between nodes */
+    double pcie_gbs;    /* host <-> GPU */
+    double host_adam_gparams; /* host optimizer throughput, 10^9 parameters/s per rank */
+};
+
+struct mp_par_time {
+    double comm_s;      /* collectives, if not overlapped */
+    double exposed_comm_s; /* what is left after the engine's overlap with compute */
+    double offload_s;   /* PCIe transfers + host optimizer step, not overlapped */
+    double bus_gbs;     /* the bandwidth the ring runs at */
+};
+/* Communication and offload time for one step of compute_s seconds (forward + backward).
+ * Ring collectives move (world-1)/world of the payload (all-reduce twice); overlap as the
+ * engines do it: DDP and ZeRO-1/2 reduce during backward, FSDP2/ZeRO-3 prefetch the next
+ * group, so only the first all-gather and the last reduce stay exposed, plus whatever the
+ * collectives take beyond the compute they hide behind. */
+void mp_par_time(const struct mp_par_plan *pp, const struct mp_links *l, double compute_s, double bwd_share,
+                 struct mp_par_time *t);
+
+#endif

@@ -1,0 +1,383 @@
+/* model.h — the validated, cJSON-free model description.
+ *
+ * A model is an ordered chain of blocks.  A block is the unit users can wrap
+ * in torch.utils.checkpoint (a transformer block, a ResNet bottleneck, a
+ * custom block, or a single op); it holds one or more layers (ops).  Readers
+ * (model_json.c, model_hf.c) fill it; layers.c turns it into tensor tables.
+ * All dimensions are uint64_t and have been range-checked by the reader.
+ * Ownership: mp_model_release() frees everything a reader allocated.
+ */
+#ifndef MEMPLAN_MODEL_H
+#define MEMPLAN_MODEL_H
+
+#include "quant.h"
+#include "util/util.h"
+
+#define MP_LAYER_TYPES(X)                                            \
+    X(EMBEDDING, "embedding")                                        \
+    X(POS_EMBEDDING, "pos_embedding")                                \
+    X(LINEAR, "linear")                                              \
+    X(LAYERNORM, "layernorm")                                        \
+    X(RMSNORM, "rmsnorm")                                            \
+    X(ATTENTION, "attention")                                        \
+    X(MLP, "mlp")                                                    \
+    X(ACTIVATION, "activation")                                      \
+    X(DROPOUT, "dropout")                                            \
+    X(RESIDUAL, "residual")                                          \
+    X(CONV2D, "conv2d")                                              \
+    X(BATCHNORM2D, "batchnorm2d")                                    \
+    X(MAXPOOL2D, "maxpool2d")                                        \
+    X(AVGPOOL2D, "avgpool2d")                                        \
+    X(ADAPTIVE_AVGPOOL2D, "adaptive_avgpool2d")                      \
+    X(FLATTEN, "flatten")                                            \
+    X(LM_HEAD, "lm_head")                                            \
+    X(CLASSIFIER, "classifier")                                      \
+    X(CUSTOM, "custom")                                              \
+    X(TRANSFORMER_BLOCK, "transformer_block")                        \
+    X(BOTTLENECK, "bottleneck")                                      \
+    X(PATCH_EMBEDDING, "patch_embedding")
+
+enum mp_layer_type {
+#define MP_X(id, str) MP_LT_##id,
+    MP_LAYER_TYPES(MP_X)
+#undef MP_X
+        MP_LT_COUNT
+};
+const char *mp_layer_type_str(enum mp_layer_type t);
+/* Returns -1 when s names no layer type. */
+int mp_layer_type_parse(const char *s);
+
+/* Activations, one row each: X(id, name, HF aliases, what backward reads, HF intermediates,
+ * amp32, bwd, fwd).
+ * saves: IN (the input) or OUT (the output); intermediates: tensors the size of the input
+ * that HF's Python composites also keep (space-separated names, measured with
+ * saved_tensors_hooks, bench/torch_saved.md).  GELU_TANH is the fused kernel
+ * (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh); GELU_NEW / GELU_FAST are HF's
+ * composites (NewGELUActivation, FastGELUActivation), same function.  A new activation
+ * is one row here plus its math (probe_host.c act_f/act_df, kernels/); append rows only:
+ * the order is the kernels' activation code.  amp32: what is fp32 under CUDA autocast with a
+ * half input, because the composite calls an op on CUDA's fp32 list (gelu_new: torch.pow):
+ * "in" the saved input becomes an fp32 copy, named intermediates are fp32, "out" the output
+ * is fp32.  CPU autocast does not list pow, so a CPU measurement differs there.  bwd: the x-sized
+ * tensors (output dtype) its backward holds beyond the two gradients a fused kernel has: HF's
+ * composites chain several autograd nodes (gelu_new's last MulBackward0 makes both factors'
+ * gradients: 1; relu2's square backward: 2), measured with bench/torch_step.py's LiveTracker
+ * (backward peaks 3, 4 and 2 x-sized tensors above the live set for gelu_new, relu2, fused).
+ * fwd: the x-sized forward transients (not saved) beside the output: gelu_new / gelu_fast 2 (pow,
+ * the polynomial), xIELU 3 (the two where branches and a part of one); under amp with fp32 parts,
+ * two of them are fp32 and the rest in x's dtype (measured for xIELU the same way).  xIELU's bwd is
+ * 3 (and lower_act's two rules: the gradient's cast back to x's dtype under amp, the mask freed
+ * first): the rows of bench/gelu/apertus-vocab512.json, whose peak is in the MLP backward, are exact
+ * with it; the activation measured alone (a leaf x) peaks one output-sized tensor higher.
+ * RELU2 (HF ReLUSquaredActivation, relu(x)^2) saves relu(x), an x-sized tensor: modelled as IN.
+ * XIELU (HF XIELUActivation's Python path, Apertus): where(x > 0, alpha_p*x*x + beta*x,
+ * (expm1(min(x, eps)) - x)*alpha_n + beta*x) with two learned (1,) scalars (lower_act adds them and
+ * the two scalar buffers): saves x, the bool mask (":u8": one byte per element), alpha_p*x (fp32
+ * under amp: the fp32 (1,) parameter promotes it), expm1's result and expm1 - x. */
+#define MP_ACTIVATIONS(X)                                                                        \
+    X(GELU, "gelu", "", IN, "", "", 0, 0)                                                         \
+    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "", "", 0, 0)                    \
+    X(RELU, "relu", "", OUT, "", "", 0, 0)                                                        \
+    X(SILU, "silu", "swish", IN, "", "", 0, 0)                                                    \
+    X(TANH, "tanh", "", OUT, "", "", 0, 0)                                                        \
+    X(SIGMOID, "sigmoid", "", OUT, "", "", 0, 0)                                                  \
+    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh", "in tanh one_plus_tanh out", 1, 2) \
+    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh", "", 1, 2)         \
+    X(RELU2, "relu2", "", IN, "", "", 2, 0)                                                       \
+    X(XIELU, "xielu", "", IN, "mask:u8 ax expm1 expm1_minus_x", "ax out", 3, 3)
+
+enum mp_act {
+#define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd) MP_ACT_##id,
+    MP_ACTIVATIONS(MP_X)
+#undef MP_X
+};
+enum { /* the number of rows (outside enum mp_act, so switches over it stay exhaustive) */
+#define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd) MP_ACT_ROW_##id,
+    MP_ACTIVATIONS(MP_X)
+#undef MP_X
+        MP_ACT_COUNT
+};
+const char *mp_act_str(enum mp_act a);
+int mp_act_parse(const char *s); /* -1 if unknown; accepts the HF aliases (gelu_pytorch_tanh, swish) */
+bool mp_act_saves_output(enum mp_act a);
+/* The space-separated names of the HF intermediates it keeps ("" for none). */
+const char *mp_act_intermediates(enum mp_act a);
+/* How many intermediates it keeps (words of mp_act_intermediates). */
+int mp_act_n_intermediates(enum mp_act a);
+/* Whether `what` ("in", "out" or an intermediate's name) is fp32 under CUDA autocast with a
+ * half input (the amp32 column). */
+bool mp_act_fp32_under_amp(enum mp_act a, const char *what);
+/* The bwd column: x-sized tensors its backward holds beyond a fused kernel's two gradients. */
+int mp_act_bwd_tensors(enum mp_act a);
+/* The fwd column: x-sized forward transients beside the output. */
+int mp_act_fwd_tensors(enum mp_act a);
+
+enum mp_attn_impl { MP_ATTN_SDPA, MP_ATTN_FLASH, MP_ATTN_EAGER };
+const char *mp_attn_impl_str(enum mp_attn_impl a);
+
+enum mp_norm { MP_NORM_LAYERNORM, MP_NORM_RMSNORM };
+
+enum mp_qk_norm {
+    MP_QK_NORM_NONE,
+    MP_QK_NORM_HEAD, /* over each head's head_dim (Qwen3, Gemma3) */
+    MP_QK_NORM_ALL,  /* over the whole projection, heads * head_dim (OLMo2) */
+};
+
+/* How a mixture-of-experts router turns its logits (Linear(h, E)) into the top-k weights
+ * (transformers 5.23's *TopKRouter / *TopkRouter). */
+enum mp_router {
+    MP_ROUTER_SOFTMAX,      /* softmax(logits.float()): fp32 weights (Mixtral) */
+    MP_ROUTER_SOFTMAX_CAST, /* softmax(logits, dtype=float), weights cast back to the logits' dtype (Qwen-MoE) */
+    MP_ROUTER_FP32_SOFTMAX, /* Linear on fp32 copies of x and W, softmax, * routed_scaling_factor (DeepSeek-V2) */
+    MP_ROUTER_FP32_SIGMOID, /* Linear on fp32 copies, sigmoid, group-limited top-k, gather (DeepSeek-V3) */
+};
+
+/* How a fused qkv projection is split (HF attention classes). */
+enum mp_qkv_split {
+    MP_QKV_VIEWS,      /* q, k, v are views of the fused output (GPT-2, NeoX, Phi-3) */
+    MP_QKV_COPY_MQ,    /* Falcon multi-query: q a reshape copy; k and v index copies ([-2], [-1]:
+                          kv_heads wide, their int64 indices saved) */
+    MP_QKV_COPY_ALL,   /* Falcon without multi-query: q, k, v reshape copies of strided views */
+    MP_QKV_COPY_EXPAND,/* Falcon new decoder architecture: q, k, v copies with k and v broadcast
+                          to every query head (attention sees as many kv heads as heads) */
+};
+
+/* Which positions a token model's head reads (HF task heads; memplan JSON uses NONE). */
+enum mp_head_pool {
+    MP_POOL_NONE,  /* every position, one label each */
+    MP_POOL_FIRST, /* linear: the first position only (BERT's pooler), a view of the input */
+    MP_POOL_LAST,  /* classifier: the logits of each sample's last position (decoder sequence
+                      classification gathers them after the score layer), one label per sample */
+    MP_POOL_SPAN,  /* classifier with 2 classes: start and end logits over positions (question
+                      answering), two labels per sample */
+};
+
+/* One op (or one composite block) as described by the user.  Only the fields
+ * of its type are meaningful; the rest are zero. */
+struct mp_layer {
+    enum mp_layer_type type;
+    char name[64];
+
+    /* embedding / pos_embedding / lm_head / classifier */
+    uint64_t vocab;     /* rows of the table, or classes of a classifier */
+    uint64_t dim;       /* hidden size: embedding width, norm width, block hidden */
+    bool tied;          /* lm_head shares the embedding weight (no params of its own) */
+    bool masked;        /* lm_head: masked-LM labels, used as they are (causal LMs shift theirs) */
+    enum mp_head_pool pool; /* linear / classifier on tokens: which positions it reads */
+
+    /* linear */
+    uint64_t in_features, out_features;
+    bool bias;
+
+    /* attention (also inside transformer_block) */
+    uint64_t heads, kv_heads, head_dim;
+    bool causal;
+    bool qkv_bias, out_bias;
+    bool fused_qkv;     /* one [h, (a+2kv)d] projection (GPT-2, NeoX) vs three (Llama) */
+    bool rope;          /* rotary embedding: q and k are rewritten (new storages) */
+    uint64_t rotary_dim; /* partial rotary (NeoX, phi); 0 = head_dim */
+    unsigned rope_kinds; /* rotary tables the model makes (one per distinct layer type: Gemma3, OLMo3;
+                            0 counts as 1) */
+    bool rope_interleave; /* interleaved rotary (GLM, Helium, ERNIE 4.5: cos/sin repeat_interleave'd and
+                             rotate_half of even/odd pairs): each layer makes and saves its own cos/sin
+                             pair (1, s, rotary_dim); the model's table is saved by no layer */
+    bool rope_fp32;     /* the model's cos/sin stay fp32 (no cast to the residual dtype) (OLMo2/3,
+                           ERNIE 4.5) */
+    bool rope_cast_back; /* the rotated q/k (fp32 products) are cast back to q's dtype (OLMo2/3,
+                           ERNIE 4.5, Cohere) */
+    bool rope_cat;      /* q/k rebuilt with torch.cat even at full rotary (the partial-rotary code of
+                           NeoX, phi, Phi-3, StableLM): the attention output is then copied */
+    enum mp_attn_impl impl;
+    bool impl_set;      /* impl came from the file (else the --attention default applies) */
+    double attn_dropout;  /* dropout on attention probabilities */
+
+    /* mlp (also inside transformer_block) */
+    uint64_t ffn;
+    enum mp_act act;
+    bool gated;         /* SwiGLU/GeGLU: act(gate) * up */
+    bool up_down;       /* not gated, its Linears named up_proj / down_proj (Arcee), not fc1 / fc2 */
+    bool mlp_bias;
+
+    /* norms, dropout */
+    enum mp_norm norm;
+    bool norm_bias;     /* layernorm has a bias (false for OLMo-style / rmsnorm) */
+    double p;           /* dropout probability; for transformer_block: residual dropout */
+    bool inplace;       /* activation: ReLU(inplace=True) overwrites its input (saves nothing new) */
+    double emb_dropout; /* transformer models: dropout after the embeddings (in the embedding block) */
+
+    /* transformer_block extras */
+    bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (NeoX, GPT-J, phi) */
+    bool shared_norm;       /* parallel residual with one norm for both branches (GPT-J, phi) */
+    bool post_norm;         /* BERT: x = ln(x + attn(x)); x = ln(x + mlp(x)) */
+    bool branch_norm;       /* each branch's output is normed before its residual add (Gemma2/3, OLMo2) */
+    bool no_pre_norm;       /* with branch_norm: no norm before the branches (OLMo2) */
+    enum mp_qk_norm qk_norm; /* RMSNorm of q and k after their projections (Qwen3, Gemma3, OLMo2) */
+    bool qk_norm_late;      /* the q/k norms come after the rotary, not before (HunYuan) */
+    bool clip_qkv;          /* q, k and v clamped in place after their projections (OLMo's clip_qkv) */
+    bool softmax_fp32;      /* eager attention: softmax(..., dtype=float32).to(dtype), most HF decoders;
+                               false: a plain softmax (GPT-2, BERT), fp32 only under autocast */
+    bool rms_fp32;          /* RMSNorm applies its weight in fp32 and casts back (Gemma, OLMo2); also
+                               on rmsnorm layers */
+    bool ln_fp32;           /* layernorm is Cohere's Python composite in fp32 (no bias); also on
+                               layernorm layers */
+    bool ln_plain;          /* layernorm is OLMo's: no weight, no bias, run in fp32 (x.to(fp32),
+                               F.layer_norm, .to(x's dtype)); also on layernorm layers */
+    bool ln_1p;             /* layernorm is Nemotron's LayerNorm1P: weight + 1 (a new tensor), under
+                               autocast run in the half dtype; also on layernorm layers */
+    bool fused_gate_up;     /* gated MLP with one gate_up projection, chunked (Phi-3) */
+    bool no_attn_out_dropout; /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
+    double attn_softcap;    /* tanh softcapping of the attention scores (Gemma2; eager only) */
+    double logit_softcap;   /* lm_head: tanh softcapping of the logits (Gemma2) */
+    /* mixture of experts (transformer_block with experts > 0): the MLP is a router, experts
+     * (all experts' weights in two 3-D parameters, run by transformers' grouped_mm) and an
+     * optional shared expert; ffn stays the dense MLP's width (unused here) */
+    uint64_t experts, top_k;  /* routed experts, experts per token */
+    uint64_t expert_ffn;      /* one expert's intermediate width */
+    uint64_t shared_ffn;      /* the shared expert's intermediate width (0: none) */
+    bool shared_gate;         /* sigmoid(Linear(h, 1)) * shared expert (Qwen2-MoE) */
+    bool shared_first;        /* the shared expert runs before the router (Qwen2-MoE) */
+    bool norm_topk;           /* the top-k weights are renormalized (in place: a / sum) */
+    bool route_mask;          /* group-limited routing that keeps a (tokens, E) bool mask (DeepSeek-V2) */
+    enum mp_router router;
+    /* multi-head latent attention (DeepSeek-V2/V3; kv_lora > 0): q through a rank-q_lora
+     * bottleneck (0: one q_proj), k/v from a rank-kv_lora latent, rotary on rope_dim of each
+     * head; q/k heads are nope_dim + rope_dim wide, v heads v_dim (head_dim is unused) */
+    uint64_t q_lora, kv_lora, rope_dim, nope_dim, v_dim;
+    bool rope_complex;        /* DeepSeek-V2's rotary: fp32 complex multiply (else V3's interleaved halves) */
+    enum mp_qkv_split qkv_split; /* how a fused qkv output becomes q, k, v (Falcon's copies) */
+    bool attn_mask;         /* the model builds a (b, 1, s, s) mask and passes it to attention (Falcon):
+                               SDPA saves it (under autocast each layer's half copy); eager adds it */
+    uint64_t window;        /* sliding-window attention over this many positions (0: full): from a
+                               sequence of that length on, transformers gives SDPA a mask */
+    unsigned eager_mask;    /* eager attention gets this many (b, 1, s, s) float masks from the
+                               model, made once per forward (HF decoders: create_causal_mask; 2
+                               with sliding-window layer types too, Gemma2/3) */
+    bool qk_fp32;           /* eager: q and k upcast to fp32 before QK^T (GPT-J's _attn) */
+    uint64_t rope_table_rows; /* GPT-J rotary: each attention layer's own sinusoid buffer (rows x
+                               rotary_dim fp32); every rope call gathers cos/sin from it and
+                               saves its own (s x rotary_dim) pair (rotate_every_two) */
+    double mult;            /* a Python-float multiplier that makes a new tensor (0: none): embedding
+                               output (Gemma's sqrt(h), Granite), each residual branch of a
+                               transformer_block (Granite), lm_head logits (Granite 1/logits_scaling) */
+
+    /* T5 (t5_block: a transformer_block laid out as transformers' T5Block): T5LayerNorm before
+     * each sub-layer (RMS, fp32 variance, no bias), attention without 1/sqrt(d) scaling whose
+     * scores get a relative position bias, the feed-forward cast to wo's dtype; cross_attn: a
+     * decoder block (causal self-attention, then attention over the encoder output);
+     * rel_buckets > 0: this block (layer 0 of its stack) computes the bias from its
+     * relative_attention_bias table (rel_buckets x heads) */
+    bool t5, cross_attn;
+    uint64_t rel_buckets;
+    bool bias_per_layer;    /* UMT5: every self-attention computes its own bias and every
+                               cross-attention its own zeros (locals of the layer, not handed on) */
+    /* embedding: dec_input, the decoder's embedding of an encoder-decoder model: it looks up
+     * the decoder ids (the labels shifted right, made in this block) and its incoming hidden
+     * state is the encoder output, held for every cross-attention; tied: it shares the first
+     * embedding's table (T5's shared) */
+    bool dec_input;
+    /* lm_head: in_mult multiplies its input first (T5's d_model**-0.5 rescale; 0: none) */
+    double in_mult;
+
+    /* patch_embedding (ViT): a conv2d of in_ch -> dim with kernel = stride = patch (kernel), the
+     * patches flattened into a sequence, a learned class token prepended (cls_token), learned
+     * positions added: the sequence is (H / patch) * (W / patch) + 1 */
+    bool cls_token;
+
+    /* HF registered buffers of the embeddings (resident like the batch): id_buffer, the int64
+     * (1, id_rows) position_ids / token_type_ids of BertEmbeddings (id_view: the forward uses a
+     * view of it, no new ids); scale_buffer, Gemma's fp32 scalar embed_scale */
+    bool id_buffer, id_view, scale_buffer;
+    uint64_t id_rows;
+
+    /* conv2d / pooling / batchnorm / bottleneck */
+    uint64_t in_ch, out_ch, mid_ch;
+    uint64_t kernel, stride, padding, groups;
+    uint64_t out_h, out_w;  /* adaptive pooling target */
+    bool downsample;        /* bottleneck has a 1x1 projection shortcut */
+
+    /* custom (per sample) */
+    uint64_t c_output_bytes, c_saved_bytes, c_params;
+    uint64_t c_fwd_flops, c_bwd_flops;
+};
+
+struct mp_block {
+    char name[64];
+    size_t n_layers;
+    struct mp_layer *layers;
+    /* Blocks expanded from one "repeat" share a group id (>0); the table folds them. */
+    int repeat_group;
+    /* period p > 0: its layers equal block i - p's, in a run of blocks that repeat with period p
+     * (each the block p before it: 1 for copies in a row, 2 for alternating layers, 6 for
+     * Gemma-3's five sliding and one global); 0: none (mp_model_mark_copies) */
+    unsigned period;
+};
+
+enum mp_input_kind { MP_INPUT_TOKENS, MP_INPUT_IMAGE, MP_INPUT_BYTES };
+
+struct mp_model {
+    char name[128];
+    char source[8];          /* "memplan" or "hf" */
+    char path[256];          /* file it came from, for messages */
+    char hf_type[32];        /* model_type of an HF config, else "" */
+    struct mp_quant quant;   /* quantization_config of an HF checkpoint (kind MP_Q_NONE: none) */
+    bool kv_cache;           /* an HF decoder that can fill a DynamicCache (else use_cache is moot) */
+    bool use_cache;          /* its config's use_cache (default true), or --use-cache: in training
+                                without gradient checkpointing, k and v are copied into the cache and
+                                attention reads those copies */
+
+    enum mp_input_kind input;
+    uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */
+    bool enc_dec;            /* encoder-decoder (T5): seq_len is the encoder's, the decoder's is
+                                --target-seq (default seq_len) */
+    bool keep_fp32_wo;       /* T5: transformers keeps wo in fp32 and unquantized (_keep_in_fp32_modules):
+                                a quantized base (QLoRA, quantization_config) is refused */
+    bool dec_from_input;     /* the decoder reads the input ids shifted (T5ForQuestionAnswering): its
+                                length is the encoder's (--target-seq does not apply) */
+    uint64_t channels, height, width; /* image input */
+    uint64_t bytes_per_sample;         /* opaque input */
+    uint64_t labels_vocab;   /* for classification of images: classes (informational) */
+
+    size_t n_blocks, cap_blocks; /* cap_blocks: private (geometric growth) */
+    struct mp_block *blocks;
+    uint64_t pos_table_elems; /* GPT-J: the elements of every attention layer's own sinusoid table
+                                 (mp_model_mark_copies; 0: none, or too many to count), which the
+                                 builder's one resident tensor holds from the first layer on (a
+                                 fold's short model keeps the full model's count) */
+
+    /* Parameters that are shared (tied embeddings) are counted once. */
+};
+
+void mp_model_init(struct mp_model *m);
+void mp_model_release(struct mp_model *m);
+
+/* The longest period mp_model_mark_copies looks for. */
+#define MP_PERIOD_MAX 64
+
+/* Sets each block's period (the loaders call it): from the first block on, the run that goes on
+ * longest from there with some period p <= MP_PERIOD_MAX (each block equal to the one p before
+ * it) marks its blocks p, the smallest p among the longest; a block no run starts at is 0.  And
+ * pos_table_elems, over every block. */
+void mp_model_mark_copies(struct mp_model *m);
+
+/* Appends a block with n_layers zeroed layers; returns it (NULL on overflow/alloc failure). */
+struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t n_layers);
+
+/* Reads a model file: memplan JSON or HF config.json, auto-detected, validated, copies marked
+ * (mp_model_mark_copies); not yet checked as a program: callers use mp_model_load_*() (ir).
+ * On error returns MP_ERR_IO/JSON/MODEL/RANGE with d->msg = "path: place: problem" and the
+ * model released. */
+enum mp_status mp_model_read_file(struct mp_model *m, const char *path, struct mp_diag *d);
+enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t len, const char *path,
+                                    struct mp_diag *d);
+
+/* True when some layer computes attention (so --attention and the attention default apply). */
+bool mp_model_has_attention(const struct mp_model *m);
+
+/* The Hugging Face model_type values the config.json reader accepts, comma-separated. */
+const char *mp_hf_model_types(void);
+
+/* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
+ * Readers call it last. */
+enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d);
+
+#endif

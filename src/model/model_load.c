@@ -1,0 +1,47 @@
+/* model_load.c — model files: read, parse (json.h: mp_json_parse, RFC 8259), dispatch to the
+ * memplan-JSON or HF reader.  The check that the layers chain (mp_program_check) is the ir's:
+ * mp_model_load_*() (ir/model_check.c) call these, then it.
+ */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_read.h" /* the readers */
+
+#define MP_FILE_MAX (64u << 20)
+
+enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t len, const char *path,
+                                    struct mp_diag *d)
+{
+    mp_model_init(m);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    cJSON *root;
+    enum mp_status st = mp_json_parse(text, len, path, &root, d);
+    if (st != MP_OK)
+        return st;
+    if (!cJSON_IsObject(root))
+        st = mp_fail(d, MP_ERR_MODEL, "%s: expected a JSON object at the top level", path);
+    else
+        st = mp_json_is_hf(root) ? mp_model_from_hf(m, root, path, d) : mp_model_from_memplan(m, root, path, d);
+    cJSON_Delete(root);
+    if (st == MP_OK)
+        mp_model_mark_copies(m); /* (the program check skips copies of copies by their period) */
+    if (st != MP_OK)
+        mp_model_release(m);
+    return st;
+}
+
+enum mp_status mp_model_read_file(struct mp_model *m, const char *path, struct mp_diag *d)
+{
+    mp_model_init(m);
+    char *buf;
+    size_t n;
+    enum mp_status st = mp_read_file(path, MP_FILE_MAX, "a model file", &buf, &n, d);
+    if (st != MP_OK)
+        return st;
+    st = mp_model_read_string(m, buf, n, path, d);
+    free(buf);
+    return st;
+}
+

@@ -1,0 +1,26 @@
+/* model_read.h — the two model readers, behind mp_model_read_*() (model_load.c), which
+ * parse with json/json.h.  Internal to src/model/.  Each reader fills an initialised model
+ * and calls mp_model_validate() last; messages are "path: place: problem" with place a JSON
+ * path like layers[3].heads.
+ */
+#ifndef MEMPLAN_MODEL_READ_H
+#define MEMPLAN_MODEL_READ_H
+
+#include <cjson/cJSON.h>
+
+#include "json/json.h"
+#include "model.h"
+
+/* True when root looks like a Hugging Face config.json (has "model_type" and no "layers"). */
+bool mp_json_is_hf(const cJSON *root);
+
+enum mp_status mp_model_from_memplan(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d);
+enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d);
+
+/* Largest dimension any reader accepts (2^40): keeps every product of a few dims in 64 bits
+ * checkable and rejects 10^15-wide layers with a clear message. */
+#define MP_DIM_MAX (UINT64_C(1) << 40)
+#define MP_REPEAT_MAX 100000u
+#define MP_NEST_MAX 8
+
+#endif

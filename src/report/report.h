@@ -1,0 +1,60 @@
+/* report.h — text and JSON output (schema 1, design.md) and trainer snippets.
+ * Writes only to the FILE given (stdout in practice); computes nothing the
+ * reader could not recompute from the results passed in.  cJSON stays inside.
+ */
+#ifndef MEMPLAN_REPORT_H
+#define MEMPLAN_REPORT_H
+
+#include <stdio.h>
+
+#include "search/search.h"
+#include "timeline.h"
+
+struct mp_report_ctx {
+    const char *command;
+    const struct mp_model *model;
+    const struct mp_program *prog;
+    const struct mp_build_opts *build;
+    const struct mp_finetune *ft;      /* what trains (set even when build is NULL, as in suggest) */
+    const struct mp_train_opts *train;
+    const struct mp_ckpt_spec *ckpt;
+    const struct mp_gpu *gpu;   /* NULL when no target */
+    const char *target_how;     /* "--gpu a100-80gb", "--vram 24GiB", "default profile a100-80gb", ... */
+    bool json;
+    bool all_layers;
+    bool wide;                  /* --wide: the full block table, lines not fitted to 100 columns */
+    double margin_pct;          /* check: the safety margin, in percent */
+    const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
+    bool defaults_note;         /* print which defaults were used */
+    char defaults[256];         /* "seq 1024 (model default), precision amp-bf16 (default), ..." */
+    double moe_capacity;        /* --moe-capacity: the busiest expert's share over the uniform one (>= 1;
+                                   0 means 1) */
+};
+
+void mp_report_estimate(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
+                        const struct mp_ckpt_plan *plan);
+
+/* plan: the chosen plan, plus optional comparisons for optimal (mp_ckpt_compare); cmp may be NULL. */
+void mp_report_plan(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const struct mp_plan_cmp *cmp);
+
+void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f, const char *reason);
+
+void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f);
+
+enum mp_emit { MP_EMIT_NONE, MP_EMIT_TORCH, MP_EMIT_HF, MP_EMIT_DEEPSPEED, MP_EMIT_ACCELERATE };
+void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit);
+
+void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
+                     const struct mp_probe_result *r);
+
+/* Text output fits this many columns unless --wide. */
+#define MP_TEXT_COLUMNS 100
+
+/* Writes text (len bytes) with trailing blanks removed and every line longer than
+ * width wrapped at spaces, continuation lines indented where the line's value starts. */
+void mp_report_fit_text(FILE *out, const char *text, size_t len, size_t width);
+
+/* "0,3,6" / "[[0,4),[4,8)]" helpers used by text output */
+void mp_report_plan_blocks(FILE *out, const struct mp_ckpt_plan *p);
+
+#endif

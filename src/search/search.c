@@ -1,0 +1,1262 @@
+/* search.c — fit evaluation, largest micro-batch, and the recommendation.
+ *
+ * One judge (mp_fit_eval) for check, plan and suggest.  The batch search
+ * finds a boundary (b* fits, b*+1 does not) by extrapolating and then
+ * interpolating the peak — memory is near-affine in batch while the plan
+ * does not change — with bisection as the fallback (mp_search_max_batch
+ * says what the answer promises).  Throughput without a
+ * GPU is an estimate: FLOPs / (MP_MATMUL_EFFICIENCY x the profile's dense
+ * TFLOP/s) plus the optimizer step's memory traffic over the bandwidth.
+ */
+#include "search.h"
+
+#include "estimate/estimate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void mp_fit_release(struct mp_fit *f)
+{
+    if (!f)
+        return;
+    mp_estimate_release(&f->est);
+    mp_ckpt_plan_release(&f->plan);
+    mp_chain_release(&f->chain);
+    mp_program_release(&f->prog);
+}
+
+static uint64_t sub0(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+static double step_seconds(const struct mp_job *job, const struct mp_estimate *e, bool *nominal)
+{
+    double tfl = mp_gpu_tflops(&job->gpu, job->build.precision);
+    *nominal = tfl <= 0;
+    if (tfl <= 0)
+        tfl = 100.0; /* no profile figure (--vram): a nominal card, for ranking only */
+    double flops = e->fwd_flops + e->bwd_flops + e->recompute_flops;
+    double t = flops / (MP_MATMUL_EFFICIENCY * tfl * 1e12);
+    return t;
+}
+
+/* Collectives and offload for one step (parallel.h); compute_s is forward + backward. */
+static void par_seconds(const struct mp_job *job, const struct mp_estimate *e, double compute_s, struct mp_fit *f)
+{
+    const struct mp_parallel *par = job->train.par;
+    if (!par || par->strategy == MP_PAR_NONE)
+        return;
+    struct mp_par_plan tp;
+    memset(&tp, 0, sizeof tp);
+    tp.par = *par;
+    tp.world = e->world;
+    tp.n_groups = e->n_groups;
+    tp.n_buckets = par->strategy == MP_PAR_DDP ? (size_t)(e->buffers_bytes / par->ddp_bucket_cap_bytes) + 1 : 1;
+    tp.allgather_bytes = e->allgather_bytes;
+    tp.reducescatter_bytes = e->reducescatter_bytes;
+    tp.allreduce_bytes = e->allreduce_bytes;
+    tp.pcie_bytes = e->pcie_bytes;
+    tp.host_step_elems = e->host_step_elems;
+    struct mp_links l = {.intra_gbs = job->gpu.nvlink_gbs > 0 ? job->gpu.nvlink_gbs : job->gpu.pcie_gbs,
+                         .inter_gbs = job->gpu.ib_gbs, .pcie_gbs = job->gpu.pcie_gbs,
+                         .host_adam_gparams = MP_HOST_ADAM_GPARAMS};
+    double bwd = e->fwd_flops + e->bwd_flops > 0 ? (e->bwd_flops + e->recompute_flops) /
+                                                       (e->fwd_flops + e->bwd_flops + e->recompute_flops)
+                                                 : 0.66;
+    struct mp_par_time t;
+    mp_par_time(&tp, &l, compute_s, bwd, &t);
+    f->comm_s = t.comm_s;
+    f->exposed_comm_s = t.exposed_comm_s;
+    f->offload_s = t.offload_s;
+    f->est.comm_s = t.comm_s;
+    f->est.exposed_comm_s = t.exposed_comm_s;
+    f->est.offload_s = t.offload_s;
+}
+
+static double opt_seconds(const struct mp_job *job, const struct mp_estimate *e)
+{
+    double bw = job->gpu.bandwidth_gbs > 0 ? job->gpu.bandwidth_gbs : 1000.0;
+    /* the step reads params, grads and state and writes params and state */
+    double bytes = 2.0 * (double)e->weights_bytes + (double)e->grads_bytes + 2.0 * (double)e->optimizer_bytes;
+    return bytes / (bw * 1e9);
+}
+
+/* ---- how a fit evaluates: the full program, or folds of it (fold.h) --------------------------- */
+
+struct evalr {
+    const struct mp_job *job;
+    struct mp_build_opts bo;
+    struct mp_program *prog, own; /* the full program (job->scratch, or own), once built */
+    bool built;
+    bool fold;                    /* folds are tried (until one does not hold) */
+    struct mp_fold nf;            /* the fold for the no-checkpoint schedule (chain, static figures) */
+    struct mp_program nprog, *np; /* its short program (np: job->fold_scratch[0], or &nprog) */
+    bool nf_made;
+    struct mp_program sprog, *sp; /* a fold's short program for a replay (job->fold_scratch[1], or &sprog) */
+};
+
+static bool fold_wanted(const struct mp_job *job)
+{
+    const struct mp_model *m = job->model;
+    if (job->fold < 0 || job->keep_program || job->build.ft.mode == MP_FT_FREEZE)
+        return false;
+    return job->fold > 0 || m->n_blocks >= MP_FIT_FOLD_BLOCKS;
+}
+
+static enum mp_status ev_build(struct evalr *ev, struct mp_diag *d)
+{
+    if (ev->built)
+        return MP_OK;
+    ev->prog = ev->job->scratch && !ev->job->keep_program && !ev->job->keep_built ? ev->job->scratch : &ev->own;
+    enum mp_status st = ev->prog == &ev->own ? mp_program_build(ev->job->model, &ev->bo, ev->prog, d)
+                                             : mp_program_rebuild(ev->job->model, &ev->bo, ev->prog, d);
+    ev->built = st == MP_OK;
+    return st;
+}
+
+static void ev_release(struct evalr *ev, struct mp_fit *f, bool ok)
+{
+    if (ev->built && ev->prog == &ev->own && ok && (ev->job->keep_program || ev->job->keep_built))
+        f->prog = ev->own;
+    else if (ev->built && ev->prog == &ev->own)
+        mp_program_release(&ev->own);
+    mp_fold_release(&ev->nf);
+    mp_program_release(&ev->nprog); /* (the scratch programs are the caller's) */
+    mp_program_release(&ev->sprog);
+}
+
+/* The no-checkpoint fold and its short program. */
+static enum mp_status ev_none_fold(struct evalr *ev, struct mp_diag *d)
+{
+    if (ev->nf_made)
+        return MP_OK;
+    enum mp_status st = mp_fold_make(ev->job->model, NULL, &ev->nf, d);
+    if (st == MP_OK)
+        st = ev->np->blocks ? mp_program_rebuild(&ev->nf.model, &ev->bo, ev->np, d)
+                            : mp_program_build(&ev->nf.model, &ev->bo, ev->np, d);
+    ev->nf_made = st == MP_OK;
+    return st;
+}
+
+/* Is the whole program small enough for the caching-allocator model (MP_ASIM_MAX_NODES), which a
+ * report of reserved bytes wants and folds do not run?  Counted from the no-checkpoint fold's
+ * short program: each weighted block a verified copy, of its block's nodes. */
+static bool ev_whole_for_reserved(const struct evalr *ev)
+{
+    if (ev->job->train.skip_reserved)
+        return false;
+    uint64_t nodes = ev->np->n_nodes, more;
+    for (size_t j = 0; j < ev->nf.n && j < ev->np->n_blocks; j++)
+        if (!mp_mul_u64(ev->np->blocks[j].n_nodes, ev->nf.weight[j] - 1, &more) || !mp_add_u64(nodes, more, &nodes))
+            return false;
+    return nodes <= MP_ASIM_MAX_NODES;
+}
+
+/* The chain (or only its marks, for a fixed plan's verdict). */
+static enum mp_status ev_chain(struct evalr *ev, bool marks_only, struct mp_chain *c, struct mp_diag *d)
+{
+    enum mp_status st;
+    if (marks_only) {
+        if ((st = mp_chain_init(c, ev->job->model->n_blocks)) != MP_OK)
+            return mp_fail(d, st, "out of memory");
+        mp_fold_mark_chain(ev->job->model, c);
+        return MP_OK;
+    }
+    if (ev->fold) {
+        if ((st = ev_none_fold(ev, d)) != MP_OK)
+            return st;
+        struct mp_chain sc;
+        /* (a replay with the allocator model folds nowhere: mp_estimate_run_folded) */
+        if (mp_fold_copied(&ev->nf, ev->np) && !ev_whole_for_reserved(ev)) {
+            if ((st = mp_estimate_chain(ev->np, &sc, d)) != MP_OK)
+                return st;
+            bool held = mp_fold_expand_chain(&ev->nf, &sc, c, &st);
+            mp_chain_release(&sc);
+            if (held) {
+                mp_fold_mark_chain(ev->job->model, c);
+                return MP_OK;
+            }
+            if (st != MP_OK)
+                return mp_fail(d, st, "out of memory");
+        }
+        ev->fold = false;
+    }
+    if ((st = ev_build(ev, d)) != MP_OK)
+        return st;
+    return mp_estimate_chain(ev->prog, c, d);
+}
+
+static enum mp_status ev_static(struct evalr *ev, struct mp_estimate *e, struct mp_diag *d)
+{
+    enum mp_status st;
+    if (ev->fold) {
+        if ((st = ev_none_fold(ev, d)) != MP_OK)
+            return st;
+        bool holds;
+        st = mp_estimate_static_folded(&ev->nf, ev->np, &ev->job->train, e, &holds, d);
+        if (st != MP_OK || holds)
+            return st;
+        ev->fold = false;
+    }
+    if ((st = ev_build(ev, d)) != MP_OK)
+        return st;
+    return mp_estimate_static(ev->prog, &ev->job->train, e, d);
+}
+
+/* The step's replay with schedule s. */
+static enum mp_status ev_run(struct evalr *ev, const struct mp_schedule *s, uint64_t context, const struct mp_chain *c,
+                             struct mp_estimate *e, size_t *folded, struct mp_diag *d)
+{
+    enum mp_status st;
+    /* folds of folds on one GPU (fold.h: not for a data-parallel plan); where one does not
+     * hold, the one fold; where that does not, the whole model from then on */
+    for (bool nested = !ev->job->train.par; ev->fold; nested = false) {
+        struct mp_fold fd;
+        if ((st = nested ? mp_fold_make_nested(ev->job->model, s, &fd, d) : mp_fold_make(ev->job->model, s, &fd, d)) !=
+            MP_OK)
+            return st;
+        st = ev->sp->blocks ? mp_program_rebuild(&fd.model, &ev->bo, ev->sp, d)
+                            : mp_program_build(&fd.model, &ev->bo, ev->sp, d);
+        bool holds = false, two = mp_fold_levels(&fd) == 2;
+        if (st == MP_OK)
+            st = mp_estimate_run_folded(&fd, ev->sp, s, &ev->job->train, context,
+                                        ev->job->verdict_only ? NULL : c, e, &holds, d);
+        *folded = holds ? fd.folded : 0;
+        mp_fold_release(&fd);
+        if (st != MP_OK || holds)
+            return st;
+        if (!two)
+            ev->fold = false;
+    }
+    if ((st = ev_build(ev, d)) != MP_OK)
+        return st;
+    return mp_estimate_run_chain(ev->prog, s, &ev->job->train, context, c, e, d);
+}
+
+/* mp_ckpt_plan_make for job's model: the planner's overflow (MP_ERR_RANGE) names the model file. */
+static enum mp_status plan_make(const struct mp_job *job, const struct mp_chain *c, const struct mp_ckpt_spec *spec,
+                                uint64_t budget, struct mp_ckpt_plan *p, struct mp_diag *d)
+{
+    enum mp_status st = mp_ckpt_plan_make(c, spec, budget, job->slots, p, d);
+    if (st == MP_ERR_RANGE) {
+        char why[sizeof d->msg];
+        snprintf(why, sizeof why, "%s", d->msg);
+        mp_fail(d, st, "%s: %s", job->model->path, why);
+    }
+    return st;
+}
+
+/* The sqrt plan in place of f's budgeted one (planned: f has one) where it fits and that does
+ * not, or costs less; f->plan keeps the job's strategy as its name. */
+static enum mp_status sqrt_floor(struct evalr *ev, const struct mp_job *job, uint64_t context, struct mp_fit *f,
+                                 bool *planned, struct mp_diag *d)
+{
+    bool fits = *planned && f->est.peak_device_bytes <= f->usable_bytes;
+    struct mp_ckpt_spec sqrt = {MP_CKPT_SQRT, 0};
+    struct mp_ckpt_plan sp;
+    mp_ckpt_plan_init(&sp);
+    enum mp_status st = plan_make(job, &f->chain, &sqrt, 0, &sp, d);
+    if (st != MP_OK || (fits && sp.total_cost >= f->plan.total_cost) ||
+        (*planned && mp_schedule_equal(&sp.sched, &f->plan.sched))) { /* (the DP's plan is sqrt's) */
+        mp_ckpt_plan_release(&sp);
+        return st;
+    }
+    struct mp_estimate se;
+    size_t folded = 0;
+    memset(&se, 0, sizeof se);
+    st = ev_run(ev, &sp.sched, context, &f->chain, &se, &folded, d);
+    if (st == MP_OK && se.peak_device_bytes <= f->usable_bytes) {
+        sp.spec = job->ckpt;
+        sp.dp_group = f->plan.dp_group;
+        mp_ckpt_plan_release(&f->plan);
+        f->plan = sp;
+        mp_estimate_release(&f->est);
+        f->est = se;
+        f->folded_blocks = folded;
+        *planned = true;
+        return MP_OK;
+    }
+    mp_estimate_release(&se);
+    mp_ckpt_plan_release(&sp);
+    return st;
+}
+
+void mp_fit_build_opts(const struct mp_job *job, struct mp_build_opts *bo)
+{
+    *bo = job->build;
+    bo->ft.input_grad = job->ckpt.strategy != MP_CKPT_NONE; /* transformers: enable_input_require_grads */
+    bo->hf_checkpointing = job->ckpt.strategy == MP_CKPT_LAYERS; /* and use_cache off */
+}
+
+enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp_diag *d)
+{
+    memset(f, 0, sizeof *f);
+    mp_ckpt_plan_init(&f->plan);
+    struct evalr ev = {.job = job, .fold = fold_wanted(job)};
+    ev.np = job->fold_scratch ? &job->fold_scratch[0] : &ev.nprog;
+    ev.sp = job->fold_scratch ? &job->fold_scratch[1] : &ev.sprog;
+    mp_fit_build_opts(job, &ev.bo);
+    enum mp_status st = MP_OK;
+    if (!ev.fold && (st = ev_build(&ev, d)) != MP_OK)
+        return st;
+    bool budgeted = job->ckpt.strategy == MP_CKPT_OPTIMAL || job->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
+    bool no_chain = job->verdict_only && !budgeted;
+    if ((st = ev_chain(&ev, no_chain, &f->chain, d)) != MP_OK)
+        goto out;
+    f->capacity_bytes = mp_gpu_capacity(&job->gpu);
+    /* NCCL's communicator buffers sit beside the CUDA context when there are peers */
+    uint64_t context = job->gpu.context_bytes;
+    if (job->train.par && mp_par_world(job->train.par) > 1 &&
+        !mp_add_u64(context, job->gpu.nccl_overhead_bytes, &context)) {
+        st = mp_fail(d, MP_ERR_RANGE, "%s: the CUDA context (--context) of %llu bytes overflows 64 bits with "
+                     "NCCL's buffers", job->model->path, (unsigned long long)job->gpu.context_bytes);
+        goto out;
+    }
+    f->usable_bytes = (uint64_t)((double)f->capacity_bytes * (1.0 - job->margin));
+    if (!no_chain) {
+        struct mp_ckpt_spec none = {MP_CKPT_NONE, 0};
+        struct mp_ckpt_plan p0;
+        mp_ckpt_plan_init(&p0);
+        if (mp_ckpt_plan_make(&f->chain, &none, 0, job->slots, &p0, d) == MP_OK)
+            f->nockpt_activation_peak = p0.peak_bytes;
+        mp_ckpt_plan_release(&p0);
+    }
+    if (!budgeted) {
+        st = plan_make(job, &f->chain, &job->ckpt, 0, &f->plan, d);
+        if (st != MP_OK)
+            goto out;
+        st = ev_run(&ev, &f->plan.sched, context, &f->chain, &f->est, &f->folded_blocks, d);
+        if (st != MP_OK)
+            goto out;
+    } else {
+        /* The activation budget: what the target leaves after everything that is not an
+         * activation (weights, gradients, optimizer state, workspace, context). */
+        uint64_t budget = job->activation_budget;
+        if (!budget) {
+            struct mp_estimate e0;
+            st = ev_static(&ev, &e0, d); /* static figures do not depend on the plan */
+            if (st != MP_OK)
+                goto out;
+            uint64_t fixed = e0.weights_bytes;
+            bool ok = mp_add_u64(fixed, e0.grads_bytes, &fixed) && mp_add_u64(fixed, e0.optimizer_bytes, &fixed) &&
+                      mp_add_u64(fixed, e0.workspace_bytes, &fixed) && mp_add_u64(fixed, e0.buffers_bytes, &fixed);
+            mp_estimate_release(&e0);
+            if (!ok) {
+                st = mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", job->model->path);
+                goto out;
+            }
+            if (!mp_add_u64(fixed, context, &fixed)) {
+                st = mp_fail(d, MP_ERR_RANGE, "%s: the CUDA context (--context) of %llu bytes overflows 64 bits "
+                             "with the weights, gradients and optimizer state", job->model->path,
+                             (unsigned long long)context);
+                goto out;
+            }
+            f->static_bytes = fixed;
+            budget = sub0(f->usable_bytes, fixed);
+        }
+        /* Plan, replay, and shrink the budget by any excess the storage-level replay finds
+         * (allocator rounding, gradients overlapping activations).  A shrink that left the peak
+         * as it was (the DP's slots are coarser than the excess: the same plan again) is
+         * followed by one of a slot, then two, four...: without it the rounds ran out on the
+         * same plan, and a batch that a plan fits was said not to fit while a larger one did. */
+        bool planned = false;
+        uint64_t last_peak = 0;
+        unsigned stuck = 0;
+        for (int round = 0; round < 6 && budget > 0; round++) {
+            struct mp_ckpt_plan np;
+            mp_ckpt_plan_init(&np);
+            st = plan_make(job, &f->chain, &job->ckpt, budget, &np, d);
+            if (st != MP_OK) {
+                mp_ckpt_plan_release(&np);
+                if (st != MP_ERR_INFEASIBLE)
+                    goto out;
+                st = MP_OK; /* (the last round's plan, if any, stays) */
+                break;
+            }
+            /* the same plan as the last round's (a long chain's DP on groups often gives it
+             * again, or sqrt's): the same replay */
+            bool again = planned && mp_schedule_equal(&np.sched, &f->plan.sched);
+            mp_ckpt_plan_release(&f->plan);
+            f->plan = np;
+            if (!again) {
+                mp_estimate_release(&f->est);
+                st = ev_run(&ev, &f->plan.sched, context, &f->chain, &f->est, &f->folded_blocks, d);
+                if (st != MP_OK)
+                    goto out;
+            }
+            planned = true;
+            f->activation_budget = budget;
+            if (job->activation_budget || f->est.peak_device_bytes <= f->usable_bytes)
+                break;
+            uint64_t excess = f->est.peak_device_bytes - f->usable_bytes, shrink;
+            if (!mp_add_u64(excess, excess / 8 + 4096, &shrink))
+                shrink = UINT64_MAX; /* (the budget goes to 0: nothing fits) */
+            if (f->est.peak_device_bytes == last_peak)
+                shrink = mp_max_u64(shrink, budget / (job->slots ? job->slots : 500) << stuck++);
+            last_peak = f->est.peak_device_bytes;
+            budget = sub0(budget, shrink);
+        }
+        /* On a long chain the DP runs on groups (ckpt.c) and its chain model counts a little
+         * more than the replay: sqrt's plan, replayed, is taken where it fits and the DP's plan
+         * does not, or costs less, so the optimal plan is never worse than sqrt's */
+        if (!job->activation_budget && f->chain.L > MP_CKPT_DP_MAX_BLOCKS &&
+            (st = sqrt_floor(&ev, job, context, f, &planned, d)) != MP_OK)
+            goto out;
+        if (planned && !f->activation_budget)
+            f->activation_budget = budget;
+        if (!planned) {
+            /* nothing fits: report the fully checkpointed peak (every block) for the shortfall */
+            struct mp_ckpt_spec every = {MP_CKPT_EVERY, 1};
+            mp_ckpt_plan_release(&f->plan);
+            mp_ckpt_plan_init(&f->plan);
+            st = plan_make(job, &f->chain, &every, 0, &f->plan, d);
+            if (st != MP_OK)
+                goto out;
+            f->plan.spec = job->ckpt;
+            mp_estimate_release(&f->est);
+            st = ev_run(&ev, &f->plan.sched, context, &f->chain, &f->est, &f->folded_blocks, d);
+            if (st != MP_OK)
+                goto out;
+            f->activation_budget = budget;
+            f->peak_device_bytes = f->est.peak_device_bytes;
+            f->fits = false;
+            f->infeasible = true;
+            goto throughput;
+        }
+    }
+    f->peak_device_bytes = f->est.peak_device_bytes;
+    f->fits = f->peak_device_bytes <= f->usable_bytes;
+throughput: {
+    bool nominal;
+    double compute = step_seconds(job, &f->est, &nominal);
+    par_seconds(job, &f->est, compute, f);
+    f->step_s = compute + f->exposed_comm_s + f->offload_s + opt_seconds(job, &f->est);
+    f->samples_per_s = f->step_s > 0 ? (double)job->build.batch / f->step_s : 0;
+}
+out:
+    ev_release(&ev, f, st == MP_OK);
+    if (st != MP_OK)
+        mp_fit_release(f);
+    return st;
+}
+
+static enum mp_status fits_at(const struct mp_job *job, uint64_t b, bool *fits, uint64_t *peak, unsigned *evals,
+                              struct mp_diag *d)
+{
+    struct mp_job j = *job;
+    j.build.batch = b;
+    j.train.skip_reserved = true; /* the search decides on allocated bytes */
+    j.verdict_only = true;
+    struct mp_fit f;
+    enum mp_status st = mp_fit_eval(&j, &f, d);
+    (*evals)++;
+    if (st == MP_ERR_RANGE) { /* a batch so large that sizes overflow cannot fit */
+        *fits = false;
+        *peak = UINT64_MAX;
+        return MP_OK;
+    }
+    if (st != MP_OK)
+        return st;
+    *fits = f.fits;
+    *peak = f.peak_device_bytes;
+    mp_fit_release(&f);
+    return MP_OK;
+}
+
+/* The micro-batch the search promises (README and memplan(1), suggest): b fits, and b + 1 does
+ * not (or b is max_batch).  A checkpoint plan needs no more memory at a smaller batch (no
+ * tensor shrinks as the batch grows), so b's plan also fits every batch below b.  Where "fits"
+ * is monotone in the batch, b is the largest batch that fits: so it is with the fixed plans
+ * (none, sqrt, every, segments, layers), whose schedule does not depend on the batch.  With the
+ * optimal plans a larger batch can fit again (the planner's budget rounds and slots), and b is
+ * the boundary the search meets.
+ *
+ * The search goes up from 1: doubling while the peak does not grow with the batch, else a jump
+ * to where the line through the last two fitting batches reaches the usable bytes.  Once a
+ * batch fails, it interpolates between the bracket's peaks.  Each such guess is followed by its
+ * neighbour: memory is near-affine in the batch, so the boundary is usually there.  Two guesses
+ * that missed turn the search to plain doubling and bisection, which the optimal plans use
+ * from the start.  So with an optimal plan b lies between the last power of two that fits and
+ * the first that does not (or max_batch), found by bisection. */
+/* mp_search_max_batch from batch `from` when it fits (a batch a weaker plan of the same job was
+ * found to fit: the search then starts there), else from 1. */
+static enum mp_status search_max_batch_from(const struct mp_job *job, uint64_t max_batch, uint64_t from,
+                                            uint64_t *best, unsigned *evals, struct mp_diag *d)
+{
+    *best = 0;
+    bool ok = false;
+    uint64_t plo, start = 1;
+    enum mp_status st = MP_OK;
+    if (from > 1 && from <= max_batch && (st = fits_at(job, from, &ok, &plo, evals, d)) == MP_OK && ok)
+        start = from;
+    if (st == MP_OK && start == 1)
+        st = fits_at(job, 1, &ok, &plo, evals, d);
+    if (st != MP_OK || !ok)
+        return st;
+    uint64_t usable = (uint64_t)((double)mp_gpu_capacity(&job->gpu) * (1.0 - job->margin));
+    uint64_t lo = start, prev = 0, pprev = 0; /* lo fits (peak plo); prev < lo fitted before it (0: none) */
+    uint64_t hi = 0, phi = 0;             /* hi > lo does not fit (peak phi); 0: none found yet */
+    uint64_t next = start > 1 ? start + 1 : 0; /* the last guess's neighbour, tried next (after a
+                                                * start: the batch above it) */
+    uint64_t round_lo = 0, round_span = 0; /* lo and the bracket before the last guess */
+    /* guesses that missed; after two, doubling and bisection only.  An optimal plan fills its
+     * budget whatever the batch, so its peak says nothing of the boundary: no guesses at all */
+    unsigned misses = job->ckpt.strategy == MP_CKPT_OPTIMAL || job->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS ? 2 : 0;
+    while (hi ? hi - lo > 1 : lo < max_batch) {
+        bool guess = false;
+        uint64_t b;
+        if (next <= lo || (hi && next >= hi) || next > max_batch) {
+            next = 0;
+            if (round_lo) /* the guess and its neighbour are done: did they bracket the boundary
+                           * (before a failure) or halve the bracket? */
+                misses += !(round_span ? 2 * (hi - lo) <= round_span : hi != 0);
+            round_lo = round_span = 0;
+        }
+        if (next) {
+            b = next;
+        } else if (!hi) {
+            b = lo > max_batch / 2 ? max_batch : 2 * lo;
+            if (misses < 2 && prev && plo > pprev) { /* the line through (prev, pprev) and (lo, plo) */
+                double g = (double)lo + (double)(usable - plo) * (double)(lo - prev) / (double)(plo - pprev);
+                b = g >= (double)max_batch ? max_batch : g < (double)lo + 1 ? lo + 1 : (uint64_t)g;
+                guess = true;
+                round_lo = lo;
+            }
+        } else if (misses < 2 && phi > plo && phi != UINT64_MAX) {
+            double g = (double)lo + (double)(usable - plo) * (double)(hi - lo) / (double)(phi - plo);
+            b = g < (double)lo + 1 ? lo + 1 : g >= (double)(hi - 1) ? hi - 1 : (uint64_t)g;
+            guess = true;
+            round_lo = lo;
+            round_span = hi - lo;
+        } else {
+            b = lo + (hi - lo) / 2;
+        }
+        uint64_t pb;
+        st = fits_at(job, b, &ok, &pb, evals, d);
+        if (st != MP_OK)
+            return st;
+        if (ok) {
+            prev = lo, pprev = plo;
+            lo = b, plo = pb;
+        } else {
+            hi = b, phi = pb;
+        }
+        next = guess ? (ok ? b + 1 : b - 1) : 0;
+    }
+    *best = lo;
+    return MP_OK;
+}
+
+enum mp_status mp_search_max_batch(const struct mp_job *job, uint64_t max_batch, uint64_t *best, unsigned *evals,
+                                   struct mp_diag *d)
+{
+    return search_max_batch_from(job, max_batch, 1, best, evals, d);
+}
+
+/* ---- suggest -------------------------------------------------------------------------- */
+
+void mp_suggestion_release(struct mp_suggestion *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->n; i++)
+        mp_fit_release(&s->cand[i].fit);
+    s->n = 0;
+}
+
+static uint64_t largest_divisor_le(uint64_t g, uint64_t b)
+{
+    for (uint64_t k = b < g ? b : g; k >= 1; k--)
+        if (g % k == 0)
+            return k;
+    return 1;
+}
+
+/* Sets c to micro-batch b with grad_accum accumulation steps and re-evaluates everything that
+ * depends on it (fit, peak, headroom, estimated throughput, plan figures).  c->fits is the
+ * estimate's verdict only when c was found fitting (bmax > 0); callers set it otherwise. */
+static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candidate *c, uint64_t b, uint64_t accum,
+                                     struct mp_diag *d)
+{
+    struct mp_job j = *job;
+    j.build.precision = c->precision;
+    j.ckpt = c->ckpt;
+    j.build.batch = b;
+    j.train.accumulate = accum > 1;
+    j.train.skip_reserved = true; /* suggest reports allocated bytes; the allocator model would
+                                   * only cost time (and keep long models from folding) */
+    mp_fit_release(&c->fit);
+    enum mp_status st = mp_fit_eval(&j, &c->fit, d);
+    if (st != MP_OK) {
+        memset(&c->fit, 0, sizeof c->fit);
+        return st;
+    }
+    c->micro_batch = b;
+    c->grad_accum = accum;
+    c->global_batch = b * accum * (c->par.strategy != MP_PAR_NONE ? mp_par_world(&c->par) : 1);
+    c->peak_device_bytes = c->fit.peak_device_bytes;
+    c->capacity_bytes = c->fit.capacity_bytes;
+    c->usable_bytes = c->fit.usable_bytes;
+    c->headroom_pct = c->capacity_bytes
+                          ? 100.0 * ((double)c->capacity_bytes - (double)c->peak_device_bytes) / (double)c->capacity_bytes
+                          : 0;
+    double flops_time = c->fit.step_s - opt_seconds(&j, &c->fit.est);
+    double t = (double)c->grad_accum * flops_time + opt_seconds(&j, &c->fit.est);
+    c->samples_per_s = c->fits && t > 0 ? (double)c->global_batch / t : 0;
+    double base = c->fit.est.fwd_flops + c->fit.est.bwd_flops;
+    c->recompute_pct = base > 0 ? 100.0 * c->fit.est.recompute_flops / base : 0;
+    c->n_ckpt_blocks = 0;
+    for (size_t i = 0; i < c->fit.plan.L; i++)
+        c->n_ckpt_blocks += c->fit.plan.checkpointed[i];
+    return MP_OK;
+}
+
+static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_suggest_opts *o, uint64_t from,
+                                     struct mp_candidate *c, unsigned *evals, struct mp_diag *d)
+{
+    uint64_t bmax = 0;
+    /* With a global batch, micro-steps accumulate into resident gradients unless one
+     * micro-batch is the whole global batch: search under accumulation, then re-check. */
+    struct mp_job sj = *job;
+    sj.train.accumulate = o->global_batch > 1;
+    enum mp_status st = search_max_batch_from(&sj, o->max_batch ? o->max_batch : 65536, from, &bmax, evals, d);
+    c->search_bmax = bmax;
+    if (st != MP_OK)
+        return st;
+    if (o->global_batch > 1 && bmax < o->global_batch) {
+        /* one micro-batch of the whole global batch needs no accumulation: it may fit */
+        struct mp_job gj = *job;
+        gj.build.batch = o->global_batch;
+        struct mp_fit gf;
+        st = mp_fit_eval(&gj, &gf, d);
+        (*evals)++;
+        if (st == MP_OK && gf.fits)
+            bmax = o->global_batch;
+        if (st == MP_OK)
+            mp_fit_release(&gf);
+        else if (st != MP_ERR_RANGE)
+            return st;
+        st = MP_OK;
+    }
+    c->precision = job->build.precision;
+    c->ckpt = job->ckpt;
+    if (bmax == 0) {
+        c->fits = false;
+        c->micro_batch = 1;
+        c->grad_accum = o->global_batch ? o->global_batch : 1;
+    } else {
+        c->fits = true;
+        c->micro_batch = o->global_batch ? largest_divisor_le(o->global_batch, bmax) : bmax;
+        c->grad_accum = o->global_batch ? o->global_batch / c->micro_batch : 1;
+    }
+    (*evals)++;
+    return cand_set_batch(job, c, c->micro_batch, c->grad_accum, d);
+}
+
+static bool precision_supported(const struct mp_gpu *g, enum mp_precision p)
+{
+    if (p == MP_PREC_FP32)
+        return true;
+    if (g->tflops_bf16 == 0 && g->tflops_fp16 == 0 && g->tflops_fp32 == 0)
+        return true; /* --vram: no figures, anything goes */
+    return mp_gpu_tflops(g, p) > 0;
+}
+
+
+/* Runs one probe of job at batch b (the plan of mp_fit_eval at that batch). */
+static enum mp_status probe_at(struct mp_probe *pr, const struct mp_job *job, uint64_t b, struct mp_probe_result *r,
+                               struct mp_diag *d)
+{
+    struct mp_job j = *job;
+    j.build.batch = b;
+    struct mp_fit f;
+    enum mp_status st = mp_fit_eval(&j, &f, d);
+    if (st != MP_OK)
+        return st;
+    struct mp_program prog;
+    j.build.ft.input_grad = j.ckpt.strategy != MP_CKPT_NONE;
+    j.build.hf_checkpointing = j.ckpt.strategy == MP_CKPT_LAYERS;
+    st = mp_program_build(j.model, &j.build, &prog, d);
+    if (st == MP_OK) {
+        memset(r, 0, sizeof *r);
+        st = mp_probe_run(pr, &prog, &f.plan.sched, &j.train, r, d);
+        mp_program_release(&prog);
+    }
+    mp_fit_release(&f);
+    return st;
+}
+
+/* The micro-batch next to b in direction dir (+1/-1): any batch, or with a global batch
+ * G only divisors of G (the divisor rule); 0 when there is none. */
+static uint64_t next_batch(const struct mp_suggest_opts *o, uint64_t b, int dir)
+{
+    uint64_t g = o->global_batch;
+    if (dir < 0) {
+        for (uint64_t k = b - 1; k >= 1; k--)
+            if (!g || g % k == 0)
+                return k;
+        return 0;
+    }
+    uint64_t lim = g ? g : (o->max_batch ? o->max_batch : 65536);
+    for (uint64_t k = b + 1; k <= lim; k++)
+        if (!g || g % k == 0)
+            return k;
+    return 0;
+}
+
+/* The probes' pool limit for the target: what the estimate allows the step's storages
+ * (usable capacity less the context the target's profile assumes).  The pool counts
+ * exactly what the estimator counts, so on the target itself the limits agree. */
+static uint64_t target_pool_bytes(const struct mp_job *base, const struct mp_suggest_opts *o)
+{
+    if (o->probe_capacity_bytes)
+        return o->probe_capacity_bytes;
+    uint64_t usable = (uint64_t)((double)mp_gpu_capacity(&base->gpu) * (1.0 - base->margin));
+    return sub0(usable, base->gpu.context_bytes);
+}
+
+enum mp_status mp_suggest_host_admit(const struct mp_job *base, const struct mp_suggest_opts *o, uint64_t ram_bytes,
+                                     struct mp_diag *d)
+{
+    uint64_t lim = o->probe_capacity_bytes ? o->probe_capacity_bytes
+                                           : (uint64_t)((double)mp_gpu_capacity(&base->gpu) * (1.0 - base->margin));
+    if (lim <= ram_bytes / 2)
+        return MP_OK;
+    char b1[32], b2[32];
+    return mp_fail(d, MP_ERR_DEVICE, "--backend host: probes up to %s do not fit this machine's RAM (%s); use a "
+                                     "smaller --vram or --capacity, or --no-probe",
+                   mp_fmt_bytes(lim, b1, sizeof b1), mp_fmt_bytes(ram_bytes, b2, sizeof b2));
+}
+
+#define MP_PROBES_PER_CANDIDATE 4
+#define MP_PROBES_MAX 10
+
+/* Confirms candidate c with probes under the target's pool limit: b*, then b*+1 (or the
+ * next divisor of the global batch) when b* fits, walking down while it does not.  A
+ * batch counts as probed only if it ran; a move re-evaluates the estimate at the new
+ * batch (fit, peak, headroom, estimated throughput), and never goes above what the
+ * estimate says fits the target.  *inconclusive: the local device itself ran out of
+ * memory below the target's limit (it is not the target), so nothing was learned. */
+static enum mp_status probe_confirm(struct mp_probe *pr, const struct mp_job *base, const struct mp_suggest_opts *o,
+                                    struct mp_candidate *c, unsigned *probes, bool *inconclusive, struct mp_diag *d)
+{
+    *inconclusive = false;
+    struct mp_job j = *base;
+    j.build.precision = c->precision;
+    j.ckpt = c->ckpt;
+    uint64_t b = c->micro_batch, ok_b = 0, fail_b = 0;
+    struct mp_probe_result r, ok_r;
+    memset(&ok_r, 0, sizeof ok_r);
+    enum mp_status st = MP_OK;
+    for (unsigned n = 0; n < MP_PROBES_PER_CANDIDATE && *probes < MP_PROBES_MAX && b >= 1; n++) {
+        bool est_fits = true; /* above ok_b, a batch is taken only where the estimate agrees */
+        if (ok_b && b > ok_b) {
+            struct mp_job uj = j;
+            uj.build.batch = b;
+            uj.train.accumulate = o->global_batch && o->global_batch / b > 1;
+            struct mp_fit uf;
+            st = mp_fit_eval(&uj, &uf, d);
+            if (st != MP_OK && st != MP_ERR_RANGE)
+                return st;
+            est_fits = st == MP_OK && uf.fits;
+            if (st == MP_OK)
+                mp_fit_release(&uf);
+            st = MP_OK;
+        }
+        if (o->progress)
+            mp_progress("probing micro-batch %llu on the %s backend", (unsigned long long)b, mp_probe_backend(pr));
+        j.train.accumulate = o->global_batch && o->global_batch / b > 1;
+        st = probe_at(pr, &j, b, &r, d);
+        (*probes)++;
+        if (st != MP_OK)
+            return st;
+        if (r.fits) {
+            if (!est_fits)
+                break; /* it ran, but the estimate puts it over the target: keep the estimate's */
+            ok_b = b;
+            ok_r = r;
+            uint64_t up = next_batch(o, b, +1);
+            if (!up || (fail_b && fail_b == up))
+                break;
+            b = up;
+        } else {
+            if (!r.oom_capacity && !o->target_is_device) {
+                *inconclusive = true; /* the local device is smaller than the target */
+                break;
+            }
+            fail_b = b;
+            if (ok_b)
+                break; /* ok_b fits, the next batch up does not: the boundary */
+            b = next_batch(o, b, -1);
+        }
+    }
+    if (o->progress)
+        mp_progress_done();
+    if (*inconclusive)
+        return MP_OK;
+    if (!ok_b) {
+        c->fits = false;
+        c->probe_oom = true;
+        c->samples_per_s = 0;
+        return MP_OK;
+    }
+    if (ok_b != c->micro_batch) {
+        c->fits = true;
+        st = cand_set_batch(base, c, ok_b, o->global_batch ? o->global_batch / ok_b : 1, d);
+        if (st != MP_OK)
+            return st;
+    }
+    c->probed = true;
+    c->probe_samples_per_s = ok_r.samples_per_s;
+    c->probe_step_ms = ok_r.step_ms;
+    c->probe_peak_bytes = ok_r.measured_peak_bytes;
+    return MP_OK;
+}
+
+/* The best candidate: highest estimated throughput among mixed precision and fp32; pure
+ * bf16 (no fp32 master weights) only when nothing else fits.  Estimates only: a probe's
+ * step time (memplan's kernels) is never compared with an estimate. */
+static int choose_best(const struct mp_suggestion *s, const struct mp_suggest_opts *o, bool *bf16_only)
+{
+    int best = -1;
+    *bf16_only = false;
+    for (int pass = 0; pass < 2 && best < 0; pass++) {
+        for (size_t i = 0; i < s->n; i++) {
+            const struct mp_candidate *c = &s->cand[i];
+            if (!c->fits || (pass == 0 && c->precision == MP_PREC_BF16 && !c->par.mixed_bf16 && !o->precision_fixed))
+                continue;
+            if (best < 0 || c->samples_per_s > s->cand[best].samples_per_s * (1 + 1e-9))
+                best = (int)i;
+        }
+        *bf16_only = best >= 0 && pass == 1;
+    }
+    return best;
+}
+
+/* Probes the best candidate until the best one is confirmed: a candidate whose probes all
+ * ran out of memory no longer fits, and one moved to a smaller batch may lose its place,
+ * so the choice is made again after each confirmation. */
+static enum mp_status probe_best(const struct mp_job *base, const struct mp_suggest_opts *o, struct mp_suggestion *s,
+                                 bool *bf16_only, struct mp_diag *d)
+{
+    struct mp_probe_opts po;
+    mp_probe_opts_default(&po);
+    po.backend = o->probe_backend ? o->probe_backend : "cuda";
+    po.device = o->device;
+    po.capacity_bytes = target_pool_bytes(base, o);
+    if (po.capacity_bytes == 0) {
+        snprintf(s->probe_note, sizeof s->probe_note, "not probed: the target leaves nothing beyond its context");
+        return MP_OK;
+    }
+    struct mp_probe *pr = NULL;
+    enum mp_status st = mp_probe_open(&pr, &po, d);
+    if (st != MP_OK)
+        return st;
+    s->probe_capacity_bytes = po.capacity_bytes;
+    while (s->best >= 0 && !s->cand[s->best].probed && s->probes < MP_PROBES_MAX) {
+        struct mp_candidate *c = &s->cand[s->best];
+        bool inconclusive;
+        st = probe_confirm(pr, base, o, c, &s->probes, &inconclusive, d);
+        if (st != MP_OK)
+            break;
+        if (inconclusive) {
+            snprintf(s->probe_note, sizeof s->probe_note,
+                     "not confirmed: the local GPU ran out of memory below the target's limit (it has less "
+                     "free memory than the target)");
+            break;
+        }
+        s->best = choose_best(s, o, bf16_only);
+    }
+    mp_probe_close(pr);
+    if (st != MP_OK)
+        return st;
+    if (s->best >= 0 && !s->cand[s->best].probed && !s->probe_note[0]) {
+        /* the budget is spent: only a confirmed candidate may be recommended */
+        int best = -1;
+        for (size_t i = 0; i < s->n; i++)
+            if (s->cand[i].probed && s->cand[i].fits &&
+                (best < 0 || s->cand[i].samples_per_s > s->cand[best].samples_per_s * (1 + 1e-9)))
+                best = (int)i;
+        s->best = best;
+        if (best >= 0)
+            *bf16_only = s->cand[best].precision == MP_PREC_BF16 && !o->precision_fixed;
+        snprintf(s->probe_note, sizeof s->probe_note,
+                 "the probe budget (%d runs) is spent: only a probe-confirmed candidate is recommended",
+                 MP_PROBES_MAX);
+    }
+    return MP_OK;
+}
+
+static bool model_has_repeats(const struct mp_model *m)
+{
+    for (size_t i = 0; i < m->n_blocks; i++)
+        if (m->blocks[i].repeat_group > 0)
+            return true;
+    return false;
+}
+
+/* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
+ * checkpointed on w ranks (8 GPUs per node)?  Sets *par to the one that fits. */
+static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64_t w, struct mp_parallel *par,
+                       struct mp_diag *d)
+{
+    static const enum mp_par_strategy shard[] = {MP_PAR_FSDP, MP_PAR_ZERO3};
+    mp_parallel_default(par);
+    par->gpus = w < 8 ? w : 8;
+    par->nodes = w < 8 ? 1 : w / 8;
+    for (size_t k = 0; k < 2; k++) {
+        par->strategy = shard[k];
+        struct mp_job j = *base;
+        j.train.par = par;
+        j.train.skip_reserved = true; /* a verdict on allocated bytes, as the search's */
+        j.verdict_only = true;
+        j.build.batch = 1;
+        j.build.precision = prec;
+        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
+        struct mp_fit f;
+        if (mp_fit_eval(&j, &f, d) != MP_OK)
+            continue;
+        bool fits = f.fits;
+        mp_fit_release(&f);
+        if (fits)
+            return true;
+    }
+    return false;
+}
+
+/* The smallest data-parallel world that fits (0 if none up to 128 nodes): 2, 4, 8 GPUs, then
+ * whole nodes of 8, found by doubling the node count and bisecting (what one rank holds only
+ * shrinks as ranks are added).  *par is set for that world. */
+static uint64_t smallest_world(const struct mp_job *base, enum mp_precision prec, struct mp_parallel *par,
+                               struct mp_diag *d)
+{
+    for (uint64_t w = 2; w <= 8; w *= 2)
+        if (world_fits(base, prec, w, par, d))
+            return w;
+    uint64_t lo = 1, hi = 0; /* nodes: lo does not fit, hi fits */
+    for (uint64_t n = 2; n <= 128 && !hi; n *= 2) {
+        if (world_fits(base, prec, 8 * n, par, d))
+            hi = n;
+        else
+            lo = n;
+    }
+    if (!hi)
+        return 0;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (world_fits(base, prec, 8 * mid, par, d))
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return world_fits(base, prec, 8 * hi, par, d) ? 8 * hi : 0;
+}
+
+static enum mp_status suggest_run(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
+                                  struct mp_suggestion *s, struct mp_diag *d);
+
+/* Every evaluation of one suggest (nested ones included) builds into the same program
+ * memory, and its folds into the same two short programs: on long models, page faults and
+ * copies would otherwise cost as much as the work. */
+enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
+                          struct mp_suggestion *s, struct mp_diag *d)
+{
+    struct mp_program scratch, fold_scratch[2];
+    memset(&scratch, 0, sizeof scratch);
+    memset(fold_scratch, 0, sizeof fold_scratch);
+    struct mp_job b = *base;
+    if (!b.scratch)
+        b.scratch = &scratch;
+    if (!b.fold_scratch)
+        b.fold_scratch = fold_scratch;
+    enum mp_status st = suggest_run(&b, o_in, argv0, s, d);
+    mp_program_release(&scratch);
+    mp_program_release(&fold_scratch[0]);
+    mp_program_release(&fold_scratch[1]);
+    return st;
+}
+
+static enum mp_status suggest_run(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
+                                  struct mp_suggestion *s, struct mp_diag *d)
+{
+    memset(s, 0, sizeof *s);
+    s->best = -1;
+    double t0 = mp_now_ms();
+    /* Data parallel: the global batch is micro x accumulation x ranks, so each rank's share is
+     * G / world; the search below works per rank. */
+    struct mp_suggest_opts rank_o = *o_in;
+    const struct mp_suggest_opts *o = &rank_o;
+    uint64_t world = base->train.par ? mp_par_world(base->train.par) : 1;
+    if (world > 1 && rank_o.global_batch) {
+        if (rank_o.global_batch % world)
+            return mp_fail(d, MP_ERR_USAGE, "--global-batch %llu is not a multiple of the %llu data-parallel ranks",
+                           (unsigned long long)rank_o.global_batch, (unsigned long long)world);
+        rank_o.global_batch /= world;
+    }
+    enum mp_precision precs[4];
+    size_t np = 0;
+    if (o->precision_fixed) {
+        precs[np++] = o->precision;
+    } else {
+        if (precision_supported(&base->gpu, MP_PREC_AMP_BF16))
+            precs[np++] = MP_PREC_AMP_BF16;
+        else if (precision_supported(&base->gpu, MP_PREC_AMP_FP16))
+            precs[np++] = MP_PREC_AMP_FP16;
+        precs[np++] = MP_PREC_FP32;
+        if (precision_supported(&base->gpu, MP_PREC_BF16))
+            precs[np++] = MP_PREC_BF16;
+    }
+    /* "layers" is what HF's gradient_checkpointing does; a Trainer (--emit hf) can run only
+     * none and layers.  A model without repeated blocks has no "layers" plan. */
+    struct mp_ckpt_spec strategies[4];
+    size_t ns = 0;
+    strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_NONE, 0};
+    if (!o->trainer_plans_only) {
+        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
+        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+    }
+    if (model_has_repeats(base->model))
+        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
+    /* data parallel: the strategy given, or every one at the world given (--gpus alone) */
+    struct mp_parallel pars[8];
+    size_t npar = 0;
+    if (o->par_search && base->train.par) {
+        static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,
+                                                   MP_PAR_FSDP_NO_RESHARD};
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+            pars[npar] = *base->train.par;
+            pars[npar].strategy = all[k];
+            npar++;
+        }
+        /* and ZeRO-3 with the optimizer on the host (ZeRO-Offload), unless --offload was given */
+        if (base->train.par->offload == MP_OFFLOAD_NONE) {
+            pars[npar] = *base->train.par;
+            pars[npar].strategy = MP_PAR_ZERO3;
+            pars[npar].offload = MP_OFFLOAD_OPTIMIZER;
+            npar++;
+        }
+        /* bounded: the first precision only (amp unless --precision), plus mixed-bf16 (bf16
+         * compute copies, fp32 master) for the sharding engines unless --precision is given */
+        np = 1;
+        if (!o->precision_fixed && precs[0] == MP_PREC_AMP_BF16)
+            precs[np++] = MP_PREC_BF16;
+    } else if (base->train.par) {
+        pars[npar++] = *base->train.par;
+    } else {
+        mp_parallel_default(&pars[npar++]);
+    }
+    /* fine-tuning: LoRA and QLoRA are weighed against each other (QLoRA stores the base in
+     * 4 bits but dequantizes every weight twice per step) */
+    enum mp_ft_mode modes[2];
+    size_t nm = 0;
+    modes[nm++] = base->build.ft.mode;
+    if (base->model->quant.kind == MP_Q_NONE && !base->train.par && !base->model->keep_fp32_wo) {
+        if (base->build.ft.mode == MP_FT_LORA)
+            modes[nm++] = MP_FT_QLORA;
+        else if (base->build.ft.mode == MP_FT_QLORA)
+            modes[nm++] = MP_FT_LORA;
+    }
+    unsigned evals = 0;
+    for (size_t mi = 0; mi < nm; mi++)
+    for (size_t pi = 0; pi < npar; pi++)
+    for (size_t i = 0; i < np; i++) {
+        for (size_t k = 0; k < ns; k++) {
+            if (s->n >= sizeof s->cand / sizeof s->cand[0])
+                break;
+            struct mp_diag vd = {{0}};
+            if (mp_par_validate(&pars[pi], &vd) != MP_OK)
+                continue;
+            struct mp_parallel cp = pars[pi];
+            if (o->par_search && !o->precision_fixed && precs[i] == MP_PREC_BF16)
+                cp.mixed_bf16 = true; /* the searched bf16 row is mixed-bf16 */
+            if (mp_par_validate(&cp, &vd) != MP_OK)
+                continue;
+            if (cp.strategy != MP_PAR_NONE && precs[i] == MP_PREC_BF16 && !cp.mixed_bf16 &&
+                mp_par_is_deepspeed(cp.strategy))
+                continue; /* DeepSpeed always keeps an fp32 master: that is mixed-bf16 */
+            struct mp_job j = *base;
+            j.build.precision = precs[i];
+            j.build.ft.mode = modes[mi];
+            j.ckpt = strategies[k];
+            s->cand[s->n].par = cp;
+            j.train.par = cp.strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
+            if (o->progress) {
+                char sb[32];
+                mp_progress("evaluating %s, checkpoint %s", mp_precision_str(precs[i]),
+                            mp_ckpt_spec_str(&j.ckpt, sb, sizeof sb));
+            }
+            struct mp_candidate *c = &s->cand[s->n];
+            struct mp_parallel keep = c->par;
+            memset(c, 0, sizeof *c);
+            c->par = keep;
+            c->ft = modes[mi];
+            /* On a long model the optimal plan is never worse than sqrt (ckpt.c): its search
+             * starts at the batch sqrt's reached, two candidates before (same mode, engine and
+             * precision), once that batch is confirmed to fit */
+            uint64_t from = 0;
+            if (j.ckpt.strategy == MP_CKPT_OPTIMAL && k >= 1 && strategies[k - 1].strategy == MP_CKPT_SQRT &&
+                base->model->n_blocks >= MP_FIT_FOLD_BLOCKS)
+                from = s->cand[s->n - 1].search_bmax;
+            enum mp_status st = eval_candidate(&j, o, from, c, &evals, d);
+            if (st != MP_OK) {
+                mp_fit_release(&c->fit);
+                mp_suggestion_release(s);
+                return st;
+            }
+            s->n++;
+        }
+    }
+    if (o->progress)
+        mp_progress_done();
+    bool bf16_only;
+    s->best = choose_best(s, o, &bf16_only);
+    char world_alt[160] = "";
+    bool no_world = false; /* no world up to 128 nodes fits either */
+    if (s->best < 0 && !base->train.par && !o->par_search) {
+        /* does not fit one GPU: the smallest world (8 GPUs per node) where a sharding strategy
+         * fits micro-batch 1 with every block checkpointed, then the full search there */
+        struct mp_parallel par;
+        uint64_t w = smallest_world(base, precs[0], &par, d);
+        no_world = !w;
+        if (w) {
+            struct mp_job wj = *base;
+            wj.train.par = &par;
+            struct mp_suggest_opts wo = *o;
+            wo.par_search = true;
+            wo.probe = false;
+            struct mp_suggestion *ws = calloc(1, sizeof *ws);
+            if (ws && mp_suggest(&wj, &wo, argv0, ws, d) == MP_OK && ws->best >= 0) {
+                const struct mp_candidate *b = &ws->cand[ws->best];
+                char pb[96], a1[32];
+                snprintf(world_alt, sizeof world_alt,
+                         "--gpus %llu --nodes %llu --parallel %s (%s): micro-batch %llu per rank, peak %s, "
+                         "%.1f samples/s",
+                         (unsigned long long)b->par.gpus, (unsigned long long)b->par.nodes,
+                         mp_par_strategy_str(b->par.strategy), mp_par_describe(&b->par, pb, sizeof pb),
+                         (unsigned long long)b->micro_batch, mp_fmt_bytes(b->peak_device_bytes, a1, sizeof a1),
+                         b->samples_per_s);
+            }
+            if (ws)
+                mp_suggestion_release(ws);
+            free(ws);
+        }
+    }
+    bool any_fit = s->best >= 0;
+    if (s->best >= 0 && o->probe) {
+        enum mp_status st = probe_best(base, o, s, &bf16_only, d);
+        if (st != MP_OK) {
+            mp_suggestion_release(s);
+            return st;
+        }
+    }
+    if (s->best >= 0 && bf16_only)
+        snprintf(s->note, sizeof s->note,
+                 "only pure bf16 (no fp32 master weights) fits; watch convergence, or use a larger GPU");
+    if (s->best >= 0) {
+        const struct mp_candidate *b = &s->cand[s->best];
+        s->global_met = !o_in->global_batch || b->global_batch == o_in->global_batch;
+    } else {
+        /* what would fit: an 8-bit optimizer, pure bf16, a larger GPU */
+        struct mp_job j = *base;
+        j.build.batch = 1;
+        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
+        j.build.precision = o->precision_fixed ? o->precision : precs[0];
+        j.train.skip_reserved = true; /* verdicts on allocated bytes, as the search's */
+        j.verdict_only = true;
+        struct mp_fit f;
+        j.train.optimizer = MP_OPT_ADAM8BIT;
+        if (base->train.optimizer != MP_OPT_ADAM8BIT && mp_fit_eval(&j, &f, d) == MP_OK) {
+            char a[32], b[32];
+            snprintf(s->alternatives[s->n_alternatives++], 160,
+                     "--optimizer adam8bit: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s",
+                     mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
+                     f.fits ? ", fits" : ", still does not fit");
+            mp_fit_release(&f);
+        }
+        j.train.optimizer = base->train.optimizer;
+        if (j.build.precision != MP_PREC_BF16) {
+            j.build.precision = MP_PREC_BF16;
+            if (mp_fit_eval(&j, &f, d) == MP_OK) {
+                char a[32], b[32];
+                snprintf(s->alternatives[s->n_alternatives++], 160,
+                         "--precision bf16: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s",
+                         mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
+                         f.fits ? ", fits" : ", still does not fit");
+                mp_fit_release(&f);
+            }
+        }
+        struct mp_finetune lft = base->build.ft;
+        lft.mode = MP_FT_LORA;
+        if (base->build.ft.mode == MP_FT_FULL && base->model->quant.kind == MP_Q_NONE && !base->train.par &&
+            base->model->input == MP_INPUT_TOKENS && !mp_moe_lora_unmodelled(base->model, &lft)) {
+            /* fine-tuning with adapters instead: the best LoRA/QLoRA plan (peft's default targets) */
+            struct mp_job lj = *base;
+            lj.build.ft.mode = MP_FT_LORA;
+            struct mp_suggest_opts ao = *o_in;
+            ao.probe = false;
+            ao.progress = false;
+            struct mp_suggestion *ls = calloc(1, sizeof *ls);
+            if (ls && mp_suggest(&lj, &ao, argv0, ls, d) == MP_OK && ls->best >= 0) {
+                const struct mp_candidate *b = &ls->cand[ls->best];
+                char a1[32], sb[32];
+                snprintf(s->alternatives[s->n_alternatives++], 160,
+                         "--finetune %s (adapters r %llu on peft's default targets): micro-batch %llu, %s, checkpoint "
+                         "%s, peak %s, %.1f samples/s",
+                         mp_ft_mode_str(b->ft), (unsigned long long)base->build.ft.r,
+                         (unsigned long long)b->micro_batch, mp_precision_str(b->precision),
+                         mp_ckpt_spec_str(&b->ckpt, sb, sizeof sb), mp_fmt_bytes(b->peak_device_bytes, a1, sizeof a1),
+                         b->samples_per_s);
+            }
+            if (ls)
+                mp_suggestion_release(ls);
+            free(ls);
+        }
+        struct mp_gpu *gpus = NULL;
+        size_t ng = 0;
+        bool gpu_found = false;
+        if (mp_gpu_list(argv0, &gpus, &ng, d) == MP_OK) {
+            j.build.precision = o->precision_fixed ? o->precision : precs[0];
+            for (size_t i = 0; i < ng; i++) {
+                if (mp_gpu_capacity(&gpus[i]) <= mp_gpu_capacity(&base->gpu))
+                    continue;
+                j.gpu = gpus[i];
+                if (mp_fit_eval(&j, &f, d) != MP_OK)
+                    continue;
+                bool ok = f.fits;
+                if (ok) {
+                    char a[32], b[32];
+                    snprintf(s->alternatives[s->n_alternatives++], 160,
+                             "--gpu %s: peak %s of %s usable at micro-batch 1 (checkpoint every:1), fits",
+                             gpus[i].name, mp_fmt_bytes(f.peak_device_bytes, a, sizeof a),
+                             mp_fmt_bytes(f.usable_bytes, b, sizeof b));
+                }
+                mp_fit_release(&f);
+                if (ok) {
+                    gpu_found = true;
+                    break;
+                }
+            }
+            free(gpus);
+        }
+        if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
+            snprintf(s->alternatives[s->n_alternatives++], 160, "%s",
+                     no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
+                                "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
+                              : "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
+                                "optimizer state across GPUs (FSDP/ZeRO) or offload");
+        if (any_fit)
+            snprintf(s->note, sizeof s->note, "the estimate said it fits but the probes ran out of memory at every "
+                                              "batch they tried; rerun with a larger --margin");
+        else
+            snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch 1 with every block checkpointed");
+        /* the smallest data-parallel world that fits (the full search: suggest --gpus N) */
+        if (world_alt[0]) {
+            if (s->n_alternatives == sizeof s->alternatives / sizeof s->alternatives[0])
+                s->n_alternatives--;
+            snprintf(s->alternatives[s->n_alternatives++], 160, "%s", world_alt);
+        }
+    }
+    (void)evals;
+    s->elapsed_ms = mp_now_ms() - t0;
+    return MP_OK;
+}
