@@ -65,7 +65,7 @@ CJSON_LIBS := $(or $(shell pkg-config --libs libcjson 2>/dev/null),-lcjson)
 CMOCKA_LIBS := $(or $(shell pkg-config --libs cmocka 2>/dev/null),-lcmocka)
 
 WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
-        -Wcast-qual -Werror=implicit-function-declaration -Wno-format-truncation
+        -Wcast-qual -Werror=implicit-function-declaration -Werror=switch -Wno-format-truncation
 override CFLAGS += -std=c11 $(WARN) -D_POSIX_C_SOURCE=200809L -Isrc $(PKG_CFLAGS) -MMD -MP \
                    -DMEMPLAN_DATADIR='"$(PREFIX)/share/memplan"'
 LDLIBS := $(CJSON_LIBS) -lm

@@ -5,13 +5,6 @@
 // HF's composites with their intermediates keep the generic kernel.
 #include "kcommon.cuh"
 
-static_assert((int)MP_K_GELU == (int)MP_MA_GELU && (int)MP_K_GELU_TANH == (int)MP_MA_GELU_TANH &&
-                  (int)MP_K_RELU == (int)MP_MA_RELU && (int)MP_K_SILU == (int)MP_MA_SILU &&
-                  (int)MP_K_TANH == (int)MP_MA_TANH && (int)MP_K_SIGMOID == (int)MP_MA_SIGMOID &&
-                  (int)MP_K_GELU_NEW == (int)MP_MA_GELU_NEW && (int)MP_K_GELU_FAST == (int)MP_MA_GELU_FAST &&
-                  (int)MP_K_RELU2 == (int)MP_MA_RELU2 && (int)MP_K_XIELU == (int)MP_MA_XIELU,
-              "kernels.h activation codes are mp_math.h's");
-
 // ---- kernels: the arithmetic is src/mp_math.h's (mp_act_f, mp_act_df, mp_gelu_part) -------
 
 struct gelu_parts {

@@ -38,9 +38,9 @@ __global__ void custom_gin_kernel(void *gin, int gdt, uint64_t per, const uint8_
     {
         uint64_t r = e / per, i = e % per;
         unsigned g = gout[r * ob + i % ob] + (eb ? saved[r * eb + i % eb] : 0u);
-        if (gdt == MP_K_U8)
+        if (gdt == MP_DT_U8)
             ((uint8_t *)gin)[e] = (uint8_t)(((uint8_t *)gin)[e] + g * 3u);
-        else if (gdt != MP_K_I64)
+        else if (gdt != MP_DT_I64)
             accf(gin, gdt, e, 1e-3f * ((float)(g & 0xffu) - 127.5f) / 127.5f);
     }
 }

@@ -38,10 +38,10 @@ static inline unsigned grid_for(uint64_t n, unsigned threads)
 __device__ __forceinline__ float ldf(const void *p, int dt, uint64_t i)
 {
     switch (dt) {
-    case MP_K_F32: return ((const float *)p)[i];
-    case MP_K_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-    case MP_K_F16: return __half2float(((const __half *)p)[i]);
-    case MP_K_I64: return (float)((const long long *)p)[i];
+    case MP_DT_F32: return ((const float *)p)[i];
+    case MP_DT_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case MP_DT_F16: return __half2float(((const __half *)p)[i]);
+    case MP_DT_I64: return (float)((const long long *)p)[i];
     default: return (float)((const unsigned char *)p)[i];
     }
 }
@@ -49,10 +49,10 @@ __device__ __forceinline__ float ldf(const void *p, int dt, uint64_t i)
 __device__ __forceinline__ void stf(void *p, int dt, uint64_t i, float v)
 {
     switch (dt) {
-    case MP_K_F32: ((float *)p)[i] = v; break;
-    case MP_K_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
-    case MP_K_F16: ((__half *)p)[i] = __float2half_rn(v); break;
-    case MP_K_I64: ((long long *)p)[i] = (long long)v; break;
+    case MP_DT_F32: ((float *)p)[i] = v; break;
+    case MP_DT_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
+    case MP_DT_F16: ((__half *)p)[i] = __float2half_rn(v); break;
+    case MP_DT_I64: ((long long *)p)[i] = (long long)v; break;
     default: ((unsigned char *)p)[i] = (unsigned char)v; break;
     }
 }
@@ -86,15 +86,15 @@ __device__ __forceinline__ unsigned short f_to_f16_bits(float f) { return __half
 __device__ __forceinline__ void atomic_accf(void *p, int dt, uint64_t i, float v)
 {
     switch (dt) {
-    case MP_K_F32: atomicAdd((float *)p + i, v); break;
-    case MP_K_BF16:
+    case MP_DT_F32: atomicAdd((float *)p + i, v); break;
+    case MP_DT_BF16:
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         atomicAdd((__nv_bfloat16 *)p + i, __float2bfloat16_rn(v));
 #else
         atomic_add16_cas((__nv_bfloat16 *)p + i, v, bf16_bits_to_f, f_to_bf16_bits);
 #endif
         break;
-    case MP_K_F16:
+    case MP_DT_F16:
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
         atomicAdd((__half *)p + i, __float2half_rn(v));
 #else
@@ -107,9 +107,9 @@ __device__ __forceinline__ void atomic_accf(void *p, int dt, uint64_t i, float v
 
 __device__ __forceinline__ float round_dt(int dt, float v)
 {
-    if (dt == MP_K_BF16)
+    if (dt == MP_DT_BF16)
         return __bfloat162float(__float2bfloat16_rn(v));
-    if (dt == MP_K_F16)
+    if (dt == MP_DT_F16)
         return __half2float(__float2half_rn(v));
     return v;
 }
@@ -197,9 +197,9 @@ template <typename Op> static int ew_launch(const Op &op, uint64_t n, bool vec, 
 template <typename Fn> static bool with_float_type(int dt, Fn &&fn)
 {
     switch (dt) {
-    case MP_K_F32: fn((float *)nullptr); return true;
-    case MP_K_BF16: fn((__nv_bfloat16 *)nullptr); return true;
-    case MP_K_F16: fn((__half *)nullptr); return true;
+    case MP_DT_F32: fn((float *)nullptr); return true;
+    case MP_DT_BF16: fn((__nv_bfloat16 *)nullptr); return true;
+    case MP_DT_F16: fn((__half *)nullptr); return true;
     default: return false;
     }
 }

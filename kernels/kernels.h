@@ -2,7 +2,7 @@
  *
  * Every launcher enqueues on stream s, checks the launch and returns the
  * cudaError_t as an int (0 = success); none synchronises or allocates.
- * Dtype codes are enum mp_dtype's (MP_K_*), activation codes enum mp_act's.
+ * Dtype codes are enum mp_dtype's, activation codes enum mp_act's (util/sets.h, one table).
  * Gradient outputs accumulate (+=) into buffers the caller zeroed, unless a
  * comment says otherwise; a NULL gradient output is skipped.  Row-major
  * layouts throughout; shape letters as in layers.c (b, s, a, kv, d, M, V).
@@ -14,13 +14,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "util/sets.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-enum { MP_K_F32 = 0, MP_K_BF16 = 1, MP_K_F16 = 2, MP_K_I64 = 3, MP_K_U8 = 4 };
-enum { MP_K_GELU = 0, MP_K_GELU_TANH, MP_K_RELU, MP_K_SILU, MP_K_TANH, MP_K_SIGMOID, MP_K_GELU_NEW, MP_K_GELU_FAST,
-       MP_K_RELU2, MP_K_XIELU };
 
 /* ---- elementwise.cu ---------------------------------------------------------------------- */
 int mp_k_fill(void *dst, int dt, float v, uint64_t n, cudaStream_t s);

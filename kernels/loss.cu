@@ -63,20 +63,20 @@ __global__ void implicit_loss_kernel(float *loss, const void *y, int dt, uint64_
     float s = 0.0f;
     for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) {
         float v = ldf(y, dt, i);
-        s += dt == MP_K_U8 || dt == MP_K_I64 ? v : 0.5f * v * v;
+        s += dt == MP_DT_U8 || dt == MP_DT_I64 ? v : 0.5f * v * v;
     }
     s = block_sum(s);
     if (threadIdx.x == 0)
-        *loss = n ? s / ((dt == MP_K_U8 || dt == MP_K_I64 ? 255.0f : 1.0f) * (float)n) : 0.0f;
+        *loss = n ? s / ((dt == MP_DT_U8 || dt == MP_DT_I64 ? 255.0f : 1.0f) * (float)n) : 0.0f;
 }
 
 __global__ void implicit_grad_kernel(void *grad, const void *y, int dt, uint64_t n)
 {
     GRID_STRIDE(i, n)
     {
-        if (dt == MP_K_U8)
+        if (dt == MP_DT_U8)
             ((uint8_t *)grad)[i] = (uint8_t)(((const uint8_t *)y)[i] ^ 0x55);
-        else if (dt != MP_K_I64)
+        else if (dt != MP_DT_I64)
             stf(grad, dt, i, ldf(y, dt, i) / (float)n);
     }
 }

@@ -9,7 +9,7 @@
    its own folder or of folders before it.
 3. A file includes another folder's code only through that folder's public header
    (PUBLIC); the other headers of a folder are its own.  kernels/ is the cuda probe's
-   device code and includes only probe/mp_math.h.
+   device code and includes only probe/mp_math.h and util/sets.h.
 """
 import glob
 import os
@@ -19,7 +19,7 @@ import sys
 
 ORDER = ["util", "json", "model", "ir", "ckpt", "estimate", "probe", "search", "report", "cli"]
 PUBLIC = {
-    "util": "util/util.h",
+    "util": ("util/util.h", "util/sets.h"),  # sets.h: the closed sets, for kernels/ and mp_math.h too
     "json": "json/json.h",
     "model": "model/model.h",
     "ir": "ir/layers.h",
@@ -29,7 +29,7 @@ PUBLIC = {
     "search": "search/search.h",
     "report": "report/report.h",
 }
-KERNEL_INCLUDES = {"probe/mp_math.h"}
+KERNEL_INCLUDES = {"probe/mp_math.h", "util/sets.h"}
 
 # Cycles still in the tree (issue 13, item 7), to be broken; none may grow.
 KNOWN = {
@@ -150,7 +150,7 @@ for path in sorted(glob.glob(os.path.join(src, "**", "*.[ch]"), recursive=True))
         if fb not in ORDER or fa not in ORDER or ORDER.index(fb) > ORDER.index(fa):
             print("FAIL src/%s includes %s: %s/ comes after %s/ in the pipeline" % (rel, inc, fb, fa))
             bad = 1
-        elif PUBLIC.get(fb) != target:
+        elif target not in (PUBLIC[fb] if isinstance(PUBLIC.get(fb), tuple) else (PUBLIC.get(fb),)):
             print("FAIL src/%s includes %s: another folder's code is reached through its public header %s"
                   % (rel, inc, PUBLIC.get(fb)))
             bad = 1

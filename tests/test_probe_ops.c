@@ -50,14 +50,10 @@ static const struct op_case CASES[] = {
      MP_FT_FULL, false},
     {"layernorm", MP_P_LAYERNORM, VEC(",{\"type\":\"layernorm\",\"name\":\"ln\",\"dim\":8}"), MP_FT_FULL, false},
     {"rmsnorm", MP_P_RMSNORM, VEC(",{\"type\":\"rmsnorm\",\"name\":\"rms\",\"dim\":8}"), MP_FT_FULL, false},
-    {"act gelu", MP_P_ACT, ACT("gelu"), MP_FT_FULL, false},
-    {"act gelu_tanh", MP_P_ACT, ACT("gelu_tanh"), MP_FT_FULL, false},
-    {"act relu", MP_P_ACT, ACT("relu"), MP_FT_FULL, false},
-    {"act silu", MP_P_ACT, ACT("silu"), MP_FT_FULL, false},
-    {"act tanh", MP_P_ACT, ACT("tanh"), MP_FT_FULL, false},
-    {"act sigmoid", MP_P_ACT, ACT("sigmoid"), MP_FT_FULL, false},
-    {"act gelu_new", MP_P_ACT, ACT("gelu_new"), MP_FT_FULL, false},
-    {"act gelu_fast", MP_P_ACT, ACT("gelu_fast"), MP_FT_FULL, false},
+    /* every activation of util/sets.h's table, one program each */
+#define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd) {"act " name, MP_P_ACT, ACT(name), MP_FT_FULL, false},
+    MP_ACTIVATIONS(MP_X)
+#undef MP_X
     {"dropout", MP_P_DROPOUT, VEC(",{\"type\":\"dropout\",\"name\":\"drop\",\"p\":0.25}"), MP_FT_FULL, false},
     {"residual add", MP_P_ADD,
      "{\"name\":\"op\",\"input\":{\"shape\":[6]},\"layers\":[{\"type\":\"linear\",\"name\":\"in\",\"in_features\":6,"
@@ -291,6 +287,66 @@ static void test_ops_cuda_matches_host(void **state)
         fail_msg("%zu op program(s) differ between cuda and host", bad);
 }
 
+/* Every optimizer of util/sets.h's table steps a small program (a Linear, a gated MLP's SiLU
+ * and an lm head, in every precision): on the host the loss falls over five steps; with a
+ * device, cuda matches the host loss by loss and byte for byte at the peak. */
+static const enum mp_optimizer OPTS[] = {
+#define MP_X(id, name, state, tmp, hf, hf_ft, par_probe) MP_OPT_##id,
+    MP_OPTIMIZERS(MP_X)
+#undef MP_X
+};
+#define OPT_PROGRAM TOK(",{\"type\":\"linear\",\"name\":\"fc\",\"in_features\":8,\"out_features\":8}," \
+                        "{\"type\":\"activation\",\"name\":\"act\",\"act\":\"silu\"}," \
+                        "{\"type\":\"lm_head\",\"vocab\":11,\"dim\":8}")
+
+static void test_ops_every_optimizer(void **state)
+{
+    (void)state;
+    const struct op_case c = {"optimizer program", MP_P_LINEAR, OPT_PROGRAM, MP_FT_FULL, false};
+    bool cuda = mp_cuda_device_available();
+    size_t bad = 0;
+    struct mp_model m;
+    load_json(&m, c.json);
+    for (size_t i = 0; i < sizeof OPTS / sizeof OPTS[0]; i++)
+        for (size_t k = 0; k < sizeof PRECS / sizeof PRECS[0]; k++) {
+            struct mp_program p;
+            build_case(&p, &m, &c, PRECS[k]);
+            struct mp_train_opts t = train_opts(OPTS[i], 8519680);
+            struct mp_probe_result h;
+            probe_host(&p, NULL, &t, 0, 5, &h);
+            assert_true(h.fits);
+            for (unsigned s = 0; s < 5; s++)
+                if (!isfinite(h.losses[s]))
+                    fail_msg("%s %s: step %u loss %g", mp_optimizer_str(OPTS[i]), mp_precision_str(PRECS[k]), s,
+                             h.losses[s]);
+            if (!(h.losses[4] < h.losses[0]))
+                fail_msg("%s %s: the loss does not fall (%g -> %g)", mp_optimizer_str(OPTS[i]),
+                         mp_precision_str(PRECS[k]), h.losses[0], h.losses[4]);
+            if (cuda) {
+                struct mp_probe_result g;
+                probe_cuda(&p, &t, 0, 5, &g);
+                double tol = PRECS[k] == MP_PREC_FP32 ? 1e-4 : 2e-2;
+                for (unsigned s = 0; s < 5; s++)
+                    if (!g.fits || !(fabs(g.losses[s] - h.losses[s]) <= tol * fabs(h.losses[s]) + 1e-5)) {
+                        print_message("  %s %s step %u: cuda %g, host %g\n", mp_optimizer_str(OPTS[i]),
+                                      mp_precision_str(PRECS[k]), s, g.losses[s], h.losses[s]);
+                        bad++;
+                        break;
+                    }
+                if (g.fits && g.measured_peak_bytes != h.measured_peak_bytes) {
+                    print_message("  %s %s: peak cuda %llu, host %llu\n", mp_optimizer_str(OPTS[i]),
+                                  mp_precision_str(PRECS[k]), (unsigned long long)g.measured_peak_bytes,
+                                  (unsigned long long)h.measured_peak_bytes);
+                    bad++;
+                }
+            }
+            mp_program_release(&p);
+        }
+    mp_model_release(&m);
+    if (bad)
+        fail_msg("%zu optimizer program(s) differ between cuda and host", bad);
+}
+
 /* Extras are found by role: an eager attention with logit soft-capping (Gemma2) and dropout
  * has seven extras (three copies, tanh, probs, mask, dropped probs).  Before roles the node
  * overflowed the extras table (an internal error) and, without dropout, the executors took
@@ -347,6 +403,7 @@ int main(void)
         cmocka_unit_test(test_ops_host_gradients),
         cmocka_unit_test(test_ops_host_train_every_precision),
         cmocka_unit_test(test_ops_cuda_matches_host),
+        cmocka_unit_test(test_ops_every_optimizer),
     };
     return cmocka_run_group_tests_name("probe_ops", tests, NULL, NULL);
 }

@@ -461,10 +461,7 @@ static int parse_args(const struct command *c, int argc, char **argv, struct arg
             what = "--checkpoint: expected none, sqrt, segments:K, every:K, layers, optimal or optimal-segments, got '%s'";
             break;
         case O_ATTN:
-            a->attention = !strcmp(optarg, "sdpa") ? MP_ATTN_SDPA
-                           : !strcmp(optarg, "flash") ? MP_ATTN_FLASH
-                           : !strcmp(optarg, "eager") ? MP_ATTN_EAGER
-                                                      : -1;
+            a->attention = mp_attn_impl_parse(optarg);
             a->attention_set = true;
             st = a->attention < 0 ? MP_ERR_USAGE : MP_OK;
             what = "--attention: expected sdpa, flash or eager, got '%s'";

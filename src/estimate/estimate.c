@@ -1093,7 +1093,7 @@ static enum mp_status replay_plan(const struct mp_program *p, const struct mp_sc
      * output per input), all alive together for Adam's _foreach_sqrt; Adafactor's
      * is one tensor the size of the largest parameter (id 0). */
     r.phase = MP_PH_STEP;
-    bool per_param = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW;
+    bool per_param = mp_optimizer_tmp(t->optimizer) == MP_OPT_TMP_ALL_GRADS;
     uint64_t ps = mp_dtype_size(p->param_dtype); /* sharded paths: per element */
     uint64_t total_grad = 0, largest_grad = 0; /* (mp_opt_step_tmp_bytes, with the total checked) */
     for (size_t q = 0; q < p->n_params; q++) {
@@ -1747,7 +1747,7 @@ static void par_static(const struct mp_par_plan *pp, const struct mp_train_opts 
     if (mp_par_is_deepspeed(pp->par.strategy) || pp->par.offload != MP_OFFLOAD_NONE)
         e->optimizer_tmp_bytes = 0; /* fused Adam / the host steps */
     else if (mp_par_is_fsdp(pp->par.strategy) && e->optimizer_tmp_bytes)
-        e->optimizer_tmp_bytes = t->optimizer == MP_OPT_ADAFACTOR ? e->optimizer_tmp_bytes / pp->world
+        e->optimizer_tmp_bytes = mp_optimizer_tmp(t->optimizer) == MP_OPT_TMP_LARGEST ? e->optimizer_tmp_bytes / pp->world
                                                                   : pp->shard_total * pp->master_elem_bytes;
 }
 
@@ -2114,7 +2114,7 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
     if (st == MP_OK)
         st = fold_static(f, p, t, made ? &pp : NULL, e, d);
     struct fold_meter m = {.f = f, .levels = mp_fold_levels(f),
-                           .per_param_opt = t->optimizer == MP_OPT_ADAM || t->optimizer == MP_OPT_ADAMW,
+                           .per_param_opt = mp_optimizer_tmp(t->optimizer) == MP_OPT_TMP_ALL_GRADS,
                            .pp = made ? &pp : NULL};
     for (int l = 0; l < m.levels && st == MP_OK; l++)
         if (!(m.sig[l] = calloc(f->sched.n ? f->sched.n : 1, sizeof *m.sig[l])))

@@ -9,15 +9,14 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
     (void)p;
     if (!q->trainable)
         return 0; /* frozen: no optimizer state */
-    switch (o) {
-    case MP_OPT_SGD: return 0;
-    case MP_OPT_SGD_MOMENTUM: return n * s;
-    case MP_OPT_ADAM:
-    case MP_OPT_ADAMW: return 2 * n * s;
-    case MP_OPT_ADAFACTOR:
+    switch (mp_optimizer_state(o)) {
+    case MP_OPT_STATE_NONE: return 0;
+    case MP_OPT_STATE_ONE: return n * s;
+    case MP_OPT_STATE_TWO: return 2 * n * s;
+    case MP_OPT_STATE_FACTORED:
         /* torch.optim.Adafactor: row + column variance factors for matrices, full variance otherwise */
         return q->matrix ? (q->rows + q->cols) * s : n * s;
-    case MP_OPT_ADAM8BIT:
+    case MP_OPT_STATE_BNB8:
         /* bitsandbytes: two uint8 states + one fp32 absmax per 256-element block per state;
          * tensors under min_8bit_size (4096) keep fp32 states */
         if (n < 4096)
@@ -29,12 +28,12 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
 
 uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes)
 {
-    switch (o) {
-    case MP_OPT_ADAM:
-    case MP_OPT_ADAMW: return total_grad_bytes; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
-    case MP_OPT_ADAFACTOR: return largest_grad_bytes;
-    default: return 0;
+    switch (mp_optimizer_tmp(o)) {
+    case MP_OPT_TMP_ALL_GRADS: return total_grad_bytes; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
+    case MP_OPT_TMP_LARGEST: return largest_grad_bytes;
+    case MP_OPT_TMP_NONE: return 0;
     }
+    return 0;
 }
 
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o)

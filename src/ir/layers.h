@@ -15,17 +15,24 @@
 #include "finetune.h"
 #include "model/model.h"
 
-enum mp_dtype { MP_DT_F32, MP_DT_BF16, MP_DT_F16, MP_DT_I64, MP_DT_U8 };
 uint64_t mp_dtype_size(enum mp_dtype t);
 const char *mp_dtype_str(enum mp_dtype t);
 
-enum mp_precision { MP_PREC_FP32, MP_PREC_AMP_BF16, MP_PREC_AMP_FP16, MP_PREC_BF16 };
 const char *mp_precision_str(enum mp_precision p);
 int mp_precision_parse(const char *s); /* -1 if unknown */
 
-enum mp_optimizer { MP_OPT_SGD, MP_OPT_SGD_MOMENTUM, MP_OPT_ADAM, MP_OPT_ADAMW, MP_OPT_ADAFACTOR, MP_OPT_ADAM8BIT };
+/* The sets' names and parsers (util/sets.h's tables): *_str gives "?" for a value outside the
+ * set, *_parse -1 for an unknown name; *_names the names joined by sep ("sgd | sgd-momentum"). */
 const char *mp_optimizer_str(enum mp_optimizer o);
-int mp_optimizer_parse(const char *s); /* -1 if unknown */
+int mp_optimizer_parse(const char *s);
+const char *mp_optimizer_names(const char *sep);
+const char *mp_precision_names(const char *sep);
+/* The optimizer's traits (its row of MP_OPTIMIZERS). */
+enum mp_opt_state mp_optimizer_state(enum mp_optimizer o);
+enum mp_opt_tmp mp_optimizer_tmp(enum mp_optimizer o);
+const char *mp_optimizer_hf(enum mp_optimizer o, bool finetune); /* TrainingArguments optim */
+bool mp_optimizer_par_probe(enum mp_optimizer o); /* runs on the data-parallel probe */
+const char *mp_optimizer_par_probe_names(void);   /* those, as "a, b and c" */
 
 struct mp_build_opts {
     uint64_t batch;              /* micro-batch */

@@ -72,14 +72,21 @@ int mp_act_parse(const char *s)
     return -1;
 }
 
-const char *mp_attn_impl_str(enum mp_attn_impl a)
+static const char *const attn_names[] = {
+#define MP_X(id, name) name,
+    MP_ATTN_IMPLS(MP_X)
+#undef MP_X
+};
+#define N_ATTN (sizeof attn_names / sizeof attn_names[0])
+
+const char *mp_attn_impl_str(enum mp_attn_impl a) { return (unsigned)a < N_ATTN ? attn_names[a] : "?"; }
+
+int mp_attn_impl_parse(const char *s)
 {
-    switch (a) {
-    case MP_ATTN_SDPA: return "sdpa";
-    case MP_ATTN_FLASH: return "flash";
-    case MP_ATTN_EAGER: return "eager";
-    }
-    return "?";
+    for (size_t i = 0; i < N_ATTN; i++)
+        if (strcmp(s, attn_names[i]) == 0)
+            return (int)i;
+    return -1;
 }
 
 void mp_model_init(struct mp_model *m)

@@ -47,56 +47,6 @@ const char *mp_layer_type_str(enum mp_layer_type t);
 /* Returns -1 when s names no layer type. */
 int mp_layer_type_parse(const char *s);
 
-/* Activations, one row each: X(id, name, HF aliases, what backward reads, HF intermediates,
- * amp32, bwd, fwd).
- * saves: IN (the input) or OUT (the output); intermediates: tensors the size of the input
- * that HF's Python composites also keep (space-separated names, measured with
- * saved_tensors_hooks, bench/torch_saved.md).  GELU_TANH is the fused kernel
- * (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh); GELU_NEW / GELU_FAST are HF's
- * composites (NewGELUActivation, FastGELUActivation), same function.  A new activation
- * is one row here plus its math (probe_host.c act_f/act_df, kernels/); append rows only:
- * the order is the kernels' activation code.  amp32: what is fp32 under CUDA autocast with a
- * half input, because the composite calls an op on CUDA's fp32 list (gelu_new: torch.pow):
- * "in" the saved input becomes an fp32 copy, named intermediates are fp32, "out" the output
- * is fp32.  CPU autocast does not list pow, so a CPU measurement differs there.  bwd: the x-sized
- * tensors (output dtype) its backward holds beyond the two gradients a fused kernel has: HF's
- * composites chain several autograd nodes (gelu_new's last MulBackward0 makes both factors'
- * gradients: 1; relu2's square backward: 2), measured with bench/torch_step.py's LiveTracker
- * (backward peaks 3, 4 and 2 x-sized tensors above the live set for gelu_new, relu2, fused).
- * fwd: the x-sized forward transients (not saved) beside the output: gelu_new / gelu_fast 2 (pow,
- * the polynomial), xIELU 3 (the two where branches and a part of one); under amp with fp32 parts,
- * two of them are fp32 and the rest in x's dtype (measured for xIELU the same way).  xIELU's bwd is
- * 3 (and lower_act's two rules: the gradient's cast back to x's dtype under amp, the mask freed
- * first): the rows of bench/gelu/apertus-vocab512.json, whose peak is in the MLP backward, are exact
- * with it; the activation measured alone (a leaf x) peaks one output-sized tensor higher.
- * RELU2 (HF ReLUSquaredActivation, relu(x)^2) saves relu(x), an x-sized tensor: modelled as IN.
- * XIELU (HF XIELUActivation's Python path, Apertus): where(x > 0, alpha_p*x*x + beta*x,
- * (expm1(min(x, eps)) - x)*alpha_n + beta*x) with two learned (1,) scalars (lower_act adds them and
- * the two scalar buffers): saves x, the bool mask (":u8": one byte per element), alpha_p*x (fp32
- * under amp: the fp32 (1,) parameter promotes it), expm1's result and expm1 - x. */
-#define MP_ACTIVATIONS(X)                                                                        \
-    X(GELU, "gelu", "", IN, "", "", 0, 0)                                                         \
-    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "", "", 0, 0)                    \
-    X(RELU, "relu", "", OUT, "", "", 0, 0)                                                        \
-    X(SILU, "silu", "swish", IN, "", "", 0, 0)                                                    \
-    X(TANH, "tanh", "", OUT, "", "", 0, 0)                                                        \
-    X(SIGMOID, "sigmoid", "", OUT, "", "", 0, 0)                                                  \
-    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh", "in tanh one_plus_tanh out", 1, 2) \
-    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh", "", 1, 2)         \
-    X(RELU2, "relu2", "", IN, "", "", 2, 0)                                                       \
-    X(XIELU, "xielu", "", IN, "mask:u8 ax expm1 expm1_minus_x", "ax out", 3, 3)
-
-enum mp_act {
-#define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd) MP_ACT_##id,
-    MP_ACTIVATIONS(MP_X)
-#undef MP_X
-};
-enum { /* the number of rows (outside enum mp_act, so switches over it stay exhaustive) */
-#define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd) MP_ACT_ROW_##id,
-    MP_ACTIVATIONS(MP_X)
-#undef MP_X
-        MP_ACT_COUNT
-};
 const char *mp_act_str(enum mp_act a);
 int mp_act_parse(const char *s); /* -1 if unknown; accepts the HF aliases (gelu_pytorch_tanh, swish) */
 bool mp_act_saves_output(enum mp_act a);
@@ -112,8 +62,8 @@ int mp_act_bwd_tensors(enum mp_act a);
 /* The fwd column: x-sized forward transients beside the output. */
 int mp_act_fwd_tensors(enum mp_act a);
 
-enum mp_attn_impl { MP_ATTN_SDPA, MP_ATTN_FLASH, MP_ATTN_EAGER };
 const char *mp_attn_impl_str(enum mp_attn_impl a);
+int mp_attn_impl_parse(const char *s); /* -1 if unknown */
 
 enum mp_norm { MP_NORM_LAYERNORM, MP_NORM_RMSNORM };
 

@@ -274,12 +274,9 @@ static enum mp_status read_attention(const struct reader *rd, const cJSON *o, co
     if (st != MP_OK)
         return st;
     if (impl) {
-        if (strcmp(impl, "sdpa") == 0)
-            l->impl = MP_ATTN_SDPA;
-        else if (strcmp(impl, "flash") == 0)
-            l->impl = MP_ATTN_FLASH;
-        else if (strcmp(impl, "eager") == 0)
-            l->impl = MP_ATTN_EAGER;
+        int a = mp_attn_impl_parse(impl);
+        if (a >= 0)
+            l->impl = (enum mp_attn_impl)a;
         else
             return fail_at(rd, MP_ERR_MODEL, place, "impl", "unknown attention implementation \"%s\" "
                            "(expected eager, flash or sdpa)", impl);

@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "util/sets.h"
+
 #ifdef __CUDACC__
 #define MP_HD static __host__ __device__ __forceinline__
 #else
@@ -36,9 +38,9 @@
 #define MP_ROPE_BASE 10000.0f
 
 /* ---- activations ---------------------------------------------------------------------------
- * Codes are enum mp_act's (layers.h / model.h) and kernels.h's MP_K_*; both assert it. */
-enum { MP_MA_GELU, MP_MA_GELU_TANH, MP_MA_RELU, MP_MA_SILU, MP_MA_TANH, MP_MA_SIGMOID, MP_MA_GELU_NEW,
-       MP_MA_GELU_FAST, MP_MA_RELU2, MP_MA_XIELU };
+ * a is an enum mp_act (util/sets.h: MP_ACTIVATIONS); each function switches on it with no
+ * default, so -Wswitch names an activation without its math; a value outside the set gives
+ * NaN, never a plausible number. */
 /* xIELU at its initial scalars (XIELUActivation: alpha_p 0.8, alpha_n 0.8, beta 0.5, eps -1e-6) */
 #define MP_XIELU_AP 0.8f
 #define MP_XIELU_AN 0.8f
@@ -50,60 +52,60 @@ enum { MP_MA_GELU, MP_MA_GELU_TANH, MP_MA_RELU, MP_MA_SILU, MP_MA_TANH, MP_MA_SI
 
 MP_HD float mp_act_f(int a, float x)
 {
-    switch (a) {
-    case MP_MA_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118f));
-    case MP_MA_GELU_TANH:
-    case MP_MA_GELU_NEW:
-    case MP_MA_GELU_FAST: return 0.5f * x * (1.0f + tanhf(MP_SQRT_2_OVER_PI * (x + MP_GELU_TANH_C * x * x * x)));
-    case MP_MA_RELU: return x > 0.0f ? x : 0.0f;
-    case MP_MA_SILU: return x / (1.0f + expf(-x));
-    case MP_MA_TANH: return tanhf(x);
-    case MP_MA_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case MP_MA_RELU2: return x > 0.0f ? x * x : 0.0f;
-    case MP_MA_XIELU:
+    switch ((enum mp_act)a) {
+    case MP_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118f));
+    case MP_ACT_GELU_TANH:
+    case MP_ACT_GELU_NEW:
+    case MP_ACT_GELU_FAST: return 0.5f * x * (1.0f + tanhf(MP_SQRT_2_OVER_PI * (x + MP_GELU_TANH_C * x * x * x)));
+    case MP_ACT_RELU: return x > 0.0f ? x : 0.0f;
+    case MP_ACT_SILU: return x / (1.0f + expf(-x));
+    case MP_ACT_TANH: return tanhf(x);
+    case MP_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case MP_ACT_RELU2: return x > 0.0f ? x * x : 0.0f;
+    case MP_ACT_XIELU:
         return x > 0.0f ? MP_XIELU_AP * x * x + MP_XIELU_BETA * x
                         : (expm1f(fminf(x, MP_XIELU_EPS)) - x) * MP_XIELU_AN + MP_XIELU_BETA * x;
     }
-    return x;
+    return NAN; /* not an activation */
 }
 
 /* dy/dx from the saved tensor s: x (GELUs, SiLU, ReLU^2) or y (ReLU, tanh, sigmoid). */
 MP_HD float mp_act_df(int a, float s)
 {
-    switch (a) {
-    case MP_MA_GELU: return 0.5f * (1.0f + erff(s * 0.70710678118f)) + s * 0.39894228040f * expf(-0.5f * s * s);
-    case MP_MA_GELU_TANH:
-    case MP_MA_GELU_NEW:
-    case MP_MA_GELU_FAST: {
+    switch ((enum mp_act)a) {
+    case MP_ACT_GELU: return 0.5f * (1.0f + erff(s * 0.70710678118f)) + s * 0.39894228040f * expf(-0.5f * s * s);
+    case MP_ACT_GELU_TANH:
+    case MP_ACT_GELU_NEW:
+    case MP_ACT_GELU_FAST: {
         float u = MP_SQRT_2_OVER_PI * (s + MP_GELU_TANH_C * s * s * s), t = tanhf(u);
         return 0.5f * (1.0f + t) +
                0.5f * s * (1.0f - t * t) * MP_SQRT_2_OVER_PI * (1.0f + 3.0f * MP_GELU_TANH_C * s * s);
     }
-    case MP_MA_RELU: return s > 0.0f ? 1.0f : 0.0f;
-    case MP_MA_SILU: {
+    case MP_ACT_RELU: return s > 0.0f ? 1.0f : 0.0f;
+    case MP_ACT_SILU: {
         float sg = 1.0f / (1.0f + expf(-s));
         return sg * (1.0f + s * (1.0f - sg));
     }
-    case MP_MA_TANH: return 1.0f - s * s;
-    case MP_MA_SIGMOID: return s * (1.0f - s);
-    case MP_MA_RELU2: return s > 0.0f ? 2.0f * s : 0.0f;
-    case MP_MA_XIELU:
+    case MP_ACT_TANH: return 1.0f - s * s;
+    case MP_ACT_SIGMOID: return s * (1.0f - s);
+    case MP_ACT_RELU2: return s > 0.0f ? 2.0f * s : 0.0f;
+    case MP_ACT_XIELU:
         return s > 0.0f ? 2.0f * MP_XIELU_AP * s + MP_XIELU_BETA
                         : (s < MP_XIELU_EPS ? expf(s) - 1.0f : -1.0f) * MP_XIELU_AN + MP_XIELU_BETA;
     }
-    return 1.0f;
+    return NAN; /* not an activation */
 }
 
 /* Intermediate j of HF's Python GELUs (and xIELU), in mp_act_intermediates order.
  * gelu_new: tanh, 0.5x, 1+tanh; gelu_fast: 0.044715x, 0.7978845608x, 1+0.044715x^2, tanh, 0.5x, 1+tanh. */
 MP_HD float mp_gelu_part(int a, int j, float x)
 {
-    if (a == MP_MA_XIELU) { /* x > 0 (a bool), alpha_p * x, expm1(min(x, eps)), that - x */
+    if (a == MP_ACT_XIELU) { /* x > 0 (a bool), alpha_p * x, expm1(min(x, eps)), that - x */
         float e = expm1f(fminf(x, MP_XIELU_EPS));
         return j == 0 ? (x > 0.0f ? 1.0f : 0.0f) : j == 1 ? MP_XIELU_AP * x : j == 2 ? e : e - x;
     }
     float t = tanhf(MP_SQRT_2_OVER_PI * x * (1.0f + MP_GELU_TANH_C * x * x));
-    switch (a == MP_MA_GELU_FAST ? j : j + 3) {
+    switch (a == MP_ACT_GELU_FAST ? j : j + 3) {
     case 0: return MP_GELU_TANH_C * x;
     case 1: return MP_SQRT_2_OVER_PI * x;
     case 2: return 1.0f + MP_GELU_TANH_C * x * x;

@@ -131,9 +131,9 @@ enum mp_status mp_par_exec_new(struct mp_exec *x, struct mp_diag *d)
         return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: --finetune %s with --parallel is estimated only",
                        mp_ft_mode_str(p->opts.ft.mode));
     enum mp_optimizer o = x->t.optimizer;
-    if (o != MP_OPT_SGD && o != MP_OPT_SGD_MOMENTUM && o != MP_OPT_ADAM && o != MP_OPT_ADAMW)
-        return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: --parallel runs sgd, sgd-momentum, adam and adamw (%s is "
-                                              "estimated only)", mp_optimizer_str(o));
+    if (!mp_optimizer_par_probe(o))
+        return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: --parallel runs %s (%s is estimated only)",
+                       mp_optimizer_par_probe_names(), mp_optimizer_str(o));
     if (x->be->upload && !x->be->download)
         return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: the %s backend cannot stage the local collectives",
                        x->be->name);

@@ -861,10 +861,7 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
             fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
                          "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
         bool ft = b->ft == MP_FT_LORA || b->ft == MP_FT_QLORA;
-        fprintf(out, "optim=\"%s\",\n", c->train->optimizer == MP_OPT_ADAM8BIT ? (ft ? "paged_adamw_8bit" : "adamw_bnb_8bit")
-                                        : c->train->optimizer == MP_OPT_ADAFACTOR ? "adafactor"
-                                        : c->train->optimizer == MP_OPT_SGD || c->train->optimizer == MP_OPT_SGD_MOMENTUM ? "sgd"
-                                                                                                            : "adamw_torch");
+        fprintf(out, "optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer, ft));
         if (b->precision == MP_PREC_BF16)
             fprintf(out, "# pure bf16: load the model with torch_dtype=torch.bfloat16\n");
         return;

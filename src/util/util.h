@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sets.h"
+
 #define MEMPLAN_VERSION "0.1.0"
 
 /* One X-macro gives the enum and the message table (libuv's UV_ERRNO_MAP). */

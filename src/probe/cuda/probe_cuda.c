@@ -84,16 +84,6 @@ static enum mp_status blas_load(struct mp_diag *d)
 #define cublasGemmBatchedEx (*blas_api.gemm_batched_ex)
 #define cublasGetStatusName(e) (blas_api.status_name ? blas_api.status_name(e) : "cuBLAS error")
 
-_Static_assert(MP_K_F32 == (int)MP_DT_F32 && MP_K_BF16 == (int)MP_DT_BF16 && MP_K_F16 == (int)MP_DT_F16 &&
-                   MP_K_I64 == (int)MP_DT_I64 && MP_K_U8 == (int)MP_DT_U8,
-               "kernels.h dtype codes follow enum mp_dtype");
-_Static_assert(MP_K_GELU == (int)MP_ACT_GELU && MP_K_GELU_TANH == (int)MP_ACT_GELU_TANH &&
-                   MP_K_RELU == (int)MP_ACT_RELU && MP_K_SILU == (int)MP_ACT_SILU && MP_K_TANH == (int)MP_ACT_TANH &&
-                   MP_K_SIGMOID == (int)MP_ACT_SIGMOID && MP_K_GELU_NEW == (int)MP_ACT_GELU_NEW &&
-                   MP_K_GELU_FAST == (int)MP_ACT_GELU_FAST && MP_K_RELU2 == (int)MP_ACT_RELU2 &&
-                   MP_K_XIELU == (int)MP_ACT_XIELU,
-               "kernels.h activation codes follow enum mp_act");
-
 #ifndef MP_PROBE_ATTN_WS_BYTES
 #define MP_PROBE_ATTN_WS_BYTES ((uint64_t)64 << 20) /* flash-path workspace limit */
 #endif
@@ -283,7 +273,7 @@ static void cu_free(void *ctx, void *ptr)
 
 static cudaDataType_t cuda_type(int dt)
 {
-    return dt == MP_K_BF16 ? CUDA_R_16BF : dt == MP_K_F16 ? CUDA_R_16F : CUDA_R_32F;
+    return dt == MP_DT_BF16 ? CUDA_R_16BF : dt == MP_DT_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
 static bool fits_int(uint64_t v) { return v <= 0x7fffffffull; }
@@ -292,7 +282,7 @@ static bool fits_int(uint64_t v) { return v <= 0x7fffffffull; }
 static enum mp_status gemm_check(struct mp_exec *x, uint64_t M, uint64_t N, uint64_t K, int adt, int bdt, int cdt,
                                  uint64_t lda, uint64_t ldb, uint64_t ldc, uint64_t batch)
 {
-    if (adt != bdt || adt == MP_K_I64 || adt == MP_K_U8 || cdt == MP_K_I64 || cdt == MP_K_U8)
+    if (adt != bdt || adt == MP_DT_I64 || adt == MP_DT_U8 || cdt == MP_DT_I64 || cdt == MP_DT_U8)
         return mp_fail(x->d, MP_ERR_INTERNAL, "probe: GEMM with operand types %d/%d -> %d", adt, bdt, cdt);
     if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc) ||
         !fits_int(batch))
@@ -605,7 +595,7 @@ static enum mp_status linear_run(struct mp_node_view *c, bool fwd)
     if (c->gw.p || mp_weight_grad_cast_later(c)) {
         NEED(c->in[0]);
         int cdt = (int)c->p->compute_dtype;
-        void *half = cdt != MP_K_F32 ? tmp_part(c, true, MP_TR_WGRAD_HALF, N * K * esz(cdt)) : NULL;
+        void *half = cdt != MP_DT_F32 ? tmp_part(c, true, MP_TR_WGRAD_HALF, N * K * esz(cdt)) : NULL;
         if (half) {
             /* PyTorch: a half weight gradient, then its fp32 copy into .grad (MP_EV_WGRAD_CAST, after
              * the node, when .grad is made then) */
@@ -811,7 +801,7 @@ static enum mp_status fa_scores(struct mp_exec *x, const struct mp_k_attn *A, co
         gp.b[e] = at(k, fa_k(A, F->e0 + e, A->wk, A->ok));
         gp.c[e] = Sw + e * F->qb * F->jn;
     }
-    GEMM_BATCHED(x, false, true, F->qb, F->jn, A->d, A->scale, &gp, q.dt, A->wq, k.dt, A->wk, 0.0f, MP_K_F32, F->jn);
+    GEMM_BATCHED(x, false, true, F->qb, F->jn, A->d, A->scale, &gp, q.dt, A->wq, k.dt, A->wk, 0.0f, MP_DT_F32, F->jn);
     return MP_OK;
 }
 
@@ -899,7 +889,7 @@ static enum mp_status flash_bwd(struct mp_node_view *c, const struct mp_k_attn *
                 gp.b[e] = at(v, fa_k(A, e0 + e, A->wv, A->ov));
                 gp.c[e] = dPw + e * blk;
             }
-            GEMM_BATCHED(x, false, true, F.qb, F.jn, A->d, 1.0f, &gp, go.dt, A->a * A->d, v.dt, A->wv, 0.0f, MP_K_F32,
+            GEMM_BATCHED(x, false, true, F.qb, F.jn, A->d, 1.0f, &gp, go.dt, A->a * A->d, v.dt, A->wv, 0.0f, MP_DT_F32,
                          F.jn);
             KK(x->d, mp_k_fa_softmax_bwd(A, &F, Sw, dPw, lse.p, s_lse, dsum, s_r, Pk.p, dS.p, S(x)));
             if (gq.p) { /* dq_accum rows of the block = dS K (each block writes its own rows) */
@@ -910,7 +900,7 @@ static enum mp_status flash_bwd(struct mp_node_view *c, const struct mp_k_attn *
                     gp.b[e] = at(k, fa_k(A, bh, A->wk, A->ok));
                     gp.c[e] = dq_acc + ((bh / A->a * s_r + i0) * A->a + bh % A->a) * d_r;
                 }
-                GEMM_BATCHED(x, false, false, F.qb, A->d, F.jn, 1.0f, &gp, dS.dt, F.jn, k.dt, A->wk, 0.0f, MP_K_F32,
+                GEMM_BATCHED(x, false, false, F.qb, A->d, F.jn, 1.0f, &gp, dS.dt, F.jn, k.dt, A->wk, 0.0f, MP_DT_F32,
                              A->a * d_r);
             }
             for (uint64_t r = 0; r < group; r++) {
@@ -1269,7 +1259,7 @@ static enum mp_status conv_run(struct mp_node_view *c, bool fwd)
                 gp.b[j] = at(go, (bi * C.co + g * opg) * P);
                 gp.c[j] = col + j * per;
             }
-            GEMM_BATCHED(x, true, false, Kc, P, opg, 1.0f, &gp, w.dt, Kc, go.dt, P, 0.0f, MP_K_F32, P);
+            GEMM_BATCHED(x, true, false, Kc, P, opg, 1.0f, &gp, w.dt, Kc, go.dt, P, 0.0f, MP_DT_F32, P);
             for (uint64_t j = 0; j < k; j++)
                 KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, (const float *)(col + j * per), &C, (e0 + j) / G,
                                      (e0 + j) % G, 0, P, S(x)));
@@ -1279,7 +1269,7 @@ static enum mp_status conv_run(struct mp_node_view *c, bool fwd)
                 for (uint64_t p0 = 0; p0 < P; p0 += pc) {
                     uint64_t m = mp_min_u64(pc, P - p0);
                     GEMM(x, true, false, Kc, m, opg, 1.0f, at(w, g * opg * Kc), w.dt, Kc, 0,
-                         at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0, 0.0f, col, MP_K_F32, m, 0, 1);
+                         at(go, (bi * C.co + g * opg) * P + p0), go.dt, P, 0, 0.0f, col, MP_DT_F32, m, 0, 1);
                     KK(x->d, mp_k_col2im(c->gin[0].p, c->gin[0].dt, (const float *)col, &C, bi, g, p0, m, S(x)));
                 }
     }
@@ -1457,14 +1447,14 @@ static enum mp_status cuda_opt_param(struct mp_exec *x, const struct mp_param_vi
         if (!v->tmp0)
             return mp_fail(x->d, MP_ERR_INTERNAL, "probe: the Adafactor step temporary is not allocated");
         float b2 = powf((float)t, MP_ADAFACTOR_BETA2_DECAY), rho = fminf(MP_ADAFACTOR_LR, 1.0f / sqrtf((float)t));
-        float eps1 = pdt == MP_K_F32 ? 1.1920929e-07f : 0.0078125f;
+        float eps1 = pdt == MP_DT_F32 ? 1.1920929e-07f : 0.0078125f;
         KK(x->d, mp_k_adafactor(P, G, pdt, St, v->tmp0, pq->matrix ? pq->rows : 1, pq->matrix ? pq->cols : n,
                                 pq->matrix, CX(x)->scalars + 4, b2, rho, eps1, MP_ADAFACTOR_EPS2, S(x)));
         break;
     }
     case MP_OPT_ADAM8BIT:
         if (n < MP_ADAM8_MIN_ELEMS)
-            KK(x->d, mp_k_adam(P, G, pdt, St, (char *)St + n * 4, MP_K_F32, NULL, n, MP_ADAM_LR, MP_ADAM_BETA1,
+            KK(x->d, mp_k_adam(P, G, pdt, St, (char *)St + n * 4, MP_DT_F32, NULL, n, MP_ADAM_LR, MP_ADAM_BETA1,
                                MP_ADAM_BETA2, MP_ADAM_EPS, 0.0f, bc1, bc2, S(x)));
         else
             KK(x->d, mp_k_adam8(P, G, pdt, St, n, MP_ADAM_LR, MP_ADAM_BETA1, MP_ADAM_BETA2, MP_ADAM_EPS, bc1, bc2,

@@ -8,13 +8,6 @@
  */
 #include "probe_host.h"
 
-_Static_assert(MP_MA_GELU == (int)MP_ACT_GELU && MP_MA_GELU_TANH == (int)MP_ACT_GELU_TANH &&
-                   MP_MA_RELU == (int)MP_ACT_RELU && MP_MA_SILU == (int)MP_ACT_SILU && MP_MA_TANH == (int)MP_ACT_TANH &&
-                   MP_MA_SIGMOID == (int)MP_ACT_SIGMOID && MP_MA_GELU_NEW == (int)MP_ACT_GELU_NEW &&
-                   MP_MA_GELU_FAST == (int)MP_ACT_GELU_FAST && MP_MA_RELU2 == (int)MP_ACT_RELU2 &&
-                   MP_MA_XIELU == (int)MP_ACT_XIELU,
-               "mp_math.h activation codes follow enum mp_act");
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,0 +1,132 @@
+/* sets.h — memplan's closed sets, one X-macro table each: dtypes, precisions, optimizers
+ * (with their traits as columns), attention implementations and activations.  The enums,
+ * names, parsers, error lists and test loops are generated from these rows, so a set is
+ * changed in one place; code that must treat each member switches on the enum with no
+ * default, so -Wswitch (in -Wall) names a forgotten case.  Pure preprocessor and enums: C and
+ * CUDA (kernels/, through probe/mp_math.h and kernels.h) include it.  Recipes for adding a
+ * member: docs/HACKING.md.
+ */
+#ifndef MEMPLAN_SETS_H
+#define MEMPLAN_SETS_H
+
+/* Tensor element types: X(id, name, bytes).  The enum value is also the kernels' dtype code. */
+#define MP_DTYPES(X)         \
+    X(F32, "fp32", 4)        \
+    X(BF16, "bf16", 2)       \
+    X(F16, "fp16", 2)        \
+    X(I64, "int64", 8)       \
+    X(U8, "uint8", 1)
+
+enum mp_dtype {
+#define MP_X(id, name, bytes) MP_DT_##id,
+    MP_DTYPES(MP_X)
+#undef MP_X
+};
+
+/* Training precisions (--precision): X(id, name).  mixed-bf16 (FSDP2's MixedPrecisionPolicy,
+ * ZeRO's bf16 with fp32 master weights) is BF16 with the data-parallel flag, parsed by the
+ * command line. */
+#define MP_PRECISIONS(X)     \
+    X(FP32, "fp32")          \
+    X(AMP_BF16, "amp-bf16")  \
+    X(AMP_FP16, "amp-fp16")  \
+    X(BF16, "bf16")
+
+enum mp_precision {
+#define MP_X(id, name) MP_PREC_##id,
+    MP_PRECISIONS(MP_X)
+#undef MP_X
+};
+
+/* What an optimizer keeps per trainable parameter (estimate/optim.c):
+ * NONE nothing; ONE one tensor like it (momentum); TWO two (Adam's exp_avg, exp_avg_sq);
+ * FACTORED row + column factors for a matrix, one full tensor otherwise (Adafactor);
+ * BNB8 bitsandbytes' two uint8 states + an fp32 absmax per 256-element block each, fp32
+ * states under 4096 elements. */
+enum mp_opt_state { MP_OPT_STATE_NONE, MP_OPT_STATE_ONE, MP_OPT_STATE_TWO, MP_OPT_STATE_FACTORED, MP_OPT_STATE_BNB8 };
+/* The step's temporaries: NONE; ALL_GRADS one per parameter, all alive together (foreach
+ * Adam: _foreach_sqrt over the group, the size of all the gradients); LARGEST one the size
+ * of the largest parameter (Adafactor). */
+enum mp_opt_tmp { MP_OPT_TMP_NONE, MP_OPT_TMP_ALL_GRADS, MP_OPT_TMP_LARGEST };
+
+/* Optimizers (--optimizer): X(id, CLI name, state, step temporaries, HF TrainingArguments
+ * optim for full training, the same for LoRA/QLoRA, runs on the data-parallel probe).
+ * adam is written as adamw_torch (with weight_decay 0 it is Adam). */
+#define MP_OPTIMIZERS(X)                                                                         \
+    X(SGD, "sgd", NONE, NONE, "sgd", "sgd", 1)                                                   \
+    X(SGD_MOMENTUM, "sgd-momentum", ONE, NONE, "sgd", "sgd", 1)                                  \
+    X(ADAM, "adam", TWO, ALL_GRADS, "adamw_torch", "adamw_torch", 1)                             \
+    X(ADAMW, "adamw", TWO, ALL_GRADS, "adamw_torch", "adamw_torch", 1)                           \
+    X(ADAFACTOR, "adafactor", FACTORED, LARGEST, "adafactor", "adafactor", 0)                    \
+    X(ADAM8BIT, "adam8bit", BNB8, NONE, "adamw_bnb_8bit", "paged_adamw_8bit", 0)
+
+enum mp_optimizer {
+#define MP_X(id, name, state, tmp, hf, hf_ft, par_probe) MP_OPT_##id,
+    MP_OPTIMIZERS(MP_X)
+#undef MP_X
+};
+
+/* Attention implementations (--attention, a layer's "attention"): X(id, name). */
+#define MP_ATTN_IMPLS(X)     \
+    X(SDPA, "sdpa")          \
+    X(FLASH, "flash")        \
+    X(EAGER, "eager")
+
+enum mp_attn_impl {
+#define MP_X(id, name) MP_ATTN_##id,
+    MP_ATTN_IMPLS(MP_X)
+#undef MP_X
+};
+
+/* Activations, one row each: X(id, name, HF aliases, what backward reads, HF intermediates,
+ * amp32, bwd, fwd).
+ * saves: IN (the input) or OUT (the output); intermediates: tensors the size of the input
+ * that HF's Python composites also keep (space-separated names, measured with
+ * saved_tensors_hooks, bench/torch_saved.md).  GELU_TANH is the fused kernel
+ * (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh); GELU_NEW / GELU_FAST are HF's
+ * composites (NewGELUActivation, FastGELUActivation), same function.  A new activation
+ * is one row here plus its math (probe/mp_math.h mp_act_f/mp_act_df: -Wswitch names a
+ * missing case) and its test row (tests/test_probe_ops.c runs every row on both backends).  amp32: what is fp32 under CUDA autocast with a
+ * half input, because the composite calls an op on CUDA's fp32 list (gelu_new: torch.pow):
+ * "in" the saved input becomes an fp32 copy, named intermediates are fp32, "out" the output
+ * is fp32.  CPU autocast does not list pow, so a CPU measurement differs there.  bwd: the x-sized
+ * tensors (output dtype) its backward holds beyond the two gradients a fused kernel has: HF's
+ * composites chain several autograd nodes (gelu_new's last MulBackward0 makes both factors'
+ * gradients: 1; relu2's square backward: 2), measured with bench/torch_step.py's LiveTracker
+ * (backward peaks 3, 4 and 2 x-sized tensors above the live set for gelu_new, relu2, fused).
+ * fwd: the x-sized forward transients (not saved) beside the output: gelu_new / gelu_fast 2 (pow,
+ * the polynomial), xIELU 3 (the two where branches and a part of one); under amp with fp32 parts,
+ * two of them are fp32 and the rest in x's dtype (measured for xIELU the same way).  xIELU's bwd is
+ * 3 (and lower_act's two rules: the gradient's cast back to x's dtype under amp, the mask freed
+ * first): the rows of bench/gelu/apertus-vocab512.json, whose peak is in the MLP backward, are exact
+ * with it; the activation measured alone (a leaf x) peaks one output-sized tensor higher.
+ * RELU2 (HF ReLUSquaredActivation, relu(x)^2) saves relu(x), an x-sized tensor: modelled as IN.
+ * XIELU (HF XIELUActivation's Python path, Apertus): where(x > 0, alpha_p*x*x + beta*x,
+ * (expm1(min(x, eps)) - x)*alpha_n + beta*x) with two learned (1,) scalars (lower_act adds them and
+ * the two scalar buffers): saves x, the bool mask (":u8": one byte per element), alpha_p*x (fp32
+ * under amp: the fp32 (1,) parameter promotes it), expm1's result and expm1 - x. */
+#define MP_ACTIVATIONS(X)                                                                        \
+    X(GELU, "gelu", "", IN, "", "", 0, 0)                                                         \
+    X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "", "", 0, 0)                    \
+    X(RELU, "relu", "", OUT, "", "", 0, 0)                                                        \
+    X(SILU, "silu", "swish", IN, "", "", 0, 0)                                                    \
+    X(TANH, "tanh", "", OUT, "", "", 0, 0)                                                        \
+    X(SIGMOID, "sigmoid", "", OUT, "", "", 0, 0)                                                  \
+    X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh", "in tanh one_plus_tanh out", 1, 2) \
+    X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh", "", 1, 2)         \
+    X(RELU2, "relu2", "", IN, "", "", 2, 0)                                                       \
+    X(XIELU, "xielu", "", IN, "mask:u8 ax expm1 expm1_minus_x", "ax out", 3, 3)
+
+enum mp_act {
+#define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd) MP_ACT_##id,
+    MP_ACTIVATIONS(MP_X)
+#undef MP_X
+};
+enum { /* the number of rows (outside enum mp_act, so switches over it stay exhaustive) */
+#define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd) MP_ACT_ROW_##id,
+    MP_ACTIVATIONS(MP_X)
+#undef MP_X
+        MP_ACT_COUNT
+};
+
+#endif

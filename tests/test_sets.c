@@ -1,0 +1,130 @@
+/* test_sets.c — the closed sets of util/sets.h: every member's name parses back to it, names
+ * are unique, unknown names are refused, and the columns that name things outside memplan
+ * name real ones (transformers' TrainingArguments optim values).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ir/layers.h"
+
+/* transformers' OptimizerNames (training_args.py) that memplan may write */
+static const char *const HF_OPTIM[] = {"adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adamw_bnb_8bit",
+                                       "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adagrad", "rmsprop"};
+
+static bool hf_optim_known(const char *s)
+{
+    for (size_t i = 0; i < sizeof HF_OPTIM / sizeof HF_OPTIM[0]; i++)
+        if (strcmp(s, HF_OPTIM[i]) == 0)
+            return true;
+    return false;
+}
+
+static void test_optimizers(void **state)
+{
+    (void)state;
+    static const enum mp_optimizer all[] = {
+#define MP_X(id, name, st, tmp, hf, hf_ft, par) MP_OPT_##id,
+        MP_OPTIMIZERS(MP_X)
+#undef MP_X
+    };
+    static const char *const names[] = {
+#define MP_X(id, name, st, tmp, hf, hf_ft, par) name,
+        MP_OPTIMIZERS(MP_X)
+#undef MP_X
+    };
+    size_t n = sizeof all / sizeof all[0];
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal((int)all[i], (int)i); /* enum values are row positions */
+        assert_string_equal(mp_optimizer_str(all[i]), names[i]);
+        assert_int_equal(mp_optimizer_parse(names[i]), (int)all[i]);
+        for (size_t j = 0; j < i; j++)
+            assert_string_not_equal(names[i], names[j]);
+        if (!hf_optim_known(mp_optimizer_hf(all[i], false)) || !hf_optim_known(mp_optimizer_hf(all[i], true)))
+            fail_msg("%s: %s / %s is not a transformers optim", names[i], mp_optimizer_hf(all[i], false),
+                     mp_optimizer_hf(all[i], true));
+    }
+    assert_string_equal(mp_optimizer_str((enum mp_optimizer)n), "?");
+    assert_int_equal(mp_optimizer_parse("adamw_torch"), -1);
+    assert_int_equal(mp_optimizer_parse(""), -1);
+    /* the list the CLI prints: every name once, in table order */
+    assert_string_equal(mp_optimizer_names(" | "), "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit");
+    /* the state a user pays for: Adam keeps two tensors per parameter, SGD none */
+    assert_int_equal(mp_optimizer_state(MP_OPT_ADAMW), MP_OPT_STATE_TWO);
+    assert_int_equal(mp_optimizer_state(MP_OPT_SGD), MP_OPT_STATE_NONE);
+    assert_int_equal(mp_optimizer_tmp(MP_OPT_ADAM), MP_OPT_TMP_ALL_GRADS);
+    assert_string_equal(mp_optimizer_par_probe_names(), "sgd, sgd-momentum, adam and adamw");
+}
+
+static void test_precisions_dtypes_attention(void **state)
+{
+    (void)state;
+    static const char *const prec[] = {
+#define MP_X(id, name) name,
+        MP_PRECISIONS(MP_X)
+#undef MP_X
+    };
+    for (size_t i = 0; i < sizeof prec / sizeof prec[0]; i++) {
+        assert_int_equal(mp_precision_parse(prec[i]), (int)i);
+        assert_string_equal(mp_precision_str((enum mp_precision)i), prec[i]);
+    }
+    assert_int_equal(mp_precision_parse("mixed-bf16"), -1); /* the command line's, not a precision */
+    assert_string_equal(mp_precision_names(" | "), "fp32 | amp-bf16 | amp-fp16 | bf16");
+    static const struct {
+        enum mp_dtype t;
+        const char *name;
+        uint64_t bytes;
+    } dt[] = {
+#define MP_X(id, name, bytes) {MP_DT_##id, name, bytes},
+        MP_DTYPES(MP_X)
+#undef MP_X
+    };
+    for (size_t i = 0; i < sizeof dt / sizeof dt[0]; i++) {
+        assert_string_equal(mp_dtype_str(dt[i].t), dt[i].name);
+        assert_int_equal(mp_dtype_size(dt[i].t), dt[i].bytes);
+    }
+    assert_int_equal(mp_dtype_size(MP_DT_BF16), 2);
+    assert_int_equal(mp_dtype_size(MP_DT_I64), 8);
+    static const char *const attn[] = {
+#define MP_X(id, name) name,
+        MP_ATTN_IMPLS(MP_X)
+#undef MP_X
+    };
+    for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) {
+        assert_int_equal(mp_attn_impl_parse(attn[i]), (int)i);
+        assert_string_equal(mp_attn_impl_str((enum mp_attn_impl)i), attn[i]);
+    }
+    assert_int_equal(mp_attn_impl_parse("flash_attention_2"), -1);
+}
+
+static void test_activations(void **state)
+{
+    (void)state;
+    static const char *const names[] = {
+#define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd) name,
+        MP_ACTIVATIONS(MP_X)
+#undef MP_X
+    };
+    assert_int_equal(sizeof names / sizeof names[0], MP_ACT_COUNT);
+    for (int i = 0; i < MP_ACT_COUNT; i++) {
+        assert_int_equal(mp_act_parse(names[i]), i);
+        assert_string_equal(mp_act_str((enum mp_act)i), names[i]);
+    }
+    assert_int_equal(mp_act_parse("swish"), MP_ACT_SILU);             /* HF's alias */
+    assert_int_equal(mp_act_parse("gelu_pytorch_tanh"), MP_ACT_GELU_TANH);
+    assert_int_equal(mp_act_parse("mish"), -1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_precisions_dtypes_attention),
+        cmocka_unit_test(test_activations),
+    };
+    return cmocka_run_group_tests_name("sets", tests, NULL, NULL);
+}
