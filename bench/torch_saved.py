@@ -7,7 +7,7 @@ torch.autocast("cpu", bfloat16) (memplan amp-bf16) and in pure bf16, one trainin
 
   * torch.autograd.graph.saved_tensors_hooks: every tensor autograd saves for backward,
     deduplicated by storage (untyped_storage().data_ptr()), nbytes of the storage; parameter and
-    buffer storages are excluded (memory-facts.md sec. 2 rules 1-2);
+    buffer storages are excluded (docs/memory-facts.md#saved-tensors, facts 1-2);
   * a TorchDispatchMode that records, for every new storage an aten op creates, the op and
     the block running at the time (forward pre-hooks: "embed" from the model call, "h.i" from
     decoder layer i, "head" from the final norm on: final norm, lm_head, loss);

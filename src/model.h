@@ -54,7 +54,7 @@ int mp_layer_type_parse(const char *s);
  * saved_tensors_hooks, bench/torch_saved.md).  GELU_TANH is the fused kernel
  * (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh); GELU_NEW / GELU_FAST are HF's
  * composites (NewGELUActivation, FastGELUActivation), same function.  A new activation
- * is one row here plus its math (probe_host.c act_f/act_df, kernels/); append rows only:
+ * is one row here plus its math (mp_math.h mp_act_f/mp_act_df, kernels/); append rows only:
  * the order is the kernels' activation code.  amp32: what is fp32 under CUDA autocast with a
  * half input, because the composite calls an op on CUDA's fp32 list (gelu_new: torch.pow):
  * "in" the saved input becomes an fp32 copy, named intermediates are fp32, "out" the output
