@@ -124,6 +124,9 @@ def main():
         print("doc_refs: " + p)
     print("doc_refs: %d docs/ citations checked, %d problem(s)%s" % (
         n_cites, len(problems), "; pending rewrite: " + ", ".join(PENDING_REWRITE) if PENDING_REWRITE else ""))
+    if problems and PENDING_REWRITE:
+        print("doc_refs: a file split out of one in PENDING_REWRITE carries its old citations: apply "
+              "docs/citation-rewrites.txt to it (or list it in PENDING_REWRITE until then)")
     return 1 if problems else 0
 
 
