@@ -3,11 +3,11 @@
 Code cites the facts it relies on as docs/FILE.md#ID (docs/memory-facts.md#autocast,
 docs/checkpointing.md#rotor-dp).  This check fails when
 
-  - a docs/FILE.md#ID citation (in src/, tests/, kernels/, bench/, README.md or docs/*.md)
+  - a docs/FILE.md#ID citation (in src/, tests/, kernels/, bench/, configs/, README.md or docs/*.md)
     names a file that does not exist, or an ID that is not an anchor of that file
     (`<a id="ID"></a>`, or a heading ending in `{#ID}`); a link `](#ID)` inside docs/*.md
     must name an anchor of its own file;
-  - a citation points outside the repository (src/, tests/, kernels/, bench/, README.md):
+  - a citation points outside the repository (src/, tests/, kernels/, bench/, configs/, README.md):
     ../shared or shared/docs, a bare memory-facts / checkpointing.md / design.md /
     trainers.md / landscape.md / style.md (documents a clone does not contain), a "§N"
     section number or "sec. N" of such a document.
@@ -29,8 +29,8 @@ PENDING_REWRITE = [
     "src/main.c",
 ]
 
-SCAN_DIRS = ["src", "tests", "kernels", "bench"]
-TEXT_EXT = (".c", ".h", ".cu", ".cuh", ".py", ".sh", ".md", ".txt", "Makefile")
+SCAN_DIRS = ["src", "tests", "kernels", "bench", "configs"]
+TEXT_EXT = (".c", ".h", ".cu", ".cuh", ".py", ".sh", ".md", ".txt", ".json", "Makefile")
 SELF = os.path.join("tests", "doc_refs.py")
 
 CITE = re.compile(r"docs/([A-Za-z0-9_.-]+\.md)(?:#([A-Za-z0-9_-]+))?")
