@@ -2,7 +2,8 @@
  * chain at 500 slots and compares its cost with sqrt and with the best
  * checkpoint_sequential(K) that fits the same memory.  Prints figures only:
  * it asserts nothing about timing (the target is < 1 s on one core at -O2).
- * Sizes are odd byte counts, so the DP runs on rounded-up units (§5.1).
+ * Sizes are odd byte counts, so the DP runs on rounded-up units
+ * (docs/checkpointing.md#discretisation).
  */
 #include <math.h>
 #include <stdio.h>

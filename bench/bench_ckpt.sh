@@ -7,5 +7,5 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${BUILD:-$root/build}/bench
 mkdir -p "$out"
 ${CC:-gcc} -std=c11 -O2 -Wall -Wextra -Wpedantic -D_POSIX_C_SOURCE=200809L -I"$root/src" \
-    "$root/bench/bench_ckpt.c" "$root/src/ckpt.c" "$root/src/util.c" -lm -o "$out/bench_ckpt"
+    "$root/bench/bench_ckpt.c" "$root/src/ckpt/ckpt.c" "$root/src/util/util.c" -lm -o "$out/bench_ckpt"
 exec "$out/bench_ckpt" "$@"

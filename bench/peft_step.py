@@ -14,9 +14,9 @@
       (exact), saved bytes (sum of layers[].activation_bytes), step peak.  Both sides read the
       same config file, dropout set to 0 (torch_step.load_config: CPU dropout masks are not
       CUDA's).  CPU autocast differs from CUDA autocast on the ops CUDA runs in fp32
-      (memory-facts §5): the bytes CUDA keeps beyond the CPU are listed per row, op by op, by
-      torch_step.cuda_only_bytes (GPT-2's gelu_new pow), and "diff vs CUDA" compares memplan
-      with torch + those bytes; the full fine-tuning row of each setting is the base model.
+      (docs/memory-facts.md#autocast): the bytes CUDA keeps beyond the CPU are listed per row,
+      op by op, by torch_step.cuda_only_bytes (GPT-2's gelu_new pow), and "diff vs CUDA" compares
+      memplan with torch + those bytes; the full fine-tuning row of each setting is the base model.
 
   python3 bench/peft_step.py seq2seq-lora [--out FILE.md] [--memplan PATH]
       The same for T5 (t5-small, flan-t5-base; every layer): AutoModelForSeq2SeqLM with peft's

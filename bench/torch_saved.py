@@ -7,7 +7,7 @@ torch.autocast("cpu", bfloat16) (memplan amp-bf16) and in pure bf16, one trainin
 
   * torch.autograd.graph.saved_tensors_hooks: every tensor autograd saves for backward,
     deduplicated by storage (untyped_storage().data_ptr()), nbytes of the storage; parameter and
-    buffer storages are excluded (memory-facts.md sec. 2 rules 1-2);
+    buffer storages are excluded (docs/memory-facts.md#saved-tensors, facts 1-2);
   * a TorchDispatchMode that records, for every new storage an aten op creates, the op and
     the block running at the time (forward pre-hooks: "embed" from the model call, "h.i" from
     decoder layer i, "head" from the final norm on: final norm, lm_head, loss);
@@ -540,7 +540,7 @@ def main():
         details.extend(d)
         print(lines[-1], flush=True)
     P("")
-    # (the recommended-delta table went away once src/layers.c applied the recommendations)
+    # (the recommended-delta table went away once src/ir/layers.c applied the recommendations)
     P("Activation functions (transformers ACT2FN) between two Linears: saved bytes in units of N = the "
       "activation input's bytes (act input/output + fc2 input; parameters, the fc1 input and bf16 weight "
       "copies excluded):\n")

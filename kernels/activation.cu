@@ -1,11 +1,11 @@
 // activation.cu — GELU (erf and tanh forms), ReLU, SiLU, tanh, sigmoid: forward
-// and backward from the tensor autograd saves (x or y, memory-facts §2).  HF's
+// and backward from the tensor autograd saves (x or y, docs/memory-facts.md#saved-tensors).  HF's
 // Python GELUs (new, fast) compute tanh-GELU and also write their intermediates.
 // fp32/bf16/fp16 operands run as typed templates (kcommon.cuh ew_kernel, vector loads);
 // HF's composites with their intermediates keep the generic kernel.
 #include "kcommon.cuh"
 
-// ---- kernels: the arithmetic is src/mp_math.h's (mp_act_f, mp_act_df, mp_gelu_part) -------
+// ---- kernels: the arithmetic is src/probe/mp_math.h's (mp_act_f, mp_act_df, mp_gelu_part) -------
 
 struct gelu_parts {
     void *p[6];

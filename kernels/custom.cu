@@ -1,5 +1,5 @@
 // custom.cu — an opaque block described only by its sizes: a cheap,
-// deterministic mix of its bytes (the same function as probe_host.c), so chains
+// deterministic mix of its bytes (the same function as probe_host_custom.c), so chains
 // of custom blocks allocate, run and recompute like real ones.
 #include "kcommon.cuh"
 

@@ -1,6 +1,6 @@
 // kcommon.cuh — what every kernel file shares: dtype access (the codes of enum
 // mp_dtype), grid-stride loops, warp/block reductions, the dropout hash (the
-// same function as src/probe_impl.h, so host and device masks agree) and the
+// same function as src/probe/probe_impl.h, so host and device masks agree) and the
 // launch check.  Device code only; no allocation, no printing.
 #ifndef MEMPLAN_KCOMMON_CUH
 #define MEMPLAN_KCOMMON_CUH
@@ -206,7 +206,7 @@ template <typename Fn> static bool with_float_type(int dt, Fn &&fn)
 
 #define ELEM_T(ptr) typename std::remove_pointer<decltype(ptr)>::type
 
-// ---- hashing (= mp_hash64 / mp_hash_unit in src/probe_impl.h) ------------------------------
+// ---- hashing (= mp_hash64 / mp_hash_unit in src/probe/probe_impl.h) ------------------------------
 
 __device__ __forceinline__ uint64_t khash64(uint64_t x)
 {

@@ -41,7 +41,7 @@ int mp_k_bias_grad(void *db, int bdt, const void *dy, int dt, uint64_t outer, ui
                    cudaStream_t s);
 
 /* ---- quant.cu ----------------------------------------------------------------------------- */
-/* A bitsandbytes NF4 weight in the executor's layout (src/quant.h mp_quant_pack): byte offsets
+/* A bitsandbytes NF4 weight in the executor's layout (src/model/quant.h mp_quant_pack): byte offsets
  * of its parts in the blob: packed nibbles (first element in the high nibble), the 16-entry
  * fp32 code, absmax (fp32 per block, or u8 with double quant), then with double quant the fp32
  * offset, the fp32 second-level absmax per 256 blocks and the 256-entry fp32 dynamic code. */
@@ -55,7 +55,7 @@ int mp_k_nf4_dequant(void *w, int wdt, const uint8_t *blob, struct mp_k_nf4 q, c
 
 /* ---- activation.cu ----------------------------------------------------------------------- */
 /* parts (optional, n_parts of n elements, each in its part_dts): what HF's Python GELUs save
- * (probe_host.c gelu_part); y in ydt (fp32 where CUDA autocast upcasts gelu_new) */
+ * (mp_math.h mp_gelu_part); y in ydt (fp32 where CUDA autocast upcasts gelu_new) */
 int mp_k_act_fwd(void *y, int ydt, const void *x, int dt, uint64_t n, int act, void *const *parts,
                  const int *part_dts, int n_parts, cudaStream_t s);
 /* dx (+)= dy * act'(saved): saved is x (gelu, silu), its fp32 copy, or y (relu, tanh, sigmoid);
@@ -181,7 +181,7 @@ int mp_k_nll_bwd(void *dlp, int dt, const int64_t *labels, const float *dloss, u
 int mp_k_implicit_loss(float *loss, void *grad, const void *y, int dt, uint64_t n, cudaStream_t s);
 
 /* ---- custom.cu ---------------------------------------------------------------------------- */
-/* An opaque block: out = a byte mix of the input and parameters; saved repeats it (as probe_host.c) */
+/* An opaque block: out = a byte mix of the input and parameters; saved repeats it (as probe_host_custom.c) */
 int mp_k_custom_fwd(uint8_t *out, uint8_t *saved, const uint8_t *in, uint64_t rows, uint64_t ib, uint64_t ob,
                     uint64_t eb, const void *w, int wdt, uint64_t np, cudaStream_t s);
 int mp_k_custom_bwd(void *gin, int gdt, uint64_t per, const uint8_t *gout, const uint8_t *saved, uint64_t rows,

@@ -1,8 +1,8 @@
 // optim.cu — optimizer updates on the parameter, gradient and state storages the
 // replay allocated: SGD, SGD with momentum, Adam/AdamW (the _foreach_sqrt
 // temporary written as PyTorch writes it), blockwise 8-bit Adam and
-// torch.optim.Adafactor.  Same arithmetic as probe_host.c; hyper-parameters
-// come from the caller (src/probe_impl.h).
+// torch.optim.Adafactor.  Same arithmetic as probe_host_optim.c; hyper-parameters
+// come from the caller (src/probe/probe_impl.h).
 #include "kcommon.cuh"
 
 #define A8_BLOCK MP_ADAM8_BLOCK
@@ -45,7 +45,7 @@ __global__ void adam_kernel(void *p, const void *g, int dt, void *m, void *v, in
     }
 }
 
-// Companded 8-bit codes: mp_q8_* in src/mp_math.h (shared with probe_host.c).
+// Companded 8-bit codes: mp_q8_* in src/probe/mp_math.h (shared with probe_host_optim.c).
 
 // One block of A8_BLOCK threads per quantization block.  The absmax arrays sit at
 // byte offsets 2n and 2n + 4nb, not necessarily 4-aligned: memcpy.

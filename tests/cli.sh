@@ -6,11 +6,11 @@
 #
 # Prints one line per check ("ok   ..." or "FAIL ..." followed by "#" detail
 # lines), then the line "N passed, M failed", and exits 1 if any check failed.
-# Exit statuses (design.md): 0 success/fits, 1 does not fit, 2 usage, 3 bad
-# input, 4 probe/device unavailable, 5 internal.  No byte figure the estimator
-# computes is hard-coded here: the tests compare memplan with itself (suggest
-# against check, JSON totals against per-layer rows).  JSON is parsed with
-# python3; without it those checks are reported as skipped.
+# Exit statuses (README "Exit status", memplan(1) EXIT STATUS): 0 success/fits,
+# 1 does not fit, 2 usage, 3 bad input, 4 probe/device unavailable, 5 internal.
+# No byte figure the estimator computes is hard-coded here: the tests compare
+# memplan with itself (suggest against check, JSON totals against per-layer rows).
+# JSON is parsed with python3; without it those checks are reported as skipped.
 
 # ---- setup ----------------------------------------------------------------------------
 
@@ -265,7 +265,8 @@ else
     bad "memplan --version: prints 'memplan X.Y.Z'"
 fi
 
-# Each command's help names the options of its synopsis in design.md.
+# Each command's help names the core options of its synopsis (memplan(1) SYNOPSIS lists
+# these and more).
 help_opts() {
     case $1 in
         estimate) echo "--batch --seq --precision --optimizer --checkpoint --json --help" ;;
@@ -781,7 +782,7 @@ for f in models/*.json models/hf/*.json; do
         echo "expected exit 0 and a report on stdout" >"$T/why"
         bad "estimate $f: exit 0"
     fi
-    json_check "estimate $f --json: schema 1, design.md keys, totals = sum of layers" estimate \
+    json_check "estimate $f --json: schema 1, README's keys, totals = sum of layers" estimate \
         estimate "$f" --json
 done
 

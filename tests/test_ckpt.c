@@ -1,6 +1,6 @@
-/* test_ckpt.c — checkpoint placement: the known answers of checkpointing.md
- * §12 (T1 Revolve, T2 Griewank DP, T4 unit chain, T5 segment rule), the T8
- * invariants on random chains, brute-force optimality of the segment DP,
+/* test_ckpt.c — checkpoint placement: the known answers of
+ * docs/checkpointing.md#known-answers (T1 Revolve, T2 Griewank DP, T4 unit chain,
+ * T5 segment rule), the T8 invariants on random chains, brute-force optimality of the segment DP,
  * discretisation, spec parsing and the simulator's errors.
  * Random chains come from a fixed-seed PRNG, so every run checks the same cases.
  * Costs in random chains are small integers, so DP and simulator sums are exact.

@@ -1394,7 +1394,7 @@ static void test_estimate_sliding_window_mask(void **state)
 }
 
 /* A model of custom blocks reproduces a chain from the literature exactly: the unit
- * chain of checkpointing.md T4 (100 blocks, f = b = 1, x = xb = 1, batch 1), whose
+ * chain of docs/checkpointing.md#t4-unit-chain (100 blocks, f = b = 1, x = xb = 1, batch 1), whose
  * 10-segment checkpoint_sequential peaks at 22 units for 290 time units, and
  * whose rotor optimum at 20 units costs 290. */
 static void test_estimate_custom_chain_reproduces_literature(void **state)

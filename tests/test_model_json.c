@@ -1,4 +1,4 @@
-/* test_model_json.c — the memplan JSON reader (src/model_json.c).
+/* test_model_json.c — the memplan JSON reader (src/model/model_json.c).
  *
  * Parses every layer type and checks its fields and defaults, repeat expansion
  * (names, groups, nesting), the bad-input corpus in tests/data/bad (status and

@@ -1,6 +1,7 @@
 /* test_parallel.c — per-rank sharding arithmetic (parallel.c) and the per-rank replay.
  *
- * Expected values are worked by hand from the engines' sources (memory-facts.md §13):
+ * Expected values are worked by hand from the engines' sources (docs/memory-facts.md#ddp,
+ * docs/memory-facts.md#fsdp2, docs/memory-facts.md#zero):
  * FSDP2 pads dim 0 to ceil(dim0/world) rows; ZeRO-3 partitions ceil(numel/world) per
  * parameter and keeps parameters under stage3_param_persistence_threshold whole; ZeRO-1/2
  * pad the flat parameter buffer to a multiple of 2 x world; DDP buckets fill in reverse

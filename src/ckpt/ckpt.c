@@ -1,11 +1,13 @@
-/* ckpt.c — checkpoint placement: the schedule simulator (checkpointing.md §7),
- * builders (none, checkpoint_sequential, segments), the rotor persistent DP
- * (§5.1), the single-level segment DP (§6), discretisation, Revolve (§4).
+/* ckpt.c — checkpoint placement: the schedule simulator
+ * (docs/checkpointing.md#simulator), builders (none, checkpoint_sequential,
+ * segments), the rotor persistent DP (docs/checkpointing.md#rotor-dp), the
+ * single-level segment DP (docs/checkpointing.md#segment-dp), discretisation
+ * (docs/checkpointing.md#discretisation), Revolve (docs/checkpointing.md#revolve).
  * Not here: building chains from a model (estimate.c), I/O, the multi-option
- * blocks of §5.2, non-persistent rotor.  Invariants: both DPs use the
- * simulator's memory model exactly (Loss frees a plain x_L), so DP cost ==
- * simulated cost; every plan is replayed on byte sizes before it is returned
- * and a budgeted plan's byte peak is <= the budget. */
+ * blocks of docs/checkpointing.md#multi-option-chain, non-persistent rotor.
+ * Invariants: both DPs use the simulator's memory model exactly (Loss frees a
+ * plain x_L), so DP cost == simulated cost; every plan is replayed on byte
+ * sizes before it is returned and a budgeted plan's byte peak is <= the budget. */
 #include "ckpt.h"
 
 #include <math.h>
@@ -179,7 +181,7 @@ const char *mp_ckpt_spec_str(const struct mp_ckpt_spec *s, char *buf, size_t len
 }
 
 /* ------------------------------------------------------------------------ */
-/* Simulator (§7)                                                            */
+/* Simulator (docs/checkpointing.md#simulator)                              */
 /* ------------------------------------------------------------------------ */
 
 static const char *op_name(const struct mp_sched_op *op, char *buf, size_t len)
@@ -297,7 +299,7 @@ static enum mp_status simulate(const struct mp_chain *c, const struct mp_schedul
                 cur -= c->xb[i];
             }
         } else if (op->kind == MP_SCHED_LOSS) {
-            if (hx[L]) { /* §8: the loss frees a plain x_L */
+            if (hx[L]) { /* the loss frees a plain x_L (docs/checkpointing.md#loss-frees-xl) */
                 hx[L] = 0;
                 cur -= c->x[L];
             }
@@ -420,7 +422,8 @@ enum mp_status mp_ckpt_schedule_sequential(size_t L, size_t segments, struct mp_
     if (L == 0)
         return mp_ckpt_schedule_none(0, s);
     /* torch.utils.checkpoint.checkpoint_sequential: segment_size = floor(L / segments);
-     * the last segment takes the remainder and is not checkpointed (§3). */
+     * the last segment takes the remainder and is not checkpointed
+     * (docs/checkpointing.md#checkpoint-sequential). */
     return schedule_runs(L, segments, L / segments, false, s);
 }
 
@@ -428,8 +431,9 @@ enum mp_status mp_ckpt_schedule_sequential(size_t L, size_t segments, struct mp_
 /* Discretisation                                                            */
 /* ------------------------------------------------------------------------ */
 
-/* Sizes in DP units, padded as §5.1 wants: x, xb have L+2 entries (x[L+1] =
- * xb[L+1] = 0), ft has L+1 (ft[L] = 0), bt has L+1.
+/* Sizes in DP units, padded as the DP wants (docs/checkpointing.md#rotor-dp):
+ * x, xb have L+2 entries (x[L+1] = xb[L+1] = 0), ft has L+1 (ft[L] = 0), bt
+ * has L+1.
  *
  * Exact mode: every size is a multiple of unit (their GCD) and budget/unit <=
  * slots; usage <= M units <=> usage <= budget bytes.  Rounded mode: unit =
@@ -511,7 +515,7 @@ static enum mp_status discretise(const struct mp_chain *c, uint64_t budget, size
 }
 
 /* ------------------------------------------------------------------------ */
-/* Rotor persistent DP (§5.1)                                                */
+/* Rotor persistent DP (docs/checkpointing.md#rotor-dp)                      */
 /* ------------------------------------------------------------------------ */
 
 /* Tables OPT[s][l][m] and WHAT[s][l][m] for 0 <= s <= l <= L and 0 <= m <= M.
@@ -900,13 +904,14 @@ out:
 }
 
 /* ------------------------------------------------------------------------ */
-/* Single-level segment DP (§6)                                              */
+/* Single-level segment DP (docs/checkpointing.md#segment-dp)                */
 /* ------------------------------------------------------------------------ */
 
 /* State (s, P): blocks 0..s-1 are forwarded in segments, P units resident
  * (P includes x_s or xbar_s).  dp = least recompute cost.  Peaks per segment
- * [s, e) as in §6 with the Loss freeing a plain x_L; all are exact for the
- * simulator on the schedules mp_ckpt_schedule_segments builds. */
+ * [s, e) as in docs/checkpointing.md#segment-dp with the Loss freeing a plain
+ * x_L; all are exact for the simulator on the schedules mp_ckpt_schedule_segments
+ * builds. */
 struct segdp {
     size_t L, Mn;
     double *cost;    /* [(L+1) * Mn] */
@@ -1715,7 +1720,7 @@ void mp_ckpt_compare(const struct mp_chain *c, uint64_t limit_bytes, size_t slot
 }
 
 /* ------------------------------------------------------------------------ */
-/* Revolve (§4)                                                              */
+/* Revolve (docs/checkpointing.md#revolve)                                   */
 /* ------------------------------------------------------------------------ */
 
 uint64_t mp_revolve_beta(uint64_t s, uint64_t t)

@@ -1,11 +1,12 @@
 /* ckpt.h — checkpoint placement on a chain of blocks: strategies, the rotor
  * dynamic program, the single-level segment DP, and the schedule simulator.
  *
- * Chain model and notation follow rotor (../shared/docs/checkpointing.md §1):
+ * Chain model and notation follow rotor (docs/checkpointing.md#chain-model):
  * blocks F_0..F_{L-1}, then the loss at index L.  Memory convention shared by
  * the DPs and the simulator: the budget covers the model input x_0, stored
  * activations and activation gradients (not weights/grads/optimizer state),
- * and the Loss op frees a plain x_L once it has produced y_L (§8).
+ * and the Loss op frees a plain x_L once it has produced y_L
+ * (docs/checkpointing.md#loss-frees-xl).
  * Pure: no I/O.  Sizes in bytes (uint64_t), costs in FLOPs (double).
  */
 #ifndef MEMPLAN_CKPT_H
@@ -73,7 +74,7 @@ enum mp_status mp_schedule_push(struct mp_schedule *s, enum mp_sched_kind k, uin
 /* The same ops in the same order. */
 bool mp_schedule_equal(const struct mp_schedule *a, const struct mp_schedule *b);
 
-/* Replays a schedule on the chain (checkpointing.md §7).  Sets *peak (bytes,
+/* Replays a schedule on the chain (docs/checkpointing.md#simulator).  Sets *peak (bytes,
  * including x_0 and gradient buffers) and *cost (sum of op costs).  An unmet
  * requirement (an op whose inputs are not resident) returns MP_ERR_INTERNAL
  * with a message naming the op. */
@@ -144,7 +145,7 @@ enum mp_status mp_ckpt_schedule_sequential(size_t L, size_t segments, struct mp_
 enum mp_status mp_ckpt_schedule_segments(size_t L, size_t n_seg, const size_t *seg_start, const bool *seg_ckpt,
                                          struct mp_schedule *s);
 
-/* Revolve / Griewank references (checkpointing.md §4), for tests. */
+/* Revolve / Griewank references (docs/checkpointing.md#revolve), for tests. */
 uint64_t mp_revolve_beta(uint64_t s, uint64_t t);
 uint64_t mp_revolve_numforw(uint64_t steps, uint64_t snaps);
 

@@ -71,10 +71,12 @@ typedef enum mp_status (*mp_event_fn)(void *ctx, const struct mp_event *ev);
 
 struct mp_train_opts {
     enum mp_optimizer optimizer;
-    uint64_t cublas_workspace_bytes; /* persistent, inside allocated (memory-facts §8) */
+    uint64_t cublas_workspace_bytes; /* persistent, inside allocated
+                                      * (docs/memory-facts.md#cublas-workspace) */
     bool accumulate; /* gradient accumulation: a micro-step after the first, .grad resident from its
                       * start (AccumulateGrad adds each incoming gradient in place: a transient);
-                      * then the optimizer step and zero_grad as usual (memory-facts §6) */
+                      * then the optimizer step and zero_grad as usual
+                      * (docs/memory-facts.md#gradients) */
     const struct mp_parallel *par; /* data parallel / sharding (NULL or strategy none: one GPU); the
                                     * replay is then rank r's (all ranks hold the same bytes) */
     bool skip_reserved; /* no caching-allocator model (peak_reserved = peak_allocated): for

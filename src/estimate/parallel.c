@@ -1,6 +1,7 @@
 /* parallel.c — per-rank sharding arithmetic for DDP, ZeRO 1/2/3, FSDP2 and offload.
  *
- * Sources (read from torch 2.15 and deepspeed; memory-facts.md §13):
+ * Sources (read from torch 2.15 and deepspeed; docs/memory-facts.md#ddp,
+ * docs/memory-facts.md#fsdp2, docs/memory-facts.md#zero):
  *  DDP     nn/parallel/distributed.py, c10d reducer: buckets in reverse parameter order, the
  *          first capped at 1 MiB, the rest at 25 MiB; together one more copy of the gradients.
  *  FSDP2   distributed/fsdp/_fully_shard/: dim-0 chunks padded to ceil(dim0/world) rows; a

@@ -8,7 +8,8 @@
  * NVMe bytes, bytes per collective).  The step replay (estimate.c) uses the
  * plan to emit rank r's alloc/free events, so the peak and where it happens
  * are per rank.  All ranks hold the same bytes (shards are padded to equal
- * size), so the plan is the plan of every rank.  Facts: memory-facts.md §13.
+ * size), so the plan is the plan of every rank.  Facts: docs/memory-facts.md#ddp,
+ * docs/memory-facts.md#fsdp2, docs/memory-facts.md#zero.
  */
 #ifndef MEMPLAN_PARALLEL_H
 #define MEMPLAN_PARALLEL_H

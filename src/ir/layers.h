@@ -3,7 +3,8 @@
  * mp_program_build() lowers a model, at batch b and sequence s under a
  * precision policy, into tensors (storages) and nodes (primitive ops).  Each
  * node lists the tensors it creates (out + extras) and the ones it saves for
- * backward, following what PyTorch autograd saves (memory-facts.md §2-§5).
+ * backward, following what PyTorch autograd saves (docs/memory-facts.md#saved-tensors)
+ * and autocast copies (docs/memory-facts.md#autocast).
  * Views are not tensors: a view node's out is its input's id.  The estimator
  * replays this program as alloc/free events; the probe executes it.  One
  * program, so estimate and measurement compare tensor by tensor.

@@ -1,4 +1,4 @@
-/* mp_math.h — the arithmetic both probe backends share, written once: C (probe_host.c)
+/* mp_math.h — the arithmetic both probe backends share, written once: C (probe_host_*.c)
  * and CUDA (kernels/) include it.  Activations and their derivatives (from what
  * autograd saves: x, or y for ReLU/tanh/sigmoid), HF's composite-GELU intermediates,
  * the 8-bit Adam state codes and the hyper-parameters of the probe's training step.

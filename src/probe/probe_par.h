@@ -1,4 +1,4 @@
-/* probe_par.h — the probe of one data-parallel rank (issue 10, parallel.h).
+/* probe_par.h — the probe of one data-parallel rank (parallel.h).
  *
  * The replay of rank r (estimate.c) allocates what that rank holds: its shards, the
  * all-gather and reduce-scatter buffers, the DDP buckets, the DeepSpeed partitions

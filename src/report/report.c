@@ -1,8 +1,9 @@
 /* report.c — text and JSON writers (schema 1) and trainer snippets.
  * Text: the answer first, then detail; tables fold identical repeated blocks.
  * JSON: one object per report with "schema": 1 and "command"; keys are the
- * contract of design.md (add freely, never rename).  No computation here
- * beyond formatting; cJSON is used only to build and print the JSON tree.
+ * contract of README's "JSON output" and memplan(1) JSON OUTPUT (add freely,
+ * never rename).  No computation here beyond formatting; cJSON is used only to
+ * build and print the JSON tree.
  */
 #include "report.h"
 
@@ -281,7 +282,8 @@ static void print_json(FILE *out, cJSON *r)
 
 /* ---- text helpers ------------------------------------------------------------------------- */
 
-/* What trains and the assumptions behind it (memory-facts §12). */
+/* What trains and the assumptions behind it (docs/memory-facts.md#lora,
+ * docs/memory-facts.md#qlora). */
 static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
 {
     const struct mp_finetune *f = &c->build->ft;
@@ -794,7 +796,8 @@ static const char *peft_task(const struct mp_model *m, const char **auto_cls)
     return "CAUSAL_LM";
 }
 
-/* peft/bitsandbytes objects that reproduce a fine-tuning plan (memory-facts §12). */
+/* peft/bitsandbytes objects that reproduce a fine-tuning plan (docs/memory-facts.md#lora,
+ * docs/memory-facts.md#qlora). */
 static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
     const struct mp_finetune *f = c->ft;

@@ -1,4 +1,5 @@
-/* report.h — text and JSON output (schema 1, design.md) and trainer snippets.
+/* report.h — text and JSON output (schema 1: README "JSON output", memplan(1) JSON OUTPUT)
+ * and trainer snippets.
  * Writes only to the FILE given (stdout in practice); computes nothing the
  * reader could not recompute from the results passed in.  cJSON stays inside.
  */

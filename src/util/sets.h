@@ -78,33 +78,28 @@ enum mp_attn_impl {
 #undef MP_X
 };
 
-/* Activations, one row each: X(id, name, HF aliases, what backward reads, HF intermediates,
- * amp32, bwd, fwd).
- * saves: IN (the input) or OUT (the output); intermediates: tensors the size of the input
- * that HF's Python composites also keep (space-separated names, measured with
- * saved_tensors_hooks, bench/torch_saved.md).  GELU_TANH is the fused kernel
- * (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh); GELU_NEW / GELU_FAST are HF's
- * composites (NewGELUActivation, FastGELUActivation), same function.  A new activation
- * is one row here plus its math (probe/mp_math.h mp_act_f/mp_act_df: -Wswitch names a
- * missing case) and its test row (tests/test_probe_ops.c runs every row on both backends).  amp32: what is fp32 under CUDA autocast with a
- * half input, because the composite calls an op on CUDA's fp32 list (gelu_new: torch.pow):
- * "in" the saved input becomes an fp32 copy, named intermediates are fp32, "out" the output
- * is fp32.  CPU autocast does not list pow, so a CPU measurement differs there.  bwd: the x-sized
- * tensors (output dtype) its backward holds beyond the two gradients a fused kernel has: HF's
- * composites chain several autograd nodes (gelu_new's last MulBackward0 makes both factors'
- * gradients: 1; relu2's square backward: 2), measured with bench/torch_step.py's LiveTracker
- * (backward peaks 3, 4 and 2 x-sized tensors above the live set for gelu_new, relu2, fused).
- * fwd: the x-sized forward transients (not saved) beside the output: gelu_new / gelu_fast 2 (pow,
- * the polynomial), xIELU 3 (the two where branches and a part of one); under amp with fp32 parts,
- * two of them are fp32 and the rest in x's dtype (measured for xIELU the same way).  xIELU's bwd is
- * 3 (and lower_act's two rules: the gradient's cast back to x's dtype under amp, the mask freed
- * first): the rows of bench/gelu/apertus-vocab512.json, whose peak is in the MLP backward, are exact
- * with it; the activation measured alone (a leaf x) peaks one output-sized tensor higher.
+/* Activations, one row each: X(id, name, HF aliases, saves, HF intermediates, amp32, bwd, fwd).
+ * A new activation is one row here plus its math (probe/mp_math.h mp_act_f/mp_act_df: -Wswitch
+ * names a missing case); tests/test_probe_ops.c runs every row on both backends.
+ *   saves          IN (the input) or OUT (the output): what backward reads.
+ *   intermediates  x-sized tensors HF's Python composite also keeps (space-separated names; a
+ *                  ":u8" suffix: one byte per element).
+ *   amp32          what is fp32 under CUDA autocast with a half input, because the composite calls
+ *                  an op on CUDA's fp32 list: "in" the saved input becomes an fp32 copy, a named
+ *                  intermediate is fp32, "out" the output is fp32.
+ *   bwd            x-sized tensors (output dtype) its backward holds beyond the two gradients of a
+ *                  fused kernel (HF's composites chain several autograd nodes).
+ *   fwd            x-sized forward transients (not saved) beside the output; under amp with fp32
+ *                  parts, two of them are fp32 and the rest in x's dtype.
+ * GELU_TANH is the fused kernel (F.gelu(approximate="tanh"), HF gelu_pytorch_tanh); GELU_NEW /
+ * GELU_FAST are HF's composites (NewGELUActivation, FastGELUActivation), the same function.
  * RELU2 (HF ReLUSquaredActivation, relu(x)^2) saves relu(x), an x-sized tensor: modelled as IN.
  * XIELU (HF XIELUActivation's Python path, Apertus): where(x > 0, alpha_p*x*x + beta*x,
  * (expm1(min(x, eps)) - x)*alpha_n + beta*x) with two learned (1,) scalars (lower_act adds them and
- * the two scalar buffers): saves x, the bool mask (":u8": one byte per element), alpha_p*x (fp32
- * under amp: the fp32 (1,) parameter promotes it), expm1's result and expm1 - x. */
+ * the two scalar buffers): saves x, the bool mask, alpha_p*x (fp32 under amp: the fp32 (1,)
+ * parameter promotes it), expm1's result and expm1 - x; its bwd goes with lower_act's two rules
+ * (the gradient's cast back to x's dtype under amp, the mask freed first).
+ * Where the intermediates, amp32, bwd and fwd values come from: docs/memory-facts.md#hf-activations. */
 #define MP_ACTIVATIONS(X)                                                                        \
     X(GELU, "gelu", "", IN, "", "", 0, 0)                                                         \
     X(GELU_TANH, "gelu_tanh", "gelu_pytorch_tanh tanh_gelu", IN, "", "", 0, 0)                    \

@@ -40,7 +40,7 @@ enum mp_status {
 
 const char *mp_status_str(enum mp_status st);
 
-/* Exit statuses (design.md). */
+/* Exit statuses (README "Exit status", memplan(1) EXIT STATUS). */
 enum mp_exit {
     MP_EXIT_OK = 0,
     MP_EXIT_NOFIT = 1,

@@ -1,5 +1,5 @@
 /* fuzz_cli.c — libFuzzer harness for the command line: option values, a GPU profile
- * and a model, run through memplan's own main() (src/main.c, built for this harness
+ * and a model, run through memplan's own main() (src/cli/main.c, built for this harness
  * with main renamed mp_cli_main), so options are parsed, checked and combined exactly
  * as the CLI does.  Run by `make fuzz` (tests/fuzz/README).
  *
@@ -36,7 +36,7 @@
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int mp_cli_main(int argc, char **argv); /* src/main.c's main, renamed by the Makefile */
+int mp_cli_main(int argc, char **argv); /* src/cli/main.c's main, renamed by the Makefile */
 
 /* The work of one input, kept well under libFuzzer's -timeout=10 on a loaded 2-core machine.
  * Measured here under the fuzz build (load 7): the optimal DP costs about blocks^3 x slots

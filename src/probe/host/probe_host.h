@@ -5,7 +5,7 @@
  * inline here so the family files depend on no host file but probe_host_gemm.c.  Half
  * tensors hold 2-byte values (round to nearest even); math is float, most sums double.
  * Float operand copies made while a node runs (a GPU's registers) are scratch, outside
- * the pool, freed after the node (mp_host_node_end).  Letters: M rows, K inner.
+ * the pool, freed after the node (host_node_end, probe_host.c).  Letters: M rows, K inner.
  */
 #ifndef MEMPLAN_PROBE_HOST_H
 #define MEMPLAN_PROBE_HOST_H
