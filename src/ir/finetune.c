@@ -35,38 +35,6 @@ void mp_finetune_default(struct mp_finetune *f)
 
 /* ---- family names -------------------------------------------------------------------------- */
 
-/* One row per family whose module names differ from memplan's roles, and peft's
- * default targets (peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING). */
-struct fam_names {
-    const char *type;
-    const char *defaults;
-    const char *qkv, *o, *fc1, *fc2, *q, *k, *v;
-};
-
-static const struct fam_names FAMS[] = {
-    {"gpt2", "c_attn", "c_attn", "c_proj", "c_fc", "c_proj", NULL, NULL, NULL},
-    {"gpt_neox", "query_key_value", "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h", NULL, NULL, NULL},
-    {"phi", "q_proj,v_proj,fc1,fc2", NULL, "dense", NULL, NULL, NULL, NULL, NULL},
-    {"bert", "query,value", NULL, "dense", "dense", "dense", "query", "key", "value"},
-    {"roberta", "query,value", NULL, "dense", "dense", "dense", "query", "key", "value"},
-    {"llama", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-    {"mistral", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-    {"mixtral", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}, /* peft 0.21 + transformers 5: none works */
-    {"qwen2", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-    {"qwen3", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-    {"gemma", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-    {"gemma2", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-    {"gemma3_text", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-    {"stablelm", "q_proj,v_proj", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-    {"gptj", "q_proj,v_proj", NULL, "out_proj", "fc_in", "fc_out", NULL, NULL, NULL},
-    {"opt", "q_proj,v_proj", NULL, "out_proj", "fc1", "fc2", NULL, NULL, NULL},
-    {"falcon", "query_key_value", "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h", NULL, NULL, NULL},
-    {"starcoder2", NULL, NULL, NULL, "c_fc", "c_proj", NULL, NULL, NULL},
-    {"distilbert", NULL, NULL, "out_lin", "lin1", "lin2", "q_lin", "k_lin", "v_lin"},
-    {"t5", "q,v", NULL, NULL, NULL, NULL, NULL, NULL, NULL}, /* T5's Linears carry their HF names */
-    {"mt5", "q,v", NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-};
-
 /* Head Linears whose module name differs from memplan's layer name (one row each). */
 static const struct {
     const char *type, *role, *hf;
@@ -74,14 +42,10 @@ static const struct {
     {"distilbert", "transform.dense", "vocab_transform"},
 };
 
-static const struct fam_names *fam(const char *hf_type)
+/* The family's row (model_hf.c families[]: names), or NULL. */
+static const struct mp_hf_names *fam(const char *hf_type)
 {
-    if (!hf_type || !*hf_type)
-        return NULL;
-    for (size_t i = 0; i < sizeof FAMS / sizeof FAMS[0]; i++)
-        if (!strcmp(FAMS[i].type, hf_type))
-            return &FAMS[i];
-    return NULL;
+    return hf_type && *hf_type ? mp_hf_family_names(hf_type) : NULL;
 }
 
 /* Families whose all-linear peft 0.21 extends to what memplan does not lower as Linears (on
@@ -103,13 +67,13 @@ bool mp_finetune_all_linear_unmodelled(const struct mp_finetune *f, const char *
 
 const char *mp_finetune_default_targets(const char *hf_type)
 {
-    const struct fam_names *f = fam(hf_type);
-    return f ? f->defaults : NULL;
+    const struct mp_hf_names *f = fam(hf_type);
+    return f ? f->peft : NULL;
 }
 
 const char *mp_finetune_hf_name(const char *hf_type, const char *role)
 {
-    const struct fam_names *f = fam(hf_type);
+    const struct mp_hf_names *f = fam(hf_type);
     if (!f)
         return role;
     const char *r = NULL;

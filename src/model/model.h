@@ -326,6 +326,16 @@ bool mp_model_has_attention(const struct mp_model *m);
 /* The Hugging Face model_type values the config.json reader accepts, comma-separated. */
 const char *mp_hf_model_types(void);
 
+/* An HF family's module names, from its row of model_hf.c's families[]: peft's default LoRA
+ * targets (peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING; NULL: none
+ * that works) and the modules named unlike memplan's roles (NULL: the role's name). */
+struct mp_hf_names {
+    const char *peft;
+    const char *qkv, *o, *fc1, *fc2, *q, *k, *v;
+};
+/* NULL when hf_type is no supported family. */
+const struct mp_hf_names *mp_hf_family_names(const char *hf_type);
+
 /* Checks the cross-field rules every reader must satisfy (heads divide hidden, ...).
  * Readers call it last. */
 enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d);

@@ -98,6 +98,7 @@ enum win { W_NONE, W_ALL, W_TYPES, W_FROM_MAX, W_ODD_BELOW_MAX, W_NOPE, W_TYPES_
 
 struct family {
     const char *type;
+    struct mp_hf_names names;   /* peft's default targets and the modules named unlike memplan's roles */
     const char *k_hidden[2], *k_layers[2], *k_heads[2], *k_pos[2]; /* first present wins */
     const char *k_ffn;
     uint64_t ffn_mult;          /* nonzero: k_ffn optional, null or absent means ffn_mult * hidden */
@@ -193,7 +194,9 @@ static enum mp_status olmo_hook(const cJSON *root, struct hf *c, const char *pat
                    .k_cls_p = "hidden_dropout", .generic_heads = true
 
 static const struct family families[] = {
-    {.type = "gpt2", .plain_softmax = true, .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
+    {.type = "gpt2",
+     .names = {.peft = "c_attn", .qkv = "c_attn", .o = "c_proj", .fc1 = "c_fc", .fc2 = "c_proj"},
+     .plain_softmax = true, .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
      .k_heads = {"n_head", "num_attention_heads"}, .k_pos = {"n_positions", "max_position_embeddings"},
      .k_ffn = "n_inner", .ffn_mult = 4, .k_act = "activation_function", .act = MP_ACT_GELU_NEW,
      .norm = MP_NORM_LAYERNORM, .pos_rows = 1024, .fused_qkv = true, .qkv_bias = true, .out_bias = true,
@@ -202,28 +205,42 @@ static const struct family families[] = {
      .reject = {NO_CROSS, {"reorder_and_upcast_attn", "the fp32 reordered attention is not modelled"}},
      .n_tok = "wte", .n_pos = "wpe", .n_norm = "ln_f", .n_head = "lm_head", .heads = DECODER_HEADS,
      .k_cls_p = "hidden_dropout"},
-    {.type = "llama", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
+    {.type = "llama",
+     .names = {.peft = "q_proj,v_proj"},
+     LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
      .heads = DECODER_HEADS},
-    {.type = "mistral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
+    {.type = "mistral",
+     .names = {.peft = "q_proj,v_proj"},
+     LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
      .window_default = 4096},
-    {.type = "qwen2", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true, .heads = DECODER_HEADS,
+    {.type = "qwen2",
+     .names = {.peft = "q_proj,v_proj"},
+     LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true, .heads = DECODER_HEADS,
      .window = W_FROM_MAX, .window_default = 4096, .k_use_window = true},
-    {.type = "gpt_neox", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .k_rotary = "rotary_pct",
+    {.type = "gpt_neox",
+     .names = {.peft = "query_key_value", .qkv = "query_key_value", .o = "dense", .fc1 = "dense_h_to_4h", .fc2 = "dense_4h_to_h"},
+     .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .k_rotary = "rotary_pct",
      .rotary_default = 0.25, .fused_qkv = true, .qkv_bias = true, .out_bias = true, .mlp_bias = true,
      .parallel = true, .k_attn_bias = "attention_bias", .k_parallel = "use_parallel_residual",
      .k_attn_p = "attention_dropout", .k_resid_p = "hidden_dropout", .emb_p_is_resid = true, .n_tok = "embed_in",
      .n_norm = "final_layer_norm", .n_head = "embed_out", .heads = DECODER_HEADS},
-    {.type = "phi", .act = MP_ACT_GELU_NEW, .norm = MP_NORM_LAYERNORM, .gqa = true,
+    {.type = "phi",
+     .names = {.peft = "q_proj,v_proj,fc1,fc2", .o = "dense"},
+     .act = MP_ACT_GELU_NEW, .norm = MP_NORM_LAYERNORM, .gqa = true,
      .k_rotary = "partial_rotary_factor", .rotary_default = 0.5, .qkv_bias = true, .out_bias = true,
      .mlp_bias = true, .lm_bias = true, .parallel = true, .shared_norm = true, .k_emb_p = "embd_pdrop",
      .k_attn_p = "attention_dropout", .k_resid_p = "resid_pdrop",
      .reject = {{"qk_layernorm", "per-head q/k layernorms are not modelled"}}, .n_tok = "embed_tokens",
      .n_norm = "final_layernorm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
      .k_cls_p = "hidden_dropout", .generic_heads = true},
-    {.type = "gemma", LLAMA_LIKE(MP_ACT_GELU_TANH), .kv_default = 16, .head_dim_default = 256, .emb_sqrt = true,
+    {.type = "gemma",
+     .names = {.peft = "q_proj,v_proj"},
+     LLAMA_LIKE(MP_ACT_GELU_TANH), .kv_default = 16, .head_dim_default = 256, .emb_sqrt = true,
      .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
      .hook = gemma_hook},
-    {.type = "bert", .plain_softmax = true, .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
+    {.type = "bert",
+     .names = {.peft = "query,value", .o = "dense", .fc1 = "dense", .fc2 = "dense", .q = "query", .k = "key", .v = "value"},
+     .plain_softmax = true, .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
      .post_norm = true, .emb_norm = true, .mlm_transform = true, .dropout = 0.1, .attn_dropout = 0.1,
      .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob", .emb_p_is_resid = true,
@@ -233,7 +250,9 @@ static const struct family families[] = {
      .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "pooler.dense", .bare_pooler = true,
      .id_buffers = true, .id_views = true, .hook = bert_hook},
     /* ---- added with the family table ---- */
-    {.type = "qwen3", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .head_dim_default = 128,
+    {.type = "qwen3",
+     .names = {.peft = "q_proj,v_proj"},
+     LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .head_dim_default = 128,
      .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD, .heads = DECODER_HEADS, .window = W_FROM_MAX,
      .window_default = 4096, .k_use_window = true},
     {.type = "phi3", LLAMA_LIKE(MP_ACT_SILU), .fused_qkv = true, .fused_gate_up = true,
@@ -242,24 +261,32 @@ static const struct family families[] = {
     {.type = "olmo2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
      .rms_fp32 = true, .rope_fp32 = true, .rope_cast_back = true, .branch_norm = true, .no_pre_norm = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
-    {.type = "stablelm", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gqa = true, .ignores_head_dim = true,
+    {.type = "stablelm",
+     .names = {.peft = "q_proj,v_proj"},
+     .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gqa = true, .ignores_head_dim = true,
      .kv_default = 32, .k_rotary = "partial_rotary_factor", .rotary_default = 0.25, .gated = true,
      .shared_norm = true, .k_qkv_bias = "use_qkv_bias", .k_parallel = "use_parallel_residual",
      .no_attn_out_dropout = true, .k_attn_p = "attention_dropout", .k_resid_p = "hidden_dropout",
      .reject = {{"qk_layernorm", "per-head q/k layernorms are not modelled"}}, .n_tok = "embed_tokens",
      .n_norm = "norm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA), .k_cls_p = "hidden_dropout",
      .generic_heads = true},
-    {.type = "starcoder2", .act = MP_ACT_GELU_TANH, .norm = MP_NORM_LAYERNORM, .gqa = true, .kv_default = 2,
+    {.type = "starcoder2",
+     .names = {.fc1 = "c_fc", .fc2 = "c_proj"},
+     .act = MP_ACT_GELU_TANH, .norm = MP_NORM_LAYERNORM, .gqa = true, .kv_default = 2,
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .k_bias = "use_bias", .tied = true,
      .k_emb_p = "embedding_dropout", .k_attn_p = "attention_dropout", .k_resid_p = "residual_dropout",
      .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = DECODER_HEADS & ~HEAD(H_QA),
      .k_cls_p = "hidden_dropout", .generic_heads = true, .window = W_ALL},
-    {.type = "gemma2", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
+    {.type = "gemma2",
+     .names = {.peft = "q_proj,v_proj"},
+     LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true,
      .branch_norm = true, .eager = true, .k_attn_softcap = "attn_logit_softcapping", .attn_softcap = 50.0,
      .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA),
      .swa_every = 2, .window = W_TYPES, .window_default = 4096},
-    {.type = "gemma3_text", LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
+    {.type = "gemma3_text",
+     .names = {.peft = "q_proj,v_proj"},
+     LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
      .rms_fp32 = true, .branch_norm = true, .k_attn_softcap = "attn_logit_softcapping",
      .k_logit_softcap = "final_logit_softcapping", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
@@ -268,12 +295,16 @@ static const struct family families[] = {
     {.type = "granite", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias",
      .k_emb_mult = "embedding_multiplier", .k_resid_mult = "residual_multiplier", .k_logits_div = "logits_scaling",
      .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
-    {.type = "opt", .k_ffn = "ffn_dim", .k_act = "activation_function", .act = MP_ACT_RELU,
+    {.type = "opt",
+     .names = {.peft = "q_proj,v_proj", .o = "out_proj", .fc1 = "fc1", .fc2 = "fc2"},
+     .k_ffn = "ffn_dim", .k_act = "activation_function", .act = MP_ACT_RELU,
      .norm = MP_NORM_LAYERNORM, .pos_rows = 2048, .pos_offset = 2, .qkv_bias = true, .out_bias = true,
      .mlp_bias = true, .k_bias = "enable_bias", .tied = true, .dropout = 0.1, .k_attn_p = "attention_dropout",
      .k_resid_p = "dropout", .n_tok = "embed_tokens", .n_pos = "embed_positions", .n_norm = "final_layer_norm",
      .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_QA) | HEAD(H_BARE), .hook = opt_hook},
-    {.type = "roberta", .plain_softmax = true, .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
+    {.type = "roberta",
+     .names = {.peft = "query,value", .o = "dense", .fc1 = "dense", .fc2 = "dense", .q = "query", .k = "key", .v = "value"},
+     .plain_softmax = true, .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
      .post_norm = true, .emb_norm = true, .mlm_transform = true, .mlm_gelu = true, .dropout = 0.1,
      .attn_dropout = 0.1, .k_attn_p = "attention_probs_dropout_prob", .k_resid_p = "hidden_dropout_prob",
@@ -282,7 +313,9 @@ static const struct family families[] = {
      .heads = HEAD(H_MASKED) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_QA) | HEAD(H_BARE),
      .k_cls_p = "hidden_dropout_prob", .pooler_act = MP_ACT_TANH, .n_pooler = "classifier.dense",
      .bare_pooler = true, .id_buffers = true, .hook = bert_hook},
-    {.type = "distilbert", .plain_softmax = true, .k_hidden = {"dim"}, .k_layers = {"n_layers"}, .k_heads = {"n_heads"},
+    {.type = "distilbert",
+     .names = {.o = "out_lin", .fc1 = "lin1", .fc2 = "lin2", .q = "q_lin", .k = "k_lin", .v = "v_lin"},
+     .plain_softmax = true, .k_hidden = {"dim"}, .k_layers = {"n_layers"}, .k_heads = {"n_heads"},
      .k_ffn = "hidden_dim", .k_act = "activation", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM,
      .pos_rows = 512, .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true,
      .encoder = true, .post_norm = true, .emb_norm = true, .mlm_transform = true, .no_attn_out_dropout = true,
@@ -294,7 +327,9 @@ static const struct family families[] = {
      .hook = distilbert_hook},
     /* GPT-J: eager attention only (its own _attn: fp32 q/k, rotate_every_two rotary from a
      * per-layer table); rotary_dim in the hook */
-    {.type = "gptj", .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
+    {.type = "gptj",
+     .names = {.peft = "q_proj,v_proj", .o = "out_proj", .fc1 = "fc_in", .fc2 = "fc_out"},
+     .k_hidden = {"n_embd", "hidden_size"}, .k_layers = {"n_layer", "num_hidden_layers"},
      .k_heads = {"n_head", "num_attention_heads"}, .k_pos = {"n_positions", "max_position_embeddings"},
      .k_ffn = "n_inner", .ffn_mult = 4, .k_act = "activation_function", .act = MP_ACT_GELU_NEW,
      .norm = MP_NORM_LAYERNORM, .mlp_bias = true, .lm_bias = true, .parallel = true, .shared_norm = true,
@@ -302,7 +337,9 @@ static const struct family families[] = {
      .n_tok = "wte", .n_norm = "ln_f", .n_head = "lm_head",
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_QA) | HEAD(H_BARE), .hook = gptj_hook},
     /* Falcon: the layouts (multi-query 7B, new decoder architecture 40B/180B) in the hook */
-    {.type = "falcon", .plain_softmax = true, .k_hidden = {"n_embed", "hidden_size"}, .k_ffn = "ffn_hidden_size",
+    {.type = "falcon",
+     .names = {.peft = "query_key_value", .qkv = "query_key_value", .o = "dense", .fc1 = "dense_h_to_4h", .fc2 = "dense_4h_to_h"},
+     .plain_softmax = true, .k_hidden = {"n_embed", "hidden_size"}, .k_ffn = "ffn_hidden_size",
      .ffn_mult = 4, .k_act = "activation", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .fused_qkv = true,
      .k_bias = "bias", .tied = true, .parallel = true, .shared_norm = true, .no_attn_out_dropout = true,
      .k_resid_p = "hidden_dropout", .n_tok = "word_embeddings", .n_norm = "ln_f", .n_head = "lm_head",
@@ -315,11 +352,17 @@ static const struct family families[] = {
      .heads = HEAD(H_IMAGE) | HEAD(H_BARE), .pooler_act = MP_ACT_TANH, .n_pooler = "pooler.dense",
      .bare_pooler = true, .hook = vit_hook},
     /* T5: encoder-decoder; every key, the layout and the heads in t5_model */
-    {.type = "t5", .enc_dec = true},
-    {.type = "mt5", .enc_dec = true},
+    {.type = "t5",
+     .names = {.peft = "q,v"}, /* T5's Linears carry their HF names */
+     .enc_dec = true},
+    {.type = "mt5",
+     .names = {.peft = "q,v"},
+     .enc_dec = true},
     {.type = "umt5", .enc_dec = true}, /* every layer its own relative position bias */
     /* ---- mixture of experts (moe_hook; the MoE and MLA keys are read there) ---- */
-    {.type = "mixtral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
+    {.type = "mixtral",
+     .names = {.peft = NULL /* peft 0.21 + transformers 5: no default works */},
+     LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS, .window = W_ALL,
      .hook = moe_hook},
     {.type = "qwen2_moe", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 16, .qkv_bias = true, .k_qkv_bias = "qkv_bias",
      .heads = DECODER_HEADS, .window = W_ODD_BELOW_MAX, .window_default = 4096, .k_use_window = true,
@@ -405,13 +448,28 @@ static const struct family families[] = {
      .heads = HEAD(H_CAUSAL) | HEAD(H_TOKEN) | HEAD(H_BARE)},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
-#define HF_SUPPORTED                                                                                \
-    "gpt2, llama, mistral, qwen2, gpt_neox, phi, gemma, bert, qwen3, phi3, olmo2, stablelm, starcoder2, " \
-    "gemma2, gemma3_text, granite, opt, roberta, distilbert, gptj, falcon, vit, t5, mt5, umt5, mixtral, qwen2_moe, " \
-    "qwen3_moe, deepseek_v2, deepseek_v3, seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, " \
-    "cohere, arcee, ministral, olmo, nemotron, hunyuan_v1_dense, apertus"
+/* The supported model_types, comma-separated, in the families' order (built once). */
+const char *mp_hf_model_types(void)
+{
+    static char buf[1024];
+    if (!buf[0]) {
+        size_t k = 0;
+        for (size_t i = 0; i < N_FAMILIES; i++)
+            k += (size_t)snprintf(buf + k, k < sizeof buf ? sizeof buf - k : 0, "%s%s", i ? ", " : "",
+                                  families[i].type);
+        if (k >= sizeof buf)
+            MP_BUG("the family list outgrew its buffer");
+    }
+    return buf;
+}
 
-const char *mp_hf_model_types(void) { return HF_SUPPORTED; }
+const struct mp_hf_names *mp_hf_family_names(const char *hf_type)
+{
+    for (size_t i = 0; hf_type && i < N_FAMILIES; i++)
+        if (!strcmp(families[i].type, hf_type))
+            return &families[i].names;
+    return NULL;
+}
 
 /* model_types transformers has and memplan knowingly does not model: refused with what is missing,
  * never approximated. */
@@ -2105,7 +2163,8 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     if (st != MP_OK)
         return st;
     if (!type)
-        return mp_fail(d, MP_ERR_MODEL, "%s: model_type: missing (expected one of: " HF_SUPPORTED ")", path);
+        return mp_fail(d, MP_ERR_MODEL, "%s: model_type: missing (expected one of: %s)", path,
+                       mp_hf_model_types());
     struct hf c;
     memset(&c, 0, sizeof c);
     struct list_cursor lt_at = {0}, nr_at = {0};
@@ -2119,8 +2178,8 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
             return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (%s)", path, type,
                            refused_types[i].why);
     if (!c.f)
-        return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (supported: " HF_SUPPORTED ")", path,
-                       type);
+        return mp_fail(d, MP_ERR_MODEL, "%s: model_type: '%s' is not supported (supported: %s)", path,
+                       type, mp_hf_model_types());
     if ((st = check_rope_dicts(root, path, d)) != MP_OK)
         return st;
     if (!c.f->enc_dec &&
