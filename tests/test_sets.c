@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -117,6 +118,32 @@ static void test_activations(void **state)
     assert_int_equal(mp_act_parse("swish"), MP_ACT_SILU);             /* HF's alias */
     assert_int_equal(mp_act_parse("gelu_pytorch_tanh"), MP_ACT_GELU_TANH);
     assert_int_equal(mp_act_parse("mish"), -1);
+    /* the list users are shown when a name is wrong has every row */
+    assert_string_equal(mp_act_names(),
+                        "gelu, gelu_tanh, relu, silu, tanh, sigmoid, gelu_new, gelu_fast, relu2 or xielu");
+}
+
+/* docs/model-format.md's activation row names every activation of the table (`name`). */
+static void test_model_format_lists_every_activation(void **state)
+{
+    (void)state;
+    FILE *f = fopen("docs/model-format.md", "r");
+    assert_non_null(f);
+    char line[8192], row[8192] = "";
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "| `act` | req. |", 16) == 0)
+            snprintf(row, sizeof row, "%s", line);
+    fclose(f);
+    if (!row[0])
+        fail_msg("docs/model-format.md has no activation row (| `act` | req. |)");
+    static const char *const names[] = {
+#define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd) "`" name "`",
+        MP_ACTIVATIONS(MP_X)
+#undef MP_X
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strstr(row, names[i]))
+            fail_msg("docs/model-format.md's activation row lacks %s", names[i]);
 }
 
 int main(void)
@@ -125,6 +152,7 @@ int main(void)
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_precisions_dtypes_attention),
         cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_model_format_lists_every_activation),
     };
     return cmocka_run_group_tests_name("sets", tests, NULL, NULL);
 }

@@ -49,6 +49,7 @@ int mp_layer_type_parse(const char *s);
 
 const char *mp_act_str(enum mp_act a);
 int mp_act_parse(const char *s); /* -1 if unknown; accepts the HF aliases (gelu_pytorch_tanh, swish) */
+const char *mp_act_names(void);  /* every name, "a, b or c", in the table's order */
 bool mp_act_saves_output(enum mp_act a);
 /* The space-separated names of the HF intermediates it keeps ("" for none). */
 const char *mp_act_intermediates(enum mp_act a);

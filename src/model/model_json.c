@@ -218,14 +218,13 @@ static enum mp_status get_act(const struct reader *rd, const cJSON *obj, const c
         return st;
     if (!s) {
         if (required)
-            return fail_at(rd, MP_ERR_MODEL, place, "act",
-                           "missing (expected gelu, gelu_tanh, relu, silu, tanh or sigmoid)");
+            return fail_at(rd, MP_ERR_MODEL, place, "act", "missing (expected %s)", mp_act_names());
         return MP_OK;
     }
     int a = mp_act_parse(s);
     if (a < 0)
         return fail_at(rd, MP_ERR_MODEL, place, "act",
-                       "unknown activation \"%s\" (expected gelu, gelu_tanh, relu, silu, tanh or sigmoid)", s);
+                       "unknown activation \"%s\" (expected %s)", s, mp_act_names());
     *out = (enum mp_act)a;
     return MP_OK;
 }
