@@ -51,39 +51,47 @@ struct mp_build_opts {
 /* batch 1, seq 0 (= model default), amp-bf16, sdpa. */
 void mp_build_opts_default(struct mp_build_opts *o);
 
+/* The prims, one row each: X(id, name) and what the node reads, writes and saves.  The enum,
+ * mp_prim_str and the executors' prim tables (indexed by the enum) follow the rows; a prim
+ * without a per-op program fails tests/test_probe_ops.c. */
+#define MP_PRIMS(X) \
+    X(EMBED, "embedding") /* in[0] int64 ids (b,s) -> out (b,s,h); param[0] table */ \
+    X(ADD_POS, "add_pos") /* out = in[0] + table rows: k == seq: row = position (learned positions); \
+                        k == 1: row 0 for every position (BERT token types, all-zero ids); param[0] table */ \
+    X(CAST, "cast") /* out = in[0] converted to out's dtype (autocast copies) */ \
+    X(LINEAR, "linear") /* out (M,n) = in (M,k) W^T + bias; param[0] W (n,k), param[1] bias */ \
+    X(LAYERNORM, "layernorm") /* extras: mean, rstd (M fp32); param[0] gamma, param[1] beta */ \
+    X(RMSNORM, "rmsnorm") /* HF composite RMSNorm: extras rsqrt (M fp32) and the normalized x (fp32 or input dtype) */ \
+    X(ROPE, "rope") /* out = rotary(in[0]) on the first rotary_dim of each head */ \
+    X(ATTN, "attention") /* in[0] q, in[1] kv source; see node->attn; extras: lse (flash) or probs/mask/copies (eager) */ \
+    X(ACT, "activation") /* out = act(in[0]) */ \
+    X(MUL, "mul") /* out = in[0] * in[1] (gated MLP) */ \
+    X(DROPOUT, "dropout") /* out = in[0] * mask / (1-p); extras: mask (u8) */ \
+    X(ADD, "add") /* out = in[0] + in[1] (residual) */ \
+    X(CONV2D, "conv2d") /* param[0] weight, param[1] bias */ \
+    X(BATCHNORM, "batchnorm2d") /* extras: save_mean, save_invstd (C fp32) */ \
+    X(MAXPOOL, "maxpool2d") /* extras: int64 indices */ \
+    X(AVGPOOL, "avgpool2d") \
+    X(ADAPTIVE_AVGPOOL, "adaptive_avgpool2d") \
+    X(VIEW, "view") /* flatten: out == in[0] */ \
+    X(LOG_SOFTMAX, "log_softmax") /* out (M,V) = log_softmax(in[0]) in in[0]'s dtype; saves out */ \
+    X(NLL_LOSS, "nll_loss") /* in[0] log-probs (M,V), in[1] labels; out scalar mean loss; saves in[0] and the \
+                        extras (shifted int64 labels, total_weight) */ \
+    X(CUSTOM, "custom") /* opaque: out of given bytes, extras[0] the rest of what it saves */ \
+    X(SCALE, "scale") /* out = in[0] * p (LoRA's scaling by a Python float: saves nothing) */ \
+    /* mixture of experts (transformers' grouped_mm path); no executor runs these: the probe \
+     * refuses a program that has them (mp_program.probe_unsupported) */ \
+    X(ROUTER, "router") /* in[0] router logits (M,E) -> out top-k weights (M,k); extras: probabilities, \
+                        top-k indices, the renormalization's saved operands */ \
+    X(ROWS, "rows") /* out = rows of in[0] picked by an int64 index (extras), permuted, or summed over \
+                        the top-k copies of each token; backward scatters into a zero gradient */ \
+    X(GROUPED_MM, "grouped_mm") /* out (S,n) = each row's expert: in (S,k) W_e^T; param[0] all experts (E*n, k) */
+
 enum mp_prim {
-    MP_P_EMBED,      /* in[0] int64 ids (b,s) -> out (b,s,h); param[0] table */
-    MP_P_ADD_POS,    /* out = in[0] + table rows: k == seq: row = position (learned positions);
-                        k == 1: row 0 for every position (BERT token types, all-zero ids); param[0] table */
-    MP_P_CAST,       /* out = in[0] converted to out's dtype (autocast copies) */
-    MP_P_LINEAR,     /* out (M,n) = in (M,k) W^T + bias; param[0] W (n,k), param[1] bias */
-    MP_P_LAYERNORM,  /* extras: mean, rstd (M fp32); param[0] gamma, param[1] beta */
-    MP_P_RMSNORM,    /* HF composite RMSNorm: extras rsqrt (M fp32) and the normalized x (fp32 or input dtype) */
-    MP_P_ROPE,       /* out = rotary(in[0]) on the first rotary_dim of each head */
-    MP_P_ATTN,       /* in[0] q, in[1] kv source; see node->attn; extras: lse (flash) or probs/mask/copies (eager) */
-    MP_P_ACT,        /* out = act(in[0]) */
-    MP_P_MUL,        /* out = in[0] * in[1] (gated MLP) */
-    MP_P_DROPOUT,    /* out = in[0] * mask / (1-p); extras: mask (u8) */
-    MP_P_ADD,        /* out = in[0] + in[1] (residual) */
-    MP_P_CONV2D,     /* param[0] weight, param[1] bias */
-    MP_P_BATCHNORM,  /* extras: save_mean, save_invstd (C fp32) */
-    MP_P_MAXPOOL,    /* extras: int64 indices */
-    MP_P_AVGPOOL,
-    MP_P_ADAPTIVE_AVGPOOL,
-    MP_P_VIEW,       /* flatten: out == in[0] */
-    MP_P_LOG_SOFTMAX,/* out (M,V) = log_softmax(in[0]) in in[0]'s dtype; saves out */
-    MP_P_NLL_LOSS,   /* in[0] log-probs (M,V), in[1] labels; out scalar mean loss; saves in[0] and the
-                        extras (shifted int64 labels, total_weight) */
-    MP_P_CUSTOM,     /* opaque: out of given bytes, extras[0] the rest of what it saves */
-    MP_P_SCALE,      /* out = in[0] * p (LoRA's scaling by a Python float: saves nothing) */
-    /* mixture of experts (transformers' grouped_mm path); no executor runs these: the probe
-     * refuses a program that has them (mp_program.probe_unsupported) */
-    MP_P_ROUTER,     /* in[0] router logits (M,E) -> out top-k weights (M,k); extras: probabilities,
-                        top-k indices, the renormalization's saved operands */
-    MP_P_ROWS,       /* out = rows of in[0] picked by an int64 index (extras), permuted, or summed over
-                        the top-k copies of each token; backward scatters into a zero gradient */
-    MP_P_GROUPED_MM, /* out (S,n) = each row's expert: in (S,k) W_e^T; param[0] all experts (E*n, k) */
-    MP_P_COUNT
+#define MP_X(id, name) MP_P_##id,
+    MP_PRIMS(MP_X)
+#undef MP_X
+        MP_P_COUNT
 };
 const char *mp_prim_str(enum mp_prim p);
 

@@ -1,0 +1,126 @@
+/* names.c — the names, parsers and traits of the ir's closed sets: dtypes, precisions and
+ * optimizers (util/sets.h's tables) and prims (layers.h's MP_PRIMS), all generated from the
+ * table rows (layers.h declares them).
+ */
+#include "layers.h"
+
+#include <stdio.h>
+#include <string.h>
+
+uint64_t mp_dtype_size(enum mp_dtype t)
+{
+    switch (t) {
+#define MP_X(id, name, bytes) \
+    case MP_DT_##id: return bytes;
+        MP_DTYPES(MP_X)
+#undef MP_X
+    }
+    return 1;
+}
+
+const char *mp_dtype_str(enum mp_dtype t)
+{
+    switch (t) {
+#define MP_X(id, name, bytes) \
+    case MP_DT_##id: return name;
+        MP_DTYPES(MP_X)
+#undef MP_X
+    }
+    return "?";
+}
+
+/* "a<sep>b<sep>c" of a table's names, built once per (table, sep) into buf. */
+static const char *join_names(char *buf, size_t cap, const char *const *names, size_t n, const char *sep)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)snprintf(buf + k, k < cap ? cap - k : 0, "%s%s", i ? sep : "", names[i]);
+    return buf;
+}
+
+static const char *const prec_names[] = {
+#define MP_X(id, name) name,
+    MP_PRECISIONS(MP_X)
+#undef MP_X
+};
+#define N_PRECISIONS (sizeof prec_names / sizeof prec_names[0])
+const char *mp_precision_str(enum mp_precision p) { return (unsigned)p < N_PRECISIONS ? prec_names[p] : "?"; }
+int mp_precision_parse(const char *s)
+{
+    for (size_t i = 0; i < N_PRECISIONS; i++)
+        if (strcmp(s, prec_names[i]) == 0)
+            return (int)i;
+    return -1;
+}
+const char *mp_precision_names(const char *sep)
+{
+    static char buf[256];
+    return join_names(buf, sizeof buf, prec_names, N_PRECISIONS, sep);
+}
+
+static const struct opt_row {
+    const char *name, *hf, *hf_ft;
+    enum mp_opt_state state;
+    enum mp_opt_tmp tmp;
+    bool par_probe;
+} opt_rows[] = {
+#define MP_X(id, name, state, tmp, hf, hf_ft, par_probe) \
+    {name, hf, hf_ft, MP_OPT_STATE_##state, MP_OPT_TMP_##tmp, par_probe},
+    MP_OPTIMIZERS(MP_X)
+#undef MP_X
+};
+#define N_OPTIMIZERS (sizeof opt_rows / sizeof opt_rows[0])
+
+/* The row of o; MP_BUG for a value outside the set (a caller's corrupt enum, never input). */
+static const struct opt_row *opt_row(enum mp_optimizer o)
+{
+    if ((unsigned)o >= N_OPTIMIZERS)
+        MP_BUG("optimizer %d outside MP_OPTIMIZERS", (int)o);
+    return &opt_rows[o];
+}
+const char *mp_optimizer_str(enum mp_optimizer o) { return (unsigned)o < N_OPTIMIZERS ? opt_rows[o].name : "?"; }
+int mp_optimizer_parse(const char *s)
+{
+    for (size_t i = 0; i < N_OPTIMIZERS; i++)
+        if (strcmp(s, opt_rows[i].name) == 0)
+            return (int)i;
+    return -1;
+}
+const char *mp_optimizer_names(const char *sep)
+{
+    static char buf[256];
+    const char *names[N_OPTIMIZERS];
+    for (size_t i = 0; i < N_OPTIMIZERS; i++)
+        names[i] = opt_rows[i].name;
+    return join_names(buf, sizeof buf, names, N_OPTIMIZERS, sep);
+}
+enum mp_opt_state mp_optimizer_state(enum mp_optimizer o) { return opt_row(o)->state; }
+enum mp_opt_tmp mp_optimizer_tmp(enum mp_optimizer o) { return opt_row(o)->tmp; }
+const char *mp_optimizer_hf(enum mp_optimizer o, bool finetune) { return finetune ? opt_row(o)->hf_ft : opt_row(o)->hf; }
+bool mp_optimizer_par_probe(enum mp_optimizer o) { return opt_row(o)->par_probe; }
+const char *mp_optimizer_par_probe_names(void)
+{
+    static char buf[256];
+    const char *names[N_OPTIMIZERS];
+    size_t n = 0;
+    for (size_t i = 0; i < N_OPTIMIZERS; i++)
+        if (opt_rows[i].par_probe)
+            names[n++] = opt_rows[i].name;
+    if (n < 2)
+        return join_names(buf, sizeof buf, names, n, "");
+    join_names(buf, sizeof buf, names, n - 1, ", ");
+    size_t k = strlen(buf);
+    snprintf(buf + k, sizeof buf - k, " and %s", names[n - 1]);
+    return buf;
+}
+
+const char *mp_prim_str(enum mp_prim p)
+{
+    static const char *const n[MP_P_COUNT] = {
+#define MP_X(id, name) name,
+        MP_PRIMS(MP_X)
+#undef MP_X
+    };
+    return (unsigned)p < MP_P_COUNT ? n[p] : "?";
+}
