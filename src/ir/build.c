@@ -471,7 +471,7 @@ void retype(struct bld *B, struct val v, enum mp_dtype dt)
 }
 
 /* A tensor the model makes once per forward and hands to many blocks: held until the loss, or
- * until block release's backward when that block is a checkpoint (estimate.c). */
+ * until block release's backward when that block is a checkpoint (replay.c). */
 void held_tensor(struct bld *B, int t, int release)
 {
     if (failed(B) || t < 0)

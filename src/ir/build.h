@@ -155,6 +155,11 @@ struct val lower_add_table(struct bld *B, struct val x, const struct mp_layer *l
 struct val softcap_logits(struct bld *B, struct val z, const char *name);
 struct val first_position(struct bld *B, struct val x, const char *name);
 struct val pool_logits(struct bld *B, struct val z, const struct mp_layer *l, const char *name);
+struct val lower_embedding(struct bld *B, struct val x, const struct mp_layer *l, const char *nm, struct val *resid);
+struct val lower_pos_embedding(struct bld *B, struct val x, const struct mp_layer *l, const char *nm,
+                               struct val *resid);
+struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+struct val lower_classifier(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 
 /* lower_conv.c */
 struct val lower_conv(struct bld *B, struct val x, uint64_t cin, uint64_t cout, uint64_t k, uint64_t stride,

@@ -418,6 +418,74 @@ static bool same_val(const struct mp_program *p, struct val a, struct val b)
  * this same input, lowers the same way again and is skipped (its slot in p->blocks stays
  * empty).  Otherwise a block may be a copy of the block it repeats (see "copies of a repeated
  * block" above; not with o->no_copies). */
+/* The batch: token ids and labels, images and labels, or raw bytes; returns the input. */
+static struct val program_input(struct bld *B)
+{
+    struct mp_program *p = B->p;
+    const struct mp_model *m = B->m;
+    struct val x;
+    if (m->input == MP_INPUT_TOKENS) {
+        uint64_t shape[2] = {B->b, B->s};
+        x = new_val(B, "input_ids", MP_DT_I64, 2, shape, false);
+        p->labels = new_val(B, "labels", MP_DT_I64, 2, shape, false).t;
+    } else if (m->input == MP_INPUT_IMAGE) {
+        uint64_t shape[4] = {B->b, m->channels, m->height, m->width};
+        x = new_val(B, "images", p->param_dtype, 4, shape, false);
+        uint64_t ls[1] = {B->b};
+        p->labels = new_val(B, "labels", MP_DT_I64, 1, ls, false).t;
+    } else {
+        uint64_t shape[2] = {B->b, m->bytes_per_sample};
+        x = new_val(B, "input", MP_DT_U8, 2, shape, false);
+    }
+    return x;
+}
+
+/* After the blocks: what autograd records with frozen parameters, eager attention's ops, the
+ * roles' check, the FLOPs and the trainable count.  On failure the program is released. */
+static enum mp_status finish_program(struct bld *B, const struct mp_build_opts *o)
+{
+    struct mp_program *p = B->p;
+    const struct mp_model *m = B->m;
+    struct mp_diag *d = B->d;
+    if (o->ft.mode != MP_FT_FULL) {
+        apply_requires_grad(p);
+        parts_need_grad(p);
+    }
+    for (size_t k = 0; k < p->n_nodes && !failed(B); k++)
+        if (p->nodes[k].prim == MP_P_ATTN && p->nodes[k].eager)
+            eager_ops(B, (int)k);
+    if (failed(B)) {
+        enum mp_status st = B->st;
+        mp_program_release(p);
+        return st;
+    }
+    enum mp_status rst = check_roles(p, d);
+    if (rst != MP_OK) {
+        mp_program_release(p);
+        return rst;
+    }
+    for (size_t i = 0; i < p->n_blocks; i++) {
+        struct mp_block_prog *bp = &p->blocks[i];
+        for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++) {
+            bp->fwd_flops += p->nodes[k].fwd_flops;
+            bp->bwd_flops += p->nodes[k].bwd_flops;
+        }
+        p->fwd_flops += bp->fwd_flops;
+        p->bwd_flops += bp->bwd_flops;
+    }
+    for (size_t q = 0; q < p->n_params; q++)
+        if (p->params[q].trainable)
+            p->trainable_params += p->params[q].elems;
+    if (p->trainable_params == 0 && o->ft.mode != MP_FT_FULL) {
+        enum mp_status st = mp_fail(d, MP_ERR_USAGE, "%s: --finetune %s trains no parameter%s", m->path,
+                                    mp_ft_mode_str(o->ft.mode),
+                                    o->ft.mode == MP_FT_FREEZE ? " (--train-blocks selects none)" : "");
+        mp_program_release(p);
+        return st;
+    }
+    return MP_OK;
+}
+
 static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
                                     struct mp_program *p, struct mp_diag *d)
 {
@@ -454,20 +522,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     }
     p->n_blocks = m->n_blocks;
 
-    struct val x;
-    if (m->input == MP_INPUT_TOKENS) {
-        uint64_t shape[2] = {B.b, B.s};
-        x = new_val(&B, "input_ids", MP_DT_I64, 2, shape, false);
-        p->labels = new_val(&B, "labels", MP_DT_I64, 2, shape, false).t;
-    } else if (m->input == MP_INPUT_IMAGE) {
-        uint64_t shape[4] = {B.b, m->channels, m->height, m->width};
-        x = new_val(&B, "images", p->param_dtype, 4, shape, false);
-        uint64_t ls[1] = {B.b};
-        p->labels = new_val(&B, "labels", MP_DT_I64, 1, ls, false).t;
-    } else {
-        uint64_t shape[2] = {B.b, m->bytes_per_sample};
-        x = new_val(&B, "input", MP_DT_U8, 2, shape, false);
-    }
+    struct val x = program_input(&B);
     p->input = x.t;
     long n_rep = 0, rep_seen = 0, last_rep = -1;
     for (size_t i = 0; i < m->n_blocks; i++)
@@ -579,43 +634,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         mp_program_release(p);
         return st;
     }
-    if (o->ft.mode != MP_FT_FULL) {
-        apply_requires_grad(p);
-        parts_need_grad(p);
-    }
-    for (size_t k = 0; k < p->n_nodes && !failed(&B); k++)
-        if (p->nodes[k].prim == MP_P_ATTN && p->nodes[k].eager)
-            eager_ops(&B, (int)k);
-    if (failed(&B)) {
-        enum mp_status st = B.st;
-        mp_program_release(p);
-        return st;
-    }
-    enum mp_status rst = check_roles(p, d);
-    if (rst != MP_OK) {
-        mp_program_release(p);
-        return rst;
-    }
-    for (size_t i = 0; i < p->n_blocks; i++) {
-        struct mp_block_prog *bp = &p->blocks[i];
-        for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++) {
-            bp->fwd_flops += p->nodes[k].fwd_flops;
-            bp->bwd_flops += p->nodes[k].bwd_flops;
-        }
-        p->fwd_flops += bp->fwd_flops;
-        p->bwd_flops += bp->bwd_flops;
-    }
-    for (size_t q = 0; q < p->n_params; q++)
-        if (p->params[q].trainable)
-            p->trainable_params += p->params[q].elems;
-    if (p->trainable_params == 0 && o->ft.mode != MP_FT_FULL) {
-        enum mp_status st = mp_fail(d, MP_ERR_USAGE, "%s: --finetune %s trains no parameter%s", m->path,
-                                    mp_ft_mode_str(o->ft.mode),
-                                    o->ft.mode == MP_FT_FREEZE ? " (--train-blocks selects none)" : "");
-        mp_program_release(p);
-        return st;
-    }
-    return MP_OK;
+    return finish_program(&B, o);
 }
 
 enum mp_status mp_program_check(const struct mp_model *m, struct mp_diag *d)

@@ -159,3 +159,143 @@ struct val pool_logits(struct bld *B, struct val z, const struct mp_layer *l, co
     }
     return y;
 }
+
+/* A token embedding (T5's decoder input, BERT's token types added to hidden states): the
+ * residual stream starts at its output (*resid). */
+struct val lower_embedding(struct bld *B, struct val x, const struct mp_layer *l, const char *nm, struct val *resid)
+{
+    if (failed(B))
+        return x;
+    if (l->dec_input) {
+        struct val y = lower_t5_decoder_embed(B, x, l, nm);
+        *resid = y;
+        return y;
+    }
+    if (x.t >= 0 && T(B, x.t)->dtype != MP_DT_I64 && B->embed_param >= 0 && last_dim(x) == l->dim) {
+        /* A second embedding applied to hidden states: BERT's token-type table looked up
+         * with all-zero type ids and added (row 0 broadcast). */
+        struct mp_node *n;
+        struct val y = lower_add_table(B, x, l, nm, 1, &n);
+        if (n)
+            tmp_one(B, n, false, MP_TR_OTHER, T(B, y.t)->bytes); /* the looked-up (b,s,h) rows */
+        if (l->id_buffer && n) { /* BertEmbeddings' all-zero token_type_ids buffer, its view saved */
+            char en[112];
+            snprintf(en, sizeof en, "%s.ids", nm);
+            save(n, id_buffer(B, en, l->id_rows));
+        }
+        *resid = y;
+        return y;
+    }
+    if (T(B, x.t)->dtype != MP_DT_I64) {
+        fail_model(B, MP_ERR_MODEL, "an embedding needs token ids as its input (input.tokens)");
+        return x;
+    }
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", nm);
+    int w = new_param(B, pn, l->vocab, l->dim, false);
+    if (B->embed_param < 0)
+        B->embed_param = w;
+    uint64_t shape[3] = {B->b, B->s, l->dim};
+    struct val y = new_val(B, nm, B->p->param_dtype, 3, shape, true);
+    struct mp_node *n = new_node(B, MP_P_EMBED, nm);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->param[0] = w;
+    save(n, x.t);
+    n->rows = mul(B, B->b, B->s);
+    n->n = l->dim;
+    n->k = l->vocab;
+    n->fwd_flops = (double)T(B, y.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    if (l->scale_buffer) /* Gemma: embed_scale, a registered fp32 scalar */
+        id_buffer(B, "embed_scale", 0);
+    struct val r = lower_dropout(B, mult_copy(B, y, l, "embed_scale"), l->emb_dropout, "dropout");
+    *resid = r;
+    return r;
+}
+
+/* Learned positions added to x; the residual stream starts at the sum (*resid). */
+struct val lower_pos_embedding(struct bld *B, struct val x, const struct mp_layer *l, const char *nm,
+                               struct val *resid)
+{
+    if (failed(B))
+        return x;
+    if (B->s > l->vocab) {
+        fail_model(B, MP_ERR_MODEL, "sequence %llu exceeds the %llu learned positions",
+                   (unsigned long long)B->s, (unsigned long long)l->vocab);
+        return x;
+    }
+    if (!width_ok(B, x, l->dim, "dim", ""))
+        return x;
+    struct mp_node *n;
+    struct val y = lower_add_table(B, x, l, nm, B->s, &n);
+    if (!n)
+        return y;
+    char en[112];
+    snprintf(en, sizeof en, "%s.position_ids", nm); /* int64, saved by the position lookup */
+    int ids = l->id_buffer ? id_buffer(B, en, l->id_rows) : -1;
+    if (l->id_view) /* BertEmbeddings: the lookup saves a view of the registered buffer */
+        save(n, ids);
+    else
+        extra_as(n, new_flat(B, en, MP_DT_I64, B->s), MP_XR_POSITION_IDS);
+    *resid = y;
+    return y;
+}
+
+/* The language-model head (tied to the embedding, or not) and its loss. */
+struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    if (l->tied && B->embed_param < 0) {
+        fail_model(B, MP_ERR_MODEL, "a tied lm_head needs an embedding earlier in the model");
+        return x;
+    }
+    if (l->tied && !failed(B) &&
+        (B->p->params[B->embed_param].rows != l->vocab || B->p->params[B->embed_param].cols != l->dim)) {
+        fail_model(B, MP_ERR_MODEL, "tied: vocab x dim %llux%llu does not match the embedding %llux%llu",
+                   (unsigned long long)l->vocab, (unsigned long long)l->dim,
+                   (unsigned long long)B->p->params[B->embed_param].rows,
+                   (unsigned long long)B->p->params[B->embed_param].cols);
+        return x;
+    }
+    if (l->t5) /* T5: decoder_outputs[0] and the scaled sequence_output are locals of the forward */
+        held_tensor(B, x.t, -1);
+    if (l->in_mult != 0) { /* T5: sequence_output * d_model**-0.5, a new tensor (saves nothing) */
+        x = lower_copy(B, x, dt_of(B, x), l->in_mult, "scale_decoder_outputs");
+        if (l->t5)
+            held_tensor(B, x.t, -1);
+    }
+    struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
+    if (!failed(B) && l->tied) {
+        B->p->params[B->embed_param].matmul = true;
+        /* Two gradients reach the tied table's AccumulateGrad: the engine keeps the head's
+         * until the embedding's backward has made its dense V x h gradient, then adds them
+         * out of place: two more table-sized tensors in that backward (measured,
+         * bench/torch_step_results.md). */
+        for (size_t k = 0; k < B->p->n_nodes; k++)
+            if (B->p->nodes[k].prim == MP_P_EMBED && B->p->nodes[k].param[0] == B->embed_param)
+                tmp_one(B, &B->p->nodes[k], true, MP_TR_OTHER,
+                        mul(B, mp_param_grad_bytes(&B->p->params[B->embed_param]), 2));
+    }
+    logits = mult_copy(B, logits, l, "logits_scaling");
+    if (l->logit_softcap > 0)
+        logits = softcap_logits(B, logits, nm);
+    /* masked LMs call nn.CrossEntropyLoss on the logits (BertForMaskedLM & co.) */
+    return lower_loss(B, logits, "loss", !l->masked, B->m->input == MP_INPUT_TOKENS && !l->masked);
+}
+
+/* A classifier head (pooled, or per token) and its loss. */
+struct val lower_classifier(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    /* HF's token classification upcasts (logits.float()); pooled heads and images do not.
+     * MP_POOL_FIRST on a sequence: the first position (ViT's class token) */
+    if (l->pool == MP_POOL_FIRST)
+        x = first_position(B, x, nm);
+    if (l->t5) /* T5: the stack's output is a local of the forward (outputs[0]) */
+        held_tensor(B, x.t, -1);
+    struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
+    bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE && !l->masked; /* masked: a plain
+                                                             nn.CrossEntropyLoss (T5ForTokenClassification) */
+    return lower_loss(B, pool_logits(B, logits, l, nm), "loss", upcast, false);
+}

@@ -71,6 +71,38 @@ static struct val t5_position_bias(struct bld *B, const struct mp_layer *l, uint
  * (saved by P@V); the bias gradient is the scores' gradient summed over the batch. */
 enum t5_attn { T5_ENC_SELF, T5_DEC_SELF, T5_CROSS };
 
+/* The position bias a T5 attention's scores add, a tensor id: cross-attention's zeros, else the
+ * stack's relative position bias (made by the layer with rel_buckets). */
+static int t5_bias(struct bld *B, const struct mp_layer *l, enum t5_attn kind, enum mp_dtype cdt,
+                   const uint64_t *shape4, uint64_t ql, uint64_t kl)
+{
+    int pb;
+    if (kind == T5_CROSS) {
+        if (B->cross_bias < 0 || l->bias_per_layer) { /* torch.zeros (1, a, q, k) in q's dtype: made
+                                                          by layer 0 and handed on (UMT5: every layer) */
+            struct val z = new_val(B, "position_bias_zeros", cdt, 4, shape4,
+                                   B->p->opts.hf_checkpointing && !l->bias_per_layer);
+            struct mp_node *zn = t5_node(B, "position_bias_zeros", -1, z.t, 0);
+            if (zn) {
+                zn->no_grad = true;
+                zn->grad_in = false;
+            }
+            B->cross_bias = z.t;
+            if (!l->bias_per_layer)
+                held_tensor(B, z.t, B->block);
+            /* under HF checkpointing T5Attention sets requires_grad on it: a leaf (not UMT5's) */
+            if (!failed(B) && B->p->opts.hf_checkpointing && !l->bias_per_layer)
+                B->p->held[B->p->n_held - 1].leaf = true;
+        }
+        pb = B->cross_bias;
+    } else {
+        if (l->rel_buckets)
+            B->pos_bias = t5_position_bias(B, l, ql, kl).t;
+        pb = B->pos_bias;
+    }
+    return pb;
+}
+
 static struct val t5_attention(struct bld *B, struct val x, struct val kv, const struct mp_layer *l,
                                enum t5_attn kind, const char *name)
 {
@@ -105,30 +137,7 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
     }
     enum mp_dtype cdt = dt_of(B, q);
     uint64_t shape4[4] = {1, a, ql, kl}, aqk = mul(B, mul(B, a, ql), kl), baqk = mul(B, b, aqk);
-    int pb;
-    if (kind == T5_CROSS) {
-        if (B->cross_bias < 0 || l->bias_per_layer) { /* torch.zeros (1, a, q, k) in q's dtype: made
-                                                          by layer 0 and handed on (UMT5: every layer) */
-            struct val z = new_val(B, "position_bias_zeros", cdt, 4, shape4,
-                                   B->p->opts.hf_checkpointing && !l->bias_per_layer);
-            struct mp_node *zn = t5_node(B, "position_bias_zeros", -1, z.t, 0);
-            if (zn) {
-                zn->no_grad = true;
-                zn->grad_in = false;
-            }
-            B->cross_bias = z.t;
-            if (!l->bias_per_layer)
-                held_tensor(B, z.t, B->block);
-            /* under HF checkpointing T5Attention sets requires_grad on it: a leaf (not UMT5's) */
-            if (!failed(B) && B->p->opts.hf_checkpointing && !l->bias_per_layer)
-                B->p->held[B->p->n_held - 1].leaf = true;
-        }
-        pb = B->cross_bias;
-    } else {
-        if (l->rel_buckets)
-            B->pos_bias = t5_position_bias(B, l, ql, kl).t;
-        pb = B->pos_bias;
-    }
+    int pb = t5_bias(B, l, kind, cdt, shape4, ql, kl);
     if (pb < 0) {
         fail_model(B, MP_ERR_MODEL, "no relative position bias before this layer (rel_buckets in layer 0)");
         restore_prefix(B, saved);
