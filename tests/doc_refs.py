@@ -12,22 +12,15 @@ docs/checkpointing.md#rotor-dp).  This check fails when
     trainers.md / landscape.md / style.md (documents a clone does not contain), a "§N"
     section number or "sec. N" of such a document.
 
-Files in PENDING_REWRITE are exempt from the second rule only: they are being split, and
-their citations will be rewritten afterwards from docs/citation-rewrites.txt.  Empty the
-list once that is done.  Prints one line per problem and exits 1 if there is any.
+Files in PENDING_REWRITE are exempt from the second rule only (a file in the middle of a
+split may be listed there for a while; the list is empty on main).  Prints one line per problem and exits 1 if there is any.
 """
 import os
 import re
 import sys
 
-# Old citations still to be rewritten after these files are split (docs/citation-rewrites.txt).
-# Remove each entry once its rewrites are applied; the list is meant to end empty.
-PENDING_REWRITE = [
-    "src/ir/layers.c",
-    "src/estimate/estimate.c",
-    "src/probe/cuda/probe_cuda.c",
-    "src/cli/main.c",
-]
+# Files whose old citations are still to be rewritten (empty on main).
+PENDING_REWRITE = []
 
 SCAN_DIRS = ["src", "tests", "kernels", "bench", "configs"]
 TEXT_EXT = (".c", ".h", ".cu", ".cuh", ".py", ".sh", ".md", ".txt", ".json", "Makefile")
@@ -126,7 +119,7 @@ def main():
         n_cites, len(problems), "; pending rewrite: " + ", ".join(PENDING_REWRITE) if PENDING_REWRITE else ""))
     if problems and PENDING_REWRITE:
         print("doc_refs: a file split out of one in PENDING_REWRITE carries its old citations: apply "
-              "docs/citation-rewrites.txt to it (or list it in PENDING_REWRITE until then)")
+              "the rewrites to it (or list it in PENDING_REWRITE until then)")
     return 1 if problems else 0
 
 

@@ -389,25 +389,19 @@ static void legend_item(FILE *out, double *lx, double *ly, const char *attrs, co
 
 /* ---- the picture -------------------------------------------------------------------------- */
 
-static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
-{
-    const struct mp_program *p = s->p;
-    char b1[32], b2[32], buf[256];
-    uint64_t ctx = o->context_bytes;
-    uint64_t top = s->peak + ctx;
-    uint64_t usable = o->capacity_bytes ? (uint64_t)((double)o->capacity_bytes * (1.0 - o->margin)) : 0;
-    if (o->capacity_bytes > top)
-        top = o->capacity_bytes;
-    if (o->measured)
-        for (size_t i = 0; i < o->n_measured; i++)
-            if (o->measured[i] + ctx > top)
-                top = o->measured[i] + ctx;
-    top += top / 10 + 1;
-    struct axis a = {MY0, MY1, 0, top};
-    double pw = PX1 - PX0;
-    double evw = pw / (double)(s->total_ev ? s->total_ev : 1);
+/* The main plot's scale, which every part of the picture draws on. */
+struct plot {
+    uint64_t ctx;    /* the CUDA context under the stack (0: allocated bytes only) */
+    uint64_t usable; /* the capacity less the margin (0: no capacity) */
+    struct axis a;   /* bytes to pixels */
+    double pw, evw;  /* the plot's width, and an event's */
+};
+
 #define XEV(e) (PX0 + evw * (double)(e))
 
+/* The document's head: its size, the hatch pattern, the inset's clip, the title. */
+static void draw_head(FILE *out, const struct tl *s, const struct mp_timeline_opts *o, double pw)
+{
     fprintf(out, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                  "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
                  "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" data-events=\"%zu\">\n",
@@ -426,7 +420,12 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     text(out, PX0, 22, "start", "font-size=\"16\" font-weight=\"bold\"", o->title ? o->title : "memplan timeline");
     if (o->subtitle)
         text(out, PX0, 40, "start", "font-size=\"12\" fill=\"#444\"", o->subtitle);
+}
 
+/* The phase bands above the plot, one label per phase, and the mark of an optimizer step that
+ * allocates nothing. */
+static void draw_phases(FILE *out, const struct tl *s, double evw)
+{
     /* phase bands above the plot */
     for (size_t i = 0; i < s->n_spans; i++) {
         const struct span *sp = &s->spans[i];
@@ -464,6 +463,16 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
         /* under the axis, where block names (forward, on the left) do not reach */
         text(out, x - 4, MY1 + 14, "end", "font-size=\"10\" fill=\"#a00\"" HALO, "optimizer.step (allocates nothing)");
     }
+}
+
+/* The grid, the CUDA context, the stacked categories, the block ticks and the axes. */
+static void draw_plot(FILE *out, const struct tl *s, const struct plot *v)
+{
+    const struct mp_program *p = s->p;
+    char buf[256];
+    uint64_t ctx = v->ctx;
+    struct axis a = v->a;
+    double pw = v->pw, evw = v->evw;
     grid(out, &a);
     if (ctx) {
         double y = ypx(&a, ctx);
@@ -500,9 +509,15 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", PX0, MY0, PX0, MY1);
     text(out, 16, (MY0 + MY1) / 2, "middle", "font-size=\"11\" fill=\"#444\" transform=\"rotate(-90 16 249)\"",
          ctx ? "device memory (allocated + CUDA context)" : "allocated bytes");
+}
 
-    /* target lines; their labels' boxes, which the peak's label keeps clear of */
-    struct box lbl[2];
+/* The target lines (capacity, usable); their labels' boxes, which the peak's label keeps clear of,
+ * go into lbl: how many. */
+static size_t draw_targets(FILE *out, const struct mp_timeline_opts *o, const struct plot *v, struct box lbl[2])
+{
+    char b1[32], buf[256];
+    uint64_t usable = v->usable;
+    struct axis a = v->a;
     size_t n_lbl = 0;
     if (o->capacity_bytes) {
         double y = ypx(&a, o->capacity_bytes);
@@ -520,8 +535,15 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
         text(out, PX1 - 4, yu + 12, "end", "font-size=\"11\" fill=\"#b35f00\"" HALO, buf);
         lbl[n_lbl++] = box_of(PX1 - 4, yu + 12, "end", 11, buf);
     }
+    return n_lbl;
+}
 
-    /* the probe's measured curve */
+/* The probe's measured curve, and where a probe that ran out of memory stopped. */
+static void draw_measured(FILE *out, const struct tl *s, const struct mp_timeline_opts *o, const struct plot *v)
+{
+    uint64_t ctx = v->ctx;
+    struct axis a = v->a;
+    double pw = v->pw, evw = v->evw;
     if (o->measured && o->n_measured) {
         fprintf(out, "<polyline id=\"measured\" fill=\"none\" stroke=\"#000\" stroke-width=\"1.4\" "
                      "stroke-dasharray=\"3 2\" points=\"");
@@ -547,10 +569,16 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
             text(out, x + 8, y - 10, "start", "font-size=\"11\"" HALO, "the probe stopped here: out of memory");
         }
     }
+}
 
-    /* the peak */
-    char ev[160];
-    event_name(p, &s->peak_s, ev, sizeof ev);
+/* The peak: a dot at the peak event, its label (ev) beside it, clear of the n_lbl boxes lbl. */
+static void draw_peak(FILE *out, const struct tl *s, const struct plot *v, const char *ev, const struct box *lbl,
+                      size_t n_lbl)
+{
+    char b1[32], buf[256];
+    uint64_t ctx = v->ctx;
+    struct axis a = v->a;
+    double pw = v->pw, evw = v->evw;
     double px = XEV(s->peak_ev) + evw / 2, py = ypx(&a, s->peak + ctx);
     fprintf(out, "<g id=\"peak\" data-bytes=\"%llu\" data-event=\"%zu\" data-label=\"", (unsigned long long)s->peak,
             s->peak_ev);
@@ -582,8 +610,12 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     }
     text(out, at[pick].x, at[pick].y, at[pick].anchor, "font-size=\"12\" font-weight=\"bold\"" HALO, buf);
     fputs("</g>\n", out);
+}
 
-    /* legend: each category at the peak, then the other marks */
+/* The legend: each category at the peak, then the other marks. */
+static void draw_legend(FILE *out, const struct tl *s, const struct mp_timeline_opts *o, uint64_t ctx)
+{
+    char b1[32], buf[256];
     double lx = PX0, ly = 476;
     for (int k = 0; k < K_N; k++) {
         if (k == K_COMM && !s->comm_seen)
@@ -610,8 +642,14 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
         snprintf(buf, sizeof buf, "measured by the probe (dashed), peak %s", mp_fmt_bytes(mp, b1, sizeof b1));
         legend_item(out, &lx, &ly, "", "#000", buf);
     }
+}
 
-    /* zoom on the events around the peak */
+/* The zoom on the events around the peak (ev: the peak event's name). */
+static void draw_inset(FILE *out, const struct tl *s, const struct plot *v, const char *ev)
+{
+    const struct mp_program *p = s->p;
+    char b2[32], buf[256];
+    double pw = v->pw, evw = v->evw;
     size_t wn = s->win1 - s->win0;
     uint64_t wmin = UINT64_MAX, wmax = 0;
     for (size_t i = 0; i < wn; i++) {
@@ -640,7 +678,7 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     for (size_t k = 0; k < s->sched->n && loss_op == s->sched->n; k++)
         if (s->sched->ops[k].kind == MP_SCHED_LOSS)
             loss_op = k;
-    last_lbl = -1e9;
+    double last_lbl = -1e9;
     for (size_t k = 0; k < s->sched->n; k++) {
         if (s->op_first[k] < s->win0 || s->op_first[k] >= s->win1)
             continue;
@@ -667,17 +705,44 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
                  "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"#000\"/>\n",
             ipx, ipy, ipx, IY1, ipx, ipy);
     snprintf(buf, sizeof buf, "%s (%s B)", ev, (snprintf(b2, sizeof b2, "%llu", (unsigned long long)s->peak), b2));
-    left = ipx > PX0 + pw * 0.6;
+    bool left = ipx > PX0 + pw * 0.6;
     text(out, left ? ipx - 6 : ipx + 6, ipy - 6 < IY0 + 10 ? IY0 + 12 : ipy - 6, left ? "end" : "start",
          "font-size=\"11\"" HALO, buf);
     fputs("</g>\n", out);
     fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", PX0, IY1, PX1, IY1);
     fprintf(out, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", PX0, IY0, PX0, IY1);
     (void)b2;
+}
+#undef XEV
+
+static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
+{
+    uint64_t ctx = o->context_bytes;
+    uint64_t top = s->peak + ctx;
+    uint64_t usable = o->capacity_bytes ? (uint64_t)((double)o->capacity_bytes * (1.0 - o->margin)) : 0;
+    if (o->capacity_bytes > top)
+        top = o->capacity_bytes;
+    if (o->measured)
+        for (size_t i = 0; i < o->n_measured; i++)
+            if (o->measured[i] + ctx > top)
+                top = o->measured[i] + ctx;
+    top += top / 10 + 1;
+    double pw = PX1 - PX0;
+    struct plot v = {ctx, usable, {MY0, MY1, 0, top}, pw, pw / (double)(s->total_ev ? s->total_ev : 1)};
+    draw_head(out, s, o, v.pw);
+    draw_phases(out, s, v.evw);
+    draw_plot(out, s, &v);
+    struct box lbl[2];
+    size_t n_lbl = draw_targets(out, o, &v, lbl);
+    draw_measured(out, s, o, &v);
+    char ev[160];
+    event_name(s->p, &s->peak_s, ev, sizeof ev);
+    draw_peak(out, s, &v, ev, lbl, n_lbl);
+    draw_legend(out, s, o, ctx);
+    draw_inset(out, s, &v, ev);
     text(out, PX1, SVG_H - 8, "end", "font-size=\"10\" fill=\"#777\"",
          "x: the step's allocations and frees in order (one event per alloc/free); memplan " MEMPLAN_VERSION);
     fputs("</svg>\n", out);
-#undef XEV
 }
 
 enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const struct mp_schedule *sched,

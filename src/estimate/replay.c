@@ -1,0 +1,644 @@
+/* replay.c — the step replay: a block's forward and backward, the loss, the optimizer step (replay.h). */
+#include "replay.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Forward of block i; kind FE records for backward, FN/FC do not.  early: the recompute right
+ * before block i's backward; torch's non-reentrant checkpoint stops it at the pack of the last
+ * tensor the first forward saved (early stop, torch/utils/checkpoint.py _StopRecomputationError):
+ * the ops after the block's last saving op do not run again and its output is not remade. */
+static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool early)
+{
+    const struct mp_program *p = r->p;
+    const struct mp_block_prog *bp = &p->blocks[i];
+    bool grad = kind == MP_SCHED_FE;
+    size_t end = bp->node0 + bp->n_nodes;
+    if (early && grad)
+        for (size_t k = end; k-- > bp->node0;)
+            if (node_packs(&p->nodes[k])) {
+                end = k + 1;
+                break;
+            }
+    bool stopped = end < bp->node0 + bp->n_nodes;
+    if (grad && r->phase == MP_PH_RECOMPUTE)
+        r->recomp[i] = true;
+    for (size_t k = bp->node0; k < end; k++) {
+        const struct mp_node *n = &p->nodes[k];
+        for (int j = 0; j < 3; j++)
+            if (n->in[j] >= 0 && !node_reads(n, n->in[j], j))
+                r->uses[n->in[j]]++;
+        if (n->keep >= 0)
+            r->uses[n->keep]++;
+    }
+    for (size_t k = bp->node0; k < end && r->st == MP_OK; k++) {
+        const struct mp_node *n = &p->nodes[k];
+        r->node = (int)k;
+        if (n->out != n->in[0] && !fop_makes(p, n, n->out))
+            t_alloc(r, n->out);
+        for (int j = 0; j < n->n_extra; j++)
+            if (!fop_makes(p, n, n->extra[j]))
+                t_alloc(r, n->extra[j]);
+        /* torch.autocast caches the half copy of every weight it casts (leaf, requires grad)
+         * until the autocast region ends, after the loss: under checkpointing the copies of
+         * every checkpointed layer outlive their no-grad forward (autocast_mode.cpp cached_cast) */
+        if (n->wcopy >= 0 && r->phase == MP_PH_FORWARD && !r->cached[n->wcopy] && !params_sharded(r)) {
+            r->cached[n->wcopy] = true;
+            r->holds[n->wcopy]++;
+        }
+        /* use_cache: the DynamicCache keeps its k/v copies until the model's forward returns */
+        if (n->kv_cached && r->phase == MP_PH_FORWARD && !r->cached[n->out]) {
+            r->cached[n->out] = true;
+            r->holds[n->out]++;
+        }
+        /* the rotary tables and the attention mask: made once per forward by the model and
+         * used by every layer (checkpoint inputs under checkpointing): held until this block's
+         * backward */
+        const int shared[2] = {p->rope_tables, p->attn_mask};
+        for (int j = 0; j < 2; j++)
+            if (shared[j] >= 0 && r->phase == MP_PH_FORWARD && r->shared_block[j] < 0 &&
+                node_makes(n, shared[j])) {
+                r->shared_block[j] = (int)i;
+                r->holds[shared[j]]++;
+            }
+        hold_made(r, n);
+        tmp(r, (int)k, n->fwd_tmp_bytes, true);
+        if (n->n_fops)
+            fwd_ops(r, n, (int)k, grad);
+        else
+            emit_fwd(r, (int)k, grad, 0);
+        tmp(r, (int)k, n->fwd_tmp_bytes, false);
+        if (grad)
+            for (int j = 0; j < n->n_saved; j++)
+                r->saved[n->saved[j]]++;
+        if (k + 1 == bp->node0 + bp->n_nodes && !stopped)
+            r->holds[bp->output]++; /* the chain holds x_{i+1} before anything can free it */
+        for (int j = 0; j < 3; j++)
+            if (n->in[j] >= 0 && !node_reads(n, n->in[j], j)) {
+                r->uses[n->in[j]]--;
+                t_maybe_free(r, n->in[j]);
+            }
+        if (n->keep >= 0) {
+            r->uses[n->keep]--;
+            t_maybe_free(r, n->keep);
+        }
+        for (int j = 0; j < n->n_extra; j++)
+            t_maybe_free(r, n->extra[j]);
+        t_maybe_free(r, n->out);
+    }
+    if (bp->n_nodes == 0)
+        r->holds[bp->output]++;
+    r->node = -1;
+    /* The chain's hold on x_i: Fc keeps it until B_i (a checkpoint); Fn and a
+     * plain Fe release it (autograd keeps x_i only if a node saved it); an Fe
+     * that recomputes a checkpointed block leaves it for B_i. */
+    if (kind == MP_SCHED_FC) {
+        r->ckpt[i] = true;
+    } else if (!r->ckpt[i] && r->holds[bp->input] > 0) {
+        r->holds[bp->input]--;
+        t_maybe_free(r, bp->input);
+    }
+}
+
+/* Backward of node n is done with what it saved. */
+static void release_saved(struct rp *r, const struct mp_node *n)
+{
+    for (int j = 0; j < n->n_saved; j++) {
+        int t = n->saved[j];
+        if (r->saved[t] > 0)
+            r->saved[t]--;
+        t_maybe_free(r, t);
+    }
+}
+
+/* Releases n's saved tensor t (once: released[] marks n->saved[] entries already released). */
+static void release_saved_one(struct rp *r, const struct mp_node *n, int t, bool *released)
+{
+    for (int j = 0; j < n->n_saved; j++)
+        if (n->saved[j] == t && !released[j]) {
+            released[j] = true;
+            if (r->saved[t] > 0)
+                r->saved[t]--;
+            t_maybe_free(r, t);
+        }
+}
+
+/* The backward of node k that autograd runs as several ops (layers.h mp_subop): each op's
+ * gradient appears before it runs; its input buffer, the saved tensors of its autograd node
+ * and the output gradient die after it as the op says. */
+static void bwd_ops(struct rp *r, const struct mp_node *n, int k)
+{
+    const struct mp_program *p = r->p;
+    bool released[MP_NODE_SAVED_MAX] = {false};
+    for (int i = 0; i < n->n_bops && r->st == MP_OK; i++) {
+        const struct mp_subop *s = &p->subops[n->bop0 + i];
+        if (s->dst >= 0)
+            g_alloc(r, s->dst);
+        else if (s->grad >= 0)
+            g_alloc(r, n->in_grad_part[s->grad] >= 0 ? n->in_grad_part[s->grad] : n->in[s->grad]);
+        if (r->st == MP_OK) {
+            struct mp_event ev = {.kind = MP_EV_BWD, .store = MP_ST_TMP, .id = k, .node = k, .phase = r->phase,
+                                  .step = i, .grad_of = r->grad_of};
+            r->st = r->fn(r->ctx, &ev);
+        }
+        g_free(r, s->free_buf);
+        for (int j = 0; j < 2; j++)
+            if (s->release[j] >= 0)
+                release_saved_one(r, n, s->release[j], released);
+        if (s->free_gout && !node_reads(n, n->out, 3))
+            g_free(r, n->out);
+    }
+    for (int j = 0; j < n->n_saved; j++)
+        release_saved_one(r, n, n->saved[j], released);
+}
+
+/* Node n's parameter gradients in backward: a first one is allocated (a weight behind an autocast
+ * cast: after the node, its index returned, else -1); under accumulation a new one is added to
+ * the kept one in place (*incoming: its bytes). */
+static int bwd_param_grads(struct rp *r, const struct mp_node *n, uint64_t *incoming)
+{
+    const struct mp_program *p = r->p;
+    int wcast = -1;
+    for (int j = 0; j < 2; j++) {
+        int q = n->param[j];
+        if (q < 0 || !p->params[q].trainable)
+            continue;
+        if (!r->pglive[q] && j == 0 && n->prim == MP_P_LINEAR && mp_node_tmp(n, true, MP_TR_WGRAD_HALF)) {
+            wcast = q;
+        } else if (!r->pglive[q]) {
+            r->pglive[q] = true;
+            emit(r, MP_EV_ALLOC, MP_ST_PGRAD, q, mp_param_grad_bytes(&p->params[q]));
+        } else if (r->t->accumulate) {
+            *incoming = r_add(r, *incoming, mp_param_grad_bytes(&p->params[q]));
+        }
+    }
+    return wcast;
+}
+
+/* The gradient node n makes for each input j: a new storage, its output's own (a residual add:
+ * *passed, when it is added to another), added to the gradient the input has (acc[j], the new
+ * ones' bytes into *fresh), or made by the engine after the node (late[j]). */
+static void bwd_input_grads(struct rp *r, const struct mp_node *n, int acc[3], int late[3], int *passed,
+                            uint64_t *fresh)
+{
+    const struct mp_program *p = r->p;
+    for (int j = 0; j < 3 && n->grad_in && !n->n_bops; j++) { /* (bwd_ops makes its own) */
+        int g = n->in_grad_part[j] >= 0 ? n->in_grad_part[j] : n->in[j];
+        if (!g_wanted(r, g) || g == n->out)
+            continue; /* an in-place op's input: its gradient is the output's */
+        if (g_passes(r, n, g)) {
+            if (g_has(r, g)) {
+                acc[j] = g;
+                *passed = r->grad_of[n->out];
+            } else { /* the same storage */
+                r->grad_of[g] = r->grad_of[n->out];
+                r->grefs[r->grad_of[g]]++;
+            }
+            continue;
+        }
+        bool dup = false; /* one gradient per distinct input (q and k of one tensor) */
+        for (int e = 0; e < j; e++)
+            dup |= g == (n->in_grad_part[e] >= 0 ? n->in_grad_part[e] : n->in[e]);
+        if (dup)
+            continue;
+        if (!g_has(r, g)) {
+            if (n->engine_grad[j])
+                late[j] = g;
+            else
+                g_new(r, g);
+            continue;
+        }
+        acc[j] = g;
+        *fresh = r_add(r, *fresh, p->tensors[g].bytes);
+    }
+}
+
+/* After node k's backward: the fp32 gradient of a weight behind an autocast cast (wcast >= 0), and
+ * DDP's bucket view taking the gradients of parameters whose last backward this was. */
+static void bwd_after_node(struct rp *r, const struct mp_node *n, size_t k, int wcast)
+{
+    const struct mp_program *p = r->p;
+    /* Under autocast the weight reaches the node through autocast's cast (ToCopyBackward0): the
+     * node's gradient for it is the half one (its TMP); that node, run next, makes the fp32
+     * gradient AccumulateGrad keeps, after the node released what it saved and its incoming
+     * gradient (measured: 9 MiB of ViT-B's fc2 at 64x197 amp) */
+    if (wcast >= 0 && r->st == MP_OK) {
+        r->pglive[wcast] = true;
+        emit(r, MP_EV_ALLOC, MP_ST_PGRAD, wcast, mp_param_grad_bytes(&p->params[wcast]));
+        struct mp_event ev = {.kind = MP_EV_WGRAD_CAST, .store = MP_ST_PGRAD, .id = wcast, .node = (int)k,
+                              .phase = r->phase, .grad_of = r->grad_of};
+        if (r->st == MP_OK)
+            r->st = r->fn(r->ctx, &ev);
+    }
+    if (r->first_use) /* DDP gradient_as_bucket_view: the reducer copies the fresh grad into its
+                       * bucket view and drops it once the parameter's last backward ran */
+        for (int j = 0; j < 2; j++) {
+            int q = n->param[j];
+            if (q >= 0 && r->pglive[q] && r->first_use[q] == (int)k) {
+                r->pglive[q] = false;
+                emit(r, MP_EV_FREE, MP_ST_PGRAD, q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+            }
+        }
+}
+
+static void bwd_block(struct rp *r, size_t i)
+{
+    const struct mp_program *p = r->p;
+    const struct mp_block_prog *bp = &p->blocks[i];
+    for (size_t kk = bp->n_nodes; kk-- > 0 && r->st == MP_OK;) {
+        size_t k = bp->node0 + kk;
+        const struct mp_node *n = &p->nodes[k];
+        r->node = (int)k;
+        uint64_t incoming = 0; /* accumulation: the node's new weight gradients, added in place */
+        int wcast = -1; /* a weight autocast cast: its fp32 gradient is made after the node */
+        if (n->no_grad) { /* not recorded: no backward; nothing saved, no gradient flows */
+            if (!node_reads(n, n->out, 3) && !held_leaf(r, n->out))
+                g_free(r, n->out);
+            continue;
+        }
+        /* the chunk's backward (SplitBackward0, its own node, run first) cats out's gradient parts */
+        if (g_has(r, n->out_parts[0]) || g_has(r, n->out_parts[1])) {
+            g_alloc(r, n->out);
+            g_free(r, n->out_parts[0]);
+            g_free(r, n->out_parts[1]);
+        }
+        wcast = bwd_param_grads(r, n, &incoming);
+        /* the gradient the node makes for each input: a new storage, its output's own (a residual
+         * add), or one added after the node to the gradient the input already has */
+        int acc[3] = {-1, -1, -1};  /* the tensor whose gradient input j's is added to, -1 none */
+        int late[3] = {-1, -1, -1}; /* a new gradient the engine makes after the node (engine_grad) */
+        int passed = -1;           /* a residual add's incoming gradient storage, when it is added to
+                                      another: the add's outputs hold it until then */
+        uint64_t fresh = 0;        /* the new gradients to be added: tensors until then (TMP) */
+        bool oop = false;
+        bwd_input_grads(r, n, acc, late, &passed, &fresh);
+        /* Out of place when, once the node's incoming gradient is released, another tensor's
+         * gradient is in the same storage (or the node's outputs still hold it: x + x). */
+        int out_s = g_has(r, n->out) && !node_reads(n, n->out, 3) ? r->grad_of[n->out] : -1;
+        for (int j = 0; j < 3; j++)
+            if (acc[j] >= 0) {
+                int s = r->grad_of[acc[j]];
+                oop |= r->grefs[s] - (s == out_s) + (s == passed) > 1;
+            }
+        uint64_t btmp = r_add(r, r_add(r, n->bwd_tmp_bytes, fresh), incoming);
+        tmp(r, (int)k, btmp, true);
+        if (n->n_bops) {
+            bwd_ops(r, n, (int)k);
+        } else if (r->st == MP_OK) {
+            struct mp_event ev = {.kind = MP_EV_BWD, .store = MP_ST_TMP, .id = (int)k, .node = (int)k,
+                                  .phase = r->phase, .grad_of = r->grad_of, .grad_out_of_place = oop};
+            r->st = r->fn(r->ctx, &ev);
+        }
+        /* torch's non-reentrant checkpoint hands the node the recomputed tensors and drops its own
+         * reference as it does (checkpoint.py unpack_hook: holder.handles[gid] = None): they die
+         * with the node's backward, before the engine makes the gradients it casts or sums
+         * (validate_outputs); a tensor autograd saved itself lives until release_variables, after
+         * that.  (Bench: the MoE routing-weights MulBackward0 under `layers`, pure bf16.) */
+        if (r->recomp[i] && !n->n_bops)
+            release_saved(r, n);
+        for (int j = 0; j < 3; j++)
+            if (late[j] >= 0 && !g_has(r, late[j]))
+                g_new(r, late[j]);
+        if (!r->recomp[i] && !n->n_bops) /* (bwd_ops released them op by op) */
+            release_saved(r, n);
+        if (passed >= 0)
+            r->grefs[passed]++;
+        if (!node_reads(n, n->out, 3))
+            g_free(r, n->out);
+        for (int j = 0; j < 3; j++) {
+            int g = acc[j];
+            if (g < 0 || r->grefs[r->grad_of[g]] == 1)
+                continue; /* in place: old += new */
+            int old = r->grad_of[g]; /* out of place: old + new, then the old storage loses g */
+            g_new(r, g);
+            g_unref(r, old);
+        }
+        if (passed >= 0)
+            g_unref(r, passed);
+        bwd_after_node(r, n, k, wcast);
+        tmp(r, (int)k, btmp, false);
+    }
+    r->node = -1;
+    r->recomp[i] = false;
+    if (bp->output != bp->input) /* a block of views (flatten) passes its gradient on to block i-1 */
+        g_free(r, bp->output);
+    /* A hold left on x_{i+1} comes from recomputing block i (B_{i+1} already ran):
+     * B_i consumes that recomputed output (rotor: B_i frees xb_{i+1}). */
+    while (r->holds[bp->output] > 0 && bp->output != bp->input) {
+        r->holds[bp->output]--;
+        t_maybe_free(r, bp->output);
+    }
+    if (r->ckpt[i] && r->holds[bp->input] > 0) {
+        r->ckpt[i] = false;
+        r->holds[bp->input]--;
+        t_maybe_free(r, bp->input);
+    }
+    const int shared[2] = {p->rope_tables, p->attn_mask};
+    for (int j = 0; j < 2; j++)
+        if (r->shared_block[j] == (int)i) {
+            r->shared_block[j] = -1;
+            r->holds[shared[j]]--;
+            t_maybe_free(r, shared[j]);
+        }
+    release_held(r, (int)i);
+}
+
+static void loss_op(struct rp *r)
+{
+    const struct mp_program *p = r->p;
+    int out = p->blocks[p->n_blocks - 1].output;
+    r->phase = MP_PH_LOSS;
+    /* the attention mask is a local of the model's forward: unless the block that first used it
+     * is a checkpoint (whose inputs hold it until its backward), it dies with the forward */
+    if (p->attn_mask >= 0 && r->shared_block[1] >= 0 && !r->ckpt[r->shared_block[1]]) {
+        r->shared_block[1] = -1;
+        r->holds[p->attn_mask]--;
+        t_maybe_free(r, p->attn_mask);
+    }
+    release_held(r, -1);
+    /* the autocast region ends with the forward (loss included), before backward:
+     * its cache of weight copies is cleared */
+    for (size_t t = 0; t < p->n_tensors; t++)
+        if (r->cached[t]) {
+            r->cached[t] = false;
+            r->holds[t]--;
+            t_maybe_free(r, (int)t);
+        }
+    if (r->st == MP_OK) {
+        g_alloc(r, out);
+        struct mp_event ev = {.kind = MP_EV_LOSS_GRAD, .store = MP_ST_GRAD, .id = out, .node = -1,
+                              .phase = r->phase, .grad_of = r->grad_of};
+        r->st = r->fn(r->ctx, &ev);
+    }
+    /* the loss frees a plain x_L (docs/checkpointing.md#loss-frees-xl): nothing saved holds it */
+    if (r->holds[out] > 0 && r->saved[out] == 0) {
+        r->holds[out]--;
+        t_maybe_free(r, out);
+    }
+}
+
+/* The optimizer step's temporaries (kind ALLOC or FREE): per trainable parameter q (foreach),
+ * tmp_of[q] x ps bytes (sharded) or its gradient's size; else one of otmp bytes (if any). */
+static void opt_tmps(struct rp *r, enum mp_ev_kind kind, bool per_param, const uint64_t *tmp_of, uint64_t ps,
+                     uint64_t otmp)
+{
+    const struct mp_program *p = r->p;
+    if (per_param) {
+        for (size_t q = 0; q < p->n_params; q++)
+            if (p->params[q].trainable)
+                emit(r, kind, MP_ST_OPT_TMP, (int)q, tmp_of ? tmp_of[q] * ps : mp_param_grad_bytes(&p->params[q]));
+    } else if (otmp)
+        emit(r, kind, MP_ST_OPT_TMP, 0, otmp);
+}
+
+enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *sched, const struct mp_train_opts *t,
+                         mp_event_fn fn, void *ctx, struct mp_diag *d)
+{
+    return replay_plan(p, sched, t, NULL, fn, ctx, d);
+}
+
+/* The replay's arrays, and its data-parallel state under a plan (given, else made into plan). */
+static enum mp_status rp_alloc(struct rp *r, const struct mp_par_plan *given, struct mp_par_plan *plan)
+{
+    const struct mp_program *p = r->p;
+    const struct mp_train_opts *t = r->t;
+    struct mp_diag *d = r->d;
+    enum mp_status st = MP_OK;
+    size_t nt = p->n_tensors ? p->n_tensors : 1;
+    r->live = calloc(nt, sizeof(bool));
+    r->grad_of = malloc(nt * sizeof *r->grad_of);
+    r->grefs = calloc(nt, sizeof *r->grefs);
+    r->is_input = calloc(nt, sizeof(bool));
+    r->pglive = calloc(p->n_params ? p->n_params : 1, sizeof(bool));
+    r->uses = calloc(nt, sizeof(int));
+    r->saved = calloc(nt, sizeof(int));
+    r->holds = calloc(nt, sizeof(int));
+    r->ckpt = calloc(p->n_blocks ? p->n_blocks : 1, sizeof(bool));
+    r->recomp = calloc(p->n_blocks ? p->n_blocks : 1, sizeof(bool));
+    r->cached = calloc(nt, sizeof(bool));
+    r->ag_held = r->rs_pending = -1;
+    if (t->par && t->par->strategy != MP_PAR_NONE) {
+        if (!given) {
+            st = mp_par_plan_make(t->par, p, t->optimizer, plan, d);
+            if (st != MP_OK)
+                return st;
+        }
+        r->pp = given ? given : plan;
+        if (r->pp->par.strategy == MP_PAR_DDP && r->pp->par.ddp_grad_as_bucket_view) {
+            r->first_use = malloc((p->n_params ? p->n_params : 1) * sizeof *r->first_use);
+            if (!r->first_use)
+                return mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
+            for (size_t q = 0; q < p->n_params; q++)
+                r->first_use[q] = -1;
+            for (size_t k = p->n_nodes; k-- > 0;)
+                for (int j = 0; j < 2; j++)
+                    if (p->nodes[k].param[j] >= 0)
+                        r->first_use[p->nodes[k].param[j]] = (int)k;
+        }
+        size_t ng = r->pp->n_groups ? r->pp->n_groups : 1;
+        r->uns = calloc(ng, sizeof(bool));
+        r->ag_pending = calloc(ng, sizeof(bool));
+        r->rs_out = calloc(ng, sizeof(bool));
+        r->borrow_list = calloc(ng, sizeof *r->borrow_list);
+        if (!r->uns || !r->ag_pending || !r->rs_out || !r->borrow_list)
+            return mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
+    }
+    if (!r->live || !r->grad_of || !r->grefs || !r->is_input || !r->pglive || !r->uses || !r->saved || !r->holds ||
+        !r->ckpt || !r->recomp || !r->cached)
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
+    for (size_t i = 0; i < nt; i++)
+        r->grad_of[i] = -1;
+    return MP_OK;
+}
+
+/* Setup: parameters, optimizer state, workspace, the batch. */
+static void replay_setup(struct rp *r)
+{
+    const struct mp_program *p = r->p;
+    const struct mp_train_opts *t = r->t;
+    r->phase = MP_PH_SETUP;
+    for (size_t q = 0; q < p->n_params; q++) {
+        uint64_t b = par_param_bytes(r, q);
+        if (b)
+            emit(r, MP_EV_ALLOC, MP_ST_PARAM, (int)q, b);
+    }
+    for (size_t q = 0; q < p->n_params && par_opt_per_param(r); q++) {
+        uint64_t b = r->pp ? mp_par_opt_state_bytes(r->pp, p, t->optimizer, q)
+                          : mp_opt_state_bytes(p, t->optimizer, &p->params[q]);
+        if (b)
+            emit(r, MP_EV_ALLOC, MP_ST_OPT_STATE, (int)q, b);
+    }
+    if (r->pp)
+        par_setup(r);
+    if (t->cublas_workspace_bytes)
+        emit(r, MP_EV_ALLOC, MP_ST_WORKSPACE, 0, t->cublas_workspace_bytes);
+    if (t->accumulate && fsdp(r)) /* sharded gradients left by the previous micro-steps */
+        for (size_t g = 0; g < r->pp->n_groups; g++) {
+            comm(r, true, g, MP_COMM_RS_OUT, r->pp->groups[g].shard_elems * r->pp->reduce_elem_bytes);
+            r->rs_out[g] = true;
+        }
+    else if (t->accumulate && !(r->pp && (r->pp->par.strategy == MP_PAR_ZERO2 || r->pp->par.strategy == MP_PAR_ZERO3)))
+        for (size_t q = 0; q < p->n_params; q++) {
+            if (!p->params[q].trainable)
+                continue;
+            r->pglive[q] = true;
+            emit(r, MP_EV_ALLOC, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
+        }
+    r->is_input[p->input] = true;
+    r->live[p->input] = true;
+    emit(r, MP_EV_ALLOC, MP_ST_INPUT, p->input, p->tensors[p->input].bytes);
+    if (p->labels >= 0) {
+        r->is_input[p->labels] = true;
+        r->live[p->labels] = true;
+        emit(r, MP_EV_ALLOC, MP_ST_INPUT, p->labels, p->tensors[p->labels].bytes);
+    }
+    for (size_t b = 0; b < p->n_buffers; b++) { /* module buffers: resident like the batch */
+        r->is_input[p->buffers[b]] = true;
+        r->live[p->buffers[b]] = true;
+        emit(r, MP_EV_ALLOC, MP_ST_INPUT, p->buffers[b], p->tensors[p->buffers[b]].bytes);
+    }
+}
+
+/* The schedule's ops: blocks forward (a forward after the loss recomputes) and backward, the loss. */
+static void replay_schedule(struct rp *r, const struct mp_schedule *sched)
+{
+    const struct mp_program *p = r->p;
+    bool after_loss = false;
+    for (size_t k = 0; k < sched->n && r->st == MP_OK; k++) {
+        const struct mp_sched_op *op = &sched->ops[k];
+        if (op->kind != MP_SCHED_LOSS && op->index >= p->n_blocks)
+            MP_BUG("schedule op index %u out of range", op->index);
+        emit(r, MP_EV_OP_BEGIN, MP_ST_TMP, (int)k, 0);
+        switch (op->kind) {
+        case MP_SCHED_FN:
+        case MP_SCHED_FC:
+        case MP_SCHED_FE:
+            r->phase = after_loss ? MP_PH_RECOMPUTE : MP_PH_FORWARD;
+            par_pre_fwd(r, op->index);
+            fwd_block(r, op->index, op->kind,
+                      after_loss && k + 1 < sched->n && sched->ops[k + 1].kind == MP_SCHED_B &&
+                          sched->ops[k + 1].index == op->index);
+            par_post_fwd(r, op->index);
+            break;
+        case MP_SCHED_LOSS:
+            loss_op(r);
+            after_loss = true;
+            break;
+        case MP_SCHED_B:
+            r->phase = MP_PH_BACKWARD;
+            par_pre_bwd(r, op->index);
+            bwd_block(r, op->index);
+            par_post_bwd(r, op->index);
+            break;
+        }
+        emit(r, MP_EV_OP_END, MP_ST_TMP, (int)k, 0);
+    }
+}
+
+/* The optimizer step, then zero_grad(set_to_none=True); what is still live is released. */
+static void replay_step(struct rp *r, mp_event_fn fn, void *ctx)
+{
+    const struct mp_program *p = r->p;
+    const struct mp_train_opts *t = r->t;
+    /* The step's temporaries are per-parameter tensors (foreach ops return one
+     * output per input), all alive together for Adam's _foreach_sqrt; Adafactor's
+     * is one tensor the size of the largest parameter (id 0). */
+    r->phase = MP_PH_STEP;
+    bool per_param = mp_optimizer_tmp(t->optimizer) == MP_OPT_TMP_ALL_GRADS;
+    uint64_t ps = mp_dtype_size(p->param_dtype); /* sharded paths: per element */
+    uint64_t total_grad = 0, largest_grad = 0; /* (mp_opt_step_tmp_bytes, with the total checked) */
+    for (size_t q = 0; q < p->n_params; q++) {
+        total_grad = r_add(r, total_grad, mp_param_grad_bytes(&p->params[q]));
+        largest_grad = mp_max_u64(largest_grad, mp_param_grad_bytes(&p->params[q]));
+    }
+    uint64_t otmp = mp_opt_step_tmp_of(t->optimizer, total_grad, largest_grad);
+    /* Sharded: torch's foreach AdamW works on the fp32 shards (FSDP2); DeepSpeed's fused
+     * Adam has no temporaries but ZeRO-1/2 make an fp32 gradient partition; offload steps
+     * on the host. */
+    uint64_t *tmp_of = NULL;
+    bool z12 = r->pp && (r->pp->par.strategy == MP_PAR_ZERO1 || r->pp->par.strategy == MP_PAR_ZERO2);
+    if (r->pp && (mp_par_is_deepspeed(r->pp->par.strategy) || r->pp->par.offload != MP_OFFLOAD_NONE)) {
+        per_param = false;
+        otmp = 0;
+        if (z12 && r->pp->par.offload == MP_OFFLOAD_NONE)
+            comm(r, true, 0, MP_COMM_STEP_GRAD, r->pp->partition_elems * 4);
+    } else if (r->pp && mp_par_is_fsdp(r->pp->par.strategy)) {
+        tmp_of = r->pp->shard_elems;
+        ps = r->pp->master_elem_bytes;
+        otmp = 0;
+        for (size_t q = 0; q < p->n_params; q++)
+            otmp = per_param ? otmp + tmp_of[q] * ps : mp_max_u64(otmp, tmp_of[q] * ps);
+    }
+    opt_tmps(r, MP_EV_ALLOC, per_param, tmp_of, ps, otmp);
+    if (r->st == MP_OK) {
+        struct mp_event ev = {.kind = MP_EV_OPT_STEP, .store = MP_ST_OPT_TMP, .node = -1, .phase = r->phase};
+        r->st = fn(ctx, &ev);
+    }
+    opt_tmps(r, MP_EV_FREE, per_param, tmp_of, ps, otmp);
+    if (z12 && r->pp->par.offload == MP_OFFLOAD_NONE)
+        comm(r, false, 0, MP_COMM_STEP_GRAD, r->pp->partition_elems * 4);
+    r->phase = MP_PH_END;
+    if (r->pp) /* zero_grad(set_to_none=True) frees the sharded gradients */
+        for (size_t g = 0; g < r->pp->n_groups; g++)
+            if (r->rs_out[g])
+                comm(r, false, g, MP_COMM_RS_OUT, r->pp->groups[g].shard_elems * r->pp->reduce_elem_bytes);
+    for (size_t q = 0; q < p->n_params; q++)
+        if (r->pglive[q])
+            emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
+    /* Anything still live is a bookkeeping bug; release it so visitors stay balanced. */
+    for (size_t i = 0; i < p->n_tensors && r->st == MP_OK; i++) {
+        g_free(r, (int)i);
+        if (r->live[i] && !r->is_input[i]) {
+            r->live[i] = false;
+            emit(r, MP_EV_FREE, MP_ST_ACT, (int)i, p->tensors[i].bytes);
+        }
+    }
+}
+
+static void rp_free(struct rp *r)
+{
+    free(r->uns);
+    free(r->first_use);
+    free(r->ag_pending);
+    free(r->rs_out);
+    free(r->borrow_list);
+    free(r->live);
+    free(r->grad_of);
+    free(r->grefs);
+    free(r->is_input);
+    free(r->pglive);
+    free(r->uses);
+    free(r->saved);
+    free(r->holds);
+    free(r->ckpt);
+    free(r->recomp);
+    free(r->cached);
+}
+
+enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule *sched,
+                           const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
+                           void *ctx, struct mp_diag *d)
+{
+    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1}};
+    struct mp_schedule none;
+    mp_schedule_init(&none);
+    struct mp_par_plan plan;
+    memset(&plan, 0, sizeof plan);
+    enum mp_status st = rp_alloc(&r, given, &plan);
+    if (st == MP_OK && !sched) {
+        st = mp_ckpt_schedule_none(p->n_blocks, &none);
+        if (st != MP_OK)
+            mp_fail(d, st, "out of memory building the schedule");
+        sched = &none;
+    }
+    if (st == MP_OK) {
+        replay_setup(&r);
+        replay_schedule(&r, sched);
+        replay_step(&r, fn, ctx);
+        st = r.st;
+    }
+    mp_schedule_release(&none);
+    mp_par_plan_release(&plan);
+    rp_free(&r);
+    return st;
+}

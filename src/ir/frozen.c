@@ -1,0 +1,140 @@
+/* frozen.c — frozen parameters: what autograd records when only some parameters train (build.h). */
+#include "build.h"
+
+#include <string.h>
+
+/* ---- frozen parameters: what autograd records ------------------------------------------------ */
+
+const struct mp_quant *mp_program_base_quant(const struct mp_program *p)
+{
+    if (p->model->quant.kind != MP_Q_NONE)
+        return &p->model->quant;
+    return p->opts.ft.mode == MP_FT_QLORA ? &p->opts.ft.quant : NULL;
+}
+
+uint64_t mp_param_grad_bytes(const struct mp_param *q)
+{
+    return q->trainable ? q->elems * mp_dtype_size(q->dtype) : 0;
+}
+
+static bool param_trains(const struct mp_program *p, int q) { return q >= 0 && p->params[q].trainable; }
+
+/* With frozen parameters, autograd records an op only if an input requires grad or it
+ * has a trainable parameter, and a recorded op saves only what the gradients it must
+ * compute need (torch derivatives.yaml, checked with saved_tensors_hooks in
+ * bench/peft_step.py):
+ *  - linear (mm/addmm): x is saved for the weight gradient, W (its autocast copy) for
+ *    the input gradient;
+ *  - mul: each factor is saved for the other's gradient;
+ *  - HF RMSNorm: weight * normed saves normed only for the weight's gradient; x and
+ *    rsqrt only when x needs a gradient;
+ *  - layer_norm, attention, softmax, activations, dropout: saved whenever recorded.
+ * enable_input_require_grads (ft.input_grad) makes the embedding output a leaf that
+ * requires grad; its AccumulateGrad node holds it until the backward ends. */
+void apply_requires_grad(struct mp_program *p)
+{
+    for (size_t i = 0; i < p->n_tensors; i++)
+        p->tensors[i].needs_grad = false;
+    for (size_t k = 0; k < p->n_nodes; k++) {
+        struct mp_node *n = &p->nodes[k];
+        bool ing[3] = {false, false, false}, any_in = false;
+        for (int j = 0; j < 3; j++)
+            if (n->in[j] >= 0 && p->tensors[n->in[j]].needs_grad)
+                ing[j] = any_in = true;
+        bool wt = param_trains(p, n->param[0]), pt = wt || param_trains(p, n->param[1]);
+        bool leaf = n->prim == MP_P_EMBED && p->opts.ft.input_grad && !pt;
+        bool rec = any_in || pt;
+        if (n->out >= 0)
+            p->tensors[n->out].needs_grad = p->tensors[n->out].needs_grad || rec || leaf;
+        if (leaf) {
+            n->n_saved = 0;
+            n->grad_in = false;
+            n->bwd_flops = 0;
+            n->bwd_tmp_bytes = 0;
+            n->n_bwd_tmp = 0;
+            save(n, n->out);
+            continue;
+        }
+        if (!rec) {
+            n->no_grad = true;
+            n->wcopy = -1; /* a frozen weight: autocast does not cache its copy */
+            n->n_saved = 0;
+            n->grad_in = false;
+            n->bwd_flops = 0;
+            n->bwd_tmp_bytes = 0;
+            n->n_bwd_tmp = 0;
+            continue;
+        }
+        switch (n->prim) {
+        case MP_P_LINEAR: {
+            double f = 2.0 * (double)n->rows * (double)n->k * (double)n->n;
+            double dq = n->quantized ? 2.0 * (double)n->k * (double)n->n : 0;
+            if (!wt) {
+                unsave(n, n->in[0]);
+                n->wcopy = -1; /* autocast caches copies of leaves that require grad only */
+            }
+            if (!ing[0])
+                for (int j = 0; j < n->n_extra; j++)
+                    unsave(n, n->extra[j]); /* the autocast weight copy */
+            n->bwd_flops = (wt ? f : 0) + (ing[0] ? f + dq : 0);
+            if ((!wt && !n->quantized) || (n->quantized && !ing[0])) {
+                n->bwd_tmp_bytes = 0; /* no half weight gradient to copy into .grad / no dequantized W */
+                n->n_bwd_tmp = 0;
+            }
+            break;
+        }
+        case MP_P_GROUPED_MM:
+            if (!wt)
+                unsave(n, n->in[0]); /* x is kept for the experts' weight gradient only */
+            break;
+        case MP_P_MUL:
+            if (!ing[1])
+                unsave(n, n->in[0]);
+            if (!ing[0])
+                unsave(n, n->in[1]);
+            break;
+        case MP_P_RMSNORM:
+            if (!wt && n->n_extra > 0)
+                unsave(n, n->extra[n->n_extra - 1]); /* normed */
+            if (!ing[0]) {
+                unsave(n, n->in[0]);
+                for (int j = 0; j + 1 < n->n_extra; j++)
+                    unsave(n, n->extra[j]); /* x in fp32, rsqrt */
+            }
+            break;
+        default: break;
+        }
+    }
+}
+
+/* Gradient parts follow their whole tensor (apply_requires_grad sets needs_grad on node outputs). */
+void parts_need_grad(struct mp_program *p)
+{
+    for (size_t k = 0; k < p->n_nodes; k++)
+        for (int j = 0; j < 2; j++)
+            if (p->nodes[k].out_parts[j] >= 0 && p->nodes[k].out >= 0)
+                p->tensors[p->nodes[k].out_parts[j]].needs_grad = p->tensors[p->nodes[k].out].needs_grad;
+}
+
+/* LoRA on an MoE model where peft 0.21 would adapt what memplan does not lower as Linears: all-linear
+ * (finetune.c's per-family list: routers and fused experts), or, for the families measured so
+ * (DeepSeek-V3; not Qwen2-MoE, whose MLP names stay plain Linears), the MLP names that peft's MoE
+ * mapping sends to the experts' 3-D parameters.  NULL: modelled (named attention targets equal
+ * peft's count, bench/peft_step.py). */
+const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_finetune *f)
+{
+    if (mp_finetune_all_linear_unmodelled(f, m->hf_type))
+        return "peft's all-linear also adapts the MoE routers and the experts' 3-D parameters";
+    bool moe = false;
+    for (size_t i = 0; i < m->n_blocks && !moe; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++)
+            moe |= m->blocks[i].layers[j].experts > 0;
+    if (!moe || !strcmp(m->hf_type, "qwen2_moe"))
+        return NULL;
+    static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "gate", "experts"};
+    for (size_t t = 0; t < f->n_targets; t++)
+        for (size_t k = 0; k < sizeof mlp / sizeof mlp[0]; k++)
+            if (!strcmp(f->targets[t], mlp[k]))
+                return "peft maps the MLP names (gate_proj, up_proj, down_proj) to the experts' 3-D parameters";
+    return NULL;
+}

@@ -1,0 +1,233 @@
+/* lower_mlp.c — the MLP and the mixture of experts (build.h). */
+#include "build.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- mixture of experts (transformers 5.23, experts_implementation "grouped_mm") ----------------
+ *
+ * grouped_mm is transformers' default (modeling_utils get_correct_experts_implementation) and
+ * what its integrations/moe.py grouped_mm_experts_forward does, op by op, for M tokens, top-k
+ * k, S = M*k routed rows, E experts of width F:
+ *   router (*TopKRouter.forward): logits = Linear(h, E); softmax or sigmoid (saved, M x E); topk
+ *     (indices saved, M x k int64); optional renormalization (in place: saves the values and
+ *     their sum); the weights (M, k);
+ *   sort the S expert ids (perm); x[perm // k] -> (S, h) (IndexBackward saves the index, S int64);
+ *     weights[perm] -> (S,) (saves perm); per-expert offsets (E int32, saved by grouped_mm);
+ *   grouped_mm(x_sorted, gate_up_proj) -> (S, 2F) [all experts' weights: one (E, 2F, h)
+ *     parameter]; act(gate) * up; grouped_mm(., down_proj) -> (S, h); * weights (S, 1);
+ *     un-permute (saves inv_perm, S int64); view (M, k, h).sum(1); .to(x's dtype).
+ * grouped_mm is not an autocast op: under amp it runs in the weights' dtype, fp32 (x, the
+ * RMSNorm output, is fp32 there), so the experts' activations are fp32 (measured on the CPU,
+ * bench/torch_step_results.md; CUDA's autocast list has no grouped_mm either, transformers'
+ * _grouped_mm comment, pytorch#174763).  The S rows are one grouped GEMM whatever the split
+ * over experts: routing imbalance (--moe-capacity) changes no tensor of this path. */
+
+/* Dispatch/combine rows: out (rows, width) of x gathered by an index / permuted / summed over
+ * the top-k copies, in dtype dt; n_idx int64 index tensors of S elements each are made and
+ * saved (IndexBackward keeps its index).  Backward scatters into a zero gradient of x. */
+static struct val moe_rows(struct bld *B, struct val x, uint64_t rows, uint64_t width, enum mp_dtype dt, int n_idx,
+                           uint64_t idx, const char *name)
+{
+    if (failed(B))
+        return x;
+    uint64_t shape[2] = {rows, width};
+    struct val y = new_val(B, name, dt, 2, shape, ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_ROWS, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->rows = rows;
+    n->n = width;
+    char en[96];
+    for (int i = 0; i < n_idx; i++) {
+        snprintf(en, sizeof en, "%s.index", name);
+        extra_as(n, new_flat(B, en, MP_DT_I64, idx), MP_XR_ROW_INDEX);
+    }
+    if (n_idx) /* IndexBackward: index_put(zeros like x, ..., accumulate) is out of place */
+        tmp_one(B, n, true, MP_TR_OTHER, T(B, x.t)->bytes);
+    n->fwd_flops = (double)T(B, y.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    return y;
+}
+
+/* grouped_mm(x, all experts' W^T): out (S, out_f) in x's dtype; saves x and the offsets. */
+static struct val grouped_mm(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, uint64_t experts,
+                             int offsets, const char *name)
+{
+    if (!width_ok(B, x, in_f, "in_features", name))
+        return x;
+    int w = new_param(B, name, mul(B, experts, out_f), in_f, false); /* a 3-D (E, out, in) parameter */
+    struct val y = with_last(B, name, x, out_f, dt_of(B, x), true);
+    struct mp_node *n = new_node(B, MP_P_GROUPED_MM, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->param[0] = w;
+    save(n, x.t);
+    save(n, offsets);
+    n->rows = rows_of(x);
+    n->n = out_f;
+    n->k = in_f;
+    n->fwd_flops = 2.0 * (double)n->rows * (double)in_f * (double)out_f;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
+/* The router: logits = Linear(h, E) (DeepSeek: on fp32 copies of x and W outside autocast),
+ * then the top-k weights (M, k) as the family's *TopKRouter computes them. */
+static struct val lower_router(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h)
+{
+    uint64_t M = rows_of(x), E = l->experts, k = l->top_k;
+    bool ds = l->router == MP_ROUTER_FP32_SOFTMAX || l->router == MP_ROUTER_FP32_SIGMOID;
+    struct val xin = x;
+    bool copy_w = ds && !B->amp && dt_of(B, x) != MP_DT_F32; /* hidden.type(fp32), weight.type(fp32) */
+    if (copy_w)
+        xin = cast_to(B, x, MP_DT_F32, "gate.x_fp32");
+    B->no_lora = true; /* *TopKRouter holds a Parameter, not an nn.Linear */
+    struct val logits = lower_linear(B, xin, h, E, false, "gate");
+    B->no_lora = false;
+    if (failed(B))
+        return logits;
+    if (copy_w) /* the matmul saves the fp32 copy of W too */
+        extra_as(&B->p->nodes[B->p->n_nodes - 1], new_flat(B, "gate.weight_fp32", MP_DT_F32, mul(B, E, h)),
+                 MP_XR_WEIGHT_COPY);
+    enum mp_dtype ldt = dt_of(B, logits);
+    /* softmax(logits.float()) / softmax(dtype=float): fp32 probabilities; sigmoid: the logits' dtype */
+    enum mp_dtype pdt = l->router == MP_ROUTER_FP32_SIGMOID ? ldt : MP_DT_F32;
+    enum mp_dtype wdt = l->router == MP_ROUTER_SOFTMAX_CAST ? ldt : pdt; /* the weights */
+    uint64_t shape[2] = {M, k};
+    struct val w = new_val(B, "gate.weights", wdt, 2, shape, true);
+    struct mp_node *n = new_node(B, MP_P_ROUTER, "gate.topk");
+    if (!n)
+        return w;
+    n->in[0] = logits.t;
+    n->out = w.t;
+    n->rows = M;
+    n->n = E;
+    n->k = k;
+    extra_as(n, new_flat(B, "gate.probs", pdt, mul(B, M, E)), MP_XR_ROUTER_PROBS);
+    extra_as(n, new_flat(B, "gate.topk_index", MP_DT_I64, mul(B, M, k)), MP_XR_TOPK_INDEX);
+    if (l->norm_topk) { /* values /= values.sum(-1, keepdim=True): DivBackward keeps both */
+        extra_as(n, new_flat(B, "gate.topk_values", pdt, mul(B, M, k)), MP_XR_TOPK_VALUES);
+        extra_as(n, new_flat(B, "gate.topk_sum", pdt, M), MP_XR_TOPK_SUM);
+    }
+    if (l->route_mask) /* DeepSeek-V2 group_limited_greedy: masked_fill keeps its mask */
+        extra_as(n, new_flat(B, "gate.group_mask", MP_DT_U8, mul(B, M, E)), MP_XR_ROUTE_MASK);
+    /* forward transients: an fp32 copy of the logits (Mixtral's .float()) or DeepSeek-V3's
+     * scores_for_choice and its masked copy; backward: the dense (M, E) gradient */
+    uint64_t me4 = mul(B, mul(B, M, E), 4);
+    tmp_one(B, n, false, MP_TR_OTHER,
+            l->router == MP_ROUTER_FP32_SIGMOID ? mul(B, me4, 2) : ldt != MP_DT_F32 ? me4 : 0);
+    tmp_one(B, n, true, MP_TR_OTHER, me4);
+    n->fwd_flops = 5.0 * (double)M * (double)E;
+    n->bwd_flops = n->fwd_flops;
+    return w;
+}
+
+/* The routed experts on x (M, h) with weights w (M, k): grouped_mm_experts_forward. */
+static struct val lower_experts(struct bld *B, struct val x, struct val w, const struct mp_layer *l, uint64_t h)
+{
+    char saved[96];
+    with_prefix(B, B->prefix, "experts", saved);
+    uint64_t M = rows_of(x), k = l->top_k, E = l->experts, F = l->expert_ffn, S = mul(B, M, k);
+    enum mp_dtype xdt = dt_of(B, x);
+    struct val xs = moe_rows(B, x, S, h, xdt, 1, S, "dispatch"); /* hidden_states[perm // k] */
+    struct val ws = moe_rows(B, w, S, 1, dt_of(B, w), 1, S, "dispatch_weights"); /* weights[perm] */
+    if (xdt != B->p->param_dtype) /* input.to(weight.dtype) */
+        xs = cast_to(B, xs, B->p->param_dtype, "dispatch_cast");
+    int offs = new_flat(B, "offsets", MP_DT_U8, mul(B, E, 4)); /* cumsum(histc(...)), int32 */
+    if (!failed(B))
+        extra_as(&B->p->nodes[B->p->n_nodes - 1], offs, MP_XR_EXPERT_OFFSETS);
+    struct val gu = grouped_mm(B, xs, h, mul(B, 2, F), E, offs, "gate_up_proj");
+    struct val g = gu, u = gu; /* chunk(2): two views; their gradients are two tensors, cat by
+                                * SplitBackward once both exist */
+    g.shape[g.rank - 1] = u.shape[u.rank - 1] = F;
+    size_t gun = failed(B) ? 0 : B->p->n_nodes - 1; /* an index: the node array may move */
+    struct val gp = like(B, "gate_up_proj.grad_gate", g, dt_of(B, gu), ng(B, gu));
+    struct val up = like(B, "gate_up_proj.grad_up", u, dt_of(B, gu), ng(B, gu));
+    struct val ga = lower_act(B, g, l->act, false, "act_fn");
+    if (!failed(B))
+        B->p->nodes[B->p->n_nodes - 1].in_grad_part[0] = gp.t;
+    struct val m = lower_mul(B, ga, u, "mul");
+    if (!failed(B)) {
+        B->p->nodes[B->p->n_nodes - 1].in_grad_part[1] = up.t;
+        B->p->nodes[gun].out_parts[0] = gp.t;
+        B->p->nodes[gun].out_parts[1] = up.t;
+    }
+    struct val dn = grouped_mm(B, m, F, h, E, offs, "down_proj");
+    struct val wo = lower_mul(B, dn, ws, "weighted");
+    struct val un = moe_rows(B, wo, S, h, dt_of(B, wo), 1, S, "unpermute"); /* weighted_out[inv_perm] */
+    struct val y = moe_rows(B, un, M, h, dt_of(B, un), 0, 0, "combine");  /* view(M, k, h).sum(1) */
+    if (!failed(B) && dt_of(B, y) != xdt)
+        y = cast_to(B, y, xdt, "combine_cast");
+    restore_prefix(B, saved);
+    return y;
+}
+
+/* An MoE layer's MLP: [shared expert (Qwen2-MoE, first)], router, experts, [shared expert
+ * (DeepSeek)], the sum.  Qwen2-MoE gates its shared expert: sigmoid(Linear(h, 1)) * it. */
+static struct val lower_moe(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h, const char *name)
+{
+    char saved[96];
+    with_prefix(B, B->prefix, name, saved);
+    B->p->probe_unsupported = "mixture-of-experts routing (router, token dispatch, grouped_mm)";
+    struct val xt = x; /* hidden_states.view(-1, h) */
+    xt.rank = 2;
+    xt.shape[0] = rows_of(x);
+    xt.shape[1] = h;
+    struct mp_layer sl = *l; /* the shared expert: a gated MLP of its own width */
+    sl.experts = 0;
+    sl.ffn = l->shared_ffn;
+    sl.gated = true;
+    sl.fused_gate_up = false;
+    struct val sh = {.t = -1};
+    const char *shn = l->shared_gate ? "shared_expert" : "shared_experts";
+    if (l->shared_ffn && l->shared_first)
+        sh = lower_mlp(B, xt, &sl, h, shn);
+    struct val y = lower_experts(B, xt, lower_router(B, xt, l, h), l, h);
+    if (l->shared_ffn && !l->shared_first)
+        sh = lower_mlp(B, xt, &sl, h, shn);
+    if (sh.t >= 0 && l->shared_gate) {
+        struct val gt = lower_act(B, lower_linear(B, xt, h, 1, false, "shared_expert_gate"), MP_ACT_SIGMOID, false,
+                                  "shared_expert_gate.sigmoid");
+        sh = lower_mul(B, sh, gt, "shared_expert_gated");
+    }
+    if (sh.t >= 0)
+        y = lower_add(B, y, sh, "shared_add");
+    y.rank = x.rank;
+    memcpy(y.shape, x.shape, sizeof y.shape);
+    restore_prefix(B, saved);
+    return y;
+}
+
+struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
+                     const char *name)
+{
+    if (l->experts)
+        return lower_moe(B, x, l, hidden, name);
+    char saved[96];
+    with_prefix(B, B->prefix, name, saved);
+    struct val y;
+    if (l->gated) {
+        struct val g, u;
+        if (l->fused_gate_up) { /* Phi-3: gate_up_proj, chunked into two views of one storage */
+            g = u = lower_linear(B, x, hidden, mul(B, 2, l->ffn), l->mlp_bias, "gate_up_proj");
+            g.shape[g.rank - 1] = u.shape[u.rank - 1] = l->ffn;
+        } else {
+            g = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "gate_proj");
+            u = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "up_proj");
+        }
+        struct val ga = lower_act(B, g, l->act, false, "act");
+        struct val m = lower_mul(B, ga, u, "mul");
+        y = lower_linear(B, m, l->ffn, hidden, l->mlp_bias, "down_proj");
+    } else {
+        struct val f = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, l->up_down ? "up_proj" : "fc1");
+        f = lower_act(B, f, l->act, false, "act");
+        y = lower_linear(B, f, l->ffn, hidden, l->mlp_bias, l->up_down ? "down_proj" : "fc2");
+    }
+    restore_prefix(B, saved);
+    return y;
+}

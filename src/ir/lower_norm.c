@@ -1,0 +1,193 @@
+/* lower_norm.c — LayerNorm and its variants, RMSNorm, Cohere's norm (build.h). */
+#include "build.h"
+
+#include <stdio.h>
+
+/* LayerNorm (autocast: fp32).  Saves input, mean, rstd (M fp32 each). */
+/* A norm's weight: a (dim) parameter named "<name>.weight". */
+static int norm_weight(struct bld *B, const char *name, uint64_t dim)
+{
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", name);
+    return new_param(B, pn, 1, dim, false);
+}
+
+/* The layer_norm op on xin: saves xin, mean and rstd (M fp32 each); g and be are its weight and
+ * bias parameters (-1: none).  The output has xin's dtype. */
+static struct val layernorm_node(struct bld *B, struct val xin, uint64_t dim, int g, int be, const char *name)
+{
+    struct val y = like(B, name, xin, dt_of(B, xin), true);
+    struct mp_node *n = new_node(B, MP_P_LAYERNORM, name);
+    if (!n)
+        return y;
+    uint64_t M = rows_of(xin);
+    n->in[0] = xin.t;
+    n->out = y.t;
+    n->param[0] = g;
+    n->param[1] = be;
+    save(n, xin.t);
+    char en[80];
+    snprintf(en, sizeof en, "%s.mean", name);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_MEAN);
+    snprintf(en, sizeof en, "%s.rstd", name);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSTD);
+    n->rows = M;
+    n->n = dim;
+    n->fwd_flops = 8.0 * (double)T(B, xin.t)->elems;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
+static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, bool bias, const char *name)
+{
+    if (!width_ok(B, x, dim, "dim", name))
+        return x;
+    struct val xin = x;
+    if (B->amp && dt_of(B, x) != MP_DT_F32) {
+        char cn[64];
+        snprintf(cn, sizeof cn, "%s.cast", name);
+        xin = cast_to(B, x, MP_DT_F32, cn);
+    }
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.weight", name);
+    int g = new_param(B, pn, 1, dim, false);
+    snprintf(pn, sizeof pn, "%s.bias", name);
+    int be = bias ? new_param(B, pn, 1, dim, false) : -1;
+    return layernorm_node(B, xin, dim, g, be, name);
+}
+
+/* The LayerNorm variants of HF families, one rule each (lower_norm picks them):
+ * OLMo (OlmoLayerNorm): no weight, no bias; x.to(fp32), F.layer_norm, .to(x's dtype): a half x's
+ *   fp32 copy is what the norm saves, and its fp32 output is cast back (a forward transient).
+ *   Under autocast x is the fp32 residual: no copies.
+ * Nemotron (NemotronLayerNorm1P): F.layer_norm(x, weight + 1, bias), weight + 1 a new (dim)
+ *   tensor the norm saves; under autocast x, weight + 1 and bias are cast to the half dtype and
+ *   the norm runs there with autocast off: x's half copy is saved (not the fp32 residual), the
+ *   two half (dim) copies are saved too (layer_norm's backward takes weight and bias), the fp32
+ *   weight + 1 is a forward transient, and the output is half. */
+static struct val lower_layernorm_variant(struct bld *B, struct val x, const struct mp_layer *l, uint64_t dim,
+                                          const char *name)
+{
+    if (!width_ok(B, x, dim, "dim", name))
+        return x;
+    enum mp_dtype xdt = dt_of(B, x), hdt = B->p->compute_dtype;
+    char cn[64];
+    if (l->ln_plain) {
+        snprintf(cn, sizeof cn, "%s.float", name);
+        struct val y = layernorm_node(B, xdt == MP_DT_F32 ? x : cast_to(B, x, MP_DT_F32, cn), dim, -1, -1, name);
+        snprintf(cn, sizeof cn, "%s.to_%s", name, mp_dtype_str(xdt));
+        return xdt == MP_DT_F32 ? y : cast_to(B, y, xdt, cn);
+    }
+    int g = norm_weight(B, name, dim);
+    char pn[80];
+    snprintf(pn, sizeof pn, "%s.bias", name);
+    int be = l->norm_bias ? new_param(B, pn, 1, dim, false) : -1;
+    struct val xin = x;
+    if (B->amp && xdt != hdt) {
+        snprintf(cn, sizeof cn, "%s.cast", name);
+        xin = cast_to(B, x, hdt, cn);
+    }
+    struct val y = layernorm_node(B, xin, dim, g, be, name);
+    if (failed(B))
+        return y;
+    struct mp_node *n = &B->p->nodes[B->p->n_nodes - 1];
+    enum mp_dtype wdt = B->amp ? hdt : B->p->param_dtype;
+    for (int i = 0; i < (B->amp && be >= 0 ? 2 : 1); i++) {
+        snprintf(pn, sizeof pn, "%s.%s", name, i ? "bias_cast" : "weight_1p");
+        extra_as(n, new_flat(B, pn, wdt, dim), MP_XR_NORM_WEIGHT);
+    }
+    if (B->amp)
+        tmp_one(B, n, false, MP_TR_OTHER, mul(B, dim, mp_dtype_size(B->p->param_dtype)));
+    return y;
+}
+
+/* HF RMSNorm (LlamaRMSNorm): x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(in dtype).
+ * Saves the fp32 input (a copy when x is half), rsqrt (M fp32) and the normalized
+ * tensor in x's dtype; the fp32 x^2 is a forward transient.  f32w (Gemma*RMSNorm,
+ * Olmo2RMSNorm): (weight * normalized) in fp32, then .to(x's dtype): the normalized tensor
+ * is saved in fp32 and the output has x's dtype. */
+struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool f32w, const char *name)
+{
+    if (!width_ok(B, x, dim, "dim", name))
+        return x;
+    int g = norm_weight(B, name, dim);
+    enum mp_dtype xdt = dt_of(B, x);
+    struct val y = like(B, name, x, f32w ? xdt : promote(xdt, B->p->param_dtype), true);
+    struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
+    if (!n)
+        return y;
+    uint64_t M = rows_of(x), N = val_elems(B, x); /* a view (DeepSeek's kv latent): its part */
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->param[0] = g;
+    char en[80];
+    if (xdt == MP_DT_F32) {
+        save(n, x.t);
+    } else {
+        snprintf(en, sizeof en, "%s.x_fp32", name);
+        extra_as(n, new_flat(B, en, MP_DT_F32, N), MP_XR_X_FP32);
+    }
+    snprintf(en, sizeof en, "%s.rsqrt", name);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSQRT);
+    snprintf(en, sizeof en, "%s.normed", name);
+    extra_as(n, new_flat(B, en, f32w ? MP_DT_F32 : xdt, N), MP_XR_NORMED);
+    tmp_one(B, n, false, MP_TR_OTHER, mul(B, N, 4)); /* x^2 in fp32 (or the fp32 normalized tensor before the cast) */
+    n->rows = M;
+    n->n = dim;
+    n->fwd_flops = 6.0 * (double)N;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
+/* Cohere's LayerNorm (CohereLayerNorm: weight, no bias), a Python composite in fp32:
+ * h = x.float(); mean; var = (h - mean).pow(2).mean() (pow saves its input, one fp32 h - mean);
+ * (h - mean) * rsqrt(var + eps) (a second fp32 h - mean and the rsqrt, saved by the product);
+ * weight.float() * normalized (saves the fp32 normalized tensor); .to(x's dtype).  Measured with
+ * bench/torch_step.py's trackers under fake tensors: 3 x-sized fp32 tensors saved in fp32 and
+ * bf16; backward 2 of them in fp32 beyond the gradients (and a half input's fp32 gradient before
+ * its cast).  The executors want a mean: memplan keeps it (M fp32 more than torch). */
+static struct val lower_cohere_norm(struct bld *B, struct val x, uint64_t dim, const char *name)
+{
+    if (!width_ok(B, x, dim, "dim", name))
+        return x;
+    int g = norm_weight(B, name, dim);
+    enum mp_dtype xdt = dt_of(B, x);
+    struct val y = like(B, name, x, xdt, true);
+    struct mp_node *n = new_node(B, MP_P_LAYERNORM, name);
+    if (!n)
+        return y;
+    uint64_t M = rows_of(x), N = val_elems(B, x);
+    n->in[0] = x.t;
+    n->out = y.t;
+    n->param[0] = g;
+    n->param[1] = -1;
+    static const char *const parts[5] = {"mean", "rsqrt", "centered", "centered_2", "normed"};
+    static const enum mp_xrole roles[5] = {MP_XR_MEAN, MP_XR_RSTD, MP_XR_X_FP32, MP_XR_X_FP32, MP_XR_NORMED};
+    for (int i = 0; i < 5; i++) {
+        char en[80];
+        snprintf(en, sizeof en, "%s.%s", name, parts[i]);
+        extra_as(n, new_flat(B, en, MP_DT_F32, i < 2 ? M : N), roles[i]);
+    }
+    bool half = xdt != MP_DT_F32;
+    /* the executors' layernorm backward reads x, which this composite does not keep */
+    B->p->probe_unsupported = "Cohere's composite LayerNorm (its backward does not keep x)";
+    tmp_one(B, n, false, MP_TR_OTHER, half ? mul(B, N, 4) : 0);       /* x.float() */
+    tmp_one(B, n, true, MP_TR_OTHER, add(B, mul(B, N, 8), half ? mul(B, N, 2) : 0));
+    n->rows = M;
+    n->n = dim;
+    n->fwd_flops = 10.0 * (double)N;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
+struct val lower_norm(struct bld *B, struct val x, const struct mp_layer *l, enum mp_norm kind,
+                      uint64_t dim, const char *name)
+{
+    if (kind == MP_NORM_LAYERNORM && l->ln_fp32)
+        return lower_cohere_norm(B, x, dim, name);
+    if (kind == MP_NORM_LAYERNORM && (l->ln_plain || l->ln_1p))
+        return lower_layernorm_variant(B, x, l, dim, name);
+    if (kind == MP_NORM_RMSNORM)
+        return lower_rmsnorm(B, x, dim, l->rms_fp32, name);
+    return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
+}
