@@ -1,6 +1,6 @@
 // attention.cu — scaled dot-product attention.
 //
-// Flash (SDPA) path: the GEMMs are cuBLAS calls made by probe_cuda.c on tensor cores
+// Flash (SDPA) path: the GEMMs are cuBLAS calls made by probe/cuda/probe_cuda_attention.c on tensor cores
 // (QK^T, PV and the four backward products, bf16/fp16 in, fp32 accumulate), over blocks of
 // query rows of many (sample, head) entries at once; these kernels are the softmax pieces
 // between them, written into a bounded workspace (struct mp_k_fblock): the forward keeps

@@ -1,4 +1,4 @@
-// conv.cu — im2col and col2im for convolution as GEMMs (probe_cuda.c calls
+// conv.cu — im2col and col2im for convolution as GEMMs (probe/cuda/probe_cuda_conv.c calls
 // cuBLAS between them).  NCHW input; a column block covers one sample, one
 // group and a range of output pixels, so the column buffer stays bounded.
 // Kc = (ci/g)*k*k rows; row kc = (channel, kh, kw); column = output pixel.

@@ -5,7 +5,7 @@
  * Dtype codes are enum mp_dtype's, activation codes enum mp_act's (util/sets.h, one table).
  * Gradient outputs accumulate (+=) into buffers the caller zeroed, unless a
  * comment says otherwise; a NULL gradient output is skipped.  Row-major
- * layouts throughout; shape letters as in layers.c (b, s, a, kv, d, M, V).
+ * layouts throughout; shape letters as in src/ir/build.h (b, s, a, kv, d, M, V).
  */
 #ifndef MEMPLAN_KERNELS_H
 #define MEMPLAN_KERNELS_H
@@ -110,7 +110,7 @@ struct mp_k_attn {
     float scale, p;             /* 1/sqrt(d); attention dropout */
     uint64_t key;               /* dropout key; element (bi, h, i, j) is ((bi*a + h)*s + i)*s + j */
 };
-/* The flash path (probe_cuda.c runs its GEMMs on cuBLAS): one block of query rows
+/* The flash path (probe/cuda/probe_cuda_attention.c runs its GEMMs on cuBLAS): one block of query rows
  * [i0, i0 + qb) of the ne (sample, head) entries bh = e0 .. e0 + ne - 1, keys [0, jn);
  * workspace element ((bh - e0)*qb + i - i0)*jn + j, fp32 scores S = scale q.k. */
 struct mp_k_fblock {

@@ -3,7 +3,7 @@
  * segments), the rotor persistent DP (docs/checkpointing.md#rotor-dp), the
  * single-level segment DP (docs/checkpointing.md#segment-dp), discretisation
  * (docs/checkpointing.md#discretisation), Revolve (docs/checkpointing.md#revolve).
- * Not here: building chains from a model (estimate.c), I/O, the multi-option
+ * Not here: building chains from a model (estimate/chain.c), I/O, the multi-option
  * blocks of docs/checkpointing.md#multi-option-chain, non-persistent rotor.
  * Invariants: both DPs use the simulator's memory model exactly (Loss frees a
  * plain x_L), so DP cost == simulated cost; every plan is replayed on byte

@@ -667,7 +667,7 @@ static void add_default(struct setup *s, const char *fmt, const char *v)
     snprintf(s->defaults + l, sizeof s->defaults - l, fmt, v);
 }
 
-/* --train-blocks against the model, as layers.c reads it: numbers name the repeated (decoder)
+/* --train-blocks against the model, as the lowering reads it: numbers name the repeated (decoder)
  * blocks, 0 to n-1, or without repeated blocks every block by its index; embed and head the
  * blocks before and after the repeated ones.  0, or the exit status (message printed). */
 static int check_train_blocks(const struct args *a, const struct mp_model *m)

@@ -11,7 +11,7 @@
  * and so the same bytes.  A fold stands each such interval of m >= 5 units for four of them:
  * its first unit, two interior ones and its last; the second interior one is weighted m - 3,
  * the copies it stands for.  The short model (a few thousand blocks at most) is lowered and
- * replayed once per evaluation instead of the full one, and mp_estimate_run_folded (estimate.c)
+ * replayed once per evaluation instead of the full one, and mp_estimate_run_folded (fold_count.c)
  * counts each step on a weighted unit weight times in a row and each parameter, tensor or node
  * of one weight times in the sweeps outside the blocks' ops (setup, loss, optimizer step).
  *

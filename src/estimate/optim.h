@@ -1,6 +1,6 @@
 /* optim.h — what an optimizer keeps: its state per parameter (persistent) and the
  * temporaries of its step.  The rules of torch.optim and bitsandbytes, per parameter;
- * the step replay (estimate.c) and the sharding arithmetic (parallel.c) both use them.
+ * the step replay (replay.c) and the sharding arithmetic (parallel.c) both use them.
  * Pure: no allocation, no I/O.  Sizes are bytes in uint64_t.
  */
 #ifndef MEMPLAN_OPTIM_H

@@ -5,7 +5,7 @@
  * mp_par_plan_make() does the per-rank arithmetic from the tensor program
  * (shard sizes with the engines' padding, FSDP2 groups and their all-gather /
  * reduce-scatter buffers, DDP buckets, DeepSpeed bucket buffers, host and
- * NVMe bytes, bytes per collective).  The step replay (estimate.c) uses the
+ * NVMe bytes, bytes per collective).  The step replay (replay_par.c) uses the
  * plan to emit rank r's alloc/free events, so the peak and where it happens
  * are per rank.  All ranks hold the same bytes (shards are padded to equal
  * size), so the plan is the plan of every rank.  Facts: docs/memory-facts.md#ddp,

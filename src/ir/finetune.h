@@ -1,7 +1,7 @@
 /* finetune.h — what a fine-tuning run trains: full, LoRA, QLoRA or frozen blocks.
  *
  * The spec is filled from the command line (--finetune, --lora-*, --train-blocks)
- * and read by the lowering (layers.c): which parameters are trainable, which
+ * and read by the lowering (src/ir/): which parameters are trainable, which
  * Linears get LoRA adapters (peft LoraConfig.target_modules), and how the frozen
  * base is stored (bitsandbytes 4-bit for QLoRA, or the checkpoint's own
  * quantization_config).  Names follow the Hugging Face modules of the family

@@ -113,7 +113,7 @@ struct mp_tensor {
 
 /* What each extra tensor of a node is.  Executors find an extra by its role
  * (mp_node_extra), never by its position, the count of extras or a byte formula, so
- * a change in layers.c cannot silently change what a backend reads. */
+ * a change in the lowering cannot silently change what a backend reads. */
 enum mp_xrole {
     MP_XR_NONE,           /* unset: mp_program_build refuses it (MP_ERR_INTERNAL) */
     MP_XR_WEIGHT_COPY,    /* linear: the autocast half copy of W */
@@ -342,7 +342,7 @@ struct mp_program {
     size_t n_subops;
     struct mp_subop *subops;     /* the ops of nodes that run as several (mp_node.fop0, bop0) */
     size_t cap_tensors, cap_nodes, cap_params, cap_subops; /* private */
-    struct mp_name_chunk *names;                /* private: the name store (layers.c) */
+    struct mp_name_chunk *names;                /* private: the name store (build.c) */
 };
 
 /* The tensor id of n's nth extra with role r (nth from 0), or -1. */

@@ -182,7 +182,7 @@ enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d)
                 return mp_fail(d, MP_ERR_MODEL, "%s: %s.ffn: expected a positive integer", m->path, where);
         }
     }
-    return MP_OK; /* that the shapes chain is mp_program_check's (layers.c), called by the loader */
+    return MP_OK; /* that the shapes chain is mp_program_check's (ir/layers.c), called by the loader */
 }
 
 bool mp_model_has_attention(const struct mp_model *m)

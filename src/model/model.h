@@ -3,7 +3,7 @@
  * A model is an ordered chain of blocks.  A block is the unit users can wrap
  * in torch.utils.checkpoint (a transformer block, a ResNet bottleneck, a
  * custom block, or a single op); it holds one or more layers (ops).  Readers
- * (model_json.c, model_hf.c) fill it; layers.c turns it into tensor tables.
+ * (model_json.c, model_hf.c) fill it; the ir (src/ir/) turns it into tensor tables.
  * All dimensions are uint64_t and have been range-checked by the reader.
  * Ownership: mp_model_release() frees everything a reader allocated.
  */

@@ -16,7 +16,7 @@
 
 #include "model_read.h"
 
-/* Lowering convention (layers.c relies on it):
+/* Lowering convention (the lowering in src/ir/ relies on it):
  *   block 0 "embed":  EMBEDDING (vocab, hidden)                   [mult: Gemma sqrt(h), Granite]
  *                     [EMBEDDING "token_type_embeddings" (type_vocab_size, hidden)]   bert,
  *                      roberta: its input is the hidden state, not token ids; it adds a lookup
@@ -51,7 +51,7 @@
  *   n_ctx (gpt2): legacy; transformers sizes wpe by n_positions alone;
  *   _attn_implementation: the --attention option chooses the kernel.
  * Honoured: use_cache (decoders; default true): in training without gradient checkpointing
- *   transformers copies k and v into a DynamicCache and attention reads the copies (layers.c);
+ *   transformers copies k and v into a DynamicCache and attention reads the copies (ir/lower_attention.c);
  *   --use-cache overrides it.
  * Rejected when set to a non-default value: add_cross_attention,
  * reorder_and_upcast_attn (gpt2), qk_layernorm (phi), position_embedding_type
@@ -1246,7 +1246,7 @@ static enum mp_status ministral_hook(const cJSON *root, struct hf *c, const char
 }
 
 /* OLMo: clip_qkv (a positive number, or null for none): q, k and v clamped in place after their
- * projections; clamp_ keeps a copy of each for backward (layers.c lower_clamp). */
+ * projections; clamp_ keeps a copy of each for backward (ir/lower_elementwise.c lower_clamp). */
 static enum mp_status olmo_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     double clip = 0;
@@ -1270,7 +1270,7 @@ static enum mp_status read_pos_or_null(const cJSON *root, const char *key, uint6
 
 /* Sliding-window attention (enum win): the window after the config class's rules.  It changes
  * memory once the sequence reaches it: the model then gives SDPA a mask instead of is_causal
- * (layers.c sdpa_masked). */
+ * (ir/lower_attention.c sdpa_masked). */
 static enum mp_status read_window(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     const struct family *f = c->f;

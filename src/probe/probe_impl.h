@@ -1,4 +1,4 @@
-/* probe_impl.h — private to probe.c, the backends (probe_host*.c, probe_cuda.c) and tests.
+/* probe_impl.h — private to probe.c, the backends (probe/host/, probe/cuda/) and tests.
  *
  * probe.c owns the executor: the pool, the node view and the step loop (mp_replay's
  * visitor: storage, forward over nodes, loss, backward, optimizer, timing, progress).

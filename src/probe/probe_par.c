@@ -1,6 +1,6 @@
 /* probe_par.c — the probe of one data-parallel rank: the buffers' contents and every
  * collective as a local copy (probe_par.h says what "as if every rank held rank r's data"
- * means).  Layouts follow the replay (estimate.c) and the plan (parallel.c):
+ * means).  Layouts follow the replay (estimate/replay*.c) and the plan (parallel.c):
  *   FSDP2   shard of q = rows [r c, r c + c) of dim 0 (c = ceil(dim0 / world)), zero-padded;
  *           a group's flat all-gather output / reduce-scatter input is world chunks, chunk k
  *           the group's parameters' k-th padded shards in order; the unsharded parameters are

@@ -1,6 +1,6 @@
 /* probe_par.h — the probe of one data-parallel rank (parallel.h).
  *
- * The replay of rank r (estimate.c) allocates what that rank holds: its shards, the
+ * The replay of rank r (estimate/replay_par.c) allocates what that rank holds: its shards, the
  * all-gather and reduce-scatter buffers, the DDP buckets, the DeepSpeed partitions
  * (MP_ST_COMM), at their events.  The executor (probe.c) allocates each of them from
  * its counting pool, so the measured peak is rank r's; this file gives those buffers

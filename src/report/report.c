@@ -300,7 +300,7 @@ static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
             (unsigned long long)f->r, f->alpha, f->dropout, shown(tg));
     fprintf(out, "          %s adapter params train (fp32 as peft makes them); the frozen base has no .grad\n",
             count(p->adapter_params));
-    if (p->trainable_params > p->adapter_params) /* layers.c saved_module: peft's modules_to_save */
+    if (p->trainable_params > p->adapter_params) /* ir/build.c saved_module: peft's modules_to_save */
         fprintf(out, "          + %s task-head params train whole beside a frozen copy (peft's modules_to_save)\n",
                 count(p->trainable_params - p->adapter_params));
     const struct mp_quant *q = c->model->quant.kind != MP_Q_NONE ? &c->model->quant

@@ -6,7 +6,7 @@
 #include "probe_host.h"
 
 /* HF's Python GELUs (NewGELUActivation, FastGELUActivation) keep their
- * intermediates as extras (layers.c): new: tanh(u), 0.5x, 1 + tanh(u);
+ * intermediates as extras (ir/lower_elementwise.c): new: tanh(u), 0.5x, 1 + tanh(u);
  * fast: 0.044715x, 0.7978845608x, 1 + 0.044715x^2, tanh, 0.5x, 1 + tanh. */
 
 enum mp_status mp_host_act_fwd(struct mp_node_view *c)
@@ -19,7 +19,7 @@ enum mp_status mp_host_act_fwd(struct mp_node_view *c)
         y[i] = mp_act_f(n->act, x[i]);
     fstore(c->out, y, c->out.n);
     /* HF's GELU composites keep their intermediates (each in its own dtype); under autocast a
-     * gelu_new first keeps an fp32 copy of its input (layers.c lower_act) */
+     * gelu_new first keeps an fp32 copy of its input (ir/lower_elementwise.c lower_act) */
     struct mp_view xf = xr(c, MP_XR_X_FP32);
     if (xf.p)
         fstore(xf, x, xf.n);

@@ -240,7 +240,7 @@ static enum mp_status eager_elementwise(struct mp_node_view *c, const struct att
     return MP_OK;
 }
 
-/* One op of the eager forward (layers.h mp_subop, layers.c eager_ops' order). */
+/* One op of the eager forward (layers.h mp_subop, ir/eager.c eager_ops' order). */
 static enum mp_status eager_fwd(struct mp_node_view *c)
 {
     struct attn_dims A = attn_dims(c);
@@ -342,7 +342,7 @@ static void eager_scatter(struct mp_node_view *c, const struct attn_dims *A, int
             }
 }
 
-/* One op of the eager backward (layers.h mp_subop, in the order layers.c's eager_ops gives):
+/* One op of the eager backward (layers.h mp_subop, in the order ir/eager.c's eager_ops gives):
  * it reads its source gradient (dO or the buffer before it) and writes its buffer or adds into
  * an input's gradient.  Buffers are (b, a, s, s) or the copies' (b, a, s, d), contiguous. */
 static enum mp_status eager_bwd(struct mp_node_view *c)

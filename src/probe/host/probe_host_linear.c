@@ -1,7 +1,7 @@
 /* probe_host_linear.c — the host backend's Linear through the host GEMM: forward, dX, dW, bias;
  * quantized and autocast weights.
  *
- * See probe_host.h for element access and scratch; the cuda side is cuBLAS (probe_cuda.c).
+ * See probe_host.h for element access and scratch; the cuda side is cuBLAS (probe/cuda/probe_cuda_linear.c).
  */
 #include "probe_host.h"
 
