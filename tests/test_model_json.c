@@ -19,6 +19,7 @@
 
 #include "ir/layers.h"
 #include "model/model.h"
+#include "model/model_read.h"
 
 #define BAD_DIR "tests/data/bad"
 #define NEST_MAX 8 /* NEST_MAX of model_read.h, which only the readers include */
@@ -1090,6 +1091,84 @@ static void test_bundled_shapes(void **state)
     mp_model_release(&m);
 }
 
+/* docs/model-format.md documents every key each layer type accepts: under the type's heading
+ * ("### conv2d", or "### maxpool2d, avgpool2d"), a table row whose first cell names the key
+ * ("| `key` |" or "| `out_h`, `out_w` |"), or in a section the type's text links to
+ * ("every field of [attention](#attention)"), for each key the reader takes
+ * (mp_json_layer_keys), so the reference and the reader cannot drift. */
+static char model_format[1 << 17];
+
+/* The text under the "### " heading that names type (up to the next heading), or NULL. */
+static const char *format_section(const char *type, size_t *len)
+{
+    size_t tl = strlen(type);
+    for (const char *h = strstr(model_format, "\n### "); h; h = strstr(h + 1, "\n### ")) {
+        const char *eol = strchr(h + 1, '\n');
+        for (const char *w = h + 5; eol && (w = strstr(w, type)) && w < eol; w += tl)
+            if ((w[-1] == ' ' || w[-1] == ',') && (w[tl] == ',' || w[tl] == '\n' || w[tl] == ' ')) {
+                const char *end = strstr(eol, "\n#");
+                *len = end ? (size_t)(end - eol) : strlen(eol);
+                return eol;
+            }
+    }
+    return NULL;
+}
+
+static bool key_documented(const char *sec, size_t len, const char *key, size_t k, int depth)
+{
+    char want[64];
+    snprintf(want, sizeof want, "`%.*s`", (int)k, key);
+    for (const char *l = sec; l && l < sec + len; l = strchr(l + 1, '\n')) {
+        if (strncmp(l, "\n| ", 3) != 0)
+            continue;
+        const char *cell_end = strstr(l + 3, " |");
+        const char *hit = strstr(l + 3, want);
+        if (hit && cell_end && hit < cell_end)
+            return true;
+    }
+    for (const char *a = sec; depth == 0 && (a = strstr(a, "](#")) && a < sec + len; a += 3) {
+        char target[48];
+        size_t n = strcspn(a + 3, ")");
+        snprintf(target, sizeof target, "%.*s", (int)(n < sizeof target ? n : sizeof target - 1), a + 3);
+        size_t tl;
+        const char *t = format_section(target, &tl);
+        if (t && key_documented(t, tl, key, k, 1))
+            return true;
+    }
+    return false;
+}
+
+static void test_model_format_documents_every_key(void **state)
+{
+    (void)state;
+    FILE *f = fopen("docs/model-format.md", "r");
+    assert_non_null(f);
+    size_t n = fread(model_format, 1, sizeof model_format - 1, f);
+    fclose(f);
+    assert_true(n < sizeof model_format - 1);
+    model_format[n] = 0;
+    size_t missing = 0;
+    for (int t = 0; t < MP_LT_COUNT; t++) {
+        const char *type = mp_layer_type_str((enum mp_layer_type)t);
+        size_t len;
+        const char *sec = format_section(type, &len);
+        if (!sec) {
+            print_message("  docs/model-format.md: no \"### %s\" section\n", type);
+            missing++;
+            continue;
+        }
+        const char *keys = mp_json_layer_keys((enum mp_layer_type)t);
+        size_t k;
+        for (const char *w; (w = mp_list_word(&keys, &k));)
+            if (!key_documented(sec, len, w, k, 0)) {
+                print_message("  docs/model-format.md, %s: no row for `%.*s`\n", type, (int)k, w);
+                missing++;
+            }
+    }
+    if (missing)
+        fail_msg("%zu key(s) the reader accepts are not documented", missing);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1112,6 +1191,7 @@ int main(void)
         cmocka_unit_test(test_parse_patch_embedding),
         cmocka_unit_test(test_bundled_param_counts),
         cmocka_unit_test(test_bundled_shapes),
+        cmocka_unit_test(test_model_format_documents_every_key),
     };
     return cmocka_run_group_tests_name("model_json", tests, NULL, NULL);
 }

@@ -177,8 +177,8 @@ static enum mp_status get_name(const struct reader *rd, const cJSON *obj, const 
 #define ATTN_KEYS "dim heads kv_heads head_dim causal bias qkv_bias out_bias fused_qkv rope rotary_dim impl attn_dropout"
 #define MLP_KEYS "ffn act gated mlp_bias"
 
-/* Keys each type accepts besides "type" and "name" (space-separated). */
-static const char *type_keys(enum mp_layer_type t)
+/* Keys each type accepts besides "type" and "name" (model_read.h). */
+const char *mp_json_layer_keys(enum mp_layer_type t)
 {
     switch (t) {
     case MP_LT_EMBEDDING: return "vocab dim";
@@ -550,7 +550,7 @@ static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *pla
     memset(l, 0, sizeof *l);
     l->type = (enum mp_layer_type)t;
     char allowed[320];
-    snprintf(allowed, sizeof allowed, "type name %s", type_keys(l->type));
+    snprintf(allowed, sizeof allowed, "type name %s", mp_json_layer_keys(l->type));
     char what[64];
     snprintf(what, sizeof what, "a%s %s layer", strchr("aeiou", ts[0]) ? "n" : "", ts);
     TRY(check_keys(rd, o, place, allowed, what));

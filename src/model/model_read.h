@@ -17,6 +17,10 @@ bool mp_json_is_hf(const cJSON *root);
 enum mp_status mp_model_from_memplan(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d);
 enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d);
 
+/* The keys a layer of type t accepts in memplan JSON besides "type" and "name", space-separated
+ * (docs/model-format.md documents each; tests/test_model_json.c holds them equal). */
+const char *mp_json_layer_keys(enum mp_layer_type t);
+
 /* Largest dimension any reader accepts (2^40): keeps every product of a few dims in 64 bits
  * checkable and rejects 10^15-wide layers with a clear message. */
 #define MP_DIM_MAX (UINT64_C(1) << 40)
