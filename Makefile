@@ -141,8 +141,8 @@ $(BUILD)/tests/test_%: tests/test_%.c $(LIBOBJS)
 	@echo "  CC    $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CMOCKA_LIBS)
 
-# bench/dump_saved.c: memplan's saved tensors as JSON lines (bench/torch_saved_build.sh)
-$(BUILD)/bench/dump_saved: bench/dump_saved.c $(LIBOBJS)
+# bench/accuracy/dump_saved.c: memplan's saved tensors as JSON lines (bench/accuracy/torch_saved_build.sh)
+$(BUILD)/bench/accuracy/dump_saved: bench/accuracy/dump_saved.c $(LIBOBJS)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
@@ -245,7 +245,7 @@ check-man:
 	groff -man -Tutf8 -ww -z man/memplan.1
 
 bench: memplan
-	sh bench/run.sh
+	sh bench/speed/run.sh
 
 install: memplan
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1

@@ -803,7 +803,7 @@ for f in models/hf/*.json; do
 done
 
 # mixture-of-experts programs are estimated only: the probe refuses them with a reason (exit 4)
-expect_line 4 "probe of an MoE config: refused, one line" probe bench/moe/mixtral-shrunk.json --backend host \
+expect_line 4 "probe of an MoE config: refused, one line" probe bench/accuracy/moe/mixtral-shrunk.json --backend host \
     --batch 1 --seq 64
 if grep -q "does not execute mixture-of-experts routing" "$T/err"; then
     ok "probe of an MoE config: the reason names MoE routing"
@@ -817,10 +817,10 @@ expect_line 4 "probe of a cohere config: refused, one line" probe models/hf/aya-
 
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
-expect_line 2 "--moe-capacity below 1: usage error" estimate bench/moe/mixtral-shrunk.json --moe-capacity 0.5
-run estimate bench/moe/mixtral-shrunk.json --batch 2 --seq 64 --json
+expect_line 2 "--moe-capacity below 1: usage error" estimate bench/accuracy/moe/mixtral-shrunk.json --moe-capacity 0.5
+run estimate bench/accuracy/moe/mixtral-shrunk.json --batch 2 --seq 64 --json
 cp "$T/out" "$T/moe1.json"
-run estimate bench/moe/mixtral-shrunk.json --batch 2 --seq 64 --moe-capacity 3 --json
+run estimate bench/accuracy/moe/mixtral-shrunk.json --batch 2 --seq 64 --moe-capacity 3 --json
 if [ -z "$HAVE_PY" ]; then
     skipped "--moe-capacity: config.moe (python3 not found)"
 elif python3 - "$T/moe1.json" "$T/out" <<'PY'
@@ -841,10 +841,10 @@ fi
 
 # LoRA on MoE: peft's all-linear (and its MoE name mapping) adapt the experts' 3-D parameters, not
 # modelled: refused with the reason; attention targets are modelled (39,936 trainable = peft 0.21's
-# count for q_proj,v_proj on this config, meta device, bench/peft_step.py)
+# count for q_proj,v_proj on this config, meta device, bench/accuracy/peft_step.py)
 expect_line 2 "--finetune lora all-linear on an MoE config: refused, one line" estimate \
-    bench/moe/mixtral-shrunk.json --finetune lora --lora-targets all-linear
-run estimate bench/moe/mixtral-shrunk.json --finetune lora --lora-targets q_proj,v_proj --json
+    bench/accuracy/moe/mixtral-shrunk.json --finetune lora --lora-targets all-linear
+run estimate bench/accuracy/moe/mixtral-shrunk.json --finetune lora --lora-targets q_proj,v_proj --json
 if [ -z "$HAVE_PY" ]; then
     skipped "--finetune lora q_proj,v_proj on an MoE config (python3 not found)"
 elif [ "$ec" -eq 0 ] && python3 -c 'import json,sys; assert json.load(sys.stdin)["model"]["trainable_params"] == 39936' \

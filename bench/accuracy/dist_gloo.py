@@ -25,19 +25,19 @@ and memplan's per-rank figure for the same run:
   ->  memory.peak_requested_bytes (no 512-byte rounding: the CPU allocator does not round;
       --use-cache off: the model runs with use_cache=False)
 Side by side: DeepSpeed's estimate_zero2/3_model_states_mem_needs (model states only), on the
-same parameter count (bench/dist_gloo_results.md explains the differences).
+same parameter count (bench/accuracy/dist_gloo_results.md explains the differences).
 
 The live bytes are c10's exact running total (FLAGS_caffe2_report_cpu_memory_usage set through
 ctypes: without it a tensor whose last reference goes on a gloo worker thread is never counted
 as freed, see exact_cpu_total) less gloo's own scratch, the allocations made inside c10d
 collectives or gloo's work (NCCL works in the buffers the engine hands it), tracked by address;
 frees no record shows are listed in the results.  The model runs with use_cache=False and the
-fused gelu_pytorch_tanh (bench/dist_gloo_results.md says why).  DIST_GLOO_NOFLAG=1 leaves the
+fused gelu_pytorch_tanh (bench/accuracy/dist_gloo_results.md says why).  DIST_GLOO_NOFLAG=1 leaves the
 flag off (the old measurement, to see the artefact); DIST_GLOO_TRACE=FILE writes each rank's
 step-2 allocations (and FILE.<case>.alive: what is alive when step 2 starts, with the call that
 made it) for debugging.
 
-Usage: python3 bench/dist_gloo.py [--memplan ./memplan] [--out FILE] [--quick] [--worlds 2,4]
+Usage: python3 bench/accuracy/dist_gloo.py [--memplan ./memplan] [--out FILE] [--quick] [--worlds 2,4]
        [--cases ddp,ddp-view,fsdp,fsdp-no-reshard,fsdp-mixed]
 """
 import argparse

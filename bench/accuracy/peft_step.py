@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """peft_step.py — memplan's fine-tuning figures against transformers + peft + bitsandbytes on the CPU.
 
-  python3 bench/peft_step.py lora [--quick] [--only NAME,...] [--skip K] [--out FILE.md]
+  python3 bench/accuracy/peft_step.py lora [--quick] [--only NAME,...] [--skip K] [--out FILE.md]
       For each config and setting (LoRA rank and targets, base fp32 / amp-bf16 / bf16,
       checkpointing none / layers), the model is built with transformers, wrapped with
       peft.get_peft_model(LoraConfig(r, lora_alpha=2r, lora_dropout=0, task_type=CAUSAL_LM)),
@@ -18,13 +18,13 @@
       torch_step.cuda_only_bytes (GPT-2's gelu_new pow), and "diff vs CUDA" compares memplan
       with torch + those bytes; the full fine-tuning row of each setting is the base model.
 
-  python3 bench/peft_step.py seq2seq-lora [--out FILE.md] [--memplan PATH]
+  python3 bench/accuracy/peft_step.py seq2seq-lora [--out FILE.md] [--memplan PATH]
       The same for T5 (t5-small, flan-t5-base; every layer): AutoModelForSeq2SeqLM with peft's
       default LoRA (q, v; SEQ_2_SEQ_LM), batch 4, encoder 512, labels of 128 (memplan
       --target-seq 128), CUDA's memory-efficient SDPA for T5's position-bias mask
       (torch_step.CUDA_FLOAT_MASK) and T5's CUDA-only bytes (torch_step.t5_cuda_only_bytes).
 
-  python3 bench/peft_step.py params [CONFIG ...]
+  python3 bench/accuracy/peft_step.py params [CONFIG ...]
       Trainable and total parameters as peft counts them (get_nb_trainable_parameters) for
       each config (default: models/hf/*.json), built on the meta device as its
       architectures[0], wrapped with LoraConfig(r=16, lora_alpha=32, task_type from the head)
@@ -33,7 +33,7 @@
       memplan assumes all-linear: the row says so.  Prints the rows of tests/test_finetune.c's
       table too (expected values from peft).
 
-  python3 bench/peft_step.py qlora-bytes [CONFIG ...]
+  python3 bench/accuracy/peft_step.py qlora-bytes [CONFIG ...]
       QLoRA base storage as bitsandbytes really holds it: every Linear that
       transformers' bnb integration replaces (all nn.Linear but lm_head) is quantized
       with bitsandbytes.functional.quantize_4bit (nf4, blocksize 64, double quant) on
@@ -43,7 +43,7 @@
       are counted in fp32, as after peft's prepare_model_for_kbit_training.  Prints
       memplan's weights_bytes for `--finetune qlora` beside it.
 
-  python3 bench/peft_step.py qlora-step
+  python3 bench/accuracy/peft_step.py qlora-step
       A real QLoRA step on the CPU (bitsandbytes 0.50 runs Linear4bit forward and backward
       there): a small Llama (hidden 256, 2 layers, vocab 1024) is saved with random weights,
       loaded with BitsAndBytesConfig(nf4, double quant), prepare_model_for_kbit_training,
@@ -265,7 +265,7 @@ def lora_bench(quick, out, only=(), skip=0):
         lines.append(row)
     if out:
         with open(out, "w") as f:
-            f.write("# bench/peft_step.py lora: batch %d x seq %d, CPU FakeTensorMode, torch %s\n\n" % (
+            f.write("# bench/accuracy/peft_step.py lora: batch %d x seq %d, CPU FakeTensorMode, torch %s\n\n" % (
                 batch, seq, __import__("torch").__version__))
             f.write("\n".join(lines) + "\n")
 

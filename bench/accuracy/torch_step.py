@@ -36,7 +36,7 @@ unpacked inputs get); AdamW keeps its `step` counters on the CPU on CUDA too, so
 counted.
 
 Import it to reuse the trackers (LiveTracker, SavedTracker, fake_model, train_steps); run it as
-  python3 bench/torch_step.py [--memplan ./memplan] [--out FILE.md] [--quick] [--only TYPE,...]
+  python3 bench/accuracy/torch_step.py [--memplan ./memplan] [--out FILE.md] [--quick] [--only TYPE,...]
       [--attention all|sdpa|eager]
 from the repository root.
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parameter count of a Hugging Face config as transformers builds it.
 
-Usage: python3 bench/hf_params.py CONFIG.json [ARCHITECTURE ...]
+Usage: python3 bench/accuracy/hf_params.py CONFIG.json [ARCHITECTURE ...]
 
 Instantiates each architecture (default: the config's architectures[0]) from the
 config on the meta device (no memory) and prints "ARCH PARAMS": parameters counted

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch_saved_families.py - saved activation bytes of the table-added HF families, memplan vs PyTorch.
 
-Drives bench/torch_saved.py's measurement (saved_tensors_hooks, deduplicated by storage; CPU,
+Drives bench/accuracy/torch_saved.py's measurement (saved_tensors_hooks, deduplicated by storage; CPU,
 CPU autocast for amp-bf16) on small configs of the decoder families added with the family
 table (qwen3, olmo2, phi3, stablelm, starcoder2, gemma2, gemma3_text, granite): hidden 256, 2
 layers, 4 heads / 2 kv heads, batch 2, sequence 128.  Prints one line per case: torch's total
@@ -9,10 +9,10 @@ saved bytes, memplan's sum of layers[].activation_bytes, the difference, and wit
 unpaired storages on either side.
 
 Usage (from the repository root, after `make`):
-  python3 bench/torch_saved_families.py [--memplan ./memplan] [--dump PATH] [--detail]
+  python3 bench/accuracy/torch_saved_families.py [--memplan ./memplan] [--dump PATH] [--detail]
          [--kinds qwen3,olmo2,...] [--precisions fp32,amp-bf16,bf16]
 gemma2 runs with eager attention (transformers has no SDPA path for it), the others with SDPA.
---dump is bench/dump_saved (per-tensor listing); without it only totals are compared.
+--dump is bench/accuracy/dump_saved (per-tensor listing); without it only totals are compared.
 """
 import argparse
 import collections

@@ -14,7 +14,7 @@ torch.autocast("cpu", bfloat16) (memplan amp-bf16) and in pure bf16, one trainin
   * a walk of the autograd graph (grad_fn._saved_*) naming the nodes that save each storage;
   * weak references to every created storage, for the bytes alive at block boundaries.
 
-Figures (bench/torch_saved.md explains the correspondence in full):
+Figures (bench/accuracy/torch_saved.md explains the correspondence in full):
   torch saved[i] = distinct saved storages created while block i runs, plus block outputs still
                    alive when the forward ends (the loss).  Summed over blocks this is the set
                    memplan's sum of layers[].activation_bytes describes (saved tensors + loss).
@@ -24,11 +24,11 @@ Figures (bench/torch_saved.md explains the correspondence in full):
   memplan[i]     = layers[i].activation_bytes of `memplan estimate CONFIG --json` (unrounded).
 Input ids and labels exist before the forward and are excluded (memplan: memory.input_bytes).
 
-memplan's tensor-level view comes from bench/dump_saved (every saved tensor: dtype, bytes, block,
+memplan's tensor-level view comes from bench/accuracy/dump_saved (every saved tensor: dtype, bytes, block,
 saving node); storages are paired with memplan tensors on dtype and bytes, preferring a matching
 kind of saving node, and what stays unpaired is listed.
 
-Build the binaries with `sh bench/torch_saved_build.sh`, then:
+Build the binaries with `sh bench/accuracy/torch_saved_build.sh`, then:
   torch_saved.py [--memplan PATH] [--dump PATH] [--out FILE.md] [--detail] [--quick] [--cfgdir DIR]
 """
 import argparse
@@ -354,7 +354,7 @@ def match(torch_list, mp_list):
     return pairs, extra_t, left
 
 
-# ---- memplan plus the changes bench/torch_saved.md recommends, computed ---------------------------------
+# ---- memplan plus the changes bench/accuracy/torch_saved.md recommends, computed ---------------------------------
 
 def recommended_delta(kind, cfg, precision, b, s):
     """Bytes the recommended layers.c changes would add to memplan's total (use_cache=False, no dropout)."""
@@ -427,7 +427,7 @@ def pct(a, b):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--memplan", default=MEMPLAN_DEFAULT)
-    ap.add_argument("--dump", default=DUMP_DEFAULT, help="bench/dump_saved binary (per-tensor memplan listing)")
+    ap.add_argument("--dump", default=DUMP_DEFAULT, help="bench/accuracy/dump_saved binary (per-tensor memplan listing)")
     ap.add_argument("--out", help="also write the report (markdown) here")
     ap.add_argument("--detail", action="store_true", help="list every saved storage of embed, h.0 and head")
     ap.add_argument("--quick", action="store_true", help="one shape per model")
