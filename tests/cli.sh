@@ -4,6 +4,10 @@
 #
 # Usage (from the repository root):  sh tests/cli.sh ./memplan
 #
+# Two tiers (tests/tier.h): by default (make test) the loops over every bundled model take every
+# fourth model and the long models with HF layers are left out; MEMPLAN_TEST_LONG=1 (make
+# test-long) runs the loops' other models and those long models, and the rest of the checks again.
+#
 # Prints one line per check ("ok   ..." or "FAIL ..." followed by "#" detail
 # lines), then the line "N passed, M failed", and exits 1 if any check failed.
 # Exit statuses (design.md): 0 success/fits, 1 does not fit, 2 usage, 3 bad
@@ -37,6 +41,8 @@ trap 'exit 130' INT TERM
 pass=0
 fail=0
 skip=0
+LONG=
+case ${MEMPLAN_TEST_LONG:-0} in 0 | "") ;; *) LONG=yes ;; esac
 TAB=$(printf '\t')
 HAVE_PY=
 command -v python3 >/dev/null 2>&1 && HAVE_PY=yes
@@ -53,6 +59,11 @@ bad() {
 skipped() {
     skip=$((skip + 1))
     echo "skip $*"
+}
+# tier_item N: item N (0, 1, ...) of a loop over models is this run's: every fourth in the quick
+# tier, the others in the long one
+tier_item() {
+    if [ $(($1 % 4)) -eq 0 ]; then [ -z "$LONG" ]; else [ -n "$LONG" ]; fi
 }
 # What the last run did, as comment lines under a FAIL.
 detail() {
@@ -772,8 +783,11 @@ fi
 
 # ---- every bundled model ------------------------------------------------------------------
 
+i=0
 for f in models/*.json models/hf/*.json; do
     [ -f "$f" ] || continue
+    i=$((i + 1))
+    tier_item $((i - 1)) || continue
     run estimate "$f"
     if [ "$ec" -eq 0 ] && [ -s "$T/out" ]; then
         ok "estimate $f: exit 0"
@@ -787,8 +801,11 @@ done
 
 # every HF family through plan, suggest and check: a result (exit 0 fits, 1 does not), never
 # a usage, input or internal error
+i=0
 for f in models/hf/*.json; do
     [ -f "$f" ] || continue
+    i=$((i + 1))
+    tier_item $((i - 1)) || continue
     for cmd in "plan $f --gpu a100-80gb --batch 1" "suggest $f --gpu a100-80gb --no-probe" \
         "check $f --gpu a100-80gb --batch 1"; do
         # shellcheck disable=SC2086
@@ -1214,6 +1231,7 @@ c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 600; json.dump(c, ope
 ' models/hf/gemma-3-1b.json "$T/long-hf.json"
 fi
 for lm in long long-hf; do
+    [ $lm = long-hf ] && [ -z "$LONG" ] && continue # the long tier's
     [ -f "$T/$lm.json" ] || { skipped "plan $lm: folds (no python3)"; continue; }
     seq=8 budget=2MiB
     [ $lm = long-hf ] && seq=64 budget=3GiB
@@ -1245,6 +1263,7 @@ c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 1000; json.dump(c, op
 ' models/hf/gemma-3-1b.json "$T/long1k-hf.json"
 fi
 for lm in long2k long1k-hf; do
+    [ $lm = long1k-hf ] && [ -z "$LONG" ] && continue # the long tier's
     [ -f "$T/$lm.json" ] || { skipped "estimate $lm: folds (no python3)"; continue; }
     seq=8
     [ $lm = long1k-hf ] && seq=64
