@@ -805,7 +805,9 @@ i=0
 for f in models/hf/*.json; do
     [ -f "$f" ] || continue
     i=$((i + 1))
-    tier_item $((i - 1)) || continue
+    # (counted from 1: the quick tier's models are then bert, ernie, falcon-7b, gemma-3, ...,
+    # mixtral, qwen1.5-moe, vit, and the 32B to 70B configs, whose suggest takes seconds, long)
+    tier_item "$i" || continue
     for cmd in "plan $f --gpu a100-80gb --batch 1" "suggest $f --gpu a100-80gb --no-probe" \
         "check $f --gpu a100-80gb --batch 1"; do
         # shellcheck disable=SC2086
@@ -1099,8 +1101,9 @@ fi
 # suggest for a model that does not fit one GPU names the smallest world that fits: the named
 # nodes x 8 ranks fit micro-batch 1 with every block checkpointed, one node fewer does not
 # (neither fsdp nor zero3).  The issue's own example: Llama-2-70B's HF config on H100s.
+# (the long tier's: this suggest takes 5 to 10 s on a loaded 2-core machine)
 L70=models/hf/llama-2-70b.json
-if [ -n "$HAVE_PY" ]; then
+if [ -n "$HAVE_PY" ] && [ -n "$LONG" ]; then
     run suggest $L70 --gpu h100-80gb --no-probe --json
     if [ "$ec" -eq 1 ] && python3 -c '
 import json, re, sys

@@ -208,7 +208,8 @@ def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False):
             cmd += ["--lora-targets", targets]
     r_ = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return {"trainable": r_["model"]["trainable_params"], "peak": r_["memory"]["peak_allocated_bytes"],
-            "saved": sum(l["activation_bytes"] for l in r_["layers"]), "peak_at": r_["memory"]["peak_event"]}
+            "saved": sum(l["activation_bytes"] for l in r_["layers"]), "peak_at": r_["memory"]["peak_event"],
+            "args": cmd[3:]}
 
 
 def bench_config(path, tmpdir):
@@ -223,8 +224,15 @@ def bench_config(path, tmpdir):
 
 
 def lora_bench(quick, out, only=(), skip=0):
+    """The LoRA step rows (printed, `out`, and as data in rows/peft_step.jsonl for
+    tests/replay_accuracy.py)."""
     import tempfile
+    import time
+    import peft
+    import torch
+    import transformers
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import rowlib
     from torch_step import cuda_only_bytes
     tmpdir = tempfile.mkdtemp(prefix="peft_step_")
     configs = ["models/hf/qwen2-0.5b.json", "models/hf/gpt2.json"]
@@ -263,6 +271,17 @@ def lora_bench(quick, out, only=(), skip=0):
             100.0 * (m["peak"] - t["peak"] - cuda_pk) / (t["peak"] + cuda_pk))
         print(row, flush=True)
         lines.append(row)
+        figures = {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                   "peak": rowlib.figure(t["peak"], m["peak"], cuda_pk)}
+        if t["saved"] is not None:
+            figures["saved"] = rowlib.figure(t["saved"], m["saved"], cuda)
+        rowlib.save_rows("peft_step", [{  # the evidence, kept as data (rowlib.py)
+            "source": "bench/accuracy/peft_step.py lora run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "config": path, "max_layers": 0, "args": m["args"], "figures": figures,
+            "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
+            "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                            peft=peft.__version__),
+        }])
     if out:
         with open(out, "w") as f:
             f.write("# bench/accuracy/peft_step.py lora: batch %d x seq %d, CPU FakeTensorMode, torch %s\n\n" % (

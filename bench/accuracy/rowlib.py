@@ -125,6 +125,7 @@ def _memory(d):
 # memplan's figure of each name, from `memplan estimate ... --json`
 FIGURES = {
     "peak": lambda d: _memory(d)["peak_allocated_bytes"] - _memory(d)["workspace_bytes"],
+    "peak_requested": lambda d: _memory(d)["peak_requested_bytes"],  # dist_gloo.py's (bytes asked for)
     "activations": lambda d: _memory(d)["activations_bytes"],
     "saved": lambda d: sum(layer["activation_bytes"] for layer in d["layers"]),
     "trainable_params": lambda d: d["model"]["trainable_params"],
@@ -137,14 +138,32 @@ def git_commit():
     return r.stdout.strip()
 
 
-def append_rows(oracle, rows, path=None):
-    """Appends rows (dicts as above, oracle filled in) to rows/<oracle>.jsonl or path."""
+def _key(r):
+    return json.dumps([r.get("config"), r.get("config_json"), r.get("max_layers"), r["args"]], sort_keys=True)
+
+
+def save_rows(oracle, rows, path=None):
+    """What an oracle run measured, into rows/<oracle>.jsonl (or path): a row with the same config
+    and settings as an earlier one replaces it (the newer measurement wins), the others are kept."""
     path = path or os.path.join(ROWS_DIR, oracle + ".jsonl")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a") as f:
-        for r in rows:
-            r = dict(r, oracle=oracle)
+    new = {_key(r): dict(r, oracle=oracle) for r in rows}
+    old = [r for r in (read_rows(path) if os.path.exists(path) else []) if _key(r) not in new]
+    with open(path, "w") as f:
+        for r in old + list(new.values()):
             f.write(json.dumps(r, sort_keys=True) + "\n")
+    return path
+
+
+def figure(torch_value, memplan_value, extra=0):
+    """A figure of a row just measured: the tolerance is what memplan achieved (exact bytes)."""
+    return {"torch": int(torch_value), "extra": int(extra), "bytes": abs(int(memplan_value) - int(torch_value) - int(extra))}
+
+
+def run_versions(**libs):
+    """The versions a row was measured with: the given libraries, memplan's commit, the machine."""
+    import platform
+    return dict(libs, memplan=git_commit(), python=platform.python_version(),
+                machine="%s, %d cores" % (platform.machine(), os.cpu_count() or 0))
 
 
 def read_rows(path):

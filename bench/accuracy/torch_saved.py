@@ -30,6 +30,9 @@ kind of saving node, and what stays unpaired is listed.
 
 Build the binaries with `sh bench/accuracy/torch_saved_build.sh`, then:
   torch_saved.py [--memplan PATH] [--dump PATH] [--out FILE.md] [--detail] [--quick] [--cfgdir DIR]
+      [--rows-out FILE]
+Each row (use_cache and dropout rows aside: informational) also goes to bench/accuracy/rows/torch_saved.jsonl
+(rowlib.py), which tests/replay_accuracy.py replays without torch.
 """
 import argparse
 import collections
@@ -39,12 +42,16 @@ import os
 import platform
 import subprocess
 import sys
+import time
 
 import torch
 import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.multiprocessing.reductions import StorageWeakRef
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rowlib  # noqa: E402  (the measured rows, kept as data)
 
 MEMPLAN_DEFAULT = "/tmp/tsbuild/memplan"
 DUMP_DEFAULT = "/tmp/tsbuild/dump_saved"
@@ -274,9 +281,10 @@ def write_config(cfg, path):
         json.dump(d, f, indent=1, default=str)
 
 
-def run_memplan(memplan, dump, cfg_path, b, s, precision, attn):
+def run_memplan(memplan, dump, cfg_path, b, s, precision, attn, use_cache=False):
+    # --use-cache as torch's forward ran (memplan otherwise follows the config's use_cache)
     cmd = [memplan, "estimate", cfg_path, "--batch", str(b), "--seq", str(s), "--precision", precision,
-           "--attention", attn, "--json"]
+           "--attention", attn, "--use-cache", "on" if use_cache else "off", "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode not in (0, 1):
         raise RuntimeError("memplan failed: %s\n%s" % (" ".join(cmd), r.stderr))
@@ -432,6 +440,8 @@ def main():
     ap.add_argument("--detail", action="store_true", help="list every saved storage of embed, h.0 and head")
     ap.add_argument("--quick", action="store_true", help="one shape per model")
     ap.add_argument("--cfgdir", default="/tmp/torch_saved_configs", help="where the HF config.json files go")
+    ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "torch_saved.jsonl"),
+                    help="where the measured rows go as data for tests/replay_accuracy.py (rowlib.py); '' for none")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     tmp = args.cfgdir
@@ -479,11 +489,22 @@ def main():
         assert tot1 == tot2, (kind, prec, tot1, tot2)
         cfg_path = os.path.join(tmp, "%s%s.json" % (kind, "-drop" if drop else ""))
         write_config(tr["config"], cfg_path)
-        j, tensors, cmd = run_memplan(args.memplan, args.dump, cfg_path, b, s, prec, attn)
+        j, tensors, cmd = run_memplan(args.memplan, args.dump, cfg_path, b, s, prec, attn, uc)
         mp_blocks = collections.OrderedDict((l["name"], l["activation_bytes"]) for l in j["layers"])
         mp_total = sum(mp_blocks.values())
         t_total = sum(tr["per_block"].values())
         name = kind + ("-dropout%.1f" % drop if drop else "") + ("-use_cache" if uc else "")
+        if not uc and not drop and args.rows_out:  # the evidence, kept as data (rowlib.py)
+            with open(cfg_path) as f:
+                cfg_json = json.load(f)
+            cuda, _ = rowlib.cuda_only_bytes(cfg_json, b, s, prec, attn, "none")
+            rowlib.save_rows("torch_saved", [{
+                "source": "bench/accuracy/torch_saved.py run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "config": "torch_saved.py make_config(%r)" % kind, "config_json": cfg_json,
+                "args": cmd.split()[3:], "figures": {"saved": rowlib.figure(t_total, mp_total, cuda)},
+                "recorded": {"saved": mp_total},
+                "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__),
+            }], args.rows_out)
         if not uc and not drop:
             fixed_rows.append("| %s | %s | %s | %d | %d | %s | %s | %s | %s |" % (
                 name, prec, attn, b, s, fmt(t_total), fmt(mp_total),

@@ -215,6 +215,7 @@ class SavedTracker:
 # the config both sides read, and the bytes CUDA keeps beyond the CPU run: rowlib.py (stdlib only,
 # shared with tests/replay_accuracy.py)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rowlib  # noqa: E402
 from rowlib import LAYER_KEYS, T5_TYPES, cuda_only_bytes, load_config  # noqa: E402
 
 
@@ -351,7 +352,7 @@ def measure_memplan(memplan, cfg_path, batch, seq, precision, attention, ckpt, o
             "act_at_backward": m["activations_bytes"],
             "saved": sum(l["activation_bytes"] for l in d["layers"]),
             "static": m["weights_bytes"] + m["optimizer_bytes"] + m["input_bytes"],
-            "cmd": " ".join(cmd)}
+            "cmd": " ".join(cmd), "args": cmd[3:]}
 
 
 # ---- settings and the report -----------------------------------------------------------------
@@ -406,6 +407,9 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated model_types or file stems")
     ap.add_argument("--configs", default="models/hf/*.json")
     ap.add_argument("--json", default=None, help="also dump every row as JSON lines here")
+    ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "torch_step.jsonl"),
+                    help="where the measured rows go as data for tests/replay_accuracy.py (rowlib.py; a row "
+                         "replaces the one with the same config and settings); '' for none")
     ap.add_argument("--use-cache", action="store_true",
                     help="train with use_cache=True (memplan --use-cache on): the DynamicCache rows")
     ap.add_argument("--attention", choices=("all", "sdpa", "eager"), default="all",
@@ -492,6 +496,16 @@ def main():
                    "peak_diff_pct": dpk, "peak_diff_vs_cuda_pct": dcu, "cuda_only_bytes": cuda,
                    "act_diff_pct": dact, "seconds": round(time.time() - t0, 1)}
             summary.append(row)
+            if a.rows_out:  # the evidence, kept as data (rowlib.py)
+                rowlib.save_rows("torch_step", [{
+                    "source": "bench/accuracy/torch_step.py run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "config": os.path.relpath(f, rowlib.ROOT) if os.path.isabs(f) else f, "max_layers": a.max_layers,
+                    "args": m["args"],
+                    "figures": {"peak": rowlib.figure(t["peak"], m["peak"], cuda_pk),
+                                "activations": rowlib.figure(t["act_at_backward"], m["act_at_backward"])},
+                    "recorded": {"peak": m["peak"], "activations": m["act_at_backward"], "torch_peak_at": t["peak_at"]},
+                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__),
+                }], a.rows_out)
             if jout:
                 jout.write(json.dumps(row) + "\n")
                 jout.flush()

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """seed_from_logs.py - the rows of bench/accuracy/rows/*.jsonl copied from the prose logs.
 
-Run once (python3 bench/accuracy/rows/seed_from_logs.py, from the repository root, against the
-logs as they were at 281963b) to turn the measured tables of the oracles' Markdown logs into rows
+Run once (python3 bench/accuracy/rows/seed_from_logs.py, from a git checkout: it reads the logs
+as they were at 281963b, with git show, before they were cut down to point here) to turn the measured tables of the oracles' Markdown logs into rows
 (bench/accuracy/rowlib.py describes a row).  Only the torch figures the logs record are used,
 never recomputed; a log row that lacks what a replay needs (its config, its settings, a torch
 figure) is skipped and counted.  The tolerance is what memplan achieved in that row (the log's
@@ -22,12 +22,21 @@ import os
 import re
 import sys
 
+import subprocess
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+LOG_COMMIT = "281963b"  # the logs as they were before they were cut down to point here
 sys.path.insert(0, os.path.dirname(HERE))
 import rowlib  # noqa: E402
 
 MIB = rowlib.MIB
-LOGS = os.path.dirname(HERE)
+
+
+def log_lines(name):
+    """The log bench/<name> at LOG_COMMIT (git show), as lines."""
+    r = subprocess.run(["git", "show", "%s:bench/%s" % (LOG_COMMIT, name)], capture_output=True, text=True,
+                       cwd=rowlib.ROOT, check=True)
+    return r.stdout.splitlines()
 skipped = {}
 
 
@@ -42,7 +51,7 @@ def cells(line):
 
 def table(log, header):
     """(line number, cells) of each row of the log's first table whose header starts so."""
-    lines = open(os.path.join(LOGS, log)).read().splitlines()
+    lines = log_lines(log)
     head = next(i for i, l in enumerate(lines) if l.startswith(header))
     for i in range(head + 2, len(lines)):
         if not lines[i].startswith("| "):
@@ -69,8 +78,7 @@ def config_path(name):
 # ---- torch_step -------------------------------------------------------------------------------
 
 def torch_step_rows():
-    path = os.path.join(LOGS, "torch_step_results.md")
-    lines = open(path).read().splitlines()
+    lines = log_lines("torch_step_results.md")
     start = next(i for i, l in enumerate(lines) if l.startswith("## Every family, per config"))
     rows, section, tables = [], None, []
     for i in range(start, len(lines)):
@@ -88,9 +96,11 @@ def torch_step_rows():
             skip("torch_step", "T5 table replaced by its e14699e re-run")
             continue
         c = cells(l)
-        if len(c) < 16 or "failed" in l:
+        if "failed" in l:
             skip("torch_step", "torch or memplan failed in that row")
             continue
+        if len(c) == 13:  # a table without the CUDA-only columns (the tenth run's extra apertus row)
+            c = c[:8] + ["", c[7]] + c[8:]
         cfg = config_path(name)
         if not cfg:
             skip("torch_step", "config not in the repository (%s)" % name)
@@ -183,8 +193,7 @@ def torch_saved_rows():
 # ---- peft_step --------------------------------------------------------------------------------
 
 def peft_rows():
-    path = os.path.join(LOGS, "peft_step_results.md")
-    lines = open(path).read().splitlines()
+    lines = log_lines("peft_step_results.md")
     rows = []
     in_lora = False
     for i, l in enumerate(lines):
@@ -251,9 +260,9 @@ def dist_gloo_rows():
         args += ["--parallel", "ddp", "--ddp-bucket-view"] if strategy == "ddp-view" else ["--parallel", strategy]
         rows.append({
             "source": "bench/accuracy/dist_gloo_results.md (at 281963b) line %d (rank %d)" % (lineno, rank),
-            "config": "dist_gloo.py's GPT-2 config", "config_json": GLOO_CONFIG, "args": args,
-            "figures": {"peak": {"torch": t_pk, "bytes": abs(m_pk - t_pk)}},
-            "recorded": {"peak": m_pk},
+            "config": "dist_gloo.py's GPT-2 config (rank %d)" % rank, "config_json": GLOO_CONFIG, "args": args,
+            "figures": {"peak_requested": {"torch": t_pk, "bytes": abs(m_pk - t_pk)}},
+            "recorded": {"peak_requested": m_pk},
             "versions": {"torch": "2.15.0+cu132", "backend": "gloo, %d processes" % world,
                          "memplan": "not recorded (2026-11-23)", "machine": "x86_64, 2 cores"},
         })
@@ -265,14 +274,10 @@ def dist_gloo_rows():
 EAGER_MASK = ("memplan counts the eager attention's fp32 mask (b, 1, s, s) since torch_step_results.md's "
               "'Eager attention masks' (fake tensors); this real-tensor run's saved tensors did not hold it: "
               "+b*s*s*4 = 131,072 bytes")
-FSDP4 = ("memplan's per-rank peak of FSDP2 at world 4 moved after the 2026-11-23 run (world 2 unchanged); "
-         "not investigated")
 KNOWN = {
     ("torch_saved", 27): ({"saved": 17421320}, EAGER_MASK), ("torch_saved", 28): ({"saved": 17802248}, EAGER_MASK),
     ("torch_saved", 29): ({"saved": 13941768}, EAGER_MASK), ("torch_saved", 30): ({"saved": 14142472}, EAGER_MASK),
 }
-KNOWN.update({("dist_gloo", n): ({"peak": 26843648}, FSDP4) for n in range(25, 29)})
-KNOWN.update({("dist_gloo", n): ({"peak": 29597696}, FSDP4) for n in range(29, 33)})
 
 
 def mark_known(oracle, rows):
@@ -291,7 +296,7 @@ def main():
         out = os.path.join(HERE, oracle + ".jsonl")
         if os.path.exists(out):
             os.remove(out)
-        rowlib.append_rows(oracle, rows, out)
+        rowlib.save_rows(oracle, rows, out)
         print("%s: %d rows; skipped %s" % (oracle, len(rows), skipped.get(oracle, {})))
 
 
