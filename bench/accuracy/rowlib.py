@@ -13,11 +13,12 @@ A row:
   max_layers   with config: the file as load_config(config, max_layers) writes it (dropout off;
                0 = every layer), which is what both torch and memplan read; absent: the file as is
   args         memplan's arguments after the config path (`memplan estimate CONFIG ARGS...`)
-  figures      {name: {"torch": N, "extra": N, "pct": P, "bytes": N}}: name is one of FIGURES
-               below; torch is torch's figure (bytes or a count) as measured; extra the bytes
-               CUDA keeps beyond the CPU run that measured it (memplan models CUDA); memplan
-               must be within bytes + pct % of torch + extra (pct and bytes: what memplan
-               achieved when the row was measured, plus the recorded figures' rounding)
+  figures      {name: {"torch": N, "extra": N, "pct": P, "abs": N}}: name is one of FIGURES
+               below; torch is torch's figure (bytes, or a count of parameters) as measured;
+               extra the bytes CUDA keeps beyond the CPU run that measured it (memplan models
+               CUDA); memplan must be within abs (in the figure's unit) + pct % of torch + extra
+               (pct and abs: what memplan achieved when the row was measured, plus the rounding
+               of figures copied from a log)
   recorded     memplan's figures when the row was measured (for the report only)
   versions     torch, transformers, peft, memplan commit, machine
   disagrees    (rare) {"memplan": {name: N}, "why": text, "seen": commit}: a row the current memplan
@@ -148,6 +149,7 @@ def save_rows(oracle, rows, path=None):
     path = path or os.path.join(ROWS_DIR, oracle + ".jsonl")
     new = {_key(r): dict(r, oracle=oracle) for r in rows}
     old = [r for r in (read_rows(path) if os.path.exists(path) else []) if _key(r) not in new]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         for r in old + list(new.values()):
             f.write(json.dumps(r, sort_keys=True) + "\n")
@@ -156,7 +158,7 @@ def save_rows(oracle, rows, path=None):
 
 def figure(torch_value, memplan_value, extra=0):
     """A figure of a row just measured: the tolerance is what memplan achieved (exact bytes)."""
-    return {"torch": int(torch_value), "extra": int(extra), "bytes": abs(int(memplan_value) - int(torch_value) - int(extra))}
+    return {"torch": int(torch_value), "extra": int(extra), "abs": abs(int(memplan_value) - int(torch_value) - int(extra))}
 
 
 def run_versions(**libs):
@@ -207,6 +209,6 @@ def check(row, report):
     for name, f in sorted(row["figures"].items()):
         got = FIGURES[name](report)
         want = f["torch"] + f.get("extra", 0)
-        allowed = f.get("bytes", 0) + f.get("pct", 0.0) / 100.0 * abs(want)
+        allowed = f.get("abs", 0) + f.get("pct", 0.0) / 100.0 * abs(want)
         out.append((name, got, want, allowed, abs(got - want) <= allowed))
     return out

@@ -297,6 +297,24 @@ def run_memplan(memplan, dump, cfg_path, b, s, precision, attn, use_cache=False)
     return j, tensors, " ".join(cmd)
 
 
+def save_row(rows_out, script, kind, cfg_path, cmd, t_total, mp_total):
+    """The row just measured, kept as data (rowlib.py) for tests/replay_accuracy.py: the config as
+    written, memplan's settings, torch's saved bytes and the CUDA-only ones (GPT-2's gelu_new)."""
+    with open(cfg_path) as f:
+        cfg_json = json.load(f)
+    argv = cmd.split()[3:]
+    b, s, prec, attn = (int(argv[argv.index("--batch") + 1]), int(argv[argv.index("--seq") + 1]),
+                        argv[argv.index("--precision") + 1], argv[argv.index("--attention") + 1])
+    cuda, _ = rowlib.cuda_only_bytes(cfg_json, b, s, prec, attn, "none")
+    rowlib.save_rows("torch_saved", [{
+        "source": "bench/accuracy/%s run of %s" % (script, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())),
+        "config": "%s make_config(%r)" % (script, kind), "config_json": cfg_json,
+        "args": argv, "figures": {"saved": rowlib.figure(t_total, mp_total, cuda)},
+        "recorded": {"saved": mp_total},
+        "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__),
+    }], rows_out)
+
+
 def memplan_sets(tensors):
     """Per block: distinct (saved or output) tensors memplan keeps, as (name, dtype, bytes, [savers])."""
     keep = collections.OrderedDict()
@@ -494,17 +512,8 @@ def main():
         mp_total = sum(mp_blocks.values())
         t_total = sum(tr["per_block"].values())
         name = kind + ("-dropout%.1f" % drop if drop else "") + ("-use_cache" if uc else "")
-        if not uc and not drop and args.rows_out:  # the evidence, kept as data (rowlib.py)
-            with open(cfg_path) as f:
-                cfg_json = json.load(f)
-            cuda, _ = rowlib.cuda_only_bytes(cfg_json, b, s, prec, attn, "none")
-            rowlib.save_rows("torch_saved", [{
-                "source": "bench/accuracy/torch_saved.py run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "config": "torch_saved.py make_config(%r)" % kind, "config_json": cfg_json,
-                "args": cmd.split()[3:], "figures": {"saved": rowlib.figure(t_total, mp_total, cuda)},
-                "recorded": {"saved": mp_total},
-                "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__),
-            }], args.rows_out)
+        if not uc and not drop and args.rows_out:
+            save_row(args.rows_out, "torch_saved.py", kind, cfg_path, cmd, t_total, mp_total)
         if not uc and not drop:
             fixed_rows.append("| %s | %s | %s | %d | %d | %s | %s | %s | %s |" % (
                 name, prec, attn, b, s, fmt(t_total), fmt(mp_total),

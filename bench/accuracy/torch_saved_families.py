@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--kinds", default="qwen3,olmo2,phi3,stablelm,starcoder2,gemma3_text,granite,gemma2")
     ap.add_argument("--precisions", default="fp32,amp-bf16,bf16")
     ap.add_argument("--cfgdir", default="/tmp/torch_saved_families")
+    ap.add_argument("--rows-out", default=os.path.join(ts.rowlib.ROWS_DIR, "torch_saved.jsonl"),
+                    help="where the measured rows go as data for tests/replay_accuracy.py (rowlib.py); '' for none")
     args = ap.parse_args()
     os.makedirs(args.cfgdir, exist_ok=True)
     b, s = 2, 128
@@ -70,9 +72,11 @@ def main():
             tr = ts.run_torch(kind, b, s, prec, attn, 0.0)
             path = os.path.join(args.cfgdir, kind + ".json")
             ts.write_config(tr["config"], path)
-            j, tensors, _ = ts.run_memplan(args.memplan, args.dump, path, b, s, prec, attn)
+            j, tensors, cmd = ts.run_memplan(args.memplan, args.dump, path, b, s, prec, attn)
             mp = collections.OrderedDict((l["name"], l["activation_bytes"]) for l in j["layers"])
             t_total, m_total = sum(tr["per_block"].values()), sum(mp.values())
+            if args.rows_out:
+                ts.save_row(args.rows_out, "torch_saved_families.py", kind, path, cmd, t_total, m_total)
             print("%-12s %-8s %-5s torch %10d  memplan %10d  %+.2f %%" % (
                 kind, prec, attn, t_total, m_total, 100.0 * (m_total - t_total) / t_total), flush=True)
             if args.detail and tensors:

@@ -133,9 +133,9 @@ def torch_step_rows():
             "figures": {
                 "peak": {"torch": round(t_pk * MIB), "extra": round(cuda_pk * MIB),
                          "pct": round(abs(d_cuda) + 0.005, 3),
-                         "bytes": round((0.05 + (0.05 if cuda_pk else 0)) * MIB)},
+                         "abs": round((0.05 + (0.05 if cuda_pk else 0)) * MIB)},
                 "activations": {"torch": round(t_act * MIB), "pct": round(abs(d_act) + 0.005, 3),
-                                "bytes": round(0.05 * MIB)},
+                                "abs": round(0.05 * MIB)},
             },
             "recorded": {"peak_mib": m_pk, "activations_mib": m_act, "peak_diff_vs_cuda_pct": d_cuda,
                          "activations_diff_pct": d_act, "torch_peak_at": peak_at},
@@ -182,7 +182,7 @@ def torch_saved_rows():
             # torch ran the forward with use_cache=False (run_torch): memplan --use-cache off
             "args": ["--batch", str(b), "--seq", str(s), "--precision", prec, "--attention", attn, "--use-cache",
                      "off", "--json"],
-            "figures": {"saved": {"torch": t_saved, "extra": cuda, "bytes": abs(m_saved - t_saved)}},
+            "figures": {"saved": {"torch": t_saved, "extra": cuda, "abs": abs(m_saved - t_saved)}},
             "recorded": {"saved": m_saved},
             "versions": {"torch": "2.15.0+cu132", "transformers": "5.23.0", "python": "3.11.7",
                          "memplan": "/tmp/tsbuild/memplan (commit not recorded)", "machine": "x86_64 CPU"},
@@ -217,13 +217,13 @@ def peft_rows():
             skip("peft_step", "finetune setting not understood")
             continue
         cuda = num(c[8].split("(")[0]) if c[8] else 0.0
-        figures = {"trainable_params": {"torch": t_tr, "bytes": abs(m_tr - t_tr)}}
+        figures = {"trainable_params": {"torch": t_tr, "abs": abs(m_tr - t_tr)}}
         rec = {"trainable_params": m_tr}
         if c[5] != "-":
             t_sv, m_sv, d_sv = num(c[5]), num(c[6]), num(c[9])
             figures["saved"] = {"torch": round(t_sv * MIB), "extra": round(cuda * MIB),
                                 "pct": round(abs(d_sv) + 0.005, 3),
-                                "bytes": round((0.005 + (0.005 if cuda else 0)) * MIB)}
+                                "abs": round((0.005 + (0.005 if cuda else 0)) * MIB)}
             rec["saved_mib"] = m_sv
         t_pk, m_pk, d_pk = num(c[10]), num(c[11]), num(c[13])
         # the CUDA-only bytes count at a peak in forward or backward only; the log does not say
@@ -231,7 +231,7 @@ def peft_rows():
         with_cuda = cuda and abs(pct(m_pk, t_pk + cuda) - d_pk) < abs(pct(m_pk, t_pk) - d_pk)
         figures["peak"] = {"torch": round(t_pk * MIB), "extra": round(cuda * MIB) if with_cuda else 0,
                            "pct": round(abs(d_pk) + 0.005, 3),
-                           "bytes": round((0.005 + (0.005 if with_cuda else 0)) * MIB)}
+                           "abs": round((0.005 + (0.005 if with_cuda else 0)) * MIB)}
         rec["peak_mib"] = m_pk
         rows.append({
             "source": "bench/accuracy/peft_step_results.md (at 281963b) line %d" % (i + 1),
@@ -261,7 +261,7 @@ def dist_gloo_rows():
         rows.append({
             "source": "bench/accuracy/dist_gloo_results.md (at 281963b) line %d (rank %d)" % (lineno, rank),
             "config": "dist_gloo.py's GPT-2 config (rank %d)" % rank, "config_json": GLOO_CONFIG, "args": args,
-            "figures": {"peak_requested": {"torch": t_pk, "bytes": abs(m_pk - t_pk)}},
+            "figures": {"peak_requested": {"torch": t_pk, "abs": abs(m_pk - t_pk)}},
             "recorded": {"peak_requested": m_pk},
             "versions": {"torch": "2.15.0+cu132", "backend": "gloo, %d processes" % world,
                          "memplan": "not recorded (2026-11-23)", "machine": "x86_64, 2 cores"},
