@@ -300,6 +300,8 @@ def seq2seq_lora_bench(out=None, memplan="./memplan"):
     import peft
     from torch._subclasses.fake_tensor import FakeTensorMode
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import time
+    import rowlib
     import torch_step
     torch_step.CUDA_FLOAT_MASK = True
     tmpdir = tempfile.mkdtemp(prefix="peft_s2s_")
@@ -362,6 +364,17 @@ def seq2seq_lora_bench(out=None, memplan="./memplan"):
                     "%.1f (%s)" % (cuda / 2**20, why) if cuda else "", 100.0 * (mp - tr.peak - cuda_pk) / (tr.peak + cuda_pk))
                 print(row, flush=True)
                 lines.append(row)
+                rowlib.save_rows("peft_step", [{  # the evidence, kept as data (rowlib.py)
+                    "source": "bench/accuracy/peft_step.py seq2seq-lora run of %s" % time.strftime(
+                        "%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "config": path, "max_layers": 0, "args": cmd[3:],
+                    "figures": {"trainable_params": rowlib.figure(sum(p.numel() for p in trainable),
+                                                                  m["model"]["trainable_params"]),
+                                "peak": rowlib.figure(tr.peak, mp, cuda_pk)},
+                    "recorded": {"trainable_params": m["model"]["trainable_params"], "peak": mp},
+                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                                    peft=peft.__version__),
+                }])
     if out:
         with open(out, "w") as f:
             f.write("\n".join(lines) + "\n")
