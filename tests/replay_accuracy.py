@@ -11,7 +11,7 @@ it.  The expected values are torch's, never memplan's own.  One line per row ("o
 the figures), a summary per oracle, exit 1 on any miss (or a row memplan refuses).  A row marked
 `disagrees` (a miss found and said, rowlib.py) is listed as KNOWN while memplan's figure stays
 the one it was marked with; when that figure moves the row fails until the mark is revisited.
-Every row runs in make test's quick tier (some 460 rows: about 10 s, 25 s under ASan).
+Every row runs in make test's quick tier (some 470 rows: about 10 s, 25 s under ASan).
 """
 import glob
 import os

@@ -441,6 +441,19 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
            "--batch", str(batch), "--seq", str(seq), "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off",
            "--json"]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import time
+    import rowlib
+    with open(os.path.join(d, "config.json")) as f:
+        cfg_json = json.load(f)
+    rowlib.save_rows("peft_step", [{  # the evidence, kept as data (rowlib.py)
+        "source": "bench/accuracy/peft_step.py qlora-step run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "config": "peft_step.py qlora_step's LlamaConfig", "config_json": cfg_json, "args": cmd[3:],
+        "figures": {"trainable_params": rowlib.figure(sum(p.numel() for p in trainable), r["model"]["trainable_params"]),
+                    "peak": rowlib.figure(peak, r["memory"]["peak_allocated_bytes"])},
+        "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                        peft=peft.__version__),
+    }])
     return {"trainable": sum(p.numel() for p in trainable), "peak": peak, "peak_at": peak_at, "losses": losses,
             "m_trainable": r["model"]["trainable_params"], "m_peak": r["memory"]["peak_allocated_bytes"],
             "m_peak_at": r["memory"]["peak_event"]}

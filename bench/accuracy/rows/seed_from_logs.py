@@ -211,8 +211,11 @@ def peft_rows():
         data = l.startswith("| ") and not (i + 1 < len(lines) and lines[i + 1].startswith("|---"))
         if not data or l.startswith("|---"):
             continue
+        if section.startswith("## `qlora-step`"):
+            rows.append(peft_qlora_row(i + 1, cells(l)))
+            continue
         if not re.match(r"^\| [\w.-]+\.json \|", l):
-            skip("peft_step", "qlora rows (their model is built in peft_step.py, its config not recorded)")
+            skip("peft_step", "qlora-bytes rows (base storage minus adapters: no figure of memplan's JSON)")
             continue
         c = cells(l)
         if section.startswith("## T5 LoRA"):
@@ -259,6 +262,30 @@ def peft_rows():
                          "machine": "x86_64 CPU, fake tensors (FakeTensorMode)"},
         })
     return rows
+
+
+# peft_step.py qlora_step's model: LlamaConfig(...) saved with save_pretrained
+QLORA_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 704,
+                "vocab_size": 1024, "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+def peft_qlora_row(lineno, c):
+    """A row of the qlora-step table: a real QLoRA step (nf4, double quant), batch 2 x seq 128, bytes."""
+    prec, ck = c[0], c[1]
+    t_tr, m_tr = (int(x) for x in c[2].split("/"))
+    t_pk, m_pk = int(num(c[3])), int(num(c[4]))
+    return {
+        "source": "bench/accuracy/peft_step_results.md (at 281963b) line %d (qlora-step)" % lineno,
+        "config": "peft_step.py qlora_step's LlamaConfig", "config_json": QLORA_CONFIG,
+        "args": ["--finetune", "qlora", "--precision", prec, "--batch", "2", "--seq", "128", "--checkpoint", ck,
+                 "--workspace", "0", "--use-cache", "off", "--json"],
+        "figures": {"trainable_params": {"torch": t_tr, "abs": abs(m_tr - t_tr)},
+                    "peak": {"torch": t_pk, "abs": abs(m_pk - t_pk)}},
+        "recorded": {"trainable_params": m_tr, "peak": m_pk},
+        "versions": {"torch": "2.15.0", "transformers": "5.23.0", "peft": "0.21.2", "bitsandbytes": "0.50.2",
+                     "memplan": "not recorded (session 2)", "machine": "x86_64 CPU, real tensors"},
+    }
 
 
 def peft_t5_row(lineno, c):
