@@ -1,6 +1,9 @@
-# memplan — one Makefile.  `make` builds ./memplan; `make test` runs every suite;
-# `make run` runs the main job on a bundled model.  Both install missing build
-# dependencies first (Debian: libcjson-dev libcmocka-dev) when run as root.
+# memplan — one Makefile.  `make` builds ./memplan; `make test` runs every suite's quick
+# tier (< 3 minutes on a loaded 2-core machine) and the replay of the measured accuracy
+# rows; `make test-long` the long tier (MEMPLAN_TEST_LONG=1: the other models, plans and
+# sizes, and the slow cases; tests/tier.h); CI runs both.  `make run` runs the main job on
+# a bundled model.  They install missing build dependencies first (Debian: libcjson-dev
+# libcmocka-dev) when run as root.
 #
 # Knobs: CUDA=auto|yes|no  BLAS=auto|yes|no  CUDA_HOME=/usr/local/cuda  CUDA_ARCH="70 75 80 86 89 90" (+ PTX of the last)
 #        SAN=1 (AddressSanitizer + UBSan)  V=1 (echo commands)  T=<suite> (one test)
@@ -105,13 +108,16 @@ OBJS  := $(SRCS:%.c=$(BUILD)/%.o) $(KSRCS:%.cu=$(BUILD)/%.o)
 LIBOBJS := $(filter-out $(BUILD)/src/cli/main.o,$(OBJS))
 TESTS := $(patsubst tests/test_%.c,%,$(wildcard tests/test_*.c))
 TESTBINS := $(TESTS:%=$(BUILD)/tests/test_%)
+# the suites with a long tier (tests/tier.h's run_tiers); MEMPLAN_TEST_LONG=1 selects it
+LONG_TESTS := $(patsubst tests/test_%.c,%,$(shell grep -l run_tiers tests/test_*.c))
+TIER_LONG := $(filter-out 0,$(MEMPLAN_TEST_LONG))
 
 $(info I memplan build: BLAS=$(BLAS) -> $(if $(USE_BLAS),✓ cblas for the host backend ($(BLAS_PC)),✗ cblas (host GEMMs in plain C; make deps installs OpenBLAS)))
 $(info I memplan build: CC=$(CC) CUDA=$(CUDA) SAN=$(or $(SAN),0) -> $(if $(USE_CUDA),✓ cuda backend ($(NVCC_PATH)),✗ cuda backend (host only)))
 $(if $(USE_CUDA),$(info I memplan build: cuda targets sm $(CUDA_ARCH_OK) + PTX $(lastword $(CUDA_ARCH_OK))))
 $(if $(and $(USE_CUDA),$(CUDA_ARCH_DROPPED)),$(info I memplan build: ✗ sm $(CUDA_ARCH_DROPPED): not supported by this nvcc$(if $(filter 70,$(CUDA_ARCH_DROPPED)), (CUDA 13 dropped Volta; V100 needs CUDA 12))))
 
-.PHONY: all deps run test test-unit test-cli test-gpu check-man bench install clean
+.PHONY: all deps run test test-long test-unit test-cli test-gpu check-man bench install clean
 all: memplan
 
 # ./memplan is shared by every BUILD directory: a stamp of what it was linked from
@@ -142,8 +148,8 @@ $(BUILD)/tests/test_%: tests/test_%.c $(LIBOBJS)
 	@echo "  CC    $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(CMOCKA_LIBS)
 
-# bench/dump_saved.c: memplan's saved tensors as JSON lines (bench/torch_saved_build.sh)
-$(BUILD)/bench/dump_saved: bench/dump_saved.c $(LIBOBJS)
+# bench/accuracy/dump_saved.c: memplan's saved tensors as JSON lines (bench/accuracy/torch_saved_build.sh)
+$(BUILD)/bench/accuracy/dump_saved: bench/accuracy/dump_saved.c $(LIBOBJS)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
@@ -175,17 +181,27 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory memplan $(TESTBINS)
 	$(Q)$(MAKE) --no-print-directory test-unit test-cli
 
+# the long tier: the suites that have one (LONG_TESTS) and tests/cli.sh's long loops
+test-long: deps
+	$(Q)$(MAKE) --no-print-directory memplan $(TESTBINS)
+	$(Q)MEMPLAN_TEST_LONG=1 $(MAKE) --no-print-directory test-unit test-cli
+
 test-unit: $(TESTBINS)
-	@fail=0; for t in $(if $(T),$(BUILD)/tests/test_$(T),$(TESTBINS)); do \
+	@fail=0; for t in $(if $(T),$(BUILD)/tests/test_$(T),$(if $(TIER_LONG),$(LONG_TESTS:%=$(BUILD)/tests/test_%),$(TESTBINS))); do \
 	  echo "== $$t"; $(ASAN_ENV) $$t || fail=$$((fail+1)); done; \
 	if [ $$fail -ne 0 ]; then echo "$$fail test suite(s) failed"; exit 1; fi
 
+# tests/replay_accuracy.py: the oracles' measured rows (bench/accuracy/rows) against memplan
 test-cli: memplan
 	$(ASAN_ENV) sh tests/cli.sh ./memplan
+ifeq ($(TIER_LONG),)
 	$(ASAN_ENV) sh tests/cli_output.sh ./memplan
+	@if command -v python3 >/dev/null; then $(ASAN_ENV) python3 tests/replay_accuracy.py ./memplan; \
+	else echo "skip tests/replay_accuracy.py (no python3)"; fi
 	@if command -v python3 >/dev/null && command -v nm >/dev/null; then python3 tests/deps.py $(BUILD); fi
 	@if command -v python3 >/dev/null; then python3 -B tests/doc_refs.py; else echo "doc_refs: skipped (no python3)"; fi
 	@if command -v python3 >/dev/null; then python3 -B tests/family_coverage.py ./memplan; fi
+endif
 
 test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops $(BUILD)/tests/test_probe_suggest
 	$(BUILD)/tests/test_probe
@@ -248,7 +264,7 @@ check-man:
 	groff -man -Tutf8 -ww -z man/memplan.1
 
 bench: memplan
-	sh bench/run.sh
+	sh bench/speed/run.sh
 
 install: memplan
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1

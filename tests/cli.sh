@@ -4,6 +4,10 @@
 #
 # Usage (from the repository root):  sh tests/cli.sh ./memplan
 #
+# Two tiers (tests/tier.h): by default (make test) the loops over every bundled model take every
+# fourth model and the long models with HF layers are left out; MEMPLAN_TEST_LONG=1 (make
+# test-long) runs the loops' other models and those long models, and the rest of the checks again.
+#
 # Prints one line per check ("ok   ..." or "FAIL ..." followed by "#" detail
 # lines), then the line "N passed, M failed", and exits 1 if any check failed.
 # Exit statuses (README "Exit status", memplan(1) EXIT STATUS): 0 success/fits,
@@ -37,6 +41,8 @@ trap 'exit 130' INT TERM
 pass=0
 fail=0
 skip=0
+LONG=
+case ${MEMPLAN_TEST_LONG:-0} in 0 | "") ;; *) LONG=yes ;; esac
 TAB=$(printf '\t')
 HAVE_PY=
 command -v python3 >/dev/null 2>&1 && HAVE_PY=yes
@@ -53,6 +59,11 @@ bad() {
 skipped() {
     skip=$((skip + 1))
     echo "skip $*"
+}
+# tier_item N: item N (0, 1, ...) of a loop over models is this run's: every fourth in the quick
+# tier, the others in the long one
+tier_item() {
+    if [ $(($1 % 4)) -eq 0 ]; then [ -z "$LONG" ]; else [ -n "$LONG" ]; fi
 }
 # What the last run did, as comment lines under a FAIL.
 detail() {
@@ -773,8 +784,11 @@ fi
 
 # ---- every bundled model ------------------------------------------------------------------
 
+i=0
 for f in models/*.json models/hf/*.json; do
     [ -f "$f" ] || continue
+    i=$((i + 1))
+    tier_item $((i - 1)) || continue
     run estimate "$f"
     if [ "$ec" -eq 0 ] && [ -s "$T/out" ]; then
         ok "estimate $f: exit 0"
@@ -788,8 +802,13 @@ done
 
 # every HF family through plan, suggest and check: a result (exit 0 fits, 1 does not), never
 # a usage, input or internal error
+i=0
 for f in models/hf/*.json; do
     [ -f "$f" ] || continue
+    i=$((i + 1))
+    # (counted from 1: the quick tier's models are then bert, ernie, falcon-7b, gemma-3, ...,
+    # mixtral, qwen1.5-moe, vit, and the 32B to 70B configs, whose suggest takes seconds, long)
+    tier_item "$i" || continue
     for cmd in "plan $f --gpu a100-80gb --batch 1" "suggest $f --gpu a100-80gb --no-probe" \
         "check $f --gpu a100-80gb --batch 1"; do
         # shellcheck disable=SC2086
@@ -804,7 +823,7 @@ for f in models/hf/*.json; do
 done
 
 # mixture-of-experts programs are estimated only: the probe refuses them with a reason (exit 4)
-expect_line 4 "probe of an MoE config: refused, one line" probe bench/moe/mixtral-shrunk.json --backend host \
+expect_line 4 "probe of an MoE config: refused, one line" probe bench/accuracy/moe/mixtral-shrunk.json --backend host \
     --batch 1 --seq 64
 if grep -q "does not execute mixture-of-experts routing" "$T/err"; then
     ok "probe of an MoE config: the reason names MoE routing"
@@ -818,10 +837,10 @@ expect_line 4 "probe of a cohere config: refused, one line" probe models/hf/aya-
 
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
-expect_line 2 "--moe-capacity below 1: usage error" estimate bench/moe/mixtral-shrunk.json --moe-capacity 0.5
-run estimate bench/moe/mixtral-shrunk.json --batch 2 --seq 64 --json
+expect_line 2 "--moe-capacity below 1: usage error" estimate bench/accuracy/moe/mixtral-shrunk.json --moe-capacity 0.5
+run estimate bench/accuracy/moe/mixtral-shrunk.json --batch 2 --seq 64 --json
 cp "$T/out" "$T/moe1.json"
-run estimate bench/moe/mixtral-shrunk.json --batch 2 --seq 64 --moe-capacity 3 --json
+run estimate bench/accuracy/moe/mixtral-shrunk.json --batch 2 --seq 64 --moe-capacity 3 --json
 if [ -z "$HAVE_PY" ]; then
     skipped "--moe-capacity: config.moe (python3 not found)"
 elif python3 - "$T/moe1.json" "$T/out" <<'PY'
@@ -842,10 +861,10 @@ fi
 
 # LoRA on MoE: peft's all-linear (and its MoE name mapping) adapt the experts' 3-D parameters, not
 # modelled: refused with the reason; attention targets are modelled (39,936 trainable = peft 0.21's
-# count for q_proj,v_proj on this config, meta device, bench/peft_step.py)
+# count for q_proj,v_proj on this config, meta device, bench/accuracy/peft_step.py)
 expect_line 2 "--finetune lora all-linear on an MoE config: refused, one line" estimate \
-    bench/moe/mixtral-shrunk.json --finetune lora --lora-targets all-linear
-run estimate bench/moe/mixtral-shrunk.json --finetune lora --lora-targets q_proj,v_proj --json
+    bench/accuracy/moe/mixtral-shrunk.json --finetune lora --lora-targets all-linear
+run estimate bench/accuracy/moe/mixtral-shrunk.json --finetune lora --lora-targets q_proj,v_proj --json
 if [ -z "$HAVE_PY" ]; then
     skipped "--finetune lora q_proj,v_proj on an MoE config (python3 not found)"
 elif [ "$ec" -eq 0 ] && python3 -c 'import json,sys; assert json.load(sys.stdin)["model"]["trainable_params"] == 39936' \
@@ -1083,8 +1102,9 @@ fi
 # suggest for a model that does not fit one GPU names the smallest world that fits: the named
 # nodes x 8 ranks fit micro-batch 1 with every block checkpointed, one node fewer does not
 # (neither fsdp nor zero3).  The issue's own example: Llama-2-70B's HF config on H100s.
+# (the long tier's: this suggest takes 5 to 10 s on a loaded 2-core machine)
 L70=models/hf/llama-2-70b.json
-if [ -n "$HAVE_PY" ]; then
+if [ -n "$HAVE_PY" ] && [ -n "$LONG" ]; then
     run suggest $L70 --gpu h100-80gb --no-probe --json
     if [ "$ec" -eq 1 ] && python3 -c '
 import json, re, sys
@@ -1215,6 +1235,7 @@ c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 600; json.dump(c, ope
 ' models/hf/gemma-3-1b.json "$T/long-hf.json"
 fi
 for lm in long long-hf; do
+    [ $lm = long-hf ] && [ -z "$LONG" ] && continue # the long tier's
     [ -f "$T/$lm.json" ] || { skipped "plan $lm: folds (no python3)"; continue; }
     seq=8 budget=2MiB
     [ $lm = long-hf ] && seq=64 budget=3GiB
@@ -1246,6 +1267,7 @@ c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 1000; json.dump(c, op
 ' models/hf/gemma-3-1b.json "$T/long1k-hf.json"
 fi
 for lm in long2k long1k-hf; do
+    [ $lm = long1k-hf ] && [ -z "$LONG" ] && continue # the long tier's
     [ -f "$T/$lm.json" ] || { skipped "estimate $lm: folds (no python3)"; continue; }
     seq=8
     [ $lm = long1k-hf ] && seq=64

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt.h"
+#include "tier.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -1318,24 +1319,28 @@ int main(void)
         cmocka_unit_test(test_plan_every_includes_last_run),
         cmocka_unit_test(test_plan_empty_chain),
         cmocka_unit_test(test_optimal_unit_table),
-        cmocka_unit_test(test_optimal_unit_table_scaled_gcd),
         cmocka_unit_test(test_optimal_unit_table_most_slots),
         cmocka_unit_test(test_optimal_equals_dense_dp),
-        cmocka_unit_test(test_optimal_beats_sequential_unit),
         cmocka_unit_test(test_optimal_below_input_infeasible),
         cmocka_unit_test(test_plan_rejects_bad_chain),
         cmocka_unit_test(test_invariants_random_chains),
         cmocka_unit_test(test_segdp_brute_force_small),
         cmocka_unit_test(test_segdp_brute_force_twelve_blocks),
-        cmocka_unit_test(test_discretise_non_gcd_within_budget),
         cmocka_unit_test(test_optimal_heterogeneous_rounded_beats_sequential),
         cmocka_unit_test(test_discretise_gcd_budget_rounds_down),
-        cmocka_unit_test(test_discretise_coarse_slots),
         cmocka_unit_test(test_plan_readout_rotor),
         cmocka_unit_test(test_compare_best_segments),
         cmocka_unit_test(test_optimal_long_chain_grouped),
         cmocka_unit_test(test_optimal_long_chain_never_worse_than_sqrt),
         cmocka_unit_test(test_optimal_long_chain),
     };
-    return cmocka_run_group_tests_name("ckpt", tests, NULL, NULL);
+    /* the long tier (tier.h): the cases that take a second or more each on a loaded 2-core
+     * machine (larger unit tables and slot counts; the quick tier keeps one of each kind) */
+    const struct CMUnitTest long_[] = {
+        cmocka_unit_test(test_optimal_unit_table_scaled_gcd),
+        cmocka_unit_test(test_optimal_beats_sequential_unit),
+        cmocka_unit_test(test_discretise_non_gcd_within_budget),
+        cmocka_unit_test(test_discretise_coarse_slots),
+    };
+    return run_tiers(tests, long_);
 }

@@ -463,7 +463,7 @@ static void test_estimate_gelu_new_autocast(void **state)
 
 /* HF's composite gelu_new ends in half_x * one_plus_tanh: its MulBackward0 makes both factors'
  * gradients while the incoming one is alive, one x-sized tensor more than the fused kernels;
- * relu2 (relu then square) two (measured with bench/torch_step.py's LiveTracker under fake
+ * relu2 (relu then square) two (measured with bench/accuracy/torch_step.py's LiveTracker under fake
  * tensors: the backward peaks 3, 4 and 2 x-sized tensors above what is live before it).  fp32,
  * b=2, s=8, ffn 64: 1024 elements, 4096 / 8192 bytes of backward workspace; gelu_tanh (F.gelu,
  * fused) none. */
@@ -630,7 +630,7 @@ static enum mp_status live_at_loss_event(void *ctx, const struct mp_event *ev)
  *   pb.contiguous() (a*s*s*4 = 16384); SDPA's output (16384) and logsumexp (b*a*32*4 = 1024);
  *   the residual sum x1 (16384, saved by the next norm); its rsqrt (256), normed (16384) and
  *   output (16384, saved by wi); relu's output (b*s*F*4 = 32768, saved by relu and wo).
- *   Total 198144 (bench/torch_step.py: saved tensors equal to PyTorch's). */
+ *   Total 198144 (bench/accuracy/torch_step.py: saved tensors equal to PyTorch's). */
 static const char T5_TINY[] =
     "{\"model_type\": \"t5\", \"vocab_size\": 100, \"d_model\": 64, \"d_kv\": 16, \"d_ff\": 128,"
     " \"num_layers\": 2, \"num_heads\": 4, \"dropout_rate\": 0.0, \"n_positions\": 32}";
@@ -750,7 +750,7 @@ static enum mp_status live_at_node_event(void *ctx, const struct mp_event *ev)
 /* use_cache under autocast: transformers' DynamicCache keeps each layer's fp32 k and v copies
  * (the rotated k is fp32, the empty cache takes its dtype) until the model's forward returns:
  * alive in the loss's forward (inside the model's forward), gone when backward starts (measured
- * with bench/torch_step.py --use-cache: llama-2-7b 8x1024 amp peaks in the loss forward). */
+ * with bench/accuracy/torch_step.py --use-cache: llama-2-7b 8x1024 amp peaks in the loss forward). */
 static void test_estimate_kv_cache_held_to_loss(void **state)
 {
     (void)state;
@@ -1260,7 +1260,7 @@ static enum mp_status node_bwd_event(void *ctx, const struct mp_event *ev)
  * A Mixtral layer in pure bf16 (hidden 64, 4 experts, top-2), batch 1 x 64 tokens: S = 128
  * routed rows.  The routing-weights multiply: a = the experts' bf16 output (S, 64), 16384 B;
  * b = the fp32 weights (S, 1), 512 B; a * b is fp32.  Its backward, as LiveTracker traced it
- * (bench/torch_step.py, mixtral-shrunk 2x1024 bf16), on top of the fp32 incoming gradient:
+ * (bench/accuracy/torch_step.py, mixtral-shrunk 2x1024 bf16), on top of the fp32 incoming gradient:
  *   grad * a -> fp32 (S, 64) 32768 (b's, before its sum); grad * b -> fp32 32768 (a's, before
  *   its cast): +65536; [checkpointed: a and b freed, -16896]; the cast of a's gradient to bf16
  *   +16384; the sum of b's 512.
@@ -1357,7 +1357,7 @@ static void test_estimate_chunk_cat_before_weight_grad(void **state)
  *   gemma3_text, 1 kv head (repeat_kv's reshape is a view), fp32: the mask only, 2048;
  *   gemma3_text, amp-bf16: the bf16 mask 1024, and autocast's copy of the expanded fp32 rotated
  *     k has every head: (2, 4, 16, 16) bf16 4096 instead of 1024: +3072; 4096 per layer
- * (measured at full size with bench/torch_step.py: gemma-3-1b 2x1024 fp32, 8x1024 amp-bf16). */
+ * (measured at full size with bench/accuracy/torch_step.py: gemma-3-1b 2x1024 fp32, 8x1024 amp-bf16). */
 static void test_estimate_sliding_window_mask(void **state)
 {
     (void)state;

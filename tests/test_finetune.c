@@ -6,7 +6,7 @@
  *    LoraConfig(r, lora_alpha=2r, task_type=CAUSAL_LM[, target_modules]),
  *    get_nb_trainable_parameters());
  *  - quantized storage from bitsandbytes 0.50.2, quantizing real tensors on the CPU
- *    (bench/peft_step.py qlora-bytes), and hand-worked GPTQ/AWQ/int8 shapes.
+ *    (bench/accuracy/peft_step.py qlora-bytes), and hand-worked GPTQ/AWQ/int8 shapes.
  * Run from the repo root.
  */
 #include <setjmp.h>
@@ -73,7 +73,7 @@ static void test_lora_trainable_params_match_peft(void **state)
         const char *targets;   /* NULL: peft's default for the family */
         uint64_t trainable, total;
     } cases[] = {
-        /* every bundled config, peft's default targets and all-linear (bench/peft_step.py params;
+        /* every bundled config, peft's default targets and all-linear (bench/accuracy/peft_step.py params;
          * where peft has no default for the model type it asks for target_modules, and memplan
          * assumes all-linear: those default rows hold peft's all-linear figures) */
         {"models/hf/bert-base-uncased.json", 16, NULL, 589824, 110104122},
@@ -176,7 +176,7 @@ static void test_lora_trainable_params_match_peft(void **state)
  * as the snippet prints it) keep the head whole and trainable beside a frozen original
  * (modules_to_save, matched as a name suffix: DistilBERT's pre_classifier too, RoBERTa's
  * classifier.dense inside its classifier).  Figures from peft 0.21.2 on these configs
- * (bench/peft_step.py peft_params, r 8); where peft refuses (an adapted Linear inside a saved
+ * (bench/accuracy/peft_step.py peft_params, r 8); where peft refuses (an adapted Linear inside a saved
  * module) memplan refuses too. */
 static void test_lora_task_heads_match_peft(void **state)
 {
@@ -411,7 +411,7 @@ static void test_quant_gptq_awq_int8(void **state)
 }
 
 /* QLoRA (nf4, double quant, prepare_model_for_kbit_training) weight bytes equal what
- * bitsandbytes holds (bench/peft_step.py qlora-bytes: every Linear but lm_head quantized
+ * bitsandbytes holds (bench/accuracy/peft_step.py qlora-bytes: every Linear but lm_head quantized
  * on the CPU, the rest in fp32), plus the fp32 adapters (peft's count x 4). */
 static void test_qlora_weight_bytes_match_bitsandbytes(void **state)
 {

@@ -21,6 +21,7 @@
 #include "fit_job.h"
 #include "estimate/fold.h"
 #include "search/search.h"
+#include "tier.h"
 
 static bool close_enough(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(1.0, fmax(fabs(a), fabs(b))); }
 
@@ -79,9 +80,15 @@ static void assert_same_fit(const char *what, const struct mp_fit *a, const stru
 /* How the model trains, besides the defaults. */
 enum variant { V_PLAIN, V_LORA, V_ACCUM_ADAFACTOR, V_EAGER_SGD, V_QLORA, N_VARIANTS };
 
-/* Every plan, two precisions, three batches, verdicts and full reports: returns the blocks the
- * folded fits did not replay. */
-static size_t compare_model(const struct mp_model *m, const char *name, enum variant v, const struct mp_parallel *par)
+/* compare_model's combinations in the quick tier: every 7th of the 84 (7 is prime to the 2
+ * verdicts, 3 batches and 2 precisions, so the quick ones still take every plan, both
+ * precisions, every batch and both kinds of report); the long tier takes the others. */
+#define COMBO_STRIDE 7
+
+/* Every plan, two precisions, three batches, verdicts and full reports (state: a tier's share of
+ * them, tier.h; NULL: all): returns the blocks the folded fits did not replay. */
+static size_t compare_model(void **state, const struct mp_model *m, const char *name, enum variant v,
+                            const struct mp_parallel *par)
 {
     static const struct mp_ckpt_spec plans[] = {
         {MP_CKPT_NONE, 0},  {MP_CKPT_SQRT, 0},  {MP_CKPT_LAYERS, 0},  {MP_CKPT_EVERY, 3},
@@ -89,11 +96,13 @@ static size_t compare_model(const struct mp_model *m, const char *name, enum var
     };
     static const enum mp_precision precs[] = {MP_PREC_AMP_BF16, MP_PREC_FP32};
     static const uint64_t batches[] = {1, 3, 64};
-    size_t folded = 0;
+    size_t folded = 0, combo = 0;
     for (size_t pi = 0; pi < sizeof plans / sizeof plans[0]; pi++)
         for (size_t qi = 0; qi < 2; qi++)
             for (size_t bi = 0; bi < 3; bi++)
                 for (int verdict = 0; verdict < 2; verdict++) {
+                    if (state && !in_tier_n(state, combo++, COMBO_STRIDE))
+                        continue;
                     struct mp_job j = job_for(m, "t4");
                     j.train.skip_reserved = true; /* the allocator model is not folded: as in suggest's search */
                     j.ckpt = plans[pi];
@@ -170,7 +179,6 @@ static void stretch(const struct mp_model *m, size_t extra, struct mp_model *big
 /* A long GPT-2 style chain and a long Llama style chain: folds that count hundreds of blocks. */
 static void test_fold_long_chains_equal_their_replay(void **state)
 {
-    (void)state;
     static const char *files[] = {"models/tiny-test.json", "models/gpt2-124m.json", "models/hf/llama-2-7b.json"};
     for (size_t k = 0; k < 3; k++) {
         struct mp_model m;
@@ -180,7 +188,7 @@ static void test_fold_long_chains_equal_their_replay(void **state)
         for (int v = 0; v < N_VARIANTS; v++) {
             if (v == V_QLORA && k == 0)
                 continue; /* tiny-test has no HF family: peft's default targets are unknown */
-            size_t folded = compare_model(&big, files[k], (enum variant)v, NULL);
+            size_t folded = compare_model(state, &big, files[k], (enum variant)v, NULL);
             assert_true(folded > 0);
         }
         free(big.blocks);
@@ -262,7 +270,6 @@ static void test_fold_estimate_equals_its_replay(void **state)
  * full model's buckets, partitions and groups come from the weighted short program. */
 static void test_fold_data_parallel_equals_its_replay(void **state)
 {
-    (void)state;
     static const char *files[] = {"models/gpt2-124m.json", "models/hf/llama-2-7b.json"};
     struct par_case {
         enum mp_par_strategy s;
@@ -301,7 +308,7 @@ static void test_fold_data_parallel_equals_its_replay(void **state)
             struct mp_diag d = {{0}};
             assert_int_equal(mp_par_validate(&par, &d), MP_OK);
             /* plain and with accumulation (sharded gradients carried between micro-steps) */
-            assert_true(compare_model(&big, files[k], c % 2 ? V_ACCUM_ADAFACTOR : V_PLAIN, &par) > 0);
+            assert_true(compare_model(state, &big, files[k], c % 2 ? V_ACCUM_ADAFACTOR : V_PLAIN, &par) > 0);
         }
         free(big.blocks);
         mp_model_release(&m);
@@ -348,7 +355,6 @@ static void load_stretched(struct mp_model *m, const char *path, int layers)
  * SmolLM3's rotary on three layers of four, each with 60 layers (gemma-3: 62). */
 static void test_fold_alternating_layers_equal_their_replay(void **state)
 {
-    (void)state;
     static const struct {
         const char *path;
         int layers;
@@ -366,7 +372,7 @@ static void test_fold_alternating_layers_equal_their_replay(void **state)
         for (int v = 0; v < N_VARIANTS; v++) {
             char what[300];
             snprintf(what, sizeof what, "%s x%d", models[k].path, models[k].layers);
-            size_t folded = compare_model(&m, what, (enum variant)v, NULL);
+            size_t folded = compare_model(state, &m, what, (enum variant)v, NULL);
             assert_true(folded > 0);
         }
         /* and data parallel: a weighted unit's FSDP2 / ZeRO-3 groups and DDP buckets */
@@ -378,7 +384,7 @@ static void test_fold_alternating_layers_equal_their_replay(void **state)
             par.gpus = 8;
             char what[300];
             snprintf(what, sizeof what, "%s x%d", models[k].path, models[k].layers);
-            assert_true(compare_model(&m, what, V_PLAIN, &par) > 0);
+            assert_true(compare_model(state, &m, what, V_PLAIN, &par) > 0);
         }
         mp_model_release(&m);
     }
@@ -404,7 +410,7 @@ static void test_fold_alternating_layers_equal_their_replay(void **state)
         assert_int_equal(m.blocks[i].period, i < 13 ? per[i] : 3);
     for (int v = 0; v < N_VARIANTS; v++)
         if (v != V_QLORA) /* no HF family: peft's default targets are unknown */
-            assert_true(compare_model(&m, "runs.json", (enum variant)v, NULL) > 0);
+            assert_true(compare_model(state, &m, "runs.json", (enum variant)v, NULL) > 0);
     mp_model_release(&m);
 }
 
@@ -414,7 +420,6 @@ static void test_fold_alternating_layers_equal_their_replay(void **state)
  * stack, every variant, and the data-parallel engines (t5-small). */
 static void test_fold_encoder_decoder_equals_its_replay(void **state)
 {
-    (void)state;
     static const char *files[] = {"models/hf/t5-small.json", "models/hf/flan-t5-base.json",
                                   "models/hf/mt5-small.json", "models/hf/umt5-small.json"};
     for (size_t k = 0; k < 4; k++) {
@@ -423,7 +428,7 @@ static void test_fold_encoder_decoder_equals_its_replay(void **state)
         assert_true(m.enc_dec);
         for (int v = 0; v < N_VARIANTS; v++)
         {
-            size_t folded = compare_model(&m, files[k], (enum variant)v, NULL);
+            size_t folded = compare_model(state, &m, files[k], (enum variant)v, NULL);
             /* QLoRA does not fold: its whole model is replayed (umt5, every layer with its own
              * relative attention bias, folds: each layer leaves the builder as it found it) */
             if (v != V_QLORA)
@@ -435,7 +440,7 @@ static void test_fold_encoder_decoder_equals_its_replay(void **state)
             mp_parallel_default(&par);
             par.strategy = engines[e];
             par.gpus = 8;
-            assert_true(compare_model(&m, files[k], V_PLAIN, &par) > 0);
+            assert_true(compare_model(state, &m, files[k], V_PLAIN, &par) > 0);
         }
         mp_model_release(&m);
     }
@@ -444,7 +449,6 @@ static void test_fold_encoder_decoder_equals_its_replay(void **state)
 /* Every bundled model, as it is. */
 static void test_fold_bundled_models_equal_their_replay(void **state)
 {
-    (void)state;
     static const char *dirs[] = {"models", "models/hf"};
     size_t folded = 0, models = 0;
     for (size_t di = 0; di < 2; di++) {
@@ -459,7 +463,7 @@ static void test_fold_bundled_models_equal_their_replay(void **state)
             snprintf(path, sizeof path, "%s/%s", dirs[di], e->d_name);
             struct mp_model m;
             load_file(&m, path);
-            size_t f = compare_model(&m, path, V_PLAIN, NULL);
+            size_t f = compare_model(state, &m, path, V_PLAIN, NULL);
             /* layers that make tensors of their own for no other layer fold too: GPT-J's sinusoid
              * tables (one tensor, sized for every layer by the first), the interleaved rotary's
              * cos/sin pair per layer (ERNIE 4.5, GLM-4-0414) */
@@ -484,7 +488,6 @@ static void test_fold_bundled_models_equal_their_replay(void **state)
  * fit through folds equals the whole replay. */
 static void test_fold_nested_equals_its_replay(void **state)
 {
-    (void)state;
     for (int k = 0; k < 3; k++) {
         struct mp_model m, base;
         if (k == 0) {
@@ -512,8 +515,12 @@ static void test_fold_nested_equals_its_replay(void **state)
         mp_fold_release(&one);
         mp_fold_release(&two);
         mp_fit_release(&fit);
-        assert_true(compare_model(&m, what, V_PLAIN, NULL) > 0);
-        assert_true(compare_model(&m, what, k == 0 ? V_ACCUM_ADAFACTOR : V_LORA, NULL) > 0);
+        /* the comparisons: GPT-2's shared by the tiers, gemma-3's and SmolLM3's (slow) long */
+        void **share = k == 0 ? state : NULL;
+        if (k == 0 || !tier_quick(state)) {
+            assert_true(compare_model(share, &m, what, V_PLAIN, NULL) > 0);
+            assert_true(compare_model(share, &m, what, k == 0 ? V_ACCUM_ADAFACTOR : V_LORA, NULL) > 0);
+        }
         if (k == 0) {
             free(m.blocks);
             mp_model_release(&base);
@@ -558,15 +565,24 @@ static void test_long_model_optimal_never_worse_than_sqrt(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fold_long_chains_equal_their_replay),
-        cmocka_unit_test(test_fold_alternating_layers_equal_their_replay),
-        cmocka_unit_test(test_fold_bundled_models_equal_their_replay),
-        cmocka_unit_test(test_fold_data_parallel_equals_its_replay),
+    /* tier.h: each comparison's combinations shared by the tiers (every 7th quick) */
+    const struct CMUnitTest quick[] = {
+        TIER_CASE_QUICK(test_fold_long_chains_equal_their_replay),
+        TIER_CASE_QUICK(test_fold_alternating_layers_equal_their_replay),
+        TIER_CASE_QUICK(test_fold_bundled_models_equal_their_replay),
+        TIER_CASE_QUICK(test_fold_data_parallel_equals_its_replay),
         cmocka_unit_test(test_fold_estimate_equals_its_replay),
-        cmocka_unit_test(test_fold_encoder_decoder_equals_its_replay),
-        cmocka_unit_test(test_fold_nested_equals_its_replay),
+        TIER_CASE_QUICK(test_fold_encoder_decoder_equals_its_replay),
+        TIER_CASE_QUICK(test_fold_nested_equals_its_replay),
         cmocka_unit_test(test_long_model_optimal_never_worse_than_sqrt),
     };
-    return cmocka_run_group_tests_name("fold", tests, NULL, NULL);
+    const struct CMUnitTest long_[] = {
+        TIER_CASE_LONG(test_fold_long_chains_equal_their_replay),
+        TIER_CASE_LONG(test_fold_alternating_layers_equal_their_replay),
+        TIER_CASE_LONG(test_fold_bundled_models_equal_their_replay),
+        TIER_CASE_LONG(test_fold_data_parallel_equals_its_replay),
+        TIER_CASE_LONG(test_fold_encoder_decoder_equals_its_replay),
+        TIER_CASE_LONG(test_fold_nested_equals_its_replay),
+    };
+    return run_tiers(quick, long_);
 }

@@ -515,7 +515,7 @@ static void test_ignored_fields_accepted(void **state)
 /* ---- families added with the family table -------------------------------- */
 
 /* Real checkpoints' config.json values under models/hf/.  Expected: transformers 5.23,
- * `python3 bench/hf_params.py models/hf/<file>.json [ARCH...]` (the class built from the
+ * `python3 bench/accuracy/hf_params.py models/hf/<file>.json [ARCH...]` (the class built from the
  * file on the meta device, tied weights counted once). */
 struct param_row {
     const char *path, *arch; /* arch: NULL = the file's architectures[0], else put in its place */
@@ -603,7 +603,7 @@ static const struct param_row table_families[] = {
 };
 
 /* ViT: a rectangular image, one channel, no q/k/v bias (o_proj keeps its bias), a pooler of
- * another width (expected: bench/hf_params.py on the same JSON); the sequence is 4 x 6 patches
+ * another width (expected: bench/accuracy/hf_params.py on the same JSON); the sequence is 4 x 6 patches
  * + the class token. */
 static void test_vit_config(void **state)
 {
@@ -632,7 +632,7 @@ static void test_vit_config(void **state)
 }
 
 /* Falcon's other layouts and a tied GPT-J with rotary over the whole head, on small configs
- * (expected: bench/hf_params.py on the same JSON, *ForCausalLM). */
+ * (expected: bench/accuracy/hf_params.py on the same JSON, *ForCausalLM). */
 static void test_params_falcon_gptj_layouts(void **state)
 {
     (void)state;
@@ -818,7 +818,7 @@ static void test_error_table_families(void **state)
 /* ---- llama variants of 2025: seed_oss, smollm3, olmo3, exaone4, glm, glm4, helium, ernie4_5, cohere ---- */
 
 /* Real checkpoints' config.json values (typed from the published files); expected counts:
- * transformers 5.23, `python3 bench/hf_params.py models/hf/<file>.json [ARCH...]`. */
+ * transformers 5.23, `python3 bench/accuracy/hf_params.py models/hf/<file>.json [ARCH...]`. */
 static const struct param_row variants_2025[] = {
     {"models/hf/seed-oss-36b.json", NULL, UINT64_C(36151104512)},
     {"models/hf/seed-oss-36b.json", "SeedOssForSequenceClassification", UINT64_C(35356818432)},
@@ -1120,7 +1120,7 @@ static void test_error_variants_2025(void **state)
     "\"num_attention_heads\": 4, \"intermediate_size\": 128" extra "}"
 
 /* Expected counts: transformers 5.23, the same config (architectures[0] as the class) built
- * on the meta device, sum(p.numel() for p in model.parameters()) (bench/hf_params.py does
+ * on the meta device, sum(p.numel() for p in model.parameters()) (bench/accuracy/hf_params.py does
  * it for a file). */
 static void test_head_param_counts(void **state)
 {
@@ -1470,7 +1470,7 @@ static void test_error_rotary_fraction(void **state)
 /* ---- mixture of experts (moe_hook) --------------------------------------- */
 
 /* Real checkpoints' config.json values (typed from the published files; no hub access here).
- * Expected: transformers 5.23 on the meta device, `python3 bench/hf_params.py FILE [ARCH]`.
+ * Expected: transformers 5.23 on the meta device, `python3 bench/accuracy/hf_params.py FILE [ARCH]`.
  * deepseek-v3.json omits the published fp8 quantization_config (memplan refuses fp8;
  * test_error_moe checks it): the bf16 checkpoint people fine-tune. */
 static const struct {
@@ -1872,7 +1872,7 @@ static void test_xielu_saves(void **state)
     enum mp_dtype in, out;
     load_str_ok(&m, TINY("apertus", ""));
     assert_int_equal(params_of(&m), 45794);
-    /* transients (bench/torch_step.py's LiveTracker): forward 3 x-sized beside the output, two of
+    /* transients (bench/accuracy/torch_step.py's LiveTracker): forward 3 x-sized beside the output, two of
      * them fp32 under amp; backward 3 output-sized beyond a fused kernel's, plus the gradient's cast
      * back to bf16 under amp, less the mask (freed first) */
     static const struct {

@@ -15,7 +15,7 @@
  * has run; backward runs them in reverse, each node freeing its saved operands and its incoming
  * gradient when it ends (torch derivatives.yaml: bmm, _softmax_backward_data, _to_copy, mul/div
  * by a scalar, native_dropout, tanh; the engine casts a gradient to its input's dtype,
- * validate_outputs).  Checked op by op with bench/torch_step.py's LiveTracker: the forward peaks
+ * validate_outputs).  Checked op by op with bench/accuracy/torch_step.py's LiveTracker: the forward peaks
  * at the softmax (its input and the probabilities), the backward at the softmax backward (the
  * probabilities, their gradient and the softmax's input gradient; P@V's operands and dO already
  * freed, q/k gradients not yet made). */

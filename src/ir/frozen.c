@@ -22,7 +22,7 @@ static bool param_trains(const struct mp_program *p, int q) { return q >= 0 && p
 /* With frozen parameters, autograd records an op only if an input requires grad or it
  * has a trainable parameter, and a recorded op saves only what the gradients it must
  * compute need (torch derivatives.yaml, checked with saved_tensors_hooks in
- * bench/peft_step.py):
+ * bench/accuracy/peft_step.py):
  *  - linear (mm/addmm): x is saved for the weight gradient, W (its autocast copy) for
  *    the input gradient;
  *  - mul: each factor is saved for the other's gradient;
@@ -120,7 +120,7 @@ void parts_need_grad(struct mp_program *p)
  * (finetune.c's per-family list: routers and fused experts), or, for the families measured so
  * (DeepSeek-V3; not Qwen2-MoE, whose MLP names stay plain Linears), the MLP names that peft's MoE
  * mapping sends to the experts' 3-D parameters.  NULL: modelled (named attention targets equal
- * peft's count, bench/peft_step.py). */
+ * peft's count, bench/accuracy/peft_step.py). */
 const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_finetune *f)
 {
     if (mp_finetune_all_linear_unmodelled(f, m->hf_type))

@@ -66,7 +66,7 @@ struct val autocast_in(struct bld *B, struct val x, const char *name)
  * autocast's fp32 list (the amp32 column: gelu_new's torch.pow) runs in fp32 from there on:
  * pow saves an fp32 copy of its input, the later intermediates and the output are fp32,
  * and the next Linear casts the output back (its saved half copy).  CUDA's list, not the
- * CPU's: memplan plans CUDA runs (bench/torch_step_results.md lists the CPU difference). */
+ * CPU's: memplan plans CUDA runs (bench/accuracy/torch_step_results.md lists the CPU difference). */
 struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool inplace, const char *name)
 {
     if (failed(B))

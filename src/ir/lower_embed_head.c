@@ -59,7 +59,7 @@ struct val lower_loss(struct bld *B, struct val logits, const char *name, bool u
     n->in[1] = B->p->labels;
     n->out = y.t;
     save(n, lp.t);
-    /* nll_loss saves its target and total_weight (the bench/torch_saved.md measurements) */
+    /* nll_loss saves its target and total_weight (the bench/accuracy/torch_saved.md measurements) */
     if (shift) {
         snprintf(en, sizeof en, "%s.shift_labels", name);
         extra_as(n, new_flat(B, en, MP_DT_I64, M), MP_XR_SHIFT_LABELS);
@@ -272,7 +272,7 @@ struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, 
         /* Two gradients reach the tied table's AccumulateGrad: the engine keeps the head's
          * until the embedding's backward has made its dense V x h gradient, then adds them
          * out of place: two more table-sized tensors in that backward (measured,
-         * bench/torch_step_results.md). */
+         * bench/accuracy/torch_step_results.md). */
         for (size_t k = 0; k < B->p->n_nodes; k++)
             if (B->p->nodes[k].prim == MP_P_EMBED && B->p->nodes[k].param[0] == B->embed_param)
                 tmp_one(B, &B->p->nodes[k], true, MP_TR_OTHER,

@@ -19,7 +19,7 @@
  *     un-permute (saves inv_perm, S int64); view (M, k, h).sum(1); .to(x's dtype).
  * grouped_mm is not an autocast op: under amp it runs in the weights' dtype, fp32 (x, the
  * RMSNorm output, is fp32 there), so the experts' activations are fp32 (measured on the CPU,
- * bench/torch_step_results.md; CUDA's autocast list has no grouped_mm either, transformers'
+ * bench/accuracy/torch_step_results.md; CUDA's autocast list has no grouped_mm either, transformers'
  * _grouped_mm comment, pytorch#174763).  The S rows are one grouped GEMM whatever the split
  * over experts: routing imbalance (--moe-capacity) changes no tensor of this path. */
 

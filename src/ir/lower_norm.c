@@ -143,7 +143,7 @@ struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool f32w, c
  * h = x.float(); mean; var = (h - mean).pow(2).mean() (pow saves its input, one fp32 h - mean);
  * (h - mean) * rsqrt(var + eps) (a second fp32 h - mean and the rsqrt, saved by the product);
  * weight.float() * normalized (saves the fp32 normalized tensor); .to(x's dtype).  Measured with
- * bench/torch_step.py's trackers under fake tensors: 3 x-sized fp32 tensors saved in fp32 and
+ * bench/accuracy/torch_step.py's trackers under fake tensors: 3 x-sized fp32 tensors saved in fp32 and
  * bf16; backward 2 of them in fp32 beyond the gradients (and a half input's fp32 gradient before
  * its cast).  The executors want a mean: memplan keeps it (M fp32 more than torch). */
 static struct val lower_cohere_norm(struct bld *B, struct val x, uint64_t dim, const char *name)

@@ -64,7 +64,7 @@ static struct val t5_position_bias(struct bld *B, const struct mp_layer *l, uint
  * 32); its backward makes the mask's gradient at the expanded (b, a, q, k rounded up to 16) size
  * (_efficient_attention_backward), summed over the batch by ExpandBackward, and keeps delta
  * (b, a, q) and, for half inputs, an fp32 dq accumulator.  (The CPU runs a mask that needs a
- * gradient through the math kernel instead: bench/torch_step_results.md.)
+ * gradient through the math kernel instead: bench/accuracy/torch_step_results.md.)
  * Eager (eager_attention_forward): contiguous copies of q, k, v for the matmuls (saved), the
  * scores, + pb (promoted: fp32 under autocast), + the decoder's causal mask, a plain softmax
  * (fp32 under CUDA autocast; saves its output), dropout, the probabilities cast to v's dtype

@@ -2,7 +2,7 @@
  *
  * Sources (read, not copied):
  *  - bitsandbytes 0.50 functional.py quantize_4bit / quantize_blockwise / get_4bit_type,
- *    checked on this machine by quantizing real tensors on the CPU (bench/peft_step.py):
+ *    checked on this machine by quantizing real tensors on the CPU (bench/accuracy/peft_step.py):
  *    packed weight uint8 ceil(n/2); absmax fp32 ceil(n/blocksize); the 16-entry code
  *    fp32 (a fresh tensor per Linear).  Double quant (compress_statistics): absmax
  *    uint8 ceil(n/blocksize), its fp32 mean `offset` (0-dim), a second-level fp32

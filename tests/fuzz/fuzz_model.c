@@ -19,7 +19,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Keep one execution short: the fuzzer looks for crashes, not for slow giants
- * (bench/scale.sh times those), and `make fuzz` must pass on a loaded 2-core machine
+ * (bench/speed/scale.sh times those), and `make fuzz` must pass on a loaded 2-core machine
  * under -timeout=10.  Under the sanitizers and libFuzzer's comparison tracing the work
  * grows with the program, not with batch or seq: an estimator replay costs about
  * nodes x live allocations (gpt2-124m with 250 blocks, 3,759 nodes: 2.5 s a replay),

@@ -9,9 +9,9 @@
 # fits one GPU.  Prints, per run, the blocks, the exit status, wall seconds, CPU seconds
 # (user + system) and peak RSS.  One run each: these are slow, and the machine's load shows
 # in wall time (CPU time is the figure to compare on a shared machine).
-# Usage: sh bench/scale.sh [./memplan] [N...]   (default N: 1000 10000 100000)
+# Usage: sh bench/speed/scale.sh [./memplan] [N...]   (default N: 1000 10000 100000)
 set -eu
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BIN=${1:-./memplan}
 [ -x "$BIN" ] || { echo "build first: make" >&2; exit 2; }
 [ $# -gt 0 ] && shift

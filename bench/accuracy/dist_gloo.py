@@ -25,19 +25,19 @@ and memplan's per-rank figure for the same run:
   ->  memory.peak_requested_bytes (no 512-byte rounding: the CPU allocator does not round;
       --use-cache off: the model runs with use_cache=False)
 Side by side: DeepSpeed's estimate_zero2/3_model_states_mem_needs (model states only), on the
-same parameter count (bench/dist_gloo_results.md explains the differences).
+same parameter count (bench/accuracy/dist_gloo_results.md explains the differences).
 
 The live bytes are c10's exact running total (FLAGS_caffe2_report_cpu_memory_usage set through
 ctypes: without it a tensor whose last reference goes on a gloo worker thread is never counted
 as freed, see exact_cpu_total) less gloo's own scratch, the allocations made inside c10d
 collectives or gloo's work (NCCL works in the buffers the engine hands it), tracked by address;
 frees no record shows are listed in the results.  The model runs with use_cache=False and the
-fused gelu_pytorch_tanh (bench/dist_gloo_results.md says why).  DIST_GLOO_NOFLAG=1 leaves the
+fused gelu_pytorch_tanh (bench/accuracy/dist_gloo_results.md says why).  DIST_GLOO_NOFLAG=1 leaves the
 flag off (the old measurement, to see the artefact); DIST_GLOO_TRACE=FILE writes each rank's
 step-2 allocations (and FILE.<case>.alive: what is alive when step 2 starts, with the call that
 made it) for debugging.
 
-Usage: python3 bench/dist_gloo.py [--memplan ./memplan] [--out FILE] [--quick] [--worlds 2,4]
+Usage: python3 bench/accuracy/dist_gloo.py [--memplan ./memplan] [--out FILE] [--quick] [--worlds 2,4]
        [--cases ddp,ddp-view,fsdp,fsdp-no-reshard,fsdp-mixed]
 """
 import argparse
@@ -51,8 +51,10 @@ import sys
 import tempfile
 import time
 
-import torch
-import torch.distributed as dist
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rowlib  # noqa: E402  (the measured rows, kept as data)
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp
 
 CFG = dict(n_layer=3, n_embd=256, n_head=4, vocab_size=1000, n_positions=256, embd_pdrop=0.0, resid_pdrop=0.0,
@@ -272,7 +274,7 @@ def memplan_peak(exe, cfgpath, world, strategy, mixed):
            "adamw", "--workspace", "0", "--context", "0", "--use-cache", "off", "--gpus", str(world), "--json"]
     cmd += ["--parallel", "ddp", "--ddp-bucket-view"] if strategy == "ddp-view" else ["--parallel", strategy]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    return r["memory"], " ".join(cmd[1:])
+    return r["memory"], cmd[1:]
 
 
 def deepspeed_side(total_params, largest, world):
@@ -293,6 +295,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="world 2 only")
     ap.add_argument("--worlds", default="2,4", help="comma-separated world sizes")
+    ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "dist_gloo.jsonl"),
+                    help="where the measured rows go as data for tests/replay_accuracy.py (rowlib.py); '' for none")
     ap.add_argument("--cases", default="", help="comma-separated subset: ddp,ddp-view,fsdp,fsdp-no-reshard,"
                     "fsdp-mixed (default: all)")
     a = ap.parse_args()
@@ -316,8 +320,20 @@ def main():
             for r in res:
                 r["memplan_peak"] = mem["peak_requested_bytes"]
             worst = max(abs(r["peak"] - r["memplan_peak"]) / r["peak"] for r in res)
-            rows.append(dict(world=w, strategy=strat, mixed=mixed, ranks=res, memplan=mem, cmd=cmd, worst=worst,
-                             secs=time.time() - t0))
+            rows.append(dict(world=w, strategy=strat, mixed=mixed, ranks=res, memplan=mem, cmd=" ".join(cmd),
+                             worst=worst, secs=time.time() - t0))
+            if a.rows_out:  # the evidence, kept as data (rowlib.py): one row per rank
+                with open(cfgpath) as f:
+                    cfg_json = json.load(f)
+                rowlib.save_rows("dist_gloo", [{
+                    "source": "bench/accuracy/dist_gloo.py run of %s (rank %d)" % (
+                        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), r["rank"]),
+                    "config": "dist_gloo.py's GPT-2 config (rank %d)" % r["rank"], "config_json": cfg_json,
+                    "args": cmd[2:],
+                    "figures": {"peak_requested": rowlib.figure(r["peak"], mem["peak_requested_bytes"])},
+                    "recorded": {"peak_requested": mem["peak_requested_bytes"]},
+                    "versions": rowlib.run_versions(torch=torch.__version__, backend="gloo, %d processes" % w),
+                } for r in res], a.rows_out)
             print(f"world {w} {strat:16s} {'mixed-bf16' if mixed else 'fp32':10s} "
                   + " ".join(f"r{r['rank']}: start {r['start']:>9} peak {r['peak']:>9}" for r in res)
                   + f" | memplan peak {mem['peak_requested_bytes']:>9} at {mem['peak_event']}: worst {100 * worst:+.2f} %",

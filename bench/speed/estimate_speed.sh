@@ -4,7 +4,7 @@
 # shared libraries, model parse, tensor program, replays, report) and the median
 # of the estimator itself as measured inside the process (MEMPLAN_TIMING).
 set -eu
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BIN=${1:-./memplan}
 [ -x "$BIN" ] || { echo "build first: make" >&2; exit 2; }
 median() { sort -n | sed -n 6p; }

@@ -1,10 +1,10 @@
 /* dump_saved.c — prints, as JSON lines, every storage memplan's tensor program keeps
  * for backward (node->saved) plus each block's output, with the block that creates it.
- * Used by bench/torch_saved.py to compare memplan with PyTorch tensor by tensor.
+ * Used by bench/accuracy/torch_saved.py to compare memplan with PyTorch tensor by tensor.
  *
  *   dump_saved MODEL BATCH SEQ PRECISION [ATTENTION [TARGET_SEQ]]   (TARGET_SEQ: encoder-decoders)
  *
- * Build: see bench/torch_saved.md ("Building").  It links memplan's objects except
+ * Build: see bench/accuracy/torch_saved.md ("Building").  It links memplan's objects except
  * main.o, report.o and the probe (a stub provides the probe symbols nothing here calls).
  */
 #include <stdio.h>

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """peft_step.py — memplan's fine-tuning figures against transformers + peft + bitsandbytes on the CPU.
 
-  python3 bench/peft_step.py lora [--quick] [--only NAME,...] [--skip K] [--out FILE.md]
+  python3 bench/accuracy/peft_step.py lora [--quick] [--only NAME,...] [--skip K] [--out FILE.md]
       For each config and setting (LoRA rank and targets, base fp32 / amp-bf16 / bf16,
       checkpointing none / layers), the model is built with transformers, wrapped with
       peft.get_peft_model(LoraConfig(r, lora_alpha=2r, lora_dropout=0, task_type=CAUSAL_LM)),
@@ -18,13 +18,13 @@
       op by op, by torch_step.cuda_only_bytes (GPT-2's gelu_new pow), and "diff vs CUDA" compares
       memplan with torch + those bytes; the full fine-tuning row of each setting is the base model.
 
-  python3 bench/peft_step.py seq2seq-lora [--out FILE.md] [--memplan PATH]
+  python3 bench/accuracy/peft_step.py seq2seq-lora [--out FILE.md] [--memplan PATH]
       The same for T5 (t5-small, flan-t5-base; every layer): AutoModelForSeq2SeqLM with peft's
       default LoRA (q, v; SEQ_2_SEQ_LM), batch 4, encoder 512, labels of 128 (memplan
       --target-seq 128), CUDA's memory-efficient SDPA for T5's position-bias mask
       (torch_step.CUDA_FLOAT_MASK) and T5's CUDA-only bytes (torch_step.t5_cuda_only_bytes).
 
-  python3 bench/peft_step.py params [CONFIG ...]
+  python3 bench/accuracy/peft_step.py params [CONFIG ...]
       Trainable and total parameters as peft counts them (get_nb_trainable_parameters) for
       each config (default: models/hf/*.json), built on the meta device as its
       architectures[0], wrapped with LoraConfig(r=16, lora_alpha=32, task_type from the head)
@@ -33,7 +33,7 @@
       memplan assumes all-linear: the row says so.  Prints the rows of tests/test_finetune.c's
       table too (expected values from peft).
 
-  python3 bench/peft_step.py qlora-bytes [CONFIG ...]
+  python3 bench/accuracy/peft_step.py qlora-bytes [CONFIG ...]
       QLoRA base storage as bitsandbytes really holds it: every Linear that
       transformers' bnb integration replaces (all nn.Linear but lm_head) is quantized
       with bitsandbytes.functional.quantize_4bit (nf4, blocksize 64, double quant) on
@@ -43,7 +43,7 @@
       are counted in fp32, as after peft's prepare_model_for_kbit_training.  Prints
       memplan's weights_bytes for `--finetune qlora` beside it.
 
-  python3 bench/peft_step.py qlora-step
+  python3 bench/accuracy/peft_step.py qlora-step
       A real QLoRA step on the CPU (bitsandbytes 0.50 runs Linear4bit forward and backward
       there): a small Llama (hidden 256, 2 layers, vocab 1024) is saved with random weights,
       loaded with BitsAndBytesConfig(nf4, double quant), prepare_model_for_kbit_training,
@@ -208,7 +208,8 @@ def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False):
             cmd += ["--lora-targets", targets]
     r_ = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return {"trainable": r_["model"]["trainable_params"], "peak": r_["memory"]["peak_allocated_bytes"],
-            "saved": sum(l["activation_bytes"] for l in r_["layers"]), "peak_at": r_["memory"]["peak_event"]}
+            "saved": sum(l["activation_bytes"] for l in r_["layers"]), "peak_at": r_["memory"]["peak_event"],
+            "args": cmd[3:]}
 
 
 def bench_config(path, tmpdir):
@@ -223,8 +224,15 @@ def bench_config(path, tmpdir):
 
 
 def lora_bench(quick, out, only=(), skip=0):
+    """The LoRA step rows (printed, `out`, and as data in rows/peft_step.jsonl for
+    tests/replay_accuracy.py)."""
     import tempfile
+    import time
+    import peft
+    import torch
+    import transformers
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import rowlib
     from torch_step import cuda_only_bytes
     tmpdir = tempfile.mkdtemp(prefix="peft_step_")
     configs = ["models/hf/qwen2-0.5b.json", "models/hf/gpt2.json"]
@@ -263,9 +271,20 @@ def lora_bench(quick, out, only=(), skip=0):
             100.0 * (m["peak"] - t["peak"] - cuda_pk) / (t["peak"] + cuda_pk))
         print(row, flush=True)
         lines.append(row)
+        figures = {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                   "peak": rowlib.figure(t["peak"], m["peak"], cuda_pk)}
+        if t["saved"] is not None:
+            figures["saved"] = rowlib.figure(t["saved"], m["saved"], cuda)
+        rowlib.save_rows("peft_step", [{  # the evidence, kept as data (rowlib.py)
+            "source": "bench/accuracy/peft_step.py lora run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "config": path, "max_layers": 0, "args": m["args"], "figures": figures,
+            "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
+            "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                            peft=peft.__version__),
+        }])
     if out:
         with open(out, "w") as f:
-            f.write("# bench/peft_step.py lora: batch %d x seq %d, CPU FakeTensorMode, torch %s\n\n" % (
+            f.write("# bench/accuracy/peft_step.py lora: batch %d x seq %d, CPU FakeTensorMode, torch %s\n\n" % (
                 batch, seq, __import__("torch").__version__))
             f.write("\n".join(lines) + "\n")
 
@@ -281,6 +300,8 @@ def seq2seq_lora_bench(out=None, memplan="./memplan"):
     import peft
     from torch._subclasses.fake_tensor import FakeTensorMode
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import time
+    import rowlib
     import torch_step
     torch_step.CUDA_FLOAT_MASK = True
     tmpdir = tempfile.mkdtemp(prefix="peft_s2s_")
@@ -343,6 +364,17 @@ def seq2seq_lora_bench(out=None, memplan="./memplan"):
                     "%.1f (%s)" % (cuda / 2**20, why) if cuda else "", 100.0 * (mp - tr.peak - cuda_pk) / (tr.peak + cuda_pk))
                 print(row, flush=True)
                 lines.append(row)
+                rowlib.save_rows("peft_step", [{  # the evidence, kept as data (rowlib.py)
+                    "source": "bench/accuracy/peft_step.py seq2seq-lora run of %s" % time.strftime(
+                        "%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "config": path, "max_layers": 0, "args": cmd[3:],
+                    "figures": {"trainable_params": rowlib.figure(sum(p.numel() for p in trainable),
+                                                                  m["model"]["trainable_params"]),
+                                "peak": rowlib.figure(tr.peak, mp, cuda_pk)},
+                    "recorded": {"trainable_params": m["model"]["trainable_params"], "peak": mp},
+                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                                    peft=peft.__version__),
+                }])
     if out:
         with open(out, "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -409,6 +441,19 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
            "--batch", str(batch), "--seq", str(seq), "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off",
            "--json"]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import time
+    import rowlib
+    with open(os.path.join(d, "config.json")) as f:
+        cfg_json = json.load(f)
+    rowlib.save_rows("peft_step", [{  # the evidence, kept as data (rowlib.py)
+        "source": "bench/accuracy/peft_step.py qlora-step run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "config": "peft_step.py qlora_step's LlamaConfig", "config_json": cfg_json, "args": cmd[3:],
+        "figures": {"trainable_params": rowlib.figure(sum(p.numel() for p in trainable), r["model"]["trainable_params"]),
+                    "peak": rowlib.figure(peak, r["memory"]["peak_allocated_bytes"])},
+        "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                        peft=peft.__version__),
+    }])
     return {"trainable": sum(p.numel() for p in trainable), "peak": peak, "peak_at": peak_at, "losses": losses,
             "m_trainable": r["model"]["trainable_params"], "m_peak": r["memory"]["peak_allocated_bytes"],
             "m_peak_at": r["memory"]["peak_event"]}

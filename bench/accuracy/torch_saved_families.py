@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch_saved_families.py - saved activation bytes of the table-added HF families, memplan vs PyTorch.
 
-Drives bench/torch_saved.py's measurement (saved_tensors_hooks, deduplicated by storage; CPU,
+Drives bench/accuracy/torch_saved.py's measurement (saved_tensors_hooks, deduplicated by storage; CPU,
 CPU autocast for amp-bf16) on small configs of the decoder families added with the family
 table (qwen3, olmo2, phi3, stablelm, starcoder2, gemma2, gemma3_text, granite): hidden 256, 2
 layers, 4 heads / 2 kv heads, batch 2, sequence 128.  Prints one line per case: torch's total
@@ -9,10 +9,10 @@ saved bytes, memplan's sum of layers[].activation_bytes, the difference, and wit
 unpaired storages on either side.
 
 Usage (from the repository root, after `make`):
-  python3 bench/torch_saved_families.py [--memplan ./memplan] [--dump PATH] [--detail]
+  python3 bench/accuracy/torch_saved_families.py [--memplan ./memplan] [--dump PATH] [--detail]
          [--kinds qwen3,olmo2,...] [--precisions fp32,amp-bf16,bf16]
 gemma2 runs with eager attention (transformers has no SDPA path for it), the others with SDPA.
---dump is bench/dump_saved (per-tensor listing); without it only totals are compared.
+--dump is bench/accuracy/dump_saved (per-tensor listing); without it only totals are compared.
 """
 import argparse
 import collections
@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--kinds", default="qwen3,olmo2,phi3,stablelm,starcoder2,gemma3_text,granite,gemma2")
     ap.add_argument("--precisions", default="fp32,amp-bf16,bf16")
     ap.add_argument("--cfgdir", default="/tmp/torch_saved_families")
+    ap.add_argument("--rows-out", default=os.path.join(ts.rowlib.ROWS_DIR, "torch_saved.jsonl"),
+                    help="where the measured rows go as data for tests/replay_accuracy.py (rowlib.py); '' for none")
     args = ap.parse_args()
     os.makedirs(args.cfgdir, exist_ok=True)
     b, s = 2, 128
@@ -70,9 +72,11 @@ def main():
             tr = ts.run_torch(kind, b, s, prec, attn, 0.0)
             path = os.path.join(args.cfgdir, kind + ".json")
             ts.write_config(tr["config"], path)
-            j, tensors, _ = ts.run_memplan(args.memplan, args.dump, path, b, s, prec, attn)
+            j, tensors, cmd = ts.run_memplan(args.memplan, args.dump, path, b, s, prec, attn)
             mp = collections.OrderedDict((l["name"], l["activation_bytes"]) for l in j["layers"])
             t_total, m_total = sum(tr["per_block"].values()), sum(mp.values())
+            if args.rows_out:
+                ts.save_row(args.rows_out, "torch_saved_families.py", kind, path, cmd, t_total, m_total)
             print("%-12s %-8s %-5s torch %10d  memplan %10d  %+.2f %%" % (
                 kind, prec, attn, t_total, m_total, 100.0 * (m_total - t_total) / t_total), flush=True)
             if args.detail and tensors:

@@ -11,7 +11,7 @@ fields are compared with memplan's JSON recommendation of the same run: ZeRO sta
 accumulation, global batch, bf16 / torch_autocast, offload device.
 
 Needs deepspeed (pip); not part of make test.  Prints one line per case and exits 1 if any fails.
-Usage: python3 bench/ds_config_check.py [--memplan ./memplan]
+Usage: python3 bench/accuracy/ds_config_check.py [--memplan ./memplan]
 """
 import argparse
 import json

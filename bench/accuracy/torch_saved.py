@@ -14,7 +14,7 @@ torch.autocast("cpu", bfloat16) (memplan amp-bf16) and in pure bf16, one trainin
   * a walk of the autograd graph (grad_fn._saved_*) naming the nodes that save each storage;
   * weak references to every created storage, for the bytes alive at block boundaries.
 
-Figures (bench/torch_saved.md explains the correspondence in full):
+Figures (bench/accuracy/torch_saved.md explains the correspondence in full):
   torch saved[i] = distinct saved storages created while block i runs, plus block outputs still
                    alive when the forward ends (the loss).  Summed over blocks this is the set
                    memplan's sum of layers[].activation_bytes describes (saved tensors + loss).
@@ -24,12 +24,15 @@ Figures (bench/torch_saved.md explains the correspondence in full):
   memplan[i]     = layers[i].activation_bytes of `memplan estimate CONFIG --json` (unrounded).
 Input ids and labels exist before the forward and are excluded (memplan: memory.input_bytes).
 
-memplan's tensor-level view comes from bench/dump_saved (every saved tensor: dtype, bytes, block,
+memplan's tensor-level view comes from bench/accuracy/dump_saved (every saved tensor: dtype, bytes, block,
 saving node); storages are paired with memplan tensors on dtype and bytes, preferring a matching
 kind of saving node, and what stays unpaired is listed.
 
-Build the binaries with `sh bench/torch_saved_build.sh`, then:
+Build the binaries with `sh bench/accuracy/torch_saved_build.sh`, then:
   torch_saved.py [--memplan PATH] [--dump PATH] [--out FILE.md] [--detail] [--quick] [--cfgdir DIR]
+      [--rows-out FILE]
+Each row (use_cache and dropout rows aside: informational) also goes to bench/accuracy/rows/torch_saved.jsonl
+(rowlib.py), which tests/replay_accuracy.py replays without torch.
 """
 import argparse
 import collections
@@ -39,12 +42,16 @@ import os
 import platform
 import subprocess
 import sys
+import time
 
 import torch
 import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.multiprocessing.reductions import StorageWeakRef
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rowlib  # noqa: E402  (the measured rows, kept as data)
 
 MEMPLAN_DEFAULT = "/tmp/tsbuild/memplan"
 DUMP_DEFAULT = "/tmp/tsbuild/dump_saved"
@@ -274,9 +281,10 @@ def write_config(cfg, path):
         json.dump(d, f, indent=1, default=str)
 
 
-def run_memplan(memplan, dump, cfg_path, b, s, precision, attn):
+def run_memplan(memplan, dump, cfg_path, b, s, precision, attn, use_cache=False):
+    # --use-cache as torch's forward ran (memplan otherwise follows the config's use_cache)
     cmd = [memplan, "estimate", cfg_path, "--batch", str(b), "--seq", str(s), "--precision", precision,
-           "--attention", attn, "--json"]
+           "--attention", attn, "--use-cache", "on" if use_cache else "off", "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode not in (0, 1):
         raise RuntimeError("memplan failed: %s\n%s" % (" ".join(cmd), r.stderr))
@@ -287,6 +295,24 @@ def run_memplan(memplan, dump, cfg_path, b, s, precision, attn):
         if r2.returncode == 0:
             tensors = [json.loads(x) for x in r2.stdout.splitlines() if x.strip()]
     return j, tensors, " ".join(cmd)
+
+
+def save_row(rows_out, script, kind, cfg_path, cmd, t_total, mp_total):
+    """The row just measured, kept as data (rowlib.py) for tests/replay_accuracy.py: the config as
+    written, memplan's settings, torch's saved bytes and the CUDA-only ones (GPT-2's gelu_new)."""
+    with open(cfg_path) as f:
+        cfg_json = json.load(f)
+    argv = cmd.split()[3:]
+    b, s, prec, attn = (int(argv[argv.index("--batch") + 1]), int(argv[argv.index("--seq") + 1]),
+                        argv[argv.index("--precision") + 1], argv[argv.index("--attention") + 1])
+    cuda, _ = rowlib.cuda_only_bytes(cfg_json, b, s, prec, attn, "none")
+    rowlib.save_rows("torch_saved", [{
+        "source": "bench/accuracy/%s run of %s" % (script, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())),
+        "config": "%s make_config(%r)" % (script, kind), "config_json": cfg_json,
+        "args": argv, "figures": {"saved": rowlib.figure(t_total, mp_total, cuda)},
+        "recorded": {"saved": mp_total},
+        "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__),
+    }], rows_out)
 
 
 def memplan_sets(tensors):
@@ -354,7 +380,7 @@ def match(torch_list, mp_list):
     return pairs, extra_t, left
 
 
-# ---- memplan plus the changes bench/torch_saved.md recommends, computed ---------------------------------
+# ---- memplan plus the changes bench/accuracy/torch_saved.md recommends, computed ---------------------------------
 
 def recommended_delta(kind, cfg, precision, b, s):
     """Bytes the recommended layers.c changes would add to memplan's total (use_cache=False, no dropout)."""
@@ -427,11 +453,13 @@ def pct(a, b):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--memplan", default=MEMPLAN_DEFAULT)
-    ap.add_argument("--dump", default=DUMP_DEFAULT, help="bench/dump_saved binary (per-tensor memplan listing)")
+    ap.add_argument("--dump", default=DUMP_DEFAULT, help="bench/accuracy/dump_saved binary (per-tensor memplan listing)")
     ap.add_argument("--out", help="also write the report (markdown) here")
     ap.add_argument("--detail", action="store_true", help="list every saved storage of embed, h.0 and head")
     ap.add_argument("--quick", action="store_true", help="one shape per model")
     ap.add_argument("--cfgdir", default="/tmp/torch_saved_configs", help="where the HF config.json files go")
+    ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "torch_saved.jsonl"),
+                    help="where the measured rows go as data for tests/replay_accuracy.py (rowlib.py); '' for none")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     tmp = args.cfgdir
@@ -479,11 +507,13 @@ def main():
         assert tot1 == tot2, (kind, prec, tot1, tot2)
         cfg_path = os.path.join(tmp, "%s%s.json" % (kind, "-drop" if drop else ""))
         write_config(tr["config"], cfg_path)
-        j, tensors, cmd = run_memplan(args.memplan, args.dump, cfg_path, b, s, prec, attn)
+        j, tensors, cmd = run_memplan(args.memplan, args.dump, cfg_path, b, s, prec, attn, uc)
         mp_blocks = collections.OrderedDict((l["name"], l["activation_bytes"]) for l in j["layers"])
         mp_total = sum(mp_blocks.values())
         t_total = sum(tr["per_block"].values())
         name = kind + ("-dropout%.1f" % drop if drop else "") + ("-use_cache" if uc else "")
+        if not uc and not drop and args.rows_out:
+            save_row(args.rows_out, "torch_saved.py", kind, cfg_path, cmd, t_total, mp_total)
         if not uc and not drop:
             fixed_rows.append("| %s | %s | %s | %d | %d | %s | %s | %s | %s |" % (
                 name, prec, attn, b, s, fmt(t_total), fmt(mp_total),

@@ -36,7 +36,7 @@ unpacked inputs get); AdamW keeps its `step` counters on the CPU on CUDA too, so
 counted.
 
 Import it to reuse the trackers (LiveTracker, SavedTracker, fake_model, train_steps); run it as
-  python3 bench/torch_step.py [--memplan ./memplan] [--out FILE.md] [--quick] [--only TYPE,...]
+  python3 bench/accuracy/torch_step.py [--memplan ./memplan] [--out FILE.md] [--quick] [--only TYPE,...]
       [--attention all|sdpa|eager]
 from the repository root.
 """
@@ -212,26 +212,11 @@ class SavedTracker:
 
 # ---- the model and the step -----------------------------------------------------------------
 
-LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "n_layers")  # n_layers: DistilBERT
-
-
-def load_config(path, max_layers=0):
-    """The config as both sides read it: dropout off; with max_layers, at most that many
-    layers (every layer is lowered the same way, so a few show the per-layer modelling
-    at the real widths, and the fake run is quick)."""
-    with open(path) as f:
-        d = json.load(f)
-    if max_layers:
-        for k in LAYER_KEYS:
-            if isinstance(d.get(k), int) and d[k] > max_layers:
-                d[k] = max_layers
-        for k in ("layer_types", "no_rope_layers"):  # per-layer lists (gemma3, smollm3 ...) follow the count
-            if isinstance(d.get(k), list):
-                d[k] = d[k][:max_layers]
-    for k, v in list(d.items()):  # dropout off: CPU masks are not CUDA's (see the module doc)
-        if ("drop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool) and k != "summary_first_dropout":
-            d[k] = 0.0
-    return d
+# the config both sides read, and the bytes CUDA keeps beyond the CPU run: rowlib.py (stdlib only,
+# shared with tests/replay_accuracy.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rowlib  # noqa: E402
+from rowlib import LAYER_KEYS, T5_TYPES, cuda_only_bytes, load_config  # noqa: E402
 
 
 def fake_model(config_dict, precision, attention, fake):
@@ -367,7 +352,7 @@ def measure_memplan(memplan, cfg_path, batch, seq, precision, attention, ckpt, o
             "act_at_backward": m["activations_bytes"],
             "saved": sum(l["activation_bytes"] for l in d["layers"]),
             "static": m["weights_bytes"] + m["optimizer_bytes"] + m["input_bytes"],
-            "cmd": " ".join(cmd)}
+            "cmd": " ".join(cmd), "args": cmd[3:]}
 
 
 # ---- settings and the report -----------------------------------------------------------------
@@ -402,64 +387,7 @@ def core_settings(cfg):
             (1, s1, "bf16", "sdpa", "layers", "sgd-momentum")]
 
 
-T5_TYPES = {"t5", "mt5", "umt5"}  # encoder-decoders with T5's position-bias attention
 EAGER_ONLY = {"gptj", "gemma2"}  # model types whose attention transformers runs eagerly only
-# eager softmax without dtype=float32 on unmasked (encoder) scores; GPT-2's is plain too, but its
-# causal mask is an fp32 tensor under amp, so the scores it is added to are fp32 on both devices
-PLAIN_SOFTMAX = {"bert", "roberta", "distilbert"}
-
-
-def cuda_only_bytes(cfg, b, s, prec, attn, ck, tgt=0):
-    """What CUDA autocast keeps beyond what CPU autocast keeps, for this row (bytes, why).
-    memplan follows CUDA; the bench runs CPU autocast (see torch_step_results.md).
-      gelu_new calls torch.pow, on CUDA's fp32 list only: pow saves an fp32 copy of x (4N
-      instead of x's 2N), tanh(u) and 1+tanh(u) are fp32 (4N each instead of 2N), the output
-      is fp32 and the next Linear saves its bf16 cast (2N, as on the CPU): +6N per layer,
-      N = b*s*ffn.
-      a plain F.softmax on bf16 scores (BERT, RoBERTa, DistilBERT eager attention: no mask) runs
-      in fp32 on CUDA: fp32 probabilities (4 b a s^2) and their bf16 cast (2 b a s^2) instead of
-      bf16 probabilities: +4 b a s^2 (GPT-2's scores are fp32 on both: + its fp32 causal mask)."""
-    if prec != "amp-bf16" or ck != "none":
-        return 0, ""
-    if cfg.get("model_type") in T5_TYPES:
-        return t5_cuda_only_bytes(cfg, b, s, attn, tgt)
-    layers = next((cfg[k] for k in LAYER_KEYS if isinstance(cfg.get(k), int)), 0)
-    h = cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("dim") or 0
-    act = str(cfg.get("activation_function") or cfg.get("hidden_act") or "")
-    extra, why = 0, []
-    if act == "gelu_new":
-        ffn = cfg.get("n_inner") or cfg.get("intermediate_size") or 4 * h
-        extra += 6 * b * s * ffn * layers
-        why.append("gelu_new pow")
-    if attn == "eager" and cfg.get("model_type") in PLAIN_SOFTMAX:
-        heads = cfg.get("n_head") or cfg.get("num_attention_heads") or cfg.get("n_heads") or 0
-        extra += 4 * b * heads * s * s * layers
-        why.append("fp32 softmax")
-    return extra, " + ".join(why)
-
-
-def t5_cuda_only_bytes(cfg, b, s, attn, tgt):
-    """T5 under amp-bf16 (modeling_t5.py):
-      gated-gelu (gelu_new) in every layer of both stacks: as above, and the fp32 output is also
-      saved by the gate's mul (fp32 instead of bf16): +8N per layer, N = b * len * d_ff (len: s
-      in the encoder, the target length in the decoder); the mul's product is then fp32 on CUDA,
-      so the cast to wo's dtype copies nothing (on the CPU a transient fp32 copy);
-      eager cross-attention: scores + the bf16 zeros bias are bf16, so CUDA's softmax is fp32
-      (its output and the bf16 cast P@V saves) where the CPU's is bf16: +4 b a t s per decoder
-      layer (self-attention scores are fp32 on both: + the fp32 position bias)."""
-    enc = cfg.get("num_layers", 6)
-    dec = cfg.get("num_decoder_layers") or enc
-    t = tgt or s
-    extra, why = 0, []
-    act = cfg.get("dense_act_fn") or ""
-    ffp = cfg.get("feed_forward_proj") or ("relu" if cfg.get("model_type") == "t5" else "gated-gelu")
-    if act == "gelu_new" or (not act and ffp == "gated-gelu") or ffp == "gelu_new" or ffp == "gated-gelu_new":
-        extra += 8 * b * cfg.get("d_ff", 2048) * (enc * s + dec * t)
-        why.append("gelu_new pow")
-    if attn == "eager":
-        extra += 4 * b * cfg.get("num_heads", 8) * t * s * dec
-        why.append("fp32 cross softmax")
-    return extra, " + ".join(why)
 
 
 def pct(a, b):
@@ -479,6 +407,9 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated model_types or file stems")
     ap.add_argument("--configs", default="models/hf/*.json")
     ap.add_argument("--json", default=None, help="also dump every row as JSON lines here")
+    ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "torch_step.jsonl"),
+                    help="where the measured rows go as data for tests/replay_accuracy.py (rowlib.py; a row "
+                         "replaces the one with the same config and settings); '' for none")
     ap.add_argument("--use-cache", action="store_true",
                     help="train with use_cache=True (memplan --use-cache on): the DynamicCache rows")
     ap.add_argument("--attention", choices=("all", "sdpa", "eager"), default="all",
@@ -565,6 +496,16 @@ def main():
                    "peak_diff_pct": dpk, "peak_diff_vs_cuda_pct": dcu, "cuda_only_bytes": cuda,
                    "act_diff_pct": dact, "seconds": round(time.time() - t0, 1)}
             summary.append(row)
+            if a.rows_out:  # the evidence, kept as data (rowlib.py)
+                rowlib.save_rows("torch_step", [{
+                    "source": "bench/accuracy/torch_step.py run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "config": os.path.relpath(f, rowlib.ROOT) if os.path.isabs(f) else f, "max_layers": a.max_layers,
+                    "args": m["args"],
+                    "figures": {"peak": rowlib.figure(t["peak"], m["peak"], cuda_pk),
+                                "activations": rowlib.figure(t["act_at_backward"], m["act_at_backward"])},
+                    "recorded": {"peak": m["peak"], "activations": m["act_at_backward"], "torch_peak_at": t["peak_at"]},
+                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__),
+                }], a.rows_out)
             if jout:
                 jout.write(json.dumps(row) + "\n")
                 jout.flush()
