@@ -29,16 +29,6 @@ const char *mp_dtype_str(enum mp_dtype t)
     return "?";
 }
 
-/* "a<sep>b<sep>c" of a table's names, built once per (table, sep) into buf. */
-static const char *join_names(char *buf, size_t cap, const char *const *names, size_t n, const char *sep)
-{
-    size_t k = 0;
-    buf[0] = 0;
-    for (size_t i = 0; i < n; i++)
-        k += (size_t)snprintf(buf + k, k < cap ? cap - k : 0, "%s%s", i ? sep : "", names[i]);
-    return buf;
-}
-
 static const char *const prec_names[] = {
 #define MP_X(id, name) name,
     MP_PRECISIONS(MP_X)
@@ -56,7 +46,7 @@ int mp_precision_parse(const char *s)
 const char *mp_precision_names(const char *sep)
 {
     static char buf[256];
-    return join_names(buf, sizeof buf, prec_names, N_PRECISIONS, sep);
+    return mp_join(buf, sizeof buf, prec_names, N_PRECISIONS, sep, NULL);
 }
 
 static const struct opt_row {
@@ -93,7 +83,7 @@ const char *mp_optimizer_names(const char *sep)
     const char *names[N_OPTIMIZERS];
     for (size_t i = 0; i < N_OPTIMIZERS; i++)
         names[i] = opt_rows[i].name;
-    return join_names(buf, sizeof buf, names, N_OPTIMIZERS, sep);
+    return mp_join(buf, sizeof buf, names, N_OPTIMIZERS, sep, NULL);
 }
 enum mp_opt_state mp_optimizer_state(enum mp_optimizer o) { return opt_row(o)->state; }
 enum mp_opt_tmp mp_optimizer_tmp(enum mp_optimizer o) { return opt_row(o)->tmp; }
@@ -107,12 +97,7 @@ const char *mp_optimizer_par_probe_names(void)
     for (size_t i = 0; i < N_OPTIMIZERS; i++)
         if (opt_rows[i].par_probe)
             names[n++] = opt_rows[i].name;
-    if (n < 2)
-        return join_names(buf, sizeof buf, names, n, "");
-    join_names(buf, sizeof buf, names, n - 1, ", ");
-    size_t k = strlen(buf);
-    snprintf(buf + k, sizeof buf - k, " and %s", names[n - 1]);
-    return buf;
+    return mp_join(buf, sizeof buf, names, n, ", ", " and ");
 }
 
 const char *mp_prim_str(enum mp_prim p)

@@ -67,15 +67,10 @@ bool mp_act_fp32_under_amp(enum mp_act a, const char *what)
 const char *mp_act_names(void)
 {
     static char buf[256];
-    if (!buf[0]) {
-        size_t k = 0;
-        for (int i = 0; i < MP_ACT_COUNT; i++)
-            k += (size_t)snprintf(buf + k, k < sizeof buf ? sizeof buf - k : 0, "%s%s",
-                                  i == 0 ? "" : i == MP_ACT_COUNT - 1 ? " or " : ", ", act_rows[i].name);
-        if (k >= sizeof buf)
-            MP_BUG("the activation list outgrew its buffer");
-    }
-    return buf;
+    const char *names[MP_ACT_COUNT];
+    for (int i = 0; i < MP_ACT_COUNT; i++)
+        names[i] = act_rows[i].name;
+    return mp_join(buf, sizeof buf, names, MP_ACT_COUNT, ", ", " or ");
 }
 
 int mp_act_parse(const char *s)

@@ -452,15 +452,10 @@ static const struct family families[] = {
 const char *mp_hf_model_types(void)
 {
     static char buf[1024];
-    if (!buf[0]) {
-        size_t k = 0;
-        for (size_t i = 0; i < N_FAMILIES; i++)
-            k += (size_t)snprintf(buf + k, k < sizeof buf ? sizeof buf - k : 0, "%s%s", i ? ", " : "",
-                                  families[i].type);
-        if (k >= sizeof buf)
-            MP_BUG("the family list outgrew its buffer");
-    }
-    return buf;
+    const char *types[N_FAMILIES];
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        types[i] = families[i].type;
+    return buf[0] ? buf : mp_join(buf, sizeof buf, types, N_FAMILIES, ", ", NULL);
 }
 
 const struct mp_hf_names *mp_hf_family_names(const char *hf_type)

@@ -414,3 +414,17 @@ bool mp_in_list(const char *list, const char *word)
             return true;
     return false;
 }
+
+const char *mp_join(char *buf, size_t cap, const char *const *words, size_t n, const char *sep, const char *last)
+{
+    size_t k = 0;
+    if (cap)
+        buf[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *s = i == 0 ? "" : i == n - 1 && last ? last : sep;
+        k += (size_t)snprintf(buf + k, k < cap ? cap - k : 0, "%s%s", s, words[i]);
+    }
+    if (k >= cap)
+        MP_BUG("a joined list of %zu words outgrew its %zu-byte buffer", n, cap);
+    return buf;
+}

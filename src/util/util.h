@@ -136,6 +136,10 @@ long mp_json_leading_zero(const char *text, size_t len);
 
 void *mp_xcalloc(size_t n, size_t size); /* MP_BUG on failure: tiny, bounded allocations only */
 
+/* words[0..n) joined into buf: sep between them, last (e.g. " or ") before the last one (NULL:
+ * sep); MP_BUG when buf is too small (the callers join fixed tables into static buffers). */
+const char *mp_join(char *buf, size_t cap, const char *const *words, size_t n, const char *sep, const char *last);
+
 /* True when word is one of the space-separated words of list. */
 bool mp_in_list(const char *list, const char *word);
 /* The next space-separated word of *list (its length in *n), moving *list past it; NULL when
