@@ -183,6 +183,7 @@ test-unit: $(TESTBINS)
 test-cli: memplan
 	$(ASAN_ENV) sh tests/cli.sh ./memplan
 	$(ASAN_ENV) sh tests/cli_output.sh ./memplan
+	@if command -v python3 >/dev/null; then python3 tests/man_options.py ./memplan; fi
 	@if command -v python3 >/dev/null && command -v nm >/dev/null; then python3 tests/deps.py $(BUILD); fi
 
 test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops $(BUILD)/tests/test_probe_suggest
