@@ -140,47 +140,29 @@ static int check_train_blocks(const struct args *a, const struct mp_model *m)
     return 0;
 }
 
-int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
+/* The rules between the options and the model: 0, or the exit status (message printed). */
+static int check_model_options(const struct args *a, const struct setup *s)
 {
-    memset(s, 0, sizeof *s);
-    int rc = 0;
-    enum mp_status st = mp_model_load_file(&s->model, a->model, d);
-    if (st != MP_OK)
-        return cli_fail(st, d); /* nothing loaded: nothing to release */
-    mp_build_opts_default(&s->build);
-    s->build.batch = a->batch;
-    s->build.seq = a->seq;
-    s->build.precision = (enum mp_precision)a->precision;
-    s->build.attention = (enum mp_attn_impl)a->attention;
-    s->build.attention_forced = a->attention_set;
-    s->build.ft = a->ft;
-    s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
-    s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;
-    s->build.target_seq = a->target_seq;
     if (a->target_seq && (!s->model.enc_dec || s->model.dec_from_input)) {
         fprintf(stderr, "memplan: error: --target-seq: %s %s\n", a->model,
                 s->model.enc_dec ? "decodes its input ids shifted (T5ForQuestionAnswering): the decoder's length is "
                                    "--seq"
                                  : "is not an encoder-decoder model (t5 configs only)");
-        rc = MP_EXIT_USAGE;
-        goto out;
+        return MP_EXIT_USAGE;
     }
-    if ((rc = check_train_blocks(a, &s->model)) != 0)
-        goto out;
+    int rc = check_train_blocks(a, &s->model);
+    if (rc)
+        return rc;
     if (a->use_cache >= 0 && !s->model.kv_cache) {
         fprintf(stderr, "memplan: error: --use-cache: %s has no key/value cache (HF decoder configs only)\n",
                 a->model);
-        rc = MP_EXIT_USAGE;
-        goto out;
+        return MP_EXIT_USAGE;
     }
-    if (a->use_cache >= 0)
-        s->model.use_cache = a->use_cache == 1;
     if (s->model.quant.kind != MP_Q_NONE && (a->ft.mode == MP_FT_FULL || a->ft.mode == MP_FT_FREEZE)) {
         fprintf(stderr, "memplan: error: %s: quantization_config: a %s-quantized base cannot be %s fine-tuned; "
                         "train adapters on it with --finetune lora (or qlora)\n",
                 a->model, mp_quant_kind_str(s->model.quant.kind), a->ft.mode == MP_FT_FULL ? "fully" : "partly");
-        rc = MP_EXIT_INPUT;
-        goto out;
+        return MP_EXIT_INPUT;
     }
     const char *why = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA ? mp_moe_lora_unmodelled(&s->model, &a->ft)
                                                                              : NULL;
@@ -188,14 +170,14 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         fprintf(stderr, "memplan: error: %s: --finetune %s on a mixture-of-experts model: %s; memplan does not "
                         "model adapters on expert parameters yet: name attention modules with --lora-targets (e.g. "
                         "q_proj,v_proj)\n", a->model, mp_ft_mode_str(a->ft.mode), why);
-        rc = MP_EXIT_USAGE;
-        goto out;
+        return MP_EXIT_USAGE;
     }
-    mp_train_opts_default(&s->train);
-    s->train.optimizer = (enum mp_optimizer)a->optimizer;
-    s->train.accumulate = a->grad_accum > 1;
-    s->par = a->par;
-    s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
+    return 0;
+}
+
+/* The defaults the report's header names: those that apply to this model and command. */
+static void note_defaults(const struct args *a, struct setup *s, bool need_target)
+{
     char num[32];
     if (!a->seq && s->model.input == MP_INPUT_TOKENS) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
@@ -227,11 +209,16 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         cli_add_default(s, "use_cache %s", !s->model.use_cache ? "off (config)"
                                        : a->ckpt.strategy == MP_CKPT_LAYERS ? "off (gradient checkpointing turns it off)"
                                                                             : "on (config: k/v copied into a DynamicCache)");
+}
+
+/* The target: --gpu, --vram, else (need_target: suggest) the local GPU, else the default
+ * profile; --workspace and --context over it.  0, or the exit status (message printed). */
+static int setup_target(const struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
+{
+    enum mp_status st;
     if (a->gpu) {
-        if ((st = mp_gpu_load(a->gpu, cli_argv0, &s->gpu, d)) != MP_OK) {
-            rc = cli_fail(st, d);
-            goto out;
-        }
+        if ((st = mp_gpu_load(a->gpu, cli_argv0, &s->gpu, d)) != MP_OK)
+            return cli_fail(st, d);
         s->have_gpu = true;
         snprintf(s->how, sizeof s->how, "--gpu %s", a->gpu);
     } else if (a->vram) {
@@ -247,13 +234,10 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         } else if (a->device_set) {
             fprintf(stderr, "memplan: error: --device %d: no usable CUDA device (%s)\n", a->device,
                     pd.msg[0] ? pd.msg : "none found");
-            rc = MP_EXIT_DEVICE;
-            goto out;
+            return MP_EXIT_DEVICE;
         } else {
-            if ((st = mp_gpu_load(MP_DEFAULT_GPU, cli_argv0, &s->gpu, d)) != MP_OK) {
-                rc = cli_fail(st, d);
-                goto out;
-            }
+            if ((st = mp_gpu_load(MP_DEFAULT_GPU, cli_argv0, &s->gpu, d)) != MP_OK)
+                return cli_fail(st, d);
             s->have_gpu = true;
             snprintf(s->how, sizeof s->how, "default profile: no GPU here and no --gpu/--vram");
         }
@@ -265,6 +249,37 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     if (a->context_set)
         s->gpu.context_bytes = a->context;
     s->train.cublas_workspace_bytes = s->gpu.workspace_bytes;
+    return 0;
+}
+
+int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
+{
+    memset(s, 0, sizeof *s);
+    enum mp_status st = mp_model_load_file(&s->model, a->model, d);
+    if (st != MP_OK)
+        return cli_fail(st, d); /* nothing loaded: nothing to release */
+    mp_build_opts_default(&s->build);
+    s->build.batch = a->batch;
+    s->build.seq = a->seq;
+    s->build.precision = (enum mp_precision)a->precision;
+    s->build.attention = (enum mp_attn_impl)a->attention;
+    s->build.attention_forced = a->attention_set;
+    s->build.ft = a->ft;
+    s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
+    s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;
+    s->build.target_seq = a->target_seq;
+    int rc = check_model_options(a, s);
+    if (rc)
+        goto out;
+    if (a->use_cache >= 0)
+        s->model.use_cache = a->use_cache == 1;
+    mp_train_opts_default(&s->train);
+    s->train.optimizer = (enum mp_optimizer)a->optimizer;
+    s->train.accumulate = a->grad_accum > 1;
+    s->par = a->par;
+    s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
+    note_defaults(a, s, need_target);
+    rc = setup_target(a, s, need_target, d);
 out: /* the one way out: on a failure the model is released */
     if (rc)
         mp_model_release(&s->model);

@@ -1209,6 +1209,21 @@ static bool gpu_alternative(struct mp_job *j, const struct mp_gpu *target, const
     return gpu_found;
 }
 
+/* Nothing fits: j (micro-batch 1, every block checkpointed) changed as what says, as an
+ * alternative of s, fitting or not. */
+static void fit_alternative(const struct mp_job *j, const char *what, struct mp_suggestion *s, struct mp_diag *d)
+{
+    struct mp_fit f;
+    if (mp_fit_eval(j, &f, d) != MP_OK)
+        return;
+    char a[32], b[32];
+    snprintf(s->alternatives[s->n_alternatives++], 160,
+             "%s: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s", what,
+             mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
+             f.fits ? ", fits" : ", still does not fit");
+    mp_fit_release(&f);
+}
+
 /* Nothing fits (or the probes refuted every fit, any_fit): what would, as s's alternatives (an
  * 8-bit optimizer, pure bf16, adapters, a larger GPU, a data-parallel world in world_alt), and
  * the note. */
@@ -1223,27 +1238,13 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     j.build.precision = o->precision_fixed ? o->precision : prec;
     j.train.skip_reserved = true; /* verdicts on allocated bytes, as the search's */
     j.verdict_only = true;
-    struct mp_fit f;
     j.train.optimizer = MP_OPT_ADAM8BIT;
-    if (base->train.optimizer != MP_OPT_ADAM8BIT && mp_fit_eval(&j, &f, d) == MP_OK) {
-        char a[32], b[32];
-        snprintf(s->alternatives[s->n_alternatives++], 160,
-                 "--optimizer adam8bit: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s",
-                 mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
-                 f.fits ? ", fits" : ", still does not fit");
-        mp_fit_release(&f);
-    }
+    if (base->train.optimizer != MP_OPT_ADAM8BIT)
+        fit_alternative(&j, "--optimizer adam8bit", s, d);
     j.train.optimizer = base->train.optimizer;
     if (j.build.precision != MP_PREC_BF16) {
         j.build.precision = MP_PREC_BF16;
-        if (mp_fit_eval(&j, &f, d) == MP_OK) {
-            char a[32], b[32];
-            snprintf(s->alternatives[s->n_alternatives++], 160,
-                     "--precision bf16: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s",
-                     mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
-                     f.fits ? ", fits" : ", still does not fit");
-            mp_fit_release(&f);
-        }
+        fit_alternative(&j, "--precision bf16", s, d);
     }
     lora_alternative(base, o_in, argv0, s, d);
     j.build.precision = o->precision_fixed ? o->precision : prec;
