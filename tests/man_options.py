@@ -119,7 +119,7 @@ def main():
     binary = sys.argv[1]
     if os.sep not in binary:
         binary = os.path.join(".", binary)
-    man = sys.argv[2] if len(sys.argv) == 3 else os.path.join(os.path.dirname(__file__), "..", "man", "memplan.1")
+    man = sys.argv[2] if len(sys.argv) == 3 else os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "man", "memplan.1")
     with open(man, encoding="utf-8") as f:
         sec = sections(f.read().splitlines())
     cmds, top = commands(binary)
@@ -151,7 +151,7 @@ def main():
         mshort, mvalue = items[o]
         if mshort != short:
             fails.append("OPTIONS: --%s has short name %s in the man page, %s in --help"
-                         % (o, mshort and "-" + mshort, short and "-" + short))
+                         % (o, "-" + mshort if mshort else "none", "-" + short if short else "none"))
         if mvalue != value:
             fails.append("OPTIONS: --%s takes %s in the man page, %s in --help" % (o, mvalue, value))
     for o in sorted(set(items) - set(every)):
@@ -161,8 +161,9 @@ def main():
 
     for f in fails:
         print("FAIL " + f)
+    shown = os.path.relpath(man) if not os.path.relpath(man).startswith("..") else man
     print("man_options: %d options of %d commands against %s: %d checks, %d failed"
-          % (len(every), len(cmds), os.path.relpath(man), checks, len(fails)))
+          % (len(every), len(cmds), shown, checks, len(fails)))
     return 1 if fails else 0
 
 
