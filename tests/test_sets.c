@@ -53,7 +53,8 @@ static void test_optimizers(void **state)
     assert_int_equal(mp_optimizer_parse("adamw_torch"), -1);
     assert_int_equal(mp_optimizer_parse(""), -1);
     /* the list the CLI prints: every name once, in table order */
-    assert_string_equal(mp_optimizer_names(" | "), "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit");
+    assert_string_equal(mp_optimizer_names(" | ", NULL), "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit");
+    assert_string_equal(mp_optimizer_names(", ", " or "), "sgd, sgd-momentum, adam, adamw, adafactor or adam8bit");
     /* the state a user pays for: Adam keeps two tensors per parameter, SGD none */
     assert_int_equal(mp_optimizer_state(MP_OPT_ADAMW), MP_OPT_STATE_TWO);
     assert_int_equal(mp_optimizer_state(MP_OPT_SGD), MP_OPT_STATE_NONE);
@@ -74,7 +75,7 @@ static void test_precisions_dtypes_attention(void **state)
         assert_string_equal(mp_precision_str((enum mp_precision)i), prec[i]);
     }
     assert_int_equal(mp_precision_parse("mixed-bf16"), -1); /* the command line's, not a precision */
-    assert_string_equal(mp_precision_names(" | "), "fp32 | amp-bf16 | amp-fp16 | bf16");
+    assert_string_equal(mp_precision_names(" | ", NULL), "fp32 | amp-bf16 | amp-fp16 | bf16");
     static const struct {
         enum mp_dtype t;
         const char *name;
@@ -100,6 +101,7 @@ static void test_precisions_dtypes_attention(void **state)
         assert_string_equal(mp_attn_impl_str((enum mp_attn_impl)i), attn[i]);
     }
     assert_int_equal(mp_attn_impl_parse("flash_attention_2"), -1);
+    assert_string_equal(mp_attn_impl_names(", ", " or "), "sdpa, flash or eager");
 }
 
 static void test_activations(void **state)

@@ -23,11 +23,12 @@ const char *mp_precision_str(enum mp_precision p);
 int mp_precision_parse(const char *s); /* -1 if unknown */
 
 /* The sets' names and parsers (util/sets.h's tables): *_str gives "?" for a value outside the
- * set, *_parse -1 for an unknown name; *_names the names joined by sep ("sgd | sgd-momentum"). */
+ * set, *_parse -1 for an unknown name; *_names the names joined by sep, last before the last
+ * one (NULL: sep) — "sgd | sgd-momentum | ...", "sgd, ... or adam8bit" (util.h mp_join). */
 const char *mp_optimizer_str(enum mp_optimizer o);
 int mp_optimizer_parse(const char *s);
-const char *mp_optimizer_names(const char *sep);
-const char *mp_precision_names(const char *sep);
+const char *mp_optimizer_names(const char *sep, const char *last);
+const char *mp_precision_names(const char *sep, const char *last);
 /* The optimizer's traits (its row of MP_OPTIMIZERS). */
 enum mp_opt_state mp_optimizer_state(enum mp_optimizer o);
 enum mp_opt_tmp mp_optimizer_tmp(enum mp_optimizer o);

@@ -43,10 +43,10 @@ int mp_precision_parse(const char *s)
             return (int)i;
     return -1;
 }
-const char *mp_precision_names(const char *sep)
+const char *mp_precision_names(const char *sep, const char *last)
 {
     static char buf[256];
-    return mp_join(buf, sizeof buf, prec_names, N_PRECISIONS, sep, NULL);
+    return mp_join(buf, sizeof buf, prec_names, N_PRECISIONS, sep, last);
 }
 
 static const struct opt_row {
@@ -77,13 +77,13 @@ int mp_optimizer_parse(const char *s)
             return (int)i;
     return -1;
 }
-const char *mp_optimizer_names(const char *sep)
+const char *mp_optimizer_names(const char *sep, const char *last)
 {
     static char buf[256];
     const char *names[N_OPTIMIZERS];
     for (size_t i = 0; i < N_OPTIMIZERS; i++)
         names[i] = opt_rows[i].name;
-    return mp_join(buf, sizeof buf, names, N_OPTIMIZERS, sep, NULL);
+    return mp_join(buf, sizeof buf, names, N_OPTIMIZERS, sep, last);
 }
 enum mp_opt_state mp_optimizer_state(enum mp_optimizer o) { return opt_row(o)->state; }
 enum mp_opt_tmp mp_optimizer_tmp(enum mp_optimizer o) { return opt_row(o)->tmp; }

@@ -90,6 +90,12 @@ static const char *const attn_names[] = {
 
 const char *mp_attn_impl_str(enum mp_attn_impl a) { return (unsigned)a < N_ATTN ? attn_names[a] : "?"; }
 
+const char *mp_attn_impl_names(const char *sep, const char *last)
+{
+    static char buf[64];
+    return mp_join(buf, sizeof buf, attn_names, N_ATTN, sep, last);
+}
+
 int mp_attn_impl_parse(const char *s)
 {
     for (size_t i = 0; i < N_ATTN; i++)

@@ -65,6 +65,7 @@ int mp_act_fwd_tensors(enum mp_act a);
 
 const char *mp_attn_impl_str(enum mp_attn_impl a);
 int mp_attn_impl_parse(const char *s); /* -1 if unknown */
+const char *mp_attn_impl_names(const char *sep, const char *last); /* (util.h mp_join) */
 
 enum mp_norm { MP_NORM_LAYERNORM, MP_NORM_RMSNORM };
 

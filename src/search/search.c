@@ -976,6 +976,300 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
     return st;
 }
 
+/* The axes of suggest's search: precisions, checkpoint strategies, data-parallel engines and
+ * fine-tuning modes; every combination is a candidate. */
+struct space {
+    enum mp_precision precs[4];
+    size_t np;
+    struct mp_ckpt_spec strategies[4];
+    size_t ns;
+    struct mp_parallel pars[8];
+    size_t npar;
+    enum mp_ft_mode modes[2];
+    size_t nm;
+};
+
+static void search_space(const struct mp_job *base, const struct mp_suggest_opts *o, struct space *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    if (o->precision_fixed) {
+        sp->precs[sp->np++] = o->precision;
+    } else {
+        if (precision_supported(&base->gpu, MP_PREC_AMP_BF16))
+            sp->precs[sp->np++] = MP_PREC_AMP_BF16;
+        else if (precision_supported(&base->gpu, MP_PREC_AMP_FP16))
+            sp->precs[sp->np++] = MP_PREC_AMP_FP16;
+        sp->precs[sp->np++] = MP_PREC_FP32;
+        if (precision_supported(&base->gpu, MP_PREC_BF16))
+            sp->precs[sp->np++] = MP_PREC_BF16;
+    }
+    /* "layers" is what HF's gradient_checkpointing does; a Trainer (--emit hf) can run only
+     * none and layers.  A model without repeated blocks has no "layers" plan. */
+    sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_NONE, 0};
+    if (!o->trainer_plans_only) {
+        sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
+        sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+    }
+    if (model_has_repeats(base->model))
+        sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
+    /* data parallel: the strategy given, or every one at the world given (--gpus alone) */
+    if (o->par_search && base->train.par) {
+        static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,
+                                                   MP_PAR_FSDP_NO_RESHARD};
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+            sp->pars[sp->npar] = *base->train.par;
+            sp->pars[sp->npar].strategy = all[k];
+            sp->npar++;
+        }
+        /* and ZeRO-3 with the optimizer on the host (ZeRO-Offload), unless --offload was given */
+        if (base->train.par->offload == MP_OFFLOAD_NONE) {
+            sp->pars[sp->npar] = *base->train.par;
+            sp->pars[sp->npar].strategy = MP_PAR_ZERO3;
+            sp->pars[sp->npar].offload = MP_OFFLOAD_OPTIMIZER;
+            sp->npar++;
+        }
+        /* bounded: the first precision only (amp unless --precision), plus mixed-bf16 (bf16
+         * compute copies, fp32 master) for the sharding engines unless --precision is given */
+        sp->np = 1;
+        if (!o->precision_fixed && sp->precs[0] == MP_PREC_AMP_BF16)
+            sp->precs[sp->np++] = MP_PREC_BF16;
+    } else if (base->train.par) {
+        sp->pars[sp->npar++] = *base->train.par;
+    } else {
+        mp_parallel_default(&sp->pars[sp->npar++]);
+    }
+    /* fine-tuning: LoRA and QLoRA are weighed against each other (QLoRA stores the base in
+     * 4 bits but dequantizes every weight twice per step) */
+    sp->modes[sp->nm++] = base->build.ft.mode;
+    if (base->model->quant.kind == MP_Q_NONE && !base->train.par && !base->model->keep_fp32_wo) {
+        if (base->build.ft.mode == MP_FT_LORA)
+            sp->modes[sp->nm++] = MP_FT_QLORA;
+        else if (base->build.ft.mode == MP_FT_QLORA)
+            sp->modes[sp->nm++] = MP_FT_LORA;
+    }
+}
+
+/* Every candidate of the space evaluated into s->cand (at most its size).  On a failure s is
+ * released. */
+static enum mp_status search_space_eval(const struct mp_job *base, const struct mp_suggest_opts *o,
+                                        const struct space *sp, struct mp_suggestion *s, struct mp_diag *d)
+{
+    unsigned evals = 0;
+    for (size_t mi = 0; mi < sp->nm; mi++)
+    for (size_t pi = 0; pi < sp->npar; pi++)
+    for (size_t i = 0; i < sp->np; i++) {
+        for (size_t k = 0; k < sp->ns; k++) {
+            if (s->n >= sizeof s->cand / sizeof s->cand[0])
+                break;
+            struct mp_diag vd = {{0}};
+            if (mp_par_validate(&sp->pars[pi], &vd) != MP_OK)
+                continue;
+            struct mp_parallel cp = sp->pars[pi];
+            if (o->par_search && !o->precision_fixed && sp->precs[i] == MP_PREC_BF16)
+                cp.mixed_bf16 = true; /* the searched bf16 row is mixed-bf16 */
+            if (mp_par_validate(&cp, &vd) != MP_OK)
+                continue;
+            if (cp.strategy != MP_PAR_NONE && sp->precs[i] == MP_PREC_BF16 && !cp.mixed_bf16 &&
+                mp_par_is_deepspeed(cp.strategy))
+                continue; /* DeepSpeed always keeps an fp32 master: that is mixed-bf16 */
+            struct mp_job j = *base;
+            j.build.precision = sp->precs[i];
+            j.build.ft.mode = sp->modes[mi];
+            j.ckpt = sp->strategies[k];
+            s->cand[s->n].par = cp;
+            j.train.par = cp.strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
+            if (o->progress) {
+                char sb[32];
+                mp_progress("evaluating %s, checkpoint %s", mp_precision_str(sp->precs[i]),
+                            mp_ckpt_spec_str(&j.ckpt, sb, sizeof sb));
+            }
+            struct mp_candidate *c = &s->cand[s->n];
+            struct mp_parallel keep = c->par;
+            memset(c, 0, sizeof *c);
+            c->par = keep;
+            c->ft = sp->modes[mi];
+            /* On a long model the optimal plan is never worse than sqrt (ckpt.c): its search
+             * starts at the batch sqrt's reached, two candidates before (same mode, engine and
+             * precision), once that batch is confirmed to fit */
+            uint64_t from = 0;
+            if (j.ckpt.strategy == MP_CKPT_OPTIMAL && k >= 1 && sp->strategies[k - 1].strategy == MP_CKPT_SQRT &&
+                base->model->n_blocks >= MP_FIT_FOLD_BLOCKS)
+                from = s->cand[s->n - 1].search_bmax;
+            enum mp_status st = eval_candidate(&j, o, from, c, &evals, d);
+            if (st != MP_OK) {
+                mp_fit_release(&c->fit);
+                mp_suggestion_release(s);
+                return st;
+            }
+            s->n++;
+        }
+    }
+    if (o->progress)
+        mp_progress_done();
+    return MP_OK;
+}
+
+/* Does not fit one GPU: the smallest world (8 GPUs per node) where a sharding strategy fits
+ * micro-batch 1 with every block checkpointed, then the full search there, as one line in
+ * alt (empty when none fits there).  Returns false when no world up to 128 nodes fits. */
+static bool world_alternative(const struct mp_job *base, const struct mp_suggest_opts *o, enum mp_precision prec,
+                              const char *argv0, char *alt, size_t len, struct mp_diag *d)
+{
+    struct mp_parallel par;
+    uint64_t w = smallest_world(base, prec, &par, d);
+    if (!w)
+        return false;
+    struct mp_job wj = *base;
+    wj.train.par = &par;
+    struct mp_suggest_opts wo = *o;
+    wo.par_search = true;
+    wo.probe = false;
+    struct mp_suggestion *ws = calloc(1, sizeof *ws);
+    if (ws && mp_suggest(&wj, &wo, argv0, ws, d) == MP_OK && ws->best >= 0) {
+        const struct mp_candidate *b = &ws->cand[ws->best];
+        char pb[96], a1[32];
+        snprintf(alt, len,
+                 "--gpus %llu --nodes %llu --parallel %s (%s): micro-batch %llu per rank, peak %s, "
+                 "%.1f samples/s",
+                 (unsigned long long)b->par.gpus, (unsigned long long)b->par.nodes,
+                 mp_par_strategy_str(b->par.strategy), mp_par_describe(&b->par, pb, sizeof pb),
+                 (unsigned long long)b->micro_batch, mp_fmt_bytes(b->peak_device_bytes, a1, sizeof a1),
+                 b->samples_per_s);
+    }
+    if (ws)
+        mp_suggestion_release(ws);
+    free(ws);
+    return true;
+}
+
+/* Nothing fits, full fine-tuning: the best LoRA/QLoRA plan (peft's default targets) as an
+ * alternative of s. */
+static void lora_alternative(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
+                             struct mp_suggestion *s, struct mp_diag *d)
+{
+    struct mp_finetune lft = base->build.ft;
+    lft.mode = MP_FT_LORA;
+    if (base->build.ft.mode != MP_FT_FULL || base->model->quant.kind != MP_Q_NONE || base->train.par ||
+        base->model->input != MP_INPUT_TOKENS || mp_moe_lora_unmodelled(base->model, &lft))
+        return;
+    struct mp_job lj = *base;
+    lj.build.ft.mode = MP_FT_LORA;
+    struct mp_suggest_opts ao = *o_in;
+    ao.probe = false;
+    ao.progress = false;
+    struct mp_suggestion *ls = calloc(1, sizeof *ls);
+    if (ls && mp_suggest(&lj, &ao, argv0, ls, d) == MP_OK && ls->best >= 0) {
+        const struct mp_candidate *b = &ls->cand[ls->best];
+        char a1[32], sb[32];
+        snprintf(s->alternatives[s->n_alternatives++], 160,
+                 "--finetune %s (adapters r %llu on peft's default targets): micro-batch %llu, %s, checkpoint "
+                 "%s, peak %s, %.1f samples/s",
+                 mp_ft_mode_str(b->ft), (unsigned long long)base->build.ft.r,
+                 (unsigned long long)b->micro_batch, mp_precision_str(b->precision),
+                 mp_ckpt_spec_str(&b->ckpt, sb, sizeof sb), mp_fmt_bytes(b->peak_device_bytes, a1, sizeof a1),
+                 b->samples_per_s);
+    }
+    if (ls)
+        mp_suggestion_release(ls);
+    free(ls);
+}
+
+/* Nothing fits: the first larger GPU profile where j (micro-batch 1, every block checkpointed)
+ * fits, as an alternative of s.  Returns whether one was found. */
+static bool gpu_alternative(struct mp_job *j, const struct mp_gpu *target, const char *argv0,
+                            struct mp_suggestion *s, struct mp_diag *d)
+{
+    struct mp_gpu *gpus = NULL;
+    size_t ng = 0;
+    bool gpu_found = false;
+    if (mp_gpu_list(argv0, &gpus, &ng, d) != MP_OK)
+        return false;
+    for (size_t i = 0; i < ng; i++) {
+        if (mp_gpu_capacity(&gpus[i]) <= mp_gpu_capacity(target))
+            continue;
+        j->gpu = gpus[i];
+        struct mp_fit f;
+        if (mp_fit_eval(j, &f, d) != MP_OK)
+            continue;
+        bool ok = f.fits;
+        if (ok) {
+            char a[32], b[32];
+            snprintf(s->alternatives[s->n_alternatives++], 160,
+                     "--gpu %s: peak %s of %s usable at micro-batch 1 (checkpoint every:1), fits",
+                     gpus[i].name, mp_fmt_bytes(f.peak_device_bytes, a, sizeof a),
+                     mp_fmt_bytes(f.usable_bytes, b, sizeof b));
+        }
+        mp_fit_release(&f);
+        if (ok) {
+            gpu_found = true;
+            break;
+        }
+    }
+    free(gpus);
+    return gpu_found;
+}
+
+/* Nothing fits: j (micro-batch 1, every block checkpointed) changed as what says, as an
+ * alternative of s, fitting or not. */
+static void fit_alternative(const struct mp_job *j, const char *what, struct mp_suggestion *s, struct mp_diag *d)
+{
+    struct mp_fit f;
+    if (mp_fit_eval(j, &f, d) != MP_OK)
+        return;
+    char a[32], b[32];
+    snprintf(s->alternatives[s->n_alternatives++], 160,
+             "%s: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s", what,
+             mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
+             f.fits ? ", fits" : ", still does not fit");
+    mp_fit_release(&f);
+}
+
+/* Nothing fits (or the probes refuted every fit, any_fit): what would, as s's alternatives (an
+ * 8-bit optimizer, pure bf16, adapters, a larger GPU, a data-parallel world in world_alt), and
+ * the note. */
+static void nofit_alternatives(const struct mp_job *base, const struct mp_suggest_opts *o,
+                               const struct mp_suggest_opts *o_in, enum mp_precision prec, const char *argv0,
+                               bool any_fit, bool no_world, const char *world_alt, struct mp_suggestion *s,
+                               struct mp_diag *d)
+{
+    struct mp_job j = *base;
+    j.build.batch = 1;
+    j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
+    j.build.precision = o->precision_fixed ? o->precision : prec;
+    j.train.skip_reserved = true; /* verdicts on allocated bytes, as the search's */
+    j.verdict_only = true;
+    j.train.optimizer = MP_OPT_ADAM8BIT;
+    if (base->train.optimizer != MP_OPT_ADAM8BIT)
+        fit_alternative(&j, "--optimizer adam8bit", s, d);
+    j.train.optimizer = base->train.optimizer;
+    if (j.build.precision != MP_PREC_BF16) {
+        j.build.precision = MP_PREC_BF16;
+        fit_alternative(&j, "--precision bf16", s, d);
+    }
+    lora_alternative(base, o_in, argv0, s, d);
+    j.build.precision = o->precision_fixed ? o->precision : prec;
+    bool gpu_found = gpu_alternative(&j, &base->gpu, argv0, s, d);
+    if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
+        snprintf(s->alternatives[s->n_alternatives++], 160, "%s",
+                 no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
+                            "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
+                          : "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
+                            "optimizer state across GPUs (FSDP/ZeRO) or offload");
+    if (any_fit)
+        snprintf(s->note, sizeof s->note, "the estimate said it fits but the probes ran out of memory at every "
+                                          "batch they tried; rerun with a larger --margin");
+    else
+        snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch 1 with every block checkpointed");
+    /* the smallest data-parallel world that fits (the full search: suggest --gpus N) */
+    if (world_alt[0]) {
+        if (s->n_alternatives == sizeof s->alternatives / sizeof s->alternatives[0])
+            s->n_alternatives--;
+        snprintf(s->alternatives[s->n_alternatives++], 160, "%s", world_alt);
+    }
+}
+
+/* suggest: the space searched, the best candidate chosen (and confirmed by probes), else what
+ * would fit. */
 static enum mp_status suggest_run(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
                                   struct mp_suggestion *s, struct mp_diag *d)
 {
@@ -993,161 +1287,21 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
                            (unsigned long long)rank_o.global_batch, (unsigned long long)world);
         rank_o.global_batch /= world;
     }
-    enum mp_precision precs[4];
-    size_t np = 0;
-    if (o->precision_fixed) {
-        precs[np++] = o->precision;
-    } else {
-        if (precision_supported(&base->gpu, MP_PREC_AMP_BF16))
-            precs[np++] = MP_PREC_AMP_BF16;
-        else if (precision_supported(&base->gpu, MP_PREC_AMP_FP16))
-            precs[np++] = MP_PREC_AMP_FP16;
-        precs[np++] = MP_PREC_FP32;
-        if (precision_supported(&base->gpu, MP_PREC_BF16))
-            precs[np++] = MP_PREC_BF16;
-    }
-    /* "layers" is what HF's gradient_checkpointing does; a Trainer (--emit hf) can run only
-     * none and layers.  A model without repeated blocks has no "layers" plan. */
-    struct mp_ckpt_spec strategies[4];
-    size_t ns = 0;
-    strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_NONE, 0};
-    if (!o->trainer_plans_only) {
-        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
-        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
-    }
-    if (model_has_repeats(base->model))
-        strategies[ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
-    /* data parallel: the strategy given, or every one at the world given (--gpus alone) */
-    struct mp_parallel pars[8];
-    size_t npar = 0;
-    if (o->par_search && base->train.par) {
-        static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,
-                                                   MP_PAR_FSDP_NO_RESHARD};
-        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
-            pars[npar] = *base->train.par;
-            pars[npar].strategy = all[k];
-            npar++;
-        }
-        /* and ZeRO-3 with the optimizer on the host (ZeRO-Offload), unless --offload was given */
-        if (base->train.par->offload == MP_OFFLOAD_NONE) {
-            pars[npar] = *base->train.par;
-            pars[npar].strategy = MP_PAR_ZERO3;
-            pars[npar].offload = MP_OFFLOAD_OPTIMIZER;
-            npar++;
-        }
-        /* bounded: the first precision only (amp unless --precision), plus mixed-bf16 (bf16
-         * compute copies, fp32 master) for the sharding engines unless --precision is given */
-        np = 1;
-        if (!o->precision_fixed && precs[0] == MP_PREC_AMP_BF16)
-            precs[np++] = MP_PREC_BF16;
-    } else if (base->train.par) {
-        pars[npar++] = *base->train.par;
-    } else {
-        mp_parallel_default(&pars[npar++]);
-    }
-    /* fine-tuning: LoRA and QLoRA are weighed against each other (QLoRA stores the base in
-     * 4 bits but dequantizes every weight twice per step) */
-    enum mp_ft_mode modes[2];
-    size_t nm = 0;
-    modes[nm++] = base->build.ft.mode;
-    if (base->model->quant.kind == MP_Q_NONE && !base->train.par && !base->model->keep_fp32_wo) {
-        if (base->build.ft.mode == MP_FT_LORA)
-            modes[nm++] = MP_FT_QLORA;
-        else if (base->build.ft.mode == MP_FT_QLORA)
-            modes[nm++] = MP_FT_LORA;
-    }
-    unsigned evals = 0;
-    for (size_t mi = 0; mi < nm; mi++)
-    for (size_t pi = 0; pi < npar; pi++)
-    for (size_t i = 0; i < np; i++) {
-        for (size_t k = 0; k < ns; k++) {
-            if (s->n >= sizeof s->cand / sizeof s->cand[0])
-                break;
-            struct mp_diag vd = {{0}};
-            if (mp_par_validate(&pars[pi], &vd) != MP_OK)
-                continue;
-            struct mp_parallel cp = pars[pi];
-            if (o->par_search && !o->precision_fixed && precs[i] == MP_PREC_BF16)
-                cp.mixed_bf16 = true; /* the searched bf16 row is mixed-bf16 */
-            if (mp_par_validate(&cp, &vd) != MP_OK)
-                continue;
-            if (cp.strategy != MP_PAR_NONE && precs[i] == MP_PREC_BF16 && !cp.mixed_bf16 &&
-                mp_par_is_deepspeed(cp.strategy))
-                continue; /* DeepSpeed always keeps an fp32 master: that is mixed-bf16 */
-            struct mp_job j = *base;
-            j.build.precision = precs[i];
-            j.build.ft.mode = modes[mi];
-            j.ckpt = strategies[k];
-            s->cand[s->n].par = cp;
-            j.train.par = cp.strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
-            if (o->progress) {
-                char sb[32];
-                mp_progress("evaluating %s, checkpoint %s", mp_precision_str(precs[i]),
-                            mp_ckpt_spec_str(&j.ckpt, sb, sizeof sb));
-            }
-            struct mp_candidate *c = &s->cand[s->n];
-            struct mp_parallel keep = c->par;
-            memset(c, 0, sizeof *c);
-            c->par = keep;
-            c->ft = modes[mi];
-            /* On a long model the optimal plan is never worse than sqrt (ckpt.c): its search
-             * starts at the batch sqrt's reached, two candidates before (same mode, engine and
-             * precision), once that batch is confirmed to fit */
-            uint64_t from = 0;
-            if (j.ckpt.strategy == MP_CKPT_OPTIMAL && k >= 1 && strategies[k - 1].strategy == MP_CKPT_SQRT &&
-                base->model->n_blocks >= MP_FIT_FOLD_BLOCKS)
-                from = s->cand[s->n - 1].search_bmax;
-            enum mp_status st = eval_candidate(&j, o, from, c, &evals, d);
-            if (st != MP_OK) {
-                mp_fit_release(&c->fit);
-                mp_suggestion_release(s);
-                return st;
-            }
-            s->n++;
-        }
-    }
-    if (o->progress)
-        mp_progress_done();
+    struct space sp;
+    search_space(base, o, &sp);
+    enum mp_status st = search_space_eval(base, o, &sp, s, d);
+    if (st != MP_OK)
+        return st;
     bool bf16_only;
     s->best = choose_best(s, o, &bf16_only);
     char world_alt[160] = "";
     bool no_world = false; /* no world up to 128 nodes fits either */
-    if (s->best < 0 && !base->train.par && !o->par_search) {
-        /* does not fit one GPU: the smallest world (8 GPUs per node) where a sharding strategy
-         * fits micro-batch 1 with every block checkpointed, then the full search there */
-        struct mp_parallel par;
-        uint64_t w = smallest_world(base, precs[0], &par, d);
-        no_world = !w;
-        if (w) {
-            struct mp_job wj = *base;
-            wj.train.par = &par;
-            struct mp_suggest_opts wo = *o;
-            wo.par_search = true;
-            wo.probe = false;
-            struct mp_suggestion *ws = calloc(1, sizeof *ws);
-            if (ws && mp_suggest(&wj, &wo, argv0, ws, d) == MP_OK && ws->best >= 0) {
-                const struct mp_candidate *b = &ws->cand[ws->best];
-                char pb[96], a1[32];
-                snprintf(world_alt, sizeof world_alt,
-                         "--gpus %llu --nodes %llu --parallel %s (%s): micro-batch %llu per rank, peak %s, "
-                         "%.1f samples/s",
-                         (unsigned long long)b->par.gpus, (unsigned long long)b->par.nodes,
-                         mp_par_strategy_str(b->par.strategy), mp_par_describe(&b->par, pb, sizeof pb),
-                         (unsigned long long)b->micro_batch, mp_fmt_bytes(b->peak_device_bytes, a1, sizeof a1),
-                         b->samples_per_s);
-            }
-            if (ws)
-                mp_suggestion_release(ws);
-            free(ws);
-        }
-    }
+    if (s->best < 0 && !base->train.par && !o->par_search)
+        no_world = !world_alternative(base, o, sp.precs[0], argv0, world_alt, sizeof world_alt, d);
     bool any_fit = s->best >= 0;
-    if (s->best >= 0 && o->probe) {
-        enum mp_status st = probe_best(base, o, s, &bf16_only, d);
-        if (st != MP_OK) {
-            mp_suggestion_release(s);
-            return st;
-        }
+    if (s->best >= 0 && o->probe && (st = probe_best(base, o, s, &bf16_only, d)) != MP_OK) {
+        mp_suggestion_release(s);
+        return st;
     }
     if (s->best >= 0 && bf16_only)
         snprintf(s->note, sizeof s->note,
@@ -1156,107 +1310,8 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
         const struct mp_candidate *b = &s->cand[s->best];
         s->global_met = !o_in->global_batch || b->global_batch == o_in->global_batch;
     } else {
-        /* what would fit: an 8-bit optimizer, pure bf16, a larger GPU */
-        struct mp_job j = *base;
-        j.build.batch = 1;
-        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
-        j.build.precision = o->precision_fixed ? o->precision : precs[0];
-        j.train.skip_reserved = true; /* verdicts on allocated bytes, as the search's */
-        j.verdict_only = true;
-        struct mp_fit f;
-        j.train.optimizer = MP_OPT_ADAM8BIT;
-        if (base->train.optimizer != MP_OPT_ADAM8BIT && mp_fit_eval(&j, &f, d) == MP_OK) {
-            char a[32], b[32];
-            snprintf(s->alternatives[s->n_alternatives++], 160,
-                     "--optimizer adam8bit: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s",
-                     mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
-                     f.fits ? ", fits" : ", still does not fit");
-            mp_fit_release(&f);
-        }
-        j.train.optimizer = base->train.optimizer;
-        if (j.build.precision != MP_PREC_BF16) {
-            j.build.precision = MP_PREC_BF16;
-            if (mp_fit_eval(&j, &f, d) == MP_OK) {
-                char a[32], b[32];
-                snprintf(s->alternatives[s->n_alternatives++], 160,
-                         "--precision bf16: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s",
-                         mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
-                         f.fits ? ", fits" : ", still does not fit");
-                mp_fit_release(&f);
-            }
-        }
-        struct mp_finetune lft = base->build.ft;
-        lft.mode = MP_FT_LORA;
-        if (base->build.ft.mode == MP_FT_FULL && base->model->quant.kind == MP_Q_NONE && !base->train.par &&
-            base->model->input == MP_INPUT_TOKENS && !mp_moe_lora_unmodelled(base->model, &lft)) {
-            /* fine-tuning with adapters instead: the best LoRA/QLoRA plan (peft's default targets) */
-            struct mp_job lj = *base;
-            lj.build.ft.mode = MP_FT_LORA;
-            struct mp_suggest_opts ao = *o_in;
-            ao.probe = false;
-            ao.progress = false;
-            struct mp_suggestion *ls = calloc(1, sizeof *ls);
-            if (ls && mp_suggest(&lj, &ao, argv0, ls, d) == MP_OK && ls->best >= 0) {
-                const struct mp_candidate *b = &ls->cand[ls->best];
-                char a1[32], sb[32];
-                snprintf(s->alternatives[s->n_alternatives++], 160,
-                         "--finetune %s (adapters r %llu on peft's default targets): micro-batch %llu, %s, checkpoint "
-                         "%s, peak %s, %.1f samples/s",
-                         mp_ft_mode_str(b->ft), (unsigned long long)base->build.ft.r,
-                         (unsigned long long)b->micro_batch, mp_precision_str(b->precision),
-                         mp_ckpt_spec_str(&b->ckpt, sb, sizeof sb), mp_fmt_bytes(b->peak_device_bytes, a1, sizeof a1),
-                         b->samples_per_s);
-            }
-            if (ls)
-                mp_suggestion_release(ls);
-            free(ls);
-        }
-        struct mp_gpu *gpus = NULL;
-        size_t ng = 0;
-        bool gpu_found = false;
-        if (mp_gpu_list(argv0, &gpus, &ng, d) == MP_OK) {
-            j.build.precision = o->precision_fixed ? o->precision : precs[0];
-            for (size_t i = 0; i < ng; i++) {
-                if (mp_gpu_capacity(&gpus[i]) <= mp_gpu_capacity(&base->gpu))
-                    continue;
-                j.gpu = gpus[i];
-                if (mp_fit_eval(&j, &f, d) != MP_OK)
-                    continue;
-                bool ok = f.fits;
-                if (ok) {
-                    char a[32], b[32];
-                    snprintf(s->alternatives[s->n_alternatives++], 160,
-                             "--gpu %s: peak %s of %s usable at micro-batch 1 (checkpoint every:1), fits",
-                             gpus[i].name, mp_fmt_bytes(f.peak_device_bytes, a, sizeof a),
-                             mp_fmt_bytes(f.usable_bytes, b, sizeof b));
-                }
-                mp_fit_release(&f);
-                if (ok) {
-                    gpu_found = true;
-                    break;
-                }
-            }
-            free(gpus);
-        }
-        if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
-            snprintf(s->alternatives[s->n_alternatives++], 160, "%s",
-                     no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
-                                "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
-                              : "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
-                                "optimizer state across GPUs (FSDP/ZeRO) or offload");
-        if (any_fit)
-            snprintf(s->note, sizeof s->note, "the estimate said it fits but the probes ran out of memory at every "
-                                              "batch they tried; rerun with a larger --margin");
-        else
-            snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch 1 with every block checkpointed");
-        /* the smallest data-parallel world that fits (the full search: suggest --gpus N) */
-        if (world_alt[0]) {
-            if (s->n_alternatives == sizeof s->alternatives / sizeof s->alternatives[0])
-                s->n_alternatives--;
-            snprintf(s->alternatives[s->n_alternatives++], 160, "%s", world_alt);
-        }
+        nofit_alternatives(base, o, o_in, sp.precs[0], argv0, any_fit, no_world, world_alt, s, d);
     }
-    (void)evals;
     s->elapsed_ms = mp_now_ms() - t0;
     return MP_OK;
 }

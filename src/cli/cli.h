@@ -1,0 +1,125 @@
+/* cli.h — the command line's own header (src/cli only): the parsed options, the command
+ * table's row, the setup every command shares, and the exits.
+ *
+ * main.c dispatches; options.c holds the option table and its parser; setup.c the model,
+ * target and options every command starts from; out_file.c --timeline's file; one
+ * cmd_<name>.c per command.  Only src/cli prints diagnostics or exits.
+ *
+ * Exit: 0 success / fits; 1 completed, does not fit; 2 usage; 3 bad input;
+ * 4 probe unavailable or device error; 5 internal error.
+ */
+#ifndef MEMPLAN_CLI_H
+#define MEMPLAN_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ckpt/ckpt.h"
+#include "estimate/estimate.h"
+#include "ir/layers.h"
+#include "model/model.h"
+#include "probe/probe.h"
+#include "report/report.h"
+#include "search/search.h"
+
+/* What the options say (options.c fills it from the option table). */
+struct args {
+    const char *model;
+    double moe_capacity;   /* --moe-capacity (1: uniform routing) */
+    uint64_t batch;
+    bool batch_set;
+    uint64_t seq;
+    uint64_t target_seq; /* --target-seq (0: not given) */
+    int precision;
+    bool precision_set;
+    int optimizer;
+    struct mp_ckpt_spec ckpt;
+    int attention;
+    bool attention_set;
+    int use_cache; /* -1: the config's; 0 off; 1 on */
+    const char *gpu;
+    uint64_t vram;
+    int device;
+    bool device_set;
+    uint64_t budget;
+    uint64_t slots;
+    double margin;
+    uint64_t global_batch;
+    enum mp_emit emit;
+    uint64_t steps;
+    const char *backend;
+    bool no_probe;
+    uint64_t workspace;
+    bool workspace_set;
+    uint64_t context;
+    bool context_set;
+    uint64_t max_batch;
+    uint64_t capacity;
+    uint64_t grad_accum;
+    const char *timeline;
+    bool json, all_layers, wide;
+    struct mp_parallel par;
+    bool par_set, gpus_set;
+    struct mp_finetune ft;
+    bool alpha_set, lora_set, blocks_set; /* lora_set: --lora-r, --lora-dropout or --lora-targets */
+};
+
+/* Which commands accept which options (bit per command). */
+enum { C_EST = 1, C_PLAN = 2, C_PROBE = 4, C_SUGG = 8, C_CHECK = 16, C_ALL = 31 };
+
+struct command {
+    const char *name;
+    unsigned bit;
+    int (*run)(struct args *a);
+    const char *summary;
+    const char *notes; /* printed after the option table of its help */
+};
+
+int cmd_estimate(struct args *a);
+int cmd_plan(struct args *a);
+int cmd_probe(struct args *a);
+int cmd_suggest(struct args *a);
+int cmd_check(struct args *a);
+
+/* options.c: 0 parsed, -1 --help printed (exit 0), else the exit status (message printed). */
+int cli_parse_args(const struct command *c, int argc, char **argv, struct args *a);
+void cli_command_help(FILE *out, const struct command *c);
+
+/* ---- exits (setup.c) ---- */
+extern const char *cli_argv0; /* argv[0], where GPU profiles and the probe binary are looked up */
+int cli_fail(enum mp_status st, const struct mp_diag *d);
+/* One line: "memplan: error: <problem> (see 'memplan CMD --help')", exit 2. */
+int cli_usage_error(const char *cmd, const char *fmt, const char *arg);
+int cli_finish(int code);
+int cli_leave(enum mp_status st, struct mp_diag *d, int rc, int code, const char *model);
+
+/* ---- shared setup (setup.c) ---- */
+struct setup {
+    struct mp_model model;
+    struct mp_build_opts build;
+    struct mp_train_opts train;
+    struct mp_parallel par;       /* train.par points here */
+    struct mp_gpu gpu;
+    bool have_gpu;
+    bool target_is_device; /* the target is the local GPU (probes of it answer for it) */
+    char how[96];
+    char defaults[384];
+};
+
+int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d);
+void cli_add_default(struct setup *s, const char *fmt, const char *v);
+void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, const struct mp_program *prog,
+                  const struct mp_ckpt_spec *ck, struct args *a);
+struct mp_job cli_job_of(struct setup *s, struct args *a);
+void cli_say_nofit(const struct mp_fit *f);
+void cli_fit_program_for_report(const struct args *a, const struct setup *s, struct mp_job *j);
+enum mp_status cli_fit_report_program(const struct mp_job *j, struct mp_fit *f, struct mp_diag *d);
+
+/* ---- output files (out_file.c) ---- */
+int cli_check_out_file(const char *opt, const char *what, const char *path, const char *input);
+int cli_write_timeline(const struct args *a, const char *cmd, const struct setup *s, const struct mp_program *prog,
+                       const struct mp_schedule *sched, uint64_t context, bool target, const uint64_t *measured,
+                       size_t n_measured);
+
+#endif

@@ -1,0 +1,59 @@
+/* cmd_suggest.c — memplan suggest: the configuration to train with (micro-batch, accumulation, checkpoints,
+ * precision), searched.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h> /* isatty */
+
+#include "cli/cli.h"
+
+int cmd_suggest(struct args *a)
+{
+    struct mp_diag d = {{0}};
+    struct setup s;
+    int rc = cli_setup(a, &s, true, &d);
+    if (rc)
+        return rc;
+    struct mp_job j = cli_job_of(&s, a);
+    struct mp_suggest_opts o = {.precision_fixed = a->precision_set, .precision = (enum mp_precision)a->precision,
+                                .global_batch = a->global_batch, .max_batch = a->max_batch,
+                                .probe = !a->no_probe && (!strcmp(a->backend, "host") || !strcmp(a->backend, "cuda") ||
+                                                          mp_cuda_device_available()),
+                                .probe_backend = !strcmp(a->backend, "host") ? "host" : "cuda",
+                                .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
+                                .device = a->device,
+                                .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF};
+    if (a->gpus_set || a->par_set) { /* data parallel: strategy given, or searched at --gpus x --nodes */
+        o.par_search = !a->par_set;
+        j.train.par = &s.par;
+        o.probe = false; /* the probe runs one rank's step on one GPU: not part of suggest yet */
+    }
+    struct mp_suggestion sg;
+    struct mp_program prog;
+    memset(&sg, 0, sizeof sg);
+    memset(&prog, 0, sizeof prog);
+    int code = MP_EXIT_OK;
+    enum mp_status st = MP_OK;
+    if (o.probe && !strcmp(o.probe_backend, "host") &&
+        (st = mp_suggest_host_admit(&j, &o, mp_host_ram_bytes(), &d)) != MP_OK)
+        goto out;
+    if ((st = mp_suggest(&j, &o, cli_argv0, &sg, &d)) != MP_OK)
+        goto out;
+    /* the report reads the program's counts: a long model's through its fold (fold.h) */
+    if ((st = s.model.n_blocks >= MP_FIT_FOLD_BLOCKS ? mp_fold_report_program(&s.model, &s.build, &prog, &d)
+                                                     : mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)
+        goto out;
+    struct mp_report_ctx c;
+    cli_fill_ctx(&c, "suggest", &s, &prog, NULL, a);
+    c.build = NULL; /* suggest searches batch and precision: no single config line */
+    mp_report_suggest(stdout, &c, &sg, a->emit);
+    code = sg.best >= 0 ? MP_EXIT_OK : MP_EXIT_NOFIT;
+    if (sg.best >= 0 && o.global_batch && !sg.global_met)
+        fprintf(stderr, "memplan: warning: global batch %llu cannot be met exactly\n",
+                (unsigned long long)o.global_batch);
+out: /* the one way out: everything released, then the status */
+    mp_program_release(&prog);
+    mp_suggestion_release(&sg);
+    mp_model_release(&s.model);
+    return cli_leave(st, &d, rc, code, a->model);
+}

@@ -1,0 +1,535 @@
+/* options.c — the option table and its parser (in the manner of git's parse-options).
+ *
+ * One row per option: its names, its argument, the commands that take it, its help line, its
+ * parser kind and the field of struct args it sets.  The parser, the help and the messages of a
+ * bad value (not a number, out of range, not one of the choices) all come from the row; the
+ * rules between options (exclusive, needs another) are in check_rules.
+ */
+#include <getopt.h> /* getopt_long */
+#include <stddef.h> /* offsetof */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+/* Largest values the integer options take: beyond them a plan means nothing. */
+#define MAX_BATCH (1ull << 24)        /* micro-batch, --max-batch, --grad-accum */
+#define MAX_SEQ (1ull << 24)
+#define MAX_GLOBAL_BATCH (1ull << 32)
+
+/* The CUDA context and the cuBLAS workspace: at most 1 PiB, as a GPU profile's (a size near
+ * 2^64 overflowed the peak device bytes they are added to). */
+#define MAX_OVERHEAD_BYTES (UINT64_C(1) << 50)
+
+enum opt_kind {
+    K_INT,      /* a whole number in [lo, hi] */
+    K_SIZE,     /* a byte size (mp_parse_size): below lo is not a size, above hi (0: none) too large */
+    K_PERCENT,  /* a decimal number of percent in the range dlo..dhi, stored as a fraction */
+    K_PROB,     /* a probability in the range dlo..dhi */
+    K_NUMBER,   /* a decimal number in the range dlo..dhi */
+    K_ENUM,     /* a name through the set's parse function: a value from min */
+    K_CHOICE,   /* one of the names in choices: its value */
+    K_STRING,   /* the value as given (one of choices when there are any) */
+    K_CALLBACK, /* cb parses the value; a message in its diag replaces the row's */
+    K_FLAG,     /* no value: the field set true */
+    K_HELP,     /* no value: the command's help, exit 0 */
+};
+
+struct opt_choice {
+    const char *name;
+    int value;
+};
+
+typedef enum mp_status (*opt_cb)(struct args *a, void *field, const char *s, struct mp_diag *d);
+
+struct opt {
+    char short_name; /* 0: none */
+    const char *name;
+    const char *arg;     /* the value's name in the help; NULL for K_FLAG and K_HELP */
+    unsigned cmds;       /* C_* bits of the commands that take it */
+    enum opt_kind kind;
+    size_t off, size;    /* the field in struct args (FIELD) */
+    size_t seen;         /* SEEN: a bool of struct args set when the option is given; 0: none */
+    uint64_t lo, hi;     /* K_INT, K_SIZE */
+    double dlo, dhi;     /* K_PERCENT, K_PROB, K_NUMBER: the range, each end included or not */
+    bool lo_in, hi_in;
+    int (*parse)(const char *); /* K_ENUM: -1 (or below min) if unknown */
+    int min;
+    const struct opt_choice *choices; /* K_CHOICE, K_STRING: ends with a NULL name */
+    opt_cb cb;                        /* K_CALLBACK */
+    const char *expect;  /* "--NAME: expected EXPECT, got 'VALUE'" (generated where NULL) */
+    const char *help;
+    /* A value from one of the closed sets (util/sets.h): its names, joined by mp_join.  The
+     * help line is names(" | ") then help; "expected" is names(", ", " or ") then expect. */
+    const char *(*names)(const char *sep, const char *last);
+};
+
+#define FIELD(f) .off = offsetof(struct args, f), .size = sizeof(((struct args *)0)->f)
+#define SEEN(f) .seen = offsetof(struct args, f) + 1 /* + 1: 0 says none */
+#define INT(l, h) .kind = K_INT, .lo = (l), .hi = (h)
+#define RANGE(l, l_in, h, h_in) .dlo = (l), .lo_in = (l_in), .dhi = (h), .hi_in = (h_in)
+
+static enum mp_status cb_precision(struct args *a, void *field, const char *s, struct mp_diag *d);
+static enum mp_status cb_checkpoint(struct args *a, void *field, const char *s, struct mp_diag *d);
+static enum mp_status cb_lora_targets(struct args *a, void *field, const char *s, struct mp_diag *d);
+static enum mp_status cb_train_blocks(struct args *a, void *field, const char *s, struct mp_diag *d);
+
+/* --precision: the table's precisions and mixed-bf16 (bf16 with fp32 master weights under
+ * data parallelism, cb_precision) */
+static const char *precision_names(const char *sep, const char *last)
+{
+    static char buf[160];
+    snprintf(buf, sizeof buf, "%s%s%s", mp_precision_names(sep, sep), last ? last : sep, "mixed-bf16");
+    return buf;
+}
+static const struct opt_choice ON_OFF[] = {{"on", 1}, {"off", 0}, {NULL, 0}};
+static const struct opt_choice EMIT[] = {{"torch", MP_EMIT_TORCH},
+                                         {"hf", MP_EMIT_HF},
+                                         {"deepspeed", MP_EMIT_DEEPSPEED},
+                                         {"accelerate", MP_EMIT_ACCELERATE},
+                                         {NULL, 0}};
+static const struct opt_choice BACKEND[] = {{"auto", 0}, {"cuda", 0}, {"host", 0}, {NULL, 0}};
+
+enum { C_TRAIN = C_EST | C_PLAN | C_PROBE | C_CHECK, C_TARGET = C_EST | C_PLAN | C_SUGG | C_CHECK };
+
+static const struct opt OPTS[] = {
+    {'b', "batch", "B", C_TRAIN, INT(1, MAX_BATCH), FIELD(batch), SEEN(batch_set), .expect = "a positive integer",
+     .help = "micro-batch (default 1)"},
+    {'s', "seq", "S", C_ALL, INT(1, MAX_SEQ), FIELD(seq), .expect = "a positive integer",
+     .help = "sequence length (default: the model's, at most 2048 for HF configs)"},
+    {0, "target-seq", "T", C_ALL, INT(1, MAX_SEQ), FIELD(target_seq), .expect = "a positive integer",
+     .help = "encoder-decoders (t5): the decoder's length; --seq is the encoder's (default: = --seq)"},
+    {'p', "precision", "P", C_ALL, K_CALLBACK, FIELD(precision), SEEN(precision_set), .cb = cb_precision,
+     .names = precision_names, .help = " (default amp-bf16)"},
+    {'o', "optimizer", "O", C_ALL, K_ENUM, FIELD(optimizer), .parse = mp_optimizer_parse,
+     .names = mp_optimizer_names, .help = " (default adamw)"},
+    {'c', "checkpoint", "C", C_TRAIN, K_CALLBACK, FIELD(ckpt), .cb = cb_checkpoint,
+     .expect = "none, sqrt, segments:K, every:K, layers, optimal or optimal-segments",
+     .help = "none (default; plan: optimal) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
+    {0, "finetune", "F", C_ALL, K_ENUM, FIELD(ft.mode), .parse = mp_ft_mode_parse,
+     .expect = "full, lora, qlora or freeze", .help = "full | lora | qlora | freeze: what trains (default full)"},
+    {0, "lora-r", "R", C_ALL, INT(1, 65536), FIELD(ft.r), SEEN(lora_set), .help = "LoRA rank (default 16)"},
+    {0, "lora-alpha", "A", C_ALL, K_NUMBER, RANGE(0, false, 1e6, false), FIELD(ft.alpha), SEEN(alpha_set),
+     .help = "lora_alpha for the snippet; scaling alpha/r (default 2r)"},
+    {0, "lora-dropout", "P", C_ALL, K_PROB, RANGE(0, true, 1, false), FIELD(ft.dropout), SEEN(lora_set),
+     .help = "lora_dropout: > 0 keeps a mask and a copy per adapter (default 0)"},
+    {0, "lora-targets", "T", C_ALL, K_CALLBACK, FIELD(ft), SEEN(lora_set), .cb = cb_lora_targets,
+     .help = "all-linear | NAME,NAME,... (default: peft's for the family)"},
+    {0, "train-blocks", "LIST", C_ALL, K_CALLBACK, FIELD(ft), SEEN(blocks_set), .cb = cb_train_blocks,
+     .help = "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
+    {0, "attention", "A", C_ALL, K_ENUM, FIELD(attention), SEEN(attention_set), .parse = mp_attn_impl_parse,
+     .names = mp_attn_impl_names, .help = ": override the attention implementation (default sdpa)"},
+    {0, "moe-capacity", "F", C_ALL, K_NUMBER, RANGE(1, true, 1e6, true), FIELD(moe_capacity),
+     .help = "MoE routing: the busiest expert gets F x the uniform share (F >= 1; default 1, uniform)"},
+    {0, "use-cache", "on|off", C_ALL, K_CHOICE, FIELD(use_cache), .choices = ON_OFF,
+     .help = "HF decoders: transformers' use_cache in training (default: the config's; off under --checkpoint "
+             "layers)"},
+    {0, "gpu", "NAME", C_TARGET, K_STRING, FIELD(gpu),
+     .help = "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
+    {0, "vram", "SIZE", C_PLAN | C_SUGG | C_CHECK, K_SIZE, .lo = 1, FIELD(vram),
+     .expect = "a size like 24GiB, 24G or 80GB", .help = "target memory, e.g. 24GiB, 24G (GiB), 80GB (10^9)"},
+    {0, "device", "N", C_PROBE | C_SUGG, INT(0, 64), FIELD(device), SEEN(device_set), .expect = "a device index",
+     .help = "CUDA device index, default 0 (probe: run on it; suggest: target it)"},
+    {0, "activation-budget", "SIZE", C_PLAN, K_SIZE, .lo = 1, FIELD(budget),
+     .help = "activation budget for optimal plans"},
+    {0, "slots", "N", C_TARGET, INT(10, 100000), FIELD(slots), .help = "memory slots of the optimal DP (default 500)"},
+    {0, "margin", "PCT", C_SUGG | C_CHECK | C_PLAN, K_PERCENT, RANGE(0, true, 90, false), FIELD(margin),
+     .help = "safety margin in percent of capacity (default 5)"},
+    {0, "global-batch", "G", C_SUGG, INT(1, MAX_GLOBAL_BATCH), FIELD(global_batch), .expect = "a positive integer",
+     .help = "global batch: micro-batch x accumulation = G exactly"},
+    {0, "grad-accum", "N", C_EST | C_PLAN | C_CHECK, INT(1, MAX_BATCH), FIELD(grad_accum),
+     .expect = "a positive integer",
+     .help = "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
+    {0, "emit", "WHAT", C_SUGG, K_CHOICE, FIELD(emit), .choices = EMIT,
+     .help = "torch | hf | deepspeed | accelerate: print only that snippet"},
+    {0, "gpus", "N", C_ALL, INT(1, 65536), FIELD(par.gpus), SEEN(gpus_set),
+     .help = "GPUs per node for data parallelism (figures are per rank)"},
+    {0, "nodes", "M", C_ALL, INT(1, 65536), FIELD(par.nodes), .help = "nodes (world = N x M ranks; default 1)"},
+    {0, "parallel", "S", C_ALL, K_ENUM, FIELD(par.strategy), SEEN(par_set), .parse = mp_par_strategy_parse,
+     .min = MP_PAR_NONE + 1, .expect = "ddp, zero1, zero2, zero3, fsdp or fsdp-no-reshard",
+     .help = "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
+    {0, "offload", "W", C_ALL, K_ENUM, FIELD(par.offload), .parse = mp_offload_parse,
+     .expect = "none, optimizer or params",
+     .help = "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
+    {0, "ddp-bucket-view", NULL, C_ALL, K_FLAG, FIELD(par.ddp_grad_as_bucket_view),
+     .help = "DDP gradient_as_bucket_view=True: .grad are views of the buckets"},
+    {0, "rank", "R", C_PROBE, INT(0, 65536 * 65536ull - 1), FIELD(par.rank), .expect = "an integer from 0",
+     .help = "with --parallel: the rank whose shards the step holds (default 0)"},
+    {0, "offload-device", "D", C_ALL, K_ENUM, FIELD(par.offload_device), .parse = mp_offload_dev_parse,
+     .expect = "cpu or nvme", .help = "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
+    {0, "max-batch", "B", C_SUGG, INT(1, MAX_BATCH), FIELD(max_batch), .expect = "a positive integer",
+     .help = "largest micro-batch to consider (default 65536)"},
+    {0, "steps", "N", C_PROBE, INT(1, 64), FIELD(steps), .help = "measured steps after one warm-up (default 3)"},
+    {0, "backend", "B", C_PROBE | C_SUGG, K_STRING, FIELD(backend), .choices = BACKEND,
+     .help = "auto | cuda | host (default auto; suggest: host probes on the CPU)"},
+    {0, "capacity", "SIZE", C_PROBE | C_SUGG, K_SIZE, FIELD(capacity),
+     .help = "probe memory limit (probe: host only, default none; suggest: default the target's usable less "
+             "context)"},
+    {0, "no-probe", NULL, C_SUGG, K_FLAG, FIELD(no_probe),
+     .help = "do not confirm with probes even when a GPU is present"},
+    {0, "workspace", "SIZE", C_ALL, K_SIZE, .hi = MAX_OVERHEAD_BYTES, FIELD(workspace), SEEN(workspace_set),
+     .help = "cuBLAS workspace, at most 1024TiB (default 8519680 B, or the --gpu profile's where --gpu applies)"},
+    {0, "context", "SIZE", C_TARGET, K_SIZE, .hi = MAX_OVERHEAD_BYTES, FIELD(context), SEEN(context_set),
+     .help = "CUDA context size, at most 1024TiB (default: the GPU profile's, else 500MiB)"},
+    {0, "timeline", "FILE", C_TRAIN, K_STRING, FIELD(timeline),
+     .help = "also draw the step's memory over time as an SVG picture in FILE"},
+    {0, "all-layers", NULL, C_EST, K_FLAG, FIELD(all_layers), .help = "do not fold identical repeated blocks"},
+    {0, "wide", NULL, C_ALL, K_FLAG, FIELD(wide),
+     .help = "text wider than 100 columns: the full block table, no wrapping"},
+    {0, "json", NULL, C_ALL, K_FLAG, FIELD(json), .help = "print the report as JSON (schema 1)"},
+    {'h', "help", NULL, C_ALL, K_HELP, .help = "show this help"},
+};
+#define N_OPTS (sizeof OPTS / sizeof OPTS[0])
+
+/* ---- the help, from the table -------------------------------------------------------------- */
+
+/* "--name ARG", or "--name" for an option without a value. */
+static const char *opt_left(const struct opt *o, char *buf, size_t len)
+{
+    snprintf(buf, len, "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+    return buf;
+}
+
+/* Usage generated from the option table: the synopsis wrapped under the command
+ * name, one line per option, help text wrapped at 100 columns. */
+void cli_command_help(FILE *out, const struct command *c)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        f = out;
+    int ind = fprintf(f, "Usage: memplan %s ", c->name), col = ind + fprintf(f, "MODEL");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (!(OPTS[i].cmds & c->bit) || OPTS[i].kind == K_HELP)
+            continue;
+        char left[48], item[64];
+        int n = snprintf(item, sizeof item, "[%s]", opt_left(&OPTS[i], left, sizeof left));
+        if (col + 1 + n > MP_TEXT_COLUMNS) {
+            fprintf(f, "\n%*s", ind, "");
+            col = ind;
+        } else {
+            fputc(' ', f);
+            col++;
+        }
+        col += fprintf(f, "%s", item);
+    }
+    fprintf(f, "\n\n%s.\n\nOptions:\n", c->summary);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (!(OPTS[i].cmds & c->bit))
+            continue;
+        char left[48];
+        opt_left(&OPTS[i], left, sizeof left);
+        const char *names = OPTS[i].names ? OPTS[i].names(" | ", NULL) : "";
+        if (OPTS[i].short_name)
+            fprintf(f, "  -%c, %-26s %s%s\n", OPTS[i].short_name, left, names, OPTS[i].help);
+        else
+            fprintf(f, "      %-26s %s%s\n", left, names, OPTS[i].help);
+    }
+    fprintf(f, "\n%sExit status: 0 success/fits, 1 does not fit, 2 usage, 3 bad input, 4 device error, 5 internal.\n"
+               "See memplan(1).\n",
+            c->notes);
+    if (f != out) {
+        fclose(f);
+        mp_report_fit_text(out, buf, len, MP_TEXT_COLUMNS);
+        free(buf);
+    }
+}
+
+/* ---- the parsers of the kinds --------------------------------------------------------------- */
+
+static enum mp_status cb_precision(struct args *a, void *field, const char *s, struct mp_diag *d)
+{
+    (void)d;
+    /* mixed-bf16: the program runs in bf16 (FSDP2 param_dtype / DeepSpeed bf16), the
+     * sharding engine keeps the fp32 master (parallel.h) */
+    int *p = field;
+    a->par.mixed_bf16 = !strcmp(s, "mixed-bf16");
+    *p = a->par.mixed_bf16 ? (int)MP_PREC_BF16 : mp_precision_parse(s);
+    return *p < 0 ? MP_ERR_USAGE : MP_OK;
+}
+
+static enum mp_status cb_checkpoint(struct args *a, void *field, const char *s, struct mp_diag *d)
+{
+    (void)a, (void)d;
+    return mp_ckpt_spec_parse(s, field);
+}
+
+static enum mp_status cb_lora_targets(struct args *a, void *field, const char *s, struct mp_diag *d)
+{
+    (void)a;
+    return mp_finetune_parse_targets(field, s, d);
+}
+
+static enum mp_status cb_train_blocks(struct args *a, void *field, const char *s, struct mp_diag *d)
+{
+    (void)a;
+    return mp_finetune_parse_blocks(field, s, d);
+}
+
+/* A whole-number field (an int, an enum or a uint64_t) of size bytes. */
+static void store_int(void *field, size_t size, int64_t v)
+{
+    if (size == sizeof(int)) {
+        int i = (int)v;
+        memcpy(field, &i, sizeof i);
+    } else {
+        uint64_t u = (uint64_t)v;
+        memcpy(field, &u, sizeof u);
+    }
+}
+
+/* The choice named s, or NULL. */
+static const struct opt_choice *choice_of(const struct opt_choice *c, const char *s)
+{
+    for (; c->name; c++)
+        if (!strcmp(c->name, s))
+            return c;
+    return NULL;
+}
+
+/* Parses s into o's field of a.  MP_ERR_USAGE: not a value of the kind; MP_ERR_RANGE: out of
+ * the row's range (or beyond 64 bits, or a double). */
+static enum mp_status parse_value(const struct opt *o, struct args *a, const char *s, struct mp_diag *d)
+{
+    void *field = (char *)a + o->off;
+    enum mp_status st = MP_OK;
+    switch (o->kind) {
+    case K_INT: {
+        uint64_t v = 0;
+        st = mp_parse_u64(s, &v);
+        if (st == MP_OK && (v < o->lo || v > o->hi))
+            st = MP_ERR_RANGE;
+        store_int(field, o->size, (int64_t)v);
+        return st;
+    }
+    case K_SIZE: {
+        uint64_t v = 0;
+        st = mp_parse_size(s, &v);
+        if (st == MP_OK && v < o->lo)
+            st = MP_ERR_USAGE;
+        else if (st == MP_OK && o->hi && v > o->hi)
+            st = MP_ERR_RANGE;
+        memcpy(field, &v, sizeof v);
+        return st;
+    }
+    case K_PERCENT:
+    case K_PROB:
+    case K_NUMBER: {
+        double v = 0;
+        if ((st = mp_parse_double(s, &v)) != MP_OK)
+            return st;
+        if (v < o->dlo || (v == o->dlo && !o->lo_in) || v > o->dhi || (v == o->dhi && !o->hi_in))
+            return MP_ERR_RANGE;
+        v /= o->kind == K_PERCENT ? 100.0 : 1.0;
+        memcpy(field, &v, sizeof v);
+        return MP_OK;
+    }
+    case K_ENUM: {
+        int v = o->parse(s);
+        store_int(field, o->size, v < o->min ? o->min : v);
+        return v < o->min ? MP_ERR_USAGE : MP_OK;
+    }
+    case K_CHOICE: {
+        const struct opt_choice *c = choice_of(o->choices, s);
+        if (c)
+            store_int(field, o->size, c->value);
+        return c ? MP_OK : MP_ERR_USAGE;
+    }
+    case K_STRING:
+        memcpy(field, &s, sizeof s);
+        return o->choices && !choice_of(o->choices, s) ? MP_ERR_USAGE : MP_OK;
+    case K_CALLBACK: return o->cb(a, field, s, d);
+    case K_FLAG: {
+        bool t = true;
+        memcpy(field, &t, sizeof t);
+        return MP_OK;
+    }
+    case K_HELP: return MP_OK;
+    }
+    return MP_OK;
+}
+
+/* The message of a value o refused with st, from the row.  Returns the exit status. */
+static int value_error(const struct opt *o, const struct command *c, const char *s, enum mp_status st,
+                       const struct mp_diag *d)
+{
+    char exp[160];
+    if (d->msg[0]) /* the parser said it */
+        return cli_usage_error(c->name, "%s", d->msg);
+    if (o->kind == K_PERCENT || o->kind == K_PROB || o->kind == K_NUMBER) {
+        /* "a percentage, at least 0 and under 90", "a probability in [0, 1)", "a number from 1 to 1000000" */
+        if (o->kind == K_PROB)
+            snprintf(exp, sizeof exp, "a probability in %c%.15g, %.15g%c", o->lo_in ? '[' : '(', o->dlo, o->dhi,
+                     o->hi_in ? ']' : ')');
+        else
+            snprintf(exp, sizeof exp, "%s %s %.15g %s %.15g", o->kind == K_PERCENT ? "a percentage," : "a number",
+                     o->lo_in && o->hi_in ? "from" : o->lo_in ? "at least" : "above", o->dlo,
+                     o->hi_in ? (o->lo_in ? "to" : "and at most") : "and under", o->dhi);
+        fprintf(stderr, "memplan: error: --%s: '%s' is %s: expected %s (see 'memplan %s --help')\n", o->name, s,
+                st == MP_ERR_RANGE ? "out of range" : strpbrk(s, "xX") ? "not a decimal number" : "not a number",
+                exp, c->name);
+        return MP_EXIT_USAGE;
+    }
+    if (st == MP_ERR_RANGE && o->kind == K_INT) {
+        bool small = s[0] >= '0' && s[0] <= '9' && strlen(s) < 20 && strtoull(s, NULL, 10) < o->lo;
+        fprintf(stderr, "memplan: error: --%s: %s is too %s: expected an integer from %llu to %llu "
+                        "(see 'memplan %s --help')\n",
+                o->name, s, small ? "small" : "large", (unsigned long long)o->lo, (unsigned long long)o->hi, c->name);
+        return MP_EXIT_USAGE;
+    }
+    if (st == MP_ERR_RANGE) {
+        char most[48] = "";
+        if (o->kind == K_SIZE && o->hi)
+            snprintf(most, sizeof most, " (at most %lluTiB)", (unsigned long long)(o->hi >> 40));
+        fprintf(stderr, "memplan: error: --%s: '%s' is too large%s (see 'memplan %s --help')\n", o->name, s, most,
+                c->name);
+        return MP_EXIT_USAGE;
+    }
+    /* not a value of the kind: "expected EXPECT", the choices listed where the row has them */
+    if (o->names)
+        snprintf(exp, sizeof exp, "%s%s", o->names(", ", " or "), o->expect ? o->expect : "");
+    else if (o->expect)
+        snprintf(exp, sizeof exp, "%s", o->expect);
+    else if (o->kind == K_INT)
+        snprintf(exp, sizeof exp, "an integer from %llu to %llu", (unsigned long long)o->lo,
+                 (unsigned long long)o->hi);
+    else if (o->choices) {
+        size_t n = 0, k = 0;
+        while (o->choices[n].name)
+            n++;
+        exp[0] = 0;
+        for (size_t i = 0; i < n; i++)
+            k += (size_t)snprintf(exp + k, k < sizeof exp ? sizeof exp - k : 0, "%s%s",
+                                  i == 0 ? "" : i + 1 == n ? " or " : ", ", o->choices[i].name);
+    } else
+        snprintf(exp, sizeof exp, "%s", o->kind == K_SIZE ? "a size" : "a valid value");
+    char fmt[256];
+    snprintf(fmt, sizeof fmt, "--%s: expected %s, got '%%s'", o->name, exp);
+    return cli_usage_error(c->name, fmt, s);
+}
+
+/* ---- parse_args -------------------------------------------------------------------------------- */
+
+/* The defaults, before the options: those that are not 0 or NULL. */
+static void args_default(const struct command *c, struct args *a)
+{
+    memset(a, 0, sizeof *a);
+    mp_parallel_default(&a->par);
+    a->batch = 1;
+    a->precision = MP_PREC_AMP_BF16;
+    a->optimizer = MP_OPT_ADAMW;
+    a->attention = MP_ATTN_SDPA;
+    a->use_cache = -1;
+    a->margin = 0.05;
+    a->moe_capacity = 1.0;
+    a->steps = 3;
+    a->backend = "auto";
+    a->ckpt.strategy = c->bit == C_PLAN ? MP_CKPT_OPTIMAL : MP_CKPT_NONE;
+    mp_finetune_default(&a->ft);
+}
+
+/* The rules between options, once all are read: 0 or the exit status (message printed). */
+static int check_rules(const struct command *c, struct args *a)
+{
+    if (!strcmp(a->model, "-"))
+        return cli_usage_error(c->name, "%s",
+                               "MODEL '-': memplan does not read a model from stdin; pass the file's path");
+    if (a->gpu && a->vram)
+        return cli_usage_error(c->name, "%s", "--gpu and --vram are exclusive");
+    bool lora = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA;
+    if ((a->lora_set || a->alpha_set) && !lora)
+        return cli_usage_error(c->name, "%s", "--lora-* options need --finetune lora or qlora");
+    if (a->blocks_set != (a->ft.mode == MP_FT_FREEZE))
+        return cli_usage_error(c->name, "%s", a->blocks_set ? "--train-blocks needs --finetune freeze"
+                                                            : "--finetune freeze needs --train-blocks, e.g. 20-31,head");
+    if (!a->alpha_set)
+        a->ft.alpha = 2.0 * (double)a->ft.r;
+    if (a->par.rank && a->par.strategy == MP_PAR_NONE)
+        return cli_usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
+    /* parallel.c sizes gradients, buckets and shards from every parameter: refused, not ignored */
+    if (a->ft.mode != MP_FT_FULL && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
+        return cli_usage_error(c->name, "--finetune %s with --gpus/--nodes/--parallel: data-parallel fine-tuning "
+                                        "is not modelled yet", mp_ft_mode_str(a->ft.mode));
+    if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
+        struct mp_diag pd = {{0}};
+        if (mp_par_validate(&a->par, &pd) != MP_OK)
+            return cli_usage_error(c->name, "%s", pd.msg);
+    }
+    return 0;
+}
+
+/* getopt_long's tables from the option table: a long option's val is its short name, else
+ * 1000 + its row. */
+static void getopt_tables(struct option *lo, char *shortopts)
+{
+    size_t k = 0;
+    shortopts[k++] = ':'; /* ':' first: a missing value is reported as such */
+    for (size_t i = 0; i < N_OPTS; i++) {
+        int val = OPTS[i].short_name ? OPTS[i].short_name : 1000 + (int)i;
+        lo[i] = (struct option){OPTS[i].name, OPTS[i].arg ? required_argument : no_argument, NULL, val};
+        if (OPTS[i].short_name) {
+            shortopts[k++] = OPTS[i].short_name;
+            if (OPTS[i].arg)
+                shortopts[k++] = ':';
+        }
+    }
+    shortopts[k] = 0;
+    memset(&lo[N_OPTS], 0, sizeof lo[N_OPTS]);
+}
+
+/* The row of what getopt_long returned: 1000 + the row, or a short name. */
+static const struct opt *opt_of(int ch)
+{
+    if (ch >= 1000 && ch < 1000 + (int)N_OPTS)
+        return &OPTS[ch - 1000];
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (OPTS[i].short_name && OPTS[i].short_name == ch)
+            return &OPTS[i];
+    return NULL;
+}
+
+int cli_parse_args(const struct command *c, int argc, char **argv, struct args *a)
+{
+    args_default(c, a);
+    struct option lo[N_OPTS + 1];
+    char shortopts[2 * N_OPTS + 2];
+    getopt_tables(lo, shortopts);
+    optind = 1;
+    opterr = 0;
+    int ch, idx;
+    while ((ch = getopt_long(argc, argv, shortopts, lo, &idx)) != -1) {
+        if (ch == '?' || ch == ':') {
+            char bad[64]; /* a missing value: the option as typed (--seq, not -s) */
+            if (optopt && optopt < 128 && (ch == '?' || argv[optind - 1][1] != '-'))
+                snprintf(bad, sizeof bad, "-%c", optopt);
+            else
+                snprintf(bad, sizeof bad, "%s", argv[optind - 1]);
+            return cli_usage_error(c->name, ch == ':' ? "option '%s' needs a value" : "unknown option '%s'", bad);
+        }
+        const struct opt *o = opt_of(ch);
+        if (!o)
+            return cli_usage_error(c->name, "unexpected option '%s'", argv[optind - 1]);
+        if (!(o->cmds & c->bit)) {
+            fprintf(stderr, "memplan: error: option '--%s' does not apply to '%s' (see 'memplan %s --help')\n",
+                    o->name, c->name, c->name);
+            return MP_EXIT_USAGE;
+        }
+        if (o->kind == K_HELP) {
+            cli_command_help(stdout, c);
+            return -1;
+        }
+        if (o->seen)
+            *((bool *)((char *)a + o->seen - 1)) = true;
+        struct mp_diag d = {{0}};
+        enum mp_status st = parse_value(o, a, o->arg ? optarg : NULL, &d);
+        if (st != MP_OK)
+            return value_error(o, c, optarg, st, &d);
+    }
+    if (optind >= argc)
+        return cli_usage_error(c->name, "%s: missing MODEL (a memplan JSON model or an HF config.json)", c->name);
+    if (optind + 1 < argc)
+        return cli_usage_error(c->name, "unexpected argument '%s'", argv[optind + 1]);
+    a->model = argv[optind];
+    return check_rules(c, a);
+}

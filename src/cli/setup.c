@@ -1,0 +1,327 @@
+/* setup.c — what every command shares: the exits and their one-line messages, the model and
+ * target every command starts from (cli_setup: the rules between the options and the model),
+ * the report's context and the job of the estimator.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+const char *cli_argv0 = "memplan";
+
+/* ---- messages and exits ------------------------------------------------------------------ */
+
+static int exit_for(enum mp_status st)
+{
+    switch (st) {
+    case MP_OK: return MP_EXIT_OK;
+    case MP_ERR_USAGE: return MP_EXIT_USAGE;
+    case MP_ERR_IO:
+    case MP_ERR_JSON:
+    case MP_ERR_MODEL:
+    case MP_ERR_RANGE: return MP_EXIT_INPUT;
+    case MP_ERR_DEVICE:
+    case MP_ERR_OOM:
+    case MP_ERR_UNSUPPORTED: return MP_EXIT_DEVICE;
+    case MP_ERR_INFEASIBLE: return MP_EXIT_NOFIT;
+    default: return MP_EXIT_INTERNAL;
+    }
+}
+
+int cli_fail(enum mp_status st, const struct mp_diag *d)
+{
+    mp_progress_done();
+    fprintf(stderr, "memplan: error: %s\n", d->msg[0] ? d->msg : mp_status_str(st));
+    return exit_for(st);
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "memplan: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (see 'memplan %s%s--help')\n", cmd ? cmd : "", cmd ? " " : "");
+    return MP_EXIT_USAGE;
+}
+
+int cli_finish(int code)
+{
+    mp_progress_done();
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "memplan: error: writing output failed: %s\n", strerror(errno ? errno : EIO));
+        return MP_EXIT_INTERNAL;
+    }
+    return code;
+}
+
+/* The end of every command, after its one cleanup: a library failure (st), else an exit
+ * status whose message is already printed (rc), else the command's own status (code) once
+ * stdout is written.  A size that overflows 64 bits is the model's (at this batch): a message
+ * that does not name the model file (the checkpoint simulator's) is given its name. */
+int cli_leave(enum mp_status st, struct mp_diag *d, int rc, int code, const char *model)
+{
+    size_t n = strlen(model);
+    if (st == MP_ERR_RANGE && !(strncmp(d->msg, model, n) == 0 && d->msg[n] == ':')) {
+        char msg[sizeof d->msg];
+        snprintf(msg, sizeof msg, "%s", d->msg[0] ? d->msg : mp_status_str(st));
+        mp_fail(d, st, "%s: %s", model, msg);
+    }
+    if (st != MP_OK)
+        return cli_fail(st, d);
+    if (rc)
+        return rc;
+    return cli_finish(code);
+}
+
+/* estimate and check: a long model is evaluated through folds (fold.h), as plan and suggest do,
+ * where the whole model's replay took seconds and gigabytes for 100,000 blocks (same figures);
+ * a timeline draws the whole program's events, so it still replays the whole model. */
+void cli_fit_program_for_report(const struct args *a, const struct setup *s, struct mp_job *j)
+{
+    bool folds = s->model.n_blocks >= MP_FIT_FOLD_BLOCKS && !a->timeline;
+    j->keep_program = !folds;
+    j->keep_built = folds;
+}
+
+/* The program the report reads (counts, options): the fit's whole program where it built one,
+ * else that of the model's fold (mp_fold_report_program), into f->prog. */
+enum mp_status cli_fit_report_program(const struct mp_job *j, struct mp_fit *f, struct mp_diag *d)
+{
+    if (j->keep_program || f->prog.blocks)
+        return MP_OK;
+    struct mp_build_opts bo;
+    mp_fit_build_opts(j, &bo);
+    return mp_fold_report_program(j->model, &bo, &f->prog, d);
+}
+
+void cli_add_default(struct setup *s, const char *fmt, const char *v)
+{
+    size_t l = strlen(s->defaults);
+    if (l)
+        snprintf(s->defaults + l, sizeof s->defaults - l, ", ");
+    l = strlen(s->defaults);
+    snprintf(s->defaults + l, sizeof s->defaults - l, fmt, v);
+}
+
+/* --train-blocks against the model, as layers.c reads it: numbers name the repeated (decoder)
+ * blocks, 0 to n-1, or without repeated blocks every block by its index; embed and head the
+ * blocks before and after the repeated ones.  0, or the exit status (message printed). */
+static int check_train_blocks(const struct args *a, const struct mp_model *m)
+{
+    if (a->ft.mode != MP_FT_FREEZE)
+        return 0;
+    size_t n_rep = 0, first = 0, last = 0;
+    for (size_t i = 0; i < m->n_blocks; i++)
+        if (m->blocks[i].repeat_group > 0) {
+            first = n_rep++ ? first : i;
+            last = i;
+        }
+    size_t n = n_rep ? n_rep : m->n_blocks;
+    const char *kind = n_rep ? "repeated (decoder) blocks" : "blocks and no repeated ones";
+    for (size_t i = 0; i < a->ft.n_ranges; i++) {
+        if (a->ft.range_hi[i] < n)
+            continue;
+        char r[48];
+        snprintf(r, sizeof r, a->ft.range_lo[i] == a->ft.range_hi[i] ? "%llu" : "%llu-%llu",
+                 (unsigned long long)a->ft.range_lo[i], (unsigned long long)a->ft.range_hi[i]);
+        fprintf(stderr, "memplan: error: --train-blocks: %s is out of range: %s has %zu %s (numbered 0 to %zu)\n",
+                r, a->model, n, kind, n - 1);
+        return MP_EXIT_USAGE;
+    }
+    bool no_embed = a->ft.train_embed && (!n_rep || first == 0),
+         no_head = a->ft.train_head && (!n_rep || last + 1 == m->n_blocks);
+    if (no_embed || no_head) {
+        fprintf(stderr, "memplan: error: --train-blocks: %s: %s has no block %s its repeated (decoder) blocks%s\n",
+                no_embed ? "embed" : "head", a->model, no_embed ? "before" : "after",
+                n_rep ? "" : " (it has none: name its blocks by number)");
+        return MP_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* The rules between the options and the model: 0, or the exit status (message printed). */
+static int check_model_options(const struct args *a, const struct setup *s)
+{
+    if (a->target_seq && (!s->model.enc_dec || s->model.dec_from_input)) {
+        fprintf(stderr, "memplan: error: --target-seq: %s %s\n", a->model,
+                s->model.enc_dec ? "decodes its input ids shifted (T5ForQuestionAnswering): the decoder's length is "
+                                   "--seq"
+                                 : "is not an encoder-decoder model (t5 configs only)");
+        return MP_EXIT_USAGE;
+    }
+    int rc = check_train_blocks(a, &s->model);
+    if (rc)
+        return rc;
+    if (a->use_cache >= 0 && !s->model.kv_cache) {
+        fprintf(stderr, "memplan: error: --use-cache: %s has no key/value cache (HF decoder configs only)\n",
+                a->model);
+        return MP_EXIT_USAGE;
+    }
+    if (s->model.quant.kind != MP_Q_NONE && (a->ft.mode == MP_FT_FULL || a->ft.mode == MP_FT_FREEZE)) {
+        fprintf(stderr, "memplan: error: %s: quantization_config: a %s-quantized base cannot be %s fine-tuned; "
+                        "train adapters on it with --finetune lora (or qlora)\n",
+                a->model, mp_quant_kind_str(s->model.quant.kind), a->ft.mode == MP_FT_FULL ? "fully" : "partly");
+        return MP_EXIT_INPUT;
+    }
+    const char *why = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA ? mp_moe_lora_unmodelled(&s->model, &a->ft)
+                                                                             : NULL;
+    if (why) {
+        fprintf(stderr, "memplan: error: %s: --finetune %s on a mixture-of-experts model: %s; memplan does not "
+                        "model adapters on expert parameters yet: name attention modules with --lora-targets (e.g. "
+                        "q_proj,v_proj)\n", a->model, mp_ft_mode_str(a->ft.mode), why);
+        return MP_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* The defaults the report's header names: those that apply to this model and command. */
+static void note_defaults(const struct args *a, struct setup *s, bool need_target)
+{
+    char num[32];
+    if (!a->seq && s->model.input == MP_INPUT_TOKENS) {
+        snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
+        cli_add_default(s, "seq %s (model)", num);
+    }
+    if (s->model.enc_dec && !a->target_seq) {
+        snprintf(num, sizeof num, "%llu", (unsigned long long)(a->seq ? a->seq : s->model.seq_len));
+        cli_add_default(s, s->model.dec_from_input ? "target seq %s (= seq: the input ids shifted)"
+                                               : "target seq %s (= seq; the decoder's length)", num);
+    }
+    for (size_t i = 0; i < s->model.n_blocks && s->model.input == MP_INPUT_IMAGE; i++)
+        for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &s->model.blocks[i].layers[j];
+            if (l->type != MP_LT_PATCH_EMBEDDING || !l->kernel)
+                continue;
+            snprintf(num, sizeof num, "%llu", (unsigned long long)((s->model.height / l->kernel) *
+                                                                   (s->model.width / l->kernel) + l->cls_token));
+            cli_add_default(s, "seq %s (image patches + class token; --seq does not apply)", num);
+        }
+    if (!a->batch_set && !need_target)
+        cli_add_default(s, "batch %s", "1");
+    if (!a->precision_set && !need_target)
+        cli_add_default(s, "precision %s", "amp-bf16");
+    if (a->optimizer == MP_OPT_ADAMW)
+        cli_add_default(s, "optimizer %s", "adamw");
+    if (!a->attention_set && mp_model_has_attention(&s->model))
+        cli_add_default(s, "attention %s (transformers' default: no s x s matrix kept)", "sdpa");
+    if (s->model.kv_cache && a->use_cache < 0)
+        cli_add_default(s, "use_cache %s", !s->model.use_cache ? "off (config)"
+                                       : a->ckpt.strategy == MP_CKPT_LAYERS ? "off (gradient checkpointing turns it off)"
+                                                                            : "on (config: k/v copied into a DynamicCache)");
+}
+
+/* The target: --gpu, --vram, else (need_target: suggest) the local GPU, else the default
+ * profile; --workspace and --context over it.  0, or the exit status (message printed). */
+static int setup_target(const struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
+{
+    enum mp_status st;
+    if (a->gpu) {
+        if ((st = mp_gpu_load(a->gpu, cli_argv0, &s->gpu, d)) != MP_OK)
+            return cli_fail(st, d);
+        s->have_gpu = true;
+        snprintf(s->how, sizeof s->how, "--gpu %s", a->gpu);
+    } else if (a->vram) {
+        mp_gpu_from_vram(a->vram, &s->gpu);
+        s->have_gpu = true;
+        snprintf(s->how, sizeof s->how, "--vram");
+    } else if (need_target) {
+        struct mp_diag pd = {{0}};
+        if (mp_gpu_from_device(a->device, &s->gpu, &pd) == MP_OK) {
+            s->have_gpu = true;
+            s->target_is_device = true;
+            snprintf(s->how, sizeof s->how, "the local GPU (device %d)", a->device);
+        } else if (a->device_set) {
+            fprintf(stderr, "memplan: error: --device %d: no usable CUDA device (%s)\n", a->device,
+                    pd.msg[0] ? pd.msg : "none found");
+            return MP_EXIT_DEVICE;
+        } else {
+            if ((st = mp_gpu_load(MP_DEFAULT_GPU, cli_argv0, &s->gpu, d)) != MP_OK)
+                return cli_fail(st, d);
+            s->have_gpu = true;
+            snprintf(s->how, sizeof s->how, "default profile: no GPU here and no --gpu/--vram");
+        }
+    }
+    if (!s->have_gpu)
+        mp_gpu_from_vram(0, &s->gpu);
+    if (a->workspace_set)
+        s->gpu.workspace_bytes = a->workspace;
+    if (a->context_set)
+        s->gpu.context_bytes = a->context;
+    s->train.cublas_workspace_bytes = s->gpu.workspace_bytes;
+    return 0;
+}
+
+int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
+{
+    memset(s, 0, sizeof *s);
+    enum mp_status st = mp_model_load_file(&s->model, a->model, d);
+    if (st != MP_OK)
+        return cli_fail(st, d); /* nothing loaded: nothing to release */
+    mp_build_opts_default(&s->build);
+    s->build.batch = a->batch;
+    s->build.seq = a->seq;
+    s->build.precision = (enum mp_precision)a->precision;
+    s->build.attention = (enum mp_attn_impl)a->attention;
+    s->build.attention_forced = a->attention_set;
+    s->build.ft = a->ft;
+    s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
+    s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;
+    s->build.target_seq = a->target_seq;
+    int rc = check_model_options(a, s);
+    if (rc)
+        goto out;
+    if (a->use_cache >= 0)
+        s->model.use_cache = a->use_cache == 1;
+    mp_train_opts_default(&s->train);
+    s->train.optimizer = (enum mp_optimizer)a->optimizer;
+    s->train.accumulate = a->grad_accum > 1;
+    s->par = a->par;
+    s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
+    note_defaults(a, s, need_target);
+    rc = setup_target(a, s, need_target, d);
+out: /* the one way out: on a failure the model is released */
+    if (rc)
+        mp_model_release(&s->model);
+    return rc;
+}
+
+void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, const struct mp_program *prog,
+                     const struct mp_ckpt_spec *ck, struct args *a)
+{
+    memset(c, 0, sizeof *c);
+    c->command = cmd;
+    c->model = &s->model;
+    c->prog = prog;
+    c->build = &s->build;
+    c->ft = &s->build.ft;
+    c->train = &s->train;
+    c->ckpt = ck;
+    c->gpu = s->have_gpu && s->gpu.memory_bytes ? &s->gpu : NULL;
+    c->target_how = s->how;
+    c->json = a->json;
+    c->all_layers = a->all_layers;
+    c->wide = a->wide;
+    c->margin_pct = 100.0 * a->margin;
+    c->moe_capacity = a->moe_capacity;
+    snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
+}
+
+struct mp_job cli_job_of(struct setup *s, struct args *a)
+{
+    struct mp_job j = {.model = &s->model, .build = s->build, .train = s->train, .ckpt = a->ckpt, .gpu = s->gpu,
+                       .margin = a->margin, .slots = a->slots, .activation_budget = a->budget};
+    return j;
+}
+
+/* The one stderr line of a configuration that does not fit its target (exit 1). */
+void cli_say_nofit(const struct mp_fit *f)
+{
+    char a1[32], a2[32], a3[32]; /* units as the report prints them; --json has the exact bytes */
+    char ev[4 * sizeof f->est.peak_event]; /* the event's name from the model, escaped */
+    mp_progress_done();
+    fprintf(stderr, "memplan: does not fit: short by %s (peak %s of %s usable) at %s\n",
+            mp_fmt_bytes(f->peak_device_bytes - f->usable_bytes, a1, sizeof a1),
+            mp_fmt_bytes(f->peak_device_bytes, a2, sizeof a2), mp_fmt_bytes(f->usable_bytes, a3, sizeof a3),
+            mp_text_clean(f->est.peak_event, ev, sizeof ev));
+}
