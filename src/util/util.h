@@ -2,7 +2,7 @@
  *
  * Library code never prints or exits: it returns enum mp_status and, on error,
  * fills a struct mp_diag with one line ("file: place: what is wrong").  Only
- * main.c turns that into a message and an exit status.  Every byte or element
+ * the command line (src/cli/) turns that into a message and an exit status.  Every byte or element
  * product goes through mp_mul_u64/mp_add_u64 so absurd input is rejected
  * instead of wrapping.
  */
@@ -95,7 +95,7 @@ enum mp_status mp_parse_u64(const char *s, uint64_t *out);
 enum mp_status mp_parse_double(const char *s, double *out);
 
 /* Progress of slow work (the planner, the searches, probe steps).  Library code calls
- * mp_progress() at natural steps; it does nothing unless main.c installed a sink, which
+ * mp_progress() at natural steps; it does nothing unless the command line (src/cli/) installed a sink, which
  * shows the latest message on a terminal once the work has run for about 2 s. */
 typedef void (*mp_progress_fn)(const char *msg); /* msg NULL: the work is over, clear the line */
 void mp_progress_set(mp_progress_fn fn);
