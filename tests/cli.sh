@@ -1345,6 +1345,40 @@ else
     done <"$T/examples"
 fi
 
+# ---- the sequence length: memplan's cap named as such, --seq past the model's positions -------
+
+# an HF config whose max_position_embeddings (131072) is above memplan's default of 2048: the
+# defaults line says the 2048 is memplan's, and what the model allows
+run estimate models/hf/llama-3.2-1b.json
+if [ "$ec" -eq 0 ] && tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "seq 2048 (memplan's default for HF configs; the model allows 131072: --seq)"; then
+    ok "estimate llama-3.2-1b: seq 2048 named as memplan's default, the model's 131072 said"
+else
+    echo "the defaults line must say whose 2048 it is" >"$T/why"
+    bad "estimate llama-3.2-1b: seq default named"
+fi
+# a config whose positions are the default keeps "(model)"
+run estimate models/hf/gpt2.json
+if [ "$ec" -eq 0 ] && grep -q "seq 1024 (model)" "$T/out"; then
+    ok "estimate gpt2: seq 1024 (model)"
+else
+    bad "estimate gpt2: seq 1024 (model)"
+fi
+# --seq beyond max_position_embeddings (a rotary model: it runs, so a warning, not an error)
+run estimate models/hf/llama-3.2-1b.json --seq 200000
+if [ "$ec" -eq 0 ] && [ "$(nlines "$T/err")" -eq 1 ] &&
+    grep -q "^memplan: warning: models/hf/llama-3.2-1b.json: --seq 200000 exceeds max_position_embeddings 131072$" "$T/err"; then
+    ok "estimate llama-3.2-1b --seq 200000: warns that the model has 131072 positions"
+else
+    echo "expected exit 0 and one warning line naming max_position_embeddings 131072" >"$T/why"
+    bad "estimate --seq beyond max_position_embeddings warns"
+fi
+run estimate models/hf/llama-3.2-1b.json --seq 131072
+if [ "$ec" -eq 0 ] && [ ! -s "$T/err" ]; then
+    ok "estimate llama-3.2-1b --seq 131072 (= max positions): no warning"
+else
+    bad "estimate llama-3.2-1b --seq 131072: no warning"
+fi
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

@@ -278,7 +278,9 @@ struct mp_model {
                                 attention reads those copies */
 
     enum mp_input_kind input;
-    uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */
+    uint64_t seq_len;        /* tokens: default sequence length (file, or HF: min(max positions, 2048)) */
+    uint64_t max_positions;  /* HF decoders and encoders: the config's max position embeddings (0: not
+                                given, or a memplan model, whose position tables check --seq) */
     bool enc_dec;            /* encoder-decoder (T5): seq_len is the encoder's, the decoder's is
                                 --target-seq (default seq_len) */
     bool keep_fp32_wo;       /* T5: transformers keeps wo in fp32 and unquantized (_keep_in_fp32_modules):
