@@ -1379,6 +1379,39 @@ else
     bad "estimate llama-3.2-1b --seq 131072: no warning"
 fi
 
+# ---- the attention label is the computed thing ---------------------------------------------
+
+# Gemma-2: transformers has no SDPA path (logit soft-capping), so every layer runs eager; the
+# report says eager (text and JSON) and a --attention sdpa is followed, with a warning
+run estimate models/hf/gemma-2-2b.json
+if [ "$ec" -eq 0 ] && grep -q "^config .*attention eager$" "$T/out" &&
+    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "attention eager (the model's own; --attention overrides it)"; then
+    ok "estimate gemma-2: attention eager in config and defaults"
+else
+    echo "Gemma-2 computes eager attention; the report must say so" >"$T/why"
+    bad "estimate gemma-2: attention eager"
+fi
+run estimate models/hf/gemma-2-2b.json --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["config"]["attention"] != "eager")' "$T/out" 2>/dev/null; then
+    ok "estimate gemma-2 --json: config.attention eager"
+else
+    bad "estimate gemma-2 --json: config.attention eager"
+fi
+run estimate models/hf/gemma-2-2b.json --attention sdpa
+if [ "$ec" -eq 0 ] && grep -q "attention sdpa$" "$T/out" &&
+    grep -q "^memplan: warning: models/hf/gemma-2-2b.json: --attention sdpa replaces the eager attention this model runs$" "$T/err"; then
+    ok "estimate gemma-2 --attention sdpa: computed as asked, with a warning"
+else
+    bad "estimate gemma-2 --attention sdpa: warning"
+fi
+# a model whose layers name no implementation keeps the CLI's default, without a warning
+run estimate models/hf/llama-3.2-1b.json --attention eager
+if [ "$ec" -eq 0 ] && [ ! -s "$T/err" ] && grep -q "attention eager$" "$T/out"; then
+    ok "estimate llama --attention eager: no warning"
+else
+    bad "estimate llama --attention eager: no warning"
+fi
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

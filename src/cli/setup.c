@@ -242,7 +242,11 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
         cli_add_default(s, "precision %s", "amp-bf16");
     if (a->optimizer == MP_OPT_ADAMW)
         cli_add_default(s, "optimizer %s", "adamw");
-    if (!a->attention_set && mp_model_has_attention(&s->model))
+    int own = mp_model_attention_impl(&s->model);
+    if (!a->attention_set && own >= 0 && own != MP_ATTN_SDPA) /* what it computes, not the CLI's default */
+        cli_add_default(s, "attention %s (the model's own; --attention overrides it)",
+                        mp_attn_impl_str((enum mp_attn_impl)own));
+    else if (!a->attention_set && mp_model_has_attention(&s->model))
         cli_add_default(s, "attention %s (transformers' default: no s x s matrix kept)", "sdpa");
     if (s->model.kv_cache && a->use_cache < 0)
         cli_add_default(s, "use_cache %s", !s->model.use_cache ? "off (config)"
@@ -303,6 +307,12 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     s->build.precision = (enum mp_precision)a->precision;
     s->build.attention = (enum mp_attn_impl)a->attention;
     s->build.attention_forced = a->attention_set;
+    int own = mp_model_attention_impl(&s->model);
+    if (!a->attention_set && own >= 0) /* every layer names its own: the report says that one */
+        s->build.attention = (enum mp_attn_impl)own;
+    else if (a->attention_set && own >= 0 && own != a->attention)
+        cli_warn("%s: --attention %s replaces the %s attention this model runs", a->model,
+                 mp_attn_impl_str((enum mp_attn_impl)a->attention), mp_attn_impl_str((enum mp_attn_impl)own));
     s->build.ft = a->ft;
     s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
     s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;

@@ -326,6 +326,9 @@ enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t
 
 /* True when some layer computes attention (so --attention and the attention default apply). */
 bool mp_model_has_attention(const struct mp_model *m);
+/* The implementation every attention layer names (its "impl", or the HF family's kernel: Gemma-2
+ * runs eager), or -1 when some layer names none, they differ, or no layer has attention. */
+int mp_model_attention_impl(const struct mp_model *m);
 
 /* The Hugging Face model_type values the config.json reader accepts, comma-separated. */
 const char *mp_hf_model_types(void);
