@@ -1412,6 +1412,23 @@ else
     bad "estimate llama --attention eager: no warning"
 fi
 
+# ---- suggest proposes only what the GPU can run -------------------------------------------
+
+# a T4 has no bf16 (its profile: tflops.bf16 0): pure bf16 is not offered there; an A10 has it
+run suggest models/hf/llama-2-7b.json --gpu t4 --no-probe
+if [ "$ec" -eq 1 ] && ! grep -q -- "--precision bf16" "$T/out" && grep -q "would fit or help" "$T/out"; then
+    ok "suggest llama-2-7b on a t4: no --precision bf16 alternative"
+else
+    echo "a T4 has no bf16; the alternatives must not propose it" >"$T/why"
+    bad "suggest on a t4: no bf16 alternative"
+fi
+run suggest models/hf/llama-2-7b.json --gpu a10 --no-probe
+if [ "$ec" -eq 1 ] && grep -q -- "would fit or help: --precision bf16" "$T/out"; then
+    ok "suggest llama-2-7b on an a10: --precision bf16 among the alternatives"
+else
+    bad "suggest on an a10: bf16 alternative"
+fi
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

@@ -1242,8 +1242,8 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     if (base->train.optimizer != MP_OPT_ADAM8BIT)
         fit_alternative(&j, "--optimizer adam8bit", s, d);
     j.train.optimizer = base->train.optimizer;
-    if (j.build.precision != MP_PREC_BF16) {
-        j.build.precision = MP_PREC_BF16;
+    if (j.build.precision != MP_PREC_BF16 && precision_supported(&base->gpu, MP_PREC_BF16)) {
+        j.build.precision = MP_PREC_BF16; /* not proposed where the GPU has no bf16 (a T4) */
         fit_alternative(&j, "--precision bf16", s, d);
     }
     lora_alternative(base, o_in, argv0, s, d);
