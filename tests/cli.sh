@@ -1429,6 +1429,17 @@ else
     bad "suggest on an a10: bf16 alternative"
 fi
 
+# suggest never proposes what memplan then refuses: no data-parallel world for a fine-tune (a
+# QLoRA Mixtral that fits no single GPU), whose --gpus would be "not modelled yet"
+run suggest models/hf/mixtral-8x7b.json --finetune qlora --lora-targets q_proj,v_proj --gpu l4 --no-probe
+if [ "$ec" -eq 1 ] && ! grep -q -- "would fit or help: --gpus\|FSDP/ZeRO" "$T/out" &&
+    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "does not model data-parallel fine-tuning"; then
+    ok "suggest qlora mixtral on an l4: no data-parallel alternative (it would be refused)"
+else
+    echo "suggest proposed a data-parallel fine-tune, which memplan refuses" >"$T/why"
+    bad "suggest qlora: no refused alternative"
+fi
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then
