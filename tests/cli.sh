@@ -1345,6 +1345,101 @@ else
     done <"$T/examples"
 fi
 
+# ---- the sequence length: memplan's cap named as such, --seq past the model's positions -------
+
+# an HF config whose max_position_embeddings (131072) is above memplan's default of 2048: the
+# defaults line says the 2048 is memplan's, and what the model allows
+run estimate models/hf/llama-3.2-1b.json
+if [ "$ec" -eq 0 ] && tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "seq 2048 (memplan's default for HF configs; the model allows 131072: --seq)"; then
+    ok "estimate llama-3.2-1b: seq 2048 named as memplan's default, the model's 131072 said"
+else
+    echo "the defaults line must say whose 2048 it is" >"$T/why"
+    bad "estimate llama-3.2-1b: seq default named"
+fi
+# a config whose positions are the default keeps "(model)"
+run estimate models/hf/gpt2.json
+if [ "$ec" -eq 0 ] && grep -q "seq 1024 (model)" "$T/out"; then
+    ok "estimate gpt2: seq 1024 (model)"
+else
+    bad "estimate gpt2: seq 1024 (model)"
+fi
+# --seq beyond max_position_embeddings (a rotary model: it runs, so a warning, not an error)
+run estimate models/hf/llama-3.2-1b.json --seq 200000
+if [ "$ec" -eq 0 ] && [ "$(nlines "$T/err")" -eq 1 ] &&
+    grep -q "^memplan: warning: models/hf/llama-3.2-1b.json: --seq 200000 exceeds max_position_embeddings 131072$" "$T/err"; then
+    ok "estimate llama-3.2-1b --seq 200000: warns that the model has 131072 positions"
+else
+    echo "expected exit 0 and one warning line naming max_position_embeddings 131072" >"$T/why"
+    bad "estimate --seq beyond max_position_embeddings warns"
+fi
+run estimate models/hf/llama-3.2-1b.json --seq 131072
+if [ "$ec" -eq 0 ] && [ ! -s "$T/err" ]; then
+    ok "estimate llama-3.2-1b --seq 131072 (= max positions): no warning"
+else
+    bad "estimate llama-3.2-1b --seq 131072: no warning"
+fi
+
+# ---- the attention label is the computed thing ---------------------------------------------
+
+# Gemma-2: transformers has no SDPA path (logit soft-capping), so every layer runs eager; the
+# report says eager (text and JSON) and a --attention sdpa is followed, with a warning
+run estimate models/hf/gemma-2-2b.json
+if [ "$ec" -eq 0 ] && grep -q "^config .*attention eager$" "$T/out" &&
+    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "attention eager (the model's own; --attention overrides it)"; then
+    ok "estimate gemma-2: attention eager in config and defaults"
+else
+    echo "Gemma-2 computes eager attention; the report must say so" >"$T/why"
+    bad "estimate gemma-2: attention eager"
+fi
+run estimate models/hf/gemma-2-2b.json --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["config"]["attention"] != "eager")' "$T/out" 2>/dev/null; then
+    ok "estimate gemma-2 --json: config.attention eager"
+else
+    bad "estimate gemma-2 --json: config.attention eager"
+fi
+run estimate models/hf/gemma-2-2b.json --attention sdpa
+if [ "$ec" -eq 0 ] && grep -q "attention sdpa$" "$T/out" &&
+    grep -q "^memplan: warning: models/hf/gemma-2-2b.json: --attention sdpa replaces the eager attention this model runs$" "$T/err"; then
+    ok "estimate gemma-2 --attention sdpa: computed as asked, with a warning"
+else
+    bad "estimate gemma-2 --attention sdpa: warning"
+fi
+# a model whose layers name no implementation keeps the CLI's default, without a warning
+run estimate models/hf/llama-3.2-1b.json --attention eager
+if [ "$ec" -eq 0 ] && [ ! -s "$T/err" ] && grep -q "attention eager$" "$T/out"; then
+    ok "estimate llama --attention eager: no warning"
+else
+    bad "estimate llama --attention eager: no warning"
+fi
+
+# ---- suggest proposes only what the GPU can run -------------------------------------------
+
+# a T4 has no bf16 (its profile: tflops.bf16 0): pure bf16 is not offered there; an A10 has it
+run suggest models/hf/llama-2-7b.json --gpu t4 --no-probe
+if [ "$ec" -eq 1 ] && ! grep -q -- "--precision bf16" "$T/out" && grep -q "would fit or help" "$T/out"; then
+    ok "suggest llama-2-7b on a t4: no --precision bf16 alternative"
+else
+    echo "a T4 has no bf16; the alternatives must not propose it" >"$T/why"
+    bad "suggest on a t4: no bf16 alternative"
+fi
+run suggest models/hf/llama-2-7b.json --gpu a10 --no-probe
+if [ "$ec" -eq 1 ] && grep -q -- "would fit or help: --precision bf16" "$T/out"; then
+    ok "suggest llama-2-7b on an a10: --precision bf16 among the alternatives"
+else
+    bad "suggest on an a10: bf16 alternative"
+fi
+
+# suggest never proposes what memplan then refuses: no data-parallel world for a fine-tune (a
+# QLoRA Mixtral that fits no single GPU), whose --gpus would be "not modelled yet"
+run suggest models/hf/mixtral-8x7b.json --finetune qlora --lora-targets q_proj,v_proj --gpu l4 --no-probe
+if [ "$ec" -eq 1 ] && ! grep -q -- "would fit or help: --gpus\|FSDP/ZeRO" "$T/out" &&
+    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "does not model data-parallel fine-tuning"; then
+    ok "suggest qlora mixtral on an l4: no data-parallel alternative (it would be refused)"
+else
+    echo "suggest proposed a data-parallel fine-tune, which memplan refuses" >"$T/why"
+    bad "suggest qlora: no refused alternative"
+fi
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

@@ -419,6 +419,18 @@ static void test_estimate_optimizer_step_peak(void **state)
     build(&m, 1, 0, MP_PREC_FP32, &prog);
     assert_int_equal(mp_opt_step_tmp_bytes(&prog, MP_OPT_ADAMW), 676 * 4);
     assert_int_equal(mp_opt_step_tmp_bytes(&prog, MP_OPT_SGD), 0);
+    /* AdamW(fused=True) (HF's adamw_torch_fused): one in-place kernel, Adam's state, no temporary */
+    assert_int_equal(mp_opt_step_tmp_bytes(&prog, MP_OPT_ADAMW_FUSED), 0);
+    assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAMW_FUSED, &prog.params[0]),
+                     mp_opt_state_bytes(&prog, MP_OPT_ADAMW, &prog.params[0]));
+    struct mp_train_opts foreach = {.optimizer = MP_OPT_ADAMW}, fused = {.optimizer = MP_OPT_ADAMW_FUSED};
+    struct mp_estimate ef, eu;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_estimate_run(&prog, NULL, &foreach, 0, &ef, &d), MP_OK);
+    assert_int_equal(mp_estimate_run(&prog, NULL, &fused, 0, &eu, &d), MP_OK);
+    assert_int_equal(ef.optimizer_tmp_bytes, 676 * 4);
+    assert_int_equal(eu.optimizer_tmp_bytes, 0);
+    assert_true(eu.peak_allocated_bytes <= ef.peak_allocated_bytes);
     /* 8-bit Adam: tensors under 4096 elements keep fp32 states */
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAM8BIT, &prog.params[0]), 512 * 8);
     struct mp_param big = {.elems = 1 << 20, .matrix = true, .rows = 1024, .cols = 1024, .dtype = MP_DT_F32,

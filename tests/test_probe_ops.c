@@ -291,7 +291,7 @@ static void test_ops_cuda_matches_host(void **state)
  * and an lm head, in every precision): on the host the loss falls over five steps; with a
  * device, cuda matches the host loss by loss and byte for byte at the peak. */
 static const enum mp_optimizer OPTS[] = {
-#define MP_X(id, name, state, tmp, hf, hf_ft, par_probe) MP_OPT_##id,
+#define MP_X(id, name, state, tmp, wd, hf, hf_ft, par_probe) MP_OPT_##id,
     MP_OPTIMIZERS(MP_X)
 #undef MP_X
 };

@@ -29,12 +29,12 @@ static void test_optimizers(void **state)
 {
     (void)state;
     static const enum mp_optimizer all[] = {
-#define MP_X(id, name, st, tmp, hf, hf_ft, par) MP_OPT_##id,
+#define MP_X(id, name, st, tmp, wd, hf, hf_ft, par) MP_OPT_##id,
         MP_OPTIMIZERS(MP_X)
 #undef MP_X
     };
     static const char *const names[] = {
-#define MP_X(id, name, st, tmp, hf, hf_ft, par) name,
+#define MP_X(id, name, st, tmp, wd, hf, hf_ft, par) name,
         MP_OPTIMIZERS(MP_X)
 #undef MP_X
     };
@@ -53,12 +53,17 @@ static void test_optimizers(void **state)
     assert_int_equal(mp_optimizer_parse("adamw_torch"), -1);
     assert_int_equal(mp_optimizer_parse(""), -1);
     /* the list the CLI prints: every name once, in table order */
-    assert_string_equal(mp_optimizer_names(" | ", NULL), "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit");
-    assert_string_equal(mp_optimizer_names(", ", " or "), "sgd, sgd-momentum, adam, adamw, adafactor or adam8bit");
+    assert_string_equal(mp_optimizer_names(" | ", NULL), "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit | adamw-fused");
+    assert_string_equal(mp_optimizer_names(", ", " or "), "sgd, sgd-momentum, adam, adamw, adafactor, adam8bit or adamw-fused");
     /* the state a user pays for: Adam keeps two tensors per parameter, SGD none */
     assert_int_equal(mp_optimizer_state(MP_OPT_ADAMW), MP_OPT_STATE_TWO);
     assert_int_equal(mp_optimizer_state(MP_OPT_SGD), MP_OPT_STATE_NONE);
     assert_int_equal(mp_optimizer_tmp(MP_OPT_ADAM), MP_OPT_TMP_ALL_GRADS);
+    /* torch's fused AdamW updates in place: its state, no temporaries; HF's default optim */
+    assert_int_equal(mp_optimizer_state(MP_OPT_ADAMW_FUSED), MP_OPT_STATE_TWO);
+    assert_int_equal(mp_optimizer_tmp(MP_OPT_ADAMW_FUSED), MP_OPT_TMP_NONE);
+    assert_string_equal(mp_optimizer_hf(MP_OPT_ADAMW_FUSED, false), "adamw_torch_fused");
+    assert_true(mp_optimizer_decoupled_wd(MP_OPT_ADAMW_FUSED) && !mp_optimizer_decoupled_wd(MP_OPT_ADAM));
     assert_string_equal(mp_optimizer_par_probe_names(), "sgd, sgd-momentum, adam and adamw");
 }
 

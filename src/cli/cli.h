@@ -104,11 +104,15 @@ struct setup {
     bool have_gpu;
     bool target_is_device; /* the target is the local GPU (probes of it answer for it) */
     char how[96];
-    char defaults[384];
+    char defaults[512];
 };
 
 int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d);
 void cli_add_default(struct setup *s, const char *fmt, const char *v);
+/* A warning about the input ("memplan: warning: ..."), printed to stderr once the command has
+ * answered (exit 0 or 1) and dropped when it fails: an error stays one line. */
+void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int cli_flush_warnings(int exit_status); /* returns exit_status */
 void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, const struct mp_program *prog,
                   const struct mp_ckpt_spec *ck, struct args *a);
 struct mp_job cli_job_of(struct setup *s, struct args *a);

@@ -161,7 +161,7 @@ int main(int argc, char **argv)
             rc = cli_check_out_file("--timeline", "the timeline", a.timeline, a.model);
         if (rc)
             return rc;
-        return COMMANDS[i].run(&a);
+        return cli_flush_warnings(COMMANDS[i].run(&a));
     }
     return cli_usage_error(NULL, cmd[0] == '-' ? "unknown option '%s'" : "unknown command '%s'", cmd);
 }

@@ -3,6 +3,7 @@
  * the report's context and the job of the estimator.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,13 +96,44 @@ enum mp_status cli_fit_report_program(const struct mp_job *j, struct mp_fit *f, 
     return mp_fold_report_program(j->model, &bo, &f->prog, d);
 }
 
+static char warnings[512];
+
+void cli_warn(const char *fmt, ...)
+{
+    size_t l = strlen(warnings);
+    va_list ap;
+    va_start(ap, fmt);
+    if (l + 1 < sizeof warnings) {
+        int n = vsnprintf(warnings + l, sizeof warnings - l - 1, fmt, ap);
+        if (n > 0) {
+            l = mp_min_u64(l + (size_t)n, sizeof warnings - 2);
+            warnings[l] = '\n';
+            warnings[l + 1] = 0;
+        }
+    }
+    va_end(ap);
+}
+
+int cli_flush_warnings(int exit_status)
+{
+    if (exit_status <= 1)
+        for (const char *w = warnings; *w;) {
+            size_t n = strcspn(w, "\n");
+            fprintf(stderr, "memplan: warning: %.*s\n", (int)n, w);
+            w += n + (w[n] == '\n');
+        }
+    warnings[0] = 0;
+    return exit_status;
+}
+
 void cli_add_default(struct setup *s, const char *fmt, const char *v)
 {
     size_t l = strlen(s->defaults);
     if (l)
         snprintf(s->defaults + l, sizeof s->defaults - l, ", ");
     l = strlen(s->defaults);
-    snprintf(s->defaults + l, sizeof s->defaults - l, fmt, v);
+    if ((size_t)snprintf(s->defaults + l, sizeof s->defaults - l, fmt, v) >= sizeof s->defaults - l)
+        MP_BUG("the defaults line outgrew its %zu bytes", sizeof s->defaults);
 }
 
 /* --train-blocks against the model, as layers.c reads it: numbers name the repeated (decoder)
@@ -181,7 +213,14 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
     char num[32];
     if (!a->seq && s->model.input == MP_INPUT_TOKENS) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)s->model.seq_len);
-        cli_add_default(s, "seq %s (model)", num);
+        if (s->model.max_positions > s->model.seq_len) { /* capped: say so, and what the model allows */
+            char cap[112];
+            snprintf(cap, sizeof cap, "%s (memplan's default for HF configs; the model allows %llu: --seq)", num,
+                     (unsigned long long)s->model.max_positions);
+            cli_add_default(s, "seq %s", cap);
+        } else {
+            cli_add_default(s, "seq %s (model)", num);
+        }
     }
     if (s->model.enc_dec && !a->target_seq) {
         snprintf(num, sizeof num, "%llu", (unsigned long long)(a->seq ? a->seq : s->model.seq_len));
@@ -203,7 +242,11 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
         cli_add_default(s, "precision %s", "amp-bf16");
     if (a->optimizer == MP_OPT_ADAMW)
         cli_add_default(s, "optimizer %s", "adamw");
-    if (!a->attention_set && mp_model_has_attention(&s->model))
+    int own = mp_model_attention_impl(&s->model);
+    if (!a->attention_set && own >= 0 && own != MP_ATTN_SDPA) /* what it computes, not the CLI's default */
+        cli_add_default(s, "attention %s (the model's own; --attention overrides it)",
+                        mp_attn_impl_str((enum mp_attn_impl)own));
+    else if (!a->attention_set && mp_model_has_attention(&s->model))
         cli_add_default(s, "attention %s (transformers' default: no s x s matrix kept)", "sdpa");
     if (s->model.kv_cache && a->use_cache < 0)
         cli_add_default(s, "use_cache %s", !s->model.use_cache ? "off (config)"
@@ -264,6 +307,12 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     s->build.precision = (enum mp_precision)a->precision;
     s->build.attention = (enum mp_attn_impl)a->attention;
     s->build.attention_forced = a->attention_set;
+    int own = mp_model_attention_impl(&s->model);
+    if (!a->attention_set && own >= 0) /* every layer names its own: the report says that one */
+        s->build.attention = (enum mp_attn_impl)own;
+    else if (a->attention_set && own >= 0 && own != a->attention)
+        cli_warn("%s: --attention %s replaces the %s attention this model runs", a->model,
+                 mp_attn_impl_str((enum mp_attn_impl)a->attention), mp_attn_impl_str((enum mp_attn_impl)own));
     s->build.ft = a->ft;
     s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
     s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;
@@ -279,6 +328,9 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     s->par = a->par;
     s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
     note_defaults(a, s, need_target);
+    if (a->seq && s->model.max_positions && a->seq > s->model.max_positions)
+        cli_warn("%s: --seq %llu exceeds max_position_embeddings %llu", a->model, (unsigned long long)a->seq,
+                 (unsigned long long)s->model.max_positions);
     rc = setup_target(a, s, need_target, d);
 out: /* the one way out: on a failure the model is released */
     if (rc)

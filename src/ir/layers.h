@@ -34,6 +34,7 @@ enum mp_opt_state mp_optimizer_state(enum mp_optimizer o);
 enum mp_opt_tmp mp_optimizer_tmp(enum mp_optimizer o);
 const char *mp_optimizer_hf(enum mp_optimizer o, bool finetune); /* TrainingArguments optim */
 bool mp_optimizer_par_probe(enum mp_optimizer o); /* runs on the data-parallel probe */
+bool mp_optimizer_decoupled_wd(enum mp_optimizer o); /* AdamW's weight decay (the probe's update) */
 const char *mp_optimizer_par_probe_names(void);   /* those, as "a, b and c" */
 
 struct mp_build_opts {

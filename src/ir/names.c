@@ -53,10 +53,10 @@ static const struct opt_row {
     const char *name, *hf, *hf_ft;
     enum mp_opt_state state;
     enum mp_opt_tmp tmp;
-    bool par_probe;
+    bool wd, par_probe;
 } opt_rows[] = {
-#define MP_X(id, name, state, tmp, hf, hf_ft, par_probe) \
-    {name, hf, hf_ft, MP_OPT_STATE_##state, MP_OPT_TMP_##tmp, par_probe},
+#define MP_X(id, name, state, tmp, wd, hf, hf_ft, par_probe) \
+    {name, hf, hf_ft, MP_OPT_STATE_##state, MP_OPT_TMP_##tmp, wd, par_probe},
     MP_OPTIMIZERS(MP_X)
 #undef MP_X
 };
@@ -89,6 +89,7 @@ enum mp_opt_state mp_optimizer_state(enum mp_optimizer o) { return opt_row(o)->s
 enum mp_opt_tmp mp_optimizer_tmp(enum mp_optimizer o) { return opt_row(o)->tmp; }
 const char *mp_optimizer_hf(enum mp_optimizer o, bool finetune) { return finetune ? opt_row(o)->hf_ft : opt_row(o)->hf; }
 bool mp_optimizer_par_probe(enum mp_optimizer o) { return opt_row(o)->par_probe; }
+bool mp_optimizer_decoupled_wd(enum mp_optimizer o) { return opt_row(o)->wd; }
 const char *mp_optimizer_par_probe_names(void)
 {
     static char buf[256];

@@ -195,6 +195,21 @@ bool mp_model_has_attention(const struct mp_model *m)
     return false;
 }
 
+int mp_model_attention_impl(const struct mp_model *m)
+{
+    int impl = -1;
+    for (size_t i = 0; i < m->n_blocks; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &m->blocks[i].layers[j];
+            if (l->type != MP_LT_ATTENTION && l->type != MP_LT_TRANSFORMER_BLOCK)
+                continue;
+            if (!l->impl_set || (impl >= 0 && impl != (int)l->impl))
+                return -1;
+            impl = (int)l->impl;
+        }
+    return impl;
+}
+
 /* A hash of a block's layers (FNV-1a over their bytes, a word at a time). */
 static uint64_t block_hash(const struct mp_block *b)
 {

@@ -278,7 +278,9 @@ struct mp_model {
                                 attention reads those copies */
 
     enum mp_input_kind input;
-    uint64_t seq_len;        /* tokens: default sequence length (file or HF max positions) */
+    uint64_t seq_len;        /* tokens: default sequence length (file, or HF: min(max positions, 2048)) */
+    uint64_t max_positions;  /* HF decoders and encoders: the config's max position embeddings (0: not
+                                given, or a memplan model, whose position tables check --seq) */
     bool enc_dec;            /* encoder-decoder (T5): seq_len is the encoder's, the decoder's is
                                 --target-seq (default seq_len) */
     bool keep_fp32_wo;       /* T5: transformers keeps wo in fp32 and unquantized (_keep_in_fp32_modules):
@@ -324,6 +326,9 @@ enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t
 
 /* True when some layer computes attention (so --attention and the attention default apply). */
 bool mp_model_has_attention(const struct mp_model *m);
+/* The implementation every attention layer names (its "impl", or the HF family's kernel: Gemma-2
+ * runs eager), or -1 when some layer names none, they differ, or no layer has attention. */
+int mp_model_attention_impl(const struct mp_model *m);
 
 /* The Hugging Face model_type values the config.json reader accepts, comma-separated. */
 const char *mp_hf_model_types(void);

@@ -2200,6 +2200,7 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
     }
     m->input = MP_INPUT_TOKENS;
     m->seq_len = c.positions ? mp_min_u64(c.positions, HF_SEQ_DEFAULT) : HF_SEQ_DEFAULT;
+    m->max_positions = c.positions;
     if (c.f->vision) { /* pixel values in; the sequence is the patches and the class token */
         m->input = MP_INPUT_IMAGE;
         m->channels = c.channels;

@@ -27,7 +27,7 @@ struct mp_report_ctx {
     double margin_pct;          /* check: the safety margin, in percent */
     const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     bool defaults_note;         /* print which defaults were used */
-    char defaults[256];         /* "seq 1024 (model default), precision amp-bf16 (default), ..." */
+    char defaults[512];         /* "seq 1024 (model), batch 1, precision amp-bf16, ..." (the cli's, whole) */
     double moe_capacity;        /* --moe-capacity: the busiest expert's share over the uniform one (>= 1;
                                    0 means 1) */
 };

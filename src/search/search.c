@@ -1242,8 +1242,8 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     if (base->train.optimizer != MP_OPT_ADAM8BIT)
         fit_alternative(&j, "--optimizer adam8bit", s, d);
     j.train.optimizer = base->train.optimizer;
-    if (j.build.precision != MP_PREC_BF16) {
-        j.build.precision = MP_PREC_BF16;
+    if (j.build.precision != MP_PREC_BF16 && precision_supported(&base->gpu, MP_PREC_BF16)) {
+        j.build.precision = MP_PREC_BF16; /* not proposed where the GPU has no bf16 (a T4) */
         fit_alternative(&j, "--precision bf16", s, d);
     }
     lora_alternative(base, o_in, argv0, s, d);
@@ -1253,8 +1253,11 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
         snprintf(s->alternatives[s->n_alternatives++], 160, "%s",
                  no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
                             "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
-                          : "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
-                            "optimizer state across GPUs (FSDP/ZeRO) or offload");
+                 : base->build.ft.mode != MP_FT_FULL
+                     ? "no single GPU profile in configs/gpus fits it at micro-batch 1 (memplan does not model "
+                       "data-parallel fine-tuning yet)"
+                     : "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
+                       "optimizer state across GPUs (FSDP/ZeRO) or offload");
     if (any_fit)
         snprintf(s->note, sizeof s->note, "the estimate said it fits but the probes ran out of memory at every "
                                           "batch they tried; rerun with a larger --margin");
@@ -1296,7 +1299,8 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     s->best = choose_best(s, o, &bf16_only);
     char world_alt[160] = "";
     bool no_world = false; /* no world up to 128 nodes fits either */
-    if (s->best < 0 && !base->train.par && !o->par_search)
+    /* data-parallel fine-tuning is refused (cli: not modelled yet): never proposed */
+    if (s->best < 0 && !base->train.par && !o->par_search && base->build.ft.mode == MP_FT_FULL)
         no_world = !world_alternative(base, o, sp.precs[0], argv0, world_alt, sizeof world_alt, d);
     bool any_fit = s->best >= 0;
     if (s->best >= 0 && o->probe && (st = probe_best(base, o, s, &bf16_only, d)) != MP_OK) {

@@ -49,19 +49,23 @@ enum mp_opt_state { MP_OPT_STATE_NONE, MP_OPT_STATE_ONE, MP_OPT_STATE_TWO, MP_OP
  * of the largest parameter (Adafactor). */
 enum mp_opt_tmp { MP_OPT_TMP_NONE, MP_OPT_TMP_ALL_GRADS, MP_OPT_TMP_LARGEST };
 
-/* Optimizers (--optimizer): X(id, CLI name, state, step temporaries, HF TrainingArguments
- * optim for full training, the same for LoRA/QLoRA, runs on the data-parallel probe).
- * adam is written as adamw_torch (with weight_decay 0 it is Adam). */
+/* Optimizers (--optimizer): X(id, CLI name, state, step temporaries, decoupled weight decay
+ * (AdamW's), HF TrainingArguments optim for full training, the same for LoRA/QLoRA, runs on the
+ * data-parallel probe).  adam is written as adamw_torch (with weight_decay 0 it is Adam).
+ * adamw is torch's default foreach implementation; adamw-fused is AdamW(fused=True), HF's
+ * default optim (adamw_torch_fused): one in-place kernel per group, no temporaries
+ * (docs/memory-facts.md#optimizer-state). */
 #define MP_OPTIMIZERS(X)                                                                         \
-    X(SGD, "sgd", NONE, NONE, "sgd", "sgd", 1)                                                   \
-    X(SGD_MOMENTUM, "sgd-momentum", ONE, NONE, "sgd", "sgd", 1)                                  \
-    X(ADAM, "adam", TWO, ALL_GRADS, "adamw_torch", "adamw_torch", 1)                             \
-    X(ADAMW, "adamw", TWO, ALL_GRADS, "adamw_torch", "adamw_torch", 1)                           \
-    X(ADAFACTOR, "adafactor", FACTORED, LARGEST, "adafactor", "adafactor", 0)                    \
-    X(ADAM8BIT, "adam8bit", BNB8, NONE, "adamw_bnb_8bit", "paged_adamw_8bit", 0)
+    X(SGD, "sgd", NONE, NONE, 0, "sgd", "sgd", 1)                                                \
+    X(SGD_MOMENTUM, "sgd-momentum", ONE, NONE, 0, "sgd", "sgd", 1)                               \
+    X(ADAM, "adam", TWO, ALL_GRADS, 0, "adamw_torch", "adamw_torch", 1)                          \
+    X(ADAMW, "adamw", TWO, ALL_GRADS, 1, "adamw_torch", "adamw_torch", 1)                        \
+    X(ADAFACTOR, "adafactor", FACTORED, LARGEST, 0, "adafactor", "adafactor", 0)                 \
+    X(ADAM8BIT, "adam8bit", BNB8, NONE, 0, "adamw_bnb_8bit", "paged_adamw_8bit", 0)              \
+    X(ADAMW_FUSED, "adamw-fused", TWO, NONE, 1, "adamw_torch_fused", "adamw_torch_fused", 0)
 
 enum mp_optimizer {
-#define MP_X(id, name, state, tmp, hf, hf_ft, par_probe) MP_OPT_##id,
+#define MP_X(id, name, state, tmp, wd, hf, hf_ft, par_probe) MP_OPT_##id,
     MP_OPTIMIZERS(MP_X)
 #undef MP_X
 };

@@ -17,9 +17,10 @@ enum mp_status cuda_opt_param(struct mp_exec *x, const struct mp_param_view *v)
         break;
     case MP_OPT_ADAM:
     case MP_OPT_ADAMW:
+    case MP_OPT_ADAMW_FUSED: /* fused: no step temporary (v->tmp NULL) */
         KK(x->d, mp_k_adam(P, G, pdt, St, (char *)St + n * esz(pdt), pdt, v->tmp, n, MP_ADAM_LR, MP_ADAM_BETA1,
-                           MP_ADAM_BETA2, MP_ADAM_EPS, x->t.optimizer == MP_OPT_ADAMW ? MP_ADAMW_WD : 0.0f, bc1, bc2,
-                           S(x)));
+                           MP_ADAM_BETA2, MP_ADAM_EPS, mp_optimizer_decoupled_wd(x->t.optimizer) ? MP_ADAMW_WD : 0.0f,
+                           bc1, bc2, S(x)));
         break;
     case MP_OPT_ADAFACTOR: {
         if (!v->tmp0)

@@ -159,10 +159,11 @@ enum mp_status mp_host_opt_param(struct mp_exec *x, const struct mp_param_view *
         break;
     }
     case MP_OPT_ADAM:
-    case MP_OPT_ADAMW: {
-        /* the _foreach_sqrt output: one temporary per parameter */
+    case MP_OPT_ADAMW:
+    case MP_OPT_ADAMW_FUSED: {
+        /* foreach: the _foreach_sqrt output, one temporary per parameter; fused: none (tmp NULL) */
         struct mp_view m = {S, pdt, n}, vv = {(char *)S + n * mp_dtype_size(pdt), pdt, n}, den = {v->tmp, pdt, n};
-        adam_update(P, G, m, vv, den, n, t, x->t.optimizer == MP_OPT_ADAMW ? MP_ADAMW_WD : 0.0f);
+        adam_update(P, G, m, vv, den, n, t, mp_optimizer_decoupled_wd(x->t.optimizer) ? MP_ADAMW_WD : 0.0f);
         break;
     }
     case MP_OPT_ADAFACTOR: {
