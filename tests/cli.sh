@@ -1440,6 +1440,42 @@ else
     bad "suggest qlora: no refused alternative"
 fi
 
+# ---- suggest --checkpoint C and suggest --timeline ------------------------------------------
+
+# --checkpoint: only that plan is searched, and the recommendation says it
+run suggest models/gpt2-124m.json --gpu a100-40gb --no-probe --checkpoint sqrt
+if [ "$ec" -eq 0 ] && grep -q "^  checkpointing      sqrt" "$T/out"; then
+    ok "suggest --checkpoint sqrt: the recommendation checkpoints sqrt"
+else
+    bad "suggest --checkpoint sqrt"
+fi
+run suggest models/gpt2-124m.json --gpu a100-40gb --no-probe --checkpoint none --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); sys.exit(not r["candidates"] or not all(c["plan"]["strategy"] == "none" for c in r["candidates"]))' "$T/out" 2>/dev/null; then
+    ok "suggest --checkpoint none --json: every candidate is checkpoint none"
+else
+    bad "suggest --checkpoint none --json: candidates"
+fi
+expect_line 2 "suggest --checkpoint sqrt --emit hf (a Trainer cannot run sqrt)" \
+    suggest models/gpt2-124m.json --gpu a100-40gb --no-probe --checkpoint sqrt --emit hf
+# --timeline: the recommended configuration's step, titled suggest, at the recommended batch
+rm -f "$T/sug.svg"
+run suggest models/gpt2-124m.json --gpu a100-40gb --no-probe --checkpoint layers --timeline "$T/sug.svg"
+mb=$(sed -n 's/^  micro-batch *\([0-9]*\).*/\1/p' "$T/out")
+if [ "$ec" -eq 0 ] && [ -s "$T/sug.svg" ] && grep -q "<title>gpt2-124m: suggest</title>" "$T/sug.svg" &&
+    grep -q "batch $mb, seq 1024, amp-bf16, adamw, checkpoint layers" "$T/sug.svg"; then
+    ok "suggest --timeline: the SVG draws the recommended step (micro-batch $mb, layers)"
+else
+    echo "expected an SVG of the recommended step" >"$T/why"
+    bad "suggest --timeline"
+fi
+rm -f "$T/nofit.svg"
+run suggest models/hf/llama-2-7b.json --gpu t4 --no-probe --timeline "$T/nofit.svg"
+if [ "$ec" -eq 1 ] && [ ! -e "$T/nofit.svg" ] && grep -q "^memplan: warning: --timeline: nothing fits" "$T/err"; then
+    ok "suggest --timeline when nothing fits: no picture, a warning"
+else
+    bad "suggest --timeline when nothing fits"
+fi
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

@@ -37,6 +37,7 @@ struct args {
     struct mp_ckpt_spec ckpt;
     int attention;
     bool attention_set;
+    bool ckpt_set;      /* --checkpoint given (suggest: only that plan is searched) */
     int use_cache; /* -1: the config's; 0 off; 1 on */
     const char *gpu;
     uint64_t vram;

@@ -7,6 +7,38 @@
 
 #include "cli/cli.h"
 
+/* --timeline: the recommended configuration's step, evaluated again with its program kept.
+ * 0, or the exit status of a failed write. */
+static int suggest_timeline(struct args *a, struct setup *s, const struct mp_job *base, const struct mp_suggestion *sg,
+                            struct mp_diag *d, enum mp_status *st)
+{
+    if (!a->timeline)
+        return 0;
+    if (sg->best < 0) {
+        cli_warn("--timeline: nothing fits, so there is no recommended step to draw (%s not written)",
+                 a->timeline);
+        return 0;
+    }
+    const struct mp_candidate *b = &sg->cand[sg->best];
+    struct mp_job j = *base;
+    struct mp_parallel par = b->par;
+    j.build.batch = b->micro_batch;
+    j.build.precision = b->precision;
+    j.build.ft.mode = b->ft;
+    j.ckpt = b->ckpt;
+    if (j.train.par)
+        j.train.par = &par;
+    cli_fit_program_for_report(a, s, &j);
+    struct mp_fit f;
+    memset(&f, 0, sizeof f);
+    int rc = 0;
+    if ((*st = mp_fit_eval(&j, &f, d)) == MP_OK)
+        rc = cli_write_timeline(a, "suggest", s, &f.prog, f.plan.sched.n ? &f.plan.sched : NULL,
+                                f.est.overhead_bytes, true, NULL, 0);
+    mp_fit_release(&f);
+    return rc;
+}
+
 int cmd_suggest(struct args *a)
 {
     struct mp_diag d = {{0}};
@@ -22,7 +54,8 @@ int cmd_suggest(struct args *a)
                                 .probe_backend = !strcmp(a->backend, "host") ? "host" : "cuda",
                                 .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
                                 .device = a->device,
-                                .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF};
+                                .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF,
+                                .ckpt_fixed = a->ckpt_set, .ckpt = a->ckpt};
     if (a->gpus_set || a->par_set) { /* data parallel: strategy given, or searched at --gpus x --nodes */
         o.par_search = !a->par_set;
         j.train.par = &s.par;
@@ -38,6 +71,9 @@ int cmd_suggest(struct args *a)
         (st = mp_suggest_host_admit(&j, &o, mp_host_ram_bytes(), &d)) != MP_OK)
         goto out;
     if ((st = mp_suggest(&j, &o, cli_argv0, &sg, &d)) != MP_OK)
+        goto out;
+    /* the picture before the report: a failed write (exit 5) prints no report */
+    if ((rc = suggest_timeline(a, &s, &j, &sg, &d, &st)) != 0 || st != MP_OK)
         goto out;
     /* the report reads the program's counts: a long model's through its fold (fold.h) */
     if ((st = s.model.n_blocks >= MP_FIT_FOLD_BLOCKS ? mp_fold_report_program(&s.model, &s.build, &prog, &d)

@@ -103,9 +103,10 @@ static const struct opt OPTS[] = {
      .names = precision_names, .help = " (default amp-bf16)"},
     {'o', "optimizer", "O", C_ALL, K_ENUM, FIELD(optimizer), .parse = mp_optimizer_parse,
      .names = mp_optimizer_names, .help = " (default adamw)"},
-    {'c', "checkpoint", "C", C_TRAIN, K_CALLBACK, FIELD(ckpt), .cb = cb_checkpoint,
+    {'c', "checkpoint", "C", C_TRAIN | C_SUGG, K_CALLBACK, FIELD(ckpt), SEEN(ckpt_set), .cb = cb_checkpoint,
      .expect = "none, sqrt, segments:K, every:K, layers, optimal or optimal-segments",
-     .help = "none (default; plan: optimal) | sqrt | segments:K | every:K | layers | optimal[-segments]"},
+     .help = "none (default; plan: optimal; suggest: searched) | sqrt | segments:K | every:K | layers | "
+             "optimal[-segments]"},
     {0, "finetune", "F", C_ALL, K_ENUM, FIELD(ft.mode), .parse = mp_ft_mode_parse,
      .expect = "full, lora, qlora or freeze", .help = "full | lora | qlora | freeze: what trains (default full)"},
     {0, "lora-r", "R", C_ALL, INT(1, 65536), FIELD(ft.r), SEEN(lora_set), .help = "LoRA rank (default 16)"},
@@ -171,8 +172,9 @@ static const struct opt OPTS[] = {
      .help = "cuBLAS workspace, at most 1024TiB (default 8519680 B, or the --gpu profile's where --gpu applies)"},
     {0, "context", "SIZE", C_TARGET, K_SIZE, .hi = MAX_OVERHEAD_BYTES, FIELD(context), SEEN(context_set),
      .help = "CUDA context size, at most 1024TiB (default: the GPU profile's, else 500MiB)"},
-    {0, "timeline", "FILE", C_TRAIN, K_STRING, FIELD(timeline),
-     .help = "also draw the step's memory over time as an SVG picture in FILE"},
+    {0, "timeline", "FILE", C_TRAIN | C_SUGG, K_STRING, FIELD(timeline),
+     .help = "also draw the step's memory over time as an SVG picture in FILE (suggest: the "
+             "recommended configuration's)"},
     {0, "all-layers", NULL, C_EST, K_FLAG, FIELD(all_layers), .help = "do not fold identical repeated blocks"},
     {0, "wide", NULL, C_ALL, K_FLAG, FIELD(wide),
      .help = "text wider than 100 columns: the full block table, no wrapping"},
@@ -445,6 +447,12 @@ static int check_rules(const struct command *c, struct args *a)
                                                             : "--finetune freeze needs --train-blocks, e.g. 20-31,head");
     if (!a->alpha_set)
         a->ft.alpha = 2.0 * (double)a->ft.r;
+    if (c->bit == C_SUGG && a->ckpt_set && a->emit == MP_EMIT_HF && a->ckpt.strategy != MP_CKPT_NONE &&
+        a->ckpt.strategy != MP_CKPT_LAYERS) {
+        char spec[48];
+        return cli_usage_error(c->name, "--emit hf: a Trainer runs --checkpoint none or layers, not %s",
+                               mp_ckpt_spec_str(&a->ckpt, spec, sizeof spec));
+    }
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)
         return cli_usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
     /* parallel.c sizes gradients, buckets and shards from every parameter: refused, not ignored */

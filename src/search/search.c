@@ -1005,13 +1005,17 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
     }
     /* "layers" is what HF's gradient_checkpointing does; a Trainer (--emit hf) can run only
      * none and layers.  A model without repeated blocks has no "layers" plan. */
-    sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_NONE, 0};
-    if (!o->trainer_plans_only) {
-        sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
-        sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+    if (o->ckpt_fixed) { /* --checkpoint: the plan the user will run */
+        sp->strategies[sp->ns++] = o->ckpt;
+    } else {
+        sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_NONE, 0};
+        if (!o->trainer_plans_only) {
+            sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
+            sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+        }
+        if (model_has_repeats(base->model))
+            sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
     }
-    if (model_has_repeats(base->model))
-        sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
     /* data parallel: the strategy given, or every one at the world given (--gpus alone) */
     if (o->par_search && base->train.par) {
         static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,

@@ -120,6 +120,8 @@ struct mp_suggest_opts {
     bool progress;                /* progress lines on stderr */
     bool trainer_plans_only;      /* --emit hf: only plans a Trainer runs (none, layers) */
     bool par_search;              /* --gpus without --parallel: try every strategy at that world */
+    bool ckpt_fixed;              /* --checkpoint given: only that plan is searched */
+    struct mp_ckpt_spec ckpt;
 };
 
 struct mp_suggestion {
