@@ -232,13 +232,13 @@ static void test_common_name_type_seq(void **state)
         uint64_t seq;
         size_t blocks;
     } cases[] = {
-        {"models/hf/gpt2.json", "GPT2LMHeadModel", "gpt2", 1024, 14},
+        {"models/hf/gpt2.json", "gpt2", "gpt2", 1024, 14}, /* no _name_or_path: the file's name */
         {"models/hf/llama-2-7b.json", "meta-llama/Llama-2-7b-hf", "llama", 2048, 34},
         {"models/hf/mistral-7b.json", "mistralai/Mistral-7B-v0.1", "mistral", 2048, 34},
         {"models/hf/qwen2-0.5b.json", "Qwen/Qwen2-0.5B", "qwen2", 2048, 26},
         {"models/hf/pythia-160m.json", "EleutherAI/pythia-160m", "gpt_neox", 2048, 14},
         {"models/hf/phi-2.json", "microsoft/phi-2", "phi", 2048, 34},
-        {"models/hf/gemma-2b.json", "GemmaForCausalLM", "gemma", 2048, 20},
+        {"models/hf/gemma-2b.json", "gemma-2b", "gemma", 2048, 20},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct mp_model m;
@@ -265,19 +265,31 @@ static void test_common_name_type_seq(void **state)
     }
 }
 
+/* The name: _name_or_path, else the file's (its stem, or the model directory of a config.json),
+ * else architectures[0], else model_type. */
+static void name_from(const char *json, const char *path, const char *want, uint64_t seq)
+{
+    struct mp_model m;
+    struct mp_diag d = {{0}};
+    if (mp_model_load_string(&m, json, strlen(json), path, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_string_equal(m.name, want);
+    assert_int_equal(m.seq_len, seq);
+    mp_model_release(&m);
+}
+
 static void test_name_falls_back_to_model_type(void **state)
 {
     (void)state;
-    struct mp_model m;
-    load_str_ok(&m, LLAMA_TINY(""));
-    assert_string_equal(m.name, "llama");
-    assert_int_equal(m.seq_len, 2048); /* no max_position_embeddings: the default sequence */
-    mp_model_release(&m);
-    load_str_ok(&m, LLAMA_TINY(", \"_name_or_path\": \"\", \"architectures\": [\"LlamaForCausalLM\"], "
-                               "\"max_position_embeddings\": 512"));
-    assert_string_equal(m.name, "LlamaForCausalLM");
-    assert_int_equal(m.seq_len, 512);
-    mp_model_release(&m);
+    const char *bare = LLAMA_TINY(""), *arch = LLAMA_TINY(", \"_name_or_path\": \"\", \"architectures\": "
+                                                       "[\"LlamaForCausalLM\"], \"max_position_embeddings\": 512");
+    name_from(bare, "cfg.json", "cfg", 2048); /* no max_position_embeddings: the default sequence */
+    name_from(bare, "hub/Llama-3.2-1B/config.json", "Llama-3.2-1B", 2048);
+    name_from(bare, "config.json", "llama", 2048);
+    name_from(arch, "config.json", "LlamaForCausalLM", 512);
+    name_from(arch, "my-run.json", "my-run", 512);
+    name_from(LLAMA_TINY(", \"_name_or_path\": \"meta-llama/Llama-3.2-1B\""), "config.json",
+              "meta-llama/Llama-3.2-1B", 2048);
 }
 
 /* ---- lowering of each family ---------------------------------------------- */
@@ -477,7 +489,7 @@ static void test_bert_lowering(void **state)
     (void)state;
     struct mp_model m;
     load_bert(&m);
-    assert_string_equal(m.name, "BertForMaskedLM");
+    assert_string_equal(m.name, "bert-base-uncased"); /* the file's name: no _name_or_path */
     assert_string_equal(m.hf_type, "bert");
     assert_int_equal(m.seq_len, 512);
     assert_int_equal(m.n_blocks, 14);

@@ -2121,7 +2121,27 @@ bool mp_json_is_hf(const cJSON *root)
            !cJSON_GetObjectItemCaseSensitive(root, "layers");
 }
 
-/* Model name: _name_or_path, else architectures[0], else model_type. */
+/* The file's own name for the model: "llama-3.2-1b" of .../llama-3.2-1b.json, or the model
+ * directory's of .../Llama-3.2-1B/config.json; "" for a bare config.json. */
+static void name_of_path(const char *path, char *out, size_t cap)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n > 5 && !strcmp(base + n - 5, ".json"))
+        n -= 5;
+    if (!strncmp(base, "config", n) && n == 6) { /* HF's file name: the directory names the model */
+        const char *end = base > path ? base - 1 : path, *dir = end;
+        while (dir > path && dir[-1] != '/')
+            dir--;
+        snprintf(out, cap, "%.*s", (int)(end - dir), dir);
+        return;
+    }
+    snprintf(out, cap, "%.*s", (int)n, base);
+}
+
+/* Model name: _name_or_path, else the file's name (name_of_path), else architectures[0], else
+ * model_type. */
 static enum mp_status set_model_name(struct mp_model *m, const cJSON *root, const char *type, const char *path,
                                      struct mp_diag *d)
 {
@@ -2129,7 +2149,12 @@ static enum mp_status set_model_name(struct mp_model *m, const cJSON *root, cons
     const char *name = mp_json_str(root, "_name_or_path", &st, path, "", d);
     if (st != MP_OK)
         return st;
+    char own[sizeof m->name];
     if (!name || !*name) {
+        name_of_path(path, own, sizeof own);
+        name = own;
+    }
+    if (!*name) {
         const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "architectures"), 0);
         name = cJSON_IsString(arch) && *arch->valuestring ? arch->valuestring : type;
     }
