@@ -1476,6 +1476,48 @@ else
     bad "suggest --timeline when nothing fits"
 fi
 
+# ---- MODEL as a model directory or a Hub id in the local Hugging Face cache ----------------
+
+hub="$T/hub"
+mkdir -p "$hub/models--acme--tiny/snapshots/c0ffee" "$hub/models--acme--tiny/snapshots/0ld" "$hub/models--acme--tiny/refs" "$T/Tiny-Model"
+cp models/hf/llama-3.2-1b.json "$hub/models--acme--tiny/snapshots/c0ffee/config.json"
+cp models/hf/gpt2.json "$hub/models--acme--tiny/snapshots/0ld/config.json"
+echo c0ffee >"$hub/models--acme--tiny/refs/main"
+cp models/hf/llama-3.2-1b.json "$T/Tiny-Model/config.json"
+# the Hub id: refs/main's snapshot (the llama, not the older gpt2 one), named by the id
+HF_HUB_CACHE="$hub" run estimate acme/tiny
+if [ "$ec" -eq 0 ] && grep -q "^model     acme/tiny (HF config, 1,235,814,400 params, 18 blocks)$" "$T/out"; then
+    ok "estimate acme/tiny: read from the HF cache's refs/main snapshot, named acme/tiny"
+else
+    bad "estimate ORG/NAME from the HF cache"
+fi
+# HF_HOME/hub when HF_HUB_CACHE is unset
+mkdir -p "$T/hfhome" && ln -s "$hub" "$T/hfhome/hub"
+HF_HUB_CACHE= HF_HOME="$T/hfhome" run estimate acme/tiny --json
+if [ "$ec" -eq 0 ] && grep -q '"name":.*"acme/tiny"' "$T/out"; then
+    ok "estimate acme/tiny with HF_HOME: \$HF_HOME/hub, JSON model.name acme/tiny"
+else
+    bad "estimate ORG/NAME through HF_HOME"
+fi
+# not in the cache: one line saying where it looked and how to fetch the config alone, exit 3
+HF_HUB_CACHE="$hub" expect_line 3 "estimate acme/missing (not in the HF cache)" estimate acme/missing
+if grep -q "models--acme--missing" "$T/err" && grep -q "hf download acme/missing config.json" "$T/err"; then
+    ok "acme/missing: says where it looked and how to fetch only config.json"
+else
+    bad "acme/missing: the message"
+fi
+# a model directory: its config.json, named by the directory
+run estimate "$T/Tiny-Model"
+if [ "$ec" -eq 0 ] && grep -q "^model     Tiny-Model (HF config" "$T/out"; then
+    ok "estimate DIR: the directory's config.json, named by the directory"
+else
+    bad "estimate a model directory"
+fi
+expect_line 3 "estimate a directory without config.json" estimate "$T/hfhome"
+# a missing .json is a missing file, not a Hub id
+expect_line 3 "estimate models/no-such.json (a missing file)" estimate models/no-such.json
+grep -q "No such file" "$T/err" && ok "models/no-such.json: no such file" || bad "models/no-such.json: no such file"
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

@@ -90,6 +90,12 @@ void cli_command_help(FILE *out, const struct command *c);
 /* ---- exits (setup.c) ---- */
 extern const char *cli_argv0; /* argv[0], where GPU profiles and the probe binary are looked up */
 int cli_fail(enum mp_status st, const struct mp_diag *d);
+/* "memplan: error: ..." for bad input; returns MP_EXIT_INPUT. */
+int cli_input_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* MODEL as given (a file, a model directory with config.json, or a Hub id ORG/NAME in the local
+ * Hugging Face cache) to the file to read, into out (model_path.c).  0, or the exit status with
+ * its message printed. */
+int cli_resolve_model(const char *arg, char *out, size_t cap);
 /* One line: "memplan: error: <problem> (see 'memplan CMD --help')", exit 2. */
 int cli_usage_error(const char *cmd, const char *fmt, const char *arg);
 int cli_finish(int code);

@@ -35,9 +35,10 @@ static void print_help(FILE *f)
     fprintf(f, "Usage: memplan COMMAND MODEL [options]\n\n"
                "Plans GPU memory for training: estimate, checkpoint placement, batch size.\n"
                "MODEL is a memplan JSON model or a Hugging Face config.json (the task head from\n"
-               "architectures[0]) of model type");
+               "architectures[0]), also given as its model directory or as a Hub id ORG/NAME in the\n"
+               "local HF cache (never downloaded), of model type");
     /* the types, wrapped at 100 columns */
-    size_t col = strlen("architectures[0]) of model type");
+    size_t col = strlen("local HF cache (never downloaded), of model type");
     for (const char *t = mp_hf_model_types(); *t;) {
         size_t n = strcspn(t, ",");
         if (col + n + 2 > 100) {

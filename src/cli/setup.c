@@ -96,6 +96,18 @@ enum mp_status cli_fit_report_program(const struct mp_job *j, struct mp_fit *f, 
     return mp_fold_report_program(j->model, &bo, &f->prog, d);
 }
 
+int cli_input_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    mp_progress_done();
+    fputs("memplan: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return MP_EXIT_INPUT;
+}
+
 static char warnings[512];
 
 void cli_warn(const char *fmt, ...)
@@ -298,6 +310,11 @@ static int setup_target(const struct args *a, struct setup *s, bool need_target,
 int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
 {
     memset(s, 0, sizeof *s);
+    static char model_file[4096]; /* MODEL resolved: a's model names it from here on */
+    int rc0 = cli_resolve_model(a->model, model_file, sizeof model_file);
+    if (rc0)
+        return rc0;
+    a->model = model_file;
     enum mp_status st = mp_model_load_file(&s->model, a->model, d);
     if (st != MP_OK)
         return cli_fail(st, d); /* nothing loaded: nothing to release */

@@ -2121,10 +2121,19 @@ bool mp_json_is_hf(const cJSON *root)
            !cJSON_GetObjectItemCaseSensitive(root, "layers");
 }
 
-/* The file's own name for the model: "llama-3.2-1b" of .../llama-3.2-1b.json, or the model
- * directory's of .../Llama-3.2-1B/config.json; "" for a bare config.json. */
+/* The file's own name for the model: "llama-3.2-1b" of .../llama-3.2-1b.json, the model
+ * directory's of .../Llama-3.2-1B/config.json, ORG/NAME of the Hub cache's
+ * .../models--ORG--NAME/snapshots/<commit>/config.json; "" for a bare config.json. */
 static void name_of_path(const char *path, char *out, size_t cap)
 {
+    const char *repo = strstr(path, "models--"), *snap = repo ? strstr(repo, "/snapshots/") : NULL;
+    if (repo && snap && (repo == path || repo[-1] == '/')) { /* the Hub cache: models--ORG--NAME */
+        const char *sep = strstr(repo + 8, "--");
+        if (sep && sep < snap) {
+            snprintf(out, cap, "%.*s/%.*s", (int)(sep - repo - 8), repo + 8, (int)(snap - sep - 2), sep + 2);
+            return;
+        }
+    }
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     size_t n = strlen(base);
