@@ -1518,6 +1518,24 @@ expect_line 3 "estimate a directory without config.json" estimate "$T/hfhome"
 expect_line 3 "estimate models/no-such.json (a missing file)" estimate models/no-such.json
 grep -q "No such file" "$T/err" && ok "models/no-such.json: no such file" || bad "models/no-such.json: no such file"
 
+# ---- suggest never switches the fine-tuning method asked for ----------------------------------
+
+# --finetune lora on an L4: LoRA is recommended and only LoRA is searched (it used to recommend
+# QLoRA without saying so); when nothing fits as LoRA, QLoRA is offered as an alternative
+run suggest models/hf/llama-3.2-1b.json --gpu l4 --no-probe --finetune lora --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); sys.exit(not r["candidates"] or r["recommendation"]["finetune"] != "lora" or any(c["finetune"] != "lora" for c in r["candidates"]))' "$T/out" 2>/dev/null; then
+    ok "suggest --finetune lora (llama-3.2-1b, l4): LoRA recommended, no QLoRA candidate"
+else
+    echo "the method asked for must be the one recommended" >"$T/why"
+    bad "suggest --finetune lora keeps LoRA"
+fi
+run suggest models/hf/llama-2-7b.json --gpu t4 --no-probe --finetune lora
+if [ "$ec" -eq 1 ] && grep -q "would fit or help: --finetune qlora" "$T/out"; then
+    ok "suggest --finetune lora where nothing fits (llama-2-7b, t4): QLoRA offered as an alternative"
+else
+    bad "suggest --finetune lora: QLoRA alternative"
+fi
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

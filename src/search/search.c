@@ -1042,15 +1042,9 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
     } else {
         mp_parallel_default(&sp->pars[sp->npar++]);
     }
-    /* fine-tuning: LoRA and QLoRA are weighed against each other (QLoRA stores the base in
-     * 4 bits but dequantizes every weight twice per step) */
+    /* fine-tuning: the method the user asked for, never another (when nothing fits, QLoRA is
+     * offered as an alternative: lora_alternative) */
     sp->modes[sp->nm++] = base->build.ft.mode;
-    if (base->model->quant.kind == MP_Q_NONE && !base->train.par && !base->model->keep_fp32_wo) {
-        if (base->build.ft.mode == MP_FT_LORA)
-            sp->modes[sp->nm++] = MP_FT_QLORA;
-        else if (base->build.ft.mode == MP_FT_QLORA)
-            sp->modes[sp->nm++] = MP_FT_LORA;
-    }
 }
 
 /* Every candidate of the space evaluated into s->cand (at most its size).  On a failure s is
@@ -1146,23 +1140,31 @@ static bool world_alternative(const struct mp_job *base, const struct mp_suggest
     return true;
 }
 
-/* Nothing fits, full fine-tuning: the best LoRA/QLoRA plan (peft's default targets) as an
- * alternative of s. */
+/* Nothing fits: the best plan of a smaller fine-tuning method (peft's default targets) as an
+ * alternative of s: full training -> LoRA, else QLoRA; LoRA -> QLoRA (the base in 4 bits). */
 static void lora_alternative(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
                              struct mp_suggestion *s, struct mp_diag *d)
 {
+    enum mp_ft_mode from = base->build.ft.mode;
     struct mp_finetune lft = base->build.ft;
     lft.mode = MP_FT_LORA;
-    if (base->build.ft.mode != MP_FT_FULL || base->model->quant.kind != MP_Q_NONE || base->train.par ||
-        base->model->input != MP_INPUT_TOKENS || mp_moe_lora_unmodelled(base->model, &lft))
+    if ((from != MP_FT_FULL && from != MP_FT_LORA) || base->model->quant.kind != MP_Q_NONE || base->train.par ||
+        base->model->keep_fp32_wo || base->model->input != MP_INPUT_TOKENS ||
+        mp_moe_lora_unmodelled(base->model, &lft))
         return;
-    struct mp_job lj = *base;
-    lj.build.ft.mode = MP_FT_LORA;
     struct mp_suggest_opts ao = *o_in;
     ao.probe = false;
     ao.progress = false;
     struct mp_suggestion *ls = calloc(1, sizeof *ls);
-    if (ls && mp_suggest(&lj, &ao, argv0, ls, d) == MP_OK && ls->best >= 0) {
+    bool found = false;
+    for (int m = from == MP_FT_FULL ? MP_FT_LORA : MP_FT_QLORA; ls && !found && m <= MP_FT_QLORA; m++) {
+        struct mp_job lj = *base;
+        lj.build.ft.mode = (enum mp_ft_mode)m;
+        mp_suggestion_release(ls);
+        memset(ls, 0, sizeof *ls);
+        found = mp_suggest(&lj, &ao, argv0, ls, d) == MP_OK && ls->best >= 0;
+    }
+    if (found) {
         const struct mp_candidate *b = &ls->cand[ls->best];
         char a1[32], sb[32];
         snprintf(s->alternatives[s->n_alternatives++], 160,
