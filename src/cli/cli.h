@@ -90,8 +90,6 @@ void cli_command_help(FILE *out, const struct command *c);
 /* ---- exits (setup.c) ---- */
 extern const char *cli_argv0; /* argv[0], where GPU profiles and the probe binary are looked up */
 int cli_fail(enum mp_status st, const struct mp_diag *d);
-/* "memplan: error: ..." for bad input; returns MP_EXIT_INPUT. */
-int cli_input_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* MODEL as given (a file, a model directory with config.json, or a Hub id ORG/NAME in the local
  * Hugging Face cache) to the file to read, into out (model_path.c).  0, or the exit status with
  * its message printed. */

@@ -10,12 +10,26 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h> /* PATH_MAX */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+
+/* "memplan: error: ..." for a MODEL that cannot be found; returns MP_EXIT_INPUT. */
+static int input_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    mp_progress_done();
+    fputs("memplan: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return MP_EXIT_INPUT;
+}
 
 static bool is_file(const char *p)
 {
@@ -96,10 +110,10 @@ int cli_resolve_model(const char *arg, char *out, size_t cap)
     if (is_dir(arg)) {
         size_t n = strlen(arg);
         if ((size_t)snprintf(out, cap, "%s%sconfig.json", arg, n && arg[n - 1] == '/' ? "" : "/") >= cap)
-            return cli_input_error("%s: the path is too long", arg);
+            return input_error("%s: the path is too long", arg);
         if (is_file(out))
             return 0;
-        return cli_input_error("%s: a directory without config.json (give a model file, or a model directory "
+        return input_error("%s: a directory without config.json (give a model file, or a model directory "
                                "as save_pretrained writes it)", arg);
     }
     char cache[PATH_MAX / 2], repo[PATH_MAX];
@@ -108,6 +122,6 @@ int cli_resolve_model(const char *arg, char *out, size_t cap)
     snprintf(repo, sizeof repo, "%s/models--%.*s--%s", cache, (int)(slash - arg), arg, slash + 1);
     if (snapshot_config(repo, out, cap))
         return 0;
-    return cli_input_error("%s: not a file, nor in the Hugging Face cache (%s); memplan never downloads: "
+    return input_error("%s: not a file, nor in the Hugging Face cache (%s); memplan never downloads: "
                            "fetch the config alone with 'hf download %s config.json'", arg, repo, arg);
 }

@@ -96,18 +96,6 @@ enum mp_status cli_fit_report_program(const struct mp_job *j, struct mp_fit *f, 
     return mp_fold_report_program(j->model, &bo, &f->prog, d);
 }
 
-int cli_input_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    mp_progress_done();
-    fputs("memplan: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return MP_EXIT_INPUT;
-}
-
 static char warnings[512];
 
 void cli_warn(const char *fmt, ...)
