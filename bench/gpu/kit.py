@@ -150,10 +150,12 @@ def source_hash():
     """What the build was made from: src/, kernels/ and the Makefile, by content."""
     h = hashlib.sha256()
     files = []
-    for d in ("src", "kernels"):
-        for n in sorted(os.listdir(os.path.join(ROOT, d))):
-            if n.endswith((".c", ".h", ".cu", ".cuh")):
-                files.append(os.path.join(d, n))
+    for d in ("src", "kernels"):  # src/ is folders (src/<stage>/, src/probe/{host,cuda}/)
+        for top, dirs, names in os.walk(os.path.join(ROOT, d)):
+            dirs.sort()
+            for n in sorted(names):
+                if n.endswith((".c", ".h", ".cu", ".cuh")):
+                    files.append(os.path.relpath(os.path.join(top, n), ROOT))
     files.append("Makefile")
     for f in files:
         h.update(f.encode() + b"\0")
