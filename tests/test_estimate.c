@@ -431,6 +431,8 @@ static void test_estimate_optimizer_step_peak(void **state)
     assert_int_equal(ef.optimizer_tmp_bytes, 676 * 4);
     assert_int_equal(eu.optimizer_tmp_bytes, 0);
     assert_true(eu.peak_allocated_bytes <= ef.peak_allocated_bytes);
+    mp_estimate_release(&ef);
+    mp_estimate_release(&eu);
     /* 8-bit Adam: tensors under 4096 elements keep fp32 states */
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAM8BIT, &prog.params[0]), 512 * 8);
     struct mp_param big = {.elems = 1 << 20, .matrix = true, .rows = 1024, .cols = 1024, .dtype = MP_DT_F32,
