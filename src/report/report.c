@@ -841,129 +841,144 @@ static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct 
     fprintf(out, "model = get_peft_model(model, lora_config)\n");
 }
 
-static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)
+/* How many of the plan's blocks are checkpointed. */
+static size_t checkpointed_blocks(const struct mp_ckpt_plan *p)
 {
+    size_t n = 0;
+    for (size_t i = 0; i < p->L; i++)
+        n += p->checkpointed[i];
+    return n;
+}
+
+/* --emit hf: the TrainingArguments fields of the plan. */
+static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
+{
+    const struct mp_ckpt_plan *p = &b->fit.plan;
+    size_t nck = checkpointed_blocks(p);
+    fprintf(out, "# transformers.TrainingArguments fields\n");
+    fprintf(out, "per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
+    fprintf(out, "gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
+    fprintf(out, "bf16=%s,\nfp16=%s,\n", b->precision == MP_PREC_AMP_BF16 ? "True" : "False",
+            b->precision == MP_PREC_AMP_FP16 ? "True" : "False");
+    /* gradient_checkpointing=True wraps each decoder layer and nothing else: memplan's
+     * "layers" (suggest --emit hf only considers none and layers) */
+    fprintf(out, "gradient_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
+    if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
+        fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
+                     "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
+    bool ft = b->ft == MP_FT_LORA || b->ft == MP_FT_QLORA;
+    fprintf(out, "optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer, ft));
+    if (b->precision == MP_PREC_BF16)
+        fprintf(out, "# pure bf16: load the model with torch_dtype=torch.bfloat16\n");
+}
+
+/* --emit deepspeed: the DeepSpeed config (JSON) of the plan. */
+static void snippet_deepspeed(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
+{
+    const struct mp_ckpt_plan *p = &b->fit.plan;
+    cJSON *r = cJSON_CreateObject();
+    ju64(r, "train_micro_batch_size_per_gpu", b->micro_batch);
+    ju64(r, "gradient_accumulation_steps", b->grad_accum);
+    ju64(r, "train_batch_size", b->global_batch);
+    if (mp_par_is_deepspeed(b->par.strategy) && b->precision != MP_PREC_BF16 && b->precision != MP_PREC_FP32) {
+        /* amp: fp32 parameters (sharded as such) under torch.autocast, as planned */
+        cJSON *ta = cJSON_AddObjectToObject(r, "torch_autocast");
+        cJSON_AddBoolToObject(ta, "enabled", 1);
+        cJSON_AddStringToObject(ta, "dtype", b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
+    } else {
+        /* bf16 / mixed-bf16: DeepSpeed's bf16 mode (bf16 parameters, fp32 master partition) */
+        if (b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16)
+            cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "bf16"), "enabled", 1);
+        if (b->precision == MP_PREC_AMP_FP16)
+            cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "fp16"), "enabled", 1);
+    }
+    cJSON *ac = cJSON_AddObjectToObject(r, "activation_checkpointing");
+    cJSON_AddBoolToObject(ac, "partition_activations", 0);
+    cJSON_AddBoolToObject(ac, "contiguous_memory_optimization", 0);
+    ju64(ac, "number_checkpoints", p->n_segments);
+    cJSON_AddBoolToObject(ac, "cpu_checkpointing", 0);
+    if (mp_par_is_deepspeed(b->par.strategy)) {
+        /* explicit sizes: what memplan's per-rank plan assumed (accelerate's "auto" rule) */
+        uint64_t h = 0;
+        for (size_t q = 0; c->prog && q < c->prog->n_params && !h; q++)
+            if (c->prog->params[q].matrix)
+                h = c->prog->params[q].cols;
+        h = h ? h : 1024;
+        cJSON *z = cJSON_AddObjectToObject(r, "zero_optimization");
+        jnum(z, "stage", b->par.strategy == MP_PAR_ZERO1 ? 1 : b->par.strategy == MP_PAR_ZERO2 ? 2 : 3);
+        cJSON_AddBoolToObject(z, "contiguous_gradients", 1);
+        cJSON_AddBoolToObject(z, "overlap_comm", 1);
+        ju64(z, "reduce_bucket_size", h * h);
+        if (b->par.strategy == MP_PAR_ZERO3) {
+            ju64(z, "stage3_prefetch_bucket_size", h * h * 9 / 10);
+            ju64(z, "stage3_param_persistence_threshold", 10 * h);
+            ju64(z, "stage3_max_live_parameters", 1000000000);
+            /* DeepSpeed keeps a gathered parameter whose next use is within this many
+             * elements (default 10^9: a model under 10^9 parameters would stay gathered from
+             * its forward to its backward); one prefetch bucket keeps the engine within
+             * memplan's plan (the current block and the next one gathered) */
+            ju64(z, "stage3_max_reuse_distance", h * h * 9 / 10);
+        } else {
+            ju64(z, "allgather_bucket_size", h * h);
+        }
+        /* NVMe: DeepSpeed needs nvme_path (None fails at initialize); its docs' example mount,
+         * to be set to the user's (README) */
+        bool nvme = b->par.offload_device == MP_OFFDEV_NVME;
+        if (b->par.offload != MP_OFFLOAD_NONE) {
+            cJSON *oo = cJSON_AddObjectToObject(z, "offload_optimizer");
+            cJSON_AddStringToObject(oo, "device", mp_offload_dev_str(b->par.offload_device));
+            if (nvme)
+                cJSON_AddStringToObject(oo, "nvme_path", "/local_nvme");
+            cJSON_AddBoolToObject(oo, "pin_memory", 1);
+        }
+        if (b->par.offload == MP_OFFLOAD_PARAMS) {
+            cJSON *op = cJSON_AddObjectToObject(z, "offload_param");
+            cJSON_AddStringToObject(op, "device", mp_offload_dev_str(b->par.offload_device));
+            if (nvme)
+                cJSON_AddStringToObject(op, "nvme_path", "/local_nvme");
+            cJSON_AddBoolToObject(op, "pin_memory", 1);
+        }
+    }
+    print_json(out, r);
+}
+
+/* --emit accelerate: the accelerate config file (accelerate launch --config_file FILE). */
+static void snippet_accelerate(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
+{
+    (void)c;
+    bool ds = mp_par_is_deepspeed(b->par.strategy);
+    fprintf(out, "compute_environment: LOCAL_MACHINE\ndistributed_type: %s\n",
+            ds ? "DEEPSPEED" : mp_par_is_fsdp(b->par.strategy) ? "FSDP" : b->par.strategy == MP_PAR_DDP ? "MULTI_GPU" : "NO");
+    if (mp_par_is_fsdp(b->par.strategy)) {
+        fprintf(out, "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                     "  fsdp_reshard_after_forward: %s\n  fsdp_offload_params: %s\n"
+                     "  fsdp_activation_checkpointing: %s\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n",
+                b->par.strategy == MP_PAR_FSDP ? "true" : "false",
+                b->par.offload == MP_OFFLOAD_PARAMS ? "true" : "false", b->n_ckpt_blocks ? "true" : "false");
+    } else if (ds) {
+        fprintf(out, "deepspeed_config:\n  zero_stage: %d\n  offload_optimizer_device: %s\n"
+                     "  offload_param_device: %s\n  gradient_accumulation_steps: %llu\n",
+                b->par.strategy == MP_PAR_ZERO1 ? 1 : b->par.strategy == MP_PAR_ZERO2 ? 2 : 3,
+                b->par.offload != MP_OFFLOAD_NONE ? mp_offload_dev_str(b->par.offload_device) : "none",
+                b->par.offload == MP_OFFLOAD_PARAMS ? mp_offload_dev_str(b->par.offload_device) : "none",
+                (unsigned long long)b->grad_accum);
+    }
+    fprintf(out, "mixed_precision: %s\nnum_machines: %llu\nnum_processes: %llu\nmachine_rank: 0\n",
+            b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16 ? "bf16"
+            : b->precision == MP_PREC_AMP_FP16                               ? "fp16"
+                                                                             : "no",
+            (unsigned long long)(b->par.strategy ? b->par.nodes : 1),
+            (unsigned long long)(b->par.strategy ? mp_par_world(&b->par) : 1));
+}
+
+/* --emit torch (and the text report): the PyTorch training loop of the plan. */
+static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
+{
+    (void)c;
     const struct mp_ckpt_plan *p = &b->fit.plan;
     bool amp = b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_AMP_FP16;
     const char *half = b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16";
-    size_t nck = 0;
-    for (size_t i = 0; i < p->L; i++)
-        nck += p->checkpointed[i];
-    if (emit != MP_EMIT_DEEPSPEED)
-        peft_snippet(out, c, b);
-    if (emit == MP_EMIT_HF) {
-        fprintf(out, "# transformers.TrainingArguments fields\n");
-        fprintf(out, "per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
-        fprintf(out, "gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
-        fprintf(out, "bf16=%s,\nfp16=%s,\n", b->precision == MP_PREC_AMP_BF16 ? "True" : "False",
-                b->precision == MP_PREC_AMP_FP16 ? "True" : "False");
-        /* gradient_checkpointing=True wraps each decoder layer and nothing else: memplan's
-         * "layers" (suggest --emit hf only considers none and layers) */
-        fprintf(out, "gradient_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
-        if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
-            fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
-                         "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
-        bool ft = b->ft == MP_FT_LORA || b->ft == MP_FT_QLORA;
-        fprintf(out, "optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer, ft));
-        if (b->precision == MP_PREC_BF16)
-            fprintf(out, "# pure bf16: load the model with torch_dtype=torch.bfloat16\n");
-        return;
-    }
-    if (emit == MP_EMIT_DEEPSPEED) {
-        cJSON *r = cJSON_CreateObject();
-        ju64(r, "train_micro_batch_size_per_gpu", b->micro_batch);
-        ju64(r, "gradient_accumulation_steps", b->grad_accum);
-        ju64(r, "train_batch_size", b->global_batch);
-        if (mp_par_is_deepspeed(b->par.strategy) && b->precision != MP_PREC_BF16 && b->precision != MP_PREC_FP32) {
-            /* amp: fp32 parameters (sharded as such) under torch.autocast, as planned */
-            cJSON *ta = cJSON_AddObjectToObject(r, "torch_autocast");
-            cJSON_AddBoolToObject(ta, "enabled", 1);
-            cJSON_AddStringToObject(ta, "dtype", b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
-        } else {
-            /* bf16 / mixed-bf16: DeepSpeed's bf16 mode (bf16 parameters, fp32 master partition) */
-            if (b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16)
-                cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "bf16"), "enabled", 1);
-            if (b->precision == MP_PREC_AMP_FP16)
-                cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "fp16"), "enabled", 1);
-        }
-        cJSON *ac = cJSON_AddObjectToObject(r, "activation_checkpointing");
-        cJSON_AddBoolToObject(ac, "partition_activations", 0);
-        cJSON_AddBoolToObject(ac, "contiguous_memory_optimization", 0);
-        ju64(ac, "number_checkpoints", p->n_segments);
-        cJSON_AddBoolToObject(ac, "cpu_checkpointing", 0);
-        if (mp_par_is_deepspeed(b->par.strategy)) {
-            /* explicit sizes: what memplan's per-rank plan assumed (accelerate's "auto" rule) */
-            uint64_t h = 0;
-            for (size_t q = 0; c->prog && q < c->prog->n_params && !h; q++)
-                if (c->prog->params[q].matrix)
-                    h = c->prog->params[q].cols;
-            h = h ? h : 1024;
-            cJSON *z = cJSON_AddObjectToObject(r, "zero_optimization");
-            jnum(z, "stage", b->par.strategy == MP_PAR_ZERO1 ? 1 : b->par.strategy == MP_PAR_ZERO2 ? 2 : 3);
-            cJSON_AddBoolToObject(z, "contiguous_gradients", 1);
-            cJSON_AddBoolToObject(z, "overlap_comm", 1);
-            ju64(z, "reduce_bucket_size", h * h);
-            if (b->par.strategy == MP_PAR_ZERO3) {
-                ju64(z, "stage3_prefetch_bucket_size", h * h * 9 / 10);
-                ju64(z, "stage3_param_persistence_threshold", 10 * h);
-                ju64(z, "stage3_max_live_parameters", 1000000000);
-                /* DeepSpeed keeps a gathered parameter whose next use is within this many
-                 * elements (default 10^9: a model under 10^9 parameters would stay gathered from
-                 * its forward to its backward); one prefetch bucket keeps the engine within
-                 * memplan's plan (the current block and the next one gathered) */
-                ju64(z, "stage3_max_reuse_distance", h * h * 9 / 10);
-            } else {
-                ju64(z, "allgather_bucket_size", h * h);
-            }
-            /* NVMe: DeepSpeed needs nvme_path (None fails at initialize); its docs' example mount,
-             * to be set to the user's (README) */
-            bool nvme = b->par.offload_device == MP_OFFDEV_NVME;
-            if (b->par.offload != MP_OFFLOAD_NONE) {
-                cJSON *oo = cJSON_AddObjectToObject(z, "offload_optimizer");
-                cJSON_AddStringToObject(oo, "device", mp_offload_dev_str(b->par.offload_device));
-                if (nvme)
-                    cJSON_AddStringToObject(oo, "nvme_path", "/local_nvme");
-                cJSON_AddBoolToObject(oo, "pin_memory", 1);
-            }
-            if (b->par.offload == MP_OFFLOAD_PARAMS) {
-                cJSON *op = cJSON_AddObjectToObject(z, "offload_param");
-                cJSON_AddStringToObject(op, "device", mp_offload_dev_str(b->par.offload_device));
-                if (nvme)
-                    cJSON_AddStringToObject(op, "nvme_path", "/local_nvme");
-                cJSON_AddBoolToObject(op, "pin_memory", 1);
-            }
-        }
-        print_json(out, r);
-        return;
-    }
-    if (emit == MP_EMIT_ACCELERATE) {
-        /* accelerate config file (accelerate launch --config_file FILE) */
-        bool ds = mp_par_is_deepspeed(b->par.strategy);
-        fprintf(out, "compute_environment: LOCAL_MACHINE\ndistributed_type: %s\n",
-                ds ? "DEEPSPEED" : mp_par_is_fsdp(b->par.strategy) ? "FSDP" : b->par.strategy == MP_PAR_DDP ? "MULTI_GPU" : "NO");
-        if (mp_par_is_fsdp(b->par.strategy)) {
-            fprintf(out, "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
-                         "  fsdp_reshard_after_forward: %s\n  fsdp_offload_params: %s\n"
-                         "  fsdp_activation_checkpointing: %s\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n",
-                    b->par.strategy == MP_PAR_FSDP ? "true" : "false",
-                    b->par.offload == MP_OFFLOAD_PARAMS ? "true" : "false", b->n_ckpt_blocks ? "true" : "false");
-        } else if (ds) {
-            fprintf(out, "deepspeed_config:\n  zero_stage: %d\n  offload_optimizer_device: %s\n"
-                         "  offload_param_device: %s\n  gradient_accumulation_steps: %llu\n",
-                    b->par.strategy == MP_PAR_ZERO1 ? 1 : b->par.strategy == MP_PAR_ZERO2 ? 2 : 3,
-                    b->par.offload != MP_OFFLOAD_NONE ? mp_offload_dev_str(b->par.offload_device) : "none",
-                    b->par.offload == MP_OFFLOAD_PARAMS ? mp_offload_dev_str(b->par.offload_device) : "none",
-                    (unsigned long long)b->grad_accum);
-        }
-        fprintf(out, "mixed_precision: %s\nnum_machines: %llu\nnum_processes: %llu\nmachine_rank: 0\n",
-                b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16 ? "bf16"
-                : b->precision == MP_PREC_AMP_FP16                               ? "fp16"
-                                                                                 : "no",
-                (unsigned long long)(b->par.strategy ? b->par.nodes : 1),
-                (unsigned long long)(b->par.strategy ? mp_par_world(&b->par) : 1));
-        return;
-    }
-    /* torch */
+    size_t nck = checkpointed_blocks(p);
     fprintf(out, "# PyTorch training loop (memplan %s)\n", MEMPLAN_VERSION);
     fprintf(out, "micro_batch, grad_accum = %llu, %llu   # global batch %llu\n", (unsigned long long)b->micro_batch,
             (unsigned long long)b->grad_accum, (unsigned long long)b->global_batch);
@@ -1012,6 +1027,19 @@ static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_ca
         fprintf(out, "    loss.backward()\n");
     fprintf(out, "    if (step + 1) %% grad_accum == 0:\n        %s\n        optimizer.zero_grad(set_to_none=True)\n",
             b->precision == MP_PREC_AMP_FP16 ? "scaler.step(optimizer); scaler.update()" : "optimizer.step()");
+}
+
+static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)
+{
+    if (emit != MP_EMIT_DEEPSPEED)
+        peft_snippet(out, c, b);
+    switch (emit) {
+    case MP_EMIT_HF: snippet_hf(out, c, b); return;
+    case MP_EMIT_DEEPSPEED: snippet_deepspeed(out, c, b); return;
+    case MP_EMIT_ACCELERATE: snippet_accelerate(out, c, b); return;
+    case MP_EMIT_NONE:
+    case MP_EMIT_TORCH: snippet_torch(out, c, b); return;
+    }
 }
 
 static cJSON *json_candidate(const struct mp_candidate *b)
