@@ -10,7 +10,9 @@ The table (src/cli/options.c) is read as MEMPLAN renders it: the "Options:" line
    short name (-b) and the table's value name (B);
 3. nothing the man page lists is missing from the table: an option in a command's SYNOPSIS
    that the command does not take, or an OPTIONS item that no command takes (--version
-   excepted, which `MEMPLAN --help` names).
+   excepted, which `MEMPLAN --help` names);
+4. the CLI fuzzer (tests/fuzz/fuzz_cli.c) gives every option of estimate, plan, check and
+   suggest (its OPTS) or says it does not (its NOT_FUZZED), and names no option they lack.
 
 Prints one line per failure and a summary; exits 1 if any check failed.  python3 stdlib only.
 """
@@ -158,6 +160,26 @@ def main():
         checks += 1
         if not (o == "version" and "--version" in top):
             fails.append("OPTIONS: --%s is an item but no command takes it" % o)
+
+    fuzz = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz", "fuzz_cli.c")
+    with open(fuzz, encoding="utf-8") as f:
+        src = f.read()
+    listed = {}
+    for arr in ("OPTS", "NOT_FUZZED"):
+        m = re.search(r"static const char \*const %s\[\][^=]*= \{(.*?)\};" % arr, src, re.S)
+        if not m:
+            sys.exit("man_options.py: no %s[] in %s" % (arr, fuzz))
+        for o in re.findall(r'"([a-z0-9-]+)"', m.group(1)):
+            listed[o] = arr
+    fuzzed_cmds = [c for c in ("estimate", "plan", "check", "suggest") if c in tables]
+    theirs = set().union(*(tables[c] for c in fuzzed_cmds)) if fuzzed_cmds else set()
+    for o in sorted(theirs):
+        checks += 1
+        if o not in listed:
+            fails.append("fuzz_cli.c: --%s is in neither OPTS nor NOT_FUZZED" % o)
+    for o in sorted(set(listed) - theirs):
+        checks += 1
+        fails.append("fuzz_cli.c: %s names --%s, which no fuzzed command takes" % (listed[o], o))
 
     for f in fails:
         print("FAIL " + f)

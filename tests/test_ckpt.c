@@ -196,7 +196,7 @@ static void test_spec_parse_roundtrip(void **state)
 {
     (void)state;
     static const char *ok[] = {"none", "sqrt", "segments:4", "every:2", "optimal", "optimal-segments",
-                               "segments:18446744073709551615"};
+                               "segments:18446744073709551615", "layers", "layers:3"};
     char buf[64];
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         struct mp_ckpt_spec s;
@@ -210,6 +210,9 @@ static void test_spec_parse_roundtrip(void **state)
     assert_int_equal(mp_ckpt_spec_parse("every:3", &s), MP_OK);
     assert_int_equal(s.strategy, MP_CKPT_EVERY);
     assert_int_equal(s.k, 3);
+    assert_int_equal(mp_ckpt_spec_parse("layers:4", &s), MP_OK);
+    assert_int_equal(s.strategy, MP_CKPT_LAYERS);
+    assert_int_equal(s.k, 4);
 }
 
 static void test_spec_parse_rejects(void **state)
@@ -218,7 +221,8 @@ static void test_spec_parse_rejects(void **state)
     static const char *bad[] = {"",           "segments:0", "segments:x", "every:",     "segments",
                                 "every:0",    "segments:-1", "segments:+2", "segments: 2", "segments:2 ",
                                 "segments:2x", "every:1e3", "segments:99999999999999999999", "Optimal",
-                                "sqrt:2",     "none ",      "optimal-segment", "segments::2", "every:0x10"};
+                                "sqrt:2",     "none ",      "optimal-segment", "segments::2", "every:0x10",
+                                "layers:",    "layers:0",   "layers:-2",  "layers:2x",  "layers2"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct mp_ckpt_spec s = {MP_CKPT_OPTIMAL, 77};
         assert_int_equal(mp_ckpt_spec_parse(bad[i], &s), MP_ERR_USAGE);

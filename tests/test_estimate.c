@@ -1188,7 +1188,10 @@ static void test_estimate_autocast_cache(void **state)
  *   none:    4096 + 3*8192 + 2048 + 512 = 31232
  *   layers:  embed 4096 (x_1 included) + the checkpoints x_2, x_3 1024 each + head 2048
  *            (its input x_4 is not kept) + 512 = 8704
- *   every:1: x_1..x_4 1024 each + x_5 512 + 512 = 5120 (the head checkpointed too). */
+ *   every:1: x_1..x_4 1024 each + x_5 512 + 512 = 5120 (the head checkpointed too).
+ *   layers:2 (transformers' every_n_layers=2: the layers whose index among the decoder layers
+ *            is a multiple of 2, here h.0 and h.2): embed 4096 (x_1, h.0's checkpoint, included)
+ *            + h.1 whole 8192 (x_3, h.2's checkpoint, included) + head 2048 + 512 = 14848. */
 static void test_estimate_checkpoint_layers(void **state)
 {
     (void)state;
@@ -1200,10 +1203,10 @@ static void test_estimate_checkpoint_layers(void **state)
              "\"saved_bytes\":8192,\"fwd_flops\":1}]},"
              "{\"block\":\"head\",\"layers\":[{\"type\":\"custom\",\"output_bytes\":512,\"saved_bytes\":2048,"
              "\"fwd_flops\":1}]}]}");
-    const char *specs[] = {"none", "layers", "every:1"};
-    const uint64_t want[] = {31232, 8704, 5120};
-    const bool ck[3][5] = {{0, 0, 0, 0, 0}, {0, 1, 1, 1, 0}, {1, 1, 1, 1, 1}};
-    for (int k = 0; k < 3; k++) {
+    const char *specs[] = {"none", "layers", "every:1", "layers:2"};
+    const uint64_t want[] = {31232, 8704, 5120, 14848};
+    const bool ck[4][5] = {{0, 0, 0, 0, 0}, {0, 1, 1, 1, 0}, {1, 1, 1, 1, 1}, {0, 1, 0, 1, 0}};
+    for (int k = 0; k < 4; k++) {
         struct mp_chain c;
         chain_at(&m, 1, 0, MP_PREC_FP32, &c);
         struct mp_ckpt_spec spec;

@@ -67,8 +67,9 @@ PLAIN_SOFTMAX = {"bert", "roberta", "distilbert"}
 
 
 def cuda_only_bytes(cfg, b, s, prec, attn, ck, tgt=0):
-    """What CUDA autocast keeps beyond what CPU autocast keeps, for this row (bytes, why).
-    memplan follows CUDA; the bench runs CPU autocast (see torch_step_results.md).
+    """What CUDA autocast keeps beyond what CPU autocast keeps, for this row (bytes, why): the
+    layers that keep their activations (every layer with ck none, those not checkpointed with
+    layers:N; none with layers).  memplan follows CUDA; the bench runs CPU autocast (see torch_step_results.md).
       gelu_new calls torch.pow, on CUDA's fp32 list only: pow saves an fp32 copy of x (4N
       instead of x's 2N), tanh(u) and 1+tanh(u) are fp32 (4N each instead of 2N), the output
       is fp32 and the next Linear saves its bf16 cast (2N, as on the CPU): +6N per layer,
@@ -76,11 +77,15 @@ def cuda_only_bytes(cfg, b, s, prec, attn, ck, tgt=0):
       a plain F.softmax on bf16 scores (BERT, RoBERTa, DistilBERT eager attention: no mask) runs
       in fp32 on CUDA: fp32 probabilities (4 b a s^2) and their bf16 cast (2 b a s^2) instead of
       bf16 probabilities: +4 b a s^2 (GPT-2's scores are fp32 on both: + its fp32 causal mask)."""
-    if prec != "amp-bf16" or ck != "none":
+    if prec != "amp-bf16" or not (ck == "none" or ck.startswith("layers:")):
         return 0, ""
     if cfg.get("model_type") in T5_TYPES:
+        if ck != "none":
+            return 0, ""
         return t5_cuda_only_bytes(cfg, b, s, attn, tgt)
     layers = next((cfg[k] for k in LAYER_KEYS if isinstance(cfg.get(k), int)), 0)
+    if ck.startswith("layers:"):  # every N-th layer checkpointed (0, N, 2N, ...): the others keep theirs
+        layers -= -(-layers // int(ck[7:]))
     h = cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("dim") or 0
     act = str(cfg.get("activation_function") or cfg.get("hidden_act") or "")
     extra, why = 0, []

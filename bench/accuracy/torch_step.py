@@ -3,7 +3,7 @@
 
 For each Hugging Face config (models/hf/*.json, one or more per model_type memplan accepts) and
 each setting (precision fp32 / amp-bf16 / bf16, attention sdpa / eager, checkpointing none /
-layers, AdamW or SGD with momentum, batch x sequence), the model is built and trained for two
+layers, or layers:N with --every-n-layers N, AdamW or SGD with momentum, batch x sequence), the model is built and trained for two
 steps under torch._subclasses.fake_tensor.FakeTensorMode on the CPU: tensors have shapes, dtypes
 and storages but no data, so a 70B model costs no memory.  Step 2 is measured (step 1 creates the
 optimizer state): forward with labels, backward, optimizer.step() (foreach, the CUDA default),
@@ -239,6 +239,9 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
     Returns a dict of what step `steps` measured."""
     if ckpt == "layers":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif ckpt.startswith("layers:"):  # transformers >= 5.24: every N-th decoder layer, the first included
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
+                                              every_n_layers=int(ckpt[7:]))
     for n, m in model.named_modules():
         if n.count(".") <= 3:
             m.register_forward_pre_hook(functools.partial(_set_module, tr, n or "model"))
@@ -416,6 +419,9 @@ def main():
                     help="only the rows with this attention implementation")
     ap.add_argument("--target-seq", type=int, default=0,
                     help="encoder-decoders (t5): the decoder's length (default: half each row's --seq)")
+    ap.add_argument("--every-n-layers", type=int, default=0,
+                    help="N > 1: the rows checkpointing layers checkpoint every N-th layer instead "
+                         "(transformers' every_n_layers; memplan --checkpoint layers:N)")
     ap.add_argument("--max-layers", type=int, default=4,
                     help="cap the decoder layers (0: as in the config; default 4)")
     a = ap.parse_args()
@@ -457,6 +463,8 @@ def main():
             rows = list(dict.fromkeys((b, s, p, "eager", c, o) for (b, s, p, _, c, o) in rows))
         if a.attention != "all":
             rows = [r for r in rows if r[3] == a.attention]
+        if a.every_n_layers > 1:
+            rows = [(b, s, p, a_, "layers:%d" % a.every_n_layers, o) for (b, s, p, a_, c, o) in rows if c == "layers"]
         if "image_size" in cfg:  # ViT: the sequence is the image's patches + 1 (--seq does not apply)
             im, pt = cfg.get("image_size", 224), cfg.get("patch_size", 16)
             seq = (im // pt) ** 2 + 1

@@ -129,6 +129,11 @@ enum mp_status mp_ckpt_spec_parse(const char *s, struct mp_ckpt_spec *out)
         r.strategy = MP_CKPT_SQRT;
     else if (strcmp(s, "layers") == 0)
         r.strategy = MP_CKPT_LAYERS;
+    else if (strncmp(s, "layers:", 7) == 0) {
+        r.strategy = MP_CKPT_LAYERS;
+        if (parse_k(s + 7, &r.k) != MP_OK)
+            return MP_ERR_USAGE;
+    }
     else if (strcmp(s, "optimal") == 0)
         r.strategy = MP_CKPT_OPTIMAL;
     else if (strcmp(s, "optimal-segments") == 0)
@@ -165,7 +170,10 @@ const char *mp_ckpt_spec_str(const struct mp_ckpt_spec *s, char *buf, size_t len
         snprintf(buf, len, "every:%llu", (unsigned long long)s->k);
         break;
     case MP_CKPT_LAYERS:
-        snprintf(buf, len, "layers");
+        if (s->k > 1)
+            snprintf(buf, len, "layers:%llu", (unsigned long long)s->k);
+        else
+            snprintf(buf, len, "layers");
         break;
     case MP_CKPT_OPTIMAL:
         snprintf(buf, len, "optimal");
@@ -1556,7 +1564,11 @@ static enum mp_status plan_readout(struct mp_ckpt_plan *p, struct mp_diag *d)
 /* "layers": one segment per block, checkpointed when the block is repeated (each
  * decoder layer under transformers' gradient checkpointing; embeddings and head run
  * normally).  A chain without repeated blocks has nothing to wrap: MP_ERR_USAGE. */
-static enum mp_status schedule_layers(const struct mp_chain *c, struct mp_schedule *s, struct mp_diag *d)
+/* Each repeated block wrapped alone; with every > 1 only the repeated blocks whose index among
+ * them is a multiple of every (transformers 5.24 modeling_utils.py _set_gradient_checkpointing:
+ * `layer_index % every_n_layers == 0` over its GradientCheckpointingLayer modules in order). */
+static enum mp_status schedule_layers(const struct mp_chain *c, uint64_t every, struct mp_schedule *s,
+                                      struct mp_diag *d)
 {
     size_t L = c->L, n = 0;
     for (size_t i = 0; i < L; i++)
@@ -1568,9 +1580,11 @@ static enum mp_status schedule_layers(const struct mp_chain *c, struct mp_schedu
     bool *ck = malloc(L * sizeof *ck);
     enum mp_status st = MP_ERR_NOMEM;
     if (start && ck) {
+        uint64_t layer = 0;
         for (size_t i = 0; i < L; i++) {
             start[i] = i;
-            ck[i] = c->repeated[i];
+            ck[i] = c->repeated[i] && (every <= 1 || layer % every == 0);
+            layer += c->repeated[i];
         }
         st = mp_ckpt_schedule_segments(L, L, start, ck, s);
     }
@@ -1618,7 +1632,7 @@ enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_
             st = schedule_runs(L, (L + (size_t)eff.k - 1) / (size_t)eff.k, (size_t)eff.k, true, &p->sched);
         break;
     case MP_CKPT_LAYERS:
-        st = schedule_layers(c, &p->sched, d);
+        st = schedule_layers(c, spec->k, &p->sched, d);
         if (st != MP_OK)
             goto fail;
         break;

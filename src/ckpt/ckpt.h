@@ -35,17 +35,18 @@ enum mp_ckpt_strategy {
     MP_CKPT_SEGMENTS,         /* checkpoint_sequential(blocks, K): last segment not checkpointed */
     MP_CKPT_EVERY,            /* wrap every run of K blocks, the last run included */
     MP_CKPT_LAYERS,           /* wrap each repeated block (decoder layer) alone, nothing else: what
-                                 transformers' gradient_checkpointing_enable() does */
+                                 transformers' activation_checkpointing_enable() does; with k > 1
+                                 only every k-th of them, the first included (its every_n_layers) */
     MP_CKPT_OPTIMAL,          /* rotor persistent DP under a budget (multi-level) */
     MP_CKPT_OPTIMAL_SEGMENTS, /* single-level segment DP under a budget */
 };
 
 struct mp_ckpt_spec {
     enum mp_ckpt_strategy strategy;
-    uint64_t k; /* SEGMENTS / EVERY */
+    uint64_t k; /* SEGMENTS / EVERY; LAYERS: every_n_layers (0 and 1: every layer) */
 };
 
-/* "none", "sqrt", "segments:K", "every:K", "layers", "optimal", "optimal-segments". */
+/* "none", "sqrt", "segments:K", "every:K", "layers", "layers:N", "optimal", "optimal-segments". */
 enum mp_status mp_ckpt_spec_parse(const char *s, struct mp_ckpt_spec *out);
 /* Inverse of parse, e.g. "segments:4". */
 const char *mp_ckpt_spec_str(const struct mp_ckpt_spec *s, char *buf, size_t len);

@@ -83,11 +83,6 @@ static const char *precision_names(const char *sep, const char *last)
     return buf;
 }
 static const struct opt_choice ON_OFF[] = {{"on", 1}, {"off", 0}, {NULL, 0}};
-static const struct opt_choice EMIT[] = {{"torch", MP_EMIT_TORCH},
-                                         {"hf", MP_EMIT_HF},
-                                         {"deepspeed", MP_EMIT_DEEPSPEED},
-                                         {"accelerate", MP_EMIT_ACCELERATE},
-                                         {NULL, 0}};
 static const struct opt_choice BACKEND[] = {{"auto", 0}, {"cuda", 0}, {"host", 0}, {NULL, 0}};
 
 enum { C_TRAIN = C_EST | C_PLAN | C_PROBE | C_CHECK, C_TARGET = C_EST | C_PLAN | C_SUGG | C_CHECK };
@@ -104,11 +99,11 @@ static const struct opt OPTS[] = {
     {'o', "optimizer", "O", C_ALL, K_ENUM, FIELD(optimizer), .parse = mp_optimizer_parse,
      .names = mp_optimizer_names, .help = " (default adamw)"},
     {'c', "checkpoint", "C", C_TRAIN | C_SUGG, K_CALLBACK, FIELD(ckpt), SEEN(ckpt_set), .cb = cb_checkpoint,
-     .expect = "none, sqrt, segments:K, every:K, layers, optimal or optimal-segments",
+     .expect = "none, sqrt, segments:K, every:K, layers, layers:N, optimal or optimal-segments",
      .help = "none (default; plan: optimal; suggest: searched) | sqrt | segments:K | every:K | layers | "
-             "optimal[-segments]"},
-    {0, "finetune", "F", C_ALL, K_ENUM, FIELD(ft.mode), .parse = mp_ft_mode_parse,
-     .expect = "full, lora, qlora or freeze", .help = "full | lora | qlora | freeze: what trains (default full)"},
+             "layers:N | optimal[-segments]"},
+    {0, "finetune", "F", C_ALL, K_ENUM, FIELD(ft.mode), .parse = mp_ft_mode_parse, .names = mp_ft_mode_names,
+     .help = ": what trains (default full)"},
     {0, "lora-r", "R", C_ALL, INT(1, 65536), FIELD(ft.r), SEEN(lora_set), .help = "LoRA rank (default 16)"},
     {0, "lora-alpha", "A", C_ALL, K_NUMBER, RANGE(0, false, 1e6, false), FIELD(ft.alpha), SEEN(alpha_set),
      .help = "lora_alpha for the snippet; scaling alpha/r (default 2r)"},
@@ -141,23 +136,21 @@ static const struct opt OPTS[] = {
     {0, "grad-accum", "N", C_EST | C_PLAN | C_CHECK, INT(1, MAX_BATCH), FIELD(grad_accum),
      .expect = "a positive integer",
      .help = "gradient accumulation steps: with N > 1 .grad stays resident through each micro-step (default 1)"},
-    {0, "emit", "WHAT", C_SUGG, K_CHOICE, FIELD(emit), .choices = EMIT,
-     .help = "torch | hf | deepspeed | accelerate: print only that snippet"},
+    {0, "emit", "WHAT", C_SUGG, K_ENUM, FIELD(emit), .parse = mp_emit_parse, .min = MP_EMIT_NONE + 1,
+     .names = mp_emit_names, .help = ": print only that snippet"},
     {0, "gpus", "N", C_ALL, INT(1, 65536), FIELD(par.gpus), SEEN(gpus_set),
      .help = "GPUs per node for data parallelism (figures are per rank)"},
     {0, "nodes", "M", C_ALL, INT(1, 65536), FIELD(par.nodes), .help = "nodes (world = N x M ranks; default 1)"},
     {0, "parallel", "S", C_ALL, K_ENUM, FIELD(par.strategy), SEEN(par_set), .parse = mp_par_strategy_parse,
-     .min = MP_PAR_NONE + 1, .expect = "ddp, zero1, zero2, zero3, fsdp or fsdp-no-reshard",
-     .help = "ddp | zero1 | zero2 | zero3 | fsdp | fsdp-no-reshard (suggest: searched)"},
-    {0, "offload", "W", C_ALL, K_ENUM, FIELD(par.offload), .parse = mp_offload_parse,
-     .expect = "none, optimizer or params",
-     .help = "none | optimizer | params: move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
+     .min = MP_PAR_NONE + 1, .names = mp_par_strategy_names, .help = " (suggest: searched)"},
+    {0, "offload", "W", C_ALL, K_ENUM, FIELD(par.offload), .parse = mp_offload_parse, .names = mp_offload_names,
+     .help = ": move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
     {0, "ddp-bucket-view", NULL, C_ALL, K_FLAG, FIELD(par.ddp_grad_as_bucket_view),
      .help = "DDP gradient_as_bucket_view=True: .grad are views of the buckets"},
     {0, "rank", "R", C_PROBE, INT(0, 65536 * 65536ull - 1), FIELD(par.rank), .expect = "an integer from 0",
      .help = "with --parallel: the rank whose shards the step holds (default 0)"},
     {0, "offload-device", "D", C_ALL, K_ENUM, FIELD(par.offload_device), .parse = mp_offload_dev_parse,
-     .expect = "cpu or nvme", .help = "cpu | nvme (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
+     .names = mp_offload_dev_names, .help = " (nvme: ZeRO-Infinity, zero3 only; default cpu)"},
     {0, "max-batch", "B", C_SUGG, INT(1, MAX_BATCH), FIELD(max_batch), .expect = "a positive integer",
      .help = "largest micro-batch to consider (default 65536)"},
     {0, "steps", "N", C_PROBE, INT(1, 64), FIELD(steps), .help = "measured steps after one warm-up (default 3)"},
@@ -450,7 +443,7 @@ static int check_rules(const struct command *c, struct args *a)
     if (c->bit == C_SUGG && a->ckpt_set && a->emit == MP_EMIT_HF && a->ckpt.strategy != MP_CKPT_NONE &&
         a->ckpt.strategy != MP_CKPT_LAYERS) {
         char spec[48];
-        return cli_usage_error(c->name, "--emit hf: a Trainer runs --checkpoint none or layers, not %s",
+        return cli_usage_error(c->name, "--emit hf: a Trainer runs --checkpoint none, layers or layers:N, not %s",
                                mp_ckpt_spec_str(&a->ckpt, spec, sizeof spec));
     }
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)

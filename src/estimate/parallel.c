@@ -26,9 +26,12 @@
 
 #include "optim.h"
 
-static const char *const STRATS[] = {"none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-no-reshard"};
-static const char *const OFFLOADS[] = {"none", "optimizer", "params"};
-static const char *const OFFDEVS[] = {"cpu", "nvme"};
+#define MP_X(id, name) name,
+static const char *const STRATS[] = {MP_PAR_STRATEGIES(MP_X)};
+static const char *const OFFLOADS[] = {MP_OFFLOADS(MP_X)};
+static const char *const OFFDEVS[] = {MP_OFFLOAD_DEVS(MP_X)};
+#undef MP_X
+#define N_OF(a) (sizeof(a) / sizeof(a)[0])
 static const char *const COMMS[] = {"all-gather", "copy-in", "unsharded params", "reduce-scatter input",
                                     "reduce-scatter output", "bucket", "partition", "fp32 grad partition"};
 
@@ -40,12 +43,27 @@ static int parse_in(const char *const *names, size_t n, const char *s)
     return -1;
 }
 
-const char *mp_par_strategy_str(enum mp_par_strategy s) { return (unsigned)s < 7 ? STRATS[s] : "?"; }
-int mp_par_strategy_parse(const char *s) { return parse_in(STRATS, 7, s); }
-const char *mp_offload_str(enum mp_offload o) { return (unsigned)o < 3 ? OFFLOADS[o] : "?"; }
-int mp_offload_parse(const char *s) { return parse_in(OFFLOADS, 3, s); }
-const char *mp_offload_dev_str(enum mp_offload_dev o) { return (unsigned)o < 2 ? OFFDEVS[o] : "?"; }
-int mp_offload_dev_parse(const char *s) { return parse_in(OFFDEVS, 2, s); }
+const char *mp_par_strategy_str(enum mp_par_strategy s) { return (unsigned)s < N_OF(STRATS) ? STRATS[s] : "?"; }
+int mp_par_strategy_parse(const char *s) { return parse_in(STRATS, N_OF(STRATS), s); }
+const char *mp_par_strategy_names(const char *sep, const char *last)
+{
+    static char buf[128];
+    return mp_join(buf, sizeof buf, STRATS + 1, N_OF(STRATS) - 1, sep, last); /* not "none" */
+}
+const char *mp_offload_str(enum mp_offload o) { return (unsigned)o < N_OF(OFFLOADS) ? OFFLOADS[o] : "?"; }
+int mp_offload_parse(const char *s) { return parse_in(OFFLOADS, N_OF(OFFLOADS), s); }
+const char *mp_offload_names(const char *sep, const char *last)
+{
+    static char buf[64];
+    return mp_join(buf, sizeof buf, OFFLOADS, N_OF(OFFLOADS), sep, last);
+}
+const char *mp_offload_dev_str(enum mp_offload_dev o) { return (unsigned)o < N_OF(OFFDEVS) ? OFFDEVS[o] : "?"; }
+int mp_offload_dev_parse(const char *s) { return parse_in(OFFDEVS, N_OF(OFFDEVS), s); }
+const char *mp_offload_dev_names(const char *sep, const char *last)
+{
+    static char buf[32];
+    return mp_join(buf, sizeof buf, OFFDEVS, N_OF(OFFDEVS), sep, last);
+}
 const char *mp_comm_kind_str(enum mp_comm_kind k) { return (unsigned)k < MP_COMM_KINDS ? COMMS[k] : "?"; }
 
 void mp_parallel_default(struct mp_parallel *p)
@@ -267,39 +285,11 @@ static bool wadd(uint64_t *acc, uint64_t v, uint64_t w)
     return mp_mul_u64(v, w, &m) && mp_add_u64(*acc, m, acc);
 }
 
-enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const struct mp_program *p,
-                                         enum mp_optimizer o, const uint64_t *block_weight, struct mp_par_plan *pp,
-                                         struct mp_diag *d)
+/* DeepSpeed's bucket sizes where the user set none: accelerate's "auto" rule (hidden^2,
+ * 0.9 hidden^2, 10 hidden). */
+static enum mp_status ds_bucket_defaults(struct mp_par_plan *pp, const struct mp_program *p, struct mp_diag *d)
 {
-    const uint64_t *w = block_weight;
-    memset(pp, 0, sizeof *pp);
-    pp->root_group = -1;
-    pp->par = *par;
-    pp->world = mp_par_world(par);
-    if (pp->world == 0)
-        return mp_fail(d, MP_ERR_USAGE, "world size must be positive");
-    enum mp_par_strategy s = par->strategy;
-    uint64_t N = pp->world, P = mp_dtype_size(p->param_dtype);
-    bool pure_bf16 = p->param_dtype == MP_DT_BF16 && !par->mixed_bf16;
-    pp->compute_elem_bytes = P;
-    /* The master copy: fp32 unless the model itself is bf16 with no fp32 copy (FSDP2 of a
-     * .bfloat16() model; DeepSpeed always keeps fp32 partitions). */
-    pp->master_elem_bytes = pure_bf16 && !mp_par_is_deepspeed(s) ? 2 : 4;
-    pp->reduce_elem_bytes = mp_par_is_fsdp(s) ? pp->master_elem_bytes : P;
-    pp->n_params = p->n_params;
-    bool ok = true;
-    for (size_t q = 0; q < p->n_params; q++) {
-        ok = ok && wadd(&pp->total_elems, p->params[q].elems, weight_of(w, p, p->params[q].block));
-        if (!pp->hidden && p->params[q].matrix)
-            pp->hidden = p->params[q].cols;
-    }
-    /* every per-rank figure below is a few bytes per element at most */
-    if (!ok || pp->total_elems > UINT64_MAX / 64)
-        return mp_fail(d, MP_ERR_RANGE, "%s: parameter sizes overflow 64 bits",
-                       p->model ? p->model->path : "model");
-    if (!pp->hidden)
-        pp->hidden = 1024;
-    /* DeepSpeed bucket sizes: accelerate's "auto" rule (hidden^2, 0.9 hidden^2, 10 hidden) */
+    enum mp_par_strategy s = pp->par.strategy;
     uint64_t h2 = 0; /* (only DeepSpeed reads them) */
     if (mp_par_is_deepspeed(s) && (!mp_mul_u64(pp->hidden, pp->hidden, &h2) || h2 > UINT64_MAX / 64))
         return mp_fail(d, MP_ERR_RANGE, "%s: DeepSpeed's buckets (hidden size %llu squared) overflow 64 bits",
@@ -312,43 +302,32 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
         pp->par.ds_prefetch_bucket_elems = h2 * 9 / 10;
     if (!pp->par.ds_persistence_elems && s == MP_PAR_ZERO3)
         pp->par.ds_persistence_elems = 10 * pp->hidden;
-    pp->shard_elems = calloc(p->n_params ? p->n_params : 1, sizeof *pp->shard_elems);
-    if (!pp->shard_elems)
-        return mp_fail(d, MP_ERR_NOMEM, "out of memory");
-    for (size_t q = 0; q < p->n_params; q++) {
-        const struct mp_param *pa = &p->params[q];
-        switch (s) {
-        case MP_PAR_FSDP:
-        case MP_PAR_FSDP_NO_RESHARD: pp->shard_elems[q] = mp_par_fsdp_shard_elems(pa, N); break;
-        case MP_PAR_ZERO3:
-            pp->shard_elems[q] = mp_par_zero3_shard_elems(pa->elems, N);
-            break;
-        case MP_PAR_ZERO1:
-        case MP_PAR_ZERO2: pp->shard_elems[q] = mp_ceil_div(pa->elems, N); break; /* for the optimizer state */
-        default: pp->shard_elems[q] = pa->elems; break;
-        }
-    }
-    pp->partition_elems = mp_par_zero12_partition_elems(pp->total_elems, N);
-    enum mp_status st = MP_OK;
-    if (mp_par_sharded_params(s))
-        st = make_groups(pp, p, w);
-    if (st == MP_OK && s == MP_PAR_DDP)
-        st = ddp_buckets(pp, p, P, w);
-    if (st == MP_OK && mp_par_is_deepspeed(s)) {
-        pp->bucket_bytes = calloc(1, sizeof *pp->bucket_bytes);
-        if (!pp->bucket_bytes)
-            st = MP_ERR_NOMEM;
-        else {
-            pp->n_buckets = 1;
-            pp->bucket_bytes[0] = pp->par.ds_reduce_bucket_elems * P;
-        }
-    }
-    if (st != MP_OK) {
-        mp_par_plan_release(pp);
-        return mp_fail(d, st, "out of memory");
-    }
+    return MP_OK;
+}
 
-    /* resident bytes per rank */
+/* The elements of parameter pa this rank holds (ZeRO-1/2: its share of the optimizer state). */
+static uint64_t shard_elems_of(enum mp_par_strategy s, const struct mp_param *pa, uint64_t N)
+{
+    switch (s) {
+    case MP_PAR_FSDP:
+    case MP_PAR_FSDP_NO_RESHARD: return mp_par_fsdp_shard_elems(pa, N);
+    case MP_PAR_ZERO3: return mp_par_zero3_shard_elems(pa->elems, N);
+    case MP_PAR_ZERO1:
+    case MP_PAR_ZERO2: return mp_ceil_div(pa->elems, N);
+    case MP_PAR_NONE:
+    case MP_PAR_DDP: return pa->elems;
+    }
+    return pa->elems;
+}
+
+/* The resident bytes per rank (weights, gradients, optimizer state, buffers, host and NVMe) and
+ * the step's traffic, from the shards and groups made; MP_ERR_RANGE when they leave 64 bits. */
+static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_program *p, enum mp_optimizer o,
+                                     const uint64_t *w)
+{
+    enum mp_par_strategy s = pp->par.strategy;
+    uint64_t P = pp->compute_elem_bytes;
+    bool ok = true;
     uint64_t opt = 0, shard = 0, persist = 0, persist_shard = 0, un = 0, root_un = 0;
     for (size_t q = 0; q < p->n_params; q++) {
         uint64_t wq = weight_of(w, p, p->params[q].block);
@@ -362,13 +341,11 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
             root_un += pp->groups[g].unsharded_elems;
     }
     /* (shards are at most twice their parameters: padding to whole rows) */
-    if (!ok || un > UINT64_MAX / 64) {
-        mp_par_plan_release(pp);
-        return mp_fail(d, MP_ERR_RANGE, "%s: parameter sizes overflow 64 bits",
-                       p->model ? p->model->path : "model");
-    }
+    if (!ok || un > UINT64_MAX / 64)
+        return MP_ERR_RANGE;
     pp->shard_total = shard;
     uint64_t Psi = pp->total_elems, part = pp->partition_elems;
+    const struct mp_parallel *par = &pp->par;
     bool off_opt = par->offload != MP_OFFLOAD_NONE, off_par = par->offload == MP_OFFLOAD_PARAMS;
     switch (s) {
     case MP_PAR_NONE:
@@ -451,6 +428,73 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
         }
         break;
     }
+    }
+    return MP_OK;
+}
+
+enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const struct mp_program *p,
+                                         enum mp_optimizer o, const uint64_t *block_weight, struct mp_par_plan *pp,
+                                         struct mp_diag *d)
+{
+    const uint64_t *w = block_weight;
+    memset(pp, 0, sizeof *pp);
+    pp->root_group = -1;
+    pp->par = *par;
+    pp->world = mp_par_world(par);
+    if (pp->world == 0)
+        return mp_fail(d, MP_ERR_USAGE, "world size must be positive");
+    enum mp_par_strategy s = par->strategy;
+    uint64_t N = pp->world, P = mp_dtype_size(p->param_dtype);
+    bool pure_bf16 = p->param_dtype == MP_DT_BF16 && !par->mixed_bf16;
+    pp->compute_elem_bytes = P;
+    /* The master copy: fp32 unless the model itself is bf16 with no fp32 copy (FSDP2 of a
+     * .bfloat16() model; DeepSpeed always keeps fp32 partitions). */
+    pp->master_elem_bytes = pure_bf16 && !mp_par_is_deepspeed(s) ? 2 : 4;
+    pp->reduce_elem_bytes = mp_par_is_fsdp(s) ? pp->master_elem_bytes : P;
+    pp->n_params = p->n_params;
+    enum mp_status st = MP_OK;
+    bool ok = true;
+    for (size_t q = 0; q < p->n_params; q++) {
+        ok = ok && wadd(&pp->total_elems, p->params[q].elems, weight_of(w, p, p->params[q].block));
+        if (!pp->hidden && p->params[q].matrix)
+            pp->hidden = p->params[q].cols;
+    }
+    /* every per-rank figure below is a few bytes per element at most */
+    if (!ok || pp->total_elems > UINT64_MAX / 64)
+        return mp_fail(d, MP_ERR_RANGE, "%s: parameter sizes overflow 64 bits",
+                       p->model ? p->model->path : "model");
+    if (!pp->hidden)
+        pp->hidden = 1024;
+    if ((st = ds_bucket_defaults(pp, p, d)) != MP_OK)
+        return st;
+    pp->shard_elems = calloc(p->n_params ? p->n_params : 1, sizeof *pp->shard_elems);
+    if (!pp->shard_elems)
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    for (size_t q = 0; q < p->n_params; q++)
+        pp->shard_elems[q] = shard_elems_of(s, &p->params[q], N);
+    pp->partition_elems = mp_par_zero12_partition_elems(pp->total_elems, N);
+    if (mp_par_sharded_params(s))
+        st = make_groups(pp, p, w);
+    if (st == MP_OK && s == MP_PAR_DDP)
+        st = ddp_buckets(pp, p, P, w);
+    if (st == MP_OK && mp_par_is_deepspeed(s)) {
+        pp->bucket_bytes = calloc(1, sizeof *pp->bucket_bytes);
+        if (!pp->bucket_bytes)
+            st = MP_ERR_NOMEM;
+        else {
+            pp->n_buckets = 1;
+            pp->bucket_bytes[0] = pp->par.ds_reduce_bucket_elems * P;
+        }
+    }
+    if (st != MP_OK) {
+        mp_par_plan_release(pp);
+        return mp_fail(d, st, "out of memory");
+    }
+
+    st = resident_bytes(pp, p, o, w);
+    if (st != MP_OK) {
+        mp_par_plan_release(pp);
+        return mp_fail(d, st, "%s: parameter sizes overflow 64 bits", p->model ? p->model->path : "model");
     }
     return MP_OK;
 }

@@ -16,24 +16,52 @@
 
 #include "ir/layers.h"
 
+/* Data-parallel strategies (--parallel): X(id, name). */
+#define MP_PAR_STRATEGIES(X)                                                                  \
+    X(NONE, "none")                       /* one GPU */                                       \
+    X(DDP, "ddp")                         /* torch DistributedDataParallel */                 \
+    X(ZERO1, "zero1")                     /* DeepSpeed ZeRO stage 1: optimizer state sharded */ \
+    X(ZERO2, "zero2")                     /* + gradients sharded */                           \
+    X(ZERO3, "zero3")                     /* + parameters sharded */                          \
+    X(FSDP, "fsdp")                       /* FSDP2 fully_shard per repeated block,            \
+                                             reshard_after_forward=True */                    \
+    X(FSDP_NO_RESHARD, "fsdp-no-reshard") /* the same with reshard_after_forward=False */
+
 enum mp_par_strategy {
-    MP_PAR_NONE,            /* one GPU */
-    MP_PAR_DDP,             /* torch DistributedDataParallel */
-    MP_PAR_ZERO1,           /* DeepSpeed ZeRO stage 1: optimizer state sharded */
-    MP_PAR_ZERO2,           /* + gradients sharded */
-    MP_PAR_ZERO3,           /* + parameters sharded */
-    MP_PAR_FSDP,            /* FSDP2 fully_shard per repeated block, reshard_after_forward=True */
-    MP_PAR_FSDP_NO_RESHARD, /* the same with reshard_after_forward=False */
+#define MP_X(id, name) MP_PAR_##id,
+    MP_PAR_STRATEGIES(MP_X)
+#undef MP_X
 };
 const char *mp_par_strategy_str(enum mp_par_strategy s);
 int mp_par_strategy_parse(const char *s); /* -1 if unknown */
+/* The strategies' names but "none", joined by mp_join (for --help and errors). */
+const char *mp_par_strategy_names(const char *sep, const char *last);
 
-enum mp_offload { MP_OFFLOAD_NONE, MP_OFFLOAD_OPTIMIZER, MP_OFFLOAD_PARAMS };
-enum mp_offload_dev { MP_OFFDEV_CPU, MP_OFFDEV_NVME };
+/* What moves to the host (--offload): X(id, name). */
+#define MP_OFFLOADS(X)         \
+    X(NONE, "none")            \
+    X(OPTIMIZER, "optimizer")  \
+    X(PARAMS, "params")
+enum mp_offload {
+#define MP_X(id, name) MP_OFFLOAD_##id,
+    MP_OFFLOADS(MP_X)
+#undef MP_X
+};
+/* Where it goes (--offload-device): X(id, name). */
+#define MP_OFFLOAD_DEVS(X) \
+    X(CPU, "cpu")          \
+    X(NVME, "nvme")
+enum mp_offload_dev {
+#define MP_X(id, name) MP_OFFDEV_##id,
+    MP_OFFLOAD_DEVS(MP_X)
+#undef MP_X
+};
 const char *mp_offload_str(enum mp_offload o);
 int mp_offload_parse(const char *s);     /* -1 if unknown */
+const char *mp_offload_names(const char *sep, const char *last);
 const char *mp_offload_dev_str(enum mp_offload_dev o);
 int mp_offload_dev_parse(const char *s); /* -1 if unknown */
+const char *mp_offload_dev_names(const char *sep, const char *last);
 
 struct mp_parallel {
     enum mp_par_strategy strategy;

@@ -7,18 +7,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *mp_ft_mode_str(enum mp_ft_mode m)
-{
-    static const char *const n[] = {"full", "lora", "qlora", "freeze"};
-    return (unsigned)m <= MP_FT_FREEZE ? n[m] : "?";
-}
+#define MP_X(id, name) name,
+static const char *const FT_MODES[] = {MP_FT_MODES(MP_X)};
+#undef MP_X
+#define N_FT_MODES (sizeof FT_MODES / sizeof FT_MODES[0])
+
+const char *mp_ft_mode_str(enum mp_ft_mode m) { return (unsigned)m < N_FT_MODES ? FT_MODES[m] : "?"; }
 
 int mp_ft_mode_parse(const char *s)
 {
-    for (int i = 0; i <= MP_FT_FREEZE; i++)
-        if (!strcmp(s, mp_ft_mode_str((enum mp_ft_mode)i)))
-            return i;
+    for (size_t i = 0; i < N_FT_MODES; i++)
+        if (!strcmp(s, FT_MODES[i]))
+            return (int)i;
     return -1;
+}
+
+const char *mp_ft_mode_names(const char *sep, const char *last)
+{
+    static char buf[64];
+    return mp_join(buf, sizeof buf, FT_MODES, N_FT_MODES, sep, last);
 }
 
 void mp_finetune_default(struct mp_finetune *f)

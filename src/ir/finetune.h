@@ -13,9 +13,20 @@
 
 #include "model/model.h"
 
-enum mp_ft_mode { MP_FT_FULL, MP_FT_LORA, MP_FT_QLORA, MP_FT_FREEZE };
+/* What trains (--finetune): X(id, name). */
+#define MP_FT_MODES(X)   \
+    X(FULL, "full")      \
+    X(LORA, "lora")      \
+    X(QLORA, "qlora")    \
+    X(FREEZE, "freeze")
+enum mp_ft_mode {
+#define MP_X(id, name) MP_FT_##id,
+    MP_FT_MODES(MP_X)
+#undef MP_X
+};
 const char *mp_ft_mode_str(enum mp_ft_mode m);
 int mp_ft_mode_parse(const char *s); /* -1 if unknown */
+const char *mp_ft_mode_names(const char *sep, const char *last);
 
 #define MP_FT_TARGETS_MAX 16
 #define MP_FT_RANGES_MAX 16

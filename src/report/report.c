@@ -863,6 +863,9 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     /* gradient_checkpointing=True wraps each decoder layer and nothing else: memplan's
      * "layers" (suggest --emit hf only considers none and layers) */
     fprintf(out, "gradient_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
+    if (b->ckpt.strategy == MP_CKPT_LAYERS && b->ckpt.k > 1) /* transformers >= 5.24 */
+        fprintf(out, "gradient_checkpointing_kwargs={\"use_reentrant\": False, \"every_n_layers\": %llu},\n",
+                (unsigned long long)b->ckpt.k);
     if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
         fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
                      "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
@@ -1004,6 +1007,10 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
         fprintf(out, "# blocks = the model's %zu blocks as an nn.Sequential\n"
                      "x = torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",
                 p->L, p->n_segments + 1);
+    else if (b->ckpt.strategy == MP_CKPT_LAYERS && b->ckpt.k > 1) /* transformers >= 5.24 */
+        fprintf(out, "model.activation_checkpointing_enable(every_n_layers=%llu)\n"
+                     "# (or wrap decoder layers 0, %llu, %llu, ... alone with torch.utils.checkpoint)\n",
+                (unsigned long long)b->ckpt.k, (unsigned long long)b->ckpt.k, 2ull * b->ckpt.k);
     else if (b->ckpt.strategy == MP_CKPT_LAYERS)
         fprintf(out, "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n"
                      "# (or wrap each decoder layer alone with torch.utils.checkpoint)\n");
@@ -1027,6 +1034,23 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
         fprintf(out, "    loss.backward()\n");
     fprintf(out, "    if (step + 1) %% grad_accum == 0:\n        %s\n        optimizer.zero_grad(set_to_none=True)\n",
             b->precision == MP_PREC_AMP_FP16 ? "scaler.step(optimizer); scaler.update()" : "optimizer.step()");
+}
+
+#define MP_X(id, name) name,
+static const char *const EMITS[] = {MP_EMITS(MP_X)};
+#undef MP_X
+#define N_EMITS (sizeof EMITS / sizeof EMITS[0])
+int mp_emit_parse(const char *s)
+{
+    for (size_t i = 0; i < N_EMITS; i++)
+        if (!strcmp(s, EMITS[i]))
+            return (int)i;
+    return -1;
+}
+const char *mp_emit_names(const char *sep, const char *last)
+{
+    static char buf[64];
+    return mp_join(buf, sizeof buf, EMITS + 1, N_EMITS - 1, sep, last); /* not "none" */
 }
 
 static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)

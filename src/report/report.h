@@ -42,7 +42,20 @@ void mp_report_plan_none(FILE *out, const struct mp_report_ctx *c, const struct 
 
 void mp_report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f);
 
-enum mp_emit { MP_EMIT_NONE, MP_EMIT_TORCH, MP_EMIT_HF, MP_EMIT_DEEPSPEED, MP_EMIT_ACCELERATE };
+/* suggest --emit: X(id, name); NONE prints the whole report. */
+#define MP_EMITS(X)                 \
+    X(NONE, "none")                 \
+    X(TORCH, "torch")               \
+    X(HF, "hf")                     \
+    X(DEEPSPEED, "deepspeed")       \
+    X(ACCELERATE, "accelerate")
+enum mp_emit {
+#define MP_X(id, name) MP_EMIT_##id,
+    MP_EMITS(MP_X)
+#undef MP_X
+};
+int mp_emit_parse(const char *s);                              /* -1 if unknown */
+const char *mp_emit_names(const char *sep, const char *last); /* all but "none" */
 void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit);
 
 void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,
