@@ -891,6 +891,34 @@ if json_check "estimate --checkpoint layers: decoder layers only" ckflags \
     fi
 fi
 json_check "plan --json: plan keys" plan plan models/gpt2-124m.json --batch 8 --gpu a100-40gb --json
+# --checkpoint layers:3 = transformers' every_n_layers=3: decoder layers 0, 3, 6, ... (blocks 1, 4,
+# 7, ... of qwen2-0.5b's 26), the others keep their activations
+if json_check "estimate --checkpoint layers:3: every third decoder layer" ckflags \
+    estimate models/hf/qwen2-0.5b.json --batch 2 --checkpoint layers:3 --json; then
+    if [ "$(cat "$T/jout")" = "01001001001001001001001000" ]; then
+        ok "estimate --checkpoint layers:3: blocks 1, 4, ..., 22 of 26 checkpointed"
+    else
+        echo "checkpointed flags $(cat "$T/jout")" >"$T/why"
+        bad "estimate --checkpoint layers:3: blocks 1, 4, ..., 22 of 26 checkpointed"
+    fi
+fi
+# suggest --gpus 8 evaluates every layout x precision x plan: ZeRO-3 with the optimizer on the
+# host in mixed-bf16 is the last layout searched (a 48-candidate cap once dropped it silently)
+if [ -n "$HAVE_PY" ]; then
+    run suggest models/hf/llama-2-70b.json --gpu h100-80gb --no-probe --gpus 8 --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+c = json.load(sys.stdin)["candidates"]
+assert any(x["parallel"]["strategy"] == "zero3" and x["parallel"]["offload"] == "optimizer"
+           and x["precision"] == "mixed-bf16" for x in c), "no zero3 + optimizer offload mixed-bf16 candidate"
+assert not any(x["plan"]["strategy"].startswith("layers:") and x["parallel"]["strategy"] not in ("ddp",)
+               for x in c), "a layers:N candidate under FSDP/ZeRO"
+' <"$T/out" 2>"$T/why"; then
+        ok "suggest --gpus 8: every layout searched, layers:N only under DDP"
+    else
+        bad "suggest --gpus 8: every layout searched, layers:N only under DDP"
+    fi
+fi
 json_check "plan --activation-budget --json: plan keys" plan \
     plan models/gpt2-124m.json --batch 2 --activation-budget 2GiB --json
 json_check "check --json: check keys" check check models/gpt2-124m.json --batch 1 --gpu a100-40gb --json

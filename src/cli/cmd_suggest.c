@@ -61,19 +61,22 @@ int cmd_suggest(struct args *a)
         j.train.par = &s.par;
         o.probe = false; /* the probe runs one rank's step on one GPU: not part of suggest yet */
     }
-    struct mp_suggestion sg;
+    struct mp_suggestion *sg = calloc(1, sizeof *sg); /* MP_SUGGEST_MAX_CANDIDATES: ~350 KiB */
     struct mp_program prog;
-    memset(&sg, 0, sizeof sg);
     memset(&prog, 0, sizeof prog);
     int code = MP_EXIT_OK;
     enum mp_status st = MP_OK;
+    if (!sg) {
+        st = mp_fail(&d, MP_ERR_NOMEM, "out of memory");
+        goto out;
+    }
     if (o.probe && !strcmp(o.probe_backend, "host") &&
         (st = mp_suggest_host_admit(&j, &o, mp_host_ram_bytes(), &d)) != MP_OK)
         goto out;
-    if ((st = mp_suggest(&j, &o, cli_argv0, &sg, &d)) != MP_OK)
+    if ((st = mp_suggest(&j, &o, cli_argv0, sg, &d)) != MP_OK)
         goto out;
     /* the picture before the report: a failed write (exit 5) prints no report */
-    if ((rc = suggest_timeline(a, &s, &j, &sg, &d, &st)) != 0 || st != MP_OK)
+    if ((rc = suggest_timeline(a, &s, &j, sg, &d, &st)) != 0 || st != MP_OK)
         goto out;
     /* the report reads the program's counts: a long model's through its fold (fold.h) */
     if ((st = s.model.n_blocks >= MP_FIT_FOLD_BLOCKS ? mp_fold_report_program(&s.model, &s.build, &prog, &d)
@@ -82,14 +85,16 @@ int cmd_suggest(struct args *a)
     struct mp_report_ctx c;
     cli_fill_ctx(&c, "suggest", &s, &prog, NULL, a);
     c.build = NULL; /* suggest searches batch and precision: no single config line */
-    mp_report_suggest(stdout, &c, &sg, a->emit);
-    code = sg.best >= 0 ? MP_EXIT_OK : MP_EXIT_NOFIT;
-    if (sg.best >= 0 && o.global_batch && !sg.global_met)
+    mp_report_suggest(stdout, &c, sg, a->emit);
+    code = sg->best >= 0 ? MP_EXIT_OK : MP_EXIT_NOFIT;
+    if (sg->best >= 0 && o.global_batch && !sg->global_met)
         fprintf(stderr, "memplan: warning: global batch %llu cannot be met exactly\n",
                 (unsigned long long)o.global_batch);
 out: /* the one way out: everything released, then the status */
     mp_program_release(&prog);
-    mp_suggestion_release(&sg);
+    if (sg)
+        mp_suggestion_release(sg);
+    free(sg);
     mp_model_release(&s.model);
     return cli_leave(st, &d, rc, code, a->model);
 }

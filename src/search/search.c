@@ -887,12 +887,13 @@ static enum mp_status probe_best(const struct mp_job *base, const struct mp_sugg
     return MP_OK;
 }
 
-static bool model_has_repeats(const struct mp_model *m)
+/* The repeated blocks (decoder layers): what "layers" wraps. */
+static size_t model_repeats(const struct mp_model *m)
 {
+    size_t n = 0;
     for (size_t i = 0; i < m->n_blocks; i++)
-        if (m->blocks[i].repeat_group > 0)
-            return true;
-    return false;
+        n += m->blocks[i].repeat_group > 0;
+    return n;
 }
 
 /* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
@@ -981,7 +982,7 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
 struct space {
     enum mp_precision precs[4];
     size_t np;
-    struct mp_ckpt_spec strategies[4];
+    struct mp_ckpt_spec strategies[8];
     size_t ns;
     struct mp_parallel pars[8];
     size_t npar;
@@ -1003,8 +1004,10 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
         if (precision_supported(&base->gpu, MP_PREC_BF16))
             sp->precs[sp->np++] = MP_PREC_BF16;
     }
-    /* "layers" is what HF's gradient_checkpointing does; a Trainer (--emit hf) can run only
-     * none and layers.  A model without repeated blocks has no "layers" plan. */
+    /* "layers" is what HF's gradient_checkpointing does, "layers:N" its every_n_layers (every
+     * N-th decoder layer: less recompute for more memory); a Trainer (--emit hf) can run only
+     * none and those.  A model without repeated blocks has no "layers" plan, and N must leave
+     * more than one layer checkpointed. */
     if (o->ckpt_fixed) { /* --checkpoint: the plan the user will run */
         sp->strategies[sp->ns++] = o->ckpt;
     } else {
@@ -1013,8 +1016,12 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
             sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
             sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
         }
-        if (model_has_repeats(base->model))
+        size_t layers = model_repeats(base->model);
+        if (layers)
             sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
+        for (uint64_t every = 2; every <= 4; every++)
+            if (layers > every)
+                sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, every};
     }
     /* data parallel: the strategy given, or every one at the world given (--gpus alone) */
     if (o->par_search && base->train.par) {
@@ -1045,6 +1052,9 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
     /* fine-tuning: the method the user asked for, never another (when nothing fits, QLoRA is
      * offered as an alternative: lora_alternative) */
     sp->modes[sp->nm++] = base->build.ft.mode;
+    if (sp->nm * sp->npar * sp->np * sp->ns > MP_SUGGEST_MAX_CANDIDATES)
+        MP_BUG("suggest's space has %zu candidates, more than MP_SUGGEST_MAX_CANDIDATES",
+               sp->nm * sp->npar * sp->np * sp->ns);
 }
 
 /* Every candidate of the space evaluated into s->cand (at most its size).  On a failure s is
@@ -1057,10 +1067,13 @@ static enum mp_status search_space_eval(const struct mp_job *base, const struct 
     for (size_t pi = 0; pi < sp->npar; pi++)
     for (size_t i = 0; i < sp->np; i++) {
         for (size_t k = 0; k < sp->ns; k++) {
-            if (s->n >= sizeof s->cand / sizeof s->cand[0])
-                break;
             struct mp_diag vd = {{0}};
             if (mp_par_validate(&sp->pars[pi], &vd) != MP_OK)
+                continue;
+            /* every_n_layers is the Trainer's (and torch's) option; FSDP's and DeepSpeed's own
+             * checkpointing wrap every layer (accelerate's fsdp_activation_checkpointing) */
+            if (sp->strategies[k].strategy == MP_CKPT_LAYERS && sp->strategies[k].k > 1 &&
+                sp->pars[pi].strategy != MP_PAR_NONE && sp->pars[pi].strategy != MP_PAR_DDP)
                 continue;
             struct mp_parallel cp = sp->pars[pi];
             if (o->par_search && !o->precision_fixed && sp->precs[i] == MP_PREC_BF16)

@@ -118,15 +118,19 @@ struct mp_suggest_opts {
                                    * so a probe answers for the target, never for whatever the local GPU has */
     bool target_is_device;        /* the target is the probed device itself: its own out-of-memory counts */
     bool progress;                /* progress lines on stderr */
-    bool trainer_plans_only;      /* --emit hf: only plans a Trainer runs (none, layers) */
+    bool trainer_plans_only;      /* --emit hf: only plans a Trainer runs (none, layers, layers:N) */
     bool par_search;              /* --gpus without --parallel: try every strategy at that world */
     bool ckpt_fixed;              /* --checkpoint given: only that plan is searched */
     struct mp_ckpt_spec ckpt;
 };
 
+/* The most candidates one search evaluates: 7 data-parallel layouts x 3 precisions x 7
+ * checkpoint plans at most (search.c's space; it checks the product against this). */
+#define MP_SUGGEST_MAX_CANDIDATES 160
+
 struct mp_suggestion {
     size_t n;
-    struct mp_candidate cand[48];
+    struct mp_candidate cand[MP_SUGGEST_MAX_CANDIDATES];
     int best;                     /* index, or -1 when nothing fits */
     bool global_met;              /* --global-batch met exactly */
     char note[256];               /* why the choice / what is unmet */
