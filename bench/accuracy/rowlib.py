@@ -131,6 +131,7 @@ FIGURES = {
     "saved": lambda d: sum(layer["activation_bytes"] for layer in d["layers"]),
     "trainable_params": lambda d: d["model"]["trainable_params"],
     "params": lambda d: d["model"]["params"],
+    "optimizer_state": lambda d: _memory(d)["optimizer_bytes"],  # optim_states.py's (state bytes)
 }
 
 
