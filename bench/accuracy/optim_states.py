@@ -89,7 +89,12 @@ def state_tensors(v):
 
 def measure(optim, kinds):
     """(bytes per kind, bytes shared by the optimizer) after one real step."""
+    import bitsandbytes
     import transformers
+    # bitsandbytes' GlobalOptimManager is a process-wide singleton: the 32-bit overrides the
+    # Trainer registers (by module, and by id(p)) outlive their optimizer, and a later
+    # parameter that reuses a freed id would inherit one.  One Trainer per process has none.
+    bitsandbytes.optim.GlobalOptimManager.get_instance().initialize()
     mod = Kinds(kinds)
     with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")

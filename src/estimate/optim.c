@@ -11,7 +11,8 @@
  * trainer.py:1328-1338 registers every nn.Embedding's weight for 32-bit states.  The quantile
  * maps (create_dynamic_map: 256 fp32 each, :157) belong to the optimizer (name2qmap) and are
  * moved to the device with the first 8-bit tensor: qmap1 and qmap2 for Adam, qmap1 only for
- * Lion (udynamic stays on the host), counted with the program's first 8-bit tensor. */
+ * Lion (udynamic stays on the host), counted with the program's first 8-bit tensor
+ * (docs/memory-facts.md#low-bit-optimizers). */
 #define BNB_MIN_8BIT 4096
 #define BNB_BLOCK 256
 #define QMAP8_BYTES (256 * 4)
@@ -74,8 +75,8 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
  * code for AdamW8bit (torch 2.15, the C++ backend: TORCH_LOGS=output_code) allocates two fp32
  * tensors like the parameter (the lerped moments before quantization) and two fp32 vectors of
  * one value per 256-element block (their absmax), freed when the call returns.  The largest
- * parameter's call is the step's peak.  (Triton's code for a GPU is not read: see the memory
- * facts.) */
+ * parameter's call is the step's peak.  (Triton's code for a GPU is not read:
+ * docs/memory-facts.md#low-bit-optimizers.) */
 uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes,
                             uint64_t largest_elems)
 {

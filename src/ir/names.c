@@ -117,6 +117,16 @@ const char *mp_optimizer_hf_names(const char *sep, const char *last)
         }
     return mp_join(buf, sizeof buf, names, n, sep, last);
 }
+/* The names of the rows the probe runs (par: the data-parallel probe), as "a, b and c". */
+static const char *rows_where(char *buf, size_t cap, bool par)
+{
+    const char *names[N_OPTIMIZERS];
+    size_t n = 0;
+    for (size_t i = 0; i < N_OPTIMIZERS; i++)
+        if (par ? opt_rows[i].par_probe : opt_rows[i].probe)
+            names[n++] = opt_rows[i].name;
+    return mp_join(buf, cap, names, n, ", ", " and ");
+}
 enum mp_opt_state mp_optimizer_state(enum mp_optimizer o) { return opt_row(o)->state; }
 enum mp_opt_tmp mp_optimizer_tmp(enum mp_optimizer o) { return opt_row(o)->tmp; }
 const char *mp_optimizer_hf(enum mp_optimizer o) { return opt_row(o)->hf; }
@@ -124,24 +134,14 @@ bool mp_optimizer_probe(enum mp_optimizer o) { return opt_row(o)->probe; }
 const char *mp_optimizer_probe_names(void)
 {
     static char buf[512];
-    const char *names[N_OPTIMIZERS];
-    size_t n = 0;
-    for (size_t i = 0; i < N_OPTIMIZERS; i++)
-        if (opt_rows[i].probe)
-            names[n++] = opt_rows[i].name;
-    return mp_join(buf, sizeof buf, names, n, ", ", " and ");
+    return rows_where(buf, sizeof buf, false);
 }
 bool mp_optimizer_par_probe(enum mp_optimizer o) { return opt_row(o)->par_probe; }
 bool mp_optimizer_decoupled_wd(enum mp_optimizer o) { return opt_row(o)->wd; }
 const char *mp_optimizer_par_probe_names(void)
 {
     static char buf[256];
-    const char *names[N_OPTIMIZERS];
-    size_t n = 0;
-    for (size_t i = 0; i < N_OPTIMIZERS; i++)
-        if (opt_rows[i].par_probe)
-            names[n++] = opt_rows[i].name;
-    return mp_join(buf, sizeof buf, names, n, ", ", " and ");
+    return rows_where(buf, sizeof buf, true);
 }
 
 const char *mp_prim_str(enum mp_prim p)

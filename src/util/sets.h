@@ -75,7 +75,7 @@ enum mp_opt_tmp { MP_OPT_TMP_NONE, MP_OPT_TMP_ALL_GRADS, MP_OPT_TMP_LARGEST, MP_
  * foreach implementation; adamw-fused is AdamW(fused=True), HF's default optim
  * (adamw_torch_fused): one in-place kernel per group, no temporaries
  * (docs/memory-facts.md#optimizer-state).  The paged bitsandbytes rows keep the same bytes
- * on the device (CUDA managed memory, see memory-facts.md#low-bit-optimizers).  The probe
+ * on the device (CUDA managed memory: docs/memory-facts.md#low-bit-optimizers).  The probe
  * runs bitsandbytes' 8-bit AdamW layout with its own codes (paged alike); Lion and torchao's
  * arithmetic it refuses (probe 0). */
 #define MP_OPTIMIZERS(X)                                                                              \
