@@ -414,6 +414,21 @@ w=$(sed -n 's/^  weights  *\([0-9.]* [KMGT]*i*B\)$/\1/p' "$T/out")
 [ -n "$w" ] && grep -q "^  optimizer state .*(+$w temporary during step)" "$T/out" &&
     ! grep -qi "state-sized temporary\|copy of the state" man/memplan.1 README.md
 check "AdamW's step temporary is the size of the weights ($w), and the docs say no more" $?
+# --optimizer takes the HF Trainer's optim names; the report and the snippet write them back
+run estimate models/hf/gpt2.json --optimizer paged_adamw_8bit --json
+[ "$ec" -eq 0 ] && grep -q '"optimizer":.*"paged-adam8bit"' "$T/out" &&
+    grep -q '"optimizer_hf":.*"paged_adamw_8bit"' "$T/out"
+check "--optimizer paged_adamw_8bit: the paged-adam8bit row, optimizer_hf in the JSON" $?
+run suggest models/hf/gpt2.json --gpu a100-80gb --optimizer adamw_torch_4bit --emit hf --no-probe
+[ "$ec" -le 1 ] && grep -q '^optim="adamw_torch_4bit",$' "$T/out"
+check "--emit hf writes the row's HF optim (adamw_torch_4bit)" $?
+run estimate models/hf/gpt2.json --optimizer adamw_torch_fusd
+[ "$ec" -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] &&
+    grep -q "^memplan: error: --optimizer: expected sgd, .* or a Hugging Face optim (adamw_torch, .*adamw_torch_4bit), got 'adamw_torch_fusd'" "$T/err"
+check "an unknown --optimizer: one line (exit 2) listing the names and the HF names" $?
+run probe models/tiny-test.json --optimizer lion_8bit --backend host
+[ "$ec" -ne 0 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q -- "--optimizer lion8bit is estimated only" "$T/err"
+check "probe refuses an optimizer it cannot step (lion_8bit), in one line" $?
 ! grep -q "OWNER" README.md
 check "README: no 'Replace OWNER'" $?
 run check models/gpt2-124m.json --batch 1 --gpu a100-80gb

@@ -4,7 +4,8 @@
 Usage (from the repository root):  python3 tests/replay_accuracy.py ./memplan [ROWS.jsonl ...]
 
 Each row of bench/accuracy/rows/*.jsonl (bench/accuracy/rowlib.py describes them) holds a torch
-figure measured by an oracle (torch_step.py, torch_saved.py, peft_step.py, dist_gloo.py), the
+figure measured by an oracle (torch_step.py, torch_saved.py, peft_step.py, dist_gloo.py,
+optim_states.py), the
 config and memplan settings it was measured with, and the tolerance memplan achieved then.  This
 runs memplan on each row and checks every figure: |memplan - (torch + extra)| <= abs + pct % of
 it.  The expected values are torch's, never memplan's own.  One line per row ("ok" or "FAIL" with

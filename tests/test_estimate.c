@@ -444,6 +444,77 @@ static void test_estimate_optimizer_step_peak(void **state)
 }
 
 
+/* The low-bit optimizers' states, per tensor, by hand from the libraries' sources
+ * (bitsandbytes 0.50.2 optim/optimizer.py init_state; torchao 0.18.0 optim/adam.py _new_buffer,
+ * subclass_8bit.py / subclass_4bit.py zeros; transformers 5.24.0: block_size 256, nn.Embedding
+ * weights at 32 bits under bitsandbytes), checked against a real step on CPU tensors
+ * (bench/accuracy/optim_states.py measures the same tensor kinds).  Four fp32 tensors:
+ *   A 100 x 37 =  3,700 elements: under the 4096-element threshold;
+ *   B 300 x 37 = 11,100: above it, not a multiple of 256 (43 full blocks + 92: 44 blocks);
+ *   C  64 x 256 = 16,384: a multiple of 256 (64 blocks);
+ *   D 1000 x 64 = 64,000: an nn.Embedding weight (250 blocks). */
+static void test_estimate_low_bit_optimizer_states(void **state)
+{
+    (void)state;
+    struct mp_param q[4] = {
+        {.elems = 3700, .rows = 100, .cols = 37, .matrix = true, .dtype = MP_DT_F32, .trainable = true},
+        {.elems = 11100, .rows = 300, .cols = 37, .matrix = true, .dtype = MP_DT_F32, .trainable = true},
+        {.elems = 16384, .rows = 64, .cols = 256, .matrix = true, .dtype = MP_DT_F32, .trainable = true},
+        {.elems = 64000, .rows = 1000, .cols = 64, .matrix = true, .dtype = MP_DT_F32, .trainable = true,
+         .embedding = true},
+    };
+    struct mp_program p = {.params = q, .n_params = 4, .param_dtype = MP_DT_F32};
+    /* bitsandbytes AdamW 8-bit (adamw_bnb_8bit; paged_adamw_8bit the same bytes):
+     * A fp32 exp_avg + exp_avg_sq: 2 x 3,700 x 4 = 29,600;
+     * B uint8 state1 + state2 (2 x 11,100) + fp32 absmax1 + absmax2 (2 x 44 x 4 = 352) = 22,552,
+     *   + qmap1 + qmap2 (2 x 256 x 4 = 2,048: the optimizer's, with its first 8-bit tensor) = 24,600;
+     * C 2 x 16,384 + 2 x 64 x 4 = 33,280 (the qmaps are counted once, with B);
+     * D an embedding: fp32, 2 x 64,000 x 4 = 512,000 */
+    const enum mp_optimizer bnb[] = {MP_OPT_ADAM8BIT, MP_OPT_PAGED_ADAM8BIT};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(mp_opt_state_bytes(&p, bnb[i], &q[0]), 29600);
+        assert_int_equal(mp_opt_state_bytes(&p, bnb[i], &q[1]), 24600);
+        assert_int_equal(mp_opt_state_bytes(&p, bnb[i], &q[2]), 33280);
+        assert_int_equal(mp_opt_state_bytes(&p, bnb[i], &q[3]), 512000);
+        assert_int_equal(mp_opt_step_tmp_bytes(&p, bnb[i]), 0); /* the 8-bit kernel updates in place */
+    }
+    /* Lion 8-bit: one state: A 3,700 x 4 = 14,800; B 11,100 + 44 x 4 + qmap1 1,024 = 12,300;
+     * C 16,384 + 64 x 4 = 16,640; D 64,000 x 4 = 256,000 */
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_LION8BIT, &q[0]), 14800);
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_PAGED_LION8BIT, &q[1]), 12300);
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_LION8BIT, &q[2]), 16640);
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_LION8BIT, &q[3]), 256000);
+    /* torchao AdamW8bit (adamw_torch_8bit, block 256), per state codes + scale + its qmap:
+     * A under 4096: zeros_like, 2 x 3,700 x 4 = 29,600;
+     * B not a multiple of 256: zeros_like, 2 x 11,100 x 4 = 88,800;
+     * C 2 x (16,384 + 64 x 4 + 256 x 4) = 2 x 17,664 = 35,328;
+     * D (no embedding rule in torchao) 2 x (64,000 + 250 x 4 + 1,024) = 132,048 */
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAMW8BIT_AO, &q[0]), 29600);
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAMW8BIT_AO, &q[1]), 88800);
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAMW8BIT_AO, &q[2]), 35328);
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAMW8BIT_AO, &q[3]), 132048);
+    /* torchao AdamW4bit (adamw_torch_4bit; HF's block 256): per state codes n/2 + scale + a
+     * 16-entry qmap: C 2 x (8,192 + 256 + 64) = 17,024; D 2 x (32,000 + 1,000 + 64) = 66,128 */
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAMW4BIT_AO, &q[1]), 88800);
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAMW4BIT_AO, &q[2]), 17024);
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAMW4BIT_AO, &q[3]), 66128);
+    /* torchao's compiled step of the largest tensor (D): two fp32 moments and two fp32
+     * per-block absmax vectors, 2 x 4 x (64,000 + 250) = 514,000 */
+    assert_int_equal(mp_opt_step_tmp_bytes(&p, MP_OPT_ADAMW8BIT_AO), 514000);
+    assert_int_equal(mp_opt_step_tmp_bytes(&p, MP_OPT_ADAMW4BIT_AO), 514000);
+    /* a bf16 tensor that stays unquantized keeps bf16 states under torchao (zeros_like), fp32
+     * under bitsandbytes: 2 x 3,700 x 2 = 14,800 against 29,600 */
+    struct mp_param a16 = q[0];
+    a16.dtype = MP_DT_BF16;
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAMW8BIT_AO, &a16), 14800);
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAM8BIT, &a16), 29600);
+    /* frozen: nothing */
+    struct mp_param frozen = q[2];
+    frozen.trainable = false;
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_ADAMW4BIT_AO, &frozen), 0);
+    assert_int_equal(mp_opt_state_bytes(&p, MP_OPT_LION8BIT, &frozen), 0);
+}
+
 /* HF's gelu_new calls torch.pow, which CUDA autocast runs in fp32 (autocast_mode.cpp's
  * fp32 list; the CPU list lacks it).  Block "mlp" = linear(16 -> 64) | gelu_new |
  * linear(64 -> 16), no biases, on 2 x 8 tokens (M = 16) after an fp32 embedding.  What the
@@ -1501,6 +1572,7 @@ int main(void)
         cmocka_unit_test(test_estimate_peak_overflow_is_an_error),
         cmocka_unit_test(test_estimate_workspace_overflow_is_an_error),
         cmocka_unit_test(test_estimate_optimizer_step_peak),
+        cmocka_unit_test(test_estimate_low_bit_optimizer_states),
         cmocka_unit_test(test_estimate_custom_chain_reproduces_literature),
     };
     return cmocka_run_group_tests_name("estimate", tests, NULL, NULL);

@@ -14,8 +14,10 @@
 #include "ir/layers.h"
 
 /* transformers' OptimizerNames (training_args.py) that memplan may write */
-static const char *const HF_OPTIM[] = {"adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adamw_bnb_8bit",
-                                       "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adagrad", "rmsprop"};
+static const char *const HF_OPTIM[] = {"adamw_torch",      "adamw_torch_fused", "adafactor",        "sgd",
+                                       "adamw_bnb_8bit",   "adamw_8bit",        "paged_adamw_8bit", "paged_adamw_32bit",
+                                       "adagrad",          "rmsprop",           "lion_8bit",        "paged_lion_8bit",
+                                       "adamw_torch_8bit", "adamw_torch_4bit"};
 
 static bool hf_optim_known(const char *s)
 {
@@ -25,16 +27,32 @@ static bool hf_optim_known(const char *s)
     return false;
 }
 
+/* Whether the space-separated list has the word w (the test's own reading of the column). */
+static bool has_word(const char *list, const char *w)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t; t = strtok_r(NULL, " ", &save))
+        if (!strcmp(t, w))
+            return true;
+    return false;
+}
+
 static void test_optimizers(void **state)
 {
     (void)state;
     static const enum mp_optimizer all[] = {
-#define MP_X(id, name, st, tmp, wd, hf, hf_ft, par) MP_OPT_##id,
+#define MP_X(id, name, st, tmp, wd, hf, aliases, probe, par) MP_OPT_##id,
         MP_OPTIMIZERS(MP_X)
 #undef MP_X
     };
     static const char *const names[] = {
-#define MP_X(id, name, st, tmp, wd, hf, hf_ft, par) name,
+#define MP_X(id, name, st, tmp, wd, hf, aliases, probe, par) name,
+        MP_OPTIMIZERS(MP_X)
+#undef MP_X
+    };
+    static const char *const aliases[] = {
+#define MP_X(id, name, st, tmp, wd, hf, aliases, probe, par) aliases,
         MP_OPTIMIZERS(MP_X)
 #undef MP_X
     };
@@ -45,16 +63,48 @@ static void test_optimizers(void **state)
         assert_int_equal(mp_optimizer_parse(names[i]), (int)all[i]);
         for (size_t j = 0; j < i; j++)
             assert_string_not_equal(names[i], names[j]);
-        if (!hf_optim_known(mp_optimizer_hf(all[i], false)) || !hf_optim_known(mp_optimizer_hf(all[i], true)))
-            fail_msg("%s: %s / %s is not a transformers optim", names[i], mp_optimizer_hf(all[i], false),
-                     mp_optimizer_hf(all[i], true));
+        if (!hf_optim_known(mp_optimizer_hf(all[i])))
+            fail_msg("%s: %s is not a transformers optim", names[i], mp_optimizer_hf(all[i]));
+        /* each HF name of the aliases column is a transformers optim and selects this row only */
+        char words[256];
+        snprintf(words, sizeof words, "%s", aliases[i]);
+        for (char *save = NULL, *w = strtok_r(words, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+            if (!hf_optim_known(w))
+                fail_msg("%s: alias %s is not a transformers optim", names[i], w);
+            assert_int_equal(mp_optimizer_parse(w), (int)all[i]);
+            for (size_t j = 0; j < n; j++)
+                if (j != i && (has_word(aliases[j], w) || !strcmp(names[j], w)))
+                    fail_msg("%s: alias %s also names %s", names[i], w, names[j]);
+        }
     }
     assert_string_equal(mp_optimizer_str((enum mp_optimizer)n), "?");
-    assert_int_equal(mp_optimizer_parse("adamw_torch"), -1);
+    assert_int_equal(mp_optimizer_parse("adamw_torch_fuse"), -1); /* whole words only */
+    assert_int_equal(mp_optimizer_parse("torch"), -1);
     assert_int_equal(mp_optimizer_parse(""), -1);
+    assert_int_equal(mp_optimizer_parse("galore_adamw"), -1); /* a transformers optim memplan does not model */
+    /* HF's names select the rows (transformers 5.24 training_args.py OptimizerNames and
+     * trainer_optimizer.py: adamw_8bit is an alias of adamw_bnb_8bit, adamw_torch is torch's
+     * default (foreach) AdamW) */
+    assert_int_equal(mp_optimizer_parse("adamw_torch"), MP_OPT_ADAMW);
+    assert_int_equal(mp_optimizer_parse("adamw_torch_fused"), MP_OPT_ADAMW_FUSED);
+    assert_int_equal(mp_optimizer_parse("adamw_8bit"), MP_OPT_ADAM8BIT);
+    assert_int_equal(mp_optimizer_parse("adamw_bnb_8bit"), MP_OPT_ADAM8BIT);
+    assert_int_equal(mp_optimizer_parse("paged_adamw_8bit"), MP_OPT_PAGED_ADAM8BIT);
+    assert_int_equal(mp_optimizer_parse("lion_8bit"), MP_OPT_LION8BIT);
+    assert_int_equal(mp_optimizer_parse("paged_lion_8bit"), MP_OPT_PAGED_LION8BIT);
+    assert_int_equal(mp_optimizer_parse("adamw_torch_8bit"), MP_OPT_ADAMW8BIT_AO);
+    assert_int_equal(mp_optimizer_parse("adamw_torch_4bit"), MP_OPT_ADAMW4BIT_AO);
     /* the list the CLI prints: every name once, in table order */
-    assert_string_equal(mp_optimizer_names(" | ", NULL), "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit | adamw-fused");
-    assert_string_equal(mp_optimizer_names(", ", " or "), "sgd, sgd-momentum, adam, adamw, adafactor, adam8bit or adamw-fused");
+    assert_string_equal(mp_optimizer_names(" | ", NULL),
+                        "sgd | sgd-momentum | adam | adamw | adafactor | adam8bit | adamw-fused | paged-adam8bit | "
+                        "lion8bit | paged-lion8bit | adamw8bit-ao | adamw4bit-ao");
+    assert_string_equal(mp_optimizer_names(", ", " or "),
+                        "sgd, sgd-momentum, adam, adamw, adafactor, adam8bit, adamw-fused, paged-adam8bit, lion8bit, "
+                        "paged-lion8bit, adamw8bit-ao or adamw4bit-ao");
+    /* the HF names it also takes, a row's own name (sgd, adafactor) not repeated */
+    assert_string_equal(mp_optimizer_hf_names(", ", " or "),
+                        "adamw_torch, adamw_bnb_8bit, adamw_8bit, adamw_torch_fused, paged_adamw_8bit, lion_8bit, "
+                        "paged_lion_8bit, adamw_torch_8bit or adamw_torch_4bit");
     /* the state a user pays for: Adam keeps two tensors per parameter, SGD none */
     assert_int_equal(mp_optimizer_state(MP_OPT_ADAMW), MP_OPT_STATE_TWO);
     assert_int_equal(mp_optimizer_state(MP_OPT_SGD), MP_OPT_STATE_NONE);
@@ -62,8 +112,20 @@ static void test_optimizers(void **state)
     /* torch's fused AdamW updates in place: its state, no temporaries; HF's default optim */
     assert_int_equal(mp_optimizer_state(MP_OPT_ADAMW_FUSED), MP_OPT_STATE_TWO);
     assert_int_equal(mp_optimizer_tmp(MP_OPT_ADAMW_FUSED), MP_OPT_TMP_NONE);
-    assert_string_equal(mp_optimizer_hf(MP_OPT_ADAMW_FUSED, false), "adamw_torch_fused");
+    assert_string_equal(mp_optimizer_hf(MP_OPT_ADAMW_FUSED), "adamw_torch_fused");
     assert_true(mp_optimizer_decoupled_wd(MP_OPT_ADAMW_FUSED) && !mp_optimizer_decoupled_wd(MP_OPT_ADAM));
+    /* bitsandbytes' 8-bit kernels update in place; paged rows keep the same state as theirs;
+     * Lion one state; torchao two, with its compiled step's temporaries */
+    assert_int_equal(mp_optimizer_state(MP_OPT_PAGED_ADAM8BIT), mp_optimizer_state(MP_OPT_ADAM8BIT));
+    assert_int_equal(mp_optimizer_state(MP_OPT_PAGED_LION8BIT), MP_OPT_STATE_BNB8_1);
+    assert_int_equal(mp_optimizer_tmp(MP_OPT_LION8BIT), MP_OPT_TMP_NONE);
+    assert_int_equal(mp_optimizer_tmp(MP_OPT_ADAMW4BIT_AO), MP_OPT_TMP_LARGEST_2F32);
+    /* the snippets write the HF names */
+    assert_string_equal(mp_optimizer_hf(MP_OPT_PAGED_ADAM8BIT), "paged_adamw_8bit");
+    assert_string_equal(mp_optimizer_hf(MP_OPT_ADAMW4BIT_AO), "adamw_torch_4bit");
+    /* the probe runs the rows whose arithmetic its backends have */
+    assert_string_equal(mp_optimizer_probe_names(),
+                        "sgd, sgd-momentum, adam, adamw, adafactor, adam8bit, adamw-fused and paged-adam8bit");
     assert_string_equal(mp_optimizer_par_probe_names(), "sgd, sgd-momentum, adam and adamw");
 }
 

@@ -1,6 +1,7 @@
 """rowlib.py - the accuracy oracles' measured rows, kept as data (python3 standard library only).
 
-Every oracle in bench/accuracy/ (torch_step.py, torch_saved.py, peft_step.py, dist_gloo.py) appends
+Every oracle in bench/accuracy/ (torch_step.py, torch_saved.py, peft_step.py, dist_gloo.py,
+optim_states.py) appends
 what it measured to bench/accuracy/rows/<oracle>.jsonl, one JSON object a line, and
 tests/replay_accuracy.py (run by `make test`, no torch needed) replays each row through
 ./memplan and checks memplan's figure against the torch figure within the row's tolerance.
@@ -136,6 +137,7 @@ FIGURES = {
     "saved": lambda d: sum(layer["activation_bytes"] for layer in d["layers"]),
     "trainable_params": lambda d: d["model"]["trainable_params"],
     "params": lambda d: d["model"]["params"],
+    "optimizer_state": lambda d: _memory(d)["optimizer_bytes"],  # optim_states.py's (state bytes)
 }
 
 

@@ -82,6 +82,15 @@ static const char *precision_names(const char *sep, const char *last)
     snprintf(buf, sizeof buf, "%s%s%s", mp_precision_names(sep, sep), last ? last : sep, "mixed-bf16");
     return buf;
 }
+/* --optimizer: the table's names, then the Hugging Face optim names it also takes (the table's
+ * aliases column) */
+static const char *optimizer_names(const char *sep, const char *last)
+{
+    static char buf[1024];
+    snprintf(buf, sizeof buf, "%s%s%s (%s)", mp_optimizer_names(sep, sep), last ? last : sep,
+             last ? "a Hugging Face optim" : "HF optim", mp_optimizer_hf_names(sep, last));
+    return buf;
+}
 static const struct opt_choice ON_OFF[] = {{"on", 1}, {"off", 0}, {NULL, 0}};
 static const struct opt_choice BACKEND[] = {{"auto", 0}, {"cuda", 0}, {"host", 0}, {NULL, 0}};
 
@@ -97,7 +106,7 @@ static const struct opt OPTS[] = {
     {'p', "precision", "P", C_ALL, K_CALLBACK, FIELD(precision), SEEN(precision_set), .cb = cb_precision,
      .names = precision_names, .help = " (default amp-bf16)"},
     {'o', "optimizer", "O", C_ALL, K_ENUM, FIELD(optimizer), .parse = mp_optimizer_parse,
-     .names = mp_optimizer_names, .help = " (default adamw)"},
+     .names = optimizer_names, .help = " (default adamw)"},
     {'c', "checkpoint", "C", C_TRAIN | C_SUGG, K_CALLBACK, FIELD(ckpt), SEEN(ckpt_set), .cb = cb_checkpoint,
      .expect = "none, sqrt, segments:K, every:K, layers, layers:N, optimal or optimal-segments",
      .help = "none (default; plan: optimal; suggest: searched) | sqrt | segments:K | every:K | layers | "
@@ -349,7 +358,7 @@ static enum mp_status parse_value(const struct opt *o, struct args *a, const cha
 static int value_error(const struct opt *o, const struct command *c, const char *s, enum mp_status st,
                        const struct mp_diag *d)
 {
-    char exp[160];
+    char exp[1024];
     if (d->msg[0]) /* the parser said it */
         return cli_usage_error(c->name, "%s", d->msg);
     if (o->kind == K_PERCENT || o->kind == K_PROB || o->kind == K_NUMBER) {
@@ -399,7 +408,7 @@ static int value_error(const struct opt *o, const struct command *c, const char 
                                   i == 0 ? "" : i + 1 == n ? " or " : ", ", o->choices[i].name);
     } else
         snprintf(exp, sizeof exp, "%s", o->kind == K_SIZE ? "a size" : "a valid value");
-    char fmt[256];
+    char fmt[1200];
     snprintf(fmt, sizeof fmt, "--%s: expected %s, got '%%s'", o->name, exp);
     return cli_usage_error(c->name, fmt, s);
 }

@@ -3,10 +3,57 @@
 
 #include "util/util.h"
 
+/* bitsandbytes==0.50.2 (bitsandbytes/optim/optimizer.py): Optimizer2State.init_state (:492) and
+ * Optimizer1State.init_state (:664) give a tensor of at least min_8bit_size (4096) elements a
+ * uint8 state1 (and state2) like it and an fp32 absmax per 256-element block per state
+ * (blocks = ceil(n / 256)); a smaller one fp32 state1 (state2).  The step counter is a Python
+ * int, unorm_vec exists only with max_unorm > 0 (HF passes none).  transformers==5.24.0
+ * trainer.py:1328-1338 registers every nn.Embedding's weight for 32-bit states.  The quantile
+ * maps (create_dynamic_map: 256 fp32 each, :157) belong to the optimizer (name2qmap) and are
+ * moved to the device with the first 8-bit tensor: qmap1 and qmap2 for Adam, qmap1 only for
+ * Lion (udynamic stays on the host), counted with the program's first 8-bit tensor
+ * (docs/memory-facts.md#low-bit-optimizers). */
+#define BNB_MIN_8BIT 4096
+#define BNB_BLOCK 256
+#define QMAP8_BYTES (256 * 4)
+
+bool mp_opt_bnb_8bit(const struct mp_param *q) { return q->trainable && q->elems >= BNB_MIN_8BIT && !q->embedding; }
+
+static uint64_t bnb_state(const struct mp_program *p, const struct mp_param *q, uint64_t states)
+{
+    uint64_t n = q->elems;
+    if (!mp_opt_bnb_8bit(q))
+        return states * n * 4;
+    uint64_t b = states * (n + 4 * mp_ceil_div(n, BNB_BLOCK));
+    const struct mp_param *first = NULL;
+    for (size_t i = 0; i < p->n_params && !first; i++)
+        if (mp_opt_bnb_8bit(&p->params[i]))
+            first = &p->params[i];
+    if (q == first) /* (a data-parallel shard, a copy outside p, has none: 2 KiB a rank) */
+        b += states * QMAP8_BYTES;
+    return b;
+}
+
+/* torchao==0.18.0 torchao/optim/adam.py _AdamBase._new_buffer (:71): a tensor of at least 4096
+ * elements that is a multiple of the block gets a quantized state, any other zeros_like(p)
+ * (the parameter's dtype); HF (transformers==5.24.0 trainer_optimizer.py:469-474) passes
+ * block_size 256 to both AdamW8bit and AdamW4bit.  Per state: subclass_8bit.py zeros (:104):
+ * codes uint8 like p, scale fp32 (n / block), qmap fp32 (256); subclass_4bit.py zeros (:115):
+ * codes uint8 n / 2, scale fp32 (n / block), qmap fp32 (16: create_dynamic_map(True, 3, 4) or
+ * linspace(0, 1, 17)[1:]).  The step counter is a host tensor (torch.tensor(0.0)). */
+#define AO_BLOCK 256
+
+static uint64_t ao_state(const struct mp_param *q, uint64_t s, bool four_bit)
+{
+    uint64_t n = q->elems;
+    if (n < 4096 || n % AO_BLOCK)
+        return 2 * n * s;
+    return 2 * ((four_bit ? n / 2 : n) + 4 * (n / AO_BLOCK) + 4 * (four_bit ? 16 : 256));
+}
+
 uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, const struct mp_param *q)
 {
     uint64_t s = mp_dtype_size(q->dtype), n = q->elems;
-    (void)p;
     if (!q->trainable)
         return 0; /* frozen: no optimizer state */
     switch (mp_optimizer_state(o)) {
@@ -16,21 +63,27 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
     case MP_OPT_STATE_FACTORED:
         /* torch.optim.Adafactor: row + column variance factors for matrices, full variance otherwise */
         return q->matrix ? (q->rows + q->cols) * s : n * s;
-    case MP_OPT_STATE_BNB8:
-        /* bitsandbytes: two uint8 states + one fp32 absmax per 256-element block per state;
-         * tensors under min_8bit_size (4096) keep fp32 states */
-        if (n < 4096)
-            return 2 * n * 4;
-        return 2 * n + 2 * 4 * mp_ceil_div(n, 256);
+    case MP_OPT_STATE_BNB8: return bnb_state(p, q, 2);
+    case MP_OPT_STATE_BNB8_1: return bnb_state(p, q, 1);
+    case MP_OPT_STATE_AO8: return ao_state(q, s, false);
+    case MP_OPT_STATE_AO4: return ao_state(q, s, true);
     }
     return 0;
 }
 
-uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes)
+/* torchao's step (adam.py:142) is torch.compile(single_param_adam) per parameter; inductor's
+ * code for AdamW8bit (torch 2.15, the C++ backend: TORCH_LOGS=output_code) allocates two fp32
+ * tensors like the parameter (the lerped moments before quantization) and two fp32 vectors of
+ * one value per 256-element block (their absmax), freed when the call returns.  The largest
+ * parameter's call is the step's peak.  (Triton's code for a GPU is not read:
+ * docs/memory-facts.md#low-bit-optimizers.) */
+uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes,
+                            uint64_t largest_elems)
 {
     switch (mp_optimizer_tmp(o)) {
     case MP_OPT_TMP_ALL_GRADS: return total_grad_bytes; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
     case MP_OPT_TMP_LARGEST: return largest_grad_bytes;
+    case MP_OPT_TMP_LARGEST_2F32: return 2 * 4 * (largest_elems + mp_ceil_div(largest_elems, AO_BLOCK));
     case MP_OPT_TMP_NONE: return 0;
     }
     return 0;
@@ -38,10 +91,12 @@ uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint
 
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o)
 {
-    uint64_t total = 0, largest = 0;
+    uint64_t total = 0, largest = 0, elems = 0;
     for (size_t i = 0; i < p->n_params; i++) {
         total += mp_param_grad_bytes(&p->params[i]);
         largest = mp_max_u64(largest, mp_param_grad_bytes(&p->params[i]));
+        if (p->params[i].trainable)
+            elems = mp_max_u64(elems, p->params[i].elems);
     }
-    return mp_opt_step_tmp_of(o, total, largest);
+    return mp_opt_step_tmp_of(o, total, largest, elems);
 }

@@ -1,5 +1,5 @@
 /* optim.h — what an optimizer keeps: its state per parameter (persistent) and the
- * temporaries of its step.  The rules of torch.optim and bitsandbytes, per parameter;
+ * temporaries of its step.  The rules of torch.optim, bitsandbytes and torchao, per parameter;
  * the step replay (replay.c) and the sharding arithmetic (parallel.c) both use them.
  * Pure: no allocation, no I/O.  Sizes are bytes in uint64_t.
  */
@@ -10,10 +10,14 @@
 
 /* Optimizer state bytes for one parameter (persistent; 0 when it does not train). */
 uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, const struct mp_param *q);
+/* Whether bitsandbytes' 8-bit optimizers (and HF's Trainer) keep q's states in 8 bits: a trained
+ * tensor of at least 4096 elements that is not an nn.Embedding weight (the others: fp32). */
+bool mp_opt_bnb_8bit(const struct mp_param *q);
 /* The optimizer step's temporary for all of p's parameters (Adam/AdamW foreach: one tensor per
  * parameter, together the size of the gradients; Adafactor: the largest; others none). */
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o);
-/* The same from the gradients' total and largest bytes. */
-uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes);
+/* The same from the gradients' total and largest bytes and the largest trainable parameter. */
+uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes,
+                            uint64_t largest_elems); /* of a trainable parameter */
 
 #endif

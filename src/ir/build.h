@@ -151,7 +151,7 @@ struct val lower_t5_decoder_embed(struct bld *B, struct val x, const struct mp_l
 /* lower_embed_head.c */
 struct val lower_loss(struct bld *B, struct val logits, const char *name, bool upcast, bool shift);
 struct val lower_add_table(struct bld *B, struct val x, const struct mp_layer *l, const char *nm, uint64_t k,
-                           struct mp_node **node);
+                           bool embedding, struct mp_node **node);
 struct val softcap_logits(struct bld *B, struct val z, const char *name);
 struct val first_position(struct bld *B, struct val x, const char *name);
 struct val pool_logits(struct bld *B, struct val z, const struct mp_layer *l, const char *name);

@@ -32,7 +32,10 @@ const char *mp_precision_names(const char *sep, const char *last);
 /* The optimizer's traits (its row of MP_OPTIMIZERS). */
 enum mp_opt_state mp_optimizer_state(enum mp_optimizer o);
 enum mp_opt_tmp mp_optimizer_tmp(enum mp_optimizer o);
-const char *mp_optimizer_hf(enum mp_optimizer o, bool finetune); /* TrainingArguments optim */
+const char *mp_optimizer_hf(enum mp_optimizer o);  /* the TrainingArguments optim reports write */
+const char *mp_optimizer_hf_names(const char *sep, const char *last); /* the HF names parse takes */
+bool mp_optimizer_probe(enum mp_optimizer o);       /* the probe runs its step */
+const char *mp_optimizer_probe_names(void);         /* those, as "a, b and c" */
 bool mp_optimizer_par_probe(enum mp_optimizer o); /* runs on the data-parallel probe */
 bool mp_optimizer_decoupled_wd(enum mp_optimizer o); /* AdamW's weight decay (the probe's update) */
 const char *mp_optimizer_par_probe_names(void);   /* those, as "a, b and c" */
@@ -283,6 +286,8 @@ struct mp_param {
     enum mp_dtype dtype; /* storage dtype (u8 for a quantized weight) */
     bool trainable;      /* has .grad and optimizer state (false: frozen base of LoRA / freeze) */
     bool adapter;        /* a LoRA A or B matrix */
+    bool embedding;      /* an nn.Embedding weight (tokens, learned positions, token types, T5's
+                          * position bias): HF's Trainer gives it 32-bit bitsandbytes states */
     uint64_t bytes;      /* what its storage allocates: elems x dtype, or a quantized weight's
                           * tensors each rounded to 512 (mp_quant_alloc_bytes) */
     uint64_t raw_bytes;  /* the library's tensor bytes (weights_bytes sums these) */

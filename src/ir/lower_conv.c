@@ -209,5 +209,5 @@ struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_la
     struct mp_layer pos = *l;
     pos.vocab = s;
     struct mp_node *n;
-    return lower_add_table(B, e, &pos, "position_embeddings", s, &n);
+    return lower_add_table(B, e, &pos, "position_embeddings", s, false, &n); /* an nn.Parameter */
 }

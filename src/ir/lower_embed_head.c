@@ -75,13 +75,16 @@ struct val lower_loss(struct bld *B, struct val logits, const char *name, bool u
 }
 
 /* out = x + rows of a learned table (ADD_POS): k == seq uses row = position
- * (learned positions), k == 1 row 0 everywhere (BERT's all-zero token types). */
+ * (learned positions), k == 1 row 0 everywhere (BERT's all-zero token types); embedding: the
+ * table is an nn.Embedding (ViT's position table is an nn.Parameter). */
 struct val lower_add_table(struct bld *B, struct val x, const struct mp_layer *l, const char *nm, uint64_t k,
-                           struct mp_node **node)
+                           bool embedding, struct mp_node **node)
 {
     char pn[80];
     snprintf(pn, sizeof pn, "%s.weight", nm);
     int w = new_param(B, pn, l->vocab, l->dim, false);
+    if (w >= 0)
+        B->p->params[w].embedding = embedding;
     struct val y = like(B, nm, x, promote(dt_of(B, x), B->p->param_dtype), true);
     struct mp_node *n = new_node(B, MP_P_ADD_POS, nm);
     *node = n;
@@ -175,7 +178,7 @@ struct val lower_embedding(struct bld *B, struct val x, const struct mp_layer *l
         /* A second embedding applied to hidden states: BERT's token-type table looked up
          * with all-zero type ids and added (row 0 broadcast). */
         struct mp_node *n;
-        struct val y = lower_add_table(B, x, l, nm, 1, &n);
+        struct val y = lower_add_table(B, x, l, nm, 1, true, &n);
         if (n)
             tmp_one(B, n, false, MP_TR_OTHER, T(B, y.t)->bytes); /* the looked-up (b,s,h) rows */
         if (l->id_buffer && n) { /* BertEmbeddings' all-zero token_type_ids buffer, its view saved */
@@ -193,6 +196,8 @@ struct val lower_embedding(struct bld *B, struct val x, const struct mp_layer *l
     char pn[80];
     snprintf(pn, sizeof pn, "%s.weight", nm);
     int w = new_param(B, pn, l->vocab, l->dim, false);
+    if (w >= 0)
+        B->p->params[w].embedding = true;
     if (B->embed_param < 0)
         B->embed_param = w;
     uint64_t shape[3] = {B->b, B->s, l->dim};
@@ -230,7 +235,7 @@ struct val lower_pos_embedding(struct bld *B, struct val x, const struct mp_laye
     if (!width_ok(B, x, l->dim, "dim", ""))
         return x;
     struct mp_node *n;
-    struct val y = lower_add_table(B, x, l, nm, B->s, &n);
+    struct val y = lower_add_table(B, x, l, nm, B->s, true, &n);
     if (!n)
         return y;
     char en[112];

@@ -42,6 +42,8 @@ static struct val t5_position_bias(struct bld *B, const struct mp_layer *l, uint
 {
     uint64_t shape[4] = {1, l->heads, ql, kl}, qk = mul(B, ql, kl);
     int w = new_param(B, "relative_attention_bias.weight", l->rel_buckets, l->heads, false);
+    if (w >= 0)
+        B->p->params[w].embedding = true; /* an nn.Embedding */
     struct val pb = new_val(B, "position_bias", B->p->param_dtype, 4, shape, true);
     struct mp_node *n = t5_node(B, "relative_attention_bias", -1, pb.t, mul(B, qk, 3 * 8));
     if (!n)

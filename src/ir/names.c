@@ -50,13 +50,13 @@ const char *mp_precision_names(const char *sep, const char *last)
 }
 
 static const struct opt_row {
-    const char *name, *hf, *hf_ft;
+    const char *name, *hf, *aliases;
     enum mp_opt_state state;
     enum mp_opt_tmp tmp;
-    bool wd, par_probe;
+    bool wd, probe, par_probe;
 } opt_rows[] = {
-#define MP_X(id, name, state, tmp, wd, hf, hf_ft, par_probe) \
-    {name, hf, hf_ft, MP_OPT_STATE_##state, MP_OPT_TMP_##tmp, wd, par_probe},
+#define MP_X(id, name, state, tmp, wd, hf, aliases, probe, par_probe) \
+    {name, hf, aliases, MP_OPT_STATE_##state, MP_OPT_TMP_##tmp, wd, probe, par_probe},
     MP_OPTIMIZERS(MP_X)
 #undef MP_X
 };
@@ -70,35 +70,78 @@ static const struct opt_row *opt_row(enum mp_optimizer o)
     return &opt_rows[o];
 }
 const char *mp_optimizer_str(enum mp_optimizer o) { return (unsigned)o < N_OPTIMIZERS ? opt_rows[o].name : "?"; }
+/* Whether the space-separated list has the word w. */
+static bool has_word(const char *list, const char *w)
+{
+    size_t n = strlen(w);
+    for (const char *p = list; n && (p = strstr(p, w)); p += n)
+        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || !p[n]))
+            return true;
+    return false;
+}
+/* A CLI name, or one of a row's Hugging Face optim names (the aliases column). */
 int mp_optimizer_parse(const char *s)
 {
     for (size_t i = 0; i < N_OPTIMIZERS; i++)
         if (strcmp(s, opt_rows[i].name) == 0)
             return (int)i;
+    for (size_t i = 0; i < N_OPTIMIZERS; i++)
+        if (has_word(opt_rows[i].aliases, s))
+            return (int)i;
     return -1;
 }
 const char *mp_optimizer_names(const char *sep, const char *last)
 {
-    static char buf[256];
+    static char buf[512];
     const char *names[N_OPTIMIZERS];
     for (size_t i = 0; i < N_OPTIMIZERS; i++)
         names[i] = opt_rows[i].name;
     return mp_join(buf, sizeof buf, names, N_OPTIMIZERS, sep, last);
 }
+const char *mp_optimizer_hf_names(const char *sep, const char *last)
+{
+    static char buf[512], words[512];
+    const char *names[2 * N_OPTIMIZERS];
+    size_t n = 0, at = 0;
+    for (size_t i = 0; i < N_OPTIMIZERS; i++) /* the aliases but a row's own name, as words (in words[]) */
+        for (const char *a = opt_rows[i].aliases; *a && n < sizeof names / sizeof names[0];) {
+            size_t k = strcspn(a, " ");
+            bool own = strlen(opt_rows[i].name) == k && !strncmp(opt_rows[i].name, a, k); /* listed already */
+            if (k && !own && at + k + 1 <= sizeof words) {
+                memcpy(words + at, a, k);
+                words[at + k] = 0;
+                names[n++] = words + at;
+                at += k + 1;
+            }
+            a += k + (a[k] == ' ');
+        }
+    return mp_join(buf, sizeof buf, names, n, sep, last);
+}
+/* The names of the rows the probe runs (par: the data-parallel probe), as "a, b and c". */
+static const char *rows_where(char *buf, size_t cap, bool par)
+{
+    const char *names[N_OPTIMIZERS];
+    size_t n = 0;
+    for (size_t i = 0; i < N_OPTIMIZERS; i++)
+        if (par ? opt_rows[i].par_probe : opt_rows[i].probe)
+            names[n++] = opt_rows[i].name;
+    return mp_join(buf, cap, names, n, ", ", " and ");
+}
 enum mp_opt_state mp_optimizer_state(enum mp_optimizer o) { return opt_row(o)->state; }
 enum mp_opt_tmp mp_optimizer_tmp(enum mp_optimizer o) { return opt_row(o)->tmp; }
-const char *mp_optimizer_hf(enum mp_optimizer o, bool finetune) { return finetune ? opt_row(o)->hf_ft : opt_row(o)->hf; }
+const char *mp_optimizer_hf(enum mp_optimizer o) { return opt_row(o)->hf; }
+bool mp_optimizer_probe(enum mp_optimizer o) { return opt_row(o)->probe; }
+const char *mp_optimizer_probe_names(void)
+{
+    static char buf[512];
+    return rows_where(buf, sizeof buf, false);
+}
 bool mp_optimizer_par_probe(enum mp_optimizer o) { return opt_row(o)->par_probe; }
 bool mp_optimizer_decoupled_wd(enum mp_optimizer o) { return opt_row(o)->wd; }
 const char *mp_optimizer_par_probe_names(void)
 {
     static char buf[256];
-    const char *names[N_OPTIMIZERS];
-    size_t n = 0;
-    for (size_t i = 0; i < N_OPTIMIZERS; i++)
-        if (opt_rows[i].par_probe)
-            names[n++] = opt_rows[i].name;
-    return mp_join(buf, sizeof buf, names, n, ", ", " and ");
+    return rows_where(buf, sizeof buf, true);
 }
 
 const char *mp_prim_str(enum mp_prim p)

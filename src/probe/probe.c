@@ -585,6 +585,9 @@ enum mp_status mp_probe_run(struct mp_probe *p, const struct mp_program *prog, c
         return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s: the probe does not execute %s yet; use 'memplan "
                        "estimate' (its figures are the plan's)", prog->model ? prog->model->name : "the model",
                        prog->probe_unsupported);
+    if (!mp_optimizer_probe(t->optimizer))
+        return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: --optimizer %s is estimated only (the probe runs %s)",
+                       mp_optimizer_str(t->optimizer), mp_optimizer_probe_names());
     const struct mp_quant *qz = mp_program_base_quant(prog);
     if (qz && qz->kind != MP_Q_BNB_NF4)
         return mp_fail(d, MP_ERR_UNSUPPORTED, "probe: %s base weights are estimated only; the probe executes "

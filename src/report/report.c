@@ -138,6 +138,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
                                        : c->build->seq ? c->build->seq : c->model->seq_len);
         cJSON_AddStringToObject(cf, "precision", prec_name(c, c->build->precision));
         cJSON_AddStringToObject(cf, "optimizer", mp_optimizer_str(c->train->optimizer));
+        cJSON_AddStringToObject(cf, "optimizer_hf", mp_optimizer_hf(c->train->optimizer)); /* TrainingArguments optim */
         char sb[32];
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
@@ -428,8 +429,9 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                      (unsigned long long)c->prog->opts.target_seq);
         if (mp_model_has_attention(c->model))
             snprintf(attn, sizeof attn, ", attention %s", mp_attn_impl_str(c->build->attention));
-        fprintf(out, "config    batch %llu%s, %s, %s, checkpoint %s%s%s\n", (unsigned long long)c->build->batch, seq,
-                prec_name(c, c->build->precision), mp_optimizer_str(c->train->optimizer),
+        fprintf(out, "config    batch %llu%s, %s, %s (%s), checkpoint %s%s%s\n", (unsigned long long)c->build->batch,
+                seq, prec_name(c, c->build->precision), mp_optimizer_str(c->train->optimizer),
+                mp_optimizer_hf(c->train->optimizer),
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
     }
@@ -869,8 +871,7 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
         fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
                      "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
-    bool ft = b->ft == MP_FT_LORA || b->ft == MP_FT_QLORA;
-    fprintf(out, "optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer, ft));
+    fprintf(out, "optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer));
     if (b->precision == MP_PREC_BF16)
         fprintf(out, "# pure bf16: load the model with torch_dtype=torch.bfloat16\n");
 }

@@ -38,34 +38,62 @@ enum mp_precision {
 #undef MP_X
 };
 
-/* What an optimizer keeps per trainable parameter (estimate/optim.c):
+/* What an optimizer keeps per trainable parameter tensor (estimate/optim.c; the rules are per
+ * tensor: thresholds and blocks apply to each parameter on its own):
  * NONE nothing; ONE one tensor like it (momentum); TWO two (Adam's exp_avg, exp_avg_sq);
  * FACTORED row + column factors for a matrix, one full tensor otherwise (Adafactor);
- * BNB8 bitsandbytes' two uint8 states + an fp32 absmax per 256-element block each, fp32
- * states under 4096 elements. */
-enum mp_opt_state { MP_OPT_STATE_NONE, MP_OPT_STATE_ONE, MP_OPT_STATE_TWO, MP_OPT_STATE_FACTORED, MP_OPT_STATE_BNB8 };
+ * BNB8 bitsandbytes' Optimizer2State at 8 bits, BNB8_1 its Optimizer1State (Lion): per state a
+ * uint8 tensor like the parameter and an fp32 absmax per 256-element block; fp32 states under
+ * min_8bit_size (4096 elements) and, under the HF Trainer, for nn.Embedding weights; the
+ * optimizer's shared 256-entry fp32 quantile maps once;
+ * AO8 / AO4 torchao's AdamW8bit / AdamW4bit as HF builds them (block 256): per state codes
+ * (1 byte, or 4 bits, an element), an fp32 scale per block and its own quantile map; a
+ * tensor under 4096 elements or not a multiple of the block keeps states in its own dtype.
+ * docs/memory-facts.md#low-bit-optimizers has the sources. */
+enum mp_opt_state {
+    MP_OPT_STATE_NONE,
+    MP_OPT_STATE_ONE,
+    MP_OPT_STATE_TWO,
+    MP_OPT_STATE_FACTORED,
+    MP_OPT_STATE_BNB8,
+    MP_OPT_STATE_BNB8_1,
+    MP_OPT_STATE_AO8,
+    MP_OPT_STATE_AO4
+};
 /* The step's temporaries: NONE; ALL_GRADS one per parameter, all alive together (foreach
  * Adam: _foreach_sqrt over the group, the size of all the gradients); LARGEST one the size
- * of the largest parameter (Adafactor). */
-enum mp_opt_tmp { MP_OPT_TMP_NONE, MP_OPT_TMP_ALL_GRADS, MP_OPT_TMP_LARGEST };
+ * of the largest parameter (Adafactor); LARGEST_2F32 two fp32 tensors the size of the largest
+ * parameter and two fp32 values per 256-element block (torchao's compiled per-parameter step:
+ * the new moments before they are quantized, and each block's absmax). */
+enum mp_opt_tmp { MP_OPT_TMP_NONE, MP_OPT_TMP_ALL_GRADS, MP_OPT_TMP_LARGEST, MP_OPT_TMP_LARGEST_2F32 };
 
 /* Optimizers (--optimizer): X(id, CLI name, state, step temporaries, decoupled weight decay
- * (AdamW's), HF TrainingArguments optim for full training, the same for LoRA/QLoRA, runs on the
- * data-parallel probe).  adam is written as adamw_torch (with weight_decay 0 it is Adam).
- * adamw is torch's default foreach implementation; adamw-fused is AdamW(fused=True), HF's
- * default optim (adamw_torch_fused): one in-place kernel per group, no temporaries
- * (docs/memory-facts.md#optimizer-state). */
-#define MP_OPTIMIZERS(X)                                                                         \
-    X(SGD, "sgd", NONE, NONE, 0, "sgd", "sgd", 1)                                                \
-    X(SGD_MOMENTUM, "sgd-momentum", ONE, NONE, 0, "sgd", "sgd", 1)                               \
-    X(ADAM, "adam", TWO, ALL_GRADS, 0, "adamw_torch", "adamw_torch", 1)                          \
-    X(ADAMW, "adamw", TWO, ALL_GRADS, 1, "adamw_torch", "adamw_torch", 1)                        \
-    X(ADAFACTOR, "adafactor", FACTORED, LARGEST, 0, "adafactor", "adafactor", 0)                 \
-    X(ADAM8BIT, "adam8bit", BNB8, NONE, 0, "adamw_bnb_8bit", "paged_adamw_8bit", 0)              \
-    X(ADAMW_FUSED, "adamw-fused", TWO, NONE, 1, "adamw_torch_fused", "adamw_torch_fused", 0)
+ * (AdamW's), HF TrainingArguments optim written by reports and snippets, the HF optim names
+ * --optimizer also accepts for this row (space-separated, each in one row only), runs on the
+ * probe, runs on the data-parallel probe).
+ * adam is written as adamw_torch (with weight_decay 0 it is Adam).  adamw is torch's default
+ * foreach implementation; adamw-fused is AdamW(fused=True), HF's default optim
+ * (adamw_torch_fused): one in-place kernel per group, no temporaries
+ * (docs/memory-facts.md#optimizer-state).  The paged bitsandbytes rows keep the same bytes
+ * on the device (CUDA managed memory: docs/memory-facts.md#low-bit-optimizers).  The probe
+ * runs bitsandbytes' 8-bit AdamW layout with its own codes (paged alike); Lion and torchao's
+ * arithmetic it refuses (probe 0). */
+#define MP_OPTIMIZERS(X)                                                                              \
+    X(SGD, "sgd", NONE, NONE, 0, "sgd", "sgd", 1, 1)                                                  \
+    X(SGD_MOMENTUM, "sgd-momentum", ONE, NONE, 0, "sgd", "", 1, 1)                                    \
+    X(ADAM, "adam", TWO, ALL_GRADS, 0, "adamw_torch", "", 1, 1)                                       \
+    X(ADAMW, "adamw", TWO, ALL_GRADS, 1, "adamw_torch", "adamw_torch", 1, 1)                          \
+    X(ADAFACTOR, "adafactor", FACTORED, LARGEST, 0, "adafactor", "adafactor", 1, 0)                   \
+    X(ADAM8BIT, "adam8bit", BNB8, NONE, 0, "adamw_bnb_8bit", "adamw_bnb_8bit adamw_8bit", 1, 0)       \
+    X(ADAMW_FUSED, "adamw-fused", TWO, NONE, 1, "adamw_torch_fused", "adamw_torch_fused", 1, 0)       \
+    X(PAGED_ADAM8BIT, "paged-adam8bit", BNB8, NONE, 0, "paged_adamw_8bit", "paged_adamw_8bit", 1, 0)  \
+    X(LION8BIT, "lion8bit", BNB8_1, NONE, 1, "lion_8bit", "lion_8bit", 0, 0)                          \
+    X(PAGED_LION8BIT, "paged-lion8bit", BNB8_1, NONE, 1, "paged_lion_8bit", "paged_lion_8bit", 0, 0)  \
+    X(ADAMW8BIT_AO, "adamw8bit-ao", AO8, LARGEST_2F32, 1, "adamw_torch_8bit", "adamw_torch_8bit", 0, 0)       \
+    X(ADAMW4BIT_AO, "adamw4bit-ao", AO4, LARGEST_2F32, 1, "adamw_torch_4bit", "adamw_torch_4bit", 0, 0)
 
 enum mp_optimizer {
-#define MP_X(id, name, state, tmp, wd, hf, hf_ft, par_probe) MP_OPT_##id,
+#define MP_X(id, name, state, tmp, wd, hf, aliases, probe, par_probe) MP_OPT_##id,
     MP_OPTIMIZERS(MP_X)
 #undef MP_X
 };

@@ -32,13 +32,19 @@ enum mp_status cuda_opt_param(struct mp_exec *x, const struct mp_param_view *v)
         break;
     }
     case MP_OPT_ADAM8BIT:
-        if (n < MP_ADAM8_MIN_ELEMS)
+    case MP_OPT_PAGED_ADAM8BIT: /* paged: the same state (CUDA managed memory under bitsandbytes) */
+        if (!mp_opt_bnb_8bit(pq))
             KK(x->d, mp_k_adam(P, G, pdt, St, (char *)St + n * 4, MP_DT_F32, NULL, n, MP_ADAM_LR, MP_ADAM_BETA1,
                                MP_ADAM_BETA2, MP_ADAM_EPS, 0.0f, bc1, bc2, S(x)));
         else
             KK(x->d, mp_k_adam8(P, G, pdt, St, n, MP_ADAM_LR, MP_ADAM_BETA1, MP_ADAM_BETA2, MP_ADAM_EPS, bc1, bc2,
                                 S(x)));
         break;
+    case MP_OPT_LION8BIT:
+    case MP_OPT_PAGED_LION8BIT:
+    case MP_OPT_ADAMW8BIT_AO:
+    case MP_OPT_ADAMW4BIT_AO: /* refused by mp_probe_run (the table's probe column) */
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: no %s step", mp_optimizer_str(x->t.optimizer));
     }
     return MP_OK;
 }

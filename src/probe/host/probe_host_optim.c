@@ -175,13 +175,19 @@ enum mp_status mp_host_opt_param(struct mp_exec *x, const struct mp_param_view *
         break;
     }
     case MP_OPT_ADAM8BIT:
-        if (n < MP_ADAM8_MIN_ELEMS) {
+    case MP_OPT_PAGED_ADAM8BIT: /* paged: the same state (CUDA managed memory under bitsandbytes) */
+        if (!mp_opt_bnb_8bit(pq)) {
             struct mp_view m = {S, MP_DT_F32, n}, vv = {(char *)S + n * 4, MP_DT_F32, n}, none = {NULL, MP_DT_F32, 0};
             adam_update(P, G, m, vv, none, n, t, 0.0f);
         } else {
             adam8_update(P, G, S, n, t);
         }
         break;
+    case MP_OPT_LION8BIT:
+    case MP_OPT_PAGED_LION8BIT:
+    case MP_OPT_ADAMW8BIT_AO:
+    case MP_OPT_ADAMW4BIT_AO: /* refused by mp_probe_run (the table's probe column) */
+        return mp_fail(x->d, MP_ERR_INTERNAL, "probe: no %s step", mp_optimizer_str(x->t.optimizer));
     }
     return MP_OK;
 }
