@@ -25,7 +25,8 @@ static const struct command COMMANDS[] = {
      "Micro-batch and checkpoint strategy are searched; precision too unless --precision is given.\n"
      "Target: --gpu, --vram, --device, else the local GPU, else the a100-80gb profile.\n"},
     {"check", C_CHECK, cmd_check, "CI gate: exit 0 if the configuration fits the target, 1 if it does not",
-     "--batch and a target (--gpu NAME or --vram SIZE) are required. No GPU is needed.\n"},
+     "--batch (or a --recipe that sets it) and a target (--gpu NAME or --vram SIZE) are required.\n"
+     "No GPU is needed.\n"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
 
@@ -36,9 +37,9 @@ static void print_help(FILE *f)
                "Plans GPU memory for training: estimate, checkpoint placement, batch size.\n"
                "MODEL is a memplan JSON model or a Hugging Face config.json (the task head from\n"
                "architectures[0]), also given as its model directory or as a Hub id ORG/NAME in the\n"
-               "local HF cache (never downloaded), of model type");
+               "local HF cache (never downloaded), or named by --recipe FILE (a trainer's recipe), of model type");
     /* the types, wrapped at 100 columns */
-    size_t col = strlen("local HF cache (never downloaded), of model type");
+    size_t col = strlen("local HF cache (never downloaded), or named by --recipe FILE (a trainer's recipe), of model type");
     for (const char *t = mp_hf_model_types(); *t;) {
         size_t n = strcspn(t, ",");
         if (col + n + 2 > 100) {
