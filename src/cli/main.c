@@ -37,9 +37,9 @@ static void print_help(FILE *f)
                "Plans GPU memory for training: estimate, checkpoint placement, batch size.\n"
                "MODEL is a memplan JSON model or a Hugging Face config.json (the task head from\n"
                "architectures[0]), also given as its model directory or as a Hub id ORG/NAME in the\n"
-               "local HF cache (never downloaded), or named by --recipe FILE (a trainer's recipe), of model type");
+               "local HF cache (never downloaded), of model type");
     /* the types, wrapped at 100 columns */
-    size_t col = strlen("local HF cache (never downloaded), or named by --recipe FILE (a trainer's recipe), of model type");
+    size_t col = strlen("local HF cache (never downloaded), of model type");
     for (const char *t = mp_hf_model_types(); *t;) {
         size_t n = strcspn(t, ",");
         if (col + n + 2 > 100) {
@@ -51,6 +51,8 @@ static void print_help(FILE *f)
         t += n;
         t += strspn(t, ", ");
     }
+    fputs("\nWith --recipe FILE (a trainer's recipe: HF, TRL, Axolotl, LLaMA-Factory, torchtune), MODEL may\n"
+          "be left out: the recipe names it.", f);
     fputs("\n\nCommands:\n", f);
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-9s %s\n", COMMANDS[i].name, COMMANDS[i].summary);

@@ -549,8 +549,14 @@ static int recipe_setting(const struct command *c, struct args *a, const bool *g
     if (id == MP_RS_USE_CACHE)
         a->use_cache_recipe = true;
     struct mp_diag d = {{0}};
-    if (parse_value(o, a, s->value, &d) == MP_OK)
+    enum mp_status st = parse_value(o, a, s->value, &d);
+    if (st == MP_OK)
         return 0;
+    if (!d.msg[0] && o->kind == K_INT)
+        snprintf(d.msg, sizeof d.msg, "expected an integer from %llu to %llu", (unsigned long long)o->lo,
+                 (unsigned long long)o->hi);
+    else if (!d.msg[0] && o->names)
+        snprintf(d.msg, sizeof d.msg, "expected %s", o->names(", ", " or "));
     char line[24] = "";
     if (s->line)
         snprintf(line, sizeof line, ":%u", s->line);
