@@ -1597,6 +1597,18 @@ assert s["batch"]["source"] == "not used" and s["seq"]["source"] == "recipe", s
     else
         bad "suggest --recipe"
     fi
+    run plan --recipe $R/axolotl-full.yaml --gpu a100-80gb --json
+    if [ "$ec" -le 1 ] && python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1]))["config"]
+s = c["recipe"]["settings"]
+assert s["checkpoint"]["source"] == "not used" and c["checkpoint"] != "layers", c
+assert s["batch"]["source"] == "recipe" and c["batch"] == 1, c
+' "$T/out" >"$T/why" 2>&1; then
+        ok "plan --recipe: the checkpoints are planned (checkpoint: not used), the recipe batch kept"
+    else
+        bad "plan --recipe"
+    fi
 fi
 run estimate --recipe $R/axolotl-full.yaml
 if [ "$ec" -eq 0 ] && grep -q "^recipe    $R/axolotl-full.yaml (Axolotl 0.19.0)$" "$T/out" &&

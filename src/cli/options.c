@@ -540,8 +540,10 @@ static int recipe_setting(const struct command *c, struct args *a, const bool *g
     }
     if (id == MP_RS_PRECISION && a->rec->dtype_auto)
         return 0; /* the checkpoint's dtype: apply_recipe settles it once the model is known */
-    if (!(o->cmds & c->bit) || (id >= MP_RS_LORA_R && id <= MP_RS_LORA_TARGETS && !lora)) {
-        s->src = MP_RSRC_UNUSED; /* suggest searches the micro-batch; no adapters: no LoRA options */
+    if (!(o->cmds & c->bit) || (id >= MP_RS_LORA_R && id <= MP_RS_LORA_TARGETS && !lora) ||
+        (id == MP_RS_CHECKPOINT && c->bit == C_PLAN)) {
+        /* suggest searches the micro-batch, plan the checkpoints; no adapters: no LoRA options */
+        s->src = MP_RSRC_UNUSED;
         return 0;
     }
     if (o->seen)
