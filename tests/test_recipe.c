@@ -273,6 +273,18 @@ static void test_refusals(void **state)
             fail();
         }
     }
+    /* 40 nested mappings: refused at 32 (trainers' configs nest 3 deep), not a deep recursion */
+    char deep[512] = "base_model: m\nx: ";
+    for (int i = 0; i < 40; i++)
+        strcat(deep, "{a: ");
+    strcat(deep, "1");
+    for (int i = 0; i < 40; i++)
+        strcat(deep, "}");
+    strcat(deep, "\n");
+    write(path, deep);
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_recipe_read(path, -1, &r, &d), MP_ERR_JSON);
+    assert_non_null(strstr(d.msg, ":2: mappings nested deeper than 32 levels"));
     remove(path);
 }
 

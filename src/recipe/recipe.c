@@ -12,6 +12,7 @@
 #include "util/sets.h"
 
 #define RECIPE_MAX_BYTES (4u << 20)
+#define RECIPE_MAX_DEPTH 32 /* nested mappings: trainers' configs use 3 */
 
 /* ---- names ------------------------------------------------------------------------------------ */
 
@@ -766,8 +767,12 @@ static enum mp_status load(const char *path, yaml_document_t *doc, struct mp_dia
 }
 
 /* A key given twice in one mapping (libyaml keeps both): which one would the trainer read? */
-static enum mp_status duplicates(yaml_document_t *doc, const yaml_node_t *map, const char *path, struct mp_diag *d)
+static enum mp_status duplicates(yaml_document_t *doc, const yaml_node_t *map, const char *path, struct mp_diag *d,
+                                 int depth)
 {
+    if (depth > RECIPE_MAX_DEPTH)
+        return mp_fail(d, MP_ERR_JSON, "%s:%zu: mappings nested deeper than %d levels", path, map->start_mark.line + 1,
+                       RECIPE_MAX_DEPTH);
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(doc, p->key), *v = yaml_document_get_node(doc, p->value);
         if (!k || k->type != YAML_SCALAR_NODE)
@@ -780,7 +785,7 @@ static enum mp_status duplicates(yaml_document_t *doc, const yaml_node_t *map, c
                                k->start_mark.line + 1, (const char *)k->data.scalar.value, kq->start_mark.line + 1);
         }
         if (v && v->type == YAML_MAPPING_NODE) {
-            enum mp_status st = duplicates(doc, v, path, d);
+            enum mp_status st = duplicates(doc, v, path, d, depth + 1);
             if (st != MP_OK)
                 return st;
         }
@@ -797,7 +802,7 @@ enum mp_status mp_recipe_read(const char *path, int format, struct mp_recipe *r,
     if (st != MP_OK)
         return st;
     const yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if ((st = duplicates(&doc, root, path, d)) != MP_OK)
+    if ((st = duplicates(&doc, root, path, d, 0)) != MP_OK)
         goto out;
     if (format >= 0) {
         r->format = (enum mp_recipe_format)format;
