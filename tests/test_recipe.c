@@ -260,6 +260,7 @@ static void test_refusals(void **state)
         {"just: [unclosed\n", ":2:1: not YAML or JSON", "did not find expected"},
         {"- a\n- b\n", ": a recipe is a mapping", "list"},
         {"learning_rate: 1\n", ": the recipe's format is not told", "--recipe-format"},
+        {"base_model: m\nrl: dpo\n", ":2: rl: dpo:", "not modelled yet"},
     };
     const char *path = "build/tests/recipe-case.yaml";
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -258,6 +258,13 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_AX, "sequence_parallel_degree", "sequence parallelism: " NOT_YET),
     REFUSE(B_TT, "fsdp_cpu_offload", DP),
     REFUSE(B_TT, "tensor_parallel_dim", "tensor parallelism: " NOT_YET),
+    /* preference and RL training: a reference model, generations */
+    REFUSE(B_AX, "rl", "preference/RL training (reference model, generations): " NOT_YET),
+    REFUSE(B_TRL, "beta", "a DPO/GRPO config (reference model, generations): " NOT_YET),
+    REFUSE(B_TRL, "num_generations", "a GRPO config (generations): " NOT_YET),
+    REFUSE(B_TRL, "ref_model_init_kwargs", "a reference model: " NOT_YET),
+    REFUSE(B_AX, "unfrozen_parameters", "training a subset of parameters: " NOT_YET),
+    REFUSE(B_AX, "freeze_mm_modules", "freezing multimodal modules: " NOT_YET),
     /* LLaMA-Factory's other stages and methods */
     REFUSE_BUT(B_LF, "stage", "sft pt", "this stage's models (reference, reward, value): " NOT_YET),
     REFUSE(B_LF, "fp8", "FP8 training: " NOT_YET),
