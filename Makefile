@@ -54,7 +54,7 @@ else ifeq ($(BLAS),yes)
   $(error BLAS=yes but no cblas (OpenBLAS) was found: make deps, or apt-get install libopenblas-dev)
 endif
 
-# DEPS_ROOT=DIR: libcjson/libcmocka unpacked from .deb files under DIR (a machine without apt
+# DEPS_ROOT=DIR: libcjson/libyaml/libcmocka unpacked from .deb files under DIR (a machine without apt
 # access, e.g. bench/gpu/run.sh with .deps/ carried along); headers and libraries come from there.
 DEPS_ROOT ?=
 ifneq ($(DEPS_ROOT),)
@@ -63,15 +63,17 @@ ifneq ($(DEPS_ROOT),)
   override LDFLAGS += -L$(DEPS_LIBDIR) -Wl,-rpath,$(DEPS_LIBDIR)
 endif
 
-PKG_CFLAGS := $(shell pkg-config --cflags libcjson cmocka 2>/dev/null)
+PKG_CFLAGS := $(shell pkg-config --cflags libcjson yaml-0.1 cmocka 2>/dev/null)
 CJSON_LIBS := $(or $(shell pkg-config --libs libcjson 2>/dev/null),-lcjson)
+# libyaml reads --recipe files (YAML, and JSON as YAML)
+YAML_LIBS := $(or $(shell pkg-config --libs yaml-0.1 2>/dev/null),-lyaml)
 CMOCKA_LIBS := $(or $(shell pkg-config --libs cmocka 2>/dev/null),-lcmocka)
 
 WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wcast-qual -Werror=implicit-function-declaration -Werror=switch -Wno-format-truncation
 override CFLAGS += -std=c11 $(WARN) -D_POSIX_C_SOURCE=200809L -Isrc $(PKG_CFLAGS) -MMD -MP \
                    -DMEMPLAN_DATADIR='"$(PREFIX)/share/memplan"'
-LDLIBS := $(CJSON_LIBS) -lm
+LDLIBS := $(CJSON_LIBS) $(YAML_LIBS) -lm
 
 ifeq ($(USE_BLAS),yes)
   override CFLAGS += -DMEMPLAN_HAVE_CBLAS $(BLAS_CFLAGS)
@@ -154,15 +156,15 @@ $(BUILD)/bench/accuracy/dump_saved: bench/accuracy/dump_saved.c $(LIBOBJS)
 	@echo "  CC    $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
-# Install the two Debian build dependencies when they are missing (root only).
+# Install the three Debian build dependencies when they are missing (root only).
 deps:
-	@if { [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/cmocka.h ]; } && \
+	@if { [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/cmocka.h ] || [ ! -f /usr/include/yaml.h ]; } && \
 	    { [ -z "$(DEPS_ROOT)" ] || [ ! -f "$(DEPS_ROOT)/usr/include/cjson/cJSON.h" ] || \
-	      [ ! -f "$(DEPS_ROOT)/usr/include/cmocka.h" ]; }; then \
+	      [ ! -f "$(DEPS_ROOT)/usr/include/cmocka.h" ] || [ ! -f "$(DEPS_ROOT)/usr/include/yaml.h" ]; }; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "I installing libcjson-dev libcmocka-dev"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcjson-dev libcmocka-dev pkg-config >/dev/null; \
-	  else echo "memplan: need libcjson-dev and libcmocka-dev (apt-get install libcjson-dev libcmocka-dev)" >&2; exit 1; fi; \
+	    echo "I installing libcjson-dev libyaml-dev libcmocka-dev"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcjson-dev libyaml-dev libcmocka-dev pkg-config >/dev/null; \
+	  else echo "memplan: need libcjson-dev, libyaml-dev and libcmocka-dev (apt-get install libcjson-dev libyaml-dev libcmocka-dev)" >&2; exit 1; fi; \
 	fi
 	@# optional: OpenBLAS makes the host backend's GEMMs fast (a failure here is not an error)
 	@if [ "$(BLAS)" != no ] && ! pkg-config --exists openblas 2>/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -199,6 +201,7 @@ ifeq ($(TIER_LONG),)
 	@if command -v python3 >/dev/null; then $(ASAN_ENV) python3 tests/replay_accuracy.py ./memplan; \
 	else echo "skip tests/replay_accuracy.py (no python3)"; fi
 	@if command -v python3 >/dev/null; then python3 tests/man_options.py ./memplan; fi
+	@if command -v python3 >/dev/null; then python3 -B tests/recipes_real.py 2>/dev/null; fi
 	@if command -v python3 >/dev/null && command -v nm >/dev/null; then python3 tests/deps.py $(BUILD); fi
 	@if command -v python3 >/dev/null; then python3 -B tests/doc_refs.py; else echo "doc_refs: skipped (no python3)"; fi
 	@if command -v python3 >/dev/null; then python3 -B tests/family_coverage.py ./memplan; fi
@@ -241,11 +244,11 @@ $(FUZZ_DIR)/src/main_cli.o: src/cli/main.c
 
 $(FUZZ_DIR)/fuzz_model: tests/fuzz/fuzz_model.c $(FUZZ_OBJS)
 	@echo "  LD    $@"
-	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(CJSON_LIBS) -lm
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(CJSON_LIBS) $(YAML_LIBS) -lm
 
 $(FUZZ_DIR)/fuzz_cli: tests/fuzz/fuzz_cli.c $(FUZZ_DIR)/src/main_cli.o $(FUZZ_OBJS)
 	@echo "  LD    $@"
-	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(CJSON_LIBS) -lm
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(CJSON_LIBS) $(YAML_LIBS) -lm
 
 .PHONY: fuzz sweep
 fuzz: deps $(FUZZ_DIR)/fuzz_model $(FUZZ_DIR)/fuzz_cli

@@ -1564,6 +1564,129 @@ else
     bad "suggest --finetune lora: QLoRA alternative"
 fi
 
+# ---- --recipe: a trainer's recipe read into memplan's settings --------------------------------
+
+R=tests/data/recipes
+rhub="$T/rhub"
+mkdir -p "$rhub/models--meta-llama--Llama-3.2-1B/snapshots/abc"
+cp models/hf/llama-3.2-1b.json "$rhub/models--meta-llama--Llama-3.2-1B/snapshots/abc/config.json"
+# same_check DESC "RECIPE ARGS" "FLAGS": check --recipe and the same run spelled in flags (read off
+# the recipe and its trainer's defaults by hand, tests/test_recipe.c) give one verdict, one peak
+# and one config.
+same_check() {
+    HF_HUB_CACHE="$rhub" "$M" check $2 --gpu a100-80gb --json >"$T/r1" 2>"$T/err"; e1=$?
+    HF_HUB_CACHE="$rhub" "$M" check $3 --gpu a100-80gb --json >"$T/r2" 2>>"$T/err"; e2=$?
+    cmdline="check $2 --gpu a100-80gb --json"; ec=$e1
+    if [ "$e1" -le 1 ] && [ "$e1" -eq "$e2" ] && python3 - "$T/r1" "$T/r2" >"$T/why" 2>&1 <<'PYEOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+rec = a["config"].pop("recipe")
+assert "recipe" not in b["config"], "flags: no recipe"
+assert a["config"] == b["config"], "config differs: %r / %r" % (a["config"], b["config"])
+assert a["check"] == b["check"], "verdict differs: %r / %r" % (a["check"], b["check"])
+assert a["memory"]["peak_device_bytes"] == b["memory"]["peak_device_bytes"]
+assert rec["path"] and rec["format"] and rec["trainer"] and rec["settings"], rec
+PYEOF
+    then ok "$1: check --recipe = the flags (verdict, peak, config)"; else bad "$1: check --recipe = the flags"; fi
+}
+if [ -n "$HAVE_PY" ]; then
+    same_check "HF to_json_string dump (bf16 checkpoint: dtype auto = bf16)" \
+        "models/hf/llama-3.2-1b.json --recipe $R/hf-trainingargs.json" \
+        "models/hf/llama-3.2-1b.json -b 2 --grad-accum 8 -p bf16 -o adamw -c layers --use-cache off"
+    same_check "HF YAML (fp16, float32 checkpoint)" "models/hf/gpt2.json --recipe $R/hf-args.yaml" \
+        "models/hf/gpt2.json -b 4 --grad-accum 2 -p amp-fp16 -o adamw-fused --use-cache off"
+    same_check "Axolotl full" "--recipe $R/axolotl-full.yaml" \
+        "models/hf/qwen2-0.5b.json -b 1 --grad-accum 2 -s 1024 -p bf16 -o adamw-fused -c layers --attention sdpa --use-cache off"
+    same_check "Axolotl QLoRA (Hub id from the HF cache)" "--recipe $R/axolotl-qlora.yaml" \
+        "meta-llama/Llama-3.2-1B -b 2 --grad-accum 4 -s 2048 -p bf16 -o paged-adam8bit -c layers --attention flash --use-cache off --finetune qlora --lora-r 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets all-linear"
+    same_check "LLaMA-Factory LoRA" "--recipe $R/llamafactory-lora.yaml" \
+        "models/hf/llama-3.2-1b.json -b 1 --grad-accum 8 -s 2048 -p bf16 -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
+    # the command line wins, and the JSON says so
+    run check --recipe $R/axolotl-full.yaml --gpu a100-80gb -b 3 -p amp-bf16 --json
+    if [ "$ec" -le 1 ] && python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1])); c = d["config"]; s = c["recipe"]["settings"]
+assert c["batch"] == 3 and c["precision"] == "amp-bf16", c
+assert s["batch"] == {"value": "1", "key": "micro_batch_size", "line": 9, "source": "command line"}, s["batch"]
+assert s["precision"]["source"] == "command line" and s["seq"]["source"] == "recipe", s
+assert s["optimizer"] == {"value": "adamw-fused", "key": "optimizer", "line": 0, "source": "trainer default"}
+' "$T/out" >"$T/why" 2>&1; then
+        ok "check --recipe -b 3 -p amp-bf16: the command line wins, config.recipe says which"
+    else
+        bad "command line over the recipe"
+    fi
+    run suggest --recipe $R/axolotl-full.yaml --gpu a100-80gb --no-probe --json
+    if [ "$ec" -le 1 ] && python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))["config"]["recipe"]["settings"]
+assert s["batch"]["source"] == "not used" and s["seq"]["source"] == "recipe", s
+' "$T/out" >"$T/why" 2>&1; then
+        ok "suggest --recipe: the micro-batch is searched (batch: not used), config.recipe reported"
+    else
+        bad "suggest --recipe"
+    fi
+    run plan --recipe $R/axolotl-full.yaml --gpu a100-80gb --json
+    if [ "$ec" -le 1 ] && python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1]))["config"]
+s = c["recipe"]["settings"]
+assert s["checkpoint"]["source"] == "not used" and c["checkpoint"] != "layers", c
+assert s["batch"]["source"] == "recipe" and c["batch"] == 1, c
+' "$T/out" >"$T/why" 2>&1; then
+        ok "plan --recipe: the checkpoints are planned (checkpoint: not used), the recipe batch kept"
+    else
+        bad "plan --recipe"
+    fi
+fi
+run estimate --recipe $R/axolotl-full.yaml
+if [ "$ec" -eq 0 ] && grep -q "^recipe    $R/axolotl-full.yaml (Axolotl 0.19.0)$" "$T/out" &&
+    grep -q "from the recipe: batch 1, grad-accum 2, seq 1024, precision bf16, checkpoint layers,$" "$T/out" &&
+    [ "$(awk 'length > 100' "$T/out" | wc -l)" -eq 0 ]; then
+    ok "estimate --recipe: the recipe and its settings in the report, within 100 columns"
+else
+    bad "estimate --recipe: the report's recipe lines"
+fi
+# --explain lists the keys memplan does not know; without it they are accepted quietly
+HF_HUB_CACHE="$rhub" run check --recipe $R/axolotl-qlora.yaml --gpu a100-80gb --explain
+if [ "$ec" -eq 0 ] && grep -q "1 key memplan does not know (accepted, not read): unknown_key_here (line 40)" "$T/err" &&
+    grep -q "^-> optimizer paged-adam8bit (optimizer)$" "$T/err"; then
+    ok "check --recipe --explain: the unknown key listed, each setting with its key"
+else
+    bad "--explain"
+fi
+HF_HUB_CACHE="$rhub" run check --recipe $R/axolotl-qlora.yaml --gpu a100-80gb
+[ "$ec" -eq 0 ] && [ ! -s "$T/err" ] && ok "check --recipe without --explain: unknown keys accepted quietly" ||
+    bad "unknown keys quiet without --explain"
+# refusals: exit 3, one line naming the file, the key (and its line)
+expect_line 3 "TRL SFT recipe: the chunked fused loss refused" check --recipe $R/trl-sft-lora.yaml --gpu a100-80gb
+grep -q "^memplan: error: $R/trl-sft-lora.yaml: loss_type (the trainer's default): nll: .*fused LM head" "$T/err" &&
+    ok "TRL loss refusal names loss_type and its value" || bad "TRL loss refusal message"
+expect_line 3 "LLaMA-Factory defaults: reentrant checkpointing refused" check --recipe $R/llamafactory-defaults.yaml --gpu a100-80gb
+grep -q "use_reentrant_gc (the trainer's default): true: reentrant" "$T/err" && ok "names use_reentrant_gc" ||
+    bad "LLaMA-Factory reentrant refusal message"
+expect_line 3 "torchtune: its chunked loss refused" check --recipe $R/torchtune-full.yaml --gpu a100-80gb
+grep -q "torchtune-full.yaml:36: loss._component_: torchtune.modules.loss.LinearCrossEntropyLoss" "$T/err" &&
+    ok "torchtune refusal names loss._component_ and line 36" || bad "torchtune refusal message"
+printf 'base_model: models/hf/gpt2.json\nsample_packing: true\n' >"$T/pack.yaml"
+expect_line 3 "Axolotl sample_packing refused" check --recipe "$T/pack.yaml" --gpu a100-80gb
+grep -q "pack.yaml:2: sample_packing: true: .*not modelled yet" "$T/err" && ok "names sample_packing:2" || bad "packing message"
+printf 'base_model: models/hf/gpt2.json\nmicro_batch_size: 2\nlora_r: 0\nadapter: lora\n' >"$T/r0.yaml"
+expect_line 3 "a recipe's value out of range (lora_r 0)" check --recipe "$T/r0.yaml" --gpu a100-80gb
+printf 'base_model: no-org/no-model\n' >"$T/nomodel.yaml"
+HF_HUB_CACHE="$rhub" run check --recipe "$T/nomodel.yaml" --gpu a100-80gb
+[ "$ec" -eq 3 ] && grep -q "models--no-org--no-model.*hf download no-org/no-model config.json" "$T/err" &&
+    ok "a recipe's Hub id not in the cache: where it looked, how to fetch only config.json" || bad "recipe model not found"
+printf 'micro_batch_size: 2\n' >"$T/nomodel2.yaml"
+expect_line 2 "a recipe without a model and no MODEL" check --recipe "$T/nomodel2.yaml" --gpu a100-80gb
+expect_line 2 "--recipe-format without --recipe" check models/gpt2-124m.json -b 1 --gpu a100-80gb --recipe-format hf
+expect_line 2 "--recipe-format: an unknown format" check --recipe $R/hf-args.yaml --recipe-format nemo --gpu a100-80gb
+expect_line 3 "--recipe: no such file" check --recipe "$T/none.yaml" --gpu a100-80gb
+printf 'learning_rate: 1\n' >"$T/which.yaml"
+expect_line 3 "a recipe whose format its keys do not tell" check models/gpt2-124m.json --recipe "$T/which.yaml" --gpu a100-80gb
+run check models/hf/gpt2.json --recipe "$T/which.yaml" --recipe-format hf --gpu a100-80gb --json
+[ "$ec" -eq 0 ] && grep -q '"format_from":.*"--recipe-format"' "$T/out" && ok "--recipe-format hf says it" ||
+    bad "--recipe-format hf"
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

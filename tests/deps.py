@@ -17,10 +17,11 @@ import re
 import subprocess
 import sys
 
-ORDER = ["util", "json", "model", "ir", "ckpt", "estimate", "probe", "search", "report", "cli"]
+ORDER = ["util", "json", "recipe", "model", "ir", "ckpt", "estimate", "probe", "search", "report", "cli"]
 PUBLIC = {
     "util": ("util/util.h", "util/sets.h"),  # sets.h: the closed sets, for kernels/ and mp_math.h too
     "json": "json/json.h",
+    "recipe": "recipe/recipe.h",
     "model": "model/model.h",
     "ir": "ir/layers.h",
     "ckpt": "ckpt/ckpt.h",

@@ -4,7 +4,7 @@
 #
 #   sh bench/gpu/prepare.sh [--no-cuda] [--arch N]
 #
-# 1. .deps/: the .deb files of libcjson and libcmocka (apt-get download), unpacked with dpkg -x
+# 1. .deps/: the .deb files of libcjson, libyaml and libcmocka (apt-get download), unpacked with dpkg -x
 #    into .deps/root (run.sh puts .deps/root/usr/lib/<triplet> on LD_LIBRARY_PATH; build.sh builds
 #    against it where the system has no headers);
 # 2. .deps/py/: bitsandbytes (the QLoRA row's PyTorch side; the GPU image has peft but not it),
@@ -31,7 +31,7 @@ status=0
 
 # ---- 1. build dependencies as .deb files, unpacked ---------------------------------------------
 mkdir -p .deps
-debs="libcjson1 libcjson-dev libcmocka0 libcmocka-dev"
+debs="libcjson1 libcjson-dev libyaml-0-2 libyaml-dev libcmocka0 libcmocka-dev"
 # shellcheck disable=SC2086
 if ! (cd .deps && apt-get download $debs >/dev/null 2>&1); then
     apt-get update -qq >/dev/null 2>&1

@@ -20,7 +20,7 @@ if [ -z "${PYTHON:-}" ]; then
     if [ -x .venv/bin/python3 ]; then PYTHON=.venv/bin/python3; else PYTHON=python3; fi
 fi
 command -v "$PYTHON" >/dev/null 2>&1 || { echo "run.sh: no $PYTHON: the kit needs Python 3" >&2; exit 2; }
-# carried build dependencies (prepare.sh): libcjson/libcmocka, bitsandbytes
+# carried build dependencies (prepare.sh): libcjson/libyaml/libcmocka, bitsandbytes
 for d in .deps/root/usr/lib/*-linux-gnu .deps/root/usr/lib; do
     if [ -d "$d" ] && ls "$d"/libcjson.so* >/dev/null 2>&1; then
         LD_LIBRARY_PATH=$(pwd)/$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

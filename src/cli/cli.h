@@ -20,6 +20,7 @@
 #include "ir/layers.h"
 #include "model/model.h"
 #include "probe/probe.h"
+#include "recipe/recipe.h"
 #include "report/report.h"
 #include "search/search.h"
 
@@ -64,6 +65,11 @@ struct args {
     bool par_set, gpus_set;
     struct mp_finetune ft;
     bool alpha_set, lora_set, blocks_set; /* lora_set: --lora-r, --lora-dropout or --lora-targets */
+    const char *recipe;    /* --recipe FILE */
+    int recipe_format;     /* --recipe-format (-1: detected from the keys) */
+    bool explain;          /* --explain: how the recipe's keys were read, on stderr */
+    struct mp_recipe *rec; /* the recipe read (NULL: none) */
+    bool use_cache_recipe; /* use_cache came from the recipe: moot for a model without a k/v cache */
 };
 
 /* Which commands accept which options (bit per command). */

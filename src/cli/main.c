@@ -25,7 +25,8 @@ static const struct command COMMANDS[] = {
      "Micro-batch and checkpoint strategy are searched; precision too unless --precision is given.\n"
      "Target: --gpu, --vram, --device, else the local GPU, else the a100-80gb profile.\n"},
     {"check", C_CHECK, cmd_check, "CI gate: exit 0 if the configuration fits the target, 1 if it does not",
-     "--batch and a target (--gpu NAME or --vram SIZE) are required. No GPU is needed.\n"},
+     "--batch (or a --recipe that sets it) and a target (--gpu NAME or --vram SIZE) are required.\n"
+     "No GPU is needed.\n"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
 
@@ -50,6 +51,8 @@ static void print_help(FILE *f)
         t += n;
         t += strspn(t, ", ");
     }
+    fputs("\nWith --recipe FILE (a trainer's recipe: HF, TRL, Axolotl, LLaMA-Factory, torchtune), MODEL may\n"
+          "be left out: the recipe names it.", f);
     fputs("\n\nCommands:\n", f);
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-9s %s\n", COMMANDS[i].name, COMMANDS[i].summary);

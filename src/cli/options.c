@@ -181,6 +181,13 @@ static const struct opt OPTS[] = {
     {0, "wide", NULL, C_ALL, K_FLAG, FIELD(wide),
      .help = "text wider than 100 columns: the full block table, no wrapping"},
     {0, "json", NULL, C_ALL, K_FLAG, FIELD(json), .help = "print the report as JSON (schema 1)"},
+    {0, "recipe", "FILE", C_TARGET, K_STRING, FIELD(recipe),
+     .help = "a trainer's recipe (HF TrainingArguments JSON/YAML, TRL, Axolotl, LLaMA-Factory, torchtune YAML): "
+             "its model and settings, with the trainer's defaults; options given here override it"},
+    {0, "recipe-format", "F", C_TARGET, K_ENUM, FIELD(recipe_format), .parse = mp_recipe_format_parse,
+     .names = mp_recipe_format_names, .help = ": the recipe's format (default: told by its keys)"},
+    {0, "explain", NULL, C_TARGET, K_FLAG, FIELD(explain),
+     .help = "with --recipe: how each key was read, and the keys memplan does not know (stderr)"},
     {'h', "help", NULL, C_ALL, K_HELP, .help = "show this help"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
@@ -430,12 +437,15 @@ static void args_default(const struct command *c, struct args *a)
     a->steps = 3;
     a->backend = "auto";
     a->ckpt.strategy = c->bit == C_PLAN ? MP_CKPT_OPTIMAL : MP_CKPT_NONE;
+    a->recipe_format = -1;
     mp_finetune_default(&a->ft);
 }
 
 /* The rules between options, once all are read: 0 or the exit status (message printed). */
 static int check_rules(const struct command *c, struct args *a)
 {
+    if ((a->recipe_format >= 0 || a->explain) && !a->recipe)
+        return cli_usage_error(c->name, "%s", a->explain ? "--explain needs --recipe FILE" : "--recipe-format needs --recipe FILE");
     if (!strcmp(a->model, "-"))
         return cli_usage_error(c->name, "%s",
                                "MODEL '-': memplan does not read a model from stdin; pass the file's path");
@@ -499,6 +509,128 @@ static const struct opt *opt_of(int ch)
     return NULL;
 }
 
+/* ---- --recipe --------------------------------------------------------------------------------- */
+
+static const struct opt *opt_named(const char *name)
+{
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (!strcmp(OPTS[i].name, name))
+            return &OPTS[i];
+    return NULL;
+}
+
+/* One setting of the recipe through its option's row, as if typed: 0, or exit 3 (message printed). */
+static int recipe_setting(const struct command *c, struct args *a, const bool *given, enum mp_recipe_setting_id id)
+{
+    struct mp_recipe_setting *s = &a->rec->s[id];
+    if (!s->set || !mp_recipe_setting_wired(id))
+        return 0;
+    if (id == MP_RS_MODEL) {
+        if (a->model)
+            s->src = MP_RSRC_COMMAND_LINE;
+        else
+            a->model = s->value;
+        return 0;
+    }
+    bool lora = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA;
+    const struct opt *o = opt_named(mp_recipe_setting_option(id));
+    if (!o)
+        MP_BUG("recipe setting %s names no option", mp_recipe_setting_option(id));
+    if (given[o - OPTS]) {
+        s->src = MP_RSRC_COMMAND_LINE;
+        return 0;
+    }
+    if (id == MP_RS_PRECISION && a->rec->dtype_auto)
+        return 0; /* the checkpoint's dtype: apply_recipe settles it once the model is known */
+    if (!(o->cmds & c->bit) || (id >= MP_RS_LORA_R && id <= MP_RS_LORA_TARGETS && !lora) ||
+        (id == MP_RS_CHECKPOINT && c->bit == C_PLAN)) {
+        /* suggest searches the micro-batch, plan the checkpoints; no adapters: no LoRA options */
+        s->src = MP_RSRC_UNUSED;
+        return 0;
+    }
+    if (o->seen)
+        *((bool *)((char *)a + o->seen - 1)) = true;
+    if (id == MP_RS_USE_CACHE)
+        a->use_cache_recipe = true;
+    struct mp_diag d = {{0}};
+    enum mp_status st = parse_value(o, a, s->value, &d);
+    if (st == MP_OK)
+        return 0;
+    if (!d.msg[0] && o->kind == K_INT)
+        snprintf(d.msg, sizeof d.msg, "expected an integer from %llu to %llu", (unsigned long long)o->lo,
+                 (unsigned long long)o->hi);
+    else if (!d.msg[0] && o->names)
+        snprintf(d.msg, sizeof d.msg, "expected %s", o->names(", ", " or "));
+    char line[24] = "";
+    if (s->line)
+        snprintf(line, sizeof line, ":%u", s->line);
+    fprintf(stderr, "memplan: error: %s%s: %s: '%s' is not a value memplan takes for --%s%s%s\n", a->rec->path, line,
+            s->key, s->value, o->name, d.msg[0] ? ": " : "", d.msg);
+    return MP_EXIT_INPUT;
+}
+
+/* --explain: how the recipe's keys were read, the settings they made, the keys not known. */
+static void explain_recipe(const struct mp_recipe *rec, bool ok)
+{
+    fprintf(stderr, "memplan: %s: %s, %s\n", rec->path, rec->trainer ? rec->trainer : "?", rec->how);
+    fputs(rec->explain, stderr);
+    for (int i = 0; ok && i < MP_RS_N; i++) {
+        const struct mp_recipe_setting *s = &rec->s[i];
+        bool dflt = s->src == MP_RSRC_DEFAULT, key = strcmp(s->key, "(default)") != 0;
+        if (s->set)
+            fprintf(stderr, "-> %s %s (%s%s%s)\n", mp_recipe_setting_option((enum mp_recipe_setting_id)i), s->value,
+                    dflt ? "the trainer's default" : "", dflt && key ? " for " : "", key ? s->key : "");
+    }
+    fprintf(stderr, "memplan: %s: %zu key%s with no memory effect (accepted)\n", rec->path, rec->n_nomem,
+            rec->n_nomem == 1 ? "" : "s");
+    if (rec->n_unknown)
+        fprintf(stderr, "memplan: %s: %zu key%s memplan does not know (accepted, not read): %s\n", rec->path,
+                rec->n_unknown, rec->n_unknown == 1 ? "" : "s", rec->unknown);
+}
+
+/* --recipe FILE: read it, then each of its settings where the command line does not give it. */
+static int apply_recipe(const struct command *c, struct args *a, const bool *given)
+{
+    static struct mp_recipe rec;
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_recipe_read(a->recipe, a->recipe_format, &rec, &d);
+    a->rec = &rec;
+    if (st != MP_OK) {
+        if (a->explain && rec.trainer)
+            explain_recipe(&rec, false);
+        fprintf(stderr, "memplan: error: %s\n", d.msg);
+        return st == MP_ERR_IO || st == MP_ERR_JSON || st == MP_ERR_MODEL ? MP_EXIT_INPUT : MP_EXIT_INTERNAL;
+    }
+    for (int id = 0; id < MP_RS_N; id++) {
+        int rc = recipe_setting(c, a, given, (enum mp_recipe_setting_id)id);
+        if (rc)
+            return rc;
+    }
+    if (!a->model) {
+        fprintf(stderr, "memplan: error: %s: the recipe names no model (%s): give MODEL\n", rec.path,
+                rec.format == MP_RF_TORCHTUNE ? "checkpointer.checkpoint_dir" : "model_name_or_path");
+        return MP_EXIT_USAGE;
+    }
+    struct mp_recipe_setting *p = &rec.s[MP_RS_PRECISION];
+    if (rec.dtype_auto && p->src != MP_RSRC_COMMAND_LINE && p->src != MP_RSRC_UNUSED) {
+        char file[4096];
+        int rc = cli_resolve_model(a->model, file, sizeof file);
+        if (rc)
+            return rc;
+        if ((st = mp_recipe_resolve_dtype(&rec, file, &d)) != MP_OK) {
+            fprintf(stderr, "memplan: error: %s\n", d.msg);
+            return MP_EXIT_INPUT;
+        }
+        const struct opt *o = opt_named("precision");
+        if (parse_value(o, a, p->value, &d) != MP_OK)
+            MP_BUG("recipe precision %s", p->value);
+        a->precision_set = true;
+    }
+    if (a->explain)
+        explain_recipe(&rec, true);
+    return 0;
+}
+
 int cli_parse_args(const struct command *c, int argc, char **argv, struct args *a)
 {
     args_default(c, a);
@@ -508,6 +640,7 @@ int cli_parse_args(const struct command *c, int argc, char **argv, struct args *
     optind = 1;
     opterr = 0;
     int ch, idx;
+    bool given[N_OPTS] = {0};
     while ((ch = getopt_long(argc, argv, shortopts, lo, &idx)) != -1) {
         if (ch == '?' || ch == ':') {
             char bad[64]; /* a missing value: the option as typed (--seq, not -s) */
@@ -531,15 +664,21 @@ int cli_parse_args(const struct command *c, int argc, char **argv, struct args *
         }
         if (o->seen)
             *((bool *)((char *)a + o->seen - 1)) = true;
+        given[o - OPTS] = true;
         struct mp_diag d = {{0}};
         enum mp_status st = parse_value(o, a, o->arg ? optarg : NULL, &d);
         if (st != MP_OK)
             return value_error(o, c, optarg, st, &d);
     }
-    if (optind >= argc)
+    if (optind >= argc && !a->recipe)
         return cli_usage_error(c->name, "%s: missing MODEL (a memplan JSON model or an HF config.json)", c->name);
     if (optind + 1 < argc)
         return cli_usage_error(c->name, "unexpected argument '%s'", argv[optind + 1]);
-    a->model = argv[optind];
+    a->model = optind < argc ? argv[optind] : NULL;
+    if (a->recipe) {
+        int rc = apply_recipe(c, a, given);
+        if (rc)
+            return rc;
+    }
     return check_rules(c, a);
 }

@@ -185,7 +185,7 @@ static int check_model_options(const struct args *a, const struct setup *s)
     int rc = check_train_blocks(a, &s->model);
     if (rc)
         return rc;
-    if (a->use_cache >= 0 && !s->model.kv_cache) {
+    if (a->use_cache >= 0 && !s->model.kv_cache && !a->use_cache_recipe) {
         fprintf(stderr, "memplan: error: --use-cache: %s has no key/value cache (HF decoder configs only)\n",
                 a->model);
         return MP_EXIT_USAGE;
@@ -240,7 +240,7 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
         cli_add_default(s, "batch %s", "1");
     if (!a->precision_set && !need_target)
         cli_add_default(s, "precision %s", "amp-bf16");
-    if (a->optimizer == MP_OPT_ADAMW)
+    if (a->optimizer == MP_OPT_ADAMW && !(a->rec && a->rec->s[MP_RS_OPTIMIZER].set))
         cli_add_default(s, "optimizer %s", "adamw");
     int own = mp_model_attention_impl(&s->model);
     if (!a->attention_set && own >= 0 && own != MP_ATTN_SDPA) /* what it computes, not the CLI's default */
@@ -361,6 +361,7 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
     c->wide = a->wide;
     c->margin_pct = 100.0 * a->margin;
     c->moe_capacity = a->moe_capacity;
+    c->recipe = a->rec;
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
 }
 

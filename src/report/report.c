@@ -113,6 +113,73 @@ static cJSON *json_parallel_of(const struct mp_parallel *par)
 
 static void moe_json(cJSON *cf, const struct mp_report_ctx *c);
 
+static const char *const recipe_src[] = {"recipe", "trainer default", "command line", "not used"};
+
+/* config.recipe: the file, its format and trainer, each setting with its key and who won. */
+static void recipe_json(cJSON *cf, const struct mp_recipe *rc)
+{
+    cJSON *o = cJSON_AddObjectToObject(cf, "recipe");
+    cJSON_AddStringToObject(o, "format", mp_recipe_format_str(rc->format));
+    cJSON_AddStringToObject(o, "trainer", rc->trainer ? rc->trainer : "");
+    cJSON_AddStringToObject(o, "path", rc->path);
+    cJSON_AddStringToObject(o, "format_from", rc->how);
+    cJSON *set = cJSON_AddObjectToObject(o, "settings");
+    for (int i = 0; i < MP_RS_N; i++) {
+        const struct mp_recipe_setting *s = &rc->s[i];
+        if (!s->set)
+            continue;
+        cJSON *e = cJSON_AddObjectToObject(set, mp_recipe_setting_option((enum mp_recipe_setting_id)i));
+        cJSON_AddStringToObject(e, "value", s->value);
+        cJSON_AddStringToObject(e, "key", s->key);
+        ju64(e, "line", s->line);
+        cJSON_AddStringToObject(e, "source", recipe_src[s->src]);
+    }
+    cJSON *u = cJSON_AddArrayToObject(o, "unknown_keys");
+    for (const char *k = rc->unknown; *k;) {
+        size_t n = strcspn(k, " ");
+        char key[128];
+        snprintf(key, sizeof key, "%.*s", (int)(n < sizeof key ? n : sizeof key - 1), k);
+        cJSON_AddItemToArray(u, cJSON_CreateString(key));
+        k = strstr(k, ", ");
+        k = k ? k + 2 : "";
+    }
+}
+
+/* "recipe    PATH (TRAINER)" and the settings it made: from the file, the trainer's defaults, and
+ * where the command line won; wrapped at 100 columns. */
+static void recipe_lines(FILE *out, const struct mp_recipe *rc)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return;
+    char p[4 * sizeof rc->path];
+    fprintf(f, "recipe    %s (%s)\n", mp_text_clean(rc->path, p, sizeof p), rc->trainer ? rc->trainer : "?");
+    static const char *const head[] = {"from the recipe: ", "trainer defaults: ", "command line over the recipe: ",
+                                       "not used here: "};
+    int groups = 0;
+    for (int src = 0; src < 4; src++) {
+        int n = 0;
+        for (int i = 0; i < MP_RS_N; i++) {
+            const struct mp_recipe_setting *s = &rc->s[i];
+            if (!s->set || (int)s->src != src || i == MP_RS_MODEL || (i == MP_RS_LOSS && !strcmp(s->value, "hf")))
+                continue;
+            char v[4 * sizeof s->value];
+            if (!n++)
+                fprintf(f, "%s%s", groups++ ? "; " : "          ", head[src]);
+            else
+                fputs(", ", f);
+            fprintf(f, "%s %s", mp_recipe_setting_option((enum mp_recipe_setting_id)i), mp_text_clean(s->value, v, sizeof v));
+        }
+    }
+    if (groups)
+        fputc('\n', f);
+    fclose(f);
+    mp_report_fit_text(out, buf, len, MP_TEXT_COLUMNS);
+    free(buf);
+}
+
 static cJSON *json_root(const struct mp_report_ctx *c)
 {
     cJSON *r = cJSON_CreateObject();
@@ -170,6 +237,10 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             cJSON_AddBoolToObject(ft, "double_quant", q->double_quant);
         if (c->train->par)
             cJSON_AddItemToObject(cf, "parallel", json_parallel_of(c->train->par));
+        if (c->recipe)
+            recipe_json(cf, c->recipe);
+    } else if (c->recipe) { /* suggest: the recommendation holds the settings; config the recipe */
+        recipe_json(cJSON_AddObjectToObject(r, "config"), c->recipe);
     }
     if (c->gpu) {
         cJSON *g = cJSON_AddObjectToObject(r, "target");
@@ -445,6 +516,8 @@ static void header(FILE *out, const struct mp_report_ctx *c)
         fprintf(out, "parallel  %s; memory figures are per rank%s\n", mp_par_describe(c->train->par, pb, sizeof pb),
                 rk);
     }
+    if (c->recipe)
+        recipe_lines(out, c->recipe);
     if (c->defaults[0])
         fprintf(out, "defaults  %s\n", c->defaults);
     if (c->gpu)

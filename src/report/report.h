@@ -6,6 +6,7 @@
 #ifndef MEMPLAN_REPORT_H
 #define MEMPLAN_REPORT_H
 
+#include "recipe/recipe.h"
 #include <stdio.h>
 
 #include "search/search.h"
@@ -28,6 +29,7 @@ struct mp_report_ctx {
     const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     bool defaults_note;         /* print which defaults were used */
     char defaults[512];         /* "seq 1024 (model), batch 1, precision amp-bf16, ..." (the cli's, whole) */
+    const struct mp_recipe *recipe; /* --recipe: what it set (NULL: none) */
     double moe_capacity;        /* --moe-capacity: the busiest expert's share over the uniform one (>= 1;
                                    0 means 1) */
 };

@@ -1,0 +1,857 @@
+/* recipe.c — reading a recipe: libyaml parses the file (JSON too), every key is walked through
+ * the key table (recipe_keys.c), the trainer's defaults fill what the file leaves out, and the
+ * facts become memplan's settings (recipe.h).  Only facts are read here: nothing is printed.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "recipe/recipe_impl.h"
+#include "util/sets.h"
+
+#define RECIPE_MAX_BYTES (4u << 20)
+#define RECIPE_MAX_DEPTH 32 /* nested mappings: trainers' configs use 3 */
+
+/* ---- names ------------------------------------------------------------------------------------ */
+
+static const struct {
+    const char *name, *trainer;
+} formats[] = {
+#define MP_X(id, name, trainer) {name, trainer},
+    MP_RECIPE_FORMATS(MP_X)
+#undef MP_X
+};
+
+static const struct {
+    const char *option;
+    bool wired;
+} settings[] = {
+#define MP_X(id, opt, wired) {opt, wired},
+    MP_RECIPE_SETTINGS(MP_X)
+#undef MP_X
+};
+
+int mp_recipe_format_parse(const char *s)
+{
+    for (int i = 0; i < MP_RF_N; i++)
+        if (!strcmp(s, formats[i].name))
+            return i;
+    return -1;
+}
+
+const char *mp_recipe_format_str(enum mp_recipe_format f) { return formats[f].name; }
+
+const char *mp_recipe_format_names(const char *sep, const char *last)
+{
+    static char buf[128];
+    const char *names[MP_RF_N];
+    for (int i = 0; i < MP_RF_N; i++)
+        names[i] = formats[i].name;
+    return mp_join(buf, sizeof buf, names, MP_RF_N, sep, last);
+}
+
+const char *mp_recipe_setting_option(enum mp_recipe_setting_id id) { return settings[id].option; }
+bool mp_recipe_setting_wired(enum mp_recipe_setting_id id) { return settings[id].wired; }
+
+/* ---- the facts, as read ------------------------------------------------------------------------ */
+
+struct fact_val {
+    bool set;        /* by the file (else the default, if any) */
+    char v[256];
+    char key[96];
+    unsigned line;
+};
+
+struct reader {
+    struct mp_recipe *r;
+    struct mp_diag *d;
+    enum mp_status st; /* the first refusal */
+    unsigned fmt_bit;
+    struct fact_val f[F_N];
+    yaml_document_t *doc;
+};
+
+static void appendf(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void appendf(char *buf, size_t cap, const char *fmt, ...)
+{
+    size_t l = strlen(buf);
+    if (l + 1 >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + l, cap - l, fmt, ap);
+    va_end(ap);
+}
+
+/* The first refusal is the error; later ones are only in --explain. */
+static void refuse(struct reader *rd, const char *key, unsigned line, const char *value, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void refuse(struct reader *rd, const char *key, unsigned line, const char *value, const char *fmt, ...)
+{
+    char why[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    char where[48] = "";
+    if (line)
+        snprintf(where, sizeof where, ":%u", line);
+    const char *dflt = line ? "" : " (the trainer's default)";
+    if (rd->st == MP_OK)
+        rd->st = mp_fail(rd->d, MP_ERR_MODEL, "%s%s: %s%s: %s: %s", rd->r->path, where, key, dflt, value, why);
+    appendf(rd->r->explain, sizeof rd->r->explain, "%s%s: refused: %s\n", key, where, why);
+}
+
+/* ---- YAML values ------------------------------------------------------------------------------- */
+
+static bool is_null(const yaml_node_t *n)
+{
+    if (!n || n->type != YAML_SCALAR_NODE)
+        return false;
+    const char *v = (const char *)n->data.scalar.value;
+    return n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+           (!*v || !strcmp(v, "~") || !strcmp(v, "null") || !strcmp(v, "Null") || !strcmp(v, "NULL"));
+}
+
+static int truth(const char *v) /* 1 true, 0 false, -1 neither */
+{
+    static const char *const t[] = {"true", "True", "TRUE", "yes", "Yes", "on", "1"},
+                              *const f[] = {"false", "False", "FALSE", "no", "No", "off", "0", ""};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (!strcmp(v, t[i]))
+            return 1;
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        if (!strcmp(v, f[i]))
+            return 0;
+    return -1;
+}
+
+/* The value as text: a scalar's, a list of scalars joined with ',', "[...]" / "{...}" else. */
+static void node_text(yaml_document_t *doc, const yaml_node_t *n, char *out, size_t cap)
+{
+    out[0] = 0;
+    if (is_null(n)) {
+        snprintf(out, cap, "null");
+    } else if (n->type == YAML_SCALAR_NODE) {
+        snprintf(out, cap, "%s", (const char *)n->data.scalar.value);
+    } else if (n->type == YAML_SEQUENCE_NODE) {
+        for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
+            const yaml_node_t *c = yaml_document_get_node(doc, *it);
+            if (!c || c->type != YAML_SCALAR_NODE) {
+                snprintf(out, cap, "[...]");
+                return;
+            }
+            appendf(out, cap, "%s%s", it == n->data.sequence.items.start ? "" : ",", (const char *)c->data.scalar.value);
+        }
+        if (!out[0])
+            snprintf(out, cap, "[]");
+    } else {
+        snprintf(out, cap, n->data.mapping.pairs.start == n->data.mapping.pairs.top ? "{}" : "{...}");
+    }
+}
+
+/* A value that changes nothing: one of the row's inert words, else null, false, 0, empty. */
+static bool inert(const char *text, const char *words)
+{
+    if (words)
+        return mp_in_list(words, text);
+    return !strcmp(text, "null") || truth(text) == 0 || !strcmp(text, "[]") || !strcmp(text, "{}") ||
+           !strcmp(text, "0.0") || !strcmp(text, "none") || !strcmp(text, "None");
+}
+
+/* ---- the key table ------------------------------------------------------------------------------ */
+
+static const struct key_row *row_of(unsigned bit, const char *key)
+{
+    for (size_t i = 0; i < mp_recipe_n_keys; i++)
+        if ((mp_recipe_keys[i].fmts & bit) && !strcmp(mp_recipe_keys[i].key, key))
+            return &mp_recipe_keys[i];
+    return NULL;
+}
+
+/* True when a row names a key nested under key. */
+static bool rows_under(unsigned bit, const char *key)
+{
+    size_t n = strlen(key);
+    for (size_t i = 0; i < mp_recipe_n_keys; i++)
+        if ((mp_recipe_keys[i].fmts & bit) && !strncmp(mp_recipe_keys[i].key, key, n) && mp_recipe_keys[i].key[n] == '.')
+            return true;
+    return false;
+}
+
+/* key is a no-memory word of the format, or nested under one. */
+static bool nomem(enum mp_recipe_format f, const char *key)
+{
+    const char *list = mp_recipe_nomem[f], *w;
+    size_t n;
+    while ((w = mp_list_word(&list, &n)) != NULL)
+        if (!strncmp(key, w, n) && (key[n] == 0 || key[n] == '.'))
+            return true;
+    return false;
+}
+
+static void set_fact(struct reader *rd, enum fact f, const char *v, const char *key, unsigned line)
+{
+    struct fact_val *fv = &rd->f[f];
+    fv->set = true;
+    snprintf(fv->v, sizeof fv->v, "%s", v);
+    snprintf(fv->key, sizeof fv->key, "%s", key);
+    fv->line = line;
+}
+
+static void apply_row(struct reader *rd, const struct key_row *row, const char *key, const yaml_node_t *n)
+{
+    char text[256];
+    node_text(rd->doc, n, text, sizeof text);
+    unsigned line = (unsigned)n->start_mark.line + 1;
+    char *ex = rd->r->explain;
+    switch (row->act) {
+    case A_NOMEM:
+        rd->r->n_nomem++;
+        return;
+    case A_REFUSE:
+        if (inert(text, row->inert))
+            appendf(ex, sizeof rd->r->explain, "%s:%u: %s: read (changes nothing)\n", key, line, text);
+        else
+            refuse(rd, key, line, text, "%s", row->why);
+        return;
+    case A_FACT:
+        if (row->as) {
+            int t = truth(text);
+            if (t < 0 && !(row->fact == F_BF16 && !strcmp(text, "auto")))
+                refuse(rd, key, line, text, "expected true or false");
+            else if (t == 1)
+                set_fact(rd, row->fact, row->as, key, line);
+        } else {
+            set_fact(rd, row->fact, text, key, line);
+        }
+        appendf(ex, sizeof rd->r->explain, "%s:%u: %s: read\n", key, line, text);
+        return;
+    }
+}
+
+static void unknown(struct reader *rd, const char *key, unsigned line)
+{
+    struct mp_recipe *r = rd->r;
+    appendf(r->unknown, sizeof r->unknown, "%s%s (line %u)", r->n_unknown ? ", " : "", key, line);
+    r->n_unknown++;
+    appendf(r->explain, sizeof r->explain, "%s:%u: unknown to memplan (accepted, not read)\n", key, line);
+}
+
+static void visit(struct reader *rd, const char *key, const yaml_node_t *n)
+{
+    enum mp_recipe_format f = rd->r->format;
+    const struct key_row *row = row_of(rd->fmt_bit, key);
+    bool map = n->type == YAML_MAPPING_NODE;
+    if (row && !(map && rows_under(rd->fmt_bit, key) && row->act != A_REFUSE)) {
+        apply_row(rd, row, key, n);
+        return;
+    }
+    if (map && (rows_under(rd->fmt_bit, key) || !nomem(f, key))) {
+        for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
+            const yaml_node_t *k = yaml_document_get_node(rd->doc, p->key), *v = yaml_document_get_node(rd->doc, p->value);
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s.%s", key, k && k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "?");
+            if (v)
+                visit(rd, sub, v);
+        }
+        return;
+    }
+    if (nomem(f, key)) {
+        rd->r->n_nomem++;
+        return;
+    }
+    if (is_null(n) && rows_under(rd->fmt_bit, key))
+        return;
+    unknown(rd, key, (unsigned)n->start_mark.line + 1);
+}
+
+/* ---- format detection ----------------------------------------------------------------------------- */
+
+static const yaml_node_t *top(yaml_document_t *doc, const char *key)
+{
+    const yaml_node_t *root = yaml_document_get_root_node(doc);
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
+        const yaml_node_t *k = yaml_document_get_node(doc, p->key);
+        if (k && k->type == YAML_SCALAR_NODE && !strcmp((const char *)k->data.scalar.value, key))
+            return yaml_document_get_node(doc, p->value);
+    }
+    return NULL;
+}
+
+/* The keys that tell each format (the first found decides, in this order: LLaMA-Factory and TRL
+ * share model_name_or_path and TrainingArguments' keys, so LLaMA-Factory's own come first). */
+static const struct {
+    enum mp_recipe_format f;
+    const char *keys;
+} tells[] = {
+    {MP_RF_TORCHTUNE, "checkpointer tokenizer enable_activation_checkpointing batch_size"},
+    {MP_RF_LLAMAFACTORY, "stage finetuning_type cutoff_len template lora_rank"},
+    {MP_RF_AXOLOTL, "base_model micro_batch_size sequence_len adapter datasets"},
+    {MP_RF_TRL, "model_name_or_path use_peft max_length loss_type dataset_name packing"},
+    {MP_RF_HF, "per_device_train_batch_size output_dir optim gradient_accumulation_steps bf16"},
+};
+
+static enum mp_status detect(yaml_document_t *doc, struct mp_recipe *r, struct mp_diag *d)
+{
+    for (size_t i = 0; i < sizeof tells / sizeof tells[0]; i++) {
+        const char *list = tells[i].keys, *w;
+        size_t n;
+        while ((w = mp_list_word(&list, &n)) != NULL) {
+            char k[64];
+            snprintf(k, sizeof k, "%.*s", (int)n, w);
+            const yaml_node_t *v = top(doc, k);
+            if (!v)
+                continue;
+            r->format = tells[i].f;
+            snprintf(r->how, sizeof r->how, "detected from key '%s' (line %u)", k, (unsigned)v->start_mark.line + 1);
+            return MP_OK;
+        }
+    }
+    return mp_fail(d, MP_ERR_MODEL, "%s: the recipe's format is not told by its keys: give --recipe-format %s",
+                   r->path, mp_recipe_format_names("|", NULL));
+}
+
+/* ---- from facts to settings ---------------------------------------------------------------------- */
+
+static const struct fact_val *fact(struct reader *rd, enum fact f, struct fact_val *tmp)
+{
+    if (rd->f[f].set)
+        return &rd->f[f];
+    const char *dv = mp_recipe_trainers[rd->r->format].dflt[f];
+    memset(tmp, 0, sizeof *tmp);
+    if (!dv)
+        return NULL;
+    snprintf(tmp->v, sizeof tmp->v, "%s", dv);
+    snprintf(tmp->key, sizeof tmp->key, "%s", dv ? "default" : "");
+    return tmp;
+}
+
+/* The key that names fact f in a message: the file's, else the format's key for it. */
+static const char *fact_key(struct reader *rd, enum fact f)
+{
+    if (rd->f[f].set)
+        return rd->f[f].key;
+    for (size_t i = 0; i < mp_recipe_n_keys; i++)
+        if ((mp_recipe_keys[i].fmts & rd->fmt_bit) && mp_recipe_keys[i].fact == f && mp_recipe_keys[i].act == A_FACT &&
+            !mp_recipe_keys[i].as)
+            return mp_recipe_keys[i].key;
+    return "(default)";
+}
+
+static void put(struct reader *rd, enum mp_recipe_setting_id id, const char *value, enum fact from)
+{
+    struct mp_recipe_setting *s = &rd->r->s[id];
+    s->set = true;
+    snprintf(s->value, sizeof s->value, "%s", value);
+    s->src = rd->f[from].set ? MP_RSRC_KEY : MP_RSRC_DEFAULT;
+    snprintf(s->key, sizeof s->key, "%s", fact_key(rd, from));
+    s->line = rd->f[from].set ? rd->f[from].line : 0;
+}
+
+static int fact_truth(struct reader *rd, enum fact f)
+{
+    struct fact_val tmp;
+    const struct fact_val *v = fact(rd, f, &tmp);
+    return v ? truth(v->v) : 0;
+}
+
+/* A positive whole number (batch, accumulation, length, rank): into the setting, else refused. */
+static void count(struct reader *rd, enum fact f, enum mp_recipe_setting_id id, bool null_ok)
+{
+    struct fact_val tmp;
+    const struct fact_val *v = fact(rd, f, &tmp);
+    if (!v || (null_ok && !strcmp(v->v, "null")))
+        return;
+    uint64_t n = 0;
+    if (mp_parse_u64(v->v, &n) != MP_OK || n == 0)
+        refuse(rd, fact_key(rd, f), v->line, v->v, "expected a positive integer");
+    else
+        put(rd, id, v->v, f);
+}
+
+enum dt { DT_NONE, DT_F32, DT_BF16, DT_F16, DT_AUTO, DT_BAD };
+
+static enum dt dtype_of(const char *s)
+{
+    static const struct {
+        const char *name;
+        enum dt dt;
+    } names[] = {{"float32", DT_F32}, {"fp32", DT_F32}, {"torch.float32", DT_F32}, {"float", DT_F32},
+                 {"bfloat16", DT_BF16}, {"bf16", DT_BF16}, {"torch.bfloat16", DT_BF16},
+                 {"float16", DT_F16}, {"fp16", DT_F16}, {"half", DT_F16}, {"torch.float16", DT_F16},
+                 {"auto", DT_AUTO}, {"null", DT_NONE}};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strcmp(s, names[i].name))
+            return names[i].dt;
+    return DT_BAD;
+}
+
+/* memplan's precision for weights that train in w (the frozen base's dtype for adapters) under
+ * autocast a (DT_NONE: none): NULL and why when memplan has none for it. */
+static const char *precision_of(enum dt w, enum dt a, char *why, size_t cap)
+{
+    if (w == DT_F32)
+        return a == DT_BF16 ? "amp-bf16" : a == DT_F16 ? "amp-fp16" : "fp32";
+    if (w == DT_BF16 && a != DT_F16)
+        return "bf16"; /* bf16 weights (autocast to bf16 changes nothing): pure bf16 */
+    snprintf(why, cap, "%s", w == DT_BF16 ? "fp16 autocast over bfloat16 weights: not modelled"
+                                                      : "float16 weights: not modelled yet (amp-fp16 keeps fp32 weights)");
+    return NULL;
+}
+
+static void derive_precision(struct reader *rd, bool adapters)
+{
+    struct fact_val t1, t2;
+    enum mp_recipe_format f = rd->r->format;
+    const struct fact_val *dt = fact(rd, F_DTYPE, &t1), *b16 = fact(rd, F_BF16, &t2);
+    int bf = 0, fp = fact_truth(rd, F_FP16);
+    if (b16)
+        bf = !strcmp(b16->v, "!fp16") ? !fp : !strcmp(b16->v, "auto") ? !fp : truth(b16->v) == 1;
+    enum dt load = dt ? dtype_of(dt->v) : DT_F32, ac = bf ? DT_BF16 : fp ? DT_F16 : DT_NONE, train;
+    enum fact decided = rd->f[F_DTYPE].set ? F_DTYPE : rd->f[F_BF16].set ? F_BF16 : rd->f[F_FP16].set ? F_FP16
+                        : f == MP_RF_TORCHTUNE || f == MP_RF_HF ? F_DTYPE : F_BF16;
+    if (load == DT_BAD) {
+        refuse(rd, fact_key(rd, F_DTYPE), dt->line, dt->v, "expected bfloat16, float32 or float16");
+        return;
+    }
+    if (f == MP_RF_AXOLOTL) /* utils/config/__init__.py:198-203: the model is loaded in the autocast dtype */
+        load = bf ? DT_BF16 : (fp || fact_truth(rd, F_LOAD8)) ? DT_F16 : DT_F32;
+    train = load;
+    if (f == MP_RF_LLAMAFACTORY) { /* parser.py:512 loads in the compute dtype; adapter.py:313 upcasts
+                                      the trainable parameters to fp32 unless pure_bf16 */
+        int pure = fact_truth(rd, F_PURE_BF16);
+        load = bf || pure ? DT_BF16 : fp ? DT_F16 : DT_F32;
+        ac = load == DT_F32 ? DT_NONE : load;
+        train = pure ? load : DT_F32;
+        if (pure && adapters) {
+            refuse(rd, "pure_bf16", rd->f[F_PURE_BF16].line, "true", "bf16 adapters: " "not modelled yet");
+            return;
+        }
+        if (rd->f[F_PURE_BF16].set)
+            decided = F_PURE_BF16;
+    }
+    if (f == MP_RF_TORCHTUNE && adapters && load == DT_BF16) {
+        refuse(rd, fact_key(rd, F_DTYPE), rd->f[F_DTYPE].line, dt->v,
+               "torchtune builds its adapters in this dtype; memplan's are fp32 as peft makes them: not modelled yet");
+        return;
+    }
+    enum dt w = adapters ? load : train;
+    char why[160] = "";
+    if (w == DT_AUTO) { /* the checkpoint's dtype: settled once the model is known */
+        rd->r->dtype_auto = true;
+        for (int i = 0; i < 2; i++) {
+            const char *p = precision_of(i ? DT_BF16 : DT_F32, ac, rd->r->prec_auto_why[i], sizeof rd->r->prec_auto_why[i]);
+            snprintf(rd->r->prec_auto[i], sizeof rd->r->prec_auto[i], "%s", p ? p : "");
+        }
+        put(rd, MP_RS_PRECISION, "auto", decided);
+        return;
+    }
+    const char *p = precision_of(w, ac, why, sizeof why);
+    if (!p) {
+        struct fact_val tmp;
+        const struct fact_val *v = fact(rd, decided, &tmp);
+        refuse(rd, fact_key(rd, decided), rd->f[decided].line, v ? v->v : "", "%s", why);
+        return;
+    }
+    put(rd, MP_RS_PRECISION, p, decided);
+}
+
+/* torchtune's optimizer components by their HF TrainingArguments name (recipes/configs use these). */
+static const struct {
+    const char *component, *hf, *hf_fused;
+} tt_optims[] = {
+    {"torch.optim.AdamW", "adamw_torch", "adamw_torch_fused"},
+    {"torch.optim.Adam", "adamw_torch", "adamw_torch_fused"},
+    {"torch.optim.SGD", "sgd", "sgd"},
+    {"bitsandbytes.optim.PagedAdamW8bit", "paged_adamw_8bit", "paged_adamw_8bit"},
+    {"bitsandbytes.optim.AdamW8bit", "adamw_bnb_8bit", "adamw_bnb_8bit"},
+    {"bitsandbytes.optim.PagedAdamW", "paged_adamw_32bit", "paged_adamw_32bit"},
+    {"torchao.optim.AdamW8bit", "adamw_torch_8bit", "adamw_torch_8bit"},
+    {"torchao.optim.AdamW4bit", "adamw_torch_4bit", "adamw_torch_4bit"},
+};
+
+/* memplan's optimizer for an HF optim name: the MP_OPTIMIZERS row whose HF columns name it (a
+ * row with AdamW's decoupled weight decay first: HF's adamw_* are AdamW); NULL if none. */
+/* The memplan optimizer an HF `optim` name selects: the row of MP_OPTIMIZERS whose aliases (the
+ * HF names --optimizer accepts, each in one row) hold it. */
+static const char *optimizer_of_hf(const char *hf)
+{
+    static const struct {
+        const char *name, *aliases;
+    } rows[] = {
+#define MP_X(id, name, state, tmp, wd, hf, aliases, probe, par_probe) {name, aliases},
+        MP_OPTIMIZERS(MP_X)
+#undef MP_X
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+        if (mp_in_list(rows[i].aliases, hf))
+            return rows[i].name;
+    return NULL;
+}
+
+static void derive_optimizer(struct reader *rd)
+{
+    struct fact_val tmp;
+    const struct fact_val *v = fact(rd, F_OPTIM, &tmp);
+    if (!v)
+        return;
+    const char *hf = v->v;
+    if (rd->r->format == MP_RF_TORCHTUNE) {
+        hf = NULL;
+        for (size_t i = 0; i < sizeof tt_optims / sizeof *tt_optims; i++)
+            if (!strcmp(v->v, tt_optims[i].component))
+                hf = fact_truth(rd, F_OPT_FUSED) ? tt_optims[i].hf_fused : tt_optims[i].hf;
+    }
+    const char *name = hf ? optimizer_of_hf(hf) : NULL;
+    if (!name)
+        refuse(rd, fact_key(rd, F_OPTIM), v->line, v->v, "an optimizer memplan does not model (it models %s)",
+               "the HF optim names of --optimizer's table");
+    else
+        put(rd, MP_RS_OPTIMIZER, name, F_OPTIM);
+}
+
+static void derive_checkpoint(struct reader *rd)
+{
+    struct fact_val t1, t2;
+    const struct fact_val *gc = fact(rd, F_GC, &t1);
+    if (!gc)
+        return;
+    int on = truth(gc->v);
+    if (on < 0) {
+        refuse(rd, fact_key(rd, F_GC), gc->line, gc->v, "%s", !strcmp(gc->v, "offload") || !strcmp(gc->v, "offload_disk") || !strcmp(gc->v, "unsloth")
+                                                           ? "offloaded checkpointing: not modelled yet"
+                                                           : "expected true or false");
+        return;
+    }
+    const struct fact_val *re = fact(rd, F_REENTRANT, &t2);
+    if (on && re && truth(re->v) == 1) {
+        refuse(rd, fact_key(rd, F_REENTRANT), re->line, re->v,
+               "reentrant checkpointing (it recomputes each layer whole): not modelled yet; set %s: false to "
+               "plan torch's non-reentrant checkpoint",
+               fact_key(rd, F_REENTRANT));
+        return;
+    }
+    put(rd, MP_RS_CHECKPOINT, on ? "layers" : "none", F_GC);
+}
+
+/* The adapters: "full", "lora" or "qlora" (NULL: refused). */
+static const char *derive_finetune(struct reader *rd)
+{
+    struct fact_val tmp;
+    const struct fact_val *p = fact(rd, F_PEFT, &tmp);
+    const char *v = p ? p->v : "full", *mode = "full";
+    int q4 = fact_truth(rd, F_LOAD4);
+    switch (rd->r->format) {
+    case MP_RF_HF: mode = "full"; break;
+    case MP_RF_TRL: mode = truth(v) == 1 ? (q4 ? "qlora" : "lora") : "full"; break;
+    case MP_RF_AXOLOTL:
+        mode = !strcmp(v, "qlora") ? "qlora" : !strcmp(v, "lora") ? "lora" : !strcmp(v, "none") || !strcmp(v, "null") ? "full" : NULL;
+        if (mode && !strcmp(mode, "lora") && q4) {
+            refuse(rd, "load_in_4bit", rd->f[F_LOAD4].line, "true", "a 4-bit base with adapter: lora: use adapter: qlora");
+            return NULL;
+        }
+        break;
+    case MP_RF_LLAMAFACTORY: {
+        struct fact_val t2;
+        const struct fact_val *qb = fact(rd, F_QBIT, &t2);
+        mode = !strcmp(v, "full") ? "full" : !strcmp(v, "lora") ? "lora" : NULL;
+        if (mode && qb && strcmp(qb->v, "null")) {
+            if (strcmp(qb->v, "4") || strcmp(mode, "lora")) {
+                refuse(rd, "quantization_bit", qb->line, qb->v, "a %s-bit base%s: not modelled yet", qb->v,
+                       strcmp(mode, "lora") ? " without adapters" : "");
+                return NULL;
+            }
+            mode = "qlora";
+        }
+        break;
+    }
+    case MP_RF_TORCHTUNE:
+        mode = strstr(v, ".qlora_") ? "qlora" : strstr(v, ".lora_") ? "lora" : "full";
+        break;
+    case MP_RF_N: break;
+    }
+    if (!mode) {
+        refuse(rd, fact_key(rd, F_PEFT), p ? p->line : 0, v, "a fine-tuning method memplan does not model yet");
+        return NULL;
+    }
+    if (q4 && !strcmp(mode, "full")) {
+        refuse(rd, "load_in_4bit", rd->f[F_LOAD4].line, "true",
+               "a 4-bit base cannot be fully fine-tuned: train adapters on it");
+        return NULL;
+    }
+    if (fact_truth(rd, F_LOAD8)) {
+        refuse(rd, "load_in_8bit", rd->f[F_LOAD8].line, "true", "an 8-bit base: not modelled yet");
+        return NULL;
+    }
+    put(rd, MP_RS_FINETUNE, mode, F_PEFT);
+    return mode;
+}
+
+/* torchtune's module names by transformers' (torchtune/models/convert_weights.py's mapping). */
+static const struct {
+    const char *tt, *hf;
+} tt_modules[] = {{"q_proj", "q_proj"}, {"k_proj", "k_proj"}, {"v_proj", "v_proj"}, {"output_proj", "o_proj"}};
+
+static void derive_lora(struct reader *rd, bool qlora)
+{
+    struct fact_val tmp;
+    count(rd, F_LORA_R, MP_RS_LORA_R, false);
+    const struct fact_val *al = fact(rd, F_LORA_ALPHA, &tmp);
+    if (al && !strcmp(al->v, "2r") && rd->r->s[MP_RS_LORA_R].set) { /* LLaMA-Factory: lora_rank * 2 */
+        char a[32];
+        snprintf(a, sizeof a, "%llu", 2 * strtoull(rd->r->s[MP_RS_LORA_R].value, NULL, 10));
+        put(rd, MP_RS_LORA_ALPHA, a, F_LORA_ALPHA);
+    } else if (al && strcmp(al->v, "null")) {
+        put(rd, MP_RS_LORA_ALPHA, al->v, F_LORA_ALPHA);
+    }
+    const struct fact_val *dr = fact(rd, F_LORA_DROPOUT, &tmp);
+    if (dr && strcmp(dr->v, "null"))
+        put(rd, MP_RS_LORA_DROPOUT, dr->v, F_LORA_DROPOUT);
+    const struct fact_val *tg = fact(rd, F_LORA_TARGETS, &tmp);
+    if (tg && strcmp(tg->v, "null") && strcmp(tg->v, "[]")) {
+        char names[256] = "";
+        if (!strcmp(tg->v, "all") || !strcmp(tg->v, "all-linear") || !strcmp(tg->v, "all_linear")) {
+            snprintf(names, sizeof names, "all-linear");
+        } else if (rd->r->format == MP_RF_TORCHTUNE) {
+            for (const char *w = tg->v; *w;) {
+                size_t n = strcspn(w, ",");
+                const char *hf = NULL;
+                for (size_t i = 0; i < sizeof tt_modules / sizeof *tt_modules; i++)
+                    if (strlen(tt_modules[i].tt) == n && !strncmp(w, tt_modules[i].tt, n))
+                        hf = tt_modules[i].hf;
+                if (!hf) {
+                    refuse(rd, fact_key(rd, F_LORA_TARGETS), tg->line, tg->v, "a torchtune module memplan does not know");
+                    return;
+                }
+                appendf(names, sizeof names, "%s%s", names[0] ? "," : "", hf);
+                w += n + (w[n] == ',');
+            }
+            if (fact_truth(rd, F_LORA_MLP)) /* w1, w2, w3: gate, down, up */
+                appendf(names, sizeof names, ",gate_proj,down_proj,up_proj");
+        } else {
+            snprintf(names, sizeof names, "%s", tg->v);
+        }
+        put(rd, MP_RS_LORA_TARGETS, names, F_LORA_TARGETS);
+    }
+    if (!qlora)
+        return;
+    const struct fact_val *ne = fact(rd, F_NESTED, &tmp);
+    if (ne && truth(ne->v) != 1)
+        refuse(rd, fact_key(rd, F_NESTED), ne->line, ne->v,
+               "single quantization: memplan's QLoRA base is double-quantized (bitsandbytes' QLoRA recipe); set "
+               "%s: true",
+               fact_key(rd, F_NESTED));
+    const struct fact_val *qt = fact(rd, F_QTYPE, &tmp);
+    if (qt && strcmp(qt->v, "nf4"))
+        refuse(rd, fact_key(rd, F_QTYPE), qt->line, qt->v, "memplan's 4-bit base is NF4: not modelled yet");
+}
+
+static void derive_attention(struct reader *rd)
+{
+    static const struct {
+        const char *name, *mp;
+    } attn[] = {{"sdpa", "sdpa"},          {"flash_attention_2", "flash"}, {"flash_attention_3", "flash"},
+                {"fa2", "flash"},          {"fa3", "flash"},               {"eager", "eager"},
+                {"disabled", "eager"}};
+    struct fact_val tmp;
+    const struct fact_val *v = fact(rd, F_ATTN, &tmp);
+    if (!v || !strcmp(v->v, "null") || !strcmp(v->v, "auto"))
+        return;
+    for (size_t i = 0; i < sizeof attn / sizeof *attn; i++)
+        if (!strcmp(v->v, attn[i].name)) {
+            put(rd, MP_RS_ATTENTION, attn[i].mp, F_ATTN);
+            return;
+        }
+    refuse(rd, fact_key(rd, F_ATTN), v->line, v->v, "an attention implementation memplan does not model yet");
+}
+
+/* The loss: "hf" (the model's own, what memplan plans) or the --loss name of another. */
+static void derive_loss(struct reader *rd)
+{
+    static const struct {
+        const char *name, *loss;
+    } losses[] = {
+        {"hf", "hf"},
+        {"liger", "liger"},
+        /* TRL 1.16: every SFT loss_type runs through the chunked fused LM head (sft_trainer.py:1144) */
+        {"nll", "chunked-nll"},
+        {"chunked_nll", "chunked-nll"},
+        {"dft", "chunked-nll"},
+        {"torchtune.modules.loss.LinearCrossEntropyLoss", "torchtune"},
+        {"torchtune.modules.loss.CEWithChunkedOutputLoss", "torchtune"},
+    };
+    struct fact_val tmp;
+    const struct fact_val *v = fact(rd, F_LOSS, &tmp);
+    if (!v)
+        return;
+    const char *loss = NULL;
+    for (size_t i = 0; i < sizeof losses / sizeof *losses; i++)
+        if (!strcmp(v->v, losses[i].name))
+            loss = losses[i].loss;
+    const char *key = fact_key(rd, F_LOSS);
+    if (!loss) {
+        refuse(rd, key, v->line, v->v, "a loss memplan does not model yet");
+        return;
+    }
+    put(rd, MP_RS_LOSS, loss, F_LOSS);
+    if (mp_recipe_setting_wired(MP_RS_LOSS) || !strcmp(loss, "hf"))
+        return;
+    if (rd->r->format == MP_RF_TRL)
+        refuse(rd, key, v->line, v->v,
+               "TRL 1.16's SFTTrainer computes every loss_type through its chunked fused LM head "
+               "(trl/trainer/sft_trainer.py add_fused_lm_head), not HF's loss; memplan does not model it yet");
+    else
+        refuse(rd, key, v->line, v->v, "the %s loss: not modelled yet (memplan plans HF's loss)", loss);
+}
+
+static void derive(struct reader *rd)
+{
+    struct fact_val tmp;
+    const struct fact_val *m = fact(rd, F_MODEL, &tmp);
+    if (m && strcmp(m->v, "null"))
+        put(rd, MP_RS_MODEL, m->v, F_MODEL);
+    count(rd, F_BATCH, MP_RS_BATCH, false);
+    count(rd, F_GA, MP_RS_GRAD_ACCUM, false);
+    count(rd, F_SEQ, MP_RS_SEQ, true);
+    const char *mode = derive_finetune(rd);
+    bool adapters = mode && strcmp(mode, "full");
+    derive_precision(rd, adapters);
+    derive_optimizer(rd);
+    derive_checkpoint(rd);
+    derive_attention(rd);
+    const struct fact_val *uc = fact(rd, F_USE_CACHE, &tmp);
+    if (uc && truth(uc->v) >= 0)
+        put(rd, MP_RS_USE_CACHE, truth(uc->v) ? "on" : "off", F_USE_CACHE);
+    if (adapters)
+        derive_lora(rd, !strcmp(mode, "qlora"));
+    derive_loss(rd);
+}
+
+/* ---- reading ------------------------------------------------------------------------------------- */
+
+static enum mp_status load(const char *path, yaml_document_t *doc, struct mp_diag *d)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    enum mp_status st = mp_read_file(path, RECIPE_MAX_BYTES, "a recipe (YAML or JSON)", &buf, &len, d);
+    if (st != MP_OK)
+        return st;
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) {
+        free(buf);
+        return mp_fail(d, MP_ERR_OOM, "%s: out of memory", path);
+    }
+    yaml_parser_set_input_string(&p, (const unsigned char *)buf, len);
+    if (!yaml_parser_load(&p, doc)) {
+        st = mp_fail(d, MP_ERR_JSON, "%s:%zu:%zu: not YAML or JSON: %s", path, p.problem_mark.line + 1,
+                     p.problem_mark.column + 1, p.problem ? p.problem : "unreadable");
+        yaml_parser_delete(&p);
+        free(buf);
+        return st;
+    }
+    yaml_parser_delete(&p);
+    free(buf);
+    const yaml_node_t *root = yaml_document_get_root_node(doc);
+    if (!root || root->type != YAML_MAPPING_NODE) {
+        yaml_document_delete(doc);
+        return mp_fail(d, MP_ERR_JSON, "%s: a recipe is a mapping of keys (key: value), got %s", path,
+                       root ? "a list or a single value" : "an empty file");
+    }
+    return MP_OK;
+}
+
+/* A key given twice in one mapping (libyaml keeps both): which one would the trainer read? */
+static enum mp_status duplicates(yaml_document_t *doc, const yaml_node_t *map, const char *path, struct mp_diag *d,
+                                 int depth)
+{
+    if (depth > RECIPE_MAX_DEPTH)
+        return mp_fail(d, MP_ERR_JSON, "%s:%zu: mappings nested deeper than %d levels", path, map->start_mark.line + 1,
+                       RECIPE_MAX_DEPTH);
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        const yaml_node_t *k = yaml_document_get_node(doc, p->key), *v = yaml_document_get_node(doc, p->value);
+        if (!k || k->type != YAML_SCALAR_NODE)
+            return mp_fail(d, MP_ERR_JSON, "%s:%zu: a key that is not a plain name", path,
+                           k ? k->start_mark.line + 1 : 0);
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+            const yaml_node_t *kq = yaml_document_get_node(doc, q->key);
+            if (kq && kq->type == YAML_SCALAR_NODE && !strcmp((const char *)kq->data.scalar.value, (const char *)k->data.scalar.value))
+                return mp_fail(d, MP_ERR_JSON, "%s:%zu: %s: duplicate key (first at line %zu)", path,
+                               k->start_mark.line + 1, (const char *)k->data.scalar.value, kq->start_mark.line + 1);
+        }
+        if (v && v->type == YAML_MAPPING_NODE) {
+            enum mp_status st = duplicates(doc, v, path, d, depth + 1);
+            if (st != MP_OK)
+                return st;
+        }
+    }
+    return MP_OK;
+}
+
+enum mp_status mp_recipe_read(const char *path, int format, struct mp_recipe *r, struct mp_diag *d)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->path, sizeof r->path, "%s", path);
+    yaml_document_t doc;
+    enum mp_status st = load(path, &doc, d);
+    if (st != MP_OK)
+        return st;
+    const yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if ((st = duplicates(&doc, root, path, d, 0)) != MP_OK)
+        goto out;
+    if (format >= 0) {
+        r->format = (enum mp_recipe_format)format;
+        snprintf(r->how, sizeof r->how, "--recipe-format");
+    } else if ((st = detect(&doc, r, d)) != MP_OK) {
+        goto out;
+    }
+    r->trainer = formats[r->format].trainer;
+    struct reader *rd = mp_xcalloc(1, sizeof *rd);
+    rd->r = r;
+    rd->d = d;
+    rd->doc = &doc;
+    rd->fmt_bit = 1u << r->format;
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
+        const yaml_node_t *k = yaml_document_get_node(&doc, p->key), *v = yaml_document_get_node(&doc, p->value);
+        if (k && v)
+            visit(rd, (const char *)k->data.scalar.value, v);
+    }
+    derive(rd);
+    st = rd->st;
+    free(rd);
+out:
+    yaml_document_delete(&doc);
+    return st;
+}
+
+enum mp_status mp_recipe_resolve_dtype(struct mp_recipe *r, const char *model_file, struct mp_diag *d)
+{
+    if (!r->dtype_auto)
+        return MP_OK;
+    yaml_document_t doc;
+    struct mp_diag ld = {{0}};
+    enum dt dt = DT_F32; /* no dtype in the config: from_pretrained's fallback, float32 */
+    const char *key = "dtype";
+    if (load(model_file, &doc, &ld) == MP_OK) {
+        const yaml_node_t *v = top(&doc, "dtype");
+        if (!v || is_null(v))
+            v = top(&doc, "torch_dtype"), key = "torch_dtype";
+        if (v && v->type == YAML_SCALAR_NODE && !is_null(v))
+            dt = dtype_of((const char *)v->data.scalar.value);
+        yaml_document_delete(&doc);
+    }
+    struct mp_recipe_setting *s = &r->s[MP_RS_PRECISION];
+    if (dt != DT_F32 && dt != DT_BF16)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: the model loads in its checkpoint's dtype (dtype \"auto\"), %s's %s is "
+                       "not float32 or bfloat16: not modelled yet", r->path, s->key, model_file, key);
+    int i = dt == DT_BF16;
+    if (!r->prec_auto[i][0])
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: %s (the model loads in its checkpoint's %s)", r->path, s->key,
+                       r->prec_auto_why[i], i ? "bfloat16" : "float32");
+    snprintf(s->value, sizeof s->value, "%s", r->prec_auto[i]);
+    appendf(r->explain, sizeof r->explain, "dtype auto: the checkpoint's %s -> precision %s\n",
+            i ? "bfloat16" : "float32", s->value);
+    return MP_OK;
+}

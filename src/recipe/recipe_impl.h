@@ -1,0 +1,73 @@
+/* recipe_impl.h — recipe/'s own: the facts a recipe's keys set, the key table's row, the trainer
+ * rows of defaults (recipe_keys.c holds the tables, recipe.c reads and derives). */
+#ifndef MEMPLAN_RECIPE_IMPL_H
+#define MEMPLAN_RECIPE_IMPL_H
+
+#include "recipe/recipe.h"
+
+/* What a recipe says, in its trainer's words, before it becomes memplan's settings. */
+enum fact {
+    F_MODEL,        /* the model's path or Hub id */
+    F_BATCH,        /* micro-batch per device */
+    F_GA,           /* gradient accumulation steps */
+    F_SEQ,          /* the sequence length it pads/truncates to */
+    F_DTYPE,        /* the dtype the model is loaded in */
+    F_BF16,         /* bf16 autocast (Axolotl: also the load dtype; "auto" allowed) */
+    F_FP16,         /* fp16 autocast */
+    F_PURE_BF16,    /* LLaMA-Factory: bf16 trainable parameters (no fp32 upcast) */
+    F_GC,           /* gradient checkpointing on */
+    F_REENTRANT,    /* torch.utils.checkpoint use_reentrant */
+    F_OPTIM,        /* the optimizer by its HF TrainingArguments name */
+    F_OPT_FUSED,    /* torchtune: optimizer.fused */
+    F_PEFT,         /* adapters: "lora"/"qlora"/true/false/"full" in the trainer's spelling */
+    F_LOAD4,        /* bitsandbytes 4-bit base */
+    F_LOAD8,        /* bitsandbytes 8-bit base */
+    F_QBIT,         /* LLaMA-Factory quantization_bit */
+    F_NESTED,       /* bitsandbytes double quantization */
+    F_QTYPE,        /* bnb_4bit_quant_type */
+    F_LORA_R,
+    F_LORA_ALPHA,
+    F_LORA_DROPOUT,
+    F_LORA_TARGETS, /* names (a list is joined with ','), "all-linear" / "all" */
+    F_LORA_MLP,     /* torchtune apply_lora_to_mlp */
+    F_ATTN,         /* attn_implementation in transformers' spelling */
+    F_USE_CACHE,    /* TrainingArguments.use_cache: the Trainer sets model.config.use_cache from it */
+    F_LOSS,         /* the loss: "hf" or the trainer's name of another */
+    F_N
+};
+
+/* What a key does. */
+enum key_act {
+    A_NOMEM,  /* accepted: no effect on the training step's GPU memory */
+    A_FACT,   /* sets its fact (with .as: a true value sets the fact to .as, a false one nothing) */
+    A_REFUSE, /* refused unless its value is inert (.inert, else null/false/0/empty) */
+};
+
+/* Formats as bits: the TrainingArguments keys are HF's, TRL's and LLaMA-Factory's. */
+enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL | B_LF };
+
+struct key_row {
+    unsigned fmts;
+    const char *key;      /* dotted path of nested keys ("optimizer._component_") */
+    enum key_act act;
+    enum fact fact;
+    const char *as;       /* A_FACT of a flag: the value a true flag stands for */
+    const char *inert;    /* A_REFUSE: the values that change nothing (space-separated) */
+    const char *why;      /* A_REFUSE: why, after "KEY: VALUE: " */
+};
+
+extern const struct key_row mp_recipe_keys[];
+extern const size_t mp_recipe_n_keys;
+
+/* Per format: the keys with no memory effect, space-separated; a word also covers the keys
+ * nested under it ("datasets" covers "datasets.path"). */
+extern const char *const mp_recipe_nomem[MP_RF_N];
+
+/* A trainer and version: its defaults by fact (NULL: none), each with its source. */
+struct trainer_row {
+    enum mp_recipe_format format;
+    const char *dflt[F_N];
+};
+extern const struct trainer_row mp_recipe_trainers[MP_RF_N];
+
+#endif

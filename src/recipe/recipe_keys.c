@@ -1,0 +1,351 @@
+/* recipe_keys.c — the tables of recipes: one row per trainer (and version) of its defaults, the
+ * key table (every memory-relevant key: the fact it sets, or why it is refused) and, per format,
+ * the keys with no memory effect.
+ *
+ * Sources (read for each row; versions as installed or downloaded from PyPI, 2026-11):
+ *   transformers==5.24.0:transformers/training_args.py (TrainingArguments)
+ *   trl==1.16.0:trl/trainer/{base_config,sft_config,model_config}.py, trl/scripts/{sft,utils}.py
+ *   axolotl==0.19.0:axolotl/utils/schemas/{config,training}.py, axolotl/utils/config/__init__.py,
+ *     axolotl/core/builders/base.py, axolotl/loaders/model.py
+ *   llamafactory==0.9.5:llamafactory/hparams/{model,data,finetuning}_args.py, hparams/parser.py,
+ *     llamafactory/model/adapter.py
+ *   torchtune==0.6.1:recipes/full_finetune_single_device.py, torchtune/training/{precision,activations}.py
+ * A new version of a trainer is a new row (and its format's name in recipe.h).
+ */
+#include "recipe/recipe_impl.h"
+
+/* ---- the trainers' defaults ----------------------------------------------------------------- */
+
+const struct trainer_row mp_recipe_trainers[MP_RF_N] = {
+    {MP_RF_HF, {
+        [F_BATCH] = "8",       /* training_args.py:777 per_device_train_batch_size default=8 */
+        [F_GA] = "1",          /* training_args.py:849 gradient_accumulation_steps default=1 */
+        /* F_SEQ: TrainingArguments has no length (the collator's): memplan's default applies */
+        [F_DTYPE] = "auto",    /* TrainingArguments does not load the model: from_pretrained's own
+                                  default dtype="auto", the checkpoint's (modeling_utils.py:4033) */
+        [F_BF16] = "false",    /* training_args.py:874 */
+        [F_FP16] = "false",    /* training_args.py:880 */
+        [F_GC] = "false",      /* training_args.py:1544 activation_checkpointing None -> False */
+        [F_REENTRANT] = "false", /* modeling_utils.py:3158 kwargs None -> {"use_reentrant": False} */
+        [F_OPTIM] = "adamw_torch_fused", /* training_args.py:806-811 (torch >= 2.8) */
+        [F_PEFT] = "false",    /* the Trainer trains what the model hands it: full */
+        [F_USE_CACHE] = "false", /* training_args.py:971; trainer.py:646 sets model.config.use_cache */
+        [F_LOSS] = "hf",       /* the model's own loss (loss_utils.py ForCausalLMLoss) */
+    }},
+    {MP_RF_TRL, {
+        [F_BATCH] = "8",       /* inherited from TrainingArguments */
+        [F_GA] = "1",
+        [F_SEQ] = "1024",      /* sft_config.py:202 max_length default=1024 */
+        [F_DTYPE] = "float32", /* model_config.py:90 dtype default="float32" (scripts/sft.py:80 loads with it) */
+        [F_BF16] = "!fp16",    /* base_config.py:108 bf16 = not fp16 when unset */
+        [F_FP16] = "false",
+        [F_GC] = "true",       /* base_config.py:62 gradient_checkpointing default=True */
+        [F_REENTRANT] = "false", /* the Trainer's: modeling_utils.py:3158 */
+        [F_OPTIM] = "adamw_torch_fused",
+        [F_PEFT] = "false",    /* model_config.py use_peft default=False */
+        [F_LOAD4] = "false",
+        [F_LOAD8] = "false",
+        [F_NESTED] = "false",  /* model_config.py use_bnb_nested_quant default=False */
+        [F_QTYPE] = "nf4",     /* model_config.py bnb_4bit_quant_type default="nf4" */
+        [F_LORA_R] = "16",     /* model_config.py lora_r default=16 */
+        [F_LORA_ALPHA] = "32", /* lora_alpha default=32 */
+        [F_LORA_DROPOUT] = "0.05", /* lora_dropout default=0.05 */
+        [F_USE_CACHE] = "false",
+        [F_LOSS] = "nll",      /* sft_config.py:283 loss_type default="nll": every loss_type goes through
+                                  the chunked fused LM head (sft_trainer.py:1144 add_fused_lm_head) */
+    }},
+    {MP_RF_AXOLOTL, {
+        [F_BATCH] = "1",       /* schemas/training.py:77 micro_batch_size default=1 */
+        [F_GA] = "1",          /* schemas/training.py:71 */
+        [F_SEQ] = "512",       /* schemas/config.py:671 sequence_len default=512 */
+        [F_BF16] = "auto",     /* schemas/config.py:561; utils/config/__init__.py:198 loads the model in it */
+        [F_FP16] = "false",
+        [F_GC] = "false",      /* schemas/config.py:606 */
+        [F_REENTRANT] = "false", /* core/builders/base.py:617 {"use_reentrant": False} when unset */
+        [F_OPTIM] = "adamw_torch_fused", /* schemas/training.py:122 */
+        [F_PEFT] = "none",     /* adapter unset: full fine-tuning */
+        [F_LOAD4] = "false",
+        [F_LOAD8] = "false",
+        [F_NESTED] = "true",   /* loaders/model.py:807 bnb_4bit_use_double_quant True */
+        [F_QTYPE] = "nf4",
+        [F_USE_CACHE] = "false",
+        [F_LOSS] = "hf",
+    }},
+    {MP_RF_LLAMAFACTORY, {
+        [F_BATCH] = "8",       /* TrainingArguments' */
+        [F_GA] = "1",
+        [F_SEQ] = "2048",      /* hparams/data_args.py:46 cutoff_len default=2048 */
+        [F_BF16] = "false",
+        [F_FP16] = "false",
+        [F_PURE_BF16] = "false", /* hparams/finetuning_args.py:456 */
+        [F_GC] = "true",       /* hparams/model_args.py:145 disable_gradient_checkpointing default=False */
+        [F_REENTRANT] = "true", /* hparams/model_args.py:149 use_reentrant_gc default=True */
+        [F_OPTIM] = "adamw_torch_fused",
+        [F_PEFT] = "lora",     /* hparams/finetuning_args.py:464 finetuning_type default="lora" */
+        [F_NESTED] = "true",   /* hparams/model_args.py:291 double_quantization default=True */
+        [F_QTYPE] = "nf4",
+        [F_LORA_R] = "8",      /* finetuning_args.py:77 lora_rank default=8 */
+        [F_LORA_ALPHA] = "2r", /* finetuning_args.py:568 lora_alpha or lora_rank * 2 */
+        [F_LORA_DROPOUT] = "0", /* finetuning_args.py:73 */
+        [F_LORA_TARGETS] = "all", /* finetuning_args.py:81 lora_target default="all" */
+        [F_ATTN] = "auto",     /* hparams/model_args.py:117 flash_attn default auto (transformers' choice) */
+        [F_USE_CACHE] = "false",
+        [F_LOSS] = "hf",
+    }},
+    {MP_RF_TORCHTUNE, {
+        /* batch_size, gradient_accumulation_steps, optimizer, loss: the recipe reads them with no
+           default (cfg.batch_size): a config without them fails in torchtune too */
+        [F_DTYPE] = "fp32",    /* training/precision.py:100 None -> torch.float32 */
+        [F_GC] = "false",      /* full_finetune_single_device.py:160 */
+        [F_REENTRANT] = "false", /* training/activations.py:26 use_reentrant=False */
+        [F_OPT_FUSED] = "false",
+        [F_PEFT] = "full",
+    }},
+};
+
+/* ---- the key table -------------------------------------------------------------------------- */
+
+#define FACT(f, k, fa) {f, k, A_FACT, fa, NULL, NULL, NULL}
+#define FLAG(f, k, fa, v) {f, k, A_FACT, fa, v, NULL, NULL}
+#define REFUSE(f, k, w) {f, k, A_REFUSE, F_N, NULL, NULL, w}
+#define REFUSE_BUT(f, k, in, w) {f, k, A_REFUSE, F_N, NULL, in, w}
+#define NOT_YET "not modelled yet"
+#define DP "data parallelism from a recipe is not read yet: drop the key and give --gpus N --parallel S"
+
+const struct key_row mp_recipe_keys[] = {
+    /* the model */
+    FACT(B_TRL | B_LF, "model_name_or_path", F_MODEL),
+    FACT(B_AX, "base_model", F_MODEL),
+    FACT(B_TT, "checkpointer.checkpoint_dir", F_MODEL),
+    /* batch, accumulation, length */
+    FACT(B_ARGS, "per_device_train_batch_size", F_BATCH),
+    FACT(B_AX, "micro_batch_size", F_BATCH),
+    FACT(B_TT, "batch_size", F_BATCH),
+    FACT(B_ARGS | B_AX | B_TT, "gradient_accumulation_steps", F_GA),
+    FACT(B_TRL, "max_length", F_SEQ),
+    FACT(B_AX, "sequence_len", F_SEQ),
+    FACT(B_LF, "cutoff_len", F_SEQ),
+    FACT(B_TT, "tokenizer.max_seq_len", F_SEQ),
+    /* precision */
+    FACT(B_ARGS | B_AX, "bf16", F_BF16),
+    FACT(B_ARGS | B_AX, "fp16", F_FP16),
+    FACT(B_TRL, "dtype", F_DTYPE),
+    FACT(B_TRL, "model_init_kwargs.dtype", F_DTYPE),
+    FACT(B_TRL, "model_init_kwargs.torch_dtype", F_DTYPE),
+    FACT(B_TT, "dtype", F_DTYPE),
+    FACT(B_LF, "pure_bf16", F_PURE_BF16),
+    FLAG(B_AX, "bfloat16", F_BF16, "true"),
+    REFUSE(B_AX, "float16", "fp16 weights: " NOT_YET),
+    REFUSE(B_LF, "infer_dtype", "only for inference: drop it"),
+    /* checkpointing */
+    FACT(B_ARGS | B_AX, "gradient_checkpointing", F_GC),
+    FACT(B_ARGS, "activation_checkpointing", F_GC),
+    FACT(B_TT, "enable_activation_checkpointing", F_GC),
+    FLAG(B_LF, "disable_gradient_checkpointing", F_GC, "false"),
+    FACT(B_LF, "use_reentrant_gc", F_REENTRANT), /* before the TrainingArguments' key: messages name it */
+    FACT(B_ARGS | B_AX, "gradient_checkpointing_kwargs.use_reentrant", F_REENTRANT),
+    FACT(B_ARGS, "activation_checkpointing_kwargs.use_reentrant", F_REENTRANT),
+    REFUSE_BUT(B_ARGS, "gradient_checkpointing_kwargs.every_n_layers", "1 null",
+               "checkpointing every n-th layer: " NOT_YET),
+    REFUSE_BUT(B_ARGS, "activation_checkpointing_kwargs.every_n_layers", "1 null",
+               "checkpointing every n-th layer: " NOT_YET),
+    REFUSE(B_ARGS, "gradient_checkpointing_kwargs.offload", "offloading checkpoints to the host: " NOT_YET),
+    REFUSE(B_ARGS, "activation_checkpointing_kwargs.offload", "offloading checkpoints to the host: " NOT_YET),
+    REFUSE(B_TRL | B_AX, "activation_offloading", "activation offloading: " NOT_YET),
+    REFUSE(B_TT, "enable_activation_offloading", "activation offloading: " NOT_YET),
+    REFUSE(B_AX, "layer_offloading", "layer offloading: " NOT_YET),
+    REFUSE(B_AX, "selective_checkpointing", "selective (op-level) checkpointing: " NOT_YET),
+    REFUSE(B_LF, "use_unsloth_gc", "Unsloth's offloaded checkpointing: " NOT_YET),
+    /* the optimizer */
+    FACT(B_ARGS, "optim", F_OPTIM),
+    FACT(B_AX, "optimizer", F_OPTIM),
+    FACT(B_TT, "optimizer._component_", F_OPTIM),
+    FACT(B_TT, "optimizer.fused", F_OPT_FUSED),
+    REFUSE(B_ARGS, "optim_args", "optimizer arguments: " NOT_YET),
+    REFUSE(B_ARGS | B_AX, "optim_target_modules", "GaLore/APOLLO target modules: " NOT_YET),
+    REFUSE(B_TT, "optimizer_in_bwd", "the optimizer step fused into backward: " NOT_YET),
+    REFUSE(B_LF, "use_galore", "GaLore: " NOT_YET),
+    REFUSE(B_LF, "use_apollo", "APOLLO: " NOT_YET),
+    REFUSE(B_LF, "use_badam", "BAdam: " NOT_YET),
+    REFUSE(B_LF, "use_muon", "Muon: " NOT_YET),
+    REFUSE(B_LF, "use_adam_mini", "Adam-mini: " NOT_YET),
+    /* adapters and quantized bases */
+    FACT(B_TRL, "use_peft", F_PEFT),
+    FACT(B_AX, "adapter", F_PEFT),
+    FACT(B_LF, "finetuning_type", F_PEFT),
+    FACT(B_TT, "model._component_", F_PEFT),
+    FACT(B_TRL | B_AX, "load_in_4bit", F_LOAD4),
+    FACT(B_TRL | B_AX, "load_in_8bit", F_LOAD8),
+    FACT(B_LF, "quantization_bit", F_QBIT),
+    FACT(B_TRL, "use_bnb_nested_quant", F_NESTED),
+    FACT(B_LF, "double_quantization", F_NESTED),
+    FACT(B_TRL, "bnb_4bit_quant_type", F_QTYPE),
+    FACT(B_LF, "quantization_type", F_QTYPE),
+    FACT(B_TRL | B_AX, "lora_r", F_LORA_R),
+    FACT(B_LF, "lora_rank", F_LORA_R),
+    FACT(B_TT, "model.lora_rank", F_LORA_R),
+    FACT(B_TRL | B_AX | B_LF, "lora_alpha", F_LORA_ALPHA),
+    FACT(B_TT, "model.lora_alpha", F_LORA_ALPHA),
+    FACT(B_TRL | B_AX | B_LF, "lora_dropout", F_LORA_DROPOUT),
+    FACT(B_TT, "model.lora_dropout", F_LORA_DROPOUT),
+    FACT(B_TRL | B_AX, "lora_target_modules", F_LORA_TARGETS),
+    FLAG(B_AX, "lora_target_linear", F_LORA_TARGETS, "all-linear"),
+    FACT(B_LF, "lora_target", F_LORA_TARGETS),
+    FACT(B_TT, "model.lora_attn_modules", F_LORA_TARGETS),
+    FACT(B_TT, "model.apply_lora_to_mlp", F_LORA_MLP),
+    REFUSE(B_TT, "model.apply_lora_to_output", "an adapter on the output projection: " NOT_YET),
+    REFUSE(B_TRL, "lora_target_parameters", "adapters on parameters (experts): " NOT_YET),
+    REFUSE(B_TRL | B_AX, "lora_modules_to_save", "trainable copies of modules: " NOT_YET),
+    REFUSE(B_LF, "additional_target", "trainable copies of modules: " NOT_YET),
+    REFUSE_BUT(B_TRL, "lora_task_type", "CAUSAL_LM", "a task type other than CAUSAL_LM: " NOT_YET),
+    REFUSE(B_TRL | B_AX, "use_dora", "DoRA: " NOT_YET),
+    REFUSE(B_LF, "use_dora", "DoRA: " NOT_YET),
+    REFUSE(B_LF, "pissa_init", "PiSSA: " NOT_YET),
+    REFUSE(B_AX, "peft_use_dora", "DoRA: " NOT_YET),
+    REFUSE(B_TRL, "bnb_4bit_quant_storage", "a 4-bit storage dtype: " NOT_YET),
+    /* attention */
+    FACT(B_TRL | B_AX, "attn_implementation", F_ATTN),
+    FACT(B_TRL, "model_init_kwargs.attn_implementation", F_ATTN),
+    FACT(B_LF, "flash_attn", F_ATTN),
+    FLAG(B_AX, "flash_attention", F_ATTN, "flash_attention_2"),
+    FLAG(B_AX, "sdp_attention", F_ATTN, "sdpa"),
+    FLAG(B_AX, "eager_attention", F_ATTN, "eager"),
+    REFUSE(B_AX, "xformers_attention", "xformers attention: " NOT_YET),
+    REFUSE(B_AX, "flex_attention", "flex attention: " NOT_YET),
+    REFUSE(B_AX, "s2_attention", "shifted sparse attention: " NOT_YET),
+    REFUSE(B_AX, "sage_attention", "SageAttention: " NOT_YET),
+    /* use_cache, the loss, kernels */
+    FACT(B_ARGS, "use_cache", F_USE_CACHE),
+    FACT(B_TRL, "loss_type", F_LOSS),
+    FACT(B_TT, "loss._component_", F_LOSS),
+    FLAG(B_ARGS, "use_liger_kernel", F_LOSS, "liger"),
+    FLAG(B_LF, "enable_liger_kernel", F_LOSS, "liger"),
+    REFUSE(B_ARGS, "liger_kernel_config", "Liger kernels: " NOT_YET),
+    REFUSE_BUT(B_ARGS, "label_smoothing_factor", "0 0.0 null", "the label smoother's loss: " NOT_YET),
+    REFUSE(B_AX, "plugins", "plugins (Liger, Cut Cross-Entropy, ...) replace kernels or the loss: " NOT_YET),
+    REFUSE(B_AX, "cut_cross_entropy", "Cut Cross-Entropy: " NOT_YET),
+    REFUSE(B_AX, "liger_fused_linear_cross_entropy", "Liger's fused linear cross-entropy: " NOT_YET),
+    REFUSE(B_AX, "liger_cross_entropy", "Liger's cross-entropy: " NOT_YET),
+    REFUSE(B_AX, "liger_rms_norm", "Liger's RMSNorm: " NOT_YET),
+    REFUSE(B_AX, "liger_glu_activation", "Liger's SwiGLU: " NOT_YET),
+    REFUSE(B_AX, "liger_layer_norm", "Liger's LayerNorm: " NOT_YET),
+    REFUSE(B_AX, "liger_rope", "Liger's RoPE: " NOT_YET),
+    REFUSE(B_AX, "unsloth_cross_entropy_loss", "Unsloth's cross-entropy: " NOT_YET),
+    REFUSE(B_AX, "chunked_cross_entropy", "chunked cross-entropy: " NOT_YET),
+    REFUSE_BUT(B_ARGS | B_AX | B_LF, "neftune_noise_alpha", "null 0", "NEFTune's noise tensor: " NOT_YET),
+    REFUSE(B_ARGS, "torch_compile", "torch.compile: " NOT_YET),
+    REFUSE(B_ARGS, "torch_compile_backend", "torch.compile: " NOT_YET),
+    REFUSE(B_ARGS, "torch_compile_mode", "torch.compile: " NOT_YET),
+    REFUSE(B_TT, "compile", "torch.compile: " NOT_YET),
+    REFUSE(B_ARGS, "torch_empty_cache_steps", "emptying the allocator's cache: " NOT_YET),
+    REFUSE(B_ARGS | B_AX, "auto_find_batch_size", "the batch is found at run time: give it"),
+    REFUSE(B_ARGS, "use_cpu", "training on the CPU: memplan plans GPU memory"),
+    /* packing */
+    REFUSE(B_TRL | B_LF, "packing", "packing sequences (tokens per step, not batch x length): " NOT_YET),
+    REFUSE(B_TRL, "padding_free", "padding-free batches: " NOT_YET),
+    REFUSE(B_LF, "neat_packing", "packing sequences: " NOT_YET),
+    REFUSE(B_AX, "sample_packing", "packing sequences (tokens per step, not batch x length): " NOT_YET),
+    REFUSE(B_AX, "batch_flattening", "padding-free batches: " NOT_YET),
+    REFUSE(B_TT, "dataset.packed", "packing sequences: " NOT_YET),
+    /* data parallelism and sharding */
+    REFUSE(B_ARGS | B_AX, "fsdp", DP),
+    REFUSE(B_AX, "fsdp_config", DP),
+    REFUSE(B_AX, "fsdp_version", DP),
+    REFUSE(B_ARGS | B_AX, "deepspeed", DP),
+    REFUSE(B_ARGS, "parallelism_config", "context/tensor parallelism: " NOT_YET),
+    REFUSE(B_AX, "context_parallel_size", "context parallelism: " NOT_YET),
+    REFUSE(B_AX, "tensor_parallel_size", "tensor parallelism: " NOT_YET),
+    REFUSE(B_AX, "sequence_parallel_degree", "sequence parallelism: " NOT_YET),
+    REFUSE(B_TT, "fsdp_cpu_offload", DP),
+    REFUSE(B_TT, "tensor_parallel_dim", "tensor parallelism: " NOT_YET),
+    /* preference and RL training: a reference model, generations */
+    REFUSE(B_AX, "rl", "preference/RL training (reference model, generations): " NOT_YET),
+    REFUSE(B_TRL, "beta", "a DPO/GRPO config (reference model, generations): " NOT_YET),
+    REFUSE(B_TRL, "num_generations", "a GRPO config (generations): " NOT_YET),
+    REFUSE(B_TRL, "ref_model_init_kwargs", "a reference model: " NOT_YET),
+    REFUSE(B_AX, "unfrozen_parameters", "training a subset of parameters: " NOT_YET),
+    REFUSE(B_AX, "freeze_mm_modules", "freezing multimodal modules: " NOT_YET),
+    /* LLaMA-Factory's other stages and methods */
+    REFUSE_BUT(B_LF, "stage", "sft pt", "this stage's models (reference, reward, value): " NOT_YET),
+    REFUSE(B_LF, "fp8", "FP8 training: " NOT_YET),
+    REFUSE(B_AX, "fp8", "FP8 training: " NOT_YET),
+    REFUSE(B_LF, "freeze_vision_tower", "a vision tower: " NOT_YET),
+};
+const size_t mp_recipe_n_keys = sizeof mp_recipe_keys / sizeof mp_recipe_keys[0];
+
+/* ---- the keys with no memory effect ----------------------------------------------------------- */
+
+/* transformers 5.24.0 TrainingArguments (a to_json_string() dump has every one): the run's length,
+ * schedule, logging, saving, evaluation (memplan plans the training step), the hub, data loading
+ * on the host, and the sharding settings that only apply with fsdp/deepspeed (refused above). */
+#define HF_NOMEM                                                                                     \
+    "output_dir overwrite_output_dir num_train_epochs max_steps learning_rate lr_scheduler_type "     \
+    "lr_scheduler_kwargs warmup_steps warmup_ratio weight_decay adam_beta1 adam_beta2 adam_epsilon " \
+    "average_tokens_across_devices max_grad_norm bf16_full_eval fp16_full_eval tf32 "                \
+    "gradient_checkpointing_kwargs activation_checkpointing_kwargs "                                 \
+    "logging_strategy logging_steps logging_first_step log_on_each_node logging_nan_inf_filter "      \
+    "include_num_input_tokens_seen log_level log_level_replica disable_tqdm report_to run_name "     \
+    "project trackio_space_id trackio_bucket_id trackio_static_space_id logging_dir "               \
+    "eval_strategy eval_steps eval_delay per_device_eval_batch_size prediction_loss_only "          \
+    "eval_on_start eval_do_concat_batches eval_use_gather_object eval_accumulation_steps "          \
+    "include_for_metrics batch_eval_metrics save_only_model save_strategy save_steps "               \
+    "save_on_each_node save_total_limit enable_jit_checkpoint push_to_hub hub_token "                \
+    "hub_private_repo hub_model_id hub_strategy hub_always_push hub_revision "                       \
+    "load_best_model_at_end metric_for_best_model greater_is_better ignore_data_skip "              \
+    "restore_callback_states_from_checkpoint full_determinism seed data_seed accelerator_config "    \
+    "dataloader_drop_last dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers " \
+    "dataloader_prefetch_factor dataloader_multiprocessing_context dataloader_in_order "             \
+    "remove_unused_columns label_names train_sampling_strategy length_column_name group_by_length "  \
+    "ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers ddp_static_graph "           \
+    "ddp_backend ddp_timeout fsdp_config debug skip_memory_metrics do_train do_eval do_predict "     \
+    "resume_from_checkpoint local_rank predict_with_generate generation_max_length "                \
+    "generation_num_beams generation_config sortish_sampler"
+
+const char *const mp_recipe_nomem[MP_RF_N] = {
+    [MP_RF_HF] = HF_NOMEM,
+    /* trl 1.16.0: SFTConfig, ModelConfig, ScriptArguments, DatasetMixtureConfig fields without an
+     * effect on the step (dataset handling, tokens, revision, trust_remote_code; use_rslora only
+     * changes the scaling; router_aux_loss_coef a scalar) */
+    [MP_RF_TRL] = HF_NOMEM " trust_remote_code router_aux_loss_coef chat_template_path dataset_text_field "
+                  "dataset_kwargs dataset_num_proc eos_token truncation_mode shuffle_dataset packing_strategy "
+                  "pad_to_multiple_of eval_packing completion_only_loss assistant_only_loss pad_token "
+                  "model_init_kwargs.trust_remote_code model_init_kwargs.revision model_init_kwargs.device_map "
+                  "model_revision use_rslora dataset_name dataset_config dataset_train_split "
+                  "dataset_test_split dataset_streaming ignore_bias_buffers datasets streaming "
+                  "test_split_size",
+    /* axolotl 0.19.0: the common keys of its examples that do not change the step */
+    [MP_RF_AXOLOTL] = "base_model_config model_type tokenizer_type tokenizer_config trust_remote_code "
+                      "is_llama_derived_model is_mistral_derived_model is_qwen_derived_model strict "
+                      "datasets test_datasets dataset_prepared_path dataset_processes shuffle_merged_datasets "
+                      "val_set_size output_dir chat_template special_tokens tokens "
+                      "num_epochs max_steps learning_rate lr_scheduler lr_scheduler_kwargs cosine_min_lr_ratio "
+                      "warmup_steps warmup_ratio weight_decay max_grad_norm adam_beta1 adam_beta2 adam_epsilon "
+                      "train_on_inputs group_by_length tf32 logging_steps evals_per_epoch eval_steps "
+                      "saves_per_epoch save_steps save_strategy save_total_limit eval_strategy "
+                      "eval_batch_size eval_max_new_tokens eval_table_size eval_sample_packing "
+                      "wandb_project wandb_entity wandb_watch wandb_name wandb_log_model wandb_mode "
+                      "hub_model_id hub_strategy resume_from_checkpoint auto_resume_from_checkpoints "
+                      "local_rank seed early_stopping_patience debug xformers_attention_ignored "
+                      "pad_to_sequence_len gradient_checkpointing_kwargs lora_fan_in_fan_out "
+                      "lora_model_dir save_safetensors load_best_model_at_end logging_dir "
+                      "remove_unused_columns ddp_find_unused_parameters ddp_timeout ddp_bucket_cap_mb",
+    /* llamafactory 0.9.5 (with TrainingArguments' keys): data, template, export, reporting */
+    [MP_RF_LLAMAFACTORY] = HF_NOMEM " trust_remote_code template dataset dataset_dir eval_dataset "
+                           "overwrite_cache preprocessing_num_workers dataloader_num_workers max_samples "
+                           "val_size plot_loss overwrite_output_dir buffer_size mix_strategy "
+                           "interleave_probs streaming tokenized_path image_max_pixels video_max_pixels "
+                           "cache_dir model_revision adapter_name_or_path create_new_adapter "
+                           "loraplus_lr_ratio use_rslora lora_bf16_mode ddp_timeout",
+    /* torchtune 0.6.1: logging, the run's length, checkpoint files, the tokenizer and dataset (packing
+     * is refused above); device is checked (cuda) */
+    [MP_RF_TORCHTUNE] = "output_dir tokenizer._component_ tokenizer.path tokenizer.merges_file "
+                        "tokenizer.prompt_template dataset._component_ dataset.source dataset.split "
+                        "dataset.data_files dataset.column_map dataset.train_on_input dataset.new_system_prompt "
+                        "seed shuffle checkpointer._component_ checkpointer.checkpoint_files "
+                        "checkpointer.recipe_checkpoint checkpointer.output_dir checkpointer.model_type "
+                        "checkpointer.adapter_checkpoint resume_from_checkpoint save_adapter_weights_only "
+                        "epochs max_steps_per_epoch optimizer.lr optimizer.weight_decay optimizer.betas "
+                        "optimizer.eps optimizer.amsgrad lr_scheduler clip_grad_norm device metric_logger "
+                        "log_every_n_steps log_peak_memory_stats log_level profiler collate_fn "
+                        "cudnn_deterministic_mode",
+};

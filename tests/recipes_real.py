@@ -1,0 +1,133 @@
+"""recipes_real.py: the recipes of tests/data/recipes/ are real ones, as their trainers read them.
+
+Usage: python3 tests/recipes_real.py   (from the repository root; make test-cli runs it)
+
+* every file parses as YAML (PyYAML; JSON is YAML);
+* transformers: hf-trainingargs.json constructs TrainingArguments(**dump) and dumps back to the
+  same keys; hf-args.yaml goes through HfArgumentParser(TrainingArguments).parse_yaml_file with no
+  extra key;
+* TRL: the trl-*.yaml files go through HfArgumentParser((ScriptArguments, SFTConfig, ModelConfig))
+  .parse_yaml_file as `trl sft --config` reads them (no extra key), and the values memplan reads
+  (tests/test_recipe.c) are the dataclasses' (max_length, bf16, gradient_checkpointing, loss_type,
+  lora_* defaults);
+* LLaMA-Factory, Axolotl, torchtune: their parsers need the whole package; checked when it imports.
+
+A library that is absent is reported as "skip" and does not fail the run.  bf16=True needs a bf16
+GPU in TrainingArguments' validation; on a machine without one the check is patched out for the
+construction (the dump was written the same way), which is said on the line.
+"""
+import glob
+import json
+import os
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+D = "tests/data/recipes"
+failures = []
+
+
+def ok(msg):
+    print("ok   " + msg)
+
+
+def skip(msg):
+    print("skip " + msg)
+
+
+def fail(msg):
+    print("FAIL " + msg)
+    failures.append(msg)
+
+
+def check(cond, msg):
+    (ok if cond else fail)(msg)
+
+
+try:
+    import yaml
+except ImportError:
+    yaml = None
+if yaml is None:
+    skip("PyYAML absent: the files' YAML syntax is not checked")
+else:
+    for path in sorted(glob.glob(D + "/*.yaml") + glob.glob(D + "/*.json")):
+        try:
+            with open(path) as f:
+                doc = yaml.safe_load(f)
+            check(isinstance(doc, dict), "%s: a YAML mapping" % path)
+        except yaml.YAMLError as e:
+            fail("%s: %s" % (path, e))
+
+try:
+    import transformers
+    import transformers.training_args as ta
+    from transformers import HfArgumentParser, TrainingArguments
+except ImportError:
+    transformers = None
+if transformers is None:
+    skip("transformers absent: the HF recipes are not constructed")
+else:
+    bf16_gpu = ta.is_torch_bf16_gpu_available()
+    if not bf16_gpu:  # as on an Ampere+ GPU: this box has none (the dump was written the same way)
+        ta.is_torch_bf16_gpu_available = lambda *a, **k: True
+    note = "" if bf16_gpu else " (bf16 GPU check patched: no bf16 GPU here)"
+    with open(D + "/hf-trainingargs.json") as f:
+        dump = json.load(f)
+    dump.pop("hub_token", None)  # to_json_string() masks it as "<HUB_TOKEN>"
+    args = TrainingArguments(**dump)
+    back = json.loads(args.to_json_string())
+    check(set(back) == set(dump) | {"hub_token"},
+          "hf-trainingargs.json: TrainingArguments(**dump) in transformers %s%s" % (transformers.__version__, note))
+    check(args.per_device_train_batch_size == 2 and args.gradient_accumulation_steps == 8 and args.bf16 and
+          args.gradient_checkpointing and args.optim == "adamw_torch",
+          "hf-trainingargs.json: batch 2, accumulation 8, bf16, checkpointing, adamw_torch")
+    (hy,) = HfArgumentParser(TrainingArguments).parse_yaml_file(D + "/hf-args.yaml", allow_extra_keys=False)
+    check(hy.fp16 and hy.per_device_train_batch_size == 4 and hy.optim == "adamw_torch_fused" and
+          not hy.gradient_checkpointing and hy.use_cache is False,
+          "hf-args.yaml: HfArgumentParser reads it; fp16, batch 4, default optim adamw_torch_fused, use_cache off")
+
+try:
+    import trl
+    from trl import ModelConfig, ScriptArguments, SFTConfig
+except ImportError:
+    trl = None
+if transformers is None or trl is None:
+    skip("trl absent: the TRL recipes are not parsed")
+else:
+    parser = HfArgumentParser((ScriptArguments, SFTConfig, ModelConfig))
+    script, sft, model = parser.parse_yaml_file(D + "/trl-sft-lora.yaml", allow_extra_keys=False)
+    check(sft.per_device_train_batch_size == 4 and sft.gradient_accumulation_steps == 4 and sft.max_length == 2048 and
+          sft.bf16 and sft.gradient_checkpointing and sft.loss_type == "nll" and model.dtype == "bfloat16" and
+          model.use_peft and model.lora_r == 32 and model.lora_alpha == 16 and model.lora_dropout == 0.05 and
+          model.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"] and model.attn_implementation == "sdpa",
+          "trl-sft-lora.yaml: trl %s reads what memplan reads (bf16 and checkpointing on by default)" % trl.__version__)
+    script, sft, model = parser.parse_yaml_file(D + "/trl-sft-qlora.yaml", allow_extra_keys=False)
+    check(sft.max_length == 1024 and sft.per_device_train_batch_size == 8 and sft.bf16 and model.dtype == "float32" and
+          model.load_in_4bit and model.use_bnb_nested_quant and model.lora_r == 16 and model.lora_alpha == 32 and
+          model.bnb_4bit_quant_type == "nf4",
+          "trl-sft-qlora.yaml: trl's defaults are the ones memplan applies (max_length 1024, batch 8, float32, r 16)")
+
+try:
+    from llamafactory.hparams import get_train_args  # noqa: F401
+    have_lf = True
+except Exception:  # its import pulls datasets, peft, ...
+    have_lf = False
+if not have_lf:
+    skip("llamafactory absent: its recipes are checked as YAML only")
+else:
+    from llamafactory.hparams.parser import _TRAIN_ARGS
+    for name in ("llamafactory-lora.yaml", "llamafactory-defaults.yaml"):
+        HfArgumentParser(_TRAIN_ARGS).parse_yaml_file(os.path.join(D, name), allow_extra_keys=False)
+        ok("%s: LLaMA-Factory's parser reads it" % name)
+
+for mod, what in (("axolotl", "Axolotl"), ("torchtune", "torchtune")):
+    try:
+        __import__(mod)
+        skip("%s imports, but its config validation needs a GPU environment: YAML only" % what)
+    except Exception:
+        skip("%s absent: its recipes are checked as YAML only" % what)
+
+print("%d failed" % len(failures))
+sys.exit(1 if failures else 0)

@@ -1,0 +1,324 @@
+/* test_recipe.c — recipes read into memplan's settings: every file of tests/data/recipes/ with each
+ * setting it derives asserted (value, the key that decided it, its line, recipe or trainer default),
+ * the trainers' defaults where the file is silent, and the refusals (one line naming the file, the
+ * key and its line).  Expected values are read off the files and the trainers' sources cited in
+ * src/recipe/recipe_keys.c, never from memplan.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "recipe/recipe.h"
+
+#define D "tests/data/recipes/"
+
+static struct mp_recipe r;
+
+static void expect_at(enum mp_recipe_setting_id id, const char *value, enum mp_recipe_src src, const char *key,
+                      unsigned line, int at)
+{
+    const struct mp_recipe_setting *s = &r.s[id];
+    if (!s->set || strcmp(s->value, value) || s->src != src || strcmp(s->key, key) || s->line != line) {
+        print_error("line %d: %s: got %s'%s' from %s (line %u, src %d); want '%s' from %s (line %u, src %d)\n", at,
+                    mp_recipe_setting_option(id), s->set ? "" : "(unset) ", s->value, s->key, s->line, (int)s->src,
+                    value, key, line, (int)src);
+        fail();
+    }
+}
+#define expect(id, v, src, key, line) expect_at(MP_RS_##id, v, MP_RSRC_##src, key, line, __LINE__)
+#define unset(id) assert_false(r.s[MP_RS_##id].set)
+
+static void read_ok(const char *path, int format)
+{
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_recipe_read(path, format, &r, &d);
+    if (st != MP_OK)
+        print_error("%s: %s\n", path, d.msg);
+    assert_int_equal(st, MP_OK);
+}
+
+/* A refusal: exit-3 status, one line starting "PATH:LINE: KEY" (LINE: none for a default). */
+static void read_refused(const char *path, const char *where_key, const char *why)
+{
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_recipe_read(path, -1, &r, &d), MP_ERR_MODEL);
+    char head[256];
+    snprintf(head, sizeof head, "%s%s", path, where_key);
+    if (strncmp(d.msg, head, strlen(head)) || !strstr(d.msg, why) || strchr(d.msg, '\n')) {
+        print_error("got: %s\nwant: %s... %s\n", d.msg, head, why);
+        fail();
+    }
+}
+
+/* transformers 5.24.0 TrainingArguments(...).to_json_string(), written by transformers itself. */
+static void test_hf_json(void **state)
+{
+    (void)state;
+    read_ok(D "hf-trainingargs.json", -1);
+    assert_int_equal(r.format, MP_RF_HF);
+    unset(MODEL); /* TrainingArguments names no model */
+    expect(BATCH, "2", KEY, "per_device_train_batch_size", 3);
+    expect(GRAD_ACCUM, "8", KEY, "gradient_accumulation_steps", 17);
+    unset(SEQ); /* no length in TrainingArguments: memplan's default */
+    /* bf16: true and no dtype key: the model loads as from_pretrained's default "auto" */
+    assert_true(r.dtype_auto);
+    assert_string_equal(r.prec_auto[0], "amp-bf16"); /* a float32 checkpoint, bf16 autocast */
+    assert_string_equal(r.prec_auto[1], "bf16");     /* a bfloat16 one: bf16 weights and states */
+    expect(OPTIMIZER, "adamw", KEY, "optim", 10); /* adamw_torch: torch.optim.AdamW (foreach) */
+    expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 30);
+    expect(USE_CACHE, "off", KEY, "use_cache", 39);
+    expect(FINETUNE, "full", DEFAULT, "(default)", 0);
+    expect(LOSS, "hf", DEFAULT, "(default)", 0);
+    assert_int_equal(r.n_unknown, 0); /* every key of a transformers 5.24 dump is known */
+    /* llama-3.2-1b's config.json says "torch_dtype": "bfloat16" */
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_recipe_resolve_dtype(&r, "models/hf/llama-3.2-1b.json", &d), MP_OK);
+    assert_string_equal(r.s[MP_RS_PRECISION].value, "bf16");
+}
+
+/* HfArgumentParser YAML: fp16, and the Trainer's defaults for the rest. */
+static void test_hf_yaml(void **state)
+{
+    (void)state;
+    read_ok(D "hf-args.yaml", MP_RF_HF);
+    assert_string_equal(r.how, "--recipe-format");
+    expect(BATCH, "4", KEY, "per_device_train_batch_size", 4);
+    expect(GRAD_ACCUM, "2", KEY, "gradient_accumulation_steps", 5);
+    expect(OPTIMIZER, "adamw-fused", DEFAULT, "optim", 0); /* training_args.py:811 adamw_torch_fused */
+    expect(CHECKPOINT, "none", DEFAULT, "gradient_checkpointing", 0);
+    expect(USE_CACHE, "off", DEFAULT, "use_cache", 0);
+    assert_string_equal(r.prec_auto[0], "amp-fp16");
+    assert_string_equal(r.prec_auto[1], ""); /* fp16 autocast over bf16 weights: refused */
+    struct mp_diag d = {{0}};
+    /* gpt2's config.json has no dtype: float32, from_pretrained's fallback */
+    assert_int_equal(mp_recipe_resolve_dtype(&r, "models/hf/gpt2.json", &d), MP_OK);
+    assert_string_equal(r.s[MP_RS_PRECISION].value, "amp-fp16");
+    assert_int_equal(mp_recipe_resolve_dtype(&r, "models/hf/llama-3.2-1b.json", &d), MP_ERR_MODEL);
+    assert_non_null(strstr(d.msg, "fp16 autocast over bfloat16 weights"));
+}
+
+/* TRL SFT + LoRA: settled except the loss, which TRL 1.16 computes through its fused head. */
+static void test_trl_lora(void **state)
+{
+    (void)state;
+    read_refused(D "trl-sft-lora.yaml", ": loss_type (the trainer's default): nll:", "chunked fused LM head");
+    assert_int_equal(r.format, MP_RF_TRL);
+    expect(MODEL, "models/hf/qwen2-0.5b.json", KEY, "model_name_or_path", 4);
+    expect(BATCH, "4", KEY, "per_device_train_batch_size", 11);
+    expect(GRAD_ACCUM, "4", KEY, "gradient_accumulation_steps", 12);
+    expect(SEQ, "2048", KEY, "max_length", 13);
+    expect(PRECISION, "bf16", KEY, "dtype", 5); /* bfloat16 base, adapters fp32 (peft), bf16 autocast */
+    expect(CHECKPOINT, "layers", DEFAULT, "gradient_checkpointing", 0); /* base_config.py:62 True */
+    expect(OPTIMIZER, "adamw-fused", DEFAULT, "optim", 0);
+    expect(ATTENTION, "sdpa", KEY, "attn_implementation", 6);
+    expect(FINETUNE, "lora", KEY, "use_peft", 17);
+    expect(LORA_R, "32", KEY, "lora_r", 18);
+    expect(LORA_ALPHA, "16", KEY, "lora_alpha", 19);
+    expect(LORA_DROPOUT, "0.05", DEFAULT, "lora_dropout", 0); /* model_config.py lora_dropout 0.05 */
+    expect(LORA_TARGETS, "q_proj,k_proj,v_proj,o_proj", KEY, "lora_target_modules", 21);
+    expect(LOSS, "chunked-nll", DEFAULT, "loss_type", 0);
+}
+
+static void test_trl_qlora(void **state)
+{
+    (void)state;
+    read_refused(D "trl-sft-qlora.yaml", ":10: loss_type: nll:", "chunked fused LM head");
+    expect(FINETUNE, "qlora", KEY, "use_peft", 6); /* use_peft + load_in_4bit */
+    expect(PRECISION, "amp-bf16", DEFAULT, "bf16", 0); /* dtype float32 (model_config.py:90), bf16 = not fp16 */
+    expect(SEQ, "1024", DEFAULT, "max_length", 0);     /* sft_config.py:202 */
+    expect(BATCH, "8", DEFAULT, "per_device_train_batch_size", 0);
+    expect(LORA_R, "16", DEFAULT, "lora_r", 0);
+    expect(LORA_ALPHA, "32", DEFAULT, "lora_alpha", 0);
+    expect(LORA_TARGETS, "all-linear", KEY, "lora_target_modules", 9);
+}
+
+/* Axolotl QLoRA: a Hub id, paged 8-bit AdamW through the HF-name column, flash attention. */
+static void test_axolotl_qlora(void **state)
+{
+    (void)state;
+    read_ok(D "axolotl-qlora.yaml", -1);
+    assert_int_equal(r.format, MP_RF_AXOLOTL);
+    expect(MODEL, "meta-llama/Llama-3.2-1B", KEY, "base_model", 3);
+    expect(BATCH, "2", KEY, "micro_batch_size", 24);
+    expect(GRAD_ACCUM, "4", KEY, "gradient_accumulation_steps", 23);
+    expect(SEQ, "2048", KEY, "sequence_len", 20);
+    expect(PRECISION, "bf16", KEY, "bf16", 30); /* bf16: auto on a bf16 GPU: the model loads in bf16 */
+    expect(OPTIMIZER, "paged-adam8bit", KEY, "optimizer", 26);
+    expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 33);
+    expect(ATTENTION, "flash", KEY, "flash_attention", 34);
+    expect(FINETUNE, "qlora", KEY, "adapter", 14);
+    expect(LORA_R, "32", KEY, "lora_r", 15);
+    expect(LORA_ALPHA, "16", KEY, "lora_alpha", 16);
+    expect(LORA_DROPOUT, "0.05", KEY, "lora_dropout", 17);
+    expect(LORA_TARGETS, "all-linear", KEY, "lora_target_linear", 18);
+    expect(LOSS, "hf", DEFAULT, "(default)", 0);
+    assert_int_equal(r.n_unknown, 1);
+    assert_string_equal(r.unknown, "unknown_key_here (line 40)");
+}
+
+static void test_axolotl_full(void **state)
+{
+    (void)state;
+    read_ok(D "axolotl-full.yaml", -1);
+    expect(BATCH, "1", KEY, "micro_batch_size", 9);
+    expect(SEQ, "1024", KEY, "sequence_len", 8);
+    expect(PRECISION, "bf16", KEY, "bf16", 13); /* utils/config/__init__.py:198: loaded in bfloat16 */
+    expect(OPTIMIZER, "adamw-fused", DEFAULT, "optimizer", 0); /* schemas/training.py:122 */
+    expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 14);
+    expect(ATTENTION, "sdpa", KEY, "attn_implementation", 17);
+    expect(FINETUNE, "full", DEFAULT, "adapter", 0);
+    unset(LORA_R);
+}
+
+static void test_llamafactory_lora(void **state)
+{
+    (void)state;
+    read_ok(D "llamafactory-lora.yaml", -1);
+    assert_int_equal(r.format, MP_RF_LLAMAFACTORY);
+    expect(MODEL, "models/hf/llama-3.2-1b.json", KEY, "model_name_or_path", 4);
+    expect(BATCH, "1", KEY, "per_device_train_batch_size", 31);
+    expect(GRAD_ACCUM, "8", KEY, "gradient_accumulation_steps", 32);
+    expect(SEQ, "2048", KEY, "cutoff_len", 18);
+    expect(PRECISION, "bf16", KEY, "bf16", 37); /* bf16 base (parser.py:512), fp32 adapters */
+    expect(CHECKPOINT, "layers", DEFAULT, "gradient_checkpointing", 0); /* model_args.py:145 */
+    expect(FINETUNE, "lora", KEY, "finetuning_type", 10);
+    expect(LORA_R, "8", KEY, "lora_rank", 11);
+    expect(LORA_ALPHA, "16", DEFAULT, "lora_alpha", 0); /* finetuning_args.py:568: lora_rank * 2 */
+    expect(LORA_DROPOUT, "0", DEFAULT, "lora_dropout", 0);
+    expect(LORA_TARGETS, "all-linear", KEY, "lora_target", 12);
+}
+
+/* LLaMA-Factory's default checkpointing is reentrant: refused, naming use_reentrant_gc. */
+static void test_llamafactory_defaults(void **state)
+{
+    (void)state;
+    read_refused(D "llamafactory-defaults.yaml", ": use_reentrant_gc (the trainer's default): true:", "reentrant");
+    expect(SEQ, "2048", DEFAULT, "cutoff_len", 0);                 /* data_args.py:46 */
+    expect(BATCH, "8", DEFAULT, "per_device_train_batch_size", 0); /* TrainingArguments' */
+    expect(PRECISION, "amp-bf16", KEY, "bf16", 10); /* full: trainable upcast to fp32 (adapter.py:313) */
+    expect(FINETUNE, "full", KEY, "finetuning_type", 6);
+}
+
+static void test_torchtune_full(void **state)
+{
+    (void)state;
+    read_refused(D "torchtune-full.yaml", ":36: loss._component_:", "not modelled yet");
+    assert_int_equal(r.format, MP_RF_TORCHTUNE);
+    expect(MODEL, "tests/data/recipes/llama-3.2-1b/", KEY, "checkpointer.checkpoint_dir", 20);
+    expect(BATCH, "4", KEY, "batch_size", 29);
+    expect(GRAD_ACCUM, "1", KEY, "gradient_accumulation_steps", 38);
+    expect(SEQ, "4096", KEY, "tokenizer.max_seq_len", 10);
+    expect(PRECISION, "bf16", KEY, "dtype", 45); /* pure bf16: torchtune's model in bf16, no master */
+    expect(OPTIMIZER, "adamw-fused", KEY, "optimizer._component_", 32); /* AdamW + fused: True */
+    expect(CHECKPOINT, "layers", KEY, "enable_activation_checkpointing", 43);
+    expect(FINETUNE, "full", KEY, "model._component_", 5);
+    expect(LOSS, "torchtune", KEY, "loss._component_", 36);
+}
+
+/* Refusals: each names the file, the line and the key; one line. */
+static void write(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text, *where, *why;
+    } cases[] = {
+        {"base_model: m\nsample_packing: true\n", ":2: sample_packing: true:", "not modelled yet"},
+        {"base_model: m\nplugins:\n  - axolotl.integrations.liger.LigerPlugin\n", ":3: plugins:", "not modelled yet"},
+        {"base_model: m\noptimizer: lion_32bit\n", ":2: optimizer: lion_32bit:", "does not model"},
+        {"base_model: m\ngradient_checkpointing: offload\n", ":2: gradient_checkpointing: offload:", "offloaded"},
+        {"base_model: m\nadapter: lora\nload_in_8bit: true\n", ":3: load_in_8bit: true:", "8-bit base"},
+        {"base_model: m\nmicro_batch_size: 0\n", ":2: micro_batch_size: 0:", "positive integer"},
+        {"per_device_train_batch_size: 2\ndeepspeed: ds.json\n", ":2: deepspeed: ds.json:", "--parallel"},
+        {"per_device_train_batch_size: 2\nuse_liger_kernel: true\n", ":2: use_liger_kernel: liger:", "not modelled"},
+        {"per_device_train_batch_size: 2\ngradient_checkpointing: true\ngradient_checkpointing_kwargs:\n"
+         "  every_n_layers: 2\n",
+         ":4: gradient_checkpointing_kwargs.every_n_layers: 2:", "every n-th layer"},
+        {"model_name_or_path: m\nuse_peft: true\nload_in_4bit: true\nloss_type: nll\n",
+         ": use_bnb_nested_quant (the trainer's default): false:", "double-quantized"},
+        {"model_name_or_path: m\nload_in_4bit: true\n", ":2: load_in_4bit", "cannot be fully fine-tuned"},
+        {"model_name_or_path: m\ndtype: auto\nloss_type: nll\n", ":3: loss_type", "fused LM head"},
+        {"stage: dpo\nmodel_name_or_path: m\n", ":1: stage: dpo:", "not modelled yet"},
+        {"stage: sft\nmodel_name_or_path: m\nfinetuning_type: freeze\nuse_reentrant_gc: false\n",
+         ":3: finetuning_type: freeze:", "not model yet"},
+        {"model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n  lora_rank: 8\n"
+         "  lora_attn_modules: [q_proj, v_proj]\nbatch_size: 2\ndtype: bf16\n",
+         ":6: dtype: bf16:", "fp32 as peft makes them"},
+        {"base_model: m\nbase_model: n\n", ":2: base_model: duplicate key", "first at line 1"},
+        {"just: [unclosed\n", ":2:1: not YAML or JSON", "did not find expected"},
+        {"- a\n- b\n", ": a recipe is a mapping", "list"},
+        {"learning_rate: 1\n", ": the recipe's format is not told", "--recipe-format"},
+        {"base_model: m\nrl: dpo\n", ":2: rl: dpo:", "not modelled yet"},
+    };
+    const char *path = "build/tests/recipe-case.yaml";
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write(path, cases[i].text);
+        struct mp_diag d = {{0}};
+        enum mp_status st = mp_recipe_read(path, -1, &r, &d);
+        char head[256];
+        snprintf(head, sizeof head, "%s%s", path, cases[i].where);
+        if (st == MP_OK || strncmp(d.msg, head, strlen(head)) || !strstr(d.msg, cases[i].why) || strchr(d.msg, '\n')) {
+            print_error("case %zu: status %d: got: %s\nwant: %s... %s\n", i, (int)st, d.msg, head, cases[i].why);
+            fail();
+        }
+    }
+    /* 40 nested mappings: refused at 32 (trainers' configs nest 3 deep), not a deep recursion */
+    char deep[512] = "base_model: m\nx: ";
+    for (int i = 0; i < 40; i++)
+        strcat(deep, "{a: ");
+    strcat(deep, "1");
+    for (int i = 0; i < 40; i++)
+        strcat(deep, "}");
+    strcat(deep, "\n");
+    write(path, deep);
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_recipe_read(path, -1, &r, &d), MP_ERR_JSON);
+    assert_non_null(strstr(d.msg, ":2: mappings nested deeper than 32 levels"));
+    remove(path);
+}
+
+/* The optimizer goes through --optimizer's HF-name columns: a row's names map back to it. */
+static void test_optimizer_hf_names(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *hf, *mp;
+    } cases[] = {{"adamw_torch", "adamw"},          {"adamw_torch_fused", "adamw-fused"},
+                 {"adamw_bnb_8bit", "adam8bit"},     {"paged_adamw_8bit", "paged-adam8bit"},
+                 {"adafactor", "adafactor"},         {"sgd", "sgd"},
+                 {"adamw_torch_4bit", "adamw4bit-ao"}, {"lion_8bit", "lion8bit"}};
+    const char *path = "build/tests/recipe-optim.yaml";
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "base_model: m\noptimizer: %s\n", cases[i].hf);
+        write(path, text);
+        read_ok(path, -1);
+        expect(OPTIMIZER, cases[i].mp, KEY, "optimizer", 2);
+    }
+    remove(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hf_json),          cmocka_unit_test(test_hf_yaml),
+        cmocka_unit_test(test_trl_lora),         cmocka_unit_test(test_trl_qlora),
+        cmocka_unit_test(test_axolotl_qlora),    cmocka_unit_test(test_axolotl_full),
+        cmocka_unit_test(test_llamafactory_lora), cmocka_unit_test(test_llamafactory_defaults),
+        cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_optimizer_hf_names),
+    };
+    return cmocka_run_group_tests_name("recipe", tests, NULL, NULL);
+}
