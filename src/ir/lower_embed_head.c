@@ -374,8 +374,8 @@ static uint64_t beyond(uint64_t phase, uint64_t grad_w, uint64_t grad_x)
  * trainer/utils.py add_fused_lm_head._fused_forward slices the hidden states [:, :-1] (a view),
  * makes mask = labels[:, 1:] != -100 (:1627, bool, b(s-1)) and, on a Triton device (compact,
  * :1642), gathers the N rows whose label is kept: hidden_states[mask] (a new N x h tensor; its
- * IndexBackward0 saves the nonzero indices, N x 2 int64) and labels[mask] (N int64, its own
- * nonzero indices a transient).  kernels/chunked_logprob.py ChunkedLogProbFunction.forward:
+ * IndexBackward0 saves the bool mask, torch derivatives.yaml index.Tensor) and labels[mask] (N
+ * int64); each gather makes the mask's nonzero indices (N x 2 int64) as a transient.  kernels/chunked_logprob.py ChunkedLogProbFunction.forward:
  * seven fp32 statistics of N (:340-346), one tile buffer mm_buf of min(N, 4096) x 32768 in the
  * compute dtype (:347), and per tile the hidden rows .to(compute) (:352, a copy when the hidden
  * states are fp32) and weight[start:end].to(compute) (:356, a copy of 32768 rows when the weight
@@ -386,7 +386,8 @@ static uint64_t beyond(uint64_t phase, uint64_t grad_w, uint64_t grad_x)
  * fp32 (:406-411), mm_buf again, per tile the hidden and weight copies, the gradient GEMMs added
  * in place (_addmm_fp32's CUDA addmm(out_dtype=fp32, out=acc), :60), then .to() the input's and
  * the weight's dtypes (:456-457, a new tensor when it is not fp32); IndexBackward0 makes the
- * b(s-1) x h gradient, SliceBackward0 the b x s x h one.  Every row is recomputed in backward:
+ * b(s-1) x h gradient (index_put_ with the mask: its nonzero indices again), SliceBackward0 the
+ * b x s x h one.  Every row is recomputed in backward:
  * nothing v-sized is kept. */
 static void trl_nll(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, uint64_t v, int w)
 {
@@ -405,22 +406,28 @@ static void trl_nll(struct bld *B, struct mp_node *n, const char *nm, uint64_t h
     uint64_t mm_buf = mul3(B, rows, MP_TRL_VOCAB_CHUNK, cd);
     uint64_t hc = hd != cd ? mul3(B, rows, h, cd) : 0; /* hidden[t0:t1].to(compute) */
     uint64_t wc = wd != cd ? mul3(B, vc, h, cd) : 0;   /* weight[v0:v1].to(compute) */
+    /* `hidden_chunk = hidden[...].to()` and backward's `w_chunk = weight[...].to()` make the new
+     * copy while the old one is still bound: two at once from the second token chunk / tile on
+     * (forward's weight copy is a temporary of the mm call: one at a time) */
+    uint64_t tok_chunks = rows ? mp_ceil_div(N, rows) : 0, tiles = tok_chunks * mp_ceil_div(v, MP_TRL_VOCAB_CHUNK);
+    uint64_t f_copies = mp_max_u64(add(B, hc, wc), tok_chunks > 1 ? mul(B, hc, 2) : 0);
+    uint64_t b_copies = mp_max_u64(add(B, hc, mul(B, wc, tiles > 1 ? 2 : 1)),
+                                   tok_chunks > 1 ? add(B, mul(B, hc, 2), wc) : 0);
     n->rows = N;
     n->n = v;
     n->k = h;
     /* kept for backward */
     kept(B, n, nm, "label_mask", MP_DT_U8, np, MP_XR_LOSS_SAVED);
-    kept(B, n, nm, "row_index", MP_DT_I64, mul(B, N, 2), MP_XR_LOSS_SAVED);
     kept(B, n, nm, "hidden_rows", xt->dtype, mul(B, N, h), MP_XR_LOSS_SAVED);
     kept(B, n, nm, "targets", MP_DT_I64, N, MP_XR_LOSS_SAVED);
     kept(B, n, nm, "log_z", MP_DT_F32, N, MP_XR_LOSS_SAVED);
     kept(B, n, nm, "entropy", MP_DT_F32, N, MP_XR_LOSS_SAVED);
-    /* forward: the labels' nonzero indices (16N) before the function; in it the seven statistics
+    /* forward: each gather's nonzero indices (N x 2 int64, 16N, a transient) before the function; in it the seven statistics
      * (28N) and mm_buf with, per tile, the copies or, after the tiles, logprobs and one N-sized
      * temporary (8N); then the three scattered b(s-1) outputs (fp32, fp32, bool) beside logprobs,
      * is_top1 (5N) and a zeros temporary (4 b(s-1)) */
     uint64_t gather = mul(B, N, 16);
-    uint64_t in_fn = add(B, add(B, mul(B, N, 28), mm_buf), mp_max_u64(add(B, hc, wc), mul(B, N, 8)));
+    uint64_t in_fn = add(B, add(B, mul(B, N, 28), mm_buf), mp_max_u64(f_copies, mul(B, N, 8)));
     uint64_t scatter = add(B, mul(B, N, 5), mul(B, np, 13));
     tmp_one(B, n, false, MP_TR_OTHER, mp_max_u64(gather, mp_max_u64(in_fn, scatter)));
     /* backward phases: the function (the N-sized incoming gradient, the fp32 accumulators, mm_buf
@@ -429,9 +436,9 @@ static void trl_nll(struct bld *B, struct mp_node *n, const char *nm, uint64_t h
     uint64_t gx = mul3(B, B->b, B->s, mul(B, h, hd));
     uint64_t acc = add(B, add(B, mul(B, N, 4), mul3(B, N, h, 4)), wt ? mul3(B, v, h, 4) : 0);
     uint64_t ends = add(B, hd != 4 ? mul3(B, N, h, hd) : 0, wt && wd != 4 ? gw : 0);
-    uint64_t fn = add(B, add(B, acc, mm_buf), mp_max_u64(add(B, hc, wc), ends));
+    uint64_t fn = add(B, add(B, acc, mm_buf), mp_max_u64(b_copies, ends));
     uint64_t sliced = mul3(B, np, h, hd);
-    uint64_t index_bw = add(B, add(B, gw, mul3(B, N, h, hd)), sliced);
+    uint64_t index_bw = add(B, add(B, add(B, gw, mul3(B, N, h, hd)), sliced), mul(B, N, 16));
     uint64_t slice_bw = add(B, add(B, gw, sliced), gx);
     tmp_one(B, n, true, MP_TR_OTHER, beyond(mp_max_u64(fn, mp_max_u64(index_bw, slice_bw)), gw, gx));
     double mm = 2.0 * (double)N * (double)h * (double)v;
