@@ -97,7 +97,7 @@ enum mp_attn_impl {
 #define MP_LOSSES(X)                                                                                       \
     X(HF, "hf", "the model's own loss (transformers ForCausalLMLoss)", NULL)                             \
     X(CHUNKED_NLL, "chunked-nll", "TRL SFTConfig(loss_type=\"nll\"), the default", NULL)               \
-    X(LIGER, "liger", "TrainingArguments(use_liger_kernel=True)", NULL)                                 \
+    X(LIGER, "liger", "Liger fused linear CE: use_liger_kernel, liger_kernel_config", NULL)            \
     X(TORCHTUNE, "torchtune", "torchtune loss: LinearCrossEntropyLoss", "not modelled yet")           \
     X(CCE, "cce", "axolotl cut_cross_entropy: true", "not modelled yet")
 
