@@ -835,6 +835,43 @@ fi
 expect_line 4 "probe of a cohere config: refused, one line" probe models/hf/aya-expanse-8b.json --backend host \
     --batch 1 --seq 64
 
+# --loss / --label-fraction: unknown names, ranges, what is not modelled, heads other than a causal
+# LM's, the probe: one line each; a modelled loss is recorded (config.loss) and named in the text
+expect_line 2 "--loss: an unknown name" estimate models/hf/qwen3-0.6b.json --loss frobnicate
+expect_line 2 "--loss torchtune: not modelled yet" estimate models/hf/qwen3-0.6b.json --loss torchtune
+expect_line 2 "--loss cce: not modelled yet" estimate models/hf/qwen3-0.6b.json --loss cce
+expect_line 2 "--loss liger on a masked-LM head" estimate models/hf/bert-base-uncased.json --loss liger
+expect_line 2 "--loss chunked-nll on a model without an LM head" estimate models/tiny-mlp.json --loss chunked-nll
+expect_line 2 "--label-fraction 0: out of range" estimate models/hf/qwen3-0.6b.json --label-fraction 0
+expect_line 2 "--label-fraction above 1" estimate models/hf/qwen3-0.6b.json --label-fraction 1.5
+expect_line 4 "probe --loss liger: refused" probe models/hf/qwen3-0.6b.json --seq 16 --backend host \
+    --capacity 8GiB --loss liger
+run estimate models/hf/qwen3-0.6b.json --seq 512 --loss chunked-nll --label-fraction 0.5
+if [ "$ec" -eq 0 ] && grep -q "^loss      chunked-nll" "$T/out" && grep -q "label fraction 0.5" "$T/out"; then
+    ok "--loss chunked-nll: the text report names the loss and the label fraction"
+else
+    echo "expected a 'loss      chunked-nll ...; label fraction 0.5' line" >"$T/why"
+    bad "--loss chunked-nll: the text report names the loss and the label fraction"
+fi
+run estimate models/hf/qwen3-0.6b.json --seq 512 --finetune lora --json
+cp "$T/out" "$T/loss_hf.json"
+run estimate models/hf/qwen3-0.6b.json --seq 512 --finetune lora --loss chunked-nll --label-fraction 0.5 --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--loss: config.loss (python3 not found)"
+elif python3 - "$T/loss_hf.json" "$T/out" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["config"]["loss"] == "hf" and a["config"]["label_fraction"] == 1, a["config"]
+assert b["config"]["loss"] == "chunked-nll" and b["config"]["label_fraction"] == 0.5, b["config"]
+assert b["memory"]["peak_allocated_bytes"] < a["memory"]["peak_allocated_bytes"]
+PY
+then
+    ok "--loss: config.loss and label_fraction recorded; the chunked head's peak is below hf's"
+else
+    echo "expected config.loss hf / chunked-nll, label_fraction 1 / 0.5, a lower peak" >"$T/why"
+    bad "--loss: config.loss and label_fraction recorded; the chunked head's peak is below hf's"
+fi
+
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
 expect_line 2 "--moe-capacity below 1: usage error" estimate bench/accuracy/moe/mixtral-shrunk.json --moe-capacity 0.5
