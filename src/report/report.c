@@ -435,8 +435,9 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
         if (c->build->loss != MP_LOSS_HF || c->build->label_fraction < 1) /* hf's report stays as it was */
-            fprintf(out, "loss      %s (%s); label fraction %.3g\n", mp_loss_str(c->build->loss),
-                    mp_loss_how(c->build->loss), c->build->label_fraction);
+            fprintf(out, "loss      %s (%s); label fraction %.3g%s\n", mp_loss_str(c->build->loss),
+                    mp_loss_how(c->build->loss), c->build->label_fraction,
+                    c->build->loss == MP_LOSS_CHUNKED_NLL ? "" : " (memory unaffected: every row runs)");
     }
     if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
         finetune_lines(out, c);

@@ -95,7 +95,7 @@ enum mp_attn_impl {
  *   TORCHTUNE   torchtune's LinearCrossEntropyLoss (8 chunks): not modelled yet.
  *   CCE         Cut Cross-Entropy (apple/ml-cross-entropy): not modelled yet. */
 #define MP_LOSSES(X)                                                                                       \
-    X(HF, "hf", "the model's own loss (transformers ForCausalLMLoss)", NULL)                             \
+    X(HF, "hf", "transformers ForCausalLMLoss", NULL)                                                  \
     X(CHUNKED_NLL, "chunked-nll", "TRL SFTConfig(loss_type=\"nll\"), the default", NULL)               \
     X(LIGER, "liger", "Liger fused linear CE: use_liger_kernel, liger_kernel_config", NULL)            \
     X(TORCHTUNE, "torchtune", "torchtune loss: LinearCrossEntropyLoss", "not modelled yet")           \
