@@ -835,6 +835,43 @@ fi
 expect_line 4 "probe of a cohere config: refused, one line" probe models/hf/aya-expanse-8b.json --backend host \
     --batch 1 --seq 64
 
+# --loss / --label-fraction: unknown names, ranges, what is not modelled, heads other than a causal
+# LM's, the probe: one line each; a modelled loss is recorded (config.loss) and named in the text
+expect_line 2 "--loss: an unknown name" estimate models/hf/qwen3-0.6b.json --loss frobnicate
+expect_line 2 "--loss torchtune: not modelled yet" estimate models/hf/qwen3-0.6b.json --loss torchtune
+expect_line 2 "--loss cce: not modelled yet" estimate models/hf/qwen3-0.6b.json --loss cce
+expect_line 2 "--loss liger on a masked-LM head" estimate models/hf/bert-base-uncased.json --loss liger
+expect_line 2 "--loss chunked-nll on a model without an LM head" estimate models/tiny-mlp.json --loss chunked-nll
+expect_line 2 "--label-fraction 0: out of range" estimate models/hf/qwen3-0.6b.json --label-fraction 0
+expect_line 2 "--label-fraction above 1" estimate models/hf/qwen3-0.6b.json --label-fraction 1.5
+expect_line 4 "probe --loss liger: refused" probe models/hf/qwen3-0.6b.json --seq 16 --backend host \
+    --capacity 8GiB --loss liger
+run estimate models/hf/qwen3-0.6b.json --seq 512 --loss chunked-nll --label-fraction 0.5
+if [ "$ec" -eq 0 ] && grep -q "^loss      chunked-nll" "$T/out" && grep -q "label fraction 0.5" "$T/out"; then
+    ok "--loss chunked-nll: the text report names the loss and the label fraction"
+else
+    echo "expected a 'loss      chunked-nll ...; label fraction 0.5' line" >"$T/why"
+    bad "--loss chunked-nll: the text report names the loss and the label fraction"
+fi
+run estimate models/hf/qwen3-0.6b.json --seq 512 --finetune lora --json
+cp "$T/out" "$T/loss_hf.json"
+run estimate models/hf/qwen3-0.6b.json --seq 512 --finetune lora --loss chunked-nll --label-fraction 0.5 --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--loss: config.loss (python3 not found)"
+elif python3 - "$T/loss_hf.json" "$T/out" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["config"]["loss"] == "hf" and a["config"]["label_fraction"] == 1, a["config"]
+assert b["config"]["loss"] == "chunked-nll" and b["config"]["label_fraction"] == 0.5, b["config"]
+assert b["memory"]["peak_allocated_bytes"] < a["memory"]["peak_allocated_bytes"]
+PY
+then
+    ok "--loss: config.loss and label_fraction recorded; the chunked head's peak is below hf's"
+else
+    echo "expected config.loss hf / chunked-nll, label_fraction 1 / 0.5, a lower peak" >"$T/why"
+    bad "--loss: config.loss and label_fraction recorded; the chunked head's peak is below hf's"
+fi
+
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
 expect_line 2 "--moe-capacity below 1: usage error" estimate bench/accuracy/moe/mixtral-shrunk.json --moe-capacity 0.5
@@ -1595,6 +1632,8 @@ if [ -n "$HAVE_PY" ]; then
         "models/hf/llama-3.2-1b.json -b 2 --grad-accum 8 -p bf16 -o adamw -c layers --use-cache off"
     same_check "HF YAML (fp16, float32 checkpoint)" "models/hf/gpt2.json --recipe $R/hf-args.yaml" \
         "models/hf/gpt2.json -b 4 --grad-accum 2 -p amp-fp16 -o adamw-fused --use-cache off"
+    same_check "TRL SFT LoRA (TRL 1.16's chunked fused loss by default)" "--recipe $R/trl-sft-lora.yaml" \
+        "models/hf/qwen2-0.5b.json -b 4 --grad-accum 4 -s 2048 -p bf16 -o adamw-fused -c layers --attention sdpa --use-cache off --finetune lora --lora-r 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets q_proj,k_proj,v_proj,o_proj --loss chunked-nll"
     same_check "Axolotl full" "--recipe $R/axolotl-full.yaml" \
         "models/hf/qwen2-0.5b.json -b 1 --grad-accum 2 -s 1024 -p bf16 -o adamw-fused -c layers --attention sdpa --use-cache off"
     same_check "Axolotl QLoRA (Hub id from the HF cache)" "--recipe $R/axolotl-qlora.yaml" \
@@ -1658,9 +1697,6 @@ HF_HUB_CACHE="$rhub" run check --recipe $R/axolotl-qlora.yaml --gpu a100-80gb
 [ "$ec" -eq 0 ] && [ ! -s "$T/err" ] && ok "check --recipe without --explain: unknown keys accepted quietly" ||
     bad "unknown keys quiet without --explain"
 # refusals: exit 3, one line naming the file, the key (and its line)
-expect_line 3 "TRL SFT recipe: the chunked fused loss refused" check --recipe $R/trl-sft-lora.yaml --gpu a100-80gb
-grep -q "^memplan: error: $R/trl-sft-lora.yaml: loss_type (the trainer's default): nll: .*fused LM head" "$T/err" &&
-    ok "TRL loss refusal names loss_type and its value" || bad "TRL loss refusal message"
 expect_line 3 "LLaMA-Factory defaults: reentrant checkpointing refused" check --recipe $R/llamafactory-defaults.yaml --gpu a100-80gb
 grep -q "use_reentrant_gc (the trainer's default): true: reentrant" "$T/err" && ok "names use_reentrant_gc" ||
     bad "LLaMA-Factory reentrant refusal message"

@@ -196,9 +196,10 @@ static void test_ops_cover_every_prim(void **state)
         }
         mp_model_release(&m);
     }
-    /* mixture-of-experts prims are estimated only: mp_probe_run refuses their programs
-     * (program.probe_unsupported; tests/cli.sh checks the refusal) */
-    seen[MP_P_ROUTER] = seen[MP_P_ROWS] = seen[MP_P_GROUPED_MM] = true;
+    /* mixture-of-experts prims and the fused loss heads (--loss) are estimated only:
+     * mp_probe_run refuses their programs (program.probe_unsupported; tests/cli.sh checks the
+     * refusals) */
+    seen[MP_P_ROUTER] = seen[MP_P_ROWS] = seen[MP_P_GROUPED_MM] = seen[MP_P_FUSED_LOSS] = true;
     for (int k = 0; k < MP_P_COUNT; k++)
         if (!seen[k])
             fail_msg("prim %s has no per-op program in tests/test_probe_ops.c", mp_prim_str((enum mp_prim)k));

@@ -38,6 +38,8 @@ struct args {
     struct mp_ckpt_spec ckpt;
     int attention;
     bool attention_set;
+    int loss;              /* --loss (enum mp_loss) */
+    double label_fraction; /* --label-fraction */
     bool ckpt_set;      /* --checkpoint given (suggest: only that plan is searched) */
     int use_cache; /* -1: the config's; 0 off; 1 on */
     const char *gpu;

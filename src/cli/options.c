@@ -124,6 +124,11 @@ static const struct opt OPTS[] = {
      .help = "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {0, "attention", "A", C_ALL, K_ENUM, FIELD(attention), SEEN(attention_set), .parse = mp_attn_impl_parse,
      .names = mp_attn_impl_names, .help = ": override the attention implementation (default sdpa)"},
+    {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), .parse = mp_loss_parse, .names = mp_loss_names,
+     .help = ": the causal LM's loss head (default hf; docs: man memplan)"},
+    {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
+     .help = "share of label positions not -100 (prompt masking; default 1): chunked-nll gathers "
+             "only those; memory unaffected for hf and liger"},
     {0, "moe-capacity", "F", C_ALL, K_NUMBER, RANGE(1, true, 1e6, true), FIELD(moe_capacity),
      .help = "MoE routing: the busiest expert gets F x the uniform share (F >= 1; default 1, uniform)"},
     {0, "use-cache", "on|off", C_ALL, K_CHOICE, FIELD(use_cache), .choices = ON_OFF,
@@ -431,6 +436,8 @@ static void args_default(const struct command *c, struct args *a)
     a->precision = MP_PREC_AMP_BF16;
     a->optimizer = MP_OPT_ADAMW;
     a->attention = MP_ATTN_SDPA;
+    a->loss = MP_LOSS_HF;
+    a->label_fraction = 1.0;
     a->use_cache = -1;
     a->margin = 0.05;
     a->moe_capacity = 1.0;

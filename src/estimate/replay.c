@@ -262,6 +262,14 @@ static void bwd_block(struct rp *r, size_t i)
             g_free(r, n->out_parts[0]);
             g_free(r, n->out_parts[1]);
         }
+        /* Liger's fused loss made its gradients in the forward and kept them: backward hands the
+         * same storages on as the gradients (the bytes change hands; nothing new is allocated) */
+        if (n->fwd_grads)
+            for (int j = 0; j < n->n_extra; j++)
+                if (n->extra_role[j] == MP_XR_LOSS_GRAD) {
+                    bool released[MP_NODE_SAVED_MAX] = {false};
+                    release_saved_one(r, n, n->extra[j], released);
+                }
         wcast = bwd_param_grads(r, n, &incoming);
         /* the gradient the node makes for each input: a new storage, its output's own (a residual
          * add), or one added after the node to the gradient the input already has */

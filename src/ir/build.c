@@ -14,6 +14,8 @@ void mp_build_opts_default(struct mp_build_opts *o)
     o->batch = 1;
     o->precision = MP_PREC_AMP_BF16;
     o->attention = MP_ATTN_SDPA;
+    o->loss = MP_LOSS_HF;
+    o->label_fraction = 1.0;
 }
 
 bool failed(const struct bld *B) { return B->st != MP_OK; }

@@ -629,6 +629,14 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         }
     }
     free(ring);
+    bool fused = false; /* --loss other than hf: honoured by a causal LM's head, else refused */
+    for (size_t k = 0; k < p->n_nodes && !failed(&B) && o->loss != MP_LOSS_HF && !fused; k++)
+        fused = p->nodes[k].prim == MP_P_FUSED_LOSS;
+    if (!failed(&B) && o->loss != MP_LOSS_HF && !fused) {
+        B.layer = NULL;
+        B.prefix[0] = 0;
+        fail_model(&B, MP_ERR_USAGE, "--loss %s: the model has no causal LM head (lm_head)", mp_loss_str(o->loss));
+    }
     if (failed(&B)) {
         enum mp_status st = B.st;
         mp_program_release(p);

@@ -39,6 +39,18 @@ const char *mp_optimizer_probe_names(void);         /* those, as "a, b and c" */
 bool mp_optimizer_par_probe(enum mp_optimizer o); /* runs on the data-parallel probe */
 bool mp_optimizer_decoupled_wd(enum mp_optimizer o); /* AdamW's weight decay (the probe's update) */
 const char *mp_optimizer_par_probe_names(void);   /* those, as "a, b and c" */
+/* The loss heads (MP_LOSSES): name, how a trainer turns it on, why it is not modelled (NULL: it is). */
+const char *mp_loss_str(enum mp_loss l);
+const char *mp_loss_how(enum mp_loss l);
+const char *mp_loss_unmodelled(enum mp_loss l);
+int mp_loss_parse(const char *s);
+const char *mp_loss_names(const char *sep, const char *last);
+/* The rows of one chunk of loss l's head over `rows` label positions (vocabulary v, hidden h):
+ * chunked-nll min(rows, 4096) (trl 1.16.0 kernels/chunked_logprob.py TOKEN_CHUNK_SIZE), liger
+ * min(next_pow2(ceil(rows / ceil(v / h))), rows) (liger-kernel 0.8.5
+ * ops/fused_linear_cross_entropy.py:103-105), hf every row; 0 for a loss not modelled. */
+uint64_t mp_loss_chunk_rows(enum mp_loss l, uint64_t rows, uint64_t v, uint64_t h);
+#define MP_TRL_VOCAB_CHUNK 32768 /* trl 1.16.0 trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE */
 
 struct mp_build_opts {
     uint64_t batch;              /* micro-batch */
@@ -50,10 +62,13 @@ struct mp_build_opts {
     struct mp_finetune ft;       /* what trains: full (default), LoRA, QLoRA, frozen blocks */
     bool hf_checkpointing;       /* transformers' gradient checkpointing (--checkpoint layers): it
                                     turns use_cache off */
+    enum mp_loss loss;           /* the causal LM's loss head (--loss; default hf) */
+    double label_fraction;       /* the share of label positions that are not -100 (prompt masking;
+                                    0 < f <= 1, default 1): the chunked-nll head gathers only those */
     bool no_copies;              /* lower every block: none is made by shifting a copy of the block
                                     before it (tests compare the two builds) */
 };
-/* batch 1, seq 0 (= model default), amp-bf16, sdpa. */
+/* batch 1, seq 0 (= model default), amp-bf16, sdpa, loss hf, every label counted. */
 void mp_build_opts_default(struct mp_build_opts *o);
 
 /* The prims, one row each: X(id, name) and what the node reads, writes and saves.  The enum,
@@ -84,6 +99,10 @@ void mp_build_opts_default(struct mp_build_opts *o);
                         extras (shifted int64 labels, total_weight) */ \
     X(CUSTOM, "custom") /* opaque: out of given bytes, extras[0] the rest of what it saves */ \
     X(SCALE, "scale") /* out = in[0] * p (LoRA's scaling by a Python float: saves nothing) */ \
+    X(FUSED_LOSS, "fused_loss") /* a chunked / fused LM head and its loss (--loss): in[0] hidden (b,s,h), \
+                        param[0] the head's weight; out the scalar loss; extras what it keeps (by role); \
+                        its chunks' transients in fwd_tmp / bwd_tmp; no executor runs it (the probe \
+                        refuses the program) */ \
     /* mixture of experts (transformers' grouped_mm path); no executor runs these: the probe \
      * refuses a program that has them (mp_program.probe_unsupported) */ \
     X(ROUTER, "router") /* in[0] router logits (M,E) -> out top-k weights (M,k); extras: probabilities, \
@@ -159,6 +178,10 @@ enum mp_xrole {
     MP_XR_SPLIT_INDEX,    /* Falcon's qkv split by advanced indexing: the int64 index it saves */
     MP_XR_NORM_WEIGHT,    /* layernorm: a weight or bias it runs with that is not the parameter
                              (Nemotron's weight + 1, autocast's half copies): saved */
+    MP_XR_LOSS_SAVED,     /* fused loss: what the head keeps for backward (gathered rows, labels,
+                             log-sum-exp, the label mask): counted only */
+    MP_XR_LOSS_GRAD,      /* fused loss (Liger): a gradient made in the forward and handed to
+                             backward (the input's, the weight's) */
     MP_XR_COUNT
 };
 
@@ -269,6 +292,9 @@ struct mp_node {
     bool causal, eager;
     bool no_grad;                 /* not recorded by autograd (no input needs grad, no trainable
                                    * parameter): saves nothing, has no backward */
+    bool fwd_grads;               /* its gradients were made in the forward and kept as its saved
+                                     MP_XR_LOSS_GRAD extras (Liger): backward hands them on, so the
+                                     replay releases them as it makes the gradients (no new bytes) */
     bool quantized;               /* linear on a quantized weight: dequantized into a temporary
                                    * (fwd_tmp_bytes, bwd_tmp_bytes) for the matmul */
     enum mp_act act;

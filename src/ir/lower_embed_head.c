@@ -2,7 +2,10 @@
  * pooling) (build.h). */
 #include "build.h"
 
+#include <math.h>
 #include <stdio.h>
+
+static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 
 /* Cross-entropy as PyTorch runs it: an fp32 upcast of half logits, log_softmax, nll_loss.
  * upcast: HF's causal-LM loss (ForCausalLMLoss) and token classification call
@@ -249,6 +252,21 @@ struct val lower_pos_embedding(struct bld *B, struct val x, const struct mp_laye
     return y;
 }
 
+/* A head tied to the embedding table: two gradients reach the table's AccumulateGrad; the engine
+ * keeps the head's until the embedding's backward has made its dense V x h gradient, then adds
+ * them out of place: two more table-sized tensors in that backward (measured,
+ * bench/accuracy/torch_step_results.md). */
+static void tied_grads(struct bld *B)
+{
+    if (failed(B))
+        return;
+    B->p->params[B->embed_param].matmul = true;
+    for (size_t k = 0; k < B->p->n_nodes; k++)
+        if (B->p->nodes[k].prim == MP_P_EMBED && B->p->nodes[k].param[0] == B->embed_param)
+            tmp_one(B, &B->p->nodes[k], true, MP_TR_OTHER,
+                    mul(B, mp_param_grad_bytes(&B->p->params[B->embed_param]), 2));
+}
+
 /* The language-model head (tied to the embedding, or not) and its loss. */
 struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
 {
@@ -264,6 +282,8 @@ struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, 
                    (unsigned long long)B->p->params[B->embed_param].cols);
         return x;
     }
+    if (B->p->opts.loss != MP_LOSS_HF)
+        return lower_fused_loss(B, x, l, nm);
     if (l->t5) /* T5: decoder_outputs[0] and the scaled sequence_output are locals of the forward */
         held_tensor(B, x.t, -1);
     if (l->in_mult != 0) { /* T5: sequence_output * d_model**-0.5, a new tensor (saves nothing) */
@@ -272,17 +292,8 @@ struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, 
             held_tensor(B, x.t, -1);
     }
     struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
-    if (!failed(B) && l->tied) {
-        B->p->params[B->embed_param].matmul = true;
-        /* Two gradients reach the tied table's AccumulateGrad: the engine keeps the head's
-         * until the embedding's backward has made its dense V x h gradient, then adds them
-         * out of place: two more table-sized tensors in that backward (measured,
-         * bench/accuracy/torch_step_results.md). */
-        for (size_t k = 0; k < B->p->n_nodes; k++)
-            if (B->p->nodes[k].prim == MP_P_EMBED && B->p->nodes[k].param[0] == B->embed_param)
-                tmp_one(B, &B->p->nodes[k], true, MP_TR_OTHER,
-                        mul(B, mp_param_grad_bytes(&B->p->params[B->embed_param]), 2));
-    }
+    if (l->tied)
+        tied_grads(B);
     logits = mult_copy(B, logits, l, "logits_scaling");
     if (l->logit_softcap > 0)
         logits = softcap_logits(B, logits, nm);
@@ -293,6 +304,11 @@ struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, 
 /* A classifier head (pooled, or per token) and its loss. */
 struct val lower_classifier(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
 {
+    if (B->p->opts.loss != MP_LOSS_HF) {
+        fail_model(B, MP_ERR_USAGE, "--loss %s: not modelled for a classifier head (only hf)",
+                   mp_loss_str(B->p->opts.loss));
+        return x;
+    }
     /* HF's token classification upcasts (logits.float()); pooled heads and images do not.
      * MP_POOL_FIRST on a sequence: the first position (ViT's class token) */
     if (l->pool == MP_POOL_FIRST)
@@ -303,4 +319,250 @@ struct val lower_classifier(struct bld *B, struct val x, const struct mp_layer *
     bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE && !l->masked; /* masked: a plain
                                                              nn.CrossEntropyLoss (T5ForTokenClassification) */
     return lower_loss(B, pool_logits(B, logits, l, nm), "loss", upcast, false);
+}
+
+/* ---- the chunked and fused loss heads (--loss; util/sets.h MP_LOSSES) ------------------------
+ * Each replaces the lm_head Linear and lower_loss by one node (MP_P_FUSED_LOSS) whose bytes follow
+ * the library's source op by op: what it keeps for backward (saved extras), the largest set of
+ * transients of its forward (fwd_tmp) and of its backward (bwd_tmp).  The replay sees a node's
+ * backward as one moment holding the weight's gradient, the input's gradient and bwd_tmp, so
+ * bwd_tmp is the largest phase of the backward less those two (each phase is written out).
+ * Sources: trl 1.16.0 (trainer/utils.py add_fused_lm_head, kernels/chunked_logprob.py),
+ * liger-kernel 0.8.5 (ops/fused_linear_cross_entropy.py, transformers/model/loss_utils.py),
+ * both on CUDA (their Triton kernels allocate nothing). */
+
+uint64_t mp_loss_chunk_rows(enum mp_loss l, uint64_t rows, uint64_t v, uint64_t h)
+{
+    switch (l) {
+    case MP_LOSS_HF:
+        return rows;
+    case MP_LOSS_CHUNKED_NLL:
+        return mp_min_u64(rows, 4096); /* TOKEN_CHUNK_SIZE: tiles of 4096 tokens x 32768 vocabulary */
+    case MP_LOSS_LIGER: {
+        if (!rows || !h)
+            return 0;
+        uint64_t inc = mp_ceil_div(v, h), want = mp_ceil_div(rows, inc ? inc : 1), c = 1;
+        while (c < want && c <= (UINT64_MAX >> 1))
+            c <<= 1; /* triton.next_power_of_2 */
+        return mp_min_u64(c, rows);
+    }
+    case MP_LOSS_TORCHTUNE:
+    case MP_LOSS_CCE:
+        return 0;
+    }
+    return 0;
+}
+
+/* Bytes, checked: a * b (* c). */
+static uint64_t mul3(struct bld *B, uint64_t a, uint64_t b, uint64_t c) { return mul(B, mul(B, a, b), c); }
+
+/* An extra of n the head keeps for backward (role r), of n_elems elements of dtype dt. */
+static void kept(struct bld *B, struct mp_node *n, const char *nm, const char *part, enum mp_dtype dt,
+                 uint64_t elems, enum mp_xrole r)
+{
+    char en[112];
+    snprintf(en, sizeof en, "%s.%s", nm, part);
+    int t = new_flat(B, en, dt, elems);
+    extra_as(n, t, r);
+    save(n, t);
+}
+
+/* The backward's transient beyond the gradients the replay makes for the node (the weight's,
+ * grad_w, and the input's, grad_x): the largest phase less those, never below 0. */
+static uint64_t beyond(uint64_t phase, uint64_t grad_w, uint64_t grad_x)
+{
+    uint64_t g = grad_w + grad_x;
+    return phase > g ? phase - g : 0;
+}
+
+/* TRL's fused LM head (trl 1.16.0, SFTTrainer's default loss, loss_type "nll"; CUDA path):
+ * trainer/utils.py add_fused_lm_head._fused_forward slices the hidden states [:, :-1] (a view),
+ * makes mask = labels[:, 1:] != -100 (:1627, bool, b(s-1)) and, on a Triton device (compact,
+ * :1642), gathers the N rows whose label is kept: hidden_states[mask] (a new N x h tensor; its
+ * IndexBackward0 saves the bool mask, torch derivatives.yaml index.Tensor) and labels[mask] (N
+ * int64); each gather makes the mask's nonzero indices (N x 2 int64) as a transient.  kernels/chunked_logprob.py ChunkedLogProbFunction.forward:
+ * seven fp32 statistics of N (:340-346), one tile buffer mm_buf of min(N, 4096) x 32768 in the
+ * compute dtype (:347), and per tile the hidden rows .to(compute) (:352, a copy when the hidden
+ * states are fp32) and weight[start:end].to(compute) (:356, a copy of 32768 rows when the weight
+ * is fp32); after the tiles log_z, logprobs, entropy and is_top1 (:378-383); it saves hidden,
+ * weight, targets, log_z and entropy (:386).  Back in _fused_forward each output is scattered
+ * into a new b(s-1) tensor (:1658; MaskedScatterBackward0 keeps the mask).  Backward (:395-462):
+ * the incoming gradient masked_select-ed (N fp32), grad_hidden N x h fp32 and grad_weight v x h
+ * fp32 (:406-411), mm_buf again, per tile the hidden and weight copies, the gradient GEMMs added
+ * in place (_addmm_fp32's CUDA addmm(out_dtype=fp32, out=acc), :60), then .to() the input's and
+ * the weight's dtypes (:456-457, a new tensor when it is not fp32); IndexBackward0 makes the
+ * b(s-1) x h gradient (index_put_ with the mask: its nonzero indices again), SliceBackward0 the
+ * b x s x h one.  Every row is recomputed in backward:
+ * nothing v-sized is kept. */
+static void trl_nll(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, uint64_t v, int w)
+{
+    struct mp_tensor *xt = T(B, n->in[0]);
+    uint64_t hd = mp_dtype_size(xt->dtype);
+    uint64_t cd = B->amp ? mp_dtype_size(B->p->compute_dtype) : hd;
+    const struct mp_param *q = &B->p->params[w];
+    uint64_t wd = mp_dtype_size(q->dtype);
+    bool wt = q->trainable;
+    uint64_t np = B->s > 0 ? mul(B, B->b, B->s - 1) : 0; /* label positions after the shift */
+    double f = B->p->opts.label_fraction * (double)np;
+    uint64_t N = (uint64_t)ceil(f);
+    N = N > np ? np : N;
+    uint64_t rows = mp_loss_chunk_rows(MP_LOSS_CHUNKED_NLL, N, v, h);
+    uint64_t vc = mp_min_u64(v, MP_TRL_VOCAB_CHUNK);
+    uint64_t mm_buf = mul3(B, rows, MP_TRL_VOCAB_CHUNK, cd);
+    uint64_t hc = hd != cd ? mul3(B, rows, h, cd) : 0; /* hidden[t0:t1].to(compute) */
+    uint64_t wc = wd != cd ? mul3(B, vc, h, cd) : 0;   /* weight[v0:v1].to(compute) */
+    /* `hidden_chunk = hidden[...].to()` and backward's `w_chunk = weight[...].to()` make the new
+     * copy while the old one is still bound: two at once from the second token chunk / tile on
+     * (forward's weight copy is a temporary of the mm call: one at a time) */
+    uint64_t tok_chunks = rows ? mp_ceil_div(N, rows) : 0, tiles = tok_chunks * mp_ceil_div(v, MP_TRL_VOCAB_CHUNK);
+    uint64_t f_copies = mp_max_u64(add(B, hc, wc), tok_chunks > 1 ? mul(B, hc, 2) : 0);
+    uint64_t b_copies = mp_max_u64(add(B, hc, mul(B, wc, tiles > 1 ? 2 : 1)),
+                                   tok_chunks > 1 ? add(B, mul(B, hc, 2), wc) : 0);
+    n->rows = N;
+    n->n = v;
+    n->k = h;
+    /* kept for backward */
+    kept(B, n, nm, "label_mask", MP_DT_U8, np, MP_XR_LOSS_SAVED);
+    kept(B, n, nm, "hidden_rows", xt->dtype, mul(B, N, h), MP_XR_LOSS_SAVED);
+    kept(B, n, nm, "targets", MP_DT_I64, N, MP_XR_LOSS_SAVED);
+    kept(B, n, nm, "log_z", MP_DT_F32, N, MP_XR_LOSS_SAVED);
+    kept(B, n, nm, "entropy", MP_DT_F32, N, MP_XR_LOSS_SAVED);
+    /* forward: each gather's nonzero indices (N x 2 int64, 16N, a transient) before the function; in it the seven statistics
+     * (28N) and mm_buf with, per tile, the copies or, after the tiles, logprobs and one N-sized
+     * temporary (8N); then the three scattered b(s-1) outputs (fp32, fp32, bool) beside logprobs,
+     * is_top1 (5N) and a zeros temporary (4 b(s-1)) */
+    uint64_t gather = mul(B, N, 16);
+    uint64_t in_fn = add(B, add(B, mul(B, N, 28), mm_buf), mp_max_u64(f_copies, mul(B, N, 8)));
+    uint64_t scatter = add(B, mul(B, N, 5), mul(B, np, 13));
+    tmp_one(B, n, false, MP_TR_OTHER, mp_max_u64(gather, mp_max_u64(in_fn, scatter)));
+    /* backward phases: the function (the N-sized incoming gradient, the fp32 accumulators, mm_buf
+     * and the tile copies or the final .to() copies), IndexBackward0, SliceBackward0 */
+    uint64_t gw = wt ? mul3(B, v, h, wd) : 0; /* the weight's .grad (the replay's) */
+    uint64_t gx = mul3(B, B->b, B->s, mul(B, h, hd));
+    uint64_t acc = add(B, add(B, mul(B, N, 4), mul3(B, N, h, 4)), wt ? mul3(B, v, h, 4) : 0);
+    uint64_t ends = add(B, hd != 4 ? mul3(B, N, h, hd) : 0, wt && wd != 4 ? gw : 0);
+    uint64_t fn = add(B, add(B, acc, mm_buf), mp_max_u64(b_copies, ends));
+    uint64_t sliced = mul3(B, np, h, hd);
+    uint64_t index_bw = add(B, add(B, add(B, gw, mul3(B, N, h, hd)), sliced), mul(B, N, 16));
+    uint64_t slice_bw = add(B, add(B, gw, sliced), gx);
+    tmp_one(B, n, true, MP_TR_OTHER, beyond(mp_max_u64(fn, mp_max_u64(index_bw, slice_bw)), gw, gx));
+    double mm = 2.0 * (double)N * (double)h * (double)v;
+    n->fwd_flops = mm;
+    n->bwd_flops = (wt ? 3.0 : 2.0) * mm; /* the tiles again, then dX (and dW) */
+}
+
+/* Liger's fused linear cross-entropy (liger-kernel 0.8.5; HF's use_liger_kernel path):
+ * transformers/model/loss_utils.py LigerForCausalLMLoss pads the labels by one (:87, b(s+1)
+ * int64), copies the shifted ones (:88, b s int64) and views the hidden states as BT x h (:91).
+ * ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward: the chunk (:103-105),
+ * grad_input zeros like the input (:108) and grad_weight zeros like the weight (:116) made in
+ * the forward and saved for backward (:574-578), loss_1d BT fp32 (:125), target_mask BT bool
+ * (:131).  Inside autograd.Function.forward grad mode is off, so _can_use_mm_out holds on CUDA
+ * when input and weight share a dtype and autocast (if on) is that dtype: then one chunk x v
+ * logits buffer (:150-154) and torch.mm(out=) into it and into grad_input (:164, :320).
+ * Otherwise (amp with an fp32 residual stream) each chunk's logits are a new chunk x v tensor in
+ * the autocast dtype (:168) from autocast copies of the chunk (chunk x h) and of the weight (v x
+ * h: cached until the forward ends when the weight trains, else made again for each matmul), the
+ * input gradient a chunk x h product copied into grad_input (:322), and the weight gradient's
+ * addmm(out_dtype=fp32) a chunk x h copy of the input (:340); in fp32 the weight gradient is a
+ * v x h product added to grad_weight (:375).  Backward scales both in place (:420, Triton
+ * element_mul) and hands them on: no new gradient storage. */
+static void liger(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, uint64_t v, int w)
+{
+    struct mp_tensor *xt = T(B, n->in[0]);
+    uint64_t hd = mp_dtype_size(xt->dtype);
+    const struct mp_param *q = &B->p->params[w];
+    bool wt = q->trainable;
+    uint64_t bt = mul(B, B->b, B->s);
+    uint64_t c = mp_loss_chunk_rows(MP_LOSS_LIGER, bt, v, h);
+    bool mm_out = xt->dtype == q->dtype && (!B->amp || xt->dtype == B->p->compute_dtype);
+    uint64_t cd = mm_out ? hd : mp_dtype_size(B->p->compute_dtype);
+    n->rows = bt;
+    n->n = v;
+    n->k = h;
+    n->fwd_grads = true;
+    kept(B, n, nm, "grad_input", xt->dtype, mul(B, bt, h), MP_XR_LOSS_GRAD);
+    if (wt)
+        kept(B, n, nm, "grad_weight", q->dtype, mul(B, v, h), MP_XR_LOSS_GRAD);
+    bool cached = !mm_out && wt; /* autocast caches the half copy of a leaf that requires grad */
+    if (cached) {
+        char wn[112];
+        snprintf(wn, sizeof wn, "%s.weight_copy", nm);
+        n->wcopy = new_flat(B, wn, B->p->compute_dtype, mul(B, v, h));
+        extra_as(n, n->wcopy, MP_XR_WEIGHT_COPY);
+    }
+    /* the labels (padded, shifted), loss_1d and target_mask live through the chunks */
+    uint64_t base = add(B, add(B, mul3(B, B->b, add(B, B->s, 1), 8), mul(B, bt, 8)), mul(B, bt, 5));
+    uint64_t logits = mul3(B, c, v, cd);
+    uint64_t step;
+    if (mm_out) { /* the logits buffer; torch.mm(out=) everywhere; fp32: dW's v x h product */
+        step = add(B, logits, hd == 4 && wt ? mul3(B, v, h, 4) : 0);
+    } else {
+        uint64_t wcopy = cached ? 0 : mul3(B, v, h, cd); /* the frozen weight's copy, per matmul */
+        uint64_t xcopy = mul3(B, c, h, cd);             /* the chunk's autocast copy */
+        uint64_t fwd_mm = add(B, add(B, logits, xcopy), wcopy);
+        uint64_t dx = add(B, add(B, logits, wcopy), mul3(B, c, h, cd)); /* grad_logits @ W */
+        uint64_t dw = wt ? add(B, logits, xcopy) : 0;                  /* input_chunk.to() */
+        step = mp_max_u64(fwd_mm, mp_max_u64(dx, dw));
+    }
+    tmp_one(B, n, false, MP_TR_OTHER, add(B, base, step));
+    double mm = 2.0 * (double)bt * (double)h * (double)v;
+    n->fwd_flops = (wt ? 3.0 : 2.0) * mm; /* logits, dX (and dW) in the forward */
+    n->bwd_flops = 0;
+}
+
+/* The LM head and its loss as --loss names them (not hf): one fused node reading x. */
+static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    enum mp_loss loss = B->p->opts.loss;
+    const char *why = mp_loss_unmodelled(loss);
+    const char *head = l->masked ? "a masked-LM head" : l->t5 || l->in_mult != 0 ? "T5's head"
+                     : l->bias ? "an lm_head with a bias" : l->logit_softcap > 0 ? "logit soft-capping"
+                     : l->mult != 0 ? "scaled logits" : B->m->input != MP_INPUT_TOKENS ? "a non-token model"
+                     : B->p->opts.ft.mode == MP_FT_FREEZE ? "--finetune freeze" : NULL;
+    if (!why && head)
+        why = "not modelled";
+    if (why) {
+        fail_model(B, MP_ERR_USAGE, "--loss %s: %s%s%s", mp_loss_str(loss), why, head ? " for " : "",
+                   head ? head : "");
+        return x;
+    }
+    if (!width_ok(B, x, l->dim, "dim", nm))
+        return x;
+    int w = l->tied ? B->embed_param : new_param(B, "weight", l->vocab, l->dim, true);
+    if (failed(B))
+        return x;
+    if (!l->tied) {
+        char pn[96];
+        snprintf(pn, sizeof pn, "%s.weight", nm);
+        B->p->params[w].name = name_of(B, pn);
+    }
+    char en[96];
+    snprintf(en, sizeof en, "%s.%s", nm, mp_loss_str(loss));
+    uint64_t shape[1] = {1};
+    struct val y = new_val(B, en, MP_DT_F32, 1, shape, true);
+    struct mp_node *n = new_node(B, MP_P_FUSED_LOSS, en);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->in[1] = B->p->labels;
+    n->out = y.t;
+    n->param[0] = w;
+    switch (loss) {
+    case MP_LOSS_CHUNKED_NLL:
+        trl_nll(B, n, en, l->dim, l->vocab, w);
+        break;
+    case MP_LOSS_LIGER:
+        liger(B, n, en, l->dim, l->vocab, w);
+        break;
+    case MP_LOSS_HF:
+    case MP_LOSS_TORCHTUNE:
+    case MP_LOSS_CCE:
+        MP_BUG("loss %s has no fused head", mp_loss_str(loss));
+    }
+    if (l->tied)
+        tied_grads(B);
+    B->p->probe_unsupported = "the chunked and fused loss heads (--loss other than hf)";
+    B->p->explicit_loss = true;
+    return y;
 }

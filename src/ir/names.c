@@ -144,6 +144,34 @@ const char *mp_optimizer_par_probe_names(void)
     return rows_where(buf, sizeof buf, true);
 }
 
+static const struct loss_row {
+    const char *name, *how, *unmodelled;
+} loss_rows[] = {
+#define MP_X(id, name, how, unmodelled) {name, how, unmodelled},
+    MP_LOSSES(MP_X)
+#undef MP_X
+};
+#define N_LOSSES (sizeof loss_rows / sizeof loss_rows[0])
+
+const char *mp_loss_str(enum mp_loss l) { return (unsigned)l < N_LOSSES ? loss_rows[l].name : "?"; }
+const char *mp_loss_how(enum mp_loss l) { return (unsigned)l < N_LOSSES ? loss_rows[l].how : "?"; }
+const char *mp_loss_unmodelled(enum mp_loss l) { return (unsigned)l < N_LOSSES ? loss_rows[l].unmodelled : NULL; }
+int mp_loss_parse(const char *s)
+{
+    for (size_t i = 0; i < N_LOSSES; i++)
+        if (strcmp(s, loss_rows[i].name) == 0)
+            return (int)i;
+    return -1;
+}
+const char *mp_loss_names(const char *sep, const char *last)
+{
+    static char buf[128];
+    const char *names[N_LOSSES];
+    for (size_t i = 0; i < N_LOSSES; i++)
+        names[i] = loss_rows[i].name;
+    return mp_join(buf, sizeof buf, names, N_LOSSES, sep, last);
+}
+
 const char *mp_prim_str(enum mp_prim p)
 {
     static const char *const n[MP_P_COUNT] = {

@@ -534,6 +534,13 @@ static void derive_checkpoint(struct reader *rd)
                fact_key(rd, F_REENTRANT));
         return;
     }
+    const struct fact_val *every = on ? fact(rd, F_GC_EVERY, &t2) : NULL;
+    if (every && strcmp(every->v, "1") && strcmp(every->v, "null")) {
+        char spec[48];
+        snprintf(spec, sizeof spec, "layers:%s", every->v); /* (the option's parser checks N) */
+        put(rd, MP_RS_CHECKPOINT, spec, F_GC_EVERY);
+        return;
+    }
     put(rd, MP_RS_CHECKPOINT, on ? "layers" : "none", F_GC);
 }
 
@@ -694,6 +701,11 @@ static void derive_loss(struct reader *rd)
     const char *key = fact_key(rd, F_LOSS);
     if (!loss) {
         refuse(rd, key, v->line, v->v, "a loss memplan does not model yet");
+        return;
+    }
+    if (!strcmp(loss, "torchtune")) { /* (--loss refuses it too; here the key is named) */
+        refuse(rd, key, v->line, v->v, "%s",
+               "torchtune's chunked linear cross-entropy runs on torchtune's own model code: not modelled yet");
         return;
     }
     put(rd, MP_RS_LOSS, loss, F_LOSS);

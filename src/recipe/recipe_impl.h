@@ -33,6 +33,7 @@ enum fact {
     F_ATTN,         /* attn_implementation in transformers' spelling */
     F_USE_CACHE,    /* TrainingArguments.use_cache: the Trainer sets model.config.use_cache from it */
     F_LOSS,         /* the loss: "hf" or the trainer's name of another */
+    F_GC_EVERY,     /* transformers' every_n_layers: checkpoint decoder layers 0, N, 2N, ... */
     F_N
 };
 

@@ -145,10 +145,8 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_LF, "use_reentrant_gc", F_REENTRANT), /* before the TrainingArguments' key: messages name it */
     FACT(B_ARGS | B_AX, "gradient_checkpointing_kwargs.use_reentrant", F_REENTRANT),
     FACT(B_ARGS, "activation_checkpointing_kwargs.use_reentrant", F_REENTRANT),
-    REFUSE_BUT(B_ARGS, "gradient_checkpointing_kwargs.every_n_layers", "1 null",
-               "checkpointing every n-th layer: " NOT_YET),
-    REFUSE_BUT(B_ARGS, "activation_checkpointing_kwargs.every_n_layers", "1 null",
-               "checkpointing every n-th layer: " NOT_YET),
+    FACT(B_ARGS, "gradient_checkpointing_kwargs.every_n_layers", F_GC_EVERY),   /* --checkpoint layers:N */
+    FACT(B_ARGS, "activation_checkpointing_kwargs.every_n_layers", F_GC_EVERY),
     REFUSE(B_ARGS, "gradient_checkpointing_kwargs.offload", "offloading checkpoints to the host: " NOT_YET),
     REFUSE(B_ARGS, "activation_checkpointing_kwargs.offload", "offloading checkpoints to the host: " NOT_YET),
     REFUSE(B_TRL | B_AX, "activation_offloading", "activation offloading: " NOT_YET),
@@ -218,8 +216,10 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_ARGS, "use_cache", F_USE_CACHE),
     FACT(B_TRL, "loss_type", F_LOSS),
     FACT(B_TT, "loss._component_", F_LOSS),
-    FLAG(B_ARGS, "use_liger_kernel", F_LOSS, "liger"),
-    FLAG(B_LF, "enable_liger_kernel", F_LOSS, "liger"),
+    /* (--loss liger is Liger's fused linear cross-entropy alone; the flags also swap in its
+     * RMSNorm, SwiGLU and RoPE kernels, whose saved tensors are not HF's) */
+    REFUSE(B_ARGS, "use_liger_kernel", "Liger's RMSNorm, SwiGLU and RoPE kernels (besides its fused loss): " NOT_YET),
+    REFUSE(B_LF, "enable_liger_kernel", "Liger's RMSNorm, SwiGLU and RoPE kernels (besides its fused loss): " NOT_YET),
     REFUSE(B_ARGS, "liger_kernel_config", "Liger kernels: " NOT_YET),
     REFUSE_BUT(B_ARGS, "label_smoothing_factor", "0 0.0 null", "the label smoother's loss: " NOT_YET),
     REFUSE(B_AX, "plugins", "plugins (Liger, Cut Cross-Entropy, ...) replace kernels or the loss: " NOT_YET),

@@ -209,6 +209,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         char sb[32];
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
+        cJSON_AddStringToObject(cf, "loss", mp_loss_str(c->build->loss));
+        cJSON_AddNumberToObject(cf, "label_fraction", c->build->label_fraction);
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
         moe_json(cf, c);
         /* transformers' use_cache in training (HF decoders; off under gradient checkpointing) */
@@ -505,6 +507,10 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 mp_optimizer_hf(c->train->optimizer),
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
+        if (c->build->loss != MP_LOSS_HF || c->build->label_fraction < 1) /* hf's report stays as it was */
+            fprintf(out, "loss      %s (%s); label fraction %.3g%s\n", mp_loss_str(c->build->loss),
+                    mp_loss_how(c->build->loss), c->build->label_fraction,
+                    c->build->loss == MP_LOSS_CHUNKED_NLL ? "" : " (memory unaffected: every row runs)");
     }
     if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
         finetune_lines(out, c);
@@ -925,6 +931,16 @@ static size_t checkpointed_blocks(const struct mp_ckpt_plan *p)
     return n;
 }
 
+/* The loss head and label fraction of the report (suggest has no build: its program's). */
+static enum mp_loss loss_of(const struct mp_report_ctx *c)
+{
+    return c->build ? c->build->loss : c->prog ? c->prog->opts.loss : MP_LOSS_HF;
+}
+static double label_fraction_of(const struct mp_report_ctx *c)
+{
+    return c->build ? c->build->label_fraction : c->prog ? c->prog->opts.label_fraction : 1.0;
+}
+
 /* --emit hf: the TrainingArguments fields of the plan. */
 static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
@@ -947,6 +963,20 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     fprintf(out, "optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer));
     if (b->precision == MP_PREC_BF16)
         fprintf(out, "# pure bf16: load the model with torch_dtype=torch.bfloat16\n");
+    switch (loss_of(c)) {
+    case MP_LOSS_HF:
+    case MP_LOSS_TORCHTUNE: /* (refused before any plan) */
+    case MP_LOSS_CCE:
+        break;
+    case MP_LOSS_CHUNKED_NLL:
+        fprintf(out, "# the loss head planned is TRL's: these fields in trl.SFTConfig (trl 1.16), whose\n"
+                     "# default loss_type=\"nll\" runs it\n");
+        break;
+    case MP_LOSS_LIGER: /* the fused linear cross-entropy only: the other Liger kernels are not planned */
+        fprintf(out, "use_liger_kernel=True,\nliger_kernel_config={\"fused_linear_cross_entropy\": True, \"rope\": False,\n"
+                     "    \"rms_norm\": False, \"swiglu\": False, \"cross_entropy\": False},\n");
+        break;
+    }
 }
 
 /* --emit deepspeed: the DeepSpeed config (JSON) of the plan. */
@@ -1181,6 +1211,12 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
     const char *target = c->gpu ? c->gpu->name : "the target"; /* (fill_ctx leaves out a 0-byte target) */
     if (c->json) {
         cJSON *r = json_root(c);
+        /* what suggest does not search (json_root made it when there is a recipe) */
+        cJSON *cf = cJSON_GetObjectItemCaseSensitive(r, "config");
+        if (!cf)
+            cf = cJSON_AddObjectToObject(r, "config");
+        cJSON_AddStringToObject(cf, "loss", mp_loss_str(loss_of(c)));
+        cJSON_AddNumberToObject(cf, "label_fraction", label_fraction_of(c));
         if (s->best >= 0)
             cJSON_AddItemToObject(r, "recommendation", json_candidate(&s->cand[s->best]));
         else
@@ -1231,6 +1267,9 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
                     b->ft == MP_FT_QLORA ? "4-bit NF4 base, dequantized per matmul: slower, smaller"
                                          : "adapters on a frozen base; --emit hf prints the peft config");
         fprintf(out, "  precision          %s\n", cand_prec(b));
+        if (loss_of(c) != MP_LOSS_HF)
+            fprintf(out, "  loss head          %s (%s); label fraction %.3g\n", mp_loss_str(loss_of(c)),
+                    mp_loss_how(loss_of(c)), label_fraction_of(c));
         if (b->par.strategy != MP_PAR_NONE) {
             char pb[96];
             fprintf(out, "  parallel           %s; per step %.3f s of collectives (%.3f s not hidden by compute)",

@@ -110,6 +110,31 @@ enum mp_attn_impl {
 #undef MP_X
 };
 
+/* Loss heads of a causal LM (--loss): X(id, name, how a trainer turns it on, NULL when modelled
+ * or why it is not).  The bytes of each follow its library's source op by op
+ * (src/ir/lower_embed_head.c lower_fused_loss, one case per row):
+ *   HF          transformers' ForCausalLMLoss: the lm_head Linear, logits.float(), log_softmax,
+ *               nll_loss over every position (today's path).
+ *   CHUNKED_NLL TRL's SFTTrainer default: add_fused_lm_head, the rows whose label is not -100
+ *               gathered, then ChunkedLogProbFunction over 4096-token x 32768-vocabulary tiles,
+ *               recomputed in backward (trl 1.16.0).
+ *   LIGER       Liger's fused linear cross-entropy (LigerForCausalLMLoss): the gradients of
+ *               the input and the weight made in the forward, chunk by chunk (liger-kernel 0.8.5).
+ *   TORCHTUNE   torchtune's LinearCrossEntropyLoss (8 chunks): not modelled yet.
+ *   CCE         Cut Cross-Entropy (apple/ml-cross-entropy): not modelled yet. */
+#define MP_LOSSES(X)                                                                                       \
+    X(HF, "hf", "transformers ForCausalLMLoss", NULL)                                                  \
+    X(CHUNKED_NLL, "chunked-nll", "TRL SFTConfig(loss_type=\"nll\"), the default", NULL)               \
+    X(LIGER, "liger", "Liger fused linear CE: use_liger_kernel, liger_kernel_config", NULL)            \
+    X(TORCHTUNE, "torchtune", "torchtune loss: LinearCrossEntropyLoss", "not modelled yet")           \
+    X(CCE, "cce", "axolotl cut_cross_entropy: true", "not modelled yet")
+
+enum mp_loss {
+#define MP_X(id, name, how, unmodelled) MP_LOSS_##id,
+    MP_LOSSES(MP_X)
+#undef MP_X
+};
+
 /* Activations, one row each: X(id, name, HF aliases, saves, HF intermediates, amp32, bwd, fwd).
  * A new activation is one row here plus its math (probe/mp_math.h mp_act_f/mp_act_df: -Wswitch
  * names a missing case); tests/test_probe_ops.c runs every row on both backends.

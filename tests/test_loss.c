@@ -1,0 +1,190 @@
+/* test_loss.c — the loss heads (--loss): the chunk sizes, the bytes one chunk and the whole head
+ * allocate, and the refusals.  Expected values are hand arithmetic from the libraries' source
+ * (trl 1.16.0 kernels/chunked_logprob.py and trainer/utils.py; liger-kernel 0.8.5
+ * ops/fused_linear_cross_entropy.py and transformers/model/loss_utils.py), written out below;
+ * the whole-step figures against PyTorch are bench/accuracy/loss_heads.py's rows.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ir/layers.h"
+#include "model/model.h"
+
+/* embedding(40000, 64) | lm_head(64 -> 40000, untied) on 5000 tokens: V = 40000 > 32768, so TRL
+ * runs two vocabulary tiles, and 4999 label positions after the shift > 4096, two token chunks. */
+static const char *LM = "{\"name\":\"lm\",\"input\":{\"tokens\":5000},\"layers\":["
+                        "{\"type\":\"embedding\",\"vocab\":40000,\"dim\":64},"
+                        "{\"type\":\"lm_head\",\"vocab\":40000,\"dim\":64}]}";
+
+static void load(struct mp_model *m, const char *text)
+{
+    struct mp_diag d = {{0}};
+    if (mp_model_load_string(m, text, strlen(text), "test.json", &d) != MP_OK)
+        fail_msg("load: %s", d.msg);
+}
+
+/* Builds m with loss l at batch 1, seq 5000, pure bf16 (full training): MP_OK or the status. */
+static enum mp_status build(const struct mp_model *m, enum mp_loss l, double frac, struct mp_program *p,
+                            struct mp_diag *d)
+{
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.seq = 5000;
+    o.precision = MP_PREC_BF16;
+    o.loss = l;
+    o.label_fraction = frac;
+    return mp_program_build(m, &o, p, d);
+}
+
+static const struct mp_node *fused(const struct mp_program *p)
+{
+    for (size_t k = 0; k < p->n_nodes; k++)
+        if (p->nodes[k].prim == MP_P_FUSED_LOSS)
+            return &p->nodes[k];
+    fail_msg("no fused_loss node");
+    return NULL;
+}
+
+/* The bytes of n's extra named "<node>.<part>". */
+static uint64_t extra_bytes(const struct mp_program *p, const struct mp_node *n, const char *part)
+{
+    char want[128];
+    snprintf(want, sizeof want, "%s.%s", n->name, part);
+    for (int j = 0; j < n->n_extra; j++)
+        if (!strcmp(p->tensors[n->extra[j]].name, want))
+            return p->tensors[n->extra[j]].bytes;
+    fail_msg("no extra %s", want);
+    return 0;
+}
+
+static void test_chunk_rows(void **state)
+{
+    (void)state;
+    /* TRL: tiles of TOKEN_CHUNK_SIZE = 4096 rows (chunked_logprob.py:31) */
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_CHUNKED_NLL, 8191, 128256, 4096), 4096);
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_CHUNKED_NLL, 1000, 128256, 4096), 1000);
+    /* Liger, Llama-3-8B at 8192 tokens: inc = ceil(128256 / 4096) = ceil(31.31) = 32;
+     * ceil(8192 / 32) = 256; next_pow2(256) = 256 <= 8192 */
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_LIGER, 8192, 128256, 4096), 256);
+    /* Llama-3.2-1B at 2048: inc = ceil(128256 / 2048) = ceil(62.63) = 63; ceil(2048 / 63) = 33;
+     * next_pow2(33) = 64 */
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_LIGER, 2048, 128256, 2048), 64);
+    /* the source's own example (fused_linear_cross_entropy.py:98): BT = 4096*4, V = 32000,
+     * H = 4096 -> inc_factor 8, chunk_size 2048 */
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_LIGER, 16384, 32000, 4096), 2048);
+    /* never more than BT (:105): inc = 1, next_pow2(10) = 16 -> 10 */
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_LIGER, 10, 100, 1000), 10);
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_HF, 10, 100, 1000), 10);
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_CCE, 10, 100, 1000), 0);
+}
+
+/* TRL, pure bf16 (hidden, weight and compute dtype bf16: no per-tile copies), full training.
+ * N = 4999 kept rows (every label), h = 64, V = 40000; mm_buf = min(N, 4096) x 32768 x 2 =
+ * 268435456 bytes.
+ * Kept for backward: the mask 4999 (bool, b(s-1)), the gathered rows N h 2 = 639872, the targets
+ * 8N = 39992, log_z and entropy 4N = 19996 each.
+ * Forward transient: max(16N nonzero indices = 79984, 28N statistics + mm_buf + 8N after the
+ * tiles = 139972 + 268435456 + 39992 = 268615420, scatter 5N + 13 x 4999 = 89982) = 268615420.
+ * Backward: the function holds 4N incoming + N h 4 grad_hidden + V h 4 grad_weight = 19996 +
+ * 1279744 + 10240000 = 11539740, mm_buf, and at the end the bf16 copies N h 2 = 639872 and V h 2
+ * = 5120000: 11539740 + 268435456 + 5759872 = 285735068, the largest phase; less the weight's
+ * .grad (V h 2 = 5120000) and the input's gradient (b s h 2 = 640000) the replay makes:
+ * 279975068. */
+static void test_trl_bytes(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, LM);
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    if (build(&m, MP_LOSS_CHUNKED_NLL, 1.0, &p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+    const struct mp_node *n = fused(&p);
+    assert_int_equal(n->rows, 4999);
+    assert_int_equal(extra_bytes(&p, n, "label_mask"), 4999);
+    assert_int_equal(extra_bytes(&p, n, "hidden_rows"), 639872);
+    assert_int_equal(extra_bytes(&p, n, "targets"), 39992);
+    assert_int_equal(extra_bytes(&p, n, "log_z"), 19996);
+    assert_int_equal(extra_bytes(&p, n, "entropy"), 19996);
+    assert_int_equal(n->fwd_tmp_bytes, 268615420);
+    assert_int_equal(n->bwd_tmp_bytes, 279975068);
+    assert_true(p.probe_unsupported != NULL);
+    mp_program_release(&p);
+    /* half the labels kept: N = ceil(0.5 x 4999) = 2500 rows, one token chunk of 2500:
+     * mm_buf 2500 x 32768 x 2 = 163840000; forward 28N + mm_buf + 8N = 70000 + 163840000 + 20000 */
+    if (build(&m, MP_LOSS_CHUNKED_NLL, 0.5, &p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+    n = fused(&p);
+    assert_int_equal(n->rows, 2500);
+    assert_int_equal(extra_bytes(&p, n, "hidden_rows"), 2500 * 64 * 2);
+    assert_int_equal(n->fwd_tmp_bytes, 163930000);
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
+/* Liger, pure bf16, full training: BT = 5000, inc = ceil(40000 / 64) = 625, ceil(5000 / 625) = 8,
+ * next_pow2(8) = 8 rows a chunk.  Input and weight share bf16 without autocast: the mm(out=)
+ * path, one 8 x 40000 x 2 = 640000 logits buffer.  In the forward: grad_input BT h 2 = 640000 and
+ * grad_weight V h 2 = 5120000 (kept, handed to backward); the padded labels 5001 x 8 = 40008, the
+ * shifted copy 5000 x 8 = 40000, loss_1d 5000 x 4 and target_mask 5000 (25000) live through the
+ * chunks: 105008 + 640000 = 745008.  Backward scales both in place: nothing more.  The label
+ * fraction changes nothing (Liger runs every row). */
+static void test_liger_bytes(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, LM);
+    for (int k = 0; k < 2; k++) {
+        struct mp_program p;
+        struct mp_diag d = {{0}};
+        if (build(&m, MP_LOSS_LIGER, k ? 0.25 : 1.0, &p, &d) != MP_OK)
+            fail_msg("build: %s", d.msg);
+        const struct mp_node *n = fused(&p);
+        assert_true(n->fwd_grads);
+        assert_int_equal(extra_bytes(&p, n, "grad_input"), 640000);
+        assert_int_equal(extra_bytes(&p, n, "grad_weight"), 5120000);
+        assert_int_equal(n->fwd_tmp_bytes, 745008);
+        assert_int_equal(n->bwd_tmp_bytes, 0);
+        assert_int_equal(n->wcopy, -1); /* no autocast: no cached half copy */
+        mp_program_release(&p);
+    }
+    mp_model_release(&m);
+}
+
+/* What is not modelled is refused, naming the option and the head; never a silent hf. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    load(&m, LM);
+    assert_int_equal(build(&m, MP_LOSS_TORCHTUNE, 1.0, &p, &d), MP_ERR_USAGE);
+    assert_non_null(strstr(d.msg, "--loss torchtune: not modelled yet"));
+    assert_int_equal(build(&m, MP_LOSS_CCE, 1.0, &p, &d), MP_ERR_USAGE);
+    assert_non_null(strstr(d.msg, "--loss cce: not modelled yet"));
+    mp_model_release(&m);
+    static const char *CLS = "{\"name\":\"t\",\"input\":{\"shape\":[16]},\"classes\":4,\"layers\":["
+                             "{\"type\":\"classifier\",\"in_features\":16,\"classes\":4}]}";
+    load(&m, CLS);
+    assert_int_equal(build(&m, MP_LOSS_LIGER, 1.0, &p, &d), MP_ERR_USAGE);
+    assert_non_null(strstr(d.msg, "--loss liger: not modelled for a classifier head"));
+    mp_model_release(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chunk_rows),
+        cmocka_unit_test(test_trl_bytes),
+        cmocka_unit_test(test_liger_bytes),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests_name("loss", tests, NULL, NULL);
+}
