@@ -113,7 +113,9 @@ struct val lower_linear(struct bld *B, struct val x, uint64_t in_f, uint64_t out
  * result = result + lora_B(lora_A(dropout(x))) * scaling; result.to(base result dtype).
  * A (r x in) and B (out x r) are fp32 (autocast_adapter_dtype).  Autograd keeps what
  * each op's gradients need: lora_A its input (x, or dropout(x) and the mask), lora_B
- * A.x; the scaling multiply and the sums keep nothing. */
+ * A.x; the scaling multiply and the sums keep nothing.  Until the forward returns, its frame
+ * holds the cast x (rebound, peft 0.21.2 tuners/lora/layer.py:1100) and the caller's call its
+ * argument x (mp_node.locals). */
 static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
                              const char *name)
 {
@@ -137,6 +139,8 @@ static struct val lower_lora(struct bld *B, struct val x, struct val base, uint6
         snprintf(nm, sizeof nm, "lora_to_%s", mp_dtype_str(dt_of(B, base)));
         sum = lower_copy(B, sum, dt_of(B, base), 0, nm);
     }
+    hold_to_last(B, x.t);
+    hold_to_last(B, xa.t);
     restore_prefix(B, saved);
     return sum;
 }
