@@ -40,16 +40,24 @@ static size_t last_pack_end(const struct mp_program *p, size_t i)
 
 /* Does n pack what it saves before it computes?  An ATen op's autograd kernel saves its inputs
  * before it runs the op and its outputs after (torch/csrc/autograd/generated/VariableType: the
- * SavedVariables of MmBackward0 are made before the redispatch); autocast's weight copy is a cast
- * of its own before the op.  A custom Function (bitsandbytes' MatMul4Bit) and a node of several
- * ops pack after running.  An early stop at such a node's last pack leaves its output unmade. */
+ * SavedVariables of MmBackward0 are made before the redispatch).  Two extras are the op's inputs
+ * made by ops of their own before it: autocast's weight copy (a cast) and an MoE row index
+ * (transformers 5.24 integrations/moe.py:527-529: inv_perm, then weighted_out[inv_perm]).  A
+ * custom Function (bitsandbytes' MatMul4Bit) and a node of several ops pack after running.  An
+ * early stop at such a node's last pack leaves its output unmade. */
 static bool packs_before_run(const struct mp_node *n)
 {
     if (n->quantized || n->n_fops)
         return false;
-    for (int j = 0; j < n->n_saved; j++)
-        if (!node_reads(n, n->saved[j], 3) && n->saved[j] != n->wcopy)
+    for (int j = 0; j < n->n_saved; j++) {
+        int t = n->saved[j];
+        bool made_before = false;
+        for (int e = 0; e < n->n_extra; e++)
+            made_before |= n->extra[e] == t &&
+                           (n->extra_role[e] == MP_XR_WEIGHT_COPY || n->extra_role[e] == MP_XR_ROW_INDEX);
+        if (!node_reads(n, t, 3) && !made_before)
             return false;
+    }
     return true;
 }
 
