@@ -482,17 +482,20 @@ RECOMPUTE_CONFIGS = {
 
 
 def recompute_settings(name):
-    """(batch, seq, precision, finetune, dropout) rows for one of RECOMPUTE_CONFIGS: LoRA
-    all-linear r16 with dropout 0 and 0.05, and full fine-tuning, all checkpointed (layers)."""
+    """(batch, seq, precision, finetune, dropout) rows for one of RECOMPUTE_CONFIGS, all
+    checkpointed (layers): LoRA all-linear r16 with dropout 0 and 0.05, and full fine-tuning at
+    a batch whose activations outweigh the parameter gradients (else its peak is the last
+    backward or the optimizer step)."""
     if name == "llama-1024-v1000":
-        shapes = [(2, 1024), (1, 2048)]
+        lora, full, precs = [(2, 1024), (1, 2048)], [(2, 1024), (8, 2048)], ("bf16", "amp-bf16", "fp32")
     else:
-        shapes = [(4, 2048)]
+        lora, full, precs = [(4, 2048)], [(8, 4096)], ("bf16", "amp-bf16")
     rows = []
-    for b, s in shapes:
-        for prec in ("bf16", "amp-bf16", "fp32"):
+    for prec in precs:
+        for b, s in lora:
             for drop in (0.0, 0.05):
                 rows.append((b, s, prec, "lora", drop))
+        for b, s in full:
             rows.append((b, s, prec, "full", 0.0))
     return rows
 

@@ -4,17 +4,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* What node n's forward holds until it has run: its inputs, keep and the frame locals it ends
- * (layers.h mp_node.locals): d +1 before the block's forward, -1 once it ran (then freed if
- * nothing else holds them). */
-static void node_uses(struct rp *r, const struct mp_node *n, int d)
+/* What node n's forward holds until it has run: its inputs and keep (args), the frame locals it
+ * ends (locals; layers.h mp_node.locals): d +1 before the block's forward, -1 once it ran (then
+ * freed if nothing else holds them). */
+static void node_uses(struct rp *r, const struct mp_node *n, int d, bool args, bool locals)
 {
     int held[3 + 1 + MP_NODE_LOCALS_MAX], nh = 0;
-    for (int j = 0; j < 3; j++)
+    for (int j = 0; j < 3 && args; j++)
         if (n->in[j] >= 0 && !node_reads(n, n->in[j], j))
             held[nh++] = n->in[j];
-    held[nh++] = n->keep;
-    for (int j = 0; j < MP_NODE_LOCALS_MAX; j++)
+    if (args)
+        held[nh++] = n->keep;
+    for (int j = 0; j < MP_NODE_LOCALS_MAX && locals; j++)
         held[nh++] = n->locals[j];
     for (int j = 0; j < nh; j++)
         if (held[j] >= 0) {
@@ -96,7 +97,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
     if (grad && r->phase == MP_PH_RECOMPUTE)
         r->recomp[i] = true;
     for (size_t k = bp->node0; k < all; k++)
-        node_uses(r, &p->nodes[k], 1);
+        node_uses(r, &p->nodes[k], 1, true, true);
     for (size_t k = bp->node0; k < end && r->st == MP_OK; k++) {
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
@@ -133,9 +134,11 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
             for (int j = 0; j < n->n_saved; j++)
                 r->saved[n->saved[j]]++;
         if (before) { /* the raise at its last pack; the executors still need what the op makes
-                       * (autocast's weight copy): it runs after the frames let go */
+                       * (autocast's weight copy): it runs after the frames let go of their locals
+                       * (its arguments stay until it ran) */
             for (size_t kk = end; kk < all; kk++)
-                node_uses(r, &p->nodes[kk], -1);
+                node_uses(r, &p->nodes[kk], -1, true, true);
+            node_uses(r, n, -1, false, true);
             if (n->out != n->in[0] && !fop_makes(p, n, n->out))
                 t_alloc(r, n->out);
         }
@@ -147,13 +150,13 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
         tmp(r, (int)k, n->fwd_tmp_bytes, false);
         if (k + 1 == all && !stopped)
             r->holds[bp->output]++; /* the chain holds x_{i+1} before anything can free it */
-        node_uses(r, n, -1);
+        node_uses(r, n, -1, true, !before);
         for (int j = 0; j < n->n_extra; j++)
             t_maybe_free(r, n->extra[j]);
         t_maybe_free(r, n->out);
         if (stopped && k + 1 == end && !before) /* the raise after n ran */
             for (size_t kk = end; kk < all; kk++)
-                node_uses(r, &p->nodes[kk], -1);
+                node_uses(r, &p->nodes[kk], -1, true, true);
     }
     if (bp->n_nodes == 0)
         r->holds[bp->output]++;
