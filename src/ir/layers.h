@@ -238,8 +238,9 @@ struct mp_node {
     int locals[MP_NODE_LOCALS_MAX]; /* tensors the Python frames of the modules this node ends hold
                                      until it has run (their forward returns): a module's argument
                                      (held by its caller's call) and locals it rebinds (peft's fp32
-                                     cast of x); -1 unused.  Held like keep; an early-stopped
-                                     recompute holds them at its stop (replay.c fwd_block) */
+                                     cast of x); -1 unused.  Held like keep in a recompute (an
+                                     early-stopped one holds them to its stop), not in the first
+                                     forward (docs/checkpointing.md#early-stop) */
     bool kv_cached;               /* out is held by transformers' DynamicCache (use_cache) until the
                                      forward, loss included, is done */
     int n_extra;
