@@ -18,6 +18,16 @@
       op by op, by torch_step.cuda_only_bytes (GPT-2's gelu_new pow), and "diff vs CUDA" compares
       memplan with torch + those bytes; the full fine-tuning row of each setting is the base model.
 
+  python3 bench/accuracy/peft_step.py recompute [--only NAME,...] [--out FILE.md] [--memplan PATH]
+      [--show N] [--no-save]
+      Checkpointed steps whose peak is the last block's recompute and backward (issue 26 item 5,
+      docs/checkpointing.md#early-stop): Llama-shaped configs with a vocabulary of 1,000
+      (RECOMPUTE_CONFIGS: hidden 1024, and Llama-2-7B's widths), LoRA all-linear r16 with
+      lora_dropout 0 and 0.05, and full fine-tuning, bf16 / amp-bf16 / fp32, under transformers'
+      non-reentrant checkpointing; dropout runs CUDA's kernel (torch_step._dropout_cuda_kernel).
+      --show N prints the N largest storages live at torch's peak; the rows go to
+      rows/peft_step.jsonl unless --no-save.  Results: bench/accuracy/recompute_results.md.
+
   python3 bench/accuracy/peft_step.py seq2seq-lora [--out FILE.md] [--memplan PATH]
       The same for T5 (t5-small, flan-t5-base; every layer): AutoModelForSeq2SeqLM with peft's
       default LoRA (q, v; SEQ_2_SEQ_LM), batch 4, encoder 512, labels of 128 (memplan
