@@ -33,7 +33,8 @@ transformers fills a DynamicCache during training; gradient checkpointing turns 
 model.train(), labels = input ids.  Two gotchas: transformers treats fake tensors as tracing and
 would build a full 4-D causal mask, so find_packed_sequence_indices returns None (what real
 unpacked inputs get); AdamW keeps its `step` counters on the CPU on CUDA too, so they are not
-counted.
+counted.  A dropout that does run (peft's lora_dropout in peft_step.py recompute) goes through
+aten's native_dropout, CUDA's kernel and its bool mask (_dropout_cuda_kernel).
 
 Import it to reuse the trackers (LiveTracker, SavedTracker, fake_model, train_steps); run it as
   python3 bench/accuracy/torch_step.py [--memplan ./memplan] [--out FILE.md] [--quick] [--only TYPE,...]
