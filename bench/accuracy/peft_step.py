@@ -18,6 +18,16 @@
       op by op, by torch_step.cuda_only_bytes (GPT-2's gelu_new pow), and "diff vs CUDA" compares
       memplan with torch + those bytes; the full fine-tuning row of each setting is the base model.
 
+  python3 bench/accuracy/peft_step.py recompute [--only NAME,...] [--out FILE.md] [--memplan PATH]
+      [--show N] [--no-save]
+      Checkpointed steps whose peak is the last block's recompute and backward (issue 26 item 5,
+      docs/checkpointing.md#early-stop): Llama-shaped configs with a vocabulary of 1,000
+      (RECOMPUTE_CONFIGS: hidden 1024, and Llama-2-7B's widths), LoRA all-linear r16 with
+      lora_dropout 0 and 0.05, and full fine-tuning, bf16 / amp-bf16 / fp32, under transformers'
+      non-reentrant checkpointing; dropout runs CUDA's kernel (torch_step._dropout_cuda_kernel).
+      --show N prints the N largest storages live at torch's peak; the rows go to
+      rows/peft_step.jsonl unless --no-save.  Results: bench/accuracy/recompute_results.md.
+
   python3 bench/accuracy/peft_step.py seq2seq-lora [--out FILE.md] [--memplan PATH]
       The same for T5 (t5-small, flan-t5-base; every layer): AutoModelForSeq2SeqLM with peft's
       default LoRA (q, v; SEQ_2_SEQ_LM), batch 4, encoder 512, labels of 128 (memplan
@@ -126,7 +136,7 @@ def _trackers():
     return LiveTracker, SavedTracker
 
 
-def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False):
+def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, live_at_peak=False):
     import gc
     import torch
     import transformers
@@ -147,7 +157,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
         if not full:
-            kw = dict(r=r, lora_alpha=2 * r, lora_dropout=0.0, task_type="CAUSAL_LM")
+            kw = dict(r=r, lora_alpha=2 * r, lora_dropout=dropout, task_type="CAUSAL_LM")
             if targets:
                 kw["target_modules"] = targets if targets == "all-linear" else targets.split(",")
             model = peft.get_peft_model(model, peft.LoraConfig(**kw))
@@ -157,7 +167,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
-    tr = Live()
+    tr = Live(snapshot=live_at_peak) if live_at_peak else Live()
     saved = Saved(list(model.parameters()) + list(model.buffers()))
     res = {"trainable": n_trainable}
     with fake, tr:
@@ -196,16 +206,20 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             opt.zero_grad(set_to_none=True)
             gc.collect()
     res["peak"], res["peak_at"] = tr.peak, tr.peak_at
+    if live_at_peak:
+        res["live_at_peak"] = tr.peak_live
     return res
 
 
-def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False):
-    cmd = ["./memplan", "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
+def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, memplan="./memplan"):
+    cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off", "--json"]  # torch: use_cache=False
     if not full:
         cmd += ["--finetune", "lora", "--lora-r", str(r)]
         if targets:
             cmd += ["--lora-targets", targets]
+        if dropout:
+            cmd += ["--lora-dropout", repr(dropout)]
     r_ = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return {"trainable": r_["model"]["trainable_params"], "peak": r_["memory"]["peak_allocated_bytes"],
             "saved": sum(l["activation_bytes"] for l in r_["layers"]), "peak_at": r_["memory"]["peak_event"],
@@ -459,6 +473,92 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
             "m_peak_at": r["memory"]["peak_event"]}
 
 
+# ---- steps whose peak is a checkpointed block's recompute ------------------------------------------
+
+# Llama-shaped configs with a small vocabulary: the loss no longer holds the step's largest tensors,
+# so a checkpointed step peaks in the last block's recompute and backward (issue 26 item 5).
+RECOMPUTE_CONFIGS = {
+    "llama-1024-v1000": dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=1000,
+                             hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+                             num_key_value_heads=8, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                             hidden_act="silu", tie_word_embeddings=False, attention_dropout=0.0),
+    # Llama-2-7B's widths (hidden 4096, MLP 11008, 32 heads), 4 layers, vocabulary 1000
+    "llama-7b-shape-v1000": dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=1000,
+                                 hidden_size=4096, intermediate_size=11008, num_hidden_layers=4,
+                                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                                 rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False,
+                                 attention_dropout=0.0),
+}
+
+
+def recompute_settings(name):
+    """(batch, seq, precision, finetune, dropout) rows for one of RECOMPUTE_CONFIGS, all
+    checkpointed (layers): LoRA all-linear r16 with dropout 0 and 0.05, and full fine-tuning at
+    a batch whose activations outweigh the parameter gradients (else its peak is the last
+    backward or the optimizer step)."""
+    if name == "llama-1024-v1000":
+        lora, full, precs = [(2, 1024), (1, 2048)], [(2, 1024), (8, 2048)], ("bf16", "amp-bf16", "fp32")
+    else:
+        lora, full, precs = [(4, 2048)], [(8, 4096)], ("bf16", "amp-bf16")
+    rows = []
+    for prec in precs:
+        for b, s in lora:
+            for drop in (0.0, 0.05):
+                rows.append((b, s, prec, "lora", drop))
+        for b, s in full:
+            rows.append((b, s, prec, "full", 0.0))
+    return rows
+
+
+def recompute_bench(out=None, only=(), memplan="./memplan", show=0, save=True):
+    """The checkpointed steps whose peak is the last block's recompute: torch (fake tensors, live
+    storages, peft LoRA all-linear r16 or full) against memplan; rows to rows/peft_step.jsonl."""
+    import tempfile
+    import time
+    import peft
+    import torch
+    import transformers
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import rowlib
+    tmpdir = tempfile.mkdtemp(prefix="peft_recompute_")
+    lines = ["| config | b x s | precision | finetune | torch peak MiB | memplan MiB | diff | torch peak at "
+             "| memplan peak at |", "|" + "---|" * 9]
+    for name, d in RECOMPUTE_CONFIGS.items():
+        if only and not any(o in name for o in only):
+            continue
+        cfg = os.path.join(tmpdir, name + ".json")
+        with open(cfg, "w") as f:
+            json.dump(d, f)
+        for b, s, prec, ft, drop in recompute_settings(name):
+            full = ft == "full"
+            t = torch_lora_step(cfg, b, s, prec, "layers", 16, "all-linear", full, drop, live_at_peak=bool(show))
+            m = memplan_lora(cfg, b, s, prec, "layers", 16, "all-linear", full, drop, memplan)
+            what = "full" if full else "lora r16 all-linear%s" % (" dropout %g" % drop if drop else "")
+            row = "| %s | %dx%d | %s | %s | %.2f | %.2f | %+.3f%% | %s | %s |" % (
+                name, b, s, prec, what, t["peak"] / 2**20, m["peak"] / 2**20,
+                100.0 * (m["peak"] - t["peak"]) / t["peak"], t["peak_at"], m["peak_at"])
+            print(row, flush=True)
+            if show:
+                for n, lab in t["live_at_peak"][:show]:
+                    print("#   %10d %s" % (n, lab))
+            lines.append(row)
+            if not save:
+                continue
+            rowlib.save_rows("peft_step", [{  # the evidence, kept as data (rowlib.py)
+                "source": "bench/accuracy/peft_step.py recompute run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                          time.gmtime()),
+                "config": "peft_step.py RECOMPUTE_CONFIGS[%r]" % name, "config_json": d, "args": m["args"],
+                "figures": {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                            "peak": rowlib.figure(t["peak"], m["peak"])},
+                "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "torch_peak_at": t["peak_at"]},
+                "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                                peft=peft.__version__),
+            }])
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 # ---- trainable parameters as peft counts them ----------------------------------------------------
 
 PEFT_TASK = (("ForCausalLM", "CAUSAL_LM"), ("LMHeadModel", "CAUSAL_LM"), ("ForSequenceClassification", "SEQ_CLS"),
@@ -529,6 +629,12 @@ def main(argv):
         only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else ()
         skip = int(argv[argv.index("--skip") + 1]) if "--skip" in argv else 0
         lora_bench("--quick" in argv, out, only, skip)
+        return 0
+    if len(argv) >= 1 and argv[0] == "recompute":
+        recompute_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
+                        argv[argv.index("--only") + 1].split(",") if "--only" in argv else (),
+                        argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan",
+                        int(argv[argv.index("--show") + 1]) if "--show" in argv else 0, "--no-save" not in argv)
         return 0
     if len(argv) >= 1 and argv[0] == "seq2seq-lora":
         seq2seq_lora_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,

@@ -33,7 +33,8 @@ transformers fills a DynamicCache during training; gradient checkpointing turns 
 model.train(), labels = input ids.  Two gotchas: transformers treats fake tensors as tracing and
 would build a full 4-D causal mask, so find_packed_sequence_indices returns None (what real
 unpacked inputs get); AdamW keeps its `step` counters on the CPU on CUDA too, so they are not
-counted.
+counted.  A dropout that does run (peft's lora_dropout in peft_step.py recompute) goes through
+aten's native_dropout, CUDA's kernel and its bool mask (_dropout_cuda_kernel).
 
 Import it to reuse the trackers (LiveTracker, SavedTracker, fake_model, train_steps); run it as
   python3 bench/accuracy/torch_step.py [--memplan ./memplan] [--out FILE.md] [--quick] [--only TYPE,...]
@@ -102,6 +103,24 @@ def _sdpa_cuda_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
 
 torch.nn.functional.scaled_dot_product_attention = _sdpa_cuda_kernel
 
+_DROPOUT = torch.nn.functional.dropout
+
+
+def _dropout_cuda_kernel(input, p=0.5, training=True, inplace=False):
+    """Dropout with CUDA's kernel.  at::dropout (aten/src/ATen/native/Dropout.cpp, torch 2.15) runs
+    the fused native_dropout only where is_fused_kernel_acceptable holds (CUDA, XPU, lazy,
+    PrivateUse1; 0 < p < 1): it keeps a bool mask (NativeDropoutBackward0 saves result1, 1 byte an
+    element).  On the CPU it composes bernoulli_ and a multiply instead, whose MulBackward0 keeps
+    the noise in the input's dtype (4 bytes an element for peft's fp32 adapter input).  memplan
+    plans CUDA, so the bench runs aten's native_dropout (it has a CPU kernel and a meta function)
+    where CUDA would; p = 0 and eval are untouched (dropout returns its input)."""
+    if training and 0.0 < p < 1.0 and not inplace and input.numel() > 0:
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+    return _DROPOUT(input, p, training, inplace)
+
+
+torch.nn.functional.dropout = _dropout_cuda_kernel
+
 
 def _nemotron_cast_like_cuda(device_type, *args):
     """Nemotron's LayerNorm1P casts x, weight + 1 and bias to the autocast dtype and runs the norm
@@ -132,9 +151,11 @@ class LiveTracker(TorchDispatchMode):
     and where it happens.  Register pre-existing tensors (parameters, buffers, inputs) with
     add(); everything an op creates while the mode is active is added automatically."""
 
-    def __init__(self):
+    def __init__(self, snapshot=False):
         super().__init__()
         self._refs = WeakIdKeyDictionary()    # storage -> (weakref with finalizer, bytes, label)
+        self.snapshot = snapshot              # keep what is live at each new peak (peak_live)
+        self.peak_live = []
         self.cur = 0
         self.peak = 0
         self.peak_at = ""
@@ -148,13 +169,17 @@ class LiveTracker(TorchDispatchMode):
         if st in self._refs:
             return
         n = round512(st.nbytes())
+        node = torch._C._current_autograd_node()
+        where = node.name() if node is not None else self.module
+        if self.snapshot:
+            label = "%s %s %s @%s %s" % (label, str(t.dtype).replace("torch.", ""), tuple(t.shape), self.phase, where)
         self._refs[st] = (weakref.ref(st, functools.partial(self._gone, n)), n, label)
         self.cur += n
         if self.cur > self.peak:
             self.peak = self.cur
-            node = torch._C._current_autograd_node()
-            where = node.name() if node is not None else self.module
-            self.peak_at = "%s:%s%s" % (self.phase, label, " (%s)" % where if where else "")
+            self.peak_at = "%s:%s%s" % (self.phase, label.split(" ")[0], " (%s)" % where if where else "")
+            if self.snapshot:
+                self.peak_live = sorted(((e[1], e[2]) for e in self._refs.values()), reverse=True)
 
     def forget(self, t):
         """Stop counting t's storage (e.g. tensors that live on the CPU on CUDA too)."""

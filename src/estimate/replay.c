@@ -4,37 +4,111 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What node n's forward holds until it has run: its inputs and keep (args), the frame locals it
+ * ends (locals; layers.h mp_node.locals): d +1 before the block's forward, -1 once it ran (then
+ * freed if nothing else holds them). */
+static void node_uses(struct rp *r, const struct mp_node *n, int d, bool args, bool locals)
+{
+    int held[3 + 1 + MP_NODE_LOCALS_MAX], nh = 0;
+    for (int j = 0; j < 3 && args; j++)
+        if (n->in[j] >= 0 && !node_reads(n, n->in[j], j))
+            held[nh++] = n->in[j];
+    if (args)
+        held[nh++] = n->keep;
+    for (int j = 0; j < MP_NODE_LOCALS_MAX && locals; j++)
+        held[nh++] = n->locals[j];
+    for (int j = 0; j < nh; j++)
+        if (held[j] >= 0) {
+            r->uses[held[j]] += d;
+            if (d < 0)
+                t_maybe_free(r, held[j]);
+        }
+}
+
+/* The end (index + 1) of block i's last node that packs a tensor for backward, or the block's
+ * first node when none does.  Under torch's non-reentrant checkpoint the recompute stops at that
+ * node's last pack (early stop: torch 2.15 torch/utils/checkpoint.py:1313-1316 raises
+ * _StopRecomputationError), and in backward it is the first node that unpacks, which starts the
+ * recompute (checkpoint.py:1351-1371, unpack_hook). */
+static size_t last_pack_end(const struct mp_program *p, size_t i)
+{
+    const struct mp_block_prog *bp = &p->blocks[i];
+    for (size_t k = bp->node0 + bp->n_nodes; k-- > bp->node0;)
+        if (node_packs(&p->nodes[k]))
+            return k + 1;
+    return bp->node0;
+}
+
+/* Does n pack what it saves before it computes?  An ATen op's autograd kernel saves its inputs
+ * before it runs the op and its outputs after (torch/csrc/autograd/generated/VariableType: the
+ * SavedVariables of MmBackward0 are made before the redispatch).  Two extras are the op's inputs
+ * made by ops of their own before it: autocast's weight copy (a cast) and an MoE row index
+ * (transformers 5.24 integrations/moe.py:527-529: inv_perm, then weighted_out[inv_perm]).  A
+ * custom Function (bitsandbytes' MatMul4Bit) and a node of several ops pack after running.  An
+ * early stop at such a node's last pack leaves its output unmade. */
+static bool packs_before_run(const struct mp_node *n)
+{
+    if (n->quantized || n->n_fops)
+        return false;
+    for (int j = 0; j < n->n_saved; j++) {
+        int t = n->saved[j];
+        bool made_before = false;
+        for (int e = 0; e < n->n_extra; e++)
+            made_before |= n->extra[e] == t &&
+                           (n->extra_role[e] == MP_XR_WEIGHT_COPY || n->extra_role[e] == MP_XR_ROW_INDEX);
+        if (!node_reads(n, t, 3) && !made_before)
+            return false;
+    }
+    return true;
+}
+
+static void bwd_node(struct rp *r, size_t i, size_t k);
+
 /* Forward of block i; kind FE records for backward, FN/FC do not.  early: the recompute right
- * before block i's backward; torch's non-reentrant checkpoint stops it at the pack of the last
- * tensor the first forward saved (early stop, torch/utils/checkpoint.py _StopRecomputationError):
- * the ops after the block's last saving op do not run again and its output is not remade. */
+ * before block i's backward (docs/checkpointing.md#early-stop).  Torch's non-reentrant checkpoint
+ * starts it at the first unpack, so the backward of the block's trailing nodes that save nothing
+ * (the residual add, casts, peft's scaling) runs first and the gradients they make live through
+ * it; it stops at the pack of the last tensor the first forward saved: the ops after the block's
+ * last saving op do not run again, its output is not remade, and until the raise every Python
+ * frame still holds what the block's remaining ops would read and the locals of the modules they
+ * would end (mp_node.locals); the raise drops them. */
 static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool early)
 {
     const struct mp_program *p = r->p;
     const struct mp_block_prog *bp = &p->blocks[i];
     bool grad = kind == MP_SCHED_FE;
-    size_t end = bp->node0 + bp->n_nodes;
-    if (early && grad)
-        for (size_t k = end; k-- > bp->node0;)
-            if (node_packs(&p->nodes[k])) {
-                end = k + 1;
-                break;
-            }
-    bool stopped = end < bp->node0 + bp->n_nodes;
+    size_t all = bp->node0 + bp->n_nodes, end = all;
+    if (early && grad && last_pack_end(p, i) > bp->node0)
+        end = last_pack_end(p, i);
+    bool stopped = end < all;
+    if (stopped) { /* the trailing nodes' backward, before the recompute */
+        enum mp_phase ph = r->phase;
+        r->phase = MP_PH_BACKWARD;
+        size_t k = all;
+        while (k > end && r->st == MP_OK) {
+            const struct mp_node *n = &p->nodes[k - 1];
+            if (n->param[0] >= 0 || n->param[1] >= 0)
+                break; /* a node with parameters saves its input or has none that needs a
+                          gradient: never trailing in a block memplan lowers; its parameter
+                          gradients and the data-parallel hooks belong to B_i */
+            bwd_node(r, i, --k);
+        }
+        r->bwd_next = k;
+        r->phase = ph;
+    }
     if (grad && r->phase == MP_PH_RECOMPUTE)
         r->recomp[i] = true;
-    for (size_t k = bp->node0; k < end; k++) {
-        const struct mp_node *n = &p->nodes[k];
-        for (int j = 0; j < 3; j++)
-            if (n->in[j] >= 0 && !node_reads(n, n->in[j], j))
-                r->uses[n->in[j]]++;
-        if (n->keep >= 0)
-            r->uses[n->keep]++;
-    }
+    /* The frame locals (mp_node.locals) are held in a recompute, where they set the peak at its
+     * stop; in the first forward they only stretch transients, left as they were (the caching
+     * allocator model's reserved bytes move by up to 17 % with them, unmeasured). */
+    bool frames = r->phase == MP_PH_RECOMPUTE;
+    for (size_t k = bp->node0; k < all; k++)
+        node_uses(r, &p->nodes[k], 1, true, frames);
     for (size_t k = bp->node0; k < end && r->st == MP_OK; k++) {
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
-        if (n->out != n->in[0] && !fop_makes(p, n, n->out))
+        bool before = stopped && k + 1 == end && packs_before_run(n); /* the stop before n runs */
+        if (n->out != n->in[0] && !fop_makes(p, n, n->out) && !before)
             t_alloc(r, n->out);
         for (int j = 0; j < n->n_extra; j++)
             if (!fop_makes(p, n, n->extra[j]))
@@ -62,29 +136,33 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
                 r->holds[shared[j]]++;
             }
         hold_made(r, n);
+        if (grad)
+            for (int j = 0; j < n->n_saved; j++)
+                r->saved[n->saved[j]]++;
+        if (before) { /* the raise at its last pack; the executors still need what the op makes
+                       * (autocast's weight copy): it runs after the frames let go of their locals
+                       * (its arguments stay until it ran) */
+            for (size_t kk = end; kk < all; kk++)
+                node_uses(r, &p->nodes[kk], -1, true, frames);
+            node_uses(r, n, -1, false, frames);
+            if (n->out != n->in[0] && !fop_makes(p, n, n->out))
+                t_alloc(r, n->out);
+        }
         tmp(r, (int)k, n->fwd_tmp_bytes, true);
         if (n->n_fops)
             fwd_ops(r, n, (int)k, grad);
         else
             emit_fwd(r, (int)k, grad, 0);
         tmp(r, (int)k, n->fwd_tmp_bytes, false);
-        if (grad)
-            for (int j = 0; j < n->n_saved; j++)
-                r->saved[n->saved[j]]++;
-        if (k + 1 == bp->node0 + bp->n_nodes && !stopped)
+        if (k + 1 == all && !stopped)
             r->holds[bp->output]++; /* the chain holds x_{i+1} before anything can free it */
-        for (int j = 0; j < 3; j++)
-            if (n->in[j] >= 0 && !node_reads(n, n->in[j], j)) {
-                r->uses[n->in[j]]--;
-                t_maybe_free(r, n->in[j]);
-            }
-        if (n->keep >= 0) {
-            r->uses[n->keep]--;
-            t_maybe_free(r, n->keep);
-        }
+        node_uses(r, n, -1, true, frames && !before);
         for (int j = 0; j < n->n_extra; j++)
             t_maybe_free(r, n->extra[j]);
         t_maybe_free(r, n->out);
+        if (stopped && k + 1 == end && !before) /* the raise after n ran */
+            for (size_t kk = end; kk < all; kk++)
+                node_uses(r, &p->nodes[kk], -1, true, frames);
     }
     if (bp->n_nodes == 0)
         r->holds[bp->output]++;
@@ -241,91 +319,99 @@ static void bwd_after_node(struct rp *r, const struct mp_node *n, size_t k, int 
         }
 }
 
+/* The backward of node k (of block i). */
+static void bwd_node(struct rp *r, size_t i, size_t k)
+{
+    const struct mp_program *p = r->p;
+    const struct mp_node *n = &p->nodes[k];
+    r->node = (int)k;
+    uint64_t incoming = 0; /* accumulation: the node's new weight gradients, added in place */
+    int wcast = -1; /* a weight autocast cast: its fp32 gradient is made after the node */
+    if (n->no_grad) { /* not recorded: no backward; nothing saved, no gradient flows */
+        if (!node_reads(n, n->out, 3) && !held_leaf(r, n->out))
+            g_free(r, n->out);
+        return;
+    }
+    /* the chunk's backward (SplitBackward0, its own node, run first) cats out's gradient parts */
+    if (g_has(r, n->out_parts[0]) || g_has(r, n->out_parts[1])) {
+        g_alloc(r, n->out);
+        g_free(r, n->out_parts[0]);
+        g_free(r, n->out_parts[1]);
+    }
+    /* Liger's fused loss made its gradients in the forward and kept them: backward hands the
+     * same storages on as the gradients (the bytes change hands; nothing new is allocated) */
+    if (n->fwd_grads)
+        for (int j = 0; j < n->n_extra; j++)
+            if (n->extra_role[j] == MP_XR_LOSS_GRAD) {
+                bool released[MP_NODE_SAVED_MAX] = {false};
+                release_saved_one(r, n, n->extra[j], released);
+            }
+    wcast = bwd_param_grads(r, n, &incoming);
+    /* the gradient the node makes for each input: a new storage, its output's own (a residual
+     * add), or one added after the node to the gradient the input already has */
+    int acc[3] = {-1, -1, -1};  /* the tensor whose gradient input j's is added to, -1 none */
+    int late[3] = {-1, -1, -1}; /* a new gradient the engine makes after the node (engine_grad) */
+    int passed = -1;           /* a residual add's incoming gradient storage, when it is added to
+                                  another: the add's outputs hold it until then */
+    uint64_t fresh = 0;        /* the new gradients to be added: tensors until then (TMP) */
+    bool oop = false;
+    bwd_input_grads(r, n, acc, late, &passed, &fresh);
+    /* Out of place when, once the node's incoming gradient is released, another tensor's
+     * gradient is in the same storage (or the node's outputs still hold it: x + x). */
+    int out_s = g_has(r, n->out) && !node_reads(n, n->out, 3) ? r->grad_of[n->out] : -1;
+    for (int j = 0; j < 3; j++)
+        if (acc[j] >= 0) {
+            int s = r->grad_of[acc[j]];
+            oop |= r->grefs[s] - (s == out_s) + (s == passed) > 1;
+        }
+    uint64_t btmp = r_add(r, r_add(r, n->bwd_tmp_bytes, fresh), incoming);
+    tmp(r, (int)k, btmp, true);
+    if (n->n_bops) {
+        bwd_ops(r, n, (int)k);
+    } else if (r->st == MP_OK) {
+        struct mp_event ev = {.kind = MP_EV_BWD, .store = MP_ST_TMP, .id = (int)k, .node = (int)k,
+                              .phase = r->phase, .grad_of = r->grad_of, .grad_out_of_place = oop};
+        r->st = r->fn(r->ctx, &ev);
+    }
+    /* torch's non-reentrant checkpoint hands the node the recomputed tensors and drops its own
+     * reference as it does (checkpoint.py unpack_hook: holder.handles[gid] = None): they die
+     * with the node's backward, before the engine makes the gradients it casts or sums
+     * (validate_outputs); a tensor autograd saved itself lives until release_variables, after
+     * that.  (Bench: the MoE routing-weights MulBackward0 under `layers`, pure bf16.) */
+    if (r->recomp[i] && !n->n_bops)
+        release_saved(r, n);
+    for (int j = 0; j < 3; j++)
+        if (late[j] >= 0 && !g_has(r, late[j]))
+            g_new(r, late[j]);
+    if (!r->recomp[i] && !n->n_bops) /* (bwd_ops released them op by op) */
+        release_saved(r, n);
+    if (passed >= 0)
+        r->grefs[passed]++;
+    if (!node_reads(n, n->out, 3))
+        g_free(r, n->out);
+    for (int j = 0; j < 3; j++) {
+        int g = acc[j];
+        if (g < 0 || r->grefs[r->grad_of[g]] == 1)
+            continue; /* in place: old += new */
+        int old = r->grad_of[g]; /* out of place: old + new, then the old storage loses g */
+        g_new(r, g);
+        g_unref(r, old);
+    }
+    if (passed >= 0)
+        g_unref(r, passed);
+    bwd_after_node(r, n, k, wcast);
+    tmp(r, (int)k, btmp, false);
+}
+
 static void bwd_block(struct rp *r, size_t i)
 {
     const struct mp_program *p = r->p;
     const struct mp_block_prog *bp = &p->blocks[i];
-    for (size_t kk = bp->n_nodes; kk-- > 0 && r->st == MP_OK;) {
-        size_t k = bp->node0 + kk;
-        const struct mp_node *n = &p->nodes[k];
-        r->node = (int)k;
-        uint64_t incoming = 0; /* accumulation: the node's new weight gradients, added in place */
-        int wcast = -1; /* a weight autocast cast: its fp32 gradient is made after the node */
-        if (n->no_grad) { /* not recorded: no backward; nothing saved, no gradient flows */
-            if (!node_reads(n, n->out, 3) && !held_leaf(r, n->out))
-                g_free(r, n->out);
-            continue;
-        }
-        /* the chunk's backward (SplitBackward0, its own node, run first) cats out's gradient parts */
-        if (g_has(r, n->out_parts[0]) || g_has(r, n->out_parts[1])) {
-            g_alloc(r, n->out);
-            g_free(r, n->out_parts[0]);
-            g_free(r, n->out_parts[1]);
-        }
-        /* Liger's fused loss made its gradients in the forward and kept them: backward hands the
-         * same storages on as the gradients (the bytes change hands; nothing new is allocated) */
-        if (n->fwd_grads)
-            for (int j = 0; j < n->n_extra; j++)
-                if (n->extra_role[j] == MP_XR_LOSS_GRAD) {
-                    bool released[MP_NODE_SAVED_MAX] = {false};
-                    release_saved_one(r, n, n->extra[j], released);
-                }
-        wcast = bwd_param_grads(r, n, &incoming);
-        /* the gradient the node makes for each input: a new storage, its output's own (a residual
-         * add), or one added after the node to the gradient the input already has */
-        int acc[3] = {-1, -1, -1};  /* the tensor whose gradient input j's is added to, -1 none */
-        int late[3] = {-1, -1, -1}; /* a new gradient the engine makes after the node (engine_grad) */
-        int passed = -1;           /* a residual add's incoming gradient storage, when it is added to
-                                      another: the add's outputs hold it until then */
-        uint64_t fresh = 0;        /* the new gradients to be added: tensors until then (TMP) */
-        bool oop = false;
-        bwd_input_grads(r, n, acc, late, &passed, &fresh);
-        /* Out of place when, once the node's incoming gradient is released, another tensor's
-         * gradient is in the same storage (or the node's outputs still hold it: x + x). */
-        int out_s = g_has(r, n->out) && !node_reads(n, n->out, 3) ? r->grad_of[n->out] : -1;
-        for (int j = 0; j < 3; j++)
-            if (acc[j] >= 0) {
-                int s = r->grad_of[acc[j]];
-                oop |= r->grefs[s] - (s == out_s) + (s == passed) > 1;
-            }
-        uint64_t btmp = r_add(r, r_add(r, n->bwd_tmp_bytes, fresh), incoming);
-        tmp(r, (int)k, btmp, true);
-        if (n->n_bops) {
-            bwd_ops(r, n, (int)k);
-        } else if (r->st == MP_OK) {
-            struct mp_event ev = {.kind = MP_EV_BWD, .store = MP_ST_TMP, .id = (int)k, .node = (int)k,
-                                  .phase = r->phase, .grad_of = r->grad_of, .grad_out_of_place = oop};
-            r->st = r->fn(r->ctx, &ev);
-        }
-        /* torch's non-reentrant checkpoint hands the node the recomputed tensors and drops its own
-         * reference as it does (checkpoint.py unpack_hook: holder.handles[gid] = None): they die
-         * with the node's backward, before the engine makes the gradients it casts or sums
-         * (validate_outputs); a tensor autograd saved itself lives until release_variables, after
-         * that.  (Bench: the MoE routing-weights MulBackward0 under `layers`, pure bf16.) */
-        if (r->recomp[i] && !n->n_bops)
-            release_saved(r, n);
-        for (int j = 0; j < 3; j++)
-            if (late[j] >= 0 && !g_has(r, late[j]))
-                g_new(r, late[j]);
-        if (!r->recomp[i] && !n->n_bops) /* (bwd_ops released them op by op) */
-            release_saved(r, n);
-        if (passed >= 0)
-            r->grefs[passed]++;
-        if (!node_reads(n, n->out, 3))
-            g_free(r, n->out);
-        for (int j = 0; j < 3; j++) {
-            int g = acc[j];
-            if (g < 0 || r->grefs[r->grad_of[g]] == 1)
-                continue; /* in place: old += new */
-            int old = r->grad_of[g]; /* out of place: old + new, then the old storage loses g */
-            g_new(r, g);
-            g_unref(r, old);
-        }
-        if (passed >= 0)
-            g_unref(r, passed);
-        bwd_after_node(r, n, k, wcast);
-        tmp(r, (int)k, btmp, false);
-    }
+    /* (an early recompute ran the trailing nodes' backward: fwd_block) */
+    size_t k = r->bwd_next != SIZE_MAX ? r->bwd_next : bp->node0 + bp->n_nodes;
+    r->bwd_next = SIZE_MAX;
+    while (k > bp->node0 && r->st == MP_OK)
+        bwd_node(r, i, --k);
     r->node = -1;
     r->recomp[i] = false;
     if (bp->output != bp->input) /* a block of views (flatten) passes its gradient on to block i-1 */
@@ -629,7 +715,8 @@ enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule 
                            const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
                            void *ctx, struct mp_diag *d)
 {
-    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1}};
+    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1},
+                   .bwd_next = SIZE_MAX};
     struct mp_schedule none;
     mp_schedule_init(&none);
     struct mp_par_plan plan;

@@ -40,6 +40,8 @@ struct rp {
     int *grefs;   /* per GRAD storage: how many tensors' gradients it holds */
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
     bool *recomp; /* per block: recorded by a recompute (after the loss) for its backward */
+    size_t bwd_next; /* SIZE_MAX, or the node the next block backward starts below: an early
+                        recompute ran the backward of the nodes from there on (fwd_block) */
     bool *cached; /* per tensor: an autocast weight copy held by autocast's cache until the loss */
     int shared_block[2]; /* per model-made tensor (rope_tables, attn_mask): the block whose first
                             forward made it (held until its backward), -1 */

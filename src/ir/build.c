@@ -165,11 +165,35 @@ struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *name)
     n->out_parts[0] = n->out_parts[1] = -1;
     n->out = -1;
     n->keep = -1;
+    for (int j = 0; j < MP_NODE_LOCALS_MAX; j++)
+        n->locals[j] = -1;
     n->score_add[0] = n->score_add[1] = -1;
     n->wcopy = -1;
     n->param[0] = n->param[1] = -1;
     n->grad_in = true;
     return n;
+}
+
+/* The Python frame of the module whose forward the last node ends holds t until then (layers.h
+ * mp_node.locals). */
+void hold_to_last(struct bld *B, int t)
+{
+    if (failed(B) || t < 0 || !B->p->n_nodes)
+        return;
+    struct mp_node *n = &B->p->nodes[B->p->n_nodes - 1];
+    for (int j = 0; j < 3; j++)
+        if (n->in[j] == t)
+            return; /* it reads t: held until then anyway */
+    for (int j = 0; j < MP_NODE_LOCALS_MAX; j++) {
+        if (n->locals[j] == t)
+            return;
+        if (n->locals[j] < 0) {
+            n->locals[j] = t;
+            return;
+        }
+    }
+    B->st = mp_fail(B->d, MP_ERR_INTERNAL, "%s: %s: more than %d frame locals end at one node", B->m->path, n->name,
+                    MP_NODE_LOCALS_MAX);
 }
 
 void save(struct mp_node *n, int t)

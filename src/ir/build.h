@@ -85,6 +85,7 @@ struct val new_val(struct bld *B, const char *name, enum mp_dtype dt, int rank, 
 int new_flat(struct bld *B, const char *name, enum mp_dtype dt, uint64_t n);
 struct mp_node *new_node(struct bld *B, enum mp_prim prim, const char *name);
 void save(struct mp_node *n, int t);
+void hold_to_last(struct bld *B, int t);
 void extra_as(struct mp_node *n, int t, enum mp_xrole role);
 void tmp_parts(struct bld *B, struct mp_node *n, bool bwd, int count, const enum mp_trole *roles,
                const uint64_t *bytes);

@@ -227,6 +227,8 @@ static void sh_node(const struct shift *h, struct mp_node *n)
     n->out = sh_t(h, n->out);
     n->wcopy = sh_t(h, n->wcopy);
     n->keep = sh_t(h, n->keep);
+    for (int j = 0; j < MP_NODE_LOCALS_MAX; j++)
+        n->locals[j] = sh_t(h, n->locals[j]);
     for (int j = 0; j < 2; j++)
         n->score_add[j] = sh_t(h, n->score_add[j]);
     for (int j = 0; j < n->n_extra; j++)

@@ -260,6 +260,13 @@ struct mp_node {
                                      model's mask, T5's position bias and causal mask), -1 none */
     int keep;                     /* tensor a Python local holds until this forward is done (no gradient
                                      flows through it: the half logits during the loss); -1 none */
+#define MP_NODE_LOCALS_MAX 3
+    int locals[MP_NODE_LOCALS_MAX]; /* tensors the Python frames of the modules this node ends hold
+                                     until it has run (their forward returns): a module's argument
+                                     (held by its caller's call) and locals it rebinds (peft's fp32
+                                     cast of x); -1 unused.  Held like keep in a recompute (an
+                                     early-stopped one holds them to its stop), not in the first
+                                     forward (docs/checkpointing.md#early-stop) */
     bool kv_cached;               /* out is held by transformers' DynamicCache (use_cache) until the
                                      forward, loss included, is done */
     int n_extra;

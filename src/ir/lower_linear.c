@@ -64,6 +64,8 @@ struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t o
     B->amp = amp;
     if (!n)
         return y;
+    if (xin.t != x.t) /* autocast casts inside F.linear: the module's argument x lives until it returns */
+        hold_to_last(B, x.t);
     n->rows = rows_of(xin);
     n->n = out_f;
     n->k = in_f;
@@ -113,7 +115,9 @@ struct val lower_linear(struct bld *B, struct val x, uint64_t in_f, uint64_t out
  * result = result + lora_B(lora_A(dropout(x))) * scaling; result.to(base result dtype).
  * A (r x in) and B (out x r) are fp32 (autocast_adapter_dtype).  Autograd keeps what
  * each op's gradients need: lora_A its input (x, or dropout(x) and the mask), lora_B
- * A.x; the scaling multiply and the sums keep nothing. */
+ * A.x; the scaling multiply and the sums keep nothing.  Until the forward returns, its frame
+ * holds the cast x (rebound, peft 0.21.2 tuners/lora/layer.py:1100) and the caller's call its
+ * argument x (mp_node.locals). */
 static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
                              const char *name)
 {
@@ -121,11 +125,10 @@ static struct val lower_lora(struct bld *B, struct val x, struct val base, uint6
     char saved[96], nm[64];
     with_prefix(B, B->prefix, name, saved);
     B->in_adapter = true;
-    struct val xa = x;
+    struct val xc = x; /* x = self._cast_input_dtype(x, lora_A.weight.dtype) */
     if (dt_of(B, x) != MP_DT_F32)
-        xa = lower_copy(B, x, MP_DT_F32, 0, "lora_cast");
-    if (ft->dropout > 0)
-        xa = lower_dropout(B, xa, ft->dropout, "lora_dropout");
+        xc = lower_copy(B, x, MP_DT_F32, 0, "lora_cast");
+    struct val xa = ft->dropout > 0 ? lower_dropout(B, xc, ft->dropout, "lora_dropout") : xc;
     struct val a = lower_linear_p(B, xa, in_f, ft->r, false, "lora_A", -1);
     struct val bo = lower_linear_p(B, a, ft->r, out_f, false, "lora_B", -1);
     B->in_adapter = false;
@@ -137,6 +140,8 @@ static struct val lower_lora(struct bld *B, struct val x, struct val base, uint6
         snprintf(nm, sizeof nm, "lora_to_%s", mp_dtype_str(dt_of(B, base)));
         sum = lower_copy(B, sum, dt_of(B, base), 0, nm);
     }
+    hold_to_last(B, x.t);
+    hold_to_last(B, xc.t);
     restore_prefix(B, saved);
     return sum;
 }

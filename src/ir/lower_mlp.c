@@ -212,15 +212,17 @@ struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *l, uint
     with_prefix(B, B->prefix, name, saved);
     struct val y;
     if (l->gated) {
-        struct val g, u;
+        struct val ga, u;
         if (l->fused_gate_up) { /* Phi-3: gate_up_proj, chunked into two views of one storage */
-            g = u = lower_linear(B, x, hidden, mul(B, 2, l->ffn), l->mlp_bias, "gate_up_proj");
+            struct val g = u = lower_linear(B, x, hidden, mul(B, 2, l->ffn), l->mlp_bias, "gate_up_proj");
             g.shape[g.rank - 1] = u.shape[u.rank - 1] = l->ffn;
-        } else {
-            g = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "gate_proj");
+            ga = lower_act(B, g, l->act, false, "act");
+        } else { /* down_proj(act_fn(gate_proj(x)) * up_proj(x)): the activation runs before
+                  * up_proj (transformers 5.24 models/llama/modeling_llama.py:164, and the
+                  * families that copy it) */
+            ga = lower_act(B, lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "gate_proj"), l->act, false, "act");
             u = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "up_proj");
         }
-        struct val ga = lower_act(B, g, l->act, false, "act");
         struct val m = lower_mul(B, ga, u, "mul");
         y = lower_linear(B, m, l->ffn, hidden, l->mlp_bias, "down_proj");
     } else {
@@ -228,6 +230,7 @@ struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *l, uint
         f = lower_act(B, f, l->act, false, "act");
         y = lower_linear(B, f, l->ffn, hidden, l->mlp_bias, l->up_down ? "down_proj" : "fc2");
     }
+    hold_to_last(B, x.t); /* the MLP's frame holds x until it returns */
     restore_prefix(B, saved);
     return y;
 }

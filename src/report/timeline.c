@@ -115,6 +115,15 @@ static size_t col_of(const struct tl *s, size_t ev)
     return s->total_ev <= s->n_cols ? ev : (size_t)((double)ev * (double)s->n_cols / (double)s->total_ev);
 }
 
+/* The phase of event ev (pass 1's spans). */
+static enum mp_phase phase_at(const struct tl *s, size_t ev)
+{
+    for (size_t i = 0; i < s->n_spans; i++)
+        if (s->spans[i].first <= ev && ev <= s->spans[i].last)
+            return s->spans[i].phase;
+    return MP_PH_SETUP;
+}
+
 static void record_phase(struct tl *s, enum mp_phase ph)
 {
     if (s->n_spans && s->spans[s->n_spans - 1].phase == ph) {
@@ -690,7 +699,11 @@ static void draw_inset(FILE *out, const struct tl *s, const struct plot *v, cons
             static const char *kn[] = {"forward (no grad)", "forward (checkpoint)", "forward", "loss", "backward"};
             char bn[64];
             bool again = k > loss_op && op->kind != MP_SCHED_B;
-            snprintf(buf, sizeof buf, "%s %s", again ? "recompute" : kn[op->kind],
+            /* a recompute right before its block's backward starts with the backward of the
+             * block's trailing nodes (docs/checkpointing.md#early-stop) */
+            bool bwd_first = again && phase_at(s, s->op_first[k]) == MP_PH_BACKWARD;
+            const char *what = bwd_first ? "backward+recompute" : again ? "recompute" : kn[op->kind];
+            snprintf(buf, sizeof buf, "%s %s", what,
                      op->kind == MP_SCHED_LOSS ? "" : block_name(p, op->index, bn, sizeof bn));
             char style[96];
             snprintf(style, sizeof style, "class=\"op\" data-event=\"%zu\" font-size=\"10\" fill=\"#444\"",
