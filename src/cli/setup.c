@@ -336,6 +336,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     if (a->seq && s->model.max_positions && a->seq > s->model.max_positions)
         cli_warn("%s: --seq %llu exceeds max_position_embeddings %llu", a->model, (unsigned long long)a->seq,
                  (unsigned long long)s->model.max_positions);
+    cli_check_checkpoint_index(a->model, &s->model);
     rc = setup_target(a, s, need_target, d);
 out: /* the one way out: on a failure the model is released */
     if (rc)
