@@ -1553,7 +1553,7 @@ static void build_ft(const struct mp_model *m, uint64_t b, const char *targets, 
  * get_peft_model on the same classes (meta device, r 8), trainable parameters: all-linear adapts
  * the vision tower's and the merger's Linears too (gemma3-shrunk 307,200, qwen2.5-vl-shrunk
  * 225,280), and named targets match them by suffix (q_proj,v_proj: 51,200 with SigLIP's q_proj and
- * v_proj; 28,672 on Qwen2.5-VL, whose vision attention is one qkv). */
+ * v_proj; 28,672 on Qwen2.5-VL, whose vision attention is one qkv; gate_proj: 61,440 and 47,104). */
 static void test_multimodal(void **state)
 {
     (void)state;
@@ -1591,6 +1591,9 @@ static void test_multimodal(void **state)
     build_ft(&m, 1, "q_proj,v_proj", &p);
     assert_int_equal(p.trainable_params, 51200u);
     mp_program_release(&p);
+    build_ft(&m, 1, "gate_proj", &p); /* the language model's only: SigLIP's MLP is fc1/fc2 */
+    assert_int_equal(p.trainable_params, 61440u);
+    mp_program_release(&p);
     mp_model_release(&m);
     load_ok(&m, "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json");
     build_ft(&m, 1, "all-linear", &p);
@@ -1598,6 +1601,9 @@ static void test_multimodal(void **state)
     mp_program_release(&p);
     build_ft(&m, 1, "q_proj,v_proj", &p);
     assert_int_equal(p.trainable_params, 28672u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "gate_proj", &p); /* the language model's and the vision blocks' */
+    assert_int_equal(p.trainable_params, 47104u);
     mp_program_release(&p);
     /* M-RoPE: position ids (3, b, s) make cos and sin (b, s, head_dim) (Qwen2_5_VLRotaryEmbedding) */
     build_ft(&m, 2, "", &p);
@@ -1730,6 +1736,26 @@ static void test_olmoe_granitemoe(void **state)
     build_small(&m, &p);
     assert_int_equal(tensor_elems(&p, "gate.probs"), 16 * 2);
     mp_program_release(&p);
+    /* peft 0.21 (get_peft_model on GraniteMoeForCausalLM, meta, r 8): all-linear adapts the
+     * attention's Linears only (the router and experts are Parameters): 43,008; q_proj,v_proj 21,504 */
+    build_ft(&m, 1, "all-linear", &p);
+    assert_int_equal(p.trainable_params, 43008u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "q_proj,v_proj", &p);
+    assert_int_equal(p.trainable_params, 21504u);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    /* OLMoE: peft's all-linear also adapts the experts' 3-D parameters (325,824 trainable, not
+     * modelled: refused); q_proj,v_proj 24,576 */
+    load_ok(&m, "bench/accuracy/moe/olmoe-shrunk.json");
+    build_ft(&m, 1, "q_proj,v_proj", &p);
+    assert_int_equal(p.trainable_params, 24576u);
+    mp_program_release(&p);
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.ft.mode = MP_FT_LORA;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_USAGE);
     mp_model_release(&m);
     expect_error(MOE_TINY("granitemoe", ", \"output_router_logits\": true"), MP_ERR_MODEL,
                  "cfg.json: output_router_logits: true is not supported (the router auxiliary loss over every "

@@ -57,9 +57,11 @@ static const struct mp_hf_names *fam(const char *hf_type)
 
 /* Families whose all-linear peft 0.21 extends to what memplan does not lower as Linears (on
  * transformers 5.23: the routers and the fused expert tensors of MoE blocks, through peft's
- * parameter targeting); named targets are exact (tests/test_finetune.c). */
+ * parameter targeting; OLMoE on 5.24 too, while GraniteMoE's all-linear adapts the attention's
+ * Linears alone, as memplan does: tests/test_model_hf.c); named targets are exact
+ * (tests/test_finetune.c). */
 static const char *const ALL_LINEAR_UNMODELLED[] = {"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
-                                                            "olmoe", "granitemoe"};
+                                                            "olmoe"};
 
 bool mp_finetune_all_linear_unmodelled(const struct mp_finetune *f, const char *hf_type)
 {
