@@ -366,14 +366,14 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
         k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
         v = lower_linear(B, x, hidden, kd, l->qkv_bias, "v_proj");
     }
-    if (l->clip_qkv) {
-        q = lower_clamp(B, q, "q_clamp");
-        k = lower_clamp(B, k, "k_clamp");
-        v = lower_clamp(B, v, "v_clamp");
-    }
     if (l->qk_norm != MP_QK_NORM_NONE && !l->qk_norm_late) {
         q = qk_norm(B, q, l, a, "q_norm");
         k = qk_norm(B, k, l, kv, "k_norm");
+    }
+    if (l->clip_qkv) { /* after the q/k norms (OLMoE: an fp32 q and k under amp; OLMo has no norms) */
+        q = lower_clamp(B, q, "q_clamp");
+        k = lower_clamp(B, k, "k_clamp");
+        v = lower_clamp(B, v, "v_clamp");
     }
     if (l->rope && l->rope_table_rows)
         pos_table(B, l);

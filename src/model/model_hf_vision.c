@@ -194,6 +194,7 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
         return mp_fail(d, MP_ERR_RANGE, "%s: vision_config: the vision tower is too large", path);
     v->params = a.n;
     snprintf(v->what, sizeof v->what, "%s", !strcmp(type, "gemma3") || !strcmp(type, "mistral3")
-                                               ? "vision_tower+multi_modal_projector" : "visual");
+                                               ? "vision_tower + multi_modal_projector"
+                                               : "visual: vision tower + merger");
     return MP_OK;
 }
