@@ -1619,6 +1619,12 @@ static void test_multimodal(void **state)
     expect_error("{\"model_type\": \"gemma3\", \"vision_config\": {}}", MP_ERR_MODEL,
                  "cfg.json: vision_config.vision_use_head: true (SiglipVisionConfig's default) is not supported (the "
                  "SigLIP pooling head is not modelled; Gemma 3 checkpoints set false)");
+    expect_error("{\"model_type\": \"gemma3\", \"text_config\": {\"tie_word_embeddings\": 3}}", MP_ERR_MODEL,
+                 "cfg.json: text_config.tie_word_embeddings: expected true or false");
+    expect_error("{\"model_type\": \"gemma3\", \"vision_config\": {\"vision_use_head\": false, \"hidden_size\": 0}}",
+                 MP_ERR_MODEL, "cfg.json: vision_config.hidden_size: expected a positive integer");
+    expect_error("{\"model_type\": \"qwen2_vl\", \"vision_config\": 5}", MP_ERR_MODEL,
+                 "cfg.json: vision_config: expected an object");
     expect_error("{\"model_type\": \"mistral3\"}", MP_ERR_MODEL,
                  "cfg.json: text_config: missing (mistral3 reads the language model's sizes there)");
     expect_error("{\"model_type\": \"mllama\"}", MP_ERR_MODEL,

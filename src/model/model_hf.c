@@ -2345,7 +2345,7 @@ static enum mp_status text_config_of(const cJSON *root, const struct multimodal 
         return mp_fail(d, MP_ERR_MODEL, "%s: text_config: missing (%s reads the language model's sizes there)", path,
                        mm->type);
     const cJSON *src = cJSON_IsObject(tc) ? tc : mm->text_at_top ? root : NULL;
-    const char *tt = src && src != root ? mp_json_str(src, "model_type", &st, path, "text_config.", d) : NULL;
+    const char *tt = src && src != root ? mp_json_str(src, "model_type", &st, path, "text_config", d) : NULL;
     if (src && src != root && st != MP_OK)
         return st;
     if (tt && strcmp(tt, mm->text_type))
@@ -2364,7 +2364,7 @@ static enum mp_status text_config_of(const cJSON *root, const struct multimodal 
     cJSON_Delete(defs);
     bool tie = mm->tie, text_tie = false;
     if ((st = mp_json_bool(root, "tie_word_embeddings", &tie, path, "", d)) != MP_OK ||
-        (src && src != root && (st = mp_json_bool(src, "tie_word_embeddings", &text_tie, path, "text_config.", d)) != MP_OK)) {
+        (src && src != root && (st = mp_json_bool(src, "tie_word_embeddings", &text_tie, path, "text_config", d)) != MP_OK)) {
         cJSON_Delete(t);
         return st;
     }

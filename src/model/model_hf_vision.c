@@ -35,7 +35,7 @@ static void linear(struct acc *a, struct mp_idle *v, const char *name, uint64_t 
 static enum mp_status pos(const cJSON *o, const char *key, uint64_t *out, const char *path, struct mp_diag *d)
 {
     uint64_t x = *out;
-    enum mp_status st = mp_json_u64(o, key, false, MP_DIM_MAX, &x, path, "vision_config.", d);
+    enum mp_status st = mp_json_u64(o, key, false, MP_DIM_MAX, &x, path, "vision_config", d);
     if (st == MP_OK && x == 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.%s: expected a positive integer", path, key);
     *out = x;
@@ -54,7 +54,7 @@ static enum mp_status siglip_gemma3(const cJSON *vc, uint64_t text_hidden, struc
     if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
         (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK || (st = pos(vc, "num_channels", &C, path, d)) != MP_OK ||
         (st = pos(vc, "image_size", &img, path, d)) != MP_OK || (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
-        (st = mp_json_bool(vc, "vision_use_head", &head, path, "vision_config.", d)) != MP_OK)
+        (st = mp_json_bool(vc, "vision_use_head", &head, path, "vision_config", d)) != MP_OK)
         return st;
     if (head)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.vision_use_head: true (SiglipVisionConfig's default) is not "
