@@ -1583,6 +1583,36 @@ expect_line 3 "estimate a directory without config.json" estimate "$T/hfhome"
 expect_line 3 "estimate models/no-such.json (a missing file)" estimate models/no-such.json
 grep -q "No such file" "$T/err" && ok "models/no-such.json: no such file" || bad "models/no-such.json: no such file"
 
+# ---- model.safetensors.index.json beside the config: total_size against the parameter bytes ----
+
+# llama-3.2-1b.json says torch_dtype bfloat16: 1,235,814,400 params x 2 = 2,471,628,800 bytes
+mkdir -p "$T/Sharded"
+cp models/hf/llama-3.2-1b.json "$T/Sharded/config.json"
+echo '{"metadata": {"total_size": 2471628800}, "weight_map": {}}' >"$T/Sharded/model.safetensors.index.json"
+run estimate "$T/Sharded"
+if [ "$ec" -eq 0 ] && ! grep -q "warning" "$T/err"; then
+    ok "estimate DIR with a matching model.safetensors.index.json: no warning"
+else
+    bad "a matching checkpoint index warns"
+fi
+# 2 bytes more than the parameters: one warning naming both figures, the estimate still runs
+echo '{"metadata": {"total_size": 2471628802}, "weight_map": {}}' >"$T/Sharded/model.safetensors.index.json"
+run estimate "$T/Sharded" --json
+if [ "$ec" -eq 0 ] && [ "$(grep -c . "$T/err")" -eq 1 ] &&
+    grep -q "^memplan: warning: .*model.safetensors.index.json: the checkpoint holds 2471628802 bytes of tensors (metadata.total_size) but 1235814400 parameters in bfloat16 are 2471628800 bytes$" "$T/err"; then
+    ok "estimate DIR with a mismatching index: one warning naming both figures"
+else
+    bad "the checkpoint index mismatch warning"
+fi
+# an index without metadata.total_size: said, not checked, not fatal
+echo '{"weight_map": {}}' >"$T/Sharded/model.safetensors.index.json"
+run estimate "$T/Sharded"
+if [ "$ec" -eq 0 ] && grep -q "^memplan: warning: .*metadata: expected an object; the parameter bytes are not checked$" "$T/err"; then
+    ok "estimate DIR with an index without metadata: a warning, not checked"
+else
+    bad "an unreadable checkpoint index"
+fi
+
 # ---- suggest never switches the fine-tuning method asked for ----------------------------------
 
 # --finetune lora on an L4: LoRA is recommended and only LoRA is searched (it used to recommend

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ir/finetune.h"
 #include "ir/layers.h"
 #include "model/model.h"
 #include "model/model_read.h"
@@ -1501,9 +1502,135 @@ static const struct {
     {"models/hf/deepseek-v3.json", NULL, UINT64_C(671026404352)},
     {"models/hf/deepseek-v3.json", "DeepseekV3ForTokenClassification", UINT64_C(670099739650)},
     {"models/hf/deepseek-v3.json", "DeepseekV3Model", UINT64_C(670099725312)},
+    /* transformers 5.24 */
+    {"models/hf/olmoe-1b-7b-0924.json", NULL, UINT64_C(6919161856)},
+    {"models/hf/granite-3.0-1b-a400m.json", NULL, UINT64_C(1334628352)},
 };
 
 static void load_with_arch(struct mp_model *m, const char *path, const char *arch);
+
+/* The elements of the program's first tensor whose name ends in suffix (0: none). */
+static uint64_t tensor_elems(const struct mp_program *p, const char *suffix)
+{
+    size_t k = strlen(suffix);
+    for (size_t i = 0; i < p->n_tensors; i++) {
+        const char *n = p->tensors[i].name;
+        size_t len = n ? strlen(n) : 0;
+        if (len >= k && !strcmp(n + len - k, suffix))
+            return p->tensors[i].elems;
+    }
+    return 0;
+}
+
+/* ---- multimodal checkpoints, text-only steps (model_hf.c multimodal[], model_hf_vision.c) ---- */
+
+/* A program of m at batch b, sequence 16, fine-tuned as ft ("" full; else LoRA r 8 on these targets,
+ * "-" for the family's default). */
+static void build_ft(const struct mp_model *m, uint64_t b, const char *targets, struct mp_program *p)
+{
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = b;
+    o.seq = 16;
+    struct mp_diag d = {{0}};
+    if (*targets) {
+        o.ft.mode = MP_FT_LORA;
+        o.ft.r = 8;
+        if (strcmp(targets, "-"))
+            assert_int_equal(mp_finetune_parse_targets(&o.ft, targets, &d), MP_OK);
+    }
+    if (mp_program_build(m, &o, p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+}
+
+/* Expected counts: transformers 5.24 on the meta device, `python3 bench/accuracy/hf_params.py FILE`
+ * (Gemma3ForConditionalGeneration: vision_tower 416,866,032 + multi_modal_projector 2,950,272 +
+ * language_model 3,880,263,168, lm_head tied; Qwen2.5-VL: visual 676,550,144 + language_model
+ * 7,070,619,136 + lm_head 544,997,376; Qwen2-VL: visual 675,759,104; Mistral 3: vision_tower
+ * 403,305,472 + projector 35,652,608 + language_model 22,901,314,560, lm_head tied: Mistral3Config's
+ * tie_word_embeddings defaults to true and the top level decides (with "tie_word_embeddings": false
+ * added at the top, 24,011,361,280; in text_config alone, still tied)).  LoRA: peft 0.21
+ * get_peft_model on the same classes (meta device, r 8), trainable parameters: all-linear adapts
+ * the vision tower's and the merger's Linears too (gemma3-shrunk 307,200, qwen2.5-vl-shrunk
+ * 225,280), and named targets match them by suffix (q_proj,v_proj: 51,200 with SigLIP's q_proj and
+ * v_proj; 28,672 on Qwen2.5-VL, whose vision attention is one qkv; gate_proj: 61,440 and 47,104). */
+static void test_multimodal(void **state)
+{
+    (void)state;
+    expect_params("models/hf/gemma-3-4b-it.json", UINT64_C(4300079472));
+    expect_params("models/hf/qwen2.5-vl-7b-instruct.json", UINT64_C(8292166656));
+    expect_params("models/hf/qwen2-vl-7b-instruct.json", UINT64_C(8291375616));
+    expect_params("models/hf/mistral-small-3.1-24b.json", UINT64_C(23340272640));
+    struct mp_model m;
+    struct mp_program p;
+    load_str_ok(&m, "{\"model_type\": \"mistral3\", \"tie_word_embeddings\": false, \"text_config\": {\"head_dim\": "
+                    "128, \"hidden_size\": 5120, \"intermediate_size\": 32768, \"max_position_embeddings\": 131072, "
+                    "\"model_type\": \"mistral\", \"num_attention_heads\": 32, \"num_hidden_layers\": 40, "
+                    "\"num_key_value_heads\": 8, \"sliding_window\": null, \"vocab_size\": 131072}, \"vision_config\": "
+                    "{\"head_dim\": 64, \"hidden_size\": 1024, \"image_size\": 1540, \"intermediate_size\": 4096, "
+                    "\"num_attention_heads\": 16, \"num_hidden_layers\": 24, \"patch_size\": 14}}");
+    assert_int_equal(params_of(&m), UINT64_C(24011361280));
+    mp_model_release(&m);
+
+    /* full fine-tuning: the tower is counted as trainable (requires_grad) but gets no gradient */
+    load_ok(&m, "bench/accuracy/multimodal/gemma3-shrunk.json");
+    assert_true(m.idle.params > 0);
+    build_ft(&m, 1, "", &p);
+    uint64_t grads = 0;
+    for (size_t q = 0; q < p.n_params; q++)
+        grads += mp_param_grad_bytes(&p.params[q]);
+    assert_int_equal(p.trainable_params, p.total_params);
+    assert_int_equal(grads, 4 * (p.total_params - m.idle.params)); /* fp32 gradients of the rest */
+    mp_program_release(&p);
+    build_ft(&m, 1, "-", &p); /* peft has no default for gemma3: all-linear */
+    assert_int_equal(p.trainable_params, 307200u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "all-linear", &p);
+    assert_int_equal(p.trainable_params, 307200u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "q_proj,v_proj", &p);
+    assert_int_equal(p.trainable_params, 51200u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "gate_proj", &p); /* the language model's only: SigLIP's MLP is fc1/fc2 */
+    assert_int_equal(p.trainable_params, 61440u);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    load_ok(&m, "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json");
+    build_ft(&m, 1, "all-linear", &p);
+    assert_int_equal(p.trainable_params, 225280u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "q_proj,v_proj", &p);
+    assert_int_equal(p.trainable_params, 28672u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "gate_proj", &p); /* the language model's and the vision blocks' */
+    assert_int_equal(p.trainable_params, 47104u);
+    mp_program_release(&p);
+    /* M-RoPE: position ids (3, b, s) make cos and sin (b, s, head_dim) (Qwen2_5_VLRotaryEmbedding) */
+    build_ft(&m, 2, "", &p);
+    assert_int_equal(tensor_elems(&p, "rope.cos_sin"), 2 * 2 * 16 * 64);
+    mp_program_release(&p);
+    mp_model_release(&m);
+
+    expect_error("{\"model_type\": \"gemma3\", \"architectures\": [\"Gemma3ForCausalLM\"]}", MP_ERR_MODEL,
+                 "cfg.json: architectures[0]: 'Gemma3ForCausalLM' is not supported for gemma3 (supported: "
+                 "Gemma3ForConditionalGeneration, planned for text-only steps)");
+    expect_error("{\"model_type\": \"gemma3\", \"text_config\": {\"model_type\": \"gemma2\"}}", MP_ERR_MODEL,
+                 "cfg.json: text_config.model_type: 'gemma2' is not supported for gemma3 (expected gemma3_text)");
+    expect_error("{\"model_type\": \"gemma3\", \"vision_config\": {}}", MP_ERR_MODEL,
+                 "cfg.json: vision_config.vision_use_head: true (SiglipVisionConfig's default) is not supported (the "
+                 "SigLIP pooling head is not modelled; Gemma 3 checkpoints set false)");
+    expect_error("{\"model_type\": \"gemma3\", \"text_config\": {\"tie_word_embeddings\": 3}}", MP_ERR_MODEL,
+                 "cfg.json: text_config.tie_word_embeddings: expected true or false");
+    expect_error("{\"model_type\": \"gemma3\", \"vision_config\": {\"vision_use_head\": false, \"hidden_size\": 0}}",
+                 MP_ERR_MODEL, "cfg.json: vision_config.hidden_size: expected a positive integer");
+    expect_error("{\"model_type\": \"qwen2_vl\", \"vision_config\": 5}", MP_ERR_MODEL,
+                 "cfg.json: vision_config: expected an object");
+    expect_error("{\"model_type\": \"mistral3\"}", MP_ERR_MODEL,
+                 "cfg.json: text_config: missing (mistral3 reads the language model's sizes there)");
+    expect_error("{\"model_type\": \"mllama\"}", MP_ERR_MODEL,
+                 "cfg.json: model_type: 'mllama' is not supported (Llama 3.2 Vision's cross-attention layers over "
+                 "the image states are not modelled yet)");
+}
 
 static void test_params_moe_families(void **state)
 {
@@ -1583,6 +1710,66 @@ static void test_moe_layers_and_mla(void **state)
 #define MOE_TINY(type, extra)                                                                                \
     "{\"model_type\": \"" type "\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, " \
     "\"num_attention_heads\": 8, \"intermediate_size\": 128" extra "}"
+
+/* OLMoE and GraniteMoE (transformers 5.24): the layer fields, and what each router saves.
+ * OlmoeTopKRouter: softmax(logits, dtype=float) over the E experts, then topk (softmax keeps its
+ * (tokens, E) output); GraniteMoeTopKRouter: topk of logits.float(), then softmax over the k
+ * (it keeps a (tokens, k) output; TopkBackward keeps only the indices): at 16 tokens, 8 experts,
+ * top 2: 128 and 32 probabilities. */
+static void test_olmoe_granitemoe(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_program p;
+    load_ok(&m, "bench/accuracy/moe/olmoe-shrunk.json");
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->experts, 8);
+    assert_int_equal(l->top_k, 2);
+    assert_int_equal(l->expert_ffn, 128); /* OlmoeExperts: intermediate_size */
+    assert_int_equal(l->qk_norm, MP_QK_NORM_ALL);
+    assert_true(l->clip_qkv && l->norm_topk && !l->rms_fp32);
+    assert_int_equal(l->router, MP_ROUTER_SOFTMAX_CAST);
+    build_small(&m, &p);
+    assert_int_equal(tensor_elems(&p, "gate.probs"), 16 * 8);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    load_ok(&m, "bench/accuracy/moe/granite-moe-shrunk.json");
+    l = block_layer(&m, 1, 0);
+    assert_int_equal(l->experts, 8);
+    assert_int_equal(l->expert_ffn, 128);
+    assert_int_equal(l->router, MP_ROUTER_TOPK_SOFTMAX);
+    assert_true(!l->norm_topk && l->mult == 0.22); /* residual_multiplier */
+    build_small(&m, &p);
+    assert_int_equal(tensor_elems(&p, "gate.probs"), 16 * 2);
+    mp_program_release(&p);
+    /* peft 0.21 (get_peft_model on GraniteMoeForCausalLM, meta, r 8): all-linear adapts the
+     * attention's Linears only (the router and experts are Parameters): 43,008; q_proj,v_proj 21,504 */
+    build_ft(&m, 1, "all-linear", &p);
+    assert_int_equal(p.trainable_params, 43008u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "q_proj,v_proj", &p);
+    assert_int_equal(p.trainable_params, 21504u);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    /* OLMoE: peft's all-linear also adapts the experts' 3-D parameters (325,824 trainable, not
+     * modelled: refused); q_proj,v_proj 24,576 */
+    load_ok(&m, "bench/accuracy/moe/olmoe-shrunk.json");
+    build_ft(&m, 1, "q_proj,v_proj", &p);
+    assert_int_equal(p.trainable_params, 24576u);
+    mp_program_release(&p);
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.ft.mode = MP_FT_LORA;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_USAGE);
+    mp_model_release(&m);
+    expect_error(MOE_TINY("granitemoe", ", \"output_router_logits\": true"), MP_ERR_MODEL,
+                 "cfg.json: output_router_logits: true is not supported (the router auxiliary loss over every "
+                 "layer's logits is not modelled)");
+    expect_error("{\"model_type\": \"phimoe\"}", MP_ERR_MODEL,
+                 "cfg.json: model_type: 'phimoe' is not supported (PhiMoE's sparsemixer router (Gumbel sampling in "
+                 "training and a custom autograd multiplier per choice) is not modelled yet)");
+}
 
 static void test_error_moe(void **state)
 {
@@ -1947,6 +2134,8 @@ int main(void)
         cmocka_unit_test(test_params_falcon_gptj_layouts),
         cmocka_unit_test(test_vit_config),
         cmocka_unit_test(test_params_moe_families),
+        cmocka_unit_test(test_olmoe_granitemoe),
+        cmocka_unit_test(test_multimodal),
         cmocka_unit_test(test_moe_layers_and_mla),
         cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),

@@ -2,6 +2,8 @@
 """peft_step.py — memplan's fine-tuning figures against transformers + peft + bitsandbytes on the CPU.
 
   python3 bench/accuracy/peft_step.py lora [--quick] [--only NAME,...] [--skip K] [--out FILE.md]
+      (--only also takes config paths, *.json: e.g. a multimodal checkpoint's config, built as its
+      *ForConditionalGeneration class and stepped on text only; LoRA all-linear and q_proj,v_proj)
       For each config and setting (LoRA rank and targets, base fp32 / amp-bf16 / bf16,
       checkpointing none / layers), the model is built with transformers, wrapped with
       peft.get_peft_model(LoraConfig(r, lora_alpha=2r, lora_dropout=0, task_type=CAUSAL_LM)),
@@ -154,8 +156,11 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     # Built on the meta device (peft's adapter dtype/device moves cannot swap fake parameters),
     # then given fake CPU storages.
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    arch = getattr(transformers, (d.get("architectures") or [""])[0], None)
+    mm = arch is not None and arch.__name__.endswith("ForConditionalGeneration") and "vision_config" in d
+    with torch.device("meta"):  # a multimodal checkpoint: its own class (a text-only step, no pixel_values)
+        model = arch._from_config(cfg, dtype=dtype) if mm else transformers.AutoModelForCausalLM.from_config(
+            cfg, dtype=dtype)
         if not full:
             kw = dict(r=r, lora_alpha=2 * r, lora_dropout=dropout, task_type="CAUSAL_LM")
             if targets:
@@ -177,7 +182,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             tr.add(p, "param")
         for b in model.buffers():
             tr.add(b, "buffer")
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+        ids = torch.randint(0, cfg.get_text_config().vocab_size, (batch, seq))
         labels = ids.clone()
         opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
         for step in (1, 2):
@@ -255,6 +260,12 @@ def lora_bench(quick, out, only=(), skip=0):
     if only:
         configs = [c for c in configs if any(o in c for o in only)]
     settings = []
+    for cfg in (o for o in only if o.endswith(".json")):  # a config file by path (multimodal, text-only):
+        for prec in ("fp32", "amp-bf16", "bf16"):         # peft has no default target for these classes
+            for ckpt in ("none", "layers"):
+                settings.append((cfg, prec, ckpt, 0, None, True))
+                settings.append((cfg, prec, ckpt, 16, "all-linear", False))
+                settings.append((cfg, prec, ckpt, 16, "q_proj,v_proj", False))
     for cfg in configs:
         for prec in ("fp32", "amp-bf16", "bf16"):
             for ckpt in ("none", "layers"):

@@ -46,6 +46,14 @@ def load_config(path, max_layers=0):
     at the real widths, and the fake run is quick)."""
     with open(path) as f:
         d = json.load(f)
+    _cap(d, max_layers)
+    if isinstance(d.get("text_config"), dict):  # multimodal checkpoints: the language model's config
+        _cap(d["text_config"], max_layers)
+    return d
+
+
+def _cap(d, max_layers):
+    """load_config on one (sub)config, in place."""
     if max_layers:
         for k in LAYER_KEYS:
             if isinstance(d.get(k), int) and d[k] > max_layers:
@@ -56,7 +64,6 @@ def load_config(path, max_layers=0):
     for k, v in list(d.items()):  # dropout off: CPU masks are not CUDA's (torch_step.py's module doc)
         if ("drop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool) and k != "summary_first_dropout":
             d[k] = 0.0
-    return d
 
 
 # ---- what CUDA keeps beyond the CPU run (the oracles run on the CPU; memplan models CUDA) ----

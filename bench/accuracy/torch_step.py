@@ -475,7 +475,8 @@ def main():
         cpath = os.path.join(tmpdir, stem + ".json")
         with open(cpath, "w") as g:
             json.dump(cfg, g)
-        nl = next((cfg[k] for k in LAYER_KEYS if isinstance(cfg.get(k), int)), "?")
+        tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}  # multimodal
+        nl = next((c[k] for c in (cfg, tc) for k in LAYER_KEYS if isinstance(c.get(k), int)), "?")
         print("## %s (%s, %s, %s layers)\n" % (stem, cfg.get("model_type"), (cfg.get("architectures") or ["?"])[0], nl),
               file=out)
         print("| b x s | precision | attn | ckpt | optim | torch peak MiB | memplan MiB | diff | CUDA-only MiB | "

@@ -102,6 +102,9 @@ int cli_fail(enum mp_status st, const struct mp_diag *d);
  * Hugging Face cache) to the file to read, into out (model_path.c).  0, or the exit status with
  * its message printed. */
 int cli_resolve_model(const char *arg, char *out, size_t cap);
+/* model.safetensors.index.json beside the config: its total_size against s's model's parameter bytes
+ * in the checkpoint's dtype; a mismatch is a warning (setup.c). */
+void cli_check_checkpoint_index(const char *config, const struct mp_model *m);
 /* One line: "memplan: error: <problem> (see 'memplan CMD --help')", exit 2. */
 int cli_usage_error(const char *cmd, const char *fmt, const char *arg);
 int cli_finish(int code);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 
@@ -295,6 +296,53 @@ static int setup_target(const struct args *a, struct setup *s, bool need_target,
     return 0;
 }
 
+/* model.safetensors.index.json beside the config (a sharded save_pretrained checkpoint, as the Hub
+ * serves it): metadata.total_size is the bytes of every tensor stored (tied weights once,
+ * non-persistent buffers not at all: huggingface_hub's split_torch_state_dict_into_shards sums the
+ * state dict save_pretrained writes), checked against the model's parameters in the checkpoint's
+ * dtype (torch_dtype).  A mismatch is a warning naming both figures: the config and the weights
+ * disagree, or memplan's count does.  Skipped without a known dtype, for a quantized checkpoint
+ * (its storage is not one dtype) and when the index cannot be read. */
+void cli_check_checkpoint_index(const char *config, const struct mp_model *m)
+{
+    static const struct {
+        const char *name;
+        uint64_t size;
+    } dtypes[] = {{"float32", 4}, {"float", 4}, {"bfloat16", 2}, {"float16", 2}, {"half", 2}, {"float64", 8}};
+    uint64_t size = 0;
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (!strcmp(m->ckpt_dtype, dtypes[i].name))
+            size = dtypes[i].size;
+    char index[4096];
+    struct stat sb;
+    const char *slash = strrchr(config, '/');
+    int dir = slash ? (int)(slash - config + 1) : 0;
+    if (!size || m->quant.kind != MP_Q_NONE || strcmp(m->source, "hf") ||
+        (size_t)snprintf(index, sizeof index, "%.*smodel.safetensors.index.json", dir, config) >= sizeof index ||
+        stat(index, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return;
+    struct mp_diag d = {{0}};
+    uint64_t total = 0;
+    if (mp_checkpoint_index_total(index, &total, &d) != MP_OK) {
+        cli_warn("%s; the parameter bytes are not checked", d.msg);
+        return;
+    }
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = 1;
+    bo.seq = 1;
+    struct mp_program p;
+    uint64_t bytes;
+    if (mp_fold_report_program(m, &bo, &p, &d) != MP_OK)
+        return; /* the command itself reports what fails to build */
+    bool ok = mp_mul_u64(p.total_params, size, &bytes);
+    mp_program_release(&p);
+    if (ok && bytes != total)
+        cli_warn("%s: the checkpoint holds %llu bytes of tensors (metadata.total_size) but %llu parameters in %s "
+                 "are %llu bytes", index, (unsigned long long)total, (unsigned long long)(bytes / size), m->ckpt_dtype,
+                 (unsigned long long)bytes);
+}
+
 int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
 {
     memset(s, 0, sizeof *s);
@@ -338,6 +386,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     if (a->seq && s->model.max_positions && a->seq > s->model.max_positions)
         cli_warn("%s: --seq %llu exceeds max_position_embeddings %llu", a->model, (unsigned long long)a->seq,
                  (unsigned long long)s->model.max_positions);
+    cli_check_checkpoint_index(a->model, &s->model);
     rc = setup_target(a, s, need_target, d);
 out: /* the one way out: on a failure the model is released */
     if (rc)

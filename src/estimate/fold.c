@@ -576,7 +576,7 @@ bool mp_fold_counts(const struct mp_fold *f, const struct mp_program *p, uint64_
              mp_mul_u64(adapter_j, w - 1, &x) && mp_add_u64(*adapter, x, adapter);
     }
     for (size_t q = 0; ok && q < p->n_params; q++)
-        ok = !p->params[q].trainable || (mp_mul_u64(p->params[q].elems, mp_fold_weight(f, p->params[q].block), &x) &&
+        ok = !(p->params[q].trainable || p->params[q].idle) || (mp_mul_u64(p->params[q].elems, mp_fold_weight(f, p->params[q].block), &x) &&
                                          mp_add_u64(*trainable, x, trainable));
     return ok;
 }

@@ -178,6 +178,7 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
 void eager_ops(struct bld *B, int k);
 
 /* frozen.c */
+void lower_idle(struct bld *B);
 void apply_requires_grad(struct mp_program *p);
 void parts_need_grad(struct mp_program *p);
 

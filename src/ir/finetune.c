@@ -57,8 +57,11 @@ static const struct mp_hf_names *fam(const char *hf_type)
 
 /* Families whose all-linear peft 0.21 extends to what memplan does not lower as Linears (on
  * transformers 5.23: the routers and the fused expert tensors of MoE blocks, through peft's
- * parameter targeting); named targets are exact (tests/test_finetune.c). */
-static const char *const ALL_LINEAR_UNMODELLED[] = {"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"};
+ * parameter targeting; OLMoE on 5.24 too, while GraniteMoE's all-linear adapts the attention's
+ * Linears alone, as memplan does: tests/test_model_hf.c); named targets are exact
+ * (tests/test_finetune.c). */
+static const char *const ALL_LINEAR_UNMODELLED[] = {"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
+                                                            "olmoe"};
 
 bool mp_finetune_all_linear_unmodelled(const struct mp_finetune *f, const char *hf_type)
 {
@@ -215,7 +218,13 @@ bool mp_finetune_targets(const struct mp_finetune *f, const char *hf_type, const
         return false;
     if (head)
         return false; /* all-linear leaves the output layer out; peft never adapts it by default */
-    const char *name = mp_finetune_hf_name(hf_type, role);
+    return mp_finetune_targets_module(f, hf_type, mp_finetune_hf_name(hf_type, role));
+}
+
+bool mp_finetune_targets_module(const struct mp_finetune *f, const char *hf_type, const char *name)
+{
+    if (f->mode != MP_FT_LORA && f->mode != MP_FT_QLORA)
+        return false;
     if (f->all_linear)
         return true;
     if (f->n_targets) {

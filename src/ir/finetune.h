@@ -73,6 +73,8 @@ const char *mp_finetune_hf_name(const char *hf_type, const char *role);
 /* Does the Linear `role` (memplan's name) get an adapter?  head: it is the output layer
  * (lm_head / classifier), which all-linear excludes. */
 bool mp_finetune_targets(const struct mp_finetune *f, const char *hf_type, const char *role, bool head);
+/* Does the Linear module named `name` (its HF name, not an output layer) get an adapter? */
+bool mp_finetune_targets_module(const struct mp_finetune *f, const char *hf_type, const char *name);
 
 /* freeze mode: is block `index` trainable?  rep is its index among the repeated blocks
  * (decoder layers), -1 for blocks before them (embed) or after them (head: after = true). */

@@ -1,6 +1,7 @@
 /* frozen.c — frozen parameters: what autograd records when only some parameters train (build.h). */
 #include "build.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* ---- frozen parameters: what autograd records ------------------------------------------------ */
@@ -137,4 +138,45 @@ const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_fin
             if (!strcmp(f->targets[t], mlp[k]))
                 return "peft maps the MLP names (gate_proj, up_proj, down_proj) to the experts' 3-D parameters";
     return NULL;
+}
+
+/* A multimodal checkpoint's vision tower and projector in a text-only step (model.h struct
+ * mp_idle): one resident parameter in the model's dtype that no op reads, trainable in full
+ * fine-tuning (requires_grad, but .grad stays None: no gradient, no optimizer state) and frozen
+ * otherwise; and the LoRA adapters peft puts on its Linears that the targets name (fp32 A and B,
+ * r x in and out x r each; requires_grad, unused: no gradient either).  Lowered first in the
+ * embedding block (block 0).  A quantized base would quantize the tower's Linears too
+ * (bitsandbytes converts every Linear but the output layer): not modelled, refused. */
+void lower_idle(struct bld *B)
+{
+    const struct mp_idle *v = &B->m->idle;
+    const struct mp_finetune *ft = &B->p->opts.ft;
+    if (!v->params || failed(B))
+        return;
+    if (mp_program_base_quant(B->p)) {
+        fail_model(B, MP_ERR_USAGE, "a quantized base (QLoRA or quantization_config) with the %s of a multimodal "
+                   "checkpoint is not modelled (bitsandbytes would quantize their Linears too)", v->what);
+        return;
+    }
+    bool was = B->trained;
+    B->trained = false;
+    int q = new_param(B, v->what, 1, v->params, false);
+    if (q >= 0)
+        B->p->params[q].idle = ft->mode == MP_FT_FULL;
+    for (size_t i = 0; i < v->n_linears && !failed(B); i++) {
+        const struct mp_idle_linear *l = &v->linears[i];
+        if (!mp_finetune_targets_module(ft, B->m->hf_type, l->name))
+            continue;
+        char name[64];
+        snprintf(name, sizeof name, "%s.lora", l->name);
+        B->in_adapter = true;
+        int a = new_param(B, name, mul(B, l->count, ft->r), add(B, l->in, l->out), false);
+        B->in_adapter = false;
+        if (a < 0)
+            continue;
+        B->p->params[a].trainable = false;
+        B->p->params[a].idle = true;
+        B->p->adapter_params = add(B, B->p->adapter_params, B->p->params[a].elems);
+    }
+    B->trained = was;
 }

@@ -476,7 +476,7 @@ static enum mp_status finish_program(struct bld *B, const struct mp_build_opts *
         p->bwd_flops += bp->bwd_flops;
     }
     for (size_t q = 0; q < p->n_params; q++)
-        if (p->params[q].trainable)
+        if (p->params[q].trainable || p->params[q].idle)
             p->trainable_params += p->params[q].elems;
     if (p->trainable_params == 0 && o->ft.mode != MP_FT_FULL) {
         enum mp_status st = mp_fail(d, MP_ERR_USAGE, "%s: --finetune %s trains no parameter%s", m->path,
@@ -589,6 +589,8 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
             if (same_as_prev)
                 take_before(p, i, &before);
             struct val resid = x;
+            if (i == 0)
+                lower_idle(&B); /* a multimodal checkpoint's vision modules (frozen.c) */
             for (size_t j = 0; j < blk->n_layers && !failed(&B); j++)
                 x = lower_layer(&B, x, &blk->layers[j], &resid);
             B.layer = NULL;

@@ -321,6 +321,9 @@ struct mp_param {
     bool adapter;        /* a LoRA A or B matrix */
     bool embedding;      /* an nn.Embedding weight (tokens, learned positions, token types, T5's
                           * position bias): HF's Trainer gives it 32-bit bitsandbytes states */
+    bool idle;           /* requires grad but no op uses it (a multimodal model's vision tower in a
+                          * text-only step): its .grad stays None, so no gradient and no optimizer
+                          * state (torch.optim skips p.grad None); counted as trainable */
     uint64_t bytes;      /* what its storage allocates: elems x dtype, or a quantized weight's
                           * tensors each rounded to 512 (mp_quant_alloc_bytes) */
     uint64_t raw_bytes;  /* the library's tensor bytes (weights_bytes sums these) */

@@ -65,9 +65,9 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
          * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
         /* (one pair per distinct layer type where the model keeps a table per type: Gemma3,
          * OLMo3; counted as one tensor) */
-        uint64_t kinds = l->rope_kinds > 1 ? l->rope_kinds : 1;
+        uint64_t kinds = l->rope_kinds > 1 ? l->rope_kinds : 1, rows = l->rope_per_sample ? mul(B, B->b, B->s) : B->s;
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype,
-                                   mul(B, mul(B, mul(B, 2, kinds), B->s), n->rotary_dim));
+                                   mul(B, mul(B, mul(B, 2, kinds), rows), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
         B->p->rope_tables = B->rope_cos_sin;
         /* HF's rotary embedding registers inv_freq and a clone, original_inv_freq
@@ -366,14 +366,14 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
         k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
         v = lower_linear(B, x, hidden, kd, l->qkv_bias, "v_proj");
     }
-    if (l->clip_qkv) {
-        q = lower_clamp(B, q, "q_clamp");
-        k = lower_clamp(B, k, "k_clamp");
-        v = lower_clamp(B, v, "v_clamp");
-    }
     if (l->qk_norm != MP_QK_NORM_NONE && !l->qk_norm_late) {
         q = qk_norm(B, q, l, a, "q_norm");
         k = qk_norm(B, k, l, kv, "k_norm");
+    }
+    if (l->clip_qkv) { /* after the q/k norms (OLMoE: an fp32 q and k under amp; OLMo has no norms) */
+        q = lower_clamp(B, q, "q_clamp");
+        k = lower_clamp(B, k, "k_clamp");
+        v = lower_clamp(B, v, "v_clamp");
     }
     if (l->rope && l->rope_table_rows)
         pos_table(B, l);

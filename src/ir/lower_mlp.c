@@ -97,7 +97,8 @@ static struct val lower_router(struct bld *B, struct val x, const struct mp_laye
     enum mp_dtype ldt = dt_of(B, logits);
     /* softmax(logits.float()) / softmax(dtype=float): fp32 probabilities; sigmoid: the logits' dtype */
     enum mp_dtype pdt = l->router == MP_ROUTER_FP32_SIGMOID ? ldt : MP_DT_F32;
-    enum mp_dtype wdt = l->router == MP_ROUTER_SOFTMAX_CAST ? ldt : pdt; /* the weights */
+    bool topk_first = l->router == MP_ROUTER_TOPK_SOFTMAX; /* softmax over the k chosen logits */
+    enum mp_dtype wdt = l->router == MP_ROUTER_SOFTMAX_CAST ? ldt : topk_first ? dt_of(B, x) : pdt; /* the weights */
     uint64_t shape[2] = {M, k};
     struct val w = new_val(B, "gate.weights", wdt, 2, shape, true);
     struct mp_node *n = new_node(B, MP_P_ROUTER, "gate.topk");
@@ -108,7 +109,9 @@ static struct val lower_router(struct bld *B, struct val x, const struct mp_laye
     n->rows = M;
     n->n = E;
     n->k = k;
-    extra_as(n, new_flat(B, "gate.probs", pdt, mul(B, M, E)), MP_XR_ROUTER_PROBS);
+    /* the probabilities softmax saves: (M, E), or (M, k) after the top-k (GraniteMoE: topk keeps
+     * only its indices, .type_as(x) nothing) */
+    extra_as(n, new_flat(B, "gate.probs", pdt, mul(B, M, topk_first ? k : E)), MP_XR_ROUTER_PROBS);
     extra_as(n, new_flat(B, "gate.topk_index", MP_DT_I64, mul(B, M, k)), MP_XR_TOPK_INDEX);
     if (l->norm_topk) { /* values /= values.sum(-1, keepdim=True): DivBackward keeps both */
         extra_as(n, new_flat(B, "gate.topk_values", pdt, mul(B, M, k)), MP_XR_TOPK_VALUES);

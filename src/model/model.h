@@ -82,6 +82,7 @@ enum mp_router {
     MP_ROUTER_SOFTMAX_CAST, /* softmax(logits, dtype=float), weights cast back to the logits' dtype (Qwen-MoE) */
     MP_ROUTER_FP32_SOFTMAX, /* Linear on fp32 copies of x and W, softmax, * routed_scaling_factor (DeepSeek-V2) */
     MP_ROUTER_FP32_SIGMOID, /* Linear on fp32 copies, sigmoid, group-limited top-k, gather (DeepSeek-V3) */
+    MP_ROUTER_TOPK_SOFTMAX, /* top-k of logits.float(), softmax over the k, cast to x's dtype (GraniteMoE) */
 };
 
 /* How a fused qkv projection is split (HF attention classes). */
@@ -133,6 +134,8 @@ struct mp_layer {
     bool rope_interleave; /* interleaved rotary (GLM, Helium, ERNIE 4.5: cos/sin repeat_interleave'd and
                              rotate_half of even/odd pairs): each layer makes and saves its own cos/sin
                              pair (1, s, rotary_dim); the model's table is saved by no layer */
+    bool rope_per_sample; /* M-RoPE (Qwen2-VL, Qwen2.5-VL): position ids (3, b, s) make the model's cos/sin
+                             (b, s, rotary_dim), one row per sample */
     bool rope_fp32;     /* the model's cos/sin stay fp32 (no cast to the residual dtype) (OLMo2/3,
                            ERNIE 4.5) */
     bool rope_cast_back; /* the rotated q/k (fp32 products) are cast back to q's dtype (OLMo2/3,
@@ -266,12 +269,29 @@ struct mp_block {
 
 enum mp_input_kind { MP_INPUT_TOKENS, MP_INPUT_IMAGE, MP_INPUT_BYTES };
 
+/* Modules a multimodal checkpoint loads that a text-only step never runs (the vision tower and the
+ * multimodal projector of Gemma 3, Qwen2-VL, Qwen2.5-VL, Mistral 3): their parameters are on the GPU
+ * in the model's dtype, with no gradient (unused), no optimizer state and no activations.  Their
+ * Linears are listed by peft's module name, for the LoRA targets that name them (ir/). */
+struct mp_idle_linear {
+    const char *name;          /* the module's last name component (a string literal) */
+    uint64_t in, out, count;   /* Linear(in, out) count times */
+};
+#define MP_IDLE_LINEARS_MAX 12
+struct mp_idle {
+    uint64_t params;           /* every parameter element of the idle modules (0: none) */
+    size_t n_linears;
+    struct mp_idle_linear linears[MP_IDLE_LINEARS_MAX];
+    char what[48];             /* "vision_tower + multi_modal_projector" */
+};
+
 struct mp_model {
     char name[128];
     char source[8];          /* "memplan" or "hf" */
     char path[256];          /* file it came from, for messages */
     char hf_type[32];        /* model_type of an HF config, else "" */
     struct mp_quant quant;   /* quantization_config of an HF checkpoint (kind MP_Q_NONE: none) */
+    char ckpt_dtype[16];     /* an HF config's torch_dtype (or dtype): the checkpoint's storage ("" unknown) */
     bool kv_cache;           /* an HF decoder that can fill a DynamicCache (else use_cache is moot) */
     bool use_cache;          /* its config's use_cache (default true), or --use-cache: in training
                                 without gradient checkpointing, k and v are copied into the cache and
@@ -290,6 +310,7 @@ struct mp_model {
     uint64_t channels, height, width; /* image input */
     uint64_t bytes_per_sample;         /* opaque input */
     uint64_t labels_vocab;   /* for classification of images: classes (informational) */
+    struct mp_idle idle;     /* a multimodal checkpoint's vision modules, unused by a text-only step */
 
     size_t n_blocks, cap_blocks; /* cap_blocks: private (geometric growth) */
     struct mp_block *blocks;
@@ -323,6 +344,10 @@ struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t
 enum mp_status mp_model_read_file(struct mp_model *m, const char *path, struct mp_diag *d);
 enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t len, const char *path,
                                     struct mp_diag *d);
+
+/* metadata.total_size of a model.safetensors.index.json (the bytes of every tensor a sharded
+ * checkpoint stores). */
+enum mp_status mp_checkpoint_index_total(const char *path, uint64_t *total, struct mp_diag *d);
 
 /* True when some layer computes attention (so --attention and the attention default apply). */
 bool mp_model_has_attention(const struct mp_model *m);

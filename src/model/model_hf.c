@@ -42,7 +42,8 @@
  *     partial_rotary_factor for gpt_neox/phi): values of cos/sin, same shapes;
  *   *_eps, initializer_range, bos/eos/pad_token_id, scale_attn_weights,
  *     scale_attn_by_inverse_layer_idx, pretraining_tp: values or scalars only;
- *   torch_dtype, dtype: the checkpoint's storage; --precision decides training dtypes;
+ *   torch_dtype, dtype: the checkpoint's storage; --precision decides training dtypes (kept as
+ *     ckpt_dtype for the CLI's check of model.safetensors.index.json);
  *   gradient_checkpointing: memplan plans checkpointing itself;
  *   summary_*, task_specific_params, n_special, predict_special_tokens: GPT2DoubleHeadsModel
  *     fields (that class is refused);
@@ -187,6 +188,7 @@ static enum mp_status exaone4_hook(const cJSON *root, struct hf *c, const char *
 static enum mp_status helium_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status ministral_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status olmo_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status olmoe_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -374,6 +376,15 @@ static const struct family families[] = {
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE), .hook = moe_hook},
     {.type = "deepseek_v3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias",
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_TOKEN) | HEAD(H_BARE), .hook = moe_hook},
+    /* OLMoE: llama attention with q/k RMSNorms over the whole projections, clip_qkv; 64 experts
+     * of intermediate_size, top 8, Qwen-MoE's router (moe_hook) */
+    {.type = "olmoe", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
+     .heads = HEAD(H_CAUSAL) | HEAD(H_BARE), .hook = olmoe_hook},
+    /* GraniteMoE: Granite's multipliers, Mixtral's experts (intermediate_size wide), the router's
+     * softmax over the top-k logits (moe_hook) */
+    {.type = "granitemoe", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias",
+     .k_emb_mult = "embedding_multiplier", .k_resid_mult = "residual_multiplier", .k_logits_div = "logits_scaling",
+     .heads = HEAD(H_CAUSAL) | HEAD(H_BARE), .hook = moe_hook},
     /* ---- llama variants of 2025 ---- */
     {.type = "seed_oss", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .head_dim_default = 128, .qkv_bias = true,
      .k_attn_bias = "attention_bias", .k_out_bias = "attention_out_bias", .k_mlp_bias = "mlp_bias",
@@ -448,14 +459,47 @@ static const struct family families[] = {
      .heads = HEAD(H_CAUSAL) | HEAD(H_TOKEN) | HEAD(H_BARE)},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
+
+/* Multimodal checkpoints, planned for text-only steps: the text config (text_config, or the top
+ * level where the class reads its text keys there) through its family's row, the vision tower and
+ * projector loaded and unused (model_hf_vision.c, model.h struct mp_idle).  Columns: the class;
+ * the text family's row and the text config's own model_type; whether the text keys may be at the
+ * top level (Qwen2-VL, Qwen2.5-VL: Qwen2_5_VLConfig.__post_init__ builds text_config from them);
+ * tie_word_embeddings: the top level's decides, with this class default (transformers 5.24 ties
+ * the lm_head by the outer config; Qwen*-VL also when the text config says true); whether the
+ * forward skips the text config's final_logit_softcapping (Gemma3ForConditionalGeneration); M-RoPE
+ * (position ids (3, b, s): cos/sin per sample); the text config class's defaults of the keys the
+ * family row requires (JSON, added where the text config lacks them). */
+static const struct multimodal {
+    const char *type, *cls, *text_row, *text_type;
+    bool text_at_top, tie, tie_or_text, no_logit_softcap, mrope;
+    const char *text_defaults;
+} multimodal[] = {
+    {"gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", "gemma3_text", false, true, false, true, false,
+     "{\"vocab_size\": 262208, \"hidden_size\": 2304, \"intermediate_size\": 9216, \"num_hidden_layers\": 26, "
+     "\"num_attention_heads\": 8}"},
+    {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2", "qwen2_5_vl_text", true, false, true, false, true,
+     "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
+     "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
+     "\"max_window_layers\": 80}"},
+    {"qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2", "qwen2_vl_text", true, false, true, false, true,
+     "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
+     "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
+     "\"max_window_layers\": 80}"},
+    {"mistral3", "Mistral3ForConditionalGeneration", "mistral", "mistral", false, true, false, false, false, NULL},
+};
+#define N_MULTIMODAL (sizeof multimodal / sizeof multimodal[0])
+
 /* The supported model_types, comma-separated, in the families' order (built once). */
 const char *mp_hf_model_types(void)
 {
     static char buf[1024];
-    const char *types[N_FAMILIES];
+    const char *types[N_FAMILIES + N_MULTIMODAL];
     for (size_t i = 0; i < N_FAMILIES; i++)
         types[i] = families[i].type;
-    return buf[0] ? buf : mp_join(buf, sizeof buf, types, N_FAMILIES, ", ", NULL);
+    for (size_t i = 0; i < N_MULTIMODAL; i++)
+        types[N_FAMILIES + i] = multimodal[i].type;
+    return buf[0] ? buf : mp_join(buf, sizeof buf, types, N_FAMILIES + N_MULTIMODAL, ", ", NULL);
 }
 
 const struct mp_hf_names *mp_hf_family_names(const char *hf_type)
@@ -475,6 +519,9 @@ static const struct {
                     "over E x tokens rows), plus chunked attention, L2 q/k norms, temperature-tuned NoPE layers "
                     "and an fp32 complex rotary: not modelled"},
     {"llama4", "Llama 4 is a vision-language model and its text model (llama4_text) is not modelled either"},
+    {"mllama", "Llama 3.2 Vision's cross-attention layers over the image states are not modelled yet"},
+    {"phimoe", "PhiMoE's sparsemixer router (Gumbel sampling in training and a custom autograd multiplier per "
+               "choice) is not modelled yet"},
 };
 
 /* The config after the transformers defaults: everything the lowering needs. */
@@ -545,6 +592,7 @@ struct hf {
     uint64_t q_lora, kv_lora, rope_dim, nope_dim, v_dim; /* MLA (kv_lora > 0) */
     bool rope_complex;
     bool clip_qkv;           /* OLMo: q, k, v clamped in place */
+    bool mrope;              /* Qwen2-VL, Qwen2.5-VL: cos/sin per sample (multimodal[]) */
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -1250,6 +1298,15 @@ static enum mp_status olmo_hook(const cJSON *root, struct hf *c, const char *pat
     return st;
 }
 
+static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+
+/* OLMoE: OLMo's clip_qkv and the mixture of experts. */
+static enum mp_status olmoe_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    enum mp_status st = olmo_hook(root, c, path, d);
+    return st == MP_OK ? moe_hook(root, c, path, d) : st;
+}
+
 /* A size key whose explicit null means 0 (DeepSeek's q_lora_rank: no q bottleneck); absent
  * leaves *out at the class default. */
 static enum mp_status read_pos_or_null(const cJSON *root, const char *key, uint64_t *out, const char *path,
@@ -1330,7 +1387,7 @@ static enum mp_status read_mlp_only(const cJSON *root, struct hf *c, const char 
 }
 
 /* Mixture of experts, as transformers 5.23 builds it (Mixtral, Qwen2-MoE, Qwen3-MoE,
- * DeepSeek-V2/V3): experts, top-k, expert and shared-expert widths, the router, which layers
+ * DeepSeek-V2/V3; OLMoE and GraniteMoE as 5.24 builds them): experts, top-k, expert and shared-expert widths, the router, which layers
  * are MoE, and DeepSeek's multi-head latent attention.  Defaults are the config classes'.
  * Refused (they change memory and are not modelled): output_router_logits (the auxiliary
  * loss keeps every layer's router logits), router_jitter_noise > 0 (Mixtral multiplies the
@@ -1341,7 +1398,9 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
 {
     const char *t = c->f->type;
     bool mixtral = !strcmp(t, "mixtral"), qwen2 = !strcmp(t, "qwen2_moe"), ds2 = !strcmp(t, "deepseek_v2");
-    bool ds3 = !strcmp(t, "deepseek_v3"), ds = ds2 || ds3;
+    bool ds3 = !strcmp(t, "deepseek_v3"), ds = ds2 || ds3, olmoe = !strcmp(t, "olmoe");
+    bool granite = !strcmp(t, "granitemoe");
+    bool dense_width = mixtral || olmoe || granite; /* experts as wide as intermediate_size */
     enum mp_status st;
     bool aux = false;
     double jitter = 0;
@@ -1354,18 +1413,21 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
     if (jitter > 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: router_jitter_noise: %g is not supported (the saved noise tensor is "
                        "not modelled; 0 is)", path, jitter);
-    const char *ek = mixtral ? "num_local_experts" : ds ? "n_routed_experts" : "num_experts";
-    c->experts = mixtral ? 8 : qwen2 ? 60 : ds2 ? 64 : ds3 ? 256 : 128;
-    c->top_k = mixtral ? 2 : qwen2 ? 4 : ds2 ? 0 : 8; /* DeepseekV2Config: None */
-    c->expert_ffn = mixtral ? c->ffn : qwen2 ? 1408 : ds2 ? 1407 : ds3 ? 2048 : 768;
+    /* OlmoeConfig maps num_local_experts to num_experts (attribute_map): either key */
+    const char *ek = mixtral || granite ? "num_local_experts" : ds ? "n_routed_experts"
+                     : olmoe && !present(root, "num_experts") ? "num_local_experts" : "num_experts";
+    c->experts = mixtral || granite ? 8 : qwen2 ? 60 : ds2 || olmoe ? 64 : ds3 ? 256 : 128;
+    c->top_k = mixtral || granite ? 2 : qwen2 ? 4 : ds2 ? 0 : 8; /* DeepseekV2Config: None */
+    c->expert_ffn = dense_width ? c->ffn : qwen2 ? 1408 : ds2 ? 1407 : ds3 ? 2048 : 768;
     c->norm_topk = mixtral || ds3;
     c->router = mixtral ? MP_ROUTER_SOFTMAX : ds2 ? MP_ROUTER_FP32_SOFTMAX : ds3 ? MP_ROUTER_FP32_SIGMOID
-                                                                               : MP_ROUTER_SOFTMAX_CAST;
+                : granite ? MP_ROUTER_TOPK_SOFTMAX : MP_ROUTER_SOFTMAX_CAST;
     c->sparse_step = 1;
     if ((st = mp_json_u64(root, ek, false, MP_DIM_MAX, &c->experts, path, "", d)) != MP_OK ||
         (st = read_pos(root, "num_experts_per_tok", false, MP_DIM_MAX, &c->top_k, path, d)) != MP_OK ||
-        (!mixtral && (st = read_pos(root, "moe_intermediate_size", false, MP_DIM_MAX, &c->expert_ffn, path, d)) != MP_OK) ||
-        (!ds2 && !mixtral && (st = mp_json_bool(root, "norm_topk_prob", &c->norm_topk, path, "", d)) != MP_OK))
+        (!dense_width && (st = read_pos(root, "moe_intermediate_size", false, MP_DIM_MAX, &c->expert_ffn, path, d)) != MP_OK) ||
+        (!ds2 && !mixtral && !granite &&
+         (st = mp_json_bool(root, "norm_topk_prob", &c->norm_topk, path, "", d)) != MP_OK))
         return st;
     if (c->experts && !c->top_k)
         return mp_fail(d, MP_ERR_MODEL, "%s: num_experts_per_tok: missing (expected a positive integer)", path);
@@ -1378,7 +1440,7 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
         if ((st = read_pos(root, "shared_expert_intermediate_size", false, MP_DIM_MAX, &c->shared_ffn, path, d)) != MP_OK)
             return st;
     }
-    if (!mixtral && !ds && ((st = read_pos(root, "decoder_sparse_step", false, MP_DIM_MAX, &c->sparse_step, path, d)) !=
+    if (!dense_width && !ds && ((st = read_pos(root, "decoder_sparse_step", false, MP_DIM_MAX, &c->sparse_step, path, d)) !=
                             MP_OK || (st = read_mlp_only(root, c, path, d)) != MP_OK))
         return st;
     if (!ds)
@@ -1650,6 +1712,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->rotary_dim = c->rotary_dim;
         l->rope_cat = l->rope && c->f->k_rotary;
         l->rope_kinds = c->f->rope_per_type ? c->mask_kinds : 1;
+        l->rope_per_sample = l->rope && c->mrope;
         l->rope_interleave = l->rope && c->f->rope_interleave;
         l->rope_fp32 = l->rope && c->f->rope_fp32;
         l->rope_cast_back = l->rope && c->f->rope_cast_back;
@@ -2185,22 +2248,20 @@ static enum mp_status check_rope_dicts(const cJSON *root, const char *path, stru
     return MP_OK;
 }
 
-enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d)
+/* Reads the model from root, its text config `text` (root itself but for multimodal checkpoints,
+ * where mm is its row and text the prepared text config: text_config_of). */
+static enum mp_status from_hf(struct mp_model *m, const cJSON *root, const cJSON *text, const char *type,
+                              const struct multimodal *mm, const char *path, struct mp_diag *d)
 {
     enum mp_status st;
-    const char *type = mp_json_str(root, "model_type", &st, path, "", d);
-    if (st != MP_OK)
-        return st;
-    if (!type)
-        return mp_fail(d, MP_ERR_MODEL, "%s: model_type: missing (expected one of: %s)", path,
-                       mp_hf_model_types());
+    const char *ttype = mm ? mm->text_row : type;
     struct hf c;
     memset(&c, 0, sizeof c);
     struct list_cursor lt_at = {0}, nr_at = {0};
     c.lt_at = &lt_at;
     c.nr_at = &nr_at;
     for (size_t i = 0; i < N_FAMILIES && !c.f; i++)
-        if (strcmp(type, families[i].type) == 0)
+        if (strcmp(ttype, families[i].type) == 0)
             c.f = &families[i];
     for (size_t i = 0; i < sizeof refused_types / sizeof refused_types[0] && !c.f; i++)
         if (strcmp(type, refused_types[i].type) == 0)
@@ -2211,17 +2272,27 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
                        type, mp_hf_model_types());
     if ((st = check_rope_dicts(root, path, d)) != MP_OK)
         return st;
+    if (mm && (st = check_rope_dicts(text, path, d)) != MP_OK)
+        return st;
+    c.mrope = mm && mm->mrope;
     if (!c.f->enc_dec &&
-        ((st = read_config(root, &c, path, d)) != MP_OK || (st = check_weights(root, &c, 0, path, d)) != MP_OK))
+        ((st = read_config(text, &c, path, d)) != MP_OK || (st = check_weights(text, &c, 0, path, d)) != MP_OK))
+        return st;
+    if (mm && (st = mp_hf_vision_modules(root, type, c.hidden, &m->idle, path, d)) != MP_OK)
         return st;
 
     if ((st = read_quant(root, &m->quant, path, d)) != MP_OK)
         return st;
     snprintf(m->source, sizeof m->source, "hf");
+    for (size_t i = 0; i < 2 && !m->ckpt_dtype[0]; i++) { /* the checkpoint's dtype (cli: the index check) */
+        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, i ? "dtype" : "torch_dtype");
+        if (cJSON_IsString(dt))
+            snprintf(m->ckpt_dtype, sizeof m->ckpt_dtype, "%s", dt->valuestring);
+    }
     /* decoders fill a DynamicCache when use_cache (the config classes' default: true) */
     m->kv_cache = c.causal && !c.f->vision;
     m->use_cache = m->kv_cache;
-    if ((st = mp_json_bool(root, "use_cache", &m->use_cache, path, "", d)) != MP_OK)
+    if ((st = mp_json_bool(text, "use_cache", &m->use_cache, path, "", d)) != MP_OK)
         return st;
     m->use_cache = m->use_cache && m->kv_cache;
     snprintf(m->hf_type, sizeof m->hf_type, "%s", type);
@@ -2249,4 +2320,84 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
         (st = add_head(m, &c, d)) != MP_OK)
         return st;
     return mp_model_validate(m, d);
+}
+
+/* The text config of a multimodal checkpoint, prepared for its family's row (a copy the caller
+ * deletes): text_config (or the top level, for the classes that read it there), without
+ * architectures (the text model is the class's causal LM), with the text config class's defaults
+ * of the required keys, tie_word_embeddings as the outer config decides it, and without
+ * final_logit_softcapping where the class's forward does not apply it. */
+static enum mp_status text_config_of(const cJSON *root, const struct multimodal *mm, cJSON **out, const char *path,
+                                     struct mp_diag *d)
+{
+    enum mp_status st;
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
+    if (arch && !cJSON_IsNull(arch) && (!cJSON_IsArray(arch) || (a0 && !cJSON_IsString(a0))))
+        return mp_fail(d, MP_ERR_MODEL, "%s: architectures: expected a list of class names", path);
+    if (a0 && strcmp(a0->valuestring, mm->cls))
+        return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: '%s' is not supported for %s (supported: %s, planned "
+                       "for text-only steps)", path, a0->valuestring, mm->type, mm->cls);
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (tc && !cJSON_IsNull(tc) && !cJSON_IsObject(tc))
+        return mp_fail(d, MP_ERR_MODEL, "%s: text_config: expected an object", path);
+    if ((!tc || cJSON_IsNull(tc)) && !mm->text_at_top && !mm->text_defaults)
+        return mp_fail(d, MP_ERR_MODEL, "%s: text_config: missing (%s reads the language model's sizes there)", path,
+                       mm->type);
+    const cJSON *src = cJSON_IsObject(tc) ? tc : mm->text_at_top ? root : NULL;
+    const char *tt = src && src != root ? mp_json_str(src, "model_type", &st, path, "text_config", d) : NULL;
+    if (src && src != root && st != MP_OK)
+        return st;
+    if (tt && strcmp(tt, mm->text_type))
+        return mp_fail(d, MP_ERR_MODEL, "%s: text_config.model_type: '%s' is not supported for %s (expected %s)", path,
+                       tt, mm->type, mm->text_type);
+    cJSON *t = src ? cJSON_Duplicate(src, true) : cJSON_CreateObject();
+    cJSON *defs = mm->text_defaults ? cJSON_Parse(mm->text_defaults) : NULL;
+    if (!t || (mm->text_defaults && !defs)) {
+        cJSON_Delete(t);
+        cJSON_Delete(defs);
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", path);
+    }
+    for (const cJSON *e = defs ? defs->child : NULL; e; e = e->next)
+        if (!cJSON_GetObjectItemCaseSensitive(t, e->string))
+            cJSON_AddItemToObject(t, e->string, cJSON_Duplicate(e, true));
+    cJSON_Delete(defs);
+    bool tie = mm->tie, text_tie = false;
+    if ((st = mp_json_bool(root, "tie_word_embeddings", &tie, path, "", d)) != MP_OK ||
+        (src && src != root && (st = mp_json_bool(src, "tie_word_embeddings", &text_tie, path, "text_config", d)) != MP_OK)) {
+        cJSON_Delete(t);
+        return st;
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "architectures");
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "model_type");
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "tie_word_embeddings");
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "text_config");
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "vision_config");
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "quantization_config");
+    if (mm->no_logit_softcap)
+        cJSON_DeleteItemFromObjectCaseSensitive(t, "final_logit_softcapping");
+    cJSON_AddBoolToObject(t, "tie_word_embeddings", tie || (mm->tie_or_text && text_tie));
+    *out = t;
+    return MP_OK;
+}
+
+enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d)
+{
+    enum mp_status st;
+    const char *type = mp_json_str(root, "model_type", &st, path, "", d);
+    if (st != MP_OK)
+        return st;
+    if (!type)
+        return mp_fail(d, MP_ERR_MODEL, "%s: model_type: missing (expected one of: %s)", path,
+                       mp_hf_model_types());
+    for (size_t i = 0; i < N_MULTIMODAL; i++)
+        if (!strcmp(type, multimodal[i].type)) {
+            cJSON *text = NULL;
+            if ((st = text_config_of(root, &multimodal[i], &text, path, d)) != MP_OK)
+                return st;
+            st = from_hf(m, root, text, type, &multimodal[i], path, d);
+            cJSON_Delete(text);
+            return st;
+        }
+    return from_hf(m, root, root, type, NULL, path, d);
 }

@@ -45,3 +45,21 @@ enum mp_status mp_model_read_file(struct mp_model *m, const char *path, struct m
     return st;
 }
 
+
+enum mp_status mp_checkpoint_index_total(const char *path, uint64_t *total, struct mp_diag *d)
+{
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *root = NULL;
+    enum mp_status st = mp_read_file(path, (size_t)1 << 28, "checkpoint index", &text, &len, d);
+    if (st == MP_OK && (st = mp_json_parse(text, len, path, &root, d)) == MP_OK) {
+        const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
+        if (!cJSON_IsObject(meta))
+            st = mp_fail(d, MP_ERR_MODEL, "%s: metadata: expected an object", path);
+        else
+            st = mp_json_u64(meta, "total_size", true, UINT64_C(1) << 53, total, path, "metadata.", d);
+    }
+    cJSON_Delete(root);
+    free(text);
+    return st;
+}

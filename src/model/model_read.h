@@ -17,6 +17,11 @@ bool mp_json_is_hf(const cJSON *root);
 enum mp_status mp_model_from_memplan(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d);
 enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d);
 
+/* A multimodal checkpoint's vision tower and projector (model_type gemma3, qwen2_5_vl, qwen2_vl,
+ * mistral3), from root's vision_config: their parameters and Linears (model_hf_vision.c). */
+enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden, struct mp_idle *v,
+                                    const char *path, struct mp_diag *d);
+
 /* The keys a layer of type t accepts in memplan JSON besides "type" and "name", space-separated
  * (docs/model-format.md documents each; tests/test_model_json.c holds them equal). */
 const char *mp_json_layer_keys(enum mp_layer_type t);

@@ -194,6 +194,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         ju64(m, "params", c->prog->total_params);
         ju64(m, "trainable_params", c->prog->trainable_params);
     }
+    if (c->model->idle.params) /* a multimodal checkpoint's vision tower and projector: resident, unused */
+        ju64(m, "unused_params", c->model->idle.params);
     ju64(m, "n_layers", c->model->n_blocks);
     if (c->build) {
         cJSON *cf = cJSON_AddObjectToObject(r, "config");
@@ -492,6 +494,10 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", shown(c->model->name),
             strcmp(c->model->source, "hf") == 0 ? "HF config" : "memplan JSON",
             c->prog ? count(c->prog->total_params) : "?", c->model->n_blocks);
+    if (c->model->idle.params) /* a multimodal checkpoint (model.h struct mp_idle) */
+        fprintf(out, "text-only %s params (%s) resident, unused: no .grad,\n"
+                     "          no optimizer state, no activations (image inputs are not modelled)\n",
+                count(c->model->idle.params), c->model->idle.what);
     if (c->build) {
         char sb[32], seq[48] = "", attn[48] = ""; /* seq and attention only where they apply */
         if (c->model->input == MP_INPUT_TOKENS)

@@ -1,0 +1,200 @@
+/* model_hf_vision.c — the vision tower and multimodal projector of a multimodal Hugging Face
+ * checkpoint, as a text-only step sees them (model.h struct mp_idle): their parameter count and
+ * their Linears, read from vision_config with the defaults of its transformers config class.
+ * Each kind's sizes follow its transformers 5.24 modules (the file:class named at each); the
+ * totals equal transformers' on the meta device (tests/test_model_hf.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "model_read.h"
+
+/* Elements of count Linear(in, out) [+ bias], checked. */
+struct acc {
+    uint64_t n;
+    bool ok;
+};
+
+static void acc_add(struct acc *a, uint64_t x) { a->ok = a->ok && mp_add_u64(a->n, x, &a->n); }
+
+static uint64_t prod(struct acc *a, uint64_t x, uint64_t y)
+{
+    uint64_t r = 0;
+    a->ok = a->ok && mp_mul_u64(x, y, &r);
+    return r;
+}
+
+/* A Linear(in, out), count times: its weight and bias in the total, and in the list peft sees. */
+static void linear(struct acc *a, struct mp_idle *v, const char *name, uint64_t in, uint64_t out, uint64_t count,
+                   bool bias)
+{
+    acc_add(a, prod(a, prod(a, in, out) + (bias ? out : 0), count));
+    if (v->n_linears < MP_IDLE_LINEARS_MAX)
+        v->linears[v->n_linears++] = (struct mp_idle_linear){.name = name, .in = in, .out = out, .count = count};
+}
+
+static enum mp_status pos(const cJSON *o, const char *key, uint64_t *out, const char *path, struct mp_diag *d)
+{
+    uint64_t x = *out;
+    enum mp_status st = mp_json_u64(o, key, false, MP_DIM_MAX, &x, path, "vision_config", d);
+    if (st == MP_OK && x == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.%s: expected a positive integer", path, key);
+    *out = x;
+    return st;
+}
+
+/* SigLIP (siglip/modeling_siglip.py SiglipVisionTransformer, SiglipVisionConfig defaults) and
+ * Gemma 3's projector (gemma3/modeling_gemma3.py Gemma3MultiModalProjector: the Parameter
+ * mm_input_projection_weight (vision hidden x text hidden) and an RMSNorm of the vision width). */
+static enum mp_status siglip_gemma3(const cJSON *vc, uint64_t text_hidden, struct mp_idle *v, struct acc *a,
+                                    const char *path, struct mp_diag *d)
+{
+    uint64_t D = 768, F = 3072, L = 12, C = 3, img = 224, p = 16;
+    bool head = true;
+    enum mp_status st;
+    if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
+        (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK || (st = pos(vc, "num_channels", &C, path, d)) != MP_OK ||
+        (st = pos(vc, "image_size", &img, path, d)) != MP_OK || (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
+        (st = mp_json_bool(vc, "vision_use_head", &head, path, "vision_config", d)) != MP_OK)
+        return st;
+    if (head)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.vision_use_head: true (SiglipVisionConfig's default) is not "
+                       "supported (the SigLIP pooling head is not modelled; Gemma 3 checkpoints set false)", path);
+    uint64_t side = img / p;
+    acc_add(a, prod(a, prod(a, prod(a, C, p), p), D) + D);  /* patch_embedding Conv2d with bias */
+    acc_add(a, prod(a, prod(a, side, side), D));            /* position_embedding */
+    acc_add(a, prod(a, prod(a, 4, D), L));                  /* layer_norm1, layer_norm2 */
+    linear(a, v, "q_proj", D, D, L, true);
+    linear(a, v, "k_proj", D, D, L, true);
+    linear(a, v, "v_proj", D, D, L, true);
+    linear(a, v, "out_proj", D, D, L, true);
+    linear(a, v, "fc1", D, F, L, true);
+    linear(a, v, "fc2", F, D, L, true);
+    acc_add(a, prod(a, 2, D));                              /* post_layernorm */
+    acc_add(a, prod(a, D, text_hidden) + D);                /* the projector */
+    return MP_OK;
+}
+
+/* Qwen2.5-VL (qwen2_5_vl/modeling_qwen2_5_vl.py Qwen2_5_VisionTransformerPretrainedModel,
+ * Qwen2_5_VLVisionConfig defaults): a bias-free Conv3d patch embedding, blocks of two RMSNorms,
+ * qkv and proj with biases and a gated MLP with biases, the merger (RMSNorm, two Linears of
+ * width hidden x spatial_merge_size^2). */
+static enum mp_status qwen2_5_vision(const cJSON *vc, struct mp_idle *v, struct acc *a, const char *path,
+                                    struct mp_diag *d)
+{
+    uint64_t L = 32, D = 3584, F = 3420, C = 3, p = 14, sm = 2, t = 2, O = 3584;
+    enum mp_status st;
+    if ((st = pos(vc, "depth", &L, path, d)) != MP_OK || (st = pos(vc, "hidden_size", &D, path, d)) != MP_OK ||
+        (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK || (st = pos(vc, "in_channels", &C, path, d)) != MP_OK ||
+        (st = pos(vc, "patch_size", &p, path, d)) != MP_OK || (st = pos(vc, "spatial_merge_size", &sm, path, d)) != MP_OK ||
+        (st = pos(vc, "temporal_patch_size", &t, path, d)) != MP_OK || (st = pos(vc, "out_hidden_size", &O, path, d)) != MP_OK)
+        return st;
+    uint64_t M = prod(a, D, prod(a, sm, sm));
+    acc_add(a, prod(a, prod(a, prod(a, C, t), prod(a, p, p)), D));
+    acc_add(a, prod(a, prod(a, 2, D), L));
+    linear(a, v, "attn.qkv", D, prod(a, 3, D), L, true);
+    linear(a, v, "attn.proj", D, D, L, true);
+    linear(a, v, "mlp.gate_proj", D, F, L, true);
+    linear(a, v, "mlp.up_proj", D, F, L, true);
+    linear(a, v, "mlp.down_proj", F, D, L, true);
+    acc_add(a, D);
+    linear(a, v, "merger.mlp.0", M, M, 1, true);
+    linear(a, v, "merger.mlp.2", M, O, 1, true);
+    return MP_OK;
+}
+
+/* Qwen2-VL (qwen2_vl/modeling_qwen2_vl.py Qwen2VisionTransformerPretrainedModel,
+ * Qwen2VLVisionConfig defaults): blocks of two LayerNorms, qkv and proj, fc1/fc2 of width
+ * embed_dim x mlp_ratio, all with biases; the merger's LayerNorm and two Linears to hidden_size. */
+static enum mp_status qwen2_vision(const cJSON *vc, struct mp_idle *v, struct acc *a, const char *path,
+                                   struct mp_diag *d)
+{
+    uint64_t L = 32, E = 1280, H = 3584, r = 4, C = 3, p = 14, sm = 2, t = 2;
+    enum mp_status st;
+    if ((st = pos(vc, "depth", &L, path, d)) != MP_OK || (st = pos(vc, "embed_dim", &E, path, d)) != MP_OK ||
+        (st = pos(vc, "hidden_size", &H, path, d)) != MP_OK || (st = pos(vc, "mlp_ratio", &r, path, d)) != MP_OK ||
+        (st = pos(vc, "in_channels", &C, path, d)) != MP_OK || (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
+        (st = pos(vc, "spatial_merge_size", &sm, path, d)) != MP_OK ||
+        (st = pos(vc, "temporal_patch_size", &t, path, d)) != MP_OK)
+        return st;
+    uint64_t F = prod(a, E, r), M = prod(a, E, prod(a, sm, sm));
+    acc_add(a, prod(a, prod(a, prod(a, C, t), prod(a, p, p)), E));
+    acc_add(a, prod(a, prod(a, 4, E), L));
+    linear(a, v, "attn.qkv", E, prod(a, 3, E), L, true);
+    linear(a, v, "attn.proj", E, E, L, true);
+    linear(a, v, "mlp.fc1", E, F, L, true);
+    linear(a, v, "mlp.fc2", F, E, L, true);
+    acc_add(a, prod(a, 2, E));
+    linear(a, v, "merger.mlp.0", M, M, 1, true);
+    linear(a, v, "merger.mlp.2", M, H, 1, true);
+    return MP_OK;
+}
+
+/* Pixtral (pixtral/modeling_pixtral.py PixtralVisionModel, PixtralVisionConfig defaults: a
+ * bias-free Conv2d, ln_pre, layers of two RMSNorms, bias-free q/k/v/o and gated MLP) and Mistral 3's
+ * projector (mistral3/modeling_mistral3.py Mistral3MultiModalProjector: an RMSNorm, the patch
+ * merger's Linear(hidden x spatial_merge_size^2, hidden), linear_1 and linear_2 with
+ * multimodal_projector_bias). */
+static enum mp_status pixtral_mistral3(const cJSON *root, const cJSON *vc, uint64_t text_hidden, struct mp_idle *v,
+                                       struct acc *a, const char *path, struct mp_diag *d)
+{
+    uint64_t D = 1024, F = 4096, L = 24, C = 3, p = 16, sm = 2, layers = 1;
+    bool bias = false;
+    enum mp_status st;
+    if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
+        (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK || (st = pos(vc, "num_channels", &C, path, d)) != MP_OK ||
+        (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
+        (st = mp_json_u64(root, "spatial_merge_size", false, MP_DIM_MAX, &sm, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "multimodal_projector_bias", &bias, path, "", d)) != MP_OK)
+        return st;
+    const cJSON *fl = cJSON_GetObjectItemCaseSensitive(root, "vision_feature_layer");
+    if (cJSON_IsArray(fl) && cJSON_GetArraySize(fl) > 0)
+        layers = (uint64_t)cJSON_GetArraySize(fl);
+    else if (fl && !cJSON_IsNull(fl) && !cJSON_IsNumber(fl))
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_feature_layer: expected an integer or a list of integers", path);
+    acc_add(a, prod(a, prod(a, prod(a, C, p), p), D));
+    acc_add(a, D);
+    acc_add(a, prod(a, prod(a, 2, D), L));
+    linear(a, v, "q_proj", D, D, L, false);
+    linear(a, v, "k_proj", D, D, L, false);
+    linear(a, v, "v_proj", D, D, L, false);
+    linear(a, v, "o_proj", D, D, L, false);
+    linear(a, v, "gate_proj", D, F, L, false);
+    linear(a, v, "up_proj", D, F, L, false);
+    linear(a, v, "down_proj", F, D, L, false);
+    acc_add(a, D);
+    linear(a, v, "patch_merger.merging_layer", prod(a, D, prod(a, sm, sm)), D, 1, false);
+    linear(a, v, "linear_1", prod(a, D, layers), text_hidden, 1, bias);
+    linear(a, v, "linear_2", text_hidden, text_hidden, 1, bias);
+    return MP_OK;
+}
+
+enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden, struct mp_idle *v,
+                                    const char *path, struct mp_diag *d)
+{
+    memset(v, 0, sizeof *v);
+    const cJSON *vc = cJSON_GetObjectItemCaseSensitive(root, "vision_config");
+    static const cJSON empty = {0};
+    if (vc && !cJSON_IsNull(vc) && !cJSON_IsObject(vc))
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config: expected an object", path);
+    if (!vc || cJSON_IsNull(vc))
+        vc = &empty; /* the vision config class's defaults */
+    struct acc a = {0, true};
+    enum mp_status st;
+    if (!strcmp(type, "gemma3"))
+        st = siglip_gemma3(vc, text_hidden, v, &a, path, d);
+    else if (!strcmp(type, "qwen2_5_vl"))
+        st = qwen2_5_vision(vc, v, &a, path, d);
+    else if (!strcmp(type, "qwen2_vl"))
+        st = qwen2_vision(vc, v, &a, path, d);
+    else
+        st = pixtral_mistral3(root, vc, text_hidden, v, &a, path, d);
+    if (st != MP_OK)
+        return st;
+    if (!a.ok || a.n > MP_DIM_MAX * 64)
+        return mp_fail(d, MP_ERR_RANGE, "%s: vision_config: the vision tower is too large", path);
+    v->params = a.n;
+    snprintf(v->what, sizeof v->what, "%s", !strcmp(type, "gemma3") || !strcmp(type, "mistral3")
+                                               ? "vision_tower + multi_modal_projector"
+                                               : "visual: vision tower + merger");
+    return MP_OK;
+}
