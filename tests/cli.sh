@@ -939,6 +939,26 @@ if json_check "estimate --checkpoint layers:3: every third decoder layer" ckflag
         bad "estimate --checkpoint layers:3: blocks 1, 4, ..., 22 of 26 checkpointed"
     fi
 fi
+# suggest's "would do better" lines (one GPU): a loss head or optimizer the user did not pick that
+# raises the micro-batch or the throughput; following one gives what it promised
+if [ -n "$HAVE_PY" ]; then
+    run suggest models/hf/llama-3.2-1b.json --gpu a100-40gb --no-probe --json
+    hint=$(python3 -c '
+import json, re, sys
+for a in json.load(sys.stdin)["alternatives"]:
+    m = re.match(r"--loss chunked-nll \(.*\): micro-batch (\d+) -> (\d+),", a)
+    if m and int(m.group(2)) > int(m.group(1)):
+        print(m.group(2))
+' <"$T/out")
+    run suggest models/hf/llama-3.2-1b.json --gpu a100-40gb --no-probe --json --loss chunked-nll
+    got=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["recommendation"]["micro_batch"])' <"$T/out" 2>/dev/null)
+    if [ -n "$hint" ] && [ "$hint" = "$got" ]; then
+        ok "suggest: '--loss chunked-nll' would do better (micro-batch $hint), and suggest --loss chunked-nll gives it"
+    else
+        echo "hint '$hint', suggest --loss chunked-nll micro-batch '$got'" >"$T/why"
+        bad "suggest: the --loss chunked-nll hint and what following it gives"
+    fi
+fi
 # suggest --gpus 8 evaluates every layout x precision x plan: ZeRO-3 with the optimizer on the
 # host in mixed-bf16 is the last layout searched (a 48-candidate cap once dropped it silently)
 if [ -n "$HAVE_PY" ]; then

@@ -55,7 +55,8 @@ int cmd_suggest(struct args *a)
                                 .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
                                 .device = a->device,
                                 .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF,
-                                .ckpt_fixed = a->ckpt_set, .ckpt = a->ckpt};
+                                .ckpt_fixed = a->ckpt_set, .ckpt = a->ckpt,
+                                .hints = a->emit == MP_EMIT_NONE};
     if (a->gpus_set || a->par_set) { /* data parallel: strategy given, or searched at --gpus x --nodes */
         o.par_search = !a->par_set;
         j.train.par = &s.par;

@@ -1298,6 +1298,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
                 B(b->capacity_bytes), b->headroom_pct, shown(b->fit.est.peak_event));
         fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s)\n",
                 b->samples_per_s);
+        for (size_t i = 0; i < s->n_alternatives; i++) /* variants that do better (search.c VARIANTS) */
+            fprintf(out, "  would do better    %s\n", shown(s->alternatives[i]));
         if (b->probed)
             fprintf(out, "  probe              micro-batch %llu ran in %s (peak %s, %.1f ms/step with memplan's "
                          "kernels)\n",

@@ -121,6 +121,8 @@ struct mp_suggest_opts {
     bool trainer_plans_only;      /* --emit hf: only plans a Trainer runs (none, layers, layers:N) */
     bool par_search;              /* --gpus without --parallel: try every strategy at that world */
     bool ckpt_fixed;              /* --checkpoint given: only that plan is searched */
+    bool hints;                   /* when it fits: also search the loss heads and optimizers the
+                                     user did not pick, and list those that do better */
     struct mp_ckpt_spec ckpt;
 };
 
@@ -134,7 +136,7 @@ struct mp_suggestion {
     int best;                     /* index, or -1 when nothing fits */
     bool global_met;              /* --global-batch met exactly */
     char note[256];               /* why the choice / what is unmet */
-    /* when nothing fits: what would */
+    /* when nothing fits: what would; when it fits (hints): variants that do better */
     char alternatives[8][160];
     size_t n_alternatives;
     unsigned probes;
