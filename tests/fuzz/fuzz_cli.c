@@ -42,12 +42,14 @@ int mp_cli_main(int argc, char **argv); /* src/cli/main.c's main, renamed by the
  * Measured here under the fuzz build (load 7): the optimal DP costs about blocks^3 x slots
  * (plan on gpt2 with 30 blocks at the default 500 slots 1.0 s, at 5,000 slots 7.8 s; with 16
  * blocks at 100,000 slots 26 s), and suggest evaluates about 50 such plans (a data-parallel
- * search on 9 blocks 2.2 s), more the larger --max-batch.  So: at most MAX_BLOCKS blocks,
+ * search on 9 blocks 2.2 s), more the larger --max-batch; since 2026-11-28 seven checkpoint
+ * plans where it had four (layers:2..4), and when it fits four more searches for its "would do
+ * better" hints: 50 x 7/4 x 5, about 440.  So: at most MAX_BLOCKS blocks,
  * blocks^3 x slots (x SUGGEST_FACTOR for suggest) at most MAX_WORK, and suggest searches
  * micro-batches up to SUGGEST_MAX_BATCH.  Larger values are the sweep's (tests/sweep.sh). */
 #define MAX_BLOCKS 64
 #define MAX_WORK 2e7
-#define SUGGEST_FACTOR 50
+#define SUGGEST_FACTOR 440
 #define SUGGEST_MAX_BATCH "64"
 #define DEFAULT_SLOTS 500 /* --slots' default */
 #define MAX_SLOTS 100000  /* --slots' largest: above, the CLI refuses it (fast) */
