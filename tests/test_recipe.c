@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
+#include <unistd.h> /* getpid */
 
 #include <cmocka.h>
 
@@ -220,6 +222,18 @@ static void test_torchtune_full(void **state)
     expect(FINETUNE, "full", KEY, "model._component_", 5);
 }
 
+/* A scratch recipe file NAME in $TMPDIR (or /tmp), per process: the tests run from the
+ * repository root with any BUILD directory (make test SAN=1 BUILD=build-san). */
+static const char *scratch(const char *name)
+{
+    static char path[3][256];
+    static int next;
+    const char *dir = getenv("TMPDIR");
+    char *p = path[next++ % 3];
+    snprintf(p, sizeof path[0], "%s/memplan-test-%ld-%s", dir && *dir ? dir : "/tmp", (long)getpid(), name);
+    return p;
+}
+
 /* Refusals: each names the file, the line and the key; one line. */
 static void write(const char *path, const char *text)
 {
@@ -262,7 +276,7 @@ static void test_refusals(void **state)
         {"learning_rate: 1\n", ": the recipe's format is not told", "--recipe-format"},
         {"base_model: m\nrl: dpo\n", ":2: rl: dpo:", "not modelled yet"},
     };
-    const char *path = "build/tests/recipe-case.yaml";
+    const char *path = scratch("recipe-case.yaml");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         write(path, cases[i].text);
         struct mp_diag d = {{0}};
@@ -299,7 +313,7 @@ static void test_optimizer_hf_names(void **state)
                  {"adamw_bnb_8bit", "adam8bit"},     {"paged_adamw_8bit", "paged-adam8bit"},
                  {"adafactor", "adafactor"},         {"sgd", "sgd"},
                  {"adamw_torch_4bit", "adamw4bit-ao"}, {"lion_8bit", "lion8bit"}};
-    const char *path = "build/tests/recipe-optim.yaml";
+    const char *path = scratch("recipe-optim.yaml");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char text[128];
         snprintf(text, sizeof text, "base_model: m\noptimizer: %s\n", cases[i].hf);
@@ -314,7 +328,7 @@ static void test_optimizer_hf_names(void **state)
 static void test_every_n_layers(void **state)
 {
     (void)state;
-    const char *path = "build/tests/recipe-every.yaml";
+    const char *path = scratch("recipe-every.yaml");
     write(path, "per_device_train_batch_size: 2\nactivation_checkpointing: true\n"
                 "activation_checkpointing_kwargs:\n  every_n_layers: 3\n");
     read_ok(path, -1);
