@@ -491,6 +491,9 @@ def main():
     ap.add_argument("--offload", action="store_true",
                     help="only the rows checkpointing layers, offloaded: transformers' "
                          "activation_checkpointing_enable(offload=True) (memplan --checkpoint layers[:N]+offload)")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="N > 0: the configs' vocab_size set to N, so that the loss holds no large logits "
+                         "and a block's recompute can be the peak (the row keeps the edited config)")
     ap.add_argument("--seqs", default="",
                     help="comma-separated sequence lengths replacing each row's (e.g. 1024,4096)")
     ap.add_argument("--max-layers", type=int, default=4,
@@ -518,6 +521,8 @@ def main():
         if only and raw.get("model_type") not in only and stem not in only:
             continue
         cfg = load_config(f, a.max_layers)
+        if a.vocab:
+            cfg["vocab_size"] = a.vocab
         cpath = os.path.join(tmpdir, stem + ".json")
         with open(cpath, "w") as g:
             json.dump(cfg, g)
@@ -584,7 +589,8 @@ def main():
             if a.rows_out:  # the evidence, kept as data (rowlib.py)
                 rowlib.save_rows("torch_step", [{
                     "source": "bench/accuracy/torch_step.py run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                    "config": os.path.relpath(f, rowlib.ROOT) if os.path.isabs(f) else f, "max_layers": a.max_layers,
+                    **({"config_json": cfg} if a.vocab else
+                       {"config": os.path.relpath(f, rowlib.ROOT) if os.path.isabs(f) else f, "max_layers": a.max_layers}),
                     "args": m["args"],
                     "figures": {"peak": rowlib.figure(t["peak"], m["peak"], cuda_pk),
                                 "activations": rowlib.figure(t["act_at_backward"], m["act_at_backward"]),
