@@ -10,6 +10,12 @@ optimizer state): forward with labels, backward, optimizer.step() (foreach, the 
 zero_grad(set_to_none=True).  Checkpointing is transformers' own:
 gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}).
 
+--offload: the checkpointing rows run transformers' activation_checkpointing_enable(offload=True)
+(memplan --checkpoint layers[:N]+offload), with save_on_cpu replaced by CudaSaveOnCpu: on this
+GPU-less host, fake CUDA tensors cannot run a backward (the autograd engine asks for a CUDA
+device), so the host copy and the device copy are told apart by hand, as save_on_cpu's CUDA path
+makes them (see CudaSaveOnCpu); --vocab N shrinks the vocabulary so the peak can leave the loss.
+
 Measured:
   * LiveTracker, a TorchDispatchMode: every storage an op creates is counted, rounded up to 512 B
     as CUDA's caching allocator counts memory_allocated, until a weakref finalizer sees it die.
@@ -589,7 +595,8 @@ def main():
             if a.rows_out:  # the evidence, kept as data (rowlib.py)
                 rowlib.save_rows("torch_step", [{
                     "source": "bench/accuracy/torch_step.py run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                    **({"config_json": cfg} if a.vocab else
+                    **({"config_json": cfg, "config": "%s, vocab_size %d, %s layers (config_json)" % (stem, a.vocab, nl)}
+                       if a.vocab else
                        {"config": os.path.relpath(f, rowlib.ROOT) if os.path.isabs(f) else f, "max_layers": a.max_layers}),
                     "args": m["args"],
                     "figures": {"peak": rowlib.figure(t["peak"], m["peak"], cuda_pk),
