@@ -1773,6 +1773,31 @@ run check models/hf/gpt2.json --recipe "$T/which.yaml" --recipe-format hf --gpu 
 [ "$ec" -eq 0 ] && grep -q '"format_from":.*"--recipe-format"' "$T/out" && ok "--recipe-format hf says it" ||
     bad "--recipe-format hf"
 
+# --checkpoint layers+offload (transformers' offload=True): qwen2-0.5b's 24 decoder layers' inputs
+# (batch 2 x seq 512 x hidden 896 x fp32 = 3,670,016 bytes each, rounded up to 4 MiB by the pinned
+# host allocator) in pinned host RAM; on the device, layers+offload holds all 24 fewer than layers
+# (the first one, the embeddings' output, too: the embedding's backward saves only the ids)
+expect_line 2 "--checkpoint sqrt+offload refused" estimate models/hf/qwen2-0.5b.json --checkpoint sqrt+offload
+expect_line 2 "probe --checkpoint layers+offload refused" probe models/hf/qwen2-0.5b.json --checkpoint layers+offload
+if [ -n "$HAVE_PY" ]; then
+    run estimate models/hf/qwen2-0.5b.json --batch 2 --seq 512 --checkpoint layers+offload --json
+    cp "$T/out" "$T/off.json"
+    run estimate models/hf/qwen2-0.5b.json --batch 2 --seq 512 --checkpoint layers --json
+    if python3 -c '
+import json, sys
+o, p = (json.load(open(f))["memory"] for f in sys.argv[1:])
+x = 2 * 512 * 896 * 4
+assert o["host_pinned_bytes"] == 24 * 4 * 2**20, o["host_pinned_bytes"]
+assert o["ckpt_offload_pcie_bytes"] == 2 * 24 * x, o["ckpt_offload_pcie_bytes"]
+assert "host_pinned_bytes" not in p
+assert p["activations_bytes"] - o["activations_bytes"] == 24 * x, (p["activations_bytes"], o["activations_bytes"])
+' "$T/off.json" "$T/out" 2>"$T/why"; then
+        ok "estimate --checkpoint layers+offload: pinned host RAM and the device bytes it frees"
+    else
+        bad "estimate --checkpoint layers+offload: pinned host RAM and the device bytes it frees"
+    fi
+fi
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

@@ -224,7 +224,7 @@ static void test_spec_parse_rejects(void **state)
                                 "sqrt:2",     "none ",      "optimal-segment", "segments::2", "every:0x10",
                                 "layers:",    "layers:0",   "layers:-2",  "layers:2x",  "layers2"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        struct mp_ckpt_spec s = {MP_CKPT_OPTIMAL, 77};
+        struct mp_ckpt_spec s = {.strategy = MP_CKPT_OPTIMAL, .k = 77};
         assert_int_equal(mp_ckpt_spec_parse(bad[i], &s), MP_ERR_USAGE);
         assert_int_equal(s.strategy, MP_CKPT_OPTIMAL); /* untouched */
         assert_int_equal(s.k, 77);
@@ -827,7 +827,7 @@ static void test_optimal_below_input_infeasible(void **state)
     struct mp_chain c;
     unit_chain(&c, 5, 8);
     struct mp_ckpt_plan p;
-    struct mp_ckpt_spec spec = {MP_CKPT_OPTIMAL, 0};
+    struct mp_ckpt_spec spec = {.strategy = MP_CKPT_OPTIMAL, .k = 0};
     struct mp_diag d = {{0}};
     assert_int_equal(mp_ckpt_plan_make(&c, &spec, 7, 0, &p, &d), MP_ERR_INFEASIBLE);
     assert_non_null(strstr(d.msg, "optimal"));

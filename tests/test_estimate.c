@@ -262,7 +262,7 @@ static void test_estimate_checkpoint_lowers_peak(void **state)
     assert_int_equal(mp_estimate_chain(&prog, &c, &d), MP_OK);
     struct mp_ckpt_plan p;
     mp_ckpt_plan_init(&p);
-    struct mp_ckpt_spec every = {MP_CKPT_EVERY, 1};
+    struct mp_ckpt_spec every = {.strategy = MP_CKPT_EVERY, .k = 1};
     assert_int_equal(mp_ckpt_plan_make(&c, &every, 0, 0, &p, &d), MP_OK);
     struct mp_train_opts t = {.optimizer = MP_OPT_ADAMW, .cublas_workspace_bytes = 0};
     struct mp_estimate e0, e1;
@@ -768,7 +768,7 @@ static void test_estimate_t5_encoder_output_held(void **state)
     for (int ck = 0; ck < 2; ck++) {
         struct mp_chain c;
         chain_at(&m, 2, 32, MP_PREC_AMP_BF16, &c);
-        struct mp_ckpt_spec spec = {ck ? MP_CKPT_LAYERS : MP_CKPT_NONE, 0};
+        struct mp_ckpt_spec spec = {.strategy = ck ? MP_CKPT_LAYERS : MP_CKPT_NONE, .k = 0};
         struct mp_ckpt_plan plan;
         assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
         struct mp_program prog;
@@ -796,7 +796,7 @@ static void test_estimate_rope_tables_under_checkpointing(void **state)
     load_file(&m, "models/hf/qwen2-0.5b.json");
     struct mp_chain c;
     chain_at(&m, 1, 16, MP_PREC_AMP_BF16, &c);
-    struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+    struct mp_ckpt_spec spec = {.strategy = MP_CKPT_LAYERS, .k = 0};
     struct mp_ckpt_plan plan;
     struct mp_diag d = {{0}};
     assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
@@ -1083,7 +1083,7 @@ static void test_estimate_eager_mask(void **state)
     assert_true(prog.attn_mask >= 0);
     assert_int_equal(prog.tensors[prog.attn_mask].bytes, 2 * 16 * 16 * 4);
     assert_int_equal(mp_estimate_chain(&prog, &c, &d), MP_OK);
-    struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+    struct mp_ckpt_spec spec = {.strategy = MP_CKPT_LAYERS, .k = 0};
     struct mp_ckpt_plan plan;
     assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
     struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
@@ -1234,7 +1234,7 @@ static void test_estimate_autocast_cache(void **state)
              "{\"type\":\"lm_head\",\"vocab\":64,\"dim\":64}]}");
     struct mp_chain c;
     chain_at(&m, 1, 64, MP_PREC_AMP_BF16, &c);
-    struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+    struct mp_ckpt_spec spec = {.strategy = MP_CKPT_LAYERS, .k = 0};
     struct mp_ckpt_plan plan;
     struct mp_diag d = {{0}};
     assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
@@ -1299,7 +1299,7 @@ static void test_estimate_checkpoint_layers(void **state)
     load(&m, MLP);
     struct mp_chain c;
     chain_at(&m, 1, 0, MP_PREC_FP32, &c);
-    struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+    struct mp_ckpt_spec spec = {.strategy = MP_CKPT_LAYERS, .k = 0};
     struct mp_ckpt_plan p;
     struct mp_diag d = {{0}};
     assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &p, &d), MP_ERR_USAGE);
@@ -1307,6 +1307,63 @@ static void test_estimate_checkpoint_layers(void **state)
     mp_ckpt_plan_release(&p);
     mp_chain_release(&c);
     mp_model_release(&m);
+}
+
+/* --checkpoint layers+offload (transformers 5.24 activation_checkpointing_enable(offload=True)):
+ * each checkpointed block's input x_i goes to pinned host memory when its forward ends, so the
+ * activations live when backward starts are those of plain layers[:N] less the checkpointed
+ * inputs that nothing else holds.  Hand figures: the blocks' outputs are 1536 bytes (x_1 =
+ * embed's, x_2, x_3 = h.0's, h.1's) and a custom layer saves its output (lower_layer.c
+ * lower_custom).  layers wraps h.0-h.2 (inputs x_1, x_2, x_3): x_1 stays on the device, saved
+ * by embed (not checkpointed; its host copy is made all the same), x_2 and x_3 are freed (what
+ * checkpointed h.0 and h.1 save is dropped).  layers:2 wraps h.0 and h.2 (x_1, x_3): x_1 is saved
+ * by embed and x_3 by h.1 (not checkpointed), so the device keeps both.
+ * Pinned: each 1536-byte copy rounded up to 2048 by the host caching allocator (power of two);
+ * PCIe: 1536 bytes twice (to the host in the forward, back at the recompute) per input. */
+static void test_estimate_checkpoint_offload(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"name\":\"c\",\"input\":{\"bytes_per_sample\":512},\"layers\":["
+             "{\"block\":\"embed\",\"layers\":[{\"type\":\"custom\",\"output_bytes\":1536,\"saved_bytes\":4096,"
+             "\"fwd_flops\":1}]},"
+             "{\"repeat\":3,\"name\":\"h\",\"layers\":[{\"type\":\"custom\",\"output_bytes\":1536,"
+             "\"saved_bytes\":8192,\"fwd_flops\":1}]},"
+             "{\"block\":\"head\",\"layers\":[{\"type\":\"custom\",\"output_bytes\":512,\"saved_bytes\":2048,"
+             "\"fwd_flops\":1}]}]}");
+    const char *specs[] = {"layers", "layers+offload", "layers:2", "layers:2+offload"};
+    const uint64_t n_in[] = {0, 3, 0, 2}; /* checkpointed inputs offloaded */
+    uint64_t act[4];
+    for (int k = 0; k < 4; k++) {
+        struct mp_chain c;
+        chain_at(&m, 1, 0, MP_PREC_FP32, &c);
+        struct mp_ckpt_spec spec;
+        assert_int_equal(mp_ckpt_spec_parse(specs[k], &spec), MP_OK);
+        char buf[32];
+        assert_string_equal(mp_ckpt_spec_str(&spec, buf, sizeof buf), specs[k]);
+        struct mp_ckpt_plan p;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &p, &d), MP_OK);
+        struct mp_estimate e;
+        run(&m, 1, 0, MP_PREC_FP32, MP_OPT_SGD, &p.sched, &e);
+        act[k] = e.activations_bytes;
+        assert_int_equal(e.host_pinned_bytes, n_in[k] * 2048);
+        assert_int_equal(e.ckpt_offload_bytes, n_in[k] * 1536);
+        assert_true(e.pcie_bytes == (double)(2 * n_in[k] * 1536));
+        mp_estimate_release(&e);
+        mp_ckpt_plan_release(&p);
+        mp_chain_release(&c);
+    }
+    assert_int_equal(act[1], act[0] - 2 * 1536);
+    assert_int_equal(act[3], act[2]);
+    mp_model_release(&m);
+    /* +offload only after layers / layers:N */
+    const char *bad[] = {"sqrt+offload", "every:2+offload", "layers+", "layers+offloadx", "+offload",
+                         "layers:0+offload", "layers+offload+offload"};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        struct mp_ckpt_spec spec;
+        assert_int_equal(mp_ckpt_spec_parse(bad[k], &spec), MP_ERR_USAGE);
+    }
 }
 
 /* Node `node`'s backward: the live bytes (512-rounded) just before it, their maximum during it,
@@ -1382,7 +1439,7 @@ static void test_estimate_recomputed_saved_die_before_engine_cast(void **state)
         struct mp_diag d = {{0}};
         if (ck) {
             chain_at(&m, 1, 64, MP_PREC_BF16, &c);
-            struct mp_ckpt_spec spec = {MP_CKPT_LAYERS, 0};
+            struct mp_ckpt_spec spec = {.strategy = MP_CKPT_LAYERS, .k = 0};
             assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &plan, &d), MP_OK);
         }
         struct mp_train_opts t = {.optimizer = MP_OPT_SGD, .cublas_workspace_bytes = 0};
@@ -1507,12 +1564,12 @@ static void test_estimate_custom_chain_reproduces_literature(void **state)
     struct mp_diag d = {{0}};
     struct mp_ckpt_plan p;
     mp_ckpt_plan_init(&p);
-    struct mp_ckpt_spec seg = {MP_CKPT_SEGMENTS, 10};
+    struct mp_ckpt_spec seg = {.strategy = MP_CKPT_SEGMENTS, .k = 10};
     assert_int_equal(mp_ckpt_plan_make(&c, &seg, 0, 0, &p, &d), MP_OK);
     assert_int_equal(p.peak_bytes, 22);
     assert_true(p.total_cost == 290.0);
     mp_ckpt_plan_release(&p);
-    struct mp_ckpt_spec opt = {MP_CKPT_OPTIMAL, 0};
+    struct mp_ckpt_spec opt = {.strategy = MP_CKPT_OPTIMAL, .k = 0};
     mp_ckpt_plan_init(&p);
     assert_int_equal(mp_ckpt_plan_make(&c, &opt, 20, 0, &p, &d), MP_OK);
     assert_true(p.total_cost == 290.0);
@@ -1549,6 +1606,7 @@ int main(void)
         cmocka_unit_test(test_estimate_orderings),
         cmocka_unit_test(test_estimate_checkpoint_lowers_peak),
         cmocka_unit_test(test_estimate_checkpoint_layers),
+        cmocka_unit_test(test_estimate_checkpoint_offload),
         cmocka_unit_test(test_estimate_autocast_cache),
         cmocka_unit_test(test_estimate_gelu_new_autocast),
         cmocka_unit_test(test_estimate_gelu_new_backward),

@@ -91,8 +91,8 @@ static size_t compare_model(void **state, const struct mp_model *m, const char *
                             const struct mp_parallel *par)
 {
     static const struct mp_ckpt_spec plans[] = {
-        {MP_CKPT_NONE, 0},  {MP_CKPT_SQRT, 0},  {MP_CKPT_LAYERS, 0},  {MP_CKPT_EVERY, 3},
-        {MP_CKPT_SEGMENTS, 4}, {MP_CKPT_OPTIMAL, 0}, {MP_CKPT_OPTIMAL_SEGMENTS, 0},
+        {.strategy = MP_CKPT_NONE, .k = 0},  {.strategy = MP_CKPT_SQRT, .k = 0},  {.strategy = MP_CKPT_LAYERS, .k = 0},  {.strategy = MP_CKPT_EVERY, .k = 3},
+        {.strategy = MP_CKPT_SEGMENTS, .k = 4}, {.strategy = MP_CKPT_OPTIMAL, .k = 0}, {.strategy = MP_CKPT_OPTIMAL_SEGMENTS, .k = 0},
     };
     static const enum mp_precision precs[] = {MP_PREC_AMP_BF16, MP_PREC_FP32};
     static const uint64_t batches[] = {1, 3, 64};
@@ -212,7 +212,7 @@ static void test_fold_estimate_equals_its_replay(void **state)
     } cases[] = {{"models/tiny-test.json", 600, 8}, {"models/tiny-test.json", 3000, 8},
                  {"models/hf/llama-2-7b.json", 1200, 64}};
     static const struct mp_ckpt_spec plans[] = {
-        {MP_CKPT_NONE, 0}, {MP_CKPT_SQRT, 0}, {MP_CKPT_EVERY, 3}, {MP_CKPT_OPTIMAL, 0},
+        {.strategy = MP_CKPT_NONE, .k = 0}, {.strategy = MP_CKPT_SQRT, .k = 0}, {.strategy = MP_CKPT_EVERY, .k = 3}, {.strategy = MP_CKPT_OPTIMAL, .k = 0},
     };
     size_t folded = 0, whole = 0;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -499,7 +499,7 @@ static void test_fold_nested_equals_its_replay(void **state)
         const char *what = k == 0 ? "gpt2-124m +1000" : k == 1 ? "gemma-3-1b x1200" : "smollm3-3b x1200";
         struct mp_job j = job_for(&m, "t4");
         j.train.skip_reserved = true;
-        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
+        j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_SQRT, .k = 0};
         j.fold = 1;
         struct mp_fit fit;
         struct mp_diag d = {{0}};
@@ -546,9 +546,9 @@ static void test_long_model_optimal_never_worse_than_sqrt(void **state)
     struct mp_diag d = {{0}};
     for (uint64_t b = 5917; b <= 5918; b++) {
         j.build.batch = b;
-        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
+        j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_SQRT, .k = 0};
         assert_int_equal(mp_fit_eval(&j, &fs, &d), MP_OK);
-        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+        j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_OPTIMAL, .k = 0};
         assert_int_equal(mp_fit_eval(&j, &fo, &d), MP_OK);
         if (b == 5917)
             assert_true(fs.fits); /* (the batch suggest found for sqrt) */

@@ -258,8 +258,8 @@ static void test_refusals(void **state)
         {"per_device_train_batch_size: 2\ndeepspeed: ds.json\n", ":2: deepspeed: ds.json:", "--parallel"},
         {"per_device_train_batch_size: 2\nuse_liger_kernel: true\n", ":2: use_liger_kernel: true:", "RMSNorm"},
         {"per_device_train_batch_size: 2\ngradient_checkpointing: true\ngradient_checkpointing_kwargs:\n"
-         "  offload: true\n",
-         ":4: gradient_checkpointing_kwargs.offload: true:", "offloading checkpoints"},
+         "  offload: maybe\n",
+         ":4: gradient_checkpointing_kwargs.offload: maybe:", "expected true or false"},
         {"model_name_or_path: m\nuse_peft: true\nload_in_4bit: true\nloss_type: nll\n",
          ": use_bnb_nested_quant (the trainer's default): false:", "double-quantized"},
         {"model_name_or_path: m\nload_in_4bit: true\n", ":2: load_in_4bit", "cannot be fully fine-tuned"},
@@ -335,6 +335,19 @@ static void test_every_n_layers(void **state)
     expect(CHECKPOINT, "layers:3", KEY, "activation_checkpointing_kwargs.every_n_layers", 4);
     write(path, "per_device_train_batch_size: 2\ngradient_checkpointing: true\n"
                 "gradient_checkpointing_kwargs:\n  every_n_layers: 1\n");
+    read_ok(path, -1);
+    expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 2);
+    /* offload (trainer.py:1509 pops it): --checkpoint layers[:N]+offload */
+    write(path, "per_device_train_batch_size: 2\ngradient_checkpointing: true\n"
+                "gradient_checkpointing_kwargs:\n  offload: true\n");
+    read_ok(path, -1);
+    expect(CHECKPOINT, "layers+offload", KEY, "gradient_checkpointing_kwargs.offload", 4);
+    write(path, "per_device_train_batch_size: 2\nactivation_checkpointing: true\n"
+                "activation_checkpointing_kwargs:\n  every_n_layers: 2\n  offload: true\n");
+    read_ok(path, -1);
+    expect(CHECKPOINT, "layers:2+offload", KEY, "activation_checkpointing_kwargs.offload", 5);
+    write(path, "per_device_train_batch_size: 2\ngradient_checkpointing: true\n"
+                "gradient_checkpointing_kwargs:\n  offload: false\n");
     read_ok(path, -1);
     expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 2);
     remove(path);

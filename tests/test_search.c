@@ -53,7 +53,7 @@ static void test_search_max_batch_is_the_boundary(void **state)
     struct mp_model m;
     load_file(&m, "models/gpt2-124m.json");
     struct mp_job j = job_for(&m, "a100-40gb");
-    const struct mp_ckpt_spec specs[] = {{MP_CKPT_NONE, 0}, {MP_CKPT_SQRT, 0}, {MP_CKPT_EVERY, 1}};
+    const struct mp_ckpt_spec specs[] = {{.strategy = MP_CKPT_NONE, .k = 0}, {.strategy = MP_CKPT_SQRT, .k = 0}, {.strategy = MP_CKPT_EVERY, .k = 1}};
     for (size_t k = 0; k < 3; k++) {
         j.ckpt = specs[k];
         unsigned evals;
@@ -74,7 +74,7 @@ static void test_search_fixed_plans_give_the_largest_batch(void **state)
 {
     (void)state;
     const char *models[] = {"models/gpt2-124m.json", "models/hf/bert-base-uncased.json"};
-    const struct mp_ckpt_spec specs[] = {{MP_CKPT_NONE, 0}, {MP_CKPT_SQRT, 0}, {MP_CKPT_LAYERS, 0}};
+    const struct mp_ckpt_spec specs[] = {{.strategy = MP_CKPT_NONE, .k = 0}, {.strategy = MP_CKPT_SQRT, .k = 0}, {.strategy = MP_CKPT_LAYERS, .k = 0}};
     for (size_t mi = 0; mi < 2; mi++) {
         struct mp_model m;
         load_file(&m, models[mi]);
@@ -103,7 +103,7 @@ static void test_search_optimal_plan_fits_every_smaller_batch(void **state)
         struct mp_model m;
         load_file(&m, models[mi]);
         struct mp_job j = job_for(&m, "t4");
-        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+        j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_OPTIMAL, .k = 0};
         unsigned evals;
         uint64_t best = search(&j, &evals);
         assert_true(best >= 2);
@@ -147,7 +147,7 @@ static void test_search_optimal_budget_rounds_converge(void **state)
     struct mp_job j = job_for(&m, "a100-40gb");
     j.build.ft.mode = MP_FT_LORA;
     j.build.precision = MP_PREC_BF16;
-    j.ckpt = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+    j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_OPTIMAL, .k = 0};
     bool seen_fail = false;
     for (uint64_t b = 1; b <= 16; b++) {
         bool ok = fits(&j, b);

@@ -85,6 +85,7 @@ def cuda_only_bytes(cfg, b, s, prec, attn, ck, tgt=0):
       a plain F.softmax on bf16 scores (BERT, RoBERTa, DistilBERT eager attention: no mask) runs
       in fp32 on CUDA: fp32 probabilities (4 b a s^2) and their bf16 cast (2 b a s^2) instead of
       bf16 probabilities: +4 b a s^2 (GPT-2's scores are fp32 on both: + its fp32 causal mask)."""
+    ck = ck.split("+")[0]  # layers[:N]+offload: the same layers keep their activations
     if prec != "amp-bf16" or not (ck == "none" or ck.startswith("layers:")):
         return 0, ""
     if cfg.get("model_type") in T5_TYPES:
@@ -145,6 +146,7 @@ FIGURES = {
     "trainable_params": lambda d: d["model"]["trainable_params"],
     "params": lambda d: d["model"]["params"],
     "optimizer_state": lambda d: _memory(d)["optimizer_bytes"],  # optim_states.py's (state bytes)
+    "host_pinned": lambda d: _memory(d).get("host_pinned_bytes", 0),  # torch_step.py --offload
 }
 
 

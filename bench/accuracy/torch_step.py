@@ -10,6 +10,12 @@ optimizer state): forward with labels, backward, optimizer.step() (foreach, the 
 zero_grad(set_to_none=True).  Checkpointing is transformers' own:
 gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}).
 
+--offload: the checkpointing rows run transformers' activation_checkpointing_enable(offload=True)
+(memplan --checkpoint layers[:N]+offload), with save_on_cpu replaced by CudaSaveOnCpu: on this
+GPU-less host, fake CUDA tensors cannot run a backward (the autograd engine asks for a CUDA
+device), so the host copy and the device copy are told apart by hand, as save_on_cpu's CUDA path
+makes them (see CudaSaveOnCpu); --vocab N shrinks the vocabulary so the peak can leave the loss.
+
 Measured:
   * LiveTracker, a TorchDispatchMode: every storage an op creates is counted, rounded up to 512 B
     as CUDA's caching allocator counts memory_allocated, until a weakref finalizer sees it die.
@@ -258,10 +264,47 @@ def fake_model(config_dict, precision, attention, fake):
     return model
 
 
+def _pow2(n):
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class CudaSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
+    """torch.autograd.graph.save_on_cpu(pin_memory=True) as it runs on a CUDA device (torch 2.15
+    autograd/graph.py:440-458), on this GPU-less host where host and device are the same memory.
+    pack: an empty host tensor of the same size and dtype and a copy_ into it (graph.py:447-454):
+    the copy is taken off the LiveTracker (it is not device memory) and counted in tr.host_packed,
+    rounded up to a power of two as the pinned host caching allocator does (include/ATen/core/
+    CachingHostAllocator.h:343-352).  unpack: `.to(device)` (graph.py:456-458) makes a new device
+    tensor on CUDA, where on the CPU it would return the host tensor itself: a clone, counted."""
+
+    def __init__(self, tr):
+        def pack(t):
+            p = torch.empty(t.size(), dtype=t.dtype, layout=t.layout)
+            p.copy_(t)
+            tr.forget(p)
+            tr.host_packed += _pow2(p.untyped_storage().nbytes())
+            tr.host_packs += 1
+            return p
+
+        def unpack(p):
+            return p.clone()
+        super().__init__(pack, unpack)
+
+
 def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=2, on_backward=None,
                 saved=None, use_cache=False, target_seq=0):
     """Runs `steps` training steps inside tr (a LiveTracker, already entered with the fake mode).
     Returns a dict of what step `steps` measured."""
+    offload = ckpt.endswith("+offload")
+    if offload:  # transformers' own offload=True path, with save_on_cpu as CUDA runs it
+        ckpt = ckpt[:-len("+offload")]
+        import transformers.modeling_utils as mu
+        mu.save_on_cpu = lambda pin_memory=False, device_type="cuda": CudaSaveOnCpu(tr)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
+                                              every_n_layers=int(ckpt[7:]) if ckpt.startswith("layers:") else 1,
+                                              offload=True)
+        ckpt = "offloaded"
+    tr.host_packed = tr.host_packs = 0
     if ckpt == "layers":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     elif ckpt.startswith("layers:"):  # transformers >= 5.24: every N-th decoder layer, the first included
@@ -300,6 +343,7 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
                     tr.forget(st["step"])
             gc.collect()
             res["static"] = tr.cur
+            tr.host_packed = tr.host_packs = 0
             tr.phase = "step-start"
             tr.reset_peak()
         tr.phase = "forward"
@@ -331,6 +375,8 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
         gc.collect()
     res["peak"] = tr.peak
     res["peak_at"] = tr.peak_at
+    res["host_pinned"] = tr.host_packed  # what the last step's forward packed to the host
+    res["host_packs"] = tr.host_packs
     return res
 
 
@@ -380,6 +426,7 @@ def measure_memplan(memplan, cfg_path, batch, seq, precision, attention, ckpt, o
             "act_at_backward": m["activations_bytes"],
             "saved": sum(l["activation_bytes"] for l in d["layers"]),
             "static": m["weights_bytes"] + m["optimizer_bytes"] + m["input_bytes"],
+            "host_pinned": m.get("host_pinned_bytes", 0),
             "cmd": " ".join(cmd), "args": cmd[3:]}
 
 
@@ -447,6 +494,14 @@ def main():
     ap.add_argument("--every-n-layers", type=int, default=0,
                     help="N > 1: the rows checkpointing layers checkpoint every N-th layer instead "
                          "(transformers' every_n_layers; memplan --checkpoint layers:N)")
+    ap.add_argument("--offload", action="store_true",
+                    help="only the rows checkpointing layers, offloaded: transformers' "
+                         "activation_checkpointing_enable(offload=True) (memplan --checkpoint layers[:N]+offload)")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="N > 0: the configs' vocab_size set to N, so that the loss holds no large logits "
+                         "and a block's recompute can be the peak (the row keeps the edited config)")
+    ap.add_argument("--seqs", default="",
+                    help="comma-separated sequence lengths replacing each row's (e.g. 1024,4096)")
     ap.add_argument("--max-layers", type=int, default=4,
                     help="cap the decoder layers (0: as in the config; default 4)")
     a = ap.parse_args()
@@ -472,6 +527,8 @@ def main():
         if only and raw.get("model_type") not in only and stem not in only:
             continue
         cfg = load_config(f, a.max_layers)
+        if a.vocab:
+            cfg["vocab_size"] = a.vocab
         cpath = os.path.join(tmpdir, stem + ".json")
         with open(cpath, "w") as g:
             json.dump(cfg, g)
@@ -491,6 +548,11 @@ def main():
             rows = [r for r in rows if r[3] == a.attention]
         if a.every_n_layers > 1:
             rows = [(b, s, p, a_, "layers:%d" % a.every_n_layers, o) for (b, s, p, a_, c, o) in rows if c == "layers"]
+        if a.offload:
+            rows = [(b, s, p, a_, c + "+offload", o) for (b, s, p, a_, c, o) in rows if c.startswith("layers")]
+        if a.seqs:
+            rows = list(dict.fromkeys((b, int(q), p, a_, c, o) for (b, s, p, a_, c, o) in rows
+                                      for q in a.seqs.split(",")))
         if "image_size" in cfg:  # ViT: the sequence is the image's patches + 1 (--seq does not apply)
             im, pt = cfg.get("image_size", 224), cfg.get("patch_size", 16)
             seq = (im // pt) ** 2 + 1
@@ -533,10 +595,14 @@ def main():
             if a.rows_out:  # the evidence, kept as data (rowlib.py)
                 rowlib.save_rows("torch_step", [{
                     "source": "bench/accuracy/torch_step.py run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                    "config": os.path.relpath(f, rowlib.ROOT) if os.path.isabs(f) else f, "max_layers": a.max_layers,
+                    **({"config_json": cfg, "config": "%s, vocab_size %d, %s layers (config_json)" % (stem, a.vocab, nl)}
+                       if a.vocab else
+                       {"config": os.path.relpath(f, rowlib.ROOT) if os.path.isabs(f) else f, "max_layers": a.max_layers}),
                     "args": m["args"],
                     "figures": {"peak": rowlib.figure(t["peak"], m["peak"], cuda_pk),
-                                "activations": rowlib.figure(t["act_at_backward"], m["act_at_backward"])},
+                                "activations": rowlib.figure(t["act_at_backward"], m["act_at_backward"]),
+                                **({"host_pinned": rowlib.figure(t["host_pinned"], m["host_pinned"])}
+                                   if t["host_pinned"] else {})},
                     "recorded": {"peak": m["peak"], "activations": m["act_at_backward"], "torch_peak_at": t["peak_at"]},
                     "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__),
                 }], a.rows_out)

@@ -63,6 +63,7 @@ void mp_schedule_init(struct mp_schedule *s)
     s->n = 0;
     s->cap = 0;
     s->ops = NULL;
+    s->offload = false;
 }
 
 void mp_schedule_release(struct mp_schedule *s)
@@ -120,9 +121,24 @@ static enum mp_status parse_k(const char *s, uint64_t *k)
 
 enum mp_status mp_ckpt_spec_parse(const char *s, struct mp_ckpt_spec *out)
 {
-    struct mp_ckpt_spec r = {MP_CKPT_NONE, 0};
+    struct mp_ckpt_spec r = {.strategy = MP_CKPT_NONE, .k = 0};
     if (!s || !out)
         return MP_ERR_USAGE;
+    /* "+offload": only after "layers" / "layers:N", HF's offload=True (it wraps the checkpoint
+     * of each GradientCheckpointingLayer in save_on_cpu) */
+    const char *plus = strchr(s, '+');
+    char head[32];
+    if (plus) {
+        if (strcmp(plus, "+offload") != 0 || (size_t)(plus - s) >= sizeof head)
+            return MP_ERR_USAGE;
+        memcpy(head, s, (size_t)(plus - s));
+        head[plus - s] = '\0';
+        if (mp_ckpt_spec_parse(head, &r) != MP_OK || r.strategy != MP_CKPT_LAYERS)
+            return MP_ERR_USAGE;
+        r.offload = true;
+        *out = r;
+        return MP_OK;
+    }
     if (strcmp(s, "none") == 0)
         r.strategy = MP_CKPT_NONE;
     else if (strcmp(s, "sqrt") == 0)
@@ -171,9 +187,9 @@ const char *mp_ckpt_spec_str(const struct mp_ckpt_spec *s, char *buf, size_t len
         break;
     case MP_CKPT_LAYERS:
         if (s->k > 1)
-            snprintf(buf, len, "layers:%llu", (unsigned long long)s->k);
+            snprintf(buf, len, "layers:%llu%s", (unsigned long long)s->k, s->offload ? "+offload" : "");
         else
-            snprintf(buf, len, "layers");
+            snprintf(buf, len, "layers%s", s->offload ? "+offload" : "");
         break;
     case MP_CKPT_OPTIMAL:
         snprintf(buf, len, "optimal");
@@ -1635,6 +1651,7 @@ enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_
         st = schedule_layers(c, spec->k, &p->sched, d);
         if (st != MP_OK)
             goto fail;
+        p->sched.offload = spec->offload;
         break;
     case MP_CKPT_OPTIMAL:
     case MP_CKPT_OPTIMAL_SEGMENTS: {
@@ -1710,7 +1727,7 @@ void mp_ckpt_compare(const struct mp_chain *c, uint64_t limit_bytes, size_t slot
     memset(cmp, 0, sizeof *cmp);
     struct mp_diag d;
     struct mp_ckpt_plan p;
-    struct mp_ckpt_spec sq = {MP_CKPT_SQRT, 0};
+    struct mp_ckpt_spec sq = {.strategy = MP_CKPT_SQRT, .k = 0};
     if (mp_ckpt_plan_make(c, &sq, 0, slots, &p, &d) == MP_OK) {
         cmp->have_sqrt = true;
         cmp->sqrt_peak = p.peak_bytes;
@@ -1720,7 +1737,7 @@ void mp_ckpt_compare(const struct mp_chain *c, uint64_t limit_bytes, size_t slot
     const uint64_t all = c->L <= 1000 ? c->L : 32; /* every K, or 1..32 then steps of about 6% */
     cmp->seg_sampled = c->L > all;
     for (uint64_t k = 1; k <= c->L; k += k < all ? 1 : 1 + k / 16) {
-        struct mp_ckpt_spec sg = {MP_CKPT_SEGMENTS, k};
+        struct mp_ckpt_spec sg = {.strategy = MP_CKPT_SEGMENTS, .k = k};
         mp_progress("planning: comparing with segments:%llu of %zu blocks", (unsigned long long)k, c->L);
         if (mp_ckpt_plan_make(c, &sg, 0, slots, &p, &d) == MP_OK && p.peak_bytes <= limit_bytes &&
             (!cmp->have_seg || p.recompute_cost < cmp->seg_recompute)) {

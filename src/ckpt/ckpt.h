@@ -44,9 +44,12 @@ enum mp_ckpt_strategy {
 struct mp_ckpt_spec {
     enum mp_ckpt_strategy strategy;
     uint64_t k; /* SEGMENTS / EVERY; LAYERS: every_n_layers (0 and 1: every layer) */
+    bool offload; /* LAYERS only ("+offload"): the checkpointed layers' inputs wait in pinned host
+                     memory (transformers' activation_checkpointing_enable(offload=True)) */
 };
 
-/* "none", "sqrt", "segments:K", "every:K", "layers", "layers:N", "optimal", "optimal-segments". */
+/* "none", "sqrt", "segments:K", "every:K", "layers", "layers:N", "optimal", "optimal-segments";
+ * "layers" and "layers:N" take a "+offload" suffix. */
 enum mp_status mp_ckpt_spec_parse(const char *s, struct mp_ckpt_spec *out);
 /* Inverse of parse, e.g. "segments:4". */
 const char *mp_ckpt_spec_str(const struct mp_ckpt_spec *s, char *buf, size_t len);
@@ -67,6 +70,8 @@ struct mp_sched_op {
 struct mp_schedule {
     size_t n, cap;
     struct mp_sched_op *ops;
+    bool offload; /* each Fc's input x_i waits in pinned host memory until B_i's recompute
+                     (mp_ckpt_spec.offload; the replay's offload_input) */
 };
 
 void mp_schedule_init(struct mp_schedule *s);

@@ -35,6 +35,11 @@ int cmd_probe(struct args *a)
     po.capacity_bytes = a->capacity;
     po.progress = isatty(2); /* stderr, on a terminal: a host step can take seconds */
     po.trace = a->timeline != NULL;
+    if (a->ckpt.offload) { /* its executor keeps every checkpoint on the device */
+        rc = cli_usage_error("probe", "%s", "--checkpoint ...+offload: probe does not run offloaded checkpoints; "
+                                            "use 'memplan estimate'");
+        goto out;
+    }
     bool autohost = !strcmp(a->backend, "auto") && !mp_cuda_device_available();
     if ((autohost || !strcmp(a->backend, "host")) &&
         (st = mp_probe_host_admit(&prog, &s.train, a->capacity, autohost, &d)) != MP_OK)

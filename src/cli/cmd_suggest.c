@@ -46,11 +46,16 @@ int cmd_suggest(struct args *a)
     int rc = cli_setup(a, &s, true, &d);
     if (rc)
         return rc;
+    bool probing = !a->no_probe && (!strcmp(a->backend, "host") || !strcmp(a->backend, "cuda") ||
+                                    mp_cuda_device_available());
+    if (probing && a->ckpt.offload) { /* the probe's executor keeps checkpoints on the device */
+        mp_model_release(&s.model);
+        return cli_usage_error("suggest", "%s", "--checkpoint ...+offload: probes do not offload; add --no-probe");
+    }
     struct mp_job j = cli_job_of(&s, a);
     struct mp_suggest_opts o = {.precision_fixed = a->precision_set, .precision = (enum mp_precision)a->precision,
                                 .global_batch = a->global_batch, .max_batch = a->max_batch,
-                                .probe = !a->no_probe && (!strcmp(a->backend, "host") || !strcmp(a->backend, "cuda") ||
-                                                          mp_cuda_device_available()),
+                                .probe = probing,
                                 .probe_backend = !strcmp(a->backend, "host") ? "host" : "cuda",
                                 .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
                                 .device = a->device,

@@ -108,9 +108,10 @@ static const struct opt OPTS[] = {
     {'o', "optimizer", "O", C_ALL, K_ENUM, FIELD(optimizer), .parse = mp_optimizer_parse,
      .names = optimizer_names, .help = " (default adamw)"},
     {'c', "checkpoint", "C", C_TRAIN | C_SUGG, K_CALLBACK, FIELD(ckpt), SEEN(ckpt_set), .cb = cb_checkpoint,
-     .expect = "none, sqrt, segments:K, every:K, layers, layers:N, optimal or optimal-segments",
+     .expect = "none, sqrt, segments:K, every:K, layers[+offload], layers:N[+offload], optimal or "
+               "optimal-segments",
      .help = "none (default; plan: optimal; suggest: searched) | sqrt | segments:K | every:K | layers | "
-             "layers:N | optimal[-segments]"},
+             "layers:N | optimal[-segments]; +offload after layers[:N]: their inputs wait in pinned host RAM"},
     {0, "finetune", "F", C_ALL, K_ENUM, FIELD(ft.mode), .parse = mp_ft_mode_parse, .names = mp_ft_mode_names,
      .help = ": what trains (default full)"},
     {0, "lora-r", "R", C_ALL, INT(1, 65536), FIELD(ft.r), SEEN(lora_set), .help = "LoRA rank (default 16)"},

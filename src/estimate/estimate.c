@@ -291,6 +291,14 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     e->peak_requested_bytes = c.peak_req;
     e->peak_reserved_bytes = mp_max_u64(c.as.peak_reserved, c.peak);
     e->activations_bytes = c.act_at_loss;
+    /* --checkpoint layers+offload: pinned host RAM, and its two PCIe copies (device to host in the
+     * forward, back at the recompute) in the step's PCIe bytes (search.c prices them) */
+    uint64_t copied = 0;
+    e->host_pinned_bytes = replay_pinned_bytes(p, sched, &copied);
+    if (e->host_pinned_bytes == UINT64_MAX)
+        return mp_fail(d, MP_ERR_RANGE, "offloaded checkpoint inputs exceed 64 bits");
+    e->ckpt_offload_bytes = copied;
+    e->pcie_bytes += 2.0 * (double)copied;
     /* What the GPU must have: the allocated peak plus the context.  Reserved can be
      * higher (cached blocks of other sizes), but on a failed cudaMalloc the caching
      * allocator frees its cached blocks and retries, so the cache does not decide

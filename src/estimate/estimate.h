@@ -123,6 +123,9 @@ struct mp_estimate {
     uint64_t world;
     uint64_t buffers_bytes;          /* persistent communication buffers (DDP buckets, DeepSpeed buckets) */
     uint64_t host_bytes, nvme_bytes; /* offload: host RAM and NVMe space per rank */
+    uint64_t host_pinned_bytes;      /* --checkpoint layers+offload: pinned host RAM of the
+                                      * checkpointed inputs (their PCIe copies are in pcie_bytes) */
+    uint64_t ckpt_offload_bytes;     /* the same unrounded: each crosses PCIe twice (in pcie_bytes) */
     double allgather_bytes, reducescatter_bytes, allreduce_bytes, pcie_bytes, host_step_elems;
     double comm_s, exposed_comm_s, offload_s; /* filled by the fit (search.c): seconds per step */
     size_t n_groups;

@@ -64,6 +64,50 @@ static bool packs_before_run(const struct mp_node *n)
 
 static void bwd_node(struct rp *r, size_t i, size_t k);
 
+/* Offloaded checkpointing (--checkpoint layers+offload): transformers 5.24 modeling_utils.py
+ * :3160-3166 runs each layer's checkpoint inside torch.autograd.graph.save_on_cpu(pin_memory=True).
+ * The checkpoint's positional inputs are SavedTensors made before its own hooks are pushed (torch
+ * 2.15 utils/checkpoint.py:2040 save_inputs, then :2044 _checkpoint_hook), so save_on_cpu packs
+ * them: a pinned host tensor and a copy (autograd/graph.py:447-454).  GradientCheckpointingLayer
+ * passes only the hidden states positionally; the other arguments are bound in a partial
+ * (modeling_layers.py:123) and stay on the device as today.  So the device copy of x_i dies when
+ * its Fc ends (out), and the recompute's first unpack copies it back (graph.py:456-458:
+ * .to(device)) into unpack_hook's local args (checkpoint.py:1362-1370), which lives through the
+ * recompute only: after it x_i stays on the device only if a recomputed op saved it.  A copy
+ * still live at the unpack (saved by the block before) is not counted twice. */
+static void offload_input(struct rp *r, size_t i, bool out)
+{
+    int x = r->p->blocks[i].input;
+    if (out) {
+        r->holds[x]--;
+        t_maybe_free(r, x);
+    } else {
+        t_alloc(r, x);
+        r->holds[x]++;
+        r->ckpt[i] = false; /* the end of this Fe drops its hold, as a plain Fe's */
+    }
+}
+
+/* Pinned host bytes the step needs, every offloaded x_i being alive at the loss; *copied: their
+ * bytes (each crosses PCIe twice).  The host caching allocator rounds each request up to a power
+ * of two (torch 2.15 include/ATen/core/CachingHostAllocator.h:343-352; the threshold defaults to
+ * SIZE_MAX, c10/core/AllocatorConfig.h:360).  UINT64_MAX on overflow. */
+uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedule *s, uint64_t *copied)
+{
+    uint64_t b = 0, c = 0;
+    for (size_t k = 0; s && s->offload && k < s->n; k++) {
+        if (s->ops[k].kind != MP_SCHED_FC)
+            continue;
+        uint64_t x = p->tensors[p->blocks[s->ops[k].index].input].bytes, r = 1;
+        while (r < x && r <= UINT64_MAX / 2)
+            r *= 2;
+        if (r < x || !mp_add_u64(b, r, &b) || !mp_add_u64(c, x, &c))
+            return UINT64_MAX;
+    }
+    *copied = c;
+    return b;
+}
+
 /* Forward of block i; kind FE records for backward, FN/FC do not.  early: the recompute right
  * before block i's backward (docs/checkpointing.md#early-stop).  Torch's non-reentrant checkpoint
  * starts it at the first unpack, so the backward of the block's trailing nodes that save nothing
@@ -98,6 +142,8 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
     }
     if (grad && r->phase == MP_PH_RECOMPUTE)
         r->recomp[i] = true;
+    if (grad && r->phase == MP_PH_RECOMPUTE && r->ckpt[i] && r->offload) /* the first unpack */
+        offload_input(r, i, false);
     /* The frame locals (mp_node.locals) are held in a recompute, where they set the peak at its
      * stop; in the first forward they only stretch transients, left as they were (the caching
      * allocator model's reserved bytes move by up to 17 % with them, unmeasured). */
@@ -172,6 +218,8 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
      * that recomputes a checkpointed block leaves it for B_i. */
     if (kind == MP_SCHED_FC) {
         r->ckpt[i] = true;
+        if (r->offload && r->holds[bp->input] > 0)
+            offload_input(r, i, true);
     } else if (!r->ckpt[i] && r->holds[bp->input] > 0) {
         r->holds[bp->input]--;
         t_maybe_free(r, bp->input);
@@ -729,6 +777,7 @@ enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule 
         sched = &none;
     }
     if (st == MP_OK) {
+        r.offload = sched->offload;
         replay_setup(&r);
         replay_schedule(&r, sched);
         replay_step(&r, fn, ctx);

@@ -39,6 +39,7 @@ struct rp {
     int *grad_of; /* per tensor: the GRAD storage holding its gradient, -1 none (mp_event.grad_of) */
     int *grefs;   /* per GRAD storage: how many tensors' gradients it holds */
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
+    bool offload; /* the schedule's Fc inputs wait in pinned host memory (offload_input) */
     bool *recomp; /* per block: recorded by a recompute (after the loss) for its backward */
     size_t bwd_next; /* SIZE_MAX, or the node the next block backward starts below: an early
                         recompute ran the backward of the nodes from there on (fwd_block) */
@@ -173,6 +174,9 @@ void par_setup(struct rp *r);
 bool par_opt_per_param(const struct rp *r);
 
 /* replay.c */
+/* Pinned host bytes of an offloaded schedule's checkpointed inputs (0 without offload); *copied:
+ * their unrounded bytes.  UINT64_MAX on overflow. */
+uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedule *s, uint64_t *copied);
 enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule *sched,
                            const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
                            void *ctx, struct mp_diag *d);

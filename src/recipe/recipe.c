@@ -534,14 +534,24 @@ static void derive_checkpoint(struct reader *rd)
                fact_key(rd, F_REENTRANT));
         return;
     }
-    const struct fact_val *every = on ? fact(rd, F_GC_EVERY, &t2) : NULL;
-    if (every && strcmp(every->v, "1") && strcmp(every->v, "null")) {
-        char spec[48];
-        snprintf(spec, sizeof spec, "layers:%s", every->v); /* (the option's parser checks N) */
-        put(rd, MP_RS_CHECKPOINT, spec, F_GC_EVERY);
+    /* offload (transformers 5.24 trainer.py:1509 pops it from the kwargs) */
+    struct fact_val t3;
+    const struct fact_val *off = on ? fact(rd, F_GC_OFFLOAD, &t3) : NULL;
+    int offload = off && strcmp(off->v, "null") ? truth(off->v) : 0;
+    if (offload < 0) {
+        refuse(rd, fact_key(rd, F_GC_OFFLOAD), off->line, off->v, "expected true or false");
         return;
     }
-    put(rd, MP_RS_CHECKPOINT, on ? "layers" : "none", F_GC);
+    const char *plus = offload ? "+offload" : "";
+    const struct fact_val *every = on ? fact(rd, F_GC_EVERY, &t2) : NULL;
+    char spec[64];
+    if (every && strcmp(every->v, "1") && strcmp(every->v, "null")) {
+        snprintf(spec, sizeof spec, "layers:%.24s%s", every->v, plus); /* (the option's parser checks N) */
+        put(rd, MP_RS_CHECKPOINT, spec, offload ? F_GC_OFFLOAD : F_GC_EVERY);
+        return;
+    }
+    snprintf(spec, sizeof spec, "%s%s", on ? "layers" : "none", plus);
+    put(rd, MP_RS_CHECKPOINT, spec, offload ? F_GC_OFFLOAD : F_GC);
 }
 
 /* The adapters: "full", "lora" or "qlora" (NULL: refused). */

@@ -147,8 +147,8 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_ARGS, "activation_checkpointing_kwargs.use_reentrant", F_REENTRANT),
     FACT(B_ARGS, "gradient_checkpointing_kwargs.every_n_layers", F_GC_EVERY),   /* --checkpoint layers:N */
     FACT(B_ARGS, "activation_checkpointing_kwargs.every_n_layers", F_GC_EVERY),
-    REFUSE(B_ARGS, "gradient_checkpointing_kwargs.offload", "offloading checkpoints to the host: " NOT_YET),
-    REFUSE(B_ARGS, "activation_checkpointing_kwargs.offload", "offloading checkpoints to the host: " NOT_YET),
+    FACT(B_ARGS, "gradient_checkpointing_kwargs.offload", F_GC_OFFLOAD), /* --checkpoint layers+offload */
+    FACT(B_ARGS, "activation_checkpointing_kwargs.offload", F_GC_OFFLOAD),
     REFUSE(B_TRL | B_AX, "activation_offloading", "activation offloading: " NOT_YET),
     REFUSE(B_TT, "enable_activation_offloading", "activation offloading: " NOT_YET),
     REFUSE(B_AX, "layer_offloading", "layer offloading: " NOT_YET),

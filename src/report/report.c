@@ -278,6 +278,10 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
     jnum(m, "fwd_flops", e->fwd_flops);
     jnum(m, "bwd_flops", e->bwd_flops);
     jnum(m, "recompute_flops", e->recompute_flops);
+    if (e->host_pinned_bytes) { /* --checkpoint layers+offload */
+        ju64(m, "host_pinned_bytes", e->host_pinned_bytes);
+        jnum(m, "ckpt_offload_pcie_bytes", 2.0 * (double)e->ckpt_offload_bytes);
+    }
     if (e->world > 1 || e->host_bytes || e->buffers_bytes) { /* data parallel: per rank */
         ju64(m, "world", e->world);
         ju64(m, "buffers_bytes", e->buffers_bytes);
@@ -668,6 +672,9 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     fprintf(out, "  activations        %12s   (live when backward starts)\n", B(e->activations_bytes));
     fprintf(out, "  input batch        %12s\n", B(e->input_bytes));
     fprintf(out, "  cuBLAS workspace   %12s\n", B(e->workspace_bytes));
+    if (e->host_pinned_bytes)
+        fprintf(out, "  host RAM (pinned)  %12s   (offloaded checkpoint inputs; PCIe %s per step)\n",
+                B(e->host_pinned_bytes), B(2 * e->ckpt_offload_bytes));
     if (e->world > 1 || e->host_bytes || e->buffers_bytes) {
         fprintf(out, "  comm buffers       %12s   (persistent: DDP buckets, DeepSpeed reduce bucket / partitions)\n",
                 B(e->buffers_bytes));
@@ -961,8 +968,10 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
      * "layers" (suggest --emit hf only considers none and layers) */
     fprintf(out, "gradient_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
     if (b->ckpt.strategy == MP_CKPT_LAYERS && b->ckpt.k > 1) /* transformers >= 5.24 */
-        fprintf(out, "gradient_checkpointing_kwargs={\"use_reentrant\": False, \"every_n_layers\": %llu},\n",
-                (unsigned long long)b->ckpt.k);
+        fprintf(out, "gradient_checkpointing_kwargs={\"use_reentrant\": False, \"every_n_layers\": %llu%s},\n",
+                (unsigned long long)b->ckpt.k, b->ckpt.offload ? ", \"offload\": True" : "");
+    else if (b->ckpt.strategy == MP_CKPT_LAYERS && b->ckpt.offload) /* trainer.py:1509 pops it */
+        fprintf(out, "gradient_checkpointing_kwargs={\"use_reentrant\": False, \"offload\": True},\n");
     if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
         fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
                      "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
@@ -1118,9 +1127,13 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
                      "x = torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",
                 p->L, p->n_segments + 1);
     else if (b->ckpt.strategy == MP_CKPT_LAYERS && b->ckpt.k > 1) /* transformers >= 5.24 */
-        fprintf(out, "model.activation_checkpointing_enable(every_n_layers=%llu)\n"
+        fprintf(out, "model.activation_checkpointing_enable(every_n_layers=%llu%s)\n"
                      "# (or wrap decoder layers 0, %llu, %llu, ... alone with torch.utils.checkpoint)\n",
-                (unsigned long long)b->ckpt.k, (unsigned long long)b->ckpt.k, 2ull * b->ckpt.k);
+                (unsigned long long)b->ckpt.k, b->ckpt.offload ? ", offload=True" : "", (unsigned long long)b->ckpt.k,
+                2ull * b->ckpt.k);
+    else if (b->ckpt.strategy == MP_CKPT_LAYERS && b->ckpt.offload) /* transformers >= 5.24 */
+        fprintf(out, "model.activation_checkpointing_enable(offload=True)\n"
+                     "# (each decoder layer's checkpoint inside torch.autograd.graph.save_on_cpu(pin_memory=True))\n");
     else if (b->ckpt.strategy == MP_CKPT_LAYERS)
         fprintf(out, "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n"
                      "# (or wrap each decoder layer alone with torch.utils.checkpoint)\n");

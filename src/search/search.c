@@ -44,8 +44,14 @@ static double step_seconds(const struct mp_job *job, const struct mp_estimate *e
 static void par_seconds(const struct mp_job *job, const struct mp_estimate *e, double compute_s, struct mp_fit *f)
 {
     const struct mp_parallel *par = job->train.par;
-    if (!par || par->strategy == MP_PAR_NONE)
+    if (!par || par->strategy == MP_PAR_NONE) {
+        /* one GPU: only --checkpoint layers+offload moves bytes over PCIe (estimate.c), on the
+         * compute stream (transformers 5.24 modeling_utils.py:3135-3136), so not overlapped;
+         * 16 GB/s without a profile figure, as mp_par_time */
+        double pcie = job->gpu.pcie_gbs > 0 ? job->gpu.pcie_gbs : 16;
+        f->offload_s = f->est.offload_s = e->pcie_bytes / (pcie * 1e9);
         return;
+    }
     struct mp_par_plan tp;
     memset(&tp, 0, sizeof tp);
     tp.par = *par;
@@ -252,7 +258,7 @@ static enum mp_status sqrt_floor(struct evalr *ev, const struct mp_job *job, uin
                                  bool *planned, struct mp_diag *d)
 {
     bool fits = *planned && f->est.peak_device_bytes <= f->usable_bytes;
-    struct mp_ckpt_spec sqrt = {MP_CKPT_SQRT, 0};
+    struct mp_ckpt_spec sqrt = {.strategy = MP_CKPT_SQRT, .k = 0};
     struct mp_ckpt_plan sp;
     mp_ckpt_plan_init(&sp);
     enum mp_status st = plan_make(job, &f->chain, &sqrt, 0, &sp, d);
@@ -314,7 +320,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     }
     f->usable_bytes = (uint64_t)((double)f->capacity_bytes * (1.0 - job->margin));
     if (!no_chain) {
-        struct mp_ckpt_spec none = {MP_CKPT_NONE, 0};
+        struct mp_ckpt_spec none = {.strategy = MP_CKPT_NONE, .k = 0};
         struct mp_ckpt_plan p0;
         mp_ckpt_plan_init(&p0);
         if (mp_ckpt_plan_make(&f->chain, &none, 0, job->slots, &p0, d) == MP_OK)
@@ -406,7 +412,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             f->activation_budget = budget;
         if (!planned) {
             /* nothing fits: report the fully checkpointed peak (every block) for the shortfall */
-            struct mp_ckpt_spec every = {MP_CKPT_EVERY, 1};
+            struct mp_ckpt_spec every = {.strategy = MP_CKPT_EVERY, .k = 1};
             mp_ckpt_plan_release(&f->plan);
             mp_ckpt_plan_init(&f->plan);
             st = plan_make(job, &f->chain, &every, 0, &f->plan, d);
@@ -913,7 +919,7 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64
         j.verdict_only = true;
         j.build.batch = 1;
         j.build.precision = prec;
-        j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
+        j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_EVERY, .k = 1};
         struct mp_fit f;
         if (mp_fit_eval(&j, &f, d) != MP_OK)
             continue;
@@ -1011,17 +1017,17 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
     if (o->ckpt_fixed) { /* --checkpoint: the plan the user will run */
         sp->strategies[sp->ns++] = o->ckpt;
     } else {
-        sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_NONE, 0};
+        sp->strategies[sp->ns++] = (struct mp_ckpt_spec){.strategy = MP_CKPT_NONE, .k = 0};
         if (!o->trainer_plans_only) {
-            sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_SQRT, 0};
-            sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_OPTIMAL, 0};
+            sp->strategies[sp->ns++] = (struct mp_ckpt_spec){.strategy = MP_CKPT_SQRT, .k = 0};
+            sp->strategies[sp->ns++] = (struct mp_ckpt_spec){.strategy = MP_CKPT_OPTIMAL, .k = 0};
         }
         size_t layers = model_repeats(base->model);
         if (layers)
-            sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, 0};
+            sp->strategies[sp->ns++] = (struct mp_ckpt_spec){.strategy = MP_CKPT_LAYERS, .k = 0};
         for (uint64_t every = 2; every <= 4; every++)
             if (layers > every)
-                sp->strategies[sp->ns++] = (struct mp_ckpt_spec){MP_CKPT_LAYERS, every};
+                sp->strategies[sp->ns++] = (struct mp_ckpt_spec){.strategy = MP_CKPT_LAYERS, .k = every};
     }
     /* data parallel: the strategy given, or every one at the world given (--gpus alone) */
     if (o->par_search && base->train.par) {
@@ -1255,7 +1261,7 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
 {
     struct mp_job j = *base;
     j.build.batch = 1;
-    j.ckpt = (struct mp_ckpt_spec){MP_CKPT_EVERY, 1};
+    j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_EVERY, .k = 1};
     j.build.precision = o->precision_fixed ? o->precision : prec;
     j.train.skip_reserved = true; /* verdicts on allocated bytes, as the search's */
     j.verdict_only = true;
