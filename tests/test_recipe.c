@@ -235,7 +235,7 @@ static const char *scratch(const char *name)
 }
 
 /* Refusals: each names the file, the line and the key; one line. */
-static void write(const char *path, const char *text)
+static void write_text(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
@@ -278,7 +278,7 @@ static void test_refusals(void **state)
     };
     const char *path = scratch("recipe-case.yaml");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        write(path, cases[i].text);
+        write_text(path, cases[i].text);
         struct mp_diag d = {{0}};
         enum mp_status st = mp_recipe_read(path, -1, &r, &d);
         char head[256];
@@ -296,7 +296,7 @@ static void test_refusals(void **state)
     for (int i = 0; i < 40; i++)
         strcat(deep, "}");
     strcat(deep, "\n");
-    write(path, deep);
+    write_text(path, deep);
     struct mp_diag d = {{0}};
     assert_int_equal(mp_recipe_read(path, -1, &r, &d), MP_ERR_JSON);
     assert_non_null(strstr(d.msg, ":2: mappings nested deeper than 32 levels"));
@@ -317,7 +317,7 @@ static void test_optimizer_hf_names(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char text[128];
         snprintf(text, sizeof text, "base_model: m\noptimizer: %s\n", cases[i].hf);
-        write(path, text);
+        write_text(path, text);
         read_ok(path, -1);
         expect(OPTIMIZER, cases[i].mp, KEY, "optimizer", 2);
     }
@@ -329,24 +329,24 @@ static void test_every_n_layers(void **state)
 {
     (void)state;
     const char *path = scratch("recipe-every.yaml");
-    write(path, "per_device_train_batch_size: 2\nactivation_checkpointing: true\n"
+    write_text(path, "per_device_train_batch_size: 2\nactivation_checkpointing: true\n"
                 "activation_checkpointing_kwargs:\n  every_n_layers: 3\n");
     read_ok(path, -1);
     expect(CHECKPOINT, "layers:3", KEY, "activation_checkpointing_kwargs.every_n_layers", 4);
-    write(path, "per_device_train_batch_size: 2\ngradient_checkpointing: true\n"
+    write_text(path, "per_device_train_batch_size: 2\ngradient_checkpointing: true\n"
                 "gradient_checkpointing_kwargs:\n  every_n_layers: 1\n");
     read_ok(path, -1);
     expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 2);
     /* offload (trainer.py:1509 pops it): --checkpoint layers[:N]+offload */
-    write(path, "per_device_train_batch_size: 2\ngradient_checkpointing: true\n"
+    write_text(path, "per_device_train_batch_size: 2\ngradient_checkpointing: true\n"
                 "gradient_checkpointing_kwargs:\n  offload: true\n");
     read_ok(path, -1);
     expect(CHECKPOINT, "layers+offload", KEY, "gradient_checkpointing_kwargs.offload", 4);
-    write(path, "per_device_train_batch_size: 2\nactivation_checkpointing: true\n"
+    write_text(path, "per_device_train_batch_size: 2\nactivation_checkpointing: true\n"
                 "activation_checkpointing_kwargs:\n  every_n_layers: 2\n  offload: true\n");
     read_ok(path, -1);
     expect(CHECKPOINT, "layers:2+offload", KEY, "activation_checkpointing_kwargs.offload", 5);
-    write(path, "per_device_train_batch_size: 2\ngradient_checkpointing: true\n"
+    write_text(path, "per_device_train_batch_size: 2\ngradient_checkpointing: true\n"
                 "gradient_checkpointing_kwargs:\n  offload: false\n");
     read_ok(path, -1);
     expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 2);
