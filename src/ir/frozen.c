@@ -20,6 +20,16 @@ uint64_t mp_param_grad_bytes(const struct mp_param *q)
 
 static bool param_trains(const struct mp_program *p, int q) { return q >= 0 && p->params[q].trainable; }
 
+/* Sets an RMSNorm's backward transient (its one part) to bytes (at most the 20 N bytes it was
+ * lowered within: no overflow). */
+static void rmsnorm_tmp_set(struct mp_node *n, uint64_t bytes)
+{
+    if (n->n_bwd_tmp != 1)
+        return;
+    n->bwd_tmp[0].bytes = bytes;
+    n->bwd_tmp_bytes = bytes;
+}
+
 /* With frozen parameters, autograd records an op only if an input requires grad or it
  * has a trainable parameter, and a recorded op saves only what the gradients it must
  * compute need (torch derivatives.yaml, checked with saved_tensors_hooks in
@@ -95,8 +105,16 @@ void apply_requires_grad(struct mp_program *p)
                 unsave(n, n->in[1]);
             break;
         case MP_P_RMSNORM:
-            if (!wt && n->n_extra > 0)
+            /* its backward transient (lower_norm.c rmsnorm_bwd_tmp) counted the normed tensor as
+             * held at PowBackward0's moment: unsaved, torch's moment is that much above the rest */
+            if (!wt && n->n_extra > 0) {
                 unsave(n, n->extra[n->n_extra - 1]); /* normed */
+                rmsnorm_tmp_set(n, n->bwd_tmp_bytes + p->tensors[n->extra[n->n_extra - 1]].bytes);
+            }
+            /* no input gradient: no fp32 chain, only MulBackward0's weight gradient, (b, s, h) in
+             * the output's dtype before the engine sums it to (h) */
+            if (!ing[0] && wt)
+                rmsnorm_tmp_set(n, p->tensors[n->out].bytes);
             if (!ing[0]) {
                 unsave(n, n->in[0]);
                 for (int j = 0; j + 1 < n->n_extra; j++)

@@ -101,6 +101,34 @@ static struct val lower_layernorm_variant(struct bld *B, struct val x, const str
     return y;
 }
 
+/* The backward of HF's composite RMSNorm, autograd node by node (derivatives.yaml of torch 2.15;
+ * traced with bench/accuracy/torch_step.py's LiveTracker under fake tensors, LlamaRMSNorm of
+ * transformers 5.24, bf16 and fp32 inputs, weight trainable or frozen; N = b s h elements):
+ *   MulBackward0 (weight * normed): the normed tensor's gradient (and a trainable weight's, summed
+ *     to (h) by the engine); then the output gradient and the saved normed tensor die;
+ *   ToCopyBackward0 (a half x only): that gradient in fp32, the half one dies;
+ *   MulBackward0 (h * rsqrt): h's first gradient (fp32 N, held by the engine's input buffer until
+ *     h's other gradient comes) and rsqrt's (fp32 N, summed to M by the engine, then dies);
+ *   RsqrtBackward0, AddBackward0: M-sized;
+ *   MeanBackward1: the gradient expanded and divided by h: fp32 N (mean_backward);
+ *   PowBackward0 (pow_backward: grad * (2 * h.pow(1))): h.pow(1), 2 * it and the product, fp32 N
+ *     each, the two temporaries alive until the product is made (one C++ expression);
+ *   then h's two gradients are added (fp32 N), ToCopyBackward0 casts it to x's dtype (the input
+ *     gradient) and the fp32 ones die.
+ * Its peak is PowBackward0's product: 5 fp32 N beyond the saved h and rsqrt (measured: 20 MiB at
+ * 1 x 1024 x 1024 in bf16 and fp32 alike), when the output gradient and the normed tensor are gone
+ * and the input gradient is not made yet.  The replay holds at a node's one backward moment its
+ * saved tensors (the normed one), its output gradient and its input gradient: the transient is
+ * the peak less those three, so that the moment is torch's (bf16: 20 N - 3 x 2 N; fp32: 8 N).
+ * frozen.c adjusts it where the normed tensor is not saved (a frozen weight) or x needs no
+ * gradient. */
+static uint64_t rmsnorm_bwd_tmp(struct bld *B, uint64_t N, enum mp_dtype xdt, enum mp_dtype ydt,
+                                enum mp_dtype ndt)
+{
+    uint64_t held = mp_dtype_size(xdt) + mp_dtype_size(ydt) + mp_dtype_size(ndt);
+    return held < 20 ? mul(B, N, 20 - held) : 0; /* (activations are at most fp32: held <= 12) */
+}
+
 /* HF RMSNorm (LlamaRMSNorm): x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(in dtype).
  * Saves the fp32 input (a copy when x is half), rsqrt (M fp32) and the normalized
  * tensor in x's dtype; the fp32 x^2 is a forward transient.  f32w (Gemma*RMSNorm,
@@ -132,6 +160,8 @@ struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool f32w, c
     snprintf(en, sizeof en, "%s.normed", name);
     extra_as(n, new_flat(B, en, f32w ? MP_DT_F32 : xdt, N), MP_XR_NORMED);
     tmp_one(B, n, false, MP_TR_OTHER, mul(B, N, 4)); /* x^2 in fp32 (or the fp32 normalized tensor before the cast) */
+    if (!f32w) /* (Gemma's and OLMo2's composite: not traced yet, docs/memory-facts.md) */
+        tmp_one(B, n, true, MP_TR_OTHER, rmsnorm_bwd_tmp(B, N, xdt, dt_of(B, y), xdt));
     n->rows = M;
     n->n = dim;
     n->fwd_flops = 6.0 * (double)N;
