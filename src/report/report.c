@@ -979,6 +979,7 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     bool fsdp = mp_par_is_fsdp(b->par.strategy), ds = mp_par_is_deepspeed(b->par.strategy);
     bool trl = loss_of(c) == MP_LOSS_CHUNKED_NLL;
     model_prelude(out, c, b, "hf", true);
+    fprintf(out, "# the best plan a Trainer runs: --emit hf searches checkpoint none and layers[:N] only\n");
     if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
         fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express\n",
                 nck, p->L);
@@ -1097,7 +1098,10 @@ static void snippet_accelerate(FILE *out, const struct mp_report_ctx *c, const s
     (void)c;
     bool ds = mp_par_is_deepspeed(b->par.strategy);
     fprintf(out, "compute_environment: LOCAL_MACHINE\ndistributed_type: %s\n",
-            ds ? "DEEPSPEED" : mp_par_is_fsdp(b->par.strategy) ? "FSDP" : b->par.strategy == MP_PAR_DDP ? "MULTI_GPU" : "NO");
+            ds                                 ? "DEEPSPEED"
+            : mp_par_is_fsdp(b->par.strategy)  ? "FSDP"
+            : b->par.strategy == MP_PAR_DDP    ? "MULTI_GPU"
+                                               : "'NO'"); /* quoted: YAML 1.1 reads a bare NO as false */
     if (mp_par_is_fsdp(b->par.strategy)) {
         fprintf(out, "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
                      "  fsdp_reshard_after_forward: %s\n  fsdp_offload_params: %s\n"
