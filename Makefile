@@ -202,6 +202,7 @@ ifeq ($(TIER_LONG),)
 	else echo "skip tests/replay_accuracy.py (no python3)"; fi
 	@if command -v python3 >/dev/null; then python3 tests/man_options.py ./memplan; fi
 	@if command -v python3 >/dev/null; then python3 -B tests/recipes_real.py 2>/dev/null; fi
+	@if command -v python3 >/dev/null; then python3 -B tests/emit_real.py ./memplan 2>/dev/null; fi
 	@if command -v python3 >/dev/null && command -v nm >/dev/null; then python3 tests/deps.py $(BUILD); fi
 	@if command -v python3 >/dev/null; then python3 -B tests/doc_refs.py; else echo "doc_refs: skipped (no python3)"; fi
 	@if command -v python3 >/dev/null; then python3 -B tests/family_coverage.py ./memplan; fi

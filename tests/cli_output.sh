@@ -420,8 +420,39 @@ run estimate models/hf/gpt2.json --optimizer paged_adamw_8bit --json
     grep -q '"optimizer_hf":.*"paged_adamw_8bit"' "$T/out"
 check "--optimizer paged_adamw_8bit: the paged-adam8bit row, optimizer_hf in the JSON" $?
 run suggest models/hf/gpt2.json --gpu a100-80gb --optimizer adamw_torch_4bit --emit hf --no-probe
-[ "$ec" -le 1 ] && grep -q '^optim="adamw_torch_4bit",$' "$T/out"
+[ "$ec" -le 1 ] && grep -q '^    optim="adamw_torch_4bit",$' "$T/out"
 check "--emit hf writes the row's HF optim (adamw_torch_4bit)" $?
+# issue 25's snippet bugs (tests/emit_real.py loads them with the libraries where installed):
+# accelerate reads a YAML file (no Python before it; a bare NO is YAML 1.1's false)
+run suggest models/hf/qwen2-0.5b.json --gpu a100-40gb --finetune lora --emit accelerate --no-probe
+[ "$ec" -eq 0 ] && [ "$(head -1 "$T/out")" = "compute_environment: LOCAL_MACHINE" ] &&
+    ! grep -q "LoraConfig\|get_peft_model" "$T/out" && grep -q "^distributed_type: 'NO'$" "$T/out"
+check "--emit accelerate after a LoRA plan: YAML only, distributed_type 'NO' quoted" $?
+# torch: an HF model returns a CausalLMOutput whose .loss is the loss; no checkpoint_sequential on
+# names the file does not define
+run suggest models/gpt2-124m.json --gpu t4 --no-probe --emit torch
+[ "$ec" -eq 0 ] && grep -q "loss = model(\*\*batch).loss / grad_accum" "$T/out" &&
+    ! grep -q "checkpoint_sequential\|model(batch)" "$T/out"
+check "--emit torch: model(**batch).loss, no checkpoint_sequential on undefined names" $?
+# hf: from_pretrained(dtype=) (torch_dtype= is deprecated in transformers 5), TrainingArguments(...)
+# as one call, ViT LoRA with no causal-LM task type (peft has none for images)
+run suggest models/vit-b16.json --gpu a100-40gb --finetune lora --emit hf --no-probe
+[ "$ec" -eq 0 ] && grep -q "AutoModelForImageClassification.from_pretrained(NAME, dtype=torch.float32)" "$T/out" &&
+    ! grep -q "torch_dtype\|CAUSAL_LM\|AutoModelForCausalLM" "$T/out" && grep -q "^args = TrainingArguments($" "$T/out" &&
+    grep -q 'modules_to_save=\["classifier"\]' "$T/out"
+check "--emit hf ViT LoRA: image-classification class, no task_type, dtype=, one TrainingArguments call" $?
+# a data-parallel recommendation carries its parallelism: FSDP2 fields, or deepspeed= the config
+run suggest models/hf/mistral-7b.json --gpu h100-80gb --gpus 8 --parallel fsdp --emit hf --no-probe
+[ "$ec" -eq 0 ] && grep -q "^    fsdp=True,$" "$T/out" && grep -q '"version": 2' "$T/out" && ! grep -q "pure bf16" "$T/out"
+check "--emit hf after an FSDP plan: fsdp=True with an FSDP2 fsdp_config, not 'pure bf16'" $?
+run suggest models/hf/qwen2-0.5b.json --gpu a100-40gb --gpus 8 --parallel zero2 --emit hf --no-probe
+[ "$ec" -eq 0 ] && grep -q '^    deepspeed="ds_config.json",' "$T/out"
+check "--emit hf after a ZeRO plan: deepspeed= the emitted DeepSpeed config" $?
+# deepspeed: an amp plan keeps fp32 parameters under torch.autocast, never bf16.enabled
+run suggest models/hf/qwen2-0.5b.json --gpu a100-40gb --precision amp-bf16 --emit deepspeed --no-probe
+[ "$ec" -eq 0 ] && tr -d ' \t\n' <"$T/out" | grep -q '"torch_autocast":{"enabled":true,"dtype":"bfloat16"}' &&
+    ! grep -q '"bf16"' "$T/out"
+check "--emit deepspeed for an amp-bf16 plan: torch_autocast, no bf16 block" $?
 run estimate models/hf/gpt2.json --optimizer adamw_torch_fusd
 [ "$ec" -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] &&
     grep -q "^memplan: error: --optimizer: expected sgd, .* or a Hugging Face optim (adamw_torch, .*adamw_torch_4bit), got 'adamw_torch_fusd'" "$T/err"

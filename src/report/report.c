@@ -890,30 +890,59 @@ static const char *peft_task(const struct mp_model *m, const char **auto_cls)
     return "CAUSAL_LM";
 }
 
-/* peft/bitsandbytes objects that reproduce a fine-tuning plan (docs/memory-facts.md#lora,
- * docs/memory-facts.md#qlora). */
-static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
+/* The loss head and label fraction of the report (suggest has no build: its program's). */
+static enum mp_loss loss_of(const struct mp_report_ctx *c)
+{
+    return c->build ? c->build->loss : c->prog ? c->prog->opts.loss : MP_LOSS_HF;
+}
+static double label_fraction_of(const struct mp_report_ctx *c)
+{
+    return c->build ? c->build->label_fraction : c->prog ? c->prog->opts.label_fraction : 1.0;
+}
+
+/* The model load and peft/bitsandbytes objects that reproduce the plan, as one runnable Python
+ * prelude (docs/memory-facts.md#lora, docs/memory-facts.md#qlora): transformers 5.24's
+ * from_pretrained(dtype=) (torch_dtype= is deprecated), peft 0.21's LoraConfig.  `trainer` adds
+ * the TrainingArguments import (and SFTConfig for TRL's loss head). */
+static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, const char *what,
+                          bool trainer)
 {
     const struct mp_finetune *f = c->ft;
-    if (!f || (b->ft != MP_FT_LORA && b->ft != MP_FT_QLORA))
+    bool peft = f && (b->ft == MP_FT_LORA || b->ft == MP_FT_QLORA);
+    bool bnb = peft && b->ft == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE;
+    bool kbit = peft && (b->ft == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE);
+    const char *auto_cls, *task = peft_task(c->model, &auto_cls);
+    bool image = c->model->input != MP_INPUT_TOKENS;
+    fprintf(out, "# memplan %s: suggest --emit %s (transformers 5.24, peft 0.21)\nimport torch\n", MEMPLAN_VERSION,
+            what);
+    fprintf(out, "from transformers import %s%s%s\n", auto_cls, bnb ? ", BitsAndBytesConfig" : "",
+            trainer ? ", TrainingArguments" : "");
+    if (trainer && loss_of(c) == MP_LOSS_CHUNKED_NLL)
+        fprintf(out, "from trl import SFTConfig\n");
+    if (peft)
+        fprintf(out, "from peft import LoraConfig, get_peft_model%s\n", kbit ? ", prepare_model_for_kbit_training" : "");
+    fprintf(out, "\n# the model's hub id or local directory (memplan read %s)\nNAME = \"%s\"\n", shown(c->model->path),
+            shown(c->model->name));
+    /* weights: fp32 under amp and FSDP's mixed-bf16 (its policy casts the gathered copy); bf16 when pure */
+    const char *dt = b->precision == MP_PREC_BF16 && !b->par.mixed_bf16 ? "bfloat16" : "float32";
+    if (bnb) {
+        fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
+                     "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
+                f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
+                b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
+        fprintf(out, "model = %s.from_pretrained(NAME, quantization_config=bnb_config,\n    dtype=torch.%s)\n", auto_cls, dt);
+    } else {
+        fprintf(out, "model = %s.from_pretrained(NAME, dtype=torch.%s)\n", auto_cls, dt);
+    }
+    if (!peft)
         return;
+    if (kbit) /* checkpointing is switched on where the plan has it (TrainingArguments or the loop) */
+        fprintf(out, "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)\n");
     char tg[160];
     mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
     char *sp = strchr(tg, ' ');
     if (sp)
         *sp = 0;
-    const char *auto_cls, *task = peft_task(c->model, &auto_cls);
-    fprintf(out, "# peft + bitsandbytes (memplan %s)\n", MEMPLAN_VERSION);
-    if (b->ft == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE) {
-        fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
-                     "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
-                f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
-                b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
-        fprintf(out, "model = %s.from_pretrained(NAME, quantization_config=bnb_config)\n", auto_cls);
-    }
-    if (b->ft == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE)
-        fprintf(out, "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=%s)\n",
-                b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
     if (!strcmp(tg, "all-linear"))
         fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=\"all-linear\",\n",
                 (unsigned long long)f->r, f->alpha, f->dropout);
@@ -928,7 +957,10 @@ static void peft_snippet(FILE *out, const struct mp_report_ctx *c, const struct 
         }
         fprintf(out, "],\n");
     }
-    if (task) /* SEQ_CLS, TOKEN_CLS, QUESTION_ANS keep the head trainable (modules_to_save) */
+    if (image) /* peft has no image-classification task type: its head is kept by name (peft's
+                  image_classification_peft_lora example: modules_to_save=["classifier"]) */
+        fprintf(out, "    bias=\"none\", modules_to_save=[\"classifier\"])\n");
+    else if (task) /* SEQ_CLS, TOKEN_CLS, QUESTION_ANS keep the head trainable (modules_to_save) */
         fprintf(out, "    bias=\"none\", task_type=\"%s\")\n", task);
     else
         fprintf(out, "    bias=\"none\")\n");
@@ -944,54 +976,59 @@ static size_t checkpointed_blocks(const struct mp_ckpt_plan *p)
     return n;
 }
 
-/* The loss head and label fraction of the report (suggest has no build: its program's). */
-static enum mp_loss loss_of(const struct mp_report_ctx *c)
-{
-    return c->build ? c->build->loss : c->prog ? c->prog->opts.loss : MP_LOSS_HF;
-}
-static double label_fraction_of(const struct mp_report_ctx *c)
-{
-    return c->build ? c->build->label_fraction : c->prog ? c->prog->opts.label_fraction : 1.0;
-}
-
-/* --emit hf: the TrainingArguments fields of the plan. */
+/* --emit hf: one runnable Python file: the model load, peft, and TrainingArguments(...) with the
+ * plan's fields (transformers 5.24: activation_checkpointing*, the gradient_checkpointing* names
+ * being deprecated aliases, training_args.py:1537). */
 static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
     const struct mp_ckpt_plan *p = &b->fit.plan;
     size_t nck = checkpointed_blocks(p);
-    fprintf(out, "# transformers.TrainingArguments fields\n");
-    fprintf(out, "per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
-    fprintf(out, "gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
-    fprintf(out, "bf16=%s,\nfp16=%s,\n", b->precision == MP_PREC_AMP_BF16 ? "True" : "False",
-            b->precision == MP_PREC_AMP_FP16 ? "True" : "False");
-    /* gradient_checkpointing=True wraps each decoder layer and nothing else: memplan's
-     * "layers" (suggest --emit hf only considers none and layers) */
-    fprintf(out, "gradient_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
-    if (b->ckpt.strategy == MP_CKPT_LAYERS && b->ckpt.k > 1) /* transformers >= 5.24 */
-        fprintf(out, "gradient_checkpointing_kwargs={\"use_reentrant\": False, \"every_n_layers\": %llu%s},\n",
-                (unsigned long long)b->ckpt.k, b->ckpt.offload ? ", \"offload\": True" : "");
-    else if (b->ckpt.strategy == MP_CKPT_LAYERS && b->ckpt.offload) /* trainer.py:1509 pops it */
-        fprintf(out, "gradient_checkpointing_kwargs={\"use_reentrant\": False, \"offload\": True},\n");
+    bool fsdp = mp_par_is_fsdp(b->par.strategy), ds = mp_par_is_deepspeed(b->par.strategy);
+    bool trl = loss_of(c) == MP_LOSS_CHUNKED_NLL;
+    model_prelude(out, c, b, "hf", true);
+    fprintf(out, "# the best plan a Trainer runs: --emit hf searches checkpoint none and layers[:N] only\n");
     if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
-        fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express;\n"
-                     "# gradient_checkpointing=True is memplan's --checkpoint layers\n", nck, p->L);
-    fprintf(out, "optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer));
-    if (b->precision == MP_PREC_BF16)
-        fprintf(out, "# pure bf16: load the model with torch_dtype=torch.bfloat16\n");
-    switch (loss_of(c)) {
-    case MP_LOSS_HF:
-    case MP_LOSS_TORCHTUNE: /* (refused before any plan) */
-    case MP_LOSS_CCE:
-        break;
-    case MP_LOSS_CHUNKED_NLL:
-        fprintf(out, "# the loss head planned is TRL's: these fields in trl.SFTConfig (trl 1.16), whose\n"
-                     "# default loss_type=\"nll\" runs it\n");
-        break;
-    case MP_LOSS_LIGER: /* the fused linear cross-entropy only: the other Liger kernels are not planned */
-        fprintf(out, "use_liger_kernel=True,\nliger_kernel_config={\"fused_linear_cross_entropy\": True, \"rope\": False,\n"
-                     "    \"rms_norm\": False, \"swiglu\": False, \"cross_entropy\": False},\n");
-        break;
+        fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express\n",
+                nck, p->L);
+    if (trl) /* TRL 1.16's SFTConfig: its default loss_type="nll" is the chunked head planned */
+        fprintf(out, "# the loss head planned is TRL's (trl 1.16 SFTConfig, loss_type=\"nll\"): train with SFTTrainer\n");
+    if (b->par.strategy == MP_PAR_DDP)
+        fprintf(out, "# data parallel (DDP) over %llu ranks: launch with torchrun --nproc-per-node %llu "
+                     "(or accelerate launch)\n",
+                (unsigned long long)mp_par_world(&b->par), (unsigned long long)b->par.gpus);
+    if (fsdp && b->precision != MP_PREC_FP32)
+        /* accelerate 1.15 utils/dataclasses.py:2137: FSDP2's policy from mixed_precision */
+        fprintf(out, "# FSDP2 with bf16=True/fp16=True: accelerate 1.15 gathers the parameters and reduces the\n"
+                     "# gradients in that dtype; memplan planned %s (reduction in fp32), which\n"
+                     "# TrainingArguments cannot set: use --emit torch for the exact MixedPrecisionPolicy\n",
+                cand_prec(b));
+    fprintf(out, "args = %s(\n    output_dir=\"memplan-out\",\n", trl ? "SFTConfig" : "TrainingArguments");
+    fprintf(out, "    per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
+    fprintf(out, "    gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
+    /* pure bf16: the model is loaded in bf16 and trained without autocast (bf16=False) */
+    fprintf(out, "    bf16=%s,\n    fp16=%s,\n",
+            b->precision == MP_PREC_AMP_BF16 || b->par.mixed_bf16 ? "True" : "False",
+            b->precision == MP_PREC_AMP_FP16 ? "True" : "False");
+    /* activation_checkpointing=True wraps each decoder layer and nothing else: memplan's "layers" */
+    fprintf(out, "    activation_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
+    if (b->ckpt.strategy == MP_CKPT_LAYERS) { /* every_n_layers, offload: trainer.py:1508-1509 */
+        fprintf(out, "    activation_checkpointing_kwargs={\"use_reentrant\": False");
+        if (b->ckpt.k > 1)
+            fprintf(out, ", \"every_n_layers\": %llu", (unsigned long long)b->ckpt.k);
+        fprintf(out, "%s},\n", b->ckpt.offload ? ", \"offload\": True" : "");
     }
+    fprintf(out, "    optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer));
+    if (fsdp) /* training_args.py:_process_fsdp_args (FSDP2; launch with accelerate launch or torchrun) */
+        fprintf(out, "    fsdp=True,\n    fsdp_config={\"version\": 2, \"auto_wrap_policy\": \"TRANSFORMER_BASED_WRAP\",\n"
+                     "        \"reshard_after_forward\": %s, \"cpu_offload\": %s},\n",
+                b->par.strategy == MP_PAR_FSDP ? "True" : "False",
+                b->par.offload == MP_OFFLOAD_PARAMS ? "True" : "False");
+    if (ds)
+        fprintf(out, "    deepspeed=\"ds_config.json\",   # memplan suggest ... --emit deepspeed > ds_config.json\n");
+    if (loss_of(c) == MP_LOSS_LIGER) /* the fused linear cross-entropy only: the other kernels are not planned */
+        fprintf(out, "    use_liger_kernel=True,\n    liger_kernel_config={\"fused_linear_cross_entropy\": True, "
+                     "\"rope\": False,\n        \"rms_norm\": False, \"swiglu\": False, \"cross_entropy\": False},\n");
+    fprintf(out, ")\n");
 }
 
 /* --emit deepspeed: the DeepSpeed config (JSON) of the plan. */
@@ -1002,17 +1039,16 @@ static void snippet_deepspeed(FILE *out, const struct mp_report_ctx *c, const st
     ju64(r, "train_micro_batch_size_per_gpu", b->micro_batch);
     ju64(r, "gradient_accumulation_steps", b->grad_accum);
     ju64(r, "train_batch_size", b->global_batch);
-    if (mp_par_is_deepspeed(b->par.strategy) && b->precision != MP_PREC_BF16 && b->precision != MP_PREC_FP32) {
-        /* amp: fp32 parameters (sharded as such) under torch.autocast, as planned */
+    if (b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_AMP_FP16) {
+        /* amp: fp32 parameters (sharded as such) under torch.autocast, as planned (DeepSpeed 0.19
+         * runtime/torch_autocast.py); "bf16"/"fp16" would make the parameters half */
         cJSON *ta = cJSON_AddObjectToObject(r, "torch_autocast");
         cJSON_AddBoolToObject(ta, "enabled", 1);
         cJSON_AddStringToObject(ta, "dtype", b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
     } else {
         /* bf16 / mixed-bf16: DeepSpeed's bf16 mode (bf16 parameters, fp32 master partition) */
-        if (b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16)
+        if (b->precision == MP_PREC_BF16)
             cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "bf16"), "enabled", 1);
-        if (b->precision == MP_PREC_AMP_FP16)
-            cJSON_AddBoolToObject(cJSON_AddObjectToObject(r, "fp16"), "enabled", 1);
     }
     cJSON *ac = cJSON_AddObjectToObject(r, "activation_checkpointing");
     cJSON_AddBoolToObject(ac, "partition_activations", 0);
@@ -1070,7 +1106,10 @@ static void snippet_accelerate(FILE *out, const struct mp_report_ctx *c, const s
     (void)c;
     bool ds = mp_par_is_deepspeed(b->par.strategy);
     fprintf(out, "compute_environment: LOCAL_MACHINE\ndistributed_type: %s\n",
-            ds ? "DEEPSPEED" : mp_par_is_fsdp(b->par.strategy) ? "FSDP" : b->par.strategy == MP_PAR_DDP ? "MULTI_GPU" : "NO");
+            ds                                 ? "DEEPSPEED"
+            : mp_par_is_fsdp(b->par.strategy)  ? "FSDP"
+            : b->par.strategy == MP_PAR_DDP    ? "MULTI_GPU"
+                                               : "'NO'"); /* quoted: YAML 1.1 reads a bare NO as false */
     if (mp_par_is_fsdp(b->par.strategy)) {
         fprintf(out, "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
                      "  fsdp_reshard_after_forward: %s\n  fsdp_offload_params: %s\n"
@@ -1085,6 +1124,10 @@ static void snippet_accelerate(FILE *out, const struct mp_report_ctx *c, const s
                 b->par.offload == MP_OFFLOAD_PARAMS ? mp_offload_dev_str(b->par.offload_device) : "none",
                 (unsigned long long)b->grad_accum);
     }
+    if (mp_par_is_fsdp(b->par.strategy) && b->precision != MP_PREC_FP32)
+        /* accelerate 1.15 utils/dataclasses.py:2137 */
+        fprintf(out, "# under FSDP2, mixed_precision gathers the parameters and reduces the gradients in that\n"
+                     "# dtype; memplan planned %s: the fp32 reduction is set only by --emit torch\n", cand_prec(b));
     fprintf(out, "mixed_precision: %s\nnum_machines: %llu\nnum_processes: %llu\nmachine_rank: 0\n",
             b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16 ? "bf16"
             : b->precision == MP_PREC_AMP_FP16                               ? "fp16"
@@ -1093,70 +1136,71 @@ static void snippet_accelerate(FILE *out, const struct mp_report_ctx *c, const s
             (unsigned long long)(b->par.strategy ? mp_par_world(&b->par) : 1));
 }
 
-/* --emit torch (and the text report): the PyTorch training loop of the plan. */
+/* --emit torch (and the text report): a runnable PyTorch file: the model, its wrapping and
+ * checkpointing as planned, and a train() loop on an HF model (model(**batch).loss). */
 static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
-    (void)c;
     const struct mp_ckpt_plan *p = &b->fit.plan;
     bool amp = b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_AMP_FP16;
     const char *half = b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16";
     size_t nck = checkpointed_blocks(p);
-    fprintf(out, "# PyTorch training loop (memplan %s)\n", MEMPLAN_VERSION);
+    model_prelude(out, c, b, "torch", false);
     fprintf(out, "micro_batch, grad_accum = %llu, %llu   # global batch %llu\n", (unsigned long long)b->micro_batch,
             (unsigned long long)b->grad_accum, (unsigned long long)b->global_batch);
-    if (mp_par_is_fsdp(b->par.strategy)) {
-        /* FSDP2 (launch: torchrun --nproc-per-node N); memplan planned these settings */
-        fprintf(out, "from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy%s\n",
-                b->par.offload == MP_OFFLOAD_PARAMS ? ", CPUOffloadPolicy" : "");
-        fprintf(out, "kw = dict(reshard_after_forward=%s%s%s)\n", b->par.strategy == MP_PAR_FSDP ? "True" : "False",
-                b->par.mixed_bf16 ? ", mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
-                                    "reduce_dtype=torch.float32)"
-                                  : "",
-                b->par.offload == MP_OFFLOAD_PARAMS ? ", offload_policy=CPUOffloadPolicy()" : "");
-        fprintf(out, "for layer in model.model.layers:   # each decoder layer (model.transformer.h for GPT-2)\n"
-                     "    fully_shard(layer, **kw)\nfully_shard(model, **kw)\n");
-    } else if (b->par.strategy == MP_PAR_DDP) {
-        fprintf(out, "model = torch.nn.parallel.DistributedDataParallel(model)   # torchrun --nproc-per-node N\n");
-    } else if (mp_par_is_deepspeed(b->par.strategy)) {
-        fprintf(out, "# DeepSpeed: deepspeed.initialize(model=model, config=<memplan suggest ... --emit deepspeed>)\n");
-    }
-    if (b->precision == MP_PREC_BF16 && !b->par.mixed_bf16)
-        fprintf(out, "model = model.to(torch.bfloat16)\n");
-    if (b->ckpt.strategy == MP_CKPT_SQRT || b->ckpt.strategy == MP_CKPT_SEGMENTS)
-        fprintf(out, "# blocks = the model's %zu blocks as an nn.Sequential\n"
-                     "x = torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",
-                p->L, p->n_segments + 1);
-    else if (b->ckpt.strategy == MP_CKPT_LAYERS && b->ckpt.k > 1) /* transformers >= 5.24 */
-        fprintf(out, "model.activation_checkpointing_enable(every_n_layers=%llu%s)\n"
-                     "# (or wrap decoder layers 0, %llu, %llu, ... alone with torch.utils.checkpoint)\n",
-                (unsigned long long)b->ckpt.k, b->ckpt.offload ? ", offload=True" : "", (unsigned long long)b->ckpt.k,
-                2ull * b->ckpt.k);
-    else if (b->ckpt.strategy == MP_CKPT_LAYERS && b->ckpt.offload) /* transformers >= 5.24 */
-        fprintf(out, "model.activation_checkpointing_enable(offload=True)\n"
-                     "# (each decoder layer's checkpoint inside torch.autograd.graph.save_on_cpu(pin_memory=True))\n");
-    else if (b->ckpt.strategy == MP_CKPT_LAYERS)
-        fprintf(out, "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n"
-                     "# (or wrap each decoder layer alone with torch.utils.checkpoint)\n");
+    /* checkpointing first: FSDP2 and DDP wrap the checkpointed layers */
+    if (b->ckpt.strategy == MP_CKPT_LAYERS) /* transformers 5.24 modeling_utils.py:3119 */
+        fprintf(out, "model.activation_checkpointing_enable({\"use_reentrant\": False}, every_n_layers=%llu%s)\n",
+                (unsigned long long)(b->ckpt.k > 1 ? b->ckpt.k : 1), b->ckpt.offload ? ", offload=True" : "");
     else if (nck) {
-        fprintf(out, "# checkpoint these block ranges [start, end) with torch.utils.checkpoint:\nsegments = [");
+        fprintf(out, "# memplan's plan checkpoints these block ranges [start, end) (block 0 = the embeddings):\n"
+                     "# wrap each range's modules in one torch.utils.checkpoint.checkpoint call\n"
+                     "segments = [");
         for (size_t i = 0; i < p->n_segments; i++)
             fprintf(out, "%s(%zu, %zu)", i ? ", " : "", p->segments[i][0], p->segments[i][1]);
         fprintf(out, "]\n");
         if (p->multilevel)
             fprintf(out, "# (multi-level plan: nested checkpoints; run it with a rotor-style executor)\n");
     }
-    fprintf(out, "for step, batch in enumerate(loader):          # batches of micro_batch\n");
+    if (b->precision == MP_PREC_AMP_FP16)
+        fprintf(out, "scaler = torch.amp.GradScaler()\n");
+    if (mp_par_is_fsdp(b->par.strategy)) {
+        /* FSDP2 (launch: torchrun --nproc-per-node N); memplan planned these settings */
+        fprintf(out, "from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy%s\n",
+                b->par.offload == MP_OFFLOAD_PARAMS ? ", CPUOffloadPolicy" : "");
+        fprintf(out, "kw = dict(reshard_after_forward=%s%s%s)\n", b->par.strategy == MP_PAR_FSDP ? "True" : "False",
+                b->par.mixed_bf16 ? ",\n    mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+                                    "reduce_dtype=torch.float32)"
+                                  : "",
+                b->par.offload == MP_OFFLOAD_PARAMS ? ", offload_policy=CPUOffloadPolicy()" : "");
+        fprintf(out, "# launch: torchrun --nproc-per-node %llu; each decoder layer, then the model\n"
+                     "for layer in model.get_decoder().layers:\n    fully_shard(layer, **kw)\nfully_shard(model, **kw)\n",
+                (unsigned long long)b->par.gpus);
+    } else if (b->par.strategy == MP_PAR_DDP) {
+        fprintf(out, "# launch: torchrun --nproc-per-node %llu (torch.distributed initialized, model on its GPU)\n"
+                     "model = torch.nn.parallel.DistributedDataParallel(model)\n",
+                (unsigned long long)b->par.gpus);
+    } else if (mp_par_is_deepspeed(b->par.strategy)) {
+        fprintf(out, "# DeepSpeed: model, optimizer, _, _ = deepspeed.initialize(model=model, config=\"ds_config.json\")\n"
+                     "# (memplan suggest ... --emit deepspeed > ds_config.json); then engine.backward/step\n");
+    }
+    fprintf(out, "\n\ndef train(model, optimizer, loader):\n"
+                 "    \"\"\"loader: dicts of input_ids, attention_mask, labels of micro_batch rows\"\"\"\n"
+                 "    model.train()\n"
+                 "    for step, batch in enumerate(loader):\n");
     if (amp)
-        fprintf(out, "    with torch.autocast(\"cuda\", dtype=torch.%s):\n        loss = model(batch) / grad_accum\n",
+        fprintf(out, "        with torch.autocast(\"cuda\", dtype=torch.%s):\n"
+                     "            loss = model(**batch).loss / grad_accum\n",
                 half);
     else
-        fprintf(out, "    loss = model(batch) / grad_accum\n");
+        fprintf(out, "        loss = model(**batch).loss / grad_accum\n");
     if (b->precision == MP_PREC_AMP_FP16)
-        fprintf(out, "    scaler.scale(loss).backward()   # scaler = torch.amp.GradScaler()\n");
+        fprintf(out, "        scaler.scale(loss).backward()\n");
     else
-        fprintf(out, "    loss.backward()\n");
-    fprintf(out, "    if (step + 1) %% grad_accum == 0:\n        %s\n        optimizer.zero_grad(set_to_none=True)\n",
-            b->precision == MP_PREC_AMP_FP16 ? "scaler.step(optimizer); scaler.update()" : "optimizer.step()");
+        fprintf(out, "        loss.backward()\n");
+    fprintf(out, "        if (step + 1) %% grad_accum == 0:\n            %s\n"
+                 "            optimizer.zero_grad(set_to_none=True)\n",
+            b->precision == MP_PREC_AMP_FP16 ? "scaler.step(optimizer)\n            scaler.update()"
+                                             : "optimizer.step()");
 }
 
 #define MP_X(id, name) name,
@@ -1178,8 +1222,6 @@ const char *mp_emit_names(const char *sep, const char *last)
 
 static void snippet(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b, enum mp_emit emit)
 {
-    if (emit != MP_EMIT_DEEPSPEED)
-        peft_snippet(out, c, b);
     switch (emit) {
     case MP_EMIT_HF: snippet_hf(out, c, b); return;
     case MP_EMIT_DEEPSPEED: snippet_deepspeed(out, c, b); return;
