@@ -25,24 +25,8 @@ import warnings
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 D = "tests/data/recipes"
-failures = []
-
-
-def ok(msg):
-    print("ok   " + msg)
-
-
-def skip(msg):
-    print("skip " + msg)
-
-
-def fail(msg):
-    print("FAIL " + msg)
-    failures.append(msg)
-
-
-def check(cond, msg):
-    (ok if cond else fail)(msg)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import check, fail, failures, ok, skip  # noqa: E402
 
 
 try:
