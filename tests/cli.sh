@@ -959,6 +959,22 @@ for a in json.load(sys.stdin)["alternatives"]:
         bad "suggest: the --loss chunked-nll hint and what following it gives"
     fi
 fi
+# an HF config: suggest searches the plans transformers' Trainer runs (none, layers, layers:N), so
+# the text, --json and --emit hf describe one recommendation
+if [ -n "$HAVE_PY" ]; then
+    run suggest models/hf/llama-3-8b.json --gpu rtx4090 --finetune lora --no-probe --json
+    mb=$(python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert all(c["plan"]["strategy"] == "none" or c["plan"]["strategy"].startswith("layers") for c in d["candidates"])
+print(d["recommendation"]["micro_batch"])' <"$T/out" 2>"$T/why")
+    run suggest models/hf/llama-3-8b.json --gpu rtx4090 --finetune lora --no-probe --emit hf
+    if [ -n "$mb" ] && grep -q "per_device_train_batch_size=$mb," "$T/out"; then
+        ok "suggest on an HF config: Trainer plans only; --json and --emit hf agree (micro-batch $mb)"
+    else
+        bad "suggest on an HF config: --json and --emit hf disagree or a plan a Trainer cannot run"
+    fi
+fi
 # suggest --gpus 8 evaluates every layout x precision x plan: ZeRO-3 with the optimizer on the
 # host in mixed-bf16 is the last layout searched (a 48-candidate cap once dropped it silently)
 if [ -n "$HAVE_PY" ]; then

@@ -59,7 +59,10 @@ int cmd_suggest(struct args *a)
                                 .probe_backend = !strcmp(a->backend, "host") ? "host" : "cuda",
                                 .probe_capacity_bytes = a->capacity, .target_is_device = s.target_is_device,
                                 .device = a->device,
-                                .progress = isatty(2) && !a->json, .trainer_plans_only = a->emit == MP_EMIT_HF,
+                                .progress = isatty(2) && !a->json,
+                                /* an HF config is trained by transformers' Trainer: every format
+                                 * describes one plan it runs (none, layers, layers:N) */
+                                .trainer_plans_only = a->emit == MP_EMIT_HF || !strcmp(s.model.source, "hf"),
                                 .ckpt_fixed = a->ckpt_set, .ckpt = a->ckpt,
                                 .hints = a->emit == MP_EMIT_NONE};
     if (a->gpus_set || a->par_set) { /* data parallel: strategy given, or searched at --gpus x --nodes */
