@@ -32,6 +32,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ir/layers.h" /* mp_model_load_string */
 #include "model/model.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
