@@ -180,6 +180,16 @@ static void recipe_lines(FILE *out, const struct mp_recipe *rc)
     free(buf);
 }
 
+/* The loss head and label fraction of the report (suggest has no build: its program's). */
+static enum mp_loss loss_of(const struct mp_report_ctx *c)
+{
+    return c->build ? c->build->loss : c->prog ? c->prog->opts.loss : MP_LOSS_HF;
+}
+static double label_fraction_of(const struct mp_report_ctx *c)
+{
+    return c->build ? c->build->label_fraction : c->prog ? c->prog->opts.label_fraction : 1.0;
+}
+
 static cJSON *json_root(const struct mp_report_ctx *c)
 {
     cJSON *r = cJSON_CreateObject();
@@ -243,8 +253,12 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             cJSON_AddItemToObject(cf, "parallel", json_parallel_of(c->train->par));
         if (c->recipe)
             recipe_json(cf, c->recipe);
-    } else if (c->recipe) { /* suggest: the recommendation holds the settings; config the recipe */
-        recipe_json(cJSON_AddObjectToObject(r, "config"), c->recipe);
+    } else { /* suggest: the recommendation holds the settings; config what it does not search */
+        cJSON *cf = cJSON_AddObjectToObject(r, "config");
+        if (c->recipe)
+            recipe_json(cf, c->recipe);
+        cJSON_AddStringToObject(cf, "loss", mp_loss_str(loss_of(c)));
+        cJSON_AddNumberToObject(cf, "label_fraction", label_fraction_of(c));
     }
     if (c->gpu) {
         cJSON *g = cJSON_AddObjectToObject(r, "target");
@@ -890,16 +904,6 @@ static const char *peft_task(const struct mp_model *m, const char **auto_cls)
     return "CAUSAL_LM";
 }
 
-/* The loss head and label fraction of the report (suggest has no build: its program's). */
-static enum mp_loss loss_of(const struct mp_report_ctx *c)
-{
-    return c->build ? c->build->loss : c->prog ? c->prog->opts.loss : MP_LOSS_HF;
-}
-static double label_fraction_of(const struct mp_report_ctx *c)
-{
-    return c->build ? c->build->label_fraction : c->prog ? c->prog->opts.label_fraction : 1.0;
-}
-
 /* The model load and peft/bitsandbytes objects that reproduce the plan, as one runnable Python
  * prelude (docs/memory-facts.md#lora, docs/memory-facts.md#qlora): transformers 5.24's
  * from_pretrained(dtype=) (torch_dtype= is deprecated), peft 0.21's LoraConfig.  `trainer` adds
@@ -1272,12 +1276,6 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
     const char *target = c->gpu ? c->gpu->name : "the target"; /* (fill_ctx leaves out a 0-byte target) */
     if (c->json) {
         cJSON *r = json_root(c);
-        /* what suggest does not search (json_root made it when there is a recipe) */
-        cJSON *cf = cJSON_GetObjectItemCaseSensitive(r, "config");
-        if (!cf)
-            cf = cJSON_AddObjectToObject(r, "config");
-        cJSON_AddStringToObject(cf, "loss", mp_loss_str(loss_of(c)));
-        cJSON_AddNumberToObject(cf, "label_fraction", label_fraction_of(c));
         if (s->best >= 0)
             cJSON_AddItemToObject(r, "recommendation", json_candidate(&s->cand[s->best]));
         else
