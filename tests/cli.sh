@@ -835,6 +835,29 @@ fi
 expect_line 4 "probe of a cohere config: refused, one line" probe models/hf/aya-expanse-8b.json --backend host \
     --batch 1 --seq 64
 
+# --head / --num-labels: the class and classes asked, planned and emitted; refusals one line each
+expect_line 2 "--head: an unknown name" estimate models/hf/llama-3.2-1b.json --head classifier
+expect_line 2 "--num-labels 0: out of range" estimate models/hf/llama-3.2-1b.json --head seq-cls --num-labels 0
+expect_line 3 "--head mlm on llama: transformers has none" estimate models/hf/llama-3.2-1b.json --head mlm
+expect_line 3 "--num-labels on a causal LM" estimate models/hf/llama-3.2-1b.json --num-labels 4
+expect_line 3 "--head on a memplan model" estimate models/gpt2-124m.json --head seq-cls
+run estimate models/hf/llama-3.2-1b.json --seq 128 --head seq-cls --num-labels 5 --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["model"]
+# LlamaForSequenceClassification: the base model and score = Linear(2048, 5, bias=False)
+assert m["class"] == "LlamaForSequenceClassification" and m["params"] == 1235814400 + 2048 * 5, m' "$T/out"; then
+    ok "--head seq-cls --num-labels 5: model.class and the score's params in --json"
+else
+    bad "--head seq-cls --num-labels 5: model.class and the score's params in --json"
+fi
+run suggest models/hf/llama-3.2-1b.json --seq 128 --head seq-cls --num-labels 5 --finetune lora --gpu t4 \
+    --no-probe --emit hf
+if [ "$ec" -eq 0 ] && grep -q "AutoModelForSequenceClassification.from_pretrained(NAME, .*num_labels=5)" "$T/out" &&
+    grep -q 'task_type="SEQ_CLS"' "$T/out"; then
+    ok "--emit hf loads the head asked with its classes (num_labels=5, task_type SEQ_CLS)"
+else
+    bad "--emit hf loads the head asked with its classes (num_labels=5, task_type SEQ_CLS)"
+fi
+
 # --loss / --label-fraction: unknown names, ranges, what is not modelled, heads other than a causal
 # LM's, the probe: one line each; a modelled loss is recorded (config.loss) and named in the text
 expect_line 2 "--loss: an unknown name" estimate models/hf/qwen3-0.6b.json --loss frobnicate

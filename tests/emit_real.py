@@ -20,6 +20,7 @@ GPU in TrainingArguments' validation; on a machine without one the check is patc
 construction, which is said on the line.
 """
 import builtins
+import copy
 import json
 import os
 import subprocess
@@ -61,6 +62,8 @@ CASES = [
                                                "--checkpoint", "layers", "--loss", "chunked-nll"]),
     ("lora layers:2+offload", ["models/hf/llama-3.2-1b.json", "--gpu", "t4", "--finetune", "lora", "--seq", "1024",
                                "--checkpoint", "layers:2+offload", "--no-probe"]),
+    ("lora seq-cls 5 labels", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--finetune", "lora",
+                               "--head", "seq-cls", "--num-labels", "5", "--seq", "512"]),
     ("full checkpoint none", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-80gb", "--checkpoint", "none", "--seq", "512"]),
     ("vit lora", ["models/vit-b16.json", "--gpu", "a100-40gb", "--finetune", "lora"]),
     ("mistral 8 gpus", ["models/hf/mistral-7b.json", "--gpu", "h100-80gb", "--gpus", "8"]),
@@ -77,7 +80,8 @@ def memplan_trainable(args):
     keep = []
     i = 1
     while i < len(args):
-        if args[i] in ("--finetune", "--lora-targets", "--lora-r", "--lora-alpha", "--lora-dropout"):
+        if args[i] in ("--finetune", "--lora-targets", "--lora-r", "--lora-alpha", "--lora-dropout", "--head",
+                       "--num-labels"):
             keep += args[i:i + 2]
         i += 2 if args[i].startswith("--") else 1
     r = subprocess.run([MEMPLAN, "estimate", args[0], "--seq", "16", "--json"] + keep, capture_output=True, text=True)
@@ -126,10 +130,16 @@ else:
                 def fp(name_or_path, _cls=cls, **kw):
                     kw.pop("quantization_config", None)  # bitsandbytes needs a GPU: the shapes are the same
                     dt = kw.pop("dtype", None)
+                    c = cfg
+                    if "num_labels" in kw:  # from_pretrained's config kwarg, as transformers applies it
+                        c = copy.deepcopy(cfg)
+                        c.num_labels = kw.pop("num_labels")
+                    if kw:
+                        raise TypeError("emitted from_pretrained kwargs this check does not apply: %s" % sorted(kw))
                     if meta:
                         with torch.device("meta"):
-                            return _cls.from_config(cfg, dtype=dt)
-                    return _cls.from_config(cfg, dtype=dt)
+                            return _cls.from_config(c, dtype=dt)
+                    return _cls.from_config(c, dtype=dt)
 
                 cls.from_pretrained = fp
         old = os.getcwd()

@@ -15,6 +15,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ir/finetune.h"
 #include "ir/layers.h"
@@ -199,6 +200,96 @@ static void test_params_llama_biases_counted(void **state)
     uint64_t layer = 2 * (64 * 64 + 64) + 2 * (64 * 32 + 32) + 2 * (64 * 128 + 128) + (128 * 64 + 64) + 2 * 64;
     assert_int_equal(params_of(&m), 2 * 100 * 64 + 2 * layer + 64);
     mp_model_release(&m);
+}
+
+/* ---- --head and --num-labels (struct mp_model_request) -------------------------------------- */
+
+/* Each count is transformers 5.24's for that class built from the bundled config with
+ * num_labels as asked, on the meta device: getattr(transformers, CLASS)(AutoConfig.for_model(
+ * **config, num_labels=N)), sum of p.numel() over model.parameters(). */
+static void test_request_heads_count_as_transformers(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *path;
+        enum mp_head head;
+        uint64_t labels, params;
+        const char *cls;
+    } cases[] = {
+        {"models/hf/llama-3.2-1b.json", MP_HEAD_SEQ_CLS, 5, 1235824640u, "LlamaForSequenceClassification"},
+        {"models/hf/llama-3.2-1b.json", MP_HEAD_TOKEN_CLS, 0, 1235818498u, "LlamaForTokenClassification"},
+        {"models/hf/bert-base-uncased.json", MP_HEAD_TOKEN_CLS, 9, 108898569u, "BertForTokenClassification"},
+        {"models/hf/gpt2.json", MP_HEAD_SEQ_CLS, 3, 124442112u, "GPT2ForSequenceClassification"},
+        {"models/hf/flan-t5-base.json", MP_HEAD_QA, 0, 222905090u, "T5ForQuestionAnswering"},
+        {"models/hf/qwen2-0.5b.json", MP_HEAD_SEQ_CLS, 1, 494033664u, "Qwen2ForSequenceClassification"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct mp_model m;
+        struct mp_diag d = {{0}};
+        struct mp_model_request rq = {.head = (int)cases[i].head, .num_labels = cases[i].labels};
+        if (mp_model_load_file_as(&m, cases[i].path, &rq, &d) != MP_OK)
+            fail_msg("%s: %s", cases[i].path, d.msg);
+        assert_string_equal(m.hf_class, cases[i].cls);
+        assert_int_equal(params_of(&m), cases[i].params);
+        mp_model_release(&m);
+    }
+}
+
+/* A request transformers cannot build is refused naming the option, never dropped. */
+static void test_request_refusals(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *path;
+        int head;
+        uint64_t labels;
+        const char *msg;
+    } cases[] = {
+        {"models/hf/llama-3.2-1b.json", MP_HEAD_MLM, 0,
+         "models/hf/llama-3.2-1b.json: --head mlm: transformers has no ForMaskedLM class for llama (its heads: "
+         "causal-lm, seq-cls, token-cls, qa, base)"},
+        {"models/hf/llama-3.2-1b.json", -1, 3,
+         "models/hf/llama-3.2-1b.json: --num-labels: the LlamaForCausalLM head has no classes (give --head seq-cls "
+         "or token-cls; llama: causal-lm, seq-cls, token-cls, qa, base)"},
+        {"models/hf/llama-3.2-1b.json", MP_HEAD_QA, 3,
+         "models/hf/llama-3.2-1b.json: --num-labels 3: a qa head has 2 outputs (the start and end logits)"},
+        {"models/gpt2-124m.json", MP_HEAD_SEQ_CLS, 0,
+         "models/gpt2-124m.json: --head applies to a Hugging Face config.json (a memplan model names its head "
+         "layers itself)"},
+        {"models/hf/gemma-3-4b-it.json", MP_HEAD_SEQ_CLS, 0,
+         "models/hf/gemma-3-4b-it.json: --head: a gemma3 checkpoint is read as its language model's causal LM "
+         "(text-only fine-tuning); other heads on it are not modelled"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct mp_model m;
+        struct mp_diag d = {{0}};
+        struct mp_model_request rq = {.head = cases[i].head, .num_labels = cases[i].labels};
+        assert_int_equal(mp_model_load_file_as(&m, cases[i].path, &rq, &d), MP_ERR_MODEL);
+        assert_string_equal(d.msg, cases[i].msg);
+    }
+}
+
+/* --num-labels replaces id2label, which transformers otherwise counts first (5 classes here). */
+static void test_request_labels_replace_id2label(void **state)
+{
+    (void)state;
+    char cfg[64];
+    snprintf(cfg, sizeof cfg, "/tmp/memplan_test_id2label.%ld.json", (long)getpid());
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fputs(LLAMA_TINY(", \"architectures\": [\"LlamaForSequenceClassification\"], \"id2label\": {\"0\": \"a\", "
+                     "\"1\": \"b\", \"2\": \"c\", \"3\": \"d\", \"4\": \"e\"}"), f);
+    fclose(f);
+    struct mp_model m;
+    struct mp_diag d = {{0}};
+    struct mp_model_request none = {.head = -1}, rq = {.head = -1, .num_labels = 7};
+    assert_int_equal(mp_model_load_file_as(&m, cfg, &none, &d), MP_OK);
+    uint64_t five = params_of(&m);
+    mp_model_release(&m);
+    assert_int_equal(mp_model_load_file_as(&m, cfg, &rq, &d), MP_OK);
+    assert_int_equal(params_of(&m), five + 2 * 64); /* score: Linear(64, labels, bias=False) */
+    mp_model_release(&m);
+    remove(cfg);
 }
 
 /* ---- detection and common fields ------------------------------------------ */
@@ -2105,6 +2196,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_params_gpt2),
+        cmocka_unit_test(test_request_heads_count_as_transformers),
+        cmocka_unit_test(test_request_refusals),
+        cmocka_unit_test(test_request_labels_replace_id2label),
         cmocka_unit_test(test_params_gpt2_medium),
         cmocka_unit_test(test_params_llama2_7b),
         cmocka_unit_test(test_params_llama2_70b),

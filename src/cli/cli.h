@@ -42,6 +42,8 @@ struct args {
     double label_fraction; /* --label-fraction */
     bool ckpt_set;      /* --checkpoint given (suggest: only that plan is searched) */
     int use_cache; /* -1: the config's; 0 off; 1 on */
+    int head;            /* --head (enum mp_head); -1: the config's architectures[0] */
+    uint64_t num_labels; /* --num-labels; 0: the config's */
     const char *gpu;
     uint64_t vram;
     int device;

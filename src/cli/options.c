@@ -135,6 +135,10 @@ static const struct opt OPTS[] = {
     {0, "use-cache", "on|off", C_ALL, K_CHOICE, FIELD(use_cache), .choices = ON_OFF,
      .help = "HF decoders: transformers' use_cache in training (default: the config's; off under --checkpoint "
              "layers)"},
+    {0, "head", "H", C_ALL, K_ENUM, FIELD(head), .parse = mp_head_parse, .names = mp_head_names,
+     .help = ": HF configs: the task head, replacing architectures[0]'s (default: the config's)"},
+    {0, "num-labels", "N", C_ALL, INT(1, 1ull << 40), FIELD(num_labels), .expect = "a positive integer",
+     .help = "classes of a seq-cls or token-cls head, replacing num_labels/id2label (default: the config's)"},
     {0, "gpu", "NAME", C_TARGET, K_STRING, FIELD(gpu),
      .help = "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {0, "vram", "SIZE", C_PLAN | C_SUGG | C_CHECK, K_SIZE, .lo = 1, FIELD(vram),
@@ -440,6 +444,7 @@ static void args_default(const struct command *c, struct args *a)
     a->loss = MP_LOSS_HF;
     a->label_fraction = 1.0;
     a->use_cache = -1;
+    a->head = -1;
     a->margin = 0.05;
     a->moe_capacity = 1.0;
     a->steps = 3;

@@ -351,7 +351,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     if (rc0)
         return rc0;
     a->model = model_file;
-    enum mp_status st = mp_model_load_file(&s->model, a->model, d);
+    struct mp_model_request rq = {.head = a->head, .num_labels = a->num_labels};
+    enum mp_status st = mp_model_load_file_as(&s->model, a->model, &rq, d);
     if (st != MP_OK)
         return cli_fail(st, d); /* nothing loaded: nothing to release */
     mp_build_opts_default(&s->build);
@@ -413,6 +414,8 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
     c->margin_pct = 100.0 * a->margin;
     c->moe_capacity = a->moe_capacity;
     c->recipe = a->rec;
+    c->head = a->head >= 0 ? mp_head_str((enum mp_head)a->head) : NULL;
+    c->num_labels = a->num_labels;
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
 }
 

@@ -405,6 +405,8 @@ enum mp_status mp_program_check(const struct mp_model *m, struct mp_diag *d);
  * mp_program_check.  On error returns MP_ERR_IO/JSON/MODEL/RANGE with d->msg =
  * "path: place: problem" and the model released (model_check.c). */
 enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct mp_diag *d);
+enum mp_status mp_model_load_file_as(struct mp_model *m, const char *path, const struct mp_model_request *rq,
+                                     struct mp_diag *d);
 enum mp_status mp_model_load_string(struct mp_model *m, const char *text, size_t len, const char *path,
                                     struct mp_diag *d);
 

@@ -26,3 +26,9 @@ enum mp_status mp_model_load_file(struct mp_model *m, const char *path, struct m
 {
     return checked(m, mp_model_read_file(m, path, d), d);
 }
+
+enum mp_status mp_model_load_file_as(struct mp_model *m, const char *path, const struct mp_model_request *rq,
+                                     struct mp_diag *d)
+{
+    return checked(m, mp_model_read_file_as(m, path, rq, d), d);
+}

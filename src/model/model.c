@@ -96,13 +96,24 @@ const char *mp_attn_impl_names(const char *sep, const char *last)
     return mp_join(buf, sizeof buf, attn_names, N_ATTN, sep, last);
 }
 
-int mp_attn_impl_parse(const char *s)
+int mp_attn_impl_parse(const char *s) { return mp_name_index(attn_names, N_ATTN, s); }
+
+static const char *const head_names[] = {
+#define MP_X(id, name, suffix) name,
+    MP_HEADS(MP_X)
+#undef MP_X
+};
+#define N_HEADS (sizeof head_names / sizeof head_names[0])
+
+const char *mp_head_str(enum mp_head h) { return (unsigned)h < N_HEADS ? head_names[h] : "?"; }
+
+const char *mp_head_names(const char *sep, const char *last)
 {
-    for (size_t i = 0; i < N_ATTN; i++)
-        if (strcmp(s, attn_names[i]) == 0)
-            return (int)i;
-    return -1;
+    static char buf[96];
+    return mp_join(buf, sizeof buf, head_names, N_HEADS, sep, last);
 }
+
+int mp_head_parse(const char *s) { return mp_name_index(head_names, N_HEADS, s); }
 
 void mp_model_init(struct mp_model *m)
 {

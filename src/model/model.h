@@ -290,6 +290,7 @@ struct mp_model {
     char source[8];          /* "memplan" or "hf" */
     char path[256];          /* file it came from, for messages */
     char hf_type[32];        /* model_type of an HF config, else "" */
+    char hf_class[96];       /* an HF config's architectures[0] (after --head), else "" */
     struct mp_quant quant;   /* quantization_config of an HF checkpoint (kind MP_Q_NONE: none) */
     char ckpt_dtype[16];     /* an HF config's torch_dtype (or dtype): the checkpoint's storage ("" unknown) */
     bool kv_cache;           /* an HF decoder that can fill a DynamicCache (else use_cache is moot) */
@@ -344,6 +345,21 @@ struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t
 enum mp_status mp_model_read_file(struct mp_model *m, const char *path, struct mp_diag *d);
 enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t len, const char *path,
                                     struct mp_diag *d);
+
+/* What the user asks of an HF config beyond its file (--head, --num-labels): head -1 and
+ * num_labels 0 ask nothing.  head replaces architectures[0]'s task head with the family's class
+ * of that head; num_labels replaces num_labels and id2label (a classification head's classes).
+ * A request on a memplan model, or a head transformers does not have for the family, is
+ * MP_ERR_MODEL naming the option. */
+struct mp_model_request {
+    int head;            /* enum mp_head, or -1 */
+    uint64_t num_labels; /* 0: the config's */
+};
+enum mp_status mp_model_read_file_as(struct mp_model *m, const char *path, const struct mp_model_request *rq,
+                                     struct mp_diag *d);
+const char *mp_head_str(enum mp_head h);
+int mp_head_parse(const char *s);                             /* -1 if unknown */
+const char *mp_head_names(const char *sep, const char *last); /* (util.h mp_join) */
 
 /* metadata.total_size of a model.safetensors.index.json (the bytes of every tensor a sharded
  * checkpoint stores). */

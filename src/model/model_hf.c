@@ -2296,6 +2296,9 @@ static enum mp_status from_hf(struct mp_model *m, const cJSON *root, const cJSON
         return st;
     m->use_cache = m->use_cache && m->kv_cache;
     snprintf(m->hf_type, sizeof m->hf_type, "%s", type);
+    const cJSON *a0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "architectures"), 0);
+    if (cJSON_IsString(a0))
+        snprintf(m->hf_class, sizeof m->hf_class, "%s", a0->valuestring);
     if ((st = set_model_name(m, root, type, path, d)) != MP_OK)
         return st;
     if (c.f->enc_dec) { /* t5_model sets its cache flags itself */
@@ -2400,4 +2403,134 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
             return st;
         }
     return from_hf(m, root, root, type, NULL, path, d);
+}
+
+/* ---- --head and --num-labels ------------------------------------------------------------------
+ *
+ * The request rewrites the config as transformers' from_pretrained(num_labels=) and loading the
+ * head's Auto class would: architectures[0] becomes the family's class of that head (its prefix
+ * kept from the file's class, else the model_type), num_labels the classes (id2label and
+ * label2id dropped: PretrainedConfig's num_labels setter makes them anew).  The readers then
+ * check and build the head as for a file that named it. */
+
+/* memplan's head (sets.h MP_HEADS) as this reader's; T5's own class suffixes. */
+static const enum head head_of_option[] = {H_CAUSAL, H_MASKED, H_SEQ, H_TOKEN, H_QA, H_BARE};
+static const char *const t5_suffix_of_option[] = {"ForConditionalGeneration", NULL, NULL, "ForTokenClassification",
+                                                  "ForQuestionAnswering", "Model"};
+static const char *const suffix_of_option[] = {
+#define MP_X(id, name, suffix) suffix,
+    MP_HEADS(MP_X)
+#undef MP_X
+};
+
+/* The heads transformers has for f, as --head names them. */
+static void head_options(const struct family *f, char *out, size_t cap)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (int h = 0; h <= MP_HEAD_BASE; h++)
+        if (f->enc_dec ? t5_suffix_of_option[h] != NULL : (f->heads & HEAD(head_of_option[h])) != 0)
+            len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%s", len ? ", " : "",
+                                    mp_head_str((enum mp_head)h));
+}
+
+/* Whether the head has classes (num_labels), and whether only 2 run (start and end logits). */
+static bool head_has_labels(enum head h, bool *only_two)
+{
+    *only_two = h == H_QA;
+    return h == H_SEQ || h == H_TOKEN || h == H_QA || h == H_IMAGE;
+}
+
+enum mp_status mp_hf_apply_request(cJSON *root, const struct mp_model_request *rq, const char *path,
+                                   struct mp_diag *d)
+{
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if ((rq->head < 0 && !rq->num_labels) || !cJSON_IsString(mt))
+        return MP_OK; /* (a missing model_type: the reader says so) */
+    const char *type = mt->valuestring, *opt = rq->head >= 0 ? mp_head_str((enum mp_head)rq->head) : NULL;
+    for (size_t i = 0; i < N_MULTIMODAL; i++)
+        if (!strcmp(type, multimodal[i].type)) {
+            if ((opt && rq->head != MP_HEAD_CAUSAL_LM) || rq->num_labels)
+                return mp_fail(d, MP_ERR_MODEL, "%s: --%s: a %s checkpoint is read as its language model's causal "
+                               "LM (text-only fine-tuning); other heads on it are not modelled", path,
+                               opt ? "head" : "num-labels", type);
+            return MP_OK;
+        }
+    const struct family *f = NULL;
+    for (size_t i = 0; i < N_FAMILIES && !f; i++)
+        if (!strcmp(type, families[i].type))
+            f = &families[i];
+    if (!f)
+        return MP_OK; /* the reader refuses the model_type */
+    char list[160], prefix[128];
+    head_options(f, list, sizeof list);
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
+    const char *cls = cJSON_IsString(a0) ? a0->valuestring : NULL;
+    /* the head the file names (the reader checks it when --head does not replace it) */
+    enum head now = f->default_head, h;
+    snprintf(prefix, sizeof prefix, "%s", type);
+    if (f->enc_dec) {
+        bool umt5 = !strcmp(type, "umt5"), mt5 = umt5 || !strcmp(type, "mt5");
+        snprintf(prefix, sizeof prefix, "%s", umt5 ? "UMT5" : mt5 ? "MT5" : "T5");
+        size_t pl = strlen(prefix);
+        now = H_CAUSAL;
+        if (cls && !strncmp(cls, prefix, pl))
+            now = !strcmp(cls + pl, "ForTokenClassification") ? H_TOKEN
+                  : !strcmp(cls + pl, "ForQuestionAnswering") ? H_QA
+                                                              : H_CAUSAL;
+    } else if (cls && head_of_class(cls, &h)) {
+        now = h;
+        for (size_t i = 0; i < sizeof head_classes / sizeof head_classes[0]; i++) {
+            size_t n = strlen(cls), k = strlen(head_classes[i].suffix);
+            if (head_classes[i].h == h && n > k && !strcmp(cls + n - k, head_classes[i].suffix)) {
+                snprintf(prefix, sizeof prefix, "%.*s", (int)(n - k), cls);
+                break;
+            }
+        }
+    }
+    if (opt) {
+        const char *suffix = f->enc_dec ? t5_suffix_of_option[rq->head] : suffix_of_option[rq->head];
+        if (f->enc_dec && rq->head == MP_HEAD_SEQ_CLS)
+            return mp_fail(d, MP_ERR_MODEL, "%s: --head seq-cls: %sForSequenceClassification is not modelled (it "
+                           "gathers the hidden states at the <eos> positions of input_ids, a data-dependent size)",
+                           path, prefix);
+        if (!suffix || (!f->enc_dec && !(f->heads & HEAD(head_of_option[rq->head]))))
+            return mp_fail(d, MP_ERR_MODEL, "%s: --head %s: transformers has no %s class for %s (its heads: %s)",
+                           path, opt, suffix ? suffix : suffix_of_option[rq->head], type, list);
+        char name[192];
+        snprintf(name, sizeof name, "%s%s", prefix, suffix);
+        cJSON *a = cJSON_CreateArray(), *s = cJSON_CreateString(name);
+        if (!a || !s || !cJSON_AddItemToArray(a, s)) {
+            cJSON_Delete(a);
+            cJSON_Delete(s);
+            return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", path);
+        }
+        if (arch ? !cJSON_ReplaceItemInObjectCaseSensitive(root, "architectures", a)
+                 : !cJSON_AddItemToObject(root, "architectures", a)) {
+            cJSON_Delete(a);
+            return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", path);
+        }
+        now = head_of_option[rq->head];
+    }
+    if (!rq->num_labels)
+        return MP_OK;
+    bool only_two;
+    if (!head_has_labels(now, &only_two))
+        return mp_fail(d, MP_ERR_MODEL, "%s: --num-labels: the %s head has no classes (give --head seq-cls or "
+                       "token-cls; %s: %s)", path, opt ? opt : cls ? cls : "model's", type, list);
+    if (only_two && rq->num_labels != 2)
+        return mp_fail(d, MP_ERR_MODEL, "%s: --num-labels %llu: a qa head has 2 outputs (the start and end logits)",
+                       path, (unsigned long long)rq->num_labels);
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "id2label");
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "label2id");
+    cJSON *n = cJSON_CreateNumber((double)rq->num_labels);
+    if (!n)
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", path);
+    if (cJSON_GetObjectItemCaseSensitive(root, "num_labels") ? !cJSON_ReplaceItemInObjectCaseSensitive(root, "num_labels", n)
+                                                             : !cJSON_AddItemToObject(root, "num_labels", n)) {
+        cJSON_Delete(n);
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", path);
+    }
+    return MP_OK;
 }

@@ -11,8 +11,8 @@
 
 #define MP_FILE_MAX (64u << 20)
 
-enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t len, const char *path,
-                                    struct mp_diag *d)
+static enum mp_status read_string(struct mp_model *m, const char *text, size_t len, const char *path,
+                                  const struct mp_model_request *rq, struct mp_diag *d)
 {
     mp_model_init(m);
     snprintf(m->path, sizeof m->path, "%s", path);
@@ -22,8 +22,14 @@ enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t
         return st;
     if (!cJSON_IsObject(root))
         st = mp_fail(d, MP_ERR_MODEL, "%s: expected a JSON object at the top level", path);
-    else
-        st = mp_json_is_hf(root) ? mp_model_from_hf(m, root, path, d) : mp_model_from_memplan(m, root, path, d);
+    else if (rq && (rq->head >= 0 || rq->num_labels) && !mp_json_is_hf(root))
+        st = mp_fail(d, MP_ERR_MODEL, "%s: --%s applies to a Hugging Face config.json (a memplan model names its "
+                     "head layers itself)", path, rq->head >= 0 ? "head" : "num-labels");
+    else if (mp_json_is_hf(root)) {
+        if ((st = rq ? mp_hf_apply_request(root, rq, path, d) : MP_OK) == MP_OK)
+            st = mp_model_from_hf(m, root, path, d);
+    } else
+        st = mp_model_from_memplan(m, root, path, d);
     cJSON_Delete(root);
     if (st == MP_OK)
         mp_model_mark_copies(m); /* (the program check skips copies of copies by their period) */
@@ -32,7 +38,19 @@ enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t
     return st;
 }
 
+enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t len, const char *path,
+                                    struct mp_diag *d)
+{
+    return read_string(m, text, len, path, NULL, d);
+}
+
 enum mp_status mp_model_read_file(struct mp_model *m, const char *path, struct mp_diag *d)
+{
+    return mp_model_read_file_as(m, path, NULL, d);
+}
+
+enum mp_status mp_model_read_file_as(struct mp_model *m, const char *path, const struct mp_model_request *rq,
+                                     struct mp_diag *d)
 {
     mp_model_init(m);
     char *buf;
@@ -40,7 +58,7 @@ enum mp_status mp_model_read_file(struct mp_model *m, const char *path, struct m
     enum mp_status st = mp_read_file(path, MP_FILE_MAX, "a model file", &buf, &n, d);
     if (st != MP_OK)
         return st;
-    st = mp_model_read_string(m, buf, n, path, d);
+    st = read_string(m, buf, n, path, rq, d);
     free(buf);
     return st;
 }

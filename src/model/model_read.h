@@ -16,6 +16,12 @@ bool mp_json_is_hf(const cJSON *root);
 
 enum mp_status mp_model_from_memplan(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d);
 enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const char *path, struct mp_diag *d);
+/* Rewrites root as the user's request asks (model.h struct mp_model_request): architectures[0]
+ * becomes the family's class of the head asked, num_labels the classes asked (id2label and
+ * label2id dropped, as transformers' num_labels= does).  Refuses, naming the option, a head the
+ * family's transformers classes do not have and classes for a head without them. */
+enum mp_status mp_hf_apply_request(cJSON *root, const struct mp_model_request *rq, const char *path,
+                                   struct mp_diag *d);
 
 /* A multimodal checkpoint's vision tower and projector (model_type gemma3, qwen2_5_vl, qwen2_vl,
  * mistral3), from root's vision_config: their parameters and Linears (model_hf_vision.c). */

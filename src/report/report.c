@@ -200,6 +200,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
     cJSON_AddStringToObject(m, "name", c->model->name);
     cJSON_AddStringToObject(m, "source", strcmp(c->model->source, "hf") == 0 ? "hf" : "memplan");
     cJSON_AddStringToObject(m, "path", c->model->path);
+    if (c->model->hf_class[0])
+        cJSON_AddStringToObject(m, "class", c->model->hf_class);
     if (c->prog) {
         ju64(m, "params", c->prog->total_params);
         ju64(m, "trainable_params", c->prog->trainable_params);
@@ -512,6 +514,14 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", shown(c->model->name),
             strcmp(c->model->source, "hf") == 0 ? "HF config" : "memplan JSON",
             c->prog ? count(c->prog->total_params) : "?", c->model->n_blocks);
+    if (c->head || c->num_labels) { /* --head, --num-labels: the class they made of the config */
+        char lb[48] = "", how[64];
+        if (c->num_labels)
+            snprintf(lb, sizeof lb, ", %llu labels", (unsigned long long)c->num_labels);
+        snprintf(how, sizeof how, "%s%s%s%s", c->head ? "--head " : "", c->head ? c->head : "",
+                 c->head && c->num_labels ? ", " : "", c->num_labels ? "--num-labels" : "");
+        fprintf(out, "head      %s%s (%s)\n", shown(c->model->hf_class), lb, how);
+    }
     if (c->model->idle.params) /* a multimodal checkpoint (model.h struct mp_idle) */
         fprintf(out, "text-only %s params (%s) resident, unused: no .grad,\n"
                      "          no optimizer state, no activations (image inputs are not modelled)\n",
@@ -929,14 +939,18 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
             shown(c->model->name));
     /* weights: fp32 under amp and FSDP's mixed-bf16 (its policy casts the gathered copy); bf16 when pure */
     const char *dt = b->precision == MP_PREC_BF16 && !b->par.mixed_bf16 ? "bfloat16" : "float32";
+    char labels[48] = ""; /* --num-labels: from_pretrained's num_labels= sets the head's classes */
+    if (c->num_labels)
+        snprintf(labels, sizeof labels, ", num_labels=%llu", (unsigned long long)c->num_labels);
     if (bnb) {
         fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
                      "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
                 f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
                 b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
-        fprintf(out, "model = %s.from_pretrained(NAME, quantization_config=bnb_config,\n    dtype=torch.%s)\n", auto_cls, dt);
+        fprintf(out, "model = %s.from_pretrained(NAME, quantization_config=bnb_config,\n    dtype=torch.%s%s)\n", auto_cls,
+                dt, labels);
     } else {
-        fprintf(out, "model = %s.from_pretrained(NAME, dtype=torch.%s)\n", auto_cls, dt);
+        fprintf(out, "model = %s.from_pretrained(NAME, dtype=torch.%s%s)\n", auto_cls, dt, labels);
     }
     if (!peft)
         return;

@@ -30,6 +30,8 @@ struct mp_report_ctx {
     bool defaults_note;         /* print which defaults were used */
     char defaults[512];         /* "seq 1024 (model), batch 1, precision amp-bf16, ..." (the cli's, whole) */
     const struct mp_recipe *recipe; /* --recipe: what it set (NULL: none) */
+    const char *head;               /* --head's name (NULL: the config's head): the report says so */
+    uint64_t num_labels;            /* --num-labels (0: the config's): the snippets pass it to from_pretrained */
     double moe_capacity;        /* --moe-capacity: the busiest expert's share over the uniform one (>= 1;
                                    0 means 1) */
 };

@@ -110,6 +110,23 @@ enum mp_attn_impl {
 #undef MP_X
 };
 
+/* Task heads (--head): X(id, name, transformers' class suffix).  --head replaces the class
+ * architectures[0] names (model/model_hf.c mp_hf_apply_request: each family's row says which
+ * heads transformers has for it). */
+#define MP_HEADS(X)                                      \
+    X(CAUSAL_LM, "causal-lm", "ForCausalLM")             \
+    X(MLM, "mlm", "ForMaskedLM")                         \
+    X(SEQ_CLS, "seq-cls", "ForSequenceClassification")  \
+    X(TOKEN_CLS, "token-cls", "ForTokenClassification")  \
+    X(QA, "qa", "ForQuestionAnswering")                  \
+    X(BASE, "base", "Model")
+
+enum mp_head {
+#define MP_X(id, name, suffix) MP_HEAD_##id,
+    MP_HEADS(MP_X)
+#undef MP_X
+};
+
 /* Loss heads of a causal LM (--loss): X(id, name, how a trainer turns it on, NULL when modelled
  * or why it is not).  The bytes of each follow its library's source op by op
  * (src/ir/lower_embed_head.c lower_fused_loss, one case per row):

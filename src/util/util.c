@@ -428,3 +428,11 @@ const char *mp_join(char *buf, size_t cap, const char *const *words, size_t n, c
         MP_BUG("a joined list of %zu words outgrew its %zu-byte buffer", n, cap);
     return buf;
 }
+
+int mp_name_index(const char *const *names, size_t n, const char *s)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0)
+            return (int)i;
+    return -1;
+}

@@ -139,6 +139,8 @@ void *mp_xcalloc(size_t n, size_t size); /* MP_BUG on failure: tiny, bounded all
 /* words[0..n) joined into buf: sep between them, last (e.g. " or ") before the last one (NULL:
  * sep); MP_BUG when buf is too small (the callers join fixed tables into static buffers). */
 const char *mp_join(char *buf, size_t cap, const char *const *words, size_t n, const char *sep, const char *last);
+/* The index of s among names[0..n), or -1: the parse of a closed set's names (sets.h). */
+int mp_name_index(const char *const *names, size_t n, const char *s);
 
 /* True when word is one of the space-separated words of list. */
 bool mp_in_list(const char *list, const char *word);
