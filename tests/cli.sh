@@ -849,6 +849,13 @@ assert m["class"] == "LlamaForSequenceClassification" and m["params"] == 1235814
 else
     bad "--head seq-cls --num-labels 5: model.class and the score's params in --json"
 fi
+run estimate models/hf/llama-3.2-1b.json --seq 128 --head seq-cls --num-labels 5
+if [ "$ec" -eq 0 ] && grep -qx "class     LlamaForSequenceClassification, 5 labels (--head seq-cls, --num-labels)" \
+    "$T/out"; then
+    ok "--head seq-cls --num-labels 5: the report's class line names what was asked"
+else
+    bad "--head seq-cls --num-labels 5: the report's class line names what was asked"
+fi
 run suggest models/hf/llama-3.2-1b.json --seq 128 --head seq-cls --num-labels 5 --finetune lora --gpu t4 \
     --no-probe --emit hf
 if [ "$ec" -eq 0 ] && grep -q "AutoModelForSequenceClassification.from_pretrained(NAME, .*num_labels=5)" "$T/out" &&

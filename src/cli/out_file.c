@@ -146,7 +146,8 @@ int cli_write_timeline(const struct args *a, const char *cmd, const struct setup
     if (!a->timeline)
         return 0;
     char title[256], sub[512], ck[48]; /* sub: every part is bounded, the GPU name comes last */
-    snprintf(title, sizeof title, "%s: %s", s->model.name, cmd);
+    snprintf(title, sizeof title, "%s%s%s%s: %s", s->model.name, s->model.hf_class[0] ? " (" : "",
+             s->model.hf_class, s->model.hf_class[0] ? ")" : "", cmd);
     int n = snprintf(sub, sizeof sub, "batch %llu", (unsigned long long)prog->opts.batch);
     if (s->model.input == MP_INPUT_TOKENS)
         n += snprintf(sub + n, sizeof sub - (size_t)n, ", seq %llu", (unsigned long long)prog->opts.seq);

@@ -514,13 +514,14 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     fprintf(out, "model     %s (%s, %s params, %zu blocks)\n", shown(c->model->name),
             strcmp(c->model->source, "hf") == 0 ? "HF config" : "memplan JSON",
             c->prog ? count(c->prog->total_params) : "?", c->model->n_blocks);
-    if (c->head || c->num_labels) { /* --head, --num-labels: the class they made of the config */
-        char lb[48] = "", how[64];
+    if (c->model->hf_class[0]) { /* the class planned: architectures[0], or what --head made of it */
+        char lb[48] = "", how[64] = "";
         if (c->num_labels)
             snprintf(lb, sizeof lb, ", %llu labels", (unsigned long long)c->num_labels);
-        snprintf(how, sizeof how, "%s%s%s%s", c->head ? "--head " : "", c->head ? c->head : "",
-                 c->head && c->num_labels ? ", " : "", c->num_labels ? "--num-labels" : "");
-        fprintf(out, "head      %s%s (%s)\n", shown(c->model->hf_class), lb, how);
+        if (c->head || c->num_labels)
+            snprintf(how, sizeof how, " (%s%s%s%s)", c->head ? "--head " : "", c->head ? c->head : "",
+                     c->head && c->num_labels ? ", " : "", c->num_labels ? "--num-labels" : "");
+        fprintf(out, "class     %s%s%s\n", shown(c->model->hf_class), lb, how);
     }
     if (c->model->idle.params) /* a multimodal checkpoint (model.h struct mp_idle) */
         fprintf(out, "text-only %s params (%s) resident, unused: no .grad,\n"
