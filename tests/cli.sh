@@ -879,6 +879,7 @@ expect_line 2 "--tokens-per-batch with --seq" estimate models/hf/qwen3-0.6b.json
 expect_line 2 "--tokens-per-batch 0" estimate models/hf/qwen3-0.6b.json --tokens-per-batch 0
 expect_line 2 "--packing on a masked-LM (bidirectional attention)" estimate models/hf/bert-base-uncased.json --packing
 expect_line 2 "--packing on an encoder-decoder" estimate models/hf/flan-t5-base.json --packing
+expect_line 2 "--packing with learned positions (GPT-2): not modelled yet" estimate models/hf/gpt2.json --packing
 expect_line 2 "--packing: not a probe option" probe models/hf/qwen3-0.6b.json --packing --backend host
 run estimate models/hf/qwen3-0.6b.json --seq 128 --batch 2 --packing
 if [ "$ec" -eq 0 ] && grep -q "^packing   256 tokens per micro-batch (2 rows of packed documents" "$T/out"; then

@@ -163,12 +163,23 @@ static void test_not_causal_refused(void **state)
     mp_model_release(&m);
 }
 
+/* Learned position embeddings (GPT-2's wpe) would look up every row's positions: refused. */
+static void test_learned_positions_refused(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "models/hf/gpt2.json");
+    struct mp_program p;
+    assert_int_equal(build(&m, 2, 64, MP_ATTN_SDPA, true, true, &p), MP_ERR_USAGE);
+    mp_model_release(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unpacked_no_mask),   cmocka_unit_test(test_packed_rows_sdpa),
         cmocka_unit_test(test_padding_free_sdpa),  cmocka_unit_test(test_packed_flash_no_mask),
-        cmocka_unit_test(test_not_causal_refused),
+        cmocka_unit_test(test_not_causal_refused), cmocka_unit_test(test_learned_positions_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

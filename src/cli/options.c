@@ -483,7 +483,7 @@ static int check_rules(const struct command *c, struct args *a)
     if (a->tokens_per_batch) { /* one row of T tokens: the micro-batch in tokens */
         if (a->batch_set || a->seq_set)
             return cli_usage_error(c->name, "%s", "--tokens-per-batch is the micro-batch in tokens: it excludes "
-                                                  "--batch and --seq");
+                                                  "--batch and --seq (a recipe's batch and length too)");
         a->batch = 1;
         a->batch_set = true;
         a->seq = a->tokens_per_batch;

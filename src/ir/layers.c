@@ -488,19 +488,26 @@ static enum mp_status finish_program(struct bld *B, const struct mp_build_opts *
     return MP_OK;
 }
 
-/* Can the rows hold packed documents: token inputs, no encoder-decoder, and every attention layer
- * causal self-attention (what transformers' create_causal_mask packs from position ids). */
-static bool packable(const struct mp_model *m)
+/* Why the rows cannot hold packed documents as memplan plans them, or NULL: packing needs token
+ * inputs, no encoder-decoder, every attention layer causal self-attention (what transformers'
+ * create_causal_mask packs from position ids); learned positions (GPT-2, OPT) would look up a
+ * (b, s, h) table for the collator's position ids and cap each document, not the row: not
+ * modelled yet. */
+static const char *unpackable(const struct mp_model *m)
 {
+    const char *causal = "packing is planned for causal language models (token inputs, causal self-attention, "
+                         "no encoder-decoder)";
     if (m->input != MP_INPUT_TOKENS || m->enc_dec || !mp_model_has_attention(m))
-        return false;
+        return causal;
     for (size_t i = 0; i < m->n_blocks; i++)
         for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
             const struct mp_layer *l = &m->blocks[i].layers[j];
             if ((l->type == MP_LT_ATTENTION || l->type == MP_LT_TRANSFORMER_BLOCK) && !l->causal)
-                return false;
+                return causal;
+            if (l->type == MP_LT_POS_EMBEDDING)
+                return "packed rows with learned position embeddings: not modelled yet";
         }
-    return true;
+    return NULL;
 }
 
 static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
@@ -523,10 +530,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
                        "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
                        m->path, m->hf_type);
-    if ((o->packing || o->padding_free) && !packable(m))
-        return mp_fail(d, MP_ERR_USAGE, "%s: %s: packing is planned for causal language models (token inputs, "
-                       "causal self-attention, no encoder-decoder)", m->path,
-                       o->padding_free ? "--tokens-per-batch" : "--packing");
+    const char *unpacked = o->packing || o->padding_free ? unpackable(m) : NULL;
+    if (unpacked)
+        return mp_fail(d, MP_ERR_USAGE, "%s: %s: %s", m->path, o->padding_free ? "--padding-free" : "--packing",
+                       unpacked);
     /* padding-free: the micro-batch's rows concatenated into one (TRL's DataCollatorForLanguageModeling
      * with padding_free, trl 1.16.0 trainer/sft_trainer.py:186-191): tokens b x s in a row of b x s */
     uint64_t rows = p->opts.batch, row_len = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1;

@@ -208,7 +208,9 @@ static uint64_t packed_tokens(const struct mp_report_ctx *c, uint64_t b)
 static void packing_line(FILE *out, const struct mp_report_ctx *c, uint64_t b, const char *lead)
 {
     uint64_t t = packed_tokens(c, b);
-    if (c->prog && c->prog->opts.padding_free)
+    if (c->prog && c->prog->opts.padding_free && b == 1)
+        fprintf(out, "%s%llu tokens per micro-batch in one row (padding-free)\n", lead, (unsigned long long)t);
+    else if (c->prog && c->prog->opts.padding_free)
         fprintf(out, "%s%llu tokens per micro-batch in one row (padding-free: %llu rows concatenated)\n", lead,
                 (unsigned long long)t, (unsigned long long)b);
     else

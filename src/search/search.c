@@ -1313,7 +1313,7 @@ static const struct variant {
     {"--optimizer adam8bit", "adamw_bnb_8bit: 8-bit states", MP_LOSS_HF, MP_OPT_ADAM8BIT, 0},
     /* where the rows are padded: each packed row holds seq real tokens (listed when it fits) */
     {"--packing", "rows of packed documents, no padding", MP_LOSS_HF, MP_OPT_ADAMW, 1},
-    {"--padding-free", "TRL packing=True: the rows in one, no padding", MP_LOSS_HF, MP_OPT_ADAMW, 2},
+    {"--padding-free", "TRL packing=True, DataCollatorWithFlattening: one row", MP_LOSS_HF, MP_OPT_ADAMW, 2},
 };
 
 /* It fits: each variant of VARIANTS the user did not pick, searched alone (no probes), listed in
