@@ -902,6 +902,65 @@ else
     bad "--loss: config.loss and label_fraction recorded; the chunked head's peak is below hf's"
 fi
 
+# --packing / --padding-free / --tokens-per-batch: the rules, the refusals, what is recorded; the
+# same tokens in one row (--tokens-per-batch 256) plan what --padding-free --batch 2 --seq 128 plans
+expect_line 2 "--tokens-per-batch with --batch" estimate models/hf/qwen3-0.6b.json --tokens-per-batch 256 --batch 2
+expect_line 2 "--tokens-per-batch with --seq" estimate models/hf/qwen3-0.6b.json --tokens-per-batch 256 --seq 64
+expect_line 2 "--tokens-per-batch 0" estimate models/hf/qwen3-0.6b.json --tokens-per-batch 0
+expect_line 2 "--packing on a masked-LM (bidirectional attention)" estimate models/hf/bert-base-uncased.json --packing
+expect_line 2 "--packing on an encoder-decoder" estimate models/hf/flan-t5-base.json --packing
+expect_line 2 "--packing with learned positions (GPT-2): not modelled yet" estimate models/hf/gpt2.json --packing
+expect_line 2 "--packing: not a probe option" probe models/hf/qwen3-0.6b.json --packing --backend host
+run estimate models/hf/qwen3-0.6b.json --seq 128 --batch 2 --packing
+if [ "$ec" -eq 0 ] && grep -q "^packing   256 tokens per micro-batch (2 rows of packed documents" "$T/out"; then
+    ok "--packing: the text report says the tokens per micro-batch"
+else
+    echo "expected a 'packing   256 tokens per micro-batch (2 rows ...' line" >"$T/why"
+    bad "--packing: the text report says the tokens per micro-batch"
+fi
+run estimate models/hf/qwen3-0.6b.json --seq 128 --batch 2 --json
+cp "$T/out" "$T/pk_none.json"
+run estimate models/hf/qwen3-0.6b.json --seq 128 --batch 2 --packing --json
+cp "$T/out" "$T/pk_rows.json"
+run estimate models/hf/qwen3-0.6b.json --seq 128 --batch 2 --padding-free --json
+cp "$T/out" "$T/pk_flat.json"
+run estimate models/hf/qwen3-0.6b.json --tokens-per-batch 256 --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--packing: config.packing (python3 not found)"
+elif python3 - "$T/pk_none.json" "$T/pk_rows.json" "$T/pk_flat.json" "$T/out" <<'PY'
+import json, sys
+n, r, f, t = (json.load(open(p)) for p in sys.argv[1:5])
+assert "packing" not in n["config"] and "tokens_per_micro_batch" not in n["config"], n["config"]
+assert r["config"]["packing"] == "rows" and r["config"]["tokens_per_micro_batch"] == 256, r["config"]
+assert f["config"]["packing"] == "padding-free" and f["config"]["tokens_per_micro_batch"] == 256, f["config"]
+assert t["config"]["packing"] == "padding-free" and t["config"]["batch"] == 1 and t["config"]["seq_len"] == 256
+# SDPA's block-diagonal mask costs memory: rows above unpacked; one row of 256 squares 2 x 128
+act = lambda d: d["memory"]["activations_bytes"]
+assert act(n) < act(r) < act(f), (act(n), act(r), act(f))
+assert act(t) == act(f) and t["memory"]["peak_allocated_bytes"] == f["memory"]["peak_allocated_bytes"]
+PY
+then
+    ok "--packing: config.packing and tokens recorded; the mask's cost; --tokens-per-batch = --padding-free"
+else
+    echo "expected config.packing rows / padding-free, 256 tokens, peaks none < rows < flat = tokens" >"$T/why"
+    bad "--packing: config.packing and tokens recorded; the mask's cost; --tokens-per-batch = --padding-free"
+fi
+run estimate models/hf/qwen3-0.6b.json --seq 128 --batch 2 --attention flash --json
+cp "$T/out" "$T/pk_fl0.json"
+run estimate models/hf/qwen3-0.6b.json --seq 128 --batch 2 --attention flash --packing --json
+if [ -n "$HAVE_PY" ] && python3 - "$T/pk_fl0.json" "$T/out" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+# flash runs varlen (no mask): the bytes of unpacked rows, but the rotary tables of every row
+d = b["memory"]["activations_bytes"] - a["memory"]["activations_bytes"]
+assert 0 <= d < 1 << 20, d
+PY
+then
+    ok "--packing under flash attention: no mask (varlen)"
+else
+    bad "--packing under flash attention: no mask (varlen)"
+fi
+
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
 expect_line 2 "--moe-capacity below 1: usage error" estimate bench/accuracy/moe/mixtral-shrunk.json --moe-capacity 0.5
@@ -1800,8 +1859,29 @@ expect_line 3 "torchtune: its chunked loss refused" check --recipe $R/torchtune-
 grep -q "torchtune-full.yaml:36: loss._component_: torchtune.modules.loss.LinearCrossEntropyLoss" "$T/err" &&
     ok "torchtune refusal names loss._component_ and line 36" || bad "torchtune refusal message"
 printf 'base_model: models/hf/gpt2.json\nsample_packing: true\n' >"$T/pack.yaml"
-expect_line 3 "Axolotl sample_packing refused" check --recipe "$T/pack.yaml" --gpu a100-80gb
+expect_line 3 "Axolotl sample_packing under SDPA refused" check --recipe "$T/pack.yaml" --gpu a100-80gb
 grep -q "pack.yaml:2: sample_packing: true: .*not modelled yet" "$T/err" && ok "names sample_packing:2" || bad "packing message"
+printf 'base_model: models/hf/qwen3-0.6b.json\nsample_packing: true\nflash_attention: true\n' >"$T/pack.yaml"
+run estimate --recipe "$T/pack.yaml" --json
+[ "$ec" -eq 0 ] && grep -q '"packing":.*"rows"' "$T/out" && ok "Axolotl sample_packing with flash: packed rows" ||
+    bad "Axolotl sample_packing with flash"
+printf 'model_name_or_path: models/hf/qwen3-0.6b.json\npacking: true\nmax_length: 512\nper_device_train_batch_size: 2\n' \
+    >"$T/trlpack.yaml"
+run estimate --recipe "$T/trlpack.yaml" --json
+[ "$ec" -eq 0 ] && grep -q '"packing":.*"padding-free"' "$T/out" &&
+    grep -q '"tokens_per_micro_batch":.*1024' "$T/out" &&
+    ok "TRL packing: true (bfd): padding-free, batch x max_length tokens in one row" || bad "TRL packing"
+printf 'model_name_or_path: models/hf/qwen3-0.6b.json\npacking: true\npacking_strategy: wrapped\n' >"$T/trlpack.yaml"
+run estimate --recipe "$T/trlpack.yaml" --json
+[ "$ec" -eq 0 ] && ! grep -q '"packing"' "$T/out" && ok "TRL packing_strategy wrapped: full rows, nothing packed" ||
+    bad "TRL wrapped packing"
+printf 'model_name_or_path: models/hf/qwen3-0.6b.json\npacking: true\npacking_strategy: ffd\n' >"$T/trlpack.yaml"
+expect_line 3 "TRL packing_strategy unknown: refused" estimate --recipe "$T/trlpack.yaml"
+printf 'stage: sft\nmodel_name_or_path: models/hf/qwen3-0.6b.json\nneat_packing: true\nuse_reentrant_gc: false\n' \
+    >"$T/lfpack.yaml"
+expect_line 3 "LLaMA-Factory neat_packing refused" estimate --recipe "$T/lfpack.yaml"
+grep -q "neat_packing: true: LLaMA-Factory's block-diagonal 4-D float mask" "$T/err" && ok "names neat_packing" ||
+    bad "neat_packing message"
 printf 'base_model: models/hf/gpt2.json\nmicro_batch_size: 2\nlora_r: 0\nadapter: lora\n' >"$T/r0.yaml"
 expect_line 3 "a recipe's value out of range (lora_r 0)" check --recipe "$T/r0.yaml" --gpu a100-80gb
 printf 'base_model: no-org/no-model\n' >"$T/nomodel.yaml"

@@ -20,6 +20,12 @@
       op by op, by torch_step.cuda_only_bytes (GPT-2's gelu_new pow), and "diff vs CUDA" compares
       memplan with torch + those bytes; the full fine-tuning row of each setting is the base model.
 
+  python3 bench/accuracy/peft_step.py lora-packing [--only NAME,...] [--out FILE.md]
+      Packed batches (memplan --packing / --padding-free) at the realistic LoRA setting: bf16,
+      LoRA all-linear r16, checkpointed layers, Llama-3.2-1B and Llama-3-8B (4 layers), 1 x 8192
+      and 2 x 4096, SDPA and eager; torch_step.train_steps' packing (position_ids passed,
+      transformers' own find_packed_sequence_indices).  Results: bench/accuracy/packing_results.md.
+
   python3 bench/accuracy/peft_step.py recompute [--only NAME,...] [--out FILE.md] [--memplan PATH]
       [--show N] [--no-save]
       Checkpointed steps whose peak is the last block's recompute and backward (issue 26 item 5,
@@ -138,20 +144,24 @@ def _trackers():
     return LiveTracker, SavedTracker
 
 
-def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, live_at_peak=False):
+def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, live_at_peak=False,
+                    packing="", attention="sdpa"):
     import gc
     import torch
     import transformers
     import transformers.masking_utils
     import peft
     from torch._subclasses.fake_tensor import FakeTensorMode
-    # fake tensors look like tracing to transformers, which would build a 4-D mask
-    transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    # fake tensors look like tracing to transformers, which would build a 4-D mask; packed rows
+    # (torch_step.train_steps' packing) keep transformers' own function and pass position_ids
     Live, Saved = _trackers()
+    import torch_step
+    transformers.masking_utils.find_packed_sequence_indices = (
+        torch_step._FIND_PACKED if packing else (lambda position_ids: None))
     with open(cfg_path) as f:
         d = json.load(f)  # the config memplan reads too (dropout already off: bench_config)
     cfg = transformers.AutoConfig.for_model(**d)
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attention
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     # Built on the meta device (peft's adapter dtype/device moves cannot swap fake parameters),
@@ -182,8 +192,13 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             tr.add(p, "param")
         for b in model.buffers():
             tr.add(b, "buffer")
-        ids = torch.randint(0, cfg.get_text_config().vocab_size, (batch, seq))
+        shape = (1, batch * seq) if packing == "padding-free" else (batch, seq)
+        ids = torch.randint(0, cfg.get_text_config().vocab_size, shape)
         labels = ids.clone()
+        kw = {}
+        if packing:  # the collator's position ids (values do not matter under fake tensors)
+            kw["position_ids"] = torch.arange(shape[1]).expand(shape[0], -1).contiguous()
+            tr.add(kw["position_ids"], "position_ids")
         opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
         for step in (1, 2):
             last = step == 2
@@ -195,7 +210,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
                 ac.__enter__()
             if last and ckpt == "none":
                 saved.__enter__()
-            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+            loss = model(input_ids=ids, labels=labels, use_cache=False, **kw).loss
             if last and ckpt == "none":
                 saved.__exit__(None, None, None)
             if ac:
@@ -216,9 +231,14 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
     return res
 
 
-def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, memplan="./memplan"):
+def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, memplan="./memplan",
+                 packing="", attention=None):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off", "--json"]  # torch: use_cache=False
+    if attention:
+        cmd += ["--attention", attention]
+    if packing:
+        cmd += ["--packing" if packing == "rows" else "--padding-free"]
     if not full:
         cmd += ["--finetune", "lora", "--lora-r", str(r)]
         if targets:
@@ -634,12 +654,69 @@ def memplan_weights(path, *extra):
     return json.loads(out)["memory"]["weights_bytes"]
 
 
+def lora_packing_bench(out, only=()):
+    """Packed batches (memplan --packing / --padding-free) at the realistic LoRA setting: bf16 base,
+    LoRA all-linear r16, transformers' checkpointing, Llama-3.2-1B and Llama-3-8B at 4 layers
+    (torch_step.load_config(.., 4): every layer is lowered alike), seq 4096 and 8192, SDPA (the
+    block-diagonal mask) and eager.  Rows go to rows/peft_step.jsonl."""
+    import tempfile
+    import time
+    import peft
+    import torch
+    import transformers
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import rowlib
+    import torch_step
+    tmpdir = tempfile.mkdtemp(prefix="peft_pack_")
+    settings = []
+    for path in ("models/hf/llama-3.2-1b.json", "models/hf/llama-3-8b.json"):
+        for (b, s_) in ((1, 8192), (2, 4096)):
+            for attn in ("sdpa", "eager"):
+                for pk in ("rows", "padding-free"):
+                    if b == 1 and pk == "padding-free":
+                        continue  # one row either way
+                    settings.append((path, b, s_, attn, pk))
+    if only:
+        settings = [x for x in settings if any(o in x[0] for o in only)]
+    lines = ["| config | b x s | attn | packing | peak torch MiB | peak memplan MiB | diff | torch peak at |",
+             "|---|---|---|---|---:|---:|---:|---|"]
+    for path, b, s_, attn, pk in settings:
+        d = torch_step.load_config(path, 4)
+        cfg = os.path.join(tmpdir, os.path.basename(path))
+        with open(cfg, "w") as f:
+            json.dump(d, f)
+        t = torch_lora_step(cfg, b, s_, "bf16", "layers", 16, "all-linear", packing=pk, attention=attn)
+        m = memplan_lora(cfg, b, s_, "bf16", "layers", 16, "all-linear", packing=pk, attention=attn)
+        row = "| %s (4 layers) | %dx%d | %s | %s | %.1f | %.1f | %+.2f%% | %s |" % (
+            os.path.basename(path), b, s_, attn, pk, t["peak"] / 2**20, m["peak"] / 2**20,
+            100.0 * (m["peak"] - t["peak"]) / t["peak"], t["peak_at"])
+        print(row, flush=True)
+        lines.append(row)
+        rowlib.save_rows("peft_step", [{
+            "source": "bench/accuracy/peft_step.py lora-packing run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                         time.gmtime()),
+            "config": path, "max_layers": 4, "args": m["args"],
+            "figures": {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                        "peak": rowlib.figure(t["peak"], m["peak"])},
+            "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "torch_peak_at": t["peak_at"]},
+            "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                            peft=peft.__version__),
+        }])
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 def main(argv):
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None
         only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else ()
         skip = int(argv[argv.index("--skip") + 1]) if "--skip" in argv else 0
         lora_bench("--quick" in argv, out, only, skip)
+        return 0
+    if len(argv) >= 1 and argv[0] == "lora-packing":
+        lora_packing_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
+                           argv[argv.index("--only") + 1].split(",") if "--only" in argv else ())
         return 0
     if len(argv) >= 1 and argv[0] == "recompute":
         recompute_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,

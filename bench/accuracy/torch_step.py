@@ -77,6 +77,9 @@ def round512(n):
 
 
 # Real (non-packed) inputs make transformers skip the mask; fake tensors look like tracing to it.
+# --packing / --padding-free restore transformers' own function: under fake tensors it returns the
+# (b, s) document indices, as it does for real packed position ids (masking_utils.py:735-764).
+_FIND_PACKED = transformers.masking_utils.find_packed_sequence_indices
 transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: None
 # trunc_normal_ initialisation (ViT) asks the data (mask.any()), which fake tensors do not have;
 # values do not matter here
@@ -292,9 +295,13 @@ class CudaSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
 
 
 def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=2, on_backward=None,
-                saved=None, use_cache=False, target_seq=0):
+                saved=None, use_cache=False, target_seq=0, packing=""):
     """Runs `steps` training steps inside tr (a LiveTracker, already entered with the fake mode).
-    Returns a dict of what step `steps` measured."""
+    Returns a dict of what step `steps` measured.  packing "rows": each of the batch's rows packs
+    documents, the collator's int64 position_ids (batch, seq) passed and transformers' own
+    find_packed_sequence_indices (so SDPA gets the block-diagonal bool mask); "padding-free": TRL's
+    padding-free collator (trl 1.16.0 trainer/sft_trainer.py:186-191): one row of batch x seq tokens,
+    its position_ids (1, batch x seq)."""
     offload = ckpt.endswith("+offload")
     if offload:  # transformers' own offload=True path, with save_on_cpu as CUDA runs it
         ckpt = ckpt[:-len("+offload")]
@@ -328,8 +335,13 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
         ids = torch.randint(0, vocab, (batch, seq))
         labels = torch.randint(0, vocab, (batch, target_seq))
     else:
-        ids = torch.randint(0, vocab, (batch, seq))
+        ids = torch.randint(0, vocab, (1, batch * seq) if packing == "padding-free" else (batch, seq))
         labels = ids.clone()
+    pos = None
+    transformers.masking_utils.find_packed_sequence_indices = _FIND_PACKED if packing else (lambda position_ids: None)
+    if packing:  # values do not matter under fake tensors: the shapes and the mask path do
+        pos = torch.arange(ids.shape[1]).expand(ids.shape[0], -1).contiguous()
+        tr.add(pos, "position_ids")
     if optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     else:
@@ -355,7 +367,8 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
             if vision:
                 loss = model(pixel_values=ids, labels=labels).loss
             else:
-                loss = model(input_ids=ids, labels=labels, use_cache=use_cache).loss
+                kw = {"position_ids": pos} if pos is not None else {}
+                loss = model(input_ids=ids, labels=labels, use_cache=use_cache, **kw).loss
         if sv:
             sv.__exit__(None, None, None)
         gc.collect()
@@ -392,7 +405,8 @@ class _Null:
         return False
 
 
-def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer, use_cache=False, target_seq=0):
+def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer, use_cache=False, target_seq=0,
+                  packing=""):
     fake = FakeTensorMode()
     model = fake_model(config_dict, precision, attention, fake)
     vocab = config_dict.get("vocab_size", 1000)
@@ -401,16 +415,18 @@ def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer
     saved = SavedTracker(exclude=params) if ckpt == "none" else None
     with fake, tr:
         return train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, saved=saved,
-                           use_cache=use_cache, target_seq=target_seq)
+                           use_cache=use_cache, target_seq=target_seq, packing=packing)
 
 
 # ---- memplan --------------------------------------------------------------------------------
 
 def measure_memplan(memplan, cfg_path, batch, seq, precision, attention, ckpt, optimizer, use_cache=False,
-                    target_seq=0):
+                    target_seq=0, packing=""):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--optimizer", "sgd-momentum" if optimizer == "sgd-momentum" else "adamw", "--attention", attention,
            "--checkpoint", ckpt, "--json"]
+    if packing:
+        cmd += ["--packing" if packing == "rows" else "--padding-free"]
     if target_seq:
         cmd += ["--target-seq", str(target_seq)]
     cmd += ["--use-cache", "on" if use_cache else "off"]
@@ -502,6 +518,9 @@ def main():
                          "and a block's recompute can be the peak (the row keeps the edited config)")
     ap.add_argument("--seqs", default="",
                     help="comma-separated sequence lengths replacing each row's (e.g. 1024,4096)")
+    ap.add_argument("--packing", choices=("rows", "padding-free"), default="",
+                    help="packed batches: rows (each row packs documents; memplan --packing) or padding-free "
+                         "(one row of batch x seq tokens, TRL; memplan --padding-free)")
     ap.add_argument("--max-layers", type=int, default=4,
                     help="cap the decoder layers (0: as in the config; default 4)")
     a = ap.parse_args()
@@ -563,12 +582,12 @@ def main():
             t0 = time.time()
             tgt = (a.target_seq or s // 2) if enc_dec else 0
             try:
-                t = measure_torch(cfg, b, s, prec, attn, ck, optim, a.use_cache, tgt)
+                t = measure_torch(cfg, b, s, prec, attn, ck, optim, a.use_cache, tgt, a.packing)
             except Exception as e:  # a family transformers cannot run this way: say so
                 print("| %dx%d | %s | %s | %s | %s | torch failed: %s |" % (b, s, prec, attn, ck, optim,
                                                                           str(e).splitlines()[0][:80]), file=out)
                 continue
-            m = measure_memplan(a.memplan, cpath, b, s, prec, attn, ck, optim, a.use_cache, tgt)
+            m = measure_memplan(a.memplan, cpath, b, s, prec, attn, ck, optim, a.use_cache, tgt, a.packing)
             if "error" in m:
                 print("| %dx%d | %s | %s | %s | %s | memplan failed: %s |" % (b, s, prec, attn, ck, optim,
                                                                             m["error"][:80]), file=out)

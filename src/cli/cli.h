@@ -40,6 +40,10 @@ struct args {
     bool attention_set;
     int loss;              /* --loss (enum mp_loss) */
     double label_fraction; /* --label-fraction */
+    bool packing;          /* --packing */
+    bool padding_free;     /* --padding-free (and --tokens-per-batch) */
+    uint64_t tokens_per_batch; /* --tokens-per-batch (0: not given) */
+    bool seq_set;          /* --seq given */
     bool ckpt_set;      /* --checkpoint given (suggest: only that plan is searched) */
     int use_cache; /* -1: the config's; 0 off; 1 on */
     int head;            /* --head (enum mp_head); -1: the config's architectures[0] */

@@ -39,6 +39,18 @@ static int suggest_timeline(struct args *a, struct setup *s, const struct mp_job
     return rc;
 }
 
+/* A recipe that pads its rows: the packing its trainer offers, as a hint (search.h hint_packing):
+ * TRL's packing=True is padding-free (sft_trainer.py:916), so is transformers'
+ * DataCollatorWithFlattening; Axolotl's sample_packing is planned under flash attention only. */
+static int packing_hint(const struct args *a)
+{
+    if (!a->rec || a->packing)
+        return 0;
+    if (a->rec->format == MP_RF_TRL || a->rec->format == MP_RF_HF)
+        return 2;
+    return a->rec->format == MP_RF_AXOLOTL && a->attention_set && a->attention == MP_ATTN_FLASH ? 1 : 0;
+}
+
 int cmd_suggest(struct args *a)
 {
     struct mp_diag d = {{0}};
@@ -64,7 +76,8 @@ int cmd_suggest(struct args *a)
                                  * describes one plan it runs (none, layers, layers:N) */
                                 .trainer_plans_only = a->emit == MP_EMIT_HF || !strcmp(s.model.source, "hf"),
                                 .ckpt_fixed = a->ckpt_set, .ckpt = a->ckpt,
-                                .hints = a->emit == MP_EMIT_NONE};
+                                .hints = a->emit == MP_EMIT_NONE,
+                                .hint_packing = packing_hint(a)};
     if (a->gpus_set || a->par_set) { /* data parallel: strategy given, or searched at --gpus x --nodes */
         o.par_search = !a->par_set;
         j.train.par = &s.par;

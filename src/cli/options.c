@@ -99,7 +99,7 @@ enum { C_TRAIN = C_EST | C_PLAN | C_PROBE | C_CHECK, C_TARGET = C_EST | C_PLAN |
 static const struct opt OPTS[] = {
     {'b', "batch", "B", C_TRAIN, INT(1, MAX_BATCH), FIELD(batch), SEEN(batch_set), .expect = "a positive integer",
      .help = "micro-batch (default 1)"},
-    {'s', "seq", "S", C_ALL, INT(1, MAX_SEQ), FIELD(seq), .expect = "a positive integer",
+    {'s', "seq", "S", C_ALL, INT(1, MAX_SEQ), FIELD(seq), SEEN(seq_set), .expect = "a positive integer",
      .help = "sequence length (default: the model's, at most 2048 for HF configs)"},
     {0, "target-seq", "T", C_ALL, INT(1, MAX_SEQ), FIELD(target_seq), .expect = "a positive integer",
      .help = "encoder-decoders (t5): the decoder's length; --seq is the encoder's (default: = --seq)"},
@@ -130,6 +130,13 @@ static const struct opt OPTS[] = {
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
      .help = "share of label positions not -100 (prompt masking; default 1): chunked-nll gathers "
              "only those; memory unaffected for hf and liger"},
+    {0, "packing", NULL, C_TARGET, K_FLAG, FIELD(packing),
+     .help = "causal LMs: each row packs several documents, no padding (SDPA: a block-diagonal mask)"},
+    {0, "padding-free", NULL, C_TARGET, K_FLAG, FIELD(padding_free),
+     .help = "packing, the micro-batch's rows concatenated into one row of batch x seq tokens (TRL)"},
+    {0, "tokens-per-batch", "T", C_EST | C_PLAN | C_CHECK, INT(1, MAX_SEQ), FIELD(tokens_per_batch),
+     .expect = "a positive integer", .help = "padding-free micro-batch of T tokens in one row (--padding-free "
+                                              "--batch 1 --seq T)"},
     {0, "moe-capacity", "F", C_ALL, K_NUMBER, RANGE(1, true, 1e6, true), FIELD(moe_capacity),
      .help = "MoE routing: the busiest expert gets F x the uniform share (F >= 1; default 1, uniform)"},
     {0, "use-cache", "on|off", C_ALL, K_CHOICE, FIELD(use_cache), .choices = ON_OFF,
@@ -478,6 +485,17 @@ static int check_rules(const struct command *c, struct args *a)
         return cli_usage_error(c->name, "--emit hf: a Trainer runs --checkpoint none, layers or layers:N, not %s",
                                mp_ckpt_spec_str(&a->ckpt, spec, sizeof spec));
     }
+    if (a->tokens_per_batch) { /* one row of T tokens: the micro-batch in tokens */
+        if (a->batch_set || a->seq_set)
+            return cli_usage_error(c->name, "%s", "--tokens-per-batch is the micro-batch in tokens: it excludes "
+                                                  "--batch and --seq (a recipe's batch and length too)");
+        a->batch = 1;
+        a->batch_set = true;
+        a->seq = a->tokens_per_batch;
+        a->padding_free = true;
+    }
+    if (a->padding_free)
+        a->packing = true;
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)
         return cli_usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
     /* parallel.c sizes gradients, buckets and shards from every parameter: refused, not ignored */

@@ -363,6 +363,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     s->build.attention_forced = a->attention_set;
     s->build.loss = (enum mp_loss)a->loss;
     s->build.label_fraction = a->label_fraction;
+    s->build.packing = a->packing;
+    s->build.padding_free = a->padding_free;
     int own = mp_model_attention_impl(&s->model);
     if (!a->attention_set && own >= 0) /* every layer names its own: the report says that one */
         s->build.attention = (enum mp_attn_impl)own;

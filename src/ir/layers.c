@@ -488,6 +488,28 @@ static enum mp_status finish_program(struct bld *B, const struct mp_build_opts *
     return MP_OK;
 }
 
+/* Why the rows cannot hold packed documents as memplan plans them, or NULL: packing needs token
+ * inputs, no encoder-decoder, every attention layer causal self-attention (what transformers'
+ * create_causal_mask packs from position ids); learned positions (GPT-2, OPT) would look up a
+ * (b, s, h) table for the collator's position ids and cap each document, not the row: not
+ * modelled yet. */
+static const char *unpackable(const struct mp_model *m)
+{
+    const char *causal = "packing is planned for causal language models (token inputs, causal self-attention, "
+                         "no encoder-decoder)";
+    if (m->input != MP_INPUT_TOKENS || m->enc_dec || !mp_model_has_attention(m))
+        return causal;
+    for (size_t i = 0; i < m->n_blocks; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &m->blocks[i].layers[j];
+            if ((l->type == MP_LT_ATTENTION || l->type == MP_LT_TRANSFORMER_BLOCK) && !l->causal)
+                return causal;
+            if (l->type == MP_LT_POS_EMBEDDING)
+                return "packed rows with learned position embeddings: not modelled yet";
+        }
+    return NULL;
+}
+
 static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
                                     struct mp_program *p, struct mp_diag *d)
 {
@@ -508,13 +530,25 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
                        "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
                        m->path, m->hf_type);
+    const char *unpacked = o->packing || o->padding_free ? unpackable(m) : NULL;
+    if (unpacked)
+        return mp_fail(d, MP_ERR_USAGE, "%s: %s: %s", m->path, o->padding_free ? "--padding-free" : "--packing",
+                       unpacked);
+    /* padding-free: the micro-batch's rows concatenated into one (TRL's DataCollatorForLanguageModeling
+     * with padding_free, trl 1.16.0 trainer/sft_trainer.py:186-191): tokens b x s in a row of b x s */
+    uint64_t rows = p->opts.batch, row_len = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1;
+    if (o->padding_free && !mp_mul_u64(p->opts.batch, p->opts.seq, &row_len))
+        return mp_fail(d, MP_ERR_USAGE, "%s: batch %llu x seq %llu tokens overflow", m->path,
+                       (unsigned long long)p->opts.batch, (unsigned long long)p->opts.seq);
+    if (o->padding_free)
+        rows = 1;
     bool half_params = o->precision == MP_PREC_BF16;
     p->param_dtype = half_params ? MP_DT_BF16 : MP_DT_F32;
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
-    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .rope_pair = -1, .attn_mask = -1, .pos_tables = -1, .enc_out = -1, .pos_bias = -1, .cross_bias = -1, .dec_mask = -1, .b = p->opts.batch,
-                    .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
+    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .rope_pair = -1, .attn_mask = -1, .pos_tables = -1, .enc_out = -1, .pos_bias = -1, .cross_bias = -1, .dec_mask = -1, .b = rows,
+                    .s = row_len,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);
     p->copied = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->copied);

@@ -65,6 +65,12 @@ struct mp_build_opts {
     enum mp_loss loss;           /* the causal LM's loss head (--loss; default hf) */
     double label_fraction;       /* the share of label positions that are not -100 (prompt masking;
                                     0 < f <= 1, default 1): the chunked-nll head gathers only those */
+    bool packing;                /* --packing: each row holds several documents (position ids restart
+                                    per document, no padding): SDPA gets transformers' block-diagonal
+                                    bool mask (docs/memory-facts.md#packing) */
+    bool padding_free;           /* --tokens-per-batch, TRL's padding_free: the micro-batch's rows are
+                                    concatenated into one row (lowered at batch 1, seq batch x seq);
+                                    implies packing */
     bool no_copies;              /* lower every block: none is made by shifting a copy of the block
                                     before it (tests compare the two builds) */
 };

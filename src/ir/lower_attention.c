@@ -27,6 +27,10 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->rotary_dim = l->rotary_dim ? l->rotary_dim : l->head_dim;
     uint64_t tmp = mul(B, T(B, x.t)->bytes, 2);
     bool q_call = !strcmp(name, "q_rope");
+    /* the positions the tables cover: s (the model's own position ids, (1, s)), or every row's
+     * where the collator passes (b, s) position ids (packing: they restart per document), so the
+     * rotary embedding's cos and sin are (b, s, rotary_dim) (LlamaRotaryEmbedding.forward) */
+    uint64_t pos = B->p->opts.packing || B->p->opts.padding_free ? mul(B, B->b, B->s) : B->s;
     if (l->rope_interleave && !q_call) {
         save(n, B->rope_pair); /* k: the layer's pair, made by q's call */
         B->rope_pair = -1;     /* no other's (each layer leaves the builder as it found it:
@@ -37,7 +41,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
          * dtype; fp32 for ERNIE 4.5), saved by q's and k's products.  The model's table (made
          * once, by the first layer here) is saved by nobody: a forward local */
         enum mp_dtype cdt = l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype;
-        uint64_t pair = mul(B, mul(B, 2, B->s), n->rotary_dim);
+        uint64_t pair = mul(B, mul(B, 2, pos), n->rotary_dim);
         if (B->rope_cos_sin < 0) {
             B->rope_cos_sin = new_flat(B, "rope.cos_sin", cdt, pair);
             extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
@@ -58,14 +62,16 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
          * forward transients */
         char en[112];
         snprintf(en, sizeof en, "%s.cos_sin", name);
-        extra_as(n, new_flat(B, en, dt_of(B, x), mul(B, mul(B, 2, B->s), n->rotary_dim)), MP_XR_COS_SIN);
-        tmp = add(B, tmp, mul(B, mul(B, add(B, l->rope_table_rows, B->s), n->rotary_dim), 4));
+        extra_as(n, new_flat(B, en, dt_of(B, x), mul(B, mul(B, 2, pos), n->rotary_dim)), MP_XR_COS_SIN);
+        /* (packed: position ids (b, s), so _get_embed_positions repeats the table b times) */
+        uint64_t tab = pos == B->s ? l->rope_table_rows : mul(B, B->b, l->rope_table_rows);
+        tmp = add(B, tmp, mul(B, mul(B, add(B, tab, pos), n->rotary_dim), 4));
     } else if (B->rope_cos_sin < 0) {
         /* cos and sin (s x rotary_dim each, in the residual dtype) are made once per
          * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
         /* (one pair per distinct layer type where the model keeps a table per type: Gemma3,
          * OLMo3; counted as one tensor) */
-        uint64_t kinds = l->rope_kinds > 1 ? l->rope_kinds : 1, rows = l->rope_per_sample ? mul(B, B->b, B->s) : B->s;
+        uint64_t kinds = l->rope_kinds > 1 ? l->rope_kinds : 1, rows = l->rope_per_sample ? mul(B, B->b, B->s) : pos;
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype,
                                    mul(B, mul(B, mul(B, 2, kinds), rows), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
@@ -107,18 +113,30 @@ static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
     return l->attn_mask || (l->window && B->s >= l->window);
 }
 
-/* The (b, 1, s, s) mask a model passes to attention (sdpa_masked; transformers'
+/* Packed rows under SDPA (--packing, --tokens-per-batch): transformers finds the documents from
+ * the position ids (masking_utils.py find_packed_sequence_indices, transformers 5.24.0:735-764),
+ * then never skips the mask (create_causal_mask :991-1002 sets allow_is_causal_skip false and ands
+ * packed_sequence_mask_function in), so sdpa_mask (:536-547) materialises the (b, 1, s, s) bool
+ * block-diagonal causal mask.  Flash attention runs varlen instead (cu_seqlens, no mask); eager
+ * gets its float mask packed or not. */
+static bool sdpa_packed(const struct bld *B, const struct mp_layer *l, enum mp_attn_impl impl)
+{
+    return (B->p->opts.packing || B->p->opts.padding_free) && impl == MP_ATTN_SDPA && l->causal;
+}
+
+/* The (b, 1, s, s) mask a model passes to attention (sdpa_masked, sdpa_packed; transformers'
  * create_causal_mask): made once per forward (the first attention
  * node's extra, held like the rotary tables).  For SDPA it is a bool mask that SDPA converts to
  * a float mask in q's dtype in every layer (convert_boolean_attn_mask) and saves; for eager
  * attention a float mask in the model's dtype, added to the scores: nothing saved. */
-static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, enum mp_dtype qdt)
+static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, bool packed,
+                      enum mp_dtype qdt)
 {
-    if (!n || !(sdpa_masked(B, n->layer) || (eager && n->layer->eager_mask)))
+    if (!n || !(sdpa_masked(B, n->layer) || packed || (eager && n->layer->eager_mask)))
         return;
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
-    if (B->attn_mask < 0) {
-        uint64_t nm = eager && n->layer->eager_mask > 1 ? n->layer->eager_mask : 1;
+    if (B->attn_mask < 0) { /* (packed: one bool mask per kind, as eager's, Gemma2's sliding and full) */
+        uint64_t nm = (eager || packed) && n->layer->eager_mask > 1 ? n->layer->eager_mask : 1;
         B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mul(B, mb, nm));
         T(B, B->attn_mask)->name = store_name(B, "", "attn_mask");
         B->p->attn_mask = B->attn_mask;
@@ -163,7 +181,7 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     uint64_t asb = mul(B, mul(B, a, s), b);      /* a*s*b */
     uint64_t ass = mul(B, asb, s);                /* a*s*s*b */
     char en[80];
-    attn_mask(B, n, name, eager, cdt);
+    attn_mask(B, n, name, eager, sdpa_packed(B, l, impl), cdt);
     if (eager && (l->attn_mask || l->eager_mask))
         n->score_add[0] = B->attn_mask;
     if (!eager) {
@@ -402,9 +420,9 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
     }
-    /* transformers' SDPA path with a mask (sliding window) repeats k and v to every head
-     * (sdpa_attention.py: use_gqa_in_sdpa is false with a mask; repeat_kv) */
-    if (impl != MP_ATTN_EAGER && l->window && sdpa_masked(B, l) && kv < a) {
+    /* transformers' SDPA path with a mask (sliding window, packed rows) repeats k and v to every
+     * head (sdpa_attention.py: use_gqa_in_sdpa is false with a mask; repeat_kv) */
+    if (impl != MP_ATTN_EAGER && ((l->window && sdpa_masked(B, l)) || sdpa_packed(B, l, impl)) && kv < a) {
         k = repeat_kv(B, k, kv, qd, l->rope, "k_repeat");
         v = repeat_kv(B, v, kv, qd, false, "v_repeat");
         core.kv_heads = a;

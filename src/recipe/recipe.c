@@ -729,6 +729,68 @@ static void derive_loss(struct reader *rd)
         refuse(rd, key, v->line, v->v, "the %s loss: not modelled yet (memplan plans HF's loss)", loss);
 }
 
+/* Packing: --packing (each row packs documents, position ids restarting per document) or
+ * --padding-free (the micro-batch's rows concatenated into one).  Each trainer as its source runs it;
+ * what memplan does not model is refused, naming the key. */
+static void derive_packing(struct reader *rd)
+{
+    struct fact_val tp, ts, tf, tn;
+    const struct fact_val *pk = fact(rd, F_PACKING, &tp), *pf = fact(rd, F_PADDING_FREE, &tf);
+    const struct fact_val *ne = fact(rd, F_NEAT_PACKING, &tn);
+    bool packing = pk && truth(pk->v) == 1, flat = pf && truth(pf->v) == 1;
+    switch (rd->r->format) {
+    case MP_RF_TRL: {
+        /* sft_trainer.py:916 padding_free = args.padding_free or (packing and strategy in {bfd,
+         * bfd_split}); sft_config.py:336-343 turns "bfd-requeue" into "bfd_split".  "wrapped" cuts
+         * the text into full rows with no document bounds (position ids 0..L-1): no mask, the
+         * memory of full unpacked rows */
+        const struct fact_val *st = fact(rd, F_PACK_STRATEGY, &ts);
+        const char *strat = st ? st->v : "bfd";
+        bool bfd = !strcmp(strat, "bfd") || !strcmp(strat, "bfd_split") || !strcmp(strat, "bfd-requeue");
+        if (packing && !bfd && strcmp(strat, "wrapped")) {
+            refuse(rd, fact_key(rd, F_PACK_STRATEGY), st->line, strat, "a packing strategy TRL 1.16 does not have");
+            return;
+        }
+        if (flat || (packing && bfd))
+            put(rd, MP_RS_PADDING_FREE, "on", flat ? F_PADDING_FREE : F_PACKING);
+        return;
+    }
+    case MP_RF_AXOLOTL:
+        /* batch_flattening: transformers' DataCollatorWithFlattening, one row */
+        if (flat)
+            put(rd, MP_RS_PADDING_FREE, "on", F_PADDING_FREE);
+        /* sample_packing: with SDPA Axolotl 0.19 swaps in torch's varlen attention kernel
+         * (loaders/patch_manager.py:825-870 _apply_sdpa_varlen_patch), with eager its own mask path:
+         * only flash attention (varlen from position ids, no mask) is planned */
+        if (packing && strcmp(rd->r->s[MP_RS_ATTENTION].value, "flash"))
+            refuse(rd, fact_key(rd, F_PACKING), pk->line, pk->v,
+                   "Axolotl's packed rows under SDPA or eager attention (its varlen SDPA patch): not modelled "
+                   "yet; with flash_attention: true they are");
+        else if (packing)
+            put(rd, MP_RS_PACKING, "on", F_PACKING);
+        return;
+    case MP_RF_LLAMAFACTORY:
+        /* neat_packing: the collator's 4-D float mask in the compute dtype (data/collator.py
+         * prepare_4d_attention_mask) for every implementation but flash */
+        if (ne && truth(ne->v) == 1) {
+            refuse(rd, fact_key(rd, F_NEAT_PACKING), ne->line, ne->v,
+                   "LLaMA-Factory's block-diagonal 4-D float mask from its collator: not modelled yet");
+            return;
+        }
+        /* packing alone concatenates documents into full cutoff_len rows, no mask, no position
+         * restarts: the memory of full rows, which memplan plans (nothing to set) */
+        return;
+    case MP_RF_TORCHTUNE:
+        if (packing) /* padded_collate_packed: flex attention's BlockMask where flex runs (CUDA) */
+            refuse(rd, fact_key(rd, F_PACKING), pk->line, pk->v,
+                   "torchtune's packed batches attend through flex attention's block mask: not modelled yet");
+        return;
+    case MP_RF_HF:
+    case MP_RF_N:
+        return;
+    }
+}
+
 static void derive(struct reader *rd)
 {
     struct fact_val tmp;
@@ -750,6 +812,7 @@ static void derive(struct reader *rd)
     if (adapters)
         derive_lora(rd, !strcmp(mode, "qlora"));
     derive_loss(rd);
+    derive_packing(rd);
 }
 
 /* ---- reading ------------------------------------------------------------------------------------- */

@@ -54,7 +54,9 @@ const char *mp_recipe_format_names(const char *sep, const char *last);
     X(LORA_ALPHA, "lora-alpha", 1)      \
     X(LORA_DROPOUT, "lora-dropout", 1)  \
     X(LORA_TARGETS, "lora-targets", 1)  \
-    X(LOSS, "loss", 1)
+    X(LOSS, "loss", 1)                  \
+    X(PACKING, "packing", 1)            \
+    X(PADDING_FREE, "padding-free", 1)
 
 enum mp_recipe_setting_id {
 #define MP_X(id, opt, wired) MP_RS_##id,

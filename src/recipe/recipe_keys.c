@@ -51,6 +51,9 @@ const struct trainer_row mp_recipe_trainers[MP_RF_N] = {
         [F_LORA_ALPHA] = "32", /* lora_alpha default=32 */
         [F_LORA_DROPOUT] = "0.05", /* lora_dropout default=0.05 */
         [F_USE_CACHE] = "false",
+        [F_PACKING] = "false", /* sft_config.py:222 packing default=False */
+        [F_PACK_STRATEGY] = "bfd", /* sft_config.py:229 packing_strategy default="bfd" */
+        [F_PADDING_FREE] = "false", /* sft_config.py:238 */
         [F_LOSS] = "nll",      /* sft_config.py:283 loss_type default="nll": every loss_type goes through
                                   the chunked fused LM head (sft_trainer.py:1144 add_fused_lm_head) */
     }},
@@ -240,13 +243,14 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_ARGS, "torch_empty_cache_steps", "emptying the allocator's cache: " NOT_YET),
     REFUSE(B_ARGS | B_AX, "auto_find_batch_size", "the batch is found at run time: give it"),
     REFUSE(B_ARGS, "use_cpu", "training on the CPU: memplan plans GPU memory"),
-    /* packing */
-    REFUSE(B_TRL | B_LF, "packing", "packing sequences (tokens per step, not batch x length): " NOT_YET),
-    REFUSE(B_TRL, "padding_free", "padding-free batches: " NOT_YET),
-    REFUSE(B_LF, "neat_packing", "packing sequences: " NOT_YET),
-    REFUSE(B_AX, "sample_packing", "packing sequences (tokens per step, not batch x length): " NOT_YET),
-    REFUSE(B_AX, "batch_flattening", "padding-free batches: " NOT_YET),
-    REFUSE(B_TT, "dataset.packed", "packing sequences: " NOT_YET),
+    /* packing (recipe.c derive_packing) */
+    FACT(B_TRL | B_LF, "packing", F_PACKING),
+    FACT(B_AX, "sample_packing", F_PACKING),
+    FACT(B_TT, "dataset.packed", F_PACKING),
+    FACT(B_TRL, "packing_strategy", F_PACK_STRATEGY),
+    FACT(B_TRL, "padding_free", F_PADDING_FREE),
+    FACT(B_AX, "batch_flattening", F_PADDING_FREE),
+    FACT(B_LF, "neat_packing", F_NEAT_PACKING),
     /* data parallelism and sharding */
     REFUSE(B_ARGS | B_AX, "fsdp", DP),
     REFUSE(B_AX, "fsdp_config", DP),
@@ -307,7 +311,7 @@ const char *const mp_recipe_nomem[MP_RF_N] = {
      * effect on the step (dataset handling, tokens, revision, trust_remote_code; use_rslora only
      * changes the scaling; router_aux_loss_coef a scalar) */
     [MP_RF_TRL] = HF_NOMEM " trust_remote_code router_aux_loss_coef chat_template_path dataset_text_field "
-                  "dataset_kwargs dataset_num_proc eos_token truncation_mode shuffle_dataset packing_strategy "
+                  "dataset_kwargs dataset_num_proc eos_token truncation_mode shuffle_dataset "
                   "pad_to_multiple_of eval_packing completion_only_loss assistant_only_loss pad_token "
                   "model_init_kwargs.trust_remote_code model_init_kwargs.revision model_init_kwargs.device_map "
                   "model_revision use_rslora dataset_name dataset_config dataset_train_split "

@@ -190,6 +190,34 @@ static double label_fraction_of(const struct mp_report_ctx *c)
     return c->build ? c->build->label_fraction : c->prog ? c->prog->opts.label_fraction : 1.0;
 }
 
+/* Packed rows (--packing, --padding-free): "rows", "padding-free", or NULL (batch x seq padded). */
+static const char *packing_of(const struct mp_report_ctx *c)
+{
+    const struct mp_build_opts *o = c->prog ? &c->prog->opts : c->build;
+    return !o ? NULL : o->padding_free ? "padding-free" : o->packing ? "rows" : NULL;
+}
+
+/* The tokens of a micro-batch of b rows (packed rows are full: no padding). */
+static uint64_t packed_tokens(const struct mp_report_ctx *c, uint64_t b)
+{
+    uint64_t s = c->prog ? c->prog->opts.seq : c->build && c->build->seq ? c->build->seq : c->model->seq_len, t;
+    return mp_mul_u64(b, s, &t) ? t : UINT64_MAX;
+}
+
+/* The packing line of a report (text): lead, then what the rows hold. */
+static void packing_line(FILE *out, const struct mp_report_ctx *c, uint64_t b, const char *lead)
+{
+    uint64_t t = packed_tokens(c, b);
+    if (c->prog && c->prog->opts.padding_free && b == 1)
+        fprintf(out, "%s%llu tokens per micro-batch in one row (padding-free)\n", lead, (unsigned long long)t);
+    else if (c->prog && c->prog->opts.padding_free)
+        fprintf(out, "%s%llu tokens per micro-batch in one row (padding-free: %llu rows concatenated)\n", lead,
+                (unsigned long long)t, (unsigned long long)b);
+    else
+        fprintf(out, "%s%llu tokens per micro-batch (%llu rows of packed documents, no padding)\n", lead,
+                (unsigned long long)t, (unsigned long long)b);
+}
+
 static cJSON *json_root(const struct mp_report_ctx *c)
 {
     cJSON *r = cJSON_CreateObject();
@@ -225,6 +253,10 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         cJSON_AddStringToObject(cf, "loss", mp_loss_str(c->build->loss));
         cJSON_AddNumberToObject(cf, "label_fraction", c->build->label_fraction);
+        if (packing_of(c)) { /* (only with packing: the output without it is as it was) */
+            cJSON_AddStringToObject(cf, "packing", packing_of(c));
+            ju64(cf, "tokens_per_micro_batch", packed_tokens(c, c->build->batch));
+        }
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
         moe_json(cf, c);
         /* transformers' use_cache in training (HF decoders; off under gradient checkpointing) */
@@ -261,6 +293,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             recipe_json(cf, c->recipe);
         cJSON_AddStringToObject(cf, "loss", mp_loss_str(loss_of(c)));
         cJSON_AddNumberToObject(cf, "label_fraction", label_fraction_of(c));
+        if (packing_of(c))
+            cJSON_AddStringToObject(cf, "packing", packing_of(c));
     }
     if (c->gpu) {
         cJSON *g = cJSON_AddObjectToObject(r, "target");
@@ -546,6 +580,8 @@ static void header(FILE *out, const struct mp_report_ctx *c)
             fprintf(out, "loss      %s (%s); label fraction %.3g%s\n", mp_loss_str(c->build->loss),
                     mp_loss_how(c->build->loss), c->build->label_fraction,
                     c->build->loss == MP_LOSS_CHUNKED_NLL ? "" : " (memory unaffected: every row runs)");
+        if (packing_of(c))
+            packing_line(out, c, c->build->batch, "packing   ");
     }
     if (c->build && c->prog && c->build->ft.mode != MP_FT_FULL)
         finetune_lines(out, c);
@@ -1048,6 +1084,14 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "    use_liger_kernel=True,\n    liger_kernel_config={\"fused_linear_cross_entropy\": True, "
                      "\"rope\": False,\n        \"rms_norm\": False, \"swiglu\": False, \"cross_entropy\": False},\n");
     fprintf(out, ")\n");
+    if (packing_of(c) && c->prog && c->prog->opts.padding_free)
+        fprintf(out, "# padding-free packing (planned: %llu tokens in one row): trl.SFTConfig(packing=True,\n"
+                     "# max_length=%llu) (packing_strategy \"bfd\"), or transformers' DataCollatorWithFlattening\n",
+                (unsigned long long)packed_tokens(c, b->micro_batch), (unsigned long long)c->prog->opts.seq);
+    else if (packing_of(c))
+        fprintf(out, "# rows of packed documents (planned: %llu tokens per micro-batch): the collator passes\n"
+                     "# position_ids that restart at each document and no attention_mask\n",
+                (unsigned long long)packed_tokens(c, b->micro_batch));
 }
 
 /* --emit deepspeed: the DeepSpeed config (JSON) of the plan. */
@@ -1291,10 +1335,14 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
     const char *target = c->gpu ? c->gpu->name : "the target"; /* (fill_ctx leaves out a 0-byte target) */
     if (c->json) {
         cJSON *r = json_root(c);
-        if (s->best >= 0)
-            cJSON_AddItemToObject(r, "recommendation", json_candidate(&s->cand[s->best]));
-        else
+        if (s->best >= 0) {
+            cJSON *rc = json_candidate(&s->cand[s->best]);
+            if (packing_of(c))
+                ju64(rc, "tokens_per_micro_batch", packed_tokens(c, s->cand[s->best].micro_batch));
+            cJSON_AddItemToObject(r, "recommendation", rc);
+        } else {
             cJSON_AddNullToObject(r, "recommendation");
+        }
         cJSON *a = cJSON_AddArrayToObject(r, "candidates");
         for (size_t i = 0; i < s->n; i++)
             cJSON_AddItemToArray(a, json_candidate(&s->cand[i]));
@@ -1334,6 +1382,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         char sb[32];
         fprintf(out, "recommended for %s on %s\n\n", shown(c->model->name), shown(target));
         fprintf(out, "  micro-batch        %llu\n", (unsigned long long)b->micro_batch);
+        if (packing_of(c))
+            packing_line(out, c, b->micro_batch, "  tokens             ");
         fprintf(out, "  grad accumulation  %llu   (global batch %llu%s)\n", (unsigned long long)b->grad_accum,
                 (unsigned long long)b->global_batch, s->global_met ? "" : ", requested global batch NOT met");
         if (b->ft != MP_FT_FULL)

@@ -1304,12 +1304,16 @@ static const struct variant {
     const char *flag, *what;
     enum mp_loss loss;           /* MP_LOSS_HF: the loss is not this variant's */
     enum mp_optimizer optimizer; /* MP_OPT_ADAMW: the optimizer is not this variant's */
+    int packing;                 /* 1 rows of packed documents, 2 padding-free (search.h hint_packing) */
 } VARIANTS[] = {
-    {"--loss chunked-nll", "TRL 1.16's fused LM head", MP_LOSS_CHUNKED_NLL, MP_OPT_ADAMW},
-    {"--loss liger", "Liger's fused linear cross-entropy", MP_LOSS_LIGER, MP_OPT_ADAMW},
+    {"--loss chunked-nll", "TRL 1.16's fused LM head", MP_LOSS_CHUNKED_NLL, MP_OPT_ADAMW, 0},
+    {"--loss liger", "Liger's fused linear cross-entropy", MP_LOSS_LIGER, MP_OPT_ADAMW, 0},
     {"--optimizer adamw-fused", "adamw_torch_fused, HF's default: no foreach temporaries", MP_LOSS_HF,
-     MP_OPT_ADAMW_FUSED},
-    {"--optimizer adam8bit", "adamw_bnb_8bit: 8-bit states", MP_LOSS_HF, MP_OPT_ADAM8BIT},
+     MP_OPT_ADAMW_FUSED, 0},
+    {"--optimizer adam8bit", "adamw_bnb_8bit: 8-bit states", MP_LOSS_HF, MP_OPT_ADAM8BIT, 0},
+    /* where the rows are padded: each packed row holds seq real tokens (listed when it fits) */
+    {"--packing", "rows of packed documents, no padding", MP_LOSS_HF, MP_OPT_ADAMW, 1},
+    {"--padding-free", "TRL packing=True, DataCollatorWithFlattening: one row", MP_LOSS_HF, MP_OPT_ADAMW, 2},
 };
 
 /* It fits: each variant of VARIANTS the user did not pick, searched alone (no probes), listed in
@@ -1337,13 +1341,28 @@ static void variant_hints(const struct mp_job *base, const struct mp_suggest_opt
                 continue; /* (an optimizer the user chose, or adam/sgd: not AdamW's variants) */
             vj.train.optimizer = v->optimizer;
         }
+        if (v->packing) {
+            if (v->packing != o_in->hint_packing || base->build.packing || base->build.padding_free)
+                continue; /* (no recipe that pads; a model that is not a causal LM: mp_suggest refuses) */
+            vj.build.packing = true;
+            vj.build.padding_free = v->packing == 2;
+        }
         struct mp_diag vd = {{0}};
         memset(vs, 0, sizeof *vs);
         if (mp_suggest(&vj, &vo, argv0, vs, &vd) != MP_OK) /* (a model the variant refuses) */
             continue;
         if (vs->best >= 0 && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0]) {
             const struct mp_candidate *c = &vs->cand[vs->best];
-            if (c->micro_batch > b->micro_batch || c->samples_per_s > 1.01 * b->samples_per_s) {
+            uint64_t seq = base->build.seq ? base->build.seq : base->model->seq_len, tok = 0;
+            if (v->packing && mp_mul_u64(c->micro_batch, seq, &tok)) {
+                /* padded rows hold fewer real tokens whenever documents are shorter than seq */
+                char a1[32];
+                snprintf(s->alternatives[s->n_alternatives++], 160,
+                         "%s (%s): micro-batch %llu -> %llu = %llu real tokens per micro-batch, peak %s", v->flag,
+                         v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
+                         (unsigned long long)tok, mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1));
+            } else if (!v->packing &&
+                       (c->micro_batch > b->micro_batch || c->samples_per_s > 1.01 * b->samples_per_s)) {
                 char a1[32], sb[32];
                 snprintf(s->alternatives[s->n_alternatives++], 160,
                          "%s (%s): micro-batch %llu -> %llu, %s, checkpoint %s, peak %s, %.1f samples/s",
