@@ -865,6 +865,21 @@ else
     bad "--emit hf loads the head asked with its classes (num_labels=5, task_type SEQ_CLS)"
 fi
 
+# the packing hint of a recipe that pads: listed only where the packed rows are no fewer than the
+# padded ones (under SDPA TRL's padding-free mask costs rows; with flash it costs none)
+run suggest --recipe tests/data/recipes/trl-sft-lora.yaml --gpu t4 --no-probe --attention flash
+if [ "$ec" -eq 0 ] && grep -q "would do better    --padding-free" "$T/out"; then
+    ok "suggest --recipe (TRL, pads) with flash: --padding-free would do better"
+else
+    bad "suggest --recipe (TRL, pads) with flash: --padding-free would do better"
+fi
+run suggest --recipe tests/data/recipes/trl-sft-lora.yaml --gpu t4 --no-probe
+if [ "$ec" -eq 0 ] && ! grep -q -- "--padding-free" "$T/out"; then
+    ok "suggest --recipe (TRL, pads) under sdpa: no --padding-free hint (its mask lowers the micro-batch)"
+else
+    bad "suggest --recipe (TRL, pads) under sdpa: no --padding-free hint (its mask lowers the micro-batch)"
+fi
+
 # --loss / --label-fraction: unknown names, ranges, what is not modelled, heads other than a causal
 # LM's, the probe: one line each; a modelled loss is recorded (config.loss) and named in the text
 expect_line 2 "--loss: an unknown name" estimate models/hf/qwen3-0.6b.json --loss frobnicate

@@ -1354,8 +1354,10 @@ static void variant_hints(const struct mp_job *base, const struct mp_suggest_opt
         if (vs->best >= 0 && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0]) {
             const struct mp_candidate *c = &vs->cand[vs->best];
             uint64_t seq = base->build.seq ? base->build.seq : base->model->seq_len, tok = 0;
-            if (v->packing && mp_mul_u64(c->micro_batch, seq, &tok)) {
-                /* padded rows hold fewer real tokens whenever documents are shorter than seq */
+            if (v->packing && c->micro_batch >= b->micro_batch && mp_mul_u64(c->micro_batch, seq, &tok)) {
+                /* padded rows hold fewer real tokens whenever documents are shorter than seq: better
+                 * for certain only where the packed rows are no fewer (under SDPA the packed mask
+                 * can cost more rows than any padding saves: memplan does not know the padding) */
                 char a1[32];
                 snprintf(s->alternatives[s->n_alternatives++], 160,
                          "%s (%s): micro-batch %llu -> %llu = %llu real tokens per micro-batch, peak %s", v->flag,
