@@ -196,6 +196,8 @@ test-unit: $(TESTBINS)
 # tests/replay_accuracy.py: the oracles' measured rows (bench/accuracy/rows) against memplan
 test-cli: memplan
 	$(ASAN_ENV) sh tests/cli.sh ./memplan
+	@# the Python API (python/memplan) against the binary and README's JSON contract (long: suggest on every model)
+	@if command -v python3 >/dev/null; then $(ASAN_ENV) python3 -B tests/py_api.py ./memplan; fi
 ifeq ($(TIER_LONG),)
 	$(ASAN_ENV) sh tests/cli_output.sh ./memplan
 	@if command -v python3 >/dev/null; then $(ASAN_ENV) python3 tests/replay_accuracy.py ./memplan; \
