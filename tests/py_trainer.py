@@ -31,18 +31,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import check, fail, failures, ok, skip  # noqa: E402
+from checklib import check, failures, have, skip  # noqa: E402
 
 MEMPLAN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "memplan"))
 os.environ["MEMPLAN_BIN"] = MEMPLAN
-
-
-def have(mod):
-    try:
-        __import__(mod)
-        return True
-    except Exception:
-        return False
 
 
 missing = [m for m in ("torch", "transformers", "peft") if not have(m)]

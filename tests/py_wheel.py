@@ -34,7 +34,7 @@ import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import check, fail, failures, ok, skip  # noqa: E402
+from checklib import check, fail, failures, skip  # noqa: E402
 
 MEMPLAN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "memplan"))
 
