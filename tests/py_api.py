@@ -140,7 +140,8 @@ for sec, (found, _) in sorted(c.items()):
           % (sec, len(found), cls.__name__, " (missing: %s)" % ", ".join(sorted(missing)) if missing else ""))
 # the parse itself: keys from every kind of line (wrapped, nested, after remarks); a parse that
 # finds too little would pass the check above vacuously
-must = {"top": {"schema", "command", "version"}, "config": {"recipe", "settings", "value", "unknown_keys", "label_fraction"},
+must = {"top": {"schema", "command", "version"},
+        "config": {"recipe", "settings", "value", "unknown_keys", "label_fraction"},
         "memory": {"peak_event", "host_pinned_bytes", "ckpt_offload_pcie_bytes"}, "layers": {"index", "checkpointed"},
         "plan": {"segments", "overhead_pct"}, "recommendation / candidates": {"micro_batch", "source"},
         "check": {"fits", "shortfall_bytes"}}
@@ -291,16 +292,17 @@ if r:
           "check qlora on a t4: fits %s, peak %d, usable %d, shortfall %d, exit %d"
           % (k.fits, k.peak_device_bytes, k.usable_bytes, k.shortfall_bytes, r.run.returncode))
 r = memplan.check("models/gpt2-124m.json", gpu="t4", batch=64)
-check(not r.fits and r.run.returncode == 1 and r.check.shortfall_bytes == r.memory.peak_device_bytes - r.check.usable_bytes
-      and r.headroom_bytes == -r.check.shortfall_bytes,
-      "check that does not fit: a result (exit 1), fits False, shortfall = peak - usable = %d" % r.check.shortfall_bytes)
+k = r.check
+check(not r.fits and r.run.returncode == 1 and k.shortfall_bytes == r.memory.peak_device_bytes - k.usable_bytes
+      and r.headroom_bytes == -k.shortfall_bytes,
+      "check that does not fit: a result (exit 1), fits False, shortfall = peak - usable = %d" % k.shortfall_bytes)
 
 # ---- keywords and errors --------------------------------------------------------------------------------
 
 argv = memplan._run.argv_of("check", "m.json", batch=4, grad_accum=2, use_cache=False, lora_targets=("a", "b"),
                             ddp_bucket_view=True, wide=False, lora_dropout=0.1, seq=None)
-check(argv[1:] == ["check", "m.json", "--batch", "4", "--grad-accum", "2", "--use-cache", "off", "--lora-targets", "a,b",
-                   "--ddp-bucket-view", "--lora-dropout", "0.1"],
+check(argv[1:] == ["check", "m.json", "--batch", "4", "--grad-accum", "2", "--use-cache", "off",
+                   "--lora-targets", "a,b", "--ddp-bucket-view", "--lora-dropout", "0.1"],
       "keywords to the command line: " + " ".join(argv[1:]))
 for command, kw, want in (("estimate", {"vram": "24GiB"}, "unexpected keyword argument 'vram'"),
                           ("check", {"json": True}, "not a keyword argument"),
@@ -340,7 +342,8 @@ os.environ["MEMPLAN_BIN"] = MEMPLAN
 
 # ---- no torch at import --------------------------------------------------------------------------------
 code = ("import sys; import memplan, memplan.integrations; "
-        "bad = [m for m in ('torch', 'transformers', 'trl', 'peft') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+        "bad = [m for m in ('torch', 'transformers', 'trl', 'peft') if m in sys.modules]; "
+        "print(bad); sys.exit(bool(bad))")
 r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                    env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
 check(r.returncode == 0, "import memplan, memplan.integrations: no torch, transformers, trl or peft imported %s"

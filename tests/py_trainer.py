@@ -8,6 +8,8 @@ Usage: python3 -B tests/py_trainer.py [./memplan]   (from the repository root; m
   checkpointing, optimizer, LoRA, the live model's parameter and trainable counts, which torch counts
   here) and its peak is the one `memplan check` gives for the same run written out by hand as
   options; the step runs;
+* QLoRA (a bitsandbytes NF4 base loaded on the CPU, prepare_model_for_kbit_training): planned as
+  qlora from the model's quantization_config, with the parameters the 4-bit weights stand for;
 * full fine-tuning told a GPU too small (vram=): MemplanDoesNotFit before any step (no
   on_step_begin, global_step 0), with the change that fits (same global batch, a smaller
   micro-batch); with that change the callback passes and the step runs; on_oom="warn" warns and
@@ -43,6 +45,7 @@ if missing:
     print("0 failed")
     sys.exit(0)
 
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 import torch  # noqa: E402
@@ -144,12 +147,40 @@ if r is not None:
     check(cb.argv and "--recipe" in cb.argv and os.path.isfile(cb.argv[cb.argv.index("--recipe") + 1]),
           "Trainer + LoRA: keep_dir keeps the command line's files: " + " ".join(cb.argv[1:4]))
 
+# ---- QLoRA: a bitsandbytes 4-bit base (bitsandbytes runs on the CPU) ---------------------------------------------
+if not have("bitsandbytes"):
+    skip("bitsandbytes absent: no QLoRA run")
+else:
+    from peft import prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig
+
+    plain = tiny()
+    n_plain = counts(plain)[0]  # the weights the 4-bit model stands for, counted by torch before quantizing
+    plain.save_pretrained(os.path.join(OUT, "tinyllama"))
+    q = LlamaForCausalLM.from_pretrained(os.path.join(OUT, "tinyllama"), device_map="cpu", quantization_config=
+                                         BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                            bnb_4bit_use_double_quant=True,
+                                                            bnb_4bit_compute_dtype=torch.bfloat16))
+    q = get_peft_model(prepare_model_for_kbit_training(q), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj",
+                                                                                                        "v_proj"],
+                                                                         task_type="CAUSAL_LM"))
+    q_train = counts(q)[1]  # the adapters (fp32 tensors: torch's numel is their count)
+    cb = MemplanCallback(gpu="t4", seq=SEQ, log=lines.append)
+    err, began, _ = train(q, targs(per_device_train_batch_size=2, gradient_checkpointing=True), cb)
+    r = cb.report
+    ft = r.config.finetune if r else None
+    check(err is None and began == 1 and ft is not None and ft.mode == "qlora" and ft.base_quant == "bnb-nf4" and
+          ft.double_quant is True and (r.model.params, r.model.trainable_params) == (n_plain + q_train, q_train),
+          "QLoRA (bitsandbytes NF4, double quant, from the model's quantization_config): planned as qlora on %d "
+          "parameters (%d before quantizing + %d adapters), the step runs (%s)"
+          % (n_plain + q_train, n_plain, q_train, err))
+
 # ---- too small a GPU: raised before any step, with the change that fits --------------------------------------
 full_args = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, optim="adamw_torch")
 model = tiny()
 # a GPU between micro-batch 1's peak and micro-batch 4's (usable = 95% of it)
-p1 = memplan.check(cb.argv[2], batch=1, seq=SEQ, precision="fp32", use_cache=False, gpu="a100-40gb").check.peak_device_bytes
-p4 = memplan.check(cb.argv[2], batch=4, seq=SEQ, precision="fp32", use_cache=False, gpu="a100-40gb").check.peak_device_bytes
+p1, p4 = (memplan.check(os.path.join(OUT, "lora", "llama"), batch=b, seq=SEQ, precision="fp32", use_cache=False,
+                        gpu="a100-40gb").check.peak_device_bytes for b in (1, 4))
 vram = int((p1 + p4) / 2 / 0.95)
 err, began, step = train(model, targs(**full_args), MemplanCallback(vram=vram, seq=SEQ, log=lines.append))
 check(isinstance(err, MemplanDoesNotFit) and began == 0 and step == 0,
@@ -166,7 +197,8 @@ if isinstance(err, MemplanDoesNotFit):
                                  MemplanCallback(vram=vram, seq=SEQ, log=lines.append))
         check(err is None and began == 1, "full, with the change: the callback passes and the step runs (%s)" % err)
 n = len(lines)
-err, began, step = train(model, targs(**full_args), MemplanCallback(vram=vram, seq=SEQ, on_oom="warn", log=lines.append))
+err, began, step = train(model, targs(**full_args),
+                         MemplanCallback(vram=vram, seq=SEQ, on_oom="warn", log=lines.append))
 check(err is None and began == 1 and any("does not fit" in x for x in lines[n:]),
       "full, on_oom='warn': a warning, and the step runs")
 
@@ -234,7 +266,8 @@ else:
         c = r.config
         check(c.seq_len == 96 and c.loss == "chunked-nll" and c.checkpoint == "layers" and c.batch == 2 and
               c.precision == "fp32" and c.recipe.format == "trl" and c.finetune.mode == "lora" and
-              c.finetune.lora_r == 8 and c.finetune.lora_targets == "down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj",
+              c.finetune.lora_r == 8 and
+              c.finetune.lora_targets == "down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj",
               "SFTTrainer: planned max_length 96, TRL's chunked loss (loss_type nll), its default checkpointing, "
               "batch 2, LoRA r 8 on every Linear (%s)" % c.finetune.lora_targets)
         check((r.model.params, r.model.trainable_params) == (n_all, n_train),
@@ -248,5 +281,6 @@ else:
     check(isinstance(err, MemplanUnsupported) and "packing" in str(err) and began == 0,
           "SFTTrainer packing=True: refused before any step: %s" % str(err)[-90:])
 
+shutil.rmtree(OUT, ignore_errors=True)
 print("%d failed" % len(failures))
 sys.exit(1 if failures else 0)

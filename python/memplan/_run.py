@@ -141,8 +141,9 @@ def _model_name(d):
 def report(command, model=None, **kw):
     """runs `memplan COMMAND [MODEL] OPTIONS --json` and reads its report.  model: a file, a model
     directory, a Hub id in the local HF cache, or a mapping (an HF config.json or memplan model as
-    a dict: written to a temporary NAME/config.json, NAME its "name" or "_name_or_path").  Exit 0, and exit 1 with a report (check: does not fit;
-    suggest: nothing fits), are results; any other exit raises MemplanError."""
+    a dict: written to a temporary NAME/config.json, NAME its "name" or "_name_or_path").  Exit 0,
+    and exit 1 with a report (check: does not fit; suggest: nothing fits), are results; any other
+    exit raises MemplanError."""
     tmp = None
     try:
         if isinstance(model, Mapping):

@@ -260,7 +260,7 @@ class MemplanCallback(TrainerCallback):
             lo, p = self._lora_options(model, adapter)
             problems += p
             opts.update(lo)
-        config = base.config.to_dict()
+        config = json.loads(base.config.to_json_string(use_diff=False))  # as save_pretrained writes it
         qc = config.get("quantization_config") or {}
         if adapter:
             opts["finetune"] = "qlora" if qc.get("load_in_4bit") else "lora"
@@ -299,7 +299,7 @@ class MemplanCallback(TrainerCallback):
             mdir = os.path.join(work, name)
             os.makedirs(mdir, exist_ok=True)
             with open(os.path.join(mdir, "config.json"), "w") as f:
-                json.dump(config, f, indent=1, default=str)
+                json.dump(config, f, indent=1)
             recipe = os.path.join(work, "training_args.json")
             with open(recipe, "w") as f:
                 json.dump(dump, f, indent=1)
@@ -337,7 +337,8 @@ class MemplanCallback(TrainerCallback):
             self._unsupported(state, problems)
         unknown = rep.config.recipe.unknown_keys if rep.config.recipe else []
         if unknown:
-            self._say(state, "warning: keys of the arguments memplan does not know (not planned): " + ", ".join(unknown))
+            self._say(state, "warning: keys of the arguments memplan does not know (not planned): "
+                      + ", ".join(unknown))
         for w in rep.run.warnings:
             self._say(state, "warning: " + w)
         self._say(state, self._summary(rep))
@@ -355,10 +356,12 @@ class MemplanCallback(TrainerCallback):
         ft = c.finetune
         what = "%s r %d on %s" % (ft.mode, ft.lora_r, ft.lora_targets) if ft.mode in ("lora", "qlora") else ft.mode
         ga = int(self._setting(rep, "grad-accum", "1"))
+        seq_from = "" if self.seq is not None or self._setting(rep, "seq", None) else \
+            " (memplan's default: seq= sets it)"
         line = ("plan: %s, %s of %s parameters train (%s), batch %d%s, seq %d%s, %s, %s, checkpoint %s, loss %s: "
                 % (rep.model.name, format(rep.model.trainable_params, ","), format(rep.model.params, ","), what,
                    c.batch, " x %d accumulated" % ga if ga > 1 else "", c.seq_len,
-                   "" if self.seq is not None or self._setting(rep, "seq", None) else " (memplan's default: seq= sets it)", c.precision,
+                   seq_from, c.precision,
                    c.optimizer, c.checkpoint, c.loss))
         line += "peak %s on the device (%s allocated) at %s" % (fmt_bytes(m.peak_device_bytes),
                                                                fmt_bytes(m.peak_allocated_bytes), m.peak_event)
