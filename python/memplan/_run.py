@@ -132,9 +132,10 @@ class Run:
     stdout: str = field(default="", repr=False)
 
 
-def _model_name(d):
-    """a directory name for a model given as a dict: memplan reports an HF config by its directory"""
-    name = d.get("name") or os.path.basename(str(d.get("_name_or_path") or "").rstrip("/")) or "model"
+def model_dir_name(d, default="model"):
+    """a directory name for a model given as a dict (memplan names an HF config by its directory):
+    its "name", else the last part of "_name_or_path", else default"""
+    name = d.get("name") or os.path.basename(str(d.get("_name_or_path") or "").rstrip("/")) or default
     return re.sub(r"[^A-Za-z0-9._-]+", "-", str(name)).strip(".-") or "model"
 
 
@@ -148,7 +149,7 @@ def report(command, model=None, **kw):
     try:
         if isinstance(model, Mapping):
             tmp = tempfile.mkdtemp(prefix="memplan-model-")
-            path = os.path.join(tmp, _model_name(model), "config.json")
+            path = os.path.join(tmp, model_dir_name(model), "config.json")
             os.makedirs(os.path.dirname(path))
             with open(path, "w") as f:
                 json.dump(model, f)

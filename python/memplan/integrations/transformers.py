@@ -171,7 +171,8 @@ class MemplanCallback(TrainerCallback):
                         if p.is_floating_point() and not (adapters and p.requires_grad))
         if len(count) != 1:
             return None, ["parameters in %s: memplan plans one dtype" % ", ".join(
-                "%s (%d)" % (DTYPES.get(k, k), n) for k, n in sorted(count.items())) if count else "no parameters"]
+                "%s (%d tensors)" % (DTYPES.get(k, k), n) for k, n in sorted(count.items()))
+                if count else "no floating-point parameters"]
         (dt, _), = count.items()
         if dt not in DTYPES:
             return None, ["parameters in %s: memplan plans float32 and bfloat16" % dt]
@@ -252,7 +253,8 @@ class MemplanCallback(TrainerCallback):
     def plan(self, args, model, optimizer=None, state=None):
         """memplan's report of this run (check with a target, else estimate); sets .report,
         .suggestion, .problems, .argv; raises as on_oom / on_unsupported say"""
-        problems = []
+        self.report = self.suggestion = self.argv = None
+        self.problems = problems = []
         base, adapter, p = self._peft(model)
         problems += p
         opts = {}
@@ -294,9 +296,7 @@ class MemplanCallback(TrainerCallback):
 
         work = self.keep_dir or tempfile.mkdtemp(prefix="memplan-run-")
         try:
-            name = re.sub(r"[^A-Za-z0-9._-]+", "-", os.path.basename(str(config.get("_name_or_path") or "").rstrip("/"))
-                          or str(config.get("model_type") or "model")).strip(".-") or "model"
-            mdir = os.path.join(work, name)
+            mdir = os.path.join(work, memplan._run.model_dir_name(config, config.get("model_type") or "model"))
             os.makedirs(mdir, exist_ok=True)
             with open(os.path.join(mdir, "config.json"), "w") as f:
                 json.dump(config, f, indent=1)
