@@ -156,11 +156,18 @@ class _Wheel:
         self.zf.close()
 
 
+ENTRY_POINTS = "[console_scripts]\nmemplan = memplan._cli:main\n"
+
+
+def _wheel_file(tag, purelib):
+    return ("Wheel-Version: 1.0\nGenerator: memplan_backend\nRoot-Is-Purelib: %s\nTag: %s\n"
+            % ("true" if purelib else "false", tag))
+
+
 def _dist_info(w, dist_info, version, tag, purelib):
     w.add(dist_info + "/METADATA", _metadata(version).encode())
-    w.add(dist_info + "/WHEEL", ("Wheel-Version: 1.0\nGenerator: memplan_backend\nRoot-Is-Purelib: %s\nTag: %s\n"
-                                 % ("true" if purelib else "false", tag)).encode())
-    w.add(dist_info + "/entry_points.txt", b"[console_scripts]\nmemplan = memplan._cli:main\n")
+    w.add(dist_info + "/WHEEL", _wheel_file(tag, purelib).encode())
+    w.add(dist_info + "/entry_points.txt", ENTRY_POINTS.encode())
 
 
 # ---- PEP 517 hooks ---------------------------------------------------------------------------------
@@ -175,6 +182,21 @@ def get_requires_for_build_sdist(config_settings=None):
 
 def get_requires_for_build_editable(config_settings=None):
     return []
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    """the .dist-info without compiling (pip reads it before it builds)"""
+    root = _root()
+    version = _version(root)
+    dist_info = "%s-%s.dist-info" % (NAME, version)
+    d = os.path.join(metadata_directory, dist_info)
+    os.makedirs(d, exist_ok=True)
+    files = {"METADATA": _metadata(version), "WHEEL": _wheel_file(_tag(), purelib=False),
+             "entry_points.txt": ENTRY_POINTS}
+    for name, text in files.items():
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
+    return dist_info
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
