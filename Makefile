@@ -196,6 +196,14 @@ test-unit: $(TESTBINS)
 # tests/replay_accuracy.py: the oracles' measured rows (bench/accuracy/rows) against memplan
 test-cli: memplan
 	$(ASAN_ENV) sh tests/cli.sh ./memplan
+	@# the Python API (python/memplan) against the binary and README's JSON contract (long: suggest on every model)
+	@if command -v python3 >/dev/null; then $(ASAN_ENV) python3 -B tests/py_api.py ./memplan; fi
+ifneq ($(TIER_LONG),)
+	@# MemplanCallback in real Trainer and SFTTrainer runs on the CPU (each library absent: skip)
+	@if command -v python3 >/dev/null; then $(ASAN_ENV) python3 -B tests/py_trainer.py ./memplan 2>/dev/null; fi
+	@# pip wheel . into a fresh venv (it compiles its own binary: not again under SAN=1)
+	@if command -v python3 >/dev/null && [ "$(SAN)" != 1 ]; then python3 -B tests/py_wheel.py ./memplan; fi
+endif
 ifeq ($(TIER_LONG),)
 	$(ASAN_ENV) sh tests/cli_output.sh ./memplan
 	@if command -v python3 >/dev/null; then $(ASAN_ENV) python3 tests/replay_accuracy.py ./memplan; \

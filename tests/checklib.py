@@ -1,5 +1,6 @@
-"""checklib.py - the one-line results of the Python test scripts (recipes_real.py, emit_real.py):
-ok / skip / FAIL lines on stdout, the failures kept in `failures` for the exit status."""
+"""checklib.py - the one-line results of the Python test scripts (recipes_real.py, emit_real.py,
+py_*.py): ok / skip / FAIL lines on stdout, the failures kept in `failures` for the exit status;
+have(): whether a library imports (a test that needs it skips without it)."""
 failures = []
 
 
@@ -18,3 +19,11 @@ def fail(msg):
 
 def check(cond, msg):
     (ok if cond else fail)(msg)
+
+
+def have(mod):
+    try:
+        __import__(mod)
+        return True
+    except Exception:
+        return False

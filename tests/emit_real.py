@@ -32,7 +32,7 @@ warnings.filterwarnings("ignore")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 MEMPLAN = sys.argv[1] if len(sys.argv) > 1 else "./memplan"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import check, fail, failures, ok, skip  # noqa: E402
+from checklib import check, fail, failures, have, ok, skip  # noqa: E402
 
 
 def memplan(args):
@@ -40,14 +40,6 @@ def memplan(args):
     if r.returncode != 0:
         raise RuntimeError("memplan suggest %s: exit %d: %s" % (" ".join(args), r.returncode, r.stderr))
     return r.stdout
-
-
-def have(mod):
-    try:
-        __import__(mod)
-        return True
-    except Exception:
-        return False
 
 
 # (label, suggest arguments); configs from models/ (GPU profiles from configs/gpus)

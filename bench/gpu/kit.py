@@ -10,6 +10,7 @@
   kit.py report OUTDIR          report.md again from OUTDIR/report.json
   kit.py torch-worker [--cpu]   (internal) PyTorch rows, one JSON line in, one out
   kit.py lightning ...          (internal) Lightning's batch-size finder on GPT-2
+  kit.py callback-worker ...    (internal) a transformers Trainer with memplan's MemplanCallback
   kit.py build-info / source-hash / slim-wheel / carry-report   (internal, for build.sh and prepare.sh)
 
 Parts:
@@ -33,6 +34,11 @@ Parts:
              Tuner.scale_batch_size(mode="binsearch"): wall time, trials, batch.
   steptime   probe against PyTorch step time for the matrix's rows (from the matrix's steady-state
              steps: no device time of its own).
+  callback   the pip package's MemplanCallback (python/memplan/integrations/transformers.py) in a
+             transformers Trainer on GPT-2 (8 x 1024, bf16 autocast, adamw_torch) with no gpu= or
+             vram=: the target it finds (this CUDA device's total memory), its verdict, and its
+             plan's peak allocated against torch.cuda.max_memory_allocated over the steps after
+             the first (the Trainer's own step: grad clipping, its loss bookkeeping).
 
 Without a GPU (or with --cpu) the same parts run as the CPU fallback: the host backend, configs
 shrunk to 2 layers of width 128 (batch 2 x 32), PyTorch on the CPU (no memory columns: a smoke
@@ -60,10 +66,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 STATE_DIR = os.path.join(ROOT, "bench", "gpu", "out")   # ignored by git; kept on a warm machine
 SCHEMA = 2
 
-PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime"]
+PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "callback"]
 # part: (cap on a GPU, cap on the CPU fallback, least seconds worth starting it with)
 CAPS = {"build": (200, 400, 5), "tests": (120, 240, 15), "sanitizer": (90, 0, 20),
-        "matrix": (260, 400, 30), "tune": (150, 240, 40), "steptime": (5, 5, 0)}
+        "matrix": (260, 400, 30), "tune": (150, 240, 40), "steptime": (5, 5, 0), "callback": (90, 150, 40)}
 RESERVE_S = 4          # kept back at the end for the last report
 WORKER_START_S = (90, 120)   # (GPU, CPU): import torch + transformers, CUDA context
 ROW_S = {"estimate": 30, "probe": (75, 60), "torch": (90, 90)}
@@ -1111,8 +1117,105 @@ def part_steptime(kit, res):
         "" if kit.gpu else " (CPU fallback: host backend vs PyTorch CPU, tiny shapes)"))
 
 
+# ---- part: callback ------------------------------------------------------------------------------
+
+CALLBACK_BATCH, CALLBACK_SEQ, CALLBACK_STEPS = 8, 1024, 4
+
+
+def callback_worker(a):
+    """a Trainer with MemplanCallback on GPT-2 (or its 2-layer version on the CPU); one JSON line"""
+    import torch
+    import transformers
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    os.environ["MEMPLAN_BIN"] = a.memplan
+    from memplan.integrations.transformers import MemplanCallback
+
+    cfg = load_config(os.path.join(ROOT, "models/hf/gpt2.json"))
+    batch, seq = (CPU_BATCH, CPU_SEQ) if a.cpu else (CALLBACK_BATCH, CALLBACK_SEQ)
+    if a.cpu:
+        cfg = shrink(cfg)
+    mt = cfg.pop("model_type")
+    conf = transformers.AutoConfig.for_model(mt, **cfg)
+    model = transformers.AutoModelForCausalLM.from_config(conf, attn_implementation="sdpa")
+    cuda = not a.cpu and torch.cuda.is_available()
+    peaks = []
+
+    class Peak(TrainerCallback):
+        """torch's peak over each step after the first"""
+
+        def on_step_begin(self, args, state, control, **kw):
+            if cuda and state.global_step >= 1:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+
+        def on_step_end(self, args, state, control, **kw):
+            if cuda and state.global_step >= 2:
+                torch.cuda.synchronize()
+                peaks.append(torch.cuda.max_memory_allocated())
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return batch * CALLBACK_STEPS
+
+        def __getitem__(self, i):
+            ids = torch.randint(0, conf.vocab_size, (seq,), generator=torch.Generator().manual_seed(i))
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    lines = []
+    cb = MemplanCallback(seq=seq, on_oom="warn", log=lines.append, vram=None if cuda else "24GiB")
+    args = TrainingArguments(output_dir=os.path.join(STATE_DIR, "callback"), per_device_train_batch_size=batch,
+                             max_steps=CALLBACK_STEPS, bf16=cuda, optim="adamw_torch", report_to="none",
+                             save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    t0 = time.perf_counter()
+    Trainer(model=model, args=args, train_dataset=Data(), callbacks=[cb, Peak()]).train()
+    r = cb.report
+    out = {"status": "ok", "wall_s": round(time.perf_counter() - t0, 2), "target": cb.target,
+           "batch": batch, "seq": seq, "log": lines, "argv": " ".join(["memplan"] + (cb.argv or [])[1:])}
+    if r is not None:
+        out.update(fits=r.fits, precision=r.config.precision, estimate=r.memory.peak_allocated_bytes,
+                   capacity=r.check.capacity_bytes)
+    if cuda:
+        out["device_total"] = torch.cuda.get_device_properties(0).total_memory
+        out["torch_peak"] = max(peaks) if peaks else None
+        if peaks and r is not None:
+            out["est_vs_torch_pct"] = pct(r.memory.peak_allocated_bytes, max(peaks))
+    print(json.dumps(out), flush=True)
+
+
+def part_callback(kit, res):
+    c = kit.state.setdefault("callback", {})
+    if not (has_module("torch") and has_module("transformers")):
+        c.clear()
+        c.update(status="na", error="needs torch and transformers")
+        res.update(status="skipped", note=c["error"])
+        return
+    rc, out, err, secs = run_cmd([sys.executable, os.path.abspath(__file__), "callback-worker", "--memplan",
+                                  kit.memplan] + ([] if kit.gpu else ["--cpu"]), kit.part_left(), logf=kit.logf)
+    c.clear()
+    try:
+        c.update(json.loads(out.strip().splitlines()[-1]))
+        c["process_s"] = round(secs, 2)
+    except (ValueError, IndexError):
+        c.update(status="timeout" if rc == 124 else "FAILED", error="rc %d: %s" % (rc, tail(err)))
+    kit.say("callback: %s" % json.dumps(c)[:400])
+    res["status"] = c["status"] if c["status"] in ("ok", "FAILED", "timeout") else "FAILED"
+    if c["status"] != "ok":
+        res["note"] = c.get("error", "")
+    elif kit.gpu:
+        ok_target = c.get("device_total") is not None and c.get("capacity") == c.get("device_total")
+        if not ok_target:
+            res["status"] = "FAILED"
+        res["note"] = ("target %s (capacity %s of the device's %s B), fits %s; estimate %s vs torch %s GiB (%s %%)"
+                       % (c.get("target"), c.get("capacity"), c.get("device_total"), c.get("fits"),
+                          gib(c.get("estimate")), gib(c.get("torch_peak")), delta(c.get("est_vs_torch_pct"))))
+    else:
+        res["note"] = "CPU fallback: the flow only (a 24 GiB vram target), fits %s" % c.get("fits")
+
+
 PART_FN = {"build": part_build, "tests": part_tests, "sanitizer": part_sanitizer, "matrix": part_matrix,
-           "tune": part_tune, "steptime": part_steptime}
+           "tune": part_tune, "steptime": part_steptime, "callback": part_callback}
 
 
 def choose_parts(kit, prev):
@@ -1317,6 +1420,20 @@ def render(st):
         L.append("| Lightning scale_batch_size(binsearch) | %s | %s | %s | %s |" % (
             lt.get("wall_s", ""), lt.get("trials", ""), lt.get("batch", ""),
             (lt.get("error") or "tried %s" % lt.get("batches_tried", ""))[:200]))
+    cb = st.get("callback", {})
+    if cb:
+        L += ["", "## MemplanCallback in a transformers Trainer (GPT-2, %s x %s, %s)" % (
+            cb.get("batch", ""), cb.get("seq", ""), cb.get("precision", "")), ""]
+        if cb.get("status") != "ok":
+            L.append("%s: %s" % (cb.get("status"), cb.get("error", "")))
+        else:
+            L += ["- target: %s; capacity %s B, the device's total %s B; fits %s" % (
+                      cb.get("target"), cb.get("capacity"), cb.get("device_total", "-"), cb.get("fits")),
+                  "- peak allocated: memplan %s GiB, torch %s GiB over steps 2-%d (Δ %s %%)" % (
+                      gib(cb.get("estimate")), gib(cb.get("torch_peak")), CALLBACK_STEPS,
+                      delta(cb.get("est_vs_torch_pct"))),
+                  "- `%s`" % cb.get("argv", "")]
+            L += ["- logged: %s" % x for x in cb.get("log", [])]
     todo = rerun_todo(st)
     L += ["", "## Rerun", ""]
     if todo:
@@ -1445,6 +1562,9 @@ def main():
     s.add_argument("--seq", type=int, required=True)
     s.add_argument("--cpu", action="store_true")
     s.add_argument("--max-trials", type=int, default=25)
+    s = sub.add_parser("callback-worker")
+    s.add_argument("--memplan", required=True)
+    s.add_argument("--cpu", action="store_true")
     s = sub.add_parser("build-info")
     s.add_argument("--arch", required=True)
     s.add_argument("--commit", default="unknown")
@@ -1462,7 +1582,7 @@ def main():
         if a.steps is not None and a.steps < 1:
             ap.error("--steps: at least 1")
         sys.exit(cmd_run(a))
-    fn = {"report": cmd_report, "torch-worker": worker_main, "lightning": lightning_tune,
+    fn = {"report": cmd_report, "torch-worker": worker_main, "lightning": lightning_tune, "callback-worker": callback_worker,
           "build-info": cmd_build_info, "source-hash": lambda a: print(source_hash()),
           "slim-wheel": cmd_slim_wheel, "carry-report": cmd_carry_report}[a.cmd]
     sys.exit(fn(a) or 0)

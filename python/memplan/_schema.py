@@ -1,0 +1,414 @@
+"""The `--json` report, schema 1 (README.md, "JSON output (schema 1)"), as dataclasses.
+
+One dataclass per JSON object, one field per key, named as the key.  A key the report writes only
+in some cases (README: "only when ...", src/report/report.c) is an optional field: None when the
+report leaves it out.  A key that is always written but may be null (suggest's recommendation) is a
+plain Optional field.  Keys a newer memplan adds (the schema adds keys, never renames them) land in
+`extra` of their object, so an older package still reads a newer binary's report; to_dict() gives
+the report back as it was read.  tests/py_api.py holds these classes equal, field by field, to
+real reports of the bundled models and to README's contract.
+"""
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union, get_type_hints
+
+from ._errors import SchemaError
+
+SCHEMA = 1
+
+
+def _opt():
+    """a key the report writes only in some cases: None when absent"""
+    return field(default=None, metadata={"optional": True})
+
+
+def _extra():
+    """keys this package does not know (a newer memplan's): kept, never compared"""
+    return field(default_factory=dict, compare=False, repr=False, metadata={"extra": True})
+
+
+@dataclass
+class Model:
+    name: str
+    source: str  # "memplan" | "hf"
+    path: str
+    n_layers: int  # blocks
+    params: Optional[int] = _opt()
+    trainable_params: Optional[int] = _opt()
+    unused_params: Optional[int] = _opt()  # multimodal checkpoints: the vision tower and projector
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Finetune:
+    mode: str  # full | lora | qlora | freeze
+    base_quant: str
+    lora_r: Optional[int] = _opt()
+    lora_alpha: Optional[float] = _opt()
+    lora_dropout: Optional[float] = _opt()
+    lora_targets: Optional[str] = _opt()
+    adapter_params: Optional[int] = _opt()
+    double_quant: Optional[bool] = _opt()
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Moe:
+    layers: int
+    experts: int
+    top_k: int
+    capacity: float
+    routing: str
+    experts_implementation: str
+    capacity_changes_memory: bool
+    routed_rows: Optional[int] = _opt()
+    rows_per_expert: Optional[int] = _opt()
+    busiest_expert_rows: Optional[int] = _opt()
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Parallel:
+    strategy: str
+    gpus: int
+    nodes: int
+    world: int
+    offload: str
+    offload_device: str
+    rank: int
+    host_bytes: Optional[int] = _opt()  # suggest's candidates
+    comm_s: Optional[float] = _opt()
+    exposed_comm_s: Optional[float] = _opt()
+    offload_s: Optional[float] = _opt()
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class RecipeSetting:
+    value: str
+    key: str
+    line: int
+    source: str  # "recipe" | "trainer default" | "command line" | "not used"
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Recipe:
+    format: str
+    trainer: str
+    path: str
+    format_from: str
+    settings: Dict[str, RecipeSetting]  # by option name: "batch", "grad-accum", ...
+    unknown_keys: List[str]
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Config:
+    loss: str
+    label_fraction: float
+    # estimate and check (suggest's config holds loss, label_fraction and recipe only)
+    batch: Optional[int] = _opt()
+    seq_len: Optional[int] = _opt()
+    target_seq_len: Optional[int] = _opt()  # encoder-decoders
+    precision: Optional[str] = _opt()
+    optimizer: Optional[str] = _opt()
+    optimizer_hf: Optional[str] = _opt()  # the TrainingArguments optim
+    checkpoint: Optional[str] = _opt()
+    attention: Optional[str] = _opt()
+    grad_accumulation: Optional[bool] = _opt()
+    moe: Optional[Moe] = _opt()
+    use_cache: Optional[bool] = _opt()
+    finetune: Optional[Finetune] = _opt()
+    parallel: Optional[Parallel] = _opt()
+    recipe: Optional[Recipe] = _opt()
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Target:
+    name: str
+    how: str
+    memory_bytes: int
+    capacity_bytes: int
+    context_bytes: int
+    fits: Optional[bool] = _opt()  # estimate --gpu
+    usable_bytes: Optional[int] = _opt()
+    margin_pct: Optional[float] = _opt()
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class CommPerStep:
+    allgather_bytes: float
+    reducescatter_bytes: float
+    allreduce_bytes: float
+    pcie_bytes: float
+    comm_s: float
+    exposed_comm_s: float
+    offload_s: float
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Memory:
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    input_bytes: int
+    module_buffers_bytes: int
+    workspace_bytes: int
+    optimizer_tmp_bytes: int
+    peak_allocated_bytes: int  # compare torch.cuda.max_memory_allocated()
+    peak_requested_bytes: int
+    peak_reserved_bytes: int
+    overhead_bytes: int  # CUDA context (and NCCL's, with data parallelism)
+    peak_device_bytes: int
+    peak_event: str
+    peak_phase: str
+    fwd_flops: float
+    bwd_flops: float
+    recompute_flops: float
+    host_pinned_bytes: Optional[int] = _opt()  # --checkpoint layers[:N]+offload
+    ckpt_offload_pcie_bytes: Optional[float] = _opt()
+    world: Optional[int] = _opt()  # data parallelism: per rank
+    buffers_bytes: Optional[int] = _opt()
+    host_bytes: Optional[int] = _opt()
+    nvme_bytes: Optional[int] = _opt()
+    nccl_overhead_bytes: Optional[int] = _opt()
+    comm_per_step: Optional[CommPerStep] = _opt()
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Layer:
+    index: int
+    name: str
+    type: str
+    params: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    output_bytes: int
+    fwd_flops: float
+    bwd_flops: float
+    checkpointed: bool
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Plan:
+    strategy: str
+    checkpoints: List[int]
+    segments: List[List[int]]  # [start, end)
+    multilevel: bool
+    activation_peak_bytes: int
+    recompute_flops: float
+    overhead_pct: float
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Check:
+    fits: bool
+    shortfall_bytes: int
+    usable_bytes: int
+    capacity_bytes: int
+    peak_device_bytes: int
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Candidate:
+    micro_batch: int
+    grad_accum: int
+    global_batch: int
+    precision: str
+    finetune: str
+    fits: bool
+    plan: Plan
+    peak_device_bytes: int
+    peak_allocated_bytes: int
+    capacity_bytes: int
+    usable_bytes: int
+    headroom_pct: float
+    samples_per_s: float
+    source: str  # "probe" | "estimate"
+    peak_event: str
+    probed: bool
+    probe_oom: bool
+    parallel: Optional[Parallel] = _opt()
+    probe_samples_per_s: Optional[float] = _opt()
+    probe_step_ms: Optional[float] = _opt()
+    probe_peak_allocated_bytes: Optional[int] = _opt()
+    extra: Dict[str, Any] = _extra()
+
+
+def _run_info():
+    """the run that made a report (not part of the schema)"""
+    return field(default=None, compare=False, repr=False, metadata={"run": True})
+
+
+@dataclass
+class Report:
+    schema: int
+    command: str
+    version: str
+    model: Model
+    config: Config
+
+
+@dataclass
+class EstimateReport(Report):
+    memory: Memory
+    layers: List[Layer]
+    target: Optional[Target] = _opt()
+    plan: Optional[Plan] = _opt()  # a checkpoint strategy other than none
+    extra: Dict[str, Any] = _extra()
+    run: Any = _run_info()
+
+    @property
+    def peak_device_bytes(self):
+        return self.memory.peak_device_bytes
+
+
+@dataclass
+class CheckReport(Report):
+    target: Target
+    check: Check
+    memory: Memory
+    plan: Plan
+    extra: Dict[str, Any] = _extra()
+    run: Any = _run_info()
+
+    @property
+    def fits(self):
+        return self.check.fits
+
+    @property
+    def headroom_bytes(self):
+        """usable bytes less the peak (negative: the shortfall)"""
+        return self.check.usable_bytes - self.check.peak_device_bytes
+
+
+@dataclass
+class SuggestReport(Report):
+    recommendation: Optional[Candidate]  # null when nothing fits
+    candidates: List[Candidate]
+    global_batch_met: bool
+    note: str
+    alternatives: List[str]
+    probes: int
+    probe_capacity_bytes: int
+    probe_note: str
+    target: Optional[Target] = _opt()
+    extra: Dict[str, Any] = _extra()
+    run: Any = _run_info()
+
+
+REPORTS = {"estimate": EstimateReport, "check": CheckReport, "suggest": SuggestReport}
+
+
+# ---- reading and writing ---------------------------------------------------------------------------
+
+_HINTS = {}
+
+
+def _hints(cls):
+    h = _HINTS.get(cls)
+    if h is None:
+        h = _HINTS[cls] = get_type_hints(cls)
+    return h
+
+
+def schema_fields(cls):
+    """the fields of cls that are keys of the report (not extra, not run)"""
+    return [f for f in dataclasses.fields(cls) if not f.metadata.get("extra") and not f.metadata.get("run")]
+
+
+def _origin(tp):
+    return getattr(tp, "__origin__", None)
+
+
+def _read(tp, v, where):
+    if _origin(tp) is Union:  # Optional[X]
+        if v is None:
+            return None
+        tp = [a for a in tp.__args__ if a is not type(None)][0]  # noqa: E721
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(v, dict):
+            raise SchemaError("%s: expected an object" % where)
+        return from_dict(tp, v, where)
+    if _origin(tp) in (list, List):
+        if not isinstance(v, list):
+            raise SchemaError("%s: expected an array" % where)
+        return [_read(tp.__args__[0], x, "%s[%d]" % (where, i)) for i, x in enumerate(v)]
+    if _origin(tp) in (dict, Dict):
+        if not isinstance(v, dict):
+            raise SchemaError("%s: expected an object" % where)
+        return {k: _read(tp.__args__[1], x, "%s.%s" % (where, k)) for k, x in v.items()}
+    if tp is Any:
+        return v
+    if tp is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise SchemaError("%s: expected a number, got %r" % (where, v))
+        return float(v)
+    if tp is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise SchemaError("%s: expected an integer, got %r" % (where, v))
+        return v
+    if not isinstance(v, tp):
+        raise SchemaError("%s: expected %s, got %r" % (where, tp.__name__, v))
+    return v
+
+
+def from_dict(cls, d, where=""):
+    """cls (a dataclass of this module) from the JSON object d; keys it lacks go to extra"""
+    hints = _hints(cls)
+    kw = {}
+    for f in schema_fields(cls):
+        path = "%s.%s" % (where, f.name) if where else f.name
+        if f.name in d:
+            kw[f.name] = _read(hints[f.name], d[f.name], path)
+        elif not f.metadata.get("optional"):
+            raise SchemaError("%s: missing" % path)
+    names = {f.name for f in schema_fields(cls)}
+    if any(f.metadata.get("extra") for f in dataclasses.fields(cls)):
+        kw["extra"] = {k: v for k, v in d.items() if k not in names}
+    return cls(**kw)
+
+
+def _write(v):
+    if dataclasses.is_dataclass(v):
+        return to_dict(v)
+    if isinstance(v, list):
+        return [_write(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _write(x) for k, x in v.items()}
+    return v
+
+
+def to_dict(obj):
+    """the JSON object obj was read from: its keys (optional ones only when present) and extra"""
+    out = {}
+    for f in schema_fields(type(obj)):
+        v = getattr(obj, f.name)
+        if v is None and f.metadata.get("optional"):
+            continue
+        out[f.name] = _write(v)
+    out.update(getattr(obj, "extra", None) or {})
+    return out
+
+
+def read_report(command, d):
+    """the report of command from its parsed --json output"""
+    if not isinstance(d, dict):
+        raise SchemaError("the report is not a JSON object")
+    if d.get("schema") != SCHEMA:
+        raise SchemaError("schema %r: this package reads schema %d" % (d.get("schema"), SCHEMA))
+    cls = REPORTS.get(command)
+    if cls is None:
+        raise SchemaError("no report class for the command %r" % command)
+    return from_dict(cls, d)

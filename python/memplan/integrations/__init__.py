@@ -1,0 +1,2 @@
+"""Integrations with training libraries; each module imports its library only when imported
+(memplan.integrations.transformers: a transformers.TrainerCallback)."""
