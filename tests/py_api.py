@@ -99,7 +99,7 @@ def reachable(cls):
 
 
 def names(classes):
-    return {f.name for c in classes for f in _schema.schema_fields(c)}
+    return {_schema.json_key(f) for c in classes for f in _schema.schema_fields(c)}
 
 
 # section of README -> (the dataclass its keys are fields of, the report classes that have it)
@@ -162,9 +162,10 @@ def walk(obj, where):
             bad.append("%s: keys not in %s: %s" % (where, type(obj).__name__, ", ".join(sorted(obj.extra))))
         for f in _schema.schema_fields(type(obj)):
             v = getattr(obj, f.name)
+            k = _schema.json_key(f)
             if f.metadata.get("optional"):
-                seen[(type(obj).__name__, f.name)] = seen.get((type(obj).__name__, f.name), False) or v is not None
-            bad += walk(v, "%s.%s" % (where, f.name))
+                seen[(type(obj).__name__, k)] = seen.get((type(obj).__name__, k), False) or v is not None
+            bad += walk(v, "%s.%s" % (where, k))
     elif isinstance(obj, list):
         for i, x in enumerate(obj):
             bad += walk(x, "%s[%d]" % (where, i))
@@ -255,6 +256,8 @@ CASES = [
     ("suggest nothing fits", "suggest", "models/hf/llama-2-70b.json", dict(gpu="t4", no_probe=True)),
     ("suggest host probes", "suggest", "models/tiny-mlp.json", dict(vram="1GiB", backend="host", max_batch=64)),
     ("an HF config as a dict", "estimate", json.load(open(L1B)), dict(batch=2)),
+    ("packing", "estimate", L1B, dict(packing=True, batch=2, seq=512)),
+    ("suggest packing", "suggest", L1B, dict(packing=True, seq=1024, gpu="a100-80gb", no_probe=True)),
 ]
 reps = {}
 for label, command, model, kw in CASES:

@@ -22,6 +22,16 @@ def _opt():
     return field(default=None, metadata={"optional": True})
 
 
+def _key(name):
+    """an optional key that is a Python keyword: the field is name + "_" (Model.class_ is "class")"""
+    return field(default=None, metadata={"optional": True, "key": name})
+
+
+def json_key(f):
+    """the report's key of field f"""
+    return f.metadata.get("key", f.name)
+
+
 def _extra():
     """keys this package does not know (a newer memplan's): kept, never compared"""
     return field(default_factory=dict, compare=False, repr=False, metadata={"extra": True})
@@ -33,6 +43,7 @@ class Model:
     source: str  # "memplan" | "hf"
     path: str
     n_layers: int  # blocks
+    class_: Optional[str] = _key("class")  # HF configs naming one: architectures[0], after --head
     params: Optional[int] = _opt()
     trainable_params: Optional[int] = _opt()
     unused_params: Optional[int] = _opt()  # multimodal checkpoints: the vision tower and projector
@@ -122,6 +133,8 @@ class Config:
     finetune: Optional[Finetune] = _opt()
     parallel: Optional[Parallel] = _opt()
     recipe: Optional[Recipe] = _opt()
+    packing: Optional[str] = _opt()  # --packing / --padding-free: "rows" | "padding-free"
+    tokens_per_micro_batch: Optional[int] = _opt()  # estimate and check, with packing
     extra: Dict[str, Any] = _extra()
 
 
@@ -243,6 +256,7 @@ class Candidate:
     probe_samples_per_s: Optional[float] = _opt()
     probe_step_ms: Optional[float] = _opt()
     probe_peak_allocated_bytes: Optional[int] = _opt()
+    tokens_per_micro_batch: Optional[int] = _opt()  # --packing / --padding-free (the recommendation)
     extra: Dict[str, Any] = _extra()
 
 
@@ -369,12 +383,13 @@ def from_dict(cls, d, where=""):
     hints = _hints(cls)
     kw = {}
     for f in schema_fields(cls):
-        path = "%s.%s" % (where, f.name) if where else f.name
-        if f.name in d:
-            kw[f.name] = _read(hints[f.name], d[f.name], path)
+        k = json_key(f)
+        path = "%s.%s" % (where, k) if where else k
+        if k in d:
+            kw[f.name] = _read(hints[f.name], d[k], path)
         elif not f.metadata.get("optional"):
             raise SchemaError("%s: missing" % path)
-    names = {f.name for f in schema_fields(cls)}
+    names = {json_key(f) for f in schema_fields(cls)}
     if any(f.metadata.get("extra") for f in dataclasses.fields(cls)):
         kw["extra"] = {k: v for k, v in d.items() if k not in names}
     return cls(**kw)
@@ -397,7 +412,7 @@ def to_dict(obj):
         v = getattr(obj, f.name)
         if v is None and f.metadata.get("optional"):
             continue
-        out[f.name] = _write(v)
+        out[json_key(f)] = _write(v)
     out.update(getattr(obj, "extra", None) or {})
     return out
 
