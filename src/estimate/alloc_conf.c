@@ -73,7 +73,7 @@ static bool lex(const char *s, struct toks *k)
             }
             continue;
         }
-        if (len + 1 >= sizeof k->t[0])
+        if (k->n == MAX_TOK || len + 1 >= sizeof k->t[0])
             return false;
         k->t[k->n][len++] = *p;
     }

@@ -540,9 +540,11 @@ int mp_asim_alloc(struct mp_asim *a, uint64_t bytes)
     }
     a->b[blk].allocated = true;
     a->allocated += a->b[blk].size;
-    if (a->reserved > a->peak_reserved) {
+    if (a->reserved > a->peak_reserved)
         a->peak_reserved = a->reserved;
-        a->alloc_at_peak = a->allocated;
+    if (a->allocated > a->peak_allocated) { /* fragmentation where it matters: at the allocated peak */
+        a->peak_allocated = a->allocated;
+        a->frag_at_peak = a->reserved - a->allocated;
     }
     return a->nomem ? -1 : blk;
 }

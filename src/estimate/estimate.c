@@ -292,7 +292,7 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     e->peak_requested_bytes = c.peak_req;
     e->peak_reserved_bytes = mp_max_u64(c.as.peak_reserved, c.peak);
     e->alloc_simulated = !c.no_asim;
-    e->reserved_frag_bytes = c.as.peak_reserved - c.as.alloc_at_peak;
+    e->reserved_frag_bytes = c.as.frag_at_peak;
     e->alloc_retries = c.as.retries;
     e->alloc_ooms = c.as.ooms;
     e->activations_bytes = c.act_at_loss;

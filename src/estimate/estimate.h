@@ -118,7 +118,8 @@ struct mp_asim {
     /* the figures (torch.cuda.memory_stats names) */
     uint64_t reserved, allocated; /* reserved_bytes, allocated_bytes (block sizes) now */
     uint64_t peak_reserved;       /* max_memory_reserved */
-    uint64_t alloc_at_peak;       /* allocated_bytes when reserved peaked (the rest: fragmentation) */
+    uint64_t peak_allocated;      /* max allocated_bytes (block sizes: splits' slack included) */
+    uint64_t frag_at_peak;        /* reserved less allocated_bytes there: cached, not usable for it */
     uint64_t retries;             /* num_alloc_retries: allocations that freed the cache and retried */
     uint64_t ooms;                /* allocations that failed even then (made over the limit, so the
                                    * replay goes on and the figures say what it would need) */
@@ -182,7 +183,7 @@ struct mp_estimate {
     uint64_t peak_requested_bytes;   /* without 512-byte rounding */
     uint64_t peak_reserved_bytes;    /* caching-allocator segments */
     bool alloc_simulated;            /* the allocator model ran (else reserved = allocated) */
-    uint64_t reserved_frag_bytes;    /* at the reserved peak: reserved less the allocator's blocks */
+    uint64_t reserved_frag_bytes;    /* at the allocator's allocated peak: reserved less its blocks */
     uint64_t alloc_retries;          /* num_alloc_retries: cudaMalloc failed, the cache was freed */
     uint64_t alloc_ooms;             /* allocations that failed after the retry (OOM) */
     uint64_t overhead_bytes;         /* CUDA context (not in allocated/reserved) */
