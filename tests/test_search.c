@@ -292,6 +292,7 @@ static void test_search_reserved_never_over_target(void **state)
     j.build.seq = 1024;
     j.build.batch = 3;
     j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_LAYERS, .k = 0};
+    j.keep_program = true; /* a report's fit: it also says whether expandable segments help */
     struct mp_fit f;
     struct mp_diag d = {{0}};
     assert_int_equal(mp_fit_eval(&j, &f, &d), MP_OK);

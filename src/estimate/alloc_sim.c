@@ -49,9 +49,10 @@ void mp_asim_release(struct mp_asim *a)
 {
     free(a->b);
     free(a->dead);
-    free(a->freel);
+    free(a->fl[0]);
+    free(a->fl[1]);
     a->b = NULL;
-    a->dead = a->freel = NULL;
+    a->dead = a->fl[0] = a->fl[1] = NULL;
 }
 
 static int new_blk(struct mp_asim *a)
@@ -79,68 +80,82 @@ static void kill_blk(struct mp_asim *a, int i)
 
 static int pool_ix(bool small) { return small ? 1 : 0; }
 
-/* BlockPool::insert_into_blocks: a free block enters its pool; its age counts from now. */
-static void free_list_add(struct mp_asim *a, int i)
-{
-    a->b[i].free_pos = a->n_free;
-    a->b[i].gc_base = a->gc_calls[pool_ix(a->b[i].small)];
-    if (!push_int(&a->freel, &a->n_free, &a->cap_free, i))
-        a->nomem = true;
-}
-
-static void free_list_del(struct mp_asim *a, int i)
-{
-    int pos = a->b[i].free_pos, last = a->freel[--a->n_free];
-    a->freel[pos] = last;
-    a->b[last].free_pos = pos;
-    a->b[i].free_pos = -1;
-}
-
-static bool is_free(const struct mp_asim *a, int i) { return i >= 0 && a->b[i].free_pos >= 0; }
-static bool is_unmapped(const struct mp_asim *a, int i) { return i >= 0 && !a->b[i].mapped; }
-
 /* The pools' order (BlockComparatorSize): size, then address. */
 static bool before(const struct mp_asim_blk *x, const struct mp_asim_blk *y)
 {
     return x->size != y->size ? x->size < y->size : x->addr < y->addr;
 }
 
+/* The position of the first free block of the pool at or after (size, addr). */
+static int lb_pos(const struct mp_asim *a, int p, uint64_t size, uint64_t addr)
+{
+    struct mp_asim_blk key = {.size = size, .addr = addr};
+    int lo = 0, hi = a->nfl[p];
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (before(&a->b[a->fl[p][mid]], &key))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* BlockPool::insert_into_blocks: a free block enters its pool; its age counts from now. */
+static void free_list_add(struct mp_asim *a, int i)
+{
+    int p = pool_ix(a->b[i].small);
+    if (a->nfl[p] == a->capfl[p]) {
+        int nc = a->capfl[p] ? a->capfl[p] * 2 : 256;
+        int *na = realloc(a->fl[p], (size_t)nc * sizeof *na);
+        if (!na) {
+            a->nomem = true;
+            return;
+        }
+        a->fl[p] = na;
+        a->capfl[p] = nc;
+    }
+    int pos = lb_pos(a, p, a->b[i].size, a->b[i].addr);
+    memmove(&a->fl[p][pos + 1], &a->fl[p][pos], (size_t)(a->nfl[p] - pos) * sizeof(int));
+    a->fl[p][pos] = i;
+    a->nfl[p]++;
+    a->b[i].free_pos = 1;
+    a->b[i].gc_base = a->gc_calls[p];
+}
+
+static void free_list_del(struct mp_asim *a, int i)
+{
+    int p = pool_ix(a->b[i].small), pos = lb_pos(a, p, a->b[i].size, a->b[i].addr);
+    if (pos >= a->nfl[p] || a->fl[p][pos] != i) { /* (cannot happen: the list is kept sorted) */
+        a->nomem = true;
+        return;
+    }
+    memmove(&a->fl[p][pos], &a->fl[p][pos + 1], (size_t)(a->nfl[p] - pos - 1) * sizeof(int));
+    a->nfl[p]--;
+    a->b[i].free_pos = -1;
+}
+
+static bool is_free(const struct mp_asim *a, int i) { return i >= 0 && a->b[i].free_pos >= 0; }
+static bool is_unmapped(const struct mp_asim *a, int i) { return i >= 0 && !a->b[i].mapped; }
+
 /* The first free block of the pool at or after (size, addr) in the pool's order, -1 none
  * (std::set::lower_bound / the next element). */
 static int lower_bound(const struct mp_asim *a, bool small, uint64_t size, uint64_t addr)
 {
-    struct mp_asim_blk key = {.size = size, .addr = addr};
-    int best = -1;
-    for (int k = 0; k < a->n_free; k++) {
-        const struct mp_asim_blk *x = &a->b[a->freel[k]];
-        if (x->small != small || before(x, &key))
-            continue;
-        if (best < 0 || before(x, &a->b[best]))
-            best = a->freel[k];
-    }
-    return best;
+    int p = pool_ix(small), pos = lb_pos(a, p, size, addr);
+    return pos < a->nfl[p] ? a->fl[p][pos] : -1;
 }
 
 /* The last free block of the pool before (size, addr), -1 none. */
 static int below(const struct mp_asim *a, bool small, uint64_t size, uint64_t addr)
 {
-    struct mp_asim_blk key = {.size = size, .addr = addr};
-    int best = -1;
-    for (int k = 0; k < a->n_free; k++) {
-        const struct mp_asim_blk *x = &a->b[a->freel[k]];
-        if (x->small != small || !before(x, &key))
-            continue;
-        if (best < 0 || before(&a->b[best], x))
-            best = a->freel[k];
-    }
-    return best;
+    int p = pool_ix(small), pos = lb_pos(a, p, size, addr);
+    return pos > 0 ? a->fl[p][pos - 1] : -1;
 }
 
-/* try_merge_blocks: j follows i, both free and mapped alike; j is absorbed into i. */
-static void merge(struct mp_asim *a, int i, int j)
+/* try_merge_blocks: j follows i (neither in a free list, mapped alike); j is absorbed into i. */
+static void absorb(struct mp_asim *a, int i, int j)
 {
-    if (a->b[j].free_pos >= 0)
-        free_list_del(a, j);
     a->b[i].size += a->b[j].size;
     a->b[i].next = a->b[j].next;
     if (a->b[j].next >= 0)
@@ -148,19 +163,21 @@ static void merge(struct mp_asim *a, int i, int j)
     kill_blk(a, j);
 }
 
-/* Free block i (mapped, in the free list) merged with its free mapped neighbours; returns the
- * block that holds it. */
+/* free_block: free mapped block i (not yet in its pool) merged with its free mapped neighbours,
+ * and the result into the pool; returns it. */
 static int merge_free(struct mp_asim *a, int i)
 {
     int nx = a->b[i].next, pv = a->b[i].prev;
-    if (is_free(a, nx))
-        merge(a, i, nx);
-    if (is_free(a, pv)) {
-        free_list_del(a, i);
-        a->b[pv].gc_base = a->gc_calls[pool_ix(a->b[pv].small)];
-        merge(a, pv, i);
-        return pv;
+    if (is_free(a, nx)) {
+        free_list_del(a, nx);
+        absorb(a, i, nx);
     }
+    if (is_free(a, pv)) {
+        free_list_del(a, pv);
+        absorb(a, pv, i);
+        i = pv;
+    }
+    free_list_add(a, i);
     return i;
 }
 
@@ -253,9 +270,9 @@ static void garbage_collect(struct mp_asim *a)
     uint64_t target = a->reserved - thr, got = 0;
     double total_age = 0;
     int count = 0;
-    for (int k = 0; k < a->n_free; k++) {
-        int i = a->freel[k];
-        if (!a->b[i].small && whole_segment(a, i)) {
+    for (int k = 0; k < a->nfl[0]; k++) {
+        int i = a->fl[0][k];
+        if (whole_segment(a, i)) {
             total_age += (double)(a->gc_calls[0] - a->b[i].gc_base);
             count++;
         }
@@ -264,17 +281,17 @@ static void garbage_collect(struct mp_asim *a)
     while (got < target && freed && count > 0) {
         double mean = total_age / count;
         freed = false;
-        for (int k = 0; k < a->n_free; k++) {
-            int i = a->freel[k];
+        for (int k = 0; k < a->nfl[0]; k++) {
+            int i = a->fl[0][k];
             double age = (double)(a->gc_calls[0] - a->b[i].gc_base);
-            if (a->b[i].small || !whole_segment(a, i) || age < mean)
+            if (!whole_segment(a, i) || age < mean)
                 continue;
             got += a->b[i].size;
             total_age -= age;
             count--;
             freed = true;
             release_segment(a, i);
-            k--; /* (the list's last entry moved here) */
+            k--; /* (the list moved down one) */
         }
     }
 }
@@ -332,21 +349,22 @@ static void unmap_free(struct mp_asim *a, int i)
     a->b[u].mapped = false;
     a->reserved -= end - begin;
     if (is_unmapped(a, a->b[u].next))
-        merge(a, u, a->b[u].next);
+        absorb(a, u, a->b[u].next);
     if (is_unmapped(a, a->b[u].prev))
-        merge(a, a->b[u].prev, u);
+        absorb(a, a->b[u].prev, u);
 }
 
 /* release_cached_blocks (empty_cache): every whole segment of both pools; in expandable segments
  * the pages inside free blocks. */
 void mp_asim_empty_cache(struct mp_asim *a)
 {
-    int n = a->n_free, *list = malloc((size_t)(n ? n : 1) * sizeof *list);
+    int n = a->nfl[0] + a->nfl[1], *list = malloc((size_t)(n ? n : 1) * sizeof *list);
     if (!list) {
         a->nomem = true;
         return;
     }
-    memcpy(list, a->freel, (size_t)n * sizeof *list);
+    memcpy(list, a->fl[0], (size_t)a->nfl[0] * sizeof *list);
+    memcpy(list + a->nfl[0], a->fl[1], (size_t)a->nfl[1] * sizeof *list);
     for (int k = 0; k < n; k++) {
         int i = list[k];
         if (a->b[i].expandable)
@@ -365,7 +383,6 @@ static int map_pages(struct mp_asim *a, int u, uint64_t m)
         return -1;
     a->b[u].mapped = true;
     a->reserved += m;
-    free_list_add(a, u);
     return merge_free(a, u);
 }
 
@@ -554,6 +571,5 @@ void mp_asim_free(struct mp_asim *a, int i)
 {
     a->b[i].allocated = false;
     a->allocated -= a->b[i].size;
-    free_list_add(a, i);
     merge_free(a, i);
 }

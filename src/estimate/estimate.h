@@ -98,7 +98,7 @@ struct mp_asim_blk {
     uint64_t addr, size;
     uint64_t gc_base;   /* the pool's get_free_block count when it was freed (its age) */
     int prev, next;     /* neighbours in the segment, -1 at the ends */
-    int free_pos;       /* index in the free list, -1 when allocated or unmapped */
+    int free_pos;       /* 1 in its pool's free list, -1 when allocated or unmapped */
     bool small;         /* small pool (requests <= 1 MiB) */
     bool allocated;
     bool mapped;        /* an expandable segment's pages: false for the unmapped rest */
@@ -111,7 +111,9 @@ struct mp_asim {
     uint64_t total;        /* the device's memory (per_process_memory_fraction, expandable address
                             * space), 0: unknown */
     struct mp_asim_blk *b;
-    int n, cap, *dead, n_dead, cap_dead, *freel, n_free, cap_free;
+    int n, cap, *dead, n_dead, cap_dead;
+    int *fl[2], nfl[2], capfl[2]; /* the free blocks of the large [0] / small [1] pool, sorted by
+                                   * (size, address) as BlockPool::blocks */
     int es[2];             /* expandable segment of the large [0] / small [1] pool: its first block */
     uint64_t gc_calls[2];  /* get_free_blocks_call_count per pool */
     uint64_t next_addr;

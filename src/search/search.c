@@ -455,7 +455,7 @@ enum mp_status mp_fit_eval(const struct mp_job *job_in, struct mp_fit *f, struct
     f->peak_device_bytes = f->est.peak_device_bytes;
     f->fits = f->peak_device_bytes <= f->usable_bytes;
     device_verdict(f, context);
-    if (f->fits_allocated && f->device_simulated && !f->fits_device && !job->verdict_only &&
+    if (f->fits_allocated && f->device_simulated && !f->fits_device && (job->keep_program || job->keep_built) &&
         !(job->train.alloc && job->train.alloc->expandable)) {
         /* would expandable segments make the difference?  The same plan replayed with them */
         struct mp_alloc_conf ex;
@@ -635,8 +635,9 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     j.ckpt = c->ckpt;
     j.build.batch = b;
     j.train.accumulate = accum > 1;
-    j.train.skip_reserved = false; /* the device level (the allocator simulated) decides the choice;
-                                    * a model too long for it folds and decides on allocated bytes */
+    j.train.skip_reserved = !c->fits; /* the device level (the allocator simulated) decides a
+                                       * fitting candidate; a model too long for it folds and
+                                       * decides on allocated bytes */
     mp_fit_release(&c->fit);
     enum mp_status st = mp_fit_eval(&j, &c->fit, d);
     if (st != MP_OK) {
