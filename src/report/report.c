@@ -1348,6 +1348,10 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     jnum(o, "samples_per_s", round(b->samples_per_s * 100) / 100);
     cJSON_AddStringToObject(o, "source", b->probed ? "probe" : "estimate");
     cJSON_AddStringToObject(o, "peak_event", b->fit.est.peak_event);
+    if (b->fit.device_simulated) { /* the device level decided a fitting candidate */
+        cJSON_AddBoolToObject(o, "fits_device", b->fit.fits_device);
+        ju64(o, "device_bytes", b->fit.device_bytes);
+    }
     cJSON_AddBoolToObject(o, "probed", b->probed);
     cJSON_AddBoolToObject(o, "probe_oom", b->probe_oom);
     if (b->probed) { /* measured with memplan's kernels: reported, never ranked against estimates */
@@ -1436,6 +1440,10 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         }
         fprintf(out, "  expected peak      %s of %s (%.1f%% headroom), peak at %s\n", B(b->peak_device_bytes),
                 B(b->capacity_bytes), b->headroom_pct, shown(b->fit.est.peak_event));
+        if (b->fit.device_simulated)
+            fprintf(out, "  device level       %s reserved + context of %s usable (caching allocator "
+                    "simulated%s)\n", B(b->fit.device_bytes), B(b->usable_bytes),
+                    b->fit.est.alloc_retries ? ", after it frees its cache" : "");
         fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s)\n",
                 b->samples_per_s);
         for (size_t i = 0; i < s->n_alternatives; i++) /* variants that do better (search.c VARIANTS) */
