@@ -106,12 +106,9 @@ static bool to_double(const struct toks *k, size_t i, double *v)
 
 static bool pow2(uint64_t v) { return v && !(v & (v - 1)); }
 
-static unsigned log2u(uint64_t v)
+static unsigned log2u(uint64_t v) /* v > 0 */
 {
-    unsigned l = 0;
-    while (v >>= 1)
-        l++;
-    return l;
+    return 63u - (unsigned)__builtin_clzll(v);
 }
 
 /* MB value >= lo (>= or > per strict), into bytes */
@@ -280,6 +277,8 @@ uint64_t mp_alloc_round(const struct mp_alloc_conf *c, uint64_t size)
 {
     if (size < 512)
         return 512;
+    if (size <= 512 * 2) /* (no division of 2 or more applies: size must exceed 512 x div) */
+        return (size + 511) / 512 * 512;
     unsigned lg = log2u(size);
     size_t idx = lg > 20 ? lg - 20 : 0;
     if (idx > MP_ALLOC_POW2_INTERVALS - 1)

@@ -51,6 +51,9 @@ void mp_asim_release(struct mp_asim *a)
     free(a->dead);
     free(a->fl[0]);
     free(a->fl[1]);
+    free(a->fk[0]);
+    free(a->fk[1]);
+    a->fk[0] = a->fk[1] = NULL;
     a->b = NULL;
     a->dead = a->fl[0] = a->fl[1] = NULL;
 }
@@ -80,20 +83,15 @@ static void kill_blk(struct mp_asim *a, int i)
 
 static int pool_ix(bool small) { return small ? 1 : 0; }
 
-/* The pools' order (BlockComparatorSize): size, then address. */
-static bool before(const struct mp_asim_blk *x, const struct mp_asim_blk *y)
-{
-    return x->size != y->size ? x->size < y->size : x->addr < y->addr;
-}
-
-/* The position of the first free block of the pool at or after (size, addr). */
+/* The position of the first free block of the pool at or after (size, addr): the pools' order
+ * (BlockComparatorSize) is size, then address. */
 static int lb_pos(const struct mp_asim *a, int p, uint64_t size, uint64_t addr)
 {
-    struct mp_asim_blk key = {.size = size, .addr = addr};
+    const struct mp_asim_key *k = a->fk[p];
     int lo = 0, hi = a->nfl[p];
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
-        if (before(&a->b[a->fl[p][mid]], &key))
+        if (k[mid].size < size || (k[mid].size == size && k[mid].addr < addr))
             lo = mid + 1;
         else
             hi = mid;
@@ -108,16 +106,22 @@ static void free_list_add(struct mp_asim *a, int i)
     if (a->nfl[p] == a->capfl[p]) {
         int nc = a->capfl[p] ? a->capfl[p] * 2 : 256;
         int *na = realloc(a->fl[p], (size_t)nc * sizeof *na);
-        if (!na) {
+        if (na)
+            a->fl[p] = na;
+        struct mp_asim_key *nk = realloc(a->fk[p], (size_t)nc * sizeof *nk);
+        if (nk)
+            a->fk[p] = nk;
+        if (!na || !nk) {
             a->nomem = true;
             return;
         }
-        a->fl[p] = na;
         a->capfl[p] = nc;
     }
     int pos = lb_pos(a, p, a->b[i].size, a->b[i].addr);
     memmove(&a->fl[p][pos + 1], &a->fl[p][pos], (size_t)(a->nfl[p] - pos) * sizeof(int));
+    memmove(&a->fk[p][pos + 1], &a->fk[p][pos], (size_t)(a->nfl[p] - pos) * sizeof a->fk[p][0]);
     a->fl[p][pos] = i;
+    a->fk[p][pos] = (struct mp_asim_key){a->b[i].size, a->b[i].addr};
     a->nfl[p]++;
     a->b[i].free_pos = 1;
     a->b[i].gc_base = a->gc_calls[p];
@@ -131,6 +135,7 @@ static void free_list_del(struct mp_asim *a, int i)
         return;
     }
     memmove(&a->fl[p][pos], &a->fl[p][pos + 1], (size_t)(a->nfl[p] - pos - 1) * sizeof(int));
+    memmove(&a->fk[p][pos], &a->fk[p][pos + 1], (size_t)(a->nfl[p] - pos - 1) * sizeof a->fk[p][0]);
     a->nfl[p]--;
     a->b[i].free_pos = -1;
 }
@@ -539,9 +544,11 @@ int mp_asim_alloc(struct mp_asim *a, uint64_t bytes)
             mp_asim_empty_cache(a); /* release_cached_blocks, then the counted retry */
             blk = alloc_block(a, small, rs, true, false);
         }
-        if (blk < 0 && !a->overflow) { /* out of memory: noted, and made anyway */
+        if (blk < 0 && !a->overflow) { /* out of memory: noted, and from here on no limit (the
+                                        * figures then say what the step would need) */
             if (!a->ooms++)
                 a->oom_request = rs;
+            a->limit = 0;
             blk = alloc_block(a, small, rs, false, true);
         }
         if (blk < 0 || a->nomem)

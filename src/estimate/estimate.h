@@ -114,6 +114,9 @@ struct mp_asim {
     int n, cap, *dead, n_dead, cap_dead;
     int *fl[2], nfl[2], capfl[2]; /* the free blocks of the large [0] / small [1] pool, sorted by
                                    * (size, address) as BlockPool::blocks */
+    struct mp_asim_key {
+        uint64_t size, addr;
+    } *fk[2];                     /* fl's keys, beside it (the binary search reads only these) */
     int es[2];             /* expandable segment of the large [0] / small [1] pool: its first block */
     uint64_t gc_calls[2];  /* get_free_blocks_call_count per pool */
     uint64_t next_addr;
@@ -123,8 +126,9 @@ struct mp_asim {
     uint64_t peak_allocated;      /* max allocated_bytes (block sizes: splits' slack included) */
     uint64_t frag_at_peak;        /* reserved less allocated_bytes there: cached, not usable for it */
     uint64_t retries;             /* num_alloc_retries: allocations that freed the cache and retried */
-    uint64_t ooms;                /* allocations that failed even then (made over the limit, so the
-                                   * replay goes on and the figures say what it would need) */
+    uint64_t ooms;                /* allocations that failed even then: the first is made over the
+                                   * limit, which is then lifted, so the replay goes on and the
+                                   * figures say what the step would need */
     uint64_t oom_request;         /* the first of them: its request size */
     bool nomem, overflow;
 };

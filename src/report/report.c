@@ -874,6 +874,11 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
         }
         cJSON_AddItemToObject(r, "plan", pl);
         json_memory(r, c, &f->est);
+        cJSON *tg = cJSON_GetObjectItemCaseSensitive(r, "target");
+        if (c->gpu && tg) {
+            cJSON_AddBoolToObject(tg, "fits", f->fits);
+            json_levels(tg, f);
+        }
         print_json(out, r);
         return;
     }
@@ -910,6 +915,8 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
     }
     fprintf(out, "\nwith this plan the step peaks at %s allocated (%s on the device) at %s\n",
             B(f->est.peak_allocated_bytes), B(f->est.peak_device_bytes), shown(f->est.peak_event));
+    if (c->gpu && f->fits_allocated)
+        device_line(out, "", f);
     if (p->spec.strategy == MP_CKPT_SQRT || p->spec.strategy == MP_CKPT_SEGMENTS) {
         size_t segs = p->n_segments + 1;
         fprintf(out, "reproduce torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",

@@ -727,21 +727,33 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
         return st;
     /* The search decided on allocated bytes (fast, and folds); the choice is held to the
      * device level: the largest smaller batch where no allocation fails after the caching
-     * allocator's retry (bisected; with a global batch, its divisors from the top). */
-    uint64_t lo = 0, hi = c->micro_batch;
-    while (hi - lo > 1) {
-        uint64_t mid = o->global_batch ? largest_divisor_le(o->global_batch, hi - 1) : lo + (hi - lo) / 2;
-        if (mid <= lo)
+     * allocator's retry.  The allocator's slack is a few percent of the batch's bytes, so the
+     * boundary is near: galloping down from the batch found (1, 2, 4... below), then bisecting;
+     * with a global batch, its divisors from the top. */
+    uint64_t lo = 0, hi = c->micro_batch, step = 1;
+    for (;;) { /* hi does not fit */
+        uint64_t b = o->global_batch ? largest_divisor_le(o->global_batch, hi - 1) : (hi > step ? hi - step : 1);
+        if (b == 0 || b >= hi)
             break;
         bool ok = false;
-        if ((st = device_fits_at(job, mid, o->global_batch ? o->global_batch / mid : 1, &ok, evals, d)) != MP_OK)
+        if ((st = device_fits_at(job, b, o->global_batch ? o->global_batch / b : 1, &ok, evals, d)) != MP_OK)
+            return st;
+        if (ok) {
+            lo = b;
+            break;
+        }
+        hi = b;
+        step *= 2;
+    }
+    while (!o->global_batch && lo && hi - lo > 1) { /* lo fits, hi does not */
+        uint64_t mid = lo + (hi - lo) / 2;
+        bool ok = false;
+        if ((st = device_fits_at(job, mid, 1, &ok, evals, d)) != MP_OK)
             return st;
         if (ok)
             lo = mid;
         else
             hi = mid;
-        if (o->global_batch && ok)
-            break; /* the divisors go down from the top: the first that fits */
     }
     if (!lo) {
         c->fits = false;
