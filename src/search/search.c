@@ -635,7 +635,8 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     j.ckpt = c->ckpt;
     j.build.batch = b;
     j.train.accumulate = accum > 1;
-    j.train.skip_reserved = !c->fits; /* the device level (the allocator simulated) decides a
+    j.train.skip_reserved = job->train.skip_reserved || !c->fits; /* the device level (the allocator
+                                       * simulated, unless the job says not) decides a
                                        * fitting candidate; a model too long for it folds and
                                        * decides on allocated bytes */
     mp_fit_release(&c->fit);
@@ -671,7 +672,6 @@ static enum mp_status device_fits_at(const struct mp_job *job, uint64_t b, uint6
     struct mp_job j = *job;
     j.build.batch = b;
     j.train.accumulate = accum > 1;
-    j.train.skip_reserved = false;
     j.verdict_only = true;
     struct mp_fit f;
     (*evals)++;
