@@ -459,10 +459,12 @@ void cli_say_nofit(const struct mp_fit *f)
     char ev[4 * sizeof f->est.peak_event]; /* the event's name from the model, escaped */
     mp_progress_done();
     if (f->fits_allocated) { /* the device level does not: the caching allocator simulated */
-        fprintf(stderr, "memplan: does not fit: %s (peak allocated %s of %s usable fits)\n",
+        fprintf(stderr, "memplan: does not fit: short by %s at the device level (peak reserved + context %s "
+                "of %s usable; %s)\n",
+                mp_fmt_bytes(f->device_bytes > f->usable_bytes ? f->device_bytes - f->usable_bytes : 0, a1, sizeof a1),
+                mp_fmt_bytes(f->device_bytes, a2, sizeof a2), mp_fmt_bytes(f->usable_bytes, a3, sizeof a3),
                 f->est.alloc_ooms ? "an allocation fails after the caching allocator frees its cache"
-                                  : "the caching allocator's reserved bytes exceed the target",
-                mp_fmt_bytes(f->peak_device_bytes, a2, sizeof a2), mp_fmt_bytes(f->usable_bytes, a3, sizeof a3));
+                                  : "the allocator's reserved bytes exceed the target");
         return;
     }
     fprintf(stderr, "memplan: does not fit: short by %s (peak %s of %s usable) at %s\n",
