@@ -293,6 +293,16 @@ static void test_conf_errors(void **state)
     char buf[256];
     mp_alloc_conf_str(&c, buf, sizeof buf);
     assert_string_equal(buf, "expandable_segments:True,max_split_size_mb:128");
+    /* a list comes back in a form torch reads as the same divisions */
+    conf(&c, "roundup_power2_divisions:[64:8,256:4,>:2]");
+    mp_alloc_conf_str(&c, buf, sizeof buf);
+    assert_string_equal(buf, "roundup_power2_divisions:[64:8,128:0,256:2,>:2]");
+    struct mp_alloc_conf back;
+    conf(&back, buf);
+    assert_memory_equal(back.pow2_div, c.pow2_div, sizeof c.pow2_div);
+    conf(&c, "roundup_power2_divisions:4");
+    mp_alloc_conf_str(&c, buf, sizeof buf);
+    assert_string_equal(buf, "roundup_power2_divisions:4");
 }
 
 int main(void)

@@ -261,11 +261,23 @@ void mp_alloc_conf_str(const struct mp_alloc_conf *c, char *buf, size_t n)
     if (c->memory_fraction > 0)
         ADD("per_process_memory_fraction:%g", c->memory_fraction);
     if (memcmp(c->pow2_div, z.pow2_div, sizeof z.pow2_div)) {
-        ADD("roundup_power2_divisions:[");
-        for (size_t j = 0; j < MP_ALLOC_POW2_INTERVALS; j++)
-            o += (size_t)snprintf(buf + (o < n ? o : n), o < n ? n - o : 0, "%s%llu:%u", j ? "," : "",
-                                  1ULL << j, c->pow2_div[j]);
-        o += (size_t)snprintf(buf + (o < n ? o : n), o < n ? n - o : 0, "]");
+        /* the list as torch reads it: the first entry fills the intervals below it, ">" those
+         * after the last; so the leading run by its last interval, the trailing run by its first */
+        const uint32_t *v = c->pow2_div;
+        size_t lead = 0, trail = MP_ALLOC_POW2_INTERVALS - 1;
+        while (lead + 1 < MP_ALLOC_POW2_INTERVALS && v[lead + 1] == v[0])
+            lead++;
+        while (trail > lead && v[trail - 1] == v[MP_ALLOC_POW2_INTERVALS - 1])
+            trail--;
+        if (lead == MP_ALLOC_POW2_INTERVALS - 1)
+            ADD("roundup_power2_divisions:%u", v[0]);
+        else {
+            ADD("roundup_power2_divisions:[");
+            for (size_t j = lead; j <= trail; j++)
+                o += (size_t)snprintf(buf + (o < n ? o : n), o < n ? n - o : 0, "%s%llu:%u", j > lead ? "," : "",
+                                      1ULL << j, v[j]);
+            o += (size_t)snprintf(buf + (o < n ? o : n), o < n ? n - o : 0, ",>:%u]", v[trail]);
+        }
     }
 #undef ADD
 }

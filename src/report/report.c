@@ -965,7 +965,8 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
             B(f->peak_device_bytes), B(f->usable_bytes), B(f->capacity_bytes),
             c->margin_pct,
             shown(f->est.peak_event));
-    device_line(out, "  ", f);
+    if (f->fits_allocated)
+        device_line(out, "  ", f);
 }
 
 /* ---- suggest ----------------------------------------------------------------------------- */

@@ -1020,7 +1020,7 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64
         par->strategy = shard[k];
         struct mp_job j = *base;
         j.train.par = par;
-        j.train.skip_reserved = true; /* a verdict on allocated bytes, as the search's */
+        /* (the device level where the allocator is simulated, as the choice's) */
         j.verdict_only = true;
         j.build.batch = 1;
         j.build.precision = prec;
@@ -1352,7 +1352,9 @@ static void fit_alternative(const struct mp_job *j, const char *what, struct mp_
     snprintf(s->alternatives[s->n_alternatives++], 160,
              "%s: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s", what,
              mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
-             f.fits ? ", fits" : ", still does not fit");
+             f.fits             ? ", fits"
+             : f.fits_allocated ? ", does not fit the caching allocator's segments"
+                                : ", still does not fit");
     mp_fit_release(&f);
 }
 
@@ -1368,7 +1370,7 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     j.build.batch = 1;
     j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_EVERY, .k = 1};
     j.build.precision = o->precision_fixed ? o->precision : prec;
-    j.train.skip_reserved = true; /* verdicts on allocated bytes, as the search's */
+    /* verdicts at the device level where the allocator is simulated, as the choice's */
     j.verdict_only = true;
     j.train.optimizer = MP_OPT_ADAM8BIT;
     if (base->train.optimizer != MP_OPT_ADAM8BIT)
