@@ -26,7 +26,10 @@ static struct mp_job tiny_job(struct mp_model *m, uint64_t vram)
     struct mp_gpu g;
     mp_gpu_from_vram(vram, &g);
     g.context_bytes = 1u << 20; /* a small context: the step's storages are most of the target */
-    return job_on(m, &g);
+    struct mp_job j = job_on(m, &g);
+    j.train.skip_reserved = true; /* the host probe's pool is the device here: what it counts is the
+                                   * allocated level, no caching allocator's segments */
+    return j;
 }
 
 /* The estimator's peak allocated bytes (what the probe pool counts) at batch b. */

@@ -440,6 +440,10 @@ def torch_row(spec, dev, hello):
             free, total = torch.cuda.mem_get_info()
             res.update(peak_allocated=torch.cuda.max_memory_allocated(), peak_reserved=torch.cuda.max_memory_reserved(),
                        device_used_after=total - free, reserved_after=torch.cuda.memory_reserved())
+            # the caching allocator's own counters, beside memplan's simulation of it (issue 29)
+            ms = torch.cuda.memory_stats()
+            res.update(num_alloc_retries=ms.get("num_alloc_retries"), num_ooms=ms.get("num_ooms"),
+                       alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
             # what the device holds beyond the caching allocator: the context, cuBLAS/cuDNN handles,
             # the kernels loaded so far (this process's, on an otherwise idle GPU)
             res["non_allocator_bytes"] = res["device_used_after"] - res["reserved_after"] - (hello.get("nvml_used_before") or 0)
@@ -869,6 +873,10 @@ def part_matrix(kit, res):
             r["estimate"] = {"status": "ok", "peak_allocated": mem["peak_allocated_bytes"],
                              "peak_reserved": mem["peak_reserved_bytes"], "peak_device": mem["peak_device_bytes"],
                              "peak_event": mem["peak_event"], "trainable_params": json.loads(out)["model"]["trainable_params"]}
+            al = mem.get("allocator") or {}   # the simulated caching allocator (issue 29)
+            r["estimate"].update(alloc_simulated=al.get("simulated"), alloc_retries=al.get("num_alloc_retries"),
+                                 reserved_frag=al.get("reserved_fragmentation_bytes"),
+                                 device_reserved=mem.get("device_reserved_bytes"), alloc_settings=al.get("settings"))
             if kit.gpu and mem["peak_device_bytes"] > 0.97 * kit.gpu["memory_mib"] * 2**20:
                 r["estimate"]["over_device"] = True
         except (ValueError, KeyError, TypeError):
@@ -987,6 +995,8 @@ def derive(m):
             d["est_vs_torch_pct"] = pct(e.get("peak_allocated"), t["peak_allocated"])
             d["probe_vs_torch_pct"] = pct(p.get("peak_allocated"), t["peak_allocated"])
             d["est_reserved_vs_torch_pct"] = pct(e.get("peak_reserved"), t.get("peak_reserved"))
+        if t.get("num_alloc_retries") is not None or e.get("alloc_retries") is not None:
+            d["retries"] = "%s / %s" % (e.get("alloc_retries"), t.get("num_alloc_retries"))
         if p.get("peak_allocated") and e.get("peak_allocated"):
             d["probe_vs_est_pct"] = pct(p["peak_allocated"], e["peak_allocated"])
         if t.get("trainable_params") and e.get("trainable_params") and t["trainable_params"] != e["trainable_params"]:
@@ -1388,6 +1398,17 @@ def render(st):
                 delta(d.get("probe_vs_torch_pct")), fmt(d.get("probe_vs_est_pct"), "%+.2f"), gib(t.get("peak_reserved")),
                 gib(e.get("peak_reserved")),
                 mib(t.get("non_allocator_bytes")), t.get("sdpa", ""), "; ".join(notes).replace("|", "/")[:200]))
+        L += ["", "Caching allocator (issue 29): memplan's simulated peak reserved against "
+              "torch.cuda.max_memory_reserved(), and its retries (cudaMalloc failed, cache freed) against "
+              "memory_stats()['num_alloc_retries']; settings: PYTORCH_CUDA_ALLOC_CONF of both processes.", "",
+              "| row | torch reserved | est reserved | Δ reserved % | est fragmentation MiB | retries est / torch "
+              "| settings |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            e, t, d = r.get("estimate", {}), r.get("torch", {}), r.get("derived", {})
+            L.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                r["id"], gib(t.get("peak_reserved")), gib(e.get("peak_reserved")),
+                fmt(d.get("est_reserved_vs_torch_pct"), "%+.2f"), mib(e.get("reserved_frag")), d.get("retries", ""),
+                e.get("alloc_settings") or t.get("alloc_conf") or "defaults"))
         if tw.get("used_after_init") is not None:
             L += ["", "CUDA context (PyTorch worker): %s MiB used on the device right after the context was made%s; "
                   "memplan probe: %s MiB before its first allocation (first row); profile %s says %s MiB." % (

@@ -148,6 +148,12 @@ class Target:
     fits: Optional[bool] = _opt()  # estimate --gpu
     usable_bytes: Optional[int] = _opt()
     margin_pct: Optional[float] = _opt()
+    fits_allocated: Optional[bool] = _opt()  # the two verdicts (estimate --gpu, plan with a target)
+    device_simulated: Optional[bool] = _opt()
+    fits_device: Optional[bool] = _opt()
+    device_bytes: Optional[int] = _opt()  # peak reserved + context
+    allocator_limit_bytes: Optional[int] = _opt()
+    expandable_segments_would_fit: Optional[bool] = _opt()  # only when true
     extra: Dict[str, Any] = _extra()
 
 
@@ -160,6 +166,17 @@ class CommPerStep:
     comm_s: float
     exposed_comm_s: float
     offload_s: float
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Allocator:
+    settings: str  # PYTORCH_CUDA_ALLOC_CONF syntax ("" = torch's defaults)
+    source: str  # "--alloc-conf" | "PYTORCH_CUDA_ALLOC_CONF" | "PYTORCH_ALLOC_CONF" | "default"
+    simulated: bool
+    reserved_fragmentation_bytes: Optional[int] = _opt()
+    num_alloc_retries: Optional[int] = _opt()
+    failed_allocations: Optional[int] = _opt()
     extra: Dict[str, Any] = _extra()
 
 
@@ -191,6 +208,8 @@ class Memory:
     nvme_bytes: Optional[int] = _opt()
     nccl_overhead_bytes: Optional[int] = _opt()
     comm_per_step: Optional[CommPerStep] = _opt()
+    allocator: Optional[Allocator] = _opt()  # the caching allocator's settings and what it did
+    device_reserved_bytes: Optional[int] = _opt()  # when simulated
     extra: Dict[str, Any] = _extra()
 
 
@@ -226,10 +245,16 @@ class Plan:
 @dataclass
 class Check:
     fits: bool
-    shortfall_bytes: int
+    shortfall_bytes: int  # the larger of the two levels' shortfalls
     usable_bytes: int
     capacity_bytes: int
     peak_device_bytes: int
+    fits_allocated: Optional[bool] = _opt()  # the two verdicts (target's fields too)
+    device_simulated: Optional[bool] = _opt()
+    fits_device: Optional[bool] = _opt()
+    device_bytes: Optional[int] = _opt()  # peak reserved + context
+    allocator_limit_bytes: Optional[int] = _opt()
+    expandable_segments_would_fit: Optional[bool] = _opt()  # only when true
     extra: Dict[str, Any] = _extra()
 
 
@@ -256,6 +281,8 @@ class Candidate:
     probe_samples_per_s: Optional[float] = _opt()
     probe_step_ms: Optional[float] = _opt()
     probe_peak_allocated_bytes: Optional[int] = _opt()
+    fits_device: Optional[bool] = _opt()  # where the allocator was simulated
+    device_bytes: Optional[int] = _opt()  # peak reserved + context
     tokens_per_micro_batch: Optional[int] = _opt()  # --packing / --padding-free (the recommendation)
     extra: Dict[str, Any] = _extra()
 
@@ -303,8 +330,13 @@ class CheckReport(Report):
 
     @property
     def headroom_bytes(self):
-        """usable bytes less the peak (negative: the shortfall)"""
-        return self.check.usable_bytes - self.check.peak_device_bytes
+        """usable bytes less the peak at the level that decides (negative: check's shortfall_bytes):
+        the device level's peak reserved + context where the simulated allocator fails"""
+        k = self.check
+        need = k.peak_device_bytes
+        if k.device_simulated and k.fits_device is False and (k.device_bytes or 0) > need:
+            need = k.device_bytes
+        return k.usable_bytes - need
 
 
 @dataclass

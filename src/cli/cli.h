@@ -64,6 +64,8 @@ struct args {
     bool workspace_set;
     uint64_t context;
     bool context_set;
+    struct mp_alloc_conf alloc; /* --alloc-conf (else PYTORCH_CUDA_ALLOC_CONF, read by cli_setup) */
+    bool alloc_set;
     uint64_t max_batch;
     uint64_t capacity;
     uint64_t grad_accum;
@@ -122,6 +124,8 @@ struct setup {
     struct mp_build_opts build;
     struct mp_train_opts train;
     struct mp_parallel par;       /* train.par points here */
+    struct mp_alloc_conf alloc;   /* the caching allocator's settings; train.alloc points here */
+    char alloc_from[32];          /* where they came from: "--alloc-conf", an environment variable, "" */
     struct mp_gpu gpu;
     bool have_gpu;
     bool target_is_device; /* the target is the local GPU (probes of it answer for it) */

@@ -78,6 +78,10 @@ int cmd_suggest(struct args *a)
                                 .ckpt_fixed = a->ckpt_set, .ckpt = a->ckpt,
                                 .hints = a->emit == MP_EMIT_NONE,
                                 .hint_packing = packing_hint(a)};
+    /* probes on the host backend: its pool stands for the device and counts allocated bytes (no
+     * caching allocator), so the choice is made at the allocated level, as the probes judge it */
+    if (o.probe && !strcmp(o.probe_backend, "host"))
+        j.train.skip_reserved = true;
     if (a->gpus_set || a->par_set) { /* data parallel: strategy given, or searched at --gpus x --nodes */
         o.par_search = !a->par_set;
         j.train.par = &s.par;

@@ -73,6 +73,7 @@ static enum mp_status cb_precision(struct args *a, void *field, const char *s, s
 static enum mp_status cb_checkpoint(struct args *a, void *field, const char *s, struct mp_diag *d);
 static enum mp_status cb_lora_targets(struct args *a, void *field, const char *s, struct mp_diag *d);
 static enum mp_status cb_train_blocks(struct args *a, void *field, const char *s, struct mp_diag *d);
+static enum mp_status cb_alloc_conf(struct args *a, void *field, const char *s, struct mp_diag *d);
 
 /* --precision: the table's precisions and mixed-bf16 (bf16 with fp32 master weights under
  * data parallelism, cb_precision) */
@@ -191,6 +192,9 @@ static const struct opt OPTS[] = {
      .help = "cuBLAS workspace, at most 1024TiB (default 8519680 B, or the --gpu profile's where --gpu applies)"},
     {0, "context", "SIZE", C_TARGET, K_SIZE, .hi = MAX_OVERHEAD_BYTES, FIELD(context), SEEN(context_set),
      .help = "CUDA context size, at most 1024TiB (default: the GPU profile's, else 500MiB)"},
+    {0, "alloc-conf", "STR", C_EST | C_PLAN | C_SUGG | C_CHECK, K_CALLBACK, FIELD(alloc), SEEN(alloc_set), .cb = cb_alloc_conf,
+     .help = "the caching allocator's settings, PYTORCH_CUDA_ALLOC_CONF's syntax (default: that variable's), "
+             "e.g. expandable_segments:True"},
     {0, "timeline", "FILE", C_TRAIN | C_SUGG, K_STRING, FIELD(timeline),
      .help = "also draw the step's memory over time as an SVG picture in FILE (suggest: the "
              "recommended configuration's)"},
@@ -293,6 +297,13 @@ static enum mp_status cb_train_blocks(struct args *a, void *field, const char *s
 {
     (void)a;
     return mp_finetune_parse_blocks(field, s, d);
+}
+
+static enum mp_status cb_alloc_conf(struct args *a, void *field, const char *s, struct mp_diag *d)
+{
+    (void)a;
+    mp_alloc_conf_default(field);
+    return mp_alloc_conf_parse(s, "--alloc-conf", field, d);
 }
 
 /* A whole-number field (an int, an enum or a uint64_t) of size bytes. */

@@ -255,6 +255,32 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
                                                                             : "on (config: k/v copied into a DynamicCache)");
 }
 
+/* The caching allocator's settings: --alloc-conf, else the environment torch 2.15 reads
+ * (PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF: c10/cuda/CUDAAllocatorConfig.h, instance()),
+ * else the defaults.  0, or the exit status (message printed). */
+static int setup_alloc(const struct args *a, struct setup *s, struct mp_diag *d)
+{
+    static const char *const vars[] = {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"};
+    mp_alloc_conf_default(&s->alloc);
+    s->alloc_from[0] = 0;
+    if (a->alloc_set) {
+        s->alloc = a->alloc;
+        snprintf(s->alloc_from, sizeof s->alloc_from, "--alloc-conf");
+    } else {
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0] && !s->alloc_from[0]; i++) {
+            const char *e = getenv(vars[i]);
+            if (!e)
+                continue;
+            enum mp_status st = mp_alloc_conf_parse(e, vars[i], &s->alloc, d);
+            if (st != MP_OK)
+                return cli_fail(st, d);
+            snprintf(s->alloc_from, sizeof s->alloc_from, "%s", vars[i]);
+        }
+    }
+    s->train.alloc = &s->alloc;
+    return 0;
+}
+
 /* The target: --gpu, --vram, else (need_target: suggest) the local GPU, else the default
  * profile; --workspace and --context over it.  0, or the exit status (message printed). */
 static int setup_target(const struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
@@ -385,6 +411,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     s->train.accumulate = a->grad_accum > 1;
     s->par = a->par;
     s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
+    if ((rc = setup_alloc(a, s, d)) != 0)
+        goto out;
     note_defaults(a, s, need_target);
     if (a->seq && s->model.max_positions && a->seq > s->model.max_positions)
         cli_warn("%s: --seq %llu exceeds max_position_embeddings %llu", a->model, (unsigned long long)a->seq,
@@ -407,6 +435,7 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
     c->build = &s->build;
     c->ft = &s->build.ft;
     c->train = &s->train;
+    c->alloc_from = s->alloc_from;
     c->ckpt = ck;
     c->gpu = s->have_gpu && s->gpu.memory_bytes ? &s->gpu : NULL;
     c->target_how = s->how;
@@ -434,8 +463,18 @@ void cli_say_nofit(const struct mp_fit *f)
     char a1[32], a2[32], a3[32]; /* units as the report prints them; --json has the exact bytes */
     char ev[4 * sizeof f->est.peak_event]; /* the event's name from the model, escaped */
     mp_progress_done();
-    fprintf(stderr, "memplan: does not fit: short by %s (peak %s of %s usable) at %s\n",
-            mp_fmt_bytes(f->peak_device_bytes - f->usable_bytes, a1, sizeof a1),
+    uint64_t by = mp_fit_shortfall(f), alloc_by = f->peak_device_bytes > f->usable_bytes
+                                                       ? f->peak_device_bytes - f->usable_bytes : 0;
+    if (f->fits_allocated || by > alloc_by) { /* the device level decides: the caching allocator simulated */
+        fprintf(stderr, "memplan: does not fit: short by %s at the device level (peak reserved + context %s "
+                "of %s usable; %s)\n",
+                mp_fmt_bytes(by, a1, sizeof a1),
+                mp_fmt_bytes(f->device_bytes, a2, sizeof a2), mp_fmt_bytes(f->usable_bytes, a3, sizeof a3),
+                f->est.alloc_ooms ? "an allocation fails after the caching allocator frees its cache"
+                                  : "the allocator's reserved bytes exceed the target");
+        return;
+    }
+    fprintf(stderr, "memplan: does not fit: short by %s (peak %s of %s usable) at %s\n", mp_fmt_bytes(by, a1, sizeof a1),
             mp_fmt_bytes(f->peak_device_bytes, a2, sizeof a2), mp_fmt_bytes(f->usable_bytes, a3, sizeof a3),
             mp_text_clean(f->est.peak_event, ev, sizeof ev));
 }

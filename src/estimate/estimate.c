@@ -94,7 +94,7 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
         }
         note_peak(c, ev);
         if (ev->bytes && key < c->nkeys && !c->no_asim && !(c->warm && ev->phase == MP_PH_SETUP)) {
-            int b = asim_alloc(&c->as, ev->bytes);
+            int b = mp_asim_alloc(&c->as, ev->bytes);
             if (b < 0 && c->as.overflow) {
                 c->overflow = true;
                 return MP_ERR_RANGE;
@@ -110,7 +110,7 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
         if (act)
             c->act_cur -= r;
         if (ev->bytes && c->blk_of && key < c->nkeys && c->blk_of[key]) {
-            asim_free(&c->as, (int)c->blk_of[key] - 1);
+            mp_asim_free(&c->as, (int)c->blk_of[key] - 1);
             c->blk_of[key] = 0;
         }
     }
@@ -261,6 +261,7 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     c.nkeys = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
     if (t->par && t->par->strategy != MP_PAR_NONE) /* communication slots: groups or buckets */
         c.nkeys += (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS;
+    mp_asim_init(&c.as, t->alloc, t->alloc_limit, t->device_total);
     c.blk_of = c.no_asim ? NULL : calloc(c.nkeys, sizeof *c.blk_of); /* only the allocator model reads it */
     if (!c.no_asim && !c.blk_of)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
@@ -276,13 +277,13 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
                 if (c.blk_of[k] && k >= 3 * p->n_params && k != 4 * p->n_params + 1 && !persistent_comm(p, k) &&
                     !(k >= 4 * p->n_params + 2 && k < 4 * p->n_params + 2 + p->n_tensors &&
                       mp_program_resident(p, (int)(k - 4 * p->n_params - 2)))) {
-                    asim_free(&c.as, (int)c.blk_of[k] - 1);
+                    mp_asim_free(&c.as, (int)c.blk_of[k] - 1);
                     c.blk_of[k] = 0;
                 }
         }
     }
     free(c.blk_of);
-    asim_release(&c.as);
+    mp_asim_release(&c.as);
     if (st == MP_ERR_RANGE && c.overflow)
         return peak_overflow(p, t, d);
     if (st != MP_OK)
@@ -290,6 +291,10 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     e->peak_allocated_bytes = c.peak;
     e->peak_requested_bytes = c.peak_req;
     e->peak_reserved_bytes = mp_max_u64(c.as.peak_reserved, c.peak);
+    e->alloc_simulated = !c.no_asim;
+    e->reserved_frag_bytes = c.as.frag_at_peak;
+    e->alloc_retries = c.as.retries;
+    e->alloc_ooms = c.as.ooms;
     e->activations_bytes = c.act_at_loss;
     /* --checkpoint layers+offload: pinned host RAM, and its two PCIe copies (device to host in the
      * forward, back at the recompute) in the step's PCIe bytes (search.c prices them) */

@@ -69,6 +69,78 @@ struct mp_event {
 
 typedef enum mp_status (*mp_event_fn)(void *ctx, const struct mp_event *ev);
 
+/* ---- PyTorch's CUDA caching allocator (alloc_sim.c, alloc_conf.c;
+ * docs/memory-facts.md#caching-allocator) --------------------------------------------------------
+ * The settings of PYTORCH_CUDA_ALLOC_CONF that change device bytes, as torch 2.15 reads them
+ * (c10/core/AllocatorConfig.{h,cpp}, AcceleratorAllocatorConfig; c10/cuda/CUDAAllocatorConfig.h). */
+#define MP_ALLOC_POW2_INTERVALS 16 /* kRoundUpPowerOfTwoIntervals: 1 MiB .. 64 GiB */
+struct mp_alloc_conf {
+    uint64_t max_split_size;         /* UINT64_MAX: every block may be split (the default) */
+    uint64_t max_non_split_rounding; /* max_non_split_rounding_mb: 20 MiB (kLargeBuffer) */
+    uint64_t large_segment_size;     /* large_segment_size_mb: 20 MiB */
+    double gc_threshold;             /* garbage_collection_threshold: 0 = off */
+    double memory_fraction;          /* per_process_memory_fraction: 0 = not set */
+    bool expandable;                 /* expandable_segments:True */
+    uint32_t pow2_div[MP_ALLOC_POW2_INTERVALS]; /* roundup_power2_divisions per interval, 0 = off */
+};
+void mp_alloc_conf_default(struct mp_alloc_conf *c);
+/* Parses s (PYTORCH_CUDA_ALLOC_CONF syntax) over c's defaults; what names the source in the
+ * one-line error ("--alloc-conf", "PYTORCH_CUDA_ALLOC_CONF").  Unknown keys and cudaMallocAsync
+ * are refused (MP_ERR_USAGE). */
+enum mp_status mp_alloc_conf_parse(const char *s, const char *what, struct mp_alloc_conf *c, struct mp_diag *d);
+/* The settings in PYTORCH_CUDA_ALLOC_CONF syntax ("" for the defaults): only what differs. */
+void mp_alloc_conf_str(const struct mp_alloc_conf *c, char *buf, size_t n);
+/* The request size the allocator serves (round_size: 512 B, or a power-of-2 division). */
+uint64_t mp_alloc_round(const struct mp_alloc_conf *c, uint64_t bytes);
+
+/* One block of the simulation: a piece of a segment, in address order. */
+struct mp_asim_blk {
+    uint64_t addr, size;
+    uint64_t gc_base;   /* the pool's get_free_block count when it was freed (its age) */
+    int prev, next;     /* neighbours in the segment, -1 at the ends */
+    int free_pos;       /* 1 in its pool's free list, -1 when allocated or unmapped */
+    bool small;         /* small pool (requests <= 1 MiB) */
+    bool allocated;
+    bool mapped;        /* an expandable segment's pages: false for the unmapped rest */
+    bool expandable;
+};
+
+struct mp_asim {
+    struct mp_alloc_conf conf;
+    uint64_t limit;        /* cudaMalloc fails beyond this many reserved bytes (0: never) */
+    uint64_t total;        /* the device's memory (per_process_memory_fraction, expandable address
+                            * space), 0: unknown */
+    struct mp_asim_blk *b;
+    int n, cap, *dead, n_dead, cap_dead;
+    int *fl[2], nfl[2], capfl[2]; /* the free blocks of the large [0] / small [1] pool, sorted by
+                                   * (size, address) as BlockPool::blocks */
+    struct mp_asim_key {
+        uint64_t size, addr;
+    } *fk[2];                     /* fl's keys, beside it (the binary search reads only these) */
+    int es[2];             /* expandable segment of the large [0] / small [1] pool: its first block */
+    uint64_t gc_calls[2];  /* get_free_blocks_call_count per pool */
+    uint64_t next_addr;
+    /* the figures (torch.cuda.memory_stats names) */
+    uint64_t reserved, allocated; /* reserved_bytes, allocated_bytes (block sizes) now */
+    uint64_t peak_reserved;       /* max_memory_reserved */
+    uint64_t peak_allocated;      /* max allocated_bytes (block sizes: splits' slack included) */
+    uint64_t frag_at_peak;        /* reserved less allocated_bytes there: cached, not usable for it */
+    uint64_t retries;             /* num_alloc_retries: allocations that freed the cache and retried */
+    uint64_t ooms;                /* allocations that failed even then: the first is made over the
+                                   * limit, which is then lifted, so the replay goes on and the
+                                   * figures say what the step would need */
+    uint64_t oom_request;         /* the first of them: its request size */
+    bool nomem, overflow;
+};
+void mp_asim_init(struct mp_asim *a, const struct mp_alloc_conf *c, uint64_t limit, uint64_t total);
+/* Allocates bytes (as the caching allocator's malloc); returns the block, -1 when the model
+ * itself ran out of memory (a->nomem) or bytes overflowed (a->overflow). */
+int mp_asim_alloc(struct mp_asim *a, uint64_t bytes);
+void mp_asim_free(struct mp_asim *a, int blk);
+/* torch.cuda.empty_cache(): release_cached_blocks. */
+void mp_asim_empty_cache(struct mp_asim *a);
+void mp_asim_release(struct mp_asim *a);
+
 struct mp_train_opts {
     enum mp_optimizer optimizer;
     uint64_t cublas_workspace_bytes; /* persistent, inside allocated
@@ -81,6 +153,9 @@ struct mp_train_opts {
                                     * replay is then rank r's (all ranks hold the same bytes) */
     bool skip_reserved; /* no caching-allocator model (peak_reserved = peak_allocated): for
                          * searches, whose fit decisions use the allocated peak only */
+    const struct mp_alloc_conf *alloc; /* the allocator's settings (NULL: the defaults) */
+    uint64_t alloc_limit;  /* what the allocator may reserve before cudaMalloc fails (0: no limit) */
+    uint64_t device_total; /* the device's memory (per_process_memory_fraction), 0: unknown */
 };
 void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace, no accumulation */
 
@@ -113,6 +188,10 @@ struct mp_estimate {
     uint64_t peak_allocated_bytes;   /* comparable to torch.cuda.max_memory_allocated */
     uint64_t peak_requested_bytes;   /* without 512-byte rounding */
     uint64_t peak_reserved_bytes;    /* caching-allocator segments */
+    bool alloc_simulated;            /* the allocator model ran (else reserved = allocated) */
+    uint64_t reserved_frag_bytes;    /* at the allocator's allocated peak: reserved less its blocks */
+    uint64_t alloc_retries;          /* num_alloc_retries: cudaMalloc failed, the cache was freed */
+    uint64_t alloc_ooms;             /* allocations that failed after the retry (OOM) */
     uint64_t overhead_bytes;         /* CUDA context (not in allocated/reserved) */
     uint64_t peak_device_bytes;      /* allocated + context: what the GPU must have (the allocator
                                       * empties its cache before failing; margin covers fragmentation) */

@@ -57,30 +57,6 @@ struct rp {
     int rs_pending; /* FSDP2: the reduce-scatter input kept until the next group's reduce */
 };
 
-/* ---- caching-allocator model (docs/memory-facts.md#caching-allocator) ---------------------------- */
-
-/* Blocks of a segment form a doubly linked list in address order, so a freed
- * block merges with free neighbours as in CUDACachingAllocator; free blocks
- * are also kept in an unordered array for the best-fit search. */
-struct ablk {
-    uint64_t size;
-    int prev, next;  /* neighbours in the segment, -1 at the ends */
-    int free_pos;    /* index in free[], -1 when allocated */
-    bool small;      /* small pool (<= 1 MiB requests, 2 MiB segments) */
-};
-
-struct alloc_sim {
-    struct ablk *b;
-    int n, cap;
-    int *dead;       /* recycled entries */
-    int n_dead, cap_dead;
-    int *freel;      /* free blocks */
-    int n_free, cap_free;
-    uint64_t reserved, peak_reserved;
-    bool nomem;
-    bool overflow;   /* reserved bytes left 64 bits */
-};
-
 /* ---- the estimator's visitor --------------------------------------------------------------- */
 
 struct counter {
@@ -93,7 +69,7 @@ struct counter {
     uint64_t act_at_loss;
     bool have_loss;
     uint64_t act_cur; /* ACT + GRAD + TMP */
-    struct alloc_sim as;
+    struct mp_asim as;  /* the caching allocator (alloc_sim.c) */
     size_t *blk_of;   /* allocation key -> asim block */
     size_t nkeys;
     bool warm;        /* second step: persistent storages keep their blocks */
@@ -181,10 +157,6 @@ enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule 
                            const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
                            void *ctx, struct mp_diag *d);
 
-/* alloc_sim.c */
-int asim_alloc(struct alloc_sim *a, uint64_t bytes);
-void asim_free(struct alloc_sim *a, int i);
-void asim_release(struct alloc_sim *a);
 
 /* estimate.c */
 bool round512(uint64_t bytes, uint64_t *r);

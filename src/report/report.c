@@ -307,6 +307,20 @@ static cJSON *json_root(const struct mp_report_ctx *c)
     return r;
 }
 
+/* The two verdicts' fields of a fit. */
+static void json_levels(cJSON *o, const struct mp_fit *f)
+{
+    cJSON_AddBoolToObject(o, "fits_allocated", f->fits_allocated);
+    cJSON_AddBoolToObject(o, "device_simulated", f->device_simulated);
+    if (!f->device_simulated)
+        return;
+    cJSON_AddBoolToObject(o, "fits_device", f->fits_device);
+    ju64(o, "device_bytes", f->device_bytes);
+    ju64(o, "allocator_limit_bytes", f->alloc_limit);
+    if (f->expandable_fits)
+        cJSON_AddBoolToObject(o, "expandable_segments_would_fit", true);
+}
+
 static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp_estimate *e)
 {
     cJSON *m = cJSON_AddObjectToObject(r, "memory");
@@ -323,6 +337,19 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
     ju64(m, "peak_reserved_bytes", e->peak_reserved_bytes);
     ju64(m, "overhead_bytes", e->overhead_bytes);
     ju64(m, "peak_device_bytes", e->peak_device_bytes);
+    cJSON *al = cJSON_AddObjectToObject(m, "allocator");
+    char conf[200] = "";
+    if (c->train && c->train->alloc)
+        mp_alloc_conf_str(c->train->alloc, conf, sizeof conf);
+    cJSON_AddStringToObject(al, "settings", conf);
+    cJSON_AddStringToObject(al, "source", conf[0] && c->alloc_from && c->alloc_from[0] ? c->alloc_from : "default");
+    cJSON_AddBoolToObject(al, "simulated", e->alloc_simulated);
+    if (e->alloc_simulated) {
+        ju64(al, "reserved_fragmentation_bytes", e->reserved_frag_bytes);
+        ju64(al, "num_alloc_retries", e->alloc_retries);
+        ju64(al, "failed_allocations", e->alloc_ooms);
+        ju64(m, "device_reserved_bytes", e->peak_reserved_bytes + e->overhead_bytes);
+    }
     cJSON_AddStringToObject(m, "peak_event", e->peak_event);
     cJSON_AddStringToObject(m, "peak_phase", mp_phase_str(e->peak_phase));
     jnum(m, "fwd_flops", e->fwd_flops);
@@ -723,6 +750,39 @@ static void layer_table(FILE *out, const struct mp_report_ctx *c, const struct m
         fprintf(out, "(identical repeated blocks folded; per-block figures; --all-layers unfolds)\n");
 }
 
+/* The allocator's settings assumed, with where they came from. */
+static void alloc_settings(const struct mp_report_ctx *c, char *buf, size_t n)
+{
+    char conf[200] = "";
+    if (c->train && c->train->alloc)
+        mp_alloc_conf_str(c->train->alloc, conf, sizeof conf);
+    if (!conf[0])
+        snprintf(buf, n, "torch's defaults");
+    else
+        snprintf(buf, n, "%s (%s)", conf, c->alloc_from && c->alloc_from[0] ? c->alloc_from : "given");
+}
+
+/* The device-level verdict's line (where the allocator ran). */
+static void device_line(FILE *out, const char *indent, const struct mp_fit *f)
+{
+    if (!f->device_simulated)
+        return;
+    if (f->fits_device)
+        fprintf(out, "%sdevice level: %s reserved + context, fits, %s to spare%s\n", indent, B(f->device_bytes),
+                B(f->usable_bytes - f->device_bytes),
+                f->est.alloc_retries ? " (after the allocator frees its cache)" : "");
+    else if (f->est.alloc_ooms)
+        fprintf(out, "%sdevice level: an allocation fails after the allocator frees its cache (out of memory)\n",
+                indent);
+    else
+        fprintf(out, "%sdevice level: does not fit: %s reserved + context, short by %s\n", indent,
+                B(f->device_bytes), B(f->device_bytes - f->usable_bytes));
+    if (f->expandable_fits)
+        fprintf(out, "%sexpandable_segments:True fits (%s reserved + context): set it in\n%s"
+                "PYTORCH_CUDA_ALLOC_CONF (not with memory shared by IPC, e.g. a colocated vLLM)\n",
+                indent, B(f->expandable_device_bytes), indent);
+}
+
 static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e)
 {
     fprintf(out, "\nmemory by category\n");
@@ -757,11 +817,27 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     }
     fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
             B(e->peak_allocated_bytes), shown(e->peak_event));
-    fprintf(out, "peak reserved        %12s   (caching-allocator model; cached blocks are released before an OOM)\n",
-            B(e->peak_reserved_bytes));
+    char settings[256];
+    alloc_settings(c, settings, sizeof settings);
+    if (e->alloc_simulated) {
+        char fr[32];
+        fprintf(out, "peak reserved        %12s   (caching allocator simulated, %s; %s cached at the "
+                "allocated peak)\n",
+                B(e->peak_reserved_bytes), settings, mp_fmt_bytes(e->reserved_frag_bytes, fr, sizeof fr));
+        if (e->alloc_ooms)
+            fprintf(out, "                        an allocation fails even after the allocator frees its cache\n");
+        else if (e->alloc_retries)
+            fprintf(out, "                        fits only after the allocator frees its cache (num_alloc_retries "
+                    "%llu)\n", (unsigned long long)e->alloc_retries);
+    } else
+        fprintf(out, "peak reserved        %12s   (= allocated: the allocator is not simulated for a model this "
+                "long)\n", B(e->peak_reserved_bytes));
     fprintf(out, "CUDA context         %12s\n", B(e->overhead_bytes));
     fprintf(out, "peak device          %12s   (allocated + context: what the GPU must have free)\n",
             B(e->peak_device_bytes));
+    uint64_t dev;
+    if (e->alloc_simulated && mp_add_u64(e->peak_reserved_bytes, e->overhead_bytes, &dev))
+        fprintf(out, "device (reserved)    %12s   (reserved + context: what the device holds at the peak)\n", B(dev));
     char a[32], b[32], r[32];
     fprintf(out, "step FLOPs           forward %s, backward %s, recompute %s\n", mp_fmt_flops(e->fwd_flops, a, 32),
             mp_fmt_flops(e->bwd_flops, b, 32), mp_fmt_flops(e->recompute_flops, r, 32));
@@ -779,6 +855,7 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
         cJSON *tg = cJSON_GetObjectItemCaseSensitive(r, "target");
         if (c->fit && tg) {
             cJSON_AddBoolToObject(tg, "fits", c->fit->fits);
+            json_levels(tg, c->fit);
             ju64(tg, "usable_bytes", c->fit->usable_bytes);
             jnum(tg, "margin_pct", c->margin_pct);
         }
@@ -796,11 +873,16 @@ static void report_estimate(FILE *out, const struct mp_report_ctx *c, const stru
             fprintf(out, "verdict   fits %s: %s of %s usable (%.1f%% margin), %s to spare\n", shown(c->gpu->name),
                     B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
                     B(f->usable_bytes - f->peak_device_bytes));
+        else if (f->fits_allocated) /* the device level does not */
+            fprintf(out, "verdict   does not fit %s: allocated %s of %s usable (%.1f%% margin) would, but\n",
+                    shown(c->gpu->name), B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct);
         else
             fprintf(out, "verdict   does not fit %s: %s of %s usable (%.1f%% margin), short by %s\n",
                     shown(c->gpu->name),
                     B(f->peak_device_bytes), B(f->usable_bytes), c->margin_pct,
                     B(f->peak_device_bytes - f->usable_bytes));
+        if (f->fits_allocated)
+            device_line(out, "          ", f);
     }
     layer_table(out, c, e);
     totals(out, c, e);
@@ -839,6 +921,11 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
         }
         cJSON_AddItemToObject(r, "plan", pl);
         json_memory(r, c, &f->est);
+        cJSON *tg = cJSON_GetObjectItemCaseSensitive(r, "target");
+        if (c->gpu && tg) {
+            cJSON_AddBoolToObject(tg, "fits", f->fits);
+            json_levels(tg, f);
+        }
         print_json(out, r);
         return;
     }
@@ -875,6 +962,8 @@ static void report_plan(FILE *out, const struct mp_report_ctx *c, const struct m
     }
     fprintf(out, "\nwith this plan the step peaks at %s allocated (%s on the device) at %s\n",
             B(f->est.peak_allocated_bytes), B(f->est.peak_device_bytes), shown(f->est.peak_event));
+    if (c->gpu && f->fits_allocated)
+        device_line(out, "", f);
     if (p->spec.strategy == MP_CKPT_SQRT || p->spec.strategy == MP_CKPT_SEGMENTS) {
         size_t segs = p->n_segments + 1;
         fprintf(out, "reproduce torch.utils.checkpoint.checkpoint_sequential(blocks, %zu, x, use_reentrant=False)\n",
@@ -901,11 +990,12 @@ static void report_plan_none(FILE *out, const struct mp_report_ctx *c, const str
 
 static void report_check(FILE *out, const struct mp_report_ctx *c, const struct mp_fit *f)
 {
-    uint64_t short_by = f->peak_device_bytes > f->usable_bytes ? f->peak_device_bytes - f->usable_bytes : 0;
+    uint64_t short_by = mp_fit_shortfall(f);
     if (c->json) {
         cJSON *r = json_root(c);
         cJSON *k = cJSON_AddObjectToObject(r, "check");
         cJSON_AddBoolToObject(k, "fits", f->fits);
+        json_levels(k, f);
         ju64(k, "shortfall_bytes", short_by);
         ju64(k, "usable_bytes", f->usable_bytes);
         ju64(k, "capacity_bytes", f->capacity_bytes);
@@ -919,6 +1009,8 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
             B(f->peak_device_bytes), B(f->usable_bytes), B(f->capacity_bytes),
             c->margin_pct,
             shown(f->est.peak_event));
+    if (f->fits_allocated)
+        device_line(out, "  ", f);
 }
 
 /* ---- suggest ----------------------------------------------------------------------------- */
@@ -1320,6 +1412,10 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     jnum(o, "samples_per_s", round(b->samples_per_s * 100) / 100);
     cJSON_AddStringToObject(o, "source", b->probed ? "probe" : "estimate");
     cJSON_AddStringToObject(o, "peak_event", b->fit.est.peak_event);
+    if (b->fit.device_simulated) { /* the device level decided a fitting candidate */
+        cJSON_AddBoolToObject(o, "fits_device", b->fit.fits_device);
+        ju64(o, "device_bytes", b->fit.device_bytes);
+    }
     cJSON_AddBoolToObject(o, "probed", b->probed);
     cJSON_AddBoolToObject(o, "probe_oom", b->probe_oom);
     if (b->probed) { /* measured with memplan's kernels: reported, never ranked against estimates */
@@ -1414,6 +1510,10 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         }
         fprintf(out, "  expected peak      %s of %s (%.1f%% headroom), peak at %s\n", B(b->peak_device_bytes),
                 B(b->capacity_bytes), b->headroom_pct, shown(b->fit.est.peak_event));
+        if (b->fit.device_simulated)
+            fprintf(out, "  device level       %s reserved + context of %s usable (caching allocator "
+                    "simulated%s)\n", B(b->fit.device_bytes), B(b->usable_bytes),
+                    b->fit.est.alloc_retries ? ", after it frees its cache" : "");
         fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s)\n",
                 b->samples_per_s);
         for (size_t i = 0; i < s->n_alternatives; i++) /* variants that do better (search.c VARIANTS) */

@@ -27,6 +27,8 @@ struct mp_report_ctx {
     bool wide;                  /* --wide: the full block table, lines not fitted to 100 columns */
     double margin_pct;          /* check: the safety margin, in percent */
     const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
+    const char *alloc_from;     /* where the allocator's settings came from ("--alloc-conf",
+                                   "PYTORCH_CUDA_ALLOC_CONF"), "" or NULL: torch's defaults */
     bool defaults_note;         /* print which defaults were used */
     char defaults[512];         /* "seq 1024 (model), batch 1, precision amp-bf16, ..." (the cli's, whole) */
     const struct mp_recipe *recipe; /* --recipe: what it set (NULL: none) */

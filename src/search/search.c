@@ -287,6 +287,21 @@ static enum mp_status sqrt_floor(struct evalr *ev, const struct mp_job *job, uin
     return st;
 }
 
+/* The two verdicts: f->fits (allocated level) is kept as fits_allocated; where the caching
+ * allocator ran, the device level (no allocation failed after its retry; peak reserved +
+ * context within the usable bytes) decides f->fits. */
+static void device_verdict(struct mp_fit *f, uint64_t context)
+{
+    f->fits_allocated = f->fits;
+    f->device_simulated = f->est.alloc_simulated;
+    if (!f->device_simulated)
+        return;
+    if (!mp_add_u64(f->est.peak_reserved_bytes, context, &f->device_bytes))
+        f->device_bytes = UINT64_MAX;
+    f->fits_device = !f->est.alloc_ooms && f->device_bytes <= f->usable_bytes;
+    f->fits = f->fits_allocated && f->fits_device;
+}
+
 void mp_fit_build_opts(const struct mp_job *job, struct mp_build_opts *bo)
 {
     *bo = job->build;
@@ -294,10 +309,26 @@ void mp_fit_build_opts(const struct mp_job *job, struct mp_build_opts *bo)
     bo->hf_checkpointing = job->ckpt.strategy == MP_CKPT_LAYERS; /* and use_cache off */
 }
 
-enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp_diag *d)
+enum mp_status mp_fit_eval(const struct mp_job *job_in, struct mp_fit *f, struct mp_diag *d)
 {
     memset(f, 0, sizeof *f);
     mp_ckpt_plan_init(&f->plan);
+    f->capacity_bytes = mp_gpu_capacity(&job_in->gpu);
+    /* NCCL's communicator buffers sit beside the CUDA context when there are peers */
+    uint64_t context = job_in->gpu.context_bytes;
+    if (job_in->train.par && mp_par_world(job_in->train.par) > 1 &&
+        !mp_add_u64(context, job_in->gpu.nccl_overhead_bytes, &context))
+        return mp_fail(d, MP_ERR_RANGE, "%s: the CUDA context (--context) of %llu bytes overflows 64 bits with "
+                       "NCCL's buffers", job_in->model->path, (unsigned long long)job_in->gpu.context_bytes);
+    f->usable_bytes = (uint64_t)((double)f->capacity_bytes * (1.0 - job_in->margin));
+    /* The caching allocator sees the usable bytes less the context and NCCL's buffers: a
+     * cudaMalloc beyond them fails (and the allocator frees its cache and retries).  A target
+     * with nothing left gives the allocator 1 byte: everything fails. */
+    struct mp_job jl = *job_in;
+    const struct mp_job *job = &jl;
+    f->alloc_limit = f->usable_bytes > context ? f->usable_bytes - context : 1;
+    jl.train.alloc_limit = jl.gpu.memory_bytes ? f->alloc_limit : 0;
+    jl.train.device_total = jl.gpu.memory_bytes;
     struct evalr ev = {.job = job, .fold = fold_wanted(job)};
     ev.np = job->fold_scratch ? &job->fold_scratch[0] : &ev.nprog;
     ev.sp = job->fold_scratch ? &job->fold_scratch[1] : &ev.sprog;
@@ -309,16 +340,6 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
     bool no_chain = job->verdict_only && !budgeted;
     if ((st = ev_chain(&ev, no_chain, &f->chain, d)) != MP_OK)
         goto out;
-    f->capacity_bytes = mp_gpu_capacity(&job->gpu);
-    /* NCCL's communicator buffers sit beside the CUDA context when there are peers */
-    uint64_t context = job->gpu.context_bytes;
-    if (job->train.par && mp_par_world(job->train.par) > 1 &&
-        !mp_add_u64(context, job->gpu.nccl_overhead_bytes, &context)) {
-        st = mp_fail(d, MP_ERR_RANGE, "%s: the CUDA context (--context) of %llu bytes overflows 64 bits with "
-                     "NCCL's buffers", job->model->path, (unsigned long long)job->gpu.context_bytes);
-        goto out;
-    }
-    f->usable_bytes = (uint64_t)((double)f->capacity_bytes * (1.0 - job->margin));
     if (!no_chain) {
         struct mp_ckpt_spec none = {.strategy = MP_CKPT_NONE, .k = 0};
         struct mp_ckpt_plan p0;
@@ -427,11 +448,36 @@ enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp
             f->peak_device_bytes = f->est.peak_device_bytes;
             f->fits = false;
             f->infeasible = true;
+            device_verdict(f, context);
             goto throughput;
         }
     }
     f->peak_device_bytes = f->est.peak_device_bytes;
     f->fits = f->peak_device_bytes <= f->usable_bytes;
+    device_verdict(f, context);
+    if (f->fits_allocated && f->device_simulated && !f->fits_device && (job->keep_program || job->keep_built) &&
+        !(job->train.alloc && job->train.alloc->expandable)) {
+        /* would expandable segments make the difference?  The same plan replayed with them */
+        struct mp_alloc_conf ex;
+        if (job->train.alloc)
+            ex = *job->train.alloc;
+        else
+            mp_alloc_conf_default(&ex);
+        ex.expandable = true;
+        jl.train.alloc = &ex;
+        struct mp_estimate e2;
+        size_t folded = 0;
+        memset(&e2, 0, sizeof e2);
+        st = ev_run(&ev, &f->plan.sched, context, NULL, &e2, &folded, d);
+        jl.train.alloc = job_in->train.alloc;
+        if (st != MP_OK)
+            goto out;
+        uint64_t dev;
+        f->expandable_fits = e2.alloc_simulated && !e2.alloc_ooms &&
+                             mp_add_u64(e2.peak_reserved_bytes, context, &dev) && dev <= f->usable_bytes;
+        f->expandable_device_bytes = f->expandable_fits ? dev : 0;
+        mp_estimate_release(&e2);
+    }
 throughput: {
     bool nominal;
     double compute = step_seconds(job, &f->est, &nominal);
@@ -589,8 +635,10 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     j.ckpt = c->ckpt;
     j.build.batch = b;
     j.train.accumulate = accum > 1;
-    j.train.skip_reserved = true; /* suggest reports allocated bytes; the allocator model would
-                                   * only cost time (and keep long models from folding) */
+    j.train.skip_reserved = job->train.skip_reserved || !c->fits; /* the device level (the allocator
+                                       * simulated, unless the job says not) decides a
+                                       * fitting candidate; a model too long for it folds and
+                                       * decides on allocated bytes */
     mp_fit_release(&c->fit);
     enum mp_status st = mp_fit_eval(&j, &c->fit, d);
     if (st != MP_OK) {
@@ -614,6 +662,24 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     c->n_ckpt_blocks = 0;
     for (size_t i = 0; i < c->fit.plan.L; i++)
         c->n_ckpt_blocks += c->fit.plan.checkpointed[i];
+    return MP_OK;
+}
+
+/* Does job fit micro-batch b (accum micro-steps) at the device level (the allocator simulated)? */
+static enum mp_status device_fits_at(const struct mp_job *job, uint64_t b, uint64_t accum, bool *ok, unsigned *evals,
+                                     struct mp_diag *d)
+{
+    struct mp_job j = *job;
+    j.build.batch = b;
+    j.train.accumulate = accum > 1;
+    j.verdict_only = true;
+    struct mp_fit f;
+    (*evals)++;
+    enum mp_status st = mp_fit_eval(&j, &f, d);
+    if (st != MP_OK)
+        return st;
+    *ok = f.fits;
+    mp_fit_release(&f);
     return MP_OK;
 }
 
@@ -656,7 +722,46 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
         c->grad_accum = o->global_batch ? o->global_batch / c->micro_batch : 1;
     }
     (*evals)++;
-    return cand_set_batch(job, c, c->micro_batch, c->grad_accum, d);
+    st = cand_set_batch(job, c, c->micro_batch, c->grad_accum, d);
+    if (st != MP_OK || !c->fits || !c->fit.device_simulated || c->fit.fits_device)
+        return st;
+    /* The search decided on allocated bytes (fast, and folds); the choice is held to the
+     * device level: the largest smaller batch where no allocation fails after the caching
+     * allocator's retry.  The allocator's slack is a few percent of the batch's bytes, so the
+     * boundary is near: galloping down from the batch found (1, 2, 4... below), then bisecting;
+     * with a global batch, its divisors from the top. */
+    uint64_t lo = 0, hi = c->micro_batch, step = 1;
+    for (;;) { /* hi does not fit */
+        uint64_t b = o->global_batch ? largest_divisor_le(o->global_batch, hi - 1) : (hi > step ? hi - step : 1);
+        if (b == 0 || b >= hi)
+            break;
+        bool ok = false;
+        if ((st = device_fits_at(job, b, o->global_batch ? o->global_batch / b : 1, &ok, evals, d)) != MP_OK)
+            return st;
+        if (ok) {
+            lo = b;
+            break;
+        }
+        hi = b;
+        step *= 2;
+    }
+    while (!o->global_batch && lo && hi - lo > 1) { /* lo fits, hi does not */
+        uint64_t mid = lo + (hi - lo) / 2;
+        bool ok = false;
+        if ((st = device_fits_at(job, mid, 1, &ok, evals, d)) != MP_OK)
+            return st;
+        if (ok)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    if (!lo) {
+        c->fits = false;
+        c->samples_per_s = 0;
+        return MP_OK;
+    }
+    (*evals)++;
+    return cand_set_batch(job, c, lo, o->global_batch ? o->global_batch / lo : 1, d);
 }
 
 static bool precision_supported(const struct mp_gpu *g, enum mp_precision p)
@@ -915,7 +1020,7 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64
         par->strategy = shard[k];
         struct mp_job j = *base;
         j.train.par = par;
-        j.train.skip_reserved = true; /* a verdict on allocated bytes, as the search's */
+        /* (the device level where the allocator is simulated, as the choice's) */
         j.verdict_only = true;
         j.build.batch = 1;
         j.build.precision = prec;
@@ -1247,7 +1352,9 @@ static void fit_alternative(const struct mp_job *j, const char *what, struct mp_
     snprintf(s->alternatives[s->n_alternatives++], 160,
              "%s: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s", what,
              mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
-             f.fits ? ", fits" : ", still does not fit");
+             f.fits             ? ", fits"
+             : f.fits_allocated ? ", does not fit the caching allocator's segments"
+                                : ", still does not fit");
     mp_fit_release(&f);
 }
 
@@ -1263,7 +1370,7 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     j.build.batch = 1;
     j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_EVERY, .k = 1};
     j.build.precision = o->precision_fixed ? o->precision : prec;
-    j.train.skip_reserved = true; /* verdicts on allocated bytes, as the search's */
+    /* verdicts at the device level where the allocator is simulated, as the choice's */
     j.verdict_only = true;
     j.train.optimizer = MP_OPT_ADAM8BIT;
     if (base->train.optimizer != MP_OPT_ADAM8BIT)
@@ -1427,4 +1534,13 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     }
     s->elapsed_ms = mp_now_ms() - t0;
     return MP_OK;
+}
+
+uint64_t mp_fit_shortfall(const struct mp_fit *f)
+{
+    uint64_t by = f->peak_device_bytes > f->usable_bytes ? f->peak_device_bytes - f->usable_bytes : 0;
+    if (f->device_simulated && !f->fits_device && f->device_bytes > f->usable_bytes &&
+        f->device_bytes - f->usable_bytes > by)
+        by = f->device_bytes - f->usable_bytes;
+    return by;
 }

@@ -44,7 +44,16 @@ struct mp_job {
 #define MP_FIT_FOLD_BLOCKS 512
 
 struct mp_fit {
-    bool fits;
+    bool fits;                    /* the verdict: fits_allocated, and fits_device where the
+                                   * allocator was simulated */
+    bool fits_allocated;          /* peak allocated + context (+ NCCL) within the usable bytes */
+    bool device_simulated;        /* the caching allocator ran: fits_device and device_bytes hold */
+    bool fits_device;             /* no allocation failed after the allocator's retry */
+    uint64_t device_bytes;        /* peak reserved + context (+ NCCL): what the device holds */
+    uint64_t alloc_limit;         /* what the allocator could reserve: usable less context (+ NCCL) */
+    bool expandable_fits;         /* fits_allocated, not fits_device, and it would with
+                                   * expandable_segments:True (checked for a report, not a search) */
+    uint64_t expandable_device_bytes; /* device_bytes with it */
     uint64_t usable_bytes;        /* capacity x (1 - margin) */
     uint64_t capacity_bytes;
     uint64_t peak_device_bytes;
@@ -69,6 +78,11 @@ void mp_fit_release(struct mp_fit *f);
 /* Evaluates job at job->build.batch.  MP_ERR_INFEASIBLE is not returned: an
  * optimal plan that cannot fit gives fits = false (with the no-checkpoint peak). */
 enum mp_status mp_fit_eval(const struct mp_job *job, struct mp_fit *f, struct mp_diag *d);
+
+/* What f lacks to fit (0 when it fits): the larger of the allocated level's shortfall (peak
+ * device bytes over usable) and, where the allocator was simulated and fails, the device level's
+ * (peak reserved + context over usable).  check's shortfall_bytes and its stderr line. */
+uint64_t mp_fit_shortfall(const struct mp_fit *f);
 
 /* The build options mp_fit_eval lowers job's model with (its plan's: input gradients and
  * use_cache as transformers sets them for checkpointing). */
