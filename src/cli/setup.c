@@ -466,12 +466,9 @@ void cli_say_nofit(const struct mp_fit *f)
     uint64_t by = mp_fit_shortfall(f), alloc_by = f->peak_device_bytes > f->usable_bytes
                                                        ? f->peak_device_bytes - f->usable_bytes : 0;
     if (f->fits_allocated || by > alloc_by) { /* the device level decides: the caching allocator simulated */
-        fprintf(stderr, "memplan: does not fit: short by %s at the device level (peak reserved + context %s "
-                "of %s usable; %s)\n",
-                mp_fmt_bytes(by, a1, sizeof a1),
-                mp_fmt_bytes(f->device_bytes, a2, sizeof a2), mp_fmt_bytes(f->usable_bytes, a3, sizeof a3),
-                f->est.alloc_ooms ? "an allocation fails after the caching allocator frees its cache"
-                                  : "the allocator's reserved bytes exceed the target");
+        fprintf(stderr, "memplan: does not fit: short by %s (reserved + context %s of %s usable)\n",
+                mp_fmt_bytes(by, a1, sizeof a1), mp_fmt_bytes(f->device_bytes, a2, sizeof a2),
+                mp_fmt_bytes(f->usable_bytes, a3, sizeof a3));
         return;
     }
     fprintf(stderr, "memplan: does not fit: short by %s (peak %s of %s usable) at %s\n", mp_fmt_bytes(by, a1, sizeof a1),

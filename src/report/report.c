@@ -771,12 +771,13 @@ static void device_line(FILE *out, const char *indent, const struct mp_fit *f)
         fprintf(out, "%sdevice level: %s reserved + context, fits, %s to spare%s\n", indent, B(f->device_bytes),
                 B(f->usable_bytes - f->device_bytes),
                 f->est.alloc_retries ? " (after the allocator frees its cache)" : "");
-    else if (f->est.alloc_ooms)
-        fprintf(out, "%sdevice level: an allocation fails after the allocator frees its cache (out of memory)\n",
-                indent);
-    else
+    else if (f->device_bytes > f->usable_bytes) /* (an OOM lifts the limit: what the step needs) */
         fprintf(out, "%sdevice level: does not fit: %s reserved + context, short by %s\n", indent,
                 B(f->device_bytes), B(f->device_bytes - f->usable_bytes));
+    else
+        fprintf(out, "%sdevice level: does not fit\n", indent);
+    if (!f->fits_device && f->est.alloc_ooms)
+        fprintf(out, "%s  (an allocation fails after the allocator frees its cache: out of memory)\n", indent);
     if (f->expandable_fits)
         fprintf(out, "%sexpandable_segments:True fits (%s reserved + context): set it in\n%s"
                 "PYTORCH_CUDA_ALLOC_CONF (not with memory shared by IPC, e.g. a colocated vLLM)\n",
@@ -1009,8 +1010,7 @@ static void report_check(FILE *out, const struct mp_report_ctx *c, const struct 
             B(f->peak_device_bytes), B(f->usable_bytes), B(f->capacity_bytes),
             c->margin_pct,
             shown(f->est.peak_event));
-    if (f->fits_allocated)
-        device_line(out, "  ", f);
+    device_line(out, "  ", f);
 }
 
 /* ---- suggest ----------------------------------------------------------------------------- */
