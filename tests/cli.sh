@@ -1534,7 +1534,7 @@ fi
 # QLoRA Mixtral that fits no single GPU), whose --gpus would be "not modelled yet"
 run suggest models/hf/mixtral-8x7b.json --finetune qlora --lora-targets q_proj,v_proj --gpu l4 --no-probe
 if [ "$ec" -eq 1 ] && ! grep -q -- "would fit or help: --gpus\|FSDP/ZeRO" "$T/out" &&
-    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "does not model data-parallel fine-tuning"; then
+    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "does not model sharded QLoRA"; then
     ok "suggest qlora mixtral on an l4: no data-parallel alternative (it would be refused)"
 else
     echo "suggest proposed a data-parallel fine-tune, which memplan refuses" >"$T/why"
