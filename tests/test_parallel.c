@@ -326,6 +326,19 @@ static void test_parallel_lora_ddp(void **state)
     assert_int_equal(pp.weights_bytes, 347392 + 7168);
     assert_int_equal(pp.optimizer_bytes, 2 * 7168); /* AdamW: exp_avg, exp_avg_sq of the adapters */
     mp_par_plan_release(&pp);
+    /* ZeRO-1/2 flatten only the optimizer's (trainable) parameters: 1792 elements, a multiple of
+     * 2 x 2, so 896 per rank; the module keeps its frozen base (347392 + 7168 bytes) plus the
+     * fp32 partition 896 x 4; AdamW's state on the partition 2 x 896 x 4 */
+    plan(&f, MP_PAR_ZERO2, 2, false, MP_OFFLOAD_NONE, &pp);
+    assert_int_equal(pp.total_elems, 1792);
+    assert_int_equal(pp.partition_elems, 896);
+    assert_int_equal(pp.weights_bytes, 347392 + 7168 + 896 * 4);
+    assert_int_equal(pp.grads_bytes, 896 * 4); /* grads_in_partition */
+    assert_int_equal(pp.optimizer_bytes, 2 * 896 * 4);
+    mp_par_plan_release(&pp);
+    plan(&f, MP_PAR_ZERO1, 2, false, MP_OFFLOAD_NONE, &pp);
+    assert_int_equal(pp.grads_bytes, 1792 * 4); /* stage 1: the adapters' full gradients */
+    mp_par_plan_release(&pp);
     release(&f);
 }
 

@@ -479,7 +479,7 @@ static int check_rules(const struct command *c, struct args *a)
      * searches only the modelled ones) */
     if (a->par.strategy != MP_PAR_NONE && !mp_par_finetune_modelled(a->par.strategy, a->ft.mode)) {
         char why[160];
-        snprintf(why, sizeof why, "--finetune %s with --parallel %s: not modelled yet (--parallel %s is)",
+        snprintf(why, sizeof why, "--finetune %s with --parallel %s: not modelled yet (modelled: %s)",
                  mp_ft_mode_str(a->ft.mode), mp_par_strategy_str(a->par.strategy), mp_par_finetune_names());
         return cli_usage_error(c->name, "%s", why);
     }

@@ -100,12 +100,12 @@ const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len)
 
 bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m)
 {
-    if (m == MP_FT_FULL || s == MP_PAR_NONE || s == MP_PAR_DDP)
+    if (m == MP_FT_FULL || s == MP_PAR_NONE || s == MP_PAR_DDP || s == MP_PAR_ZERO1 || s == MP_PAR_ZERO2)
         return true;
     return m != MP_FT_QLORA && mp_par_is_fsdp(s); /* (FSDP-QLoRA: 4-bit storage not sharded yet) */
 }
 
-const char *mp_par_finetune_names(void) { return "ddp; fsdp and fsdp-no-reshard but for qlora"; }
+const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2; fsdp and fsdp-no-reshard but for qlora"; }
 
 uint64_t mp_par_fsdp_shard_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q)
 {
@@ -408,7 +408,7 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
             sp.param_dtype = MP_DT_F32;
             opt = mp_opt_state_bytes(&sp, o, &one);
         }
-        pp->weights_bytes = Psi * P + (off_opt ? 0 : part * 4);
+        pp->weights_bytes = whole + (off_opt ? 0 : part * 4); /* the module as is (a frozen base too) */
         pp->grads_bytes = s == MP_PAR_ZERO1 ? Psi * P : (off_opt ? 0 : part * P);
         pp->optimizer_bytes = off_opt ? 0 : opt;
         pp->buffers_bytes = pp->bucket_bytes[0];
@@ -496,7 +496,10 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
     enum mp_status st = MP_OK;
     bool ok = true;
     for (size_t q = 0; q < p->n_params; q++) {
-        ok = ok && wadd(&pp->total_elems, p->params[q].elems, weight_of(w, p, p->params[q].block));
+        /* the optimizer's parameters: a frozen base is in none of its groups (ZeRO-1/2 flatten
+         * only those; deepspeed 0.19.8 runtime/zero/stage_1_and_2.py:423-434, is_optimized_parameter) */
+        if (ddp_bucket_bytes_of(&p->params[q]))
+            ok = ok && wadd(&pp->total_elems, p->params[q].elems, weight_of(w, p, p->params[q].block));
         if (!pp->hidden && p->params[q].matrix)
             pp->hidden = p->params[q].cols;
     }

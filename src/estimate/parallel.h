@@ -98,7 +98,9 @@ const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len);
 /* Whether the per-rank plan models fine-tuning method m (frozen base parameters: LoRA, QLoRA,
  * freeze) under strategy s.  DDP: only the trainable parameters are in the reducer's buckets
  * (torch 2.15 nn/parallel/distributed.py:1545-1560, _build_params_for_reducer keeps
- * requires_grad parameters); the frozen base is replicated as on one GPU.  FSDP2 (LoRA, freeze):
+ * requires_grad parameters); the frozen base is replicated as on one GPU.  ZeRO-1/2: the same,
+ * with only the optimizer's parameters flattened and partitioned (a frozen base is in no
+ * optimizer group).  FSDP2 (LoRA, freeze):
  * every parameter is sharded and all-gathered, frozen ones too; only those with a gradient are
  * reduce-scattered (torch 2.15 distributed/fsdp/_fully_shard/_fsdp_param_group.py:978-987,
  * _take_unsharded_grads_to_reduce; a group without one returns before its reduce-scatter). */
