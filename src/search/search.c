@@ -1284,8 +1284,11 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     bool gpu_found = gpu_alternative(&j, &base->gpu, argv0, s, d);
     if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
         snprintf(s->alternatives[s->n_alternatives++], 160, "%s",
-                 no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
-                            "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
+                 no_world && base->build.ft.mode != MP_FT_FULL /* (ZeRO-3 with a frozen base: not tried) */
+                     ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 on up "
+                       "to 1024 GPUs (128 nodes of 8) with every block checkpointed"
+                 : no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
+                              "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
                  : !mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode)
                      ? "no single GPU profile in configs/gpus fits it at micro-batch 1 (memplan does not model "
                        "sharded QLoRA, FSDP-QLoRA, yet: DDP replicates the base)"
