@@ -1638,11 +1638,60 @@ fi
 # QLoRA Mixtral that fits no single GPU), whose --gpus would be "not modelled yet"
 run suggest models/hf/mixtral-8x7b.json --finetune qlora --lora-targets q_proj,v_proj --gpu l4 --no-probe
 if [ "$ec" -eq 1 ] && ! grep -q -- "would fit or help: --gpus\|FSDP/ZeRO" "$T/out" &&
-    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "does not model data-parallel fine-tuning"; then
+    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "does not model sharded QLoRA"; then
     ok "suggest qlora mixtral on an l4: no data-parallel alternative (it would be refused)"
 else
     echo "suggest proposed a data-parallel fine-tune, which memplan refuses" >"$T/why"
     bad "suggest qlora: no refused alternative"
+fi
+
+# Every alternative suggest names, followed: its flags (the words before its first "(" or ":")
+# added to the same command (a --gpu in place of its --vram) as `check --batch 1 --checkpoint
+# every:1` are accepted (exit 0 fits or 1 does not), never refused (2 usage, 3 input): one case per kind of alternative (8-bit
+# optimizer, bf16, LoRA -> QLoRA, full -> QLoRA, a larger GPU, a data-parallel world, a fine-tune
+# that fits no single GPU).
+if [ -n "$HAVE_PY" ]; then
+    for args in "models/hf/llama-3-8b.json --gpu t4" "models/hf/llama-2-7b.json --finetune lora --gpu t4" \
+        "models/hf/mixtral-8x7b.json --finetune qlora --lora-targets q_proj,v_proj --gpu l4" \
+        "models/hf/llama-2-70b.json --finetune qlora --vram 24GiB" \
+        "models/hf/llama-3.2-1b.json --finetune freeze --train-blocks 8-15,head --gpu t4"; do
+        # shellcheck disable=SC2086
+        run suggest $args --no-probe --json
+        if python3 -c '
+import json, subprocess, sys
+m, args = sys.argv[1], sys.argv[2].split()
+alts = json.load(open(sys.argv[3]))["alternatives"]
+bad = []
+for a in alts:
+    w, flags = a.split(" "), {}
+    i = 0
+    while i + 1 < len(w) and w[i].startswith("--") and not w[i + 1].startswith("("):
+        v = w[i + 1].rstrip(":")
+        flags[w[i]] = v
+        i += 2
+        if w[i - 1].endswith(":"):
+            break
+    if not flags:
+        continue
+    cmd = list(args)
+    if "--gpu" in flags and "--vram" in cmd:  # a GPU profile instead of the given memory size
+        del cmd[cmd.index("--vram"):cmd.index("--vram") + 2]
+    for k, v in flags.items():
+        if k in cmd:
+            cmd[cmd.index(k) + 1] = v
+        else:
+            cmd += [k, v]
+    r = subprocess.run([m, "check", *cmd, "--batch", "1", "--checkpoint", "every:1"], capture_output=True, text=True)
+    if r.returncode not in (0, 1):
+        bad.append("%s -> exit %d: %s" % (a[:60], r.returncode, r.stderr.strip()[:200]))
+if bad or sys.argv[4] not in ("0", "1"):
+    sys.exit("suggest exit %s; refused: %s" % (sys.argv[4], "; ".join(bad)))
+' "$M" "$args" "$T/out" "$ec" 2>"$T/why"; then
+            ok "suggest $args: every alternative followed is accepted by check"
+        else
+            bad "suggest $args: an alternative memplan refuses"
+        fi
+    done
 fi
 
 # ---- suggest --checkpoint C and suggest --timeline ------------------------------------------

@@ -64,6 +64,13 @@ CASES = [
     ("zero3", ["models/hf/llama-3-8b.json", "--gpu", "a100-40gb", "--gpus", "8", "--parallel", "zero3"]),
     ("zero2 amp", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--gpus", "8", "--parallel", "zero2",
                    "--precision", "amp-bf16", "--seq", "512"]),
+    # fine-tunes across GPUs (issue 28): the strategies searched for LoRA, LoRA on FSDP2, QLoRA on ZeRO-2
+    ("lora 2 gpus", ["models/hf/llama-3.2-1b.json", "--gpu", "t4", "--gpus", "2", "--finetune", "lora",
+                     "--seq", "1024"]),
+    ("lora fsdp", ["models/hf/llama-3-8b.json", "--gpu", "a10", "--gpus", "4", "--parallel", "fsdp",
+                   "--finetune", "lora", "--seq", "1024"]),
+    ("qlora zero2", ["models/hf/llama-3-8b.json", "--gpu", "a10", "--gpus", "2", "--parallel", "zero2",
+                     "--finetune", "qlora", "--seq", "1024"]),
 ]
 
 

@@ -281,12 +281,111 @@ static void test_parallel_validate(void **state)
     assert_int_equal(mp_par_strategy_parse("zero4"), -1);
 }
 
+/* LoRA across ranks on a tiny Llama (HF config): hidden 64, 2 layers, 4 heads of 16, 2 kv heads
+ * (k/v 32 wide), MLP 128, vocab 100, untied head; peft r 4 on q_proj and v_proj.
+ * Base: embed 100x64 = 6400; per layer q 4096 + k 2048 + v 2048 + o 4096 + gate/up/down 3 x 8192
+ * + 2 norms 128 = 36992, twice 73984; final norm 64; lm_head 6400: 86848 elements, fp32.
+ * Adapters per layer: q A 4x64 + B 64x4 = 512, v A 4x64 + B 32x4 = 384: 896, twice 1792. */
+static const char *LLAMA = "{\"model_type\":\"llama\",\"architectures\":[\"LlamaForCausalLM\"],"
+                           "\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":2,"
+                           "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":100,"
+                           "\"max_position_embeddings\":64,\"tie_word_embeddings\":false,\"hidden_act\":\"silu\"}";
+
+static void build_lora(struct fixture *f, enum mp_precision prec, bool cast)
+{
+    struct mp_diag d = {{0}};
+    if (mp_model_load_string(&f->m, LLAMA, strlen(LLAMA), "llama.json", &d) != MP_OK)
+        fail_msg("load: %s", d.msg);
+    struct mp_build_opts bo;
+    mp_build_opts_default(&bo);
+    bo.batch = 1;
+    bo.seq = 16;
+    bo.precision = prec;
+    bo.ft.mode = MP_FT_LORA;
+    bo.ft.r = 4;
+    bo.ft.alpha = 8;
+    bo.ft.adapters_cast = cast;
+    if (mp_finetune_parse_targets(&bo.ft, "q_proj,v_proj", &d) != MP_OK || mp_program_build(&f->m, &bo, &f->p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+}
+
+static void test_parallel_lora_ddp(void **state)
+{
+    (void)state;
+    struct fixture f;
+    build_lora(&f, MP_PREC_FP32, false);
+    struct mp_par_plan pp;
+    plan(&f, MP_PAR_DDP, 2, false, MP_OFFLOAD_NONE, &pp);
+    /* only the 1792 adapter gradients (fp32: 7168 bytes) are the reducer's: one bucket under the
+     * 1 MiB first cap; the frozen base (86848 x 4 = 347392 bytes) is replicated */
+    assert_int_equal(pp.n_buckets, 1);
+    assert_int_equal(pp.bucket_bytes[0], 7168);
+    assert_int_equal(pp.buffers_bytes, 7168);
+    assert_int_equal(pp.grads_bytes, 7168);
+    assert_int_equal((uint64_t)pp.allreduce_bytes, 7168);
+    assert_int_equal(pp.weights_bytes, 347392 + 7168);
+    assert_int_equal(pp.optimizer_bytes, 2 * 7168); /* AdamW: exp_avg, exp_avg_sq of the adapters */
+    mp_par_plan_release(&pp);
+    /* ZeRO-1/2 flatten only the optimizer's (trainable) parameters: 1792 elements, a multiple of
+     * 2 x 2, so 896 per rank; the module keeps its frozen base (347392 + 7168 bytes) plus the
+     * fp32 partition 896 x 4; AdamW's state on the partition 2 x 896 x 4 */
+    plan(&f, MP_PAR_ZERO2, 2, false, MP_OFFLOAD_NONE, &pp);
+    assert_int_equal(pp.total_elems, 1792);
+    assert_int_equal(pp.partition_elems, 896);
+    assert_int_equal(pp.weights_bytes, 347392 + 7168 + 896 * 4);
+    assert_int_equal(pp.grads_bytes, 896 * 4); /* grads_in_partition */
+    assert_int_equal(pp.optimizer_bytes, 2 * 896 * 4);
+    mp_par_plan_release(&pp);
+    plan(&f, MP_PAR_ZERO1, 2, false, MP_OFFLOAD_NONE, &pp);
+    assert_int_equal(pp.grads_bytes, 1792 * 4); /* stage 1: the adapters' full gradients */
+    mp_par_plan_release(&pp);
+    release(&f);
+}
+
+static void test_parallel_lora_fsdp(void **state)
+{
+    (void)state;
+    struct fixture f;
+    build_lora(&f, MP_PREC_FP32, false);
+    struct mp_par_plan pp;
+    plan(&f, MP_PAR_FSDP, 2, false, MP_OFFLOAD_NONE, &pp);
+    /* every dim 0 is even: each rank keeps half of every parameter, the frozen base too:
+     * (86848 + 1792) / 2 = 44320 elements, fp32 */
+    assert_int_equal(pp.weights_bytes, 44320 * 4);
+    /* gradients and the reduce-scatter only of the adapters: 896 shard elements, 1792 in */
+    assert_int_equal(pp.grad_shard_total, 896);
+    assert_int_equal(pp.grads_bytes, 896 * 4);
+    assert_int_equal((uint64_t)pp.reducescatter_bytes, 1792 * 4);
+    assert_int_equal(pp.optimizer_bytes, 2 * 896 * 4);
+    /* a decoder layer's group: 36992 + 896 elements, half each; the adapters' 448 of them */
+    assert_int_equal(pp.groups[0].shard_elems, (36992 + 896) / 2);
+    assert_int_equal(pp.groups[0].grad_shard_elems, 448);
+    assert_int_equal(pp.groups[0].grad_unsharded_elems, 896);
+    /* the root group (embedding, final norm, lm_head) is all frozen: no reduce-scatter */
+    assert_true(pp.root_group >= 0);
+    assert_int_equal(pp.groups[pp.root_group].grad_unsharded_elems, 0);
+    mp_par_plan_release(&pp);
+    release(&f);
+    /* mixed-bf16 (MixedPrecisionPolicy casts the adapters too): bf16 adapters in the program,
+     * their fp32 originals the shards: (86848 x 4) / 2 + 896 x 4 */
+    build_lora(&f, MP_PREC_BF16, true);
+    for (size_t q = 0; q < f.p.n_params; q++)
+        if (f.p.params[q].adapter)
+            assert_int_equal(f.p.params[q].dtype, MP_DT_BF16);
+    plan(&f, MP_PAR_FSDP, 2, true, MP_OFFLOAD_NONE, &pp);
+    assert_int_equal(pp.weights_bytes, 86848 * 4 / 2 + 896 * 4);
+    assert_int_equal(pp.grads_bytes, 896 * 4); /* reduce_dtype fp32 */
+    mp_par_plan_release(&pp);
+    release(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parallel_shard_sizes),      cmocka_unit_test(test_parallel_fsdp_plan),
         cmocka_unit_test(test_parallel_ddp_buckets),      cmocka_unit_test(test_parallel_zero_model_states),
         cmocka_unit_test(test_parallel_replay_per_rank),  cmocka_unit_test(test_parallel_validate),
+        cmocka_unit_test(test_parallel_lora_ddp),         cmocka_unit_test(test_parallel_lora_fsdp),
     };
     return cmocka_run_group_tests_name("parallel", tests, NULL, NULL);
 }

@@ -38,7 +38,7 @@ step-2 allocations (and FILE.<case>.alive: what is alive when step 2 starts, wit
 made it) for debugging.
 
 Usage: python3 bench/accuracy/dist_gloo.py [--memplan ./memplan] [--out FILE] [--quick] [--worlds 2,4]
-       [--cases ddp,ddp-view,fsdp,fsdp-no-reshard,fsdp-mixed]
+       [--cases ddp,ddp-view,fsdp,fsdp-no-reshard,fsdp-mixed,lora-ddp,lora-fsdp,...]
 """
 import argparse
 import gc
@@ -61,6 +61,11 @@ CFG = dict(n_layer=3, n_embd=256, n_head=4, vocab_size=1000, n_positions=256, em
            activation_function="gelu_pytorch_tanh",
            attn_pdrop=0.0)
 BATCH, SEQ = 2, 64
+# the fine-tune cases (lora-*): a small Llama (real tensors) wrapped by peft, adapters on
+# q_proj and v_proj (peft's default for llama), r 8, no dropout; the base frozen in fp32
+LLAMA_CFG = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1000, max_position_embeddings=256, tie_word_embeddings=False)
+LORA_R = 8
 
 
 def free_port():
@@ -69,12 +74,30 @@ def free_port():
         return s.getsockname()[1]
 
 
-def make_model():
+def make_model(lora=False):
+    """GPT-2 (full training), or with lora the small Llama wrapped by peft (only the adapters
+    require grad)."""
     import transformers
-    cfg = transformers.GPT2Config(**CFG)
+    if lora:
+        cfg = transformers.LlamaConfig(**LLAMA_CFG)
+    else:
+        cfg = transformers.GPT2Config(**CFG)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(cfg), cfg
+    if not lora:
+        return transformers.GPT2LMHeadModel(cfg), cfg
+    import peft
+    model = transformers.LlamaForCausalLM(cfg)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=LORA_R, lora_alpha=2 * LORA_R, lora_dropout=0.0,
+                                                       target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    return model, cfg
+
+
+def blocks_of(model):
+    """The repeated blocks fully_shard wraps (GPT2Block, or the peft-wrapped LlamaDecoderLayer)."""
+    if hasattr(model, "transformer"):
+        return model.transformer.h
+    return model.base_model.model.model.layers
 
 
 def allocations(prof):
@@ -178,7 +201,7 @@ def live_bytes(raw):
     return out, unseen, residual
 
 
-def rank_main(rank, world, port, strategy, mixed, result_dir):
+def rank_main(rank, world, port, strategy, mixed, result_dir, lora=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -187,7 +210,7 @@ def rank_main(rank, world, port, strategy, mixed, result_dir):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         if not os.environ.get("DIST_GLOO_NOFLAG"):
             exact_cpu_total()
-        model, cfg = make_model()
+        model, cfg = make_model(lora)
         model.train()
         if strategy in ("ddp", "ddp-view"):
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -197,10 +220,10 @@ def rank_main(rank, world, port, strategy, mixed, result_dir):
             kw = dict(reshard_after_forward=(strategy == "fsdp"))
             if mixed:
                 kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            for blk in model.transformer.h:
+            for blk in blocks_of(model):
                 fully_shard(blk, **kw)
             fully_shard(model, **{**kw, "reshard_after_forward": False} if strategy == "fsdp" else kw)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4, foreach=True)
         g = torch.Generator().manual_seed(rank)
         ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=g)
         labels = ids.clone()
@@ -247,7 +270,8 @@ def rank_main(rank, world, port, strategy, mixed, result_dir):
                 alive[ptr] = (size, ctx, tid != main_tid, phase)
             else:
                 alive.pop(ptr, None)
-        base = os.environ["DIST_GLOO_TRACE"] + f".w{world}.{strategy}{'.mixed' if mixed else ''}.r{rank}"
+        base = os.environ["DIST_GLOO_TRACE"] + f".w{world}.{'lora-' if lora else ''}{strategy}" \
+            f"{'.mixed' if mixed else ''}.r{rank}"
         with open(base + ".alive", "w") as f:
             for ptr, (size, ctx, other, phase) in sorted(alive.items(), key=lambda kv: -kv[1][0]):
                 f.write(f"{size} {'thread' if other else 'main'} step{phase - 1} {ctx[-150:]}\n")
@@ -260,19 +284,21 @@ def rank_main(rank, world, port, strategy, mixed, result_dir):
     dist.destroy_process_group()
 
 
-def run_case(world, strategy, mixed):
+def run_case(world, strategy, mixed, lora=False):
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(rank_main, args=(world, port, strategy, mixed, d), nprocs=world, join=True,
+        mp.start_processes(rank_main, args=(world, port, strategy, mixed, d, lora), nprocs=world, join=True,
                            start_method="spawn")
         return [json.load(open(os.path.join(d, f"r{r}.json"))) for r in range(world)]
 
 
-def memplan_peak(exe, cfgpath, world, strategy, mixed):
+def memplan_peak(exe, cfgpath, world, strategy, mixed, lora=False):
     prec = "mixed-bf16" if mixed else "fp32"
     cmd = [exe, "estimate", cfgpath, "--batch", str(BATCH), "--seq", str(SEQ), "--precision", prec, "--optimizer",
            "adamw", "--workspace", "0", "--context", "0", "--use-cache", "off", "--gpus", str(world), "--json"]
     cmd += ["--parallel", "ddp", "--ddp-bucket-view"] if strategy == "ddp-view" else ["--parallel", strategy]
+    if lora:
+        cmd += ["--finetune", "lora", "--lora-r", str(LORA_R), "--lora-targets", "q_proj,v_proj"]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return r["memory"], cmd[1:]
 
@@ -289,6 +315,11 @@ def deepspeed_side(total_params, largest, world):
     return (z2, z3), None
 
 
+def case_name(strategy, mixed, lora):
+    """--cases' name of a case: ddp, fsdp-mixed, lora-ddp, lora-fsdp-no-reshard-mixed, ..."""
+    return ("lora-" if lora else "") + strategy + ("-mixed" if mixed else "")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--memplan", default="./memplan")
@@ -298,7 +329,8 @@ def main():
     ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "dist_gloo.jsonl"),
                     help="where the measured rows go as data for tests/replay_accuracy.py (rowlib.py); '' for none")
     ap.add_argument("--cases", default="", help="comma-separated subset: ddp,ddp-view,fsdp,fsdp-no-reshard,"
-                    "fsdp-mixed (default: all)")
+                    "fsdp-mixed,lora-ddp,lora-fsdp,"
+                    "lora-fsdp-no-reshard,lora-fsdp-mixed (default: all)")
     a = ap.parse_args()
     model, cfg = make_model()
     total = sum(p.numel() for p in model.parameters())
@@ -307,34 +339,44 @@ def main():
     cfgpath = os.path.join(tmp, "config.json")
     cfg.to_json_file(cfgpath)
     del model
-    cases = [("ddp", False), ("ddp-view", False), ("fsdp", False), ("fsdp-no-reshard", False), ("fsdp", True)]
+    lcfg = make_model(True)[1]
+    lcfgpath = os.path.join(tmp, "llama", "config.json")
+    os.makedirs(os.path.dirname(lcfgpath))
+    lcfg.to_json_file(lcfgpath)
+    # (strategy, mixed-bf16, peft LoRA on the small Llama)
+    cases = [("ddp", False, False), ("ddp-view", False, False), ("fsdp", False, False),
+             ("fsdp-no-reshard", False, False), ("fsdp", True, False), ("ddp", False, True), ("fsdp", False, True),
+             ("fsdp-no-reshard", False, True), ("fsdp", True, True)]
     if a.cases:
-        cases = [c for c in cases if (c[0] + ("-mixed" if c[1] else "")) in a.cases.split(",")]
+        cases = [c for c in cases if case_name(*c) in a.cases.split(",")]
     worlds = [2] if a.quick else [int(w) for w in a.worlds.split(",")]
     rows = []
     for w in worlds:
-        for strat, mixed in cases:
+        for strat, mixed, lora in cases:
             t0 = time.time()
-            res = run_case(w, strat, mixed)
-            mem, cmd = memplan_peak(a.memplan, cfgpath, w, strat, mixed)
+            res = run_case(w, strat, mixed, lora)
+            cpath = lcfgpath if lora else cfgpath
+            mem, cmd = memplan_peak(a.memplan, cpath, w, strat, mixed, lora)
             for r in res:
                 r["memplan_peak"] = mem["peak_requested_bytes"]
             worst = max(abs(r["peak"] - r["memplan_peak"]) / r["peak"] for r in res)
-            rows.append(dict(world=w, strategy=strat, mixed=mixed, ranks=res, memplan=mem, cmd=" ".join(cmd),
-                             worst=worst, secs=time.time() - t0))
+            rows.append(dict(world=w, strategy=("lora-" if lora else "") + strat, mixed=mixed, ranks=res, memplan=mem,
+                             cmd=" ".join(cmd), worst=worst, secs=time.time() - t0))
             if a.rows_out:  # the evidence, kept as data (rowlib.py): one row per rank
-                with open(cfgpath) as f:
+                with open(cpath) as f:
                     cfg_json = json.load(f)
                 rowlib.save_rows("dist_gloo", [{
                     "source": "bench/accuracy/dist_gloo.py run of %s (rank %d)" % (
                         time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), r["rank"]),
-                    "config": "dist_gloo.py's GPT-2 config (rank %d)" % r["rank"], "config_json": cfg_json,
+                    "config": "dist_gloo.py's %s config (rank %d)" % (
+                        "Llama, peft LoRA r %d q_proj,v_proj" % LORA_R if lora else "GPT-2", r["rank"]),
+                    "config_json": cfg_json,
                     "args": cmd[2:],
                     "figures": {"peak_requested": rowlib.figure(r["peak"], mem["peak_requested_bytes"])},
                     "recorded": {"peak_requested": mem["peak_requested_bytes"]},
                     "versions": rowlib.run_versions(torch=torch.__version__, backend="gloo, %d processes" % w),
                 } for r in res], a.rows_out)
-            print(f"world {w} {strat:16s} {'mixed-bf16' if mixed else 'fp32':10s} "
+            print(f"world {w} {case_name(strat, mixed, lora):16s} {'mixed-bf16' if mixed else 'fp32':10s} "
                   + " ".join(f"r{r['rank']}: start {r['start']:>9} peak {r['peak']:>9}" for r in res)
                   + f" | memplan peak {mem['peak_requested_bytes']:>9} at {mem['peak_event']}: worst {100 * worst:+.2f} %",
                   flush=True)

@@ -509,10 +509,14 @@ static int check_rules(const struct command *c, struct args *a)
         a->packing = true;
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)
         return cli_usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
-    /* parallel.c sizes gradients, buckets and shards from every parameter: refused, not ignored */
-    if (a->ft.mode != MP_FT_FULL && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
-        return cli_usage_error(c->name, "--finetune %s with --gpus/--nodes/--parallel: data-parallel fine-tuning "
-                                        "is not modelled yet", mp_ft_mode_str(a->ft.mode));
+    /* a strategy whose plan does not model a frozen base yet: refused, not ignored (suggest
+     * searches only the modelled ones) */
+    if (a->par.strategy != MP_PAR_NONE && !mp_par_finetune_modelled(a->par.strategy, a->ft.mode)) {
+        char why[160];
+        snprintf(why, sizeof why, "--finetune %s with --parallel %s: not modelled yet (modelled: %s)",
+                 mp_ft_mode_str(a->ft.mode), mp_par_strategy_str(a->par.strategy), mp_par_finetune_names());
+        return cli_usage_error(c->name, "%s", why);
+    }
     if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
         struct mp_diag pd = {{0}};
         if (mp_par_validate(&a->par, &pd) != MP_OK)

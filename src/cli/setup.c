@@ -398,6 +398,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         cli_warn("%s: --attention %s replaces the %s attention this model runs", a->model,
                  mp_attn_impl_str((enum mp_attn_impl)a->attention), mp_attn_impl_str((enum mp_attn_impl)own));
     s->build.ft = a->ft;
+    s->build.ft.adapters_cast = a->par.mixed_bf16; /* (FSDP2's policy casts the adapters too) */
     s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
     s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;
     s->build.target_seq = a->target_seq;

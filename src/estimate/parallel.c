@@ -98,6 +98,20 @@ const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len)
     return buf;
 }
 
+bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m)
+{
+    if (m == MP_FT_FULL || s == MP_PAR_NONE || s == MP_PAR_DDP || s == MP_PAR_ZERO1 || s == MP_PAR_ZERO2)
+        return true;
+    return m != MP_FT_QLORA && mp_par_is_fsdp(s); /* (FSDP-QLoRA: 4-bit storage not sharded yet) */
+}
+
+const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2; fsdp and fsdp-no-reshard but for qlora"; }
+
+uint64_t mp_par_fsdp_shard_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q)
+{
+    return q->adapter ? mp_dtype_size(MP_DT_F32) : pp->master_elem_bytes;
+}
+
 enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d)
 {
     if (p->gpus == 0 || p->nodes == 0)
@@ -193,10 +207,18 @@ static bool add_bucket(struct mp_par_plan *pp, size_t *cap_n, uint64_t bytes)
     return true;
 }
 
+/* The bytes parameter q takes in DDP's buckets: those that require grad are the reducer's, an
+ * idle one (no op uses it: its .grad stays None) too; a frozen base is not. */
+static uint64_t ddp_bucket_bytes_of(const struct mp_param *q)
+{
+    return q->trainable || q->idle ? q->elems * mp_dtype_size(q->dtype) : 0;
+}
+
 /* DDP's bucket assignment (reducer's compute_bucket_assignment_by_size): parameters in
- * reverse order, a bucket closes once its bytes reach the cap; the first cap is 1 MiB.  A
- * weighted block's parameters come that many times over (its copies, last to first). */
-static enum mp_status ddp_buckets(struct mp_par_plan *pp, const struct mp_program *p, uint64_t esz, const uint64_t *w)
+ * reverse order, a bucket closes once its bytes reach the cap; the first cap is 1 MiB; each
+ * parameter its gradient's bytes (its own dtype), a frozen one none.  A weighted block's
+ * parameters come that many times over (its copies, last to first). */
+static enum mp_status ddp_buckets(struct mp_par_plan *pp, const struct mp_program *p, const uint64_t *w)
 {
     size_t cap_n = 0;
     uint64_t cur = 0, cap = pp->par.ddp_first_bucket_bytes;
@@ -208,7 +230,10 @@ static enum mp_status ddp_buckets(struct mp_par_plan *pp, const struct mp_progra
             lo = p->blocks[b].param0;
         for (uint64_t r = 0; r < reps; r++)
             for (size_t j = k + 1; j-- > lo;) {
-                cur += p->params[j].elems * esz;
+                uint64_t gb = ddp_bucket_bytes_of(&p->params[j]);
+                if (!gb)
+                    continue; /* frozen: not in the reducer's buckets */
+                cur += gb;
                 if (cur >= cap) {
                     if (!add_bucket(pp, &cap_n, cur))
                         return MP_ERR_NOMEM;
@@ -268,6 +293,10 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
         }
         gr->shard_elems += pp->shard_elems[q];
         gr->unsharded_elems += pp->shard_elems[q] * N;
+        if (pa->trainable) {
+            gr->grad_shard_elems += pp->shard_elems[q];
+            gr->grad_unsharded_elems += pp->shard_elems[q] * N;
+        }
     }
     return MP_OK;
 }
@@ -328,15 +357,22 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
     enum mp_par_strategy s = pp->par.strategy;
     uint64_t P = pp->compute_elem_bytes;
     bool ok = true;
-    uint64_t opt = 0, shard = 0, persist = 0, persist_shard = 0, un = 0, root_un = 0;
+    uint64_t opt = 0, shard = 0, persist = 0, persist_shard = 0, un = 0, root_un = 0, whole = 0, grads = 0;
+    uint64_t gshard = 0, gun = 0, fsdp_w = 0; /* FSDP2: trainable shards, their RS input; shard bytes */
+    uint64_t ddp = 0;                          /* DDP: the buckets' bytes, all-reduced */
     for (size_t q = 0; q < p->n_params; q++) {
         uint64_t wq = weight_of(w, p, p->params[q].block);
-        ok = ok && wadd(&opt, mp_par_opt_state_bytes(pp, p, o, q), wq) && wadd(&shard, pp->shard_elems[q], wq);
+        const struct mp_param *pa = &p->params[q];
+        ok = ok && wadd(&opt, mp_par_opt_state_bytes(pp, p, o, q), wq) && wadd(&shard, pp->shard_elems[q], wq) &&
+             wadd(&whole, pa->raw_bytes, wq) && wadd(&grads, mp_param_grad_bytes(pa), wq) &&
+             wadd(&fsdp_w, pp->shard_elems[q] * mp_par_fsdp_shard_elem_bytes(pp, pa), wq) &&
+             (!pa->trainable || wadd(&gshard, pp->shard_elems[q], wq)) && wadd(&ddp, ddp_bucket_bytes_of(pa), wq);
         if (s == MP_PAR_ZERO3 && p->params[q].elems < pp->par.ds_persistence_elems)
             ok = ok && wadd(&persist, p->params[q].elems, wq) && wadd(&persist_shard, pp->shard_elems[q], wq);
     }
     for (size_t g = 0; g < pp->n_groups; g++) {
-        ok = ok && wadd(&un, pp->groups[g].unsharded_elems, pp->group_weight[g]);
+        ok = ok && wadd(&un, pp->groups[g].unsharded_elems, pp->group_weight[g]) &&
+             wadd(&gun, pp->groups[g].grad_unsharded_elems, pp->group_weight[g]);
         if (pp->groups[g].root)
             root_un += pp->groups[g].unsharded_elems;
     }
@@ -344,20 +380,23 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
     if (!ok || un > UINT64_MAX / 64)
         return MP_ERR_RANGE;
     pp->shard_total = shard;
+    pp->grad_shard_total = gshard;
     uint64_t Psi = pp->total_elems, part = pp->partition_elems;
     const struct mp_parallel *par = &pp->par;
     bool off_opt = par->offload != MP_OFFLOAD_NONE, off_par = par->offload == MP_OFFLOAD_PARAMS;
     switch (s) {
     case MP_PAR_NONE:
     case MP_PAR_DDP:
-        pp->weights_bytes = Psi * P;
+        /* replicated as on one GPU (a quantized base in its packed tensors); gradients and
+         * the all-reduce only of the trainable parameters */
+        pp->weights_bytes = whole;
         /* gradient_as_bucket_view: .grad are views of the buckets (counted there) */
-        pp->grads_bytes = s == MP_PAR_DDP && par->ddp_grad_as_bucket_view ? 0 : Psi * P;
+        pp->grads_bytes = s == MP_PAR_DDP && par->ddp_grad_as_bucket_view ? 0 : grads;
         pp->optimizer_bytes = opt;
         for (size_t b = 0; b < pp->n_buckets; b++)
             pp->buffers_bytes += pp->bucket_bytes[b];
         if (s == MP_PAR_DDP)
-            pp->allreduce_bytes = (double)(Psi * P);
+            pp->allreduce_bytes = (double)ddp;
         break;
     case MP_PAR_ZERO1:
     case MP_PAR_ZERO2:
@@ -369,7 +408,7 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
             sp.param_dtype = MP_DT_F32;
             opt = mp_opt_state_bytes(&sp, o, &one);
         }
-        pp->weights_bytes = Psi * P + (off_opt ? 0 : part * 4);
+        pp->weights_bytes = whole + (off_opt ? 0 : part * 4); /* the module as is (a frozen base too) */
         pp->grads_bytes = s == MP_PAR_ZERO1 ? Psi * P : (off_opt ? 0 : part * P);
         pp->optimizer_bytes = off_opt ? 0 : opt;
         pp->buffers_bytes = pp->bucket_bytes[0];
@@ -413,18 +452,20 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
     }
     case MP_PAR_FSDP:
     case MP_PAR_FSDP_NO_RESHARD: {
-        uint64_t M = pp->master_elem_bytes;
-        pp->weights_bytes = off_par ? 0 : shard * M;
-        pp->grads_bytes = off_par ? 0 : shard * pp->reduce_elem_bytes;
+        /* every parameter sharded (a frozen base too); gradients, the reduce-scatter and the
+         * optimizer only of the trainable ones */
+        uint64_t R = pp->reduce_elem_bytes;
+        pp->weights_bytes = off_par ? 0 : fsdp_w;
+        pp->grads_bytes = off_par ? 0 : gshard * R;
         pp->optimizer_bytes = off_par ? 0 : opt;
-        pp->host_bytes = off_par ? shard * M + shard * pp->reduce_elem_bytes + opt : 0;
+        pp->host_bytes = off_par ? fsdp_w + gshard * R + opt : 0;
         /* forward all-gathers every group; with reshard_after_forward the non-root groups
          * are gathered again in backward */
         pp->allgather_bytes = (double)(un * P) + (s == MP_PAR_FSDP ? (double)((un - root_un) * P) : 0);
-        pp->reducescatter_bytes = (double)(un * pp->reduce_elem_bytes);
+        pp->reducescatter_bytes = (double)(gun * R);
         if (off_par) {
-            pp->pcie_bytes = (double)(shard * M) * (s == MP_PAR_FSDP ? 2 : 1) + (double)(shard * pp->reduce_elem_bytes);
-            pp->host_step_elems = (double)shard;
+            pp->pcie_bytes = (double)fsdp_w * (s == MP_PAR_FSDP ? 2 : 1) + (double)(gshard * R);
+            pp->host_step_elems = (double)gshard;
         }
         break;
     }
@@ -455,7 +496,10 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
     enum mp_status st = MP_OK;
     bool ok = true;
     for (size_t q = 0; q < p->n_params; q++) {
-        ok = ok && wadd(&pp->total_elems, p->params[q].elems, weight_of(w, p, p->params[q].block));
+        /* the optimizer's parameters: a frozen base is in none of its groups (ZeRO-1/2 flatten
+         * only those; deepspeed 0.19.8 runtime/zero/stage_1_and_2.py:423-434, is_optimized_parameter) */
+        if (ddp_bucket_bytes_of(&p->params[q]))
+            ok = ok && wadd(&pp->total_elems, p->params[q].elems, weight_of(w, p, p->params[q].block));
         if (!pp->hidden && p->params[q].matrix)
             pp->hidden = p->params[q].cols;
     }
@@ -476,7 +520,7 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
     if (mp_par_sharded_params(s))
         st = make_groups(pp, p, w);
     if (st == MP_OK && s == MP_PAR_DDP)
-        st = ddp_buckets(pp, p, P, w);
+        st = ddp_buckets(pp, p, w);
     if (st == MP_OK && mp_par_is_deepspeed(s)) {
         pp->bucket_bytes = calloc(1, sizeof *pp->bucket_bytes);
         if (!pp->bucket_bytes)

@@ -95,6 +95,19 @@ bool mp_par_is_deepspeed(enum mp_par_strategy s);
 /* "fsdp x8", "zero3 x16 (2 nodes), optimizer offload to cpu" */
 const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len);
 
+/* Whether the per-rank plan models fine-tuning method m (frozen base parameters: LoRA, QLoRA,
+ * freeze) under strategy s.  DDP: only the trainable parameters are in the reducer's buckets
+ * (torch 2.15 nn/parallel/distributed.py:1545-1560, _build_params_for_reducer keeps
+ * requires_grad parameters); the frozen base is replicated as on one GPU.  ZeRO-1/2: the same,
+ * with only the optimizer's parameters flattened and partitioned (a frozen base is in no
+ * optimizer group).  FSDP2 (LoRA, freeze):
+ * every parameter is sharded and all-gathered, frozen ones too; only those with a gradient are
+ * reduce-scattered (torch 2.15 distributed/fsdp/_fully_shard/_fsdp_param_group.py:978-987,
+ * _take_unsharded_grads_to_reduce; a group without one returns before its reduce-scatter). */
+bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m);
+/* "ddp" (the strategies mp_par_finetune_modelled accepts for a fine-tune, for messages) */
+const char *mp_par_finetune_names(void);
+
 /* Checks that a combination exists in the engines (e.g. param offload needs zero3 or
  * fsdp, fsdp has no optimizer-only offload, mixed-bf16 needs a sharding engine).
  * MP_ERR_USAGE with a one-line reason. */
@@ -106,6 +119,9 @@ struct mp_par_group {
     uint64_t shard_elems;      /* per rank, padded */
     uint64_t unsharded_elems;  /* shard_elems x world: all-gather output / reduce-scatter input */
     uint64_t persist_elems;    /* ZeRO-3: parameters under the persistence threshold (kept whole) */
+    uint64_t grad_shard_elems; /* FSDP2: shard_elems of the trainable parameters (a frozen base has
+                                * no gradient: reduce-scatter output, sharded gradients) */
+    uint64_t grad_unsharded_elems; /* FSDP2: their reduce-scatter input (0: no reduce-scatter) */
     bool root;                 /* FSDP2: the root module's group */
 };
 
@@ -143,6 +159,7 @@ struct mp_par_plan {
     uint64_t total_elems;        /* trainable parameter elements */
     uint64_t partition_elems;    /* ZeRO-1/2: flat partition per rank (aligned to 2 x world) */
     uint64_t shard_total;        /* the sum of shard_elems over the full model's parameters */
+    uint64_t grad_shard_total;   /* the same over the trainable parameters */
     /* per rank, resident through the step (what the report calls weights/grads/optimizer) */
     uint64_t weights_bytes, grads_bytes, optimizer_bytes;
     uint64_t buffers_bytes;      /* persistent communication buffers (DDP buckets, DeepSpeed ipg) */
@@ -165,6 +182,10 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
                                          enum mp_optimizer o, const uint64_t *block_weight, struct mp_par_plan *pp,
                                          struct mp_diag *d);
 void mp_par_plan_release(struct mp_par_plan *pp);
+
+/* Bytes per element of parameter q's FSDP2 shard: the master dtype; an adapter fp32 (peft
+ * makes LoRA's A and B fp32 whatever the base's dtype, and a policy casts only the copies). */
+uint64_t mp_par_fsdp_shard_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q);
 
 /* FSDP2 shard of one parameter: dim 0 chunked in world pieces, each padded to
  * ceil(dim0 / world) rows (torch.chunk + pad).  ZeRO-3: ceil(numel / world). */

@@ -362,7 +362,7 @@ static void bwd_after_node(struct rp *r, const struct mp_node *n, size_t k, int 
             int q = n->param[j];
             if (q >= 0 && r->pglive[q] && r->first_use[q] == (int)k) {
                 r->pglive[q] = false;
-                emit(r, MP_EV_FREE, MP_ST_PGRAD, q, p->params[q].elems * mp_dtype_size(p->param_dtype));
+                emit(r, MP_EV_FREE, MP_ST_PGRAD, q, mp_param_grad_bytes(&p->params[q]));
             }
         }
 }
@@ -616,7 +616,7 @@ static void replay_setup(struct rp *r)
         emit(r, MP_EV_ALLOC, MP_ST_WORKSPACE, 0, t->cublas_workspace_bytes);
     if (t->accumulate && fsdp(r)) /* sharded gradients left by the previous micro-steps */
         for (size_t g = 0; g < r->pp->n_groups; g++) {
-            comm(r, true, g, MP_COMM_RS_OUT, r->pp->groups[g].shard_elems * r->pp->reduce_elem_bytes);
+            comm(r, true, g, MP_COMM_RS_OUT, r->pp->groups[g].grad_shard_elems * r->pp->reduce_elem_bytes);
             r->rs_out[g] = true;
         }
     else if (t->accumulate && !(r->pp && (r->pp->par.strategy == MP_PAR_ZERO2 || r->pp->par.strategy == MP_PAR_ZERO3)))
@@ -711,7 +711,8 @@ static void replay_step(struct rp *r, mp_event_fn fn, void *ctx)
         ps = r->pp->master_elem_bytes;
         otmp = 0;
         for (size_t q = 0; q < p->n_params; q++)
-            otmp = per_param ? otmp + tmp_of[q] * ps : mp_max_u64(otmp, tmp_of[q] * ps);
+            if (p->params[q].trainable) /* (a frozen base has no step) */
+                otmp = per_param ? otmp + tmp_of[q] * ps : mp_max_u64(otmp, tmp_of[q] * ps);
     }
     opt_tmps(r, MP_EV_ALLOC, per_param, tmp_of, ps, otmp);
     if (r->st == MP_OK) {
@@ -725,7 +726,7 @@ static void replay_step(struct rp *r, mp_event_fn fn, void *ctx)
     if (r->pp) /* zero_grad(set_to_none=True) frees the sharded gradients */
         for (size_t g = 0; g < r->pp->n_groups; g++)
             if (r->rs_out[g])
-                comm(r, false, g, MP_COMM_RS_OUT, r->pp->groups[g].shard_elems * r->pp->reduce_elem_bytes);
+                comm(r, false, g, MP_COMM_RS_OUT, r->pp->groups[g].grad_shard_elems * r->pp->reduce_elem_bytes);
     for (size_t q = 0; q < p->n_params; q++)
         if (r->pglive[q])
             emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));

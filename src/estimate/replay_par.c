@@ -209,17 +209,19 @@ static void drop_pgrads(struct rp *r, size_t g, bool whole_group, size_t blk)
 static void fsdp_post_bwd(struct rp *r, size_t g, size_t blk)
 {
     const struct mp_par_plan *pp = r->pp;
-    uint64_t in = pp->groups[g].unsharded_elems * pp->reduce_elem_bytes;
+    uint64_t in = pp->groups[g].grad_unsharded_elems * pp->reduce_elem_bytes;
     reshard(r, g);
     if (r->rs_pending >= 0) {
         comm(r, false, (size_t)r->rs_pending, MP_COMM_RS_IN,
-             pp->groups[r->rs_pending].unsharded_elems * pp->reduce_elem_bytes);
+             pp->groups[r->rs_pending].grad_unsharded_elems * pp->reduce_elem_bytes);
         r->rs_pending = -1;
     }
+    if (!in) /* no gradient in the group (a frozen base): no reduce-scatter */
+        return;
     comm(r, true, g, MP_COMM_RS_IN, in);
     drop_pgrads(r, g, true, blk);
     if (!r->rs_out[g]) {
-        comm(r, true, g, MP_COMM_RS_OUT, pp->groups[g].shard_elems * pp->reduce_elem_bytes);
+        comm(r, true, g, MP_COMM_RS_OUT, pp->groups[g].grad_shard_elems * pp->reduce_elem_bytes);
         r->rs_out[g] = true;
     }
     r->rs_pending = (int)g;
@@ -241,7 +243,7 @@ void par_post_bwd(struct rp *r, size_t i)
                 fsdp_post_bwd(r, (size_t)r->pp->root_group, i);
             if (r->rs_pending >= 0) {
                 comm(r, false, (size_t)r->rs_pending, MP_COMM_RS_IN,
-                     r->pp->groups[r->rs_pending].unsharded_elems * r->pp->reduce_elem_bytes);
+                     r->pp->groups[r->rs_pending].grad_unsharded_elems * r->pp->reduce_elem_bytes);
                 r->rs_pending = -1;
             }
         }
@@ -266,12 +268,13 @@ uint64_t par_param_bytes(const struct rp *r, size_t q)
     bool off_par = pp->par.offload == MP_OFFLOAD_PARAMS;
     switch (pp->par.strategy) {
     case MP_PAR_FSDP:
-    case MP_PAR_FSDP_NO_RESHARD: return off_par ? 0 : pp->shard_elems[q] * pp->master_elem_bytes;
+    case MP_PAR_FSDP_NO_RESHARD:
+        return off_par ? 0 : pp->shard_elems[q] * mp_par_fsdp_shard_elem_bytes(pp, &p->params[q]);
     case MP_PAR_ZERO3:
         if (n < pp->par.ds_persistence_elems)
             return n * P;
         return off_par ? 0 : pp->shard_elems[q] * P;
-    default: return n * P;
+    default: return p->params[q].bytes; /* replicated (DDP, ZeRO-1/2): as on one GPU */
     }
 }
 

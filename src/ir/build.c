@@ -303,7 +303,8 @@ int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t cols, boo
     q->matrix = rows > 1 && cols > 1;
     q->matmul = matmul;
     q->block = B->block;
-    q->dtype = B->in_adapter ? MP_DT_F32 : p->param_dtype; /* peft autocast_adapter_dtype: fp32 adapters */
+    /* peft autocast_adapter_dtype: fp32 adapters (unless an engine casts them: adapters_cast) */
+    q->dtype = B->in_adapter && !p->opts.ft.adapters_cast ? MP_DT_F32 : p->param_dtype;
     bool saved = saved_module(B);
     q->trainable = B->in_adapter || B->trained || saved;
     q->adapter = B->in_adapter;

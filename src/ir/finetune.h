@@ -48,6 +48,10 @@ struct mp_finetune {
     bool kbit_prepare;          /* QLoRA: prepare_model_for_kbit_training casts the non-quantized
                                  * half parameters (embeddings, norms, head, biases) to fp32 */
     struct mp_quant quant;      /* base storage for QLoRA (bnb nf4, double quant) */
+    bool adapters_cast;         /* the adapters run in the program's dtype, not peft's fp32: a
+                                 * mixed-precision engine casts every parameter (FSDP2
+                                 * MixedPrecisionPolicy(param_dtype=bf16): --precision mixed-bf16);
+                                 * their fp32 originals are the engine's shards */
 };
 
 /* full fine-tuning; LoRA r 16, alpha 32 and dropout 0 (peft's default: an identity). */

@@ -126,8 +126,9 @@ static struct val lower_lora(struct bld *B, struct val x, struct val base, uint6
     with_prefix(B, B->prefix, name, saved);
     B->in_adapter = true;
     struct val xc = x; /* x = self._cast_input_dtype(x, lora_A.weight.dtype) */
-    if (dt_of(B, x) != MP_DT_F32)
-        xc = lower_copy(B, x, MP_DT_F32, 0, "lora_cast");
+    enum mp_dtype adt = ft->adapters_cast ? B->p->param_dtype : MP_DT_F32;
+    if (dt_of(B, x) != adt)
+        xc = lower_copy(B, x, adt, 0, "lora_cast");
     struct val xa = ft->dropout > 0 ? lower_dropout(B, xc, ft->dropout, "lora_dropout") : xc;
     struct val a = lower_linear_p(B, xa, in_f, ft->r, false, "lora_A", -1);
     struct val bo = lower_linear_p(B, a, ft->r, out_f, false, "lora_B", -1);

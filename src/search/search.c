@@ -1018,6 +1018,8 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64
     par->nodes = w < 8 ? 1 : w / 8;
     for (size_t k = 0; k < 2; k++) {
         par->strategy = shard[k];
+        if (!mp_par_finetune_modelled(par->strategy, base->build.ft.mode))
+            continue; /* (a fine-tune: only what the plan models) */
         struct mp_job j = *base;
         j.train.par = par;
         /* (the device level where the allocator is simulated, as the choice's) */
@@ -1139,12 +1141,15 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
         static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,
                                                    MP_PAR_FSDP_NO_RESHARD};
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+            if (!mp_par_finetune_modelled(all[k], base->build.ft.mode))
+                continue; /* a fine-tune: only what the plan models (cli refuses the rest) */
             sp->pars[sp->npar] = *base->train.par;
             sp->pars[sp->npar].strategy = all[k];
             sp->npar++;
         }
         /* and ZeRO-3 with the optimizer on the host (ZeRO-Offload), unless --offload was given */
-        if (base->train.par->offload == MP_OFFLOAD_NONE) {
+        if (base->train.par->offload == MP_OFFLOAD_NONE &&
+            mp_par_finetune_modelled(MP_PAR_ZERO3, base->build.ft.mode)) {
             sp->pars[sp->npar] = *base->train.par;
             sp->pars[sp->npar].strategy = MP_PAR_ZERO3;
             sp->pars[sp->npar].offload = MP_OFFLOAD_OPTIMIZER;
@@ -1197,6 +1202,7 @@ static enum mp_status search_space_eval(const struct mp_job *base, const struct 
             struct mp_job j = *base;
             j.build.precision = sp->precs[i];
             j.build.ft.mode = sp->modes[mi];
+            j.build.ft.adapters_cast = cp.mixed_bf16; /* (FSDP2's policy casts the adapters too) */
             j.ckpt = sp->strategies[k];
             s->cand[s->n].par = cp;
             j.train.par = cp.strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
@@ -1385,11 +1391,14 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     bool gpu_found = gpu_alternative(&j, &base->gpu, argv0, s, d);
     if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
         snprintf(s->alternatives[s->n_alternatives++], 160, "%s",
-                 no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
-                            "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
-                 : base->build.ft.mode != MP_FT_FULL
+                 no_world && base->build.ft.mode != MP_FT_FULL /* (ZeRO-3 with a frozen base: not tried) */
+                     ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 on up "
+                       "to 1024 GPUs (128 nodes of 8) with every block checkpointed"
+                 : no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
+                              "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
+                 : !mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode)
                      ? "no single GPU profile in configs/gpus fits it at micro-batch 1 (memplan does not model "
-                       "data-parallel fine-tuning yet)"
+                       "sharded QLoRA, FSDP-QLoRA, yet: DDP replicates the base)"
                      : "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
                        "optimizer state across GPUs (FSDP/ZeRO) or offload");
     if (any_fit)
@@ -1513,8 +1522,9 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     s->best = choose_best(s, o, &bf16_only);
     char world_alt[160] = "";
     bool no_world = false; /* no world up to 128 nodes fits either */
-    /* data-parallel fine-tuning is refused (cli: not modelled yet): never proposed */
-    if (s->best < 0 && !base->train.par && !o->par_search && base->build.ft.mode == MP_FT_FULL)
+    /* a fine-tune whose sharding is not modelled (QLoRA: DDP only, which does not shrink what a
+     * rank holds) is never proposed a world (cli refuses it) */
+    if (s->best < 0 && !base->train.par && !o->par_search && mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode))
         no_world = !world_alternative(base, o, sp.precs[0], argv0, world_alt, sizeof world_alt, d);
     bool any_fit = s->best >= 0;
     if (s->best >= 0 && o->probe && (st = probe_best(base, o, s, &bf16_only, d)) != MP_OK) {
