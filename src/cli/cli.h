@@ -39,6 +39,9 @@ struct args {
     int attention;
     bool attention_set;
     int loss;              /* --loss (enum mp_loss) */
+    bool loss_set;
+    int trainer;           /* --trainer (enum mp_trainer; default sft) */
+    bool precompute_ref;   /* --precompute-ref (dpo: precompute_ref_log_probs) */
     double label_fraction; /* --label-fraction */
     bool ckpt_set;      /* --checkpoint given (suggest: only that plan is searched) */
     int use_cache; /* -1: the config's; 0 off; 1 on */

@@ -362,6 +362,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     s->build.attention_forced = a->attention_set;
     s->build.loss = (enum mp_loss)a->loss;
     s->build.label_fraction = a->label_fraction;
+    s->build.trainer = (enum mp_trainer)a->trainer;
     int own = mp_model_attention_impl(&s->model);
     if (!a->attention_set && own >= 0) /* every layer names its own: the report says that one */
         s->build.attention = (enum mp_attn_impl)own;
@@ -380,6 +381,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
+    if (a->trainer == MP_TRAINER_DPO && !a->precompute_ref) /* trl dpo_trainer.py:908-927 */
+        s->train.ref = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA ? MP_REF_ADAPTER : MP_REF_COPY;
     s->par = a->par;
     s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
     note_defaults(a, s, need_target);

@@ -504,6 +504,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         p->opts.target_seq = p->opts.seq;
     if (p->opts.batch == 0)
         return mp_fail(d, MP_ERR_USAGE, "batch must be positive");
+    uint64_t seqs; /* the sequences the model runs: DPO's pairs are two each */
+    if (!mp_mul_u64(p->opts.batch, mp_trainer_seqs(o->trainer), &seqs))
+        return mp_fail(d, MP_ERR_RANGE, "%s: batch %llu overflows 64 bits as %s pairs", m->path,
+                       (unsigned long long)p->opts.batch, mp_trainer_str(o->trainer));
     if (mp_finetune_all_linear_unmodelled(&o->ft, m->hf_type))
         return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
                        "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
@@ -513,7 +517,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
-    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .rope_pair = -1, .attn_mask = -1, .pos_tables = -1, .enc_out = -1, .pos_bias = -1, .cross_bias = -1, .dec_mask = -1, .b = p->opts.batch,
+    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .rope_pair = -1, .attn_mask = -1, .pos_tables = -1, .enc_out = -1, .pos_bias = -1, .cross_bias = -1, .dec_mask = -1, .b = seqs,
                     .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);

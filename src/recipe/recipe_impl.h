@@ -35,6 +35,7 @@ enum fact {
     F_LOSS,         /* the loss: "hf" or the trainer's name of another */
     F_GC_EVERY,     /* transformers' every_n_layers: checkpoint decoder layers 0, N, 2N, ... */
     F_GC_OFFLOAD,   /* transformers' offload: the checkpointed layers' inputs in pinned host memory */
+    F_PRECOMPUTE,   /* DPOConfig precompute_ref_log_probs: no reference model in the step */
     F_N
 };
 
@@ -46,7 +47,8 @@ enum key_act {
 };
 
 /* Formats as bits: the TrainingArguments keys are HF's, TRL's and LLaMA-Factory's. */
-enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL | B_LF };
+enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL | B_LF,
+       B_DPO = 32 /* a TRL file read as DPOConfig (--trainer dpo): its rows come first and win */ };
 
 struct key_row {
     unsigned fmts;

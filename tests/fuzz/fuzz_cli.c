@@ -64,7 +64,7 @@ static const char *const OPTS[] = {
     "lora-dropout", "lora-targets", "train-blocks", "attention", "moe-capacity", "use-cache", "gpu", "vram",
     "activation-budget", "slots", "margin", "global-batch", "grad-accum", "emit", "gpus", "nodes", "parallel",
     "offload", "offload-device", "max-batch", "workspace", "context", "timeline", "ddp-bucket-view", "all-layers",
-    "wide", "json", "recipe-format", "explain", "loss", "label-fraction",
+    "wide", "json", "recipe-format", "explain", "loss", "label-fraction", "trainer", "precompute-ref",
 };
 /* The options of those commands it does not give: they read a file (--recipe: a fuzzed value
  * would be a path; its reader is tested by tests/test_recipe.c and not fuzzed yet) or name a
