@@ -125,18 +125,9 @@ class Stub:
                                                  gather=lambda t: t, gather_for_metrics=lambda t: t)
 
 
-def dpo_step(ft, ckpt, pairs, seq, prompt, precompute):
-    """Step 2's peak of TRL's DPO step, and the reference forward's own peak (0: none)."""
-    from trl import DPOTrainer
-    model, cfg = build(ft)
-    add_fused_lm_head = trl_cuda_branches()
-    outputs = ("log_probs", "entropy", "mean_logits", "is_top1")  # dpo_trainer.py:957
-    ref = None
-    if ft == "full" and not precompute:  # dpo_trainer.py:916-927: the model again, in its dtype
-        ref = transformers.LlamaForCausalLM(cfg).to(model.dtype)
-        ref.eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
+def prepare(model, ref, ft, ckpt, precompute, add_fused_lm_head, outputs):
+    """The policy (peft's LoRA r16 all-linear for ft "lora") and the reference patched as
+    DPOTrainer.__init__ patches them, checkpointing as the Trainer enables it; (model, stub, AdamW)."""
     if ft == "lora":
         model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                                            target_modules="all-linear", task_type="CAUSAL_LM"))
@@ -149,8 +140,35 @@ def dpo_step(ft, ckpt, pairs, seq, prompt, precompute):
         if ft == "lora":
             model.enable_input_require_grads()
     stub = Stub(model, ref, precompute, ckpt == "layers")
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=1e-6, foreach=True)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6, foreach=True)
+    return model, stub, opt
+
+
+def dpo_inputs(vocab, pairs, seq, prompt, precompute, dev):
+    """The batch DPO's collator makes (dpo_trainer.py:297-365), no padding: 2 x pairs full rows."""
+    ids = torch.randint(0, vocab, (2 * pairs, seq), device=dev)
+    comp = torch.zeros_like(ids)
+    comp[:, prompt:] = 1
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_mask": comp}
+    if precompute:
+        inputs["ref_chosen_logps"] = torch.zeros(pairs, device=dev)
+        inputs["ref_rejected_logps"] = torch.zeros(pairs, device=dev)
+    return inputs
+
+
+def dpo_step(ft, ckpt, pairs, seq, prompt, precompute):
+    """Step 2's peak of TRL's DPO step, and the reference forward's own peak (0: none)."""
+    from trl import DPOTrainer
+    model, cfg = build(ft)
+    add_fused_lm_head = trl_cuda_branches()
+    outputs = ("log_probs", "entropy", "mean_logits", "is_top1")  # dpo_trainer.py:957
+    ref = None
+    if ft == "full" and not precompute:  # dpo_trainer.py:916-927: the model again, in its dtype
+        ref = transformers.LlamaForCausalLM(cfg).to(model.dtype)
+        ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+    model, stub, opt = prepare(model, ref, ft, ckpt, precompute, add_fused_lm_head, outputs)
     tr = RealTracker()
     ref_peak = [0]
     # the reference forward's own peak: TRL's with-block (torch.no_grad + disable_gradient_checkpointing)
@@ -187,13 +205,7 @@ def dpo_step(ft, ckpt, pairs, seq, prompt, precompute):
                     tr.add(p, "ref_param")
                 for b in ref.buffers():
                     tr.add(b, "ref_buffer")
-            ids = torch.randint(0, cfg.vocab_size, (2 * pairs, seq))
-            comp = torch.zeros_like(ids)
-            comp[:, prompt:] = 1
-            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_mask": comp}
-            if precompute:
-                inputs["ref_chosen_logps"] = torch.zeros(pairs)
-                inputs["ref_rejected_logps"] = torch.zeros(pairs)
+            inputs = dpo_inputs(cfg.vocab_size, pairs, seq, prompt, precompute, torch.device("cpu"))
             policy_peak = 0
             for step in (1, 2):
                 if step == 2:
@@ -241,7 +253,7 @@ SETTINGS = [("full", "none", 2, 257, 129, False), ("full", "layers", 2, 257, 129
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--memplan", default="./memplan")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="the table (markdown) into FILE")
     ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "dpo_step.jsonl"))
     a = ap.parse_args()
     import trl

@@ -491,6 +491,9 @@ static int check_rules(const struct command *c, struct args *a)
     if (a->trainer == MP_TRAINER_DPO && a->loss != MP_LOSS_CHUNKED_NLL)
         return cli_usage_error(c->name, "--trainer dpo: --loss %s: TRL's DPOTrainer computes its log-probs through "
                                         "its fused LM head (--loss chunked-nll)", mp_loss_str((enum mp_loss)a->loss));
+    if (a->trainer == MP_TRAINER_DPO && a->timeline && !a->precompute_ref)
+        return cli_usage_error(c->name, "%s", "--timeline with --trainer dpo: the reference model's phase is not "
+                                              "drawn yet (--precompute-ref draws the step: it has none)");
     if (a->trainer == MP_TRAINER_DPO && a->emit == MP_EMIT_TORCH)
         return cli_usage_error(c->name, "%s", "--emit torch with --trainer dpo: the torch loop is an SFT step; "
                                               "--emit hf writes the DPOConfig");
