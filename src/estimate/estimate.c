@@ -261,7 +261,10 @@ void block_est(const struct mp_program *p, const struct mp_train_opts *t, size_t
  * forward (its graph, saved tensors and per-token outputs held), the reference runs the same
  * 2 x batch sequences under torch.no_grad through its fused LM head, with the copy (ref_model) or
  * the policy itself with the adapter disabled (use_adapter(model, None) = peft's disable_adapter);
- * then the loss and the policy's backward.  Its forward is this program's, every block run
+ * then the loss and the policy's backward.  Under amp the policy's autocast cache is gone by then:
+ * accelerate wraps each prepared model's forward in autocast (accelerate 1.15 accelerator.py
+ * :1825-1835; transformers 5.24 trainer.py:2231-2236 adds none), so the policy's region ends with
+ * its forward, and the frozen reference caches no copy.  Its forward is this program's, every block run
  * without grad (Fn), measured alone: what it adds above what it starts with at its peak. */
 struct ref_meter {
     uint64_t cur, base, peak;
