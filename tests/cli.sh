@@ -929,6 +929,29 @@ else
     echo "expected the DPO relations in the script above" >"$T/why"
     bad "--trainer dpo: pairs are 2 sequences; the copy, the adapter, precomputed; the peak is the larger phase"
 fi
+# DPOConfig disable_dropout: TRL zeroes every nn.Dropout (GPT-2's residual and embedding dropouts,
+# peft's lora_dropout); GPT-2's attention dropout reads its module's p too, memplan keeps it (noted)
+if [ -n "$HAVE_PY" ]; then
+    python3 -c 'import json,sys; d=json.load(open("models/hf/gpt2.json")); d["resid_pdrop"]=d["embd_pdrop"]=0
+json.dump(d, open(sys.argv[1], "w"))' "$T/gpt2-nodrop.json"
+    run estimate models/hf/gpt2.json --trainer dpo --finetune lora --lora-dropout 0.1 --seq 256 --json
+    cp "$T/out" "$T/dpo_drop.json"
+    run estimate "$T/gpt2-nodrop.json" --trainer dpo --finetune lora --lora-dropout 0 --seq 256 --json
+    if python3 - "$T/dpo_drop.json" "$T/out" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["config"]["finetune"]["lora_dropout"] == 0, a["config"]["finetune"]
+assert a["memory"]["peak_allocated_bytes"] == b["memory"]["peak_allocated_bytes"]
+PY
+    then
+        ok "--trainer dpo: disable_dropout zeroes the residual, embedding and LoRA dropouts"
+    else
+        echo "expected GPT-2 under dpo to plan as its config with those dropouts at 0" >"$T/why"
+        bad "--trainer dpo: disable_dropout zeroes the residual, embedding and LoRA dropouts"
+    fi
+else
+    skipped "--trainer dpo: disable_dropout (python3 not found)"
+fi
 run estimate --recipe tests/data/recipes/trl-dpo-lora.yaml --trainer dpo --json
 if [ -z "$HAVE_PY" ]; then
     skipped "--recipe with --trainer dpo (python3 not found)"

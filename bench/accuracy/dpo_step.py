@@ -93,12 +93,20 @@ class RealTracker(LiveTracker):
         return super().__torch_dispatch__(func, types_, args, kwargs)
 
 
-def build(ft):
+def build(prec):
+    """The tiny Llama in bf16 (memplan's bf16), or fp32 for bf16 autocast (amp-bf16)."""
     cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16 if prec == "bf16" else torch.float32)
     return model, cfg
+
+
+def autocast_forward(m):
+    """What accelerate's prepare does to each model under bf16 mixed precision (accelerate 1.15
+    accelerator.py:1825-1835): its forward runs under autocast, the region ending as it returns.
+    The CPU's autocast stands for CUDA's here."""
+    m.forward = torch.autocast("cpu", dtype=torch.bfloat16)(m.forward)
 
 
 class Stub:
@@ -156,10 +164,10 @@ def dpo_inputs(vocab, pairs, seq, prompt, precompute, dev):
     return inputs
 
 
-def dpo_step(ft, ckpt, pairs, seq, prompt, precompute):
+def dpo_step(ft, ckpt, pairs, seq, prompt, precompute, prec="bf16"):
     """Step 2's peak of TRL's DPO step, and the reference forward's own peak (0: none)."""
     from trl import DPOTrainer
-    model, cfg = build(ft)
+    model, cfg = build(prec)
     add_fused_lm_head = trl_cuda_branches()
     outputs = ("log_probs", "entropy", "mean_logits", "is_top1")  # dpo_trainer.py:957
     ref = None
@@ -169,6 +177,10 @@ def dpo_step(ft, ckpt, pairs, seq, prompt, precompute):
         for p in ref.parameters():
             p.requires_grad_(False)
     model, stub, opt = prepare(model, ref, ft, ckpt, precompute, add_fused_lm_head, outputs)
+    if prec == "amp-bf16":
+        for m in (model, ref):
+            if m is not None:
+                autocast_forward(m)
     tr = RealTracker()
     ref_peak = [0]
     # the reference forward's own peak: TRL's with-block (torch.no_grad + disable_gradient_checkpointing)
@@ -223,8 +235,8 @@ def dpo_step(ft, ckpt, pairs, seq, prompt, precompute):
     return policy_peak, tr.peak_at, ref_peak[0]
 
 
-def memplan_args(ft, ckpt, pairs, seq, frac, precompute):
-    a = ["--trainer", "dpo", "--batch", str(pairs), "--seq", str(seq), "--precision", "bf16", "--checkpoint", ckpt,
+def memplan_args(ft, ckpt, pairs, seq, frac, precompute, prec="bf16"):
+    a = ["--trainer", "dpo", "--batch", str(pairs), "--seq", str(seq), "--precision", prec, "--checkpoint", ckpt,
          "--workspace", "0", "--use-cache", "off", "--json"]
     if frac < 1:
         a += ["--label-fraction", repr(frac)]
@@ -248,6 +260,9 @@ SETTINGS = [("full", "none", 2, 257, 129, False), ("full", "layers", 2, 257, 129
             ("full", "none", 2, 257, 129, True), ("lora", "layers", 2, 257, 129, False),
             ("lora", "none", 2, 257, 129, False), ("full", "none", 1, 513, 1, False),
             ("full", "layers", 4, 129, 65, False)]
+# fp32 weights under bf16 autocast (the reference copy in fp32, the model's dtype)
+AMP_SETTINGS = [("full", "none", 2, 257, 129, False), ("full", "layers", 2, 257, 129, False),
+                ("lora", "layers", 2, 257, 129, False)]
 
 
 def main():
@@ -255,6 +270,7 @@ def main():
     ap.add_argument("--memplan", default="./memplan")
     ap.add_argument("--out", default=None, help="the table (markdown) into FILE")
     ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "dpo_step.jsonl"))
+    ap.add_argument("--only", choices=("bf16", "amp-bf16"), default=None, help="only the rows of one precision")
     a = ap.parse_args()
     import trl
     versions = rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
@@ -266,17 +282,20 @@ def main():
         path = os.path.join(tmp, "tiny-llama.json")
         with open(path, "w") as f:
             json.dump(CONFIG, f)
-        for (ft, ck, pairs, seq, prompt, pre) in SETTINGS:
+        todo = [s + ("bf16",) for s in SETTINGS] + [s + ("amp-bf16",) for s in AMP_SETTINGS]
+        for (ft, ck, pairs, seq, prompt, pre, prec) in todo:
+            if a.only and prec != a.only:
+                continue
             frac = (seq - prompt) / (seq - 1)
-            tp, tat, tref = dpo_step(ft, ck, pairs, seq, prompt, pre)
-            args = memplan_args(ft, ck, pairs, seq, frac, pre)
+            tp, tat, tref = dpo_step(ft, ck, pairs, seq, prompt, pre, prec)
+            args = memplan_args(ft, ck, pairs, seq, frac, pre, prec)
             m = memplan_run(a.memplan, path, args)
             mp = m["peak_allocated_bytes"] - m["workspace_bytes"]
             mref = m.get("phases", {}).get("reference_forward", {}).get("peak_allocated_bytes", 0)
             mref = mref - m["workspace_bytes"] if mref else 0
             refname = "precomputed" if pre else ("adapter disabled" if ft == "lora" else "copy")
-            setting = "%s, bf16, ckpt %s, %d pairs x s%d, prompt %d" % (
-                "LoRA all-linear r16" if ft == "lora" else "full", ck, pairs, seq, prompt)
+            setting = "%s, %s, ckpt %s, %d pairs x s%d, prompt %d" % (
+                "LoRA all-linear r16" if ft == "lora" else "full", prec, ck, pairs, seq, prompt)
             pct = 100.0 * (mp - tp) / tp
             rpct = 100.0 * (mref - tref) / tref if tref else 0.0
             lines.append("| %s | %s | %d | %s | %d | %+.3f %% | %s | %s | %s |" % (

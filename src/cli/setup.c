@@ -370,6 +370,17 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         cli_warn("%s: --attention %s replaces the %s attention this model runs", a->model,
                  mp_attn_impl_str((enum mp_attn_impl)a->attention), mp_attn_impl_str((enum mp_attn_impl)own));
     s->build.ft = a->ft;
+    if (a->trainer == MP_TRAINER_DPO) { /* DPOConfig disable_dropout=True (dpo_config.py:185,
+                                         * dpo_trainer.py:931-935): every nn.Dropout's p set to 0, after
+                                         * peft wrapped the model (lora_dropout too); the attention's
+                                         * dropout_p is a float attribute in most families: kept */
+        s->build.ft.dropout = 0;
+        for (size_t i = 0; i < s->model.n_blocks; i++)
+            for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
+                s->model.blocks[i].layers[j].p = 0;
+                s->model.blocks[i].layers[j].emb_dropout = 0;
+            }
+    }
     s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
     s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;
     s->build.target_seq = a->target_seq;

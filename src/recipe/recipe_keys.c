@@ -128,7 +128,8 @@ const struct key_row mp_recipe_keys[] = {
                "not one of DPOConfig's loss types (several at once are not read yet)"),
     NOMEM(B_DPO, "loss_weights"), NOMEM(B_DPO, "beta"), NOMEM(B_DPO, "label_smoothing"),
     NOMEM(B_DPO, "f_divergence_type"), NOMEM(B_DPO, "f_alpha_divergence_coef"), NOMEM(B_DPO, "discopop_tau"),
-    NOMEM(B_DPO, "ref_model_mixup_alpha"), NOMEM(B_DPO, "ref_model_sync_steps"), NOMEM(B_DPO, "disable_dropout"),
+    NOMEM(B_DPO, "ref_model_mixup_alpha"), NOMEM(B_DPO, "ref_model_sync_steps"),
+    REFUSE_BUT(B_DPO, "disable_dropout", "true True null", "dropout kept in DPO (TRL zeroes it by default): " NOT_YET),
     /* dpo_config.py:210-218: "setting it to True warns and falls back to standard padding" */
     NOMEM(B_DPO, "padding_free"),
     REFUSE_BUT(B_DPO, "use_weighting", "false False null",
