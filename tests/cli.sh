@@ -975,6 +975,103 @@ then
 else
     bad "--packing under flash attention: no mask (varlen)"
 fi
+# --trainer (TRL 1.16.0): sft is today's step (no trainer keys in its JSON); dpo's batch counts pairs
+# (2 sequences each) through the fused head; its reference is a resident copy (full), the adapter
+# disabled (LoRA) or none (--precompute-ref); what is not modelled is refused, one line each
+expect_line 2 "--trainer kto: not modelled yet" estimate models/hf/qwen3-0.6b.json --trainer kto
+expect_line 2 "--trainer orpo: not modelled yet" estimate models/hf/qwen3-0.6b.json --trainer orpo
+expect_line 2 "--trainer grpo: not modelled yet" estimate models/hf/qwen3-0.6b.json --trainer grpo
+expect_line 2 "--trainer: an unknown name" estimate models/hf/qwen3-0.6b.json --trainer ppo
+expect_line 2 "--precompute-ref without --trainer dpo" estimate models/hf/qwen3-0.6b.json --precompute-ref
+expect_line 2 "--trainer dpo --loss hf (DPO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
+    --trainer dpo --loss hf
+expect_line 2 "--trainer dpo with data parallelism" estimate models/hf/qwen3-0.6b.json --trainer dpo --gpus 2 \
+    --parallel ddp
+expect_line 2 "probe --trainer: the option does not apply" probe models/hf/qwen3-0.6b.json --trainer dpo
+expect_line 2 "--trainer dpo --timeline: the reference phase is not drawn yet" estimate models/hf/qwen3-0.6b.json \
+    --trainer dpo --timeline "$T/dpo.svg"
+expect_line 2 "suggest --trainer dpo --emit torch (an SFT loop)" suggest models/hf/qwen3-0.6b.json --trainer dpo \
+    --gpu a100-40gb --no-probe --emit torch
+expect_line 3 "a DPOConfig key read as SFTConfig: refused with the hint" estimate \
+    --recipe tests/data/recipes/trl-dpo-full.yaml
+D="models/hf/llama-3.2-1b.json --batch 2 --seq 512 --precision bf16 --checkpoint layers --json"
+run estimate $D --trainer sft --loss chunked-nll
+cp "$T/out" "$T/sft2.json"
+run estimate models/hf/llama-3.2-1b.json --batch 4 --seq 512 --precision bf16 --checkpoint layers --json \
+    --loss chunked-nll
+cp "$T/out" "$T/sft4.json"
+run estimate $D --trainer dpo --precompute-ref
+cp "$T/out" "$T/dpo_pre.json"
+run estimate $D --trainer dpo
+cp "$T/out" "$T/dpo_copy.json"
+run estimate $D --trainer dpo --finetune lora
+if [ -z "$HAVE_PY" ]; then
+    skipped "--trainer dpo: phases and reference (python3 not found)"
+elif python3 - "$T/sft2.json" "$T/sft4.json" "$T/dpo_pre.json" "$T/dpo_copy.json" "$T/out" <<'PY'
+import json, sys
+sft2, sft4, pre, copy, lora = (json.load(open(p)) for p in sys.argv[1:6])
+assert "trainer" not in sft2["config"] and "phases" not in sft2["memory"], "sft's JSON gained keys"
+# 2 pairs are 4 sequences: with precomputed log-probs the step is SFT's at batch 4
+assert pre["config"]["sequences"] == 4 and pre["config"]["reference"] == "none"
+assert pre["memory"]["peak_allocated_bytes"] == sft4["memory"]["peak_allocated_bytes"]
+assert "phases" not in pre["memory"]
+# the copy: Llama-3.2-1B's 1,235,814,400 parameters again in bf16, 2 bytes each
+m = copy["memory"]
+assert copy["config"]["reference"] == "copy" and m["ref_weights_bytes"] == 1235814400 * 2, m
+pol, ref = m["phases"]["policy_step"], m["phases"]["reference_forward"]
+assert pol["peak_allocated_bytes"] == pre["memory"]["peak_allocated_bytes"] + m["ref_weights_bytes"]
+assert m["peak_allocated_bytes"] == max(pol["peak_allocated_bytes"], ref["peak_allocated_bytes"])
+assert ref["tmp_bytes"] > 0 and ref["peak_event"].startswith("reference.forward:"), ref
+# LoRA: the policy with its adapter disabled, no copy
+assert lora["config"]["reference"] == "adapter-disabled" and lora["memory"]["ref_weights_bytes"] == 0
+assert lora["memory"]["peak_allocated_bytes"] >= lora["memory"]["phases"]["reference_forward"]["peak_allocated_bytes"]
+PY
+then
+    ok "--trainer dpo: pairs are 2 sequences; the copy, the adapter, precomputed; the peak is the larger phase"
+else
+    echo "expected the DPO relations in the script above" >"$T/why"
+    bad "--trainer dpo: pairs are 2 sequences; the copy, the adapter, precomputed; the peak is the larger phase"
+fi
+# DPOConfig disable_dropout: TRL zeroes every nn.Dropout (GPT-2's residual and embedding dropouts,
+# peft's lora_dropout); GPT-2's attention dropout reads its module's p too, memplan keeps it (noted)
+if [ -n "$HAVE_PY" ]; then
+    python3 -c 'import json,sys; d=json.load(open("models/hf/gpt2.json")); d["resid_pdrop"]=d["embd_pdrop"]=0
+json.dump(d, open(sys.argv[1], "w"))' "$T/gpt2-nodrop.json"
+    run estimate models/hf/gpt2.json --trainer dpo --finetune lora --lora-dropout 0.1 --seq 256 --json
+    cp "$T/out" "$T/dpo_drop.json"
+    run estimate "$T/gpt2-nodrop.json" --trainer dpo --finetune lora --lora-dropout 0 --seq 256 --json
+    if python3 - "$T/dpo_drop.json" "$T/out" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["config"]["finetune"]["lora_dropout"] == 0, a["config"]["finetune"]
+assert a["memory"]["peak_allocated_bytes"] == b["memory"]["peak_allocated_bytes"]
+PY
+    then
+        ok "--trainer dpo: disable_dropout zeroes the residual, embedding and LoRA dropouts"
+    else
+        echo "expected GPT-2 under dpo to plan as its config with those dropouts at 0" >"$T/why"
+        bad "--trainer dpo: disable_dropout zeroes the residual, embedding and LoRA dropouts"
+    fi
+else
+    skipped "--trainer dpo: disable_dropout (python3 not found)"
+fi
+run estimate --recipe tests/data/recipes/trl-dpo-lora.yaml --trainer dpo --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--recipe with --trainer dpo (python3 not found)"
+elif [ "$ec" -eq 0 ] && python3 - "$T/out" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+c = d["config"]
+assert c["trainer"] == "dpo" and c["reference"] == "adapter-disabled" and c["loss"] == "chunked-nll", c
+assert c["recipe"]["trainer"].startswith("TRL 1.16.0 DPOTrainer"), c["recipe"]
+assert c["batch"] == 2 and c["sequences"] == 4
+PY
+then
+    ok "--recipe with --trainer dpo: a DPOConfig, LoRA: the adapter disabled"
+else
+    echo "expected exit 0, config.trainer dpo, the adapter disabled, batch 2 = 4 sequences" >"$T/why"
+    bad "--recipe with --trainer dpo: a DPOConfig, LoRA: the adapter disabled"
+fi
 
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)

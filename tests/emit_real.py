@@ -74,6 +74,15 @@ CASES = [
 ]
 
 
+# suggest --trainer dpo: --emit hf is a DPOConfig (--emit torch is refused: its loop is SFT's)
+DPO_CASES = [
+    ("lora qwen2", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--trainer", "dpo", "--finetune", "lora",
+                    "--seq", "512"], False),
+    ("full bf16 precomputed", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--trainer", "dpo",
+                               "--precision", "bf16", "--seq", "1024", "--precompute-ref"], True),
+]
+
+
 def memplan_trainable(args):
     """memplan's trainable_params (estimate --json) for the same model and fine-tuning options"""
     keep = []
@@ -243,6 +252,27 @@ else:
                 bc = ns["bnb_config"]
                 check(bc.load_in_4bit and bc.bnb_4bit_quant_type == "nf4",
                       "hf %s: BitsAndBytesConfig(load_in_4bit, nf4) constructed" % label)
+
+    # ---- hf, --trainer dpo: TRL's DPOConfig with the largest pairs per device that fit -----------
+    for label, args, pre in DPO_CASES:
+        rec, j = rec_of(args)
+        seq = int(args[args.index("--seq") + 1])
+        code = memplan(args + ["--emit", "hf"])
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                ns = run_emitted(code, hf_config(config_path(args)), tmp)
+        except Exception as e:
+            fail("hf dpo %s: the emitted file raises %s: %s" % (label, type(e).__name__, e))
+            continue
+        a = ns["args"]
+        ck = rec["plan"]["strategy"]
+        check(type(a).__name__ == "DPOConfig" and a.per_device_train_batch_size == rec["micro_batch"] and
+              a.gradient_accumulation_steps == rec["grad_accum"] and a.max_length == seq and
+              a.precompute_ref_log_probs == pre and bool(a.activation_checkpointing) == ck.startswith("layers"),
+              "hf dpo %s: TRL's DPOConfig (trl %s) constructed with %d pairs per device, accumulation %d, "
+              "max_length %d, precompute_ref_log_probs %s, checkpoint %s%s"
+              % (label, __import__("trl").__version__, rec["micro_batch"], rec["grad_accum"],
+                 seq, pre, ck, note))
 
     # ---- torch: compiles, nothing undefined at module level, runs on a tiny model ---------------
     import symtable

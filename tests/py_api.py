@@ -257,6 +257,8 @@ CASES = [
     ("suggest host probes", "suggest", "models/tiny-mlp.json", dict(vram="1GiB", backend="host", max_batch=64)),
     ("an HF config as a dict", "estimate", json.load(open(L1B)), dict(batch=2)),
     ("packing", "estimate", L1B, dict(packing=True, batch=2, seq=512)),
+    ("dpo", "estimate", L1B, dict(trainer="dpo", batch=2, seq=256)),
+    ("suggest dpo", "suggest", L1B, dict(trainer="dpo", finetune="lora", seq=512, gpu="t4", no_probe=True)),
     ("suggest packing", "suggest", L1B, dict(packing=True, seq=1024, gpu="a100-80gb", no_probe=True)),
 ]
 reps = {}

@@ -171,6 +171,22 @@ static void test_precisions_dtypes_attention(void **state)
     assert_string_equal(mp_attn_impl_names(", ", " or "), "sdpa, flash or eager");
 }
 
+/* --trainer: the names in the table's order; sft and dpo modelled, the rest refused with a reason;
+ * DPO's example is a pair (chosen, rejected): 2 sequences */
+static void test_trainers(void **state)
+{
+    (void)state;
+    assert_string_equal(mp_trainer_names(", ", " or "), "sft, dpo, kto, orpo or grpo");
+    for (int i = 0; i <= MP_TRAINER_GRPO; i++) {
+        assert_int_equal(mp_trainer_parse(mp_trainer_str((enum mp_trainer)i)), i);
+        assert_true((mp_trainer_unmodelled((enum mp_trainer)i) == NULL) == (i <= MP_TRAINER_DPO));
+    }
+    assert_int_equal(mp_trainer_parse("ppo"), -1);
+    assert_int_equal(mp_trainer_seqs(MP_TRAINER_SFT), 1);
+    assert_int_equal(mp_trainer_seqs(MP_TRAINER_DPO), 2);
+    assert_string_equal(mp_ref_mode_str(MP_REF_ADAPTER), "adapter-disabled");
+}
+
 static void test_activations(void **state)
 {
     (void)state;
@@ -220,6 +236,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_precisions_dtypes_attention),
+        cmocka_unit_test(test_trainers),
         cmocka_unit_test(test_activations),
         cmocka_unit_test(test_model_format_lists_every_activation),
     };

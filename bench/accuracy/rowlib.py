@@ -147,6 +147,9 @@ FIGURES = {
     "params": lambda d: d["model"]["params"],
     "optimizer_state": lambda d: _memory(d)["optimizer_bytes"],  # optim_states.py's (state bytes)
     "host_pinned": lambda d: _memory(d).get("host_pinned_bytes", 0),  # torch_step.py --offload
+    # dpo_step.py: the reference forward's peak (memory.phases, --trainer dpo)
+    "ref_forward_peak": lambda d: _memory(d)["phases"]["reference_forward"]["peak_allocated_bytes"]
+    - _memory(d)["workspace_bytes"],
 }
 
 

@@ -294,6 +294,19 @@ class CudaSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 
 
+def backward_and_step(tr, loss, opt):
+    """loss.backward(), then opt.step() and zero_grad(set_to_none=True), each phase named in tr (the
+    caller passes its only reference to loss: it dies before the step)."""
+    tr.phase = "backward"
+    loss.backward()
+    del loss
+    gc.collect()
+    tr.phase = "optimizer.step"
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    gc.collect()
+
+
 def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=2, on_backward=None,
                 saved=None, use_cache=False, target_seq=0, packing=""):
     """Runs `steps` training steps inside tr (a LiveTracker, already entered with the fake mode).

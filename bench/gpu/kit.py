@@ -66,10 +66,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 STATE_DIR = os.path.join(ROOT, "bench", "gpu", "out")   # ignored by git; kept on a warm machine
 SCHEMA = 2
 
-PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "callback"]
+PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "dpo", "callback"]
 # part: (cap on a GPU, cap on the CPU fallback, least seconds worth starting it with)
 CAPS = {"build": (200, 400, 5), "tests": (120, 240, 15), "sanitizer": (90, 0, 20),
-        "matrix": (260, 400, 30), "tune": (150, 240, 40), "steptime": (5, 5, 0), "callback": (90, 150, 40)}
+        "matrix": (260, 400, 30), "tune": (150, 240, 40), "steptime": (5, 5, 0), "dpo": (150, 240, 40),
+        "callback": (90, 150, 40)}
 RESERVE_S = 4          # kept back at the end for the last report
 WORKER_START_S = (90, 120)   # (GPU, CPU): import torch + transformers, CUDA context
 ROW_S = {"estimate": 30, "probe": (75, 60), "torch": (90, 90)}
@@ -1127,6 +1128,34 @@ def part_steptime(kit, res):
         "" if kit.gpu else " (CPU fallback: host backend vs PyTorch CPU, tiny shapes)"))
 
 
+# ---- part: dpo -------------------------------------------------------------------------------
+
+def part_dpo(kit, res):
+    """bench/gpu/dpo_cuda.py: TRL's DPOTrainer step on the GPU against memplan --trainer dpo (the
+    step's and the reference forward's max_memory_allocated); the CPU fallback runs its flow only."""
+    if not has_module("trl") or not has_module("peft"):
+        res.update(status="skipped", note="n/a: no trl or peft")
+        return
+    out = os.path.join(kit.out, "dpo.json")
+    cmd = [sys.executable, os.path.join(HERE, "dpo_cuda.py"), "--memplan", kit.memplan, "--out", out]
+    if not kit.gpu:
+        cmd.append("--cpu-smoke")
+    rc, o, e, secs = run_cmd(cmd, kit.part_left(), logf=kit.logf)
+    if rc != 0 or not os.path.exists(out):
+        res.update(status="FAILED", note="dpo_cuda.py rc %d: %s" % (rc, tail(e or o, 200)))
+        return
+    with open(out) as f:
+        d = json.load(f)
+    kit.state["dpo"] = d
+    rows = d.get("rows", [])
+    if not kit.gpu:
+        res.update(status="ok", note="CPU fallback: the flow ran (%d rows), no memory figures" % len(rows))
+        return
+    worst = max([abs(r["peak_pct"]) for r in rows] + [abs(r["ref_pct"]) for r in rows if r.get("ref_pct") is not None]
+                or [0])
+    res.update(status="ok", note="%d rows; largest |memplan - torch| %.2f %% of torch (target 1 %%)" % (len(rows), worst))
+
+
 # ---- part: callback ------------------------------------------------------------------------------
 
 CALLBACK_BATCH, CALLBACK_SEQ, CALLBACK_STEPS = 8, 1024, 4
@@ -1225,7 +1254,7 @@ def part_callback(kit, res):
 
 
 PART_FN = {"build": part_build, "tests": part_tests, "sanitizer": part_sanitizer, "matrix": part_matrix,
-           "tune": part_tune, "steptime": part_steptime, "callback": part_callback}
+           "tune": part_tune, "steptime": part_steptime, "dpo": part_dpo, "callback": part_callback}
 
 
 def choose_parts(kit, prev):
@@ -1441,6 +1470,17 @@ def render(st):
         L.append("| Lightning scale_batch_size(binsearch) | %s | %s | %s | %s |" % (
             lt.get("wall_s", ""), lt.get("trials", ""), lt.get("batch", ""),
             (lt.get("error") or "tried %s" % lt.get("batches_tried", ""))[:200]))
+    dp = st.get("dpo", {})
+    if dp.get("status") == "ok" and dp.get("rows"):
+        L += ["", "## DPO (TRL 1.16 DPOTrainer step, %s): max_memory_allocated vs memplan --trainer dpo" %
+              dp.get("device"), "", "| config | finetune | ckpt | reference | torch peak | memplan | Δ | "
+              "torch ref fwd | memplan | Δ |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in dp["rows"]:
+            refk = "precomputed" if r["precompute"] else "adapter off" if r["finetune"] == "lora" else "copy"
+            L.append("| %s | %s | %s | %s | %d | %d | %+.3f %% | %s | %s | %s |" % (
+                r["config"], r["finetune"], r["checkpoint"], refk, r["torch_peak"], r["memplan_peak"], r["peak_pct"],
+                r["torch_ref_forward_peak"] or "-", r["memplan_ref_forward_peak"] or "-",
+                "%+.3f %%" % r["ref_pct"] if r.get("ref_pct") is not None else "-"))
     cb = st.get("callback", {})
     if cb:
         L += ["", "## MemplanCallback in a transformers Trainer (GPT-2, %s x %s, %s)" % (

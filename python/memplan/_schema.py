@@ -133,6 +133,9 @@ class Config:
     finetune: Optional[Finetune] = _opt()
     parallel: Optional[Parallel] = _opt()
     recipe: Optional[Recipe] = _opt()
+    trainer: Optional[str] = _opt()  # --trainer other than sft: "dpo"
+    sequences: Optional[int] = _opt()  # the sequences the model runs (DPO: 2 per pair)
+    reference: Optional[str] = _opt()  # DPO's reference: "copy" | "adapter-disabled" | "none"
     packing: Optional[str] = _opt()  # --packing / --padding-free: "rows" | "padding-free"
     tokens_per_micro_batch: Optional[int] = _opt()  # estimate and check, with packing
     extra: Dict[str, Any] = _extra()
@@ -166,6 +169,21 @@ class CommPerStep:
     comm_s: float
     exposed_comm_s: float
     offload_s: float
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class PhasePeak:
+    peak_allocated_bytes: int
+    tmp_bytes: Optional[int] = _opt()  # reference_forward: its own temporaries at its peak
+    peak_event: Optional[str] = _opt()
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Phases:
+    policy_step: PhasePeak  # --trainer dpo: forward, loss, backward, optimizer step
+    reference_forward: Optional[PhasePeak] = _opt()  # the reference model's no-grad forward
     extra: Dict[str, Any] = _extra()
 
 
@@ -208,6 +226,8 @@ class Memory:
     nvme_bytes: Optional[int] = _opt()
     nccl_overhead_bytes: Optional[int] = _opt()
     comm_per_step: Optional[CommPerStep] = _opt()
+    ref_weights_bytes: Optional[int] = _opt()  # --trainer dpo: the reference copy, resident
+    phases: Optional[Phases] = _opt()  # --trainer dpo: each phase's peak
     allocator: Optional[Allocator] = _opt()  # the caching allocator's settings and what it did
     device_reserved_bytes: Optional[int] = _opt()  # when simulated
     extra: Dict[str, Any] = _extra()

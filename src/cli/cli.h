@@ -39,6 +39,9 @@ struct args {
     int attention;
     bool attention_set;
     int loss;              /* --loss (enum mp_loss) */
+    bool loss_set;
+    int trainer;           /* --trainer (enum mp_trainer; default sft) */
+    bool precompute_ref;   /* --precompute-ref (dpo: precompute_ref_log_probs) */
     double label_fraction; /* --label-fraction */
     bool packing;          /* --packing */
     bool padding_free;     /* --padding-free (and --tokens-per-batch) */

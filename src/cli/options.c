@@ -126,7 +126,12 @@ static const struct opt OPTS[] = {
      .help = "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {0, "attention", "A", C_ALL, K_ENUM, FIELD(attention), SEEN(attention_set), .parse = mp_attn_impl_parse,
      .names = mp_attn_impl_names, .help = ": override the attention implementation (default sdpa)"},
-    {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), .parse = mp_loss_parse, .names = mp_loss_names,
+    {0, "trainer", "T", C_EST | C_PLAN | C_SUGG | C_CHECK, K_ENUM, FIELD(trainer), .parse = mp_trainer_parse,
+     .names = mp_trainer_names,
+     .help = ": the step TRL runs (default sft; dpo: --batch pairs, chosen+rejected, a reference forward)"},
+    {0, "precompute-ref", NULL, C_EST | C_PLAN | C_SUGG | C_CHECK, K_FLAG, FIELD(precompute_ref),
+     .help = "dpo: precompute_ref_log_probs=True (no reference model in the step)"},
+    {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
      .help = ": the causal LM's loss head (default hf; docs: man memplan)"},
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
      .help = "share of label positions not -100 (prompt masking; default 1): chunked-nll gathers "
@@ -507,6 +512,32 @@ static int check_rules(const struct command *c, struct args *a)
     }
     if (a->padding_free)
         a->packing = true;
+    const char *unmodelled = mp_trainer_unmodelled((enum mp_trainer)a->trainer);
+    if (unmodelled) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "--trainer %s: %s (TRL 1.16.0)", mp_trainer_str((enum mp_trainer)a->trainer),
+                 unmodelled);
+        return cli_usage_error(c->name, "%s", msg);
+    }
+    if (a->trainer == MP_TRAINER_DPO && a->packing) /* (TRL's DPOConfig padding_free: not planned) */
+        return cli_usage_error(c->name, "%s", "--trainer dpo with --packing/--padding-free/--tokens-per-batch: "
+                                              "packed preference pairs are not modelled yet");
+    if (a->precompute_ref && a->trainer != MP_TRAINER_DPO)
+        return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo");
+    if (a->trainer == MP_TRAINER_DPO && !a->loss_set && a->loss == MP_LOSS_HF)
+        a->loss = MP_LOSS_CHUNKED_NLL; /* trl dpo_trainer.py:959-962: the policy and the reference */
+    if (a->trainer == MP_TRAINER_DPO && a->loss != MP_LOSS_CHUNKED_NLL)
+        return cli_usage_error(c->name, "--trainer dpo: --loss %s: TRL's DPOTrainer computes its log-probs through "
+                                        "its fused LM head (--loss chunked-nll)", mp_loss_str((enum mp_loss)a->loss));
+    if (a->trainer == MP_TRAINER_DPO && a->timeline && !a->precompute_ref)
+        return cli_usage_error(c->name, "%s", "--timeline with --trainer dpo: the reference model's phase is not "
+                                              "drawn yet (--precompute-ref draws the step: it has none)");
+    if (a->trainer == MP_TRAINER_DPO && a->emit == MP_EMIT_TORCH)
+        return cli_usage_error(c->name, "%s", "--emit torch with --trainer dpo: the torch loop is an SFT step; "
+                                              "--emit hf writes the DPOConfig");
+    if (a->trainer == MP_TRAINER_DPO && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
+        return cli_usage_error(c->name, "%s", "--trainer dpo with --gpus/--nodes/--parallel: the reference "
+                                              "model's placement under data parallelism is not modelled yet");
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)
         return cli_usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
     /* a strategy whose plan does not model a frozen base yet: refused, not ignored (suggest
@@ -639,7 +670,7 @@ static int apply_recipe(const struct command *c, struct args *a, const bool *giv
 {
     static struct mp_recipe rec;
     struct mp_diag d = {{0}};
-    enum mp_status st = mp_recipe_read(a->recipe, a->recipe_format, &rec, &d);
+    enum mp_status st = mp_recipe_read_as(a->recipe, a->recipe_format, (enum mp_trainer)a->trainer, &rec, &d);
     a->rec = &rec;
     if (st != MP_OK) {
         if (a->explain && rec.trainer)

@@ -391,6 +391,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     s->build.label_fraction = a->label_fraction;
     s->build.packing = a->packing;
     s->build.padding_free = a->padding_free;
+    s->build.trainer = (enum mp_trainer)a->trainer;
     int own = mp_model_attention_impl(&s->model);
     if (!a->attention_set && own >= 0) /* every layer names its own: the report says that one */
         s->build.attention = (enum mp_attn_impl)own;
@@ -399,6 +400,17 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
                  mp_attn_impl_str((enum mp_attn_impl)a->attention), mp_attn_impl_str((enum mp_attn_impl)own));
     s->build.ft = a->ft;
     s->build.ft.adapters_cast = a->par.mixed_bf16; /* (FSDP2's policy casts the adapters too) */
+    if (a->trainer == MP_TRAINER_DPO) { /* DPOConfig disable_dropout=True (dpo_config.py:185,
+                                         * dpo_trainer.py:931-935): every nn.Dropout's p set to 0, after
+                                         * peft wrapped the model (lora_dropout too); the attention's
+                                         * dropout_p is a float attribute in most families: kept */
+        s->build.ft.dropout = 0;
+        for (size_t i = 0; i < s->model.n_blocks; i++)
+            for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
+                s->model.blocks[i].layers[j].p = 0;
+                s->model.blocks[i].layers[j].emb_dropout = 0;
+            }
+    }
     s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
     s->build.hf_checkpointing = a->ckpt.strategy == MP_CKPT_LAYERS;
     s->build.target_seq = a->target_seq;
@@ -410,6 +422,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
+    if (a->trainer == MP_TRAINER_DPO && !a->precompute_ref) /* trl dpo_trainer.py:908-927 */
+        s->train.ref = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA ? MP_REF_ADAPTER : MP_REF_COPY;
     s->par = a->par;
     s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
     if ((rc = setup_alloc(a, s, d)) != 0)

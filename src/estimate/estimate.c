@@ -83,6 +83,8 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
     }
     if (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE)
         return MP_OK;
+    if (ev->kind == MP_EV_ALLOC && ev->phase == MP_PH_LOSS && ev->store == MP_ST_GRAD && !c->have_loss)
+        c->before_loss = c->cur; /* (the seed's allocation, before it is counted) */
     uint64_t r = 0;
     bool act = ev->store == MP_ST_ACT || ev->store == MP_ST_GRAD || ev->store == MP_ST_TMP;
     size_t key = key_of(c->p, ev);
@@ -140,7 +142,7 @@ bool inputs_bytes(const struct mp_program *p, struct mp_estimate *e)
 enum mp_status static_total(const struct mp_program *p, struct mp_estimate *e, struct mp_diag *d)
 {
     uint64_t s = e->weights_bytes, all;
-    if (!mp_add_u64(s, e->optimizer_bytes, &s) || !mp_add_u64(s, e->input_bytes, &s) ||
+    if (!mp_add_u64(s, e->ref_weights_bytes, &s) || !mp_add_u64(s, e->optimizer_bytes, &s) || !mp_add_u64(s, e->input_bytes, &s) ||
         !mp_add_u64(s, e->module_buffers_bytes, &s) || !mp_add_u64(s, e->grads_bytes, &all))
         return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
     if (!mp_add_u64(s, e->workspace_bytes, &e->static_bytes) || !mp_add_u64(all, e->workspace_bytes, &all))
@@ -209,9 +211,16 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
     e->optimizer_tmp_bytes = mp_opt_step_tmp_bytes(p, t->optimizer); /* (at most grads_bytes: checked) */
     e->workspace_bytes = t->cublas_workspace_bytes;
     e->fwd_flops = p->fwd_flops;
+    if (t->ref != MP_REF_NONE) /* DPO: the reference's forward of the same sequences (its adapter off) */
+        e->fwd_flops += p->fwd_flops;
     e->bwd_flops = p->bwd_flops;
 
     e->world = 1;
+    if (t->ref == MP_REF_COPY) /* trl dpo_trainer.py:916-927: the model again, frozen, in its dtype */
+        for (size_t q = 0; q < p->n_params && ok; q++)
+            ok = mp_add_u64(e->ref_weights_bytes, p->params[q].raw_bytes, &e->ref_weights_bytes);
+    if (!ok)
+        return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
     if (t->par && t->par->strategy != MP_PAR_NONE) {
         struct mp_par_plan pp;
         enum mp_status st = mp_par_plan_make(t->par, p, t->optimizer, &pp, d);
@@ -245,6 +254,93 @@ void block_est(const struct mp_program *p, const struct mp_train_opts *t, size_t
     b->output_bytes = p->tensors[bp->output].bytes;
     b->fwd_flops = bp->fwd_flops;
     b->bwd_flops = bp->bwd_flops;
+}
+
+/* ---- DPO's reference forward (mp_train_opts.ref) ------------------------------------------------
+ * trl 1.16.0 DPOTrainer._compute_loss (trainer/dpo_trainer.py:1317-1338): after the policy's
+ * forward (its graph, saved tensors and per-token outputs held), the reference runs the same
+ * 2 x batch sequences under torch.no_grad through its fused LM head, with the copy (ref_model) or
+ * the policy itself with the adapter disabled (use_adapter(model, None) = peft's disable_adapter);
+ * then the loss and the policy's backward.  Under amp the policy's autocast cache is gone by then:
+ * accelerate wraps each prepared model's forward in autocast (accelerate 1.15 accelerator.py
+ * :1825-1835; transformers 5.24 trainer.py:2231-2236 adds none), so the policy's region ends with
+ * its forward, and the frozen reference caches no copy.  Its forward is this program's, every block run
+ * without grad (Fn), measured alone: what it adds above what it starts with at its peak. */
+struct ref_meter {
+    uint64_t cur, base, peak;
+    int peak_node;
+    bool started, overflow;
+};
+
+static enum mp_status ref_event(void *ctx, const struct mp_event *ev)
+{
+    struct ref_meter *m = ctx;
+    if (ev->kind == MP_EV_OP_BEGIN && !m->started) {
+        m->started = true;
+        m->base = m->peak = m->cur;
+    }
+    if (ev->kind == MP_EV_ALLOC) {
+        uint64_t r;
+        if (!round512(ev->bytes, &r) || !mp_add_u64(m->cur, r, &m->cur)) {
+            m->overflow = true;
+            return MP_ERR_RANGE;
+        }
+        if (m->started && ev->phase == MP_PH_FORWARD && m->cur > m->peak) {
+            m->peak = m->cur;
+            m->peak_node = ev->node;
+        }
+    } else if (ev->kind == MP_EV_FREE)
+        m->cur -= mp_round512(ev->bytes);
+    return MP_OK;
+}
+
+/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes. */
+static enum mp_status ref_forward(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                                  struct mp_diag *d)
+{
+    struct mp_schedule s;
+    mp_schedule_init(&s);
+    enum mp_status st = MP_OK;
+    for (size_t i = 0; i < p->n_blocks && st == MP_OK; i++)
+        st = mp_schedule_push(&s, MP_SCHED_FN, (uint32_t)i);
+    if (st != MP_OK) {
+        mp_schedule_release(&s);
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    }
+    struct mp_train_opts rt = *t;
+    rt.ref_pass = true;
+    rt.accumulate = false;
+    struct ref_meter m = {.peak_node = -1};
+    st = mp_replay(p, &s, &rt, ref_event, &m, d);
+    mp_schedule_release(&s);
+    if (st == MP_ERR_RANGE && m.overflow)
+        return peak_overflow(p, t, d);
+    if (st != MP_OK)
+        return st;
+    e->ref_forward_tmp_bytes = m.peak - m.base;
+    snprintf(e->ref_forward_event, sizeof e->ref_forward_event, "reference.forward:%s",
+             m.peak_node >= 0 ? p->nodes[m.peak_node].name : "?");
+    return MP_OK;
+}
+
+/* The step's peak as the larger of its two phases (e's policy figures, c's forward end). */
+static enum mp_status ref_phases(const struct mp_program *p, const struct mp_train_opts *t, const struct counter *c,
+                                 struct mp_estimate *e, struct mp_diag *d)
+{
+    enum mp_status st = ref_forward(p, t, e, d);
+    if (st != MP_OK)
+        return st;
+    uint64_t w = e->ref_weights_bytes, pol, ref, res, req;
+    if (!mp_add_u64(c->peak, w, &pol) || !mp_add_u64(c->before_loss, w, &ref) ||
+        !mp_add_u64(ref, e->ref_forward_tmp_bytes, &ref) ||
+        !mp_add_u64(mp_max_u64(c->as.peak_reserved, c->peak), w, &res) || !mp_add_u64(c->peak_req, w, &req))
+        return peak_overflow(p, t, d);
+    e->policy_peak_bytes = pol;
+    e->ref_forward_peak_bytes = ref;
+    e->peak_allocated_bytes = mp_max_u64(pol, ref);
+    e->peak_requested_bytes = mp_max_u64(req, ref); /* (the reference phase's: its rounded bytes) */
+    e->peak_reserved_bytes = mp_max_u64(res, ref);  /* (its reserved bytes are not modelled) */
+    return MP_OK;
 }
 
 enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp_schedule *sched,
@@ -296,6 +392,8 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     e->alloc_retries = c.as.retries;
     e->alloc_ooms = c.as.ooms;
     e->activations_bytes = c.act_at_loss;
+    if (t->ref != MP_REF_NONE && (st = ref_phases(p, t, &c, e, d)) != MP_OK)
+        return st;
     /* --checkpoint layers+offload: pinned host RAM, and its two PCIe copies (device to host in the
      * forward, back at the recompute) in the step's PCIe bytes (search.c prices them) */
     uint64_t copied = 0;
@@ -311,7 +409,10 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     if ((st = device_peak(p, context_bytes, e, d)) != MP_OK)
         return st;
     e->peak_phase = c.peak_phase;
-    if (c.peak_store == MP_ST_COMM && c.peak_node >= 0) {
+    if (t->ref != MP_REF_NONE && e->ref_forward_peak_bytes > e->policy_peak_bytes) {
+        e->peak_phase = MP_PH_LOSS; /* (DPO's compute_loss runs the reference forward) */
+        snprintf(e->peak_event, sizeof e->peak_event, "loss:%s", e->ref_forward_event);
+    } else if (c.peak_store == MP_ST_COMM && c.peak_node >= 0) {
         int b = p->nodes[c.peak_node].block;
         const char *bn = p->model && b >= 0 && (size_t)b < p->model->n_blocks ? p->model->blocks[b].name
                                                                                : p->nodes[c.peak_node].name;

@@ -156,6 +156,11 @@ struct mp_train_opts {
     const struct mp_alloc_conf *alloc; /* the allocator's settings (NULL: the defaults) */
     uint64_t alloc_limit;  /* what the allocator may reserve before cudaMalloc fails (0: no limit) */
     uint64_t device_total; /* the device's memory (per_process_memory_fraction), 0: unknown */
+    enum mp_ref_mode ref; /* DPO's reference model (--trainer dpo): a resident copy and/or a no-grad
+                           * forward between the policy's forward and its backward */
+    bool ref_pass;      /* (the estimator's own) this replay is the reference's forward under
+                         * torch.no_grad: its weights do not require grad, so autocast caches no
+                         * weight copy (autocast_mode.cpp cached_cast) */
 };
 void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace, no accumulation */
 
@@ -208,6 +213,14 @@ struct mp_estimate {
     double allgather_bytes, reducescatter_bytes, allreduce_bytes, pcie_bytes, host_step_elems;
     double comm_s, exposed_comm_s, offload_s; /* filled by the fit (search.c): seconds per step */
     size_t n_groups;
+    /* DPO (mp_train_opts.ref): the reference copy's weights (resident, in static_bytes), and the
+     * step's two phases: the policy's step (its forward, loss, backward and optimizer step, the
+     * copy beside it) and the reference's no-grad forward, run after the policy's forward while
+     * its graph is held; the peak is the larger.  ref_forward_event names the reference's node. */
+    uint64_t ref_weights_bytes;
+    uint64_t policy_peak_bytes, ref_forward_peak_bytes;
+    uint64_t ref_forward_tmp_bytes;  /* what the reference's forward adds at its own peak */
+    char ref_forward_event[96];
     double fwd_flops, bwd_flops, recompute_flops;
     size_t n_blocks;
     struct mp_block_est *blocks;

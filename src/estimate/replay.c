@@ -150,6 +150,12 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
     bool frames = r->phase == MP_PH_RECOMPUTE;
     for (size_t k = bp->node0; k < all; k++)
         node_uses(r, &p->nodes[k], 1, true, frames);
+    /* a whole forward under torch.no_grad (DPO's reference): the model's Python rebinds
+     * hidden_states, so a block's input dies with its last use, not at the block's end */
+    bool drop_early = r->t->ref_pass && kind == MP_SCHED_FN && !r->ckpt[i] && r->holds[bp->input] > 0 &&
+                      bp->n_nodes > 0;
+    if (drop_early)
+        r->holds[bp->input]--;
     for (size_t k = bp->node0; k < end && r->st == MP_OK; k++) {
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
@@ -162,7 +168,8 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
         /* torch.autocast caches the half copy of every weight it casts (leaf, requires grad)
          * until the autocast region ends, after the loss: under checkpointing the copies of
          * every checkpointed layer outlive their no-grad forward (autocast_mode.cpp cached_cast) */
-        if (n->wcopy >= 0 && r->phase == MP_PH_FORWARD && !r->cached[n->wcopy] && !params_sharded(r)) {
+        if (n->wcopy >= 0 && r->phase == MP_PH_FORWARD && !r->cached[n->wcopy] && !params_sharded(r) &&
+            !r->t->ref_pass) {
             r->cached[n->wcopy] = true;
             r->holds[n->wcopy]++;
         }
@@ -220,7 +227,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
         r->ckpt[i] = true;
         if (r->offload && r->holds[bp->input] > 0)
             offload_input(r, i, true);
-    } else if (!r->ckpt[i] && r->holds[bp->input] > 0) {
+    } else if (!drop_early && !r->ckpt[i] && r->holds[bp->input] > 0) {
         r->holds[bp->input]--;
         t_maybe_free(r, bp->input);
     }

@@ -67,6 +67,8 @@ struct counter {
     enum mp_store peak_store;
     int peak_id;
     uint64_t act_at_loss;
+    uint64_t before_loss; /* allocated as the loss's gradient is seeded: the forward's end, where
+                             DPO's reference forward runs */
     bool have_loss;
     uint64_t act_cur; /* ACT + GRAD + TMP */
     struct mp_asim as;  /* the caching allocator (alloc_sim.c) */

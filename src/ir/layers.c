@@ -526,6 +526,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         p->opts.target_seq = p->opts.seq;
     if (p->opts.batch == 0)
         return mp_fail(d, MP_ERR_USAGE, "batch must be positive");
+    uint64_t seqs; /* the sequences the model runs: DPO's pairs are two each */
+    if (!mp_mul_u64(p->opts.batch, mp_trainer_seqs(o->trainer), &seqs))
+        return mp_fail(d, MP_ERR_RANGE, "%s: batch %llu overflows 64 bits as %s pairs", m->path,
+                       (unsigned long long)p->opts.batch, mp_trainer_str(o->trainer));
     if (mp_finetune_all_linear_unmodelled(&o->ft, m->hf_type))
         return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
                        "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
@@ -536,10 +540,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
                        unpacked);
     /* padding-free: the micro-batch's rows concatenated into one (TRL's DataCollatorForLanguageModeling
      * with padding_free, trl 1.16.0 trainer/sft_trainer.py:186-191): tokens b x s in a row of b x s */
-    uint64_t rows = p->opts.batch, row_len = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1;
-    if (o->padding_free && !mp_mul_u64(p->opts.batch, p->opts.seq, &row_len))
+    uint64_t rows = seqs, row_len = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1;
+    if (o->padding_free && !mp_mul_u64(seqs, p->opts.seq, &row_len))
         return mp_fail(d, MP_ERR_USAGE, "%s: batch %llu x seq %llu tokens overflow", m->path,
-                       (unsigned long long)p->opts.batch, (unsigned long long)p->opts.seq);
+                       (unsigned long long)seqs, (unsigned long long)p->opts.seq);
     if (o->padding_free)
         rows = 1;
     bool half_params = o->precision == MP_PREC_BF16;

@@ -45,6 +45,13 @@ const char *mp_loss_how(enum mp_loss l);
 const char *mp_loss_unmodelled(enum mp_loss l);
 int mp_loss_parse(const char *s);
 const char *mp_loss_names(const char *sep, const char *last);
+const char *mp_trainer_str(enum mp_trainer t);
+const char *mp_trainer_unmodelled(enum mp_trainer t); /* NULL: modelled */
+int mp_trainer_parse(const char *s);
+const char *mp_trainer_names(const char *sep, const char *last);
+const char *mp_ref_mode_str(enum mp_ref_mode r);
+/* Sequences one example of trainer t runs through the model: DPO's chosen and rejected, 2. */
+static inline uint64_t mp_trainer_seqs(enum mp_trainer t) { return t == MP_TRAINER_DPO ? 2 : 1; }
 /* The rows of one chunk of loss l's head over `rows` label positions (vocabulary v, hidden h):
  * chunked-nll min(rows, 4096) (trl 1.16.0 kernels/chunked_logprob.py TOKEN_CHUNK_SIZE), liger
  * min(next_pow2(ceil(rows / ceil(v / h))), rows) (liger-kernel 0.8.5
@@ -71,6 +78,7 @@ struct mp_build_opts {
     bool padding_free;           /* --tokens-per-batch, TRL's padding_free: the micro-batch's rows are
                                     concatenated into one row (lowered at batch 1, seq batch x seq);
                                     implies packing */
+    enum mp_trainer trainer;     /* --trainer: DPO lowers 2 x batch sequences (batch counts pairs) */
     bool no_copies;              /* lower every block: none is made by shifting a copy of the block
                                     before it (tests compare the two builds) */
 };

@@ -172,6 +172,40 @@ const char *mp_loss_names(const char *sep, const char *last)
     return mp_join(buf, sizeof buf, names, N_LOSSES, sep, last);
 }
 
+static const struct trainer_row {
+    const char *name, *how, *unmodelled;
+} trainer_rows[] = {
+#define MP_X(id, name, how, unmodelled) {name, how, unmodelled},
+    MP_TRAINERS(MP_X)
+#undef MP_X
+};
+#define N_TRAINERS (sizeof trainer_rows / sizeof trainer_rows[0])
+
+const char *mp_trainer_str(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].name : "?"; }
+const char *mp_trainer_unmodelled(enum mp_trainer t)
+{
+    return (unsigned)t < N_TRAINERS ? trainer_rows[t].unmodelled : NULL;
+}
+int mp_trainer_parse(const char *s)
+{
+    for (size_t i = 0; i < N_TRAINERS; i++)
+        if (strcmp(s, trainer_rows[i].name) == 0)
+            return (int)i;
+    return -1;
+}
+const char *mp_trainer_names(const char *sep, const char *last)
+{
+    static char buf[128];
+    const char *names[N_TRAINERS];
+    for (size_t i = 0; i < N_TRAINERS; i++)
+        names[i] = trainer_rows[i].name;
+    return mp_join(buf, sizeof buf, names, N_TRAINERS, sep, last);
+}
+const char *mp_ref_mode_str(enum mp_ref_mode r)
+{
+    return r == MP_REF_COPY ? "copy" : r == MP_REF_ADAPTER ? "adapter-disabled" : "none";
+}
+
 const char *mp_prim_str(enum mp_prim p)
 {
     static const char *const n[MP_P_COUNT] = {

@@ -811,7 +811,12 @@ static void derive(struct reader *rd)
         put(rd, MP_RS_USE_CACHE, truth(uc->v) ? "on" : "off", F_USE_CACHE);
     if (adapters)
         derive_lora(rd, !strcmp(mode, "qlora"));
-    derive_loss(rd);
+    if (rd->fmt_bit & B_DPO) { /* DPOTrainer's head is fused whatever loss_type (dpo_trainer.py:959-962) */
+        put(rd, MP_RS_LOSS, "chunked-nll", F_LOSS);
+        if (fact_truth(rd, F_PRECOMPUTE) == 1)
+            put(rd, MP_RS_PRECOMPUTE_REF, "true", F_PRECOMPUTE);
+    } else
+        derive_loss(rd);
     derive_packing(rd);
 }
 
@@ -877,6 +882,12 @@ static enum mp_status duplicates(yaml_document_t *doc, const yaml_node_t *map, c
 
 enum mp_status mp_recipe_read(const char *path, int format, struct mp_recipe *r, struct mp_diag *d)
 {
+    return mp_recipe_read_as(path, format, MP_TRAINER_SFT, r, d);
+}
+
+enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t, struct mp_recipe *r,
+                                 struct mp_diag *d)
+{
     memset(r, 0, sizeof *r);
     snprintf(r->path, sizeof r->path, "%s", path);
     yaml_document_t doc;
@@ -892,12 +903,13 @@ enum mp_status mp_recipe_read(const char *path, int format, struct mp_recipe *r,
     } else if ((st = detect(&doc, r, d)) != MP_OK) {
         goto out;
     }
-    r->trainer = formats[r->format].trainer;
+    bool dpo = t == MP_TRAINER_DPO && r->format == MP_RF_TRL;
+    r->trainer = dpo ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)" : formats[r->format].trainer;
     struct reader *rd = mp_xcalloc(1, sizeof *rd);
     rd->r = r;
     rd->d = d;
     rd->doc = &doc;
-    rd->fmt_bit = 1u << r->format;
+    rd->fmt_bit = 1u << r->format | (dpo ? (unsigned)B_DPO : 0u);
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(&doc, p->key), *v = yaml_document_get_node(&doc, p->value);
         if (k && v)

@@ -56,7 +56,8 @@ const char *mp_recipe_format_names(const char *sep, const char *last);
     X(LORA_TARGETS, "lora-targets", 1)  \
     X(LOSS, "loss", 1)                  \
     X(PACKING, "packing", 1)            \
-    X(PADDING_FREE, "padding-free", 1)
+    X(PADDING_FREE, "padding-free", 1)  \
+    X(PRECOMPUTE_REF, "precompute-ref", 1)
 
 enum mp_recipe_setting_id {
 #define MP_X(id, opt, wired) MP_RS_##id,
@@ -106,6 +107,10 @@ bool mp_recipe_setting_wired(enum mp_recipe_setting_id id);
  * message "PATH:LINE: KEY: why" in d; r's settings are filled as far as they go even then (tests
  * read them). */
 enum mp_status mp_recipe_read(const char *path, int format, struct mp_recipe *r, struct mp_diag *d);
+/* The same for trainer t (--trainer): a TRL file is then that trainer's config (DPO: DPOConfig,
+ * whose own keys only it reads; mp_recipe_read reads SFTConfig). */
+enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t, struct mp_recipe *r,
+                                 struct mp_diag *d);
 
 /* Settles a recipe's dtype "auto" from the model's config.json (its "dtype" or "torch_dtype";
  * none: float32, from_pretrained's fallback): the precision setting takes the candidate.  MP_OK,

@@ -40,6 +40,7 @@ enum fact {
     F_PACK_STRATEGY, /* TRL packing_strategy (bfd, bfd_split, wrapped) */
     F_PADDING_FREE, /* the micro-batch flattened into one row (TRL padding_free, Axolotl batch_flattening) */
     F_NEAT_PACKING, /* LLaMA-Factory neat_packing: packing without cross-document attention */
+    F_PRECOMPUTE,   /* DPOConfig precompute_ref_log_probs: no reference model in the step */
     F_N
 };
 
@@ -51,7 +52,8 @@ enum key_act {
 };
 
 /* Formats as bits: the TrainingArguments keys are HF's, TRL's and LLaMA-Factory's. */
-enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL | B_LF };
+enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL | B_LF,
+       B_DPO = 32 /* a TRL file read as DPOConfig (--trainer dpo): its rows come first and win */ };
 
 struct key_row {
     unsigned fmts;

@@ -4,7 +4,7 @@
  *
  * Sources (read for each row; versions as installed or downloaded from PyPI, 2026-11):
  *   transformers==5.24.0:transformers/training_args.py (TrainingArguments)
- *   trl==1.16.0:trl/trainer/{base_config,sft_config,model_config}.py, trl/scripts/{sft,utils}.py
+ *   trl==1.16.0:trl/trainer/{base_config,sft_config,dpo_config,model_config}.py, trl/scripts/{sft,utils}.py
  *   axolotl==0.19.0:axolotl/utils/schemas/{config,training}.py, axolotl/utils/config/__init__.py,
  *     axolotl/core/builders/base.py, axolotl/loaders/model.py
  *   llamafactory==0.9.5:llamafactory/hparams/{model,data,finetuning}_args.py, hparams/parser.py,
@@ -115,7 +115,32 @@ const struct trainer_row mp_recipe_trainers[MP_RF_N] = {
 #define NOT_YET "not modelled yet"
 #define DP "data parallelism from a recipe is not read yet: drop the key and give --gpus N --parallel S"
 
+#define NOMEM(f, k) {f, k, A_NOMEM, F_N, NULL, NULL, NULL}
+/* trl 1.16.0 dpo_config.py: DPOTrainer's loss types, each computed from the per-sequence log-probs
+ * of the one fused LM head (dpo_trainer.py:1381-1528) */
+#define DPO_LOSSES "sigmoid hinge ipo exo_pair nca_pair robust bco_pair sppo_hard aot aot_unpaired apo_zero " \
+                   "apo_down discopop sft sigmoid_norm"
+
 const struct key_row mp_recipe_keys[] = {
+    /* DPOConfig (trl 1.16.0 trainer/dpo_config.py), read with --trainer dpo: first, so that they win */
+    FLAG(B_DPO, "precompute_ref_log_probs", F_PRECOMPUTE, "true"), /* :227; dpo_trainer.py:909-914 */
+    /* the precompute pass runs before training (dpo_trainer.py:1013-1018), the policy alone, no grad */
+    REFUSE_BUT(B_DPO, "precompute_ref_batch_size", "null",
+               "a precompute pass at its own batch, before training: not modelled yet (null: the training batch)"),
+    REFUSE_BUT(B_DPO, "loss_type", DPO_LOSSES " [sigmoid]",
+               "not one of DPOConfig's loss types (several at once are not read yet)"),
+    NOMEM(B_DPO, "loss_weights"), NOMEM(B_DPO, "beta"), NOMEM(B_DPO, "label_smoothing"),
+    NOMEM(B_DPO, "f_divergence_type"), NOMEM(B_DPO, "f_alpha_divergence_coef"), NOMEM(B_DPO, "discopop_tau"),
+    NOMEM(B_DPO, "ref_model_mixup_alpha"), NOMEM(B_DPO, "ref_model_sync_steps"),
+    REFUSE_BUT(B_DPO, "disable_dropout", "true True null", "dropout kept in DPO (TRL zeroes it by default): " NOT_YET),
+    /* dpo_config.py:210-218: "setting it to True warns and falls back to standard padding" */
+    NOMEM(B_DPO, "padding_free"),
+    REFUSE_BUT(B_DPO, "use_weighting", "false False null",
+               "WPO weighting (a fifth output of the fused head, dpo_trainer.py:957): " NOT_YET),
+    REFUSE_BUT(B_DPO, "ld_alpha", "null", "LD-DPO's length masks: " NOT_YET),
+    REFUSE_BUT(B_DPO, "sync_ref_model", "false False null",
+               "TR-DPO's reference sync (the copy mixed with the policy): " NOT_YET),
+    REFUSE(B_TRL, "precompute_ref_log_probs", "a DPOConfig key: give --trainer dpo"),
     /* the model */
     FACT(B_TRL | B_LF, "model_name_or_path", F_MODEL),
     FACT(B_AX, "base_model", F_MODEL),
@@ -264,7 +289,7 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_TT, "tensor_parallel_dim", "tensor parallelism: " NOT_YET),
     /* preference and RL training: a reference model, generations */
     REFUSE(B_AX, "rl", "preference/RL training (reference model, generations): " NOT_YET),
-    REFUSE(B_TRL, "beta", "a DPO/GRPO config (reference model, generations): " NOT_YET),
+    REFUSE(B_TRL, "beta", "a DPO/GRPO config: give --trainer dpo (GRPO, KTO: " NOT_YET ")"),
     REFUSE(B_TRL, "num_generations", "a GRPO config (generations): " NOT_YET),
     REFUSE(B_TRL, "ref_model_init_kwargs", "a reference model: " NOT_YET),
     REFUSE(B_AX, "unfrozen_parameters", "training a subset of parameters: " NOT_YET),

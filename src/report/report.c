@@ -185,6 +185,10 @@ static enum mp_loss loss_of(const struct mp_report_ctx *c)
 {
     return c->build ? c->build->loss : c->prog ? c->prog->opts.loss : MP_LOSS_HF;
 }
+static enum mp_trainer trainer_of(const struct mp_report_ctx *c)
+{
+    return c->build ? c->build->trainer : c->prog ? c->prog->opts.trainer : MP_TRAINER_SFT;
+}
 static double label_fraction_of(const struct mp_report_ctx *c)
 {
     return c->build ? c->build->label_fraction : c->prog ? c->prog->opts.label_fraction : 1.0;
@@ -258,6 +262,11 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             ju64(cf, "tokens_per_micro_batch", packed_tokens(c, c->build->batch));
         }
         cJSON_AddBoolToObject(cf, "grad_accumulation", c->train->accumulate);
+        if (c->build->trainer != MP_TRAINER_SFT) { /* (sft's JSON stays as it was) */
+            cJSON_AddStringToObject(cf, "trainer", mp_trainer_str(c->build->trainer));
+            ju64(cf, "sequences", c->build->batch * mp_trainer_seqs(c->build->trainer));
+            cJSON_AddStringToObject(cf, "reference", mp_ref_mode_str(c->train->ref));
+        }
         moe_json(cf, c);
         /* transformers' use_cache in training (HF decoders; off under gradient checkpointing) */
         cJSON_AddBoolToObject(cf, "use_cache", c->model->use_cache && !c->build->hf_checkpointing);
@@ -352,6 +361,16 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
     }
     cJSON_AddStringToObject(m, "peak_event", e->peak_event);
     cJSON_AddStringToObject(m, "peak_phase", mp_phase_str(e->peak_phase));
+    if (c->train && c->train->ref != MP_REF_NONE) { /* DPO's two phases (estimate.h) */
+        ju64(m, "ref_weights_bytes", e->ref_weights_bytes);
+        cJSON *ph = cJSON_AddObjectToObject(m, "phases");
+        cJSON *pp = cJSON_AddObjectToObject(ph, "policy_step");
+        ju64(pp, "peak_allocated_bytes", e->policy_peak_bytes);
+        cJSON *rf = cJSON_AddObjectToObject(ph, "reference_forward");
+        ju64(rf, "peak_allocated_bytes", e->ref_forward_peak_bytes);
+        ju64(rf, "tmp_bytes", e->ref_forward_tmp_bytes);
+        cJSON_AddStringToObject(rf, "peak_event", e->ref_forward_event);
+    }
     jnum(m, "fwd_flops", e->fwd_flops);
     jnum(m, "bwd_flops", e->bwd_flops);
     jnum(m, "recompute_flops", e->recompute_flops);
@@ -603,9 +622,18 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 mp_optimizer_hf(c->train->optimizer),
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
+        if (c->build->trainer == MP_TRAINER_DPO)
+            fprintf(out, "trainer   dpo (TRL 1.16.0 DPOTrainer): %llu pair%s, %llu sequences (chosen+rejected); "
+                    "reference %s\n", (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s",
+                    (unsigned long long)(c->build->batch * 2),
+                    c->train->ref == MP_REF_COPY      ? "a frozen copy"
+                    : c->train->ref == MP_REF_ADAPTER ? "the adapter disabled"
+                                                      : "log-probs precomputed");
         if (c->build->loss != MP_LOSS_HF || c->build->label_fraction < 1) /* hf's report stays as it was */
             fprintf(out, "loss      %s (%s); label fraction %.3g%s\n", mp_loss_str(c->build->loss),
-                    mp_loss_how(c->build->loss), c->build->label_fraction,
+                    c->build->trainer == MP_TRAINER_DPO ? "TRL's fused LM head, policy and reference"
+                                                        : mp_loss_how(c->build->loss),
+                    c->build->label_fraction,
                     c->build->loss == MP_LOSS_CHUNKED_NLL ? "" : " (memory unaffected: every row runs)");
         if (packing_of(c))
             packing_line(out, c, c->build->batch, "packing   ");
@@ -815,6 +843,15 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
         else if (e->world > 1)
             fprintf(out, "  NCCL buffers       not counted (%s): they come on top\n",
                     c->gpu ? "profile nccl_overhead_mib = 0, not measured" : "no GPU profile");
+    }
+    if (c->train && c->train->ref == MP_REF_COPY)
+        fprintf(out, "  reference model    %12s   (DPO: a frozen copy, resident)\n", B(e->ref_weights_bytes));
+    if (c->train && c->train->ref != MP_REF_NONE) {
+        fprintf(out, "\nphases (DPO)\n");
+        fprintf(out, "  policy step        %12s   (forward, loss, backward, optimizer step)\n",
+                B(e->policy_peak_bytes));
+        fprintf(out, "  reference forward  %12s   (no grad, after the policy's forward; +%s at %s)\n",
+                B(e->ref_forward_peak_bytes), B(e->ref_forward_tmp_bytes), shown(e->ref_forward_event));
     }
     fprintf(out, "\npeak allocated       %12s   at %s   (compare torch.cuda.max_memory_allocated)\n",
             B(e->peak_allocated_bytes), shown(e->peak_event));
@@ -1061,7 +1098,7 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
     fprintf(out, "from transformers import %s%s%s\n", auto_cls, bnb ? ", BitsAndBytesConfig" : "",
             trainer ? ", TrainingArguments" : "");
     if (trainer && loss_of(c) == MP_LOSS_CHUNKED_NLL)
-        fprintf(out, "from trl import SFTConfig\n");
+        fprintf(out, "from trl import %s\n", trainer_of(c) == MP_TRAINER_DPO ? "DPOConfig" : "SFTConfig");
     if (peft)
         fprintf(out, "from peft import LoraConfig, get_peft_model%s\n", kbit ? ", prepare_model_for_kbit_training" : "");
     fprintf(out, "\n# the model's hub id or local directory (memplan read %s)\nNAME = \"%s\"\n", shown(c->model->path),
@@ -1137,7 +1174,14 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
         fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express\n",
                 nck, p->L);
-    if (trl) /* TRL 1.16's SFTConfig: its default loss_type="nll" is the chunked head planned */
+    bool dpo = trainer_of(c) == MP_TRAINER_DPO;
+    if (dpo) /* trl 1.16 dpo_trainer.py:908-927: ref_model=None makes the reference planned */
+        fprintf(out, "# DPO (trl 1.16): train with DPOTrainer(model, ref_model=None, args=args, ...):\n"
+                     "# %s;\n# per_device_train_batch_size counts chosen/rejected pairs\n",
+                c->train->ref == MP_REF_COPY      ? "it loads the reference copy planned"
+                : c->train->ref == MP_REF_ADAPTER ? "the reference is the adapter disabled"
+                                                  : "the reference's log-probs are precomputed");
+    else if (trl) /* TRL 1.16's SFTConfig: its default loss_type="nll" is the chunked head planned */
         fprintf(out, "# the loss head planned is TRL's (trl 1.16 SFTConfig, loss_type=\"nll\"): train with SFTTrainer\n");
     if (b->par.strategy == MP_PAR_DDP)
         fprintf(out, "# data parallel (DDP) over %llu ranks: launch with torchrun --nproc-per-node %llu "
@@ -1149,7 +1193,12 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
                      "# gradients in that dtype; memplan planned %s (reduction in fp32), which\n"
                      "# TrainingArguments cannot set: use --emit torch for the exact MixedPrecisionPolicy\n",
                 cand_prec(b));
-    fprintf(out, "args = %s(\n    output_dir=\"memplan-out\",\n", trl ? "SFTConfig" : "TrainingArguments");
+    fprintf(out, "args = %s(\n    output_dir=\"memplan-out\",\n",
+            dpo ? "DPOConfig" : trl ? "SFTConfig" : "TrainingArguments");
+    if (dpo && c->prog) /* DPOConfig max_length (prompt + completion), default 1024 */
+        fprintf(out, "    max_length=%llu,\n", (unsigned long long)c->prog->opts.seq);
+    if (dpo && c->train->ref == MP_REF_NONE)
+        fprintf(out, "    precompute_ref_log_probs=True,\n");
     fprintf(out, "    per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
     fprintf(out, "    gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
     /* pure bf16: the model is loaded in bf16 and trained without autocast (bf16=False) */
@@ -1558,9 +1607,9 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
                 k->recompute_pct, k->samples_per_s, k->fits ? "" : k->probe_oom ? "probe: out of memory" : "does not fit",
                 (int)i == s->best ? "<- recommended" : "");
     }
-    if (s->best >= 0) {
+    if (s->best >= 0) { /* (DPO: no torch loop; its DPOConfig) */
         fprintf(out, "\n");
-        snippet(out, c, &s->cand[s->best], MP_EMIT_TORCH);
+        snippet(out, c, &s->cand[s->best], trainer_of(c) == MP_TRAINER_DPO ? MP_EMIT_HF : MP_EMIT_TORCH);
     }
 }
 

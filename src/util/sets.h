@@ -152,6 +152,35 @@ enum mp_loss {
 #undef MP_X
 };
 
+/* Trainers (--trainer, a recipe's trainer): X(id, name, what one step runs, NULL when modelled or
+ * why it is not).  The step of each follows TRL 1.16.0's source (trl/trainer/, file:line):
+ *   SFT   one forward and backward of the batch (SFTTrainer; every other trainer's recipe too).
+ *   DPO   DPOTrainer: the policy's forward on chosen and rejected concatenated (2 x the pairs,
+ *         trainer/dpo_trainer.py:349-351), through TRL's fused LM head (:959-962), then the
+ *         reference's forward under torch.no_grad (:1327-1338) while the policy's graph is held,
+ *         then backward: a full frozen copy (:916-927), the adapter disabled (PEFT, :1328-1336)
+ *         or nothing (precompute_ref_log_probs, :1318).
+ *   KTO, ORPO, GRPO: not modelled yet. */
+#define MP_TRAINERS(X)                                                                                     \
+    X(SFT, "sft", "TRL SFTTrainer / transformers Trainer: one forward and backward", NULL)              \
+    X(DPO, "dpo", "TRL DPOTrainer: chosen+rejected, a reference forward", NULL)                         \
+    X(KTO, "kto", "TRL KTOTrainer (trl.experimental.kto)", "not modelled yet")                          \
+    X(ORPO, "orpo", "TRL ORPOTrainer (trl.experimental.orpo)", "not modelled yet")                      \
+    X(GRPO, "grpo", "TRL GRPOTrainer: generation, then the policy step", "not modelled yet")
+
+enum mp_trainer {
+#define MP_X(id, name, how, unmodelled) MP_TRAINER_##id,
+    MP_TRAINERS(MP_X)
+#undef MP_X
+};
+
+/* The reference model of a DPO step (mp_train_opts.ref). */
+enum mp_ref_mode {
+    MP_REF_NONE,    /* no reference forward in the step (SFT; DPO with precompute_ref_log_probs) */
+    MP_REF_COPY,    /* a full frozen copy in the policy's dtype: resident, one no-grad forward */
+    MP_REF_ADAPTER, /* PEFT: the policy with its adapter disabled, one no-grad forward, no copy */
+};
+
 /* Activations, one row each: X(id, name, HF aliases, saves, HF intermediates, amp32, bwd, fwd).
  * A new activation is one row here plus its math (probe/mp_math.h mp_act_f/mp_act_df: -Wswitch
  * names a missing case); tests/test_probe_ops.c runs every row on both backends.
