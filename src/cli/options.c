@@ -478,12 +478,21 @@ static int check_rules(const struct command *c, struct args *a)
         return cli_usage_error(c->name, "--emit hf: a Trainer runs --checkpoint none, layers or layers:N, not %s",
                                mp_ckpt_spec_str(&a->ckpt, spec, sizeof spec));
     }
+    if (c->bit == C_SUGG && a->emit == MP_EMIT_DEEPSPEED && a->precision == MP_PREC_BF16_AMP)
+        return cli_usage_error(c->name, "%s", "--emit deepspeed --precision bf16-amp: DeepSpeed's bf16 keeps an fp32 "
+                                              "master (mixed-bf16); bf16 weights under its torch_autocast are not "
+                                              "modelled");
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)
         return cli_usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
     /* parallel.c sizes gradients, buckets and shards from every parameter: refused, not ignored */
     if (a->ft.mode != MP_FT_FULL && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
         return cli_usage_error(c->name, "--finetune %s with --gpus/--nodes/--parallel: data-parallel fine-tuning "
                                         "is not modelled yet", mp_ft_mode_str(a->ft.mode));
+    /* bf16 weights under autocast, gathered, sharded or all-reduced: not modelled (FSDP2's and
+     * DeepSpeed's bf16 policies are mixed-bf16; DDP's buckets follow the parameters) */
+    if (a->precision == MP_PREC_BF16_AMP && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
+        return cli_usage_error(c->name, "%s", "--precision bf16-amp with --gpus/--nodes/--parallel: data-parallel "
+                                              "bf16-amp is not modelled; use amp-bf16 or mixed-bf16");
     if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
         struct mp_diag pd = {{0}};
         if (mp_par_validate(&a->par, &pd) != MP_OK)

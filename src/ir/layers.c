@@ -508,14 +508,16 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
                        "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
                        m->path, m->hf_type);
-    bool half_params = o->precision == MP_PREC_BF16;
+    bool half_params = o->precision == MP_PREC_BF16 || o->precision == MP_PREC_BF16_AMP;
     p->param_dtype = half_params ? MP_DT_BF16 : MP_DT_F32;
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
     struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .rope_pair = -1, .attn_mask = -1, .pos_tables = -1, .enc_out = -1, .pos_bias = -1, .cross_bias = -1, .dec_mask = -1, .b = p->opts.batch,
                     .s = m->input == MP_INPUT_TOKENS ? p->opts.seq : 1,
-                    .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
+                    .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16 ||
+                           o->precision == MP_PREC_BF16_AMP,
+                    .amp_f32 = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);
     p->copied = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->copied);
     if (!p->blocks || !p->copied) {
