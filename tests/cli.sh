@@ -1696,6 +1696,25 @@ if [ "$ec" -eq 1 ] && grep -q "would fit or help: --finetune qlora" "$T/out"; th
 else
     bad "suggest --finetune lora: QLoRA alternative"
 fi
+# issue 25 item 2: LoRA on an HF config is planned as peft users run it (a bf16 base, fp32 adapters,
+# bf16 autocast: bf16-amp), and recommended when it fits: llama-3.2-1b on an L4 at seq 2048 has bf16
+# weights (2.47 GB) where amp-bf16's fp32 base needs twice that; the QLoRA alternative is not bf16-amp
+run suggest models/hf/llama-3.2-1b.json --gpu l4 --no-probe --finetune lora --json
+if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+precs = {c["precision"] for c in r["candidates"]}
+assert r["recommendation"]["precision"] == "bf16-amp", r["recommendation"]["precision"]
+assert {"bf16-amp", "amp-bf16", "bf16"} <= precs, precs
+' "$T/out" >"$T/why" 2>&1; then
+    ok "suggest --finetune lora (llama-3.2-1b, l4): bf16-amp searched and recommended"
+else
+    bad "suggest --finetune lora: bf16-amp"
+fi
+expect_line 2 "estimate --precision bf16-amp on DeepSeek (fp32 router under autocast: not modelled)" \
+    estimate models/hf/deepseek-v2-lite.json --precision bf16-amp
+expect_line 2 "estimate --precision bf16-amp --gpus 2 --parallel ddp (not modelled)" \
+    estimate models/hf/gpt2.json --precision bf16-amp --gpus 2 --parallel ddp
 
 # ---- --recipe: a trainer's recipe read into memplan's settings --------------------------------
 

@@ -488,6 +488,21 @@ static enum mp_status finish_program(struct bld *B, const struct mp_build_opts *
     return MP_OK;
 }
 
+/* DeepSeek's router runs F.linear on fp32 copies of x and W (hidden.type(fp32), weight.type(fp32),
+ * transformers 5.24 modeling_deepseek_v3.py:135); under bf16-amp autocast would cast them back to
+ * bf16 for the matmul: copies on copies that the lowering (lower_mlp.c's lower_router) does not make. */
+const char *mp_bf16_amp_unmodelled(const struct mp_model *m)
+{
+    for (size_t i = 0; i < m->n_blocks; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &m->blocks[i].layers[j];
+            if (l->experts && (l->router == MP_ROUTER_FP32_SOFTMAX || l->router == MP_ROUTER_FP32_SIGMOID))
+                return "the fp32 router of this family (DeepSeek) under bf16 autocast is not modelled; "
+                       "use bf16 or amp-bf16";
+        }
+    return NULL;
+}
+
 static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
                                     struct mp_program *p, struct mp_diag *d)
 {
@@ -508,6 +523,9 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
                        "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
                        m->path, m->hf_type);
+    const char *no_amp = o->precision == MP_PREC_BF16_AMP ? mp_bf16_amp_unmodelled(m) : NULL;
+    if (no_amp)
+        return mp_fail(d, MP_ERR_USAGE, "%s: --precision bf16-amp: %s", m->path, no_amp);
     bool half_params = o->precision == MP_PREC_BF16 || o->precision == MP_PREC_BF16_AMP;
     p->param_dtype = half_params ? MP_DT_BF16 : MP_DT_F32;
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32

@@ -83,12 +83,6 @@ static struct val lower_router(struct bld *B, struct val x, const struct mp_laye
     uint64_t M = rows_of(x), E = l->experts, k = l->top_k;
     bool ds = l->router == MP_ROUTER_FP32_SOFTMAX || l->router == MP_ROUTER_FP32_SIGMOID;
     struct val xin = x;
-    if (ds && B->amp && !B->amp_f32) {
-        /* bf16-amp: the fp32 copies of x and W would be cast back by autocast's F.linear */
-        fail_model(B, MP_ERR_USAGE, "--precision bf16-amp: the fp32 router of this family under autocast "
-                   "is not modelled; use bf16 or amp-bf16");
-        return x;
-    }
     bool copy_w = ds && !B->amp && dt_of(B, x) != MP_DT_F32; /* hidden.type(fp32), weight.type(fp32) */
     if (copy_w)
         xin = cast_to(B, x, MP_DT_F32, "gate.x_fp32");

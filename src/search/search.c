@@ -1005,8 +1005,10 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
         sp->precs[sp->np++] = o->precision;
     } else {
         /* bf16-amp first: the peft recipe, preferred when it fits (choose_best); never data
-         * parallel (refused there) nor where the GPU has no bf16 */
-        if (o->lora_bf16_base && !base->train.par && precision_supported(&base->gpu, MP_PREC_BF16_AMP))
+         * parallel (refused there) nor where the GPU has no bf16; LoRA only (QLoRA, lora_alternative
+         * too: prepare_model_for_kbit_training upcasts the unquantized weights to fp32) */
+        if (o->lora_bf16_base && base->build.ft.mode == MP_FT_LORA && !base->train.par &&
+            precision_supported(&base->gpu, MP_PREC_BF16_AMP) && !mp_bf16_amp_unmodelled(base->model))
             sp->precs[sp->np++] = MP_PREC_BF16_AMP;
         if (precision_supported(&base->gpu, MP_PREC_AMP_BF16))
             sp->precs[sp->np++] = MP_PREC_AMP_BF16;
