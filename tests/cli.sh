@@ -1916,6 +1916,25 @@ if [ "$ec" -eq 1 ] && grep -q "would fit or help: --finetune qlora" "$T/out"; th
 else
     bad "suggest --finetune lora: QLoRA alternative"
 fi
+# issue 25 item 2: LoRA on an HF config is planned as peft users run it (a bf16 base, fp32 adapters,
+# bf16 autocast: bf16-amp), and recommended when it fits: llama-3.2-1b on an L4 at seq 2048 has bf16
+# weights (2.47 GB) where amp-bf16's fp32 base needs twice that; the QLoRA alternative is not bf16-amp
+run suggest models/hf/llama-3.2-1b.json --gpu l4 --no-probe --finetune lora --json
+if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+precs = {c["precision"] for c in r["candidates"]}
+assert r["recommendation"]["precision"] == "bf16-amp", r["recommendation"]["precision"]
+assert {"bf16-amp", "amp-bf16", "bf16"} <= precs, precs
+' "$T/out" >"$T/why" 2>&1; then
+    ok "suggest --finetune lora (llama-3.2-1b, l4): bf16-amp searched and recommended"
+else
+    bad "suggest --finetune lora: bf16-amp"
+fi
+expect_line 2 "estimate --precision bf16-amp on DeepSeek (fp32 router under autocast: not modelled)" \
+    estimate models/hf/deepseek-v2-lite.json --precision bf16-amp
+expect_line 2 "estimate --precision bf16-amp --gpus 2 --parallel ddp (not modelled)" \
+    estimate models/hf/gpt2.json --precision bf16-amp --gpus 2 --parallel ddp
 
 # ---- --recipe: a trainer's recipe read into memplan's settings --------------------------------
 
@@ -1943,19 +1962,19 @@ PYEOF
     then ok "$1: check --recipe = the flags (verdict, peak, config)"; else bad "$1: check --recipe = the flags"; fi
 }
 if [ -n "$HAVE_PY" ]; then
-    same_check "HF to_json_string dump (bf16 checkpoint: dtype auto = bf16)" \
+    same_check "HF to_json_string dump (bf16 checkpoint: dtype auto = bf16, bf16=True autocasts: bf16-amp)" \
         "models/hf/llama-3.2-1b.json --recipe $R/hf-trainingargs.json" \
-        "models/hf/llama-3.2-1b.json -b 2 --grad-accum 8 -p bf16 -o adamw -c layers --use-cache off"
+        "models/hf/llama-3.2-1b.json -b 2 --grad-accum 8 -p bf16-amp -o adamw -c layers --use-cache off"
     same_check "HF YAML (fp16, float32 checkpoint)" "models/hf/gpt2.json --recipe $R/hf-args.yaml" \
         "models/hf/gpt2.json -b 4 --grad-accum 2 -p amp-fp16 -o adamw-fused --use-cache off"
     same_check "TRL SFT LoRA (TRL 1.16's chunked fused loss by default)" "--recipe $R/trl-sft-lora.yaml" \
-        "models/hf/qwen2-0.5b.json -b 4 --grad-accum 4 -s 2048 -p bf16 -o adamw-fused -c layers --attention sdpa --use-cache off --finetune lora --lora-r 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets q_proj,k_proj,v_proj,o_proj --loss chunked-nll"
+        "models/hf/qwen2-0.5b.json -b 4 --grad-accum 4 -s 2048 -p bf16-amp -o adamw-fused -c layers --attention sdpa --use-cache off --finetune lora --lora-r 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets q_proj,k_proj,v_proj,o_proj --loss chunked-nll"
     same_check "Axolotl full" "--recipe $R/axolotl-full.yaml" \
-        "models/hf/qwen2-0.5b.json -b 1 --grad-accum 2 -s 1024 -p bf16 -o adamw-fused -c layers --attention sdpa --use-cache off"
+        "models/hf/qwen2-0.5b.json -b 1 --grad-accum 2 -s 1024 -p bf16-amp -o adamw-fused -c layers --attention sdpa --use-cache off"
     same_check "Axolotl QLoRA (Hub id from the HF cache)" "--recipe $R/axolotl-qlora.yaml" \
-        "meta-llama/Llama-3.2-1B -b 2 --grad-accum 4 -s 2048 -p bf16 -o paged-adam8bit -c layers --attention flash --use-cache off --finetune qlora --lora-r 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets all-linear"
+        "meta-llama/Llama-3.2-1B -b 2 --grad-accum 4 -s 2048 -p bf16-amp -o paged-adam8bit -c layers --attention flash --use-cache off --finetune qlora --lora-r 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets all-linear"
     same_check "LLaMA-Factory LoRA" "--recipe $R/llamafactory-lora.yaml" \
-        "models/hf/llama-3.2-1b.json -b 1 --grad-accum 8 -s 2048 -p bf16 -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
+        "models/hf/llama-3.2-1b.json -b 1 --grad-accum 8 -s 2048 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
     # the command line wins, and the JSON says so
     run check --recipe $R/axolotl-full.yaml --gpu a100-80gb -b 3 -p amp-bf16 --json
     if [ "$ec" -le 1 ] && python3 -c '
@@ -1995,7 +2014,7 @@ assert s["batch"]["source"] == "recipe" and c["batch"] == 1, c
 fi
 run estimate --recipe $R/axolotl-full.yaml
 if [ "$ec" -eq 0 ] && grep -q "^recipe    $R/axolotl-full.yaml (Axolotl 0.19.0)$" "$T/out" &&
-    grep -q "from the recipe: batch 1, grad-accum 2, seq 1024, precision bf16, checkpoint layers,$" "$T/out" &&
+    grep -q "from the recipe: batch 1, grad-accum 2, seq 1024, precision bf16-amp, checkpoint layers,$" "$T/out" &&
     [ "$(awk 'length > 100' "$T/out" | wc -l)" -eq 0 ]; then
     ok "estimate --recipe: the recipe and its settings in the report, within 100 columns"
 else

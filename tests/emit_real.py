@@ -204,7 +204,7 @@ else:
         prec = rec["precision"]
         fields = (a.per_device_train_batch_size == rec["micro_batch"] and
                   a.gradient_accumulation_steps == rec["grad_accum"] and
-                  a.bf16 == (prec in ("amp-bf16", "mixed-bf16")) and a.fp16 == (prec == "amp-fp16") and
+                  a.bf16 == (prec in ("amp-bf16", "mixed-bf16", "bf16-amp")) and a.fp16 == (prec == "amp-fp16") and
                   bool(a.activation_checkpointing) == want_ck)
         check(fields, "hf %s: %s(...) constructed (transformers %s) with micro-batch %d, accumulation %d, %s, "
               "checkpoint %s%s" % (label, type(a).__name__, transformers.__version__, rec["micro_batch"],
@@ -218,8 +218,13 @@ else:
               "hf %s: activation_checkpointing_kwargs offload %s" % (label, ck.endswith("+offload")))
         m = ns["model"]
         pdt = next(iter(m.parameters())).dtype
-        want_dt = torch.bfloat16 if prec == "bf16" else torch.float32
+        want_dt = torch.bfloat16 if prec in ("bf16", "bf16-amp") else torch.float32
         check(pdt == want_dt, "hf %s: model loaded with dtype %s" % (label, want_dt))
+        if label == "lora qwen2":  # issue 25 item 2: LoRA on an HF config is planned as peft runs it
+            ad = {p.dtype for n, p in m.named_parameters() if "lora_" in n}
+            check(prec == "bf16-amp" and ad == {torch.float32},
+                  "hf %s: recommends bf16-amp (got %s): a bf16 base, peft's adapters %s (fp32 expected), bf16=True"
+                  % (label, prec, sorted(str(d) for d in ad)))
         if par in ("fsdp", "fsdp-no-reshard"):
             check(a.fsdp and a.fsdp_config.get("version") == 2 and
                   a.fsdp_config.get("reshard_after_forward") == (par == "fsdp"),
@@ -335,7 +340,8 @@ else:
             os.unlink(f.name)
         par = rec.get("parallel") or {}
         world = par.get("world", 1)
-        want = {"amp-bf16": "bf16", "mixed-bf16": "bf16", "bf16": "bf16", "amp-fp16": "fp16"}.get(rec["precision"], "no")
+        want = {"amp-bf16": "bf16", "mixed-bf16": "bf16", "bf16": "bf16", "bf16-amp": "bf16",
+                "amp-fp16": "fp16"}.get(rec["precision"], "no")
         dist = str(cfg.distributed_type).split(".")[-1]
         want_dist = {"none": "NO", "ddp": "MULTI_GPU", "fsdp": "FSDP", "fsdp-no-reshard": "FSDP"}.get(
             par.get("strategy", "none"), "DEEPSPEED")

@@ -93,6 +93,35 @@ else:
           model.bnb_4bit_quant_type == "nf4",
           "trl-sft-qlora.yaml: trl's defaults are the ones memplan applies (max_length 1024, batch 8, float32, r 16)")
 
+# bf16 weights with bf16=True are memplan's bf16-amp (src/recipe/recipe.c precision_of): the Trainer
+# hands mixed_precision "bf16" to accelerate, whose prepare() wraps the forward in autocast whatever
+# the weights' dtype.  Run here on the CPU (accelerate's CPU bf16 autocast; the GPU's is the same
+# wrapper with device_type cuda).
+try:
+    import torch
+    import accelerate
+except ImportError:
+    accelerate = None
+if accelerate is None:
+    skip("accelerate absent: bf16=True's autocast over bf16 weights not run")
+else:
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.seen = None
+
+        def forward(self, x):
+            self.seen = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+            return self.lin(x)
+
+    acc = accelerate.Accelerator(mixed_precision="bf16", cpu=True)
+    probe = acc.prepare(Probe().to(torch.bfloat16))
+    probe(torch.zeros(2, 4, dtype=torch.bfloat16))
+    check(probe.seen == (True, torch.bfloat16),
+          "accelerate %s: mixed_precision bf16 runs a bf16 model's forward under bf16 autocast (%s): "
+          "memplan's bf16-amp" % (accelerate.__version__, probe.seen))
+
 try:
     from llamafactory.hparams import get_train_args  # noqa: F401
     have_lf = True

@@ -70,7 +70,9 @@ static void test_hf_json(void **state)
     /* bf16: true and no dtype key: the model loads as from_pretrained's default "auto" */
     assert_true(r.dtype_auto);
     assert_string_equal(r.prec_auto[0], "amp-bf16"); /* a float32 checkpoint, bf16 autocast */
-    assert_string_equal(r.prec_auto[1], "bf16");     /* a bfloat16 one: bf16 weights and states */
+    /* a bfloat16 one: bf16 weights and states, and bf16=True autocasts them (accelerate 1.15
+     * accelerator.py:1824: the forward wrapped whatever the weights' dtype) */
+    assert_string_equal(r.prec_auto[1], "bf16-amp");
     expect(OPTIMIZER, "adamw", KEY, "optim", 10); /* adamw_torch: torch.optim.AdamW (foreach) */
     expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 30);
     expect(USE_CACHE, "off", KEY, "use_cache", 39);
@@ -80,7 +82,7 @@ static void test_hf_json(void **state)
     /* llama-3.2-1b's config.json says "torch_dtype": "bfloat16" */
     struct mp_diag d = {{0}};
     assert_int_equal(mp_recipe_resolve_dtype(&r, "models/hf/llama-3.2-1b.json", &d), MP_OK);
-    assert_string_equal(r.s[MP_RS_PRECISION].value, "bf16");
+    assert_string_equal(r.s[MP_RS_PRECISION].value, "bf16-amp");
 }
 
 /* HfArgumentParser YAML: fp16, and the Trainer's defaults for the rest. */
@@ -114,7 +116,7 @@ static void test_trl_lora(void **state)
     expect(BATCH, "4", KEY, "per_device_train_batch_size", 11);
     expect(GRAD_ACCUM, "4", KEY, "gradient_accumulation_steps", 12);
     expect(SEQ, "2048", KEY, "max_length", 13);
-    expect(PRECISION, "bf16", KEY, "dtype", 5); /* bfloat16 base, adapters fp32 (peft), bf16 autocast */
+    expect(PRECISION, "bf16-amp", KEY, "dtype", 5); /* bfloat16 base, adapters fp32 (peft), bf16 autocast */
     expect(CHECKPOINT, "layers", DEFAULT, "gradient_checkpointing", 0); /* base_config.py:62 True */
     expect(OPTIMIZER, "adamw-fused", DEFAULT, "optim", 0);
     expect(ATTENTION, "sdpa", KEY, "attn_implementation", 6);
@@ -150,7 +152,8 @@ static void test_axolotl_qlora(void **state)
     expect(BATCH, "2", KEY, "micro_batch_size", 24);
     expect(GRAD_ACCUM, "4", KEY, "gradient_accumulation_steps", 23);
     expect(SEQ, "2048", KEY, "sequence_len", 20);
-    expect(PRECISION, "bf16", KEY, "bf16", 30); /* bf16: auto on a bf16 GPU: the model loads in bf16 */
+    expect(PRECISION, "bf16-amp", KEY, "bf16", 30); /* bf16: auto on a bf16 GPU: the model loads in bf16,
+                                                        * the Trainer's bf16=True autocasts */
     expect(OPTIMIZER, "paged-adam8bit", KEY, "optimizer", 26);
     expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 33);
     expect(ATTENTION, "flash", KEY, "flash_attention", 34);
@@ -170,7 +173,8 @@ static void test_axolotl_full(void **state)
     read_ok(D "axolotl-full.yaml", -1);
     expect(BATCH, "1", KEY, "micro_batch_size", 9);
     expect(SEQ, "1024", KEY, "sequence_len", 8);
-    expect(PRECISION, "bf16", KEY, "bf16", 13); /* utils/config/__init__.py:198: loaded in bfloat16 */
+    expect(PRECISION, "bf16-amp", KEY, "bf16", 13); /* utils/config/__init__.py:198: loaded in bfloat16;
+                                                        * bf16=True: autocast over it */
     expect(OPTIMIZER, "adamw-fused", DEFAULT, "optimizer", 0); /* schemas/training.py:122 */
     expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 14);
     expect(ATTENTION, "sdpa", KEY, "attn_implementation", 17);
@@ -187,7 +191,8 @@ static void test_llamafactory_lora(void **state)
     expect(BATCH, "1", KEY, "per_device_train_batch_size", 31);
     expect(GRAD_ACCUM, "8", KEY, "gradient_accumulation_steps", 32);
     expect(SEQ, "2048", KEY, "cutoff_len", 18);
-    expect(PRECISION, "bf16", KEY, "bf16", 37); /* bf16 base (parser.py:512), fp32 adapters */
+    expect(PRECISION, "bf16-amp", KEY, "bf16", 37); /* bf16 base (parser.py:512), fp32 adapters, bf16
+                                                        * autocast (the Trainer's bf16=True) */
     expect(CHECKPOINT, "layers", DEFAULT, "gradient_checkpointing", 0); /* model_args.py:145 */
     expect(FINETUNE, "lora", KEY, "finetuning_type", 10);
     expect(LORA_R, "8", KEY, "lora_rank", 11);

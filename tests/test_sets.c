@@ -142,7 +142,7 @@ static void test_precisions_dtypes_attention(void **state)
         assert_string_equal(mp_precision_str((enum mp_precision)i), prec[i]);
     }
     assert_int_equal(mp_precision_parse("mixed-bf16"), -1); /* the command line's, not a precision */
-    assert_string_equal(mp_precision_names(" | ", NULL), "fp32 | amp-bf16 | amp-fp16 | bf16");
+    assert_string_equal(mp_precision_names(" | ", NULL), "fp32 | amp-bf16 | amp-fp16 | bf16 | bf16-amp");
     static const struct {
         enum mp_dtype t;
         const char *name;

@@ -36,6 +36,13 @@
       --show N prints the N largest storages live at torch's peak; the rows go to
       rows/peft_step.jsonl unless --no-save.  Results: bench/accuracy/recompute_results.md.
 
+  python3 bench/accuracy/peft_step.py bf16-amp [--only NAME,...] [--out FILE.md] [--memplan PATH]
+      --precision bf16-amp (bf16 weights, bf16 autocast, fp32 adapters): GPT-2, Qwen2-0.5B and
+      Llama-3.2-1B at 4 layers, full / LoRA r16 default targets / all-linear, checkpointing none
+      and layers; CPU fake-tensor steps, and the forward again on fake CUDA tensors under CUDA's
+      autocast lists (bf16_amp_bench): the saved bytes CUDA keeps beyond the CPU, measured.
+      Results: bench/accuracy/bf16_amp_results.md.
+
   python3 bench/accuracy/peft_step.py seq2seq-lora [--out FILE.md] [--memplan PATH]
       The same for T5 (t5-small, flan-t5-base; every layer): AutoModelForSeq2SeqLM with peft's
       default LoRA (q, v; SEQ_2_SEQ_LM), batch 4, encoder 512, labels of 128 (memplan
@@ -144,8 +151,61 @@ def _trackers():
     return LiveTracker, SavedTracker
 
 
+class CudaAutocast:
+    """torch.autocast("cuda", bfloat16) on a machine without a GPU: torch.autocast disables
+    itself there (torch/amp/autocast_mode.py: "CUDA is not available"), so the same switches it
+    sets are set directly (set_autocast_enabled/dtype, the nesting count, the cache cleared on the
+    outermost exit).  Fake tensors on the "cuda" device then dispatch through AutocastCUDA: CUDA's
+    own op lists (aten/src/ATen/autocast_mode.cpp), not the CPU's."""
+
+    def __enter__(self):
+        import torch
+        self.prev = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
+        torch.set_autocast_enabled("cuda", True)
+        torch.set_autocast_dtype("cuda", torch.bfloat16)
+        torch.autocast_increment_nesting()
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled("cuda", self.prev[0])
+        torch.set_autocast_dtype("cuda", self.prev[1])
+
+
+def flash_sdpa_on_fake_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+    """SDPA on fake CUDA tensors: its backend choice asks the device (none here) and falls back to
+    the math path, which a GPU with bf16 would not run for a causal, unmasked, equal-width call;
+    such calls go to aten's flash kernel (meta function: out, fp32 logsumexp (b, a, s)), with
+    autocast's cast of the inputs done here (SDPA is on CUDA's lower-precision list; the aten op
+    is not).  Other calls keep torch's choice (rowlib: GPT-2, Qwen2, Llama are checked)."""
+    import torch
+    # enable_gqa: flash takes k, v with fewer heads as they are (sdp_utils.cpp check_grouped_query_attention)
+    flash = attn_mask is None and query.shape[-1] == value.shape[-1] <= 256
+    if not flash:
+        return _SDPA_BEFORE(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, **kw)
+    if torch.is_autocast_enabled("cuda"):
+        dt = torch.get_autocast_dtype("cuda")
+        query, key, value = query.to(dt), key.to(dt), value.to(dt)
+    return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+                                                              scale=scale)[0]
+
+
+_SDPA_BEFORE = None
+
+
+def autocast_for(precision, device):
+    """amp-bf16 (fp32 weights) and bf16-amp (bf16 weights) run the forward under bf16 autocast."""
+    import torch
+    if precision not in ("amp-bf16", "bf16-amp"):
+        return None
+    return CudaAutocast() if device == "cuda" else torch.autocast(device, dtype=torch.bfloat16)
+
+
 def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, live_at_peak=False,
-                    packing="", attention="sdpa"):
+                    packing="", attention="sdpa", device="cpu"):
     import gc
     import torch
     import transformers
@@ -162,7 +222,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
         d = json.load(f)  # the config memplan reads too (dropout already off: bench_config)
     cfg = transformers.AutoConfig.for_model(**d)
     cfg._attn_implementation = attention
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = torch.bfloat16 if precision in ("bf16", "bf16-amp") else torch.float32
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     # Built on the meta device (peft's adapter dtype/device moves cannot swap fake parameters),
     # then given fake CPU storages.
@@ -177,7 +237,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
                 kw["target_modules"] = targets if targets == "all-linear" else targets.split(",")
             model = peft.get_peft_model(model, peft.LoraConfig(**kw))
     with fake:
-        model.to_empty(device="cpu")
+        model.to_empty(device=device)
         (model.get_base_model() if not full else model).tie_weights()  # to_empty unties them
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -192,20 +252,24 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             tr.add(p, "param")
         for b in model.buffers():
             tr.add(b, "buffer")
+        global _SDPA_BEFORE
+        if device == "cuda" and _SDPA_BEFORE is None:
+            _SDPA_BEFORE = torch.nn.functional.scaled_dot_product_attention
+            torch.nn.functional.scaled_dot_product_attention = flash_sdpa_on_fake_cuda
         shape = (1, batch * seq) if packing == "padding-free" else (batch, seq)
-        ids = torch.randint(0, cfg.get_text_config().vocab_size, shape)
+        ids = torch.randint(0, cfg.get_text_config().vocab_size, shape, device=device)
         labels = ids.clone()
         kw = {}
         if packing:  # the collator's position ids (values do not matter under fake tensors)
-            kw["position_ids"] = torch.arange(shape[1]).expand(shape[0], -1).contiguous()
+            kw["position_ids"] = torch.arange(shape[1], device=device).expand(shape[0], -1).contiguous()
             tr.add(kw["position_ids"], "position_ids")
         opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
-        for step in (1, 2):
+        for step in (1, 2) if device == "cpu" else (2,):
             last = step == 2
             if last:
                 start_measured_step(tr, opt)
             tr.phase = "forward"
-            ac = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "amp-bf16" else None
+            ac = autocast_for(precision, device)
             if ac:
                 ac.__enter__()
             if last and ckpt == "none":
@@ -217,6 +281,8 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
                 ac.__exit__(None, None, None)
             if last:
                 res["saved"] = saved.bytes_alive() if ckpt == "none" else None
+            if device == "cuda":  # fake CUDA tensors: the autograd engine asks for a real device
+                return {**res, "peak": None, "peak_at": None}  # (hasPrimaryContext): the forward only
             tr.phase = "backward"
             loss.backward()
             del loss
@@ -332,6 +398,82 @@ def lora_bench(quick, out, only=(), skip=0):
             f.write("# bench/accuracy/peft_step.py lora: batch %d x seq %d, CPU FakeTensorMode, torch %s\n\n" % (
                 batch, seq, __import__("torch").__version__))
             f.write("\n".join(lines) + "\n")
+
+
+BF16_AMP_CONFIGS = ("models/hf/gpt2.json", "models/hf/qwen2-0.5b.json", "models/hf/llama-3.2-1b.json")
+
+
+def bf16_amp_bench(out=None, only=(), memplan="./memplan", max_layers=4):
+    """--precision bf16-amp (bf16 weights under bf16 autocast; peft's adapters fp32): the model is
+    built in bf16, wrapped with peft (LoRA r16, its default targets and all-linear; and full
+    fine-tuning), and stepped under autocast(bfloat16) twice on fake CPU tensors (CPU autocast's
+    lists).  CUDA's lists differ on ops these models run on bf16 inputs (autocast_mode.cpp, torch
+    2.15: layer_norm and pow are on CUDA's fp32 list, not the CPU's; GPT-2's LayerNorm and
+    gelu_new): the same forward is run again on fake *CUDA* tensors with CUDA autocast switched
+    on (CudaAutocast; SDPA as flash, flash_sdpa_on_fake_cuda), and what autograd saves there
+    beyond the CPU run is the row's CUDA-only bytes (measured, not derived; the fake CUDA
+    backward cannot run: the autograd engine asks for a device).  That difference is what is
+    live beyond the CPU at a backward peak; with checkpointing the forward saves only block
+    inputs on both, and the extra is not measured (the row says "-")."""
+    import tempfile
+    import time
+    import peft
+    import torch
+    import transformers
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import rowlib
+    tmpdir = tempfile.mkdtemp(prefix="peft_bf16amp_")
+    batch, seq = 2, 256
+    lines = ["| config | ckpt | finetune | trainable torch / memplan | saved CPU | saved CUDA | saved memplan "
+             "| diff vs CUDA | peak CPU | peak memplan | CUDA-only | diff vs CUDA |", "|" + "---|" * 12]
+    for path in (c for c in BF16_AMP_CONFIGS if not only or any(o in c for o in only)):
+        d = rowlib.load_config(path, max_layers)
+        cfg = os.path.join(tmpdir, os.path.basename(path))
+        with open(cfg, "w") as f:
+            json.dump(d, f)
+        cuda_saved = {}
+        for ckpt in ("none", "layers"):
+            for r, tg, full in ((0, None, True), (16, None, False), (16, "all-linear", False)):
+                t = torch_lora_step(cfg, batch, seq, "bf16-amp", ckpt, r, tg, full)
+                if ckpt == "none":
+                    c = torch_lora_step(cfg, batch, seq, "bf16-amp", ckpt, r, tg, full, device="cuda")
+                    cuda_saved[(r, tg)] = c["saved"] - t["saved"]
+                extra = cuda_saved.get((r, tg), 0) if ckpt == "none" else 0
+                m = memplan_lora(cfg, batch, seq, "bf16-amp", ckpt, r, tg, full, memplan=memplan)
+                pk_extra = extra if t["peak_at"].startswith(("backward", "forward")) else 0
+                ft = "full" if full else "lora r%d %s" % (r, tg or "default")
+                row = "| %s | %s | %s | %d / %d | %s | %s | %s | %s | %.2f MiB | %.2f MiB | %s | %+.3f%% |" % (
+                    os.path.basename(path), ckpt, ft, t["trainable"], m["trainable"],
+                    "%.2f MiB" % (t["saved"] / MIB) if t["saved"] is not None else "-",
+                    "%.2f MiB" % ((t["saved"] + extra) / MIB) if t["saved"] is not None else "-",
+                    "%.2f MiB" % (m["saved"] / MIB),
+                    "%+.3f%%" % (100.0 * (m["saved"] - t["saved"] - extra) / (t["saved"] + extra))
+                    if t["saved"] else "-", t["peak"] / MIB, m["peak"] / MIB,
+                    "%.2f MiB" % (pk_extra / MIB) if ckpt == "none" else "-",
+                    100.0 * (m["peak"] - t["peak"] - pk_extra) / (t["peak"] + pk_extra))
+                print(row, flush=True)
+                lines.append(row)
+                figures = {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                           "peak": rowlib.figure(t["peak"], m["peak"], pk_extra)}
+                if t["saved"] is not None:
+                    figures["saved"] = rowlib.figure(t["saved"], m["saved"], extra)
+                rowlib.save_rows("peft_step", [{
+                    "source": "bench/accuracy/peft_step.py bf16-amp run of %s (CPU fake tensors; extra: the "
+                              "fake-CUDA forward's saved bytes beyond the CPU's)" % time.strftime(
+                                  "%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "config": path, "max_layers": max_layers, "args": m["args"], "figures": figures,
+                    "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
+                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                                    peft=peft.__version__),
+                }])
+    if out:
+        with open(out, "w") as f:
+            f.write("# bench/accuracy/peft_step.py bf16-amp: batch %d x seq %d, %d layers, fake tensors, torch %s\n\n"
+                    % (batch, seq, max_layers, torch.__version__))
+            f.write("\n".join(lines) + "\n")
+
+
+MIB = 1 << 20
 
 
 def seq2seq_lora_bench(out=None, memplan="./memplan"):
@@ -723,6 +865,11 @@ def main(argv):
                         argv[argv.index("--only") + 1].split(",") if "--only" in argv else (),
                         argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan",
                         int(argv[argv.index("--show") + 1]) if "--show" in argv else 0, "--no-save" not in argv)
+        return 0
+    if len(argv) >= 1 and argv[0] == "bf16-amp":
+        bf16_amp_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
+                       argv[argv.index("--only") + 1].split(",") if "--only" in argv else (),
+                       argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan")
         return 0
     if len(argv) >= 1 and argv[0] == "seq2seq-lora":
         seq2seq_lora_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,

@@ -101,6 +101,9 @@ def matrix_rows():
     name, cfg, b, s = LLAMA
     rows.append({"id": name + "/lora/bf16/layers", "model": name, "config": cfg, "batch": b, "seq": s,
                  "precision": "bf16", "checkpoint": "layers", "finetune": "lora"})
+    for c in CKPTS:  # issue 25 item 2: the peft recipe (bf16 base, fp32 adapters, bf16 autocast)
+        rows.append({"id": name + "/lora/bf16-amp/" + c, "model": name, "config": cfg, "batch": b, "seq": s,
+                     "precision": "bf16-amp", "checkpoint": c, "finetune": "lora"})
     rows.append({"id": name + "/qlora/amp-bf16/layers", "model": name, "config": cfg, "batch": b, "seq": s,
                  "precision": "amp-bf16", "checkpoint": "layers", "finetune": "qlora"})
     return rows
@@ -338,7 +341,7 @@ def build_model(spec, conf, dev, hello):
     import torch
     import transformers
     ft, prec = spec["finetune"], spec["precision"]
-    dtype = torch.bfloat16 if prec == "bf16" and ft != "qlora" else torch.float32
+    dtype = torch.bfloat16 if prec in ("bf16", "bf16-amp") and ft != "qlora" else torch.float32
     torch.manual_seed(0)
     with dev:
         try:
@@ -418,7 +421,7 @@ def torch_row(spec, dev, hello):
             if step == 0:
                 spy.__enter__()
             try:
-                if spec["precision"] == "amp-bf16":
+                if spec["precision"] in ("amp-bf16", "bf16-amp"):
                     with torch.autocast(dev.type, dtype=torch.bfloat16):
                         loss = model(input_ids=ids, labels=ids).loss
                 else:

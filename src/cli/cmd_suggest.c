@@ -75,6 +75,8 @@ int cmd_suggest(struct args *a)
                                 /* an HF config is trained by transformers' Trainer: every format
                                  * describes one plan it runs (none, layers, layers:N) */
                                 .trainer_plans_only = a->emit == MP_EMIT_HF || !strcmp(s.model.source, "hf"),
+                                .lora_bf16_base = a->ft.mode == MP_FT_LORA && !strcmp(s.model.source, "hf") &&
+                                                  a->emit != MP_EMIT_DEEPSPEED,
                                 .ckpt_fixed = a->ckpt_set, .ckpt = a->ckpt,
                                 .hints = a->emit == MP_EMIT_NONE,
                                 .hint_packing = packing_hint(a)};

@@ -548,6 +548,15 @@ static int check_rules(const struct command *c, struct args *a)
                  mp_ft_mode_str(a->ft.mode), mp_par_strategy_str(a->par.strategy), mp_par_finetune_names());
         return cli_usage_error(c->name, "%s", why);
     }
+    if (c->bit == C_SUGG && a->emit == MP_EMIT_DEEPSPEED && a->precision == MP_PREC_BF16_AMP)
+        return cli_usage_error(c->name, "%s", "--emit deepspeed --precision bf16-amp: DeepSpeed's bf16 keeps an fp32 "
+                                              "master (mixed-bf16); bf16 weights under its torch_autocast are not "
+                                              "modelled");
+    /* bf16 weights under autocast, gathered, sharded or all-reduced: not modelled (FSDP2's and
+     * DeepSpeed's bf16 policies are mixed-bf16; DDP's buckets follow the parameters) */
+    if (a->precision == MP_PREC_BF16_AMP && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
+        return cli_usage_error(c->name, "%s", "--precision bf16-amp with --gpus/--nodes/--parallel: data-parallel "
+                                              "bf16-amp is not modelled; use amp-bf16 or mixed-bf16");
     if (c->bit != C_SUGG || a->par_set) { /* suggest searches the strategy unless given */
         struct mp_diag pd = {{0}};
         if (mp_par_validate(&a->par, &pd) != MP_OK)

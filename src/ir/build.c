@@ -409,7 +409,10 @@ bool width_ok(struct bld *B, struct val x, uint64_t dim, const char *field, cons
 }
 
 /* A matmul node (linear, conv): saves its input and, under autocast, a half copy
- * of its weight from the forward to its backward (docs/memory-facts.md#autocast). */
+ * of its weight from the forward to its backward (docs/memory-facts.md#autocast).  A weight
+ * already in the half dtype (bf16-amp's base) is used as it is: cached_cast's arg.to(bf16)
+ * returns the tensor itself (aten/src/ATen/autocast_mode.cpp, torch 2.15), and its gradient is
+ * bf16 .grad directly; peft's fp32 adapters under bf16-amp get the copy. */
 struct mp_node *matmul_node(struct bld *B, enum mp_prim prim, const char *name, struct val xin, struct val y,
                             int w, int bias)
 {
@@ -421,7 +424,7 @@ struct mp_node *matmul_node(struct bld *B, enum mp_prim prim, const char *name, 
     n->param[0] = w;
     n->param[1] = bias;
     save(n, xin.t);
-    if (B->amp && w >= 0) {
+    if (B->amp && w >= 0 && B->p->params[w].dtype != B->p->compute_dtype) {
         char wn[112];
         snprintf(wn, sizeof wn, "%s.weight_copy", name);
         n->wcopy = new_flat(B, wn, B->p->compute_dtype, B->p->params[w].elems);

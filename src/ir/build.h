@@ -47,7 +47,9 @@ struct bld {
     bool dec_started; /* T5: the first decoder block has been lowered */
     uint64_t s_enc;   /* T5: the encoder's length (B->s is the decoder's once the decoder starts) */
     uint64_t b, s;
-    bool amp;
+    bool amp;         /* autocast on (amp-bf16, amp-fp16, bf16-amp) */
+    bool amp_f32;     /* autocast over fp32 weights (amp-*): the residual stream, rotary tables and
+                       * T5's position bias are fp32; under bf16-amp they are bf16 */
     bool in_adapter;  /* lowering a LoRA adapter: its Linears are trainable fp32, never quantized */
     bool no_lora;     /* the Linear is a module peft cannot adapt (an MoE router's bare Parameter) */
     bool trained;     /* the current block's own parameters train (full, or freeze-selected) */

@@ -510,6 +510,21 @@ static const char *unpackable(const struct mp_model *m)
     return NULL;
 }
 
+/* DeepSeek's router runs F.linear on fp32 copies of x and W (hidden.type(fp32), weight.type(fp32),
+ * transformers 5.24 modeling_deepseek_v3.py:135); under bf16-amp autocast would cast them back to
+ * bf16 for the matmul: copies on copies that the lowering (lower_mlp.c's lower_router) does not make. */
+const char *mp_bf16_amp_unmodelled(const struct mp_model *m)
+{
+    for (size_t i = 0; i < m->n_blocks; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &m->blocks[i].layers[j];
+            if (l->experts && (l->router == MP_ROUTER_FP32_SOFTMAX || l->router == MP_ROUTER_FP32_SIGMOID))
+                return "the fp32 router of this family (DeepSeek) under bf16 autocast is not modelled; "
+                       "use bf16 or amp-bf16";
+        }
+    return NULL;
+}
+
 static enum mp_status lower_program(const struct mp_model *m, const struct mp_build_opts *o, bool check_only,
                                     struct mp_program *p, struct mp_diag *d)
 {
@@ -546,14 +561,19 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
                        (unsigned long long)seqs, (unsigned long long)p->opts.seq);
     if (o->padding_free)
         rows = 1;
-    bool half_params = o->precision == MP_PREC_BF16;
+    const char *no_amp = o->precision == MP_PREC_BF16_AMP ? mp_bf16_amp_unmodelled(m) : NULL;
+    if (no_amp)
+        return mp_fail(d, MP_ERR_USAGE, "%s: --precision bf16-amp: %s", m->path, no_amp);
+    bool half_params = o->precision == MP_PREC_BF16 || o->precision == MP_PREC_BF16_AMP;
     p->param_dtype = half_params ? MP_DT_BF16 : MP_DT_F32;
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
     struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .rope_pair = -1, .attn_mask = -1, .pos_tables = -1, .enc_out = -1, .pos_bias = -1, .cross_bias = -1, .dec_mask = -1, .b = rows,
                     .s = row_len,
-                    .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
+                    .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16 ||
+                           o->precision == MP_PREC_BF16_AMP,
+                    .amp_f32 = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16};
     p->blocks = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->blocks);
     p->copied = calloc(m->n_blocks ? m->n_blocks : 1, sizeof *p->copied);
     if (!p->blocks || !p->copied) {

@@ -438,6 +438,9 @@ void mp_program_release(struct mp_program *p);
 /* Why LoRA/QLoRA with f's targets on m is not modelled (peft would adapt MoE expert parameters),
  * or NULL when it is (also NULL for a model without experts). */
 const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_finetune *f);
+/* Why --precision bf16-amp is not modelled for m (NULL: it is): refused by the build, skipped by
+ * suggest. */
+const char *mp_bf16_amp_unmodelled(const struct mp_model *m);
 
 /* Tensors allocated at setup and kept across steps: the input batch, labels, module buffers. */
 bool mp_program_resident(const struct mp_program *p, int t);

@@ -326,14 +326,14 @@ static void pos_table(struct bld *B, const struct mp_layer *l)
  * in its place).  One kv head: the reshape is a view (SDPA saves x's storage, nothing is made),
  * unless autocast then casts it: that copy has every head.  Under amp the rotated k is fp32 in
  * torch (q * cos, cos in the fp32 residual's dtype; memplan's rope keeps x's dtype, and the bytes
- * SDPA saves are the same), so `rotated` says it is cast.  Not modelled:
+ * SDPA saves are the same), so `rotated` says it is cast (not under bf16-amp: cos is bf16).  Not modelled:
  * the view's gradient, every head wide, before the expand's backward sums it.  The copy widens
  * its input, which no probe executor does. */
 static struct val repeat_kv(struct bld *B, struct val x, uint64_t kv, uint64_t width, bool rotated,
                             const char *name)
 {
     enum mp_dtype c = B->p->compute_dtype;
-    bool cast = B->amp && (dt_of(B, x) != c || rotated);
+    bool cast = B->amp && (dt_of(B, x) != c || (rotated && B->amp_f32));
     if (failed(B) || last_dim(x) == width || (kv == 1 && !cast))
         return x;
     B->p->probe_unsupported = "transformers' repeat_kv copies (sliding-window attention past its window)";
@@ -413,7 +413,7 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
          * (q * cos with cos in the fp32 residual's dtype), so its copy is too, and so is v's:
          * the empty cache tensors take k's dtype and torch.cat promotes; SDPA saves their half
          * casts (rope_cast_back families cast the rotated k back to k's dtype: no promotion) */
-        k = cast_to(B, k, B->amp && l->rope && !l->rope_cast_back ? MP_DT_F32 : dt_of(B, k), "k_cache");
+        k = cast_to(B, k, B->amp_f32 && l->rope && !l->rope_cast_back ? MP_DT_F32 : dt_of(B, k), "k_cache");
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
         v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");

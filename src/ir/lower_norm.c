@@ -53,7 +53,18 @@ static struct val lower_layernorm(struct bld *B, struct val x, uint64_t dim, boo
     int g = new_param(B, pn, 1, dim, false);
     snprintf(pn, sizeof pn, "%s.bias", name);
     int be = bias ? new_param(B, pn, 1, dim, false) : -1;
-    return layernorm_node(B, xin, dim, g, be, name);
+    struct val y = layernorm_node(B, xin, dim, g, be, name);
+    if (B->amp && !B->amp_f32 && !failed(B)) {
+        /* bf16-amp: layer_norm is on CUDA autocast's fp32 list (autocast_mode.cpp), so the bf16
+         * weight and bias are cast to fp32 too (not cached: only casts down are); the backward
+         * keeps the weight's copy, the bias's is a forward transient */
+        struct mp_node *n = &B->p->nodes[B->p->n_nodes - 1];
+        snprintf(pn, sizeof pn, "%s.weight_fp32", name);
+        extra_as(n, new_flat(B, pn, MP_DT_F32, dim), MP_XR_NORM_WEIGHT);
+        if (be >= 0)
+            tmp_one(B, n, false, MP_TR_OTHER, mul(B, dim, 4));
+    }
+    return y;
 }
 
 /* The LayerNorm variants of HF families, one rule each (lower_norm picks them):

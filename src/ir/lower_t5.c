@@ -154,15 +154,16 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
     int mask = pb;
     if (!eager && kind != T5_CROSS) {
         enum mp_dtype mdt = B->amp ? cdt : pdt;
+        bool f32 = B->amp && pdt == MP_DT_F32; /* an fp32 bias (amp-*; bf16-amp's is bf16) */
         mask = new_val(B, "position_bias_mask", mdt, 4, shape4, true).t;
         /* the fp32 contiguous / where output before its autocast copy */
-        struct mp_node *mn = t5_node(B, "position_bias_mask", pb, mask, B->amp ? mul(B, aqk, 4) : 0);
+        struct mp_node *mn = t5_node(B, "position_bias_mask", pb, mask, f32 ? mul(B, aqk, 4) : 0);
         if (mn && kind == T5_DEC_SELF)
             extra_as(mn, new_flat(B, "causal_mask", MP_DT_U8, mul(B, ql, kl)), MP_XR_ATTN_MASK);
         /* backward: the expanded gradient, its batch sum, the sum's fp32 copy (autocast) */
         tmp_one(B, mn, true, MP_TR_OTHER,
                 add(B, mul(B, mul(B, mul(B, b, mul(B, a, ql)), round_up(kl, 16)), mp_dtype_size(mdt)),
-                    mul(B, aqk, mp_dtype_size(mdt) + (B->amp ? 4 : 0))));
+                    mul(B, aqk, mp_dtype_size(mdt) + (f32 ? 4 : 0))));
     } else if (pb_grad) {
         /* the scores' (or the zeros' mask's) gradient reaches pb: a view node carries it */
         struct mp_node *vn = new_node(B, MP_P_VIEW, "position_bias_grad");

@@ -395,8 +395,15 @@ static const char *precision_of(enum dt w, enum dt a, char *why, size_t cap)
 {
     if (w == DT_F32)
         return a == DT_BF16 ? "amp-bf16" : a == DT_F16 ? "amp-fp16" : "fp32";
-    if (w == DT_BF16 && a != DT_F16)
-        return "bf16"; /* bf16 weights (autocast to bf16 changes nothing): pure bf16 */
+    /* bf16 weights under the Trainer's bf16=True: accelerate 1.15 wraps the forward in
+     * torch.autocast(bf16) whatever the weights' dtype (accelerator.py:1824-1835, from
+     * mixed_precision "bf16": transformers 5.24 training_args.py:1618, trainer.py:744), which
+     * changes what is saved (fp32 adapters and ops on CUDA's fp32 list): bf16-amp; without
+     * autocast (torchtune, LLaMA-Factory's pure_bf16 alone): pure bf16 */
+    if (w == DT_BF16 && a == DT_BF16)
+        return "bf16-amp";
+    if (w == DT_BF16 && a == DT_NONE)
+        return "bf16";
     snprintf(why, cap, "%s", w == DT_BF16 ? "fp16 autocast over bfloat16 weights: not modelled"
                                                       : "float16 weights: not modelled yet (amp-fp16 keeps fp32 weights)");
     return NULL;
@@ -424,7 +431,8 @@ static void derive_precision(struct reader *rd, bool adapters)
                                       the trainable parameters to fp32 unless pure_bf16 */
         int pure = fact_truth(rd, F_PURE_BF16);
         load = bf || pure ? DT_BF16 : fp ? DT_F16 : DT_F32;
-        ac = load == DT_F32 ? DT_NONE : load;
+        ac = bf ? DT_BF16 : fp ? DT_F16 : DT_NONE; /* the Trainer's flags; pure_bf16 is "without AMP"
+                                                      (finetuning_args.py) */
         train = pure ? load : DT_F32;
         if (pure && adapters) {
             refuse(rd, "pure_bf16", rd->f[F_PURE_BF16].line, "true", "bf16 adapters: " "not modelled yet");

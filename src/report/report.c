@@ -1103,8 +1103,10 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
         fprintf(out, "from peft import LoraConfig, get_peft_model%s\n", kbit ? ", prepare_model_for_kbit_training" : "");
     fprintf(out, "\n# the model's hub id or local directory (memplan read %s)\nNAME = \"%s\"\n", shown(c->model->path),
             shown(c->model->name));
-    /* weights: fp32 under amp and FSDP's mixed-bf16 (its policy casts the gathered copy); bf16 when pure */
-    const char *dt = b->precision == MP_PREC_BF16 && !b->par.mixed_bf16 ? "bfloat16" : "float32";
+    /* weights: fp32 under amp and FSDP's mixed-bf16 (its policy casts the gathered copy); bf16 when pure
+     * and under bf16-amp (peft keeps the adapters fp32: autocast_adapter_dtype) */
+    const char *dt = (b->precision == MP_PREC_BF16 && !b->par.mixed_bf16) || b->precision == MP_PREC_BF16_AMP
+                         ? "bfloat16" : "float32";
     char labels[48] = ""; /* --num-labels: from_pretrained's num_labels= sets the head's classes */
     if (c->num_labels)
         snprintf(labels, sizeof labels, ", num_labels=%llu", (unsigned long long)c->num_labels);
@@ -1201,9 +1203,11 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "    precompute_ref_log_probs=True,\n");
     fprintf(out, "    per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
     fprintf(out, "    gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
-    /* pure bf16: the model is loaded in bf16 and trained without autocast (bf16=False) */
+    /* pure bf16: the model is loaded in bf16 and trained without autocast (bf16=False); bf16-amp:
+     * loaded in bf16 and bf16=True (the Trainer autocasts: accelerate's mixed precision) */
     fprintf(out, "    bf16=%s,\n    fp16=%s,\n",
-            b->precision == MP_PREC_AMP_BF16 || b->par.mixed_bf16 ? "True" : "False",
+            b->precision == MP_PREC_AMP_BF16 || b->par.mixed_bf16 || b->precision == MP_PREC_BF16_AMP ? "True"
+                                                                                                     : "False",
             b->precision == MP_PREC_AMP_FP16 ? "True" : "False");
     /* activation_checkpointing=True wraps each decoder layer and nothing else: memplan's "layers" */
     fprintf(out, "    activation_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
@@ -1333,7 +1337,8 @@ static void snippet_accelerate(FILE *out, const struct mp_report_ctx *c, const s
         fprintf(out, "# under FSDP2, mixed_precision gathers the parameters and reduces the gradients in that\n"
                      "# dtype; memplan planned %s: the fp32 reduction is set only by --emit torch\n", cand_prec(b));
     fprintf(out, "mixed_precision: %s\nnum_machines: %llu\nnum_processes: %llu\nmachine_rank: 0\n",
-            b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16 ? "bf16"
+            b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_BF16 || b->precision == MP_PREC_BF16_AMP
+                ? "bf16"
             : b->precision == MP_PREC_AMP_FP16                               ? "fp16"
                                                                              : "no",
             (unsigned long long)(b->par.strategy ? b->par.nodes : 1),
@@ -1345,7 +1350,8 @@ static void snippet_accelerate(FILE *out, const struct mp_report_ctx *c, const s
 static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
     const struct mp_ckpt_plan *p = &b->fit.plan;
-    bool amp = b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_AMP_FP16;
+    bool amp = b->precision == MP_PREC_AMP_BF16 || b->precision == MP_PREC_AMP_FP16 ||
+               b->precision == MP_PREC_BF16_AMP;
     const char *half = b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16";
     size_t nck = checkpointed_blocks(p);
     model_prelude(out, c, b, "torch", false);

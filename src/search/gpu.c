@@ -28,7 +28,8 @@ double mp_gpu_tflops(const struct mp_gpu *g, enum mp_precision p)
     switch (p) {
     case MP_PREC_FP32: return g->tflops_tf32 > 0 ? g->tflops_tf32 : g->tflops_fp32;
     case MP_PREC_AMP_BF16:
-    case MP_PREC_BF16: return g->tflops_bf16;
+    case MP_PREC_BF16:
+    case MP_PREC_BF16_AMP: return g->tflops_bf16;
     case MP_PREC_AMP_FP16: return g->tflops_fp16;
     }
     return 0;

@@ -925,21 +925,23 @@ static enum mp_status probe_confirm(struct mp_probe *pr, const struct mp_job *ba
 }
 
 /* The best candidate: highest estimated throughput among mixed precision and fp32; pure
- * bf16 (no fp32 master weights) only when nothing else fits.  Estimates only: a probe's
- * step time (memplan's kernels) is never compared with an estimate. */
+ * bf16 (no fp32 master weights) only when nothing else fits.  Where bf16-amp is searched (LoRA
+ * on an HF config: the peft recipe), the best of its candidates first.  Estimates only: a
+ * probe's step time (memplan's kernels) is never compared with an estimate. */
 static int choose_best(const struct mp_suggestion *s, const struct mp_suggest_opts *o, bool *bf16_only)
 {
     int best = -1;
     *bf16_only = false;
-    for (int pass = 0; pass < 2 && best < 0; pass++) {
+    for (int pass = 0; pass < 3 && best < 0; pass++) {
         for (size_t i = 0; i < s->n; i++) {
             const struct mp_candidate *c = &s->cand[i];
-            if (!c->fits || (pass == 0 && c->precision == MP_PREC_BF16 && !c->par.mixed_bf16 && !o->precision_fixed))
+            if (!c->fits || (pass == 0 && c->precision != MP_PREC_BF16_AMP) ||
+                (pass == 1 && c->precision == MP_PREC_BF16 && !c->par.mixed_bf16 && !o->precision_fixed))
                 continue;
             if (best < 0 || c->samples_per_s > s->cand[best].samples_per_s * (1 + 1e-9))
                 best = (int)i;
         }
-        *bf16_only = best >= 0 && pass == 1;
+        *bf16_only = best >= 0 && pass == 2;
     }
     return best;
 }
@@ -1109,6 +1111,12 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
     if (o->precision_fixed) {
         sp->precs[sp->np++] = o->precision;
     } else {
+        /* bf16-amp first: the peft recipe, preferred when it fits (choose_best); never data
+         * parallel (refused there) nor where the GPU has no bf16; LoRA only (QLoRA, lora_alternative
+         * too: prepare_model_for_kbit_training upcasts the unquantized weights to fp32) */
+        if (o->lora_bf16_base && base->build.ft.mode == MP_FT_LORA && !base->train.par &&
+            precision_supported(&base->gpu, MP_PREC_BF16_AMP) && !mp_bf16_amp_unmodelled(base->model))
+            sp->precs[sp->np++] = MP_PREC_BF16_AMP;
         if (precision_supported(&base->gpu, MP_PREC_AMP_BF16))
             sp->precs[sp->np++] = MP_PREC_AMP_BF16;
         else if (precision_supported(&base->gpu, MP_PREC_AMP_FP16))

@@ -133,6 +133,9 @@ struct mp_suggest_opts {
     bool target_is_device;        /* the target is the probed device itself: its own out-of-memory counts */
     bool progress;                /* progress lines on stderr */
     bool trainer_plans_only;      /* --emit hf: only plans a Trainer runs (none, layers, layers:N) */
+    bool lora_bf16_base;          /* LoRA on an HF config, one GPU: bf16-amp (bf16 base, fp32 adapters,
+                                   * bf16 autocast: the peft recipe) is searched and preferred when it
+                                   * fits (issue 25 item 2) */
     bool par_search;              /* --gpus without --parallel: try every strategy at that world */
     bool ckpt_fixed;              /* --checkpoint given: only that plan is searched */
     bool hints;                   /* when it fits: also search the loss heads and optimizers the

@@ -25,12 +25,15 @@ enum mp_dtype {
 
 /* Training precisions (--precision): X(id, name).  mixed-bf16 (FSDP2's MixedPrecisionPolicy,
  * ZeRO's bf16 with fp32 master weights) is BF16 with the data-parallel flag, parsed by the
- * command line. */
+ * command line.  amp-* keep fp32 weights under autocast; bf16 is bf16 weights without autocast;
+ * bf16-amp is bf16 weights under bf16 autocast (HF Trainer's bf16=True on a model loaded with
+ * dtype=torch.bfloat16; peft's adapters stay fp32: the usual LoRA recipe). */
 #define MP_PRECISIONS(X)     \
     X(FP32, "fp32")          \
     X(AMP_BF16, "amp-bf16")  \
     X(AMP_FP16, "amp-fp16")  \
-    X(BF16, "bf16")
+    X(BF16, "bf16")          \
+    X(BF16_AMP, "bf16-amp")
 
 enum mp_precision {
 #define MP_X(id, name) MP_PREC_##id,
