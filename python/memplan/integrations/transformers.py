@@ -10,7 +10,7 @@ trainers' recipes (`--recipe`, README "Plan the recipe you launch"; src/recipe/)
 * the arguments: `args.to_json_string()` as the recipe, format `trl` for TRL's configs (SFTConfig:
   max_length, loss_type, packing, ...) and `hf` for TrainingArguments.  memplan reads every key that
   changes memory (batch, accumulation, checkpointing and its kwargs, bf16/fp16, optim, ...) or
-  refuses it (packing, fsdp, deepspeed, torch_compile, Liger, ...), with the trainer's defaults;
+  refuses it (fsdp, deepspeed, torch_compile, Liger, ...), with the trainer's defaults;
 * the model: the config of the model (a peft model's base) as its config.json, with the dtype its
   parameters are in (memplan turns dtype and bf16/fp16 into its precision, as for a recipe);
   a quantization_config is read by memplan (bitsandbytes 4-bit: --finetune qlora);
