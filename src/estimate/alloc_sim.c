@@ -368,8 +368,10 @@ void mp_asim_empty_cache(struct mp_asim *a)
         a->nomem = true;
         return;
     }
-    memcpy(list, a->fl[0], (size_t)a->nfl[0] * sizeof *list);
-    memcpy(list + a->nfl[0], a->fl[1], (size_t)a->nfl[1] * sizeof *list);
+    if (a->nfl[0]) /* (an empty list may have no storage: memcpy from NULL is undefined) */
+        memcpy(list, a->fl[0], (size_t)a->nfl[0] * sizeof *list);
+    if (a->nfl[1])
+        memcpy(list + a->nfl[0], a->fl[1], (size_t)a->nfl[1] * sizeof *list);
     for (int k = 0; k < n; k++) {
         int i = list[k];
         if (a->b[i].expandable)
