@@ -1791,6 +1791,30 @@ if bad or sys.argv[4] not in ("0", "1"):
     done
 fi
 
+# The data-parallel world an alternative names, followed literally (its flags: the offload and the
+# precision the search chose included), plans what it promised: suggest there gives its micro-batch
+if [ -n "$HAVE_PY" ]; then
+    run suggest models/hf/llama-2-70b.json --gpu a100-40gb --no-probe --json
+    world=$(python3 -c '
+import json, re, sys
+for a in json.load(sys.stdin)["alternatives"]:
+    m = re.match(r"(--gpus .*?) \(\d+ ranks\): micro-batch (\d+) per rank", a)
+    if m:
+        print(m.group(2), m.group(1))
+' <"$T/out")
+    mb=${world%% *}
+    flags=${world#* }
+    # shellcheck disable=SC2086
+    run suggest models/hf/llama-2-70b.json --gpu a100-40gb --no-probe --json $flags
+    got=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["recommendation"]["micro_batch"])' <"$T/out" 2>/dev/null)
+    if [ -n "$mb" ] && [ "$mb" = "$got" ] && echo "$flags" | grep -q -- "--offload optimizer"; then
+        ok "suggest llama-2-70b on a100-40gb: the world alternative followed ($flags) gives its micro-batch $mb"
+    else
+        echo "alternative '$world'; following it: micro-batch '$got'" >"$T/why"
+        bad "suggest llama-2-70b on a100-40gb: the world alternative followed gives what it promised"
+    fi
+fi
+
 # ---- suggest --checkpoint C and suggest --timeline ------------------------------------------
 
 # --checkpoint: only that plan is searched, and the recommendation says it

@@ -1264,12 +1264,21 @@ static bool world_alternative(const struct mp_job *base, const struct mp_suggest
     struct mp_suggestion *ws = calloc(1, sizeof *ws);
     if (ws && mp_suggest(&wj, &wo, argv0, ws, d) == MP_OK && ws->best >= 0) {
         const struct mp_candidate *b = &ws->cand[ws->best];
-        char pb[96], a1[32];
+        char a1[32], off[64] = "", pr[32] = "";
+        /* every flag the plan needs, so that following the line plans this run: the offload and a
+         * precision the search chose (FSDP2's or DeepSpeed's mixed-bf16) */
+        if (b->par.offload != MP_OFFLOAD_NONE)
+            snprintf(off, sizeof off, " --offload %s%s%s", mp_offload_str(b->par.offload),
+                     b->par.offload_device != MP_OFFDEV_CPU ? " --offload-device " : "",
+                     b->par.offload_device != MP_OFFDEV_CPU ? mp_offload_dev_str(b->par.offload_device) : "");
+        bool base_mixed = base->train.par && base->train.par->mixed_bf16;
+        if (b->precision != base->build.precision || b->par.mixed_bf16 != base_mixed)
+            snprintf(pr, sizeof pr, " --precision %s", b->par.mixed_bf16 ? "mixed-bf16" : mp_precision_str(b->precision));
         snprintf(alt, len,
-                 "--gpus %llu --nodes %llu --parallel %s (%s): micro-batch %llu per rank, peak %s, "
+                 "--gpus %llu --nodes %llu --parallel %s%s%s (%llu ranks): micro-batch %llu per rank, peak %s, "
                  "%.1f samples/s",
                  (unsigned long long)b->par.gpus, (unsigned long long)b->par.nodes,
-                 mp_par_strategy_str(b->par.strategy), mp_par_describe(&b->par, pb, sizeof pb),
+                 mp_par_strategy_str(b->par.strategy), off, pr, (unsigned long long)mp_par_world(&b->par),
                  (unsigned long long)b->micro_batch, mp_fmt_bytes(b->peak_device_bytes, a1, sizeof a1),
                  b->samples_per_s);
     }
