@@ -89,12 +89,12 @@ def types_in(t):
 
 def reachable(cls):
     """the dataclasses of the schema reachable from cls"""
-    out, todo = [], [cls]
-    while todo:
-        c = todo.pop()
+    out, pending = [], [cls]
+    while pending:
+        c = pending.pop()
         if c not in out:
             out.append(c)
-            todo += [t for h in _schema._hints(c).values() for t in types_in(h) if dataclasses.is_dataclass(t)]
+            pending += [t for h in _schema._hints(c).values() for t in types_in(h) if dataclasses.is_dataclass(t)]
     return out
 
 

@@ -898,8 +898,9 @@ static enum mp_status bert_hook(const cJSON *root, struct hf *c, const char *pat
     return MP_OK;
 }
 
-/* The head architectures[0] names: "<Prefix><suffix>" for a suffix of head_classes. */
-static bool head_of_class(const char *cls, enum head *out)
+/* The head architectures[0] names: "<Prefix><suffix>" for a suffix of head_classes; *prefix_len
+ * (when not NULL) the length of <Prefix>. */
+static bool head_of_class(const char *cls, enum head *out, size_t *prefix_len)
 {
     size_t n = strlen(cls);
     for (size_t i = 0; i < sizeof head_classes / sizeof head_classes[0]; i++) {
@@ -915,6 +916,8 @@ static bool head_of_class(const char *cls, enum head *out)
                 return false;
         }
         *out = head_classes[i].h;
+        if (prefix_len)
+            *prefix_len = n - k;
         return true;
     }
     return false;
@@ -959,7 +962,7 @@ static enum mp_status read_head(const cJSON *root, struct hf *c, const char *pat
         if (!cJSON_IsArray(arch) || (a0 && !cJSON_IsString(a0)))
             return mp_fail(d, MP_ERR_MODEL, "%s: architectures: expected a list of class names", path);
         enum head h;
-        if (a0 && (!head_of_class(a0->valuestring, &h) || !(f->heads & HEAD(h)))) {
+        if (a0 && (!head_of_class(a0->valuestring, &h, NULL) || !(f->heads & HEAD(h)))) {
             char list[200];
             heads_list(f->heads, list, sizeof list);
             return mp_fail(d, MP_ERR_MODEL, "%s: architectures[0]: '%s' is not supported for %s (supported: %s)", path,
@@ -2469,25 +2472,20 @@ enum mp_status mp_hf_apply_request(cJSON *root, const struct mp_model_request *r
     const char *cls = cJSON_IsString(a0) ? a0->valuestring : NULL;
     /* the head the file names (the reader checks it when --head does not replace it) */
     enum head now = f->default_head, h;
+    size_t pl;
     snprintf(prefix, sizeof prefix, "%s", type);
     if (f->enc_dec) {
         bool umt5 = !strcmp(type, "umt5"), mt5 = umt5 || !strcmp(type, "mt5");
         snprintf(prefix, sizeof prefix, "%s", umt5 ? "UMT5" : mt5 ? "MT5" : "T5");
-        size_t pl = strlen(prefix);
+        pl = strlen(prefix);
         now = H_CAUSAL;
         if (cls && !strncmp(cls, prefix, pl))
             now = !strcmp(cls + pl, "ForTokenClassification") ? H_TOKEN
                   : !strcmp(cls + pl, "ForQuestionAnswering") ? H_QA
                                                               : H_CAUSAL;
-    } else if (cls && head_of_class(cls, &h)) {
+    } else if (cls && head_of_class(cls, &h, &pl)) {
         now = h;
-        for (size_t i = 0; i < sizeof head_classes / sizeof head_classes[0]; i++) {
-            size_t n = strlen(cls), k = strlen(head_classes[i].suffix);
-            if (head_classes[i].h == h && n > k && !strcmp(cls + n - k, head_classes[i].suffix)) {
-                snprintf(prefix, sizeof prefix, "%.*s", (int)(n - k), cls);
-                break;
-            }
-        }
+        snprintf(prefix, sizeof prefix, "%.*s", (int)pl, cls);
     }
     if (opt) {
         const char *suffix = f->enc_dec ? t5_suffix_of_option[rq->head] : suffix_of_option[rq->head];
