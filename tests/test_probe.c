@@ -745,6 +745,8 @@ static void test_cuda_all_models_train(void **state)
             struct mp_train_opts t = train_opts(opts[(i + k) % 6], 33554432);
             struct mp_probe_result h, c;
             probe_host(&p, NULL, &t, 0, 4, &h);
+            print_message("  cuda: model %zu, %s, %s\n", i, mp_precision_str(precs[k]),
+                          mp_optimizer_str(opts[(i + k) % 6]));
             probe_cuda(&p, &t, 0, 4, &c);
             assert_true(c.fits);
             assert_int_equal(c.measured_peak_bytes, h.measured_peak_bytes);

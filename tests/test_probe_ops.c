@@ -269,6 +269,7 @@ static void test_ops_cuda_matches_host(void **state)
             struct mp_train_opts t = train_opts(MP_OPT_ADAMW, 8519680);
             struct mp_probe_result h, c;
             probe_host(&p, NULL, &t, 0, 3, &h);
+            print_message("  cuda: %s, %s\n", CASES[i].name, mp_precision_str(PRECS[k]));
             probe_cuda(&p, &t, 0, 3, &c);
             double tol = PRECS[k] == MP_PREC_FP32 ? 1e-4 : 2e-2;
             for (unsigned s = 0; s < 3; s++)
@@ -353,6 +354,7 @@ static void test_ops_every_optimizer(void **state)
                          mp_precision_str(PRECS[k]), h.losses[0], h.losses[4]);
             if (cuda) {
                 struct mp_probe_result g;
+                print_message("  cuda: %s, %s\n", mp_optimizer_str(OPTS[i]), mp_precision_str(PRECS[k]));
                 probe_cuda(&p, &t, 0, 5, &g);
                 double tol = PRECS[k] == MP_PREC_FP32 ? 1e-4 : 2e-2;
                 for (unsigned s = 0; s < 5; s++)

@@ -12,6 +12,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static bool cuda_available(void)
 {
@@ -119,10 +120,35 @@ static void cu_free(void *ctx, void *ptr)
 
 /* ---- the prim table ------------------------------------------------------------------------------- */
 
+/* MEMPLAN_CUDA_SYNC=1 (a debugging aid, bench/gpu/README.md): the stream is synchronised after
+ * every node's forward and backward and every parameter's optimizer step, so an asynchronous
+ * fault (an illegal address) is reported at the node whose kernels made it, not at the step's end. */
+static bool sync_each(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("MEMPLAN_CUDA_SYNC");
+        on = v && *v && strcmp(v, "0") != 0;
+    }
+    return on;
+}
+
+static enum mp_status node_done(struct mp_node_view *c, enum mp_status st, bool fwd)
+{
+    if (st != MP_OK || !sync_each())
+        return st;
+    cudaError_t e = cudaStreamSynchronize(S(c->x));
+    if (e != cudaSuccess)
+        return mp_fail(c->x->d, MP_ERR_INTERNAL, "cuda probe: node %s (%s) %s: %s: %s", c->n->name,
+                       mp_prim_str(c->n->prim), fwd ? "forward" : "backward", cudaGetErrorName(e),
+                       cudaGetErrorString(e));
+    return st;
+}
+
 /* forward and backward of a prim whose one function takes a direction */
-#define FWD_BWD(name)                                                                        \
-    static enum mp_status name##_fwd(struct mp_node_view *c) { return name##_run(c, true); } \
-    static enum mp_status name##_bwd(struct mp_node_view *c) { return name##_run(c, false); }
+#define FWD_BWD(name)                                                                                         \
+    static enum mp_status name##_fwd(struct mp_node_view *c) { return node_done(c, name##_run(c, true), true); } \
+    static enum mp_status name##_bwd(struct mp_node_view *c) { return node_done(c, name##_run(c, false), false); }
 
 FWD_BWD(embed)
 FWD_BWD(addpos)
@@ -142,9 +168,27 @@ FWD_BWD(log_softmax)
 FWD_BWD(nll)
 FWD_BWD(custom)
 
-static enum mp_status attn_fwd(struct mp_node_view *c) { return c->n->eager ? eager_fwd(c) : flash_run(c, true); }
+static enum mp_status attn_fwd(struct mp_node_view *c)
+{
+    return node_done(c, c->n->eager ? eager_fwd(c) : flash_run(c, true), true);
+}
 
-static enum mp_status attn_bwd(struct mp_node_view *c) { return c->n->eager ? eager_bwd(c) : flash_run(c, false); }
+static enum mp_status attn_bwd(struct mp_node_view *c)
+{
+    return node_done(c, c->n->eager ? eager_bwd(c) : flash_run(c, false), false);
+}
+
+static enum mp_status opt_param_synced(struct mp_exec *x, const struct mp_param_view *v)
+{
+    enum mp_status st = cuda_opt_param(x, v);
+    if (st != MP_OK || !sync_each())
+        return st;
+    cudaError_t e = cudaStreamSynchronize(S(x));
+    if (e != cudaSuccess)
+        return mp_fail(x->d, MP_ERR_INTERNAL, "cuda probe: the %s step of %s: %s: %s",
+                       mp_optimizer_str(x->t.optimizer), v->param->name, cudaGetErrorName(e), cudaGetErrorString(e));
+    return st;
+}
 
 /* One row per prim. */
 static const struct mp_prim_fns cuda_prims[MP_P_COUNT] = {
@@ -451,7 +495,7 @@ const struct mp_probe_backend mp_probe_backend_cuda = {
     .close = cuda_close,
     .prims = cuda_prims,
     .loss_grad = cuda_loss_grad,
-    .opt_param = cuda_opt_param,
+    .opt_param = opt_param_synced,
     .alloc = cu_alloc,
     .free = cu_free,
     .upload = cuda_upload,

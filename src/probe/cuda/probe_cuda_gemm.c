@@ -177,7 +177,15 @@ enum mp_status gemm_batched(struct mp_exec *x, bool ta, bool tb, uint64_t M, uin
         return st;
     char *dab = (char *)u->dptr + 2 * g->off * sizeof(void *);
     char *dc = (char *)u->dptr + (2 * PTR_CAP + g->off) * sizeof(void *);
-    CK(x->d, cudaMemcpyAsync(dab, g->a, 2 * g->n * sizeof(void *), cudaMemcpyHostToDevice, S(x)));
+    /* the device reads n A pointers then n B pointers; a caller that filled fewer entries than it
+     * took (fa_kv_grad: one kv-group member's entries) has its B pointers further on, at a + taken */
+    if (g->b == g->a + g->n) {
+        CK(x->d, cudaMemcpyAsync(dab, g->a, 2 * g->n * sizeof(void *), cudaMemcpyHostToDevice, S(x)));
+    } else {
+        CK(x->d, cudaMemcpyAsync(dab, g->a, g->n * sizeof(void *), cudaMemcpyHostToDevice, S(x)));
+        CK(x->d, cudaMemcpyAsync(dab + g->n * sizeof(void *), g->b, g->n * sizeof(void *), cudaMemcpyHostToDevice,
+                                 S(x)));
+    }
     CK(x->d, cudaMemcpyAsync(dc, g->c, g->n * sizeof(void *), cudaMemcpyHostToDevice, S(x)));
     size_t e0 = 0;
     if ((st = gemm_time_begin(x, &e0)) != MP_OK)

@@ -32,9 +32,9 @@ enum mp_status rmsnorm_run(struct mp_node_view *c, bool fwd)
     bool e = has_x(c, MP_XR_X_FP32);
     struct mp_view xs = e ? xr(c, MP_XR_X_FP32) : c->in[0], rs = xr(c, MP_XR_RSQRT), nm = xr(c, MP_XR_NORMED);
     NEED(c->w);
-    NEED(rs);
-    NEED(nm);
     if (fwd) {
+        NEED(rs);
+        NEED(nm);
         NEED(c->in[0]);
         NEED(c->out);
         if (e)
@@ -42,7 +42,14 @@ enum mp_status rmsnorm_run(struct mp_node_view *c, bool fwd)
         KK(x->d, mp_k_rmsnorm_fwd(c->out.p, c->out.dt, c->in[0].p, c->in[0].dt, e ? xs.p : NULL, rs.p, nm.p, c->w.p,
                                   c->w.dt, n->rows, n->n, MP_RMS_EPS, S(x)));
     } else if (c->gout.p) {
-        NEED(xs);
+        /* as the host backend: a frozen weight keeps no normed tensor, an input that needs no
+         * gradient neither x nor rsqrt */
+        if (c->gw.p)
+            NEED(nm);
+        if (c->gin[0].p) {
+            NEED(xs);
+            NEED(rs);
+        }
         KK(x->d, mp_k_rmsnorm_bwd(c->gin[0].p, c->gin[0].dt, c->gw.p, c->gw.dt, c->gout.p, c->gout.dt, xs.p, xs.dt,
                                   rs.p, nm.p, c->w.p, n->rows, n->n, S(x)));
     }
