@@ -8,7 +8,8 @@
 #    into .deps/root (run.sh puts .deps/root/usr/lib/<triplet> on LD_LIBRARY_PATH; build.sh builds
 #    against it where the system has no headers);
 # 2. .deps/py/: bitsandbytes (the QLoRA row's PyTorch side; the GPU image has peft but not it),
-#    its wheel slimmed to the CUDA 13.0/13.2 and CPU libraries (43 MiB -> about 9 MiB);
+#    its wheel slimmed to the CUDA 13.0/13.2 and CPU libraries (43 MiB -> about 9 MiB); trl,
+#    datasets, dill and multiprocess for the dpo part (not in the GPU image either);
 # 3. build-gpu/: `make CUDA=yes CUDA_ARCH=90` through bench/gpu/build.sh (--no-cuda skips it:
 #    a CPU-only check of the kit);
 # 4. prints what will travel (the limit is 64 MiB) and the exact run(...) calls.
@@ -27,6 +28,8 @@ while [ $# -gt 0 ]; do
 done
 PY=${PYTHON:-python3}
 BNB_VERSION=0.50.2
+TRL_VERSION=1.16.0
+DATASETS_VERSION=5.2.0
 status=0
 
 # ---- 1. build dependencies as .deb files, unpacked ---------------------------------------------
@@ -57,6 +60,21 @@ if "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 
     "$PY" bench/gpu/kit.py slim-wheel "$tmp"/bitsandbytes-*.whl .deps/py cpu cuda130 cuda132 || status=1
 else
     echo "prepare: no bitsandbytes wheel (pip download failed): the QLoRA row's PyTorch side will say so" >&2
+fi
+rm -rf "$tmp"
+
+# ---- 2b. TRL for the dpo part: the GPU image has transformers, accelerate, pyarrow, pandas and
+#      xxhash but not trl, datasets, dill or multiprocess (pure-Python wheels, ~2 MiB unpacked)
+tmp=$(mktemp -d)
+if "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_17_x86_64 --platform any -d "$tmp" \
+        "trl==$TRL_VERSION" "datasets==$DATASETS_VERSION" dill multiprocess >/dev/null 2>&1; then
+    mkdir -p .deps/py
+    for w in "$tmp"/*.whl; do
+        "$PY" -m zipfile -e "$w" .deps/py/ || status=1
+    done
+else
+    echo "prepare: no trl/datasets wheels (pip download failed): the dpo part will say so" >&2
 fi
 rm -rf "$tmp"
 
