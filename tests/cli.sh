@@ -2055,6 +2055,33 @@ fi
 HF_HUB_CACHE="$rhub" run check --recipe $R/axolotl-qlora.yaml --gpu a100-80gb
 [ "$ec" -eq 0 ] && [ ! -s "$T/err" ] && ok "check --recipe without --explain: unknown keys accepted quietly" ||
     bad "unknown keys quiet without --explain"
+# suggest --write-recipe: the recipe with the recommended micro-batch and accumulation, the rest
+# of the file byte for byte; the report's "in the recipe" line says the same keys
+run suggest --recipe $R/trl-sft-lora.yaml --gpu a100-40gb --no-probe --write-recipe "$T/w.yaml"
+mb=$(awk '$1 == "micro-batch" { print $2 }' "$T/out")
+ga=$(awk '$1 == "grad" && $2 == "accumulation" { print $3 }' "$T/out")
+sed -e "s/^per_device_train_batch_size: 4$/per_device_train_batch_size: $mb/" \
+    -e "s/^gradient_accumulation_steps: 4$/gradient_accumulation_steps: $ga/" $R/trl-sft-lora.yaml >"$T/want.yaml"
+if [ "$ec" -eq 0 ] && [ -n "$mb" ] && [ "$mb" != 4 ] && cmp -s "$T/w.yaml" "$T/want.yaml" &&
+    grep -q "^  in the recipe      per_device_train_batch_size 4 -> $mb (line 11)," "$T/out" &&
+    grep -q "^memplan: wrote $T/w.yaml: per_device_train_batch_size 4 -> $mb, gradient_accumulation_steps 4 -> $ga$" "$T/err"; then
+    ok "suggest --write-recipe: the TRL recipe with micro-batch $mb and accumulation $ga, the rest unchanged"
+else
+    diff "$T/w.yaml" "$T/want.yaml" >"$T/why" 2>&1
+    bad "suggest --write-recipe (TRL)"
+fi
+expect_msg 2 "--write-recipe without --recipe" "--write-recipe needs --recipe FILE" \
+    suggest models/hf/gpt2.json --gpu a100-40gb --write-recipe "$T/w2.yaml"
+expect_msg 2 "--write-recipe with a setting given over the recipe" \
+    "--write-recipe: --seq is given over the recipe's max_length" \
+    suggest --recipe $R/trl-sft-lora.yaml --gpu a100-40gb --seq 512 --write-recipe "$T/w2.yaml"
+[ ! -e "$T/w2.yaml" ] && ok "--write-recipe refused: nothing written" || bad "--write-recipe refused: nothing written"
+run suggest --recipe $R/trl-sft-lora.yaml --vram 1GiB --no-probe --write-recipe "$T/w2.yaml"
+if [ "$ec" -eq 1 ] && [ ! -e "$T/w2.yaml" ] && grep -q "nothing fits, so there is no plan to write" "$T/err"; then
+    ok "--write-recipe when nothing fits: exit 1, a warning, nothing written"
+else
+    bad "--write-recipe when nothing fits"
+fi
 # refusals: exit 3, one line naming the file, the key (and its line)
 expect_line 3 "LLaMA-Factory defaults: reentrant checkpointing refused" check --recipe $R/llamafactory-defaults.yaml --gpu a100-80gb
 grep -q "use_reentrant_gc (the trainer's default): true: reentrant" "$T/err" && ok "names use_reentrant_gc" ||

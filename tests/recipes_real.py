@@ -142,5 +142,62 @@ for mod, what in (("axolotl", "Axolotl"), ("torchtune", "torchtune")):
     except Exception:
         skip("%s absent: its recipes are checked as YAML only" % what)
 
+# suggest --write-recipe: the recipe memplan hands back is read by the trainer's own parser, and
+# says the recommendation's micro-batch and accumulation (memplan's --json), every other key as it was
+MEMPLAN = os.environ.get("MEMPLAN", "./memplan")
+WRITTEN = [  # (recipe, MODEL or None, the dataclasses that read it)
+    ("hf-trainingargs.json", "models/hf/llama-3.2-1b.json", "hf-json"),
+    ("hf-args.yaml", "models/hf/gpt2.json", "hf-yaml"),
+    ("trl-sft-lora.yaml", None, "trl"),
+    ("llamafactory-lora.yaml", None, "lf"),
+]
+if not os.access(MEMPLAN, os.X_OK):
+    skip("%s not built: the written recipes are not checked" % MEMPLAN)
+elif transformers is None:
+    skip("transformers absent: the written recipes are not parsed")
+else:
+    import subprocess
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="memplan-recipes-")
+    for name, model, how in WRITTEN:
+        src, out = os.path.join(D, name), os.path.join(tmp, name)
+        cmd = [MEMPLAN, "suggest"] + ([model] if model else []) + ["--recipe", src, "--gpu", "a100-40gb",
+                                                                  "--no-probe", "--json", "--write-recipe", out]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            fail("%s: %s exited %d: %s" % (name, " ".join(cmd), p.returncode, p.stderr.strip()))
+            continue
+        rec = json.loads(p.stdout)["recommendation"]
+        mb, ga = rec["micro_batch"], rec["grad_accum"]
+        if how == "hf-json":
+            with open(out) as f:
+                args = TrainingArguments(**{k: v for k, v in json.load(f).items() if k != "hub_token"})
+        elif how == "hf-yaml":
+            (args,) = HfArgumentParser(TrainingArguments).parse_yaml_file(out, allow_extra_keys=False)
+        elif how == "trl":
+            if trl is None:
+                skip("%s: trl absent: the written recipe is not parsed" % name)
+                continue
+            _, args, _ = HfArgumentParser((ScriptArguments, SFTConfig, ModelConfig)).parse_yaml_file(
+                out, allow_extra_keys=False)
+        else:
+            if not have_lf:
+                skip("%s: llamafactory absent: the written recipe is checked as YAML only" % name)
+                args = None
+            else:
+                args = HfArgumentParser(_TRAIN_ARGS).parse_yaml_file(out, allow_extra_keys=False)[2]
+        if yaml is not None:
+            with open(src) as f:
+                before = yaml.safe_load(f)
+            with open(out) as f:
+                after = yaml.safe_load(f)
+            changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+            check(changed <= {"per_device_train_batch_size", "gradient_accumulation_steps"},
+                  "%s: written: only the batch and accumulation keys differ (%s)" % (name, sorted(changed)))
+        if args is not None:
+            check(args.per_device_train_batch_size == mb and args.gradient_accumulation_steps == ga,
+                  "%s: --write-recipe: the trainer's parser reads micro-batch %d and accumulation %d, memplan's "
+                  "recommendation" % (name, mb, ga))
+
 print("%d failed" % len(failures))
 sys.exit(1 if failures else 0)

@@ -358,6 +358,93 @@ static void test_every_n_layers(void **state)
     remove(path);
 }
 
+/* The file's text, malloc'd. */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char *b = calloc(1, 1 << 16);
+    assert_non_null(b);
+    size_t n = fread(b, 1, (1 << 16) - 1, f);
+    b[n] = '\0';
+    fclose(f);
+    return b;
+}
+
+/* Reads IN as format, writes it for micro-batch batch and accumulation accum to a scratch file,
+ * and expects that file's text to be want (written out by hand from IN). */
+static void write_expect(const char *in, int format, uint64_t batch, uint64_t accum, size_t want_changes,
+                         const char *want)
+{
+    read_ok(in, format);
+    struct mp_recipe_change ch[MP_RECIPE_MAX_CHANGES];
+    size_t n = mp_recipe_changes(&r, batch, accum, ch);
+    assert_int_equal(n, want_changes);
+    const char *out = scratch("written.yaml");
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_recipe_write(&r, MP_TRAINER_SFT, ch, n, out, &d);
+    if (st != MP_OK)
+        print_error("%s\n", d.msg);
+    assert_int_equal(st, MP_OK);
+    char *got = slurp(out);
+    if (strcmp(got, want))
+        print_error("got:\n%s\nwant:\n%s\n", got, want);
+    assert_string_equal(got, want);
+    free(got);
+    remove(out);
+}
+
+/* suggest --write-recipe: the recipe handed back changes the batch and accumulation keys where
+ * they are (quotes and comments kept), adds the absent ones (last in a block mapping, first in
+ * JSON), and refuses a value it cannot change in place, naming the file, line and key. */
+static void test_write_recipe(void **state)
+{
+    (void)state;
+    char in[256]; /* (scratch's names are reused) */
+    snprintf(in, sizeof in, "%s", scratch("in.yaml"));
+    /* in place, a comment and a quoted value kept; the model line untouched */
+    write_text(in, "model_name_or_path: m\nper_device_train_batch_size: 4   # per GPU\n"
+                   "gradient_accumulation_steps: \"4\"\nmax_length: 2048\n");
+    write_expect(in, MP_RF_TRL, 75, 1, 2,
+                 "model_name_or_path: m\nper_device_train_batch_size: 75   # per GPU\n"
+                 "gradient_accumulation_steps: \"1\"\nmax_length: 2048\n");
+    /* absent keys (TRL's defaults 8 and 1): the batch added at the end, the accumulation unchanged */
+    write_text(in, "model_name_or_path: m\nmax_length: 2048");
+    write_expect(in, MP_RF_TRL, 12, 1, 1, "model_name_or_path: m\nmax_length: 2048\nper_device_train_batch_size: 12\n");
+    /* Axolotl's own key */
+    write_text(in, "base_model: m\nmicro_batch_size: 2\ngradient_accumulation_steps: 8\nsequence_len: 1024\n");
+    write_expect(in, MP_RF_AXOLOTL, 3, 5, 2,
+                 "base_model: m\nmicro_batch_size: 3\ngradient_accumulation_steps: 5\nsequence_len: 1024\n");
+    /* JSON on one line: both keys of that line; then JSON without them: added first */
+    write_text(in, "{\"per_device_train_batch_size\": 2, \"gradient_accumulation_steps\": 8, \"bf16\": true}\n");
+    write_expect(in, MP_RF_HF, 16, 2, 2,
+                 "{\"per_device_train_batch_size\": 16, \"gradient_accumulation_steps\": 2, \"bf16\": true}\n");
+    write_text(in, "{\n  \"bf16\": true\n}\n");
+    write_expect(in, MP_RF_HF, 6, 3, 2,
+                 "{\"gradient_accumulation_steps\": 3, \"per_device_train_batch_size\": 6, \n  \"bf16\": true\n}\n");
+    /* torchtune's batch_size; the plan's values already there: nothing to change, a copy */
+    write_text(in, "batch_size: 4\ngradient_accumulation_steps: 2\noptimizer:\n  _component_: torch.optim.AdamW\n");
+    write_expect(in, MP_RF_TORCHTUNE, 4, 2, 0,
+                 "batch_size: 4\ngradient_accumulation_steps: 2\noptimizer:\n  _component_: torch.optim.AdamW\n");
+    /* a value on the next line is not changed in place: refused, naming the place */
+    write_text(in, "model_name_or_path: m\nper_device_train_batch_size:\n  4\n");
+    read_ok(in, MP_RF_TRL);
+    struct mp_recipe_change ch[MP_RECIPE_MAX_CHANGES];
+    size_t n = mp_recipe_changes(&r, 9, 1, ch);
+    assert_int_equal(n, 1);
+    const char *out = scratch("written.yaml");
+    remove(out);
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_recipe_write(&r, MP_TRAINER_SFT, ch, n, out, &d), MP_ERR_MODEL);
+    char head[512];
+    snprintf(head, sizeof head, "%s:3: per_device_train_batch_size: ", in); /* (the value's line) */
+    if (strncmp(d.msg, head, strlen(head)) || !strstr(d.msg, "set it to 9 by hand"))
+        print_error("got: %s\n", d.msg);
+    assert_true(strncmp(d.msg, head, strlen(head)) == 0 && strstr(d.msg, "set it to 9 by hand"));
+    assert_int_equal(access(out, F_OK), -1); /* nothing written */
+    remove(in);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -366,7 +453,7 @@ int main(void)
         cmocka_unit_test(test_axolotl_qlora),    cmocka_unit_test(test_axolotl_full),
         cmocka_unit_test(test_llamafactory_lora), cmocka_unit_test(test_llamafactory_defaults),
         cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_optimizer_hf_names),
+        cmocka_unit_test(test_optimizer_hf_names), cmocka_unit_test(test_write_recipe),
     };
     return cmocka_run_group_tests_name("recipe", tests, NULL, NULL);
 }

@@ -279,6 +279,16 @@ class Check:
 
 
 @dataclass
+class RecipeChange:
+    setting: str  # "batch" | "grad-accum"
+    key: str  # the recipe's key ("per_device_train_batch_size")
+    line: int  # its line in the file; 0: absent, added
+    from_: str = field(metadata={"key": "from"})  # its value now (the trainer's default where absent)
+    to: str  # the plan's value
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
 class Candidate:
     micro_batch: int
     grad_accum: int
@@ -304,6 +314,7 @@ class Candidate:
     fits_device: Optional[bool] = _opt()  # where the allocator was simulated
     device_bytes: Optional[int] = _opt()  # peak reserved + context
     tokens_per_micro_batch: Optional[int] = _opt()  # --packing / --padding-free (the recommendation)
+    recipe_changes: Optional[List[RecipeChange]] = _opt()  # suggest --recipe (the recommendation)
     extra: Dict[str, Any] = _extra()
 
 

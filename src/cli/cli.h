@@ -81,6 +81,7 @@ struct args {
     const char *recipe;    /* --recipe FILE */
     int recipe_format;     /* --recipe-format (-1: detected from the keys) */
     bool explain;          /* --explain: how the recipe's keys were read, on stderr */
+    const char *write_recipe; /* suggest --write-recipe OUT: the recipe with the plan's batch */
     struct mp_recipe *rec; /* the recipe read (NULL: none) */
     bool use_cache_recipe; /* use_cache came from the recipe: moot for a model without a k/v cache */
 };

@@ -51,11 +51,67 @@ static int packing_hint(const struct args *a)
     return a->rec->format == MP_RF_AXOLOTL && a->attention_set && a->attention == MP_ATTN_FLASH ? 1 : 0;
 }
 
+/* --write-recipe: a setting the command line gave over the recipe is not written back, so the
+ * file would not run the plan: refused before the search.  0, or the exit status. */
+static int write_recipe_admit(const struct args *a)
+{
+    if (!a->write_recipe)
+        return 0;
+    for (int i = 0; i < MP_RS_N; i++) {
+        const struct mp_recipe_setting *r = &a->rec->s[i];
+        if (i != MP_RS_MODEL && r->set && r->src == MP_RSRC_COMMAND_LINE) {
+            char msg[320];
+            snprintf(msg, sizeof msg, "--write-recipe: --%s is given over the recipe's %s: memplan writes back "
+                     "only the micro-batch and accumulation; set it in the recipe instead",
+                     mp_recipe_setting_option((enum mp_recipe_setting_id)i), r->key);
+            return cli_usage_error("suggest", "%s", msg);
+        }
+    }
+    return 0;
+}
+
+/* --write-recipe OUT after the search: the recommended plan's batch and accumulation written into
+ * the recipe.  0, or the exit status (message printed). */
+static int write_recipe(const struct args *a, const struct mp_suggestion *sg)
+{
+    if (!a->write_recipe)
+        return 0;
+    if (sg->best < 0) {
+        cli_warn("--write-recipe: nothing fits, so there is no plan to write (%s not written)", a->write_recipe);
+        return 0;
+    }
+    const struct mp_candidate *b = &sg->cand[sg->best];
+    const struct mp_recipe *r = a->rec;
+    const char *prec = mp_precision_str(b->precision);
+    if (r->s[MP_RS_PRECISION].set && r->s[MP_RS_PRECISION].src != MP_RSRC_UNUSED &&
+        strcmp(r->s[MP_RS_PRECISION].value, prec) != 0) { /* (the recipe fixes the precision: a guard) */
+        fprintf(stderr, "memplan: error: --write-recipe: the plan's precision %s is not the recipe's %s (%s): "
+                "%s not written\n", prec, r->s[MP_RS_PRECISION].value, r->s[MP_RS_PRECISION].key, a->write_recipe);
+        return MP_EXIT_INTERNAL;
+    }
+    struct mp_recipe_change ch[MP_RECIPE_MAX_CHANGES];
+    size_t n = mp_recipe_changes(r, b->micro_batch, b->grad_accum, ch);
+    struct mp_diag d = {{0}};
+    enum mp_status st = mp_recipe_write(r, (enum mp_trainer)a->trainer, ch, n, a->write_recipe, &d);
+    if (st != MP_OK) {
+        fprintf(stderr, "memplan: error: %s\n", d.msg);
+        return st == MP_ERR_IO ? MP_EXIT_INTERNAL : st == MP_ERR_MODEL ? MP_EXIT_INPUT : MP_EXIT_INTERNAL;
+    }
+    fprintf(stderr, "memplan: wrote %s:", a->write_recipe);
+    for (size_t i = 0; i < n; i++)
+        fprintf(stderr, "%s %s %s -> %s", i ? "," : "", ch[i].key, ch[i].from, ch[i].to);
+    fprintf(stderr, "%s\n", n ? "" : " the recipe runs this plan as it is (a copy)");
+    return 0;
+}
+
 int cmd_suggest(struct args *a)
 {
     struct mp_diag d = {{0}};
     struct setup s;
-    int rc = cli_setup(a, &s, true, &d);
+    int rc = write_recipe_admit(a);
+    if (rc)
+        return rc;
+    rc = cli_setup(a, &s, true, &d);
     if (rc)
         return rc;
     bool probing = !a->no_probe && (!strcmp(a->backend, "host") || !strcmp(a->backend, "cuda") ||
@@ -115,6 +171,8 @@ int cmd_suggest(struct args *a)
     c.build = NULL; /* suggest searches batch and precision: no single config line */
     mp_report_suggest(stdout, &c, sg, a->emit);
     code = sg->best >= 0 ? MP_EXIT_OK : MP_EXIT_NOFIT;
+    if ((rc = write_recipe(a, sg)) != 0)
+        goto out;
     if (sg->best >= 0 && o.global_batch && !sg->global_met)
         fprintf(stderr, "memplan: warning: global batch %llu cannot be met exactly\n",
                 (unsigned long long)o.global_batch);

@@ -214,6 +214,9 @@ static const struct opt OPTS[] = {
      .names = mp_recipe_format_names, .help = ": the recipe's format (default: told by its keys)"},
     {0, "explain", NULL, C_TARGET, K_FLAG, FIELD(explain),
      .help = "with --recipe: how each key was read, and the keys memplan does not know (stderr)"},
+    {0, "write-recipe", "OUT", C_SUGG, K_STRING, FIELD(write_recipe),
+     .help = "with --recipe: write the recipe with the recommended micro-batch and accumulation to OUT "
+             "(the rest of the file unchanged)"},
     {'h', "help", NULL, C_ALL, K_HELP, .help = "show this help"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
@@ -480,8 +483,12 @@ static void args_default(const struct command *c, struct args *a)
 /* The rules between options, once all are read: 0 or the exit status (message printed). */
 static int check_rules(const struct command *c, struct args *a)
 {
-    if ((a->recipe_format >= 0 || a->explain) && !a->recipe)
-        return cli_usage_error(c->name, "%s", a->explain ? "--explain needs --recipe FILE" : "--recipe-format needs --recipe FILE");
+    if ((a->recipe_format >= 0 || a->explain || a->write_recipe) && !a->recipe)
+        return cli_usage_error(c->name, "%s", a->explain ? "--explain needs --recipe FILE"
+                                              : a->write_recipe ? "--write-recipe needs --recipe FILE"
+                                                                : "--recipe-format needs --recipe FILE");
+    if (a->write_recipe && !a->write_recipe[0])
+        return cli_usage_error(c->name, "%s", "--write-recipe: an empty file name");
     if (!strcmp(a->model, "-"))
         return cli_usage_error(c->name, "%s",
                                "MODEL '-': memplan does not read a model from stdin; pass the file's path");

@@ -117,4 +117,26 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
  * or MP_ERR_MODEL (a float16 checkpoint, a refused candidate) with the message in d. */
 enum mp_status mp_recipe_resolve_dtype(struct mp_recipe *r, const char *model_file, struct mp_diag *d);
 
+/* The recipe handed back (suggest --recipe F --write-recipe OUT, recipe_write.c): one key of the
+ * file to set so that it runs the plan. */
+struct mp_recipe_change {
+    enum mp_recipe_setting_id id; /* MP_RS_BATCH or MP_RS_GRAD_ACCUM */
+    char key[96];                 /* the file's key ("micro_batch_size") */
+    unsigned line;                /* where the file has it (1-based; 0: absent, added) */
+    char from[256];               /* its value now (the trainer's default where absent) */
+    char to[32];                  /* the plan's */
+};
+#define MP_RECIPE_MAX_CHANGES 2
+
+/* The keys of r's file to change for micro-batch batch and accumulation accum (the unchanged
+ * ones left out): their number. */
+size_t mp_recipe_changes(const struct mp_recipe *r, uint64_t batch, uint64_t accum,
+                         struct mp_recipe_change out[MP_RECIPE_MAX_CHANGES]);
+/* Writes r's file with the n changes made to out_path, the rest byte for byte, after reading
+ * the result back as r's format for trainer t: it must say the changes' values.  MP_OK, else
+ * MP_ERR_IO, MP_ERR_MODEL (a key not changeable in place: "PATH:LINE: KEY: ...") or
+ * MP_ERR_INTERNAL, with out_path untouched. */
+enum mp_status mp_recipe_write(const struct mp_recipe *r, enum mp_trainer t, const struct mp_recipe_change *ch,
+                               size_t n, const char *out_path, struct mp_diag *d);
+
 #endif

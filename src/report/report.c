@@ -180,6 +180,47 @@ static void recipe_lines(FILE *out, const struct mp_recipe *rc)
     free(buf);
 }
 
+/* suggest --recipe: the keys of the recipe to change so that it runs the recommended plan. */
+static void recipe_changes_line(FILE *out, const struct mp_recipe *rc, const struct mp_candidate *b)
+{
+    struct mp_recipe_change ch[MP_RECIPE_MAX_CHANGES];
+    size_t n = mp_recipe_changes(rc, b->micro_batch, b->grad_accum, ch);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return;
+    fputs("  in the recipe      ", f);
+    for (size_t i = 0; i < n; i++) {
+        char k[4 * sizeof ch[i].key], v[4 * sizeof ch[i].from], at[24] = "added";
+        if (ch[i].line)
+            snprintf(at, sizeof at, "line %u", ch[i].line);
+        fprintf(f, "%s%s %s -> %s (%s)", i ? ", " : "", mp_text_clean(ch[i].key, k, sizeof k),
+                mp_text_clean(ch[i].from, v, sizeof v), ch[i].to, at);
+    }
+    fputs(n ? "; --write-recipe OUT writes it\n" : "nothing to change: it runs this plan\n", f);
+    fclose(f);
+    mp_report_fit_text(out, buf, len, MP_TEXT_COLUMNS);
+    free(buf);
+}
+
+static cJSON *json_recipe_changes(const struct mp_recipe *rc, const struct mp_candidate *b)
+{
+    struct mp_recipe_change ch[MP_RECIPE_MAX_CHANGES];
+    size_t n = mp_recipe_changes(rc, b->micro_batch, b->grad_accum, ch);
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "setting", mp_recipe_setting_option(ch[i].id));
+        cJSON_AddStringToObject(o, "key", ch[i].key);
+        ju64(o, "line", ch[i].line);
+        cJSON_AddStringToObject(o, "from", ch[i].from);
+        cJSON_AddStringToObject(o, "to", ch[i].to);
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}
+
 /* The loss head and label fraction of the report (suggest has no build: its program's). */
 static enum mp_loss loss_of(const struct mp_report_ctx *c)
 {
@@ -1490,6 +1531,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             cJSON *rc = json_candidate(&s->cand[s->best]);
             if (packing_of(c))
                 ju64(rc, "tokens_per_micro_batch", packed_tokens(c, s->cand[s->best].micro_batch));
+            if (c->recipe) /* the keys of the recipe to change for this plan */
+                cJSON_AddItemToObject(rc, "recipe_changes", json_recipe_changes(c->recipe, &s->cand[s->best]));
             cJSON_AddItemToObject(r, "recommendation", rc);
         } else {
             cJSON_AddNullToObject(r, "recommendation");
@@ -1582,6 +1625,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "  probe              %s\n", shown(s->probe_note));
         if (s->note[0])
             fprintf(out, "  note               %s\n", shown(s->note));
+        if (c->recipe)
+            recipe_changes_line(out, c->recipe, b);
     }
     fputc('\n', out); /* the answer, then what it was worked out for */
     header(out, c);

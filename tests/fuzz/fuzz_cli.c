@@ -69,11 +69,11 @@ static const char *const OPTS[] = {
     "trainer", "precompute-ref",
 };
 /* The options of those commands it does not give: they read a file (--recipe: a fuzzed value
- * would be a path; its reader is tested by tests/test_recipe.c and not fuzzed yet) or name a
+ * would be a path; its reader is tested by tests/test_recipe.c and not fuzzed yet; --write-recipe needs it) or name a
  * device or probe on one (the fuzzer runs no device).  tests/man_options.py checks that every option of estimate, plan,
  * check and suggest is in OPTS or here, so a new option is fuzzed unless it is listed here. */
 static const char *const NOT_FUZZED[] __attribute__((unused)) = {"device", "backend", "capacity", "no-probe", "help",
-                                                                "recipe"};
+                                                                "recipe", "write-recipe"};
 static const char *const CMDS[] = {"estimate", "plan", "check", "suggest"};
 
 static char dir[256], model_path[300], gpu_path[300], svg_path[300];
