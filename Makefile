@@ -71,7 +71,7 @@ CMOCKA_LIBS := $(or $(shell pkg-config --libs cmocka 2>/dev/null),-lcmocka)
 
 WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wcast-qual -Werror=implicit-function-declaration -Werror=switch -Wno-format-truncation
-override CFLAGS += -std=c11 $(WARN) -D_POSIX_C_SOURCE=200809L -Isrc $(PKG_CFLAGS) -MMD -MP \
+override CFLAGS += -std=c11 $(WARN) -D_POSIX_C_SOURCE=200809L -pthread -Isrc $(PKG_CFLAGS) -MMD -MP \
                    -DMEMPLAN_DATADIR='"$(PREFIX)/share/memplan"'
 LDLIBS := $(CJSON_LIBS) $(YAML_LIBS) -lm
 

@@ -17,6 +17,8 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "estimate/estimate.h"
@@ -495,6 +497,57 @@ static void test_nf4_pack_unpack(void **state)
     assert_int_equal(mp_quant_pack(&q, O, I, w, buf), MP_ERR_UNSUPPORTED);
 }
 
+/* quantize_4bit as bitsandbytes defines it (per 64-value block: absmax, then each value / absmax
+ * to the nearest code, the first on a tie), written here as a plain scan over the 16 codes, against
+ * mp_quant_pack on a base large enough to be packed on several threads (2M values: two or more
+ * ranges of 16,384 blocks where the machine has the CPUs): every nibble and absmax equal. */
+static void test_nf4_pack_is_quantize_4bit(void **state)
+{
+    (void)state;
+    enum { O = 2048, I = 1024, N = O * I, BS = 64 };
+    float *w = malloc(N * sizeof *w), *absmax = malloc(N / BS * sizeof *absmax);
+    struct mp_quant q;
+    mp_quant_init(&q, MP_Q_BNB_NF4);
+    uint64_t bytes = mp_quant_alloc_bytes(&q, O, I), off[MP_QUANT_PARTS_MAX], bs = 0;
+    uint8_t *buf = calloc(1, bytes);
+    assert_non_null(w);
+    assert_non_null(absmax);
+    assert_non_null(buf);
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < N; i++) { /* xorshift64: values in [-3, 3), every code and block scale met */
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        w[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 6.0 - 3.0) * (float)(1 + i / BS % 7);
+    }
+    for (int k = 0; k < 16; k++) /* a value on each code, and between each pair of neighbours */
+        w[k] = mp_nf4_code[k], w[16 + k] = k < 15 ? 0.5f * (mp_nf4_code[k] + mp_nf4_code[k + 1]) : 0.0f;
+    assert_int_equal(mp_quant_pack(&q, O, I, w, buf), MP_OK);
+    assert_int_equal(mp_quant_nf4_layout(&q, O, I, off, &bs), MP_OK);
+    assert_int_equal(bs, BS);
+    const uint8_t *packed = buf + off[0];
+    const float *got_absmax = (const float *)(const void *)(buf + off[2]);
+    size_t bad = 0;
+    for (int b = 0; b < N / BS; b++) {
+        float m = 0;
+        for (int i = b * BS; i < (b + 1) * BS; i++)
+            m = fmaxf(m, fabsf(w[i]));
+        absmax[b] = m;
+        bad += got_absmax[b] != m;
+        for (int i = b * BS; i < (b + 1) * BS; i++) {
+            float v = m > 0 ? w[i] / m : 0.0f, bd = fabsf(mp_nf4_code[0] - v);
+            int want = 0;
+            for (int k = 1; k < 16; k++)
+                if (fabsf(mp_nf4_code[k] - v) < bd)
+                    bd = fabsf(mp_nf4_code[k] - v), want = k;
+            int got = i % 2 ? packed[i / 2] & 15 : packed[i / 2] >> 4; /* first value in the high nibble */
+            bad += got != want;
+        }
+    }
+    assert_int_equal(bad, 0);
+    free(w);
+    free(absmax);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -511,6 +564,7 @@ int main(void)
         cmocka_unit_test(test_nf4_code_book),
         cmocka_unit_test(test_dynamic_code_is_bitsandbytes),
         cmocka_unit_test(test_nf4_pack_unpack),
+        cmocka_unit_test(test_nf4_pack_is_quantize_4bit),
     };
     return cmocka_run_group_tests_name("finetune", tests, NULL, NULL);
 }

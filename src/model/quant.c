@@ -218,6 +218,32 @@ enum mp_status mp_quant_nf4_layout(const struct mp_quant *q, uint64_t out_f, uin
     return nf4_shape(q, out_f, in_f, off, &n, blocksize, &nb);
 }
 
+struct nf4_job {
+    const float *w;
+    uint8_t *packed;
+    float *absmax;
+    uint64_t n, bs;
+};
+
+#define NF4_GRAIN_BLOCKS ((uint64_t)1 << 14) /* 1M values of 64-element blocks per range */
+
+/* quantize_4bit of blocks [b0, b1): each block's absmax, then each value's nearest code. */
+static void nf4_blocks(void *ctx, uint64_t b0, uint64_t b1)
+{
+    const struct nf4_job *j = ctx;
+    for (uint64_t b = b0; b < b1; b++) {
+        uint64_t e = mp_min_u64(j->n, (b + 1) * j->bs);
+        float m = 0;
+        for (uint64_t i = b * j->bs; i < e; i++)
+            m = fmaxf(m, fabsf(j->w[i]));
+        j->absmax[b] = m;
+        for (uint64_t i = b * j->bs; i < e; i++) {
+            uint8_t c = nearest(mp_nf4_code, 16, m > 0 ? j->w[i] / m : 0.0f);
+            j->packed[i / 2] |= (uint8_t)(i % 2 ? c : c << 4); /* first element in the high nibble */
+        }
+    }
+}
+
 enum mp_status mp_quant_pack(const struct mp_quant *q, uint64_t out_f, uint64_t in_f, const float *w, uint8_t *dst)
 {
     uint64_t off[MP_QUANT_PARTS_MAX], n, bs, nb;
@@ -230,17 +256,10 @@ enum mp_status mp_quant_pack(const struct mp_quant *q, uint64_t out_f, uint64_t 
     if (!absmax)
         return MP_ERR_NOMEM;
     memset(packed, 0, mp_ceil_div(n, 2));
-    for (uint64_t b = 0; b < nb; b++) {
-        uint64_t e = mp_min_u64(n, (b + 1) * bs);
-        float m = 0;
-        for (uint64_t i = b * bs; i < e; i++)
-            m = fmaxf(m, fabsf(w[i]));
-        absmax[b] = m;
-        for (uint64_t i = b * bs; i < e; i++) {
-            uint8_t c = nearest(mp_nf4_code, 16, m > 0 ? w[i] / m : 0.0f);
-            packed[i / 2] |= (uint8_t)(i % 2 ? c : c << 4); /* first element in the high nibble */
-        }
-    }
+    struct nf4_job j = {w, packed, absmax, n, bs};
+    /* blocks on several threads (a 7B base is billions of values); an even block size keeps each
+     * packed byte within one block */
+    mp_parallel_for(nb, bs % 2 ? nb : NF4_GRAIN_BLOCKS, nf4_blocks, &j);
     if (!q->double_quant) {
         memcpy(dst + off[2], absmax, nb * 4);
     } else {

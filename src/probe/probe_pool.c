@@ -350,17 +350,44 @@ static bool ends_with(const char *s, const char *suffix)
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-float mp_exec_param_value(const struct mp_program *p, size_t q, uint64_t i, uint64_t seed)
+/* Parameter q's values: u(i) uniform in [-1, 1) from (seed, q, i), divided by div (a matrix:
+ * sqrt(fan-in)), or 0.1 u(i) (div 0, c 1), or the constant c (div 0, c 0 or 1: a bias 0, a
+ * norm's weight 1). */
+struct param_rule {
+    uint64_t key;
+    float div;
+    int kind; /* 0 u / div, 1 0.1 u, 2 the constant c */
+    float c;
+};
+
+static struct param_rule param_rule(const struct mp_program *p, size_t q, uint64_t seed)
 {
     const struct mp_param *w = &p->params[q];
-    float u = 2.0f * mp_hash_unit(mp_hash64(seed ^ (0x51ED2701ull * (q + 1))) + i) - 1.0f; /* [-1, 1) */
-    if (w->matmul || w->matrix)
-        return u / sqrtf((float)(w->cols ? w->cols : 1));
-    if (ends_with(w->name, ".bias"))
-        return 0.0f;
-    if (ends_with(w->name, ".weight"))
-        return 1.0f;
-    return 0.1f * u;
+    struct param_rule r = {mp_hash64(seed ^ (0x51ED2701ull * (q + 1))), 1.0f, 1, 0.0f};
+    if (w->matmul || w->matrix) {
+        r.kind = 0;
+        r.div = sqrtf((float)(w->cols ? w->cols : 1));
+    } else if (ends_with(w->name, ".bias")) {
+        r.kind = 2;
+    } else if (ends_with(w->name, ".weight")) {
+        r.kind = 2;
+        r.c = 1.0f;
+    }
+    return r;
+}
+
+static float rule_value(const struct param_rule *r, uint64_t i)
+{
+    if (r->kind == 2)
+        return r->c;
+    float u = 2.0f * mp_hash_unit(r->key + i) - 1.0f; /* [-1, 1) */
+    return r->kind == 0 ? u / r->div : 0.1f * u;
+}
+
+float mp_exec_param_value(const struct mp_program *p, size_t q, uint64_t i, uint64_t seed)
+{
+    struct param_rule r = param_rule(p, q, seed);
+    return rule_value(&r, i);
 }
 
 int mp_exec_loss_node(const struct mp_program *p)
@@ -418,22 +445,40 @@ void mp_exec_input_fill(const struct mp_program *p, int t, uint64_t seed, void *
     }
 }
 
+/* A parameter's values into buf (dtype dt), a range at a time: the ranges on several threads
+ * (a 7B model is billions of values); each element's value depends on (seed, q, i) alone. */
+struct fill_job {
+    struct param_rule rule;
+    enum mp_dtype dt;
+    void *buf;
+};
+
+static void fill_range(void *ctx, uint64_t i0, uint64_t i1)
+{
+    const struct fill_job *j = ctx;
+    for (uint64_t i = i0; i < i1; i++)
+        store_float(j->dt, j->buf, i, rule_value(&j->rule, i));
+}
+
+#define FILL_GRAIN ((uint64_t)1 << 20) /* values per range: a thread's start is worth a million */
+
 enum mp_status mp_exec_param_fill(const struct mp_program *p, size_t q, uint64_t seed, void *buf, struct mp_diag *d)
 {
     const struct mp_param *w = &p->params[q];
+    struct fill_job j = {param_rule(p, q, seed), w->dtype, buf};
     if (w->dtype == MP_DT_U8 && mp_program_base_quant(p)) { /* quantize_4bit of the values */
         float *v = malloc(w->elems ? (size_t)w->elems * sizeof *v : 1);
         if (!v)
             return mp_fail(d, MP_ERR_NOMEM, "probe: out of host memory quantizing %s", w->name);
-        for (uint64_t i = 0; i < w->elems; i++)
-            v[i] = mp_exec_param_value(p, q, i, seed);
+        j.dt = MP_DT_F32;
+        j.buf = v;
+        mp_parallel_for(w->elems, FILL_GRAIN, fill_range, &j);
         enum mp_status st = mp_quant_pack(mp_program_base_quant(p), w->rows, w->cols, v, buf);
         free(v);
         if (st != MP_OK)
             return mp_fail(d, st, "probe: %s: the probe executes bitsandbytes NF4 weights only", w->name);
         return MP_OK;
     }
-    for (uint64_t i = 0; i < w->elems; i++)
-        store_float(w->dtype, buf, i, mp_exec_param_value(p, q, i, seed));
+    mp_parallel_for(w->elems, FILL_GRAIN, fill_range, &j);
     return MP_OK;
 }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,6 +182,52 @@ uint64_t mp_host_ram_bytes(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
     return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+struct par_range {
+    void (*fn)(void *ctx, uint64_t i0, uint64_t i1);
+    void *ctx;
+    uint64_t i0, i1;
+};
+
+static void *par_run(void *arg)
+{
+    struct par_range *r = arg;
+    r->fn(r->ctx, r->i0, r->i1);
+    return NULL;
+}
+
+void mp_parallel_for(uint64_t n, uint64_t grain, void (*fn)(void *ctx, uint64_t i0, uint64_t i1), void *ctx)
+{
+    enum { MAX_THREADS = 32 };
+    if (!n)
+        return;
+    if (!grain)
+        grain = 1;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    uint64_t t = cpus > 1 ? (uint64_t)cpus : 1, chunks = n / grain;
+    t = mp_min_u64(mp_min_u64(t, MAX_THREADS), chunks);
+    if (t < 2) {
+        fn(ctx, 0, n);
+        return;
+    }
+    uint64_t per = mp_ceil_div(chunks, t) * grain; /* each range a multiple of grain */
+    struct par_range r[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
+    bool started[MAX_THREADS] = {0};
+    size_t k = 0;
+    for (uint64_t i0 = 0; i0 < n && k < MAX_THREADS; i0 += per, k++) {
+        r[k] = (struct par_range){fn, ctx, i0, mp_min_u64(n, i0 + per)};
+        if (k > 0)
+            started[k] = pthread_create(&th[k], NULL, par_run, &r[k]) == 0;
+    }
+    fn(ctx, r[0].i0, r[0].i1);
+    for (size_t i = 1; i < k; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            fn(ctx, r[i].i0, r[i].i1);
+    }
 }
 
 _Noreturn void mp_bug(const char *file, int line, const char *fmt, ...)

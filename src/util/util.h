@@ -111,6 +111,12 @@ double mp_now_ms(void);
 /* This machine's physical memory in bytes (0 if unknown). */
 uint64_t mp_host_ram_bytes(void);
 
+/* Runs fn(ctx, i0, i1) over [0, n) in contiguous ranges of at least grain (a multiple of grain
+ * but the last), on up to the machine's online CPUs (at most 32) threads, the caller's among
+ * them; on the caller alone when n < 2 grain or no thread starts.  fn must write disjoint outputs
+ * for disjoint ranges, so the result does not depend on the split. */
+void mp_parallel_for(uint64_t n, uint64_t grain, void (*fn)(void *ctx, uint64_t i0, uint64_t i1), void *ctx);
+
 /* Impossible states: print file:line and exit 5 (git's BUG()). */
 _Noreturn void mp_bug(const char *file, int line, const char *fmt, ...);
 #define MP_BUG(...) mp_bug(__FILE__, __LINE__, __VA_ARGS__)
