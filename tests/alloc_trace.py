@@ -12,6 +12,7 @@ follows PyTorch's order, and its simulation agrees with an independent one.
 3. The backward thread's cuBLAS workspace (one per cuBLAS handle and stream, handles per thread:
    aten/src/ATen/cuda/CublasHandlePool.cpp): one more --workspace request in the warm-up's
    backward, right after the first linear's first allocation there; none in the second step.
+4. A node's transient made of several tensors is as many requests (gelu_new's forward: two).
 Exit 0 when all hold; else the first failure and exit 1.
 """
 import json
@@ -106,6 +107,15 @@ for cfg, args, n_params, parts in CASES:
               "%s: the backward's workspace comes at event %d (%s), want right after %d" % (name, ws[1], ph, first_bwd))
     check(not any(w[0] == "a" and w[3] == "workspace" for _, w in st[1]),
           "%s: a workspace requested in the measured step" % name)
+
+# 4. a node's transient parts are requests of their own: gelu_new's forward (transformers
+# activations.py NewGELUActivation) makes pow(x, 3) and 0.044715 * pow(x, 3) alive together,
+# each the size of x: GPT-2 bf16, batch 2 x 256, x = 2 * 256 * 3072 elements x 2 B = 3,145,728 B,
+# two requests, not one of 6,291,456 B.
+rep, lines, path, name = run("models/hf/gpt2.json", "--batch", "2", "--seq", "256", "--precision", "bf16")
+fwd = [int(w[2]) for ph, w in steps(lines)[0] if ph == "forward" and w[0] == "a" and w[3] == "tmp"
+       and w[5] == "h.0.mlp.act"]
+check(fwd == [3145728, 3145728], "%s: h.0.mlp.act's forward transient requested as %s, want 2 x 3145728" % (name, fwd))
 
 if fails:
     sys.exit("alloc_trace: " + fails[0] + ("" if len(fails) == 1 else " (+%d more)" % (len(fails) - 1)))

@@ -18,8 +18,9 @@ below are its functions), not from memplan's alloc_sim.c, so that the two can be
 A segment's address comes after every earlier one (cudaMalloc's, on an idle device).
 
 Trace lines (bench/alloc/torch_trace.py writes them; memplan's MEMPLAN_ALLOC_TRACE too):
-  a ID BYTES | f ID | e (empty_cache) | r (reset_peak_memory_stats) | m NAME | x ID (ID is a
-  host allocation: its events are dropped).
+  a ID BYTES [...] | f ID | e (empty_cache) | r (reset_peak_memory_stats) | m NAME | x ID (ID is
+  a host allocation: its events are dropped).  memplan's allocation lines go on with the store,
+  the prim and the node (ignored here); an ID may be allocated again once it has been freed.
 Usage: python3 bench/alloc/cca_ref.py TRACE [--from MARK]   (peak reserved after MARK, e.g.
   "step 1": what torch.cuda.max_memory_reserved() says after reset_peak_memory_stats there)
 """

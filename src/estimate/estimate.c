@@ -162,6 +162,77 @@ static enum mp_status backward_workspace(struct counter *c, const struct mp_even
     return mp_asim_alloc(&c->as, b) >= 0 ? MP_OK : c->as.overflow ? MP_ERR_RANGE : MP_ERR_NOMEM;
 }
 
+/* A node's transient is several tensors (its parts: build.c tmp_parts), each a request of its own
+ * to the caching allocator, as torch makes them: one lump of their sum would take a segment torch
+ * never makes (GPT-2 bf16: gelu_new's two 48 MiB intermediates, a 96 MiB segment).  How many
+ * parts ev's transient has (1: one request), into parts[]. */
+static int tmp_split(const struct counter *c, const struct mp_event *ev, uint64_t *parts)
+{
+    if (ev->store != MP_ST_TMP || ev->id < 0 || (size_t)ev->id >= c->p->n_nodes || !c->tmp_more)
+        return 1;
+    const struct mp_node *n = &c->p->nodes[ev->id];
+    bool bwd = ev->phase == MP_PH_BACKWARD;
+    int cnt = bwd ? n->n_bwd_tmp : n->n_fwd_tmp;
+    const struct mp_tmp_part *pt = bwd ? n->bwd_tmp : n->fwd_tmp;
+    if (cnt < 2 || ev->bytes != (bwd ? n->bwd_tmp_bytes : n->fwd_tmp_bytes)) /* (another transient) */
+        return 1;
+    for (int i = 0; i < cnt; i++)
+        parts[i] = pt[i].bytes;
+    return cnt;
+}
+
+static size_t more_key(const struct counter *c, int node, int i)
+{
+    return c->nkeys + 1 + (size_t)node * (MP_NODE_TMP_MAX - 1) + (size_t)i; /* (trace keys only) */
+}
+
+static enum mp_status asim_request(struct counter *c, const struct mp_event *ev, size_t key)
+{
+    uint64_t parts[MP_NODE_TMP_MAX];
+    int cnt = tmp_split(c, ev, parts);
+    if (cnt == 1) {
+        trace_event(c, ev, key);
+        return asim_alloc(c, key, ev->bytes);
+    }
+    for (int i = 0; i < cnt; i++) {
+        struct mp_event one = *ev;
+        one.bytes = parts[i];
+        size_t k = i ? more_key(c, ev->id, i - 1) : key;
+        trace_event(c, &one, k);
+        if (!parts[i])
+            continue;
+        if (!i) {
+            enum mp_status st = asim_alloc(c, key, parts[i]);
+            if (st != MP_OK)
+                return st;
+            continue;
+        }
+        int b = mp_asim_alloc(&c->as, parts[i]);
+        if (b < 0)
+            return c->as.overflow ? MP_ERR_RANGE : MP_ERR_NOMEM;
+        c->tmp_more[(size_t)ev->id * (MP_NODE_TMP_MAX - 1) + (size_t)(i - 1)] = b + 1;
+    }
+    return MP_OK;
+}
+
+static void asim_release(struct counter *c, const struct mp_event *ev, size_t key)
+{
+    trace_event(c, ev, key);
+    mp_asim_free(&c->as, (int)c->blk_of[key] - 1);
+    c->blk_of[key] = 0;
+    if (ev->store != MP_ST_TMP || !c->tmp_more || ev->id < 0 || (size_t)ev->id >= c->p->n_nodes)
+        return;
+    for (int i = 0; i < MP_NODE_TMP_MAX - 1; i++) {
+        int *m = &c->tmp_more[(size_t)ev->id * (MP_NODE_TMP_MAX - 1) + (size_t)i];
+        if (*m) {
+            struct mp_event one = *ev;
+            trace_event(c, &one, more_key(c, ev->id, i));
+            mp_asim_free(&c->as, *m - 1);
+            *m = 0;
+        }
+    }
+}
+
 static enum mp_status count_event(void *ctx, const struct mp_event *ev)
 {
     struct counter *c = ctx;
@@ -193,8 +264,7 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
                 c->lazy_state[ev->id] = ev->bytes; /* made at the first optimizer.step (lazy_opt_state) */
                 return MP_OK;
             }
-            trace_event(c, ev, key);
-            enum mp_status st = asim_alloc(c, key, ev->bytes);
+            enum mp_status st = asim_request(c, ev, key);
             if (st == MP_OK && c->bwd_workspace)
                 st = backward_workspace(c, ev);
             if (st != MP_OK)
@@ -206,11 +276,8 @@ static enum mp_status count_event(void *ctx, const struct mp_event *ev)
         c->cur_req -= ev->bytes;
         if (act)
             c->act_cur -= r;
-        if (ev->bytes && c->blk_of && key < c->nkeys && c->blk_of[key]) {
-            trace_event(c, ev, key);
-            mp_asim_free(&c->as, (int)c->blk_of[key] - 1);
-            c->blk_of[key] = 0;
-        }
+        if (ev->bytes && c->blk_of && key < c->nkeys && c->blk_of[key])
+            asim_release(c, ev, key);
     }
     return MP_OK;
 }
@@ -457,11 +524,16 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     c.blk_of = c.no_asim ? NULL : calloc(c.nkeys, sizeof *c.blk_of); /* only the allocator model reads it */
     if (!c.no_asim && !c.blk_of)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    if (!c.no_asim && !(c.tmp_more = calloc((p->n_nodes ? p->n_nodes : 1) * (MP_NODE_TMP_MAX - 1), sizeof *c.tmp_more))) {
+        free(c.blk_of);
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    }
     if (!c.no_asim && (!t->par || t->par->strategy == MP_PAR_NONE)) { /* (lazy_opt_state) */
         c.bwd_workspace = t->cublas_workspace_bytes;
         c.state_parts = mp_optimizer_state(t->optimizer) == MP_OPT_STATE_TWO ? 2 : 1;
         if (!(c.lazy_state = calloc(p->n_params ? p->n_params : 1, sizeof *c.lazy_state))) {
             free(c.blk_of);
+            free(c.tmp_more);
             return mp_fail(d, MP_ERR_NOMEM, "out of memory");
         }
     }
@@ -490,9 +562,15 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
                     mp_asim_free(&c.as, (int)c.blk_of[k] - 1);
                     c.blk_of[k] = 0;
                 }
+            for (size_t k = 0; c.tmp_more && k < p->n_nodes * (MP_NODE_TMP_MAX - 1); k++)
+                if (c.tmp_more[k]) {
+                    mp_asim_free(&c.as, c.tmp_more[k] - 1);
+                    c.tmp_more[k] = 0;
+                }
         }
     }
     free(c.blk_of);
+    free(c.tmp_more);
     free(c.lazy_state);
     mp_asim_release(&c.as);
     if (c.trace)
