@@ -422,6 +422,7 @@ def torch_row(spec, dev, hello):
             if cuda:
                 torch.cuda.synchronize()
                 if step == 1:  # the steady state: optimizer state exists, .grad is None
+                    res["segments_after_warmup"] = segments_of(torch)  # (what the warm-up left cached)
                     torch.cuda.reset_peak_memory_stats()
                     free, total = torch.cuda.mem_get_info()
                     res["device_used_before"] = total - free
