@@ -214,6 +214,7 @@ ifeq ($(TIER_LONG),)
 	@if command -v python3 >/dev/null && command -v nm >/dev/null; then python3 tests/deps.py $(BUILD); fi
 	@if command -v python3 >/dev/null; then python3 -B tests/doc_refs.py; else echo "doc_refs: skipped (no python3)"; fi
 	@if command -v python3 >/dev/null; then python3 -B tests/family_coverage.py ./memplan; fi
+	@if command -v python3 >/dev/null; then python3 -B tests/alloc_trace.py ./memplan; fi
 endif
 
 test-gpu: memplan $(BUILD)/tests/test_probe $(BUILD)/tests/test_probe_ops $(BUILD)/tests/test_probe_suggest

@@ -293,6 +293,15 @@ def worker_main(a):
         print(json.dumps(res), flush=True)
 
 
+def segments_of(torch):
+    try:
+        snap = torch.cuda.memory_snapshot()
+    except Exception as e:  # noqa: BLE001 - a missing measurement, not a failed row
+        return {"error": str(e)[:200]}
+    segs = sorted(snap, key=lambda g: g.get("address", 0))
+    return [[g.get("segment_type", "?"), g.get("total_size", 0), g.get("allocated_size", 0)] for g in segs]
+
+
 def cleanup(torch, cuda):
     import gc
     gc.collect()
@@ -413,6 +422,7 @@ def torch_row(spec, dev, hello):
             if cuda:
                 torch.cuda.synchronize()
                 if step == 1:  # the steady state: optimizer state exists, .grad is None
+                    res["segments_after_warmup"] = segments_of(torch)  # (what the warm-up left cached)
                     torch.cuda.reset_peak_memory_stats()
                     free, total = torch.cuda.mem_get_info()
                     res["device_used_before"] = total - free
@@ -448,6 +458,10 @@ def torch_row(spec, dev, hello):
             ms = torch.cuda.memory_stats()
             res.update(num_alloc_retries=ms.get("num_alloc_retries"), num_ooms=ms.get("num_ooms"),
                        alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+            # the segments the allocator holds after the measured steps, in address order: [pool
+            # ("large"/"small"), bytes, bytes of its blocks in use]; bench/alloc/ compares them with
+            # memplan's allocator model (MEMPLAN_ALLOC_TRACE) where reserved disagrees
+            res["segments"] = segments_of(torch)
             # what the device holds beyond the caching allocator: the context, cuBLAS/cuDNN handles,
             # the kernels loaded so far (this process's, on an otherwise idle GPU)
             res["non_allocator_bytes"] = res["device_used_after"] - res["reserved_after"] - (hello.get("nvml_used_before") or 0)

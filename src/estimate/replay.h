@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* ---- replay ------------------------------------------------------------------------------- */
 
@@ -78,6 +79,14 @@ struct counter {
     bool no_asim;     /* program too large for the allocator model: reserved = allocated */
     bool overflow;    /* the bytes left 64 bits (MP_ERR_RANGE) */
     struct fold_meter *fm; /* a fold's short program (fold_event), else NULL */
+    uint64_t *lazy_state; /* warm-up step: optimizer state bytes per parameter, still to be made
+                             at the first optimizer.step event (lazy_opt_state), else NULL */
+    int state_parts;  /* tensors per parameter of that state (exp_avg, exp_avg_sq: 2) */
+    uint64_t bwd_workspace; /* warm-up step: the backward thread's cuBLAS workspace, still to be
+                               made at its first GEMM (backward_workspace), else 0 */
+    int *tmp_more;    /* node -> its transient's further parts' asim blocks (+1; 0 none), MP_NODE_TMP_MAX - 1 each */
+    FILE *trace;      /* MEMPLAN_ALLOC_TRACE: the allocator model's requests, else NULL */
+    int trace_phase;  /* the phase last marked in it */
 };
 
 /* ---- a fold's short program counted as the full model (fold.h) -------------------------------

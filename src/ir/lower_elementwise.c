@@ -120,9 +120,15 @@ struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool inplace,
     /* forward transients (the fwd column: gelu's pow(x, 3) and polynomial, xIELU's where branches),
      * not saved; two of them fp32 where autocast or an fp32 parameter upcast them */
     uint64_t elems = T(B, x.t)->elems, nf = (uint64_t)mp_act_fwd_tensors(act), n32 = any32 ? mp_min_u64(nf, 2) : 0;
-    if (nf)
-        tmp_one(B, n, false, MP_TR_OTHER,
-                add(B, mul(B, mul(B, elems, 4), n32), mul(B, mul(B, elems, mp_dtype_size(xdt)), nf - n32)));
+    if (nf) { /* each its own tensor (the caching allocator's requests), up to MP_NODE_TMP_MAX */
+        enum mp_trole roles[MP_NODE_TMP_MAX] = {MP_TR_OTHER, MP_TR_OTHER, MP_TR_OTHER};
+        uint64_t parts[MP_NODE_TMP_MAX] = {0}, cnt = mp_min_u64(nf, MP_NODE_TMP_MAX);
+        for (uint64_t i = 0; i < nf; i++) {
+            uint64_t *pt = &parts[mp_min_u64(i, cnt - 1)];
+            *pt = add(B, *pt, mul(B, elems, i < n32 ? 4 : mp_dtype_size(xdt)));
+        }
+        tmp_parts(B, n, false, (int)cnt, roles, parts);
+    }
     /* backward of HF's composites: the x-sized tensors their chain of autograd nodes holds beyond
      * a fused kernel's gradients (model.h's bwd column, measured); an output promoted to fp32 by a
      * parameter (amp32 "out" without "in": xIELU) casts x's gradient back to x's dtype, one more
