@@ -11,10 +11,14 @@ device, so the CPU runs it here with torch.nn.attention.sdpa_kernel(SDPBackend.M
   2. the whole training step of a Hugging Face config under FakeTensorMode with
      bench/accuracy/torch_step.py's trackers (LiveTracker: the peak as max_memory_allocated;
      SavedTracker: the saved bytes), against `memplan estimate --torch 2.11` (peak minus the cuBLAS
-     workspace, which the CPU lacks).
+     workspace, which the CPU lacks).  The row goes to bench/accuracy/rows/sdpa_math.jsonl
+     (bench/accuracy/rowlib.py), which tests/replay_accuracy.py replays in `make test`.
 
   python3 bench/accuracy/sdpa_math.py [--config models/hf/qwen2-0.5b.json] [--batch 4] [--seq 1024]
-      [--max-layers 0] [--memplan ./memplan]
+      [--max-layers 0] [--vocab 0] [--checkpoint none|layers] [--memplan ./memplan]
+
+--vocab N shrinks the vocabulary so that the step's peak leaves the loss for the attention (its
+forward and backward transients are then what is compared).
 """
 import argparse
 import json
@@ -28,6 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rowlib  # noqa: E402
 import torch_step  # noqa: E402  (the trackers; it also routes dropout and SDPA as CUDA does)
 
 
@@ -63,16 +68,14 @@ def one_call(b, a, kv, s, d):
     return log.ops, sorted(saved.values())
 
 
-def whole_step(cfg_path, batch, seq, max_layers):
-    cfg = json.load(open(cfg_path))
-    if max_layers:
-        cfg["num_hidden_layers"] = min(cfg["num_hidden_layers"], max_layers)
-    for key in ("attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop"):
-        if key in cfg:
-            cfg[key] = 0.0
-    cfg["use_cache"] = False
+def whole_step(cfg_path, batch, seq, max_layers, vocab, ckpt):
+    """The config as both sides read it (rowlib.load_config: dropout off, at most max_layers
+    layers; vocab: the vocabulary's size) and torch's figures of the step."""
+    cfg = rowlib.load_config(cfg_path, max_layers)
+    if vocab:
+        cfg["vocab_size"] = vocab
     with sdpa_kernel(SDPBackend.MATH):
-        t = torch_step.measure_torch(cfg, batch, seq, "fp32", "sdpa", "none", "adamw")
+        t = torch_step.measure_torch(cfg, batch, seq, "fp32", "sdpa", ckpt, "adamw")
     return cfg, t
 
 
@@ -82,6 +85,8 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--max-layers", type=int, default=0, help="cap the decoder's layers (0: all)")
+    ap.add_argument("--vocab", type=int, default=0, help="the vocabulary's size (0: the config's)")
+    ap.add_argument("--checkpoint", choices=("none", "layers"), default="none")
     ap.add_argument("--memplan", default="./memplan")
     args = ap.parse_args()
     print("torch %s, transformers %s, CPU, SDPA forced to the math kernel" %
@@ -93,25 +98,41 @@ def main():
         print("  %-32s %s" % (name, outs))
     print("  saved (by storage): %s = %d bytes" % (saved, sum(n for _, n in saved)))
 
-    cfg, t = whole_step(args.config, args.batch, args.seq, args.max_layers)
+    cfg, t = whole_step(args.config, args.batch, args.seq, args.max_layers, args.vocab, args.checkpoint)
+    margs = ["--batch", str(args.batch), "--seq", str(args.seq), "--precision", "fp32", "--checkpoint",
+             args.checkpoint, "--use-cache", "off", "--torch", "2.11", "--json"]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cfg, f)
     try:
-        m = torch_step.measure_memplan(args.memplan, f.name, args.batch, args.seq, "fp32", "sdpa", "none", "adamw")
-        cmd = [args.memplan, "estimate", f.name, "--batch", str(args.batch), "--seq", str(args.seq),
-               "--precision", "fp32", "--checkpoint", "none", "--use-cache", "off", "--torch", "2.11", "--json"]
-        d = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+        d = json.loads(subprocess.run([args.memplan, "estimate", f.name] + margs, capture_output=True, text=True,
+                                      check=True).stdout)
+        fused = json.loads(subprocess.run([args.memplan, "estimate", f.name] + margs[:-3] + ["--json"],
+                                          capture_output=True, text=True, check=True).stdout)
     finally:
         os.unlink(f.name)
-    peak = d["memory"]["peak_allocated_bytes"] - d["memory"]["workspace_bytes"]
-    saved_mp = sum(x["activation_bytes"] for x in d["layers"])
-    print("\n%s, %d layers, %d x %d fp32, AdamW, no checkpointing:" %
-          (args.config, cfg["num_hidden_layers"], args.batch, args.seq))
-    print("  torch (math)       peak %15s  saved %15s" % ("{:,}".format(t["peak"]), "{:,}".format(t["saved"])))
-    print("  memplan --torch 2.11 peak %13s  saved %15s  (%+.3f %%, sdpa_kernel %s)" %
-          ("{:,}".format(peak), "{:,}".format(saved_mp), 100.0 * (peak - t["peak"]) / t["peak"],
-           d["config"].get("sdpa_kernel")))
-    print("  memplan (2.15)     peak %15s  (the memory-efficient kernel)" % "{:,}".format(m["peak"]))
+    peak = rowlib.FIGURES["peak"](d)
+    saved_mp = rowlib.FIGURES["saved"](d)
+    print("\n%s, %d layers, vocabulary %d, %d x %d fp32, AdamW, checkpoint %s:" %
+          (args.config, cfg["num_hidden_layers"], cfg["vocab_size"], args.batch, args.seq, args.checkpoint))
+    num = lambda n: "-" if n is None else "{:,}".format(n)  # noqa: E731
+    print("  torch (math)         peak %15s  saved %15s  at %s" % (num(t["peak"]), num(t["saved"]), t["peak_at"]))
+    print("  memplan --torch 2.11 peak %15s  saved %15s  at %s (%+.4f %%, sdpa_kernel %s)" %
+          (num(peak), num(saved_mp if args.checkpoint == "none" else None), d["memory"]["peak_event"],
+           100.0 * (peak - t["peak"]) / t["peak"], d["config"].get("sdpa_kernel")))
+    print("  memplan (2.15)       peak %15s  (the memory-efficient kernel)" % num(rowlib.FIGURES["peak"](fused)))
+    row = {"source": "bench/accuracy/sdpa_math.py run (SDPA forced to the math kernel, fake tensors)",
+           "args": margs, "figures": {"peak": rowlib.figure(t["peak"], peak)},
+           "recorded": {"peak_diff_pct": round(100.0 * (peak - t["peak"]) / t["peak"], 4),
+                        "torch_peak_at": t["peak_at"], "memplan_peak_at": d["memory"]["peak_event"]},
+           "versions": rowlib.run_versions(torch=torch.__version__,
+                                           transformers=torch_step.transformers.__version__)}
+    if args.checkpoint == "none":
+        row["figures"]["saved"] = rowlib.figure(t["saved"], saved_mp)
+    if args.vocab:
+        row["config_json"] = cfg
+    else:
+        row.update(config=args.config, max_layers=args.max_layers)
+    print("  row saved to %s" % rowlib.save_rows("sdpa_math", [row]))
 
 
 if __name__ == "__main__":

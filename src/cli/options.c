@@ -129,8 +129,8 @@ static const struct opt OPTS[] = {
      .names = mp_attn_impl_names, .help = ": override the attention implementation (default sdpa)"},
     {0, "torch", "X.Y", C_ALL, K_CALLBACK, FIELD(torch), .cb = cb_torch,
      .expect = "a PyTorch release from 2.6 on, as MAJOR.MINOR (2.11, 2.11.0+cu130)",
-     .help = "the PyTorch release: SDPA's kernel for fp32 grouped-query attention (math before "
-             "2.14; default 2.15)"},
+     .help = "the PyTorch release (default 2.15): before 2.15 SDPA runs fp32 grouped-query attention "
+             "on its math kernel (s x s kept)"},
     {0, "trainer", "T", C_EST | C_PLAN | C_SUGG | C_CHECK, K_ENUM, FIELD(trainer), .parse = mp_trainer_parse,
      .names = mp_trainer_names,
      .help = ": the step TRL runs (default sft; dpo: --batch pairs, chosen+rejected, a reference forward)"},

@@ -88,7 +88,7 @@ struct mp_build_opts {
 };
 /* The first PyTorch release known to run fp32 grouped-query attention on SDPA's memory-efficient
  * kernel (--torch below it: the math kernel, lower_attention.c sdpa_math) */
-#define MP_TORCH_MEMEFF_GQA 214
+#define MP_TORCH_MEMEFF_GQA 215
 /* batch 1, seq 0 (= model default), amp-bf16, sdpa, loss hf, every label counted. */
 void mp_build_opts_default(struct mp_build_opts *o);
 
@@ -377,7 +377,7 @@ struct mp_program {
                                     saves them (checkpointed layers too, as checkpoint inputs): held from
                                     the first forward that makes them to the backward of that block; -1 */
     bool sdpa_math;              /* SDPA runs its math kernel (lower_attention.c sdpa_math: fp32
-                                    grouped-query attention before torch 2.14) */
+                                    grouped-query attention before torch 2.15) */
     int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward
                                     (Falcon), held like rope_tables; -1 */
 #define MP_HELD_MAX 8

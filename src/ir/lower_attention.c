@@ -151,16 +151,18 @@ static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool e
 }
 
 /* SDPA's math kernel on CUDA (docs/memory-facts.md#sdpa-math): grouped-query attention (fewer k/v
- * heads than q heads) in fp32, without a mask, before torch 2.14.  transformers passes
+ * heads than q heads) in fp32, without a mask, before torch 2.15.  transformers passes
  * enable_gqa=True there (sdpa_attention.py use_gqa_in_sdpa, transformers 5.24.0:42-51: no mask,
  * equal k and v head dims <= 256); torch's dispatcher (aten/src/ATen/native/transformers/cuda/
  * sdp_utils.cpp select_sdp_backend) then finds: cuDNN and flash take only fp16/bf16
  * (check_dtypes_low_precision), and the memory-efficient kernel, before pytorch/pytorch#191085,
  * checks the heads with check_batch_size_and_num_heads_dense<supports_gqa = false>, which
  * refuses q heads != k heads whatever enable_gqa says: math.  Measured on an H200 with torch 2.11
- * (bench/gpu, /work/gpu3/report.md: "math (no fused SDPA op seen)" for both fp32 Qwen2 rows).
- * torch 2.14's documentation and 2.15's (nn/functional.py scaled_dot_product_attention: "Memory-
- * efficient attention also supports GQA on NVIDIA CUDA") run the memory-efficient kernel instead:
+ * (the bench/gpu kit's report: "math (no fused SDPA op seen)" for both fp32 Qwen2-0.5B rows).
+ * torch 2.15 (nn/functional.py scaled_dot_product_attention: "Memory-efficient attention also
+ * supports GQA on NVIDIA CUDA"; pytorch/pytorch#191085, 2026-07) runs the memory-efficient kernel
+ * instead; 2.12 to 2.14 are not checked here and get the math kernel (an overestimate if they have
+ * the change; a third party quotes the same sentence from 2.14's documentation).
  * --torch says which (0, the default: 2.15).  A masked or packed layer gets k and v repeated to
  * every head by transformers first (repeat_kv: core.kv_heads = heads here), so the fused kernels
  * take it. */
