@@ -129,7 +129,8 @@ def main():
     if args.checkpoint == "none":
         row["figures"]["saved"] = rowlib.figure(t["saved"], saved_mp)
     if args.vocab:
-        row["config_json"] = cfg
+        row.update(config="%s, %d layers, vocabulary %d (sdpa_math.py --vocab)" %
+                   (args.config, cfg["num_hidden_layers"], args.vocab), config_json=cfg)
     else:
         row.update(config=args.config, max_layers=args.max_layers)
     print("  row saved to %s" % rowlib.save_rows("sdpa_math", [row]))
