@@ -841,6 +841,38 @@ expect_line 2 "--num-labels 0: out of range" estimate models/hf/llama-3.2-1b.jso
 expect_line 3 "--head mlm on llama: transformers has none" estimate models/hf/llama-3.2-1b.json --head mlm
 expect_line 3 "--num-labels on a causal LM" estimate models/hf/llama-3.2-1b.json --num-labels 4
 expect_line 3 "--head on a memplan model" estimate models/gpt2-124m.json --head seq-cls
+# --torch: SDPA's math kernel for fp32 grouped-query attention before torch 2.15
+# (docs/memory-facts.md#sdpa-math).  Qwen2-0.5B: 14 q heads, 2 k/v heads, head dim 64; batch 1,
+# seq 64.  What the math kernel saves, from bench/accuracy/sdpa_math.py's trace of one call
+# (saved_tensors_hooks, torch 2.15, CPU): the scaled q (b,a,s,d), the scaled k^T (b,a,d,s), the
+# repeated v (b,a,s,d) and the probabilities (b,a,s,s), fp32:
+#   3*1*14*64*64*4 + 1*14*64*64*4 = 688,128 + 229,376 = 917,504 bytes;
+# instead of what the fused kernel saves (docs/memory-facts.md#saved-tensors): q 1*64*14*64*4 = 229,376,
+# k and v 1*64*2*64*4 = 32,768 each, the fp32 logsumexp 1*14*64*4 = 3,584 (the output is o_proj's
+# input either way): 298,496.  Every block: +619,008 bytes; the 24 blocks +14,856,192.
+expect_line 2 "--torch 2.5: before the releases transformers takes" estimate models/hf/qwen2-0.5b.json --torch 2.5
+expect_line 2 "--torch 2.x: not a release" estimate models/hf/qwen2-0.5b.json --torch 2.x
+run estimate models/hf/qwen2-0.5b.json --batch 1 --seq 64 --precision fp32 --use-cache off --torch 2.15 --json
+cp "$T/out" "$T/fused.json"
+run estimate models/hf/qwen2-0.5b.json --batch 1 --seq 64 --precision fp32 --use-cache off --torch 2.11.0+cu130 --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys
+f, m = (json.load(open(p)) for p in sys.argv[1:3])
+d = [a["activation_bytes"] - b["activation_bytes"] for a, b in zip(m["layers"], f["layers"]) if a["type"] == "transformer_block"]
+assert len(d) == 24 and set(d) == {917504 - 298496}, d
+assert m["memory"]["activations_bytes"] - f["memory"]["activations_bytes"] == 24 * 619008
+assert m["config"]["torch"] == "2.11" and m["config"]["sdpa_kernel"] == "math" and "sdpa_kernel" not in f["config"]' \
+    "$T/fused.json" "$T/out"; then
+    ok "--torch 2.11, fp32 GQA: the math kernel saves 619,008 bytes more per block (config.sdpa_kernel math)"
+else
+    bad "--torch 2.11, fp32 GQA: the math kernel saves 619,008 bytes more per block (config.sdpa_kernel math)"
+fi
+run estimate models/hf/qwen2-0.5b.json --batch 1 --seq 64 --precision amp-bf16 --use-cache off --torch 2.11 --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["config"]
+assert "sdpa_kernel" not in c, c' "$T/out"; then
+    ok "--torch 2.11 under amp-bf16: half q/k/v, a fused kernel (no sdpa_kernel)"
+else
+    bad "--torch 2.11 under amp-bf16: half q/k/v, a fused kernel (no sdpa_kernel)"
+fi
 run estimate models/hf/llama-3.2-1b.json --seq 128 --head seq-cls --num-labels 5 --json
 if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["model"]
 # LlamaForSequenceClassification: the base model and score = Linear(2048, 5, bias=False)

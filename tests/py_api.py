@@ -260,6 +260,7 @@ CASES = [
     ("dpo", "estimate", L1B, dict(trainer="dpo", batch=2, seq=256)),
     ("suggest dpo", "suggest", L1B, dict(trainer="dpo", finetune="lora", seq=512, gpu="t4", no_probe=True)),
     ("suggest packing", "suggest", L1B, dict(packing=True, seq=1024, gpu="a100-80gb", no_probe=True)),
+    ("sdpa math", "estimate", L1B, dict(torch="2.11", precision="fp32", seq=256)),
 ]
 reps = {}
 for label, command, model, kw in CASES:
@@ -276,6 +277,10 @@ if r:
     check(r.config.finetune.mode == "lora" and r.config.finetune.lora_r == 8 and r.config.finetune.lora_dropout == 0.05
           and r.config.finetune.lora_targets == "q_proj,v_proj",
           "lora: finetune lora, r 8, dropout 0.05, targets q_proj,v_proj (the keywords reached the command line)")
+r = reps.get("sdpa math")
+if r:  # llama-3.2-1b has 32 q heads and 8 k/v heads: fp32 GQA, torch 2.11's math kernel
+    check(r.config.torch == "2.11" and r.config.sdpa_kernel == "math",
+          "--torch 2.11, fp32 GQA: config.torch 2.11, config.sdpa_kernel math")
 r = reps.get("an HF config as a dict")
 if r:
     check(r.model.source == "hf" and r.config.batch == 2 and r.model.name == "model",

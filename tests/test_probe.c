@@ -472,6 +472,72 @@ static void test_peak_equals_estimate_hf_families(void **state)
     }
 }
 
+/* SDPA's math kernel (--torch 2.11, fp32 grouped-query attention: docs/memory-facts.md#sdpa-math):
+ * the llama test model (4 q heads, 2 k/v heads) lowers its attention as the eager op chain; the
+ * host executor's peak equals the estimate under every schedule and optimizer, and it computes the
+ * fused kernel's function (the same loss and gradients as the default build). */
+static void build_torch(struct mp_program *p, const struct mp_model *m, unsigned torch)
+{
+    struct mp_build_opts o;
+    struct mp_diag d = {{0}};
+    mp_build_opts_default(&o);
+    o.batch = 2;
+    o.precision = MP_PREC_FP32;
+    o.torch = torch;
+    if (mp_program_build(m, &o, p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+}
+
+static void test_sdpa_math_kernel(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    llama_model(&m, false);
+    struct mp_program p[2];
+    build_torch(&p[0], &m, 211);
+    build_torch(&p[1], &m, 215);
+    assert_true(p[0].sdpa_math && !p[1].sdpa_math);
+    size_t eager[2] = {0, 0};
+    for (int i = 0; i < 2; i++)
+        for (size_t k = 0; k < p[i].n_nodes; k++)
+            eager[i] += p[i].nodes[k].prim == MP_P_ATTN && p[i].nodes[k].eager;
+    assert_int_equal(eager[0], 2);
+    assert_int_equal(eager[1], 0);
+    struct mp_schedule none, seq;
+    mp_schedule_init(&none);
+    mp_schedule_init(&seq);
+    assert_int_equal(mp_ckpt_schedule_none(p[0].n_blocks, &none), MP_OK);
+    assert_int_equal(mp_ckpt_schedule_sequential(p[0].n_blocks, 2, &seq), MP_OK);
+    const struct mp_schedule *scheds[3] = {NULL, &none, &seq};
+    static const enum mp_optimizer opts[] = {MP_OPT_SGD, MP_OPT_ADAMW};
+    for (size_t j = 0; j < 2; j++)
+        for (size_t k = 0; k < 3; k++) {
+            struct mp_train_opts t = train_opts(opts[j], k % 2 ? 8519680 : 0);
+            struct mp_probe_result r;
+            probe_host(&p[0], scheds[k], &t, 0, 1, &r);
+            uint64_t est = estimate_peak(&p[0], scheds[k], &t);
+            if (!r.fits || r.measured_peak_bytes != est)
+                fail_msg("math kernel, %s, sched %zu: measured %llu, estimated %llu", mp_optimizer_str(opts[j]), k,
+                         (unsigned long long)r.measured_peak_bytes, (unsigned long long)est);
+        }
+    mp_schedule_release(&none);
+    mp_schedule_release(&seq);
+    uint64_t n = p[0].total_params;
+    float *g[2] = {calloc(n, sizeof(float)), calloc(n, sizeof(float))};
+    double loss[2];
+    for (int i = 0; i < 2; i++) {
+        struct mp_exec *x = exec_new(&p[i], MP_OPT_SGD, 0);
+        loss[i] = step(x, NULL, false, g[i]);
+        mp_host_exec_free(x);
+        mp_program_release(&p[i]);
+    }
+    assert_true(fabs(loss[0] - loss[1]) < 1e-5);
+    assert_true(rel_l2(g[0], g[1], n) < 1e-5);
+    free(g[0]);
+    free(g[1]);
+    mp_model_release(&m);
+}
+
 /* ---- out of memory ---------------------------------------------------------------------------- */
 
 static void test_oom_just_below_peak(void **state)
@@ -724,6 +790,31 @@ static void test_cuda_matches_host(void **state)
     mp_model_release(&m);
 }
 
+/* SDPA's math kernel (the llama test model, fp32 GQA, --torch 2.11) on the CUDA backend: the
+ * eager op chain's kernels, the peak equal to the estimate, the host's losses. */
+static void test_cuda_sdpa_math(void **state)
+{
+    (void)state;
+    if (!mp_cuda_device_available())
+        skip();
+    struct mp_model m;
+    llama_model(&m, false);
+    struct mp_program p;
+    build_torch(&p, &m, 211);
+    assert_true(p.sdpa_math);
+    struct mp_train_opts t = train_opts(MP_OPT_ADAMW, 8519680);
+    struct mp_probe_result h, c;
+    probe_host(&p, NULL, &t, 0, 3, &h);
+    probe_cuda(&p, &t, 0, 3, &c);
+    assert_true(c.fits);
+    assert_int_equal(c.measured_peak_bytes, estimate_peak(&p, NULL, &t));
+    for (int i = 0; i < 3; i++)
+        if (fabs(c.losses[i] - h.losses[i]) > 2e-3 * fabs(h.losses[i]))
+            fail_msg("step %d: cuda loss %g, host %g", i, c.losses[i], h.losses[i]);
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
 static void test_cuda_all_models_train(void **state)
 {
     (void)state;
@@ -836,12 +927,14 @@ int main(void)
         cmocka_unit_test(test_peak_equals_estimate_bundled),
         cmocka_unit_test(test_peak_equals_estimate_test_models),
         cmocka_unit_test(test_peak_equals_estimate_hf_families),
+        cmocka_unit_test(test_sdpa_math_kernel),
         cmocka_unit_test(test_oom_just_below_peak),
         cmocka_unit_test(test_loss_falls_tiny_test),
         cmocka_unit_test(test_loss_falls_adam8bit_blockwise),
         cmocka_unit_test(test_custom_chain_runs),
         cmocka_unit_test(test_backend_registry),
         cmocka_unit_test(test_cuda_matches_host),
+        cmocka_unit_test(test_cuda_sdpa_math),
         cmocka_unit_test(test_cuda_all_models_train),
         cmocka_unit_test(test_cuda_oom_is_a_result),
         cmocka_unit_test(test_cuda_pool_trimmed_between_runs),

@@ -839,9 +839,22 @@ def row_config(kit, row):
     return tiny_config(kit, row["model"], row["config"]), CPU_BATCH, CPU_SEQ
 
 
+def torch_release():
+    """The installed torch's version (what the PyTorch worker runs), without importing torch; None
+    when there is none.  memplan --torch takes it: it decides SDPA's kernel for fp32 GQA (math
+    before 2.14: docs/memory-facts.md#sdpa-math)."""
+    try:
+        import importlib.metadata
+        return importlib.metadata.version("torch")
+    except Exception:
+        return None
+
+
 def memplan_args(row, cfg, b, s):
     args = [cfg, "--batch", str(b), "--seq", str(s), "--precision", row["precision"], "--checkpoint",
             row["checkpoint"], "--use-cache", "off"]
+    if torch_release():
+        args += ["--torch", torch_release()]
     if row["finetune"] != "full":
         args += ["--finetune", row["finetune"], "--lora-r", str(LORA_R)]
     return args

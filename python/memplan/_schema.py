@@ -127,6 +127,8 @@ class Config:
     optimizer_hf: Optional[str] = _opt()  # the TrainingArguments optim
     checkpoint: Optional[str] = _opt()
     attention: Optional[str] = _opt()
+    torch: Optional[str] = _opt()  # --torch only: "2.11"
+    sdpa_kernel: Optional[str] = _opt()  # only where SDPA runs its math kernel: "math"
     grad_accumulation: Optional[bool] = _opt()
     moe: Optional[Moe] = _opt()
     use_cache: Optional[bool] = _opt()

@@ -38,6 +38,7 @@ struct args {
     struct mp_ckpt_spec ckpt;
     int attention;
     bool attention_set;
+    unsigned torch;        /* --torch: major * 100 + minor (0: not given, memplan's 2.15) */
     int loss;              /* --loss (enum mp_loss) */
     bool loss_set;
     int trainer;           /* --trainer (enum mp_trainer; default sft) */

@@ -74,6 +74,7 @@ static enum mp_status cb_checkpoint(struct args *a, void *field, const char *s, 
 static enum mp_status cb_lora_targets(struct args *a, void *field, const char *s, struct mp_diag *d);
 static enum mp_status cb_train_blocks(struct args *a, void *field, const char *s, struct mp_diag *d);
 static enum mp_status cb_alloc_conf(struct args *a, void *field, const char *s, struct mp_diag *d);
+static enum mp_status cb_torch(struct args *a, void *field, const char *s, struct mp_diag *d);
 
 /* --precision: the table's precisions and mixed-bf16 (bf16 with fp32 master weights under
  * data parallelism, cb_precision) */
@@ -126,6 +127,10 @@ static const struct opt OPTS[] = {
      .help = "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {0, "attention", "A", C_ALL, K_ENUM, FIELD(attention), SEEN(attention_set), .parse = mp_attn_impl_parse,
      .names = mp_attn_impl_names, .help = ": override the attention implementation (default sdpa)"},
+    {0, "torch", "X.Y", C_ALL, K_CALLBACK, FIELD(torch), .cb = cb_torch,
+     .expect = "a PyTorch release from 2.6 on, as MAJOR.MINOR (2.11, 2.11.0+cu130)",
+     .help = "the PyTorch release (default 2.15): before 2.15 SDPA runs fp32 grouped-query attention "
+             "on its math kernel (s x s kept)"},
     {0, "trainer", "T", C_EST | C_PLAN | C_SUGG | C_CHECK, K_ENUM, FIELD(trainer), .parse = mp_trainer_parse,
      .names = mp_trainer_names,
      .help = ": the step TRL runs (default sft; dpo: --batch pairs, chosen+rejected, a reference forward)"},
@@ -287,6 +292,28 @@ static enum mp_status cb_precision(struct args *a, void *field, const char *s, s
     a->par.mixed_bf16 = !strcmp(s, "mixed-bf16");
     *p = a->par.mixed_bf16 ? (int)MP_PREC_BF16 : mp_precision_parse(s);
     return *p < 0 ? MP_ERR_USAGE : MP_OK;
+}
+
+/* --torch: MAJOR.MINOR, maybe .PATCH and a local part (torch.__version__: 2.11.0+cu130), stored
+ * as major * 100 + minor; from 2.6, the oldest transformers 5.24 takes (dependency_versions_table.py) */
+static enum mp_status cb_torch(struct args *a, void *field, const char *s, struct mp_diag *d)
+{
+    (void)a, (void)d;
+    unsigned v[2] = {0, 0};
+    const char *p = s;
+    for (int i = 0; i < 2; i++) { /* one or two digits each */
+        if (i && *p++ != '.')
+            return MP_ERR_USAGE;
+        int digits = 0;
+        for (; *p >= '0' && *p <= '9' && digits < 3; p++, digits++)
+            v[i] = v[i] * 10 + (unsigned)(*p - '0');
+        if (digits == 0 || digits > 2)
+            return MP_ERR_USAGE;
+    }
+    if ((*p && *p != '.' && *p != '+') || v[0] * 100 + v[1] < 206)
+        return MP_ERR_USAGE;
+    *(unsigned *)field = v[0] * 100 + v[1];
+    return MP_OK;
 }
 
 static enum mp_status cb_checkpoint(struct args *a, void *field, const char *s, struct mp_diag *d)

@@ -248,7 +248,9 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
         cli_add_default(s, "attention %s (the model's own; --attention overrides it)",
                         mp_attn_impl_str((enum mp_attn_impl)own));
     else if (!a->attention_set && mp_model_has_attention(&s->model))
-        cli_add_default(s, "attention %s (transformers' default: no s x s matrix kept)", "sdpa");
+        cli_add_default(s, "attention %s", a->torch && a->torch < MP_TORCH_MEMEFF_GQA
+                                               ? "sdpa (transformers' default: its math kernel keeps s x s for fp32 GQA)"
+                                               : "sdpa (transformers' default: no s x s matrix kept)");
     if (s->model.kv_cache && a->use_cache < 0)
         cli_add_default(s, "use_cache %s", !s->model.use_cache ? "off (config)"
                                        : a->ckpt.strategy == MP_CKPT_LAYERS ? "off (gradient checkpointing turns it off)"
@@ -387,6 +389,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     s->build.precision = (enum mp_precision)a->precision;
     s->build.attention = (enum mp_attn_impl)a->attention;
     s->build.attention_forced = a->attention_set;
+    s->build.torch = a->torch;
     s->build.loss = (enum mp_loss)a->loss;
     s->build.label_fraction = a->label_fraction;
     s->build.packing = a->packing;

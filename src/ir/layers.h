@@ -81,7 +81,14 @@ struct mp_build_opts {
     enum mp_trainer trainer;     /* --trainer: DPO lowers 2 x batch sequences (batch counts pairs) */
     bool no_copies;              /* lower every block: none is made by shifting a copy of the block
                                     before it (tests compare the two builds) */
+    unsigned torch;              /* --torch: the PyTorch release, major * 100 + minor (211 for 2.11);
+                                    0: the one memplan's facts are read from (2.15).  It decides
+                                    SDPA's kernel for fp32 grouped-query attention (lower_attention.c
+                                    sdpa_math) */
 };
+/* The first PyTorch release known to run fp32 grouped-query attention on SDPA's memory-efficient
+ * kernel (--torch below it: the math kernel, lower_attention.c sdpa_math) */
+#define MP_TORCH_MEMEFF_GQA 215
 /* batch 1, seq 0 (= model default), amp-bf16, sdpa, loss hf, every label counted. */
 void mp_build_opts_default(struct mp_build_opts *o);
 
@@ -369,6 +376,8 @@ struct mp_program {
     int rope_tables;             /* rotary cos/sin: the model makes them once per forward and every layer
                                     saves them (checkpointed layers too, as checkpoint inputs): held from
                                     the first forward that makes them to the backward of that block; -1 */
+    bool sdpa_math;              /* SDPA runs its math kernel (lower_attention.c sdpa_math: fp32
+                                    grouped-query attention before torch 2.15) */
     int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward
                                     (Falcon), held like rope_tables; -1 */
 #define MP_HELD_MAX 8

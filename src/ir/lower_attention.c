@@ -150,6 +150,30 @@ static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool e
     }
 }
 
+/* SDPA's math kernel on CUDA (docs/memory-facts.md#sdpa-math): grouped-query attention (fewer k/v
+ * heads than q heads) in fp32, without a mask, before torch 2.15.  transformers passes
+ * enable_gqa=True there (sdpa_attention.py use_gqa_in_sdpa, transformers 5.24.0:42-51: no mask,
+ * equal k and v head dims <= 256); torch's dispatcher (aten/src/ATen/native/transformers/cuda/
+ * sdp_utils.cpp select_sdp_backend) then finds: cuDNN and flash take only fp16/bf16
+ * (check_dtypes_low_precision), and the memory-efficient kernel, before pytorch/pytorch#191085,
+ * checks the heads with check_batch_size_and_num_heads_dense<supports_gqa = false>, which
+ * refuses q heads != k heads whatever enable_gqa says: math.  Measured on an H200 with torch 2.11
+ * (the bench/gpu kit's report: "math (no fused SDPA op seen)" for both fp32 Qwen2-0.5B rows).
+ * torch 2.15 (nn/functional.py scaled_dot_product_attention: "Memory-efficient attention also
+ * supports GQA on NVIDIA CUDA"; pytorch/pytorch#191085, 2026-07) runs the memory-efficient kernel
+ * instead; 2.12 to 2.14 are not checked here and get the math kernel (an overestimate if they have
+ * the change; a third party quotes the same sentence from 2.14's documentation).
+ * --torch says which (0, the default: 2.15).  A masked or packed layer gets k and v repeated to
+ * every head by transformers first (repeat_kv: core.kv_heads = heads here), so the fused kernels
+ * take it. */
+static bool sdpa_math(const struct bld *B, const struct mp_layer *l, enum mp_attn_impl impl, enum mp_dtype qdt,
+                      uint64_t d, uint64_t dv)
+{
+    unsigned torch = B->p->opts.torch;
+    return impl == MP_ATTN_SDPA && torch && torch < MP_TORCH_MEMEFF_GQA && l->kv_heads < l->heads &&
+           qdt == MP_DT_F32 && d == dv && d <= 256 && !sdpa_masked(B, l) && !sdpa_packed(B, l, impl);
+}
+
 /* Scaled dot-product attention core: q (b,s,a*d), k (b,s,kv*d) and v (b,s,kv*dv).  Eager
  * attention makes contiguous copies of the inputs that are transposed views (copies: bit 0 q,
  * bit 1 k, bit 2 v; DeepSeek's q and k are fresh (b,a,s,d) tensors, its v a view). */
@@ -159,9 +183,10 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     if (failed(B))
         return q;
     enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
-    bool eager = impl == MP_ATTN_EAGER;
-    uint64_t b = B->b, s = B->s, a = l->heads;
     enum mp_dtype cdt = dt_of(B, q);
+    /* SDPA's math kernel is eager attention's chain of ops (eager_ops) on its own copies */
+    bool math = sdpa_math(B, l, impl, cdt, d, dv), eager = impl == MP_ATTN_EAGER || math;
+    uint64_t b = B->b, s = B->s, a = l->heads;
     struct val y = with_last(B, name, q, mul(B, a, dv), cdt, true);
     struct mp_node *n = new_node(B, MP_P_ATTN, name);
     if (!n)
@@ -181,9 +206,24 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     uint64_t asb = mul(B, mul(B, a, s), b);      /* a*s*b */
     uint64_t ass = mul(B, asb, s);                /* a*s*s*b */
     char en[80];
-    attn_mask(B, n, name, eager, sdpa_packed(B, l, impl), cdt);
-    if (eager && (l->attn_mask || l->eager_mask))
+    attn_mask(B, n, name, impl == MP_ATTN_EAGER, sdpa_packed(B, l, impl), cdt);
+    if (impl == MP_ATTN_EAGER && (l->attn_mask || l->eager_mask))
         n->score_add[0] = B->attn_mask;
+    if (math) {
+        /* _scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp),
+         * traced op by op with torch 2.15 on the CPU (bench/accuracy/sdpa_math.py): q * sqrt(scale)
+         * (b,a,s,d); for is_causal an (s, s) bool ones().tril() turned into an (s, s) float mask;
+         * k and v repeat_interleave'd to every head (unsqueeze, expand, clone: (b,a,s,d) each);
+         * k^T * sqrt(scale) (b,a,d,s); scores = bmm; + mask (a new (b,a,s,s)); _safe_softmax;
+         * bmm with v.  Saved: the scaled q and k^T, the repeated v and the probabilities, which are
+         * eager's q, k and v copies and probs, with the scale applied to the scores instead (same
+         * bytes: the scale's new tensor stands for the mask add's).  The float mask and the
+         * repeated k (before its scaling) are the function's locals: alive to its end, a forward
+         * transient of the node. */
+        B->p->sdpa_math = true;
+        uint64_t mask = l->causal ? mul(B, mul(B, s, s), mp_dtype_size(cdt)) : 0;
+        tmp_one(B, n, false, MP_TR_OTHER, add(B, mask, mul(B, mul(B, asb, d), mp_dtype_size(cdt))));
+    }
     if (!eager) {
         /* SDPA flash / mem-efficient: saves q, k, v, out and the fp32 logsumexp. */
         save(n, q.t);

@@ -86,6 +86,14 @@ static void ju64(cJSON *o, const char *k, uint64_t v)
 }
 
 /* The precision policy's name: mixed-bf16 is a bf16 program with an fp32 master (parallel.h). */
+/* --torch's release (major * 100 + minor) as MAJOR.MINOR */
+static const char *torch_str(unsigned v)
+{
+    static char buf[16];
+    snprintf(buf, sizeof buf, "%u.%u", v / 100 % 100, v % 100);
+    return buf;
+}
+
 static const char *prec_name(const struct mp_report_ctx *c, enum mp_precision p)
 {
     return c->train && c->train->par && c->train->par->mixed_bf16 && p == MP_PREC_BF16 ? "mixed-bf16"
@@ -296,6 +304,10 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         char sb[32];
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
+        if (c->build->torch) /* (only with --torch: the output without it is as it was) */
+            cJSON_AddStringToObject(cf, "torch", torch_str(c->build->torch));
+        if (c->prog && c->prog->sdpa_math) /* SDPA's kernel, where it is not a fused one (ir lower_attention.c sdpa_math) */
+            cJSON_AddStringToObject(cf, "sdpa_kernel", "math");
         cJSON_AddStringToObject(cf, "loss", mp_loss_str(c->build->loss));
         cJSON_AddNumberToObject(cf, "label_fraction", c->build->label_fraction);
         if (packing_of(c)) { /* (only with packing: the output without it is as it was) */
@@ -657,7 +669,8 @@ static void header(FILE *out, const struct mp_report_ctx *c)
             snprintf(seq + strlen(seq), sizeof seq - strlen(seq), ", target seq %llu",
                      (unsigned long long)c->prog->opts.target_seq);
         if (mp_model_has_attention(c->model))
-            snprintf(attn, sizeof attn, ", attention %s", mp_attn_impl_str(c->build->attention));
+            snprintf(attn, sizeof attn, ", attention %s%s", mp_attn_impl_str(c->build->attention),
+                     c->prog && c->prog->sdpa_math ? " (math kernel)" : "");
         fprintf(out, "config    batch %llu%s, %s, %s (%s), checkpoint %s%s%s\n", (unsigned long long)c->build->batch,
                 seq, prec_name(c, c->build->precision), mp_optimizer_str(c->train->optimizer),
                 mp_optimizer_hf(c->train->optimizer),
