@@ -137,6 +137,16 @@ bool inputs_bytes(const struct mp_program *p, struct mp_estimate *e)
     return ok;
 }
 
+/* The cuBLAS workspaces into e (mp_workspaces_bytes): MP_ERR_RANGE past 64 bits, naming --workspace. */
+enum mp_status workspaces_into(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                               struct mp_diag *d)
+{
+    if (!mp_workspaces_bytes(t, &e->workspace_bytes))
+        return mp_fail(d, MP_ERR_RANGE, "%s: %d cuBLAS workspaces (--workspace) of %llu bytes overflow 64 bits",
+                       p->model->path, MP_CUBLAS_HANDLES, (unsigned long long)t->cublas_workspace_bytes);
+    return MP_OK;
+}
+
 /* e->static_bytes: what is resident before the step, the cuBLAS workspace included.  With the
  * gradients it is all live as the optimizer step starts: that sum must fit 64 bits too. */
 enum mp_status static_total(const struct mp_program *p, struct mp_estimate *e, struct mp_diag *d)
@@ -155,7 +165,7 @@ enum mp_status static_total(const struct mp_program *p, struct mp_estimate *e, s
 /* The step's bytes left 64 bits: MP_ERR_RANGE, naming --workspace when it is most of them. */
 enum mp_status peak_overflow(const struct mp_program *p, const struct mp_train_opts *t, struct mp_diag *d)
 {
-    if (t->cublas_workspace_bytes > UINT64_MAX / 2)
+    if (t->cublas_workspace_bytes > UINT64_MAX / (2 * MP_CUBLAS_HANDLES))
         return mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits with the cuBLAS workspace (--workspace) of %llu "
                        "bytes", p->model->path, (unsigned long long)t->cublas_workspace_bytes);
     return mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits", p->model->path);
@@ -209,7 +219,9 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
     if (!ok || !inputs_bytes(p, e))
         return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
     e->optimizer_tmp_bytes = mp_opt_step_tmp_bytes(p, t->optimizer); /* (at most grads_bytes: checked) */
-    e->workspace_bytes = t->cublas_workspace_bytes;
+    enum mp_status wst = workspaces_into(p, t, e, d);
+    if (wst != MP_OK)
+        return wst;
     e->fwd_flops = p->fwd_flops;
     if (t->ref != MP_REF_NONE) /* DPO: the reference's forward of the same sequences (its adapter off) */
         e->fwd_flops += p->fwd_flops;

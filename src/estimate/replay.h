@@ -164,6 +164,8 @@ enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule 
 bool round512(uint64_t bytes, uint64_t *r);
 bool inputs_bytes(const struct mp_program *p, struct mp_estimate *e);
 enum mp_status static_total(const struct mp_program *p, struct mp_estimate *e, struct mp_diag *d);
+enum mp_status workspaces_into(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                               struct mp_diag *d);
 enum mp_status peak_overflow(const struct mp_program *p, const struct mp_train_opts *t, struct mp_diag *d);
 enum mp_status device_peak(const struct mp_program *p, uint64_t context_bytes, struct mp_estimate *e,
                            struct mp_diag *d);
