@@ -34,6 +34,8 @@ device thread reserves a handle of its own, and PyTorch keeps one workspace per 
 stream: aten/src/ATen/cuda/CublasHandlePool.cpp, getCurrentCUDABlasHandle's thread_local
 PoolWindow and setWorkspaceForHandle's (handle, stream) key), and after an nn.Linear with a bias
 forward and backward (the cuBLASLt epilogue path and its workspace, unified with cuBLAS's or not).
+The first row also records what is live at its measured step's peak (live_at_peak: the
+allocator's trace of that step, torch.cuda.memory._record_memory_history, summed by Python frame).
 Writes one JSON object: {"status", "workspaces", "rows": [...]}, with torch's and memplan's bytes
 and the difference in percent.
 """
@@ -94,6 +96,38 @@ def workspace_probe(torch, dev):
     return out
 
 
+def live_at_peak(snap, baseline, top=25):
+    """What was allocated at the peak of a recorded window: torch.cuda.memory._snapshot()'s trace
+    (alloc adds, free_requested takes away: memory_allocated's own accounting) replayed twice, to
+    find the peak and then the blocks made in the window that were live there, summed by their
+    innermost Python frames.  peak = baseline + the trace's highest running sum, a check against
+    max_memory_allocated; blocks alive before the window are in baseline, not listed."""
+    trace = [e for dev in snap.get("device_traces", []) for e in dev]
+    cur, best, at = 0, 0, -1
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            cur += e["size"]
+        elif e["action"] == "free_requested":
+            cur -= e["size"]
+        if cur > best:
+            best, at = cur, i
+    live = {}
+    for e in trace[:at + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] == "free_requested":
+            live.pop(e["addr"], None)
+    by = {}
+    for e in live.values():
+        fr = [f for f in e.get("frames", []) if f.get("filename", "").endswith(".py")][:3]
+        key = " < ".join("%s:%s %s" % (os.path.basename(f["filename"]), f["line"], f["name"]) for f in fr) or "?"
+        n, b = by.get(key, (0, 0))
+        by[key] = (n + 1, b + e["size"])
+    rows = sorted(({"bytes": b, "blocks": n, "where": k} for k, (n, b) in by.items()), key=lambda r: -r["bytes"])
+    return {"peak": baseline + best, "baseline": baseline, "events": len(trace), "at_event": at,
+            "live_made_in_window": sum(r["bytes"] for r in rows), "top": rows[:top]}
+
+
 def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
     import torch
     import transformers
@@ -151,7 +185,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
                                        ("log_probs", "entropy", "mean_logits", "is_top1"))
             stub.accelerator.device = dev
             inputs = dpo_inputs(cfg.vocab_size, pairs, seq, prompt, pre, dev)
-            ph, alloc_before = {}, None
+            ph, alloc_before, recording, snap_note = {}, None, False, None
             orig = dt.disable_gradient_checkpointing
 
             class Measured:
@@ -174,6 +208,12 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
                     torch.cuda.synchronize()
                     if s == 1:
                         alloc_before = torch.cuda.memory_allocated()
+                    if s == 1 and not result["rows"] and not smoke:  # the first row: what is live at its peak
+                        try:
+                            torch.cuda.memory._record_memory_history(max_entries=500000, stacks="python")
+                            recording = True
+                        except Exception as e:  # an API that moved: the row still runs
+                            snap_note = "record_memory_history: %s" % e
                     torch.cuda.reset_peak_memory_stats()
                     ph.clear()
                     loss = DPOTrainer._compute_loss(stub, model, inputs, False)
@@ -189,6 +229,16 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
                     opt.zero_grad(set_to_none=True)
                     torch.cuda.synchronize()
                     ph["optimizer"] = torch.cuda.max_memory_allocated()
+                    if recording:
+                        recording = False
+                        try:
+                            snap = torch.cuda.memory._snapshot()
+                            snap_note = live_at_peak(snap, alloc_before)
+                            del snap
+                        except Exception as e:
+                            snap_note = "snapshot: %s" % e
+                        finally:
+                            torch.cuda.memory._record_memory_history(enabled=None)
             finally:
                 dt.disable_gradient_checkpointing = orig
             peak = max(ph.values())
@@ -213,6 +263,8 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
                 "memplan_peak_event": m["peak_event"], "memplan_workspace_bytes": m.get("workspace_bytes"),
                 "alloc_start": alloc_start, "alloc_before_step": alloc_before,
                 "alloc_after_row": torch.cuda.memory_allocated(), "phase_peaks": dict(ph), "seconds": round(secs, 1)})
+            if snap_note is not None:
+                result["rows"][-1]["live_at_peak"] = snap_note
             print(json.dumps(result["rows"][-1]), flush=True)
             save()
     result["status"] = "ok"

@@ -1511,6 +1511,17 @@ def render(st):
                 ", ".join("%s %s" % kv for kv in (r.get("phase_peaks") or {}).items()), r.get("seconds")))
         if dp.get("skipped"):
             L.append("- not run (time): " + "; ".join(dp["skipped"]))
+        for r in dp["rows"]:
+            lp = r.get("live_at_peak")
+            if isinstance(lp, dict):
+                L.append("- %s %s %s: live at the measured step's peak (torch.cuda.memory._snapshot's trace): "
+                         "peak %s (torch %s), %s before the step, %s made in it:" % (
+                             r["config"], r["finetune"], r["checkpoint"], lp["peak"], r["torch_peak"],
+                             lp["baseline"], lp["live_made_in_window"]))
+                L += ["  - %s B in %s block(s): %s" % (t["bytes"], t["blocks"], t["where"]) for t in lp["top"][:15]]
+            elif lp:
+                L.append("- %s %s %s: live at peak not recorded: %s" % (r["config"], r["finetune"], r["checkpoint"],
+                                                                       lp))
     cb = st.get("callback", {})
     if cb:
         L += ["", "## MemplanCallback in a transformers Trainer (GPT-2, %s x %s, %s)" % (
