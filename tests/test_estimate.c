@@ -329,7 +329,8 @@ static void test_estimate_timeline_balances(void **state)
         /* what remains is exactly the persistent set: params, state, workspace, batch */
         struct mp_estimate e;
         assert_int_equal(mp_estimate_run(&prog, &s, &t, 0, &e, &d), MP_OK);
-        assert_int_equal((uint64_t)b.cur, e.weights_bytes + e.optimizer_bytes + 4096 + e.input_bytes);
+        /* two 4096-byte workspaces: the forward's cuBLAS handle and autograd's device thread's */
+        assert_int_equal((uint64_t)b.cur, e.weights_bytes + e.optimizer_bytes + 2 * 4096 + e.input_bytes);
         mp_estimate_release(&e);
         mp_schedule_release(&s);
         mp_program_release(&prog);
@@ -387,6 +388,47 @@ static void test_estimate_peak_overflow_is_an_error(void **state)
     memset(&d, 0, sizeof d);
     assert_int_equal(mp_estimate_run(&prog, NULL, &t, 0, &e, &d), MP_ERR_RANGE);
     assert_string_equal(d.msg, "test.json: memory overflows 64 bits");
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
+
+/* A training step holds two cuBLAS workspaces (estimate.h, MP_CUBLAS_HANDLES): PyTorch keeps one per
+ * handle and stream (CublasHandlePool.cpp, setWorkspaceForHandle), and the backward's GEMMs run on
+ * autograd's CUDA device thread, which reserves a handle of its own (engine.h:213-237).  The
+ * H200's 32 MiB each (parseChosenWorkspaceSize, sm90): against --workspace 0, every resident figure
+ * and the peak grow by 2 x 33554432 = 67108864 bytes, as torch's did on the H200 (the DPO kit's
+ * first row, 2026-11-28: 499615744 there against 428487680 on the CPU, no workspace, 71128064
+ * more), for full training, checkpointed, and DPO with its reference copy alike. */
+static void test_estimate_two_cublas_workspaces(void **state)
+{
+    (void)state;
+    const uint64_t one = UINT64_C(33554432), both = UINT64_C(67108864);
+    struct mp_model m;
+    load_file(&m, "models/tiny-test.json");
+    struct mp_program prog;
+    build(&m, 2, 0, MP_PREC_BF16, &prog);
+    for (int k = 0; k < 3; k++) {
+        struct mp_schedule s;
+        mp_schedule_init(&s);
+        if (k == 1)
+            assert_int_equal(mp_ckpt_schedule_sequential(prog.n_blocks, 1, &s), MP_OK);
+        struct mp_train_opts t0 = {.optimizer = MP_OPT_ADAMW, .cublas_workspace_bytes = 0};
+        if (k == 2)
+            t0.ref = MP_REF_COPY;
+        struct mp_train_opts t1 = t0;
+        t1.cublas_workspace_bytes = one;
+        struct mp_estimate e0, e1;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_estimate_run(&prog, k == 1 ? &s : NULL, &t0, 0, &e0, &d), MP_OK);
+        assert_int_equal(mp_estimate_run(&prog, k == 1 ? &s : NULL, &t1, 0, &e1, &d), MP_OK);
+        assert_int_equal(e0.workspace_bytes, 0);
+        assert_int_equal(e1.workspace_bytes, both);
+        assert_int_equal(e1.static_bytes - e0.static_bytes, both);
+        assert_int_equal(e1.peak_allocated_bytes - e0.peak_allocated_bytes, both);
+        mp_estimate_release(&e0);
+        mp_estimate_release(&e1);
+        mp_schedule_release(&s);
+    }
     mp_program_release(&prog);
     mp_model_release(&m);
 }
@@ -1629,6 +1671,7 @@ int main(void)
         cmocka_unit_test(test_estimate_overflow_is_an_error),
         cmocka_unit_test(test_estimate_peak_overflow_is_an_error),
         cmocka_unit_test(test_estimate_workspace_overflow_is_an_error),
+        cmocka_unit_test(test_estimate_two_cublas_workspaces),
         cmocka_unit_test(test_estimate_optimizer_step_peak),
         cmocka_unit_test(test_estimate_low_bit_optimizer_states),
         cmocka_unit_test(test_estimate_custom_chain_reproduces_literature),

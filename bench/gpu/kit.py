@@ -1162,27 +1162,40 @@ def part_steptime(kit, res):
 
 def part_dpo(kit, res):
     """bench/gpu/dpo_cuda.py: TRL's DPOTrainer step on the GPU against memplan --trainer dpo (the
-    step's and the reference forward's max_memory_allocated); the CPU fallback runs its flow only."""
+    step's and the reference forward's max_memory_allocated); the CPU fallback runs its flow only.
+    dpo_cuda.py writes each row as it finishes and starts none it has no time for (--budget-s):
+    a run cut short keeps its rows."""
     if not has_module("trl") or not has_module("peft"):
         res.update(status="skipped", note="n/a: no trl or peft")
         return
     out = os.path.join(kit.out, "dpo.json")
-    cmd = [sys.executable, os.path.join(HERE, "dpo_cuda.py"), "--memplan", kit.memplan, "--out", out]
+    if os.path.exists(out):
+        os.remove(out)
+    left = kit.part_left()
+    cmd = [sys.executable, os.path.join(HERE, "dpo_cuda.py"), "--memplan", kit.memplan, "--out", out,
+           "--budget-s", "%.0f" % max(1.0, left - 10)]  # 10 s: the last row's memplan and write
     if not kit.gpu:
         cmd.append("--cpu-smoke")
-    rc, o, e, secs = run_cmd(cmd, kit.part_left(), logf=kit.logf)
-    if rc != 0 or not os.path.exists(out):
+    rc, o, e, secs = run_cmd(cmd, left, logf=kit.logf)
+    d = {}
+    if os.path.exists(out):
+        with open(out) as f:
+            d = json.load(f)
+    rows = d.get("rows", [])
+    if not rows:
         res.update(status="FAILED", note="dpo_cuda.py rc %d: %s" % (rc, tail(e or o, 200)))
         return
-    with open(out) as f:
-        d = json.load(f)
+    d["rc"] = rc
     kit.state["dpo"] = d
-    rows = d.get("rows", [])
     if not kit.gpu:
         res.update(status="ok", note="CPU fallback: the flow ran (%d rows), no memory figures" % len(rows))
         return
     worst = max([abs(r["peak_pct"]) for r in rows] + [abs(r["ref_pct"]) for r in rows if r.get("ref_pct") is not None]
                 or [0])
+    if rc != 0 or d.get("skipped"):
+        res.update(status="partial", note="%d rows (rc %d, %d skipped for time); largest |memplan - torch| %.2f %% "
+                   "of torch (target 1 %%)" % (len(rows), rc, len(d.get("skipped", [])), worst))
+        return
     res.update(status="ok", note="%d rows; largest |memplan - torch| %.2f %% of torch (target 1 %%)" % (len(rows), worst))
 
 
@@ -1501,7 +1514,7 @@ def render(st):
             lt.get("wall_s", ""), lt.get("trials", ""), lt.get("batch", ""),
             (lt.get("error") or "tried %s" % lt.get("batches_tried", ""))[:200]))
     dp = st.get("dpo", {})
-    if dp.get("status") == "ok" and dp.get("rows"):
+    if dp.get("rows") and dp.get("status") != "smoke":
         L += ["", "## DPO (TRL 1.16 DPOTrainer step, %s): max_memory_allocated vs memplan --trainer dpo" %
               dp.get("device"), "", "| config | finetune | ckpt | reference | torch peak | memplan | Δ | "
               "torch ref fwd | memplan | Δ |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -1511,6 +1524,31 @@ def render(st):
                 r["config"], r["finetune"], r["checkpoint"], refk, r["torch_peak"], r["memplan_peak"], r["peak_pct"],
                 r["torch_ref_forward_peak"] or "-", r["memplan_ref_forward_peak"] or "-",
                 "%+.3f %%" % r["ref_pct"] if r.get("ref_pct") is not None else "-"))
+        ws = dp.get("workspaces") or {}
+        L += ["", "cuBLAS workspaces (memory_allocated, no tensor alive): start %s, after a forward mm %s, after a "
+              "backward through one %s, after nn.Linear(bias) forward and backward %s; memplan counts %s." % (
+                  ws.get("start"), ws.get("after_forward_mm"), ws.get("after_backward_mm"),
+                  ws.get("after_linear_bias"), dp["rows"][0].get("memplan_workspace_bytes")),
+              "Per row (bytes): allocated at its start (after gc.collect: the workspaces alone) / before the "
+              "measured step; the step's phase peaks."]
+        for r in dp["rows"]:
+            L.append("- %s %s %s%s: start %s, before step %s; %s; %s s" % (
+                r["config"], r["finetune"], r["checkpoint"], " precompute" if r["precompute"] else "",
+                r.get("alloc_start"), r.get("alloc_before_step"),
+                ", ".join("%s %s" % kv for kv in (r.get("phase_peaks") or {}).items()), r.get("seconds")))
+        if dp.get("skipped"):
+            L.append("- not run (time): " + "; ".join(dp["skipped"]))
+        for r in dp["rows"]:
+            lp = r.get("live_at_peak")
+            if isinstance(lp, dict):
+                L.append("- %s %s %s: live at the measured step's peak (torch.cuda.memory._snapshot's trace): "
+                         "peak %s (torch %s), %s before the step, %s made in it:" % (
+                             r["config"], r["finetune"], r["checkpoint"], lp["peak"], r["torch_peak"],
+                             lp["baseline"], lp["live_made_in_window"]))
+                L += ["  - %s B in %s block(s): %s" % (t["bytes"], t["blocks"], t["where"]) for t in lp["top"][:15]]
+            elif lp:
+                L.append("- %s %s %s: live at peak not recorded: %s" % (r["config"], r["finetune"], r["checkpoint"],
+                                                                       lp))
     cb = st.get("callback", {})
     if cb:
         L += ["", "## MemplanCallback in a transformers Trainer (GPT-2, %s x %s, %s)" % (

@@ -8,7 +8,8 @@ config, batch, sequence, precision, checkpointing, fine-tuning, --gpu profile), 
 release the GPU's PyTorch worker had (--torch), and set against the row's measured
 max_memory_allocated and max_memory_reserved.  No GPU: this measures nothing new, it tells what
 a change to memplan does to the rows a GPU measured.  Prints a Markdown table; exit 1 when an
-allocated peak is more than 2 % off.
+allocated peak is more than --limit percent off (default 1: issue 22 asks 2 %, the H200's rows are
+within 0.2 %).
 """
 import argparse
 import json
@@ -28,6 +29,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("state", nargs="?", default=os.path.join(ROOT, "bench/results/gpu-2026-11-28.json"))
     ap.add_argument("--memplan", default=os.path.join(ROOT, "memplan"))
+    ap.add_argument("--limit", type=float, default=1.0, help="percent (default 1)")
     a = ap.parse_args()
     with open(a.state) as f:
         st = json.load(f)
@@ -61,7 +63,7 @@ def main():
         print("| %s | %.3f | %.3f | %+.2f | %.3f | %.3f | %+.2f |" % (r["id"], e / GiB, ta / GiB, d, er / GiB, tr / GiB,
                                                                      100.0 * (er - tr) / tr))
     print("\nworst allocated: %.2f %%" % worst)
-    return 0 if worst <= 2.0 else 1
+    return 0 if worst <= a.limit else 1
 
 
 if __name__ == "__main__":

@@ -199,7 +199,8 @@ static const struct opt OPTS[] = {
     {0, "no-probe", NULL, C_SUGG, K_FLAG, FIELD(no_probe),
      .help = "do not confirm with probes even when a GPU is present"},
     {0, "workspace", "SIZE", C_ALL, K_SIZE, .hi = MAX_OVERHEAD_BYTES, FIELD(workspace), SEEN(workspace_set),
-     .help = "cuBLAS workspace, at most 1024TiB (default 8519680 B, or the --gpu profile's where --gpu applies)"},
+     .help = "one cuBLAS workspace (a training step holds two: the forward's and the backward thread's), "
+             "at most 1024TiB (default 8519680 B, or the --gpu profile's where --gpu applies)"},
     {0, "context", "SIZE", C_TARGET, K_SIZE, .hi = MAX_OVERHEAD_BYTES, FIELD(context), SEEN(context_set),
      .help = "CUDA context size, at most 1024TiB (default: the GPU profile's, else 500MiB)"},
     {0, "alloc-conf", "STR", C_EST | C_PLAN | C_SUGG | C_CHECK, K_CALLBACK, FIELD(alloc), SEEN(alloc_set), .cb = cb_alloc_conf,

@@ -147,9 +147,9 @@ static enum mp_status lazy_opt_state(struct counter *c, const struct mp_event *e
  * cublas_handle_stream_to_workspace), allocated through the caching allocator at a handle's first
  * GEMM; handles are per thread (DeviceThreadHandlePool), and the autograd engine runs a CUDA
  * backward on its own device thread: its first GEMM (the LM head's, after its output) makes a
- * second workspace, carved from what the loss's backward has just freed.  The H200's
- * max_memory_allocated exceeds memplan's by 32-50 MiB on GPT-2 (bench/alloc/README.md); the
- * allocated figures do not count it yet (one workspace, --workspace), the allocator model does. */
+ * second workspace, carved from what the loss's backward has just freed.  The allocated figures
+ * hold both from the start (the measured steps' state: replay.c's setup, mp_workspaces_bytes);
+ * the allocator model's warm-up requests this one here. */
 static enum mp_status backward_workspace(struct counter *c, const struct mp_event *ev)
 {
     if (ev->kind != MP_EV_ALLOC || (ev->phase != MP_PH_BACKWARD && ev->phase != MP_PH_RECOMPUTE) || ev->node < 0 ||
@@ -188,6 +188,20 @@ static size_t more_key(const struct counter *c, int node, int i)
 
 static enum mp_status asim_request(struct counter *c, const struct mp_event *ev, size_t key)
 {
+    if (ev->store == MP_ST_WORKSPACE && c->ws_each) {
+        /* one request per handle's workspace; in the warm-up step the backward thread's comes at
+         * its first GEMM (backward_workspace), else all of them here */
+        struct mp_event one = *ev;
+        one.bytes = c->ws_each;
+        trace_event(c, &one, key);
+        enum mp_status st = asim_alloc(c, key, one.bytes);
+        for (int h = 1; h < MP_CUBLAS_HANDLES && st == MP_OK && !c->bwd_workspace; h++) {
+            trace_event(c, &one, key);
+            int b = mp_asim_alloc(&c->as, one.bytes); /* (never freed: no key of its own) */
+            st = b >= 0 ? MP_OK : c->as.overflow ? MP_ERR_RANGE : MP_ERR_NOMEM;
+        }
+        return st;
+    }
     uint64_t parts[MP_NODE_TMP_MAX];
     int cnt = tmp_split(c, ev, parts);
     if (cnt == 1) {
@@ -300,6 +314,16 @@ bool inputs_bytes(const struct mp_program *p, struct mp_estimate *e)
     return ok;
 }
 
+/* The cuBLAS workspaces into e (mp_workspaces_bytes): MP_ERR_RANGE past 64 bits, naming --workspace. */
+enum mp_status workspaces_into(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                               struct mp_diag *d)
+{
+    if (!mp_workspaces_bytes(t, &e->workspace_bytes))
+        return mp_fail(d, MP_ERR_RANGE, "%s: %d cuBLAS workspaces (--workspace) of %llu bytes overflow 64 bits",
+                       p->model->path, MP_CUBLAS_HANDLES, (unsigned long long)t->cublas_workspace_bytes);
+    return MP_OK;
+}
+
 /* e->static_bytes: what is resident before the step, the cuBLAS workspace included.  With the
  * gradients it is all live as the optimizer step starts: that sum must fit 64 bits too. */
 enum mp_status static_total(const struct mp_program *p, struct mp_estimate *e, struct mp_diag *d)
@@ -318,7 +342,7 @@ enum mp_status static_total(const struct mp_program *p, struct mp_estimate *e, s
 /* The step's bytes left 64 bits: MP_ERR_RANGE, naming --workspace when it is most of them. */
 enum mp_status peak_overflow(const struct mp_program *p, const struct mp_train_opts *t, struct mp_diag *d)
 {
-    if (t->cublas_workspace_bytes > UINT64_MAX / 2)
+    if (t->cublas_workspace_bytes > UINT64_MAX / (2 * MP_CUBLAS_HANDLES))
         return mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits with the cuBLAS workspace (--workspace) of %llu "
                        "bytes", p->model->path, (unsigned long long)t->cublas_workspace_bytes);
     return mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits", p->model->path);
@@ -372,7 +396,9 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
     if (!ok || !inputs_bytes(p, e))
         return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
     e->optimizer_tmp_bytes = mp_opt_step_tmp_bytes(p, t->optimizer); /* (at most grads_bytes: checked) */
-    e->workspace_bytes = t->cublas_workspace_bytes;
+    enum mp_status wst = workspaces_into(p, t, e, d);
+    if (wst != MP_OK)
+        return wst;
     e->fwd_flops = p->fwd_flops;
     if (t->ref != MP_REF_NONE) /* DPO: the reference's forward of the same sequences (its adapter off) */
         e->fwd_flops += p->fwd_flops;
@@ -521,6 +547,7 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     if (t->par && t->par->strategy != MP_PAR_NONE) /* communication slots: groups or buckets */
         c.nkeys += (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS;
     mp_asim_init(&c.as, t->alloc, t->alloc_limit, t->device_total);
+    c.ws_each = t->cublas_workspace_bytes;
     c.blk_of = c.no_asim ? NULL : calloc(c.nkeys, sizeof *c.blk_of); /* only the allocator model reads it */
     if (!c.no_asim && !c.blk_of)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");

@@ -164,6 +164,17 @@ struct mp_train_opts {
 };
 void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace, no accumulation */
 
+/* The cuBLAS workspaces a training step holds: t->cublas_workspace_bytes is one (--workspace, the
+ * GPU profile's cublas_workspace_bytes), and PyTorch keeps one per cuBLAS handle and stream
+ * (aten/src/ATen/cuda/CublasHandlePool.cpp: setWorkspaceForHandle keys its map by (handle,
+ * stream); getCurrentCUDABlasHandle reserves a handle per thread, a thread_local PoolWindow).
+ * The forward's GEMMs run on the calling thread, the backward's on autograd's CUDA device thread
+ * (torch/csrc/autograd/engine.h:213-237, thread_init / start_device_threads: one thread per
+ * device): two handles, two workspaces, both resident from the second step on
+ * (docs/memory-facts.md#cublas-workspace).  *out = MP_CUBLAS_HANDLES x the one; false past 64 bits. */
+#define MP_CUBLAS_HANDLES 2
+bool mp_workspaces_bytes(const struct mp_train_opts *t, uint64_t *out);
+
 /* Replays one step of p through sched (NULL = no checkpointing) and calls fn for
  * every event in order.  Stops at the first non-OK status from fn and returns it. */
 enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *sched, const struct mp_train_opts *t,

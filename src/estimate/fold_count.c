@@ -261,7 +261,9 @@ static enum mp_status fold_static(const struct mp_fold *f, const struct mp_progr
     }
     if (!ok || !inputs_bytes(p, e))
         return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
-    e->workspace_bytes = t->cublas_workspace_bytes;
+    enum mp_status wst = workspaces_into(p, t, e, d);
+    if (wst != MP_OK)
+        return wst;
     e->optimizer_tmp_bytes = mp_opt_step_tmp_of(t->optimizer, total_grad, largest_grad, largest);
     e->world = 1;
     if (pp)

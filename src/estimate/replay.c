@@ -600,6 +600,11 @@ static enum mp_status rp_alloc(struct rp *r, const struct mp_par_plan *given, st
     return MP_OK;
 }
 
+bool mp_workspaces_bytes(const struct mp_train_opts *t, uint64_t *out)
+{
+    return mp_mul_u64(t->cublas_workspace_bytes, MP_CUBLAS_HANDLES, out);
+}
+
 /* Setup: parameters, optimizer state, workspace, the batch. */
 static void replay_setup(struct rp *r)
 {
@@ -619,8 +624,11 @@ static void replay_setup(struct rp *r)
     }
     if (r->pp)
         par_setup(r);
-    if (t->cublas_workspace_bytes)
-        emit(r, MP_EV_ALLOC, MP_ST_WORKSPACE, 0, t->cublas_workspace_bytes);
+    uint64_t ws; /* the forward's and the backward's (mp_workspaces_bytes): one storage */
+    if (!mp_workspaces_bytes(t, &ws))
+        ws = UINT64_MAX; /* the estimate refuses it (workspaces_into); the replay's sum saturates */
+    if (ws)
+        emit(r, MP_EV_ALLOC, MP_ST_WORKSPACE, 0, ws);
     if (t->accumulate && fsdp(r)) /* sharded gradients left by the previous micro-steps */
         for (size_t g = 0; g < r->pp->n_groups; g++) {
             comm(r, true, g, MP_COMM_RS_OUT, r->pp->groups[g].grad_shard_elems * r->pp->reduce_elem_bytes);

@@ -82,6 +82,8 @@ struct counter {
     uint64_t *lazy_state; /* warm-up step: optimizer state bytes per parameter, still to be made
                              at the first optimizer.step event (lazy_opt_state), else NULL */
     int state_parts;  /* tensors per parameter of that state (exp_avg, exp_avg_sq: 2) */
+    uint64_t ws_each;       /* one handle's cuBLAS workspace (--workspace): the step's storage holds
+                               MP_CUBLAS_HANDLES of them, each its own request to the allocator */
     uint64_t bwd_workspace; /* warm-up step: the backward thread's cuBLAS workspace, still to be
                                made at its first GEMM (backward_workspace), else 0 */
     int *tmp_more;    /* node -> its transient's further parts' asim blocks (+1; 0 none), MP_NODE_TMP_MAX - 1 each */
@@ -173,6 +175,8 @@ enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule 
 bool round512(uint64_t bytes, uint64_t *r);
 bool inputs_bytes(const struct mp_program *p, struct mp_estimate *e);
 enum mp_status static_total(const struct mp_program *p, struct mp_estimate *e, struct mp_diag *d);
+enum mp_status workspaces_into(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                               struct mp_diag *d);
 enum mp_status peak_overflow(const struct mp_program *p, const struct mp_train_opts *t, struct mp_diag *d);
 enum mp_status device_peak(const struct mp_program *p, uint64_t context_bytes, struct mp_estimate *e,
                            struct mp_diag *d);

@@ -875,7 +875,8 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
             B(e->optimizer_tmp_bytes));
     fprintf(out, "  activations        %12s   (live when backward starts)\n", B(e->activations_bytes));
     fprintf(out, "  input batch        %12s\n", B(e->input_bytes));
-    fprintf(out, "  cuBLAS workspace   %12s\n", B(e->workspace_bytes));
+    fprintf(out, "  cuBLAS workspace   %12s   (%d: the forward's and autograd's thread's handle)\n",
+            B(e->workspace_bytes), MP_CUBLAS_HANDLES);
     if (e->host_pinned_bytes)
         fprintf(out, "  host RAM (pinned)  %12s   (offloaded checkpoint inputs; PCIe %s per step)\n",
                 B(e->host_pinned_bytes), B(2 * e->ckpt_offload_bytes));
