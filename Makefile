@@ -131,16 +131,26 @@ ifneq ($(file <$(LINK_STAMP)),$(LINK_WHAT))
   $(file >$(LINK_STAMP),$(LINK_WHAT))
 endif
 
+# A BUILD directory's objects are recompiled when what compiles them changes (git's GIT-CFLAGS):
+# `make CUDA=no` after a CUDA build drops -DMEMPLAN_HAVE_CUDA, and objects compiled with it would
+# not link without the cuda backend.
+CC_STAMP := $(BUILD)/.compile
+CC_WHAT := $(CC) $(CFLAGS) $(NVFLAGS)
+ifneq ($(file <$(CC_STAMP)),$(CC_WHAT))
+  $(shell mkdir -p $(BUILD))
+  $(file >$(CC_STAMP),$(CC_WHAT))
+endif
+
 memplan: $(OBJS) $(LINK_STAMP)
 	@echo "  LD    $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(OBJS) $(LDLIBS)
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(CC_STAMP)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(CC_STAMP)
 	@mkdir -p $(dir $@)
 	@echo "  NVCC  $<"
 	$(Q)$(NVCC_PATH) $(NVFLAGS) -c -o $@ $<

@@ -1097,9 +1097,9 @@ def part_tune(kit, res):
         cmd = [kit.memplan, "suggest", cfg, "--device", "0", "--seq", str(seq), "--precision", "amp-bf16", "--json"]
     else:
         cfg, seq = tiny_config(kit, "gpt2", "models/hf/gpt2.json"), CPU_SEQ
-        t["note"] = ("CPU fallback: a 2-layer GPT-2 at seq %d; memplan suggest --backend host on a 24 MiB "
+        t["note"] = ("CPU fallback: a 2-layer GPT-2 at seq %d; memplan suggest --backend host on a 40 MiB "
                      "target, Lightning on the CPU with 3 trials" % seq)
-        cmd = [kit.memplan, "suggest", cfg, "--vram", "24MiB", "--context", "1MiB", "--backend", "host",
+        cmd = [kit.memplan, "suggest", cfg, "--vram", "40MiB", "--context", "1MiB", "--backend", "host",
                "--seq", str(seq), "--precision", "amp-bf16", "--json"]
     rerun = kit.a.rerun and "tune" not in (kit.a.parts or "")
     if want(t.get("memplan"), rerun, False):
