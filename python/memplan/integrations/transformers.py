@@ -15,7 +15,8 @@ trainers' recipes (`--recipe`, README "Plan the recipe you launch"; src/recipe/)
   parameters are in (memplan turns dtype and bf16/fp16 into its precision, as for a recipe);
   a quantization_config is read by memplan (bitsandbytes 4-bit: --finetune qlora);
 * peft: the LoRA adapter's r, alpha, dropout and the modules it adapts (their names);
-* the attention implementation the model runs (model.config._attn_implementation);
+* the attention implementation the model runs (model.config._attn_implementation), and the torch
+  release that runs it (--torch: it decides SDPA's kernel for fp32 grouped-query attention);
 * the world: with several processes and no fsdp/deepspeed, DDP (--gpus, --nodes, --parallel ddp);
 * the GPU: gpu= (a memplan profile) or vram= (bytes or "24GiB"), else this process's CUDA device's
   total memory; with none of them, the peak only (memplan estimate), and no verdict.
@@ -292,6 +293,9 @@ class MemplanCallback(TrainerCallback):
         if self.seq is not None:
             opts["seq"] = self.seq
         opts.update(self._target(args))
+        release = getattr(sys.modules.get("torch"), "__version__", None)
+        if release:  # the torch that runs the step: it picks SDPA's kernel (memplan --torch)
+            opts["torch"] = str(release)
         opts.update(self.options)
 
         work = self.keep_dir or tempfile.mkdtemp(prefix="memplan-run-")
