@@ -850,11 +850,13 @@ def torch_release():
         return None
 
 
-def memplan_args(row, cfg, b, s):
+def memplan_args(row, cfg, b, s, release=None):
+    """memplan's arguments for a matrix row; release: the torch that ran it (default: the installed one)"""
     args = [cfg, "--batch", str(b), "--seq", str(s), "--precision", row["precision"], "--checkpoint",
             row["checkpoint"], "--use-cache", "off"]
-    if torch_release():
-        args += ["--torch", torch_release()]
+    release = release or torch_release()
+    if release:
+        args += ["--torch", release]
     if row["finetune"] != "full":
         args += ["--finetune", row["finetune"], "--lora-r", str(LORA_R)]
     return args

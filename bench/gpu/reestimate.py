@@ -45,10 +45,7 @@ def main():
         if t.get("status") != "ok":
             print("| %s | | (no torch figure) | | | | |" % r["id"])
             continue
-        args = kit.memplan_args(r, os.path.join(ROOT, r["config"]), r["run_batch"], r["run_seq"])
-        args = [x for i, x in enumerate(args) if x != "--torch" and (i == 0 or args[i - 1] != "--torch")]
-        if release:
-            args += ["--torch", release]
+        args = kit.memplan_args(r, os.path.join(ROOT, r["config"]), r["run_batch"], r["run_seq"], release)
         p = subprocess.run([a.memplan, "estimate"] + args + ["--gpu", m["profile"], "--json"],
                            capture_output=True, text=True)
         if p.returncode != 0:

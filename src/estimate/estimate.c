@@ -155,8 +155,8 @@ static enum mp_status backward_workspace(struct counter *c, const struct mp_even
     if (ev->kind != MP_EV_ALLOC || (ev->phase != MP_PH_BACKWARD && ev->phase != MP_PH_RECOMPUTE) || ev->node < 0 ||
         (size_t)ev->node >= c->p->n_nodes || c->p->nodes[ev->node].prim != MP_P_LINEAR)
         return MP_OK;
-    uint64_t b = c->bwd_workspace;
-    c->bwd_workspace = 0;
+    uint64_t b = c->ws_each;
+    c->bwd_workspace = false;
     struct mp_event ws = {.kind = MP_EV_ALLOC, .store = MP_ST_WORKSPACE, .node = -1, .phase = ev->phase, .bytes = b};
     trace_event(c, &ws, c->nkeys);
     return mp_asim_alloc(&c->as, b) >= 0 ? MP_OK : c->as.overflow ? MP_ERR_RANGE : MP_ERR_NOMEM;
@@ -556,7 +556,7 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
     }
     if (!c.no_asim && (!t->par || t->par->strategy == MP_PAR_NONE)) { /* (lazy_opt_state) */
-        c.bwd_workspace = t->cublas_workspace_bytes;
+        c.bwd_workspace = t->cublas_workspace_bytes != 0;
         c.state_parts = mp_optimizer_state(t->optimizer) == MP_OPT_STATE_TWO ? 2 : 1;
         if (!(c.lazy_state = calloc(p->n_params ? p->n_params : 1, sizeof *c.lazy_state))) {
             free(c.blk_of);

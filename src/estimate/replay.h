@@ -84,8 +84,8 @@ struct counter {
     int state_parts;  /* tensors per parameter of that state (exp_avg, exp_avg_sq: 2) */
     uint64_t ws_each;       /* one handle's cuBLAS workspace (--workspace): the step's storage holds
                                MP_CUBLAS_HANDLES of them, each its own request to the allocator */
-    uint64_t bwd_workspace; /* warm-up step: the backward thread's cuBLAS workspace, still to be
-                               made at its first GEMM (backward_workspace), else 0 */
+    bool bwd_workspace;     /* warm-up step: the backward thread's cuBLAS workspace (ws_each), still to be
+                               made at its first GEMM (backward_workspace) */
     int *tmp_more;    /* node -> its transient's further parts' asim blocks (+1; 0 none), MP_NODE_TMP_MAX - 1 each */
     FILE *trace;      /* MEMPLAN_ALLOC_TRACE: the allocator model's requests, else NULL */
     int trace_phase;  /* the phase last marked in it */

@@ -329,16 +329,22 @@ static const struct fact_val *fact(struct reader *rd, enum fact f, struct fact_v
     return tmp;
 }
 
+const char *mp_recipe_fact_key(unsigned fmt_bit, enum fact f)
+{
+    for (size_t i = 0; i < mp_recipe_n_keys; i++)
+        if ((mp_recipe_keys[i].fmts & fmt_bit) && mp_recipe_keys[i].fact == f && mp_recipe_keys[i].act == A_FACT &&
+            !mp_recipe_keys[i].as)
+            return mp_recipe_keys[i].key;
+    return NULL;
+}
+
 /* The key that names fact f in a message: the file's, else the format's key for it. */
 static const char *fact_key(struct reader *rd, enum fact f)
 {
     if (rd->f[f].set)
         return rd->f[f].key;
-    for (size_t i = 0; i < mp_recipe_n_keys; i++)
-        if ((mp_recipe_keys[i].fmts & rd->fmt_bit) && mp_recipe_keys[i].fact == f && mp_recipe_keys[i].act == A_FACT &&
-            !mp_recipe_keys[i].as)
-            return mp_recipe_keys[i].key;
-    return "(default)";
+    const char *k = mp_recipe_fact_key(rd->fmt_bit, f);
+    return k ? k : "(default)";
 }
 
 static void put(struct reader *rd, enum mp_recipe_setting_id id, const char *value, enum fact from)

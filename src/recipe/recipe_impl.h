@@ -67,6 +67,9 @@ struct key_row {
 
 extern const struct key_row mp_recipe_keys[];
 extern const size_t mp_recipe_n_keys;
+/* The first key of the table that sets fact f (not as a flag) for the formats in fmt_bit (the
+ * format's own name for it: "micro_batch_size"), or NULL. */
+const char *mp_recipe_fact_key(unsigned fmt_bit, enum fact f);
 
 /* Per format: the keys with no memory effect, space-separated; a word also covers the keys
  * nested under it ("datasets" covers "datasets.path"). */

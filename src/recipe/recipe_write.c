@@ -16,24 +16,17 @@
 
 #include "recipe/recipe_impl.h"
 
-/* The key a format reads a setting from when the file does not have it. */
-static const char *const write_key[MP_RF_N][2] = {
-    /* [0] the micro-batch, [1] the accumulation (recipe_keys.c's rows for F_BATCH and F_GA) */
-    [MP_RF_HF] = {"per_device_train_batch_size", "gradient_accumulation_steps"},
-    [MP_RF_TRL] = {"per_device_train_batch_size", "gradient_accumulation_steps"},
-    [MP_RF_AXOLOTL] = {"micro_batch_size", "gradient_accumulation_steps"},
-    [MP_RF_LLAMAFACTORY] = {"per_device_train_batch_size", "gradient_accumulation_steps"},
-    [MP_RF_TORCHTUNE] = {"batch_size", "gradient_accumulation_steps"},
-};
-
-static void change_of(const struct mp_recipe *r, enum mp_recipe_setting_id id, int which, uint64_t to,
+/* The change of setting id (fact f) to the plan's value: on the key the file has, else on the
+ * key the format reads it from (recipe_keys.c's table). */
+static void change_of(const struct mp_recipe *r, enum mp_recipe_setting_id id, enum fact f, uint64_t to,
                       struct mp_recipe_change *c)
 {
     const struct mp_recipe_setting *s = &r->s[id];
     memset(c, 0, sizeof *c);
     c->id = id;
     bool in_file = s->set && s->line && s->src != MP_RSRC_DEFAULT && !strchr(s->key, '.');
-    snprintf(c->key, sizeof c->key, "%s", in_file ? s->key : write_key[r->format][which]);
+    const char *k = in_file ? s->key : mp_recipe_fact_key(1u << r->format, f);
+    snprintf(c->key, sizeof c->key, "%s", k ? k : "");
     c->line = in_file ? s->line : 0;
     snprintf(c->from, sizeof c->from, "%s", s->set ? s->value : "");
     snprintf(c->to, sizeof c->to, "%" PRIu64, to);
@@ -44,10 +37,10 @@ size_t mp_recipe_changes(const struct mp_recipe *r, uint64_t batch, uint64_t acc
 {
     size_t n = 0;
     struct mp_recipe_change c;
-    change_of(r, MP_RS_BATCH, 0, batch, &c);
+    change_of(r, MP_RS_BATCH, F_BATCH, batch, &c);
     if (strcmp(c.from, c.to) != 0)
         out[n++] = c;
-    change_of(r, MP_RS_GRAD_ACCUM, 1, accum, &c);
+    change_of(r, MP_RS_GRAD_ACCUM, F_GA, accum, &c);
     if (strcmp(c.from, c.to) != 0)
         out[n++] = c;
     return n;

@@ -133,11 +133,15 @@ static bool sync_each(void)
     return on;
 }
 
+/* What the stream's work so far left (cudaSuccess when st failed already or sync_each is off). */
+static cudaError_t synced(struct mp_exec *x, enum mp_status st)
+{
+    return st == MP_OK && sync_each() ? cudaStreamSynchronize(S(x)) : cudaSuccess;
+}
+
 static enum mp_status node_done(struct mp_node_view *c, enum mp_status st, bool fwd)
 {
-    if (st != MP_OK || !sync_each())
-        return st;
-    cudaError_t e = cudaStreamSynchronize(S(c->x));
+    cudaError_t e = synced(c->x, st);
     if (e != cudaSuccess)
         return mp_fail(c->x->d, MP_ERR_INTERNAL, "cuda probe: node %s (%s) %s: %s: %s", c->n->name,
                        mp_prim_str(c->n->prim), fwd ? "forward" : "backward", cudaGetErrorName(e),
@@ -181,9 +185,7 @@ static enum mp_status attn_bwd(struct mp_node_view *c)
 static enum mp_status opt_param_synced(struct mp_exec *x, const struct mp_param_view *v)
 {
     enum mp_status st = cuda_opt_param(x, v);
-    if (st != MP_OK || !sync_each())
-        return st;
-    cudaError_t e = cudaStreamSynchronize(S(x));
+    cudaError_t e = synced(x, st);
     if (e != cudaSuccess)
         return mp_fail(x->d, MP_ERR_INTERNAL, "cuda probe: the %s step of %s: %s: %s",
                        mp_optimizer_str(x->t.optimizer), v->param->name, cudaGetErrorName(e), cudaGetErrorString(e));
