@@ -1037,12 +1037,18 @@ run estimate $D --trainer dpo --precompute-ref
 cp "$T/out" "$T/dpo_pre.json"
 run estimate $D --trainer dpo
 cp "$T/out" "$T/dpo_copy.json"
+L="models/hf/llama-3.2-1b.json --batch 2 --seq 2048 --precision bf16 --checkpoint layers --json"
+run estimate $L --trainer dpo
+cp "$T/out" "$T/dpo_copy_long.json"
+run estimate $L --trainer dpo --finetune lora
+cp "$T/out" "$T/dpo_lora_long.json"
 run estimate $D --trainer dpo --finetune lora
 if [ -z "$HAVE_PY" ]; then
     skipped "--trainer dpo: phases and reference (python3 not found)"
-elif python3 - "$T/sft2.json" "$T/sft4.json" "$T/dpo_pre.json" "$T/dpo_copy.json" "$T/out" <<'PY'
+elif python3 - "$T/sft2.json" "$T/sft4.json" "$T/dpo_pre.json" "$T/dpo_copy.json" "$T/out" \
+    "$T/dpo_copy_long.json" "$T/dpo_lora_long.json" <<'PY'
 import json, sys
-sft2, sft4, pre, copy, lora = (json.load(open(p)) for p in sys.argv[1:6])
+sft2, sft4, pre, copy, lora, copy_long, lora_long = (json.load(open(p)) for p in sys.argv[1:8])
 assert "trainer" not in sft2["config"] and "phases" not in sft2["memory"], "sft's JSON gained keys"
 # 2 pairs are 4 sequences: with precomputed log-probs the step is SFT's at batch 4
 assert pre["config"]["sequences"] == 4 and pre["config"]["reference"] == "none"
@@ -1058,6 +1064,12 @@ assert ref["tmp_bytes"] > 0 and ref["peak_event"].startswith("reference.forward:
 # LoRA: the policy with its adapter disabled, no copy
 assert lora["config"]["reference"] == "adapter-disabled" and lora["memory"]["ref_weights_bytes"] == 0
 assert lora["memory"]["peak_allocated_bytes"] >= lora["memory"]["phases"]["reference_forward"]["peak_allocated_bytes"]
+# peft's disable_adapter runs each adapted Linear's base layer alone: the reference forward is the
+# bf16 base model's, the copy's transients exactly, with no LoRA op in it (at 2 x 2048 tokens a
+# layer's MLP, not the head, sets it; the GPU kit measured it so, bench/gpu/reestimate.py)
+lref, cref = (x["memory"]["phases"]["reference_forward"] for x in (lora_long, copy_long))
+assert ".mlp." in cref["peak_event"], cref
+assert lref["tmp_bytes"] == cref["tmp_bytes"] and lref["peak_event"] == cref["peak_event"], (lref, cref)
 PY
 then
     ok "--trainer dpo: pairs are 2 sequences; the copy, the adapter, precomputed; the peak is the larger phase"

@@ -5,7 +5,7 @@ hand).
 
   python3 bench/gpu/dpo_cuda.py --memplan PATH --out FILE.json [--steps N] [--budget-s S]
 
-Rows: the tiny Llama of dpo_step.py and Llama-3.2-1B cut to 2 decoder layers (rowlib.load_config),
+Rows: the tiny Llama of dpo_step.py, Llama-3.2-1B cut to 2 decoder layers (rowlib.load_config) and whole,
 bf16 weights, 2 pairs x 1025 tokens (prompt 513), each with the reference as a frozen copy, the
 adapter disabled (LoRA r16 all-linear), or precomputed log-probs; checkpointing none and layers;
 the most informative rows first (ROWS), each written to --out as it finishes, and a row is not
@@ -52,14 +52,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "accuracy"))
 
-TINY, ONE_B = "tiny", "llama-3.2-1b (2 layers)"
+TINY, ONE_B, ONE_B16 = "tiny", "llama-3.2-1b (2 layers)", "llama-3.2-1b (16 layers)"
 # (config, finetune, checkpointing, precompute_ref_log_probs): the most informative first (each
 # reference kind on the tiny model, then the 1B-class model, then checkpointing)
 ROWS = [(TINY, "full", "none", False), (TINY, "lora", "none", False), (TINY, "full", "none", True),
-        (ONE_B, "full", "none", False), (TINY, "full", "layers", False), (TINY, "lora", "layers", False),
+        (ONE_B, "full", "none", False), (ONE_B16, "full", "none", False), (TINY, "full", "layers", False), (TINY, "lora", "layers", False),
         (TINY, "full", "layers", True), (ONE_B, "lora", "none", False), (ONE_B, "full", "none", True),
-        (ONE_B, "full", "layers", False)]
-FIRST_ROW_S = {TINY: 15.0, ONE_B: 40.0}  # a config's first row may take (Triton's compile, the model's init)
+        (ONE_B, "full", "layers", False), (ONE_B16, "lora", "layers", False)]
+FIRST_ROW_S = {TINY: 15.0, ONE_B: 40.0, ONE_B16: 40.0}  # a config's first row may take (Triton's compile, the model's init)
 
 
 def settle(torch):
@@ -96,20 +96,23 @@ def workspace_probe(torch, dev):
     return out
 
 
-def live_at_peak(snap, baseline, top=25):
+def live_at_peak(snap, baseline, top=25, window=None):
     """What was allocated at the peak of a recorded window: torch.cuda.memory._snapshot()'s trace
     (alloc adds, free_requested takes away: memory_allocated's own accounting) replayed twice, to
     find the peak and then the blocks made in the window that were live there, summed by their
     innermost Python frames.  peak = baseline + the trace's highest running sum, a check against
-    max_memory_allocated; blocks alive before the window are in baseline, not listed."""
+    max_memory_allocated; blocks alive before the window are in baseline, not listed.  window
+    (i0, i1): the peak is looked for among the trace's entries i0..i1-1 only (the reference
+    forward's), what is live there counted from the recording's start."""
     trace = [e for dev in snap.get("device_traces", []) for e in dev]
+    i0, i1 = window or (0, len(trace))
     cur, best, at = 0, 0, -1
     for i, e in enumerate(trace):
         if e["action"] == "alloc":
             cur += e["size"]
         elif e["action"] == "free_requested":
             cur -= e["size"]
-        if cur > best:
+        if i0 <= i < i1 and (cur > best or at < 0):
             best, at = cur, i
     live = {}
     for e in trace[:at + 1]:
@@ -128,7 +131,12 @@ def live_at_peak(snap, baseline, top=25):
             "live_made_in_window": sum(r["bytes"] for r in rows), "top": rows[:top]}
 
 
-def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
+def trace_len(torch):
+    """Entries in the allocator's recorded trace so far (a mark in it)."""
+    return sum(len(d) for d in torch.cuda.memory._snapshot().get("device_traces", []))
+
+
+def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), snapshot_all=False):
     import torch
     import transformers
     from trl import DPOTrainer
@@ -144,7 +152,8 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
             setattr(torch.cuda, fn, lambda *a, **k: None)
         torch.cuda.max_memory_allocated = lambda *a, **k: 1
         torch.cuda.memory_allocated = lambda *a, **k: 0
-    configs = {TINY: CONFIG, ONE_B: rowlib.load_config(os.path.join(ROOT, "models/hf/llama-3.2-1b.json"), 2)}
+    one_b = os.path.join(ROOT, "models/hf/llama-3.2-1b.json")
+    configs = {TINY: CONFIG, ONE_B: rowlib.load_config(one_b, 2), ONE_B16: rowlib.load_config(one_b)}
     todo = [r for r in ROWS if r[0] == TINY] if smoke else ROWS
     pairs, seq, prompt = (1, 65, 33) if smoke else (2, 1025, 513)
     result = {"status": "partial", "workspaces": workspace_probe(torch, dev), "rows": []}
@@ -161,6 +170,8 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
     slowest = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, ft, ck, pre in todo:
+            if only and not any(x in "%s/%s/%s/%s" % (name, ft, ck, "precompute" if pre else "ref") for x in only):
+                continue
             need = 1.2 * slowest.get(name, FIRST_ROW_S[name])
             if budget_s is not None and time.perf_counter() - t_start + need > budget_s:
                 result.setdefault("skipped", []).append("%s/%s/%s/%s: needs ~%.0f s" % (
@@ -185,7 +196,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
                                        ("log_probs", "entropy", "mean_logits", "is_top1"))
             stub.accelerator.device = dev
             inputs = dpo_inputs(cfg.vocab_size, pairs, seq, prompt, pre, dev)
-            ph, alloc_before, recording, snap_note = {}, None, False, None
+            ph, alloc_before, recording, snap_note, ref_note, ref_window = {}, None, False, None, None, [0, 0]
             orig = dt.disable_gradient_checkpointing
 
             class Measured:
@@ -193,12 +204,16 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
                     self.cm = orig(m, kw)
 
                 def __enter__(self):
+                    if recording:
+                        ref_window[0] = trace_len(torch)
                     ph["policy_forward"] = torch.cuda.max_memory_allocated()  # the policy's so far
                     torch.cuda.reset_peak_memory_stats()
                     return self.cm.__enter__()
 
                 def __exit__(self, *e):
                     r = self.cm.__exit__(*e)
+                    if recording:
+                        ref_window[1] = trace_len(torch)
                     ph["reference_forward"] = torch.cuda.max_memory_allocated()
                     torch.cuda.reset_peak_memory_stats()
                     return r
@@ -208,7 +223,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
                     torch.cuda.synchronize()
                     if s == 1:
                         alloc_before = torch.cuda.memory_allocated()
-                    if s == 1 and not result["rows"] and not smoke:  # the first row: what is live at its peak
+                    if s == 1 and (not result["rows"] or snapshot_all) and not smoke:  # what is live at its peak
                         try:
                             torch.cuda.memory._record_memory_history(max_entries=500000, stacks="python")
                             recording = True
@@ -234,6 +249,8 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
                         try:
                             snap = torch.cuda.memory._snapshot()
                             snap_note = live_at_peak(snap, alloc_before)
+                            if ref_window[1] > ref_window[0]:
+                                ref_note = live_at_peak(snap, alloc_before, window=tuple(ref_window))
                             del snap
                         except Exception as e:
                             snap_note = "snapshot: %s" % e
@@ -265,6 +282,8 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False):
                 "alloc_after_row": torch.cuda.memory_allocated(), "phase_peaks": dict(ph), "seconds": round(secs, 1)})
             if snap_note is not None:
                 result["rows"][-1]["live_at_peak"] = snap_note
+            if ref_note is not None:
+                result["rows"][-1]["live_at_ref_peak"] = ref_note
             print(json.dumps(result["rows"][-1]), flush=True)
             save()
     result["status"] = "ok"
@@ -281,10 +300,14 @@ def main():
     ap.add_argument("--budget-s", type=float, default=None,
                     help="seconds from the start: a row that would not fit is skipped (listed)")
     ap.add_argument("--cpu-smoke", action="store_true", help="run the flow on the CPU (no memory figures)")
+    ap.add_argument("--rows", default="", help="only the rows whose CONFIG/FT/CKPT/ref|precompute contains one of these")
+    ap.add_argument("--snapshot-all", action="store_true",
+                    help="what is live at the peak (and at the reference forward's) for every row, not the first only")
     a = ap.parse_args()
+    only = tuple(x for x in a.rows.split(",") if x)
     import torch
     if a.cpu_smoke:
-        r = step_rows(a.memplan, 1, a.out, a.budget_s, smoke=True)
+        r = step_rows(a.memplan, 1, a.out, a.budget_s, smoke=True, only=only)
         r["status"] = "smoke"
         json.dump(r, open(a.out, "w"), indent=1)
         return
@@ -292,7 +315,7 @@ def main():
         json.dump({"status": "skipped", "note": "no CUDA device"}, open(a.out, "w"))
         print("dpo_cuda: no CUDA device: skipped")
         return
-    step_rows(a.memplan, a.steps, a.out, a.budget_s)
+    step_rows(a.memplan, a.steps, a.out, a.budget_s, only=only, snapshot_all=a.snapshot_all)
 
 
 if __name__ == "__main__":

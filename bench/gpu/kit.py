@@ -293,6 +293,60 @@ def worker_main(a):
         print(json.dumps(res), flush=True)
 
 
+class AllocTrace:
+    """The caching allocator's own record of a row's steps (MEMPLAN_KIT_TRACE=DIR: bench/alloc/),
+    from torch.cuda.memory._record_memory_history: written in torch_trace.py's format (`a ADDR
+    BYTES` a block handed out, its size as the allocator rounded it; `f ADDR` its free; `m NAME`
+    the marks: build, step N, end; `e` the empty_cache after the build), with `s ADDR BYTES` / `u ADDR BYTES` for each segment cudaMalloc'd / freed
+    (or mapped / unmapped under expandable segments) and `o BYTES` for an OOM, which
+    cca_ref.py ignores and reserved_vs_gpu.py sets beside memplan's segments."""
+
+    def __init__(self, torch, row):
+        self.torch, self.row, self.marks = torch, row, []
+        rec = torch.cuda.memory._record_memory_history
+        try:
+            rec(enabled="all", context=None, stacks="python", max_entries=4_000_000, clear_history=True)
+        except TypeError:  # a torch without clear_history: the last row's entries are cleared so
+            rec(enabled=None)
+            rec(enabled="all", context=None, stacks="python", max_entries=4_000_000)
+
+    def _entries(self):
+        return self.torch.cuda.memory._snapshot()["device_traces"][0]
+
+    def mark(self, name):
+        try:
+            self.marks.append((len(self._entries()), name))
+        except Exception:  # noqa: BLE001 - the trace only loses a mark
+            pass
+
+    def write(self, out_dir):
+        ev = self._entries()
+        self.torch.cuda.memory._record_memory_history(enabled=None)
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, self.row.replace("/", "_") + ".trace")
+        code = {"alloc": "a", "free_requested": "f", "segment_alloc": "s", "segment_free": "u",
+                "segment_map": "s", "segment_unmap": "u", "oom": "o"}
+        marks = {}
+        for i, line in self.marks:
+            marks.setdefault(i, []).append(line)
+        with open(path, "w") as f:
+            first = self.marks[0][0] if self.marks else 0  # (entries before it: an earlier row's)
+            for i, e in enumerate(ev):
+                if i < first:
+                    continue
+                for line in marks.get(i, []):
+                    f.write(line + "\n")
+                k = code.get(e.get("action"))
+                if k == "o":
+                    f.write("o %d\n" % e.get("size", 0))
+                elif k in ("f",):
+                    f.write("f %x\n" % e["addr"])
+                elif k:
+                    f.write("%s %x %d\n" % (k, e["addr"], e["size"]))
+            f.write("m end\n")
+        return {"file": os.path.basename(path), "entries": len(ev), "dropped_at_max": len(ev) >= 4_000_000}
+
+
 def segments_of(torch):
     try:
         snap = torch.cuda.memory_snapshot()
@@ -402,7 +456,15 @@ def torch_row(spec, dev, hello):
     if cuda:
         res["allocated_at_start"] = torch.cuda.memory_allocated()
     t_build = time.perf_counter()
+    tracer = None
     try:
+        if cuda and os.environ.get("MEMPLAN_KIT_TRACE"):
+            tracer = AllocTrace(torch, spec["id"])
+    except Exception as e:  # noqa: BLE001 - a missing trace, not a failed row
+        res["trace"] = {"error": repr(e)[:200]}
+    try:
+        if tracer:
+            tracer.mark("m build")
         model = build_model(spec, conf, dev, hello)
         model.train()
         if spec["checkpoint"] == "layers" and spec["finetune"] != "qlora":
@@ -414,6 +476,8 @@ def torch_row(spec, dev, hello):
         if cuda:
             import gc
             gc.collect()
+            if tracer:
+                tracer.mark("e")
             torch.cuda.empty_cache()   # the build's transients are not the step's
         res["build_s"] = round(time.perf_counter() - t_build, 2)
         times, losses = [], []
@@ -427,6 +491,8 @@ def torch_row(spec, dev, hello):
                     free, total = torch.cuda.mem_get_info()
                     res["device_used_before"] = total - free
                     res["allocated_before_step"] = torch.cuda.memory_allocated()
+                if tracer:
+                    tracer.mark("m step %d" % step)
             t0 = time.perf_counter()
             if step == 0:
                 spy.__enter__()
@@ -450,6 +516,11 @@ def torch_row(spec, dev, hello):
                 losses.append(round(loss.detach().item(), 4))
             del loss
         res.update(status="ok", step_ms=round(statistics.median(times), 3), losses=losses, sdpa=sdpa_name(spy.seen))
+        if tracer:
+            try:
+                res["trace"] = tracer.write(os.environ["MEMPLAN_KIT_TRACE"])
+            except Exception as e:  # noqa: BLE001 - a missing trace, not a failed row
+                res["trace"] = {"error": repr(e)[:200]}
         if cuda:
             free, total = torch.cuda.mem_get_info()
             res.update(peak_allocated=torch.cuda.max_memory_allocated(), peak_reserved=torch.cuda.max_memory_reserved(),
@@ -974,6 +1045,9 @@ def part_matrix(kit, res):
     backend = "cuda" if kit.gpu else "host"
     for r in chosen:
         if not want(r.get("probe"), a.rerun, selected(r)):
+            continue
+        if a.no_probe:
+            r["probe"] = {"status": "na", "error": "not run: --no-probe"}
             continue
         if r.get("estimate", {}).get("over_device"):
             r["probe"] = {"status": "na", "error": "memplan estimates more than the device holds"}
@@ -1684,6 +1758,7 @@ def main():
     s.add_argument("--rows", default="", help="matrix rows whose id contains one of these (comma-separated)")
     s.add_argument("--steps", type=int, default=None, help="measured steps per row (default 4)")
     s.add_argument("--cpu", action="store_true", help="the CPU fallback even where a GPU is")
+    s.add_argument("--no-probe", action="store_true", help="the matrix without memplan's probe column (estimate and PyTorch only)")
     s = sub.add_parser("report")
     s.add_argument("out")
     s = sub.add_parser("torch-worker")

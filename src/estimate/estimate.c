@@ -483,9 +483,34 @@ static enum mp_status ref_event(void *ctx, const struct mp_event *ev)
     return MP_OK;
 }
 
-/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes. */
-static enum mp_status ref_forward(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
-                                  struct mp_diag *d)
+static enum mp_status ref_replay(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                                 struct mp_diag *d);
+
+/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes.  With the
+ * adapter disabled, peft runs each adapted Linear's base layer alone: that forward is the program
+ * built again without the LoRA branches (mp_build_opts.adapter_off), the base as it is. */
+static enum mp_status ref_forward(const struct mp_program *policy, const struct mp_train_opts *t,
+                                  struct mp_estimate *e, struct mp_diag *d)
+{
+    const struct mp_program *p = policy;
+    struct mp_program base;
+    enum mp_status st = MP_OK;
+    if (t->ref == MP_REF_ADAPTER) {
+        struct mp_build_opts o = policy->opts;
+        o.adapter_off = true;
+        if ((st = mp_program_build(policy->model, &o, &base, d)) != MP_OK)
+            return st;
+        p = &base;
+    }
+    st = ref_replay(p, t, e, d);
+    if (p == &base)
+        mp_program_release(&base);
+    return st;
+}
+
+/* ref_forward's replay of program p: every block forward under no_grad, metered. */
+static enum mp_status ref_replay(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                                 struct mp_diag *d)
 {
     struct mp_schedule s;
     mp_schedule_init(&s);

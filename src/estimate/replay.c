@@ -147,13 +147,19 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
     /* The frame locals (mp_node.locals) are held in a recompute, where they set the peak at its
      * stop; in the first forward they only stretch transients, left as they were (the caching
      * allocator model's reserved bytes move by up to 17 % with them, unmeasured). */
-    bool frames = r->phase == MP_PH_RECOMPUTE;
+    bool frames = r->phase == MP_PH_RECOMPUTE || (r->t->ref_pass && kind == MP_SCHED_FN);
     for (size_t k = bp->node0; k < all; k++)
         node_uses(r, &p->nodes[k], 1, true, frames);
-    /* a whole forward under torch.no_grad (DPO's reference): the model's Python rebinds
-     * hidden_states, so a block's input dies with its last use, not at the block's end */
-    bool drop_early = r->t->ref_pass && kind == MP_SCHED_FN && !r->ckpt[i] && r->holds[bp->input] > 0 &&
-                      bp->n_nodes > 0;
+    /* A whole forward under torch.no_grad (DPO's reference) frees a tensor when the model's Python
+     * lets go of it (transformers 5.24 modeling_llama.py LlamaModel.forward, the pattern of every
+     * causal LM): `inputs_embeds` keeps the token embedding until the backbone returns, its final
+     * norm; a decoder layer's input is the caller's `hidden_states` until the layer returns (its
+     * end); and `hidden_states = self.norm(hidden_states)` drops the last layer's output once the
+     * norm has run: the head's input dies with its last use.  The GPU kit's live-at-peak (H200,
+     * 2026-11-28) showed all three at the reference's peak in a layer's MLP. */
+    bool ref = r->t->ref_pass && kind == MP_SCHED_FN;
+    bool head = i + 1 == p->n_blocks;
+    bool drop_early = ref && head && !r->ckpt[i] && r->holds[bp->input] > 0 && bp->n_nodes > 0;
     if (drop_early)
         r->holds[bp->input]--;
     for (size_t k = bp->node0; k < end && r->st == MP_OK; k++) {
@@ -189,6 +195,10 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
                 r->holds[shared[j]]++;
             }
         hold_made(r, n);
+        if (ref && n->prim == MP_P_EMBED && r->ref_embeds < 0 && !head) {
+            r->ref_embeds = n->out;
+            r->holds[n->out]++;
+        }
         if (grad)
             for (int j = 0; j < n->n_saved; j++)
                 r->saved[n->saved[j]]++;
@@ -213,6 +223,11 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
         for (int j = 0; j < n->n_extra; j++)
             t_maybe_free(r, n->extra[j]);
         t_maybe_free(r, n->out);
+        if (ref && head && r->ref_embeds >= 0) { /* the backbone returned: its final norm ran */
+            r->holds[r->ref_embeds]--;
+            t_maybe_free(r, r->ref_embeds);
+            r->ref_embeds = -1;
+        }
         if (stopped && k + 1 == end && !before) /* the raise after n ran */
             for (size_t kk = end; kk < all; kk++)
                 node_uses(r, &p->nodes[kk], -1, true, frames);
@@ -779,7 +794,7 @@ enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule 
                            const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
                            void *ctx, struct mp_diag *d)
 {
-    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1},
+    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1}, .ref_embeds = -1,
                    .bwd_next = SIZE_MAX};
     struct mp_schedule none;
     mp_schedule_init(&none);

@@ -48,6 +48,8 @@ struct rp {
     int shared_block[2]; /* per model-made tensor (rope_tables, attn_mask): the block whose first
                             forward made it (held until its backward), -1 */
     bool held_on[MP_HELD_MAX]; /* p->held[j] is held (made by the forward, not yet released) */
+    int ref_embeds; /* DPO's reference forward: the token embedding held by the model's Python
+                       (fwd_block), -1 none */
     /* data parallel (NULL pp: one GPU) */
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */

@@ -478,7 +478,7 @@ static enum mp_status finish_program(struct bld *B, const struct mp_build_opts *
     for (size_t q = 0; q < p->n_params; q++)
         if (p->params[q].trainable || p->params[q].idle)
             p->trainable_params += p->params[q].elems;
-    if (p->trainable_params == 0 && o->ft.mode != MP_FT_FULL) {
+    if (p->trainable_params == 0 && o->ft.mode != MP_FT_FULL && !o->adapter_off) {
         enum mp_status st = mp_fail(d, MP_ERR_USAGE, "%s: --finetune %s trains no parameter%s", m->path,
                                     mp_ft_mode_str(o->ft.mode),
                                     o->ft.mode == MP_FT_FREEZE ? " (--train-blocks selects none)" : "");

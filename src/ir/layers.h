@@ -85,6 +85,9 @@ struct mp_build_opts {
                                     0: the one memplan's facts are read from (2.15).  It decides
                                     SDPA's kernel for fp32 grouped-query attention (lower_attention.c
                                     sdpa_math) */
+    bool adapter_off;            /* peft's disable_adapter (DPO's reference is the policy so): every
+                                    adapted Linear runs its base layer alone, no LoRA branch (peft
+                                    0.21.2 tuners/lora/layer.py:1079, bnb.py Linear4bit: no clone) */
 };
 /* The first PyTorch release known to run fp32 grouped-query attention on SDPA's memory-efficient
  * kernel (--torch below it: the math kernel, lower_attention.c sdpa_math) */

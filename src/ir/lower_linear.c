@@ -94,7 +94,7 @@ struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t o
         snprintf(cname, sizeof cname, "%s.to_%s", name, mp_dtype_str(dt_of(B, x)));
         y = cast_to(B, y, dt_of(B, x), cname); /* .to(inp_dtype) */
     }
-    if (!B->in_adapter && !B->no_lora && !head && tied < 0 &&
+    if (!B->in_adapter && !B->no_lora && !B->p->opts.adapter_off && !head && tied < 0 &&
         mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head)) {
         if (bnb4) {
             snprintf(cname, sizeof cname, "%s.clone", name);
