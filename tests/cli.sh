@@ -1008,6 +1008,39 @@ then
 else
     bad "--packing under flash attention: no mask (varlen)"
 fi
+# the device level (the caching allocator) is not monotone in the batch: Apertus-8B, bf16,
+# checkpointed layers on an A100 80GB fits the allocated bytes up to micro-batch 8, but `check`
+# finds micro-batch 4 fitting the allocator's segments and 1-3, 5-8 not.  suggest recommends the
+# largest batch `check` passes, not "nothing fits" (it galloped down past 4 before), and lists
+# expandable segments, under which `check` passes the allocated level's micro-batch
+A="models/hf/apertus-8b-2509.json --gpu a100-80gb --precision bf16 --checkpoint layers"
+verdicts=""
+for b in 1 2 3 4 5 6 7 8 9; do
+    run check $A --batch $b
+    verdicts="$verdicts$b:$ec "
+done
+run suggest $A --no-probe --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "suggest: the device level's largest fitting batch (python3 not found)"
+elif python3 - "$T/out" "$verdicts" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+v = {int(b): int(e) for b, e in (x.split(":") for x in sys.argv[2].split())}
+fit = [b for b, e in v.items() if e == 0]
+assert fit and v[1] == 1 and max(fit) < 9, v  # the case this test is for: b1 fails, some b fits
+r = d["recommendation"]
+assert r["micro_batch"] == max(fit), (r["micro_batch"], v)
+alts = d["alternatives"]
+assert any(a.startswith("--alloc-conf expandable_segments:True") for a in alts), alts
+PY
+then
+    ok "suggest: the largest batch check passes at the device level (not monotone), expandable listed"
+else
+    echo "expected suggest's micro-batch to be the largest batch 'check' passes: $verdicts" >"$T/why"
+    bad "suggest: the largest batch check passes at the device level (not monotone), expandable listed"
+fi
+expect 0 "check --alloc-conf expandable_segments:True: the allocated level's micro-batch fits" check $A --batch 8 \
+    --alloc-conf expandable_segments:True
 # --trainer (TRL 1.16.0): sft is today's step (no trainer keys in its JSON); dpo's batch counts pairs
 # (2 sequences each) through the fused head; its reference is a resident copy (full), the adapter
 # disabled (LoRA) or none (--precompute-ref); what is not modelled is refused, one line each

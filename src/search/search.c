@@ -665,6 +665,10 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     return MP_OK;
 }
 
+/* How many batches below the allocated-level choice are each tried at the device level (its
+ * verdict is not monotone in the batch: eval_candidate) before galloping down */
+#define MP_DEVICE_SCAN 16
+
 /* Does job fit micro-batch b (accum micro-steps) at the device level (the allocator simulated)? */
 static enum mp_status device_fits_at(const struct mp_job *job, uint64_t b, uint64_t accum, bool *ok, unsigned *evals,
                                      struct mp_diag *d)
@@ -727,11 +731,25 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
         return st;
     /* The search decided on allocated bytes (fast, and folds); the choice is held to the
      * device level: the largest smaller batch where no allocation fails after the caching
-     * allocator's retry.  The allocator's slack is a few percent of the batch's bytes, so the
-     * boundary is near: galloping down from the batch found (1, 2, 4... below), then bisecting;
-     * with a global batch, its divisors from the top. */
+     * allocator's retry.  That verdict is not monotone in the batch: which segments a step's
+     * blocks land in, and so what the retry can free, moves with every size (Apertus-8B, bf16,
+     * checkpointed layers on an A100 80GB: micro-batch 4 fits, 1-3 and 5-8 do not).  So the
+     * MP_DEVICE_SCAN batches below the one found are each tried, from the top; past them (the
+     * allocator's slack is a few percent of the batch's bytes, so the boundary is usually near)
+     * galloping down (1, 2, 4... below), then bisecting; with a global batch, its divisors from
+     * the top. */
     uint64_t lo = 0, hi = c->micro_batch, step = 1;
-    for (;;) { /* hi does not fit */
+    for (unsigned k = 0; k < MP_DEVICE_SCAN && !o->global_batch && hi > 1; k++) {
+        bool ok = false;
+        if ((st = device_fits_at(job, hi - 1, 1, &ok, evals, d)) != MP_OK)
+            return st;
+        if (ok) {
+            lo = hi - 1;
+            break;
+        }
+        hi--;
+    }
+    for (; !lo;) { /* hi does not fit */
         uint64_t b = o->global_batch ? largest_divisor_le(o->global_batch, hi - 1) : (hi > step ? hi - step : 1);
         if (b == 0 || b >= hi)
             break;
@@ -1316,7 +1334,7 @@ static void lora_alternative(const struct mp_job *base, const struct mp_suggest_
     if (found) {
         const struct mp_candidate *b = &ls->cand[ls->best];
         char a1[32], sb[32];
-        snprintf(s->alternatives[s->n_alternatives++], 160,
+        snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
                  "--finetune %s (adapters r %llu on peft's default targets): micro-batch %llu, %s, checkpoint "
                  "%s, peak %s, %.1f samples/s",
                  mp_ft_mode_str(b->ft), (unsigned long long)base->build.ft.r,
@@ -1349,7 +1367,7 @@ static bool gpu_alternative(struct mp_job *j, const struct mp_gpu *target, const
         bool ok = f.fits;
         if (ok) {
             char a[32], b[32];
-            snprintf(s->alternatives[s->n_alternatives++], 160,
+            snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
                      "--gpu %s: peak %s of %s usable at micro-batch 1 (checkpoint every:1), fits",
                      gpus[i].name, mp_fmt_bytes(f.peak_device_bytes, a, sizeof a),
                      mp_fmt_bytes(f.usable_bytes, b, sizeof b));
@@ -1372,13 +1390,60 @@ static void fit_alternative(const struct mp_job *j, const char *what, struct mp_
     if (mp_fit_eval(j, &f, d) != MP_OK)
         return;
     char a[32], b[32];
-    snprintf(s->alternatives[s->n_alternatives++], 160,
+    snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
              "%s: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s", what,
              mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
              f.fits             ? ", fits"
              : f.fits_allocated ? ", does not fit the caching allocator's segments"
                                 : ", still does not fit");
     mp_fit_release(&f);
+}
+
+#define EXPANDABLE_FLAG "--alloc-conf expandable_segments:True"
+#define EXPANDABLE_WHAT "PYTORCH_CUDA_ALLOC_CONF: pages mapped as needed"
+
+/* vj, a copy of base, with expandable segments in its allocator settings ex (base's otherwise);
+ * false where they would change nothing: set already, or no allocator simulated (a GPU not
+ * known, --vram). */
+static bool expandable_job(const struct mp_job *base, struct mp_job *vj, struct mp_alloc_conf *ex)
+{
+    if (base->train.alloc && base->train.alloc->expandable)
+        return false;
+    if (base->train.alloc)
+        *ex = *base->train.alloc;
+    else
+        mp_alloc_conf_default(ex);
+    ex->expandable = true;
+    vj->train.alloc = ex;
+    return true;
+}
+
+/* Nothing fits at the device level, but a plan fits the allocated bytes: expandable segments
+ * searched (no probes, no hints), listed in s's alternatives when they fit. */
+static void expandable_alternative(const struct mp_job *base, const struct mp_suggest_opts *o_in,
+                                   const char *argv0, struct mp_suggestion *s)
+{
+    struct mp_job vj = *base;
+    struct mp_alloc_conf ex;
+    if (s->n_alternatives >= sizeof s->alternatives / sizeof s->alternatives[0] || !expandable_job(base, &vj, &ex))
+        return;
+    struct mp_suggest_opts vo = *o_in;
+    vo.probe = false;
+    vo.progress = false;
+    vo.hints = false;
+    struct mp_suggestion *vs = calloc(1, sizeof *vs);
+    struct mp_diag vd = {{0}};
+    if (vs && mp_suggest(&vj, &vo, argv0, vs, &vd) == MP_OK && vs->best >= 0) {
+        const struct mp_candidate *c = &vs->cand[vs->best];
+        char a1[32], sb[32];
+        snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0], "%s (%s): micro-batch %llu, %s, checkpoint %s, peak %s",
+                 EXPANDABLE_FLAG, EXPANDABLE_WHAT, (unsigned long long)c->micro_batch,
+                 mp_precision_str(c->precision), mp_ckpt_spec_str(&c->ckpt, sb, sizeof sb),
+                 mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1));
+    }
+    if (vs)
+        mp_suggestion_release(vs);
+    free(vs);
 }
 
 /* Nothing fits (or the probes refuted every fit, any_fit): what would, as s's alternatives (an
@@ -1389,6 +1454,8 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
                                bool any_fit, bool no_world, const char *world_alt, struct mp_suggestion *s,
                                struct mp_diag *d)
 {
+    if (!any_fit) /* (the probes refuted it: no allocator setting helps) */
+        expandable_alternative(base, o_in, argv0, s);
     struct mp_job j = *base;
     j.build.batch = 1;
     j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_EVERY, .k = 1};
@@ -1407,7 +1474,7 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     j.build.precision = o->precision_fixed ? o->precision : prec;
     bool gpu_found = gpu_alternative(&j, &base->gpu, argv0, s, d);
     if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
-        snprintf(s->alternatives[s->n_alternatives++], 160, "%s",
+        snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0], "%s",
                  no_world && base->build.ft.mode != MP_FT_FULL /* (ZeRO-3 with a frozen base: not tried) */
                      ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 on up "
                        "to 1024 GPUs (128 nodes of 8) with every block checkpointed"
@@ -1427,7 +1494,7 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     if (world_alt[0]) {
         if (s->n_alternatives == sizeof s->alternatives / sizeof s->alternatives[0])
             s->n_alternatives--;
-        snprintf(s->alternatives[s->n_alternatives++], 160, "%s", world_alt);
+        snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0], "%s", world_alt);
     }
 }
 
@@ -1438,15 +1505,18 @@ static const struct variant {
     enum mp_loss loss;           /* MP_LOSS_HF: the loss is not this variant's */
     enum mp_optimizer optimizer; /* MP_OPT_ADAMW: the optimizer is not this variant's */
     int packing;                 /* 1 rows of packed documents, 2 padding-free (search.h hint_packing) */
+    bool expandable;             /* the caching allocator's expandable segments (not where they are set) */
 } VARIANTS[] = {
-    {"--loss chunked-nll", "TRL 1.16's fused LM head", MP_LOSS_CHUNKED_NLL, MP_OPT_ADAMW, 0},
-    {"--loss liger", "Liger's fused linear cross-entropy", MP_LOSS_LIGER, MP_OPT_ADAMW, 0},
+    {"--loss chunked-nll", "TRL 1.16's fused LM head", MP_LOSS_CHUNKED_NLL, MP_OPT_ADAMW, 0, false},
+    {"--loss liger", "Liger's fused linear cross-entropy", MP_LOSS_LIGER, MP_OPT_ADAMW, 0, false},
     {"--optimizer adamw-fused", "adamw_torch_fused, HF's default: no foreach temporaries", MP_LOSS_HF,
-     MP_OPT_ADAMW_FUSED, 0},
-    {"--optimizer adam8bit", "adamw_bnb_8bit: 8-bit states", MP_LOSS_HF, MP_OPT_ADAM8BIT, 0},
+     MP_OPT_ADAMW_FUSED, 0, false},
+    {"--optimizer adam8bit", "adamw_bnb_8bit: 8-bit states", MP_LOSS_HF, MP_OPT_ADAM8BIT, 0, false},
     /* where the rows are padded: each packed row holds seq real tokens (listed when it fits) */
-    {"--packing", "rows of packed documents, no padding", MP_LOSS_HF, MP_OPT_ADAMW, 1},
-    {"--padding-free", "TRL packing=True, DataCollatorWithFlattening: one row", MP_LOSS_HF, MP_OPT_ADAMW, 2},
+    {"--packing", "rows of packed documents, no padding", MP_LOSS_HF, MP_OPT_ADAMW, 1, false},
+    {"--padding-free", "TRL packing=True, DataCollatorWithFlattening: one row", MP_LOSS_HF, MP_OPT_ADAMW, 2, false},
+    /* where the device level (segments half used when the retry needs them whole) holds it back */
+    {EXPANDABLE_FLAG, EXPANDABLE_WHAT, MP_LOSS_HF, MP_OPT_ADAMW, 0, true},
 };
 
 /* It fits: each variant of VARIANTS the user did not pick, searched alone (no probes), listed in
@@ -1480,6 +1550,9 @@ static void variant_hints(const struct mp_job *base, const struct mp_suggest_opt
             vj.build.packing = true;
             vj.build.padding_free = v->packing == 2;
         }
+        struct mp_alloc_conf ex;
+        if (v->expandable && !expandable_job(base, &vj, &ex))
+            continue;
         struct mp_diag vd = {{0}};
         memset(vs, 0, sizeof *vs);
         if (mp_suggest(&vj, &vo, argv0, vs, &vd) != MP_OK) /* (a model the variant refuses) */
@@ -1492,14 +1565,14 @@ static void variant_hints(const struct mp_job *base, const struct mp_suggest_opt
                  * for certain only where the packed rows are no fewer (under SDPA the packed mask
                  * can cost more rows than any padding saves: memplan does not know the padding) */
                 char a1[32];
-                snprintf(s->alternatives[s->n_alternatives++], 160,
+                snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
                          "%s (%s): micro-batch %llu -> %llu = %llu real tokens per micro-batch, peak %s", v->flag,
                          v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
                          (unsigned long long)tok, mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1));
             } else if (!v->packing &&
                        (c->micro_batch > b->micro_batch || c->samples_per_s > 1.01 * b->samples_per_s)) {
                 char a1[32], sb[32];
-                snprintf(s->alternatives[s->n_alternatives++], 160,
+                snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
                          "%s (%s): micro-batch %llu -> %llu, %s, checkpoint %s, peak %s, %.1f samples/s",
                          v->flag, v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
                          mp_precision_str(c->precision), mp_ckpt_spec_str(&c->ckpt, sb, sizeof sb),

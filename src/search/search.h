@@ -156,7 +156,7 @@ struct mp_suggestion {
     bool global_met;              /* --global-batch met exactly */
     char note[256];               /* why the choice / what is unmet */
     /* when nothing fits: what would; when it fits (hints): variants that do better */
-    char alternatives[8][160];
+    char alternatives[8][224];
     size_t n_alternatives;
     unsigned probes;
     uint64_t probe_capacity_bytes;/* the pool limit the probes ran under (0: no probe) */
