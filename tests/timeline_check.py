@@ -151,6 +151,21 @@ inset = root.find(".//%sg[@id='inset']" % NS)
 if inset is None or not int(inset.get("data-first-event")) <= pe <= int(inset.get("data-last-event")):
     fail("the zoom does not contain the peak")
 
+# the caching allocator's reserved bytes: a line exactly where it was simulated, over the same
+# events, its peak the report's peak reserved (the steady step's: the same where nothing retried)
+res = root.find(".//%spolyline[@id='reserved']" % NS)
+al = mem.get("allocator") or {}
+if bool(al.get("simulated")) != (res is not None):
+    fail("reserved line %s, allocator simulated %s" % (res is not None, al.get("simulated")))
+if res is not None:
+    rp = int(res.get("data-peak-bytes"))
+    if int(res.get("data-events")) != n_ev or rp < mem["peak_allocated_bytes"] or rp > mem["peak_reserved_bytes"] \
+            or (al.get("num_alloc_retries") == 0 and rp != mem["peak_reserved_bytes"]):
+        fail("reserved line: peak %d over %s events; the report: reserved %d, allocated %d, %d events"
+             % (rp, res.get("data-events"), mem["peak_reserved_bytes"], mem["peak_allocated_bytes"], n_ev))
+    if root.find(".//%srect[@class='legend-reserved']" % NS) is None:
+        fail("the reserved line is not in the legend")
+
 if probe:
     m = root.find(".//%spolyline[@id='measured']" % NS)
     if m is None:

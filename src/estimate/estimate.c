@@ -247,9 +247,33 @@ static void asim_release(struct counter *c, const struct mp_event *ev, size_t ke
     }
 }
 
+static enum mp_status count_one(struct counter *c, const struct mp_event *ev);
+
+/* The estimator's visitor: count_one, and the reserved series where asked (run_counter). */
 static enum mp_status count_event(void *ctx, const struct mp_event *ev)
 {
     struct counter *c = ctx;
+    enum mp_status st = count_one(c, ev);
+    struct mp_series *sr = c->series;
+    if (st != MP_OK || !sr || !c->warm || (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE))
+        return st;
+    if (sr->n == sr->cap) {
+        size_t nc = sr->cap ? 2 * sr->cap : 1024;
+        uint64_t *nv = realloc(sr->v, nc * sizeof *nv);
+        if (!nv) {
+            sr->nomem = true;
+            return MP_ERR_NOMEM;
+        }
+        sr->v = nv;
+        sr->cap = nc;
+    }
+    sr->v[sr->n++] = c->as.reserved;
+    return MP_OK;
+}
+
+/* One event into c: the allocated bytes and their peaks, the caching allocator's requests. */
+static enum mp_status count_one(struct counter *c, const struct mp_event *ev)
+{
     if (ev->kind == MP_EV_LOSS_GRAD && !c->have_loss) {
         c->have_loss = true;
         c->act_at_loss = c->act_cur;
@@ -557,17 +581,20 @@ static enum mp_status ref_phases(const struct mp_program *p, const struct mp_tra
     return MP_OK;
 }
 
-enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp_schedule *sched,
-                                     const struct mp_train_opts *t, uint64_t context_bytes,
-                                     const struct mp_chain *chain, struct mp_estimate *e, struct mp_diag *d)
+/* The step through counter c twice (the caching allocator reaches its steady state in the
+ * second; once where it is not simulated): c's peaks, the allocator's figures and, with
+ * c->series, its reserved bytes after each ALLOC/FREE event of the second step. */
+static enum mp_status run_counter(const struct mp_program *p, const struct mp_schedule *sched,
+                                  const struct mp_train_opts *t, struct counter *cp, struct mp_diag *d)
 {
-    enum mp_status st = mp_estimate_static(p, t, e, d);
-    if (st != MP_OK)
-        return st;
+    struct counter c = *cp;
+    enum mp_status st = MP_OK;
     /* The allocator model scans free blocks per allocation; beyond this many nodes
      * (thousands of layers) it would dominate the run, so reserved falls back to the
      * allocated peak (fit decisions never use it). */
-    struct counter c = {.p = p, .peak_node = -1, .no_asim = p->n_nodes > MP_ASIM_MAX_NODES || t->skip_reserved};
+    c.p = p;
+    c.peak_node = -1;
+    c.no_asim = p->n_nodes > MP_ASIM_MAX_NODES || t->skip_reserved;
     c.nkeys = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
     if (t->par && t->par->strategy != MP_PAR_NONE) /* communication slots: groups or buckets */
         c.nkeys += (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS;
@@ -589,7 +616,7 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
             return mp_fail(d, MP_ERR_NOMEM, "out of memory");
         }
     }
-    const char *trace = c.no_asim ? NULL : getenv("MEMPLAN_ALLOC_TRACE");
+    const char *trace = c.no_asim || c.series ? NULL : getenv("MEMPLAN_ALLOC_TRACE");
     if (trace && *trace && !(c.trace = fopen(trace, "w")))
         fprintf(stderr, "memplan: warning: MEMPLAN_ALLOC_TRACE: cannot write %s\n", trace);
     /* Two steps: the caching allocator reaches its steady state in the second. */
@@ -627,10 +654,47 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     mp_asim_release(&c.as);
     if (c.trace)
         fclose(c.trace);
+    c.blk_of = NULL;
+    c.tmp_more = NULL;
+    c.lazy_state = NULL;
+    c.trace = NULL;
+    *cp = c;
     if (st == MP_ERR_RANGE && c.overflow)
         return peak_overflow(p, t, d);
     if (st != MP_OK)
         return st == MP_ERR_NOMEM ? mp_fail(d, st, "out of memory") : st;
+    return MP_OK;
+}
+
+enum mp_status mp_reserved_series(const struct mp_program *p, const struct mp_schedule *sched,
+                                  const struct mp_train_opts *t, uint64_t **out, size_t *n, struct mp_diag *d)
+{
+    *out = NULL;
+    *n = 0;
+    if (p->n_nodes > MP_ASIM_MAX_NODES || t->skip_reserved) /* (run_counter would not simulate it) */
+        return MP_OK;
+    struct mp_series ser = {0};
+    struct counter c = {.series = &ser};
+    enum mp_status st = run_counter(p, sched, t, &c, d);
+    if (st != MP_OK || c.no_asim || ser.nomem) {
+        free(ser.v);
+        return st == MP_OK && ser.nomem ? mp_fail(d, MP_ERR_NOMEM, "out of memory") : st;
+    }
+    *out = ser.v;
+    *n = ser.n;
+    return MP_OK;
+}
+
+enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp_schedule *sched,
+                                     const struct mp_train_opts *t, uint64_t context_bytes,
+                                     const struct mp_chain *chain, struct mp_estimate *e, struct mp_diag *d)
+{
+    enum mp_status st = mp_estimate_static(p, t, e, d);
+    if (st != MP_OK)
+        return st;
+    struct counter c = {0};
+    if ((st = run_counter(p, sched, t, &c, d)) != MP_OK)
+        return st;
     e->peak_allocated_bytes = c.peak;
     e->peak_requested_bytes = c.peak_req;
     e->peak_reserved_bytes = mp_max_u64(c.as.peak_reserved, c.peak);

@@ -252,6 +252,11 @@ enum mp_status mp_estimate_run(const struct mp_program *p, const struct mp_sched
 enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp_schedule *sched,
                                      const struct mp_train_opts *t, uint64_t context_bytes,
                                      const struct mp_chain *chain, struct mp_estimate *e, struct mp_diag *d);
+/* The caching allocator's reserved bytes after each ALLOC/FREE event of the steady (second)
+ * step, in mp_replay's order (the timeline's x axis): *out malloc'd (free it), *n its length;
+ * NULL and 0 where the allocator is not simulated (over MP_ASIM_MAX_NODES nodes). */
+enum mp_status mp_reserved_series(const struct mp_program *p, const struct mp_schedule *sched,
+                                  const struct mp_train_opts *t, uint64_t **out, size_t *n, struct mp_diag *d);
 /* Only the figures that do not depend on the schedule (no replay): parameters, weights,
  * gradients, optimizer state, inputs, buffers, workspace, FLOPs, and the per-rank shares
  * with data parallelism; static_bytes.  e->blocks stays NULL. */

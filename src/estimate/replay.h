@@ -62,6 +62,13 @@ struct rp {
 
 /* ---- the estimator's visitor --------------------------------------------------------------- */
 
+/* A growing array of byte counts (mp_reserved_series). */
+struct mp_series {
+    uint64_t *v;
+    size_t n, cap;
+    bool nomem;
+};
+
 struct counter {
     const struct mp_program *p;
     uint64_t cur, cur_req, peak, peak_req;
@@ -90,6 +97,7 @@ struct counter {
                                made at its first GEMM (backward_workspace) */
     int *tmp_more;    /* node -> its transient's further parts' asim blocks (+1; 0 none), MP_NODE_TMP_MAX - 1 each */
     FILE *trace;      /* MEMPLAN_ALLOC_TRACE: the allocator model's requests, else NULL */
+    struct mp_series *series; /* mp_reserved_series: reserved after each event of the second step */
     int trace_phase;  /* the phase last marked in it */
 };
 

@@ -108,6 +108,10 @@ struct tl {
     bool *col_set;
     size_t win0, win1;   /* zoom window [win0, win1) */
     struct sample *win;
+    /* the caching allocator's reserved bytes after each event (mp_reserved_series), NULL where
+     * it is not simulated */
+    uint64_t *reserved;
+    uint64_t reserved_peak;
 };
 
 static size_t col_of(const struct tl *s, size_t ev)
@@ -580,6 +584,24 @@ static void draw_measured(FILE *out, const struct tl *s, const struct mp_timelin
     }
 }
 
+/* The caching allocator's reserved bytes (simulated), a line over the stack: per column, the
+ * largest of its events. */
+static void draw_reserved(FILE *out, const struct tl *s, const struct plot *v)
+{
+    if (!s->reserved)
+        return;
+    size_t n = s->total_ev, per = n > N_COLS ? (n + N_COLS - 1) / N_COLS : 1;
+    double w = v->evw;
+    fprintf(out, "<polyline id=\"reserved\" fill=\"none\" stroke=\"#8b1a1a\" stroke-width=\"1.3\" points=\"");
+    for (size_t i = 0; i < n; i += per) {
+        uint64_t m = 0;
+        for (size_t j = i; j < i + per && j < n; j++)
+            m = s->reserved[j] > m ? s->reserved[j] : m;
+        fprintf(out, "%.1f,%.1f ", PX0 + w * (double)i, ypx(&v->a, m + v->ctx));
+    }
+    fprintf(out, "\" data-peak-bytes=\"%llu\" data-events=\"%zu\"/>\n", (unsigned long long)s->reserved_peak, n);
+}
+
 /* The peak: a dot at the peak event, its label (ev) beside it, clear of the n_lbl boxes lbl. */
 static void draw_peak(FILE *out, const struct tl *s, const struct plot *v, const char *ev, const struct box *lbl,
                       size_t n_lbl)
@@ -650,6 +672,11 @@ static void draw_legend(FILE *out, const struct tl *s, const struct mp_timeline_
             mp = o->measured[i] > mp ? o->measured[i] : mp;
         snprintf(buf, sizeof buf, "measured by the probe (dashed), peak %s", mp_fmt_bytes(mp, b1, sizeof b1));
         legend_item(out, &lx, &ly, "", "#000", buf);
+    }
+    if (s->reserved) {
+        snprintf(buf, sizeof buf, "reserved, simulated (line): peak %s",
+                 mp_fmt_bytes(s->reserved_peak, b1, sizeof b1));
+        legend_item(out, &lx, &ly, " class=\"legend-reserved\"", "#8b1a1a", buf);
     }
 }
 
@@ -735,6 +762,8 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     uint64_t usable = o->capacity_bytes ? (uint64_t)((double)o->capacity_bytes * (1.0 - o->margin)) : 0;
     if (o->capacity_bytes > top)
         top = o->capacity_bytes;
+    if (s->reserved && s->reserved_peak + ctx > top)
+        top = s->reserved_peak + ctx;
     if (o->measured)
         for (size_t i = 0; i < o->n_measured; i++)
             if (o->measured[i] + ctx > top)
@@ -748,6 +777,7 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     struct box lbl[2];
     size_t n_lbl = draw_targets(out, o, &v, lbl);
     draw_measured(out, s, o, &v);
+    draw_reserved(out, s, &v);
     char ev[160];
     event_name(s->p, &s->peak_s, ev, sizeof ev);
     draw_peak(out, s, &v, ev, lbl, n_lbl);
@@ -787,6 +817,16 @@ enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const stru
             mp_fail(d, st, "out of memory drawing the timeline");
         goto out;
     }
+    /* the caching allocator over the same step: one figure an event, or none */
+    size_t n_res = 0;
+    if ((st = mp_reserved_series(p, sched, t, &s.reserved, &n_res, d)) != MP_OK)
+        goto out;
+    if (s.reserved && n_res != s.n_ev) { /* (a replay that is not the same step: not drawn) */
+        free(s.reserved);
+        s.reserved = NULL;
+    }
+    for (size_t i = 0; s.reserved && i < n_res; i++)
+        s.reserved_peak = s.reserved[i] > s.reserved_peak ? s.reserved[i] : s.reserved_peak;
     /* pass 2: columns and the zoom window (the schedule op holding the peak, widened) */
     s.total_ev = s.n_ev;
     s.n_cols = s.total_ev < N_COLS ? s.total_ev : N_COLS;
@@ -831,5 +871,6 @@ out:
     free(s.col);
     free(s.col_set);
     free(s.win);
+    free(s.reserved);
     return st;
 }
