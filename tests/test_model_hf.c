@@ -2192,10 +2192,51 @@ static void test_xielu_saves(void **state)
     mp_model_release(&m);
 }
 
+/* SDPA's backward transient on a half-precision Llama, batch 2, sequence 128, 4 heads of 64:
+ * what cuDNN's attention backward took on an H200 (torch 2.11, bench/gpu/sdpa_ws.py, 12 shapes),
+ * less the 256 bytes it adds: b a s (4d + 4) bytes without groups (the fp32 dQ accumulator and
+ * row sums), b a s (8d + 4) with 2 k/v heads (dK and dV at every q head in bf16 beside them). */
+static void test_sdpa_backward_transient(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *kv;
+        uint64_t bwd;
+    } cases[] = {{"4", 2 * 4 * 128 * (4 * 64 + 4)}, {"2", 2 * 4 * 128 * (8 * 64 + 4)}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char cfg[256];
+        snprintf(cfg, sizeof cfg,
+                 "{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 256, \"num_hidden_layers\": 1, "
+                 "\"num_attention_heads\": 4, \"num_key_value_heads\": %s, \"intermediate_size\": 128}",
+                 cases[k].kv);
+        struct mp_model m;
+        struct mp_program p;
+        load_str_ok(&m, cfg);
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.batch = 2;
+        o.seq = 128;
+        o.precision = MP_PREC_BF16;
+        struct mp_diag d = {{0}};
+        if (mp_program_build(&m, &o, &p, &d) != MP_OK)
+            fail_msg("build: %s", d.msg);
+        int seen = 0;
+        for (size_t i = 0; i < p.n_nodes; i++)
+            if (p.nodes[i].prim == MP_P_ATTN) {
+                assert_int_equal(p.nodes[i].bwd_tmp_bytes, cases[k].bwd);
+                seen++;
+            }
+        assert_int_equal(seen, 1);
+        mp_program_release(&p);
+        mp_model_release(&m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_params_gpt2),
+        cmocka_unit_test(test_sdpa_backward_transient),
         cmocka_unit_test(test_request_heads_count_as_transformers),
         cmocka_unit_test(test_request_refusals),
         cmocka_unit_test(test_request_labels_replace_id2label),

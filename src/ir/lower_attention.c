@@ -235,11 +235,17 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
         uint64_t s_lse = cdt == MP_DT_F32 || dv != d ? round_up(s, 32) : s;
         snprintf(en, sizeof en, "%s.lse", name);
         extra_as(n, new_flat(B, en, MP_DT_F32, mul(B, mul(B, a, b), s_lse)), MP_XR_LSE);
-        /* backward: softmax_d [b,a,s_r] and dq_accum [b,s_r,a,d_r] in fp32 (flash_api mha_bwd) */
+        /* backward: softmax_d [b,a,s_r] and dq_accum [b,s_r,a,d_r] in fp32 (flash_api mha_bwd);
+         * grouped-query attention in a half dtype also makes dK and dV at every q head, in q's
+         * dtype, then sums each group (flash_api.cpp mha_bwd: dk_expanded, dv_expanded; cuDNN's
+         * workspace measured so on an H200, b*a*s*(8d + 4) + 256 bytes against b*a*s*(4d + 4) + 256
+         * without groups: bench/gpu/sdpa_ws.py, docs/memory-facts.md#sdpa-gqa-backward) */
         uint64_t s_r = round_up(s, 128), d_r = round_up(d, 32);
-        const enum mp_trole fr[2] = {MP_TR_FLASH_D, MP_TR_FLASH_DQ};
-        const uint64_t fb[2] = {mul(B, mul(B, mul(B, b, a), s_r), 4), mul(B, mul(B, mul(B, mul(B, b, s_r), a), d_r), 4)};
-        tmp_parts(B, n, true, 2, fr, fb);
+        const enum mp_trole fr[3] = {MP_TR_FLASH_D, MP_TR_FLASH_DQ, MP_TR_OTHER};
+        const uint64_t fb[3] = {mul(B, mul(B, mul(B, b, a), s_r), 4), mul(B, mul(B, mul(B, mul(B, b, s_r), a), d_r), 4),
+                                mul(B, mul(B, asb, add(B, d, dv)), mp_dtype_size(cdt))};
+        bool gqa_bwd = l->kv_heads < a && cdt != MP_DT_F32;
+        tmp_parts(B, n, true, gqa_bwd ? 3 : 2, fr, fb);
     } else {
         /* Eager: contiguous copies of q, k, v (reshape of transposed views, repeat_kv),
          * scores, softmax (fp32 under autocast), its cast, dropout. */

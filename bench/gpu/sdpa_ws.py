@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""sdpa_ws.py - what SDPA's CUDA kernels allocate through the caching allocator, forward and
+backward, per shape (issue 29: the attention backend's workspace).
+
+  python3 bench/gpu/sdpa_ws.py --out FILE.json [--budget-s S]
+
+For each case (batch, q heads, kv heads, sequence, head dim, dropout; bf16, causal, as
+transformers calls it for a causal LM without a mask: k and v with kv heads and enable_gqa=True
+where kv < q heads), q, k, v are made (b, heads, s, d) with requires_grad, then one warm-up
+forward and backward, then a recorded one (torch.cuda.memory._record_memory_history): every
+block the allocator handed out during the forward and during the backward, in order, with its
+size and whether it was still alive at the phase's end; the aten op SDPA dispatched to (a
+TorchDispatchMode); max_memory_allocated above the inputs in each phase.  Nothing is fetched.
+Each case is written to FILE as it finishes.  Without a GPU: exits 0 writing {"status": "skipped"}.
+"""
+import argparse
+import json
+import os
+import time
+
+T0 = time.perf_counter()
+
+# (batch, q heads, kv heads, seq, head dim, dropout)
+CASES = [(4, 32, 8, 1024, 64, 0.0), (4, 14, 2, 1024, 64, 0.0), (8, 12, 12, 1024, 64, 0.1), (8, 12, 12, 1024, 64, 0.0),
+         (4, 32, 8, 1024, 128, 0.0), (4, 32, 32, 1024, 128, 0.0), (2, 32, 8, 2048, 128, 0.0), (1, 32, 8, 4096, 128, 0.0),
+         (4, 32, 8, 2048, 64, 0.0), (2, 16, 16, 1024, 256, 0.0), (4, 32, 8, 1024, 128, 0.1), (1, 8, 8, 512, 64, 0.0)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=120)
+    a = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+    res = {"status": "partial", "cases": []}
+    if not torch.cuda.is_available():
+        res["status"] = "skipped"
+        json.dump(res, open(a.out, "w"))
+        return
+    res.update(device=torch.cuda.get_device_name(0), torch=torch.__version__,
+               cudnn=torch.backends.cudnn.version())
+
+    class Spy(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            n = str(func.overloadpacket.__name__)
+            if "attention" in n or "flash" in n or "efficient" in n or "cudnn" in n:
+                self.ops.append(n)
+            return func(*args, **(kwargs or {}))
+
+    def trace_len():
+        return sum(len(d) for d in torch.cuda.memory._snapshot()["device_traces"])
+
+    def blocks(tr, i0, i1):
+        out, live = [], {}
+        for e in tr[i0:i1]:
+            if e["action"] == "alloc":
+                live[e["addr"]] = len(out)
+                out.append([e["size"], False])
+            elif e["action"] == "free_requested" and e["addr"] in live:
+                out[live.pop(e["addr"])][1] = True
+        return [[sz, not freed] for sz, freed in out]  # [bytes, alive at the phase's end]
+
+    for b, h, kv, s, d, p in CASES:
+        if time.perf_counter() - T0 > a.budget_s:
+            res.setdefault("skipped", []).append([b, h, kv, s, d, p])
+            continue
+        case = {"batch": b, "heads": h, "kv_heads": kv, "seq": s, "head_dim": d, "dropout": p}
+        try:
+            torch.cuda.empty_cache()
+            q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(b, kv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            v = torch.randn(b, kv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            kw = {"enable_gqa": True} if kv < h else {}
+            for it in range(2):
+                rec = it == 1
+                if rec:
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
+                    i0 = trace_len()
+                spy = Spy()
+                with spy:
+                    o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, **kw)
+                if rec:
+                    torch.cuda.synchronize()
+                    case["forward_op"] = spy.ops
+                    case["forward_peak_above_inputs"] = torch.cuda.max_memory_allocated() - base
+                    i1 = trace_len()
+                    mid = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                g = torch.randn_like(o)
+                spy = Spy()
+                with spy:
+                    o.backward(g)
+                if rec:
+                    torch.cuda.synchronize()
+                    case["backward_op"] = spy.ops
+                    case["backward_peak_above_start"] = torch.cuda.max_memory_allocated() - mid
+                    i2 = trace_len()
+                    tr = [e for dd in torch.cuda.memory._snapshot()["device_traces"] for e in dd]
+                    torch.cuda.memory._record_memory_history(enabled=None)
+                    case["forward_blocks"] = blocks(tr, i0, i1)
+                    case["backward_blocks"] = blocks(tr, i1, i2)
+                    case["status"] = "ok"
+                del o, g
+                q.grad = k.grad = v.grad = None
+            del q, k, v
+        except Exception as e:  # noqa: BLE001 - a case that fails is a result
+            case.update(status="FAILED", error=repr(e)[:300])
+            try:
+                torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:  # noqa: BLE001
+                pass
+        res["cases"].append(case)
+        with open(a.out + ".tmp", "w") as f:
+            json.dump(res, f, indent=0)
+        os.replace(a.out + ".tmp", a.out)
+        print(json.dumps({k2: case.get(k2) for k2 in ("batch", "heads", "kv_heads", "seq", "head_dim", "dropout",
+                                                      "forward_op", "backward_op", "status")}), flush=True)
+    res["status"] = "ok"
+    res["seconds"] = round(time.perf_counter() - T0, 1)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=0)
+
+
+if __name__ == "__main__":
+    main()
