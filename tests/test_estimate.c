@@ -481,6 +481,15 @@ static void test_estimate_optimizer_step_peak(void **state)
                            .trainable = true};
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAM8BIT, &big), 2 * (1 << 20) + 8 * 4096);
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAFACTOR, &big), (1024 + 1024) * 4);
+    /* transformers' Adafactor (HF optim "adafactor"): fp32 factors for a bf16 matrix too (.to(grad)
+     * of its fp32 gradient), and at the step two fp32 tensors like the largest parameter, four when
+     * it is half (its fp32 copy and gradient's): the H200 measured 2 x and 4 x GPT-2's embedding in
+     * fp32 (310.6 MB) and bf16 (621.0 MB), bench/gpu/optim_step.py */
+    big.dtype = MP_DT_BF16;
+    assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAFACTOR, &big), (1024 + 1024) * 4);
+    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 0, 1 << 20, MP_DT_F32), 8u << 20);
+    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 0, 1 << 20, MP_DT_BF16), 16u << 20);
+    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 0, UINT64_MAX / 4, MP_DT_BF16), UINT64_MAX);
     mp_program_release(&prog);
     mp_model_release(&m);
 }

@@ -60,9 +60,8 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
     case MP_OPT_STATE_NONE: return 0;
     case MP_OPT_STATE_ONE: return n * s;
     case MP_OPT_STATE_TWO: return 2 * n * s;
-    case MP_OPT_STATE_FACTORED:
-        /* torch.optim.Adafactor: row + column variance factors for matrices, full variance otherwise */
-        return q->matrix ? (q->rows + q->cols) * s : n * s;
+    case MP_OPT_STATE_FACTORED: /* (adafactor_state) */
+        return q->matrix ? (q->rows + q->cols) * 4 : n * 4;
     case MP_OPT_STATE_BNB8: return bnb_state(p, q, 2);
     case MP_OPT_STATE_BNB8_1: return bnb_state(p, q, 1);
     case MP_OPT_STATE_AO8: return ao_state(q, s, false);
@@ -71,6 +70,19 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
     return 0;
 }
 
+/* Adafactor as HF's optim "adafactor" builds it: transformers.optimization.Adafactor
+ * (transformers 5.24.0 optimization.py Adafactor.step; torch.optim.Adafactor is another class).
+ * It upcasts a half gradient (grad.float()) and keeps its states like that fp32 gradient
+ * (`.to(grad)`): a matrix's row and column factors (exp_avg_sq_row, _col), a vector's full
+ * exp_avg_sq, all fp32; no first moment (beta1 None, HF's default).  Per parameter, one at a time:
+ * a half parameter's fp32 copy (p.float()) and gradient's live through its update; update =
+ * grad**2 + eps makes a tensor while grad**2 lives, the factored estimate (torch.mul of the
+ * factors) one while that lives, p.add_(-update) one more while update lives: two fp32 tensors
+ * like the parameter at once, four for a half parameter.  Measured on an H200 (the GPU kit's
+ * bench/gpu/optim_step.py, GPT-2 through Trainer.create_optimizer): its 38.6M-element embedding
+ * gave 310.6 MB in fp32 (2 x 154.4 MB) and 621.0 MB in bf16 (4 x), states 1.36 MB either way
+ * (docs/memory-facts.md#optimizer-state). */
+
 /* torchao's step (adam.py:142) is torch.compile(single_param_adam) per parameter; inductor's
  * code for AdamW8bit (torch 2.15, the C++ backend: TORCH_LOGS=output_code) allocates two fp32
  * tensors like the parameter (the lerped moments before quantization) and two fp32 vectors of
@@ -78,11 +90,14 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
  * parameter's call is the step's peak.  (Triton's code for a GPU is not read:
  * docs/memory-facts.md#low-bit-optimizers.) */
 uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes,
-                            uint64_t largest_elems)
+                            uint64_t largest_elems, enum mp_dtype largest_dtype)
 {
+    (void)largest_grad_bytes;
+    uint64_t b;
     switch (mp_optimizer_tmp(o)) {
     case MP_OPT_TMP_ALL_GRADS: return total_grad_bytes; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
-    case MP_OPT_TMP_LARGEST: return largest_grad_bytes;
+    case MP_OPT_TMP_LARGEST: /* (adafactor_state): two fp32 tensors like it, four for a half one */
+        return mp_mul_u64(largest_elems, largest_dtype == MP_DT_F32 ? 2 * 4 : 4 * 4, &b) ? b : UINT64_MAX;
     case MP_OPT_TMP_LARGEST_2F32: return 2 * 4 * (largest_elems + mp_ceil_div(largest_elems, AO_BLOCK));
     case MP_OPT_TMP_NONE: return 0;
     }
@@ -92,11 +107,19 @@ uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o)
 {
     uint64_t total = 0, largest = 0, elems = 0;
+    enum mp_dtype dt = MP_DT_F32;
     for (size_t i = 0; i < p->n_params; i++) {
         total += mp_param_grad_bytes(&p->params[i]);
         largest = mp_max_u64(largest, mp_param_grad_bytes(&p->params[i]));
-        if (p->params[i].trainable)
-            elems = mp_max_u64(elems, p->params[i].elems);
+        mp_opt_largest(&p->params[i], &elems, &dt);
     }
-    return mp_opt_step_tmp_of(o, total, largest, elems);
+    return mp_opt_step_tmp_of(o, total, largest, elems, dt);
+}
+
+void mp_opt_largest(const struct mp_param *q, uint64_t *elems, enum mp_dtype *dt)
+{
+    if (q->trainable && q->elems > *elems) {
+        *elems = q->elems;
+        *dt = q->dtype;
+    }
 }

@@ -13,11 +13,15 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
 /* Whether bitsandbytes' 8-bit optimizers (and HF's Trainer) keep q's states in 8 bits: a trained
  * tensor of at least 4096 elements that is not an nn.Embedding weight (the others: fp32). */
 bool mp_opt_bnb_8bit(const struct mp_param *q);
+/* The largest trainable parameter so far: *elems and *dt become q's where q trains and is larger. */
+void mp_opt_largest(const struct mp_param *q, uint64_t *elems, enum mp_dtype *dt);
 /* The optimizer step's temporary for all of p's parameters (Adam/AdamW foreach: one tensor per
- * parameter, together the size of the gradients; Adafactor: the largest; others none). */
+ * parameter, together the size of the gradients; Adafactor: fp32 tensors like the largest; others
+ * none). */
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o);
-/* The same from the gradients' total and largest bytes and the largest trainable parameter. */
+/* The same from the gradients' total and largest bytes and the largest trainable parameter (its
+ * elements and dtype); UINT64_MAX past 64 bits. */
 uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes,
-                            uint64_t largest_elems); /* of a trainable parameter */
+                            uint64_t largest_elems, enum mp_dtype largest_dtype);
 
 #endif
