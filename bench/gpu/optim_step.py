@@ -23,6 +23,8 @@ import subprocess
 import tempfile
 import time
 
+import gpu_json
+
 T0 = time.perf_counter()
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -45,14 +47,12 @@ def main():
     ap.add_argument("--memplan", default=os.path.join(ROOT, "memplan"))
     ap.add_argument("--budget-s", type=float, default=120)
     a = ap.parse_args()
-    import torch
-    res = {"status": "partial", "rows": []}
-    if not torch.cuda.is_available():
-        res["status"] = "skipped"
-        json.dump(res, open(a.out, "w"))
+    res = gpu_json.start(a.out, "rows")
+    if res is None:
         return
+    import torch
     import transformers
-    res.update(device=torch.cuda.get_device_name(0), torch=torch.__version__, transformers=transformers.__version__)
+    res["transformers"] = transformers.__version__
     with open(os.path.join(ROOT, "models/hf/gpt2.json")) as f:
         cfgd = json.load(f)
     cfgd.pop("model_type", None)
@@ -94,16 +94,13 @@ def main():
                     row.update(status="FAILED", error=repr(e)[:300])
                 del model, opt, trainer
                 res["rows"].append(row)
-                with open(a.out + ".tmp", "w") as f:
-                    json.dump(res, f, indent=0)
-                os.replace(a.out + ".tmp", a.out)
+                gpu_json.save(a.out, res)
                 print(json.dumps({k: row.get(k) for k in ("precision", "optim", "status", "state_allocated",
                                                           "state_device", "step_tmp", "memplan", "error")}),
                       flush=True)
     res["status"] = "ok"
     res["seconds"] = round(time.perf_counter() - T0, 1)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=0)
+    gpu_json.save(a.out, res)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ Each case is written to FILE as it finishes.  Without a GPU: exits 0 writing {"s
 """
 import argparse
 import json
-import os
 import time
+
+import gpu_json
 
 T0 = time.perf_counter()
 
@@ -31,16 +32,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=120)
     a = ap.parse_args()
+    res = gpu_json.start(a.out, "cases")
+    if res is None:
+        return
     import torch
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
-    res = {"status": "partial", "cases": []}
-    if not torch.cuda.is_available():
-        res["status"] = "skipped"
-        json.dump(res, open(a.out, "w"))
-        return
-    res.update(device=torch.cuda.get_device_name(0), torch=torch.__version__,
-               cudnn=torch.backends.cudnn.version())
+    res["cudnn"] = torch.backends.cudnn.version()
 
     class Spy(TorchDispatchMode):
         def __init__(self):
@@ -119,15 +117,12 @@ def main():
             except Exception:  # noqa: BLE001
                 pass
         res["cases"].append(case)
-        with open(a.out + ".tmp", "w") as f:
-            json.dump(res, f, indent=0)
-        os.replace(a.out + ".tmp", a.out)
+        gpu_json.save(a.out, res)
         print(json.dumps({k2: case.get(k2) for k2 in ("batch", "heads", "kv_heads", "seq", "head_dim", "dropout",
                                                       "forward_op", "backward_op", "status")}), flush=True)
     res["status"] = "ok"
     res["seconds"] = round(time.perf_counter() - T0, 1)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=0)
+    gpu_json.save(a.out, res)
 
 
 if __name__ == "__main__":
