@@ -39,6 +39,10 @@ Parts:
              vram=: the target it finds (this CUDA device's total memory), its verdict, and its
              plan's peak allocated against torch.cuda.max_memory_allocated over the steps after
              the first (the Trainer's own step: grad clipping, its loss bookkeeping).
+  sdpa       bench/gpu/sdpa_ws.py: SDPA's allocations per shape, the backward's transient against the
+             rule memplan uses (docs/memory-facts.md#sdpa-gqa-backward).  GPU only.
+  optim      bench/gpu/optim_step.py: each HF optimizer's state and step temporaries on GPT-2
+             against memplan's.  GPU only.
 
 Without a GPU (or with --cpu) the same parts run as the CPU fallback: the host backend, configs
 shrunk to 2 layers of width 128 (batch 2 x 32), PyTorch on the CPU (no memory columns: a smoke
@@ -66,11 +70,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 STATE_DIR = os.path.join(ROOT, "bench", "gpu", "out")   # ignored by git; kept on a warm machine
 SCHEMA = 2
 
-PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "dpo", "callback"]
+PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "dpo", "callback", "sdpa", "optim"]
 # part: (cap on a GPU, cap on the CPU fallback, least seconds worth starting it with)
 CAPS = {"build": (200, 400, 5), "tests": (120, 240, 15), "sanitizer": (90, 0, 20),
         "matrix": (260, 400, 30), "tune": (150, 240, 40), "steptime": (5, 5, 0), "dpo": (150, 240, 40),
-        "callback": (90, 150, 40)}
+        "callback": (90, 150, 40), "sdpa": (60, 5, 20), "optim": (60, 5, 20)}
 RESERVE_S = 4          # kept back at the end for the last report
 WORKER_START_S = (90, 120)   # (GPU, CPU): import torch + transformers, CUDA context
 ROW_S = {"estimate": 30, "probe": (75, 60), "torch": (90, 90)}
@@ -1275,6 +1279,66 @@ def part_dpo(kit, res):
     res.update(status="ok", note="%d rows; largest |memplan - torch| %.2f %% of torch (target 1 %%)" % (len(rows), worst))
 
 
+# ---- parts: sdpa, optim (bench/gpu/sdpa_ws.py, optim_step.py) --------------------------------------
+
+def sdpa_rule(c):
+    """The backward transient docs/memory-facts.md#sdpa-gqa-backward gives for case c (bytes)."""
+    per_row = (8 if c["kv_heads"] < c["heads"] else 4) * c["head_dim"] + 4
+    return c["batch"] * c["heads"] * c["seq"] * per_row + 256
+
+
+def run_json_part(kit, res, script, name, extra):
+    """A GPU script writing name.json into OUTDIR (gpu_json.py's frame) under the part's time; its
+    result into kit.state[name], or the part's status says why not."""
+    out = os.path.join(kit.out, name + ".json")
+    if os.path.exists(out):
+        os.remove(out)
+    if not kit.gpu:
+        res.update(status="skipped", note="no GPU: nothing to measure")
+        return None
+    left = kit.part_left()
+    cmd = [sys.executable, os.path.join(HERE, script), "--out", out, "--budget-s", "%.0f" % max(1.0, left - 10)] + extra
+    rc, o, e, secs = run_cmd(cmd, left, logf=kit.logf)
+    d = {}
+    if os.path.exists(out):
+        with open(out) as f:
+            d = json.load(f)
+    if not d or d.get("status") == "skipped":
+        res.update(status="FAILED", note="%s rc %d: %s" % (script, rc, tail(e or o, 200)))
+        return None
+    kit.state[name] = d
+    return d
+
+
+def part_sdpa(kit, res):
+    """SDPA's kernel allocations per shape against the rule memplan uses for its backward."""
+    d = run_json_part(kit, res, "sdpa_ws.py", "sdpa", [])
+    if d is None:
+        return
+    worst, n = 0.0, 0
+    for c in d.get("cases", []):
+        if c.get("status") != "ok":
+            continue
+        t = [sz for sz, alive in c["backward_blocks"] if not alive]
+        c["transient"] = max(t) if t else 0
+        c["rule"] = sdpa_rule(c)
+        worst = max(worst, abs(100.0 * (c["rule"] - c["transient"]) / max(1, c["transient"])))
+        n += 1
+    res.update(status="ok" if n and d.get("status") == "ok" else "partial",
+               note="%d shapes; the backward transient against memplan's rule: largest |Δ| %.2f %%" % (n, worst))
+
+
+def part_optim(kit, res):
+    """Each HF optimizer's state and step temporaries against memplan's."""
+    d = run_json_part(kit, res, "optim_step.py", "optim", ["--memplan", kit.memplan])
+    if d is None:
+        return
+    ok = [r for r in d.get("rows", []) if r.get("status") == "ok"]
+    res.update(status="ok" if ok and d.get("status") == "ok" else "partial",
+               note="%d optimizer x precision rows measured (%d failed: missing libraries)" % (
+                   len(ok), len(d.get("rows", [])) - len(ok)))
+
+
 # ---- part: callback ------------------------------------------------------------------------------
 
 CALLBACK_BATCH, CALLBACK_SEQ, CALLBACK_STEPS = 8, 1024, 4
@@ -1373,7 +1437,8 @@ def part_callback(kit, res):
 
 
 PART_FN = {"build": part_build, "tests": part_tests, "sanitizer": part_sanitizer, "matrix": part_matrix,
-           "tune": part_tune, "steptime": part_steptime, "dpo": part_dpo, "callback": part_callback}
+           "tune": part_tune, "steptime": part_steptime, "dpo": part_dpo, "callback": part_callback,
+           "sdpa": part_sdpa, "optim": part_optim}
 
 
 def choose_parts(kit, prev):
@@ -1639,6 +1704,36 @@ def render(st):
                       delta(cb.get("est_vs_torch_pct"))),
                   "- `%s`" % cb.get("argv", "")]
             L += ["- logged: %s" % x for x in cb.get("log", [])]
+    sd = st.get("sdpa", {})
+    if sd.get("cases"):
+        L += ["", "## SDPA's kernels (%s, torch %s): the backward's transient against memplan's rule" % (
+            sd.get("device", ""), sd.get("torch", "")), "",
+              "b a s (4d + 4) + 256 bytes, (8d + 4) with grouped k/v heads: docs/memory-facts.md#sdpa-gqa-backward", "",
+              "| b | heads | kv | s | d | dropout | forward op | backward transient | rule | Δ % |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for c in sd["cases"]:
+            if c.get("status") != "ok":
+                L.append("| %s | | | | | | %s | | | |" % (c.get("batch"), c.get("error", c.get("status"))))
+                continue
+            L.append("| %d | %d | %d | %d | %d | %s | %s | %d | %d | %s |" % (
+                c["batch"], c["heads"], c["kv_heads"], c["seq"], c["head_dim"], c["dropout"],
+                ",".join(c.get("forward_op", [])), c.get("transient", 0), c.get("rule", 0),
+                delta(pct(c.get("rule"), c.get("transient")))))
+    op = st.get("optim", {})
+    if op.get("rows"):
+        L += ["", "## Optimizers (GPT-2, Trainer.create_optimizer, %s): state and step temporaries" % op.get("device", ""),
+              "", "| precision | optim | state | memplan | Δ % | step | memplan | device (step 1) |",
+              "|---|---|---|---|---|---|---|---|"]
+        for r in op["rows"]:
+            m = r.get("memplan", {})
+            if r.get("status") != "ok":
+                L.append("| %s | %s | %s | | | | | |" % (r["precision"], r["optim"], r.get("error", "")[:60]))
+                continue
+            # the paged states live in CUDA managed memory: the device's bytes, not the allocator's
+            got = r["state_device"] if r["optim"].startswith("paged") else r["state_allocated"]
+            L.append("| %s | %s | %d%s | %s | %s | %d | %s | %d |" % (
+                r["precision"], r["optim"], got, " (device)" if got != r["state_allocated"] else "",
+                m.get("optimizer_bytes", ""), delta(pct(m.get("optimizer_bytes"), got)) if got else "",
+                r["step_tmp"], m.get("optimizer_tmp_bytes", ""), r["state_device"]))
     todo = rerun_todo(st)
     L += ["", "## Rerun", ""]
     if todo:

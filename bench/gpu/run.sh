@@ -9,7 +9,8 @@
 # loads, else it is made here), tests (make test-gpu's suites), sanitizer (compute-sanitizer
 # memcheck on one small probe), matrix (estimate vs probe vs PyTorch on GPT-2, Qwen2-0.5B,
 # Llama-3.2-1B LoRA and QLoRA), tune (suggest --device 0 vs Lightning's binsearch), steptime
-# (probe vs PyTorch step time).  --budget S (default 420) is the whole run's wall time: a part
+# (probe vs PyTorch step time), dpo (TRL's DPO step), callback (MemplanCallback in a Trainer),
+# sdpa (SDPA's kernels' allocations), optim (each optimizer's state and step).  --budget S (default 420) is the whole run's wall time: a part
 # gets at most its cap and what is left; one that cannot start in time is skipped and says so.
 # --rerun re-runs only what failed or is missing in FILE (default bench/gpu/out/report.json, the
 # last run's state; on a fresh machine carry it).  Without a GPU: the CPU fallback (host backend,
