@@ -21,7 +21,10 @@ import gpu_json
 
 T0 = time.perf_counter()
 
-# (batch, q heads, kv heads, seq, head dim, dropout)
+# (batch, q heads, kv heads, seq, head dim, dropout); --strided: the same as GPT-2's views
+STRIDED_CASES = [(8, 12, 12, 1024, 64, 0.1), (8, 12, 12, 1024, 64, 0.0), (4, 12, 12, 1024, 64, 0.0),
+                 (8, 12, 12, 512, 64, 0.0), (4, 16, 16, 2048, 64, 0.0), (4, 32, 32, 1024, 128, 0.0),
+                 (2, 16, 16, 1024, 256, 0.0)]
 CASES = [(4, 32, 8, 1024, 64, 0.0), (4, 14, 2, 1024, 64, 0.0), (8, 12, 12, 1024, 64, 0.1), (8, 12, 12, 1024, 64, 0.0),
          (4, 32, 8, 1024, 128, 0.0), (4, 32, 32, 1024, 128, 0.0), (2, 32, 8, 2048, 128, 0.0), (1, 32, 8, 4096, 128, 0.0),
          (4, 32, 8, 2048, 64, 0.0), (2, 16, 16, 1024, 256, 0.0), (4, 32, 8, 1024, 128, 0.1), (1, 8, 8, 512, 64, 0.0)]
@@ -31,6 +34,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=120)
+    ap.add_argument("--strided", action="store_true",
+                    help="q, k, v as GPT-2 makes them: one (b, s, 3 a d) projection split, viewed and transposed "
+                         "(STRIDED_CASES; MHA only)")
     a = ap.parse_args()
     res = gpu_json.start(a.out, "cases")
     if res is None:
@@ -64,16 +70,20 @@ def main():
                 out[live.pop(e["addr"])][1] = True
         return [[sz, not freed] for sz, freed in out]  # [bytes, alive at the phase's end]
 
-    for b, h, kv, s, d, p in CASES:
+    for b, h, kv, s, d, p in (STRIDED_CASES if a.strided else CASES):
         if time.perf_counter() - T0 > a.budget_s:
             res.setdefault("skipped", []).append([b, h, kv, s, d, p])
             continue
-        case = {"batch": b, "heads": h, "kv_heads": kv, "seq": s, "head_dim": d, "dropout": p}
+        case = {"batch": b, "heads": h, "kv_heads": kv, "seq": s, "head_dim": d, "dropout": p, "strided": a.strided}
         try:
             torch.cuda.empty_cache()
-            q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            k = torch.randn(b, kv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            v = torch.randn(b, kv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            if a.strided:  # GPT2Attention: c_attn's output split, each (b, s, a, d) transposed (a view)
+                qkv = torch.randn(b, s, 3 * h * d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                q, k, v = (t.view(b, s, h, d).transpose(1, 2) for t in qkv.split(h * d, dim=2))
+            else:
+                q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                k = torch.randn(b, kv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                v = torch.randn(b, kv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             kw = {"enable_gqa": True} if kv < h else {}
             for it in range(2):
                 rec = it == 1
@@ -108,7 +118,8 @@ def main():
                     case["backward_blocks"] = blocks(tr, i1, i2)
                     case["status"] = "ok"
                 del o, g
-                q.grad = k.grad = v.grad = None
+                for t in ((qkv,) if a.strided else (q, k, v)):
+                    t.grad = None
             del q, k, v
         except Exception as e:  # noqa: BLE001 - a case that fails is a result
             case.update(status="FAILED", error=repr(e)[:300])
