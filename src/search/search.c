@@ -1431,6 +1431,7 @@ static void expandable_alternative(const struct mp_job *base, const struct mp_su
     vo.probe = false;
     vo.progress = false;
     vo.hints = false;
+    vo.no_alternatives = true;
     struct mp_suggestion *vs = calloc(1, sizeof *vs);
     struct mp_diag vd = {{0}};
     if (vs && mp_suggest(&vj, &vo, argv0, vs, &vd) == MP_OK && vs->best >= 0) {
@@ -1614,7 +1615,8 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     bool no_world = false; /* no world up to 128 nodes fits either */
     /* a fine-tune whose sharding is not modelled (QLoRA: DDP only, which does not shrink what a
      * rank holds) is never proposed a world (cli refuses it) */
-    if (s->best < 0 && !base->train.par && !o->par_search && mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode))
+    if (s->best < 0 && !base->train.par && !o->par_search && !o_in->no_alternatives &&
+        mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode))
         no_world = !world_alternative(base, o, sp.precs[0], argv0, world_alt, sizeof world_alt, d);
     bool any_fit = s->best >= 0;
     if (s->best >= 0 && o->probe && (st = probe_best(base, o, s, &bf16_only, d)) != MP_OK) {
@@ -1629,7 +1631,7 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
         s->global_met = !o_in->global_batch || b->global_batch == o_in->global_batch;
         if (o_in->hints && !base->train.par) /* (one GPU: four more searches) */
             variant_hints(base, o_in, argv0, s);
-    } else {
+    } else if (!o_in->no_alternatives) {
         nofit_alternatives(base, o, o_in, sp.precs[0], argv0, any_fit, no_world, world_alt, s, d);
     }
     s->elapsed_ms = mp_now_ms() - t0;

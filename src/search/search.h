@@ -140,6 +140,8 @@ struct mp_suggest_opts {
     bool ckpt_fixed;              /* --checkpoint given: only that plan is searched */
     bool hints;                   /* when it fits: also search the loss heads and optimizers the
                                      user did not pick, and list those that do better */
+    bool no_alternatives;         /* a nested search for one alternative (expandable segments): when
+                                     nothing fits, no alternatives or world of its own */
     int hint_packing;             /* with hints, a recipe that pads its rows: 1 also list --packing
                                      (rows of packed documents), 2 --padding-free (TRL's packing) */
     struct mp_ckpt_spec ckpt;
