@@ -794,8 +794,8 @@ enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule 
                            const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
                            void *ctx, struct mp_diag *d)
 {
-    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1}, .ref_embeds = -1,
-                   .bwd_next = SIZE_MAX};
+    struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1},
+                   .ref_embeds = -1, .bwd_next = SIZE_MAX};
     struct mp_schedule none;
     mp_schedule_init(&none);
     struct mp_par_plan plan;

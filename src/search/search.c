@@ -1403,8 +1403,7 @@ static void fit_alternative(const struct mp_job *j, const char *what, struct mp_
 #define EXPANDABLE_WHAT "PYTORCH_CUDA_ALLOC_CONF: pages mapped as needed"
 
 /* vj, a copy of base, with expandable segments in its allocator settings ex (base's otherwise);
- * false where they would change nothing: set already, or no allocator simulated (a GPU not
- * known, --vram). */
+ * false where they are set already. */
 static bool expandable_job(const struct mp_job *base, struct mp_job *vj, struct mp_alloc_conf *ex)
 {
     if (base->train.alloc && base->train.alloc->expandable)
@@ -1437,8 +1436,9 @@ static void expandable_alternative(const struct mp_job *base, const struct mp_su
     if (vs && mp_suggest(&vj, &vo, argv0, vs, &vd) == MP_OK && vs->best >= 0) {
         const struct mp_candidate *c = &vs->cand[vs->best];
         char a1[32], sb[32];
-        snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0], "%s (%s): micro-batch %llu, %s, checkpoint %s, peak %s",
-                 EXPANDABLE_FLAG, EXPANDABLE_WHAT, (unsigned long long)c->micro_batch,
+        snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
+                 "%s (%s): micro-batch %llu, %s, checkpoint %s, peak %s", EXPANDABLE_FLAG, EXPANDABLE_WHAT,
+                 (unsigned long long)c->micro_batch,
                  mp_precision_str(c->precision), mp_ckpt_spec_str(&c->ckpt, sb, sizeof sb),
                  mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1));
     }

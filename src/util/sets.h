@@ -65,8 +65,9 @@ enum mp_opt_state {
 };
 /* The step's temporaries: NONE; ALL_GRADS one per parameter, all alive together (foreach
  * Adam: _foreach_sqrt over the group, the size of all the gradients); LARGEST fp32 tensors like
- * the largest parameter, two, four for a half one (transformers' Adafactor, estimate/optim.c); LARGEST_2F32 two fp32 tensors the size of the largest
- * parameter and two fp32 values per 256-element block (torchao's compiled per-parameter step:
+ * the largest parameter, two, four for a half one (transformers' Adafactor, estimate/optim.c);
+ * LARGEST_2F32 two fp32 tensors the size of the largest parameter and two fp32 values per
+ * 256-element block (torchao's compiled per-parameter step:
  * the new moments before they are quantized, and each block's absmax). */
 enum mp_opt_tmp { MP_OPT_TMP_NONE, MP_OPT_TMP_ALL_GRADS, MP_OPT_TMP_LARGEST, MP_OPT_TMP_LARGEST_2F32 };
 
