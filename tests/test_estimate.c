@@ -487,9 +487,9 @@ static void test_estimate_optimizer_step_peak(void **state)
      * fp32 (310.6 MB) and bf16 (621.0 MB), bench/gpu/optim_step.py */
     big.dtype = MP_DT_BF16;
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAFACTOR, &big), (1024 + 1024) * 4);
-    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 0, 1 << 20, MP_DT_F32), 8u << 20);
-    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 0, 1 << 20, MP_DT_BF16), 16u << 20);
-    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 0, UINT64_MAX / 4, MP_DT_BF16), UINT64_MAX);
+    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 1 << 20, MP_DT_F32), 8u << 20);
+    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 1 << 20, MP_DT_BF16), 16u << 20);
+    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, UINT64_MAX / 4, MP_DT_BF16), UINT64_MAX);
     mp_program_release(&prog);
     mp_model_release(&m);
 }

@@ -2033,16 +2033,22 @@ static void test_families_s4(void **state)
 }
 
 /* m's program at batch 1, sequence 16, in precision prec. */
-static void build_prec(const struct mp_model *m, enum mp_precision prec, struct mp_program *p)
+static void build_at(const struct mp_model *m, enum mp_precision prec, uint64_t batch, uint64_t seq,
+                     struct mp_program *p)
 {
     struct mp_build_opts o;
     mp_build_opts_default(&o);
-    o.batch = 1;
-    o.seq = 16;
+    o.batch = batch;
+    o.seq = seq;
     o.precision = prec;
     struct mp_diag d = {{0}};
     if (mp_program_build(m, &o, p, &d) != MP_OK)
         fail_msg("build: %s", d.msg);
+}
+
+static void build_prec(const struct mp_model *m, enum mp_precision prec, struct mp_program *p)
+{
+    build_at(m, prec, 1, 16, p);
 }
 
 /* Bytes the idx-th node of kind prim saves (-1: no such node); *in_dt and *out_dt its input and
@@ -2212,14 +2218,7 @@ static void test_sdpa_backward_transient(void **state)
         struct mp_model m;
         struct mp_program p;
         load_str_ok(&m, cfg);
-        struct mp_build_opts o;
-        mp_build_opts_default(&o);
-        o.batch = 2;
-        o.seq = 128;
-        o.precision = MP_PREC_BF16;
-        struct mp_diag d = {{0}};
-        if (mp_program_build(&m, &o, &p, &d) != MP_OK)
-            fail_msg("build: %s", d.msg);
+        build_at(&m, MP_PREC_BF16, 2, 128, &p);
         int seen = 0;
         for (size_t i = 0; i < p.n_nodes; i++)
             if (p.nodes[i].prim == MP_P_ATTN) {

@@ -247,30 +247,6 @@ static void asim_release(struct counter *c, const struct mp_event *ev, size_t ke
     }
 }
 
-static enum mp_status count_one(struct counter *c, const struct mp_event *ev);
-
-/* The estimator's visitor: count_one, and the reserved series where asked (run_counter). */
-static enum mp_status count_event(void *ctx, const struct mp_event *ev)
-{
-    struct counter *c = ctx;
-    enum mp_status st = count_one(c, ev);
-    struct mp_series *sr = c->series;
-    if (st != MP_OK || !sr || !c->warm || (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE))
-        return st;
-    if (sr->n == sr->cap) {
-        size_t nc = sr->cap ? 2 * sr->cap : 1024;
-        uint64_t *nv = realloc(sr->v, nc * sizeof *nv);
-        if (!nv) {
-            sr->nomem = true;
-            return MP_ERR_NOMEM;
-        }
-        sr->v = nv;
-        sr->cap = nc;
-    }
-    sr->v[sr->n++] = c->as.reserved;
-    return MP_OK;
-}
-
 /* One event into c: the allocated bytes and their peaks, the caching allocator's requests. */
 static enum mp_status count_one(struct counter *c, const struct mp_event *ev)
 {
@@ -317,6 +293,28 @@ static enum mp_status count_one(struct counter *c, const struct mp_event *ev)
         if (ev->bytes && c->blk_of && key < c->nkeys && c->blk_of[key])
             asim_release(c, ev, key);
     }
+    return MP_OK;
+}
+
+/* The estimator's visitor: count_one, and the reserved series where asked (run_counter). */
+static enum mp_status count_event(void *ctx, const struct mp_event *ev)
+{
+    struct counter *c = ctx;
+    enum mp_status st = count_one(c, ev);
+    struct mp_series *sr = c->series;
+    if (st != MP_OK || !sr || !c->warm || (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE))
+        return st;
+    if (sr->n == sr->cap) {
+        size_t nc = sr->cap ? 2 * sr->cap : 1024;
+        uint64_t *nv = realloc(sr->v, nc * sizeof *nv);
+        if (!nv) {
+            sr->nomem = true;
+            return MP_ERR_NOMEM;
+        }
+        sr->v = nv;
+        sr->cap = nc;
+    }
+    sr->v[sr->n++] = c->as.reserved;
     return MP_OK;
 }
 
@@ -507,32 +505,8 @@ static enum mp_status ref_event(void *ctx, const struct mp_event *ev)
     return MP_OK;
 }
 
-static enum mp_status ref_replay(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
-                                 struct mp_diag *d);
-
-/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes.  With the
- * adapter disabled, peft runs each adapted Linear's base layer alone: that forward is the program
- * built again without the LoRA branches (mp_build_opts.adapter_off), the base as it is. */
-static enum mp_status ref_forward(const struct mp_program *policy, const struct mp_train_opts *t,
-                                  struct mp_estimate *e, struct mp_diag *d)
-{
-    const struct mp_program *p = policy;
-    struct mp_program base;
-    enum mp_status st = MP_OK;
-    if (t->ref == MP_REF_ADAPTER) {
-        struct mp_build_opts o = policy->opts;
-        o.adapter_off = true;
-        if ((st = mp_program_build(policy->model, &o, &base, d)) != MP_OK)
-            return st;
-        p = &base;
-    }
-    st = ref_replay(p, t, e, d);
-    if (p == &base)
-        mp_program_release(&base);
-    return st;
-}
-
-/* ref_forward's replay of program p: every block forward under no_grad, metered. */
+/* ref_forward's replay of program p (the policy's, or its base): every block forward under
+ * no_grad, metered. */
 static enum mp_status ref_replay(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
                                  struct mp_diag *d)
 {
@@ -561,6 +535,28 @@ static enum mp_status ref_replay(const struct mp_program *p, const struct mp_tra
     return MP_OK;
 }
 
+/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes.  With the
+ * adapter disabled, peft runs each adapted Linear's base layer alone: that forward is the program
+ * built again without the LoRA branches (mp_build_opts.adapter_off), the base as it is. */
+static enum mp_status ref_forward(const struct mp_program *policy, const struct mp_train_opts *t,
+                                  struct mp_estimate *e, struct mp_diag *d)
+{
+    const struct mp_program *p = policy;
+    struct mp_program base;
+    enum mp_status st = MP_OK;
+    if (t->ref == MP_REF_ADAPTER) {
+        struct mp_build_opts o = policy->opts;
+        o.adapter_off = true;
+        if ((st = mp_program_build(policy->model, &o, &base, d)) != MP_OK)
+            return st;
+        p = &base;
+    }
+    st = ref_replay(p, t, e, d);
+    if (p == &base)
+        mp_program_release(&base);
+    return st;
+}
+
 /* The step's peak as the larger of its two phases (e's policy figures, c's forward end). */
 static enum mp_status ref_phases(const struct mp_program *p, const struct mp_train_opts *t, const struct counter *c,
                                  struct mp_estimate *e, struct mp_diag *d)
@@ -581,6 +577,12 @@ static enum mp_status ref_phases(const struct mp_program *p, const struct mp_tra
     return MP_OK;
 }
 
+/* The caching allocator is not simulated: too many nodes, or the caller decides on allocated bytes. */
+static bool asim_skipped(const struct mp_program *p, const struct mp_train_opts *t)
+{
+    return p->n_nodes > MP_ASIM_MAX_NODES || t->skip_reserved;
+}
+
 /* The step through counter c twice (the caching allocator reaches its steady state in the
  * second; once where it is not simulated): c's peaks, the allocator's figures and, with
  * c->series, its reserved bytes after each ALLOC/FREE event of the second step. */
@@ -594,7 +596,7 @@ static enum mp_status run_counter(const struct mp_program *p, const struct mp_sc
      * allocated peak (fit decisions never use it). */
     c.p = p;
     c.peak_node = -1;
-    c.no_asim = p->n_nodes > MP_ASIM_MAX_NODES || t->skip_reserved;
+    c.no_asim = asim_skipped(p, t);
     c.nkeys = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
     if (t->par && t->par->strategy != MP_PAR_NONE) /* communication slots: groups or buckets */
         c.nkeys += (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS;
@@ -671,7 +673,7 @@ enum mp_status mp_reserved_series(const struct mp_program *p, const struct mp_sc
 {
     *out = NULL;
     *n = 0;
-    if (p->n_nodes > MP_ASIM_MAX_NODES || t->skip_reserved) /* (run_counter would not simulate it) */
+    if (asim_skipped(p, t))
         return MP_OK;
     struct mp_series ser = {0};
     struct counter c = {.series = &ser};

@@ -89,10 +89,9 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
  * one value per 256-element block (their absmax), freed when the call returns.  The largest
  * parameter's call is the step's peak.  (Triton's code for a GPU is not read:
  * docs/memory-facts.md#low-bit-optimizers.) */
-uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes,
-                            uint64_t largest_elems, enum mp_dtype largest_dtype)
+uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_elems,
+                            enum mp_dtype largest_dtype)
 {
-    (void)largest_grad_bytes;
     uint64_t b;
     switch (mp_optimizer_tmp(o)) {
     case MP_OPT_TMP_ALL_GRADS: return total_grad_bytes; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
@@ -106,14 +105,13 @@ uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint
 
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o)
 {
-    uint64_t total = 0, largest = 0, elems = 0;
+    uint64_t total = 0, elems = 0;
     enum mp_dtype dt = MP_DT_F32;
     for (size_t i = 0; i < p->n_params; i++) {
         total += mp_param_grad_bytes(&p->params[i]);
-        largest = mp_max_u64(largest, mp_param_grad_bytes(&p->params[i]));
         mp_opt_largest(&p->params[i], &elems, &dt);
     }
-    return mp_opt_step_tmp_of(o, total, largest, elems, dt);
+    return mp_opt_step_tmp_of(o, total, elems, dt);
 }
 
 void mp_opt_largest(const struct mp_param *q, uint64_t *elems, enum mp_dtype *dt)

@@ -19,9 +19,9 @@ void mp_opt_largest(const struct mp_param *q, uint64_t *elems, enum mp_dtype *dt
  * parameter, together the size of the gradients; Adafactor: fp32 tensors like the largest; others
  * none). */
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o);
-/* The same from the gradients' total and largest bytes and the largest trainable parameter (its
- * elements and dtype); UINT64_MAX past 64 bits. */
-uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_grad_bytes,
-                            uint64_t largest_elems, enum mp_dtype largest_dtype);
+/* The same from the gradients' total bytes and the largest trainable parameter (its elements and
+ * dtype); UINT64_MAX past 64 bits. */
+uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_elems,
+                            enum mp_dtype largest_dtype);
 
 #endif

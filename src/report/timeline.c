@@ -551,6 +551,15 @@ static size_t draw_targets(FILE *out, const struct mp_timeline_opts *o, const st
     return n_lbl;
 }
 
+/* The largest of v[i .. i + per), within its n: one point of a curve downsampled to columns. */
+static uint64_t run_max(const uint64_t *v, size_t i, size_t per, size_t n)
+{
+    uint64_t m = 0;
+    for (size_t j = i; j < i + per && j < n; j++)
+        m = v[j] > m ? v[j] : m;
+    return m;
+}
+
 /* The probe's measured curve, and where a probe that ran out of memory stopped. */
 static void draw_measured(FILE *out, const struct tl *s, const struct mp_timeline_opts *o, const struct plot *v)
 {
@@ -564,12 +573,8 @@ static void draw_measured(FILE *out, const struct tl *s, const struct mp_timelin
         /* on the replay's event axis: a probe that ran out of memory stops where it did */
         double w = n <= s->total_ev ? evw : pw / (double)n;
         size_t per = n > N_COLS ? (n + N_COLS - 1) / N_COLS : 1;
-        for (size_t i = 0; i < n; i += per) {
-            uint64_t m = 0;
-            for (size_t j = i; j < i + per && j < n; j++)
-                m = o->measured[j] > m ? o->measured[j] : m;
-            fprintf(out, "%.1f,%.1f ", PX0 + w * (double)i, ypx(&a, m + ctx));
-        }
+        for (size_t i = 0; i < n; i += per)
+            fprintf(out, "%.1f,%.1f ", PX0 + w * (double)i, ypx(&a, run_max(o->measured, i, per, n) + ctx));
         uint64_t mp = 0;
         for (size_t i = 0; i < n; i++)
             mp = o->measured[i] > mp ? o->measured[i] : mp;
@@ -593,12 +598,8 @@ static void draw_reserved(FILE *out, const struct tl *s, const struct plot *v)
     size_t n = s->total_ev, per = n > N_COLS ? (n + N_COLS - 1) / N_COLS : 1;
     double w = v->evw;
     fprintf(out, "<polyline id=\"reserved\" fill=\"none\" stroke=\"#8b1a1a\" stroke-width=\"1.3\" points=\"");
-    for (size_t i = 0; i < n; i += per) {
-        uint64_t m = 0;
-        for (size_t j = i; j < i + per && j < n; j++)
-            m = s->reserved[j] > m ? s->reserved[j] : m;
-        fprintf(out, "%.1f,%.1f ", PX0 + w * (double)i, ypx(&v->a, m + v->ctx));
-    }
+    for (size_t i = 0; i < n; i += per)
+        fprintf(out, "%.1f,%.1f ", PX0 + w * (double)i, ypx(&v->a, run_max(s->reserved, i, per, n) + v->ctx));
     fprintf(out, "\" data-peak-bytes=\"%llu\" data-events=\"%zu\"/>\n", (unsigned long long)s->reserved_peak, n);
 }
 
@@ -825,8 +826,8 @@ enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const stru
         free(s.reserved);
         s.reserved = NULL;
     }
-    for (size_t i = 0; s.reserved && i < n_res; i++)
-        s.reserved_peak = s.reserved[i] > s.reserved_peak ? s.reserved[i] : s.reserved_peak;
+    if (s.reserved)
+        s.reserved_peak = run_max(s.reserved, 0, n_res, n_res);
     /* pass 2: columns and the zoom window (the schedule op holding the peak, widened) */
     s.total_ev = s.n_ev;
     s.n_cols = s.total_ev < N_COLS ? s.total_ev : N_COLS;
