@@ -2231,11 +2231,87 @@ static void test_sdpa_backward_transient(void **state)
     }
 }
 
+/* The staging buffer torch's CUDA column sum allocated on an H200 (132 SMs of 2048 threads), as
+ * the allocator's record of the GPU kit's rows shows it (bench/alloc/traces/
+ * h200-2026-11-28-default.tgz, docs/memory-facts.md#reduce-staging): each bias and RMSNorm weight
+ * gradient of GPT-2 (8 x 1024 tokens) and Qwen2-0.5B (4 x 1024), and the semaphore blocks
+ * beside them.  Too few rows to split the sum over blocks: none. */
+static void test_col_sum_staging_h200(void **state)
+{
+    (void)state;
+    static const struct {
+        uint64_t m, n, esize, staging, sem;
+    } cases[] = {
+        {4096, 896, 2, 29360128, 28},   /* Qwen2 q bias, RMSNorm weights */
+        {4096, 128, 4, 4194304, 4},     /* Qwen2 k, v biases */
+        {8192, 2304, 2, 139198464, 72}, /* GPT-2 c_attn bias */
+        {8192, 3072, 4, 138412032, 96}, /* GPT-2 c_fc bias */
+        {8192, 768, 2, 50331648, 24},   /* GPT-2 c_proj biases */
+        {64, 768, 2, 0, 0},             /* a few tokens: one block per output */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint64_t sem = 1;
+        assert_int_equal(mp_col_sum_staging(cases[k].m, cases[k].n, cases[k].esize, 132, 2048, &sem),
+                         cases[k].staging);
+        assert_int_equal(sem, cases[k].sem);
+    }
+    uint64_t sem = 1; /* no SM count (no target GPU): not counted */
+    assert_int_equal(mp_col_sum_staging(8192, 768, 2, 0, 0, &sem), 0);
+    assert_int_equal(sem, 0);
+}
+
+/* Where the staging goes: on the backward of a Linear whose bias trains and of a trainable HF
+ * RMSNorm weight, as two more requests (the buffer and its semaphores), only with a target's SM
+ * count; a LoRA's frozen biases and norms sum nothing. */
+static void test_col_sum_staging_in_program(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_str_ok(&m, LLAMA_TINY(", \"attention_bias\": true"));
+    for (int lora = 0; lora < 2; lora++)
+        for (unsigned sms = 0; sms <= 132; sms += 132) {
+            struct mp_build_opts o;
+            mp_build_opts_default(&o);
+            o.batch = 4;
+            o.seq = 1024;
+            o.precision = MP_PREC_BF16;
+            o.sm_count = sms;
+            o.sm_threads = 2048;
+            if (lora) {
+                o.ft.mode = MP_FT_LORA;
+                o.ft.r = 8;
+                o.ft.alpha = 16;
+            }
+            struct mp_program p;
+            struct mp_diag d = {{0}};
+            if (mp_program_build(&m, &o, &p, &d) != MP_OK)
+                fail_msg("build: %s", d.msg);
+            int staged = 0;
+            for (size_t i = 0; i < p.n_nodes; i++) {
+                const struct mp_tmp_part *t = mp_node_tmp(&p.nodes[i], true, MP_TR_COL_SUM);
+                if (!t)
+                    continue;
+                staged++;
+                assert_true(p.nodes[i].prim == MP_P_LINEAR || p.nodes[i].prim == MP_P_RMSNORM);
+                uint64_t sem, want = mp_col_sum_staging(4096, p.nodes[i].n, 2, 132, 2048, &sem);
+                assert_int_equal(t->bytes, want);
+                assert_int_equal(p.nodes[i].bwd_tmp[p.nodes[i].n_bwd_tmp - 1].bytes, sem);
+            }
+            /* q, k, v and o biases (attention_bias) and two norms in each of the 2 layers, and the
+             * final norm */
+            assert_int_equal(staged, lora || !sms ? 0 : 2 * 6 + 1);
+            mp_program_release(&p);
+        }
+    mp_model_release(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_params_gpt2),
         cmocka_unit_test(test_sdpa_backward_transient),
+        cmocka_unit_test(test_col_sum_staging_h200),
+        cmocka_unit_test(test_col_sum_staging_in_program),
         cmocka_unit_test(test_request_heads_count_as_transformers),
         cmocka_unit_test(test_request_refusals),
         cmocka_unit_test(test_request_labels_replace_id2label),

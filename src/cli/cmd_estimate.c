@@ -20,6 +20,7 @@ int cmd_estimate(struct args *a)
         s.gpu.context_bytes = a->context_set ? a->context : 500u << 20;
         if (!a->context_set)
             cli_add_default(&s, "CUDA context %s (typical; probe measures it)", "500 MiB");
+        cli_add_default(&s, "column sums' staging %s", "not counted (no --gpu: its SM count sizes it)");
     }
     struct mp_job j = cli_job_of(&s, a);
     cli_fit_program_for_report(a, &s, &j);

@@ -321,6 +321,8 @@ static int setup_target(const struct args *a, struct setup *s, bool need_target,
     if (a->context_set)
         s->gpu.context_bytes = a->context;
     s->train.cublas_workspace_bytes = s->gpu.workspace_bytes;
+    s->build.sm_count = s->gpu.sm_count;
+    s->build.sm_threads = s->gpu.sm_threads;
     return 0;
 }
 

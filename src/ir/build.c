@@ -468,3 +468,103 @@ void unsave(struct mp_node *n, int t)
             return;
         }
 }
+
+static uint64_t floor_pow2(uint64_t n)
+{
+    uint64_t p = 1;
+    while (p <= n / 2)
+        p *= 2;
+    return p;
+}
+
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* Reduce.cuh's configuration of a sum over the rows of a row-major (m, n) input ("vectorize along
+ * output": the reduced dimension is not the fastest-striding one): n / vec outputs across a warp's
+ * lanes (vec 4, 2 or 1: what divides n), 512 / vec threads at most, the rows over the block's warps
+ * when each thread then sums at least min(16 x warps, 256) values, and over ctas_per_output blocks
+ * when it still sums at least 256 and the grid leaves SMs idle.  An input beyond 2^31 - 1 bytes
+ * runs as sums over halves of its rows, one after another (TensorIterator with_32bit_indexing). */
+uint64_t mp_col_sum_staging(uint64_t m, uint64_t n, uint64_t esize, unsigned sms, unsigned sm_threads,
+                            uint64_t *sem)
+{
+    *sem = 0;
+    if (!sms || !sm_threads || !m || !n || !esize)
+        return 0;
+    uint64_t span;
+    while (m > 1 && (!mp_mul_u64(m, n, &span) || !mp_mul_u64(span - 1, esize, &span) ||
+                     span > INT32_MAX))
+        m = mp_ceil_div(m, 2);
+    uint64_t vec = n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
+    uint64_t maxt = 512 / vec, dim0 = n / vec;
+    uint64_t p0 = dim0 < maxt ? floor_pow2(dim0) : maxt, p1 = m < maxt ? floor_pow2(m) : maxt;
+    uint64_t bw = min_u64(p0, 32);
+    uint64_t bh = min_u64(p1, maxt / bw);
+    bw = min_u64(p0, maxt / bh);
+    uint64_t grid = mp_ceil_div(dim0, bw);
+    if (m < min_u64(bh * 16, 256))
+        return 0; /* each warp sums outputs of its own: no block sums another's */
+    uint64_t vpt = mp_ceil_div(m, bh);
+    uint64_t target = (uint64_t)sms * (sm_threads / (bw * bh));
+    if (vpt < 256 || grid > target)
+        return 0;
+    uint64_t ctas = min_u64(mp_ceil_div(target, grid), mp_ceil_div(vpt, 16));
+    if (ctas < mp_ceil_div(vpt, 256))
+        ctas = mp_ceil_div(vpt, 256);
+    if (ctas <= 1)
+        return 0;
+    uint64_t bytes;
+    if (!mp_mul_u64(4 * n, ctas, &bytes) || !mp_mul_u64(bytes, bw * vec, &bytes))
+        return 0; /* (n is a tensor's width and ctas at most 2^27: never) */
+    *sem = 4 * grid;
+    return bytes;
+}
+
+/* The column sums of one node's backward (after apply_requires_grad: what trains is known): a
+ * trainable bias of a Linear, or a trainable weight the engine sums from a (rows, n) product,
+ * adds the staging buffer and its semaphores, each its own request, to the node's backward
+ * transient.  An HF RMSNorm's transient is its backward's peak (lower_norm.c rmsnorm_bwd_tmp);
+ * the sum runs at MulBackward0, first, beside the output gradient, the weight's (rows, n) product
+ * and normed's gradient, both in the output's dtype (and no input gradient yet): the transient is
+ * the larger of the two moments.  Elsewhere the sum runs beside everything the node's backward
+ * moment holds. */
+void col_sum_staging(struct bld *B)
+{
+    struct mp_program *p = B->p;
+    unsigned sms = p->opts.sm_count, thr = p->opts.sm_threads;
+    for (size_t k = 0; k < p->n_nodes && sms && thr && !failed(B); k++) {
+        struct mp_node *n = &p->nodes[k];
+        int q = n->prim == MP_P_LINEAR ? n->param[1] : n->col_sum_weight ? n->param[0] : -1;
+        if (q < 0 || !p->params[q].trainable || n->no_grad || n->out < 0)
+            continue;
+        const struct mp_tensor *y = &p->tensors[n->out];
+        uint64_t sem, stg = mp_col_sum_staging(n->rows, n->n, mp_dtype_size(y->dtype), sms, thr, &sem);
+        if (!stg)
+            continue;
+        enum mp_trole roles[MP_NODE_TMP_MAX];
+        uint64_t bytes[MP_NODE_TMP_MAX];
+        int c = n->n_bwd_tmp;
+        for (int i = 0; i < c; i++) {
+            roles[i] = n->bwd_tmp[i].role;
+            bytes[i] = n->bwd_tmp[i].bytes;
+        }
+        if (n->prim == MP_P_RMSNORM && c == 1 && n->in[0] >= 0 && p->tensors[n->in[0]].needs_grad) {
+            /* (x needs no gradient: frozen.c made the transient the weight's product alone) */
+            uint64_t rows_n = mul(B, n->rows, n->n);
+            uint64_t two = mul(B, rows_n, 2 * mp_dtype_size(y->dtype));
+            uint64_t gin = mul(B, rows_n, mp_dtype_size(p->tensors[n->in[0]].dtype));
+            uint64_t both = add(B, stg, sem), need = add(B, two > gin ? two - gin : 0, both);
+            bytes[0] = (bytes[0] > need ? bytes[0] : need) - both;
+        }
+        if (c + 2 > MP_NODE_TMP_MAX) {
+            roles[c] = MP_TR_COL_SUM;
+            bytes[c++] = add(B, stg, sem);
+        } else {
+            roles[c] = MP_TR_COL_SUM;
+            bytes[c++] = stg;
+            roles[c] = MP_TR_COL_SUM;
+            bytes[c++] = sem;
+        }
+        tmp_parts(B, n, true, c, roles, bytes);
+    }
+}

@@ -184,4 +184,8 @@ void lower_idle(struct bld *B);
 void apply_requires_grad(struct mp_program *p);
 void parts_need_grad(struct mp_program *p);
 
+/* After apply_requires_grad: the column sums' staging on the backward of each node whose trainable
+ * bias or norm weight is summed over the tokens (mp_col_sum_staging), at the target's SM count. */
+void col_sum_staging(struct bld *B);
+
 #endif

@@ -456,6 +456,7 @@ static enum mp_status finish_program(struct bld *B, const struct mp_build_opts *
     for (size_t k = 0; k < p->n_nodes && !failed(B); k++)
         if (p->nodes[k].prim == MP_P_ATTN && p->nodes[k].eager)
             eager_ops(B, (int)k);
+    col_sum_staging(B);
     if (failed(B)) {
         enum mp_status st = B->st;
         mp_program_release(p);

@@ -85,6 +85,9 @@ struct mp_build_opts {
                                     0: the one memplan's facts are read from (2.15).  It decides
                                     SDPA's kernel for fp32 grouped-query attention (lower_attention.c
                                     sdpa_math) */
+    unsigned sm_count, sm_threads; /* the target GPU's SMs and resident threads per SM (struct mp_gpu):
+                                    they size torch's column sums' staging buffers (build.c
+                                    col_sum_staging); 0: no target, not counted */
     bool adapter_off;            /* peft's disable_adapter (DPO's reference is the policy so): every
                                     adapted Linear runs its base layer alone, no LoRA branch (peft
                                     0.21.2 tuners/lora/layer.py:1079, bnb.py Linear4bit: no clone) */
@@ -92,6 +95,15 @@ struct mp_build_opts {
 /* The first PyTorch release known to run fp32 grouped-query attention on SDPA's memory-efficient
  * kernel (--torch below it: the math kernel, lower_attention.c sdpa_math) */
 #define MP_TORCH_MEMEFF_GQA 215
+/* The global-memory staging torch's CUDA reduction (aten/src/ATen/native/cuda/Reduce.cuh,
+ * setReduceConfig) allocates through the caching allocator to sum an (m, n) gradient of esize-byte
+ * elements over its m rows (n contiguous outputs), on a GPU of sms SMs of sm_threads resident
+ * threads: 4 x n x ctas_per_output x block.x x output_vec_size bytes when the input is split over
+ * several blocks per output, 0 when not; *sem its semaphores (4 x grid.x bytes).  0 without an SM
+ * count.  docs/memory-facts.md#reduce-staging. */
+uint64_t mp_col_sum_staging(uint64_t m, uint64_t n, uint64_t esize, unsigned sms, unsigned sm_threads,
+                            uint64_t *sem);
+
 /* batch 1, seq 0 (= model default), amp-bf16, sdpa, loss hf, every label counted. */
 void mp_build_opts_default(struct mp_build_opts *o);
 
@@ -217,6 +229,9 @@ enum mp_trole {
     MP_TR_DEQUANT,        /* quantized linear: the dequantized weight (each direction) */
     MP_TR_FLASH_D,        /* flash backward: softmax_d (b, a, s rounded to 128) fp32 */
     MP_TR_FLASH_DQ,       /* flash backward: dq accumulator (b, s_r, a, d rounded to 32) fp32 */
+    MP_TR_COL_SUM,        /* torch's CUDA column sum of a gradient over the tokens (a bias's, a composite
+                             norm's weight's): its staging buffer or semaphores (mp_col_sum_staging);
+                             counted only */
 };
 struct mp_tmp_part {
     enum mp_trole role;
@@ -326,6 +341,9 @@ struct mp_node {
     bool fwd_grads;               /* its gradients were made in the forward and kept as its saved
                                      MP_XR_LOSS_GRAD extras (Liger): backward hands them on, so the
                                      replay releases them as it makes the gradients (no new bytes) */
+    bool col_sum_weight;          /* param[0]'s gradient is a (rows, n) product summed over the rows by
+                                     the engine (a composite norm's weight * normed): torch's CUDA
+                                     column sum (mp_col_sum_staging); a Linear's bias always is */
     bool quantized;               /* linear on a quantized weight: dequantized into a temporary
                                    * (fwd_tmp_bytes, bwd_tmp_bytes) for the matmul */
     enum mp_act act;

@@ -159,6 +159,7 @@ struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool f32w, c
     n->in[0] = x.t;
     n->out = y.t;
     n->param[0] = g;
+    n->col_sum_weight = true;
     char en[80];
     if (xdt == MP_DT_F32) {
         save(n, x.t);
@@ -202,6 +203,7 @@ static struct val lower_cohere_norm(struct bld *B, struct val x, uint64_t dim, c
     n->out = y.t;
     n->param[0] = g;
     n->param[1] = -1;
+    n->col_sum_weight = true;
     static const char *const parts[5] = {"mean", "rsqrt", "centered", "centered_2", "normed"};
     static const enum mp_xrole roles[5] = {MP_XR_MEAN, MP_XR_RSTD, MP_XR_X_FP32, MP_XR_X_FP32, MP_XR_NORMED};
     for (int i = 0; i < 5; i++) {

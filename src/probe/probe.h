@@ -30,6 +30,7 @@ struct mp_device_info {
     char name[128];
     uint64_t total_bytes, free_bytes;
     int cc_major, cc_minor;
+    unsigned sm_count, sm_threads; /* multiProcessorCount, maxThreadsPerMultiProcessor */
 };
 
 struct mp_probe_result {

@@ -35,6 +35,24 @@ double mp_gpu_tflops(const struct mp_gpu *g, enum mp_precision p)
     return 0;
 }
 
+/* "Maximum number of resident threads per SM" by compute capability (CUDA C++ Programming Guide,
+ * Compute Capabilities, table of technical specifications). */
+static const struct {
+    int major, minor;
+    unsigned threads;
+} SM_THREADS[] = {
+    {7, 0, 2048}, {7, 2, 2048}, {7, 5, 1024}, {8, 0, 2048}, {8, 6, 1536}, {8, 7, 1536},
+    {8, 9, 1536}, {9, 0, 2048}, {10, 0, 2048}, {10, 3, 2048}, {12, 0, 1536},
+};
+
+unsigned mp_cc_sm_threads(int major, int minor)
+{
+    for (size_t i = 0; i < sizeof SM_THREADS / sizeof SM_THREADS[0]; i++)
+        if (SM_THREADS[i].major == major && SM_THREADS[i].minor == minor)
+            return SM_THREADS[i].threads;
+    return 0;
+}
+
 void mp_gpu_from_vram(uint64_t bytes, struct mp_gpu *g)
 {
     memset(g, 0, sizeof *g);
@@ -54,10 +72,11 @@ void mp_gpu_from_vram(uint64_t bytes, struct mp_gpu *g)
  * them (keys starting with "_" or "comment" are ignored). */
 #define PROFILE_KEYS                                                                                              \
     "name description memory_mib usable_fraction compute_capability tflops bandwidth_gbs cuda_context_mib "       \
-    "cublas_workspace_bytes nvlink_gbs pcie_gbs ib_gbs nccl_overhead_mib"
+    "cublas_workspace_bytes nvlink_gbs pcie_gbs ib_gbs nccl_overhead_mib sm_count"
 #define PROFILE_MIB_MAX (UINT64_C(1) << 30)  /* memory, context, NCCL buffers: at most 1 PiB */
 #define PROFILE_BYTES_MAX (UINT64_C(1) << 50) /* the cuBLAS workspace */
 #define PROFILE_RATE_MAX 1e6                  /* TFLOP/s and GB/s */
+#define PROFILE_SMS_MAX 65536                 /* streaming multiprocessors */
 
 /* A whole number of MiB (at most 1 PiB; positive when required), as bytes; absent: def_mib. */
 static enum mp_status read_mib(const cJSON *root, const char *key, bool required, uint64_t def_mib,
@@ -160,6 +179,11 @@ static enum mp_status read_profile(const cJSON *root, struct mp_gpu *g, const ch
         return st;
     if (g->nccl_overhead_bytes > g->memory_bytes)
         return mp_fail(d, MP_ERR_MODEL, "%s: nccl_overhead_mib: more than memory_mib", path);
+    uint64_t sms = 0;
+    if ((st = mp_json_u64(root, "sm_count", false, PROFILE_SMS_MAX, &sms, path, "", d)) != MP_OK)
+        return st;
+    g->sm_count = (unsigned)sms;
+    g->sm_threads = mp_cc_sm_threads(g->cc_major, g->cc_minor);
     return MP_OK;
 }
 
@@ -325,5 +349,9 @@ enum mp_status mp_gpu_from_device(int device, struct mp_gpu *g, struct mp_diag *
     mp_gpu_from_vram(di.total_bytes, g);
     snprintf(g->name, sizeof g->name, "cuda:%d", device);
     snprintf(g->description, sizeof g->description, "%s", di.name);
+    g->cc_major = di.cc_major;
+    g->cc_minor = di.cc_minor;
+    g->sm_count = di.sm_count;
+    g->sm_threads = di.sm_threads;
     return MP_OK;
 }

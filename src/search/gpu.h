@@ -19,12 +19,19 @@ struct mp_gpu {
     uint64_t context_bytes;
     uint64_t workspace_bytes;
     int cc_major, cc_minor;
+    unsigned sm_count;            /* streaming multiprocessors (0: unknown) */
+    unsigned sm_threads;          /* resident threads per SM (maxThreadsPerMultiProcessor; 0: unknown):
+                                     with sm_count they size torch's column sums' staging buffers */
     /* interconnect (GB/s per GPU, one direction) and data-parallel overheads */
     double nvlink_gbs;            /* GPU-GPU inside a node (0: peers talk over PCIe) */
     double pcie_gbs;              /* host <-> GPU (offload traffic) */
     double ib_gbs;                /* between nodes, per GPU (InfiniBand / RoCE NIC share) */
     uint64_t nccl_overhead_bytes; /* NCCL communicator buffers, outside the caching allocator */
 };
+
+/* Resident threads per SM of compute capability major.minor (the CUDA C++ Programming Guide's
+ * table of technical specifications), 0 for one not in it. */
+unsigned mp_cc_sm_threads(int major, int minor);
 
 /* Capacity available to the trainer: memory * usable_fraction. */
 uint64_t mp_gpu_capacity(const struct mp_gpu *g);

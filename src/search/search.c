@@ -326,6 +326,8 @@ enum mp_status mp_fit_eval(const struct mp_job *job_in, struct mp_fit *f, struct
      * with nothing left gives the allocator 1 byte: everything fails. */
     struct mp_job jl = *job_in;
     const struct mp_job *job = &jl;
+    jl.build.sm_count = jl.gpu.sm_count; /* (the column sums' staging is the target's) */
+    jl.build.sm_threads = jl.gpu.sm_threads;
     f->alloc_limit = f->usable_bytes > context ? f->usable_bytes - context : 1;
     jl.train.alloc_limit = jl.gpu.memory_bytes ? f->alloc_limit : 0;
     jl.train.device_total = jl.gpu.memory_bytes;

@@ -60,6 +60,8 @@ static enum mp_status ctx_open(struct cu_ctx *cx, int dev, struct mp_diag *d)
     snprintf(cx->info.name, sizeof cx->info.name, "%s", prop.name);
     cx->info.cc_major = prop.major;
     cx->info.cc_minor = prop.minor;
+    cx->info.sm_count = (unsigned)prop.multiProcessorCount;
+    cx->info.sm_threads = (unsigned)prop.maxThreadsPerMultiProcessor;
     CK(d, cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
     enum mp_status bst = blas_load(d);
     if (bst != MP_OK)
