@@ -1044,11 +1044,20 @@ expect 0 "check --alloc-conf expandable_segments:True: the allocated level's mic
 # --trainer (TRL 1.16.0): sft is today's step (no trainer keys in its JSON); dpo's batch counts pairs
 # (2 sequences each) through the fused head; its reference is a resident copy (full), the adapter
 # disabled (LoRA) or none (--precompute-ref); what is not modelled is refused, one line each
-expect_line 2 "--trainer kto: not modelled yet" estimate models/hf/qwen3-0.6b.json --trainer kto
 expect_line 2 "--trainer orpo: not modelled yet" estimate models/hf/qwen3-0.6b.json --trainer orpo
 expect_line 2 "--trainer grpo: not modelled yet" estimate models/hf/qwen3-0.6b.json --trainer grpo
 expect_line 2 "--trainer: an unknown name" estimate models/hf/qwen3-0.6b.json --trainer ppo
-expect_line 2 "--precompute-ref without --trainer dpo" estimate models/hf/qwen3-0.6b.json --precompute-ref
+expect_line 2 "--precompute-ref without --trainer dpo or kto" estimate models/hf/qwen3-0.6b.json --precompute-ref
+expect_line 2 "--trainer kto --batch 1 (TRL's KL term needs 2 examples)" estimate models/hf/qwen3-0.6b.json \
+    --trainer kto --batch 1
+expect_line 2 "--trainer kto --loss hf (KTO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
+    --trainer kto --loss hf
+expect_line 2 "--trainer kto with data parallelism" estimate models/hf/qwen3-0.6b.json --trainer kto --gpus 2 \
+    --parallel ddp
+expect_line 3 "a KTOConfig loss_type without a KL term: refused" estimate --trainer kto \
+    --recipe tests/data/recipes/trl-kto-apo.yaml
+expect_line 3 "a KTOConfig at one example a device: refused, naming the key" estimate --trainer kto \
+    --recipe tests/data/recipes/trl-kto-batch1.yaml
 expect_line 2 "--trainer dpo --loss hf (DPO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
     --trainer dpo --loss hf
 expect_line 2 "--trainer dpo with data parallelism" estimate models/hf/qwen3-0.6b.json --trainer dpo --gpus 2 \
@@ -1109,6 +1118,37 @@ then
 else
     echo "expected the DPO relations in the script above" >"$T/why"
     bad "--trainer dpo: pairs are 2 sequences; the copy, the adapter, precomputed; the peak is the larger phase"
+fi
+# --trainer kto: one sequence an example (the policy's step is DPO's at half the examples: the same
+# sequences through the same fused head), its reference the same phase; 2 examples at least
+# (estimate's default batch says so); its FLOPs four forwards (the KL sequences by the policy and
+# by the reference, the batch by both), two with precomputed log-probs (the policy's KL forward)
+run estimate $D --trainer kto --batch 4
+cp "$T/out" "$T/kto_copy.json"
+run estimate $D --trainer kto --batch 4 --precompute-ref
+cp "$T/out" "$T/kto_pre.json"
+run estimate models/hf/llama-3.2-1b.json --trainer kto --seq 512 --json
+cp "$T/out" "$T/kto_default.json"
+if [ -z "$HAVE_PY" ]; then
+    skipped "--trainer kto: the step and its reference (python3 not found)"
+elif python3 - "$T/dpo_copy.json" "$T/kto_copy.json" "$T/dpo_pre.json" "$T/kto_pre.json" "$T/sft4.json" \
+    "$T/kto_default.json" <<'PY'
+import json, sys
+dpo, kto, dpo_pre, kto_pre, sft4, dflt = (json.load(open(p)) for p in sys.argv[1:7])
+assert kto["config"]["trainer"] == "kto" and kto["config"]["sequences"] == 4, kto["config"]
+assert kto["memory"]["peak_allocated_bytes"] == dpo["memory"]["peak_allocated_bytes"]
+assert kto["memory"]["phases"] == dpo["memory"]["phases"]
+assert kto_pre["memory"]["peak_allocated_bytes"] == dpo_pre["memory"]["peak_allocated_bytes"]
+f = sft4["memory"]["fwd_flops"]
+fk, fp = kto["memory"]["fwd_flops"], kto_pre["memory"]["fwd_flops"]
+assert abs(fk - 4 * f) <= 1e-6 * f and abs(fp - 2 * f) <= 1e-6 * f, (fk, fp, f)
+assert dflt["config"]["batch"] == 2, dflt["config"]
+PY
+then
+    ok "--trainer kto: the policy's step and reference as DPO's at the same sequences; 2 examples at least"
+else
+    echo "expected the KTO relations in the script above" >"$T/why"
+    bad "--trainer kto: the policy's step and reference as DPO's at the same sequences; 2 examples at least"
 fi
 # DPOConfig disable_dropout: TRL zeroes every nn.Dropout (GPT-2's residual and embedding dropouts,
 # peft's lora_dropout); GPT-2's attention dropout reads its module's p too, memplan keeps it (noted)

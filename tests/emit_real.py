@@ -80,6 +80,11 @@ DPO_CASES = [
                     "--seq", "512"], False),
     ("full bf16 precomputed", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--trainer", "dpo",
                                "--precision", "bf16", "--seq", "1024", "--precompute-ref"], True),
+    # --trainer kto: a KTOConfig, examples per device (2 or more)
+    ("kto lora qwen2", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--trainer", "kto", "--finetune", "lora",
+                        "--seq", "512"], False),
+    ("kto full precomputed", ["models/hf/qwen2-0.5b.json", "--gpu", "t4", "--trainer", "kto", "--seq", "1024",
+                              "--precompute-ref"], True),
 ]
 
 
@@ -258,7 +263,7 @@ else:
                 check(bc.load_in_4bit and bc.bnb_4bit_quant_type == "nf4",
                       "hf %s: BitsAndBytesConfig(load_in_4bit, nf4) constructed" % label)
 
-    # ---- hf, --trainer dpo: TRL's DPOConfig with the largest pairs per device that fit -----------
+    # ---- hf, --trainer dpo / kto: TRL's DPOConfig / KTOConfig with the largest batch that fits ----
     for label, args, pre in DPO_CASES:
         rec, j = rec_of(args)
         seq = int(args[args.index("--seq") + 1])
@@ -271,12 +276,14 @@ else:
             continue
         a = ns["args"]
         ck = rec["plan"]["strategy"]
-        check(type(a).__name__ == "DPOConfig" and a.per_device_train_batch_size == rec["micro_batch"] and
+        cls = "KTOConfig" if "kto" in args else "DPOConfig"
+        check(type(a).__name__ == cls and a.per_device_train_batch_size == rec["micro_batch"] and
               a.gradient_accumulation_steps == rec["grad_accum"] and a.max_length == seq and
-              a.precompute_ref_log_probs == pre and bool(a.activation_checkpointing) == ck.startswith("layers"),
-              "hf dpo %s: TRL's DPOConfig (trl %s) constructed with %d pairs per device, accumulation %d, "
+              a.precompute_ref_log_probs == pre and bool(a.activation_checkpointing) == ck.startswith("layers") and
+              rec["micro_batch"] >= (2 if cls == "KTOConfig" else 1),
+              "hf %s: TRL's %s (trl %s) constructed with %d per device, accumulation %d, "
               "max_length %d, precompute_ref_log_probs %s, checkpoint %s%s"
-              % (label, __import__("trl").__version__, rec["micro_batch"], rec["grad_accum"],
+              % (label, cls, __import__("trl").__version__, rec["micro_batch"], rec["grad_accum"],
                  seq, pre, ck, note))
 
     # ---- torch: compiles, nothing undefined at module level, runs on a tiny model ---------------

@@ -133,7 +133,7 @@ class Stub:
                                                  gather=lambda t: t, gather_for_metrics=lambda t: t)
 
 
-def prepare(model, ref, ft, ckpt, precompute, add_fused_lm_head, outputs):
+def prepare(model, ref, ft, ckpt, precompute, add_fused_lm_head, outputs, stub_cls=None):
     """The policy (peft's LoRA r16 all-linear for ft "lora") and the reference patched as
     DPOTrainer.__init__ patches them, checkpointing as the Trainer enables it; (model, stub, AdamW)."""
     if ft == "lora":
@@ -147,7 +147,7 @@ def prepare(model, ref, ft, ckpt, precompute, add_fused_lm_head, outputs):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if ft == "lora":
             model.enable_input_require_grads()
-    stub = Stub(model, ref, precompute, ckpt == "layers")
+    stub = (stub_cls or Stub)(model, ref, precompute, ckpt == "layers")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6, foreach=True)
     return model, stub, opt
 
@@ -181,11 +181,21 @@ def dpo_step(ft, ckpt, pairs, seq, prompt, precompute, prec="bf16"):
         for m in (model, ref):
             if m is not None:
                 autocast_forward(m)
+    import trl.trainer.dpo_trainer as dt
+    return measured_steps(dt, model, ref, opt,
+                          lambda: dpo_inputs(cfg.vocab_size, pairs, seq, prompt, precompute, torch.device("cpu")),
+                          lambda inputs: DPOTrainer._compute_loss(stub, model, inputs, False))
+
+
+def measured_steps(trl_module, model, ref, opt, make_inputs, loss):
+    """Two training steps (loss(inputs) then backward, AdamW step, zero_grad) on the batch
+    make_inputs() makes, under a RealTracker that knows the parameters, buffers, the reference copy
+    and the batch: step 2's peak, where, and the peak inside
+    TRL's with-block around the reference forwards (trl_module's disable_gradient_checkpointing,
+    entered with torch.no_grad: dpo_trainer.py:1327-1338, kto_trainer.py:1426-1436; 0: none)."""
     tr = RealTracker()
     ref_peak = [0]
-    # the reference forward's own peak: TRL's with-block (torch.no_grad + disable_gradient_checkpointing)
-    import trl.trainer.dpo_trainer as dt
-    orig = dt.disable_gradient_checkpointing
+    orig = trl_module.disable_gradient_checkpointing
 
     def measured(m, kw):
         cm = orig(m, kw)
@@ -205,7 +215,7 @@ def dpo_step(ft, ckpt, pairs, seq, prompt, precompute, prec="bf16"):
                 tr.phase = "forward"
                 return r
         return W()
-    dt.disable_gradient_checkpointing = measured
+    trl_module.disable_gradient_checkpointing = measured
     try:
         with tr:
             for p in model.parameters():
@@ -217,8 +227,7 @@ def dpo_step(ft, ckpt, pairs, seq, prompt, precompute, prec="bf16"):
                     tr.add(p, "ref_param")
                 for b in ref.buffers():
                     tr.add(b, "ref_buffer")
-            inputs = dpo_inputs(cfg.vocab_size, pairs, seq, prompt, precompute, torch.device("cpu"))
-            policy_peak = 0
+            inputs = make_inputs()
             for step in (1, 2):
                 if step == 2:
                     for st in opt.state.values():
@@ -228,11 +237,10 @@ def dpo_step(ft, ckpt, pairs, seq, prompt, precompute, prec="bf16"):
                     tr.peak, tr.peak_at = tr.cur, "step-start"
                     ref_peak[0] = 0
                 tr.phase = "forward"
-                backward_and_step(tr, DPOTrainer._compute_loss(stub, model, inputs, False), opt)
-            policy_peak = tr.peak
+                backward_and_step(tr, loss(inputs), opt)
     finally:
-        dt.disable_gradient_checkpointing = orig
-    return policy_peak, tr.peak_at, ref_peak[0]
+        trl_module.disable_gradient_checkpointing = orig
+    return tr.peak, tr.peak_at, ref_peak[0]
 
 
 def memplan_args(ft, ckpt, pairs, seq, frac, precompute, prec="bf16"):
@@ -265,13 +273,24 @@ AMP_SETTINGS = [("full", "none", 2, 257, 129, False), ("full", "layers", 2, 257,
                 ("lora", "layers", 2, 257, 129, False)]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def cli(oracle, doc, want_model=False):
+    """The oracle's command line: --memplan, --out, --rows-out (rows/ORACLE.jsonl), --only, and
+    --model CONFIG.json where want_model."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--memplan", default="./memplan")
     ap.add_argument("--out", default=None, help="the table (markdown) into FILE")
-    ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "dpo_step.jsonl"))
+    ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, oracle + ".jsonl"))
     ap.add_argument("--only", choices=("bf16", "amp-bf16"), default=None, help="only the rows of one precision")
-    a = ap.parse_args()
+    if want_model:
+        ap.add_argument("--model", default=None, help="a Llama config.json: its own settings on it")
+    return ap.parse_args()
+
+
+def run_table(a, oracle, config, name, todo, step, margs, unit):
+    """Each setting of todo (finetune, checkpoint, batch, seq, prompt, precompute, precision) run by
+    step (torch's peak, where, its reference forward's) and by memplan (margs: its arguments, on
+    config written to a file): the table (a.out), the rows (a.rows_out); unit names the batch's
+    items ("pairs")."""
     import trl
     versions = rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
                                    peft=peft.__version__, trl=trl.__version__, tensors="real, CPU")
@@ -279,23 +298,22 @@ def main():
              "| diff |", "|---|---|---|---|---|---|---|---|---|"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "tiny-llama.json")
+        path = os.path.join(tmp, "model.json")
         with open(path, "w") as f:
-            json.dump(CONFIG, f)
-        todo = [s + ("bf16",) for s in SETTINGS] + [s + ("amp-bf16",) for s in AMP_SETTINGS]
-        for (ft, ck, pairs, seq, prompt, pre, prec) in todo:
+            json.dump(config, f)
+        for (ft, ck, n, seq, prompt, pre, prec) in todo:
             if a.only and prec != a.only:
                 continue
             frac = (seq - prompt) / (seq - 1)
-            tp, tat, tref = dpo_step(ft, ck, pairs, seq, prompt, pre, prec)
-            args = memplan_args(ft, ck, pairs, seq, frac, pre, prec)
+            tp, tat, tref = step(ft, ck, n, seq, prompt, pre, prec)
+            args = margs(ft, ck, n, seq, frac, pre, prec)
             m = memplan_run(a.memplan, path, args)
             mp = m["peak_allocated_bytes"] - m["workspace_bytes"]
             mref = m.get("phases", {}).get("reference_forward", {}).get("peak_allocated_bytes", 0)
             mref = mref - m["workspace_bytes"] if mref else 0
             refname = "precomputed" if pre else ("adapter disabled" if ft == "lora" else "copy")
-            setting = "%s, %s, ckpt %s, %d pairs x s%d, prompt %d" % (
-                "LoRA all-linear r16" if ft == "lora" else "full", prec, ck, pairs, seq, prompt)
+            setting = "%s, %s, ckpt %s, %d %s x s%d, prompt %d" % (
+                "LoRA all-linear r16" if ft == "lora" else "full", prec, ck, n, unit, seq, prompt)
             pct = 100.0 * (mp - tp) / tp
             rpct = 100.0 * (mref - tref) / tref if tref else 0.0
             lines.append("| %s | %s | %d | %s | %d | %+.3f %% | %s | %s | %s |" % (
@@ -304,18 +322,21 @@ def main():
             figs = {"peak": rowlib.figure(tp, mp)}
             if tref:
                 figs["ref_forward_peak"] = rowlib.figure(tref, mref)
-            rows.append({"config": "tiny Llama (dpo_step.py CONFIG)", "config_json": CONFIG, "args": args,
-                         "figures": figs,
+            rows.append({"config": name, "config_json": config, "args": args, "figures": figs,
                          "recorded": {"torch_peak_at": tat, "memplan_peak_at": m["peak_event"], "pct": round(pct, 3),
                                       "ref_pct": round(rpct, 3)},
-                         "source": "bench/accuracy/dpo_step.py (run %s)" % versions["memplan"],
+                         "source": "bench/accuracy/%s.py (run %s)" % (oracle, versions["memplan"]),
                          "versions": versions})
-    out = "\n".join(lines) + "\n"
     if a.out:
         with open(a.out, "w") as f:
-            f.write(out)
-    rowlib.save_rows("dpo_step", rows, a.rows_out)
+            f.write("\n".join(lines) + "\n")
+    rowlib.save_rows(oracle, rows, a.rows_out)
 
+
+def main():
+    a = cli("dpo_step", __doc__)
+    todo = [s + ("bf16",) for s in SETTINGS] + [s + ("amp-bf16",) for s in AMP_SETTINGS]
+    run_table(a, "dpo_step", CONFIG, "tiny Llama (dpo_step.py CONFIG)", todo, dpo_step, memplan_args, "pairs")
 
 if __name__ == "__main__":
     main()

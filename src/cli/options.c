@@ -133,9 +133,10 @@ static const struct opt OPTS[] = {
              "on its math kernel (s x s kept)"},
     {0, "trainer", "T", C_EST | C_PLAN | C_SUGG | C_CHECK, K_ENUM, FIELD(trainer), .parse = mp_trainer_parse,
      .names = mp_trainer_names,
-     .help = ": the step TRL runs (default sft; dpo: --batch pairs, chosen+rejected, a reference forward)"},
+     .help = ": the step TRL runs (default sft; dpo: --batch pairs, chosen+rejected, a reference forward; "
+             "kto: --batch examples, 2 or more, KL and reference forwards)"},
     {0, "precompute-ref", NULL, C_EST | C_PLAN | C_SUGG | C_CHECK, K_FLAG, FIELD(precompute_ref),
-     .help = "dpo: precompute_ref_log_probs=True (no reference model in the step)"},
+     .help = "dpo, kto: precompute_ref_log_probs=True (no reference model in the step)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
      .help = ": the causal LM's loss head (default hf; docs: man memplan)"},
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
@@ -554,31 +555,58 @@ static int check_rules(const struct command *c, struct args *a)
                  unmodelled);
         return cli_usage_error(c->name, "%s", msg);
     }
-    if (a->trainer == MP_TRAINER_DPO && a->packing) /* (TRL's DPOConfig padding_free: not planned) */
-        return cli_usage_error(c->name, "%s", "--trainer dpo with --packing/--padding-free/--tokens-per-batch: "
-                                              "packed preference pairs are not modelled yet");
-    if (a->precompute_ref && a->trainer != MP_TRAINER_DPO)
-        return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo");
-    if (a->trainer == MP_TRAINER_DPO && !a->loss_set && a->loss == MP_LOSS_HF)
-        a->loss = MP_LOSS_CHUNKED_NLL; /* trl dpo_trainer.py:959-962: the policy and the reference */
-    if (a->trainer == MP_TRAINER_DPO && a->loss != MP_LOSS_CHUNKED_NLL)
-        return cli_usage_error(c->name, "--trainer dpo: --loss %s: TRL's DPOTrainer computes its log-probs through "
-                                        "its fused LM head (--loss chunked-nll)", mp_loss_str((enum mp_loss)a->loss));
-    if (a->trainer == MP_TRAINER_DPO && a->timeline && !a->precompute_ref)
-        return cli_usage_error(c->name, "%s", "--timeline with --trainer dpo: the reference model's phase is not "
-                                              "drawn yet (--precompute-ref draws the step: it has none)");
-    if (a->trainer == MP_TRAINER_DPO && a->emit == MP_EMIT_TORCH)
-        return cli_usage_error(c->name, "%s", "--emit torch with --trainer dpo: the torch loop is an SFT step; "
-                                              "--emit hf writes the DPOConfig");
-    if (a->trainer == MP_TRAINER_DPO && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
-        return cli_usage_error(c->name, "%s", "--trainer dpo with --gpus/--nodes/--parallel: the reference "
-                                              "model's placement under data parallelism is not modelled yet");
+    /* the trainers with a reference model (DPO, KTO): their steps as TRL runs them */
+    enum mp_trainer tr = (enum mp_trainer)a->trainer;
+    bool pref = mp_trainer_ref_fwds(tr) > 0;
+    const char *tn = mp_trainer_str(tr);
+    if (pref && a->packing) /* (TRL's DPOConfig padding_free: not planned) */
+        return cli_usage_error(c->name, "--trainer %s with --packing/--padding-free/--tokens-per-batch: packed "
+                                        "preference examples are not modelled yet", tn);
+    if (a->precompute_ref && !pref)
+        return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo or kto");
+    if (pref && !a->loss_set && a->loss == MP_LOSS_HF)
+        a->loss = MP_LOSS_CHUNKED_NLL; /* trl dpo_trainer.py:959-962, kto_trainer.py:966-972: policy and reference */
+    char why[256];
+    if (pref && a->loss != MP_LOSS_CHUNKED_NLL) {
+        snprintf(why, sizeof why, "--trainer %s: --loss %s: TRL's %s computes its log-probs through its fused LM "
+                 "head (--loss chunked-nll)", tn, mp_loss_str((enum mp_loss)a->loss),
+                 tr == MP_TRAINER_DPO ? "DPOTrainer" : "KTOTrainer");
+        return cli_usage_error(c->name, "%s", why);
+    }
+    if (pref && a->timeline && !a->precompute_ref)
+        return cli_usage_error(c->name, "--timeline with --trainer %s: the reference model's phase is not drawn yet "
+                                        "(--precompute-ref draws the step: it has none)", tn);
+    if (pref && a->emit == MP_EMIT_TORCH) {
+        snprintf(why, sizeof why, "--emit torch with --trainer %s: the torch loop is an SFT step; --emit hf writes "
+                 "the %s", tn, mp_trainer_config(tr));
+        return cli_usage_error(c->name, "%s", why);
+    }
+    if (pref && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
+        return cli_usage_error(c->name, "--trainer %s with --gpus/--nodes/--parallel: the reference model's "
+                                        "placement under data parallelism is not modelled yet", tn);
+    if (a->batch_set && a->batch < mp_trainer_min_batch(tr)) { /* kto_trainer.py:844-847 raises */
+        const struct mp_recipe_setting *rb = a->rec ? &a->rec->s[MP_RS_BATCH] : NULL;
+        char where[1200];
+        if (rb && rb->set && rb->line && rb->src != MP_RSRC_COMMAND_LINE) /* the recipe's key decided it: name it */
+            snprintf(where, sizeof where, "%s:%u: %s: %llu", a->rec->path, rb->line, rb->key,
+                     (unsigned long long)a->batch);
+        else
+            snprintf(where, sizeof where, "--trainer %s --batch %llu", tn, (unsigned long long)a->batch);
+        snprintf(why, sizeof why, "%s: TRL's KTOTrainer needs %llu or more examples a device (its KL term pairs each "
+                 "example with another's completion)", where, (unsigned long long)mp_trainer_min_batch(tr));
+        if (rb && rb->set && rb->line && rb->src != MP_RSRC_COMMAND_LINE) {
+            fprintf(stderr, "memplan: error: %s\n", why);
+            return MP_EXIT_INPUT;
+        }
+        return cli_usage_error(c->name, "%s", why);
+    }
+    if (!a->batch_set && a->batch < mp_trainer_min_batch(tr))
+        a->batch = mp_trainer_min_batch(tr);
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)
         return cli_usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
     /* a strategy whose plan does not model a frozen base yet: refused, not ignored (suggest
      * searches only the modelled ones) */
     if (a->par.strategy != MP_PAR_NONE && !mp_par_finetune_modelled(a->par.strategy, a->ft.mode)) {
-        char why[160];
         snprintf(why, sizeof why, "--finetune %s with --parallel %s: not modelled yet (modelled: %s)",
                  mp_ft_mode_str(a->ft.mode), mp_par_strategy_str(a->par.strategy), mp_par_finetune_names());
         return cli_usage_error(c->name, "%s", why);

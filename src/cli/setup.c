@@ -237,8 +237,11 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
                                                                    (s->model.width / l->kernel) + l->cls_token));
             cli_add_default(s, "seq %s (image patches + class token; --seq does not apply)", num);
         }
-    if (!a->batch_set && !need_target)
-        cli_add_default(s, "batch %s", "1");
+    if (!a->batch_set && !need_target) {
+        snprintf(num, sizeof num, "%llu%s", (unsigned long long)a->batch,
+                 a->batch > 1 ? " (the trainer's least)" : "");
+        cli_add_default(s, "batch %s", num);
+    }
     if (!a->precision_set && !need_target)
         cli_add_default(s, "precision %s", "amp-bf16");
     if (a->optimizer == MP_OPT_ADAMW && !(a->rec && a->rec->s[MP_RS_OPTIMIZER].set))
@@ -405,7 +408,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
                  mp_attn_impl_str((enum mp_attn_impl)a->attention), mp_attn_impl_str((enum mp_attn_impl)own));
     s->build.ft = a->ft;
     s->build.ft.adapters_cast = a->par.mixed_bf16; /* (FSDP2's policy casts the adapters too) */
-    if (a->trainer == MP_TRAINER_DPO) { /* DPOConfig disable_dropout=True (dpo_config.py:185,
+    if (mp_trainer_ref_fwds((enum mp_trainer)a->trainer)) { /* DPOConfig disable_dropout=True (dpo_config.py:185,
+                                         * kto_config.py:156, kto_trainer.py:943-946;
                                          * dpo_trainer.py:931-935): every nn.Dropout's p set to 0, after
                                          * peft wrapped the model (lora_dropout too); the attention's
                                          * dropout_p is a float attribute in most families: kept */
@@ -427,7 +431,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
-    if (a->trainer == MP_TRAINER_DPO && !a->precompute_ref) /* trl dpo_trainer.py:908-927 */
+    if (mp_trainer_ref_fwds((enum mp_trainer)a->trainer) && !a->precompute_ref) /* trl dpo_trainer.py:908-927,
+                                                                                 * kto_trainer.py:919-938 */
         s->train.ref = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA ? MP_REF_ADAPTER : MP_REF_COPY;
     s->par = a->par;
     s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;

@@ -421,9 +421,10 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
     enum mp_status wst = workspaces_into(p, t, e, d);
     if (wst != MP_OK)
         return wst;
-    e->fwd_flops = p->fwd_flops;
-    if (t->ref != MP_REF_NONE) /* DPO: the reference's forward of the same sequences (its adapter off) */
-        e->fwd_flops += p->fwd_flops;
+    /* the trainer's no-grad forwards of the same sequences: the reference's (its adapter off; DPO
+     * one, KTO two: the KL sequences and the batch) and the policy's (KTO's KL sequences) */
+    enum mp_trainer tr = p->opts.trainer;
+    e->fwd_flops = p->fwd_flops * (1.0 + mp_trainer_kl_fwds(tr) + (t->ref != MP_REF_NONE ? mp_trainer_ref_fwds(tr) : 0));
     e->bwd_flops = p->bwd_flops;
 
     e->world = 1;
@@ -467,7 +468,7 @@ void block_est(const struct mp_program *p, const struct mp_train_opts *t, size_t
     b->bwd_flops = bp->bwd_flops;
 }
 
-/* ---- DPO's reference forward (mp_train_opts.ref) ------------------------------------------------
+/* ---- DPO's and KTO's reference forward (mp_train_opts.ref) ------------------------------------------------
  * trl 1.16.0 DPOTrainer._compute_loss (trainer/dpo_trainer.py:1317-1338): after the policy's
  * forward (its graph, saved tensors and per-token outputs held), the reference runs the same
  * 2 x batch sequences under torch.no_grad through its fused LM head, with the copy (ref_model) or
@@ -476,7 +477,12 @@ void block_est(const struct mp_program *p, const struct mp_train_opts *t, size_t
  * accelerate wraps each prepared model's forward in autocast (accelerate 1.15 accelerator.py
  * :1825-1835; transformers 5.24 trainer.py:2231-2236 adds none), so the policy's region ends with
  * its forward, and the frozen reference caches no copy.  Its forward is this program's, every block run
- * without grad (Fn), measured alone: what it adds above what it starts with at its peak. */
+ * without grad (Fn), measured alone: what it adds above what it starts with at its peak.
+ * trl 1.16.0 KTOTrainer._compute_loss (trainer/kto_trainer.py:1370-1436) runs its two reference
+ * forwards (the KL sequences, then the batch) at that point, one after the other: what the first
+ * leaves is its (b) sum of log-probs, so the two peak alike.  Its first forward, the policy's
+ * no-grad forward of the KL sequences, runs before the policy's graph exists: at every op it holds
+ * no more than the policy's forward does at the same op, so it is never the step's peak. */
 struct ref_meter {
     uint64_t cur, base, peak;
     int peak_node;

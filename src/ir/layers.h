@@ -50,8 +50,15 @@ const char *mp_trainer_unmodelled(enum mp_trainer t); /* NULL: modelled */
 int mp_trainer_parse(const char *s);
 const char *mp_trainer_names(const char *sep, const char *last);
 const char *mp_ref_mode_str(enum mp_ref_mode r);
-/* Sequences one example of trainer t runs through the model: DPO's chosen and rejected, 2. */
-static inline uint64_t mp_trainer_seqs(enum mp_trainer t) { return t == MP_TRAINER_DPO ? 2 : 1; }
+/* The trainer's traits (its row of MP_TRAINERS): the sequences one example runs through the policy
+ * (DPO's chosen and rejected, 2), the smallest micro-batch it accepts (KTO's KL term, 2), the
+ * no-grad forwards of its reference model a step (0: none; DPO 1; KTO 2, the KL sequences and the
+ * batch) and of the policy (KTO's KL sequences, 1), and TRL's config class ("DPOConfig"). */
+uint64_t mp_trainer_seqs(enum mp_trainer t);
+uint64_t mp_trainer_min_batch(enum mp_trainer t);
+unsigned mp_trainer_ref_fwds(enum mp_trainer t);
+unsigned mp_trainer_kl_fwds(enum mp_trainer t);
+const char *mp_trainer_config(enum mp_trainer t);
 /* The rows of one chunk of loss l's head over `rows` label positions (vocabulary v, hidden h):
  * chunked-nll min(rows, 4096) (trl 1.16.0 kernels/chunked_logprob.py TOKEN_CHUNK_SIZE), liger
  * min(next_pow2(ceil(rows / ceil(v / h))), rows) (liger-kernel 0.8.5

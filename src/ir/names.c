@@ -174,8 +174,11 @@ const char *mp_loss_names(const char *sep, const char *last)
 
 static const struct trainer_row {
     const char *name, *how, *unmodelled;
+    unsigned seqs, min_batch, ref_fwds, kl_fwds;
+    const char *config;
 } trainer_rows[] = {
-#define MP_X(id, name, how, unmodelled) {name, how, unmodelled},
+#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config) \
+    {name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config},
     MP_TRAINERS(MP_X)
 #undef MP_X
 };
@@ -186,6 +189,11 @@ const char *mp_trainer_unmodelled(enum mp_trainer t)
 {
     return (unsigned)t < N_TRAINERS ? trainer_rows[t].unmodelled : NULL;
 }
+uint64_t mp_trainer_seqs(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].seqs : 1; }
+uint64_t mp_trainer_min_batch(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].min_batch : 1; }
+unsigned mp_trainer_ref_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].ref_fwds : 0; }
+unsigned mp_trainer_kl_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].kl_fwds : 0; }
+const char *mp_trainer_config(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].config : "?"; }
 int mp_trainer_parse(const char *s)
 {
     for (size_t i = 0; i < N_TRAINERS; i++)

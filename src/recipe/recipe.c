@@ -825,7 +825,8 @@ static void derive(struct reader *rd)
         put(rd, MP_RS_USE_CACHE, truth(uc->v) ? "on" : "off", F_USE_CACHE);
     if (adapters)
         derive_lora(rd, !strcmp(mode, "qlora"));
-    if (rd->fmt_bit & B_DPO) { /* DPOTrainer's head is fused whatever loss_type (dpo_trainer.py:959-962) */
+    if (rd->fmt_bit & (B_DPO | B_KTO)) { /* their head is fused whatever loss_type (dpo_trainer.py:959-962,
+                                            * kto_trainer.py:966-972) */
         put(rd, MP_RS_LOSS, "chunked-nll", F_LOSS);
         if (fact_truth(rd, F_PRECOMPUTE) == 1)
             put(rd, MP_RS_PRECOMPUTE_REF, "true", F_PRECOMPUTE);
@@ -917,13 +918,15 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
     } else if ((st = detect(&doc, r, d)) != MP_OK) {
         goto out;
     }
-    bool dpo = t == MP_TRAINER_DPO && r->format == MP_RF_TRL;
-    r->trainer = dpo ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)" : formats[r->format].trainer;
+    bool dpo = t == MP_TRAINER_DPO && r->format == MP_RF_TRL, kto = t == MP_TRAINER_KTO && r->format == MP_RF_TRL;
+    r->trainer = dpo   ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)"
+                 : kto ? "TRL 1.16.0 KTOTrainer (KTOConfig + ModelConfig)"
+                       : formats[r->format].trainer;
     struct reader *rd = mp_xcalloc(1, sizeof *rd);
     rd->r = r;
     rd->d = d;
     rd->doc = &doc;
-    rd->fmt_bit = 1u << r->format | (dpo ? (unsigned)B_DPO : 0u);
+    rd->fmt_bit = 1u << r->format | (dpo ? (unsigned)B_DPO : 0u) | (kto ? (unsigned)B_KTO : 0u);
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(&doc, p->key), *v = yaml_document_get_node(&doc, p->value);
         if (k && v)

@@ -140,7 +140,17 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE_BUT(B_DPO, "ld_alpha", "null", "LD-DPO's length masks: " NOT_YET),
     REFUSE_BUT(B_DPO, "sync_ref_model", "false False null",
                "TR-DPO's reference sync (the copy mixed with the policy): " NOT_YET),
-    REFUSE(B_TRL, "precompute_ref_log_probs", "a DPOConfig key: give --trainer dpo"),
+    /* KTOConfig (trl 1.16.0 trainer/kto_config.py), read with --trainer kto */
+    FLAG(B_KTO, "precompute_ref_log_probs", F_PRECOMPUTE, "true"), /* :180; kto_trainer.py:919-925 */
+    REFUSE_BUT(B_KTO, "precompute_ref_batch_size", "null",
+               "a precompute pass at its own batch, before training: not modelled yet (null: the training batch)"),
+    /* apo_zero_unpaired computes no KL term: the step has no KL forwards (kto_trainer.py:821-822) */
+    REFUSE_BUT(B_KTO, "loss_type", "kto", "apo_zero_unpaired (no KL forwards): its step is not planned yet"),
+    NOMEM(B_KTO, "beta"), NOMEM(B_KTO, "desirable_weight"), NOMEM(B_KTO, "undesirable_weight"),
+    NOMEM(B_KTO, "ref_model_mixup_alpha"), NOMEM(B_KTO, "ref_model_sync_steps"),
+    REFUSE_BUT(B_KTO, "disable_dropout", "true True null", "dropout kept in KTO (TRL zeroes it by default): " NOT_YET),
+    REFUSE_BUT(B_KTO, "sync_ref_model", "false False null", "the reference synced with the policy: " NOT_YET),
+    REFUSE(B_TRL, "precompute_ref_log_probs", "a DPOConfig / KTOConfig key: give --trainer dpo or kto"),
     /* the model */
     FACT(B_TRL | B_LF, "model_name_or_path", F_MODEL),
     FACT(B_AX, "base_model", F_MODEL),
@@ -289,7 +299,7 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_TT, "tensor_parallel_dim", "tensor parallelism: " NOT_YET),
     /* preference and RL training: a reference model, generations */
     REFUSE(B_AX, "rl", "preference/RL training (reference model, generations): " NOT_YET),
-    REFUSE(B_TRL, "beta", "a DPO/GRPO config: give --trainer dpo (GRPO, KTO: " NOT_YET ")"),
+    REFUSE(B_TRL, "beta", "a DPO/KTO/GRPO config: give --trainer dpo or kto (GRPO: " NOT_YET ")"),
     REFUSE(B_TRL, "num_generations", "a GRPO config (generations): " NOT_YET),
     REFUSE(B_TRL, "ref_model_init_kwargs", "a reference model: " NOT_YET),
     REFUSE(B_AX, "unfrozen_parameters", "training a subset of parameters: " NOT_YET),

@@ -238,6 +238,15 @@ static enum mp_trainer trainer_of(const struct mp_report_ctx *c)
 {
     return c->build ? c->build->trainer : c->prog ? c->prog->opts.trainer : MP_TRAINER_SFT;
 }
+
+/* "DPO", "KTO": the trainer's TRL name (its config class less "Config"), into buf. */
+static const char *trl_name(enum mp_trainer t, char *buf, size_t cap)
+{
+    const char *cfg = mp_trainer_config(t);
+    size_t n = strlen(cfg) > 6 ? strlen(cfg) - 6 : strlen(cfg);
+    snprintf(buf, cap, "%.*s", (int)n, cfg);
+    return buf;
+}
 static double label_fraction_of(const struct mp_report_ctx *c)
 {
     return c->build ? c->build->label_fraction : c->prog ? c->prog->opts.label_fraction : 1.0;
@@ -676,16 +685,21 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 mp_optimizer_hf(c->train->optimizer),
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
+        const char *refd = c->train->ref == MP_REF_COPY      ? "a frozen copy"
+                           : c->train->ref == MP_REF_ADAPTER ? "the adapter disabled"
+                                                             : "log-probs precomputed";
         if (c->build->trainer == MP_TRAINER_DPO)
             fprintf(out, "trainer   dpo (TRL 1.16.0 DPOTrainer): %llu pair%s, %llu sequences (chosen+rejected); "
                     "reference %s\n", (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s",
-                    (unsigned long long)(c->build->batch * 2),
-                    c->train->ref == MP_REF_COPY      ? "a frozen copy"
-                    : c->train->ref == MP_REF_ADAPTER ? "the adapter disabled"
-                                                      : "log-probs precomputed");
+                    (unsigned long long)(c->build->batch * 2), refd);
+        else if (c->build->trainer == MP_TRAINER_KTO)
+            fprintf(out, "trainer   kto (TRL 1.16.0 KTOTrainer): %llu examples and their %llu KL sequences (no "
+                    "grad);\n          reference %s%s\n", (unsigned long long)c->build->batch,
+                    (unsigned long long)c->build->batch, refd,
+                    c->train->ref != MP_REF_NONE ? ", two forwards (the KL sequences and the batch)" : "");
         if (c->build->loss != MP_LOSS_HF || c->build->label_fraction < 1) /* hf's report stays as it was */
             fprintf(out, "loss      %s (%s); label fraction %.3g%s\n", mp_loss_str(c->build->loss),
-                    c->build->trainer == MP_TRAINER_DPO ? "TRL's fused LM head, policy and reference"
+                    mp_trainer_ref_fwds(c->build->trainer) ? "TRL's fused LM head, policy and reference"
                                                         : mp_loss_how(c->build->loss),
                     c->build->label_fraction,
                     c->build->loss == MP_LOSS_CHUNKED_NLL ? "" : " (memory unaffected: every row runs)");
@@ -899,10 +913,12 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
             fprintf(out, "  NCCL buffers       not counted (%s): they come on top\n",
                     c->gpu ? "profile nccl_overhead_mib = 0, not measured" : "no GPU profile");
     }
+    char tn[16];
     if (c->train && c->train->ref == MP_REF_COPY)
-        fprintf(out, "  reference model    %12s   (DPO: a frozen copy, resident)\n", B(e->ref_weights_bytes));
+        fprintf(out, "  reference model    %12s   (%s: a frozen copy, resident)\n", B(e->ref_weights_bytes),
+                trl_name(trainer_of(c), tn, sizeof tn));
     if (c->train && c->train->ref != MP_REF_NONE) {
-        fprintf(out, "\nphases (DPO)\n");
+        fprintf(out, "\nphases (%s)\n", trl_name(trainer_of(c), tn, sizeof tn));
         fprintf(out, "  policy step        %12s   (forward, loss, backward, optimizer step)\n",
                 B(e->policy_peak_bytes));
         fprintf(out, "  reference forward  %12s   (no grad, after the policy's forward; +%s at %s)\n",
@@ -1153,7 +1169,8 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
     fprintf(out, "from transformers import %s%s%s\n", auto_cls, bnb ? ", BitsAndBytesConfig" : "",
             trainer ? ", TrainingArguments" : "");
     if (trainer && loss_of(c) == MP_LOSS_CHUNKED_NLL)
-        fprintf(out, "from trl import %s\n", trainer_of(c) == MP_TRAINER_DPO ? "DPOConfig" : "SFTConfig");
+        fprintf(out, "from trl import %s\n", mp_trainer_config(mp_trainer_ref_fwds(trainer_of(c)) ? trainer_of(c)
+                                                                                                   : MP_TRAINER_SFT));
     if (peft)
         fprintf(out, "from peft import LoraConfig, get_peft_model%s\n", kbit ? ", prepare_model_for_kbit_training" : "");
     fprintf(out, "\n# the model's hub id or local directory (memplan read %s)\nNAME = \"%s\"\n", shown(c->model->path),
@@ -1231,13 +1248,18 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
         fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express\n",
                 nck, p->L);
-    bool dpo = trainer_of(c) == MP_TRAINER_DPO;
-    if (dpo) /* trl 1.16 dpo_trainer.py:908-927: ref_model=None makes the reference planned */
-        fprintf(out, "# DPO (trl 1.16): train with DPOTrainer(model, ref_model=None, args=args, ...):\n"
-                     "# %s;\n# per_device_train_batch_size counts chosen/rejected pairs\n",
+    enum mp_trainer tr = trainer_of(c);
+    char tn[16];
+    bool dpo = mp_trainer_ref_fwds(tr) > 0; /* (DPO, KTO: a reference model, a config of their own) */
+    if (dpo) /* trl 1.16 dpo_trainer.py:908-927, kto_trainer.py:919-938: ref_model=None makes the reference
+              * planned */
+        fprintf(out, "# %s (trl 1.16): train with %sTrainer(model, ref_model=None, args=args, ...):\n"
+                     "# %s;\n# per_device_train_batch_size counts %s\n",
+                trl_name(tr, tn, sizeof tn), tn,
                 c->train->ref == MP_REF_COPY      ? "it loads the reference copy planned"
                 : c->train->ref == MP_REF_ADAPTER ? "the reference is the adapter disabled"
-                                                  : "the reference's log-probs are precomputed");
+                                                  : "the reference's log-probs are precomputed",
+                tr == MP_TRAINER_KTO ? "examples (2 or more: the KL term)" : "chosen/rejected pairs");
     else if (trl) /* TRL 1.16's SFTConfig: its default loss_type="nll" is the chunked head planned */
         fprintf(out, "# the loss head planned is TRL's (trl 1.16 SFTConfig, loss_type=\"nll\"): train with SFTTrainer\n");
     if (b->par.strategy == MP_PAR_DDP)
@@ -1251,8 +1273,8 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
                      "# TrainingArguments cannot set: use --emit torch for the exact MixedPrecisionPolicy\n",
                 cand_prec(b));
     fprintf(out, "args = %s(\n    output_dir=\"memplan-out\",\n",
-            dpo ? "DPOConfig" : trl ? "SFTConfig" : "TrainingArguments");
-    if (dpo && c->prog) /* DPOConfig max_length (prompt + completion), default 1024 */
+            dpo ? mp_trainer_config(tr) : trl ? "SFTConfig" : "TrainingArguments");
+    if (dpo && c->prog) /* DPOConfig's and KTOConfig's max_length (prompt + completion), default 1024 */
         fprintf(out, "    max_length=%llu,\n", (unsigned long long)c->prog->opts.seq);
     if (dpo && c->train->ref == MP_REF_NONE)
         fprintf(out, "    precompute_ref_log_probs=True,\n");
@@ -1599,9 +1621,19 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
                     b->ft == MP_FT_QLORA ? "4-bit NF4 base, dequantized per matmul: slower, smaller"
                                          : "adapters on a frozen base; --emit hf prints the peft config");
         fprintf(out, "  precision          %s\n", cand_prec(b));
+        enum mp_trainer tr = trainer_of(c);
+        char tn[16];
+        if (mp_trainer_ref_fwds(tr))
+            fprintf(out, "  trainer            %s (TRL 1.16.0 %sTrainer): micro-batch counts %s; reference %s\n",
+                    mp_trainer_str(tr), trl_name(tr, tn, sizeof tn),
+                    tr == MP_TRAINER_KTO ? "examples (2 or more)" : "chosen/rejected pairs",
+                    c->train->ref == MP_REF_COPY      ? "a frozen copy"
+                    : c->train->ref == MP_REF_ADAPTER ? "the adapter disabled"
+                                                      : "log-probs precomputed");
         if (loss_of(c) != MP_LOSS_HF)
             fprintf(out, "  loss head          %s (%s); label fraction %.3g\n", mp_loss_str(loss_of(c)),
-                    mp_loss_how(loss_of(c)), label_fraction_of(c));
+                    mp_trainer_ref_fwds(tr) ? "TRL's fused LM head, policy and reference" : mp_loss_how(loss_of(c)),
+                    label_fraction_of(c));
         if (b->par.strategy != MP_PAR_NONE) {
             char pb[96];
             fprintf(out, "  parallel           %s; per step %.3f s of collectives (%.3f s not hidden by compute)",
@@ -1674,7 +1706,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
     }
     if (s->best >= 0) { /* (DPO: no torch loop; its DPOConfig) */
         fprintf(out, "\n");
-        snippet(out, c, &s->cand[s->best], trainer_of(c) == MP_TRAINER_DPO ? MP_EMIT_HF : MP_EMIT_TORCH);
+        snippet(out, c, &s->cand[s->best], mp_trainer_ref_fwds(trainer_of(c)) ? MP_EMIT_HF : MP_EMIT_TORCH);
     }
 }
 

@@ -539,12 +539,15 @@ static enum mp_status search_max_batch_from(const struct mp_job *job, uint64_t m
 {
     *best = 0;
     bool ok = false;
-    uint64_t plo, start = 1;
+    uint64_t least = mp_trainer_min_batch(job->build.trainer); /* (KTO's KL term: 2) */
+    uint64_t plo, start = least;
     enum mp_status st = MP_OK;
-    if (from > 1 && from <= max_batch && (st = fits_at(job, from, &ok, &plo, evals, d)) == MP_OK && ok)
+    if (least > max_batch)
+        return MP_OK;
+    if (from > least && from <= max_batch && (st = fits_at(job, from, &ok, &plo, evals, d)) == MP_OK && ok)
         start = from;
-    if (st == MP_OK && start == 1)
-        st = fits_at(job, 1, &ok, &plo, evals, d);
+    if (st == MP_OK && start == least)
+        st = fits_at(job, least, &ok, &plo, evals, d);
     if (st != MP_OK || !ok)
         return st;
     uint64_t usable = (uint64_t)((double)mp_gpu_capacity(&job->gpu) * (1.0 - job->margin));
@@ -720,8 +723,8 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
     c->ckpt = job->ckpt;
     if (bmax == 0) {
         c->fits = false;
-        c->micro_batch = 1;
-        c->grad_accum = o->global_batch ? o->global_batch : 1;
+        c->micro_batch = mp_trainer_min_batch(job->build.trainer);
+        c->grad_accum = o->global_batch ? mp_max_u64(o->global_batch / c->micro_batch, 1) : 1;
     } else {
         c->fits = true;
         c->micro_batch = o->global_batch ? largest_divisor_le(o->global_batch, bmax) : bmax;
@@ -740,8 +743,8 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
      * allocator's slack is a few percent of the batch's bytes, so the boundary is usually near)
      * galloping down (1, 2, 4... below), then bisecting; with a global batch, its divisors from
      * the top. */
-    uint64_t lo = 0, hi = c->micro_batch, step = 1;
-    for (unsigned k = 0; k < MP_DEVICE_SCAN && !o->global_batch && hi > 1; k++) {
+    uint64_t lo = 0, hi = c->micro_batch, step = 1, least = mp_trainer_min_batch(job->build.trainer);
+    for (unsigned k = 0; k < MP_DEVICE_SCAN && !o->global_batch && hi > least; k++) {
         bool ok = false;
         if ((st = device_fits_at(job, hi - 1, 1, &ok, evals, d)) != MP_OK)
             return st;
@@ -753,7 +756,9 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
     }
     for (; !lo;) { /* hi does not fit */
         uint64_t b = o->global_batch ? largest_divisor_le(o->global_batch, hi - 1) : (hi > step ? hi - step : 1);
-        if (b == 0 || b >= hi)
+        if (!o->global_batch && b < least)
+            b = least;
+        if (b < least || b >= hi)
             break;
         bool ok = false;
         if ((st = device_fits_at(job, b, o->global_batch ? o->global_batch / b : 1, &ok, evals, d)) != MP_OK)

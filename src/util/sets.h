@@ -157,23 +157,36 @@ enum mp_loss {
 };
 
 /* Trainers (--trainer, a recipe's trainer): X(id, name, what one step runs, NULL when modelled or
- * why it is not).  The step of each follows TRL 1.16.0's source (trl/trainer/, file:line):
+ * why it is not, sequences an example runs through the policy, the smallest micro-batch the
+ * trainer accepts, no-grad reference forwards a step (0: no reference model), no-grad forwards of
+ * the policy a step, the TRL config class).  The step of each follows TRL 1.16.0's source
+ * (trl/trainer/, file:line):
  *   SFT   one forward and backward of the batch (SFTTrainer; every other trainer's recipe too).
  *   DPO   DPOTrainer: the policy's forward on chosen and rejected concatenated (2 x the pairs,
  *         trainer/dpo_trainer.py:349-351), through TRL's fused LM head (:959-962), then the
  *         reference's forward under torch.no_grad (:1327-1338) while the policy's graph is held,
  *         then backward: a full frozen copy (:916-927), the adapter disabled (PEFT, :1328-1336)
  *         or nothing (precompute_ref_log_probs, :1318).
- *   KTO, ORPO, GRPO: not modelled yet. */
+ *   KTO   KTOTrainer (trl.KTOTrainer since 1.16; loss_type "kto"): a no-grad forward of the policy
+ *         on the batch's KL sequences (mismatched completions, kto_trainer.py:1337-1368, before
+ *         any graph exists), the policy's forward on the batch (:1387, one sequence an example,
+ *         the fused LM head :966-969), then two no-grad reference forwards, the KL sequences and
+ *         the batch (:1425-1436), while the policy's graph is held, then backward; the reference
+ *         as DPO's (:919-938); the KL term needs 2 or more examples a device (:844-847).
+ *   ORPO, GRPO: not modelled yet. */
 #define MP_TRAINERS(X)                                                                                     \
-    X(SFT, "sft", "TRL SFTTrainer / transformers Trainer: one forward and backward", NULL)              \
-    X(DPO, "dpo", "TRL DPOTrainer: chosen+rejected, a reference forward", NULL)                         \
-    X(KTO, "kto", "TRL KTOTrainer (trl.experimental.kto)", "not modelled yet")                          \
-    X(ORPO, "orpo", "TRL ORPOTrainer (trl.experimental.orpo)", "not modelled yet")                      \
-    X(GRPO, "grpo", "TRL GRPOTrainer: generation, then the policy step", "not modelled yet")
+    X(SFT, "sft", "TRL SFTTrainer / transformers Trainer: one forward and backward", NULL, 1, 1, 0, 0,     \
+      "SFTConfig")                                                                                         \
+    X(DPO, "dpo", "TRL DPOTrainer: chosen+rejected, a reference forward", NULL, 2, 1, 1, 0, "DPOConfig")  \
+    X(KTO, "kto", "TRL KTOTrainer: a KL forward, the batch, two reference forwards", NULL, 1, 2, 2, 1,    \
+      "KTOConfig")                                                                                         \
+    X(ORPO, "orpo", "TRL ORPOTrainer (trl.experimental.orpo)", "not modelled yet", 2, 1, 0, 0,           \
+      "ORPOConfig")                                                                                        \
+    X(GRPO, "grpo", "TRL GRPOTrainer: generation, then the policy step", "not modelled yet", 1, 1, 0, 0, \
+      "GRPOConfig")
 
 enum mp_trainer {
-#define MP_X(id, name, how, unmodelled) MP_TRAINER_##id,
+#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config) MP_TRAINER_##id,
     MP_TRAINERS(MP_X)
 #undef MP_X
 };
