@@ -1150,6 +1150,54 @@ else
     echo "expected the KTO relations in the script above" >"$T/why"
     bad "--trainer kto: the policy's step and reference as DPO's at the same sequences; 2 examples at least"
 fi
+# a quantized base's dequantization traffic (memory.dequant_bytes, charged at the bandwidth by
+# suggest): the same bytes every pass: forward and backward (SFT), a recompute of every block more
+# (layers), KTO's KL forward and two adapter-disabled reference forwards more; none without one
+Q="models/hf/llama-3.2-1b.json --finetune qlora --batch 2 --seq 256 --json"
+run estimate $Q --checkpoint none
+cp "$T/out" "$T/dq_none.json"
+run estimate $Q --checkpoint layers
+cp "$T/out" "$T/dq_layers.json"
+run estimate $Q --checkpoint none --trainer kto
+cp "$T/out" "$T/dq_kto.json"
+run estimate models/hf/llama-3.2-1b.json --finetune lora --batch 2 --seq 256 --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "dequant_bytes: one amount a pass (python3 not found)"
+elif python3 - "$T/dq_none.json" "$T/dq_layers.json" "$T/dq_kto.json" "$T/out" <<'PY'
+import json, sys
+none, layers, kto, lora = (json.load(open(p))["memory"] for p in sys.argv[1:5])
+one = none["dequant_bytes"] / 2  # forward + backward
+assert one > 0 and "dequant_bytes" not in lora, (none, lora.get("dequant_bytes"))
+assert abs(layers["dequant_bytes"] - 3 * one) <= 1e-9 * one, (layers["dequant_bytes"], one)
+assert abs(kto["dequant_bytes"] - 5 * one) <= 1e-9 * one, (kto["dequant_bytes"], one)
+PY
+then
+    ok "dequant_bytes: one amount a pass (forward, backward, recompute, KTO's no-grad forwards)"
+else
+    echo "expected dequant_bytes in the ratios of the script above" >"$T/why"
+    bad "dequant_bytes: one amount a pass (forward, backward, recompute, KTO's no-grad forwards)"
+fi
+# --parallel fsdp given searches FSDP2's mixed-bf16 too (issue 25: Mistral-7B on 8 H100s got
+# micro-batch 3 at 7.6 % headroom in amp-bf16 where --gpus 8 alone found 4 at 19.9 %): the same
+# recommendation either way
+run suggest models/hf/mistral-7b.json --gpu h100-80gb --gpus 8 --parallel fsdp --no-probe --json
+cp "$T/out" "$T/fsdp_given.json"
+run suggest models/hf/mistral-7b.json --gpu h100-80gb --gpus 8 --no-probe --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "suggest --parallel fsdp: mixed-bf16 searched (python3 not found)"
+elif python3 - "$T/fsdp_given.json" "$T/out" <<'PY'
+import json, sys
+g, a = (json.load(open(p))["recommendation"] for p in sys.argv[1:3])
+assert g["precision"] == "mixed-bf16" and g["parallel"]["strategy"] == "fsdp", (g["precision"], g["parallel"])
+assert (g["micro_batch"], g["precision"], g["parallel"]["strategy"]) == \
+    (a["micro_batch"], a["precision"], a["parallel"]["strategy"]), (g["micro_batch"], a["micro_batch"])
+PY
+then
+    ok "suggest --parallel fsdp: mixed-bf16 searched, the same plan as --gpus alone"
+else
+    echo "expected suggest --parallel fsdp to recommend what --gpus 8 alone does" >"$T/why"
+    bad "suggest --parallel fsdp: mixed-bf16 searched, the same plan as --gpus alone"
+fi
 # DPOConfig disable_dropout: TRL zeroes every nn.Dropout (GPT-2's residual and embedding dropouts,
 # peft's lora_dropout); GPT-2's attention dropout reads its module's p too, memplan keeps it (noted)
 if [ -n "$HAVE_PY" ]; then

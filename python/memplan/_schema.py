@@ -135,7 +135,7 @@ class Config:
     finetune: Optional[Finetune] = _opt()
     parallel: Optional[Parallel] = _opt()
     recipe: Optional[Recipe] = _opt()
-    trainer: Optional[str] = _opt()  # --trainer other than sft: "dpo"
+    trainer: Optional[str] = _opt()  # --trainer other than sft: "dpo", "kto"
     sequences: Optional[int] = _opt()  # the sequences the model runs (DPO: 2 per pair)
     reference: Optional[str] = _opt()  # DPO's reference: "copy" | "adapter-disabled" | "none"
     packing: Optional[str] = _opt()  # --packing / --padding-free: "rows" | "padding-free"
@@ -184,7 +184,7 @@ class PhasePeak:
 
 @dataclass
 class Phases:
-    policy_step: PhasePeak  # --trainer dpo: forward, loss, backward, optimizer step
+    policy_step: PhasePeak  # --trainer dpo / kto: forward, loss, backward, optimizer step
     reference_forward: Optional[PhasePeak] = _opt()  # the reference model's no-grad forward
     extra: Dict[str, Any] = _extra()
 
@@ -220,6 +220,7 @@ class Memory:
     fwd_flops: float
     bwd_flops: float
     recompute_flops: float
+    dequant_bytes: Optional[float] = _opt()  # a quantized base: the step's dequantization traffic
     host_pinned_bytes: Optional[int] = _opt()  # --checkpoint layers[:N]+offload
     ckpt_offload_pcie_bytes: Optional[float] = _opt()
     world: Optional[int] = _opt()  # data parallelism: per rank
@@ -228,8 +229,8 @@ class Memory:
     nvme_bytes: Optional[int] = _opt()
     nccl_overhead_bytes: Optional[int] = _opt()
     comm_per_step: Optional[CommPerStep] = _opt()
-    ref_weights_bytes: Optional[int] = _opt()  # --trainer dpo: the reference copy, resident
-    phases: Optional[Phases] = _opt()  # --trainer dpo: each phase's peak
+    ref_weights_bytes: Optional[int] = _opt()  # --trainer dpo / kto: the reference copy, resident
+    phases: Optional[Phases] = _opt()  # --trainer dpo / kto: each phase's peak
     allocator: Optional[Allocator] = _opt()  # the caching allocator's settings and what it did
     device_reserved_bytes: Optional[int] = _opt()  # when simulated
     extra: Dict[str, Any] = _extra()

@@ -404,6 +404,15 @@ void par_static(const struct mp_par_plan *pp, const struct mp_train_opts *t, str
                                                                   : pp->grad_shard_total * pp->master_elem_bytes;
 }
 
+/* The forwards a step runs over the batch's sequences: the policy's, and the trainer's no-grad
+ * ones: the reference's (its adapter off; DPO one, KTO two: the KL sequences and the batch) and
+ * the policy's (KTO's KL sequences). */
+double mp_fwd_passes(const struct mp_program *p, const struct mp_train_opts *t)
+{
+    enum mp_trainer tr = p->opts.trainer;
+    return 1.0 + mp_trainer_kl_fwds(tr) + (t->ref != MP_REF_NONE ? mp_trainer_ref_fwds(tr) : 0);
+}
+
 enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
                                   struct mp_diag *d)
 {
@@ -421,10 +430,10 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
     enum mp_status wst = workspaces_into(p, t, e, d);
     if (wst != MP_OK)
         return wst;
-    /* the trainer's no-grad forwards of the same sequences: the reference's (its adapter off; DPO
-     * one, KTO two: the KL sequences and the batch) and the policy's (KTO's KL sequences) */
-    enum mp_trainer tr = p->opts.trainer;
-    e->fwd_flops = p->fwd_flops * (1.0 + mp_trainer_kl_fwds(tr) + (t->ref != MP_REF_NONE ? mp_trainer_ref_fwds(tr) : 0));
+    double passes = mp_fwd_passes(p, t);
+    e->fwd_flops = p->fwd_flops * passes;
+    for (size_t i = 0; i < p->n_blocks; i++) /* (a reference copy is never quantized: QLoRA's is the adapter) */
+        e->dequant_bytes += p->blocks[i].dequant_bytes * (passes + 1.0);
     e->bwd_flops = p->bwd_flops;
 
     e->world = 1;
@@ -770,8 +779,10 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
         for (size_t k = 0; k < sched->n; k++) {
             const struct mp_sched_op *op = &sched->ops[k];
             if (op->kind == MP_SCHED_FN || op->kind == MP_SCHED_FC || op->kind == MP_SCHED_FE) {
-                if (runs[op->index]++ > 0)
+                if (runs[op->index]++ > 0) {
                     e->recompute_flops += p->blocks[op->index].fwd_flops;
+                    e->dequant_bytes += p->blocks[op->index].dequant_bytes;
+                }
                 else if (op->kind != MP_SCHED_FE)
                     e->blocks[op->index].checkpointed = true;
             }

@@ -233,6 +233,10 @@ struct mp_estimate {
     uint64_t ref_forward_tmp_bytes;  /* what the reference's forward adds at its own peak */
     char ref_forward_event[96];
     double fwd_flops, bwd_flops, recompute_flops;
+    double dequant_bytes; /* a quantized base's dequantization traffic in the step: each forward
+                             (the trainer's no-grad ones and recomputes too) and the backward read
+                             the packed weights and write them in the compute dtype (memory-bound:
+                             the throughput charges it at the GPU's bandwidth) */
     size_t n_blocks;
     struct mp_block_est *blocks;
 };
@@ -260,6 +264,9 @@ enum mp_status mp_reserved_series(const struct mp_program *p, const struct mp_sc
 /* Only the figures that do not depend on the schedule (no replay): parameters, weights,
  * gradients, optimizer state, inputs, buffers, workspace, FLOPs, and the per-rank shares
  * with data parallelism; static_bytes.  e->blocks stays NULL. */
+/* The forwards one step runs over the batch's sequences (1: SFT; the trainer's no-grad forwards
+ * besides: DPO's reference, KTO's KL sequences and its reference's two). */
+double mp_fwd_passes(const struct mp_program *p, const struct mp_train_opts *t);
 enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
                                   struct mp_diag *d);
 

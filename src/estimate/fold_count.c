@@ -254,9 +254,11 @@ static enum mp_status fold_static(const struct mp_fold *f, const struct mp_progr
              fold_mul(mp_opt_state_bytes(p, t->optimizer, pq), w, &e->optimizer_bytes) && fold_mul(g, w, &total_grad);
         mp_opt_largest(pq, &largest, &ldt);
     }
+    double passes = mp_fwd_passes(p, t);
     for (size_t j = 0; j < p->n_blocks; j++) {
-        e->fwd_flops += (double)f->weight[j] * p->blocks[j].fwd_flops;
+        e->fwd_flops += (double)f->weight[j] * p->blocks[j].fwd_flops * passes;
         e->bwd_flops += (double)f->weight[j] * p->blocks[j].bwd_flops;
+        e->dequant_bytes += (double)f->weight[j] * p->blocks[j].dequant_bytes * (passes + 1.0);
     }
     if (!ok || !inputs_bytes(p, e))
         return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
@@ -375,8 +377,10 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
         const struct mp_sched_op *op = &full->ops[k];
         if (op->kind != MP_SCHED_FN && op->kind != MP_SCHED_FC && op->kind != MP_SCHED_FE)
             continue;
-        if (ran[op->index])
+        if (ran[op->index]) {
             e->recompute_flops += p->blocks[f->short_of[op->index]].fwd_flops;
+            e->dequant_bytes += p->blocks[f->short_of[op->index]].dequant_bytes;
+        }
         else if (op->kind != MP_SCHED_FE)
             ckpt[op->index] = true;
         ran[op->index] = true;

@@ -470,8 +470,12 @@ static enum mp_status finish_program(struct bld *B, const struct mp_build_opts *
     for (size_t i = 0; i < p->n_blocks; i++) {
         struct mp_block_prog *bp = &p->blocks[i];
         for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++) {
-            bp->fwd_flops += p->nodes[k].fwd_flops;
-            bp->bwd_flops += p->nodes[k].bwd_flops;
+            const struct mp_node *n = &p->nodes[k];
+            bp->fwd_flops += n->fwd_flops;
+            bp->bwd_flops += n->bwd_flops;
+            const struct mp_tmp_part *dq = n->quantized ? mp_node_tmp(n, false, MP_TR_DEQUANT) : NULL;
+            if (dq && n->param[0] >= 0)
+                bp->dequant_bytes += (double)p->params[n->param[0]].bytes + (double)dq->bytes;
         }
         p->fwd_flops += bp->fwd_flops;
         p->bwd_flops += bp->bwd_flops;

@@ -387,6 +387,9 @@ struct mp_block_prog {
     size_t param0, n_params;
     uint64_t params;     /* parameter elements owned by the block */
     double fwd_flops, bwd_flops;
+    double dequant_bytes; /* a forward's (or backward's) dequantization traffic: each quantized
+                             weight read packed and written in the compute dtype (its DEQUANT
+                             transient), memory-bound, once a pass */
 };
 
 struct mp_program {

@@ -436,6 +436,8 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
     jnum(m, "fwd_flops", e->fwd_flops);
     jnum(m, "bwd_flops", e->bwd_flops);
     jnum(m, "recompute_flops", e->recompute_flops);
+    if (e->dequant_bytes > 0) /* a quantized base */
+        jnum(m, "dequant_bytes", e->dequant_bytes);
     if (e->host_pinned_bytes) { /* --checkpoint layers+offload */
         ju64(m, "host_pinned_bytes", e->host_pinned_bytes);
         jnum(m, "ckpt_offload_pcie_bytes", 2.0 * (double)e->ckpt_offload_bytes);
@@ -950,6 +952,9 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     char a[32], b[32], r[32];
     fprintf(out, "step FLOPs           forward %s, backward %s, recompute %s\n", mp_fmt_flops(e->fwd_flops, a, 32),
             mp_fmt_flops(e->bwd_flops, b, 32), mp_fmt_flops(e->recompute_flops, r, 32));
+    if (e->dequant_bytes > 0)
+        fprintf(out, "dequantization       %s read and written   (the quantized base, every pass: memory-bound)\n",
+                B((uint64_t)e->dequant_bytes));
 }
 
 /* ---- estimate ------------------------------------------------------------------------------ */
@@ -1658,8 +1663,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "  device level       %s reserved + context of %s usable (caching allocator "
                     "simulated%s)\n", B(b->fit.device_bytes), B(b->usable_bytes),
                     b->fit.est.alloc_retries ? ", after it frees its cache" : "");
-        fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s)\n",
-                b->samples_per_s);
+        fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s%s)\n",
+                b->samples_per_s, b->fit.est.dequant_bytes > 0 ? ",\n                     dequantization at its bandwidth" : "");
         for (size_t i = 0; i < s->n_alternatives; i++) /* variants that do better (search.c VARIANTS) */
             fprintf(out, "  would do better    %s\n", shown(s->alternatives[i]));
         if (b->probed)

@@ -37,7 +37,10 @@ static double step_seconds(const struct mp_job *job, const struct mp_estimate *e
         tfl = 100.0; /* no profile figure (--vram): a nominal card, for ranking only */
     double flops = e->fwd_flops + e->bwd_flops + e->recompute_flops;
     double t = flops / (MP_MATMUL_EFFICIENCY * tfl * 1e12);
-    return t;
+    /* a quantized base's dequantization is memory-bound: at the profile's bandwidth (1000 GB/s
+     * without one), as the optimizer's step */
+    double bw = job->gpu.bandwidth_gbs > 0 ? job->gpu.bandwidth_gbs : 1000.0;
+    return t + e->dequant_bytes / (bw * 1e9);
 }
 
 /* Collectives and offload for one step (parallel.h); compute_s is forward + backward. */
@@ -1121,6 +1124,8 @@ enum mp_status mp_suggest(const struct mp_job *base, const struct mp_suggest_opt
  * fine-tuning modes; every combination is a candidate. */
 struct space {
     enum mp_precision precs[4];
+    bool mixed[4]; /* precs[i] (bf16) is the sharding engine's mixed-bf16: bf16 compute copies of an
+                      fp32 master (struct mp_parallel.mixed_bf16) */
     size_t np;
     struct mp_ckpt_spec strategies[8];
     size_t ns;
@@ -1195,6 +1200,19 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
             sp->precs[sp->np++] = MP_PREC_BF16;
     } else if (base->train.par) {
         sp->pars[sp->npar++] = *base->train.par;
+        /* a sharding engine given (--parallel fsdp, zero*): its mixed-bf16 is searched too, where
+         * the GPU computes in bf16 (issue 25: FSDP's best plan is often mixed-bf16) */
+        bool bf16 = false;
+        for (size_t i = 0; i < sp->np; i++)
+            bf16 |= sp->precs[i] == MP_PREC_BF16;
+        struct mp_parallel mp = *base->train.par;
+        mp.mixed_bf16 = true;
+        struct mp_diag vd = {{0}};
+        if (!o->precision_fixed && bf16 && !base->train.par->mixed_bf16 && sp->np < 4 &&
+            mp_par_validate(&mp, &vd) == MP_OK) {
+            sp->precs[sp->np] = MP_PREC_BF16;
+            sp->mixed[sp->np++] = true;
+        }
     } else {
         mp_parallel_default(&sp->pars[sp->npar++]);
     }
@@ -1225,7 +1243,7 @@ static enum mp_status search_space_eval(const struct mp_job *base, const struct 
                 sp->pars[pi].strategy != MP_PAR_NONE && sp->pars[pi].strategy != MP_PAR_DDP)
                 continue;
             struct mp_parallel cp = sp->pars[pi];
-            if (o->par_search && !o->precision_fixed && sp->precs[i] == MP_PREC_BF16)
+            if ((o->par_search && !o->precision_fixed && sp->precs[i] == MP_PREC_BF16) || sp->mixed[i])
                 cp.mixed_bf16 = true; /* the searched bf16 row is mixed-bf16 */
             if (mp_par_validate(&cp, &vd) != MP_OK)
                 continue;
