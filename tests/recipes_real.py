@@ -92,6 +92,26 @@ else:
           model.load_in_4bit and model.use_bnb_nested_quant and model.lora_r == 16 and model.lora_alpha == 32 and
           model.bnb_4bit_quant_type == "nf4",
           "trl-sft-qlora.yaml: trl's defaults are the ones memplan applies (max_length 1024, batch 8, float32, r 16)")
+    # the KTO recipes (--trainer kto): KTOConfig reads them; memplan's reading of each (estimate --json)
+    # says what TRL's does: the batch, the length, LoRA, the KL term (loss_type kto)
+    from trl import KTOConfig
+    kparser = HfArgumentParser((ScriptArguments, KTOConfig, ModelConfig))
+    _, kto, kmodel = kparser.parse_yaml_file(D + "/trl-kto-lora.yaml", allow_extra_keys=False)
+    import subprocess
+    mp = os.environ.get("MEMPLAN", "./memplan")
+    if os.access(mp, os.X_OK):
+        r = subprocess.run([mp, "estimate", "--trainer", "kto", "--recipe", D + "/trl-kto-lora.yaml", "--json"],
+                           capture_output=True, text=True)
+        cfg = json.loads(r.stdout)["config"] if r.returncode in (0, 1) else {}
+        check(cfg.get("batch") == kto.per_device_train_batch_size and cfg.get("seq_len") == kto.max_length and
+              kto.loss_type == "kto" and kto.precompute_ref_log_probs is False and kmodel.use_peft and
+              cfg.get("reference") == "adapter-disabled" and cfg.get("trainer") == "kto",
+              "trl-kto-lora.yaml: KTOConfig (trl %s) and memplan read batch %s, max_length %s, loss_type kto, "
+              "PEFT (the reference the adapter disabled)" % (trl.__version__, cfg.get("batch"), cfg.get("seq_len")))
+    _, apo, _ = kparser.parse_yaml_file(D + "/trl-kto-apo.yaml", allow_extra_keys=False)
+    _, one, _ = kparser.parse_yaml_file(D + "/trl-kto-batch1.yaml", allow_extra_keys=False)
+    check(apo.loss_type == "apo_zero_unpaired" and one.per_device_train_batch_size == 1,
+          "trl-kto-apo.yaml, trl-kto-batch1.yaml: KTOConfig reads the values memplan refuses (no KL term; 1 example)")
 
 # bf16 weights with bf16=True are memplan's bf16-amp (src/recipe/recipe.c precision_of): the Trainer
 # hands mixed_precision "bf16" to accelerate, whose prepare() wraps the forward in autocast whatever

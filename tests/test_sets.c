@@ -171,19 +171,31 @@ static void test_precisions_dtypes_attention(void **state)
     assert_string_equal(mp_attn_impl_names(", ", " or "), "sdpa, flash or eager");
 }
 
-/* --trainer: the names in the table's order; sft and dpo modelled, the rest refused with a reason;
- * DPO's example is a pair (chosen, rejected): 2 sequences */
+/* --trainer: the names in the table's order; sft, dpo and kto modelled, the rest refused with a
+ * reason; DPO's example is a pair (chosen, rejected): 2 sequences; KTO's one, 2 examples at least
+ * (trl kto_trainer.py:844-847), a KL forward of the policy and two of the reference a step
+ * (:1337-1368, :1425-1436); TRL's config classes by name */
 static void test_trainers(void **state)
 {
     (void)state;
     assert_string_equal(mp_trainer_names(", ", " or "), "sft, dpo, kto, orpo or grpo");
     for (int i = 0; i <= MP_TRAINER_GRPO; i++) {
         assert_int_equal(mp_trainer_parse(mp_trainer_str((enum mp_trainer)i)), i);
-        assert_true((mp_trainer_unmodelled((enum mp_trainer)i) == NULL) == (i <= MP_TRAINER_DPO));
+        assert_true((mp_trainer_unmodelled((enum mp_trainer)i) == NULL) == (i <= MP_TRAINER_KTO));
     }
     assert_int_equal(mp_trainer_parse("ppo"), -1);
     assert_int_equal(mp_trainer_seqs(MP_TRAINER_SFT), 1);
     assert_int_equal(mp_trainer_seqs(MP_TRAINER_DPO), 2);
+    assert_int_equal(mp_trainer_seqs(MP_TRAINER_KTO), 1);
+    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_DPO), 1);
+    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_KTO), 2);
+    assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_SFT), 0);
+    assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_DPO), 1);
+    assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_KTO), 2);
+    assert_int_equal(mp_trainer_kl_fwds(MP_TRAINER_KTO), 1);
+    assert_int_equal(mp_trainer_kl_fwds(MP_TRAINER_DPO), 0);
+    assert_string_equal(mp_trainer_config(MP_TRAINER_KTO), "KTOConfig");
+    assert_string_equal(mp_trainer_config(MP_TRAINER_DPO), "DPOConfig");
     assert_string_equal(mp_ref_mode_str(MP_REF_ADAPTER), "adapter-disabled");
 }
 

@@ -9,7 +9,9 @@ Rows: the tiny Llama of dpo_step.py, Llama-3.2-1B cut to 2 decoder layers (rowli
 bf16 weights, 2 pairs x 1025 tokens (prompt 513), each with the reference as a frozen copy, the
 adapter disabled (LoRA r16 all-linear), or precomputed log-probs; checkpointing none and layers;
 the most informative rows first (ROWS), each written to --out as it finishes, and a row is not
-started when --budget-s would not leave it the time the slowest of its config took.
+started when --budget-s would not leave it the time the slowest of its config took.  After them,
+KTO_ROWS: TRL's KTOTrainer (its KL forward, the policy, two reference forwards; kto_step.py's
+stub and batch) at the same sequences (2 x pairs examples), against memplan --trainer kto.
 The step is TRL 1.16.0's own: DPOTrainer._compute_loss on dpo_step.Stub (its docstring), then
 loss.backward(), AdamW(foreach) step, zero_grad.  Here TRL's fused head takes its CUDA branches
 itself (Triton kernels, compact gather): nothing is patched.  After one warm-up step,
@@ -59,6 +61,29 @@ ROWS = [(TINY, "full", "none", False), (TINY, "lora", "none", False), (TINY, "fu
         (ONE_B, "full", "none", False), (ONE_B16, "full", "none", False), (TINY, "full", "layers", False), (TINY, "lora", "layers", False),
         (TINY, "full", "layers", True), (ONE_B, "lora", "none", False), (ONE_B, "full", "none", True),
         (ONE_B, "full", "layers", False), (ONE_B16, "lora", "layers", False)]
+# TRL's KTOTrainer (--trainer kto, bench/accuracy/kto_step.py on the CPU): the same rows' shapes,
+# 2 x pairs examples (the same sequences), after DPO's
+KTO_ROWS = [(TINY, "full", "none", False), (TINY, "lora", "none", False), (ONE_B, "full", "none", False),
+            (ONE_B16, "lora", "layers", False), (TINY, "full", "none", True)]
+
+
+def trainer_parts(trainer):
+    """What a row of trainer ("dpo", "kto") runs: TRL's trainer class, its module (whose
+    disable_gradient_checkpointing wraps the reference forwards), its stub, the policy head's
+    outputs, the batch maker (vocabulary, pairs, seq, prompt, precompute, device) and memplan's
+    arguments (dpo_step.memplan_args' signature)."""
+    import dpo_step
+    if trainer == "kto":
+        import kto_step
+        from trl import KTOTrainer
+        import trl.trainer.kto_trainer as mod
+        return (KTOTrainer, mod, kto_step.Stub, ("log_probs", "entropy", "mean_logits"),
+                lambda v, pairs, seq, prompt, pre, dev: kto_step.kto_inputs(v, 2 * pairs, seq, prompt, pre, dev),
+                lambda ft, ck, pairs, seq, frac, pre: kto_step.memplan_args(ft, ck, 2 * pairs, seq, frac, pre))
+    from trl import DPOTrainer
+    import trl.trainer.dpo_trainer as mod
+    return (DPOTrainer, mod, dpo_step.Stub, ("log_probs", "entropy", "mean_logits", "is_top1"),
+            dpo_step.dpo_inputs, dpo_step.memplan_args)
 FIRST_ROW_S = {TINY: 15.0, ONE_B: 40.0, ONE_B16: 40.0}  # a config's first row may take (Triton's compile, the model's init)
 
 
@@ -139,11 +164,9 @@ def trace_len(torch):
 def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), snapshot_all=False):
     import torch
     import transformers
-    from trl import DPOTrainer
     from trl.trainer.utils import add_fused_lm_head
-    import trl.trainer.dpo_trainer as dt
     import rowlib
-    from dpo_step import CONFIG, dpo_inputs, memplan_args, memplan_run, prepare
+    from dpo_step import CONFIG, memplan_run, prepare
 
     t_start = T0
     dev = torch.device("cpu" if smoke else "cuda")
@@ -154,7 +177,8 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
         torch.cuda.memory_allocated = lambda *a, **k: 0
     one_b = os.path.join(ROOT, "models/hf/llama-3.2-1b.json")
     configs = {TINY: CONFIG, ONE_B: rowlib.load_config(one_b, 2), ONE_B16: rowlib.load_config(one_b)}
-    todo = [r for r in ROWS if r[0] == TINY] if smoke else ROWS
+    rows = [r + ("dpo",) for r in ROWS] + [r + ("kto",) for r in KTO_ROWS]
+    todo = [r for r in rows if r[0] == TINY] if smoke else rows
     pairs, seq, prompt = (1, 65, 33) if smoke else (2, 1025, 513)
     result = {"status": "partial", "workspaces": workspace_probe(torch, dev), "rows": []}
     if not smoke:
@@ -169,14 +193,15 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
     ws_one = ws["after_forward_mm"] - ws["start"]  # one handle's (the main thread's)
     slowest = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, ft, ck, pre in todo:
-            if only and not any(x in "%s/%s/%s/%s" % (name, ft, ck, "precompute" if pre else "ref") for x in only):
+        for name, ft, ck, pre, trainer in todo:
+            label = "%s/%s/%s/%s%s" % (name, ft, ck, "precompute" if pre else "ref", "/kto" if trainer == "kto" else "")
+            if only and not any(x in label for x in only):
                 continue
             need = 1.2 * slowest.get(name, FIRST_ROW_S[name])
             if budget_s is not None and time.perf_counter() - t_start + need > budget_s:
-                result.setdefault("skipped", []).append("%s/%s/%s/%s: needs ~%.0f s" % (
-                    name, ft, ck, "precompute" if pre else "ref", need))
+                result.setdefault("skipped", []).append("%s: needs ~%.0f s" % (label, need))
                 continue
+            Trainer, dt, stub_cls, outputs, make_inputs, memplan_args = trainer_parts(trainer)
             t_row = time.perf_counter()
             cfgd = configs[name]
             path = os.path.join(tmp, "c.json")
@@ -192,10 +217,9 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
                 if ft == "full" and not pre:
                     ref = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(dev).eval()
                     ref.requires_grad_(False)
-            model, stub, opt = prepare(model, ref, ft, ck, pre, add_fused_lm_head,
-                                       ("log_probs", "entropy", "mean_logits", "is_top1"))
+            model, stub, opt = prepare(model, ref, ft, ck, pre, add_fused_lm_head, outputs, stub_cls)
             stub.accelerator.device = dev
-            inputs = dpo_inputs(cfg.vocab_size, pairs, seq, prompt, pre, dev)
+            inputs = make_inputs(cfg.vocab_size, pairs, seq, prompt, pre, dev)
             ph, alloc_before, recording, snap_note, ref_note, ref_window = {}, None, False, None, None, [0, 0]
             orig = dt.disable_gradient_checkpointing
 
@@ -231,7 +255,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
                             snap_note = "record_memory_history: %s" % e
                     torch.cuda.reset_peak_memory_stats()
                     ph.clear()
-                    loss = DPOTrainer._compute_loss(stub, model, inputs, False)
+                    loss = Trainer._compute_loss(stub, model, inputs, False)
                     key = "loss" if "reference_forward" in ph else "policy_forward"
                     ph[key] = torch.cuda.max_memory_allocated()
                     torch.cuda.reset_peak_memory_stats()
@@ -272,7 +296,8 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
             secs = time.perf_counter() - t_row
             slowest[name] = max(slowest.get(name, 0.0), secs)
             result["rows"].append({
-                "config": name, "finetune": ft, "checkpoint": ck, "precompute": pre, "pairs": pairs, "seq": seq,
+                "config": name, "trainer": trainer, "finetune": ft, "checkpoint": ck, "precompute": pre,
+                "pairs": pairs, "seq": seq,
                 "prompt": prompt, "args": args, "torch_peak": peak, "memplan_peak": mp,
                 "peak_pct": round(100.0 * (mp - peak) / peak, 3), "torch_ref_forward_peak": ref_peak,
                 "memplan_ref_forward_peak": mref,
