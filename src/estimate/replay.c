@@ -166,6 +166,10 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
         bool before = stopped && k + 1 == end && packs_before_run(n); /* the stop before n runs */
+        if (n->fwd_tmp_first) { /* (an HF composite: its transients' blocks go to what it keeps) */
+            tmp(r, (int)k, n->fwd_tmp_bytes, true);
+            tmp(r, (int)k, n->fwd_tmp_bytes, false);
+        }
         if (n->out != n->in[0] && !fop_makes(p, n, n->out) && !before)
             t_alloc(r, n->out);
         for (int j = 0; j < n->n_extra; j++)
@@ -211,12 +215,14 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
             if (n->out != n->in[0] && !fop_makes(p, n, n->out))
                 t_alloc(r, n->out);
         }
-        tmp(r, (int)k, n->fwd_tmp_bytes, true);
+        if (!n->fwd_tmp_first)
+            tmp(r, (int)k, n->fwd_tmp_bytes, true);
         if (n->n_fops)
             fwd_ops(r, n, (int)k, grad);
         else
             emit_fwd(r, (int)k, grad, 0);
-        tmp(r, (int)k, n->fwd_tmp_bytes, false);
+        if (!n->fwd_tmp_first)
+            tmp(r, (int)k, n->fwd_tmp_bytes, false);
         if (k + 1 == all && !stopped)
             r->holds[bp->output]++; /* the chain holds x_{i+1} before anything can free it */
         node_uses(r, n, -1, true, frames && !before);

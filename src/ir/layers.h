@@ -348,6 +348,10 @@ struct mp_node {
     bool fwd_grads;               /* its gradients were made in the forward and kept as its saved
                                      MP_XR_LOSS_GRAD extras (Liger): backward hands them on, so the
                                      replay releases them as it makes the gradients (no new bytes) */
+    bool fwd_tmp_first;           /* its forward's transients are made and die before its output and
+                                     kept tensors are made (an HF composite activation: pow(x, 3) and
+                                     the polynomial, then tanh, 1 + tanh and the product reuse their
+                                     blocks): the replay requests them first */
     bool col_sum_weight;          /* param[0]'s gradient is a (rows, n) product summed over the rows by
                                      the engine (a composite norm's weight * normed): torch's CUDA
                                      column sum (mp_col_sum_staging); a Linear's bias always is */

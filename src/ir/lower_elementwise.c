@@ -128,6 +128,7 @@ struct val lower_act(struct bld *B, struct val x, enum mp_act act, bool inplace,
             *pt = add(B, *pt, mul(B, elems, i < n32 ? 4 : mp_dtype_size(xdt)));
         }
         tmp_parts(B, n, false, (int)cnt, roles, parts);
+        n->fwd_tmp_first = true;
     }
     /* backward of HF's composites: the x-sized tensors their chain of autograd nodes holds beyond
      * a fused kernel's gradients (model.h's bwd column, measured); an output promoted to fp32 by a
