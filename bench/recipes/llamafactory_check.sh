@@ -1,0 +1,40 @@
+#!/bin/sh
+# llamafactory_check.sh - LLaMA-Factory's own argument parser reads memplan's LLaMA-Factory recipes
+# and the one `suggest --write-recipe` writes back, in a stack LLaMA-Factory 0.9.5 supports
+# (its extras/misc.py check_dependencies: transformers <= 5.6.0, peft <= 0.20.0, trl <= 0.24.0,
+# datasets <= 4.0.0).  Needs pip and the network; installs into DIR (default /tmp/memplan-lf)
+# with --no-deps beside the system's torch and accelerate.  Not part of make test
+# (tests/recipes_real.py checks these files as YAML where llamafactory does not import).
+#   sh bench/recipes/llamafactory_check.sh [DIR]
+set -eu
+cd "$(dirname "$0")/../.."
+D=${1:-/tmp/memplan-lf}
+pip install -q --no-deps --target "$D" llamafactory==0.9.5 omegaconf antlr4-python3-runtime==4.9.3 \
+    transformers==5.6.0 tokenizers==0.22.2 "huggingface_hub>=1.5,<2" datasets==4.0.0 peft==0.20.0 \
+    trl==0.24.0 httpx httpcore h11
+OUT=$(mktemp -d)
+./memplan suggest --recipe tests/data/recipes/llamafactory-lora.yaml --gpu a100-40gb --no-probe --json \
+    --write-recipe "$OUT/written.yaml" > "$OUT/rec.json"
+PYTHONPATH="$D" python3 - "$OUT" <<'PY'
+import json, sys
+import transformers, peft, trl, datasets
+from transformers import HfArgumentParser
+import transformers.training_args as ta
+ta.is_torch_bf16_gpu_available = lambda *a, **k: True  # as on an Ampere+ GPU: bf16=True needs one
+from llamafactory.hparams.parser import _TRAIN_ARGS
+out = sys.argv[1]
+print("transformers %s, peft %s, trl %s, datasets %s" % (transformers.__version__, peft.__version__,
+                                                         trl.__version__, datasets.__version__))
+rec = json.load(open(out + "/rec.json"))["recommendation"]
+bad = 0
+for path in ("tests/data/recipes/llamafactory-lora.yaml", "tests/data/recipes/llamafactory-defaults.yaml",
+             out + "/written.yaml"):
+    m, d, t, f, g = HfArgumentParser(_TRAIN_ARGS).parse_yaml_file(path, allow_extra_keys=False)
+    print("ok   %s: batch %d, accumulation %d, bf16 %s, %s, cutoff_len %d" % (
+        path, t.per_device_train_batch_size, t.gradient_accumulation_steps, t.bf16, f.finetuning_type, d.cutoff_len))
+    if path.endswith("written.yaml") and (t.per_device_train_batch_size, t.gradient_accumulation_steps) != \
+            (rec["micro_batch"], rec["grad_accum"]):
+        print("FAIL the written recipe is not memplan's plan (%d, %d)" % (rec["micro_batch"], rec["grad_accum"]))
+        bad += 1
+sys.exit(bad)
+PY
