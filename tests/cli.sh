@@ -2253,7 +2253,7 @@ expect_line 3 "LLaMA-Factory defaults: reentrant checkpointing refused" check --
 grep -q "use_reentrant_gc (the trainer's default): true: reentrant" "$T/err" && ok "names use_reentrant_gc" ||
     bad "LLaMA-Factory reentrant refusal message"
 expect_line 3 "torchtune: its chunked loss refused" check --recipe $R/torchtune-full.yaml --gpu a100-80gb
-grep -q "torchtune-full.yaml:36: loss._component_: torchtune.modules.loss.LinearCrossEntropyLoss" "$T/err" &&
+grep -q "torchtune-full.yaml:36: loss._component_: torchtune.modules.loss.CEWithChunkedOutputLoss" "$T/err" &&
     ok "torchtune refusal names loss._component_ and line 36" || bad "torchtune refusal message"
 printf 'base_model: models/hf/gpt2.json\nsample_packing: true\n' >"$T/pack.yaml"
 expect_line 3 "Axolotl sample_packing under SDPA refused" check --recipe "$T/pack.yaml" --gpu a100-80gb

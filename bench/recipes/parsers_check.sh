@@ -2,8 +2,11 @@
 # parsers_check.sh - the trainers' own parsers read memplan's recipe corpus and the recipes
 # `suggest --write-recipe` writes back: LLaMA-Factory 0.9.5's HfArgumentParser over its dataclasses,
 # in a stack it supports (its extras/misc.py check_dependencies: transformers <= 5.6.0, peft <=
-# 0.20.0, trl <= 0.24.0, datasets <= 4.0.0), and Axolotl 0.19.0's pydantic AxolotlInputConfig.
-# Needs pip and the network; installs into DIR/lf and DIR/axolotl (default DIR /tmp/memplan-parsers)
+# 0.20.0, trl <= 0.24.0, datasets <= 4.0.0), Axolotl 0.19.0's pydantic AxolotlInputConfig, and
+# torchtune 0.6.1's config.validate (every _component_ importable, its arguments bound; memplan
+# refuses that recipe's loss, which it cannot write back).
+# Needs pip and the network; installs into DIR/lf, DIR/axolotl and DIR/tt (default DIR
+# /tmp/memplan-parsers)
 # with --no-deps beside the system's torch and accelerate.  Not part of make test
 # (tests/recipes_real.py checks these files as YAML where the trainers do not import).
 #   sh bench/recipes/parsers_check.sh [DIR]
@@ -12,6 +15,8 @@ cd "$(dirname "$0")/../.."
 R=${1:-/tmp/memplan-parsers}
 D=$R/lf
 pip install -q --no-deps --target "$R/axolotl" axolotl==0.19.0 pillow
+pip install -q --no-deps --target "$R/tt" torchtune==0.6.1 torchao==0.13.0 omegaconf antlr4-python3-runtime==4.9.3 \
+    sentencepiece tiktoken
 pip install -q --no-deps --target "$D" llamafactory==0.9.5 omegaconf antlr4-python3-runtime==4.9.3 \
     transformers==5.6.0 tokenizers==0.22.2 "huggingface_hub>=1.5,<2" datasets==4.0.0 peft==0.20.0 \
     trl==0.24.0 httpx httpcore h11
@@ -62,4 +67,14 @@ for path in ("tests/data/recipes/axolotl-full.yaml", "tests/data/recipes/axolotl
         print("FAIL the written recipe is not memplan's plan (%d, %d)" % (rec["micro_batch"], rec["grad_accum"]))
         bad += 1
 sys.exit(bad)
+PY
+PYTHONPATH="$R/tt" python3 - <<'PY'
+from omegaconf import OmegaConf
+import torchtune
+from torchtune.config._validate import validate
+for path in ("tests/data/recipes/torchtune-full.yaml",):
+    cfg = OmegaConf.load(path)
+    validate(cfg)
+    print("ok   %s: torchtune %s's config.validate (batch_size %d, gradient_accumulation_steps %d)" % (
+        path, torchtune.__version__, cfg.batch_size, cfg.gradient_accumulation_steps))
 PY

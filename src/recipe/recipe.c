@@ -729,7 +729,8 @@ static void derive_loss(struct reader *rd)
     }
     if (!strcmp(loss, "torchtune")) { /* (--loss refuses it too; here the key is named) */
         refuse(rd, key, v->line, v->v, "%s",
-               "torchtune's chunked linear cross-entropy runs on torchtune's own model code: not modelled yet");
+               "torchtune's chunked losses (LinearCrossEntropyLoss, CEWithChunkedOutputLoss) run on torchtune's "
+               "own model code: not modelled yet");
         return;
     }
     put(rd, MP_RS_LOSS, loss, F_LOSS);
