@@ -1054,6 +1054,18 @@ expect_line 2 "--trainer kto --loss hf (KTO's head is TRL's fused one)" estimate
     --trainer kto --loss hf
 expect_line 2 "--trainer kto with data parallelism" estimate models/hf/qwen3-0.6b.json --trainer kto --gpus 2 \
     --parallel ddp
+expect_line 2 "suggest --trainer kto --max-batch 1 (below KTO's 2)" suggest models/hf/qwen3-0.6b.json --trainer kto \
+    --gpu a100-40gb --no-probe --max-batch 1
+# nothing fits a KTO step: the alternatives are at its least micro-batch, 2, and none is a
+# data-parallel world (a reference model across GPUs is refused)
+run suggest models/hf/llama-3-8b.json --trainer kto --gpu t4 --no-probe
+if [ "$ec" = 1 ] && grep -q "even micro-batch 2 with every" "$T/out" && grep -q "at micro-batch 2" "$T/out" &&
+    ! grep -q "micro-batch 1" "$T/out" && ! grep -q "FSDP\|ZeRO" "$T/out"; then
+    ok "suggest --trainer kto, nothing fits: micro-batch 2 throughout, no data-parallel world proposed"
+else
+    echo "expected exit 1, 'micro-batch 2' and no micro-batch 1 nor FSDP/ZeRO in the report" >"$T/why"
+    bad "suggest --trainer kto, nothing fits: micro-batch 2 throughout, no data-parallel world proposed"
+fi
 expect_line 3 "a KTOConfig loss_type without a KL term: refused" estimate --trainer kto \
     --recipe tests/data/recipes/trl-kto-apo.yaml
 expect_line 3 "a KTOConfig at one example a device: refused, naming the key" estimate --trainer kto \

@@ -602,6 +602,14 @@ static int check_rules(const struct command *c, struct args *a)
     }
     if (!a->batch_set && a->batch < mp_trainer_min_batch(tr))
         a->batch = mp_trainer_min_batch(tr);
+    uint64_t least = mp_trainer_min_batch(tr);
+    if ((a->max_batch && a->max_batch < least) || (a->global_batch && a->global_batch < least)) {
+        snprintf(why, sizeof why, "--trainer %s with --%s %llu: TRL's KTOTrainer needs %llu or more examples a device",
+                 tn, a->max_batch && a->max_batch < least ? "max-batch" : "global-batch",
+                 (unsigned long long)(a->max_batch && a->max_batch < least ? a->max_batch : a->global_batch),
+                 (unsigned long long)least);
+        return cli_usage_error(c->name, "%s", why);
+    }
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)
         return cli_usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
     /* a strategy whose plan does not model a frozen base yet: refused, not ignored (suggest

@@ -732,6 +732,13 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
         c->fits = true;
         c->micro_batch = o->global_batch ? largest_divisor_le(o->global_batch, bmax) : bmax;
         c->grad_accum = o->global_batch ? o->global_batch / c->micro_batch : 1;
+        if (c->micro_batch < mp_trainer_min_batch(job->build.trainer)) { /* (KTO: no divisor of the
+                                                                            * global batch from 2 to bmax) */
+            c->fits = false;
+            c->micro_batch = mp_trainer_min_batch(job->build.trainer);
+            c->grad_accum = mp_max_u64(o->global_batch / c->micro_batch, 1);
+            return MP_OK;
+        }
     }
     (*evals)++;
     st = cand_set_batch(job, c, c->micro_batch, c->grad_accum, d);
@@ -1393,9 +1400,9 @@ static bool gpu_alternative(struct mp_job *j, const struct mp_gpu *target, const
         if (ok) {
             char a[32], b[32];
             snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
-                     "--gpu %s: peak %s of %s usable at micro-batch 1 (checkpoint every:1), fits",
+                     "--gpu %s: peak %s of %s usable at micro-batch %llu (checkpoint every:1), fits",
                      gpus[i].name, mp_fmt_bytes(f.peak_device_bytes, a, sizeof a),
-                     mp_fmt_bytes(f.usable_bytes, b, sizeof b));
+                     mp_fmt_bytes(f.usable_bytes, b, sizeof b), (unsigned long long)j->build.batch);
         }
         mp_fit_release(&f);
         if (ok) {
@@ -1416,8 +1423,9 @@ static void fit_alternative(const struct mp_job *j, const char *what, struct mp_
         return;
     char a[32], b[32];
     snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
-             "%s: peak %s of %s usable at micro-batch 1 (checkpoint every:1)%s", what,
+             "%s: peak %s of %s usable at micro-batch %llu (checkpoint every:1)%s", what,
              mp_fmt_bytes(f.peak_device_bytes, a, sizeof a), mp_fmt_bytes(f.usable_bytes, b, sizeof b),
+             (unsigned long long)j->build.batch,
              f.fits             ? ", fits"
              : f.fits_allocated ? ", does not fit the caching allocator's segments"
                                 : ", still does not fit");
@@ -1483,7 +1491,7 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     if (!any_fit) /* (the probes refuted it: no allocator setting helps) */
         expandable_alternative(base, o_in, argv0, s);
     struct mp_job j = *base;
-    j.build.batch = 1;
+    j.build.batch = mp_trainer_min_batch(base->build.trainer); /* 1 (KTO: 2) */
     j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_EVERY, .k = 1};
     j.build.precision = o->precision_fixed ? o->precision : prec;
     /* verdicts at the device level where the allocator is simulated, as the choice's */
@@ -1499,7 +1507,12 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     lora_alternative(base, o_in, argv0, s, d);
     j.build.precision = o->precision_fixed ? o->precision : prec;
     bool gpu_found = gpu_alternative(&j, &base->gpu, argv0, s, d);
-    if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
+    if (!gpu_found && mp_trainer_ref_fwds(base->build.trainer) &&
+        s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
+        snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
+                 "no single GPU profile in configs/gpus fits it at micro-batch %llu (a %s step across GPUs is "
+                 "not modelled yet)", (unsigned long long)j.build.batch, mp_trainer_str(base->build.trainer));
+    else if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
         snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0], "%s",
                  no_world && base->build.ft.mode != MP_FT_FULL /* (ZeRO-3 with a frozen base: not tried) */
                      ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 on up "
@@ -1515,7 +1528,8 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
         snprintf(s->note, sizeof s->note, "the estimate said it fits but the probes ran out of memory at every "
                                           "batch they tried; rerun with a larger --margin");
     else
-        snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch 1 with every block checkpointed");
+        snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch %llu with every block checkpointed",
+                 (unsigned long long)mp_trainer_min_batch(base->build.trainer));
     /* the smallest data-parallel world that fits (the full search: suggest --gpus N) */
     if (world_alt[0]) {
         if (s->n_alternatives == sizeof s->alternatives / sizeof s->alternatives[0])
@@ -1641,7 +1655,8 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     /* a fine-tune whose sharding is not modelled (QLoRA: DDP only, which does not shrink what a
      * rank holds) is never proposed a world (cli refuses it) */
     if (s->best < 0 && !base->train.par && !o->par_search && !o_in->no_alternatives &&
-        mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode))
+        mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode) &&
+        !mp_trainer_ref_fwds(base->build.trainer)) /* (a reference under data parallelism: refused) */
         no_world = !world_alternative(base, o, sp.precs[0], argv0, world_alt, sizeof world_alt, d);
     bool any_fit = s->best >= 0;
     if (s->best >= 0 && o->probe && (st = probe_best(base, o, s, &bf16_only, d)) != MP_OK) {
