@@ -152,6 +152,16 @@ def prepare(model, ref, ft, ckpt, precompute, add_fused_lm_head, outputs, stub_c
     return model, stub, opt
 
 
+def ref_copy(cfg, model):
+    """The reference TRL makes for full fine-tuning without precomputed log-probs: the model again
+    in its dtype, frozen, in eval mode (dpo_trainer.py:916-927, kto_trainer.py:919-938)."""
+    ref = transformers.LlamaForCausalLM(cfg).to(model.dtype)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
 def dpo_inputs(vocab, pairs, seq, prompt, precompute, dev):
     """The batch DPO's collator makes (dpo_trainer.py:297-365), no padding: 2 x pairs full rows."""
     ids = torch.randint(0, vocab, (2 * pairs, seq), device=dev)
@@ -170,12 +180,7 @@ def dpo_step(ft, ckpt, pairs, seq, prompt, precompute, prec="bf16"):
     model, cfg = build(prec)
     add_fused_lm_head = trl_cuda_branches()
     outputs = ("log_probs", "entropy", "mean_logits", "is_top1")  # dpo_trainer.py:957
-    ref = None
-    if ft == "full" and not precompute:  # dpo_trainer.py:916-927: the model again, in its dtype
-        ref = transformers.LlamaForCausalLM(cfg).to(model.dtype)
-        ref.eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
+    ref = ref_copy(cfg, model) if ft == "full" and not precompute else None  # dpo_trainer.py:916-927
     model, stub, opt = prepare(model, ref, ft, ckpt, precompute, add_fused_lm_head, outputs)
     if prec == "amp-bf16":
         for m in (model, ref):

@@ -106,12 +106,7 @@ def kto_step(config, ft, ckpt, n, seq, prompt, precompute, prec="bf16"):
     from trl import KTOTrainer
     model, cfg = build(config, prec)
     add_fused_lm_head = trl_cuda_branches()
-    ref = None
-    if ft == "full" and not precompute:  # kto_trainer.py:919-938: the model again, in its dtype
-        ref = transformers.LlamaForCausalLM(cfg).to(model.dtype)
-        ref.eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
+    ref = dpo_step.ref_copy(cfg, model) if ft == "full" and not precompute else None  # kto_trainer.py:919-938
     # kto_trainer.py:966-969: the policy's head outputs; the reference's its defaults
     model, stub, opt = dpo_step.prepare(model, ref, ft, ckpt, precompute, add_fused_lm_head,
                                         ("log_probs", "entropy", "mean_logits"), Stub)

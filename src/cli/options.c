@@ -584,25 +584,26 @@ static int check_rules(const struct command *c, struct args *a)
     if (pref && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
         return cli_usage_error(c->name, "--trainer %s with --gpus/--nodes/--parallel: the reference model's "
                                         "placement under data parallelism is not modelled yet", tn);
-    if (a->batch_set && a->batch < mp_trainer_min_batch(tr)) { /* kto_trainer.py:844-847 raises */
+    uint64_t least = mp_trainer_min_batch(tr);
+    if (a->batch_set && a->batch < least) { /* kto_trainer.py:844-847 raises */
         const struct mp_recipe_setting *rb = a->rec ? &a->rec->s[MP_RS_BATCH] : NULL;
+        bool keyed = rb && rb->set && rb->line && rb->src != MP_RSRC_COMMAND_LINE; /* the recipe's key decided it */
         char where[1200];
-        if (rb && rb->set && rb->line && rb->src != MP_RSRC_COMMAND_LINE) /* the recipe's key decided it: name it */
+        if (keyed)
             snprintf(where, sizeof where, "%s:%u: %s: %llu", a->rec->path, rb->line, rb->key,
                      (unsigned long long)a->batch);
         else
             snprintf(where, sizeof where, "--trainer %s --batch %llu", tn, (unsigned long long)a->batch);
         snprintf(why, sizeof why, "%s: TRL's KTOTrainer needs %llu or more examples a device (its KL term pairs each "
-                 "example with another's completion)", where, (unsigned long long)mp_trainer_min_batch(tr));
-        if (rb && rb->set && rb->line && rb->src != MP_RSRC_COMMAND_LINE) {
+                 "example with another's completion)", where, (unsigned long long)least);
+        if (keyed) {
             fprintf(stderr, "memplan: error: %s\n", why);
             return MP_EXIT_INPUT;
         }
         return cli_usage_error(c->name, "%s", why);
     }
-    if (!a->batch_set && a->batch < mp_trainer_min_batch(tr))
-        a->batch = mp_trainer_min_batch(tr);
-    uint64_t least = mp_trainer_min_batch(tr);
+    if (!a->batch_set && a->batch < least)
+        a->batch = least;
     if ((a->max_batch && a->max_batch < least) || (a->global_batch && a->global_batch < least)) {
         snprintf(why, sizeof why, "--trainer %s with --%s %llu: TRL's KTOTrainer needs %llu or more examples a device",
                  tn, a->max_batch && a->max_batch < least ? "max-batch" : "global-batch",

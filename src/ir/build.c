@@ -477,8 +477,6 @@ static uint64_t floor_pow2(uint64_t n)
     return p;
 }
 
-static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
-
 /* Reduce.cuh's configuration of a sum over the rows of a row-major (m, n) input ("vectorize along
  * output": the reduced dimension is not the fastest-striding one): n / vec outputs across a warp's
  * lanes (vec 4, 2 or 1: what divides n), 512 / vec threads at most, the rows over the block's warps
@@ -498,19 +496,17 @@ uint64_t mp_col_sum_staging(uint64_t m, uint64_t n, uint64_t esize, unsigned sms
     uint64_t vec = n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
     uint64_t maxt = 512 / vec, dim0 = n / vec;
     uint64_t p0 = dim0 < maxt ? floor_pow2(dim0) : maxt, p1 = m < maxt ? floor_pow2(m) : maxt;
-    uint64_t bw = min_u64(p0, 32);
-    uint64_t bh = min_u64(p1, maxt / bw);
-    bw = min_u64(p0, maxt / bh);
+    uint64_t bw = mp_min_u64(p0, 32);
+    uint64_t bh = mp_min_u64(p1, maxt / bw);
+    bw = mp_min_u64(p0, maxt / bh);
     uint64_t grid = mp_ceil_div(dim0, bw);
-    if (m < min_u64(bh * 16, 256))
+    if (m < mp_min_u64(bh * 16, 256))
         return 0; /* each warp sums outputs of its own: no block sums another's */
     uint64_t vpt = mp_ceil_div(m, bh);
     uint64_t target = (uint64_t)sms * (sm_threads / (bw * bh));
     if (vpt < 256 || grid > target)
         return 0;
-    uint64_t ctas = min_u64(mp_ceil_div(target, grid), mp_ceil_div(vpt, 16));
-    if (ctas < mp_ceil_div(vpt, 256))
-        ctas = mp_ceil_div(vpt, 256);
+    uint64_t ctas = mp_max_u64(mp_min_u64(mp_ceil_div(target, grid), mp_ceil_div(vpt, 16)), mp_ceil_div(vpt, 256));
     if (ctas <= 1)
         return 0;
     uint64_t bytes;
@@ -556,12 +552,10 @@ void col_sum_staging(struct bld *B)
             uint64_t both = add(B, stg, sem), need = add(B, two > gin ? two - gin : 0, both);
             bytes[0] = (bytes[0] > need ? bytes[0] : need) - both;
         }
-        if (c + 2 > MP_NODE_TMP_MAX) {
-            roles[c] = MP_TR_COL_SUM;
-            bytes[c++] = add(B, stg, sem);
-        } else {
-            roles[c] = MP_TR_COL_SUM;
-            bytes[c++] = stg;
+        bool room = c + 2 <= MP_NODE_TMP_MAX; /* (else the semaphores join the buffer's request) */
+        roles[c] = MP_TR_COL_SUM;
+        bytes[c++] = room ? stg : add(B, stg, sem);
+        if (room) {
             roles[c] = MP_TR_COL_SUM;
             bytes[c++] = sem;
         }

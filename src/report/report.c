@@ -239,6 +239,12 @@ static enum mp_trainer trainer_of(const struct mp_report_ctx *c)
     return c->build ? c->build->trainer : c->prog ? c->prog->opts.trainer : MP_TRAINER_SFT;
 }
 
+/* How a DPO / KTO step gets its reference log-probs (mp_train_opts.ref), as the reports say it. */
+static const char *ref_desc(enum mp_ref_mode r)
+{
+    return r == MP_REF_COPY ? "a frozen copy" : r == MP_REF_ADAPTER ? "the adapter disabled" : "log-probs precomputed";
+}
+
 /* "DPO", "KTO": the trainer's TRL name (its config class less "Config"), into buf. */
 static const char *trl_name(enum mp_trainer t, char *buf, size_t cap)
 {
@@ -687,9 +693,7 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 mp_optimizer_hf(c->train->optimizer),
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
-        const char *refd = c->train->ref == MP_REF_COPY      ? "a frozen copy"
-                           : c->train->ref == MP_REF_ADAPTER ? "the adapter disabled"
-                                                             : "log-probs precomputed";
+        const char *refd = ref_desc(c->train->ref);
         if (c->build->trainer == MP_TRAINER_DPO)
             fprintf(out, "trainer   dpo (TRL 1.16.0 DPOTrainer): %llu pair%s, %llu sequences (chosen+rejected); "
                     "reference %s\n", (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s",
@@ -1631,10 +1635,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         if (mp_trainer_ref_fwds(tr))
             fprintf(out, "  trainer            %s (TRL 1.16.0 %sTrainer): micro-batch counts %s; reference %s\n",
                     mp_trainer_str(tr), trl_name(tr, tn, sizeof tn),
-                    tr == MP_TRAINER_KTO ? "examples (2 or more)" : "chosen/rejected pairs",
-                    c->train->ref == MP_REF_COPY      ? "a frozen copy"
-                    : c->train->ref == MP_REF_ADAPTER ? "the adapter disabled"
-                                                      : "log-probs precomputed");
+                    tr == MP_TRAINER_KTO ? "examples (2 or more)" : "chosen/rejected pairs", ref_desc(c->train->ref));
         if (loss_of(c) != MP_LOSS_HF)
             fprintf(out, "  loss head          %s (%s); label fraction %.3g\n", mp_loss_str(loss_of(c)),
                     mp_trainer_ref_fwds(tr) ? "TRL's fused LM head, policy and reference" : mp_loss_how(loss_of(c)),

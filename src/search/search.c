@@ -724,21 +724,18 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
     }
     c->precision = job->build.precision;
     c->ckpt = job->ckpt;
-    if (bmax == 0) {
+    uint64_t least = mp_trainer_min_batch(job->build.trainer); /* (KTO's KL term: 2) */
+    uint64_t mb = bmax && o->global_batch ? largest_divisor_le(o->global_batch, bmax) : bmax;
+    if (mb < least) { /* nothing fits, or (KTO) no divisor of the global batch from 2 to bmax */
         c->fits = false;
-        c->micro_batch = mp_trainer_min_batch(job->build.trainer);
-        c->grad_accum = o->global_batch ? mp_max_u64(o->global_batch / c->micro_batch, 1) : 1;
+        c->micro_batch = least;
+        c->grad_accum = o->global_batch ? mp_max_u64(o->global_batch / least, 1) : 1;
+        if (bmax) /* (the fitting-batch checks below do not apply) */
+            return MP_OK;
     } else {
         c->fits = true;
-        c->micro_batch = o->global_batch ? largest_divisor_le(o->global_batch, bmax) : bmax;
-        c->grad_accum = o->global_batch ? o->global_batch / c->micro_batch : 1;
-        if (c->micro_batch < mp_trainer_min_batch(job->build.trainer)) { /* (KTO: no divisor of the
-                                                                            * global batch from 2 to bmax) */
-            c->fits = false;
-            c->micro_batch = mp_trainer_min_batch(job->build.trainer);
-            c->grad_accum = mp_max_u64(o->global_batch / c->micro_batch, 1);
-            return MP_OK;
-        }
+        c->micro_batch = mb;
+        c->grad_accum = o->global_batch ? o->global_batch / mb : 1;
     }
     (*evals)++;
     st = cand_set_batch(job, c, c->micro_batch, c->grad_accum, d);
@@ -753,7 +750,7 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
      * allocator's slack is a few percent of the batch's bytes, so the boundary is usually near)
      * galloping down (1, 2, 4... below), then bisecting; with a global batch, its divisors from
      * the top. */
-    uint64_t lo = 0, hi = c->micro_batch, step = 1, least = mp_trainer_min_batch(job->build.trainer);
+    uint64_t lo = 0, hi = c->micro_batch, step = 1;
     for (unsigned k = 0; k < MP_DEVICE_SCAN && !o->global_batch && hi > least; k++) {
         bool ok = false;
         if ((st = device_fits_at(job, hi - 1, 1, &ok, evals, d)) != MP_OK)
