@@ -2333,6 +2333,39 @@ assert p["activations_bytes"] - o["activations_bytes"] == 24 * x, (p["activation
     fi
 fi
 
+# ---- an HF family's blocks written in memplan JSON ------------------------------------------
+
+# tests/data/models/ holds Gemma-2-2B and Qwen3-30B-A3B written by hand in memplan JSON (the keys of
+# docs/model-format.md): the memory of a step is their config.json's, bar the KV-cache copies
+# (--use-cache off), which memplan JSON has no key for.
+if [ -n "$HAVE_PY" ]; then
+    for mm in gemma-2-2b qwen3-30b-a3b; do
+        for oo in "--batch 2 --seq 512" "--batch 1 --checkpoint layers -p bf16-amp" \
+            "--finetune lora --lora-targets q_proj,v_proj --batch 4 --seq 256"; do
+            # shellcheck disable=SC2086
+            run estimate models/hf/$mm.json --use-cache off $oo --json
+            cp "$T/out" "$T/hfm.json"
+            # shellcheck disable=SC2086
+            run estimate tests/data/models/$mm.json $oo --json
+            if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+assert a["memory"] == b["memory"], [(k, a["memory"][k], b["memory"].get(k)) for k in a["memory"]
+                                     if a["memory"][k] != b["memory"].get(k)]
+assert a["model"]["params"] == b["model"]["params"]
+' "$T/hfm.json" "$T/out" 2>"$T/why"; then
+                ok "$mm in memplan JSON, $oo: the memory of its config.json"
+            else
+                bad "$mm in memplan JSON, $oo: the memory of its config.json"
+            fi
+        done
+    done
+fi
+expect_msg 2 "memplan JSON mixture of experts: LoRA's all-linear default refused" \
+    "peft's all-linear also adapts the MoE routers" estimate tests/data/models/qwen3-30b-a3b.json --finetune lora
+expect_msg 2 "memplan JSON mixture of experts: LoRA on the MLP names refused" \
+    "peft maps the MLP names" estimate tests/data/models/qwen3-30b-a3b.json --finetune qlora --lora-targets up_proj
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

@@ -351,7 +351,7 @@ static void test_common_name_type_seq(void **state)
             assert_int_equal(m.blocks[b].repeat_group, 1);
             assert_int_equal(m.blocks[b].n_layers, 1);
             assert_int_equal(m.blocks[b].layers[0].type, MP_LT_TRANSFORMER_BLOCK);
-            assert_false(m.blocks[b].layers[0].impl_set);
+            assert_false(m.blocks[b].layers[0].attn.impl_set);
         }
         mp_model_release(&m);
     }
@@ -405,26 +405,26 @@ static void test_gpt2_lowering(void **state)
 
     l = block_layer(&m, 1, 0);
     assert_int_equal(l->dim, 768);
-    assert_int_equal(l->heads, 12);
-    assert_int_equal(l->kv_heads, 12);
-    assert_int_equal(l->head_dim, 64);
-    assert_int_equal(l->ffn, 3072);
-    assert_int_equal(l->act, MP_ACT_GELU_NEW);
-    assert_int_equal(l->norm, MP_NORM_LAYERNORM);
-    assert_true(l->norm_bias);
-    assert_true(l->fused_qkv && l->qkv_bias && l->out_bias && l->mlp_bias && l->causal);
-    assert_false(l->gated || l->rope || l->parallel_residual || l->post_norm);
-    assert_float_equal(l->attn_dropout, 0.1, 1e-12);
+    assert_int_equal(l->attn.heads, 12);
+    assert_int_equal(l->attn.kv_heads, 12);
+    assert_int_equal(l->attn.head_dim, 64);
+    assert_int_equal(l->mlp.ffn, 3072);
+    assert_int_equal(l->mlp.act, MP_ACT_GELU_NEW);
+    assert_int_equal(l->norm.kind, MP_NORM_LAYERNORM);
+    assert_true(l->norm.bias);
+    assert_true(l->attn.fused_qkv && l->attn.qkv_bias && l->attn.out_bias && l->mlp.bias && l->attn.causal);
+    assert_false(l->mlp.gated || l->rope.on || l->parallel_residual || l->norm.post);
+    assert_float_equal(l->attn.dropout, 0.1, 1e-12);
     assert_float_equal(l->p, 0.1, 1e-12);
 
     assert_int_equal(m.blocks[13].n_layers, 2);
     l = block_layer(&m, 13, 0);
     assert_int_equal(l->type, MP_LT_LAYERNORM);
-    assert_true(l->norm_bias);
+    assert_true(l->norm.bias);
     l = block_layer(&m, 13, 1);
     assert_int_equal(l->type, MP_LT_LM_HEAD);
     assert_int_equal(l->vocab, 50257);
-    assert_true(l->tied);
+    assert_true(l->head.tied);
     assert_false(l->bias);
     mp_model_release(&m);
 }
@@ -441,9 +441,9 @@ static void test_gpt2_n_inner_and_aliases(void **state)
     assert_int_equal(m.seq_len, 32);
     assert_int_equal(m.blocks[0].n_layers, 2); /* no dropout layer at p = 0 */
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_int_equal(l->ffn, 96);
-    assert_int_equal(l->act, MP_ACT_RELU);
-    assert_false(block_layer(&m, 2, 1)->tied);
+    assert_int_equal(l->mlp.ffn, 96);
+    assert_int_equal(l->mlp.act, MP_ACT_RELU);
+    assert_false(block_layer(&m, 2, 1)->head.tied);
     /* wte 100h + wpe 32h; layer: two layernorms 4h, c_attn h*3h+3h, c_proj h*h+h, c_fc h*96+96,
      * mlp c_proj 96*h+h; ln_f 2h; untied lm_head 100h */
     uint64_t h = 64, layer = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * 96 + 96) + (96 * h + h);
@@ -465,22 +465,22 @@ static void test_llama_lowering(void **state)
     load_ok(&m, "models/hf/llama-2-7b.json");
     assert_int_equal(m.blocks[0].n_layers, 1);
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_int_equal(l->heads, 32);
-    assert_int_equal(l->kv_heads, 32);
-    assert_int_equal(l->head_dim, 128);
-    assert_int_equal(l->ffn, 11008);
-    assert_int_equal(l->act, MP_ACT_SILU);
-    assert_int_equal(l->norm, MP_NORM_RMSNORM);
-    assert_true(l->gated && l->rope && l->causal);
-    assert_int_equal(l->rotary_dim, 0);
-    assert_false(l->fused_qkv || l->qkv_bias || l->out_bias || l->mlp_bias || l->norm_bias);
+    assert_int_equal(l->attn.heads, 32);
+    assert_int_equal(l->attn.kv_heads, 32);
+    assert_int_equal(l->attn.head_dim, 128);
+    assert_int_equal(l->mlp.ffn, 11008);
+    assert_int_equal(l->mlp.act, MP_ACT_SILU);
+    assert_int_equal(l->norm.kind, MP_NORM_RMSNORM);
+    assert_true(l->mlp.gated && l->rope.on && l->attn.causal);
+    assert_int_equal(l->rope.dim, 0);
+    assert_false(l->attn.fused_qkv || l->attn.qkv_bias || l->attn.out_bias || l->mlp.bias || l->norm.bias);
     assert_float_equal(l->p, 0.0, 0.0);
     assert_int_equal(block_layer(&m, 33, 0)->type, MP_LT_RMSNORM);
-    assert_false(block_layer(&m, 33, 1)->tied);
+    assert_false(block_layer(&m, 33, 1)->head.tied);
     mp_model_release(&m);
 
     load_ok(&m, "models/hf/llama-2-70b.json");
-    assert_int_equal(block_layer(&m, 1, 0)->kv_heads, 8);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.kv_heads, 8);
     assert_int_equal(m.n_blocks, 82);
     mp_model_release(&m);
 }
@@ -491,17 +491,17 @@ static void test_mistral_kv_default_and_seq_cap(void **state)
     struct mp_model m;
     load_ok(&m, "models/hf/mistral-7b.json");
     assert_int_equal(m.seq_len, 2048); /* min(32768, 2048) */
-    assert_int_equal(block_layer(&m, 1, 0)->kv_heads, 8);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.kv_heads, 8);
     mp_model_release(&m);
     /* MistralConfig defaults num_key_value_heads to 8 when the key is absent; null means heads */
     load_str_ok(&m, "{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 256, "
                     "\"num_hidden_layers\": 1, \"num_attention_heads\": 16, \"intermediate_size\": 64}");
-    assert_int_equal(block_layer(&m, 1, 0)->kv_heads, 8);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.kv_heads, 8);
     mp_model_release(&m);
     load_str_ok(&m, "{\"model_type\": \"mistral\", \"vocab_size\": 100, \"hidden_size\": 256, "
                     "\"num_hidden_layers\": 1, \"num_attention_heads\": 16, \"intermediate_size\": 64, "
                     "\"num_key_value_heads\": null}");
-    assert_int_equal(block_layer(&m, 1, 0)->kv_heads, 16);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.kv_heads, 16);
     mp_model_release(&m);
 }
 
@@ -511,12 +511,12 @@ static void test_qwen2_biases_and_tying(void **state)
     struct mp_model m;
     load_ok(&m, "models/hf/qwen2-0.5b.json");
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_int_equal(l->heads, 14);
-    assert_int_equal(l->kv_heads, 2);
-    assert_int_equal(l->head_dim, 64);
-    assert_true(l->qkv_bias);
-    assert_false(l->out_bias || l->mlp_bias);
-    assert_true(block_layer(&m, 25, 1)->tied);
+    assert_int_equal(l->attn.heads, 14);
+    assert_int_equal(l->attn.kv_heads, 2);
+    assert_int_equal(l->attn.head_dim, 64);
+    assert_true(l->attn.qkv_bias);
+    assert_false(l->attn.out_bias || l->mlp.bias);
+    assert_true(block_layer(&m, 25, 1)->head.tied);
     mp_model_release(&m);
 }
 
@@ -526,13 +526,13 @@ static void test_neox_partial_rotary_parallel(void **state)
     struct mp_model m;
     load_ok(&m, "models/hf/pythia-160m.json");
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_int_equal(l->rotary_dim, 16); /* 0.25 * 64 */
-    assert_true(l->rope && l->fused_qkv && l->parallel_residual && l->qkv_bias && l->out_bias && l->mlp_bias);
-    assert_false(l->shared_norm || l->gated);
-    assert_int_equal(l->act, MP_ACT_GELU);
+    assert_int_equal(l->rope.dim, 16); /* 0.25 * 64 */
+    assert_true(l->rope.on && l->attn.fused_qkv && l->parallel_residual && l->attn.qkv_bias && l->attn.out_bias && l->mlp.bias);
+    assert_false(l->norm.shared || l->mlp.gated);
+    assert_int_equal(l->mlp.act, MP_ACT_GELU);
     const struct mp_layer *h = block_layer(&m, 13, 1);
     assert_string_equal(h->name, "embed_out");
-    assert_false(h->tied || h->bias);
+    assert_false(h->head.tied || h->bias);
     mp_model_release(&m);
     /* rope_parameters.partial_rotary_factor (transformers 5 layout) wins over rotary_pct */
     load_str_ok(&m, "{\"model_type\": \"gpt_neox\", \"vocab_size\": 100, \"hidden_size\": 64, "
@@ -540,7 +540,7 @@ static void test_neox_partial_rotary_parallel(void **state)
                     "\"rotary_pct\": 1.0, \"rope_parameters\": {\"partial_rotary_factor\": 0.5}, "
                     "\"use_parallel_residual\": false}");
     l = block_layer(&m, 1, 0);
-    assert_int_equal(l->rotary_dim, 8);
+    assert_int_equal(l->rope.dim, 8);
     assert_false(l->parallel_residual);
     mp_model_release(&m);
 }
@@ -551,14 +551,14 @@ static void test_phi_shared_norm_and_lm_bias(void **state)
     struct mp_model m;
     load_ok(&m, "models/hf/phi-2.json");
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_int_equal(l->rotary_dim, 32); /* 0.4 * 80 */
-    assert_true(l->parallel_residual && l->shared_norm && l->qkv_bias && l->out_bias && l->mlp_bias);
-    assert_false(l->fused_qkv || l->gated);
+    assert_int_equal(l->rope.dim, 32); /* 0.4 * 80 */
+    assert_true(l->parallel_residual && l->norm.shared && l->attn.qkv_bias && l->attn.out_bias && l->mlp.bias);
+    assert_false(l->attn.fused_qkv || l->mlp.gated);
     assert_float_equal(l->p, 0.1, 1e-12);
     assert_int_equal(m.blocks[0].n_layers, 1); /* embd_pdrop 0 */
     const struct mp_layer *h = block_layer(&m, 33, 1);
     assert_true(h->bias);
-    assert_false(h->tied);
+    assert_false(h->head.tied);
     mp_model_release(&m);
 }
 
@@ -568,11 +568,11 @@ static void test_gemma_head_dim_and_act(void **state)
     struct mp_model m;
     load_ok(&m, "models/hf/gemma-2b.json");
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_int_equal(l->head_dim, 256);
-    assert_int_equal(l->kv_heads, 1);
-    assert_int_equal(l->act, MP_ACT_GELU_TANH); /* legacy "gelu" means the tanh approximation */
-    assert_true(l->gated && l->rope);
-    assert_true(block_layer(&m, 19, 1)->tied);
+    assert_int_equal(l->attn.head_dim, 256);
+    assert_int_equal(l->attn.kv_heads, 1);
+    assert_int_equal(l->mlp.act, MP_ACT_GELU_TANH); /* legacy "gelu" means the tanh approximation */
+    assert_true(l->mlp.gated && l->rope.on);
+    assert_true(block_layer(&m, 19, 1)->head.tied);
     mp_model_release(&m);
 }
 
@@ -595,13 +595,13 @@ static void test_bert_lowering(void **state)
     assert_int_equal(block_layer(&m, 0, 2)->vocab, 512);
     assert_float_equal(block_layer(&m, 0, 4)->p, 0.1, 1e-12);
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_true(l->post_norm && l->qkv_bias && l->out_bias && l->mlp_bias && l->norm_bias);
-    assert_false(l->causal || l->rope || l->gated || l->parallel_residual);
+    assert_true(l->norm.post && l->attn.qkv_bias && l->attn.out_bias && l->mlp.bias && l->norm.bias);
+    assert_false(l->attn.causal || l->rope.on || l->mlp.gated || l->parallel_residual);
     static const enum mp_layer_type head[] = {MP_LT_LINEAR, MP_LT_ACTIVATION, MP_LT_LAYERNORM, MP_LT_LM_HEAD};
     assert_int_equal(m.blocks[13].n_layers, 4);
     for (size_t i = 0; i < 4; i++)
         assert_int_equal(block_layer(&m, 13, i)->type, head[i]);
-    assert_true(block_layer(&m, 13, 3)->tied && block_layer(&m, 13, 3)->bias);
+    assert_true(block_layer(&m, 13, 3)->head.tied && block_layer(&m, 13, 3)->bias);
     mp_model_release(&m);
 }
 
@@ -817,50 +817,50 @@ static void test_table_families_lowering(void **state)
     struct mp_model m;
     load_ok(&m, "models/hf/qwen3-0.6b.json");
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_int_equal(l->qk_norm, MP_QK_NORM_HEAD);
-    assert_int_equal(l->head_dim, 128);
-    assert_int_equal(l->kv_heads, 8);
-    assert_false(l->qkv_bias || l->rms_fp32 || l->branch_norm);
+    assert_int_equal(l->attn.qk_norm, MP_QK_NORM_HEAD);
+    assert_int_equal(l->attn.head_dim, 128);
+    assert_int_equal(l->attn.kv_heads, 8);
+    assert_false(l->attn.qkv_bias || l->norm.rms_fp32 || l->norm.branch);
     mp_model_release(&m);
 
     load_ok(&m, "models/hf/olmo-2-7b.json");
     l = block_layer(&m, 1, 0);
-    assert_int_equal(l->qk_norm, MP_QK_NORM_ALL);
-    assert_true(l->rms_fp32 && l->branch_norm && l->no_pre_norm);
-    assert_true(block_layer(&m, m.n_blocks - 1, 0)->rms_fp32); /* the final norm too */
+    assert_int_equal(l->attn.qk_norm, MP_QK_NORM_ALL);
+    assert_true(l->norm.rms_fp32 && l->norm.branch && l->norm.no_pre);
+    assert_true(block_layer(&m, m.n_blocks - 1, 0)->norm.rms_fp32); /* the final norm too */
     mp_model_release(&m);
 
     load_ok(&m, "models/hf/phi-3-mini-4k.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->fused_qkv && l->fused_gate_up && l->gated);
-    assert_int_equal(l->rotary_dim, 0);
+    assert_true(l->attn.fused_qkv && l->mlp.fused_gate_up && l->mlp.gated);
+    assert_int_equal(l->rope.dim, 0);
     mp_model_release(&m);
 
     load_ok(&m, "models/hf/gemma-2-2b.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->impl_set && l->impl == MP_ATTN_EAGER); /* Gemma2 has no SDPA path */
-    assert_float_equal(l->attn_softcap, 50.0, 0.0);
-    assert_true(l->branch_norm && !l->no_pre_norm && l->rms_fp32);
-    assert_float_equal(block_layer(&m, m.n_blocks - 1, 1)->logit_softcap, 30.0, 0.0);
+    assert_true(l->attn.impl_set && l->attn.impl == MP_ATTN_EAGER); /* Gemma2 has no SDPA path */
+    assert_float_equal(l->attn.softcap, 50.0, 0.0);
+    assert_true(l->norm.branch && !l->norm.no_pre && l->norm.rms_fp32);
+    assert_float_equal(block_layer(&m, m.n_blocks - 1, 1)->head.softcap, 30.0, 0.0);
     mp_model_release(&m);
 
     load_ok(&m, "models/hf/gemma-3-1b.json");
     l = block_layer(&m, 1, 0);
-    assert_false(l->impl_set);
-    assert_float_equal(l->attn_softcap, 0.0, 0.0); /* null */
-    assert_int_equal(l->qk_norm, MP_QK_NORM_HEAD);
+    assert_false(l->attn.impl_set);
+    assert_float_equal(l->attn.softcap, 0.0, 0.0); /* null */
+    assert_int_equal(l->attn.qk_norm, MP_QK_NORM_HEAD);
     mp_model_release(&m);
 
     load_ok(&m, "models/hf/stablelm-2-1.6b.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->qkv_bias && l->no_attn_out_dropout);
-    assert_false(l->out_bias || l->mlp_bias || l->parallel_residual);
-    assert_int_equal(l->rotary_dim, 16); /* 0.25 * 64 */
+    assert_true(l->attn.qkv_bias && l->attn.no_out_dropout);
+    assert_false(l->attn.out_bias || l->mlp.bias || l->parallel_residual);
+    assert_int_equal(l->rope.dim, 16); /* 0.25 * 64 */
     mp_model_release(&m);
 
     load_ok(&m, "models/hf/starcoder2-3b.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->qkv_bias && l->out_bias && l->mlp_bias && !l->gated);
+    assert_true(l->attn.qkv_bias && l->attn.out_bias && l->mlp.bias && !l->mlp.gated);
     assert_float_equal(l->p, 0.1, 1e-12);
     assert_int_equal(m.blocks[0].layers[1].type, MP_LT_DROPOUT); /* embedding_dropout */
     mp_model_release(&m);
@@ -878,13 +878,13 @@ static void test_table_families_lowering(void **state)
 
     load_ok(&m, "models/hf/opt-125m.json");
     assert_int_equal(block_layer(&m, 0, 1)->vocab, 2050); /* OPTLearnedPositionalEmbedding: offset 2 */
-    assert_int_equal(block_layer(&m, 1, 0)->act, MP_ACT_RELU);
-    assert_float_equal(block_layer(&m, 1, 0)->attn_dropout, 0.0, 0.0);
+    assert_int_equal(block_layer(&m, 1, 0)->mlp.act, MP_ACT_RELU);
+    assert_float_equal(block_layer(&m, 1, 0)->attn.dropout, 0.0, 0.0);
     mp_model_release(&m);
 
     load_ok(&m, "models/hf/distilbert-base-uncased.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->post_norm && l->no_attn_out_dropout && !l->causal);
+    assert_true(l->norm.post && l->attn.no_out_dropout && !l->attn.causal);
     assert_int_equal(m.blocks[0].n_layers, 4); /* words, positions, LayerNorm, dropout */
     mp_model_release(&m);
 }
@@ -1014,100 +1014,100 @@ static void test_variants_2025_lowering(void **state)
     /* SmolLM3: no rotary on every 4th layer (no_rope_layers) */
     load_ok(&m, "models/hf/smollm3-3b.json");
     for (size_t i = 1; i <= 36; i++)
-        assert_int_equal(block_layer(&m, i, 0)->rope, i % 4 != 0);
-    assert_true(block_layer(&m, 1, 0)->rope);
+        assert_int_equal(block_layer(&m, i, 0)->rope.on, i % 4 != 0);
+    assert_true(block_layer(&m, 1, 0)->rope.on);
     mp_model_release(&m);
     /* without the list: every no_rope_layer_interval-th layer (here 2 of 4 layers are NoPE) */
     load_str_ok(&m, "{\"model_type\": \"smollm3\", \"vocab_size\": 100, \"hidden_size\": 64, "
                     "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"intermediate_size\": 128, "
                     "\"no_rope_layer_interval\": 2}");
-    assert_true(block_layer(&m, 1, 0)->rope && !block_layer(&m, 2, 0)->rope);
-    assert_true(block_layer(&m, 3, 0)->rope && !block_layer(&m, 4, 0)->rope);
+    assert_true(block_layer(&m, 1, 0)->rope.on && !block_layer(&m, 2, 0)->rope.on);
+    assert_true(block_layer(&m, 3, 0)->rope.on && !block_layer(&m, 4, 0)->rope.on);
     assert_int_equal(rope_nodes(&m), 4);
     mp_model_release(&m);
 
     /* EXAONE 4 32B: three sliding layers with rotary, then a full NoPE layer; two eager masks */
     load_ok(&m, "models/hf/exaone-4.0-32b.json");
     for (size_t i = 1; i <= 64; i++)
-        assert_int_equal(block_layer(&m, i, 0)->rope, i % 4 != 0);
+        assert_int_equal(block_layer(&m, i, 0)->rope.on, i % 4 != 0);
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_int_equal(l->qk_norm, MP_QK_NORM_HEAD);
-    assert_true(l->branch_norm && l->no_pre_norm && !l->rms_fp32);
-    assert_int_equal(l->eager_mask, 2);
+    assert_int_equal(l->attn.qk_norm, MP_QK_NORM_HEAD);
+    assert_true(l->norm.branch && l->norm.no_pre && !l->norm.rms_fp32);
+    assert_int_equal(l->attn.eager_mask, 2);
     mp_model_release(&m);
     /* 1.2B: no sliding window, every layer full with rotary */
     load_ok(&m, "models/hf/exaone-4.0-1.2b.json");
     for (size_t i = 1; i <= 30; i++)
-        assert_true(block_layer(&m, i, 0)->rope);
-    assert_int_equal(block_layer(&m, 1, 0)->eager_mask, 1);
+        assert_true(block_layer(&m, i, 0)->rope.on);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.eager_mask, 1);
     mp_model_release(&m);
 
     /* OLMo3: OLMo2's layer, a rotary table per layer type */
     load_ok(&m, "models/hf/olmo-3-7b.json");
     l = block_layer(&m, 1, 0);
-    assert_int_equal(l->qk_norm, MP_QK_NORM_ALL);
-    assert_true(l->rms_fp32 && l->branch_norm && l->no_pre_norm && l->rope);
-    assert_int_equal(l->rope_kinds, 2);
-    assert_int_equal(l->eager_mask, 2);
+    assert_int_equal(l->attn.qk_norm, MP_QK_NORM_ALL);
+    assert_true(l->norm.rms_fp32 && l->norm.branch && l->norm.no_pre && l->rope.on);
+    assert_int_equal(l->rope.kinds, 2);
+    assert_int_equal(l->attn.eager_mask, 2);
     mp_model_release(&m);
     /* Gemma3 too (26 layers: a full layer every 6th) */
     load_ok(&m, "models/hf/gemma-3-1b.json");
-    assert_int_equal(block_layer(&m, 1, 0)->rope_kinds, 2);
+    assert_int_equal(block_layer(&m, 1, 0)->rope.kinds, 2);
     mp_model_release(&m);
 
     /* interleaved rotary: GLM (partial 0.5, q/k/v biases only, fused gate_up), GLM-4-0414 (sandwich
      * norms), Helium (fp32-weight norms), ERNIE 4.5 (fp32 cos/sin) */
     load_ok(&m, "models/hf/glm-4-9b.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->rope_interleave && l->rope_cat && l->qkv_bias && l->fused_gate_up);
-    assert_false(l->out_bias || l->branch_norm || l->rope_fp32);
-    assert_int_equal(l->rotary_dim, 64);
-    assert_int_equal(l->kv_heads, 2);
+    assert_true(l->rope.interleave && l->rope.cat && l->attn.qkv_bias && l->mlp.fused_gate_up);
+    assert_false(l->attn.out_bias || l->norm.branch || l->rope.fp32);
+    assert_int_equal(l->rope.dim, 64);
+    assert_int_equal(l->attn.kv_heads, 2);
     mp_model_release(&m);
     load_ok(&m, "models/hf/glm-4-9b-0414.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->rope_interleave && l->branch_norm && !l->no_pre_norm && !l->rms_fp32);
+    assert_true(l->rope.interleave && l->norm.branch && !l->norm.no_pre && !l->norm.rms_fp32);
     mp_model_release(&m);
     load_ok(&m, "models/hf/helium-1-preview-2b.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->rope_interleave && l->rms_fp32 && !l->rope_cat);
-    assert_int_equal(l->rotary_dim, 0);
+    assert_true(l->rope.interleave && l->norm.rms_fp32 && !l->rope.cat);
+    assert_int_equal(l->rope.dim, 0);
     mp_model_release(&m);
     load_ok(&m, "models/hf/ernie-4.5-0.3b.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->rope_interleave && l->rope_fp32);
-    assert_float_equal(l->attn_dropout, 0.0, 0.0);
-    assert_true(block_layer(&m, m.n_blocks - 1, 1)->tied);
+    assert_true(l->rope.interleave && l->rope.fp32);
+    assert_float_equal(l->attn.dropout, 0.0, 0.0);
+    assert_true(block_layer(&m, m.n_blocks - 1, 1)->head.tied);
     mp_model_release(&m);
     load_ok(&m, "models/hf/olmo-2-7b.json"); /* OLMo2's cos/sin are fp32 too (not interleaved) */
     l = block_layer(&m, 1, 0);
-    assert_true(l->rope_fp32 && l->rope_cast_back && !l->rope_interleave);
+    assert_true(l->rope.fp32 && l->rope.cast_back && !l->rope.interleave);
     mp_model_release(&m);
     /* Cohere: one fp32 composite LayerNorm without bias for both parallel branches (the final
      * norm too), q/k rotated in fp32 and cast back, logits * logit_scale (0.125 in Aya) */
     load_ok(&m, "models/hf/aya-expanse-8b.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->ln_fp32 && !l->norm_bias && l->parallel_residual && l->shared_norm);
-    assert_true(l->rope_cast_back && !l->rope_fp32 && !l->rope_interleave);
-    assert_true(block_layer(&m, m.n_blocks - 1, 0)->ln_fp32);
+    assert_true(l->norm.ln_fp32 && !l->norm.bias && l->parallel_residual && l->norm.shared);
+    assert_true(l->rope.cast_back && !l->rope.fp32 && !l->rope.interleave);
+    assert_true(block_layer(&m, m.n_blocks - 1, 0)->norm.ln_fp32);
     assert_float_equal(block_layer(&m, m.n_blocks - 1, 1)->mult, 0.125, 0.0);
-    assert_true(block_layer(&m, m.n_blocks - 1, 1)->tied);
+    assert_true(block_layer(&m, m.n_blocks - 1, 1)->head.tied);
     mp_model_release(&m);
     /* Arcee: a non-gated relu2 MLP named up_proj / down_proj */
     load_ok(&m, "models/hf/afm-4.5b.json");
     l = block_layer(&m, 1, 0);
-    assert_int_equal(l->act, MP_ACT_RELU2);
-    assert_true(l->up_down && !l->gated && !l->mlp_bias);
-    assert_int_equal(l->kv_heads, 4);
+    assert_int_equal(l->mlp.act, MP_ACT_RELU2);
+    assert_true(l->mlp.up_down && !l->mlp.gated && !l->mlp.bias);
+    assert_int_equal(l->attn.kv_heads, 4);
     mp_model_release(&m);
 
     /* Seed-OSS: q/k/v biases, no o_proj bias, dropouts 0.1 by default */
     load_ok(&m, "models/hf/seed-oss-36b.json");
     l = block_layer(&m, 1, 0);
-    assert_true(l->qkv_bias && !l->out_bias && !l->mlp_bias);
-    assert_int_equal(l->head_dim, 128);
+    assert_true(l->attn.qkv_bias && !l->attn.out_bias && !l->mlp.bias);
+    assert_int_equal(l->attn.head_dim, 128);
     assert_float_equal(l->p, 0.1, 1e-12);
-    assert_float_equal(l->attn_dropout, 0.1, 1e-12);
+    assert_float_equal(l->attn.dropout, 0.1, 1e-12);
     mp_model_release(&m);
 }
 
@@ -1207,7 +1207,7 @@ static void test_error_variants_2025(void **state)
     struct mp_model m;
     load_str_ok(&m, EXAONE_TINY(", \"sliding_window_pattern\": \"LLLG\", \"layer_types\": [\"sliding_attention\", "
                                 "\"full_attention\"]"));
-    assert_true(block_layer(&m, 1, 0)->rope && !block_layer(&m, 2, 0)->rope);
+    assert_true(block_layer(&m, 1, 0)->rope.on && !block_layer(&m, 2, 0)->rope.on);
     mp_model_release(&m);
 }
 
@@ -1329,7 +1329,7 @@ static void test_head_lowering(void **state)
     assert_int_equal(h->n_layers, 2);
     assert_int_equal(h->layers[0].type, MP_LT_RMSNORM);
     assert_int_equal(h->layers[1].type, MP_LT_CLASSIFIER);
-    assert_int_equal(h->layers[1].pool, MP_POOL_LAST);
+    assert_int_equal(h->layers[1].head.pool, MP_POOL_LAST);
     assert_int_equal(h->layers[1].vocab, 2); /* num_labels default */
     assert_false(h->layers[1].bias);
     mp_model_release(&m);
@@ -1338,8 +1338,8 @@ static void test_head_lowering(void **state)
     h = &m.blocks[m.n_blocks - 1];
     assert_int_equal(h->n_layers, 4);
     assert_int_equal(h->layers[0].type, MP_LT_LINEAR);
-    assert_int_equal(h->layers[0].pool, MP_POOL_FIRST);
-    assert_int_equal(h->layers[1].act, MP_ACT_TANH);
+    assert_int_equal(h->layers[0].head.pool, MP_POOL_FIRST);
+    assert_int_equal(h->layers[1].mlp.act, MP_ACT_TANH);
     assert_float_equal(h->layers[2].p, 0.2, 1e-12);
     assert_true(h->layers[3].bias);
     mp_model_release(&m);
@@ -1756,13 +1756,13 @@ static void test_moe_layers_and_mla(void **state)
                     "\"tie_word_embeddings\": true}");
     assert_int_equal(params_of(&m), 305344u);
     for (size_t i = 0; i < 6; i++)
-        assert_int_equal(block_layer(&m, 1 + i, 0)->experts, i == 1 || i == 5 ? 6u : 0u);
+        assert_int_equal(block_layer(&m, 1 + i, 0)->moe.experts, i == 1 || i == 5 ? 6u : 0u);
     const struct mp_layer *l = block_layer(&m, 2, 0);
-    assert_int_equal(l->top_k, 2);
-    assert_int_equal(l->expert_ffn, 32);
-    assert_int_equal(l->shared_ffn, 48);
-    assert_true(l->shared_gate && l->shared_first && !l->norm_topk);
-    assert_int_equal(l->router, MP_ROUTER_SOFTMAX_CAST);
+    assert_int_equal(l->moe.top_k, 2);
+    assert_int_equal(l->moe.expert_ffn, 32);
+    assert_int_equal(l->moe.shared_ffn, 48);
+    assert_true(l->moe.shared_gate && l->moe.shared_first && !l->moe.norm_topk);
+    assert_int_equal(l->moe.router, MP_ROUTER_SOFTMAX_CAST);
     mp_model_release(&m);
     /* DeepSeek-V2: dense below first_k_dense_replace, n_shared_experts x moe width, a q
      * bottleneck, biases from attention_bias / mlp_bias, group-limited routing; 261,512 */
@@ -1774,26 +1774,26 @@ static void test_moe_layers_and_mla(void **state)
                     "\"attention_bias\": true, \"mlp_bias\": true, \"topk_method\": \"group_limited_greedy\", "
                     "\"n_group\": 4, \"topk_group\": 2}");
     assert_int_equal(params_of(&m), 261512u);
-    assert_int_equal(block_layer(&m, 2, 0)->experts, 0);
+    assert_int_equal(block_layer(&m, 2, 0)->moe.experts, 0);
     l = block_layer(&m, 3, 0);
-    assert_int_equal(l->experts, 8);
-    assert_int_equal(l->shared_ffn, 96);
-    assert_true(l->route_mask && l->rope_complex);
-    assert_int_equal(l->q_lora, 24);
-    assert_int_equal(l->kv_lora, 16);
+    assert_int_equal(l->moe.experts, 8);
+    assert_int_equal(l->moe.shared_ffn, 96);
+    assert_true(l->moe.route_mask && l->mla.rope_complex);
+    assert_int_equal(l->mla.q_lora, 24);
+    assert_int_equal(l->mla.kv_lora, 16);
     mp_model_release(&m);
     /* V2-Lite: q_lora_rank null is one q_proj; V3: sigmoid router, renormalized */
     load_ok(&m, "models/hf/deepseek-v2-lite.json");
-    assert_int_equal(block_layer(&m, 1, 0)->q_lora, 0);
-    assert_int_equal(block_layer(&m, 1, 0)->experts, 0);
-    assert_int_equal(block_layer(&m, 2, 0)->experts, 64);
+    assert_int_equal(block_layer(&m, 1, 0)->mla.q_lora, 0);
+    assert_int_equal(block_layer(&m, 1, 0)->moe.experts, 0);
+    assert_int_equal(block_layer(&m, 2, 0)->moe.experts, 64);
     mp_model_release(&m);
     load_ok(&m, "models/hf/deepseek-v3.json");
     l = block_layer(&m, 4, 0);
-    assert_int_equal(l->router, MP_ROUTER_FP32_SIGMOID);
-    assert_true(l->norm_topk && !l->rope_complex);
-    assert_int_equal(l->q_lora, 1536);
-    assert_int_equal(block_layer(&m, 3, 0)->experts, 0);
+    assert_int_equal(l->moe.router, MP_ROUTER_FP32_SIGMOID);
+    assert_true(l->moe.norm_topk && !l->mla.rope_complex);
+    assert_int_equal(l->mla.q_lora, 1536);
+    assert_int_equal(block_layer(&m, 3, 0)->moe.experts, 0);
     mp_model_release(&m);
 }
 
@@ -1814,22 +1814,22 @@ static void test_olmoe_granitemoe(void **state)
     struct mp_program p;
     load_ok(&m, "bench/accuracy/moe/olmoe-shrunk.json");
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_int_equal(l->experts, 8);
-    assert_int_equal(l->top_k, 2);
-    assert_int_equal(l->expert_ffn, 128); /* OlmoeExperts: intermediate_size */
-    assert_int_equal(l->qk_norm, MP_QK_NORM_ALL);
-    assert_true(l->clip_qkv && l->norm_topk && !l->rms_fp32);
-    assert_int_equal(l->router, MP_ROUTER_SOFTMAX_CAST);
+    assert_int_equal(l->moe.experts, 8);
+    assert_int_equal(l->moe.top_k, 2);
+    assert_int_equal(l->moe.expert_ffn, 128); /* OlmoeExperts: intermediate_size */
+    assert_int_equal(l->attn.qk_norm, MP_QK_NORM_ALL);
+    assert_true(l->attn.clip_qkv && l->moe.norm_topk && !l->norm.rms_fp32);
+    assert_int_equal(l->moe.router, MP_ROUTER_SOFTMAX_CAST);
     build_small(&m, &p);
     assert_int_equal(tensor_elems(&p, "gate.probs"), 16 * 8);
     mp_program_release(&p);
     mp_model_release(&m);
     load_ok(&m, "bench/accuracy/moe/granite-moe-shrunk.json");
     l = block_layer(&m, 1, 0);
-    assert_int_equal(l->experts, 8);
-    assert_int_equal(l->expert_ffn, 128);
-    assert_int_equal(l->router, MP_ROUTER_TOPK_SOFTMAX);
-    assert_true(!l->norm_topk && l->mult == 0.22); /* residual_multiplier */
+    assert_int_equal(l->moe.experts, 8);
+    assert_int_equal(l->moe.expert_ffn, 128);
+    assert_int_equal(l->moe.router, MP_ROUTER_TOPK_SOFTMAX);
+    assert_true(!l->moe.norm_topk && l->mult == 0.22); /* residual_multiplier */
     build_small(&m, &p);
     assert_int_equal(tensor_elems(&p, "gate.probs"), 16 * 2);
     mp_program_release(&p);
@@ -1965,9 +1965,9 @@ static void test_sliding_window_layers(void **state)
         struct mp_model m;
         load_str_ok(&m, json);
         for (size_t i = 0; i < 4; i++)
-            if (block_layer(&m, 1 + i, 0)->window != cases[k].want[i])
+            if (block_layer(&m, 1 + i, 0)->attn.window != cases[k].want[i])
                 fail_msg("%s: layer %zu: window %llu, want %llu", cases[k].json, i,
-                         (unsigned long long)block_layer(&m, 1 + i, 0)->window, (unsigned long long)cases[k].want[i]);
+                         (unsigned long long)block_layer(&m, 1 + i, 0)->attn.window, (unsigned long long)cases[k].want[i]);
         mp_model_release(&m);
     }
 }
@@ -1986,13 +1986,13 @@ static void test_families_s4(void **state)
     struct mp_model m;
     load_ok(&m, "models/hf/ministral-8b-instruct-2410.json");
     const struct mp_layer *l = block_layer(&m, 1, 0);
-    assert_int_equal(l->eager_mask, 2);
-    assert_int_equal(l->window, 32768);
-    assert_false(l->qkv_bias || l->out_bias || l->mlp_bias);
+    assert_int_equal(l->attn.eager_mask, 2);
+    assert_int_equal(l->attn.window, 32768);
+    assert_false(l->attn.qkv_bias || l->attn.out_bias || l->mlp.bias);
     mp_model_release(&m);
     load_str_ok(&m, "{\"model_type\": \"ministral\", \"vocab_size\": 100, \"hidden_size\": 64, "
                     "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"head_dim\": 8, \"intermediate_size\": 128}");
-    assert_int_equal(block_layer(&m, 1, 0)->kv_heads, 8);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.kv_heads, 8);
     mp_model_release(&m);
     /* transformers fails on both (MinistralAttention: head_dim None; the sliding mask: no window) */
     expect_error(MINISTRAL_TINY(""), MP_ERR_MODEL,
@@ -2010,7 +2010,7 @@ static void test_families_s4(void **state)
      * each (amp: the bf16 projections, 16 x 64 elements = 2048 bytes each) */
     load_str_ok(&m, "{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
                     "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": null}");
-    assert_false(block_layer(&m, 1, 0)->clip_qkv);
+    assert_false(block_layer(&m, 1, 0)->attn.clip_qkv);
     mp_model_release(&m);
     load_str_ok(&m, "{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
                     "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"clip_qkv\": 8.0}");

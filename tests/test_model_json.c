@@ -66,31 +66,34 @@ static const struct mp_layer *layer_at(const struct mp_model *m, size_t block, s
 /* Parameters of one layer, written from the PyTorch modules independently of layers.c. */
 static uint64_t ref_layer_params(const struct mp_layer *l)
 {
-    uint64_t hd = l->head_dim, q = l->heads * hd, kv = l->kv_heads * hd, norm;
-    uint64_t attn = l->dim * q + q * l->dim + 2 * l->dim * kv + (l->qkv_bias ? q + 2 * kv : 0) +
-                    (l->out_bias ? l->dim : 0);
-    uint64_t mlp = l->gated ? 3 * l->dim * l->ffn + (l->mlp_bias ? 2 * l->ffn + l->dim : 0)
-                            : 2 * l->dim * l->ffn + (l->mlp_bias ? l->ffn + l->dim : 0);
+    uint64_t hd = l->attn.head_dim, q = l->attn.heads * hd, kv = l->attn.kv_heads * hd, norm;
+    uint64_t attn = l->dim * q + q * l->dim + 2 * l->dim * kv + (l->attn.qkv_bias ? q + 2 * kv : 0) +
+                    (l->attn.out_bias ? l->dim : 0);
+    uint64_t mlp = l->mlp.gated ? 3 * l->dim * l->mlp.ffn + (l->mlp.bias ? 2 * l->mlp.ffn + l->dim : 0)
+                            : 2 * l->dim * l->mlp.ffn + (l->mlp.bias ? l->mlp.ffn + l->dim : 0);
     switch (l->type) {
     case MP_LT_EMBEDDING:
     case MP_LT_POS_EMBEDDING: return l->vocab * l->dim;
     case MP_LT_LINEAR: return l->in_features * l->out_features + (l->bias ? l->out_features : 0);
-    case MP_LT_LAYERNORM: return l->dim * (l->norm_bias ? 2 : 1);
+    case MP_LT_LAYERNORM: return l->dim * (l->norm.bias ? 2 : 1);
     case MP_LT_RMSNORM: return l->dim;
     case MP_LT_ATTENTION: return attn;
     case MP_LT_MLP: return mlp;
     case MP_LT_TRANSFORMER_BLOCK:
-        norm = l->dim * (l->norm == MP_NORM_LAYERNORM && l->norm_bias ? 2 : 1);
-        return attn + mlp + (l->shared_norm ? 1 : 2) * norm;
+        norm = l->dim * (l->norm.kind == MP_NORM_LAYERNORM && l->norm.bias ? 2 : 1);
+        return attn + mlp + (l->norm.shared ? 1 : 2) * norm;
     case MP_LT_CONV2D:
-        return l->out_ch * (l->in_ch / l->groups) * l->kernel * l->kernel + (l->bias ? l->out_ch : 0);
-    case MP_LT_BATCHNORM2D: return 2 * l->in_ch;
+        return l->conv.out_ch * (l->conv.in_ch / l->conv.groups) * l->conv.kernel * l->conv.kernel +
+               (l->bias ? l->conv.out_ch : 0);
+    case MP_LT_BATCHNORM2D: return 2 * l->conv.in_ch;
     case MP_LT_BOTTLENECK:
-        return l->in_ch * l->mid_ch + 2 * l->mid_ch + l->mid_ch * (l->mid_ch / l->groups) * 9 + 2 * l->mid_ch +
-               l->mid_ch * l->out_ch + 2 * l->out_ch + (l->downsample ? l->in_ch * l->out_ch + 2 * l->out_ch : 0);
-    case MP_LT_LM_HEAD: return (l->tied ? 0 : l->vocab * l->dim) + (l->bias ? l->vocab : 0);
+        return l->conv.in_ch * l->conv.mid_ch + 2 * l->conv.mid_ch +
+               l->conv.mid_ch * (l->conv.mid_ch / l->conv.groups) * 9 + 2 * l->conv.mid_ch +
+               l->conv.mid_ch * l->conv.out_ch + 2 * l->conv.out_ch +
+               (l->conv.downsample ? l->conv.in_ch * l->conv.out_ch + 2 * l->conv.out_ch : 0);
+    case MP_LT_LM_HEAD: return (l->head.tied ? 0 : l->vocab * l->dim) + (l->bias ? l->vocab : 0);
     case MP_LT_CLASSIFIER: return l->in_features * l->vocab + (l->bias ? l->vocab : 0);
-    case MP_LT_CUSTOM: return l->c_params;
+    case MP_LT_CUSTOM: return l->custom.params;
     default: return 0;
     }
 }
@@ -171,34 +174,34 @@ static void test_parse_token_ops(void **state)
 
     l = layer_at(&m, 1, 0);
     assert_int_equal(l->type, MP_LT_LAYERNORM);
-    assert_int_equal(l->norm, MP_NORM_LAYERNORM);
-    assert_false(l->norm_bias);
+    assert_int_equal(l->norm.kind, MP_NORM_LAYERNORM);
+    assert_false(l->norm.bias);
     l = layer_at(&m, 1, 1);
     assert_int_equal(l->type, MP_LT_ATTENTION);
-    assert_int_equal(l->heads, 4);
-    assert_int_equal(l->kv_heads, 2);
-    assert_int_equal(l->head_dim, 4);
-    assert_true(l->rope);
-    assert_int_equal(l->rotary_dim, 2);
-    assert_true(l->impl_set);
-    assert_int_equal(l->impl, MP_ATTN_FLASH);
-    assert_false(l->causal);
-    assert_float_equal(l->attn_dropout, 0.1, 1e-12);
-    assert_true(l->fused_qkv);
-    assert_false(l->qkv_bias);
-    assert_true(l->out_bias); /* "bias" defaults to true */
+    assert_int_equal(l->attn.heads, 4);
+    assert_int_equal(l->attn.kv_heads, 2);
+    assert_int_equal(l->attn.head_dim, 4);
+    assert_true(l->rope.on);
+    assert_int_equal(l->rope.dim, 2);
+    assert_true(l->attn.impl_set);
+    assert_int_equal(l->attn.impl, MP_ATTN_FLASH);
+    assert_false(l->attn.causal);
+    assert_float_equal(l->attn.dropout, 0.1, 1e-12);
+    assert_true(l->attn.fused_qkv);
+    assert_false(l->attn.qkv_bias);
+    assert_true(l->attn.out_bias); /* "bias" defaults to true */
     assert_int_equal(layer_at(&m, 1, 2)->type, MP_LT_RESIDUAL);
 
     l = layer_at(&m, 2, 0);
     assert_int_equal(l->type, MP_LT_RMSNORM);
-    assert_int_equal(l->norm, MP_NORM_RMSNORM);
+    assert_int_equal(l->norm.kind, MP_NORM_RMSNORM);
     assert_int_equal(l->dim, 16);
     l = layer_at(&m, 2, 1);
     assert_int_equal(l->type, MP_LT_MLP);
-    assert_int_equal(l->ffn, 48);
-    assert_true(l->gated);
-    assert_int_equal(l->act, MP_ACT_SILU); /* gated default */
-    assert_false(l->mlp_bias);
+    assert_int_equal(l->mlp.ffn, 48);
+    assert_true(l->mlp.gated);
+    assert_int_equal(l->mlp.act, MP_ACT_SILU); /* gated default */
+    assert_false(l->mlp.bias);
 
     l = layer_at(&m, 3, 0);
     assert_int_equal(l->type, MP_LT_LINEAR);
@@ -207,13 +210,13 @@ static void test_parse_token_ops(void **state)
     assert_false(l->bias);
     l = layer_at(&m, 3, 1);
     assert_int_equal(l->type, MP_LT_ACTIVATION);
-    assert_int_equal(l->act, MP_ACT_RELU);
+    assert_int_equal(l->mlp.act, MP_ACT_RELU);
     assert_true(l->inplace);
     assert_true(layer_at(&m, 3, 2)->bias); /* nn.Linear default */
 
     l = layer_at(&m, 5, 0); /* untied head: vocab/dim from the embedding */
     assert_int_equal(l->type, MP_LT_LM_HEAD);
-    assert_false(l->tied);
+    assert_false(l->head.tied);
     assert_true(l->bias);
     assert_int_equal(l->vocab, 64);
     assert_int_equal(l->dim, 16);
@@ -232,27 +235,27 @@ static void test_defaults_transformer_block(void **state)
     assert_string_equal(m.blocks[4].name, "transformer_block");
     assert_string_equal(l->name, "");
     assert_int_equal(l->dim, 16);
-    assert_int_equal(l->heads, 2);
-    assert_int_equal(l->kv_heads, 2);
-    assert_int_equal(l->head_dim, 8);
-    assert_int_equal(l->ffn, 64);
-    assert_int_equal(l->act, MP_ACT_GELU);
-    assert_false(l->gated);
-    assert_true(l->causal);
-    assert_true(l->qkv_bias);
-    assert_true(l->out_bias);
-    assert_true(l->mlp_bias);
-    assert_int_equal(l->norm, MP_NORM_LAYERNORM);
-    assert_true(l->norm_bias);
-    assert_false(l->fused_qkv);
-    assert_false(l->rope);
-    assert_int_equal(l->rotary_dim, 0);
-    assert_false(l->impl_set);
+    assert_int_equal(l->attn.heads, 2);
+    assert_int_equal(l->attn.kv_heads, 2);
+    assert_int_equal(l->attn.head_dim, 8);
+    assert_int_equal(l->mlp.ffn, 64);
+    assert_int_equal(l->mlp.act, MP_ACT_GELU);
+    assert_false(l->mlp.gated);
+    assert_true(l->attn.causal);
+    assert_true(l->attn.qkv_bias);
+    assert_true(l->attn.out_bias);
+    assert_true(l->mlp.bias);
+    assert_int_equal(l->norm.kind, MP_NORM_LAYERNORM);
+    assert_true(l->norm.bias);
+    assert_false(l->attn.fused_qkv);
+    assert_false(l->rope.on);
+    assert_int_equal(l->rope.dim, 0);
+    assert_false(l->attn.impl_set);
     assert_float_equal(l->p, 0.0, 0);
-    assert_float_equal(l->attn_dropout, 0.0, 0);
+    assert_float_equal(l->attn.dropout, 0.0, 0);
     assert_false(l->parallel_residual);
-    assert_false(l->shared_norm);
-    assert_false(l->post_norm);
+    assert_false(l->norm.shared);
+    assert_false(l->norm.post);
     mp_model_release(&m);
 
     /* Llama-style: rmsnorm has no bias; gated defaults to silu; explicit head_dim need not divide. */
@@ -264,15 +267,15 @@ static void test_defaults_transformer_block(void **state)
               &m);
     l = layer_at(&m, 1, 0);
     assert_string_equal(m.name, "t");
-    assert_int_equal(l->norm, MP_NORM_RMSNORM);
-    assert_false(l->norm_bias);
-    assert_int_equal(l->act, MP_ACT_SILU);
-    assert_int_equal(l->head_dim, 4);
-    assert_int_equal(l->kv_heads, 1);
-    assert_false(l->qkv_bias || l->out_bias || l->mlp_bias);
-    assert_true(l->impl_set);
-    assert_int_equal(l->impl, MP_ATTN_EAGER);
-    assert_true(l->parallel_residual && l->shared_norm);
+    assert_int_equal(l->norm.kind, MP_NORM_RMSNORM);
+    assert_false(l->norm.bias);
+    assert_int_equal(l->mlp.act, MP_ACT_SILU);
+    assert_int_equal(l->attn.head_dim, 4);
+    assert_int_equal(l->attn.kv_heads, 1);
+    assert_false(l->attn.qkv_bias || l->attn.out_bias || l->mlp.bias);
+    assert_true(l->attn.impl_set);
+    assert_int_equal(l->attn.impl, MP_ATTN_EAGER);
+    assert_true(l->parallel_residual && l->norm.shared);
     assert_float_equal(l->p, 0.2, 1e-12);
     assert_params_agree(&m);
     mp_model_release(&m);
@@ -305,40 +308,40 @@ static void test_parse_image_ops(void **state)
 
     const struct mp_layer *l = layer_at(&m, 0, 0);
     assert_int_equal(l->type, MP_LT_CONV2D);
-    assert_int_equal(l->in_ch, 3);
-    assert_int_equal(l->out_ch, 8);
-    assert_int_equal(l->kernel, 3);
-    assert_int_equal(l->stride, 1);
-    assert_int_equal(l->padding, 1);
-    assert_int_equal(l->groups, 1);
+    assert_int_equal(l->conv.in_ch, 3);
+    assert_int_equal(l->conv.out_ch, 8);
+    assert_int_equal(l->conv.kernel, 3);
+    assert_int_equal(l->conv.stride, 1);
+    assert_int_equal(l->conv.padding, 1);
+    assert_int_equal(l->conv.groups, 1);
     assert_false(l->bias);
     l = layer_at(&m, 0, 1);
     assert_int_equal(l->type, MP_LT_BATCHNORM2D);
-    assert_int_equal(l->in_ch, 8);
+    assert_int_equal(l->conv.in_ch, 8);
     assert_int_equal(l->dim, 8);
     l = layer_at(&m, 0, 3);
     assert_int_equal(l->type, MP_LT_MAXPOOL2D);
-    assert_int_equal(l->kernel, 2);
-    assert_int_equal(l->stride, 2); /* defaults to the kernel */
-    assert_int_equal(l->padding, 0);
+    assert_int_equal(l->conv.kernel, 2);
+    assert_int_equal(l->conv.stride, 2); /* defaults to the kernel */
+    assert_int_equal(l->conv.padding, 0);
     l = layer_at(&m, 1, 0);
     assert_int_equal(l->type, MP_LT_AVGPOOL2D);
-    assert_int_equal(l->stride, 1);
-    assert_int_equal(l->padding, 1);
+    assert_int_equal(l->conv.stride, 1);
+    assert_int_equal(l->conv.padding, 1);
 
     l = layer_at(&m, 2, 0);
     assert_int_equal(l->type, MP_LT_BOTTLENECK);
-    assert_int_equal(l->stride, 2);
-    assert_true(l->downsample); /* needed: stride 2 and 8 -> 16 channels */
+    assert_int_equal(l->conv.stride, 2);
+    assert_true(l->conv.downsample); /* needed: stride 2 and 8 -> 16 channels */
     l = layer_at(&m, 3, 0);
-    assert_int_equal(l->out_ch, 16); /* 4 x mid_ch */
-    assert_int_equal(l->stride, 1);
-    assert_false(l->downsample);
+    assert_int_equal(l->conv.out_ch, 16); /* 4 x mid_ch */
+    assert_int_equal(l->conv.stride, 1);
+    assert_false(l->conv.downsample);
 
     l = layer_at(&m, 4, 0);
     assert_int_equal(l->type, MP_LT_ADAPTIVE_AVGPOOL2D);
-    assert_int_equal(l->out_h, 2);
-    assert_int_equal(l->out_w, 2);
+    assert_int_equal(l->conv.out_h, 2);
+    assert_int_equal(l->conv.out_w, 2);
     assert_int_equal(layer_at(&m, 4, 1)->type, MP_LT_FLATTEN);
     l = layer_at(&m, 4, 2);
     assert_int_equal(l->type, MP_LT_CLASSIFIER);
@@ -354,12 +357,12 @@ static void test_parse_image_ops(void **state)
               " {\"type\": \"adaptive_avgpool2d\", \"out_h\": 2, \"out_w\": 1},"
               " {\"type\": \"adaptive_avgpool2d\"}]}",
               &m);
-    assert_int_equal(layer_at(&m, 0, 0)->out_h, 4);
-    assert_int_equal(layer_at(&m, 0, 0)->out_w, 2);
-    assert_int_equal(layer_at(&m, 1, 0)->out_h, 2);
-    assert_int_equal(layer_at(&m, 1, 0)->out_w, 1);
-    assert_int_equal(layer_at(&m, 2, 0)->out_h, 1);
-    assert_int_equal(layer_at(&m, 2, 0)->out_w, 1);
+    assert_int_equal(layer_at(&m, 0, 0)->conv.out_h, 4);
+    assert_int_equal(layer_at(&m, 0, 0)->conv.out_w, 2);
+    assert_int_equal(layer_at(&m, 1, 0)->conv.out_h, 2);
+    assert_int_equal(layer_at(&m, 1, 0)->conv.out_w, 1);
+    assert_int_equal(layer_at(&m, 2, 0)->conv.out_h, 1);
+    assert_int_equal(layer_at(&m, 2, 0)->conv.out_w, 1);
     mp_model_release(&m);
 }
 
@@ -378,10 +381,10 @@ static void test_parse_patch_embedding(void **state)
               &m);
     const struct mp_layer *l = layer_at(&m, 0, 0);
     assert_int_equal(l->type, MP_LT_PATCH_EMBEDDING);
-    assert_int_equal(l->in_ch, 3);
-    assert_int_equal(l->kernel, 8);
-    assert_true(l->cls_token);
-    assert_int_equal(layer_at(&m, 2, 1)->pool, MP_POOL_FIRST);
+    assert_int_equal(l->conv.in_ch, 3);
+    assert_int_equal(l->conv.kernel, 8);
+    assert_true(l->emb.cls_token);
+    assert_int_equal(layer_at(&m, 2, 1)->head.pool, MP_POOL_FIRST);
     struct mp_build_opts o;
     struct mp_program p;
     struct mp_diag d = {{0}};
@@ -417,23 +420,23 @@ static void test_parse_custom_and_inputs(void **state)
     const struct mp_layer *l = layer_at(&m, 0, 0);
     assert_string_equal(m.blocks[0].name, "a");
     assert_int_equal(l->type, MP_LT_CUSTOM);
-    assert_int_equal(l->c_output_bytes, 128);
-    assert_int_equal(l->c_saved_bytes, 128); /* defaults to the output */
-    assert_int_equal(l->c_params, 0);
-    assert_int_equal(l->c_fwd_flops, 0);
-    assert_int_equal(l->c_bwd_flops, 0);
+    assert_int_equal(l->custom.output_bytes, 128);
+    assert_int_equal(l->custom.saved_bytes, 128); /* defaults to the output */
+    assert_int_equal(l->custom.params, 0);
+    assert_int_equal(l->custom.fwd_flops, 0);
+    assert_int_equal(l->custom.bwd_flops, 0);
     l = layer_at(&m, 1, 0);
-    assert_int_equal(l->c_saved_bytes, 96);
-    assert_int_equal(l->c_params, 7);
-    assert_int_equal(l->c_fwd_flops, 1000);
-    assert_int_equal(l->c_bwd_flops, 2500);
+    assert_int_equal(l->custom.saved_bytes, 96);
+    assert_int_equal(l->custom.params, 7);
+    assert_int_equal(l->custom.fwd_flops, 1000);
+    assert_int_equal(l->custom.bwd_flops, 2500);
     assert_params_agree(&m);
     mp_model_release(&m);
 
     expect_ok("{\"input\": {\"bytes_per_sample\": 8}, \"layers\": ["
               " {\"type\": \"custom\", \"output_bytes\": 8, \"fwd_flops\": 300}]}",
               &m);
-    assert_int_equal(layer_at(&m, 0, 0)->c_bwd_flops, 600); /* 2 x fwd */
+    assert_int_equal(layer_at(&m, 0, 0)->custom.bwd_flops, 600); /* 2 x fwd */
     mp_model_release(&m);
 
     /* A 1-D input shape is [1, 1, F]: linear layers act on the last dimension. */
@@ -456,7 +459,7 @@ static void test_lm_head_tied_takes_embedding(void **state)
               " {\"type\": \"lm_head\", \"tied\": true}]}",
               &m);
     const struct mp_layer *l = layer_at(&m, 1, 0);
-    assert_true(l->tied);
+    assert_true(l->head.tied);
     assert_false(l->bias);
     assert_int_equal(l->vocab, 64);
     assert_int_equal(l->dim, 16);
@@ -523,7 +526,7 @@ static void test_repeat_expansion_names_groups(void **state)
     for (size_t i = 1; i < 4; i++)
         assert_int_equal(m.blocks[i].repeat_group, m.blocks[0].repeat_group);
     assert_int_equal(m.blocks[1].n_layers, 2);
-    assert_int_equal(layer_at(&m, 3, 1)->act, MP_ACT_TANH);
+    assert_int_equal(layer_at(&m, 3, 1)->mlp.act, MP_ACT_TANH);
     mp_model_release(&m);
 }
 
@@ -562,10 +565,11 @@ static void test_repeat_nesting(void **state)
     mp_model_release(&m);
 
     /* Named in unnamed, named in named. */
-    expect_ok(MODEL16("{\"repeat\": 2, \"layers\": [{\"repeat\": 2, \"name\": \"h\", \"layers\": [" LIN "]}]},"
-                      "{\"repeat\": 2, \"name\": \"enc\", \"layers\": [{\"repeat\": 2, \"name\": \"l\", \"layers\": [" LIN
-                      "]}]}"),
-              &m);
+    expect_ok(
+        MODEL16("{\"repeat\": 2, \"layers\": [{\"repeat\": 2, \"name\": \"h\", \"layers\": [" LIN "]}]},"
+                "{\"repeat\": 2, \"name\": \"enc\", \"layers\": [{\"repeat\": 2, \"name\": \"l\", \"layers\": [" LIN
+                "]}]}"),
+        &m);
     static const char *const b[] = {"h.0.0", "h.0.1", "h.1.0", "h.1.1", "enc.0.l.0", "enc.0.l.1", "enc.1.l.0",
                                     "enc.1.l.1"};
     assert_names(&m, b, 8);
@@ -650,7 +654,8 @@ static void test_keys_ignored_and_rejected(void **state)
               " \"input\": {\"shape\": [16], \"_why\": \"\"},"
               " \"layers\": [{\"_x\": {\"bogus\": 1}, \"comment2\": 3, \"type\": \"linear\", \"in_features\": 16,"
               "  \"out_features\": 16},"
-              "  {\"repeat\": 1, \"_n\": 0, \"layers\": [{\"block\": \"g\", \"comment\": \"\", \"layers\": [" LIN "]}]}]}",
+              "  {\"repeat\": 1, \"_n\": 0, \"layers\": [{\"block\": \"g\", \"comment\": \"\", \"layers\": [" LIN
+              "]}]}]}",
               &m);
     assert_int_equal(m.n_blocks, 2);
     mp_model_release(&m);
@@ -710,7 +715,8 @@ static void test_json_text_refused(void **state)
                      "t.json:1:5: malformed JSON: a control character inside a string (JSON needs it escaped)");
     expect_error("{\"name\": \"a\tb\"}", MP_ERR_JSON,
                  "t.json:1:12: malformed JSON: a control character inside a string (JSON needs it escaped)");
-    expect_error("{\"name\":\n\x01\"a\"}", MP_ERR_JSON, "t.json:2:1: malformed JSON: a control character outside a string");
+    expect_error("{\"name\":\n\x01\"a\"}", MP_ERR_JSON,
+                 "t.json:2:1: malformed JSON: a control character outside a string");
     static const char nul_ws[] = "{\"name\": \"a\"}\0";
     expect_error_len(nul_ws, sizeof nul_ws - 1, MP_ERR_JSON,
                      "t.json:1:14: malformed JSON: a control character outside a string");
@@ -765,8 +771,8 @@ static void test_errors_field_values(void **state)
         enum mp_status st;
         const char *msg;
     } cases[] = {
-        {MODEL16("{\"type\": \"linear\", \"in_features\": 16, \"out_features\": 16, \"bias\": \"yes\"}"),
-         MP_ERR_MODEL, "t.json: layers[0].bias: expected true or false"},
+        {MODEL16("{\"type\": \"linear\", \"in_features\": 16, \"out_features\": 16, \"bias\": \"yes\"}"), MP_ERR_MODEL,
+         "t.json: layers[0].bias: expected true or false"},
         {MODEL16("{\"type\": \"activation\", \"act\": \"gelu2\"}"), MP_ERR_MODEL,
          "t.json: layers[0].act: unknown activation \"gelu2\" (expected gelu, gelu_tanh, relu, silu, tanh, "
          "sigmoid, gelu_new, gelu_fast, relu2 or xielu)"},
@@ -779,22 +785,78 @@ static void test_errors_field_values(void **state)
          "t.json: layers[0].rotary_dim: needs \"rope\": true"},
         {MODEL16("{\"type\": \"attention\", \"dim\": 16, \"heads\": 2, \"rope\": true, \"rotary_dim\": 3}"),
          MP_ERR_MODEL, "t.json: layers[0].rotary_dim: 3 must be even and at most head_dim (8)"},
-        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"norm\": \"batchnorm\"}"),
-         MP_ERR_MODEL, "t.json: layers[0].norm: unknown norm \"batchnorm\" (expected layernorm or rmsnorm)"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"norm\": \"batchnorm\"}"), MP_ERR_MODEL,
+         "t.json: layers[0].norm: unknown norm \"batchnorm\" (expected layernorm or rmsnorm)"},
         {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"norm\": \"rmsnorm\","
                  " \"norm_bias\": true}"),
          MP_ERR_MODEL, "t.json: layers[0].norm_bias: rmsnorm has no bias"},
-        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"shared_norm\": true}"),
-         MP_ERR_MODEL, "t.json: layers[0].shared_norm: needs \"parallel_residual\": true"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"shared_norm\": true}"), MP_ERR_MODEL,
+         "t.json: layers[0].shared_norm: needs \"parallel_residual\": true"},
         {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"post_norm\": true,"
                  " \"parallel_residual\": true}"),
          MP_ERR_MODEL, "t.json: layers[0].post_norm: cannot be combined with parallel_residual"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"rope_fp32\": true}"), MP_ERR_MODEL,
+         "t.json: layers[0].rope_fp32: needs \"rope\": true"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"qk_norm\": \"both\"}"), MP_ERR_MODEL,
+         "t.json: layers[0].qk_norm: unknown value \"both\" (expected none, head or all)"},
+        {MODEL16(
+             "{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"qk_norm_late\": true, \"rope\": true}"),
+         MP_ERR_MODEL, "t.json: layers[0].qk_norm_late: needs a qk_norm and \"rope\": true"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"qkv_split\": \"copy_mq\"}"),
+         MP_ERR_MODEL, "t.json: layers[0].qkv_split: needs \"fused_qkv\": true"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"experts\": 4, \"top_k\": 5, "
+                 "\"expert_ffn\": 8}"),
+         MP_ERR_MODEL, "t.json: layers[0].top_k: exceeds experts (expected 1 to experts, 4)"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"experts\": 4, \"top_k\": 2}"),
+         MP_ERR_MODEL, "t.json: layers[0].expert_ffn: missing (expected a positive integer)"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"top_k\": 2}"), MP_ERR_MODEL,
+         "t.json: layers[0].top_k: needs \"experts\""},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"experts\": 4, \"top_k\": 2, "
+                 "\"expert_ffn\": 8, \"router\": \"sinkhorn\"}"),
+         MP_ERR_MODEL,
+         "t.json: layers[0].router: unknown value \"sinkhorn\" (expected softmax, softmax_cast, fp32_softmax, "
+         "fp32_sigmoid or topk_softmax)"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"experts\": 4, \"top_k\": 2, "
+                 "\"expert_ffn\": 8, \"shared_gate\": true}"),
+         MP_ERR_MODEL, "t.json: layers[0].shared_gate: needs a shared_ffn"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"branch_norm\": true, "
+                 "\"parallel_residual\": true}"),
+         MP_ERR_MODEL, "t.json: layers[0].branch_norm: needs a pre-norm block (no post_norm, no parallel_residual)"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"no_pre_norm\": true}"), MP_ERR_MODEL,
+         "t.json: layers[0].no_pre_norm: needs \"branch_norm\": true"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"mult\": 0.22, \"post_norm\": true}"),
+         MP_ERR_MODEL,
+         "t.json: layers[0].mult: needs a pre-norm block (no post_norm, branch_norm or parallel_residual)"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"mult\": -1}"), MP_ERR_MODEL,
+         "t.json: layers[0].mult: expected a positive number"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"rms_fp32\": true}"), MP_ERR_MODEL,
+         "t.json: layers[0].rms_fp32: needs \"norm\": \"rmsnorm\""},
+        {MODEL16(
+             "{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"norm\": \"rmsnorm\", \"ln_plain\": true}"),
+         MP_ERR_MODEL, "t.json: layers[0].ln_plain: needs \"norm\": \"layernorm\""},
+        {MODEL16(
+             "{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"ln_plain\": true, \"norm_bias\": true}"),
+         MP_ERR_MODEL, "t.json: layers[0].ln_plain: this layernorm has no bias"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"ln_plain\": true, \"ln_1p\": true}"),
+         MP_ERR_MODEL, "t.json: layers[0].ln_1p: at most one of ln_fp32, ln_plain and ln_1p"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"rope\": true, \"kv_lora\": 8, "
+                 "\"rope_dim\": 3, \"nope_dim\": 4, \"v_dim\": 4}"),
+         MP_ERR_MODEL, "t.json: layers[0].kv_lora: needs a positive even rope_dim, a nope_dim and a v_dim"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"kv_lora\": 8, \"rope_dim\": 2, "
+                 "\"nope_dim\": 4, \"v_dim\": 4}"),
+         MP_ERR_MODEL, "t.json: layers[0].kv_lora: needs \"rope\": true"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"v_dim\": 4}"), MP_ERR_MODEL,
+         "t.json: layers[0].v_dim: needs a kv_lora"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"gated\": true, \"up_down\": true}"),
+         MP_ERR_MODEL, "t.json: layers[0].up_down: needs an MLP that is not gated"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"eager_masks\": 65}"), MP_ERR_RANGE,
+         "t.json: layers[0].eager_masks: 65 is too large (at most 64)"},
         {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16}"), MP_ERR_MODEL,
          "t.json: layers[0].heads: missing (expected a positive integer)"},
         {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 0}"), MP_ERR_MODEL,
          "t.json: layers[0].heads: expected a positive integer"},
-        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"attn_dropout\": -0.1}"),
-         MP_ERR_MODEL, "t.json: layers[0].attn_dropout: expected a probability in [0, 1)"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"attn_dropout\": -0.1}"), MP_ERR_MODEL,
+         "t.json: layers[0].attn_dropout: expected a probability in [0, 1)"},
         {"{\"input\": {\"tokens\": 8}, \"layers\": [{\"type\": \"embedding\", \"vocab\": 8, \"dim\": 4},"
          " {\"type\": \"pos_embedding\", \"max_positions\": 4}]}",
          MP_ERR_MODEL, "t.json: layers[1].max_positions: 4 is less than input.tokens (8)"},
@@ -825,7 +887,8 @@ static void test_errors_field_values(void **state)
          "t.json: layers[0].repeat: expected a positive integer"},
         {MODEL16("{\"repeat\": 2, \"layers\": []}"), MP_ERR_MODEL,
          "t.json: layers[0].layers: expected a non-empty array of blocks"},
-        {MODEL16("{\"layers\": [" LIN "]}"), MP_ERR_MODEL, "t.json: layers[0].block: missing (expected the block's name)"},
+        {MODEL16("{\"layers\": [" LIN "]}"), MP_ERR_MODEL,
+         "t.json: layers[0].block: missing (expected the block's name)"},
         {MODEL16("{\"block\": \"b\", \"layers\": [3]}"), MP_ERR_MODEL,
          "t.json: layers[0].layers[0]: expected an op object"},
         {MODEL16("{\"type\": 3}"), MP_ERR_MODEL, "t.json: layers[0].type: expected a string"},
@@ -835,7 +898,8 @@ static void test_errors_field_values(void **state)
         {MODEL16("7"), MP_ERR_MODEL, "t.json: layers[0]: expected an object (an op, a block or a repeat)"},
         {MODEL16("{\"type\": \"flatten\", \"name\": \"\"}"), MP_ERR_MODEL,
          "t.json: layers[0].name: expected a non-empty string"},
-        {MODEL16("{\"type\": \"flatten\", \"name\": \"0123456789012345678901234567890123456789012345678901234567890123\"}"),
+        {MODEL16(
+             "{\"type\": \"flatten\", \"name\": \"0123456789012345678901234567890123456789012345678901234567890123\"}"),
          MP_ERR_MODEL, "t.json: layers[0].name: longer than 63 characters"},
         {"{\"input\": {\"tokens\": 8, \"shape\": [3]}, \"layers\": [" LIN "]}", MP_ERR_MODEL,
          "t.json: input: expected exactly one of \"tokens\", \"shape\" and \"bytes_per_sample\""},
@@ -1066,19 +1130,19 @@ static void test_bundled_shapes(void **state)
     assert_string_equal(m.blocks[1].name, "h.0");
     assert_string_equal(m.blocks[12].name, "h.11");
     const struct mp_layer *l = layer_at(&m, 5, 0);
-    assert_true(l->fused_qkv && l->qkv_bias && l->mlp_bias && l->norm_bias);
-    assert_int_equal(l->act, MP_ACT_GELU_NEW);
+    assert_true(l->attn.fused_qkv && l->attn.qkv_bias && l->mlp.bias && l->norm.bias);
+    assert_int_equal(l->mlp.act, MP_ACT_GELU_NEW);
     assert_float_equal(l->p, 0.1, 1e-12);
-    assert_float_equal(l->attn_dropout, 0.1, 1e-12);
-    assert_true(layer_at(&m, 13, 1)->tied);
+    assert_float_equal(l->attn.dropout, 0.1, 1e-12);
+    assert_true(layer_at(&m, 13, 1)->head.tied);
     mp_model_release(&m);
 
     assert_int_equal(mp_model_load_file(&m, "models/llama-70b.json", &d), MP_OK);
     l = layer_at(&m, 1, 0);
-    assert_int_equal(l->kv_heads, 8);
-    assert_int_equal(l->head_dim, 128);
-    assert_true(l->rope && l->gated);
-    assert_int_equal(l->norm, MP_NORM_RMSNORM);
+    assert_int_equal(l->attn.kv_heads, 8);
+    assert_int_equal(l->attn.head_dim, 128);
+    assert_true(l->rope.on && l->mlp.gated);
+    assert_int_equal(l->norm.kind, MP_NORM_RMSNORM);
     mp_model_release(&m);
 
     assert_int_equal(mp_model_load_file(&m, "models/resnet50.json", &d), MP_OK);
@@ -1086,59 +1150,36 @@ static void test_bundled_shapes(void **state)
     for (size_t i = 0; i < 5; i++)
         assert_string_equal(m.blocks[i].name, names[i]);
     assert_int_equal(m.labels_vocab, 1000);
-    assert_true(layer_at(&m, 1, 0)->downsample);
-    assert_false(layer_at(&m, 2, 0)->downsample);
+    assert_true(layer_at(&m, 1, 0)->conv.downsample);
+    assert_false(layer_at(&m, 2, 0)->conv.downsample);
     mp_model_release(&m);
 }
 
-/* docs/model-format.md documents every key each layer type accepts: under the type's heading
- * ("### conv2d", or "### maxpool2d, avgpool2d"), a table row whose first cell names the key
- * ("| `key` |" or "| `out_h`, `out_w` |"), or in a section the type's text links to
- * ("every field of [attention](#attention)"), for each key the reader takes
- * (mp_json_layer_keys), so the reference and the reader cannot drift. */
+/* docs/model-format.md's key tables are model_keys.c's rows: under the heading of each type
+ * ("### conv2d", or "### maxpool2d, avgpool2d" for both), the rows "| `key` | default | meaning |"
+ * of the rows whose first type it is, in the table's order, and no others.  On a difference the
+ * test prints the section's table as it should read. */
 static char model_format[1 << 17];
 
-/* The text under the "### " heading that names type (up to the next heading), or NULL. */
-static const char *format_section(const char *type, size_t *len)
+/* The text under the "### " heading that names type (up to the next heading), or NULL; *first:
+ * type is the heading's first word. */
+static const char *format_section(const char *type, size_t *len, bool *first)
 {
     size_t tl = strlen(type);
     for (const char *h = strstr(model_format, "\n### "); h; h = strstr(h + 1, "\n### ")) {
         const char *eol = strchr(h + 1, '\n');
         for (const char *w = h + 5; eol && (w = strstr(w, type)) && w < eol; w += tl)
-            if ((w[-1] == ' ' || w[-1] == ',') && (w[tl] == ',' || w[tl] == '\n' || w[tl] == ' ')) {
+            if ((w[-1] == ' ' || w[-1] == ',') && (w[tl] == ',' || w[tl] == '\n')) {
                 const char *end = strstr(eol, "\n#");
                 *len = end ? (size_t)(end - eol) : strlen(eol);
+                *first = w == h + 5;
                 return eol;
             }
     }
     return NULL;
 }
 
-static bool key_documented(const char *sec, size_t len, const char *key, size_t k, int depth)
-{
-    char want[64];
-    snprintf(want, sizeof want, "`%.*s`", (int)k, key);
-    for (const char *l = sec; l && l < sec + len; l = strchr(l + 1, '\n')) {
-        if (strncmp(l, "\n| ", 3) != 0)
-            continue;
-        const char *cell_end = strstr(l + 3, " |");
-        const char *hit = strstr(l + 3, want);
-        if (hit && cell_end && hit < cell_end)
-            return true;
-    }
-    for (const char *a = sec; depth == 0 && (a = strstr(a, "](#")) && a < sec + len; a += 3) {
-        char target[48];
-        size_t n = strcspn(a + 3, ")");
-        snprintf(target, sizeof target, "%.*s", (int)(n < sizeof target ? n : sizeof target - 1), a + 3);
-        size_t tl;
-        const char *t = format_section(target, &tl);
-        if (t && key_documented(t, tl, key, k, 1))
-            return true;
-    }
-    return false;
-}
-
-static void test_model_format_documents_every_key(void **state)
+static void test_model_format_rows_are_the_key_table(void **state)
 {
     (void)state;
     FILE *f = fopen("docs/model-format.md", "r");
@@ -1147,26 +1188,210 @@ static void test_model_format_documents_every_key(void **state)
     fclose(f);
     assert_true(n < sizeof model_format - 1);
     model_format[n] = 0;
-    size_t missing = 0;
+    size_t wrong = 0;
+    static char want[1 << 14], have[1 << 14];
     for (int t = 0; t < MP_LT_COUNT; t++) {
         const char *type = mp_layer_type_str((enum mp_layer_type)t);
-        size_t len;
-        const char *sec = format_section(type, &len);
-        if (!sec) {
+        size_t w = 0, h = 0, len;
+        want[0] = have[0] = 0;
+        for (size_t i = 0; i < mp_n_keys; i++)
+            if (mp_key_home(&mp_keys[i]) == (enum mp_layer_type)t)
+                w += (size_t)snprintf(want + w, sizeof want - w, "| `%s` | %s | %s%s|\n", mp_keys[i].key,
+                                      mp_keys[i].deflt, mp_keys[i].doc, *mp_keys[i].doc ? " " : "");
+        bool first;
+        const char *sec = format_section(type, &len, &first);
+        if (!sec || (!first && w)) {
             print_message("  docs/model-format.md: no \"### %s\" section\n", type);
-            missing++;
+            wrong++;
             continue;
         }
-        const char *keys = mp_json_layer_keys((enum mp_layer_type)t);
-        size_t k;
-        for (const char *w; (w = mp_list_word(&keys, &k));)
-            if (!key_documented(sec, len, w, k, 0)) {
-                print_message("  docs/model-format.md, %s: no row for `%.*s`\n", type, (int)k, w);
-                missing++;
+        if (!first) /* "### maxpool2d, avgpool2d": maxpool2d's rows */
+            continue;
+        for (const char *l = sec; l && l < sec + len; l = strchr(l + 1, '\n'))
+            if (strncmp(l, "\n| `", 4) == 0) {
+                const char *e = strchr(l + 1, '\n');
+                size_t k = e ? (size_t)(e - l) : strlen(l + 1);
+                h += (size_t)snprintf(have + h, sizeof have - h, "%.*s\n", (int)k - 1, l + 1);
             }
+        assert_true(w < sizeof want - 1 && h < sizeof have - 1);
+        if (strcmp(want, have) != 0) {
+            print_message("  docs/model-format.md, ### %s: its key table should read\n", type);
+            for (const char *r = want; *r;) {
+                const char *e = strchr(r, '\n');
+                print_message("%.*s\n", (int)(e - r), r);
+                r = e + 1;
+            }
+            wrong++;
+        }
     }
-    if (missing)
-        fail_msg("%zu key(s) the reader accepts are not documented", missing);
+    if (wrong)
+        fail_msg("%zu section(s) of docs/model-format.md differ from src/model/model_keys.c", wrong);
+}
+
+/* ---- every HF layer can be written in memplan JSON ------------------------------------ */
+
+struct buf {
+    char *s;
+    size_t n, cap;
+};
+
+static void put(struct buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int w = vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        assert_true(w >= 0);
+        if ((size_t)w < b->cap - b->n) {
+            b->n += (size_t)w;
+            return;
+        }
+        b->cap = 2 * b->cap + (size_t)w + 1;
+        b->s = realloc(b->s, b->cap);
+        assert_non_null(b->s);
+    }
+}
+
+/* One layer as a memplan JSON op, every field through model_keys.c's rows. */
+static void write_layer(struct buf *b, const struct mp_layer *l)
+{
+    put(b, "{\"type\": \"%s\"", mp_layer_type_str(l->type));
+    if (l->name[0])
+        put(b, ", \"name\": \"%s\"", l->name);
+    for (size_t i = 0; i < mp_n_keys; i++) {
+        const struct mp_key *k = &mp_keys[i];
+        if (!(k->types & (1u << l->type)) || !k->size)
+            continue;
+        const char *f = (const char *)l + k->off;
+        uint64_t u = 0;
+        double x = 0;
+        int e = 0;
+        switch (k->kind) {
+        case MP_KEY_DIM:
+        case MP_KEY_COUNT:
+            if (k->size == sizeof u) {
+                memcpy(&u, f, sizeof u);
+            } else {
+                unsigned v;
+                memcpy(&v, f, sizeof v);
+                u = v;
+            }
+            if (u || k->kind == MP_KEY_COUNT)
+                put(b, ", \"%s\": %llu", k->key, (unsigned long long)u);
+            break;
+        case MP_KEY_BOOL:
+            put(b, ", \"%s\": %s", k->key, *(const bool *)f ? "true" : "false");
+            break;
+        case MP_KEY_PROB:
+        case MP_KEY_REAL:
+            memcpy(&x, f, sizeof x);
+            if (x != 0 || k->kind == MP_KEY_PROB)
+                put(b, ", \"%s\": %.17g", k->key, x);
+            break;
+        case MP_KEY_ENUM: {
+            memcpy(&e, f, sizeof e);
+            int n = 0;
+            while (k->names[n])
+                n++;
+            if (e >= n)
+                fail_msg("layer %s: %s value %d has no memplan JSON name", l->name, k->key, e);
+            put(b, ", \"%s\": \"%s\"", k->key, k->names[e]);
+            break;
+        }
+        case MP_KEY_ACT:
+            memcpy(&e, f, sizeof e);
+            put(b, ", \"%s\": \"%s\"", k->key, mp_act_str((enum mp_act)e));
+            break;
+        case MP_KEY_IMPL:
+            memcpy(&e, f, sizeof e);
+            if (l->attn.impl_set)
+                put(b, ", \"%s\": \"%s\"", k->key, mp_attn_impl_str((enum mp_attn_impl)e));
+            break;
+        }
+    }
+    put(b, "}");
+}
+
+/* Every bundled HF config's layers, written in memplan JSON and read back, are the same layers:
+ * memplan JSON reaches every field the HF reader sets (T5's encoder-decoder aside, which the
+ * format cannot express). */
+static void test_hf_layers_written_in_memplan_json(void **state)
+{
+    (void)state;
+    DIR *dir = opendir("models/hf");
+    assert_non_null(dir);
+    size_t models = 0, layers = 0, bad = 0;
+    for (struct dirent *de; (de = readdir(dir));) {
+        size_t len = strlen(de->d_name);
+        if (len < 6 || strcmp(de->d_name + len - 5, ".json") != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "models/hf/%s", de->d_name);
+        struct mp_model hf, back;
+        struct mp_diag d = {0};
+        assert_int_equal(mp_model_read_file(&hf, path, &d), MP_OK);
+        if (hf.enc_dec) {
+            mp_model_release(&hf);
+            continue;
+        }
+        struct buf b = {0};
+        put(&b, "{\"name\": \"rt\", \"input\": ");
+        if (hf.input == MP_INPUT_IMAGE)
+            put(&b, "{\"shape\": [%llu, %llu, %llu]}", (unsigned long long)hf.channels,
+                (unsigned long long)hf.height, (unsigned long long)hf.width);
+        else
+            put(&b, "{\"tokens\": %llu}", (unsigned long long)hf.seq_len);
+        if (hf.labels_vocab)
+            put(&b, ", \"classes\": %llu", (unsigned long long)hf.labels_vocab);
+        put(&b, ", \"layers\": [");
+        for (size_t i = 0; i < hf.n_blocks; i++) {
+            put(&b, "%s{\"block\": \"%s\", \"layers\": [", i ? ", " : "", hf.blocks[i].name);
+            for (size_t j = 0; j < hf.blocks[i].n_layers; j++) {
+                put(&b, j ? ", " : "");
+                write_layer(&b, &hf.blocks[i].layers[j]);
+            }
+            put(&b, "]}");
+        }
+        put(&b, "]}");
+        memset(&d, 0, sizeof d);
+        enum mp_status st = mp_model_read_string(&back, b.s, b.n, path, &d);
+        if (st != MP_OK) {
+            print_message("  %s: written back: %s\n", path, d.msg);
+            bad++;
+        } else if (back.n_blocks != hf.n_blocks) {
+            print_message("  %s: %zu blocks read back, %zu written\n", path, back.n_blocks, hf.n_blocks);
+            bad++;
+        } else {
+            for (size_t i = 0; i < hf.n_blocks; i++)
+                for (size_t j = 0; j < hf.blocks[i].n_layers && j < back.blocks[i].n_layers; j++) {
+                    const struct mp_layer *a = &hf.blocks[i].layers[j], *c = &back.blocks[i].layers[j];
+                    layers++;
+                    if (memcmp(a, c, sizeof *a) != 0) {
+                        size_t at = 0;
+                        while (((const char *)a)[at] == ((const char *)c)[at])
+                            at++;
+                        const char *field = "(no key)";
+                        for (size_t r = 0; r < mp_n_keys; r++)
+                            if (mp_keys[r].size && at >= mp_keys[r].off && at < mp_keys[r].off + mp_keys[r].size)
+                                field = mp_keys[r].key;
+                        print_message("  %s: block %s layer %zu (%s) differs at byte %zu (%s)\n", path,
+                                      hf.blocks[i].name, j, mp_layer_type_str(a->type), at, field);
+                        bad++;
+                        i = hf.n_blocks - 1;
+                        break;
+                    }
+                }
+            mp_model_release(&back);
+        }
+        free(b.s);
+        mp_model_release(&hf);
+        models++;
+    }
+    closedir(dir);
+    print_message("  %zu HF configs, %zu layers written and read back\n", models, layers);
+    assert_true(models >= 40);
+    assert_int_equal(bad, 0);
 }
 
 int main(void)
@@ -1191,7 +1416,8 @@ int main(void)
         cmocka_unit_test(test_parse_patch_embedding),
         cmocka_unit_test(test_bundled_param_counts),
         cmocka_unit_test(test_bundled_shapes),
-        cmocka_unit_test(test_model_format_documents_every_key),
+        cmocka_unit_test(test_model_format_rows_are_the_key_table),
+        cmocka_unit_test(test_hf_layers_written_in_memplan_json),
     };
     return cmocka_run_group_tests_name("model_json", tests, NULL, NULL);
 }

@@ -170,7 +170,7 @@ static void test_grad_gpt_flash(void **state)
     struct mp_model m;
     struct mp_program p;
     load_json(&m, gpt_json);
-    m.blocks[0].layers[0].emb_dropout = 0.1; /* embedding dropout (HF configs set it; JSON has no key) */
+    m.blocks[0].layers[0].emb.dropout = 0.1; /* embedding dropout (HF configs set it; JSON has no key) */
     build(&p, &m, MP_PREC_FP32, 2, MP_ATTN_FLASH);
     assert_true(has_prim(&p, MP_P_EMBED) && has_prim(&p, MP_P_ADD_POS) && has_prim(&p, MP_P_DROPOUT) &&
                 has_prim(&p, MP_P_ATTN) && has_prim(&p, MP_P_NLL_LOSS) && has_prim(&p, MP_P_LOG_SOFTMAX) && has_prim(&p, MP_P_LAYERNORM));

@@ -231,10 +231,11 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
     for (size_t i = 0; i < s->model.n_blocks && s->model.input == MP_INPUT_IMAGE; i++)
         for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
             const struct mp_layer *l = &s->model.blocks[i].layers[j];
-            if (l->type != MP_LT_PATCH_EMBEDDING || !l->kernel)
+            if (l->type != MP_LT_PATCH_EMBEDDING || !l->conv.kernel)
                 continue;
-            snprintf(num, sizeof num, "%llu", (unsigned long long)((s->model.height / l->kernel) *
-                                                                   (s->model.width / l->kernel) + l->cls_token));
+            snprintf(num, sizeof num, "%llu",
+                     (unsigned long long)((s->model.height / l->conv.kernel) * (s->model.width / l->conv.kernel) +
+                                          l->emb.cls_token));
             cli_add_default(s, "seq %s (image patches + class token; --seq does not apply)", num);
         }
     if (!a->batch_set && !need_target) {
@@ -251,13 +252,15 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
         cli_add_default(s, "attention %s (the model's own; --attention overrides it)",
                         mp_attn_impl_str((enum mp_attn_impl)own));
     else if (!a->attention_set && mp_model_has_attention(&s->model))
-        cli_add_default(s, "attention %s", a->torch && a->torch < MP_TORCH_MEMEFF_GQA
-                                               ? "sdpa (transformers' default: its math kernel keeps s x s for fp32 GQA)"
-                                               : "sdpa (transformers' default: no s x s matrix kept)");
+        cli_add_default(s, "attention %s",
+                        a->torch && a->torch < MP_TORCH_MEMEFF_GQA
+                            ? "sdpa (transformers' default: its math kernel keeps s x s for fp32 GQA)"
+                            : "sdpa (transformers' default: no s x s matrix kept)");
     if (s->model.kv_cache && a->use_cache < 0)
-        cli_add_default(s, "use_cache %s", !s->model.use_cache ? "off (config)"
-                                       : a->ckpt.strategy == MP_CKPT_LAYERS ? "off (gradient checkpointing turns it off)"
-                                                                            : "on (config: k/v copied into a DynamicCache)");
+        cli_add_default(s, "use_cache %s",
+                        !s->model.use_cache                  ? "off (config)"
+                        : a->ckpt.strategy == MP_CKPT_LAYERS ? "off (gradient checkpointing turns it off)"
+                                                             : "on (config: k/v copied into a DynamicCache)");
 }
 
 /* The caching allocator's settings: --alloc-conf, else the environment torch 2.15 reads
@@ -417,7 +420,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         for (size_t i = 0; i < s->model.n_blocks; i++)
             for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
                 s->model.blocks[i].layers[j].p = 0;
-                s->model.blocks[i].layers[j].emb_dropout = 0;
+                s->model.blocks[i].layers[j].emb.dropout = 0;
             }
     }
     s->build.ft.input_grad = a->ckpt.strategy != MP_CKPT_NONE;
@@ -496,7 +499,7 @@ void cli_say_nofit(const struct mp_fit *f)
                 mp_fmt_bytes(f->usable_bytes, a3, sizeof a3));
         return;
     }
-    fprintf(stderr, "memplan: does not fit: short by %s (peak %s of %s usable) at %s\n", mp_fmt_bytes(by, a1, sizeof a1),
-            mp_fmt_bytes(f->peak_device_bytes, a2, sizeof a2), mp_fmt_bytes(f->usable_bytes, a3, sizeof a3),
-            mp_text_clean(f->est.peak_event, ev, sizeof ev));
+    fprintf(stderr, "memplan: does not fit: short by %s (peak %s of %s usable) at %s\n",
+            mp_fmt_bytes(by, a1, sizeof a1), mp_fmt_bytes(f->peak_device_bytes, a2, sizeof a2),
+            mp_fmt_bytes(f->usable_bytes, a3, sizeof a3), mp_text_clean(f->est.peak_event, ev, sizeof ev));
 }

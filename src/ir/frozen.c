@@ -147,7 +147,9 @@ const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_fin
     bool moe = false;
     for (size_t i = 0; i < m->n_blocks && !moe; i++)
         for (size_t j = 0; j < m->blocks[i].n_layers; j++)
-            moe |= m->blocks[i].layers[j].experts > 0;
+            moe |= m->blocks[i].layers[j].moe.experts > 0;
+    if (moe && !m->hf_type[0] && !f->n_targets) /* memplan JSON: no family, so all-linear */
+        return "peft's all-linear also adapts the MoE routers and the experts' 3-D parameters";
     if (!moe || !strcmp(m->hf_type, "qwen2_moe"))
         return NULL;
     static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "gate", "experts"};

@@ -507,7 +507,7 @@ static const char *unpackable(const struct mp_model *m)
     for (size_t i = 0; i < m->n_blocks; i++)
         for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
             const struct mp_layer *l = &m->blocks[i].layers[j];
-            if ((l->type == MP_LT_ATTENTION || l->type == MP_LT_TRANSFORMER_BLOCK) && !l->causal)
+            if ((l->type == MP_LT_ATTENTION || l->type == MP_LT_TRANSFORMER_BLOCK) && !l->attn.causal)
                 return causal;
             if (l->type == MP_LT_POS_EMBEDDING)
                 return "packed rows with learned position embeddings: not modelled yet";
@@ -523,7 +523,7 @@ const char *mp_bf16_amp_unmodelled(const struct mp_model *m)
     for (size_t i = 0; i < m->n_blocks; i++)
         for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
             const struct mp_layer *l = &m->blocks[i].layers[j];
-            if (l->experts && (l->router == MP_ROUTER_FP32_SOFTMAX || l->router == MP_ROUTER_FP32_SIGMOID))
+            if (l->moe.experts && (l->moe.router == MP_ROUTER_FP32_SOFTMAX || l->moe.router == MP_ROUTER_FP32_SIGMOID))
                 return "the fp32 router of this family (DeepSeek) under bf16 autocast is not modelled; "
                        "use bf16 or amp-bf16";
         }
@@ -554,6 +554,13 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
                        "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
                        m->path, m->hf_type);
+    const char *moe_why = !m->hf_type[0] && (o->ft.mode == MP_FT_LORA || o->ft.mode == MP_FT_QLORA)
+                              ? mp_moe_lora_unmodelled(m, &o->ft)
+                              : NULL;
+    if (moe_why) /* memplan JSON (HF configs: refused above and by the command's setup) */
+        return mp_fail(d, MP_ERR_USAGE, "%s: --finetune %s on a mixture-of-experts model: %s, which memplan does not "
+                       "model; name attention modules with --lora-targets (e.g. q_proj,v_proj)", m->path,
+                       mp_ft_mode_str(o->ft.mode), moe_why);
     const char *unpacked = o->packing || o->padding_free ? unpackable(m) : NULL;
     if (unpacked)
         return mp_fail(d, MP_ERR_USAGE, "%s: %s: %s", m->path, o->padding_free ? "--padding-free" : "--packing",
@@ -574,7 +581,21 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     p->compute_dtype = o->precision == MP_PREC_FP32 ? MP_DT_F32
                        : o->precision == MP_PREC_AMP_FP16 ? MP_DT_F16
                                                           : MP_DT_BF16;
-    struct bld B = {.p = p, .m = m, .d = d, .st = MP_OK, .block = -1, .embed_param = -1, .rope_cos_sin = -1, .rope_pair = -1, .attn_mask = -1, .pos_tables = -1, .enc_out = -1, .pos_bias = -1, .cross_bias = -1, .dec_mask = -1, .b = rows,
+    struct bld B = {.p = p,
+                    .m = m,
+                    .d = d,
+                    .st = MP_OK,
+                    .block = -1,
+                    .embed_param = -1,
+                    .rope_cos_sin = -1,
+                    .rope_pair = -1,
+                    .attn_mask = -1,
+                    .pos_tables = -1,
+                    .enc_out = -1,
+                    .pos_bias = -1,
+                    .cross_bias = -1,
+                    .dec_mask = -1,
+                    .b = rows,
                     .s = row_len,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16 ||
                            o->precision == MP_PREC_BF16_AMP,

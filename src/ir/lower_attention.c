@@ -14,8 +14,8 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
      * being in the fp32 residual's dtype).  memplan keeps x's dtype where SDPA follows (its autocast
      * makes the half copy it saves either way); a q/k norm after the rotary gets the promoted one */
     enum mp_dtype ydt = dt_of(B, x);
-    if (l->qk_norm_late && !l->rope_cast_back)
-        ydt = promote(ydt, l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype);
+    if (l->attn.qk_norm_late && !l->rope.cast_back)
+        ydt = promote(ydt, l->rope.fp32 ? MP_DT_F32 : B->p->param_dtype);
     struct val y = like(B, name, x, ydt, ng(B, x));
     struct mp_node *n = new_node(B, MP_P_ROPE, name);
     if (!n)
@@ -23,24 +23,24 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     n->in[0] = x.t;
     n->out = y.t;
     n->heads = heads;
-    n->head_dim = l->head_dim;
-    n->rotary_dim = l->rotary_dim ? l->rotary_dim : l->head_dim;
+    n->head_dim = l->attn.head_dim;
+    n->rotary_dim = l->rope.dim ? l->rope.dim : l->attn.head_dim;
     uint64_t tmp = mul(B, T(B, x.t)->bytes, 2);
     bool q_call = !strcmp(name, "q_rope");
     /* the positions the tables cover: s (the model's own position ids, (1, s)), or every row's
      * where the collator passes (b, s) position ids (packing: they restart per document), so the
      * rotary embedding's cos and sin are (b, s, rotary_dim) (LlamaRotaryEmbedding.forward) */
     uint64_t pos = B->p->opts.packing || B->p->opts.padding_free ? mul(B, B->b, B->s) : B->s;
-    if (l->rope_interleave && !q_call) {
+    if (l->rope.interleave && !q_call) {
         save(n, B->rope_pair); /* k: the layer's pair, made by q's call */
         B->rope_pair = -1;     /* no other's (each layer leaves the builder as it found it:
                                 * copies, folds) */
-    } else if (l->rope_interleave) {
+    } else if (l->rope.interleave) {
         /* apply_rotary_pos_emb slices the model's cos/sin to rotary_dim/2 and repeat_interleave's
          * them: a new (1, 1, s, rotary_dim) pair per layer, in the table's dtype (the residual
          * dtype; fp32 for ERNIE 4.5), saved by q's and k's products.  The model's table (made
          * once, by the first layer here) is saved by nobody: a forward local */
-        enum mp_dtype cdt = l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype;
+        enum mp_dtype cdt = l->rope.fp32 ? MP_DT_F32 : B->p->param_dtype;
         uint64_t pair = mul(B, mul(B, 2, pos), n->rotary_dim);
         if (B->rope_cos_sin < 0) {
             B->rope_cos_sin = new_flat(B, "rope.cos_sin", cdt, pair);
@@ -55,7 +55,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
         snprintf(en, sizeof en, "%s.cos_sin", name);
         B->rope_pair = new_flat(B, en, cdt, pair);
         extra_as(n, B->rope_pair, MP_XR_COS_SIN);
-    } else if (l->rope_table_rows) {
+    } else if (l->rope.table_rows) {
         /* GPT-J: cos and sin gathered from the layer's table for the s positions (position ids
          * of batch 1), cast to x's dtype, repeat_interleave'd: each apply_rotary_pos_emb saves
          * its own pair (1, s, 1, rotary_dim); the table's repeat and the fp32 gather are
@@ -64,15 +64,15 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
         snprintf(en, sizeof en, "%s.cos_sin", name);
         extra_as(n, new_flat(B, en, dt_of(B, x), mul(B, mul(B, 2, pos), n->rotary_dim)), MP_XR_COS_SIN);
         /* (packed: position ids (b, s), so _get_embed_positions repeats the table b times) */
-        uint64_t tab = pos == B->s ? l->rope_table_rows : mul(B, B->b, l->rope_table_rows);
+        uint64_t tab = pos == B->s ? l->rope.table_rows : mul(B, B->b, l->rope.table_rows);
         tmp = add(B, tmp, mul(B, mul(B, add(B, tab, pos), n->rotary_dim), 4));
     } else if (B->rope_cos_sin < 0) {
         /* cos and sin (s x rotary_dim each, in the residual dtype) are made once per
          * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
         /* (one pair per distinct layer type where the model keeps a table per type: Gemma3,
          * OLMo3; counted as one tensor) */
-        uint64_t kinds = l->rope_kinds > 1 ? l->rope_kinds : 1, rows = l->rope_per_sample ? mul(B, B->b, B->s) : pos;
-        B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope_fp32 ? MP_DT_F32 : B->p->param_dtype,
+        uint64_t kinds = l->rope.kinds > 1 ? l->rope.kinds : 1, rows = l->rope.per_sample ? mul(B, B->b, B->s) : pos;
+        B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope.fp32 ? MP_DT_F32 : B->p->param_dtype,
                                    mul(B, mul(B, mul(B, 2, kinds), rows), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
         B->p->rope_tables = B->rope_cos_sin;
@@ -87,7 +87,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
         save(n, B->rope_cos_sin);
     }
     /* products and sum in fp32 (ERNIE, Cohere: q.float() too), cast back */
-    if (l->rope_cast_back && dt_of(B, x) != MP_DT_F32)
+    if (l->rope.cast_back && dt_of(B, x) != MP_DT_F32)
         tmp = mul(B, mul(B, T(B, x.t)->elems, 4), 3);
     n->seq = B->s;
     n->rows = rows_of(x);
@@ -95,9 +95,9 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     /* q*cos, rotate_half(q) (a cat of two halves) and *sin: two x-sized temporaries (x may be a
      * view of the rotary part of each head, DeepSeek's MLA: its part; DeepSeek-V2's complex rotary
      * makes an fp32 copy and an fp32 product) */
-    uint64_t xe = l->kv_lora ? val_elems(B, x) : T(B, x.t)->elems;
-    if (l->kv_lora)
-        tmp = mul(B, mul(B, xe, l->rope_complex ? 4 : mp_dtype_size(dt_of(B, x))), 2);
+    uint64_t xe = l->mla.kv_lora ? val_elems(B, x) : T(B, x.t)->elems;
+    if (l->mla.kv_lora)
+        tmp = mul(B, mul(B, xe, l->mla.rope_complex ? 4 : mp_dtype_size(dt_of(B, x))), 2);
     tmp_one(B, n, false, MP_TR_OTHER, tmp);
     n->fwd_flops = 3.0 * (double)xe;
     n->bwd_flops = n->fwd_flops;
@@ -110,7 +110,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
  * _ignore_causal_mask_sdpa). */
 static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
 {
-    return l->attn_mask || (l->window && B->s >= l->window);
+    return l->attn.mask || (l->attn.window && B->s >= l->attn.window);
 }
 
 /* Packed rows under SDPA (--packing, --tokens-per-batch): transformers finds the documents from
@@ -121,7 +121,7 @@ static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
  * gets its float mask packed or not. */
 static bool sdpa_packed(const struct bld *B, const struct mp_layer *l, enum mp_attn_impl impl)
 {
-    return (B->p->opts.packing || B->p->opts.padding_free) && impl == MP_ATTN_SDPA && l->causal;
+    return (B->p->opts.packing || B->p->opts.padding_free) && impl == MP_ATTN_SDPA && l->attn.causal;
 }
 
 /* The (b, 1, s, s) mask a model passes to attention (sdpa_masked, sdpa_packed; transformers'
@@ -132,11 +132,11 @@ static bool sdpa_packed(const struct bld *B, const struct mp_layer *l, enum mp_a
 static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, bool packed,
                       enum mp_dtype qdt)
 {
-    if (!n || !(sdpa_masked(B, n->layer) || packed || (eager && n->layer->eager_mask)))
+    if (!n || !(sdpa_masked(B, n->layer) || packed || (eager && n->layer->attn.eager_mask)))
         return;
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
     if (B->attn_mask < 0) { /* (packed: one bool mask per kind, as eager's, Gemma2's sliding and full) */
-        uint64_t nm = (eager || packed) && n->layer->eager_mask > 1 ? n->layer->eager_mask : 1;
+        uint64_t nm = (eager || packed) && n->layer->attn.eager_mask > 1 ? n->layer->attn.eager_mask : 1;
         B->attn_mask = new_flat(B, "attn_mask", eager ? B->p->param_dtype : MP_DT_U8, mul(B, mb, nm));
         T(B, B->attn_mask)->name = store_name(B, "", "attn_mask");
         B->p->attn_mask = B->attn_mask;
@@ -170,7 +170,7 @@ static bool sdpa_math(const struct bld *B, const struct mp_layer *l, enum mp_att
                       uint64_t d, uint64_t dv)
 {
     unsigned torch = B->p->opts.torch;
-    return impl == MP_ATTN_SDPA && torch && torch < MP_TORCH_MEMEFF_GQA && l->kv_heads < l->heads &&
+    return impl == MP_ATTN_SDPA && torch && torch < MP_TORCH_MEMEFF_GQA && l->attn.kv_heads < l->attn.heads &&
            qdt == MP_DT_F32 && d == dv && d <= 256 && !sdpa_masked(B, l) && !sdpa_packed(B, l, impl);
 }
 
@@ -182,11 +182,11 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
 {
     if (failed(B))
         return q;
-    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
+    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
     enum mp_dtype cdt = dt_of(B, q);
     /* SDPA's math kernel is eager attention's chain of ops (eager_ops) on its own copies */
     bool math = sdpa_math(B, l, impl, cdt, d, dv), eager = impl == MP_ATTN_EAGER || math;
-    uint64_t b = B->b, s = B->s, a = l->heads;
+    uint64_t b = B->b, s = B->s, a = l->attn.heads;
     struct val y = with_last(B, name, q, mul(B, a, dv), cdt, true);
     struct mp_node *n = new_node(B, MP_P_ATTN, name);
     if (!n)
@@ -196,18 +196,18 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     n->in[2] = v.t;
     n->out = y.t;
     n->heads = a;
-    n->kv_heads = l->kv_heads;
+    n->kv_heads = l->attn.kv_heads;
     n->head_dim = d;
     n->seq = s;
     n->rows = mul(B, b, s);
-    n->causal = l->causal;
+    n->causal = l->attn.causal;
     n->eager = eager;
-    n->p = l->attn_dropout;
+    n->p = l->attn.dropout;
     uint64_t asb = mul(B, mul(B, a, s), b);      /* a*s*b */
     uint64_t ass = mul(B, asb, s);                /* a*s*s*b */
     char en[80];
     attn_mask(B, n, name, impl == MP_ATTN_EAGER, sdpa_packed(B, l, impl), cdt);
-    if (impl == MP_ATTN_EAGER && (l->attn_mask || l->eager_mask))
+    if (impl == MP_ATTN_EAGER && (l->attn.mask || l->attn.eager_mask))
         n->score_add[0] = B->attn_mask;
     if (math) {
         /* _scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp),
@@ -221,7 +221,7 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
          * repeated k (before its scaling) are the function's locals: alive to its end, a forward
          * transient of the node. */
         B->p->sdpa_math = true;
-        uint64_t mask = l->causal ? mul(B, mul(B, s, s), mp_dtype_size(cdt)) : 0;
+        uint64_t mask = l->attn.causal ? mul(B, mul(B, s, s), mp_dtype_size(cdt)) : 0;
         tmp_one(B, n, false, MP_TR_OTHER, add(B, mask, mul(B, mul(B, asb, d), mp_dtype_size(cdt))));
     }
     if (!eager) {
@@ -244,7 +244,7 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
         const enum mp_trole fr[3] = {MP_TR_FLASH_D, MP_TR_FLASH_DQ, MP_TR_OTHER};
         const uint64_t fb[3] = {mul(B, mul(B, mul(B, b, a), s_r), 4), mul(B, mul(B, mul(B, mul(B, b, s_r), a), d_r), 4),
                                 mul(B, mul(B, asb, add(B, d, dv)), mp_dtype_size(cdt))};
-        bool gqa_bwd = l->kv_heads < a && cdt != MP_DT_F32;
+        bool gqa_bwd = l->attn.kv_heads < a && cdt != MP_DT_F32;
         tmp_parts(B, n, true, gqa_bwd ? 3 : 2, fr, fb);
     } else {
         /* Eager: contiguous copies of q, k, v (reshape of transposed views, repeat_kv),
@@ -258,20 +258,20 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
                 continue;
             }
             /* GPT-J upcasts q and k to fp32 (under autocast the matmul casts them back) */
-            enum mp_dtype qdt = i < 2 && l->qk_fp32 && !B->amp ? MP_DT_F32 : cdt;
+            enum mp_dtype qdt = i < 2 && l->attn.qk_fp32 && !B->amp ? MP_DT_F32 : cdt;
             snprintf(en, sizeof en, "%s.%s", name, cn[i]);
             extra_as(n, new_flat(B, en, qdt, mul(B, asb, i == 2 ? dv : d)), cr[i]);
         }
-        if (l->attn_softcap > 0) { /* scores / cap, tanh (saves its output), * cap (Gemma2) */
+        if (l->attn.softcap > 0) { /* scores / cap, tanh (saves its output), * cap (Gemma2) */
             snprintf(en, sizeof en, "%s.softcap_tanh", name);
             extra_as(n, new_flat(B, en, cdt, ass), MP_XR_SOFTCAP_TANH);
         }
         /* softmax in fp32: under autocast (softmax is on CUDA's fp32 list), or asked for
          * (softmax(..., dtype=torch.float32).to(q.dtype) in most HF decoders) */
-        enum mp_dtype sm = B->amp || l->softmax_fp32 ? MP_DT_F32 : cdt;
+        enum mp_dtype sm = B->amp || l->attn.softmax_fp32 ? MP_DT_F32 : cdt;
         snprintf(en, sizeof en, "%s.probs", name);
         extra_as(n, new_flat(B, en, sm, ass), MP_XR_PROBS); /* softmax saves its output */
-        if (l->attn_dropout > 0) {
+        if (l->attn.dropout > 0) {
             snprintf(en, sizeof en, "%s.dropout_mask", name);
             extra_as(n, new_flat(B, en, MP_DT_U8, ass), MP_XR_ATTN_DROP_MASK);
             snprintf(en, sizeof en, "%s.probs_dropped", name); /* saved by P@V */
@@ -284,7 +284,7 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
          * (eager_ops, once the program knows which inputs need a gradient) */
     }
     double f = 4.0 * (double)b * (double)a * (double)s * (double)s * (double)d;
-    if (l->causal && !eager)
+    if (l->attn.causal && !eager)
         f /= 2.0;
     n->fwd_flops = f;
     n->bwd_flops = 2.5 * f;
@@ -295,13 +295,13 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
  * over the whole projection. */
 static struct val qk_norm(struct bld *B, struct val x, const struct mp_layer *l, uint64_t heads, const char *name)
 {
-    if (failed(B) || l->qk_norm == MP_QK_NORM_ALL)
-        return lower_rmsnorm(B, x, last_dim(x), l->rms_fp32, name);
+    if (failed(B) || l->attn.qk_norm == MP_QK_NORM_ALL)
+        return lower_rmsnorm(B, x, last_dim(x), l->norm.rms_fp32, name);
     struct val v = x; /* (b, s, heads, d): a view */
     v.rank = x.rank + 1;
     v.shape[x.rank - 1] = heads;
-    v.shape[x.rank] = l->head_dim;
-    struct val y = lower_rmsnorm(B, v, l->head_dim, l->rms_fp32, name);
+    v.shape[x.rank] = l->attn.head_dim;
+    struct val y = lower_rmsnorm(B, v, l->attn.head_dim, l->norm.rms_fp32, name);
     y.rank = x.rank;
     y.shape[x.rank - 1] = last_dim(x);
     if (!failed(B)) { /* the output tensor is stored (b, s, heads * d), like q */
@@ -345,7 +345,7 @@ static struct val split_copy(struct bld *B, struct val x, uint64_t width, uint64
  * (m->pos_table_elems; a model made without mp_model_mark_copies: grown layer by layer). */
 static void pos_table(struct bld *B, const struct mp_layer *l)
 {
-    uint64_t e = mul(B, l->rope_table_rows, l->rotary_dim ? l->rotary_dim : l->head_dim);
+    uint64_t e = mul(B, l->rope.table_rows, l->rope.dim ? l->rope.dim : l->attn.head_dim);
     if (failed(B))
         return;
     if (B->pos_tables < 0) {
@@ -398,22 +398,22 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
 {
     char saved[96];
     with_prefix(B, B->prefix, name, saved);
-    if (l->kv_lora) {
+    if (l->mla.kv_lora) {
         struct val y = lower_mla(B, x, l, hidden);
         restore_prefix(B, saved);
         return y;
     }
-    uint64_t a = l->heads, kv = l->kv_heads, d = l->head_dim;
+    uint64_t a = l->attn.heads, kv = l->attn.kv_heads, d = l->attn.head_dim;
     uint64_t qd = mul(B, a, d), kd = mul(B, kv, d);
     struct val q, k, v;
     struct mp_layer core = *l; /* what the attention kernel sees */
-    if (l->fused_qkv) {
-        struct val qkv = lower_linear(B, x, hidden, add(B, qd, mul(B, 2, kd)), l->qkv_bias, "qkv_proj");
+    if (l->attn.fused_qkv) {
+        struct val qkv = lower_linear(B, x, hidden, add(B, qd, mul(B, 2, kd)), l->attn.qkv_bias, "qkv_proj");
         q = k = v = qkv; /* views of one storage */
         q.shape[q.rank - 1] = qd;
         k.shape[k.rank - 1] = v.shape[v.rank - 1] = kd;
-        if (l->qkv_split != MP_QKV_VIEWS) {
-            bool expand = l->qkv_split == MP_QKV_COPY_EXPAND, index = l->qkv_split != MP_QKV_COPY_ALL;
+        if (l->attn.qkv_split != MP_QKV_VIEWS) {
+            bool expand = l->attn.qkv_split == MP_QKV_COPY_EXPAND, index = l->attn.qkv_split != MP_QKV_COPY_ALL;
             uint64_t kw = expand ? qd : kd, rows = rows_of(qkv), es = mp_dtype_size(dt_of(B, qkv));
             /* the new architecture first flattens each into (b, s, a*d), then copies it transposed;
              * k and v start as index copies (b, s, kv, 1, d) */
@@ -423,29 +423,29 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
             k = split_copy(B, k, kw, kv_tmp, index, "k_split");
             v = split_copy(B, v, kw, kv_tmp, index, "v_split");
             if (expand)
-                core.kv_heads = kv = a;
+                core.attn.kv_heads = kv = a;
         }
     } else {
-        q = lower_linear(B, x, hidden, qd, l->qkv_bias, "q_proj");
-        k = lower_linear(B, x, hidden, kd, l->qkv_bias, "k_proj");
-        v = lower_linear(B, x, hidden, kd, l->qkv_bias, "v_proj");
+        q = lower_linear(B, x, hidden, qd, l->attn.qkv_bias, "q_proj");
+        k = lower_linear(B, x, hidden, kd, l->attn.qkv_bias, "k_proj");
+        v = lower_linear(B, x, hidden, kd, l->attn.qkv_bias, "v_proj");
     }
-    if (l->qk_norm != MP_QK_NORM_NONE && !l->qk_norm_late) {
+    if (l->attn.qk_norm != MP_QK_NORM_NONE && !l->attn.qk_norm_late) {
         q = qk_norm(B, q, l, a, "q_norm");
         k = qk_norm(B, k, l, kv, "k_norm");
     }
-    if (l->clip_qkv) { /* after the q/k norms (OLMoE: an fp32 q and k under amp; OLMo has no norms) */
+    if (l->attn.clip_qkv) { /* after the q/k norms (OLMoE: an fp32 q and k under amp; OLMo has no norms) */
         q = lower_clamp(B, q, "q_clamp");
         k = lower_clamp(B, k, "k_clamp");
         v = lower_clamp(B, v, "v_clamp");
     }
-    if (l->rope && l->rope_table_rows)
+    if (l->rope.on && l->rope.table_rows)
         pos_table(B, l);
-    if (l->rope) {
+    if (l->rope.on) {
         q = lower_rope(B, q, l, a, "q_rope");
         k = lower_rope(B, k, l, kv, "k_rope");
     }
-    if (l->qk_norm != MP_QK_NORM_NONE && l->qk_norm_late) {
+    if (l->attn.qk_norm != MP_QK_NORM_NONE && l->attn.qk_norm_late) {
         q = qk_norm(B, q, l, a, "q_norm");
         k = qk_norm(B, k, l, kv, "k_norm");
     }
@@ -453,13 +453,13 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
      * and v onto an empty cache tensor, so attention gets fresh copies; SDPA saves those (the
      * originals die unless something else keeps them: a fused qkv storage stays alive while q is
      * its view, GPT-2).  Eager attention saves its own contiguous copies of k and v either way. */
-    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
+    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
     if (B->m->use_cache && !B->p->opts.hf_checkpointing && impl != MP_ATTN_EAGER) {
         /* the cache holds them until the forward returns; under autocast the rotated k is fp32
          * (q * cos with cos in the fp32 residual's dtype), so its copy is too, and so is v's:
          * the empty cache tensors take k's dtype and torch.cat promotes; SDPA saves their half
          * casts (rope_cast_back families cast the rotated k back to k's dtype: no promotion) */
-        k = cast_to(B, k, B->amp_f32 && l->rope && !l->rope_cast_back ? MP_DT_F32 : dt_of(B, k), "k_cache");
+        k = cast_to(B, k, B->amp_f32 && l->rope.on && !l->rope.cast_back ? MP_DT_F32 : dt_of(B, k), "k_cache");
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
         v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
@@ -468,10 +468,10 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
     }
     /* transformers' SDPA path with a mask (sliding window, packed rows) repeats k and v to every
      * head (sdpa_attention.py: use_gqa_in_sdpa is false with a mask; repeat_kv) */
-    if (impl != MP_ATTN_EAGER && ((l->window && sdpa_masked(B, l)) || sdpa_packed(B, l, impl)) && kv < a) {
-        k = repeat_kv(B, k, kv, qd, l->rope, "k_repeat");
+    if (impl != MP_ATTN_EAGER && ((l->attn.window && sdpa_masked(B, l)) || sdpa_packed(B, l, impl)) && kv < a) {
+        k = repeat_kv(B, k, kv, qd, l->rope.on, "k_repeat");
         v = repeat_kv(B, v, kv, qd, false, "v_repeat");
-        core.kv_heads = a;
+        core.attn.kv_heads = a;
     }
     /* SDPA autocasts its inputs: fp32 q/k (after an fp32 qk-norm) get half copies, and an
      * fp32 v (a bitsandbytes 4-bit v_proj returns x's dtype) too */
@@ -480,13 +480,13 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
     v = autocast_in(B, v, "v_cast");
     struct val o = lower_attn_core(B, q, k, v, &core, d, d, 7u, "sdpa");
     /* (GPT-J's eager attention merges its heads with the one copy every eager output makes) */
-    if (l->rope && !l->rope_table_rows && (l->rope_cat || (l->rotary_dim && l->rotary_dim < l->head_dim)) &&
+    if (l->rope.on && !l->rope.table_rows && (l->rope.cat || (l->rope.dim && l->rope.dim < l->attn.head_dim)) &&
         !failed(B)) {
         /* Partial rotary builds q with torch.cat, so the attention output follows q's
          * layout and transpose(1, 2).contiguous() copies it (gpt_neox, phi). */
         o = cast_to(B, o, dt_of(B, o), "out_contiguous");
     }
-    o = lower_linear(B, o, qd, hidden, l->out_bias, "o_proj");
+    o = lower_linear(B, o, qd, hidden, l->attn.out_bias, "o_proj");
     restore_prefix(B, saved);
     return o;
 }
@@ -501,29 +501,30 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
 static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h)
 {
     B->p->probe_unsupported = "multi-head latent attention (q/k and v head widths differ)";
-    uint64_t a = l->heads, r = l->rope_dim, qk = add(B, l->nope_dim, r), kvw = add(B, l->nope_dim, l->v_dim);
+    uint64_t a = l->attn.heads, r = l->mla.rope_dim, qk = add(B, l->mla.nope_dim, r),
+             kvw = add(B, l->mla.nope_dim, l->mla.v_dim);
     struct val q;
-    if (l->q_lora) {
-        q = lower_linear(B, x, h, l->q_lora, l->qkv_bias, "q_a_proj");
-        q = lower_rmsnorm(B, q, l->q_lora, false, "q_a_layernorm");
-        q = lower_linear(B, q, l->q_lora, mul(B, a, qk), false, "q_b_proj");
+    if (l->mla.q_lora) {
+        q = lower_linear(B, x, h, l->mla.q_lora, l->attn.qkv_bias, "q_a_proj");
+        q = lower_rmsnorm(B, q, l->mla.q_lora, false, "q_a_layernorm");
+        q = lower_linear(B, q, l->mla.q_lora, mul(B, a, qk), false, "q_b_proj");
     } else {
         q = lower_linear(B, x, h, mul(B, a, qk), false, "q_proj");
     }
-    struct val ckv = lower_linear(B, x, h, add(B, l->kv_lora, r), l->qkv_bias, "kv_a_proj_with_mqa");
+    struct val ckv = lower_linear(B, x, h, add(B, l->mla.kv_lora, r), l->attn.qkv_bias, "kv_a_proj_with_mqa");
     struct val lat = ckv, krot = ckv, qrot = q;
     if (failed(B))
         return q;
-    lat.shape[lat.rank - 1] = l->kv_lora;
+    lat.shape[lat.rank - 1] = l->mla.kv_lora;
     krot.shape[krot.rank - 1] = r;
     qrot.shape[qrot.rank - 1] = mul(B, a, r);
-    lat = lower_rmsnorm(B, lat, l->kv_lora, false, "kv_a_layernorm");
+    lat = lower_rmsnorm(B, lat, l->mla.kv_lora, false, "kv_a_layernorm");
     struct mp_layer rl = *l; /* rotary over rope_dim of each head */
-    rl.head_dim = r;
-    rl.rotary_dim = 0;
+    rl.attn.head_dim = r;
+    rl.rope.dim = 0;
     qrot = lower_rope(B, qrot, &rl, a, "q_rope");
     krot = lower_rope(B, krot, &rl, 1, "k_rope");
-    if (!l->rope_complex && !failed(B)) { /* V3's halves: q * cos with cos in the residual dtype (fp32
+    if (!l->mla.rope_complex && !failed(B)) { /* V3's halves: q * cos with cos in the residual dtype (fp32
                                            * under amp) promote; V2's complex rotary casts back */
         retype(B, qrot, promote(dt_of(B, qrot), B->p->param_dtype));
         retype(B, krot, promote(dt_of(B, krot), B->p->param_dtype));
@@ -538,7 +539,7 @@ static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *
         n->rows = rows_of(q);
         n->n = mul(B, a, qk);
     }
-    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
+    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
     if (B->m->use_cache && !B->p->opts.hf_checkpointing && impl != MP_ATTN_EAGER) {
         /* use_cache: past_key_values.update(kv, k_rot) torch.cat's the latent and the rotated
          * k_rot into the cache (held until the forward returns); expand_kv reads the copies */
@@ -549,7 +550,7 @@ static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
     }
-    struct val kvb = lower_linear(B, lat, l->kv_lora, mul(B, a, kvw), false, "kv_b_proj");
+    struct val kvb = lower_linear(B, lat, l->mla.kv_lora, mul(B, a, kvw), false, "kv_b_proj");
     struct val key = with_last(B, "key", kvb, mul(B, a, qk), dt_of(B, kvb), true);
     n = new_node(B, MP_P_CAST, "key"); /* new_empty + copy_ of k_nope and k_rot: saves nothing */
     if (n) {
@@ -560,11 +561,11 @@ static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *
         n->n = mul(B, a, qk);
     }
     struct val v = kvb; /* a view: the v columns of each head */
-    v.shape[v.rank - 1] = mul(B, a, l->v_dim);
+    v.shape[v.rank - 1] = mul(B, a, l->mla.v_dim);
     struct val o = lower_attn_core(B, autocast_in(B, query, "q_cast"), autocast_in(B, key, "k_cast"), v, l, qk,
-                                   l->v_dim, 4u, "sdpa");
+                                   l->mla.v_dim, 4u, "sdpa");
     /* SDPA's memory-efficient kernel writes its output (b, s, a, dv): the transpose back is a view.
      * Eager attention's (b, a, s, dv) output is copied by the transpose-contiguous (a forward
      * transient of the node, as for every eager attention). */
-    return lower_linear(B, o, mul(B, a, l->v_dim), h, l->out_bias, "o_proj");
+    return lower_linear(B, o, mul(B, a, l->mla.v_dim), h, l->attn.out_bias, "o_proj");
 }

@@ -147,20 +147,21 @@ struct val lower_pool(struct bld *B, struct val x, enum mp_prim prim, uint64_t k
 
 struct val lower_bottleneck(struct bld *B, struct val x, const struct mp_layer *l)
 {
-    uint64_t mid = l->mid_ch, out = l->out_ch ? l->out_ch : mid * 4, st = l->stride ? l->stride : 1;
-    struct val y = lower_conv(B, x, l->in_ch, mid, 1, 1, 0, 1, false, "conv1");
+    uint64_t mid = l->conv.mid_ch, out = l->conv.out_ch ? l->conv.out_ch : mid * 4,
+             st = l->conv.stride ? l->conv.stride : 1;
+    struct val y = lower_conv(B, x, l->conv.in_ch, mid, 1, 1, 0, 1, false, "conv1");
     y = lower_act(B, lower_batchnorm(B, y, mid, "bn1"), MP_ACT_RELU, true, "relu1");
     y = lower_conv(B, y, mid, mid, 3, st, 1, 1, false, "conv2");
     y = lower_act(B, lower_batchnorm(B, y, mid, "bn2"), MP_ACT_RELU, true, "relu2");
     y = lower_conv(B, y, mid, out, 1, 1, 0, 1, false, "conv3");
     y = lower_batchnorm(B, y, out, "bn3");
     struct val sc = x;
-    if (l->downsample) {
-        sc = lower_conv(B, x, l->in_ch, out, 1, st, 0, 1, false, "downsample.0");
+    if (l->conv.downsample) {
+        sc = lower_conv(B, x, l->conv.in_ch, out, 1, st, 0, 1, false, "downsample.0");
         sc = lower_batchnorm(B, sc, out, "downsample.1");
-    } else if (!failed(B) && (l->in_ch != out || st != 1)) {
+    } else if (!failed(B) && (l->conv.in_ch != out || st != 1)) {
         fail_model(B, MP_ERR_MODEL, "in_ch %llu -> out_ch %llu (stride %llu) needs \"downsample\": true",
-                   (unsigned long long)l->in_ch, (unsigned long long)out, (unsigned long long)st);
+                   (unsigned long long)l->conv.in_ch, (unsigned long long)out, (unsigned long long)st);
         return x;
     }
     y = lower_add(B, y, sc, "residual");
@@ -176,21 +177,21 @@ struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_la
 {
     if (failed(B))
         return x;
-    uint64_t p = l->kernel;
+    uint64_t p = l->conv.kernel;
     if (x.rank != 4 || p == 0 || x.shape[2] % p || x.shape[3] % p) {
         fail_model(B, MP_ERR_MODEL, "patch %llu must divide the image's height and width (input.shape [C, H, W])",
                    (unsigned long long)p);
         return x;
     }
-    struct val c = lower_conv(B, x, l->in_ch, l->dim, p, p, 0, 1, true, "projection");
+    struct val c = lower_conv(B, x, l->conv.in_ch, l->dim, p, p, 0, 1, true, "projection");
     if (failed(B))
         return c;
-    uint64_t np = mul(B, c.shape[2], c.shape[3]), s = add(B, np, l->cls_token ? 1 : 0);
+    uint64_t np = mul(B, c.shape[2], c.shape[3]), s = add(B, np, l->emb.cls_token ? 1 : 0);
     struct val e = c; /* (b, patches, dim): a view of the conv output */
     e.rank = 3;
     e.shape[1] = np;
     e.shape[2] = l->dim;
-    if (l->cls_token) {
+    if (l->emb.cls_token) {
         uint64_t shape[3] = {B->b, s, l->dim};
         int cls = new_param(B, "cls_token", 1, l->dim, false);
         e = new_val(B, "cat", promote(dt_of(B, c), B->p->param_dtype), 3, shape, true);

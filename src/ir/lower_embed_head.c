@@ -144,9 +144,9 @@ struct val first_position(struct bld *B, struct val x, const char *name)
  * (b, s, 2) output (split, squeeze, contiguous), each a cross-entropy over positions. */
 struct val pool_logits(struct bld *B, struct val z, const struct mp_layer *l, const char *name)
 {
-    if (failed(B) || z.rank != 3 || (l->pool != MP_POOL_LAST && l->pool != MP_POOL_SPAN))
+    if (failed(B) || z.rank != 3 || (l->head.pool != MP_POOL_LAST && l->head.pool != MP_POOL_SPAN))
         return z;
-    bool span = l->pool == MP_POOL_SPAN;
+    bool span = l->head.pool == MP_POOL_SPAN;
     uint64_t shape[2] = {span ? mul(B, 2, z.shape[0]) : z.shape[0], span ? z.shape[1] : z.shape[2]};
     char cn[80];
     snprintf(cn, sizeof cn, "%s.%s", name, span ? "start_end" : "pooled");
@@ -172,7 +172,7 @@ struct val lower_embedding(struct bld *B, struct val x, const struct mp_layer *l
 {
     if (failed(B))
         return x;
-    if (l->dec_input) {
+    if (l->emb.dec_input) {
         struct val y = lower_t5_decoder_embed(B, x, l, nm);
         *resid = y;
         return y;
@@ -184,10 +184,10 @@ struct val lower_embedding(struct bld *B, struct val x, const struct mp_layer *l
         struct val y = lower_add_table(B, x, l, nm, 1, true, &n);
         if (n)
             tmp_one(B, n, false, MP_TR_OTHER, T(B, y.t)->bytes); /* the looked-up (b,s,h) rows */
-        if (l->id_buffer && n) { /* BertEmbeddings' all-zero token_type_ids buffer, its view saved */
+        if (l->emb.id_buffer && n) { /* BertEmbeddings' all-zero token_type_ids buffer, its view saved */
             char en[112];
             snprintf(en, sizeof en, "%s.ids", nm);
-            save(n, id_buffer(B, en, l->id_rows));
+            save(n, id_buffer(B, en, l->emb.id_rows));
         }
         *resid = y;
         return y;
@@ -217,9 +217,9 @@ struct val lower_embedding(struct bld *B, struct val x, const struct mp_layer *l
     n->k = l->vocab;
     n->fwd_flops = (double)T(B, y.t)->elems;
     n->bwd_flops = n->fwd_flops;
-    if (l->scale_buffer) /* Gemma: embed_scale, a registered fp32 scalar */
+    if (l->emb.scale_buffer) /* Gemma: embed_scale, a registered fp32 scalar */
         id_buffer(B, "embed_scale", 0);
-    struct val r = lower_dropout(B, mult_copy(B, y, l, "embed_scale"), l->emb_dropout, "dropout");
+    struct val r = lower_dropout(B, mult_copy(B, y, l, "embed_scale"), l->emb.dropout, "dropout");
     *resid = r;
     return r;
 }
@@ -243,8 +243,8 @@ struct val lower_pos_embedding(struct bld *B, struct val x, const struct mp_laye
         return y;
     char en[112];
     snprintf(en, sizeof en, "%s.position_ids", nm); /* int64, saved by the position lookup */
-    int ids = l->id_buffer ? id_buffer(B, en, l->id_rows) : -1;
-    if (l->id_view) /* BertEmbeddings: the lookup saves a view of the registered buffer */
+    int ids = l->emb.id_buffer ? id_buffer(B, en, l->emb.id_rows) : -1;
+    if (l->emb.id_view) /* BertEmbeddings: the lookup saves a view of the registered buffer */
         save(n, ids);
     else
         extra_as(n, new_flat(B, en, MP_DT_I64, B->s), MP_XR_POSITION_IDS);
@@ -270,11 +270,11 @@ static void tied_grads(struct bld *B)
 /* The language-model head (tied to the embedding, or not) and its loss. */
 struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
 {
-    if (l->tied && B->embed_param < 0) {
+    if (l->head.tied && B->embed_param < 0) {
         fail_model(B, MP_ERR_MODEL, "a tied lm_head needs an embedding earlier in the model");
         return x;
     }
-    if (l->tied && !failed(B) &&
+    if (l->head.tied && !failed(B) &&
         (B->p->params[B->embed_param].rows != l->vocab || B->p->params[B->embed_param].cols != l->dim)) {
         fail_model(B, MP_ERR_MODEL, "tied: vocab x dim %llux%llu does not match the embedding %llux%llu",
                    (unsigned long long)l->vocab, (unsigned long long)l->dim,
@@ -284,21 +284,21 @@ struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, 
     }
     if (B->p->opts.loss != MP_LOSS_HF)
         return lower_fused_loss(B, x, l, nm);
-    if (l->t5) /* T5: decoder_outputs[0] and the scaled sequence_output are locals of the forward */
+    if (l->t5.on) /* T5: decoder_outputs[0] and the scaled sequence_output are locals of the forward */
         held_tensor(B, x.t, -1);
-    if (l->in_mult != 0) { /* T5: sequence_output * d_model**-0.5, a new tensor (saves nothing) */
-        x = lower_copy(B, x, dt_of(B, x), l->in_mult, "scale_decoder_outputs");
-        if (l->t5)
+    if (l->head.in_mult != 0) { /* T5: sequence_output * d_model**-0.5, a new tensor (saves nothing) */
+        x = lower_copy(B, x, dt_of(B, x), l->head.in_mult, "scale_decoder_outputs");
+        if (l->t5.on)
             held_tensor(B, x.t, -1);
     }
-    struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->tied ? B->embed_param : -1);
-    if (l->tied)
+    struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->head.tied ? B->embed_param : -1);
+    if (l->head.tied)
         tied_grads(B);
     logits = mult_copy(B, logits, l, "logits_scaling");
-    if (l->logit_softcap > 0)
+    if (l->head.softcap > 0)
         logits = softcap_logits(B, logits, nm);
     /* masked LMs call nn.CrossEntropyLoss on the logits (BertForMaskedLM & co.) */
-    return lower_loss(B, logits, "loss", !l->masked, B->m->input == MP_INPUT_TOKENS && !l->masked);
+    return lower_loss(B, logits, "loss", !l->head.masked, B->m->input == MP_INPUT_TOKENS && !l->head.masked);
 }
 
 /* A classifier head (pooled, or per token) and its loss. */
@@ -311,12 +311,12 @@ struct val lower_classifier(struct bld *B, struct val x, const struct mp_layer *
     }
     /* HF's token classification upcasts (logits.float()); pooled heads and images do not.
      * MP_POOL_FIRST on a sequence: the first position (ViT's class token) */
-    if (l->pool == MP_POOL_FIRST)
+    if (l->head.pool == MP_POOL_FIRST)
         x = first_position(B, x, nm);
-    if (l->t5) /* T5: the stack's output is a local of the forward (outputs[0]) */
+    if (l->t5.on) /* T5: the stack's output is a local of the forward (outputs[0]) */
         held_tensor(B, x.t, -1);
     struct val logits = lower_linear(B, x, l->in_features, l->vocab, l->bias, nm);
-    bool upcast = B->m->input == MP_INPUT_TOKENS && l->pool == MP_POOL_NONE && !l->masked; /* masked: a plain
+    bool upcast = B->m->input == MP_INPUT_TOKENS && l->head.pool == MP_POOL_NONE && !l->head.masked; /* masked: a plain
                                                              nn.CrossEntropyLoss (T5ForTokenClassification) */
     return lower_loss(B, pool_logits(B, logits, l, nm), "loss", upcast, false);
 }
@@ -516,8 +516,8 @@ static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_
 {
     enum mp_loss loss = B->p->opts.loss;
     const char *why = mp_loss_unmodelled(loss);
-    const char *head = l->masked ? "a masked-LM head" : l->t5 || l->in_mult != 0 ? "T5's head"
-                     : l->bias ? "an lm_head with a bias" : l->logit_softcap > 0 ? "logit soft-capping"
+    const char *head = l->head.masked ? "a masked-LM head" : l->t5.on || l->head.in_mult != 0 ? "T5's head"
+                     : l->bias ? "an lm_head with a bias" : l->head.softcap > 0 ? "logit soft-capping"
                      : l->mult != 0 ? "scaled logits" : B->m->input != MP_INPUT_TOKENS ? "a non-token model"
                      : B->p->opts.ft.mode == MP_FT_FREEZE ? "--finetune freeze" : NULL;
     if (!why && head)
@@ -529,10 +529,10 @@ static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_
     }
     if (!width_ok(B, x, l->dim, "dim", nm))
         return x;
-    int w = l->tied ? B->embed_param : new_param(B, "weight", l->vocab, l->dim, true);
+    int w = l->head.tied ? B->embed_param : new_param(B, "weight", l->vocab, l->dim, true);
     if (failed(B))
         return x;
-    if (!l->tied) {
+    if (!l->head.tied) {
         char pn[96];
         snprintf(pn, sizeof pn, "%s.weight", nm);
         B->p->params[w].name = name_of(B, pn);
@@ -560,7 +560,7 @@ static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_
     case MP_LOSS_CCE:
         MP_BUG("loss %s has no fused head", mp_loss_str(loss));
     }
-    if (l->tied)
+    if (l->head.tied)
         tied_grads(B);
     B->p->probe_unsupported = "the chunked and fused loss heads (--loss other than hf)";
     B->p->explicit_loss = true;

@@ -9,31 +9,31 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
     uint64_t h = l->dim;
     if (!width_ok(B, x, h, "dim", ""))
         return x;
-    double ap = l->no_attn_out_dropout ? 0.0 : l->p; /* dropout on the attention branch */
-    if (l->post_norm) { /* BERT: x = ln(x + drop(attn(x))); x = ln(x + drop(mlp(x))) */
+    double ap = l->attn.no_out_dropout ? 0.0 : l->p; /* dropout on the attention branch */
+    if (l->norm.post) { /* BERT: x = ln(x + drop(attn(x))); x = ln(x + drop(mlp(x))) */
         struct val a = lower_dropout(B, lower_attention(B, x, l, h, "attn"), ap, "attn_dropout");
-        struct val h1 = lower_norm(B, lower_add(B, x, a, "attn_residual"), l, l->norm, h, "attn_norm");
+        struct val h1 = lower_norm(B, lower_add(B, x, a, "attn_residual"), l, l->norm.kind, h, "attn_norm");
         struct val m = lower_dropout(B, lower_mlp(B, h1, l, h, "mlp"), l->p, "mlp_dropout");
-        return lower_norm(B, lower_add(B, h1, m, "mlp_residual"), l, l->norm, h, "mlp_norm");
+        return lower_norm(B, lower_add(B, h1, m, "mlp_residual"), l, l->norm.kind, h, "mlp_norm");
     }
-    if (l->branch_norm) { /* Gemma2/3: x + post(attn(pre(x))); OLMo2 (no_pre_norm): x + post(attn(x)) */
-        struct val n1 = l->no_pre_norm ? x : lower_norm(B, x, l, l->norm, h, "ln_1");
-        struct val a = lower_norm(B, lower_attention(B, n1, l, h, "attn"), l, l->norm, h, "post_attn_norm");
+    if (l->norm.branch) { /* Gemma2/3: x + post(attn(pre(x))); OLMo2 (no_pre_norm): x + post(attn(x)) */
+        struct val n1 = l->norm.no_pre ? x : lower_norm(B, x, l, l->norm.kind, h, "ln_1");
+        struct val a = lower_norm(B, lower_attention(B, n1, l, h, "attn"), l, l->norm.kind, h, "post_attn_norm");
         struct val h1 = lower_add(B, x, lower_dropout(B, a, ap, "attn_dropout"), "attn_residual");
-        struct val n2 = l->no_pre_norm ? h1 : lower_norm(B, h1, l, l->norm, h, "ln_2");
-        struct val m = lower_norm(B, lower_mlp(B, n2, l, h, "mlp"), l, l->norm, h, "post_mlp_norm");
+        struct val n2 = l->norm.no_pre ? h1 : lower_norm(B, h1, l, l->norm.kind, h, "ln_2");
+        struct val m = lower_norm(B, lower_mlp(B, n2, l, h, "mlp"), l, l->norm.kind, h, "post_mlp_norm");
         return lower_add(B, h1, lower_dropout(B, m, l->p, "mlp_dropout"), "mlp_residual");
     }
-    struct val n1 = lower_norm(B, x, l, l->norm, h, "ln_1");
+    struct val n1 = lower_norm(B, x, l, l->norm.kind, h, "ln_1");
     struct val a = lower_dropout(B, lower_attention(B, n1, l, h, "attn"), ap, "attn_dropout");
     if (l->parallel_residual) {
-        struct val n2 = l->shared_norm ? n1 : lower_norm(B, x, l, l->norm, h, "ln_2");
+        struct val n2 = l->norm.shared ? n1 : lower_norm(B, x, l, l->norm.kind, h, "ln_2");
         struct val m = lower_dropout(B, lower_mlp(B, n2, l, h, "mlp"), l->p, "mlp_dropout");
         struct val r = lower_add(B, a, m, "branch_sum");
         return lower_add(B, x, r, "residual");
     }
     struct val h1 = lower_add(B, x, mult_copy(B, a, l, "attn_mult"), "attn_residual");
-    struct val n2 = lower_norm(B, h1, l, l->norm, h, "ln_2");
+    struct val n2 = lower_norm(B, h1, l, l->norm.kind, h, "ln_2");
     struct val m = lower_dropout(B, lower_mlp(B, n2, l, h, "mlp"), l->p, "mlp_dropout");
     return lower_add(B, h1, mult_copy(B, m, l, "mlp_mult"), "mlp_residual");
 }
@@ -42,7 +42,7 @@ static struct val lower_custom(struct bld *B, struct val x, const struct mp_laye
 {
     if (failed(B))
         return x;
-    uint64_t shape[2] = {B->b, l->c_output_bytes};
+    uint64_t shape[2] = {B->b, l->custom.output_bytes};
     struct val y = new_val(B, "out", MP_DT_U8, 2, shape, true);
     struct mp_node *n = new_node(B, MP_P_CUSTOM, "custom");
     if (!n)
@@ -50,15 +50,15 @@ static struct val lower_custom(struct bld *B, struct val x, const struct mp_laye
     n->in[0] = x.t;
     n->out = y.t;
     save(n, y.t);
-    if (l->c_saved_bytes > l->c_output_bytes)
-        extra_as(n, new_flat(B, "saved", MP_DT_U8, mul(B, B->b, l->c_saved_bytes - l->c_output_bytes)),
+    if (l->custom.saved_bytes > l->custom.output_bytes)
+        extra_as(n, new_flat(B, "saved", MP_DT_U8, mul(B, B->b, l->custom.saved_bytes - l->custom.output_bytes)),
                  MP_XR_CUSTOM_SAVED);
-    if (l->c_params)
-        n->param[0] = new_param(B, "params", 1, l->c_params, false);
+    if (l->custom.params)
+        n->param[0] = new_param(B, "params", 1, l->custom.params, false);
     n->rows = B->b;
-    n->n = l->c_output_bytes;
-    n->fwd_flops = (double)B->b * (double)l->c_fwd_flops;
-    n->bwd_flops = (double)B->b * (double)(l->c_bwd_flops ? l->c_bwd_flops : 2 * l->c_fwd_flops);
+    n->n = l->custom.output_bytes;
+    n->fwd_flops = (double)B->b * (double)l->custom.fwd_flops;
+    n->bwd_flops = (double)B->b * (double)(l->custom.bwd_flops ? l->custom.bwd_flops : 2 * l->custom.fwd_flops);
     return y;
 }
 
@@ -92,12 +92,12 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     case MP_LT_POS_EMBEDDING:
         return lower_pos_embedding(B, x, l, nm, resid);
     case MP_LT_LINEAR:
-        return lower_linear(B, l->pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
+        return lower_linear(B, l->head.pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
                             l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
         return lower_norm(B, x, l, MP_NORM_LAYERNORM, l->dim, nm);
     case MP_LT_RMSNORM:
-        return l->t5 ? lower_t5_norm(B, x, l->dim, nm) : lower_rmsnorm(B, x, l->dim, l->rms_fp32, nm);
+        return l->t5.on ? lower_t5_norm(B, x, l->dim, nm) : lower_rmsnorm(B, x, l->dim, l->norm.rms_fp32, nm);
     case MP_LT_ATTENTION:
         if (!width_ok(B, x, l->dim, "dim", ""))
             return x;
@@ -107,7 +107,7 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
             return x;
         return lower_mlp(B, x, l, l->dim, nm);
     case MP_LT_ACTIVATION:
-        return lower_act(B, x, l->act, l->inplace, nm);
+        return lower_act(B, x, l->mlp.act, l->inplace, nm);
     case MP_LT_DROPOUT:
         return lower_dropout(B, x, l->p, nm);
     case MP_LT_RESIDUAL: {
@@ -116,17 +116,19 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
         return y;
     }
     case MP_LT_CONV2D:
-        return lower_conv(B, x, l->in_ch, l->out_ch, l->kernel, l->stride ? l->stride : 1, l->padding,
-                          l->groups ? l->groups : 1, l->bias, nm);
+        return lower_conv(B, x, l->conv.in_ch, l->conv.out_ch, l->conv.kernel, l->conv.stride ? l->conv.stride : 1,
+                          l->conv.padding, l->conv.groups ? l->conv.groups : 1, l->bias, nm);
     case MP_LT_BATCHNORM2D:
-        return lower_batchnorm(B, x, l->in_ch ? l->in_ch : l->dim, nm);
+        return lower_batchnorm(B, x, l->conv.in_ch ? l->conv.in_ch : l->dim, nm);
     case MP_LT_MAXPOOL2D:
-        return lower_pool(B, x, MP_P_MAXPOOL, l->kernel, l->stride ? l->stride : l->kernel, l->padding, 0, 0, nm);
+        return lower_pool(B, x, MP_P_MAXPOOL, l->conv.kernel, l->conv.stride ? l->conv.stride : l->conv.kernel,
+                          l->conv.padding, 0, 0, nm);
     case MP_LT_AVGPOOL2D:
-        return lower_pool(B, x, MP_P_AVGPOOL, l->kernel, l->stride ? l->stride : l->kernel, l->padding, 0, 0, nm);
+        return lower_pool(B, x, MP_P_AVGPOOL, l->conv.kernel, l->conv.stride ? l->conv.stride : l->conv.kernel,
+                          l->conv.padding, 0, 0, nm);
     case MP_LT_ADAPTIVE_AVGPOOL2D:
-        return lower_pool(B, x, MP_P_ADAPTIVE_AVGPOOL, 0, 0, 0, l->out_h ? l->out_h : 1, l->out_w ? l->out_w : 1,
-                          nm);
+        return lower_pool(B, x, MP_P_ADAPTIVE_AVGPOOL, 0, 0, 0, l->conv.out_h ? l->conv.out_h : 1,
+                          l->conv.out_w ? l->conv.out_w : 1, nm);
     case MP_LT_FLATTEN:
         return lower_flatten(B, x, nm);
     case MP_LT_LM_HEAD:
@@ -138,7 +140,7 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     case MP_LT_TRANSFORMER_BLOCK: {
         char saved[96];
         with_prefix(B, B->prefix, "", saved);
-        struct val y = l->t5 ? lower_t5_block(B, x, l) : lower_transformer(B, x, l);
+        struct val y = l->t5.on ? lower_t5_block(B, x, l) : lower_transformer(B, x, l);
         restore_prefix(B, saved);
         *resid = y;
         return y;

@@ -85,7 +85,7 @@ struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t o
     /* a module peft keeps whole may not carry an adapter too: all-linear takes a token or QA
      * head (only SEQ_CLS leaves its head out), a named target may take a Linear inside one */
     if (saved_module(B) && !failed(B) &&
-        (head ? B->p->opts.ft.all_linear && B->layer->pool != MP_POOL_FIRST && B->layer->pool != MP_POOL_LAST
+        (head ? B->p->opts.ft.all_linear && B->layer->head.pool != MP_POOL_FIRST && B->layer->head.pool != MP_POOL_LAST
               : mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, false)))
         fail_model(B, MP_ERR_USAGE, "--lora-targets takes %s, which peft keeps whole for the task head "
                                     "(modules_to_save) and cannot also adapt (peft 0.21): name the targets", name);

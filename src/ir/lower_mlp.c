@@ -80,8 +80,8 @@ static struct val grouped_mm(struct bld *B, struct val x, uint64_t in_f, uint64_
  * then the top-k weights (M, k) as the family's *TopKRouter computes them. */
 static struct val lower_router(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h)
 {
-    uint64_t M = rows_of(x), E = l->experts, k = l->top_k;
-    bool ds = l->router == MP_ROUTER_FP32_SOFTMAX || l->router == MP_ROUTER_FP32_SIGMOID;
+    uint64_t M = rows_of(x), E = l->moe.experts, k = l->moe.top_k;
+    bool ds = l->moe.router == MP_ROUTER_FP32_SOFTMAX || l->moe.router == MP_ROUTER_FP32_SIGMOID;
     struct val xin = x;
     bool copy_w = ds && !B->amp && dt_of(B, x) != MP_DT_F32; /* hidden.type(fp32), weight.type(fp32) */
     if (copy_w)
@@ -96,9 +96,11 @@ static struct val lower_router(struct bld *B, struct val x, const struct mp_laye
                  MP_XR_WEIGHT_COPY);
     enum mp_dtype ldt = dt_of(B, logits);
     /* softmax(logits.float()) / softmax(dtype=float): fp32 probabilities; sigmoid: the logits' dtype */
-    enum mp_dtype pdt = l->router == MP_ROUTER_FP32_SIGMOID ? ldt : MP_DT_F32;
-    bool topk_first = l->router == MP_ROUTER_TOPK_SOFTMAX; /* softmax over the k chosen logits */
-    enum mp_dtype wdt = l->router == MP_ROUTER_SOFTMAX_CAST ? ldt : topk_first ? dt_of(B, x) : pdt; /* the weights */
+    enum mp_dtype pdt = l->moe.router == MP_ROUTER_FP32_SIGMOID ? ldt : MP_DT_F32;
+    bool topk_first = l->moe.router == MP_ROUTER_TOPK_SOFTMAX; /* softmax over the k chosen logits */
+    enum mp_dtype wdt = l->moe.router == MP_ROUTER_SOFTMAX_CAST ? ldt
+                        : topk_first                            ? dt_of(B, x)
+                                                                : pdt; /* the weights */
     uint64_t shape[2] = {M, k};
     struct val w = new_val(B, "gate.weights", wdt, 2, shape, true);
     struct mp_node *n = new_node(B, MP_P_ROUTER, "gate.topk");
@@ -113,17 +115,17 @@ static struct val lower_router(struct bld *B, struct val x, const struct mp_laye
      * only its indices, .type_as(x) nothing) */
     extra_as(n, new_flat(B, "gate.probs", pdt, mul(B, M, topk_first ? k : E)), MP_XR_ROUTER_PROBS);
     extra_as(n, new_flat(B, "gate.topk_index", MP_DT_I64, mul(B, M, k)), MP_XR_TOPK_INDEX);
-    if (l->norm_topk) { /* values /= values.sum(-1, keepdim=True): DivBackward keeps both */
+    if (l->moe.norm_topk) { /* values /= values.sum(-1, keepdim=True): DivBackward keeps both */
         extra_as(n, new_flat(B, "gate.topk_values", pdt, mul(B, M, k)), MP_XR_TOPK_VALUES);
         extra_as(n, new_flat(B, "gate.topk_sum", pdt, M), MP_XR_TOPK_SUM);
     }
-    if (l->route_mask) /* DeepSeek-V2 group_limited_greedy: masked_fill keeps its mask */
+    if (l->moe.route_mask) /* DeepSeek-V2 group_limited_greedy: masked_fill keeps its mask */
         extra_as(n, new_flat(B, "gate.group_mask", MP_DT_U8, mul(B, M, E)), MP_XR_ROUTE_MASK);
     /* forward transients: an fp32 copy of the logits (Mixtral's .float()) or DeepSeek-V3's
      * scores_for_choice and its masked copy; backward: the dense (M, E) gradient */
     uint64_t me4 = mul(B, mul(B, M, E), 4);
     tmp_one(B, n, false, MP_TR_OTHER,
-            l->router == MP_ROUTER_FP32_SIGMOID ? mul(B, me4, 2) : ldt != MP_DT_F32 ? me4 : 0);
+            l->moe.router == MP_ROUTER_FP32_SIGMOID ? mul(B, me4, 2) : ldt != MP_DT_F32 ? me4 : 0);
     tmp_one(B, n, true, MP_TR_OTHER, me4);
     n->fwd_flops = 5.0 * (double)M * (double)E;
     n->bwd_flops = n->fwd_flops;
@@ -135,7 +137,7 @@ static struct val lower_experts(struct bld *B, struct val x, struct val w, const
 {
     char saved[96];
     with_prefix(B, B->prefix, "experts", saved);
-    uint64_t M = rows_of(x), k = l->top_k, E = l->experts, F = l->expert_ffn, S = mul(B, M, k);
+    uint64_t M = rows_of(x), k = l->moe.top_k, E = l->moe.experts, F = l->moe.expert_ffn, S = mul(B, M, k);
     enum mp_dtype xdt = dt_of(B, x);
     struct val xs = moe_rows(B, x, S, h, xdt, 1, S, "dispatch"); /* hidden_states[perm // k] */
     struct val ws = moe_rows(B, w, S, 1, dt_of(B, w), 1, S, "dispatch_weights"); /* weights[perm] */
@@ -151,7 +153,7 @@ static struct val lower_experts(struct bld *B, struct val x, struct val w, const
     size_t gun = failed(B) ? 0 : B->p->n_nodes - 1; /* an index: the node array may move */
     struct val gp = like(B, "gate_up_proj.grad_gate", g, dt_of(B, gu), ng(B, gu));
     struct val up = like(B, "gate_up_proj.grad_up", u, dt_of(B, gu), ng(B, gu));
-    struct val ga = lower_act(B, g, l->act, false, "act_fn");
+    struct val ga = lower_act(B, g, l->mlp.act, false, "act_fn");
     if (!failed(B))
         B->p->nodes[B->p->n_nodes - 1].in_grad_part[0] = gp.t;
     struct val m = lower_mul(B, ga, u, "mul");
@@ -182,18 +184,18 @@ static struct val lower_moe(struct bld *B, struct val x, const struct mp_layer *
     xt.shape[0] = rows_of(x);
     xt.shape[1] = h;
     struct mp_layer sl = *l; /* the shared expert: a gated MLP of its own width */
-    sl.experts = 0;
-    sl.ffn = l->shared_ffn;
-    sl.gated = true;
-    sl.fused_gate_up = false;
+    sl.moe.experts = 0;
+    sl.mlp.ffn = l->moe.shared_ffn;
+    sl.mlp.gated = true;
+    sl.mlp.fused_gate_up = false;
     struct val sh = {.t = -1};
-    const char *shn = l->shared_gate ? "shared_expert" : "shared_experts";
-    if (l->shared_ffn && l->shared_first)
+    const char *shn = l->moe.shared_gate ? "shared_expert" : "shared_experts";
+    if (l->moe.shared_ffn && l->moe.shared_first)
         sh = lower_mlp(B, xt, &sl, h, shn);
     struct val y = lower_experts(B, xt, lower_router(B, xt, l, h), l, h);
-    if (l->shared_ffn && !l->shared_first)
+    if (l->moe.shared_ffn && !l->moe.shared_first)
         sh = lower_mlp(B, xt, &sl, h, shn);
-    if (sh.t >= 0 && l->shared_gate) {
+    if (sh.t >= 0 && l->moe.shared_gate) {
         struct val gt = lower_act(B, lower_linear(B, xt, h, 1, false, "shared_expert_gate"), MP_ACT_SIGMOID, false,
                                   "shared_expert_gate.sigmoid");
         sh = lower_mul(B, sh, gt, "shared_expert_gated");
@@ -209,29 +211,30 @@ static struct val lower_moe(struct bld *B, struct val x, const struct mp_layer *
 struct val lower_mlp(struct bld *B, struct val x, const struct mp_layer *l, uint64_t hidden,
                      const char *name)
 {
-    if (l->experts)
+    if (l->moe.experts)
         return lower_moe(B, x, l, hidden, name);
     char saved[96];
     with_prefix(B, B->prefix, name, saved);
     struct val y;
-    if (l->gated) {
+    if (l->mlp.gated) {
         struct val ga, u;
-        if (l->fused_gate_up) { /* Phi-3: gate_up_proj, chunked into two views of one storage */
-            struct val g = u = lower_linear(B, x, hidden, mul(B, 2, l->ffn), l->mlp_bias, "gate_up_proj");
-            g.shape[g.rank - 1] = u.shape[u.rank - 1] = l->ffn;
-            ga = lower_act(B, g, l->act, false, "act");
+        if (l->mlp.fused_gate_up) { /* Phi-3: gate_up_proj, chunked into two views of one storage */
+            struct val g = u = lower_linear(B, x, hidden, mul(B, 2, l->mlp.ffn), l->mlp.bias, "gate_up_proj");
+            g.shape[g.rank - 1] = u.shape[u.rank - 1] = l->mlp.ffn;
+            ga = lower_act(B, g, l->mlp.act, false, "act");
         } else { /* down_proj(act_fn(gate_proj(x)) * up_proj(x)): the activation runs before
                   * up_proj (transformers 5.24 models/llama/modeling_llama.py:164, and the
                   * families that copy it) */
-            ga = lower_act(B, lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "gate_proj"), l->act, false, "act");
-            u = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, "up_proj");
+            ga = lower_act(B, lower_linear(B, x, hidden, l->mlp.ffn, l->mlp.bias, "gate_proj"), l->mlp.act, false,
+                           "act");
+            u = lower_linear(B, x, hidden, l->mlp.ffn, l->mlp.bias, "up_proj");
         }
         struct val m = lower_mul(B, ga, u, "mul");
-        y = lower_linear(B, m, l->ffn, hidden, l->mlp_bias, "down_proj");
+        y = lower_linear(B, m, l->mlp.ffn, hidden, l->mlp.bias, "down_proj");
     } else {
-        struct val f = lower_linear(B, x, hidden, l->ffn, l->mlp_bias, l->up_down ? "up_proj" : "fc1");
-        f = lower_act(B, f, l->act, false, "act");
-        y = lower_linear(B, f, l->ffn, hidden, l->mlp_bias, l->up_down ? "down_proj" : "fc2");
+        struct val f = lower_linear(B, x, hidden, l->mlp.ffn, l->mlp.bias, l->mlp.up_down ? "up_proj" : "fc1");
+        f = lower_act(B, f, l->mlp.act, false, "act");
+        y = lower_linear(B, f, l->mlp.ffn, hidden, l->mlp.bias, l->mlp.up_down ? "down_proj" : "fc2");
     }
     hold_to_last(B, x.t); /* the MLP's frame holds x until it returns */
     restore_prefix(B, saved);

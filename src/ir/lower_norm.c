@@ -83,7 +83,7 @@ static struct val lower_layernorm_variant(struct bld *B, struct val x, const str
         return x;
     enum mp_dtype xdt = dt_of(B, x), hdt = B->p->compute_dtype;
     char cn[64];
-    if (l->ln_plain) {
+    if (l->norm.ln_plain) {
         snprintf(cn, sizeof cn, "%s.float", name);
         struct val y = layernorm_node(B, xdt == MP_DT_F32 ? x : cast_to(B, x, MP_DT_F32, cn), dim, -1, -1, name);
         snprintf(cn, sizeof cn, "%s.to_%s", name, mp_dtype_str(xdt));
@@ -92,7 +92,7 @@ static struct val lower_layernorm_variant(struct bld *B, struct val x, const str
     int g = norm_weight(B, name, dim);
     char pn[80];
     snprintf(pn, sizeof pn, "%s.bias", name);
-    int be = l->norm_bias ? new_param(B, pn, 1, dim, false) : -1;
+    int be = l->norm.bias ? new_param(B, pn, 1, dim, false) : -1;
     struct val xin = x;
     if (B->amp && xdt != hdt) {
         snprintf(cn, sizeof cn, "%s.cast", name);
@@ -226,11 +226,11 @@ static struct val lower_cohere_norm(struct bld *B, struct val x, uint64_t dim, c
 struct val lower_norm(struct bld *B, struct val x, const struct mp_layer *l, enum mp_norm kind,
                       uint64_t dim, const char *name)
 {
-    if (kind == MP_NORM_LAYERNORM && l->ln_fp32)
+    if (kind == MP_NORM_LAYERNORM && l->norm.ln_fp32)
         return lower_cohere_norm(B, x, dim, name);
-    if (kind == MP_NORM_LAYERNORM && (l->ln_plain || l->ln_1p))
+    if (kind == MP_NORM_LAYERNORM && (l->norm.ln_plain || l->norm.ln_1p))
         return lower_layernorm_variant(B, x, l, dim, name);
     if (kind == MP_NORM_RMSNORM)
-        return lower_rmsnorm(B, x, dim, l->rms_fp32, name);
-    return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm_bias, name);
+        return lower_rmsnorm(B, x, dim, l->norm.rms_fp32, name);
+    return lower_layernorm(B, x, dim, l->type == MP_LT_RMSNORM ? false : l->norm.bias, name);
 }

@@ -40,8 +40,8 @@ static struct mp_node *t5_node(struct bld *B, const char *name, int in, int out,
  * (UMT5: used by its own layer only). */
 static struct val t5_position_bias(struct bld *B, const struct mp_layer *l, uint64_t ql, uint64_t kl)
 {
-    uint64_t shape[4] = {1, l->heads, ql, kl}, qk = mul(B, ql, kl);
-    int w = new_param(B, "relative_attention_bias.weight", l->rel_buckets, l->heads, false);
+    uint64_t shape[4] = {1, l->attn.heads, ql, kl}, qk = mul(B, ql, kl);
+    int w = new_param(B, "relative_attention_bias.weight", l->t5.rel_buckets, l->attn.heads, false);
     if (w >= 0)
         B->p->params[w].embedding = true; /* an nn.Embedding */
     struct val pb = new_val(B, "position_bias", B->p->param_dtype, 4, shape, true);
@@ -50,7 +50,7 @@ static struct val t5_position_bias(struct bld *B, const struct mp_layer *l, uint
         return pb;
     n->param[0] = w;
     extra_as(n, new_flat(B, "relative_position_bucket", MP_DT_I64, qk), MP_XR_POSITION_IDS);
-    if (!l->bias_per_layer) /* UMT5: a local of the layer's attention */
+    if (!l->t5.bias_per_layer) /* UMT5: a local of the layer's attention */
         held_tensor(B, pb.t, B->block);
     return pb;
 }
@@ -80,25 +80,25 @@ static int t5_bias(struct bld *B, const struct mp_layer *l, enum t5_attn kind, e
 {
     int pb;
     if (kind == T5_CROSS) {
-        if (B->cross_bias < 0 || l->bias_per_layer) { /* torch.zeros (1, a, q, k) in q's dtype: made
+        if (B->cross_bias < 0 || l->t5.bias_per_layer) { /* torch.zeros (1, a, q, k) in q's dtype: made
                                                           by layer 0 and handed on (UMT5: every layer) */
             struct val z = new_val(B, "position_bias_zeros", cdt, 4, shape4,
-                                   B->p->opts.hf_checkpointing && !l->bias_per_layer);
+                                   B->p->opts.hf_checkpointing && !l->t5.bias_per_layer);
             struct mp_node *zn = t5_node(B, "position_bias_zeros", -1, z.t, 0);
             if (zn) {
                 zn->no_grad = true;
                 zn->grad_in = false;
             }
             B->cross_bias = z.t;
-            if (!l->bias_per_layer)
+            if (!l->t5.bias_per_layer)
                 held_tensor(B, z.t, B->block);
             /* under HF checkpointing T5Attention sets requires_grad on it: a leaf (not UMT5's) */
-            if (!failed(B) && B->p->opts.hf_checkpointing && !l->bias_per_layer)
+            if (!failed(B) && B->p->opts.hf_checkpointing && !l->t5.bias_per_layer)
                 B->p->held[B->p->n_held - 1].leaf = true;
         }
         pb = B->cross_bias;
     } else {
-        if (l->rel_buckets)
+        if (l->t5.rel_buckets)
             B->pos_bias = t5_position_bias(B, l, ql, kl).t;
         pb = B->pos_bias;
     }
@@ -110,9 +110,9 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
 {
     char saved[96], en[112];
     with_prefix(B, B->prefix, name, saved);
-    uint64_t h = l->dim, a = l->heads, d = l->head_dim, inner = mul(B, a, d);
+    uint64_t h = l->dim, a = l->attn.heads, d = l->attn.head_dim, inner = mul(B, a, d);
     uint64_t b = B->b, ql = B->s, kl = kind == T5_CROSS ? B->s_enc : B->s;
-    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->impl_set ? B->p->opts.attention : l->impl;
+    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
     bool eager = impl == MP_ATTN_EAGER;
     if (impl == MP_ATTN_FLASH) {
         fail_model(B, MP_ERR_USAGE, "--attention flash: transformers has no flash-attention path for T5 (the "
@@ -145,7 +145,7 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
         restore_prefix(B, saved);
         return x;
     }
-    if (l->bias_per_layer) /* UMT5: the layer's own, for no other (so each layer leaves the builder
+    if (l->t5.bias_per_layer) /* UMT5: the layer's own, for no other (so each layer leaves the builder
                             * as it found it, and a layer repeats the one before: copies, folds) */
         *(kind == T5_CROSS ? &B->cross_bias : &B->pos_bias) = -1;
     bool pb_grad = T(B, pb)->needs_grad;
@@ -202,7 +202,7 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
     n->rows = mul(B, b, ql);
     n->causal = false; /* the causal mask is in the bias */
     n->eager = eager;
-    n->p = l->attn_dropout;
+    n->p = l->attn.dropout;
     n->keep = mask; /* the mask is an argument, not an input with a gradient slot: alive until it runs */
     uint64_t baq = mul(B, mul(B, b, a), ql);
     if (!eager) {
@@ -224,7 +224,7 @@ static struct val t5_attention(struct bld *B, struct val x, struct val kv, const
         enum mp_dtype sdt = promote(cdt, pdt);            /* scores + pb */
         enum mp_dtype sm = B->amp ? MP_DT_F32 : sdt;       /* softmax: CUDA autocast's fp32 list */
         extra_as(n, new_flat(B, "probs", sm, baqk), MP_XR_PROBS);
-        if (l->attn_dropout > 0) {
+        if (l->attn.dropout > 0) {
             extra_as(n, new_flat(B, "dropout_mask", MP_DT_U8, baqk), MP_XR_ATTN_DROP_MASK);
             extra_as(n, new_flat(B, "probs_dropped", sm, baqk), MP_XR_PROBS_DROPPED);
             if (sm != cdt) {
@@ -258,13 +258,13 @@ static struct val t5_ff(struct bld *B, struct val x, const struct mp_layer *l, c
     }
     char saved[96];
     with_prefix(B, B->prefix, name, saved);
-    uint64_t h = l->dim, F = l->ffn;
+    uint64_t h = l->dim, F = l->mlp.ffn;
     struct val m;
-    if (l->gated) {
-        struct val g = lower_act(B, lower_linear(B, x, h, F, false, "wi_0"), l->act, false, "act");
+    if (l->mlp.gated) {
+        struct val g = lower_act(B, lower_linear(B, x, h, F, false, "wi_0"), l->mlp.act, false, "act");
         m = lower_mul(B, g, lower_linear(B, x, h, F, false, "wi_1"), "mul");
     } else {
-        m = lower_act(B, lower_linear(B, x, h, F, false, "wi"), l->act, false, "act");
+        m = lower_act(B, lower_linear(B, x, h, F, false, "wi"), l->mlp.act, false, "act");
     }
     m = lower_dropout(B, m, l->p, "dropout");
     if (!failed(B) && dt_of(B, m) != B->p->param_dtype)
@@ -281,11 +281,11 @@ struct val lower_t5_block(struct bld *B, struct val x, const struct mp_layer *l)
     uint64_t h = l->dim;
     if (!width_ok(B, x, h, "dim", ""))
         return x;
-    if (l->cross_attn && B->enc_out < 0) {
+    if (l->t5.cross_attn && B->enc_out < 0) {
         fail_model(B, MP_ERR_MODEL, "a T5 decoder block needs the decoder embedding (dec_input) before it");
         return x;
     }
-    if (l->cross_attn && !B->dec_started) { /* the first decoder layer: checkpoint inputs hold it */
+    if (l->t5.cross_attn && !B->dec_started) { /* the first decoder layer: checkpoint inputs hold it */
         B->dec_started = true;
         for (size_t j = 0; j < B->p->n_held; j++)
             if (B->p->held[j].t == B->enc_out)
@@ -295,14 +295,14 @@ struct val lower_t5_block(struct bld *B, struct val x, const struct mp_layer *l)
     char p0[24], p1[24], p2[24];
     snprintf(p0, sizeof p0, "layer.0");
     snprintf(p1, sizeof p1, "layer.1");
-    snprintf(p2, sizeof p2, "layer.%d", l->cross_attn ? 2 : 1);
+    snprintf(p2, sizeof p2, "layer.%d", l->t5.cross_attn ? 2 : 1);
     char sv[96];
     with_prefix(B, B->prefix, p0, sv);
     struct val n0 = lower_t5_norm(B, x, h, "layer_norm");
-    struct val a = t5_attention(B, n0, n0, l, l->cross_attn ? T5_DEC_SELF : T5_ENC_SELF, "SelfAttention");
+    struct val a = t5_attention(B, n0, n0, l, l->t5.cross_attn ? T5_DEC_SELF : T5_ENC_SELF, "SelfAttention");
     restore_prefix(B, sv);
     x = lower_add(B, x, lower_dropout(B, a, l->p, "layer.0.dropout"), "layer.0.residual");
-    if (l->cross_attn) {
+    if (l->t5.cross_attn) {
         struct val e = {.t = B->enc_out, .rank = 3, .shape = {B->b, B->s_enc, h}};
         with_prefix(B, B->prefix, p1, sv);
         struct val c = t5_attention(B, lower_t5_norm(B, x, h, "layer_norm"), e, l, T5_CROSS, "EncDecAttention");
@@ -357,5 +357,5 @@ struct val lower_t5_decoder_embed(struct bld *B, struct val x, const struct mp_l
     n->k = l->vocab;
     n->fwd_flops = (double)T(B, y.t)->elems;
     n->bwd_flops = n->fwd_flops;
-    return lower_dropout(B, y, l->emb_dropout, "dropout");
+    return lower_dropout(B, y, l->emb.dropout, "dropout");
 }

@@ -161,14 +161,14 @@ struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t
 static enum mp_status check_attention(const struct mp_model *m, const struct mp_layer *l, const char *where,
                                       struct mp_diag *d)
 {
-    if (l->heads == 0)
+    if (l->attn.heads == 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: %s.heads: expected a positive integer", m->path, where);
-    if (l->kv_heads == 0 || l->kv_heads > l->heads || l->heads % l->kv_heads != 0)
+    if (l->attn.kv_heads == 0 || l->attn.kv_heads > l->attn.heads || l->attn.heads % l->attn.kv_heads != 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: %s.kv_heads: %llu must divide heads (%llu)", m->path, where,
-                       (unsigned long long)l->kv_heads, (unsigned long long)l->heads);
-    if (l->head_dim == 0)
+                       (unsigned long long)l->attn.kv_heads, (unsigned long long)l->attn.heads);
+    if (l->attn.head_dim == 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: %s.head_dim: expected a positive integer", m->path, where);
-    if (l->rotary_dim > l->head_dim || l->rotary_dim % 2)
+    if (l->rope.dim > l->attn.head_dim || l->rope.dim % 2)
         return mp_fail(d, MP_ERR_MODEL, "%s: %s.rotary_dim: must be even and at most head_dim", m->path, where);
     return MP_OK;
 }
@@ -190,7 +190,7 @@ enum mp_status mp_model_validate(const struct mp_model *m, struct mp_diag *d)
                 if (st != MP_OK)
                     return st;
             }
-            if (l->type == MP_LT_TRANSFORMER_BLOCK && l->ffn == 0)
+            if (l->type == MP_LT_TRANSFORMER_BLOCK && l->mlp.ffn == 0)
                 return mp_fail(d, MP_ERR_MODEL, "%s: %s.ffn: expected a positive integer", m->path, where);
         }
     }
@@ -201,7 +201,8 @@ bool mp_model_has_attention(const struct mp_model *m)
 {
     for (size_t i = 0; i < m->n_blocks; i++)
         for (size_t j = 0; j < m->blocks[i].n_layers; j++)
-            if (m->blocks[i].layers[j].type == MP_LT_ATTENTION || m->blocks[i].layers[j].type == MP_LT_TRANSFORMER_BLOCK)
+            if (m->blocks[i].layers[j].type == MP_LT_ATTENTION ||
+                m->blocks[i].layers[j].type == MP_LT_TRANSFORMER_BLOCK)
                 return true;
     return false;
 }
@@ -214,9 +215,9 @@ int mp_model_attention_impl(const struct mp_model *m)
             const struct mp_layer *l = &m->blocks[i].layers[j];
             if (l->type != MP_LT_ATTENTION && l->type != MP_LT_TRANSFORMER_BLOCK)
                 continue;
-            if (!l->impl_set || (impl >= 0 && impl != (int)l->impl))
+            if (!l->attn.impl_set || (impl >= 0 && impl != (int)l->attn.impl))
                 return -1;
-            impl = (int)l->impl;
+            impl = (int)l->attn.impl;
         }
     return impl;
 }
@@ -274,8 +275,8 @@ void mp_model_mark_copies(struct mp_model *m)
         for (size_t k = 0; ok && k < m->blocks[i].n_layers; k++) {
             const struct mp_layer *l = &m->blocks[i].layers[k];
             uint64_t e;
-            if (l->rope && l->rope_table_rows)
-                ok = mp_mul_u64(l->rope_table_rows, l->rotary_dim ? l->rotary_dim : l->head_dim, &e) &&
+            if (l->rope.on && l->rope.table_rows)
+                ok = mp_mul_u64(l->rope.table_rows, l->rope.dim ? l->rope.dim : l->attn.head_dim, &e) &&
                      mp_add_u64(m->pos_table_elems, e, &m->pos_table_elems);
         }
     if (!ok)

@@ -105,154 +105,189 @@ enum mp_head_pool {
                       answering), two labels per sample */
 };
 
-/* One op (or one composite block) as described by the user.  Only the fields
- * of its type are meaningful; the rest are zero. */
-struct mp_layer {
-    enum mp_layer_type type;
-    char name[64];
+/* A layer's settings, grouped by the part of a block they describe.  Each group is read by both
+ * readers through one key table (model_keys.c: JSON key, field, type, default, doc), which also
+ * makes docs/model-format.md's key tables.  Only the groups of a layer's type are meaningful; the
+ * rest stay zero. */
 
-    /* embedding / pos_embedding / lm_head / classifier */
-    uint64_t vocab;     /* rows of the table, or classes of a classifier */
-    uint64_t dim;       /* hidden size: embedding width, norm width, block hidden */
-    bool tied;          /* lm_head shares the embedding weight (no params of its own) */
-    bool masked;        /* lm_head: masked-LM labels, used as they are (causal LMs shift theirs) */
-    enum mp_head_pool pool; /* linear / classifier on tokens: which positions it reads */
-
-    /* linear */
-    uint64_t in_features, out_features;
-    bool bias;
-
-    /* attention (also inside transformer_block) */
+/* attention (attention, and inside transformer_block) */
+struct mp_attn {
     uint64_t heads, kv_heads, head_dim;
-    bool causal;
-    bool qkv_bias, out_bias;
-    bool fused_qkv;     /* one [h, (a+2kv)d] projection (GPT-2, NeoX) vs three (Llama) */
-    bool rope;          /* rotary embedding: q and k are rewritten (new storages) */
-    uint64_t rotary_dim; /* partial rotary (NeoX, phi); 0 = head_dim */
-    unsigned rope_kinds; /* rotary tables the model makes (one per distinct layer type: Gemma3, OLMo3;
-                            0 counts as 1) */
-    bool rope_interleave; /* interleaved rotary (GLM, Helium, ERNIE 4.5: cos/sin repeat_interleave'd and
-                             rotate_half of even/odd pairs): each layer makes and saves its own cos/sin
-                             pair (1, s, rotary_dim); the model's table is saved by no layer */
-    bool rope_per_sample; /* M-RoPE (Qwen2-VL, Qwen2.5-VL): position ids (3, b, s) make the model's cos/sin
-                             (b, s, rotary_dim), one row per sample */
-    bool rope_fp32;     /* the model's cos/sin stay fp32 (no cast to the residual dtype) (OLMo2/3,
-                           ERNIE 4.5) */
-    bool rope_cast_back; /* the rotated q/k (fp32 products) are cast back to q's dtype (OLMo2/3,
-                           ERNIE 4.5, Cohere) */
-    bool rope_cat;      /* q/k rebuilt with torch.cat even at full rotary (the partial-rotary code of
-                           NeoX, phi, Phi-3, StableLM): the attention output is then copied */
-    enum mp_attn_impl impl;
-    bool impl_set;      /* impl came from the file (else the --attention default applies) */
-    double attn_dropout;  /* dropout on attention probabilities */
-
-    /* mlp (also inside transformer_block) */
-    uint64_t ffn;
-    enum mp_act act;
-    bool gated;         /* SwiGLU/GeGLU: act(gate) * up */
-    bool up_down;       /* not gated, its Linears named up_proj / down_proj (Arcee), not fc1 / fc2 */
-    bool mlp_bias;
-
-    /* norms, dropout */
-    enum mp_norm norm;
-    bool norm_bias;     /* layernorm has a bias (false for OLMo-style / rmsnorm) */
-    double p;           /* dropout probability; for transformer_block: residual dropout */
-    bool inplace;       /* activation: ReLU(inplace=True) overwrites its input (saves nothing new) */
-    double emb_dropout; /* transformer models: dropout after the embeddings (in the embedding block) */
-
-    /* transformer_block extras */
-    bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (NeoX, GPT-J, phi) */
-    bool shared_norm;       /* parallel residual with one norm for both branches (GPT-J, phi) */
-    bool post_norm;         /* BERT: x = ln(x + attn(x)); x = ln(x + mlp(x)) */
-    bool branch_norm;       /* each branch's output is normed before its residual add (Gemma2/3, OLMo2) */
-    bool no_pre_norm;       /* with branch_norm: no norm before the branches (OLMo2) */
-    enum mp_qk_norm qk_norm; /* RMSNorm of q and k after their projections (Qwen3, Gemma3, OLMo2) */
-    bool qk_norm_late;      /* the q/k norms come after the rotary, not before (HunYuan) */
-    bool clip_qkv;          /* q, k and v clamped in place after their projections (OLMo's clip_qkv) */
-    bool softmax_fp32;      /* eager attention: softmax(..., dtype=float32).to(dtype), most HF decoders;
-                               false: a plain softmax (GPT-2, BERT), fp32 only under autocast */
-    bool rms_fp32;          /* RMSNorm applies its weight in fp32 and casts back (Gemma, OLMo2); also
-                               on rmsnorm layers */
-    bool ln_fp32;           /* layernorm is Cohere's Python composite in fp32 (no bias); also on
-                               layernorm layers */
-    bool ln_plain;          /* layernorm is OLMo's: no weight, no bias, run in fp32 (x.to(fp32),
-                               F.layer_norm, .to(x's dtype)); also on layernorm layers */
-    bool ln_1p;             /* layernorm is Nemotron's LayerNorm1P: weight + 1 (a new tensor), under
-                               autocast run in the half dtype; also on layernorm layers */
-    bool fused_gate_up;     /* gated MLP with one gate_up projection, chunked (Phi-3) */
-    bool no_attn_out_dropout; /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
-    double attn_softcap;    /* tanh softcapping of the attention scores (Gemma2; eager only) */
-    double logit_softcap;   /* lm_head: tanh softcapping of the logits (Gemma2) */
-    /* mixture of experts (transformer_block with experts > 0): the MLP is a router, experts
-     * (all experts' weights in two 3-D parameters, run by transformers' grouped_mm) and an
-     * optional shared expert; ffn stays the dense MLP's width (unused here) */
-    uint64_t experts, top_k;  /* routed experts, experts per token */
-    uint64_t expert_ffn;      /* one expert's intermediate width */
-    uint64_t shared_ffn;      /* the shared expert's intermediate width (0: none) */
-    bool shared_gate;         /* sigmoid(Linear(h, 1)) * shared expert (Qwen2-MoE) */
-    bool shared_first;        /* the shared expert runs before the router (Qwen2-MoE) */
-    bool norm_topk;           /* the top-k weights are renormalized (in place: a / sum) */
-    bool route_mask;          /* group-limited routing that keeps a (tokens, E) bool mask (DeepSeek-V2) */
-    enum mp_router router;
-    /* multi-head latent attention (DeepSeek-V2/V3; kv_lora > 0): q through a rank-q_lora
-     * bottleneck (0: one q_proj), k/v from a rank-kv_lora latent, rotary on rope_dim of each
-     * head; q/k heads are nope_dim + rope_dim wide, v heads v_dim (head_dim is unused) */
-    uint64_t q_lora, kv_lora, rope_dim, nope_dim, v_dim;
-    bool rope_complex;        /* DeepSeek-V2's rotary: fp32 complex multiply (else V3's interleaved halves) */
-    enum mp_qkv_split qkv_split; /* how a fused qkv output becomes q, k, v (Falcon's copies) */
-    bool attn_mask;         /* the model builds a (b, 1, s, s) mask and passes it to attention (Falcon):
-                               SDPA saves it (under autocast each layer's half copy); eager adds it */
     uint64_t window;        /* sliding-window attention over this many positions (0: full): from a
                                sequence of that length on, transformers gives SDPA a mask */
     unsigned eager_mask;    /* eager attention gets this many (b, 1, s, s) float masks from the
                                model, made once per forward (HF decoders: create_causal_mask; 2
                                with sliding-window layer types too, Gemma2/3) */
+    enum mp_attn_impl impl;
+    enum mp_qk_norm qk_norm; /* RMSNorm of q and k after their projections (Qwen3, Gemma3, OLMo2) */
+    enum mp_qkv_split qkv_split; /* how a fused qkv output becomes q, k, v (Falcon's copies) */
+    double dropout;         /* dropout on attention probabilities */
+    double softcap;         /* tanh softcapping of the attention scores (Gemma2; eager only) */
+    bool causal;
+    bool qkv_bias, out_bias;
+    bool fused_qkv;         /* one [h, (a+2kv)d] projection (GPT-2, NeoX) vs three (Llama) */
+    bool impl_set;          /* impl came from the file (else the --attention default applies) */
+    bool qk_norm_late;      /* the q/k norms come after the rotary, not before (HunYuan) */
+    bool clip_qkv;          /* q, k and v clamped in place after their projections (OLMo's clip_qkv) */
+    bool softmax_fp32;      /* eager attention: softmax(..., dtype=float32).to(dtype), most HF decoders;
+                               false: a plain softmax (GPT-2, BERT), fp32 only under autocast */
+    bool mask;              /* the model builds a (b, 1, s, s) mask and passes it to attention (Falcon):
+                               SDPA saves it (under autocast each layer's half copy); eager adds it */
     bool qk_fp32;           /* eager: q and k upcast to fp32 before QK^T (GPT-J's _attn) */
-    uint64_t rope_table_rows; /* GPT-J rotary: each attention layer's own sinusoid buffer (rows x
-                               rotary_dim fp32); every rope call gathers cos/sin from it and
-                               saves its own (s x rotary_dim) pair (rotate_every_two) */
-    double mult;            /* a Python-float multiplier that makes a new tensor (0: none): embedding
-                               output (Gemma's sqrt(h), Granite), each residual branch of a
-                               transformer_block (Granite), lm_head logits (Granite 1/logits_scaling) */
+    bool no_out_dropout;    /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
+};
 
-    /* T5 (t5_block: a transformer_block laid out as transformers' T5Block): T5LayerNorm before
-     * each sub-layer (RMS, fp32 variance, no bias), attention without 1/sqrt(d) scaling whose
-     * scores get a relative position bias, the feed-forward cast to wo's dtype; cross_attn: a
-     * decoder block (causal self-attention, then attention over the encoder output);
-     * rel_buckets > 0: this block (layer 0 of its stack) computes the bias from its
-     * relative_attention_bias table (rel_buckets x heads) */
-    bool t5, cross_attn;
-    uint64_t rel_buckets;
-    bool bias_per_layer;    /* UMT5: every self-attention computes its own bias and every
-                               cross-attention its own zeros (locals of the layer, not handed on) */
-    /* embedding: dec_input, the decoder's embedding of an encoder-decoder model: it looks up
-     * the decoder ids (the labels shifted right, made in this block) and its incoming hidden
-     * state is the encoder output, held for every cross-attention; tied: it shares the first
-     * embedding's table (T5's shared) */
+/* multi-head latent attention (DeepSeek-V2/V3; kv_lora > 0): q through a rank-q_lora bottleneck
+ * (0: one q_proj), k/v from a rank-kv_lora latent, rotary on rope_dim of each head; q/k heads
+ * are nope_dim + rope_dim wide, v heads v_dim (attn.head_dim is unused) */
+struct mp_mla {
+    uint64_t q_lora, kv_lora, rope_dim, nope_dim, v_dim;
+    bool rope_complex;      /* DeepSeek-V2's rotary: fp32 complex multiply (else V3's interleaved halves) */
+};
+
+/* rotary embedding of q and k */
+struct mp_rope {
+    uint64_t dim;           /* partial rotary (NeoX, phi); 0 = head_dim */
+    uint64_t table_rows;    /* GPT-J rotary: each attention layer's own sinusoid buffer (rows x
+                               dim fp32); every rope call gathers cos/sin from it and saves its
+                               own (s x dim) pair (rotate_every_two) */
+    unsigned kinds;         /* rotary tables the model makes (one per distinct layer type: Gemma3, OLMo3;
+                               0 counts as 1) */
+    bool on;                /* rotary embedding: q and k are rewritten (new storages) */
+    bool interleave;        /* interleaved rotary (GLM, Helium, ERNIE 4.5: cos/sin repeat_interleave'd and
+                               rotate_half of even/odd pairs): each layer makes and saves its own cos/sin
+                               pair (1, s, dim); the model's table is saved by no layer */
+    bool per_sample;        /* M-RoPE (Qwen2-VL, Qwen2.5-VL): position ids (3, b, s) make the model's cos/sin
+                               (b, s, dim), one row per sample */
+    bool fp32;              /* the model's cos/sin stay fp32 (no cast to the residual dtype) (OLMo2/3,
+                               ERNIE 4.5) */
+    bool cast_back;         /* the rotated q/k (fp32 products) are cast back to q's dtype (OLMo2/3,
+                               ERNIE 4.5, Cohere) */
+    bool cat;               /* q/k rebuilt with torch.cat even at full rotary (the partial-rotary code of
+                               NeoX, phi, Phi-3, StableLM): the attention output is then copied */
+};
+
+/* the norms of a transformer_block (kind, bias and the variants also on layernorm / rmsnorm
+ * layers) and where they sit */
+struct mp_norm_cfg {
+    enum mp_norm kind;
+    bool bias;              /* layernorm has a bias (false for OLMo-style / rmsnorm) */
+    bool rms_fp32;          /* RMSNorm applies its weight in fp32 and casts back (Gemma, OLMo2) */
+    bool ln_fp32;           /* layernorm is Cohere's Python composite in fp32 (no bias) */
+    bool ln_plain;          /* layernorm is OLMo's: no weight, no bias, run in fp32 (x.to(fp32),
+                               F.layer_norm, .to(x's dtype)) */
+    bool ln_1p;             /* layernorm is Nemotron's LayerNorm1P: weight + 1 (a new tensor), under
+                               autocast run in the half dtype */
+    bool shared;            /* parallel residual with one norm for both branches (GPT-J, phi) */
+    bool post;              /* BERT: x = ln(x + attn(x)); x = ln(x + mlp(x)) */
+    bool branch;            /* each branch's output is normed before its residual add (Gemma2/3, OLMo2) */
+    bool no_pre;            /* with branch: no norm before the branches (OLMo2) */
+};
+
+/* the feed-forward (mlp, and inside transformer_block) */
+struct mp_mlp {
+    uint64_t ffn;
+    enum mp_act act;
+    bool gated;             /* SwiGLU/GeGLU: act(gate) * up */
+    bool up_down;           /* not gated, its Linears named up_proj / down_proj (Arcee), not fc1 / fc2 */
+    bool bias;
+    bool fused_gate_up;     /* gated MLP with one gate_up projection, chunked (Phi-3) */
+};
+
+/* mixture of experts (transformer_block with experts > 0): the MLP is a router, experts (all
+ * experts' weights in two 3-D parameters, run by transformers' grouped_mm) and an optional
+ * shared expert; mlp.ffn stays the dense MLP's width (unused here) */
+struct mp_moe {
+    uint64_t experts, top_k;  /* routed experts, experts per token */
+    uint64_t expert_ffn;      /* one expert's intermediate width */
+    uint64_t shared_ffn;      /* the shared expert's intermediate width (0: none) */
+    enum mp_router router;
+    bool shared_gate;         /* sigmoid(Linear(h, 1)) * shared expert (Qwen2-MoE) */
+    bool shared_first;        /* the shared expert runs before the router (Qwen2-MoE) */
+    bool norm_topk;           /* the top-k weights are renormalized (in place: a / sum) */
+    bool route_mask;          /* group-limited routing that keeps a (tokens, E) bool mask (DeepSeek-V2) */
+};
+
+/* lm_head / classifier / a token model's linear head */
+struct mp_head_cfg {
+    enum mp_head_pool pool; /* linear / classifier on tokens: which positions it reads */
+    double softcap;         /* lm_head: tanh softcapping of the logits (Gemma2) */
+    double in_mult;         /* lm_head: multiplies its input first (T5's d_model**-0.5 rescale; 0: none) */
+    bool tied;              /* lm_head shares the embedding weight (no params of its own) */
+    bool masked;            /* lm_head: masked-LM labels, used as they are (causal LMs shift theirs) */
+};
+
+/* embedding / patch_embedding: HF registered buffers (resident like the batch): id_buffer, the int64
+ * (1, id_rows) position_ids / token_type_ids of BertEmbeddings (id_view: the forward uses a view
+ * of it, no new ids); scale_buffer, Gemma's fp32 scalar embed_scale */
+struct mp_embed {
+    uint64_t id_rows;
+    double dropout;         /* transformer models: dropout after the embeddings (in the embedding block) */
+    bool id_buffer, id_view, scale_buffer;
+    /* dec_input, the decoder's embedding of an encoder-decoder model: it looks up the decoder ids
+     * (the labels shifted right, made in this block) and its incoming hidden state is the encoder
+     * output, held for every cross-attention; tied: it shares the first embedding's table (T5's
+     * shared) */
     bool dec_input;
-    /* lm_head: in_mult multiplies its input first (T5's d_model**-0.5 rescale; 0: none) */
-    double in_mult;
-
-    /* patch_embedding (ViT): a conv2d of in_ch -> dim with kernel = stride = patch (kernel), the
-     * patches flattened into a sequence, a learned class token prepended (cls_token), learned
+    /* patch_embedding (ViT): a conv2d of in_ch -> dim with kernel = stride = patch (conv.kernel),
+     * the patches flattened into a sequence, a learned class token prepended (cls_token), learned
      * positions added: the sequence is (H / patch) * (W / patch) + 1 */
     bool cls_token;
+};
 
-    /* HF registered buffers of the embeddings (resident like the batch): id_buffer, the int64
-     * (1, id_rows) position_ids / token_type_ids of BertEmbeddings (id_view: the forward uses a
-     * view of it, no new ids); scale_buffer, Gemma's fp32 scalar embed_scale */
-    bool id_buffer, id_view, scale_buffer;
-    uint64_t id_rows;
-
-    /* conv2d / pooling / batchnorm / bottleneck */
+/* conv2d / pooling / batchnorm / bottleneck / patch_embedding */
+struct mp_conv {
     uint64_t in_ch, out_ch, mid_ch;
     uint64_t kernel, stride, padding, groups;
     uint64_t out_h, out_w;  /* adaptive pooling target */
     bool downsample;        /* bottleneck has a 1x1 projection shortcut */
+};
 
-    /* custom (per sample) */
-    uint64_t c_output_bytes, c_saved_bytes, c_params;
-    uint64_t c_fwd_flops, c_bwd_flops;
+/* custom (per sample) */
+struct mp_custom {
+    uint64_t output_bytes, saved_bytes, params;
+    uint64_t fwd_flops, bwd_flops;
+};
+
+/* T5 (a transformer_block laid out as transformers' T5Block): T5LayerNorm before each sub-layer
+ * (RMS, fp32 variance, no bias), attention without 1/sqrt(d) scaling whose scores get a relative
+ * position bias, the feed-forward cast to wo's dtype; cross_attn: a decoder block (causal
+ * self-attention, then attention over the encoder output); rel_buckets > 0: this block (layer 0
+ * of its stack) computes the bias from its relative_attention_bias table (rel_buckets x heads) */
+struct mp_t5 {
+    uint64_t rel_buckets;
+    bool on, cross_attn;
+    bool bias_per_layer;    /* UMT5: every self-attention computes its own bias and every
+                               cross-attention its own zeros (locals of the layer, not handed on) */
+};
+
+/* One op (or one composite block) as described by the user. */
+struct mp_layer {
+    enum mp_layer_type type;
+    char name[64];
+
+    uint64_t vocab;         /* embedding / pos_embedding / lm_head: rows of the table; classifier: classes */
+    uint64_t dim;           /* hidden size: embedding width, norm width, block hidden */
+    uint64_t in_features, out_features; /* linear */
+    bool bias;              /* linear, conv2d, lm_head, classifier */
+    double p;               /* dropout probability; for transformer_block: residual dropout */
+    bool inplace;           /* activation: ReLU(inplace=True) overwrites its input (saves nothing new) */
+    bool parallel_residual; /* transformer_block: x + attn(ln1(x)) + mlp(ln2(x)) (NeoX, GPT-J, phi) */
+    double mult;            /* a Python-float multiplier that makes a new tensor (0: none): embedding
+                               output (Gemma's sqrt(h), Granite), each residual branch of a
+                               transformer_block (Granite), lm_head logits (Granite 1/logits_scaling) */
+
+    struct mp_attn attn;
+    struct mp_mla mla;
+    struct mp_rope rope;
+    struct mp_norm_cfg norm;
+    struct mp_mlp mlp;
+    struct mp_moe moe;
+    struct mp_head_cfg head;
+    struct mp_embed emb;
+    struct mp_conv conv;
+    struct mp_custom custom;
+    struct mp_t5 t5;
 };
 
 struct mp_block {

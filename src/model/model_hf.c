@@ -119,7 +119,7 @@ struct family {
     uint64_t pos_offset;        /* learned position rows beyond max positions (OPT: 2) */
     enum mp_qk_norm qk_norm;
     bool qk_norm_late;          /* the q/k norms after the rotary (HunYuan) */
-    bool rms_fp32, branch_norm, no_pre_norm, fused_gate_up;
+    bool fused_gate_up;
     bool no_attn_out_dropout;   /* the residual dropout is on the MLP branch only */
     bool eager;                 /* transformers has no SDPA path for it (Gemma2: softcapping) */
     bool plain_softmax;         /* eager attention calls softmax without dtype=float32 (GPT-2, BERT) */
@@ -158,12 +158,11 @@ struct family {
     uint64_t swa_every;         /* without layer_types: every swa_every-th layer is full attention, the
                                    others sliding (Gemma2 2, Gemma3 6, OLMo3 4, EXAONE 4 4); 0: all full */
     const char *k_swa_every;    /* the key that overrides it (sliding_window_pattern) */
-    bool rope_interleave;       /* interleaved rotary (GLM, Helium, ERNIE 4.5): a cos/sin pair per layer */
-    bool rope_fp32;             /* fp32 cos/sin (OLMo2/3, ERNIE 4.5) */
-    bool rope_cast_back;        /* rotated q/k in fp32, cast back (OLMo2/3, ERNIE 4.5, Cohere) */
-    bool ln_fp32;               /* Cohere's composite fp32 LayerNorm without bias */
-    bool ln_plain;              /* OLMo's fp32 LayerNorm without weight or bias */
-    bool ln_1p;                 /* Nemotron's LayerNorm1P (weight + 1; half under autocast) */
+    struct mp_rope rope;        /* every rotary layer's variant (interleave: GLM, Helium, ERNIE 4.5;
+                                   fp32: OLMo2/3, ERNIE 4.5; cast_back: OLMo2/3, ERNIE 4.5, Cohere) */
+    struct mp_norm_cfg norm_cfg; /* every norm's variant (ln_fp32: Cohere; ln_plain: OLMo; ln_1p:
+                                   Nemotron; rms_fp32: Gemma, OLMo2) and the blocks' placement
+                                   (branch: Gemma2/3, OLMo2; no_pre: OLMo2) */
     bool up_down;               /* a non-gated MLP named up_proj / down_proj (Arcee) */
     const char *k_logit_scale;  /* logits * logit_scale (Cohere; default logit_scale below) */
     double logit_scale;
@@ -202,7 +201,8 @@ static const struct family families[] = {
      .k_heads = {"n_head", "num_attention_heads"}, .k_pos = {"n_positions", "max_position_embeddings"},
      .k_ffn = "n_inner", .ffn_mult = 4, .k_act = "activation_function", .act = MP_ACT_GELU_NEW,
      .norm = MP_NORM_LAYERNORM, .pos_rows = 1024, .fused_qkv = true, .qkv_bias = true, .out_bias = true,
-     .mlp_bias = true, .tied = true, .dropout = 0.1, .attn_dropout = 0.1, .k_emb_p = "embd_pdrop", .k_attn_p = "attn_pdrop",
+     .mlp_bias = true, .tied = true, .dropout = 0.1, .attn_dropout = 0.1, .k_emb_p = "embd_pdrop",
+     .k_attn_p = "attn_pdrop",
      .k_resid_p = "resid_pdrop",
      .reject = {NO_CROSS, {"reorder_and_upcast_attn", "the fp32 reordered attention is not modelled"}},
      .n_tok = "wte", .n_pos = "wpe", .n_norm = "ln_f", .n_head = "lm_head", .heads = DECODER_HEADS,
@@ -220,7 +220,8 @@ static const struct family families[] = {
      LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qkv_bias = true, .heads = DECODER_HEADS,
      .window = W_FROM_MAX, .window_default = 4096, .k_use_window = true},
     {.type = "gpt_neox",
-     .names = {.peft = "query_key_value", .qkv = "query_key_value", .o = "dense", .fc1 = "dense_h_to_4h", .fc2 = "dense_4h_to_h"},
+     .names = {.peft = "query_key_value", .qkv = "query_key_value", .o = "dense", .fc1 = "dense_h_to_4h",
+     .fc2 = "dense_4h_to_h"},
      .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .k_rotary = "rotary_pct",
      .rotary_default = 0.25, .fused_qkv = true, .qkv_bias = true, .out_bias = true, .mlp_bias = true,
      .parallel = true, .k_attn_bias = "attention_bias", .k_parallel = "use_parallel_residual",
@@ -238,10 +239,11 @@ static const struct family families[] = {
     {.type = "gemma",
      .names = {.peft = "q_proj,v_proj"},
      LLAMA_LIKE(MP_ACT_GELU_TANH), .kv_default = 16, .head_dim_default = 256, .emb_sqrt = true,
-     .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
+     .tied = true, .k_attn_bias = "attention_bias", .norm_cfg.rms_fp32 = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
      .hook = gemma_hook},
     {.type = "bert",
-     .names = {.peft = "query,value", .o = "dense", .fc1 = "dense", .fc2 = "dense", .q = "query", .k = "key", .v = "value"},
+     .names = {.peft = "query,value", .o = "dense", .fc1 = "dense", .fc2 = "dense", .q = "query", .k = "key",
+     .v = "value"},
      .plain_softmax = true, .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
      .post_norm = true, .emb_norm = true, .mlm_transform = true, .dropout = 0.1, .attn_dropout = 0.1,
@@ -261,7 +263,8 @@ static const struct family families[] = {
      .k_rotary = "partial_rotary_factor", .rotary_default = 1.0, .k_emb_p = "embd_pdrop", .k_resid_p = "resid_pdrop",
      .heads = DECODER_HEADS & ~HEAD(H_QA), .window = W_ALL},
     {.type = "olmo2", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
-     .rms_fp32 = true, .rope_fp32 = true, .rope_cast_back = true, .branch_norm = true, .no_pre_norm = true,
+     .norm_cfg.rms_fp32 = true, .rope.fp32 = true, .rope.cast_back = true, .norm_cfg.branch = true,
+     .norm_cfg.no_pre = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE)},
     {.type = "stablelm",
      .names = {.peft = "q_proj,v_proj"},
@@ -282,15 +285,15 @@ static const struct family families[] = {
     {.type = "gemma2",
      .names = {.peft = "q_proj,v_proj"},
      LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
-     .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .rms_fp32 = true,
-     .branch_norm = true, .eager = true, .k_attn_softcap = "attn_logit_softcapping", .attn_softcap = 50.0,
+     .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .norm_cfg.rms_fp32 = true,
+     .norm_cfg.branch = true, .eager = true, .k_attn_softcap = "attn_logit_softcapping", .attn_softcap = 50.0,
      .k_logit_softcap = "final_logit_softcapping", .logit_softcap = 30.0, .heads = DECODER_HEADS & ~HEAD(H_QA),
      .swa_every = 2, .window = W_TYPES, .window_default = 4096},
     {.type = "gemma3_text",
      .names = {.peft = "q_proj,v_proj"},
      LLAMA_LIKE(MP_ACT_GELU_TANH), .k_act = "hidden_activation", .kv_default = 4, .emb_sqrt = true,
      .head_dim_default = 256, .tied = true, .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_HEAD,
-     .rms_fp32 = true, .branch_norm = true, .k_attn_softcap = "attn_logit_softcapping",
+     .norm_cfg.rms_fp32 = true, .norm_cfg.branch = true, .k_attn_softcap = "attn_logit_softcapping",
      .k_logit_softcap = "final_logit_softcapping", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
      .swa_every = 6, .k_swa_every = "sliding_window_pattern", .rope_per_type = true, .window = W_TYPES,
      .window_default = 4096, .hook = gemma_hook},
@@ -305,7 +308,8 @@ static const struct family families[] = {
      .k_resid_p = "dropout", .n_tok = "embed_tokens", .n_pos = "embed_positions", .n_norm = "final_layer_norm",
      .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_QA) | HEAD(H_BARE), .hook = opt_hook},
     {.type = "roberta",
-     .names = {.peft = "query,value", .o = "dense", .fc1 = "dense", .fc2 = "dense", .q = "query", .k = "key", .v = "value"},
+     .names = {.peft = "query,value", .o = "dense", .fc1 = "dense", .fc2 = "dense", .q = "query", .k = "key",
+     .v = "value"},
      .plain_softmax = true, .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .pos_rows = 512, .type_vocab = 2,
      .qkv_bias = true, .out_bias = true, .mlp_bias = true, .lm_bias = true, .tied = true, .encoder = true,
      .post_norm = true, .emb_norm = true, .mlm_transform = true, .mlm_gelu = true, .dropout = 0.1,
@@ -340,7 +344,8 @@ static const struct family families[] = {
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_QA) | HEAD(H_BARE), .hook = gptj_hook},
     /* Falcon: the layouts (multi-query 7B, new decoder architecture 40B/180B) in the hook */
     {.type = "falcon",
-     .names = {.peft = "query_key_value", .qkv = "query_key_value", .o = "dense", .fc1 = "dense_h_to_4h", .fc2 = "dense_4h_to_h"},
+     .names = {.peft = "query_key_value", .qkv = "query_key_value", .o = "dense", .fc1 = "dense_h_to_4h",
+     .fc2 = "dense_4h_to_h"},
      .plain_softmax = true, .k_hidden = {"n_embed", "hidden_size"}, .k_ffn = "ffn_hidden_size",
      .ffn_mult = 4, .k_act = "activation", .act = MP_ACT_GELU, .norm = MP_NORM_LAYERNORM, .fused_qkv = true,
      .k_bias = "bias", .tied = true, .parallel = true, .shared_norm = true, .no_attn_out_dropout = true,
@@ -395,42 +400,46 @@ static const struct family families[] = {
      .hook = smollm3_hook},
     /* OLMo3: OLMo2 with sliding-window layers (3 of 4) and a rotary table per layer type */
     {.type = "olmo3", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias", .qk_norm = MP_QK_NORM_ALL,
-     .rms_fp32 = true, .rope_fp32 = true, .rope_cast_back = true, .branch_norm = true, .no_pre_norm = true,
+     .norm_cfg.rms_fp32 = true, .rope.fp32 = true, .rope.cast_back = true, .norm_cfg.branch = true,
+     .norm_cfg.no_pre = true,
      .swa_every = 4, .rope_per_type = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE), .window = W_TYPES, .window_default = 4096},
     /* EXAONE 4: OLMo2's post-norm layer with plain RMSNorms, per-head q/k norms; with a sliding
      * window, rotary on the sliding layers only (the full ones are NoPE), in the hook */
-    {.type = "exaone4", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qk_norm = MP_QK_NORM_HEAD, .branch_norm = true,
-     .no_pre_norm = true, .swa_every = 4, .k_swa_every = "sliding_window_pattern", .heads = DECODER_HEADS,
+    {.type = "exaone4", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 32, .qk_norm = MP_QK_NORM_HEAD, .norm_cfg.branch = true,
+     .norm_cfg.no_pre = true, .swa_every = 4, .k_swa_every = "sliding_window_pattern", .heads = DECODER_HEADS,
      .window = W_TYPES, .window_default = 4096, .hook = exaone4_hook},
     /* ---- interleaved rotary (each layer saves its own repeat_interleave'd cos/sin) ---- */
     /* GLM-4 (glm): partial interleaved rotary, q/k/v biases, Phi-3's fused gate_up MLP */
     {.type = "glm", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 2, .head_dim_default = 128, .qkv_bias = true,
      .k_qkv_bias = "attention_bias", .fused_gate_up = true, .k_rotary = "partial_rotary_factor",
-     .rotary_default = 0.5, .rope_interleave = true, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+     .rotary_default = 0.5, .rope.interleave = true, .heads = DECODER_HEADS & ~HEAD(H_QA)},
     /* GLM-4-0414 (glm4): glm with sandwich norms (post_self_attn / post_mlp) */
     {.type = "glm4", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 2, .head_dim_default = 128, .qkv_bias = true,
      .k_qkv_bias = "attention_bias", .fused_gate_up = true, .k_rotary = "partial_rotary_factor",
-     .rotary_default = 0.5, .rope_interleave = true, .branch_norm = true, .heads = DECODER_HEADS & ~HEAD(H_QA)},
+     .rotary_default = 0.5, .rope.interleave = true, .norm_cfg.branch = true, .heads = DECODER_HEADS & ~HEAD(H_QA)},
     /* Helium: fp32-weight RMSNorm, o_proj hidden x hidden without bias (checked in the hook) */
-    {.type = "helium", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 20, .head_dim_default = 128, .k_qkv_bias = "attention_bias",
-     .k_mlp_bias = "mlp_bias", .rms_fp32 = true, .rope_interleave = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
+    {.type = "helium", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 20, .head_dim_default = 128,
+     .k_qkv_bias = "attention_bias",
+     .k_mlp_bias = "mlp_bias", .norm_cfg.rms_fp32 = true, .rope.interleave = true, .heads = DECODER_HEADS & ~HEAD(H_QA),
      .hook = helium_hook},
     /* ERNIE 4.5 (dense): fp32 interleaved rotary, use_bias on every Linear, no attention dropout */
     {.type = "ernie4_5", .act = MP_ACT_SILU, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, .kv_default = 2,
-     .head_dim_default = 128, .tied = true, .k_bias = "use_bias", .rope_interleave = true, .rope_fp32 = true,
-     .rope_cast_back = true, .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head",
+     .head_dim_default = 128, .tied = true, .k_bias = "use_bias", .rope.interleave = true, .rope.fp32 = true,
+     .rope.cast_back = true, .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head",
      .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
     /* Cohere (Command-R, Aya): fp32 composite LayerNorm without bias shared by parallel attention and
      * MLP, q/k rotated in fp32 (the rotary table interleaved by the model), logits * logit_scale */
     {.type = "cohere", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gated = true, .gqa = true, .tied = true,
-     .k_attn_bias = "attention_bias", .parallel = true, .shared_norm = true, .ln_fp32 = true, .rope_cast_back = true,
+     .k_attn_bias = "attention_bias", .parallel = true, .shared_norm = true, .norm_cfg.ln_fp32 = true,
+     .rope.cast_back = true,
      .k_logit_scale = "logit_scale", .logit_scale = 0.0625, .k_attn_p = "attention_dropout",
      .reject = {{"use_qk_norm", "Cohere's per-head q/k LayerNorms are not modelled"}}, .n_tok = "embed_tokens",
      .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_BARE)},
     /* Arcee (AFM): llama with a non-gated relu2 MLP (NemotronMLP: up_proj, down_proj) */
     {.type = "arcee", .act = MP_ACT_RELU2, .norm = MP_NORM_RMSNORM, .gqa = true, .up_down = true,
-     .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias", .k_attn_p = "attention_dropout", .n_tok = "embed_tokens",
+     .k_attn_bias = "attention_bias", .k_mlp_bias = "mlp_bias", .k_attn_p = "attention_dropout",
+     .n_tok = "embed_tokens",
      .n_norm = "norm", .n_head = "lm_head", .k_cls_p = "hidden_dropout", .generic_heads = true,
      .heads = DECODER_HEADS},
     /* Ministral: Mistral's config with layer_types (sliding or full per layer), Qwen2's layer
@@ -438,13 +447,16 @@ static const struct family families[] = {
     {.type = "ministral", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .heads = DECODER_HEADS,
      .window = W_TYPES_OR_ALL, .window_default = 4096, .hook = ministral_hook},
     /* OLMo (v1): llama with LayerNorms without parameters (fp32), fp32 cos/sin; clip_qkv in the hook */
-    {.type = "olmo", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .ln_plain = true, .gated = true, .gqa = true,
-     .k_attn_bias = "attention_bias", .rope_fp32 = true, .rope_cast_back = true, .k_attn_p = "attention_dropout",
-     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
+    {.type = "olmo", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .norm_cfg.ln_plain = true, .gated = true,
+     .gqa = true,
+     .k_attn_bias = "attention_bias", .rope.fp32 = true, .rope.cast_back = true, .k_attn_p = "attention_dropout",
+     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head",
+     .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
      .hook = olmo_hook},
     /* Nemotron (Minitron): LayerNorm1P with bias, a non-gated relu2 MLP (up_proj, down_proj), partial rotary
      * (0.5 by default) */
-    {.type = "nemotron", .act = MP_ACT_RELU2, .norm = MP_NORM_LAYERNORM, .ln_1p = true, .gqa = true, .up_down = true,
+    {.type = "nemotron", .act = MP_ACT_RELU2, .norm = MP_NORM_LAYERNORM, .norm_cfg.ln_1p = true, .gqa = true,
+     .up_down = true,
      .k_rotary = "partial_rotary_factor", .rotary_default = 0.5, .k_attn_bias = "attention_bias",
      .k_mlp_bias = "mlp_bias", .k_attn_p = "attention_dropout", .n_tok = "embed_tokens", .n_norm = "norm",
      .n_head = "lm_head", .k_cls_p = "hidden_dropout", .generic_heads = true, .heads = DECODER_HEADS},
@@ -583,14 +595,11 @@ struct hf {
     uint64_t window_max;   /* Qwen's max_window_layers */
     /* mixture of experts (moe_hook): what every MoE layer gets (struct mp_layer's fields), and
      * which layers are MoE */
-    uint64_t experts, top_k, expert_ffn, shared_ffn;
-    bool shared_gate, shared_first, norm_topk, route_mask;
-    enum mp_router router;
+    struct mp_moe moe;
     uint64_t sparse_step;    /* Qwen-MoE: layer i is MoE when (i + 1) % step == 0 ... */
     const cJSON *mlp_only;   /* ... and i is not in mlp_only_layers (validated) */
     uint64_t first_dense;    /* DeepSeek: layers below first_k_dense_replace are dense */
-    uint64_t q_lora, kv_lora, rope_dim, nope_dim, v_dim; /* MLA (kv_lora > 0) */
-    bool rope_complex;
+    struct mp_mla mla;       /* MLA (kv_lora > 0) */
     bool clip_qkv;           /* OLMo: q, k, v clamped in place */
     bool mrope;              /* Qwen2-VL, Qwen2.5-VL: cos/sin per sample (multimodal[]) */
 };
@@ -1419,28 +1428,28 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
     /* OlmoeConfig maps num_local_experts to num_experts (attribute_map): either key */
     const char *ek = mixtral || granite ? "num_local_experts" : ds ? "n_routed_experts"
                      : olmoe && !present(root, "num_experts") ? "num_local_experts" : "num_experts";
-    c->experts = mixtral || granite ? 8 : qwen2 ? 60 : ds2 || olmoe ? 64 : ds3 ? 256 : 128;
-    c->top_k = mixtral || granite ? 2 : qwen2 ? 4 : ds2 ? 0 : 8; /* DeepseekV2Config: None */
-    c->expert_ffn = dense_width ? c->ffn : qwen2 ? 1408 : ds2 ? 1407 : ds3 ? 2048 : 768;
-    c->norm_topk = mixtral || ds3;
-    c->router = mixtral ? MP_ROUTER_SOFTMAX : ds2 ? MP_ROUTER_FP32_SOFTMAX : ds3 ? MP_ROUTER_FP32_SIGMOID
+    c->moe.experts = mixtral || granite ? 8 : qwen2 ? 60 : ds2 || olmoe ? 64 : ds3 ? 256 : 128;
+    c->moe.top_k = mixtral || granite ? 2 : qwen2 ? 4 : ds2 ? 0 : 8; /* DeepseekV2Config: None */
+    c->moe.expert_ffn = dense_width ? c->ffn : qwen2 ? 1408 : ds2 ? 1407 : ds3 ? 2048 : 768;
+    c->moe.norm_topk = mixtral || ds3;
+    c->moe.router = mixtral ? MP_ROUTER_SOFTMAX : ds2 ? MP_ROUTER_FP32_SOFTMAX : ds3 ? MP_ROUTER_FP32_SIGMOID
                 : granite ? MP_ROUTER_TOPK_SOFTMAX : MP_ROUTER_SOFTMAX_CAST;
     c->sparse_step = 1;
-    if ((st = mp_json_u64(root, ek, false, MP_DIM_MAX, &c->experts, path, "", d)) != MP_OK ||
-        (st = read_pos(root, "num_experts_per_tok", false, MP_DIM_MAX, &c->top_k, path, d)) != MP_OK ||
-        (!dense_width && (st = read_pos(root, "moe_intermediate_size", false, MP_DIM_MAX, &c->expert_ffn, path, d)) != MP_OK) ||
+    if ((st = mp_json_u64(root, ek, false, MP_DIM_MAX, &c->moe.experts, path, "", d)) != MP_OK ||
+        (st = read_pos(root, "num_experts_per_tok", false, MP_DIM_MAX, &c->moe.top_k, path, d)) != MP_OK ||
+        (!dense_width && (st = read_pos(root, "moe_intermediate_size", false, MP_DIM_MAX, &c->moe.expert_ffn, path, d)) != MP_OK) ||
         (!ds2 && !mixtral && !granite &&
-         (st = mp_json_bool(root, "norm_topk_prob", &c->norm_topk, path, "", d)) != MP_OK))
+         (st = mp_json_bool(root, "norm_topk_prob", &c->moe.norm_topk, path, "", d)) != MP_OK))
         return st;
-    if (c->experts && !c->top_k)
+    if (c->moe.experts && !c->moe.top_k)
         return mp_fail(d, MP_ERR_MODEL, "%s: num_experts_per_tok: missing (expected a positive integer)", path);
-    if (c->top_k > c->experts && c->experts)
+    if (c->moe.top_k > c->moe.experts && c->moe.experts)
         return mp_fail(d, MP_ERR_MODEL, "%s: num_experts_per_tok: %llu exceeds %s %llu", path,
-                       (unsigned long long)c->top_k, ek, (unsigned long long)c->experts);
+                       (unsigned long long)c->moe.top_k, ek, (unsigned long long)c->moe.experts);
     if (qwen2) { /* one shared expert with a sigmoid gate, run first */
-        c->shared_ffn = 5632;
-        c->shared_gate = c->shared_first = true;
-        if ((st = read_pos(root, "shared_expert_intermediate_size", false, MP_DIM_MAX, &c->shared_ffn, path, d)) != MP_OK)
+        c->moe.shared_ffn = 5632;
+        c->moe.shared_gate = c->moe.shared_first = true;
+        if ((st = read_pos(root, "shared_expert_intermediate_size", false, MP_DIM_MAX, &c->moe.shared_ffn, path, d)) != MP_OK)
             return st;
     }
     if (!dense_width && !ds && ((st = read_pos(root, "decoder_sparse_step", false, MP_DIM_MAX, &c->sparse_step, path, d)) !=
@@ -1462,7 +1471,7 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
         return mp_fail(d, MP_ERR_MODEL, "%s: moe_layer_freq: %llu is not supported (transformers makes every layer "
                        "from first_k_dense_replace on an MoE layer; only 1 agrees with that)", path,
                        (unsigned long long)freq);
-    if (!mp_mul_u64(c->expert_ffn, shared, &c->shared_ffn) || c->shared_ffn > MP_DIM_MAX)
+    if (!mp_mul_u64(c->moe.expert_ffn, shared, &c->moe.shared_ffn) || c->moe.shared_ffn > MP_DIM_MAX)
         return mp_fail(d, MP_ERR_RANGE, "%s: n_shared_experts: %llu x moe_intermediate_size is too large", path,
                        (unsigned long long)shared);
     const char *method = "greedy";
@@ -1474,37 +1483,37 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
     if (ds2 && !grouped && strcmp(method, "greedy"))
         return mp_fail(d, MP_ERR_MODEL, "%s: topk_method: '%s' is not supported (supported: greedy, "
                        "group_limited_greedy)", path, method);
-    c->route_mask = ds2 && grouped;
-    if (grouped && c->experts && (c->experts % groups || tg > groups || (ds3 && c->experts / groups < 2)))
+    c->moe.route_mask = ds2 && grouped;
+    if (grouped && c->moe.experts && (c->moe.experts % groups || tg > groups || (ds3 && c->moe.experts / groups < 2)))
         return mp_fail(d, MP_ERR_MODEL, "%s: n_group: %llu groups (topk_group %llu) do not split %llu experts%s",
-                       path, (unsigned long long)groups, (unsigned long long)tg, (unsigned long long)c->experts,
+                       path, (unsigned long long)groups, (unsigned long long)tg, (unsigned long long)c->moe.experts,
                        ds3 ? " into groups of two or more" : "");
     if (c->kv_heads != c->heads)
         return mp_fail(d, MP_ERR_MODEL, "%s: num_key_value_heads: %llu is not supported (multi-head latent "
                        "attention expands keys and values to every head: %llu)", path,
                        (unsigned long long)c->kv_heads, (unsigned long long)c->heads);
-    c->q_lora = 1536;
-    c->kv_lora = 512;
-    c->rope_dim = 64;
-    c->nope_dim = c->v_dim = 128;
-    c->rope_complex = ds2;
-    if ((st = read_pos_or_null(root, "q_lora_rank", &c->q_lora, path, d)) != MP_OK ||
-        (st = read_pos(root, "kv_lora_rank", false, MP_DIM_MAX, &c->kv_lora, path, d)) != MP_OK ||
-        (st = read_pos(root, "qk_rope_head_dim", false, MP_DIM_MAX, &c->rope_dim, path, d)) != MP_OK ||
-        (st = read_pos(root, "qk_nope_head_dim", false, MP_DIM_MAX, &c->nope_dim, path, d)) != MP_OK ||
-        (st = read_pos(root, "v_head_dim", false, MP_DIM_MAX, &c->v_dim, path, d)) != MP_OK)
+    c->mla.q_lora = 1536;
+    c->mla.kv_lora = 512;
+    c->mla.rope_dim = 64;
+    c->mla.nope_dim = c->mla.v_dim = 128;
+    c->mla.rope_complex = ds2;
+    if ((st = read_pos_or_null(root, "q_lora_rank", &c->mla.q_lora, path, d)) != MP_OK ||
+        (st = read_pos(root, "kv_lora_rank", false, MP_DIM_MAX, &c->mla.kv_lora, path, d)) != MP_OK ||
+        (st = read_pos(root, "qk_rope_head_dim", false, MP_DIM_MAX, &c->mla.rope_dim, path, d)) != MP_OK ||
+        (st = read_pos(root, "qk_nope_head_dim", false, MP_DIM_MAX, &c->mla.nope_dim, path, d)) != MP_OK ||
+        (st = read_pos(root, "v_head_dim", false, MP_DIM_MAX, &c->mla.v_dim, path, d)) != MP_OK)
         return st;
-    if (c->rope_dim % 2)
+    if (c->mla.rope_dim % 2)
         return mp_fail(d, MP_ERR_MODEL, "%s: qk_rope_head_dim: %llu is odd (rotary pairs need an even width)", path,
-                       (unsigned long long)c->rope_dim);
-    c->head_dim = c->nope_dim + c->rope_dim;
+                       (unsigned long long)c->mla.rope_dim);
+    c->head_dim = c->mla.nope_dim + c->mla.rope_dim;
     return MP_OK;
 }
 
 /* Whether decoder layer i is an MoE layer. */
 static bool moe_layer(const struct hf *c, uint64_t i)
 {
-    if (!c->experts || i < c->first_dense || (i + 1) % c->sparse_step != 0)
+    if (!c->moe.experts || i < c->first_dense || (i + 1) % c->sparse_step != 0)
         return false;
     for (const cJSON *e = c->mlp_only ? c->mlp_only->child : NULL; e; e = e->next)
         if ((uint64_t)e->valuedouble == i)
@@ -1578,14 +1587,14 @@ static enum mp_status check_weights(const cJSON *root, const struct hf *c, uint6
         (st = CAP("classifier", {"num_labels", c->labels}, h)) != MP_OK ||
         (st = CAP("relative attention bias", {"relative_attention_num_buckets", buckets}, heads)) != MP_OK)
         return st;
-    if (c->kv_lora) { /* MLA: its own projections */
-        struct factor ql = {"q_lora_rank", c->q_lora}, kvl = {"kv_lora_rank", c->kv_lora};
-        if ((c->q_lora && ((st = CAP("q_a_proj", ql, h)) != MP_OK ||
+    if (c->mla.kv_lora) { /* MLA: its own projections */
+        struct factor ql = {"q_lora_rank", c->mla.q_lora}, kvl = {"kv_lora_rank", c->mla.kv_lora};
+        if ((c->mla.q_lora && ((st = CAP("q_a_proj", ql, h)) != MP_OK ||
                            (st = CAP("q_b_proj", heads, ql, {"qk_nope_head_dim", c->head_dim})) != MP_OK)) ||
-            (!c->q_lora && (st = CAP("q_proj", heads, h, {"qk_nope_head_dim", c->head_dim})) != MP_OK) ||
-            (st = CAP("kv_a_proj", {"kv_lora_rank", c->kv_lora + c->rope_dim}, h)) != MP_OK ||
-            (st = CAP("kv_b_proj", heads, kvl, {"v_head_dim", c->nope_dim + c->v_dim})) != MP_OK ||
-            (st = CAP("o_proj", heads, {"v_head_dim", c->v_dim}, h)) != MP_OK)
+            (!c->mla.q_lora && (st = CAP("q_proj", heads, h, {"qk_nope_head_dim", c->head_dim})) != MP_OK) ||
+            (st = CAP("kv_a_proj", {"kv_lora_rank", c->mla.kv_lora + c->mla.rope_dim}, h)) != MP_OK ||
+            (st = CAP("kv_b_proj", heads, kvl, {"v_head_dim", c->mla.nope_dim + c->mla.v_dim})) != MP_OK ||
+            (st = CAP("o_proj", heads, {"v_head_dim", c->mla.v_dim}, h)) != MP_OK)
             return st;
     } else if ((st = CAP("attention projection", h, qkv, {t5 ? "d_kv" : "head_dim", c->head_dim})) != MP_OK) {
         return st;
@@ -1593,11 +1602,11 @@ static enum mp_status check_weights(const cJSON *root, const struct hf *c, uint6
     if (c->learned_pos &&
         (st = CAP("position embedding", {key2(root, f->k_pos, "max_position_embeddings"), c->positions}, h)) != MP_OK)
         return st;
-    if (c->experts) { /* the fused experts: (E, 2 x F, h) gate_up and (E, h, F) down */
-        struct factor e = {mixtral ? "num_local_experts" : ds ? "n_routed_experts" : "num_experts", c->experts};
-        if ((st = CAP("experts", e, {mixtral ? ffn.key : "moe_intermediate_size", c->expert_ffn}, h, {NULL, 2})) !=
+    if (c->moe.experts) { /* the fused experts: (E, 2 x F, h) gate_up and (E, h, F) down */
+        struct factor e = {mixtral ? "num_local_experts" : ds ? "n_routed_experts" : "num_experts", c->moe.experts};
+        if ((st = CAP("experts", e, {mixtral ? ffn.key : "moe_intermediate_size", c->moe.expert_ffn}, h, {NULL, 2})) !=
                 MP_OK ||
-            (st = CAP("shared expert", {ds ? "n_shared_experts" : "shared_expert_intermediate_size", c->shared_ffn},
+            (st = CAP("shared expert", {ds ? "n_shared_experts" : "shared_expert_intermediate_size", c->moe.shared_ffn},
                       h)) != MP_OK)
             return st;
     }
@@ -1623,12 +1632,12 @@ static void set_name(struct mp_layer *l, const char *name) { snprintf(l->name, s
 static void norm_layer(struct mp_layer *l, const struct hf *c, const char *name)
 {
     l->type = c->norm == MP_NORM_RMSNORM ? MP_LT_RMSNORM : MP_LT_LAYERNORM;
-    l->norm = c->norm;
-    l->norm_bias = c->norm == MP_NORM_LAYERNORM && !c->f->ln_fp32 && !c->f->ln_plain;
-    l->rms_fp32 = c->f->rms_fp32;
-    l->ln_fp32 = c->f->ln_fp32;
-    l->ln_plain = c->f->ln_plain;
-    l->ln_1p = c->f->ln_1p;
+    l->norm.kind = c->norm;
+    l->norm.bias = c->norm == MP_NORM_LAYERNORM && !c->f->norm_cfg.ln_fp32 && !c->f->norm_cfg.ln_plain;
+    l->norm.rms_fp32 = c->f->norm_cfg.rms_fp32;
+    l->norm.ln_fp32 = c->f->norm_cfg.ln_fp32;
+    l->norm.ln_plain = c->f->norm_cfg.ln_plain;
+    l->norm.ln_1p = c->f->norm_cfg.ln_1p;
     l->dim = c->hidden;
     set_name(l, name);
 }
@@ -1642,10 +1651,10 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
             return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
         struct mp_layer *l = b->layers;
         l->type = MP_LT_PATCH_EMBEDDING;
-        l->in_ch = c->channels;
+        l->conv.in_ch = c->channels;
         l->dim = c->hidden;
-        l->kernel = l->stride = c->patch;
-        l->cls_token = true;
+        l->conv.kernel = l->conv.stride = c->patch;
+        l->emb.cls_token = true;
         set_name(l, "patch_embeddings");
         if (c->emb_p > 0) {
             l[1].type = MP_LT_DROPOUT;
@@ -1664,21 +1673,21 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
     l->vocab = c->vocab;
     l->dim = c->hidden;
     l->mult = c->emb_mult;
-    l->scale_buffer = f->emb_sqrt;
+    l->emb.scale_buffer = f->emb_sqrt;
     set_name(l++, f->n_tok);
     if (types) { /* BertEmbeddings: words + token types (ids default to zeros) + positions */
         l->type = MP_LT_EMBEDDING;
         l->vocab = c->type_vocab;
         l->dim = c->hidden;
-        l->id_buffer = f->id_buffers;
-        l->id_rows = c->positions + f->pos_offset;
+        l->emb.id_buffer = f->id_buffers;
+        l->emb.id_rows = c->positions + f->pos_offset;
         set_name(l++, "token_type_embeddings");
     }
     if (c->learned_pos) {
         l->type = MP_LT_POS_EMBEDDING;
-        l->vocab = l->id_rows = c->positions + f->pos_offset;
-        l->id_buffer = f->id_buffers;
-        l->id_view = f->id_views;
+        l->vocab = l->emb.id_rows = c->positions + f->pos_offset;
+        l->emb.id_buffer = f->id_buffers;
+        l->emb.id_view = f->id_views;
         l->dim = c->hidden;
         set_name(l++, f->n_pos);
     }
@@ -1704,77 +1713,59 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         struct mp_layer *l = b->layers;
         l->type = MP_LT_TRANSFORMER_BLOCK;
         l->dim = c->hidden;
-        l->heads = c->heads;
-        l->kv_heads = c->kv_heads;
-        l->head_dim = c->head_dim;
-        l->causal = c->causal;
-        l->qkv_bias = c->qkv_bias;
-        l->out_bias = c->out_bias;
-        l->fused_qkv = c->fused_qkv;
-        l->rope = layer_rope(c, i);
-        l->rotary_dim = c->rotary_dim;
-        l->rope_cat = l->rope && c->f->k_rotary;
-        l->rope_kinds = c->f->rope_per_type ? c->mask_kinds : 1;
-        l->rope_per_sample = l->rope && c->mrope;
-        l->rope_interleave = l->rope && c->f->rope_interleave;
-        l->rope_fp32 = l->rope && c->f->rope_fp32;
-        l->rope_cast_back = l->rope && c->f->rope_cast_back;
-        l->ln_fp32 = c->f->ln_fp32;
-        l->ln_plain = c->f->ln_plain;
-        l->ln_1p = c->f->ln_1p;
-        l->up_down = c->f->up_down;
-        l->impl = MP_ATTN_SDPA;
-        l->impl_set = false;
-        l->attn_dropout = c->attn_p;
-        l->ffn = c->ffn;
-        l->act = c->act;
-        l->gated = c->gated;
-        l->mlp_bias = c->mlp_bias;
-        l->norm = c->norm;
-        l->norm_bias = c->norm == MP_NORM_LAYERNORM && !c->f->ln_fp32 && !c->f->ln_plain;
+        l->attn.heads = c->heads;
+        l->attn.kv_heads = c->kv_heads;
+        l->attn.head_dim = c->head_dim;
+        l->attn.causal = c->causal;
+        l->attn.qkv_bias = c->qkv_bias;
+        l->attn.out_bias = c->out_bias;
+        l->attn.fused_qkv = c->fused_qkv;
+        /* the family's rotary and norm variants (rows of families[]), then this config's */
+        bool rope = layer_rope(c, i);
+        if (rope)
+            l->rope = c->f->rope;
+        l->rope.on = rope;
+        l->rope.dim = c->rotary_dim;
+        l->rope.cat = rope && c->f->k_rotary;
+        l->rope.kinds = c->f->rope_per_type ? c->mask_kinds : 1;
+        l->rope.per_sample = rope && c->mrope;
+        l->rope.table_rows = c->rope_table_rows;
+        l->norm = c->f->norm_cfg;
+        l->norm.kind = c->norm;
+        l->norm.bias = c->norm == MP_NORM_LAYERNORM && !l->norm.ln_fp32 && !l->norm.ln_plain;
+        l->norm.shared = c->parallel && c->shared_norm;
+        l->norm.post = c->post_norm;
+        l->mlp.up_down = c->f->up_down;
+        l->attn.impl = MP_ATTN_SDPA;
+        l->attn.impl_set = false;
+        l->attn.dropout = c->attn_p;
+        l->mlp.ffn = c->ffn;
+        l->mlp.act = c->act;
+        l->mlp.gated = c->gated;
+        l->mlp.bias = c->mlp_bias;
         l->p = c->resid_p;
         l->parallel_residual = c->parallel;
-        l->shared_norm = c->parallel && c->shared_norm;
-        l->post_norm = c->post_norm;
-        l->branch_norm = c->f->branch_norm;
-        l->no_pre_norm = c->f->no_pre_norm;
-        l->qk_norm = c->f->qk_norm;
-        l->qk_norm_late = c->f->qk_norm_late;
-        l->clip_qkv = c->clip_qkv;
-        l->rms_fp32 = c->f->rms_fp32;
-        l->softmax_fp32 = !c->f->plain_softmax;
-        l->fused_gate_up = c->f->fused_gate_up;
-        l->no_attn_out_dropout = c->f->no_attn_out_dropout;
-        l->attn_softcap = c->attn_softcap;
+        l->attn.qk_norm = c->f->qk_norm;
+        l->attn.qk_norm_late = c->f->qk_norm_late;
+        l->attn.clip_qkv = c->clip_qkv;
+        l->attn.softmax_fp32 = !c->f->plain_softmax;
+        l->mlp.fused_gate_up = c->f->fused_gate_up;
+        l->attn.no_out_dropout = c->f->no_attn_out_dropout;
+        l->attn.softcap = c->attn_softcap;
         l->mult = c->resid_mult;
-        l->qkv_split = c->qkv_split;
-        l->attn_mask = c->attn_mask;
-        l->window = layer_window(c, i);
+        l->attn.qkv_split = c->qkv_split;
+        l->attn.mask = c->attn_mask;
+        l->attn.window = layer_window(c, i);
         /* transformers' eager path always gets a 4-D causal mask (and a sliding-window one for
          * Gemma2/3's mixed layer types) */
-        l->eager_mask = c->causal ? c->mask_kinds : 0;
-        l->qk_fp32 = c->qk_fp32;
-        l->rope_table_rows = c->rope_table_rows;
-        if (moe_layer(c, i)) {
-            l->experts = c->experts;
-            l->top_k = c->top_k;
-            l->expert_ffn = c->expert_ffn;
-            l->shared_ffn = c->shared_ffn;
-            l->shared_gate = c->shared_gate;
-            l->shared_first = c->shared_first;
-            l->norm_topk = c->norm_topk;
-            l->route_mask = c->route_mask;
-            l->router = c->router;
-        }
-        l->q_lora = c->q_lora;
-        l->kv_lora = c->kv_lora;
-        l->rope_dim = c->rope_dim;
-        l->nope_dim = c->nope_dim;
-        l->v_dim = c->v_dim;
-        l->rope_complex = c->rope_complex;
+        l->attn.eager_mask = c->causal ? c->mask_kinds : 0;
+        l->attn.qk_fp32 = c->qk_fp32;
+        if (moe_layer(c, i))
+            l->moe = c->moe;
+        l->mla = c->mla;
         if (c->f->eager) { /* the model's default kernel; --attention still overrides it */
-            l->impl = MP_ATTN_EAGER;
-            l->impl_set = true;
+            l->attn.impl = MP_ATTN_EAGER;
+            l->attn.impl_set = true;
         }
     }
     return MP_OK;
@@ -1795,7 +1786,7 @@ static void classifier(struct mp_layer *l, const struct hf *c, uint64_t classes,
     l->in_features = l->dim = c->hidden;
     l->vocab = l->out_features = classes;
     l->bias = bias;
-    l->pool = pool;
+    l->head.pool = pool;
 }
 
 /* The head block: the final norm (pre-norm families) and the task head of architectures[0]
@@ -1821,8 +1812,8 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
         l->in_features = c->hidden;
         l->out_features = f->vision ? c->pooler_out : c->hidden;
         l->bias = true;
-        l->pool = MP_POOL_FIRST;
-        head_layer(L, &n, MP_LT_ACTIVATION, "pooler.activation")->act = f->vision ? c->pooler_act : f->pooler_act;
+        l->head.pool = MP_POOL_FIRST;
+        head_layer(L, &n, MP_LT_ACTIVATION, "pooler.activation")->mlp.act = f->vision ? c->pooler_act : f->pooler_act;
     }
     switch (c->head) {
     case H_CAUSAL:
@@ -1831,16 +1822,16 @@ static enum mp_status add_head(struct mp_model *m, const struct hf *c, struct mp
             l = head_layer(L, &n, MP_LT_LINEAR, "transform.dense");
             l->in_features = l->out_features = c->hidden;
             l->bias = true;
-            head_layer(L, &n, MP_LT_ACTIVATION, "transform.act")->act = f->mlm_gelu ? MP_ACT_GELU : c->act;
+            head_layer(L, &n, MP_LT_ACTIVATION, "transform.act")->mlp.act = f->mlm_gelu ? MP_ACT_GELU : c->act;
             norm_layer(head_layer(L, &n, MP_LT_LAYERNORM, ""), c, "transform.LayerNorm");
         }
         l = head_layer(L, &n, MP_LT_LM_HEAD, f->n_head);
         l->vocab = c->vocab;
         l->dim = c->hidden;
-        l->tied = c->tied;
+        l->head.tied = c->tied;
         l->bias = c->lm_bias;
-        l->masked = c->head == H_MASKED;
-        l->logit_softcap = c->logit_softcap;
+        l->head.masked = c->head == H_MASKED;
+        l->head.softcap = c->logit_softcap;
         l->mult = c->logits_mult;
         break;
     case H_SEQ:
@@ -1994,8 +1985,8 @@ static struct mp_layer *t5_add(struct mp_model *m, const char *name, size_t n, i
 static size_t t5_norm_drop(struct mp_layer *l, const struct hf *c, const char *norm, const char *drop)
 {
     l->type = MP_LT_RMSNORM;
-    l->norm = MP_NORM_RMSNORM;
-    l->t5 = true;
+    l->norm.kind = MP_NORM_RMSNORM;
+    l->t5.on = true;
     l->dim = c->hidden;
     set_name(l, norm);
     if (c->resid_p <= 0)
@@ -2018,7 +2009,7 @@ static enum mp_status t5_stack(struct mp_model *m, const struct hf *c, bool deco
     l->type = MP_LT_EMBEDDING;
     l->vocab = c->vocab;
     l->dim = c->hidden;
-    l->dec_input = decoder;
+    l->emb.dec_input = decoder;
     set_name(l, decoder ? "decoder.embed_tokens" : "shared");
     if (c->resid_p > 0) {
         l[1].type = MP_LT_DROPOUT;
@@ -2030,19 +2021,19 @@ static enum mp_status t5_stack(struct mp_model *m, const struct hf *c, bool deco
         if (!(l = t5_add(m, name, 1, decoder ? 2 : 1, d)))
             return MP_ERR_NOMEM;
         l->type = MP_LT_TRANSFORMER_BLOCK;
-        l->t5 = true;
-        l->cross_attn = l->causal = decoder;
-        l->bias_per_layer = !strcmp(c->f->type, "umt5");
-        l->rel_buckets = i == 0 || l->bias_per_layer ? buckets : 0;
+        l->t5.on = true;
+        l->t5.cross_attn = l->attn.causal = decoder;
+        l->t5.bias_per_layer = !strcmp(c->f->type, "umt5");
+        l->t5.rel_buckets = i == 0 || l->t5.bias_per_layer ? buckets : 0;
         l->dim = c->hidden;
-        l->heads = l->kv_heads = c->heads;
-        l->head_dim = c->head_dim;
-        l->impl = MP_ATTN_SDPA;
-        l->attn_dropout = c->resid_p;
-        l->ffn = c->ffn;
-        l->act = c->act;
-        l->gated = c->gated;
-        l->norm = MP_NORM_RMSNORM;
+        l->attn.heads = l->attn.kv_heads = c->heads;
+        l->attn.head_dim = c->head_dim;
+        l->attn.impl = MP_ATTN_SDPA;
+        l->attn.dropout = c->resid_p;
+        l->mlp.ffn = c->ffn;
+        l->mlp.act = c->act;
+        l->mlp.gated = c->gated;
+        l->norm.kind = MP_NORM_RMSNORM;
         l->p = c->resid_p;
     }
     return MP_OK;
@@ -2093,10 +2084,10 @@ static enum mp_status t5_model(struct mp_model *m, const cJSON *root, struct hf 
         l[n].type = MP_LT_LM_HEAD;
         l[n].vocab = c->vocab;
         l[n].dim = c->hidden;
-        l[n].tied = true;
-        l[n].masked = true; /* CrossEntropyLoss(ignore_index=-100) on the labels as they are */
-        l[n].in_mult = scale ? 1.0 / sqrt((double)c->hidden) : 0.0;
-        l[n].t5 = true;
+        l[n].head.tied = true;
+        l[n].head.masked = true; /* CrossEntropyLoss(ignore_index=-100) on the labels as they are */
+        l[n].head.in_mult = scale ? 1.0 / sqrt((double)c->hidden) : 0.0;
+        l[n].t5.on = true;
         set_name(&l[n++], "lm_head");
         break;
     case T5_TOKEN:
@@ -2107,14 +2098,14 @@ static enum mp_status t5_model(struct mp_model *m, const cJSON *root, struct hf 
         }
         l[n].type = MP_LT_CLASSIFIER;
         classifier(&l[n], c, c->labels, true, MP_POOL_NONE);
-        l[n].masked = true; /* a plain CrossEntropyLoss: no logits.float() */
-        l[n].t5 = true;
+        l[n].head.masked = true; /* a plain CrossEntropyLoss: no logits.float() */
+        l[n].t5.on = true;
         set_name(&l[n++], "classifier");
         break;
     case T5_QA:
         l[n].type = MP_LT_CLASSIFIER;
         classifier(&l[n], c, 2, true, MP_POOL_SPAN);
-        l[n].t5 = true;
+        l[n].t5.on = true;
         set_name(&l[n++], "qa_outputs");
         break;
     case T5_BARE:

@@ -165,6 +165,12 @@ static enum mp_status get_name(const struct reader *rd, const cJSON *obj, const 
     return MP_OK;
 }
 
+#define MP_CHECK_SIZE(k, n)                                                          \
+    do {                                                                             \
+        if ((k)->size != (n))                                                        \
+            MP_BUG("key %s: field of %zu bytes, expected %zu", (k)->key, (k)->size, (size_t)(n)); \
+    } while (0)
+
 #define TRY(expr)                          \
     do {                                   \
         enum mp_status st_ = (expr);       \
@@ -173,41 +179,6 @@ static enum mp_status get_name(const struct reader *rd, const cJSON *obj, const 
     } while (0)
 
 /* ---- ops ------------------------------------------------------------------------------ */
-
-#define ATTN_KEYS "dim heads kv_heads head_dim causal bias qkv_bias out_bias fused_qkv rope rotary_dim impl attn_dropout"
-#define MLP_KEYS "ffn act gated mlp_bias"
-
-/* Keys each type accepts besides "type" and "name" (model_read.h). */
-const char *mp_json_layer_keys(enum mp_layer_type t)
-{
-    switch (t) {
-    case MP_LT_EMBEDDING: return "vocab dim";
-    case MP_LT_POS_EMBEDDING: return "max_positions dim";
-    case MP_LT_LINEAR: return "in_features out_features bias";
-    case MP_LT_LAYERNORM: return "dim bias";
-    case MP_LT_RMSNORM: return "dim";
-    case MP_LT_ATTENTION: return ATTN_KEYS;
-    case MP_LT_MLP: return "dim bias " MLP_KEYS;
-    case MP_LT_ACTIVATION: return "act inplace";
-    case MP_LT_DROPOUT: return "p";
-    case MP_LT_RESIDUAL: return "";
-    case MP_LT_CONV2D: return "in_ch out_ch kernel stride padding groups bias";
-    case MP_LT_BATCHNORM2D: return "channels";
-    case MP_LT_MAXPOOL2D: return "kernel stride padding";
-    case MP_LT_AVGPOOL2D: return "kernel stride padding";
-    case MP_LT_ADAPTIVE_AVGPOOL2D: return "output_size out_h out_w";
-    case MP_LT_FLATTEN: return "";
-    case MP_LT_LM_HEAD: return "vocab dim tied bias";
-    case MP_LT_CLASSIFIER: return "in_features classes bias pool";
-    case MP_LT_CUSTOM: return "output_bytes saved_bytes params fwd_flops bwd_flops";
-    case MP_LT_TRANSFORMER_BLOCK:
-        return ATTN_KEYS " " MLP_KEYS " norm norm_bias p parallel_residual shared_norm post_norm";
-    case MP_LT_BOTTLENECK: return "in_ch mid_ch out_ch stride groups downsample";
-    case MP_LT_PATCH_EMBEDDING: return "in_ch dim patch cls_token";
-    case MP_LT_COUNT: break;
-    }
-    return "";
-}
 
 static enum mp_status get_act(const struct reader *rd, const cJSON *obj, const char *place, bool required,
                               enum mp_act *out)
@@ -233,40 +204,40 @@ static enum mp_status get_act(const struct reader *rd, const cJSON *obj, const c
 static enum mp_status read_attention(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
 {
     TRY(get_dim(rd, o, place, "dim", true, &l->dim));
-    TRY(get_dim(rd, o, place, "heads", true, &l->heads));
-    l->kv_heads = l->heads;
-    TRY(get_dim(rd, o, place, "kv_heads", false, &l->kv_heads));
+    TRY(get_dim(rd, o, place, "heads", true, &l->attn.heads));
+    l->attn.kv_heads = l->attn.heads;
+    TRY(get_dim(rd, o, place, "kv_heads", false, &l->attn.kv_heads));
     if (item(o, "head_dim")) {
-        TRY(get_dim(rd, o, place, "head_dim", true, &l->head_dim));
+        TRY(get_dim(rd, o, place, "head_dim", true, &l->attn.head_dim));
     } else {
-        if (l->heads > l->dim || l->dim % l->heads != 0)
+        if (l->attn.heads > l->dim || l->dim % l->attn.heads != 0)
             return fail_at(rd, MP_ERR_MODEL, place, "heads", "%llu does not divide dim (%llu); give head_dim",
-                           (unsigned long long)l->heads, (unsigned long long)l->dim);
-        l->head_dim = l->dim / l->heads;
+                           (unsigned long long)l->attn.heads, (unsigned long long)l->dim);
+        l->attn.head_dim = l->dim / l->attn.heads;
     }
-    if (l->kv_heads > l->heads || l->heads % l->kv_heads != 0)
+    if (l->attn.kv_heads > l->attn.heads || l->attn.heads % l->attn.kv_heads != 0)
         return fail_at(rd, MP_ERR_MODEL, place, "kv_heads", "%llu must divide heads (%llu)",
-                       (unsigned long long)l->kv_heads, (unsigned long long)l->heads);
+                       (unsigned long long)l->attn.kv_heads, (unsigned long long)l->attn.heads);
     uint64_t qdim, w;
-    if (!mp_mul_u64(l->heads, l->head_dim, &qdim) || !mp_mul_u64(qdim, l->dim, &w) || w > MP_DIM_MAX)
+    if (!mp_mul_u64(l->attn.heads, l->attn.head_dim, &qdim) || !mp_mul_u64(qdim, l->dim, &w) || w > MP_DIM_MAX)
         return fail_at(rd, MP_ERR_RANGE, place, "heads", "the projections are too large (at most %llu elements)",
                        (unsigned long long)MP_DIM_MAX);
-    l->causal = true;
-    TRY(get_bool(rd, o, place, "causal", &l->causal));
+    l->attn.causal = true;
+    TRY(get_bool(rd, o, place, "causal", &l->attn.causal));
     bool bias = true;
     TRY(get_bool(rd, o, place, "bias", &bias));
-    l->qkv_bias = l->out_bias = bias;
-    TRY(get_bool(rd, o, place, "qkv_bias", &l->qkv_bias));
-    TRY(get_bool(rd, o, place, "out_bias", &l->out_bias));
-    TRY(get_bool(rd, o, place, "fused_qkv", &l->fused_qkv));
-    TRY(get_bool(rd, o, place, "rope", &l->rope));
+    l->attn.qkv_bias = l->attn.out_bias = bias;
+    TRY(get_bool(rd, o, place, "qkv_bias", &l->attn.qkv_bias));
+    TRY(get_bool(rd, o, place, "out_bias", &l->attn.out_bias));
+    TRY(get_bool(rd, o, place, "fused_qkv", &l->attn.fused_qkv));
+    TRY(get_bool(rd, o, place, "rope", &l->rope.on));
     if (item(o, "rotary_dim")) {
-        if (!l->rope)
+        if (!l->rope.on)
             return fail_at(rd, MP_ERR_MODEL, place, "rotary_dim", "needs \"rope\": true");
-        TRY(get_dim(rd, o, place, "rotary_dim", true, &l->rotary_dim));
-        if (l->rotary_dim > l->head_dim || l->rotary_dim % 2 != 0)
+        TRY(get_dim(rd, o, place, "rotary_dim", true, &l->rope.dim));
+        if (l->rope.dim > l->attn.head_dim || l->rope.dim % 2 != 0)
             return fail_at(rd, MP_ERR_MODEL, place, "rotary_dim", "%llu must be even and at most head_dim (%llu)",
-                           (unsigned long long)l->rotary_dim, (unsigned long long)l->head_dim);
+                           (unsigned long long)l->rope.dim, (unsigned long long)l->attn.head_dim);
     }
     enum mp_status st;
     const char *impl = mp_json_str(o, "impl", &st, rd->path, place, rd->d);
@@ -275,32 +246,32 @@ static enum mp_status read_attention(const struct reader *rd, const cJSON *o, co
     if (impl) {
         int a = mp_attn_impl_parse(impl);
         if (a >= 0)
-            l->impl = (enum mp_attn_impl)a;
+            l->attn.impl = (enum mp_attn_impl)a;
         else
             return fail_at(rd, MP_ERR_MODEL, place, "impl", "unknown attention implementation \"%s\" "
                            "(expected eager, flash or sdpa)", impl);
-        l->impl_set = true;
+        l->attn.impl_set = true;
     }
-    return get_prob(rd, o, place, "attn_dropout", &l->attn_dropout);
+    return get_prob(rd, o, place, "attn_dropout", &l->attn.dropout);
 }
 
 /* MLP fields shared by mlp and transformer_block; "bias" (default true) sets mlp_bias's default. */
 static enum mp_status read_mlp(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
 {
-    if (!mp_mul_u64(l->dim, 4, &l->ffn) || l->ffn > MP_DIM_MAX)
-        l->ffn = MP_DIM_MAX;
-    TRY(get_dim(rd, o, place, "ffn", l->type == MP_LT_MLP, &l->ffn));
+    if (!mp_mul_u64(l->dim, 4, &l->mlp.ffn) || l->mlp.ffn > MP_DIM_MAX)
+        l->mlp.ffn = MP_DIM_MAX;
+    TRY(get_dim(rd, o, place, "ffn", l->type == MP_LT_MLP, &l->mlp.ffn));
     uint64_t w;
-    if (!mp_mul_u64(l->dim, l->ffn, &w) || w > MP_DIM_MAX)
+    if (!mp_mul_u64(l->dim, l->mlp.ffn, &w) || w > MP_DIM_MAX)
         return fail_at(rd, MP_ERR_RANGE, place, "ffn", "the projections are too large (at most %llu elements)",
                        (unsigned long long)MP_DIM_MAX);
-    TRY(get_bool(rd, o, place, "gated", &l->gated));
-    l->act = l->gated ? MP_ACT_SILU : MP_ACT_GELU;
-    TRY(get_act(rd, o, place, false, &l->act));
+    TRY(get_bool(rd, o, place, "gated", &l->mlp.gated));
+    l->mlp.act = l->mlp.gated ? MP_ACT_SILU : MP_ACT_GELU;
+    TRY(get_act(rd, o, place, false, &l->mlp.act));
     bool bias = true;
     TRY(get_bool(rd, o, place, "bias", &bias));
-    l->mlp_bias = bias;
-    return get_bool(rd, o, place, "mlp_bias", &l->mlp_bias);
+    l->mlp.bias = bias;
+    return get_bool(rd, o, place, "mlp_bias", &l->mlp.bias);
 }
 
 static enum mp_status read_transformer(const struct reader *rd, const cJSON *o, const char *place,
@@ -312,49 +283,50 @@ static enum mp_status read_transformer(const struct reader *rd, const cJSON *o, 
     const char *norm = mp_json_str(o, "norm", &st, rd->path, place, rd->d);
     if (st != MP_OK)
         return st;
-    l->norm = MP_NORM_LAYERNORM;
+    l->norm.kind = MP_NORM_LAYERNORM;
     if (norm) {
         if (strcmp(norm, "layernorm") == 0)
-            l->norm = MP_NORM_LAYERNORM;
+            l->norm.kind = MP_NORM_LAYERNORM;
         else if (strcmp(norm, "rmsnorm") == 0)
-            l->norm = MP_NORM_RMSNORM;
+            l->norm.kind = MP_NORM_RMSNORM;
         else
             return fail_at(rd, MP_ERR_MODEL, place, "norm", "unknown norm \"%s\" (expected layernorm or rmsnorm)",
                            norm);
     }
-    l->norm_bias = l->norm == MP_NORM_LAYERNORM;
-    TRY(get_bool(rd, o, place, "norm_bias", &l->norm_bias));
-    if (l->norm_bias && l->norm == MP_NORM_RMSNORM)
+    l->norm.bias = l->norm.kind == MP_NORM_LAYERNORM && !l->norm.ln_fp32 && !l->norm.ln_plain;
+    TRY(get_bool(rd, o, place, "norm_bias", &l->norm.bias));
+    if (l->norm.bias && l->norm.kind == MP_NORM_RMSNORM)
         return fail_at(rd, MP_ERR_MODEL, place, "norm_bias", "rmsnorm has no bias");
     TRY(get_prob(rd, o, place, "p", &l->p));
     TRY(get_bool(rd, o, place, "parallel_residual", &l->parallel_residual));
-    TRY(get_bool(rd, o, place, "shared_norm", &l->shared_norm));
-    TRY(get_bool(rd, o, place, "post_norm", &l->post_norm));
-    if (l->shared_norm && !l->parallel_residual)
+    TRY(get_bool(rd, o, place, "shared_norm", &l->norm.shared));
+    TRY(get_bool(rd, o, place, "post_norm", &l->norm.post));
+    if (l->norm.shared && !l->parallel_residual)
         return fail_at(rd, MP_ERR_MODEL, place, "shared_norm", "needs \"parallel_residual\": true");
-    if (l->post_norm && l->parallel_residual)
+    if (l->norm.post && l->parallel_residual)
         return fail_at(rd, MP_ERR_MODEL, place, "post_norm", "cannot be combined with parallel_residual");
     return MP_OK;
 }
 
 static enum mp_status read_conv(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
 {
-    TRY(get_dim(rd, o, place, "in_ch", true, &l->in_ch));
-    TRY(get_dim(rd, o, place, "out_ch", true, &l->out_ch));
-    TRY(get_dim(rd, o, place, "kernel", true, &l->kernel));
-    l->stride = 1;
-    l->groups = 1;
+    TRY(get_dim(rd, o, place, "in_ch", true, &l->conv.in_ch));
+    TRY(get_dim(rd, o, place, "out_ch", true, &l->conv.out_ch));
+    TRY(get_dim(rd, o, place, "kernel", true, &l->conv.kernel));
+    l->conv.stride = 1;
+    l->conv.groups = 1;
     l->bias = true;
-    TRY(get_dim(rd, o, place, "stride", false, &l->stride));
-    TRY(get_uint(rd, o, place, "padding", false, false, MP_DIM_MAX, &l->padding));
-    TRY(get_dim(rd, o, place, "groups", false, &l->groups));
+    TRY(get_dim(rd, o, place, "stride", false, &l->conv.stride));
+    TRY(get_uint(rd, o, place, "padding", false, false, MP_DIM_MAX, &l->conv.padding));
+    TRY(get_dim(rd, o, place, "groups", false, &l->conv.groups));
     TRY(get_bool(rd, o, place, "bias", &l->bias));
-    if (l->in_ch % l->groups != 0 || l->out_ch % l->groups != 0)
+    if (l->conv.in_ch % l->conv.groups != 0 || l->conv.out_ch % l->conv.groups != 0)
         return fail_at(rd, MP_ERR_MODEL, place, "groups", "%llu must divide in_ch (%llu) and out_ch (%llu)",
-                       (unsigned long long)l->groups, (unsigned long long)l->in_ch, (unsigned long long)l->out_ch);
+                       (unsigned long long)l->conv.groups, (unsigned long long)l->conv.in_ch,
+                       (unsigned long long)l->conv.out_ch);
     uint64_t w;
-    if (!mp_mul3_u64(l->out_ch, l->in_ch / l->groups, l->kernel, &w) || !mp_mul_u64(w, l->kernel, &w) ||
-        w > MP_DIM_MAX)
+    if (!mp_mul3_u64(l->conv.out_ch, l->conv.in_ch / l->conv.groups, l->conv.kernel, &w) ||
+        !mp_mul_u64(w, l->conv.kernel, &w) || w > MP_DIM_MAX)
         return fail_at(rd, MP_ERR_RANGE, place, "kernel", "the weight is too large (at most %llu elements)",
                        (unsigned long long)MP_DIM_MAX);
     return MP_OK;
@@ -368,21 +340,21 @@ static enum mp_status read_patch_embedding(const struct reader *rd, const cJSON 
     if (rd->m->input != MP_INPUT_IMAGE)
         return fail_at(rd, MP_ERR_MODEL, place, "type", "a patch_embedding needs an image input (input.shape "
                        "[C, H, W])");
-    l->in_ch = rd->m->channels;
-    TRY(get_dim(rd, o, place, "in_ch", false, &l->in_ch));
+    l->conv.in_ch = rd->m->channels;
+    TRY(get_dim(rd, o, place, "in_ch", false, &l->conv.in_ch));
     TRY(get_dim(rd, o, place, "dim", true, &l->dim));
-    TRY(get_dim(rd, o, place, "patch", true, &l->kernel));
-    l->stride = l->kernel;
-    l->cls_token = true;
-    TRY(get_bool(rd, o, place, "cls_token", &l->cls_token));
-    if (rd->m->height % l->kernel || rd->m->width % l->kernel)
+    TRY(get_dim(rd, o, place, "patch", true, &l->conv.kernel));
+    l->conv.stride = l->conv.kernel;
+    l->emb.cls_token = true;
+    TRY(get_bool(rd, o, place, "cls_token", &l->emb.cls_token));
+    if (rd->m->height % l->conv.kernel || rd->m->width % l->conv.kernel)
         return fail_at(rd, MP_ERR_MODEL, place, "patch", "%llu does not divide the image's %llu x %llu",
-                       (unsigned long long)l->kernel, (unsigned long long)rd->m->height,
+                       (unsigned long long)l->conv.kernel, (unsigned long long)rd->m->height,
                        (unsigned long long)rd->m->width);
     uint64_t w, pos;
-    if (!mp_mul3_u64(l->dim, l->in_ch, l->kernel, &w) || !mp_mul_u64(w, l->kernel, &w) || w > MP_DIM_MAX ||
-        !mp_mul_u64(rd->m->height / l->kernel, rd->m->width / l->kernel, &pos) || !mp_mul_u64(pos + 1, l->dim, &w) ||
-        w > MP_DIM_MAX)
+    if (!mp_mul3_u64(l->dim, l->conv.in_ch, l->conv.kernel, &w) || !mp_mul_u64(w, l->conv.kernel, &w) ||
+        w > MP_DIM_MAX || !mp_mul_u64(rd->m->height / l->conv.kernel, rd->m->width / l->conv.kernel, &pos) ||
+        !mp_mul_u64(pos + 1, l->dim, &w) || w > MP_DIM_MAX)
         return fail_at(rd, MP_ERR_RANGE, place, "patch", "the weights are too large (at most %llu elements)",
                        (unsigned long long)MP_DIM_MAX);
     return MP_OK;
@@ -390,30 +362,30 @@ static enum mp_status read_patch_embedding(const struct reader *rd, const cJSON 
 
 static enum mp_status read_pool(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
 {
-    TRY(get_dim(rd, o, place, "kernel", true, &l->kernel));
-    l->stride = l->kernel;
-    TRY(get_dim(rd, o, place, "stride", false, &l->stride));
-    TRY(get_uint(rd, o, place, "padding", false, false, MP_DIM_MAX, &l->padding));
-    if (l->padding > l->kernel / 2)
+    TRY(get_dim(rd, o, place, "kernel", true, &l->conv.kernel));
+    l->conv.stride = l->conv.kernel;
+    TRY(get_dim(rd, o, place, "stride", false, &l->conv.stride));
+    TRY(get_uint(rd, o, place, "padding", false, false, MP_DIM_MAX, &l->conv.padding));
+    if (l->conv.padding > l->conv.kernel / 2)
         return fail_at(rd, MP_ERR_MODEL, place, "padding", "%llu is more than half the kernel (%llu)",
-                       (unsigned long long)l->padding, (unsigned long long)l->kernel);
+                       (unsigned long long)l->conv.padding, (unsigned long long)l->conv.kernel);
     return MP_OK;
 }
 
 static enum mp_status read_adaptive(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
 {
-    l->out_h = l->out_w = 1;
+    l->conv.out_h = l->conv.out_w = 1;
     const cJSON *os = item(o, "output_size");
     if (os && (item(o, "out_h") || item(o, "out_w")))
         return fail_at(rd, MP_ERR_MODEL, place, "output_size", "give either output_size or out_h/out_w, not both");
     if (!os) {
-        TRY(get_dim(rd, o, place, "out_h", false, &l->out_h));
-        TRY(get_dim(rd, o, place, "out_w", false, &l->out_w));
+        TRY(get_dim(rd, o, place, "out_h", false, &l->conv.out_h));
+        TRY(get_dim(rd, o, place, "out_w", false, &l->conv.out_w));
         return MP_OK;
     }
     if (cJSON_IsNumber(os)) {
-        TRY(get_dim(rd, o, place, "output_size", true, &l->out_h));
-        l->out_w = l->out_h;
+        TRY(get_dim(rd, o, place, "output_size", true, &l->conv.out_h));
+        l->conv.out_w = l->conv.out_h;
         return MP_OK;
     }
     if (!cJSON_IsArray(os) || cJSON_GetArraySize(os) != 2)
@@ -433,35 +405,37 @@ static enum mp_status read_adaptive(const struct reader *rd, const cJSON *o, con
             return fail_at(rd, MP_ERR_MODEL, place, key, "expected a positive integer");
         hw[i] = (uint64_t)x;
     }
-    l->out_h = hw[0];
-    l->out_w = hw[1];
+    l->conv.out_h = hw[0];
+    l->conv.out_w = hw[1];
     return MP_OK;
 }
 
 static enum mp_status read_bottleneck(const struct reader *rd, const cJSON *o, const char *place,
                                       struct mp_layer *l)
 {
-    TRY(get_dim(rd, o, place, "in_ch", true, &l->in_ch));
-    TRY(get_dim(rd, o, place, "mid_ch", true, &l->mid_ch));
-    if (!mp_mul_u64(l->mid_ch, 4, &l->out_ch) || l->out_ch > MP_DIM_MAX)
-        l->out_ch = MP_DIM_MAX;
-    TRY(get_dim(rd, o, place, "out_ch", false, &l->out_ch));
-    l->stride = 1;
-    l->groups = 1;
-    TRY(get_dim(rd, o, place, "stride", false, &l->stride));
-    TRY(get_dim(rd, o, place, "groups", false, &l->groups));
-    if (l->mid_ch % l->groups != 0)
+    TRY(get_dim(rd, o, place, "in_ch", true, &l->conv.in_ch));
+    TRY(get_dim(rd, o, place, "mid_ch", true, &l->conv.mid_ch));
+    if (!mp_mul_u64(l->conv.mid_ch, 4, &l->conv.out_ch) || l->conv.out_ch > MP_DIM_MAX)
+        l->conv.out_ch = MP_DIM_MAX;
+    TRY(get_dim(rd, o, place, "out_ch", false, &l->conv.out_ch));
+    l->conv.stride = 1;
+    l->conv.groups = 1;
+    TRY(get_dim(rd, o, place, "stride", false, &l->conv.stride));
+    TRY(get_dim(rd, o, place, "groups", false, &l->conv.groups));
+    if (l->conv.mid_ch % l->conv.groups != 0)
         return fail_at(rd, MP_ERR_MODEL, place, "groups", "%llu must divide mid_ch (%llu)",
-                       (unsigned long long)l->groups, (unsigned long long)l->mid_ch);
-    bool needed = l->stride != 1 || l->in_ch != l->out_ch;
-    l->downsample = needed;
-    TRY(get_bool(rd, o, place, "downsample", &l->downsample));
-    if (needed && !l->downsample)
-        return fail_at(rd, MP_ERR_MODEL, place, "downsample", "needed when stride is not 1 or in_ch (%llu) "
-                       "differs from out_ch (%llu)", (unsigned long long)l->in_ch, (unsigned long long)l->out_ch);
+                       (unsigned long long)l->conv.groups, (unsigned long long)l->conv.mid_ch);
+    bool needed = l->conv.stride != 1 || l->conv.in_ch != l->conv.out_ch;
+    l->conv.downsample = needed;
+    TRY(get_bool(rd, o, place, "downsample", &l->conv.downsample));
+    if (needed && !l->conv.downsample)
+        return fail_at(rd, MP_ERR_MODEL, place, "downsample",
+                       "needed when stride is not 1 or in_ch (%llu) "
+                       "differs from out_ch (%llu)",
+                       (unsigned long long)l->conv.in_ch, (unsigned long long)l->conv.out_ch);
     uint64_t w;
-    if (!mp_mul3_u64(l->mid_ch, l->mid_ch / l->groups, 9, &w) || w > MP_DIM_MAX ||
-        !mp_mul_u64(l->in_ch, l->out_ch, &w) || w > MP_DIM_MAX)
+    if (!mp_mul3_u64(l->conv.mid_ch, l->conv.mid_ch / l->conv.groups, 9, &w) || w > MP_DIM_MAX ||
+        !mp_mul_u64(l->conv.in_ch, l->conv.out_ch, &w) || w > MP_DIM_MAX)
         return fail_at(rd, MP_ERR_RANGE, place, "mid_ch", "the weights are too large (at most %llu elements)",
                        (unsigned long long)MP_DIM_MAX);
     return MP_OK;
@@ -469,33 +443,33 @@ static enum mp_status read_bottleneck(const struct reader *rd, const cJSON *o, c
 
 static enum mp_status read_custom(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
 {
-    TRY(get_dim(rd, o, place, "output_bytes", true, &l->c_output_bytes));
-    l->c_saved_bytes = l->c_output_bytes;
-    TRY(get_uint(rd, o, place, "saved_bytes", false, false, MP_DIM_MAX, &l->c_saved_bytes));
-    if (l->c_saved_bytes < l->c_output_bytes)
+    TRY(get_dim(rd, o, place, "output_bytes", true, &l->custom.output_bytes));
+    l->custom.saved_bytes = l->custom.output_bytes;
+    TRY(get_uint(rd, o, place, "saved_bytes", false, false, MP_DIM_MAX, &l->custom.saved_bytes));
+    if (l->custom.saved_bytes < l->custom.output_bytes)
         return fail_at(rd, MP_ERR_MODEL, place, "saved_bytes",
                        "%llu is less than output_bytes (%llu); saved_bytes includes the output",
-                       (unsigned long long)l->c_saved_bytes, (unsigned long long)l->c_output_bytes);
-    TRY(get_uint(rd, o, place, "params", false, false, MP_DIM_MAX, &l->c_params));
-    TRY(get_uint(rd, o, place, "fwd_flops", false, false, MP_FLOPS_MAX, &l->c_fwd_flops));
-    l->c_bwd_flops = 2 * l->c_fwd_flops;
-    return get_uint(rd, o, place, "bwd_flops", false, false, 2 * MP_FLOPS_MAX, &l->c_bwd_flops);
+                       (unsigned long long)l->custom.saved_bytes, (unsigned long long)l->custom.output_bytes);
+    TRY(get_uint(rd, o, place, "params", false, false, MP_DIM_MAX, &l->custom.params));
+    TRY(get_uint(rd, o, place, "fwd_flops", false, false, MP_FLOPS_MAX, &l->custom.fwd_flops));
+    l->custom.bwd_flops = 2 * l->custom.fwd_flops;
+    return get_uint(rd, o, place, "bwd_flops", false, false, 2 * MP_FLOPS_MAX, &l->custom.bwd_flops);
 }
 
 /* The vocab/dim of a tied or untied lm_head default to the embedding's; tied ones must match it. */
 static enum mp_status read_lm_head(struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
 {
-    TRY(get_bool(rd, o, place, "tied", &l->tied));
-    if (l->tied && !rd->have_emb)
+    TRY(get_bool(rd, o, place, "tied", &l->head.tied));
+    if (l->head.tied && !rd->have_emb)
         return fail_at(rd, MP_ERR_MODEL, place, "tied", "the model has no embedding before this lm_head to tie to");
     l->vocab = rd->emb_vocab;
     l->dim = rd->emb_dim;
     TRY(get_dim(rd, o, place, "vocab", !rd->have_emb, &l->vocab));
     TRY(get_dim(rd, o, place, "dim", !rd->have_emb, &l->dim));
-    if (l->tied && l->vocab != rd->emb_vocab)
+    if (l->head.tied && l->vocab != rd->emb_vocab)
         return fail_at(rd, MP_ERR_MODEL, place, "vocab", "%llu differs from the tied embedding's vocab (%llu)",
                        (unsigned long long)l->vocab, (unsigned long long)rd->emb_vocab);
-    if (l->tied && l->dim != rd->emb_dim)
+    if (l->head.tied && l->dim != rd->emb_dim)
         return fail_at(rd, MP_ERR_MODEL, place, "dim", "%llu differs from the tied embedding's dim (%llu)",
                        (unsigned long long)l->dim, (unsigned long long)rd->emb_dim);
     uint64_t w;
@@ -527,6 +501,170 @@ static enum mp_status read_table(struct reader *rd, const cJSON *o, const char *
     return MP_OK;
 }
 
+/* The rows of l's type that are not its code's own (model_keys.c), each into its field. */
+static enum mp_status read_settings(const struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
+    for (size_t i = 0; i < mp_n_keys; i++) {
+        const struct mp_key *k = &mp_keys[i];
+        if (k->own || !(k->types & (1u << l->type)) || !item(o, k->key))
+            continue;
+        char *f = (char *)l + k->off;
+        switch (k->kind) {
+        case MP_KEY_DIM:
+        case MP_KEY_COUNT: {
+            uint64_t v = 0;
+            bool wide = k->size == sizeof(uint64_t);
+            TRY(get_uint(rd, o, place, k->key, true, k->kind == MP_KEY_DIM, wide ? MP_DIM_MAX : 64, &v));
+            if (wide) {
+                memcpy(f, &v, sizeof v);
+            } else {
+                unsigned u = (unsigned)v;
+                MP_CHECK_SIZE(k, sizeof u);
+                memcpy(f, &u, sizeof u);
+            }
+            break;
+        }
+        case MP_KEY_BOOL:
+            MP_CHECK_SIZE(k, sizeof(bool));
+            TRY(get_bool(rd, o, place, k->key, (bool *)f));
+            break;
+        case MP_KEY_PROB:
+        case MP_KEY_REAL: {
+            double v = 0;
+            MP_CHECK_SIZE(k, sizeof v);
+            if (k->kind == MP_KEY_PROB) {
+                TRY(get_prob(rd, o, place, k->key, &v));
+            } else {
+                const cJSON *x = item(o, k->key);
+                if (!cJSON_IsNumber(x) || !(x->valuedouble > 0.0 && x->valuedouble <= 1e30))
+                    return fail_at(rd, MP_ERR_MODEL, place, k->key, "expected a positive number");
+                v = x->valuedouble;
+            }
+            memcpy(f, &v, sizeof v);
+            break;
+        }
+        case MP_KEY_ENUM: {
+            enum mp_status st;
+            const char *s = mp_json_str(o, k->key, &st, rd->path, place, rd->d);
+            if (st != MP_OK)
+                return st;
+            int v = 0;
+            while (k->names[v] && strcmp(k->names[v], s) != 0)
+                v++;
+            if (!k->names[v]) {
+                char all[160];
+                mp_join(all, sizeof all, k->names, (size_t)v, ", ", " or ");
+                return fail_at(rd, MP_ERR_MODEL, place, k->key, "unknown value \"%s\" (expected %s)", s, all);
+            }
+            MP_CHECK_SIZE(k, sizeof v);
+            memcpy(f, &v, sizeof v);
+            break;
+        }
+        case MP_KEY_ACT:
+        case MP_KEY_IMPL:
+            MP_BUG("key %s: kind %d is read by its type's code", k->key, (int)k->kind);
+        }
+    }
+    return MP_OK;
+}
+
+/* Whether l's type has the key and l sets it (its field is not zero, the default of every generic row). */
+static bool given(const struct mp_layer *l, const char *key)
+{
+    for (size_t i = 0; i < mp_n_keys; i++) {
+        const struct mp_key *k = &mp_keys[i];
+        if (!(k->types & (1u << l->type)) || !k->size || strcmp(k->key, key) != 0)
+            continue;
+        for (size_t b = 0; b < k->size; b++)
+            if (((const unsigned char *)l)[k->off + b])
+                return true;
+    }
+    return false;
+}
+
+/* A setting given without the one it qualifies. */
+static enum mp_status needs(const struct reader *rd, const struct mp_layer *l, const char *place, const char *key,
+                            bool ok, const char *what)
+{
+    if (given(l, key) && !ok)
+        return fail_at(rd, MP_ERR_MODEL, place, key, "needs %s", what);
+    return MP_OK;
+}
+
+/* The rules between settings that model_keys.c's rows state ("with `rope`: ..."). */
+static enum mp_status check_settings(const struct reader *rd, const char *place,
+                                     const struct mp_layer *l)
+{
+    static const char *const rope_keys[] = {"rope_interleave", "rope_per_sample", "rope_fp32", "rope_cast_back",
+                                            "rope_cat", "rope_table_rows"};
+    for (size_t i = 0; i < sizeof rope_keys / sizeof rope_keys[0]; i++)
+        TRY(needs(rd, l, place, rope_keys[i], l->rope.on, "\"rope\": true"));
+    TRY(needs(rd, l, place, "rope_tables", l->rope.on || l->rope.kinds <= 1, "\"rope\": true"));
+    TRY(needs(rd, l, place, "qk_norm_late", l->attn.qk_norm != MP_QK_NORM_NONE && l->rope.on,
+              "a qk_norm and \"rope\": true"));
+    TRY(needs(rd, l, place, "qkv_split", l->attn.fused_qkv,
+              "\"fused_qkv\": true"));
+    const struct mp_mla *a = &l->mla;
+    static const char *const mla_keys[] = {"q_lora", "rope_dim", "nope_dim", "v_dim", "rope_complex"};
+    for (size_t i = 0; i < sizeof mla_keys / sizeof mla_keys[0]; i++)
+        TRY(needs(rd, l, place, mla_keys[i], a->kv_lora > 0, "a kv_lora"));
+    if (a->kv_lora) {
+        TRY(needs(rd, l, place, "kv_lora", l->rope.on, "\"rope\": true"));
+        TRY(needs(rd, l, place, "kv_lora", !l->attn.fused_qkv, "separate projections (no fused_qkv)"));
+        TRY(needs(rd, l, place, "kv_lora", l->attn.kv_heads == l->attn.heads, "kv_heads equal to heads"));
+        if (!a->rope_dim || a->rope_dim % 2 || !a->nope_dim || !a->v_dim)
+            return fail_at(rd, MP_ERR_MODEL, place, "kv_lora",
+                           "needs a positive even rope_dim, a nope_dim and a v_dim");
+        uint64_t w = a->q_lora > a->kv_lora ? a->q_lora : a->kv_lora, x;
+        if (!mp_mul_u64(l->attn.heads, a->nope_dim + a->rope_dim + a->v_dim, &x) || !mp_mul_u64(x, w, &x) ||
+            x > MP_DIM_MAX)
+            return fail_at(rd, MP_ERR_RANGE, place, "kv_lora", "the projections are too large (at most %llu elements)",
+                           (unsigned long long)MP_DIM_MAX);
+    }
+    TRY(needs(rd, l, place, "fused_gate_up", l->mlp.gated, "\"gated\": true"));
+    TRY(needs(rd, l, place, "up_down", !l->mlp.gated, "an MLP that is not gated"));
+    const struct mp_norm_cfg *n = &l->norm;
+    if ((n->ln_fp32 + n->ln_plain + n->ln_1p) > 1)
+        return fail_at(rd, MP_ERR_MODEL, place, n->ln_1p ? "ln_1p" : "ln_plain", "at most one of ln_fp32, ln_plain "
+                       "and ln_1p");
+    bool ln = l->type == MP_LT_LAYERNORM || n->kind == MP_NORM_LAYERNORM;
+    for (int i = 0; i < 3; i++)
+        TRY(needs(rd, l, place, (const char *[]){"ln_fp32", "ln_plain", "ln_1p"}[i], ln, "\"norm\": \"layernorm\""));
+    TRY(needs(rd, l, place, "rms_fp32", l->type == MP_LT_RMSNORM || n->kind == MP_NORM_RMSNORM,
+              "\"norm\": \"rmsnorm\""));
+    if (n->bias && (n->ln_fp32 || n->ln_plain))
+        return fail_at(rd, MP_ERR_MODEL, place, n->ln_fp32 ? "ln_fp32" : "ln_plain", "this layernorm has no bias");
+    TRY(needs(rd, l, place, "branch_norm", !n->post && !l->parallel_residual,
+              "a pre-norm block (no post_norm, no parallel_residual)"));
+    TRY(needs(rd, l, place, "no_pre_norm", n->branch, "\"branch_norm\": true"));
+    if (l->type == MP_LT_TRANSFORMER_BLOCK)
+        TRY(needs(rd, l, place, "mult", !n->post && !n->branch && !l->parallel_residual,
+                  "a pre-norm block (no post_norm, branch_norm or parallel_residual)"));
+    const struct mp_moe *e = &l->moe;
+    static const char *const moe_keys[] = {"top_k", "expert_ffn", "shared_ffn", "shared_gate", "shared_first",
+                                           "norm_topk", "route_mask", "router"};
+    for (size_t i = 0; i < sizeof moe_keys / sizeof moe_keys[0]; i++)
+        TRY(needs(rd, l, place, moe_keys[i], e->experts > 0, "\"experts\""));
+    if (e->experts) {
+        if (!e->top_k || e->top_k > e->experts)
+            return fail_at(rd, MP_ERR_MODEL, place, "top_k", "%s (expected 1 to experts, %llu)",
+                           e->top_k ? "exceeds experts" : "missing", (unsigned long long)e->experts);
+        if (!e->expert_ffn)
+            return fail_at(rd, MP_ERR_MODEL, place, "expert_ffn", "missing (expected a positive integer)");
+        uint64_t w;
+        if (!mp_mul_u64(e->experts, e->expert_ffn, &w) || !mp_mul_u64(w, 2 * l->dim, &w) || w > MP_DIM_MAX)
+            return fail_at(rd, MP_ERR_RANGE, place, "experts", "the experts are too large (at most %llu elements)",
+                           (unsigned long long)MP_DIM_MAX);
+        TRY(needs(rd, l, place, "shared_gate", e->shared_ffn > 0, "a shared_ffn"));
+        TRY(needs(rd, l, place, "shared_first", e->shared_ffn > 0, "a shared_ffn"));
+    }
+    TRY(needs(rd, l, place, "id_view", l->emb.id_buffer, "\"id_buffer\": true"));
+    TRY(needs(rd, l, place, "id_buffer", l->emb.id_rows > 0, "an id_rows"));
+    return MP_OK;
+}
+
+static enum mp_status read_type(struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l);
+
 /* Reads one op object (its "type" known to name an op) into l; an explicit "name" goes to l->name. */
 static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
 {
@@ -549,14 +687,21 @@ static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *pla
     }
     memset(l, 0, sizeof *l);
     l->type = (enum mp_layer_type)t;
-    char allowed[320];
-    snprintf(allowed, sizeof allowed, "type name %s", mp_json_layer_keys(l->type));
+    char allowed[1024] = "type name ";
+    mp_json_layer_keys(l->type, allowed + strlen(allowed), sizeof allowed - strlen(allowed));
     char what[64];
     snprintf(what, sizeof what, "a%s %s layer", strchr("aeiou", ts[0]) ? "n" : "", ts);
     TRY(check_keys(rd, o, place, allowed, what));
     bool named;
     TRY(get_name(rd, o, place, "name", l->name, sizeof l->name, &named));
+    TRY(read_settings(rd, o, place, l));
+    TRY(read_type(rd, o, place, l));
+    return check_settings(rd, place, l);
+}
 
+/* The type's own keys (model_keys.c's `own` rows), their defaults and checks. */
+static enum mp_status read_type(struct reader *rd, const cJSON *o, const char *place, struct mp_layer *l)
+{
     switch (l->type) {
     case MP_LT_EMBEDDING:
     case MP_LT_POS_EMBEDDING:
@@ -572,12 +717,12 @@ static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *pla
         return get_bool(rd, o, place, "bias", &l->bias);
     }
     case MP_LT_LAYERNORM:
-        l->norm = MP_NORM_LAYERNORM;
-        l->norm_bias = true;
+        l->norm.kind = MP_NORM_LAYERNORM;
+        l->norm.bias = !l->norm.ln_fp32 && !l->norm.ln_plain;
         TRY(get_dim(rd, o, place, "dim", true, &l->dim));
-        return get_bool(rd, o, place, "bias", &l->norm_bias);
+        return get_bool(rd, o, place, "bias", &l->norm.bias);
     case MP_LT_RMSNORM:
-        l->norm = MP_NORM_RMSNORM;
+        l->norm.kind = MP_NORM_RMSNORM;
         return get_dim(rd, o, place, "dim", true, &l->dim);
     case MP_LT_ATTENTION:
         return read_attention(rd, o, place, l);
@@ -585,7 +730,7 @@ static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *pla
         TRY(get_dim(rd, o, place, "dim", true, &l->dim));
         return read_mlp(rd, o, place, l);
     case MP_LT_ACTIVATION:
-        TRY(get_act(rd, o, place, true, &l->act));
+        TRY(get_act(rd, o, place, true, &l->mlp.act));
         return get_bool(rd, o, place, "inplace", &l->inplace);
     case MP_LT_DROPOUT:
         l->p = 0.5;
@@ -596,8 +741,8 @@ static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *pla
     case MP_LT_CONV2D:
         return read_conv(rd, o, place, l);
     case MP_LT_BATCHNORM2D:
-        TRY(get_dim(rd, o, place, "channels", true, &l->in_ch));
-        l->out_ch = l->dim = l->in_ch;
+        TRY(get_dim(rd, o, place, "channels", true, &l->conv.in_ch));
+        l->conv.out_ch = l->dim = l->conv.in_ch;
         return MP_OK;
     case MP_LT_MAXPOOL2D:
     case MP_LT_AVGPOOL2D:
@@ -630,7 +775,7 @@ static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *pla
             return pst;
         if (pool && strcmp(pool, "first") != 0 && strcmp(pool, "none") != 0)
             return fail_at(rd, MP_ERR_MODEL, place, "pool", "expected \"first\" or \"none\", got \"%s\"", pool);
-        l->pool = pool && !strcmp(pool, "first") ? MP_POOL_FIRST : MP_POOL_NONE;
+        l->head.pool = pool && !strcmp(pool, "first") ? MP_POOL_FIRST : MP_POOL_NONE;
         return MP_OK;
     }
     case MP_LT_CUSTOM:

@@ -28,9 +28,33 @@ enum mp_status mp_hf_apply_request(cJSON *root, const struct mp_model_request *r
 enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden, struct mp_idle *v,
                                     const char *path, struct mp_diag *d);
 
-/* The keys a layer of type t accepts in memplan JSON besides "type" and "name", space-separated
- * (docs/model-format.md documents each; tests/test_model_json.c holds them equal). */
-const char *mp_json_layer_keys(enum mp_layer_type t);
+/* The keys of memplan JSON's layers (model_keys.c): one row per key and the types that take it. */
+enum mp_key_kind {
+    MP_KEY_DIM,   /* a positive integer (at most MP_DIM_MAX) */
+    MP_KEY_COUNT, /* a non-negative integer (at most MP_DIM_MAX; an unsigned field: at most 64) */
+    MP_KEY_BOOL,
+    MP_KEY_PROB,  /* a probability in [0, 1) */
+    MP_KEY_REAL,  /* a positive finite number; 0 in the field means absent */
+    MP_KEY_ENUM,  /* one of names[], stored as its index */
+    MP_KEY_ACT,   /* an activation (mp_act_parse) */
+    MP_KEY_IMPL,  /* an attention implementation (mp_attn_impl_parse); sets attn.impl_set */
+};
+struct mp_key {
+    const char *key;
+    unsigned types;            /* bit t: layer type t takes it */
+    enum mp_key_kind kind;
+    bool own;                  /* read by the type's code in model_json.c (its defaults, its checks);
+                                  else read into the field by the generic loop */
+    size_t off, size;          /* the struct mp_layer field it sets (size 0: none, derived) */
+    const char *const *names;  /* MP_KEY_ENUM: the values, by index, NULL-terminated */
+    const char *deflt, *doc;   /* docs/model-format.md's default and meaning cells */
+};
+extern const struct mp_key mp_keys[];
+extern const size_t mp_n_keys;
+/* The type under whose heading docs/model-format.md lists the row (its first type). */
+enum mp_layer_type mp_key_home(const struct mp_key *k);
+/* The keys a layer of type t accepts besides "type" and "name", space-separated into out. */
+void mp_json_layer_keys(enum mp_layer_type t, char *out, size_t cap);
 
 /* Largest dimension any reader accepts (2^40): keeps every product of a few dims in 64 bits
  * checkable and rejects 10^15-wide layers with a clear message. */

@@ -178,7 +178,8 @@ static void recipe_lines(FILE *out, const struct mp_recipe *rc)
                 fprintf(f, "%s%s", groups++ ? "; " : "          ", head[src]);
             else
                 fputs(", ", f);
-            fprintf(f, "%s %s", mp_recipe_setting_option((enum mp_recipe_setting_id)i), mp_text_clean(s->value, v, sizeof v));
+            fprintf(f, "%s %s", mp_recipe_setting_option((enum mp_recipe_setting_id)i),
+                    mp_text_clean(s->value, v, sizeof v));
         }
     }
     if (groups)
@@ -321,7 +322,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
         if (c->build->torch) /* (only with --torch: the output without it is as it was) */
             cJSON_AddStringToObject(cf, "torch", torch_str(c->build->torch));
-        if (c->prog && c->prog->sdpa_math) /* SDPA's kernel, where it is not a fused one (ir lower_attention.c sdpa_math) */
+        if (c->prog &&
+            c->prog->sdpa_math) /* SDPA's kernel, where it is not a fused one (ir lower_attention.c sdpa_math) */
             cJSON_AddStringToObject(cf, "sdpa_kernel", "math");
         cJSON_AddStringToObject(cf, "loss", mp_loss_str(c->build->loss));
         cJSON_AddNumberToObject(cf, "label_fraction", c->build->label_fraction);
@@ -586,7 +588,7 @@ static const struct mp_layer *moe_first(const struct mp_model *m, uint64_t *n)
     *n = 0;
     for (size_t i = 0; i < m->n_blocks; i++)
         for (size_t j = 0; j < m->blocks[i].n_layers; j++)
-            if (m->blocks[i].layers[j].experts) {
+            if (m->blocks[i].layers[j].moe.experts) {
                 f = f ? f : &m->blocks[i].layers[j];
                 (*n)++;
             }
@@ -606,9 +608,9 @@ static struct moe_rows moe_rows_of(const struct mp_report_ctx *c, const struct m
         return r;
     double cap = c->moe_capacity >= 1 ? c->moe_capacity : 1;
     r.tokens = c->prog->opts.batch * c->prog->opts.seq; /* both checked when the program was built */
-    r.routed = r.tokens * l->top_k;
-    r.uniform = mp_ceil_div(r.routed, l->experts);
-    double b = ceil((double)r.routed * cap / (double)l->experts);
+    r.routed = r.tokens * l->moe.top_k;
+    r.uniform = mp_ceil_div(r.routed, l->moe.experts);
+    double b = ceil((double)r.routed * cap / (double)l->moe.experts);
     r.busiest = b >= (double)r.tokens ? r.tokens : (uint64_t)b;
     return r;
 }
@@ -622,8 +624,8 @@ static void moe_json(cJSON *cf, const struct mp_report_ctx *c)
     struct moe_rows r = moe_rows_of(c, l);
     cJSON *o = cJSON_AddObjectToObject(cf, "moe");
     ju64(o, "layers", n);
-    ju64(o, "experts", l->experts);
-    ju64(o, "top_k", l->top_k);
+    ju64(o, "experts", l->moe.experts);
+    ju64(o, "top_k", l->moe.top_k);
     jnum(o, "capacity", c->moe_capacity >= 1 ? c->moe_capacity : 1);
     cJSON_AddStringToObject(o, "routing", c->moe_capacity > 1 ? "capacity" : "uniform");
     cJSON_AddStringToObject(o, "experts_implementation", "grouped_mm");
@@ -652,9 +654,10 @@ static void moe_lines(FILE *out, const struct mp_report_ctx *c)
                  count(r.routed));
     else
         snprintf(share, sizeof share, "%s routing: tokens x %llu / %llu rows per expert",
-                 cap > 1 ? "imbalanced" : "uniform", (unsigned long long)l->top_k, (unsigned long long)l->experts);
+                 cap > 1 ? "imbalanced" : "uniform", (unsigned long long)l->moe.top_k,
+                 (unsigned long long)l->moe.experts);
     fprintf(out, "moe       %llu MoE layers, %llu experts, top-%llu; %s\n", (unsigned long long)n,
-            (unsigned long long)l->experts, (unsigned long long)l->top_k, share);
+            (unsigned long long)l->moe.experts, (unsigned long long)l->moe.top_k, share);
     fprintf(out, "          experts run as transformers' grouped_mm: every routed row in one grouped GEMM, so\n"
                  "          how tokens split over experts (--moe-capacity) changes no tensor\n");
 }
@@ -1141,7 +1144,7 @@ static const char *peft_task(const struct mp_model *m, const char **auto_cls)
         for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
             const struct mp_layer *l = &m->blocks[i].layers[j];
             if (l->type == MP_LT_CLASSIFIER) {
-                bool tok = l->pool == MP_POOL_NONE, qa = l->pool == MP_POOL_SPAN;
+                bool tok = l->head.pool == MP_POOL_NONE, qa = l->head.pool == MP_POOL_SPAN;
                 *auto_cls = m->input != MP_INPUT_TOKENS ? "AutoModelForImageClassification"
                             : tok                        ? "AutoModelForTokenClassification"
                             : qa                         ? "AutoModelForQuestionAnswering"
@@ -1152,7 +1155,7 @@ static const char *peft_task(const struct mp_model *m, const char **auto_cls)
                 *auto_cls = "AutoModelForSeq2SeqLM";
                 return "SEQ_2_SEQ_LM";
             }
-            if (l->type == MP_LT_LM_HEAD && l->masked) {
+            if (l->type == MP_LT_LM_HEAD && l->head.masked) {
                 *auto_cls = "AutoModelForMaskedLM";
                 return NULL;
             }
@@ -1181,7 +1184,8 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
         fprintf(out, "from trl import %s\n", mp_trainer_config(mp_trainer_ref_fwds(trainer_of(c)) ? trainer_of(c)
                                                                                                    : MP_TRAINER_SFT));
     if (peft)
-        fprintf(out, "from peft import LoraConfig, get_peft_model%s\n", kbit ? ", prepare_model_for_kbit_training" : "");
+        fprintf(out, "from peft import LoraConfig, get_peft_model%s\n",
+                kbit ? ", prepare_model_for_kbit_training" : "");
     fprintf(out, "\n# the model's hub id or local directory (memplan read %s)\nNAME = \"%s\"\n", shown(c->model->path),
             shown(c->model->name));
     /* weights: fp32 under amp and FSDP's mixed-bf16 (its policy casts the gathered copy); bf16 when pure
@@ -1196,8 +1200,8 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
                      "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
                 f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
                 b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
-        fprintf(out, "model = %s.from_pretrained(NAME, quantization_config=bnb_config,\n    dtype=torch.%s%s)\n", auto_cls,
-                dt, labels);
+        fprintf(out, "model = %s.from_pretrained(NAME, quantization_config=bnb_config,\n    dtype=torch.%s%s)\n",
+                auto_cls, dt, labels);
     } else {
         fprintf(out, "model = %s.from_pretrained(NAME, dtype=torch.%s%s)\n", auto_cls, dt, labels);
     }
@@ -1211,7 +1215,8 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
     if (sp)
         *sp = 0;
     if (!strcmp(tg, "all-linear"))
-        fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=\"all-linear\",\n",
+        fprintf(out,
+                "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=\"all-linear\",\n",
                 (unsigned long long)f->r, f->alpha, f->dropout);
     else {
         fprintf(out, "lora_config = LoraConfig(r=%llu, lora_alpha=%g, lora_dropout=%g, target_modules=[",
@@ -1270,7 +1275,8 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
                                                   : "the reference's log-probs are precomputed",
                 tr == MP_TRAINER_KTO ? "examples (2 or more: the KL term)" : "chosen/rejected pairs");
     else if (trl) /* TRL 1.16's SFTConfig: its default loss_type="nll" is the chunked head planned */
-        fprintf(out, "# the loss head planned is TRL's (trl 1.16 SFTConfig, loss_type=\"nll\"): train with SFTTrainer\n");
+        fprintf(out,
+                "# the loss head planned is TRL's (trl 1.16 SFTConfig, loss_type=\"nll\"): train with SFTTrainer\n");
     if (b->par.strategy == MP_PAR_DDP)
         fprintf(out, "# data parallel (DDP) over %llu ranks: launch with torchrun --nproc-per-node %llu "
                      "(or accelerate launch)\n",
@@ -1305,8 +1311,9 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     }
     fprintf(out, "    optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer));
     if (fsdp) /* training_args.py:_process_fsdp_args (FSDP2; launch with accelerate launch or torchrun) */
-        fprintf(out, "    fsdp=True,\n    fsdp_config={\"version\": 2, \"auto_wrap_policy\": \"TRANSFORMER_BASED_WRAP\",\n"
-                     "        \"reshard_after_forward\": %s, \"cpu_offload\": %s},\n",
+        fprintf(out,
+                "    fsdp=True,\n    fsdp_config={\"version\": 2, \"auto_wrap_policy\": \"TRANSFORMER_BASED_WRAP\",\n"
+                "        \"reshard_after_forward\": %s, \"cpu_offload\": %s},\n",
                 b->par.strategy == MP_PAR_FSDP ? "True" : "False",
                 b->par.offload == MP_OFFLOAD_PARAMS ? "True" : "False");
     if (ds)
@@ -1468,16 +1475,18 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
                                     "reduce_dtype=torch.float32)"
                                   : "",
                 b->par.offload == MP_OFFLOAD_PARAMS ? ", offload_policy=CPUOffloadPolicy()" : "");
-        fprintf(out, "# launch: torchrun --nproc-per-node %llu; each decoder layer, then the model\n"
-                     "for layer in model.get_decoder().layers:\n    fully_shard(layer, **kw)\nfully_shard(model, **kw)\n",
+        fprintf(out,
+                "# launch: torchrun --nproc-per-node %llu; each decoder layer, then the model\n"
+                "for layer in model.get_decoder().layers:\n    fully_shard(layer, **kw)\nfully_shard(model, **kw)\n",
                 (unsigned long long)b->par.gpus);
     } else if (b->par.strategy == MP_PAR_DDP) {
         fprintf(out, "# launch: torchrun --nproc-per-node %llu (torch.distributed initialized, model on its GPU)\n"
                      "model = torch.nn.parallel.DistributedDataParallel(model)\n",
                 (unsigned long long)b->par.gpus);
     } else if (mp_par_is_deepspeed(b->par.strategy)) {
-        fprintf(out, "# DeepSpeed: model, optimizer, _, _ = deepspeed.initialize(model=model, config=\"ds_config.json\")\n"
-                     "# (memplan suggest ... --emit deepspeed > ds_config.json); then engine.backward/step\n");
+        fprintf(out,
+                "# DeepSpeed: model, optimizer, _, _ = deepspeed.initialize(model=model, config=\"ds_config.json\")\n"
+                "# (memplan suggest ... --emit deepspeed > ds_config.json); then engine.backward/step\n");
     }
     fprintf(out, "\n\ndef train(model, optimizer, loader):\n"
                  "    \"\"\"loader: dicts of input_ids, attention_mask, labels of micro_batch rows\"\"\"\n"
@@ -1665,7 +1674,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
                     "simulated%s)\n", B(b->fit.device_bytes), B(b->usable_bytes),
                     b->fit.est.alloc_retries ? ", after it frees its cache" : "");
         fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s%s)\n",
-                b->samples_per_s, b->fit.est.dequant_bytes > 0 ? ",\n                     dequantization at its bandwidth" : "");
+                b->samples_per_s,
+                b->fit.est.dequant_bytes > 0 ? ",\n                     dequantization at its bandwidth" : "");
         for (size_t i = 0; i < s->n_alternatives; i++) /* variants that do better (search.c VARIANTS) */
             fprintf(out, "  would do better    %s\n", shown(s->alternatives[i]));
         if (b->probed)
@@ -1688,8 +1698,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         finetune_assumptions(out, c);
     if (par_col)
         fprintf(out, "\n%-19s", "parallel");
-    fprintf(out, "%s%s%-10s %-14s %6s %5s %10s %8s %9s %9s\n", par_col ? "" : "\n", ftcol ? "tune  " : "", "precision", "checkpoint", "micro",
-            "accum", "peak", "headroom", "recompute", "samples/s");
+    fprintf(out, "%s%s%-10s %-14s %6s %5s %10s %8s %9s %9s\n", par_col ? "" : "\n", ftcol ? "tune  " : "", "precision",
+            "checkpoint", "micro", "accum", "peak", "headroom", "recompute", "samples/s");
     for (size_t i = 0; i < s->n; i++) {
         const struct mp_candidate *k = &s->cand[i];
         char sb[32], pk[32];
@@ -1707,7 +1717,10 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         fprintf(out, "%-10s %-14s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", cand_prec(k),
                 mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
-                k->recompute_pct, k->samples_per_s, k->fits ? "" : k->probe_oom ? "probe: out of memory" : "does not fit",
+                k->recompute_pct, k->samples_per_s,
+                k->fits        ? ""
+                : k->probe_oom ? "probe: out of memory"
+                               : "does not fit",
                 (int)i == s->best ? "<- recommended" : "");
     }
     if (s->best >= 0) { /* (DPO: no torch loop; its DPOConfig) */
