@@ -1075,8 +1075,6 @@ expect_line 2 "--trainer dpo --loss hf (DPO's head is TRL's fused one)" estimate
 expect_line 2 "--trainer dpo with data parallelism" estimate models/hf/qwen3-0.6b.json --trainer dpo --gpus 2 \
     --parallel ddp
 expect_line 2 "probe --trainer: the option does not apply" probe models/hf/qwen3-0.6b.json --trainer dpo
-expect_line 2 "--trainer dpo --timeline: the reference phase is not drawn yet" estimate models/hf/qwen3-0.6b.json \
-    --trainer dpo --timeline "$T/dpo.svg"
 expect_line 2 "suggest --trainer dpo --emit torch (an SFT loop)" suggest models/hf/qwen3-0.6b.json --trainer dpo \
     --gpu a100-40gb --no-probe --emit torch
 expect_line 3 "a DPOConfig key read as SFTConfig: refused with the hint" estimate \

@@ -87,6 +87,13 @@ timeline "probe --timeline: the measured curve is overlaid" probe -- \
     probe models/tiny-test.json --backend host --checkpoint every:1
 timeline "probe --timeline of a probe out of memory: its curve stops where it did" probe -- \
     probe models/tiny-mlp.json --backend host --capacity 1KiB
+# DPO / KTO: the reference's no-grad forwards (and KTO's KL forward) drawn where compute_loss runs them
+timeline "estimate --trainer dpo --finetune lora --timeline: the reference forward (the peak) in the loss" -- \
+    estimate models/hf/qwen2-0.5b.json --trainer dpo --finetune lora --batch 2 --seq 512
+timeline "estimate --trainer dpo --timeline: a frozen reference copy resident, the policy's peak" -- \
+    estimate models/hf/qwen2-0.5b.json --trainer dpo --batch 2 --seq 512 --checkpoint layers
+timeline "check --trainer kto --finetune lora --timeline: the KL forward, two reference forwards" -- \
+    check models/hf/qwen2-0.5b.json --trainer kto --finetune lora --batch 2 --seq 512 --gpu l4
 # 120 transformer blocks: still one picture with a zoom on the peak
 sed 's/"repeat": 12/"repeat": 120/' models/gpt2-124m.json >"$T/gpt2-120.json"
 timeline "plan --timeline at 122 blocks" -- plan "$T/gpt2-120.json" --batch 4 --gpu a100-80gb

@@ -77,6 +77,28 @@ inside = [p for a, b, p in phases if a <= pe <= b]
 if inside != [mem["peak_event"].split(":")[0]]:
     fail("peak event %d lies in phase %s, the report says %s" % (pe, inside, mem["peak_phase"]))
 
+# DPO / KTO: the no-grad forwards compute_loss runs are drawn where they run, each a bracket over
+# its events: the reference's (DPO one, KTO two) inside the loss, KTO's KL forward in the forward
+cfg = rep.get("config", {})
+splices = [(int(r.get("data-first-event")), int(r.get("data-last-event")), r.get("data-what"))
+           for r in root.iter(NS + "rect") if r.get("class") == "splice"]
+trainer = cfg.get("trainer", "sft")
+want = []
+if trainer == "kto":
+    want.append("kl.forward")
+if cfg.get("reference") not in (None, "none", "precomputed") and trainer in ("dpo", "kto"):
+    want += ["reference.forward"] * (2 if trainer == "kto" else 1)
+if [w for _, _, w in splices] != want:
+    fail("spliced forwards %s, expected %s (trainer %s, reference %s)"
+         % ([w for _, _, w in splices], want, trainer, cfg.get("reference")))
+for a, b, w in splices:
+    ph = "loss" if w == "reference.forward" else "forward"
+    if [p for p0, p1, p in phases if p0 <= a and b <= p1] != [ph]:
+        fail("the %s bracket [%d, %d] is not inside one %s band" % (w, a, b, ph))
+if mem["peak_event"].startswith("loss:reference.forward:") and \
+        not any(a <= pe <= b for a, b, w in splices if w == "reference.forward"):
+    fail("the peak is the reference forward's, but event %d is in no reference bracket" % pe)
+
 # the categories at the peak add up to the peak
 cats = [int(r.get("data-bytes-at-peak")) for r in root.iter(NS + "rect") if r.get("class") == "legend"]
 if len(cats) < 6 or sum(cats) != mem["peak_allocated_bytes"]:

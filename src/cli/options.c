@@ -573,9 +573,6 @@ static int check_rules(const struct command *c, struct args *a)
                  tr == MP_TRAINER_DPO ? "DPOTrainer" : "KTOTrainer");
         return cli_usage_error(c->name, "%s", why);
     }
-    if (pref && a->timeline && !a->precompute_ref)
-        return cli_usage_error(c->name, "--timeline with --trainer %s: the reference model's phase is not drawn yet "
-                                        "(--precompute-ref draws the step: it has none)", tn);
     if (pref && a->emit == MP_EMIT_TORCH) {
         snprintf(why, sizeof why, "--emit torch with --trainer %s: the torch loop is an SFT step; --emit hf writes "
                  "the %s", tn, mp_trainer_config(tr));

@@ -437,10 +437,7 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
     e->bwd_flops = p->bwd_flops;
 
     e->world = 1;
-    if (t->ref == MP_REF_COPY) /* trl dpo_trainer.py:916-927: the model again, frozen, in its dtype */
-        for (size_t q = 0; q < p->n_params && ok; q++)
-            ok = mp_add_u64(e->ref_weights_bytes, p->params[q].raw_bytes, &e->ref_weights_bytes);
-    if (!ok)
+    if (!ok || !mp_ref_weights_bytes(p, t, &e->ref_weights_bytes))
         return mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
     if (t->par && t->par->strategy != MP_PAR_NONE) {
         struct mp_par_plan pp;
@@ -492,13 +489,70 @@ void block_est(const struct mp_program *p, const struct mp_train_opts *t, size_t
  * leaves is its (b) sum of log-probs, so the two peak alike.  Its first forward, the policy's
  * no-grad forward of the KL sequences, runs before the policy's graph exists: at every op it holds
  * no more than the policy's forward does at the same op, so it is never the step's peak. */
+struct nograd_ctx {
+    const struct mp_program *p;
+    mp_nograd_fn fn;
+    void *ctx;
+};
+
+static enum mp_status nograd_event(void *ctx, const struct mp_event *ev)
+{
+    struct nograd_ctx *n = ctx;
+    return n->fn(n->ctx, n->p, ev);
+}
+
+enum mp_status mp_replay_nograd_forward(const struct mp_program *policy, const struct mp_train_opts *t, bool reference,
+                                        mp_nograd_fn fn, void *ctx, struct mp_diag *d)
+{
+    const struct mp_program *p = policy;
+    struct mp_program base;
+    enum mp_status st = MP_OK;
+    if (reference && t->ref == MP_REF_ADAPTER) {
+        /* with the adapter disabled, peft runs each adapted Linear's base layer alone: the program
+         * built again without the LoRA branches (mp_build_opts.adapter_off), the base as it is */
+        struct mp_build_opts o = policy->opts;
+        o.adapter_off = true;
+        if ((st = mp_program_build(policy->model, &o, &base, d)) != MP_OK)
+            return st;
+        p = &base;
+    }
+    struct mp_schedule s;
+    mp_schedule_init(&s);
+    for (size_t i = 0; i < p->n_blocks && st == MP_OK; i++)
+        st = mp_schedule_push(&s, MP_SCHED_FN, (uint32_t)i);
+    if (st != MP_OK) {
+        st = mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    } else {
+        struct mp_train_opts rt = *t;
+        rt.ref_pass = true;
+        rt.accumulate = false;
+        struct nograd_ctx n = {p, fn, ctx};
+        st = mp_replay(p, &s, &rt, nograd_event, &n, d);
+    }
+    mp_schedule_release(&s);
+    if (p == &base)
+        mp_program_release(&base);
+    return st;
+}
+
+bool mp_ref_weights_bytes(const struct mp_program *p, const struct mp_train_opts *t, uint64_t *bytes)
+{
+    *bytes = 0;
+    if (t->ref == MP_REF_COPY) /* trl dpo_trainer.py:916-927: the model again, frozen, in its dtype */
+        for (size_t q = 0; q < p->n_params; q++)
+            if (!mp_add_u64(*bytes, p->params[q].raw_bytes, bytes))
+                return false;
+    return true;
+}
+
 struct ref_meter {
     uint64_t cur, base, peak;
     int peak_node;
     bool started, overflow;
+    char peak_name[sizeof ((struct mp_estimate *)0)->ref_forward_event];
 };
 
-static enum mp_status ref_event(void *ctx, const struct mp_event *ev)
+static enum mp_status ref_event(void *ctx, const struct mp_program *p, const struct mp_event *ev)
 {
     struct ref_meter *m = ctx;
     if (ev->kind == MP_EV_OP_BEGIN && !m->started) {
@@ -514,62 +568,27 @@ static enum mp_status ref_event(void *ctx, const struct mp_event *ev)
         if (m->started && ev->phase == MP_PH_FORWARD && m->cur > m->peak) {
             m->peak = m->cur;
             m->peak_node = ev->node;
+            snprintf(m->peak_name, sizeof m->peak_name, "reference.forward:%s",
+                     ev->node >= 0 && (size_t)ev->node < p->n_nodes ? p->nodes[ev->node].name : "?");
         }
     } else if (ev->kind == MP_EV_FREE)
         m->cur -= mp_round512(ev->bytes);
     return MP_OK;
 }
 
-/* ref_forward's replay of program p (the policy's, or its base): every block forward under
- * no_grad, metered. */
-static enum mp_status ref_replay(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
-                                 struct mp_diag *d)
-{
-    struct mp_schedule s;
-    mp_schedule_init(&s);
-    enum mp_status st = MP_OK;
-    for (size_t i = 0; i < p->n_blocks && st == MP_OK; i++)
-        st = mp_schedule_push(&s, MP_SCHED_FN, (uint32_t)i);
-    if (st != MP_OK) {
-        mp_schedule_release(&s);
-        return mp_fail(d, MP_ERR_NOMEM, "out of memory");
-    }
-    struct mp_train_opts rt = *t;
-    rt.ref_pass = true;
-    rt.accumulate = false;
-    struct ref_meter m = {.peak_node = -1};
-    st = mp_replay(p, &s, &rt, ref_event, &m, d);
-    mp_schedule_release(&s);
-    if (st == MP_ERR_RANGE && m.overflow)
-        return peak_overflow(p, t, d);
-    if (st != MP_OK)
-        return st;
-    e->ref_forward_tmp_bytes = m.peak - m.base;
-    snprintf(e->ref_forward_event, sizeof e->ref_forward_event, "reference.forward:%s",
-             m.peak_node >= 0 ? p->nodes[m.peak_node].name : "?");
-    return MP_OK;
-}
-
-/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes.  With the
- * adapter disabled, peft runs each adapted Linear's base layer alone: that forward is the program
- * built again without the LoRA branches (mp_build_opts.adapter_off), the base as it is. */
+/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes. */
 static enum mp_status ref_forward(const struct mp_program *policy, const struct mp_train_opts *t,
                                   struct mp_estimate *e, struct mp_diag *d)
 {
-    const struct mp_program *p = policy;
-    struct mp_program base;
-    enum mp_status st = MP_OK;
-    if (t->ref == MP_REF_ADAPTER) {
-        struct mp_build_opts o = policy->opts;
-        o.adapter_off = true;
-        if ((st = mp_program_build(policy->model, &o, &base, d)) != MP_OK)
-            return st;
-        p = &base;
-    }
-    st = ref_replay(p, t, e, d);
-    if (p == &base)
-        mp_program_release(&base);
-    return st;
+    struct ref_meter m = {.peak_node = -1, .peak_name = "reference.forward:?"};
+    enum mp_status st = mp_replay_nograd_forward(policy, t, true, ref_event, &m, d);
+    if (st == MP_ERR_RANGE && m.overflow)
+        return peak_overflow(policy, t, d);
+    if (st != MP_OK)
+        return st;
+    e->ref_forward_tmp_bytes = m.peak - m.base;
+    snprintf(e->ref_forward_event, sizeof e->ref_forward_event, "%s", m.peak_name);
+    return MP_OK;
 }
 
 /* The step's peak as the larger of its two phases (e's policy figures, c's forward end). */

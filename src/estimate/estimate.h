@@ -68,6 +68,8 @@ struct mp_event {
 };
 
 typedef enum mp_status (*mp_event_fn)(void *ctx, const struct mp_event *ev);
+/* An event of a replay of program p (mp_replay_nograd_forward: p may be a program it built). */
+typedef enum mp_status (*mp_nograd_fn)(void *ctx, const struct mp_program *p, const struct mp_event *ev);
 
 /* ---- PyTorch's CUDA caching allocator (alloc_sim.c, alloc_conf.c;
  * docs/memory-facts.md#caching-allocator) --------------------------------------------------------
@@ -179,6 +181,16 @@ bool mp_workspaces_bytes(const struct mp_train_opts *t, uint64_t *out);
  * every event in order.  Stops at the first non-OK status from fn and returns it. */
 enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *sched, const struct mp_train_opts *t,
                          mp_event_fn fn, void *ctx, struct mp_diag *d);
+/* A no-grad forward of every block, as a DPO/KTO step runs it inside compute_loss: the reference's
+ * (reference: the policy's program with its adapters off under t->ref MP_REF_ADAPTER, else the
+ * policy's own, a frozen copy's being alike) or the policy's own (KTO's KL sequences).  Replays
+ * the setup first (the program's resident tensors), then the forward from its first
+ * MP_EV_OP_BEGIN; fn gets the program each event is of. */
+enum mp_status mp_replay_nograd_forward(const struct mp_program *policy, const struct mp_train_opts *t, bool reference,
+                                        mp_nograd_fn fn, void *ctx, struct mp_diag *d);
+/* The reference's resident weights: a frozen copy of every parameter under MP_REF_COPY, else 0;
+ * false past 64 bits. */
+bool mp_ref_weights_bytes(const struct mp_program *p, const struct mp_train_opts *t, uint64_t *bytes);
 
 
 /* PyTorch caching-allocator rounding: < 512 -> 512, else a multiple of 512. */

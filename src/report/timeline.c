@@ -75,6 +75,11 @@ struct span {
     enum mp_phase phase;
 };
 
+struct splice_span {
+    size_t first, last; /* event indices, inclusive */
+    int what;           /* SPLICE_REF or SPLICE_KL */
+};
+
 struct sample {
     uint64_t v[K_N];
     uint64_t total;
@@ -112,7 +117,30 @@ struct tl {
      * it is not simulated */
     uint64_t *reserved;
     uint64_t reserved_peak;
+    /* pass 2 fills reserved from the policy step's series (mp_reserved_series), its events only:
+     * plus a reference copy's weights; a spliced forward's events hold the reserved bytes before
+     * them or the allocated bytes if more (estimate.c ref_phases: its reserved are not modelled) */
+    uint64_t *res_policy;
+    size_t res_k;
+    bool synthetic;
+    /* DPO / KTO (mp_trainer_ref_fwds, mp_trainer_kl_fwds): the no-grad forwards compute_loss runs,
+     * spliced into the policy's step where the estimator measures them (estimate.c ref_phases):
+     * the reference's at the last activation-gradient allocation of the loss before its seed
+     * (the policy's graph held), KTO's KL forward of the policy at its first op */
+    const struct mp_train_opts *t;
+    unsigned ref_passes, kl_passes;
+    uint64_t ref_weights;     /* a frozen reference copy's weights, resident from the start */
+    size_t ref_at, n_loss_grads; /* the policy event the reference forwards precede (pass 0 counts) */
+    bool w_done, kl_done, have_loss;
+    int splicing;             /* 0, SPLICE_REF or SPLICE_KL */
+    bool sp_started;
+    uint64_t sp_net;          /* the splice's allocated bytes not yet freed */
+    struct splice_span splice[4]; /* the spliced forwards (at most two reference and one KL) */
+    size_t n_splice;
+    char peak_label[160];     /* the peak's event name when a splice holds it */
+    struct mp_diag *d;
 };
+enum { SPLICE_REF = 1, SPLICE_KL = 2 };
 
 static size_t col_of(const struct tl *s, size_t ev)
 {
@@ -184,8 +212,14 @@ static enum mp_status on_event(void *ctx, const struct mp_event *ev)
             s->peak = s->total;
             s->peak_ev = i;
             s->peak_s = sm;
+            s->peak_label[0] = 0;
         }
     } else if (i < s->total_ev) {
+        if (s->reserved) {
+            uint64_t prev = i ? s->reserved[i - 1] : 0;
+            s->reserved[i] = s->splicing || s->synthetic ? (prev > s->total ? prev : s->total)
+                                                        : s->res_policy[s->res_k++] + s->ref_weights;
+        }
         size_t c = col_of(s, i);
         if (c < s->n_cols && (!s->col_set[c] || sm.total > s->col[c].total)) {
             s->col[c] = sm;
@@ -199,6 +233,89 @@ static enum mp_status on_event(void *ctx, const struct mp_event *ev)
 }
 
 /* ---- SVG helpers ------------------------------------------------------------------------ */
+
+/* One event of a spliced no-grad forward: its forward's allocations and frees, in the phase
+ * compute_loss runs it in (loss for the reference's, forward for KTO's KL forward). */
+static enum mp_status splice_event(void *ctx, const struct mp_program *p, const struct mp_event *ev)
+{
+    struct tl *s = ctx;
+    if (ev->kind == MP_EV_OP_BEGIN)
+        s->sp_started = true;
+    if (!s->sp_started || ev->phase != MP_PH_FORWARD || (ev->kind != MP_EV_ALLOC && ev->kind != MP_EV_FREE))
+        return MP_OK;
+    uint64_t r = mp_round512(ev->bytes);
+    if (ev->kind == MP_EV_FREE && r > s->sp_net) /* (a tensor of its setup: resident, never freed here) */
+        return MP_OK;
+    s->sp_net = ev->kind == MP_EV_ALLOC ? s->sp_net + r : s->sp_net - r;
+    struct mp_event e = *ev;
+    e.phase = s->splicing == SPLICE_REF ? MP_PH_LOSS : MP_PH_FORWARD;
+    e.node = -1; /* (a node of p, not of the policy's program) */
+    uint64_t before = s->peak;
+    enum mp_status st = on_event(s, &e);
+    if (s->pass == 1 && s->peak > before && ev->kind == MP_EV_ALLOC)
+        snprintf(s->peak_label, sizeof s->peak_label, "%s:%s:%s", mp_phase_str(e.phase),
+                 s->splicing == SPLICE_REF ? "reference.forward" : "kl.forward",
+                 ev->node >= 0 && (size_t)ev->node < p->n_nodes ? p->nodes[ev->node].name : "?");
+    return st;
+}
+
+static enum mp_status splice(struct tl *s, int what)
+{
+    s->splicing = what;
+    s->sp_started = false;
+    s->sp_net = 0;
+    size_t first = s->n_ev;
+    enum mp_status st = mp_replay_nograd_forward(s->p, s->t, what == SPLICE_REF, splice_event, s, s->d);
+    if (st == MP_OK && s->sp_net) /* what it still holds (its outputs) goes with it */
+        st = on_event(s, &(struct mp_event){.kind = MP_EV_FREE, .store = MP_ST_ACT, .bytes = s->sp_net, .node = -1,
+                                            .phase = what == SPLICE_REF ? MP_PH_LOSS : MP_PH_FORWARD});
+    if (s->n_ev > first && s->n_splice < sizeof s->splice / sizeof s->splice[0])
+    {
+        s->splice[s->n_splice].first = first;
+        s->splice[s->n_splice].last = s->n_ev - 1;
+        s->splice[s->n_splice++].what = what;
+    }
+    s->splicing = 0;
+    return st;
+}
+
+/* The policy's step, with the no-grad forwards a DPO/KTO step runs spliced in. */
+static enum mp_status on_policy_event(void *ctx, const struct mp_event *ev)
+{
+    struct tl *s = ctx;
+    enum mp_status st = MP_OK;
+    if (!s->w_done) {
+        s->w_done = true;
+        s->synthetic = true;
+        if (s->ref_weights)
+            st = on_event(s, &(struct mp_event){.kind = MP_EV_ALLOC, .store = MP_ST_PARAM, .bytes = s->ref_weights,
+                                                .node = -1, .phase = MP_PH_SETUP});
+        s->synthetic = false;
+    }
+    if (st == MP_OK && s->kl_passes && !s->kl_done && ev->kind == MP_EV_OP_BEGIN) {
+        s->kl_done = true;
+        for (unsigned i = 0; i < s->kl_passes && st == MP_OK; i++)
+            st = splice(s, SPLICE_KL);
+    }
+    if (ev->kind == MP_EV_LOSS_GRAD)
+        s->have_loss = true;
+    if (st == MP_OK && ev->kind == MP_EV_ALLOC && ev->phase == MP_PH_LOSS && ev->store == MP_ST_GRAD && !s->have_loss &&
+        s->ref_passes && ++s->n_loss_grads == s->ref_at)
+        for (unsigned i = 0; i < s->ref_passes && st == MP_OK; i++)
+            st = splice(s, SPLICE_REF);
+    return st == MP_OK ? on_event(s, ev) : st;
+}
+
+/* Pass 0: which activation-gradient allocation of the loss is the last before its seed. */
+static enum mp_status count_loss_grads(void *ctx, const struct mp_event *ev)
+{
+    struct tl *s = ctx;
+    if (ev->kind == MP_EV_LOSS_GRAD)
+        s->have_loss = true;
+    if (ev->kind == MP_EV_ALLOC && ev->phase == MP_PH_LOSS && ev->store == MP_ST_GRAD && !s->have_loss)
+        s->ref_at++;
+    return MP_OK;
+}
 
 void mp_xml_puts(FILE *out, const char *s)
 {
@@ -462,6 +579,19 @@ static void draw_phases(FILE *out, const struct tl *s, double evw)
             }
         if (best >= 40)
             text(out, bx, MY0 - 13, "middle", "font-size=\"10\" fill=\"#222\"", mp_phase_str((enum mp_phase)ph));
+    }
+
+    /* the no-grad forwards a DPO/KTO step runs inside it: a bracket under the phase band */
+    for (size_t i = 0; i < s->n_splice; i++) {
+        const struct splice_span *sp = &s->splice[i];
+        const char *what = sp->what == SPLICE_REF ? "reference.forward" : "kl.forward";
+        double x = XEV(sp->first), w = evw * (double)(sp->last + 1 - sp->first);
+        fprintf(out, "<rect class=\"splice\" data-what=\"%s\" data-first-event=\"%zu\" data-last-event=\"%zu\" "
+                     "x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"6\" fill=\"#555\"/>\n",
+                what, sp->first, sp->last, x, MY0 - 8, w);
+        if (w >= 60)
+            text(out, x + w / 2, MY0 + 10, "middle", "font-size=\"10\" fill=\"#333\"" HALO,
+                 sp->what == SPLICE_REF ? "reference forward (no grad)" : "KL forward (no grad)");
     }
 
     /* an optimizer step that allocates nothing (DeepSpeed's fused Adam) has no band: a mark */
@@ -780,7 +910,10 @@ static void draw(FILE *out, struct tl *s, const struct mp_timeline_opts *o)
     draw_measured(out, s, o, &v);
     draw_reserved(out, s, &v);
     char ev[160];
-    event_name(s->p, &s->peak_s, ev, sizeof ev);
+    if (s->peak_label[0])
+        snprintf(ev, sizeof ev, "%s", s->peak_label);
+    else
+        event_name(s->p, &s->peak_s, ev, sizeof ev);
     draw_peak(out, s, &v, ev, lbl, n_lbl);
     draw_legend(out, s, o, ctx);
     draw_inset(out, s, &v, ev);
@@ -810,7 +943,18 @@ enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const stru
         st = mp_fail(d, MP_ERR_NOMEM, "out of memory drawing the timeline");
         goto out;
     }
-    st = mp_replay(p, sched, t, on_event, &s, d);
+    s.t = t;
+    s.d = d;
+    s.ref_passes = t->ref != MP_REF_NONE ? mp_trainer_ref_fwds(p->opts.trainer) : 0;
+    s.kl_passes = mp_trainer_kl_fwds(p->opts.trainer);
+    if (!mp_ref_weights_bytes(p, t, &s.ref_weights)) {
+        st = mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
+        goto out;
+    }
+    if (s.ref_passes && (st = mp_replay(p, sched, t, count_loss_grads, &s, d)) != MP_OK)
+        goto out;
+    s.have_loss = false;
+    st = mp_replay(p, sched, t, on_policy_event, &s, d);
     if (st != MP_OK || s.n_ev == 0) {
         if (st == MP_OK)
             st = mp_fail(d, MP_ERR_INTERNAL, "timeline: the step has no allocations");
@@ -820,14 +964,19 @@ enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const stru
     }
     /* the caching allocator over the same step: one figure an event, or none */
     size_t n_res = 0;
-    if ((st = mp_reserved_series(p, sched, t, &s.reserved, &n_res, d)) != MP_OK)
+    if ((st = mp_reserved_series(p, sched, t, &s.res_policy, &n_res, d)) != MP_OK)
         goto out;
-    if (s.reserved && n_res != s.n_ev) { /* (a replay that is not the same step: not drawn) */
-        free(s.reserved);
-        s.reserved = NULL;
+    size_t extra = s.ref_weights ? 1 : 0; /* the events that are not the policy step's */
+    for (size_t i = 0; i < s.n_splice; i++)
+        extra += s.splice[i].last + 1 - s.splice[i].first;
+    if (s.res_policy && n_res + extra != s.n_ev) { /* (a replay that is not the same step: not drawn) */
+        free(s.res_policy);
+        s.res_policy = NULL;
     }
-    if (s.reserved)
-        s.reserved_peak = run_max(s.reserved, 0, n_res, n_res);
+    if (s.res_policy && !(s.reserved = calloc(s.n_ev, sizeof *s.reserved))) {
+        st = mp_fail(d, MP_ERR_NOMEM, "out of memory drawing the timeline");
+        goto out;
+    }
     /* pass 2: columns and the zoom window (the schedule op holding the peak, widened) */
     s.total_ev = s.n_ev;
     s.n_cols = s.total_ev < N_COLS ? s.total_ev : N_COLS;
@@ -858,9 +1007,13 @@ enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const stru
     s.total = 0;
     s.n_ev = 0;
     s.pass = 2;
-    st = mp_replay(p, sched, t, on_event, &s, d);
+    s.w_done = s.kl_done = s.have_loss = false;
+    s.n_loss_grads = s.n_splice = 0;
+    st = mp_replay(p, sched, t, on_policy_event, &s, d);
     if (st != MP_OK)
         goto out;
+    if (s.reserved)
+        s.reserved_peak = run_max(s.reserved, 0, s.n_ev, s.n_ev);
     draw(out, &s, o);
     if (ferror(out))
         st = mp_fail(d, MP_ERR_IO, "writing the timeline failed");
@@ -873,5 +1026,6 @@ out:
     free(s.col_set);
     free(s.win);
     free(s.reserved);
+    free(s.res_policy);
     return st;
 }
