@@ -1066,8 +1066,51 @@ else
     echo "expected exit 1, 'micro-batch 2' and no micro-batch 1 nor FSDP/ZeRO in the report" >"$T/why"
     bad "suggest --trainer kto, nothing fits: micro-batch 2 throughout, no data-parallel world proposed"
 fi
-expect_line 3 "a KTOConfig loss_type without a KL term: refused" estimate --trainer kto \
-    --recipe tests/data/recipes/trl-kto-apo.yaml
+expect_line 3 "a KTOConfig loss_type without a KL term read with --trainer kto: refused, naming kto-apo" \
+    estimate --trainer kto --recipe tests/data/recipes/trl-kto-apo.yaml
+if grep -q "trl-kto-apo.yaml:6: loss_type: apo_zero_unpaired: .*--trainer kto-apo" "$T/err"; then
+    ok "the refusal names the file's line 6 and --trainer kto-apo"
+else
+    bad "the refusal names the file's line 6 and --trainer kto-apo"
+fi
+expect_line 3 "--trainer kto-apo on a KTOConfig without its loss_type (the default kto): refused" \
+    estimate --trainer kto-apo --recipe tests/data/recipes/trl-kto-lora.yaml
+# kto-apo (TRL 1.16 kto_trainer.py:815, 844): no KL term, so no KL forwards and one example a device is
+# enough; one reference forward.  Its step holds what kto's does less the KL sequences' forwards.
+if [ -n "$HAVE_PY" ]; then
+    run estimate --trainer kto-apo --recipe tests/data/recipes/trl-kto-apo.yaml --batch 1 --json
+    cp "$T/out" "$T/apo.json"
+    run estimate --trainer kto --recipe tests/data/recipes/trl-kto-lora.yaml --json
+    if python3 -c '
+import json, sys
+a = json.load(open(sys.argv[1]))
+c, m = a["config"], a["memory"]
+assert c["trainer"] == "kto-apo" and c["batch"] == 1 and c["reference"] == "copy", c
+assert c["recipe"]["settings"]["batch"]["source"] == "command line"
+r = m["phases"]["reference_forward"]
+assert r["peak_event"].startswith("reference.forward:"), r
+assert a["memory"]["peak_allocated_bytes"] == max(m["phases"]["policy_step"]["peak_allocated_bytes"],
+                                                   r["peak_allocated_bytes"])
+' "$T/apo.json" 2>"$T/why"; then
+        ok "--trainer kto-apo --recipe: loss_type apo_zero_unpaired read, one example a device, one reference phase"
+    else
+        bad "--trainer kto-apo --recipe: loss_type apo_zero_unpaired read, one example a device, one reference phase"
+    fi
+    # the same step's FLOPs: kto runs four forwards (KL and batch, each twice: policy and reference),
+    # kto-apo two (the batch: policy and reference)
+    run estimate models/hf/qwen2-0.5b.json --trainer kto --batch 2 --seq 256 --json
+    cp "$T/out" "$T/kto2.json"
+    run estimate models/hf/qwen2-0.5b.json --trainer kto-apo --batch 2 --seq 256 --json
+    if python3 -c '
+import json, sys
+k, a = (json.load(open(f))["memory"] for f in sys.argv[1:])
+assert abs(k["fwd_flops"] - 2 * a["fwd_flops"]) <= 1e-9 * k["fwd_flops"], (k["fwd_flops"], a["fwd_flops"])
+' "$T/kto2.json" "$T/out" 2>"$T/why"; then
+        ok "--trainer kto-apo: two forwards of the batch (kto: four)"
+    else
+        bad "--trainer kto-apo: two forwards of the batch (kto: four)"
+    fi
+fi
 expect_line 3 "a KTOConfig at one example a device: refused, naming the key" estimate --trainer kto \
     --recipe tests/data/recipes/trl-kto-batch1.yaml
 expect_line 2 "--trainer dpo --loss hf (DPO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \

@@ -94,6 +94,8 @@ timeline "estimate --trainer dpo --timeline: a frozen reference copy resident, t
     estimate models/hf/qwen2-0.5b.json --trainer dpo --batch 2 --seq 512 --checkpoint layers
 timeline "check --trainer kto --finetune lora --timeline: the KL forward, two reference forwards" -- \
     check models/hf/qwen2-0.5b.json --trainer kto --finetune lora --batch 2 --seq 512 --gpu l4
+timeline "estimate --trainer kto-apo --timeline: one reference forward, no KL forward" -- \
+    estimate models/hf/qwen2-0.5b.json --trainer kto-apo --finetune lora --batch 1 --seq 512
 # 120 transformer blocks: still one picture with a zoom on the peak
 sed 's/"repeat": 12/"repeat": 120/' models/gpt2-124m.json >"$T/gpt2-120.json"
 timeline "plan --timeline at 122 blocks" -- plan "$T/gpt2-120.json" --batch 4 --gpu a100-80gb

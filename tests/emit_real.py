@@ -85,6 +85,9 @@ DPO_CASES = [
                         "--seq", "512"], False),
     ("kto full precomputed", ["models/hf/qwen2-0.5b.json", "--gpu", "t4", "--trainer", "kto", "--seq", "1024",
                               "--precompute-ref"], True),
+    # --trainer kto-apo: a KTOConfig with loss_type apo_zero_unpaired (no KL term)
+    ("kto-apo lora qwen2", ["models/hf/qwen2-0.5b.json", "--gpu", "l4", "--trainer", "kto-apo", "--finetune", "lora",
+                            "--seq", "2048"], False),
 ]
 
 
@@ -276,11 +279,13 @@ else:
             continue
         a = ns["args"]
         ck = rec["plan"]["strategy"]
-        cls = "KTOConfig" if "kto" in args else "DPOConfig"
+        cls = "DPOConfig" if "dpo" in args else "KTOConfig"
+        apo = "kto-apo" in args
         check(type(a).__name__ == cls and a.per_device_train_batch_size == rec["micro_batch"] and
+              (cls != "KTOConfig" or a.loss_type == ("apo_zero_unpaired" if apo else "kto")) and
               a.gradient_accumulation_steps == rec["grad_accum"] and a.max_length == seq and
               a.precompute_ref_log_probs == pre and bool(a.activation_checkpointing) == ck.startswith("layers") and
-              rec["micro_batch"] >= (2 if cls == "KTOConfig" else 1),
+              rec["micro_batch"] >= (2 if cls == "KTOConfig" and not apo else 1),
               "hf %s: TRL's %s (trl %s) constructed with %d per device, accumulation %d, "
               "max_length %d, precompute_ref_log_probs %s, checkpoint %s%s"
               % (label, cls, __import__("trl").__version__, rec["micro_batch"], rec["grad_accum"],

@@ -111,7 +111,8 @@ else:
     _, apo, _ = kparser.parse_yaml_file(D + "/trl-kto-apo.yaml", allow_extra_keys=False)
     _, one, _ = kparser.parse_yaml_file(D + "/trl-kto-batch1.yaml", allow_extra_keys=False)
     check(apo.loss_type == "apo_zero_unpaired" and one.per_device_train_batch_size == 1,
-          "trl-kto-apo.yaml, trl-kto-batch1.yaml: KTOConfig reads the values memplan refuses (no KL term; 1 example)")
+          "trl-kto-apo.yaml, trl-kto-batch1.yaml: KTOConfig reads loss_type apo_zero_unpaired (memplan: "
+          "--trainer kto-apo) and the batch of 1 memplan refuses for kto")
 
 # bf16 weights with bf16=True are memplan's bf16-amp (src/recipe/recipe.c precision_of): the Trainer
 # hands mixed_precision "bf16" to accelerate, whose prepare() wraps the forward in autocast whatever

@@ -178,10 +178,10 @@ static void test_precisions_dtypes_attention(void **state)
 static void test_trainers(void **state)
 {
     (void)state;
-    assert_string_equal(mp_trainer_names(", ", " or "), "sft, dpo, kto, orpo or grpo");
+    assert_string_equal(mp_trainer_names(", ", " or "), "sft, dpo, kto, kto-apo, orpo or grpo");
     for (int i = 0; i <= MP_TRAINER_GRPO; i++) {
         assert_int_equal(mp_trainer_parse(mp_trainer_str((enum mp_trainer)i)), i);
-        assert_true((mp_trainer_unmodelled((enum mp_trainer)i) == NULL) == (i <= MP_TRAINER_KTO));
+        assert_true((mp_trainer_unmodelled((enum mp_trainer)i) == NULL) == (i <= MP_TRAINER_KTO_APO));
     }
     assert_int_equal(mp_trainer_parse("ppo"), -1);
     assert_int_equal(mp_trainer_seqs(MP_TRAINER_SFT), 1);
@@ -196,6 +196,14 @@ static void test_trainers(void **state)
     assert_int_equal(mp_trainer_kl_fwds(MP_TRAINER_DPO), 0);
     assert_string_equal(mp_trainer_config(MP_TRAINER_KTO), "KTOConfig");
     assert_string_equal(mp_trainer_config(MP_TRAINER_DPO), "DPOConfig");
+    /* KTO's apo_zero_unpaired: no KL term (kto_trainer.py:815, 836, 844): one example is enough, no KL
+     * forward, one reference forward (the batch); the same config class with its loss_type */
+    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_KTO_APO), 1);
+    assert_int_equal(mp_trainer_kl_fwds(MP_TRAINER_KTO_APO), 0);
+    assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_KTO_APO), 1);
+    assert_string_equal(mp_trainer_config(MP_TRAINER_KTO_APO), "KTOConfig");
+    assert_string_equal(mp_trainer_loss_type(MP_TRAINER_KTO_APO), "apo_zero_unpaired");
+    assert_null(mp_trainer_loss_type(MP_TRAINER_KTO));
     assert_string_equal(mp_ref_mode_str(MP_REF_ADAPTER), "adapter-disabled");
 }
 

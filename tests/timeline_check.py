@@ -83,11 +83,11 @@ cfg = rep.get("config", {})
 splices = [(int(r.get("data-first-event")), int(r.get("data-last-event")), r.get("data-what"))
            for r in root.iter(NS + "rect") if r.get("class") == "splice"]
 trainer = cfg.get("trainer", "sft")
-want = []
-if trainer == "kto":
-    want.append("kl.forward")
-if cfg.get("reference") not in (None, "none", "precomputed") and trainer in ("dpo", "kto"):
-    want += ["reference.forward"] * (2 if trainer == "kto" else 1)
+# TRL 1.16: KTO's KL forward of the policy, then its two reference forwards; DPO's and KTO's
+# apo_zero_unpaired's one (no KL term)
+want = ["kl.forward"] if trainer == "kto" else []
+if cfg.get("reference") not in (None, "none", "precomputed"):
+    want += ["reference.forward"] * {"dpo": 1, "kto": 2, "kto-apo": 1}.get(trainer, 0)
 if [w for _, _, w in splices] != want:
     fail("spliced forwards %s, expected %s (trainer %s, reference %s)"
          % ([w for _, _, w in splices], want, trainer, cfg.get("reference")))

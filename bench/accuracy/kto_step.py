@@ -2,7 +2,7 @@
 """kto_step.py — memplan --trainer kto against TRL's KTOTrainer step on the CPU (real tensors).
 
   python3 bench/accuracy/kto_step.py [--memplan ./memplan] [--out FILE.md] [--rows-out FILE]
-                                    [--model CONFIG.json]
+                                    [--model CONFIG.json] [--apo]
 
 The tiny Llama of dpo_step.py (its CONFIG, written into each row as config_json), or with --model a
 Llama config.json (models/hf/llama-3.2-1b.json: the 1B-class rows, ONE_B_SETTINGS), runs two training
@@ -28,6 +28,10 @@ precompute_ref_log_probs (the batch carries ref_logps and ref_KL_logps).  Then l
 AdamW(foreach).step(), zero_grad(set_to_none=True), as the Trainer's training_step and loop run
 them.  CPU against CUDA: as dpo_step.py says (the fused head's CUDA branches, bool-mask indices,
 SDPA, dropout 0).
+
+With --apo, KTOConfig's loss_type "apo_zero_unpaired" (memplan --trainer kto-apo): the stand-in's
+calculate_KL is False as __init__ sets it (kto_trainer.py:815, 836), so the batch has no KL rows, no
+KL forward runs and the reference runs once; one example a device is allowed (:844).
 
 Rows go to bench/accuracy/rows/kto_step.jsonl (tests/replay_accuracy.py replays them: figures
 peak, ref_forward_peak).  Needs torch, transformers, peft, trl.  Not part of make test.
@@ -60,8 +64,8 @@ class Stub:
         self.model = model
         self.ref_model = ref_model
         self.precompute_ref_logps = precompute
-        self.calculate_KL = True  # loss_type "kto" (kto_trainer.py:821-822)
-        self.loss_type = "kto"
+        self.calculate_KL = not APO  # loss_type "kto"; "apo_zero_unpaired" none (kto_trainer.py:815, 836)
+        self.loss_type = "apo_zero_unpaired" if APO else "kto"
         self.aux_loss_enabled = False
         self.beta = 0.1
         self.desirable_weight = 1.0
@@ -83,11 +87,14 @@ def kto_inputs(vocab, n, seq, prompt, precompute, dev):
     comp[:, prompt:] = 1
     kl = torch.cat([ids[:, :prompt], ids.roll(1, 0)[:, prompt:]], 1)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_mask": comp,
-              "label": torch.tensor([i < (n + 1) // 2 for i in range(n)]),  # (kto_trainer.py:205)
-              "KL_input_ids": kl, "KL_attention_mask": torch.ones_like(kl), "KL_completion_mask": comp.clone()}
+              "label": torch.tensor([i < (n + 1) // 2 for i in range(n)])}  # (kto_trainer.py:205)
+    if not APO:  # the KL rows exist only with the KL term (kto_trainer.py:1146)
+        inputs.update({"KL_input_ids": kl, "KL_attention_mask": torch.ones_like(kl),
+                       "KL_completion_mask": comp.clone()})
     if precompute:
         inputs["ref_logps"] = torch.zeros(n, device=dev)
-        inputs["ref_KL_logps"] = torch.zeros(n, device=dev)
+        if not APO:
+            inputs["ref_KL_logps"] = torch.zeros(n, device=dev)
     return inputs
 
 
@@ -122,7 +129,7 @@ def kto_step(config, ft, ckpt, n, seq, prompt, precompute, prec="bf16"):
 
 def memplan_args(ft, ckpt, n, seq, frac, precompute, prec="bf16"):
     a = dpo_step.memplan_args(ft, ckpt, n, seq, frac, precompute, prec)
-    a[a.index("dpo")] = "kto"
+    a[a.index("dpo")] = "kto-apo" if APO else "kto"
     return a
 
 
@@ -135,17 +142,30 @@ SETTINGS = [("full", "none", 4, 257, 129, False), ("full", "layers", 4, 257, 129
 AMP_SETTINGS = [("full", "none", 4, 257, 129, False), ("lora", "layers", 4, 257, 129, False)]
 # --model (a 1B-class Llama: real tensors on the CPU, a few minutes a row)
 ONE_B_SETTINGS = [("lora", "layers", 2, 129, 65, False), ("full", "none", 2, 129, 65, False)]
+# --apo: loss_type "apo_zero_unpaired" (memplan --trainer kto-apo): no KL term, one example a device is
+# enough
+APO = False
+APO_SETTINGS = [("full", "none", 4, 257, 129, False), ("full", "layers", 4, 257, 129, False),
+                ("full", "none", 4, 257, 129, True), ("lora", "layers", 4, 257, 129, False),
+                ("lora", "none", 1, 513, 257, False), ("full", "none", 1, 513, 1, False)]
+APO_AMP_SETTINGS = [("lora", "layers", 4, 257, 129, False)]
+ONE_B_APO_SETTINGS = [("lora", "layers", 2, 129, 65, False)]
 
 
 def main():
+    global APO
+    APO = "--apo" in sys.argv
+    if APO:
+        sys.argv.remove("--apo")
     a = dpo_step.cli("kto_step", __doc__, want_model=True)
     config, name = dpo_step.CONFIG, "tiny Llama (dpo_step.py CONFIG)"
-    todo = [s + ("bf16",) for s in SETTINGS] + [s + ("amp-bf16",) for s in AMP_SETTINGS]
+    todo = [s + ("bf16",) for s in (APO_SETTINGS if APO else SETTINGS)] + \
+        [s + ("amp-bf16",) for s in (APO_AMP_SETTINGS if APO else AMP_SETTINGS)]
     if a.model:
         with open(a.model) as f:
             config = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
         name = os.path.relpath(os.path.abspath(a.model), rowlib.ROOT)
-        todo = [s + ("bf16",) for s in ONE_B_SETTINGS]
+        todo = [s + ("bf16",) for s in (ONE_B_APO_SETTINGS if APO else ONE_B_SETTINGS)]
     dpo_step.run_table(a, "kto_step", config, name, todo,
                        lambda *s: kto_step(config, *s), memplan_args, "examples")
 

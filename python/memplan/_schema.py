@@ -135,7 +135,7 @@ class Config:
     finetune: Optional[Finetune] = _opt()
     parallel: Optional[Parallel] = _opt()
     recipe: Optional[Recipe] = _opt()
-    trainer: Optional[str] = _opt()  # --trainer other than sft: "dpo", "kto"
+    trainer: Optional[str] = _opt()  # --trainer other than sft: "dpo", "kto", "kto-apo"
     sequences: Optional[int] = _opt()  # the sequences the model runs (DPO: 2 per pair)
     reference: Optional[str] = _opt()  # DPO's reference: "copy" | "adapter-disabled" | "none"
     packing: Optional[str] = _opt()  # --packing / --padding-free: "rows" | "padding-free"

@@ -134,9 +134,10 @@ static const struct opt OPTS[] = {
     {0, "trainer", "T", C_EST | C_PLAN | C_SUGG | C_CHECK, K_ENUM, FIELD(trainer), .parse = mp_trainer_parse,
      .names = mp_trainer_names,
      .help = ": the step TRL runs (default sft; dpo: --batch pairs, chosen+rejected, a reference forward; "
-             "kto: --batch examples, 2 or more, KL and reference forwards)"},
+             "kto: --batch examples, 2 or more, KL and reference forwards; kto-apo: KTO's loss_type "
+             "apo_zero_unpaired, no KL term)"},
     {0, "precompute-ref", NULL, C_EST | C_PLAN | C_SUGG | C_CHECK, K_FLAG, FIELD(precompute_ref),
-     .help = "dpo, kto: precompute_ref_log_probs=True (no reference model in the step)"},
+     .help = "dpo, kto, kto-apo: precompute_ref_log_probs=True (no reference model in the step)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
      .help = ": the causal LM's loss head (default hf; docs: man memplan)"},
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
@@ -563,14 +564,15 @@ static int check_rules(const struct command *c, struct args *a)
         return cli_usage_error(c->name, "--trainer %s with --packing/--padding-free/--tokens-per-batch: packed "
                                         "preference examples are not modelled yet", tn);
     if (a->precompute_ref && !pref)
-        return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo or kto");
+        return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo, kto or kto-apo");
     if (pref && !a->loss_set && a->loss == MP_LOSS_HF)
         a->loss = MP_LOSS_CHUNKED_NLL; /* trl dpo_trainer.py:959-962, kto_trainer.py:966-972: policy and reference */
     char why[256];
+    const char *cfg = mp_trainer_config(tr); /* "KTOConfig": its trainer, "KTOTrainer" */
+    int cn = (int)(strlen(cfg) > 6 ? strlen(cfg) - 6 : strlen(cfg));
     if (pref && a->loss != MP_LOSS_CHUNKED_NLL) {
-        snprintf(why, sizeof why, "--trainer %s: --loss %s: TRL's %s computes its log-probs through its fused LM "
-                 "head (--loss chunked-nll)", tn, mp_loss_str((enum mp_loss)a->loss),
-                 tr == MP_TRAINER_DPO ? "DPOTrainer" : "KTOTrainer");
+        snprintf(why, sizeof why, "--trainer %s: --loss %s: TRL's %.*sTrainer computes its log-probs through its "
+                 "fused LM head (--loss chunked-nll)", tn, mp_loss_str((enum mp_loss)a->loss), cn, cfg);
         return cli_usage_error(c->name, "%s", why);
     }
     if (pref && a->emit == MP_EMIT_TORCH) {

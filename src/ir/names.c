@@ -175,10 +175,10 @@ const char *mp_loss_names(const char *sep, const char *last)
 static const struct trainer_row {
     const char *name, *how, *unmodelled;
     unsigned seqs, min_batch, ref_fwds, kl_fwds;
-    const char *config;
+    const char *config, *loss_type;
 } trainer_rows[] = {
-#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config) \
-    {name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config},
+#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config, loss_type) \
+    {name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config, loss_type},
     MP_TRAINERS(MP_X)
 #undef MP_X
 };
@@ -194,6 +194,10 @@ uint64_t mp_trainer_min_batch(enum mp_trainer t) { return (unsigned)t < N_TRAINE
 unsigned mp_trainer_ref_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].ref_fwds : 0; }
 unsigned mp_trainer_kl_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].kl_fwds : 0; }
 const char *mp_trainer_config(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].config : "?"; }
+const char *mp_trainer_loss_type(enum mp_trainer t)
+{
+    return (unsigned)t < N_TRAINERS ? trainer_rows[t].loss_type : NULL;
+}
 int mp_trainer_parse(const char *s)
 {
     for (size_t i = 0; i < N_TRAINERS; i++)

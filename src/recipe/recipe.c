@@ -919,7 +919,8 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
     } else if ((st = detect(&doc, r, d)) != MP_OK) {
         goto out;
     }
-    bool dpo = t == MP_TRAINER_DPO && r->format == MP_RF_TRL, kto = t == MP_TRAINER_KTO && r->format == MP_RF_TRL;
+    bool dpo = t == MP_TRAINER_DPO && r->format == MP_RF_TRL,
+         kto = (t == MP_TRAINER_KTO || t == MP_TRAINER_KTO_APO) && r->format == MP_RF_TRL;
     r->trainer = dpo   ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)"
                  : kto ? "TRL 1.16.0 KTOTrainer (KTOConfig + ModelConfig)"
                        : formats[r->format].trainer;
@@ -927,12 +928,15 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
     rd->r = r;
     rd->d = d;
     rd->doc = &doc;
-    rd->fmt_bit = 1u << r->format | (dpo ? (unsigned)B_DPO : 0u) | (kto ? (unsigned)B_KTO : 0u);
+    rd->fmt_bit = 1u << r->format | (dpo ? (unsigned)B_DPO : 0u) | (kto ? (unsigned)B_KTO : 0u) |
+                  (kto && t == MP_TRAINER_KTO_APO ? (unsigned)B_KTO_APO : 0u);
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(&doc, p->key), *v = yaml_document_get_node(&doc, p->value);
         if (k && v)
             visit(rd, (const char *)k->data.scalar.value, v);
     }
+    if (kto && t == MP_TRAINER_KTO_APO && !top(&doc, "loss_type")) /* KTOConfig's default: "kto" */
+        refuse(rd, "loss_type", 0, "kto", "the KL term's loss: read this file with --trainer kto");
     derive(rd);
     st = rd->st;
     free(rd);

@@ -54,7 +54,8 @@ enum key_act {
 /* Formats as bits: the TrainingArguments keys are HF's, TRL's and LLaMA-Factory's. */
 enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL | B_LF,
        B_DPO = 32, /* a TRL file read as DPOConfig (--trainer dpo): its rows come first and win */
-       B_KTO = 64  /* a TRL file read as KTOConfig (--trainer kto): likewise */ };
+       B_KTO = 64, /* a TRL file read as KTOConfig (--trainer kto, kto-apo): likewise */
+       B_KTO_APO = 128 /* ... with --trainer kto-apo (loss_type apo_zero_unpaired): its rows come first */ };
 
 struct key_row {
     unsigned fmts;

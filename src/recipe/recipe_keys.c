@@ -144,8 +144,9 @@ const struct key_row mp_recipe_keys[] = {
     FLAG(B_KTO, "precompute_ref_log_probs", F_PRECOMPUTE, "true"), /* :180; kto_trainer.py:919-925 */
     REFUSE_BUT(B_KTO, "precompute_ref_batch_size", "null",
                "a precompute pass at its own batch, before training: not modelled yet (null: the training batch)"),
-    /* apo_zero_unpaired computes no KL term: the step has no KL forwards (kto_trainer.py:821-822) */
-    REFUSE_BUT(B_KTO, "loss_type", "kto", "apo_zero_unpaired (no KL forwards): its step is not planned yet"),
+    /* apo_zero_unpaired computes no KL term: no KL forwards (kto_trainer.py:815, 836), --trainer kto-apo */
+    REFUSE_BUT(B_KTO_APO, "loss_type", "apo_zero_unpaired", "the KL term's loss: read this file with --trainer kto"),
+    REFUSE_BUT(B_KTO, "loss_type", "kto", "no KL term (no KL forwards): read this file with --trainer kto-apo"),
     NOMEM(B_KTO, "beta"), NOMEM(B_KTO, "desirable_weight"), NOMEM(B_KTO, "undesirable_weight"),
     NOMEM(B_KTO, "ref_model_mixup_alpha"), NOMEM(B_KTO, "ref_model_sync_steps"),
     REFUSE_BUT(B_KTO, "disable_dropout", "true True null", "dropout kept in KTO (TRL zeroes it by default): " NOT_YET),

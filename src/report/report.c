@@ -254,6 +254,15 @@ static const char *trl_name(enum mp_trainer t, char *buf, size_t cap)
     snprintf(buf, cap, "%.*s", (int)n, cfg);
     return buf;
 }
+/* What a DPO/KTO micro-batch counts: pairs, examples, examples of a KL term (why: its reason). */
+static const char *unit_of(enum mp_trainer t, bool why)
+{
+    if (mp_trainer_seqs(t) == 2)
+        return "chosen/rejected pairs";
+    if (mp_trainer_min_batch(t) > 1)
+        return why ? "examples (2 or more: the KL term)" : "examples (2 or more)";
+    return "examples";
+}
 static double label_fraction_of(const struct mp_report_ctx *c)
 {
     return c->build ? c->build->label_fraction : c->prog ? c->prog->opts.label_fraction : 1.0;
@@ -706,6 +715,10 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                     "grad);\n          reference %s%s\n", (unsigned long long)c->build->batch,
                     (unsigned long long)c->build->batch, refd,
                     c->train->ref != MP_REF_NONE ? ", two forwards (the KL sequences and the batch)" : "");
+        else if (mp_trainer_ref_fwds(c->build->trainer)) /* (kto-apo: a loss_type without the KL term) */
+            fprintf(out, "trainer   %s (TRL 1.16.0 KTOTrainer, loss_type %s): %llu example%s, no KL sequences; "
+                    "reference %s\n", mp_trainer_str(c->build->trainer), mp_trainer_loss_type(c->build->trainer),
+                    (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s", refd);
         if (c->build->loss != MP_LOSS_HF || c->build->label_fraction < 1) /* hf's report stays as it was */
             fprintf(out, "loss      %s (%s); label fraction %.3g%s\n", mp_loss_str(c->build->loss),
                     mp_trainer_ref_fwds(c->build->trainer) ? "TRL's fused LM head, policy and reference"
@@ -1273,7 +1286,7 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
                 c->train->ref == MP_REF_COPY      ? "it loads the reference copy planned"
                 : c->train->ref == MP_REF_ADAPTER ? "the reference is the adapter disabled"
                                                   : "the reference's log-probs are precomputed",
-                tr == MP_TRAINER_KTO ? "examples (2 or more: the KL term)" : "chosen/rejected pairs");
+                unit_of(tr, true));
     else if (trl) /* TRL 1.16's SFTConfig: its default loss_type="nll" is the chunked head planned */
         fprintf(out,
                 "# the loss head planned is TRL's (trl 1.16 SFTConfig, loss_type=\"nll\"): train with SFTTrainer\n");
@@ -1291,6 +1304,8 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
             dpo ? mp_trainer_config(tr) : trl ? "SFTConfig" : "TrainingArguments");
     if (dpo && c->prog) /* DPOConfig's and KTOConfig's max_length (prompt + completion), default 1024 */
         fprintf(out, "    max_length=%llu,\n", (unsigned long long)c->prog->opts.seq);
+    if (dpo && mp_trainer_loss_type(tr))
+        fprintf(out, "    loss_type=\"%s\",\n", mp_trainer_loss_type(tr));
     if (dpo && c->train->ref == MP_REF_NONE)
         fprintf(out, "    precompute_ref_log_probs=True,\n");
     fprintf(out, "    per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
@@ -1644,7 +1659,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         if (mp_trainer_ref_fwds(tr))
             fprintf(out, "  trainer            %s (TRL 1.16.0 %sTrainer): micro-batch counts %s; reference %s\n",
                     mp_trainer_str(tr), trl_name(tr, tn, sizeof tn),
-                    tr == MP_TRAINER_KTO ? "examples (2 or more)" : "chosen/rejected pairs", ref_desc(c->train->ref));
+                    unit_of(tr, false), ref_desc(c->train->ref));
         if (loss_of(c) != MP_LOSS_HF)
             fprintf(out, "  loss head          %s (%s); label fraction %.3g\n", mp_loss_str(loss_of(c)),
                     mp_trainer_ref_fwds(tr) ? "TRL's fused LM head, policy and reference" : mp_loss_how(loss_of(c)),

@@ -159,8 +159,8 @@ enum mp_loss {
 /* Trainers (--trainer, a recipe's trainer): X(id, name, what one step runs, NULL when modelled or
  * why it is not, sequences an example runs through the policy, the smallest micro-batch the
  * trainer accepts, no-grad reference forwards a step (0: no reference model), no-grad forwards of
- * the policy a step, the TRL config class).  The step of each follows TRL 1.16.0's source
- * (trl/trainer/, file:line):
+ * the policy a step, the TRL config class, its loss_type (NULL: the config's default)).  The step
+ * of each follows TRL 1.16.0's source (trl/trainer/, file:line):
  *   SFT   one forward and backward of the batch (SFTTrainer; every other trainer's recipe too).
  *   DPO   DPOTrainer: the policy's forward on chosen and rejected concatenated (2 x the pairs,
  *         trainer/dpo_trainer.py:349-351), through TRL's fused LM head (:959-962), then the
@@ -173,20 +173,27 @@ enum mp_loss {
  *         the fused LM head :966-969), then two no-grad reference forwards, the KL sequences and
  *         the batch (:1425-1436), while the policy's graph is held, then backward; the reference
  *         as DPO's (:919-938); the KL term needs 2 or more examples a device (:844-847).
+ *   KTO_APO  KTOTrainer with loss_type "apo_zero_unpaired": no KL term (calculate_KL false,
+ *         kto_trainer.py:815, 836), so no KL sequences, no KL forwards and no 2-example floor
+ *         (:844); the policy's forward on the batch and one reference forward (:1425-1436, whose
+ *         _compute_kl_logps returns None at once, :1340).
  *   ORPO, GRPO: not modelled yet. */
 #define MP_TRAINERS(X)                                                                                     \
     X(SFT, "sft", "TRL SFTTrainer / transformers Trainer: one forward and backward", NULL, 1, 1, 0, 0,     \
-      "SFTConfig")                                                                                         \
-    X(DPO, "dpo", "TRL DPOTrainer: chosen+rejected, a reference forward", NULL, 2, 1, 1, 0, "DPOConfig")  \
+      "SFTConfig", NULL)                                                                                   \
+    X(DPO, "dpo", "TRL DPOTrainer: chosen+rejected, a reference forward", NULL, 2, 1, 1, 0, "DPOConfig",  \
+      NULL)                                                                                                \
     X(KTO, "kto", "TRL KTOTrainer: a KL forward, the batch, two reference forwards", NULL, 1, 2, 2, 1,    \
-      "KTOConfig")                                                                                         \
+      "KTOConfig", NULL)                                                                                   \
+    X(KTO_APO, "kto-apo", "TRL KTOTrainer, loss_type apo_zero_unpaired: the batch, a reference forward",  \
+      NULL, 1, 1, 1, 0, "KTOConfig", "apo_zero_unpaired")                                                  \
     X(ORPO, "orpo", "TRL ORPOTrainer (trl.experimental.orpo)", "not modelled yet", 2, 1, 0, 0,           \
-      "ORPOConfig")                                                                                        \
+      "ORPOConfig", NULL)                                                                                  \
     X(GRPO, "grpo", "TRL GRPOTrainer: generation, then the policy step", "not modelled yet", 1, 1, 0, 0, \
-      "GRPOConfig")
+      "GRPOConfig", NULL)
 
 enum mp_trainer {
-#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config) MP_TRAINER_##id,
+#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config, loss_type) MP_TRAINER_##id,
     MP_TRAINERS(MP_X)
 #undef MP_X
 };
