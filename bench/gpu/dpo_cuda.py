@@ -65,6 +65,8 @@ ROWS = [(TINY, "full", "none", False), (TINY, "lora", "none", False), (TINY, "fu
 # 2 x pairs examples (the same sequences), after DPO's
 KTO_ROWS = [(TINY, "full", "none", False), (TINY, "lora", "none", False), (ONE_B, "full", "none", False),
             (ONE_B16, "lora", "layers", False), (TINY, "full", "none", True)]
+# ... and with loss_type apo_zero_unpaired (--trainer kto-apo: no KL term, one reference forward)
+KTO_APO_ROWS = [(TINY, "lora", "none", False), (ONE_B16, "lora", "layers", False)]
 
 
 def trainer_parts(trainer):
@@ -73,8 +75,9 @@ def trainer_parts(trainer):
     outputs, the batch maker (vocabulary, pairs, seq, prompt, precompute, device) and memplan's
     arguments (dpo_step.memplan_args' signature)."""
     import dpo_step
-    if trainer == "kto":
+    if trainer in ("kto", "kto-apo"):
         import kto_step
+        kto_step.APO = trainer == "kto-apo"  # (read by its Stub, kto_inputs and memplan_args)
         from trl import KTOTrainer
         import trl.trainer.kto_trainer as mod
         return (KTOTrainer, mod, kto_step.Stub, ("log_probs", "entropy", "mean_logits"),
@@ -177,7 +180,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
         torch.cuda.memory_allocated = lambda *a, **k: 0
     one_b = os.path.join(ROOT, "models/hf/llama-3.2-1b.json")
     configs = {TINY: CONFIG, ONE_B: rowlib.load_config(one_b, 2), ONE_B16: rowlib.load_config(one_b)}
-    rows = [r + ("dpo",) for r in ROWS] + [r + ("kto",) for r in KTO_ROWS]
+    rows = [r + ("dpo",) for r in ROWS] + [r + ("kto",) for r in KTO_ROWS] + [r + ("kto-apo",) for r in KTO_APO_ROWS]
     todo = [r for r in rows if r[0] == TINY] if smoke else rows
     pairs, seq, prompt = (1, 65, 33) if smoke else (2, 1025, 513)
     result = {"status": "partial", "workspaces": workspace_probe(torch, dev), "rows": []}
@@ -194,7 +197,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
     slowest = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, ft, ck, pre, trainer in todo:
-            label = "%s/%s/%s/%s%s" % (name, ft, ck, "precompute" if pre else "ref", "/kto" if trainer == "kto" else "")
+            label = "%s/%s/%s/%s%s" % (name, ft, ck, "precompute" if pre else "ref", "" if trainer == "dpo" else "/" + trainer)
             if only and not any(x in label for x in only):
                 continue
             need = 1.2 * slowest.get(name, FIRST_ROW_S[name])
