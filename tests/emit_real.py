@@ -331,6 +331,34 @@ else:
             except Exception as e:
                 fail("torch %s: train() raises %s: %s" % (label, type(e).__name__, e))
 
+    # --optimizer muon: the torch file builds torch.optim.Muon on the hidden layers' 2-D weights and
+    # AdamW on the rest (memplan's split, estimate/optim.c), and train() steps both
+    args = ["models/hf/llama-3.2-1b.json", "--gpu", "a100-80gb", "--optimizer", "muon"]
+    code = memplan(args + ["--emit", "torch"])
+    rec, _ = rec_of(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            ns = run_emitted(code, tiny, tmp, meta=False)
+            model, opt = ns["model"], ns["optimizer"]
+            muon, adamw = opt.all
+            hidden = {id(p) for g in muon.param_groups for p in g["params"]}
+            rest = {id(p) for g in adamw.param_groups for p in g["params"]}
+            out = {id(p) for p in model.get_output_embeddings().parameters()}
+            emb = id(model.get_input_embeddings().weight)
+            check(type(muon) is torch.optim.Muon and type(adamw) is torch.optim.AdamW and
+                  len(hidden) == 7 * tiny.num_hidden_layers and emb in rest and out <= rest and
+                  hidden.isdisjoint(rest) and len(hidden) + len(rest) == len(list(model.parameters())),
+                  "torch muon: torch.optim.Muon on the %d hidden 2-D weights (q, k, v, o, gate, up, down a layer), "
+                  "AdamW on the %d others (embedding, lm_head, norms)" % (len(hidden), len(rest)))
+            before = [p.detach().clone() for p in model.parameters()]
+            ids = torch.randint(0, 128, (2, 16))
+            batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
+            ns["train"](model, opt, [batch] * rec["grad_accum"])
+            moved = all(not torch.equal(x, y) for x, y in zip(before, model.parameters()))
+            check(moved, "torch muon: train() stepped Muon and AdamW: every parameter moved (CPU)")
+        except Exception as e:
+            fail("torch muon: the emitted file raises %s: %s" % (type(e).__name__, e))
+
 # ---- accelerate --------------------------------------------------------------------------------
 if not have("accelerate"):
     skip("accelerate absent: --emit accelerate not loaded")

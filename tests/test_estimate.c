@@ -487,13 +487,51 @@ static void test_estimate_optimizer_step_peak(void **state)
      * fp32 (310.6 MB) and bf16 (621.0 MB), bench/gpu/optim_step.py */
     big.dtype = MP_DT_BF16;
     assert_int_equal(mp_opt_state_bytes(&prog, MP_OPT_ADAFACTOR, &big), (1024 + 1024) * 4);
-    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 1 << 20, MP_DT_F32), 8u << 20);
-    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 1 << 20, MP_DT_BF16), 16u << 20);
-    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, UINT64_MAX / 4, MP_DT_BF16), UINT64_MAX);
+    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 1 << 20, MP_DT_F32, 0, 0), 8u << 20);
+    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, 1 << 20, MP_DT_BF16, 0, 0), 16u << 20);
+    assert_int_equal(mp_opt_step_tmp_of(MP_OPT_ADAFACTOR, 0, UINT64_MAX / 4, MP_DT_BF16, 0, 0), UINT64_MAX);
     mp_program_release(&prog);
     mp_model_release(&m);
 }
 
+
+/* torch.optim.Muon (torch 2.15 torch/optim/_muon.py) on the hidden layers' 2-D weights, AdamW on the
+ * rest (its docstring: not the embedding; nor the output layer), by hand: an embedding (16 x 8), an
+ * MLP 8 -> 32 -> 8 without biases, an untied head (16 x 8), fp32. */
+static void test_estimate_muon(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"name\":\"t\",\"input\":{\"tokens\":4},\"layers\":["
+             "{\"type\":\"embedding\",\"vocab\":16,\"dim\":8},"
+             "{\"type\":\"mlp\",\"dim\":8,\"ffn\":32,\"bias\":false},"
+             "{\"type\":\"lm_head\",\"vocab\":16,\"dim\":8}]}");
+    struct mp_program prog;
+    build(&m, 1, 0, MP_PREC_FP32, &prog);
+    uint64_t states = 0;
+    size_t muon = 0;
+    for (size_t q = 0; q < prog.n_params; q++) {
+        states += mp_opt_state_bytes(&prog, MP_OPT_MUON, &prog.params[q]);
+        muon += mp_opt_muon_param(&prog.params[q]);
+    }
+    assert_int_equal(muon, 2); /* the MLP's two weights */
+    /* Muon's momentum_buffer on the two 256-element weights, AdamW's two moments on the 128-element
+     * embedding and head */
+    assert_int_equal(states, 2 * 256 * 4 + 2 * 2 * 128 * 4);
+    /* the step, one Muon parameter at a time: its update like the fp32 gradient (256 x 4 B), then
+     * bf16 Newton-Schulz iterates, two X (256 each) and the Gram matrix and its update (8 x 8 each):
+     * 2304 B, more than AdamW's foreach over the embedding's and head's gradients (2 x 128 x 4) */
+    assert_int_equal(mp_opt_step_tmp_bytes(&prog, MP_OPT_MUON), 256 * 4 + 2 * (2 * 256 + 2 * 8 * 8));
+    struct mp_train_opts t = {.optimizer = MP_OPT_MUON};
+    struct mp_estimate e;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_estimate_run(&prog, NULL, &t, 0, &e, &d), MP_OK);
+    assert_int_equal(e.optimizer_bytes, states);
+    assert_int_equal(e.optimizer_tmp_bytes, 2304);
+    mp_estimate_release(&e);
+    mp_program_release(&prog);
+    mp_model_release(&m);
+}
 
 /* The low-bit optimizers' states, per tensor, by hand from the libraries' sources
  * (bitsandbytes 0.50.2 optim/optimizer.py init_state; torchao 0.18.0 optim/adam.py _new_buffer,
@@ -1682,6 +1720,7 @@ int main(void)
         cmocka_unit_test(test_estimate_workspace_overflow_is_an_error),
         cmocka_unit_test(test_estimate_two_cublas_workspaces),
         cmocka_unit_test(test_estimate_optimizer_step_peak),
+        cmocka_unit_test(test_estimate_muon),
         cmocka_unit_test(test_estimate_low_bit_optimizer_states),
         cmocka_unit_test(test_estimate_custom_chain_reproduces_literature),
     };

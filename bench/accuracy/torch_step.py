@@ -357,6 +357,8 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
         tr.add(pos, "position_ids")
     if optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    elif optimizer == "muon":
+        opt = MuonAdamW(model)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, foreach=True)
     res = {}
@@ -406,6 +408,31 @@ def train_steps(model, tr, batch, seq, precision, optimizer, ckpt, vocab, steps=
     return res
 
 
+class MuonAdamW:
+    """torch.optim.Muon on the hidden layers' 2-D weights, AdamW (foreach) on the rest (embeddings, the
+    output layer, norms, biases): Muon's docstring's split, as memplan --optimizer muon plans it and
+    its --emit torch builds it; Muon steps first, then AdamW (two optimizers stepped in turn)."""
+
+    def __init__(self, model):
+        skip = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        out = model.get_output_embeddings()
+        if out is not None:
+            skip |= {id(p) for p in out.parameters()}
+        params = [p for p in model.parameters() if p.requires_grad]
+        hidden = [p for p in params if p.ndim == 2 and id(p) not in skip]
+        rest = [p for p in params if p.ndim != 2 or id(p) in skip]
+        self.all = [torch.optim.Muon(hidden, lr=0.02), torch.optim.AdamW(rest, lr=1e-4, foreach=True)]
+        self.state = collections.ChainMap(*(o.state for o in self.all))
+
+    def step(self):
+        for o in self.all:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.all:
+            o.zero_grad(set_to_none=set_to_none)
+
+
 def _set_module(tr, name, module, args):
     tr.module = name
 
@@ -436,7 +463,7 @@ def measure_torch(config_dict, batch, seq, precision, attention, ckpt, optimizer
 def measure_memplan(memplan, cfg_path, batch, seq, precision, attention, ckpt, optimizer, use_cache=False,
                     target_seq=0, packing=""):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
-           "--optimizer", "sgd-momentum" if optimizer == "sgd-momentum" else "adamw", "--attention", attention,
+           "--optimizer", optimizer if optimizer in ("sgd-momentum", "muon") else "adamw", "--attention", attention,
            "--checkpoint", ckpt, "--json"]
     if packing:
         cmd += ["--packing" if packing == "rows" else "--padding-free"]
@@ -534,6 +561,9 @@ def main():
     ap.add_argument("--packing", choices=("rows", "padding-free"), default="",
                     help="packed batches: rows (each row packs documents; memplan --packing) or padding-free "
                          "(one row of batch x seq tokens, TRL; memplan --padding-free)")
+    ap.add_argument("--optimizer", choices=("muon",), default="",
+                    help="every row with this optimizer instead (muon: torch.optim.Muon on the hidden 2-D weights, "
+                         "AdamW on the rest; memplan --optimizer muon)")
     ap.add_argument("--max-layers", type=int, default=4,
                     help="cap the decoder layers (0: as in the config; default 4)")
     a = ap.parse_args()
@@ -585,6 +615,8 @@ def main():
         if a.seqs:
             rows = list(dict.fromkeys((b, int(q), p, a_, c, o) for (b, s, p, a_, c, o) in rows
                                       for q in a.seqs.split(",")))
+        if a.optimizer:
+            rows = list(dict.fromkeys((b, s, p, a_, c, a.optimizer) for (b, s, p, a_, c, o) in rows))
         if "image_size" in cfg:  # ViT: the sequence is the image's patches + 1 (--seq does not apply)
             im, pt = cfg.get("image_size", 224), cfg.get("patch_size", 16)
             seq = (im // pt) ** 2 + 1

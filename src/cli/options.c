@@ -614,11 +614,18 @@ static int check_rules(const struct command *c, struct args *a)
         return cli_usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
     /* a strategy whose plan does not model a frozen base yet: refused, not ignored (suggest
      * searches only the modelled ones) */
-    if (a->par.strategy != MP_PAR_NONE && !mp_par_finetune_modelled(a->par.strategy, a->ft.mode)) {
+    if (a->par.strategy != MP_PAR_NONE && !mp_par_finetune_modelled(a->par.strategy, a->ft.mode, MP_OPT_ADAMW)) {
         snprintf(why, sizeof why, "--finetune %s with --parallel %s: not modelled yet (modelled: %s)",
                  mp_ft_mode_str(a->ft.mode), mp_par_strategy_str(a->par.strategy), mp_par_finetune_names());
         return cli_usage_error(c->name, "%s", why);
     }
+    /* Muon (torch.optim.Muon): Newton-Schulz on whole matrices, no HF optim */
+    if (a->optimizer == MP_OPT_MUON && a->par.strategy != MP_PAR_NONE && a->par.strategy != MP_PAR_DDP)
+        return cli_usage_error(c->name, "--optimizer muon with --parallel %s: not modelled (torch.optim.Muon "
+                               "orthogonalizes whole matrices; modelled: ddp)", mp_par_strategy_str(a->par.strategy));
+    if (a->optimizer == MP_OPT_MUON && a->emit != MP_EMIT_NONE && a->emit != MP_EMIT_TORCH)
+        return cli_usage_error(c->name, "--optimizer muon with --emit %s: HF's Trainer, DeepSpeed and accelerate's "
+                               "configs have no Muon (--emit torch builds it)", mp_emit_str(a->emit));
     if (c->bit == C_SUGG && a->emit == MP_EMIT_DEEPSPEED && a->precision == MP_PREC_BF16_AMP)
         return cli_usage_error(c->name, "%s", "--emit deepspeed --precision bf16-amp: DeepSpeed's bf16 keeps an fp32 "
                                               "master (mixed-bf16); bf16 weights under its torch_autocast are not "

@@ -244,7 +244,7 @@ static enum mp_status fold_static(const struct mp_fold *f, const struct mp_progr
                                   const struct mp_par_plan *pp, struct mp_estimate *e, struct mp_diag *d)
 {
     memset(e, 0, sizeof *e);
-    uint64_t total_grad = 0, largest = 0, adapter;
+    uint64_t total_grad = 0, largest = 0, adapter, muon = 0, adamw = 0;
     enum mp_dtype ldt = MP_DT_F32;
     bool ok = mp_fold_counts(f, p, &e->params, &e->trainable_params, &adapter);
     for (size_t q = 0; q < p->n_params; q++) {
@@ -253,6 +253,7 @@ static enum mp_status fold_static(const struct mp_fold *f, const struct mp_progr
         ok = ok && fold_mul(pq->raw_bytes, w, &e->weights_bytes) && fold_mul(g, w, &e->grads_bytes) &&
              fold_mul(mp_opt_state_bytes(p, t->optimizer, pq), w, &e->optimizer_bytes) && fold_mul(g, w, &total_grad);
         mp_opt_largest(pq, &largest, &ldt);
+        mp_opt_muon_add(pq, w, &muon, &adamw);
     }
     double passes = mp_fwd_passes(p, t);
     for (size_t j = 0; j < p->n_blocks; j++) {
@@ -265,7 +266,7 @@ static enum mp_status fold_static(const struct mp_fold *f, const struct mp_progr
     enum mp_status wst = workspaces_into(p, t, e, d);
     if (wst != MP_OK)
         return wst;
-    e->optimizer_tmp_bytes = mp_opt_step_tmp_of(t->optimizer, total_grad, largest, ldt);
+    e->optimizer_tmp_bytes = mp_opt_step_tmp_of(t->optimizer, total_grad, largest, ldt, muon, adamw);
     e->world = 1;
     if (pp)
         par_static(pp, t, e);

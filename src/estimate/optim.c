@@ -51,6 +51,46 @@ static uint64_t ao_state(const struct mp_param *q, uint64_t s, bool four_bit)
     return 2 * ((four_bit ? n / 2 : n) + 4 * (n / AO_BLOCK) + 4 * (four_bit ? 16 : 256));
 }
 
+/* torch.optim.Muon (torch 2.15 torch/optim/_muon.py), on the 2-D weights of the hidden layers
+ * (its docstring: "Muon is an optimizer for 2D parameters of neural network hidden layers. Other
+ * parameters, such as bias, and embedding, should be optimized by a standard method such as
+ * AdamW"; Muon.__init__ raises on any other rank): not an nn.Embedding table, not the output
+ * layer, not a 3-D stack of experts.  Its state (_init_group :152-156) is one momentum_buffer,
+ * zeros_like(p.grad).  Its step (_single_tensor_muon :338-352) goes parameter by parameter:
+ * buf.lerp_ in place; update = grad.lerp(buf, momentum), a new tensor like the gradient (Nesterov,
+ * the default); _zeropower_via_newtonschulz (:33-64) copies it to bf16 (m x n; transposed, a view,
+ * so that X is k x K with k = min(m, n)), normalizes it in place, then 5 times makes the Gram
+ * matrix X X^T (k x k), addmm(G, G, G) (k x k) and addmm(X, that, X) (k x K), each bound to the
+ * same names, so while the new X is made the old X, the Gram matrix and its update are alive, and
+ * at the next iteration's start the previous Gram matrix and update beside the new Gram matrix:
+ * max(2 kK + 2 k^2, kK + 3 k^2) = 2 mn + 2 k^2 bf16 elements; param.mul_ and add_ in place.  With
+ * the update: s mn + 4 mn + 4 k^2 bytes (s the gradient's element size), freed before the next
+ * parameter (docs/memory-facts.md#optimizer-state). */
+bool mp_opt_muon_param(const struct mp_param *q)
+{
+    return q->matrix && !q->embedding && !q->output && !q->stacked;
+}
+
+static uint64_t muon_step_bytes(const struct mp_param *q)
+{
+    uint64_t mn = q->elems, k = q->rows < q->cols ? q->rows : q->cols, a, b, c;
+    if (!mp_mul_u64(mn, mp_dtype_size(q->dtype) + 4, &a) || !mp_mul_u64(k, k, &b) || !mp_mul_u64(b, 4, &b) ||
+        !mp_add_u64(a, b, &c))
+        return UINT64_MAX;
+    return c;
+}
+
+void mp_opt_muon_add(const struct mp_param *q, uint64_t weight, uint64_t *muon_max, uint64_t *adamw_grad)
+{
+    if (!q->trainable || q->idle)
+        return;
+    uint64_t g;
+    if (mp_opt_muon_param(q))
+        *muon_max = mp_max_u64(*muon_max, muon_step_bytes(q));
+    else if (!mp_mul_u64(mp_param_grad_bytes(q), weight, &g) || !mp_add_u64(*adamw_grad, g, adamw_grad))
+        *adamw_grad = UINT64_MAX;
+}
+
 uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, const struct mp_param *q)
 {
     uint64_t s = mp_dtype_size(q->dtype), n = q->elems;
@@ -66,6 +106,7 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
     case MP_OPT_STATE_BNB8_1: return bnb_state(p, q, 1);
     case MP_OPT_STATE_AO8: return ao_state(q, s, false);
     case MP_OPT_STATE_AO4: return ao_state(q, s, true);
+    case MP_OPT_STATE_MUON: return (mp_opt_muon_param(q) ? 1 : 2) * n * s; /* (Muon's momentum; AdamW's moments) */
     }
     return 0;
 }
@@ -90,10 +131,11 @@ uint64_t mp_opt_state_bytes(const struct mp_program *p, enum mp_optimizer o, con
  * parameter's call is the step's peak.  (Triton's code for a GPU is not read:
  * docs/memory-facts.md#low-bit-optimizers.) */
 uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint64_t largest_elems,
-                            enum mp_dtype largest_dtype)
+                            enum mp_dtype largest_dtype, uint64_t muon_max, uint64_t adamw_grad)
 {
     uint64_t b;
     switch (mp_optimizer_tmp(o)) {
+    case MP_OPT_TMP_MUON: return mp_max_u64(muon_max, adamw_grad); /* (mp_opt_muon_add) */
     case MP_OPT_TMP_ALL_GRADS: return total_grad_bytes; /* _foreach_sqrt(exp_avg_sqs) over the whole group */
     case MP_OPT_TMP_LARGEST: /* (adafactor_state): two fp32 tensors like it, four for a half one */
         return mp_mul_u64(largest_elems, largest_dtype == MP_DT_F32 ? 2 * 4 : 4 * 4, &b) ? b : UINT64_MAX;
@@ -105,13 +147,14 @@ uint64_t mp_opt_step_tmp_of(enum mp_optimizer o, uint64_t total_grad_bytes, uint
 
 uint64_t mp_opt_step_tmp_bytes(const struct mp_program *p, enum mp_optimizer o)
 {
-    uint64_t total = 0, elems = 0;
+    uint64_t total = 0, elems = 0, muon = 0, adamw = 0;
     enum mp_dtype dt = MP_DT_F32;
     for (size_t i = 0; i < p->n_params; i++) {
         total += mp_param_grad_bytes(&p->params[i]);
         mp_opt_largest(&p->params[i], &elems, &dt);
+        mp_opt_muon_add(&p->params[i], 1, &muon, &adamw);
     }
-    return mp_opt_step_tmp_of(o, total, elems, dt);
+    return mp_opt_step_tmp_of(o, total, elems, dt, muon, adamw);
 }
 
 void mp_opt_largest(const struct mp_param *q, uint64_t *elems, enum mp_dtype *dt)

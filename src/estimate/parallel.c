@@ -98,8 +98,10 @@ const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len)
     return buf;
 }
 
-bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m)
+bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_optimizer o)
 {
+    if (mp_optimizer_tmp(o) == MP_OPT_TMP_MUON) /* (its Newton-Schulz needs whole matrices; DeepSpeed steps its own Adam) */
+        return s == MP_PAR_NONE || s == MP_PAR_DDP;
     if (m == MP_FT_FULL || s == MP_PAR_NONE || s == MP_PAR_DDP || s == MP_PAR_ZERO1 || s == MP_PAR_ZERO2)
         return true;
     return m != MP_FT_QLORA && mp_par_is_fsdp(s); /* (FSDP-QLoRA: 4-bit storage not sharded yet) */

@@ -104,7 +104,7 @@ const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len);
  * every parameter is sharded and all-gathered, frozen ones too; only those with a gradient are
  * reduce-scattered (torch 2.15 distributed/fsdp/_fully_shard/_fsdp_param_group.py:978-987,
  * _take_unsharded_grads_to_reduce; a group without one returns before its reduce-scatter). */
-bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m);
+bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_optimizer o);
 /* "ddp" (the strategies mp_par_finetune_modelled accepts for a fine-tune, for messages) */
 const char *mp_par_finetune_names(void);
 

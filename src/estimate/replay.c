@@ -724,13 +724,14 @@ static void replay_step(struct rp *r, mp_event_fn fn, void *ctx)
     r->phase = MP_PH_STEP;
     bool per_param = mp_optimizer_tmp(t->optimizer) == MP_OPT_TMP_ALL_GRADS;
     uint64_t ps = mp_dtype_size(p->param_dtype); /* sharded paths: per element */
-    uint64_t total_grad = 0, largest = 0; /* (mp_opt_step_tmp_bytes, the total checked) */
+    uint64_t total_grad = 0, largest = 0, muon = 0, adamw = 0; /* (mp_opt_step_tmp_bytes, the total checked) */
     enum mp_dtype ldt = MP_DT_F32;
     for (size_t q = 0; q < p->n_params; q++) {
         total_grad = r_add(r, total_grad, mp_param_grad_bytes(&p->params[q]));
         mp_opt_largest(&p->params[q], &largest, &ldt);
+        mp_opt_muon_add(&p->params[q], 1, &muon, &adamw);
     }
-    uint64_t otmp = mp_opt_step_tmp_of(t->optimizer, total_grad, largest, ldt);
+    uint64_t otmp = mp_opt_step_tmp_of(t->optimizer, total_grad, largest, ldt, muon, adamw);
     /* Sharded: torch's foreach AdamW works on the fp32 shards (FSDP2); DeepSpeed's fused
      * Adam has no temporaries but ZeRO-1/2 make an fp32 gradient partition; offload steps
      * on the host. */

@@ -376,6 +376,8 @@ struct mp_param {
     bool adapter;        /* a LoRA A or B matrix */
     bool embedding;      /* an nn.Embedding weight (tokens, learned positions, token types, T5's
                           * position bias): HF's Trainer gives it 32-bit bitsandbytes states */
+    bool output;         /* the output layer's weight or bias (lm_head, a classifier) */
+    bool stacked;        /* a 3-D stack of experts' weights (rows: experts x out) */
     bool idle;           /* requires grad but no op uses it (a multimodal model's vision tower in a
                           * text-only step): its .grad stays None, so no gradient and no optimizer
                           * state (torch.optim skips p.grad None); counted as trainable */

@@ -132,9 +132,13 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     case MP_LT_FLATTEN:
         return lower_flatten(B, x, nm);
     case MP_LT_LM_HEAD:
-        return lower_lm_head(B, x, l, nm);
-    case MP_LT_CLASSIFIER:
-        return lower_classifier(B, x, l, nm);
+    case MP_LT_CLASSIFIER: { /* the output layer: its parameters are marked (Muon leaves them to AdamW) */
+        size_t first = B->p->n_params;
+        struct val y = l->type == MP_LT_LM_HEAD ? lower_lm_head(B, x, l, nm) : lower_classifier(B, x, l, nm);
+        for (size_t q = first; q < B->p->n_params; q++)
+            B->p->params[q].output = true;
+        return y;
+    }
     case MP_LT_CUSTOM:
         return lower_custom(B, x, l);
     case MP_LT_TRANSFORMER_BLOCK: {

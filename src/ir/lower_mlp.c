@@ -59,6 +59,8 @@ static struct val grouped_mm(struct bld *B, struct val x, uint64_t in_f, uint64_
     if (!width_ok(B, x, in_f, "in_features", name))
         return x;
     int w = new_param(B, name, mul(B, experts, out_f), in_f, false); /* a 3-D (E, out, in) parameter */
+    if (w >= 0)
+        B->p->params[w].stacked = true;
     struct val y = with_last(B, name, x, out_f, dt_of(B, x), true);
     struct mp_node *n = new_node(B, MP_P_GROUPED_MM, name);
     if (!n)

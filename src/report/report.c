@@ -246,6 +246,12 @@ static const char *ref_desc(enum mp_ref_mode r)
     return r == MP_REF_COPY ? "a frozen copy" : r == MP_REF_ADAPTER ? "the adapter disabled" : "log-probs precomputed";
 }
 
+/* The optimizer's HF optim name, or what it is where HF has none (Muon). */
+static const char *optim_desc(enum mp_optimizer o)
+{
+    return mp_optimizer_hf(o)[0] ? mp_optimizer_hf(o) : "torch.optim.Muon, AdamW for the rest";
+}
+
 /* "DPO", "KTO": the trainer's TRL name (its config class less "Config"), into buf. */
 static const char *trl_name(enum mp_trainer t, char *buf, size_t cap)
 {
@@ -325,7 +331,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
                                        : c->build->seq ? c->build->seq : c->model->seq_len);
         cJSON_AddStringToObject(cf, "precision", prec_name(c, c->build->precision));
         cJSON_AddStringToObject(cf, "optimizer", mp_optimizer_str(c->train->optimizer));
-        cJSON_AddStringToObject(cf, "optimizer_hf", mp_optimizer_hf(c->train->optimizer)); /* TrainingArguments optim */
+        if (mp_optimizer_hf(c->train->optimizer)[0]) /* TrainingArguments optim (Muon has none) */
+            cJSON_AddStringToObject(cf, "optimizer_hf", mp_optimizer_hf(c->train->optimizer));
         char sb[32];
         cJSON_AddStringToObject(cf, "checkpoint", c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none");
         cJSON_AddStringToObject(cf, "attention", mp_attn_impl_str(c->build->attention));
@@ -702,7 +709,7 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                      c->prog && c->prog->sdpa_math ? " (math kernel)" : "");
         fprintf(out, "config    batch %llu%s, %s, %s (%s), checkpoint %s%s%s\n", (unsigned long long)c->build->batch,
                 seq, prec_name(c, c->build->precision), mp_optimizer_str(c->train->optimizer),
-                mp_optimizer_hf(c->train->optimizer),
+                optim_desc(c->train->optimizer),
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
         const char *refd = ref_desc(c->train->ref);
@@ -1503,6 +1510,22 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
                 "# DeepSpeed: model, optimizer, _, _ = deepspeed.initialize(model=model, config=\"ds_config.json\")\n"
                 "# (memplan suggest ... --emit deepspeed > ds_config.json); then engine.backward/step\n");
     }
+    if (c->train && c->train->optimizer == MP_OPT_MUON) /* torch.optim.Muon's docstring: hidden 2-D weights only */
+        fprintf(out, "\n\nclass Optimizers:\n"
+                     "    \"\"\"torch.optim.Muon on the hidden layers' 2-D weights, AdamW on the rest (embeddings, the\n"
+                     "    output layer, norms, biases): memplan --optimizer muon\"\"\"\n\n"
+                     "    def __init__(self, model, lr=0.02, adamw_lr=3e-4):\n"
+                     "        skip = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}\n"
+                     "        skip |= {id(p) for p in (model.get_output_embeddings() or torch.nn.Module()).parameters()}\n"
+                     "        train = [p for p in model.parameters() if p.requires_grad]\n"
+                     "        hidden = [p for p in train if p.ndim == 2 and id(p) not in skip]\n"
+                     "        rest = [p for p in train if p.ndim != 2 or id(p) in skip]\n"
+                     "        self.all = [torch.optim.Muon(hidden, lr=lr)]\n"
+                     "        if rest:\n            self.all.append(torch.optim.AdamW(rest, lr=adamw_lr))\n\n"
+                     "    def step(self):\n        for o in self.all:\n            o.step()\n\n"
+                     "    def zero_grad(self, set_to_none=True):\n        for o in self.all:\n"
+                     "            o.zero_grad(set_to_none=set_to_none)\n\n\n"
+                     "optimizer = Optimizers(model)   # then train(model, optimizer, loader)\n");
     fprintf(out, "\n\ndef train(model, optimizer, loader):\n"
                  "    \"\"\"loader: dicts of input_ids, attention_mask, labels of micro_batch rows\"\"\"\n"
                  "    model.train()\n"
@@ -1519,8 +1542,10 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
         fprintf(out, "        loss.backward()\n");
     fprintf(out, "        if (step + 1) %% grad_accum == 0:\n            %s\n"
                  "            optimizer.zero_grad(set_to_none=True)\n",
-            b->precision == MP_PREC_AMP_FP16 ? "scaler.step(optimizer)\n            scaler.update()"
-                                             : "optimizer.step()");
+            b->precision != MP_PREC_AMP_FP16 ? "optimizer.step()"
+            : c->train && c->train->optimizer == MP_OPT_MUON
+                ? "for o in optimizer.all:\n                scaler.step(o)\n            scaler.update()"
+                : "scaler.step(optimizer)\n            scaler.update()");
 }
 
 #define MP_X(id, name) name,
@@ -1534,6 +1559,7 @@ int mp_emit_parse(const char *s)
             return (int)i;
     return -1;
 }
+const char *mp_emit_str(enum mp_emit e) { return (size_t)e < N_EMITS ? EMITS[e] : "?"; }
 const char *mp_emit_names(const char *sep, const char *last)
 {
     static char buf[64];

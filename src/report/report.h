@@ -62,6 +62,7 @@ enum mp_emit {
 };
 int mp_emit_parse(const char *s);                              /* -1 if unknown */
 const char *mp_emit_names(const char *sep, const char *last); /* all but "none" */
+const char *mp_emit_str(enum mp_emit e);
 void mp_report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit);
 
 void mp_report_probe(FILE *out, const struct mp_report_ctx *c, const struct mp_estimate *e,

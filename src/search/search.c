@@ -1052,7 +1052,7 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64
     par->nodes = w < 8 ? 1 : w / 8;
     for (size_t k = 0; k < 2; k++) {
         par->strategy = shard[k];
-        if (!mp_par_finetune_modelled(par->strategy, base->build.ft.mode))
+        if (!mp_par_finetune_modelled(par->strategy, base->build.ft.mode, base->train.optimizer))
             continue; /* (a fine-tune: only what the plan models) */
         struct mp_job j = *base;
         j.train.par = par;
@@ -1183,7 +1183,7 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
         static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,
                                                    MP_PAR_FSDP_NO_RESHARD};
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
-            if (!mp_par_finetune_modelled(all[k], base->build.ft.mode))
+            if (!mp_par_finetune_modelled(all[k], base->build.ft.mode, base->train.optimizer))
                 continue; /* a fine-tune: only what the plan models (cli refuses the rest) */
             sp->pars[sp->npar] = *base->train.par;
             sp->pars[sp->npar].strategy = all[k];
@@ -1191,7 +1191,7 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
         }
         /* and ZeRO-3 with the optimizer on the host (ZeRO-Offload), unless --offload was given */
         if (base->train.par->offload == MP_OFFLOAD_NONE &&
-            mp_par_finetune_modelled(MP_PAR_ZERO3, base->build.ft.mode)) {
+            mp_par_finetune_modelled(MP_PAR_ZERO3, base->build.ft.mode, base->train.optimizer)) {
             sp->pars[sp->npar] = *base->train.par;
             sp->pars[sp->npar].strategy = MP_PAR_ZERO3;
             sp->pars[sp->npar].offload = MP_OFFLOAD_OPTIMIZER;
@@ -1516,9 +1516,12 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
                        "to 1024 GPUs (128 nodes of 8) with every block checkpointed"
                  : no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
                               "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
-                 : !mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode)
-                     ? "no single GPU profile in configs/gpus fits it at micro-batch 1 (memplan does not model "
-                       "sharded QLoRA, FSDP-QLoRA, yet: DDP replicates the base)"
+                 : !mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode, base->train.optimizer)
+                     ? (base->build.ft.mode == MP_FT_QLORA
+                            ? "no single GPU profile in configs/gpus fits it at micro-batch 1 (memplan does not model "
+                              "sharded QLoRA, FSDP-QLoRA, yet: DDP replicates the base)"
+                            : "no single GPU profile in configs/gpus fits it at micro-batch 1 (memplan does not model "
+                              "Muon sharded: DDP replicates the model)")
                      : "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
                        "optimizer state across GPUs (FSDP/ZeRO) or offload");
     if (any_fit)
@@ -1652,7 +1655,7 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     /* a fine-tune whose sharding is not modelled (QLoRA: DDP only, which does not shrink what a
      * rank holds) is never proposed a world (cli refuses it) */
     if (s->best < 0 && !base->train.par && !o->par_search && !o_in->no_alternatives &&
-        mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode) &&
+        mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode, base->train.optimizer) &&
         !mp_trainer_ref_fwds(base->build.trainer)) /* (a reference under data parallelism: refused) */
         no_world = !world_alternative(base, o, sp.precs[0], argv0, world_alt, sizeof world_alt, d);
     bool any_fit = s->best >= 0;

@@ -61,7 +61,8 @@ enum mp_opt_state {
     MP_OPT_STATE_BNB8,
     MP_OPT_STATE_BNB8_1,
     MP_OPT_STATE_AO8,
-    MP_OPT_STATE_AO4
+    MP_OPT_STATE_AO4,
+    MP_OPT_STATE_MUON /* torch.optim.Muon's momentum buffer on a hidden 2-D weight, AdamW's two on the rest */
 };
 /* The step's temporaries: NONE; ALL_GRADS one per parameter, all alive together (foreach
  * Adam: _foreach_sqrt over the group, the size of all the gradients); LARGEST fp32 tensors like
@@ -69,7 +70,10 @@ enum mp_opt_state {
  * LARGEST_2F32 two fp32 tensors the size of the largest parameter and two fp32 values per
  * 256-element block (torchao's compiled per-parameter step:
  * the new moments before they are quantized, and each block's absmax). */
-enum mp_opt_tmp { MP_OPT_TMP_NONE, MP_OPT_TMP_ALL_GRADS, MP_OPT_TMP_LARGEST, MP_OPT_TMP_LARGEST_2F32 };
+/* MUON: torch.optim.Muon steps its parameters one at a time, each making the Nesterov update (like
+ * the gradient) and its Newton-Schulz iterates in bf16 (estimate/optim.c), then the foreach AdamW
+ * of the others runs: the larger of the two. */
+enum mp_opt_tmp { MP_OPT_TMP_NONE, MP_OPT_TMP_ALL_GRADS, MP_OPT_TMP_LARGEST, MP_OPT_TMP_LARGEST_2F32, MP_OPT_TMP_MUON };
 
 /* Optimizers (--optimizer): X(id, CLI name, state, step temporaries, decoupled weight decay
  * (AdamW's), HF TrainingArguments optim written by reports and snippets, the HF optim names
@@ -81,7 +85,9 @@ enum mp_opt_tmp { MP_OPT_TMP_NONE, MP_OPT_TMP_ALL_GRADS, MP_OPT_TMP_LARGEST, MP_
  * (docs/memory-facts.md#optimizer-state).  The paged bitsandbytes rows keep the same bytes
  * on the device (CUDA managed memory: docs/memory-facts.md#low-bit-optimizers).  The probe
  * runs bitsandbytes' 8-bit AdamW layout with its own codes (paged alike); Lion and torchao's
- * arithmetic it refuses (probe 0). */
+ * arithmetic it refuses (probe 0).  muon is torch.optim.Muon (torch 2.9+) on the hidden layers' 2-D
+ * weights and torch.optim.AdamW (foreach) on the rest (embeddings, the output layer, norms, biases,
+ * stacked experts), as its documentation prescribes; HF's Trainer has no optim for it (""). */
 #define MP_OPTIMIZERS(X)                                                                              \
     X(SGD, "sgd", NONE, NONE, 0, "sgd", "sgd", 1, 1)                                                  \
     X(SGD_MOMENTUM, "sgd-momentum", ONE, NONE, 0, "sgd", "", 1, 1)                                    \
@@ -94,7 +100,8 @@ enum mp_opt_tmp { MP_OPT_TMP_NONE, MP_OPT_TMP_ALL_GRADS, MP_OPT_TMP_LARGEST, MP_
     X(LION8BIT, "lion8bit", BNB8_1, NONE, 1, "lion_8bit", "lion_8bit", 0, 0)                          \
     X(PAGED_LION8BIT, "paged-lion8bit", BNB8_1, NONE, 1, "paged_lion_8bit", "paged_lion_8bit", 0, 0)  \
     X(ADAMW8BIT_AO, "adamw8bit-ao", AO8, LARGEST_2F32, 1, "adamw_torch_8bit", "adamw_torch_8bit", 0, 0)       \
-    X(ADAMW4BIT_AO, "adamw4bit-ao", AO4, LARGEST_2F32, 1, "adamw_torch_4bit", "adamw_torch_4bit", 0, 0)
+    X(ADAMW4BIT_AO, "adamw4bit-ao", AO4, LARGEST_2F32, 1, "adamw_torch_4bit", "adamw_torch_4bit", 0, 0)      \
+    X(MUON, "muon", MUON, MUON, 1, "", "", 0, 0)
 
 enum mp_optimizer {
 #define MP_X(id, name, state, tmp, wd, hf, aliases, probe, par_probe) MP_OPT_##id,

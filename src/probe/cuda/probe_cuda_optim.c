@@ -43,7 +43,8 @@ enum mp_status cuda_opt_param(struct mp_exec *x, const struct mp_param_view *v)
     case MP_OPT_LION8BIT:
     case MP_OPT_PAGED_LION8BIT:
     case MP_OPT_ADAMW8BIT_AO:
-    case MP_OPT_ADAMW4BIT_AO: /* refused by mp_probe_run (the table's probe column) */
+    case MP_OPT_ADAMW4BIT_AO:
+    case MP_OPT_MUON: /* refused by mp_probe_run (the table's probe column) */
         return mp_fail(x->d, MP_ERR_INTERNAL, "probe: no %s step", mp_optimizer_str(x->t.optimizer));
     }
     return MP_OK;
