@@ -232,8 +232,6 @@ static enum mp_status on_event(void *ctx, const struct mp_event *ev)
     return s->nomem ? MP_ERR_NOMEM : MP_OK;
 }
 
-/* ---- SVG helpers ------------------------------------------------------------------------ */
-
 /* One event of a spliced no-grad forward: its forward's allocations and frees, in the phase
  * compute_loss runs it in (loss for the reference's, forward for KTO's KL forward). */
 static enum mp_status splice_event(void *ctx, const struct mp_program *p, const struct mp_event *ev)
@@ -269,8 +267,7 @@ static enum mp_status splice(struct tl *s, int what)
     if (st == MP_OK && s->sp_net) /* what it still holds (its outputs) goes with it */
         st = on_event(s, &(struct mp_event){.kind = MP_EV_FREE, .store = MP_ST_ACT, .bytes = s->sp_net, .node = -1,
                                             .phase = what == SPLICE_REF ? MP_PH_LOSS : MP_PH_FORWARD});
-    if (s->n_ev > first && s->n_splice < sizeof s->splice / sizeof s->splice[0])
-    {
+    if (s->n_ev > first && s->n_splice < sizeof s->splice / sizeof s->splice[0]) {
         s->splice[s->n_splice].first = first;
         s->splice[s->n_splice].last = s->n_ev - 1;
         s->splice[s->n_splice++].what = what;
@@ -316,6 +313,8 @@ static enum mp_status count_loss_grads(void *ctx, const struct mp_event *ev)
         s->ref_at++;
     return MP_OK;
 }
+
+/* ---- SVG helpers ------------------------------------------------------------------------ */
 
 void mp_xml_puts(FILE *out, const char *s)
 {
