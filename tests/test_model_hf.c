@@ -144,6 +144,14 @@ static void test_params_llama_3_2_1b(void **state)
     expect_params("models/hf/llama-3.2-1b.json", UINT64_C(1235814400));
 }
 
+/* Llama-3.1-70B: untied embeddings, GQA 64/8, llama3 rope scaling (transformers 5.24 on the meta
+ * device counts 70,553,706,496: bench/accuracy/hf_params.py) */
+static void test_params_llama_3_1_70b(void **state)
+{
+    (void)state;
+    expect_params("models/hf/llama-3.1-70b.json", UINT64_C(70553706496));
+}
+
 static void test_params_mistral_7b(void **state)
 {
     (void)state;
@@ -2319,6 +2327,7 @@ int main(void)
         cmocka_unit_test(test_params_llama2_7b),
         cmocka_unit_test(test_params_llama2_70b),
         cmocka_unit_test(test_params_llama_3_2_1b),
+        cmocka_unit_test(test_params_llama_3_1_70b),
         cmocka_unit_test(test_params_mistral_7b),
         cmocka_unit_test(test_params_qwen2_05b),
         cmocka_unit_test(test_params_pythia_160m),
