@@ -568,11 +568,11 @@ static int check_rules(const struct command *c, struct args *a)
     if (pref && !a->loss_set && a->loss == MP_LOSS_HF)
         a->loss = MP_LOSS_CHUNKED_NLL; /* trl dpo_trainer.py:959-962, kto_trainer.py:966-972: policy and reference */
     char why[256];
-    const char *cfg = mp_trainer_config(tr); /* "KTOConfig": its trainer, "KTOTrainer" */
-    int cn = (int)(strlen(cfg) > 6 ? strlen(cfg) - 6 : strlen(cfg));
+    char trl[16];
     if (pref && a->loss != MP_LOSS_CHUNKED_NLL) {
-        snprintf(why, sizeof why, "--trainer %s: --loss %s: TRL's %.*sTrainer computes its log-probs through its "
-                 "fused LM head (--loss chunked-nll)", tn, mp_loss_str((enum mp_loss)a->loss), cn, cfg);
+        snprintf(why, sizeof why, "--trainer %s: --loss %s: TRL's %sTrainer computes its log-probs through its "
+                 "fused LM head (--loss chunked-nll)", tn, mp_loss_str((enum mp_loss)a->loss),
+                 mp_trainer_trl_name(tr, trl, sizeof trl));
         return cli_usage_error(c->name, "%s", why);
     }
     if (pref && a->emit == MP_EMIT_TORCH) {

@@ -59,6 +59,8 @@ uint64_t mp_trainer_min_batch(enum mp_trainer t);
 unsigned mp_trainer_ref_fwds(enum mp_trainer t);
 unsigned mp_trainer_kl_fwds(enum mp_trainer t);
 const char *mp_trainer_config(enum mp_trainer t);
+/* "DPO", "KTO": the trainer's TRL name (its config class less "Config"), into buf. */
+const char *mp_trainer_trl_name(enum mp_trainer t, char *buf, size_t cap);
 /* The loss_type its config is written with ("apo_zero_unpaired"), NULL for the config's default. */
 const char *mp_trainer_loss_type(enum mp_trainer t);
 /* The rows of one chunk of loss l's head over `rows` label positions (vocabulary v, hidden h):

@@ -194,6 +194,13 @@ uint64_t mp_trainer_min_batch(enum mp_trainer t) { return (unsigned)t < N_TRAINE
 unsigned mp_trainer_ref_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].ref_fwds : 0; }
 unsigned mp_trainer_kl_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].kl_fwds : 0; }
 const char *mp_trainer_config(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].config : "?"; }
+const char *mp_trainer_trl_name(enum mp_trainer t, char *buf, size_t cap)
+{
+    const char *cfg = mp_trainer_config(t);
+    size_t n = strlen(cfg) > 6 ? strlen(cfg) - 6 : strlen(cfg);
+    snprintf(buf, cap, "%.*s", (int)n, cfg);
+    return buf;
+}
 const char *mp_trainer_loss_type(enum mp_trainer t)
 {
     return (unsigned)t < N_TRAINERS ? trainer_rows[t].loss_type : NULL;

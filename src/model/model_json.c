@@ -24,6 +24,7 @@
 #define MP_OPS_MAX ((uint64_t)1 << 17)
 #define MP_FLOPS_MAX (UINT64_C(1) << 53)     /* per-sample FLOPs: exact in a JSON double */
 #define PLACE_MAX 320
+#define ALLOWED_MAX 1024 /* a type's allowed keys, space-separated */
 
 struct reader {
     struct mp_model *m;
@@ -34,6 +35,8 @@ struct reader {
     bool have_emb;        /* an embedding precedes: tied lm_head and defaults */
     uint64_t emb_vocab, emb_dim;
     uint64_t classes;     /* top-level "classes", 0 when absent */
+    char allowed[MP_LT_COUNT][ALLOWED_MAX]; /* each type's allowed keys (model_keys.c), made once a file
+                                               ("" until then) */
 };
 
 /* How blocks made at this point are named (see the "Names" section of model-format.md). */
@@ -430,8 +433,7 @@ static enum mp_status read_bottleneck(const struct reader *rd, const cJSON *o, c
     TRY(get_bool(rd, o, place, "downsample", &l->conv.downsample));
     if (needed && !l->conv.downsample)
         return fail_at(rd, MP_ERR_MODEL, place, "downsample",
-                       "needed when stride is not 1 or in_ch (%llu) "
-                       "differs from out_ch (%llu)",
+                       "needed when stride is not 1 or in_ch (%llu) differs from out_ch (%llu)",
                        (unsigned long long)l->conv.in_ch, (unsigned long long)l->conv.out_ch);
     uint64_t w;
     if (!mp_mul3_u64(l->conv.mid_ch, l->conv.mid_ch / l->conv.groups, 9, &w) || w > MP_DIM_MAX ||
@@ -568,50 +570,46 @@ static enum mp_status read_settings(const struct reader *rd, const cJSON *o, con
     return MP_OK;
 }
 
-/* Whether l's type has the key and l sets it (its field is not zero, the default of every generic row). */
-static bool given(const struct mp_layer *l, const char *key)
+/* A setting given (its field set: the default of every generic row is zero) without the one it
+ * qualifies. */
+static enum mp_status needs(const struct reader *rd, const char *place, const char *key, bool set, bool ok,
+                            const char *what)
 {
-    for (size_t i = 0; i < mp_n_keys; i++) {
-        const struct mp_key *k = &mp_keys[i];
-        if (!(k->types & (1u << l->type)) || !k->size || strcmp(k->key, key) != 0)
-            continue;
-        for (size_t b = 0; b < k->size; b++)
-            if (((const unsigned char *)l)[k->off + b])
-                return true;
-    }
-    return false;
-}
-
-/* A setting given without the one it qualifies. */
-static enum mp_status needs(const struct reader *rd, const struct mp_layer *l, const char *place, const char *key,
-                            bool ok, const char *what)
-{
-    if (given(l, key) && !ok)
+    if (set && !ok)
         return fail_at(rd, MP_ERR_MODEL, place, key, "needs %s", what);
     return MP_OK;
 }
 
-/* The rules between settings that model_keys.c's rows state ("with `rope`: ..."). */
-static enum mp_status check_settings(const struct reader *rd, const char *place,
-                                     const struct mp_layer *l)
+struct setting {
+    const char *key;
+    bool set;
+};
+#define N_OF(a) (sizeof (a) / sizeof (a)[0])
+
+/* The rules between settings that model_keys.c's rows state ("with `rope`: ...").  A field another
+ * type's row sets stays zero here (read_op clears the layer), so each rule tests fields alone. */
+static enum mp_status check_settings(const struct reader *rd, const char *place, const struct mp_layer *l)
 {
-    static const char *const rope_keys[] = {"rope_interleave", "rope_per_sample", "rope_fp32", "rope_cast_back",
-                                            "rope_cat", "rope_table_rows"};
-    for (size_t i = 0; i < sizeof rope_keys / sizeof rope_keys[0]; i++)
-        TRY(needs(rd, l, place, rope_keys[i], l->rope.on, "\"rope\": true"));
-    TRY(needs(rd, l, place, "rope_tables", l->rope.on || l->rope.kinds <= 1, "\"rope\": true"));
-    TRY(needs(rd, l, place, "qk_norm_late", l->attn.qk_norm != MP_QK_NORM_NONE && l->rope.on,
+    const struct mp_rope *r = &l->rope;
+    const struct setting rope[] = {{"rope_interleave", r->interleave}, {"rope_per_sample", r->per_sample},
+                                   {"rope_fp32", r->fp32},           {"rope_cast_back", r->cast_back},
+                                   {"rope_cat", r->cat},             {"rope_table_rows", r->table_rows > 0},
+                                   {"rope_tables", r->kinds > 1}};
+    for (size_t i = 0; i < N_OF(rope); i++)
+        TRY(needs(rd, place, rope[i].key, rope[i].set, r->on, "\"rope\": true"));
+    TRY(needs(rd, place, "qk_norm_late", l->attn.qk_norm_late, l->attn.qk_norm != MP_QK_NORM_NONE && r->on,
               "a qk_norm and \"rope\": true"));
-    TRY(needs(rd, l, place, "qkv_split", l->attn.fused_qkv,
-              "\"fused_qkv\": true"));
+    TRY(needs(rd, place, "qkv_split", l->attn.qkv_split != MP_QKV_VIEWS, l->attn.fused_qkv, "\"fused_qkv\": true"));
     const struct mp_mla *a = &l->mla;
-    static const char *const mla_keys[] = {"q_lora", "rope_dim", "nope_dim", "v_dim", "rope_complex"};
-    for (size_t i = 0; i < sizeof mla_keys / sizeof mla_keys[0]; i++)
-        TRY(needs(rd, l, place, mla_keys[i], a->kv_lora > 0, "a kv_lora"));
+    const struct setting mla[] = {{"q_lora", a->q_lora > 0}, {"rope_dim", a->rope_dim > 0},
+                                  {"nope_dim", a->nope_dim > 0}, {"v_dim", a->v_dim > 0},
+                                  {"rope_complex", a->rope_complex}};
+    for (size_t i = 0; i < N_OF(mla); i++)
+        TRY(needs(rd, place, mla[i].key, mla[i].set, a->kv_lora > 0, "a kv_lora"));
     if (a->kv_lora) {
-        TRY(needs(rd, l, place, "kv_lora", l->rope.on, "\"rope\": true"));
-        TRY(needs(rd, l, place, "kv_lora", !l->attn.fused_qkv, "separate projections (no fused_qkv)"));
-        TRY(needs(rd, l, place, "kv_lora", l->attn.kv_heads == l->attn.heads, "kv_heads equal to heads"));
+        TRY(needs(rd, place, "kv_lora", true, r->on, "\"rope\": true"));
+        TRY(needs(rd, place, "kv_lora", true, !l->attn.fused_qkv, "separate projections (no fused_qkv)"));
+        TRY(needs(rd, place, "kv_lora", true, l->attn.kv_heads == l->attn.heads, "kv_heads equal to heads"));
         if (!a->rope_dim || a->rope_dim % 2 || !a->nope_dim || !a->v_dim)
             return fail_at(rd, MP_ERR_MODEL, place, "kv_lora",
                            "needs a positive even rope_dim, a nope_dim and a v_dim");
@@ -621,30 +619,33 @@ static enum mp_status check_settings(const struct reader *rd, const char *place,
             return fail_at(rd, MP_ERR_RANGE, place, "kv_lora", "the projections are too large (at most %llu elements)",
                            (unsigned long long)MP_DIM_MAX);
     }
-    TRY(needs(rd, l, place, "fused_gate_up", l->mlp.gated, "\"gated\": true"));
-    TRY(needs(rd, l, place, "up_down", !l->mlp.gated, "an MLP that is not gated"));
+    TRY(needs(rd, place, "fused_gate_up", l->mlp.fused_gate_up, l->mlp.gated, "\"gated\": true"));
+    TRY(needs(rd, place, "up_down", l->mlp.up_down, !l->mlp.gated, "an MLP that is not gated"));
     const struct mp_norm_cfg *n = &l->norm;
     if ((n->ln_fp32 + n->ln_plain + n->ln_1p) > 1)
         return fail_at(rd, MP_ERR_MODEL, place, n->ln_1p ? "ln_1p" : "ln_plain", "at most one of ln_fp32, ln_plain "
                        "and ln_1p");
     bool ln = l->type == MP_LT_LAYERNORM || n->kind == MP_NORM_LAYERNORM;
-    for (int i = 0; i < 3; i++)
-        TRY(needs(rd, l, place, (const char *[]){"ln_fp32", "ln_plain", "ln_1p"}[i], ln, "\"norm\": \"layernorm\""));
-    TRY(needs(rd, l, place, "rms_fp32", l->type == MP_LT_RMSNORM || n->kind == MP_NORM_RMSNORM,
+    const struct setting lns[] = {{"ln_fp32", n->ln_fp32}, {"ln_plain", n->ln_plain}, {"ln_1p", n->ln_1p}};
+    for (size_t i = 0; i < N_OF(lns); i++)
+        TRY(needs(rd, place, lns[i].key, lns[i].set, ln, "\"norm\": \"layernorm\""));
+    TRY(needs(rd, place, "rms_fp32", n->rms_fp32, l->type == MP_LT_RMSNORM || n->kind == MP_NORM_RMSNORM,
               "\"norm\": \"rmsnorm\""));
     if (n->bias && (n->ln_fp32 || n->ln_plain))
         return fail_at(rd, MP_ERR_MODEL, place, n->ln_fp32 ? "ln_fp32" : "ln_plain", "this layernorm has no bias");
-    TRY(needs(rd, l, place, "branch_norm", !n->post && !l->parallel_residual,
+    TRY(needs(rd, place, "branch_norm", n->branch, !n->post && !l->parallel_residual,
               "a pre-norm block (no post_norm, no parallel_residual)"));
-    TRY(needs(rd, l, place, "no_pre_norm", n->branch, "\"branch_norm\": true"));
+    TRY(needs(rd, place, "no_pre_norm", n->no_pre, n->branch, "\"branch_norm\": true"));
     if (l->type == MP_LT_TRANSFORMER_BLOCK)
-        TRY(needs(rd, l, place, "mult", !n->post && !n->branch && !l->parallel_residual,
+        TRY(needs(rd, place, "mult", l->mult != 0, !n->post && !n->branch && !l->parallel_residual,
                   "a pre-norm block (no post_norm, branch_norm or parallel_residual)"));
     const struct mp_moe *e = &l->moe;
-    static const char *const moe_keys[] = {"top_k", "expert_ffn", "shared_ffn", "shared_gate", "shared_first",
-                                           "norm_topk", "route_mask", "router"};
-    for (size_t i = 0; i < sizeof moe_keys / sizeof moe_keys[0]; i++)
-        TRY(needs(rd, l, place, moe_keys[i], e->experts > 0, "\"experts\""));
+    const struct setting moe[] = {{"top_k", e->top_k > 0},          {"expert_ffn", e->expert_ffn > 0},
+                                  {"shared_ffn", e->shared_ffn > 0}, {"shared_gate", e->shared_gate},
+                                  {"shared_first", e->shared_first}, {"norm_topk", e->norm_topk},
+                                  {"route_mask", e->route_mask},     {"router", e->router != MP_ROUTER_SOFTMAX}};
+    for (size_t i = 0; i < N_OF(moe); i++)
+        TRY(needs(rd, place, moe[i].key, moe[i].set, e->experts > 0, "\"experts\""));
     if (e->experts) {
         if (!e->top_k || e->top_k > e->experts)
             return fail_at(rd, MP_ERR_MODEL, place, "top_k", "%s (expected 1 to experts, %llu)",
@@ -655,11 +656,11 @@ static enum mp_status check_settings(const struct reader *rd, const char *place,
         if (!mp_mul_u64(e->experts, e->expert_ffn, &w) || !mp_mul_u64(w, 2 * l->dim, &w) || w > MP_DIM_MAX)
             return fail_at(rd, MP_ERR_RANGE, place, "experts", "the experts are too large (at most %llu elements)",
                            (unsigned long long)MP_DIM_MAX);
-        TRY(needs(rd, l, place, "shared_gate", e->shared_ffn > 0, "a shared_ffn"));
-        TRY(needs(rd, l, place, "shared_first", e->shared_ffn > 0, "a shared_ffn"));
+        TRY(needs(rd, place, "shared_gate", e->shared_gate, e->shared_ffn > 0, "a shared_ffn"));
+        TRY(needs(rd, place, "shared_first", e->shared_first, e->shared_ffn > 0, "a shared_ffn"));
     }
-    TRY(needs(rd, l, place, "id_view", l->emb.id_buffer, "\"id_buffer\": true"));
-    TRY(needs(rd, l, place, "id_buffer", l->emb.id_rows > 0, "an id_rows"));
+    TRY(needs(rd, place, "id_view", l->emb.id_view, l->emb.id_buffer, "\"id_buffer\": true"));
+    TRY(needs(rd, place, "id_buffer", l->emb.id_buffer, l->emb.id_rows > 0, "an id_rows"));
     return MP_OK;
 }
 
@@ -687,11 +688,14 @@ static enum mp_status read_op(struct reader *rd, const cJSON *o, const char *pla
     }
     memset(l, 0, sizeof *l);
     l->type = (enum mp_layer_type)t;
-    char allowed[1024] = "type name ";
-    mp_json_layer_keys(l->type, allowed + strlen(allowed), sizeof allowed - strlen(allowed));
+    if (!rd->allowed[t][0]) { /* (read_op runs for every op of every repeat: the list is made once) */
+        const char *own = "type name ";
+        snprintf(rd->allowed[t], ALLOWED_MAX, "%s", own);
+        mp_json_layer_keys(l->type, rd->allowed[t] + strlen(own), ALLOWED_MAX - strlen(own));
+    }
     char what[64];
     snprintf(what, sizeof what, "a%s %s layer", strchr("aeiou", ts[0]) ? "n" : "", ts);
-    TRY(check_keys(rd, o, place, allowed, what));
+    TRY(check_keys(rd, o, place, rd->allowed[t], what));
     bool named;
     TRY(get_name(rd, o, place, "name", l->name, sizeof l->name, &named));
     TRY(read_settings(rd, o, place, l));

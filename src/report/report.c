@@ -252,14 +252,6 @@ static const char *optim_desc(enum mp_optimizer o)
     return mp_optimizer_hf(o)[0] ? mp_optimizer_hf(o) : "torch.optim.Muon, AdamW for the rest";
 }
 
-/* "DPO", "KTO": the trainer's TRL name (its config class less "Config"), into buf. */
-static const char *trl_name(enum mp_trainer t, char *buf, size_t cap)
-{
-    const char *cfg = mp_trainer_config(t);
-    size_t n = strlen(cfg) > 6 ? strlen(cfg) - 6 : strlen(cfg);
-    snprintf(buf, cap, "%.*s", (int)n, cfg);
-    return buf;
-}
 /* What a DPO/KTO micro-batch counts: pairs, examples, examples of a KL term (why: its reason). */
 static const char *unit_of(enum mp_trainer t, bool why)
 {
@@ -945,9 +937,9 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     char tn[16];
     if (c->train && c->train->ref == MP_REF_COPY)
         fprintf(out, "  reference model    %12s   (%s: a frozen copy, resident)\n", B(e->ref_weights_bytes),
-                trl_name(trainer_of(c), tn, sizeof tn));
+                mp_trainer_trl_name(trainer_of(c), tn, sizeof tn));
     if (c->train && c->train->ref != MP_REF_NONE) {
-        fprintf(out, "\nphases (%s)\n", trl_name(trainer_of(c), tn, sizeof tn));
+        fprintf(out, "\nphases (%s)\n", mp_trainer_trl_name(trainer_of(c), tn, sizeof tn));
         fprintf(out, "  policy step        %12s   (forward, loss, backward, optimizer step)\n",
                 B(e->policy_peak_bytes));
         fprintf(out, "  reference forward  %12s   (no grad, after the policy's forward; +%s at %s)\n",
@@ -1289,7 +1281,7 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
               * planned */
         fprintf(out, "# %s (trl 1.16): train with %sTrainer(model, ref_model=None, args=args, ...):\n"
                      "# %s;\n# per_device_train_batch_size counts %s\n",
-                trl_name(tr, tn, sizeof tn), tn,
+                mp_trainer_trl_name(tr, tn, sizeof tn), tn,
                 c->train->ref == MP_REF_COPY      ? "it loads the reference copy planned"
                 : c->train->ref == MP_REF_ADAPTER ? "the reference is the adapter disabled"
                                                   : "the reference's log-probs are precomputed",
@@ -1684,7 +1676,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         char tn[16];
         if (mp_trainer_ref_fwds(tr))
             fprintf(out, "  trainer            %s (TRL 1.16.0 %sTrainer): micro-batch counts %s; reference %s\n",
-                    mp_trainer_str(tr), trl_name(tr, tn, sizeof tn),
+                    mp_trainer_str(tr), mp_trainer_trl_name(tr, tn, sizeof tn),
                     unit_of(tr, false), ref_desc(c->train->ref));
         if (loss_of(c) != MP_LOSS_HF)
             fprintf(out, "  loss head          %s (%s); label fraction %.3g\n", mp_loss_str(loss_of(c)),
