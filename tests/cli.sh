@@ -1045,7 +1045,6 @@ expect 0 "check --alloc-conf expandable_segments:True: the allocated level's mic
 # (2 sequences each) through the fused head; its reference is a resident copy (full), the adapter
 # disabled (LoRA) or none (--precompute-ref); what is not modelled is refused, one line each
 expect_line 2 "--trainer orpo: not modelled yet" estimate models/hf/qwen3-0.6b.json --trainer orpo
-expect_line 2 "--trainer grpo: not modelled yet" estimate models/hf/qwen3-0.6b.json --trainer grpo
 expect_line 2 "--trainer: an unknown name" estimate models/hf/qwen3-0.6b.json --trainer ppo
 expect_line 2 "--precompute-ref without --trainer dpo or kto" estimate models/hf/qwen3-0.6b.json --precompute-ref
 expect_line 2 "--trainer kto --batch 1 (TRL's KL term needs 2 examples)" estimate models/hf/qwen3-0.6b.json \
@@ -2406,6 +2405,100 @@ expect_msg 2 "memplan JSON mixture of experts: LoRA's all-linear default refused
     "peft's all-linear also adapts the MoE routers" estimate tests/data/models/qwen3-30b-a3b.json --finetune lora
 expect_msg 2 "memplan JSON mixture of experts: LoRA on the MLP names refused" \
     "peft maps the MLP names" estimate tests/data/models/qwen3-30b-a3b.json --finetune qlora --lora-targets up_proj
+
+# ---- GRPO (--trainer grpo; trl 1.16.0 grpo_trainer.py, grpo_config.py) -------------------------
+
+expect_msg 2 "--beta without --trainer grpo: refused" "need --trainer grpo" \
+    estimate models/hf/qwen2-0.5b.json --beta 0.04
+expect_msg 2 "--trainer grpo --num-generations 1: refused as GRPOConfig refuses it" "2 or more completions" \
+    estimate models/hf/qwen2-0.5b.json --trainer grpo --num-generations 1
+expect_msg 2 "--trainer grpo: a completion as long as --seq leaves no prompt" "leaves no prompt" \
+    estimate models/hf/qwen2-0.5b.json --trainer grpo --seq 512 --completion-length 512
+expect_msg 2 "--trainer grpo: a generation batch that splits a prompt group: refused" \
+    "--batch 3 x 1 steps x 1 ranks = 3) is not a multiple of --num-generations 8" \
+    estimate models/hf/qwen2-0.5b.json --trainer grpo --batch 3
+expect_msg 2 "--trainer grpo --vllm without a GPU to take a share of" "name the GPU" \
+    estimate models/hf/qwen2-0.5b.json --trainer grpo --vllm 0.3
+expect_msg 2 "--trainer grpo: a sliding-window cache shorter than the sequence is refused, not ignored" \
+    "sliding-window cache (window 512 < --seq 1024)" estimate models/hf/gemma-3-1b.json --trainer grpo --seq 1024 \
+    --completion-length 256
+expect_msg 2 "--trainer grpo --timeline: refused (the generation is not drawn)" "not drawn yet" \
+    estimate models/hf/qwen2-0.5b.json --trainer grpo --timeline "$T/g.svg"
+if [ -n "$HAVE_PY" ]; then
+    # The cache at the last decoding step, worked by hand: Qwen2-0.5B has 24 layers, 2 k/v heads of 64;
+    # bf16; 8 sequences of 512 prompt + 512 completion tokens hold P + C - 1 = 1023 positions:
+    # k = 8 x 2 x 1023 x 64 x 2 B = 2,095,104 B (512-aligned), k and v in 24 layers: 100,564,992 B.
+    run estimate models/hf/qwen2-0.5b.json --trainer grpo --batch 8 --seq 1024 --completion-length 512 \
+        --precision bf16 --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+m, c = d["memory"], d["config"]
+g = m["phases"]["generation"]
+assert g["kv_cache_bytes"] == 100564992, g
+assert g["sequences"] == 8, g
+assert g["peak_allocated_bytes"] == max(g["prefill_peak_bytes"], g["decode_peak_bytes"]), g
+assert m["peak_allocated_bytes"] == max(g["peak_allocated_bytes"], m["phases"]["policy_step"]["peak_allocated_bytes"])
+assert "reference_forward" not in m["phases"] and c["trainer"] == "grpo", m["phases"]
+' "$T/out" 2>"$T/why"; then
+        ok "--trainer grpo: the generation cache worked by hand (100,564,992 B), the peak the larger phase"
+    else
+        bad "--trainer grpo: the generation cache worked by hand (100,564,992 B), the peak the larger phase"
+    fi
+    # 4 steps per generation: 32 sequences generated at once, the cache 4 x as large
+    run estimate models/hf/qwen2-0.5b.json --trainer grpo --batch 8 --seq 1024 --completion-length 512 \
+        --precision bf16 --steps-per-generation 4 --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+g = json.load(open(sys.argv[1]))["memory"]["phases"]["generation"]
+assert g["sequences"] == 32 and g["kv_cache_bytes"] == 4 * 100564992, g
+' "$T/out" 2>"$T/why"; then
+        ok "--trainer grpo --steps-per-generation 4: 32 sequences generated at once, 4 x the cache"
+    else
+        bad "--trainer grpo --steps-per-generation 4: 32 sequences generated at once, 4 x the cache"
+    fi
+    # A colocated vLLM takes 0.3 x 40 GiB = 12,884,901,888 B of an A100 40GB beside the step
+    run check models/hf/qwen2-0.5b.json --trainer grpo --batch 8 --seq 1024 --gpu a100-40gb --vllm 0.3 --json
+    if python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+m = d["memory"]
+assert m["vllm_bytes"] == 12884901888, m
+assert m["peak_device_bytes"] == m["peak_allocated_bytes"] + m["overhead_bytes"] + 12884901888, m
+assert "generation" not in m.get("phases", {}), m
+' "$T/out" 2>"$T/why"; then
+        ok "--trainer grpo --vllm 0.3: 12,884,901,888 B of an A100 40GB beside the step, no generate phase"
+    else
+        bad "--trainer grpo --vllm 0.3: 12,884,901,888 B of an A100 40GB beside the step, no generate phase"
+    fi
+    run check models/hf/qwen2-0.5b.json --trainer grpo --batch 16 --seq 1024 --gpu a100-40gb
+    e16=$ec
+    run check models/hf/qwen2-0.5b.json --trainer grpo --batch 16 --seq 1024 --gpu a100-40gb --vllm 0.3
+    if [ "$e16" -eq 0 ] && [ "$ec" -eq 1 ]; then
+        ok "--trainer grpo: 16 completions fit an A100 40GB alone (exit 0), not beside a vLLM at 0.3 (exit 1)"
+    else
+        bad "--trainer grpo: 16 completions fit an A100 40GB alone (exit 0), not beside a vLLM at 0.3 (exit 1)"
+    fi
+    # suggest: whole prompt groups (num_generations 8), and a GRPOConfig that says so
+    run suggest models/hf/qwen2-0.5b.json --trainer grpo --seq 1024 --gpu a100-40gb --no-probe --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["recommendation"]
+assert r["micro_batch"] % 8 == 0 and r["micro_batch"] >= 8, r
+' "$T/out" 2>"$T/why"; then
+        ok "suggest --trainer grpo: the micro-batch a multiple of num_generations 8"
+    else
+        bad "suggest --trainer grpo: the micro-batch a multiple of num_generations 8"
+    fi
+fi
+run suggest models/hf/qwen2-0.5b.json --trainer grpo --seq 1024 --gpu a100-40gb --no-probe --emit hf --beta 0.04
+if [ "$ec" -eq 0 ] && grep -q "args = GRPOConfig(" "$T/out" && grep -q "num_generations=8," "$T/out" &&
+    grep -q "max_completion_length=512," "$T/out" && grep -q "beta=0.04," "$T/out" &&
+    grep -q "steps_per_generation=1," "$T/out"; then
+    ok "suggest --trainer grpo --emit hf: a GRPOConfig with the planned groups, completion, beta and generation"
+else
+    bad "suggest --trainer grpo --emit hf: a GRPOConfig with the planned groups, completion, beta and generation"
+fi
 
 # ---- summary ------------------------------------------------------------------------------
 

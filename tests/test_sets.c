@@ -174,8 +174,7 @@ static void test_precisions_dtypes_attention(void **state)
     assert_string_equal(mp_attn_impl_names(", ", " or "), "sdpa, flash or eager");
 }
 
-/* --trainer: the names in the table's order; sft, dpo and kto modelled, the rest refused with a
- * reason; DPO's example is a pair (chosen, rejected): 2 sequences; KTO's one, 2 examples at least
+/* --trainer: the names in the table's order; all but orpo modelled, orpo refused with a reason; DPO's example is a pair (chosen, rejected): 2 sequences; KTO's one, 2 examples at least
  * (trl kto_trainer.py:844-847), a KL forward of the policy and two of the reference a step
  * (:1337-1368, :1425-1436); TRL's config classes by name */
 static void test_trainers(void **state)
@@ -184,7 +183,7 @@ static void test_trainers(void **state)
     assert_string_equal(mp_trainer_names(", ", " or "), "sft, dpo, kto, kto-apo, orpo or grpo");
     for (int i = 0; i <= MP_TRAINER_GRPO; i++) {
         assert_int_equal(mp_trainer_parse(mp_trainer_str((enum mp_trainer)i)), i);
-        assert_true((mp_trainer_unmodelled((enum mp_trainer)i) == NULL) == (i <= MP_TRAINER_KTO_APO));
+        assert_true((mp_trainer_unmodelled((enum mp_trainer)i) == NULL) == (i != MP_TRAINER_ORPO));
     }
     assert_int_equal(mp_trainer_parse("ppo"), -1);
     assert_int_equal(mp_trainer_seqs(MP_TRAINER_SFT), 1);
@@ -198,6 +197,11 @@ static void test_trainers(void **state)
     assert_int_equal(mp_trainer_kl_fwds(MP_TRAINER_KTO), 1);
     assert_int_equal(mp_trainer_kl_fwds(MP_TRAINER_DPO), 0);
     assert_string_equal(mp_trainer_config(MP_TRAINER_KTO), "KTOConfig");
+    /* GRPOConfig's disable_dropout defaults to False (trl 1.16 grpo_config.py), DPOConfig's and
+     * KTOConfig's to True; GRPO's one reference forward exists only at beta > 0 (setup) */
+    assert_true(mp_trainer_drops_dropout(MP_TRAINER_DPO) && mp_trainer_drops_dropout(MP_TRAINER_KTO));
+    assert_false(mp_trainer_drops_dropout(MP_TRAINER_GRPO) || mp_trainer_drops_dropout(MP_TRAINER_SFT));
+    assert_string_equal(mp_trainer_config(MP_TRAINER_GRPO), "GRPOConfig");
     assert_string_equal(mp_trainer_config(MP_TRAINER_DPO), "DPOConfig");
     /* KTO's apo_zero_unpaired: no KL term (kto_trainer.py:815, 836, 844): one example is enough, no KL
      * forward, one reference forward (the batch); the same config class with its loss_type */

@@ -192,6 +192,19 @@ def dpo_step(ft, ckpt, pairs, seq, prompt, precompute, prec="bf16"):
                           lambda inputs: DPOTrainer._compute_loss(stub, model, inputs, False))
 
 
+def track_models(tr, model, ref):
+    """Count the policy's and the reference's (None: none) parameters and buffers in tr."""
+    for p in model.parameters():
+        tr.add(p, "param")
+    for b in model.buffers():
+        tr.add(b, "buffer")
+    if ref is not None:
+        for p in ref.parameters():
+            tr.add(p, "ref_param")
+        for b in ref.buffers():
+            tr.add(b, "ref_buffer")
+
+
 def measured_steps(trl_module, model, ref, opt, make_inputs, loss):
     """Two training steps (loss(inputs) then backward, AdamW step, zero_grad) on the batch
     make_inputs() makes, under a RealTracker that knows the parameters, buffers, the reference copy
@@ -223,15 +236,7 @@ def measured_steps(trl_module, model, ref, opt, make_inputs, loss):
     trl_module.disable_gradient_checkpointing = measured
     try:
         with tr:
-            for p in model.parameters():
-                tr.add(p, "param")
-            for b in model.buffers():
-                tr.add(b, "buffer")
-            if ref is not None:
-                for p in ref.parameters():
-                    tr.add(p, "ref_param")
-                for b in ref.buffers():
-                    tr.add(b, "ref_buffer")
+            track_models(tr, model, ref)
             inputs = make_inputs()
             for step in (1, 2):
                 if step == 2:
@@ -291,16 +296,18 @@ def cli(oracle, doc, want_model=False):
     return ap.parse_args()
 
 
-def run_table(a, oracle, config, name, todo, step, margs, unit):
+def run_table(a, oracle, config, name, todo, step, margs, unit, generation=False):
     """Each setting of todo (finetune, checkpoint, batch, seq, prompt, precompute, precision) run by
-    step (torch's peak, where, its reference forward's) and by memplan (margs: its arguments, on
-    config written to a file): the table (a.out), the rows (a.rows_out); unit names the batch's
-    items ("pairs")."""
+    step (torch's peak, where, its reference forward's; with generation, GRPO's generate call's
+    peak too, and precompute is GRPO's beta) and by memplan (margs: its arguments, on config
+    written to a file): the table (a.out), the rows (a.rows_out); unit names the batch's items
+    ("pairs")."""
     import trl
     versions = rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
                                    peft=peft.__version__, trl=trl.__version__, tensors="real, CPU")
     lines = ["| setting | reference | torch peak (B) | at | memplan (B) | diff | ref fwd torch (B) | memplan (B) "
-             "| diff |", "|---|---|---|---|---|---|---|---|---|"]
+             "| diff |" + (" generate torch (B) | memplan (B) | diff |" if generation else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if generation else "")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.json")
@@ -310,23 +317,35 @@ def run_table(a, oracle, config, name, todo, step, margs, unit):
             if a.only and prec != a.only:
                 continue
             frac = (seq - prompt) / (seq - 1)
-            tp, tat, tref = step(ft, ck, n, seq, prompt, pre, prec)
-            args = margs(ft, ck, n, seq, frac, pre, prec)
+            measured = step(ft, ck, n, seq, prompt, pre, prec)
+            tp, tat, tref = measured[:3]
+            tgen = measured[3] if generation else 0
+            args = margs(ft, ck, n, seq, prompt if generation else frac, pre, prec)
             m = memplan_run(a.memplan, path, args)
             mp = m["peak_allocated_bytes"] - m["workspace_bytes"]
             mref = m.get("phases", {}).get("reference_forward", {}).get("peak_allocated_bytes", 0)
             mref = mref - m["workspace_bytes"] if mref else 0
-            refname = "precomputed" if pre else ("adapter disabled" if ft == "lora" else "copy")
+            mgen = m.get("phases", {}).get("generation", {}).get("peak_allocated_bytes", 0)
+            mgen = mgen - m["workspace_bytes"] if mgen else 0
+            if generation:
+                refname = "none (beta 0)" if not pre else ("adapter disabled" if ft == "lora" else "copy")
+            else:
+                refname = "precomputed" if pre else ("adapter disabled" if ft == "lora" else "copy")
             setting = "%s, %s, ckpt %s, %d %s x s%d, prompt %d" % (
                 "LoRA all-linear r16" if ft == "lora" else "full", prec, ck, n, unit, seq, prompt)
             pct = 100.0 * (mp - tp) / tp
             rpct = 100.0 * (mref - tref) / tref if tref else 0.0
             lines.append("| %s | %s | %d | %s | %d | %+.3f %% | %s | %s | %s |" % (
                 setting, refname, tp, tat, mp, pct, tref or "-", mref or "-", "%+.3f %%" % rpct if tref else "-"))
+            gpct = 100.0 * (mgen - tgen) / tgen if tgen else 0.0
+            if generation:
+                lines[-1] += " %d | %d | %+.3f %% |" % (tgen, mgen, gpct)
             print(lines[-1], flush=True)
             figs = {"peak": rowlib.figure(tp, mp)}
             if tref:
                 figs["ref_forward_peak"] = rowlib.figure(tref, mref)
+            if tgen:
+                figs["generation_peak"] = rowlib.figure(tgen, mgen)
             rows.append({"config": name, "config_json": config, "args": args, "figures": figs,
                          "recorded": {"torch_peak_at": tat, "memplan_peak_at": m["peak_event"], "pct": round(pct, 3),
                                       "ref_pct": round(rpct, 3)},

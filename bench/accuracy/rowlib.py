@@ -150,6 +150,9 @@ FIGURES = {
     # dpo_step.py: the reference forward's peak (memory.phases, --trainer dpo)
     "ref_forward_peak": lambda d: _memory(d)["phases"]["reference_forward"]["peak_allocated_bytes"]
     - _memory(d)["workspace_bytes"],
+    # grpo_step.py: transformers' generate call's peak (memory.phases, --trainer grpo)
+    "generation_peak": lambda d: _memory(d)["phases"]["generation"]["peak_allocated_bytes"]
+    - _memory(d)["workspace_bytes"],
 }
 
 

@@ -179,6 +179,10 @@ class PhasePeak:
     peak_allocated_bytes: int
     tmp_bytes: Optional[int] = _opt()  # reference_forward: its own temporaries at its peak
     peak_event: Optional[str] = _opt()
+    prefill_peak_bytes: Optional[int] = _opt()  # generation (--trainer grpo): the prompts' forward
+    decode_peak_bytes: Optional[int] = _opt()  # generation: the last decoding step
+    kv_cache_bytes: Optional[int] = _opt()  # generation: the DynamicCache at the last token
+    sequences: Optional[int] = _opt()  # generation: sequences generated at once
     extra: Dict[str, Any] = _extra()
 
 
@@ -186,6 +190,7 @@ class PhasePeak:
 class Phases:
     policy_step: PhasePeak  # --trainer dpo / kto: forward, loss, backward, optimizer step
     reference_forward: Optional[PhasePeak] = _opt()  # the reference model's no-grad forward
+    generation: Optional[PhasePeak] = _opt()  # --trainer grpo: transformers' generate
     extra: Dict[str, Any] = _extra()
 
 
@@ -230,7 +235,8 @@ class Memory:
     nccl_overhead_bytes: Optional[int] = _opt()
     comm_per_step: Optional[CommPerStep] = _opt()
     ref_weights_bytes: Optional[int] = _opt()  # --trainer dpo / kto: the reference copy, resident
-    phases: Optional[Phases] = _opt()  # --trainer dpo / kto: each phase's peak
+    phases: Optional[Phases] = _opt()  # --trainer dpo / kto / grpo: each phase's peak
+    vllm_bytes: Optional[int] = _opt()  # --trainer grpo --vllm F: the colocated engine's share
     allocator: Optional[Allocator] = _opt()  # the caching allocator's settings and what it did
     device_reserved_bytes: Optional[int] = _opt()  # when simulated
     extra: Dict[str, Any] = _extra()

@@ -43,6 +43,14 @@ struct args {
     bool loss_set;
     int trainer;           /* --trainer (enum mp_trainer; default sft) */
     bool precompute_ref;   /* --precompute-ref (dpo: precompute_ref_log_probs) */
+    /* --trainer grpo (GRPOConfig): max_completion_length (--seq less it is the prompt),
+     * num_generations, steps_per_generation (0: = --grad-accum), beta (> 0: a reference model),
+     * vllm_gpu_memory_utilization of a colocated vLLM (0: transformers' generate) */
+    uint64_t completion_len;
+    bool completion_set;
+    uint64_t num_generations, steps_per_gen;
+    double beta, vllm;
+    bool grpo_set;         /* one of --num-generations, --steps-per-generation, --beta, --vllm given */
     double label_fraction; /* --label-fraction */
     bool packing;          /* --packing */
     bool padding_free;     /* --padding-free (and --tokens-per-batch) */
@@ -136,6 +144,7 @@ struct setup {
     bool target_is_device; /* the target is the local GPU (probes of it answer for it) */
     char how[96];
     char defaults[512];
+    uint64_t batch_unit; /* the micro-batch must be a multiple of this (GRPO's prompt groups; 0: any) */
 };
 
 int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d);

@@ -135,9 +135,24 @@ static const struct opt OPTS[] = {
      .names = mp_trainer_names,
      .help = ": the step TRL runs (default sft; dpo: --batch pairs, chosen+rejected, a reference forward; "
              "kto: --batch examples, 2 or more, KL and reference forwards; kto-apo: KTO's loss_type "
-             "apo_zero_unpaired, no KL term)"},
+             "apo_zero_unpaired, no KL term; grpo: --batch completions, generation first)"},
     {0, "precompute-ref", NULL, C_EST | C_PLAN | C_SUGG | C_CHECK, K_FLAG, FIELD(precompute_ref),
      .help = "dpo, kto, kto-apo: precompute_ref_log_probs=True (no reference model in the step)"},
+    {0, "completion-length", "C", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(1, MAX_SEQ), FIELD(completion_len),
+     SEEN(completion_set), .expect = "a positive integer",
+     .help = "grpo: max_completion_length, the tokens generated after each prompt; the prompt is --seq less C "
+             "(default 512)"},
+    {0, "num-generations", "G", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(1, MAX_BATCH), FIELD(num_generations),
+     SEEN(grpo_set), .expect = "a positive integer",
+     .help = "grpo: completions per prompt; the generation batch must be a multiple (default 8)"},
+    {0, "steps-per-generation", "K", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(1, MAX_BATCH), FIELD(steps_per_gen),
+     SEEN(grpo_set), .expect = "a positive integer",
+     .help = "grpo: micro-batches generated at once: generation batch --batch x K (default: --grad-accum)"},
+    {0, "beta", "F", C_EST | C_PLAN | C_SUGG | C_CHECK, K_NUMBER, RANGE(0, true, 1e6, false), FIELD(beta),
+     SEEN(grpo_set), .help = "grpo: the KL coefficient; > 0 loads a reference model (default 0)"},
+    {0, "vllm", "F", C_EST | C_PLAN | C_SUGG | C_CHECK, K_PROB, RANGE(0, false, 1, false), FIELD(vllm),
+     SEEN(grpo_set), .help = "grpo: generate with a colocated vLLM that takes F of the GPU "
+                             "(vllm_gpu_memory_utilization; default: transformers' generate)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
      .help = ": the causal LM's loss head (default hf; docs: man memplan)"},
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
@@ -499,6 +514,8 @@ static void args_default(const struct command *c, struct args *a)
     a->attention = MP_ATTN_SDPA;
     a->loss = MP_LOSS_HF;
     a->label_fraction = 1.0;
+    a->completion_len = 512;  /* GRPOConfig max_completion_length (trl 1.16.0 grpo_config.py) */
+    a->num_generations = 8;   /* num_generations */
     a->use_cache = -1;
     a->head = -1;
     a->margin = 0.05;
@@ -563,8 +580,17 @@ static int check_rules(const struct command *c, struct args *a)
     if (pref && a->packing) /* (TRL's DPOConfig padding_free: not planned) */
         return cli_usage_error(c->name, "--trainer %s with --packing/--padding-free/--tokens-per-batch: packed "
                                         "preference examples are not modelled yet", tn);
-    if (a->precompute_ref && !pref)
+    bool grpo = tr == MP_TRAINER_GRPO;
+    if (a->precompute_ref && (!pref || grpo))
         return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo, kto or kto-apo");
+    if ((a->grpo_set || a->completion_set) && !grpo)
+        return cli_usage_error(c->name, "%s", "--completion-length, --num-generations, --steps-per-generation, "
+                                              "--beta and --vllm need --trainer grpo");
+    if (grpo && a->num_generations < 2) /* grpo_config.py:1137-1141 raises */
+        return cli_usage_error(c->name, "%s", "--trainer grpo --num-generations 1: GRPO needs 2 or more completions "
+                                              "a prompt (its advantages compare them)");
+    if (grpo && a->timeline)
+        return cli_usage_error(c->name, "%s", "--timeline with --trainer grpo: the generation phase is not drawn yet");
     if (pref && !a->loss_set && a->loss == MP_LOSS_HF)
         a->loss = MP_LOSS_CHUNKED_NLL; /* trl dpo_trainer.py:959-962, kto_trainer.py:966-972: policy and reference */
     char why[256];

@@ -238,7 +238,7 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
                                           l->emb.cls_token));
             cli_add_default(s, "seq %s (image patches + class token; --seq does not apply)", num);
         }
-    if (!a->batch_set && !need_target) {
+    if (!a->batch_set && !need_target && a->trainer != MP_TRAINER_GRPO) { /* (GRPO's: setup_grpo) */
         snprintf(num, sizeof num, "%llu%s", (unsigned long long)a->batch,
                  a->batch > 1 ? " (the trainer's least)" : "");
         cli_add_default(s, "batch %s", num);
@@ -320,8 +320,15 @@ static int setup_target(const struct args *a, struct setup *s, bool need_target,
             snprintf(s->how, sizeof s->how, "default profile: no GPU here and no --gpu/--vram");
         }
     }
+    if (a->vllm > 0 && !s->have_gpu) {
+        fprintf(stderr, "memplan: error: --vllm %g takes %g of the GPU's memory: name the GPU (--gpu or --vram)\n",
+                a->vllm, a->vllm);
+        return MP_EXIT_USAGE;
+    }
     if (!s->have_gpu)
         mp_gpu_from_vram(0, &s->gpu);
+    s->train.vllm_fraction = a->vllm;
+    s->train.vllm_bytes = mp_vllm_bytes(a->vllm, s->gpu.memory_bytes);
     if (a->workspace_set)
         s->gpu.workspace_bytes = a->workspace;
     if (a->context_set)
@@ -379,6 +386,81 @@ void cli_check_checkpoint_index(const char *config, const struct mp_model *m)
                  (unsigned long long)bytes);
 }
 
+/* GRPO (--trainer grpo; trl 1.16.0 grpo_config.py, grpo_trainer.py): the prompt is --seq less the
+ * completion; the generation batch is --batch x steps_per_generation (its default: the
+ * accumulation steps, grpo_config.py:1098-1100) and holds whole prompt groups (:1131-1135); the
+ * reference, when beta > 0, runs before the policy's forward; the loss reads the completion's
+ * positions only.  0 or the exit status (message printed). */
+static uint64_t gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+static int setup_grpo(const struct args *a, struct setup *s, bool need_target)
+{
+    uint64_t seq = a->seq ? a->seq : s->model.seq_len, C = a->completion_len;
+    if (!s->model.kv_cache) {
+        fprintf(stderr, "memplan: error: %s: --trainer grpo needs a causal LM that generates (a decoder with a "
+                "k/v cache)\n", a->model);
+        return MP_EXIT_USAGE;
+    }
+    if (seq <= C) {
+        fprintf(stderr, "memplan: error: --trainer grpo: --seq %llu leaves no prompt before --completion-length "
+                "%llu (--seq is prompt + completion)\n", (unsigned long long)seq, (unsigned long long)C);
+        return MP_EXIT_USAGE;
+    }
+    for (size_t i = 0; i < s->model.n_blocks; i++)
+        for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &s->model.blocks[i].layers[j];
+            if (l->attn.window && l->attn.window < seq) {
+                fprintf(stderr, "memplan: error: %s: --trainer grpo: generation's sliding-window cache (window "
+                        "%llu < --seq %llu) is not modelled yet\n", a->model, (unsigned long long)l->attn.window,
+                        (unsigned long long)seq);
+                return MP_EXIT_USAGE;
+            }
+        }
+    uint64_t k = a->steps_per_gen ? a->steps_per_gen : a->grad_accum ? a->grad_accum : 1, world = 1, gen;
+    if (a->par.strategy != MP_PAR_NONE)
+        world = mp_par_world(&a->par);
+    /* the smallest micro-batch whose generation batch holds whole groups: --batch's default */
+    uint64_t kw = (k % a->num_generations) * (world % a->num_generations) % a->num_generations;
+    s->batch_unit = a->num_generations / gcd_u64(a->num_generations, kw ? kw : a->num_generations);
+    uint64_t batch = a->batch_set ? a->batch : s->batch_unit;
+    if (!a->batch_set) {
+        char num[96];
+        snprintf(num, sizeof num, "%llu (whole groups of --num-generations %llu)", (unsigned long long)batch,
+                 (unsigned long long)a->num_generations);
+        if (!need_target) /* (suggest searches it) */
+            cli_add_default(s, "batch %s", num);
+        s->build.batch = batch;
+    }
+    if (!mp_mul_u64(batch, k, &gen) || gen > UINT64_MAX / world) {
+        fprintf(stderr, "memplan: error: --trainer grpo: the generation batch --batch x --steps-per-generation "
+                "overflows 64 bits\n");
+        return MP_EXIT_USAGE;
+    }
+    if ((gen * world) % a->num_generations) {
+        fprintf(stderr, "memplan: error: --trainer grpo: the generation batch (--batch %llu x %llu steps x %llu "
+                "ranks = %llu) is not a multiple of --num-generations %llu (GRPOConfig raises)\n",
+                (unsigned long long)batch, (unsigned long long)k, (unsigned long long)world,
+                (unsigned long long)(gen * world), (unsigned long long)a->num_generations);
+        return MP_EXIT_USAGE;
+    }
+    s->build.completion = C;
+    s->train.ref_before_policy = true;
+    if (a->vllm > 0)
+        return 0; /* (vLLM generates: its reservation, setup_target) */
+    s->train.gen_steps = k;
+    s->train.gen_prompt = seq - C;
+    s->train.gen_completion = C;
+    return 0;
+}
+
 int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
 {
     memset(s, 0, sizeof *s);
@@ -411,7 +493,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
                  mp_attn_impl_str((enum mp_attn_impl)a->attention), mp_attn_impl_str((enum mp_attn_impl)own));
     s->build.ft = a->ft;
     s->build.ft.adapters_cast = a->par.mixed_bf16; /* (FSDP2's policy casts the adapters too) */
-    if (mp_trainer_ref_fwds((enum mp_trainer)a->trainer)) { /* DPOConfig disable_dropout=True (dpo_config.py:185,
+    if (mp_trainer_drops_dropout((enum mp_trainer)a->trainer)) { /* DPOConfig disable_dropout=True (dpo_config.py:185,
                                          * kto_config.py:156, kto_trainer.py:943-946;
                                          * dpo_trainer.py:931-935): every nn.Dropout's p set to 0, after
                                          * peft wrapped the model (lora_dropout too); the attention's
@@ -434,9 +516,12 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
-    if (mp_trainer_ref_fwds((enum mp_trainer)a->trainer) && !a->precompute_ref) /* trl dpo_trainer.py:908-927,
-                                                                                 * kto_trainer.py:919-938 */
+    bool grpo = a->trainer == MP_TRAINER_GRPO;
+    if (mp_trainer_ref_fwds((enum mp_trainer)a->trainer) && !a->precompute_ref && (!grpo || a->beta > 0))
+        /* trl dpo_trainer.py:908-927, kto_trainer.py:919-938, grpo_trainer.py:983-1003 (beta > 0) */
         s->train.ref = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA ? MP_REF_ADAPTER : MP_REF_COPY;
+    if (grpo && (rc = setup_grpo(a, s, need_target)) != 0)
+        goto out;
     s->par = a->par;
     s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
     if ((rc = setup_alloc(a, s, d)) != 0)
@@ -468,6 +553,9 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
     c->gpu = s->have_gpu && s->gpu.memory_bytes ? &s->gpu : NULL;
     c->target_how = s->how;
     c->json = a->json;
+    c->num_generations = a->num_generations;
+    c->steps_per_generation = a->steps_per_gen ? a->steps_per_gen : a->grad_accum ? a->grad_accum : 1;
+    c->beta = a->beta;
     c->all_layers = a->all_layers;
     c->wide = a->wide;
     c->margin_pct = 100.0 * a->margin;
@@ -481,7 +569,8 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
 struct mp_job cli_job_of(struct setup *s, struct args *a)
 {
     struct mp_job j = {.model = &s->model, .build = s->build, .train = s->train, .ckpt = a->ckpt, .gpu = s->gpu,
-                       .margin = a->margin, .slots = a->slots, .activation_budget = a->budget};
+                       .margin = a->margin, .slots = a->slots, .activation_budget = a->budget,
+                       .batch_unit = s->batch_unit};
     return j;
 }
 

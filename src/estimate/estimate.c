@@ -8,8 +8,9 @@
 
 const char *mp_phase_str(enum mp_phase ph)
 {
-    static const char *n[] = {"setup", "forward", "loss", "recompute", "backward", "optimizer.step", "end"};
-    return (unsigned)ph <= MP_PH_END ? n[ph] : "?";
+    static const char *n[] = {"setup", "forward", "loss", "recompute", "backward", "optimizer.step", "end",
+                              "generation"};
+    return (unsigned)ph <= MP_PH_GENERATE ? n[ph] : "?";
 }
 
 void mp_train_opts_default(struct mp_train_opts *o)
@@ -375,7 +376,8 @@ enum mp_status device_peak(const struct mp_program *p, uint64_t context_bytes, s
                            struct mp_diag *d)
 {
     e->overhead_bytes = context_bytes;
-    if (!mp_add_u64(e->peak_allocated_bytes, context_bytes, &e->peak_device_bytes))
+    if (!mp_add_u64(e->peak_allocated_bytes, context_bytes, &e->peak_device_bytes) ||
+        !mp_add_u64(e->peak_device_bytes, e->vllm_bytes, &e->peak_device_bytes))
         return mp_fail(d, MP_ERR_RANGE, "%s: the CUDA context (--context) of %llu bytes overflows 64 bits with "
                        "the peak", p->model->path, (unsigned long long)context_bytes);
     return MP_OK;
@@ -578,7 +580,7 @@ static enum mp_status ref_event(void *ctx, const struct mp_program *p, const str
 
 /* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes. */
 static enum mp_status ref_forward(const struct mp_program *policy, const struct mp_train_opts *t,
-                                  struct mp_estimate *e, struct mp_diag *d)
+                                  struct mp_estimate *e, uint64_t *base, struct mp_diag *d)
 {
     struct ref_meter m = {.peak_node = -1, .peak_name = "reference.forward:?"};
     enum mp_status st = mp_replay_nograd_forward(policy, t, true, ref_event, &m, d);
@@ -587,19 +589,23 @@ static enum mp_status ref_forward(const struct mp_program *policy, const struct 
     if (st != MP_OK)
         return st;
     e->ref_forward_tmp_bytes = m.peak - m.base;
+    *base = m.base;
     snprintf(e->ref_forward_event, sizeof e->ref_forward_event, "%s", m.peak_name);
     return MP_OK;
 }
 
-/* The step's peak as the larger of its two phases (e's policy figures, c's forward end). */
+/* The step's peak as the larger of its two phases (e's policy figures, c's forward end): the
+ * reference's forward on top of what the policy's forward holds (DPO, KTO), or on the resident
+ * state alone where it runs before the policy's (GRPO: the replay's setup, no gradients). */
 static enum mp_status ref_phases(const struct mp_program *p, const struct mp_train_opts *t, const struct counter *c,
                                  struct mp_estimate *e, struct mp_diag *d)
 {
-    enum mp_status st = ref_forward(p, t, e, d);
+    uint64_t base = 0;
+    enum mp_status st = ref_forward(p, t, e, &base, d);
     if (st != MP_OK)
         return st;
     uint64_t w = e->ref_weights_bytes, pol, ref, res, req;
-    if (!mp_add_u64(c->peak, w, &pol) || !mp_add_u64(c->before_loss, w, &ref) ||
+    if (!mp_add_u64(c->peak, w, &pol) || !mp_add_u64(t->ref_before_policy ? base : c->before_loss, w, &ref) ||
         !mp_add_u64(ref, e->ref_forward_tmp_bytes, &ref) ||
         !mp_add_u64(mp_max_u64(c->as.peak_reserved, c->peak), w, &res) || !mp_add_u64(c->peak_req, w, &req))
         return peak_overflow(p, t, d);
@@ -608,6 +614,26 @@ static enum mp_status ref_phases(const struct mp_program *p, const struct mp_tra
     e->peak_allocated_bytes = mp_max_u64(pol, ref);
     e->peak_requested_bytes = mp_max_u64(req, ref); /* (the reference phase's: its rounded bytes) */
     e->peak_reserved_bytes = mp_max_u64(res, ref);  /* (its reserved bytes are not modelled) */
+    return MP_OK;
+}
+
+/* GRPO's generation (generate.c), the reference copy beside it: the step's peak where it is larger.
+ * Its reserved bytes are not simulated: the allocated figure stands for them. */
+static enum mp_status gen_phase(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                                struct mp_diag *d)
+{
+    if (t->ref == MP_REF_NONE) /* (ref_phases did it otherwise) */
+        e->policy_peak_bytes = e->peak_allocated_bytes;
+    enum mp_status st = mp_generation_phase(p, t, e, d);
+    if (st != MP_OK)
+        return st;
+    if (!mp_add_u64(e->gen_peak_bytes, e->ref_weights_bytes, &e->gen_peak_bytes) ||
+        !mp_add_u64(e->gen_prefill_peak_bytes, e->ref_weights_bytes, &e->gen_prefill_peak_bytes) ||
+        !mp_add_u64(e->gen_decode_peak_bytes, e->ref_weights_bytes, &e->gen_decode_peak_bytes))
+        return peak_overflow(p, t, d);
+    e->peak_allocated_bytes = mp_max_u64(e->peak_allocated_bytes, e->gen_peak_bytes);
+    e->peak_requested_bytes = mp_max_u64(e->peak_requested_bytes, e->gen_peak_bytes);
+    e->peak_reserved_bytes = mp_max_u64(e->peak_reserved_bytes, e->gen_peak_bytes);
     return MP_OK;
 }
 
@@ -741,6 +767,8 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     e->activations_bytes = c.act_at_loss;
     if (t->ref != MP_REF_NONE && (st = ref_phases(p, t, &c, e, d)) != MP_OK)
         return st;
+    if (t->gen_steps && (st = gen_phase(p, t, e, d)) != MP_OK)
+        return st;
     /* --checkpoint layers+offload: pinned host RAM, and its two PCIe copies (device to host in the
      * forward, back at the recompute) in the step's PCIe bytes (search.c prices them) */
     uint64_t copied = 0;
@@ -753,12 +781,17 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
      * higher (cached blocks of other sizes), but on a failed cudaMalloc the caching
      * allocator frees its cached blocks and retries, so the cache does not decide
      * whether a step fits; fragmentation is left to the safety margin. */
+    e->vllm_bytes = t->vllm_bytes;
     if ((st = device_peak(p, context_bytes, e, d)) != MP_OK)
         return st;
     e->peak_phase = c.peak_phase;
-    if (t->ref != MP_REF_NONE && e->ref_forward_peak_bytes > e->policy_peak_bytes) {
-        e->peak_phase = MP_PH_LOSS; /* (DPO's compute_loss runs the reference forward) */
-        snprintf(e->peak_event, sizeof e->peak_event, "loss:%s", e->ref_forward_event);
+    if (t->gen_steps && e->gen_peak_bytes >= e->peak_allocated_bytes) {
+        e->peak_phase = MP_PH_GENERATE;
+        snprintf(e->peak_event, sizeof e->peak_event, "%s", e->gen_event);
+    } else if (t->ref != MP_REF_NONE && e->ref_forward_peak_bytes > e->policy_peak_bytes) {
+        e->peak_phase = t->ref_before_policy ? MP_PH_GENERATE : MP_PH_LOSS; /* (DPO's compute_loss runs it) */
+        snprintf(e->peak_event, sizeof e->peak_event, "%s:%s", t->ref_before_policy ? "generation" : "loss",
+                 e->ref_forward_event);
     } else if (c.peak_store == MP_ST_COMM && c.peak_node >= 0) {
         int b = p->nodes[c.peak_node].block;
         const char *bn = p->model && b >= 0 && (size_t)b < p->model->n_blocks ? p->model->blocks[b].name

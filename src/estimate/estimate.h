@@ -46,7 +46,10 @@ enum mp_ev_kind {
                          (ToCopyBackward0 of autocast's weight cast, then AccumulateGrad) */
 };
 
-enum mp_phase { MP_PH_SETUP, MP_PH_FORWARD, MP_PH_LOSS, MP_PH_RECOMPUTE, MP_PH_BACKWARD, MP_PH_STEP, MP_PH_END };
+enum mp_phase {
+    MP_PH_SETUP, MP_PH_FORWARD, MP_PH_LOSS, MP_PH_RECOMPUTE, MP_PH_BACKWARD, MP_PH_STEP, MP_PH_END,
+    MP_PH_GENERATE /* GRPO's generation and its reference forward, before the step (no replay event has it) */
+};
 const char *mp_phase_str(enum mp_phase ph);
 
 struct mp_event {
@@ -160,6 +163,19 @@ struct mp_train_opts {
     uint64_t device_total; /* the device's memory (per_process_memory_fraction), 0: unknown */
     enum mp_ref_mode ref; /* DPO's reference model (--trainer dpo): a resident copy and/or a no-grad
                            * forward between the policy's forward and its backward */
+    /* GRPO (--trainer grpo, trl 1.16.0 grpo_trainer.py): the phases before the policy's step */
+    uint64_t gen_steps;      /* steps_per_generation: transformers' generate runs the micro-batch x this
+                              * many sequences at once; 0: no generation phase (other trainers; vLLM) */
+    uint64_t gen_prompt, gen_completion; /* their prompt and generated tokens */
+    bool ref_before_policy;  /* the reference's no-grad forward runs before the policy's forward (GRPO's
+                              * _generate_and_score_completions), on the resident state alone */
+    double vllm_fraction;    /* a colocated vLLM's vllm_gpu_memory_utilization (0: none) */
+    uint64_t vllm_bytes;     /* its reservation, outside torch's caching allocator: mp_vllm_bytes of the
+                              * device's memory (the fit's target sets it) */
+    bool gen_pass;      /* (the estimator's own) this no-grad replay is generation's prefill on the
+                         * policy's own weights: autocast caches the half copies of the trainable
+                         * ones as with grad (autocast_mode.cpp cached_cast tests requires_grad, not
+                         * the grad mode) until the forward's autocast region ends */
     bool ref_pass;      /* (the estimator's own) this replay is the reference's forward under
                          * torch.no_grad: its weights do not require grad, so autocast caches no
                          * weight copy (autocast_mode.cpp cached_cast) */
@@ -188,6 +204,18 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
  * MP_EV_OP_BEGIN; fn gets the program each event is of. */
 enum mp_status mp_replay_nograd_forward(const struct mp_program *policy, const struct mp_train_opts *t, bool reference,
                                         mp_nograd_fn fn, void *ctx, struct mp_diag *d);
+/* GRPO's generation phase (micro-batch x t->gen_steps sequences of t->gen_prompt tokens, t->gen_completion
+ * generated) on policy's model: e's gen_* figures, absolute (the resident state included).
+ * generate.c says what it follows. */
+struct mp_estimate;
+enum mp_status mp_generation_phase(const struct mp_program *policy, const struct mp_train_opts *t,
+                                   struct mp_estimate *e, struct mp_diag *d);
+/* A colocated vLLM's memory on a device of `total` bytes at gpu_memory_utilization f: vLLM sizes
+ * its KV cache to total x f less its profiled peak (weights, activations; vllm/v1/worker/
+ * gpu_worker.py determine_available_memory), so the engine holds f x the device's total memory,
+ * outside torch's caching allocator (TRL's colocate mode: the same process; sleep mode off).
+ * 0 for f = 0. */
+uint64_t mp_vllm_bytes(double f, uint64_t total);
 /* The reference's resident weights: a frozen copy of every parameter under MP_REF_COPY, else 0;
  * false past 64 bits. */
 bool mp_ref_weights_bytes(const struct mp_program *p, const struct mp_train_opts *t, uint64_t *bytes);
@@ -244,6 +272,12 @@ struct mp_estimate {
     uint64_t policy_peak_bytes, ref_forward_peak_bytes;
     uint64_t ref_forward_tmp_bytes;  /* what the reference's forward adds at its own peak */
     char ref_forward_event[96];
+    /* GRPO's generation (mp_train_opts.gen_steps): its peak (the prefill's or the last decoding
+     * step's), the DynamicCache at the last step, where the peak is, the sequences generated at once;
+     * vLLM's reservation */
+    uint64_t gen_peak_bytes, gen_kv_bytes, gen_prefill_peak_bytes, gen_decode_peak_bytes, gen_batch;
+    char gen_event[96];
+    uint64_t vllm_bytes;
     double fwd_flops, bwd_flops, recompute_flops;
     double dequant_bytes; /* a quantized base's dequantization traffic in the step: each forward
                              (the trainer's no-grad ones and recomputes too) and the backward read

@@ -278,7 +278,7 @@ enum mp_status mp_estimate_static_folded(const struct mp_fold *f, const struct m
                                          struct mp_diag *d)
 {
     memset(e, 0, sizeof *e);
-    *holds = fold_admits(f, p) && t->ref == MP_REF_NONE; /* (DPO's reference pass: the whole model) */
+    *holds = fold_admits(f, p) && t->ref == MP_REF_NONE && !t->gen_steps; /* (DPO's reference pass: the whole model) */
     if (!*holds)
         return MP_OK;
     struct mp_par_plan pp;
@@ -298,7 +298,7 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
 {
     *holds = false;
     memset(e, 0, sizeof *e);
-    if (!fold_admits(f, p) || t->ref != MP_REF_NONE) /* (DPO's reference pass: the whole model) */
+    if (!fold_admits(f, p) || t->ref != MP_REF_NONE || t->gen_steps) /* (DPO's reference pass: the whole model) */
         return MP_OK;
     uint64_t nodes = p->n_nodes;
     for (size_t j = 0; j < f->n; j++)
@@ -339,6 +339,7 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
     e->peak_requested_bytes = c.peak_req;
     e->peak_reserved_bytes = c.peak;
     e->activations_bytes = c.act_at_loss;
+    e->vllm_bytes = t->vllm_bytes;
     if ((st = device_peak(p, context_bytes, e, d)) != MP_OK) {
         mp_estimate_release(e);
         return st;

@@ -179,7 +179,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
          * until the autocast region ends, after the loss: under checkpointing the copies of
          * every checkpointed layer outlive their no-grad forward (autocast_mode.cpp cached_cast) */
         if (n->wcopy >= 0 && r->phase == MP_PH_FORWARD && !r->cached[n->wcopy] && !params_sharded(r) &&
-            !r->t->ref_pass) {
+            (!r->t->ref_pass || r->t->gen_pass)) {
             r->cached[n->wcopy] = true;
             r->holds[n->wcopy]++;
         }

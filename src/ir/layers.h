@@ -59,6 +59,7 @@ uint64_t mp_trainer_min_batch(enum mp_trainer t);
 unsigned mp_trainer_ref_fwds(enum mp_trainer t);
 unsigned mp_trainer_kl_fwds(enum mp_trainer t);
 const char *mp_trainer_config(enum mp_trainer t);
+bool mp_trainer_drops_dropout(enum mp_trainer t); /* its config's disable_dropout defaults to True */
 /* "DPO", "KTO": the trainer's TRL name (its config class less "Config"), into buf. */
 const char *mp_trainer_trl_name(enum mp_trainer t, char *buf, size_t cap);
 /* The loss_type its config is written with ("apo_zero_unpaired"), NULL for the config's default. */
@@ -99,6 +100,10 @@ struct mp_build_opts {
     unsigned sm_count, sm_threads; /* the target GPU's SMs and resident threads per SM (struct mp_gpu):
                                     they size torch's column sums' staging buffers (build.c
                                     col_sum_staging); 0: no target, not counted */
+    uint64_t completion;         /* GRPO: labels on each row's last `completion` positions only (the
+                                    completion; trl grpo_trainer.py:1495-1496); 0: label_fraction */
+    bool gen_cache;              /* generation's prefill (GRPO): transformers' DynamicCache on, whatever
+                                    use_cache and checkpointing say (generate turns both so) */
     bool adapter_off;            /* peft's disable_adapter (DPO's reference is the policy so): every
                                     adapted Linear runs its base layer alone, no LoRA branch (peft
                                     0.21.2 tuners/lora/layer.py:1079, bnb.py Linear4bit: no clone) */
@@ -319,6 +324,8 @@ struct mp_node {
                                      forward (docs/checkpointing.md#early-stop) */
     bool kv_cached;               /* out is held by transformers' DynamicCache (use_cache) until the
                                      forward, loss included, is done */
+    bool kv_value;                /* (kv_cached) the v copy: promoted to k's dtype in a training forward,
+                                     in[0]'s own in generate's cache (generate.c) */
     int n_extra;
     int extra[MP_NODE_EXTRA_MAX]; /* tensors created besides out, kept only if saved */
     enum mp_xrole extra_role[MP_NODE_EXTRA_MAX];

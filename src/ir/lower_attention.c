@@ -71,7 +71,9 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
          * forward and saved by every q*cos / rotate_half(q)*sin of every layer */
         /* (one pair per distinct layer type where the model keeps a table per type: Gemma3,
          * OLMo3; counted as one tensor) */
-        uint64_t kinds = l->rope.kinds > 1 ? l->rope.kinds : 1, rows = l->rope.per_sample ? mul(B, B->b, B->s) : pos;
+        /* (generate's position ids are (b, s), from the attention mask: a pair per sample) */
+        uint64_t kinds = l->rope.kinds > 1 ? l->rope.kinds : 1,
+                 rows = l->rope.per_sample || B->p->opts.gen_cache ? mul(B, B->b, B->s) : pos;
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope.fp32 ? MP_DT_F32 : B->p->param_dtype,
                                    mul(B, mul(B, mul(B, 2, kinds), rows), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
@@ -454,7 +456,7 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
      * originals die unless something else keeps them: a fused qkv storage stays alive while q is
      * its view, GPT-2).  Eager attention saves its own contiguous copies of k and v either way. */
     enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
-    if (B->m->use_cache && !B->p->opts.hf_checkpointing && impl != MP_ATTN_EAGER) {
+    if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER) {
         /* the cache holds them until the forward returns; under autocast the rotated k is fp32
          * (q * cos with cos in the fp32 residual's dtype), so its copy is too, and so is v's:
          * the empty cache tensors take k's dtype and torch.cat promotes; SDPA saves their half
@@ -464,7 +466,7 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
         v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
         if (!failed(B))
-            B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
+            B->p->nodes[B->p->n_nodes - 1].kv_cached = B->p->nodes[B->p->n_nodes - 1].kv_value = true;
     }
     /* transformers' SDPA path with a mask (sliding window, packed rows) repeats k and v to every
      * head (sdpa_attention.py: use_gqa_in_sdpa is false with a mask; repeat_kv) */
@@ -540,7 +542,7 @@ static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *
         n->n = mul(B, a, qk);
     }
     enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
-    if (B->m->use_cache && !B->p->opts.hf_checkpointing && impl != MP_ATTN_EAGER) {
+    if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER) {
         /* use_cache: past_key_values.update(kv, k_rot) torch.cat's the latent and the rotated
          * k_rot into the cache (held until the forward returns); expand_kv reads the copies */
         lat = cast_to(B, lat, dt_of(B, lat), "kv_cache");

@@ -405,6 +405,8 @@ static void trl_nll(struct bld *B, struct mp_node *n, const char *nm, uint64_t h
     uint64_t np = B->s > 0 ? mul(B, B->b, B->s - 1) : 0; /* label positions after the shift */
     double f = B->p->opts.label_fraction * (double)np;
     uint64_t N = (uint64_t)ceil(f);
+    if (B->p->opts.completion) /* GRPO: each row's completion (at most s - 1 positions) */
+        N = mul(B, B->b, mp_min_u64(B->p->opts.completion, B->s > 0 ? B->s - 1 : 0));
     N = N > np ? np : N;
     uint64_t rows = mp_loss_chunk_rows(MP_LOSS_CHUNKED_NLL, N, v, h);
     uint64_t vc = mp_min_u64(v, MP_TRL_VOCAB_CHUNK);

@@ -176,9 +176,10 @@ static const struct trainer_row {
     const char *name, *how, *unmodelled;
     unsigned seqs, min_batch, ref_fwds, kl_fwds;
     const char *config, *loss_type;
+    bool drop0;
 } trainer_rows[] = {
-#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config, loss_type) \
-    {name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config, loss_type},
+#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config, loss_type, drop0) \
+    {name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config, loss_type, drop0},
     MP_TRAINERS(MP_X)
 #undef MP_X
 };
@@ -193,6 +194,7 @@ uint64_t mp_trainer_seqs(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? 
 uint64_t mp_trainer_min_batch(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].min_batch : 1; }
 unsigned mp_trainer_ref_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].ref_fwds : 0; }
 unsigned mp_trainer_kl_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].kl_fwds : 0; }
+bool mp_trainer_drops_dropout(enum mp_trainer t) { return (unsigned)t < N_TRAINERS && trainer_rows[t].drop0; }
 const char *mp_trainer_config(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].config : "?"; }
 const char *mp_trainer_trl_name(enum mp_trainer t, char *buf, size_t cap)
 {

@@ -26,6 +26,9 @@ struct mp_report_ctx {
     bool all_layers;
     bool wide;                  /* --wide: the full block table, lines not fitted to 100 columns */
     double margin_pct;          /* check: the safety margin, in percent */
+    uint64_t num_generations;   /* --trainer grpo: GRPOConfig's num_generations, steps_per_generation, beta */
+    uint64_t steps_per_generation;
+    double beta;
     const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     const char *alloc_from;     /* where the allocator's settings came from ("--alloc-conf",
                                    "PYTORCH_CUDA_ALLOC_CONF"), "" or NULL: torch's defaults */

@@ -299,7 +299,8 @@ static void device_verdict(struct mp_fit *f, uint64_t context)
     f->device_simulated = f->est.alloc_simulated;
     if (!f->device_simulated)
         return;
-    if (!mp_add_u64(f->est.peak_reserved_bytes, context, &f->device_bytes))
+    if (!mp_add_u64(f->est.peak_reserved_bytes, context, &f->device_bytes) ||
+        !mp_add_u64(f->device_bytes, f->est.vllm_bytes, &f->device_bytes))
         f->device_bytes = UINT64_MAX;
     f->fits_device = !f->est.alloc_ooms && f->device_bytes <= f->usable_bytes;
     f->fits = f->fits_allocated && f->fits_device;
@@ -331,7 +332,10 @@ enum mp_status mp_fit_eval(const struct mp_job *job_in, struct mp_fit *f, struct
     const struct mp_job *job = &jl;
     jl.build.sm_count = jl.gpu.sm_count; /* (the column sums' staging is the target's) */
     jl.build.sm_threads = jl.gpu.sm_threads;
-    f->alloc_limit = f->usable_bytes > context ? f->usable_bytes - context : 1;
+    /* a colocated vLLM (GRPO's --vllm F) holds F of the device outside the allocator */
+    jl.train.vllm_bytes = mp_vllm_bytes(job_in->train.vllm_fraction, jl.gpu.memory_bytes);
+    uint64_t beside = context > UINT64_MAX - jl.train.vllm_bytes ? UINT64_MAX : context + jl.train.vllm_bytes;
+    f->alloc_limit = f->usable_bytes > beside ? f->usable_bytes - beside : 1;
     jl.train.alloc_limit = jl.gpu.memory_bytes ? f->alloc_limit : 0;
     jl.train.device_total = jl.gpu.memory_bytes;
     struct evalr ev = {.job = job, .fold = fold_wanted(job)};
@@ -695,8 +699,8 @@ static enum mp_status device_fits_at(const struct mp_job *job, uint64_t b, uint6
     return MP_OK;
 }
 
-static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_suggest_opts *o, uint64_t from,
-                                     struct mp_candidate *c, unsigned *evals, struct mp_diag *d)
+static enum mp_status eval_candidate_any(const struct mp_job *job, const struct mp_suggest_opts *o, uint64_t from,
+                                         struct mp_candidate *c, unsigned *evals, struct mp_diag *d)
 {
     uint64_t bmax = 0;
     /* With a global batch, micro-steps accumulate into resident gradients unless one
@@ -794,6 +798,28 @@ static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_s
     }
     (*evals)++;
     return cand_set_batch(job, c, lo, o->global_batch ? o->global_batch / lo : 1, d);
+}
+
+/* eval_candidate_any's micro-batch held to job->batch_unit (GRPO: the generation batch holds whole
+ * prompt groups, grpo_config.py:1131-1135): the largest multiple of it at or below the one found
+ * (a plan needs no more memory at a smaller batch), or, where there is none, the unit, not
+ * fitting. */
+static enum mp_status eval_candidate(const struct mp_job *job, const struct mp_suggest_opts *o, uint64_t from,
+                                     struct mp_candidate *c, unsigned *evals, struct mp_diag *d)
+{
+    enum mp_status st = eval_candidate_any(job, o, from, c, evals, d);
+    uint64_t u = job->batch_unit;
+    if (st != MP_OK || u <= 1 || (c->fits && c->micro_batch % u == 0))
+        return st;
+    uint64_t b = c->fits ? c->micro_batch - c->micro_batch % u : 0;
+    c->fits = b > 0;
+    (*evals)++;
+    st = cand_set_batch(job, c, b ? b : u, c->grad_accum, d);
+    if (st == MP_OK && b && c->fit.device_simulated && !c->fit.fits)
+        c->fits = false; /* (the device level is not monotone in the batch) */
+    if (!c->fits)
+        c->samples_per_s = 0;
+    return st;
 }
 
 static bool precision_supported(const struct mp_gpu *g, enum mp_precision p)

@@ -35,6 +35,8 @@ struct mp_job {
     bool verdict_only;            /* only fits and peak_device_bytes are wanted (the batch search): a
                                    * fixed plan's schedule is made without the chain's replay (the
                                    * chain's sizes and the per-block figures stay zero) */
+    uint64_t batch_unit;          /* suggest: micro-batches are multiples of this (GRPO: whole prompt groups
+                                   * in the generation batch); 0 or 1: any */
     int fold;                     /* 0: fold (fold.h) models of MP_FIT_FOLD_BLOCKS blocks or more when
                                    * no program is kept; 1: whenever the fold may hold (tests); -1:
                                    * never */

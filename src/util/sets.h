@@ -166,7 +166,8 @@ enum mp_loss {
 /* Trainers (--trainer, a recipe's trainer): X(id, name, what one step runs, NULL when modelled or
  * why it is not, sequences an example runs through the policy, the smallest micro-batch the
  * trainer accepts, no-grad reference forwards a step (0: no reference model), no-grad forwards of
- * the policy a step, the TRL config class, its loss_type (NULL: the config's default)).  The step
+ * the policy a step, the TRL config class, its loss_type (NULL: the config's default), and whether
+ * the config's disable_dropout defaults to True).  The step
  * of each follows TRL 1.16.0's source (trl/trainer/, file:line):
  *   SFT   one forward and backward of the batch (SFTTrainer; every other trainer's recipe too).
  *   DPO   DPOTrainer: the policy's forward on chosen and rejected concatenated (2 x the pairs,
@@ -184,23 +185,33 @@ enum mp_loss {
  *         kto_trainer.py:815, 836), so no KL sequences, no KL forwards and no 2-example floor
  *         (:844); the policy's forward on the batch and one reference forward (:1425-1436, whose
  *         _compute_kl_logps returns None at once, :1340).
- *   ORPO, GRPO: not modelled yet. */
+ *   GRPO  GRPOTrainer (loss_type "dapo"): per generation batch (per_device_train_batch_size x
+ *         steps_per_generation completions, grpo_trainer.py:1253-1275) it generates with
+ *         transformers' generate under torch.no_grad, gradient checkpointing off and the
+ *         DynamicCache on (:1861-1875; models/utils.py:135-137), or with a colocated vLLM; with
+ *         beta > 0 (default 0.0, :983-990) the reference's no-grad forward over the completions
+ *         in micro-batches (:2710-2735) before any graph exists; then each micro-batch's policy
+ *         forward over prompt + completion through the fused LM head, labels on the completion
+ *         only (:1495-1499), and backward.  The reference as DPO's (a copy, or the adapter
+ *         disabled under PEFT, :2722-2733).  disable_dropout defaults to False.
+ *   ORPO: not modelled yet. */
 #define MP_TRAINERS(X)                                                                                     \
     X(SFT, "sft", "TRL SFTTrainer / transformers Trainer: one forward and backward", NULL, 1, 1, 0, 0,     \
-      "SFTConfig", NULL)                                                                                   \
+      "SFTConfig", NULL, 0)                                                                                   \
     X(DPO, "dpo", "TRL DPOTrainer: chosen+rejected, a reference forward", NULL, 2, 1, 1, 0, "DPOConfig",  \
-      NULL)                                                                                                \
+      NULL, 1)                                                                                                \
     X(KTO, "kto", "TRL KTOTrainer: a KL forward, the batch, two reference forwards", NULL, 1, 2, 2, 1,    \
-      "KTOConfig", NULL)                                                                                   \
+      "KTOConfig", NULL, 1)                                                                                   \
     X(KTO_APO, "kto-apo", "TRL KTOTrainer, loss_type apo_zero_unpaired: the batch, a reference forward",  \
-      NULL, 1, 1, 1, 0, "KTOConfig", "apo_zero_unpaired")                                                  \
+      NULL, 1, 1, 1, 0, "KTOConfig", "apo_zero_unpaired", 1)                                                  \
     X(ORPO, "orpo", "TRL ORPOTrainer (trl.experimental.orpo)", "not modelled yet", 2, 1, 0, 0,           \
-      "ORPOConfig", NULL)                                                                                  \
-    X(GRPO, "grpo", "TRL GRPOTrainer: generation, then the policy step", "not modelled yet", 1, 1, 0, 0, \
-      "GRPOConfig", NULL)
+      "ORPOConfig", NULL, 1)                                                                                  \
+    X(GRPO, "grpo", "TRL GRPOTrainer: generation, a reference forward if beta > 0, the policy step", NULL, 1, 1, \
+      1, 0, "GRPOConfig", NULL, 0)
 
 enum mp_trainer {
-#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config, loss_type) MP_TRAINER_##id,
+#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config, loss_type, drop0) \
+    MP_TRAINER_##id,
     MP_TRAINERS(MP_X)
 #undef MP_X
 };

@@ -66,7 +66,8 @@ static const char *const OPTS[] = {
     "offload", "offload-device", "max-batch", "workspace", "context", "alloc-conf", "timeline", "ddp-bucket-view",
     "all-layers", "wide", "json", "recipe-format", "explain", "loss", "label-fraction", "head", "num-labels",
     "packing", "padding-free", "tokens-per-batch",
-    "trainer", "precompute-ref", "torch",
+    "trainer", "precompute-ref", "torch", "completion-length", "num-generations", "steps-per-generation", "beta",
+    "vllm",
 };
 /* The options of those commands it does not give: they read a file (--recipe: a fuzzed value
  * would be a path; its reader is tested by tests/test_recipe.c and not fuzzed yet; --write-recipe needs it) or name a

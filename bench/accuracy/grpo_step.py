@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""grpo_step.py — memplan --trainer grpo against TRL's GRPOTrainer on the CPU (real tensors).
+
+  python3 bench/accuracy/grpo_step.py [--memplan ./memplan] [--out FILE.md] [--rows-out FILE]
+
+dpo_step.py's tiny Llama (hidden 256, 2 layers, vocabulary 32000, written into each row as
+config_json) runs two GRPO iterations of TRL 1.16.0 on real CPU tensors under dpo_step.RealTracker
+(every storage an op makes, 512-byte rounded as CUDA's caching allocator counts
+memory_allocated; parameters, buffers, the reference copy and the optimizer state registered).
+Each iteration is what GRPOTrainer runs for one generation batch (steps_per_generation 1, the
+default, so the generation batch is the micro-batch):
+
+  1. generation (grpo_trainer.py:1861-1875): transformers' generate on the policy under
+     torch.no_grad, gradient checkpointing off (trl models/utils.py:135-137), with the
+     GenerationConfig TRL builds (:1155-1173: do_sample, max_new_tokens = max_completion_length,
+     temperature 1, top_p 1, top_k 0, no min_p, repetition_penalty 1), the policy in train mode as
+     TRL leaves it.  The eos id is one the vocabulary never samples, so every completion runs to
+     max_new_tokens (the longest, the case memory is planned for);
+  2. beta > 0: the reference's per-token log-probs (:2710-2735) through GRPOTrainer's own
+     _get_per_token_logps_and_entropies under torch.no_grad (a frozen copy; under PEFT the adapter
+     disabled with TRL's use_adapter), before any graph;
+  3. the policy step: GRPOTrainer._compute_loss (:3020-) on a stand-in for the trainer that holds
+     what it reads (GRPOConfig's defaults: loss_type "dapo", epsilon 0.2, importance_sampling_level
+     "token", no entropy bonus, top_entropy_quantile 1; one process), then backward, AdamW
+     (foreach) and zero_grad(set_to_none=True) as the Trainer's loop runs them.
+
+The policy and reference carry TRL's fused LM head as GRPOTrainer.__init__ patches them
+(add_fused_lm_head, outputs log_probs and entropy, :1068-1077).  Iteration 2's peaks are compared
+with `memplan estimate CONFIG --trainer grpo ... --workspace 0 --use-cache off --json`:
+memory.phases.generation (the generate call's peak), memory.phases.reference_forward (step 2's
+with-block), memory.phases.policy_step (the rest), and the whole peak.
+
+CPU against CUDA (memplan plans CUDA), each set to CUDA's:
+  * TRL's fused head: loss_heads.trl_cuda_branches, as dpo_step.py (the compact gather, no Triton
+    launch, CUDA's in-place addmm);
+  * bool-mask indexing's nonzero indices: dpo_step.RealTracker;
+  * SDPA: torch_step's CUDA-kernel patch; dropout 0 in the config.
+Rows go to bench/accuracy/rows/grpo_step.jsonl (tests/replay_accuracy.py replays them).  Needs
+torch, transformers, peft, trl.  Not part of make test.
+"""
+import collections
+import gc
+import os
+import sys
+import types
+import warnings
+
+warnings.filterwarnings("ignore")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+from dpo_step import (CONFIG, RealTracker, autocast_forward, build, cli, prepare,  # noqa: E402
+                      ref_copy, run_table, track_models)
+from loss_heads import trl_cuda_branches  # noqa: E402
+from torch_step import backward_and_step  # noqa: E402
+
+
+class Stub:
+    """What GRPOTrainer._compute_loss and _get_per_token_logps_and_entropies read of the trainer
+    (GRPOConfig's defaults, one process)."""
+
+    def __init__(self, model, ref_model, precompute, ckpt, beta=0.0):
+        from trl import GRPOTrainer
+        self.model = model
+        self.ref_model = ref_model
+        self.beta = beta
+        self.loss_type = "dapo"
+        self.epsilon_low = self.epsilon_high = 0.2
+        self.importance_sampling_level = "token"
+        self.top_entropy_quantile = 1.0
+        self.off_policy_mask_threshold = None
+        self.use_vllm = False
+        self.vllm_importance_sampling_correction = True
+        self.aux_loss_enabled = False
+        self._entropy_bonus_enabled = False
+        self.current_gradient_accumulation_steps = 1
+        self._metrics = {"train": collections.defaultdict(list), "eval": collections.defaultdict(list)}
+        self.args = types.SimpleNamespace(delta=None, steps_per_generation=1, use_bias_correction_kl=False,
+                                          gradient_checkpointing_kwargs={"use_reentrant": False} if ckpt else None)
+        acc = types.SimpleNamespace(device=torch.device("cpu"), num_processes=1, sync_gradients=True, is_main_process=True,
+                                    unwrap_model=lambda m: m, gather=lambda t: t, gather_for_metrics=lambda t: t,
+                                    reduce=lambda t, reduction="sum": t)
+        acc.autocast = lambda: torch.autocast("cpu", enabled=False)
+        self.accelerator = acc
+        self._get_per_token_logps_and_entropies = types.MethodType(
+            GRPOTrainer._get_per_token_logps_and_entropies, self)
+
+
+def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16"):
+    """Iteration 2's peaks: (whole, where, reference with-block's, generation's)."""
+    from transformers import GenerationConfig
+    from trl import GRPOTrainer
+    from trl.trainer.utils import use_adapter
+    model, cfg = build(prec)
+    add_fused_lm_head = trl_cuda_branches()
+    ref = ref_copy(cfg, model) if ft == "full" and beta > 0 else None  # grpo_trainer.py:983-1003
+    model, _, opt = prepare(model, ref, ft, ck, False, add_fused_lm_head, ("log_probs", "entropy"))
+    stub = Stub(model, ref, False, ck == "layers", beta)
+    if prec == "amp-bf16":
+        for m in (model, ref):
+            if m is not None:
+                autocast_forward(m)
+    C = seq - prompt
+    gen_cfg = GenerationConfig(max_new_tokens=C, do_sample=True, pad_token_id=0, bos_token_id=1,
+                               eos_token_id=[cfg.vocab_size + 7], temperature=1.0, top_p=1.0, top_k=0, min_p=None,
+                               repetition_penalty=1.0, cache_implementation=None, disable_compile=True)
+    tr = RealTracker()
+    peaks = {}
+
+    def phase(name, fn):
+        before = (tr.peak, tr.peak_at)
+        tr.phase = name
+        tr.peak = tr.cur
+        out = fn()
+        peaks[name] = tr.peak
+        if before[0] > tr.peak:
+            tr.peak, tr.peak_at = before
+        return out
+
+    with tr:
+        track_models(tr, model, ref)
+        for it in (1, 2):
+            if it == 2:
+                for st in opt.state.values():
+                    if "step" in st and isinstance(st["step"], torch.Tensor):
+                        tr.forget(st["step"])
+                gc.collect()
+                tr.peak, tr.peak_at = tr.cur, "step-start"
+                peaks.clear()
+            prompts = torch.randint(3, cfg.vocab_size, (batch, prompt))
+            pmask = torch.ones_like(prompts)
+
+            def generate():
+                was = model.is_gradient_checkpointing
+                if was:  # models/utils.py:135-137 and :153-154
+                    model.gradient_checkpointing_disable()
+                with torch.no_grad():
+                    out = model.generate(input_ids=prompts, attention_mask=pmask, generation_config=gen_cfg)
+                if was:
+                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                return out
+            out = phase("generation", generate)
+            completion = out[:, prompt:].contiguous()
+            del out
+            cmask = torch.ones_like(completion, dtype=torch.int32)
+            inputs = {"prompt_ids": prompts, "prompt_mask": pmask, "completion_ids": completion,
+                      "completion_mask": cmask, "advantages": torch.randn(batch),
+                      "num_items_in_batch": cmask.sum()}
+            if beta > 0:
+                ids = torch.cat([prompts, completion], dim=1)
+                am = torch.cat([pmask, cmask], dim=1)
+
+                def reference():
+                    with torch.no_grad():
+                        if ref is not None:
+                            r, _, _ = stub._get_per_token_logps_and_entropies(ref, ids, am, C, batch_size=batch)
+                        else:
+                            with use_adapter(model, adapter_name=None):
+                                r, _, _ = stub._get_per_token_logps_and_entropies(model, ids, am, C,
+                                                                                  batch_size=batch)
+                    return r
+                inputs["ref_per_token_logps"] = phase("reference", reference)
+                del ids, am
+            tr.phase = "forward"
+            backward_and_step(tr, GRPOTrainer._compute_loss(stub, model, inputs), opt)
+            del inputs, completion, cmask
+    return tr.peak, tr.peak_at, peaks.get("reference", 0), peaks.get("generation", 0)
+
+
+def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16"):
+    a = ["--trainer", "grpo", "--batch", str(batch), "--seq", str(seq), "--completion-length", str(seq - prompt),
+         "--num-generations", str(batch), "--precision", prec, "--checkpoint", ck, "--workspace", "0",
+         "--use-cache", "off", "--json"]
+    if beta > 0:
+        a += ["--beta", repr(beta)]
+    if ft == "lora":
+        a += ["--finetune", "lora", "--lora-r", "16", "--lora-targets", "all-linear"]
+    return a
+
+
+# (finetune, checkpoint, completions, seq = prompt + completion, prompt tokens, beta)
+SETTINGS = [("full", "none", 8, 256, 128, 0.0), ("full", "layers", 8, 256, 128, 0.0),
+            ("full", "none", 8, 528, 512, 0.0), ("full", "none", 8, 528, 16, 0.0),
+            ("full", "layers", 4, 1040, 16, 0.0), ("full", "none", 8, 256, 128, 0.04),
+            ("lora", "layers", 8, 256, 128, 0.0), ("lora", "none", 8, 528, 16, 0.04)]
+AMP_SETTINGS = [("full", "none", 8, 256, 128, 0.0), ("lora", "layers", 8, 528, 16, 0.0)]
+
+
+def main():
+    a = cli("grpo_step", __doc__)
+    todo = [s + ("bf16",) for s in SETTINGS] + [s + ("amp-bf16",) for s in AMP_SETTINGS]
+    run_table(a, "grpo_step", CONFIG, "tiny Llama (dpo_step.py CONFIG)", todo, grpo_step, memplan_args,
+              "completions", generation=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+/* generate.c — GRPO's generation phase: transformers' generate on the policy, before the step.
+ *
+ * trl 1.16.0 GRPOTrainer._generate_single_turn (grpo_trainer.py:1861-1875) runs
+ * unwrapped_model.generate under torch.no_grad with gradient checkpointing turned off
+ * (models/utils.py:135-137) on the generation batch (per_device_train_batch_size x
+ * steps_per_generation prompts, each repeated num_generations times), with TRL's
+ * GenerationConfig (:1155-1173: sampling, max_new_tokens = max_completion_length, the cache on).
+ * transformers 5.24 generation/utils.py _sample then runs:
+ *   the prefill: generate's clone of input_ids and the (b, P) int64 position ids it makes from the
+ *     attention mask (so the rotary cos and sin are per sample: the program's, gen_cache); the
+ *     model's forward over the prompts (logits_to_keep = 1: the LM head on the
+ *     last position only, a b x 1 x v tensor in the compute dtype), which fills the DynamicCache:
+ *     every layer's k and v torch.cat'ed onto an empty tensor (cache_utils.py DynamicLayer.update),
+ *     held from then on;
+ *   each step: next_token_logits = outputs.logits[:, -1, :].to(copy=True, dtype=float32) (b x v
+ *     fp32), the logits processors (none at TRL's defaults: temperature 1, top_p 1, top_k 0, no
+ *     min_p, repetition_penalty 1), probs = softmax (b x v fp32), one sampled token; the previous
+ *     step's next_token_logits and probs stay bound until they are rebound, and `outputs` (its b x
+ *     1 x v logits) until `del outputs` at the step's end;
+ *   max_new_tokens - 1 decoding forwards of one token: each layer's cat makes its new k (then v)
+ *     one position longer while the old one is still bound, and input_ids and attention_mask
+ *     grow by a column (int64).
+ * The prefill is the no-grad forward memplan replays for a reference (mp_replay_nograd_forward) on a
+ * program built at the generation batch and the prompt's length with the cache on, metered up to
+ * the LM head (the program's head is the loss's, not generate's); the head and the decoding steps
+ * are the arithmetic below, from the program's own cache tensors (their dtype: the compute dtype,
+ * or fp32 where autocast's rotated k is, lower_attention.c).  bench/accuracy/grpo_step.py compares
+ * both with TRL's own generate on the CPU. */
+#include "estimate.h"
+#include "replay.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct gen_meter {
+    uint64_t cur, base, peak, head_cur;
+    int peak_node, head_node;
+    bool started, stopped, overflow;
+};
+
+static enum mp_status gen_event(void *ctx, const struct mp_program *p, const struct mp_event *ev)
+{
+    struct gen_meter *m = ctx;
+    if (ev->kind == MP_EV_OP_BEGIN && !m->started) {
+        m->started = true;
+        m->base = m->peak = m->cur;
+    }
+    /* the LM head: generate's is on the last position only (below) */
+    if (m->started && !m->stopped && ev->node >= 0 && (size_t)ev->node < p->n_nodes &&
+        p->nodes[ev->node].prim == MP_P_FUSED_LOSS) {
+        m->stopped = true;
+        m->head_cur = m->cur;
+        m->head_node = ev->node;
+    }
+    if (ev->kind == MP_EV_ALLOC) {
+        uint64_t r = mp_round512(ev->bytes);
+        if (r < ev->bytes || !mp_add_u64(m->cur, r, &m->cur)) {
+            m->overflow = true;
+            return MP_ERR_RANGE;
+        }
+        if (m->started && !m->stopped && ev->phase == MP_PH_FORWARD && m->cur > m->peak) {
+            m->peak = m->cur;
+            m->peak_node = ev->node;
+        }
+    } else if (ev->kind == MP_EV_FREE)
+        m->cur -= mp_round512(ev->bytes);
+    return MP_OK;
+}
+
+/* *out = round512(a x b x c), checked. */
+static bool h_copy(uint64_t *out, uint64_t a, uint64_t b, uint64_t c)
+{
+    uint64_t x;
+    if (!mp_mul_u64(a, b, &x) || !mp_mul_u64(x, c, &x) || x > UINT64_MAX - 511)
+        return false;
+    *out = mp_round512(x);
+    return true;
+}
+
+/* Sums of rounded sizes, checked: *acc += round512(a * b). */
+static bool add_prod(uint64_t *acc, uint64_t a, uint64_t b)
+{
+    uint64_t x;
+    return mp_mul_u64(a, b, &x) && x <= UINT64_MAX - 511 && mp_add_u64(*acc, mp_round512(x), acc);
+}
+
+uint64_t mp_vllm_bytes(double f, uint64_t total)
+{
+    if (!(f > 0) || !total)
+        return 0;
+    double b = f * (double)total;
+    return b >= (double)total ? total : (uint64_t)b;
+}
+
+enum mp_status mp_generation_phase(const struct mp_program *policy, const struct mp_train_opts *t,
+                                   struct mp_estimate *e, struct mp_diag *d)
+{
+    const uint64_t P = t->gen_prompt, C = t->gen_completion;
+    uint64_t b;
+    if (!t->gen_steps || !P || !C)
+        return MP_OK;
+    if (!mp_mul_u64(policy->opts.batch, t->gen_steps, &b))
+        return mp_fail(d, MP_ERR_RANGE, "%s: the generation batch overflows 64 bits", policy->model->path);
+    e->gen_batch = b;
+    struct mp_build_opts o = policy->opts;
+    o.batch = b;
+    o.seq = P;
+    o.hf_checkpointing = false; /* (trl models/utils.py:135-137) */
+    o.gen_cache = true;
+    o.completion = 0;
+    o.ft.input_grad = false;
+    struct mp_program g;
+    enum mp_status st = mp_program_build(policy->model, &o, &g, d);
+    if (st != MP_OK)
+        return st;
+    struct mp_train_opts gt = *t;
+    gt.ref = MP_REF_NONE;
+    gt.gen_pass = true;
+    struct gen_meter m = {.peak_node = -1, .head_node = -1};
+    st = mp_replay_nograd_forward(&g, &gt, false, gen_event, &m, d);
+    if (st == MP_ERR_RANGE && m.overflow)
+        st = mp_fail(d, MP_ERR_RANGE, "%s: the generation's memory overflows 64 bits", policy->model->path);
+    if (st == MP_OK && m.head_node < 0)
+        st = mp_fail(d, MP_ERR_MODEL, "%s: --trainer grpo: the model has no fused LM head to generate from",
+                     policy->model->path);
+    /* the cache: every k and v the prefill's layers keep, per token */
+    uint64_t per_tok_total = 0, kv_last = 0, kv_one = 0, n_kv = 0;
+    const uint64_t T = P + C - 1; /* the cache's length at the last decoding step */
+    for (size_t k = 0; st == MP_OK && k < g.n_nodes; k++) {
+        if (!g.nodes[k].kv_cached)
+            continue;
+        /* generate's cache keeps each tensor in its own dtype (under autocast the rotated k fp32, v in
+         * the compute dtype: measured, bench/accuracy/grpo_step_results.md), where the program's
+         * training-time copy of v is promoted to k's */
+        const struct mp_tensor *ct = &g.tensors[g.nodes[k].out], *it = &g.tensors[g.nodes[k].in[0]];
+        uint64_t bytes = ct->elems * mp_dtype_size(g.nodes[k].kv_value ? it->dtype : ct->dtype), per = bytes / P, one = 0;
+        n_kv++;
+        per_tok_total += per;
+        if (!add_prod(&kv_last, per, T) || !add_prod(&one, per, T))
+            st = mp_fail(d, MP_ERR_RANGE, "%s: the generation's cache overflows 64 bits", policy->model->path);
+        kv_one = mp_max_u64(kv_one, one);
+    }
+    if (st == MP_OK && !n_kv)
+        st = mp_fail(d, MP_ERR_MODEL, "%s: --trainer grpo: generation's k/v cache is not modelled for this "
+                     "model's attention (eager, or no attention layer)", policy->model->path);
+    if (st != MP_OK) {
+        mp_program_release(&g);
+        return st;
+    }
+    const struct mp_node *hn = &g.nodes[m.head_node];
+    uint64_t v = hn->n, lt = mp_dtype_size(g.compute_dtype);
+    uint64_t norm_out = mp_round512(g.tensors[hn->in[0]].bytes); /* the final norm's b x P x h */
+    uint64_t logits = 0, fp32 = 0, ids = 0, pre_ids = 0;
+    /* input_ids and attention_mask grown to P + C columns (new tensors; the caller's prompt and mask
+     * are the program's input and labels); the prefill's input_ids clone and position ids */
+    bool ok = v <= UINT64_MAX / 8 && b <= UINT64_MAX / 2 && add_prod(&logits, b, v * lt) && add_prod(&fp32, b, v * 4) &&
+              P + C > P && (P + C) <= UINT64_MAX / 8 && add_prod(&ids, b, 8 * (P + C)) && mp_add_u64(ids, ids, &ids) &&
+              add_prod(&pre_ids, b, 8 * P) && mp_add_u64(pre_ids, pre_ids, &pre_ids) &&
+              mp_add_u64(m.peak, pre_ids, &m.peak) && mp_add_u64(m.head_cur, pre_ids, &m.head_cur);
+    /* Under autocast the trainable weights' half copies are cached until each forward returns (the
+     * replay holds the layers' in the prefill, gen_pass); the LM head's too: generate's head is a
+     * Linear under autocast, not the fused one */
+    uint64_t wsum = 0, lmcopy = 0;
+    for (size_t k = 0; ok && k < g.n_nodes; k++) {
+        int w = g.nodes[k].wcopy;
+        bool first = w >= 0;
+        for (size_t j = 0; first && j < k; j++)
+            first = g.nodes[j].wcopy != w;
+        if (first)
+            ok = mp_add_u64(wsum, mp_round512(g.tensors[w].bytes), &wsum);
+    }
+    int hw = hn->param[0];
+    if (ok && hw >= 0 && g.params[hw].trainable && g.param_dtype != g.compute_dtype)
+        ok = h_copy(&lmcopy, g.params[hw].elems, lt, 1);
+    /* the prefill: its layers (metered), then the LM head on the last position beside the final
+     * norm's output, then, the forward returned (the half copies gone), the fp32 copy and the
+     * probabilities */
+    uint64_t at_head = 0, after = 0, pre = m.peak, dec_fwd = 0, dec_head = 0, dec_tail = 0;
+    ok = ok && mp_add_u64(m.head_cur, logits, &at_head) && mp_add_u64(at_head, lmcopy, &at_head) &&
+         m.head_cur >= norm_out + wsum && mp_add_u64(m.head_cur - norm_out - wsum, logits, &after) &&
+         mp_add_u64(after, 2 * fp32, &after);
+    pre = mp_max_u64(pre, mp_max_u64(at_head, after));
+    /* the last decoding step: the resident state, the prompt's batch, the cache at T tokens, the ids;
+     * during its forward the last layer's new k beside the old one and the previous step's
+     * next_token_logits and probs; after it the new logits, their fp32 copy beside the previous two */
+    uint64_t dec_base = 0;
+    ok = ok && mp_add_u64(m.base, kv_last, &dec_base) && mp_add_u64(dec_base, ids, &dec_base) &&
+         mp_add_u64(dec_base, kv_one, &dec_fwd) && mp_add_u64(dec_fwd, 2 * fp32, &dec_fwd) &&
+         mp_add_u64(dec_fwd, wsum, &dec_fwd) && mp_add_u64(dec_base, 2 * fp32, &dec_head) &&
+         mp_add_u64(dec_head, wsum + lmcopy, &dec_head) && mp_add_u64(dec_head, logits, &dec_head) &&
+         mp_add_u64(dec_base, logits, &dec_tail) && mp_add_u64(dec_tail, 3 * fp32, &dec_tail);
+    dec_fwd = mp_max_u64(dec_fwd, dec_head);
+    if (!ok) {
+        mp_program_release(&g);
+        return mp_fail(d, MP_ERR_RANGE, "%s: the generation's memory overflows 64 bits", policy->model->path);
+    }
+    uint64_t dec = mp_max_u64(dec_fwd, dec_tail);
+    e->gen_kv_bytes = kv_last;
+    e->gen_prefill_peak_bytes = pre;
+    e->gen_decode_peak_bytes = dec;
+    e->gen_peak_bytes = mp_max_u64(pre, dec);
+    if (dec >= pre)
+        snprintf(e->gen_event, sizeof e->gen_event, "generate:decode %llu%s",
+                 (unsigned long long)(P + C - 1), dec_tail >= dec_fwd ? " logits" : " forward");
+    else if (pre > m.peak)
+        snprintf(e->gen_event, sizeof e->gen_event, "generate:prefill lm_head");
+    else
+        snprintf(e->gen_event, sizeof e->gen_event, "generate:prefill %s",
+                 m.peak_node >= 0 ? g.nodes[m.peak_node].name : "?");
+    mp_program_release(&g);
+    return MP_OK;
+}
