@@ -491,52 +491,6 @@ void block_est(const struct mp_program *p, const struct mp_train_opts *t, size_t
  * leaves is its (b) sum of log-probs, so the two peak alike.  Its first forward, the policy's
  * no-grad forward of the KL sequences, runs before the policy's graph exists: at every op it holds
  * no more than the policy's forward does at the same op, so it is never the step's peak. */
-struct nograd_ctx {
-    const struct mp_program *p;
-    mp_nograd_fn fn;
-    void *ctx;
-};
-
-static enum mp_status nograd_event(void *ctx, const struct mp_event *ev)
-{
-    struct nograd_ctx *n = ctx;
-    return n->fn(n->ctx, n->p, ev);
-}
-
-enum mp_status mp_replay_nograd_forward(const struct mp_program *policy, const struct mp_train_opts *t, bool reference,
-                                        mp_nograd_fn fn, void *ctx, struct mp_diag *d)
-{
-    const struct mp_program *p = policy;
-    struct mp_program base;
-    enum mp_status st = MP_OK;
-    if (reference && t->ref == MP_REF_ADAPTER) {
-        /* with the adapter disabled, peft runs each adapted Linear's base layer alone: the program
-         * built again without the LoRA branches (mp_build_opts.adapter_off), the base as it is */
-        struct mp_build_opts o = policy->opts;
-        o.adapter_off = true;
-        if ((st = mp_program_build(policy->model, &o, &base, d)) != MP_OK)
-            return st;
-        p = &base;
-    }
-    struct mp_schedule s;
-    mp_schedule_init(&s);
-    for (size_t i = 0; i < p->n_blocks && st == MP_OK; i++)
-        st = mp_schedule_push(&s, MP_SCHED_FN, (uint32_t)i);
-    if (st != MP_OK) {
-        st = mp_fail(d, MP_ERR_NOMEM, "out of memory");
-    } else {
-        struct mp_train_opts rt = *t;
-        rt.ref_pass = true;
-        rt.accumulate = false;
-        struct nograd_ctx n = {p, fn, ctx};
-        st = mp_replay(p, &s, &rt, nograd_event, &n, d);
-    }
-    mp_schedule_release(&s);
-    if (p == &base)
-        mp_program_release(&base);
-    return st;
-}
-
 bool mp_ref_weights_bytes(const struct mp_program *p, const struct mp_train_opts *t, uint64_t *bytes)
 {
     *bytes = 0;
