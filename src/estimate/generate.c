@@ -30,6 +30,7 @@
 #include "replay.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct gen_meter {
@@ -65,16 +66,6 @@ static enum mp_status gen_event(void *ctx, const struct mp_program *p, const str
     } else if (ev->kind == MP_EV_FREE)
         m->cur -= mp_round512(ev->bytes);
     return MP_OK;
-}
-
-/* *out = round512(a x b x c), checked. */
-static bool h_copy(uint64_t *out, uint64_t a, uint64_t b, uint64_t c)
-{
-    uint64_t x;
-    if (!mp_mul_u64(a, b, &x) || !mp_mul_u64(x, c, &x) || x > UINT64_MAX - 511)
-        return false;
-    *out = mp_round512(x);
-    return true;
 }
 
 /* Sums of rounded sizes, checked: *acc += round512(a * b). */
@@ -124,7 +115,7 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
         st = mp_fail(d, MP_ERR_MODEL, "%s: --trainer grpo: the model has no fused LM head to generate from",
                      policy->model->path);
     /* the cache: every k and v the prefill's layers keep, per token */
-    uint64_t per_tok_total = 0, kv_last = 0, kv_one = 0, n_kv = 0;
+    uint64_t kv_last = 0, kv_one = 0, n_kv = 0;
     const uint64_t T = P + C - 1; /* the cache's length at the last decoding step */
     for (size_t k = 0; st == MP_OK && k < g.n_nodes; k++) {
         if (!g.nodes[k].kv_cached)
@@ -135,8 +126,7 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
         const struct mp_tensor *ct = &g.tensors[g.nodes[k].out], *it = &g.tensors[g.nodes[k].in[0]];
         uint64_t bytes = ct->elems * mp_dtype_size(g.nodes[k].kv_value ? it->dtype : ct->dtype), per = bytes / P, one = 0;
         n_kv++;
-        per_tok_total += per;
-        if (!add_prod(&kv_last, per, T) || !add_prod(&one, per, T))
+        if (!add_prod(&one, per, T) || !mp_add_u64(kv_last, one, &kv_last))
             st = mp_fail(d, MP_ERR_RANGE, "%s: the generation's cache overflows 64 bits", policy->model->path);
         kv_one = mp_max_u64(kv_one, one);
     }
@@ -161,17 +151,22 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
      * replay holds the layers' in the prefill, gen_pass); the LM head's too: generate's head is a
      * Linear under autocast, not the fused one */
     uint64_t wsum = 0, lmcopy = 0;
+    bool *seen = calloc(g.n_tensors ? g.n_tensors : 1, sizeof *seen); /* (a tied weight's copy is one) */
+    if (!seen) {
+        mp_program_release(&g);
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory");
+    }
     for (size_t k = 0; ok && k < g.n_nodes; k++) {
         int w = g.nodes[k].wcopy;
-        bool first = w >= 0;
-        for (size_t j = 0; first && j < k; j++)
-            first = g.nodes[j].wcopy != w;
-        if (first)
+        if (w >= 0 && !seen[w]) {
+            seen[w] = true;
             ok = mp_add_u64(wsum, mp_round512(g.tensors[w].bytes), &wsum);
+        }
     }
+    free(seen);
     int hw = hn->param[0];
     if (ok && hw >= 0 && g.params[hw].trainable && g.param_dtype != g.compute_dtype)
-        ok = h_copy(&lmcopy, g.params[hw].elems, lt, 1);
+        ok = add_prod(&lmcopy, g.params[hw].elems, lt);
     /* the prefill: its layers (metered), then the LM head on the last position beside the final
      * norm's output, then, the forward returned (the half copies gone), the fp32 copy and the
      * probabilities */
