@@ -2500,6 +2500,142 @@ else
     bad "suggest --trainer grpo --emit hf: a GRPOConfig with the planned groups, completion, beta and generation"
 fi
 
+# GRPO's old log-probs (grpo_trainer.py:2641-2657): a no-grad forward of the policy when the
+# accumulation is not a multiple of steps_per_generation x num_iterations, or with vLLM's importance
+# sampling correction; nothing else
+G="models/hf/qwen2-0.5b.json --trainer grpo --batch 8 --seq 512 --completion-length 256 --precision bf16"
+olds=""
+for a in "--grad-accum 1 --steps-per-generation 2" "--grad-accum 2 --steps-per-generation 2" \
+    "--grad-accum 2 --steps-per-generation 1" "--num-iterations 2" "--gpu a100-40gb --vllm 0.3" \
+    "--gpu a100-40gb --vllm 0.3 --vllm-correction off" "--vllm server"; do
+    run estimate $G $a --json
+    if [ "$ec" -ne 0 ]; then
+        olds="$olds error"
+    elif grep -q '"old_logprobs_forward"' "$T/out"; then
+        olds="$olds y"
+    else
+        olds="$olds n"
+    fi
+done
+if [ "$olds" = " y n n y y n y" ]; then
+    ok "--trainer grpo: the old log-probs' forward exactly where TRL runs it"
+else
+    echo "got$olds, expected y n n y y n y" >"$T/why"
+    bad "--trainer grpo: the old log-probs' forward exactly where TRL runs it"
+fi
+if [ -n "$HAVE_PY" ]; then
+    # the same forward on the same resident state: the policy's old log-probs and a frozen copy's
+    # reference log-probs (bf16: no autocast copies) peak alike; a vLLM server holds nothing here
+    run estimate $G --grad-accum 1 --steps-per-generation 2 --beta 0.04 --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1]))["memory"]["phases"]
+o, r = p["old_logprobs_forward"], p["reference_forward"]
+assert o["peak_allocated_bytes"] == r["peak_allocated_bytes"], p
+assert o["peak_event"].startswith("policy.forward:") and r["peak_event"].startswith("reference.forward:"), p
+assert p["generation"]["sequences"] == 16, p
+' "$T/out" 2>"$T/why"; then
+        ok "--trainer grpo: the old log-probs forward peaks as the frozen copy's reference forward"
+    else
+        bad "--trainer grpo: the old log-probs forward peaks as the frozen copy's reference forward"
+    fi
+    run estimate $G --vllm server --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["memory"]
+assert "vllm_bytes" not in m and "generation" not in m["phases"], m
+assert m["peak_device_bytes"] == m["peak_allocated_bytes"] + m["overhead_bytes"], m
+' "$T/out" 2>"$T/why"; then
+        ok "--trainer grpo --vllm server: no generate phase, nothing of vLLM on this GPU"
+    else
+        bad "--trainer grpo --vllm server: no generate phase, nothing of vLLM on this GPU"
+    fi
+    # a GRPOConfig recipe: its generation keys as the options (vLLM 0.25 x 40 GiB = 10,737,418,240 B)
+    run estimate --recipe tests/data/recipes/trl-grpo-vllm.yaml --trainer grpo --seq 768 --gpu a100-40gb --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+c, m = d["config"], d["memory"]
+assert c["recipe"]["trainer"].startswith("TRL 1.16.0 GRPOTrainer"), c["recipe"]
+assert c["trainer"] == "grpo" and c["reference"] == "copy" and c["batch"] == 8, c
+assert m["vllm_bytes"] == 10737418240, m
+assert "old_logprobs_forward" in m["phases"] and "generation" not in m["phases"], m
+' "$T/out" 2>"$T/why"; then
+        ok "--recipe GRPOConfig: vLLM colocate at 0.25, beta 0.04 (a frozen copy), old log-probs"
+    else
+        bad "--recipe GRPOConfig: vLLM colocate at 0.25, beta 0.04 (a frozen copy), old log-probs"
+    fi
+    run estimate --recipe tests/data/recipes/trl-grpo-genbatch.yaml --trainer grpo --seq 384 --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["memory"]
+assert m["phases"]["generation"]["sequences"] == 32, m["phases"]
+assert "old_logprobs_forward" in m["phases"] and "reference_forward" not in m["phases"], m["phases"]
+' "$T/out" 2>"$T/why"; then
+        ok "--recipe GRPOConfig: generation_batch_size 32 / batch 8 = 4 steps, 32 sequences, old log-probs"
+    else
+        bad "--recipe GRPOConfig: generation_batch_size 32 / batch 8 = 4 steps, 32 sequences, old log-probs"
+    fi
+    # suggest --global-batch without --steps-per-generation: TRL's steps are the accumulation, so
+    # generation takes the global batch (1024 completions here, the step's peak) whatever the
+    # micro-batch: the plan's peak is estimate's at the chosen micro-batch and accumulation
+    S="models/hf/qwen2-0.5b.json --trainer grpo --seq 1024 --completion-length 960 --gpu a100-80gb --finetune lora"
+    run suggest $S --no-probe --global-batch 1024 --max-batch 4 --json
+    cp "$T/out" "$T/gs.json"
+    mb=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["recommendation"]; print(r["micro_batch"], r["grad_accum"], r["precision"])' "$T/gs.json" 2>/dev/null)
+    mbb=${mb%% *} mpr=${mb##* } mga=${mb#* }
+    mga=${mga%% *}
+    run estimate $S --batch "${mbb:-0}" --grad-accum "${mga:-0}" --precision "${mpr:-x}" --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["recommendation"]
+m = json.load(open(sys.argv[2]))["memory"]
+assert r["micro_batch"] * r["grad_accum"] == 1024 and r["micro_batch"] < 1024, r
+assert r["peak_event"].startswith("generate:"), r
+assert m["phases"]["generation"]["sequences"] == 1024, m["phases"]
+assert r["peak_allocated_bytes"] == m["peak_allocated_bytes"], (r["peak_allocated_bytes"], m["peak_allocated_bytes"])
+' "$T/gs.json" "$T/out" 2>"$T/why"; then
+        ok "suggest --trainer grpo --global-batch 1024: generation of all 1024 completions whatever the micro-batch"
+    else
+        bad "suggest --trainer grpo --global-batch 1024: generation of all 1024 completions whatever the micro-batch"
+    fi
+fi
+expect_msg 2 "--recipe GRPOConfig without --seq: refused (GRPOConfig has no length)" "give --seq" \
+    estimate --recipe tests/data/recipes/trl-grpo-vllm.yaml --trainer grpo --gpu a100-40gb
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nnum_generations: 8\ntemperature: 0.7\n' >"$T/g1.yaml"
+expect_msg 3 "--recipe GRPOConfig: a sampling temperature (a warper's tensors) refused, naming the line" \
+    "g1.yaml:3: temperature: 0.7" estimate --recipe "$T/g1.yaml" --trainer grpo --seq 512
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nmax_length: 1024\n' >"$T/g2.yaml"
+expect_msg 3 "--recipe GRPOConfig: max_length is not GRPOConfig's" "not a GRPOConfig key" \
+    estimate --recipe "$T/g2.yaml" --trainer grpo --seq 512
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\ngeneration_batch_size: 12\n' >"$T/g3.yaml"
+expect_msg 3 "--recipe GRPOConfig: a generation batch not a multiple of the micro-batch" \
+    "not a multiple of per_device_train_batch_size 8" estimate --recipe "$T/g3.yaml" --trainer grpo --seq 512
+expect_msg 3 "suggest on a GRPOConfig with generation_batch_size (a fixed generation batch): refused" \
+    "trl-grpo-genbatch.yaml:9: generation_batch_size" suggest --recipe tests/data/recipes/trl-grpo-genbatch.yaml \
+    --trainer grpo --seq 384 --gpu a100-40gb --no-probe
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nvllm_enable_sleep_mode: true\n' >"$T/g4.yaml"
+expect_msg 3 "--recipe GRPOConfig: vLLM's sleep mode refused" "sleep mode" \
+    estimate --recipe "$T/g4.yaml" --trainer grpo --seq 512
+expect_msg 3 "a GRPOConfig key read as SFTConfig: refused with the hint" "give --trainer grpo" \
+    estimate --recipe tests/data/recipes/trl-grpo-vllm.yaml --seq 512
+# --disable-dropout: GPT-2's dropouts (0.1) kept by GRPO's default, zeroed on request as DPO's default
+run estimate models/hf/gpt2.json --trainer grpo --seq 512 --completion-length 256 --precision bf16 --json
+cp "$T/out" "$T/gd.json"
+run estimate models/hf/gpt2.json --trainer grpo --seq 512 --completion-length 256 --precision bf16 --json \
+    --disable-dropout on
+if [ -n "$HAVE_PY" ] && [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b = (json.load(open(p))["memory"] for p in sys.argv[1:3])
+assert b["activations_bytes"] < a["activations_bytes"], (a["activations_bytes"], b["activations_bytes"])
+' "$T/gd.json" "$T/out" 2>"$T/why"; then
+    ok "--disable-dropout on: GPT-2 under grpo keeps no dropout masks (fewer activations than the default)"
+elif [ -z "$HAVE_PY" ]; then
+    skipped "--disable-dropout (python3 not found)"
+else
+    bad "--disable-dropout on: GPT-2 under grpo keeps no dropout masks (fewer activations than the default)"
+fi
+
 # ---- summary ------------------------------------------------------------------------------
 
 if [ "$skip" -gt 0 ]; then

@@ -166,11 +166,14 @@ for mod, what in (("axolotl", "Axolotl"), ("torchtune", "torchtune")):
 # suggest --write-recipe: the recipe memplan hands back is read by the trainer's own parser, and
 # says the recommendation's micro-batch and accumulation (memplan's --json), every other key as it was
 MEMPLAN = os.environ.get("MEMPLAN", "./memplan")
-WRITTEN = [  # (recipe, MODEL or None, the dataclasses that read it)
-    ("hf-trainingargs.json", "models/hf/llama-3.2-1b.json", "hf-json"),
-    ("hf-args.yaml", "models/hf/gpt2.json", "hf-yaml"),
-    ("trl-sft-lora.yaml", None, "trl"),
-    ("llamafactory-lora.yaml", None, "lf"),
+WRITTEN = [  # (recipe, MODEL or None, the dataclasses that read it, more arguments)
+    ("hf-trainingargs.json", "models/hf/llama-3.2-1b.json", "hf-json", []),
+    ("hf-args.yaml", "models/hf/gpt2.json", "hf-yaml", []),
+    ("trl-sft-lora.yaml", None, "trl", []),
+    ("llamafactory-lora.yaml", None, "lf", []),
+    # a GRPOConfig (GRPOConfig has no length: --seq); its __post_init__ checks the generation batch
+    # holds whole groups of num_generations
+    ("trl-grpo-vllm.yaml", None, "trl-grpo", ["--trainer", "grpo", "--seq", "768"]),
 ]
 if not os.access(MEMPLAN, os.X_OK):
     skip("%s not built: the written recipes are not checked" % MEMPLAN)
@@ -180,10 +183,10 @@ else:
     import subprocess
     import tempfile
     tmp = tempfile.mkdtemp(prefix="memplan-recipes-")
-    for name, model, how in WRITTEN:
+    for name, model, how, more in WRITTEN:
         src, out = os.path.join(D, name), os.path.join(tmp, name)
         cmd = [MEMPLAN, "suggest"] + ([model] if model else []) + ["--recipe", src, "--gpu", "a100-40gb",
-                                                                  "--no-probe", "--json", "--write-recipe", out]
+                                                                  "--no-probe", "--json", "--write-recipe", out] + more
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             fail("%s: %s exited %d: %s" % (name, " ".join(cmd), p.returncode, p.stderr.strip()))
@@ -195,12 +198,17 @@ else:
                 args = TrainingArguments(**{k: v for k, v in json.load(f).items() if k != "hub_token"})
         elif how == "hf-yaml":
             (args,) = HfArgumentParser(TrainingArguments).parse_yaml_file(out, allow_extra_keys=False)
-        elif how == "trl":
+        elif how in ("trl", "trl-grpo"):
             if trl is None:
                 skip("%s: trl absent: the written recipe is not parsed" % name)
                 continue
-            _, args, _ = HfArgumentParser((ScriptArguments, SFTConfig, ModelConfig)).parse_yaml_file(
-                out, allow_extra_keys=False)
+            from trl import GRPOConfig
+            _, args, _ = HfArgumentParser((ScriptArguments, GRPOConfig if how == "trl-grpo" else SFTConfig,
+                                           ModelConfig)).parse_yaml_file(out, allow_extra_keys=False)
+            if how == "trl-grpo":
+                check(args.steps_per_generation * args.per_device_train_batch_size % args.num_generations == 0,
+                      "%s: GRPOConfig's generation batch (%d x %d) holds whole groups of %d" % (
+                          name, args.steps_per_generation, args.per_device_train_batch_size, args.num_generations))
         else:
             if not have_lf:
                 skip("%s: llamafactory absent: the written recipe is checked as YAML only" % name)

@@ -301,51 +301,63 @@ def run_table(a, oracle, config, name, todo, step, margs, unit, generation=False
     step (torch's peak, where, its reference forward's; with generation, GRPO's generate call's
     peak too, and precompute is GRPO's beta) and by memplan (margs: its arguments, on config
     written to a file): the table (a.out), the rows (a.rows_out); unit names the batch's items
-    ("pairs")."""
+    ("pairs").  A setting may carry an eighth item, a dict of keyword arguments for step and margs
+    (GRPO's steps_per_generation); with generation, step's fifth figure is the policy's old
+    log-probs forward (0: none)."""
     import trl
     versions = rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
                                    peft=peft.__version__, trl=trl.__version__, tensors="real, CPU")
     lines = ["| setting | reference | torch peak (B) | at | memplan (B) | diff | ref fwd torch (B) | memplan (B) "
-             "| diff |" + (" generate torch (B) | memplan (B) | diff |" if generation else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if generation else "")]
+             "| diff |" + (" generate torch (B) | memplan (B) | diff | old log-probs torch (B) | memplan (B) | diff |"
+                            if generation else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|---|---|" if generation else "")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.json")
         with open(path, "w") as f:
             json.dump(config, f)
-        for (ft, ck, n, seq, prompt, pre, prec) in todo:
+        for item in todo:
+            (ft, ck, n, seq, prompt, pre, prec), kw = item[:7], (item[7] if len(item) > 7 else {})
             if a.only and prec != a.only:
                 continue
             frac = (seq - prompt) / (seq - 1)
-            measured = step(ft, ck, n, seq, prompt, pre, prec)
+            measured = step(ft, ck, n, seq, prompt, pre, prec, **kw)
             tp, tat, tref = measured[:3]
             tgen = measured[3] if generation else 0
-            args = margs(ft, ck, n, seq, prompt if generation else frac, pre, prec)
+            told = measured[4] if generation and len(measured) > 4 else 0
+            args = margs(ft, ck, n, seq, prompt if generation else frac, pre, prec, **kw)
             m = memplan_run(a.memplan, path, args)
             mp = m["peak_allocated_bytes"] - m["workspace_bytes"]
             mref = m.get("phases", {}).get("reference_forward", {}).get("peak_allocated_bytes", 0)
             mref = mref - m["workspace_bytes"] if mref else 0
             mgen = m.get("phases", {}).get("generation", {}).get("peak_allocated_bytes", 0)
             mgen = mgen - m["workspace_bytes"] if mgen else 0
+            mold = m.get("phases", {}).get("old_logprobs_forward", {}).get("peak_allocated_bytes", 0)
+            mold = mold - m["workspace_bytes"] if mold else 0
             if generation:
                 refname = "none (beta 0)" if not pre else ("adapter disabled" if ft == "lora" else "copy")
             else:
                 refname = "precomputed" if pre else ("adapter disabled" if ft == "lora" else "copy")
             setting = "%s, %s, ckpt %s, %d %s x s%d, prompt %d" % (
                 "LoRA all-linear r16" if ft == "lora" else "full", prec, ck, n, unit, seq, prompt)
+            setting += "".join(", %s %s" % (k.replace("_", " "), v) for k, v in kw.items())
             pct = 100.0 * (mp - tp) / tp
             rpct = 100.0 * (mref - tref) / tref if tref else 0.0
             lines.append("| %s | %s | %d | %s | %d | %+.3f %% | %s | %s | %s |" % (
                 setting, refname, tp, tat, mp, pct, tref or "-", mref or "-", "%+.3f %%" % rpct if tref else "-"))
             gpct = 100.0 * (mgen - tgen) / tgen if tgen else 0.0
+            opct = 100.0 * (mold - told) / told if told else 0.0
             if generation:
                 lines[-1] += " %d | %d | %+.3f %% |" % (tgen, mgen, gpct)
+                lines[-1] += (" %d | %d | %+.3f %% |" % (told, mold, opct)) if told else " - | - | - |"
             print(lines[-1], flush=True)
             figs = {"peak": rowlib.figure(tp, mp)}
             if tref:
                 figs["ref_forward_peak"] = rowlib.figure(tref, mref)
             if tgen:
                 figs["generation_peak"] = rowlib.figure(tgen, mgen)
+            if told:
+                figs["old_forward_peak"] = rowlib.figure(told, mold)
             rows.append({"config": name, "config_json": config, "args": args, "figures": figs,
                          "recorded": {"torch_peak_at": tat, "memplan_peak_at": m["peak_event"], "pct": round(pct, 3),
                                       "ref_pct": round(rpct, 3)},

@@ -61,7 +61,7 @@ class Stub:
     """What GRPOTrainer._compute_loss and _get_per_token_logps_and_entropies read of the trainer
     (GRPOConfig's defaults, one process)."""
 
-    def __init__(self, model, ref_model, precompute, ckpt, beta=0.0):
+    def __init__(self, model, ref_model, precompute, ckpt, beta=0.0, steps=1):
         from trl import GRPOTrainer
         self.model = model
         self.ref_model = ref_model
@@ -77,7 +77,7 @@ class Stub:
         self._entropy_bonus_enabled = False
         self.current_gradient_accumulation_steps = 1
         self._metrics = {"train": collections.defaultdict(list), "eval": collections.defaultdict(list)}
-        self.args = types.SimpleNamespace(delta=None, steps_per_generation=1, use_bias_correction_kl=False,
+        self.args = types.SimpleNamespace(delta=None, steps_per_generation=steps, use_bias_correction_kl=False,
                                           gradient_checkpointing_kwargs={"use_reentrant": False} if ckpt else None)
         acc = types.SimpleNamespace(device=torch.device("cpu"), num_processes=1, sync_gradients=True, is_main_process=True,
                                     unwrap_model=lambda m: m, gather=lambda t: t, gather_for_metrics=lambda t: t,
@@ -88,16 +88,21 @@ class Stub:
             GRPOTrainer._get_per_token_logps_and_entropies, self)
 
 
-def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16"):
-    """Iteration 2's peaks: (whole, where, reference with-block's, generation's)."""
+def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1):
+    """Iteration 2's peaks: (whole, where, reference with-block's, generation's, old log-probs').
+    steps_per_generation K > 1 (the accumulation is 1): generate makes batch x K completions, the
+    old log-probs and the reference's run over them a micro-batch at a time, and the policy's step
+    takes the first micro-batch."""
     from transformers import GenerationConfig
     from trl import GRPOTrainer
+    from trl.models.utils import disable_gradient_checkpointing
     from trl.trainer.utils import use_adapter
+    K = steps_per_generation
     model, cfg = build(prec)
     add_fused_lm_head = trl_cuda_branches()
     ref = ref_copy(cfg, model) if ft == "full" and beta > 0 else None  # grpo_trainer.py:983-1003
     model, _, opt = prepare(model, ref, ft, ck, False, add_fused_lm_head, ("log_probs", "entropy"))
-    stub = Stub(model, ref, False, ck == "layers", beta)
+    stub = Stub(model, ref, False, ck == "layers", beta, K)
     if prec == "amp-bf16":
         for m in (model, ref):
             if m is not None:
@@ -129,7 +134,7 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16"):
                 gc.collect()
                 tr.peak, tr.peak_at = tr.cur, "step-start"
                 peaks.clear()
-            prompts = torch.randint(3, cfg.vocab_size, (batch, prompt))
+            prompts = torch.randint(3, cfg.vocab_size, (batch * K, prompt))
             pmask = torch.ones_like(prompts)
 
             def generate():
@@ -145,15 +150,27 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16"):
             completion = out[:, prompt:].contiguous()
             del out
             cmask = torch.ones_like(completion, dtype=torch.int32)
-            inputs = {"prompt_ids": prompts, "prompt_mask": pmask, "completion_ids": completion,
-                      "completion_mask": cmask, "advantages": torch.randn(batch),
-                      "num_items_in_batch": cmask.sum()}
+            ids = torch.cat([prompts, completion], dim=1)
+            am = torch.cat([pmask, cmask], dim=1)
+            gc_kw = {"use_reentrant": False} if ck == "layers" else None
+            old = None
+            if K > 1:  # grpo_trainer.py:2641-2655: accumulation 1 % (K x num_iterations 1) != 0
+
+                def old_logps():
+                    with torch.no_grad(), disable_gradient_checkpointing(model, gc_kw):
+                        o, _, _ = stub._get_per_token_logps_and_entropies(model, ids, am, C, batch_size=batch)
+                    return o
+                old = phase("old", old_logps)
+            first = slice(0, batch)
+            inputs = {"prompt_ids": prompts[first], "prompt_mask": pmask[first], "completion_ids": completion[first],
+                      "completion_mask": cmask[first], "advantages": torch.randn(batch),
+                      "num_items_in_batch": cmask[first].sum()}
+            if old is not None:
+                inputs["old_per_token_logps"] = old[first]
             if beta > 0:
-                ids = torch.cat([prompts, completion], dim=1)
-                am = torch.cat([pmask, cmask], dim=1)
 
                 def reference():
-                    with torch.no_grad():
+                    with torch.no_grad(), disable_gradient_checkpointing(model, gc_kw):
                         if ref is not None:
                             r, _, _ = stub._get_per_token_logps_and_entropies(ref, ids, am, C, batch_size=batch)
                         else:
@@ -161,17 +178,16 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16"):
                                 r, _, _ = stub._get_per_token_logps_and_entropies(model, ids, am, C,
                                                                                   batch_size=batch)
                     return r
-                inputs["ref_per_token_logps"] = phase("reference", reference)
-                del ids, am
+                inputs["ref_per_token_logps"] = phase("reference", reference)[first]
             tr.phase = "forward"
             backward_and_step(tr, GRPOTrainer._compute_loss(stub, model, inputs), opt)
-            del inputs, completion, cmask
-    return tr.peak, tr.peak_at, peaks.get("reference", 0), peaks.get("generation", 0)
+            del inputs, completion, cmask, ids, am, old
+    return tr.peak, tr.peak_at, peaks.get("reference", 0), peaks.get("generation", 0), peaks.get("old", 0)
 
 
-def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16"):
+def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1):
     a = ["--trainer", "grpo", "--batch", str(batch), "--seq", str(seq), "--completion-length", str(seq - prompt),
-         "--num-generations", str(batch), "--precision", prec, "--checkpoint", ck, "--workspace", "0",
+         "--num-generations", str(batch), "--steps-per-generation", str(steps_per_generation), "--precision", prec, "--checkpoint", ck, "--workspace", "0",
          "--use-cache", "off", "--json"]
     if beta > 0:
         a += ["--beta", repr(beta)]
@@ -186,11 +202,16 @@ SETTINGS = [("full", "none", 8, 256, 128, 0.0), ("full", "layers", 8, 256, 128, 
             ("full", "layers", 4, 1040, 16, 0.0), ("full", "none", 8, 256, 128, 0.04),
             ("lora", "layers", 8, 256, 128, 0.0), ("lora", "none", 8, 528, 16, 0.04)]
 AMP_SETTINGS = [("full", "none", 8, 256, 128, 0.0), ("lora", "layers", 8, 528, 16, 0.0)]
+# steps_per_generation 2 over an accumulation of 1: the policy's old log-probs forward
+K_SETTINGS = [("full", "none", 4, 256, 128, 0.0, "bf16"), ("full", "layers", 4, 528, 16, 0.04, "bf16"),
+              ("lora", "layers", 4, 528, 16, 0.04, "bf16"), ("full", "none", 4, 256, 128, 0.0, "amp-bf16"),
+              ("lora", "layers", 4, 528, 16, 0.0, "amp-bf16")]
 
 
 def main():
     a = cli("grpo_step", __doc__)
     todo = [s + ("bf16",) for s in SETTINGS] + [s + ("amp-bf16",) for s in AMP_SETTINGS]
+    todo += [s + ({"steps_per_generation": 2},) for s in K_SETTINGS]
     run_table(a, "grpo_step", CONFIG, "tiny Llama (dpo_step.py CONFIG)", todo, grpo_step, memplan_args,
               "completions", generation=True)
 

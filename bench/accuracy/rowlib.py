@@ -153,6 +153,9 @@ FIGURES = {
     # grpo_step.py: transformers' generate call's peak (memory.phases, --trainer grpo)
     "generation_peak": lambda d: _memory(d)["phases"]["generation"]["peak_allocated_bytes"]
     - _memory(d)["workspace_bytes"],
+    # grpo_step.py: the policy's no-grad forward for the old log-probs (steps_per_generation > accumulation)
+    "old_forward_peak": lambda d: _memory(d)["phases"]["old_logprobs_forward"]["peak_allocated_bytes"]
+    - _memory(d)["workspace_bytes"],
 }
 
 

@@ -191,6 +191,7 @@ class Phases:
     policy_step: PhasePeak  # --trainer dpo / kto: forward, loss, backward, optimizer step
     reference_forward: Optional[PhasePeak] = _opt()  # the reference model's no-grad forward
     generation: Optional[PhasePeak] = _opt()  # --trainer grpo: transformers' generate
+    old_logprobs_forward: Optional[PhasePeak] = _opt()  # --trainer grpo: the policy's no-grad forward
     extra: Dict[str, Any] = _extra()
 
 

@@ -43,6 +43,7 @@ struct args {
     bool loss_set;
     int trainer;           /* --trainer (enum mp_trainer; default sft) */
     bool precompute_ref;   /* --precompute-ref (dpo: precompute_ref_log_probs) */
+    int disable_dropout;   /* --disable-dropout (1 on, 0 off, -1: the trainer's default) */
     /* --trainer grpo (GRPOConfig): max_completion_length (--seq less it is the prompt),
      * num_generations, steps_per_generation (0: = --grad-accum), beta (> 0: a reference model),
      * vllm_gpu_memory_utilization of a colocated vLLM (0: transformers' generate) */
@@ -50,6 +51,9 @@ struct args {
     bool completion_set;
     uint64_t num_generations, steps_per_gen;
     double beta, vllm;
+    bool vllm_server;        /* --vllm server: vllm_mode "server", on other GPUs */
+    uint64_t num_iterations; /* num_iterations (1) */
+    int vllm_is_corr;        /* vllm_importance_sampling_correction (1: on) */
     bool grpo_set;         /* one of --num-generations, --steps-per-generation, --beta, --vllm given */
     double label_fraction; /* --label-fraction */
     bool packing;          /* --packing */

@@ -75,6 +75,7 @@ static enum mp_status cb_lora_targets(struct args *a, void *field, const char *s
 static enum mp_status cb_train_blocks(struct args *a, void *field, const char *s, struct mp_diag *d);
 static enum mp_status cb_alloc_conf(struct args *a, void *field, const char *s, struct mp_diag *d);
 static enum mp_status cb_torch(struct args *a, void *field, const char *s, struct mp_diag *d);
+static enum mp_status cb_vllm(struct args *a, void *field, const char *s, struct mp_diag *d);
 
 /* --precision: the table's precisions and mixed-bf16 (bf16 with fp32 master weights under
  * data parallelism, cb_precision) */
@@ -136,6 +137,9 @@ static const struct opt OPTS[] = {
      .help = ": the step TRL runs (default sft; dpo: --batch pairs, chosen+rejected, a reference forward; "
              "kto: --batch examples, 2 or more, KL and reference forwards; kto-apo: KTO's loss_type "
              "apo_zero_unpaired, no KL term; grpo: --batch completions, generation first)"},
+    {0, "disable-dropout", "on|off", C_EST | C_PLAN | C_SUGG | C_CHECK, K_CHOICE, FIELD(disable_dropout),
+     .choices = ON_OFF, .help = "TRL's disable_dropout: every dropout's p set to 0, LoRA's too (default: on for "
+                                "dpo, kto and kto-apo, off otherwise)"},
     {0, "precompute-ref", NULL, C_EST | C_PLAN | C_SUGG | C_CHECK, K_FLAG, FIELD(precompute_ref),
      .help = "dpo, kto, kto-apo: precompute_ref_log_probs=True (no reference model in the step)"},
     {0, "completion-length", "C", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(1, MAX_SEQ), FIELD(completion_len),
@@ -150,9 +154,18 @@ static const struct opt OPTS[] = {
      .help = "grpo: micro-batches generated at once: generation batch --batch x K (default: --grad-accum)"},
     {0, "beta", "F", C_EST | C_PLAN | C_SUGG | C_CHECK, K_NUMBER, RANGE(0, true, 1e6, false), FIELD(beta),
      SEEN(grpo_set), .help = "grpo: the KL coefficient; > 0 loads a reference model (default 0)"},
-    {0, "vllm", "F", C_EST | C_PLAN | C_SUGG | C_CHECK, K_PROB, RANGE(0, false, 1, false), FIELD(vllm),
-     SEEN(grpo_set), .help = "grpo: generate with a colocated vLLM that takes F of the GPU "
-                             "(vllm_gpu_memory_utilization; default: transformers' generate)"},
+    {0, "vllm", "F|server", C_EST | C_PLAN | C_SUGG | C_CHECK, K_CALLBACK, FIELD(vllm), .cb = cb_vllm,
+     SEEN(grpo_set), .expect = "a fraction above 0 and below 1, or server",
+     .help = "grpo: generate with a colocated vLLM that takes F of the GPU (vllm_gpu_memory_utilization), "
+             "or a vLLM server on other GPUs (default: transformers' generate)"},
+    {0, "num-iterations", "N", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(1, MAX_BATCH), FIELD(num_iterations),
+     SEEN(grpo_set), .expect = "a positive integer",
+     .help = "grpo: optimization passes over each generation batch; past the accumulation's steps the "
+             "policy's old log-probs take a no-grad forward (default 1)"},
+    {0, "vllm-correction", "on|off", C_EST | C_PLAN | C_SUGG | C_CHECK, K_CHOICE, FIELD(vllm_is_corr),
+     SEEN(grpo_set), .choices = ON_OFF,
+     .help = "grpo --vllm: vllm_importance_sampling_correction, the policy's old log-probs by a no-grad "
+             "forward (default on)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
      .help = ": the causal LM's loss head (default hf; docs: man memplan)"},
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
@@ -314,6 +327,22 @@ static enum mp_status cb_precision(struct args *a, void *field, const char *s, s
 
 /* --torch: MAJOR.MINOR, maybe .PATCH and a local part (torch.__version__: 2.11.0+cu130), stored
  * as major * 100 + minor; from 2.6, the oldest transformers 5.24 takes (dependency_versions_table.py) */
+/* --vllm F|server: vllm_mode colocate at vllm_gpu_memory_utilization F, or vllm_mode server */
+static enum mp_status cb_vllm(struct args *a, void *field, const char *s, struct mp_diag *d)
+{
+    (void)field, (void)d;
+    double v = 0;
+    a->vllm_server = !strcmp(s, "server");
+    if (a->vllm_server) {
+        a->vllm = 0;
+        return MP_OK;
+    }
+    if (mp_parse_double(s, &v) != MP_OK || !(v > 0 && v < 1))
+        return MP_ERR_USAGE;
+    a->vllm = v;
+    return MP_OK;
+}
+
 static enum mp_status cb_torch(struct args *a, void *field, const char *s, struct mp_diag *d)
 {
     (void)a, (void)d;
@@ -516,6 +545,9 @@ static void args_default(const struct command *c, struct args *a)
     a->label_fraction = 1.0;
     a->completion_len = 512;  /* GRPOConfig max_completion_length (trl 1.16.0 grpo_config.py) */
     a->num_generations = 8;   /* num_generations */
+    a->num_iterations = 1;    /* grpo_config.py num_iterations */
+    a->disable_dropout = -1;  /* the trainer's (mp_trainer_drops_dropout) */
+    a->vllm_is_corr = 1;      /* grpo_config.py vllm_importance_sampling_correction */
     a->use_cache = -1;
     a->head = -1;
     a->margin = 0.05;
@@ -585,7 +617,13 @@ static int check_rules(const struct command *c, struct args *a)
         return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo, kto or kto-apo");
     if ((a->grpo_set || a->completion_set) && !grpo)
         return cli_usage_error(c->name, "%s", "--completion-length, --num-generations, --steps-per-generation, "
-                                              "--beta and --vllm need --trainer grpo");
+                                              "--beta, --vllm, --num-iterations and --vllm-correction need "
+                                              "--trainer grpo");
+    if (grpo && a->rec && a->rec->format == MP_RF_TRL && !a->seq_set) {
+        fprintf(stderr, "memplan: error: %s: GRPOConfig has no length of its own (the prompts are the dataset's): "
+                "give --seq, the prompt's tokens + max_completion_length\n", a->rec->path);
+        return MP_EXIT_USAGE;
+    }
     if (grpo && a->num_generations < 2) /* grpo_config.py:1137-1141 raises */
         return cli_usage_error(c->name, "%s", "--trainer grpo --num-generations 1: GRPO needs 2 or more completions "
                                               "a prompt (its advantages compare them)");
@@ -732,6 +770,11 @@ static int recipe_setting(const struct command *c, struct args *a, const bool *g
     }
     if (id == MP_RS_PRECISION && a->rec->dtype_auto)
         return 0; /* the checkpoint's dtype: apply_recipe settles it once the model is known */
+    if (id == MP_RS_STEPS_PER_GENERATION && c->bit == C_SUGG && s->line && !strcmp(s->key, "generation_batch_size")) {
+        fprintf(stderr, "memplan: error: %s:%u: generation_batch_size: fixes the generation batch while suggest "
+                "searches the micro-batch: give steps_per_generation instead\n", a->rec->path, s->line);
+        return MP_EXIT_INPUT;
+    }
     if (!(o->cmds & c->bit) || (id >= MP_RS_LORA_R && id <= MP_RS_LORA_TARGETS && !lora) ||
         (id == MP_RS_CHECKPOINT && c->bit == C_PLAN)) {
         /* suggest searches the micro-batch, plan the checkpoints; no adapters: no LoRA options */

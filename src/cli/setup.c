@@ -427,9 +427,18 @@ static int setup_grpo(const struct args *a, struct setup *s, bool need_target)
     uint64_t k = a->steps_per_gen ? a->steps_per_gen : a->grad_accum ? a->grad_accum : 1, world = 1, gen;
     if (a->par.strategy != MP_PAR_NONE)
         world = mp_par_world(&a->par);
+    /* suggest --global-batch without --steps-per-generation: TRL's steps_per_generation is the
+     * accumulation suggest picks, so generation takes the global batch whatever the micro-batch */
+    bool whole = !a->steps_per_gen && a->global_batch;
+    if (whole && (a->global_batch * world) % a->num_generations) {
+        fprintf(stderr, "memplan: error: --trainer grpo: --global-batch %llu is the generation batch (steps_per_"
+                "generation defaults to the accumulation) and not a multiple of --num-generations %llu\n",
+                (unsigned long long)a->global_batch, (unsigned long long)a->num_generations);
+        return MP_EXIT_USAGE;
+    }
     /* the smallest micro-batch whose generation batch holds whole groups: --batch's default */
     uint64_t kw = (k % a->num_generations) * (world % a->num_generations) % a->num_generations;
-    s->batch_unit = a->num_generations / gcd_u64(a->num_generations, kw ? kw : a->num_generations);
+    s->batch_unit = whole ? 1 : a->num_generations / gcd_u64(a->num_generations, kw ? kw : a->num_generations);
     uint64_t batch = a->batch_set ? a->batch : s->batch_unit;
     if (!a->batch_set) {
         char num[96];
@@ -444,7 +453,7 @@ static int setup_grpo(const struct args *a, struct setup *s, bool need_target)
                 "overflows 64 bits\n");
         return MP_EXIT_USAGE;
     }
-    if ((gen * world) % a->num_generations) {
+    if (!whole && (gen * world) % a->num_generations) {
         fprintf(stderr, "memplan: error: --trainer grpo: the generation batch (--batch %llu x %llu steps x %llu "
                 "ranks = %llu) is not a multiple of --num-generations %llu (GRPOConfig raises)\n",
                 (unsigned long long)batch, (unsigned long long)k, (unsigned long long)world,
@@ -453,9 +462,16 @@ static int setup_grpo(const struct args *a, struct setup *s, bool need_target)
     }
     s->build.completion = C;
     s->train.ref_before_policy = true;
-    if (a->vllm > 0)
+    /* the old log-probs' forward (grpo_trainer.py:2641-2645): generation out of step with the
+     * optimizer's steps, or vLLM's importance sampling */
+    uint64_t every;
+    s->train.old_logps = !mp_mul_u64(k, a->num_iterations, &every) || (a->grad_accum ? a->grad_accum : 1) % every ||
+                         ((a->vllm > 0 || a->vllm_server) && a->vllm_is_corr);
+    s->train.vllm_server = a->vllm_server;
+    if (a->vllm > 0 || a->vllm_server)
         return 0; /* (vLLM generates: its reservation, setup_target) */
     s->train.gen_steps = k;
+    s->train.gen_seqs = whole ? a->global_batch : 0;
     s->train.gen_prompt = seq - C;
     s->train.gen_completion = C;
     return 0;
@@ -493,11 +509,12 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
                  mp_attn_impl_str((enum mp_attn_impl)a->attention), mp_attn_impl_str((enum mp_attn_impl)own));
     s->build.ft = a->ft;
     s->build.ft.adapters_cast = a->par.mixed_bf16; /* (FSDP2's policy casts the adapters too) */
-    if (mp_trainer_drops_dropout((enum mp_trainer)a->trainer)) { /* DPOConfig disable_dropout=True (dpo_config.py:185,
-                                         * kto_config.py:156, kto_trainer.py:943-946;
-                                         * dpo_trainer.py:931-935): every nn.Dropout's p set to 0, after
-                                         * peft wrapped the model (lora_dropout too); the attention's
-                                         * dropout_p is a float attribute in most families: kept */
+    /* TRL's disable_dropout (--disable-dropout; DPOConfig's and KTOConfig's default True,
+     * dpo_config.py:185, kto_config.py:156; GRPOConfig's False, grpo_config.py:453; applied in
+     * dpo_trainer.py:931-935, kto_trainer.py:943-946, grpo_trainer.py:1006-1009): every nn.Dropout's
+     * p set to 0, after peft wrapped the model (lora_dropout too); the attention's dropout_p is a
+     * float attribute in most families: kept */
+    if (a->disable_dropout > 0 || (a->disable_dropout < 0 && mp_trainer_drops_dropout((enum mp_trainer)a->trainer))) {
         s->build.ft.dropout = 0;
         for (size_t i = 0; i < s->model.n_blocks; i++)
             for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
@@ -554,8 +571,10 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
     c->target_how = s->how;
     c->json = a->json;
     c->num_generations = a->num_generations;
-    c->steps_per_generation = a->steps_per_gen ? a->steps_per_gen : a->grad_accum ? a->grad_accum : 1;
+    c->steps_per_generation = a->steps_per_gen; /* (0: TRL's default, the accumulation) */
     c->beta = a->beta;
+    c->num_iterations = a->num_iterations;
+    c->vllm_is_correction = a->vllm_is_corr != 0;
     c->all_layers = a->all_layers;
     c->wide = a->wide;
     c->margin_pct = 100.0 * a->margin;

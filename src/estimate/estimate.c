@@ -251,6 +251,10 @@ static void asim_release(struct counter *c, const struct mp_event *ev, size_t ke
 /* One event into c: the allocated bytes and their peaks, the caching allocator's requests. */
 static enum mp_status count_one(struct counter *c, const struct mp_event *ev)
 {
+    if (ev->phase == MP_PH_FORWARD && !c->have_fwd) { /* (before the forward's first event counts) */
+        c->have_fwd = true;
+        c->fwd_start = c->cur;
+    }
     if (ev->kind == MP_EV_LOSS_GRAD && !c->have_loss) {
         c->have_loss = true;
         c->act_at_loss = c->act_cur;
@@ -505,6 +509,7 @@ struct ref_meter {
     uint64_t cur, base, peak;
     int peak_node;
     bool started, overflow;
+    const char *what; /* the event's prefix: "reference" (NULL) or "policy" */
     char peak_name[sizeof ((struct mp_estimate *)0)->ref_forward_event];
 };
 
@@ -524,7 +529,7 @@ static enum mp_status ref_event(void *ctx, const struct mp_program *p, const str
         if (m->started && ev->phase == MP_PH_FORWARD && m->cur > m->peak) {
             m->peak = m->cur;
             m->peak_node = ev->node;
-            snprintf(m->peak_name, sizeof m->peak_name, "reference.forward:%s",
+            snprintf(m->peak_name, sizeof m->peak_name, "%s.forward:%s", m->what ? m->what : "reference",
                      ev->node >= 0 && (size_t)ev->node < p->n_nodes ? p->nodes[ev->node].name : "?");
         }
     } else if (ev->kind == MP_EV_FREE)
@@ -534,7 +539,7 @@ static enum mp_status ref_event(void *ctx, const struct mp_program *p, const str
 
 /* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes. */
 static enum mp_status ref_forward(const struct mp_program *policy, const struct mp_train_opts *t,
-                                  struct mp_estimate *e, uint64_t *base, struct mp_diag *d)
+                                  struct mp_estimate *e, struct mp_diag *d)
 {
     struct ref_meter m = {.peak_node = -1, .peak_name = "reference.forward:?"};
     enum mp_status st = mp_replay_nograd_forward(policy, t, true, ref_event, &m, d);
@@ -543,7 +548,6 @@ static enum mp_status ref_forward(const struct mp_program *policy, const struct 
     if (st != MP_OK)
         return st;
     e->ref_forward_tmp_bytes = m.peak - m.base;
-    *base = m.base;
     snprintf(e->ref_forward_event, sizeof e->ref_forward_event, "%s", m.peak_name);
     return MP_OK;
 }
@@ -554,12 +558,13 @@ static enum mp_status ref_forward(const struct mp_program *policy, const struct 
 static enum mp_status ref_phases(const struct mp_program *p, const struct mp_train_opts *t, const struct counter *c,
                                  struct mp_estimate *e, struct mp_diag *d)
 {
-    uint64_t base = 0;
-    enum mp_status st = ref_forward(p, t, e, &base, d);
+    enum mp_status st = ref_forward(p, t, e, d);
     if (st != MP_OK)
         return st;
+    /* (GRPO: the policy's resident state, whose adapters and their optimizer state the reference's
+     * own replay, built without the adapters, does not hold) */
     uint64_t w = e->ref_weights_bytes, pol, ref, res, req;
-    if (!mp_add_u64(c->peak, w, &pol) || !mp_add_u64(t->ref_before_policy ? base : c->before_loss, w, &ref) ||
+    if (!mp_add_u64(c->peak, w, &pol) || !mp_add_u64(t->ref_before_policy ? c->fwd_start : c->before_loss, w, &ref) ||
         !mp_add_u64(ref, e->ref_forward_tmp_bytes, &ref) ||
         !mp_add_u64(mp_max_u64(c->as.peak_reserved, c->peak), w, &res) || !mp_add_u64(c->peak_req, w, &req))
         return peak_overflow(p, t, d);
@@ -568,6 +573,35 @@ static enum mp_status ref_phases(const struct mp_program *p, const struct mp_tra
     e->peak_allocated_bytes = mp_max_u64(pol, ref);
     e->peak_requested_bytes = mp_max_u64(req, ref); /* (the reference phase's: its rounded bytes) */
     e->peak_reserved_bytes = mp_max_u64(res, ref);  /* (its reserved bytes are not modelled) */
+    return MP_OK;
+}
+
+/* GRPO's old log-probs: the policy's own forward under torch.no_grad over the generation batch, a
+ * micro-batch at a time (trl 1.16.0 grpo_trainer.py:2646-2655, _get_per_token_logps_and_entropies
+ * at batch_size = per_device_train_batch_size), through the fused head as the step's, on the
+ * resident state and the reference copy.  The policy's weights require grad, so under autocast
+ * its half copies are cached for the forward (gen_pass).  The step's peak where it is larger.
+ * What generation leaves for the step (the ids, masks, the (b x C) log-probs) is not counted:
+ * kilobytes to a few megabytes beside the forward's. */
+static enum mp_status old_phase(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
+                                struct mp_diag *d)
+{
+    struct ref_meter m = {.peak_node = -1, .what = "policy", .peak_name = "policy.forward:?"};
+    struct mp_train_opts rt = *t;
+    rt.gen_pass = true;
+    enum mp_status st = mp_replay_nograd_forward(p, &rt, false, ref_event, &m, d);
+    if (st == MP_ERR_RANGE && m.overflow)
+        return peak_overflow(p, t, d);
+    if (st != MP_OK)
+        return st;
+    if (!mp_add_u64(m.peak, e->ref_weights_bytes, &e->old_forward_peak_bytes))
+        return peak_overflow(p, t, d);
+    snprintf(e->old_forward_event, sizeof e->old_forward_event, "%s", m.peak_name);
+    if (t->ref == MP_REF_NONE && !t->gen_steps)
+        e->policy_peak_bytes = e->peak_allocated_bytes;
+    e->peak_allocated_bytes = mp_max_u64(e->peak_allocated_bytes, e->old_forward_peak_bytes);
+    e->peak_requested_bytes = mp_max_u64(e->peak_requested_bytes, e->old_forward_peak_bytes);
+    e->peak_reserved_bytes = mp_max_u64(e->peak_reserved_bytes, e->old_forward_peak_bytes);
     return MP_OK;
 }
 
@@ -637,7 +671,7 @@ static enum mp_status run_counter(const struct mp_program *p, const struct mp_sc
         fprintf(stderr, "memplan: warning: MEMPLAN_ALLOC_TRACE: cannot write %s\n", trace);
     /* Two steps: the caching allocator reaches its steady state in the second. */
     for (int step = 0; step < (c.no_asim ? 1 : 2) && st == MP_OK; step++) {
-        c.have_loss = false;
+        c.have_loss = c.have_fwd = false;
         c.trace_phase = -1;
         if (c.trace)
             fprintf(c.trace, "m step %d\n", step);
@@ -723,6 +757,8 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
         return st;
     if (t->gen_steps && (st = gen_phase(p, t, e, d)) != MP_OK)
         return st;
+    if (t->old_logps && (st = old_phase(p, t, e, d)) != MP_OK)
+        return st;
     /* --checkpoint layers+offload: pinned host RAM, and its two PCIe copies (device to host in the
      * forward, back at the recompute) in the step's PCIe bytes (search.c prices them) */
     uint64_t copied = 0;
@@ -742,6 +778,10 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     if (t->gen_steps && e->gen_peak_bytes >= e->peak_allocated_bytes) {
         e->peak_phase = MP_PH_GENERATE;
         snprintf(e->peak_event, sizeof e->peak_event, "%s", e->gen_event);
+    } else if (t->old_logps && e->old_forward_peak_bytes >= e->peak_allocated_bytes &&
+               e->old_forward_peak_bytes > e->policy_peak_bytes) {
+        e->peak_phase = MP_PH_GENERATE;
+        snprintf(e->peak_event, sizeof e->peak_event, "generation:%s", e->old_forward_event);
     } else if (t->ref != MP_REF_NONE && e->ref_forward_peak_bytes > e->policy_peak_bytes) {
         e->peak_phase = t->ref_before_policy ? MP_PH_GENERATE : MP_PH_LOSS; /* (DPO's compute_loss runs it) */
         snprintf(e->peak_event, sizeof e->peak_event, "%s:%s", t->ref_before_policy ? "generation" : "loss",

@@ -166,10 +166,18 @@ struct mp_train_opts {
     /* GRPO (--trainer grpo, trl 1.16.0 grpo_trainer.py): the phases before the policy's step */
     uint64_t gen_steps;      /* steps_per_generation: transformers' generate runs the micro-batch x this
                               * many sequences at once; 0: no generation phase (other trainers; vLLM) */
+    uint64_t gen_seqs;       /* not 0: the generation batch in sequences, whatever the micro-batch
+                              * (suggest --global-batch: TRL's steps_per_generation defaults to the
+                              * accumulation, so generation takes the global batch) */
     uint64_t gen_prompt, gen_completion; /* their prompt and generated tokens */
     bool ref_before_policy;  /* the reference's no-grad forward runs before the policy's forward (GRPO's
                               * _generate_and_score_completions), on the resident state alone */
+    bool old_logps;          /* GRPO: the policy's own no-grad forward of the generation batch, a
+                              * micro-batch at a time, before the reference's (old_per_token_logps,
+                              * grpo_trainer.py:2641-2657: steps out of step with the accumulation, or
+                              * vLLM's importance-sampling correction) */
     double vllm_fraction;    /* a colocated vLLM's vllm_gpu_memory_utilization (0: none) */
+    bool vllm_server;        /* vLLM generates on a server (other GPUs): nothing on this one */
     uint64_t vllm_bytes;     /* its reservation, outside torch's caching allocator: mp_vllm_bytes of the
                               * device's memory (the fit's target sets it) */
     bool gen_pass;      /* (the estimator's own) this no-grad replay is generation's prefill on the
@@ -277,6 +285,10 @@ struct mp_estimate {
      * vLLM's reservation */
     uint64_t gen_peak_bytes, gen_kv_bytes, gen_prefill_peak_bytes, gen_decode_peak_bytes, gen_batch;
     char gen_event[96];
+    /* GRPO's old log-probs (mp_train_opts.old_logps): the policy's no-grad forward, its peak with the
+     * resident state (the reference copy's weights included) and where */
+    uint64_t old_forward_peak_bytes;
+    char old_forward_event[96];
     uint64_t vllm_bytes;
     double fwd_flops, bwd_flops, recompute_flops;
     double dequant_bytes; /* a quantized base's dequantization traffic in the step: each forward

@@ -90,7 +90,9 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     uint64_t b;
     if (!t->gen_steps || !P || !C)
         return MP_OK;
-    if (!mp_mul_u64(policy->opts.batch, t->gen_steps, &b))
+    if (t->gen_seqs)
+        b = t->gen_seqs;
+    else if (!mp_mul_u64(policy->opts.batch, t->gen_steps, &b))
         return mp_fail(d, MP_ERR_RANGE, "%s: the generation batch overflows 64 bits", policy->model->path);
     e->gen_batch = b;
     struct mp_build_opts o = policy->opts;
@@ -100,6 +102,17 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     o.gen_cache = true;
     o.completion = 0;
     o.ft.input_grad = false;
+    /* A PeftModel generates without autocast: accelerate wraps the forward of the model it
+     * prepares (accelerator.py:1824-1835), the PeftModel, while PeftModel.generate calls the base
+     * model's generate (peft_model.py:2229-2243), whose _sample calls the base model's own forward
+     * (generation/utils.py:3236) and TRL's generate block opens no autocast (grpo_trainer.py:
+     * 1861-1875): the whole generation runs in the weights' dtype (measured on the CPU: k and v
+     * reach the cache in fp32 with an fp32 base) */
+    bool peft = o.ft.mode == MP_FT_LORA || o.ft.mode == MP_FT_QLORA;
+    if (peft && (o.precision == MP_PREC_AMP_BF16 || o.precision == MP_PREC_AMP_FP16))
+        o.precision = MP_PREC_FP32;
+    else if (peft && o.precision == MP_PREC_BF16_AMP)
+        o.precision = MP_PREC_BF16;
     struct mp_program g;
     enum mp_status st = mp_program_build(policy->model, &o, &g, d);
     if (st != MP_OK)
@@ -120,11 +133,10 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     for (size_t k = 0; st == MP_OK && k < g.n_nodes; k++) {
         if (!g.nodes[k].kv_cached)
             continue;
-        /* generate's cache keeps each tensor in its own dtype (under autocast the rotated k fp32, v in
-         * the compute dtype: measured, bench/accuracy/grpo_step_results.md), where the program's
-         * training-time copy of v is promoted to k's */
-        const struct mp_tensor *ct = &g.tensors[g.nodes[k].out], *it = &g.tensors[g.nodes[k].in[0]];
-        uint64_t bytes = ct->elems * mp_dtype_size(g.nodes[k].kv_value ? it->dtype : ct->dtype), per = bytes / P, one = 0;
+        /* each cache tensor in its own dtype (under autocast the rotated k fp32, v in the compute
+         * dtype: measured, bench/accuracy/grpo_step_results.md) */
+        const struct mp_tensor *ct = &g.tensors[g.nodes[k].out];
+        uint64_t bytes = ct->elems * mp_dtype_size(ct->dtype), per = bytes / P, one = 0;
         n_kv++;
         if (!add_prod(&one, per, T) || !mp_add_u64(kv_last, one, &kv_last))
             st = mp_fail(d, MP_ERR_RANGE, "%s: the generation's cache overflows 64 bits", policy->model->path);

@@ -80,6 +80,9 @@ struct counter {
     uint64_t before_loss; /* allocated as the loss's gradient is seeded: the forward's end, where
                              DPO's reference forward runs */
     bool have_loss;
+    uint64_t fwd_start;   /* allocated before the forward's first event: the resident state the step starts
+                             from (GRPO's reference forward runs on it, its adapters included) */
+    bool have_fwd;
     uint64_t act_cur; /* ACT + GRAD + TMP */
     struct mp_asim as;  /* the caching allocator (alloc_sim.c) */
     size_t *blk_of;   /* allocation key -> asim block */

@@ -324,8 +324,6 @@ struct mp_node {
                                      forward (docs/checkpointing.md#early-stop) */
     bool kv_cached;               /* out is held by transformers' DynamicCache (use_cache) until the
                                      forward, loss included, is done */
-    bool kv_value;                /* (kv_cached) the v copy: promoted to k's dtype in a training forward,
-                                     in[0]'s own in generate's cache (generate.c) */
     int n_extra;
     int extra[MP_NODE_EXTRA_MAX]; /* tensors created besides out, kept only if saved */
     enum mp_xrole extra_role[MP_NODE_EXTRA_MAX];

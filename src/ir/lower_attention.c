@@ -451,22 +451,23 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
         q = qk_norm(B, q, l, a, "q_norm");
         k = qk_norm(B, k, l, kv, "k_norm");
     }
-    /* use_cache (transformers 5.23, no gradient checkpointing): DynamicLayer.update torch.cat's k
+    /* use_cache (transformers 5.24, no gradient checkpointing): DynamicLayer.update torch.cat's k
      * and v onto an empty cache tensor, so attention gets fresh copies; SDPA saves those (the
      * originals die unless something else keeps them: a fused qkv storage stays alive while q is
      * its view, GPT-2).  Eager attention saves its own contiguous copies of k and v either way. */
     enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
     if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER) {
         /* the cache holds them until the forward returns; under autocast the rotated k is fp32
-         * (q * cos with cos in the fp32 residual's dtype), so its copy is too, and so is v's:
-         * the empty cache tensors take k's dtype and torch.cat promotes; SDPA saves their half
-         * casts (rope_cast_back families cast the rotated k back to k's dtype: no promotion) */
+         * (q * cos with cos in the fp32 residual's dtype), so its copy is too; v's copy keeps v's
+         * dtype (cache_utils.py:113-116 lazy_initialization: the empty keys in k's dtype, the
+         * empty values in v's); SDPA saves their half casts (rope_cast_back families cast the
+         * rotated k back to k's dtype) */
         k = cast_to(B, k, B->amp_f32 && l->rope.on && !l->rope.cast_back ? MP_DT_F32 : dt_of(B, k), "k_cache");
         if (!failed(B))
             B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
-        v = cast_to(B, v, promote(dt_of(B, k), dt_of(B, v)), "v_cache");
+        v = cast_to(B, v, dt_of(B, v), "v_cache");
         if (!failed(B))
-            B->p->nodes[B->p->n_nodes - 1].kv_cached = B->p->nodes[B->p->n_nodes - 1].kv_value = true;
+            B->p->nodes[B->p->n_nodes - 1].kv_cached = true;
     }
     /* transformers' SDPA path with a mask (sliding window, packed rows) repeats k and v to every
      * head (sdpa_attention.py: use_gqa_in_sdpa is false with a mask; repeat_kv) */

@@ -806,6 +806,61 @@ static void derive_packing(struct reader *rd)
     }
 }
 
+/* GRPOConfig's generation settings (trl 1.16.0 grpo_config.py; its __post_init__ :1098-1117 for the
+ * generation batch) */
+static void derive_grpo(struct reader *rd)
+{
+    struct fact_val tk, tg, tb, tmp;
+    count(rd, F_COMPLETION, MP_RS_COMPLETION_LENGTH, false);
+    count(rd, F_NUM_GEN, MP_RS_NUM_GENERATIONS, false);
+    count(rd, F_NUM_ITER, MP_RS_NUM_ITERATIONS, false);
+    const struct fact_val *k = fact(rd, F_STEPS_PER_GEN, &tk);
+    bool have_k = k && strcmp(k->v, "null");
+    const struct fact_val *g = fact(rd, F_GEN_BATCH, &tg);
+    if (g && strcmp(g->v, "null")) {
+        const struct fact_val *b = fact(rd, F_BATCH, &tb);
+        uint64_t gen = 0, batch = 0;
+        if (have_k)
+            refuse(rd, fact_key(rd, F_GEN_BATCH), g->line, g->v,
+                   "with steps_per_generation too: GRPOConfig takes one of them");
+        else if (mp_parse_u64(g->v, &gen) != MP_OK || gen == 0)
+            refuse(rd, fact_key(rd, F_GEN_BATCH), g->line, g->v, "expected a positive integer");
+        else if (!b || mp_parse_u64(b->v, &batch) != MP_OK || batch == 0 || gen % batch)
+            refuse(rd, fact_key(rd, F_GEN_BATCH), g->line, g->v, "not a multiple of %s %s (GRPOConfig raises)",
+                   fact_key(rd, F_BATCH), b ? b->v : "?");
+        else {
+            char v[32];
+            snprintf(v, sizeof v, "%llu", (unsigned long long)(gen / batch));
+            put(rd, MP_RS_STEPS_PER_GENERATION, v, F_GEN_BATCH);
+            appendf(rd->r->explain, sizeof rd->r->explain, "generation_batch_size %llu / %s %llu -> "
+                    "steps-per-generation %s (one process)\n", (unsigned long long)gen, fact_key(rd, F_BATCH),
+                    (unsigned long long)batch, v);
+        }
+    } else {
+        count(rd, F_STEPS_PER_GEN, MP_RS_STEPS_PER_GENERATION, true);
+    }
+    const struct fact_val *beta = fact(rd, F_BETA, &tmp);
+    double bv = 0;
+    if (beta && (mp_parse_double(beta->v, &bv) != MP_OK || !(bv >= 0)))
+        refuse(rd, fact_key(rd, F_BETA), beta->line, beta->v, "expected a number, 0 or more");
+    else if (beta)
+        put(rd, MP_RS_BETA, beta->v, F_BETA);
+    if (fact_truth(rd, F_USE_VLLM) == 1) {
+        const struct fact_val *mode = fact(rd, F_VLLM_MODE, &tmp);
+        if (!mode || !strcmp(mode->v, "colocate")) {
+            const struct fact_val *u = fact(rd, F_VLLM_UTIL, &tmp);
+            put(rd, MP_RS_VLLM, u ? u->v : "0.3", F_VLLM_UTIL); /* grpo_config.py:656 */
+        } else if (!strcmp(mode->v, "server")) {
+            put(rd, MP_RS_VLLM, "server", F_VLLM_MODE);
+        } else {
+            refuse(rd, fact_key(rd, F_VLLM_MODE), mode->line, mode->v, "expected colocate or server");
+        }
+    }
+    int is = fact_truth(rd, F_VLLM_IS);
+    if (rd->f[F_VLLM_IS].set && is >= 0)
+        put(rd, MP_RS_VLLM_IS_CORRECTION, is ? "on" : "off", F_VLLM_IS);
+}
+
 static void derive(struct reader *rd)
 {
     struct fact_val tmp;
@@ -814,7 +869,8 @@ static void derive(struct reader *rd)
         put(rd, MP_RS_MODEL, m->v, F_MODEL);
     count(rd, F_BATCH, MP_RS_BATCH, false);
     count(rd, F_GA, MP_RS_GRAD_ACCUM, false);
-    count(rd, F_SEQ, MP_RS_SEQ, true);
+    if (!(rd->fmt_bit & B_GRPO)) /* (GRPOConfig has no length: --seq) */
+        count(rd, F_SEQ, MP_RS_SEQ, true);
     const char *mode = derive_finetune(rd);
     bool adapters = mode && strcmp(mode, "full");
     derive_precision(rd, adapters);
@@ -826,8 +882,14 @@ static void derive(struct reader *rd)
         put(rd, MP_RS_USE_CACHE, truth(uc->v) ? "on" : "off", F_USE_CACHE);
     if (adapters)
         derive_lora(rd, !strcmp(mode, "qlora"));
-    if (rd->fmt_bit & (B_DPO | B_KTO)) { /* their head is fused whatever loss_type (dpo_trainer.py:959-962,
-                                            * kto_trainer.py:966-972) */
+    int drop = fact_truth(rd, F_DROPOUT_OFF);
+    if (rd->f[F_DROPOUT_OFF].set && drop >= 0)
+        put(rd, MP_RS_DISABLE_DROPOUT, drop ? "on" : "off", F_DROPOUT_OFF);
+    if (rd->fmt_bit & B_GRPO)
+        derive_grpo(rd);
+    if (rd->fmt_bit & (B_DPO | B_KTO | B_GRPO)) { /* their head is fused whatever loss_type
+                                                     * (dpo_trainer.py:959-962, kto_trainer.py:966-972,
+                                                     * grpo_trainer.py:1068-1077) */
         put(rd, MP_RS_LOSS, "chunked-nll", F_LOSS);
         if (fact_truth(rd, F_PRECOMPUTE) == 1)
             put(rd, MP_RS_PRECOMPUTE_REF, "true", F_PRECOMPUTE);
@@ -920,16 +982,18 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
         goto out;
     }
     bool dpo = t == MP_TRAINER_DPO && r->format == MP_RF_TRL,
-         kto = (t == MP_TRAINER_KTO || t == MP_TRAINER_KTO_APO) && r->format == MP_RF_TRL;
-    r->trainer = dpo   ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)"
-                 : kto ? "TRL 1.16.0 KTOTrainer (KTOConfig + ModelConfig)"
-                       : formats[r->format].trainer;
+         kto = (t == MP_TRAINER_KTO || t == MP_TRAINER_KTO_APO) && r->format == MP_RF_TRL,
+         grpo = t == MP_TRAINER_GRPO && r->format == MP_RF_TRL;
+    r->trainer = dpo    ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)"
+                 : kto  ? "TRL 1.16.0 KTOTrainer (KTOConfig + ModelConfig)"
+                 : grpo ? "TRL 1.16.0 GRPOTrainer (GRPOConfig + ModelConfig)"
+                        : formats[r->format].trainer;
     struct reader *rd = mp_xcalloc(1, sizeof *rd);
     rd->r = r;
     rd->d = d;
     rd->doc = &doc;
     rd->fmt_bit = 1u << r->format | (dpo ? (unsigned)B_DPO : 0u) | (kto ? (unsigned)B_KTO : 0u) |
-                  (kto && t == MP_TRAINER_KTO_APO ? (unsigned)B_KTO_APO : 0u);
+                  (kto && t == MP_TRAINER_KTO_APO ? (unsigned)B_KTO_APO : 0u) | (grpo ? (unsigned)B_GRPO : 0u);
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(&doc, p->key), *v = yaml_document_get_node(&doc, p->value);
         if (k && v)

@@ -57,7 +57,15 @@ const char *mp_recipe_format_names(const char *sep, const char *last);
     X(LOSS, "loss", 1)                  \
     X(PACKING, "packing", 1)            \
     X(PADDING_FREE, "padding-free", 1)  \
-    X(PRECOMPUTE_REF, "precompute-ref", 1)
+    X(PRECOMPUTE_REF, "precompute-ref", 1)             \
+    X(DISABLE_DROPOUT, "disable-dropout", 1)           \
+    X(COMPLETION_LENGTH, "completion-length", 1)       \
+    X(NUM_GENERATIONS, "num-generations", 1)           \
+    X(STEPS_PER_GENERATION, "steps-per-generation", 1) \
+    X(BETA, "beta", 1)                                 \
+    X(VLLM, "vllm", 1)                                 \
+    X(NUM_ITERATIONS, "num-iterations", 1)             \
+    X(VLLM_IS_CORRECTION, "vllm-correction", 1)
 
 enum mp_recipe_setting_id {
 #define MP_X(id, opt, wired) MP_RS_##id,
@@ -107,8 +115,8 @@ bool mp_recipe_setting_wired(enum mp_recipe_setting_id id);
  * message "PATH:LINE: KEY: why" in d; r's settings are filled as far as they go even then (tests
  * read them). */
 enum mp_status mp_recipe_read(const char *path, int format, struct mp_recipe *r, struct mp_diag *d);
-/* The same for trainer t (--trainer): a TRL file is then that trainer's config (DPO: DPOConfig,
- * whose own keys only it reads; mp_recipe_read reads SFTConfig). */
+/* The same for trainer t (--trainer): a TRL file is then that trainer's config (DPOConfig,
+ * KTOConfig, GRPOConfig, whose own keys only it reads; mp_recipe_read reads SFTConfig). */
 enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t, struct mp_recipe *r,
                                  struct mp_diag *d);
 

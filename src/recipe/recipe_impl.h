@@ -41,6 +41,18 @@ enum fact {
     F_PADDING_FREE, /* the micro-batch flattened into one row (TRL padding_free, Axolotl batch_flattening) */
     F_NEAT_PACKING, /* LLaMA-Factory neat_packing: packing without cross-document attention */
     F_PRECOMPUTE,   /* DPOConfig precompute_ref_log_probs: no reference model in the step */
+    F_DROPOUT_OFF,  /* DPOConfig / KTOConfig / GRPOConfig disable_dropout */
+    /* GRPOConfig (trl 1.16.0 grpo_config.py) */
+    F_COMPLETION,   /* max_completion_length */
+    F_NUM_GEN,      /* num_generations */
+    F_STEPS_PER_GEN, /* steps_per_generation */
+    F_GEN_BATCH,    /* generation_batch_size (steps_per_generation x the global batch) */
+    F_BETA,         /* the KL coefficient: > 0 a reference model */
+    F_USE_VLLM,     /* use_vllm */
+    F_VLLM_MODE,    /* vllm_mode: colocate or server */
+    F_VLLM_UTIL,    /* vllm_gpu_memory_utilization */
+    F_NUM_ITER,     /* num_iterations */
+    F_VLLM_IS,      /* vllm_importance_sampling_correction */
     F_N
 };
 
@@ -55,7 +67,8 @@ enum key_act {
 enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL | B_LF,
        B_DPO = 32, /* a TRL file read as DPOConfig (--trainer dpo): its rows come first and win */
        B_KTO = 64, /* a TRL file read as KTOConfig (--trainer kto, kto-apo): likewise */
-       B_KTO_APO = 128 /* ... with --trainer kto-apo (loss_type apo_zero_unpaired): its rows come first */ };
+       B_KTO_APO = 128, /* ... with --trainer kto-apo (loss_type apo_zero_unpaired): its rows come first */
+       B_GRPO = 256 /* a TRL file read as GRPOConfig (--trainer grpo): likewise */ };
 
 struct key_row {
     unsigned fmts;

@@ -132,7 +132,6 @@ const struct key_row mp_recipe_keys[] = {
     NOMEM(B_DPO, "loss_weights"), NOMEM(B_DPO, "beta"), NOMEM(B_DPO, "label_smoothing"),
     NOMEM(B_DPO, "f_divergence_type"), NOMEM(B_DPO, "f_alpha_divergence_coef"), NOMEM(B_DPO, "discopop_tau"),
     NOMEM(B_DPO, "ref_model_mixup_alpha"), NOMEM(B_DPO, "ref_model_sync_steps"),
-    REFUSE_BUT(B_DPO, "disable_dropout", "true True null", "dropout kept in DPO (TRL zeroes it by default): " NOT_YET),
     /* dpo_config.py:210-218: "setting it to True warns and falls back to standard padding" */
     NOMEM(B_DPO, "padding_free"),
     REFUSE_BUT(B_DPO, "use_weighting", "false False null",
@@ -149,8 +148,67 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE_BUT(B_KTO, "loss_type", "kto", "no KL term (no KL forwards): read this file with --trainer kto-apo"),
     NOMEM(B_KTO, "beta"), NOMEM(B_KTO, "desirable_weight"), NOMEM(B_KTO, "undesirable_weight"),
     NOMEM(B_KTO, "ref_model_mixup_alpha"), NOMEM(B_KTO, "ref_model_sync_steps"),
-    REFUSE_BUT(B_KTO, "disable_dropout", "true True null", "dropout kept in KTO (TRL zeroes it by default): " NOT_YET),
     REFUSE_BUT(B_KTO, "sync_ref_model", "false False null", "the reference synced with the policy: " NOT_YET),
+    FACT(B_DPO | B_KTO | B_GRPO, "disable_dropout", F_DROPOUT_OFF), /* --disable-dropout */
+    /* GRPOConfig (trl 1.16.0 trainer/grpo_config.py), read with --trainer grpo: it has no length of
+     * its own (the prompts are the dataset's; --seq is prompt + max_completion_length) */
+    REFUSE(B_GRPO, "max_length", "not a GRPOConfig key (GRPOConfig has no max_length): drop it and give --seq, "
+                                 "the prompt's tokens + max_completion_length"),
+    FACT(B_GRPO, "max_completion_length", F_COMPLETION),  /* :494 default 512 */
+    FACT(B_GRPO, "num_generations", F_NUM_GEN),           /* :480 default 8 */
+    FACT(B_GRPO, "steps_per_generation", F_STEPS_PER_GEN), /* :528; :1098-1110 */
+    FACT(B_GRPO, "generation_batch_size", F_GEN_BATCH),   /* :521 */
+    FACT(B_GRPO, "beta", F_BETA),                         /* :681 default 0.0 */
+    FACT(B_GRPO, "use_vllm", F_USE_VLLM),                 /* :587 default False */
+    FACT(B_GRPO, "vllm_mode", F_VLLM_MODE),               /* :594 default "colocate" */
+    FACT(B_GRPO, "vllm_gpu_memory_utilization", F_VLLM_UTIL), /* :656 default 0.3 */
+    FACT(B_GRPO, "num_iterations", F_NUM_ITER),           /* :689 default 1 */
+    FACT(B_GRPO, "vllm_importance_sampling_correction", F_VLLM_IS), /* :925 default True */
+    REFUSE(B_GRPO, "vllm_enable_sleep_mode",
+           "vLLM's sleep mode (its weights and cache offloaded between the phases): " NOT_YET),
+    REFUSE_BUT(B_GRPO, "vllm_tensor_parallel_size", "1", "vLLM's tensor parallelism across the ranks: " NOT_YET),
+    REFUSE(B_GRPO, "cast_lm_head_to_fp32", "an fp32 LM head (ScaleRL): " NOT_YET),
+    REFUSE(B_GRPO, "use_transformers_paged", "transformers' paged generation: " NOT_YET),
+    REFUSE(B_GRPO, "use_transformers_continuous_batching", "transformers' continuous batching: " NOT_YET),
+    REFUSE(B_GRPO, "cache_implementation", "generate's cache_implementation (a static or offloaded cache): " NOT_YET),
+    REFUSE(B_GRPO, "generation_kwargs", "generate's own arguments: " NOT_YET),
+    /* the sampling warpers transformers' generate adds at each decoding step, each its own
+     * tensors of sequences x vocabulary (generation/logits_process.py): TRL's defaults add none */
+    REFUSE_BUT(B_GRPO, "temperature", "1 1.0", "a temperature other than 1 (generate's TemperatureLogitsWarper, "
+                                               "its sequences x vocabulary scores): " NOT_YET),
+    REFUSE_BUT(B_GRPO, "top_p", "1 1.0", "top-p sampling (TopPLogitsWarper sorts the sequences x vocabulary "
+                                         "scores): " NOT_YET),
+    REFUSE(B_GRPO, "top_k", "top-k sampling (TopKLogitsWarper): " NOT_YET),
+    REFUSE(B_GRPO, "min_p", "min-p sampling (MinPLogitsWarper): " NOT_YET),
+    REFUSE_BUT(B_GRPO, "repetition_penalty", "1 1.0",
+               "a repetition penalty (RepetitionPenaltyLogitsProcessor): " NOT_YET),
+    REFUSE(B_GRPO, "sync_ref_model", "the reference synced with the policy (TR-DPO): " NOT_YET),
+    REFUSE(B_GRPO, "max_tool_calling_iterations", "tool calls (generation resumed after each tool's output): " NOT_YET),
+    REFUSE_BUT(B_GRPO, "pad_to_multiple_of", "auto null",
+               "prompts and completions padded to a multiple (TRL pads only on Neuron by default): " NOT_YET),
+    /* GRPOConfig's loss types all read the fused head's per-token log-probs (grpo_trainer.py
+     * _compute_loss): (b x C) terms, no vocabulary-sized tensor */
+    NOMEM(B_GRPO, "loss_type"), NOMEM(B_GRPO, "epsilon"), NOMEM(B_GRPO, "epsilon_high"), NOMEM(B_GRPO, "delta"),
+    NOMEM(B_GRPO, "importance_sampling_level"), NOMEM(B_GRPO, "scale_rewards"), NOMEM(B_GRPO, "reward_weights"),
+    NOMEM(B_GRPO, "multi_objective_aggregation"), NOMEM(B_GRPO, "mask_truncated_completions"),
+    NOMEM(B_GRPO, "top_entropy_quantile"), NOMEM(B_GRPO, "entropy_coef"), NOMEM(B_GRPO, "use_adaptive_entropy"),
+    NOMEM(B_GRPO, "entropy_coef_min"), NOMEM(B_GRPO, "entropy_coef_max"), NOMEM(B_GRPO, "entropy_coef_delta"),
+    NOMEM(B_GRPO, "entropy_target"), NOMEM(B_GRPO, "sapo_temperature_neg"), NOMEM(B_GRPO, "sapo_temperature_pos"),
+    NOMEM(B_GRPO, "vespo_k_pos"), NOMEM(B_GRPO, "vespo_lambda_pos"), NOMEM(B_GRPO, "vespo_k_neg"),
+    NOMEM(B_GRPO, "vespo_lambda_neg"), NOMEM(B_GRPO, "off_policy_mask_threshold"),
+    NOMEM(B_GRPO, "use_bias_correction_kl"), NOMEM(B_GRPO, "vllm_importance_sampling_mode"),
+    NOMEM(B_GRPO, "vllm_importance_sampling_clip_max"), NOMEM(B_GRPO, "vllm_importance_sampling_clip_min"),
+    NOMEM(B_GRPO, "vllm_importance_sampling_cap"), NOMEM(B_GRPO, "ref_model_mixup_alpha"),
+    NOMEM(B_GRPO, "ref_model_sync_steps"),
+    /* evaluation, logging, the vLLM server's address (vllm_max_model_length bounds vLLM's own cache,
+     * inside its reservation), the prompts' template; ZeRO-3's gather (data parallelism is refused) */
+    NOMEM(B_GRPO, "num_generations_eval"), NOMEM(B_GRPO, "log_completions"), NOMEM(B_GRPO, "log_multimodal"),
+    NOMEM(B_GRPO, "num_completions_to_print"), NOMEM(B_GRPO, "log_unique_prompts"),
+    NOMEM(B_GRPO, "log_completions_hub_repo"), NOMEM(B_GRPO, "vllm_model_impl"),
+    NOMEM(B_GRPO, "vllm_structured_outputs_regex"), NOMEM(B_GRPO, "vllm_server_base_url"),
+    NOMEM(B_GRPO, "vllm_server_host"), NOMEM(B_GRPO, "vllm_server_port"), NOMEM(B_GRPO, "vllm_server_timeout"),
+    NOMEM(B_GRPO, "vllm_group_port"), NOMEM(B_GRPO, "vllm_max_model_length"), NOMEM(B_GRPO, "chat_template_kwargs"),
+    NOMEM(B_GRPO, "ds3_gather_for_generation"), NOMEM(B_GRPO, "transformers_continuous_batching_config"),
     REFUSE(B_TRL, "precompute_ref_log_probs", "a DPOConfig / KTOConfig key: give --trainer dpo or kto"),
     /* the model */
     FACT(B_TRL | B_LF, "model_name_or_path", F_MODEL),
@@ -300,8 +358,10 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_TT, "tensor_parallel_dim", "tensor parallelism: " NOT_YET),
     /* preference and RL training: a reference model, generations */
     REFUSE(B_AX, "rl", "preference/RL training (reference model, generations): " NOT_YET),
-    REFUSE(B_TRL, "beta", "a DPO/KTO/GRPO config: give --trainer dpo or kto (GRPO: " NOT_YET ")"),
-    REFUSE(B_TRL, "num_generations", "a GRPO config (generations): " NOT_YET),
+    REFUSE(B_TRL, "beta", "a DPO/KTO/GRPO config: give --trainer dpo, kto or grpo"),
+    REFUSE(B_TRL, "num_generations", "a GRPOConfig key (generations): give --trainer grpo"),
+    REFUSE(B_TRL, "max_completion_length", "a GRPOConfig key (generations): give --trainer grpo"),
+    REFUSE(B_TRL, "use_vllm", "a GRPOConfig key (vLLM generates): give --trainer grpo"),
     REFUSE(B_TRL, "ref_model_init_kwargs", "a reference model: " NOT_YET),
     REFUSE(B_AX, "unfrozen_parameters", "training a subset of parameters: " NOT_YET),
     REFUSE(B_AX, "freeze_mm_modules", "freezing multimodal modules: " NOT_YET),
