@@ -2511,7 +2511,7 @@ for a in "--grad-accum 1 --steps-per-generation 2" "--grad-accum 2 --steps-per-g
     run estimate $G $a --json
     if [ "$ec" -ne 0 ]; then
         olds="$olds error"
-    elif grep -q '"old_logprobs_forward"' "$T/out"; then
+    elif grep -q '"old_logprobs_forward":[[:space:]]*{' "$T/out"; then
         olds="$olds y"
     else
         olds="$olds n"
@@ -2560,6 +2560,9 @@ assert c["recipe"]["trainer"].startswith("TRL 1.16.0 GRPOTrainer"), c["recipe"]
 assert c["trainer"] == "grpo" and c["reference"] == "copy" and c["batch"] == 8, c
 assert m["vllm_bytes"] == 10737418240, m
 assert "old_logprobs_forward" in m["phases"] and "generation" not in m["phases"], m
+assert c["grpo"] == {"completion_length": 256, "num_generations": 8, "num_iterations": 1, "beta": 0.04,
+                     "vllm": "colocate", "vllm_gpu_memory_utilization": 0.25, "vllm_correction": True,
+                     "old_logprobs_forward": True}, c["grpo"]
 ' "$T/out" 2>"$T/why"; then
         ok "--recipe GRPOConfig: vLLM colocate at 0.25, beta 0.04 (a frozen copy), old log-probs"
     else

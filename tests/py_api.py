@@ -261,7 +261,8 @@ CASES = [
     ("suggest dpo", "suggest", L1B, dict(trainer="dpo", finetune="lora", seq=512, gpu="t4", no_probe=True)),
     ("suggest packing", "suggest", L1B, dict(packing=True, seq=1024, gpu="a100-80gb", no_probe=True)),
     ("sdpa math", "estimate", L1B, dict(torch="2.11", precision="fp32", seq=256)),
-    ("grpo", "estimate", L1B, dict(trainer="grpo", batch=8, seq=512, completion_length=256, beta=0.04)),
+    ("grpo", "estimate", L1B, dict(trainer="grpo", batch=8, seq=512, completion_length=256, beta=0.04,
+                                   steps_per_generation=2)),
     ("grpo vllm", "check", L1B, dict(trainer="grpo", batch=8, seq=512, completion_length=256, vllm=0.3,
                                       gpu="a100-80gb")),
 ]

@@ -115,6 +115,20 @@ class Recipe:
 
 
 @dataclass
+class Grpo:
+    completion_length: int  # max_completion_length
+    num_generations: int
+    num_iterations: int
+    beta: float
+    vllm: str  # "none" (transformers' generate) | "colocate" | "server"
+    old_logprobs_forward: bool  # the policy's no-grad forward for the old log-probs runs
+    steps_per_generation: Optional[int] = _opt()  # given; absent: TRL's default, the accumulation
+    vllm_gpu_memory_utilization: Optional[float] = _opt()  # colocate only
+    vllm_correction: Optional[bool] = _opt()  # with vLLM: vllm_importance_sampling_correction
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
 class Config:
     loss: str
     label_fraction: float
@@ -138,6 +152,7 @@ class Config:
     trainer: Optional[str] = _opt()  # --trainer other than sft: "dpo", "kto", "kto-apo"
     sequences: Optional[int] = _opt()  # the sequences the model runs (DPO: 2 per pair)
     reference: Optional[str] = _opt()  # DPO's reference: "copy" | "adapter-disabled" | "none"
+    grpo: Optional[Grpo] = _opt()  # --trainer grpo: GRPOConfig's generation settings as planned
     packing: Optional[str] = _opt()  # --packing / --padding-free: "rows" | "padding-free"
     tokens_per_micro_batch: Optional[int] = _opt()  # estimate and check, with packing
     extra: Dict[str, Any] = _extra()

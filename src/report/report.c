@@ -353,6 +353,22 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             ju64(cf, "sequences", c->build->batch * mp_trainer_seqs(c->build->trainer));
             cJSON_AddStringToObject(cf, "reference", mp_ref_mode_str(c->train->ref));
         }
+        if (c->build->trainer == MP_TRAINER_GRPO) { /* GRPOConfig's generation settings, as planned */
+            const struct mp_train_opts *t = c->train;
+            cJSON *g = cJSON_AddObjectToObject(cf, "grpo");
+            ju64(g, "completion_length", c->build->completion);
+            ju64(g, "num_generations", c->num_generations);
+            if (c->steps_per_generation) /* (absent: TRL's default, the accumulation steps) */
+                ju64(g, "steps_per_generation", c->steps_per_generation);
+            ju64(g, "num_iterations", c->num_iterations);
+            cJSON_AddNumberToObject(g, "beta", c->beta);
+            cJSON_AddStringToObject(g, "vllm", t->vllm_fraction > 0 ? "colocate" : t->vllm_server ? "server" : "none");
+            if (t->vllm_fraction > 0)
+                cJSON_AddNumberToObject(g, "vllm_gpu_memory_utilization", t->vllm_fraction);
+            if (t->vllm_fraction > 0 || t->vllm_server)
+                cJSON_AddBoolToObject(g, "vllm_correction", c->vllm_is_correction);
+            cJSON_AddBoolToObject(g, "old_logprobs_forward", t->old_logps);
+        }
         moe_json(cf, c);
         /* transformers' use_cache in training (HF decoders; off under gradient checkpointing) */
         cJSON_AddBoolToObject(cf, "use_cache", c->model->use_cache && !c->build->hf_checkpointing);
