@@ -2561,6 +2561,7 @@ assert c["trainer"] == "grpo" and c["reference"] == "copy" and c["batch"] == 8, 
 assert m["vllm_bytes"] == 10737418240, m
 assert "old_logprobs_forward" in m["phases"] and "generation" not in m["phases"], m
 assert c["grpo"] == {"completion_length": 256, "num_generations": 8, "num_iterations": 1, "beta": 0.04,
+                     "temperature": 0.9,
                      "vllm": "colocate", "vllm_gpu_memory_utilization": 0.25, "vllm_correction": True,
                      "old_logprobs_forward": True}, c["grpo"]
 ' "$T/out" 2>"$T/why"; then
@@ -2605,9 +2606,9 @@ assert r["peak_allocated_bytes"] == m["peak_allocated_bytes"], (r["peak_allocate
 fi
 expect_msg 2 "--recipe GRPOConfig without --seq: refused (GRPOConfig has no length)" "give --seq" \
     estimate --recipe tests/data/recipes/trl-grpo-vllm.yaml --trainer grpo --gpu a100-40gb
-printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nnum_generations: 8\ntemperature: 0.7\n' >"$T/g1.yaml"
-expect_msg 3 "--recipe GRPOConfig: a sampling temperature (a warper's tensors) refused, naming the line" \
-    "g1.yaml:3: temperature: 0.7" estimate --recipe "$T/g1.yaml" --trainer grpo --seq 512
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nnum_generations: 8\ntop_p: 0.95\n' >"$T/g1.yaml"
+expect_msg 3 "--recipe GRPOConfig: top-p sampling (a warper's sorted tensors) refused, naming the line" \
+    "g1.yaml:3: top_p: 0.95" estimate --recipe "$T/g1.yaml" --trainer grpo --seq 512
 printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nmax_length: 1024\n' >"$T/g2.yaml"
 expect_msg 3 "--recipe GRPOConfig: max_length is not GRPOConfig's" "not a GRPOConfig key" \
     estimate --recipe "$T/g2.yaml" --trainer grpo --seq 512
@@ -2622,6 +2623,23 @@ expect_msg 3 "--recipe GRPOConfig: vLLM's sleep mode refused" "sleep mode" \
     estimate --recipe "$T/g4.yaml" --trainer grpo --seq 512
 expect_msg 3 "a GRPOConfig key read as SFTConfig: refused with the hint" "give --trainer grpo" \
     estimate --recipe tests/data/recipes/trl-grpo-vllm.yaml --seq 512
+# --temperature 0.7: generate's TemperatureLogitsWarper adds the scores, one 8 x 151,936 fp32 tensor
+# (4,861,952 B), to the last decoding step (Qwen2-0.5B, 8 completions, the cache on)
+run estimate $G --json
+cp "$T/out" "$T/t1.json"
+run estimate $G --temperature 0.7 --json
+if [ -n "$HAVE_PY" ] && [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b = (json.load(open(p))["memory"]["phases"]["generation"] for p in sys.argv[1:3])
+assert b["decode_peak_bytes"] - a["decode_peak_bytes"] == 4861952, (a, b)
+assert b["prefill_peak_bytes"] - a["prefill_peak_bytes"] in (0, 4861952), (a, b)
+' "$T/t1.json" "$T/out" 2>"$T/why"; then
+    ok "--temperature 0.7: the decoding step holds the warper's scores, 4,861,952 B more"
+elif [ -z "$HAVE_PY" ]; then
+    skipped "--temperature (python3 not found)"
+else
+    bad "--temperature 0.7: the decoding step holds the warper's scores, 4,861,952 B more"
+fi
 # --disable-dropout: GPT-2's dropouts (0.1) kept by GRPO's default, zeroed on request as DPO's default
 run estimate models/hf/gpt2.json --trainer grpo --seq 512 --completion-length 256 --precision bf16 --json
 cp "$T/out" "$T/gd.json"

@@ -88,11 +88,11 @@ class Stub:
             GRPOTrainer._get_per_token_logps_and_entropies, self)
 
 
-def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1):
+def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0):
     """Iteration 2's peaks: (whole, where, reference with-block's, generation's, old log-probs').
     steps_per_generation K > 1 (the accumulation is 1): generate makes batch x K completions, the
     old log-probs and the reference's run over them a micro-batch at a time, and the policy's step
-    takes the first micro-batch."""
+    takes the first micro-batch.  temperature: GRPOConfig's, into TRL's GenerationConfig."""
     from transformers import GenerationConfig
     from trl import GRPOTrainer
     from trl.models.utils import disable_gradient_checkpointing
@@ -109,8 +109,8 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
                 autocast_forward(m)
     C = seq - prompt
     gen_cfg = GenerationConfig(max_new_tokens=C, do_sample=True, pad_token_id=0, bos_token_id=1,
-                               eos_token_id=[cfg.vocab_size + 7], temperature=1.0, top_p=1.0, top_k=0, min_p=None,
-                               repetition_penalty=1.0, cache_implementation=None, disable_compile=True)
+                               eos_token_id=[cfg.vocab_size + 7], temperature=temperature, top_p=1.0, top_k=0,
+                               min_p=None, repetition_penalty=1.0, cache_implementation=None, disable_compile=True)
     tr = RealTracker()
     peaks = {}
 
@@ -185,12 +185,14 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
     return tr.peak, tr.peak_at, peaks.get("reference", 0), peaks.get("generation", 0), peaks.get("old", 0)
 
 
-def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1):
+def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0):
     a = ["--trainer", "grpo", "--batch", str(batch), "--seq", str(seq), "--completion-length", str(seq - prompt),
          "--num-generations", str(batch), "--steps-per-generation", str(steps_per_generation), "--precision", prec, "--checkpoint", ck, "--workspace", "0",
          "--use-cache", "off", "--json"]
     if beta > 0:
         a += ["--beta", repr(beta)]
+    if temperature != 1.0:
+        a += ["--temperature", repr(temperature)]
     if ft == "lora":
         a += ["--finetune", "lora", "--lora-r", "16", "--lora-targets", "all-linear"]
     return a
@@ -202,6 +204,9 @@ SETTINGS = [("full", "none", 8, 256, 128, 0.0), ("full", "layers", 8, 256, 128, 
             ("full", "layers", 4, 1040, 16, 0.0), ("full", "none", 8, 256, 128, 0.04),
             ("lora", "layers", 8, 256, 128, 0.0), ("lora", "none", 8, 528, 16, 0.04)]
 AMP_SETTINGS = [("full", "none", 8, 256, 128, 0.0), ("lora", "layers", 8, 528, 16, 0.0)]
+# a sampling temperature of 0.7: TemperatureLogitsWarper's scores at each decoding step
+T_SETTINGS = [("full", "none", 8, 528, 16, 0.0, "bf16"), ("lora", "none", 8, 528, 16, 0.0, "bf16"),
+              ("full", "none", 8, 256, 128, 0.0, "amp-bf16")]
 # steps_per_generation 2 over an accumulation of 1: the policy's old log-probs forward
 K_SETTINGS = [("full", "none", 4, 256, 128, 0.0, "bf16"), ("full", "layers", 4, 528, 16, 0.04, "bf16"),
               ("lora", "layers", 4, 528, 16, 0.04, "bf16"), ("full", "none", 4, 256, 128, 0.0, "amp-bf16"),
@@ -212,6 +217,7 @@ def main():
     a = cli("grpo_step", __doc__)
     todo = [s + ("bf16",) for s in SETTINGS] + [s + ("amp-bf16",) for s in AMP_SETTINGS]
     todo += [s + ({"steps_per_generation": 2},) for s in K_SETTINGS]
+    todo += [s + ({"temperature": 0.7},) for s in T_SETTINGS]
     run_table(a, "grpo_step", CONFIG, "tiny Llama (dpo_step.py CONFIG)", todo, grpo_step, memplan_args,
               "completions", generation=True)
 

@@ -120,6 +120,7 @@ class Grpo:
     num_generations: int
     num_iterations: int
     beta: float
+    temperature: float  # generate's sampling temperature
     vllm: str  # "none" (transformers' generate) | "colocate" | "server"
     old_logprobs_forward: bool  # the policy's no-grad forward for the old log-probs runs
     steps_per_generation: Optional[int] = _opt()  # given; absent: TRL's default, the accumulation

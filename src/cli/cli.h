@@ -53,6 +53,7 @@ struct args {
     double beta, vllm;
     bool vllm_server;        /* --vllm server: vllm_mode "server", on other GPUs */
     uint64_t num_iterations; /* num_iterations (1) */
+    double temperature;      /* temperature (1) */
     int vllm_is_corr;        /* vllm_importance_sampling_correction (1: on) */
     bool grpo_set;         /* one of --num-generations, --steps-per-generation, --beta, --vllm given */
     double label_fraction; /* --label-fraction */

@@ -158,6 +158,9 @@ static const struct opt OPTS[] = {
      SEEN(grpo_set), .expect = "a fraction above 0 and below 1, or server",
      .help = "grpo: generate with a colocated vLLM that takes F of the GPU (vllm_gpu_memory_utilization), "
              "or a vLLM server on other GPUs (default: transformers' generate)"},
+    {0, "temperature", "T", C_EST | C_PLAN | C_SUGG | C_CHECK, K_NUMBER, RANGE(0, false, 1e6, false), FIELD(temperature),
+     SEEN(grpo_set), .help = "grpo: generate's sampling temperature; other than 1 its scores are a vocabulary-"
+                             "sized tensor of their own at each step (default 1)"},
     {0, "num-iterations", "N", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(1, MAX_BATCH), FIELD(num_iterations),
      SEEN(grpo_set), .expect = "a positive integer",
      .help = "grpo: optimization passes over each generation batch; past the accumulation's steps the "
@@ -546,6 +549,7 @@ static void args_default(const struct command *c, struct args *a)
     a->completion_len = 512;  /* GRPOConfig max_completion_length (trl 1.16.0 grpo_config.py) */
     a->num_generations = 8;   /* num_generations */
     a->num_iterations = 1;    /* grpo_config.py num_iterations */
+    a->temperature = 1.0;     /* grpo_config.py temperature */
     a->disable_dropout = -1;  /* the trainer's (mp_trainer_drops_dropout) */
     a->vllm_is_corr = 1;      /* grpo_config.py vllm_importance_sampling_correction */
     a->use_cache = -1;
@@ -617,7 +621,7 @@ static int check_rules(const struct command *c, struct args *a)
         return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo, kto or kto-apo");
     if ((a->grpo_set || a->completion_set) && !grpo)
         return cli_usage_error(c->name, "%s", "--completion-length, --num-generations, --steps-per-generation, "
-                                              "--beta, --vllm, --num-iterations and --vllm-correction need "
+                                              "--beta, --vllm, --temperature, --num-iterations and --vllm-correction need "
                                               "--trainer grpo");
     if (grpo && a->rec && a->rec->format == MP_RF_TRL && !a->seq_set) {
         fprintf(stderr, "memplan: error: %s: GRPOConfig has no length of its own (the prompts are the dataset's): "

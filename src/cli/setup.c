@@ -472,6 +472,7 @@ static int setup_grpo(const struct args *a, struct setup *s, bool need_target)
         return 0; /* (vLLM generates: its reservation, setup_target) */
     s->train.gen_steps = k;
     s->train.gen_seqs = whole ? a->global_batch : 0;
+    s->train.gen_temperature = a->temperature != 1.0; /* (generation_utils: no warper at 1.0) */
     s->train.gen_prompt = seq - C;
     s->train.gen_completion = C;
     return 0;
@@ -574,6 +575,7 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
     c->steps_per_generation = a->steps_per_gen; /* (0: TRL's default, the accumulation) */
     c->beta = a->beta;
     c->num_iterations = a->num_iterations;
+    c->temperature = a->temperature;
     c->vllm_is_correction = a->vllm_is_corr != 0;
     c->all_layers = a->all_layers;
     c->wide = a->wide;

@@ -170,6 +170,8 @@ struct mp_train_opts {
                               * (suggest --global-batch: TRL's steps_per_generation defaults to the
                               * accumulation, so generation takes the global batch) */
     uint64_t gen_prompt, gen_completion; /* their prompt and generated tokens */
+    bool gen_temperature;    /* sampling at a temperature other than 1: generate's TemperatureLogitsWarper
+                              * makes the scores a b x vocabulary fp32 tensor of their own */
     bool ref_before_policy;  /* the reference's no-grad forward runs before the policy's forward (GRPO's
                               * _generate_and_score_completions), on the resident state alone */
     bool old_logps;          /* GRPO: the policy's own no-grad forward of the generation batch, a

@@ -14,9 +14,11 @@
  *     held from then on;
  *   each step: next_token_logits = outputs.logits[:, -1, :].to(copy=True, dtype=float32) (b x v
  *     fp32), the logits processors (none at TRL's defaults: temperature 1, top_p 1, top_k 0, no
- *     min_p, repetition_penalty 1), probs = softmax (b x v fp32), one sampled token; the previous
- *     step's next_token_logits and probs stay bound until they are rebound, and `outputs` (its b x
- *     1 x v logits) until `del outputs` at the step's end;
+ *     min_p, repetition_penalty 1; at another temperature TemperatureLogitsWarper's
+ *     scores / temperature, logits_process.py, a b x v fp32 tensor of its own), probs = softmax
+ *     (b x v fp32), one sampled token; the previous step's next_token_logits, scores and probs
+ *     stay bound until they are rebound, and `outputs` (its b x 1 x v logits) until
+ *     `del outputs` at the step's end;
  *   max_new_tokens - 1 decoding forwards of one token: each layer's cat makes its new k (then v)
  *     one position longer while the old one is still bound, and input_ids and attention_mask
  *     grow by a column (int64).
@@ -152,13 +154,17 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     const struct mp_node *hn = &g.nodes[m.head_node];
     uint64_t v = hn->n, lt = mp_dtype_size(g.compute_dtype);
     uint64_t norm_out = mp_round512(g.tensors[hn->in[0]].bytes); /* the final norm's b x P x h */
-    uint64_t logits = 0, fp32 = 0, ids = 0, pre_ids = 0;
+    uint64_t logits = 0, fp32 = 0, ids = 0, pre_ids = 0, fp2 = 0, fp3 = 0;
     /* input_ids and attention_mask grown to P + C columns (new tensors; the caller's prompt and mask
      * are the program's input and labels); the prefill's input_ids clone and position ids */
     bool ok = v <= UINT64_MAX / 8 && b <= UINT64_MAX / 2 && add_prod(&logits, b, v * lt) && add_prod(&fp32, b, v * 4) &&
               P + C > P && (P + C) <= UINT64_MAX / 8 && add_prod(&ids, b, 8 * (P + C)) && mp_add_u64(ids, ids, &ids) &&
               add_prod(&pre_ids, b, 8 * P) && mp_add_u64(pre_ids, pre_ids, &pre_ids) &&
               mp_add_u64(m.peak, pre_ids, &m.peak) && mp_add_u64(m.head_cur, pre_ids, &m.head_cur);
+    /* a step's b x v fp32 tensors bound at once: the copy and the probabilities (fp2), with the
+     * previous step's or a third (fp3); a temperature's scores add one to each */
+    unsigned nf = t->gen_temperature ? 1 : 0;
+    ok = ok && add_prod(&fp2, 2 + nf, fp32) && add_prod(&fp3, 3 + nf, fp32);
     /* Under autocast the trainable weights' half copies are cached until each forward returns (the
      * replay holds the layers' in the prefill, gen_pass); the LM head's too: generate's head is a
      * Linear under autocast, not the fused one */
@@ -185,17 +191,17 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     uint64_t at_head = 0, after = 0, pre = m.peak, dec_fwd = 0, dec_head = 0, dec_tail = 0;
     ok = ok && mp_add_u64(m.head_cur, logits, &at_head) && mp_add_u64(at_head, lmcopy, &at_head) &&
          m.head_cur >= norm_out + wsum && mp_add_u64(m.head_cur - norm_out - wsum, logits, &after) &&
-         mp_add_u64(after, 2 * fp32, &after);
+         mp_add_u64(after, fp2, &after);
     pre = mp_max_u64(pre, mp_max_u64(at_head, after));
     /* the last decoding step: the resident state, the prompt's batch, the cache at T tokens, the ids;
      * during its forward the last layer's new k beside the old one and the previous step's
      * next_token_logits and probs; after it the new logits, their fp32 copy beside the previous two */
     uint64_t dec_base = 0;
     ok = ok && mp_add_u64(m.base, kv_last, &dec_base) && mp_add_u64(dec_base, ids, &dec_base) &&
-         mp_add_u64(dec_base, kv_one, &dec_fwd) && mp_add_u64(dec_fwd, 2 * fp32, &dec_fwd) &&
-         mp_add_u64(dec_fwd, wsum, &dec_fwd) && mp_add_u64(dec_base, 2 * fp32, &dec_head) &&
+         mp_add_u64(dec_base, kv_one, &dec_fwd) && mp_add_u64(dec_fwd, fp2, &dec_fwd) &&
+         mp_add_u64(dec_fwd, wsum, &dec_fwd) && mp_add_u64(dec_base, fp2, &dec_head) &&
          mp_add_u64(dec_head, wsum + lmcopy, &dec_head) && mp_add_u64(dec_head, logits, &dec_head) &&
-         mp_add_u64(dec_base, logits, &dec_tail) && mp_add_u64(dec_tail, 3 * fp32, &dec_tail);
+         mp_add_u64(dec_base, logits, &dec_tail) && mp_add_u64(dec_tail, fp3, &dec_tail);
     dec_fwd = mp_max_u64(dec_fwd, dec_head);
     if (!ok) {
         mp_program_release(&g);

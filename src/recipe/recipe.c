@@ -856,6 +856,12 @@ static void derive_grpo(struct reader *rd)
             refuse(rd, fact_key(rd, F_VLLM_MODE), mode->line, mode->v, "expected colocate or server");
         }
     }
+    const struct fact_val *temp = fact(rd, F_TEMPERATURE, &tmp);
+    double tv = 0;
+    if (temp && (mp_parse_double(temp->v, &tv) != MP_OK || !(tv > 0)))
+        refuse(rd, fact_key(rd, F_TEMPERATURE), temp->line, temp->v, "expected a number above 0");
+    else if (temp)
+        put(rd, MP_RS_TEMPERATURE, temp->v, F_TEMPERATURE);
     int is = fact_truth(rd, F_VLLM_IS);
     if (rd->f[F_VLLM_IS].set && is >= 0)
         put(rd, MP_RS_VLLM_IS_CORRECTION, is ? "on" : "off", F_VLLM_IS);

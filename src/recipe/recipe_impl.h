@@ -53,6 +53,7 @@ enum fact {
     F_VLLM_UTIL,    /* vllm_gpu_memory_utilization */
     F_NUM_ITER,     /* num_iterations */
     F_VLLM_IS,      /* vllm_importance_sampling_correction */
+    F_TEMPERATURE,  /* generate's sampling temperature */
     F_N
 };
 

@@ -173,9 +173,9 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_GRPO, "cache_implementation", "generate's cache_implementation (a static or offloaded cache): " NOT_YET),
     REFUSE(B_GRPO, "generation_kwargs", "generate's own arguments: " NOT_YET),
     /* the sampling warpers transformers' generate adds at each decoding step, each its own
-     * tensors of sequences x vocabulary (generation/logits_process.py): TRL's defaults add none */
-    REFUSE_BUT(B_GRPO, "temperature", "1 1.0", "a temperature other than 1 (generate's TemperatureLogitsWarper, "
-                                               "its sequences x vocabulary scores): " NOT_YET),
+     * tensors of sequences x vocabulary (generation/logits_process.py): TRL's defaults add none;
+     * a temperature is --temperature (TemperatureLogitsWarper: one tensor) */
+    FACT(B_GRPO, "temperature", F_TEMPERATURE),           /* :532 default 1.0; --temperature */
     REFUSE_BUT(B_GRPO, "top_p", "1 1.0", "top-p sampling (TopPLogitsWarper sorts the sequences x vocabulary "
                                          "scores): " NOT_YET),
     REFUSE(B_GRPO, "top_k", "top-k sampling (TopKLogitsWarper): " NOT_YET),

@@ -362,6 +362,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
                 ju64(g, "steps_per_generation", c->steps_per_generation);
             ju64(g, "num_iterations", c->num_iterations);
             cJSON_AddNumberToObject(g, "beta", c->beta);
+            cJSON_AddNumberToObject(g, "temperature", c->temperature);
             cJSON_AddStringToObject(g, "vllm", t->vllm_fraction > 0 ? "colocate" : t->vllm_server ? "server" : "none");
             if (t->vllm_fraction > 0)
                 cJSON_AddNumberToObject(g, "vllm_gpu_memory_utilization", t->vllm_fraction);
@@ -1389,6 +1390,8 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "    beta=%g,\n", c->beta);
         if (c->num_iterations > 1)
             fprintf(out, "    num_iterations=%llu,\n", (unsigned long long)c->num_iterations);
+        if (c->temperature != 1.0)
+            fprintf(out, "    temperature=%g,\n", c->temperature);
         if (c->train->vllm_fraction > 0)
             fprintf(out, "    use_vllm=True,\n    vllm_mode=\"colocate\",\n    vllm_gpu_memory_utilization=%g,\n",
                     c->train->vllm_fraction);

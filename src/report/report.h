@@ -29,7 +29,8 @@ struct mp_report_ctx {
     uint64_t num_generations;   /* --trainer grpo: GRPOConfig's num_generations, steps_per_generation, beta */
     uint64_t steps_per_generation;
     double beta;
-    uint64_t num_iterations;    /* GRPOConfig's num_iterations, vllm_importance_sampling_correction */
+    uint64_t num_iterations;    /* GRPOConfig's num_iterations, vllm_importance_sampling_correction, temperature */
+    double temperature;
     bool vllm_is_correction;
     const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     const char *alloc_from;     /* where the allocator's settings came from ("--alloc-conf",
