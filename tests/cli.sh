@@ -2422,8 +2422,6 @@ expect_msg 2 "--trainer grpo --vllm without a GPU to take a share of" "name the 
 expect_msg 2 "--trainer grpo: a sliding-window cache shorter than the sequence is refused, not ignored" \
     "sliding-window cache (window 512 < --seq 1024)" estimate models/hf/gemma-3-1b.json --trainer grpo --seq 1024 \
     --completion-length 256
-expect_msg 2 "--trainer grpo --timeline: refused (the generation is not drawn)" "not drawn yet" \
-    estimate models/hf/qwen2-0.5b.json --trainer grpo --timeline "$T/g.svg"
 if [ -n "$HAVE_PY" ]; then
     # The cache at the last decoding step, worked by hand: Qwen2-0.5B has 24 layers, 2 k/v heads of 64;
     # bf16; 8 sequences of 512 prompt + 512 completion tokens hold P + C - 1 = 1023 positions:
@@ -2623,6 +2621,29 @@ expect_msg 3 "--recipe GRPOConfig: vLLM's sleep mode refused" "sleep mode" \
     estimate --recipe "$T/g4.yaml" --trainer grpo --seq 512
 expect_msg 3 "a GRPOConfig key read as SFTConfig: refused with the hint" "give --trainer grpo" \
     estimate --recipe tests/data/recipes/trl-grpo-vllm.yaml --seq 512
+# --timeline: generation, the old log-probs' and the reference's forwards drawn before the step,
+# bracketed; the picture's peak is the estimate's (the decoding step's here: LoRA, 16 x 8
+# completions of 1,536 tokens generated at once), and its label the estimate's event
+if [ -n "$HAVE_PY" ]; then
+    run estimate models/hf/qwen2-0.5b.json --trainer grpo --seq 2048 --completion-length 1536 --finetune lora \
+        --checkpoint layers --batch 8 --grad-accum 16 --timeline "$T/g.svg" --json
+    cp "$T/out" "$T/g1.json"
+    run estimate $G --grad-accum 1 --steps-per-generation 2 --beta 0.04 --timeline "$T/g2.svg" --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, re, sys
+for js, svg, what in ((sys.argv[1], sys.argv[2], ["generate"]),
+                      (sys.argv[3], sys.argv[4], ["generate", "policy.forward", "reference.forward"])):
+    m, s = json.load(open(js))["memory"], open(svg).read()
+    assert re.findall(r"data-what=\"([^\"]+)\"", s) == what, (svg, re.findall(r"data-what=\"([^\"]+)\"", s))
+    assert [int(x) for x in re.findall(r"data-peak-bytes=\"(\d+)\"", s)] == [m["peak_reserved_bytes"]], m
+m = json.load(open(sys.argv[1]))["memory"]
+assert m["peak_event"].startswith("generate:decode") and m["peak_event"] in open(sys.argv[2]).read(), m
+' "$T/g1.json" "$T/g.svg" "$T/out" "$T/g2.svg" 2>"$T/why"; then
+        ok "--trainer grpo --timeline: generation and the no-grad forwards drawn before the step, its peak"
+    else
+        bad "--trainer grpo --timeline: generation and the no-grad forwards drawn before the step, its peak"
+    fi
+fi
 # --temperature 0.7: generate's TemperatureLogitsWarper adds the scores, one 8 x 151,936 fp32 tensor
 # (4,861,952 B), to the last decoding step (Qwen2-0.5B, 8 completions, the cache on)
 run estimate $G --json

@@ -631,8 +631,6 @@ static int check_rules(const struct command *c, struct args *a)
     if (grpo && a->num_generations < 2) /* grpo_config.py:1137-1141 raises */
         return cli_usage_error(c->name, "%s", "--trainer grpo --num-generations 1: GRPO needs 2 or more completions "
                                               "a prompt (its advantages compare them)");
-    if (grpo && a->timeline)
-        return cli_usage_error(c->name, "%s", "--timeline with --trainer grpo: the generation phase is not drawn yet");
     if (pref && !a->loss_set && a->loss == MP_LOSS_HF)
         a->loss = MP_LOSS_CHUNKED_NLL; /* trl dpo_trainer.py:959-962, kto_trainer.py:966-972: policy and reference */
     char why[256];

@@ -416,7 +416,8 @@ void par_static(const struct mp_par_plan *pp, const struct mp_train_opts *t, str
 double mp_fwd_passes(const struct mp_program *p, const struct mp_train_opts *t)
 {
     enum mp_trainer tr = p->opts.trainer;
-    return 1.0 + mp_trainer_kl_fwds(tr) + (t->ref != MP_REF_NONE ? mp_trainer_ref_fwds(tr) : 0);
+    return 1.0 + mp_trainer_kl_fwds(tr) + (t->ref != MP_REF_NONE ? mp_trainer_ref_fwds(tr) : 0) +
+           (t->old_logps ? 1.0 : 0.0); /* (GRPO's old log-probs: a micro-batch's forward a step) */
 }
 
 enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,

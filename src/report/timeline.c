@@ -51,7 +51,8 @@ static int cat_of(enum mp_store s)
  * band crossing them does not make them unreadable. */
 #define HALO " stroke=\"#fff\" stroke-width=\"3\" stroke-linejoin=\"round\" paint-order=\"stroke\""
 
-static const char *PHASE_COLOR[] = {"#d9d9d9", "#a6cee3", "#fdbf6f", "#cab2d6", "#b2df8a", "#fb9a99", "#eeeeee"};
+static const char *PHASE_COLOR[] = {"#d9d9d9", "#a6cee3", "#fdbf6f", "#cab2d6", "#b2df8a", "#fb9a99", "#eeeeee",
+                                    "#c7e9c0"};
 #define N_PHASES (sizeof PHASE_COLOR / sizeof PHASE_COLOR[0])
 
 /* ---- geometry ----------------------------------------------------------------------------- */
@@ -77,7 +78,7 @@ struct span {
 
 struct splice_span {
     size_t first, last; /* event indices, inclusive */
-    int what;           /* SPLICE_REF or SPLICE_KL */
+    int what;           /* SPLICE_REF, SPLICE_KL, SPLICE_GEN or SPLICE_OLD */
 };
 
 struct sample {
@@ -129,6 +130,8 @@ struct tl {
      * (the policy's graph held), KTO's KL forward of the policy at its first op */
     const struct mp_train_opts *t;
     unsigned ref_passes, kl_passes;
+    bool pre_done;            /* GRPO: generation, the old log-probs' and the reference's forwards,
+                               * spliced before the policy's first op, on the resident state */
     uint64_t ref_weights;     /* a frozen reference copy's weights, resident from the start */
     size_t ref_at, n_loss_grads; /* the policy event the reference forwards precede (pass 0 counts) */
     bool w_done, kl_done, have_loss;
@@ -140,7 +143,13 @@ struct tl {
     char peak_label[160];     /* the peak's event name when a splice holds it */
     struct mp_diag *d;
 };
-enum { SPLICE_REF = 1, SPLICE_KL = 2 };
+enum { SPLICE_REF = 1, SPLICE_KL = 2, SPLICE_GEN = 3, SPLICE_OLD = 4 };
+
+static const char *splice_name(int what)
+{
+    return what == SPLICE_REF ? "reference.forward" : what == SPLICE_KL ? "kl.forward"
+         : what == SPLICE_GEN ? "generate" : "policy.forward";
+}
 
 static size_t col_of(const struct tl *s, size_t ev)
 {
@@ -232,8 +241,17 @@ static enum mp_status on_event(void *ctx, const struct mp_event *ev)
     return s->nomem ? MP_ERR_NOMEM : MP_OK;
 }
 
-/* One event of a spliced no-grad forward: its forward's allocations and frees, in the phase
- * compute_loss runs it in (loss for the reference's, forward for KTO's KL forward). */
+/* The phase a splice is drawn in: GRPO's run before the step (generation); DPO's and KTO's
+ * reference forward in compute_loss (loss), KTO's KL forward at the forward's start. */
+static enum mp_phase splice_phase(const struct tl *s, int what)
+{
+    if (s->t->ref_before_policy)
+        return MP_PH_GENERATE;
+    return what == SPLICE_REF ? MP_PH_LOSS : MP_PH_FORWARD;
+}
+
+/* One event of a spliced no-grad forward: its forward's allocations and frees, in its phase
+ * (splice_phase). */
 static enum mp_status splice_event(void *ctx, const struct mp_program *p, const struct mp_event *ev)
 {
     struct tl *s = ctx;
@@ -246,13 +264,12 @@ static enum mp_status splice_event(void *ctx, const struct mp_program *p, const 
         return MP_OK;
     s->sp_net = ev->kind == MP_EV_ALLOC ? s->sp_net + r : s->sp_net - r;
     struct mp_event e = *ev;
-    e.phase = s->splicing == SPLICE_REF ? MP_PH_LOSS : MP_PH_FORWARD;
+    e.phase = splice_phase(s, s->splicing);
     e.node = -1; /* (a node of p, not of the policy's program) */
     uint64_t before = s->peak;
     enum mp_status st = on_event(s, &e);
     if (s->pass == 1 && s->peak > before && ev->kind == MP_EV_ALLOC)
-        snprintf(s->peak_label, sizeof s->peak_label, "%s:%s:%s", mp_phase_str(e.phase),
-                 s->splicing == SPLICE_REF ? "reference.forward" : "kl.forward",
+        snprintf(s->peak_label, sizeof s->peak_label, "%s:%s:%s", mp_phase_str(e.phase), splice_name(s->splicing),
                  ev->node >= 0 && (size_t)ev->node < p->n_nodes ? p->nodes[ev->node].name : "?");
     return st;
 }
@@ -263,10 +280,29 @@ static enum mp_status splice(struct tl *s, int what)
     s->sp_started = false;
     s->sp_net = 0;
     size_t first = s->n_ev;
-    enum mp_status st = mp_replay_nograd_forward(s->p, s->t, what == SPLICE_REF, splice_event, s, s->d);
+    struct mp_train_opts rt = *s->t;
+    rt.gen_pass = what == SPLICE_OLD; /* (the policy's own weights under autocast: estimate.c old_phase) */
+    enum mp_status st = MP_OK;
+    if (what == SPLICE_GEN) {
+        /* generate.c's peak is arithmetic past the prefill: drawn as one rise to it and back */
+        struct mp_estimate e;
+        memset(&e, 0, sizeof e);
+        st = mp_generation_phase(s->p, s->t, &e, s->d);
+        uint64_t at = e.gen_peak_bytes + s->ref_weights;
+        if (st == MP_OK && at > s->total) {
+            uint64_t up = at - s->total, before = s->peak;
+            st = on_event(s, &(struct mp_event){.kind = MP_EV_ALLOC, .store = MP_ST_ACT, .bytes = up, .node = -1,
+                                                .phase = MP_PH_GENERATE});
+            if (s->pass == 1 && s->peak > before)
+                snprintf(s->peak_label, sizeof s->peak_label, "%s", e.gen_event);
+            s->sp_net = up;
+        }
+    } else {
+        st = mp_replay_nograd_forward(s->p, &rt, what == SPLICE_REF, splice_event, s, s->d);
+    }
     if (st == MP_OK && s->sp_net) /* what it still holds (its outputs) goes with it */
         st = on_event(s, &(struct mp_event){.kind = MP_EV_FREE, .store = MP_ST_ACT, .bytes = s->sp_net, .node = -1,
-                                            .phase = what == SPLICE_REF ? MP_PH_LOSS : MP_PH_FORWARD});
+                                            .phase = splice_phase(s, what)});
     if (s->n_ev > first && s->n_splice < sizeof s->splice / sizeof s->splice[0]) {
         s->splice[s->n_splice].first = first;
         s->splice[s->n_splice].last = s->n_ev - 1;
@@ -288,6 +324,15 @@ static enum mp_status on_policy_event(void *ctx, const struct mp_event *ev)
             st = on_event(s, &(struct mp_event){.kind = MP_EV_ALLOC, .store = MP_ST_PARAM, .bytes = s->ref_weights,
                                                 .node = -1, .phase = MP_PH_SETUP});
         s->synthetic = false;
+    }
+    if (st == MP_OK && s->t->ref_before_policy && !s->pre_done && ev->kind == MP_EV_OP_BEGIN) {
+        s->pre_done = true; /* GRPO: _generate_and_score_completions, then the step */
+        if (s->t->gen_steps)
+            st = splice(s, SPLICE_GEN);
+        if (st == MP_OK && s->t->old_logps)
+            st = splice(s, SPLICE_OLD);
+        if (st == MP_OK && s->t->ref != MP_REF_NONE)
+            st = splice(s, SPLICE_REF);
     }
     if (st == MP_OK && s->kl_passes && !s->kl_done && ev->kind == MP_EV_OP_BEGIN) {
         s->kl_done = true;
@@ -580,17 +625,20 @@ static void draw_phases(FILE *out, const struct tl *s, double evw)
             text(out, bx, MY0 - 13, "middle", "font-size=\"10\" fill=\"#222\"", mp_phase_str((enum mp_phase)ph));
     }
 
-    /* the no-grad forwards a DPO/KTO step runs inside it: a bracket under the phase band */
+    /* the no-grad forwards a DPO/KTO/GRPO step runs: a bracket under the phase band */
     for (size_t i = 0; i < s->n_splice; i++) {
         const struct splice_span *sp = &s->splice[i];
-        const char *what = sp->what == SPLICE_REF ? "reference.forward" : "kl.forward";
+        const char *what = splice_name(sp->what);
         double x = XEV(sp->first), w = evw * (double)(sp->last + 1 - sp->first);
         fprintf(out, "<rect class=\"splice\" data-what=\"%s\" data-first-event=\"%zu\" data-last-event=\"%zu\" "
                      "x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"6\" fill=\"#555\"/>\n",
                 what, sp->first, sp->last, x, MY0 - 8, w);
         if (w >= 60)
             text(out, x + w / 2, MY0 + 10, "middle", "font-size=\"10\" fill=\"#333\"" HALO,
-                 sp->what == SPLICE_REF ? "reference forward (no grad)" : "KL forward (no grad)");
+                 sp->what == SPLICE_REF   ? "reference forward (no grad)"
+                 : sp->what == SPLICE_KL  ? "KL forward (no grad)"
+                 : sp->what == SPLICE_GEN ? "generate (its peak)"
+                                          : "old log-probs (no grad)");
     }
 
     /* an optimizer step that allocates nothing (DeepSpeed's fused Adam) has no band: a mark */
@@ -944,7 +992,7 @@ enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const stru
     }
     s.t = t;
     s.d = d;
-    s.ref_passes = t->ref != MP_REF_NONE ? mp_trainer_ref_fwds(p->opts.trainer) : 0;
+    s.ref_passes = t->ref != MP_REF_NONE && !t->ref_before_policy ? mp_trainer_ref_fwds(p->opts.trainer) : 0;
     s.kl_passes = mp_trainer_kl_fwds(p->opts.trainer);
     if (!mp_ref_weights_bytes(p, t, &s.ref_weights)) {
         st = mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
@@ -1006,7 +1054,7 @@ enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const stru
     s.total = 0;
     s.n_ev = 0;
     s.pass = 2;
-    s.w_done = s.kl_done = s.have_loss = false;
+    s.w_done = s.kl_done = s.pre_done = s.have_loss = false;
     s.n_loss_grads = s.n_splice = 0;
     st = mp_replay(p, sched, t, on_policy_event, &s, d);
     if (st != MP_OK)
