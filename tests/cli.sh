@@ -2644,6 +2644,43 @@ assert m["peak_event"].startswith("generate:decode") and m["peak_event"] in open
         bad "--trainer grpo --timeline: generation and the no-grad forwards drawn before the step, its peak"
     fi
 fi
+# suggest's GRPO limits at the plan: the longest completion and the largest vLLM share that still
+# fit, each the boundary check draws (exit 0 at it, 1 one past it)
+if [ -n "$HAVE_PY" ]; then
+    run suggest models/hf/qwen2-0.5b.json --trainer grpo --seq 1024 --completion-length 512 --gpu a100-40gb \
+        --no-probe --vllm 0.3 --json
+    lim=$(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["recommendation"]
+g = r["grpo_limits"]
+f = g["max_vllm_fraction"]
+print(r["micro_batch"], r["precision"], r["plan"]["strategy"], g["max_completion_length"], f, round(f + 0.01, 2))
+' "$T/out" 2>/dev/null)
+    codes=""
+    if [ -n "$lim" ]; then
+        set -f
+        # shellcheck disable=SC2086
+        set -- $lim
+        set +f
+        lb=$1 lp=$2 lc=$3 lmax=$4 lf=$5 lf1=$6
+        C1="models/hf/qwen2-0.5b.json --trainer grpo --batch $lb --precision $lp --checkpoint $lc --gpu a100-40gb"
+        run check $C1 --seq $((512 + lmax)) --completion-length "$lmax" --vllm 0.3
+        codes="$codes$ec"
+        run check $C1 --seq $((513 + lmax)) --completion-length $((lmax + 1)) --vllm 0.3
+        codes="$codes$ec"
+        run check $C1 --seq 1024 --completion-length 512 --vllm "$lf"
+        codes="$codes$ec"
+        run check $C1 --seq 1024 --completion-length 512 --vllm "$lf1"
+        codes="$codes$ec"
+        set --
+    fi
+    if [ "$codes" = "0101" ]; then
+        ok "suggest --trainer grpo: the limits (completion $lmax, vLLM $lf) are where check turns from 0 to 1"
+    else
+        echo "got '$codes' for check at and past each limit ($lim), expected 0101" >"$T/why"
+        bad "suggest --trainer grpo: the limits are where check turns from 0 to 1"
+    fi
+fi
 # --temperature 0.7: generate's TemperatureLogitsWarper adds the scores, one 8 x 151,936 fp32 tensor
 # (4,861,952 B), to the last decoding step (Qwen2-0.5B, 8 completions, the cache on)
 run estimate $G --json

@@ -315,6 +315,13 @@ class RecipeChange:
 
 
 @dataclass
+class GrpoLimits:
+    max_completion_length: int  # the longest completion that still fits the plan (the prompt kept)
+    max_vllm_fraction: Optional[float] = _opt()  # with --vllm F: its largest share that still fits
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
 class Candidate:
     micro_batch: int
     grad_accum: int
@@ -341,6 +348,7 @@ class Candidate:
     device_bytes: Optional[int] = _opt()  # peak reserved + context
     tokens_per_micro_batch: Optional[int] = _opt()  # --packing / --padding-free (the recommendation)
     recipe_changes: Optional[List[RecipeChange]] = _opt()  # suggest --recipe (the recommendation)
+    grpo_limits: Optional[GrpoLimits] = _opt()  # suggest --trainer grpo (the recommendation)
     extra: Dict[str, Any] = _extra()
 
 

@@ -159,6 +159,8 @@ int cmd_suggest(struct args *a)
         goto out;
     if ((st = mp_suggest(&j, &o, cli_argv0, sg, &d)) != MP_OK)
         goto out;
+    if (a->trainer == MP_TRAINER_GRPO && (st = mp_grpo_limits(&j, sg, &d)) != MP_OK)
+        goto out;
     /* the picture before the report: a failed write (exit 5) prints no report */
     if ((rc = suggest_timeline(a, &s, &j, sg, &d, &st)) != 0 || st != MP_OK)
         goto out;

@@ -1718,6 +1718,12 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
                 ju64(rc, "tokens_per_micro_batch", packed_tokens(c, s->cand[s->best].micro_batch));
             if (c->recipe) /* the keys of the recipe to change for this plan */
                 cJSON_AddItemToObject(rc, "recipe_changes", json_recipe_changes(c->recipe, &s->cand[s->best]));
+            if (s->grpo_max_completion) { /* GRPO: the plan's limits (mp_grpo_limits) */
+                cJSON *g = cJSON_AddObjectToObject(rc, "grpo_limits");
+                ju64(g, "max_completion_length", s->grpo_max_completion);
+                if (s->grpo_max_vllm > 0)
+                    cJSON_AddNumberToObject(g, "max_vllm_fraction", s->grpo_max_vllm);
+            }
             cJSON_AddItemToObject(r, "recommendation", rc);
         } else {
             cJSON_AddNullToObject(r, "recommendation");
@@ -1779,6 +1785,13 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         if (c->prog && c->prog->opts.completion)
             fprintf(out, "  loss head          %s (TRL's fused LM head); labels on the %llu completion tokens\n",
                     mp_loss_str(loss_of(c)), (unsigned long long)c->prog->opts.completion);
+        if (s->grpo_max_completion) { /* (mp_grpo_limits) */
+            fprintf(out, "  GRPO limits        max_completion_length up to %llu fits this plan",
+                    (unsigned long long)s->grpo_max_completion);
+            if (s->grpo_max_vllm > 0)
+                fprintf(out, "; vllm_gpu_memory_utilization up\n                     to %.2f", s->grpo_max_vllm);
+            fputs(" (the prompt as planned)\n", out);
+        }
         else if (loss_of(c) != MP_LOSS_HF)
             fprintf(out, "  loss head          %s (%s); label fraction %.3g\n", mp_loss_str(loss_of(c)),
                     mp_trainer_ref_fwds(tr) ? "TRL's fused LM head, policy and reference" : mp_loss_how(loss_of(c)),

@@ -1712,3 +1712,80 @@ uint64_t mp_fit_shortfall(const struct mp_fit *f)
         by = f->device_bytes - f->usable_bytes;
     return by;
 }
+
+/* ---- GRPO's limits at the plan ------------------------------------------------------------------ */
+
+/* Does the plan fit with completion c (the prompt kept) and a vLLM share f? */
+static enum mp_status grpo_fits(const struct mp_job *base, const struct mp_candidate *c, uint64_t comp, double f,
+                                bool *ok, struct mp_diag *d)
+{
+    struct mp_job j = *base;
+    j.build.precision = c->precision;
+    j.build.batch = c->micro_batch;
+    j.ckpt = c->ckpt;
+    j.train.accumulate = c->grad_accum > 1;
+    j.train.vllm_fraction = f;
+    uint64_t P = base->build.seq - base->build.completion;
+    j.build.seq = P + comp;
+    j.build.completion = comp;
+    if (j.train.gen_steps)
+        j.train.gen_completion = comp;
+    j.verdict_only = true;
+    struct mp_fit fit;
+    enum mp_status st = mp_fit_eval(&j, &fit, d);
+    if (st == MP_ERR_RANGE) { /* (sizes past 64 bits: it does not fit) */
+        *ok = false;
+        return MP_OK;
+    }
+    if (st != MP_OK)
+        return st;
+    *ok = fit.fits;
+    mp_fit_release(&fit);
+    return MP_OK;
+}
+
+enum mp_status mp_grpo_limits(const struct mp_job *base, struct mp_suggestion *s, struct mp_diag *d)
+{
+    if (s->best < 0 || !base->build.completion || base->build.seq <= base->build.completion)
+        return MP_OK;
+    const struct mp_candidate *c = &s->cand[s->best];
+    double f = base->train.vllm_fraction;
+    uint64_t lo = base->build.completion, hi = 0;
+    bool ok = false;
+    enum mp_status st;
+    /* the completion: doubling past the planned one, then bisecting [lo fits, hi does not] */
+    for (uint64_t t = lo * 2; t <= MP_GRPO_MAX_COMPLETION; t *= 2) {
+        if ((st = grpo_fits(base, c, t, f, &ok, d)) != MP_OK)
+            return st;
+        if (!ok) {
+            hi = t;
+            break;
+        }
+        lo = t;
+    }
+    while (hi && hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if ((st = grpo_fits(base, c, mid, f, &ok, d)) != MP_OK)
+            return st;
+        if (ok)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    s->grpo_max_completion = lo;
+    /* vLLM's share, in hundredths: the planned one fits; the largest that still does */
+    if (f > 0) {
+        unsigned a = (unsigned)(f * 100.0 + 0.5), b = 100; /* [a fits, b = 1.0 cannot be asked] */
+        while (b - a > 1) {
+            unsigned mid = a + (b - a) / 2;
+            if ((st = grpo_fits(base, c, base->build.completion, mid / 100.0, &ok, d)) != MP_OK)
+                return st;
+            if (ok)
+                a = mid;
+            else
+                b = mid;
+        }
+        s->grpo_max_vllm = a / 100.0 > f ? a / 100.0 : f;
+    }
+    return MP_OK;
+}

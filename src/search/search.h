@@ -166,7 +166,19 @@ struct mp_suggestion {
     uint64_t probe_capacity_bytes;/* the pool limit the probes ran under (0: no probe) */
     char probe_note[160];         /* why the probes did not confirm, when they did not */
     double elapsed_ms;
+    /* GRPO (mp_grpo_limits), at the recommended plan: the longest completion that still fits (the
+     * prompt as planned; 0: not searched) and a colocated vLLM's largest share (0: none) */
+    uint64_t grpo_max_completion;
+    double grpo_max_vllm;
 };
+
+/* GRPO's limits at s's recommended plan (s->best >= 0): the longest max_completion_length that
+ * still fits with the prompt as planned, each a fit at the plan's micro-batch, precision and
+ * checkpoints (exponential, then bisection, up to MP_GRPO_MAX_COMPLETION); with a colocated vLLM,
+ * its largest vllm_gpu_memory_utilization in hundredths that still fits.  MP_OK, or the fits'
+ * error. */
+#define MP_GRPO_MAX_COMPLETION 1048576
+enum mp_status mp_grpo_limits(const struct mp_job *base, struct mp_suggestion *s, struct mp_diag *d);
 
 /* suggest probing on the host backend: its pool really allocates, up to the probes' limit
  * (o->probe_capacity_bytes, else the target's usable bytes), so a limit over half of
