@@ -2681,6 +2681,94 @@ print(r["micro_batch"], r["precision"], r["plan"]["strategy"], g["max_completion
         bad "suggest --trainer grpo: the limits are where check turns from 0 to 1"
     fi
 fi
+# review fixes: the options' trainers, the recipe's booleans and its generation batch, the limits
+expect_msg 2 "--disable-dropout with --trainer sft: refused (SFTConfig has no disable_dropout)" \
+    "needs --trainer dpo, kto, kto-apo or grpo" estimate models/hf/gpt2.json --disable-dropout on
+expect_msg 2 "--vllm-correction without vLLM: refused (it corrects vLLM's sampling)" "needs --vllm F or --vllm server" \
+    estimate models/hf/qwen2-0.5b.json --trainer grpo --vllm-correction off
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nuse_vllm: maybe\n' >"$T/g5.yaml"
+expect_msg 3 "--recipe GRPOConfig: use_vllm neither true nor false: refused, naming the line" \
+    "g5.yaml:2: use_vllm: maybe: expected true or false" estimate --recipe "$T/g5.yaml" --trainer grpo --seq 768
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nuse_vllm: true\n' >"$T/g6.yaml"
+expect_msg 2 "--recipe GRPOConfig: use_vllm without a GPU: the message names the file's key" \
+    "g6.yaml:2: use_vllm: a colocated vLLM takes 0.3" estimate --recipe "$T/g6.yaml" --trainer grpo --seq 768
+expect_msg 3 "--recipe GRPOConfig: generation_batch_size with --batch (it was divided by the file's batch): refused" \
+    "trl-grpo-genbatch.yaml:9: generation_batch_size" estimate --recipe tests/data/recipes/trl-grpo-genbatch.yaml \
+    --trainer grpo --seq 384 --batch 16
+run suggest models/hf/gpt2.json --trainer grpo --seq 512 --completion-length 256 --disable-dropout on --gpu a100-40gb \
+    --no-probe --emit hf
+e1=$ec
+cp "$T/out" "$T/em1"
+run suggest models/hf/gpt2.json --trainer dpo --seq 512 --disable-dropout off --gpu a100-40gb --no-probe --emit hf
+if [ "$e1" -eq 0 ] && [ "$ec" -eq 0 ] && grep -q "disable_dropout=True," "$T/em1" &&
+    grep -q "disable_dropout=False," "$T/out"; then
+    ok "--emit hf writes disable_dropout where it differs from the config's default (GRPO on, DPO off)"
+else
+    bad "--emit hf writes disable_dropout where it differs from the config's default (GRPO on, DPO off)"
+fi
+if [ -n "$HAVE_PY" ]; then
+    # generation mid-accumulation (steps_per_generation 2 within 4 micro-steps) runs beside the
+    # accumulated gradients, at the boundary (4 within 4) without them (Qwen2-0.5B, full, beta 0.04)
+    A="models/hf/qwen2-0.5b.json --trainer grpo --seq 640 --completion-length 128 --batch 8 --beta 0.04 --json"
+    run estimate $A --grad-accum 4 --steps-per-generation 4
+    cp "$T/out" "$T/acc4.json"
+    run estimate $A --grad-accum 1 --steps-per-generation 4
+    cp "$T/out" "$T/acc1.json"
+    run estimate $A --grad-accum 4 --steps-per-generation 2 --timeline "$T/acc.svg"
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a4, a1, mid = (json.load(open(p))["memory"] for p in sys.argv[1:4])
+r = lambda m, k: m["phases"][k]["peak_allocated_bytes"]
+assert r(a4, "reference_forward") == r(a1, "reference_forward"), (a4["phases"], a1["phases"])
+assert r(a4, "generation") == r(a1, "generation"), (a4["phases"], a1["phases"])
+g = mid["grads_bytes"]
+assert r(mid, "reference_forward") - r(a4, "reference_forward") == g, (mid["phases"], g)
+svg = open(sys.argv[4]).read()
+assert "data-what=\"generate\"" in svg and "data-what=\"reference.forward\"" in svg
+' "$T/acc4.json" "$T/acc1.json" "$T/out" "$T/acc.svg" 2>"$T/why"; then
+        ok "--trainer grpo: the phases before the step hold the accumulated gradients only mid-accumulation"
+    else
+        bad "--trainer grpo: the phases before the step hold the accumulated gradients only mid-accumulation"
+    fi
+    # a limit past the model's positions is not a plan: GPT-2 (1,024 learned positions), prompt 200
+    run suggest models/hf/gpt2.json --trainer grpo --seq 300 --completion-length 100 --gpu h200-141gb --no-probe \
+        --max-batch 8 --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+g = json.load(open(sys.argv[1]))["recommendation"]["grpo_limits"]
+assert g["max_completion_length"] == 1024 - 200 and not g["at_least"], g
+' "$T/out" 2>"$T/why"; then
+        ok "suggest --trainer grpo: the longest completion stops at the model's positions (824 after 200)"
+    else
+        bad "suggest --trainer grpo: the longest completion stops at the model's positions (824 after 200)"
+    fi
+    # the vLLM share reported is one check accepts, never rounded up past the one planned
+    run suggest models/hf/qwen2-0.5b.json --trainer grpo --seq 1024 --completion-length 512 --gpu a100-40gb \
+        --no-probe --vllm 0.265 --json
+    lim=$(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["recommendation"]
+f = r["grpo_limits"]["max_vllm_fraction"]
+assert f >= 0.265
+print(r["micro_batch"], r["precision"], r["plan"]["strategy"], f)
+' "$T/out" 2>/dev/null)
+    ec=9
+    if [ -n "$lim" ]; then
+        set -f
+        # shellcheck disable=SC2086
+        set -- $lim
+        set +f
+        run check models/hf/qwen2-0.5b.json --trainer grpo --seq 1024 --completion-length 512 --gpu a100-40gb \
+            --batch "$1" --precision "$2" --checkpoint "$3" --vllm "$4"
+        set --
+    fi
+    if [ "$ec" -eq 0 ]; then
+        ok "suggest --trainer grpo --vllm 0.265: the largest vLLM share reported fits (check exit 0)"
+    else
+        echo "limits: $lim" >"$T/why"
+        bad "suggest --trainer grpo --vllm 0.265: the largest vLLM share reported fits (check exit 0)"
+    fi
+fi
 # --temperature 0.7: generate's TemperatureLogitsWarper adds the scores, one 8 x 151,936 fp32 tensor
 # (4,861,952 B), to the last decoding step (Qwen2-0.5B, 8 completions, the cache on)
 run estimate $G --json

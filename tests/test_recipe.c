@@ -445,6 +445,38 @@ static void test_write_recipe(void **state)
     remove(in);
 }
 
+/* TRL GRPOConfig files read with --trainer grpo (trl 1.16.0 grpo_config.py): the generation keys as
+ * their options, no length (GRPOConfig has none), generation_batch_size over the file's micro-batch */
+static void test_trl_grpo(void **state)
+{
+    (void)state;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_recipe_read_as(D "trl-grpo-vllm.yaml", -1, MP_TRAINER_GRPO, &r, &d), MP_OK);
+    assert_string_equal(r.trainer, "TRL 1.16.0 GRPOTrainer (GRPOConfig + ModelConfig)");
+    expect(BATCH, "8", KEY, "per_device_train_batch_size", 9);
+    expect(NUM_GENERATIONS, "8", KEY, "num_generations", 11);
+    expect(COMPLETION_LENGTH, "256", KEY, "max_completion_length", 12);
+    expect(BETA, "0.04", KEY, "beta", 13);
+    expect(TEMPERATURE, "0.9", KEY, "temperature", 15);
+    expect(VLLM, "0.25", KEY, "vllm_gpu_memory_utilization", 18);
+    expect(LOSS, "chunked-nll", DEFAULT, "loss_type", 0); /* grpo_trainer.py:1068-1077 the fused head */
+    unset(SEQ);
+    unset(STEPS_PER_GENERATION);
+    unset(VLLM_IS_CORRECTION);
+    unset(DISABLE_DROPOUT);
+    assert_int_equal(mp_recipe_read_as(D "trl-grpo-genbatch.yaml", -1, MP_TRAINER_GRPO, &r, &d), MP_OK);
+    expect(STEPS_PER_GENERATION, "4", KEY, "generation_batch_size", 9); /* 32 / per_device_train_batch_size 8 */
+    expect(NUM_GENERATIONS, "4", KEY, "num_generations", 10);
+    expect(COMPLETION_LENGTH, "128", KEY, "max_completion_length", 11);
+    expect(DISABLE_DROPOUT, "on", KEY, "disable_dropout", 12);
+    unset(VLLM);
+    unset(BETA);
+    /* read as SFTConfig, a GRPOConfig key is refused with the hint */
+    assert_int_equal(mp_recipe_read(D "trl-grpo-vllm.yaml", -1, &r, &d), MP_ERR_MODEL);
+    assert_non_null(strstr(d.msg, "give --trainer grpo"));
+    assert_null(strchr(d.msg, '\n'));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -454,6 +486,7 @@ int main(void)
         cmocka_unit_test(test_llamafactory_lora), cmocka_unit_test(test_llamafactory_defaults),
         cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_optimizer_hf_names), cmocka_unit_test(test_write_recipe),
+        cmocka_unit_test(test_trl_grpo),
     };
     return cmocka_run_group_tests_name("recipe", tests, NULL, NULL);
 }

@@ -153,6 +153,7 @@ class Config:
     trainer: Optional[str] = _opt()  # --trainer other than sft: "dpo", "kto", "kto-apo"
     sequences: Optional[int] = _opt()  # the sequences the model runs (DPO: 2 per pair)
     reference: Optional[str] = _opt()  # DPO's reference: "copy" | "adapter-disabled" | "none"
+    disable_dropout: Optional[bool] = _opt()  # --trainer other than sft: TRL's disable_dropout as planned
     grpo: Optional[Grpo] = _opt()  # --trainer grpo: GRPOConfig's generation settings as planned
     packing: Optional[str] = _opt()  # --packing / --padding-free: "rows" | "padding-free"
     tokens_per_micro_batch: Optional[int] = _opt()  # estimate and check, with packing
@@ -317,6 +318,7 @@ class RecipeChange:
 @dataclass
 class GrpoLimits:
     max_completion_length: int  # the longest completion that still fits the plan (the prompt kept)
+    at_least: bool  # every length searched (up to 1,048,576) fits: a lower bound
     max_vllm_fraction: Optional[float] = _opt()  # with --vllm F: its largest share that still fits
     extra: Dict[str, Any] = _extra()
 

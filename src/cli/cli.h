@@ -55,6 +55,7 @@ struct args {
     uint64_t num_iterations; /* num_iterations (1) */
     double temperature;      /* temperature (1) */
     int vllm_is_corr;        /* vllm_importance_sampling_correction (1: on) */
+    bool vllm_is_corr_set;
     bool grpo_set;         /* one of --num-generations, --steps-per-generation, --beta, --vllm given */
     double label_fraction; /* --label-fraction */
     bool packing;          /* --packing */

@@ -138,8 +138,8 @@ static const struct opt OPTS[] = {
              "kto: --batch examples, 2 or more, KL and reference forwards; kto-apo: KTO's loss_type "
              "apo_zero_unpaired, no KL term; grpo: --batch completions, generation first)"},
     {0, "disable-dropout", "on|off", C_EST | C_PLAN | C_SUGG | C_CHECK, K_CHOICE, FIELD(disable_dropout),
-     .choices = ON_OFF, .help = "TRL's disable_dropout: every dropout's p set to 0, LoRA's too (default: on for "
-                                "dpo, kto and kto-apo, off otherwise)"},
+     .choices = ON_OFF, .help = "dpo, kto, kto-apo, grpo: TRL's disable_dropout, every dropout's p set to 0, LoRA's "
+                                "too (default: on, grpo's off)"},
     {0, "precompute-ref", NULL, C_EST | C_PLAN | C_SUGG | C_CHECK, K_FLAG, FIELD(precompute_ref),
      .help = "dpo, kto, kto-apo: precompute_ref_log_probs=True (no reference model in the step)"},
     {0, "completion-length", "C", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(1, MAX_SEQ), FIELD(completion_len),
@@ -166,7 +166,7 @@ static const struct opt OPTS[] = {
      .help = "grpo: optimization passes over each generation batch; past the accumulation's steps the "
              "policy's old log-probs take a no-grad forward (default 1)"},
     {0, "vllm-correction", "on|off", C_EST | C_PLAN | C_SUGG | C_CHECK, K_CHOICE, FIELD(vllm_is_corr),
-     SEEN(grpo_set), .choices = ON_OFF,
+     SEEN(vllm_is_corr_set), .choices = ON_OFF,
      .help = "grpo --vllm: vllm_importance_sampling_correction, the policy's old log-probs by a no-grad "
              "forward (default on)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
@@ -619,7 +619,7 @@ static int check_rules(const struct command *c, struct args *a)
     bool grpo = tr == MP_TRAINER_GRPO;
     if (a->precompute_ref && (!pref || grpo))
         return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo, kto or kto-apo");
-    if ((a->grpo_set || a->completion_set) && !grpo)
+    if ((a->grpo_set || a->completion_set || a->vllm_is_corr_set) && !grpo)
         return cli_usage_error(c->name, "%s", "--completion-length, --num-generations, --steps-per-generation, "
                                               "--beta, --vllm, --temperature, --num-iterations and --vllm-correction need "
                                               "--trainer grpo");
@@ -628,6 +628,12 @@ static int check_rules(const struct command *c, struct args *a)
                 "give --seq, the prompt's tokens + max_completion_length\n", a->rec->path);
         return MP_EXIT_USAGE;
     }
+    if (a->disable_dropout >= 0 && tr == MP_TRAINER_SFT)
+        return cli_usage_error(c->name, "%s", "--disable-dropout needs --trainer dpo, kto, kto-apo or grpo (SFTConfig "
+                                              "has no disable_dropout)");
+    if (grpo && a->vllm_is_corr_set && !(a->vllm > 0 || a->vllm_server))
+        return cli_usage_error(c->name, "%s", "--vllm-correction needs --vllm F or --vllm server (it corrects vLLM's "
+                                              "sampling)");
     if (grpo && a->num_generations < 2) /* grpo_config.py:1137-1141 raises */
         return cli_usage_error(c->name, "%s", "--trainer grpo --num-generations 1: GRPO needs 2 or more completions "
                                               "a prompt (its advantages compare them)");
@@ -772,10 +778,14 @@ static int recipe_setting(const struct command *c, struct args *a, const bool *g
     }
     if (id == MP_RS_PRECISION && a->rec->dtype_auto)
         return 0; /* the checkpoint's dtype: apply_recipe settles it once the model is known */
-    if (id == MP_RS_STEPS_PER_GENERATION && c->bit == C_SUGG && s->line && !strcmp(s->key, "generation_batch_size")) {
-        fprintf(stderr, "memplan: error: %s:%u: generation_batch_size: fixes the generation batch while suggest "
-                "searches the micro-batch: give steps_per_generation instead\n", a->rec->path, s->line);
-        return MP_EXIT_INPUT;
+    if (id == MP_RS_STEPS_PER_GENERATION && s->line && !strcmp(s->key, "generation_batch_size")) {
+        const struct opt *bo = opt_named("batch");
+        if (c->bit == C_SUGG || (bo && given[bo - OPTS])) { /* (the steps are the file's batch's) */
+            fprintf(stderr, "memplan: error: %s:%u: generation_batch_size: fixes the generation batch while %s: "
+                    "give steps_per_generation instead\n", a->rec->path, s->line,
+                    c->bit == C_SUGG ? "suggest searches the micro-batch" : "--batch changes the micro-batch");
+            return MP_EXIT_INPUT;
+        }
     }
     if (!(o->cmds & c->bit) || (id >= MP_RS_LORA_R && id <= MP_RS_LORA_TARGETS && !lora) ||
         (id == MP_RS_CHECKPOINT && c->bit == C_PLAN)) {

@@ -321,8 +321,13 @@ static int setup_target(const struct args *a, struct setup *s, bool need_target,
         }
     }
     if (a->vllm > 0 && !s->have_gpu) {
-        fprintf(stderr, "memplan: error: --vllm %g takes %g of the GPU's memory: name the GPU (--gpu or --vram)\n",
-                a->vllm, a->vllm);
+        const struct mp_recipe_setting *rv = a->rec ? &a->rec->s[MP_RS_VLLM] : NULL;
+        if (rv && rv->set && rv->src != MP_RSRC_COMMAND_LINE) /* (the recipe's use_vllm) */
+            fprintf(stderr, "memplan: error: %s:%u: %s: a colocated vLLM takes %g of the GPU's memory: name the GPU "
+                    "(--gpu or --vram)\n", a->rec->path, rv->line, rv->key, a->vllm);
+        else
+            fprintf(stderr, "memplan: error: --vllm %g takes %g of the GPU's memory: name the GPU (--gpu or --vram)\n",
+                    a->vllm, a->vllm);
         return MP_EXIT_USAGE;
     }
     if (!s->have_gpu)
@@ -430,7 +435,8 @@ static int setup_grpo(const struct args *a, struct setup *s, bool need_target)
     /* suggest --global-batch without --steps-per-generation: TRL's steps_per_generation is the
      * accumulation suggest picks, so generation takes the global batch whatever the micro-batch */
     bool whole = !a->steps_per_gen && a->global_batch;
-    if (whole && (a->global_batch * world) % a->num_generations) {
+    uint64_t gw = 0;
+    if (whole && (!mp_mul_u64(a->global_batch, world, &gw) || gw % a->num_generations)) {
         fprintf(stderr, "memplan: error: --trainer grpo: --global-batch %llu is the generation batch (steps_per_"
                 "generation defaults to the accumulation) and not a multiple of --num-generations %llu\n",
                 (unsigned long long)a->global_batch, (unsigned long long)a->num_generations);
@@ -465,8 +471,16 @@ static int setup_grpo(const struct args *a, struct setup *s, bool need_target)
     /* the old log-probs' forward (grpo_trainer.py:2641-2645): generation out of step with the
      * optimizer's steps, or vLLM's importance sampling */
     uint64_t every;
-    s->train.old_logps = !mp_mul_u64(k, a->num_iterations, &every) || (a->grad_accum ? a->grad_accum : 1) % every ||
-                         ((a->vllm > 0 || a->vllm_server) && a->vllm_is_corr);
+    if (!mp_mul_u64(k, a->num_iterations, &every)) {
+        fprintf(stderr, "memplan: error: --trainer grpo: --steps-per-generation x --num-iterations overflows 64 "
+                "bits\n");
+        return MP_EXIT_USAGE;
+    }
+    s->train.gen_every = every;
+    s->train.gen_iterations = (double)a->num_iterations;
+    s->train.old_vllm = (a->vllm > 0 || a->vllm_server) && a->vllm_is_corr;
+    /* (suggest picks the accumulation: mp_grpo_phases again for each candidate) */
+    mp_grpo_phases(&s->train, need_target && !a->grad_accum ? 0 : a->grad_accum ? a->grad_accum : 1);
     s->train.vllm_server = a->vllm_server;
     if (a->vllm > 0 || a->vllm_server)
         return 0; /* (vLLM generates: its reservation, setup_target) */
@@ -575,6 +589,8 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
     c->steps_per_generation = a->steps_per_gen; /* (0: TRL's default, the accumulation) */
     c->beta = a->beta;
     c->num_iterations = a->num_iterations;
+    c->disable_dropout = a->disable_dropout >= 0 ? a->disable_dropout > 0
+                                                 : mp_trainer_drops_dropout((enum mp_trainer)a->trainer);
     c->temperature = a->temperature;
     c->vllm_is_correction = a->vllm_is_corr != 0;
     c->all_layers = a->all_layers;

@@ -255,6 +255,8 @@ static enum mp_status count_one(struct counter *c, const struct mp_event *ev)
         c->have_fwd = true;
         c->fwd_start = c->cur;
     }
+    if (ev->phase == MP_PH_SETUP && ev->store == MP_ST_PGRAD && ev->kind == MP_EV_ALLOC && !c->have_fwd)
+        c->setup_grads += mp_round512(ev->bytes);
     if (ev->kind == MP_EV_LOSS_GRAD && !c->have_loss) {
         c->have_loss = true;
         c->act_at_loss = c->act_cur;
@@ -416,8 +418,10 @@ void par_static(const struct mp_par_plan *pp, const struct mp_train_opts *t, str
 double mp_fwd_passes(const struct mp_program *p, const struct mp_train_opts *t)
 {
     enum mp_trainer tr = p->opts.trainer;
-    return 1.0 + mp_trainer_kl_fwds(tr) + (t->ref != MP_REF_NONE ? mp_trainer_ref_fwds(tr) : 0) +
-           (t->old_logps ? 1.0 : 0.0); /* (GRPO's old log-probs: a micro-batch's forward a step) */
+    /* (GRPO's no-grad forwards, old log-probs and reference, serve num_iterations passes) */
+    double it = t->gen_every && t->gen_iterations > 1 ? t->gen_iterations : 1.0;
+    return 1.0 + mp_trainer_kl_fwds(tr) + (t->ref != MP_REF_NONE ? mp_trainer_ref_fwds(tr) / it : 0) +
+           (t->old_logps ? 1.0 / it : 0.0);
 }
 
 enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
@@ -563,9 +567,11 @@ static enum mp_status ref_phases(const struct mp_program *p, const struct mp_tra
     if (st != MP_OK)
         return st;
     /* (GRPO: the policy's resident state, whose adapters and their optimizer state the reference's
-     * own replay, built without the adapters, does not hold) */
+     * own replay, built without the adapters, does not hold; the accumulated gradients only when
+     * generation falls mid-accumulation) */
     uint64_t w = e->ref_weights_bytes, pol, ref, res, req;
-    if (!mp_add_u64(c->peak, w, &pol) || !mp_add_u64(t->ref_before_policy ? c->fwd_start : c->before_loss, w, &ref) ||
+    uint64_t pre = c->fwd_start - (t->gen_grads ? 0 : c->setup_grads);
+    if (!mp_add_u64(c->peak, w, &pol) || !mp_add_u64(t->ref_before_policy ? pre : c->before_loss, w, &ref) ||
         !mp_add_u64(ref, e->ref_forward_tmp_bytes, &ref) ||
         !mp_add_u64(mp_max_u64(c->as.peak_reserved, c->peak), w, &res) || !mp_add_u64(c->peak_req, w, &req))
         return peak_overflow(p, t, d);
@@ -673,6 +679,7 @@ static enum mp_status run_counter(const struct mp_program *p, const struct mp_sc
     /* Two steps: the caching allocator reaches its steady state in the second. */
     for (int step = 0; step < (c.no_asim ? 1 : 2) && st == MP_OK; step++) {
         c.have_loss = c.have_fwd = false;
+        c.setup_grads = 0;
         c.trace_phase = -1;
         if (c.trace)
             fprintf(c.trace, "m step %d\n", step);

@@ -177,7 +177,13 @@ struct mp_train_opts {
     bool old_logps;          /* GRPO: the policy's own no-grad forward of the generation batch, a
                               * micro-batch at a time, before the reference's (old_per_token_logps,
                               * grpo_trainer.py:2641-2657: steps out of step with the accumulation, or
-                              * vLLM's importance-sampling correction) */
+                              * vLLM's importance-sampling correction); mp_grpo_phases sets it */
+    bool gen_grads;          /* GRPO: the phases before the step run with the accumulated gradients
+                              * resident (a generation mid-accumulation); mp_grpo_phases sets it */
+    uint64_t gen_every;      /* GRPO: micro-steps between generations, steps_per_generation x
+                              * num_iterations (0: not GRPO; with gen_seqs the accumulation's) */
+    bool old_vllm;           /* GRPO: vLLM generates with its importance-sampling correction */
+    double gen_iterations;   /* GRPO: num_iterations (a generation's no-grad forwards serve that many) */
     double vllm_fraction;    /* a colocated vLLM's vllm_gpu_memory_utilization (0: none) */
     bool vllm_server;        /* vLLM generates on a server (other GPUs): nothing on this one */
     uint64_t vllm_bytes;     /* its reservation, outside torch's caching allocator: mp_vllm_bytes of the
@@ -220,6 +226,11 @@ enum mp_status mp_replay_nograd_forward(const struct mp_program *policy, const s
 struct mp_estimate;
 enum mp_status mp_generation_phase(const struct mp_program *policy, const struct mp_train_opts *t,
                                    struct mp_estimate *e, struct mp_diag *d);
+/* GRPO's phases for an accumulation of accum micro-steps (0: not known yet, as in a batch search:
+ * the worst case): the old log-probs forward runs when accum is not a multiple of t->gen_every or
+ * vLLM corrects (grpo_trainer.py:2641-2645), and a generation falls mid-accumulation, the gradients
+ * resident, when t->gen_every is not a multiple of accum.  Sets t->old_logps and t->gen_grads. */
+void mp_grpo_phases(struct mp_train_opts *t, uint64_t accum);
 /* A colocated vLLM's memory on a device of `total` bytes at gpu_memory_utilization f: vLLM sizes
  * its KV cache to total x f less its profiled peak (weights, activations; vllm/v1/worker/
  * gpu_worker.py determine_available_memory), so the engine holds f x the device's total memory,

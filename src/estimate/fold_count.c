@@ -278,7 +278,8 @@ enum mp_status mp_estimate_static_folded(const struct mp_fold *f, const struct m
                                          struct mp_diag *d)
 {
     memset(e, 0, sizeof *e);
-    *holds = fold_admits(f, p) && t->ref == MP_REF_NONE && !t->gen_steps; /* (DPO's reference pass: the whole model) */
+    *holds = fold_admits(f, p) && t->ref == MP_REF_NONE && !t->gen_steps && !t->old_logps; /* (DPO's reference pass:
+                                                                                                  the whole model) */
     if (!*holds)
         return MP_OK;
     struct mp_par_plan pp;
@@ -298,7 +299,8 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
 {
     *holds = false;
     memset(e, 0, sizeof *e);
-    if (!fold_admits(f, p) || t->ref != MP_REF_NONE || t->gen_steps) /* (DPO's reference pass: the whole model) */
+    if (!fold_admits(f, p) || t->ref != MP_REF_NONE || t->gen_steps || t->old_logps) /* (no-grad passes: the whole
+                                                                                         model) */
         return MP_OK;
     uint64_t nodes = p->n_nodes;
     for (size_t j = 0; j < f->n; j++)

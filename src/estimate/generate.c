@@ -77,6 +77,23 @@ static bool add_prod(uint64_t *acc, uint64_t a, uint64_t b)
     return mp_mul_u64(a, b, &x) && x <= UINT64_MAX - 511 && mp_add_u64(*acc, mp_round512(x), acc);
 }
 
+void mp_grpo_phases(struct mp_train_opts *t, uint64_t accum)
+{
+    if (!t->gen_every)
+        return;
+    if (!accum) { /* (whichever accumulation: the worst case) */
+        t->old_logps = t->old_vllm || t->gen_every > 1;
+        t->gen_grads = t->accumulate;
+        return;
+    }
+    /* (suggest --global-batch without steps_per_generation: TRL's default, the accumulation) */
+    uint64_t every = t->gen_every;
+    if (t->gen_seqs && !mp_mul_u64(accum, t->gen_iterations > 1 ? (uint64_t)t->gen_iterations : 1, &every))
+        every = UINT64_MAX;
+    t->old_logps = t->old_vllm || accum % every != 0;
+    t->gen_grads = accum > 1 && every % accum != 0;
+}
+
 uint64_t mp_vllm_bytes(double f, uint64_t total)
 {
     if (!(f > 0) || !total)
@@ -110,7 +127,8 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
      * (generation/utils.py:3236) and TRL's generate block opens no autocast (grpo_trainer.py:
      * 1861-1875): the whole generation runs in the weights' dtype (measured on the CPU: k and v
      * reach the cache in fp32 with an fp32 base) */
-    bool peft = o.ft.mode == MP_FT_LORA || o.ft.mode == MP_FT_QLORA;
+    bool peft = o.ft.mode == MP_FT_LORA; /* (QLoRA's 4-bit layers compute in their own dtype: its
+                                          * generation is planned as before, unmeasured) */
     if (peft && (o.precision == MP_PREC_AMP_BF16 || o.precision == MP_PREC_AMP_FP16))
         o.precision = MP_PREC_FP32;
     else if (peft && o.precision == MP_PREC_BF16_AMP)

@@ -863,7 +863,8 @@ enum mp_status mp_replay_nograd_forward(const struct mp_program *policy, const s
     } else {
         struct mp_train_opts rt = *t;
         rt.ref_pass = true;
-        rt.accumulate = false;
+        rt.accumulate = t->gen_grads; /* (GRPO's phases before the step mid-accumulation: the gradients
+                                       * resident; DPO's and KTO's reference: its own bytes only) */
         struct nograd_ctx n = {p, fn, ctx};
         st = mp_replay(p, &s, &rt, nograd_event, &n, d);
     }

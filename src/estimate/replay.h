@@ -83,6 +83,7 @@ struct counter {
     uint64_t fwd_start;   /* allocated before the forward's first event: the resident state the step starts
                              from (GRPO's reference forward runs on it, its adapters included) */
     bool have_fwd;
+    uint64_t setup_grads; /* of it, the gradients the setup made resident (accumulation) */
     uint64_t act_cur; /* ACT + GRAD + TMP */
     struct mp_asim as;  /* the caching allocator (alloc_sim.c) */
     size_t *blk_of;   /* allocation key -> asim block */

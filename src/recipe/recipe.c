@@ -845,11 +845,14 @@ static void derive_grpo(struct reader *rd)
         refuse(rd, fact_key(rd, F_BETA), beta->line, beta->v, "expected a number, 0 or more");
     else if (beta)
         put(rd, MP_RS_BETA, beta->v, F_BETA);
+    if (rd->f[F_USE_VLLM].set && fact_truth(rd, F_USE_VLLM) < 0 && strcmp(rd->f[F_USE_VLLM].v, "null"))
+        refuse(rd, fact_key(rd, F_USE_VLLM), rd->f[F_USE_VLLM].line, rd->f[F_USE_VLLM].v, "expected true or false");
     if (fact_truth(rd, F_USE_VLLM) == 1) {
         const struct fact_val *mode = fact(rd, F_VLLM_MODE, &tmp);
         if (!mode || !strcmp(mode->v, "colocate")) {
             const struct fact_val *u = fact(rd, F_VLLM_UTIL, &tmp);
-            put(rd, MP_RS_VLLM, u ? u->v : "0.3", F_VLLM_UTIL); /* grpo_config.py:656 */
+            /* grpo_config.py:656 default 0.3: then the setting is use_vllm's */
+            put(rd, MP_RS_VLLM, u ? u->v : "0.3", u ? F_VLLM_UTIL : F_USE_VLLM);
         } else if (!strcmp(mode->v, "server")) {
             put(rd, MP_RS_VLLM, "server", F_VLLM_MODE);
         } else {
@@ -862,8 +865,10 @@ static void derive_grpo(struct reader *rd)
         refuse(rd, fact_key(rd, F_TEMPERATURE), temp->line, temp->v, "expected a number above 0");
     else if (temp)
         put(rd, MP_RS_TEMPERATURE, temp->v, F_TEMPERATURE);
-    int is = fact_truth(rd, F_VLLM_IS);
-    if (rd->f[F_VLLM_IS].set && is >= 0)
+    int is = fact_truth(rd, F_VLLM_IS), uv = fact_truth(rd, F_USE_VLLM);
+    if (rd->f[F_VLLM_IS].set && is < 0 && strcmp(rd->f[F_VLLM_IS].v, "null"))
+        refuse(rd, fact_key(rd, F_VLLM_IS), rd->f[F_VLLM_IS].line, rd->f[F_VLLM_IS].v, "expected true or false");
+    else if (rd->f[F_VLLM_IS].set && is >= 0 && uv == 1) /* (without vLLM it corrects nothing) */
         put(rd, MP_RS_VLLM_IS_CORRECTION, is ? "on" : "off", F_VLLM_IS);
 }
 
@@ -889,7 +894,10 @@ static void derive(struct reader *rd)
     if (adapters)
         derive_lora(rd, !strcmp(mode, "qlora"));
     int drop = fact_truth(rd, F_DROPOUT_OFF);
-    if (rd->f[F_DROPOUT_OFF].set && drop >= 0)
+    if (rd->f[F_DROPOUT_OFF].set && drop < 0 && strcmp(rd->f[F_DROPOUT_OFF].v, "null"))
+        refuse(rd, fact_key(rd, F_DROPOUT_OFF), rd->f[F_DROPOUT_OFF].line, rd->f[F_DROPOUT_OFF].v,
+               "expected true or false");
+    else if (rd->f[F_DROPOUT_OFF].set && drop >= 0)
         put(rd, MP_RS_DISABLE_DROPOUT, drop ? "on" : "off", F_DROPOUT_OFF);
     if (rd->fmt_bit & B_GRPO)
         derive_grpo(rd);

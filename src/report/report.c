@@ -352,6 +352,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             cJSON_AddStringToObject(cf, "trainer", mp_trainer_str(c->build->trainer));
             ju64(cf, "sequences", c->build->batch * mp_trainer_seqs(c->build->trainer));
             cJSON_AddStringToObject(cf, "reference", mp_ref_mode_str(c->train->ref));
+            cJSON_AddBoolToObject(cf, "disable_dropout", c->disable_dropout);
         }
         if (c->build->trainer == MP_TRAINER_GRPO) { /* GRPOConfig's generation settings, as planned */
             const struct mp_train_opts *t = c->train;
@@ -1405,6 +1406,8 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "    loss_type=\"%s\",\n", mp_trainer_loss_type(tr));
     if (dpo && !grpo && c->train->ref == MP_REF_NONE)
         fprintf(out, "    precompute_ref_log_probs=True,\n");
+    if (dpo && c->disable_dropout != mp_trainer_drops_dropout(tr)) /* (the config's default otherwise) */
+        fprintf(out, "    disable_dropout=%s,\n", c->disable_dropout ? "True" : "False");
     fprintf(out, "    per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
     fprintf(out, "    gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
     /* pure bf16: the model is loaded in bf16 and trained without autocast (bf16=False); bf16-amp:
@@ -1721,6 +1724,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             if (s->grpo_max_completion) { /* GRPO: the plan's limits (mp_grpo_limits) */
                 cJSON *g = cJSON_AddObjectToObject(rc, "grpo_limits");
                 ju64(g, "max_completion_length", s->grpo_max_completion);
+                cJSON_AddBoolToObject(g, "at_least", s->grpo_completion_capped);
                 if (s->grpo_max_vllm > 0)
                     cJSON_AddNumberToObject(g, "max_vllm_fraction", s->grpo_max_vllm);
             }
@@ -1782,16 +1786,16 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "  trainer            %s (TRL 1.16.0 %sTrainer): micro-batch counts %s; reference %s\n",
                     mp_trainer_str(tr), mp_trainer_trl_name(tr, tn, sizeof tn),
                     unit_of(tr, false), ref_desc_of(c));
-        if (c->prog && c->prog->opts.completion)
-            fprintf(out, "  loss head          %s (TRL's fused LM head); labels on the %llu completion tokens\n",
-                    mp_loss_str(loss_of(c)), (unsigned long long)c->prog->opts.completion);
         if (s->grpo_max_completion) { /* (mp_grpo_limits) */
-            fprintf(out, "  GRPO limits        max_completion_length up to %llu fits this plan",
-                    (unsigned long long)s->grpo_max_completion);
+            fprintf(out, "  GRPO limits        max_completion_length %s %llu fits this plan",
+                    s->grpo_completion_capped ? "at least" : "up to", (unsigned long long)s->grpo_max_completion);
             if (s->grpo_max_vllm > 0)
                 fprintf(out, "; vllm_gpu_memory_utilization up\n                     to %.2f", s->grpo_max_vllm);
             fputs(" (the prompt as planned)\n", out);
         }
+        if (c->prog && c->prog->opts.completion)
+            fprintf(out, "  loss head          %s (TRL's fused LM head); labels on the %llu completion tokens\n",
+                    mp_loss_str(loss_of(c)), (unsigned long long)c->prog->opts.completion);
         else if (loss_of(c) != MP_LOSS_HF)
             fprintf(out, "  loss head          %s (%s); label fraction %.3g\n", mp_loss_str(loss_of(c)),
                     mp_trainer_ref_fwds(tr) ? "TRL's fused LM head, policy and reference" : mp_loss_how(loss_of(c)),

@@ -29,6 +29,7 @@ struct mp_report_ctx {
     uint64_t num_generations;   /* --trainer grpo: GRPOConfig's num_generations, steps_per_generation, beta */
     uint64_t steps_per_generation;
     double beta;
+    bool disable_dropout;       /* TRL's disable_dropout as planned (trainers other than sft) */
     uint64_t num_iterations;    /* GRPOConfig's num_iterations, vllm_importance_sampling_correction, temperature */
     double temperature;
     bool vllm_is_correction;

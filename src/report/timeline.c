@@ -132,6 +132,9 @@ struct tl {
     unsigned ref_passes, kl_passes;
     bool pre_done;            /* GRPO: generation, the old log-probs' and the reference's forwards,
                                * spliced before the policy's first op, on the resident state */
+    uint64_t setup_grads;     /* the setup's resident gradients (accumulation), set aside around
+                               * them unless generation falls mid-accumulation (a dip, two events) */
+    bool grad_dip;
     uint64_t ref_weights;     /* a frozen reference copy's weights, resident from the start */
     size_t ref_at, n_loss_grads; /* the policy event the reference forwards precede (pass 0 counts) */
     bool w_done, kl_done, have_loss;
@@ -288,14 +291,16 @@ static enum mp_status splice(struct tl *s, int what)
         struct mp_estimate e;
         memset(&e, 0, sizeof e);
         st = mp_generation_phase(s->p, s->t, &e, s->d);
-        uint64_t at = e.gen_peak_bytes + s->ref_weights;
-        if (st == MP_OK && at > s->total) {
-            uint64_t up = at - s->total, before = s->peak;
+        uint64_t at = 0;
+        if (st == MP_OK && !mp_add_u64(e.gen_peak_bytes, s->ref_weights, &at))
+            st = mp_fail(s->d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", s->p->model->path);
+        if (st == MP_OK) { /* (a rise of 0 when it stays below what is held: drawn all the same) */
+            uint64_t up = at > s->total ? at - s->total : 0, before = s->peak;
             st = on_event(s, &(struct mp_event){.kind = MP_EV_ALLOC, .store = MP_ST_ACT, .bytes = up, .node = -1,
                                                 .phase = MP_PH_GENERATE});
             if (s->pass == 1 && s->peak > before)
                 snprintf(s->peak_label, sizeof s->peak_label, "%s", e.gen_event);
-            s->sp_net = up;
+            s->sp_net = mp_round512(up);
         }
     } else {
         st = mp_replay_nograd_forward(s->p, &rt, what == SPLICE_REF, splice_event, s, s->d);
@@ -325,14 +330,29 @@ static enum mp_status on_policy_event(void *ctx, const struct mp_event *ev)
                                                 .node = -1, .phase = MP_PH_SETUP});
         s->synthetic = false;
     }
+    if (ev->kind == MP_EV_ALLOC && ev->phase == MP_PH_SETUP && ev->store == MP_ST_PGRAD)
+        s->setup_grads += mp_round512(ev->bytes);
+    /* GRPO: _generate_and_score_completions, then the step, before the forward's first op; the
+     * accumulated gradients are not there unless generation falls mid-accumulation */
     if (st == MP_OK && s->t->ref_before_policy && !s->pre_done && ev->kind == MP_EV_OP_BEGIN) {
-        s->pre_done = true; /* GRPO: _generate_and_score_completions, then the step */
+        s->pre_done = true;
+        s->grad_dip = !s->t->gen_grads && s->setup_grads;
+        s->synthetic = true;
+        if (s->grad_dip)
+            st = on_event(s, &(struct mp_event){.kind = MP_EV_FREE, .store = MP_ST_PGRAD, .bytes = s->setup_grads,
+                                                .node = -1, .phase = MP_PH_GENERATE});
+        s->synthetic = false;
         if (s->t->gen_steps)
             st = splice(s, SPLICE_GEN);
         if (st == MP_OK && s->t->old_logps)
             st = splice(s, SPLICE_OLD);
         if (st == MP_OK && s->t->ref != MP_REF_NONE)
             st = splice(s, SPLICE_REF);
+        s->synthetic = true;
+        if (st == MP_OK && s->grad_dip)
+            st = on_event(s, &(struct mp_event){.kind = MP_EV_ALLOC, .store = MP_ST_PGRAD, .bytes = s->setup_grads,
+                                                .node = -1, .phase = MP_PH_SETUP});
+        s->synthetic = false;
     }
     if (st == MP_OK && s->kl_passes && !s->kl_done && ev->kind == MP_EV_OP_BEGIN) {
         s->kl_done = true;
@@ -1013,7 +1033,7 @@ enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const stru
     size_t n_res = 0;
     if ((st = mp_reserved_series(p, sched, t, &s.res_policy, &n_res, d)) != MP_OK)
         goto out;
-    size_t extra = s.ref_weights ? 1 : 0; /* the events that are not the policy step's */
+    size_t extra = (s.ref_weights ? 1 : 0) + (s.grad_dip ? 2 : 0); /* the events that are not the policy step's */
     for (size_t i = 0; i < s.n_splice; i++)
         extra += s.splice[i].last + 1 - s.splice[i].first;
     if (s.res_policy && n_res + extra != s.n_ev) { /* (a replay that is not the same step: not drawn) */
@@ -1054,7 +1074,8 @@ enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const stru
     s.total = 0;
     s.n_ev = 0;
     s.pass = 2;
-    s.w_done = s.kl_done = s.pre_done = s.have_loss = false;
+    s.w_done = s.kl_done = s.pre_done = s.grad_dip = s.have_loss = false;
+    s.setup_grads = 0;
     s.n_loss_grads = s.n_splice = 0;
     st = mp_replay(p, sched, t, on_policy_event, &s, d);
     if (st != MP_OK)

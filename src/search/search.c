@@ -647,6 +647,7 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     j.ckpt = c->ckpt;
     j.build.batch = b;
     j.train.accumulate = accum > 1;
+    mp_grpo_phases(&j.train, accum);
     j.train.skip_reserved = job->train.skip_reserved || !c->fits; /* the device level (the allocator
                                        * simulated, unless the job says not) decides a
                                        * fitting candidate; a model too long for it folds and
@@ -688,6 +689,7 @@ static enum mp_status device_fits_at(const struct mp_job *job, uint64_t b, uint6
     struct mp_job j = *job;
     j.build.batch = b;
     j.train.accumulate = accum > 1;
+    mp_grpo_phases(&j.train, accum);
     j.verdict_only = true;
     struct mp_fit f;
     (*evals)++;
@@ -707,6 +709,7 @@ static enum mp_status eval_candidate_any(const struct mp_job *job, const struct 
      * micro-batch is the whole global batch: search under accumulation, then re-check. */
     struct mp_job sj = *job;
     sj.train.accumulate = o->global_batch > 1;
+    mp_grpo_phases(&sj.train, 0); /* (the accumulation comes with the micro-batch: the worst case) */
     enum mp_status st = search_max_batch_from(&sj, o->max_batch ? o->max_batch : 65536, from, &bmax, evals, d);
     c->search_bmax = bmax;
     if (st != MP_OK)
@@ -715,6 +718,7 @@ static enum mp_status eval_candidate_any(const struct mp_job *job, const struct 
         /* one micro-batch of the whole global batch needs no accumulation: it may fit */
         struct mp_job gj = *job;
         gj.build.batch = o->global_batch;
+        mp_grpo_phases(&gj.train, 1);
         struct mp_fit gf;
         st = mp_fit_eval(&gj, &gf, d);
         (*evals)++;
@@ -1724,21 +1728,34 @@ static enum mp_status grpo_fits(const struct mp_job *base, const struct mp_candi
     j.build.batch = c->micro_batch;
     j.ckpt = c->ckpt;
     j.train.accumulate = c->grad_accum > 1;
+    mp_grpo_phases(&j.train, c->grad_accum);
     j.train.vllm_fraction = f;
     uint64_t P = base->build.seq - base->build.completion;
+    /* generation's cache is not modelled past a sliding window (setup_grpo refuses it) */
+    for (size_t i = 0; i < base->model->n_blocks; i++)
+        for (size_t k = 0; k < base->model->blocks[i].n_layers; k++) {
+            uint64_t w = base->model->blocks[i].layers[k].attn.window;
+            if (w && w < P + comp) {
+                *ok = false;
+                return MP_OK;
+            }
+        }
     j.build.seq = P + comp;
     j.build.completion = comp;
     if (j.train.gen_steps)
         j.train.gen_completion = comp;
     j.verdict_only = true;
     struct mp_fit fit;
-    enum mp_status st = mp_fit_eval(&j, &fit, d);
-    if (st == MP_ERR_RANGE) { /* (sizes past 64 bits: it does not fit) */
+    struct mp_diag why = {{0}};
+    enum mp_status st = mp_fit_eval(&j, &fit, &why);
+    if (st == MP_ERR_NOMEM || st == MP_ERR_INTERNAL) {
+        *d = why;
+        return st;
+    }
+    if (st != MP_OK) { /* a length the model refuses (its positions, sizes past 64 bits): not this plan */
         *ok = false;
         return MP_OK;
     }
-    if (st != MP_OK)
-        return st;
     *ok = fit.fits;
     mp_fit_release(&fit);
     return MP_OK;
@@ -1773,9 +1790,11 @@ enum mp_status mp_grpo_limits(const struct mp_job *base, struct mp_suggestion *s
             hi = mid;
     }
     s->grpo_max_completion = lo;
-    /* vLLM's share, in hundredths: the planned one fits; the largest that still does */
+    s->grpo_completion_capped = !hi;
+    /* vLLM's share, in hundredths: the planned one fits, and so does any smaller; the largest that
+     * still does, of those tried (--vllm takes less than 1: at most 0.99) */
     if (f > 0) {
-        unsigned a = (unsigned)(f * 100.0 + 0.5), b = 100; /* [a fits, b = 1.0 cannot be asked] */
+        unsigned a = (unsigned)floor(f * 100.0 + 1e-9), b = 100; /* [a fits, b cannot be asked] */
         while (b - a > 1) {
             unsigned mid = a + (b - a) / 2;
             if ((st = grpo_fits(base, c, base->build.completion, mid / 100.0, &ok, d)) != MP_OK)

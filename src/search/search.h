@@ -169,6 +169,7 @@ struct mp_suggestion {
     /* GRPO (mp_grpo_limits), at the recommended plan: the longest completion that still fits (the
      * prompt as planned; 0: not searched) and a colocated vLLM's largest share (0: none) */
     uint64_t grpo_max_completion;
+    bool grpo_completion_capped;  /* every length up to MP_GRPO_MAX_COMPLETION fits: a lower bound */
     double grpo_max_vllm;
 };
 
