@@ -96,6 +96,15 @@ timeline "check --trainer kto --finetune lora --timeline: the KL forward, two re
     check models/hf/qwen2-0.5b.json --trainer kto --finetune lora --batch 2 --seq 512 --gpu l4
 timeline "estimate --trainer kto-apo --timeline: one reference forward, no KL forward" -- \
     estimate models/hf/qwen2-0.5b.json --trainer kto-apo --finetune lora --batch 1 --seq 512
+timeline "estimate --trainer grpo --timeline: generate (the peak) before the step" -- \
+    estimate models/hf/qwen2-0.5b.json --trainer grpo --finetune lora --checkpoint layers --batch 8 --grad-accum 16 \
+    --seq 2048 --completion-length 1536
+timeline "estimate --trainer grpo --timeline: generate, old log-probs, a reference copy, mid-accumulation" -- \
+    estimate models/hf/qwen2-0.5b.json --trainer grpo --batch 8 --grad-accum 4 --steps-per-generation 2 \
+    --num-iterations 2 --beta 0.04 --seq 640 --completion-length 128
+timeline "check --trainer grpo --vllm 0.3 --timeline: no generate; old log-probs, the adapter disabled" -- \
+    check models/hf/qwen2-0.5b.json --trainer grpo --finetune lora --batch 8 --beta 0.04 --seq 640 \
+    --completion-length 128 --gpu a100-40gb --vllm 0.3
 # 120 transformer blocks: still one picture with a zoom on the peak
 sed 's/"repeat": 12/"repeat": 120/' models/gpt2-124m.json >"$T/gpt2-120.json"
 timeline "plan --timeline at 122 blocks" -- plan "$T/gpt2-120.json" --batch 4 --gpu a100-80gb

@@ -74,7 +74,8 @@ if ("optimizer.step" in first) == bool(marks) or (marks and marks[0] <= last_bwd
     fail("optimizer step: band %s, marks %s (last backward event %d)" % ("optimizer.step" in first, marks, last_bwd))
 pe = int(peak.get("data-event"))
 inside = [p for a, b, p in phases if a <= pe <= b]
-if inside != [mem["peak_event"].split(":")[0]]:
+# (GRPO's generate peak is named by generate.c: "generate:decode ..." in the generation band)
+if inside != [{"generate": "generation"}.get(mem["peak_event"].split(":")[0], mem["peak_event"].split(":")[0])]:
     fail("peak event %d lies in phase %s, the report says %s" % (pe, inside, mem["peak_phase"]))
 
 # DPO / KTO: the no-grad forwards compute_loss runs are drawn where they run, each a bracket over
@@ -86,18 +87,26 @@ trainer = cfg.get("trainer", "sft")
 # TRL 1.16: KTO's KL forward of the policy, then its two reference forwards; DPO's and KTO's
 # apo_zero_unpaired's one (no KL term)
 want = ["kl.forward"] if trainer == "kto" else []
+# GRPO: generate (transformers', unless vLLM generates), the old log-probs' forward of the policy,
+# the reference's, all before the step in the generation band
+grpo = cfg.get("grpo") or {}
+if trainer == "grpo":
+    want = (["generate"] if grpo.get("vllm") == "none" else []) + \
+        (["policy.forward"] if grpo.get("old_logprobs_forward") else [])
 if cfg.get("reference") not in (None, "none", "precomputed"):
-    want += ["reference.forward"] * {"dpo": 1, "kto": 2, "kto-apo": 1}.get(trainer, 0)
+    want += ["reference.forward"] * {"dpo": 1, "kto": 2, "kto-apo": 1, "grpo": 1}.get(trainer, 0)
 if [w for _, _, w in splices] != want:
     fail("spliced forwards %s, expected %s (trainer %s, reference %s)"
          % ([w for _, _, w in splices], want, trainer, cfg.get("reference")))
 for a, b, w in splices:
-    ph = "loss" if w == "reference.forward" else "forward"
+    ph = "generation" if trainer == "grpo" else "loss" if w == "reference.forward" else "forward"
     if [p for p0, p1, p in phases if p0 <= a and b <= p1] != [ph]:
         fail("the %s bracket [%d, %d] is not inside one %s band" % (w, a, b, ph))
-if mem["peak_event"].startswith("loss:reference.forward:") and \
+if mem["peak_event"].startswith(("loss:reference.forward:", "generation:reference.forward:")) and \
         not any(a <= pe <= b for a, b, w in splices if w == "reference.forward"):
     fail("the peak is the reference forward's, but event %d is in no reference bracket" % pe)
+if mem["peak_event"].startswith("generate:") and not any(a <= pe <= b for a, b, w in splices if w == "generate"):
+    fail("the peak is generation's, but event %d is in no generate bracket" % pe)
 
 # the categories at the peak add up to the peak
 cats = [int(r.get("data-bytes-at-peak")) for r in root.iter(NS + "rect") if r.get("class") == "legend"]

@@ -88,6 +88,40 @@ class Stub:
             GRPOTrainer._get_per_token_logps_and_entropies, self)
 
 
+def scored_inputs(stub, model, ref, prompts, pmask, completion, n, K, beta, gc_kw, phase,
+                  names=("old", "reference")):
+    """What GRPOTrainer._generate_and_score_completions does after generate (grpo_trainer.py:
+    2632-2735): with K > 1 (over an accumulation of 1) the policy's old log-probs, with beta > 0
+    the reference's (the frozen copy ref, or the adapter disabled), each a micro-batch (n) at a time
+    under torch.no_grad with checkpointing off, each run through phase(name, fn) (names: the
+    two phases'); then the first micro-batch's inputs for _compute_loss, and the concatenated ids
+    and mask (the caller holds them through the step, as the recorded runs did; TRL frees them when
+    _generate_and_score_completions returns: 2 x b x s int64 more at the step's peak)."""
+    from trl.models.utils import disable_gradient_checkpointing
+    from trl.trainer.utils import use_adapter
+    C = completion.size(1)
+    cmask = torch.ones_like(completion, dtype=torch.int32)
+    ids = torch.cat([prompts, completion], dim=1)
+    am = torch.cat([pmask, cmask], dim=1)
+
+    def logps(m, adapter_off=False):
+        with torch.no_grad(), disable_gradient_checkpointing(model, gc_kw):
+            if adapter_off:
+                with use_adapter(model, adapter_name=None):
+                    return stub._get_per_token_logps_and_entropies(m, ids, am, C, batch_size=n)[0]
+            return stub._get_per_token_logps_and_entropies(m, ids, am, C, batch_size=n)[0]
+    first = slice(0, n)
+    inputs = {"prompt_ids": prompts[first], "prompt_mask": pmask[first], "completion_ids": completion[first],
+              "completion_mask": cmask[first], "advantages": torch.randn(n, device=completion.device),
+              "num_items_in_batch": cmask[first].sum()}
+    if K > 1:  # grpo_trainer.py:2641-2655: accumulation 1 % (K x num_iterations 1) != 0
+        inputs["old_per_token_logps"] = phase(names[0], lambda: logps(model))[first]
+    if beta > 0:
+        inputs["ref_per_token_logps"] = phase(names[1], lambda: logps(ref) if ref is not None
+                                              else logps(model, adapter_off=True))[first]
+    return inputs, (ids, am)
+
+
 def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0):
     """Iteration 2's peaks: (whole, where, reference with-block's, generation's, old log-probs').
     steps_per_generation K > 1 (the accumulation is 1): generate makes batch x K completions, the
@@ -95,8 +129,6 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
     takes the first micro-batch.  temperature: GRPOConfig's, into TRL's GenerationConfig."""
     from transformers import GenerationConfig
     from trl import GRPOTrainer
-    from trl.models.utils import disable_gradient_checkpointing
-    from trl.trainer.utils import use_adapter
     K = steps_per_generation
     model, cfg = build(prec)
     add_fused_lm_head = trl_cuda_branches()
@@ -149,39 +181,11 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
             out = phase("generation", generate)
             completion = out[:, prompt:].contiguous()
             del out
-            cmask = torch.ones_like(completion, dtype=torch.int32)
-            ids = torch.cat([prompts, completion], dim=1)
-            am = torch.cat([pmask, cmask], dim=1)
             gc_kw = {"use_reentrant": False} if ck == "layers" else None
-            old = None
-            if K > 1:  # grpo_trainer.py:2641-2655: accumulation 1 % (K x num_iterations 1) != 0
-
-                def old_logps():
-                    with torch.no_grad(), disable_gradient_checkpointing(model, gc_kw):
-                        o, _, _ = stub._get_per_token_logps_and_entropies(model, ids, am, C, batch_size=batch)
-                    return o
-                old = phase("old", old_logps)
-            first = slice(0, batch)
-            inputs = {"prompt_ids": prompts[first], "prompt_mask": pmask[first], "completion_ids": completion[first],
-                      "completion_mask": cmask[first], "advantages": torch.randn(batch),
-                      "num_items_in_batch": cmask[first].sum()}
-            if old is not None:
-                inputs["old_per_token_logps"] = old[first]
-            if beta > 0:
-
-                def reference():
-                    with torch.no_grad(), disable_gradient_checkpointing(model, gc_kw):
-                        if ref is not None:
-                            r, _, _ = stub._get_per_token_logps_and_entropies(ref, ids, am, C, batch_size=batch)
-                        else:
-                            with use_adapter(model, adapter_name=None):
-                                r, _, _ = stub._get_per_token_logps_and_entropies(model, ids, am, C,
-                                                                                  batch_size=batch)
-                    return r
-                inputs["ref_per_token_logps"] = phase("reference", reference)[first]
+            inputs, held = scored_inputs(stub, model, ref, prompts, pmask, completion, batch, K, beta, gc_kw, phase)
             tr.phase = "forward"
             backward_and_step(tr, GRPOTrainer._compute_loss(stub, model, inputs), opt)
-            del inputs, completion, cmask, ids, am, old
+            del inputs, completion, held
     return tr.peak, tr.peak_at, peaks.get("reference", 0), peaks.get("generation", 0), peaks.get("old", 0)
 
 

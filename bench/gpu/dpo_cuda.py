@@ -159,6 +159,40 @@ def live_at_peak(snap, baseline, top=25, window=None):
             "live_made_in_window": sum(r["bytes"] for r in rows), "top": rows[:top]}
 
 
+def start_result(torch, smoke, out_path):
+    """The device (the CPU under --cpu-smoke, torch.cuda's memory figures stubbed: a check of the
+    script's flow), the result begun with the workspaces (workspace_probe), and its saver (written
+    atomically to out_path after each row): (dev, result, save, one cuBLAS handle's workspace)."""
+    dev = torch.device("cpu" if smoke else "cuda")
+    if smoke:
+        for fn in ("empty_cache", "reset_peak_memory_stats", "synchronize"):
+            setattr(torch.cuda, fn, lambda *a, **k: None)
+        torch.cuda.max_memory_allocated = lambda *a, **k: 1
+        torch.cuda.memory_allocated = lambda *a, **k: 0
+    result = {"status": "partial", "workspaces": workspace_probe(torch, dev), "rows": []}
+    if not smoke:
+        result["device"] = torch.cuda.get_device_name(0)
+
+    def save():
+        with open(out_path + ".tmp", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(out_path + ".tmp", out_path)
+    save()
+    ws = result["workspaces"]
+    return dev, result, save, ws["after_forward_mm"] - ws["start"]
+
+
+def row_config(transformers, cfgd, tmp):
+    """A row's config dict written for memplan (tmp/c.json) and made a transformers config (SDPA):
+    (path, config)."""
+    path = os.path.join(tmp, "c.json")
+    with open(path, "w") as f:
+        json.dump(cfgd, f)
+    cfg = transformers.AutoConfig.for_model(**cfgd)
+    cfg._attn_implementation = "sdpa"
+    return path, cfg
+
+
 def trace_len(torch):
     """Entries in the allocator's recorded trace so far (a mark in it)."""
     return sum(len(d) for d in torch.cuda.memory._snapshot().get("device_traces", []))
@@ -172,28 +206,12 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
     from dpo_step import CONFIG, memplan_run, prepare
 
     t_start = T0
-    dev = torch.device("cpu" if smoke else "cuda")
-    if smoke:  # the flow on the CPU, no memory figures (a check of the script itself)
-        for fn in ("empty_cache", "reset_peak_memory_stats", "synchronize"):
-            setattr(torch.cuda, fn, lambda *a, **k: None)
-        torch.cuda.max_memory_allocated = lambda *a, **k: 1
-        torch.cuda.memory_allocated = lambda *a, **k: 0
     one_b = os.path.join(ROOT, "models/hf/llama-3.2-1b.json")
     configs = {TINY: CONFIG, ONE_B: rowlib.load_config(one_b, 2), ONE_B16: rowlib.load_config(one_b)}
     rows = [r + ("dpo",) for r in ROWS] + [r + ("kto",) for r in KTO_ROWS] + [r + ("kto-apo",) for r in KTO_APO_ROWS]
     todo = [r for r in rows if r[0] == TINY] if smoke else rows
     pairs, seq, prompt = (1, 65, 33) if smoke else (2, 1025, 513)
-    result = {"status": "partial", "workspaces": workspace_probe(torch, dev), "rows": []}
-    if not smoke:
-        result["device"] = torch.cuda.get_device_name(0)
-
-    def save():
-        with open(out_path + ".tmp", "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(out_path + ".tmp", out_path)
-    save()
-    ws = result["workspaces"]
-    ws_one = ws["after_forward_mm"] - ws["start"]  # one handle's (the main thread's)
+    dev, result, save, ws_one = start_result(torch, smoke, out_path)  # ws_one: the main thread's handle's
     slowest = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, ft, ck, pre, trainer in todo:
@@ -206,12 +224,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
                 continue
             Trainer, dt, stub_cls, outputs, make_inputs, memplan_args = trainer_parts(trainer)
             t_row = time.perf_counter()
-            cfgd = configs[name]
-            path = os.path.join(tmp, "c.json")
-            with open(path, "w") as f:
-                json.dump(cfgd, f)
-            cfg = transformers.AutoConfig.for_model(**cfgd)
-            cfg._attn_implementation = "sdpa"
+            path, cfg = row_config(transformers, configs[name], tmp)
             settle(torch)
             alloc_start = torch.cuda.memory_allocated()
             with torch.device(dev):  # initialised on the device: no CPU init of a 128k vocabulary
@@ -320,30 +333,44 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
     return result
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def common_parser(doc):
+    """The CUDA scripts' command line: --memplan, --out, --steps, --budget-s, --cpu-smoke, --rows."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--memplan", default=os.path.join(ROOT, "memplan"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=1, help="measured steps after the warm-up (default 1)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="seconds from the start: a row that would not fit is skipped (listed)")
     ap.add_argument("--cpu-smoke", action="store_true", help="run the flow on the CPU (no memory figures)")
-    ap.add_argument("--rows", default="", help="only the rows whose CONFIG/FT/CKPT/ref|precompute contains one of these")
-    ap.add_argument("--snapshot-all", action="store_true",
-                    help="what is live at the peak (and at the reference forward's) for every row, not the first only")
-    a = ap.parse_args()
+    ap.add_argument("--rows", default="", help="only the rows whose label contains one of these (comma-separated)")
+    return ap
+
+
+def run_rows(a, tag, rows_fn, **kw):
+    """rows_fn(memplan, steps, out, budget_s, smoke=, only=, **kw) on the GPU; its flow on the CPU with
+    --cpu-smoke (status "smoke"); without a CUDA device a "skipped" result."""
     only = tuple(x for x in a.rows.split(",") if x)
     import torch
     if a.cpu_smoke:
-        r = step_rows(a.memplan, 1, a.out, a.budget_s, smoke=True, only=only)
+        r = rows_fn(a.memplan, 1, a.out, a.budget_s, smoke=True, only=only)
         r["status"] = "smoke"
-        json.dump(r, open(a.out, "w"), indent=1)
+        with open(a.out, "w") as f:
+            json.dump(r, f, indent=1)
         return
     if not torch.cuda.is_available():
-        json.dump({"status": "skipped", "note": "no CUDA device"}, open(a.out, "w"))
-        print("dpo_cuda: no CUDA device: skipped")
+        with open(a.out, "w") as f:
+            json.dump({"status": "skipped", "note": "no CUDA device"}, f)
+        print("%s: no CUDA device: skipped" % tag)
         return
-    step_rows(a.memplan, a.steps, a.out, a.budget_s, only=only, snapshot_all=a.snapshot_all)
+    rows_fn(a.memplan, a.steps, a.out, a.budget_s, only=only, **kw)
+
+
+def main():
+    ap = common_parser(__doc__)
+    ap.add_argument("--snapshot-all", action="store_true",
+                    help="what is live at the peak (and at the reference forward's) for every row, not the first only")
+    a = ap.parse_args()
+    run_rows(a, "dpo_cuda", step_rows, snapshot_all=a.snapshot_all)
 
 
 if __name__ == "__main__":

@@ -70,10 +70,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 STATE_DIR = os.path.join(ROOT, "bench", "gpu", "out")   # ignored by git; kept on a warm machine
 SCHEMA = 2
 
-PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "dpo", "callback", "sdpa", "optim"]
+PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "dpo", "grpo", "callback", "sdpa", "optim"]
 # part: (cap on a GPU, cap on the CPU fallback, least seconds worth starting it with)
 CAPS = {"build": (200, 400, 5), "tests": (120, 240, 15), "sanitizer": (90, 0, 20),
         "matrix": (260, 400, 30), "tune": (150, 240, 40), "steptime": (5, 5, 0), "dpo": (150, 240, 40),
+        "grpo": (150, 240, 40),
         "callback": (90, 150, 40), "sdpa": (60, 5, 20), "optim": (60, 5, 20)}
 RESERVE_S = 4          # kept back at the end for the last report
 WORKER_START_S = (90, 120)   # (GPU, CPU): import torch + transformers, CUDA context
@@ -1240,20 +1241,19 @@ def part_steptime(kit, res):
 
 # ---- part: dpo -------------------------------------------------------------------------------
 
-def part_dpo(kit, res):
-    """bench/gpu/dpo_cuda.py: TRL's DPOTrainer step on the GPU against memplan --trainer dpo (the
-    step's and the reference forward's max_memory_allocated); the CPU fallback runs its flow only.
-    dpo_cuda.py writes each row as it finishes and starts none it has no time for (--budget-s):
-    a run cut short keeps its rows."""
+def run_trainer_rows(kit, res, name):
+    """bench/gpu/NAME_cuda.py under the part's time left (its --budget-s: 10 s kept for the last
+    row's memplan and write; --cpu-smoke without a GPU): (its JSON, its rows, its exit status),
+    res set where it failed, was skipped or ran on the CPU fallback."""
     if not has_module("trl") or not has_module("peft"):
         res.update(status="skipped", note="n/a: no trl or peft")
-        return
-    out = os.path.join(kit.out, "dpo.json")
+        return {}, [], 0
+    out = os.path.join(kit.out, "%s.json" % name)
     if os.path.exists(out):
         os.remove(out)
     left = kit.part_left()
-    cmd = [sys.executable, os.path.join(HERE, "dpo_cuda.py"), "--memplan", kit.memplan, "--out", out,
-           "--budget-s", "%.0f" % max(1.0, left - 10)]  # 10 s: the last row's memplan and write
+    cmd = [sys.executable, os.path.join(HERE, "%s_cuda.py" % name), "--memplan", kit.memplan, "--out", out,
+           "--budget-s", "%.0f" % max(1.0, left - 10)]
     if not kit.gpu:
         cmd.append("--cpu-smoke")
     rc, o, e, secs = run_cmd(cmd, left, logf=kit.logf)
@@ -1263,12 +1263,22 @@ def part_dpo(kit, res):
             d = json.load(f)
     rows = d.get("rows", [])
     if not rows:
-        res.update(status="FAILED", note="dpo_cuda.py rc %d: %s" % (rc, tail(e or o, 200)))
-        return
+        res.update(status="FAILED", note="%s_cuda.py rc %d: %s" % (name, rc, tail(e or o, 200)))
+        return d, [], rc
     d["rc"] = rc
-    kit.state["dpo"] = d
+    kit.state[name] = d
     if not kit.gpu:
         res.update(status="ok", note="CPU fallback: the flow ran (%d rows), no memory figures" % len(rows))
+    return d, rows, rc
+
+
+def part_dpo(kit, res):
+    """bench/gpu/dpo_cuda.py: TRL's DPOTrainer step on the GPU against memplan --trainer dpo (the
+    step's and the reference forward's max_memory_allocated); the CPU fallback runs its flow only.
+    dpo_cuda.py writes each row as it finishes and starts none it has no time for (--budget-s):
+    a run cut short keeps its rows."""
+    d, rows, rc = run_trainer_rows(kit, res, "dpo")
+    if not rows or not kit.gpu:
         return
     worst = max([abs(r["peak_pct"]) for r in rows] + [abs(r["ref_pct"]) for r in rows if r.get("ref_pct") is not None]
                 or [0])
@@ -1277,6 +1287,22 @@ def part_dpo(kit, res):
                    "of torch (target 1 %%)" % (len(rows), rc, len(d.get("skipped", [])), worst))
         return
     res.update(status="ok", note="%d rows; largest |memplan - torch| %.2f %% of torch (target 1 %%)" % (len(rows), worst))
+
+
+# ---- part: grpo ------------------------------------------------------------------------------
+
+def part_grpo(kit, res):
+    """bench/gpu/grpo_cuda.py: TRL's GRPOTrainer generation batch on the GPU (generate, the old
+    log-probs, the reference, the policy's step) against memplan --trainer grpo, each phase's
+    max_memory_allocated against memory.phases; the CPU fallback runs its flow only.  Rows are
+    written as they finish, and none is started without the time for it (--budget-s)."""
+    d, rows, rc = run_trainer_rows(kit, res, "grpo")
+    if not rows or not kit.gpu:
+        return
+    worst = max([abs(v) for r in rows for v in list(r.get("phase_pct", {}).values()) + [r["peak_pct"]]] or [0])
+    state = "partial" if rc != 0 or d.get("skipped") else "ok"
+    res.update(status=state, note="%d rows (rc %d, %d skipped for time); largest |memplan - torch| of a phase "
+               "%.2f %% of torch (target 1 %%)" % (len(rows), rc, len(d.get("skipped", [])), worst))
 
 
 # ---- parts: sdpa, optim (bench/gpu/sdpa_ws.py, optim_step.py) --------------------------------------
@@ -1437,7 +1463,7 @@ def part_callback(kit, res):
 
 
 PART_FN = {"build": part_build, "tests": part_tests, "sanitizer": part_sanitizer, "matrix": part_matrix,
-           "tune": part_tune, "steptime": part_steptime, "dpo": part_dpo, "callback": part_callback,
+           "tune": part_tune, "steptime": part_steptime, "dpo": part_dpo, "grpo": part_grpo, "callback": part_callback,
            "sdpa": part_sdpa, "optim": part_optim}
 
 
@@ -1690,6 +1716,20 @@ def render(st):
             elif lp:
                 L.append("- %s %s %s: live at peak not recorded: %s" % (r["config"], r["finetune"], r["checkpoint"],
                                                                        lp))
+    gp = st.get("grpo", {})
+    if gp.get("rows") and gp.get("status") != "smoke":
+        L += ["", "## GRPO (TRL 1.16 GRPOTrainer generation batch, %s): each phase's max_memory_allocated vs "
+              "memplan --trainer grpo" % gp.get("device"), "",
+              "| config | finetune | ckpt | precision | beta | K | T | phase | torch | memplan | Δ |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in gp["rows"]:
+            for k, v in r["torch_phases"].items():
+                L.append("| %s | %s | %s | %s | %g | %d | %g | %s | %d | %s | %s |" % (
+                    r["config"], r["finetune"], r["checkpoint"], r["precision"], r["beta"],
+                    r["steps_per_generation"], r["temperature"], k, v, r["memplan_phases"].get(k, "-"),
+                    "%+.3f %%" % r["phase_pct"][k] if k in r.get("phase_pct", {}) else "-"))
+        if gp.get("skipped"):
+            L.append("- not run (time): " + "; ".join(gp["skipped"]))
     cb = st.get("callback", {})
     if cb:
         L += ["", "## MemplanCallback in a transformers Trainer (GPT-2, %s x %s, %s)" % (
