@@ -415,9 +415,8 @@ void par_static(const struct mp_par_plan *pp, const struct mp_train_opts *t, str
 /* The forwards a step runs over the batch's sequences: the policy's, and the trainer's no-grad
  * ones: the reference's (its adapter off; DPO one, KTO two: the KL sequences and the batch) and
  * the policy's (KTO's KL sequences). */
-double mp_fwd_passes(const struct mp_program *p, const struct mp_train_opts *t)
+double mp_fwd_passes(enum mp_trainer tr, const struct mp_train_opts *t)
 {
-    enum mp_trainer tr = p->opts.trainer;
     /* (GRPO's no-grad forwards, old log-probs and reference, serve num_iterations passes) */
     double it = t->gen_every && t->gen_iterations > 1 ? t->gen_iterations : 1.0;
     return 1.0 + mp_trainer_kl_fwds(tr) + (t->ref != MP_REF_NONE ? mp_trainer_ref_fwds(tr) / it : 0) +
@@ -441,7 +440,7 @@ enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_tr
     enum mp_status wst = workspaces_into(p, t, e, d);
     if (wst != MP_OK)
         return wst;
-    double passes = mp_fwd_passes(p, t);
+    double passes = mp_fwd_passes(p->opts.trainer, t);
     e->fwd_flops = p->fwd_flops * passes;
     for (size_t i = 0; i < p->n_blocks; i++) /* (a reference copy is never quantized: QLoRA's is the adapter) */
         e->dequant_bytes += p->blocks[i].dequant_bytes * (passes + 1.0);

@@ -335,9 +335,10 @@ enum mp_status mp_reserved_series(const struct mp_program *p, const struct mp_sc
 /* Only the figures that do not depend on the schedule (no replay): parameters, weights,
  * gradients, optimizer state, inputs, buffers, workspace, FLOPs, and the per-rank shares
  * with data parallelism; static_bytes.  e->blocks stays NULL. */
-/* The forwards one step runs over the batch's sequences (1: SFT; the trainer's no-grad forwards
- * besides: DPO's reference, KTO's KL sequences and its reference's two). */
-double mp_fwd_passes(const struct mp_program *p, const struct mp_train_opts *t);
+/* The forwards one step of trainer tr runs over the batch's sequences (1: SFT; the trainer's
+ * no-grad forwards besides: DPO's reference, KTO's KL sequences and its reference's two, GRPO's
+ * old log-probs and reference, each a generation's shared by num_iterations passes). */
+double mp_fwd_passes(enum mp_trainer tr, const struct mp_train_opts *t);
 enum mp_status mp_estimate_static(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
                                   struct mp_diag *d);
 

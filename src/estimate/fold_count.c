@@ -255,7 +255,7 @@ static enum mp_status fold_static(const struct mp_fold *f, const struct mp_progr
         mp_opt_largest(pq, &largest, &ldt);
         mp_opt_muon_add(pq, w, &muon, &adamw);
     }
-    double passes = mp_fwd_passes(p, t);
+    double passes = mp_fwd_passes(p->opts.trainer, t);
     for (size_t j = 0; j < p->n_blocks; j++) {
         e->fwd_flops += (double)f->weight[j] * p->blocks[j].fwd_flops * passes;
         e->bwd_flops += (double)f->weight[j] * p->blocks[j].bwd_flops;

@@ -43,6 +43,30 @@ static double step_seconds(const struct mp_job *job, const struct mp_estimate *e
     return t + e->dequant_bytes / (bw * 1e9);
 }
 
+/* GRPO's generation by transformers' generate, once per steps_per_generation x num_iterations
+ * micro-steps: the prefill's forward FLOPs (the step's forward, per token, over the generation
+ * batch's prompts) and C - 1 decoding steps, each the larger of its forward FLOPs and reading
+ * every weight and the cache so far (the cache grows from the prompt's to kv_last).  A roofline
+ * estimate for ranking (not measured); a colocated vLLM's own time is not counted.  Seconds. */
+static double gen_seconds(const struct mp_job *job, const struct mp_estimate *e)
+{
+    const struct mp_train_opts *t = &job->train;
+    if (!t->gen_steps || !e->gen_batch || !job->build.seq || !job->build.batch)
+        return 0;
+    double tfl = mp_gpu_tflops(&job->gpu, job->build.precision);
+    if (tfl <= 0)
+        tfl = 100.0;
+    double bw = job->gpu.bandwidth_gbs > 0 ? job->gpu.bandwidth_gbs : 1000.0;
+    double P = (double)t->gen_prompt, C = (double)t->gen_completion, T = P + C - 1;
+    double per_tok = e->fwd_flops / mp_fwd_passes(job->build.trainer, t) /
+                     ((double)job->build.batch * (double)job->build.seq); /* (one forward's, a token's) */
+    double rate = MP_MATMUL_EFFICIENCY * tfl * 1e12, g = (double)e->gen_batch;
+    double prefill = per_tok * g * P / rate;
+    double kv_avg = T > 0 ? (double)e->gen_kv_bytes * (P + T) / (2.0 * T) : 0; /* (the cache's mean length) */
+    double step = fmax(per_tok * g / rate, ((double)e->weights_bytes + kv_avg) / (bw * 1e9));
+    return prefill + (C > 1 ? (C - 1) * step : 0);
+}
+
 /* Collectives and offload for one step (parallel.h); compute_s is forward + backward. */
 static void par_seconds(const struct mp_job *job, const struct mp_estimate *e, double compute_s, struct mp_fit *f)
 {
@@ -669,6 +693,12 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
                           : 0;
     double flops_time = c->fit.step_s - opt_seconds(&j, &c->fit.est);
     double t = (double)c->grad_accum * flops_time + opt_seconds(&j, &c->fit.est);
+    /* GRPO: a generation every steps_per_generation x num_iterations micro-steps (suggest's
+     * --global-batch: the whole accumulation's) */
+    double every = j.train.gen_seqs ? (double)accum * (j.train.gen_iterations > 1 ? j.train.gen_iterations : 1)
+                                    : (double)j.train.gen_every;
+    if (every > 0)
+        t += gen_seconds(&j, &c->fit.est) * (double)accum / every;
     c->samples_per_s = c->fits && t > 0 ? (double)c->global_batch / t : 0;
     double base = c->fit.est.fwd_flops + c->fit.est.bwd_flops;
     c->recompute_pct = base > 0 ? 100.0 * c->fit.est.recompute_flops / base : 0;
