@@ -419,16 +419,12 @@ static int setup_grpo(const struct args *a, struct setup *s, bool need_target)
                 "%llu (--seq is prompt + completion)\n", (unsigned long long)seq, (unsigned long long)C);
         return MP_EXIT_USAGE;
     }
-    for (size_t i = 0; i < s->model.n_blocks; i++)
-        for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
-            const struct mp_layer *l = &s->model.blocks[i].layers[j];
-            if (l->attn.window && l->attn.window < seq) {
-                fprintf(stderr, "memplan: error: %s: --trainer grpo: generation's sliding-window cache (window "
-                        "%llu < --seq %llu) is not modelled yet\n", a->model, (unsigned long long)l->attn.window,
-                        (unsigned long long)seq);
-                return MP_EXIT_USAGE;
-            }
-        }
+    uint64_t window = mp_model_min_window(&s->model);
+    if (window && window < seq) {
+        fprintf(stderr, "memplan: error: %s: --trainer grpo: generation's sliding-window cache (window %llu < --seq "
+                "%llu) is not modelled yet\n", a->model, (unsigned long long)window, (unsigned long long)seq);
+        return MP_EXIT_USAGE;
+    }
     uint64_t k = a->steps_per_gen ? a->steps_per_gen : a->grad_accum ? a->grad_accum : 1, world = 1, gen;
     if (a->par.strategy != MP_PAR_NONE)
         world = mp_par_world(&a->par);

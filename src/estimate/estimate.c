@@ -589,6 +589,13 @@ static enum mp_status ref_phases(const struct mp_program *p, const struct mp_tra
  * its half copies are cached for the forward (gen_pass).  The step's peak where it is larger.
  * What generation leaves for the step (the ids, masks, the (b x C) log-probs) is not counted:
  * kilobytes to a few megabytes beside the forward's. */
+static void raise_peaks(struct mp_estimate *e, uint64_t bytes) /* (a phase's reserved: its allocated) */
+{
+    e->peak_allocated_bytes = mp_max_u64(e->peak_allocated_bytes, bytes);
+    e->peak_requested_bytes = mp_max_u64(e->peak_requested_bytes, bytes);
+    e->peak_reserved_bytes = mp_max_u64(e->peak_reserved_bytes, bytes);
+}
+
 static enum mp_status old_phase(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
                                 struct mp_diag *d)
 {
@@ -603,11 +610,7 @@ static enum mp_status old_phase(const struct mp_program *p, const struct mp_trai
     if (!mp_add_u64(m.peak, e->ref_weights_bytes, &e->old_forward_peak_bytes))
         return peak_overflow(p, t, d);
     snprintf(e->old_forward_event, sizeof e->old_forward_event, "%s", m.peak_name);
-    if (t->ref == MP_REF_NONE && !t->gen_steps)
-        e->policy_peak_bytes = e->peak_allocated_bytes;
-    e->peak_allocated_bytes = mp_max_u64(e->peak_allocated_bytes, e->old_forward_peak_bytes);
-    e->peak_requested_bytes = mp_max_u64(e->peak_requested_bytes, e->old_forward_peak_bytes);
-    e->peak_reserved_bytes = mp_max_u64(e->peak_reserved_bytes, e->old_forward_peak_bytes);
+    raise_peaks(e, e->old_forward_peak_bytes);
     return MP_OK;
 }
 
@@ -616,8 +619,6 @@ static enum mp_status old_phase(const struct mp_program *p, const struct mp_trai
 static enum mp_status gen_phase(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
                                 struct mp_diag *d)
 {
-    if (t->ref == MP_REF_NONE) /* (ref_phases did it otherwise) */
-        e->policy_peak_bytes = e->peak_allocated_bytes;
     enum mp_status st = mp_generation_phase(p, t, e, d);
     if (st != MP_OK)
         return st;
@@ -625,9 +626,7 @@ static enum mp_status gen_phase(const struct mp_program *p, const struct mp_trai
         !mp_add_u64(e->gen_prefill_peak_bytes, e->ref_weights_bytes, &e->gen_prefill_peak_bytes) ||
         !mp_add_u64(e->gen_decode_peak_bytes, e->ref_weights_bytes, &e->gen_decode_peak_bytes))
         return peak_overflow(p, t, d);
-    e->peak_allocated_bytes = mp_max_u64(e->peak_allocated_bytes, e->gen_peak_bytes);
-    e->peak_requested_bytes = mp_max_u64(e->peak_requested_bytes, e->gen_peak_bytes);
-    e->peak_reserved_bytes = mp_max_u64(e->peak_reserved_bytes, e->gen_peak_bytes);
+    raise_peaks(e, e->gen_peak_bytes);
     return MP_OK;
 }
 
@@ -762,6 +761,8 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
     e->activations_bytes = c.act_at_loss;
     if (t->ref != MP_REF_NONE && (st = ref_phases(p, t, &c, e, d)) != MP_OK)
         return st;
+    if (t->ref == MP_REF_NONE) /* (ref_phases sets it beside a reference copy) */
+        e->policy_peak_bytes = e->peak_allocated_bytes;
     if (t->gen_steps && (st = gen_phase(p, t, e, d)) != MP_OK)
         return st;
     if (t->old_logps && (st = old_phase(p, t, e, d)) != MP_OK)

@@ -231,6 +231,9 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
  * vLLM corrects (grpo_trainer.py:2641-2645), and a generation falls mid-accumulation, the gradients
  * resident, when t->gen_every is not a multiple of accum.  Sets t->old_logps and t->gen_grads. */
 void mp_grpo_phases(struct mp_train_opts *t, uint64_t accum);
+/* GRPO: micro-steps between generations at an accumulation of accum (t->gen_every; with
+ * t->gen_seqs, TRL's default steps_per_generation, accum x num_iterations); 0: not GRPO. */
+uint64_t mp_grpo_every(const struct mp_train_opts *t, uint64_t accum);
 /* A colocated vLLM's memory on a device of `total` bytes at gpu_memory_utilization f: vLLM sizes
  * its KV cache to total x f less its profiled peak (weights, activations; vllm/v1/worker/
  * gpu_worker.py determine_available_memory), so the engine holds f x the device's total memory,

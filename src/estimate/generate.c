@@ -77,6 +77,15 @@ static bool add_prod(uint64_t *acc, uint64_t a, uint64_t b)
     return mp_mul_u64(a, b, &x) && x <= UINT64_MAX - 511 && mp_add_u64(*acc, mp_round512(x), acc);
 }
 
+uint64_t mp_grpo_every(const struct mp_train_opts *t, uint64_t accum)
+{
+    uint64_t every = t->gen_every;
+    /* (suggest --global-batch without steps_per_generation: TRL's default, the accumulation) */
+    if (t->gen_seqs && accum && !mp_mul_u64(accum, t->gen_iterations > 1 ? (uint64_t)t->gen_iterations : 1, &every))
+        every = UINT64_MAX;
+    return every;
+}
+
 void mp_grpo_phases(struct mp_train_opts *t, uint64_t accum)
 {
     if (!t->gen_every)
@@ -86,10 +95,7 @@ void mp_grpo_phases(struct mp_train_opts *t, uint64_t accum)
         t->gen_grads = t->accumulate;
         return;
     }
-    /* (suggest --global-batch without steps_per_generation: TRL's default, the accumulation) */
-    uint64_t every = t->gen_every;
-    if (t->gen_seqs && !mp_mul_u64(accum, t->gen_iterations > 1 ? (uint64_t)t->gen_iterations : 1, &every))
-        every = UINT64_MAX;
+    uint64_t every = mp_grpo_every(t, accum);
     t->old_logps = t->old_vllm || accum % every != 0;
     t->gen_grads = accum > 1 && every % accum != 0;
 }

@@ -207,6 +207,18 @@ bool mp_model_has_attention(const struct mp_model *m)
     return false;
 }
 
+uint64_t mp_model_min_window(const struct mp_model *m)
+{
+    uint64_t w = 0;
+    for (size_t i = 0; i < m->n_blocks; i++)
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
+            uint64_t lw = m->blocks[i].layers[j].attn.window;
+            if (lw && (!w || lw < w))
+                w = lw;
+        }
+    return w;
+}
+
 int mp_model_attention_impl(const struct mp_model *m)
 {
     int impl = -1;

@@ -402,6 +402,8 @@ enum mp_status mp_checkpoint_index_total(const char *path, uint64_t *total, stru
 
 /* True when some layer computes attention (so --attention and the attention default apply). */
 bool mp_model_has_attention(const struct mp_model *m);
+/* The smallest sliding window of any layer's attention, 0 when none has one. */
+uint64_t mp_model_min_window(const struct mp_model *m);
 /* The implementation every attention layer names (its "impl", or the HF family's kernel: Gemma-2
  * runs eager), or -1 when some layer names none, they differ, or no layer has attention. */
 int mp_model_attention_impl(const struct mp_model *m);

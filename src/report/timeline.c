@@ -132,6 +132,10 @@ struct tl {
     unsigned ref_passes, kl_passes;
     bool pre_done;            /* GRPO: generation, the old log-probs' and the reference's forwards,
                                * spliced before the policy's first op, on the resident state */
+    uint64_t gen_at;          /* GRPO: generation's peak with the reference copy (mp_generation_phase,
+                               * made in pass 1, drawn in both) and its event */
+    char gen_event[96];
+    bool gen_done;
     uint64_t setup_grads;     /* the setup's resident gradients (accumulation), set aside around
                                * them unless generation falls mid-accumulation (a dip, two events) */
     bool grad_dip;
@@ -147,12 +151,13 @@ struct tl {
     struct mp_diag *d;
 };
 enum { SPLICE_REF = 1, SPLICE_KL = 2, SPLICE_GEN = 3, SPLICE_OLD = 4 };
-
-static const char *splice_name(int what)
-{
-    return what == SPLICE_REF ? "reference.forward" : what == SPLICE_KL ? "kl.forward"
-         : what == SPLICE_GEN ? "generate" : "policy.forward";
-}
+/* Each splice's name in events and the SVG's data-what, and its bracket's label. */
+static const struct {
+    const char *name, *label;
+} SPLICES[] = {[SPLICE_REF] = {"reference.forward", "reference forward (no grad)"},
+               [SPLICE_KL] = {"kl.forward", "KL forward (no grad)"},
+               [SPLICE_GEN] = {"generate", "generate (its peak)"},
+               [SPLICE_OLD] = {"policy.forward", "old log-probs (no grad)"}};
 
 static size_t col_of(const struct tl *s, size_t ev)
 {
@@ -272,7 +277,7 @@ static enum mp_status splice_event(void *ctx, const struct mp_program *p, const 
     uint64_t before = s->peak;
     enum mp_status st = on_event(s, &e);
     if (s->pass == 1 && s->peak > before && ev->kind == MP_EV_ALLOC)
-        snprintf(s->peak_label, sizeof s->peak_label, "%s:%s:%s", mp_phase_str(e.phase), splice_name(s->splicing),
+        snprintf(s->peak_label, sizeof s->peak_label, "%s:%s:%s", mp_phase_str(e.phase), SPLICES[s->splicing].name,
                  ev->node >= 0 && (size_t)ev->node < p->n_nodes ? p->nodes[ev->node].name : "?");
     return st;
 }
@@ -288,18 +293,21 @@ static enum mp_status splice(struct tl *s, int what)
     enum mp_status st = MP_OK;
     if (what == SPLICE_GEN) {
         /* generate.c's peak is arithmetic past the prefill: drawn as one rise to it and back */
-        struct mp_estimate e;
-        memset(&e, 0, sizeof e);
-        st = mp_generation_phase(s->p, s->t, &e, s->d);
-        uint64_t at = 0;
-        if (st == MP_OK && !mp_add_u64(e.gen_peak_bytes, s->ref_weights, &at))
-            st = mp_fail(s->d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", s->p->model->path);
+        if (!s->gen_done) {
+            struct mp_estimate e;
+            memset(&e, 0, sizeof e);
+            st = mp_generation_phase(s->p, s->t, &e, s->d);
+            if (st == MP_OK && !mp_add_u64(e.gen_peak_bytes, s->ref_weights, &s->gen_at))
+                st = mp_fail(s->d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", s->p->model->path);
+            snprintf(s->gen_event, sizeof s->gen_event, "%s", e.gen_event);
+            s->gen_done = st == MP_OK;
+        }
         if (st == MP_OK) { /* (a rise of 0 when it stays below what is held: drawn all the same) */
-            uint64_t up = at > s->total ? at - s->total : 0, before = s->peak;
+            uint64_t up = s->gen_at > s->total ? s->gen_at - s->total : 0, before = s->peak;
             st = on_event(s, &(struct mp_event){.kind = MP_EV_ALLOC, .store = MP_ST_ACT, .bytes = up, .node = -1,
                                                 .phase = MP_PH_GENERATE});
             if (s->pass == 1 && s->peak > before)
-                snprintf(s->peak_label, sizeof s->peak_label, "%s", e.gen_event);
+                snprintf(s->peak_label, sizeof s->peak_label, "%s", s->gen_event);
             s->sp_net = mp_round512(up);
         }
     } else {
@@ -648,17 +656,13 @@ static void draw_phases(FILE *out, const struct tl *s, double evw)
     /* the no-grad forwards a DPO/KTO/GRPO step runs: a bracket under the phase band */
     for (size_t i = 0; i < s->n_splice; i++) {
         const struct splice_span *sp = &s->splice[i];
-        const char *what = splice_name(sp->what);
+        const char *what = SPLICES[sp->what].name;
         double x = XEV(sp->first), w = evw * (double)(sp->last + 1 - sp->first);
         fprintf(out, "<rect class=\"splice\" data-what=\"%s\" data-first-event=\"%zu\" data-last-event=\"%zu\" "
                      "x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"6\" fill=\"#555\"/>\n",
                 what, sp->first, sp->last, x, MY0 - 8, w);
         if (w >= 60)
-            text(out, x + w / 2, MY0 + 10, "middle", "font-size=\"10\" fill=\"#333\"" HALO,
-                 sp->what == SPLICE_REF   ? "reference forward (no grad)"
-                 : sp->what == SPLICE_KL  ? "KL forward (no grad)"
-                 : sp->what == SPLICE_GEN ? "generate (its peak)"
-                                          : "old log-probs (no grad)");
+            text(out, x + w / 2, MY0 + 10, "middle", "font-size=\"10\" fill=\"#333\"" HALO, SPLICES[sp->what].label);
     }
 
     /* an optimizer step that allocates nothing (DeepSpeed's fused Adam) has no band: a mark */

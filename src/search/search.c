@@ -695,10 +695,9 @@ static enum mp_status cand_set_batch(const struct mp_job *job, struct mp_candida
     double t = (double)c->grad_accum * flops_time + opt_seconds(&j, &c->fit.est);
     /* GRPO: a generation every steps_per_generation x num_iterations micro-steps (suggest's
      * --global-batch: the whole accumulation's) */
-    double every = j.train.gen_seqs ? (double)accum * (j.train.gen_iterations > 1 ? j.train.gen_iterations : 1)
-                                    : (double)j.train.gen_every;
-    if (every > 0)
-        t += gen_seconds(&j, &c->fit.est) * (double)accum / every;
+    uint64_t every = mp_grpo_every(&j.train, accum);
+    if (every)
+        t += gen_seconds(&j, &c->fit.est) * (double)accum / (double)every;
     c->samples_per_s = c->fits && t > 0 ? (double)c->global_batch / t : 0;
     double base = c->fit.est.fwd_flops + c->fit.est.bwd_flops;
     c->recompute_pct = base > 0 ? 100.0 * c->fit.est.recompute_flops / base : 0;
@@ -1749,9 +1748,11 @@ uint64_t mp_fit_shortfall(const struct mp_fit *f)
 
 /* ---- GRPO's limits at the plan ------------------------------------------------------------------ */
 
-/* Does the plan fit with completion c (the prompt kept) and a vLLM share f? */
+/* Does the plan fit with completion comp (the prompt kept) and a vLLM share f?  window: the model's
+ * smallest sliding window (0: none): generation's cache is not modelled past it (setup_grpo refuses
+ * it), so a longer sequence does not fit. */
 static enum mp_status grpo_fits(const struct mp_job *base, const struct mp_candidate *c, uint64_t comp, double f,
-                                bool *ok, struct mp_diag *d)
+                                uint64_t window, bool *ok, struct mp_diag *d)
 {
     struct mp_job j = *base;
     j.build.precision = c->precision;
@@ -1761,15 +1762,10 @@ static enum mp_status grpo_fits(const struct mp_job *base, const struct mp_candi
     mp_grpo_phases(&j.train, c->grad_accum);
     j.train.vllm_fraction = f;
     uint64_t P = base->build.seq - base->build.completion;
-    /* generation's cache is not modelled past a sliding window (setup_grpo refuses it) */
-    for (size_t i = 0; i < base->model->n_blocks; i++)
-        for (size_t k = 0; k < base->model->blocks[i].n_layers; k++) {
-            uint64_t w = base->model->blocks[i].layers[k].attn.window;
-            if (w && w < P + comp) {
-                *ok = false;
-                return MP_OK;
-            }
-        }
+    if (window && window < P + comp) {
+        *ok = false;
+        return MP_OK;
+    }
     j.build.seq = P + comp;
     j.build.completion = comp;
     if (j.train.gen_steps)
@@ -1797,12 +1793,13 @@ enum mp_status mp_grpo_limits(const struct mp_job *base, struct mp_suggestion *s
         return MP_OK;
     const struct mp_candidate *c = &s->cand[s->best];
     double f = base->train.vllm_fraction;
+    uint64_t window = mp_model_min_window(base->model);
     uint64_t lo = base->build.completion, hi = 0;
     bool ok = false;
     enum mp_status st;
     /* the completion: doubling past the planned one, then bisecting [lo fits, hi does not] */
     for (uint64_t t = lo * 2; t <= MP_GRPO_MAX_COMPLETION; t *= 2) {
-        if ((st = grpo_fits(base, c, t, f, &ok, d)) != MP_OK)
+        if ((st = grpo_fits(base, c, t, f, window, &ok, d)) != MP_OK)
             return st;
         if (!ok) {
             hi = t;
@@ -1812,7 +1809,7 @@ enum mp_status mp_grpo_limits(const struct mp_job *base, struct mp_suggestion *s
     }
     while (hi && hi - lo > 1) {
         uint64_t mid = lo + (hi - lo) / 2;
-        if ((st = grpo_fits(base, c, mid, f, &ok, d)) != MP_OK)
+        if ((st = grpo_fits(base, c, mid, f, window, &ok, d)) != MP_OK)
             return st;
         if (ok)
             lo = mid;
@@ -1827,7 +1824,7 @@ enum mp_status mp_grpo_limits(const struct mp_job *base, struct mp_suggestion *s
         unsigned a = (unsigned)floor(f * 100.0 + 1e-9), b = 100; /* [a fits, b cannot be asked] */
         while (b - a > 1) {
             unsigned mid = a + (b - a) / 2;
-            if ((st = grpo_fits(base, c, base->build.completion, mid / 100.0, &ok, d)) != MP_OK)
+            if ((st = grpo_fits(base, c, base->build.completion, mid / 100.0, window, &ok, d)) != MP_OK)
                 return st;
             if (ok)
                 a = mid;
