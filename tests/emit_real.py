@@ -91,6 +91,22 @@ DPO_CASES = [
 ]
 
 
+# suggest --trainer grpo: --emit hf is a GRPOConfig; (label, arguments, the GRPOConfig fields the
+# arguments ask for)
+GRPO_CASES = [
+    ("grpo lora vllm", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--trainer", "grpo", "--finetune", "lora",
+                        "--seq", "768", "--completion-length", "256", "--vllm", "0.3", "--temperature", "0.7",
+                        "--beta", "0.04"],
+     dict(max_completion_length=256, num_generations=8, beta=0.04, temperature=0.7, use_vllm=True,
+          vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, num_iterations=1, disable_dropout=False)),
+    ("grpo full global batch", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-80gb", "--trainer", "grpo", "--seq",
+                                "1024", "--completion-length", "512", "--global-batch", "64", "--num-iterations",
+                                "2", "--disable-dropout", "on", "--num-generations", "16"],
+     dict(max_completion_length=512, num_generations=16, beta=0.0, temperature=1.0, use_vllm=False,
+          num_iterations=2, disable_dropout=True)),
+]
+
+
 def memplan_trainable(args):
     """memplan's trainable_params (estimate --json) for the same model and fine-tuning options"""
     keep = []
@@ -290,6 +306,31 @@ else:
               "max_length %d, precompute_ref_log_probs %s, checkpoint %s%s"
               % (label, cls, __import__("trl").__version__, rec["micro_batch"], rec["grad_accum"],
                  seq, pre, ck, note))
+
+    # ---- hf, --trainer grpo: TRL's GRPOConfig (its __post_init__ checks the groups) as planned, and
+    # the same recommendation in the text, --json and the snippet ----
+    for label, args, want in GRPO_CASES:
+        rec, j = rec_of(args)
+        code = memplan(args + ["--emit", "hf"])
+        text = memplan(args)
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                ns = run_emitted(code, hf_config(config_path(args)), tmp)
+        except Exception as e:
+            fail("hf %s: the emitted file raises %s: %s" % (label, type(e).__name__, e))
+            continue
+        a = ns["args"]
+        got = {k: getattr(a, k) for k in want}
+        k_given = int(args[args.index("--steps-per-generation") + 1]) if "--steps-per-generation" in args else None
+        check(type(a).__name__ == "GRPOConfig" and got == want and
+              a.per_device_train_batch_size == rec["micro_batch"] and a.gradient_accumulation_steps == rec["grad_accum"]
+              and a.steps_per_generation == (k_given or rec["grad_accum"]) and
+              "  micro-batch        %d\n" % rec["micro_batch"] in text and
+              "  grad accumulation  %d " % rec["grad_accum"] in text,
+              "hf %s: TRL's GRPOConfig (trl %s) constructed with %d completions per device, accumulation %d, "
+              "steps_per_generation %d, %s, as --json and the text recommend%s"
+              % (label, __import__("trl").__version__, rec["micro_batch"], rec["grad_accum"], a.steps_per_generation,
+                 ", ".join("%s %s" % kv for kv in sorted(got.items())), note))
 
     # ---- torch: compiles, nothing undefined at module level, runs on a tiny model ---------------
     import symtable
