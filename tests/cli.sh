@@ -1044,7 +1044,56 @@ expect 0 "check --alloc-conf expandable_segments:True: the allocated level's mic
 # --trainer (TRL 1.16.0): sft is today's step (no trainer keys in its JSON); dpo's batch counts pairs
 # (2 sequences each) through the fused head; its reference is a resident copy (full), the adapter
 # disabled (LoRA) or none (--precompute-ref); what is not modelled is refused, one line each
-expect_line 2 "--trainer orpo: not modelled yet" estimate models/hf/qwen3-0.6b.json --trainer orpo
+# orpo (trl 1.16 experimental/orpo): the model's own logits and ORPO's loss; what it does not run is
+# refused, one line each
+expect_msg 2 "--trainer orpo --loss chunked-nll (ORPO's loss is on the model's logits)" "(--loss hf)" \
+    estimate models/hf/qwen3-0.6b.json --trainer orpo --loss chunked-nll
+expect_msg 2 "--trainer orpo --packing (ORPO pads its pairs)" "pads chosen and rejected" \
+    estimate models/hf/qwen3-0.6b.json --trainer orpo --packing
+expect_msg 2 "suggest --trainer orpo --emit torch (an SFT loop)" "writes the ORPOConfig" \
+    suggest models/hf/qwen3-0.6b.json --trainer orpo --gpu a100-40gb --no-probe --emit torch
+expect_msg 2 "--trainer orpo on a masked LM" "a masked-LM head: not modelled" \
+    estimate models/hf/bert-base-uncased.json --trainer orpo
+expect_msg 2 "--trainer orpo on an encoder-decoder" "an encoder-decoder model: not modelled" \
+    estimate models/hf/flan-t5-base.json --trainer orpo
+expect_msg 2 "--trainer orpo on a classifier" "--trainer orpo: the model has no causal LM head" \
+    estimate tests/data/hf-bert-base-seqcls.json --trainer orpo
+sed 's/^beta: 0.1$/packing: true/' tests/data/recipes/trl-orpo-lora.yaml >"$T/orpo-packing.yaml"
+expect_msg 3 "an ORPOConfig recipe with packing (not an ORPOConfig key)" "orpo-packing.yaml:13: packing" \
+    estimate --trainer orpo --recipe "$T/orpo-packing.yaml"
+if [ -n "$HAVE_PY" ]; then
+    # TRL's trainers pass use_cache=False to the training forward: the DynamicCache's copies are not
+    # planned unless --use-cache on says so (Qwen2-0.5B's config has use_cache true); ORPOConfig
+    # defaults: disable_dropout, gradient checkpointing
+    run estimate models/hf/qwen2-0.5b.json --trainer orpo --batch 2 --seq 256 --json
+    cp "$T/out" "$T/orpo.json"
+    run estimate models/hf/qwen2-0.5b.json --trainer orpo --batch 2 --seq 256 --use-cache off --json
+    cp "$T/out" "$T/orpo-off.json"
+    run estimate models/hf/qwen2-0.5b.json --trainer orpo --batch 2 --seq 256 --use-cache on --json
+    cp "$T/out" "$T/orpo-on.json"
+    run estimate --trainer orpo --recipe tests/data/recipes/trl-orpo-lora.yaml --json
+    if python3 - "$T/orpo.json" "$T/orpo-off.json" "$T/orpo-on.json" "$T/out" <<'PY' 2>"$T/why"
+import json, sys
+d, off, on, rec = (json.load(open(f)) for f in sys.argv[1:5])
+c = d["config"]
+assert c["trainer"] == "orpo" and c["sequences"] == 4 and c["reference"] == "none" and c["loss"] == "hf", c
+assert c["disable_dropout"] is True, c
+# (the cache's copies die with the forward: here they move the forward's FLOPs (torch.cat), not the peak)
+m = lambda j: (j["memory"]["peak_allocated_bytes"], j["memory"]["fwd_flops"])
+assert m(d) == m(off) and m(d)[1] < m(on)[1], (m(d), m(off), m(on))
+r = rec["config"]
+assert r["trainer"] == "orpo" and r["batch"] == 2 and r["sequences"] == 4 and r["seq_len"] == 1024, r
+assert r["checkpoint"] == "layers" and r["loss"] == "hf" and r["finetune"]["mode"] == "lora", r
+assert r["recipe"]["trainer"].startswith("TRL 1.16.0 ORPOTrainer"), r["recipe"]
+PY
+    then
+        ok "--trainer orpo: 2 sequences a pair, no reference, use_cache off (TRL's), its recipe (ORPOConfig)"
+    else
+        bad "--trainer orpo: 2 sequences a pair, no reference, use_cache off (TRL's), its recipe (ORPOConfig)"
+    fi
+else
+    skipped "--trainer orpo's JSON (python3 not found)"
+fi
 expect_line 2 "--trainer: an unknown name" estimate models/hf/qwen3-0.6b.json --trainer ppo
 expect_line 2 "--precompute-ref without --trainer dpo or kto" estimate models/hf/qwen3-0.6b.json --precompute-ref
 expect_line 2 "--trainer kto --batch 1 (TRL's KL term needs 2 examples)" estimate models/hf/qwen3-0.6b.json \
@@ -2683,7 +2732,7 @@ print(r["micro_batch"], r["precision"], r["plan"]["strategy"], g["max_completion
 fi
 # review fixes: the options' trainers, the recipe's booleans and its generation batch, the limits
 expect_msg 2 "--disable-dropout with --trainer sft: refused (SFTConfig has no disable_dropout)" \
-    "needs --trainer dpo, kto, kto-apo or grpo" estimate models/hf/gpt2.json --disable-dropout on
+    "needs --trainer dpo, kto, kto-apo, orpo or grpo" estimate models/hf/gpt2.json --disable-dropout on
 expect_msg 2 "--vllm-correction without vLLM: refused (it corrects vLLM's sampling)" "needs --vllm F or --vllm server" \
     estimate models/hf/qwen2-0.5b.json --trainer grpo --vllm-correction off
 printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nuse_vllm: maybe\n' >"$T/g5.yaml"

@@ -106,6 +106,16 @@ GRPO_CASES = [
           num_iterations=2, disable_dropout=True)),
 ]
 
+# suggest --trainer orpo --emit hf: trl 1.16's ORPOConfig (trl.experimental.orpo), the length planned, and
+# disable_dropout written only where it differs from the config's default (True)
+ORPO_CASES = [
+    ("orpo full", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--trainer", "orpo", "--seq", "1024"],
+     dict(max_length=1024, disable_dropout=True)),
+    ("orpo lora dropout on", ["models/hf/qwen2-0.5b.json", "--gpu", "t4", "--trainer", "orpo", "--finetune", "lora",
+                              "--seq", "512", "--disable-dropout", "off"],
+     dict(max_length=512, disable_dropout=False)),
+]
+
 
 def memplan_trainable(args):
     """memplan's trainable_params (estimate --json) for the same model and fine-tuning options"""
@@ -309,7 +319,9 @@ else:
 
     # ---- hf, --trainer grpo: TRL's GRPOConfig (its __post_init__ checks the groups) as planned, and
     # the same recommendation in the text, --json and the snippet ----
-    for label, args, want in GRPO_CASES:
+    def trainer_config(label, args, want):
+        """suggest ARGS's recommendation, text and --emit hf file run: (rec, json, text, the config object,
+        its fields named in want), or None (a failure said)"""
         rec, j = rec_of(args)
         code = memplan(args + ["--emit", "hf"])
         text = memplan(args)
@@ -318,9 +330,15 @@ else:
                 ns = run_emitted(code, hf_config(config_path(args)), tmp)
         except Exception as e:
             fail("hf %s: the emitted file raises %s: %s" % (label, type(e).__name__, e))
-            continue
+            return None
         a = ns["args"]
-        got = {k: getattr(a, k) for k in want}
+        return rec, j, text, a, {k: getattr(a, k) for k in want}
+
+    for label, args, want in GRPO_CASES:
+        got_all = trainer_config(label, args, want)
+        if not got_all:
+            continue
+        rec, j, text, a, got = got_all
         k_given = int(args[args.index("--steps-per-generation") + 1]) if "--steps-per-generation" in args else None
         check(type(a).__name__ == "GRPOConfig" and got == want and
               a.per_device_train_batch_size == rec["micro_batch"] and a.gradient_accumulation_steps == rec["grad_accum"]
@@ -330,6 +348,21 @@ else:
               "hf %s: TRL's GRPOConfig (trl %s) constructed with %d completions per device, accumulation %d, "
               "steps_per_generation %d, %s, as --json and the text recommend%s"
               % (label, __import__("trl").__version__, rec["micro_batch"], rec["grad_accum"], a.steps_per_generation,
+                 ", ".join("%s %s" % kv for kv in sorted(got.items())), note))
+
+    for label, args, want in ORPO_CASES:
+        got_all = trainer_config(label, args, want)
+        if not got_all:
+            continue
+        rec, j, text, a, got = got_all
+        check(type(a).__name__ == "ORPOConfig" and got == want and
+              a.per_device_train_batch_size == rec["micro_batch"] and a.gradient_accumulation_steps == rec["grad_accum"]
+              and j["config"]["trainer"] == "orpo" and
+              "  micro-batch        %d\n" % rec["micro_batch"] in text and
+              "  grad accumulation  %d " % rec["grad_accum"] in text,
+              "hf %s: TRL's ORPOConfig (trl %s, trl.experimental.orpo) constructed with %d pairs per device, "
+              "accumulation %d, %s, as --json and the text recommend%s"
+              % (label, __import__("trl").__version__, rec["micro_batch"], rec["grad_accum"],
                  ", ".join("%s %s" % kv for kv in sorted(got.items())), note))
 
     # ---- torch: compiles, nothing undefined at module level, runs on a tiny model ---------------

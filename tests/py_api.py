@@ -259,6 +259,7 @@ CASES = [
     ("packing", "estimate", L1B, dict(packing=True, batch=2, seq=512)),
     ("dpo", "estimate", L1B, dict(trainer="dpo", batch=2, seq=256)),
     ("suggest dpo", "suggest", L1B, dict(trainer="dpo", finetune="lora", seq=512, gpu="t4", no_probe=True)),
+    ("orpo", "estimate", L1B, dict(trainer="orpo", batch=1, seq=512)),
     ("suggest packing", "suggest", L1B, dict(packing=True, seq=1024, gpu="a100-80gb", no_probe=True)),
     ("sdpa math", "estimate", L1B, dict(torch="2.11", precision="fp32", seq=256)),
     ("grpo", "estimate", L1B, dict(trainer="grpo", batch=8, seq=512, completion_length=256, beta=0.04,

@@ -108,6 +108,22 @@ else:
               cfg.get("reference") == "adapter-disabled" and cfg.get("trainer") == "kto",
               "trl-kto-lora.yaml: KTOConfig (trl %s) and memplan read batch %s, max_length %s, loss_type kto, "
               "PEFT (the reference the adapter disabled)" % (trl.__version__, cfg.get("batch"), cfg.get("seq_len")))
+    # the ORPO recipe (--trainer orpo): trl 1.16's ORPOConfig (trl.experimental.orpo) reads it
+    from trl.experimental.orpo import ORPOConfig
+    _, orpo, omodel = HfArgumentParser((ScriptArguments, ORPOConfig, ModelConfig)).parse_yaml_file(
+        D + "/trl-orpo-lora.yaml", allow_extra_keys=False)
+    if os.access(mp, os.X_OK):
+        r = subprocess.run([mp, "estimate", "--trainer", "orpo", "--recipe", D + "/trl-orpo-lora.yaml", "--json"],
+                           capture_output=True, text=True)
+        cfg = json.loads(r.stdout)["config"] if r.returncode in (0, 1) else {}
+        check(cfg.get("batch") == orpo.per_device_train_batch_size and cfg.get("seq_len") == orpo.max_length and
+              cfg.get("sequences") == 2 * orpo.per_device_train_batch_size and omodel.use_peft and
+              (cfg.get("finetune") or {}).get("mode") == "lora" and cfg.get("loss") == "hf" and cfg.get("trainer") == "orpo" and
+              cfg.get("disable_dropout") is orpo.disable_dropout is True and orpo.gradient_checkpointing and
+              cfg.get("checkpoint") == "layers",
+              "trl-orpo-lora.yaml: ORPOConfig (trl %s) and memplan read %s pairs (%s sequences), max_length %s, "
+              "PEFT, the model's own logits (loss hf), dropout disabled, gradient checkpointing (the defaults)"
+              % (trl.__version__, cfg.get("batch"), cfg.get("sequences"), cfg.get("seq_len")))
     _, apo, _ = kparser.parse_yaml_file(D + "/trl-kto-apo.yaml", allow_extra_keys=False)
     _, one, _ = kparser.parse_yaml_file(D + "/trl-kto-batch1.yaml", allow_extra_keys=False)
     check(apo.loss_type == "apo_zero_unpaired" and one.per_device_train_batch_size == 1,
@@ -174,6 +190,7 @@ WRITTEN = [  # (recipe, MODEL or None, the dataclasses that read it, more argume
     # a GRPOConfig (GRPOConfig has no length: --seq); its __post_init__ checks the generation batch
     # holds whole groups of num_generations
     ("trl-grpo-vllm.yaml", None, "trl-grpo", ["--trainer", "grpo", "--seq", "768"]),
+    ("trl-orpo-lora.yaml", None, "trl-orpo", ["--trainer", "orpo"]),
 ]
 if not os.access(MEMPLAN, os.X_OK):
     skip("%s not built: the written recipes are not checked" % MEMPLAN)
@@ -198,13 +215,15 @@ else:
                 args = TrainingArguments(**{k: v for k, v in json.load(f).items() if k != "hub_token"})
         elif how == "hf-yaml":
             (args,) = HfArgumentParser(TrainingArguments).parse_yaml_file(out, allow_extra_keys=False)
-        elif how in ("trl", "trl-grpo"):
+        elif how in ("trl", "trl-grpo", "trl-orpo"):
             if trl is None:
                 skip("%s: trl absent: the written recipe is not parsed" % name)
                 continue
             from trl import GRPOConfig
-            _, args, _ = HfArgumentParser((ScriptArguments, GRPOConfig if how == "trl-grpo" else SFTConfig,
-                                           ModelConfig)).parse_yaml_file(out, allow_extra_keys=False)
+            from trl.experimental.orpo import ORPOConfig
+            cls = {"trl-grpo": GRPOConfig, "trl-orpo": ORPOConfig}.get(how, SFTConfig)
+            _, args, _ = HfArgumentParser((ScriptArguments, cls, ModelConfig)).parse_yaml_file(
+                out, allow_extra_keys=False)
             if how == "trl-grpo":
                 check(args.steps_per_generation * args.per_device_train_batch_size % args.num_generations == 0,
                       "%s: GRPOConfig's generation batch (%d x %d) holds whole groups of %d" % (

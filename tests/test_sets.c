@@ -183,7 +183,7 @@ static void test_trainers(void **state)
     assert_string_equal(mp_trainer_names(", ", " or "), "sft, dpo, kto, kto-apo, orpo or grpo");
     for (int i = 0; i <= MP_TRAINER_GRPO; i++) {
         assert_int_equal(mp_trainer_parse(mp_trainer_str((enum mp_trainer)i)), i);
-        assert_true((mp_trainer_unmodelled((enum mp_trainer)i) == NULL) == (i != MP_TRAINER_ORPO));
+        assert_null(mp_trainer_unmodelled((enum mp_trainer)i));
     }
     assert_int_equal(mp_trainer_parse("ppo"), -1);
     assert_int_equal(mp_trainer_seqs(MP_TRAINER_SFT), 1);
@@ -212,6 +212,13 @@ static void test_trainers(void **state)
     assert_string_equal(mp_trainer_loss_type(MP_TRAINER_KTO_APO), "apo_zero_unpaired");
     assert_null(mp_trainer_loss_type(MP_TRAINER_KTO));
     assert_string_equal(mp_ref_mode_str(MP_REF_ADAPTER), "adapter-disabled");
+    /* ORPO (trl 1.16 experimental/orpo): chosen and rejected concatenated (orpo_trainer.py:606-668),
+     * no reference model, ORPOConfig's disable_dropout defaults to True (orpo_config.py) */
+    assert_int_equal(mp_trainer_seqs(MP_TRAINER_ORPO), 2);
+    assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_ORPO), 0);
+    assert_int_equal(mp_trainer_kl_fwds(MP_TRAINER_ORPO), 0);
+    assert_true(mp_trainer_drops_dropout(MP_TRAINER_ORPO));
+    assert_string_equal(mp_trainer_config(MP_TRAINER_ORPO), "ORPOConfig");
 }
 
 static void test_activations(void **state)

@@ -133,7 +133,7 @@ class Grpo:
 class Config:
     loss: str
     label_fraction: float
-    # estimate and check (suggest's config holds loss, label_fraction and recipe only)
+    # estimate and check (suggest's config holds loss, label_fraction, packing, trainer and recipe only)
     batch: Optional[int] = _opt()
     seq_len: Optional[int] = _opt()
     target_seq_len: Optional[int] = _opt()  # encoder-decoders
@@ -150,7 +150,7 @@ class Config:
     finetune: Optional[Finetune] = _opt()
     parallel: Optional[Parallel] = _opt()
     recipe: Optional[Recipe] = _opt()
-    trainer: Optional[str] = _opt()  # --trainer other than sft: "dpo", "kto", "kto-apo"
+    trainer: Optional[str] = _opt()  # --trainer other than sft: "dpo", "kto", "kto-apo", "orpo", "grpo"
     sequences: Optional[int] = _opt()  # the sequences the model runs (DPO: 2 per pair)
     reference: Optional[str] = _opt()  # DPO's reference: "copy" | "adapter-disabled" | "none"
     disable_dropout: Optional[bool] = _opt()  # --trainer other than sft: TRL's disable_dropout as planned

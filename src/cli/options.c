@@ -185,7 +185,7 @@ static const struct opt OPTS[] = {
      .help = "MoE routing: the busiest expert gets F x the uniform share (F >= 1; default 1, uniform)"},
     {0, "use-cache", "on|off", C_ALL, K_CHOICE, FIELD(use_cache), .choices = ON_OFF,
      .help = "HF decoders: transformers' use_cache in training (default: the config's; off under --checkpoint "
-             "layers)"},
+             "layers or a --trainer other than sft)"},
     {0, "head", "H", C_ALL, K_ENUM, FIELD(head), .parse = mp_head_parse, .names = mp_head_names,
      .help = ": HF configs: the task head, replacing architectures[0]'s (default: the config's)"},
     {0, "num-labels", "N", C_ALL, INT(1, 1ull << 40), FIELD(num_labels), .expect = "a positive integer",
@@ -629,8 +629,19 @@ static int check_rules(const struct command *c, struct args *a)
         return MP_EXIT_USAGE;
     }
     if (a->disable_dropout >= 0 && tr == MP_TRAINER_SFT)
-        return cli_usage_error(c->name, "%s", "--disable-dropout needs --trainer dpo, kto, kto-apo or grpo (SFTConfig "
-                                              "has no disable_dropout)");
+        return cli_usage_error(c->name, "%s", "--disable-dropout needs --trainer dpo, kto, kto-apo, orpo or grpo "
+                                              "(SFTConfig has no disable_dropout)");
+    if (tr == MP_TRAINER_ORPO) { /* trl 1.16 experimental/orpo: the model's logits, its own loss, padded pairs */
+        if (a->loss != MP_LOSS_HF)
+            return cli_usage_error(c->name, "--trainer orpo: --loss %s: TRL's ORPOTrainer computes its loss on the "
+                                            "model's own logits (--loss hf)", mp_loss_str((enum mp_loss)a->loss));
+        if (a->packing)
+            return cli_usage_error(c->name, "%s", "--trainer orpo with --packing/--padding-free/--tokens-per-batch: "
+                                                  "ORPOTrainer pads chosen and rejected to the batch's longest");
+        if (a->emit == MP_EMIT_TORCH)
+            return cli_usage_error(c->name, "%s", "--emit torch with --trainer orpo: the torch loop is an SFT step; "
+                                                  "--emit hf writes the ORPOConfig");
+    }
     if (grpo && a->vllm_is_corr_set && !(a->vllm > 0 || a->vllm_server))
         return cli_usage_error(c->name, "%s", "--vllm-correction needs --vllm F or --vllm server (it corrects vLLM's "
                                               "sampling)");

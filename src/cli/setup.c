@@ -258,7 +258,8 @@ static void note_defaults(const struct args *a, struct setup *s, bool need_targe
                             : "sdpa (transformers' default: no s x s matrix kept)");
     if (s->model.kv_cache && a->use_cache < 0)
         cli_add_default(s, "use_cache %s",
-                        !s->model.use_cache                  ? "off (config)"
+                        a->trainer != MP_TRAINER_SFT         ? "off (TRL's trainers pass use_cache=False)"
+                        : !s->model.use_cache                ? "off (config)"
                         : a->ckpt.strategy == MP_CKPT_LAYERS ? "off (gradient checkpointing turns it off)"
                                                              : "on (config: k/v copied into a DynamicCache)");
 }
@@ -541,6 +542,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         goto out;
     if (a->use_cache >= 0)
         s->model.use_cache = a->use_cache == 1;
+    else if (a->trainer != MP_TRAINER_SFT) /* TRL's trainers pass use_cache=False to the training forward */
+        s->model.use_cache = false;
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;

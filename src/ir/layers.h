@@ -152,7 +152,8 @@ void mp_build_opts_default(struct mp_build_opts *o);
     X(CUSTOM, "custom") /* opaque: out of given bytes, extras[0] the rest of what it saves */ \
     X(SCALE, "scale") /* out = in[0] * p (LoRA's scaling by a Python float: saves nothing) */ \
     X(FUSED_LOSS, "fused_loss") /* a chunked / fused LM head and its loss (--loss): in[0] hidden (b,s,h), \
-                        param[0] the head's weight; out the scalar loss; extras what it keeps (by role); \
+                        param[0] the head's weight (ORPO's loss: in[0] the logits, no param); \
+                        out the scalar loss; extras what it keeps (by role); \
                         its chunks' transients in fwd_tmp / bwd_tmp; no executor runs it (the probe \
                         refuses the program) */ \
     /* mixture of experts (transformers' grouped_mm path); no executor runs these: the probe \

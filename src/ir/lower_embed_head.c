@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+static struct val lower_orpo_loss(struct bld *B, struct val logits, const struct mp_layer *l, const char *nm);
 
 /* Cross-entropy as PyTorch runs it: an fp32 upcast of half logits, log_softmax, nll_loss.
  * upcast: HF's causal-LM loss (ForCausalLMLoss) and token classification call
@@ -297,6 +298,14 @@ struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, 
     logits = mult_copy(B, logits, l, "logits_scaling");
     if (l->head.softcap > 0)
         logits = softcap_logits(B, logits, nm);
+    if (B->p->opts.trainer == MP_TRAINER_ORPO) { /* the trainer's loss on the model's logits */
+        /* under amp accelerate's prepare wraps the forward in convert_outputs_to_fp32 too (accelerate
+         * 1.15 accelerator.py prepare_model, utils/operations.py ConvertOutputsToFp32): the half
+         * logits become an fp32 copy as the model returns, and the loss runs on that */
+        if (B->amp && dt_of(B, logits) != MP_DT_F32)
+            logits = cast_to(B, logits, MP_DT_F32, "logits_fp32");
+        return lower_orpo_loss(B, logits, l, nm);
+    }
     /* masked LMs call nn.CrossEntropyLoss on the logits (BertForMaskedLM & co.) */
     return lower_loss(B, logits, "loss", !l->head.masked, B->m->input == MP_INPUT_TOKENS && !l->head.masked);
 }
@@ -511,6 +520,95 @@ static void liger(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, 
     double mm = 2.0 * (double)bt * (double)h * (double)v;
     n->fwd_flops = (wt ? 3.0 : 2.0) * mm; /* logits, dX (and dW) in the forward */
     n->bwd_flops = 0;
+}
+
+/* TRL's ORPO loss on the model's logits (trl 1.16.0 experimental/orpo/orpo_trainer.py; CUDA path),
+ * one node reading the logits L (b x s x V, b the chosen and rejected rows; under amp the fp32 copy
+ * accelerate makes, lower_lm_head) whose bytes follow the source op by op.  It runs after the model
+ * returns, outside autocast (compute_loss's own autocast, for a PEFT model cast to bf16, sees fp32
+ * logits), so every logits-sized tensor has L's dtype.  concatenated_forward (:745-822) makes the
+ * labels from the input ids (:794-797, an int64 b x s local).  The NLL on the chosen half
+ * (:779-800): logits[:b/2][..., :-1, :].contiguous() (a copy C, (b/2)(s-1) x V), then
+ * nn.CrossEntropyLoss: log_softmax (LS, saved) and nll_loss (saves LS, its int64 target and
+ * total_weight); C dies as the call returns.  get_batch_logps (:705-743): the labels [:, 1:].clone(),
+ * their mask != -100 (bool, saved by the mul that applies it), torch.where (the int64 index) and
+ * trainer/utils.py selective_log_softmax, which on CUDA is kernels/logprob_entropy.py
+ * _LogProbEntropyFunction on the view logits[:, :-1, :]: four fp32 b(s-1) outputs (:164-167),
+ * saving the view (so L itself), the index, log_z and expected_logit (:190).  The odds ratio
+ * (:670-703) and the sums are b-sized.
+ * Backward: autograd runs the later-made branch first (its nodes' sequence numbers are higher):
+ * the function's grad_logits (empty_like the view, contiguous: b(s-1) x V, :209), then L and what
+ * the function saved die and SliceBackward0 makes L's gradient G (b x s x V zeros) from it; then
+ * the NLL branch: NllLossBackward0 (a dense (b/2)(s-1) x V gradient), LogSoftmaxBackward0 (another;
+ * LS and the first die after it), then the two SliceBackward0 (a (b/2) x s x V and a b x s x V
+ * zeros tensor), and the engine adds the last into G in place.  The replay's moment for the node
+ * holds L, what it keeps and G: bwd_tmp is the largest phase above that.  (bench/accuracy/
+ * orpo_step.py: the order and each phase, InplaceTracker.) */
+static struct val lower_orpo_loss(struct bld *B, struct val logits, const struct mp_layer *l, const char *nm)
+{
+    if (failed(B))
+        return logits;
+    if (l->t5.on || l->head.masked || B->m->input != MP_INPUT_TOKENS) {
+        fail_model(B, MP_ERR_USAGE, "--trainer orpo: %s: not modelled (ORPO on a decoder-only causal LM only)",
+                   l->t5.on ? "an encoder-decoder model" : l->head.masked ? "a masked-LM head" : "a non-token model");
+        return logits;
+    }
+    if (B->b < 2 || B->b % 2) {
+        fail_model(B, MP_ERR_USAGE, "--trainer orpo: chosen and rejected rows come in pairs (%llu rows)",
+                   (unsigned long long)B->b);
+        return logits;
+    }
+    uint64_t V = last_dim(logits), s = B->s, half = B->b / 2;
+    enum mp_dtype ldt = dt_of(B, logits);
+    enum mp_dtype cdt = ldt; /* the loss runs after the model returns, outside autocast (under amp on
+                              * the fp32 copy of the logits: lower_lm_head) */
+    uint64_t ld = mp_dtype_size(ldt), cd = mp_dtype_size(cdt);
+    uint64_t sm1 = s > 0 ? s - 1 : 0;
+    uint64_t n1 = mul(B, half, sm1), n2 = mul(B, B->b, sm1); /* chosen / all positions after the shift */
+    uint64_t Lb = T(B, logits.t)->bytes;                        /* L, and its gradient G */
+    uint64_t c = mul(B, mul(B, n1, V), ld);                     /* C, the contiguous chosen copy */
+    uint64_t ls = mul(B, mul(B, n1, V), cd);                    /* LS, and each NLL-branch gradient */
+    uint64_t g1 = mul(B, mul(B, n2, V), ld);                    /* the function's grad_logits */
+    uint64_t z1 = mul(B, mul(B, mul(B, half, s), V), ld);       /* SliceBackward0 of the chosen rows' shift */
+    char en[112];
+    snprintf(en, sizeof en, "%s.orpo", nm);
+    uint64_t shape[1] = {1};
+    struct val y = new_val(B, en, MP_DT_F32, 1, shape, true);
+    struct mp_node *n = new_node(B, MP_P_FUSED_LOSS, en);
+    if (!n)
+        return y;
+    n->in[0] = logits.t;
+    n->in[1] = B->p->labels;
+    n->out = y.t;
+    save(n, logits.t); /* the function's view of L */
+    kept(B, n, en, "log_softmax", cdt, mul(B, n1, V), MP_XR_LOSS_SAVED);
+    kept(B, n, en, "nll_target", MP_DT_I64, n1, MP_XR_LOSS_SAVED);
+    kept(B, n, en, "total_weight", cdt, 1, MP_XR_LOSS_SAVED);
+    kept(B, n, en, "loss_mask", MP_DT_U8, n2, MP_XR_LOSS_SAVED);
+    kept(B, n, en, "index", MP_DT_I64, n2, MP_XR_LOSS_SAVED);
+    kept(B, n, en, "log_z", MP_DT_F32, n2, MP_XR_LOSS_SAVED);
+    kept(B, n, en, "expected_logit", MP_DT_F32, n2, MP_XR_LOSS_SAVED);
+    /* forward: the labels (a local of the forward) beside C while log_softmax runs */
+    tmp_one(B, n, false, MP_TR_OTHER, add(B, mul(B, mul(B, B->b, s), 8), c));
+    /* backward phases (beyond everything else that is live), in the order they run */
+    uint64_t phase[5] = {
+        add(B, add(B, Lb, ls), g1),            /* the function's backward: L, LS, grad_logits */
+        add(B, add(B, ls, g1), Lb),            /* SliceBackward0: grad_logits and G (L's size) */
+        add(B, add(B, Lb, ls), mul(B, ls, 2)), /* LogSoftmaxBackward0: G, LS and two gradients */
+        add(B, add(B, Lb, ls), z1),            /* the chosen rows' SliceBackward0 */
+        add(B, add(B, Lb, z1), Lb),            /* the batch's SliceBackward0, then added into G */
+    };
+    uint64_t worst = 0;
+    for (int i = 0; i < 5; i++)
+        worst = mp_max_u64(worst, phase[i]);
+    tmp_one(B, n, true, MP_TR_OTHER, beyond(worst, add(B, Lb, ls), Lb));
+    n->rows = n2;
+    n->n = V;
+    double mv = (double)n2 * (double)V;
+    n->fwd_flops = 6.0 * mv; /* log-softmax and the NLL's on half the rows, the fused log-probs */
+    n->bwd_flops = 6.0 * mv;
+    B->p->explicit_loss = true;
+    return y;
 }
 
 /* The LM head and its loss as --loss names them (not hf): one fused node reading x. */

@@ -907,7 +907,7 @@ static void derive(struct reader *rd)
         put(rd, MP_RS_LOSS, "chunked-nll", F_LOSS);
         if (fact_truth(rd, F_PRECOMPUTE) == 1)
             put(rd, MP_RS_PRECOMPUTE_REF, "true", F_PRECOMPUTE);
-    } else
+    } else if (!(rd->fmt_bit & B_ORPO)) /* (ORPO: the model's logits and its own loss, hf's head) */
         derive_loss(rd);
     derive_packing(rd);
 }
@@ -997,17 +997,19 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
     }
     bool dpo = t == MP_TRAINER_DPO && r->format == MP_RF_TRL,
          kto = (t == MP_TRAINER_KTO || t == MP_TRAINER_KTO_APO) && r->format == MP_RF_TRL,
-         grpo = t == MP_TRAINER_GRPO && r->format == MP_RF_TRL;
+         grpo = t == MP_TRAINER_GRPO && r->format == MP_RF_TRL, orpo = t == MP_TRAINER_ORPO && r->format == MP_RF_TRL;
     r->trainer = dpo    ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)"
                  : kto  ? "TRL 1.16.0 KTOTrainer (KTOConfig + ModelConfig)"
                  : grpo ? "TRL 1.16.0 GRPOTrainer (GRPOConfig + ModelConfig)"
+                 : orpo ? "TRL 1.16.0 ORPOTrainer (ORPOConfig + ModelConfig)"
                         : formats[r->format].trainer;
     struct reader *rd = mp_xcalloc(1, sizeof *rd);
     rd->r = r;
     rd->d = d;
     rd->doc = &doc;
     rd->fmt_bit = 1u << r->format | (dpo ? (unsigned)B_DPO : 0u) | (kto ? (unsigned)B_KTO : 0u) |
-                  (kto && t == MP_TRAINER_KTO_APO ? (unsigned)B_KTO_APO : 0u) | (grpo ? (unsigned)B_GRPO : 0u);
+                  (kto && t == MP_TRAINER_KTO_APO ? (unsigned)B_KTO_APO : 0u) | (grpo ? (unsigned)B_GRPO : 0u) |
+                  (orpo ? (unsigned)B_ORPO : 0u);
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(&doc, p->key), *v = yaml_document_get_node(&doc, p->value);
         if (k && v)

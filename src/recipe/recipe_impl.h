@@ -69,7 +69,8 @@ enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL
        B_DPO = 32, /* a TRL file read as DPOConfig (--trainer dpo): its rows come first and win */
        B_KTO = 64, /* a TRL file read as KTOConfig (--trainer kto, kto-apo): likewise */
        B_KTO_APO = 128, /* ... with --trainer kto-apo (loss_type apo_zero_unpaired): its rows come first */
-       B_GRPO = 256 /* a TRL file read as GRPOConfig (--trainer grpo): likewise */ };
+       B_GRPO = 256, /* a TRL file read as GRPOConfig (--trainer grpo): likewise */
+       B_ORPO = 512 /* a TRL file read as ORPOConfig (--trainer orpo): likewise */ };
 
 struct key_row {
     unsigned fmts;

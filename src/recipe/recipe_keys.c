@@ -149,7 +149,19 @@ const struct key_row mp_recipe_keys[] = {
     NOMEM(B_KTO, "beta"), NOMEM(B_KTO, "desirable_weight"), NOMEM(B_KTO, "undesirable_weight"),
     NOMEM(B_KTO, "ref_model_mixup_alpha"), NOMEM(B_KTO, "ref_model_sync_steps"),
     REFUSE_BUT(B_KTO, "sync_ref_model", "false False null", "the reference synced with the policy: " NOT_YET),
-    FACT(B_DPO | B_KTO | B_GRPO, "disable_dropout", F_DROPOUT_OFF), /* --disable-dropout */
+    FACT(B_DPO | B_KTO | B_GRPO | B_ORPO, "disable_dropout", F_DROPOUT_OFF), /* --disable-dropout */
+    /* ORPOConfig (trl 1.16.0 experimental/orpo/orpo_config.py), read with --trainer orpo: its loss
+     * is fixed (the chosen rows' NLL and the odds ratio on the model's logits) */
+    NOMEM(B_ORPO, "beta"), NOMEM(B_ORPO, "padding_value"), NOMEM(B_ORPO, "generate_during_eval"),
+    NOMEM(B_ORPO, "max_completion_length"), /* truncates the completion inside max_length */
+    REFUSE(B_ORPO, "loss_type", "not an ORPOConfig key (ORPO's loss is its own: the chosen rows' NLL and the "
+                                "odds ratio)"),
+    REFUSE(B_ORPO, "packing", "not an ORPOConfig key (ORPO pads chosen and rejected to the batch's longest)"),
+    REFUSE(B_ORPO, "padding_free", "not an ORPOConfig key (ORPO pads chosen and rejected to the batch's longest)"),
+    REFUSE(B_ORPO, "completion_only_loss", "not an ORPOConfig key (ORPO's NLL covers prompt and completion)"),
+    REFUSE(B_ORPO, "assistant_only_loss", "not an ORPOConfig key (ORPO's NLL covers prompt and completion)"),
+    REFUSE_BUT(B_ORPO, "use_liger_kernel", "false False null", "Liger's kernels on the model under ORPO: " NOT_YET),
+    REFUSE_BUT(B_ORPO, "is_encoder_decoder", "false False null", "encoder-decoder ORPO: " NOT_YET),
     /* GRPOConfig (trl 1.16.0 trainer/grpo_config.py), read with --trainer grpo: it has no length of
      * its own (the prompts are the dataset's; --seq is prompt + max_completion_length) */
     REFUSE(B_GRPO, "max_length", "not a GRPOConfig key (GRPOConfig has no max_length): drop it and give --seq, "

@@ -194,7 +194,12 @@ enum mp_loss {
  *         forward over prompt + completion through the fused LM head, labels on the completion
  *         only (:1495-1499), and backward.  The reference as DPO's (a copy, or the adapter
  *         disabled under PEFT, :2722-2733).  disable_dropout defaults to False.
- *   ORPO: not modelled yet. */
+ *   ORPO  ORPOTrainer (trl.experimental.orpo since 1.x): the policy's forward on chosen and rejected
+ *         concatenated (2 x the pairs, orpo_trainer.py:606-668, padded to the batch's longest),
+ *         the model's own LM head (full logits, no fused head), then the chosen rows' NLL and the
+ *         odds ratio of both on those logits (:745-877; src/ir/lower_embed_head.c
+ *         lower_orpo_loss), and backward.  No reference model.  disable_dropout defaults to True,
+ *         gradient_checkpointing to True (ORPOConfig, experimental/orpo/orpo_config.py). */
 #define MP_TRAINERS(X)                                                                                     \
     X(SFT, "sft", "TRL SFTTrainer / transformers Trainer: one forward and backward", NULL, 1, 1, 0, 0,     \
       "SFTConfig", NULL, 0)                                                                                   \
@@ -204,8 +209,8 @@ enum mp_loss {
       "KTOConfig", NULL, 1)                                                                                   \
     X(KTO_APO, "kto-apo", "TRL KTOTrainer, loss_type apo_zero_unpaired: the batch, a reference forward",  \
       NULL, 1, 1, 1, 0, "KTOConfig", "apo_zero_unpaired", 1)                                                  \
-    X(ORPO, "orpo", "TRL ORPOTrainer (trl.experimental.orpo)", "not modelled yet", 2, 1, 0, 0,           \
-      "ORPOConfig", NULL, 1)                                                                                  \
+    X(ORPO, "orpo", "TRL ORPOTrainer (trl.experimental.orpo): chosen+rejected, NLL + odds ratio", NULL, 2, 1, \
+      0, 0, "ORPOConfig", NULL, 1)                                                                                  \
     X(GRPO, "grpo", "TRL GRPOTrainer: generation, a reference forward if beta > 0, the policy step", NULL, 1, 1, \
       1, 0, "GRPOConfig", NULL, 0)
 
