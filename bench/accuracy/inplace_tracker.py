@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """inplace_tracker.py — a live-storage tracker that counts autograd's gradient sums as plain PyTorch
-makes them (not yet used by the benches: their rows were measured with dpo_step.RealTracker).
+makes them (orpo_step.py and remeasure_rows.py use it; the older rows were measured with
+torch_step.LiveTracker / dpo_step.RealTracker).
 
   python3 bench/accuracy/inplace_tracker.py      # the two trackers on small graphs, and torch's own choice
 
@@ -34,17 +35,22 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
 
 import dpo_step  # noqa: E402
 from torch_step import round512  # noqa: E402
 
 _ADD = torch.ops.aten.add.Tensor
+# what counts as a plain tensor: under FakeTensorMode (torch_step's rows) a FakeTensor stands for the
+# plain CUDA tensor it models (checked: fake and real runs of the tiny tied Llama make the same
+# decisions and peaks, bench/accuracy/tied_sum_survey.md)
+_PLAIN = (torch.Tensor, torch.nn.Parameter, FakeTensor)
 
 
 def _inplace_candidate(old, var, out):
     """can_accumulate_inplace's conditions that can be checked before the sum (old_var's own
     reference count cannot: whether it dies right after decides, InplaceTracker._gone)."""
-    return (type(old) in (torch.Tensor, torch.nn.Parameter) and type(var) in (torch.Tensor, torch.nn.Parameter)
+    return (type(old) in _PLAIN and type(var) in _PLAIN
             and old.layout == torch.strided and not old.is_nested and not old._is_zerotensor()
             and torch._prims_common.is_non_overlapping_and_dense_or_false(old)
             # storage().use_count() == 1: one TensorImpl (+1, the storage's Python object the tracker

@@ -280,7 +280,11 @@ static enum mp_status count_one(struct counter *c, const struct mp_event *ev)
             return MP_ERR_RANGE;
         }
         note_peak(c, ev);
-        if (ev->bytes && key < c->nkeys && !c->no_asim && !(c->warm && ev->phase == MP_PH_SETUP)) {
+        /* (the steady step's setup: what the first step left allocated keeps its block; what it
+         * freed, such as the .grad an accumulating step makes at setup and zero_grad drops, is
+         * requested again) */
+        bool kept = c->warm && ev->phase == MP_PH_SETUP && key < c->nkeys && c->blk_of && c->blk_of[key];
+        if (ev->bytes && key < c->nkeys && !c->no_asim && !kept) {
             if (c->lazy_state && ev->store == MP_ST_OPT_STATE && (size_t)ev->id < c->p->n_params) {
                 c->lazy_state[ev->id] = ev->bytes; /* made at the first optimizer.step (lazy_opt_state) */
                 return MP_OK;

@@ -253,19 +253,31 @@ struct val lower_pos_embedding(struct bld *B, struct val x, const struct mp_laye
     return y;
 }
 
-/* A head tied to the embedding table: two gradients reach the table's AccumulateGrad; the engine
- * keeps the head's until the embedding's backward has made its dense V x h gradient, then adds
- * them out of place: two more table-sized tensors in that backward (measured,
- * bench/accuracy/torch_step_results.md). */
+/* A head tied to the embedding table: two or more gradients reach the table's AccumulateGrad.  The
+ * engine keeps the head's (the replay's .grad, made at the head) until a lookup's backward has made
+ * its dense V x h gradient, then sums them (torch/csrc/autograd/input_buffer.cpp accumulate): in
+ * place when the buffered one is a fresh dense tensor with one reference, else out of place, one
+ * table more.  The head's is a transposed view of mm's result (TBackward0), so the first sum is out
+ * of place, unless the table reaches the head through autocast's cast (amp with a table outside the
+ * compute dtype: ToCopyBackward0 hands on a fresh fp32 tensor; a fused head's own buffer likewise);
+ * a later lookup (T5's encoder, after its decoder) meets that fresh sum, in place.  Measured with
+ * plain PyTorch (torch.profiler: aten::add against aten::add_) and under InplaceTracker:
+ * bench/accuracy/tied_sum_survey.md. */
 static void tied_grads(struct bld *B)
 {
     if (failed(B))
         return;
-    B->p->params[B->embed_param].matmul = true;
+    struct mp_param *q = &B->p->params[B->embed_param];
+    q->matmul = true;
+    bool fresh = B->amp && q->dtype != B->p->compute_dtype;
+    uint64_t g = mp_param_grad_bytes(q);
+    size_t first = SIZE_MAX; /* the lookup whose backward runs first: the last in forward order */
     for (size_t k = 0; k < B->p->n_nodes; k++)
         if (B->p->nodes[k].prim == MP_P_EMBED && B->p->nodes[k].param[0] == B->embed_param)
-            tmp_one(B, &B->p->nodes[k], true, MP_TR_OTHER,
-                    mul(B, mp_param_grad_bytes(&B->p->params[B->embed_param]), 2));
+            first = k;
+    for (size_t k = 0; k < B->p->n_nodes; k++)
+        if (B->p->nodes[k].prim == MP_P_EMBED && B->p->nodes[k].param[0] == B->embed_param)
+            tmp_one(B, &B->p->nodes[k], true, MP_TR_OTHER, k == first && !fresh ? mul(B, g, 2) : g);
 }
 
 /* The language-model head (tied to the embedding, or not) and its loss. */
