@@ -70,11 +70,12 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 STATE_DIR = os.path.join(ROOT, "bench", "gpu", "out")   # ignored by git; kept on a warm machine
 SCHEMA = 2
 
-PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "dpo", "grpo", "callback", "sdpa", "optim"]
+PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "dpo", "grpo", "orpo", "callback", "sdpa",
+         "optim"]
 # part: (cap on a GPU, cap on the CPU fallback, least seconds worth starting it with)
 CAPS = {"build": (200, 400, 5), "tests": (120, 240, 15), "sanitizer": (90, 0, 20),
         "matrix": (260, 400, 30), "tune": (150, 240, 40), "steptime": (5, 5, 0), "dpo": (150, 240, 40),
-        "grpo": (150, 240, 40),
+        "grpo": (150, 240, 40), "orpo": (120, 240, 40),
         "callback": (90, 150, 40), "sdpa": (60, 5, 20), "optim": (60, 5, 20)}
 RESERVE_S = 4          # kept back at the end for the last report
 WORKER_START_S = (90, 120)   # (GPU, CPU): import torch + transformers, CUDA context
@@ -1305,6 +1306,21 @@ def part_grpo(kit, res):
                "%.2f %% of torch (target 1 %%)" % (len(rows), rc, len(d.get("skipped", [])), worst))
 
 
+# ---- part: orpo ------------------------------------------------------------------------------
+
+def part_orpo(kit, res):
+    """bench/gpu/orpo_cuda.py: TRL's ORPOTrainer step on the GPU (TRL's Triton log-prob kernel,
+    accelerate's fp32 outputs under amp) against memplan --trainer orpo, the step's
+    max_memory_allocated against peak_allocated_bytes; the CPU fallback runs its flow only."""
+    d, rows, rc = run_trainer_rows(kit, res, "orpo")
+    if not rows or not kit.gpu:
+        return
+    worst = max([abs(r["peak_pct"]) for r in rows if r.get("peak_pct") is not None] or [0])
+    state = "partial" if rc != 0 or d.get("skipped") else "ok"
+    res.update(status=state, note="%d rows (rc %d, %d skipped for time); largest |memplan - torch| %.2f %% of "
+               "torch (target 1 %%)" % (len(rows), rc, len(d.get("skipped", [])), worst))
+
+
 # ---- parts: sdpa, optim (bench/gpu/sdpa_ws.py, optim_step.py) --------------------------------------
 
 def sdpa_rule(c):
@@ -1463,7 +1479,8 @@ def part_callback(kit, res):
 
 
 PART_FN = {"build": part_build, "tests": part_tests, "sanitizer": part_sanitizer, "matrix": part_matrix,
-           "tune": part_tune, "steptime": part_steptime, "dpo": part_dpo, "grpo": part_grpo, "callback": part_callback,
+           "tune": part_tune, "steptime": part_steptime, "dpo": part_dpo, "grpo": part_grpo, "orpo": part_orpo,
+           "callback": part_callback,
            "sdpa": part_sdpa, "optim": part_optim}
 
 
@@ -1730,6 +1747,19 @@ def render(st):
                     "%+.3f %%" % r["phase_pct"][k] if k in r.get("phase_pct", {}) else "-"))
         if gp.get("skipped"):
             L.append("- not run (time): " + "; ".join(gp["skipped"]))
+    op = st.get("orpo", {})
+    if op.get("rows") and op.get("status") != "smoke":
+        L += ["", "## ORPO (TRL 1.16 ORPOTrainer step, %s): max_memory_allocated vs memplan --trainer orpo"
+              % op.get("device"), "",
+              "| config | finetune | ckpt | precision | pairs x seq | torch | memplan | Δ | memplan's peak at |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for r in op["rows"]:
+            L.append("| %s | %s | %s | %s | %d x %d | %d | %d | %s | %s |" % (
+                r["config"], r["finetune"], r["checkpoint"], r["precision"], r["pairs"], r["seq"], r["torch_peak"],
+                r["memplan_peak"], "%+.3f %%" % r["peak_pct"] if r.get("peak_pct") is not None else "-",
+                r["memplan_peak_event"]))
+        if op.get("skipped"):
+            L.append("- not run (time): " + "; ".join(op["skipped"]))
     cb = st.get("callback", {})
     if cb:
         L += ["", "## MemplanCallback in a transformers Trainer (GPT-2, %s x %s, %s)" % (
