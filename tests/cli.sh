@@ -1100,8 +1100,8 @@ expect_line 2 "--trainer kto --batch 1 (TRL's KL term needs 2 examples)" estimat
     --trainer kto --batch 1
 expect_line 2 "--trainer kto --loss hf (KTO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
     --trainer kto --loss hf
-expect_line 2 "--trainer kto with data parallelism" estimate models/hf/qwen3-0.6b.json --trainer kto --gpus 2 \
-    --parallel ddp
+expect_msg 2 "--trainer kto under FSDP (the reference's sharding)" "placement under FSDP and DeepSpeed" \
+    estimate models/hf/qwen3-0.6b.json --trainer kto --gpus 2 --parallel fsdp
 expect_line 2 "suggest --trainer kto --max-batch 1 (below KTO's 2)" suggest models/hf/qwen3-0.6b.json --trainer kto \
     --gpu a100-40gb --no-probe --max-batch 1
 # nothing fits a KTO step: the alternatives are at its least micro-batch, 2, and none is a
@@ -1163,8 +1163,39 @@ expect_line 3 "a KTOConfig at one example a device: refused, naming the key" est
     --recipe tests/data/recipes/trl-kto-batch1.yaml
 expect_line 2 "--trainer dpo --loss hf (DPO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
     --trainer dpo --loss hf
-expect_line 2 "--trainer dpo with data parallelism" estimate models/hf/qwen3-0.6b.json --trainer dpo --gpus 2 \
-    --parallel ddp
+expect_msg 2 "--trainer dpo under ZeRO-3 (the reference's sharding)" "placement under FSDP and DeepSpeed" \
+    estimate models/hf/qwen3-0.6b.json --trainer dpo --gpus 2 --parallel zero3
+# under DDP TRL prepares the reference with prepare_model(evaluation_mode=True), which wraps nothing:
+# a whole frozen copy on each rank; the policy's DDP buckets are resident through both phases
+if [ -n "$HAVE_PY" ]; then
+    run estimate models/hf/qwen2-0.5b.json --trainer dpo --batch 2 --seq 512 --precision bf16 --json
+    cp "$T/out" "$T/dpo1.json"
+    run estimate models/hf/qwen2-0.5b.json --trainer dpo --batch 2 --seq 512 --precision bf16 --gpus 2 --parallel ddp \
+        --json
+    cp "$T/out" "$T/dpo2.json"
+    run suggest models/hf/qwen2-0.5b.json --trainer dpo --gpu a100-40gb --gpus 4 --no-probe --json
+    if python3 - "$T/dpo1.json" "$T/dpo2.json" "$T/out" <<'PY' 2>"$T/why"
+import json, sys
+one, two, sg = (json.load(open(f)) for f in sys.argv[1:4])
+m1, m2 = one["memory"], two["memory"]
+# Qwen2-0.5B in bf16: 494,032,768 parameters x 2 B, the reference copy on each rank
+assert m1["ref_weights_bytes"] == m2["ref_weights_bytes"] == 494032768 * 2, (m1["ref_weights_bytes"], m2)
+b = m2["buffers_bytes"]  # DDP's buckets (no bucket view: a second copy of the gradients)
+assert abs(b - 494032768 * 2) < 1 << 20, b
+for ph in ("policy_step", "reference_forward"):
+    d = m2["phases"][ph]["peak_allocated_bytes"] - m1["phases"][ph]["peak_allocated_bytes"]
+    assert abs(d - b) < 1 << 16, (ph, d, b)
+assert sg["recommendation"]["parallel"]["strategy"] == "ddp", sg["recommendation"]["parallel"]
+assert all(c["parallel"]["strategy"] == "ddp" for c in sg["candidates"]), "a sharded candidate"
+PY
+    then
+        ok "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest tries ddp only"
+    else
+        bad "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest tries ddp only"
+    fi
+else
+    skipped "--trainer dpo under DDP (python3 not found)"
+fi
 expect_line 2 "probe --trainer: the option does not apply" probe models/hf/qwen3-0.6b.json --trainer dpo
 expect_line 2 "suggest --trainer dpo --emit torch (an SFT loop)" suggest models/hf/qwen3-0.6b.json --trainer dpo \
     --gpu a100-40gb --no-probe --emit torch

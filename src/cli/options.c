@@ -663,9 +663,15 @@ static int check_rules(const struct command *c, struct args *a)
                  "the %s", tn, mp_trainer_config(tr));
         return cli_usage_error(c->name, "%s", why);
     }
-    if (pref && (a->par.gpus * a->par.nodes > 1 || a->par.strategy != MP_PAR_NONE))
-        return cli_usage_error(c->name, "--trainer %s with --gpus/--nodes/--parallel: the reference model's "
-                                        "placement under data parallelism is not modelled yet", tn);
+    /* DDP: TRL prepares the reference with accelerate's prepare_model(evaluation_mode=True), which
+     * wraps nothing (accelerator.py prepare_model): a whole frozen copy on each rank, as on one GPU
+     * (trl dpo_trainer.py:984-990, kto_trainer.py, grpo_trainer.py); FSDP and DeepSpeed shard it
+     * (trl models/utils.py prepare_fsdp, prepare_deepspeed): not modelled yet */
+    if (pref && a->par.strategy != MP_PAR_NONE && a->par.strategy != MP_PAR_DDP) {
+        snprintf(why, sizeof why, "--trainer %s with --parallel %s: the reference model's placement under FSDP "
+                 "and DeepSpeed is not modelled yet (--parallel ddp is)", tn, mp_par_strategy_str(a->par.strategy));
+        return cli_usage_error(c->name, "%s", why);
+    }
     uint64_t least = mp_trainer_min_batch(tr);
     if (a->batch_set && a->batch < least) { /* kto_trainer.py:844-847 raises */
         const struct mp_recipe_setting *rb = a->rec ? &a->rec->s[MP_RS_BATCH] : NULL;

@@ -1100,6 +1100,14 @@ static size_t model_repeats(const struct mp_model *m)
     return n;
 }
 
+/* A strategy the plan models for this job: its fine-tune (mp_par_finetune_modelled) and its trainer
+ * (a reference model or GRPO's generation: DDP only, cli refuses the rest). */
+static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
+{
+    return mp_par_finetune_modelled(s, base->build.ft.mode, base->train.optimizer) &&
+           (!mp_trainer_ref_fwds(base->build.trainer) || s == MP_PAR_NONE || s == MP_PAR_DDP);
+}
+
 /* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
  * checkpointed on w ranks (8 GPUs per node)?  Sets *par to the one that fits. */
 static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64_t w, struct mp_parallel *par,
@@ -1111,8 +1119,8 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64
     par->nodes = w < 8 ? 1 : w / 8;
     for (size_t k = 0; k < 2; k++) {
         par->strategy = shard[k];
-        if (!mp_par_finetune_modelled(par->strategy, base->build.ft.mode, base->train.optimizer))
-            continue; /* (a fine-tune: only what the plan models) */
+        if (!strategy_modelled(base, par->strategy))
+            continue; /* (a fine-tune, a trainer: only what the plan models) */
         struct mp_job j = *base;
         j.train.par = par;
         /* (the device level where the allocator is simulated, as the choice's) */
@@ -1242,15 +1250,14 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
         static const enum mp_par_strategy all[] = {MP_PAR_DDP, MP_PAR_ZERO1, MP_PAR_ZERO2, MP_PAR_ZERO3, MP_PAR_FSDP,
                                                    MP_PAR_FSDP_NO_RESHARD};
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
-            if (!mp_par_finetune_modelled(all[k], base->build.ft.mode, base->train.optimizer))
-                continue; /* a fine-tune: only what the plan models (cli refuses the rest) */
+            if (!strategy_modelled(base, all[k]))
+                continue; /* a fine-tune, a trainer: only what the plan models (cli refuses the rest) */
             sp->pars[sp->npar] = *base->train.par;
             sp->pars[sp->npar].strategy = all[k];
             sp->npar++;
         }
         /* and ZeRO-3 with the optimizer on the host (ZeRO-Offload), unless --offload was given */
-        if (base->train.par->offload == MP_OFFLOAD_NONE &&
-            mp_par_finetune_modelled(MP_PAR_ZERO3, base->build.ft.mode, base->train.optimizer)) {
+        if (base->train.par->offload == MP_OFFLOAD_NONE && strategy_modelled(base, MP_PAR_ZERO3)) {
             sp->pars[sp->npar] = *base->train.par;
             sp->pars[sp->npar].strategy = MP_PAR_ZERO3;
             sp->pars[sp->npar].offload = MP_OFFLOAD_OPTIMIZER;
@@ -1715,7 +1722,7 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
      * rank holds) is never proposed a world (cli refuses it) */
     if (s->best < 0 && !base->train.par && !o->par_search && !o_in->no_alternatives &&
         mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode, base->train.optimizer) &&
-        !mp_trainer_ref_fwds(base->build.trainer)) /* (a reference under data parallelism: refused) */
+        !mp_trainer_ref_fwds(base->build.trainer)) /* (a reference under sharding: refused; DDP replicates) */
         no_world = !world_alternative(base, o, sp.precs[0], argv0, world_alt, sizeof world_alt, d);
     bool any_fit = s->best >= 0;
     if (s->best >= 0 && o->probe && (st = probe_best(base, o, s, &bf16_only, d)) != MP_OK) {
