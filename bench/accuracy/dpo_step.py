@@ -102,11 +102,15 @@ def build(prec):
     return model, cfg
 
 
-def autocast_forward(m):
+def autocast_forward(m, fp32_outputs=True):
     """What accelerate's prepare does to each model under bf16 mixed precision (accelerate 1.15
-    accelerator.py:1825-1835): its forward runs under autocast, the region ending as it returns.
-    The CPU's autocast stands for CUDA's here."""
+    accelerator.py prepare_model): its forward runs under autocast, the region ending as it returns,
+    and convert_outputs_to_fp32 makes each half tensor it returns an fp32 copy (fp32_outputs: the
+    rows measured before 2026-11-29 ran without it).  The CPU's autocast stands for CUDA's here."""
     m.forward = torch.autocast("cpu", dtype=torch.bfloat16)(m.forward)
+    if fp32_outputs:
+        from accelerate.utils.operations import convert_outputs_to_fp32
+        m.forward = convert_outputs_to_fp32(m.forward)
 
 
 class Stub:

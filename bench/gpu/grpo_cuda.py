@@ -15,9 +15,10 @@ TRL's fused head takes its CUDA branches itself (Triton, the compact gather) and
 with CUDA's torch.multinomial: nothing is patched.  After one warm-up iteration the peak stats are
 reset at each phase's start: each phase's max_memory_allocated is its peak (absolute: what is
 resident is in it), against memplan's memory.phases figures, and the largest against
-peak_allocated_bytes.  Under amp-bf16 each model's forward runs under CUDA's autocast, as
-accelerate wraps the model it prepares (a PeftModel's generate calls the base model's own forward:
-no autocast there, which the row checks).  memplan runs with --workspace W, W the bytes one cuBLAS
+peak_allocated_bytes.  Under amp-bf16 each model's forward runs under CUDA's autocast with its
+outputs made fp32 (convert_outputs_to_fp32), as accelerate wraps the model it prepares (a
+PeftModel's generate calls the base model's own forward: no autocast there, which the row
+checks).  memplan runs with --workspace W, W the bytes one cuBLAS
 handle took here (dpo_cuda.workspace_probe).  Writes {"status", "workspaces", "rows": [...]}.
 """
 import gc
@@ -88,10 +89,11 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=()):
             model, _, opt = prepare(model, ref, ft, ck, False, add_fused_lm_head, ("log_probs", "entropy"))
             stub = Stub(model, ref, False, ck == "layers", beta, K)
             stub.accelerator.device = dev
-            if prec == "amp-bf16":  # accelerate's prepare: the forward under autocast
+            if prec == "amp-bf16":  # accelerate's prepare: the forward under autocast, its outputs fp32
+                from accelerate.utils.operations import convert_outputs_to_fp32
                 for m in (model, ref):
                     if m is not None:
-                        m.forward = torch.autocast(dev.type, dtype=torch.bfloat16)(m.forward)
+                        m.forward = convert_outputs_to_fp32(torch.autocast(dev.type, dtype=torch.bfloat16)(m.forward))
             C = seq - prompt
             gen_cfg = GenerationConfig(max_new_tokens=C, do_sample=True, pad_token_id=0, bos_token_id=1,
                                        eos_token_id=[cfg.vocab_size + 7], temperature=temp, top_p=1.0, top_k=0,
