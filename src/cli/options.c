@@ -136,10 +136,11 @@ static const struct opt OPTS[] = {
      .names = mp_trainer_names,
      .help = ": the step TRL runs (default sft; dpo: --batch pairs, chosen+rejected, a reference forward; "
              "kto: --batch examples, 2 or more, KL and reference forwards; kto-apo: KTO's loss_type "
-             "apo_zero_unpaired, no KL term; grpo: --batch completions, generation first)"},
+             "apo_zero_unpaired, no KL term; orpo: --batch pairs, the model's own logits, no reference; grpo: "
+             "--batch completions, generation first)"},
     {0, "disable-dropout", "on|off", C_EST | C_PLAN | C_SUGG | C_CHECK, K_CHOICE, FIELD(disable_dropout),
-     .choices = ON_OFF, .help = "dpo, kto, kto-apo, grpo: TRL's disable_dropout, every dropout's p set to 0, LoRA's "
-                                "too (default: on, grpo's off)"},
+     .choices = ON_OFF, .help = "dpo, kto, kto-apo, orpo, grpo: TRL's disable_dropout, every dropout's p set to 0, "
+                                "LoRA's too (default: on, grpo's off)"},
     {0, "precompute-ref", NULL, C_EST | C_PLAN | C_SUGG | C_CHECK, K_FLAG, FIELD(precompute_ref),
      .help = "dpo, kto, kto-apo: precompute_ref_log_probs=True (no reference model in the step)"},
     {0, "completion-length", "C", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(1, MAX_SEQ), FIELD(completion_len),
