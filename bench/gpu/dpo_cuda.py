@@ -182,6 +182,23 @@ def start_result(torch, smoke, out_path):
     return dev, result, save, ws["after_forward_mm"] - ws["start"]
 
 
+def out_of_time(result, label, need, budget_s, t0):
+    """Whether a row needing ~need s would end past budget_s (seconds from t0): then it is listed
+    in result["skipped"]."""
+    if budget_s is not None and time.perf_counter() - t0 + need > budget_s:
+        result.setdefault("skipped", []).append("%s: needs ~%.0f s" % (label, need))
+        return True
+    return False
+
+
+def finish(result, save, t0):
+    """The run's result, complete: status ok, its seconds from t0, written."""
+    result["status"] = "ok"
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    save()
+    return result
+
+
 def row_config(transformers, cfgd, tmp):
     """A row's config dict written for memplan (tmp/c.json) and made a transformers config (SDPA):
     (path, config)."""
@@ -218,9 +235,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
             label = "%s/%s/%s/%s%s" % (name, ft, ck, "precompute" if pre else "ref", "" if trainer == "dpo" else "/" + trainer)
             if only and not any(x in label for x in only):
                 continue
-            need = 1.2 * slowest.get(name, FIRST_ROW_S[name])
-            if budget_s is not None and time.perf_counter() - t_start + need > budget_s:
-                result.setdefault("skipped", []).append("%s: needs ~%.0f s" % (label, need))
+            if out_of_time(result, label, 1.2 * slowest.get(name, FIRST_ROW_S[name]), budget_s, t_start):
                 continue
             Trainer, dt, stub_cls, outputs, make_inputs, memplan_args = trainer_parts(trainer)
             t_row = time.perf_counter()
@@ -327,10 +342,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=(), sna
                 result["rows"][-1]["live_at_ref_peak"] = ref_note
             print(json.dumps(result["rows"][-1]), flush=True)
             save()
-    result["status"] = "ok"
-    result["seconds"] = round(time.perf_counter() - t_start, 1)
-    save()
-    return result
+    return finish(result, save, t_start)
 
 
 def common_parser(doc):

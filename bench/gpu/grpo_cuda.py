@@ -55,7 +55,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=()):
     from trl.models.utils import disable_gradient_checkpointing
     from trl.trainer.utils import add_fused_lm_head
     import rowlib
-    from dpo_cuda import row_config, settle, start_result
+    from dpo_cuda import finish, out_of_time, row_config, settle, start_result
     from dpo_step import CONFIG, memplan_run, prepare
     from grpo_step import Stub, memplan_args, scored_inputs
 
@@ -71,9 +71,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=()):
             label = "%s/%s/%s/%s/beta%g/K%d/T%g" % (name, ft, ck, prec, beta, K, temp)
             if only and not any(x in label for x in only):
                 continue
-            need = 1.2 * slowest.get(name, FIRST_ROW_S[name])
-            if budget_s is not None and time.perf_counter() - T0 + need > budget_s:
-                result.setdefault("skipped", []).append("%s: needs ~%.0f s" % (label, need))
+            if out_of_time(result, label, 1.2 * slowest.get(name, FIRST_ROW_S[name]), budget_s, T0):
                 continue
             t_row = time.perf_counter()
             path, cfg = row_config(transformers, configs[name], tmp)
@@ -153,10 +151,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=()):
                 "memplan_peak_event": m["peak_event"], "alloc_start": alloc_start, "seconds": round(secs, 1)})
             print(json.dumps(result["rows"][-1]), flush=True)
             save()
-    result["status"] = "ok"
-    result["seconds"] = round(time.perf_counter() - T0, 1)
-    save()
-    return result
+    return finish(result, save, T0)
 
 
 def main():

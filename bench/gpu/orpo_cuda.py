@@ -70,7 +70,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=()):
     import transformers
     import peft
     from trl.experimental.orpo import ORPOTrainer
-    from dpo_cuda import row_config, settle, start_result
+    from dpo_cuda import finish, out_of_time, row_config, settle, start_result
     from dpo_step import CONFIG, memplan_run
     import orpo_step
 
@@ -86,9 +86,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=()):
             label = "%s/%s/%s/%s/%dx%d" % (name, ft, ck, prec, pairs, seq)
             if only and not any(x in label for x in only):
                 continue
-            need = 1.2 * slowest.get(name, FIRST_ROW_S[name])
-            if budget_s is not None and time.perf_counter() - T0 + need > budget_s:
-                result.setdefault("skipped", []).append("%s: needs ~%.0f s" % (label, need))
+            if out_of_time(result, label, 1.2 * slowest.get(name, FIRST_ROW_S[name]), budget_s, T0):
                 continue
             t_row = time.perf_counter()
             path, cfg = row_config(transformers, configs[name], tmp)
@@ -126,10 +124,7 @@ def step_rows(memplan, steps, out_path, budget_s=None, smoke=False, only=()):
                 "memplan_peak_event": m["peak_event"], "alloc_start": alloc_start, "seconds": round(secs, 1)})
             print(json.dumps(result["rows"][-1]), flush=True)
             save()
-    result["status"] = "ok"
-    result["seconds"] = round(time.perf_counter() - T0, 1)
-    save()
-    return result
+    return finish(result, save, T0)
 
 
 def main():

@@ -717,21 +717,18 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         }
     }
     free(ring);
-    bool fused = false; /* --loss other than hf: honoured by a causal LM's head, else refused */
-    for (size_t k = 0; k < p->n_nodes && !failed(&B) && o->loss != MP_LOSS_HF && !fused; k++)
+    /* --loss other than hf and --trainer orpo: honoured by a causal LM's head (one fused node), else
+     * refused */
+    bool fused = false;
+    for (size_t k = 0; k < p->n_nodes && !fused; k++)
         fused = p->nodes[k].prim == MP_P_FUSED_LOSS;
-    if (!failed(&B) && o->loss != MP_LOSS_HF && !fused) {
+    if (!failed(&B) && !fused && (o->loss != MP_LOSS_HF || o->trainer == MP_TRAINER_ORPO)) {
         B.layer = NULL;
         B.prefix[0] = 0;
-        fail_model(&B, MP_ERR_USAGE, "--loss %s: the model has no causal LM head (lm_head)", mp_loss_str(o->loss));
-    }
-    bool orpo = false; /* --trainer orpo: its loss on a causal LM's logits, else refused */
-    for (size_t k = 0; k < p->n_nodes && !failed(&B) && o->trainer == MP_TRAINER_ORPO && !orpo; k++)
-        orpo = p->nodes[k].prim == MP_P_FUSED_LOSS;
-    if (!failed(&B) && o->trainer == MP_TRAINER_ORPO && !orpo) {
-        B.layer = NULL;
-        B.prefix[0] = 0;
-        fail_model(&B, MP_ERR_USAGE, "%s", "--trainer orpo: the model has no causal LM head (lm_head)");
+        if (o->loss != MP_LOSS_HF)
+            fail_model(&B, MP_ERR_USAGE, "--loss %s: the model has no causal LM head (lm_head)", mp_loss_str(o->loss));
+        else
+            fail_model(&B, MP_ERR_USAGE, "%s", "--trainer orpo: the model has no causal LM head (lm_head)");
     }
     if (failed(&B)) {
         enum mp_status st = B.st;

@@ -271,13 +271,12 @@ static void tied_grads(struct bld *B)
     q->matmul = true;
     bool fresh = B->amp && q->dtype != B->p->compute_dtype;
     uint64_t g = mp_param_grad_bytes(q);
-    size_t first = SIZE_MAX; /* the lookup whose backward runs first: the last in forward order */
-    for (size_t k = 0; k < B->p->n_nodes; k++)
-        if (B->p->nodes[k].prim == MP_P_EMBED && B->p->nodes[k].param[0] == B->embed_param)
-            first = k;
-    for (size_t k = 0; k < B->p->n_nodes; k++)
-        if (B->p->nodes[k].prim == MP_P_EMBED && B->p->nodes[k].param[0] == B->embed_param)
-            tmp_one(B, &B->p->nodes[k], true, MP_TR_OTHER, k == first && !fresh ? mul(B, g, 2) : g);
+    bool first = true; /* the lookup whose backward runs first: the last in forward order */
+    for (size_t k = B->p->n_nodes; k-- > 0;)
+        if (B->p->nodes[k].prim == MP_P_EMBED && B->p->nodes[k].param[0] == B->embed_param) {
+            tmp_one(B, &B->p->nodes[k], true, MP_TR_OTHER, first && !fresh ? mul(B, g, 2) : g);
+            first = false;
+        }
 }
 
 /* The language-model head (tied to the embedding, or not) and its loss. */
@@ -571,15 +570,12 @@ static struct val lower_orpo_loss(struct bld *B, struct val logits, const struct
         return logits;
     }
     uint64_t V = last_dim(logits), s = B->s, half = B->b / 2;
-    enum mp_dtype ldt = dt_of(B, logits);
-    enum mp_dtype cdt = ldt; /* the loss runs after the model returns, outside autocast (under amp on
-                              * the fp32 copy of the logits: lower_lm_head) */
-    uint64_t ld = mp_dtype_size(ldt), cd = mp_dtype_size(cdt);
+    enum mp_dtype ldt = dt_of(B, logits); /* every logits-sized tensor's (outside autocast) */
+    uint64_t ld = mp_dtype_size(ldt);
     uint64_t sm1 = s > 0 ? s - 1 : 0;
     uint64_t n1 = mul(B, half, sm1), n2 = mul(B, B->b, sm1); /* chosen / all positions after the shift */
     uint64_t Lb = T(B, logits.t)->bytes;                        /* L, and its gradient G */
-    uint64_t c = mul(B, mul(B, n1, V), ld);                     /* C, the contiguous chosen copy */
-    uint64_t ls = mul(B, mul(B, n1, V), cd);                    /* LS, and each NLL-branch gradient */
+    uint64_t c = mul(B, mul(B, n1, V), ld); /* C, the contiguous chosen copy; LS and each NLL-branch gradient */
     uint64_t g1 = mul(B, mul(B, n2, V), ld);                    /* the function's grad_logits */
     uint64_t z1 = mul(B, mul(B, mul(B, half, s), V), ld);       /* SliceBackward0 of the chosen rows' shift */
     char en[112];
@@ -593,27 +589,23 @@ static struct val lower_orpo_loss(struct bld *B, struct val logits, const struct
     n->in[1] = B->p->labels;
     n->out = y.t;
     save(n, logits.t); /* the function's view of L */
-    kept(B, n, en, "log_softmax", cdt, mul(B, n1, V), MP_XR_LOSS_SAVED);
+    kept(B, n, en, "log_softmax", ldt, mul(B, n1, V), MP_XR_LOSS_SAVED);
     kept(B, n, en, "nll_target", MP_DT_I64, n1, MP_XR_LOSS_SAVED);
-    kept(B, n, en, "total_weight", cdt, 1, MP_XR_LOSS_SAVED);
+    kept(B, n, en, "total_weight", ldt, 1, MP_XR_LOSS_SAVED);
     kept(B, n, en, "loss_mask", MP_DT_U8, n2, MP_XR_LOSS_SAVED);
     kept(B, n, en, "index", MP_DT_I64, n2, MP_XR_LOSS_SAVED);
     kept(B, n, en, "log_z", MP_DT_F32, n2, MP_XR_LOSS_SAVED);
     kept(B, n, en, "expected_logit", MP_DT_F32, n2, MP_XR_LOSS_SAVED);
     /* forward: the labels (a local of the forward) beside C while log_softmax runs */
     tmp_one(B, n, false, MP_TR_OTHER, add(B, mul(B, mul(B, B->b, s), 8), c));
-    /* backward phases (beyond everything else that is live), in the order they run */
-    uint64_t phase[5] = {
-        add(B, add(B, Lb, ls), g1),            /* the function's backward: L, LS, grad_logits */
-        add(B, add(B, ls, g1), Lb),            /* SliceBackward0: grad_logits and G (L's size) */
-        add(B, add(B, Lb, ls), mul(B, ls, 2)), /* LogSoftmaxBackward0: G, LS and two gradients */
-        add(B, add(B, Lb, ls), z1),            /* the chosen rows' SliceBackward0 */
-        add(B, add(B, Lb, z1), Lb),            /* the batch's SliceBackward0, then added into G */
-    };
-    uint64_t worst = 0;
-    for (int i = 0; i < 5; i++)
-        worst = mp_max_u64(worst, phase[i]);
-    tmp_one(B, n, true, MP_TR_OTHER, beyond(worst, add(B, Lb, ls), Lb));
+    /* backward phases (beyond everything else that is live), in the order they run: the function's
+     * backward (L, LS, grad_logits) and SliceBackward0 (grad_logits, G: L's size) hold the same bytes;
+     * LogSoftmaxBackward0 (G, LS and two gradients); the chosen rows' SliceBackward0 (G, LS's gradient,
+     * its zeros: never above the next); the batch's SliceBackward0 (G, those zeros and its own, then
+     * added into G) */
+    uint64_t worst = mp_max_u64(add(B, add(B, Lb, c), g1),
+                                mp_max_u64(add(B, Lb, mul(B, c, 3)), add(B, add(B, Lb, z1), Lb)));
+    tmp_one(B, n, true, MP_TR_OTHER, beyond(worst, add(B, Lb, c), Lb));
     n->rows = n2;
     n->n = V;
     double mv = (double)n2 * (double)V;

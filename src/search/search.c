@@ -1721,8 +1721,7 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     /* a fine-tune whose sharding is not modelled (QLoRA: DDP only, which does not shrink what a
      * rank holds) is never proposed a world (cli refuses it) */
     if (s->best < 0 && !base->train.par && !o->par_search && !o_in->no_alternatives &&
-        mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode, base->train.optimizer) &&
-        !mp_trainer_ref_fwds(base->build.trainer)) /* (a reference under sharding: refused; DDP replicates) */
+        strategy_modelled(base, MP_PAR_FSDP)) /* (a reference under sharding: refused; DDP replicates) */
         no_world = !world_alternative(base, o, sp.precs[0], argv0, world_alt, sizeof world_alt, d);
     bool any_fit = s->best >= 0;
     if (s->best >= 0 && o->probe && (st = probe_best(base, o, s, &bf16_only, d)) != MP_OK) {
