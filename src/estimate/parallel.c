@@ -114,6 +114,13 @@ uint64_t mp_par_fsdp_shard_elem_bytes(const struct mp_par_plan *pp, const struct
     return q->adapter ? mp_dtype_size(MP_DT_F32) : pp->master_elem_bytes;
 }
 
+uint64_t mp_par_gather_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q)
+{
+    if (!mp_par_is_fsdp(pp->par.strategy) || pp->par.mixed_bf16)
+        return pp->compute_elem_bytes;
+    return mp_par_fsdp_shard_elem_bytes(pp, q);
+}
+
 enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d)
 {
     if (p->gpus == 0 || p->nodes == 0)
@@ -250,6 +257,13 @@ static enum mp_status ddp_buckets(struct mp_par_plan *pp, const struct mp_progra
     return MP_OK;
 }
 
+/* acc += v x w; false when it leaves 64 bits */
+static bool wadd(uint64_t *acc, uint64_t v, uint64_t w)
+{
+    uint64_t m;
+    return mp_mul_u64(v, w, &m) && mp_add_u64(*acc, m, acc);
+}
+
 /* FSDP2: one group per repeated block (fully_shard on each decoder layer), the rest of the
  * model in the root group (the last).  ZeRO-3: one group per block.  A weighted block's group
  * stands for that many groups. */
@@ -295,6 +309,9 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
         }
         gr->shard_elems += pp->shard_elems[q];
         gr->unsharded_elems += pp->shard_elems[q] * N;
+        uint64_t gb = mp_par_gather_elem_bytes(pp, pa);
+        if (!wadd(&gr->shard_bytes, pp->shard_elems[q], gb) || !wadd(&gr->unsharded_bytes, pp->shard_elems[q] * N, gb))
+            return MP_ERR_RANGE;
         if (pa->trainable) {
             gr->grad_shard_elems += pp->shard_elems[q];
             gr->grad_unsharded_elems += pp->shard_elems[q] * N;
@@ -307,13 +324,6 @@ enum mp_status mp_par_plan_make(const struct mp_parallel *par, const struct mp_p
                                 struct mp_par_plan *pp, struct mp_diag *d)
 {
     return mp_par_plan_make_weighted(par, p, o, NULL, pp, d);
-}
-
-/* acc += v x w; false when it leaves 64 bits */
-static bool wadd(uint64_t *acc, uint64_t v, uint64_t w)
-{
-    uint64_t m;
-    return mp_mul_u64(v, w, &m) && mp_add_u64(*acc, m, acc);
 }
 
 /* DeepSpeed's bucket sizes where the user set none: accelerate's "auto" rule (hidden^2,
@@ -359,7 +369,8 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
     enum mp_par_strategy s = pp->par.strategy;
     uint64_t P = pp->compute_elem_bytes;
     bool ok = true;
-    uint64_t opt = 0, shard = 0, persist = 0, persist_shard = 0, un = 0, root_un = 0, whole = 0, grads = 0;
+    uint64_t opt = 0, shard = 0, persist = 0, persist_shard = 0, un = 0, whole = 0, grads = 0;
+    uint64_t un_b = 0, root_un_b = 0; /* the groups' unsharded bytes as gathered (all, the root's) */
     uint64_t gshard = 0, gun = 0, fsdp_w = 0; /* FSDP2: trainable shards, their RS input; shard bytes */
     uint64_t ddp = 0;                          /* DDP: the buckets' bytes, all-reduced */
     for (size_t q = 0; q < p->n_params; q++) {
@@ -374,9 +385,10 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
     }
     for (size_t g = 0; g < pp->n_groups; g++) {
         ok = ok && wadd(&un, pp->groups[g].unsharded_elems, pp->group_weight[g]) &&
+             wadd(&un_b, pp->groups[g].unsharded_bytes, pp->group_weight[g]) &&
              wadd(&gun, pp->groups[g].grad_unsharded_elems, pp->group_weight[g]);
         if (pp->groups[g].root)
-            root_un += pp->groups[g].unsharded_elems;
+            root_un_b += pp->groups[g].unsharded_bytes;
     }
     /* (shards are at most twice their parameters: padding to whole rows) */
     if (!ok || un > UINT64_MAX / 64)
@@ -463,7 +475,7 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         pp->host_bytes = off_par ? fsdp_w + gshard * R + opt : 0;
         /* forward all-gathers every group; with reshard_after_forward the non-root groups
          * are gathered again in backward */
-        pp->allgather_bytes = (double)(un * P) + (s == MP_PAR_FSDP ? (double)((un - root_un) * P) : 0);
+        pp->allgather_bytes = (double)un_b + (s == MP_PAR_FSDP ? (double)(un_b - root_un_b) : 0);
         pp->reducescatter_bytes = (double)(gun * R);
         if (off_par) {
             pp->pcie_bytes = (double)fsdp_w * (s == MP_PAR_FSDP ? 2 : 1) + (double)(gshard * R);
@@ -534,6 +546,8 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
     }
     if (st != MP_OK) {
         mp_par_plan_release(pp);
+        if (st == MP_ERR_RANGE)
+            return mp_fail(d, st, "%s: parameter sizes overflow 64 bits", p->model ? p->model->path : "model");
         return mp_fail(d, st, "out of memory");
     }
 

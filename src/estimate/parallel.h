@@ -122,6 +122,9 @@ struct mp_par_group {
     uint64_t grad_shard_elems; /* FSDP2: shard_elems of the trainable parameters (a frozen base has
                                 * no gradient: reduce-scatter output, sharded gradients) */
     uint64_t grad_unsharded_elems; /* FSDP2: their reduce-scatter input (0: no reduce-scatter) */
+    uint64_t shard_bytes;      /* the shards as all-gathered (each parameter's dtype on the wire:
+                                * mp_par_gather_elem_bytes): the copy-in of a mixed-precision cast */
+    uint64_t unsharded_bytes;  /* shard_bytes x world: all-gather output, the unsharded parameters */
     bool root;                 /* FSDP2: the root module's group */
 };
 
@@ -186,6 +189,11 @@ void mp_par_plan_release(struct mp_par_plan *pp);
 /* Bytes per element of parameter q's FSDP2 shard: the master dtype; an adapter fp32 (peft
  * makes LoRA's A and B fp32 whatever the base's dtype, and a policy casts only the copies). */
 uint64_t mp_par_fsdp_shard_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q);
+
+/* Bytes per element of parameter q as its group all-gathers it: ZeRO-3 the compute dtype;
+ * FSDP2 under a bf16 policy the compute dtype, otherwise the shard's own dtype (FSDP2 gathers
+ * a group of mixed dtypes as bytes: torch 2.15 _fsdp_collectives.py foreach_all_gather). */
+uint64_t mp_par_gather_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q);
 
 /* FSDP2 shard of one parameter: dim 0 chunked in world pieces, each padded to
  * ceil(dim0 / world) rows (torch.chunk + pad).  ZeRO-3: ceil(numel / world). */

@@ -15,11 +15,8 @@ bool fsdp(const struct rp *r) { return par_on(r) && mp_par_is_fsdp(r->pp->par.st
 
 static bool zero3(const struct rp *r) { return par_on(r) && r->pp->par.strategy == MP_PAR_ZERO3; }
 
-/* Bytes of the group's unsharded parameters / flat buffers in the compute dtype. */
-static uint64_t g_unsharded(const struct rp *r, size_t g)
-{
-    return r->pp->groups[g].unsharded_elems * r->pp->compute_elem_bytes;
-}
+/* Bytes of the group's unsharded parameters / flat buffers as gathered. */
+static uint64_t g_unsharded(const struct rp *r, size_t g) { return r->pp->groups[g].unsharded_bytes; }
 
 /* FSDP2 unshard (all-gather, copy-out) of group g; in forward the flat output is kept until
  * the next group's copy-out (implicit prefetch), otherwise freed right after the copy-out. */
@@ -30,10 +27,10 @@ static void fsdp_unshard(struct rp *r, size_t g, bool forward)
     uint64_t flat = g_unsharded(r, g);
     if (!r->ag_pending[g]) {
         if (r->pp->par.mixed_bf16) /* flat copy-in of the shards cast to bf16 */
-            comm(r, true, g, MP_COMM_COPY_IN, r->pp->groups[g].shard_elems * r->pp->compute_elem_bytes);
+            comm(r, true, g, MP_COMM_COPY_IN, r->pp->groups[g].shard_bytes);
         comm(r, true, g, MP_COMM_AG_OUT, flat);
         if (r->pp->par.mixed_bf16)
-            comm(r, false, g, MP_COMM_COPY_IN, r->pp->groups[g].shard_elems * r->pp->compute_elem_bytes);
+            comm(r, false, g, MP_COMM_COPY_IN, r->pp->groups[g].shard_bytes);
     }
     r->ag_pending[g] = false;
     if (forward && r->ag_held >= 0) {
@@ -165,10 +162,10 @@ void par_pre_bwd(struct rp *r, size_t i)
                 continue;
             if (!r->pp->groups[h].root && !r->uns[h] && !r->ag_pending[h]) {
                 if (r->pp->par.mixed_bf16)
-                    comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].shard_elems * r->pp->compute_elem_bytes);
+                    comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].shard_bytes);
                 comm(r, true, h, MP_COMM_AG_OUT, g_unsharded(r, h));
                 if (r->pp->par.mixed_bf16)
-                    comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].shard_elems * r->pp->compute_elem_bytes);
+                    comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].shard_bytes);
                 r->ag_pending[h] = true;
             }
             break;
