@@ -71,6 +71,9 @@ CASES = [
                    "--finetune", "lora", "--seq", "1024"]),
     ("qlora zero2", ["models/hf/llama-3-8b.json", "--gpu", "a10", "--gpus", "2", "--parallel", "zero2",
                      "--finetune", "qlora", "--seq", "1024"]),
+    # FSDP-QLoRA: Llama-3.1-70B on 4 x A100-40GB (issue 28), the packed weights in bf16 storage
+    ("qlora fsdp 70b", ["models/hf/llama-3.1-70b.json", "--gpu", "a100-40gb", "--gpus", "4", "--parallel", "fsdp",
+                        "--finetune", "qlora"]),
 ]
 
 
@@ -252,7 +255,10 @@ else:
               "hf %s: activation_checkpointing_kwargs offload %s" % (label, ck.endswith("+offload")))
         m = ns["model"]
         pdt = next(iter(m.parameters())).dtype
-        want_dt = torch.bfloat16 if prec in ("bf16", "bf16-amp") else torch.float32
+        # (FSDP-QLoRA under mixed-bf16: loaded in the bf16 storage dtype, as the guides do)
+        fsdp_qlora = rec["finetune"] == "qlora" and (rec.get("parallel") or {}).get("strategy", "").startswith("fsdp")
+        want_dt = torch.bfloat16 if prec in ("bf16", "bf16-amp") or (fsdp_qlora and prec == "mixed-bf16") \
+            else torch.float32
         check(pdt == want_dt, "hf %s: model loaded with dtype %s" % (label, want_dt))
         if label == "lora qwen2":  # issue 25 item 2: LoRA on an HF config is planned as peft runs it
             ad = {p.dtype for n, p in m.named_parameters() if "lora_" in n}
@@ -291,6 +297,12 @@ else:
                 bc = ns["bnb_config"]
                 check(bc.load_in_4bit and bc.bnb_4bit_quant_type == "nf4",
                       "hf %s: BitsAndBytesConfig(load_in_4bit, nf4) constructed" % label)
+                # (memplan plans the packed weights sharded under FSDP2: a bf16 storage; else uint8)
+                fsdp_plan = (rec.get("parallel") or {}).get("strategy", "none").startswith("fsdp")
+                want_storage = "bfloat16" if fsdp_plan else "uint8"
+                check(str(bc.bnb_4bit_quant_storage).replace("torch.", "") == want_storage,
+                      "hf %s: bnb_4bit_quant_storage %s, as planned (%s)" % (label, bc.bnb_4bit_quant_storage,
+                                                                        want_storage))
 
     # ---- hf, --trainer dpo / kto: TRL's DPOConfig / KTOConfig with the largest batch that fits ----
     for label, args, pre in DPO_CASES:

@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -291,22 +292,31 @@ static const char *LLAMA = "{\"model_type\":\"llama\",\"architectures\":[\"Llama
                            "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":100,"
                            "\"max_position_embeddings\":64,\"tie_word_embeddings\":false,\"hidden_act\":\"silu\"}";
 
-static void build_lora(struct fixture *f, enum mp_precision prec, bool cast)
+/* The Llama config cfg, mode full, lora or qlora (storage: bnb_4bit_quant_storage, -1 auto). */
+static void build_llama(struct fixture *f, const char *cfg, enum mp_precision prec, bool cast, enum mp_ft_mode mode,
+                        int storage)
 {
     struct mp_diag d = {{0}};
-    if (mp_model_load_string(&f->m, LLAMA, strlen(LLAMA), "llama.json", &d) != MP_OK)
+    if (mp_model_load_string(&f->m, cfg, strlen(cfg), "llama.json", &d) != MP_OK)
         fail_msg("load: %s", d.msg);
     struct mp_build_opts bo;
     mp_build_opts_default(&bo);
     bo.batch = 1;
     bo.seq = 16;
     bo.precision = prec;
-    bo.ft.mode = MP_FT_LORA;
+    bo.ft.mode = mode;
     bo.ft.r = 4;
     bo.ft.alpha = 8;
     bo.ft.adapters_cast = cast;
-    if (mp_finetune_parse_targets(&bo.ft, "q_proj,v_proj", &d) != MP_OK || mp_program_build(&f->m, &bo, &f->p, &d) != MP_OK)
+    bo.ft.quant.storage = storage;
+    if ((mode != MP_FT_FULL && mp_finetune_parse_targets(&bo.ft, "q_proj,v_proj", &d) != MP_OK) ||
+        mp_program_build(&f->m, &bo, &f->p, &d) != MP_OK)
         fail_msg("build: %s", d.msg);
+}
+
+static void build_lora(struct fixture *f, enum mp_precision prec, bool cast)
+{
+    build_llama(f, LLAMA, prec, cast, MP_FT_LORA, -1);
 }
 
 static void test_parallel_lora_ddp(void **state)
@@ -339,6 +349,17 @@ static void test_parallel_lora_ddp(void **state)
     plan(&f, MP_PAR_ZERO1, 2, false, MP_OFFLOAD_NONE, &pp);
     assert_int_equal(pp.grads_bytes, 1792 * 4); /* stage 1: the adapters' full gradients */
     mp_par_plan_release(&pp);
+    /* ZeRO-3 partitions every parameter (zero.Init: the frozen base too), ceil(n / 2) each, and
+     * keeps those under stage3_param_persistence_threshold (10 x hidden = 640) whole: the 5 norms
+     * (320) and every adapter matrix (1792); the optimizer's fp32 gradient partition (and, fp32
+     * here, no separate master) only of the adapters, 896 a rank (deepspeed 0.19.8 stage3.py
+     * _get_trainable_parameter_groups, grad_partitions_flat_buffer):
+     * (320 + 1792) x 4 + ((86848 + 1792) / 2 - (160 + 896)) x 4 */
+    plan(&f, MP_PAR_ZERO3, 2, false, MP_OFFLOAD_NONE, &pp);
+    assert_int_equal(pp.weights_bytes, (320 + 1792) * 4 + ((86848 + 1792) / 2 - (160 + 896)) * 4);
+    assert_int_equal(pp.grads_bytes, 896 * 4);
+    assert_int_equal(pp.optimizer_bytes, 2 * 896 * 4);
+    mp_par_plan_release(&pp);
     release(&f);
 }
 
@@ -357,13 +378,38 @@ static void test_parallel_lora_fsdp(void **state)
     assert_int_equal(pp.grads_bytes, 896 * 4);
     assert_int_equal((uint64_t)pp.reducescatter_bytes, 1792 * 4);
     assert_int_equal(pp.optimizer_bytes, 2 * 896 * 4);
+    /* accelerate's units in forward order (fsdp2_prepare_model): the embedding (6400, resharded),
+     * each decoder layer, the tail [lm_head] (6400, kept after forward, reduced after the head's
+     * backward), and the root: the final norm (64), which _find_final_norm cannot see through
+     * peft's wrapper (getattr(PeftModel, "model") is the CausalLM: children model and lm_head) */
+    assert_int_equal(pp.n_groups, 5);
+    assert_int_equal(pp.root_group, 4);
+    assert_int_equal(pp.groups[4].unsharded_elems, 64);
+    assert_false(pp.groups[4].reshard);
+    assert_int_equal(pp.group_of_block[0], 0);
+    assert_int_equal(pp.groups[0].unsharded_elems, 6400);
+    assert_true(pp.groups[0].reshard);
     /* a decoder layer's group: 36992 + 896 elements, half each; the adapters' 448 of them */
-    assert_int_equal(pp.groups[0].shard_elems, (36992 + 896) / 2);
-    assert_int_equal(pp.groups[0].grad_shard_elems, 448);
-    assert_int_equal(pp.groups[0].grad_unsharded_elems, 896);
-    /* the root group (embedding, final norm, lm_head) is all frozen: no reduce-scatter */
-    assert_true(pp.root_group >= 0);
-    assert_int_equal(pp.groups[pp.root_group].grad_unsharded_elems, 0);
+    assert_int_equal(pp.group_of_block[1], 1);
+    assert_int_equal(pp.groups[1].shard_elems, (36992 + 896) / 2);
+    assert_int_equal(pp.groups[1].grad_shard_elems, 448);
+    assert_int_equal(pp.groups[1].grad_unsharded_elems, 896);
+    assert_true(pp.groups[1].reshard);
+    /* the tail is all frozen: no reduce-scatter */
+    assert_int_equal(pp.group_of_block[3], 3);
+    assert_int_equal(pp.groups[3].unsharded_elems, 6400);
+    assert_false(pp.groups[3].reshard);
+    assert_int_equal(pp.groups[3].first_block, 3);
+    assert_int_equal(pp.groups[3].grad_unsharded_elems, 0);
+    /* all-gathers: every unit in forward, the resharded ones (embedding, layers) again in
+     * backward: (86848 + 1792 + 2 x 37888 + 6400) x 4 */
+    assert_true(pp.allgather_bytes == (double)(86848 + 1792 + 2 * 37888 + 6400) * 4);
+    mp_par_plan_release(&pp);
+    /* reshard_after_forward=False: the embedding kept too */
+    plan(&f, MP_PAR_FSDP_NO_RESHARD, 2, false, MP_OFFLOAD_NONE, &pp);
+    assert_false(pp.groups[0].reshard);
+    assert_false(pp.groups[1].reshard);
+    assert_true(pp.allgather_bytes == (double)(86848 + 1792) * 4);
     mp_par_plan_release(&pp);
     release(&f);
     /* mixed-bf16 (MixedPrecisionPolicy casts the adapters too): bf16 adapters in the program,
@@ -379,6 +425,68 @@ static void test_parallel_lora_fsdp(void **state)
     release(&f);
 }
 
+/* A tied table: accelerate puts the input embedding in the tail unit (final norm, embedding,
+ * lm_head) so that it unshards at the embedding, first, and stays until the backward's end. */
+static void test_parallel_fsdp_tied_units(void **state)
+{
+    (void)state;
+    struct fixture f;
+    char cfg[1024];
+    const char *at = strstr(LLAMA, "false");
+    snprintf(cfg, sizeof cfg, "%.*strue%s", (int)(at - LLAMA), LLAMA, at + 5);
+    build_llama(&f, cfg, MP_PREC_FP32, false, MP_FT_FULL, -1);
+    struct mp_par_plan pp;
+    plan(&f, MP_PAR_FSDP, 2, false, MP_OFFLOAD_NONE, &pp);
+    assert_int_equal(pp.n_groups, 3);
+    assert_int_equal(pp.root_group, -1);
+    assert_int_equal(pp.group_of_block[0], 0);
+    assert_int_equal(pp.group_of_block[3], 0);
+    assert_int_equal(pp.groups[0].unsharded_elems, 6400 + 64);
+    assert_false(pp.groups[0].reshard);
+    assert_int_equal(pp.groups[0].first_block, 0);
+    assert_int_equal(pp.groups[0].grad_unsharded_elems, 6400 + 64);
+    assert_int_equal(pp.group_of_block[2], 2);
+    assert_true(pp.groups[2].reshard);
+    mp_par_plan_release(&pp);
+    release(&f);
+}
+
+/* FSDP-QLoRA (bnb nf4, double quant, r 4 on q/v) on the tiny Llama, 2 ranks.  q_proj 64 x 64 =
+ * 4096 elements: packed (4096 + 1) / (2 x 2) = 1024 bf16 rows of one (bitsandbytes
+ * quantize_4bit with quant_storage bf16), 512 a rank, 1024 bytes; its quant_state (not a
+ * parameter: on every rank) is code 64 B, absmax 64 B, offset 4 B, absmax2 4 B, code2 1024 B,
+ * each 512-rounded: 3072 bytes.  uint8 storage: accelerate leaves it out of FSDP2, whole: 2048 +
+ * 3072 bytes.  The embedding (bf16, frozen: no fp32 copy) 100 x 64 / 2 x 2 bytes. */
+static void test_parallel_fsdp_qlora(void **state)
+{
+    (void)state;
+    for (int storage = 0; storage < 2; storage++) {
+        struct fixture f;
+        build_llama(&f, LLAMA, MP_PREC_BF16, false, MP_FT_QLORA, storage ? MP_DT_U8 : -1); /* -1: auto, bf16 */
+        int qp = -1, emb = f.p.input_embed;
+        for (size_t q = 0; q < f.p.n_params && qp < 0; q++)
+            if (f.p.params[q].dtype == MP_DT_U8 && f.p.params[q].rows == 64 && f.p.params[q].cols == 64)
+                qp = (int)q;
+        assert_true(qp >= 0 && emb >= 0);
+        assert_int_equal(mp_par_quant_state_bytes(&f.p.params[qp]), 3072);
+        struct mp_par_plan pp;
+        plan(&f, MP_PAR_FSDP, 2, false, MP_OFFLOAD_NONE, &pp);
+        if (!storage) {
+            assert_int_equal(pp.quant_storage, MP_DT_BF16);
+            assert_int_equal(pp.shard_elems[qp], 512);
+            assert_int_equal(mp_par_rank_param_bytes(&pp, &f.p, (size_t)qp), 512 * 2 + 3072);
+            assert_int_equal(pp.group_of_param[qp], pp.group_of_block[f.p.params[qp].block]);
+        } else {
+            assert_true(mp_par_fsdp_ignored(&pp, &f.p.params[qp]));
+            assert_int_equal(mp_par_rank_param_bytes(&pp, &f.p, (size_t)qp), 2048 + 3072);
+            assert_int_equal(pp.group_of_param[qp], -1);
+        }
+        assert_int_equal(mp_par_rank_param_bytes(&pp, &f.p, (size_t)emb), 100 * 64 / 2 * 2);
+        mp_par_plan_release(&pp);
+        release(&f);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -386,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_parallel_ddp_buckets),      cmocka_unit_test(test_parallel_zero_model_states),
         cmocka_unit_test(test_parallel_replay_per_rank),  cmocka_unit_test(test_parallel_validate),
         cmocka_unit_test(test_parallel_lora_ddp),         cmocka_unit_test(test_parallel_lora_fsdp),
+        cmocka_unit_test(test_parallel_fsdp_tied_units), cmocka_unit_test(test_parallel_fsdp_qlora),
     };
     return cmocka_run_group_tests_name("parallel", tests, NULL, NULL);
 }

@@ -7,8 +7,9 @@ training steps on the CPU with the gloo backend:
   ddp              torch.nn.parallel.DistributedDataParallel (bucket_cap_mb default: 25 MiB,
                    first bucket 1 MiB, gradient_as_bucket_view=False)
   ddp-view         the same with gradient_as_bucket_view=True (memplan --ddp-bucket-view)
-  fsdp             fully_shard(block) for every GPT2Block, then fully_shard(model)
-                   (reshard_after_forward=True)
+  fsdp             accelerate 1.15's own fsdp2_prepare_model (called with a stand-in Accelerator):
+                   fully_shard per GPT2Block, the tail [ln_f, wte = lm_head (tied)] with
+                   reshard_after_forward=False, the root (wpe); reshard_after_forward=True
   fsdp-no-reshard  the same with reshard_after_forward=False
   fsdp mixed-bf16  MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
 
@@ -37,8 +38,32 @@ flag off (the old measurement, to see the artefact); DIST_GLOO_TRACE=FILE writes
 step-2 allocations (and FILE.<case>.alive: what is alive when step 2 starts, with the call that
 made it) for debugging.
 
+QLoRA under FSDP2 (the qlora-* cases; run only when named in --cases, they need bitsandbytes):
+the same small Llama saved once (seed 0) and loaded by every rank with from_pretrained in 4-bit
+(BitsAndBytesConfig nf4, compute dtype bf16, double quant, quant_storage bf16; the other
+weights in bf16), peft LoRA as the lora cases (adapters fp32: peft's autocast_adapter_dtype),
+then sharded by accelerate's own fsdp2_prepare_model (accelerate.utils.fsdp_utils, called with a
+stand-in Accelerator): fully_shard per LlamaDecoderLayer, embed_tokens alone, the tail (lm_head)
+with reshard_after_forward=False, then the root.
+  qlora-fsdp                 quant_storage bf16: the packed 4-bit weights are bf16 tensors of
+                             shape (numel/4, 1), sharded by FSDP2 like any frozen parameter
+  qlora-fsdp-no-reshard      the same with reshard_after_forward=False
+  qlora-fsdp-mixed           accelerate's bf16 policy: MixedPrecisionPolicy(param_dtype=bf16,
+                             reduce_dtype=bf16, output_dtype=bf16)
+  qlora-u8-fsdp              quant_storage uint8 (bitsandbytes' default): accelerate puts the
+                             frozen uint8 Params4bit in ignored_params, so every rank keeps them
+                             whole (replicated); the rest is sharded as above
+Besides start and peak, each qlora rank records its tensors at step start (the inventory), the
+step-2 phase of its peak and what step 2 has alive then, checks that every 4-bit weight
+all-gathered by FSDP2 dequantizes to exactly the single-process weight, and the main process
+runs the same two steps without FSDP (one process, each rank's batch in turn, the gradients
+averaged) for the reference losses.  memplan (--finetune qlora --precision bf16, or mixed-bf16)
+refuses --parallel fsdp for qlora (for now): its column then records the refusal, and such a
+case writes no row for rowlib.  bench/accuracy/qlora_fsdp_facts.md has the findings.
+
 Usage: python3 bench/accuracy/dist_gloo.py [--memplan ./memplan] [--out FILE] [--quick] [--worlds 2,4]
-       [--cases ddp,ddp-view,fsdp,fsdp-no-reshard,fsdp-mixed,lora-ddp,lora-fsdp,...]
+       [--cases ddp,ddp-view,fsdp,fsdp-no-reshard,fsdp-mixed,lora-ddp,lora-fsdp,...,qlora-fsdp,...]
+       (--out FILE.json: the rows as JSON, with the qlora inventories; any other name: the markdown)
 """
 import argparse
 import gc
@@ -66,6 +91,11 @@ BATCH, SEQ = 2, 64
 LLAMA_CFG = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=3, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000, max_position_embeddings=256, tie_word_embeddings=False)
 LORA_R = 8
+# the qlora cases: finetune kind -> bnb_4bit_quant_storage (the rest of BitsAndBytesConfig is
+# QLORA_BNB); the same Llama config, LoRA r and targets as the lora cases
+QLORA_KINDS = {"qlora": "bfloat16", "qlora-u8": "uint8"}
+QLORA_BNB = dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype="bfloat16",
+                 bnb_4bit_use_double_quant=True)
 
 
 def free_port():
@@ -74,10 +104,64 @@ def free_port():
         return s.getsockname()[1]
 
 
-def make_model(lora=False):
-    """GPT-2 (full training), or with lora the small Llama wrapped by peft (only the adapters
-    require grad)."""
+def ft_prefix(lora):
+    """The case-name prefix of a finetune kind: '' (full), 'lora-', 'qlora-', 'qlora-u8-'."""
+    return lora + "-" if lora in QLORA_KINDS else ("lora-" if lora else "")
+
+
+def save_llama(path):
+    """The qlora cases' checkpoint: the small Llama as make_model(True) builds it (seed 0,
+    fp32), saved for from_pretrained (bitsandbytes quantizes while loading)."""
     import transformers
+    cfg = transformers.LlamaConfig(**LLAMA_CFG)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+
+
+def make_qlora(kind, ckpt):
+    """The small Llama loaded in 4-bit (QLORA_BNB, quant_storage by kind, the unquantized
+    weights in bf16) and wrapped by peft LoRA as the lora cases."""
+    import peft
+    import transformers
+    bnb = transformers.BitsAndBytesConfig(**{**QLORA_BNB, "bnb_4bit_compute_dtype": torch.bfloat16,
+                                             "bnb_4bit_quant_storage": getattr(torch, QLORA_KINDS[kind])})
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, quantization_config=bnb, dtype=torch.bfloat16,
+                                                              device_map="cpu")
+    model.config._attn_implementation = "sdpa"
+    torch.manual_seed(0)  # the adapters' init (lora_A): the same on every rank and in the reference
+    model = peft.get_peft_model(model, peft.LoraConfig(r=LORA_R, lora_alpha=2 * LORA_R, lora_dropout=0.0,
+                                                       target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    return model, model.config
+
+
+def accelerate_fsdp2(model, strategy, mixed):
+    """fully_shard the model as accelerate 1.15's Accelerator.prepare does for FSDP2
+    (accelerate.utils.fsdp_utils.fsdp2_prepare_model, called with a stand-in Accelerator):
+    transformer_based_wrap on the model's _no_split_modules (LlamaDecoderLayer), the input
+    embedding alone, the tail with reshard_after_forward=False, the root; frozen non-floating
+    Params4bit (uint8 storage) go to ignored_params.  mixed: memplan's mixed-bf16,
+    MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) given as the plugin's policy (its
+    own "bf16" would reduce and return outputs in bf16 too: set_mixed_precision)."""
+    import types
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=(strategy == "fsdp"),
+                                            auto_wrap_policy="transformer_based_wrap")
+    if mixed:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        plugin.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    acc = types.SimpleNamespace(state=types.SimpleNamespace(fsdp_plugin=plugin), torch_device_mesh=None,
+                                mixed_precision="bf16" if mixed else "no", is_main_process=dist.get_rank() == 0,
+                                device=torch.device("cpu"))
+    return fsdp2_prepare_model(acc, model)
+
+
+def make_model(lora=False, ckpt=None):
+    """GPT-2 (full training), or with lora the small Llama wrapped by peft (only the adapters
+    require grad), or with lora in QLORA_KINDS the same loaded in 4-bit from ckpt."""
+    import transformers
+    if lora in QLORA_KINDS:
+        return make_qlora(lora, ckpt)
     if lora:
         cfg = transformers.LlamaConfig(**LLAMA_CFG)
     else:
@@ -201,7 +285,125 @@ def live_bytes(raw):
     return out, unseen, residual
 
 
-def rank_main(rank, world, port, strategy, mixed, result_dir, lora=False):
+def alive_at(raw, t_peak, start2, top=14):
+    """What is alive at the step-2 peak (the allocation records up to t_peak, by address, gloo
+    scratch left out): the bytes allocated before step 2 and, by the op that allocated them,
+    those allocated in step 2 (the largest groups)."""
+    alive = {}
+    for t, size, total, ctx, ptr, tid in raw:
+        if t > t_peak:
+            break
+        if size > 0:
+            alive[ptr] = (size, ctx, t)
+        else:
+            alive.pop(ptr, None)
+    before, groups = 0, {}
+    for size, ctx, t in alive.values():
+        if is_gloo_scratch(ctx):
+            continue
+        if t < start2:
+            before += size
+            continue
+        key = " > ".join(ctx.split(" > ")[-3:])[-150:]
+        g = groups.setdefault(key, [0, 0])
+        g[0] += size
+        g[1] += 1
+    step2 = sorted(([b, n, k] for k, (b, n) in groups.items()), reverse=True)
+    return dict(before_step2=before, step2_total=sum(g[0] for g in step2), step2_groups=step2[:top])
+
+
+def is_bnb_4bit(m):
+    """bitsandbytes' Linear4bit (not peft's lora.Linear4bit around it)."""
+    import bitsandbytes as bnb
+    return isinstance(m, bnb.nn.Linear4bit)
+
+
+def inventory(model, opt, batch):
+    """Every tensor this rank holds at step start (the layout does not change between steps):
+    parameters (the local shard of a DTensor), buffers, the quant_state of each Linear4bit
+    (a module attribute that fully_shard does not see), optimizer state, the batch.  One row
+    each: name, kind, dtype, shape, bytes (the storage's, FSDP2's padding included), layout."""
+    from torch.distributed.tensor import DTensor
+    rows, seen = [], set()
+
+    def add(name, kind, t, layout):
+        st = t.untyped_storage()
+        if st.data_ptr() in seen or st.nbytes() == 0:
+            return
+        seen.add(st.data_ptr())
+        rows.append(dict(name=name, kind=kind, dtype=str(t.dtype).replace("torch.", ""), shape=list(t.shape),
+                         bytes=st.nbytes(), layout=layout))
+
+    four_bit = {n + ".weight": m for n, m in model.named_modules() if is_bnb_4bit(m)}
+    pname = {}
+    for n, p in model.named_parameters():
+        pname[id(p)] = n
+        kind = ("4-bit weight" if n in four_bit else "adapter" if "lora_" in n else "norm" if "norm" in n
+                else "embedding" if "embed" in n else "lm_head" if "lm_head" in n else "other")
+        if isinstance(p, DTensor):
+            loc = p.to_local()
+            add(n, kind, loc, f"sharded {tuple(p.placements)}: local {tuple(loc.shape)} of {tuple(p.shape)}")
+        else:
+            add(n, kind, p, f"replicated ({type(p).__name__}, not managed by FSDP2: ignored_params)")
+    for n, b in model.named_buffers():
+        add(n, "buffer", b, "replicated (buffer)")
+    for n, m in four_bit.items():
+        qs = m.quant_state
+        base = n[:-len(".weight")] + ".quant_state"
+        for k, t in (("absmax", qs.absmax), ("code", qs.code), ("offset", qs.offset),
+                     ("state2.absmax", getattr(qs.state2, "absmax", None)),
+                     ("state2.code", getattr(qs.state2, "code", None))):
+            if isinstance(t, torch.Tensor):
+                add(f"{base}.{k}", "quant_state", t, "replicated (Linear4bit.quant_state: not a parameter or buffer)")
+    for p, st in opt.state.items():
+        for k, t in st.items():
+            if isinstance(t, torch.Tensor):
+                loc = t.to_local() if isinstance(t, DTensor) else t
+                add(f"{pname.get(id(p), '?')}:{k}", "optimizer", loc,
+                    "sharded (as its parameter)" if isinstance(t, DTensor) else "replicated")
+    for k, t in batch.items():
+        add(k, "batch", t, "per rank")
+    totals = {}
+    for r in rows:
+        totals[r["kind"]] = totals.get(r["kind"], 0) + r["bytes"]
+    return dict(rows=rows, totals=totals, total=sum(r["bytes"] for r in rows))
+
+
+def dequant_check(model, kind, ckpt):
+    """Whether the 4-bit weights survive FSDP2: unshard each decoder layer (the all-gather the
+    forward does), dequantize every Linear4bit's weight with the module's quant_state and
+    compare with the same weight of the model loaded without FSDP (bitwise)."""
+    import bitsandbytes.functional as bf
+    from torch.distributed.fsdp import FSDPModule
+    ref, _ = make_qlora(kind, ckpt)
+    ref_mods = dict(ref.named_modules())
+    n = bad = 0
+    worst = 0.0
+    seen_types = set()
+    for blk in blocks_of(model):
+        if isinstance(blk, FSDPModule):
+            blk.unshard()
+        for name, m in blk.named_modules():
+            if not is_bnb_4bit(m):
+                continue
+            full = [k for k, v in model.named_modules() if v is m][0]
+            w = m.weight
+            if name.endswith("q_proj.base_layer"):  # what the forward finds as the module's weight
+                seen_types.add(f"{type(w).__name__} {str(w.dtype).replace('torch.', '')} {tuple(w.shape)}, "
+                               f"quant_state on it: {getattr(w, 'quant_state', None) is not None}")
+            got = bf.dequantize_4bit(w.detach(), m.quant_state)
+            r = ref_mods[full]
+            want = bf.dequantize_4bit(r.weight.detach(), r.weight.quant_state)
+            d = float((got.float() - want.float()).abs().max())
+            worst = max(worst, d)
+            bad += int(not torch.equal(got, want))
+            n += 1
+        if isinstance(blk, FSDPModule):
+            blk.reshard()
+    return dict(n_weights=n, n_different=bad, max_abs_diff=worst, q_proj_weight_after_unshard=sorted(seen_types))
+
+
+def rank_main(rank, world, port, strategy, mixed, result_dir, lora=False, ckpt=None):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -210,19 +412,21 @@ def rank_main(rank, world, port, strategy, mixed, result_dir, lora=False):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         if not os.environ.get("DIST_GLOO_NOFLAG"):
             exact_cpu_total()
-        model, cfg = make_model(lora)
+        model, cfg = make_model(lora, ckpt)
         model.train()
         if strategy in ("ddp", "ddp-view"):
             from torch.nn.parallel import DistributedDataParallel as DDP
             model = DDP(model, gradient_as_bucket_view=(strategy == "ddp-view"))
-        else:
+        elif os.environ.get("DIST_GLOO_OLD_LAYOUT"):  # (debug: each block, then the root)
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
             kw = dict(reshard_after_forward=(strategy == "fsdp"))
             if mixed:
                 kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             for blk in blocks_of(model):
                 fully_shard(blk, **kw)
-            fully_shard(model, **{**kw, "reshard_after_forward": False} if strategy == "fsdp" else kw)
+            fully_shard(model, **{**kw, "reshard_after_forward": False})
+        else:  # FSDP2 as accelerate lays it out (its units: memplan plans these)
+            model = accelerate_fsdp2(model, strategy, mixed)
         opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4, foreach=True)
         g = torch.Generator().manual_seed(rank)
         ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=g)
@@ -238,7 +442,9 @@ def rank_main(rank, world, port, strategy, mixed, result_dir, lora=False):
             out = model(input_ids=ids, labels=labels, use_cache=False)
             loss = out.loss
             del out
+            marks[(step, "forward")] = time.time_ns()  # the phases, for the peak's (no tensor)
             loss.backward()
+            marks[(step, "backward")] = time.time_ns()
             losses.append(float(loss.detach()))
             del loss
             opt.step()
@@ -259,6 +465,13 @@ def rank_main(rank, world, port, strategy, mixed, result_dir, lora=False):
               for u in sorted(unseen.values(), key=lambda u: u[2])]
     res = dict(rank=rank, start=start_live, peak=peak, raw_peak=raw_peak, gloo_peak=gloo_peak, losses=losses,
                n_allocs=len(allocs), where=where, unseen_frees=unseen, residual=residual)
+    t_peak = next((a[0] for a in s if a[1] == peak), start2)  # what step 2 holds at its peak
+    res["peak_phase"] = ("forward" if t_peak <= marks[(1, "forward")] else
+                         "backward" if t_peak <= marks[(1, "backward")] else "optimizer step")
+    res["peak_alive"] = alive_at(raw, t_peak, start2, top=40)
+    if lora in QLORA_KINDS:  # the qlora facts: the layout at step start, the weights
+        res["inventory"] = inventory(model, opt, dict(input_ids=ids, labels=labels))
+        res["dequant_check"] = dequant_check(model, lora, ckpt)
     if os.environ.get("DIST_GLOO_TRACE"):  # debugging: each rank's step-2 allocations
         alive = {}
         main_tid = raw[0][5] if raw else 0
@@ -270,7 +483,7 @@ def rank_main(rank, world, port, strategy, mixed, result_dir, lora=False):
                 alive[ptr] = (size, ctx, tid != main_tid, phase)
             else:
                 alive.pop(ptr, None)
-        base = os.environ["DIST_GLOO_TRACE"] + f".w{world}.{'lora-' if lora else ''}{strategy}" \
+        base = os.environ["DIST_GLOO_TRACE"] + f".w{world}.{ft_prefix(lora)}{strategy}" \
             f"{'.mixed' if mixed else ''}.r{rank}"
         with open(base + ".alive", "w") as f:
             for ptr, (size, ctx, other, phase) in sorted(alive.items(), key=lambda kv: -kv[1][0]):
@@ -284,23 +497,55 @@ def rank_main(rank, world, port, strategy, mixed, result_dir, lora=False):
     dist.destroy_process_group()
 
 
-def run_case(world, strategy, mixed, lora=False):
+def run_case(world, strategy, mixed, lora=False, ckpt=None):
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(rank_main, args=(world, port, strategy, mixed, d, lora), nprocs=world, join=True,
+        mp.start_processes(rank_main, args=(world, port, strategy, mixed, d, lora, ckpt), nprocs=world, join=True,
                            start_method="spawn")
         return [json.load(open(os.path.join(d, f"r{r}.json"))) for r in range(world)]
 
 
 def memplan_peak(exe, cfgpath, world, strategy, mixed, lora=False):
-    prec = "mixed-bf16" if mixed else "fp32"
+    """memplan's figures for a case and its command; for the qlora cases a refusal (memplan
+    exits non-zero) gives None and the error line in place of the figures."""
+    qlora = lora in QLORA_KINDS
+    prec = "mixed-bf16" if mixed else ("bf16" if qlora else "fp32")  # qlora: the base weights are bf16
     cmd = [exe, "estimate", cfgpath, "--batch", str(BATCH), "--seq", str(SEQ), "--precision", prec, "--optimizer",
            "adamw", "--workspace", "0", "--context", "0", "--use-cache", "off", "--gpus", str(world), "--json"]
     cmd += ["--parallel", "ddp", "--ddp-bucket-view"] if strategy == "ddp-view" else ["--parallel", strategy]
     if lora:
-        cmd += ["--finetune", "lora", "--lora-r", str(LORA_R), "--lora-targets", "q_proj,v_proj"]
+        cmd += ["--finetune", "qlora" if qlora else "lora", "--lora-r", str(LORA_R), "--lora-targets", "q_proj,v_proj"]
+    if qlora:
+        cmd += ["--quant-storage", QLORA_KINDS[lora]]
+    if qlora:
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode:
+            return None, cmd[1:], ((p.stderr or p.stdout).strip().splitlines() or ["exit %d" % p.returncode])[-1]
+        return json.loads(p.stdout)["memory"], cmd[1:], None
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return r["memory"], cmd[1:]
+
+
+def qlora_reference(kind, ckpt, world):
+    """The qlora cases' losses without FSDP: one process, the same model and batches; step 1
+    accumulates each rank's gradient divided by the world size (FSDP2's averaged gradient; the
+    batches are run one at a time, as the ranks run them, so that the bf16 matmuls round alike),
+    then each rank's batch again.  Returns [[step-1 loss, step-2 loss] per rank]."""
+    model, cfg = make_qlora(kind, ckpt)
+    model.train()
+    opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4, foreach=True)
+    ids = [torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(r))
+           for r in range(world)]
+    out = [[]]
+    for i in ids:
+        loss = model(input_ids=i, labels=i, use_cache=False).loss
+        out[0].append(float(loss.detach()))
+        (loss / world).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        out.append([float(model(input_ids=i, labels=i, use_cache=False).loss) for i in ids])
+    return [list(x) for x in zip(*out)]
 
 
 def deepspeed_side(total_params, largest, world):
@@ -316,8 +561,8 @@ def deepspeed_side(total_params, largest, world):
 
 
 def case_name(strategy, mixed, lora):
-    """--cases' name of a case: ddp, fsdp-mixed, lora-ddp, lora-fsdp-no-reshard-mixed, ..."""
-    return ("lora-" if lora else "") + strategy + ("-mixed" if mixed else "")
+    """--cases' name of a case: ddp, fsdp-mixed, lora-ddp, lora-fsdp-no-reshard-mixed, qlora-fsdp, ..."""
+    return ft_prefix(lora) + strategy + ("-mixed" if mixed else "")
 
 
 def main():
@@ -330,7 +575,9 @@ def main():
                     help="where the measured rows go as data for tests/replay_accuracy.py (rowlib.py); '' for none")
     ap.add_argument("--cases", default="", help="comma-separated subset: ddp,ddp-view,fsdp,fsdp-no-reshard,"
                     "fsdp-mixed,lora-ddp,lora-fsdp,"
-                    "lora-fsdp-no-reshard,lora-fsdp-mixed (default: all)")
+                    "lora-fsdp-no-reshard,lora-fsdp-mixed (default: all of these); qlora-fsdp,"
+                    "qlora-fsdp-no-reshard,qlora-fsdp-mixed,qlora-fsdp-no-reshard-mixed,qlora-u8-fsdp,"
+                    "qlora-u8-fsdp-no-reshard (only when named: they need bitsandbytes)")
     a = ap.parse_args()
     model, cfg = make_model()
     total = sum(p.numel() for p in model.parameters())
@@ -347,21 +594,48 @@ def main():
     cases = [("ddp", False, False), ("ddp-view", False, False), ("fsdp", False, False),
              ("fsdp-no-reshard", False, False), ("fsdp", True, False), ("ddp", False, True), ("fsdp", False, True),
              ("fsdp-no-reshard", False, True), ("fsdp", True, True)]
+    # QLoRA under FSDP2 (not in the default set): quant_storage bf16 and uint8
+    qcases = [(st, m, k) for k in QLORA_KINDS for st in ("fsdp", "fsdp-no-reshard") for m in (False, True)
+              if not (k == "qlora-u8" and m)]
     if a.cases:
-        cases = [c for c in cases if case_name(*c) in a.cases.split(",")]
+        cases = [c for c in cases + qcases if case_name(*c) in a.cases.split(",")]
+    qckpt = None
+    if any(c[2] in QLORA_KINDS for c in cases):
+        qckpt = os.path.join(tmp, "llama-ckpt")
+        save_llama(qckpt)
+    refs = {}
     worlds = [2] if a.quick else [int(w) for w in a.worlds.split(",")]
     rows = []
     for w in worlds:
         for strat, mixed, lora in cases:
             t0 = time.time()
-            res = run_case(w, strat, mixed, lora)
+            res = run_case(w, strat, mixed, lora, qckpt)
             cpath = lcfgpath if lora else cfgpath
-            mem, cmd = memplan_peak(a.memplan, cpath, w, strat, mixed, lora)
+            if lora in QLORA_KINDS:
+                mem, cmd, refused = memplan_peak(a.memplan, cpath, w, strat, mixed, lora)
+                if (lora, w) not in refs:
+                    refs[(lora, w)] = qlora_reference(lora, qckpt, w)
+                if mem is None:
+                    print(f"world {w} {case_name(strat, mixed, lora):16s} {'mixed-bf16' if mixed else 'bf16/fp32':10s} "
+                          + " ".join(f"r{r['rank']}: start {r['start']:>9} peak {r['peak']:>9}" for r in res)
+                          + f" | memplan refused: {refused}", flush=True)
+                    rows.append(dict(world=w, strategy=ft_prefix(lora) + strat, mixed=mixed, ranks=res, memplan=None,
+                                     memplan_error=refused, cmd=" ".join(cmd), worst=None, secs=time.time() - t0,
+                                     reference_losses=refs[(lora, w)]))
+                    for r in res:
+                        print(f"    r{r['rank']} torch peak in {r['peak_phase']}: {r['where']}; losses "
+                              f"{r['losses']} (no FSDP: {refs[(lora, w)][r['rank']]}); dequant check "
+                              f"{r['dequant_check']}", flush=True)
+                    continue  # no memplan figure: no row for rowlib either
+            else:
+                mem, cmd = memplan_peak(a.memplan, cpath, w, strat, mixed, lora)
             for r in res:
                 r["memplan_peak"] = mem["peak_requested_bytes"]
             worst = max(abs(r["peak"] - r["memplan_peak"]) / r["peak"] for r in res)
-            rows.append(dict(world=w, strategy=("lora-" if lora else "") + strat, mixed=mixed, ranks=res, memplan=mem,
+            rows.append(dict(world=w, strategy=ft_prefix(lora) + strat, mixed=mixed, ranks=res, memplan=mem,
                              cmd=" ".join(cmd), worst=worst, secs=time.time() - t0))
+            if lora in QLORA_KINDS:
+                rows[-1]["reference_losses"] = refs[(lora, w)]
             if a.rows_out:  # the evidence, kept as data (rowlib.py): one row per rank
                 with open(cpath) as f:
                     cfg_json = json.load(f)
@@ -369,6 +643,8 @@ def main():
                     "source": "bench/accuracy/dist_gloo.py run of %s (rank %d)" % (
                         time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), r["rank"]),
                     "config": "dist_gloo.py's %s config (rank %d)" % (
+                        ("Llama 4-bit (%s storage), peft LoRA r %d q_proj,v_proj" % (QLORA_KINDS[lora], LORA_R))
+                        if lora in QLORA_KINDS else
                         "Llama, peft LoRA r %d q_proj,v_proj" % LORA_R if lora else "GPT-2", r["rank"]),
                     "config_json": cfg_json,
                     "args": cmd[2:],
@@ -392,7 +668,13 @@ def main():
     off_record = []
     for row in rows:
         pol = "mixed-bf16" if row["mixed"] else "fp32"
+        if row["strategy"].startswith("qlora") and not row["mixed"]:
+            pol = "bf16 base, fp32 adapters"  # qlora: no FSDP2 policy
         for r in row["ranks"]:
+            if row["memplan"] is None:  # a qlora case memplan refuses
+                lines.append(f"| {row['world']} | {row['strategy']} | {pol} | {r['rank']} | {r['start']:,} | "
+                             f"{r['peak']:,} | refused: {row['memplan_error']} | | {r['gloo_peak']:,} |")
+                continue
             d = 100 * (row["memplan"]["peak_requested_bytes"] - r["peak"]) / r["peak"]
             lines.append(f"| {row['world']} | {row['strategy']} | {pol} | "
                          f"{r['rank']} | {r['start']:,} | {r['peak']:,} | {row['memplan']['peak_requested_bytes']:,} | "
@@ -419,7 +701,18 @@ def main():
         lines.append(f"| {w} | {v[0]:,} | {v[1]:,} |" if v else f"| {w} | unavailable: {err} | |")
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.out:
+    if a.out and a.out.endswith(".json"):  # the rows as data (the qlora inventories with them)
+        import importlib.metadata as md
+        vers = {}
+        for pkg in ("torch", "transformers", "peft", "accelerate", "bitsandbytes"):
+            try:
+                vers[pkg] = md.version(pkg)
+            except md.PackageNotFoundError:
+                vers[pkg] = None
+        with open(a.out, "w") as f:
+            json.dump(dict(versions=vers, llama_cfg=LLAMA_CFG, lora_r=LORA_R, batch=BATCH, seq=SEQ,
+                           qlora_bnb=QLORA_BNB, qlora_storage=QLORA_KINDS, rows=rows, markdown=text), f, indent=1)
+    elif a.out:
         keep = ""  # the hand-written reading of the results, kept across reruns
         if os.path.exists(a.out):
             old = open(a.out).read()

@@ -60,6 +60,7 @@ class Finetune:
     lora_targets: Optional[str] = _opt()
     adapter_params: Optional[int] = _opt()
     double_quant: Optional[bool] = _opt()
+    quant_storage: Optional[str] = _opt()  # bnb 4-bit: uint8 | bfloat16 | float16 | float32
     extra: Dict[str, Any] = _extra()
 
 

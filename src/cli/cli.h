@@ -92,7 +92,7 @@ struct args {
     struct mp_parallel par;
     bool par_set, gpus_set;
     struct mp_finetune ft;
-    bool alpha_set, lora_set, blocks_set; /* lora_set: --lora-r, --lora-dropout or --lora-targets */
+    bool alpha_set, lora_set, blocks_set, quant_storage_set; /* lora_set: --lora-r, --lora-dropout or --lora-targets */
     const char *recipe;    /* --recipe FILE */
     int recipe_format;     /* --recipe-format (-1: detected from the keys) */
     bool explain;          /* --explain: how the recipe's keys were read, on stderr */

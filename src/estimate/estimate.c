@@ -413,7 +413,7 @@ void par_static(const struct mp_par_plan *pp, const struct mp_train_opts *t, str
         e->optimizer_tmp_bytes = 0; /* fused Adam / the host steps */
     else if (mp_par_is_fsdp(pp->par.strategy) && e->optimizer_tmp_bytes)
         e->optimizer_tmp_bytes = mp_optimizer_tmp(t->optimizer) == MP_OPT_TMP_LARGEST ? e->optimizer_tmp_bytes / pp->world
-                                                                  : pp->grad_shard_total * pp->master_elem_bytes;
+                                                                  : pp->grad_shard_total * pp->reduce_elem_bytes;
 }
 
 /* The forwards a step runs over the batch's sequences: the policy's, and the trainer's no-grad

@@ -104,21 +104,64 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
         return s == MP_PAR_NONE || s == MP_PAR_DDP;
     if (m == MP_FT_FULL || s == MP_PAR_NONE || s == MP_PAR_DDP || s == MP_PAR_ZERO1 || s == MP_PAR_ZERO2)
         return true;
-    return m != MP_FT_QLORA && mp_par_is_fsdp(s); /* (FSDP-QLoRA: 4-bit storage not sharded yet) */
+    return mp_par_is_fsdp(s) || (s == MP_PAR_ZERO3 && m != MP_FT_QLORA);
 }
 
-const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2; fsdp and fsdp-no-reshard but for qlora"; }
+const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2, zero3 (but qlora), fsdp, fsdp-no-reshard"; }
+
+const char *mp_par_quant_unmodelled(enum mp_par_strategy s, const struct mp_quant *q)
+{
+    if (!q || q->kind == MP_Q_NONE || !mp_par_sharded_params(s))
+        return NULL;
+    if (s == MP_PAR_ZERO3)
+        return "a quantized base under ZeRO-3 is not modelled yet";
+    if (q->kind != MP_Q_BNB_NF4 && q->kind != MP_Q_BNB_FP4)
+        return "only a bitsandbytes 4-bit base is modelled under FSDP2 (its packed weights sharded or left out)";
+    return NULL;
+}
+
+/* A quantized base weight: its packed parts (uint8 in the program), frozen. */
+static bool quantized(const struct mp_param *q) { return q->dtype == MP_DT_U8 && !q->trainable; }
+
+bool mp_par_fsdp_ignored(const struct mp_par_plan *pp, const struct mp_param *q)
+{
+    return mp_par_is_fsdp(pp->par.strategy) && quantized(q) && pp->quant_storage == MP_DT_U8;
+}
 
 uint64_t mp_par_fsdp_shard_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q)
 {
-    return q->adapter ? mp_dtype_size(MP_DT_F32) : pp->master_elem_bytes;
+    if (q->adapter)
+        return mp_dtype_size(MP_DT_F32);
+    if (quantized(q))
+        return mp_dtype_size((enum mp_dtype)pp->quant_storage);
+    if (pp->quant) /* a quantized model's other weights: as loaded (no fp32 copy of a frozen one) */
+        return mp_dtype_size(q->dtype);
+    return pp->master_elem_bytes;
 }
 
 uint64_t mp_par_gather_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q)
 {
-    if (!mp_par_is_fsdp(pp->par.strategy) || pp->par.mixed_bf16)
+    if (!mp_par_is_fsdp(pp->par.strategy))
         return pp->compute_elem_bytes;
-    return mp_par_fsdp_shard_elem_bytes(pp, q);
+    if (quantized(q)) /* the packed storage, never cast */
+        return mp_dtype_size((enum mp_dtype)pp->quant_storage);
+    return pp->par.mixed_bf16 ? pp->compute_elem_bytes : mp_par_fsdp_shard_elem_bytes(pp, q);
+}
+
+uint64_t mp_par_quant_state_bytes(const struct mp_param *q)
+{
+    if (!quantized(q))
+        return 0;
+    uint64_t packed = mp_ceil_div(mp_ceil_div(q->elems, 2), 512) * 512; /* its first part, rounded */
+    return q->bytes > packed ? q->bytes - packed : 0;
+}
+
+uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q)
+{
+    const struct mp_param *pa = &p->params[q];
+    if (!mp_par_is_fsdp(pp->par.strategy) || mp_par_fsdp_ignored(pp, pa))
+        return pa->bytes;
+    return pp->shard_elems[q] * mp_par_fsdp_shard_elem_bytes(pp, pa) + mp_par_quant_state_bytes(pa);
 }
 
 enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d)
@@ -168,7 +211,8 @@ uint64_t mp_par_opt_state_bytes(const struct mp_par_plan *pp, const struct mp_pr
     const struct mp_param *q = &p->params[qi];
     struct mp_param s = *q;
     struct mp_program sp = *p;
-    sp.param_dtype = pp->master_elem_bytes == 2 ? MP_DT_BF16 : MP_DT_F32;
+    /* (peft's adapters are fp32 whatever the base: so are their shards and their state) */
+    sp.param_dtype = pp->master_elem_bytes == 2 && !q->adapter ? MP_DT_BF16 : MP_DT_F32;
     s.dtype = sp.param_dtype; /* the master copy's dtype (a frozen parameter still has none) */
     uint64_t n = pp->shard_elems[qi];
     if (n != q->elems) { /* a shard: Adafactor factors the local rows */
@@ -191,6 +235,7 @@ void mp_par_plan_release(struct mp_par_plan *pp)
     free(pp->shard_elems);
     free(pp->groups);
     free(pp->group_of_block);
+    free(pp->group_of_param);
     free(pp->group_weight);
     free(pp->bucket_bytes);
     memset(pp, 0, sizeof *pp);
@@ -264,23 +309,124 @@ static bool wadd(uint64_t *acc, uint64_t v, uint64_t w)
     return mp_mul_u64(v, w, &m) && mp_add_u64(*acc, m, acc);
 }
 
-/* FSDP2: one group per repeated block (fully_shard on each decoder layer), the rest of the
- * model in the root group (the last).  ZeRO-3: one group per block.  A weighted block's group
- * stands for that many groups. */
+/* The FSDP2 unit of each parameter, as accelerate >= 1.14 lays a model out (utils/fsdp_utils.py
+ * fsdp2_prepare_model, accelerate PR #4015; torchtitan's parallelize does the same): fully_shard
+ * on each decoder layer (a repeated block), on the input embedding (untied: its own unit,
+ * resharded as the others), on the tail [final norm, (tied: the input embedding,) output
+ * embedding] with reshard_after_forward=False, then on the model, whose root unit holds the rest
+ * (reshard None: not resharded).  The final norm is a Norm child of the base model
+ * (_find_final_norm): the head block's first op when it is a norm, but for an encoder-decoder,
+ * a multimodal class (the norm inside language_model) or under peft (the root's). */
+enum unit { U_ROOT, U_BLOCK, U_EMBED, U_TAIL };
+
+static bool is_norm(const struct mp_node *n) { return n->prim == MP_P_LAYERNORM || n->prim == MP_P_RMSNORM; }
+
+static void fsdp_units(const struct mp_program *p, unsigned char *unit, int *embed_blk, int *tail_blk)
+{
+    *embed_blk = *tail_blk = -1;
+    for (size_t q = 0; q < p->n_params; q++) {
+        int b = p->params[q].block;
+        unit[q] = b >= 0 && (size_t)b < p->n_blocks && p->model && (size_t)b < p->model->n_blocks &&
+                          p->model->blocks[b].repeat_group > 0
+                      ? U_BLOCK
+                      : U_ROOT;
+    }
+    int emb = p->input_embed;
+    if (emb < 0 || (size_t)emb >= p->n_params || unit[emb] == U_BLOCK)
+        return;
+    const struct mp_param *e = &p->params[emb];
+    /* the output embedding: the last linear (or fused head) that reads the table (tied) or an
+     * output weight of the table's shape */
+    int head = -1;
+    bool tied = false;
+    for (size_t k = p->n_nodes; k-- > 0 && head < 0;) {
+        const struct mp_node *n = &p->nodes[k];
+        int w = n->param[0];
+        if ((n->prim != MP_P_LINEAR && n->prim != MP_P_FUSED_LOSS) || w < 0 || n->block == e->block)
+            continue;
+        const struct mp_param *o = &p->params[w];
+        if (w == emb || (o->output && o->rows == e->rows && o->cols == e->cols && unit[w] == U_ROOT)) {
+            head = (int)k;
+            tied = w == emb;
+        }
+    }
+    *embed_blk = e->block;
+    unit[emb] = U_EMBED;
+    const struct mp_node *h = head >= 0 ? &p->nodes[head] : NULL;
+    /* the tail: the output embedding's block, else (a classifier) the last block for its norm */
+    int tb = h ? h->block : (int)p->n_blocks - 1;
+    if (tb < 0 || (h && h->block == e->block && !tied) || (p->model && (size_t)tb < p->model->n_blocks &&
+                                                          p->model->blocks[tb].repeat_group > 0))
+        return; /* (the head beside the table in one block, or a repeated last block: the root's) */
+    if (h && tied)
+        unit[emb] = U_TAIL;
+    else if (h)
+        unit[h->param[0]] = U_TAIL;
+    if (h && h->prim == MP_P_LINEAR && h->param[1] >= 0)
+        unit[h->param[1]] = U_TAIL; /* the output embedding's bias */
+    const struct mp_block_prog *hb = &p->blocks[tb];
+    const struct mp_model *m = p->model;
+    /* (peft's wrapper hides it: getattr(PeftModel, base_model_prefix) is the CausalLM, whose
+     * children are the base model and lm_head) */
+    bool peft = p->opts.ft.mode == MP_FT_LORA || p->opts.ft.mode == MP_FT_QLORA;
+    bool base_norm = m && !peft && !m->enc_dec && !strstr(m->hf_class, "ForConditionalGeneration");
+    bool any = h != NULL;
+    if (base_norm && hb->n_nodes && is_norm(&p->nodes[hb->node0]))
+        for (int j = 0; j < 2; j++) {
+            int q = p->nodes[hb->node0].param[j];
+            if (q >= 0 && unit[q] == U_ROOT) {
+                unit[q] = U_TAIL;
+                any = true;
+            }
+        }
+    if (!any)
+        return;
+    *tail_blk = tb;
+    if (unit[emb] == U_TAIL)
+        *embed_blk = -1;
+}
+
+/* FSDP2: the units above, in forward order, the root last.  ZeRO-3: one group per block.  A
+ * weighted block's group stands for that many groups. */
 static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_program *p, const uint64_t *w)
 {
     bool fsdp = mp_par_is_fsdp(pp->par.strategy);
-    pp->group_of_block = calloc(p->n_blocks ? p->n_blocks : 1, sizeof *pp->group_of_block);
-    pp->groups = calloc(p->n_blocks + 1, sizeof *pp->groups);
-    pp->group_weight = calloc(p->n_blocks + 1, sizeof *pp->group_weight);
-    if (!pp->group_of_block || !pp->groups || !pp->group_weight)
+    size_t nb = p->n_blocks ? p->n_blocks : 1, np = p->n_params ? p->n_params : 1;
+    pp->group_of_block = calloc(nb, sizeof *pp->group_of_block);
+    pp->group_of_param = calloc(np, sizeof *pp->group_of_param);
+    pp->groups = calloc(p->n_blocks + 3, sizeof *pp->groups);
+    pp->group_weight = calloc(p->n_blocks + 3, sizeof *pp->group_weight);
+    unsigned char *unit = calloc(np, 1);
+    if (!pp->group_of_block || !pp->group_of_param || !pp->groups || !pp->group_weight || !unit) {
+        free(unit);
         return MP_ERR_NOMEM;
+    }
+    int embed_blk = -1, tail_blk = -1;
+    if (fsdp)
+        fsdp_units(p, unit, &embed_blk, &tail_blk);
+    bool reshard = pp->par.strategy == MP_PAR_FSDP;
+    int g_embed = -1, g_tail = -1;
     size_t g = 0;
     for (size_t i = 0; i < p->n_blocks; i++) {
+        pp->group_of_block[i] = -1;
         bool own = !fsdp || (p->model && i < p->model->n_blocks && p->model->blocks[i].repeat_group > 0);
-        if (own)
-            pp->group_weight[g] = weight_of(w, p, (int)i);
-        pp->group_of_block[i] = own ? (int)g++ : -1;
+        /* the tail's first use: the tied table at the embedding, else the head */
+        bool tail_here = fsdp && g_tail < 0 && tail_blk >= 0 &&
+                         ((int)i == tail_blk || (embed_blk < 0 && p->input_embed >= 0 &&
+                                                 (size_t)p->params[p->input_embed].block == i &&
+                                                 unit[p->input_embed] == U_TAIL));
+        if (own || (fsdp && (int)i == embed_blk) || tail_here) {
+            pp->group_weight[g] = own ? weight_of(w, p, (int)i) : 1;
+            pp->groups[g].reshard = own || (int)i == embed_blk ? reshard : false;
+            pp->groups[g].first_block = i;
+            if (!own && (int)i == embed_blk)
+                g_embed = (int)g;
+            else if (!own)
+                g_tail = (int)g;
+            pp->group_of_block[i] = (int)g++;
+        }
+        if (fsdp && (int)i == tail_blk && g_tail >= 0)
+            pp->group_of_block[i] = g_tail;
     }
     size_t root = g;
     bool any_root = false;
@@ -289,20 +435,50 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
             pp->group_of_block[i] = (int)root;
             any_root = true;
         }
+    for (size_t q = 0; q < p->n_params; q++) {
+        int b = p->params[q].block;
+        if (b < 0 || (size_t)b >= p->n_blocks || mp_par_fsdp_ignored(pp, &p->params[q])) {
+            pp->group_of_param[q] = -1; /* (a uint8 4-bit weight: accelerate's ignored_params) */
+            continue;
+        }
+        switch ((enum unit)unit[q]) {
+        case U_EMBED: pp->group_of_param[q] = g_embed; break;
+        case U_TAIL: pp->group_of_param[q] = g_tail; break;
+        case U_BLOCK: pp->group_of_param[q] = pp->group_of_block[b]; break;
+        case U_ROOT:
+            pp->group_of_param[q] = fsdp ? (int)root : pp->group_of_block[b];
+            any_root = any_root || fsdp;
+            break;
+        }
+    }
+    free(unit);
     pp->n_groups = g + (any_root ? 1 : 0);
-    pp->root_group = any_root ? (int)root : -1;
-    if (any_root) {
+    pp->root_group = fsdp && any_root ? (int)root : -1;
+    if (fsdp && any_root) {
         pp->groups[root].root = true;
         pp->group_weight[root] = 1; /* the blocks outside repeats, never weighted */
     }
-    for (size_t k = 0; k < pp->n_groups; k++)
+    for (size_t k = 0; k < pp->n_groups; k++) {
         pp->groups_total += pp->group_weight[k];
+        pp->groups[k].blk_lo = p->n_blocks;
+        pp->groups[k].first_node = pp->groups[k].last_node = SIZE_MAX;
+    }
+    for (size_t k = 0; k < p->n_nodes; k++) /* (the pre-forward hook of a unit's first module) */
+        for (int j = 0; j < 2; j++) {
+            int q = p->nodes[k].param[j], gq = q >= 0 ? pp->group_of_param[q] : -1;
+            if (gq >= 0 && pp->groups[gq].first_node == SIZE_MAX)
+                pp->groups[gq].first_node = k;
+            if (gq >= 0)
+                pp->groups[gq].last_node = k;
+        }
     uint64_t N = pp->world;
     for (size_t q = 0; q < p->n_params; q++) {
         const struct mp_param *pa = &p->params[q];
-        if (pa->block < 0 || (size_t)pa->block >= p->n_blocks)
+        if (pp->group_of_param[q] < 0)
             continue;
-        struct mp_par_group *gr = &pp->groups[pp->group_of_block[pa->block]];
+        struct mp_par_group *gr = &pp->groups[pp->group_of_param[q]];
+        gr->blk_lo = mp_min_u64(gr->blk_lo, (uint64_t)pa->block);
+        gr->blk_hi = mp_max_u64(gr->blk_hi, (uint64_t)pa->block);
         if (!fsdp && pa->elems < pp->par.ds_persistence_elems) {
             gr->persist_elems += pa->elems;
             continue;
@@ -310,7 +486,9 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
         gr->shard_elems += pp->shard_elems[q];
         gr->unsharded_elems += pp->shard_elems[q] * N;
         uint64_t gb = mp_par_gather_elem_bytes(pp, pa);
-        if (!wadd(&gr->shard_bytes, pp->shard_elems[q], gb) || !wadd(&gr->unsharded_bytes, pp->shard_elems[q] * N, gb))
+        bool cast = fsdp && gb != mp_par_fsdp_shard_elem_bytes(pp, pa); /* a policy's cast copy */
+        if (!wadd(&gr->shard_bytes, pp->shard_elems[q], gb) || !wadd(&gr->unsharded_bytes, pp->shard_elems[q] * N, gb) ||
+            (cast && !wadd(&gr->copyin_bytes, pp->shard_elems[q], gb)))
             return MP_ERR_RANGE;
         if (pa->trainable) {
             gr->grad_shard_elems += pp->shard_elems[q];
@@ -346,12 +524,21 @@ static enum mp_status ds_bucket_defaults(struct mp_par_plan *pp, const struct mp
     return MP_OK;
 }
 
-/* The elements of parameter pa this rank holds (ZeRO-1/2: its share of the optimizer state). */
-static uint64_t shard_elems_of(enum mp_par_strategy s, const struct mp_param *pa, uint64_t N)
+/* The elements of parameter pa this rank holds (ZeRO-1/2: its share of the optimizer state);
+ * FSDP2: a quantized weight's packed storage elements ((n + 1) / (2 x storage bytes) rows of
+ * one: bitsandbytes backends/cuda/ops.py quantize_4bit), or all of it when left out. */
+static uint64_t shard_elems_of(const struct mp_par_plan *pp, const struct mp_param *pa, uint64_t N)
 {
-    switch (s) {
+    switch (pp->par.strategy) {
     case MP_PAR_FSDP:
-    case MP_PAR_FSDP_NO_RESHARD: return mp_par_fsdp_shard_elems(pa, N);
+    case MP_PAR_FSDP_NO_RESHARD:
+        if (mp_par_fsdp_ignored(pp, pa))
+            return pa->elems;
+        if (quantized(pa)) {
+            uint64_t rows = (pa->elems + 1) / (2 * mp_dtype_size((enum mp_dtype)pp->quant_storage));
+            return mp_ceil_div(rows, N);
+        }
+        return mp_par_fsdp_shard_elems(pa, N);
     case MP_PAR_ZERO3: return mp_par_zero3_shard_elems(pa->elems, N);
     case MP_PAR_ZERO1:
     case MP_PAR_ZERO2: return mp_ceil_div(pa->elems, N);
@@ -370,7 +557,7 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
     uint64_t P = pp->compute_elem_bytes;
     bool ok = true;
     uint64_t opt = 0, shard = 0, persist = 0, persist_shard = 0, un = 0, whole = 0, grads = 0;
-    uint64_t un_b = 0, root_un_b = 0; /* the groups' unsharded bytes as gathered (all, the root's) */
+    uint64_t un_b = 0, regather_b = 0; /* the groups' unsharded bytes as gathered (all; the resharded) */
     uint64_t gshard = 0, gun = 0, fsdp_w = 0; /* FSDP2: trainable shards, their RS input; shard bytes */
     uint64_t ddp = 0;                          /* DDP: the buckets' bytes, all-reduced */
     for (size_t q = 0; q < p->n_params; q++) {
@@ -378,7 +565,7 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         const struct mp_param *pa = &p->params[q];
         ok = ok && wadd(&opt, mp_par_opt_state_bytes(pp, p, o, q), wq) && wadd(&shard, pp->shard_elems[q], wq) &&
              wadd(&whole, pa->raw_bytes, wq) && wadd(&grads, mp_param_grad_bytes(pa), wq) &&
-             wadd(&fsdp_w, pp->shard_elems[q] * mp_par_fsdp_shard_elem_bytes(pp, pa), wq) &&
+             wadd(&fsdp_w, mp_par_rank_param_bytes(pp, p, q), wq) &&
              (!pa->trainable || wadd(&gshard, pp->shard_elems[q], wq)) && wadd(&ddp, ddp_bucket_bytes_of(pa), wq);
         if (s == MP_PAR_ZERO3 && p->params[q].elems < pp->par.ds_persistence_elems)
             ok = ok && wadd(&persist, p->params[q].elems, wq) && wadd(&persist_shard, pp->shard_elems[q], wq);
@@ -387,8 +574,8 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         ok = ok && wadd(&un, pp->groups[g].unsharded_elems, pp->group_weight[g]) &&
              wadd(&un_b, pp->groups[g].unsharded_bytes, pp->group_weight[g]) &&
              wadd(&gun, pp->groups[g].grad_unsharded_elems, pp->group_weight[g]);
-        if (pp->groups[g].root)
-            root_un_b += pp->groups[g].unsharded_bytes;
+        if (pp->groups[g].reshard) /* gathered again for its backward */
+            ok = ok && wadd(&regather_b, pp->groups[g].unsharded_bytes, pp->group_weight[g]);
     }
     /* (shards are at most twice their parameters: padding to whole rows) */
     if (!ok || un > UINT64_MAX / 64)
@@ -437,21 +624,25 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
     case MP_PAR_ZERO3: {
         /* persisted parameters stay whole on the GPU; the rest are partitions (on the host
          * with parameter offload) */
+        /* every parameter partitioned (zero.Init; a frozen base too), the optimizer's flat fp32
+         * master and gradient partitions only of the trained ones (stage3.py
+         * _get_trainable_parameter_groups: is_optimized_parameter; grad_partitions_flat_buffer) */
         uint64_t dev_params = persist * P + (off_par ? 0 : (shard - persist_shard) * P);
-        uint64_t master = (P == 4 && !off_opt) ? 0 : shard * 4; /* fp32 params are their own master */
+        uint64_t master = (P == 4 && !off_opt) ? 0 : gshard * 4; /* fp32 params are their own master */
         pp->weights_bytes = dev_params + (off_opt ? 0 : master);
-        pp->grads_bytes = off_opt ? 0 : shard * 4;
+        pp->grads_bytes = off_opt ? 0 : gshard * 4;
         pp->optimizer_bytes = off_opt ? 0 : opt;
         pp->buffers_bytes = pp->bucket_bytes[0];
         if (off_opt)
-            pp->host_bytes = shard * 4 + opt + shard * 4;
+            pp->host_bytes = gshard * 4 + opt + gshard * 4;
         if (off_par)
             pp->host_bytes += (shard - persist_shard) * P;
-        pp->allgather_bytes = 2.0 * (double)(Psi * P);
+        /* (a frozen base is gathered too: the groups' bytes; Psi counts the trained parameters) */
+        pp->allgather_bytes = 2.0 * (double)(gshard == shard ? Psi * P : un_b);
         pp->reducescatter_bytes = (double)(Psi * P);
         if (off_opt) {
-            pp->pcie_bytes = 2.0 * (double)(shard * P);
-            pp->host_step_elems = (double)shard;
+            pp->pcie_bytes = 2.0 * (double)(gshard * P);
+            pp->host_step_elems = (double)gshard;
         }
         if (off_par)
             pp->pcie_bytes += 2.0 * (double)(shard * P);
@@ -473,9 +664,9 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         pp->grads_bytes = off_par ? 0 : gshard * R;
         pp->optimizer_bytes = off_par ? 0 : opt;
         pp->host_bytes = off_par ? fsdp_w + gshard * R + opt : 0;
-        /* forward all-gathers every group; with reshard_after_forward the non-root groups
-         * are gathered again in backward */
-        pp->allgather_bytes = (double)un_b + (s == MP_PAR_FSDP ? (double)(un_b - root_un_b) : 0);
+        /* forward all-gathers every group; those resharded after forward are gathered again
+         * in backward */
+        pp->allgather_bytes = (double)un_b + (double)regather_b;
         pp->reducescatter_bytes = (double)(gun * R);
         if (off_par) {
             pp->pcie_bytes = (double)fsdp_w * (s == MP_PAR_FSDP ? 2 : 1) + (double)(gshard * R);
@@ -505,8 +696,12 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
     /* The master copy: fp32 unless the model itself is bf16 with no fp32 copy (FSDP2 of a
      * .bfloat16() model; DeepSpeed always keeps fp32 partitions). */
     pp->master_elem_bytes = pure_bf16 && !mp_par_is_deepspeed(s) ? 2 : 4;
-    pp->reduce_elem_bytes = mp_par_is_fsdp(s) ? pp->master_elem_bytes : P;
+    /* FSDP2 reduces in the policy's fp32, else in the gradients' dtype: an adapter's fp32 */
+    bool adapters = p->opts.ft.mode == MP_FT_LORA || p->opts.ft.mode == MP_FT_QLORA;
+    pp->reduce_elem_bytes = mp_par_is_fsdp(s) ? (adapters ? 4 : pp->master_elem_bytes) : P;
     pp->n_params = p->n_params;
+    pp->quant = mp_program_base_quant(p);
+    pp->quant_storage = pp->quant ? mp_quant_storage(pp->quant, mp_par_is_fsdp(s)) : MP_DT_U8;
     enum mp_status st = MP_OK;
     bool ok = true;
     for (size_t q = 0; q < p->n_params; q++) {
@@ -529,7 +724,7 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
     if (!pp->shard_elems)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");
     for (size_t q = 0; q < p->n_params; q++)
-        pp->shard_elems[q] = shard_elems_of(s, &p->params[q], N);
+        pp->shard_elems[q] = shard_elems_of(pp, &p->params[q], N);
     pp->partition_elems = mp_par_zero12_partition_elems(pp->total_elems, N);
     if (mp_par_sharded_params(s))
         st = make_groups(pp, p, w);

@@ -100,13 +100,18 @@ const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len);
  * (torch 2.15 nn/parallel/distributed.py:1545-1560, _build_params_for_reducer keeps
  * requires_grad parameters); the frozen base is replicated as on one GPU.  ZeRO-1/2: the same,
  * with only the optimizer's parameters flattened and partitioned (a frozen base is in no
- * optimizer group).  FSDP2 (LoRA, freeze):
+ * optimizer group).  FSDP2 (LoRA, QLoRA, freeze):
  * every parameter is sharded and all-gathered, frozen ones too; only those with a gradient are
  * reduce-scattered (torch 2.15 distributed/fsdp/_fully_shard/_fsdp_param_group.py:978-987,
- * _take_unsharded_grads_to_reduce; a group without one returns before its reduce-scatter). */
+ * _take_unsharded_grads_to_reduce; a group without one returns before its reduce-scatter); a
+ * 4-bit base as mp_par_quant_unmodelled says. */
 bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_optimizer o);
 /* "ddp" (the strategies mp_par_finetune_modelled accepts for a fine-tune, for messages) */
 const char *mp_par_finetune_names(void);
+/* Why a quantized base q (a QLoRA base, a quantized checkpoint) cannot be planned under s, or
+ * NULL: FSDP2 plans bitsandbytes 4-bit (the packed tensor sharded in a float storage dtype, left
+ * out and replicated in uint8); GPTQ/AWQ/int8 there and any under ZeRO-3 are refused. */
+const char *mp_par_quant_unmodelled(enum mp_par_strategy s, const struct mp_quant *q);
 
 /* Checks that a combination exists in the engines (e.g. param offload needs zero3 or
  * fsdp, fsdp has no optimizer-only offload, mixed-bf16 needs a sharding engine).
@@ -125,7 +130,14 @@ struct mp_par_group {
     uint64_t shard_bytes;      /* the shards as all-gathered (each parameter's dtype on the wire:
                                 * mp_par_gather_elem_bytes): the copy-in of a mixed-precision cast */
     uint64_t unsharded_bytes;  /* shard_bytes x world: all-gather output, the unsharded parameters */
+    uint64_t copyin_bytes;     /* FSDP2: the shards a mixed-precision policy casts (their copies) */
     bool root;                 /* FSDP2: the root module's group */
+    bool reshard;              /* FSDP2: resharded after its forward (reshard_after_forward) */
+    size_t first_block;        /* FSDP2: the block whose backward ends its use (its post-backward) */
+    size_t blk_lo, blk_hi;     /* the blocks that hold its parameters */
+    size_t first_node;         /* FSDP2: the first node that reads one of them (its pre-forward
+                                * unshard; SIZE_MAX: none) */
+    size_t last_node;          /* FSDP2: the last (its pre-backward, on that module's output) */
 };
 
 /* Kinds of communication buffers (MP_ST_COMM events: id = group * MP_COMM_KINDS + kind). */
@@ -149,12 +161,15 @@ struct mp_par_plan {
     uint64_t *shard_elems;       /* per param: what rank r keeps (padded); full size when replicated */
     size_t n_groups;             /* FSDP2 / ZeRO-3 groups; the last is the root (FSDP2) */
     struct mp_par_group *groups;
-    int *group_of_block;         /* per block */
+    int *group_of_block;         /* per block: the group its forward unshards */
+    int *group_of_param;         /* per parameter: its group (-1: none) */
     uint64_t *group_weight;      /* per group: the groups it stands for (a fold's weighted block) */
     uint64_t groups_total;       /* groups of the full model: the sum of group_weight */
     int root_group;              /* FSDP2: the root module's group (-1: none) */
     size_t n_buckets;            /* DDP buckets or DeepSpeed reduce buffers */
     uint64_t *bucket_bytes;
+    const struct mp_quant *quant; /* the program's quantized base (QLoRA, a quantized checkpoint), or NULL */
+    int quant_storage;           /* its packed tensors' dtype in effect (mp_quant_storage) */
     uint64_t master_elem_bytes;  /* fp32 (4), or 2 for pure bf16 */
     uint64_t compute_elem_bytes; /* the unsharded parameters' dtype size */
     uint64_t reduce_elem_bytes;  /* reduce-scatter / all-reduce dtype size */
@@ -187,8 +202,19 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
 void mp_par_plan_release(struct mp_par_plan *pp);
 
 /* Bytes per element of parameter q's FSDP2 shard: the master dtype; an adapter fp32 (peft
- * makes LoRA's A and B fp32 whatever the base's dtype, and a policy casts only the copies). */
+ * makes LoRA's A and B fp32 whatever the base's dtype, and a policy casts only the copies); a
+ * quantized weight its packed storage's dtype (shard_elems count those elements); the other
+ * weights of a quantized model their own dtype (frozen: no fp32 copy). */
 uint64_t mp_par_fsdp_shard_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q);
+/* FSDP2 leaves q out (accelerate 1.15 fsdp2_prepare_model: a frozen non-floating Params4bit, the
+ * uint8 storage, goes to ignored_params): every rank holds it whole, nothing gathers it. */
+bool mp_par_fsdp_ignored(const struct mp_par_plan *pp, const struct mp_param *q);
+/* A quantized weight's parts besides the packed one (absmax, codes; bitsandbytes' quant_state
+ * is a module attribute, not a parameter: replicated on every rank), 512-rounded; 0 otherwise. */
+uint64_t mp_par_quant_state_bytes(const struct mp_param *q);
+/* Bytes of parameter q on this rank at setup under FSDP2 (its shard, or whole when left out,
+ * plus a quantized weight's quant state); the whole parameter's bytes otherwise. */
+uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q);
 
 /* Bytes per element of parameter q as its group all-gathers it: ZeRO-3 the compute dtype;
  * FSDP2 under a bf16 policy the compute dtype, otherwise the shard's own dtype (FSDP2 gathers

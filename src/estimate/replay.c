@@ -165,6 +165,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
     for (size_t k = bp->node0; k < end && r->st == MP_OK; k++) {
         const struct mp_node *n = &p->nodes[k];
         r->node = (int)k;
+        par_pre_node(r, k);
         bool before = stopped && k + 1 == end && packs_before_run(n); /* the stop before n runs */
         if (n->fwd_tmp_first) { /* (an HF composite: its transients' blocks go to what it keeps) */
             tmp(r, (int)k, n->fwd_tmp_bytes, true);
@@ -486,8 +487,10 @@ static void bwd_block(struct rp *r, size_t i)
     /* (an early recompute ran the trailing nodes' backward: fwd_block) */
     size_t k = r->bwd_next != SIZE_MAX ? r->bwd_next : bp->node0 + bp->n_nodes;
     r->bwd_next = SIZE_MAX;
-    while (k > bp->node0 && r->st == MP_OK)
+    while (k > bp->node0 && r->st == MP_OK) {
+        par_pre_bwd_node(r, k - 1);
         bwd_node(r, i, --k);
+    }
     r->node = -1;
     r->recomp[i] = false;
     if (bp->output != bp->input) /* a block of views (flatten) passes its gradient on to block i-1 */
@@ -586,7 +589,7 @@ static enum mp_status rp_alloc(struct rp *r, const struct mp_par_plan *given, st
     r->ckpt = calloc(p->n_blocks ? p->n_blocks : 1, sizeof(bool));
     r->recomp = calloc(p->n_blocks ? p->n_blocks : 1, sizeof(bool));
     r->cached = calloc(nt, sizeof(bool));
-    r->ag_held = r->rs_pending = -1;
+    r->ag_held = r->rs_pending = r->bwd_defer = -1;
     if (t->par && t->par->strategy != MP_PAR_NONE) {
         if (!given) {
             st = mp_par_plan_make(t->par, p, t->optimizer, plan, d);
@@ -744,7 +747,7 @@ static void replay_step(struct rp *r, mp_event_fn fn, void *ctx)
             comm(r, true, 0, MP_COMM_STEP_GRAD, r->pp->partition_elems * 4);
     } else if (r->pp && mp_par_is_fsdp(r->pp->par.strategy)) {
         tmp_of = r->pp->shard_elems;
-        ps = r->pp->master_elem_bytes;
+        ps = r->pp->reduce_elem_bytes; /* the trained shards' dtype: the master's, an adapter's fp32 */
         otmp = 0;
         for (size_t q = 0; q < p->n_params; q++)
             if (p->params[q].trainable) /* (a frozen base has no step) */

@@ -56,6 +56,9 @@ struct rp {
     size_t *borrow_list, n_borrow; /* ZeRO-3: groups gathered for a block that uses one of their
                                     * parameters (tied), released after it */
     int ag_held;    /* FSDP2 forward: the all-gather output kept until the next group's copy-out */
+    int bwd_defer;  /* FSDP2 backward: a unit whose pre-backward waits for its last module (the
+                     * tail's lm_head after the loss's backward), or -1 */
+    size_t bwd_defer_blk;
     int *first_use; /* DDP gradient_as_bucket_view: per param, the first node using it (its last backward) */
     int rs_pending; /* FSDP2: the reduce-scatter input kept until the next group's reduce */
 };
@@ -169,6 +172,8 @@ bool held_leaf(const struct rp *r, int t);
 void comm(struct rp *r, bool alloc, size_t slot, enum mp_comm_kind k, uint64_t bytes);
 bool fsdp(const struct rp *r);
 void par_pre_fwd(struct rp *r, size_t i);
+void par_pre_node(struct rp *r, size_t k); /* FSDP2: a unit's first module, inside a block */
+void par_pre_bwd_node(struct rp *r, size_t k); /* FSDP2: a unit's last module's backward */
 void par_post_fwd(struct rp *r, size_t i);
 void par_pre_bwd(struct rp *r, size_t i);
 void par_post_bwd(struct rp *r, size_t i);

@@ -27,10 +27,10 @@ static void fsdp_unshard(struct rp *r, size_t g, bool forward)
     uint64_t flat = g_unsharded(r, g);
     if (!r->ag_pending[g]) {
         if (r->pp->par.mixed_bf16) /* flat copy-in of the shards cast to bf16 */
-            comm(r, true, g, MP_COMM_COPY_IN, r->pp->groups[g].shard_bytes);
+            comm(r, true, g, MP_COMM_COPY_IN, r->pp->groups[g].copyin_bytes);
         comm(r, true, g, MP_COMM_AG_OUT, flat);
         if (r->pp->par.mixed_bf16)
-            comm(r, false, g, MP_COMM_COPY_IN, r->pp->groups[g].shard_bytes);
+            comm(r, false, g, MP_COMM_COPY_IN, r->pp->groups[g].copyin_bytes);
     }
     r->ag_pending[g] = false;
     if (forward && r->ag_held >= 0) {
@@ -111,7 +111,13 @@ void par_pre_fwd(struct rp *r, size_t i)
     if (fsdp(r)) {
         if (r->pp->root_group >= 0 && forward) /* the root unshards first, before any block */
             fsdp_unshard(r, (size_t)r->pp->root_group, true);
-        fsdp_unshard(r, g, forward);
+        /* a unit whose first module is inside the block (the tail's lm_head after the root's
+         * final norm): at that node (par_pre_node) */
+        const struct mp_par_group *gr = &r->pp->groups[g];
+        const struct mp_block_prog *bp = &r->p->blocks[i];
+        if (!(forward && gr->first_node != SIZE_MAX && gr->first_node > bp->node0 &&
+              gr->first_node < bp->node0 + bp->n_nodes))
+            fsdp_unshard(r, g, forward);
     } else if (zero3(r)) {
         z3_fetch(r, g);
         z3_fetch_tied(r, i);
@@ -125,6 +131,18 @@ void par_pre_fwd(struct rp *r, size_t i)
     r->node = save;
 }
 
+void par_pre_node(struct rp *r, size_t k)
+{
+    if (!par_on(r) || !fsdp(r) || r->phase != MP_PH_FORWARD)
+        return;
+    const struct mp_node *n = &r->p->nodes[k];
+    for (int j = 0; j < 2; j++) {
+        int q = n->param[j], g = q >= 0 ? r->pp->group_of_param[q] : -1;
+        if (g >= 0 && r->pp->groups[g].first_node == k && !r->uns[g])
+            fsdp_unshard(r, (size_t)g, true);
+    }
+}
+
 void par_post_fwd(struct rp *r, size_t i)
 {
     if (!par_on(r) || !r->pp->group_of_block || r->phase != MP_PH_FORWARD)
@@ -133,7 +151,7 @@ void par_post_fwd(struct rp *r, size_t i)
     r->node = (int)(r->p->blocks[i].node0 + (r->p->blocks[i].n_nodes ? r->p->blocks[i].n_nodes - 1 : 0));
     size_t g = (size_t)r->pp->group_of_block[i];
     if (fsdp(r)) {
-        if (r->pp->par.strategy == MP_PAR_FSDP && !r->pp->groups[g].root)
+        if (r->pp->groups[g].reshard)
             reshard(r, g);
         if (i + 1 == r->p->n_blocks && r->ag_held >= 0) { /* root post-forward frees the last one */
             comm(r, false, (size_t)r->ag_held, MP_COMM_AG_OUT, g_unsharded(r, (size_t)r->ag_held));
@@ -146,15 +164,10 @@ void par_post_fwd(struct rp *r, size_t i)
     r->node = save;
 }
 
-void par_pre_bwd(struct rp *r, size_t i)
+/* FSDP2 pre-backward of group g (its block i): unshard, then prefetch the previous block's. */
+static void fsdp_pre_bwd(struct rp *r, size_t g, size_t i)
 {
-    if (!par_on(r) || !r->pp->group_of_block)
-        return;
-    int save = r->node;
-    r->node = (int)(r->p->blocks[i].node0 + (r->p->blocks[i].n_nodes ? r->p->blocks[i].n_nodes - 1 : 0));
-    size_t g = (size_t)r->pp->group_of_block[i];
-    if (fsdp(r)) {
-        fsdp_unshard(r, g, false);
+    fsdp_unshard(r, g, false);
         /* backward prefetch: the group of the previous block is all-gathered now */
         for (size_t j = i; j-- > 0;) {
             size_t h = (size_t)r->pp->group_of_block[j];
@@ -162,14 +175,44 @@ void par_pre_bwd(struct rp *r, size_t i)
                 continue;
             if (!r->pp->groups[h].root && !r->uns[h] && !r->ag_pending[h]) {
                 if (r->pp->par.mixed_bf16)
-                    comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].shard_bytes);
+                    comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
                 comm(r, true, h, MP_COMM_AG_OUT, g_unsharded(r, h));
                 if (r->pp->par.mixed_bf16)
-                    comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].shard_bytes);
+                    comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
                 r->ag_pending[h] = true;
             }
             break;
         }
+}
+
+void par_pre_bwd_node(struct rp *r, size_t k)
+{
+    if (!par_on(r) || r->bwd_defer < 0 || r->pp->groups[r->bwd_defer].last_node != k)
+        return;
+    int save = r->node;
+    r->node = (int)k;
+    fsdp_pre_bwd(r, (size_t)r->bwd_defer, r->bwd_defer_blk);
+    r->bwd_defer = -1;
+    r->node = save;
+}
+
+void par_pre_bwd(struct rp *r, size_t i)
+{
+    if (!par_on(r) || !r->pp->group_of_block)
+        return;
+    int save = r->node;
+    const struct mp_block_prog *bp = &r->p->blocks[i];
+    r->node = (int)(bp->node0 + (bp->n_nodes ? bp->n_nodes - 1 : 0));
+    size_t g = (size_t)r->pp->group_of_block[i];
+    if (fsdp(r)) {
+        /* the unit's pre-backward hook is on its modules' outputs: a unit whose last module is
+         * followed by others in the block (the tail's lm_head, then the loss) waits for it */
+        size_t last = r->pp->groups[g].last_node;
+        if (!r->pp->groups[g].root && last != SIZE_MAX && last >= bp->node0 && last + 1 < bp->node0 + bp->n_nodes) {
+            r->bwd_defer = (int)g;
+            r->bwd_defer_blk = i;
+        } else
+            fsdp_pre_bwd(r, g, i);
     } else if (zero3(r)) {
         z3_fetch(r, g);
         z3_fetch_tied(r, i);
@@ -182,19 +225,17 @@ void par_pre_bwd(struct rp *r, size_t i)
     r->node = save;
 }
 
-/* Frees the unsharded gradients of block blk, or with whole_group of every block in group g
- * (blk's own group unless g is the root's): they were copied into a reduce-scatter input or a
- * reduce bucket. */
+/* Frees the unsharded gradients of block blk, or with whole_group those of group g's parameters
+ * (in the blocks that hold them): they were copied into a reduce-scatter input or a reduce
+ * bucket. */
 static void drop_pgrads(struct rp *r, size_t g, bool whole_group, size_t blk)
 {
     const struct mp_program *p = r->p;
-    bool all = whole_group && r->pp->groups[g].root; /* the root group: the blocks outside repeats */
-    for (size_t b = all ? 0 : blk; b < (all ? p->n_blocks : blk + 1); b++) {
-        if (all && (size_t)r->pp->group_of_block[b] != g)
-            continue;
+    size_t lo = whole_group ? r->pp->groups[g].blk_lo : blk, hi = whole_group ? r->pp->groups[g].blk_hi : blk;
+    for (size_t b = lo; b <= hi && b < p->n_blocks; b++) {
         const struct mp_block_prog *bp = &p->blocks[b];
         for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++)
-            if (r->pglive[q]) {
+            if (r->pglive[q] && (!whole_group || r->pp->group_of_param[q] == (int)g)) {
                 r->pglive[q] = false;
                 emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
             }
@@ -233,7 +274,7 @@ void par_post_bwd(struct rp *r, size_t i)
     enum mp_par_strategy s = r->pp->par.strategy;
     size_t g = r->pp->group_of_block ? (size_t)r->pp->group_of_block[i] : 0;
     if (fsdp(r)) {
-        if (!r->pp->groups[g].root)
+        if (!r->pp->groups[g].root && r->pp->groups[g].first_block == i) /* its first block's backward */
             fsdp_post_bwd(r, g, i);
         if (i == 0) { /* end of backward: the root group, then the final callback */
             if (r->pp->root_group >= 0)
@@ -266,7 +307,7 @@ uint64_t par_param_bytes(const struct rp *r, size_t q)
     switch (pp->par.strategy) {
     case MP_PAR_FSDP:
     case MP_PAR_FSDP_NO_RESHARD:
-        return off_par ? 0 : pp->shard_elems[q] * mp_par_fsdp_shard_elem_bytes(pp, &p->params[q]);
+        return off_par && !mp_par_fsdp_ignored(pp, &p->params[q]) ? 0 : mp_par_rank_param_bytes(pp, p, q);
     case MP_PAR_ZERO3:
         if (n < pp->par.ds_persistence_elems)
             return n * P;
@@ -291,11 +332,11 @@ void par_setup(struct rp *r)
         if (pp->par.strategy == MP_PAR_ZERO2 && !off) /* grads_in_partition */
             comm(r, true, 1, MP_COMM_PARTITION, pp->partition_elems * pp->compute_elem_bytes);
         break;
-    case MP_PAR_ZERO3:
+    case MP_PAR_ZERO3: /* (the trained parameters' partitions: a frozen base is in no optimizer group) */
         if (!off) {
             if (pp->compute_elem_bytes != 4) /* fp32 master partition */
-                comm(r, true, 0, MP_COMM_PARTITION, pp->shard_total * 4);
-            comm(r, true, 1, MP_COMM_PARTITION, pp->shard_total * 4); /* grad_partitions_flat_buffer */
+                comm(r, true, 0, MP_COMM_PARTITION, pp->grad_shard_total * 4);
+            comm(r, true, 1, MP_COMM_PARTITION, pp->grad_shard_total * 4); /* grad_partitions_flat_buffer */
         }
         break;
     default: break;

@@ -38,6 +38,7 @@ void mp_finetune_default(struct mp_finetune *f)
     f->kbit_prepare = true;
     mp_quant_init(&f->quant, MP_Q_BNB_NF4);
     f->quant.double_quant = true; /* the QLoRA recipe (bnb's own default is off) */
+    f->quant.storage = -1;        /* auto: bf16 under FSDP2 (the FSDP-QLoRA recipe), else uint8 */
 }
 
 /* ---- family names -------------------------------------------------------------------------- */

@@ -735,6 +735,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         mp_program_release(p);
         return st;
     }
+    p->input_embed = B.embed_param;
     return finish_program(&B, o);
 }
 

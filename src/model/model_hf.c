@@ -2140,8 +2140,16 @@ static enum mp_status read_quant(const cJSON *root, struct mp_quant *q, const ch
         if (b4 && qt && strcmp(qt, "nf4") && strcmp(qt, "fp4"))
             return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config.bnb_4bit_quant_type: expected nf4 or fp4, "
                            "got '%s'", path, qt);
+        const char *qs = mp_json_str(qc, "bnb_4bit_quant_storage", &st, path, W, d);
+        if (st != MP_OK)
+            return st;
         mp_quant_init(q, b8 ? MP_Q_BNB_INT8 : qt && !strcmp(qt, "nf4") ? MP_Q_BNB_NF4 : MP_Q_BNB_FP4);
         q->double_quant = dq;
+        if (qs && b4 && (q->storage = mp_quant_storage_parse(qs)) < 0)
+            return mp_fail(d, MP_ERR_MODEL, "%s: quantization_config.bnb_4bit_quant_storage: expected uint8, "
+                           "bfloat16, float16 or float32, got '%s'", path, qs);
+        if (q->storage < 0)
+            q->storage = MP_DT_U8;
         return MP_OK;
     }
     if (!strcmp(method, "gptq") || !strcmp(method, "awq")) {

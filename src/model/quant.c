@@ -34,6 +34,42 @@ void mp_quant_init(struct mp_quant *q, enum mp_quant_kind kind)
     q->bits = 4;
     q->group_size = 128;
     q->compute_dtype = -1;
+    q->storage = MP_DT_U8; /* transformers' BitsAndBytesConfig bnb_4bit_quant_storage default */
+}
+
+int mp_quant_storage(const struct mp_quant *q, bool fsdp)
+{
+    return q->storage >= 0 ? q->storage : fsdp ? MP_DT_BF16 : MP_DT_U8;
+}
+
+static const struct {
+    const char *name;
+    int dt;
+} STORAGE[] = {{"uint8", MP_DT_U8}, {"bfloat16", MP_DT_BF16}, {"float16", MP_DT_F16}, {"float32", MP_DT_F32}};
+
+int mp_quant_storage_parse(const char *s)
+{
+    for (size_t i = 0; s && i < sizeof STORAGE / sizeof STORAGE[0]; i++)
+        if (!strcmp(s, STORAGE[i].name) || (!strncmp(s, "torch.", 6) && !strcmp(s + 6, STORAGE[i].name)))
+            return STORAGE[i].dt;
+    return -1;
+}
+
+const char *mp_quant_storage_names(const char *sep, const char *last)
+{
+    static char buf[64];
+    const char *n[sizeof STORAGE / sizeof STORAGE[0]];
+    for (size_t i = 0; i < sizeof STORAGE / sizeof STORAGE[0]; i++)
+        n[i] = STORAGE[i].name;
+    return mp_join(buf, sizeof buf, n, sizeof STORAGE / sizeof STORAGE[0], sep, last);
+}
+
+const char *mp_quant_storage_str(int dt)
+{
+    for (size_t i = 0; i < sizeof STORAGE / sizeof STORAGE[0]; i++)
+        if (STORAGE[i].dt == dt)
+            return STORAGE[i].name;
+    return "auto";
 }
 
 /* NF4: functional.py get_4bit_type("nf4"), normalised by its max (1.0). */

@@ -28,7 +28,16 @@ struct mp_quant {
     uint64_t bits;         /* gptq / awq: 2, 3, 4 or 8 */
     uint64_t group_size;   /* gptq / awq: 128; 0 = one group per input row (gptq group_size -1) */
     int compute_dtype;     /* bnb 4-bit: bnb_4bit_compute_dtype as enum mp_dtype, or -1 = the input's */
+    int storage;           /* bnb 4-bit: bnb_4bit_quant_storage as enum mp_dtype: uint8 (the libraries'
+                            * default) or a float dtype, whose packed tensor FSDP2 can shard (the bytes
+                            * are the same); -1 = auto (QLoRA: bf16 under FSDP2, uint8 otherwise) */
 };
+/* The storage dtype in effect: q's, or for auto bf16 when sharded by FSDP2, else uint8. */
+int mp_quant_storage(const struct mp_quant *q, bool fsdp);
+/* "uint8", "bfloat16", "float16", "float32" (the names transformers takes) -> enum mp_dtype, -1. */
+int mp_quant_storage_parse(const char *s);
+const char *mp_quant_storage_str(int dt);
+const char *mp_quant_storage_names(const char *sep, const char *last);
 void mp_quant_init(struct mp_quant *q, enum mp_quant_kind kind); /* the library's defaults */
 
 #define MP_QUANT_PARTS_MAX 7

@@ -116,8 +116,7 @@ static uint64_t shard_src(const struct mp_par_exec *px, const struct mp_param *q
 static int group_of(const struct mp_exec *x, size_t q)
 {
     const struct mp_par_exec *px = x->par;
-    int b = x->p->params[q].block;
-    return b >= 0 && (size_t)b < x->p->n_blocks && px->plan.group_of_block ? px->plan.group_of_block[b] : -1;
+    return px->plan.group_of_param ? px->plan.group_of_param[q] : -1;
 }
 
 enum mp_status mp_par_exec_new(struct mp_exec *x, struct mp_diag *d)

@@ -678,6 +678,9 @@ static void derive_lora(struct reader *rd, bool qlora)
     const struct fact_val *qt = fact(rd, F_QTYPE, &tmp);
     if (qt && strcmp(qt->v, "nf4"))
         refuse(rd, fact_key(rd, F_QTYPE), qt->line, qt->v, "memplan's 4-bit base is NF4: not modelled yet");
+    const struct fact_val *qs = fact(rd, F_QSTORAGE, &tmp);
+    if (qs) /* (null: transformers' BitsAndBytesConfig default, uint8) */
+        put(rd, MP_RS_QUANT_STORAGE, strcmp(qs->v, "null") ? qs->v : "uint8", F_QSTORAGE);
 }
 
 static void derive_attention(struct reader *rd)

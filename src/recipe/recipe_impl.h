@@ -25,6 +25,7 @@ enum fact {
     F_QBIT,         /* LLaMA-Factory quantization_bit */
     F_NESTED,       /* bitsandbytes double quantization */
     F_QTYPE,        /* bnb_4bit_quant_type */
+    F_QSTORAGE,     /* bnb_4bit_quant_storage */
     F_LORA_R,
     F_LORA_ALPHA,
     F_LORA_DROPOUT,

@@ -47,6 +47,7 @@ const struct trainer_row mp_recipe_trainers[MP_RF_N] = {
         [F_LOAD8] = "false",
         [F_NESTED] = "false",  /* model_config.py use_bnb_nested_quant default=False */
         [F_QTYPE] = "nf4",     /* model_config.py bnb_4bit_quant_type default="nf4" */
+        [F_QSTORAGE] = "uint8", /* model_config.py:168 None: BitsAndBytesConfig's uint8 */
         [F_LORA_R] = "16",     /* model_config.py lora_r default=16 */
         [F_LORA_ALPHA] = "32", /* lora_alpha default=32 */
         [F_LORA_DROPOUT] = "0.05", /* lora_dropout default=0.05 */
@@ -309,7 +310,7 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_LF, "use_dora", "DoRA: " NOT_YET),
     REFUSE(B_LF, "pissa_init", "PiSSA: " NOT_YET),
     REFUSE(B_AX, "peft_use_dora", "DoRA: " NOT_YET),
-    REFUSE(B_TRL, "bnb_4bit_quant_storage", "a 4-bit storage dtype: " NOT_YET),
+    FACT(B_TRL, "bnb_4bit_quant_storage", F_QSTORAGE), /* model_config.py default "uint8" (FSDP: a float) */
     /* attention */
     FACT(B_TRL | B_AX, "attn_implementation", F_ATTN),
     FACT(B_TRL, "model_init_kwargs.attn_implementation", F_ATTN),

@@ -394,8 +394,11 @@ static cJSON *json_root(const struct mp_report_ctx *c)
                                    : f->mode == MP_FT_QLORA                ? &f->quant
                                                                            : NULL;
         cJSON_AddStringToObject(ft, "base_quant", q ? mp_quant_kind_str(q->kind) : "none");
-        if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4))
+        if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4)) {
             cJSON_AddBoolToObject(ft, "double_quant", q->double_quant);
+            bool fsdp = c->train->par && mp_par_is_fsdp(c->train->par->strategy);
+            cJSON_AddStringToObject(ft, "quant_storage", mp_quant_storage_str(mp_quant_storage(q, fsdp)));
+        }
         if (c->train->par)
             cJSON_AddItemToObject(cf, "parallel", json_parallel_of(c->train->par));
         if (c->recipe)
@@ -803,6 +806,13 @@ static void header(FILE *out, const struct mp_report_ctx *c)
             snprintf(rk, sizeof rk, "; the step of rank %llu", (unsigned long long)c->train->par->rank);
         fprintf(out, "parallel  %s; memory figures are per rank%s\n", mp_par_describe(c->train->par, pb, sizeof pb),
                 rk);
+        const struct mp_quant *q = c->prog ? mp_program_base_quant(c->prog) : NULL;
+        if (q && mp_par_is_fsdp(c->train->par->strategy)) { /* FSDP-QLoRA: where the 4-bit weights are */
+            int st = mp_quant_storage(q, true);
+            fprintf(out, "          4-bit base: %s storage%s, %s; quant_state on every rank\n",
+                    mp_quant_storage_str(st), q->storage < 0 ? " (FSDP-QLoRA's)" : "",
+                    st == MP_DT_U8 ? "not sharded (ignored_params)" : "sharded");
+        }
     }
     if (c->recipe)
         recipe_lines(out, c->recipe);
@@ -1265,7 +1275,11 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
     const struct mp_finetune *f = c->ft;
     bool peft = f && (b->ft == MP_FT_LORA || b->ft == MP_FT_QLORA);
     bool bnb = peft && b->ft == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE;
-    bool kbit = peft && (b->ft == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE);
+    /* FSDP-QLoRA (peft's and bitsandbytes' FSDP-QLoRA guides): the model loaded in the storage
+     * dtype, no prepare_model_for_kbit_training (it would upcast the other frozen weights, which
+     * memplan plans as loaded) */
+    bool fsdp_qlora = bnb && mp_par_is_fsdp(b->par.strategy);
+    bool kbit = peft && !fsdp_qlora && (b->ft == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE);
     const char *auto_cls, *task = peft_task(c->model, &auto_cls);
     bool image = c->model->input != MP_INPUT_TOKENS;
     fprintf(out, "# memplan %s: suggest --emit %s (transformers 5.24, peft 0.21)\nimport torch\n", MEMPLAN_VERSION,
@@ -1284,16 +1298,22 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
             shown(c->model->name));
     /* weights: fp32 under amp and FSDP's mixed-bf16 (its policy casts the gathered copy); bf16 when pure
      * and under bf16-amp (peft keeps the adapters fp32: autocast_adapter_dtype) */
-    const char *dt = (b->precision == MP_PREC_BF16 && !b->par.mixed_bf16) || b->precision == MP_PREC_BF16_AMP
+    const char *dt = (b->precision == MP_PREC_BF16 && (!b->par.mixed_bf16 || fsdp_qlora)) ||
+                             b->precision == MP_PREC_BF16_AMP
                          ? "bfloat16" : "float32";
     char labels[48] = ""; /* --num-labels: from_pretrained's num_labels= sets the head's classes */
     if (c->num_labels)
         snprintf(labels, sizeof labels, ", num_labels=%llu", (unsigned long long)c->num_labels);
     if (bnb) {
+        /* a float storage: FSDP2 shards the packed weights (FSDP-QLoRA); uint8 is the default */
+        int st = mp_quant_storage(&f->quant, mp_par_is_fsdp(b->par.strategy));
+        char qs[64] = "";
+        if (st != MP_DT_U8)
+            snprintf(qs, sizeof qs, ",\n    bnb_4bit_quant_storage=torch.%s", mp_quant_storage_str(st));
         fprintf(out, "bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"%s\",\n"
-                     "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s)\n",
+                     "    bnb_4bit_use_double_quant=%s, bnb_4bit_compute_dtype=torch.%s%s)\n",
                 f->quant.kind == MP_Q_BNB_FP4 ? "fp4" : "nf4", f->quant.double_quant ? "True" : "False",
-                b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16");
+                b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16", qs);
         fprintf(out, "model = %s.from_pretrained(NAME, quantization_config=bnb_config,\n    dtype=torch.%s%s)\n",
                 auto_cls, dt, labels);
     } else {
@@ -1603,9 +1623,20 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
                                     "reduce_dtype=torch.float32)"
                                   : "",
                 b->par.offload == MP_OFFLOAD_PARAMS ? ", offload_policy=CPUOffloadPolicy()" : "");
+        /* accelerate >= 1.14's units (fsdp2_prepare_model), which memplan plans */
         fprintf(out,
-                "# launch: torchrun --nproc-per-node %llu; each decoder layer, then the model\n"
-                "for layer in model.get_decoder().layers:\n    fully_shard(layer, **kw)\nfully_shard(model, **kw)\n",
+                "# launch: torchrun --nproc-per-node %llu; accelerate's FSDP2 units: each decoder layer, the\n"
+                "# input embedding, the tail [final norm, (tied: embedding,) lm_head] kept after forward,\n"
+                "# then the model\n"
+                "for layer in model.get_decoder().layers:\n    fully_shard(layer, **kw)\n"
+                "emb, head = model.get_input_embeddings(), model.get_output_embeddings()\n"
+                "tied = head is not None and head.weight is emb.weight\n"
+                "base = getattr(model, model.base_model_prefix, model)\n"
+                "tail = [m for m in base.children() if \"Norm\" in type(m).__name__][-1:]\n"
+                "if not tied:\n    fully_shard(emb, **kw)\n"
+                "tail += ([emb] if tied else []) + ([head] if head is not None else [])\n"
+                "fully_shard(tail, **{**kw, \"reshard_after_forward\": False})\n"
+                "fully_shard(model, **{k: v for k, v in kw.items() if k != \"reshard_after_forward\"})\n",
                 (unsigned long long)b->par.gpus);
     } else if (b->par.strategy == MP_PAR_DDP) {
         fprintf(out, "# launch: torchrun --nproc-per-node %llu (torch.distributed initialized, model on its GPU)\n"

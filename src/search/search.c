@@ -1104,7 +1104,11 @@ static size_t model_repeats(const struct mp_model *m)
  * (a reference model or GRPO's generation: DDP only, cli refuses the rest). */
 static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
 {
+    const struct mp_quant *qz = base->model->quant.kind != MP_Q_NONE ? &base->model->quant
+                                : base->build.ft.mode == MP_FT_QLORA ? &base->build.ft.quant
+                                                                       : NULL;
     return mp_par_finetune_modelled(s, base->build.ft.mode, base->train.optimizer) &&
+           !mp_par_quant_unmodelled(s, qz) &&
            (!mp_trainer_ref_fwds(base->build.trainer) || s == MP_PAR_NONE || s == MP_PAR_DDP);
 }
 
