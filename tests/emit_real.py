@@ -417,6 +417,50 @@ else:
             except Exception as e:
                 fail("torch %s: train() raises %s: %s" % (label, type(e).__name__, e))
 
+    # --parallel fsdp: the torch file's fully_shard calls, run (a one-rank gloo group, the tiny Llama,
+    # untied and tied), make the units memplan plans (parallel.c fsdp_units, accelerate's layout): each
+    # decoder layer and the input embedding resharded after forward, one tail unit [final norm,
+    # (tied: embedding,) lm_head] kept, the root; then one train() step runs
+    import torch.distributed as tdist
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    if not tdist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        tdist.init_process_group("gloo", rank=0, world_size=1)
+    fsdp_args = dict(CASES)["fsdp"]
+    fcode = memplan(fsdp_args + ["--emit", "torch"])
+    for tied in (False, True):
+        cfg = copy.deepcopy(tiny)
+        cfg.tie_word_embeddings = tied
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                ns = run_emitted(fcode, cfg, tmp, meta=False)
+                model = ns["model"]
+                states = {}
+                for name, mod in model.named_modules():
+                    if isinstance(mod, FSDPModule):
+                        states.setdefault(id(fully_shard.state(mod)), []).append(name or "<root>")
+                units = sorted(sorted(v) for v in states.values())
+                kept = {n for v in states.values() for n in v
+                        if fully_shard.state(model.get_submodule(n) if n != "<root>" else model)
+                        ._fsdp_param_group is not None and
+                        fully_shard.state(model.get_submodule(n) if n != "<root>" else model)
+                        ._fsdp_param_group.post_forward_mesh_info is None}
+                want = sorted([["<root>"]] + [["model.layers.%d" % i] for i in range(cfg.num_hidden_layers)] +
+                              ([["lm_head", "model.embed_tokens", "model.norm"]] if tied else
+                               [["model.embed_tokens"], ["lm_head", "model.norm"]]))
+                ids = torch.randint(0, 128, (2, 16))
+                batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+                ns["train"](model, opt, [batch] * ns.get("grad_accum", 1))
+                check(units == want and {"lm_head", "model.norm"} <= kept and "model.layers.0" not in kept and
+                      ("model.embed_tokens" in kept) == tied,
+                      "torch fsdp (%s): fully_shard as emitted makes accelerate's units %s, the tail kept after "
+                      "forward, and train() runs a step (gloo, one rank)" % ("tied" if tied else "untied", units))
+            except Exception as e:
+                fail("torch fsdp (%s): the emitted fully_shard calls raise %s: %s"
+                     % ("tied" if tied else "untied", type(e).__name__, e))
+
     # --optimizer muon: the torch file builds torch.optim.Muon on the hidden layers' 2-D weights and
     # AdamW on the rest (memplan's split, estimate/optim.c), and train() steps both
     args = ["models/hf/llama-3.2-1b.json", "--gpu", "a100-80gb", "--optimizer", "muon"]

@@ -1552,8 +1552,11 @@ static void snippet_deepspeed(FILE *out, const struct mp_report_ctx *c, const st
 /* --emit accelerate: the accelerate config file (accelerate launch --config_file FILE). */
 static void snippet_accelerate(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
-    (void)c;
     bool ds = mp_par_is_deepspeed(b->par.strategy);
+    if (mp_par_is_fsdp(b->par.strategy) && b->ft == MP_FT_QLORA && c->ft && c->model->quant.kind == MP_Q_NONE)
+        fprintf(out, "# FSDP-QLoRA: the training script loads the model with BitsAndBytesConfig(...,\n"
+                     "# bnb_4bit_quant_storage=torch.%s), as memplan planned (suggest ... --emit hf)\n",
+                mp_quant_storage_str(mp_quant_storage(&c->ft->quant, true)));
     fprintf(out, "compute_environment: LOCAL_MACHINE\ndistributed_type: %s\n",
             ds                                 ? "DEEPSPEED"
             : mp_par_is_fsdp(b->par.strategy)  ? "FSDP"
