@@ -1100,19 +1100,20 @@ expect_line 2 "--trainer kto --batch 1 (TRL's KL term needs 2 examples)" estimat
     --trainer kto --batch 1
 expect_line 2 "--trainer kto --loss hf (KTO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
     --trainer kto --loss hf
-expect_msg 2 "--trainer kto under FSDP (the reference's sharding)" "placement under FSDP and DeepSpeed" \
-    estimate models/hf/qwen3-0.6b.json --trainer kto --gpus 2 --parallel fsdp
+expect_msg 2 "--trainer grpo under FSDP (generation from a sharded policy)" "generation from a sharded policy" \
+    estimate models/hf/qwen3-0.6b.json --trainer grpo --gpus 2 --parallel fsdp
 expect_line 2 "suggest --trainer kto --max-batch 1 (below KTO's 2)" suggest models/hf/qwen3-0.6b.json --trainer kto \
     --gpu a100-40gb --no-probe --max-batch 1
-# nothing fits a KTO step: the alternatives are at its least micro-batch, 2, and none is a
-# data-parallel world (a reference model across GPUs is refused)
+# nothing fits a KTO step: the alternatives are at its least micro-batch, 2; no FSDP2 world fits
+# either on a T4, since TRL's reference copy is one FSDP2 unit gathered whole on every rank
 run suggest models/hf/llama-3-8b.json --trainer kto --gpu t4 --no-probe
 if [ "$ec" = 1 ] && grep -q "even micro-batch 2 with every" "$T/out" && grep -q "at micro-batch 2" "$T/out" &&
-    ! grep -q "micro-batch 1" "$T/out" && ! grep -q "FSDP\|ZeRO" "$T/out"; then
-    ok "suggest --trainer kto, nothing fits: micro-batch 2 throughout, no data-parallel world proposed"
+    ! grep -q "micro-batch 1" "$T/out" && ! grep -q "ZeRO" "$T/out" &&
+    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "nor does FSDP2 on up to 1024 GPUs .*reference copy, one FSDP2 unit"; then
+    ok "suggest --trainer kto, nothing fits: micro-batch 2 throughout, no FSDP2 world (the reference gathered whole)"
 else
-    echo "expected exit 1, 'micro-batch 2' and no micro-batch 1 nor FSDP/ZeRO in the report" >"$T/why"
-    bad "suggest --trainer kto, nothing fits: micro-batch 2 throughout, no data-parallel world proposed"
+    echo "expected exit 1, 'micro-batch 2', no micro-batch 1 nor ZeRO, and the FSDP2 reason" >"$T/why"
+    bad "suggest --trainer kto, nothing fits: micro-batch 2 throughout, no FSDP2 world (the reference gathered whole)"
 fi
 expect_line 3 "a KTOConfig loss_type without a KL term read with --trainer kto: refused, naming kto-apo" \
     estimate --trainer kto --recipe tests/data/recipes/trl-kto-apo.yaml
@@ -1163,7 +1164,7 @@ expect_line 3 "a KTOConfig at one example a device: refused, naming the key" est
     --recipe tests/data/recipes/trl-kto-batch1.yaml
 expect_line 2 "--trainer dpo --loss hf (DPO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
     --trainer dpo --loss hf
-expect_msg 2 "--trainer dpo under ZeRO-3 (the reference's sharding)" "placement under FSDP and DeepSpeed" \
+expect_msg 2 "--trainer dpo under ZeRO-3 (the reference's sharding)" "placement under DeepSpeed" \
     estimate models/hf/qwen3-0.6b.json --trainer dpo --gpus 2 --parallel zero3
 # under DDP TRL prepares the reference with prepare_model(evaluation_mode=True), which wraps nothing:
 # a whole frozen copy on each rank; the policy's DDP buckets are resident through both phases
@@ -1185,13 +1186,38 @@ assert abs(b - 494032768 * 2) < 1 << 20, b
 for ph in ("policy_step", "reference_forward"):
     d = m2["phases"][ph]["peak_allocated_bytes"] - m1["phases"][ph]["peak_allocated_bytes"]
     assert abs(d - b) < 1 << 16, (ph, d, b)
-assert sg["recommendation"]["parallel"]["strategy"] == "ddp", sg["recommendation"]["parallel"]
-assert all(c["parallel"]["strategy"] == "ddp" for c in sg["candidates"]), "a sharded candidate"
+assert all(c["parallel"]["strategy"] in ("ddp", "fsdp", "fsdp-no-reshard") for c in sg["candidates"]), \
+    "a DeepSpeed candidate"
 PY
     then
-        ok "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest tries ddp only"
+        ok "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest: no DeepSpeed"
     else
-        bad "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest tries ddp only"
+        bad "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest: no DeepSpeed"
+    fi
+    # FSDP2: TRL's prepare_fsdp makes the copy one unit: each rank keeps its shard (every dim 0 of
+    # Qwen2-0.5B is even: half the bf16 bytes), gathers all of it for its forward beside the flat
+    # all-gather output (2 x 988,065,536 bytes more than one GPU's reference forward), and without
+    # reshard_after_forward keeps it gathered (shard + whole, resident)
+    run estimate models/hf/qwen2-0.5b.json --trainer dpo --batch 2 --seq 512 --precision bf16 --gpus 2 \
+        --parallel fsdp --json
+    cp "$T/out" "$T/dpo3.json"
+    run estimate models/hf/qwen2-0.5b.json --trainer dpo --batch 2 --seq 512 --precision bf16 --gpus 2 \
+        --parallel fsdp-no-reshard --json
+    if python3 - "$T/dpo1.json" "$T/dpo3.json" "$T/out" <<'PY' 2>"$T/why"
+import json, sys
+one, fs, nr = (json.load(open(f)) for f in sys.argv[1:4])
+whole = 494032768 * 2
+assert fs["memory"]["ref_weights_bytes"] == whole // 2, fs["memory"]["ref_weights_bytes"]
+assert nr["memory"]["ref_weights_bytes"] == whole // 2 + whole, nr["memory"]["ref_weights_bytes"]
+t1 = one["memory"]["phases"]["reference_forward"]["tmp_bytes"]
+tf = fs["memory"]["phases"]["reference_forward"]["tmp_bytes"]
+tn = nr["memory"]["phases"]["reference_forward"]["tmp_bytes"]
+assert tf == t1 + 2 * whole and tn == t1, (t1, tf, tn)
+PY
+    then
+        ok "--trainer dpo under FSDP2: the reference one unit (its shard; gathered whole + the flat output to run)"
+    else
+        bad "--trainer dpo under FSDP2: the reference one unit (its shard; gathered whole + the flat output to run)"
     fi
 else
     skipped "--trainer dpo under DDP (python3 not found)"

@@ -670,11 +670,15 @@ static int check_rules(const struct command *c, struct args *a)
     }
     /* DDP: TRL prepares the reference with accelerate's prepare_model(evaluation_mode=True), which
      * wraps nothing (accelerator.py prepare_model): a whole frozen copy on each rank, as on one GPU
-     * (trl dpo_trainer.py:984-990, kto_trainer.py, grpo_trainer.py); FSDP and DeepSpeed shard it
-     * (trl models/utils.py prepare_fsdp, prepare_deepspeed): not modelled yet */
-    if (pref && a->par.strategy != MP_PAR_NONE && a->par.strategy != MP_PAR_DDP) {
-        snprintf(why, sizeof why, "--trainer %s with --parallel %s: the reference model's placement under FSDP "
-                 "and DeepSpeed is not modelled yet (--parallel ddp is)", tn, mp_par_strategy_str(a->par.strategy));
+     * (trl dpo_trainer.py:984-990, kto_trainer.py, grpo_trainer.py).  FSDP2 (DPO, KTO): the copy is
+     * one fully_shard unit (trl models/utils.py prepare_fsdp), a PEFT reference the policy's own
+     * units; DeepSpeed (prepare_deepspeed) and GRPO's generation under FSDP: not modelled yet */
+    if (pref && a->par.strategy != MP_PAR_NONE && a->par.strategy != MP_PAR_DDP &&
+        (!mp_par_is_fsdp(a->par.strategy) || grpo)) {
+        snprintf(why, sizeof why, "--trainer %s with --parallel %s: %s is not modelled yet (--parallel %s)", tn,
+                 mp_par_strategy_str(a->par.strategy),
+                 grpo ? "generation from a sharded policy" : "the reference model's placement under DeepSpeed",
+                 grpo ? "ddp is" : "ddp, fsdp and fsdp-no-reshard are");
         return cli_usage_error(c->name, "%s", why);
     }
     uint64_t least = mp_trainer_min_batch(tr);

@@ -506,6 +506,14 @@ void block_est(const struct mp_program *p, const struct mp_train_opts *t, size_t
 bool mp_ref_weights_bytes(const struct mp_program *p, const struct mp_train_opts *t, uint64_t *bytes)
 {
     *bytes = 0;
+    if (t->ref == MP_REF_COPY && t->par && mp_par_is_fsdp(t->par->strategy)) {
+        /* sharded as one unit; without reshard_after_forward its first forward leaves it gathered
+         * for good (no backward reshards a frozen model) */
+        uint64_t shard, whole;
+        if (!mp_par_fsdp_ref_bytes(t->par, p, &shard, &whole))
+            return false;
+        return mp_add_u64(shard, t->par->strategy == MP_PAR_FSDP_NO_RESHARD ? whole : 0, bytes);
+    }
     if (t->ref == MP_REF_COPY) /* trl dpo_trainer.py:916-927: the model again, frozen, in its dtype */
         for (size_t q = 0; q < p->n_params; q++)
             if (!mp_add_u64(*bytes, p->params[q].raw_bytes, bytes))
@@ -545,17 +553,32 @@ static enum mp_status ref_event(void *ctx, const struct mp_program *p, const str
     return MP_OK;
 }
 
-/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes. */
+/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes.  Under FSDP2
+ * the adapter-disabled policy runs through the policy's units (the replay's); a reference copy is
+ * one unit of its own: its activations as on one GPU, beside its whole gathered parameters and
+ * the flat all-gather output they are copied out of, both held from its pre-forward to its
+ * post-forward (torch 2.15 _fsdp_state.py _post_forward releases the all-gather state) unless
+ * already gathered (reshard_after_forward=False: resident, mp_ref_weights_bytes). */
 static enum mp_status ref_forward(const struct mp_program *policy, const struct mp_train_opts *t,
                                   struct mp_estimate *e, struct mp_diag *d)
 {
     struct ref_meter m = {.peak_node = -1, .peak_name = "reference.forward:?"};
-    enum mp_status st = mp_replay_nograd_forward(policy, t, true, ref_event, &m, d);
+    bool fsdp_copy = t->ref == MP_REF_COPY && t->par && mp_par_is_fsdp(t->par->strategy);
+    struct mp_train_opts rt = *t;
+    if (fsdp_copy)
+        rt.par = NULL;
+    enum mp_status st = mp_replay_nograd_forward(policy, &rt, true, ref_event, &m, d);
     if (st == MP_ERR_RANGE && m.overflow)
         return peak_overflow(policy, t, d);
     if (st != MP_OK)
         return st;
     e->ref_forward_tmp_bytes = m.peak - m.base;
+    uint64_t shard, whole;
+    if (fsdp_copy && t->par->strategy == MP_PAR_FSDP &&
+        (!mp_par_fsdp_ref_bytes(t->par, policy, &shard, &whole) ||
+         !mp_add_u64(e->ref_forward_tmp_bytes, whole, &e->ref_forward_tmp_bytes) || /* the parameters */
+         !mp_add_u64(e->ref_forward_tmp_bytes, whole, &e->ref_forward_tmp_bytes)))  /* the flat output */
+        return peak_overflow(policy, t, d);
     snprintf(e->ref_forward_event, sizeof e->ref_forward_event, "%s", m.peak_name);
     return MP_OK;
 }

@@ -120,6 +120,13 @@ const char *mp_par_quant_unmodelled(enum mp_par_strategy s, const struct mp_quan
     return NULL;
 }
 
+/* acc += v x w; false when it leaves 64 bits */
+static bool wadd(uint64_t *acc, uint64_t v, uint64_t w)
+{
+    uint64_t m;
+    return mp_mul_u64(v, w, &m) && mp_add_u64(*acc, m, acc);
+}
+
 /* A quantized base weight: its packed parts (uint8 in the program), frozen. */
 static bool quantized(const struct mp_param *q) { return q->dtype == MP_DT_U8 && !q->trainable; }
 
@@ -154,6 +161,20 @@ uint64_t mp_par_quant_state_bytes(const struct mp_param *q)
         return 0;
     uint64_t packed = mp_ceil_div(mp_ceil_div(q->elems, 2), 512) * 512; /* its first part, rounded */
     return q->bytes > packed ? q->bytes - packed : 0;
+}
+
+bool mp_par_fsdp_ref_bytes(const struct mp_parallel *par, const struct mp_program *p, uint64_t *shard,
+                           uint64_t *unsharded)
+{
+    uint64_t N = mp_par_world(par), m = p->param_dtype == MP_DT_BF16 && !par->mixed_bf16 ? 2 : 4;
+    uint64_t g = par->mixed_bf16 ? 2 : m;
+    *shard = *unsharded = 0;
+    for (size_t q = 0; q < p->n_params; q++) {
+        uint64_t s = mp_par_fsdp_shard_elems(&p->params[q], N);
+        if (!wadd(shard, s, m) || s > UINT64_MAX / N || !wadd(unsharded, s * N, g))
+            return false;
+    }
+    return true;
 }
 
 uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q)
@@ -300,13 +321,6 @@ static enum mp_status ddp_buckets(struct mp_par_plan *pp, const struct mp_progra
     if (cur && !add_bucket(pp, &cap_n, cur))
         return MP_ERR_NOMEM;
     return MP_OK;
-}
-
-/* acc += v x w; false when it leaves 64 bits */
-static bool wadd(uint64_t *acc, uint64_t v, uint64_t w)
-{
-    uint64_t m;
-    return mp_mul_u64(v, w, &m) && mp_add_u64(*acc, m, acc);
 }
 
 /* The FSDP2 unit of each parameter, as accelerate >= 1.14 lays a model out (utils/fsdp_utils.py

@@ -215,6 +215,12 @@ uint64_t mp_par_quant_state_bytes(const struct mp_param *q);
 /* Bytes of parameter q on this rank at setup under FSDP2 (its shard, or whole when left out,
  * plus a quantized weight's quant state); the whole parameter's bytes otherwise. */
 uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q);
+/* TRL's frozen reference copy under FSDP2 (trl 1.16 models/utils.py prepare_fsdp: fully_shard on
+ * the whole model, one unit, the plugin's reshard_after_forward and policy): this rank's shards
+ * (the model's load dtype: fp32 but for pure bf16) and the unit's unsharded bytes as gathered (a
+ * bf16 policy's dtype).  false when they leave 64 bits. */
+bool mp_par_fsdp_ref_bytes(const struct mp_parallel *par, const struct mp_program *p, uint64_t *shard,
+                           uint64_t *unsharded);
 
 /* Bytes per element of parameter q as its group all-gathers it: ZeRO-3 the compute dtype;
  * FSDP2 under a bf16 policy the compute dtype, otherwise the shard's own dtype (FSDP2 gathers

@@ -1012,9 +1012,15 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
                     c->gpu ? "profile nccl_overhead_mib = 0, not measured" : "no GPU profile");
     }
     char tn[16];
-    if (c->train && c->train->ref == MP_REF_COPY)
-        fprintf(out, "  reference model    %12s   (%s: a frozen copy, resident)\n", B(e->ref_weights_bytes),
-                mp_trainer_trl_name(trainer_of(c), tn, sizeof tn));
+    if (c->train && c->train->ref == MP_REF_COPY) {
+        const struct mp_parallel *pr = c->train->par;
+        bool fsdp = pr && mp_par_is_fsdp(pr->strategy);
+        fprintf(out, "  reference model    %12s   (%s: a frozen copy, %s)\n", B(e->ref_weights_bytes),
+                mp_trainer_trl_name(trainer_of(c), tn, sizeof tn),
+                !fsdp ? "resident"
+                : pr->strategy == MP_PAR_FSDP ? "one FSDP2 unit, its shard; gathered to run"
+                                              : "one FSDP2 unit, its shard + left gathered");
+    }
     bool gen = c->train && c->train->gen_steps, old = c->train && c->train->old_logps;
     if (c->train && (c->train->ref != MP_REF_NONE || gen || old)) {
         fprintf(out, "\nphases (%s)\n", mp_trainer_trl_name(trainer_of(c), tn, sizeof tn));

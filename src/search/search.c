@@ -1100,8 +1100,9 @@ static size_t model_repeats(const struct mp_model *m)
     return n;
 }
 
-/* A strategy the plan models for this job: its fine-tune (mp_par_finetune_modelled) and its trainer
- * (a reference model or GRPO's generation: DDP only, cli refuses the rest). */
+/* A strategy the plan models for this job: its fine-tune (mp_par_finetune_modelled), its quantized
+ * base and its trainer (a reference model: DDP and FSDP2; GRPO's generation: DDP only; cli refuses
+ * the rest). */
 static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
 {
     const struct mp_quant *qz = base->model->quant.kind != MP_Q_NONE ? &base->model->quant
@@ -1109,7 +1110,8 @@ static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
                                                                        : NULL;
     return mp_par_finetune_modelled(s, base->build.ft.mode, base->train.optimizer) &&
            !mp_par_quant_unmodelled(s, qz) &&
-           (!mp_trainer_ref_fwds(base->build.trainer) || s == MP_PAR_NONE || s == MP_PAR_DDP);
+           (!mp_trainer_ref_fwds(base->build.trainer) || s == MP_PAR_NONE || s == MP_PAR_DDP ||
+            (mp_par_is_fsdp(s) && base->build.trainer != MP_TRAINER_GRPO));
 }
 
 /* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
@@ -1574,26 +1576,26 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     lora_alternative(base, o_in, argv0, s, d);
     j.build.precision = o->precision_fixed ? o->precision : prec;
     bool gpu_found = gpu_alternative(&j, &base->gpu, argv0, s, d);
-    if (!gpu_found && mp_trainer_ref_fwds(base->build.trainer) &&
-        s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
-        snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
-                 "no single GPU profile in configs/gpus fits it at micro-batch %llu (a %s step across GPUs is "
-                 "not modelled yet)", (unsigned long long)j.build.batch, mp_trainer_str(base->build.trainer));
-    else if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0])
-        snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0], "%s",
-                 no_world && base->build.ft.mode != MP_FT_FULL /* (ZeRO-3 with a frozen base: not tried) */
-                     ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 on up "
-                       "to 1024 GPUs (128 nodes of 8) with every block checkpointed"
-                 : no_world ? "no single GPU profile in configs/gpus fits it at micro-batch 1, nor does FSDP2 or "
-                              "ZeRO-3 on up to 1024 GPUs (128 nodes of 8) with every block checkpointed"
-                 : !mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode, base->train.optimizer)
-                     ? (base->build.ft.mode == MP_FT_QLORA
-                            ? "no single GPU profile in configs/gpus fits it at micro-batch 1 (memplan does not model "
-                              "sharded QLoRA, FSDP-QLoRA, yet: DDP replicates the base)"
-                            : "no single GPU profile in configs/gpus fits it at micro-batch 1 (memplan does not model "
-                              "Muon sharded: DDP replicates the model)")
-                     : "no single GPU profile in configs/gpus fits it at micro-batch 1: shard the model and "
-                       "optimizer state across GPUs (FSDP/ZeRO) or offload");
+    if (!gpu_found && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0]) {
+        unsigned long long mb = (unsigned long long)j.build.batch;
+        char *alt = s->alternatives[s->n_alternatives++];
+        size_t n = sizeof s->alternatives[0];
+        if (mp_trainer_ref_fwds(base->build.trainer) && !strategy_modelled(base, MP_PAR_FSDP))
+            snprintf(alt, n, "no single GPU profile in configs/gpus fits it at micro-batch %llu (a %s step across "
+                     "GPUs is not modelled yet)", mb, mp_trainer_str(base->build.trainer));
+        else if (no_world) /* (world_fits tries what strategy_modelled allows) */
+            snprintf(alt, n, "no single GPU profile in configs/gpus fits it at micro-batch %llu, nor does %s on up to "
+                     "1024 GPUs (128 nodes of 8) with every block checkpointed%s", mb,
+                     strategy_modelled(base, MP_PAR_ZERO3) ? "FSDP2 or ZeRO-3" : "FSDP2",
+                     base->train.ref == MP_REF_COPY ? " (TRL's reference copy, one FSDP2 unit, is gathered whole)"
+                                                    : "");
+        else if (!mp_par_finetune_modelled(MP_PAR_FSDP, base->build.ft.mode, base->train.optimizer))
+            snprintf(alt, n, "no single GPU profile in configs/gpus fits it at micro-batch %llu (memplan does not "
+                     "model Muon sharded: DDP replicates the model)", mb);
+        else
+            snprintf(alt, n, "no single GPU profile in configs/gpus fits it at micro-batch %llu: shard the model and "
+                     "optimizer state across GPUs (FSDP/ZeRO) or offload", mb);
+    }
     if (any_fit)
         snprintf(s->note, sizeof s->note, "the estimate said it fits but the probes ran out of memory at every "
                                           "batch they tried; rerun with a larger --margin");
@@ -1725,7 +1727,7 @@ static enum mp_status suggest_run(const struct mp_job *base, const struct mp_sug
     /* a fine-tune whose sharding is not modelled (QLoRA: DDP only, which does not shrink what a
      * rank holds) is never proposed a world (cli refuses it) */
     if (s->best < 0 && !base->train.par && !o->par_search && !o_in->no_alternatives &&
-        strategy_modelled(base, MP_PAR_FSDP)) /* (a reference under sharding: refused; DDP replicates) */
+        strategy_modelled(base, MP_PAR_FSDP)) /* (GRPO's generation sharded: refused; DDP replicates) */
         no_world = !world_alternative(base, o, sp.precs[0], argv0, world_alt, sizeof world_alt, d);
     bool any_fit = s->best >= 0;
     if (s->best >= 0 && o->probe && (st = probe_best(base, o, s, &bf16_only, d)) != MP_OK) {
