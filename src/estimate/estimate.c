@@ -575,7 +575,7 @@ static enum mp_status ref_forward(const struct mp_program *policy, const struct 
     e->ref_forward_tmp_bytes = m.peak - m.base;
     uint64_t shard, whole;
     if (fsdp_copy && t->par->strategy == MP_PAR_FSDP &&
-        (!mp_par_fsdp_ref_bytes(t->par, policy, &shard, &whole) ||
+        (!mp_par_fsdp_ref_bytes(t->par, policy, &shard, &whole) || !round512(whole, &whole) ||
          !mp_add_u64(e->ref_forward_tmp_bytes, whole, &e->ref_forward_tmp_bytes) || /* the parameters */
          !mp_add_u64(e->ref_forward_tmp_bytes, whole, &e->ref_forward_tmp_bytes)))  /* the flat output */
         return peak_overflow(policy, t, d);
