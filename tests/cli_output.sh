@@ -94,8 +94,6 @@ timeline "estimate --trainer dpo --timeline: a frozen reference copy resident, t
     estimate models/hf/qwen2-0.5b.json --trainer dpo --batch 2 --seq 512 --checkpoint layers
 timeline "estimate --trainer dpo --parallel fsdp --timeline: the reference copy gathered whole (the peak)" -- \
     estimate models/hf/qwen2-0.5b.json --trainer dpo --batch 2 --seq 512 --precision bf16 --gpus 2 --parallel fsdp
-timeline "estimate --trainer dpo --finetune lora --parallel fsdp --timeline: the adapter-off reference" -- \
-    estimate models/hf/qwen2-0.5b.json --trainer dpo --finetune lora --batch 2 --seq 512 --gpus 2 --parallel fsdp
 timeline "check --trainer kto --finetune lora --timeline: the KL forward, two reference forwards" -- \
     check models/hf/qwen2-0.5b.json --trainer kto --finetune lora --batch 2 --seq 512 --gpu l4
 timeline "estimate --trainer kto-apo --timeline: one reference forward, no KL forward" -- \

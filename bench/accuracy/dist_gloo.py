@@ -285,10 +285,10 @@ def live_bytes(raw):
     return out, unseen, residual
 
 
-def alive_at(raw, t_peak, start2, top=14):
+def alive_at(raw, t_peak, start2, top=14, classify=None):
     """What is alive at the step-2 peak (the allocation records up to t_peak, by address, gloo
-    scratch left out): the bytes allocated before step 2 and, by the op that allocated them,
-    those allocated in step 2 (the largest groups)."""
+    scratch left out): the bytes allocated before step 2 and, by the op that allocated them (or
+    by classify(ctx) where it names a kind), those allocated in step 2 (the largest groups)."""
     alive = {}
     for t, size, total, ctx, ptr, tid in raw:
         if t > t_peak:
@@ -304,7 +304,7 @@ def alive_at(raw, t_peak, start2, top=14):
         if t < start2:
             before += size
             continue
-        key = " > ".join(ctx.split(" > ")[-3:])[-150:]
+        key = (classify and classify(ctx)) or " > ".join(ctx.split(" > ")[-3:])[-150:]
         g = groups.setdefault(key, [0, 0])
         g[0] += size
         g[1] += 1

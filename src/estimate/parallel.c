@@ -109,6 +109,12 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
 
 const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2, zero3 (but qlora), fsdp, fsdp-no-reshard"; }
 
+bool mp_par_fused_head_unmodelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_loss l)
+{
+    return mp_par_is_fsdp(s) && (m == MP_FT_LORA || m == MP_FT_QLORA) &&
+           (l == MP_LOSS_CHUNKED_NLL || l == MP_LOSS_LIGER);
+}
+
 const char *mp_par_quant_unmodelled(enum mp_par_strategy s, const struct mp_quant *q)
 {
     if (!q || q->kind == MP_Q_NONE || !mp_par_sharded_params(s))

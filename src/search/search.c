@@ -1110,6 +1110,7 @@ static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
                                                                        : NULL;
     return mp_par_finetune_modelled(s, base->build.ft.mode, base->train.optimizer) &&
            !mp_par_quant_unmodelled(s, qz) &&
+           !mp_par_fused_head_unmodelled(s, base->build.ft.mode, base->build.loss) &&
            (!mp_trainer_ref_fwds(base->build.trainer) || s == MP_PAR_NONE || s == MP_PAR_DDP ||
             (mp_par_is_fsdp(s) && base->build.trainer != MP_TRAINER_GRPO));
 }
