@@ -468,9 +468,9 @@ static void test_parallel_fsdp_qlora(void **state)
             if (f.p.params[q].dtype == MP_DT_U8 && f.p.params[q].rows == 64 && f.p.params[q].cols == 64)
                 qp = (int)q;
         assert_true(qp >= 0 && emb >= 0);
-        assert_int_equal(mp_par_quant_state_bytes(&f.p.params[qp]), 3072);
         struct mp_par_plan pp;
         plan(&f, MP_PAR_FSDP, 2, false, MP_OFFLOAD_NONE, &pp);
+        assert_int_equal(mp_par_quant_state_bytes(&pp, &f.p.params[qp]), 3072);
         if (!storage) {
             assert_int_equal(pp.quant_storage, MP_DT_BF16);
             assert_int_equal(pp.shard_elems[qp], 512);

@@ -553,31 +553,30 @@ static enum mp_status ref_event(void *ctx, const struct mp_program *p, const str
     return MP_OK;
 }
 
-/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes.  Under FSDP2
- * the adapter-disabled policy runs through the policy's units (the replay's); a reference copy is
- * one unit of its own: its activations as on one GPU, beside its whole gathered parameters and
- * the flat all-gather output they are copied out of, both held from its pre-forward to its
- * post-forward (torch 2.15 _fsdp_state.py _post_forward releases the all-gather state) unless
- * already gathered (reshard_after_forward=False: resident, mp_ref_weights_bytes). */
+/* The reference forward's own peak (above its start) into e->ref_forward_tmp_bytes: a copy's
+ * activations as on one GPU (mp_replay_nograd_forward) and, under FSDP2, mp_ref_gather_bytes. */
+bool mp_ref_gather_bytes(const struct mp_program *p, const struct mp_train_opts *t, uint64_t *bytes)
+{
+    uint64_t shard, whole;
+    *bytes = 0;
+    if (t->ref != MP_REF_COPY || !t->par || t->par->strategy != MP_PAR_FSDP)
+        return true;
+    /* the parameters and the flat output, each one 512-rounded block */
+    return mp_par_fsdp_ref_bytes(t->par, p, &shard, &whole) && round512(whole, &whole) &&
+           mp_add_u64(whole, whole, bytes);
+}
+
 static enum mp_status ref_forward(const struct mp_program *policy, const struct mp_train_opts *t,
                                   struct mp_estimate *e, struct mp_diag *d)
 {
     struct ref_meter m = {.peak_node = -1, .peak_name = "reference.forward:?"};
-    bool fsdp_copy = t->ref == MP_REF_COPY && t->par && mp_par_is_fsdp(t->par->strategy);
-    struct mp_train_opts rt = *t;
-    if (fsdp_copy)
-        rt.par = NULL;
-    enum mp_status st = mp_replay_nograd_forward(policy, &rt, true, ref_event, &m, d);
+    enum mp_status st = mp_replay_nograd_forward(policy, t, true, ref_event, &m, d);
     if (st == MP_ERR_RANGE && m.overflow)
         return peak_overflow(policy, t, d);
     if (st != MP_OK)
         return st;
-    e->ref_forward_tmp_bytes = m.peak - m.base;
-    uint64_t shard, whole;
-    if (fsdp_copy && t->par->strategy == MP_PAR_FSDP &&
-        (!mp_par_fsdp_ref_bytes(t->par, policy, &shard, &whole) || !round512(whole, &whole) ||
-         !mp_add_u64(e->ref_forward_tmp_bytes, whole, &e->ref_forward_tmp_bytes) || /* the parameters */
-         !mp_add_u64(e->ref_forward_tmp_bytes, whole, &e->ref_forward_tmp_bytes)))  /* the flat output */
+    uint64_t gather;
+    if (!mp_ref_gather_bytes(policy, t, &gather) || !mp_add_u64(m.peak - m.base, gather, &e->ref_forward_tmp_bytes))
         return peak_overflow(policy, t, d);
     snprintf(e->ref_forward_event, sizeof e->ref_forward_event, "%s", m.peak_name);
     return MP_OK;

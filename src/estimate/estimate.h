@@ -242,6 +242,12 @@ uint64_t mp_grpo_every(const struct mp_train_opts *t, uint64_t accum);
 uint64_t mp_vllm_bytes(double f, uint64_t total);
 /* The reference's resident weights: a frozen copy of every parameter under MP_REF_COPY, else 0;
  * false past 64 bits. */
+/* What a reference copy under FSDP2 gathers for its forward (TRL's prepare_fsdp: one unit, resharded
+ * after forward): its whole parameters beside the flat all-gather output they are copied out of,
+ * both held from its pre-forward to its post-forward (torch 2.15 _fsdp_state.py _post_forward
+ * releases the all-gather state); 0 for any other reference or strategy (fsdp-no-reshard: it
+ * stays gathered, counted by mp_ref_weights_bytes).  false on overflow. */
+bool mp_ref_gather_bytes(const struct mp_program *p, const struct mp_train_opts *t, uint64_t *bytes);
 bool mp_ref_weights_bytes(const struct mp_program *p, const struct mp_train_opts *t, uint64_t *bytes);
 
 

@@ -161,11 +161,12 @@ uint64_t mp_par_gather_elem_bytes(const struct mp_par_plan *pp, const struct mp_
     return pp->par.mixed_bf16 ? pp->compute_elem_bytes : mp_par_fsdp_shard_elem_bytes(pp, q);
 }
 
-uint64_t mp_par_quant_state_bytes(const struct mp_param *q)
+uint64_t mp_par_quant_state_bytes(const struct mp_par_plan *pp, const struct mp_param *q)
 {
-    if (!quantized(q))
+    struct mp_quant_part parts[MP_QUANT_PARTS_MAX];
+    if (!quantized(q) || !pp->quant || !mp_quant_parts(pp->quant, q->rows, q->cols, parts))
         return 0;
-    uint64_t packed = mp_ceil_div(mp_ceil_div(q->elems, 2), 512) * 512; /* its first part, rounded */
+    uint64_t packed = mp_ceil_div(parts[0].bytes, 512) * 512; /* the packed weight (sharded or left out) */
     return q->bytes > packed ? q->bytes - packed : 0;
 }
 
@@ -188,7 +189,7 @@ uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_p
     const struct mp_param *pa = &p->params[q];
     if (!mp_par_is_fsdp(pp->par.strategy) || mp_par_fsdp_ignored(pp, pa))
         return pa->bytes;
-    return pp->shard_elems[q] * mp_par_fsdp_shard_elem_bytes(pp, pa) + mp_par_quant_state_bytes(pa);
+    return pp->shard_elems[q] * mp_par_fsdp_shard_elem_bytes(pp, pa) + mp_par_quant_state_bytes(pp, pa);
 }
 
 enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d)
@@ -341,9 +342,13 @@ enum unit { U_ROOT, U_BLOCK, U_EMBED, U_TAIL };
 
 static bool is_norm(const struct mp_node *n) { return n->prim == MP_P_LAYERNORM || n->prim == MP_P_RMSNORM; }
 
-static void fsdp_units(const struct mp_program *p, unsigned char *unit, int *embed_blk, int *tail_blk)
+/* Sets unit[q] for each parameter; *embed_blk: the embedding unit's block (-1: none, or tied: in
+ * the tail); *tail_first / *tail_blk: the block where the tail is first used (the tied table's)
+ * and the head's block (-1: no tail). */
+static void fsdp_units(const struct mp_program *p, unsigned char *unit, int *embed_blk, int *tail_first,
+                       int *tail_blk)
 {
-    *embed_blk = *tail_blk = -1;
+    *embed_blk = *tail_first = *tail_blk = -1;
     for (size_t q = 0; q < p->n_params; q++) {
         int b = p->params[q].block;
         unit[q] = b >= 0 && (size_t)b < p->n_blocks && p->model && (size_t)b < p->model->n_blocks &&
@@ -401,9 +406,9 @@ static void fsdp_units(const struct mp_program *p, unsigned char *unit, int *emb
         }
     if (!any)
         return;
-    *tail_blk = tb;
+    *tail_blk = *tail_first = tb;
     if (unit[emb] == U_TAIL)
-        *embed_blk = -1;
+        *tail_first = e->block, *embed_blk = -1;
 }
 
 /* FSDP2: the units above, in forward order, the root last.  ZeRO-3: one group per block.  A
@@ -421,31 +426,27 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
         free(unit);
         return MP_ERR_NOMEM;
     }
-    int embed_blk = -1, tail_blk = -1;
+    int embed_blk = -1, tail_first = -1, tail_blk = -1;
     if (fsdp)
-        fsdp_units(p, unit, &embed_blk, &tail_blk);
+        fsdp_units(p, unit, &embed_blk, &tail_first, &tail_blk);
     bool reshard = pp->par.strategy == MP_PAR_FSDP;
     int g_embed = -1, g_tail = -1;
     size_t g = 0;
     for (size_t i = 0; i < p->n_blocks; i++) {
-        pp->group_of_block[i] = -1;
         bool own = !fsdp || (p->model && i < p->model->n_blocks && p->model->blocks[i].repeat_group > 0);
-        /* the tail's first use: the tied table at the embedding, else the head */
-        bool tail_here = fsdp && g_tail < 0 && tail_blk >= 0 &&
-                         ((int)i == tail_blk || (embed_blk < 0 && p->input_embed >= 0 &&
-                                                 (size_t)p->params[p->input_embed].block == i &&
-                                                 unit[p->input_embed] == U_TAIL));
-        if (own || (fsdp && (int)i == embed_blk) || tail_here) {
+        bool embed = (int)i == embed_blk, tail = (int)i == tail_first;
+        pp->group_of_block[i] = -1;
+        if (own || embed || tail) { /* a new unit, in forward order */
             pp->group_weight[g] = own ? weight_of(w, p, (int)i) : 1;
-            pp->groups[g].reshard = own || (int)i == embed_blk ? reshard : false;
+            pp->groups[g].reshard = !tail && reshard; /* (the tail: reshard_after_forward=False) */
             pp->groups[g].first_block = i;
-            if (!own && (int)i == embed_blk)
+            if (embed)
                 g_embed = (int)g;
-            else if (!own)
+            else if (tail)
                 g_tail = (int)g;
             pp->group_of_block[i] = (int)g++;
         }
-        if (fsdp && (int)i == tail_blk && g_tail >= 0)
+        if ((int)i == tail_blk)
             pp->group_of_block[i] = g_tail;
     }
     size_t root = g;
@@ -507,7 +508,7 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
         gr->unsharded_elems += pp->shard_elems[q] * N;
         uint64_t gb = mp_par_gather_elem_bytes(pp, pa);
         bool cast = fsdp && gb != mp_par_fsdp_shard_elem_bytes(pp, pa); /* a policy's cast copy */
-        if (!wadd(&gr->shard_bytes, pp->shard_elems[q], gb) || !wadd(&gr->unsharded_bytes, pp->shard_elems[q] * N, gb) ||
+        if (!wadd(&gr->unsharded_bytes, pp->shard_elems[q] * N, gb) ||
             (cast && !wadd(&gr->copyin_bytes, pp->shard_elems[q], gb)))
             return MP_ERR_RANGE;
         if (pa->trainable) {

@@ -132,9 +132,8 @@ struct mp_par_group {
     uint64_t grad_shard_elems; /* FSDP2: shard_elems of the trainable parameters (a frozen base has
                                 * no gradient: reduce-scatter output, sharded gradients) */
     uint64_t grad_unsharded_elems; /* FSDP2: their reduce-scatter input (0: no reduce-scatter) */
-    uint64_t shard_bytes;      /* the shards as all-gathered (each parameter's dtype on the wire:
-                                * mp_par_gather_elem_bytes): the copy-in of a mixed-precision cast */
-    uint64_t unsharded_bytes;  /* shard_bytes x world: all-gather output, the unsharded parameters */
+    uint64_t unsharded_bytes;  /* the shards x world as all-gathered (each parameter's dtype on the
+                                * wire: mp_par_gather_elem_bytes): output, unsharded parameters */
     uint64_t copyin_bytes;     /* FSDP2: the shards a mixed-precision policy casts (their copies) */
     bool root;                 /* FSDP2: the root module's group */
     bool reshard;              /* FSDP2: resharded after its forward (reshard_after_forward) */
@@ -216,7 +215,7 @@ uint64_t mp_par_fsdp_shard_elem_bytes(const struct mp_par_plan *pp, const struct
 bool mp_par_fsdp_ignored(const struct mp_par_plan *pp, const struct mp_param *q);
 /* A quantized weight's parts besides the packed one (absmax, codes; bitsandbytes' quant_state
  * is a module attribute, not a parameter: replicated on every rank), 512-rounded; 0 otherwise. */
-uint64_t mp_par_quant_state_bytes(const struct mp_param *q);
+uint64_t mp_par_quant_state_bytes(const struct mp_par_plan *pp, const struct mp_param *q);
 /* Bytes of parameter q on this rank at setup under FSDP2 (its shard, or whole when left out,
  * plus a quantized weight's quant state); the whole parameter's bytes otherwise. */
 uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q);

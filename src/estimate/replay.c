@@ -615,11 +615,6 @@ static enum mp_status rp_alloc(struct rp *r, const struct mp_par_plan *given, st
         r->borrow_list = calloc(ng, sizeof *r->borrow_list);
         if (!r->uns || !r->ag_pending || !r->rs_out || !r->borrow_list)
             return mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
-        /* a no-grad pass after the policy's forward (DPO's adapter-disabled reference): the units
-         * that forward did not reshard are still gathered (counted in the policy's state) */
-        if (t->ref_pass && mp_par_is_fsdp(r->pp->par.strategy) && !t->ref_before_policy)
-            for (size_t g = 0; g < r->pp->n_groups; g++)
-                r->uns[g] = !r->pp->groups[g].reshard;
     }
     if (!r->live || !r->grad_of || !r->grefs || !r->is_input || !r->pglive || !r->uses || !r->saved || !r->holds ||
         !r->ckpt || !r->recomp || !r->cached)
@@ -871,6 +866,9 @@ enum mp_status mp_replay_nograd_forward(const struct mp_program *policy, const s
     } else {
         struct mp_train_opts rt = *t;
         rt.ref_pass = true;
+        if (reference && t->ref == MP_REF_COPY)
+            rt.par = NULL; /* (a copy is no part of the policy's plan: under FSDP2 its own unit,
+                            * mp_ref_gather_bytes; DDP wraps it in nothing) */
         rt.accumulate = t->gen_grads; /* (GRPO's phases before the step mid-accumulation: the gradients
                                        * resident; DPO's and KTO's reference: its own bytes only) */
         struct nograd_ctx n = {p, fn, ctx};

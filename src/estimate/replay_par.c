@@ -168,21 +168,21 @@ void par_post_fwd(struct rp *r, size_t i)
 static void fsdp_pre_bwd(struct rp *r, size_t g, size_t i)
 {
     fsdp_unshard(r, g, false);
-        /* backward prefetch: the group of the previous block is all-gathered now */
-        for (size_t j = i; j-- > 0;) {
-            size_t h = (size_t)r->pp->group_of_block[j];
-            if (h == g)
-                continue;
-            if (!r->pp->groups[h].root && !r->uns[h] && !r->ag_pending[h]) {
-                if (r->pp->par.mixed_bf16)
-                    comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
-                comm(r, true, h, MP_COMM_AG_OUT, g_unsharded(r, h));
-                if (r->pp->par.mixed_bf16)
-                    comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
-                r->ag_pending[h] = true;
-            }
-            break;
+    /* backward prefetch: the group of the previous block is all-gathered now */
+    for (size_t j = i; j-- > 0;) {
+        size_t h = (size_t)r->pp->group_of_block[j];
+        if (h == g)
+            continue;
+        if (!r->pp->groups[h].root && !r->uns[h] && !r->ag_pending[h]) {
+            if (r->pp->par.mixed_bf16)
+                comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
+            comm(r, true, h, MP_COMM_AG_OUT, g_unsharded(r, h));
+            if (r->pp->par.mixed_bf16)
+                comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
+            r->ag_pending[h] = true;
         }
+        break;
+    }
 }
 
 void par_pre_bwd_node(struct rp *r, size_t k)

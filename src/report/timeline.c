@@ -313,22 +313,18 @@ static enum mp_status splice(struct tl *s, int what)
             s->sp_net = mp_round512(up);
         }
     } else {
-        /* a reference copy under FSDP2: one unit of its own, gathered whole beside its flat
-         * all-gather output for the forward (estimate.c ref_forward) */
-        uint64_t shard = 0, whole = 0;
-        bool fsdp_copy = what == SPLICE_REF && rt.ref == MP_REF_COPY && rt.par && rt.par->strategy == MP_PAR_FSDP;
-        if (fsdp_copy && !mp_par_fsdp_ref_bytes(rt.par, s->p, &shard, &whole))
+        /* a reference copy under FSDP2 gathered whole for its forward (mp_ref_gather_bytes) */
+        uint64_t gather = 0;
+        if (what == SPLICE_REF && !mp_ref_gather_bytes(s->p, &rt, &gather))
             st = mp_fail(s->d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", s->p->model->path);
-        if (what == SPLICE_REF && rt.ref == MP_REF_COPY && rt.par && mp_par_is_fsdp(rt.par->strategy))
-            rt.par = NULL;
-        struct mp_event g = {.kind = MP_EV_ALLOC, .store = MP_ST_COMM, .bytes = whole, .node = -1,
+        struct mp_event g = {.kind = MP_EV_ALLOC, .store = MP_ST_COMM, .bytes = gather, .node = -1,
                              .phase = splice_phase(s, what)};
-        for (int k = 0; st == MP_OK && fsdp_copy && k < 2; k++) /* (the parameters, the flat output) */
+        if (st == MP_OK && gather)
             st = on_event(s, &g);
         if (st == MP_OK)
             st = mp_replay_nograd_forward(s->p, &rt, what == SPLICE_REF, splice_event, s, s->d);
         g.kind = MP_EV_FREE;
-        for (int k = 0; st == MP_OK && fsdp_copy && k < 2; k++)
+        if (st == MP_OK && gather)
             st = on_event(s, &g);
     }
     if (st == MP_OK && s->sp_net) /* what it still holds (its outputs) goes with it */
