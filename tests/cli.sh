@@ -1342,6 +1342,46 @@ else
     echo "expected dequant_bytes in the ratios of the script above" >"$T/why"
     bad "dequant_bytes: one amount a pass (forward, backward, recompute, KTO's no-grad forwards)"
 fi
+# --ep (issue 28): transformers' expert parallelism, DistributedConfig(fsdp_size=W, ep_size=N). By
+# hand: an expert is gate_up (2F x h) + down (h x F) = 3 F h elements (Mixtral-8x7B: F 14336, h 4096;
+# Qwen3-30B-A3B: F 768, h 2048). A rank holds E/N experts of each layer, FSDP2-sharded on dim 0 over
+# the W/N ranks holding the same ones (padded: ceil). mixed-bf16 keeps fp32 shards, gathers bf16, so
+# weights = layers x ceil(E/N / (W/N)) x 3Fh x 4, gradients the same (fp32 reduce), AdamW twice that;
+# one layer's experts unit gathered = E/N x 3Fh x 2 bytes.
+for c in "mixtral-8x7b 32 8 14336 4096 8 2" "mixtral-8x7b 32 8 14336 4096 8 4" "mixtral-8x7b 32 8 14336 4096 8 8" \
+    "mixtral-8x7b 32 8 14336 4096 6 2" "qwen3-30b-a3b 48 128 768 2048 8 2" "qwen3-30b-a3b 48 128 768 2048 8 4" \
+    "qwen3-30b-a3b 48 128 768 2048 8 8"; do
+    set -- $c
+    run estimate "models/hf/$1.json" --precision mixed-bf16 --gpus "$6" --parallel fsdp --ep "$7" --seq 1024 --json
+    if [ -z "$HAVE_PY" ]; then
+        skipped "--ep $7 x$6 $1: per-rank expert bytes (python3 not found)"
+    elif [ "$ec" -eq 0 ] && python3 - "$T/out" "$@" <<'PY' 2>"$T/why"
+import json, sys
+j = json.load(open(sys.argv[1]))
+L, E, F, h, W, N = (int(v) for v in sys.argv[3:9])
+expert = 3 * F * h
+local, efsdp = E // N, W // N
+per_rank = L * -(-local // efsdp) * expert
+x = j["memory"]["experts"]
+want = {"ep": N, "efsdp": efsdp, "weights_bytes": per_rank * 4, "grads_bytes": per_rank * 4,
+        "optimizer_bytes": per_rank * 8, "gathered_unit_bytes": local * expert * 2}
+assert x == want, (x, want)
+assert j["config"]["parallel"]["ep"] == N and j["config"]["moe"]["experts_per_rank"] == local
+# tokens x top-k rows reach a rank's experts under uniform routing
+assert j["config"]["moe"]["received_rows_per_rank"] == 1024 * j["config"]["moe"]["top_k"]
+PY
+    then
+        ok "--ep $7 x$6 $1: per-rank expert bytes equal the arithmetic"
+    else
+        bad "--ep $7 x$6 $1: per-rank expert bytes equal the arithmetic"
+    fi
+done
+expect_line 2 "--ep without FSDP2: refused" estimate models/hf/mixtral-8x7b.json --gpus 8 --parallel zero3 --ep 2
+expect_line 2 "--ep not dividing the world: refused" estimate models/hf/mixtral-8x7b.json --gpus 6 --parallel fsdp --ep 4
+expect_line 2 "--ep not dividing the experts: refused" estimate models/hf/mixtral-8x7b.json --gpus 16 --parallel fsdp --ep 16
+expect_line 2 "--ep with LoRA: refused (not modelled)" estimate models/hf/mixtral-8x7b.json --finetune lora --gpus 8 \
+    --parallel fsdp --ep 2
+expect_line 2 "--ep on a dense model: refused" estimate models/hf/llama-3-8b.json --gpus 8 --parallel fsdp --ep 2
 # --parallel fsdp given searches FSDP2's mixed-bf16 too (issue 25: Mistral-7B on 8 H100s got
 # micro-batch 3 at 7.6 % headroom in amp-bf16 where --gpus 8 alone found 4 at 19.9 %): the same
 # recommendation either way

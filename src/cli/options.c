@@ -218,6 +218,9 @@ static const struct opt OPTS[] = {
     {0, "nodes", "M", C_ALL, INT(1, 65536), FIELD(par.nodes), .help = "nodes (world = N x M ranks; default 1)"},
     {0, "parallel", "S", C_ALL, K_ENUM, FIELD(par.strategy), SEEN(par_set), .parse = mp_par_strategy_parse,
      .min = MP_PAR_NONE + 1, .names = mp_par_strategy_names, .help = " (suggest: searched)"},
+    {0, "ep", "N", C_EST | C_PLAN | C_CHECK | C_SUGG, INT(1, 65536), FIELD(par.ep),
+     .help = "MoE expert parallelism over N ranks (transformers' DistributedConfig ep_size; needs --parallel fsdp|"
+             "fsdp-no-reshard, N dividing the world and the experts; default 1)"},
     {0, "offload", "W", C_ALL, K_ENUM, FIELD(par.offload), .parse = mp_offload_parse, .names = mp_offload_names,
      .help = ": move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
     {0, "ddp-bucket-view", NULL, C_ALL, K_FLAG, FIELD(par.ddp_grad_as_bucket_view),
@@ -706,6 +709,17 @@ static int check_rules(const struct command *c, struct args *a)
                  tn, a->max_batch && a->max_batch < least ? "max-batch" : "global-batch",
                  (unsigned long long)(a->max_batch && a->max_batch < least ? a->max_batch : a->global_batch),
                  (unsigned long long)least);
+        return cli_usage_error(c->name, "%s", why);
+    }
+    if (a->par.ep > 1 && !mp_par_is_fsdp(a->par.strategy)) {
+        snprintf(why, sizeof why, "--ep %llu needs --parallel fsdp or fsdp-no-reshard (transformers' expert "
+                 "parallelism shards the rest with FSDP2)", (unsigned long long)a->par.ep);
+        return cli_usage_error(c->name, "%s", why);
+    }
+    if (a->par.ep > 1 && (a->ft.mode != MP_FT_FULL || a->trainer != MP_TRAINER_SFT)) {
+        snprintf(why, sizeof why, "--ep with %s%s: not modelled yet (a full fine-tune with --trainer sft is)",
+                 a->ft.mode != MP_FT_FULL ? "--finetune " : "--trainer ",
+                 a->ft.mode != MP_FT_FULL ? mp_ft_mode_str(a->ft.mode) : mp_trainer_str((enum mp_trainer)a->trainer));
         return cli_usage_error(c->name, "%s", why);
     }
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)

@@ -186,6 +186,15 @@ static int check_model_options(const struct args *a, const struct setup *s)
     int rc = check_train_blocks(a, &s->model);
     if (rc)
         return rc;
+    bool moe = false;
+    for (size_t i = 0; i < s->model.n_blocks && !moe; i++)
+        for (size_t j = 0; j < s->model.blocks[i].n_layers && !moe; j++)
+            moe = s->model.blocks[i].layers[j].moe.experts > 0;
+    if (a->par.ep > 1 && !moe) {
+        fprintf(stderr, "memplan: error: --ep %llu: %s has no mixture-of-experts layer\n", (unsigned long long)a->par.ep,
+                a->model);
+        return MP_EXIT_USAGE;
+    }
     if (a->use_cache >= 0 && !s->model.kv_cache && !a->use_cache_recipe) {
         fprintf(stderr, "memplan: error: --use-cache: %s has no key/value cache (HF decoder configs only)\n",
                 a->model);
@@ -525,6 +534,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     s->build.packing = a->packing;
     s->build.padding_free = a->padding_free;
     s->build.trainer = (enum mp_trainer)a->trainer;
+    s->build.ep = a->par.ep > 1 ? a->par.ep : 0;
+    s->build.moe_capacity = a->moe_capacity;
     int own = mp_model_attention_impl(&s->model);
     if (!a->attention_set && own >= 0) /* every layer names its own: the report says that one */
         s->build.attention = (enum mp_attn_impl)own;

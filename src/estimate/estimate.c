@@ -409,6 +409,13 @@ void par_static(const struct mp_par_plan *pp, const struct mp_train_opts *t, str
     e->pcie_bytes = pp->pcie_bytes;
     e->host_step_elems = pp->host_step_elems;
     e->n_groups = (size_t)pp->groups_total;
+    if (pp->efsdp) {
+        e->ep = pp->par.ep, e->efsdp = pp->efsdp;
+        e->expert_weights_bytes = pp->expert_weights_bytes;
+        e->expert_grads_bytes = pp->expert_grads_bytes;
+        e->expert_optimizer_bytes = pp->expert_optimizer_bytes;
+        e->expert_gather_bytes = pp->expert_gather_bytes;
+    }
     if (mp_par_is_deepspeed(pp->par.strategy) || pp->par.offload != MP_OFFLOAD_NONE)
         e->optimizer_tmp_bytes = 0; /* fused Adam / the host steps */
     else if (mp_par_is_fsdp(pp->par.strategy) && e->optimizer_tmp_bytes)

@@ -288,6 +288,9 @@ struct mp_estimate {
     uint64_t world;
     uint64_t buffers_bytes;          /* persistent communication buffers (DDP buckets, DeepSpeed buckets) */
     uint64_t host_bytes, nvme_bytes; /* offload: host RAM and NVMe space per rank */
+    /* --ep (parallel.h): the EP and expert-FSDP group sizes; the experts' part of weights, grads
+     * and optimizer state per rank; one experts unit's bytes all-gathered (its E / ep experts whole) */
+    uint64_t ep, efsdp, expert_weights_bytes, expert_grads_bytes, expert_optimizer_bytes, expert_gather_bytes;
     uint64_t host_pinned_bytes;      /* --checkpoint layers+offload: pinned host RAM of the
                                       * checkpointed inputs (their PCIe copies are in pcie_bytes) */
     uint64_t ckpt_offload_bytes;     /* the same unrounded: each crosses PCIe twice (in pcie_bytes) */

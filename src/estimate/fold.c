@@ -567,18 +567,27 @@ bool mp_fold_counts(const struct mp_fold *f, const struct mp_program *p, uint64_
 {
     uint64_t x;
     bool ok = true;
+    /* --ep: a stack of E / ep experts stands for E (the others' ep - 1 times its size) */
+    uint64_t others = p->opts.ep > 1 ? p->opts.ep - 1 : 0;
     *total = p->total_params, *trainable = 0, *adapter = p->adapter_params;
     for (size_t j = 0; ok && j < f->n && j < p->n_blocks; j++) {
         const struct mp_block_prog *bp = &p->blocks[j];
-        uint64_t w = f->weight[j], adapter_j = 0;
-        for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++)
+        uint64_t w = f->weight[j], adapter_j = 0, other_j = 0;
+        for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++) {
             adapter_j += p->params[q].adapter ? p->params[q].elems : 0;
-        ok = mp_mul_u64(bp->params, w - 1, &x) && mp_add_u64(*total, x, total) &&
+            ok = ok && (!p->params[q].stacked || (mp_mul_u64(p->params[q].elems, others, &x) &&
+                                                  mp_add_u64(other_j, x, &other_j)));
+        }
+        ok = ok && mp_add_u64(bp->params, other_j, &x) && mp_mul_u64(x, w - 1, &x) && mp_add_u64(*total, x, total) &&
              mp_mul_u64(adapter_j, w - 1, &x) && mp_add_u64(*adapter, x, adapter);
     }
-    for (size_t q = 0; ok && q < p->n_params; q++)
-        ok = !(p->params[q].trainable || p->params[q].idle) || (mp_mul_u64(p->params[q].elems, mp_fold_weight(f, p->params[q].block), &x) &&
-                                         mp_add_u64(*trainable, x, trainable));
+    for (size_t q = 0; ok && q < p->n_params; q++) {
+        const struct mp_param *pa = &p->params[q];
+        uint64_t n = pa->elems;
+        ok = (!pa->stacked || (mp_mul_u64(pa->elems, others, &x) && mp_add_u64(n, x, &n))) &&
+             (!(pa->trainable || pa->idle) ||
+              (mp_mul_u64(n, mp_fold_weight(f, pa->block), &x) && mp_add_u64(*trainable, x, trainable)));
+    }
     return ok;
 }
 

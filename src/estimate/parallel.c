@@ -76,6 +76,7 @@ void mp_parallel_default(struct mp_parallel *p)
     p->ddp_first_bucket_bytes = 1u << 20;
     p->ds_max_live_elems = 1000000000;
     p->ds_nvme_buffer_count = 5;
+    p->ep = 1;
 }
 
 uint64_t mp_par_world(const struct mp_parallel *p) { return p->gpus * p->nodes; }
@@ -207,6 +208,14 @@ enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d)
                                         "(CPUOffloadPolicy): use --offload params");
     if (p->offload_device == MP_OFFDEV_NVME && p->strategy != MP_PAR_ZERO3)
         return mp_fail(d, MP_ERR_USAGE, "--offload-device nvme needs --parallel zero3 (DeepSpeed ZeRO-Infinity)");
+    if (p->ep > 1 && !mp_par_is_fsdp(p->strategy))
+        return mp_fail(d, MP_ERR_USAGE, "--ep %llu (transformers' expert parallelism) shards the rest with FSDP2: "
+                                        "add --parallel fsdp|fsdp-no-reshard", (unsigned long long)p->ep);
+    if (p->ep > 1 && mp_par_world(p) % p->ep)
+        return mp_fail(d, MP_ERR_USAGE, "--ep %llu must divide the world (%llu ranks): DistributedConfig needs "
+                       "ep_size to divide fsdp_size", (unsigned long long)p->ep, (unsigned long long)mp_par_world(p));
+    if (p->ep > 1 && p->offload != MP_OFFLOAD_NONE)
+        return mp_fail(d, MP_ERR_USAGE, "--ep with --offload is not modelled yet");
     if (p->mixed_bf16 && (p->strategy == MP_PAR_NONE || p->strategy == MP_PAR_DDP))
         return mp_fail(d, MP_ERR_USAGE, "--precision mixed-bf16 (bf16 parameters + fp32 master) is an FSDP2 or "
                                         "DeepSpeed policy: add --parallel zero1|zero2|zero3|fsdp|fsdp-no-reshard");
@@ -215,7 +224,11 @@ enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d)
 
 /* ---- shard sizes ---------------------------------------------------------------------------- */
 
-static uint64_t dim0_of(const struct mp_param *q) { return q->rows > 1 ? q->rows : q->cols; }
+/* FSDP2 shards dim 0: an experts stack's (E, out, in) on E */
+static uint64_t dim0_of(const struct mp_param *q)
+{
+    return q->stacked && q->experts ? q->experts : q->rows > 1 ? q->rows : q->cols;
+}
 
 uint64_t mp_par_fsdp_shard_elems(const struct mp_param *q, uint64_t world)
 {
@@ -245,9 +258,8 @@ uint64_t mp_par_opt_state_bytes(const struct mp_par_plan *pp, const struct mp_pr
     uint64_t n = pp->shard_elems[qi];
     if (n != q->elems) { /* a shard: Adafactor factors the local rows */
         s.elems = n;
-        uint64_t d0 = dim0_of(q);
-        if (q->rows > 1 && d0)
-            s.rows = n / (q->elems / d0);
+        if (q->rows > 1 && q->cols)
+            s.rows = n / q->cols;
         else
             s.cols = n;
     }
@@ -264,6 +276,7 @@ void mp_par_plan_release(struct mp_par_plan *pp)
     free(pp->groups);
     free(pp->group_of_block);
     free(pp->group_of_param);
+    free(pp->experts_group_of_block);
     free(pp->group_weight);
     free(pp->bucket_bytes);
     memset(pp, 0, sizeof *pp);
@@ -419,10 +432,12 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
     size_t nb = p->n_blocks ? p->n_blocks : 1, np = p->n_params ? p->n_params : 1;
     pp->group_of_block = calloc(nb, sizeof *pp->group_of_block);
     pp->group_of_param = calloc(np, sizeof *pp->group_of_param);
-    pp->groups = calloc(p->n_blocks + 3, sizeof *pp->groups);
-    pp->group_weight = calloc(p->n_blocks + 3, sizeof *pp->group_weight);
+    pp->experts_group_of_block = calloc(nb, sizeof *pp->experts_group_of_block);
+    pp->groups = calloc(2 * p->n_blocks + 3, sizeof *pp->groups);
+    pp->group_weight = calloc(2 * p->n_blocks + 3, sizeof *pp->group_weight);
     unsigned char *unit = calloc(np, 1);
-    if (!pp->group_of_block || !pp->group_of_param || !pp->groups || !pp->group_weight || !unit) {
+    if (!pp->group_of_block || !pp->group_of_param || !pp->experts_group_of_block || !pp->groups ||
+        !pp->group_weight || !unit) {
         free(unit);
         return MP_ERR_NOMEM;
     }
@@ -479,6 +494,29 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
         pp->groups[root].root = true;
         pp->group_weight[root] = 1; /* the blocks outside repeats, never weighted */
     }
+    for (size_t k = 0; k < pp->n_groups; k++)
+        pp->groups[k].mesh = pp->world;
+    /* --ep: each experts module its own unit on the efsdp mesh, after the others (transformers
+     * 5.24 distributed/fsdp.py: fully_shard(experts, mesh=efsdp, reshard_after_forward=True)
+     * before the layers', which then leave its stacks out) */
+    for (size_t i = 0; i < p->n_blocks; i++)
+        pp->experts_group_of_block[i] = -1;
+    for (size_t i = 0; pp->efsdp && i < p->n_blocks; i++) {
+        const struct mp_block_prog *bp = &p->blocks[i];
+        int ge = -1;
+        for (size_t q = bp->param0; q < bp->param0 + bp->n_params; q++) {
+            if (!p->params[q].stacked || pp->group_of_param[q] < 0)
+                continue;
+            if (ge < 0) {
+                ge = (int)pp->n_groups++;
+                pp->groups[ge] = (struct mp_par_group){.reshard = true, .experts = true, .first_block = i,
+                                                        .mesh = pp->efsdp};
+                pp->group_weight[ge] = weight_of(w, p, (int)i);
+            }
+            pp->group_of_param[q] = ge;
+        }
+        pp->experts_group_of_block[i] = ge;
+    }
     for (size_t k = 0; k < pp->n_groups; k++) {
         pp->groups_total += pp->group_weight[k];
         pp->groups[k].blk_lo = p->n_blocks;
@@ -487,11 +525,32 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
     for (size_t k = 0; k < p->n_nodes; k++) /* (the pre-forward hook of a unit's first module) */
         for (int j = 0; j < 2; j++) {
             int q = p->nodes[k].param[j], gq = q >= 0 ? pp->group_of_param[q] : -1;
+            if (gq >= 0 && pp->groups[gq].experts)
+                continue;
             if (gq >= 0 && pp->groups[gq].first_node == SIZE_MAX)
                 pp->groups[gq].first_node = k;
             if (gq >= 0)
                 pp->groups[gq].last_node = k;
         }
+    /* an experts unit: gathered as its module's forward begins (the dispatch), resharded after it
+     * returns (the combine); its pre-backward on that output's gradient */
+    for (size_t i = 0; pp->efsdp && i < p->n_blocks; i++) {
+        const struct mp_block_prog *bp = &p->blocks[i];
+        int ge = -1;
+        for (size_t q = bp->param0; q < bp->param0 + bp->n_params && ge < 0; q++)
+            if (pp->group_of_param[q] >= 0 && pp->groups[pp->group_of_param[q]].experts)
+                ge = pp->group_of_param[q];
+        for (size_t k = bp->node0; ge >= 0 && k < bp->node0 + bp->n_nodes; k++)
+            if (p->nodes[k].ep_unit) {
+                if (pp->groups[ge].first_node == SIZE_MAX)
+                    pp->groups[ge].first_node = k;
+                pp->groups[ge].last_node = k;
+            }
+        /* the layer's pre-backward (on the layer's output) comes before its experts' */
+        int gl = pp->group_of_block[i];
+        if (ge >= 0 && gl >= 0 && (pp->groups[gl].last_node == SIZE_MAX || pp->groups[gl].last_node < pp->groups[ge].last_node))
+            pp->groups[gl].last_node = pp->groups[ge].last_node;
+    }
     uint64_t N = pp->world;
     for (size_t q = 0; q < p->n_params; q++) {
         const struct mp_param *pa = &p->params[q];
@@ -504,16 +563,17 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
             gr->persist_elems += pa->elems;
             continue;
         }
+        uint64_t M = gr->mesh ? gr->mesh : N;
         gr->shard_elems += pp->shard_elems[q];
-        gr->unsharded_elems += pp->shard_elems[q] * N;
+        gr->unsharded_elems += pp->shard_elems[q] * M;
         uint64_t gb = mp_par_gather_elem_bytes(pp, pa);
         bool cast = fsdp && gb != mp_par_fsdp_shard_elem_bytes(pp, pa); /* a policy's cast copy */
-        if (!wadd(&gr->unsharded_bytes, pp->shard_elems[q] * N, gb) ||
+        if (!wadd(&gr->unsharded_bytes, pp->shard_elems[q] * M, gb) ||
             (cast && !wadd(&gr->copyin_bytes, pp->shard_elems[q], gb)))
             return MP_ERR_RANGE;
         if (pa->trainable) {
             gr->grad_shard_elems += pp->shard_elems[q];
-            gr->grad_unsharded_elems += pp->shard_elems[q] * N;
+            gr->grad_unsharded_elems += pp->shard_elems[q] * M;
         }
     }
     return MP_OK;
@@ -559,7 +619,8 @@ static uint64_t shard_elems_of(const struct mp_par_plan *pp, const struct mp_par
             uint64_t rows = (pa->elems + 1) / (2 * mp_dtype_size((enum mp_dtype)pp->quant_storage));
             return mp_ceil_div(rows, N);
         }
-        return mp_par_fsdp_shard_elems(pa, N);
+        /* --ep: a rank's experts stack (E / ep of them) over the efsdp ranks */
+        return mp_par_fsdp_shard_elems(pa, pa->stacked && pp->efsdp ? pp->efsdp : N);
     case MP_PAR_ZERO3: return mp_par_zero3_shard_elems(pa->elems, N);
     case MP_PAR_ZERO1:
     case MP_PAR_ZERO2: return mp_ceil_div(pa->elems, N);
@@ -581,9 +642,14 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
     uint64_t un_b = 0, regather_b = 0; /* the groups' unsharded bytes as gathered (all; the resharded) */
     uint64_t gshard = 0, gun = 0, fsdp_w = 0; /* FSDP2: trainable shards, their RS input; shard bytes */
     uint64_t ddp = 0;                          /* DDP: the buckets' bytes, all-reduced */
+    uint64_t ew = 0, eg = 0, eo = 0;           /* --ep: the experts' weights, gradients, state */
     for (size_t q = 0; q < p->n_params; q++) {
         uint64_t wq = weight_of(w, p, p->params[q].block);
         const struct mp_param *pa = &p->params[q];
+        if (pp->efsdp && pa->stacked)
+            ok = ok && wadd(&ew, mp_par_rank_param_bytes(pp, p, q), wq) &&
+                 wadd(&eg, pa->trainable ? pp->shard_elems[q] * pp->reduce_elem_bytes : 0, wq) &&
+                 wadd(&eo, mp_par_opt_state_bytes(pp, p, o, q), wq);
         ok = ok && wadd(&opt, mp_par_opt_state_bytes(pp, p, o, q), wq) && wadd(&shard, pp->shard_elems[q], wq) &&
              wadd(&whole, pa->raw_bytes, wq) && wadd(&grads, mp_param_grad_bytes(pa), wq) &&
              wadd(&fsdp_w, mp_par_rank_param_bytes(pp, p, q), wq) &&
@@ -595,6 +661,8 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         ok = ok && wadd(&un, pp->groups[g].unsharded_elems, pp->group_weight[g]) &&
              wadd(&un_b, pp->groups[g].unsharded_bytes, pp->group_weight[g]) &&
              wadd(&gun, pp->groups[g].grad_unsharded_elems, pp->group_weight[g]);
+        if (pp->groups[g].experts)
+            pp->expert_gather_bytes = mp_max_u64(pp->expert_gather_bytes, pp->groups[g].unsharded_bytes);
         if (pp->groups[g].reshard) /* gathered again for its backward */
             ok = ok && wadd(&regather_b, pp->groups[g].unsharded_bytes, pp->group_weight[g]);
     }
@@ -603,6 +671,7 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         return MP_ERR_RANGE;
     pp->shard_total = shard;
     pp->grad_shard_total = gshard;
+    pp->expert_weights_bytes = ew, pp->expert_grads_bytes = eg, pp->expert_optimizer_bytes = eo;
     uint64_t Psi = pp->total_elems, part = pp->partition_elems;
     const struct mp_parallel *par = &pp->par;
     bool off_opt = par->offload != MP_OFFLOAD_NONE, off_par = par->offload == MP_OFFLOAD_PARAMS;
@@ -741,6 +810,12 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
         pp->hidden = 1024;
     if ((st = ds_bucket_defaults(pp, p, d)) != MP_OK)
         return st;
+    if (par->ep > 1 && mp_par_is_fsdp(s)) {
+        if (p->opts.ep != par->ep)
+            return mp_fail(d, MP_ERR_INTERNAL, "the program was built for --ep %llu, the plan asks %llu",
+                           (unsigned long long)p->opts.ep, (unsigned long long)par->ep);
+        pp->efsdp = N / par->ep;
+    }
     pp->shard_elems = calloc(p->n_params ? p->n_params : 1, sizeof *pp->shard_elems);
     if (!pp->shard_elems)
         return mp_fail(d, MP_ERR_NOMEM, "out of memory");

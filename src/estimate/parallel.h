@@ -83,6 +83,11 @@ struct mp_parallel {
     uint64_t ds_persistence_elems;        /* stage3_param_persistence_threshold */
     uint64_t ds_nvme_buffer_count;        /* offload_param.buffer_count (5) */
     uint64_t rank;                    /* probe: the rank whose shards the step holds (0) */
+    uint64_t ep;                      /* --ep: expert-parallel ranks (1: none).  transformers 5.24's
+                                       * DistributedConfig(fsdp_size=world, ep_size=ep): each EP group
+                                       * of ep ranks holds every expert once (experts / ep each), and
+                                       * the world / ep ranks holding the same experts shard them
+                                       * with FSDP2 (efsdp), one unit per experts module */
 };
 /* One GPU, no offload, the engines' default settings; DeepSpeed bucket sizes 0 = derived
  * from the model's hidden size (mp_par_plan_make: accelerate's "auto" rule). */
@@ -142,6 +147,9 @@ struct mp_par_group {
     size_t first_node;         /* FSDP2: the first node that reads one of them (its pre-forward
                                 * unshard; SIZE_MAX: none) */
     size_t last_node;          /* FSDP2: the last (its pre-backward, on that module's output) */
+    uint64_t mesh;             /* the ranks it is sharded over: the world, or world / ep for experts */
+    bool experts;              /* --ep: an experts module's unit (nested in its layer's; resharded
+                                * after its forward, whatever the layers do) */
 };
 
 /* Kinds of communication buffers (MP_ST_COMM events: id = group * MP_COMM_KINDS + kind). */
@@ -167,6 +175,7 @@ struct mp_par_plan {
     struct mp_par_group *groups;
     int *group_of_block;         /* per block: the group its forward unshards */
     int *group_of_param;         /* per parameter: its group (-1: none) */
+    int *experts_group_of_block; /* --ep: per block, its experts module's unit (-1: none) */
     uint64_t *group_weight;      /* per group: the groups it stands for (a fold's weighted block) */
     uint64_t groups_total;       /* groups of the full model: the sum of group_weight */
     int root_group;              /* FSDP2: the root module's group (-1: none) */
@@ -178,6 +187,10 @@ struct mp_par_plan {
     uint64_t compute_elem_bytes; /* the unsharded parameters' dtype size */
     uint64_t reduce_elem_bytes;  /* reduce-scatter / all-reduce dtype size */
     uint64_t hidden;             /* model width, for DeepSpeed's "auto" bucket rule */
+    uint64_t efsdp;              /* --ep: the ranks an experts stack is sharded over (world / ep); 0: none */
+    uint64_t expert_weights_bytes, expert_grads_bytes, expert_optimizer_bytes; /* --ep: the experts'
+                                  * part of weights/grads/optimizer per rank */
+    uint64_t expert_gather_bytes; /* --ep: the largest experts unit as all-gathered */
     uint64_t total_elems;        /* trainable parameter elements */
     uint64_t partition_elems;    /* ZeRO-1/2: flat partition per rank (aligned to 2 x world) */
     uint64_t shard_total;        /* the sum of shard_elems over the full model's parameters */

@@ -230,6 +230,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
         for (int j = 0; j < n->n_extra; j++)
             t_maybe_free(r, n->extra[j]);
         t_maybe_free(r, n->out);
+        par_post_node(r, k);
         if (ref && head && r->ref_embeds >= 0) { /* the backbone returned: its final norm ran */
             r->holds[r->ref_embeds]--;
             t_maybe_free(r, r->ref_embeds);
@@ -490,6 +491,7 @@ static void bwd_block(struct rp *r, size_t i)
     while (k > bp->node0 && r->st == MP_OK) {
         par_pre_bwd_node(r, k - 1);
         bwd_node(r, i, --k);
+        par_post_bwd_node(r, k);
     }
     r->node = -1;
     r->recomp[i] = false;

@@ -174,6 +174,8 @@ bool fsdp(const struct rp *r);
 void par_pre_fwd(struct rp *r, size_t i);
 void par_pre_node(struct rp *r, size_t k); /* FSDP2: a unit's first module, inside a block */
 void par_pre_bwd_node(struct rp *r, size_t k); /* FSDP2: a unit's last module's backward */
+void par_post_node(struct rp *r, size_t k); /* --ep: the experts unit resharded after its module */
+void par_post_bwd_node(struct rp *r, size_t k); /* --ep: its post-backward, after the dispatch's */
 void par_post_fwd(struct rp *r, size_t i);
 void par_pre_bwd(struct rp *r, size_t i);
 void par_post_bwd(struct rp *r, size_t i);

@@ -131,9 +131,26 @@ void par_pre_fwd(struct rp *r, size_t i)
     r->node = save;
 }
 
+/* --ep: the experts unit of node k's block whose forward starts (first) or ends at k, or -1. */
+static int experts_unit_at(const struct rp *r, size_t k, bool first)
+{
+    const struct mp_node *n = &r->p->nodes[k];
+    if (!n->ep_unit || !r->pp->experts_group_of_block || n->block < 0)
+        return -1;
+    int g = r->pp->experts_group_of_block[n->block];
+    if (g < 0 || (first ? r->pp->groups[g].first_node : r->pp->groups[g].last_node) != k)
+        return -1;
+    return g;
+}
+
 void par_pre_node(struct rp *r, size_t k)
 {
-    if (!par_on(r) || !fsdp(r) || r->phase != MP_PH_FORWARD)
+    if (!par_on(r) || !fsdp(r))
+        return;
+    int e = experts_unit_at(r, k, true);
+    if (e >= 0 && (r->phase == MP_PH_FORWARD || r->phase == MP_PH_RECOMPUTE))
+        fsdp_unshard(r, (size_t)e, r->phase == MP_PH_FORWARD);
+    if (r->phase != MP_PH_FORWARD)
         return;
     const struct mp_node *n = &r->p->nodes[k];
     for (int j = 0; j < 2; j++) {
@@ -141,6 +158,17 @@ void par_pre_node(struct rp *r, size_t k)
         if (g >= 0 && r->pp->groups[g].first_node == k && !r->uns[g])
             fsdp_unshard(r, (size_t)g, true);
     }
+}
+
+/* The experts module returned: its unit reshards (reshard_after_forward=True); not in a
+ * recompute (FSDP2's post-forward skips it in backward). */
+void par_post_node(struct rp *r, size_t k)
+{
+    if (!par_on(r) || !fsdp(r) || r->phase != MP_PH_FORWARD)
+        return;
+    int e = experts_unit_at(r, k, false);
+    if (e >= 0)
+        reshard(r, (size_t)e);
 }
 
 void par_post_fwd(struct rp *r, size_t i)
@@ -164,35 +192,52 @@ void par_post_fwd(struct rp *r, size_t i)
     r->node = save;
 }
 
-/* FSDP2 pre-backward of group g (its block i): unshard, then prefetch the previous block's. */
+/* FSDP2's backward prefetch of group h: its all-gather issued, the output kept until it unshards. */
+static void prefetch(struct rp *r, size_t h)
+{
+    if (r->pp->groups[h].root || r->uns[h] || r->ag_pending[h])
+        return;
+    if (r->pp->par.mixed_bf16)
+        comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
+    comm(r, true, h, MP_COMM_AG_OUT, g_unsharded(r, h));
+    if (r->pp->par.mixed_bf16)
+        comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
+    r->ag_pending[h] = true;
+}
+
+/* FSDP2 pre-backward of group g (its block i): unshard, then prefetch the unit that ended its
+ * forward just before g's (post-forward order): a layer's own experts unit (--ep: it returned
+ * inside the layer), else the previous block's. */
 static void fsdp_pre_bwd(struct rp *r, size_t g, size_t i)
 {
     fsdp_unshard(r, g, false);
-    /* backward prefetch: the group of the previous block is all-gathered now */
+    int e = r->pp->experts_group_of_block ? r->pp->experts_group_of_block[i] : -1;
+    if (e >= 0 && (size_t)e != g) {
+        prefetch(r, (size_t)e);
+        return;
+    }
     for (size_t j = i; j-- > 0;) {
         size_t h = (size_t)r->pp->group_of_block[j];
         if (h == g)
             continue;
-        if (!r->pp->groups[h].root && !r->uns[h] && !r->ag_pending[h]) {
-            if (r->pp->par.mixed_bf16)
-                comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
-            comm(r, true, h, MP_COMM_AG_OUT, g_unsharded(r, h));
-            if (r->pp->par.mixed_bf16)
-                comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
-            r->ag_pending[h] = true;
-        }
+        prefetch(r, h);
         break;
     }
 }
 
 void par_pre_bwd_node(struct rp *r, size_t k)
 {
-    if (!par_on(r) || r->bwd_defer < 0 || r->pp->groups[r->bwd_defer].last_node != k)
+    if (!par_on(r))
         return;
     int save = r->node;
     r->node = (int)k;
-    fsdp_pre_bwd(r, (size_t)r->bwd_defer, r->bwd_defer_blk);
-    r->bwd_defer = -1;
+    if (r->bwd_defer >= 0 && r->pp->groups[r->bwd_defer].last_node == k) {
+        fsdp_pre_bwd(r, (size_t)r->bwd_defer, r->bwd_defer_blk);
+        r->bwd_defer = -1;
+    }
+    int e = fsdp(r) ? experts_unit_at(r, k, false) : -1;
+    if (e >= 0) /* the experts unit's pre-backward, on its module's output gradient */
+        fsdp_pre_bwd(r, (size_t)e, (size_t)r->p->nodes[k].block);
     r->node = save;
 }
 
@@ -263,6 +308,21 @@ static void fsdp_post_bwd(struct rp *r, size_t g, size_t blk)
         r->rs_out[g] = true;
     }
     r->rs_pending = (int)g;
+}
+
+/* --ep: the experts unit's post-backward, once its module's inputs have their gradients (the
+ * dispatch's backward): reshard, reduce-scatter over the efsdp ranks. */
+void par_post_bwd_node(struct rp *r, size_t k)
+{
+    if (!par_on(r) || !fsdp(r))
+        return;
+    int e = experts_unit_at(r, k, true);
+    if (e < 0)
+        return;
+    int save = r->node;
+    r->node = (int)k;
+    fsdp_post_bwd(r, (size_t)e, (size_t)r->p->nodes[k].block);
+    r->node = save;
 }
 
 void par_post_bwd(struct rp *r, size_t i)

@@ -122,6 +122,7 @@ struct span {
     size_t i, t0, t1, n0, n1, q0, q1;
     struct val in, out;         /* what it was lowered from and to */
     uint64_t total, adapter;    /* p->total_params, p->adapter_params it added */
+    uint64_t ep_other;          /* p->ep_other_params it added */
     bool ok;                    /* lowered (or copied) without failure */
 };
 
@@ -143,7 +144,7 @@ static void take_state(const struct bld *B, struct state *s)
     s->p.n_tensors = s->p.n_nodes = s->p.n_params = 0;
     s->p.tensors = NULL, s->p.nodes = NULL, s->p.params = NULL, s->p.names = NULL;
     s->p.cap_tensors = s->p.cap_nodes = s->p.cap_params = 0;
-    s->p.total_params = s->p.adapter_params = 0;
+    s->p.total_params = s->p.adapter_params = s->p.ep_other_params = 0;
     s->p.copied_blocks = 0;
 }
 
@@ -395,6 +396,7 @@ static bool copy_block(struct bld *B, const struct span *a, size_t i, struct val
     }
     p->total_params = add(B, p->total_params, a->total);
     p->adapter_params = add(B, p->adapter_params, a->adapter);
+    p->ep_other_params = add(B, p->ep_other_params, a->ep_other);
     return true;
 }
 
@@ -483,6 +485,7 @@ static enum mp_status finish_program(struct bld *B, const struct mp_build_opts *
     for (size_t q = 0; q < p->n_params; q++)
         if (p->params[q].trainable || p->params[q].idle)
             p->trainable_params += p->params[q].elems;
+    p->trainable_params += p->ep_other_params; /* (--ep trains every expert: a full fine-tune) */
     if (p->trainable_params == 0 && o->ft.mode != MP_FT_FULL && !o->adapter_off) {
         enum mp_status st = mp_fail(d, MP_ERR_USAGE, "%s: --finetune %s trains no parameter%s", m->path,
                                     mp_ft_mode_str(o->ft.mode),
@@ -648,7 +651,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         bp->node0 = p->n_nodes;
         bp->param0 = p->n_params;
         struct span cur = {.i = i, .t0 = p->n_tensors, .n0 = p->n_nodes, .q0 = p->n_params, .in = x};
-        uint64_t total0 = p->total_params, adapter0 = p->adapter_params;
+        uint64_t total0 = p->total_params, adapter0 = p->adapter_params, other0 = p->ep_other_params;
         if (copies)
             take_state(&B, &st_cur);
         if (!again)
@@ -697,6 +700,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
             cur.out = x;
             cur.total = p->total_params - total0;
             cur.adapter = p->adapter_params - adapter0;
+            cur.ep_other = p->ep_other_params - other0;
             cur.ok = true;
             unsigned ver = copied ? (unsigned)per : 0;
             if (!copied) { /* lowered: is it the block it repeats, shifted, and did it leave the state as it was? */

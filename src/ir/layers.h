@@ -104,6 +104,11 @@ struct mp_build_opts {
                                     completion; trl grpo_trainer.py:1495-1496); 0: label_fraction */
     bool gen_cache;              /* generation's prefill (GRPO): transformers' DynamicCache on, whatever
                                     use_cache and checkpointing say (generate turns both so) */
+    uint64_t ep;                 /* --ep: expert-parallel ranks (0 or 1: none): each MoE layer holds
+                                    experts / ep of its experts and runs them on the rows the
+                                    all-to-all brings (transformers 5.24 AllToAllEP) */
+    double moe_capacity;         /* --moe-capacity (>= 1): under --ep, the busiest rank receives the
+                                    uniform rows with one expert's share scaled by it */
     bool adapter_off;            /* peft's disable_adapter (DPO's reference is the policy so): every
                                     adapted Linear runs its base layer alone, no LoRA branch (peft
                                     0.21.2 tuners/lora/layer.py:1079, bnb.py Linear4bit: no clone) */
@@ -235,6 +240,9 @@ enum mp_xrole {
                              log-sum-exp, the label mask): counted only */
     MP_XR_LOSS_GRAD,      /* fused loss (Liger): a gradient made in the forward and handed to
                              backward (the input's, the weight's) */
+    MP_XR_EP_MASK,        /* expert parallelism: the experts' (R, 1) bool sentinel mask (masked_fill) */
+    MP_XR_EP_LOCAL,       /* expert parallelism: the received rows' local expert ids (R int64) or unit
+                           * weights (R), held by AllToAllEP's frame until the experts module returns */
     MP_XR_COUNT
 };
 
@@ -365,6 +373,9 @@ struct mp_node {
     bool col_sum_weight;          /* param[0]'s gradient is a (rows, n) product summed over the rows by
                                      the engine (a composite norm's weight * normed): torch's CUDA
                                      column sum (mp_col_sum_staging); a Linear's bias always is */
+    bool ep_unit;                 /* inside the experts module's forward under --ep (dispatch, the
+                                     experts, combine): FSDP2's experts unit gathers at its first
+                                     such node and reshards after its last */
     bool quantized;               /* linear on a quantized weight: dequantized into a temporary
                                    * (fwd_tmp_bytes, bwd_tmp_bytes) for the matmul */
     enum mp_act act;
@@ -386,6 +397,7 @@ struct mp_param {
                           * position bias): HF's Trainer gives it 32-bit bitsandbytes states */
     bool output;         /* the output layer's weight or bias (lm_head, a classifier) */
     bool stacked;        /* a 3-D stack of experts' weights (rows: experts x out) */
+    uint64_t experts;    /* stacked: the experts in it (its dim 0, the one FSDP2 shards) */
     bool idle;           /* requires grad but no op uses it (a multimodal model's vision tower in a
                           * text-only step): its .grad stays None, so no gradient and no optimizer
                           * state (torch.optim skips p.grad None); counted as trainable */
@@ -449,6 +461,8 @@ struct mp_program {
     uint64_t total_params;
     uint64_t trainable_params;
     uint64_t adapter_params;     /* LoRA A and B elements */
+    uint64_t ep_other_params;    /* --ep: the experts the other ranks of an EP group hold (counted in
+                                    total_params and trainable_params, not in params[]) */
     double fwd_flops, bwd_flops;
     size_t copied_blocks;        /* blocks made by shifting a copy of the block before (no_copies off) */
     bool *copied;                /* [n_blocks] block i is one of those (fold.h: a folded interval's

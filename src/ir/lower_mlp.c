@@ -1,6 +1,7 @@
 /* lower_mlp.c — the MLP and the mixture of experts (build.h). */
 #include "build.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -59,8 +60,10 @@ static struct val grouped_mm(struct bld *B, struct val x, uint64_t in_f, uint64_
     if (!width_ok(B, x, in_f, "in_features", name))
         return x;
     int w = new_param(B, name, mul(B, experts, out_f), in_f, false); /* a 3-D (E, out, in) parameter */
-    if (w >= 0)
+    if (w >= 0) {
         B->p->params[w].stacked = true;
+        B->p->params[w].experts = experts;
+    }
     struct val y = with_last(B, name, x, out_f, dt_of(B, x), true);
     struct mp_node *n = new_node(B, MP_P_GROUPED_MM, name);
     if (!n)
@@ -174,6 +177,169 @@ static struct val lower_experts(struct bld *B, struct val x, struct val w, const
     return y;
 }
 
+/* ---- expert parallelism (--ep; transformers 5.24 distributed/expert_parallel.py AllToAllEP) ------
+ *
+ * DistributedConfig(fsdp_size=W, ep_size=N) shards each experts module's (E, out, in) stacks on
+ * dim 0 over the N ranks of an EP group (MoEParamShard: E/N local experts, module.num_experts =
+ * E/N, _is_expert_parallel set) and routes tokens by AllToAllEP, inside the experts module's
+ * forward (FSDP2's experts unit gathers before it and reshards after it):
+ *   dispatch: order = argsort(top_k_index.view(-1)) (S int64, kept: the combine's index_put saves
+ *     it); send = x[order // k] (S, h) (IndexBackward saves the index); recv =
+ *     all_to_all_single_autograd(send) (R, h), R the rows this rank's experts get; their local ids
+ *     (arange(E/N).repeat(N).repeat_interleave(counts): R int64) and unit weights (ones: R, no
+ *     grad), all three held by the frame until the module returns;
+ *   the experts (grouped_mm_experts_forward, top-1): x[perm] (R, h) saves the index; the sentinel
+ *     mask (R, 1) bool, saved by each masked_fill; grouped_mm; masked_fill (R, 2F) (a copy);
+ *     act * up; grouped_mm (R, h); masked_fill (R, h); * the unit weights gathered by perm (R: no
+ *     grad, MulBackward saves only them); [inv_perm] (saves R int64); view(R, 1, h).sum(1);
+ *   combine: all_to_all back (S, h); empty_like + index_put_(order) (S, h); view (M, k, h) *
+ *     top_k_weights (saves both); sum(1) (M, h).
+ * Under uniform routing a rank receives R = S = M x k rows (each of the N ranks sends it S / N).
+ * --moe-capacity F: one of its experts gets F x its uniform share, R = S (E/N - 1 + F) / (E/N),
+ * at most M x N x min(k, E/N) (each token of the group reaches a rank once per local expert). */
+
+/* out = x * w (rows, 1) where w has no gradient: MulBackward0 saves w alone. */
+static struct val scale_rows(struct bld *B, struct val x, struct val w, const char *name)
+{
+    if (failed(B))
+        return x;
+    struct val y = like(B, name, x, dt_of(B, x), ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_MUL, name);
+    if (!n)
+        return y;
+    n->in[0] = x.t;
+    n->in[1] = w.t;
+    n->out = y.t;
+    save(n, w.t);
+    n->rows = rows_of(x);
+    n->n = last_dim(x);
+    n->fwd_flops = (double)val_elems(B, x);
+    n->bwd_flops = n->fwd_flops;
+    return y;
+}
+
+/* The rows the busiest rank's experts receive (see above). */
+static uint64_t ep_rows(struct bld *B, uint64_t M, uint64_t k, uint64_t local, uint64_t ep)
+{
+    uint64_t S = mul(B, M, k);
+    double cap = B->p->opts.moe_capacity > 1 ? B->p->opts.moe_capacity : 1;
+    if (cap <= 1 || failed(B))
+        return S;
+    double r = ceil((double)S * ((double)local - 1 + cap) / (double)local);
+    uint64_t most = mul(B, mul(B, M, ep), k < local ? k : local);
+    return r >= (double)most ? most : (uint64_t)r;
+}
+
+/* A masked_fill copy of x (rows, width) that saves mask. */
+static struct val ep_mask_copy(struct bld *B, struct val x, int mask, const char *name)
+{
+    struct val y = moe_rows(B, x, rows_of(x), last_dim(x), dt_of(B, x), 0, 0, name);
+    if (!failed(B))
+        save(&B->p->nodes[B->p->n_nodes - 1], mask);
+    return y;
+}
+
+/* The routed experts on x (M, h) with weights w (M, k) under --ep: AllToAllEP. */
+static struct val lower_experts_ep(struct bld *B, struct val x, struct val w, const struct mp_layer *l, uint64_t h)
+{
+    uint64_t ep = B->p->opts.ep, E = l->moe.experts, k = l->moe.top_k, F = l->moe.expert_ffn, M = rows_of(x);
+    if (E % ep) {
+        fail_model(B, MP_ERR_USAGE, "--ep %llu does not divide the %llu experts", (unsigned long long)ep,
+                   (unsigned long long)E);
+        return x;
+    }
+    char saved[96];
+    with_prefix(B, B->prefix, "experts", saved);
+    uint64_t local = E / ep, S = mul(B, M, k), R = ep_rows(B, M, k, local, ep);
+    enum mp_dtype xdt = dt_of(B, x);
+    size_t n0 = B->p->n_nodes;
+    /* dispatch: x[order // k] saves order // k; order itself is the combine's saved index */
+    struct val send = moe_rows(B, x, S, h, xdt, 2, S, "dispatch");
+    struct val recv = moe_rows(B, send, R, h, xdt, 0, 0, "all_to_all");
+    int ids = -1, ones = -1;
+    if (!failed(B)) {
+        struct mp_node *a2a = &B->p->nodes[B->p->n_nodes - 1];
+        ids = new_flat(B, "recv_expert_ids", MP_DT_I64, R);
+        extra_as(a2a, ids, MP_XR_EP_LOCAL);
+        ones = new_flat(B, "recv_weights", xdt, R);
+        extra_as(&B->p->nodes[B->p->n_nodes - 1], ones, MP_XR_EP_LOCAL);
+    }
+    /* the experts' forward on the R received rows, top-1 */
+    struct val xs = moe_rows(B, recv, R, h, xdt, 1, R, "sorted");
+    int mask = new_flat(B, "sentinel_mask", MP_DT_U8, R);
+    if (!failed(B))
+        extra_as(&B->p->nodes[B->p->n_nodes - 1], mask, MP_XR_EP_MASK);
+    uint64_t wshape[2] = {R, 1};
+    struct val wones = new_val(B, "recv_weights", xdt, 2, wshape, false);
+    wones.t = ones;
+    struct val ws = moe_rows(B, wones, R, 1, xdt, 0, 0, "sorted_weights"); /* recv_weights[perm] */
+    if (!failed(B))
+        B->p->nodes[B->p->n_nodes - 1].no_grad = true;
+    if (xdt != B->p->param_dtype)
+        xs = cast_to(B, xs, B->p->param_dtype, "dispatch_cast");
+    int offs = new_flat(B, "offsets", MP_DT_U8, mul(B, local, 4));
+    if (!failed(B))
+        extra_as(&B->p->nodes[B->p->n_nodes - 1], offs, MP_XR_EXPERT_OFFSETS);
+    struct val gu = grouped_mm(B, xs, h, mul(B, 2, F), local, offs, "gate_up_proj");
+    gu = ep_mask_copy(B, gu, mask, "gate_up_proj.masked");
+    struct val g = gu, u = gu;
+    g.shape[g.rank - 1] = u.shape[u.rank - 1] = F;
+    size_t gun = failed(B) ? 0 : B->p->n_nodes - 1;
+    struct val gp = like(B, "gate_up_proj.grad_gate", g, dt_of(B, gu), ng(B, gu));
+    struct val up = like(B, "gate_up_proj.grad_up", u, dt_of(B, gu), ng(B, gu));
+    struct val ga = lower_act(B, g, l->mlp.act, false, "act_fn");
+    if (!failed(B))
+        B->p->nodes[B->p->n_nodes - 1].in_grad_part[0] = gp.t;
+    struct val m = lower_mul(B, ga, u, "mul");
+    if (!failed(B)) {
+        B->p->nodes[B->p->n_nodes - 1].in_grad_part[1] = up.t;
+        B->p->nodes[gun].out_parts[0] = gp.t;
+        B->p->nodes[gun].out_parts[1] = up.t;
+    }
+    struct val dn = grouped_mm(B, m, F, h, local, offs, "down_proj");
+    dn = ep_mask_copy(B, dn, mask, "down_proj.masked");
+    struct val wo = scale_rows(B, dn, ws, "weighted");
+    struct val un = moe_rows(B, wo, R, h, dt_of(B, wo), 1, R, "unpermute");
+    struct val eo = moe_rows(B, un, R, h, dt_of(B, un), 0, 0, "sum");
+    if (!failed(B) && dt_of(B, eo) != xdt)
+        eo = cast_to(B, eo, xdt, "sum_cast");
+    /* combine */
+    struct val back = moe_rows(B, eo, S, h, xdt, 0, 0, "all_to_all_back");
+    struct val put = moe_rows(B, back, S, h, xdt, 0, 0, "index_put");
+    uint64_t kshape[3] = {M, k, h};
+    put.rank = 3;
+    memcpy(put.shape, kshape, sizeof kshape);
+    struct val wk = w;
+    wk.rank = 3;
+    wk.shape[0] = M, wk.shape[1] = k, wk.shape[2] = 1;
+    struct val tw = lower_mul(B, put, wk, "weighted_tokens");
+    tw.rank = 2;
+    tw.shape[0] = S, tw.shape[1] = h;
+    struct val y = moe_rows(B, tw, M, h, dt_of(B, tw), 0, 0, "combine");
+    hold_to_last(B, recv.t);
+    if (!failed(B)) {
+        struct mp_node *last = &B->p->nodes[B->p->n_nodes - 1];
+        for (int j = 0; j < MP_NODE_LOCALS_MAX; j++)
+            if (last->locals[j] < 0) {
+                last->locals[j] = ids;
+                break;
+            }
+        for (int j = 0; j < MP_NODE_LOCALS_MAX; j++)
+            if (last->locals[j] < 0) {
+                last->locals[j] = ones;
+                break;
+            }
+        for (size_t i = n0; i < B->p->n_nodes; i++)
+            B->p->nodes[i].ep_unit = true;
+        /* the other ranks' experts: counted in the model's parameters, held by them */
+        uint64_t other = mul(B, mul(B, E - local, mul(B, 3, F)), h);
+        B->p->total_params = add(B, B->p->total_params, other);
+        B->p->ep_other_params = add(B, B->p->ep_other_params, other);
+    }
+    restore_prefix(B, saved);
+    return y;
+}
+
 /* An MoE layer's MLP: [shared expert (Qwen2-MoE, first)], router, experts, [shared expert
  * (DeepSeek)], the sum.  Qwen2-MoE gates its shared expert: sigmoid(Linear(h, 1)) * it. */
 static struct val lower_moe(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h, const char *name)
@@ -194,7 +360,8 @@ static struct val lower_moe(struct bld *B, struct val x, const struct mp_layer *
     const char *shn = l->moe.shared_gate ? "shared_expert" : "shared_experts";
     if (l->moe.shared_ffn && l->moe.shared_first)
         sh = lower_mlp(B, xt, &sl, h, shn);
-    struct val y = lower_experts(B, xt, lower_router(B, xt, l, h), l, h);
+    struct val rw = lower_router(B, xt, l, h);
+    struct val y = B->p->opts.ep > 1 ? lower_experts_ep(B, xt, rw, l, h) : lower_experts(B, xt, rw, l, h);
     if (l->moe.shared_ffn && !l->moe.shared_first)
         sh = lower_mlp(B, xt, &sl, h, shn);
     if (sh.t >= 0 && l->moe.shared_gate) {

@@ -116,6 +116,7 @@ static cJSON *json_parallel_of(const struct mp_parallel *par)
     cJSON_AddStringToObject(o, "offload", mp_offload_str(par->offload));
     cJSON_AddStringToObject(o, "offload_device", mp_offload_dev_str(par->offload_device));
     ju64(o, "rank", par->rank); /* probe: the rank whose step ran */
+    ju64(o, "ep", par->ep > 1 ? par->ep : 1);
     return o;
 }
 
@@ -517,6 +518,15 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
         ju64(m, "nvme_bytes", e->nvme_bytes);
         /* NCCL's communicator memory, from the profile (in overhead_bytes); 0 = not counted */
         ju64(m, "nccl_overhead_bytes", e->world > 1 && c->gpu ? c->gpu->nccl_overhead_bytes : 0);
+        if (e->ep > 1) { /* --ep: the experts' share of the per-rank figures */
+            cJSON *x = cJSON_AddObjectToObject(m, "experts");
+            ju64(x, "ep", e->ep);
+            ju64(x, "efsdp", e->efsdp);
+            ju64(x, "weights_bytes", e->expert_weights_bytes);
+            ju64(x, "grads_bytes", e->expert_grads_bytes);
+            ju64(x, "optimizer_bytes", e->expert_optimizer_bytes);
+            ju64(x, "gathered_unit_bytes", e->expert_gather_bytes);
+        }
         cJSON *cm = cJSON_AddObjectToObject(m, "comm_per_step");
         jnum(cm, "allgather_bytes", e->allgather_bytes);
         jnum(cm, "reducescatter_bytes", e->reducescatter_bytes);
@@ -675,6 +685,19 @@ static struct moe_rows moe_rows_of(const struct mp_report_ctx *c, const struct m
     return r;
 }
 
+/* --ep: the rows the busiest rank's experts receive per layer (lower_mlp.c ep_rows). */
+static uint64_t ep_received(const struct mp_report_ctx *c, const struct mp_layer *l)
+{
+    uint64_t ep = c->build->ep, local = l->moe.experts / ep, k = l->moe.top_k;
+    uint64_t M = c->prog->opts.batch * c->prog->opts.seq, S = M * k;
+    double cap = c->moe_capacity >= 1 ? c->moe_capacity : 1;
+    if (cap <= 1)
+        return S;
+    double r = ceil((double)S * ((double)local - 1 + cap) / (double)local);
+    uint64_t most = M * ep * (k < local ? k : local);
+    return r >= (double)most ? most : (uint64_t)r;
+}
+
 static void moe_json(cJSON *cf, const struct mp_report_ctx *c)
 {
     uint64_t n;
@@ -694,7 +717,14 @@ static void moe_json(cJSON *cf, const struct mp_report_ctx *c)
         ju64(o, "rows_per_expert", r.uniform);
         ju64(o, "busiest_expert_rows", r.busiest);
     }
-    cJSON_AddBoolToObject(o, "capacity_changes_memory", false);
+    uint64_t ep = c->build ? c->build->ep : 0;
+    if (ep > 1) {
+        ju64(o, "ep", ep);
+        ju64(o, "experts_per_rank", l->moe.experts / ep);
+        if (r.tokens)
+            ju64(o, "received_rows_per_rank", ep_received(c, l));
+    }
+    cJSON_AddBoolToObject(o, "capacity_changes_memory", ep > 1);
 }
 
 static void moe_lines(FILE *out, const struct mp_report_ctx *c)
@@ -718,6 +748,15 @@ static void moe_lines(FILE *out, const struct mp_report_ctx *c)
                  (unsigned long long)l->moe.experts);
     fprintf(out, "moe       %llu MoE layers, %llu experts, top-%llu; %s\n", (unsigned long long)n,
             (unsigned long long)l->moe.experts, (unsigned long long)l->moe.top_k, share);
+    uint64_t ep = c->build ? c->build->ep : 0;
+    if (ep > 1) {
+        fprintf(out, "          ep %llu: %llu experts per rank (DistributedConfig ep_size), fed by AllToAllEP's\n"
+                     "          all-to-all: a rank's experts get %s rows per layer (%s; --moe-capacity\n"
+                     "          raises the busiest rank's)\n",
+                (unsigned long long)ep, (unsigned long long)(l->moe.experts / ep),
+                r.tokens ? count(ep_received(c, l)) : "tokens x top-k", cap > 1 ? "the busiest rank" : "uniform routing");
+        return;
+    }
     fprintf(out, "          experts run as transformers' grouped_mm: every routed row in one grouped GEMM, so\n"
                  "          how tokens split over experts (--moe-capacity) changes no tensor\n");
 }
