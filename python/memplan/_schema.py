@@ -76,6 +76,20 @@ class Moe:
     routed_rows: Optional[int] = _opt()
     rows_per_expert: Optional[int] = _opt()
     busiest_expert_rows: Optional[int] = _opt()
+    ep: Optional[int] = _opt()  # --ep
+    experts_per_rank: Optional[int] = _opt()
+    received_rows_per_rank: Optional[int] = _opt()
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
+class Experts:
+    ep: int
+    efsdp: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    gathered_unit_bytes: int
     extra: Dict[str, Any] = _extra()
 
 
@@ -88,6 +102,7 @@ class Parallel:
     offload: str
     offload_device: str
     rank: int
+    ep: Optional[int] = _opt()  # --ep (1: none)
     host_bytes: Optional[int] = _opt()  # suggest's candidates
     comm_s: Optional[float] = _opt()
     exposed_comm_s: Optional[float] = _opt()
@@ -253,6 +268,7 @@ class Memory:
     nvme_bytes: Optional[int] = _opt()
     nccl_overhead_bytes: Optional[int] = _opt()
     comm_per_step: Optional[CommPerStep] = _opt()
+    experts: Optional[Experts] = _opt()  # --ep: the experts' share per rank
     ref_weights_bytes: Optional[int] = _opt()  # --trainer dpo / kto: the reference copy, resident
     phases: Optional[Phases] = _opt()  # --trainer dpo / kto / grpo: each phase's peak
     vllm_bytes: Optional[int] = _opt()  # --trainer grpo --vllm F: the colocated engine's share

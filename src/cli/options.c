@@ -219,8 +219,8 @@ static const struct opt OPTS[] = {
     {0, "parallel", "S", C_ALL, K_ENUM, FIELD(par.strategy), SEEN(par_set), .parse = mp_par_strategy_parse,
      .min = MP_PAR_NONE + 1, .names = mp_par_strategy_names, .help = " (suggest: searched)"},
     {0, "ep", "N", C_EST | C_PLAN | C_CHECK | C_SUGG, INT(1, 65536), FIELD(par.ep),
-     .help = "MoE expert parallelism over N ranks (transformers' DistributedConfig ep_size; needs --parallel fsdp|"
-             "fsdp-no-reshard, N dividing the world and the experts; default 1)"},
+     .help = "MoE expert parallelism over N ranks (transformers' DistributedConfig ep_size; needs --parallel fsdp, "
+             "N dividing the world and the experts; default 1)"},
     {0, "offload", "W", C_ALL, K_ENUM, FIELD(par.offload), .parse = mp_offload_parse, .names = mp_offload_names,
      .help = ": move state to the host (ZeRO-Offload, FSDP2 CPUOffloadPolicy)"},
     {0, "ddp-bucket-view", NULL, C_ALL, K_FLAG, FIELD(par.ddp_grad_as_bucket_view),
@@ -711,9 +711,14 @@ static int check_rules(const struct command *c, struct args *a)
                  (unsigned long long)least);
         return cli_usage_error(c->name, "%s", why);
     }
-    if (a->par.ep > 1 && !mp_par_is_fsdp(a->par.strategy)) {
-        snprintf(why, sizeof why, "--ep %llu needs --parallel fsdp or fsdp-no-reshard (transformers' expert "
-                 "parallelism shards the rest with FSDP2)", (unsigned long long)a->par.ep);
+    if (a->par.ep > 1 && a->par.strategy != MP_PAR_FSDP) {
+        snprintf(why, sizeof why, "--ep %llu needs --parallel fsdp (transformers' expert parallelism shards the "
+                 "rest with FSDP2, its layers resharded after forward)", (unsigned long long)a->par.ep);
+        return cli_usage_error(c->name, "%s", why);
+    }
+    if (a->par.ep > 1 && a->emit != MP_EMIT_NONE && a->emit != MP_EMIT_HF) {
+        snprintf(why, sizeof why, "--ep with --emit %s: transformers shards the model as it loads "
+                 "(DistributedConfig): --emit hf writes that", mp_emit_str(a->emit));
         return cli_usage_error(c->name, "%s", why);
     }
     if (a->par.ep > 1 && (a->ft.mode != MP_FT_FULL || a->trainer != MP_TRAINER_SFT)) {

@@ -93,6 +93,8 @@ const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len)
     int n = snprintf(buf, len, "%s x%llu", mp_par_strategy_str(p->strategy), (unsigned long long)mp_par_world(p));
     if (n > 0 && (size_t)n < len && p->nodes > 1)
         n += snprintf(buf + n, len - (size_t)n, " (%llu nodes)", (unsigned long long)p->nodes);
+    if (n > 0 && (size_t)n < len && p->ep > 1)
+        n += snprintf(buf + n, len - (size_t)n, ", experts over ep %llu", (unsigned long long)p->ep);
     if (n > 0 && (size_t)n < len && p->offload != MP_OFFLOAD_NONE)
         snprintf(buf + n, len - (size_t)n, ", %s offload to %s", mp_offload_str(p->offload),
                  mp_offload_dev_str(p->offload_device));
@@ -208,9 +210,9 @@ enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d)
                                         "(CPUOffloadPolicy): use --offload params");
     if (p->offload_device == MP_OFFDEV_NVME && p->strategy != MP_PAR_ZERO3)
         return mp_fail(d, MP_ERR_USAGE, "--offload-device nvme needs --parallel zero3 (DeepSpeed ZeRO-Infinity)");
-    if (p->ep > 1 && !mp_par_is_fsdp(p->strategy))
+    if (p->ep > 1 && p->strategy != MP_PAR_FSDP)
         return mp_fail(d, MP_ERR_USAGE, "--ep %llu (transformers' expert parallelism) shards the rest with FSDP2: "
-                                        "add --parallel fsdp|fsdp-no-reshard", (unsigned long long)p->ep);
+                                        "add --parallel fsdp", (unsigned long long)p->ep);
     if (p->ep > 1 && mp_par_world(p) % p->ep)
         return mp_fail(d, MP_ERR_USAGE, "--ep %llu must divide the world (%llu ranks): DistributedConfig needs "
                        "ep_size to divide fsdp_size", (unsigned long long)p->ep, (unsigned long long)mp_par_world(p));

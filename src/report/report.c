@@ -685,10 +685,20 @@ static struct moe_rows moe_rows_of(const struct mp_report_ctx *c, const struct m
     return r;
 }
 
+/* --ep's N (0: none): the program's, else the plan's (suggest). */
+static uint64_t ep_of(const struct mp_report_ctx *c)
+{
+    if (c->prog && c->prog->opts.ep > 1)
+        return c->prog->opts.ep;
+    if (c->build && c->build->ep > 1)
+        return c->build->ep;
+    return c->train && c->train->par && c->train->par->ep > 1 ? c->train->par->ep : 0;
+}
+
 /* --ep: the rows the busiest rank's experts receive per layer (lower_mlp.c ep_rows). */
 static uint64_t ep_received(const struct mp_report_ctx *c, const struct mp_layer *l)
 {
-    uint64_t ep = c->build->ep, local = l->moe.experts / ep, k = l->moe.top_k;
+    uint64_t ep = ep_of(c), local = l->moe.experts / ep, k = l->moe.top_k;
     uint64_t M = c->prog->opts.batch * c->prog->opts.seq, S = M * k;
     double cap = c->moe_capacity >= 1 ? c->moe_capacity : 1;
     if (cap <= 1)
@@ -717,7 +727,7 @@ static void moe_json(cJSON *cf, const struct mp_report_ctx *c)
         ju64(o, "rows_per_expert", r.uniform);
         ju64(o, "busiest_expert_rows", r.busiest);
     }
-    uint64_t ep = c->build ? c->build->ep : 0;
+    uint64_t ep = ep_of(c);
     if (ep > 1) {
         ju64(o, "ep", ep);
         ju64(o, "experts_per_rank", l->moe.experts / ep);
@@ -748,12 +758,12 @@ static void moe_lines(FILE *out, const struct mp_report_ctx *c)
                  (unsigned long long)l->moe.experts);
     fprintf(out, "moe       %llu MoE layers, %llu experts, top-%llu; %s\n", (unsigned long long)n,
             (unsigned long long)l->moe.experts, (unsigned long long)l->moe.top_k, share);
-    uint64_t ep = c->build ? c->build->ep : 0;
+    uint64_t ep = ep_of(c);
     if (ep > 1) {
-        fprintf(out, "          ep %llu: %llu experts per rank (DistributedConfig ep_size), fed by AllToAllEP's\n"
+        fprintf(out, "          ep %llu: %llu expert%s per rank (DistributedConfig ep_size), fed by AllToAllEP's\n"
                      "          all-to-all: a rank's experts get %s rows per layer (%s; --moe-capacity\n"
                      "          raises the busiest rank's)\n",
-                (unsigned long long)ep, (unsigned long long)(l->moe.experts / ep),
+                (unsigned long long)ep, (unsigned long long)(l->moe.experts / ep), l->moe.experts / ep > 1 ? "s" : "",
                 r.tokens ? count(ep_received(c, l)) : "tokens x top-k", cap > 1 ? "the busiest rank" : "uniform routing");
         return;
     }
@@ -1361,6 +1371,24 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
                 b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16", qs);
         fprintf(out, "model = %s.from_pretrained(NAME, quantization_config=bnb_config,\n    dtype=torch.%s%s)\n",
                 auto_cls, dt, labels);
+    } else if (b->par.ep > 1) {
+        /* transformers 5.24 distributed/configuration_utils.py DistributedConfig: FSDP2 over the
+         * world (the model's fsdp plan: each decoder layer, the embedding, [norm, lm_head] kept
+         * gathered), the experts over ep_size; fsdp_mixed_precision is MixedPrecisionPolicy(bf16,
+         * reduce fp32) (distributed/fsdp.py _get_fsdp_policy_kwargs) */
+        uint64_t W = mp_par_world(&b->par);
+        fprintf(out, "from transformers.distributed import DistributedConfig\n"
+                     "# expert parallelism: launch with torchrun%s --nproc-per-node %llu; the model is sharded as it\n"
+                     "# loads (FSDP2 over %llu ranks, each MoE layer's experts over %llu), so the Trainer takes it\n"
+                     "# as is (no fsdp= argument)\n",
+                b->par.nodes > 1 ? " --nnodes N" : "", (unsigned long long)b->par.gpus, (unsigned long long)W,
+                (unsigned long long)b->par.ep);
+        if (b->par.nodes > 1)
+            fprintf(out, "# (N = %llu nodes)\n", (unsigned long long)b->par.nodes);
+        fprintf(out, "model = %s.from_pretrained(NAME, dtype=torch.%s%s,\n"
+                     "    distributed_config=DistributedConfig(fsdp_size=%llu, ep_size=%llu%s))\n",
+                auto_cls, dt, labels, (unsigned long long)W, (unsigned long long)b->par.ep,
+                b->par.mixed_bf16 ? ", fsdp_mixed_precision=True" : "");
     } else {
         fprintf(out, "model = %s.from_pretrained(NAME, dtype=torch.%s%s)\n", auto_cls, dt, labels);
     }
@@ -1451,6 +1479,9 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "# data parallel (DDP) over %llu ranks: launch with torchrun --nproc-per-node %llu "
                      "(or accelerate launch)\n",
                 (unsigned long long)mp_par_world(&b->par), (unsigned long long)b->par.gpus);
+    bool ep = b->par.ep > 1; /* transformers shards the model itself: no fsdp= argument */
+    if (ep)
+        fsdp = false;
     if (fsdp && b->precision != MP_PREC_FP32)
         /* accelerate 1.15 utils/dataclasses.py:2137: FSDP2's policy from mixed_precision */
         fprintf(out, "# FSDP2 with bf16=True/fp16=True: accelerate 1.15 gathers the parameters and reduces the\n"
@@ -1491,8 +1522,9 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     /* pure bf16: the model is loaded in bf16 and trained without autocast (bf16=False); bf16-amp:
      * loaded in bf16 and bf16=True (the Trainer autocasts: accelerate's mixed precision) */
     fprintf(out, "    bf16=%s,\n    fp16=%s,\n",
-            b->precision == MP_PREC_AMP_BF16 || b->par.mixed_bf16 || b->precision == MP_PREC_BF16_AMP ? "True"
-                                                                                                     : "False",
+            b->precision == MP_PREC_AMP_BF16 || (b->par.mixed_bf16 && !ep) || b->precision == MP_PREC_BF16_AMP
+                ? "True"
+                : "False",
             b->precision == MP_PREC_AMP_FP16 ? "True" : "False");
     /* activation_checkpointing=True wraps each decoder layer and nothing else: memplan's "layers" */
     fprintf(out, "    activation_checkpointing=%s,\n", b->ckpt.strategy == MP_CKPT_LAYERS ? "True" : "False");
@@ -1901,6 +1933,7 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "\n  launch             torchrun --nnodes %llu --nproc-per-node %llu train.py%s\n",
                     (unsigned long long)b->par.nodes, (unsigned long long)b->par.gpus,
                     mp_par_is_deepspeed(b->par.strategy) ? "   (DeepSpeed config: --emit deepspeed)"
+                    : b->par.ep > 1                      ? "   (DistributedConfig: --emit hf)"
                                                          : "   (accelerate config: --emit accelerate)");
         }
         if (b->n_ckpt_blocks) {
@@ -1968,7 +2001,8 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
     }
     if (s->best >= 0) { /* (DPO: no torch loop; its DPOConfig) */
         fprintf(out, "\n");
-        snippet(out, c, &s->cand[s->best], mp_trainer_ref_fwds(trainer_of(c)) ? MP_EMIT_HF : MP_EMIT_TORCH);
+        snippet(out, c, &s->cand[s->best],
+                mp_trainer_ref_fwds(trainer_of(c)) || s->cand[s->best].par.ep > 1 ? MP_EMIT_HF : MP_EMIT_TORCH);
     }
 }
 

@@ -62,7 +62,7 @@ int mp_cli_main(int argc, char **argv); /* src/cli/main.c's main, renamed by the
 static const char *const OPTS[] = {
     "batch", "seq", "target-seq", "precision", "optimizer", "checkpoint", "finetune", "lora-r", "lora-alpha",
     "lora-dropout", "lora-targets", "train-blocks", "attention", "moe-capacity", "use-cache", "gpu", "vram",
-    "activation-budget", "slots", "margin", "global-batch", "grad-accum", "emit", "gpus", "nodes", "parallel",
+    "ep", "activation-budget", "slots", "margin", "global-batch", "grad-accum", "emit", "gpus", "nodes", "parallel",
     "offload", "offload-device", "max-batch", "workspace", "context", "alloc-conf", "timeline", "ddp-bucket-view",
     "all-layers", "wide", "json", "recipe-format", "explain", "loss", "label-fraction", "head", "num-labels",
     "packing", "padding-free", "tokens-per-batch",
