@@ -1347,7 +1347,7 @@ fi
 # Qwen3-30B-A3B: F 768, h 2048). A rank holds E/N experts of each layer, FSDP2-sharded on dim 0 over
 # the W/N ranks holding the same ones (padded: ceil). mixed-bf16 keeps fp32 shards, gathers bf16, so
 # weights = layers x ceil(E/N / (W/N)) x 3Fh x 4, gradients the same (fp32 reduce), AdamW twice that;
-# one layer's experts unit gathered = E/N x 3Fh x 2 bytes.
+# one layer's experts unit gathered = W/N x ceil(E/N / (W/N)) x 3Fh x 2 bytes (padded shards).
 for c in "mixtral-8x7b 32 8 14336 4096 8 2" "mixtral-8x7b 32 8 14336 4096 8 4" "mixtral-8x7b 32 8 14336 4096 8 8" \
     "mixtral-8x7b 32 8 14336 4096 6 2" "qwen3-30b-a3b 48 128 768 2048 8 2" "qwen3-30b-a3b 48 128 768 2048 8 4" \
     "qwen3-30b-a3b 48 128 768 2048 8 8"; do
@@ -1363,8 +1363,9 @@ expert = 3 * F * h
 local, efsdp = E // N, W // N
 per_rank = L * -(-local // efsdp) * expert
 x = j["memory"]["experts"]
+# (the all-gather output: efsdp padded shards, what the unsharded stacks are views of)
 want = {"ep": N, "efsdp": efsdp, "weights_bytes": per_rank * 4, "grads_bytes": per_rank * 4,
-        "optimizer_bytes": per_rank * 8, "gathered_unit_bytes": local * expert * 2}
+        "optimizer_bytes": per_rank * 8, "gathered_unit_bytes": efsdp * -(-local // efsdp) * expert * 2}
 assert x == want, (x, want)
 assert j["config"]["parallel"]["ep"] == N and j["config"]["moe"]["experts_per_rank"] == local
 # tokens x top-k rows reach a rank's experts under uniform routing
@@ -2160,14 +2161,16 @@ else
     bad "suggest on an a10: bf16 alternative"
 fi
 
-# A QLoRA Mixtral that fits no single GPU: the world suggest proposes is FSDP-QLoRA (the loop below
-# follows it: check accepts it)
-run suggest models/hf/mixtral-8x7b.json --finetune qlora --lora-targets q_proj,v_proj --gpu l4 --no-probe
+# A QLoRA 70B that fits no single L4: the world suggest proposes is FSDP-QLoRA (the loop below
+# follows the alternatives: check accepts them).  (Mixtral's experts are bf16 (E, out, in) stacks
+# bitsandbytes leaves whole, which FSDP2 shards on the expert dimension: past 8 ranks a rank keeps
+# one padded expert per layer, so no FSDP2 world fits it on L4s.)
+run suggest models/hf/llama-3.1-70b.json --finetune qlora --gpu l4 --no-probe
 if [ "$ec" -eq 1 ] && tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q -- "would fit or help: --gpus [0-9].* --parallel fsdp"; then
-    ok "suggest qlora mixtral on an l4: an FSDP-QLoRA world among the alternatives"
+    ok "suggest qlora llama-3.1-70b on an l4: an FSDP-QLoRA world among the alternatives"
 else
     echo "expected exit 1 and a --gpus N ... --parallel fsdp alternative" >"$T/why"
-    bad "suggest qlora mixtral on an l4: an FSDP-QLoRA world among the alternatives"
+    bad "suggest qlora llama-3.1-70b on an l4: an FSDP-QLoRA world among the alternatives"
 fi
 
 # Every alternative suggest names, followed: its flags (the words before its first "(" or ":")

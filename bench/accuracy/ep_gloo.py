@@ -275,7 +275,8 @@ def graph_saved(root, stop):
                         saved.append((a[len("_saved_"):], x))
         if not saved and hasattr(n, "saved_tensors"):
             try:
-                saved = [(f"saved_tensors[{i}]", x) for i, x in enumerate(n.saved_tensors) if isinstance(x, torch.Tensor)]
+                saved = [(f"saved_tensors[{i}]", x) for i, x in enumerate(n.saved_tensors)
+                         if isinstance(x, torch.Tensor)]
             except Exception:  # noqa: BLE001
                 pass
         out.append((n.name(), [(k, storage_ptr(x), short(x), x.untyped_storage().nbytes()) for k, x in saved]))
@@ -420,13 +421,17 @@ def fmt_rows(r):
     return "; ".join(f"L{x['layer']}: {x['recv']} ({'+'.join(map(str, x['recv_from']))})" for x in r["rows"])
 
 
+def fmt_outs(outs):
+    return ", ".join(x["t"] + (f" new {x['bytes']:,} B" if x["new"] else " (view/in-place)") for x in outs)
+
+
 def dump_markdown(d):
     L = ["## Op dump: layer 0's MoE block, W 2, EP 2, rank 0, fp32, uniform routing (step 2)", "",
          f"Block input: {d['input'][1]}.  Every op inside the block's forward (TorchDispatchMode); "
          "'new' = its output is new storage (bytes), else a view / in-place / out= write:", "",
          "| # | section | op | outputs |", "|---|---|---|---|"]
     for i, o in enumerate(d["fwd_ops"]):
-        outs = ", ".join(f"{x['t']}" + (f" new {x['bytes']:,} B" if x["new"] else " (view/in-place)") for x in o["outs"])
+        outs = fmt_outs(o["outs"])
         L.append(f"| {i} | {o['section']} | `{o['op']}` | {outs} |")
     names = d["names"]
     holders = {}
@@ -462,7 +467,7 @@ def dump_markdown(d):
           "its input; FSDP's reduce-scatter of the experts unit falls inside):", "",
           "| # | op | outputs |", "|---|---|---|"]
     for i, o in enumerate(d["bwd_ops"]):
-        outs = ", ".join(f"{x['t']}" + (f" new {x['bytes']:,} B" if x["new"] else " (view/in-place)") for x in o["outs"])
+        outs = fmt_outs(o["outs"])
         L.append(f"| {i} | `{o['op']}` | {outs} |")
     return L
 
