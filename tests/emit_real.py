@@ -62,6 +62,9 @@ CASES = [
     ("ddp", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-80gb", "--gpus", "8", "--parallel", "ddp", "--seq", "512"]),
     ("fsdp", ["models/hf/llama-3-8b.json", "--gpu", "a100-80gb", "--gpus", "8", "--parallel", "fsdp"]),
     ("zero3", ["models/hf/llama-3-8b.json", "--gpu", "a100-40gb", "--gpus", "8", "--parallel", "zero3"]),
+    # transformers' expert parallelism: the model loaded with DistributedConfig, no fsdp= argument
+    ("ep mixtral", ["models/hf/mixtral-8x7b.json", "--gpu", "h100-80gb", "--gpus", "8", "--parallel", "fsdp",
+                    "--ep", "4", "--seq", "1024"]),
     ("zero2 amp", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--gpus", "8", "--parallel", "zero2",
                    "--precision", "amp-bf16", "--seq", "512"]),
     # fine-tunes across GPUs (issue 28): the strategies searched for LoRA, LoRA on FSDP2, QLoRA on ZeRO-2
@@ -164,9 +167,12 @@ else:
             return transformers.ViTConfig(num_labels=d.get("classes", 1000))
         return AutoConfig.for_model(**d)
 
+    loaded_with = {}
+
     def run_emitted(code, cfg, cwd, meta=True, world=1):
         """exec the emitted file with from_pretrained loading cfg (meta device: no weights)"""
         saved = {}
+        loaded_with.clear()
         for name in dir(transformers):
             if name.startswith("AutoModel"):
                 cls = getattr(transformers, name)
@@ -175,6 +181,9 @@ else:
                 def fp(name_or_path, _cls=cls, **kw):
                     kw.pop("quantization_config", None)  # bitsandbytes needs a GPU: the shapes are the same
                     dt = kw.pop("dtype", None)
+                    dc = kw.pop("distributed_config", None)  # --ep: checked, not applied (one process)
+                    if dc is not None:
+                        loaded_with["distributed_config"] = dc
                     c = cfg
                     if "num_labels" in kw:  # from_pretrained's config kwarg, as transformers applies it
                         c = copy.deepcopy(cfg)
@@ -239,9 +248,12 @@ else:
         want_ck = ck.startswith("layers")
         kw = a.activation_checkpointing_kwargs or {}
         prec = rec["precision"]
+        ep = (rec.get("parallel") or {}).get("ep", 1)
+        # (--ep: FSDP2's bf16 policy is DistributedConfig's fsdp_mixed_precision, no autocast)
+        bf16 = ("amp-bf16", "bf16-amp") if ep > 1 else ("amp-bf16", "mixed-bf16", "bf16-amp")
         fields = (a.per_device_train_batch_size == rec["micro_batch"] and
                   a.gradient_accumulation_steps == rec["grad_accum"] and
-                  a.bf16 == (prec in ("amp-bf16", "mixed-bf16", "bf16-amp")) and a.fp16 == (prec == "amp-fp16") and
+                  a.bf16 == (prec in bf16) and a.fp16 == (prec == "amp-fp16") and
                   bool(a.activation_checkpointing) == want_ck)
         check(fields, "hf %s: %s(...) constructed (transformers %s) with micro-batch %d, accumulation %d, %s, "
               "checkpoint %s%s" % (label, type(a).__name__, transformers.__version__, rec["micro_batch"],
@@ -265,7 +277,16 @@ else:
             check(prec == "bf16-amp" and ad == {torch.float32},
                   "hf %s: recommends bf16-amp (got %s): a bf16 base, peft's adapters %s (fp32 expected), bf16=True"
                   % (label, prec, sorted(str(d) for d in ad)))
-        if par in ("fsdp", "fsdp-no-reshard"):
+        if ep > 1:
+            from transformers.distributed import DistributedConfig
+            dc = loaded_with.get("distributed_config")
+            world = rec["parallel"]["world"]
+            check(isinstance(dc, DistributedConfig) and dc.fsdp_size == world and dc.ep_size == ep and
+                  dc.efsdp_size == world // ep and dc.fsdp_mixed_precision == (prec == "mixed-bf16") and
+                  not a.fsdp and not a.deepspeed,
+                  "hf %s: loaded with DistributedConfig(fsdp_size=%d, ep_size=%d) (transformers' own, validated), "
+                  "no fsdp= argument" % (label, world, ep))
+        elif par in ("fsdp", "fsdp-no-reshard"):
             check(a.fsdp and a.fsdp_config.get("version") == 2 and
                   a.fsdp_config.get("reshard_after_forward") == (par == "fsdp"),
                   "hf %s: fsdp=True, FSDP2, reshard_after_forward as planned" % label)

@@ -713,13 +713,7 @@ def main():
             json.dump(dict(versions=vers, llama_cfg=LLAMA_CFG, lora_r=LORA_R, batch=BATCH, seq=SEQ,
                            qlora_bnb=QLORA_BNB, qlora_storage=QLORA_KINDS, rows=rows, markdown=text), f, indent=1)
     elif a.out:
-        keep = ""  # the hand-written reading of the results, kept across reruns
-        if os.path.exists(a.out):
-            old = open(a.out).read()
-            if "\n## Reading" in old:
-                keep = old[old.index("\n## Reading"):]
-        with open(a.out, "w") as f:
-            f.write(text + keep)
+        rowlib.write_results(a.out, text)  # (its hand-written reading kept)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ import time
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rowlib  # noqa: E402  (write_results)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -479,13 +480,7 @@ def main():
             json.dump(doc, f, indent=1)
     text = markdown(doc)
     if a.md:
-        keep = ""
-        if os.path.exists(a.md):
-            old = open(a.md).read()
-            if "\n## Reading" in old:
-                keep = old[old.index("\n## Reading"):]
-        with open(a.md, "w") as f:
-            f.write(text + keep)
+        rowlib.write_results(a.md, text)  # (its hand-written reading kept)
     else:
         print(text)
 

@@ -193,6 +193,19 @@ def run_versions(**libs):
                 machine="%s, %d cores" % (platform.machine(), os.cpu_count() or 0))
 
 
+def write_results(path, text):
+    """Write a results file, keeping its hand-written "## Reading" section (from that heading to
+    the end) across reruns."""
+    keep = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+        if "\n## Reading" in old:
+            keep = old[old.index("\n## Reading"):]
+    with open(path, "w") as f:
+        f.write(text + keep)
+
+
 def read_rows(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

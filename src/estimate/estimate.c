@@ -685,7 +685,7 @@ static enum mp_status run_counter(const struct mp_program *p, const struct mp_sc
     c.no_asim = asim_skipped(p, t);
     c.nkeys = 4 * p->n_params + 2 + 2 * p->n_tensors + p->n_nodes + 1;
     if (t->par && t->par->strategy != MP_PAR_NONE) /* communication slots: groups or buckets */
-        c.nkeys += (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS;
+        c.nkeys += (p->n_params + 2 * p->n_blocks + 2) * MP_COMM_KINDS;
     mp_asim_init(&c.as, t->alloc, t->alloc_limit, t->device_total);
     c.ws_each = t->cublas_workspace_bytes;
     c.blk_of = c.no_asim ? NULL : calloc(c.nkeys, sizeof *c.blk_of); /* only the allocator model reads it */

@@ -33,7 +33,8 @@ static const char *const OFFDEVS[] = {MP_OFFLOAD_DEVS(MP_X)};
 #undef MP_X
 #define N_OF(a) (sizeof(a) / sizeof(a)[0])
 static const char *const COMMS[] = {"all-gather", "copy-in", "unsharded params", "reduce-scatter input",
-                                    "reduce-scatter output", "bucket", "partition", "fp32 grad partition"};
+                                    "reduce-scatter output", "bucket", "partition", "fp32 grad partition",
+                                    "divided gradients"};
 
 static int parse_in(const char *const *names, size_t n, const char *s)
 {

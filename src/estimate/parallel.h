@@ -162,6 +162,8 @@ enum mp_comm_kind {
     MP_COMM_BUCKET,    /* DDP bucket / DeepSpeed reduce bucket (id = group slot = bucket) */
     MP_COMM_PARTITION, /* DeepSpeed gradient partition / fp32 master partition */
     MP_COMM_STEP_GRAD, /* DeepSpeed: fp32 gradient partition made for the step */
+    MP_COMM_DIVIDED,   /* FSDP2 on a one-rank mesh with a divide factor (an --ep experts unit on
+                        * efsdp 1): reduce_output.copy_(input / factor) makes the quotient first */
     MP_COMM_KINDS
 };
 const char *mp_comm_kind_str(enum mp_comm_kind k);

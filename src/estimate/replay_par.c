@@ -307,6 +307,13 @@ static void fsdp_post_bwd(struct rp *r, size_t g, size_t blk)
         comm(r, true, g, MP_COMM_RS_OUT, pp->groups[g].grad_shard_elems * pp->reduce_elem_bytes);
         r->rs_out[g] = true;
     }
+    /* torch 2.15 _fsdp_collectives.py foreach_reduce, world_size 1: reduce_output.copy_(input /
+     * gradient_divide_factor); transformers sets the experts' factor to the data-parallel size
+     * (distributed/fsdp.py), so on an efsdp mesh of one rank the quotient is a temporary */
+    if (pp->groups[g].experts && pp->groups[g].mesh == 1 && pp->world > 1) {
+        comm(r, true, g, MP_COMM_DIVIDED, in);
+        comm(r, false, g, MP_COMM_DIVIDED, in);
+    }
     r->rs_pending = (int)g;
 }
 

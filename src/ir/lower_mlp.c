@@ -137,21 +137,24 @@ static struct val lower_router(struct bld *B, struct val x, const struct mp_laye
     return w;
 }
 
-/* The routed experts on x (M, h) with weights w (M, k): grouped_mm_experts_forward. */
-static struct val lower_experts(struct bld *B, struct val x, struct val w, const struct mp_layer *l, uint64_t h)
+/* A masked_fill copy of x (rows, width) that saves mask. */
+static struct val ep_mask_copy(struct bld *B, struct val x, int mask, const char *name)
 {
-    char saved[96];
-    with_prefix(B, B->prefix, "experts", saved);
-    uint64_t M = rows_of(x), k = l->moe.top_k, E = l->moe.experts, F = l->moe.expert_ffn, S = mul(B, M, k);
-    enum mp_dtype xdt = dt_of(B, x);
-    struct val xs = moe_rows(B, x, S, h, xdt, 1, S, "dispatch"); /* hidden_states[perm // k] */
-    struct val ws = moe_rows(B, w, S, 1, dt_of(B, w), 1, S, "dispatch_weights"); /* weights[perm] */
-    if (xdt != B->p->param_dtype) /* input.to(weight.dtype) */
-        xs = cast_to(B, xs, B->p->param_dtype, "dispatch_cast");
-    int offs = new_flat(B, "offsets", MP_DT_U8, mul(B, E, 4)); /* cumsum(histc(...)), int32 */
+    struct val y = moe_rows(B, x, rows_of(x), last_dim(x), dt_of(B, x), 0, 0, name);
     if (!failed(B))
-        extra_as(&B->p->nodes[B->p->n_nodes - 1], offs, MP_XR_EXPERT_OFFSETS);
+        save(&B->p->nodes[B->p->n_nodes - 1], mask);
+    return y;
+}
+
+/* The experts' FFN on rows xs sorted by expert: grouped_mm up (2F), [a masked_fill copy], act(gate)
+ * * up, grouped_mm down, [a masked_fill copy]; E experts' stacks; mask >= 0: --ep's sentinel mask. */
+static struct val experts_ffn(struct bld *B, struct val xs, const struct mp_layer *l, uint64_t h, uint64_t E,
+                              int offs, int mask)
+{
+    uint64_t F = l->moe.expert_ffn;
     struct val gu = grouped_mm(B, xs, h, mul(B, 2, F), E, offs, "gate_up_proj");
+    if (mask >= 0)
+        gu = ep_mask_copy(B, gu, mask, "gate_up_proj.masked");
     struct val g = gu, u = gu; /* chunk(2): two views; their gradients are two tensors, cat by
                                 * SplitBackward once both exist */
     g.shape[g.rank - 1] = u.shape[u.rank - 1] = F;
@@ -168,6 +171,24 @@ static struct val lower_experts(struct bld *B, struct val x, struct val w, const
         B->p->nodes[gun].out_parts[1] = up.t;
     }
     struct val dn = grouped_mm(B, m, F, h, E, offs, "down_proj");
+    return mask >= 0 ? ep_mask_copy(B, dn, mask, "down_proj.masked") : dn;
+}
+
+/* The routed experts on x (M, h) with weights w (M, k): grouped_mm_experts_forward. */
+static struct val lower_experts(struct bld *B, struct val x, struct val w, const struct mp_layer *l, uint64_t h)
+{
+    char saved[96];
+    with_prefix(B, B->prefix, "experts", saved);
+    uint64_t M = rows_of(x), k = l->moe.top_k, E = l->moe.experts, S = mul(B, M, k);
+    enum mp_dtype xdt = dt_of(B, x);
+    struct val xs = moe_rows(B, x, S, h, xdt, 1, S, "dispatch"); /* hidden_states[perm // k] */
+    struct val ws = moe_rows(B, w, S, 1, dt_of(B, w), 1, S, "dispatch_weights"); /* weights[perm] */
+    if (xdt != B->p->param_dtype) /* input.to(weight.dtype) */
+        xs = cast_to(B, xs, B->p->param_dtype, "dispatch_cast");
+    int offs = new_flat(B, "offsets", MP_DT_U8, mul(B, E, 4)); /* cumsum(histc(...)), int32 */
+    if (!failed(B))
+        extra_as(&B->p->nodes[B->p->n_nodes - 1], offs, MP_XR_EXPERT_OFFSETS);
+    struct val dn = experts_ffn(B, xs, l, h, E, offs, -1);
     struct val wo = lower_mul(B, dn, ws, "weighted");
     struct val un = moe_rows(B, wo, S, h, dt_of(B, wo), 1, S, "unpermute"); /* weighted_out[inv_perm] */
     struct val y = moe_rows(B, un, M, h, dt_of(B, un), 0, 0, "combine");  /* view(M, k, h).sum(1) */
@@ -230,15 +251,6 @@ static uint64_t ep_rows(struct bld *B, uint64_t M, uint64_t k, uint64_t local, u
     return r >= (double)most ? most : (uint64_t)r;
 }
 
-/* A masked_fill copy of x (rows, width) that saves mask. */
-static struct val ep_mask_copy(struct bld *B, struct val x, int mask, const char *name)
-{
-    struct val y = moe_rows(B, x, rows_of(x), last_dim(x), dt_of(B, x), 0, 0, name);
-    if (!failed(B))
-        save(&B->p->nodes[B->p->n_nodes - 1], mask);
-    return y;
-}
-
 /* The routed experts on x (M, h) with weights w (M, k) under --ep: AllToAllEP. */
 static struct val lower_experts_ep(struct bld *B, struct val x, struct val w, const struct mp_layer *l, uint64_t h)
 {
@@ -280,24 +292,7 @@ static struct val lower_experts_ep(struct bld *B, struct val x, struct val w, co
     int offs = new_flat(B, "offsets", MP_DT_U8, mul(B, local, 4));
     if (!failed(B))
         extra_as(&B->p->nodes[B->p->n_nodes - 1], offs, MP_XR_EXPERT_OFFSETS);
-    struct val gu = grouped_mm(B, xs, h, mul(B, 2, F), local, offs, "gate_up_proj");
-    gu = ep_mask_copy(B, gu, mask, "gate_up_proj.masked");
-    struct val g = gu, u = gu;
-    g.shape[g.rank - 1] = u.shape[u.rank - 1] = F;
-    size_t gun = failed(B) ? 0 : B->p->n_nodes - 1;
-    struct val gp = like(B, "gate_up_proj.grad_gate", g, dt_of(B, gu), ng(B, gu));
-    struct val up = like(B, "gate_up_proj.grad_up", u, dt_of(B, gu), ng(B, gu));
-    struct val ga = lower_act(B, g, l->mlp.act, false, "act_fn");
-    if (!failed(B))
-        B->p->nodes[B->p->n_nodes - 1].in_grad_part[0] = gp.t;
-    struct val m = lower_mul(B, ga, u, "mul");
-    if (!failed(B)) {
-        B->p->nodes[B->p->n_nodes - 1].in_grad_part[1] = up.t;
-        B->p->nodes[gun].out_parts[0] = gp.t;
-        B->p->nodes[gun].out_parts[1] = up.t;
-    }
-    struct val dn = grouped_mm(B, m, F, h, local, offs, "down_proj");
-    dn = ep_mask_copy(B, dn, mask, "down_proj.masked");
+    struct val dn = experts_ffn(B, xs, l, h, local, offs, mask);
     struct val wo = scale_rows(B, dn, ws, "weighted");
     struct val un = moe_rows(B, wo, R, h, dt_of(B, wo), 1, R, "unpermute");
     struct val eo = moe_rows(B, un, R, h, dt_of(B, un), 0, 0, "sum");

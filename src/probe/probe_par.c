@@ -445,6 +445,7 @@ enum mp_status mp_par_exec_alloc(struct mp_exec *x, const struct mp_event *ev, v
         return st != MP_OK ? st : s2 != MP_OK ? s2 : s3;
     }
     case MP_COMM_BUCKET:
+    case MP_COMM_DIVIDED: /* (--ep only, which the probe refuses) */
     case MP_COMM_KINDS: return x->be->zero(x, ptr, ev->bytes);
     }
     return MP_OK;

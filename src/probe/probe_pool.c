@@ -28,9 +28,9 @@ bool mp_store_persistent(enum mp_store s)
 #define KEY_WORKSPACE(np) (4 * (np) + 1)
 #define KEY_TENSORS(np) (4 * (np) + 2)
 /* Data-parallel buffers (MP_ST_COMM, id = slot x MP_COMM_KINDS + kind) after the node
- * temporaries: a slot is a group (at most one per block, plus the root), a DDP bucket (at
+ * temporaries: a slot is a group (at most two per block: --ep's experts unit; plus the root), a DDP bucket (at
  * most one per parameter) or a DeepSpeed partition (0, 1). */
-static size_t comm_keys(const struct mp_program *p) { return (p->n_params + p->n_blocks + 2) * MP_COMM_KINDS; }
+static size_t comm_keys(const struct mp_program *p) { return (p->n_params + 2 * p->n_blocks + 2) * MP_COMM_KINDS; }
 
 static bool key_of(const struct mp_program *p, enum mp_store s, int id, size_t *key)
 {
