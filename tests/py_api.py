@@ -242,6 +242,7 @@ CASES = [
     ("lora", "estimate", L1B, dict(finetune="lora", lora_r=8, lora_dropout=0.05, lora_targets=["q_proj", "v_proj"])),
     ("qlora", "check", L1B, dict(finetune="qlora", batch=2, gpu="t4", checkpoint="layers")),
     ("moe capacity", "estimate", "models/hf/mixtral-8x7b.json", dict(moe_capacity=1.5, seq=512)),
+    ("expert parallel", "estimate", "models/hf/qwen3-30b-a3b.json", dict(gpus=8, parallel="fsdp", ep=4, seq=512)),
     ("t5", "estimate", "models/hf/flan-t5-base.json", dict(target_seq=128)),
     ("multimodal", "estimate", "models/hf/qwen2-vl-7b-instruct.json", dict(finetune="lora", seq=512)),
     ("zero3 offload nvme", "estimate", L8B, dict(gpus=8, parallel="zero3", offload="params", offload_device="nvme",

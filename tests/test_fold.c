@@ -108,6 +108,7 @@ static size_t compare_model(void **state, const struct mp_model *m, const char *
                     j.ckpt = plans[pi];
                     j.build.precision = par && par->mixed_bf16 ? MP_PREC_BF16 : precs[qi];
                     j.train.par = par;
+                    j.build.ep = par && par->ep > 1 ? par->ep : 0; /* (--ep: the program is a rank's) */
                     j.build.batch = batches[bi];
                     j.verdict_only = verdict;
                     if (v == V_LORA || v == V_QLORA)
@@ -313,6 +314,29 @@ static void test_fold_data_parallel_equals_its_replay(void **state)
         free(big.blocks);
         mp_model_release(&m);
     }
+}
+
+/* --ep: an MoE model's experts units (nested in their layers', gathered and resharded at the
+ * experts module, divided into a temporary on a one-rank efsdp mesh) fold as their layers do. */
+static void test_fold_expert_parallel_equals_its_replay(void **state)
+{
+    struct mp_model m, big;
+    load_file(&m, "models/hf/mixtral-8x7b.json");
+    stretch(&m, 60, &big);
+    static const uint64_t eps[][2] = {{8, 2}, {8, 8}, {16, 4}}; /* (world, ep): efsdp 4, 1, 4 */
+    for (size_t c = 0; c < sizeof eps / sizeof eps[0]; c++) {
+        struct mp_parallel par;
+        mp_parallel_default(&par);
+        par.strategy = MP_PAR_FSDP;
+        par.gpus = eps[c][0];
+        par.ep = eps[c][1];
+        par.mixed_bf16 = c == 2;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_par_validate(&par, &d), MP_OK);
+        assert_true(compare_model(state, &big, "mixtral-8x7b", V_PLAIN, &par) > 0);
+    }
+    free(big.blocks);
+    mp_model_release(&m);
 }
 
 /* An HF config with `layers` decoder layers: its per-layer lists (layer_types, no_rope_layers)
@@ -572,6 +596,7 @@ int main(void)
         TIER_CASE_QUICK(test_fold_alternating_layers_equal_their_replay),
         TIER_CASE_QUICK(test_fold_bundled_models_equal_their_replay),
         TIER_CASE_QUICK(test_fold_data_parallel_equals_its_replay),
+        TIER_CASE_QUICK(test_fold_expert_parallel_equals_its_replay),
         cmocka_unit_test(test_fold_estimate_equals_its_replay),
         TIER_CASE_QUICK(test_fold_encoder_decoder_equals_its_replay),
         TIER_CASE_QUICK(test_fold_nested_equals_its_replay),
@@ -582,6 +607,7 @@ int main(void)
         TIER_CASE_LONG(test_fold_alternating_layers_equal_their_replay),
         TIER_CASE_LONG(test_fold_bundled_models_equal_their_replay),
         TIER_CASE_LONG(test_fold_data_parallel_equals_its_replay),
+        TIER_CASE_LONG(test_fold_expert_parallel_equals_its_replay),
         TIER_CASE_LONG(test_fold_encoder_decoder_equals_its_replay),
         TIER_CASE_LONG(test_fold_nested_equals_its_replay),
     };

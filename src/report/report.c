@@ -1983,11 +1983,14 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "%-5s ", mp_ft_mode_str(k->ft));
         if (par_col) { /* "zero3+opt-cpu x8", "fsdp-no-reshard x16" */
             char lb[48];
-            snprintf(lb, sizeof lb, "%s%s x%llu", mp_par_strategy_str(k->par.strategy),
+            char epb[24] = "";
+            if (k->par.ep > 1)
+                snprintf(epb, sizeof epb, "+ep%llu", (unsigned long long)k->par.ep);
+            snprintf(lb, sizeof lb, "%s%s%s x%llu", mp_par_strategy_str(k->par.strategy),
                      k->par.offload == MP_OFFLOAD_OPTIMIZER ? "+opt-off"
                      : k->par.offload == MP_OFFLOAD_PARAMS  ? "+par-off"
                                                             : "",
-                     (unsigned long long)mp_par_world(&k->par));
+                     epb, (unsigned long long)mp_par_world(&k->par));
             fprintf(out, "%-19s", lb);
         }
         fprintf(out, "%-10s %-14s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", cand_prec(k),

@@ -1213,6 +1213,27 @@ struct space {
     size_t nm;
 };
 
+/* transformers' expert parallelism suggest tries for an MoE model's full fine-tune (--trainer
+ * sft) on `world` ranks: the largest ep dividing the world and every MoE layer's experts (each
+ * rank then gathers the fewest experts), or 0 where none above 1 does. */
+static uint64_t searched_ep(const struct mp_job *base, uint64_t world)
+{
+    if (base->build.ft.mode != MP_FT_FULL || base->build.trainer != MP_TRAINER_SFT)
+        return 0;
+    uint64_t ep = world;
+    bool moe = false;
+    for (size_t i = 0; i < base->model->n_blocks; i++)
+        for (size_t j = 0; j < base->model->blocks[i].n_layers; j++) {
+            uint64_t e = base->model->blocks[i].layers[j].moe.experts;
+            if (!e)
+                continue;
+            moe = true;
+            while (ep > 1 && (e % ep || world % ep))
+                ep--;
+        }
+    return moe && ep > 1 ? ep : 0;
+}
+
 static void search_space(const struct mp_job *base, const struct mp_suggest_opts *o, struct space *sp)
 {
     memset(sp, 0, sizeof *sp);
@@ -1261,6 +1282,15 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
                 continue; /* a fine-tune, a trainer: only what the plan models (cli refuses the rest) */
             sp->pars[sp->npar] = *base->train.par;
             sp->pars[sp->npar].strategy = all[k];
+            sp->npar++;
+        }
+        /* an MoE model: FSDP2 with transformers' expert parallelism too (--ep) */
+        uint64_t ep = base->train.par->offload == MP_OFFLOAD_NONE ? searched_ep(base, mp_par_world(base->train.par))
+                                                                  : 0;
+        if (ep) {
+            sp->pars[sp->npar] = *base->train.par;
+            sp->pars[sp->npar].strategy = MP_PAR_FSDP;
+            sp->pars[sp->npar].ep = ep;
             sp->npar++;
         }
         /* and ZeRO-3 with the optimizer on the host (ZeRO-Offload), unless --offload was given */
@@ -1331,6 +1361,7 @@ static enum mp_status search_space_eval(const struct mp_job *base, const struct 
             j.build.precision = sp->precs[i];
             j.build.ft.mode = sp->modes[mi];
             j.build.ft.adapters_cast = cp.mixed_bf16; /* (FSDP2's policy casts the adapters too) */
+            j.build.ep = cp.ep > 1 ? cp.ep : 0;       /* (--ep: a rank's experts are lowered) */
             j.ckpt = sp->strategies[k];
             s->cand[s->n].par = cp;
             j.train.par = cp.strategy != MP_PAR_NONE ? &s->cand[s->n].par : NULL;
