@@ -1377,6 +1377,21 @@ PY
         bad "--ep $7 x$6 $1: per-rank expert bytes equal the arithmetic"
     fi
 done
+# suggest --gpus alone searches FSDP2 with the largest ep dividing the world and the experts
+run suggest models/hf/mixtral-8x7b.json --gpu h100-80gb --gpus 8 --seq 1024 --no-probe --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "suggest --gpus 8 mixtral: an fsdp + ep 8 candidate (python3 not found)"
+elif [ "$ec" -le 1 ] && python3 - "$T/out" <<'PY' 2>"$T/why"
+import json, sys
+j = json.load(open(sys.argv[1]))
+eps = {c["parallel"].get("ep", 1) for c in j["candidates"] if c["parallel"]["strategy"] == "fsdp"}
+assert eps == {1, 8}, eps
+PY
+then
+    ok "suggest --gpus 8 mixtral: an fsdp + ep 8 candidate beside plain fsdp"
+else
+    bad "suggest --gpus 8 mixtral: an fsdp + ep 8 candidate beside plain fsdp"
+fi
 expect_line 2 "--ep without FSDP2: refused" estimate models/hf/mixtral-8x7b.json --gpus 8 --parallel zero3 --ep 2
 expect_line 2 "--ep not dividing the world: refused" estimate models/hf/mixtral-8x7b.json --gpus 6 --parallel fsdp --ep 4
 expect_line 2 "--ep not dividing the experts: refused" estimate models/hf/mixtral-8x7b.json --gpus 16 --parallel fsdp --ep 16
