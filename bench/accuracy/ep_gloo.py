@@ -160,7 +160,7 @@ def batch_of(rank):
     return ids, ids.clone()
 
 
-def rank_main(rank, world, port, ep, mixed, routing, ckpt, result_dir):
+def rank_main(rank, world, port, ep, mixed, routing, ckpt, layers_ckpt, result_dir):
     setup_rank(rank, world, port)
     use_routing(routing)
     rows, step = [], [-1]
@@ -170,6 +170,8 @@ def rank_main(rank, world, port, ep, mixed, routing, ckpt, result_dir):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         dist_gloo.exact_cpu_total()
         model = load_model(ckpt, world, ep, mixed)
+        if layers_ckpt:  # transformers' checkpointing of each decoder layer (memplan --checkpoint layers)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
         ids, labels = batch_of(rank)
         losses = []
@@ -492,13 +494,20 @@ BF16_WHY = ("mixed-bf16, CPU only: FSDP2's reduce-scatter copy-in (fsdp::chunk_c
             "peak here is that copy-in of the layer-0 experts")
 
 
-def memplan_case(exe, cfg_path, world, ep, mixed):
+def label(c):
+    """A case's routing, and its checkpointing where it has some."""
+    return c["routing"] + (" + checkpoint layers" if c.get("ckpt") else "")
+
+
+def memplan_case(exe, cfg_path, world, ep, mixed, layers_ckpt=False):
     """memplan's figures for a case (--ep only above 1) and the command run."""
     cmd = [exe, "estimate", cfg_path, "--batch", str(BATCH), "--seq", str(SEQ), "--precision",
            "mixed-bf16" if mixed else "fp32", "--optimizer", "adamw", "--workspace", "0", "--context", "0",
            "--use-cache", "off", "--gpus", str(world), "--json", "--parallel", "fsdp"]
     if ep > 1:
         cmd += ["--ep", str(ep)]
+    if layers_ckpt:
+        cmd += ["--checkpoint", "layers"]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return r["memory"], cmd
 
@@ -513,6 +522,8 @@ def main():
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--routing", default="real,uniform")
     ap.add_argument("--policies", default="fp32,mixed")
+    ap.add_argument("--checkpoint", default="none,layers",
+                    help="none, and layers: fp32 uniform-routing cases again with transformers' checkpointing")
     ap.add_argument("--no-dump", action="store_true")
     a = ap.parse_args()
     import transformers
@@ -525,22 +536,24 @@ def main():
                 continue
             for pol in a.policies.split(","):
                 for routing in a.routing.split(","):
-                    cases.append((w, ep, pol == "mixed", routing))
+                    cases.append((w, ep, pol == "mixed", routing, False))
+                    if "layers" in a.checkpoint.split(",") and pol == "fp32" and routing == "uniform":
+                        cases.append((w, ep, False, routing, True))
     results = []
     t_all = time.time()
     cfg_json = dict(MIX_CFG, architectures=["MixtralForCausalLM"], model_type="mixtral")
     cfg_path = os.path.join(os.path.dirname(ckpt), "config.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg_json, f)
-    for w, ep, mixed, routing in cases:
+    for w, ep, mixed, routing, layers_ckpt in cases:
         t0 = time.time()
-        res = run_spawn(rank_main, w, ep, mixed, routing, ckpt)
-        mem, cmd = memplan_case(a.memplan, cfg_path, w, ep, mixed)
+        res = run_spawn(rank_main, w, ep, mixed, routing, ckpt, layers_ckpt)
+        mem, cmd = memplan_case(a.memplan, cfg_path, w, ep, mixed, layers_ckpt)
         for r in res:  # CUDA allocates the shards the CPU run maps (local_bytes)
             r["memplan_peak"] = mem["peak_requested_bytes"]
             r["diff_pct"] = 100.0 * (mem["peak_requested_bytes"] - r["peak"] - r["param_bytes"]["mapped"]) / (
                 r["peak"] + r["param_bytes"]["mapped"])
-        results.append(dict(world=w, ep=ep, mixed=mixed, routing=routing, ranks=res, secs=time.time() - t0,
+        results.append(dict(world=w, ep=ep, mixed=mixed, routing=routing, ckpt=layers_ckpt, ranks=res, secs=time.time() - t0,
                             memplan=mem["peak_requested_bytes"], memplan_event=mem["peak_event"],
                             cmd=" ".join(cmd[1:2] + ["CONFIG"] + cmd[3:])))
         if a.rows_out and routing == "uniform":  # memplan plans uniform routing: those are its rows
@@ -561,7 +574,7 @@ def main():
                 "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
                                                 backend="gloo, %d processes" % w),
             }, **mark(r)) for r in res], a.rows_out)
-        print(f"W {w} EP {ep} {'mixed' if mixed else 'fp32 '} {routing:7s} ({time.time() - t0:.0f} s) "
+        print(f"W {w} EP {ep} {'mixed' if mixed else 'fp32 '} {routing:7s}{' layers' if layers_ckpt else ''} ({time.time() - t0:.0f} s) "
               + " | ".join(f"r{r['rank']} start {r['start']:,} peak {r['peak']:,} ({r['peak_phase']}) "
                            f"rows {fmt_rows(r)}" for r in res), flush=True)
     dump = None
@@ -588,7 +601,7 @@ def main():
         for r in c["ranks"]:
             op = r["where"].split(" > ")[-1]
             pb = r["param_bytes"]
-            L.append(f"| {c['routing']} | {'mixed-bf16' if c['mixed'] else 'fp32'} | {c['world']} | {c['ep']} | "
+            L.append(f"| {label(c)} | {'mixed-bf16' if c['mixed'] else 'fp32'} | {c['world']} | {c['ep']} | "
                      f"{r['rank']} | {r['start']:,} | {r['peak']:,} | {r['peak_phase']} | `{op}` | {fmt_rows(r)} | "
                      f"{pb['experts']:,} / {pb['other']:,} ({pb['mapped']:,}) | {r['gloo_peak']:,} | "
                      f"{', '.join(f'{x:.4f}' for x in r['losses'])} | {r['memplan_peak']:,} | "
@@ -597,8 +610,9 @@ def main():
           "--precision, --ep); mapped: the dense parameters' shards the CPU run reads from the memory-mapped "
           "checkpoint (views, never allocated: local_bytes), which a GPU run allocates, so memplan is compared "
           "with peak + mapped.", ""]
-    by_key = {(c["routing"], c["mixed"], c["world"], c["ep"]): c for c in results}
-    pairs = [(c, by_key.get(("uniform", c["mixed"], c["world"], c["ep"]))) for c in results if c["routing"] == "real"]
+    by_key = {(c["routing"], c["mixed"], c["world"], c["ep"]): c for c in results if not c["ckpt"]}
+    pairs = [(c, by_key.get(("uniform", c["mixed"], c["world"], c["ep"]))) for c in results
+             if c["routing"] == "real" and not c["ckpt"]]
     pairs = [(r, u) for r, u in pairs if u]
     if pairs:
         L += ["", f"Real routing against uniform routing (the same case): rows received per layer against "
@@ -620,7 +634,7 @@ def main():
             pa = r["peak_alive"]
             groups = "; ".join(f"{b:,} ({n}) `{' > '.join(k.split(' > ')[-2:])[-80:]}`"
                                for b, n, k in pa["step2_groups"][:6])
-            L.append(f"- {c['routing']} {'mixed-bf16' if c['mixed'] else 'fp32'} W {c['world']} EP {c['ep']} "
+            L.append(f"- {label(c)} {'mixed-bf16' if c['mixed'] else 'fp32'} W {c['world']} EP {c['ep']} "
                      f"r{r['rank']}: peak {r['peak']:,} = start {r['start']:,} + {r['peak'] - r['start']:,}; "
                      f"blocks allocated in step 2 and alive at the peak {pa['step2_total']:,}: {groups}"
                      + (f"; unrecorded frees {r['n_unseen']}, residual {r['residual']:,}"

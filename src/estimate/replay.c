@@ -131,10 +131,11 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
         size_t k = all;
         while (k > end && r->st == MP_OK) {
             const struct mp_node *n = &p->nodes[k - 1];
-            if (n->param[0] >= 0 || n->param[1] >= 0)
+            if (n->param[0] >= 0 || n->param[1] >= 0 || n->ep_unit)
                 break; /* a node with parameters saves its input or has none that needs a
                           gradient: never trailing in a block memplan lowers; its parameter
-                          gradients and the data-parallel hooks belong to B_i */
+                          gradients and the data-parallel hooks belong to B_i (so do an --ep
+                          experts module's: its pre-backward fires on its output's gradient) */
             bwd_node(r, i, --k);
         }
         r->bwd_next = k;
