@@ -311,6 +311,9 @@ static struct val lower_experts_ep(struct bld *B, struct val x, struct val w, co
     tw.rank = 2;
     tw.shape[0] = S, tw.shape[1] = h;
     struct val y = moe_rows(B, tw, M, h, dt_of(B, tw), 0, 0, "combine");
+    if (!failed(B) && dt_of(B, y) != xdt) /* ep_forward: output.to(hidden_states.dtype) (Mixtral's fp32
+                                            * router weights promote the weighted rows) */
+        y = cast_to(B, y, xdt, "combine_cast");
     hold_to_last(B, recv.t);
     if (!failed(B)) {
         struct mp_node *last = &B->p->nodes[B->p->n_nodes - 1];
