@@ -43,6 +43,10 @@ Parts:
              rule memplan uses (docs/memory-facts.md#sdpa-gqa-backward).  GPU only.
   optim      bench/gpu/optim_step.py: each HF optimizer's state and step temporaries on GPT-2
              against memplan's.  GPU only.
+  moe        bench/gpu/moe_cuda.py: what --ep's plan assumes of CUDA and the CPU bench cannot show:
+             FSDP2's reduce-scatter copy-in of bf16 expert gradients into an fp32 input (no cast
+             temporary on CUDA?) and grouped_mm's backward allocations and weight-gradient strides.
+             GPU only.
 
 Without a GPU (or with --cpu) the same parts run as the CPU fallback: the host backend, configs
 shrunk to 2 layers of width 128 (batch 2 x 32), PyTorch on the CPU (no memory columns: a smoke
@@ -71,12 +75,12 @@ STATE_DIR = os.path.join(ROOT, "bench", "gpu", "out")   # ignored by git; kept o
 SCHEMA = 2
 
 PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "dpo", "grpo", "orpo", "callback", "sdpa",
-         "optim"]
+         "optim", "moe"]
 # part: (cap on a GPU, cap on the CPU fallback, least seconds worth starting it with)
 CAPS = {"build": (200, 400, 5), "tests": (120, 240, 15), "sanitizer": (90, 0, 20),
         "matrix": (260, 400, 30), "tune": (150, 240, 40), "steptime": (5, 5, 0), "dpo": (150, 240, 40),
         "grpo": (150, 240, 40), "orpo": (120, 240, 40),
-        "callback": (90, 150, 40), "sdpa": (60, 5, 20), "optim": (60, 5, 20)}
+        "callback": (90, 150, 40), "sdpa": (60, 5, 20), "optim": (60, 5, 20), "moe": (45, 5, 20)}
 RESERVE_S = 4          # kept back at the end for the last report
 WORKER_START_S = (90, 120)   # (GPU, CPU): import torch + transformers, CUDA context
 ROW_S = {"estimate": 30, "probe": (75, 60), "torch": (90, 90)}
@@ -1381,6 +1385,23 @@ def part_optim(kit, res):
                    len(ok), len(d.get("rows", [])) - len(ok)))
 
 
+def part_moe(kit, res):
+    """FSDP2's bf16-to-fp32 gradient copy-in and grouped_mm's backward on CUDA (--ep's assumptions)."""
+    d = run_json_part(kit, res, "moe_cuda.py", "moe", [])
+    if d is None:
+        return
+    notes = []
+    for r in d.get("chunk_cat", []):
+        if r.get("status") == "ok":  # a cast temporary would be a block of the gradients' size
+            notes.append("chunk_cat E%d x%d: %d B above the inputs" % (r["experts"], r["chunks"],
+                                                                      r["peak_above_bytes"]))
+    for r in d.get("grouped_mm", []):
+        if r.get("status") == "ok":
+            notes.append("grouped_mm %s: grads contiguous %s" % (
+                r["dtype"], all(c for _, c in r["weight_grad_strides"].values())))
+    res.update(status="ok" if notes and d.get("status") == "ok" else "partial", note="; ".join(notes)[:300])
+
+
 # ---- part: callback ------------------------------------------------------------------------------
 
 CALLBACK_BATCH, CALLBACK_SEQ, CALLBACK_STEPS = 8, 1024, 4
@@ -1481,7 +1502,7 @@ def part_callback(kit, res):
 PART_FN = {"build": part_build, "tests": part_tests, "sanitizer": part_sanitizer, "matrix": part_matrix,
            "tune": part_tune, "steptime": part_steptime, "dpo": part_dpo, "grpo": part_grpo, "orpo": part_orpo,
            "callback": part_callback,
-           "sdpa": part_sdpa, "optim": part_optim}
+           "sdpa": part_sdpa, "optim": part_optim, "moe": part_moe}
 
 
 def choose_parts(kit, prev):
