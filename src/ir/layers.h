@@ -122,6 +122,11 @@ struct mp_build_opts {
  * threads: 4 x n x ctas_per_output x block.x x output_vec_size bytes when the input is split over
  * several blocks per output, 0 when not; *sem its semaphores (4 x grid.x bytes).  0 without an SM
  * count.  docs/memory-facts.md#reduce-staging. */
+/* --ep: the rows the busiest rank's experts receive per MoE layer (lower_mlp.c): tokens x top-k
+ * under uniform routing; with capacity F > 1, one of its `local` experts gets F x its share:
+ * tokens x k x (local - 1 + F) / local, at most tokens x ep x min(k, local).  Bounded operands
+ * (the program's checked sizes). */
+uint64_t mp_moe_ep_rows(uint64_t tokens, uint64_t k, uint64_t local, uint64_t ep, double capacity);
 uint64_t mp_col_sum_staging(uint64_t m, uint64_t n, uint64_t esize, unsigned sms, unsigned sm_threads,
                             uint64_t *sem);
 

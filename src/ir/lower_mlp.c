@@ -149,9 +149,14 @@ static struct val ep_mask_copy(struct bld *B, struct val x, int mask, const char
 /* The experts' FFN on rows xs sorted by expert: grouped_mm up (2F), [a masked_fill copy], act(gate)
  * * up, grouped_mm down, [a masked_fill copy]; E experts' stacks; mask >= 0: --ep's sentinel mask. */
 static struct val experts_ffn(struct bld *B, struct val xs, const struct mp_layer *l, uint64_t h, uint64_t E,
-                              int offs, int mask)
+                              int mask)
 {
     uint64_t F = l->moe.expert_ffn;
+    if (dt_of(B, xs) != B->p->param_dtype) /* input.to(weight.dtype) */
+        xs = cast_to(B, xs, B->p->param_dtype, "dispatch_cast");
+    int offs = new_flat(B, "offsets", MP_DT_U8, mul(B, E, 4)); /* cumsum(histc(...)), int32 */
+    if (!failed(B))
+        extra_as(&B->p->nodes[B->p->n_nodes - 1], offs, MP_XR_EXPERT_OFFSETS);
     struct val gu = grouped_mm(B, xs, h, mul(B, 2, F), E, offs, "gate_up_proj");
     if (mask >= 0)
         gu = ep_mask_copy(B, gu, mask, "gate_up_proj.masked");
@@ -183,12 +188,7 @@ static struct val lower_experts(struct bld *B, struct val x, struct val w, const
     enum mp_dtype xdt = dt_of(B, x);
     struct val xs = moe_rows(B, x, S, h, xdt, 1, S, "dispatch"); /* hidden_states[perm // k] */
     struct val ws = moe_rows(B, w, S, 1, dt_of(B, w), 1, S, "dispatch_weights"); /* weights[perm] */
-    if (xdt != B->p->param_dtype) /* input.to(weight.dtype) */
-        xs = cast_to(B, xs, B->p->param_dtype, "dispatch_cast");
-    int offs = new_flat(B, "offsets", MP_DT_U8, mul(B, E, 4)); /* cumsum(histc(...)), int32 */
-    if (!failed(B))
-        extra_as(&B->p->nodes[B->p->n_nodes - 1], offs, MP_XR_EXPERT_OFFSETS);
-    struct val dn = experts_ffn(B, xs, l, h, E, offs, -1);
+    struct val dn = experts_ffn(B, xs, l, h, E, -1);
     struct val wo = lower_mul(B, dn, ws, "weighted");
     struct val un = moe_rows(B, wo, S, h, dt_of(B, wo), 1, S, "unpermute"); /* weighted_out[inv_perm] */
     struct val y = moe_rows(B, un, M, h, dt_of(B, un), 0, 0, "combine");  /* view(M, k, h).sum(1) */
@@ -239,15 +239,13 @@ static struct val scale_rows(struct bld *B, struct val x, struct val w, const ch
     return y;
 }
 
-/* The rows the busiest rank's experts receive (see above). */
-static uint64_t ep_rows(struct bld *B, uint64_t M, uint64_t k, uint64_t local, uint64_t ep)
+uint64_t mp_moe_ep_rows(uint64_t tokens, uint64_t k, uint64_t local, uint64_t ep, double capacity)
 {
-    uint64_t S = mul(B, M, k);
-    double cap = B->p->opts.moe_capacity > 1 ? B->p->opts.moe_capacity : 1;
-    if (cap <= 1 || failed(B))
+    uint64_t S = tokens * k;
+    if (capacity <= 1 || !local)
         return S;
-    double r = ceil((double)S * ((double)local - 1 + cap) / (double)local);
-    uint64_t most = mul(B, mul(B, M, ep), k < local ? k : local);
+    double r = ceil((double)S * ((double)local - 1 + capacity) / (double)local);
+    uint64_t most = tokens * ep * (k < local ? k : local);
     return r >= (double)most ? most : (uint64_t)r;
 }
 
@@ -262,18 +260,17 @@ static struct val lower_experts_ep(struct bld *B, struct val x, struct val w, co
     }
     char saved[96];
     with_prefix(B, B->prefix, "experts", saved);
-    uint64_t local = E / ep, S = mul(B, M, k), R = ep_rows(B, M, k, local, ep);
+    uint64_t local = E / ep, S = mul(B, M, k);
+    (void)mul(B, S, ep); /* (the busiest rank's rows are at most S x ep: checked 64-bit here) */
+    uint64_t R = failed(B) ? S : mp_moe_ep_rows(M, k, local, ep, B->p->opts.moe_capacity);
     enum mp_dtype xdt = dt_of(B, x);
     size_t n0 = B->p->n_nodes;
     /* dispatch: x[order // k] saves order // k; order itself is the combine's saved index */
     struct val send = moe_rows(B, x, S, h, xdt, 2, S, "dispatch");
     struct val recv = moe_rows(B, send, R, h, xdt, 0, 0, "all_to_all");
-    int ids = -1, ones = -1;
-    if (!failed(B)) {
-        struct mp_node *a2a = &B->p->nodes[B->p->n_nodes - 1];
-        ids = new_flat(B, "recv_expert_ids", MP_DT_I64, R);
-        extra_as(a2a, ids, MP_XR_EP_LOCAL);
-        ones = new_flat(B, "recv_weights", xdt, R);
+    int ids = new_flat(B, "recv_expert_ids", MP_DT_I64, R), ones = new_flat(B, "recv_weights", xdt, R);
+    if (!failed(B)) { /* (new_flat makes no node: both are the all-to-all's) */
+        extra_as(&B->p->nodes[B->p->n_nodes - 1], ids, MP_XR_EP_LOCAL);
         extra_as(&B->p->nodes[B->p->n_nodes - 1], ones, MP_XR_EP_LOCAL);
     }
     /* the experts' forward on the R received rows, top-1 */
@@ -287,12 +284,7 @@ static struct val lower_experts_ep(struct bld *B, struct val x, struct val w, co
     struct val ws = moe_rows(B, wones, R, 1, xdt, 0, 0, "sorted_weights"); /* recv_weights[perm] */
     if (!failed(B))
         B->p->nodes[B->p->n_nodes - 1].no_grad = true;
-    if (xdt != B->p->param_dtype)
-        xs = cast_to(B, xs, B->p->param_dtype, "dispatch_cast");
-    int offs = new_flat(B, "offsets", MP_DT_U8, mul(B, local, 4));
-    if (!failed(B))
-        extra_as(&B->p->nodes[B->p->n_nodes - 1], offs, MP_XR_EXPERT_OFFSETS);
-    struct val dn = experts_ffn(B, xs, l, h, local, offs, mask);
+    struct val dn = experts_ffn(B, xs, l, h, local, mask);
     struct val wo = scale_rows(B, dn, ws, "weighted");
     struct val un = moe_rows(B, wo, R, h, dt_of(B, wo), 1, R, "unpermute");
     struct val eo = moe_rows(B, un, R, h, dt_of(B, un), 0, 0, "sum");
@@ -314,19 +306,10 @@ static struct val lower_experts_ep(struct bld *B, struct val x, struct val w, co
     if (!failed(B) && dt_of(B, y) != xdt) /* ep_forward: output.to(hidden_states.dtype) (Mixtral's fp32
                                             * router weights promote the weighted rows) */
         y = cast_to(B, y, xdt, "combine_cast");
-    hold_to_last(B, recv.t);
+    hold_to_last(B, recv.t); /* AllToAllEP's frame holds the received rows, ids and weights */
+    hold_to_last(B, ids);
+    hold_to_last(B, ones);
     if (!failed(B)) {
-        struct mp_node *last = &B->p->nodes[B->p->n_nodes - 1];
-        for (int j = 0; j < MP_NODE_LOCALS_MAX; j++)
-            if (last->locals[j] < 0) {
-                last->locals[j] = ids;
-                break;
-            }
-        for (int j = 0; j < MP_NODE_LOCALS_MAX; j++)
-            if (last->locals[j] < 0) {
-                last->locals[j] = ones;
-                break;
-            }
         for (size_t i = n0; i < B->p->n_nodes; i++)
             B->p->nodes[i].ep_unit = true;
         /* the other ranks' experts: counted in the model's parameters, held by them */

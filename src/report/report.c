@@ -695,17 +695,12 @@ static uint64_t ep_of(const struct mp_report_ctx *c)
     return c->train && c->train->par && c->train->par->ep > 1 ? c->train->par->ep : 0;
 }
 
-/* --ep: the rows the busiest rank's experts receive per layer (lower_mlp.c ep_rows). */
+/* --ep: the rows the busiest rank's experts receive per layer, as the program lowers them. */
 static uint64_t ep_received(const struct mp_report_ctx *c, const struct mp_layer *l)
 {
-    uint64_t ep = ep_of(c), local = l->moe.experts / ep, k = l->moe.top_k;
-    uint64_t M = c->prog->opts.batch * c->prog->opts.seq, S = M * k;
-    double cap = c->moe_capacity >= 1 ? c->moe_capacity : 1;
-    if (cap <= 1)
-        return S;
-    double r = ceil((double)S * ((double)local - 1 + cap) / (double)local);
-    uint64_t most = M * ep * (k < local ? k : local);
-    return r >= (double)most ? most : (uint64_t)r;
+    uint64_t ep = ep_of(c);
+    return mp_moe_ep_rows(c->prog->opts.batch * c->prog->opts.seq, l->moe.top_k, l->moe.experts / ep, ep,
+                          c->moe_capacity);
 }
 
 static void moe_json(cJSON *cf, const struct mp_report_ctx *c)
