@@ -1718,9 +1718,6 @@ expect_msg 2 "a GPTQ base under FSDP2 (not modelled)" "only a bitsandbytes 4-bit
     estimate tests/data/hf-qwen2-0.5b-gptq.json --finetune lora --gpus 2 --parallel fsdp
 expect_line 2 "--quant-storage with an unknown dtype" estimate models/hf/llama-3.2-1b.json --finetune qlora \
     --quant-storage int4
-expect_msg 2 "FSDP-QLoRA with --offload params (the quant_state is not offloaded: not modelled)" \
-    "FSDP2's CPU offload of a 4-bit base is not modelled" estimate models/hf/llama-3.2-1b.json --finetune qlora \
-    --gpus 2 --parallel fsdp --offload params
 if [ -n "$HAVE_PY" ]; then
     Q4="models/hf/llama-3.2-1b.json --finetune qlora --precision bf16 --gpus 2 --parallel fsdp --json"
     # shellcheck disable=SC2086
@@ -1731,6 +1728,9 @@ if [ -n "$HAVE_PY" ]; then
     cp "$T/out" "$T/q-u8.json"
     run estimate models/hf/llama-3.2-1b.json --finetune qlora --precision bf16 --json
     cp "$T/out" "$T/q-1.json"
+    # shellcheck disable=SC2086
+    run estimate $Q4 --offload params
+    cp "$T/out" "$T/q-off.json"
     # (16 layers x (q 2048x2048 + k, v 512x2048 + o 2048x2048 + gate, up, down 3 x 8192x2048): packed
     # 4-bit bytes = numel / 2 = 486,539,264 x 16 / 2; a rank of 2 holds half of them in bf16 storage)
     if python3 - "$T/q-bf16.json" "$T/q-u8.json" "$T/q-1.json" <<'PY' 2>"$T/why"
@@ -1746,6 +1746,34 @@ PY
         ok "FSDP-QLoRA: bfloat16 storage shards the packed weights (half of numel/2 a rank), uint8 keeps them whole"
     else
         bad "FSDP-QLoRA: bfloat16 storage shards the packed weights (half of numel/2 a rank), uint8 keeps them whole"
+    fi
+    # --offload params: the shards on the host, each weight's quant_state on the GPU.  Double quant,
+    # blocksize 64, each tensor a 512-rounded allocation: absmax uint8 numel/64, state2.absmax fp32
+    # per 256 absmax, state2.code 1,024 B, code 64 B -> 512, offset 4 B -> 512.  The load: every
+    # rank's GPU holds the whole 4-bit model before fully_shard (packed numel/2 + quant_state, the
+    # tied bf16 embedding, the bf16 norms, the fp32 q/v adapters r 16, the rotary buffers).
+    if python3 - "$T/q-off.json" "$T/q-bf16.json" <<'PY' 2>"$T/why"
+import json, sys
+off, on = (json.load(open(f))["memory"] for f in sys.argv[1:3])
+r512 = lambda n: -(-n // 512) * 512
+def qstate(numel):
+    blocks = numel // 64
+    return r512(blocks) + r512(-(-blocks // 256) * 4) + 1024 + 512 + 512
+shapes = [2048 * 2048, 512 * 2048, 512 * 2048, 2048 * 2048] + [8192 * 2048] * 3
+qs = 16 * sum(qstate(n) for n in shapes)
+assert off["weights_bytes"] == qs == 15679488, (off["weights_bytes"], qs)
+packed = 16 * sum(n // 2 for n in shapes)
+embed, norms = 128256 * 2048 * 2, (16 * 2 + 1) * 2048 * 2
+adapters = 16 * 4 * (16 * 2048 + 2048 * 16 + 16 * 2048 + 512 * 16)
+load = packed + qs + embed + norms + adapters + 2 * 32 * 4  # inv_freq, original_inv_freq
+for m in (off, on):
+    assert m["load_bytes"] == load, (m["load_bytes"], load)
+assert off["host_bytes"] > on["weights_bytes"] - qs, (off["host_bytes"], on["weights_bytes"])
+PY
+    then
+        ok "FSDP-QLoRA --offload params: the quant_state (15,679,488 B) stays on the GPU; load_bytes the whole model"
+    else
+        bad "FSDP-QLoRA --offload params: the quant_state on the GPU, the load"
     fi
 else
     skipped "FSDP-QLoRA's JSON (python3 not found)"
@@ -2176,16 +2204,33 @@ else
     bad "suggest on an a10: bf16 alternative"
 fi
 
-# A QLoRA 70B that fits no single L4: the world suggest proposes is FSDP-QLoRA (the loop below
-# follows the alternatives: check accepts them).  (Mixtral's experts are bf16 (E, out, in) stacks
-# bitsandbytes leaves whole, which FSDP2 shards on the expert dimension: past 8 ranks a rank keeps
-# one padded expert per layer, so no FSDP2 world fits it on L4s.)
+# A QLoRA 70B under FSDP2: transformers loads the 4-bit model whole onto every rank's GPU before
+# fully_shard (packed 0.5 B a weight, about 31.9 GiB, plus the bf16 embedding and head, 3.9 GiB, and
+# the quant_state, 1.0 GiB): no world of 24 GB cards takes it, offloaded or not, and suggest proposes
+# none on an L4; four A100-40GB do, the load being the peak.  (The loop below follows the
+# alternatives: check accepts them.)
 run suggest models/hf/llama-3.1-70b.json --finetune qlora --gpu l4 --no-probe
-if [ "$ec" -eq 1 ] && tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q -- "would fit or help: --gpus [0-9].* --parallel fsdp"; then
-    ok "suggest qlora llama-3.1-70b on an l4: an FSDP-QLoRA world among the alternatives"
+if [ "$ec" -eq 1 ] && ! tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q -- "would fit or help: --gpus [0-9].* --parallel fsdp"; then
+    ok "suggest qlora llama-3.1-70b on an l4: no FSDP-QLoRA world (the load does not fit)"
 else
-    echo "expected exit 1 and a --gpus N ... --parallel fsdp alternative" >"$T/why"
-    bad "suggest qlora llama-3.1-70b on an l4: an FSDP-QLoRA world among the alternatives"
+    echo "expected exit 1 and no --gpus N ... --parallel fsdp alternative" >"$T/why"
+    bad "suggest qlora llama-3.1-70b on an l4: no FSDP-QLoRA world"
+fi
+run suggest models/hf/llama-3.1-70b.json --finetune qlora --gpu rtx4090 --gpus 2 --parallel fsdp --offload params \
+    --no-probe
+if [ "$ec" -eq 1 ] && tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "from_pretrained loads the 4-bit model whole onto each GPU"; then
+    ok "suggest qlora llama-3.1-70b on 2 x rtx4090, offloaded: does not fit, the load named"
+else
+    echo "expected exit 1 and the load named in the note" >"$T/why"
+    bad "suggest qlora llama-3.1-70b on 2 x rtx4090, offloaded: the load"
+fi
+run check models/hf/llama-3.1-70b.json --finetune qlora --gpu a100-40gb --gpus 4 --parallel fsdp --precision bf16 \
+    --checkpoint layers --batch 1 --json
+if [ "$ec" -eq 0 ] && grep -q '"peak_event":[[:space:]]*"load:from_pretrained"' "$T/out"; then
+    ok "check qlora llama-3.1-70b on 4 x a100-40gb: fits, the peak at load:from_pretrained"
+else
+    echo "expected exit 0 and peak_event load:from_pretrained" >"$T/why"
+    bad "check qlora llama-3.1-70b on 4 x a100-40gb"
 fi
 
 # Every alternative suggest names, followed: its flags (the words before its first "(" or ":")

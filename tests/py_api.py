@@ -248,6 +248,8 @@ CASES = [
     ("zero3 offload nvme", "estimate", L8B, dict(gpus=8, parallel="zero3", offload="params", offload_device="nvme",
                                                gpu="a100-80gb")),
     ("fsdp check", "check", L8B, dict(gpus=4, nodes=2, parallel="fsdp", batch=1, gpu="a100-80gb")),
+    ("fsdp-qlora offload", "estimate", L1B, dict(finetune="qlora", gpus=2, parallel="fsdp", offload="params",
+                                               precision="bf16")),
     ("layers+offload", "estimate", L1B, dict(checkpoint="layers+offload", use_cache=False)),
     ("sqrt plan", "estimate", "models/gpt2-124m.json", dict(checkpoint="sqrt", batch=4)),
     ("recipe", "check", None, dict(recipe="tests/data/recipes/trl-sft-lora.yaml", gpu="a100-40gb")),

@@ -268,6 +268,7 @@ class Memory:
     nvme_bytes: Optional[int] = _opt()
     nccl_overhead_bytes: Optional[int] = _opt()
     comm_per_step: Optional[CommPerStep] = _opt()
+    load_bytes: Optional[int] = _opt()  # FSDP2 with a 4-bit base: the model whole on each GPU when loaded
     experts: Optional[Experts] = _opt()  # --ep: the experts' share per rank
     ref_weights_bytes: Optional[int] = _opt()  # --trainer dpo / kto: the reference copy, resident
     phases: Optional[Phases] = _opt()  # --trainer dpo / kto / grpo: each phase's peak

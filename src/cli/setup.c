@@ -210,9 +210,6 @@ static int check_model_options(const struct args *a, const struct setup *s)
                                 : a->ft.mode == MP_FT_QLORA ? &a->ft.quant
                                                             : NULL;
     const char *qwhy = a->par.strategy != MP_PAR_NONE ? mp_par_quant_unmodelled(a->par.strategy, qz) : NULL;
-    if (!qwhy && qz && mp_par_is_fsdp(a->par.strategy) && a->par.offload != MP_OFFLOAD_NONE)
-        qwhy = "FSDP2's CPU offload of a 4-bit base is not modelled (its quant_state, a module attribute, stays "
-               "where it was loaded)";
     if (qwhy) {
         fprintf(stderr, "memplan: error: %s: --finetune %s with --parallel %s: %s\n", a->model,
                 mp_ft_mode_str(a->ft.mode), mp_par_strategy_str(a->par.strategy), qwhy);

@@ -9,8 +9,8 @@
 const char *mp_phase_str(enum mp_phase ph)
 {
     static const char *n[] = {"setup", "forward", "loss", "recompute", "backward", "optimizer.step", "end",
-                              "generation"};
-    return (unsigned)ph <= MP_PH_GENERATE ? n[ph] : "?";
+                              "generation", "load"};
+    return (unsigned)ph <= MP_PH_LOAD ? n[ph] : "?";
 }
 
 void mp_train_opts_default(struct mp_train_opts *o)
@@ -381,10 +381,18 @@ enum mp_status peak_overflow(const struct mp_program *p, const struct mp_train_o
     return mp_fail(d, MP_ERR_RANGE, "%s: memory overflows 64 bits", p->model->path);
 }
 
-/* e's peak on the device: the allocated peak plus the CUDA context. */
+/* e's peak on the device: the allocated peak plus the CUDA context.  The load (FSDP2 with a 4-bit
+ * base: the model whole on the GPU before fully_shard) is the peak where it is larger: torch's
+ * max_memory_allocated counts it, and the step never runs if it does not fit. */
 enum mp_status device_peak(const struct mp_program *p, uint64_t context_bytes, struct mp_estimate *e,
                            struct mp_diag *d)
 {
+    if (e->load_bytes > e->peak_allocated_bytes) {
+        e->peak_allocated_bytes = e->load_bytes;
+        e->peak_requested_bytes = mp_max_u64(e->peak_requested_bytes, e->load_bytes);
+        e->peak_reserved_bytes = mp_max_u64(e->peak_reserved_bytes, e->load_bytes);
+        e->reserved_frag_bytes = 0; /* (the load's reserved bytes are not simulated) */
+    }
     e->overhead_bytes = context_bytes;
     if (!mp_add_u64(e->peak_allocated_bytes, context_bytes, &e->peak_device_bytes) ||
         !mp_add_u64(e->peak_device_bytes, e->vllm_bytes, &e->peak_device_bytes))
@@ -393,10 +401,22 @@ enum mp_status device_peak(const struct mp_program *p, uint64_t context_bytes, s
     return MP_OK;
 }
 
+/* The load named as the peak where it is (device_peak raised the peak to it). */
+void name_load_peak(struct mp_estimate *e)
+{
+    if (!e->load_bytes || e->load_bytes < e->peak_allocated_bytes)
+        return;
+    e->peak_phase = MP_PH_LOAD;
+    snprintf(e->peak_event, sizeof e->peak_event, "load:from_pretrained");
+}
+
 /* One rank's resident figures under data-parallel plan pp (replacing one GPU's). */
 void par_static(const struct mp_par_plan *pp, const struct mp_train_opts *t, struct mp_estimate *e)
 {
     e->world = pp->world;
+    e->load_bytes = 0;
+    if (pp->load_bytes && !mp_add_u64(pp->load_bytes, e->module_buffers_bytes, &e->load_bytes))
+        e->load_bytes = UINT64_MAX; /* (saturated: it fits nothing) */
     e->weights_bytes = pp->weights_bytes;
     e->grads_bytes = pp->grads_bytes;
     e->optimizer_bytes = pp->optimizer_bytes;
@@ -841,6 +861,7 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
                  p->nodes[c.peak_node].name);
     else
         snprintf(e->peak_event, sizeof e->peak_event, "%s", mp_phase_str(c.peak_phase));
+    name_load_peak(e);
 
     /* per block */
     e->n_blocks = p->n_blocks;

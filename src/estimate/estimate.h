@@ -48,7 +48,8 @@ enum mp_ev_kind {
 
 enum mp_phase {
     MP_PH_SETUP, MP_PH_FORWARD, MP_PH_LOSS, MP_PH_RECOMPUTE, MP_PH_BACKWARD, MP_PH_STEP, MP_PH_END,
-    MP_PH_GENERATE /* GRPO's generation and its reference forward, before the step (no replay event has it) */
+    MP_PH_GENERATE, /* GRPO's generation and its reference forward, before the step (no replay event has it) */
+    MP_PH_LOAD      /* from_pretrained, before the first step: FSDP2 with a 4-bit base (load_bytes) */
 };
 const char *mp_phase_str(enum mp_phase ph);
 
@@ -291,6 +292,9 @@ struct mp_estimate {
     /* --ep (parallel.h): the EP and expert-FSDP group sizes; the experts' part of weights, grads
      * and optimizer state per rank; one experts unit's bytes all-gathered (its E / ep experts whole) */
     uint64_t ep, efsdp, expert_weights_bytes, expert_grads_bytes, expert_optimizer_bytes, expert_gather_bytes;
+    uint64_t load_bytes;             /* FSDP2 with a bitsandbytes-quantized base: the whole model on each
+                                      * GPU when loaded, before fully_shard shards it (module buffers
+                                      * included); the peak where larger than the step's (0: none) */
     uint64_t host_pinned_bytes;      /* --checkpoint layers+offload: pinned host RAM of the
                                       * checkpointed inputs (their PCIe copies are in pcie_bytes) */
     uint64_t ckpt_offload_bytes;     /* the same unrounded: each crosses PCIe twice (in pcie_bytes) */

@@ -368,6 +368,7 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
     } else {
         snprintf(e->peak_event, sizeof e->peak_event, "%s", mp_phase_str(c.peak_phase));
     }
+    name_load_peak(e);
     /* recompute: forwards the full schedule runs beyond one per block */
     size_t N = f->n_full;
     bool *ran = calloc(N ? N : 1, sizeof *ran), *ckpt = calloc(N ? N : 1, sizeof *ckpt);

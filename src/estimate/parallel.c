@@ -196,6 +196,14 @@ uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_p
     return pp->shard_elems[q] * mp_par_fsdp_shard_elem_bytes(pp, pa) + mp_par_quant_state_bytes(pp, pa);
 }
 
+uint64_t mp_par_offload_kept_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q)
+{
+    const struct mp_param *pa = &p->params[q];
+    if (!mp_par_is_fsdp(pp->par.strategy))
+        return 0;
+    return mp_par_fsdp_ignored(pp, pa) ? pa->bytes : mp_par_quant_state_bytes(pp, pa);
+}
+
 enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d)
 {
     if (p->gpus == 0 || p->nodes == 0)
@@ -570,9 +578,13 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
         gr->shard_elems += pp->shard_elems[q];
         gr->unsharded_elems += pp->shard_elems[q] * M;
         uint64_t gb = mp_par_gather_elem_bytes(pp, pa);
-        bool cast = fsdp && gb != mp_par_fsdp_shard_elem_bytes(pp, pa); /* a policy's cast copy */
+        /* the all-gather's inputs, held until copied into its flat output: a policy's cast copy,
+         * and under CPU offload every shard's copy to the GPU (torch 2.15 _fsdp_param.py
+         * all_gather_inputs: .to(device), then the cast; _fsdp_collectives.py:363-387) */
+        bool cast = fsdp && gb != mp_par_fsdp_shard_elem_bytes(pp, pa);
+        bool h2d = fsdp && pp->par.offload == MP_OFFLOAD_PARAMS && !mp_par_fsdp_ignored(pp, pa);
         if (!wadd(&gr->unsharded_bytes, pp->shard_elems[q] * M, gb) ||
-            (cast && !wadd(&gr->copyin_bytes, pp->shard_elems[q], gb)))
+            ((cast || h2d) && !wadd(&gr->copyin_bytes, pp->shard_elems[q], gb)))
             return MP_ERR_RANGE;
         if (pa->trainable) {
             gr->grad_shard_elems += pp->shard_elems[q];
@@ -644,6 +656,8 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
     uint64_t opt = 0, shard = 0, persist = 0, persist_shard = 0, un = 0, whole = 0, grads = 0;
     uint64_t un_b = 0, regather_b = 0; /* the groups' unsharded bytes as gathered (all; the resharded) */
     uint64_t gshard = 0, gun = 0, fsdp_w = 0; /* FSDP2: trainable shards, their RS input; shard bytes */
+    uint64_t kept = 0;                         /* FSDP2 offload: what stays on the GPU (quant state) */
+    uint64_t loaded = 0;                       /* every parameter whole, as from_pretrained leaves it */
     uint64_t ddp = 0;                          /* DDP: the buckets' bytes, all-reduced */
     uint64_t ew = 0, eg = 0, eo = 0;           /* --ep: the experts' weights, gradients, state */
     for (size_t q = 0; q < p->n_params; q++) {
@@ -656,6 +670,8 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         ok = ok && wadd(&opt, mp_par_opt_state_bytes(pp, p, o, q), wq) && wadd(&shard, pp->shard_elems[q], wq) &&
              wadd(&whole, pa->raw_bytes, wq) && wadd(&grads, mp_param_grad_bytes(pa), wq) &&
              wadd(&fsdp_w, mp_par_rank_param_bytes(pp, p, q), wq) &&
+             wadd(&kept, mp_par_offload_kept_bytes(pp, p, q), wq) && /* (peft's adapters: fp32) */
+             wadd(&loaded, pa->adapter ? pa->elems : pa->bytes, pa->adapter ? 4 * wq : wq) &&
              (!pa->trainable || wadd(&gshard, pp->shard_elems[q], wq)) && wadd(&ddp, ddp_bucket_bytes_of(pa), wq);
         if (s == MP_PAR_ZERO3 && p->params[q].elems < pp->par.ds_persistence_elems)
             ok = ok && wadd(&persist, p->params[q].elems, wq) && wadd(&persist_shard, pp->shard_elems[q], wq);
@@ -753,16 +769,23 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         /* every parameter sharded (a frozen base too); gradients, the reduce-scatter and the
          * optimizer only of the trainable ones */
         uint64_t R = pp->reduce_elem_bytes;
-        pp->weights_bytes = off_par ? 0 : fsdp_w;
+        pp->weights_bytes = off_par ? kept : fsdp_w;
         pp->grads_bytes = off_par ? 0 : gshard * R;
         pp->optimizer_bytes = off_par ? 0 : opt;
-        pp->host_bytes = off_par ? fsdp_w + gshard * R + opt : 0;
+        pp->host_bytes = off_par ? fsdp_w - kept + gshard * R + opt : 0;
         /* forward all-gathers every group; those resharded after forward are gathered again
          * in backward */
         pp->allgather_bytes = (double)un_b + (double)regather_b;
         pp->reducescatter_bytes = (double)(gun * R);
+        /* A bitsandbytes-quantized base is loaded whole onto every rank's GPU before FSDP2
+         * shards it: transformers 5.24 quantizer_bnb_4bit.py update_device_map sets device_map
+         * {"": torch.cuda.current_device()}, accelerate 1.15 prepare_model refuses a 4-bit model
+         * on another device (accelerator.py:1851-1870), and fsdp2_prepare_model skips
+         * cpu_ram_efficient_loading for Params4bit (fsdp_utils.py:831); peft's adapters are made
+         * there too.  fully_shard then frees each full weight for its shard. */
+        pp->load_bytes = pp->quant ? loaded : 0;
         if (off_par) {
-            pp->pcie_bytes = (double)fsdp_w * (s == MP_PAR_FSDP ? 2 : 1) + (double)(gshard * R);
+            pp->pcie_bytes = (double)(fsdp_w - kept) * (s == MP_PAR_FSDP ? 2 : 1) + (double)(gshard * R);
             pp->host_step_elems = (double)gshard;
         }
         break;

@@ -193,6 +193,8 @@ struct mp_par_plan {
     uint64_t expert_weights_bytes, expert_grads_bytes, expert_optimizer_bytes; /* --ep: the experts'
                                   * part of weights/grads/optimizer per rank */
     uint64_t expert_gather_bytes; /* --ep: the largest experts unit as all-gathered */
+    uint64_t load_bytes;         /* FSDP2 with a bitsandbytes-quantized base: the model whole on this
+                                  * rank's GPU when loaded, before fully_shard (0 otherwise) */
     uint64_t total_elems;        /* trainable parameter elements */
     uint64_t partition_elems;    /* ZeRO-1/2: flat partition per rank (aligned to 2 x world) */
     uint64_t shard_total;        /* the sum of shard_elems over the full model's parameters */
@@ -234,6 +236,11 @@ uint64_t mp_par_quant_state_bytes(const struct mp_par_plan *pp, const struct mp_
 /* Bytes of parameter q on this rank at setup under FSDP2 (its shard, or whole when left out,
  * plus a quantized weight's quant state); the whole parameter's bytes otherwise. */
 uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q);
+/* What of mp_par_rank_param_bytes stays on the GPU under FSDP2's CPUOffloadPolicy (--offload
+ * params): a quantized weight's quant state (a module attribute: fully_shard moves parameters
+ * and buffers only, torch 2.15 _fsdp_init.py _move_states_to_device, and FSDPParam moves the
+ * padded shard to the host, _fsdp_param.py:362-365) and a parameter left out whole; 0 for the rest. */
+uint64_t mp_par_offload_kept_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q);
 /* TRL's frozen reference copy under FSDP2 (trl 1.16 models/utils.py prepare_fsdp: fully_shard on
  * the whole model, one unit, the plugin's reshard_after_forward and policy): this rank's shards
  * (the model's load dtype: fp32 but for pure bf16) and the unit's unsharded bytes as gathered (a

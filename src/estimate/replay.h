@@ -201,6 +201,7 @@ enum mp_status workspaces_into(const struct mp_program *p, const struct mp_train
 enum mp_status peak_overflow(const struct mp_program *p, const struct mp_train_opts *t, struct mp_diag *d);
 enum mp_status device_peak(const struct mp_program *p, uint64_t context_bytes, struct mp_estimate *e,
                            struct mp_diag *d);
+void name_load_peak(struct mp_estimate *e);
 void par_static(const struct mp_par_plan *pp, const struct mp_train_opts *t, struct mp_estimate *e);
 void block_est(const struct mp_program *p, const struct mp_train_opts *t, size_t j, uint64_t activation,
                struct mp_block_est *b);

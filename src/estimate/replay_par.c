@@ -26,11 +26,11 @@ static void fsdp_unshard(struct rp *r, size_t g, bool forward)
         return;
     uint64_t flat = g_unsharded(r, g);
     if (!r->ag_pending[g]) {
-        if (r->pp->par.mixed_bf16) /* flat copy-in of the shards cast to bf16 */
-            comm(r, true, g, MP_COMM_COPY_IN, r->pp->groups[g].copyin_bytes);
+        /* the shards' copies (cast to bf16, or brought from the host) held while the flat
+         * output is made (none: comm skips 0 bytes) */
+        comm(r, true, g, MP_COMM_COPY_IN, r->pp->groups[g].copyin_bytes);
         comm(r, true, g, MP_COMM_AG_OUT, flat);
-        if (r->pp->par.mixed_bf16)
-            comm(r, false, g, MP_COMM_COPY_IN, r->pp->groups[g].copyin_bytes);
+        comm(r, false, g, MP_COMM_COPY_IN, r->pp->groups[g].copyin_bytes);
     }
     r->ag_pending[g] = false;
     if (forward && r->ag_held >= 0) {
@@ -197,11 +197,9 @@ static void prefetch(struct rp *r, size_t h)
 {
     if (r->pp->groups[h].root || r->uns[h] || r->ag_pending[h])
         return;
-    if (r->pp->par.mixed_bf16)
-        comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
+    comm(r, true, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
     comm(r, true, h, MP_COMM_AG_OUT, g_unsharded(r, h));
-    if (r->pp->par.mixed_bf16)
-        comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
+    comm(r, false, h, MP_COMM_COPY_IN, r->pp->groups[h].copyin_bytes);
     r->ag_pending[h] = true;
 }
 
@@ -374,7 +372,7 @@ uint64_t par_param_bytes(const struct rp *r, size_t q)
     switch (pp->par.strategy) {
     case MP_PAR_FSDP:
     case MP_PAR_FSDP_NO_RESHARD:
-        return off_par && !mp_par_fsdp_ignored(pp, &p->params[q]) ? 0 : mp_par_rank_param_bytes(pp, p, q);
+        return off_par ? mp_par_offload_kept_bytes(pp, p, q) : mp_par_rank_param_bytes(pp, p, q);
     case MP_PAR_ZERO3:
         if (n < pp->par.ds_persistence_elems)
             return n * P;

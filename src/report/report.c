@@ -500,6 +500,8 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
             cJSON_AddStringToObject(o, "peak_event", e->old_forward_event);
         }
     }
+    if (e->load_bytes) /* FSDP2 with a 4-bit base: the model whole on the GPU when loaded */
+        ju64(m, "load_bytes", e->load_bytes);
     if (e->vllm_bytes) /* GRPO's colocated vLLM */
         ju64(m, "vllm_bytes", e->vllm_bytes);
     jnum(m, "fwd_flops", e->fwd_flops);
@@ -1033,6 +1035,9 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     fprintf(out, "  input batch        %12s\n", B(e->input_bytes));
     fprintf(out, "  cuBLAS workspace   %12s   (%d: the forward's and autograd's thread's handle)\n",
             B(e->workspace_bytes), MP_CUBLAS_HANDLES);
+    if (e->load_bytes)
+        fprintf(out, "  load (4-bit base)  %12s   (whole on each GPU from from_pretrained to FSDP2's sharding)\n",
+                B(e->load_bytes));
     if (e->host_pinned_bytes)
         fprintf(out, "  host RAM (pinned)  %12s   (offloaded checkpoint inputs; PCIe %s per step)\n",
                 B(e->host_pinned_bytes), B(2 * e->ckpt_offload_bytes));

@@ -1634,6 +1634,17 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     else
         snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch %llu with every block checkpointed",
                  (unsigned long long)mp_trainer_min_batch(base->build.trainer));
+    /* where the load decides (FSDP2 with a 4-bit base): the step does not matter */
+    const struct mp_candidate *least = NULL;
+    for (size_t i = 0; i < s->n; i++)
+        if (!least || s->cand[i].peak_device_bytes < least->peak_device_bytes)
+            least = &s->cand[i];
+    if (!any_fit && least && least->fit.est.peak_phase == MP_PH_LOAD) {
+        char lb[32];
+        snprintf(s->note, sizeof s->note, "nothing fits: from_pretrained loads the 4-bit model whole onto each GPU "
+                 "(%s with the CUDA context) before FSDP2 shards it; no micro-batch, checkpointing or GPU count "
+                 "lowers that", mp_fmt_bytes(least->peak_device_bytes, lb, sizeof lb));
+    }
     /* the smallest data-parallel world that fits (the full search: suggest --gpus N) */
     if (world_alt[0]) {
         if (s->n_alternatives == sizeof s->alternatives / sizeof s->alternatives[0])
