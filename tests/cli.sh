@@ -1718,6 +1718,11 @@ expect_msg 2 "a GPTQ base under FSDP2 (not modelled)" "only a bitsandbytes 4-bit
     estimate tests/data/hf-qwen2-0.5b-gptq.json --finetune lora --gpus 2 --parallel fsdp
 expect_line 2 "--quant-storage with an unknown dtype" estimate models/hf/llama-3.2-1b.json --finetune qlora \
     --quant-storage int4
+expect_msg 2 "ZeRO-3 QLoRA with uint8 storage (not modelled)" "uint8 storage under ZeRO-3 is not modelled" \
+    estimate models/hf/llama-3.2-1b.json --finetune qlora --gpus 2 --parallel zero3 --quant-storage uint8
+expect_msg 2 "ZeRO-3 QLoRA, bf16, float32 storage (DeepSpeed's bf16 casts it)" "DeepSpeed's bf16 would cast" \
+    estimate models/hf/llama-3.2-1b.json --finetune qlora --gpus 2 --parallel zero3 --precision bf16 \
+    --quant-storage float32
 if [ -n "$HAVE_PY" ]; then
     Q4="models/hf/llama-3.2-1b.json --finetune qlora --precision bf16 --gpus 2 --parallel fsdp --json"
     # shellcheck disable=SC2086
@@ -1774,6 +1779,28 @@ PY
         ok "FSDP-QLoRA --offload params: the quant_state (15,679,488 B) stays on the GPU; load_bytes the whole model"
     else
         bad "FSDP-QLoRA --offload params: the quant_state on the GPU, the load"
+    fi
+    # ZeRO-3 QLoRA against ZeRO-3 LoRA (bf16, 2 ranks): the same but for the 16 layers' seven
+    # projections, bf16 partitions of numel x 2 B in one, of the packed numel / 4 bf16 elements
+    # (numel / 2 B) in the other, plus each weight's quant_state whole (15,679,488 B above)
+    run estimate models/hf/llama-3.2-1b.json --finetune lora --precision bf16 --gpus 2 --parallel zero3 --json
+    cp "$T/out" "$T/z3-lora.json"
+    run estimate models/hf/llama-3.2-1b.json --finetune qlora --precision bf16 --gpus 2 --parallel zero3 --json
+    cp "$T/out" "$T/z3-qlora.json"
+    if python3 - "$T/z3-lora.json" "$T/z3-qlora.json" <<'PY' 2>"$T/why"
+import json, sys
+lo, ql = (json.load(open(f)) for f in sys.argv[1:3])
+numel = 16 * (2 * 2048 * 2048 + 2 * 512 * 2048 + 3 * 8192 * 2048)
+want = numel * 2 // 2 - numel // 2 // 2 - 15679488
+got = lo["memory"]["weights_bytes"] - ql["memory"]["weights_bytes"]
+assert got == want == 714129408, (got, want)
+assert ql["config"]["finetune"]["quant_storage"] == "bfloat16", ql["config"]["finetune"]
+assert ql["memory"]["load_bytes"] == 1034506496 and "load_bytes" not in lo["memory"], ql["memory"]
+PY
+    then
+        ok "ZeRO-3 QLoRA: the packed weights partitioned in bf16 storage, the quant_state whole (714,129,408 B below LoRA)"
+    else
+        bad "ZeRO-3 QLoRA: the packed weights partitioned, the quant_state whole"
     fi
 else
     skipped "FSDP-QLoRA's JSON (python3 not found)"

@@ -88,6 +88,11 @@ CASES = [
     # FSDP-QLoRA: Llama-3.1-70B on 4 x A100-40GB (issue 28), the packed weights in bf16 storage
     ("qlora fsdp 70b", ["models/hf/llama-3.1-70b.json", "--gpu", "a100-40gb", "--gpus", "4", "--parallel", "fsdp",
                         "--finetune", "qlora"]),
+    # the same on ZeRO-3 (bf16 storage, partitioned), and FSDP-QLoRA with CPUOffloadPolicy
+    ("qlora zero3 70b", ["models/hf/llama-3.1-70b.json", "--gpu", "a100-40gb", "--gpus", "4", "--parallel", "zero3",
+                         "--finetune", "qlora"]),
+    ("qlora fsdp offload", ["models/hf/llama-3.2-1b.json", "--gpu", "t4", "--gpus", "2", "--parallel", "fsdp",
+                            "--offload", "params", "--finetune", "qlora", "--seq", "1024"]),
 ]
 
 
@@ -278,8 +283,9 @@ else:
               "hf %s: activation_checkpointing_kwargs offload %s" % (label, ck.endswith("+offload")))
         m = ns["model"]
         pdt = next(iter(m.parameters())).dtype
-        # (FSDP-QLoRA under mixed-bf16: loaded in the bf16 storage dtype, as the guides do)
-        fsdp_qlora = rec["finetune"] == "qlora" and (rec.get("parallel") or {}).get("strategy", "").startswith("fsdp")
+        # (FSDP-QLoRA and ZeRO-3 QLoRA under mixed-bf16: loaded in the bf16 storage dtype, as the guides do)
+        fsdp_qlora = rec["finetune"] == "qlora" and \
+            (rec.get("parallel") or {}).get("strategy", "").startswith(("fsdp", "zero3"))
         want_dt = torch.bfloat16 if prec in ("bf16", "bf16-amp") or (fsdp_qlora and prec == "mixed-bf16") \
             else torch.float32
         check(pdt == want_dt, "hf %s: model loaded with dtype %s" % (label, want_dt))

@@ -127,7 +127,7 @@ static const struct opt OPTS[] = {
     {0, "quant-storage", "D", C_ALL, K_ENUM, FIELD(ft.quant.storage), SEEN(quant_storage_set),
      .parse = mp_quant_storage_parse, .names = mp_quant_storage_names,
      .help = ": qlora's bnb_4bit_quant_storage; a float dtype lets FSDP2 shard the packed weights, uint8 "
-             "leaves them whole on each rank (default: bfloat16 under fsdp, else uint8)"},
+             "leaves them whole on each rank (default: bfloat16 under fsdp and zero3, else uint8)"},
     {0, "train-blocks", "LIST", C_ALL, K_CALLBACK, FIELD(ft), SEEN(blocks_set), .cb = cb_train_blocks,
      .help = "freeze: trained decoder blocks and parts, e.g. 20-31,head"},
     {0, "attention", "A", C_ALL, K_ENUM, FIELD(attention), SEEN(attention_set), .parse = mp_attn_impl_parse,
@@ -749,6 +749,12 @@ static int check_rules(const struct command *c, struct args *a)
     if (a->quant_storage_set && a->par.mixed_bf16 && (a->ft.quant.storage == MP_DT_F16 || a->ft.quant.storage == MP_DT_F32))
         return cli_usage_error(c->name, "--quant-storage %s with --precision mixed-bf16: the bf16 policy would cast "
                                "the packed 4-bit weights (use bfloat16)", mp_quant_storage_str(a->ft.quant.storage));
+    /* DeepSpeed's bf16 casts every floating parameter to bf16 (engine.py _cast_module_mixed_precision) */
+    if (a->quant_storage_set && a->par.strategy == MP_PAR_ZERO3 && a->precision == MP_PREC_BF16 &&
+        (a->ft.quant.storage == MP_DT_F16 || a->ft.quant.storage == MP_DT_F32))
+        return cli_usage_error(c->name, "--quant-storage %s with --parallel zero3 --precision bf16: DeepSpeed's bf16 "
+                               "would cast the packed 4-bit weights (use bfloat16)",
+                               mp_quant_storage_str(a->ft.quant.storage));
     /* a strategy whose plan does not model a frozen base yet: refused, not ignored (suggest
      * searches only the modelled ones) */
     if (a->par.strategy != MP_PAR_NONE && !mp_par_finetune_modelled(a->par.strategy, a->ft.mode, MP_OPT_ADAMW)) {

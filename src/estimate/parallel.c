@@ -108,10 +108,10 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
         return s == MP_PAR_NONE || s == MP_PAR_DDP;
     if (m == MP_FT_FULL || s == MP_PAR_NONE || s == MP_PAR_DDP || s == MP_PAR_ZERO1 || s == MP_PAR_ZERO2)
         return true;
-    return mp_par_is_fsdp(s) || (s == MP_PAR_ZERO3 && m != MP_FT_QLORA);
+    return mp_par_is_fsdp(s) || s == MP_PAR_ZERO3;
 }
 
-const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2, zero3 (but qlora), fsdp, fsdp-no-reshard"; }
+const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2, zero3, fsdp, fsdp-no-reshard"; }
 
 bool mp_par_fused_head_unmodelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_loss l)
 {
@@ -123,10 +123,13 @@ const char *mp_par_quant_unmodelled(enum mp_par_strategy s, const struct mp_quan
 {
     if (!q || q->kind == MP_Q_NONE || !mp_par_sharded_params(s))
         return NULL;
-    if (s == MP_PAR_ZERO3)
-        return "a quantized base under ZeRO-3 is not modelled yet";
     if (q->kind != MP_Q_BNB_NF4 && q->kind != MP_Q_BNB_FP4)
-        return "only a bitsandbytes 4-bit base is modelled under FSDP2 (its packed weights sharded or left out)";
+        return s == MP_PAR_ZERO3 ? "only a bitsandbytes 4-bit base is modelled under ZeRO-3 (its packed weights "
+                                   "partitioned)"
+                                 : "only a bitsandbytes 4-bit base is modelled under FSDP2 (its packed weights sharded "
+                                   "or left out)";
+    if (s == MP_PAR_ZERO3 && mp_quant_storage(q, true) == MP_DT_U8)
+        return "uint8 storage under ZeRO-3 is not modelled (give --quant-storage bfloat16, the ZeRO-3 QLoRA recipe's)";
     return NULL;
 }
 
@@ -156,10 +159,30 @@ uint64_t mp_par_fsdp_shard_elem_bytes(const struct mp_par_plan *pp, const struct
     return pp->master_elem_bytes;
 }
 
+/* The elements the library holds of q: a quantized weight's packed storage elements ((n + 1) /
+ * (2 x storage bytes) rows of one: bitsandbytes backends/cuda/ops.py quantize_4bit), else q's. */
+static uint64_t lib_elems(const struct mp_par_plan *pp, const struct mp_param *q)
+{
+    return quantized(q) ? (q->elems + 1) / (2 * mp_dtype_size((enum mp_dtype)pp->quant_storage)) : q->elems;
+}
+
+/* ZeRO-3: bytes per element of q's partition and gathered copy, the compute dtype's, but a 4-bit
+ * weight's packed storage (DeepSpeed's bf16 casts floating parameters to bf16 and leaves a
+ * bf16 storage as it is; without bf16 nothing casts it: engine.py _cast_module_mixed_precision) */
+static uint64_t z3_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q)
+{
+    return quantized(q) ? mp_dtype_size((enum mp_dtype)pp->quant_storage) : pp->compute_elem_bytes;
+}
+
+bool mp_par_z3_persistent(const struct mp_par_plan *pp, const struct mp_param *q)
+{
+    return pp->par.strategy == MP_PAR_ZERO3 && lib_elems(pp, q) < pp->par.ds_persistence_elems;
+}
+
 uint64_t mp_par_gather_elem_bytes(const struct mp_par_plan *pp, const struct mp_param *q)
 {
     if (!mp_par_is_fsdp(pp->par.strategy))
-        return pp->compute_elem_bytes;
+        return pp->par.strategy == MP_PAR_ZERO3 ? z3_elem_bytes(pp, q) : pp->compute_elem_bytes;
     if (quantized(q)) /* the packed storage, never cast */
         return mp_dtype_size((enum mp_dtype)pp->quant_storage);
     return pp->par.mixed_bf16 ? pp->compute_elem_bytes : mp_par_fsdp_shard_elem_bytes(pp, q);
@@ -191,6 +214,9 @@ bool mp_par_fsdp_ref_bytes(const struct mp_parallel *par, const struct mp_progra
 uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q)
 {
     const struct mp_param *pa = &p->params[q];
+    if (pp->par.strategy == MP_PAR_ZERO3) /* persisted whole, or its partition */
+        return (mp_par_z3_persistent(pp, pa) ? lib_elems(pp, pa) : pp->shard_elems[q]) * z3_elem_bytes(pp, pa) +
+               mp_par_quant_state_bytes(pp, pa);
     if (!mp_par_is_fsdp(pp->par.strategy) || mp_par_fsdp_ignored(pp, pa))
         return pa->bytes;
     return pp->shard_elems[q] * mp_par_fsdp_shard_elem_bytes(pp, pa) + mp_par_quant_state_bytes(pp, pa);
@@ -199,6 +225,8 @@ uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_p
 uint64_t mp_par_offload_kept_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q)
 {
     const struct mp_param *pa = &p->params[q];
+    if (pp->par.strategy == MP_PAR_ZERO3)
+        return mp_par_quant_state_bytes(pp, pa);
     if (!mp_par_is_fsdp(pp->par.strategy))
         return 0;
     return mp_par_fsdp_ignored(pp, pa) ? pa->bytes : mp_par_quant_state_bytes(pp, pa);
@@ -570,8 +598,8 @@ static enum mp_status make_groups(struct mp_par_plan *pp, const struct mp_progra
         struct mp_par_group *gr = &pp->groups[pp->group_of_param[q]];
         gr->blk_lo = mp_min_u64(gr->blk_lo, (uint64_t)pa->block);
         gr->blk_hi = mp_max_u64(gr->blk_hi, (uint64_t)pa->block);
-        if (!fsdp && pa->elems < pp->par.ds_persistence_elems) {
-            gr->persist_elems += pa->elems;
+        if (!fsdp && mp_par_z3_persistent(pp, pa)) {
+            gr->persist_elems += lib_elems(pp, pa);
             continue;
         }
         uint64_t M = gr->mesh ? gr->mesh : N;
@@ -630,13 +658,11 @@ static uint64_t shard_elems_of(const struct mp_par_plan *pp, const struct mp_par
     case MP_PAR_FSDP_NO_RESHARD:
         if (mp_par_fsdp_ignored(pp, pa))
             return pa->elems;
-        if (quantized(pa)) {
-            uint64_t rows = (pa->elems + 1) / (2 * mp_dtype_size((enum mp_dtype)pp->quant_storage));
-            return mp_ceil_div(rows, N);
-        }
+        if (quantized(pa))
+            return mp_ceil_div(lib_elems(pp, pa), N);
         /* --ep: a rank's experts stack (E / ep of them) over the efsdp ranks */
         return mp_par_fsdp_shard_elems(pa, pa->stacked && pp->efsdp ? pp->efsdp : N);
-    case MP_PAR_ZERO3: return mp_par_zero3_shard_elems(pa->elems, N);
+    case MP_PAR_ZERO3: return mp_par_zero3_shard_elems(lib_elems(pp, pa), N);
     case MP_PAR_ZERO1:
     case MP_PAR_ZERO2: return mp_ceil_div(pa->elems, N);
     case MP_PAR_NONE:
@@ -653,7 +679,8 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
     enum mp_par_strategy s = pp->par.strategy;
     uint64_t P = pp->compute_elem_bytes;
     bool ok = true;
-    uint64_t opt = 0, shard = 0, persist = 0, persist_shard = 0, un = 0, whole = 0, grads = 0;
+    uint64_t opt = 0, shard = 0, un = 0, whole = 0, grads = 0;
+    uint64_t persist_b = 0, part_b = 0; /* ZeRO-3: persisted parameters whole, the others' partitions */
     uint64_t un_b = 0, regather_b = 0; /* the groups' unsharded bytes as gathered (all; the resharded) */
     uint64_t gshard = 0, gun = 0, fsdp_w = 0; /* FSDP2: trainable shards, their RS input; shard bytes */
     uint64_t kept = 0;                         /* FSDP2 offload: what stays on the GPU (quant state) */
@@ -673,8 +700,10 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
              wadd(&kept, mp_par_offload_kept_bytes(pp, p, q), wq) && /* (peft's adapters: fp32) */
              wadd(&loaded, pa->adapter ? pa->elems : pa->bytes, pa->adapter ? 4 * wq : wq) &&
              (!pa->trainable || wadd(&gshard, pp->shard_elems[q], wq)) && wadd(&ddp, ddp_bucket_bytes_of(pa), wq);
-        if (s == MP_PAR_ZERO3 && p->params[q].elems < pp->par.ds_persistence_elems)
-            ok = ok && wadd(&persist, p->params[q].elems, wq) && wadd(&persist_shard, pp->shard_elems[q], wq);
+        if (s == MP_PAR_ZERO3 && mp_par_z3_persistent(pp, pa))
+            ok = ok && wadd(&persist_b, lib_elems(pp, pa) * z3_elem_bytes(pp, pa), wq);
+        else if (s == MP_PAR_ZERO3)
+            ok = ok && wadd(&part_b, pp->shard_elems[q] * z3_elem_bytes(pp, pa), wq);
     }
     for (size_t g = 0; g < pp->n_groups; g++) {
         ok = ok && wadd(&un, pp->groups[g].unsharded_elems, pp->group_weight[g]) &&
@@ -736,7 +765,8 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         /* every parameter partitioned (zero.Init; a frozen base too), the optimizer's flat fp32
          * master and gradient partitions only of the trained ones (stage3.py
          * _get_trainable_parameter_groups: is_optimized_parameter; grad_partitions_flat_buffer) */
-        uint64_t dev_params = persist * P + (off_par ? 0 : (shard - persist_shard) * P);
+        /* (a 4-bit weight's quant_state, a module attribute, stays on every rank's GPU) */
+        uint64_t dev_params = persist_b + kept + (off_par ? 0 : part_b);
         uint64_t master = (P == 4 && !off_opt) ? 0 : gshard * 4; /* fp32 params are their own master */
         pp->weights_bytes = dev_params + (off_opt ? 0 : master);
         pp->grads_bytes = off_opt ? 0 : gshard * 4;
@@ -745,7 +775,7 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         if (off_opt)
             pp->host_bytes = gshard * 4 + opt + gshard * 4;
         if (off_par)
-            pp->host_bytes += (shard - persist_shard) * P;
+            pp->host_bytes += part_b;
         /* (a frozen base is gathered too: the groups' bytes; Psi counts the trained parameters) */
         pp->allgather_bytes = 2.0 * (double)(gshard == shard ? Psi * P : un_b);
         pp->reducescatter_bytes = (double)(Psi * P);
@@ -754,7 +784,7 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
             pp->host_step_elems = (double)gshard;
         }
         if (off_par)
-            pp->pcie_bytes += 2.0 * (double)(shard * P);
+            pp->pcie_bytes += 2.0 * (double)part_b;
         if (par->offload_device == MP_OFFDEV_NVME) {
             /* ZeRO-Infinity: state on NVMe, pinned swap buffers on the host
              * (buffer_count x buffer_size for parameters; 4 optimizer sub-group buffers) */
@@ -777,13 +807,6 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
          * in backward */
         pp->allgather_bytes = (double)un_b + (double)regather_b;
         pp->reducescatter_bytes = (double)(gun * R);
-        /* A bitsandbytes-quantized base is loaded whole onto every rank's GPU before FSDP2
-         * shards it: transformers 5.24 quantizer_bnb_4bit.py update_device_map sets device_map
-         * {"": torch.cuda.current_device()}, accelerate 1.15 prepare_model refuses a 4-bit model
-         * on another device (accelerator.py:1851-1870), and fsdp2_prepare_model skips
-         * cpu_ram_efficient_loading for Params4bit (fsdp_utils.py:831); peft's adapters are made
-         * there too.  fully_shard then frees each full weight for its shard. */
-        pp->load_bytes = pp->quant ? loaded : 0;
         if (off_par) {
             pp->pcie_bytes = (double)(fsdp_w - kept) * (s == MP_PAR_FSDP ? 2 : 1) + (double)(gshard * R);
             pp->host_step_elems = (double)gshard;
@@ -791,6 +814,16 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         break;
     }
     }
+    /* A bitsandbytes-quantized base is loaded whole onto every rank's GPU before FSDP2 or ZeRO-3
+     * shards it: transformers 5.24 quantizer_bnb_4bit.py update_device_map sets device_map
+     * {"": torch.cuda.current_device()} (and skips zero.Init for a quantized model,
+     * modeling_utils.py:1435), accelerate 1.15 prepare_model refuses a 4-bit model on another
+     * device (accelerator.py:1851-1870), fsdp2_prepare_model skips cpu_ram_efficient_loading for
+     * Params4bit (fsdp_utils.py:831); peft's adapters are made there too.  fully_shard, or
+     * DeepSpeed's Init(module=...) at initialize (parameter_offload.py:258-279), then frees each
+     * full weight for its shard. */
+    if (pp->quant && mp_par_sharded_params(s))
+        pp->load_bytes = loaded;
     return MP_OK;
 }
 
@@ -817,7 +850,7 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
     pp->reduce_elem_bytes = mp_par_is_fsdp(s) ? (adapters ? 4 : pp->master_elem_bytes) : P;
     pp->n_params = p->n_params;
     pp->quant = mp_program_base_quant(p);
-    pp->quant_storage = pp->quant ? mp_quant_storage(pp->quant, mp_par_is_fsdp(s)) : MP_DT_U8;
+    pp->quant_storage = pp->quant ? mp_quant_storage(pp->quant, mp_par_sharded_params(s)) : MP_DT_U8;
     enum mp_status st = MP_OK;
     bool ok = true;
     for (size_t q = 0; q < p->n_params; q++) {

@@ -234,12 +234,16 @@ bool mp_par_fsdp_ignored(const struct mp_par_plan *pp, const struct mp_param *q)
  * is a module attribute, not a parameter: replicated on every rank), 512-rounded; 0 otherwise. */
 uint64_t mp_par_quant_state_bytes(const struct mp_par_plan *pp, const struct mp_param *q);
 /* Bytes of parameter q on this rank at setup under FSDP2 (its shard, or whole when left out,
- * plus a quantized weight's quant state); the whole parameter's bytes otherwise. */
+ * plus a quantized weight's quant state) or ZeRO-3 (its partition, or whole when persisted, plus
+ * the quant state); the whole parameter's bytes otherwise. */
 uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q);
-/* What of mp_par_rank_param_bytes stays on the GPU under FSDP2's CPUOffloadPolicy (--offload
- * params): a quantized weight's quant state (a module attribute: fully_shard moves parameters
+/* ZeRO-3 keeps q whole on every rank (its numel, a 4-bit weight's packed one, under
+ * param_persistence_threshold). */
+/* What of mp_par_rank_param_bytes stays on the GPU under FSDP2's CPUOffloadPolicy or ZeRO-3's
+ * parameter offload (--offload params): a quantized weight's quant state (a module attribute: fully_shard moves parameters
  * and buffers only, torch 2.15 _fsdp_init.py _move_states_to_device, and FSDPParam moves the
  * padded shard to the host, _fsdp_param.py:362-365) and a parameter left out whole; 0 for the rest. */
+bool mp_par_z3_persistent(const struct mp_par_plan *pp, const struct mp_param *q);
 uint64_t mp_par_offload_kept_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q);
 /* TRL's frozen reference copy under FSDP2 (trl 1.16 models/utils.py prepare_fsdp: fully_shard on
  * the whole model, one unit, the plugin's reshard_after_forward and policy): this rank's shards

@@ -72,7 +72,7 @@ static void z3_fetch_tied(struct rp *r, size_t i)
         for (int j = 0; j < 2; j++) {
             int q = r->p->nodes[k].param[j];
             int o = q >= 0 ? r->p->params[q].block : -1;
-            if (o < 0 || (size_t)o == i || r->p->params[q].elems < r->pp->par.ds_persistence_elems)
+            if (o < 0 || (size_t)o == i || mp_par_z3_persistent(r->pp, &r->p->params[q]))
                 continue;
             size_t h = (size_t)r->pp->group_of_block[o];
             if (!r->uns[h]) {
@@ -364,7 +364,6 @@ void par_post_bwd(struct rp *r, size_t i)
 uint64_t par_param_bytes(const struct rp *r, size_t q)
 {
     const struct mp_program *p = r->p;
-    uint64_t P = mp_dtype_size(p->param_dtype), n = p->params[q].elems;
     if (!par_on(r))
         return p->params[q].bytes; /* quantized weights: their packed parts */
     const struct mp_par_plan *pp = r->pp;
@@ -373,10 +372,9 @@ uint64_t par_param_bytes(const struct rp *r, size_t q)
     case MP_PAR_FSDP:
     case MP_PAR_FSDP_NO_RESHARD:
         return off_par ? mp_par_offload_kept_bytes(pp, p, q) : mp_par_rank_param_bytes(pp, p, q);
-    case MP_PAR_ZERO3:
-        if (n < pp->par.ds_persistence_elems)
-            return n * P;
-        return off_par ? 0 : pp->shard_elems[q] * P;
+    case MP_PAR_ZERO3: /* (parameter offload: the partitions on the host, a quant_state not) */
+        return off_par && !mp_par_z3_persistent(pp, &p->params[q]) ? mp_par_offload_kept_bytes(pp, p, q)
+                                                                    : mp_par_rank_param_bytes(pp, p, q);
     default: return p->params[q].bytes; /* replicated (DDP, ZeRO-1/2): as on one GPU */
     }
 }

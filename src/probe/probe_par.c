@@ -91,7 +91,7 @@ static void *comm_ptr(const struct mp_exec *x, size_t slot, enum mp_comm_kind k)
 
 static bool persist(const struct mp_par_exec *px, const struct mp_param *q)
 {
-    return px->s == MP_PAR_ZERO3 && q->elems < px->plan.par.ds_persistence_elems;
+    return px->s == MP_PAR_ZERO3 && mp_par_z3_persistent(&px->plan, q);
 }
 
 static bool sharded(const struct mp_par_exec *px, const struct mp_param *q)

@@ -397,8 +397,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         cJSON_AddStringToObject(ft, "base_quant", q ? mp_quant_kind_str(q->kind) : "none");
         if (q && (q->kind == MP_Q_BNB_NF4 || q->kind == MP_Q_BNB_FP4)) {
             cJSON_AddBoolToObject(ft, "double_quant", q->double_quant);
-            bool fsdp = c->train->par && mp_par_is_fsdp(c->train->par->strategy);
-            cJSON_AddStringToObject(ft, "quant_storage", mp_quant_storage_str(mp_quant_storage(q, fsdp)));
+            bool sharded = c->train->par && mp_par_sharded_params(c->train->par->strategy);
+            cJSON_AddStringToObject(ft, "quant_storage", mp_quant_storage_str(mp_quant_storage(q, sharded)));
         }
         if (c->train->par)
             cJSON_AddItemToObject(cf, "parallel", json_parallel_of(c->train->par));
@@ -853,11 +853,12 @@ static void header(FILE *out, const struct mp_report_ctx *c)
         fprintf(out, "parallel  %s; memory figures are per rank%s\n", mp_par_describe(c->train->par, pb, sizeof pb),
                 rk);
         const struct mp_quant *q = c->prog ? mp_program_base_quant(c->prog) : NULL;
-        if (q && mp_par_is_fsdp(c->train->par->strategy)) { /* FSDP-QLoRA: where the 4-bit weights are */
+        if (q && mp_par_sharded_params(c->train->par->strategy)) { /* FSDP-QLoRA: where the 4-bit weights are */
             int st = mp_quant_storage(q, true);
+            bool z3 = c->train->par->strategy == MP_PAR_ZERO3;
             fprintf(out, "          4-bit base: %s storage%s, %s; quant_state on every rank\n",
-                    mp_quant_storage_str(st), q->storage < 0 ? " (FSDP-QLoRA's)" : "",
-                    st == MP_DT_U8 ? "not sharded (ignored_params)" : "sharded");
+                    mp_quant_storage_str(st), q->storage >= 0 ? "" : z3 ? " (ZeRO-3 QLoRA's)" : " (FSDP-QLoRA's)",
+                    z3 ? "partitioned" : st == MP_DT_U8 ? "not sharded (ignored_params)" : "sharded");
         }
     }
     if (c->recipe)
@@ -1330,10 +1331,10 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
     const struct mp_finetune *f = c->ft;
     bool peft = f && (b->ft == MP_FT_LORA || b->ft == MP_FT_QLORA);
     bool bnb = peft && b->ft == MP_FT_QLORA && c->model->quant.kind == MP_Q_NONE;
-    /* FSDP-QLoRA (peft's and bitsandbytes' FSDP-QLoRA guides): the model loaded in the storage
-     * dtype, no prepare_model_for_kbit_training (it would upcast the other frozen weights, which
-     * memplan plans as loaded) */
-    bool fsdp_qlora = bnb && mp_par_is_fsdp(b->par.strategy);
+    /* FSDP-QLoRA and ZeRO-3 QLoRA (peft's and bitsandbytes' guides): the model loaded in the
+     * storage dtype, no prepare_model_for_kbit_training (it would upcast the other frozen weights,
+     * which memplan plans as loaded: the whole model sits on each GPU until it is sharded) */
+    bool fsdp_qlora = bnb && mp_par_sharded_params(b->par.strategy);
     bool kbit = peft && !fsdp_qlora && (b->ft == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE);
     const char *auto_cls, *task = peft_task(c->model, &auto_cls);
     bool image = c->model->input != MP_INPUT_TOKENS;
@@ -1360,8 +1361,9 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
     if (c->num_labels)
         snprintf(labels, sizeof labels, ", num_labels=%llu", (unsigned long long)c->num_labels);
     if (bnb) {
-        /* a float storage: FSDP2 shards the packed weights (FSDP-QLoRA); uint8 is the default */
-        int st = mp_quant_storage(&f->quant, mp_par_is_fsdp(b->par.strategy));
+        /* a float storage: FSDP2 shards the packed weights (FSDP-QLoRA), ZeRO-3 partitions them;
+         * uint8 is the default */
+        int st = mp_quant_storage(&f->quant, mp_par_sharded_params(b->par.strategy));
         char qs[64] = "";
         if (st != MP_DT_U8)
             snprintf(qs, sizeof qs, ",\n    bnb_4bit_quant_storage=torch.%s", mp_quant_storage_str(st));
