@@ -1169,8 +1169,24 @@ expect_line 3 "a KTOConfig at one example a device: refused, naming the key" est
     --recipe tests/data/recipes/trl-kto-batch1.yaml
 expect_line 2 "--trainer dpo --loss hf (DPO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
     --trainer dpo --loss hf
-expect_msg 2 "--trainer dpo under ZeRO-3 (the reference's sharding)" "placement under DeepSpeed" \
+expect_msg 2 "--trainer dpo under ZeRO-3 (the reference's sharding)" "the reference model partitioned by ZeRO-3" \
     estimate models/hf/qwen3-0.6b.json --trainer dpo --gpus 2 --parallel zero3
+# under ZeRO-1/2 prepare_deepspeed gives the copy a stage-0 engine: whole on each rank, in the
+# policy's bf16 (494,032,768 parameters x 2 B), its forward as on one GPU
+if [ -n "$HAVE_PY" ]; then
+    run estimate models/hf/qwen2-0.5b.json --trainer dpo --batch 2 --seq 512 --precision bf16 --gpus 2 --parallel zero2 \
+        --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["memory"]
+assert m["ref_weights_bytes"] == 494032768 * 2, m["ref_weights_bytes"]
+assert m["phases"]["policy_step"]["peak_allocated_bytes"] > m["ref_weights_bytes"], m["phases"]
+' "$T/out" 2>"$T/why"; then
+        ok "--trainer dpo under ZeRO-2: the reference copy whole on each rank in bf16 (988,065,536 B)"
+    else
+        bad "--trainer dpo under ZeRO-2: the reference copy whole"
+    fi
+fi
 # under DDP TRL prepares the reference with prepare_model(evaluation_mode=True), which wraps nothing:
 # a whole frozen copy on each rank; the policy's DDP buckets are resident through both phases
 if [ -n "$HAVE_PY" ]; then
@@ -1191,13 +1207,14 @@ assert abs(b - 494032768 * 2) < 1 << 20, b
 for ph in ("policy_step", "reference_forward"):
     d = m2["phases"][ph]["peak_allocated_bytes"] - m1["phases"][ph]["peak_allocated_bytes"]
     assert abs(d - b) < 1 << 16, (ph, d, b)
-assert all(c["parallel"]["strategy"] in ("ddp", "fsdp", "fsdp-no-reshard") for c in sg["candidates"]), \
-    "a DeepSpeed candidate"
+strategies = {c["parallel"]["strategy"] for c in sg["candidates"]}
+assert strategies <= {"ddp", "zero1", "zero2", "fsdp", "fsdp-no-reshard"} and {"zero1", "zero2"} <= strategies, \
+    strategies
 PY
     then
-        ok "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest: no DeepSpeed"
+        ok "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest: no ZeRO-3"
     else
-        bad "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest: no DeepSpeed"
+        bad "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest: no ZeRO-3"
     fi
     # FSDP2: TRL's prepare_fsdp makes the copy one unit: each rank keeps its shard (every dim 0 of
     # Qwen2-0.5B is even: half the bf16 bytes), gathers all of it for its forward beside the flat

@@ -102,6 +102,9 @@ DPO_CASES = [
                     "--seq", "512"], False),
     ("full bf16 precomputed", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--trainer", "dpo",
                                "--precision", "bf16", "--seq", "1024", "--precompute-ref"], True),
+    # ZeRO-2: TRL's prepare_deepspeed gives the reference copy a stage-0 engine (deepspeed= the emitted config)
+    ("full zero2", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--trainer", "dpo", "--gpus", "2",
+                    "--parallel", "zero2", "--seq", "512"], False),
     # --trainer kto: a KTOConfig, examples per device (2 or more)
     ("kto lora qwen2", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--trainer", "kto", "--finetune", "lora",
                         "--seq", "512"], False),
@@ -347,12 +350,28 @@ else:
         rec, j = rec_of(args)
         seq = int(args[args.index("--seq") + 1])
         code = memplan(args + ["--emit", "hf"])
+        par = (rec.get("parallel") or {}).get("strategy", "none")
+        if par.startswith("zero"):  # deepspeed= the emitted config: TrainingArguments needs DeepSpeed to parse it
+            ds = json.loads(memplan(args + ["--emit", "deepspeed"]))
+            check(ds["zero_optimization"]["stage"] == int(par[4]) and
+                  ds["train_micro_batch_size_per_gpu"] == rec["micro_batch"],
+                  "hf dpo %s: --emit deepspeed: ZeRO stage %s, micro-batch %d" % (label, par[4], rec["micro_batch"]))
+            check("deepspeed=\"ds_config.json\"" in code, "hf dpo %s: DPOConfig(deepspeed=) names it" % label)
+            if not have("deepspeed"):
+                skip("hf dpo %s: deepspeed absent, DPOConfig(deepspeed=) not constructed" % label)
+                continue
         try:
             with tempfile.TemporaryDirectory() as tmp:
+                if par.startswith("zero"):
+                    with open(os.path.join(tmp, "ds_config.json"), "w") as f:
+                        f.write(memplan(args + ["--emit", "deepspeed"]))
                 ns = run_emitted(code, hf_config(config_path(args)), tmp)
         except Exception as e:
             fail("hf dpo %s: the emitted file raises %s: %s" % (label, type(e).__name__, e))
             continue
+        finally:
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+            unset_hf_deepspeed_config()
         a = ns["args"]
         ck = rec["plan"]["strategy"]
         cls = "DPOConfig" if "dpo" in args else "KTOConfig"

@@ -673,15 +673,16 @@ static int check_rules(const struct command *c, struct args *a)
     }
     /* DDP: TRL prepares the reference with accelerate's prepare_model(evaluation_mode=True), which
      * wraps nothing (accelerator.py prepare_model): a whole frozen copy on each rank, as on one GPU
-     * (trl dpo_trainer.py:984-990, kto_trainer.py, grpo_trainer.py).  FSDP2 (DPO, KTO): the copy is
-     * one fully_shard unit (trl models/utils.py prepare_fsdp), a PEFT reference the policy's own
-     * units; DeepSpeed (prepare_deepspeed) and GRPO's generation under FSDP: not modelled yet */
-    if (pref && a->par.strategy != MP_PAR_NONE && a->par.strategy != MP_PAR_DDP &&
-        (!mp_par_is_fsdp(a->par.strategy) || grpo)) {
+     * (trl dpo_trainer.py:984-990, kto_trainer.py, grpo_trainer.py).  ZeRO-1/2 (DPO, KTO): trl
+     * models/utils.py prepare_deepspeed gives the copy a stage-0 engine (:285-287), whole on each
+     * rank, cast to bf16 under DeepSpeed's bf16 as the policy is.  FSDP2 (DPO, KTO): the copy is
+     * one fully_shard unit (prepare_fsdp), a PEFT reference the policy's own units.  ZeRO-3's
+     * partitioned copy and GRPO's generation from a sharded policy: not modelled yet */
+    if (pref && !mp_trainer_par_modelled(tr, (enum mp_par_strategy)a->par.strategy)) {
         snprintf(why, sizeof why, "--trainer %s with --parallel %s: %s is not modelled yet (--parallel %s)", tn,
                  mp_par_strategy_str(a->par.strategy),
-                 grpo ? "generation from a sharded policy" : "the reference model's placement under DeepSpeed",
-                 grpo ? "ddp is" : "ddp, fsdp and fsdp-no-reshard are");
+                 grpo ? "generation from a sharded policy" : "the reference model partitioned by ZeRO-3",
+                 grpo ? "ddp is" : "ddp, zero1, zero2, fsdp and fsdp-no-reshard are");
         return cli_usage_error(c->name, "%s", why);
     }
     uint64_t least = mp_trainer_min_batch(tr);

@@ -111,6 +111,13 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
     return mp_par_is_fsdp(s) || s == MP_PAR_ZERO3;
 }
 
+bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_par_strategy s)
+{
+    if (!mp_trainer_ref_fwds(tr) || s == MP_PAR_NONE || s == MP_PAR_DDP)
+        return true;
+    return tr != MP_TRAINER_GRPO && s != MP_PAR_ZERO3;
+}
+
 const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2, zero3, fsdp, fsdp-no-reshard"; }
 
 bool mp_par_fused_head_unmodelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_loss l)

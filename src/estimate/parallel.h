@@ -94,6 +94,10 @@ struct mp_parallel {
 void mp_parallel_default(struct mp_parallel *p);
 uint64_t mp_par_world(const struct mp_parallel *p);
 bool mp_par_sharded_params(enum mp_par_strategy s); /* zero3, fsdp, fsdp-no-reshard */
+/* A trainer with a reference or generation (DPO, KTO, GRPO) under strategy s: DDP for all; ZeRO-1/2
+ * and FSDP2 for DPO and KTO (their reference copy whole, or one FSDP2 unit); not ZeRO-3 (its
+ * partitioned reference) nor GRPO's generation from a sharded policy. */
+bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_par_strategy s);
 bool mp_par_is_fsdp(enum mp_par_strategy s);
 bool mp_par_is_deepspeed(enum mp_par_strategy s);
 

@@ -1101,8 +1101,7 @@ static size_t model_repeats(const struct mp_model *m)
 }
 
 /* A strategy the plan models for this job: its fine-tune (mp_par_finetune_modelled), its quantized
- * base and its trainer (a reference model: DDP and FSDP2; GRPO's generation: DDP only; cli refuses
- * the rest). */
+ * base and its trainer (mp_trainer_par_modelled; cli refuses the rest). */
 static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
 {
     const struct mp_quant *qz = base->model->quant.kind != MP_Q_NONE ? &base->model->quant
@@ -1111,8 +1110,7 @@ static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
     return mp_par_finetune_modelled(s, base->build.ft.mode, base->train.optimizer) &&
            !mp_par_quant_unmodelled(s, qz) &&
            !mp_par_fused_head_unmodelled(s, base->build.ft.mode, base->build.loss) &&
-           (!mp_trainer_ref_fwds(base->build.trainer) || s == MP_PAR_NONE || s == MP_PAR_DDP ||
-            (mp_par_is_fsdp(s) && base->build.trainer != MP_TRAINER_GRPO));
+           mp_trainer_par_modelled(base->build.trainer, s);
 }
 
 /* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
