@@ -1110,15 +1110,16 @@ expect_msg 2 "--trainer grpo under FSDP (generation from a sharded policy)" "gen
 expect_line 2 "suggest --trainer kto --max-batch 1 (below KTO's 2)" suggest models/hf/qwen3-0.6b.json --trainer kto \
     --gpu a100-40gb --no-probe --max-batch 1
 # nothing fits a KTO step: the alternatives are at its least micro-batch, 2; no FSDP2 world fits
-# either on a T4, since TRL's reference copy is one FSDP2 unit gathered whole on every rank
+# on a T4 (TRL's reference copy is one FSDP2 unit gathered whole on every rank), a ZeRO-3 one
+# does (the copy partitioned by its own stage-3 engine)
 run suggest models/hf/llama-3-8b.json --trainer kto --gpu t4 --no-probe
 if [ "$ec" = 1 ] && grep -q "even micro-batch 2 with every" "$T/out" && grep -q "at micro-batch 2" "$T/out" &&
-    ! grep -q "micro-batch 1" "$T/out" && ! grep -q "ZeRO" "$T/out" &&
-    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "nor does FSDP2 on up to 1024 GPUs .*reference copy, one FSDP2 unit"; then
-    ok "suggest --trainer kto, nothing fits: micro-batch 2 throughout, no FSDP2 world (the reference gathered whole)"
+    ! grep -q "micro-batch 1" "$T/out" &&
+    tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "would fit or help: --gpus [0-9]* .*--parallel zero3"; then
+    ok "suggest --trainer kto, nothing fits: micro-batch 2 throughout, a ZeRO-3 world (the reference partitioned)"
 else
-    echo "expected exit 1, 'micro-batch 2', no micro-batch 1 nor ZeRO, and the FSDP2 reason" >"$T/why"
-    bad "suggest --trainer kto, nothing fits: micro-batch 2 throughout, no FSDP2 world (the reference gathered whole)"
+    echo "expected exit 1, 'micro-batch 2', no micro-batch 1, and a ZeRO-3 world" >"$T/why"
+    bad "suggest --trainer kto, nothing fits: micro-batch 2 throughout, a ZeRO-3 world (the reference partitioned)"
 fi
 expect_line 3 "a KTOConfig loss_type without a KL term read with --trainer kto: refused, naming kto-apo" \
     estimate --trainer kto --recipe tests/data/recipes/trl-kto-apo.yaml
@@ -1169,8 +1170,6 @@ expect_line 3 "a KTOConfig at one example a device: refused, naming the key" est
     --recipe tests/data/recipes/trl-kto-batch1.yaml
 expect_line 2 "--trainer dpo --loss hf (DPO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
     --trainer dpo --loss hf
-expect_msg 2 "--trainer dpo under ZeRO-3 (the reference's sharding)" "the reference model partitioned by ZeRO-3" \
-    estimate models/hf/qwen3-0.6b.json --trainer dpo --gpus 2 --parallel zero3
 # under ZeRO-1/2 prepare_deepspeed gives the copy a stage-0 engine: whole on each rank, in the
 # policy's bf16 (494,032,768 parameters x 2 B), its forward as on one GPU
 if [ -n "$HAVE_PY" ]; then
@@ -1185,6 +1184,28 @@ assert m["phases"]["policy_step"]["peak_allocated_bytes"] > m["ref_weights_bytes
         ok "--trainer dpo under ZeRO-2: the reference copy whole on each rank in bf16 (988,065,536 B)"
     else
         bad "--trainer dpo under ZeRO-2: the reference copy whole"
+    fi
+    cp "$T/out" "$T/dpo-z2.json"
+    # under ZeRO-3 the copy keeps its own stage-3 engine (persistence threshold 10 x 896): each
+    # parameter of 8,960 or more elements partitioned, ceil(n / 2), the biases and norms whole, in bf16;
+    # its forward fetches each block's parameters, the head its tied embedding (136,134,656 x 2 B)
+    run estimate models/hf/qwen2-0.5b.json --trainer dpo --batch 2 --seq 512 --precision bf16 --gpus 2 --parallel zero3 \
+        --json
+    if [ "$ec" -eq 0 ] && python3 - "$T/dpo-z2.json" "$T/out" <<'PY' 2>"$T/why"
+import json, sys
+z2, z3 = (json.load(open(f))["memory"] for f in sys.argv[1:3])
+h, L, V, I, kv, W = 896, 24, 151936, 4864, 128, 2
+part = lambda n: n if n < 10 * h else -(-n // W)
+layer = [h * h, h, h * kv, kv, h * kv, kv, h * h, h * I, h * I, I * h, h, h]
+want = 2 * (part(V * h) + L * sum(part(n) for n in layer) + part(h))
+assert z3["ref_weights_bytes"] == want == 494104320, (z3["ref_weights_bytes"], want)
+d = z3["phases"]["reference_forward"]["tmp_bytes"] - z2["phases"]["reference_forward"]["tmp_bytes"]
+assert d == V * h * 2, (d, V * h * 2)
+PY
+    then
+        ok "--trainer dpo under ZeRO-3: the copy partitioned (494,104,320 B a rank), the head fetches the embedding"
+    else
+        bad "--trainer dpo under ZeRO-3: the copy partitioned, fetched block by block"
     fi
 fi
 # under DDP TRL prepares the reference with prepare_model(evaluation_mode=True), which wraps nothing:
@@ -1208,13 +1229,12 @@ for ph in ("policy_step", "reference_forward"):
     d = m2["phases"][ph]["peak_allocated_bytes"] - m1["phases"][ph]["peak_allocated_bytes"]
     assert abs(d - b) < 1 << 16, (ph, d, b)
 strategies = {c["parallel"]["strategy"] for c in sg["candidates"]}
-assert strategies <= {"ddp", "zero1", "zero2", "fsdp", "fsdp-no-reshard"} and {"zero1", "zero2"} <= strategies, \
-    strategies
+assert {"ddp", "zero1", "zero2", "zero3", "fsdp"} <= strategies, strategies
 PY
     then
-        ok "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest: no ZeRO-3"
+        ok "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest: every strategy"
     else
-        bad "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest: no ZeRO-3"
+        bad "--trainer dpo under DDP: a whole reference copy per rank, both phases + the buckets; suggest: every strategy"
     fi
     # FSDP2: TRL's prepare_fsdp makes the copy one unit: each rank keeps its shard (every dim 0 of
     # Qwen2-0.5B is even: half the bf16 bytes), gathers all of it for its forward beside the flat

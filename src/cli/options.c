@@ -675,14 +675,13 @@ static int check_rules(const struct command *c, struct args *a)
      * wraps nothing (accelerator.py prepare_model): a whole frozen copy on each rank, as on one GPU
      * (trl dpo_trainer.py:984-990, kto_trainer.py, grpo_trainer.py).  ZeRO-1/2 (DPO, KTO): trl
      * models/utils.py prepare_deepspeed gives the copy a stage-0 engine (:285-287), whole on each
-     * rank, cast to bf16 under DeepSpeed's bf16 as the policy is.  FSDP2 (DPO, KTO): the copy is
-     * one fully_shard unit (prepare_fsdp), a PEFT reference the policy's own units.  ZeRO-3's
-     * partitioned copy and GRPO's generation from a sharded policy: not modelled yet */
+     * rank, cast to bf16 under DeepSpeed's bf16 as the policy is; ZeRO-3 keeps it a stage-3 engine
+     * (:264-274): partitioned, fetched block by block for its forward (mp_par_z3_ref_bytes).
+     * FSDP2 (DPO, KTO): the copy is one fully_shard unit (prepare_fsdp), a PEFT reference the
+     * policy's own units.  GRPO's generation from a sharded policy: not modelled yet */
     if (pref && !mp_trainer_par_modelled(tr, (enum mp_par_strategy)a->par.strategy)) {
-        snprintf(why, sizeof why, "--trainer %s with --parallel %s: %s is not modelled yet (--parallel %s)", tn,
-                 mp_par_strategy_str(a->par.strategy),
-                 grpo ? "generation from a sharded policy" : "the reference model partitioned by ZeRO-3",
-                 grpo ? "ddp is" : "ddp, zero1, zero2, fsdp and fsdp-no-reshard are");
+        snprintf(why, sizeof why, "--trainer %s with --parallel %s: generation from a sharded policy is not modelled "
+                 "yet (--parallel ddp is)", tn, mp_par_strategy_str(a->par.strategy));
         return cli_usage_error(c->name, "%s", why);
     }
     uint64_t least = mp_trainer_min_batch(tr);

@@ -541,6 +541,8 @@ bool mp_ref_weights_bytes(const struct mp_program *p, const struct mp_train_opts
             return false;
         return mp_add_u64(shard, t->par->strategy == MP_PAR_FSDP_NO_RESHARD ? whole : 0, bytes);
     }
+    if (t->ref == MP_REF_COPY && t->par && t->par->strategy == MP_PAR_ZERO3) /* partitioned by its own engine */
+        return mp_par_z3_ref_bytes(t->par, p, bytes, NULL);
     if (t->ref == MP_REF_COPY) /* trl dpo_trainer.py:916-927: the model again, frozen, in its dtype */
         for (size_t q = 0; q < p->n_params; q++)
             if (!mp_add_u64(*bytes, p->params[q].raw_bytes, bytes))

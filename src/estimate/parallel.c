@@ -113,9 +113,7 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
 
 bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_par_strategy s)
 {
-    if (!mp_trainer_ref_fwds(tr) || s == MP_PAR_NONE || s == MP_PAR_DDP)
-        return true;
-    return tr != MP_TRAINER_GRPO && s != MP_PAR_ZERO3;
+    return !mp_trainer_ref_fwds(tr) || s == MP_PAR_NONE || s == MP_PAR_DDP || tr != MP_TRAINER_GRPO;
 }
 
 const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2, zero3, fsdp, fsdp-no-reshard"; }
@@ -202,6 +200,44 @@ uint64_t mp_par_quant_state_bytes(const struct mp_par_plan *pp, const struct mp_
         return 0;
     uint64_t packed = mp_ceil_div(parts[0].bytes, 512) * 512; /* the packed weight (sharded or left out) */
     return q->bytes > packed ? q->bytes - packed : 0;
+}
+
+uint64_t mp_par_hidden(const struct mp_program *p)
+{
+    for (size_t q = 0; q < p->n_params; q++)
+        if (p->params[q].matrix)
+            return p->params[q].cols;
+    return 1024;
+}
+
+bool mp_par_z3_ref_bytes(const struct mp_parallel *par, const struct mp_program *p, uint64_t *resident,
+                         uint64_t *gather)
+{
+    uint64_t N = mp_par_world(par), thr = 10 * mp_par_hidden(p);
+    *resident = 0;
+    for (size_t q = 0; q < p->n_params; q++) {
+        const struct mp_param *pa = &p->params[q];
+        uint64_t n = pa->elems < thr ? pa->elems : mp_par_zero3_shard_elems(pa->elems, N);
+        if (!wadd(resident, n, mp_dtype_size(pa->dtype)))
+            return false;
+    }
+    for (size_t i = 0; gather && i < p->n_blocks; i++) {
+        gather[i] = 0;
+        const struct mp_block_prog *b = &p->blocks[i];
+        for (size_t k = b->node0; k < b->node0 + b->n_nodes; k++)
+            for (int j = 0; j < 2; j++) {
+                int q = p->nodes[k].param[j];
+                if (q < 0 || p->params[q].elems < thr)
+                    continue;
+                bool seen = false; /* (a parameter two ops of the block use: gathered once) */
+                for (size_t k2 = b->node0; k2 <= k && !seen; k2++)
+                    for (int j2 = 0; j2 < 2 && !seen; j2++)
+                        seen = (k2 < k || j2 < j) && p->nodes[k2].param[j2] == q;
+                if (!seen && !mp_add_u64(gather[i], p->params[q].raw_bytes, &gather[i]))
+                    return false;
+            }
+    }
+    return true;
 }
 
 bool mp_par_fsdp_ref_bytes(const struct mp_parallel *par, const struct mp_program *p, uint64_t *shard,
@@ -873,7 +909,7 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
         return mp_fail(d, MP_ERR_RANGE, "%s: parameter sizes overflow 64 bits",
                        p->model ? p->model->path : "model");
     if (!pp->hidden)
-        pp->hidden = 1024;
+        pp->hidden = mp_par_hidden(p);
     if ((st = ds_bucket_defaults(pp, p, d)) != MP_OK)
         return st;
     if (par->ep > 1 && mp_par_is_fsdp(s)) {

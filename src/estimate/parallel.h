@@ -94,9 +94,9 @@ struct mp_parallel {
 void mp_parallel_default(struct mp_parallel *p);
 uint64_t mp_par_world(const struct mp_parallel *p);
 bool mp_par_sharded_params(enum mp_par_strategy s); /* zero3, fsdp, fsdp-no-reshard */
-/* A trainer with a reference or generation (DPO, KTO, GRPO) under strategy s: DDP for all; ZeRO-1/2
- * and FSDP2 for DPO and KTO (their reference copy whole, or one FSDP2 unit); not ZeRO-3 (its
- * partitioned reference) nor GRPO's generation from a sharded policy. */
+/* A trainer with a reference or generation (DPO, KTO, GRPO) under strategy s: DDP for all; ZeRO
+ * and FSDP2 for DPO and KTO (their reference copy whole, partitioned, or one FSDP2 unit); not
+ * GRPO's generation from a sharded policy. */
 bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_par_strategy s);
 bool mp_par_is_fsdp(enum mp_par_strategy s);
 bool mp_par_is_deepspeed(enum mp_par_strategy s);
@@ -249,6 +249,16 @@ uint64_t mp_par_rank_param_bytes(const struct mp_par_plan *pp, const struct mp_p
  * padded shard to the host, _fsdp_param.py:362-365) and a parameter left out whole; 0 for the rest. */
 bool mp_par_z3_persistent(const struct mp_par_plan *pp, const struct mp_param *q);
 uint64_t mp_par_offload_kept_bytes(const struct mp_par_plan *pp, const struct mp_program *p, size_t q);
+/* The model's width for DeepSpeed's "auto" sizes: the first matrix's columns (1024: none). */
+uint64_t mp_par_hidden(const struct mp_program *p);
+/* TRL's frozen reference copy under ZeRO-3 (trl 1.16 models/utils.py prepare_deepspeed: its own
+ * stage-3 engine, stage3_param_persistence_threshold 10 x hidden): *resident, this rank's
+ * partitions (ceil(n / world) elements) and the small parameters whole, in the copy's dtype;
+ * gather[i] (n_blocks of them, or NULL), the parameters block i's ops use, whole, fetched for its
+ * forward and released after it (block granularity, as the policy's ZeRO-3: DeepSpeed fetches
+ * per submodule and prefetches ahead).  false when they leave 64 bits. */
+bool mp_par_z3_ref_bytes(const struct mp_parallel *par, const struct mp_program *p, uint64_t *resident,
+                         uint64_t *gather);
 /* TRL's frozen reference copy under FSDP2 (trl 1.16 models/utils.py prepare_fsdp: fully_shard on
  * the whole model, one unit, the plugin's reshard_after_forward and policy): this rank's shards
  * (the model's load dtype: fp32 but for pure bf16) and the unit's unsharded bytes as gathered (a

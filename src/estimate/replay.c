@@ -837,12 +837,34 @@ struct nograd_ctx {
     const struct mp_program *p;
     mp_nograd_fn fn;
     void *ctx;
+    const uint64_t *gather; /* a ZeRO-3 reference copy: what each block fetches (NULL: none) */
+    uint64_t held;          /* fetched now */
 };
+
+/* A ZeRO-3 copy's fetch: the last block's parameters released, then block i's gathered. */
+static enum mp_status nograd_fetch(struct nograd_ctx *n, uint64_t bytes)
+{
+    enum mp_status st = MP_OK;
+    struct mp_event g = {.kind = MP_EV_FREE, .store = MP_ST_COMM, .bytes = n->held, .node = -1,
+                         .phase = MP_PH_FORWARD};
+    if (n->held)
+        st = n->fn(n->ctx, n->p, &g);
+    g.kind = MP_EV_ALLOC;
+    g.bytes = bytes;
+    if (st == MP_OK && bytes)
+        st = n->fn(n->ctx, n->p, &g);
+    n->held = bytes;
+    return st;
+}
 
 static enum mp_status nograd_event(void *ctx, const struct mp_event *ev)
 {
     struct nograd_ctx *n = ctx;
-    return n->fn(n->ctx, n->p, ev);
+    enum mp_status st = n->fn(n->ctx, n->p, ev);
+    /* (schedule op i is block i's forward) */
+    if (st == MP_OK && n->gather && ev->kind == MP_EV_OP_BEGIN && (size_t)ev->id < n->p->n_blocks)
+        st = nograd_fetch(n, n->gather[ev->id]);
+    return st;
 }
 
 enum mp_status mp_replay_nograd_forward(const struct mp_program *policy, const struct mp_train_opts *t, bool reference,
@@ -871,11 +893,24 @@ enum mp_status mp_replay_nograd_forward(const struct mp_program *policy, const s
         rt.ref_pass = true;
         if (reference && t->ref == MP_REF_COPY)
             rt.par = NULL; /* (a copy is no part of the policy's plan: under FSDP2 its own unit,
-                            * mp_ref_gather_bytes; DDP wraps it in nothing) */
+                            * mp_ref_gather_bytes; under ZeRO-3 its own engine, fetched block by
+                            * block here; DDP wraps it in nothing) */
         rt.accumulate = t->gen_grads; /* (GRPO's phases before the step mid-accumulation: the gradients
                                        * resident; DPO's and KTO's reference: its own bytes only) */
-        struct nograd_ctx n = {p, fn, ctx};
-        st = mp_replay(p, &s, &rt, nograd_event, &n, d);
+        struct nograd_ctx n = {p, fn, ctx, NULL, 0};
+        uint64_t resident, *gather = NULL;
+        if (reference && t->ref == MP_REF_COPY && t->par && t->par->strategy == MP_PAR_ZERO3) {
+            if (!(gather = calloc(p->n_blocks ? p->n_blocks : 1, sizeof *gather)))
+                st = mp_fail(d, MP_ERR_NOMEM, "out of memory");
+            else if (!mp_par_z3_ref_bytes(t->par, p, &resident, gather))
+                st = mp_fail(d, MP_ERR_RANGE, "%s: the reference's sizes overflow 64 bits", p->model->path);
+            n.gather = gather;
+        }
+        if (st == MP_OK)
+            st = mp_replay(p, &s, &rt, nograd_event, &n, d);
+        if (st == MP_OK && gather)
+            st = nograd_fetch(&n, 0); /* the last block's released */
+        free(gather);
     }
     mp_schedule_release(&s);
     if (p == &base)
