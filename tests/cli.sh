@@ -1435,6 +1435,35 @@ expect_line 2 "--ep not dividing the experts: refused" estimate models/hf/mixtra
 expect_line 2 "--ep with LoRA: refused (not modelled)" estimate models/hf/mixtral-8x7b.json --finetune lora --gpus 8 \
     --parallel fsdp --ep 2
 expect_line 2 "--ep on a dense model: refused" estimate models/hf/llama-3-8b.json --gpus 8 --parallel fsdp --ep 2
+# --ep with --offload params: transformers' fsdp_cpu_offload gives every unit CPUOffloadPolicy, the
+# experts' too: the weights, gradients and optimizer state planned without offload all on the host
+# (none of them, the experts' share included, on the GPU), DistributedConfig(fsdp_cpu_offload=True)
+if [ -n "$HAVE_PY" ]; then
+    run estimate models/hf/mixtral-8x7b.json --gpus 8 --parallel fsdp --ep 4 --seq 1024 --json
+    cp "$T/out" "$T/ep-on.json"
+    run estimate models/hf/mixtral-8x7b.json --gpus 8 --parallel fsdp --ep 4 --seq 1024 --offload params --json
+    if [ "$ec" -eq 0 ] && python3 - "$T/ep-on.json" "$T/out" <<'PY' 2>"$T/why"
+import json, sys
+on, off = (json.load(open(f))["memory"] for f in sys.argv[1:3])
+assert off["host_bytes"] == on["weights_bytes"] + on["grads_bytes"] + on["optimizer_bytes"], (off, on)
+assert off["weights_bytes"] == off["grads_bytes"] == off["optimizer_bytes"] == 0, off
+assert off["experts"]["weights_bytes"] == 0 and on["experts"]["weights_bytes"] > 0, (off["experts"], on["experts"])
+assert off["experts"]["gathered_unit_bytes"] == on["experts"]["gathered_unit_bytes"], off["experts"]
+PY
+    then
+        ok "--ep 4 --offload params: every unit's state on the host, the experts' too"
+    else
+        bad "--ep 4 --offload params: every unit's state on the host"
+    fi
+fi
+run suggest models/hf/mixtral-8x7b.json --gpu h100-80gb --gpus 8 --parallel fsdp --ep 4 --offload params --seq 1024 \
+    --no-probe --emit hf
+if [ "$ec" -eq 0 ] && tr "\n" " " <"$T/out" | tr -s " " | grep -q "DistributedConfig(fsdp_size=8, ep_size=4.*fsdp_cpu_offload=True"; then
+    ok "suggest --ep 4 --offload params --emit hf: DistributedConfig(..., fsdp_cpu_offload=True)"
+else
+    echo "expected exit 0 and DistributedConfig(fsdp_size=8, ep_size=4, ..., fsdp_cpu_offload=True)" >"$T/why"
+    bad "suggest --ep 4 --offload params --emit hf: fsdp_cpu_offload"
+fi
 # --parallel fsdp given searches FSDP2's mixed-bf16 too (issue 25: Mistral-7B on 8 H100s got
 # micro-batch 3 at 7.6 % headroom in amp-bf16 where --gpus 8 alone found 4 at 19.9 %): the same
 # recommendation either way

@@ -76,6 +76,8 @@ CASES = [
     # transformers' expert parallelism: the model loaded with DistributedConfig, no fsdp= argument
     ("ep mixtral", ["models/hf/mixtral-8x7b.json", "--gpu", "h100-80gb", "--gpus", "8", "--parallel", "fsdp",
                     "--ep", "4", "--seq", "1024"]),
+    ("ep mixtral offload", ["models/hf/mixtral-8x7b.json", "--gpu", "h100-80gb", "--gpus", "8", "--parallel", "fsdp",
+                            "--ep", "4", "--seq", "1024", "--offload", "params"]),
     ("zero2 amp", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--gpus", "8", "--parallel", "zero2",
                    "--precision", "amp-bf16", "--seq", "512"]),
     # fine-tunes across GPUs (issue 28): the strategies searched for LoRA, LoRA on FSDP2, QLoRA on ZeRO-2
@@ -303,6 +305,7 @@ else:
             world = rec["parallel"]["world"]
             check(isinstance(dc, DistributedConfig) and dc.fsdp_size == world and dc.ep_size == ep and
                   dc.efsdp_size == world // ep and dc.fsdp_mixed_precision == (prec == "mixed-bf16") and
+                  dc.fsdp_cpu_offload == (rec["parallel"].get("offload") == "params") and
                   not a.fsdp and not a.deepspeed,
                   "hf %s: loaded with DistributedConfig(fsdp_size=%d, ep_size=%d) (transformers' own, validated), "
                   "no fsdp= argument" % (label, world, ep))

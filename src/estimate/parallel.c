@@ -296,8 +296,6 @@ enum mp_status mp_par_validate(const struct mp_parallel *p, struct mp_diag *d)
     if (p->ep > 1 && mp_par_world(p) % p->ep)
         return mp_fail(d, MP_ERR_USAGE, "--ep %llu must divide the world (%llu ranks): DistributedConfig needs "
                        "ep_size to divide fsdp_size", (unsigned long long)p->ep, (unsigned long long)mp_par_world(p));
-    if (p->ep > 1 && p->offload != MP_OFFLOAD_NONE)
-        return mp_fail(d, MP_ERR_USAGE, "--ep with --offload is not modelled yet");
     if (p->mixed_bf16 && (p->strategy == MP_PAR_NONE || p->strategy == MP_PAR_DDP))
         return mp_fail(d, MP_ERR_USAGE, "--precision mixed-bf16 (bf16 parameters + fp32 master) is an FSDP2 or "
                                         "DeepSpeed policy: add --parallel zero1|zero2|zero3|fsdp|fsdp-no-reshard");
@@ -845,6 +843,9 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         pp->weights_bytes = off_par ? kept : fsdp_w;
         pp->grads_bytes = off_par ? 0 : gshard * R;
         pp->optimizer_bytes = off_par ? 0 : opt;
+        if (off_par) /* (--ep: transformers' fsdp_cpu_offload gives the experts units the same policy,
+                      * distributed/fsdp.py:193-238: their share of the GPU's figures is none) */
+            pp->expert_weights_bytes = pp->expert_grads_bytes = pp->expert_optimizer_bytes = 0;
         pp->host_bytes = off_par ? fsdp_w - kept + gshard * R + opt : 0;
         /* forward all-gathers every group; those resharded after forward are gathered again
          * in backward */

@@ -1377,7 +1377,8 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
         /* transformers 5.24 distributed/configuration_utils.py DistributedConfig: FSDP2 over the
          * world (the model's fsdp plan: each decoder layer, the embedding, [norm, lm_head] kept
          * gathered), the experts over ep_size; fsdp_mixed_precision is MixedPrecisionPolicy(bf16,
-         * reduce fp32) (distributed/fsdp.py _get_fsdp_policy_kwargs) */
+         * reduce fp32), fsdp_cpu_offload CPUOffloadPolicy() on every unit, the experts' too
+         * (distributed/fsdp.py _get_fsdp_policy_kwargs) */
         uint64_t W = mp_par_world(&b->par);
         fprintf(out, "from transformers.distributed import DistributedConfig\n"
                      "# expert parallelism: launch with torchrun%s --nproc-per-node %llu; the model is sharded as it\n"
@@ -1388,9 +1389,10 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
         if (b->par.nodes > 1)
             fprintf(out, "# (N = %llu nodes)\n", (unsigned long long)b->par.nodes);
         fprintf(out, "model = %s.from_pretrained(NAME, dtype=torch.%s%s,\n"
-                     "    distributed_config=DistributedConfig(fsdp_size=%llu, ep_size=%llu%s))\n",
+                     "    distributed_config=DistributedConfig(fsdp_size=%llu, ep_size=%llu%s%s))\n",
                 auto_cls, dt, labels, (unsigned long long)W, (unsigned long long)b->par.ep,
-                b->par.mixed_bf16 ? ", fsdp_mixed_precision=True" : "");
+                b->par.mixed_bf16 ? ", fsdp_mixed_precision=True" : "",
+                b->par.offload == MP_OFFLOAD_PARAMS ? ", fsdp_cpu_offload=True" : "");
     } else {
         fprintf(out, "model = %s.from_pretrained(NAME, dtype=torch.%s%s)\n", auto_cls, dt, labels);
     }
