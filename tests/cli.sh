@@ -2325,6 +2325,14 @@ else
     echo "expected exit 0 and peak_event load:from_pretrained" >"$T/why"
     bad "check qlora llama-3.1-70b on 4 x a100-40gb"
 fi
+run estimate models/hf/llama-3.1-70b.json --finetune qlora --gpu a100-40gb --gpus 4 --parallel fsdp --precision bf16 \
+    --checkpoint layers --batch 1 --timeline "$T/load.svg"
+if [ "$ec" -eq 0 ] && grep -q 'data-phase="load"' "$T/load.svg" && grep -q "load:from_pretrained" "$T/load.svg"; then
+    ok "--timeline of a 70B FSDP-QLoRA: the load drawn before the step, its peak labelled"
+else
+    echo "expected exit 0, a load phase band and the load:from_pretrained label in the SVG" >"$T/why"
+    bad "--timeline of a 70B FSDP-QLoRA: the load drawn"
+fi
 
 # Every alternative suggest names, followed: its flags (the words before its first "(" or ":")
 # added to the same command (a --gpu in place of its --vram) as `check --batch 1 --checkpoint

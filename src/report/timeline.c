@@ -52,7 +52,7 @@ static int cat_of(enum mp_store s)
 #define HALO " stroke=\"#fff\" stroke-width=\"3\" stroke-linejoin=\"round\" paint-order=\"stroke\""
 
 static const char *PHASE_COLOR[] = {"#d9d9d9", "#a6cee3", "#fdbf6f", "#cab2d6", "#b2df8a", "#fb9a99", "#eeeeee",
-                                    "#c7e9c0"};
+                                    "#c7e9c0", "#fee391"};
 #define N_PHASES (sizeof PHASE_COLOR / sizeof PHASE_COLOR[0])
 
 /* ---- geometry ----------------------------------------------------------------------------- */
@@ -140,6 +140,8 @@ struct tl {
                                * them unless generation falls mid-accumulation (a dip, two events) */
     bool grad_dip;
     uint64_t ref_weights;     /* a frozen reference copy's weights, resident from the start */
+    uint64_t load_bytes;      /* FSDP2 or ZeRO-3 with a 4-bit base: the model whole on the GPU when
+                               * loaded, drawn as one rise and fall before the step's setup */
     size_t ref_at, n_loss_grads; /* the policy event the reference forwards precede (pass 0 counts) */
     bool w_done, kl_done, have_loss;
     int splicing;             /* 0, SPLICE_REF or SPLICE_KL */
@@ -347,6 +349,17 @@ static enum mp_status on_policy_event(void *ctx, const struct mp_event *ev)
     if (!s->w_done) {
         s->w_done = true;
         s->synthetic = true;
+        if (s->load_bytes) {
+            struct mp_event l = {.kind = MP_EV_ALLOC, .store = MP_ST_PARAM, .bytes = s->load_bytes, .node = -1,
+                                 .phase = MP_PH_LOAD};
+            uint64_t before = s->peak;
+            st = on_event(s, &l);
+            if (s->pass == 1 && s->peak > before)
+                snprintf(s->peak_label, sizeof s->peak_label, "load:from_pretrained");
+            l.kind = MP_EV_FREE;
+            if (st == MP_OK)
+                st = on_event(s, &l);
+        }
         if (s->ref_weights)
             st = on_event(s, &(struct mp_event){.kind = MP_EV_ALLOC, .store = MP_ST_PARAM, .bytes = s->ref_weights,
                                                 .node = -1, .phase = MP_PH_SETUP});
@@ -1035,6 +1048,13 @@ enum mp_status mp_timeline_svg(FILE *out, const struct mp_program *p, const stru
     if (!mp_ref_weights_bytes(p, t, &s.ref_weights)) {
         st = mp_fail(d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", p->model->path);
         goto out;
+    }
+    if (t->par && mp_par_sharded_params(t->par->strategy) && mp_program_base_quant(p)) {
+        struct mp_estimate le;
+        if ((st = mp_estimate_static(p, t, &le, d)) != MP_OK)
+            goto out;
+        s.load_bytes = le.load_bytes;
+        mp_estimate_release(&le);
     }
     if (s.ref_passes && (st = mp_replay(p, sched, t, count_loss_grads, &s, d)) != MP_OK)
         goto out;
