@@ -2309,6 +2309,24 @@ else
     echo "expected exit 1 and no --gpus N ... --parallel fsdp alternative" >"$T/why"
     bad "suggest qlora llama-3.1-70b on an l4: no FSDP-QLoRA world"
 fi
+# on one A100-40GB the smallest world is tried in mixed-bf16 too (the load in bf16, 36.93 GiB, fits
+# a 40 GB card; in amp-bf16's fp32 embedding and head, 41.2 GiB, none does): two ranks, and check
+# accepts the line followed
+run suggest models/hf/llama-3.1-70b.json --finetune qlora --gpu a100-40gb --no-probe
+if [ "$ec" -eq 1 ] && tr '\n' ' ' <"$T/out" | tr -s ' ' |
+    grep -q -- "would fit or help: --gpus 2 --nodes 1 --parallel fsdp --precision mixed-bf16"; then
+    run check models/hf/llama-3.1-70b.json --finetune qlora --gpu a100-40gb --gpus 2 --nodes 1 --parallel fsdp \
+        --precision mixed-bf16 --batch 1 --checkpoint every:1
+    if [ "$ec" -eq 0 ]; then
+        ok "suggest qlora llama-3.1-70b on an a100-40gb: a 2-rank mixed-bf16 FSDP-QLoRA world, which check accepts"
+    else
+        echo "check of the world followed: expected exit 0" >"$T/why"
+        bad "suggest qlora llama-3.1-70b on an a100-40gb: the world followed"
+    fi
+else
+    echo "expected exit 1 and --gpus 2 --nodes 1 --parallel fsdp --precision mixed-bf16 among the alternatives" >"$T/why"
+    bad "suggest qlora llama-3.1-70b on an a100-40gb: a mixed-bf16 world"
+fi
 run suggest models/hf/llama-3.1-70b.json --finetune qlora --gpu rtx4090 --gpus 2 --parallel fsdp --offload params \
     --no-probe
 if [ "$ec" -eq 1 ] && tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "from_pretrained loads the 4-bit model whole onto each GPU"; then

@@ -1114,9 +1114,11 @@ static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
 }
 
 /* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
- * checkpointed on w ranks (8 GPUs per node)?  Sets *par to the one that fits. */
-static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64_t w, struct mp_parallel *par,
-                       struct mp_diag *d)
+ * checkpointed on w ranks (8 GPUs per node), in prec or, where mixed, in its mixed-bf16 (the
+ * sharded search's own: a 4-bit base loads whole in the compute dtype, so only bf16's load may
+ * fit)?  Sets *par to the one that fits (mixed_bf16 left to the world's own search). */
+static bool world_fits(const struct mp_job *base, enum mp_precision prec, bool mixed, uint64_t w,
+                       struct mp_parallel *par, struct mp_diag *d)
 {
     static const enum mp_par_strategy shard[] = {MP_PAR_FSDP, MP_PAR_ZERO3};
     mp_parallel_default(par);
@@ -1133,13 +1135,18 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64
         j.build.batch = 1;
         j.build.precision = prec;
         j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_EVERY, .k = 1};
-        struct mp_fit f;
-        if (mp_fit_eval(&j, &f, d) != MP_OK)
-            continue;
-        bool fits = f.fits;
-        mp_fit_release(&f);
-        if (fits)
-            return true;
+        for (int m = 0; m < (mixed ? 2 : 1); m++) {
+            par->mixed_bf16 = m == 1;
+            j.build.precision = m == 1 ? MP_PREC_BF16 : prec;
+            struct mp_fit f;
+            if (mp_fit_eval(&j, &f, d) != MP_OK)
+                continue;
+            bool fits = f.fits;
+            mp_fit_release(&f);
+            par->mixed_bf16 = false;
+            if (fits)
+                return true;
+        }
     }
     return false;
 }
@@ -1147,15 +1154,15 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, uint64
 /* The smallest data-parallel world that fits (0 if none up to 128 nodes): 2, 4, 8 GPUs, then
  * whole nodes of 8, found by doubling the node count and bisecting (what one rank holds only
  * shrinks as ranks are added).  *par is set for that world. */
-static uint64_t smallest_world(const struct mp_job *base, enum mp_precision prec, struct mp_parallel *par,
+static uint64_t smallest_world(const struct mp_job *base, enum mp_precision prec, bool mixed, struct mp_parallel *par,
                                struct mp_diag *d)
 {
     for (uint64_t w = 2; w <= 8; w *= 2)
-        if (world_fits(base, prec, w, par, d))
+        if (world_fits(base, prec, mixed, w, par, d))
             return w;
     uint64_t lo = 1, hi = 0; /* nodes: lo does not fit, hi fits */
     for (uint64_t n = 2; n <= 128 && !hi; n *= 2) {
-        if (world_fits(base, prec, 8 * n, par, d))
+        if (world_fits(base, prec, mixed, 8 * n, par, d))
             hi = n;
         else
             lo = n;
@@ -1164,12 +1171,12 @@ static uint64_t smallest_world(const struct mp_job *base, enum mp_precision prec
         return 0;
     while (hi - lo > 1) {
         uint64_t mid = lo + (hi - lo) / 2;
-        if (world_fits(base, prec, 8 * mid, par, d))
+        if (world_fits(base, prec, mixed, 8 * mid, par, d))
             hi = mid;
         else
             lo = mid;
     }
-    return world_fits(base, prec, 8 * hi, par, d) ? 8 * hi : 0;
+    return world_fits(base, prec, mixed, 8 * hi, par, d) ? 8 * hi : 0;
 }
 
 static enum mp_status suggest_run(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
@@ -1401,7 +1408,9 @@ static bool world_alternative(const struct mp_job *base, const struct mp_suggest
                               const char *argv0, char *alt, size_t len, struct mp_diag *d)
 {
     struct mp_parallel par;
-    uint64_t w = smallest_world(base, prec, &par, d);
+    /* (mixed-bf16 where the world's search has it: the precision not given, a bf16 GPU) */
+    bool mixed = !o->precision_fixed && precision_supported(&base->gpu, MP_PREC_BF16);
+    uint64_t w = smallest_world(base, prec, mixed, &par, d);
     if (!w)
         return false;
     struct mp_job wj = *base;
