@@ -1116,7 +1116,7 @@ static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
 /* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
  * checkpointed on w ranks (8 GPUs per node), in prec or, where mixed, in its mixed-bf16 (the
  * sharded search's own: a 4-bit base loads whole in the compute dtype, so only bf16's load may
- * fit)?  Sets *par to the one that fits (mixed_bf16 left to the world's own search). */
+ * fit a card)?  Sets *par to the one that fits (mixed_bf16 left to the world's own search). */
 static bool world_fits(const struct mp_job *base, enum mp_precision prec, bool mixed, uint64_t w,
                        struct mp_parallel *par, struct mp_diag *d)
 {
@@ -1135,13 +1135,15 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, bool m
         j.build.batch = 1;
         j.build.precision = prec;
         j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_EVERY, .k = 1};
-        for (int m = 0; m < (mixed ? 2 : 1); m++) {
+        bool again = true; /* (mixed-bf16 only where prec's peak is the load) */
+        for (int m = 0; m < (mixed ? 2 : 1) && again; m++) {
             par->mixed_bf16 = m == 1;
             j.build.precision = m == 1 ? MP_PREC_BF16 : prec;
             struct mp_fit f;
             if (mp_fit_eval(&j, &f, d) != MP_OK)
-                continue;
+                break;
             bool fits = f.fits;
+            again = f.est.peak_phase == MP_PH_LOAD;
             mp_fit_release(&f);
             par->mixed_bf16 = false;
             if (fits)
@@ -1408,8 +1410,11 @@ static bool world_alternative(const struct mp_job *base, const struct mp_suggest
                               const char *argv0, char *alt, size_t len, struct mp_diag *d)
 {
     struct mp_parallel par;
-    /* (mixed-bf16 where the world's search has it: the precision not given, a bf16 GPU) */
-    bool mixed = !o->precision_fixed && precision_supported(&base->gpu, MP_PREC_BF16);
+    /* (mixed-bf16 where the world's search has it, the precision not given on a bf16 GPU, for a
+     * 4-bit base: its load, whole in the compute dtype, can decide the world there (world_fits
+     * tries it where it does); elsewhere amp's verdict stands for both) */
+    bool quant = base->model->quant.kind != MP_Q_NONE || base->build.ft.mode == MP_FT_QLORA;
+    bool mixed = quant && !o->precision_fixed && precision_supported(&base->gpu, MP_PREC_BF16);
     uint64_t w = smallest_world(base, prec, mixed, &par, d);
     if (!w)
         return false;
