@@ -1116,10 +1116,14 @@ static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
 /* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
  * checkpointed on w ranks (8 GPUs per node), in prec or, where mixed, in its mixed-bf16 (the
  * sharded search's own: a 4-bit base loads whole in the compute dtype, so only bf16's load may
- * fit a card)?  Sets *par to the one that fits (mixed_bf16 left to the world's own search). */
+ * fit a card)?  Sets *par to the one that fits (mixed_bf16 left to the world's own search).
+ * *hopeless: no strategy could fit at any world: what its peak holds besides this rank's
+ * sharded state (activations, gathered units, the load: none of them shrinks with more ranks)
+ * is twice the usable bytes or more. */
 static bool world_fits(const struct mp_job *base, enum mp_precision prec, bool mixed, uint64_t w,
-                       struct mp_parallel *par, struct mp_diag *d)
+                       struct mp_parallel *par, bool *hopeless, struct mp_diag *d)
 {
+    *hopeless = true;
     static const enum mp_par_strategy shard[] = {MP_PAR_FSDP, MP_PAR_ZERO3};
     mp_parallel_default(par);
     par->gpus = w < 8 ? w : 8;
@@ -1140,10 +1144,17 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, bool m
             par->mixed_bf16 = m == 1;
             j.build.precision = m == 1 ? MP_PREC_BF16 : prec;
             struct mp_fit f;
-            if (mp_fit_eval(&j, &f, d) != MP_OK)
+            if (mp_fit_eval(&j, &f, d) != MP_OK) {
+                *hopeless = false; /* (no verdict: the larger worlds still tried) */
                 break;
+            }
             bool fits = f.fits;
             again = f.est.peak_phase == MP_PH_LOAD;
+            uint64_t state = 0, u2 = 0;
+            bool far = mp_add_u64(f.est.weights_bytes, f.est.grads_bytes, &state) &&
+                       mp_add_u64(state, f.est.optimizer_bytes, &state) && mp_add_u64(f.usable_bytes, f.usable_bytes, &u2) &&
+                       f.peak_device_bytes > state && f.peak_device_bytes - state >= u2;
+            *hopeless = *hopeless && far;
             mp_fit_release(&f);
             par->mixed_bf16 = false;
             if (fits)
@@ -1159,13 +1170,18 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, bool m
 static uint64_t smallest_world(const struct mp_job *base, enum mp_precision prec, bool mixed, struct mp_parallel *par,
                                struct mp_diag *d)
 {
+    bool hopeless;
     for (uint64_t w = 2; w <= 8; w *= 2)
-        if (world_fits(base, prec, mixed, w, par, d))
+        if (world_fits(base, prec, mixed, w, par, &hopeless, d))
             return w;
+        else if (hopeless) /* (more ranks shrink nothing that matters) */
+            return 0;
     uint64_t lo = 1, hi = 0; /* nodes: lo does not fit, hi fits */
     for (uint64_t n = 2; n <= 128 && !hi; n *= 2) {
-        if (world_fits(base, prec, mixed, 8 * n, par, d))
+        if (world_fits(base, prec, mixed, 8 * n, par, &hopeless, d))
             hi = n;
+        else if (hopeless)
+            return 0;
         else
             lo = n;
     }
@@ -1173,12 +1189,12 @@ static uint64_t smallest_world(const struct mp_job *base, enum mp_precision prec
         return 0;
     while (hi - lo > 1) {
         uint64_t mid = lo + (hi - lo) / 2;
-        if (world_fits(base, prec, mixed, 8 * mid, par, d))
+        if (world_fits(base, prec, mixed, 8 * mid, par, &hopeless, d))
             hi = mid;
         else
             lo = mid;
     }
-    return world_fits(base, prec, mixed, 8 * hi, par, d) ? 8 * hi : 0;
+    return world_fits(base, prec, mixed, 8 * hi, par, &hopeless, d) ? 8 * hi : 0;
 }
 
 static enum mp_status suggest_run(const struct mp_job *base, const struct mp_suggest_opts *o_in, const char *argv0,
