@@ -902,15 +902,12 @@ enum mp_status mp_par_plan_make_weighted(const struct mp_parallel *par, const st
          * only those; deepspeed 0.19.8 runtime/zero/stage_1_and_2.py:423-434, is_optimized_parameter) */
         if (ddp_bucket_bytes_of(&p->params[q]))
             ok = ok && wadd(&pp->total_elems, p->params[q].elems, weight_of(w, p, p->params[q].block));
-        if (!pp->hidden && p->params[q].matrix)
-            pp->hidden = p->params[q].cols;
     }
     /* every per-rank figure below is a few bytes per element at most */
     if (!ok || pp->total_elems > UINT64_MAX / 64)
         return mp_fail(d, MP_ERR_RANGE, "%s: parameter sizes overflow 64 bits",
                        p->model ? p->model->path : "model");
-    if (!pp->hidden)
-        pp->hidden = mp_par_hidden(p);
+    pp->hidden = mp_par_hidden(p);
     if ((st = ds_bucket_defaults(pp, p, d)) != MP_OK)
         return st;
     if (par->ep > 1 && mp_par_is_fsdp(s)) {

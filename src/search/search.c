@@ -1137,7 +1137,6 @@ static bool world_fits(const struct mp_job *base, enum mp_precision prec, bool m
         /* (the device level where the allocator is simulated, as the choice's) */
         j.verdict_only = true;
         j.build.batch = 1;
-        j.build.precision = prec;
         j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_EVERY, .k = 1};
         bool again = true; /* (mixed-bf16 only where prec's peak is the load) */
         for (int m = 0; m < (mixed ? 2 : 1) && again; m++) {
