@@ -2951,7 +2951,7 @@ assert c["trainer"] == "grpo" and c["reference"] == "copy" and c["batch"] == 8, 
 assert m["vllm_bytes"] == 10737418240, m
 assert "old_logprobs_forward" in m["phases"] and "generation" not in m["phases"], m
 assert c["grpo"] == {"completion_length": 256, "num_generations": 8, "num_iterations": 1, "beta": 0.04,
-                     "temperature": 0.9,
+                     "temperature": 0.9, "top_p": 1.0, "top_k": 0, "min_p": None,
                      "vllm": "colocate", "vllm_gpu_memory_utilization": 0.25, "vllm_correction": True,
                      "old_logprobs_forward": True}, c["grpo"]
 ' "$T/out" 2>"$T/why"; then
@@ -2996,9 +2996,12 @@ assert r["peak_allocated_bytes"] == m["peak_allocated_bytes"], (r["peak_allocate
 fi
 expect_msg 2 "--recipe GRPOConfig without --seq: refused (GRPOConfig has no length)" "give --seq" \
     estimate --recipe tests/data/recipes/trl-grpo-vllm.yaml --trainer grpo --gpu a100-40gb
-printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nnum_generations: 8\ntop_p: 0.95\n' >"$T/g1.yaml"
-expect_msg 3 "--recipe GRPOConfig: top-p sampling (a warper's sorted tensors) refused, naming the line" \
-    "g1.yaml:3: top_p: 0.95" estimate --recipe "$T/g1.yaml" --trainer grpo --seq 512
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nnum_generations: 8\nrepetition_penalty: 1.1\n' >"$T/g1.yaml"
+expect_msg 3 "--recipe GRPOConfig: a repetition penalty refused, naming the line" \
+    "g1.yaml:3: repetition_penalty: 1.1" estimate --recipe "$T/g1.yaml" --trainer grpo --seq 512
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nnum_generations: 8\ntop_p: 1.5\n' >"$T/g1.yaml"
+expect_msg 3 "--recipe GRPOConfig: top_p above 1 refused, naming the line" \
+    "g1.yaml:3: top_p: 1.5" estimate --recipe "$T/g1.yaml" --trainer grpo --seq 512
 printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nmax_length: 1024\n' >"$T/g2.yaml"
 expect_msg 3 "--recipe GRPOConfig: max_length is not GRPOConfig's" "not a GRPOConfig key" \
     estimate --recipe "$T/g2.yaml" --trainer grpo --seq 512
@@ -3177,6 +3180,54 @@ elif [ -z "$HAVE_PY" ]; then
     skipped "--temperature (python3 not found)"
 else
     bad "--temperature 0.7: the decoding step holds the warper's scores, 4,861,952 B more"
+fi
+# the other warpers, on the same 8 x 151,936 scores (fp = 4,861,952 B fp32; bo = 1,215,488 B bool;
+# 9,723,904 B int64), the last decoding step's peak being its warper, beside the new copy and the
+# previous step's scores and probabilities (3 fp, against 3 fp with no warper: scores are the copy):
+# --top-k 50: the bool mask and masked_fill's output, bo + fp = 6,077,440 B more;
+# --min-p 0.1: softmax's probs, the mask, the two 8-row fp32 (512 B each) and int64 (512 B) small
+#   ones and the output, 2 fp + bo + 1,536 = 10,940,928 B more;
+# --top-p 0.9: sort's values and int64 indices, and CUDA's full-sort buffers for 8 rows (2 int2
+#   arrays 9,723,904 B each, the keys output 4,861,952 B, cub's alternate keys and int2 values
+#   14,585,856 B): fp + 9,723,904 + 38,895,616 = 53,481,472 B more;
+# all of them with --temperature 0.7: the copy, then the temperature's scores (the first warper,
+#   4 fp) and top_p on the scores beside its input: 4 fp + 53,481,472 = 58,343,424 B more
+for w in "--top-k 50:6077440" "--min-p 0.1:10940928" "--top-p 0.9:53481472" \
+    "--temperature 0.7 --top-k 50 --top-p 0.9 --min-p 0.1:58343424"; do
+    # shellcheck disable=SC2086
+    run estimate $G ${w%%:*} --json
+    if [ -n "$HAVE_PY" ] && [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b = (json.load(open(p))["memory"]["phases"]["generation"] for p in sys.argv[1:3])
+assert b["decode_peak_bytes"] - a["decode_peak_bytes"] == int(sys.argv[3]), (a, b)
+' "$T/t1.json" "$T/out" "${w##*:}" 2>"$T/why"; then
+        ok "${w%%:*}: the decoding step's warpers, ${w##*:} B more"
+    elif [ -z "$HAVE_PY" ]; then
+        skipped "${w%%:*} (python3 not found)"
+    else
+        bad "${w%%:*}: the decoding step's warpers, ${w##*:} B more"
+    fi
+done
+# the same warpers from a GRPOConfig recipe are the options (min_p null: none)
+printf '%s\n' 'model_name_or_path: models/hf/qwen2-0.5b.json' 'num_generations: 8' \
+    'per_device_train_batch_size: 8' 'max_completion_length: 256' 'top_p: 0.9' 'top_k: 50' 'min_p: null' \
+    >"$T/gw.yaml"
+run estimate --recipe "$T/gw.yaml" --trainer grpo --seq 512 --precision bf16 --json
+cp "$T/out" "$T/gw.json"
+run estimate $G --top-p 0.9 --top-k 50 --json
+if [ -n "$HAVE_PY" ] && [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["config"]["grpo"]["top_p"] == 0.9 and a["config"]["grpo"]["top_k"] == 50, a["config"]["grpo"]
+assert a["config"]["grpo"]["min_p"] is None, a["config"]["grpo"]
+g = lambda d: d["memory"]["phases"]["generation"]["decode_peak_bytes"]
+assert g(a) == g(b), (g(a), g(b))
+' "$T/gw.json" "$T/out" 2>"$T/why"; then
+    ok "--recipe GRPOConfig top_p 0.9, top_k 50: planned as --top-p 0.9 --top-k 50"
+elif [ -z "$HAVE_PY" ]; then
+    skipped "--recipe GRPOConfig warpers (python3 not found)"
+else
+    bad "--recipe GRPOConfig top_p 0.9, top_k 50: planned as --top-p 0.9 --top-k 50"
 fi
 # --disable-dropout: GPT-2's dropouts (0.1) kept by GRPO's default, zeroed on request as DPO's default
 run estimate models/hf/gpt2.json --trainer grpo --seq 512 --completion-length 256 --precision bf16 --json

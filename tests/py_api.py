@@ -267,6 +267,8 @@ CASES = [
     ("sdpa math", "estimate", L1B, dict(torch="2.11", precision="fp32", seq=256)),
     ("grpo", "estimate", L1B, dict(trainer="grpo", batch=8, seq=512, completion_length=256, beta=0.04,
                                    steps_per_generation=2)),
+    ("grpo warpers", "estimate", L1B, dict(trainer="grpo", batch=8, seq=512, completion_length=256, top_p=0.9,
+                                           top_k=50, min_p=0.05)),
     ("suggest grpo vllm", "suggest", L1B, dict(trainer="grpo", seq=1024, completion_length=512, vllm=0.3,
                                                gpu="a100-40gb", no_probe=True)),
     ("grpo vllm", "check", L1B, dict(trainer="grpo", batch=8, seq=512, completion_length=256, vllm=0.3,

@@ -122,11 +122,49 @@ def scored_inputs(stub, model, ref, prompts, pmask, completion, n, K, beta, gc_k
     return inputs, (ids, am)
 
 
-def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0):
+def cuda_sort_buffers():
+    """torch.sort as CUDA's stable sort allocates for TopPLogitsWarper's (b, v) fp32 scores, v > 4096
+    (its in-place small sort below): after the CPU sort has made the values and int64 indices, the
+    buffers CUDA's holds beside them at its highest point are allocated and freed (uint8 tensors of
+    their sizes), from torch's aten/src/ATen/native/cuda/SortStable.cu and
+    ATen/cuda/cub-RadixSortPairs.cuh and CCCL's DeviceRadixSort temporaries (an alternate keys and
+    values buffer when the sort takes more than one pass; histograms not counted):
+      one row or v >= 1,000,000: an int64 iota of v and cub's v fp32 + v int64;
+      2 to 127 rows: two int2 arrays, the keys output radix_sort_pairs makes, cub's n fp32 + n int2;
+      128 rows and more: an int64 reverse index and cub's n fp32 + n int64.
+    The CPU has none of these (the CUDA-only bytes memplan models); the GPU kit measures them."""
+    import contextlib
+    orig = torch.sort
+
+    def sort(x, *a, **k):
+        out = orig(x, *a, **k)
+        if x.dim() == 2 and x.dtype == torch.float32 and x.shape[-1] > 4096:
+            b, v = x.shape
+            c = max(1, min(b, (2 ** 31 - 1) // v))
+            n = c * v
+            sizes = ([8 * v, 12 * v] if c == 1 or v >= 1000000 else
+                     [8 * n, 8 * n, 4 * n, 12 * n] if c < 128 else [8 * n, 12 * n])
+            bufs = [torch.empty(s, dtype=torch.uint8) for s in sizes]
+            del bufs
+        return out
+
+    @contextlib.contextmanager
+    def patched():
+        torch.sort = sort
+        try:
+            yield
+        finally:
+            torch.sort = orig
+    return patched()
+
+
+def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0,
+              top_p=1.0, top_k=0, min_p=None):
     """Iteration 2's peaks: (whole, where, reference with-block's, generation's, old log-probs').
     steps_per_generation K > 1 (the accumulation is 1): generate makes batch x K completions, the
     old log-probs and the reference's run over them a micro-batch at a time, and the policy's step
-    takes the first micro-batch.  temperature: GRPOConfig's, into TRL's GenerationConfig."""
+    takes the first micro-batch.  temperature, top_p, top_k, min_p: GRPOConfig's, into TRL's
+    GenerationConfig (top_p below 1 under cuda_sort_buffers)."""
     from transformers import GenerationConfig
     from trl import GRPOTrainer
     K = steps_per_generation
@@ -141,8 +179,8 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
                 autocast_forward(m)
     C = seq - prompt
     gen_cfg = GenerationConfig(max_new_tokens=C, do_sample=True, pad_token_id=0, bos_token_id=1,
-                               eos_token_id=[cfg.vocab_size + 7], temperature=temperature, top_p=1.0, top_k=0,
-                               min_p=None, repetition_penalty=1.0, cache_implementation=None, disable_compile=True)
+                               eos_token_id=[cfg.vocab_size + 7], temperature=temperature, top_p=top_p, top_k=top_k,
+                               min_p=min_p, repetition_penalty=1.0, cache_implementation=None, disable_compile=True)
     tr = RealTracker()
     peaks = {}
 
@@ -173,7 +211,8 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
                 was = model.is_gradient_checkpointing
                 if was:  # models/utils.py:135-137 and :153-154
                     model.gradient_checkpointing_disable()
-                with torch.no_grad():
+                import contextlib
+                with torch.no_grad(), (cuda_sort_buffers() if top_p < 1 else contextlib.nullcontext()):
                     out = model.generate(input_ids=prompts, attention_mask=pmask, generation_config=gen_cfg)
                 if was:
                     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -189,7 +228,8 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
     return tr.peak, tr.peak_at, peaks.get("reference", 0), peaks.get("generation", 0), peaks.get("old", 0)
 
 
-def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0):
+def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0,
+                 top_p=1.0, top_k=0, min_p=None):
     a = ["--trainer", "grpo", "--batch", str(batch), "--seq", str(seq), "--completion-length", str(seq - prompt),
          "--num-generations", str(batch), "--steps-per-generation", str(steps_per_generation), "--precision", prec, "--checkpoint", ck, "--workspace", "0",
          "--use-cache", "off", "--json"]
@@ -197,6 +237,12 @@ def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_genera
         a += ["--beta", repr(beta)]
     if temperature != 1.0:
         a += ["--temperature", repr(temperature)]
+    if top_p < 1.0:
+        a += ["--top-p", repr(top_p)]
+    if top_k:
+        a += ["--top-k", str(top_k)]
+    if min_p is not None:
+        a += ["--min-p", repr(min_p)]
     if ft == "lora":
         a += ["--finetune", "lora", "--lora-r", "16", "--lora-targets", "all-linear"]
     return a
@@ -217,11 +263,24 @@ K_SETTINGS = [("full", "none", 4, 256, 128, 0.0, "bf16"), ("full", "layers", 4, 
               ("lora", "layers", 4, 528, 16, 0.0, "amp-bf16")]
 
 
+# the other sampling warpers (transformers' TopK/TopP/MinPLogitsWarper at each decoding step)
+W_SETTINGS = [("full", "none", 8, 528, 16, 0.0, "bf16", {"top_k": 50}),
+              ("full", "none", 8, 528, 16, 0.0, "bf16", {"min_p": 0.1}),
+              ("full", "none", 8, 528, 16, 0.0, "bf16", {"top_p": 0.9}),
+              ("lora", "none", 8, 528, 16, 0.0, "bf16", {"top_p": 0.9}),
+              ("full", "none", 8, 528, 16, 0.0, "bf16", {"temperature": 0.7, "top_k": 50, "top_p": 0.9,
+                                                         "min_p": 0.1})]
+
+
 def main():
+    warpers_only = "--warpers-only" in sys.argv  # (the W_SETTINGS rows alone, into --rows-out)
+    if warpers_only:
+        sys.argv.remove("--warpers-only")
     a = cli("grpo_step", __doc__)
     todo = [s + ("bf16",) for s in SETTINGS] + [s + ("amp-bf16",) for s in AMP_SETTINGS]
     todo += [s + ({"steps_per_generation": 2},) for s in K_SETTINGS]
     todo += [s + ({"temperature": 0.7},) for s in T_SETTINGS]
+    todo = W_SETTINGS if warpers_only else todo + W_SETTINGS
     run_table(a, "grpo_step", CONFIG, "tiny Llama (dpo_step.py CONFIG)", todo, grpo_step, memplan_args,
               "completions", generation=True)
 

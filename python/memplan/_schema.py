@@ -137,6 +137,9 @@ class Grpo:
     num_iterations: int
     beta: float
     temperature: float  # generate's sampling temperature
+    top_p: float  # its warpers: top_p (1: none), top_k (0: none), min_p (None: none)
+    top_k: int
+    min_p: Optional[float]
     vllm: str  # "none" (transformers' generate) | "colocate" | "server"
     old_logprobs_forward: bool  # the policy's no-grad forward for the old log-probs runs
     steps_per_generation: Optional[int] = _opt()  # given; absent: TRL's default, the accumulation

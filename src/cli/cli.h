@@ -54,6 +54,9 @@ struct args {
     bool vllm_server;        /* --vllm server: vllm_mode "server", on other GPUs */
     uint64_t num_iterations; /* num_iterations (1) */
     double temperature;      /* temperature (1) */
+    double top_p;            /* top_p (1) */
+    uint64_t top_k;          /* top_k (0: none) */
+    double min_p;            /* min_p (< 0: None) */
     int vllm_is_corr;        /* vllm_importance_sampling_correction (1: on) */
     bool vllm_is_corr_set;
     bool grpo_set;         /* one of --num-generations, --steps-per-generation, --beta, --vllm given */

@@ -166,6 +166,15 @@ static const struct opt OPTS[] = {
     {0, "temperature", "T", C_EST | C_PLAN | C_SUGG | C_CHECK, K_NUMBER, RANGE(0, false, 1e6, false), FIELD(temperature),
      SEEN(grpo_set), .help = "grpo: generate's sampling temperature; other than 1 its scores are a vocabulary-"
                              "sized tensor of their own at each step (default 1)"},
+    {0, "top-p", "P", C_EST | C_PLAN | C_SUGG | C_CHECK, K_NUMBER, RANGE(0, true, 1, true), FIELD(top_p),
+     SEEN(grpo_set), .help = "grpo: nucleus sampling; below 1 each step sorts the scores, with CUDA's sort buffers "
+                             "(default 1)"},
+    {0, "top-k", "K", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(0, UINT32_MAX), FIELD(top_k), SEEN(grpo_set),
+     .expect = "a count, 0 for none", .help = "grpo: top-k sampling; above 0 a mask and masked scores at each "
+                                              "step (default 0: none)"},
+    {0, "min-p", "P", C_EST | C_PLAN | C_SUGG | C_CHECK, K_NUMBER, RANGE(0, true, 1, true), FIELD(min_p),
+     SEEN(grpo_set), .help = "grpo: min-p sampling; probabilities, a mask and masked scores at each step "
+                             "(default: none)"},
     {0, "num-iterations", "N", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(1, MAX_BATCH), FIELD(num_iterations),
      SEEN(grpo_set), .expect = "a positive integer",
      .help = "grpo: optimization passes over each generation batch; past the accumulation's steps the "
@@ -558,6 +567,8 @@ static void args_default(const struct command *c, struct args *a)
     a->num_generations = 8;   /* num_generations */
     a->num_iterations = 1;    /* grpo_config.py num_iterations */
     a->temperature = 1.0;     /* grpo_config.py temperature */
+    a->top_p = 1.0;           /* grpo_config.py top_p, top_k, min_p (None) */
+    a->min_p = -1.0;
     a->disable_dropout = -1;  /* the trainer's (mp_trainer_drops_dropout) */
     a->vllm_is_corr = 1;      /* grpo_config.py vllm_importance_sampling_correction */
     a->use_cache = -1;
@@ -629,7 +640,7 @@ static int check_rules(const struct command *c, struct args *a)
         return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo, kto or kto-apo");
     if ((a->grpo_set || a->completion_set || a->vllm_is_corr_set) && !grpo)
         return cli_usage_error(c->name, "%s", "--completion-length, --num-generations, --steps-per-generation, "
-                                              "--beta, --vllm, --temperature, --num-iterations and --vllm-correction need "
+                                              "--beta, --vllm, --temperature, --top-p, --top-k, --min-p, --num-iterations and --vllm-correction need "
                                               "--trainer grpo");
     if (grpo && a->rec && a->rec->format == MP_RF_TRL && !a->seq_set) {
         fprintf(stderr, "memplan: error: %s: GRPOConfig has no length of its own (the prompts are the dataset's): "

@@ -14,11 +14,10 @@
  *     held from then on;
  *   each step: next_token_logits = outputs.logits[:, -1, :].to(copy=True, dtype=float32) (b x v
  *     fp32), the logits processors (none at TRL's defaults: temperature 1, top_p 1, top_k 0, no
- *     min_p, repetition_penalty 1; at another temperature TemperatureLogitsWarper's
- *     scores / temperature, logits_process.py, a b x v fp32 tensor of its own), probs = softmax
- *     (b x v fp32), one sampled token; the previous step's next_token_logits, scores and probs
- *     stay bound until they are rebound, and `outputs` (its b x 1 x v logits) until
- *     `del outputs` at the step's end;
+ *     min_p, repetition_penalty 1; otherwise the warpers of warper_bytes below, in
+ *     _get_logits_processor's order, utils.py:1618-1635), probs = softmax (b x v fp32), one
+ *     sampled token; the previous step's next_token_logits, scores and probs stay bound until they
+ *     are rebound, and `outputs` (its b x 1 x v logits) until `del outputs` at the step's end;
  *   max_new_tokens - 1 decoding forwards of one token: each layer's cat makes its new k (then v)
  *     one position longer while the old one is still bound, and input_ids and attention_mask
  *     grow by a column (int64).
@@ -75,6 +74,86 @@ static bool add_prod(uint64_t *acc, uint64_t a, uint64_t b)
 {
     uint64_t x;
     return mp_mul_u64(a, b, &x) && x <= UINT64_MAX - 511 && mp_add_u64(*acc, mp_round512(x), acc);
+}
+
+/* CUDA's stable sort of c rows of v fp32 scores (TopPLogitsWarper's torch.sort; v > 4096, so not
+ * the in-place small sort): the buffers it allocates beyond its values and int64 indices, at their
+ * most (torch aten/src/ATen/native/cuda/SortStable.cu do_launch_stable_sort_kernel, with
+ * ATen/cuda/cub-RadixSortPairs.cuh and cub's DeviceRadixSort temporaries, CCCL 3
+ * dispatch_radix_sort.cuh: an alternate keys and values buffer, num_items of each, when the sort
+ * takes more than one pass, as 32-bit keys do; their histograms and look-back counters, about
+ * 1 KiB per tile of thousands of items, are not counted):
+ *   one row, or v >= 1,000,000 (segmented_sort_large_segments, row by row): the row's int64
+ *     index iota and cub's temporaries (v fp32 keys + v int64 values);
+ *   fewer than 128 rows (segmented_sort_pairs_by_full_sort): two int2 (index, segment) arrays,
+ *     radix_sort_pairs' own keys output (keys_out NULL) and cub's temporaries (n fp32 keys + n int2);
+ *     its second sort (int64 keys on the segment bits: one pass) adds only counters;
+ *   otherwise (segmented_sort_pairs): an int64 reverse index and cub's temporaries (n fp32 + n
+ *     int64).
+ * The rows go in chunks of at most INT_MAX elements (nbatch).  0 on overflow (*ok false). */
+static uint64_t sort_scratch(uint64_t b, uint64_t v, bool *ok)
+{
+    const uint64_t intmax = 2147483647u;
+    uint64_t c = v <= intmax ? mp_min_u64(b, intmax / v) : 1, n = 0, s = 0;
+    if (!c)
+        c = 1;
+    *ok = *ok && mp_mul_u64(c, v, &n) && n <= UINT64_MAX / 32;
+    if (!*ok)
+        return 0;
+    if (c == 1 || v >= 1000000)
+        *ok = add_prod(&s, v, 8) && add_prod(&s, v, 12);
+    else if (c < 128)
+        *ok = add_prod(&s, n, 8) && add_prod(&s, n, 8) && add_prod(&s, n, 4) && add_prod(&s, n, 12);
+    else
+        *ok = add_prod(&s, n, 8) && add_prod(&s, n, 12);
+    return s;
+}
+
+/* The logits warpers GRPOConfig turns on, each a call on the b x v fp32 scores (transformers 5.24
+ * generation/logits_process.py; docs/memory-facts.md#sampling-warpers): what each allocates at its
+ * highest point beyond its input, its b x v fp32 output included (every tensor its own 512-rounded
+ * block; fp = one b x v fp32 tensor, bo = one b x v bool):
+ *   TemperatureLogitsWarper: scores / temperature, fp;
+ *   TopKLogitsWarper (k = min(top_k, v)): topk's b x k values and int64 indices, then the bool
+ *     `scores < kth` and masked_fill's output: bo + fp at its end;
+ *   TopPLogitsWarper: sort's values (fp) and int64 indices, with CUDA's sort buffers
+ *     (sort_scratch); then softmax and its cumsum, the bool mask, its scatter and masked_fill's
+ *     output: fp + int64 indices + max(sort buffers, 2 fp + 2 bo);
+ *   MinPLogitsWarper: softmax's probs, the b x 1 amax and scaled threshold, the bool mask,
+ *     topk(probs, 1)'s int64 indices and masked_fill's output: 2 fp + bo + the small ones.
+ * The CPU measures 1, 1.25, 5.50 and 2.25 fp for temperature, top_k, top_p and min_p at b 8, v
+ * 32,000 (bench/accuracy/grpo_step.py); CUDA's sort makes top_p's 8 fp at one row or 128 rows
+ * and more, 11 fp between.  *first: the first warper's; *rest: the largest of the others'. */
+static bool warper_bytes(const struct mp_train_opts *t, uint64_t b, uint64_t v, uint64_t *first, uint64_t *rest,
+                         unsigned *n)
+{
+    uint64_t fp = 0, bo = 0, i64 = 0, w[4];
+    bool ok = add_prod(&fp, b, v * 4) && fp <= UINT64_MAX / 64 && add_prod(&bo, b, v) && add_prod(&i64, b, v * 8);
+    /* (fp below 2^58: every sum below is a few fp, the sort's buffers 8 fp at most) */
+    *n = 0;
+    *first = *rest = 0;
+    if (!ok)
+        return false;
+    if (ok && t->gen_temperature)
+        w[(*n)++] = fp;
+    if (ok && t->gen_top_k) {
+        uint64_t k = mp_min_u64(t->gen_top_k, v), vals = 0, idx = 0;
+        ok = add_prod(&vals, b, k * 4) && add_prod(&idx, b, k * 8);
+        w[(*n)++] = mp_max_u64(mp_max_u64(vals + idx, vals + bo), bo + fp);
+    }
+    if (ok && t->gen_top_p) {
+        uint64_t s = sort_scratch(b, v, &ok), tail = 2 * fp + 2 * bo;
+        w[(*n)++] = fp + i64 + mp_max_u64(s, tail);
+    }
+    if (ok && t->gen_min_p) {
+        uint64_t small = 0;
+        ok = add_prod(&small, b, 4) && add_prod(&small, b, 4) && add_prod(&small, b, 8);
+        w[(*n)++] = 2 * fp + bo + small;
+    }
+    *first = ok && *n ? w[0] : 0;
+    for (unsigned i = 1; ok && i < *n; i++)
+        *rest = mp_max_u64(*rest, w[i]);
+    return ok;
 }
 
 uint64_t mp_grpo_every(const struct mp_train_opts *t, uint64_t accum)
@@ -185,10 +264,25 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
               P + C > P && (P + C) <= UINT64_MAX / 8 && add_prod(&ids, b, 8 * (P + C)) && mp_add_u64(ids, ids, &ids) &&
               add_prod(&pre_ids, b, 8 * P) && mp_add_u64(pre_ids, pre_ids, &pre_ids) &&
               mp_add_u64(m.peak, pre_ids, &m.peak) && mp_add_u64(m.head_cur, pre_ids, &m.head_cur);
-    /* a step's b x v fp32 tensors bound at once: the copy and the probabilities (fp2), with the
-     * previous step's or a third (fp3); a temperature's scores add one to each */
-    unsigned nf = t->gen_temperature ? 1 : 0;
+    /* a step's b x v fp32 tensors bound at once.  With no warper the scores are the copy: the
+     * copy and the probabilities (fp2).  A warper's scores are a tensor of their own (nf), bound
+     * until the next step's are (fp2 + fp32 during the next forward).  The first step (fp1): the
+     * copy, then each warper on its input (the copy, or the warper before's output) and the
+     * probabilities beside the scores.  A decoding step (fp3): the new copy beside the previous
+     * step's tensors, then the first warper with the new copy and the previous scores and probs,
+     * the others with their input too, then the probabilities beside the previous ones. */
+    uint64_t w1 = 0, wr = 0, fp1 = 0;
+    unsigned nw = 0;
+    ok = ok && warper_bytes(t, b, v, &w1, &wr, &nw);
+    unsigned nf = nw ? 1 : 0;
     ok = ok && add_prod(&fp2, 2 + nf, fp32) && add_prod(&fp3, 3 + nf, fp32);
+    if (ok) {
+        fp1 = fp2;
+        if (nw)
+            fp1 = mp_max_u64(fp1, mp_max_u64(fp32 + w1, nw > 1 ? 2 * fp32 + wr : 0));
+        if (nw)
+            fp3 = mp_max_u64(fp3, mp_max_u64(fp2 + w1, nw > 1 ? fp3 + wr : 0));
+    }
     /* Under autocast the trainable weights' half copies are cached until each forward returns (the
      * replay holds the layers' in the prefill, gen_pass); the LM head's too: generate's head is a
      * Linear under autocast, not the fused one */
@@ -215,7 +309,7 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     uint64_t at_head = 0, after = 0, pre = m.peak, dec_fwd = 0, dec_head = 0, dec_tail = 0;
     ok = ok && mp_add_u64(m.head_cur, logits, &at_head) && mp_add_u64(at_head, lmcopy, &at_head) &&
          m.head_cur >= norm_out + wsum && mp_add_u64(m.head_cur - norm_out - wsum, logits, &after) &&
-         mp_add_u64(after, fp2, &after);
+         mp_add_u64(after, fp1, &after);
     pre = mp_max_u64(pre, mp_max_u64(at_head, after));
     /* the last decoding step: the resident state, the prompt's batch, the cache at T tokens, the ids;
      * during its forward the last layer's new k beside the old one and the previous step's

@@ -868,6 +868,24 @@ static void derive_grpo(struct reader *rd)
         refuse(rd, fact_key(rd, F_TEMPERATURE), temp->line, temp->v, "expected a number above 0");
     else if (temp)
         put(rd, MP_RS_TEMPERATURE, temp->v, F_TEMPERATURE);
+    /* the warpers (generation/logits_process.py checks: top_p and min_p in [0, 1], top_k a count;
+     * TRL passes None through: no warper) */
+    static const struct {
+        int f, rs;
+        bool count;
+    } warp[] = {{F_TOP_P, MP_RS_TOP_P, false}, {F_TOP_K, MP_RS_TOP_K, true}, {F_MIN_P, MP_RS_MIN_P, false}};
+    for (size_t i = 0; i < sizeof warp / sizeof warp[0]; i++) {
+        const struct fact_val *w = fact(rd, warp[i].f, &tmp);
+        uint64_t cnt = 0;
+        if (!w || !strcmp(w->v, "null") || !strcmp(w->v, "None"))
+            continue;
+        if (warp[i].count ? mp_parse_u64(w->v, &cnt) != MP_OK || cnt > UINT32_MAX
+                          : mp_parse_double(w->v, &tv) != MP_OK || !(tv >= 0 && tv <= 1))
+            refuse(rd, fact_key(rd, warp[i].f), w->line, w->v,
+                   warp[i].count ? "expected a count, 0 for none" : "expected a number from 0 to 1");
+        else
+            put(rd, warp[i].rs, w->v, warp[i].f);
+    }
     int is = fact_truth(rd, F_VLLM_IS), uv = fact_truth(rd, F_USE_VLLM);
     if (rd->f[F_VLLM_IS].set && is < 0 && strcmp(rd->f[F_VLLM_IS].v, "null"))
         refuse(rd, fact_key(rd, F_VLLM_IS), rd->f[F_VLLM_IS].line, rd->f[F_VLLM_IS].v, "expected true or false");

@@ -67,6 +67,9 @@ const char *mp_recipe_format_names(const char *sep, const char *last);
     X(NUM_ITERATIONS, "num-iterations", 1)             \
     X(VLLM_IS_CORRECTION, "vllm-correction", 1)       \
     X(TEMPERATURE, "temperature", 1)                   \
+    X(TOP_P, "top-p", 1)                               \
+    X(TOP_K, "top-k", 1)                               \
+    X(MIN_P, "min-p", 1)                               \
     X(QUANT_STORAGE, "quant-storage", 1)
 
 enum mp_recipe_setting_id {

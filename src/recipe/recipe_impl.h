@@ -55,6 +55,9 @@ enum fact {
     F_NUM_ITER,     /* num_iterations */
     F_VLLM_IS,      /* vllm_importance_sampling_correction */
     F_TEMPERATURE,  /* generate's sampling temperature */
+    F_TOP_P,        /* its warpers: top_p, top_k, min_p */
+    F_TOP_K,
+    F_MIN_P,
     F_N
 };
 

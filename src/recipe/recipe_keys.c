@@ -186,13 +186,11 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_GRPO, "cache_implementation", "generate's cache_implementation (a static or offloaded cache): " NOT_YET),
     REFUSE(B_GRPO, "generation_kwargs", "generate's own arguments: " NOT_YET),
     /* the sampling warpers transformers' generate adds at each decoding step, each its own
-     * tensors of sequences x vocabulary (generation/logits_process.py): TRL's defaults add none;
-     * a temperature is --temperature (TemperatureLogitsWarper: one tensor) */
+     * tensors of sequences x vocabulary (generation/logits_process.py): TRL's defaults add none */
     FACT(B_GRPO, "temperature", F_TEMPERATURE),           /* :532 default 1.0; --temperature */
-    REFUSE_BUT(B_GRPO, "top_p", "1 1.0", "top-p sampling (TopPLogitsWarper sorts the sequences x vocabulary "
-                                         "scores): " NOT_YET),
-    REFUSE(B_GRPO, "top_k", "top-k sampling (TopKLogitsWarper): " NOT_YET),
-    REFUSE(B_GRPO, "min_p", "min-p sampling (MinPLogitsWarper): " NOT_YET),
+    FACT(B_GRPO, "top_p", F_TOP_P),                       /* :536 default 1.0; --top-p */
+    FACT(B_GRPO, "top_k", F_TOP_K),                       /* :543 default 0; --top-k */
+    FACT(B_GRPO, "min_p", F_MIN_P),                       /* :550 default None; --min-p */
     REFUSE_BUT(B_GRPO, "repetition_penalty", "1 1.0",
                "a repetition penalty (RepetitionPenaltyLogitsProcessor): " NOT_YET),
     REFUSE(B_GRPO, "sync_ref_model", "the reference synced with the policy (TR-DPO): " NOT_YET),

@@ -365,6 +365,12 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             ju64(g, "num_iterations", c->num_iterations);
             cJSON_AddNumberToObject(g, "beta", c->beta);
             cJSON_AddNumberToObject(g, "temperature", c->temperature);
+            cJSON_AddNumberToObject(g, "top_p", c->top_p);
+            ju64(g, "top_k", c->top_k);
+            if (c->min_p >= 0)
+                cJSON_AddNumberToObject(g, "min_p", c->min_p);
+            else
+                cJSON_AddNullToObject(g, "min_p");
             cJSON_AddStringToObject(g, "vllm", t->vllm_fraction > 0 ? "colocate" : t->vllm_server ? "server" : "none");
             if (t->vllm_fraction > 0)
                 cJSON_AddNumberToObject(g, "vllm_gpu_memory_utilization", t->vllm_fraction);
@@ -1505,6 +1511,12 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
             fprintf(out, "    num_iterations=%llu,\n", (unsigned long long)c->num_iterations);
         if (c->temperature != 1.0)
             fprintf(out, "    temperature=%g,\n", c->temperature);
+        if (c->top_p < 1.0)
+            fprintf(out, "    top_p=%g,\n", c->top_p);
+        if (c->top_k)
+            fprintf(out, "    top_k=%llu,\n", (unsigned long long)c->top_k);
+        if (c->min_p >= 0)
+            fprintf(out, "    min_p=%g,\n", c->min_p);
         if (c->train->vllm_fraction > 0)
             fprintf(out, "    use_vllm=True,\n    vllm_mode=\"colocate\",\n    vllm_gpu_memory_utilization=%g,\n",
                     c->train->vllm_fraction);

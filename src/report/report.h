@@ -32,6 +32,9 @@ struct mp_report_ctx {
     bool disable_dropout;       /* TRL's disable_dropout as planned (trainers other than sft) */
     uint64_t num_iterations;    /* GRPOConfig's num_iterations, vllm_importance_sampling_correction, temperature */
     double temperature;
+    double top_p;               /* GRPOConfig's top_p, top_k, min_p (< 0: None) */
+    uint64_t top_k;
+    double min_p;
     bool vllm_is_correction;
     const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     const char *alloc_from;     /* where the allocator's settings came from ("--alloc-conf",
