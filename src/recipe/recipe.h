@@ -67,7 +67,8 @@ const char *mp_recipe_format_names(const char *sep, const char *last);
     X(NUM_ITERATIONS, "num-iterations", 1)             \
     X(VLLM_IS_CORRECTION, "vllm-correction", 1)       \
     X(TEMPERATURE, "temperature", 1)                   \
-    X(QUANT_STORAGE, "quant-storage", 1)
+    X(QUANT_STORAGE, "quant-storage", 1)               \
+    X(ACT_OFFLOAD, "act-offload", 1)
 
 enum mp_recipe_setting_id {
 #define MP_X(id, opt, wired) MP_RS_##id,
