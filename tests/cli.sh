@@ -2765,6 +2765,44 @@ assert p["activations_bytes"] - o["activations_bytes"] == 24 * x, (p["activation
     fi
 fi
 
+# --act-offload (TRL's activation_offloading): refused without --checkpoint layers, with a fused
+# loss, another trainer or data parallelism, and by commands that do not plan it; a TRL recipe's
+# key sets it (and meets TRL's fused loss: refused), Axolotl's key is refused.
+expect_line 2 "--act-offload without --checkpoint layers refused" estimate models/hf/qwen2-0.5b.json --act-offload
+expect_line 2 "--act-offload with layers+offload refused" estimate models/hf/qwen2-0.5b.json --act-offload \
+    --checkpoint layers+offload
+expect_line 2 "--act-offload with --loss liger refused" estimate models/hf/qwen2-0.5b.json --act-offload \
+    --checkpoint layers --loss liger
+expect_line 2 "--act-offload with --trainer dpo refused" estimate models/hf/qwen2-0.5b.json --act-offload \
+    --checkpoint layers --trainer dpo
+expect_line 2 "--act-offload with --parallel refused" estimate models/hf/qwen2-0.5b.json --act-offload \
+    --checkpoint layers --gpus 2 --parallel ddp
+expect_line 2 "suggest --act-offload refused" suggest models/hf/qwen2-0.5b.json --act-offload --gpu t4
+expect_line 2 "a TRL recipe's activation_offloading meets TRL's fused loss" estimate --recipe $R/trl-sft-actoff.yaml
+grep -q "act-offload with --loss chunked-nll" "$T/err" && ok "... naming the loss" || bad "... naming the loss"
+expect_line 2 "suggest with a recipe's activation_offloading refused" suggest --recipe $R/trl-sft-actoff.yaml \
+    --gpu t4 --no-probe
+expect_line 3 "Axolotl's activation_offloading refused" estimate --recipe $R/axolotl-actoff.yaml
+# Hand figures (qwen2-0.5b: 24 layers, hidden 896, vocab 151936; batch 1 x 512, bf16, LoRA
+# all-linear, layers): offloaded packs, each rounded up to a power of two: the 24 layer inputs
+# (512 x 896 x 2 = 917,504 -> 1 MiB), the final norm's fp32 input (1,835,008 -> 2 MiB) and its
+# rsqrt (2,048), the fp32 log-probabilities (512 x 151936 x 4 = 311,164,928 -> 512 MiB) and the
+# shifted labels (4,096): 24 MiB + 2 MiB + 2,048 + 512 MiB + 4,096 = 564,140,032.
+if [ -n "$HAVE_PY" ]; then
+    run estimate models/hf/qwen2-0.5b.json --batch 1 --seq 512 -p bf16 --finetune lora --lora-targets all-linear \
+        --checkpoint layers --act-offload --json
+    if python3 -c '
+import json, sys
+o = json.load(open(sys.argv[1]))["memory"]
+assert o["host_pinned_bytes"] == 564140032, o["host_pinned_bytes"]
+assert "ckpt_offload_pcie_bytes" not in o and o["act_offload_pcie_bytes"] > 0
+' "$T/out" 2>"$T/why"; then
+        ok "estimate --act-offload: pinned host RAM by hand"
+    else
+        bad "estimate --act-offload: pinned host RAM by hand"
+    fi
+fi
+
 # ---- an HF family's blocks written in memplan JSON ------------------------------------------
 
 # tests/data/models/ holds Gemma-2-2B and Qwen3-30B-A3B written by hand in memplan JSON (the keys of

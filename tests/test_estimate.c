@@ -1455,6 +1455,61 @@ static void test_estimate_checkpoint_offload(void **state)
     }
 }
 
+/* --act-offload (TRL 1.16 OffloadActivations, docs/memory-facts.md#activation-offloading) on
+ * Llama-3.2-1B (16 layers, h 2048, V 128256), full fine-tuning, bf16, batch 1 x 2048, layers.
+ * Packs in order (id: bytes, offloaded or kept), N = 2048 tokens:
+ *   1 input ids (the embedding's backward)  8N = 16,384            offloaded
+ *   2..17 x_0..x_15 (the checkpoints' inputs) 2 x 2048 N = 8 MiB each  offloaded
+ *   18 the final norm's fp32 input 4 x 2048 N = 16 MiB             offloaded
+ *   19 its rsqrt 4N = 8,192                                         offloaded
+ *   20, 21 the product's packs of both: tracked storages            kept
+ *   22 the norm's weight (a parameter)                              kept
+ *   23 the normalized x (the weight trains) 2 x 2048 N = 8 MiB      offloaded
+ *   (the lm_head: NoOpManager, no pack)
+ *   24 log_softmax's output 4 x 128256 N = 1,050,673,152            offloaded
+ *   25 nll_loss's pack of the same output                           kept
+ *   26 the shifted labels 8N = 16,384                               offloaded
+ *   27 total_weight, 4 bytes                                        kept
+ * Pinned: each copy rounded up to a power of two: 16,384 + 16 x 8 MiB + 16 MiB + 8,192 + 8 MiB +
+ * 1 GiB (2^30 >= 1,050,673,152) + 16,384 = 1,233,166,336.
+ * To the host: 16,384 + 134,217,728 + 16,777,216 + 8,192 + 8,388,608 + 1,050,673,152 + 16,384 =
+ * 1,210,097,664.  Back: at the end of the forward the stash holds ids above 26 - 5 (23, 24, 26);
+ * nll_loss's backward uses 26 from it and its hook empties it, so every offloaded pack but the
+ * labels comes back: 1,210,097,664 - 16,384 = 1,210,081,280.  PCIe: 2,420,178,944. */
+static void test_estimate_act_offload(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load_file(&m, "models/hf/llama-3.2-1b.json");
+    m.use_cache = false;
+    struct mp_chain c;
+    chain_at(&m, 1, 2048, MP_PREC_BF16, &c);
+    struct mp_ckpt_spec spec;
+    assert_int_equal(mp_ckpt_spec_parse("layers", &spec), MP_OK);
+    struct mp_ckpt_plan p;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &p, &d), MP_OK);
+    struct mp_program prog;
+    build(&m, 1, 2048, MP_PREC_BF16, &prog);
+    struct mp_estimate e, plain;
+    struct mp_train_opts t = {.optimizer = MP_OPT_ADAMW, .cublas_workspace_bytes = 0};
+    assert_int_equal(mp_estimate_run(&prog, &p.sched, &t, 0, &plain, &d), MP_OK);
+    t.act_offload = true;
+    assert_int_equal(mp_estimate_run(&prog, &p.sched, &t, 0, &e, &d), MP_OK);
+    assert_int_equal(e.host_pinned_bytes, 1233166336);
+    assert_int_equal(e.act_offload_pcie_bytes, 2420178944);
+    assert_int_equal(plain.host_pinned_bytes, 0);
+    /* the 16 checkpoint inputs leave the device once out of the stash: fewer activations live
+     * when backward starts (the last ones were pushed out by the head's packs) */
+    assert_true(e.activations_bytes + 16 * 8388608 <= plain.activations_bytes);
+    mp_estimate_release(&e);
+    mp_estimate_release(&plain);
+    mp_program_release(&prog);
+    mp_ckpt_plan_release(&p);
+    mp_chain_release(&c);
+    mp_model_release(&m);
+}
+
 /* Node `node`'s backward: the live bytes (512-rounded) just before it, their maximum during it,
  * and whether tensor `a` is live when the gradient of `a` is made. */
 struct node_bwd {
@@ -1696,6 +1751,7 @@ int main(void)
         cmocka_unit_test(test_estimate_checkpoint_lowers_peak),
         cmocka_unit_test(test_estimate_checkpoint_layers),
         cmocka_unit_test(test_estimate_checkpoint_offload),
+        cmocka_unit_test(test_estimate_act_offload),
         cmocka_unit_test(test_estimate_autocast_cache),
         cmocka_unit_test(test_estimate_gelu_new_autocast),
         cmocka_unit_test(test_estimate_gelu_new_backward),

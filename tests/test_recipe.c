@@ -128,6 +128,23 @@ static void test_trl_lora(void **state)
     expect(LOSS, "chunked-nll", DEFAULT, "loss_type", 0);
 }
 
+/* TRL SFT with activation_offloading: --act-offload (sft_trainer.py:1190-1193); the loss stays
+ * TRL's fused head (the CLI then refuses the pair: which of its saved tensors are offloaded is not
+ * modelled); Axolotl's key is refused (its own checkpoint wrapper), false accepted. */
+static void test_trl_act_offload(void **state)
+{
+    (void)state;
+    read_ok(D "trl-sft-actoff.yaml", -1);
+    expect(ACT_OFFLOAD, "true", KEY, "activation_offloading", 7);
+    expect(CHECKPOINT, "layers", DEFAULT, "gradient_checkpointing", 0);
+    expect(LOSS, "chunked-nll", DEFAULT, "loss_type", 0);
+    expect(FINETUNE, "lora", KEY, "use_peft", 5);
+    expect(LORA_TARGETS, "all-linear", KEY, "lora_target_modules", 6);
+    read_refused(D "axolotl-actoff.yaml", ":5: activation_offloading:", "checkpoint_wrapper");
+    read_ok(D "axolotl-full.yaml", -1);
+    unset(ACT_OFFLOAD);
+}
+
 static void test_trl_qlora(void **state)
 {
     (void)state;
@@ -482,6 +499,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_n_layers),  cmocka_unit_test(test_hf_json),          cmocka_unit_test(test_hf_yaml),
         cmocka_unit_test(test_trl_lora),         cmocka_unit_test(test_trl_qlora),
+        cmocka_unit_test(test_trl_act_offload),
         cmocka_unit_test(test_axolotl_qlora),    cmocka_unit_test(test_axolotl_full),
         cmocka_unit_test(test_llamafactory_lora), cmocka_unit_test(test_llamafactory_defaults),
         cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_refusals),

@@ -265,6 +265,7 @@ class Memory:
     dequant_bytes: Optional[float] = _opt()  # a quantized base: the step's dequantization traffic
     host_pinned_bytes: Optional[int] = _opt()  # --checkpoint layers[:N]+offload
     ckpt_offload_pcie_bytes: Optional[float] = _opt()
+    act_offload_pcie_bytes: Optional[int] = _opt()  # --act-offload (host_pinned_bytes its pinned RAM)
     world: Optional[int] = _opt()  # data parallelism: per rank
     buffers_bytes: Optional[int] = _opt()
     host_bytes: Optional[int] = _opt()

@@ -66,6 +66,7 @@ struct args {
     uint64_t tokens_per_batch; /* --tokens-per-batch (0: not given) */
     bool seq_set;          /* --seq given */
     bool ckpt_set;      /* --checkpoint given (suggest: only that plan is searched) */
+    bool act_offload;   /* --act-offload: TRL's activation_offloading=True */
     int use_cache; /* -1: the config's; 0 off; 1 on */
     int head;            /* --head (enum mp_head); -1: the config's architectures[0] */
     uint64_t num_labels; /* --num-labels; 0: the config's */

@@ -115,6 +115,9 @@ static const struct opt OPTS[] = {
                "optimal-segments",
      .help = "none (default; plan: optimal; suggest: searched) | sqrt | segments:K | every:K | layers | "
              "layers:N | optimal[-segments]; +offload after layers[:N]: their inputs wait in pinned host RAM"},
+    {0, "act-offload", NULL, C_EST | C_CHECK, K_FLAG, FIELD(act_offload),
+     .help = "TRL's activation_offloading=True (needs --checkpoint layers, --loss hf): saved tensors outside "
+             "the checkpointed layers, and their inputs, wait in pinned host RAM"},
     {0, "finetune", "F", C_ALL, K_ENUM, FIELD(ft.mode), .parse = mp_ft_mode_parse, .names = mp_ft_mode_names,
      .help = ": what trains (default full)"},
     {0, "lora-r", "R", C_ALL, INT(1, 65536), FIELD(ft.r), SEEN(lora_set), .help = "LoRA rank (default 16)"},
@@ -621,6 +624,24 @@ static int check_rules(const struct command *c, struct args *a)
     }
     if (a->padding_free)
         a->packing = true;
+    if (a->act_offload) { /* what act_offload.py measured (docs/memory-facts.md#activation-offloading) */
+        if (a->ckpt.strategy != MP_CKPT_LAYERS || a->ckpt.k > 1 || a->ckpt.offload)
+            return cli_usage_error(c->name, "%s", "--act-offload needs --checkpoint layers: in a layer not "
+                                                  "checkpointed TRL clones each saved view that is not contiguous "
+                                                  "before its copy (attention's), which memplan does not model yet");
+        if (a->loss != MP_LOSS_HF)
+            return cli_usage_error(c->name, "--act-offload with --loss %s: which of a fused loss head's saved tensors "
+                                            "TRL offloads is not modelled yet (--loss hf is)",
+                                   mp_loss_str((enum mp_loss)a->loss));
+        if (a->trainer != MP_TRAINER_SFT)
+            return cli_usage_error(c->name, "--act-offload with --trainer %s: not measured yet (--trainer sft is)",
+                                   mp_trainer_str((enum mp_trainer)a->trainer));
+        if (a->par.strategy != MP_PAR_NONE)
+            return cli_usage_error(c->name, "%s", "--act-offload with --parallel: not modelled yet (one GPU is)");
+        if (a->head >= 0 && a->head != MP_HEAD_CAUSAL_LM)
+            return cli_usage_error(c->name, "%s", "--act-offload needs a causal LM head (TRL keeps only an lm_head's "
+                                                  "saved tensors on the device)");
+    }
     const char *unmodelled = mp_trainer_unmodelled((enum mp_trainer)a->trainer);
     if (unmodelled) {
         char msg[160];
@@ -868,6 +889,11 @@ static int recipe_setting(const struct command *c, struct args *a, const bool *g
                     c->bit == C_SUGG ? "suggest searches the micro-batch" : "--batch changes the micro-batch");
             return MP_EXIT_INPUT;
         }
+    }
+    if (id == MP_RS_ACT_OFFLOAD && !(o->cmds & c->bit)) { /* (it changes memory: never ignored) */
+        fprintf(stderr, "memplan: error: %s:%u: %s: %s: %s does not plan activation offloading yet (estimate and "
+                "check do)\n", a->rec->path, s->line, s->key, s->value, c->name);
+        return MP_EXIT_USAGE;
     }
     if (!(o->cmds & c->bit) || (id >= MP_RS_LORA_R && id <= MP_RS_LORA_TARGETS && !lora) ||
         (id == MP_RS_CHECKPOINT && c->bit == C_PLAN)) {

@@ -570,6 +570,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     mp_train_opts_default(&s->train);
     s->train.optimizer = (enum mp_optimizer)a->optimizer;
     s->train.accumulate = a->grad_accum > 1;
+    s->train.act_offload = a->act_offload;
     bool grpo = a->trainer == MP_TRAINER_GRPO;
     if (mp_trainer_ref_fwds((enum mp_trainer)a->trainer) && !a->precompute_ref && (!grpo || a->beta > 0))
         /* trl dpo_trainer.py:908-927, kto_trainer.py:919-938, grpo_trainer.py:983-1003 (beta > 0) */

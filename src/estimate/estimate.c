@@ -830,6 +830,15 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
         return mp_fail(d, MP_ERR_RANGE, "offloaded checkpoint inputs exceed 64 bits");
     e->ckpt_offload_bytes = copied;
     e->pcie_bytes += 2.0 * (double)copied;
+    /* --act-offload: every offloaded pack's pinned copy and the copies over PCIe (replay.c) */
+    struct rp_aoff_out ao;
+    if ((st = replay_act_offload(p, sched, t, &ao, d)) != MP_OK)
+        return st;
+    if (t->act_offload) {
+        e->host_pinned_bytes = ao.pinned;
+        e->act_offload_pcie_bytes = ao.pcie;
+        e->pcie_bytes += (double)ao.pcie;
+    }
     /* What the GPU must have: the allocated peak plus the context.  Reserved can be
      * higher (cached blocks of other sizes), but on a failed cudaMalloc the caching
      * allocator frees its cached blocks and retries, so the cache does not decide

@@ -199,6 +199,8 @@ struct mp_train_opts {
     bool ref_pass;      /* (the estimator's own) this replay is the reference's forward under
                          * torch.no_grad: its weights do not require grad, so autocast caches no
                          * weight copy (autocast_mode.cpp cached_cast) */
+    bool act_offload;   /* --act-offload: TRL's activation offloading (OffloadActivations around the
+                         * forward and backward; replay.c aoff_pack) */
 };
 void mp_train_opts_default(struct mp_train_opts *o); /* adamw, 8,519,680 B workspace, no accumulation */
 
@@ -301,6 +303,8 @@ struct mp_estimate {
     uint64_t host_pinned_bytes;      /* --checkpoint layers+offload: pinned host RAM of the
                                       * checkpointed inputs (their PCIe copies are in pcie_bytes) */
     uint64_t ckpt_offload_bytes;     /* the same unrounded: each crosses PCIe twice (in pcie_bytes) */
+    uint64_t act_offload_pcie_bytes; /* --act-offload: its copies to the host and back (in pcie_bytes;
+                                      * host_pinned_bytes holds its pinned host RAM) */
     double allgather_bytes, reducescatter_bytes, allreduce_bytes, pcie_bytes, host_step_elems;
     double comm_s, exposed_comm_s, offload_s; /* filled by the fit (search.c): seconds per step */
     size_t n_groups;

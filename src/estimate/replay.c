@@ -88,6 +88,183 @@ static void offload_input(struct rp *r, size_t i, bool out)
     }
 }
 
+/* ---- --act-offload: TRL's activation offloading --------------------------------------------
+ * trl 1.16.0 models/activation_offloading.py (docs/memory-facts.md#activation-offloading), as
+ * SFTTrainer runs it (sft_trainer.py:1190-1193, 1690-1693: get_act_offloading_ctx_manager(model)
+ * with its defaults, around training_step's forward and backward).  Every tensor autograd saves
+ * outside a checkpointed layer and outside the lm_head (NoOpManager, :717-720) is packed by its
+ * hook; a checkpointed layer's own saves go to the checkpoint's hooks, so of a layer only the
+ * checkpoint's input is packed (torch 2.15 utils/checkpoint.py:2040 save_inputs before :2044).
+ * A pack (pack_tensor, :200-340) takes the next id (every pack, offloaded or not); a storage
+ * already tracked stays on the device (:220-225, "dedup"); under 1,024 bytes too (:233); else a
+ * pinned host copy (:319-320) and a device reference in the forward stash, which each offload
+ * first trims to the ids above its own less 5 (:283-290, max_fwd_stash_size 5).  In backward
+ * (unpack_tensor_with_streams, :385-534) an offloaded tensor still in the forward stash is used as
+ * it is, any other is copied back (:436-447) and kept in the backward stash; after the node that
+ * unpacked it (its hook, :477-522) the forward stash is emptied, the tensors of the node before
+ * it are dropped, and its own stay until the next such node, unless something else now holds the
+ * storage (record_stream, :500-502: a recompute saved it).  The end of backward drops the rest
+ * (:391-399) and so does __exit__ (:612-618). */
+#define AOFF_MIN_BYTES 1024 /* min_offload_size (activation_offloading.py:128, 646) */
+#define AOFF_STASH 5        /* max_fwd_stash_size (:129, 647) */
+
+struct rp_aoff {
+    uint32_t *offm;     /* per node: bit j set when saved[j]'s pack was offloaded ... */
+    uint32_t *dupm;     /* ... and packed again by a later op of the node (kept: a saved reference) */
+    bool *xoff;         /* per block: its checkpoint input's pack was offloaded */
+    uint64_t *owner;    /* per tensor: the pack id tracking its storage (0: not tracked) */
+    int *fs_t;          /* forward stash: tensors, oldest first ... */
+    uint64_t *fs_id;    /* ... and their pack ids */
+    size_t n_fs;
+    int *bs;            /* backward stash: the reloaded tensors, oldest first */
+    size_t n_bs;
+    uint64_t id;        /* the last pack id */
+    int noop;           /* the lm_head node (NoOpManager), -1 */
+    int trigger;        /* a recompute's first unpacking node: its reload of x_i is pending, -1 */
+    size_t trigger_prev;/* the backward stash's entries before that reload */
+    struct rp_aoff_out out;
+};
+
+static void aoff_hold(struct rp *r, int t, int d)
+{
+    r->holds[t] += d;
+    if (d < 0)
+        t_maybe_free(r, t);
+}
+
+static uint64_t pow2_up(uint64_t x)
+{
+    uint64_t v = 1;
+    while (v < x && v <= UINT64_MAX / 2)
+        v *= 2;
+    return v < x ? UINT64_MAX : v;
+}
+
+/* The pack of tensor t in the forward: true when it is offloaded (a device reference in the
+ * forward stash, no saved reference), false when autograd keeps it as it is. */
+static bool aoff_pack(struct rp *r, int t)
+{
+    struct rp_aoff *a = r->ao;
+    uint64_t id = ++a->id, bytes = r->p->tensors[t].bytes;
+    if (a->owner[t]) { /* the storage is tracked: kept on the device, now tracked by this id */
+        a->owner[t] = id;
+        return false;
+    }
+    if (bytes < AOFF_MIN_BYTES)
+        return false;
+    size_t keep = 0;
+    for (size_t j = 0; j < a->n_fs; j++) {
+        if (a->fs_id[j] + AOFF_STASH <= id) { /* (id <= tensor_id - max_fwd_stash_size) */
+            int u = a->fs_t[j];
+            if (a->owner[u] == a->fs_id[j])
+                a->owner[u] = 0; /* release_storage_key */
+            aoff_hold(r, u, -1);
+        } else {
+            a->fs_t[keep] = a->fs_t[j];
+            a->fs_id[keep++] = a->fs_id[j];
+        }
+    }
+    a->n_fs = keep;
+    a->fs_t[a->n_fs] = t;
+    a->fs_id[a->n_fs++] = id;
+    r->holds[t]++;
+    a->owner[t] = id;
+    a->out.pinned = r_add(r, a->out.pinned, pow2_up(bytes));
+    a->out.pcie = r_add(r, a->out.pcie, bytes);
+    return true;
+}
+
+static bool aoff_in_fs(const struct rp_aoff *a, int t)
+{
+    for (size_t j = 0; j < a->n_fs; j++)
+        if (a->fs_t[j] == t)
+            return true;
+    return false;
+}
+
+/* The copy back of offloaded tensor t into the backward stash (unless the forward stash still
+ * has it).  A device copy still live (the batch's input ids) is not counted twice. */
+static void aoff_reload(struct rp *r, int t)
+{
+    struct rp_aoff *a = r->ao;
+    if (aoff_in_fs(a, t))
+        return;
+    t_alloc(r, t);
+    r->holds[t]++;
+    a->bs[a->n_bs++] = t;
+    a->out.pcie = r_add(r, a->out.pcie, r->p->tensors[t].bytes);
+}
+
+/* The hook after a node that unpacked an offloaded tensor: its own reloads (from index prev on)
+ * stay unless a recompute saved them; the forward stash and the node before's reloads go. */
+static void aoff_hook(struct rp *r, size_t prev)
+{
+    struct rp_aoff *a = r->ao;
+    for (size_t j = 0; j < prev; j++)
+        aoff_hold(r, a->bs[j], -1);
+    size_t keep = 0;
+    for (size_t j = prev; j < a->n_bs; j++) {
+        int t = a->bs[j];
+        if (r->saved[t] > 0)
+            aoff_hold(r, t, -1);
+        else
+            a->bs[keep++] = t;
+    }
+    a->n_bs = keep;
+    for (size_t j = 0; j < a->n_fs; j++)
+        aoff_hold(r, a->fs_t[j], -1);
+    a->n_fs = 0;
+}
+
+/* The end of backward (queue_callback) and the context's exit: both stashes dropped. */
+static void aoff_end(struct rp *r)
+{
+    if (!r->ao)
+        return;
+    aoff_hook(r, r->ao->n_bs);
+}
+
+/* n's saved[j] holds no saved reference (offloaded, and not packed again by the node). */
+static bool aoff_offloaded(const struct rp *r, const struct mp_node *n, int j)
+{
+    size_t k = (size_t)(n - r->p->nodes);
+    return r->ao && (r->ao->offm[k] >> j & 1u) && !(r->ao->dupm[k] >> j & 1u);
+}
+
+/* Node k's packs in the forward, in torch's order.  One per saved tensor, except HF's RMSNorm
+ * composite (transformers 5.24 LlamaRMSNorm.forward): pow saves the fp32 input, rsqrt its result,
+ * the product saves both again (kept: their storages are tracked), the weight's product saves the
+ * weight (a parameter: its id only, :237-242) and, when the weight trains, the normalized x. */
+static void aoff_node(struct rp *r, size_t k)
+{
+    struct rp_aoff *a = r->ao;
+    const struct mp_node *n = &r->p->nodes[k];
+    bool norm = n->prim == MP_P_RMSNORM;
+    for (int pass = 0; pass < (norm ? 3 : 1); pass++)
+        for (int j = 0; j < n->n_saved; j++) {
+            int t = n->saved[j];
+            bool normed = false;
+            for (int e = 0; norm && e < n->n_extra; e++)
+                normed |= n->extra[e] == t && n->extra_role[e] == MP_XR_NORMED;
+            if (norm && (pass == 2) != normed)
+                continue;
+            if (pass == 2 && j == 0)
+                a->id++; /* (the weight) */
+            if (pass == 1 && !(a->offm[k] >> j & 1u)) { /* the product's second pack: kept as the
+                                                           * first was (small), nothing more */
+                a->id++;
+            } else if (pass == 1) { /* tracked: kept on the device, a saved reference */
+                (void)aoff_pack(r, t); /* (its stash entry is younger than 5 packs) */
+                r->saved[t]++;
+                a->dupm[k] |= 1u << j;
+            } else if (aoff_pack(r, t)) {
+                a->offm[k] |= 1u << j; /* (its device copy: the forward stash's) */
+            } else {
+                r->saved[t]++;
+            }
+        }
+}
+
 /* Pinned host bytes the step needs, every offloaded x_i being alive at the loss; *copied: their
  * bytes (each crosses PCIe twice).  The host caching allocator rounds each request up to a power
  * of two (torch 2.15 include/ATen/core/CachingHostAllocator.h:343-352; the threshold defaults to
@@ -145,6 +322,19 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
         r->recomp[i] = true;
     if (grad && r->phase == MP_PH_RECOMPUTE && r->ckpt[i] && r->offload) /* the first unpack */
         offload_input(r, i, false);
+    struct rp_aoff *ao = r->ao;
+    bool packing = ao && grad && r->phase == MP_PH_FORWARD;
+    if (ao && kind == MP_SCHED_FC && r->phase == MP_PH_FORWARD) /* the checkpoint's save_inputs */
+        ao->xoff[i] = aoff_pack(r, bp->input);
+    if (ao && grad && r->phase == MP_PH_RECOMPUTE && r->ckpt[i] && ao->xoff[i]) {
+        /* the recompute's first unpack: x_i copied back inside the backward of the block's first
+         * node that unpacks (its hook: aoff_hook), held by unpack_hook's args through the recompute */
+        size_t first = last_pack_end(p, i);
+        ao->trigger = first > bp->node0 ? (int)first - 1 : -1;
+        ao->trigger_prev = ao->n_bs;
+        aoff_reload(r, bp->input);
+        offload_input(r, i, false);
+    }
     /* The frame locals (mp_node.locals) are held in a recompute, where they set the peak at its
      * stop; in the first forward they only stretch transients, left as they were (the caching
      * allocator model's reserved bytes move by up to 17 % with them, unmeasured). */
@@ -205,7 +395,9 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
             r->ref_embeds = n->out;
             r->holds[n->out]++;
         }
-        if (grad)
+        if (grad && packing && (int)k != ao->noop)
+            aoff_node(r, k);
+        else if (grad)
             for (int j = 0; j < n->n_saved; j++)
                 r->saved[n->saved[j]]++;
         if (before) { /* the raise at its last pack; the executors still need what the op makes
@@ -249,7 +441,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
      * that recomputes a checkpointed block leaves it for B_i. */
     if (kind == MP_SCHED_FC) {
         r->ckpt[i] = true;
-        if (r->offload && r->holds[bp->input] > 0)
+        if ((r->offload || (ao && ao->xoff[i])) && r->holds[bp->input] > 0)
             offload_input(r, i, true);
     } else if (!drop_early && !r->ckpt[i] && r->holds[bp->input] > 0) {
         r->holds[bp->input]--;
@@ -262,6 +454,8 @@ static void release_saved(struct rp *r, const struct mp_node *n)
 {
     for (int j = 0; j < n->n_saved; j++) {
         int t = n->saved[j];
+        if (aoff_offloaded(r, n, j))
+            continue; /* (no saved reference: the backward stash holds its copy) */
         if (r->saved[t] > 0)
             r->saved[t]--;
         t_maybe_free(r, t);
@@ -272,7 +466,7 @@ static void release_saved(struct rp *r, const struct mp_node *n)
 static void release_saved_one(struct rp *r, const struct mp_node *n, int t, bool *released)
 {
     for (int j = 0; j < n->n_saved; j++)
-        if (n->saved[j] == t && !released[j]) {
+        if (n->saved[j] == t && !released[j] && !aoff_offloaded(r, n, j)) {
             released[j] = true;
             if (r->saved[t] > 0)
                 r->saved[t]--;
@@ -411,6 +605,17 @@ static void bwd_node(struct rp *r, size_t i, size_t k)
             g_free(r, n->out);
         return;
     }
+    size_t aoff_prev = SIZE_MAX; /* --act-offload: it unpacks an offloaded tensor (aoff_hook) */
+    if (r->ao && r->ao->trigger == (int)k) {
+        aoff_prev = r->ao->trigger_prev;
+        r->ao->trigger = -1;
+    }
+    for (int j = 0; r->ao && j < n->n_saved; j++)
+        if (r->ao->offm[k] >> j & 1u) { /* (a pack kept besides, dupm, is unpacked as it is) */
+            if (aoff_prev == SIZE_MAX)
+                aoff_prev = r->ao->n_bs;
+            aoff_reload(r, n->saved[j]);
+        }
     /* the chunk's backward (SplitBackward0, its own node, run first) cats out's gradient parts */
     if (g_has(r, n->out_parts[0]) || g_has(r, n->out_parts[1])) {
         g_alloc(r, n->out);
@@ -480,6 +685,8 @@ static void bwd_node(struct rp *r, size_t i, size_t k)
         g_unref(r, passed);
     bwd_after_node(r, n, k, wcast);
     tmp(r, (int)k, btmp, false);
+    if (aoff_prev != SIZE_MAX)
+        aoff_hook(r, aoff_prev);
 }
 
 static void bwd_block(struct rp *r, size_t i)
@@ -573,6 +780,50 @@ enum mp_status mp_replay(const struct mp_program *p, const struct mp_schedule *s
     return replay_plan(p, sched, t, NULL, fn, ctx, d);
 }
 
+/* --act-offload's state; the lm_head is the head block's last Linear (get_act_offloading_ctx_manager
+ * wraps `lm_head` in a NoOpManager, activation_offloading.py:717-720). */
+static enum mp_status aoff_alloc(struct rp *r)
+{
+    const struct mp_program *p = r->p;
+    size_t nt = p->n_tensors ? p->n_tensors : 1, nb = p->n_blocks ? p->n_blocks : 1;
+    size_t most = (p->n_nodes + 1) * MP_NODE_SAVED_MAX + nb; /* every pack reloaded once */
+    struct rp_aoff *a = calloc(1, sizeof *a);
+    if (!a)
+        return mp_fail(r->d, MP_ERR_NOMEM, "out of memory replaying the training step");
+    r->ao = a;
+    a->offm = calloc(p->n_nodes ? p->n_nodes : 1, sizeof *a->offm);
+    a->dupm = calloc(p->n_nodes ? p->n_nodes : 1, sizeof *a->dupm);
+    a->xoff = calloc(nb, sizeof *a->xoff);
+    a->owner = calloc(nt, sizeof *a->owner);
+    a->fs_t = calloc(AOFF_STASH + 1, sizeof *a->fs_t);
+    a->fs_id = calloc(AOFF_STASH + 1, sizeof *a->fs_id);
+    a->bs = calloc(most, sizeof *a->bs);
+    if (!a->offm || !a->dupm || !a->xoff || !a->owner || !a->fs_t || !a->fs_id || !a->bs)
+        return mp_fail(r->d, MP_ERR_NOMEM, "out of memory replaying the training step");
+    a->noop = a->trigger = -1;
+    if (p->n_blocks) {
+        const struct mp_block_prog *bp = &p->blocks[p->n_blocks - 1];
+        for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++)
+            if (p->nodes[k].prim == MP_P_LINEAR)
+                a->noop = (int)k;
+    }
+    return MP_OK;
+}
+
+static void aoff_free(struct rp_aoff *a)
+{
+    if (!a)
+        return;
+    free(a->offm);
+    free(a->dupm);
+    free(a->xoff);
+    free(a->owner);
+    free(a->fs_t);
+    free(a->fs_id);
+    free(a->bs);
+    free(a);
+}
+
 /* The replay's arrays, and its data-parallel state under a plan (given, else made into plan). */
 static enum mp_status rp_alloc(struct rp *r, const struct mp_par_plan *given, struct mp_par_plan *plan)
 {
@@ -624,7 +875,7 @@ static enum mp_status rp_alloc(struct rp *r, const struct mp_par_plan *given, st
         return mp_fail(d, MP_ERR_NOMEM, "out of memory replaying the training step");
     for (size_t i = 0; i < nt; i++)
         r->grad_of[i] = -1;
-    return MP_OK;
+    return t->act_offload && !t->ref_pass ? aoff_alloc(r) : MP_OK;
 }
 
 bool mp_workspaces_bytes(const struct mp_train_opts *t, uint64_t *out)
@@ -727,6 +978,7 @@ static void replay_step(struct rp *r, mp_event_fn fn, void *ctx)
     /* The step's temporaries are per-parameter tensors (foreach ops return one
      * output per input), all alive together for Adam's _foreach_sqrt; Adafactor's
      * is one, fp32 tensors like the largest parameter (id 0, mp_opt_step_tmp_of). */
+    aoff_end(r); /* (the end of backward, then OffloadActivations.__exit__) */
     r->phase = MP_PH_STEP;
     bool per_param = mp_optimizer_tmp(t->optimizer) == MP_OPT_TMP_ALL_GRADS;
     uint64_t ps = mp_dtype_size(p->param_dtype); /* sharded paths: per element */
@@ -784,6 +1036,7 @@ static void replay_step(struct rp *r, mp_event_fn fn, void *ctx)
 
 static void rp_free(struct rp *r)
 {
+    aoff_free(r->ao);
     free(r->uns);
     free(r->first_use);
     free(r->ag_pending);
@@ -802,9 +1055,9 @@ static void rp_free(struct rp *r)
     free(r->cached);
 }
 
-enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule *sched,
-                           const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
-                           void *ctx, struct mp_diag *d)
+static enum mp_status replay_run(const struct mp_program *p, const struct mp_schedule *sched,
+                                 const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
+                                 void *ctx, struct rp_aoff_out *out, struct mp_diag *d)
 {
     struct rp r = {.p = p, .t = t, .fn = fn, .ctx = ctx, .d = d, .st = MP_OK, .node = -1, .shared_block = {-1, -1},
                    .ref_embeds = -1, .bwd_next = SIZE_MAX};
@@ -825,11 +1078,36 @@ enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule 
         replay_schedule(&r, sched);
         replay_step(&r, fn, ctx);
         st = r.st;
+        if (out && r.ao)
+            *out = r.ao->out;
     }
     mp_schedule_release(&none);
     mp_par_plan_release(&plan);
     rp_free(&r);
     return st;
+}
+
+enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule *sched,
+                           const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
+                           void *ctx, struct mp_diag *d)
+{
+    return replay_run(p, sched, t, given, fn, ctx, NULL, d);
+}
+
+static enum mp_status no_event(void *ctx, const struct mp_event *ev)
+{
+    (void)ctx;
+    (void)ev;
+    return MP_OK;
+}
+
+enum mp_status replay_act_offload(const struct mp_program *p, const struct mp_schedule *sched,
+                                  const struct mp_train_opts *t, struct rp_aoff_out *out, struct mp_diag *d)
+{
+    memset(out, 0, sizeof *out);
+    if (!t->act_offload)
+        return MP_OK;
+    return replay_run(p, sched, t, NULL, no_event, NULL, out, d);
 }
 
 /* ---- a whole no-grad forward (DPO's and KTO's reference, KTO's KL pass, GRPO's prefill) ---- */

@@ -50,6 +50,7 @@ struct rp {
     bool held_on[MP_HELD_MAX]; /* p->held[j] is held (made by the forward, not yet released) */
     int ref_embeds; /* DPO's reference forward: the token embedding held by the model's Python
                        (fwd_block), -1 none */
+    struct rp_aoff *ao; /* --act-offload (replay.c aoff_pack), else NULL */
     /* data parallel (NULL pp: one GPU) */
     const struct mp_par_plan *pp;
     bool *uns, *ag_pending, *rs_out; /* per group: unsharded, all-gather issued (prefetch), grads reduced */
@@ -184,6 +185,14 @@ void par_setup(struct rp *r);
 bool par_opt_per_param(const struct rp *r);
 
 /* replay.c */
+/* --act-offload: what a step moves (mp_replay_act_offload). */
+struct rp_aoff_out {
+    uint64_t pinned; /* pinned host bytes: every offloaded pack, each rounded up to a power of two */
+    uint64_t pcie;   /* bytes over PCIe: each pack copied to the host, each reload copied back */
+};
+/* Replays the step with no visitor and sums what --act-offload moves (zeros without it). */
+enum mp_status replay_act_offload(const struct mp_program *p, const struct mp_schedule *sched,
+                                  const struct mp_train_opts *t, struct rp_aoff_out *out, struct mp_diag *d);
 /* Pinned host bytes of an offloaded schedule's checkpointed inputs (0 without offload); *copied:
  * their unrounded bytes.  UINT64_MAX on overflow. */
 uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedule *s, uint64_t *copied);

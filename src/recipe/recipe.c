@@ -931,6 +931,12 @@ static void derive(struct reader *rd)
     } else if (!(rd->fmt_bit & B_ORPO)) /* (ORPO: the model's logits and its own loss, hf's head) */
         derive_loss(rd);
     derive_packing(rd);
+    int ao = fact_truth(rd, F_ACT_OFFLOAD); /* TRL's activation_offloading (--act-offload) */
+    if (rd->f[F_ACT_OFFLOAD].set && ao < 0)
+        refuse(rd, fact_key(rd, F_ACT_OFFLOAD), rd->f[F_ACT_OFFLOAD].line, rd->f[F_ACT_OFFLOAD].v,
+               "expected true or false");
+    else if (ao == 1)
+        put(rd, MP_RS_ACT_OFFLOAD, "true", F_ACT_OFFLOAD);
 }
 
 /* ---- reading ------------------------------------------------------------------------------------- */

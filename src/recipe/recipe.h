@@ -70,7 +70,8 @@ const char *mp_recipe_format_names(const char *sep, const char *last);
     X(TOP_P, "top-p", 1)                               \
     X(TOP_K, "top-k", 1)                               \
     X(MIN_P, "min-p", 1)                               \
-    X(QUANT_STORAGE, "quant-storage", 1)
+    X(QUANT_STORAGE, "quant-storage", 1)               \
+    X(ACT_OFFLOAD, "act-offload", 1)
 
 enum mp_recipe_setting_id {
 #define MP_X(id, opt, wired) MP_RS_##id,

@@ -257,8 +257,14 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_ARGS, "activation_checkpointing_kwargs.every_n_layers", F_GC_EVERY),
     FACT(B_ARGS, "gradient_checkpointing_kwargs.offload", F_GC_OFFLOAD), /* --checkpoint layers+offload */
     FACT(B_ARGS, "activation_checkpointing_kwargs.offload", F_GC_OFFLOAD),
-    REFUSE(B_TRL | B_AX, "activation_offloading", "activation offloading: " NOT_YET),
-    REFUSE(B_TT, "enable_activation_offloading", "activation offloading: " NOT_YET),
+    FACT(B_TRL, "activation_offloading", F_ACT_OFFLOAD), /* --act-offload (sft_trainer.py:1190-1193) */
+    REFUSE_BUT(B_AX, "activation_offloading", "false False",
+           "Axolotl's activation offloading (true: torch's checkpoint_wrapper on the layers and a LoRA copy of "
+           "TRL's context, core/trainers/mixins/activation_checkpointing.py; legacy, offload_disk: checkpointers "
+           "of its own): " NOT_YET),
+    REFUSE_BUT(B_TT, "enable_activation_offloading", "false False",
+           "torchtune's OffloadActivations (training/_activation_offloading.py: a storage saved twice is offloaded "
+           "twice, no deduplication as TRL's) around its own decoder and chunked loss: " NOT_YET),
     REFUSE(B_AX, "layer_offloading", "layer offloading: " NOT_YET),
     REFUSE(B_AX, "selective_checkpointing", "selective (op-level) checkpointing: " NOT_YET),
     REFUSE(B_LF, "use_unsloth_gc", "Unsloth's offloaded checkpointing: " NOT_YET),

@@ -515,9 +515,12 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
     jnum(m, "recompute_flops", e->recompute_flops);
     if (e->dequant_bytes > 0) /* a quantized base */
         jnum(m, "dequant_bytes", e->dequant_bytes);
-    if (e->host_pinned_bytes) { /* --checkpoint layers+offload */
+    if (e->host_pinned_bytes) { /* --checkpoint layers+offload, --act-offload */
         ju64(m, "host_pinned_bytes", e->host_pinned_bytes);
-        jnum(m, "ckpt_offload_pcie_bytes", 2.0 * (double)e->ckpt_offload_bytes);
+        if (e->act_offload_pcie_bytes)
+            ju64(m, "act_offload_pcie_bytes", e->act_offload_pcie_bytes);
+        else
+            jnum(m, "ckpt_offload_pcie_bytes", 2.0 * (double)e->ckpt_offload_bytes);
     }
     if (e->world > 1 || e->host_bytes || e->buffers_bytes) { /* data parallel: per rank */
         ju64(m, "world", e->world);
@@ -1045,7 +1048,10 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     if (e->load_bytes)
         fprintf(out, "  load (4-bit base)  %12s   (whole on each GPU from from_pretrained to FSDP2's sharding)\n",
                 B(e->load_bytes));
-    if (e->host_pinned_bytes)
+    if (e->host_pinned_bytes && e->act_offload_pcie_bytes)
+        fprintf(out, "  host RAM (pinned)  %12s   (offloaded activations; PCIe %s per step)\n",
+                B(e->host_pinned_bytes), B(e->act_offload_pcie_bytes));
+    else if (e->host_pinned_bytes)
         fprintf(out, "  host RAM (pinned)  %12s   (offloaded checkpoint inputs; PCIe %s per step)\n",
                 B(e->host_pinned_bytes), B(2 * e->ckpt_offload_bytes));
     if (e->world > 1 || e->host_bytes || e->buffers_bytes) {
