@@ -70,6 +70,7 @@ const char *mp_trainer_loss_type(enum mp_trainer t);
  * ops/fused_linear_cross_entropy.py:103-105), hf every row; 0 for a loss not modelled. */
 uint64_t mp_loss_chunk_rows(enum mp_loss l, uint64_t rows, uint64_t v, uint64_t h);
 #define MP_TRL_VOCAB_CHUNK 32768 /* trl 1.16.0 trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE */
+#define MP_TORCHTUNE_CHUNKS 8u  /* torchtune LinearCrossEntropyLoss num_output_chunks (cross_entropy_loss.py:36) */
 
 struct mp_build_opts {
     uint64_t batch;              /* micro-batch */
