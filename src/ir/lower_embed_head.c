@@ -259,17 +259,18 @@ struct val lower_pos_embedding(struct bld *B, struct val x, const struct mp_laye
  * place when the buffered one is a fresh dense tensor with one reference, else out of place, one
  * table more.  The head's is a transposed view of mm's result (TBackward0), so the first sum is out
  * of place, unless the table reaches the head through autocast's cast (amp with a table outside the
- * compute dtype: ToCopyBackward0 hands on a fresh fp32 tensor; a fused head's own buffer likewise);
+ * compute dtype: ToCopyBackward0 hands on a fresh fp32 tensor; Cut Cross-Entropy's dC, zeros_like
+ * in its backward, and torchtune's sum of its chunks' gradients likewise: fresh_head);
  * a later lookup (T5's encoder, after its decoder) meets that fresh sum, in place.  Measured with
  * plain PyTorch (torch.profiler: aten::add against aten::add_) and under InplaceTracker:
  * bench/accuracy/tied_sum_survey.md. */
-static void tied_grads(struct bld *B)
+static void tied_grads(struct bld *B, bool fresh_head)
 {
     if (failed(B))
         return;
     struct mp_param *q = &B->p->params[B->embed_param];
     q->matmul = true;
-    bool fresh = B->amp && q->dtype != B->p->compute_dtype;
+    bool fresh = fresh_head || (B->amp && q->dtype != B->p->compute_dtype);
     uint64_t g = mp_param_grad_bytes(q);
     bool first = true; /* the lookup whose backward runs first: the last in forward order */
     for (size_t k = B->p->n_nodes; k-- > 0;)
@@ -305,7 +306,7 @@ struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, 
     }
     struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->head.tied ? B->embed_param : -1);
     if (l->head.tied)
-        tied_grads(B);
+        tied_grads(B, false);
     logits = mult_copy(B, logits, l, "logits_scaling");
     if (l->head.softcap > 0)
         logits = softcap_logits(B, logits, nm);
@@ -665,6 +666,11 @@ static void torchtune_lce(struct bld *B, struct mp_node *n, const char *nm, uint
         uint64_t p3 = add(B, add(B, add(B, pos, mul(B, lv, wd)), mul(B, rows[i], hh)), gw);
         uint64_t n3 = add(B, neg, mul(B, lv, 4));
         worst = mp_max_u64(worst, mp_max_u64(p1 > neg ? p1 - neg : 0, p3 > n3 ? p3 - n3 : 0));
+        if (wt && i + 2 == MP_TORCHTUNE_CHUNKS && rows[i]) { /* the first sum: out of place (the
+            buffered gradient is TBackward0's view), its chunk's logits gradient gone */
+            uint64_t ps = add(B, add(B, add(B, pos, mul(B, rows[i], hh)), gw), gw);
+            worst = mp_max_u64(worst, ps > n3 ? ps - n3 : 0);
+        }
         pos = add(B, add(B, pos, mul(B, rows[i], hh)), i + 1 == MP_TORCHTUNE_CHUNKS ? gw : 0);
         neg = n3;
     }
@@ -821,8 +827,10 @@ static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_
     case MP_LOSS_HF:
         MP_BUG("loss %s has no fused head", mp_loss_str(loss));
     }
+    /* (liger and chunked-nll hand on fresh weight gradients too, unmeasured under InplaceTracker:
+     * their tied rows keep the out-of-place sum) */
     if (l->head.tied)
-        tied_grads(B);
+        tied_grads(B, loss == MP_LOSS_CCE || (loss == MP_LOSS_TORCHTUNE && n->rows >= 2));
     B->p->probe_unsupported = "the chunked and fused loss heads (--loss other than hf)";
     B->p->explicit_loss = true;
     return y;
