@@ -262,7 +262,8 @@ struct val lower_pos_embedding(struct bld *B, struct val x, const struct mp_laye
  * compute dtype: ToCopyBackward0 hands on a fresh fp32 tensor; Cut Cross-Entropy's dC, zeros_like
  * in its backward, and torchtune's sum of its chunks' gradients likewise: fresh_head);
  * a later lookup (T5's encoder, after its decoder) meets that fresh sum, in place.  Measured with
- * plain PyTorch (torch.profiler: aten::add against aten::add_) and under InplaceTracker:
+ * plain PyTorch (torch.profiler: aten::add against aten::add_) and under InplaceTracker
+ * (docs/memory-facts.md#tied-head-sums):
  * bench/accuracy/tied_sum_survey.md. */
 static void tied_grads(struct bld *B, bool fresh_head)
 {
@@ -565,7 +566,8 @@ static void liger(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, 
  * here), dE = zeros_like(e) (b s h, e's dtype) and dC = zeros_like(c) when the weight trains
  * (:363-367; the fp32 accumulators only with accum_*_fp32), lock tables ceil(N/128) x ceil(h/64)
  * and ceil(V/128) x ceil(h/64) int32 (:422-434); the kernel writes both; .to() their own dtypes
- * is no copy (:481-485).  The flatten's backward is a view: dE is the input's gradient. */
+ * is no copy (:481-485).  The flatten's backward is a view: dE is the input's gradient.
+ * docs/memory-facts.md#cce-head */
 static void cce(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, uint64_t v, int w)
 {
     struct mp_tensor *xt = T(B, n->in[0]);
@@ -616,7 +618,8 @@ static void cce(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, ui
  * fp32 gradient beside every chunk's log-probs (the peak); then the chunk's log-probs go,
  * ToCopyBackward0 (n x V in the weight's dtype), MmBackward0 (n x h, and V x h for a trainable
  * weight, added in place to the first chunk's); after the eight chunks each SliceBackward0 makes
- * an N x h zeros tensor (summed in place), IndexSelectBackward0 the b s h input gradient. */
+ * an N x h zeros tensor (summed in place), IndexSelectBackward0 the b s h input gradient.
+ * docs/memory-facts.md#torchtune-lce */
 static void torchtune_lce(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, uint64_t v, int w)
 {
     struct mp_tensor *xt = T(B, n->in[0]);
