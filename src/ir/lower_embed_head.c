@@ -376,6 +376,18 @@ uint64_t mp_loss_chunk_rows(enum mp_loss l, uint64_t rows, uint64_t v, uint64_t 
     return 0;
 }
 
+const char *mp_loss_precision_refused(enum mp_loss l, enum mp_precision p)
+{
+    bool f32w = p == MP_PREC_FP32 || p == MP_PREC_AMP_BF16 || p == MP_PREC_AMP_FP16;
+    bool amp = p == MP_PREC_AMP_BF16 || p == MP_PREC_AMP_FP16 || p == MP_PREC_BF16_AMP;
+    if (l == MP_LOSS_CCE && f32w) /* cce_backward.py:349-356 asserts bf16/fp16 e and c */
+        return "Cut Cross-Entropy's backward takes bf16 or fp16 hidden states and weight only "
+               "(Axolotl loads the model in bf16: --precision bf16-amp or bf16)";
+    if (l == MP_LOSS_TORCHTUNE && amp) /* torchtune's recipes run no autocast */
+        return "torchtune trains without autocast (its dtype: --precision bf16 or fp32)";
+    return NULL;
+}
+
 /* Bytes, checked: a * b (* c). */
 static uint64_t mul3(struct bld *B, uint64_t a, uint64_t b, uint64_t c) { return mul(B, mul(B, a, b), c); }
 
@@ -781,13 +793,8 @@ static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_
                      : B->p->opts.ft.mode == MP_FT_FREEZE ? "--finetune freeze" : NULL;
     if (!why && head)
         why = "not modelled";
-    enum mp_precision pr = B->p->opts.precision;
-    bool f32w = pr == MP_PREC_FP32 || pr == MP_PREC_AMP_BF16 || pr == MP_PREC_AMP_FP16;
-    if (!why && loss == MP_LOSS_CCE && f32w) /* cce_backward.py:349-356 */
-        why = "Cut Cross-Entropy's backward takes bf16 or fp16 hidden states and weight only "
-              "(Axolotl loads the model in bf16: --precision bf16-amp or bf16)";
-    if (!why && loss == MP_LOSS_TORCHTUNE && B->amp)
-        why = "torchtune trains without autocast (its dtype: --precision bf16 or fp32)";
+    if (!why)
+        why = mp_loss_precision_refused(loss, B->p->opts.precision);
     if (why) {
         fail_model(B, MP_ERR_USAGE, "--loss %s: %s%s%s", mp_loss_str(loss), why, head ? " for " : "",
                    head ? head : "");
