@@ -175,10 +175,11 @@ static const struct opt OPTS[] = {
      .help = "grpo --vllm: vllm_importance_sampling_correction, the policy's old log-probs by a no-grad "
              "forward (default on)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
-     .help = ": the causal LM's loss head (default hf; docs: man memplan)"},
+     .help = ": the causal LM's loss head (default hf; cce: Axolotl's Cut Cross-Entropy, bf16 weights; "
+             "torchtune: its LinearCrossEntropyLoss, no autocast; docs: man memplan)"},
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
-     .help = "share of label positions not -100 (prompt masking; default 1): chunked-nll gathers "
-             "only those; memory unaffected for hf and liger"},
+     .help = "share of label positions not -100 (prompt masking; default 1): chunked-nll and "
+             "torchtune gather only those, cce keeps per-token state for them; hf and liger unaffected"},
     {0, "packing", NULL, C_TARGET, K_FLAG, FIELD(packing),
      .help = "causal LMs: each row packs several documents, no padding (SDPA: a block-diagonal mask)"},
     {0, "padding-free", NULL, C_TARGET, K_FLAG, FIELD(padding_free),
