@@ -1122,6 +1122,12 @@ expect_msg 2 "--trainer dpo --finetune lora under FSDP (TRL's fused head on a sh
     estimate models/hf/qwen3-0.6b.json --trainer dpo --finetune lora --gpus 2 --parallel fsdp
 expect_msg 2 "--loss chunked-nll --finetune qlora under FSDP (the same)" "(--loss hf is)" \
     estimate models/hf/qwen3-0.6b.json --loss chunked-nll --finetune qlora --gpus 2 --parallel fsdp
+expect_msg 2 "--loss cce --finetune lora under FSDP (a DTensor weight, which CCE refuses)" "which it refuses" \
+    estimate models/hf/qwen3-0.6b.json --loss cce --precision bf16-amp --finetune lora --gpus 2 --parallel fsdp
+expect_msg 2 "--loss cce under ZeRO-3 (it gathers the weight itself)" "(GatheredParameters)" \
+    estimate models/hf/qwen3-0.6b.json --loss cce --precision bf16 --gpus 2 --parallel zero3
+expect_msg 2 "--loss torchtune under DDP (torchtune's own sharding)" "training.shard_model" \
+    estimate models/hf/qwen3-0.6b.json --loss torchtune --precision bf16 --gpus 2 --parallel ddp
 expect_msg 2 "--trainer grpo under FSDP (generation from a sharded policy)" "generation from a sharded policy" \
     estimate models/hf/qwen3-0.6b.json --trainer grpo --gpus 2 --parallel fsdp
 expect_line 2 "suggest --trainer kto --max-batch 1 (below KTO's 2)" suggest models/hf/qwen3-0.6b.json --trainer kto \
