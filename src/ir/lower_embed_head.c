@@ -629,7 +629,9 @@ static void cce(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, ui
  * highest sequence number): NllLossBackward0's n x V fp32 zeros and LogSoftmaxBackward0's n x V
  * fp32 gradient beside every chunk's log-probs (the peak); then the chunk's log-probs go,
  * ToCopyBackward0 (n x V in the weight's dtype), MmBackward0 (n x h, and V x h for a trainable
- * weight, added in place to the first chunk's); after the eight chunks each SliceBackward0 makes
+ * weight through TBackward0's view: the first two summed out of place, the view being buffered, the
+ * later ones in place into that sum, input_buffer.cpp accumulate); after the eight chunks each
+ * SliceBackward0 makes
  * an N x h zeros tensor (summed in place), IndexSelectBackward0 the b s h input gradient.
  * docs/memory-facts.md#torchtune-lce */
 static void torchtune_lce(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, uint64_t v, int w)
