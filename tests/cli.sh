@@ -916,8 +916,25 @@ fi
 # --loss / --label-fraction: unknown names, ranges, what is not modelled, heads other than a causal
 # LM's, the probe: one line each; a modelled loss is recorded (config.loss) and named in the text
 expect_line 2 "--loss: an unknown name" estimate models/hf/qwen3-0.6b.json --loss frobnicate
-expect_line 2 "--loss torchtune: not modelled yet" estimate models/hf/qwen3-0.6b.json --loss torchtune
-expect_line 2 "--loss cce: not modelled yet" estimate models/hf/qwen3-0.6b.json --loss cce
+expect_msg 2 "--loss torchtune under autocast (torchtune runs none)" "--loss torchtune: torchtune trains without autocast" \
+    estimate models/hf/qwen3-0.6b.json --loss torchtune
+expect_msg 2 "--loss cce on fp32 weights (its backward asserts bf16/fp16)" "--loss cce: Cut Cross-Entropy's backward" \
+    estimate models/hf/qwen3-0.6b.json --loss cce
+# the heads' order on a 1B at 4096 tokens, LoRA in bf16 (loss_heads_results.md): torchtune keeps every row's
+# fp32 log-probs, below hf (which adds the logits and their fp32 copy); cce keeps no V-sized tensor per row
+pk() { run estimate models/hf/llama-3.2-1b.json --seq 4096 --precision bf16 --finetune lora --loss "$1" --json
+    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["memory"]["peak_allocated_bytes"])' "$T/out"; }
+if command -v python3 >/dev/null 2>&1; then
+    p_hf=$(pk hf); p_tt=$(pk torchtune); p_cce=$(pk cce)
+    if [ "$p_cce" -lt "$p_tt" ] && [ "$p_tt" -lt "$p_hf" ]; then
+        ok "--loss cce < torchtune < hf at 4096 tokens (peaks $p_cce, $p_tt, $p_hf)"
+    else
+        echo "peaks cce $p_cce, torchtune $p_tt, hf $p_hf" >"$T/why"
+        bad "--loss cce < torchtune < hf at 4096 tokens"
+    fi
+else
+    skipped "--loss cce / torchtune peaks (python3 not found)"
+fi
 expect_line 2 "--loss liger on a masked-LM head" estimate models/hf/bert-base-uncased.json --loss liger
 expect_line 2 "--loss chunked-nll on a model without an LM head" estimate models/tiny-mlp.json --loss chunked-nll
 expect_line 2 "--label-fraction 0: out of range" estimate models/hf/qwen3-0.6b.json --label-fraction 0
@@ -1105,6 +1122,12 @@ expect_msg 2 "--trainer dpo --finetune lora under FSDP (TRL's fused head on a sh
     estimate models/hf/qwen3-0.6b.json --trainer dpo --finetune lora --gpus 2 --parallel fsdp
 expect_msg 2 "--loss chunked-nll --finetune qlora under FSDP (the same)" "(--loss hf is)" \
     estimate models/hf/qwen3-0.6b.json --loss chunked-nll --finetune qlora --gpus 2 --parallel fsdp
+expect_msg 2 "--loss cce --finetune lora under FSDP (a DTensor weight, which CCE refuses)" "which it refuses" \
+    estimate models/hf/qwen3-0.6b.json --loss cce --precision bf16-amp --finetune lora --gpus 2 --parallel fsdp
+expect_msg 2 "--loss cce under ZeRO-3 (it gathers the weight itself)" "(GatheredParameters)" \
+    estimate models/hf/qwen3-0.6b.json --loss cce --precision bf16 --gpus 2 --parallel zero3
+expect_msg 2 "--loss torchtune under DDP (torchtune's own sharding)" "training.shard_model" \
+    estimate models/hf/qwen3-0.6b.json --loss torchtune --precision bf16 --gpus 2 --parallel ddp
 expect_msg 2 "--trainer grpo under FSDP (generation from a sharded policy)" "generation from a sharded policy" \
     estimate models/hf/qwen3-0.6b.json --trainer grpo --gpus 2 --parallel fsdp
 expect_line 2 "suggest --trainer kto --max-batch 1 (below KTO's 2)" suggest models/hf/qwen3-0.6b.json --trainer kto \

@@ -1,7 +1,9 @@
 /* test_loss.c — the loss heads (--loss): the chunk sizes, the bytes one chunk and the whole head
  * allocate, and the refusals.  Expected values are hand arithmetic from the libraries' source
  * (trl 1.16.0 kernels/chunked_logprob.py and trainer/utils.py; liger-kernel 0.8.5
- * ops/fused_linear_cross_entropy.py and transformers/model/loss_utils.py), written out below;
+ * ops/fused_linear_cross_entropy.py and transformers/model/loss_utils.py; Axolotl's Cut
+ * Cross-Entropy fork cut_cross_entropy/cce.py, cce_lse_forward.py, indexed_dot.py,
+ * cce_backward.py, utils.py; torchtune main modules/loss/cross_entropy_loss.py), written out below;
  * the whole-step figures against PyTorch are bench/accuracy/loss_heads.py's rows.
  */
 #include <setjmp.h>
@@ -81,7 +83,10 @@ static void test_chunk_rows(void **state)
     /* never more than BT (:105): inc = 1, next_pow2(10) = 16 -> 10 */
     assert_int_equal(mp_loss_chunk_rows(MP_LOSS_LIGER, 10, 100, 1000), 10);
     assert_int_equal(mp_loss_chunk_rows(MP_LOSS_HF, 10, 100, 1000), 10);
-    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_CCE, 10, 100, 1000), 0);
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_CCE, 10, 100, 1000), 0); /* no chunks */
+    /* torchtune: tensor_split(8), the largest chunk ceil(N / 8): 4999 -> 625, 8191 -> 1024 */
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_TORCHTUNE, 4999, 40000, 64), 625);
+    assert_int_equal(mp_loss_chunk_rows(MP_LOSS_TORCHTUNE, 8191, 128256, 4096), 1024);
 }
 
 /* TRL, pure bf16 (hidden, weight and compute dtype bf16: no per-tile copies), full training.
@@ -157,6 +162,82 @@ static void test_liger_bytes(void **state)
     mp_model_release(&m);
 }
 
+/* Cut Cross-Entropy, pure bf16, full training (the weight trains): N = 4999 valid positions after
+ * the shift, h = 64, V = 40000.  Kept: e itself (the input, saved), valids N int64 = 39992, lse
+ * N fp32 = 19996, logit_avg V fp32 = 160000 (cce.py:132).
+ * Forward: the valids (mask 4999 + nonzero 16N = 84983, or nonzero and its int32 copy 24N =
+ * 119976) come before anything is kept and stay under the kept 12N + 4V = 219988: 0; in the
+ * function the locks ceil(4999/128) x 4 = 160 or the N fp32 nll and its scalar sum 19996 + 4 =
+ * 20000: 20000.
+ * Backward: dE b s h 2 = 640000 (the input's gradient), dC V h 2 = 5120000 (the weight's),
+ * vocab_ordering 4V = 160000 and the locks ceil(4999/128) x ceil(64/64) x 4 = 160 and
+ * ceil(40000/128) x 1 x 4 = 1252: 5921412, above the sort's 12V = 480000; less dE and dC:
+ * 161412.  Half the labels: N = ceil(0.5 x 4999) = 2500: valids 20000, lse 10000. */
+static void test_cce_bytes(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, LM);
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    if (build(&m, MP_LOSS_CCE, 1.0, &p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+    const struct mp_node *n = fused(&p);
+    assert_int_equal(n->rows, 4999);
+    assert_int_equal(extra_bytes(&p, n, "valids"), 39992);
+    assert_int_equal(extra_bytes(&p, n, "lse"), 19996);
+    assert_int_equal(extra_bytes(&p, n, "logit_avg"), 160000);
+    bool saves_input = false;
+    for (int j = 0; j < n->n_saved; j++)
+        saves_input |= n->saved[j] == n->in[0];
+    assert_true(saves_input);
+    assert_false(n->fwd_grads);
+    assert_int_equal(n->fwd_tmp_bytes, 20000);
+    assert_int_equal(n->bwd_tmp_bytes, 161412);
+    mp_program_release(&p);
+    if (build(&m, MP_LOSS_CCE, 0.5, &p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+    n = fused(&p);
+    assert_int_equal(extra_bytes(&p, n, "valids"), 20000);
+    assert_int_equal(extra_bytes(&p, n, "lse"), 10000);
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
+/* torchtune's LinearCrossEntropyLoss, pure bf16, full training: N = 4999 labelled rows (its
+ * dataset shifts the labels and appends -100), 8 chunks of 625 x 7 and 624 (tensor_split).
+ * Kept: indices and the gathered targets 8N = 39992 each, every chunk's fp32 log-probs N V 4 =
+ * 799840000, 8 total_weight scalars (8 x 128 fp32 = 4096) and, the weight training, the gathered
+ * rows N h 2 = 639872 (MmBackward0 saves them).
+ * Forward: the last chunk (624 rows) with every log-prob already kept: its bf16 logits 624 x
+ * 40000 x 2 = 49920000, their fp32 copy 99840000 and the nll scalar 512: 149760512 (the earlier
+ * chunks hold less: the replay's kept log-probs of the chunks after them are not made yet).
+ * Backward, the last chunk first: NllLossBackward0's and LogSoftmaxBackward0's 624 x 40000 fp32
+ * gradients, 2 x 99840000 = 199680000, the largest phase (the second chunk's: 5199872 carried,
+ * 200000000 new, its predecessor's 99840000 log-probs gone: 105359872); less the weight's
+ * gradient V h 2 = 5120000 and the input's b s h 2 = 640000: 193920000. */
+static void test_torchtune_bytes(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, LM);
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    if (build(&m, MP_LOSS_TORCHTUNE, 1.0, &p, &d) != MP_OK)
+        fail_msg("build: %s", d.msg);
+    const struct mp_node *n = fused(&p);
+    assert_int_equal(n->rows, 4999);
+    assert_int_equal(extra_bytes(&p, n, "indices"), 39992);
+    assert_int_equal(extra_bytes(&p, n, "targets"), 39992);
+    assert_int_equal(extra_bytes(&p, n, "log_probs"), 799840000);
+    assert_int_equal(extra_bytes(&p, n, "total_weight"), 4096);
+    assert_int_equal(extra_bytes(&p, n, "hidden_rows"), 639872);
+    assert_int_equal(n->fwd_tmp_bytes, 149760512);
+    assert_int_equal(n->bwd_tmp_bytes, 193920000);
+    mp_program_release(&p);
+    mp_model_release(&m);
+}
+
 /* What is not modelled is refused, naming the option and the head; never a silent hf. */
 static void test_refusals(void **state)
 {
@@ -165,10 +246,19 @@ static void test_refusals(void **state)
     struct mp_program p;
     struct mp_diag d = {{0}};
     load(&m, LM);
-    assert_int_equal(build(&m, MP_LOSS_TORCHTUNE, 1.0, &p, &d), MP_ERR_USAGE);
-    assert_non_null(strstr(d.msg, "--loss torchtune: not modelled yet"));
-    assert_int_equal(build(&m, MP_LOSS_CCE, 1.0, &p, &d), MP_ERR_USAGE);
-    assert_non_null(strstr(d.msg, "--loss cce: not modelled yet"));
+    /* CCE's backward asserts bf16/fp16 e and c (cce_backward.py:349-356): fp32 weights refused;
+     * torchtune runs no autocast */
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.seq = 5000;
+    o.precision = MP_PREC_AMP_BF16;
+    o.loss = MP_LOSS_CCE;
+    assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_USAGE);
+    assert_non_null(strstr(d.msg, "--loss cce: Cut Cross-Entropy's backward takes bf16 or fp16"));
+    o.precision = MP_PREC_BF16_AMP;
+    o.loss = MP_LOSS_TORCHTUNE;
+    assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_USAGE);
+    assert_non_null(strstr(d.msg, "--loss torchtune: torchtune trains without autocast"));
     mp_model_release(&m);
     static const char *CLS = "{\"name\":\"t\",\"input\":{\"shape\":[16]},\"classes\":4,\"layers\":["
                              "{\"type\":\"classifier\",\"in_features\":16,\"classes\":4}]}";
@@ -184,6 +274,8 @@ int main(void)
         cmocka_unit_test(test_chunk_rows),
         cmocka_unit_test(test_trl_bytes),
         cmocka_unit_test(test_liger_bytes),
+        cmocka_unit_test(test_cce_bytes),
+        cmocka_unit_test(test_torchtune_bytes),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests_name("loss", tests, NULL, NULL);

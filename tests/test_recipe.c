@@ -244,6 +244,42 @@ static void test_torchtune_full(void **state)
     expect(FINETUNE, "full", KEY, "model._component_", 5);
 }
 
+static const char *scratch(const char *name);
+static void write_text(const char *path, const char *text);
+
+/* The loss heads a recipe turns on: Axolotl's CutCrossEntropyPlugin (its key defaults to true,
+ * integrations/cut_cross_entropy/args.py:32), torchtune's LinearCrossEntropyLoss (its arguments
+ * other than the defaults refused). */
+static void test_loss_heads(void **state)
+{
+    (void)state;
+    const char *path = scratch("loss.yaml");
+    write_text(path, "base_model: m\nbf16: true\nplugins:\n"
+                     "  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n");
+    read_ok(path, -1);
+    expect(LOSS, "cce", KEY, "plugins", 4);
+    write_text(path, "base_model: m\nbf16: true\nplugins:\n"
+                     "  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\ncut_cross_entropy: true\n");
+    read_ok(path, -1);
+    expect(LOSS, "cce", KEY, "cut_cross_entropy", 5);
+    write_text(path, "base_model: m\nbf16: true\nplugins:\n"
+                     "  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\ncut_cross_entropy: false\n");
+    read_ok(path, -1);
+    expect(LOSS, "hf", DEFAULT, "(default)", 0);
+    write_text(path, "base_model: m\nbf16: true\ncut_cross_entropy: true\n");
+    read_refused(path, ":3: cut_cross_entropy: true:", "CutCrossEntropyPlugin");
+    write_text(path, "base_model: m\nplugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n"
+                     "  - axolotl.integrations.liger.LigerPlugin\n");
+    read_refused(path, ":3: plugins:", "not modelled yet");
+    write_text(path, "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\nbatch_size: 2\ndtype: bf16\n"
+                     "loss:\n  _component_: torchtune.modules.loss.LinearCrossEntropyLoss\n");
+    read_ok(path, -1);
+    expect(LOSS, "torchtune", KEY, "loss._component_", 6);
+    write_text(path, "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\nbatch_size: 2\ndtype: bf16\n"
+                     "loss:\n  _component_: torchtune.modules.loss.LinearCrossEntropyLoss\n  num_output_chunks: 16\n");
+    read_refused(path, ":7: loss.num_output_chunks: 16:", "8 chunks");
+}
+
 /* A scratch recipe file NAME in $TMPDIR (or /tmp), per process: the tests run from the
  * repository root with any BUILD directory (make test SAN=1 BUILD=build-san). */
 static const char *scratch(const char *name)
@@ -502,7 +538,7 @@ int main(void)
         cmocka_unit_test(test_trl_act_offload),
         cmocka_unit_test(test_axolotl_qlora),    cmocka_unit_test(test_axolotl_full),
         cmocka_unit_test(test_llamafactory_lora), cmocka_unit_test(test_llamafactory_defaults),
-        cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_loss_heads),   cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_optimizer_hf_names), cmocka_unit_test(test_write_recipe),
         cmocka_unit_test(test_trl_grpo),
     };

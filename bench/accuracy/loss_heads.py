@@ -130,6 +130,31 @@ class Tracker(LiveTracker):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
+@functools.lru_cache(maxsize=None)
+def inplace_sums():
+    """Tracker with inplace_tracker.InplaceTracker's gradient sums: where autograd meets two
+    gradients of one tensor it counts what plain PyTorch (and CUDA) does, in place when the buffered
+    gradient can be reused, not the out-of-place sum every TorchDispatchMode forces
+    (input_buffer.cpp accumulate, isTensorSubclassLike).  The cce and torchtune rows are measured
+    with it (INPLACE_LOSSES): torchtune sums eight weight gradients, and a fused head's weight
+    gradient meets the tied embedding's; the older rows keep the plain Tracker (remeasure_rows.py
+    moves a row over).  RealTracker's bool-index branch (it reads mask values) is skipped: neither
+    head indexes by a mask.  (A function: inplace_tracker imports this module.)"""
+    import inplace_tracker
+
+    class InplaceSums(inplace_tracker.InplaceTracker, Tracker):
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            if self._acc_node is None or func is not torch.ops.aten.add.Tensor:
+                self._settle()
+                return Tracker.__torch_dispatch__(self, func, types_, args, kwargs)
+            return inplace_tracker.InplaceTracker.__torch_dispatch__(self, func, types_, args, kwargs)
+
+    return InplaceSums
+
+
+INPLACE_LOSSES = ("cce", "torchtune")
+
+
 class LigerFLCE(torch.autograd.Function):
     """liger-kernel 0.8.5 LigerFusedLinearCrossEntropyFunction (reduction "sum", no bias, no z-loss)
     on CUDA, allocation by allocation; line numbers are ops/fused_linear_cross_entropy.py's."""
@@ -202,6 +227,98 @@ def liger_loss(model, ids, labels):
     return loss / ids.numel()
 
 
+# ---- Cut Cross-Entropy (Axolotl's fork), re-implemented for its CUDA allocations ----------------
+
+class CCEFunction(torch.autograd.Function):
+    """Cut Cross-Entropy's LinearCrossEntropyFunction as Axolotl 0.19 runs it (fork
+    axolotl-ai-cloud/ml-cross-entropy, read at 5f0c7a7; impl "cce", filter_eps "auto", no fp32
+    accumulation, shift 1), allocation by allocation; line numbers are cut_cross_entropy/'s.  The
+    Triton kernels (the LSE pass, the indexed dot, the backward) write their outputs in place and
+    allocate nothing: they are not run (fake tensors have no values)."""
+
+    @staticmethod
+    def forward(ctx, e, c, targets, valids):
+        n, v = valids.numel(), c.shape[0]
+        # cce.py:56-57: needs_grad and filter_eps "auto" -> the logit averages are returned
+        lse = e.new_full((n,), -float("inf"), dtype=torch.float32)          # cce_lse_forward.py:196
+        locks = e.new_full((-(-n // 128),), 0, dtype=torch.int32)          # :197-201 (uint32 there)
+        logit_avg = e.new_full((v,), 0.0, dtype=torch.float32)             # :204
+        del locks                                                           # dies as the call returns
+        neg_dot = e.new_zeros((n,), dtype=torch.float32)                    # indexed_dot.py:123
+        neg_dot = neg_dot.to(torch.float32)                                 # :156 (itself)
+        nll = neg_dot.add_(lse)                                             # cce.py:120
+        loss = nll.sum()                                                    # :126 (reduction "sum")
+        ctx.save_for_backward(e, c, lse, targets, valids, logit_avg)        # :132
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        e, c, lse, targets, valids, logit_avg = ctx.saved_tensors
+        vocab_ordering = torch.argsort(logit_avg).to(torch.int32)           # cce.py:42-44, :143-144
+        grad_out = grad_out.contiguous()                                    # cce_backward.py:358-359
+        de = torch.zeros_like(e) if ctx.needs_input_grad[0] else None       # :363-364 (e's dtype)
+        dc = torch.zeros_like(c) if ctx.needs_input_grad[1] else None       # :366-367
+        nd = -(-c.shape[1] // 64)                                           # :422
+        de_locks = e.new_zeros((-(-valids.numel() // 128), nd), dtype=torch.int32) if de is not None else None
+        dc_locks = c.new_zeros((-(-c.shape[0] // 128), nd), dtype=torch.int32) if dc is not None else None
+        del de_locks, dc_locks, vocab_ordering                              # the kernel ran: they go
+        return de, dc, None, None                                           # :481-485: .to() no copy
+
+
+def cce_loss(model, ids, labels):
+    """The patched forward (transformers/llama.py:62-78) and apply_lce (transformers/utils.py:97-165):
+    the backbone's hidden states whole, lm_head.weight, shift=True; the Trainer's
+    num_items_in_batch makes the reduction "sum" divided after.  cce.py:263-294 with
+    utils.py:25-46 (_build_flat_valids) as they run."""
+    base = model.get_base_model() if isinstance(model, peft.PeftModel) else model
+    hidden = base.model(input_ids=ids, use_cache=False)[0]
+    e = hidden[:, slice(-0, None), :].contiguous()                          # llama.py:73; cce.py:265
+    targets = labels.contiguous()                                           # cce.py:266
+    t = targets[..., 1:]                                                    # utils.py:31-32 (shift 1)
+    valids = (t != -100).nonzero().to(torch.int32)                          # :35
+    valids[:, 0] *= t.stride(0)                                             # :41-42
+    valids = valids.sum(1)                                                  # :46 (int64)
+    loss = CCEFunction.apply(e.flatten(0, -2), base.lm_head.weight, targets.flatten(), valids)
+    return loss / ids.numel()                                               # utils.py:162-163
+
+
+# ---- torchtune's LinearCrossEntropyLoss, re-implemented (it runs on torchtune's own models) ------
+
+def torchtune_lce(outputs, targets, weight, chunks=8):
+    """LinearCrossEntropyLoss.forward (:147-188), mask_inputs (:117-145) and compute_cross_entropy
+    (:87-115) as they allocate; `outputs` is the caller's tensor (the recipe still holds it)."""
+    total_valid = torch.where(targets != -100)[0].numel()                  # :160
+    targets = targets.reshape(-1)                                           # :171
+    outputs = outputs.reshape(-1, outputs.shape[-1])                        # :172
+    indices = torch.where(targets != -100)[0]                               # mask_inputs :132
+    outputs = outputs.index_select(0, indices)                              # :142
+    targets = targets.index_select(0, indices)                              # :144
+    del indices
+    total = torch.tensor(0.0)                                               # :180
+    for hc, tc in zip(outputs.tensor_split(chunks, dim=0), targets.tensor_split(chunks, dim=0)):
+        logits = torch.nn.functional.linear(hc, weight)                     # :107
+        loss = torch.nn.functional.cross_entropy(logits.float(), tc, reduction="sum", ignore_index=-100)
+        del logits                                                          # the function returns
+        total += loss                                                       # :186
+    return total / total_valid                                              # :188
+
+
+def torchtune_loss(model, ids, labels, chunks=8):
+    """torchtune main (bd2a0fc) modules/loss/cross_entropy_loss.py LinearCrossEntropyLoss.forward
+    (:147-188) with its defaults (8 chunks, mask_ignored_tokens), on the backbone's final-norm
+    output (set_model_output: skip_output_layer); the labels as torchtune's dataset shifts them
+    (datasets/_sft.py:166-175: labels[1:] then -100), and recipes/full_finetune_single_device.py's
+    _loss_step (the loss times the token count, the model output dropped after the loss)."""
+    base = model.get_base_model() if isinstance(model, peft.PeftModel) else model
+    weight = base.lm_head.weight
+    targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+    num_tokens = (targets != -100).sum()                                    # the recipe's loss factor
+    outputs = base.model(input_ids=ids, use_cache=False)[0]                 # _loss_step's `outputs`
+    loss = torchtune_lce(outputs, targets, weight, chunks)
+    del outputs                                                             # "free outputs" (_loss_step)
+    return loss * num_tokens
+
+
 # ---- the step ----------------------------------------------------------------------------------
 
 def build(cfg_path, precision, lora):
@@ -209,7 +326,7 @@ def build(cfg_path, precision, lora):
         d = json.load(f)
     cfg = transformers.AutoConfig.for_model(**d)
     cfg._attn_implementation = "sdpa"
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = torch.bfloat16 if precision in ("bf16", "bf16-amp") else torch.float32
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
@@ -230,7 +347,7 @@ def torch_step(cfg_path, batch, seq, precision, ckpt, lora, loss, frac):
         # SFTTrainer (trl 1.16.0 sft_trainer.py:1142-1147): on the base model, with these outputs
         add_fused_lm_head(model.get_base_model() if lora else model, outputs=("log_probs", "entropy", "is_top1"))
     trainable = [p for p in model.parameters() if p.requires_grad]
-    tr = Tracker()
+    tr = (inplace_sums() if loss in INPLACE_LOSSES else Tracker)()
     with fake, tr:
         for n, m in model.named_modules():
             if n.count(".") <= 4:
@@ -256,7 +373,7 @@ def torch_step(cfg_path, batch, seq, precision, ckpt, lora, loss, frac):
                 gc.collect()
                 tr.peak, tr.peak_at = tr.cur, "step-start"
             tr.phase = "forward"
-            ac = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "amp-bf16" else None
+            ac = torch.autocast("cpu", dtype=torch.bfloat16) if precision in ("amp-bf16", "bf16-amp") else None
             if ac:
                 ac.__enter__()
             if loss == "hf":
@@ -265,6 +382,10 @@ def torch_step(cfg_path, batch, seq, precision, ckpt, lora, loss, frac):
                 out = model(input_ids=ids, labels=labels, use_cache=False, fused_lm_head=True)
                 l = out.loss
                 del out  # compute_loss returns the loss; the outputs go
+            elif loss == "cce":
+                l = cce_loss(model, ids, labels)
+            elif loss == "torchtune":
+                l = torchtune_loss(model, ids, labels)
             else:
                 l = liger_loss(model, ids, labels)
             if ac:
@@ -291,6 +412,13 @@ WHY = [("MmBackward0", "the step's peak is the last checkpointed block's recompu
        ("PowBackward0", "the step's peak is the final RMSNorm's backward (PowBackward0): HF's composite "
                         "RMSNorm makes fp32 b x s x h temporaries in backward that lower_rmsnorm does not "
                         "model (it has no bwd_tmp); the head's own moment is below it")]
+
+
+WHY.append(("forward:head.lm_head.torchtune",
+            "memplan's peak is the head's forward, where its replay still holds the last decoder layer's "
+            "b x s x h bf16 output (the chain's hold through the head block); HF drops it once the final "
+            "RMSNorm has made its fp32 copy (LlamaModel.forward: hidden_states = self.norm(hidden_states)); "
+            "torch's peak is the head's backward (-0.000 % there)"))
 
 
 def why_off(torch_at):
@@ -332,6 +460,13 @@ SETTINGS += [(False, 1, 2048, "bf16", "layers", True, "chunked-nll", 0.5, 2)]
 SETTINGS += [(False, 1, 2048, "amp-bf16", "none", False, loss, 1.0, 2) for loss in LOSSES]
 SETTINGS += [(True, 1, 8192, p, "none", True, loss, 1.0, 1) for p in ("bf16", "amp-bf16") for loss in LOSSES]
 SETTINGS += [(True, 1, 8192, "amp-bf16", "none", True, "chunked-nll", 0.5, 1)]
+# Cut Cross-Entropy (Axolotl: bf16 weights, the Trainer's bf16 autocast: bf16-amp; fp32 weights fail
+# its backward) and torchtune's LinearCrossEntropyLoss (torchtune: no autocast, bf16 weights)
+for loss, full in (("cce", "bf16-amp"), ("torchtune", "bf16")):
+    SETTINGS += [(False, 1, s, "bf16", "layers", True, loss, 1.0, 2) for s in (2048, 8192)]
+    SETTINGS += [(False, 1, 2048, "bf16", "layers", True, loss, 0.5, 2)]
+    SETTINGS += [(False, 1, 2048, full, "none", False, loss, 1.0, 2)]
+    SETTINGS += [(True, 1, 8192, p, "none", True, loss, f, 1) for p in sorted({"bf16", full}) for f in (1.0, 0.5)]
 
 
 def main():
@@ -339,12 +474,15 @@ def main():
     ap.add_argument("--memplan", default="./memplan")
     ap.add_argument("--only", default="1b,8b")
     ap.add_argument("--quick", action="store_true", help="seq 2048 rows only")
+    ap.add_argument("--losses", default=None, help="only these heads (comma-separated)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "loss_heads.jsonl"))
     a = ap.parse_args()
     import trl
     versions = rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
                                    peft=peft.__version__, trl=trl.__version__, liger="0.8.5 (re-implemented)",
+                                   cce="axolotl-ai-cloud/ml-cross-entropy 5f0c7a7 (re-implemented)",
+                                   torchtune="main bd2a0fc (re-implemented)",
                                    fake="FakeTensorMode, CPU")
     lines = ["| config | layers | setting | loss | torch peak (MiB) | at | memplan (MiB) | at | diff |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -353,7 +491,7 @@ def main():
         for key in a.only.split(","):
             src = CONFIGS[key]
             for (head, b, s, prec, ck, lora, loss, frac, layers) in SETTINGS:
-                if a.quick and s > 2048:
+                if (a.quick and s > 2048) or (a.losses and loss not in a.losses.split(",")):
                     continue
                 d = rowlib.load_config(os.path.join(ROOT, src), layers)
                 if head:
@@ -379,11 +517,15 @@ def main():
                     fig = {"torch": int(tp), "extra": 0, "abs": 0, "pct": 1.0}
                     mark = {"disagrees": {"memplan": {"peak": int(mp)}, "why": why_off(tat),
                                           "seen": versions["memplan"]}}
+                if 0.5 < abs(pct) <= 1.0:
+                    mark = {"explained": why_off(tat if tp > mp else mat)}
+                v = dict(versions, tracker="InplaceTracker sums (loss_heads.inplace_sums)") \
+                    if loss in INPLACE_LOSSES else versions
                 rows.append(dict(row, **mark, **{"args": args,
                              "figures": {"peak": fig},
                              "recorded": {"peak_mib": round(mp / 2**20, 2), "torch_peak_at": tat, "memplan_peak_at": mat},
                              "source": "bench/accuracy/loss_heads.py (run %s)" % versions["memplan"],
-                             "versions": versions}))
+                             "versions": v}))
     out = "\n".join(lines) + "\n"
     if a.out:
         with open(a.out, "w") as f:

@@ -164,6 +164,9 @@ int cmd_suggest(struct args *a)
     /* the picture before the report: a failed write (exit 5) prints no report */
     if ((rc = suggest_timeline(a, &s, &j, sg, &d, &st)) != 0 || st != MP_OK)
         goto out;
+    /* (a loss head the default precision cannot run, --loss cce: the report's program in the choice's) */
+    if (mp_loss_precision_refused(s.build.loss, s.build.precision))
+        s.build.precision = sg->best >= 0 ? sg->cand[sg->best].precision : MP_PREC_BF16;
     /* the report reads the program's counts: a long model's through its fold (fold.h) */
     if ((st = s.model.n_blocks >= MP_FIT_FOLD_BLOCKS ? mp_fold_report_program(&s.model, &s.build, &prog, &d)
                                                      : mp_program_build(&s.model, &s.build, &prog, &d)) != MP_OK)

@@ -187,10 +187,11 @@ static const struct opt OPTS[] = {
      .help = "grpo --vllm: vllm_importance_sampling_correction, the policy's old log-probs by a no-grad "
              "forward (default on)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
-     .help = ": the causal LM's loss head (default hf; docs: man memplan)"},
+     .help = ": the causal LM's loss head (default hf; cce: Axolotl's Cut Cross-Entropy, bf16 weights; "
+             "torchtune: its LinearCrossEntropyLoss, no autocast; docs: man memplan)"},
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
-     .help = "share of label positions not -100 (prompt masking; default 1): chunked-nll gathers "
-             "only those; memory unaffected for hf and liger"},
+     .help = "share of label positions not -100 (prompt masking; default 1): chunked-nll and "
+             "torchtune gather only those, cce keeps per-token state for them; hf and liger unaffected"},
     {0, "packing", NULL, C_TARGET, K_FLAG, FIELD(packing),
      .help = "causal LMs: each row packs several documents, no padding (SDPA: a block-diagonal mask)"},
     {0, "padding-free", NULL, C_TARGET, K_FLAG, FIELD(padding_free),
@@ -761,16 +762,17 @@ static int check_rules(const struct command *c, struct args *a)
     }
     if (a->par.rank && a->par.strategy == MP_PAR_NONE)
         return cli_usage_error(c->name, "%s", "--rank needs --gpus N --parallel S");
-    if (mp_par_fused_head_unmodelled(a->par.strategy, a->ft.mode, (enum mp_loss)a->loss)) {
+    const char *head_why = mp_par_fused_head_unmodelled(a->par.strategy, a->ft.mode, (enum mp_loss)a->loss);
+    if (head_why) {
         char what[48];
         if (pref)
             snprintf(what, sizeof what, "--trainer %s", tn);
         else
             snprintf(what, sizeof what, "--loss %s", mp_loss_str((enum mp_loss)a->loss));
-        snprintf(why, sizeof why, "%s with --finetune %s under --parallel %s: the fused LM head reads "
-                 "lm_head.weight, which peft leaves out of FSDP2's gathered units (a sharded DTensor, gathered "
-                 "per chunk): not modelled yet (%s)", what, mp_ft_mode_str(a->ft.mode),
-                 mp_par_strategy_str(a->par.strategy), pref ? "a full fine-tune is, and --parallel ddp" : "--loss hf is");
+        snprintf(why, sizeof why, "%s with --finetune %s under --parallel %s: %s: not modelled yet (%s)", what,
+                 mp_ft_mode_str(a->ft.mode), mp_par_strategy_str(a->par.strategy), head_why,
+                 pref ? "a full fine-tune is, and --parallel ddp"
+                 : a->loss == MP_LOSS_TORCHTUNE ? "one GPU is" : "--loss hf is");
         return cli_usage_error(c->name, "%s", why);
     }
     if (a->quant_storage_set && a->ft.mode != MP_FT_QLORA)

@@ -118,10 +118,23 @@ bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_par_strategy s)
 
 const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2, zero3, fsdp, fsdp-no-reshard"; }
 
-bool mp_par_fused_head_unmodelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_loss l)
+const char *mp_par_fused_head_unmodelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_loss l)
 {
-    return mp_par_is_fsdp(s) && (m == MP_FT_LORA || m == MP_FT_QLORA) &&
-           (l == MP_LOSS_CHUNKED_NLL || l == MP_LOSS_LIGER);
+    if (l == MP_LOSS_TORCHTUNE && s != MP_PAR_NONE)
+        return "torchtune's distributed recipes shard the model with their own FSDP2 wrapping "
+               "(training.shard_model), not accelerate's";
+    if (l == MP_LOSS_CCE && s == MP_PAR_ZERO3) /* the fork's cce.py:179-195, transformers/utils.py:137-146 */
+        return "Cut Cross-Entropy gathers the partitioned lm_head.weight itself in backward "
+               "(GatheredParameters)";
+    if (!mp_par_is_fsdp(s) || (m != MP_FT_LORA && m != MP_FT_QLORA))
+        return NULL;
+    if (l == MP_LOSS_CHUNKED_NLL || l == MP_LOSS_LIGER)
+        return "the fused LM head reads lm_head.weight, which peft leaves out of FSDP2's gathered units (a "
+               "sharded DTensor, gathered per chunk)";
+    if (l == MP_LOSS_CCE)
+        return "Cut Cross-Entropy reads lm_head.weight, which peft leaves out of FSDP2's gathered units: a "
+               "sharded DTensor, which it refuses";
+    return NULL;
 }
 
 const char *mp_par_quant_unmodelled(enum mp_par_strategy s, const struct mp_quant *q)

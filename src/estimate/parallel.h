@@ -121,11 +121,15 @@ const char *mp_par_finetune_names(void);
  * NULL: FSDP2 plans bitsandbytes 4-bit (the packed tensor sharded in a float storage dtype, left
  * out and replicated in uint8); GPTQ/AWQ/int8 there and any under ZeRO-3 are refused. */
 const char *mp_par_quant_unmodelled(enum mp_par_strategy s, const struct mp_quant *q);
-/* A fused LM head (--loss chunked-nll, liger: TRL's, Liger's) of a peft model under FSDP2: the
+/* Why a loss head is not modelled under data parallelism s, or NULL.  A fused LM head (--loss
+ * chunked-nll, liger, cce: TRL's, Liger's, Cut Cross-Entropy's) of a peft model under FSDP2: the
  * head reads lm_head.weight directly, and under peft accelerate's tail unit is [lm_head] alone
  * (the final norm is the root's), whose pre-forward hook never runs: the weight stays a sharded
- * DTensor, gathered by each chunk's op (bench/accuracy/dpo_fsdp_ref_results.md): not modelled. */
-bool mp_par_fused_head_unmodelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_loss l);
+ * DTensor, gathered by each chunk's op (bench/accuracy/dpo_fsdp_ref_results.md; Cut
+ * Cross-Entropy's linear_cross_entropy.py:62-66 raises on a DTensor): not modelled.  Cut
+ * Cross-Entropy under ZeRO-3: it gathers the weight itself in backward.  torchtune's loss under
+ * any strategy: its distributed recipes wrap the model themselves. */
+const char *mp_par_fused_head_unmodelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_loss l);
 
 /* Checks that a combination exists in the engines (e.g. param offload needs zero3 or
  * fsdp, fsdp has no optimizer-only offload, mixed-bf16 needs a sharding engine).

@@ -69,7 +69,10 @@ const char *mp_trainer_loss_type(enum mp_trainer t);
  * min(next_pow2(ceil(rows / ceil(v / h))), rows) (liger-kernel 0.8.5
  * ops/fused_linear_cross_entropy.py:103-105), hf every row; 0 for a loss not modelled. */
 uint64_t mp_loss_chunk_rows(enum mp_loss l, uint64_t rows, uint64_t v, uint64_t h);
+/* Why loss l cannot run in precision p (its library's dtype rules), or NULL. */
+const char *mp_loss_precision_refused(enum mp_loss l, enum mp_precision p);
 #define MP_TRL_VOCAB_CHUNK 32768 /* trl 1.16.0 trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE */
+#define MP_TORCHTUNE_CHUNKS 8u  /* torchtune LinearCrossEntropyLoss num_output_chunks (cross_entropy_loss.py:36) */
 
 struct mp_build_opts {
     uint64_t batch;              /* micro-batch */

@@ -259,17 +259,19 @@ struct val lower_pos_embedding(struct bld *B, struct val x, const struct mp_laye
  * place when the buffered one is a fresh dense tensor with one reference, else out of place, one
  * table more.  The head's is a transposed view of mm's result (TBackward0), so the first sum is out
  * of place, unless the table reaches the head through autocast's cast (amp with a table outside the
- * compute dtype: ToCopyBackward0 hands on a fresh fp32 tensor; a fused head's own buffer likewise);
+ * compute dtype: ToCopyBackward0 hands on a fresh fp32 tensor; Cut Cross-Entropy's dC, zeros_like
+ * in its backward, and torchtune's sum of its chunks' gradients likewise: fresh_head);
  * a later lookup (T5's encoder, after its decoder) meets that fresh sum, in place.  Measured with
- * plain PyTorch (torch.profiler: aten::add against aten::add_) and under InplaceTracker:
+ * plain PyTorch (torch.profiler: aten::add against aten::add_) and under InplaceTracker
+ * (docs/memory-facts.md#tied-head-sums):
  * bench/accuracy/tied_sum_survey.md. */
-static void tied_grads(struct bld *B)
+static void tied_grads(struct bld *B, bool fresh_head)
 {
     if (failed(B))
         return;
     struct mp_param *q = &B->p->params[B->embed_param];
     q->matmul = true;
-    bool fresh = B->amp && q->dtype != B->p->compute_dtype;
+    bool fresh = fresh_head || (B->amp && q->dtype != B->p->compute_dtype);
     uint64_t g = mp_param_grad_bytes(q);
     bool first = true; /* the lookup whose backward runs first: the last in forward order */
     for (size_t k = B->p->n_nodes; k-- > 0;)
@@ -305,7 +307,7 @@ struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, 
     }
     struct val logits = lower_linear_p(B, x, l->dim, l->vocab, l->bias, nm, l->head.tied ? B->embed_param : -1);
     if (l->head.tied)
-        tied_grads(B);
+        tied_grads(B, false);
     logits = mult_copy(B, logits, l, "logits_scaling");
     if (l->head.softcap > 0)
         logits = softcap_logits(B, logits, nm);
@@ -366,11 +368,24 @@ uint64_t mp_loss_chunk_rows(enum mp_loss l, uint64_t rows, uint64_t v, uint64_t 
             c <<= 1; /* triton.next_power_of_2 */
         return mp_min_u64(c, rows);
     }
-    case MP_LOSS_TORCHTUNE:
-    case MP_LOSS_CCE:
+    case MP_LOSS_TORCHTUNE: /* tensor_split(8): the largest chunk */
+        return mp_ceil_div(rows, MP_TORCHTUNE_CHUNKS);
+    case MP_LOSS_CCE: /* no chunks: Triton blocks, folded in registers */
         return 0;
     }
     return 0;
+}
+
+const char *mp_loss_precision_refused(enum mp_loss l, enum mp_precision p)
+{
+    bool f32w = p == MP_PREC_FP32 || p == MP_PREC_AMP_BF16 || p == MP_PREC_AMP_FP16;
+    bool amp = p == MP_PREC_AMP_BF16 || p == MP_PREC_AMP_FP16 || p == MP_PREC_BF16_AMP;
+    if (l == MP_LOSS_CCE && f32w) /* cce_backward.py:349-356 asserts bf16/fp16 e and c */
+        return "Cut Cross-Entropy's backward takes bf16 or fp16 hidden states and weight only "
+               "(Axolotl loads the model in bf16: --precision bf16-amp or bf16)";
+    if (l == MP_LOSS_TORCHTUNE && amp) /* torchtune's recipes run no autocast */
+        return "torchtune trains without autocast (its dtype: --precision bf16 or fp32)";
+    return NULL;
 }
 
 /* Bytes, checked: a * b (* c). */
@@ -393,6 +408,17 @@ static uint64_t beyond(uint64_t phase, uint64_t grad_w, uint64_t grad_x)
 {
     uint64_t g = grad_w + grad_x;
     return phase > g ? phase - g : 0;
+}
+
+/* The label positions after the shift (b(s-1), *np) and how many carry a loss, N: the label
+ * fraction's share of them (--label-fraction), or GRPO's completions. */
+static uint64_t label_rows(struct bld *B, uint64_t *np)
+{
+    *np = B->s > 0 ? mul(B, B->b, B->s - 1) : 0;
+    uint64_t N = (uint64_t)ceil(B->p->opts.label_fraction * (double)*np);
+    if (B->p->opts.completion) /* GRPO: each row's completion (at most s - 1 positions) */
+        N = mul(B, B->b, mp_min_u64(B->p->opts.completion, B->s > 0 ? B->s - 1 : 0));
+    return N > *np ? *np : N;
 }
 
 /* TRL's fused LM head (trl 1.16.0, SFTTrainer's default loss, loss_type "nll"; CUDA path):
@@ -422,12 +448,7 @@ static void trl_nll(struct bld *B, struct mp_node *n, const char *nm, uint64_t h
     const struct mp_param *q = &B->p->params[w];
     uint64_t wd = mp_dtype_size(q->dtype);
     bool wt = q->trainable;
-    uint64_t np = B->s > 0 ? mul(B, B->b, B->s - 1) : 0; /* label positions after the shift */
-    double f = B->p->opts.label_fraction * (double)np;
-    uint64_t N = (uint64_t)ceil(f);
-    if (B->p->opts.completion) /* GRPO: each row's completion (at most s - 1 positions) */
-        N = mul(B, B->b, mp_min_u64(B->p->opts.completion, B->s > 0 ? B->s - 1 : 0));
-    N = N > np ? np : N;
+    uint64_t np, N = label_rows(B, &np);
     uint64_t rows = mp_loss_chunk_rows(MP_LOSS_CHUNKED_NLL, N, v, h);
     uint64_t vc = mp_min_u64(v, MP_TRL_VOCAB_CHUNK);
     uint64_t mm_buf = mul3(B, rows, MP_TRL_VOCAB_CHUNK, cd);
@@ -533,6 +554,154 @@ static void liger(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, 
     n->bwd_flops = 0;
 }
 
+/* Cut Cross-Entropy as Axolotl 0.19 runs it (`cut_cross_entropy: true`: its fork
+ * axolotl-ai-cloud/ml-cross-entropy, pinned at 4dfa522 by integrations/cut_cross_entropy/
+ * __init__.py:38; read at 5f0c7a7, the newest snapshot reachable here; file:line below are the
+ * fork's cut_cross_entropy/).  Axolotl calls cce_patch(model_type) with every default (__init__.py
+ * :107-110; transformers/patch.py:164-174: impl "cce", reduction "mean", filter_eps "auto", no
+ * fp32 accumulation, both gradients filtered).  The patched forward (transformers/llama.py:62-78)
+ * hands the whole hidden states (hidden_states[:, slice(0, None), :] returns the tensor itself)
+ * and lm_head.weight to apply_lce, which, with the Trainer's num_items_in_batch, makes the
+ * reduction "sum" and divides after (utils.py:106-111, :162-163) and calls linear_cross_entropy
+ * with shift=True (:152-160).  No logits are ever made: Triton kernels (Triton-only, CUDA) fold
+ * blocks of them in registers.  cce.py cce_linear_cross_entropy: e and the targets .contiguous()
+ * (:265-266: the same tensors), _build_flat_valids (utils.py:25-46): the shifted targets' != -100
+ * mask (bool, b(s-1)), its nonzero() (N x 2 int64) .to(int32) (N x 2), scaled in place, and
+ * .sum(1), the valid positions as N int64 (integer sums are int64); e.flatten (a view).
+ * LinearCrossEntropyFunction.forward: with filter_eps set it asks for logit_avg (cce.py:56-57):
+ * cce_lse_forward.py:196-205 lse (N fp32), locks (ceil(N/128) uint32, dies with the call) and
+ * logit_avg (V fp32); indexed_dot.py:123 the target logits' negation (N fp32; .to(fp32) at :156
+ * is itself), nll = neg_dot.add_(lse) in place (cce.py:120), its sum (:126); it saves e, c, lse,
+ * the targets, valids and logit_avg (:132).  Backward (cce.py:141-218): vocab_ordering =
+ * argsort(logit_avg).to(int32) (:42-44, :143-144: the sort's values V fp32 and indices V int64,
+ * then V int32); cce_backward.py asserts e and c are bf16 or fp16 (:349-356: fp32 weights fail
+ * here), dE = zeros_like(e) (b s h, e's dtype) and dC = zeros_like(c) when the weight trains
+ * (:363-367; the fp32 accumulators only with accum_*_fp32), lock tables ceil(N/128) x ceil(h/64)
+ * and ceil(V/128) x ceil(h/64) int32 (:422-434); the kernel writes both; .to() their own dtypes
+ * is no copy (:481-485).  The flatten's backward is a view: dE is the input's gradient.
+ * docs/memory-facts.md#cce-head */
+static void cce(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, uint64_t v, int w)
+{
+    struct mp_tensor *xt = T(B, n->in[0]);
+    const struct mp_param *q = &B->p->params[w];
+    bool wt = q->trainable;
+    uint64_t np, N = label_rows(B, &np);
+    n->rows = N;
+    n->n = v;
+    n->k = h;
+    save(n, n->in[0]); /* e */
+    kept(B, n, nm, "valids", MP_DT_I64, N, MP_XR_LOSS_SAVED);
+    kept(B, n, nm, "lse", MP_DT_F32, N, MP_XR_LOSS_SAVED);
+    kept(B, n, nm, "logit_avg", MP_DT_F32, v, MP_XR_LOSS_SAVED);
+    uint64_t keep = add(B, mul(B, N, 12), mul(B, v, 4)); /* what the replay holds already */
+    /* forward: the valids (before any kept tensor exists: mask and nonzero, then nonzero and its
+     * int32 copy), then in the function the locks, or the N fp32 nll and its sum */
+    uint64_t valids = mp_max_u64(add(B, np, mul(B, N, 16)), mul(B, N, 24));
+    uint64_t in_fn = mp_max_u64(mul(B, mp_ceil_div(N, 128), 4), add(B, mul(B, N, 4), 4));
+    tmp_one(B, n, false, MP_TR_OTHER, mp_max_u64(valids > keep ? valids - keep : 0, in_fn));
+    /* backward: the sort (12V), then dE, dC, vocab_ordering (4V) and the lock tables */
+    uint64_t gw = wt ? mul3(B, v, h, mp_dtype_size(q->dtype)) : 0;
+    uint64_t gx = mul3(B, B->b, B->s, mul(B, h, mp_dtype_size(xt->dtype)));
+    uint64_t hl = mp_ceil_div(h, 64);
+    uint64_t locks = add(B, mul3(B, mp_ceil_div(N, 128), hl, 4), wt ? mul3(B, mp_ceil_div(v, 128), hl, 4) : 0);
+    uint64_t kernel = add(B, add(B, add(B, gw, gx), mul(B, v, 4)), locks);
+    tmp_one(B, n, true, MP_TR_OTHER, beyond(mp_max_u64(mul(B, v, 12), kernel), gw, gx));
+    double mm = 2.0 * (double)N * (double)h * (double)v;
+    n->fwd_flops = 2.0 * mm;                /* the LSE pass and the target dot (on N x h) */
+    n->bwd_flops = (wt ? 3.0 : 2.0) * mm;   /* the logits again, then dE (and dC) */
+}
+
+/* torchtune's LinearCrossEntropyLoss (pytorch/torchtune main bd2a0fc, 2026-04-23; not in 0.6.1):
+ * modules/loss/cross_entropy_loss.py with its defaults (num_output_chunks 8, mask_ignored_tokens
+ * True, :34-40), as the recipes call it on the final norm's output (set_model_output,
+ * skip_output_layer, :67-70; recipes/full_finetune_single_device.py _loss_step; labels come shifted from the
+ * dataset, datasets/_sft.py:166-175, the last -100).  forward (:147-188): the valid count
+ * (torch.where(targets != -100): a bool b s mask and nonzero's N x 2 int64, :160); mask_inputs
+ * (:117-145): the mask again and nonzero's N x 1 int64 `indices` (IndexSelectBackward0 keeps
+ * them), hidden.index_select (N x h, a new tensor) and the targets' (N int64, nll_loss keeps
+ * them); tensor_split into 8 (views, each a SliceBackward0); per chunk compute_cross_entropy
+ * (:87-115): logits = output(hidden_chunk) (n x V in the weight's dtype; MmBackward0 keeps the
+ * chunk only when the weight trains), logits.float() (a copy unless fp32; ToCopyBackward0 keeps
+ * nothing) and F.cross_entropy(reduction="sum"): log_softmax's fp32 n x V output, which
+ * LogSoftmaxBackward0 and NllLossBackward0 keep, and nll's total_weight (an fp32 scalar, kept);
+ * the bf16 logits live until the function returns.  So every chunk keeps its fp32 log-probs:
+ * N x V x 4 bytes at the end of the forward.  Backward, chunk 8 first (the engine runs the
+ * highest sequence number): NllLossBackward0's n x V fp32 zeros and LogSoftmaxBackward0's n x V
+ * fp32 gradient beside every chunk's log-probs (the peak); then the chunk's log-probs go,
+ * ToCopyBackward0 (n x V in the weight's dtype), MmBackward0 (n x h, and V x h for a trainable
+ * weight through TBackward0's view: the first two summed out of place, the view being buffered, the
+ * later ones in place into that sum, input_buffer.cpp accumulate); after the eight chunks each
+ * SliceBackward0 makes
+ * an N x h zeros tensor (summed in place), IndexSelectBackward0 the b s h input gradient.
+ * docs/memory-facts.md#torchtune-lce */
+static void torchtune_lce(struct bld *B, struct mp_node *n, const char *nm, uint64_t h, uint64_t v, int w)
+{
+    struct mp_tensor *xt = T(B, n->in[0]);
+    uint64_t hd = mp_dtype_size(xt->dtype);
+    const struct mp_param *q = &B->p->params[w];
+    uint64_t wd = mp_dtype_size(q->dtype);
+    bool wt = q->trainable;
+    uint64_t np, N = label_rows(B, &np);
+    (void)np;
+    uint64_t bs = mul(B, B->b, B->s), v4 = mul(B, v, 4), hh = mul(B, h, hd);
+    /* tensor_split(8) (its chunk i, from 0, has N / 8 rows and one more while i < N % 8) */
+    uint64_t rows[MP_TORCHTUNE_CHUNKS];
+    for (unsigned i = 0; i < MP_TORCHTUNE_CHUNKS; i++)
+        rows[i] = N / MP_TORCHTUNE_CHUNKS + (i < N % MP_TORCHTUNE_CHUNKS);
+    n->rows = N;
+    n->n = v;
+    n->k = h;
+    kept(B, n, nm, "indices", MP_DT_I64, N, MP_XR_LOSS_SAVED);
+    kept(B, n, nm, "targets", MP_DT_I64, N, MP_XR_LOSS_SAVED);
+    kept(B, n, nm, "log_probs", MP_DT_F32, mul(B, N, v), MP_XR_LOSS_SAVED);
+    kept(B, n, nm, "total_weight", MP_DT_F32, MP_TORCHTUNE_CHUNKS * 128, MP_XR_LOSS_SAVED); /* 8 scalars */
+    uint64_t nh = mul(B, N, hh), sel = wt ? 0 : nh; /* the gathered rows: kept, or the forward's local */
+    if (wt)
+        kept(B, n, nm, "hidden_rows", xt->dtype, mul(B, N, h), MP_XR_LOSS_SAVED);
+    /* forward: the masks and their nonzero indices (before anything is kept); then chunk i's
+     * logits, their fp32 copy and the nll sum beside the log-probs kept so far (the replay holds
+     * every chunk's: less those of the chunks after i) and the gathered rows */
+    uint64_t fwd = add(B, bs, mul(B, N, 16)), later = 0;
+    for (unsigned i = MP_TORCHTUNE_CHUNKS; i-- > 0;) {
+        uint64_t lv = mul(B, rows[i], v);
+        uint64_t t = add(B, add(B, add(B, mul(B, lv, wd), wd != 4 ? mul(B, lv, 4) : 0), sel), 512);
+        fwd = mp_max_u64(fwd, t > later ? t - later : 0);
+        later = add(B, later, mul(B, lv, 4));
+    }
+    tmp_one(B, n, false, MP_TR_OTHER, fwd);
+    /* backward, chunk 8 first, each phase as pos - neg beside everything the replay keeps: the
+     * chunk's nll and log-softmax gradients (8 n V); its MmBackward0 (its log-probs released:
+     * the gradient in the weight's dtype, n x h, a new V x h weight gradient beside the first
+     * chunk's, which holds the sum); then, every log-prob and the gathered rows released, the
+     * slices (the N x h sum, a new N x h and the chunks' gradients not yet summed) and
+     * IndexSelectBackward0 (the sum and the b s h input gradient) */
+    uint64_t gw = wt ? mul3(B, v, h, wd) : 0, gx = mul(B, bs, hh);
+    uint64_t pos = 0, neg = 0, worst = 0;
+    for (unsigned i = MP_TORCHTUNE_CHUNKS; i-- > 0;) {
+        uint64_t lv = mul(B, rows[i], v);
+        uint64_t p1 = add(B, pos, mul(B, lv, 8));
+        uint64_t p3 = add(B, add(B, add(B, pos, mul(B, lv, wd)), mul(B, rows[i], hh)), gw);
+        uint64_t n3 = add(B, neg, mul(B, lv, 4));
+        worst = mp_max_u64(worst, mp_max_u64(p1 > neg ? p1 - neg : 0, p3 > n3 ? p3 - n3 : 0));
+        if (wt && i + 2 == MP_TORCHTUNE_CHUNKS && rows[i]) { /* the first sum: out of place (the
+            buffered gradient is TBackward0's view), its chunk's logits gradient gone */
+            uint64_t ps = add(B, add(B, add(B, pos, mul(B, rows[i], hh)), gw), gw);
+            worst = mp_max_u64(worst, ps > n3 ? ps - n3 : 0);
+        }
+        pos = add(B, add(B, pos, mul(B, rows[i], hh)), i + 1 == MP_TORCHTUNE_CHUNKS ? gw : 0);
+        neg = n3;
+    }
+    uint64_t last = rows[MP_TORCHTUNE_CHUNKS - 1];
+    uint64_t slices = mul(B, nh, 3) - mul(B, last, hh);
+    uint64_t late = add(B, gw, mp_max_u64(slices, add(B, nh, gx)));
+    uint64_t gone = add(B, mul(B, N, v4), wt ? nh : 0);
+    worst = mp_max_u64(worst, late > gone ? late - gone : 0);
+    tmp_one(B, n, true, MP_TR_OTHER, beyond(worst, gw, gx));
+    double mm = 2.0 * (double)N * (double)h * (double)v;
+    n->fwd_flops = mm + 5.0 * (double)N * (double)v; /* the logits, the copy, log-softmax */
+    n->bwd_flops = (wt ? 2.0 : 1.0) * mm + 5.0 * (double)N * (double)v;
+}
+
 /* TRL's ORPO loss on the model's logits (trl 1.16.0 experimental/orpo/orpo_trainer.py; CUDA path),
  * one node reading the logits L (b x s x V, b the chosen and rejected rows; under amp the fp32 copy
  * accelerate makes, lower_lm_head) whose bytes follow the source op by op.  It runs after the model
@@ -626,6 +795,8 @@ static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_
                      : B->p->opts.ft.mode == MP_FT_FREEZE ? "--finetune freeze" : NULL;
     if (!why && head)
         why = "not modelled";
+    if (!why)
+        why = mp_loss_precision_refused(loss, B->p->opts.precision);
     if (why) {
         fail_model(B, MP_ERR_USAGE, "--loss %s: %s%s%s", mp_loss_str(loss), why, head ? " for " : "",
                    head ? head : "");
@@ -659,13 +830,19 @@ static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_
     case MP_LOSS_LIGER:
         liger(B, n, en, l->dim, l->vocab, w);
         break;
-    case MP_LOSS_HF:
-    case MP_LOSS_TORCHTUNE:
     case MP_LOSS_CCE:
+        cce(B, n, en, l->dim, l->vocab, w);
+        break;
+    case MP_LOSS_TORCHTUNE:
+        torchtune_lce(B, n, en, l->dim, l->vocab, w);
+        break;
+    case MP_LOSS_HF:
         MP_BUG("loss %s has no fused head", mp_loss_str(loss));
     }
+    /* (liger and chunked-nll hand on fresh weight gradients too, unmeasured under InplaceTracker:
+     * their tied rows keep the out-of-place sum) */
     if (l->head.tied)
-        tied_grads(B);
+        tied_grads(B, loss == MP_LOSS_CCE || (loss == MP_LOSS_TORCHTUNE && n->rows >= 2));
     B->p->probe_unsupported = "the chunked and fused loss heads (--loss other than hf)";
     B->p->explicit_loss = true;
     return y;

@@ -702,6 +702,44 @@ static void derive_attention(struct reader *rd)
     refuse(rd, fact_key(rd, F_ATTN), v->line, v->v, "an attention implementation memplan does not model yet");
 }
 
+/* Axolotl's Cut Cross-Entropy: on when `plugins` lists the CutCrossEntropyPlugin (the only plugin
+ * memplan models) and `cut_cross_entropy` is not false (its args default it to True, axolotl 0.19
+ * integrations/cut_cross_entropy/args.py:32); the plugin's cce_patch then replaces the causal LM's
+ * forward (__init__.py:84-110).  True when it decided the loss (set it, or refused). */
+#define CCE_PLUGIN "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+static bool axolotl_cce(struct reader *rd)
+{
+    struct fact_val t1, t2;
+    const struct fact_val *pl = fact(rd, F_PLUGINS, &t1), *on = fact(rd, F_CCE, &t2);
+    bool listed = false;
+    for (const char *w = pl && strcmp(pl->v, "null") && strcmp(pl->v, "[]") ? pl->v : NULL; w && *w;) {
+        size_t n = strcspn(w, ",");
+        if (n != strlen(CCE_PLUGIN) || strncmp(w, CCE_PLUGIN, n)) {
+            refuse(rd, fact_key(rd, F_PLUGINS), pl->line, pl->v, "%s",
+                   "plugins other than the CutCrossEntropyPlugin (Liger, ...) replace kernels or the loss: "
+                   "not modelled yet");
+            return true;
+        }
+        listed = true;
+        w += n + (w[n] == ',');
+    }
+    int t = on ? truth(on->v) : -1;
+    if (on && t < 0 && strcmp(on->v, "null")) {
+        refuse(rd, fact_key(rd, F_CCE), on->line, on->v, "expected true or false");
+        return true;
+    }
+    if (!listed) {
+        if (t == 1)
+            refuse(rd, fact_key(rd, F_CCE), on->line, on->v, "%s",
+                   "Axolotl reads it through the CutCrossEntropyPlugin: add plugins: [" CCE_PLUGIN "]");
+        return t == 1;
+    }
+    if (t == 0)
+        return false;
+    put(rd, MP_RS_LOSS, "cce", t == 1 ? F_CCE : F_PLUGINS);
+    return true;
+}
+
 /* The loss: "hf" (the model's own, what memplan plans) or the --loss name of another. */
 static void derive_loss(struct reader *rd)
 {
@@ -715,9 +753,10 @@ static void derive_loss(struct reader *rd)
         {"chunked_nll", "chunked-nll"},
         {"dft", "chunked-nll"},
         {"torchtune.modules.loss.LinearCrossEntropyLoss", "torchtune"},
-        {"torchtune.modules.loss.CEWithChunkedOutputLoss", "torchtune"},
     };
     struct fact_val tmp;
+    if (rd->r->format == MP_RF_AXOLOTL && axolotl_cce(rd))
+        return;
     const struct fact_val *v = fact(rd, F_LOSS, &tmp);
     if (!v)
         return;
@@ -726,14 +765,14 @@ static void derive_loss(struct reader *rd)
         if (!strcmp(v->v, losses[i].name))
             loss = losses[i].loss;
     const char *key = fact_key(rd, F_LOSS);
-    if (!loss) {
-        refuse(rd, key, v->line, v->v, "a loss memplan does not model yet");
+    if (!loss && !strcmp(v->v, "torchtune.modules.loss.CEWithChunkedOutputLoss")) {
+        refuse(rd, key, v->line, v->v, "%s",
+               "the model's output in 8 chunks of logits, each upcast in the loss: not modelled yet "
+               "(--loss torchtune is LinearCrossEntropyLoss)");
         return;
     }
-    if (!strcmp(loss, "torchtune")) { /* (--loss refuses it too; here the key is named) */
-        refuse(rd, key, v->line, v->v, "%s",
-               "torchtune's chunked losses (LinearCrossEntropyLoss, CEWithChunkedOutputLoss) run on torchtune's "
-               "own model code: not modelled yet");
+    if (!loss) {
+        refuse(rd, key, v->line, v->v, "a loss memplan does not model yet");
         return;
     }
     put(rd, MP_RS_LOSS, loss, F_LOSS);

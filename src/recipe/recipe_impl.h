@@ -34,6 +34,8 @@ enum fact {
     F_ATTN,         /* attn_implementation in transformers' spelling */
     F_USE_CACHE,    /* TrainingArguments.use_cache: the Trainer sets model.config.use_cache from it */
     F_LOSS,         /* the loss: "hf" or the trainer's name of another */
+    F_PLUGINS,      /* Axolotl plugins (a list joined with ',') */
+    F_CCE,          /* Axolotl cut_cross_entropy (the CutCrossEntropyPlugin's key) */
     F_GC_EVERY,     /* transformers' every_n_layers: checkpoint decoder layers 0, N, 2N, ... */
     F_GC_OFFLOAD,   /* transformers' offload: the checkpointed layers' inputs in pinned host memory */
     F_ACT_OFFLOAD,  /* TRL activation_offloading: OffloadActivations around the step (--act-offload) */

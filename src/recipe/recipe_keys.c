@@ -336,8 +336,16 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_LF, "enable_liger_kernel", "Liger's RMSNorm, SwiGLU and RoPE kernels (besides its fused loss): " NOT_YET),
     REFUSE(B_ARGS, "liger_kernel_config", "Liger kernels: " NOT_YET),
     REFUSE_BUT(B_ARGS, "label_smoothing_factor", "0 0.0 null", "the label smoother's loss: " NOT_YET),
-    REFUSE(B_AX, "plugins", "plugins (Liger, Cut Cross-Entropy, ...) replace kernels or the loss: " NOT_YET),
-    REFUSE(B_AX, "cut_cross_entropy", "Cut Cross-Entropy: " NOT_YET),
+    /* Axolotl's Cut Cross-Entropy: the plugin and its key (recipe.c derive_loss) */
+    FACT(B_AX, "plugins", F_PLUGINS),
+    FACT(B_AX, "cut_cross_entropy", F_CCE),
+    /* torchtune's LinearCrossEntropyLoss arguments (modules/loss/cross_entropy_loss.py:34-40) */
+    REFUSE_BUT(B_TT, "loss.num_output_chunks", "8",
+               "memplan plans LinearCrossEntropyLoss's default 8 chunks: other counts " NOT_YET),
+    REFUSE_BUT(B_TT, "loss.mask_ignored_tokens", "true True",
+               "every row through the projection (no masking before it): " NOT_YET),
+    REFUSE_BUT(B_TT, "loss.tp_enabled", "false False", "tensor parallelism: " NOT_YET),
+    REFUSE_BUT(B_TT, "loss.ignore_index", "-100", "an ignore index other than the datasets' -100: " NOT_YET),
     REFUSE(B_AX, "liger_fused_linear_cross_entropy", "Liger's fused linear cross-entropy: " NOT_YET),
     REFUSE(B_AX, "liger_cross_entropy", "Liger's cross-entropy: " NOT_YET),
     REFUSE(B_AX, "liger_rms_norm", "Liger's RMSNorm: " NOT_YET),

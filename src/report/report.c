@@ -848,7 +848,8 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                     mp_trainer_ref_fwds(c->build->trainer) ? "TRL's fused LM head, policy and reference"
                                                         : mp_loss_how(c->build->loss),
                     c->build->label_fraction,
-                    c->build->loss == MP_LOSS_CHUNKED_NLL ? "" : " (memory unaffected: every row runs)");
+                    c->build->loss == MP_LOSS_HF || c->build->loss == MP_LOSS_LIGER
+                        ? " (memory unaffected: every row runs)" : "");
         if (packing_of(c))
             packing_line(out, c, c->build->batch, "packing   ");
     }
@@ -1451,6 +1452,21 @@ static size_t checkpointed_blocks(const struct mp_ckpt_plan *p)
     return n;
 }
 
+/* The loss heads neither TrainingArguments nor a plain torch loop can turn on: where the trainer
+ * sets them, said as a comment (the snippet still runs, with HF's loss, which memplan did not plan). */
+static void loss_note(FILE *out, const struct mp_report_ctx *c)
+{
+    if (loss_of(c) == MP_LOSS_CCE) /* axolotl 0.19 integrations/cut_cross_entropy; the fork's transformers/patch.py */
+        fprintf(out, "# --loss cce: Cut Cross-Entropy, which this file cannot set. Axolotl: plugins:\n"
+                     "#   [axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin] (cut_cross_entropy: true);\n"
+                     "# elsewhere, with Axolotl's fork of ml-cross-entropy installed, before get_peft_model:\n"
+                     "#   from cut_cross_entropy.transformers import cce_patch; model = cce_patch(model)\n");
+    else if (loss_of(c) == MP_LOSS_TORCHTUNE)
+        fprintf(out, "# --loss torchtune: torchtune's LinearCrossEntropyLoss runs in torchtune's recipes only, which\n"
+                     "# this file cannot set: in the torchtune config, loss:\n"
+                     "#   _component_: torchtune.modules.loss.LinearCrossEntropyLoss\n");
+}
+
 /* --emit hf: one runnable Python file: the model load, peft, and TrainingArguments(...) with the
  * plan's fields (transformers 5.24: activation_checkpointing*, the gradient_checkpointing* names
  * being deprecated aliases, training_args.py:1537). */
@@ -1461,6 +1477,7 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     bool fsdp = mp_par_is_fsdp(b->par.strategy), ds = mp_par_is_deepspeed(b->par.strategy);
     bool trl = loss_of(c) == MP_LOSS_CHUNKED_NLL;
     model_prelude(out, c, b, "hf", true);
+    loss_note(out, c);
     fprintf(out, "# the best plan a Trainer runs: --emit hf searches checkpoint none and layers[:N] only\n");
     if (nck && b->ckpt.strategy != MP_CKPT_LAYERS)
         fprintf(out, "# memplan's plan checkpoints %zu of %zu blocks, which TrainingArguments cannot express\n",
@@ -1698,6 +1715,7 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
     const char *half = b->precision == MP_PREC_AMP_FP16 ? "float16" : "bfloat16";
     size_t nck = checkpointed_blocks(p);
     model_prelude(out, c, b, "torch", false);
+    loss_note(out, c);
     fprintf(out, "micro_batch, grad_accum = %llu, %llu   # global batch %llu\n", (unsigned long long)b->micro_batch,
             (unsigned long long)b->grad_accum, (unsigned long long)b->global_batch);
     /* checkpointing first: FSDP2 and DDP wrap the checkpointed layers */

@@ -1275,6 +1275,11 @@ static void search_space(const struct mp_job *base, const struct mp_suggest_opts
         sp->precs[sp->np++] = MP_PREC_FP32;
         if (precision_supported(&base->gpu, MP_PREC_BF16))
             sp->precs[sp->np++] = MP_PREC_BF16;
+        size_t kept = 0; /* (the precisions the loss head cannot run in: --loss cce, torchtune) */
+        for (size_t i = 0; i < sp->np; i++)
+            if (!mp_loss_precision_refused(base->build.loss, sp->precs[i]))
+                sp->precs[kept++] = sp->precs[i];
+        sp->np = kept;
     }
     /* "layers" is what HF's gradient_checkpointing does, "layers:N" its every_n_layers (every
      * N-th decoder layer: less recompute for more memory); a Trainer (--emit hf) can run only
@@ -1691,6 +1696,8 @@ static const struct variant {
 } VARIANTS[] = {
     {"--loss chunked-nll", "TRL 1.16's fused LM head", MP_LOSS_CHUNKED_NLL, MP_OPT_ADAMW, 0, false},
     {"--loss liger", "Liger's fused linear cross-entropy", MP_LOSS_LIGER, MP_OPT_ADAMW, 0, false},
+    /* (bf16 weights only, as Axolotl loads them under bf16: true; a candidate in fp32 weights is refused) */
+    {"--loss cce", "Cut Cross-Entropy, Axolotl's CutCrossEntropyPlugin", MP_LOSS_CCE, MP_OPT_ADAMW, 0, false},
     {"--optimizer adamw-fused", "adamw_torch_fused, HF's default: no foreach temporaries", MP_LOSS_HF,
      MP_OPT_ADAMW_FUSED, 0, false},
     {"--optimizer adam8bit", "adamw_bnb_8bit: 8-bit states", MP_LOSS_HF, MP_OPT_ADAM8BIT, 0, false},

@@ -148,14 +148,16 @@ enum mp_head {
  *               recomputed in backward (trl 1.16.0).
  *   LIGER       Liger's fused linear cross-entropy (LigerForCausalLMLoss): the gradients of
  *               the input and the weight made in the forward, chunk by chunk (liger-kernel 0.8.5).
- *   TORCHTUNE   torchtune's LinearCrossEntropyLoss (8 chunks): not modelled yet.
- *   CCE         Cut Cross-Entropy (apple/ml-cross-entropy): not modelled yet. */
+ *   TORCHTUNE   torchtune's LinearCrossEntropyLoss (main, not in 0.6.1): the rows whose label is
+ *               not -100 gathered, 8 chunks, each keeping its fp32 log-probs for backward.
+ *   CCE         Cut Cross-Entropy as Axolotl 0.19 runs it (its ml-cross-entropy fork): Triton
+ *               kernels, no logits; the LSE, logit averages and valid positions kept. */
 #define MP_LOSSES(X)                                                                                       \
     X(HF, "hf", "transformers ForCausalLMLoss", NULL)                                                  \
     X(CHUNKED_NLL, "chunked-nll", "TRL SFTConfig(loss_type=\"nll\"), the default", NULL)               \
     X(LIGER, "liger", "Liger fused linear CE: use_liger_kernel, liger_kernel_config", NULL)            \
-    X(TORCHTUNE, "torchtune", "torchtune loss: LinearCrossEntropyLoss", "not modelled yet")           \
-    X(CCE, "cce", "axolotl cut_cross_entropy: true", "not modelled yet")
+    X(TORCHTUNE, "torchtune", "torchtune loss: LinearCrossEntropyLoss", NULL)                          \
+    X(CCE, "cce", "axolotl cut_cross_entropy: true", NULL)
 
 enum mp_loss {
 #define MP_X(id, name, how, unmodelled) MP_LOSS_##id,
