@@ -1636,6 +1636,29 @@ for a in json.load(sys.stdin)["alternatives"]:
         bad "suggest: the --loss chunked-nll hint and what following it gives"
     fi
 fi
+# a hint whose best plan is another names the micro-batch at the recommendation's own plan too
+# (Llama-3-8B LoRA on a 24 GB card: the fused heads free the logits); following it gives that
+if [ -n "$HAVE_PY" ]; then
+    run suggest models/hf/llama-3-8b.json --gpu rtx4090 --finetune lora --no-probe --json
+    hint=$(python3 -c '
+import json, re, sys
+for a in json.load(sys.stdin)["alternatives"]:
+    m = re.match(r"--loss chunked-nll \(.*; at checkpoint (\S+): micro-batch (\d+)$", a)
+    if m:
+        print(m.group(1), m.group(2))
+' <"$T/out")
+    rec=$(python3 -c 'import json, sys; r = json.load(sys.stdin)["recommendation"]; print(r["micro_batch"])' \
+        <"$T/out" 2>/dev/null)
+    run suggest models/hf/llama-3-8b.json --gpu rtx4090 --finetune lora --no-probe --json --loss chunked-nll \
+        --checkpoint "${hint%% *}"
+    got=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["recommendation"]["micro_batch"])' <"$T/out" 2>/dev/null)
+    if [ -n "$hint" ] && [ "${hint##* }" = "$got" ] && [ "$got" -gt "${rec:-99}" ]; then
+        ok "suggest: the chunked-nll hint at the recommended plan (${hint%% *}): micro-batch $rec -> $got, as following it gives"
+    else
+        echo "hint '$hint', recommended '$rec', suggest --loss chunked-nll --checkpoint: '$got'" >"$T/why"
+        bad "suggest: the chunked-nll hint at the recommended plan and what following it gives"
+    fi
+fi
 # an HF config: suggest searches the plans transformers' Trainer runs (none, layers, layers:N), so
 # the text, --json and --emit hf describe one recommendation
 if [ -n "$HAVE_PY" ]; then

@@ -1758,14 +1758,31 @@ static void variant_hints(const struct mp_job *base, const struct mp_suggest_opt
                          "%s (%s): micro-batch %llu -> %llu = %llu real tokens per micro-batch, peak %s", v->flag,
                          v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
                          (unsigned long long)tok, mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1));
-            } else if (!v->packing &&
-                       (c->micro_batch > b->micro_batch || c->samples_per_s > 1.01 * b->samples_per_s)) {
-                char a1[32], sb[32];
-                snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
-                         "%s (%s): micro-batch %llu -> %llu, %s, checkpoint %s, peak %s, %.1f samples/s",
-                         v->flag, v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
-                         mp_precision_str(c->precision), mp_ckpt_spec_str(&c->ckpt, sb, sizeof sb),
-                         mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1), c->samples_per_s);
+            } else if (!v->packing) {
+                /* the variant at the recommendation's own plan (what it frees there), when the
+                 * variant's best is another plan: "...; at checkpoint layers: micro-batch 6" */
+                const struct mp_candidate *same = NULL;
+                for (size_t q = 0; q < vs->n; q++) {
+                    const struct mp_candidate *e = &vs->cand[q];
+                    if (e != c && e->fits && e->ft == b->ft && e->precision == b->precision &&
+                        e->par.strategy == b->par.strategy && e->ckpt.strategy == b->ckpt.strategy &&
+                        e->ckpt.k == b->ckpt.k && e->ckpt.offload == b->ckpt.offload &&
+                        e->micro_batch > b->micro_batch)
+                        same = e;
+                }
+                if (c->micro_batch > b->micro_batch || c->samples_per_s > 1.01 * b->samples_per_s || same) {
+                    char a1[32], sb[32], at[64] = "";
+                    if (same) {
+                        char sc[32];
+                        snprintf(at, sizeof at, "; at checkpoint %s: micro-batch %llu",
+                                 mp_ckpt_spec_str(&same->ckpt, sc, sizeof sc), (unsigned long long)same->micro_batch);
+                    }
+                    snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
+                             "%s (%s): micro-batch %llu -> %llu, %s, checkpoint %s, peak %s, %.1f samples/s%s",
+                             v->flag, v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
+                             mp_precision_str(c->precision), mp_ckpt_spec_str(&c->ckpt, sb, sizeof sb),
+                             mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1), c->samples_per_s, at);
+                }
             }
         }
         mp_suggestion_release(vs);
