@@ -111,10 +111,11 @@ static const struct opt OPTS[] = {
     {'o', "optimizer", "O", C_ALL, K_ENUM, FIELD(optimizer), .parse = mp_optimizer_parse,
      .names = optimizer_names, .help = " (default adamw)"},
     {'c', "checkpoint", "C", C_TRAIN | C_SUGG, K_CALLBACK, FIELD(ckpt), SEEN(ckpt_set), .cb = cb_checkpoint,
-     .expect = "none, sqrt, segments:K, every:K, layers[+offload], layers:N[+offload], optimal or "
+     .expect = "none, sqrt, segments:K, every:K, layers[+offload|+sac], layers:N[+offload|+sac], optimal or "
                "optimal-segments",
      .help = "none (default; plan: optimal; suggest: searched) | sqrt | segments:K | every:K | layers | "
-             "layers:N | optimal[-segments]; +offload after layers[:N]: their inputs wait in pinned host RAM"},
+             "layers:N | optimal[-segments]; +offload after layers[:N]: their inputs wait in pinned host RAM; "
+             "+sac: TRL's selective checkpointing (SDPA's outputs kept, not recomputed)"},
     {0, "finetune", "F", C_ALL, K_ENUM, FIELD(ft.mode), .parse = mp_ft_mode_parse, .names = mp_ft_mode_names,
      .help = ": what trains (default full)"},
     {0, "lora-r", "R", C_ALL, INT(1, 65536), FIELD(ft.r), SEEN(lora_set), .help = "LoRA rank (default 16)"},
@@ -376,8 +377,12 @@ static enum mp_status cb_torch(struct args *a, void *field, const char *s, struc
 
 static enum mp_status cb_checkpoint(struct args *a, void *field, const char *s, struct mp_diag *d)
 {
-    (void)a, (void)d;
-    return mp_ckpt_spec_parse(s, field);
+    (void)a;
+    enum mp_status st = mp_ckpt_spec_parse(s, field);
+    const struct mp_ckpt_spec *c = field;
+    if (st == MP_ERR_UNSUPPORTED) /* a SAC policy memplan does not model: its row says why */
+        return mp_fail(d, st, "--checkpoint %s: %s", s, mp_sac_why(c->sac));
+    return st;
 }
 
 static enum mp_status cb_lora_targets(struct args *a, void *field, const char *s, struct mp_diag *d)

@@ -41,6 +41,7 @@ struct rp {
     int *grefs;   /* per GRAD storage: how many tensors' gradients it holds */
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
     bool offload; /* the schedule's Fc inputs wait in pinned host memory (offload_input) */
+    enum mp_sac_policy sac; /* the ops whose outputs each Fc keeps for its recompute (sac_hold) */
     bool *recomp; /* per block: recorded by a recompute (after the loss) for its backward */
     size_t bwd_next; /* SIZE_MAX, or the node the next block backward starts below: an early
                         recompute ran the backward of the nodes from there on (fwd_block) */
@@ -186,6 +187,11 @@ bool par_opt_per_param(const struct rp *r);
 /* replay.c */
 /* Pinned host bytes of an offloaded schedule's checkpointed inputs (0 without offload); *copied:
  * their unrounded bytes.  UINT64_MAX on overflow. */
+/* Does SAC policy pol keep node k's outputs from a checkpointed block's forward to its recompute
+ * (docs/checkpointing.md#sac)?  replay_sac_block: block i's kept bytes (each storage once) and the
+ * forward FLOPs its recompute skips. */
+bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, size_t k);
+void replay_sac_block(const struct mp_program *p, enum mp_sac_policy pol, size_t i, uint64_t *bytes, double *flops);
 uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedule *s, uint64_t *copied);
 enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule *sched,
                            const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,
