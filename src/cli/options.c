@@ -676,6 +676,32 @@ static int check_rules(const struct command *c, struct args *a)
                  "the %s", tn, mp_trainer_config(tr));
         return cli_usage_error(c->name, "%s", why);
     }
+    /* Selective checkpointing (docs/checkpointing.md#sac): TRL's policy matches flash-attn's custom
+     * op too, whose outputs (an rng_state besides) are not measured; only SFTTrainer reads the
+     * "selective" key (trl 1.16 trainer/sft_trainer.py:1085-1096), and with a PEFT model its
+     * Trainer passes the key on to torch's checkpoint, which raises (bench/accuracy/sac_step.py
+     * trl-peft); DeepSpeed's and accelerate's checkpointing have no context_fn */
+    if (a->ckpt.sac != MP_SAC_NONE) {
+        const char *no = NULL;
+        if (a->attention == MP_ATTN_FLASH)
+            no = "--attention flash: TRL's policy saves flash-attn's own op, whose outputs are not modelled yet";
+        else if (a->emit == MP_EMIT_DEEPSPEED || a->emit == MP_EMIT_ACCELERATE)
+            no = "its checkpointing takes no selective policy; --emit torch writes the context_fn";
+        else if (a->emit == MP_EMIT_HF && tr != MP_TRAINER_SFT)
+            no = "--emit hf: only TRL's SFTTrainer reads gradient_checkpointing_kwargs' \"selective\"";
+        else if (a->emit == MP_EMIT_HF && (a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA))
+            no = "--emit hf: TRL 1.16's SFTTrainer with a PEFT model passes \"selective\" on to torch's "
+                 "checkpoint, which raises; --emit torch writes the context_fn";
+        else if (a->emit == MP_EMIT_HF && a->loss != MP_LOSS_CHUNKED_NLL)
+            no = "--emit hf: \"selective\" is TRL's SFTConfig key: add --loss chunked-nll (SFTTrainer's loss)";
+        char spec[48];
+        bool other = a->emit == MP_EMIT_DEEPSPEED || a->emit == MP_EMIT_ACCELERATE;
+        if (no) {
+            snprintf(why, sizeof why, "--checkpoint %s%s%s: %s", mp_ckpt_spec_str(&a->ckpt, spec, sizeof spec),
+                     other ? " with --emit " : "", other ? mp_emit_str(a->emit) : "", no);
+            return cli_usage_error(c->name, "%s", why);
+        }
+    }
     /* DDP: TRL prepares the reference with accelerate's prepare_model(evaluation_mode=True), which
      * wraps nothing (accelerator.py prepare_model): a whole frozen copy on each rank, as on one GPU
      * (trl dpo_trainer.py:984-990, kto_trainer.py, grpo_trainer.py).  ZeRO-1/2 (DPO, KTO): trl

@@ -298,6 +298,10 @@ struct mp_estimate {
     uint64_t host_pinned_bytes;      /* --checkpoint layers+offload: pinned host RAM of the
                                       * checkpointed inputs (their PCIe copies are in pcie_bytes) */
     uint64_t ckpt_offload_bytes;     /* the same unrounded: each crosses PCIe twice (in pcie_bytes) */
+    uint64_t sac_layer_bytes;        /* --checkpoint ...+sac: the outputs SAC keeps of one checkpointed
+                                      * layer from its forward to its recompute (the largest layer's) */
+    size_t sac_layers;               /* the checkpointed layers that keep them */
+    enum mp_sac_policy sac_policy;   /* whose policy (MP_SAC_NONE: no selective checkpointing) */
     double allgather_bytes, reducescatter_bytes, allreduce_bytes, pcie_bytes, host_step_elems;
     double comm_s, exposed_comm_s, offload_s; /* filled by the fit (search.c): seconds per step */
     size_t n_groups;

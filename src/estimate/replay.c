@@ -163,6 +163,21 @@ void replay_sac_block(const struct mp_program *p, enum mp_sac_policy pol, size_t
     *flops = f;
 }
 
+double replay_sac_recompute(const struct mp_program *p, const struct mp_schedule *s, size_t i, struct mp_estimate *e)
+{
+    uint64_t b = 0;
+    double f = 0;
+    if (!s || s->sac == MP_SAC_NONE)
+        return 0;
+    replay_sac_block(p, s->sac, i, &b, &f);
+    e->sac_policy = s->sac;
+    if (b) {
+        e->sac_layer_bytes = mp_max_u64(e->sac_layer_bytes, b);
+        e->sac_layers++;
+    }
+    return f;
+}
+
 /* The hold SAC's cache has on node n's outputs: taken after the node ran in a checkpointed block's
  * first forward (d +1), dropped where its recompute reaches the node (d -1). */
 static void sac_hold(struct rp *r, const struct mp_node *n, int d)

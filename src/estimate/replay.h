@@ -192,6 +192,9 @@ bool par_opt_per_param(const struct rp *r);
  * forward FLOPs its recompute skips. */
 bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, size_t k);
 void replay_sac_block(const struct mp_program *p, enum mp_sac_policy pol, size_t i, uint64_t *bytes, double *flops);
+/* The forward FLOPs the recompute of block i skips under s's SAC policy; e's SAC figures
+ * (sac_layer_bytes, sac_layers) take block i's.  Called once per recompute. */
+double replay_sac_recompute(const struct mp_program *p, const struct mp_schedule *s, size_t i, struct mp_estimate *e);
 uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedule *s, uint64_t *copied);
 enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule *sched,
                            const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,

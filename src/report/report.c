@@ -513,6 +513,11 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
         ju64(m, "host_pinned_bytes", e->host_pinned_bytes);
         jnum(m, "ckpt_offload_pcie_bytes", 2.0 * (double)e->ckpt_offload_bytes);
     }
+    if (e->sac_policy != MP_SAC_NONE) { /* --checkpoint ...+sac */
+        cJSON_AddStringToObject(m, "sac_policy", mp_sac_str(e->sac_policy));
+        ju64(m, "sac_layer_bytes", e->sac_layer_bytes);
+        ju64(m, "sac_layers", e->sac_layers);
+    }
     if (e->world > 1 || e->host_bytes || e->buffers_bytes) { /* data parallel: per rank */
         ju64(m, "world", e->world);
         ju64(m, "buffers_bytes", e->buffers_bytes);
@@ -1042,6 +1047,12 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     if (e->host_pinned_bytes)
         fprintf(out, "  host RAM (pinned)  %12s   (offloaded checkpoint inputs; PCIe %s per step)\n",
                 B(e->host_pinned_bytes), B(2 * e->ckpt_offload_bytes));
+    if (e->sac_policy != MP_SAC_NONE) {
+        char lab[32];
+        snprintf(lab, sizeof lab, "SAC kept (%s)", mp_sac_str(e->sac_policy));
+        fprintf(out, "  %-19s%12s   per layer x %zu (saved ops' outputs, held to the recompute)\n", lab,
+                B(e->sac_layer_bytes), e->sac_layers);
+    }
     if (e->world > 1 || e->host_bytes || e->buffers_bytes) {
         fprintf(out, "  comm buffers       %12s   (persistent: DDP buckets, DeepSpeed reduce bucket / partitions)\n",
                 B(e->buffers_bytes));
@@ -1536,6 +1547,11 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "    activation_checkpointing_kwargs={\"use_reentrant\": False");
         if (b->ckpt.k > 1)
             fprintf(out, ", \"every_n_layers\": %llu", (unsigned long long)b->ckpt.k);
+        /* TRL 1.16's selective checkpointing (trl/trainer/sft_trainer.py:1085-1096; the options'
+         * rules keep it to SFTConfig and full weights): the old name mirrors the new one
+         * (transformers 5.24 training_args.py:1533-1543), which is what TRL reads */
+        if (b->ckpt.sac == MP_SAC_TRL)
+            fprintf(out, ", \"selective\": True");
         fprintf(out, "%s},\n", b->ckpt.offload ? ", \"offload\": True" : "");
     }
     fprintf(out, "    optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer));
@@ -1683,8 +1699,20 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
     fprintf(out, "micro_batch, grad_accum = %llu, %llu   # global batch %llu\n", (unsigned long long)b->micro_batch,
             (unsigned long long)b->grad_accum, (unsigned long long)b->global_batch);
     /* checkpointing first: FSDP2 and DDP wrap the checkpointed layers */
+    if (b->ckpt.sac == MP_SAC_TRL) /* docs/checkpointing.md#sac: TRL 1.16's policy, as a context_fn */
+        fprintf(out, "# selective checkpointing: TRL's policy (trl/models/selective_activation_checkpointing.py):\n"
+                     "# SDPA's kernels' outputs kept to the recompute, every other op recomputed\n"
+                     "import functools\n"
+                     "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts\n"
+                     "sdpa_ops = {getattr(torch.ops.aten, n).default for n in (\"_scaled_dot_product_flash_attention\",\n"
+                     "            \"_scaled_dot_product_efficient_attention\", \"_scaled_dot_product_cudnn_attention\",\n"
+                     "            \"_scaled_dot_product_flash_attention_for_cpu\") if hasattr(torch.ops.aten, n)}\n"
+                     "def sac_policy(ctx, op, *args, **kwargs):\n"
+                     "    return CheckpointPolicy.MUST_SAVE if op in sdpa_ops else CheckpointPolicy.PREFER_RECOMPUTE\n"
+                     "sac = functools.partial(create_selective_checkpoint_contexts, sac_policy)\n");
     if (b->ckpt.strategy == MP_CKPT_LAYERS) /* transformers 5.24 modeling_utils.py:3119 */
-        fprintf(out, "model.activation_checkpointing_enable({\"use_reentrant\": False}, every_n_layers=%llu%s)\n",
+        fprintf(out, "model.activation_checkpointing_enable({\"use_reentrant\": False%s}, every_n_layers=%llu%s)\n",
+                b->ckpt.sac == MP_SAC_TRL ? ", \"context_fn\": sac" : "",
                 (unsigned long long)(b->ckpt.k > 1 ? b->ckpt.k : 1), b->ckpt.offload ? ", offload=True" : "");
     else if (nck) {
         fprintf(out, "# memplan's plan checkpoints these block ranges [start, end) (block 0 = the embeddings):\n"
