@@ -676,16 +676,14 @@ static int check_rules(const struct command *c, struct args *a)
                  "the %s", tn, mp_trainer_config(tr));
         return cli_usage_error(c->name, "%s", why);
     }
-    /* Selective checkpointing (docs/checkpointing.md#sac): TRL's policy matches flash-attn's custom
-     * op too, whose outputs (an rng_state besides) are not measured; only SFTTrainer reads the
+    /* Selective checkpointing (docs/checkpointing.md#sac; the attention a model runs: setup.c):
+     * only SFTTrainer reads the
      * "selective" key (trl 1.16 trainer/sft_trainer.py:1085-1096), and with a PEFT model its
      * Trainer passes the key on to torch's checkpoint, which raises (bench/accuracy/sac_step.py
      * trl-peft); DeepSpeed's and accelerate's checkpointing have no context_fn */
     if (a->ckpt.sac != MP_SAC_NONE) {
         const char *no = NULL;
-        if (a->attention == MP_ATTN_FLASH)
-            no = "--attention flash: TRL's policy saves flash-attn's own op, whose outputs are not modelled yet";
-        else if (a->emit == MP_EMIT_DEEPSPEED || a->emit == MP_EMIT_ACCELERATE)
+        if (a->emit == MP_EMIT_DEEPSPEED || a->emit == MP_EMIT_ACCELERATE)
             no = "its checkpointing takes no selective policy; --emit torch writes the context_fn";
         else if (a->emit == MP_EMIT_HF && tr != MP_TRAINER_SFT)
             no = "--emit hf: only TRL's SFTTrainer reads gradient_checkpointing_kwargs' \"selective\"";

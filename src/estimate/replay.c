@@ -126,7 +126,8 @@ bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, size_t
     if (n->block < 0 || k >= last_pack_end(p, (size_t)n->block))
         return false;
     switch (pol) {
-    case MP_SAC_TRL: return n->prim == MP_P_ATTN && !n->eager;
+    case MP_SAC_TRL:
+    case MP_SAC_AXOLOTL: return n->prim == MP_P_ATTN && !n->eager; /* (Axolotl's: no sliding layer, setup.c) */
     case MP_SAC_NONE:
     case MP_SAC_TORCHTITAN:
     case MP_SAC_AUTO: return false; /* (refused by the option's parser) */

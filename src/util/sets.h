@@ -129,6 +129,7 @@ enum mp_attn_impl {
 #define MP_SAC_POLICIES(X)                                                                                 \
     X(NONE, "none", "every op of a checkpointed layer recomputed", NULL)                                  \
     X(TRL, "trl", "TRL 1.16 SFTConfig gradient_checkpointing_kwargs={\"selective\": True}: SDPA saved", NULL) \
+    X(AXOLOTL, "axolotl", "Axolotl selective_checkpointing: true (attention saved; not sliding layers)", NULL) \
     X(TORCHTITAN, "torchtitan", "torchtitan's op-SAC default (_op_sac_save_list, every second mm)",          \
       "torchtitan's op-SAC policy: not modelled yet")                                                       \
     X(AUTO, "auto", "memplan's per-op keep/recompute planner",                                              \
