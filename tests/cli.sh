@@ -2765,6 +2765,48 @@ assert p["activations_bytes"] - o["activations_bytes"] == 24 * x, (p["activation
     fi
 fi
 
+# --checkpoint layers+sac (TRL 1.16's selective checkpointing, docs/checkpointing.md#sac):
+# qwen2-0.5b's 24 checkpointed layers each keep their SDPA output (batch 2 x seq 512 x 14 heads x
+# 64 x bf16 = 1,835,008 B) and fp32 logsumexp (2 x 14 x 512 x 4 = 57,344 B) to the recompute; the
+# recompute skips each layer's attention (4 b a s^2 d / 2 = 939,524,096 FLOPs)
+expect_line 2 "--checkpoint sqrt+sac refused" estimate models/hf/qwen2-0.5b.json --checkpoint sqrt+sac
+expect_line 2 "--checkpoint layers+sac:torchtitan refused" estimate models/hf/qwen2-0.5b.json \
+    --checkpoint layers+sac:torchtitan
+expect_line 2 "--checkpoint layers+sac with --attention flash refused" estimate models/hf/qwen2-0.5b.json \
+    --checkpoint layers+sac --attention flash
+expect_line 2 "probe --checkpoint layers+sac refused" probe models/hf/qwen2-0.5b.json --checkpoint layers+sac
+expect_line 2 "--checkpoint layers+sac:axolotl on sliding-window layers refused" estimate models/hf/gemma-3-1b.json \
+    --checkpoint layers+sac:axolotl --attention sdpa
+expect_line 2 "--emit hf of layers+sac with LoRA refused" suggest models/hf/qwen2-0.5b.json --gpu a100-80gb \
+    --checkpoint layers+sac --finetune lora --loss chunked-nll --emit hf --no-probe
+expect_line 2 "--emit deepspeed of layers+sac refused" suggest models/hf/qwen2-0.5b.json --gpu a100-80gb \
+    --checkpoint layers+sac --emit deepspeed --no-probe
+if [ -n "$HAVE_PY" ]; then
+    run estimate models/hf/qwen2-0.5b.json --batch 2 --seq 512 --precision bf16 --checkpoint layers+sac --json
+    cp "$T/out" "$T/sac.json"
+    run estimate models/hf/qwen2-0.5b.json --batch 2 --seq 512 --precision bf16 --checkpoint layers --json
+    if python3 -c '
+import json, sys
+o, p = (json.load(open(f))["memory"] for f in sys.argv[1:])
+x = 2 * 512 * 14 * 64 * 2 + 2 * 14 * 512 * 4
+assert o["sac_policy"] == "trl" and o["sac_layer_bytes"] == x and o["sac_layers"] == 24, o
+assert "sac_policy" not in p
+assert o["activations_bytes"] - p["activations_bytes"] == 24 * x, (o["activations_bytes"], p["activations_bytes"])
+assert p["recompute_flops"] - o["recompute_flops"] == 24 * 4 * 2 * 14 * 512 ** 2 * 64 / 2
+' "$T/sac.json" "$T/out" 2>"$T/why"; then
+        ok "estimate --checkpoint layers+sac: SDPA outputs kept per layer, the attention not recomputed"
+    else
+        bad "estimate --checkpoint layers+sac: SDPA outputs kept per layer, the attention not recomputed"
+    fi
+fi
+run suggest models/hf/llama-3.2-1b.json --gpu a100-80gb --checkpoint layers+sac --loss chunked-nll --emit hf --no-probe
+if [ "$ec" -eq 0 ] && grep -q 'activation_checkpointing_kwargs={"use_reentrant": False, "selective": True}' "$T/out"; then
+    ok "suggest --checkpoint layers+sac --emit hf: SFTConfig's \"selective\": True"
+else
+    echo "expected exit 0 and the selective key" >"$T/why"
+    bad "suggest --checkpoint layers+sac --emit hf"
+fi
+
 # ---- an HF family's blocks written in memplan JSON ------------------------------------------
 
 # tests/data/models/ holds Gemma-2-2B and Qwen3-30B-A3B written by hand in memplan JSON (the keys of

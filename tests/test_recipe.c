@@ -368,23 +368,28 @@ static void test_every_n_layers(void **state)
                 "gradient_checkpointing_kwargs:\n  offload: false\n");
     read_ok(path, -1);
     expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 2);
-    /* selective checkpointing: TRL's SFTConfig key (sft_trainer.py:1085-1096), Axolotl's own */
-    write_text(path, "model_name_or_path: m\nuse_peft: false\ngradient_checkpointing_kwargs:\n  selective: true\n");
-    read_ok(path, -1);
-    expect(CHECKPOINT, "layers+sac", KEY, "gradient_checkpointing_kwargs.selective", 4);
-    write_text(path, "model_name_or_path: m\ngradient_checkpointing_kwargs:\n  selective: true\n"
-                "  every_n_layers: 2\n");
-    read_ok(path, -1);
-    expect(CHECKPOINT, "layers:2+sac", KEY, "gradient_checkpointing_kwargs.selective", 3);
-    write_text(path, "base_model: m\ngradient_checkpointing: true\nselective_checkpointing: true\n");
-    read_ok(path, -1);
-    expect(CHECKPOINT, "layers+sac:axolotl", KEY, "selective_checkpointing", 3);
-    write_text(path, "base_model: m\ngradient_checkpointing: true\nselective_checkpointing:\n  save: [attention]\n");
-    read_ok(path, -1);
-    expect(CHECKPOINT, "layers+sac:axolotl", KEY, "selective_checkpointing.save", 4);
-    write_text(path, "base_model: m\ngradient_checkpointing: false\nselective_checkpointing: true\n");
-    read_ok(path, -1); /* (Axolotl wraps the enable call; nothing is checkpointed) */
-    expect(CHECKPOINT, "none", KEY, "gradient_checkpointing", 2);
+    /* selective checkpointing: TRL's SFTConfig key (sft_trainer.py:1085-1096), Axolotl's own
+     * (with gradient checkpointing off Axolotl's wrapper has nothing to wrap: none) */
+    static const struct {
+        const char *text, *spec, *key;
+        unsigned line;
+    } sac[] = {
+        {"model_name_or_path: m\nuse_peft: false\ngradient_checkpointing_kwargs:\n  selective: true\n", "layers+sac",
+         "gradient_checkpointing_kwargs.selective", 4},
+        {"model_name_or_path: m\ngradient_checkpointing_kwargs:\n  selective: true\n  every_n_layers: 2\n",
+         "layers:2+sac", "gradient_checkpointing_kwargs.selective", 3},
+        {"base_model: m\ngradient_checkpointing: true\nselective_checkpointing: true\n", "layers+sac:axolotl",
+         "selective_checkpointing", 3},
+        {"base_model: m\ngradient_checkpointing: true\nselective_checkpointing:\n  save: [attention]\n",
+         "layers+sac:axolotl", "selective_checkpointing.save", 4},
+        {"base_model: m\ngradient_checkpointing: false\nselective_checkpointing: true\n", "none",
+         "gradient_checkpointing", 2},
+    };
+    for (size_t k = 0; k < sizeof sac / sizeof *sac; k++) {
+        write_text(path, sac[k].text);
+        read_ok(path, -1);
+        expect(CHECKPOINT, sac[k].spec, KEY, sac[k].key, sac[k].line);
+    }
     remove(path);
 }
 

@@ -262,6 +262,9 @@ class Memory:
     dequant_bytes: Optional[float] = _opt()  # a quantized base: the step's dequantization traffic
     host_pinned_bytes: Optional[int] = _opt()  # --checkpoint layers[:N]+offload
     ckpt_offload_pcie_bytes: Optional[float] = _opt()
+    sac_policy: Optional[str] = _opt()  # --checkpoint layers[:N]+sac[:NAME]
+    sac_layer_bytes: Optional[int] = _opt()
+    sac_layers: Optional[int] = _opt()
     world: Optional[int] = _opt()  # data parallelism: per rank
     buffers_bytes: Optional[int] = _opt()
     host_bytes: Optional[int] = _opt()
