@@ -2799,6 +2799,33 @@ assert p["recompute_flops"] - o["recompute_flops"] == 24 * 4 * 2 * 14 * 512 ** 2
         bad "estimate --checkpoint layers+sac: SDPA outputs kept per layer, the attention not recomputed"
     fi
 fi
+# layers+sac:auto: with room for everything, every candidate of a Llama layer kept (q, k, v, o, gate,
+# up: the layer's first six aten.mm calls, and SDPA; down_proj's mm is the recompute's stop); with
+# none to spare, nothing (the plan is layers')
+expect_line 2 "--checkpoint layers+sac:auto without a target refused" estimate models/hf/llama-3.2-1b.json \
+    --checkpoint layers+sac:auto
+expect_line 2 "--emit hf of layers+sac:auto refused" suggest models/hf/llama-3.2-1b.json --gpu a100-80gb \
+    --checkpoint layers+sac:auto --loss chunked-nll --emit hf --no-probe
+if [ -n "$HAVE_PY" ]; then
+    run check models/hf/llama-3.2-1b.json --batch 1 --seq 1024 --precision bf16 --checkpoint layers+sac:auto \
+        --vram 1000GiB --json
+    cp "$T/out" "$T/auto_all.json"
+    run check models/hf/llama-3.2-1b.json --batch 1 --seq 1024 --precision bf16 --checkpoint layers --vram 1000GiB \
+        --json
+    cp "$T/out" "$T/auto_none.json"
+    run check models/hf/llama-3.2-1b.json --batch 1 --seq 1024 --precision bf16 --checkpoint layers+sac:auto \
+        --vram 10GiB --json
+    if python3 -c '
+import json, sys
+a, n, t = (json.load(open(f))["memory"] for f in sys.argv[1:])
+assert a["sac_keep"] == ["mm:0", "mm:1", "mm:2", "sdpa", "mm:3", "mm:4", "mm:5"], a["sac_keep"]
+assert t["sac_keep"] == [] and t["peak_allocated_bytes"] == n["peak_allocated_bytes"], t
+' "$T/auto_all.json" "$T/auto_none.json" "$T/out" 2>"$T/why"; then
+        ok "check --checkpoint layers+sac:auto: all candidates kept with room, none without"
+    else
+        bad "check --checkpoint layers+sac:auto: all candidates kept with room, none without"
+    fi
+fi
 run suggest models/hf/llama-3.2-1b.json --gpu a100-80gb --checkpoint layers+sac --loss chunked-nll --emit hf --no-probe
 if [ "$ec" -eq 0 ] && grep -q 'activation_checkpointing_kwargs={"use_reentrant": False, "selective": True}' "$T/out"; then
     ok "suggest --checkpoint layers+sac --emit hf: SFTConfig's \"selective\": True"

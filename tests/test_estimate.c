@@ -1497,7 +1497,8 @@ static void test_estimate_checkpoint_sac(void **state)
     /* a policy not modelled is MP_ERR_UNSUPPORTED (malformed ones: test_estimate_checkpoint_offload) */
     struct mp_ckpt_spec spec;
     assert_int_equal(mp_ckpt_spec_parse("layers:2+sac:torchtitan", &spec), MP_ERR_UNSUPPORTED);
-    assert_int_equal(mp_ckpt_spec_parse("layers+sac:auto", &spec), MP_ERR_UNSUPPORTED);
+    assert_int_equal(mp_ckpt_spec_parse("layers+sac:auto", &spec), MP_OK);
+    assert_int_equal(spec.sac, MP_SAC_AUTO);
     assert_int_equal(mp_ckpt_spec_parse("layers:2+sac:trl", &spec), MP_OK);
     char buf[32];
     assert_string_equal(mp_ckpt_spec_str(&spec, buf, sizeof buf), "layers:2+sac");

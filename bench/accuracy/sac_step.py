@@ -15,6 +15,20 @@
       (docs/memory-facts.md#sac-sdpa-outputs), so no CUDA-only bytes.  Rows to rows/sac_step.jsonl
       unless --no-save.  Results: bench/accuracy/sac_step_results.md.
 
+  python3 bench/accuracy/sac_step.py auto [--only NAME,...] [--memplan PATH] [--no-save]
+      memplan's planner (--checkpoint layers+sac:auto), full fine-tuning: for a target between the
+      plain layers' peak and the peak with every candidate kept (--vram, --margin 0), `memplan
+      check` gives the plan's peak and `memplan suggest --max-batch B --emit torch` the policy; the
+      emitted context_fn (its lines, exec'd as they are) goes to transformers' non-reentrant
+      checkpoint of every layer and torch's step is measured as in `trl`.  Rows to
+      rows/sac_step.jsonl.
+
+  python3 bench/accuracy/sac_step.py plan-time [--memplan PATH]
+      The planner's time on Llama-3.1-70B (models/hf/llama-3.1-70b.json, 80 layers; batch 1, seq
+      8192, bf16): full fine-tuning at a target halfway between the plain layers' peak and every
+      candidate kept (`check --vram --margin 0`), and LoRA on an H100-80GB; the best of 5 runs'
+      wall time of the whole command (the planner's replays included); the issue asks under 1 s.
+
   python3 bench/accuracy/sac_step.py trl-peft
       What TRL 1.16's SFTTrainer does with gradient_checkpointing_kwargs={"selective": True} and a
       peft_config (transformers 5.24, peft 0.21.2): a tiny real Llama on the CPU, one step.  The
@@ -129,6 +143,120 @@ def torch_run(cfg, b, s, prec, full, ck):
         transformers.PreTrainedModel.gradient_checkpointing_enable = orig
 
 
+AUTO_SETTINGS = [
+    ("llama-1024-v1000", "peft_step.RECOMPUTE_CONFIGS", 0, [(2, 2048, "bf16"), (2, 2048, "amp-bf16")]),
+    ("llama-3.2-1b", "models/hf/llama-3.2-1b.json", 4, [(1, 4096, "bf16")]),
+]
+
+
+def dev(m):
+    """What the fit holds to the target: the allocated peak + context, or reserved + context where
+    the caching allocator was simulated."""
+    return max(m["peak_device_bytes"], m.get("device_reserved_bytes", 0))
+
+
+def memplan_json(cmd):
+    import subprocess
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    return json.loads(r.stdout)
+
+
+def emitted_policy(memplan, cfg, b, s, prec, vram):
+    """The context_fn `sac` that `suggest --emit torch` writes for this plan: its lines from
+    `import collections` to the policy's return, exec'd as they are."""
+    import subprocess
+    import torch
+    out = subprocess.run([memplan, "suggest", cfg, "--vram", vram, "--margin", "0", "--max-batch", str(b), "--seq",
+                          str(s), "--precision", prec, "--checkpoint", "layers+sac:auto", "--workspace", "0",
+                          "--use-cache", "off", "--no-probe", "--emit", "torch"], capture_output=True, text=True).stdout
+    lines = out.splitlines()
+    i = lines.index("import collections")
+    j = next(k for k in range(i, len(lines)) if lines[k].strip().startswith("return create_selective"))
+    ns = {"torch": torch}
+    exec("\n".join(lines[i:j + 1]), ns)  # noqa: S102 (memplan's own output, the thing under test)
+    return ns, "\n".join(lines[i:j + 1])
+
+
+def auto_bench(only=(), memplan="./memplan", save=True):
+    import peft
+    import torch
+    import transformers
+    import peft_step
+    tmpdir = tempfile.mkdtemp(prefix="sac_auto_")
+    lines = ["| config | b x s | precision | target MiB | kept | torch peak MiB | memplan MiB | diff | "
+             "layers' memplan MiB |", "|" + "---|" * 9]
+    for name, src, ml, rows in AUTO_SETTINGS:
+        if only and not any(o in name for o in only):
+            continue
+        cfg, d, keys = config_of(name, src, ml, tmpdir)
+        for b, s, prec in rows:
+            base = [memplan, "check", cfg, "--batch", str(b), "--seq", str(s), "--precision", prec, "--workspace", "0",
+                    "--use-cache", "off", "--margin", "0", "--json"]
+            lo = memplan_json(base + ["--vram", "1000GiB", "--checkpoint", "layers"])["memory"]
+            hi = memplan_json(base + ["--vram", "1000GiB", "--checkpoint", "layers+sac:auto"])["memory"]
+            vram = "%dMiB" % ((dev(lo) + dev(hi)) // 2 // 2**20)
+            args = base[3:] + ["--vram", vram, "--checkpoint", "layers+sac:auto"]
+            m = memplan_json([memplan, "check", cfg] + args)["memory"]
+            ns, code = emitted_policy(memplan, cfg, b, s, prec, vram)
+            kept = sorted(ns["keep_mm"]), ns["keep_sdpa"]
+            want = sorted(int(x[3:]) for x in m["sac_keep"] if x.startswith("mm:")), "sdpa" in m["sac_keep"]
+            assert kept == want, (kept, want)  # suggest's plan at --max-batch b is check's
+            orig = transformers.PreTrainedModel.gradient_checkpointing_enable
+
+            def with_sac(self, gradient_checkpointing_kwargs=None, **kw):
+                return orig(self, gradient_checkpointing_kwargs=dict(gradient_checkpointing_kwargs or {},
+                                                                     context_fn=ns["sac"]), **kw)
+            transformers.PreTrainedModel.gradient_checkpointing_enable = with_sac
+            try:
+                t = peft_step.torch_lora_step(cfg, b, s, prec, "layers", 16, "all-linear", True)
+            finally:
+                transformers.PreTrainedModel.gradient_checkpointing_enable = orig
+            row = "| %s | %dx%d | %s | %s | %s | %.2f | %.2f | %+.3f%% | %.2f |" % (
+                name, b, s, prec, vram, " ".join(m["sac_keep"]) or "nothing", t["peak"] / 2**20,
+                m["peak_allocated_bytes"] / 2**20, 100.0 * (m["peak_allocated_bytes"] - t["peak"]) / t["peak"],
+                lo["peak_allocated_bytes"] / 2**20)
+            print(row, flush=True)
+            lines.append(row)
+            if save:
+                rowlib.save_rows("sac_step", [dict(keys, **{
+                    "source": "bench/accuracy/sac_step.py auto run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                        time.gmtime()),
+                    "command": "check", "args": args,
+                    "figures": {"peak": rowlib.figure(t["peak"], m["peak_allocated_bytes"])},
+                    "recorded": {"peak": m["peak_allocated_bytes"], "torch_peak_at": t["peak_at"],
+                                 "sac_keep": m["sac_keep"], "policy": code},
+                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                                    peft=peft.__version__),
+                })])
+    rowlib.write_results(os.path.join(HERE, "sac_auto_results.md"), "\n".join(lines) + "\n")
+
+
+def plan_time(memplan="./memplan"):
+    """The planner's wall time on Llama-3.1-70B: full fine-tuning at a target between the plain
+    layers' peak and every candidate kept (the most bisection steps), and LoRA on an H100."""
+    import subprocess
+    cfg = os.path.join(rowlib.ROOT, "models/hf/llama-3.1-70b.json")
+    base = [memplan, "check", cfg, "--batch", "4", "--seq", "8192", "--precision", "bf16", "--margin", "0", "--json"]
+    lo = dev(memplan_json(base + ["--vram", "4000GiB", "--checkpoint", "layers"])["memory"])
+    hi = dev(memplan_json(base + ["--vram", "4000GiB", "--checkpoint", "layers+sac:auto"])["memory"])
+    runs = [("full, batch 4, --vram between", base + ["--vram", "%dMiB" % ((lo + hi) // 2 // 2**20),
+                                             "--checkpoint", "layers+sac:auto"]),
+            ("LoRA r16 all-linear, h100-80gb", [memplan, "estimate", cfg, "--batch", "1", "--seq", "8192", "--gpu",
+                                                "h100-80gb", "--finetune", "lora", "--lora-targets", "all-linear",
+                                                "--checkpoint", "layers+sac:auto", "--json"])]
+    for what, cmd in runs:
+        best = None
+        for _ in range(5):
+            t0 = time.perf_counter()
+            out = subprocess.run(cmd, capture_output=True, text=True).stdout
+            dt = time.perf_counter() - t0
+            best = dt if best is None else min(best, dt)
+        m = json.loads(out)["memory"]
+        print("llama-3.1-70b x8192 bf16, %s: %.3f s (best of 5, the whole command), kept %s, peak %.2f GiB "
+              "(layers: %.2f GiB)" % (what, best, " ".join(m.get("sac_keep", [])) or "nothing",
+                                     m["peak_device_bytes"] / 2**30, lo / 2**30))
+
+
 def trl_peft():
     import warnings
     warnings.filterwarnings("ignore")
@@ -161,7 +289,7 @@ def trl_peft():
 
 
 def main(argv):
-    if not argv or argv[0] not in ("trl", "trl-peft"):
+    if not argv or argv[0] not in ("trl", "trl-peft", "auto", "plan-time"):
         print(__doc__)
         return 2
     if argv[0] == "trl-peft":
@@ -177,7 +305,12 @@ def main(argv):
         elif argv[i] == "--no-save":
             save = False
         i += 1
-    trl_bench(only, memplan, save)
+    if argv[0] == "plan-time":
+        plan_time(memplan)
+    elif argv[0] == "auto":
+        auto_bench(only, memplan, save)
+    else:
+        trl_bench(only, memplan, save)
     return 0
 
 

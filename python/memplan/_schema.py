@@ -265,6 +265,7 @@ class Memory:
     sac_policy: Optional[str] = _opt()  # --checkpoint layers[:N]+sac[:NAME]
     sac_layer_bytes: Optional[int] = _opt()
     sac_layers: Optional[int] = _opt()
+    sac_keep: Optional[List[str]] = _opt()  # layers+sac:auto: the ops kept ("sdpa", "mm:J")
     world: Optional[int] = _opt()  # data parallelism: per rank
     buffers_bytes: Optional[int] = _opt()
     host_bytes: Optional[int] = _opt()

@@ -65,6 +65,7 @@ void mp_schedule_init(struct mp_schedule *s)
     s->ops = NULL;
     s->offload = false;
     s->sac = MP_SAC_NONE;
+    s->sac_keep = 0;
 }
 
 void mp_schedule_release(struct mp_schedule *s)

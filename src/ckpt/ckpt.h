@@ -79,6 +79,8 @@ struct mp_schedule {
     bool offload; /* each Fc's input x_i waits in pinned host memory until B_i's recompute
                      (mp_ckpt_spec.offload; the replay's offload_input) */
     enum mp_sac_policy sac; /* the ops each Fc keeps for B_i's recompute (mp_ckpt_spec.sac) */
+    uint64_t sac_keep;      /* MP_SAC_AUTO: bit j keeps each checkpointed layer's j-th candidate op
+                               (the estimator's replay_sac_candidates; set by the fit's planner) */
 };
 
 void mp_schedule_init(struct mp_schedule *s);

@@ -111,11 +111,12 @@ static const struct opt OPTS[] = {
     {'o', "optimizer", "O", C_ALL, K_ENUM, FIELD(optimizer), .parse = mp_optimizer_parse,
      .names = optimizer_names, .help = " (default adamw)"},
     {'c', "checkpoint", "C", C_TRAIN | C_SUGG, K_CALLBACK, FIELD(ckpt), SEEN(ckpt_set), .cb = cb_checkpoint,
-     .expect = "none, sqrt, segments:K, every:K, layers[+offload|+sac], layers:N[+offload|+sac], optimal or "
-               "optimal-segments",
+     .expect = "none, sqrt, segments:K, every:K, layers[+offload|+sac[:axolotl|:auto]], layers:N[+offload|"
+               "+sac[:...]], optimal or optimal-segments",
      .help = "none (default; plan: optimal; suggest: searched) | sqrt | segments:K | every:K | layers | "
              "layers:N | optimal[-segments]; +offload after layers[:N]: their inputs wait in pinned host RAM; "
-             "+sac: TRL's selective checkpointing (SDPA's outputs kept, not recomputed)"},
+             "+sac: TRL's selective checkpointing (SDPA's outputs kept, not recomputed); +sac:axolotl; "
+             "+sac:auto: memplan's choice of kept ops for the target"},
     {0, "finetune", "F", C_ALL, K_ENUM, FIELD(ft.mode), .parse = mp_ft_mode_parse, .names = mp_ft_mode_names,
      .help = ": what trains (default full)"},
     {0, "lora-r", "R", C_ALL, INT(1, 65536), FIELD(ft.r), SEEN(lora_set), .help = "LoRA rank (default 16)"},
@@ -685,6 +686,9 @@ static int check_rules(const struct command *c, struct args *a)
         const char *no = NULL;
         if (a->emit == MP_EMIT_DEEPSPEED || a->emit == MP_EMIT_ACCELERATE)
             no = "its checkpointing takes no selective policy; --emit torch writes the context_fn";
+        else if (a->emit == MP_EMIT_HF && a->ckpt.sac != MP_SAC_TRL)
+            no = "--emit hf: a Trainer's config takes TRL's policy only (\"selective\"); --emit torch writes the "
+                 "context_fn";
         else if (a->emit == MP_EMIT_HF && tr != MP_TRAINER_SFT)
             no = "--emit hf: only TRL's SFTTrainer reads gradient_checkpointing_kwargs' \"selective\"";
         else if (a->emit == MP_EMIT_HF && (a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA))

@@ -120,20 +120,70 @@ uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedul
  * memory-efficient kernels' philox seed and offset are host tensors without dropout, cum_seq_q/k
  * undefined and the debug mask empty (docs/memory-facts.md#sac-sdpa-outputs).  Only a node before
  * the block's last pack can be reached by the recompute (early stop). */
-bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, size_t k)
+bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, uint64_t keep, size_t k)
 {
     const struct mp_node *n = &p->nodes[k];
     if (n->block < 0 || k >= last_pack_end(p, (size_t)n->block))
         return false;
+    int j;
     switch (pol) {
     case MP_SAC_TRL:
     case MP_SAC_AXOLOTL: return n->prim == MP_P_ATTN && !n->eager; /* (Axolotl's: no sliding layer, setup.c) */
+    case MP_SAC_AUTO: return (j = mp_sac_candidate(p, k, NULL)) >= 0 && j < 64 && (keep >> j & 1);
     case MP_SAC_NONE:
-    case MP_SAC_TORCHTITAN:
-    case MP_SAC_AUTO: return false; /* (refused by the option's parser) */
+    case MP_SAC_TORCHTITAN: return false; /* (refused by the option's parser) */
     }
     return false;
 }
+
+/* Are block i's Linears all plain matmuls of trained weights (torch sees each as one aten.mm:
+ * F.linear without a bias on a 3-D input is matmul's mm, torch 2.15 aten/src/ATen/native/
+ * Linear.cpp), none a peft base layer (peft adds the adapters' sum to its output) or quantized? */
+static bool block_plain_mm(const struct mp_program *p, size_t i)
+{
+    const struct mp_block_prog *bp = &p->blocks[i];
+    for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++) {
+        const struct mp_node *n = &p->nodes[k];
+        if (n->prim != MP_P_LINEAR)
+            continue;
+        if (n->param[1] >= 0 || n->n_fops || n->quantized || n->param[0] < 0 || !p->params[n->param[0]].trainable ||
+            p->params[n->param[0]].adapter)
+            return false;
+    }
+    return true;
+}
+
+/* MP_SAC_AUTO's candidates: the fused SDPA call, and where block_plain_mm holds each Linear's
+ * aten.mm, before the node whose pack stops the recompute (an op at the stop is never reached by
+ * it, so its stored output would not be handed back).  Node k's ordinal among its block's
+ * candidates, or -1.  *mm (may be NULL): a Linear's ordinal among the block's Linears (the aten.mm
+ * calls torch counts), -1 for SDPA. */
+int mp_sac_candidate(const struct mp_program *p, size_t k, int *mm)
+{
+    const struct mp_node *n = &p->nodes[k];
+    if (mm)
+        *mm = -1;
+    if (n->block < 0)
+        return -1;
+    const struct mp_block_prog *bp = &p->blocks[n->block];
+    size_t end = last_pack_end(p, (size_t)n->block);
+    bool plain = block_plain_mm(p, (size_t)n->block);
+    int j = 0, m = 0;
+    for (size_t q = bp->node0; q < bp->node0 + bp->n_nodes && q + 1 < end; q++) {
+        const struct mp_node *c = &p->nodes[q];
+        bool cand = (c->prim == MP_P_ATTN && !c->eager) || (c->prim == MP_P_LINEAR && plain);
+        if (q == k) {
+            if (mm && c->prim == MP_P_LINEAR)
+                *mm = m;
+            return cand ? j : -1;
+        }
+        j += cand;
+        m += c->prim == MP_P_LINEAR;
+    }
+    return -1;
+}
+
+
 
 /* The tensors SAC keeps of node n: its output and the logsumexp. */
 static int sac_outputs(const struct mp_node *n, int out[1 + MP_NODE_EXTRA_MAX])
@@ -146,13 +196,14 @@ static int sac_outputs(const struct mp_node *n, int out[1 + MP_NODE_EXTRA_MAX])
     return m;
 }
 
-void replay_sac_block(const struct mp_program *p, enum mp_sac_policy pol, size_t i, uint64_t *bytes, double *flops)
+void mp_sac_block(const struct mp_program *p, enum mp_sac_policy pol, uint64_t keep, size_t i, uint64_t *bytes,
+                      double *flops)
 {
     const struct mp_block_prog *bp = &p->blocks[i];
     uint64_t b = 0;
     double f = 0;
     for (size_t k = bp->node0; pol != MP_SAC_NONE && k < bp->node0 + bp->n_nodes; k++) {
-        if (!replay_sac_keeps(p, pol, k))
+        if (!replay_sac_keeps(p, pol, keep, k))
             continue;
         int t[1 + MP_NODE_EXTRA_MAX], m = sac_outputs(&p->nodes[k], t);
         for (int j = 0; j < m; j++)
@@ -170,8 +221,9 @@ double replay_sac_recompute(const struct mp_program *p, const struct mp_schedule
     double f = 0;
     if (!s || s->sac == MP_SAC_NONE)
         return 0;
-    replay_sac_block(p, s->sac, i, &b, &f);
+    mp_sac_block(p, s->sac, s->sac_keep, i, &b, &f);
     e->sac_policy = s->sac;
+    e->sac_keep = s->sac_keep;
     if (b) {
         e->sac_layer_bytes = mp_max_u64(e->sac_layer_bytes, b);
         e->sac_layers++;
@@ -253,7 +305,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
         par_pre_node(r, k);
         bool before = stopped && k + 1 == end && packs_before_run(n); /* the stop before n runs */
         /* SAC: a kept op's first forward leaves its outputs held; its recompute hands them back */
-        bool keep = r->sac != MP_SAC_NONE && replay_sac_keeps(p, r->sac, k) &&
+        bool keep = r->sac != MP_SAC_NONE && replay_sac_keeps(p, r->sac, r->sac_keep, k) &&
                     (kind == MP_SCHED_FC || (grad && r->phase == MP_PH_RECOMPUTE && r->ckpt[i])),
              cached = keep && kind != MP_SCHED_FC;
         if (n->fwd_tmp_first && !cached) { /* (an HF composite: its transients' blocks go to what it keeps) */
@@ -916,6 +968,7 @@ enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule 
     if (st == MP_OK) {
         r.offload = sched->offload;
         r.sac = sched->sac;
+        r.sac_keep = sched->sac_keep;
         replay_setup(&r);
         replay_schedule(&r, sched);
         replay_step(&r, fn, ctx);

@@ -42,6 +42,7 @@ struct rp {
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
     bool offload; /* the schedule's Fc inputs wait in pinned host memory (offload_input) */
     enum mp_sac_policy sac; /* the ops whose outputs each Fc keeps for its recompute (sac_hold) */
+    uint64_t sac_keep;      /* MP_SAC_AUTO: the candidates kept (mp_schedule.sac_keep) */
     bool *recomp; /* per block: recorded by a recompute (after the loss) for its backward */
     size_t bwd_next; /* SIZE_MAX, or the node the next block backward starts below: an early
                         recompute ran the backward of the nodes from there on (fwd_block) */
@@ -188,10 +189,8 @@ bool par_opt_per_param(const struct rp *r);
 /* Pinned host bytes of an offloaded schedule's checkpointed inputs (0 without offload); *copied:
  * their unrounded bytes.  UINT64_MAX on overflow. */
 /* Does SAC policy pol keep node k's outputs from a checkpointed block's forward to its recompute
- * (docs/checkpointing.md#sac)?  replay_sac_block: block i's kept bytes (each storage once) and the
- * forward FLOPs its recompute skips. */
-bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, size_t k);
-void replay_sac_block(const struct mp_program *p, enum mp_sac_policy pol, size_t i, uint64_t *bytes, double *flops);
+ * (docs/checkpointing.md#sac)?  keep: MP_SAC_AUTO's candidates kept (mp_sac_candidate). */
+bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, uint64_t keep, size_t k);
 /* The forward FLOPs the recompute of block i skips under s's SAC policy; e's SAC figures
  * (sac_layer_bytes, sac_layers) take block i's.  Called once per recompute. */
 double replay_sac_recompute(const struct mp_program *p, const struct mp_schedule *s, size_t i, struct mp_estimate *e);

@@ -132,8 +132,7 @@ enum mp_attn_impl {
     X(AXOLOTL, "axolotl", "Axolotl selective_checkpointing: true (attention saved; not sliding layers)", NULL) \
     X(TORCHTITAN, "torchtitan", "torchtitan's op-SAC default (_op_sac_save_list, every second mm)",          \
       "torchtitan's op-SAC policy: not modelled yet")                                                       \
-    X(AUTO, "auto", "memplan's per-op keep/recompute planner",                                              \
-      "the op-level planner: not modelled yet")
+    X(AUTO, "auto", "memplan's planner: a layer's SDPA and matmuls kept or recomputed to fit the GPU", NULL)
 
 enum mp_sac_policy {
 #define MP_X(id, name, what, unmodelled) MP_SAC_##id,
