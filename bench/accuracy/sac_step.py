@@ -80,6 +80,14 @@ def config_of(name, src, max_layers, tmpdir):
     return path, d, keys
 
 
+def configs(table, only, tmpdir):
+    """(name, path, the row's config keys, settings) of each table entry --only keeps."""
+    for name, src, ml, rows in table:
+        if not only or any(o in name for o in only):
+            cfg, _, keys = config_of(name, src, ml, tmpdir)
+            yield name, cfg, keys, rows
+
+
 def trl_bench(only=(), memplan="./memplan", save=True):
     import peft
     import torch
@@ -89,10 +97,7 @@ def trl_bench(only=(), memplan="./memplan", save=True):
     tmpdir = tempfile.mkdtemp(prefix="sac_step_")
     lines = ["| config | b x s | precision | finetune | checkpoint | torch peak MiB | memplan MiB | diff "
              "| SAC adds: torch MiB | memplan MiB | torch peak at | memplan peak at |", "|" + "---|" * 12]
-    for name, src, ml, rows in SETTINGS:
-        if only and not any(o in name for o in only):
-            continue
-        cfg, d, keys = config_of(name, src, ml, tmpdir)
+    for name, cfg, keys, rows in configs(SETTINGS, only, tmpdir):
         for b, s, prec, ft, ck in rows:
             full = ft == "full"
             t = torch_run(cfg, b, s, prec, full, ck)
@@ -119,7 +124,8 @@ def trl_bench(only=(), memplan="./memplan", save=True):
                 "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
                                                 peft=peft.__version__, trl=trl.__version__),
             })])
-    rowlib.write_results(os.path.join(HERE, "sac_step_results.md"), "\n".join(lines) + "\n")
+    if save:
+        rowlib.write_results(os.path.join(HERE, "sac_step_results.md"), "\n".join(lines) + "\n")
 
 
 def torch_run(cfg, b, s, prec, full, ck):
@@ -185,10 +191,7 @@ def auto_bench(only=(), memplan="./memplan", save=True):
     tmpdir = tempfile.mkdtemp(prefix="sac_auto_")
     lines = ["| config | b x s | precision | target MiB | kept | torch peak MiB | memplan MiB | diff | "
              "layers' memplan MiB |", "|" + "---|" * 9]
-    for name, src, ml, rows in AUTO_SETTINGS:
-        if only and not any(o in name for o in only):
-            continue
-        cfg, d, keys = config_of(name, src, ml, tmpdir)
+    for name, cfg, keys, rows in configs(AUTO_SETTINGS, only, tmpdir):
         for b, s, prec in rows:
             base = [memplan, "check", cfg, "--batch", str(b), "--seq", str(s), "--precision", prec, "--workspace", "0",
                     "--use-cache", "off", "--margin", "0", "--json"]
@@ -228,7 +231,8 @@ def auto_bench(only=(), memplan="./memplan", save=True):
                     "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
                                                     peft=peft.__version__),
                 })])
-    rowlib.write_results(os.path.join(HERE, "sac_auto_results.md"), "\n".join(lines) + "\n")
+    if save:
+        rowlib.write_results(os.path.join(HERE, "sac_auto_results.md"), "\n".join(lines) + "\n")
 
 
 def plan_time(memplan="./memplan"):
