@@ -2817,6 +2817,8 @@ fi
 expect_line 2 "--act-offload without --checkpoint layers refused" estimate models/hf/qwen2-0.5b.json --act-offload
 expect_line 2 "--act-offload with layers+offload refused" estimate models/hf/qwen2-0.5b.json --act-offload \
     --checkpoint layers+offload
+expect_line 2 "--act-offload with layers+sac refused" estimate models/hf/qwen2-0.5b.json --act-offload \
+    --checkpoint layers+sac
 expect_line 2 "--act-offload with --loss liger refused" estimate models/hf/qwen2-0.5b.json --act-offload \
     --checkpoint layers --loss liger
 expect_line 2 "--act-offload with --trainer dpo refused" estimate models/hf/qwen2-0.5b.json --act-offload \
@@ -2847,6 +2849,74 @@ assert "ckpt_offload_pcie_bytes" not in o and o["act_offload_pcie_bytes"] > 0
     else
         bad "estimate --act-offload: pinned host RAM by hand"
     fi
+fi
+# --checkpoint layers+sac (TRL 1.16's selective checkpointing, docs/checkpointing.md#sac):
+# qwen2-0.5b's 24 checkpointed layers each keep their SDPA output (batch 2 x seq 512 x 14 heads x
+# 64 x bf16 = 1,835,008 B) and fp32 logsumexp (2 x 14 x 512 x 4 = 57,344 B) to the recompute; the
+# recompute skips each layer's attention (4 b a s^2 d / 2 = 939,524,096 FLOPs)
+expect_line 2 "--checkpoint sqrt+sac refused" estimate models/hf/qwen2-0.5b.json --checkpoint sqrt+sac
+expect_line 2 "--checkpoint layers+sac:torchtitan refused" estimate models/hf/qwen2-0.5b.json \
+    --checkpoint layers+sac:torchtitan
+expect_line 2 "--checkpoint layers+sac with --attention flash refused" estimate models/hf/qwen2-0.5b.json \
+    --checkpoint layers+sac --attention flash
+expect_line 2 "probe --checkpoint layers+sac refused" probe models/hf/qwen2-0.5b.json --checkpoint layers+sac
+expect_line 2 "--checkpoint layers+sac:axolotl on sliding-window layers refused" estimate models/hf/gemma-3-1b.json \
+    --checkpoint layers+sac:axolotl --attention sdpa
+expect_line 2 "--emit hf of layers+sac with LoRA refused" suggest models/hf/qwen2-0.5b.json --gpu a100-80gb \
+    --checkpoint layers+sac --finetune lora --loss chunked-nll --emit hf --no-probe
+expect_line 2 "--emit deepspeed of layers+sac refused" suggest models/hf/qwen2-0.5b.json --gpu a100-80gb \
+    --checkpoint layers+sac --emit deepspeed --no-probe
+if [ -n "$HAVE_PY" ]; then
+    run estimate models/hf/qwen2-0.5b.json --batch 2 --seq 512 --precision bf16 --checkpoint layers+sac --json
+    cp "$T/out" "$T/sac.json"
+    run estimate models/hf/qwen2-0.5b.json --batch 2 --seq 512 --precision bf16 --checkpoint layers --json
+    if python3 -c '
+import json, sys
+o, p = (json.load(open(f))["memory"] for f in sys.argv[1:])
+x = 2 * 512 * 14 * 64 * 2 + 2 * 14 * 512 * 4
+assert o["sac_policy"] == "trl" and o["sac_layer_bytes"] == x and o["sac_layers"] == 24, o
+assert "sac_policy" not in p
+assert o["activations_bytes"] - p["activations_bytes"] == 24 * x, (o["activations_bytes"], p["activations_bytes"])
+assert p["recompute_flops"] - o["recompute_flops"] == 24 * 4 * 2 * 14 * 512 ** 2 * 64 / 2
+' "$T/sac.json" "$T/out" 2>"$T/why"; then
+        ok "estimate --checkpoint layers+sac: SDPA outputs kept per layer, the attention not recomputed"
+    else
+        bad "estimate --checkpoint layers+sac: SDPA outputs kept per layer, the attention not recomputed"
+    fi
+fi
+# layers+sac:auto: with room for everything, every candidate of a Llama layer kept (q, k, v, o, gate,
+# up: the layer's first six aten.mm calls, and SDPA; down_proj's mm is the recompute's stop); with
+# none to spare, nothing (the plan is layers')
+expect_line 2 "--checkpoint layers+sac:auto without a target refused" estimate models/hf/llama-3.2-1b.json \
+    --checkpoint layers+sac:auto
+expect_line 2 "--emit hf of layers+sac:auto refused" suggest models/hf/llama-3.2-1b.json --gpu a100-80gb \
+    --checkpoint layers+sac:auto --loss chunked-nll --emit hf --no-probe
+if [ -n "$HAVE_PY" ]; then
+    run check models/hf/llama-3.2-1b.json --batch 1 --seq 1024 --precision bf16 --checkpoint layers+sac:auto \
+        --vram 1000GiB --json
+    cp "$T/out" "$T/auto_all.json"
+    run check models/hf/llama-3.2-1b.json --batch 1 --seq 1024 --precision bf16 --checkpoint layers --vram 1000GiB \
+        --json
+    cp "$T/out" "$T/auto_none.json"
+    run check models/hf/llama-3.2-1b.json --batch 1 --seq 1024 --precision bf16 --checkpoint layers+sac:auto \
+        --vram 10GiB --json
+    if python3 -c '
+import json, sys
+a, n, t = (json.load(open(f))["memory"] for f in sys.argv[1:])
+assert a["sac_keep"] == ["mm:0", "mm:1", "mm:2", "sdpa", "mm:3", "mm:4", "mm:5"], a["sac_keep"]
+assert t["sac_keep"] == [] and t["peak_allocated_bytes"] == n["peak_allocated_bytes"], t
+' "$T/auto_all.json" "$T/auto_none.json" "$T/out" 2>"$T/why"; then
+        ok "check --checkpoint layers+sac:auto: all candidates kept with room, none without"
+    else
+        bad "check --checkpoint layers+sac:auto: all candidates kept with room, none without"
+    fi
+fi
+run suggest models/hf/llama-3.2-1b.json --gpu a100-80gb --checkpoint layers+sac --loss chunked-nll --emit hf --no-probe
+if [ "$ec" -eq 0 ] && grep -q 'activation_checkpointing_kwargs={"use_reentrant": False, "selective": True}' "$T/out"; then
+    ok "suggest --checkpoint layers+sac --emit hf: SFTConfig's \"selective\": True"
+else
+    echo "expected exit 0 and the selective key" >"$T/why"
+    bad "suggest --checkpoint layers+sac --emit hf"
 fi
 
 # ---- an HF family's blocks written in memplan JSON ------------------------------------------

@@ -37,8 +37,17 @@ from checklib import check, fail, failures, have, ok, skip  # noqa: E402
 
 def refused(args, emit):
     """--ep: transformers shards the model as it loads; the snippets that shard it themselves
-    (torch, accelerate, deepspeed) are refused with one line and exit 2."""
-    if "--ep" not in args:
+    (torch, accelerate, deepspeed) are refused with one line and exit 2.  Selective checkpointing:
+    accelerate's and DeepSpeed's checkpointing take no policy, and a Trainer's config takes TRL's
+    only (not layers+sac:auto's context_fn): refused, one line naming --emit torch."""
+    sac = next((a for a in args if "+sac" in a), None)
+    if sac and (emit in ("accelerate", "deepspeed") or (emit == "hf" and sac.endswith(":auto"))):
+        r = subprocess.run([MEMPLAN, "suggest"] + args + ["--no-probe", "--emit", emit], capture_output=True,
+                           text=True)
+        check(r.returncode == 2 and r.stderr.count("\n") == 1 and "--emit torch" in r.stderr and not r.stdout,
+              "%s %s: refused (exit 2, one line naming --emit torch)" % (emit, " ".join(args[:1] + [sac])))
+        return True
+    if "--ep" not in args or emit == "hf":
         return False
     r = subprocess.run([MEMPLAN, "suggest"] + args + ["--no-probe", "--emit", emit], capture_output=True, text=True)
     check(r.returncode == 2 and r.stderr.count("\n") == 1 and "--emit hf" in r.stderr and not r.stdout,
@@ -95,7 +104,13 @@ CASES = [
                          "--finetune", "qlora"]),
     ("qlora fsdp offload", ["models/hf/llama-3.2-1b.json", "--gpu", "t4", "--gpus", "2", "--parallel", "fsdp",
                             "--offload", "params", "--finetune", "qlora", "--seq", "1024"]),
+    # selective checkpointing (docs/checkpointing.md#sac): TRL's key in SFTConfig, memplan's policy
+    ("full layers+sac", ["models/hf/llama-3.2-1b.json", "--gpu", "a100-80gb", "--seq", "1024", "--precision", "bf16",
+                         "--checkpoint", "layers+sac", "--loss", "chunked-nll", "--no-probe"]),
+    ("full layers+sac:auto", ["models/hf/llama-3.2-1b.json", "--gpu", "a100-40gb", "--seq", "4096", "--precision",
+                              "bf16", "--checkpoint", "layers+sac:auto", "--no-probe"]),
 ]
+SAC_CASES = CASES[-2:]
 
 
 # suggest --trainer dpo: --emit hf is a DPOConfig (--emit torch is refused: its loop is SFT's)
@@ -238,6 +253,8 @@ else:
         return ns
 
     for label, args in CASES:
+        if refused(args, "hf"):
+            continue
         rec, j = rec_of(args)
         code = memplan(args + ["--emit", "hf"])
         check("torch_dtype" not in code, "hf %s: no deprecated torch_dtype=" % label)
@@ -259,7 +276,7 @@ else:
                 unset_hf_deepspeed_config()
         a = ns["args"]
         ck = rec["plan"]["strategy"]
-        if ck not in ("none", "layers") and not ck.startswith("layers:"):
+        if ck not in ("none", "layers", "layers+sac") and not ck.startswith("layers:"):
             # a Trainer runs checkpoint none and layers[:N] only: --emit hf searches those (issue 25
             # item 2: text and --json still search sqrt/optimal), and says so
             check("searches checkpoint none and layers" in code,
@@ -286,6 +303,8 @@ else:
                   "hf %s: activation_checkpointing_kwargs every_n_layers 2" % label)
         check(bool(kw.get("offload")) == ck.endswith("+offload"),
               "hf %s: activation_checkpointing_kwargs offload %s" % (label, ck.endswith("+offload")))
+        check(bool(kw.get("selective")) == ck.endswith("+sac"),
+              "hf %s: activation_checkpointing_kwargs selective %s" % (label, ck.endswith("+sac")))
         m = ns["model"]
         pdt = next(iter(m.parameters())).dtype
         # (FSDP-QLoRA and ZeRO-3 QLoRA under mixed-bf16: loaded in the bf16 storage dtype, as the guides do)
@@ -459,7 +478,7 @@ else:
     # a real CPU run of train() for the single-device plans of a tiny Llama (2 layers, hidden 64)
     tiny = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2)
-    for label, args in CASES[:5]:
+    for label, args in CASES[:5] + SAC_CASES:
         code = memplan(args + ["--emit", "torch"])
         rec, _ = rec_of(args)
         with tempfile.TemporaryDirectory() as tmp:

@@ -185,6 +185,24 @@ static void chain_at(const struct mp_model *m, uint64_t b, uint64_t s, enum mp_p
     mp_program_release(&prog);
 }
 
+/* The estimate of m at b x s under checkpoint spec (plan "layers"-like: no budget), with SGD. */
+static void run_spec(const struct mp_model *m, uint64_t b, uint64_t s, enum mp_precision p, const char *spec_s,
+                     struct mp_estimate *e)
+{
+    struct mp_chain c;
+    chain_at(m, b, s, p, &c);
+    struct mp_ckpt_spec spec;
+    assert_int_equal(mp_ckpt_spec_parse(spec_s, &spec), MP_OK);
+    char buf[32];
+    assert_string_equal(mp_ckpt_spec_str(&spec, buf, sizeof buf), spec_s);
+    struct mp_ckpt_plan pl;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &pl, &d), MP_OK);
+    run(m, b, s, p, MP_OPT_SGD, &pl.sched, e);
+    mp_ckpt_plan_release(&pl);
+    mp_chain_release(&c);
+}
+
 /* What a block keeps for backward scales exactly with the batch. */
 static void test_estimate_activations_linear_in_batch(void **state)
 {
@@ -1424,31 +1442,23 @@ static void test_estimate_checkpoint_offload(void **state)
     const uint64_t n_in[] = {0, 3, 0, 2}; /* checkpointed inputs offloaded */
     uint64_t act[4];
     for (int k = 0; k < 4; k++) {
-        struct mp_chain c;
-        chain_at(&m, 1, 0, MP_PREC_FP32, &c);
-        struct mp_ckpt_spec spec;
-        assert_int_equal(mp_ckpt_spec_parse(specs[k], &spec), MP_OK);
-        char buf[32];
-        assert_string_equal(mp_ckpt_spec_str(&spec, buf, sizeof buf), specs[k]);
-        struct mp_ckpt_plan p;
-        struct mp_diag d = {{0}};
-        assert_int_equal(mp_ckpt_plan_make(&c, &spec, 0, 0, &p, &d), MP_OK);
         struct mp_estimate e;
-        run(&m, 1, 0, MP_PREC_FP32, MP_OPT_SGD, &p.sched, &e);
+        run_spec(&m, 1, 0, MP_PREC_FP32, specs[k], &e);
         act[k] = e.activations_bytes;
         assert_int_equal(e.host_pinned_bytes, n_in[k] * 2048);
         assert_int_equal(e.ckpt_offload_bytes, n_in[k] * 1536);
         assert_true(e.pcie_bytes == (double)(2 * n_in[k] * 1536));
         mp_estimate_release(&e);
-        mp_ckpt_plan_release(&p);
-        mp_chain_release(&c);
     }
     assert_int_equal(act[1], act[0] - 2 * 1536);
     assert_int_equal(act[3], act[2]);
     mp_model_release(&m);
     /* +offload only after layers / layers:N */
+    /* (and +sac only after layers / layers:N, alone: test_estimate_checkpoint_sac) */
     const char *bad[] = {"sqrt+offload", "every:2+offload", "layers+", "layers+offloadx", "+offload",
-                         "layers:0+offload", "layers+offload+offload"};
+                         "layers:0+offload", "layers+offload+offload", "sqrt+sac", "layers+sac:",
+                         "layers+sac:none", "layers+sac:bogus", "layers+offload+sac", "layers+sac+offload",
+                         "layers+sacx"};
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
         struct mp_ckpt_spec spec;
         assert_int_equal(mp_ckpt_spec_parse(bad[k], &spec), MP_ERR_USAGE);
@@ -1508,6 +1518,45 @@ static void test_estimate_act_offload(void **state)
     mp_ckpt_plan_release(&p);
     mp_chain_release(&c);
     mp_model_release(&m);
+}
+
+/* --checkpoint layers+sac (TRL 1.16's policy, docs/checkpointing.md#sac): a Llama of hidden 64,
+ * 4 heads of 16 (2 k/v heads), 3 layers, batch 2 x seq 32 in bf16.  Each checkpointed layer keeps
+ * its SDPA call's outputs from its forward to its recompute, worked by hand:
+ *   attention output  b x s x hidden x 2 B   = 2 x 32 x 64 x 2     = 8,192 B
+ *   logsumexp (fp32)  b x heads x s x 4 B    = 2 x 4 x 32 x 4      = 1,024 B (bf16, d = dv: s not
+ *                                                                    rounded to 32)
+ *   a layer: 9,216 B (both multiples of 512: the same rounded); 3 layers at the loss: 27,648 B.
+ * The recompute skips each layer's attention: 4 b heads s^2 d / 2 (causal) = 4 x 2 x 4 x 1024 x
+ * 16 / 2 = 262,144 FLOPs a layer, 786,432 in all.  Eager attention keeps nothing. */
+static void test_estimate_checkpoint_sac(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    load(&m, "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, "
+             "\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 3, "
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 256}");
+    const char *specs[] = {"layers", "layers+sac"};
+    struct mp_estimate e[2];
+    for (int k = 0; k < 2; k++)
+        run_spec(&m, 2, 32, MP_PREC_BF16, specs[k], &e[k]);
+    assert_int_equal(e[0].sac_layer_bytes, 0);
+    assert_int_equal(e[1].sac_policy, MP_SAC_TRL);
+    assert_int_equal(e[1].sac_layer_bytes, 9216);
+    assert_int_equal(e[1].sac_layers, 3);
+    assert_int_equal(e[1].activations_bytes, e[0].activations_bytes + 27648);
+    assert_true(e[0].recompute_flops - e[1].recompute_flops == 786432.0);
+    mp_estimate_release(&e[0]);
+    mp_estimate_release(&e[1]);
+    mp_model_release(&m);
+    /* a policy not modelled is MP_ERR_UNSUPPORTED (malformed ones: test_estimate_checkpoint_offload) */
+    struct mp_ckpt_spec spec;
+    assert_int_equal(mp_ckpt_spec_parse("layers:2+sac:torchtitan", &spec), MP_ERR_UNSUPPORTED);
+    assert_int_equal(mp_ckpt_spec_parse("layers+sac:auto", &spec), MP_OK);
+    assert_int_equal(spec.sac, MP_SAC_AUTO);
+    assert_int_equal(mp_ckpt_spec_parse("layers:2+sac:trl", &spec), MP_OK);
+    char buf[32];
+    assert_string_equal(mp_ckpt_spec_str(&spec, buf, sizeof buf), "layers:2+sac");
 }
 
 /* Node `node`'s backward: the live bytes (512-rounded) just before it, their maximum during it,
@@ -1752,6 +1801,7 @@ int main(void)
         cmocka_unit_test(test_estimate_checkpoint_layers),
         cmocka_unit_test(test_estimate_checkpoint_offload),
         cmocka_unit_test(test_estimate_act_offload),
+        cmocka_unit_test(test_estimate_checkpoint_sac),
         cmocka_unit_test(test_estimate_autocast_cache),
         cmocka_unit_test(test_estimate_gelu_new_autocast),
         cmocka_unit_test(test_estimate_gelu_new_backward),

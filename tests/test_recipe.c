@@ -315,6 +315,19 @@ static void test_refusals(void **state)
         {"base_model: m\nmicro_batch_size: 0\n", ":2: micro_batch_size: 0:", "positive integer"},
         {"per_device_train_batch_size: 2\ndeepspeed: ds.json\n", ":2: deepspeed: ds.json:", "--parallel"},
         {"per_device_train_batch_size: 2\nuse_liger_kernel: true\n", ":2: use_liger_kernel: true:", "RMSNorm"},
+        /* selective checkpointing: TRL's SFTTrainer only, full weights (sac_step.py trl-peft) */
+        {"model_name_or_path: m\nuse_peft: true\ngradient_checkpointing_kwargs:\n  selective: true\n",
+         ":4: gradient_checkpointing_kwargs.selective: true:", "PEFT model"},
+        {"per_device_train_batch_size: 2\ngradient_checkpointing: true\ngradient_checkpointing_kwargs:\n"
+         "  selective: true\n",
+         ":4: gradient_checkpointing_kwargs.selective: true:", "only TRL's SFTTrainer"},
+        {"model_name_or_path: m\ngradient_checkpointing: false\ngradient_checkpointing_kwargs:\n  selective: true\n",
+         ":4: gradient_checkpointing_kwargs.selective: true:", "TRL raises"},
+        {"base_model: m\ngradient_checkpointing: true\nselective_checkpointing:\n  save:\n    - attention\n"
+         "    - aten::mm\n",
+         ":5: selective_checkpointing.save: attention,aten::mm:", "besides attention"},
+        {"base_model: m\ngradient_checkpointing: true\nselective_checkpointing:\n  offload: true\n",
+         ":4: selective_checkpointing.offload: true:", "pinned host memory"},
         {"per_device_train_batch_size: 2\ngradient_checkpointing: true\ngradient_checkpointing_kwargs:\n"
          "  offload: maybe\n",
          ":4: gradient_checkpointing_kwargs.offload: maybe:", "expected true or false"},
@@ -408,6 +421,28 @@ static void test_every_n_layers(void **state)
                 "gradient_checkpointing_kwargs:\n  offload: false\n");
     read_ok(path, -1);
     expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 2);
+    /* selective checkpointing: TRL's SFTConfig key (sft_trainer.py:1085-1096), Axolotl's own
+     * (with gradient checkpointing off Axolotl's wrapper has nothing to wrap: none) */
+    static const struct {
+        const char *text, *spec, *key;
+        unsigned line;
+    } sac[] = {
+        {"model_name_or_path: m\nuse_peft: false\ngradient_checkpointing_kwargs:\n  selective: true\n", "layers+sac",
+         "gradient_checkpointing_kwargs.selective", 4},
+        {"model_name_or_path: m\ngradient_checkpointing_kwargs:\n  selective: true\n  every_n_layers: 2\n",
+         "layers:2+sac", "gradient_checkpointing_kwargs.selective", 3},
+        {"base_model: m\ngradient_checkpointing: true\nselective_checkpointing: true\n", "layers+sac:axolotl",
+         "selective_checkpointing", 3},
+        {"base_model: m\ngradient_checkpointing: true\nselective_checkpointing:\n  save: [attention]\n",
+         "layers+sac:axolotl", "selective_checkpointing.save", 4},
+        {"base_model: m\ngradient_checkpointing: false\nselective_checkpointing: true\n", "none",
+         "gradient_checkpointing", 2},
+    };
+    for (size_t k = 0; k < sizeof sac / sizeof *sac; k++) {
+        write_text(path, sac[k].text);
+        read_ok(path, -1);
+        expect(CHECKPOINT, sac[k].spec, KEY, sac[k].key, sac[k].line);
+    }
     remove(path);
 }
 

@@ -246,7 +246,10 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
     saved = Saved(list(model.parameters()) + list(model.buffers()))
     res = {"trainable": n_trainable}
     with fake, tr:
-        if ckpt == "layers":
+        if ckpt == "layers+sac":  # TRL's own wrapper: its SDPA policy as the context_fn (sac_step.py)
+            from trl.models import enable_selective_activation_checkpointing
+            enable_selective_activation_checkpointing(model)
+        if ckpt in ("layers", "layers+sac"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         for p in model.parameters():
             tr.add(p, "param")

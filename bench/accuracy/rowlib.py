@@ -14,6 +14,7 @@ A row:
   max_layers   with config: the file as load_config(config, max_layers) writes it (dropout off;
                0 = every layer), which is what both torch and memplan read; absent: the file as is
   args         memplan's arguments after the config path (`memplan estimate CONFIG ARGS...`)
+  command      (optional) the command in place of estimate: "check" for a row that needs --vram
   figures      {name: {"torch": N, "extra": N, "pct": P, "abs": N}}: name is one of FIGURES
                below; torch is torch's figure (bytes, or a count of parameters) as measured;
                extra the bytes CUDA keeps beyond the CPU run that measured it (memplan models
@@ -230,7 +231,7 @@ def run_memplan(memplan, row, tmpdir):
     model without a k/v cache (encoders, ViT) refuses --use-cache (exit 2): it is dropped, as
     the oracles do."""
     cfg = config_file(row, tmpdir)
-    cmd = [memplan, "estimate", cfg] + list(row["args"])
+    cmd = [memplan, row.get("command", "estimate"), cfg] + list(row["args"])
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode == 2 and "--use-cache" in r.stderr and "--use-cache" in cmd:
         i = cmd.index("--use-cache")

@@ -266,6 +266,10 @@ class Memory:
     host_pinned_bytes: Optional[int] = _opt()  # --checkpoint layers[:N]+offload
     ckpt_offload_pcie_bytes: Optional[float] = _opt()
     act_offload_pcie_bytes: Optional[int] = _opt()  # --act-offload (host_pinned_bytes its pinned RAM)
+    sac_policy: Optional[str] = _opt()  # --checkpoint layers[:N]+sac[:NAME]
+    sac_layer_bytes: Optional[int] = _opt()
+    sac_layers: Optional[int] = _opt()
+    sac_keep: Optional[List[str]] = _opt()  # layers+sac:auto: the ops kept ("sdpa", "mm:J")
     world: Optional[int] = _opt()  # data parallelism: per rank
     buffers_bytes: Optional[int] = _opt()
     host_bytes: Optional[int] = _opt()

@@ -64,6 +64,8 @@ void mp_schedule_init(struct mp_schedule *s)
     s->cap = 0;
     s->ops = NULL;
     s->offload = false;
+    s->sac = MP_SAC_NONE;
+    s->sac_keep = 0;
 }
 
 void mp_schedule_release(struct mp_schedule *s)
@@ -106,6 +108,21 @@ bool mp_schedule_equal(const struct mp_schedule *a, const struct mp_schedule *b)
 /* Strategy specs                                                            */
 /* ------------------------------------------------------------------------ */
 
+static const char *const sac_names[] = {
+#define MP_X(id, name, what, unmodelled) name,
+    MP_SAC_POLICIES(MP_X)
+#undef MP_X
+};
+static const char *const sac_why[] = {
+#define MP_X(id, name, what, unmodelled) unmodelled,
+    MP_SAC_POLICIES(MP_X)
+#undef MP_X
+};
+#define MP_SAC_N (sizeof sac_names / sizeof sac_names[0])
+
+const char *mp_sac_str(enum mp_sac_policy s) { return (size_t)s < MP_SAC_N ? sac_names[s] : "?"; }
+const char *mp_sac_why(enum mp_sac_policy s) { return (size_t)s < MP_SAC_N ? sac_why[s] : NULL; }
+
 /* K of "segments:K" / "every:K": decimal digits only, > 0, no overflow. */
 static enum mp_status parse_k(const char *s, uint64_t *k)
 {
@@ -126,16 +143,28 @@ enum mp_status mp_ckpt_spec_parse(const char *s, struct mp_ckpt_spec *out)
         return MP_ERR_USAGE;
     /* "+offload": only after "layers" / "layers:N", HF's offload=True (it wraps the checkpoint
      * of each GradientCheckpointingLayer in save_on_cpu) */
+    /* "+sac" / "+sac:NAME": only after "layers" / "layers:N", a policy of MP_SAC_POLICIES ("trl"
+     * when unnamed); not with "+offload" (SAC's cache bypasses save_on_cpu: not measured) */
     const char *plus = strchr(s, '+');
     char head[32];
     if (plus) {
-        if (strcmp(plus, "+offload") != 0 || (size_t)(plus - s) >= sizeof head)
+        bool off = strcmp(plus, "+offload") == 0, sac = strncmp(plus, "+sac", 4) == 0;
+        if ((!off && !sac) || (size_t)(plus - s) >= sizeof head)
             return MP_ERR_USAGE;
         memcpy(head, s, (size_t)(plus - s));
         head[plus - s] = '\0';
         if (mp_ckpt_spec_parse(head, &r) != MP_OK || r.strategy != MP_CKPT_LAYERS)
             return MP_ERR_USAGE;
-        r.offload = true;
+        r.offload = off;
+        if (sac) {
+            const char *name = plus[4] == ':' ? plus + 5 : plus[4] ? NULL : "trl";
+            int k = name ? mp_name_index(sac_names, MP_SAC_N, name) : -1;
+            if (k <= (int)MP_SAC_NONE)
+                return MP_ERR_USAGE;
+            r.sac = (enum mp_sac_policy)k;
+            *out = r;
+            return mp_sac_why(r.sac) ? MP_ERR_UNSUPPORTED : MP_OK;
+        }
         *out = r;
         return MP_OK;
     }
@@ -185,12 +214,20 @@ const char *mp_ckpt_spec_str(const struct mp_ckpt_spec *s, char *buf, size_t len
     case MP_CKPT_EVERY:
         snprintf(buf, len, "every:%llu", (unsigned long long)s->k);
         break;
-    case MP_CKPT_LAYERS:
+    case MP_CKPT_LAYERS: {
+        char tail[32] = "";
+        if (s->offload)
+            snprintf(tail, sizeof tail, "+offload");
+        else if (s->sac == MP_SAC_TRL)
+            snprintf(tail, sizeof tail, "+sac");
+        else if (s->sac != MP_SAC_NONE)
+            snprintf(tail, sizeof tail, "+sac:%s", mp_sac_str(s->sac));
         if (s->k > 1)
-            snprintf(buf, len, "layers:%llu%s", (unsigned long long)s->k, s->offload ? "+offload" : "");
+            snprintf(buf, len, "layers:%llu%s", (unsigned long long)s->k, tail);
         else
-            snprintf(buf, len, "layers%s", s->offload ? "+offload" : "");
+            snprintf(buf, len, "layers%s", tail);
         break;
+    }
     case MP_CKPT_OPTIMAL:
         snprintf(buf, len, "optimal");
         break;
@@ -1652,6 +1689,7 @@ enum mp_status mp_ckpt_plan_make(const struct mp_chain *c, const struct mp_ckpt_
         if (st != MP_OK)
             goto fail;
         p->sched.offload = spec->offload;
+        p->sched.sac = spec->sac;
         break;
     case MP_CKPT_OPTIMAL:
     case MP_CKPT_OPTIMAL_SEGMENTS: {

@@ -46,11 +46,17 @@ struct mp_ckpt_spec {
     uint64_t k; /* SEGMENTS / EVERY; LAYERS: every_n_layers (0 and 1: every layer) */
     bool offload; /* LAYERS only ("+offload"): the checkpointed layers' inputs wait in pinned host
                      memory (transformers' activation_checkpointing_enable(offload=True)) */
+    enum mp_sac_policy sac; /* LAYERS only ("+sac[:NAME]"): the ops whose outputs the checkpointed
+                               layers keep from their forward to their recompute (sets.h) */
 };
 
 /* "none", "sqrt", "segments:K", "every:K", "layers", "layers:N", "optimal", "optimal-segments";
- * "layers" and "layers:N" take a "+offload" suffix. */
+ * "layers" and "layers:N" take a "+offload" suffix, or "+sac" / "+sac:NAME" (MP_SAC_POLICIES; one
+ * whose row says why it is not modelled: MP_ERR_UNSUPPORTED). */
 enum mp_status mp_ckpt_spec_parse(const char *s, struct mp_ckpt_spec *out);
+/* A SAC policy's name ("trl"), and why it is not modelled (NULL when it is). */
+const char *mp_sac_str(enum mp_sac_policy s);
+const char *mp_sac_why(enum mp_sac_policy s);
 /* Inverse of parse, e.g. "segments:4". */
 const char *mp_ckpt_spec_str(const struct mp_ckpt_spec *s, char *buf, size_t len);
 
@@ -72,6 +78,9 @@ struct mp_schedule {
     struct mp_sched_op *ops;
     bool offload; /* each Fc's input x_i waits in pinned host memory until B_i's recompute
                      (mp_ckpt_spec.offload; the replay's offload_input) */
+    enum mp_sac_policy sac; /* the ops each Fc keeps for B_i's recompute (mp_ckpt_spec.sac) */
+    uint64_t sac_keep;      /* MP_SAC_AUTO: bit j keeps each checkpointed layer's j-th candidate op
+                               (the estimator's replay_sac_candidates; set by the fit's planner) */
 };
 
 void mp_schedule_init(struct mp_schedule *s);

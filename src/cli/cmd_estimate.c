@@ -25,6 +25,10 @@ int cmd_estimate(struct args *a)
     struct mp_job j = cli_job_of(&s, a);
     cli_fit_program_for_report(a, &s, &j);
     bool budgeted = a->ckpt.strategy == MP_CKPT_OPTIMAL || a->ckpt.strategy == MP_CKPT_OPTIMAL_SEGMENTS;
+    if (a->ckpt.sac == MP_SAC_AUTO && !a->gpu) {
+        rc = cli_usage_error("estimate", "%s", "--checkpoint ...+sac:auto plans for a target: add --gpu NAME");
+        goto out;
+    }
     if (budgeted && !a->gpu) {
         rc = cli_usage_error("estimate", "%s", "--checkpoint optimal needs a target: add --gpu NAME (or use 'memplan plan')");
         goto out;

@@ -40,6 +40,11 @@ int cmd_probe(struct args *a)
                                             "use 'memplan estimate'");
         goto out;
     }
+    if (a->ckpt.sac != MP_SAC_NONE) { /* (its executor runs every op of a recompute) */
+        rc = cli_usage_error("probe", "%s", "--checkpoint ...+sac: probe does not run selective checkpointing; "
+                                            "use 'memplan estimate'");
+        goto out;
+    }
     bool autohost = !strcmp(a->backend, "auto") && !mp_cuda_device_available();
     if ((autohost || !strcmp(a->backend, "host")) &&
         (st = mp_probe_host_admit(&prog, &s.train, a->capacity, autohost, &d)) != MP_OK)

@@ -120,6 +120,11 @@ int cmd_suggest(struct args *a)
         mp_model_release(&s.model);
         return cli_usage_error("suggest", "%s", "--checkpoint ...+offload: probes do not offload; add --no-probe");
     }
+    if (probing && a->ckpt.sac != MP_SAC_NONE) {
+        mp_model_release(&s.model);
+        return cli_usage_error("suggest", "%s", "--checkpoint ...+sac: probes do not run selective checkpointing; "
+                                                "add --no-probe");
+    }
     struct mp_job j = cli_job_of(&s, a);
     struct mp_suggest_opts o = {.precision_fixed = a->precision_set, .precision = (enum mp_precision)a->precision,
                                 .global_batch = a->global_batch, .max_batch = a->max_batch,

@@ -111,10 +111,12 @@ static const struct opt OPTS[] = {
     {'o', "optimizer", "O", C_ALL, K_ENUM, FIELD(optimizer), .parse = mp_optimizer_parse,
      .names = optimizer_names, .help = " (default adamw)"},
     {'c', "checkpoint", "C", C_TRAIN | C_SUGG, K_CALLBACK, FIELD(ckpt), SEEN(ckpt_set), .cb = cb_checkpoint,
-     .expect = "none, sqrt, segments:K, every:K, layers[+offload], layers:N[+offload], optimal or "
-               "optimal-segments",
+     .expect = "none, sqrt, segments:K, every:K, layers[+offload|+sac[:axolotl|:auto]], layers:N[+offload|"
+               "+sac[:...]], optimal or optimal-segments",
      .help = "none (default; plan: optimal; suggest: searched) | sqrt | segments:K | every:K | layers | "
-             "layers:N | optimal[-segments]; +offload after layers[:N]: their inputs wait in pinned host RAM"},
+             "layers:N | optimal[-segments]; +offload after layers[:N]: their inputs wait in pinned host RAM; "
+             "+sac: TRL's selective checkpointing (SDPA's outputs kept, not recomputed); +sac:axolotl; "
+             "+sac:auto: memplan's choice of kept ops for the target"},
     {0, "act-offload", NULL, C_EST | C_CHECK, K_FLAG, FIELD(act_offload),
      .help = "TRL's activation_offloading=True (needs --checkpoint layers, --loss hf): saved tensors outside "
              "the checkpointed layers, and their inputs, wait in pinned host RAM"},
@@ -389,8 +391,12 @@ static enum mp_status cb_torch(struct args *a, void *field, const char *s, struc
 
 static enum mp_status cb_checkpoint(struct args *a, void *field, const char *s, struct mp_diag *d)
 {
-    (void)a, (void)d;
-    return mp_ckpt_spec_parse(s, field);
+    (void)a;
+    enum mp_status st = mp_ckpt_spec_parse(s, field);
+    const struct mp_ckpt_spec *c = field;
+    if (st == MP_ERR_UNSUPPORTED) /* a SAC policy memplan does not model: its row says why */
+        return mp_fail(d, st, "--checkpoint %s: %s", s, mp_sac_why(c->sac));
+    return st;
 }
 
 static enum mp_status cb_lora_targets(struct args *a, void *field, const char *s, struct mp_diag *d)
@@ -630,6 +636,9 @@ static int check_rules(const struct command *c, struct args *a)
             return cli_usage_error(c->name, "%s", "--act-offload needs --checkpoint layers: in a layer not "
                                                   "checkpointed TRL clones each saved view that is not contiguous "
                                                   "before its copy (attention's), which memplan does not model yet");
+        if (a->ckpt.sac != MP_SAC_NONE)
+            return cli_usage_error(c->name, "%s", "--act-offload with layers+sac: the selective checkpoint's kept "
+                                                  "outputs beside TRL's offloading are not modelled yet");
         if (a->loss != MP_LOSS_HF)
             return cli_usage_error(c->name, "--act-offload with --loss %s: which of a fused loss head's saved tensors "
                                             "TRL offloads is not modelled yet (--loss hf is)",
@@ -703,6 +712,33 @@ static int check_rules(const struct command *c, struct args *a)
         snprintf(why, sizeof why, "--emit torch with --trainer %s: the torch loop is an SFT step; --emit hf writes "
                  "the %s", tn, mp_trainer_config(tr));
         return cli_usage_error(c->name, "%s", why);
+    }
+    /* Selective checkpointing (docs/checkpointing.md#sac; the attention a model runs: setup.c):
+     * only SFTTrainer reads the
+     * "selective" key (trl 1.16 trainer/sft_trainer.py:1085-1096), and with a PEFT model its
+     * Trainer passes the key on to torch's checkpoint, which raises (bench/accuracy/sac_step.py
+     * trl-peft); DeepSpeed's and accelerate's checkpointing have no context_fn */
+    if (a->ckpt.sac != MP_SAC_NONE) {
+        const char *no = NULL;
+        if (a->emit == MP_EMIT_DEEPSPEED || a->emit == MP_EMIT_ACCELERATE)
+            no = "its checkpointing takes no selective policy; --emit torch writes the context_fn";
+        else if (a->emit == MP_EMIT_HF && a->ckpt.sac != MP_SAC_TRL)
+            no = "--emit hf: a Trainer's config takes TRL's policy only (\"selective\"); --emit torch writes the "
+                 "context_fn";
+        else if (a->emit == MP_EMIT_HF && tr != MP_TRAINER_SFT)
+            no = "--emit hf: only TRL's SFTTrainer reads gradient_checkpointing_kwargs' \"selective\"";
+        else if (a->emit == MP_EMIT_HF && (a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA))
+            no = "--emit hf: TRL 1.16's SFTTrainer with a PEFT model passes \"selective\" on to torch's "
+                 "checkpoint, which raises; --emit torch writes the context_fn";
+        else if (a->emit == MP_EMIT_HF && a->loss != MP_LOSS_CHUNKED_NLL)
+            no = "--emit hf: \"selective\" is TRL's SFTConfig key: add --loss chunked-nll (SFTTrainer's loss)";
+        char spec[48];
+        bool other = a->emit == MP_EMIT_DEEPSPEED || a->emit == MP_EMIT_ACCELERATE;
+        if (no) {
+            snprintf(why, sizeof why, "--checkpoint %s%s%s: %s", mp_ckpt_spec_str(&a->ckpt, spec, sizeof spec),
+                     other ? " with --emit " : "", other ? mp_emit_str(a->emit) : "", no);
+            return cli_usage_error(c->name, "%s", why);
+        }
     }
     /* DDP: TRL prepares the reference with accelerate's prepare_model(evaluation_mode=True), which
      * wraps nothing (accelerator.py prepare_model): a whole frozen copy on each rank, as on one GPU

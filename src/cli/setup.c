@@ -186,6 +186,23 @@ static int check_model_options(const struct args *a, const struct setup *s)
     int rc = check_train_blocks(a, &s->model);
     if (rc)
         return rc;
+    /* --checkpoint ...+sac: the flash-attn package's op (which TRL's and Axolotl's policies save)
+     * is not modelled; Axolotl recomputes the attention of layers whose module says it slides
+     * (axolotl monkeypatch/selective_checkpointing.py _layer_attention_type: layer_type or
+     * is_sliding, per family), which memplan does not read: docs/checkpointing.md#sac */
+    for (size_t i = 0; i < s->model.n_blocks && a->ckpt.sac != MP_SAC_NONE; i++)
+        for (size_t j = 0; j < s->model.blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &s->model.blocks[i].layers[j];
+            bool flash = (a->attention_set || !l->attn.impl_set ? (enum mp_attn_impl)a->attention : l->attn.impl) == MP_ATTN_FLASH;
+            if ((l->attn.heads && flash) || (a->ckpt.sac == MP_SAC_AXOLOTL && l->attn.window)) {
+                fprintf(stderr, "memplan: error: --checkpoint ...+sac%s: %s: %s\n",
+                        a->ckpt.sac == MP_SAC_AXOLOTL ? ":axolotl" : "", a->model,
+                        flash ? "flash-attn's op (its policy saves it) is not modelled yet: use --attention sdpa"
+                              : "Axolotl recomputes the attention of sliding-window layers as each family marks "
+                                "them, which memplan does not model yet");
+                return MP_EXIT_USAGE;
+            }
+        }
     bool moe = false;
     for (size_t i = 0; i < s->model.n_blocks && !moe; i++)
         for (size_t j = 0; j < s->model.blocks[i].n_layers && !moe; j++)

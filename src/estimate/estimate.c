@@ -899,7 +899,7 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
             const struct mp_sched_op *op = &sched->ops[k];
             if (op->kind == MP_SCHED_FN || op->kind == MP_SCHED_FC || op->kind == MP_SCHED_FE) {
                 if (runs[op->index]++ > 0) {
-                    e->recompute_flops += p->blocks[op->index].fwd_flops;
+                    e->recompute_flops += p->blocks[op->index].fwd_flops - replay_sac_recompute(p, sched, op->index, e);
                     e->dequant_bytes += p->blocks[op->index].dequant_bytes;
                 }
                 else if (op->kind != MP_SCHED_FE)

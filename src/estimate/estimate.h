@@ -305,6 +305,11 @@ struct mp_estimate {
     uint64_t ckpt_offload_bytes;     /* the same unrounded: each crosses PCIe twice (in pcie_bytes) */
     uint64_t act_offload_pcie_bytes; /* --act-offload: its copies to the host and back (in pcie_bytes;
                                       * host_pinned_bytes holds its pinned host RAM) */
+    uint64_t sac_layer_bytes;        /* --checkpoint ...+sac: the outputs SAC keeps of one checkpointed
+                                      * layer from its forward to its recompute (the largest layer's) */
+    size_t sac_layers;               /* the checkpointed layers that keep them */
+    enum mp_sac_policy sac_policy;   /* whose policy (MP_SAC_NONE: no selective checkpointing) */
+    uint64_t sac_keep;               /* MP_SAC_AUTO: the candidates kept (mp_sac_candidate's ordinals) */
     double allgather_bytes, reducescatter_bytes, allreduce_bytes, pcie_bytes, host_step_elems;
     double comm_s, exposed_comm_s, offload_s; /* filled by the fit (search.c): seconds per step */
     size_t n_groups;
@@ -390,5 +395,15 @@ enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c,
 /* Marks the chain's repeated blocks (c->repeated) from p's model: the only part of the chain
  * that the fixed plans (none, sqrt, segments, every, layers) read to make their schedule. */
 void mp_estimate_chain_mark(const struct mp_program *p, struct mp_chain *c);
+
+/* Selective checkpointing (docs/checkpointing.md#sac).  mp_sac_candidate: node k's ordinal among
+ * the ops of its block that --checkpoint ...+sac:auto may keep (the fused SDPA call; each Linear's
+ * aten.mm where all the block's Linears are plain trained matmuls), -1 for none; *mm (may be NULL)
+ * its ordinal among the block's Linears (the aten.mm calls torch counts), -1 for SDPA.
+ * mp_sac_block: the bytes policy pol keeps of block i (each storage once) and the forward FLOPs its
+ * recompute skips; keep: MP_SAC_AUTO's kept candidates (bit j: ordinal j). */
+int mp_sac_candidate(const struct mp_program *p, size_t k, int *mm);
+void mp_sac_block(const struct mp_program *p, enum mp_sac_policy pol, uint64_t keep, size_t i, uint64_t *bytes,
+                  double *flops);
 
 #endif

@@ -220,6 +220,8 @@ static enum mp_status fold_units(const struct mp_model *m, const struct mp_sched
      * unit's copies is one step */
     size_t count = 0, last = SIZE_MAX, last_len = 0; /* steps merged into the last step pushed */
     f->sched.offload = s->offload;
+    f->sched.sac = s->sac;
+    f->sched.sac_keep = s->sac_keep;
     for (size_t k = 0; k < s->n && st == MP_OK;) {
         size_t len = step_len(s, us, k);
         const struct mp_sched_op *op = &s->ops[k];

@@ -383,7 +383,8 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
         if (op->kind != MP_SCHED_FN && op->kind != MP_SCHED_FC && op->kind != MP_SCHED_FE)
             continue;
         if (ran[op->index]) {
-            e->recompute_flops += p->blocks[f->short_of[op->index]].fwd_flops;
+            e->recompute_flops += p->blocks[f->short_of[op->index]].fwd_flops -
+                                  replay_sac_recompute(p, full, f->short_of[op->index], e);
             e->dequant_bytes += p->blocks[f->short_of[op->index]].dequant_bytes;
         }
         else if (op->kind != MP_SCHED_FE)

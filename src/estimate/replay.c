@@ -285,6 +285,142 @@ uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedul
     return b;
 }
 
+/* Selective activation checkpointing (docs/checkpointing.md#sac).  torch 2.15
+ * torch/utils/checkpoint.py: in a checkpointed region's forward _CachingTorchDispatchMode (:1571)
+ * runs every ATen op and stores the outputs of those the policy saves, detached (their storages,
+ * :1666-1672); in the recompute _CachedTorchDispatchMode (:1686) returns them in place of running
+ * the op and drops its entry (:1729-1731: _CONSUMED), so from then on only autograd's saved
+ * tensors hold them.  TRL 1.16's policy (trl/models/selective_activation_checkpointing.py:26-48)
+ * MUST_SAVEs the SDPA kernels' ops and recomputes the rest: memplan's fused SDPA node (eager
+ * attention and SDPA's math path run other ops: nothing kept).  Their outputs on CUDA: the
+ * attention output and the fp32 logsumexp (the node's out and its MP_XR_LSE extra); the flash and
+ * memory-efficient kernels' philox seed and offset are host tensors without dropout, cum_seq_q/k
+ * undefined and the debug mask empty (docs/memory-facts.md#sac-sdpa-outputs).  Only a node before
+ * the block's last pack can be reached by the recompute (early stop). */
+bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, uint64_t keep, size_t k)
+{
+    const struct mp_node *n = &p->nodes[k];
+    if (n->block < 0 || k >= last_pack_end(p, (size_t)n->block))
+        return false;
+    int j;
+    switch (pol) {
+    case MP_SAC_TRL:
+    case MP_SAC_AXOLOTL: return n->prim == MP_P_ATTN && !n->eager; /* (Axolotl's: no sliding layer, setup.c) */
+    case MP_SAC_AUTO: return (j = mp_sac_candidate(p, k, NULL)) >= 0 && j < 64 && (keep >> j & 1);
+    case MP_SAC_NONE:
+    case MP_SAC_TORCHTITAN: return false; /* (refused by the option's parser) */
+    }
+    return false;
+}
+
+/* Are block i's Linears all plain matmuls of trained weights (torch sees each as one aten.mm:
+ * F.linear without a bias on a 3-D input is matmul's mm, torch 2.15 aten/src/ATen/native/
+ * Linear.cpp), none a peft base layer (peft adds the adapters' sum to its output) or quantized? */
+static bool block_plain_mm(const struct mp_program *p, size_t i)
+{
+    const struct mp_block_prog *bp = &p->blocks[i];
+    for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++) {
+        const struct mp_node *n = &p->nodes[k];
+        if (n->prim != MP_P_LINEAR)
+            continue;
+        if (n->param[1] >= 0 || n->n_fops || n->quantized || n->param[0] < 0 || !p->params[n->param[0]].trainable ||
+            p->params[n->param[0]].adapter)
+            return false;
+    }
+    return true;
+}
+
+/* MP_SAC_AUTO's candidates: the fused SDPA call, and where block_plain_mm holds each Linear's
+ * aten.mm, before the node whose pack stops the recompute (an op at the stop is never reached by
+ * it, so its stored output would not be handed back).  Node k's ordinal among its block's
+ * candidates, or -1.  *mm (may be NULL): a Linear's ordinal among the block's Linears (the aten.mm
+ * calls torch counts), -1 for SDPA. */
+int mp_sac_candidate(const struct mp_program *p, size_t k, int *mm)
+{
+    const struct mp_node *n = &p->nodes[k];
+    if (mm)
+        *mm = -1;
+    if (n->block < 0)
+        return -1;
+    const struct mp_block_prog *bp = &p->blocks[n->block];
+    size_t end = last_pack_end(p, (size_t)n->block);
+    bool plain = block_plain_mm(p, (size_t)n->block);
+    int j = 0, m = 0;
+    for (size_t q = bp->node0; q < bp->node0 + bp->n_nodes && q + 1 < end; q++) {
+        const struct mp_node *c = &p->nodes[q];
+        bool cand = (c->prim == MP_P_ATTN && !c->eager) || (c->prim == MP_P_LINEAR && plain);
+        if (q == k) {
+            if (mm && c->prim == MP_P_LINEAR)
+                *mm = m;
+            return cand ? j : -1;
+        }
+        j += cand;
+        m += c->prim == MP_P_LINEAR;
+    }
+    return -1;
+}
+
+
+
+/* The tensors SAC keeps of node n: its output and the logsumexp. */
+static int sac_outputs(const struct mp_node *n, int out[1 + MP_NODE_EXTRA_MAX])
+{
+    int m = 0;
+    out[m++] = n->out;
+    for (int e = 0; e < n->n_extra; e++)
+        if (n->extra_role[e] == MP_XR_LSE)
+            out[m++] = n->extra[e];
+    return m;
+}
+
+void mp_sac_block(const struct mp_program *p, enum mp_sac_policy pol, uint64_t keep, size_t i, uint64_t *bytes,
+                      double *flops)
+{
+    const struct mp_block_prog *bp = &p->blocks[i];
+    uint64_t b = 0;
+    double f = 0;
+    for (size_t k = bp->node0; pol != MP_SAC_NONE && k < bp->node0 + bp->n_nodes; k++) {
+        if (!replay_sac_keeps(p, pol, keep, k))
+            continue;
+        int t[1 + MP_NODE_EXTRA_MAX], m = sac_outputs(&p->nodes[k], t);
+        for (int j = 0; j < m; j++)
+            if (t[j] >= 0 && !mp_add_u64(b, p->tensors[t[j]].bytes, &b))
+                b = UINT64_MAX;
+        f += p->nodes[k].fwd_flops;
+    }
+    *bytes = b;
+    *flops = f;
+}
+
+double replay_sac_recompute(const struct mp_program *p, const struct mp_schedule *s, size_t i, struct mp_estimate *e)
+{
+    uint64_t b = 0;
+    double f = 0;
+    if (!s || s->sac == MP_SAC_NONE)
+        return 0;
+    mp_sac_block(p, s->sac, s->sac_keep, i, &b, &f);
+    e->sac_policy = s->sac;
+    e->sac_keep = s->sac_keep;
+    if (b) {
+        e->sac_layer_bytes = mp_max_u64(e->sac_layer_bytes, b);
+        e->sac_layers++;
+    }
+    return f;
+}
+
+/* The hold SAC's cache has on node n's outputs: taken after the node ran in a checkpointed block's
+ * first forward (d +1), dropped where its recompute reaches the node (d -1). */
+static void sac_hold(struct rp *r, const struct mp_node *n, int d)
+{
+    int t[1 + MP_NODE_EXTRA_MAX], m = sac_outputs(n, t);
+    for (int j = 0; j < m; j++)
+        if (t[j] >= 0) {
+            r->holds[t[j]] += d;
+            if (d < 0)
+                t_maybe_free(r, t[j]);
+        }
+}
+
 /* Forward of block i; kind FE records for backward, FN/FC do not.  early: the recompute right
  * before block i's backward (docs/checkpointing.md#early-stop).  Torch's non-reentrant checkpoint
  * starts it at the first unpack, so the backward of the block's trailing nodes that save nothing
@@ -358,7 +494,11 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
         r->node = (int)k;
         par_pre_node(r, k);
         bool before = stopped && k + 1 == end && packs_before_run(n); /* the stop before n runs */
-        if (n->fwd_tmp_first) { /* (an HF composite: its transients' blocks go to what it keeps) */
+        /* SAC: a kept op's first forward leaves its outputs held; its recompute hands them back */
+        bool keep = r->sac != MP_SAC_NONE && replay_sac_keeps(p, r->sac, r->sac_keep, k) &&
+                    (kind == MP_SCHED_FC || (grad && r->phase == MP_PH_RECOMPUTE && r->ckpt[i])),
+             cached = keep && kind != MP_SCHED_FC;
+        if (n->fwd_tmp_first && !cached) { /* (an HF composite: its transients' blocks go to what it keeps) */
             tmp(r, (int)k, n->fwd_tmp_bytes, true);
             tmp(r, (int)k, n->fwd_tmp_bytes, false);
         }
@@ -409,14 +549,20 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
             if (n->out != n->in[0] && !fop_makes(p, n, n->out))
                 t_alloc(r, n->out);
         }
-        if (!n->fwd_tmp_first)
+        if (cached)
+            sac_hold(r, n, -1);
+        else if (!n->fwd_tmp_first)
             tmp(r, (int)k, n->fwd_tmp_bytes, true);
-        if (n->n_fops)
+        if (cached)
+            ; /* not run: the cache's tensors are its outputs */
+        else if (n->n_fops)
             fwd_ops(r, n, (int)k, grad);
         else
             emit_fwd(r, (int)k, grad, 0);
-        if (!n->fwd_tmp_first)
+        if (!n->fwd_tmp_first && !cached)
             tmp(r, (int)k, n->fwd_tmp_bytes, false);
+        if (keep && !cached)
+            sac_hold(r, n, 1);
         if (k + 1 == all && !stopped)
             r->holds[bp->output]++; /* the chain holds x_{i+1} before anything can free it */
         node_uses(r, n, -1, true, frames && !before);
@@ -1074,6 +1220,8 @@ static enum mp_status replay_run(const struct mp_program *p, const struct mp_sch
     }
     if (st == MP_OK) {
         r.offload = sched->offload;
+        r.sac = sched->sac;
+        r.sac_keep = sched->sac_keep;
         replay_setup(&r);
         replay_schedule(&r, sched);
         replay_step(&r, fn, ctx);

@@ -41,6 +41,8 @@ struct rp {
     int *grefs;   /* per GRAD storage: how many tensors' gradients it holds */
     bool *ckpt; /* per block: its input is held as a checkpoint (Fc) until its backward */
     bool offload; /* the schedule's Fc inputs wait in pinned host memory (offload_input) */
+    enum mp_sac_policy sac; /* the ops whose outputs each Fc keeps for its recompute (sac_hold) */
+    uint64_t sac_keep;      /* MP_SAC_AUTO: the candidates kept (mp_schedule.sac_keep) */
     bool *recomp; /* per block: recorded by a recompute (after the loss) for its backward */
     size_t bwd_next; /* SIZE_MAX, or the node the next block backward starts below: an early
                         recompute ran the backward of the nodes from there on (fwd_block) */
@@ -195,6 +197,12 @@ enum mp_status replay_act_offload(const struct mp_program *p, const struct mp_sc
                                   const struct mp_train_opts *t, struct rp_aoff_out *out, struct mp_diag *d);
 /* Pinned host bytes of an offloaded schedule's checkpointed inputs (0 without offload); *copied:
  * their unrounded bytes.  UINT64_MAX on overflow. */
+/* Does SAC policy pol keep node k's outputs from a checkpointed block's forward to its recompute
+ * (docs/checkpointing.md#sac)?  keep: MP_SAC_AUTO's candidates kept (mp_sac_candidate). */
+bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, uint64_t keep, size_t k);
+/* The forward FLOPs the recompute of block i skips under s's SAC policy; e's SAC figures
+ * (sac_layer_bytes, sac_layers) take block i's.  Called once per recompute. */
+double replay_sac_recompute(const struct mp_program *p, const struct mp_schedule *s, size_t i, struct mp_estimate *e);
 uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedule *s, uint64_t *copied);
 enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule *sched,
                            const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,

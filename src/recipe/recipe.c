@@ -527,7 +527,7 @@ static void derive_optimizer(struct reader *rd)
         put(rd, MP_RS_OPTIMIZER, name, F_OPTIM);
 }
 
-static void derive_checkpoint(struct reader *rd)
+static void derive_checkpoint(struct reader *rd, bool adapters)
 {
     struct fact_val t1, t2;
     const struct fact_val *gc = fact(rd, F_GC, &t1);
@@ -556,16 +556,53 @@ static void derive_checkpoint(struct reader *rd)
         refuse(rd, fact_key(rd, F_GC_OFFLOAD), off->line, off->v, "expected true or false");
         return;
     }
-    const char *plus = offload ? "+offload" : "";
+    /* selective checkpointing: TRL 1.16 reads gradient_checkpointing_kwargs' "selective" in
+     * SFTTrainer only (trainer/sft_trainer.py:1085-1096; it raises without gradient checkpointing),
+     * and with a PEFT model the Trainer hands the key on to torch's checkpoint, which raises
+     * (bench/accuracy/sac_step.py trl-peft); transformers' own Trainer (and LLaMA-Factory's) hands it
+     * on too.  Axolotl (loaders/model.py _apply_selective_checkpointing, on the model before peft)
+     * saves the "attention" group by default (monkeypatch/selective_checkpointing.py
+     * build_sac_policy) */
+    struct fact_val t4, t5;
+    const struct fact_val *sc = fact(rd, F_GC_SAC, &t4), *sv = fact(rd, F_GC_SAC_SAVE, &t5);
+    int sac = sc && strcmp(sc->v, "null") ? truth(sc->v) : 0;
+    if (sac < 0) {
+        refuse(rd, fact_key(rd, F_GC_SAC), sc->line, sc->v, "expected true or false");
+        return;
+    }
+    if (sv && strcmp(sv->v, "attention")) {
+        refuse(rd, fact_key(rd, F_GC_SAC_SAVE), sv->line, sv->v, "ops saved besides attention: " "not modelled yet");
+        return;
+    }
+    sac |= sv != NULL;
+    const char *no = NULL;
+    bool ax = rd->r->format == MP_RF_AXOLOTL;
+    if (sac && !ax && !on)
+        no = "TRL raises: selective checkpointing needs gradient checkpointing";
+    else if (sac && !ax && (rd->r->format != MP_RF_TRL || (rd->fmt_bit & (B_DPO | B_KTO | B_GRPO | B_ORPO))))
+        no = "only TRL's SFTTrainer reads it; this trainer hands it on to torch's checkpoint, which raises";
+    else if (sac && !ax && adapters)
+        no = "TRL 1.16's SFTTrainer with a PEFT model hands it on to torch's checkpoint, which raises";
+    else if (sac && on && offload)
+        no = "with offloaded checkpointing: " "not modelled yet";
+    if (no) {
+        refuse(rd, fact_key(rd, sv && !sc ? F_GC_SAC_SAVE : F_GC_SAC), sc ? sc->line : sv->line, sc ? sc->v : sv->v,
+               "%s", no);
+        return;
+    }
+    enum fact from = !sac || !on ? (offload ? F_GC_OFFLOAD : F_N) : sc && rd->f[F_GC_SAC].set ? F_GC_SAC
+                                                                                          : F_GC_SAC_SAVE;
+    char plus[16];
+    snprintf(plus, sizeof plus, "%s", offload ? "+offload" : sac && on ? (ax ? "+sac:axolotl" : "+sac") : "");
     const struct fact_val *every = on ? fact(rd, F_GC_EVERY, &t2) : NULL;
     char spec[64];
     if (every && strcmp(every->v, "1") && strcmp(every->v, "null")) {
         snprintf(spec, sizeof spec, "layers:%.24s%s", every->v, plus); /* (the option's parser checks N) */
-        put(rd, MP_RS_CHECKPOINT, spec, offload ? F_GC_OFFLOAD : F_GC_EVERY);
+        put(rd, MP_RS_CHECKPOINT, spec, from != F_N ? from : F_GC_EVERY);
         return;
     }
     snprintf(spec, sizeof spec, "%s%s", on ? "layers" : "none", plus);
-    put(rd, MP_RS_CHECKPOINT, spec, offload ? F_GC_OFFLOAD : F_GC);
+    put(rd, MP_RS_CHECKPOINT, spec, from != F_N ? from : F_GC);
 }
 
 /* The adapters: "full", "lora" or "qlora" (NULL: refused). */
@@ -946,7 +983,7 @@ static void derive(struct reader *rd)
     bool adapters = mode && strcmp(mode, "full");
     derive_precision(rd, adapters);
     derive_optimizer(rd);
-    derive_checkpoint(rd);
+    derive_checkpoint(rd, adapters);
     derive_attention(rd);
     const struct fact_val *uc = fact(rd, F_USE_CACHE, &tmp);
     if (uc && truth(uc->v) >= 0)

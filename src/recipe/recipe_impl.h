@@ -39,6 +39,9 @@ enum fact {
     F_GC_EVERY,     /* transformers' every_n_layers: checkpoint decoder layers 0, N, 2N, ... */
     F_GC_OFFLOAD,   /* transformers' offload: the checkpointed layers' inputs in pinned host memory */
     F_ACT_OFFLOAD,  /* TRL activation_offloading: OffloadActivations around the step (--act-offload) */
+    F_GC_SAC,       /* selective checkpointing: TRL's gradient_checkpointing_kwargs.selective, Axolotl's
+                       selective_checkpointing (true) */
+    F_GC_SAC_SAVE,  /* Axolotl selective_checkpointing.save: the ops saved ("attention") */
     F_PACKING,      /* packing documents into rows (TRL packing, Axolotl sample_packing, LLaMA-Factory
                        packing, torchtune dataset.packed) */
     F_PACK_STRATEGY, /* TRL packing_strategy (bfd, bfd_split, wrapped) */

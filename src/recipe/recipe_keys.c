@@ -266,7 +266,14 @@ const struct key_row mp_recipe_keys[] = {
            "torchtune's OffloadActivations (training/_activation_offloading.py: a storage saved twice is offloaded "
            "twice, no deduplication as TRL's) around its own decoder and chunked loss: " NOT_YET),
     REFUSE(B_AX, "layer_offloading", "layer offloading: " NOT_YET),
-    REFUSE(B_AX, "selective_checkpointing", "selective (op-level) checkpointing: " NOT_YET),
+    /* selective checkpointing (docs/checkpointing.md#sac): --checkpoint layers[:N]+sac[:axolotl] */
+    FACT(B_ARGS, "gradient_checkpointing_kwargs.selective", F_GC_SAC),
+    FACT(B_ARGS, "activation_checkpointing_kwargs.selective", F_GC_SAC),
+    FACT(B_AX, "selective_checkpointing", F_GC_SAC),
+    FACT(B_AX, "selective_checkpointing.save", F_GC_SAC_SAVE),
+    REFUSE(B_AX, "selective_checkpointing.offload", "the saved ops' outputs in pinned host memory: " NOT_YET),
+    REFUSE(B_AX, "selective_checkpointing.save_sliding_window", "sliding-window attention saved: " NOT_YET),
+    REFUSE(B_AX, "selective_checkpointing.recompute_layer_types", "the layer types recomputed: " NOT_YET),
     REFUSE(B_LF, "use_unsloth_gc", "Unsloth's offloaded checkpointing: " NOT_YET),
     /* the optimizer */
     FACT(B_ARGS, "optim", F_OPTIM),

@@ -446,6 +446,29 @@ static void json_levels(cJSON *o, const struct mp_fit *f)
         cJSON_AddBoolToObject(o, "expandable_segments_would_fit", true);
 }
 
+/* The ops --checkpoint ...+sac:auto keeps in each checkpointed layer, as torch counts them in a
+ * layer ("sdpa", "mm:J": the layer's J-th aten.mm), each with its node's name: at most n, into
+ * names[] and nodes[]; their number. */
+static size_t sac_kept_ops(const struct mp_program *p, uint64_t keep, char names[][16], const char **nodes, size_t n)
+{
+    size_t m = 0;
+    int blk = -1;
+    for (size_t k = 0; p && k < p->n_nodes && m < n; k++) {
+        int mm, j = mp_sac_candidate(p, k, &mm);
+        if (j < 0 || (blk >= 0 && p->nodes[k].block != blk))
+            continue;
+        blk = p->nodes[k].block;
+        if (j >= 64 || !(keep >> j & 1))
+            continue;
+        if (mm >= 0)
+            snprintf(names[m], sizeof names[m], "mm:%d", mm);
+        else
+            snprintf(names[m], sizeof names[m], "sdpa");
+        nodes[m++] = p->nodes[k].name;
+    }
+    return m;
+}
+
 static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp_estimate *e)
 {
     cJSON *m = cJSON_AddObjectToObject(r, "memory");
@@ -521,6 +544,19 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
             ju64(m, "act_offload_pcie_bytes", e->act_offload_pcie_bytes);
         else
             jnum(m, "ckpt_offload_pcie_bytes", 2.0 * (double)e->ckpt_offload_bytes);
+    }
+    if (e->sac_policy != MP_SAC_NONE) { /* --checkpoint ...+sac */
+        cJSON_AddStringToObject(m, "sac_policy", mp_sac_str(e->sac_policy));
+        ju64(m, "sac_layer_bytes", e->sac_layer_bytes);
+        ju64(m, "sac_layers", e->sac_layers);
+        if (e->sac_policy == MP_SAC_AUTO) { /* what the planner keeps */
+            char names[64][16];
+            const char *nodes[64];
+            size_t n = sac_kept_ops(c->prog, e->sac_keep, names, nodes, 64);
+            cJSON *a = cJSON_AddArrayToObject(m, "sac_keep");
+            for (size_t i = 0; a && i < n; i++)
+                cJSON_AddItemToArray(a, cJSON_CreateString(names[i]));
+        }
     }
     if (e->world > 1 || e->host_bytes || e->buffers_bytes) { /* data parallel: per rank */
         ju64(m, "world", e->world);
@@ -1055,6 +1091,25 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     else if (e->host_pinned_bytes)
         fprintf(out, "  host RAM (pinned)  %12s   (offloaded checkpoint inputs; PCIe %s per step)\n",
                 B(e->host_pinned_bytes), B(2 * e->ckpt_offload_bytes));
+    if (e->sac_policy != MP_SAC_NONE) {
+        char lab[32];
+        snprintf(lab, sizeof lab, "SAC kept (%s)", mp_sac_str(e->sac_policy));
+        fprintf(out, "  %-19s%12s   per layer x %zu (saved ops' outputs, held to the recompute)\n", lab,
+                B(e->sac_layer_bytes), e->sac_layers);
+        if (e->sac_policy == MP_SAC_AUTO) { /* the planner's choice, wrapped at 100 columns */
+            char names[64][16];
+            const char *nodes[64];
+            size_t n = sac_kept_ops(c->prog, e->sac_keep, names, nodes, 64);
+            int col = fprintf(out, "%21skept:", "");
+            for (size_t i = 0; i < n; i++) {
+                int w = (int)(strlen(names[i]) + strlen(nodes[i]) + 5);
+                if (col + w > 99)
+                    col = fprintf(out, "\n%26s", "") - 1;
+                col += fprintf(out, " %s (%s)%s", names[i], nodes[i], i + 1 < n ? "," : "");
+            }
+            fprintf(out, "%s\n", n ? "" : " nothing (the plan is layers')");
+        }
+    }
     if (e->world > 1 || e->host_bytes || e->buffers_bytes) {
         fprintf(out, "  comm buffers       %12s   (persistent: DDP buckets, DeepSpeed reduce bucket / partitions)\n",
                 B(e->buffers_bytes));
@@ -1571,6 +1626,11 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "    activation_checkpointing_kwargs={\"use_reentrant\": False");
         if (b->ckpt.k > 1)
             fprintf(out, ", \"every_n_layers\": %llu", (unsigned long long)b->ckpt.k);
+        /* TRL 1.16's selective checkpointing (trl/trainer/sft_trainer.py:1085-1096; the options'
+         * rules keep it to SFTConfig and full weights): the old name mirrors the new one
+         * (transformers 5.24 training_args.py:1533-1543), which is what TRL reads */
+        if (b->ckpt.sac == MP_SAC_TRL)
+            fprintf(out, ", \"selective\": True");
         fprintf(out, "%s},\n", b->ckpt.offload ? ", \"offload\": True" : "");
     }
     fprintf(out, "    optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer));
@@ -1707,6 +1767,57 @@ static void snippet_accelerate(FILE *out, const struct mp_report_ctx *c, const s
 
 /* --emit torch (and the text report): a runnable PyTorch file: the model, its wrapping and
  * checkpointing as planned, and a train() loop on an HF model (model(**batch).loss). */
+/* --emit torch of --checkpoint ...+sac[:NAME] (docs/checkpointing.md#sac): the policy as a
+ * context_fn `sac` for torch's checkpoint (create_selective_checkpoint_contexts).  TRL's and
+ * Axolotl's: the SDPA kernels' ops saved (trl/models/selective_activation_checkpointing.py).
+ * memplan's plan (auto): the kept ops as torch meets them in a layer: the SDPA op, and the
+ * layer's J-th aten.mm, counted per checkpoint call (a context_fn call is one layer's region; the
+ * recompute does not ask the policy: torch/utils/checkpoint.py:1686-1734). */
+static void snippet_sac(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
+{
+    if (b->ckpt.sac == MP_SAC_NONE)
+        return;
+    char names[64][16];
+    const char *nodes[64];
+    size_t n = b->ckpt.sac == MP_SAC_AUTO ? sac_kept_ops(c->prog, b->fit.plan.sched.sac_keep, names, nodes, 64) : 0;
+    bool sdpa = b->ckpt.sac != MP_SAC_AUTO;
+    if (b->ckpt.sac == MP_SAC_AUTO)
+        fprintf(out, "# selective checkpointing: memplan's plan (layers+sac:auto) keeps in each checkpointed layer:\n");
+    else
+        fprintf(out, "# selective checkpointing: %s policy: SDPA's kernels' outputs kept to the recompute\n",
+                b->ckpt.sac == MP_SAC_TRL ? "TRL's" : "Axolotl's");
+    for (size_t i = 0; i < n; i++) {
+        fprintf(out, "#   %s (%s)\n", names[i], nodes[i]);
+        sdpa |= !strcmp(names[i], "sdpa");
+    }
+    fprintf(out, "# every other op recomputed\n"
+                 "import collections\n"
+                 "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts\n"
+                 "sdpa_ops = {getattr(torch.ops.aten, n).default for n in (\"_scaled_dot_product_flash_attention\",\n"
+                 "            \"_scaled_dot_product_efficient_attention\", \"_scaled_dot_product_cudnn_attention\",\n"
+                 "            \"_scaled_dot_product_flash_attention_for_cpu\") if hasattr(torch.ops.aten, n)}\n"
+                 "keep_sdpa, keep_mm = %s, ", sdpa ? "True" : "False");
+    bool first = true;
+    for (size_t i = 0; i < n; i++)
+        if (!strncmp(names[i], "mm:", 3)) {
+            fprintf(out, "%s%s", first ? "{" : ", ", names[i] + 3);
+            first = false;
+        }
+    fprintf(out, "%s\n"
+                 "def sac():  # one checkpointed layer's region: its own count of aten.mm calls\n"
+                 "    count = collections.Counter()\n"
+                 "    def policy(ctx, op, *args, **kwargs):\n"
+                 "        if op in sdpa_ops:\n"
+                 "            return CheckpointPolicy.MUST_SAVE if keep_sdpa else CheckpointPolicy.PREFER_RECOMPUTE\n"
+                 "        if op is torch.ops.aten.mm.default:\n"
+                 "            j = count[ctx.is_recompute]\n"
+                 "            count[ctx.is_recompute] += 1\n"
+                 "            if j in keep_mm:\n"
+                 "                return CheckpointPolicy.MUST_SAVE\n"
+                 "        return CheckpointPolicy.PREFER_RECOMPUTE\n"
+                 "    return create_selective_checkpoint_contexts(policy)\n", first ? "set()" : "}");
+}
+
 static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct mp_candidate *b)
 {
     const struct mp_ckpt_plan *p = &b->fit.plan;
@@ -1719,8 +1830,10 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
     fprintf(out, "micro_batch, grad_accum = %llu, %llu   # global batch %llu\n", (unsigned long long)b->micro_batch,
             (unsigned long long)b->grad_accum, (unsigned long long)b->global_batch);
     /* checkpointing first: FSDP2 and DDP wrap the checkpointed layers */
+    snippet_sac(out, c, b);
     if (b->ckpt.strategy == MP_CKPT_LAYERS) /* transformers 5.24 modeling_utils.py:3119 */
-        fprintf(out, "model.activation_checkpointing_enable({\"use_reentrant\": False}, every_n_layers=%llu%s)\n",
+        fprintf(out, "model.activation_checkpointing_enable({\"use_reentrant\": False%s}, every_n_layers=%llu%s)\n",
+                b->ckpt.sac != MP_SAC_NONE ? ", \"context_fn\": sac" : "",
                 (unsigned long long)(b->ckpt.k > 1 ? b->ckpt.k : 1), b->ckpt.offload ? ", offload=True" : "");
     else if (nck) {
         fprintf(out, "# memplan's plan checkpoints these block ranges [start, end) (block 0 = the embeddings):\n"

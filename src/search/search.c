@@ -279,6 +279,94 @@ static enum mp_status plan_make(const struct mp_job *job, const struct mp_chain 
     return st;
 }
 
+/* --checkpoint layers[:N]+sac:auto (docs/checkpointing.md#sac-auto): which candidate ops of a
+ * decoder layer (mp_sac_candidate: SDPA, the Linears' matmuls; every layer alike) keep their outputs
+ * to the recompute, for the least recompute FLOPs with the step within the usable bytes.  Each
+ * subset of a layer's n candidates (n <= 16) costs the bytes it holds per layer and saves the FLOPs
+ * of its ops; of the subsets holding as many bytes or fewer, the one saving the most FLOPs is the
+ * best (the Pareto frontier, ascending in bytes).  The step's replayed peak grows with the bytes a
+ * layer holds, so the last frontier point whose step fits (the fit's verdict: allocated and, where
+ * simulated, reserved) is found by bisection: about log2 of the frontier's size replays.  f->plan.sched.sac_keep and f->est are that point's; none fitting (not
+ * even keeping nothing) leaves nothing kept. */
+#define SAC_AUTO_MAX 16
+/* The fit's verdict on e (device_verdict's): allocated peak + context within the usable bytes and,
+ * where the caching allocator ran, no failed allocation and reserved + context within them. */
+static bool est_fits(const struct mp_estimate *e, uint64_t context, uint64_t usable)
+{
+    uint64_t dev;
+    if (e->peak_device_bytes > usable)
+        return false;
+    return !e->alloc_simulated || (!e->alloc_ooms && mp_add_u64(e->peak_reserved_bytes, context, &dev) &&
+                                   mp_add_u64(dev, e->vllm_bytes, &dev) && dev <= usable);
+}
+
+static enum mp_status sac_auto(struct evalr *ev, uint64_t context, struct mp_fit *f, struct mp_diag *d)
+{
+    const struct mp_program *p = ev->built ? ev->prog : ev->sp;
+    size_t i0 = SIZE_MAX;
+    int n = 0;
+    for (size_t k = 0; k < p->n_nodes && (i0 == SIZE_MAX || p->nodes[k].block == (int)i0); k++)
+        if (mp_sac_candidate(p, k, NULL) >= 0) {
+            i0 = (size_t)p->nodes[k].block;
+            n++;
+        }
+    if (n > SAC_AUTO_MAX)
+        return mp_fail(d, MP_ERR_UNSUPPORTED, "%s: --checkpoint ...+sac:auto: %d candidate ops in a layer (at most "
+                       "%d)", ev->job->model->path, n, SAC_AUTO_MAX);
+    if (n == 0 || !est_fits(&f->est, context, f->usable_bytes))
+        return MP_OK; /* nothing to keep, or nothing fits: the plain plan */
+    size_t m = (size_t)1 << n, nf = 0;
+    uint64_t *hb = malloc(m * sizeof *hb);
+    double *fl = malloc(m * sizeof *fl);
+    uint32_t *order = malloc(m * sizeof *order);
+    if (!hb || !fl || !order) {
+        free(hb), free(fl), free(order);
+        return mp_fail(d, MP_ERR_NOMEM, "out of memory planning selective checkpointing");
+    }
+    for (size_t s = 0; s < m; s++)
+        mp_sac_block(p, MP_SAC_AUTO, s, i0, &hb[s], &fl[s]);
+    /* the frontier: by bytes (fewer FLOPs saved first among equal bytes), a subset kept when it saves
+     * more than every one before it */
+    for (size_t s = 0; s < m; s++) {
+        size_t at = nf;
+        while (at > 0 && (hb[order[at - 1]] > hb[s] || (hb[order[at - 1]] == hb[s] && fl[order[at - 1]] > fl[s])))
+            at--;
+        memmove(&order[at + 1], &order[at], (nf - at) * sizeof *order);
+        order[at] = (uint32_t)s;
+        nf++;
+    }
+    size_t nfr = 0;
+    for (size_t q = 0; q < nf; q++)
+        if (nfr == 0 || fl[order[q]] > fl[order[nfr - 1]])
+            order[nfr++] = order[q];
+    /* bisection: order[lo] fits (subset 0's replay is f->est), order[hi] is past the last fit */
+    size_t lo = 0, hi = nfr;
+    struct mp_estimate best = f->est;
+    enum mp_status st = MP_OK;
+    while (hi - lo > 1 && st == MP_OK) {
+        size_t mid = lo + (hi - lo) / 2;
+        f->plan.sched.sac_keep = order[mid];
+        struct mp_estimate e;
+        size_t folded = 0;
+        memset(&e, 0, sizeof e);
+        if ((st = ev_run(ev, &f->plan.sched, context, &f->chain, &e, &folded, d)) != MP_OK)
+            break;
+        if (est_fits(&e, context, f->usable_bytes)) {
+            mp_estimate_release(&best); /* (the first time f->est's: replaced below) */
+            best = e;
+            f->folded_blocks = folded;
+            lo = mid;
+        } else {
+            mp_estimate_release(&e);
+            hi = mid;
+        }
+    }
+    f->plan.sched.sac_keep = order[lo];
+    f->est = best;
+    free(hb), free(fl), free(order);
+    return st;
+}
+
 /* The sqrt plan in place of f's budgeted one (planned: f has one) where it fits and that does
  * not, or costs less; f->plan keeps the job's strategy as its name. */
 static enum mp_status sqrt_floor(struct evalr *ev, const struct mp_job *job, uint64_t context, struct mp_fit *f,
@@ -386,8 +474,15 @@ enum mp_status mp_fit_eval(const struct mp_job *job_in, struct mp_fit *f, struct
         if (st != MP_OK)
             goto out;
         st = ev_run(&ev, &f->plan.sched, context, &f->chain, &f->est, &f->folded_blocks, d);
+        if (st == MP_OK && job->ckpt.sac == MP_SAC_AUTO)
+            st = sac_auto(&ev, context, f, d);
         if (st != MP_OK)
             goto out;
+        if (job->ckpt.sac != MP_SAC_NONE) { /* the chain model recomputes whole blocks: the plan's
+                                              * recompute is the replay's, less the kept ops */
+            f->plan.total_cost -= f->plan.recompute_cost - f->est.recompute_flops;
+            f->plan.recompute_cost = f->est.recompute_flops;
+        }
     } else {
         /* The activation budget: what the target leaves after everything that is not an
          * activation (weights, gradients, optimizer state, workspace, context). */

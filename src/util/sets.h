@@ -121,6 +121,26 @@ enum mp_attn_impl {
 #undef MP_X
 };
 
+/* Op-level selective activation checkpointing (--checkpoint layers[:N]+sac[:NAME]): X(id, name, whose
+ * policy, NULL when modelled or why not).  Under torch's non-reentrant checkpoint with a context_fn
+ * from create_selective_checkpoint_contexts, the outputs of the ops a policy saves are held from a
+ * checkpointed layer's forward until its recompute pops them, and those ops are not recomputed
+ * (docs/checkpointing.md#sac).  "+sac" alone is TRL's policy. */
+#define MP_SAC_POLICIES(X)                                                                                 \
+    X(NONE, "none", "every op of a checkpointed layer recomputed", NULL)                                  \
+    X(TRL, "trl", "TRL 1.16 SFTConfig gradient_checkpointing_kwargs={\"selective\": True}: SDPA saved", NULL) \
+    X(AXOLOTL, "axolotl", "Axolotl selective_checkpointing: true (attention saved; not sliding layers)", NULL) \
+    X(TORCHTITAN, "torchtitan", "torchtitan's op-SAC default (_op_sac_save_list, every second mm)",          \
+      "torchtitan's SelectiveAC (SDPA and the 1st, 3rd... aten.mm of a layer saved) runs its checkpoint "    \
+      "with early_stop=False, a recompute memplan does not model yet")                                      \
+    X(AUTO, "auto", "memplan's planner: a layer's SDPA and matmuls kept or recomputed to fit the GPU", NULL)
+
+enum mp_sac_policy {
+#define MP_X(id, name, what, unmodelled) MP_SAC_##id,
+    MP_SAC_POLICIES(MP_X)
+#undef MP_X
+};
+
 /* Task heads (--head): X(id, name, transformers' class suffix).  --head replaces the class
  * architectures[0] names (model/model_hf.c mp_hf_apply_request: each family's row says which
  * heads transformers has for it). */
