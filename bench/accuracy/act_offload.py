@@ -48,6 +48,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 import torch_step  # noqa: E402  (its CUDA kernels for SDPA and dropout are installed on import)
 import rowlib  # noqa: E402
+import loss_heads  # noqa: E402  (TRL's fused head on its CUDA branches)
 from torch_step import LiveTracker  # noqa: E402
 
 CONFIGS = {"llama-3.2-1b": "models/hf/llama-3.2-1b.json", "llama-3-8b": "models/hf/llama-3-8b.json"}
@@ -151,6 +152,20 @@ class TorchProxy:
             return self._host(torch.empty(*a, device="cpu", **k))
 
 
+class FusedTracker(HostTracker, loss_heads.Tracker):
+    """HostTracker that answers the data-dependent shapes of TRL's fused head under fake tensors
+    as loss_heads.Tracker does (the mask's nonzero indices, the gathered rows, masked_select)."""
+
+
+def sft_fused_loss(model, ids, labels):
+    """SFTTrainer.compute_loss's default branch (trl 1.16.0 sft_trainer.py:1611-1618), with no
+    num_items_in_batch: the fused head's outputs, the loss from -log_probs over the kept labels;
+    the outputs go when compute_loss returns."""
+    out = model(input_ids=ids, labels=labels, use_cache=False, fused_lm_head=True)
+    lo = (-out.log_probs).sum() / torch.as_tensor(out.label_mask.sum()).clamp(min=1)
+    return lo
+
+
 def offload_ctx(model, tr):
     """TRL's get_act_offloading_ctx_manager(model) with its defaults, on the emulated device."""
     import trl.models.activation_offloading as ao
@@ -164,7 +179,8 @@ def offload_ctx(model, tr):
         torch.accelerator.current_accelerator, torch.get_device_module = cur, gdm
 
 
-def torch_run(cfg_path, batch, seq, precision, full, r=16, targets="all-linear", offload=True, show=0):
+def torch_run(cfg_path, batch, seq, precision, full, r=16, targets="all-linear", offload=True, show=0,
+              loss="hf"):
     import peft
     import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -183,9 +199,15 @@ def torch_run(cfg_path, batch, seq, precision, full, r=16, targets="all-linear",
     with fake:
         model.to_empty(device="cpu")
         (model.get_base_model() if not full else model).tie_weights()
+    if loss == "chunked-nll":
+        # SFTTrainer (trl 1.16.0 sft_trainer.py:1142-1147): TRL's fused head on the base model, with
+        # these outputs, on its CUDA branches (loss_heads.trl_cuda_branches)
+        loss_heads.trl_cuda_branches()(model.get_base_model() if not full else model,
+                                       outputs=("log_probs", "entropy", "is_top1"))
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    tr = HostTracker(snapshot=bool(show))
+    tr = (HostTracker if loss == "hf" else FusedTracker)(snapshot=bool(show))
+    tr.kept = batch * (seq - 1)  # (FusedTracker: every shifted label kept)
     data_ptr, record_stream = torch.UntypedStorage.data_ptr, torch.Tensor.record_stream
     torch.UntypedStorage.data_ptr = lambda self: self._cdata  # (module doc: storage identity)
     torch.Tensor.record_stream = lambda self, s: None  # (a no-op stream; memory_allocated drops at free)
@@ -213,12 +235,15 @@ def torch_run(cfg_path, batch, seq, precision, full, r=16, targets="all-linear",
                     tr.phase = "forward"
                     if ac:
                         ac.__enter__()
-                    loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+                    if loss == "hf":
+                        lo = model(input_ids=ids, labels=labels, use_cache=False).loss
+                    else:
+                        lo = sft_fused_loss(model, ids, labels)
                     if ac:
                         ac.__exit__(None, None, None)
                     tr.phase = "backward"
-                    loss.backward()
-                    del loss
+                    lo.backward()
+                    del lo
                     gc.collect()
                 tr.phase = "optimizer.step"
                 opt.step()
@@ -232,9 +257,12 @@ def torch_run(cfg_path, batch, seq, precision, full, r=16, targets="all-linear",
     return res
 
 
-def memplan_run(memplan, cfg_path, batch, seq, precision, full, r=16, targets="all-linear", offload=True):
+def memplan_run(memplan, cfg_path, batch, seq, precision, full, r=16, targets="all-linear", offload=True,
+                loss="hf"):
     args = ["--batch", str(batch), "--seq", str(seq), "--precision", precision, "--checkpoint", "layers",
             "--workspace", "0", "--use-cache", "off"]
+    if loss != "hf":
+        args += ["--loss", loss]
     if offload:
         args += ["--act-offload"]
     if not full:
@@ -256,6 +284,16 @@ def settings(quick):
             ("llama-3-8b", 2, 1, 4096, "amp-bf16", True, 0),
             ("llama-3.2-1b", 4, 1, 4096, "bf16", False, 1000), ("llama-3.2-1b", 4, 1, 4096, "amp-bf16", True, 1000),
             ("llama-3-8b", 2, 1, 8192, "bf16", False, 1000)]
+    rows = [r + ("hf",) for r in rows]
+    # TRL's fused head (SFTTrainer's default, --loss chunked-nll)
+    rows += [("llama-3.2-1b", 4, 1, 2048, "bf16", False, 0, "chunked-nll"),
+             ("llama-3.2-1b", 4, 1, 8192, "bf16", False, 0, "chunked-nll"),
+             ("llama-3.2-1b", 4, 2, 4096, "amp-bf16", True, 0, "chunked-nll"),
+             ("llama-3-8b", 2, 1, 2048, "bf16", False, 0, "chunked-nll"),
+             ("llama-3-8b", 2, 1, 8192, "bf16", False, 0, "chunked-nll"),
+             ("llama-3-8b", 2, 1, 4096, "amp-bf16", True, 0, "chunked-nll"),
+             ("llama-3.2-1b", 4, 1, 4096, "bf16", False, 1000, "chunked-nll"),
+             ("llama-3-8b", 2, 1, 8192, "bf16", False, 1000, "chunked-nll")]
     return rows[:2] if quick else rows
 
 
@@ -269,6 +307,7 @@ def main(argv):
     ap.add_argument("--torch-only", action="store_true", help="print torch's figures, run no memplan")
     ap.add_argument("--show", type=int, default=0)
     ap.add_argument("--plain", action="store_true", help="also run the step without offloading")
+    ap.add_argument("--loss", default="", help="only the rows of this loss head (hf, chunked-nll)")
     a = ap.parse_args(argv)
     only = set(a.only.split(",")) if a.only else None
     rows, lines = [], []
@@ -280,8 +319,8 @@ def main(argv):
     table = ["| model (layers) | training | batch x seq | precision | torch peak | memplan | diff | "
              "without offload | host pinned (torch = memplan) | torch peak at |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     tmp = tempfile.mkdtemp()
-    for name, layers, b, s, prec, full, vocab in settings(a.quick):
-        if only and name not in only:
+    for name, layers, b, s, prec, full, vocab, loss in settings(a.quick):
+        if (only and name not in only) or (a.loss and loss != a.loss):
             continue
         d = rowlib.load_config(CONFIGS[name], layers)
         if vocab:
@@ -289,19 +328,20 @@ def main(argv):
         cfg_path = os.path.join(tmp, "%s-%d-%d.json" % (name, layers, vocab))
         with open(cfg_path, "w") as f:
             json.dump(d, f)
-        t = torch_run(cfg_path, b, s, prec, full, show=a.show)
-        what = ("full" if full else "lora all-linear r16") + (", vocab %d" % vocab if vocab else "")
+        t = torch_run(cfg_path, b, s, prec, full, show=a.show, loss=loss)
+        what = (("full" if full else "lora all-linear r16") + (", vocab %d" % vocab if vocab else "") +
+                (", --loss %s" % loss if loss != "hf" else ""))
         line = "%s L%d %s b%d s%d %s: torch peak %.1f MiB at %s, host pinned %.1f MiB (%d packs)" % (
             name, layers, what, b, s, prec, t["peak"] / 2**20, t["peak_at"], t["host_pinned"] / 2**20,
             t["host_packs"])
         p = None
         if a.plain:
-            p = torch_run(cfg_path, b, s, prec, full, offload=False)
+            p = torch_run(cfg_path, b, s, prec, full, offload=False, loss=loss)
             line += "; without offload %.1f MiB at %s" % (p["peak"] / 2**20, p["peak_at"])
         for sz, lab in t.get("live_at_peak", []):
             line += "\n    %10.1f MiB %s" % (sz / 2**20, lab)
         if not a.torch_only:
-            m = memplan_run(a.memplan, cfg_path, b, s, prec, full)
+            m = memplan_run(a.memplan, cfg_path, b, s, prec, full, loss=loss)
             diff = 100.0 * (m["peak"] - t["peak"]) / t["peak"]
             line += "\n    memplan %.1f MiB (%+.2f %%) at %s, host pinned %.1f MiB" % (
                 m["peak"] / 2**20, diff, m["peak_at"], m["host_pinned"] / 2**20)

@@ -639,9 +639,9 @@ static int check_rules(const struct command *c, struct args *a)
         if (a->ckpt.sac != MP_SAC_NONE)
             return cli_usage_error(c->name, "%s", "--act-offload with layers+sac: the selective checkpoint's kept "
                                                   "outputs beside TRL's offloading are not modelled yet");
-        if (a->loss != MP_LOSS_HF)
+        if (a->loss != MP_LOSS_HF && a->loss != MP_LOSS_CHUNKED_NLL)
             return cli_usage_error(c->name, "--act-offload with --loss %s: which of a fused loss head's saved tensors "
-                                            "TRL offloads is not modelled yet (--loss hf is)",
+                                            "TRL offloads is not modelled yet (--loss hf and chunked-nll are)",
                                    mp_loss_str((enum mp_loss)a->loss));
         if (a->trainer != MP_TRAINER_SFT)
             return cli_usage_error(c->name, "--act-offload with --trainer %s: not measured yet (--trainer sft is)",

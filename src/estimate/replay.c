@@ -121,6 +121,8 @@ struct rp_aoff {
     uint64_t id;        /* the last pack id */
     int noop;           /* the lm_head node (NoOpManager), -1 */
     int trigger;        /* a recompute's first unpacking node: its reload of x_i is pending, -1 */
+    bool mask_off;      /* TRL's fused head: the label mask's second pack was offloaded ... */
+    int mask_kept;      /* ... and the mask each kept pack holds on the device (aoff_fused), -1 */
     size_t trigger_prev;/* the backward stash's entries before that reload */
     struct rp_aoff_out out;
 };
@@ -263,6 +265,78 @@ static void aoff_node(struct rp *r, size_t k)
                 r->saved[t]++;
             }
         }
+}
+
+/* TRL's fused head (--loss chunked-nll, trl 1.16.0 trainer/utils.py _fused_forward): it reads
+ * lm_head.weight and never calls lm_head, so no NoOpManager scope; its packs, in torch's order
+ * (bench trace, act_offload.py): IndexBackward0's bool mask, ChunkedLogProbFunction's
+ * save_for_backward (kernels/chunked_logprob.py:386: hidden, the weight (a parameter: its id
+ * only), bias None (no pack), targets, log_z, entropy), then the mask again for each output
+ * scattered with a gradient (utils.py:1658, log_probs' and entropy's MaskedScatterBackward0).
+ * The entropy's scatter never runs in backward (the loss uses log_probs only), so its pack stays
+ * in the tracker until the next step's __enter__ (activation_offloading.py:591).  The node's
+ * saved[]: the mask, hidden, targets, log_z, entropy (lower_embed_head.c trl_nll). */
+static bool aoff_fused_head(const struct rp *r, const struct mp_node *n)
+{
+    return n->prim == MP_P_FUSED_LOSS && r->p->opts.loss == MP_LOSS_CHUNKED_NLL;
+}
+
+static void aoff_fused(struct rp *r, size_t k)
+{
+    struct rp_aoff *a = r->ao;
+    const struct mp_node *n = &r->p->nodes[k];
+    for (int j = 0; j < n->n_saved; j++) {
+        if (j == 2)
+            a->id++; /* (the weight) */
+        if (aoff_pack(r, n->saved[j]))
+            a->offm[k] |= 1u << j;
+        else
+            r->saved[n->saved[j]]++;
+    }
+    int m = n->saved[0];
+    a->mask_off = aoff_pack(r, m); /* log_probs' scatter: its unpack empties the forward stash */
+    a->mask_kept = m;
+    r->holds[m] += 1 + !a->mask_off; /* entropy's pack (never unpacked); log_probs' when kept */
+    (void)aoff_pack(r, m); /* (entropy's: tracked or small, so kept) */
+}
+
+/* The fused head's backward: MaskedScatterBackward0 (log_probs') unpacks the mask's second pack
+ * and, when it was offloaded, its hook empties the forward stash; ChunkedLogProbFunctionBackward
+ * reloads hidden, targets, log_z and entropy; IndexBackward0 the mask's first pack, and its hook
+ * drops the function's reloads.  The bench's trace shows this order.  The replay holds every
+ * reload through the node's one backward moment; returns the backward stash index the hook after
+ * the node keeps from (SIZE_MAX: no unpacking node). */
+static size_t aoff_fused_bwd(struct rp *r, size_t k)
+{
+    struct rp_aoff *a = r->ao;
+    const struct mp_node *n = &r->p->nodes[k];
+    if (a->mask_off) {
+        size_t prev = a->n_bs;
+        aoff_reload(r, a->mask_kept);
+        aoff_hook(r, prev);
+    }
+    size_t p1 = a->n_bs, ret = SIZE_MAX;
+    for (int j = 1; j < n->n_saved; j++)
+        if (a->offm[k] >> j & 1u) {
+            aoff_reload(r, n->saved[j]);
+            ret = p1;
+        }
+    if (a->offm[k] & 1u) {
+        ret = a->n_bs;
+        aoff_reload(r, n->saved[0]);
+    }
+    return ret;
+}
+
+/* The end of the step: the next step's __enter__ clears the tracker (activation_offloading.py
+ * :591): the fused head's kept mask goes. */
+static void aoff_step_end(struct rp *r)
+{
+    struct rp_aoff *a = r->ao;
+    if (a && a->mask_kept >= 0) {
+        aoff_hold(r, a->mask_kept, -1);
+        a->mask_kept = -1;
+    }
 }
 
 /* Pinned host bytes the step needs, every offloaded x_i being alive at the loss; *copied: their
@@ -535,7 +609,9 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
             r->ref_embeds = n->out;
             r->holds[n->out]++;
         }
-        if (grad && packing && (int)k != ao->noop)
+        if (grad && packing && aoff_fused_head(r, n))
+            aoff_fused(r, k);
+        else if (grad && packing && (int)k != ao->noop)
             aoff_node(r, k);
         else if (grad)
             for (int j = 0; j < n->n_saved; j++)
@@ -756,7 +832,10 @@ static void bwd_node(struct rp *r, size_t i, size_t k)
         aoff_prev = r->ao->trigger_prev;
         r->ao->trigger = -1;
     }
-    for (int j = 0; r->ao && j < n->n_saved; j++)
+    bool fused = r->ao && aoff_fused_head(r, n);
+    if (fused)
+        aoff_prev = aoff_fused_bwd(r, k);
+    for (int j = 0; r->ao && !fused && j < n->n_saved; j++)
         if (r->ao->offm[k] >> j & 1u) { /* (a pack kept besides, dupm, is unpacked as it is) */
             if (aoff_prev == SIZE_MAX)
                 aoff_prev = r->ao->n_bs;
@@ -831,6 +910,8 @@ static void bwd_node(struct rp *r, size_t i, size_t k)
         g_unref(r, passed);
     bwd_after_node(r, n, k, wcast);
     tmp(r, (int)k, btmp, false);
+    if (fused && !r->ao->mask_off) /* (log_probs' kept pack: unpacked, dropped from the tracker) */
+        aoff_hold(r, r->ao->mask_kept, -1);
     if (aoff_prev != SIZE_MAX)
         aoff_hook(r, aoff_prev);
 }
@@ -946,7 +1027,7 @@ static enum mp_status aoff_alloc(struct rp *r)
     a->bs = calloc(most, sizeof *a->bs);
     if (!a->offm || !a->dupm || !a->xoff || !a->owner || !a->fs_t || !a->fs_id || !a->bs)
         return mp_fail(r->d, MP_ERR_NOMEM, "out of memory replaying the training step");
-    a->noop = a->trigger = -1;
+    a->noop = a->trigger = a->mask_kept = -1;
     if (p->n_blocks) {
         const struct mp_block_prog *bp = &p->blocks[p->n_blocks - 1];
         for (size_t k = bp->node0; k < bp->node0 + bp->n_nodes; k++)
@@ -1170,6 +1251,7 @@ static void replay_step(struct rp *r, mp_event_fn fn, void *ctx)
     for (size_t q = 0; q < p->n_params; q++)
         if (r->pglive[q])
             emit(r, MP_EV_FREE, MP_ST_PGRAD, (int)q, mp_param_grad_bytes(&p->params[q]));
+    aoff_step_end(r);
     /* Anything still live is a bookkeeping bug; release it so visitors stay balanced. */
     for (size_t i = 0; i < p->n_tensors && r->st == MP_OK; i++) {
         g_free(r, (int)i);
