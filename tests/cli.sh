@@ -2812,8 +2812,8 @@ assert p["activations_bytes"] - o["activations_bytes"] == 24 * x, (p["activation
 fi
 
 # --act-offload (TRL's activation_offloading): refused without --checkpoint layers, with a fused
-# loss, another trainer or data parallelism, and by commands that do not plan it; a TRL recipe's
-# key sets it (and meets TRL's fused loss: refused), Axolotl's key is refused.
+# loss other than TRL's, another trainer or data parallelism, and by commands that do not plan
+# it; a TRL recipe's key sets it (with TRL's fused loss: planned), Axolotl's key is refused.
 expect_line 2 "--act-offload without --checkpoint layers refused" estimate models/hf/qwen2-0.5b.json --act-offload
 expect_line 2 "--act-offload with layers+offload refused" estimate models/hf/qwen2-0.5b.json --act-offload \
     --checkpoint layers+offload
@@ -2826,8 +2826,6 @@ expect_line 2 "--act-offload with --trainer dpo refused" estimate models/hf/qwen
 expect_line 2 "--act-offload with --parallel refused" estimate models/hf/qwen2-0.5b.json --act-offload \
     --checkpoint layers --gpus 2 --parallel ddp
 expect_line 2 "suggest --act-offload refused" suggest models/hf/qwen2-0.5b.json --act-offload --gpu t4
-expect_line 2 "a TRL recipe's activation_offloading meets TRL's fused loss" estimate --recipe $R/trl-sft-actoff.yaml
-grep -q "act-offload with --loss chunked-nll" "$T/err" && ok "... naming the loss" || bad "... naming the loss"
 expect_line 2 "suggest with a recipe's activation_offloading refused" suggest --recipe $R/trl-sft-actoff.yaml \
     --gpu t4 --no-probe
 expect_line 3 "Axolotl's activation_offloading refused" estimate --recipe $R/axolotl-actoff.yaml
@@ -2849,6 +2847,30 @@ assert "ckpt_offload_pcie_bytes" not in o and o["act_offload_pcie_bytes"] > 0
     else
         bad "estimate --act-offload: pinned host RAM by hand"
     fi
+fi
+# TRL's fused head (--loss chunked-nll; docs/memory-facts.md#activation-offloading), qwen2-0.5b,
+# batch 1 x 2048, bf16, LoRA all-linear, layers: the 24 layer inputs (2048 x 896 x 2 = 3,670,016
+# -> 4 MiB), the final norm's fp32 input (7,340,032 -> 8 MiB) and rsqrt (8,192), then the head's:
+# the label mask (2,047 -> 2,048), the 2,047 gathered rows (2047 x 896 x 2 = 3,668,224 -> 4 MiB),
+# the targets (16,376 -> 16,384), log_z and entropy (8,188 -> 8,192 each), the mask again
+# (2,048): 108 MiB + 45,056 = 113,291,264.  The TRL recipe (llama-3.2-1b, 16 layers, batch 8 x
+# 2048, amp-bf16: fp32 hidden states): 16 layer inputs and the norm's input (8 x 2048 x 2048 x 4
+# = 128 MiB each), rsqrt 65,536, mask 16,376 -> 16,384 (twice), 16,376 rows x 2048 x 4 =
+# 134,152,192 -> 128 MiB, targets 131,008 -> 131,072, log_z and entropy 65,504 -> 65,536 each:
+# 18 x 128 MiB + 360,448 = 2,416,279,552.
+pinned_is() { # DESC BYTES: the last run's memory.host_pinned_bytes is BYTES
+    if python3 -c '
+import json, sys
+o = json.load(open(sys.argv[1]))["memory"]
+assert o["host_pinned_bytes"] == int(sys.argv[2]), o["host_pinned_bytes"]
+' "$T/out" "$2" 2>"$T/why"; then ok "$1"; else bad "$1"; fi
+}
+if [ -n "$HAVE_PY" ]; then
+    run estimate models/hf/qwen2-0.5b.json --batch 1 --seq 2048 -p bf16 --finetune lora --lora-targets all-linear \
+        --checkpoint layers --act-offload --loss chunked-nll --json
+    pinned_is "estimate --act-offload --loss chunked-nll: pinned host RAM by hand" 113291264
+    run estimate --recipe $R/trl-sft-actoff.yaml --json
+    pinned_is "a TRL recipe's activation_offloading plans with TRL's fused loss: pinned host RAM by hand" 2416279552
 fi
 # --checkpoint layers+sac (TRL 1.16's selective checkpointing, docs/checkpointing.md#sac):
 # qwen2-0.5b's 24 checkpointed layers each keep their SDPA output (batch 2 x seq 512 x 14 heads x

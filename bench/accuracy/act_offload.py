@@ -2,8 +2,8 @@
 """act_offload.py - TRL's activation offloading (SFTConfig(activation_offloading=True)) against
 memplan --act-offload (issue 26 item 4), on the CPU under fake tensors.
 
-  python3 bench/accuracy/act_offload.py [--only llama-3.2-1b,llama-3-8b] [--quick] [--out FILE.md]
-      [--memplan ./memplan] [--no-save] [--show N]
+  python3 bench/accuracy/act_offload.py [--only llama-3.2-1b,llama-3-8b] [--loss hf|chunked-nll]
+      [--quick] [--out FILE.md] [--memplan ./memplan] [--no-save] [--show N]
 
 What runs: TRL 1.16.0's own trl/models/activation_offloading.py, get_act_offloading_ctx_manager(model)
 with its defaults (use_pin_memory=True, use_streams=True, min_offload_size=1024,
@@ -27,6 +27,10 @@ The CUDA branch emulated on this GPU-less host (said here, as torch_step.py --of
     (_get_unique_tensor_key: data_ptr + storage_offset, dtype) and its parameter-storage filter
     would see every tensor as one storage; UntypedStorage.data_ptr is made to return the storage's
     own address (_cdata), unique while the storage lives, as a CUDA pointer is.
+TRL's fused head (`--loss chunked-nll` rows, SFTTrainer's default): loss_heads.trl_cuda_branches
+(its Triton branches as on CUDA), added to the base model with SFTTrainer's outputs, and the loss
+as SFTTrainer.compute_loss makes it (sft_fused_loss); the tracker answers the mask's data-dependent
+shapes and sums gradients in place as CUDA does (FusedTracker).
 CUDA-only behaviour the CPU cannot show (bench/gpu/ list): the side stream's copies finishing
 (events), record_stream delaying a block's reuse, and the reloads being allocated on the side
 stream's own pool: these move reserved bytes and time, not memory_allocated.
@@ -152,9 +156,11 @@ class TorchProxy:
             return self._host(torch.empty(*a, device="cpu", **k))
 
 
-class FusedTracker(HostTracker, loss_heads.Tracker):
+class FusedTracker(HostTracker, loss_heads.inplace_sums()):
     """HostTracker that answers the data-dependent shapes of TRL's fused head under fake tensors
-    as loss_heads.Tracker does (the mask's nonzero indices, the gathered rows, masked_select)."""
+    as loss_heads.Tracker does (the mask's nonzero indices, the gathered rows, masked_select), with
+    inplace_tracker's gradient sums (loss_heads.inplace_sums: in place where CUDA sums in place;
+    the tied embedding's gradient meets the fused head's weight gradient in full fine-tuning)."""
 
 
 def sft_fused_loss(model, ids, labels):
@@ -288,12 +294,15 @@ def settings(quick):
     # TRL's fused head (SFTTrainer's default, --loss chunked-nll)
     rows += [("llama-3.2-1b", 4, 1, 2048, "bf16", False, 0, "chunked-nll"),
              ("llama-3.2-1b", 4, 1, 8192, "bf16", False, 0, "chunked-nll"),
+             ("llama-3.2-1b", 4, 2, 2048, "amp-bf16", False, 0, "chunked-nll"),
              ("llama-3.2-1b", 4, 2, 4096, "amp-bf16", True, 0, "chunked-nll"),
              ("llama-3-8b", 2, 1, 2048, "bf16", False, 0, "chunked-nll"),
              ("llama-3-8b", 2, 1, 8192, "bf16", False, 0, "chunked-nll"),
              ("llama-3-8b", 2, 1, 4096, "amp-bf16", True, 0, "chunked-nll"),
              ("llama-3.2-1b", 4, 1, 4096, "bf16", False, 1000, "chunked-nll"),
-             ("llama-3-8b", 2, 1, 8192, "bf16", False, 1000, "chunked-nll")]
+             ("llama-3-8b", 2, 1, 8192, "bf16", False, 1000, "chunked-nll"),
+             # narrow MLPs, full bf16: the peak is the fused head's backward (its reloads)
+             ("llama-3.2-1b", 2, 1, 8192, "bf16", True, 0, "chunked-nll", 1024)]
     return rows[:2] if quick else rows
 
 
@@ -319,17 +328,21 @@ def main(argv):
     table = ["| model (layers) | training | batch x seq | precision | torch peak | memplan | diff | "
              "without offload | host pinned (torch = memplan) | torch peak at |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     tmp = tempfile.mkdtemp()
-    for name, layers, b, s, prec, full, vocab, loss in settings(a.quick):
+    for name, layers, b, s, prec, full, vocab, loss, *inter in settings(a.quick):
+        inter = inter[0] if inter else 0
         if (only and name not in only) or (a.loss and loss != a.loss):
             continue
         d = rowlib.load_config(CONFIGS[name], layers)
         if vocab:
             d["vocab_size"] = vocab
-        cfg_path = os.path.join(tmp, "%s-%d-%d.json" % (name, layers, vocab))
+        if inter:
+            d["intermediate_size"] = inter
+        cfg_path = os.path.join(tmp, "%s-%d-%d-%d.json" % (name, layers, vocab, inter))
         with open(cfg_path, "w") as f:
             json.dump(d, f)
         t = torch_run(cfg_path, b, s, prec, full, show=a.show, loss=loss)
         what = (("full" if full else "lora all-linear r16") + (", vocab %d" % vocab if vocab else "") +
+                (", intermediate %d" % inter if inter else "") +
                 (", --loss %s" % loss if loss != "hf" else ""))
         line = "%s L%d %s b%d s%d %s: torch peak %.1f MiB at %s, host pinned %.1f MiB (%d packs)" % (
             name, layers, what, b, s, prec, t["peak"] / 2**20, t["peak_at"], t["host_pinned"] / 2**20,
@@ -347,6 +360,9 @@ def main(argv):
                 m["peak"] / 2**20, diff, m["peak_at"], m["host_pinned"] / 2**20)
             where = ({"config_json": d, "config": "%s, vocab_size %d, %d layers (config_json)" % (name, vocab, layers)}
                      if vocab else {"config": CONFIGS[name], "max_layers": layers})
+            if inter:
+                where = {"config_json": d, "config": "%s, intermediate_size %d, %d layers (config_json)" % (
+                    name, inter, layers)}
             rows.append(dict(where, oracle="act_offload", source="bench/accuracy/act_offload.py", args=m["args"],
                          figures={"peak": rowlib.figure(t["peak"], m["peak"]),
                                   "host_pinned": rowlib.figure(t["host_pinned"], m["host_pinned"])},

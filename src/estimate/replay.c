@@ -274,7 +274,7 @@ static void aoff_node(struct rp *r, size_t k)
  * only), bias None (no pack), targets, log_z, entropy), then the mask again for each output
  * scattered with a gradient (utils.py:1658, log_probs' and entropy's MaskedScatterBackward0).
  * The entropy's scatter never runs in backward (the loss uses log_probs only), so its pack stays
- * in the tracker until the next step's __enter__ (activation_offloading.py:591).  The node's
+ * in the tracker until the next step's __enter__ (activation_offloading.py:592).  The node's
  * saved[]: the mask, hidden, targets, log_z, entropy (lower_embed_head.c trl_nll). */
 static bool aoff_fused_head(const struct rp *r, const struct mp_node *n)
 {
@@ -329,7 +329,7 @@ static size_t aoff_fused_bwd(struct rp *r, size_t k)
 }
 
 /* The end of the step: the next step's __enter__ clears the tracker (activation_offloading.py
- * :591): the fused head's kept mask goes. */
+ * :592): the fused head's kept mask goes. */
 static void aoff_step_end(struct rp *r)
 {
     struct rp_aoff *a = r->ao;
