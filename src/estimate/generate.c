@@ -278,10 +278,10 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     ok = ok && add_prod(&fp2, 2 + nf, fp32) && add_prod(&fp3, 3 + nf, fp32);
     if (ok) {
         fp1 = fp2;
-        if (nw)
+        if (nw) {
             fp1 = mp_max_u64(fp1, mp_max_u64(fp32 + w1, nw > 1 ? 2 * fp32 + wr : 0));
-        if (nw)
             fp3 = mp_max_u64(fp3, mp_max_u64(fp2 + w1, nw > 1 ? fp3 + wr : 0));
+        }
     }
     /* Under autocast the trainable weights' half copies are cached until each forward returns (the
      * replay holds the layers' in the prefill, gen_pass); the LM head's too: generate's head is a
