@@ -1659,6 +1659,50 @@ for a in json.load(sys.stdin)["alternatives"]:
         bad "suggest: the chunked-nll hint at the recommended plan and what following it gives"
     fi
 fi
+# the +sac:auto hint (a recommendation checkpointing layers: memplan's op-level plan at the same
+# plan) and the --act-offload hint (TRL's fused head, LoRA, layers): following each gives the
+# micro-batch and throughput it promised
+if [ -n "$HAVE_PY" ]; then
+    run suggest models/hf/llama-3.2-1b.json --gpu a100-40gb --checkpoint layers --global-batch 32 --no-probe --json
+    hint=$(python3 -c '
+import json, re, sys
+for a in json.load(sys.stdin)["alternatives"]:
+    m = re.match(r"--checkpoint (layers\S*\+sac:auto) \(.*\): micro-batch \d+ -> (\d+), .* -> ([0-9.]+) samples/s$", a)
+    if m:
+        print(m.group(1), m.group(2), m.group(3))
+' <"$T/out")
+    run suggest models/hf/llama-3.2-1b.json --gpu a100-40gb --checkpoint "${hint%% *}" --global-batch 32 --no-probe \
+        --json
+    got=$(python3 -c 'import json, sys; r = json.load(sys.stdin)["recommendation"]
+print(r["plan"]["strategy"], r["micro_batch"], "%.1f" % r["samples_per_s"])' <"$T/out" 2>/dev/null)
+    if [ -n "$hint" ] && [ "$hint" = "$got" ]; then
+        ok "suggest: the +sac:auto hint ($hint: plan, micro-batch, samples/s) is what following it gives"
+    else
+        echo "hint '$hint', suggest --checkpoint: '$got'" >"$T/why"
+        bad "suggest: the +sac:auto hint and what following it gives"
+    fi
+    run suggest models/hf/llama-3-8b.json --gpu rtx4090 --finetune lora --loss chunked-nll --checkpoint layers \
+        --no-probe --json
+    hint=$(python3 -c '
+import json, re, sys
+d = json.load(sys.stdin)
+for a in d["alternatives"]:
+    m = re.match(r"--act-offload \(.*\): micro-batch (\d+) -> (\d+), peak .*, ([0-9.]+ [KMG]iB) pinned host RAM", a)
+    if m and int(m.group(2)) > d["recommendation"]["micro_batch"]:
+        print(m.group(2))
+' <"$T/out")
+    run suggest models/hf/llama-3-8b.json --gpu rtx4090 --finetune lora --loss chunked-nll --checkpoint layers \
+        --act-offload --no-probe --json
+    got=$(python3 -c 'import json, sys; r = json.load(sys.stdin)["recommendation"]
+assert r["host_pinned_bytes"] > 0
+print(r["micro_batch"])' <"$T/out" 2>/dev/null)
+    if [ -n "$hint" ] && [ "$hint" = "$got" ]; then
+        ok "suggest: the --act-offload hint (micro-batch $hint) is what suggest --act-offload gives"
+    else
+        echo "hint '$hint', suggest --act-offload: '$got'" >"$T/why"
+        bad "suggest: the --act-offload hint and what following it gives"
+    fi
+fi
 # an HF config: suggest searches the plans transformers' Trainer runs (none, layers, layers:N), so
 # the text, --json and --emit hf describe one recommendation
 if [ -n "$HAVE_PY" ]; then
@@ -2714,7 +2758,7 @@ HF_HUB_CACHE="$rhub" run check --recipe $R/axolotl-qlora.yaml --gpu a100-80gb
 # suggest --write-recipe: the recipe with the recommended micro-batch and accumulation, the rest
 # of the file byte for byte; the report's "in the recipe" line says the same keys
 run suggest --recipe $R/trl-sft-lora.yaml --gpu a100-40gb --no-probe --write-recipe "$T/w.yaml"
-mb=$(awk '$1 == "micro-batch" { print $2 }' "$T/out")
+mb=$(awk '$1 == "micro-batch" { print $2; exit }' "$T/out")
 ga=$(awk '$1 == "grad" && $2 == "accumulation" { print $3 }' "$T/out")
 sed -e "s/^per_device_train_batch_size: 4$/per_device_train_batch_size: $mb/" \
     -e "s/^gradient_accumulation_steps: 4$/gradient_accumulation_steps: $ga/" $R/trl-sft-lora.yaml >"$T/want.yaml"
@@ -2825,9 +2869,8 @@ expect_line 2 "--act-offload with --trainer dpo refused" estimate models/hf/qwen
     --checkpoint layers --trainer dpo
 expect_line 2 "--act-offload with --parallel refused" estimate models/hf/qwen2-0.5b.json --act-offload \
     --checkpoint layers --gpus 2 --parallel ddp
-expect_line 2 "suggest --act-offload refused" suggest models/hf/qwen2-0.5b.json --act-offload --gpu t4
-expect_line 2 "suggest with a recipe's activation_offloading refused" suggest --recipe $R/trl-sft-actoff.yaml \
-    --gpu t4 --no-probe
+expect_line 2 "suggest --act-offload without --checkpoint layers refused" suggest models/hf/qwen2-0.5b.json \
+    --act-offload --gpu t4
 expect_line 3 "Axolotl's activation_offloading refused" estimate --recipe $R/axolotl-actoff.yaml
 # Hand figures (qwen2-0.5b: 24 layers, hidden 896, vocab 151936; batch 1 x 512, bf16, LoRA
 # all-linear, layers): offloaded packs, each rounded up to a power of two: the 24 layer inputs
@@ -2858,6 +2901,35 @@ fi
 # = 128 MiB each), rsqrt 65,536, mask 16,376 -> 16,384 (twice), 16,376 rows x 2048 x 4 =
 # 134,152,192 -> 128 MiB, targets 131,008 -> 131,072, log_z and entropy 65,504 -> 65,536 each:
 # 18 x 128 MiB + 360,448 = 2,416,279,552.
+# suggest on the TRL recipe (activation_offloading: true; its defaults: layers, amp-bf16, the fused
+# head): the recommendation's pinned host RAM is, at its micro-batch M (as in the recipe's figure
+# below, each pack rounded up to a power of two): the 16 layer inputs, the final norm's input and
+# the 2,047 x M gathered rows (M x 2048 x 2048 x 4 and M x 2047 x 2048 x 4), the rsqrt
+# (M x 2048 x 4), the label mask twice (M x 2047), the targets (M x 2047 x 8), log_z and entropy
+# (M x 2047 x 4 each); --emit hf sets SFTConfig(activation_offloading=True)
+if [ -n "$HAVE_PY" ]; then
+    run suggest --recipe $R/trl-sft-actoff.yaml --gpu t4 --no-probe --json
+    if python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["recommendation"]
+p2 = lambda x: 1 << (x - 1).bit_length()
+m = r["micro_batch"]
+want = 17 * p2(m * 2048 * 2048 * 4) + p2(m * 2047 * 2048 * 4) + p2(m * 2048 * 4) + 2 * p2(m * 2047) + \
+    p2(m * 2047 * 8) + 2 * p2(m * 2047 * 4)
+assert m > 8 and r["plan"]["strategy"] == "layers", (m, r["plan"]["strategy"])
+assert r["host_pinned_bytes"] == want, (r["host_pinned_bytes"], want)
+' "$T/out" 2>"$T/why"; then
+        ok "suggest --recipe (TRL activation_offloading): the recommendation's pinned host RAM by hand"
+    else
+        bad "suggest --recipe (TRL activation_offloading): the recommendation's pinned host RAM by hand"
+    fi
+    run suggest --recipe $R/trl-sft-actoff.yaml --gpu t4 --no-probe --emit hf
+    if [ "$ec" -eq 0 ] && grep -q "^    activation_offloading=True,$" "$T/out"; then
+        ok "suggest --recipe (TRL activation_offloading) --emit hf: SFTConfig(activation_offloading=True)"
+    else
+        bad "suggest --recipe (TRL activation_offloading) --emit hf: SFTConfig(activation_offloading=True)"
+    fi
+fi
 pinned_is() { # DESC BYTES: the last run's memory.host_pinned_bytes is BYTES
     if python3 -c '
 import json, sys

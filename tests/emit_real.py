@@ -74,6 +74,9 @@ CASES = [
                                                "--checkpoint", "layers", "--loss", "chunked-nll"]),
     ("lora layers:2+offload", ["models/hf/llama-3.2-1b.json", "--gpu", "t4", "--finetune", "lora", "--seq", "1024",
                                "--checkpoint", "layers:2+offload", "--no-probe"]),
+    # TRL's activation offloading: SFTConfig(activation_offloading=True); torch: its context manager
+    ("lora layers act-offload", ["models/hf/llama-3.2-1b.json", "--gpu", "t4", "--finetune", "lora", "--seq", "1024",
+                                 "--loss", "chunked-nll", "--checkpoint", "layers", "--act-offload"]),
     ("lora seq-cls 5 labels", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-40gb", "--finetune", "lora",
                                "--head", "seq-cls", "--num-labels", "5", "--seq", "512"]),
     ("full checkpoint none", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-80gb", "--checkpoint", "none", "--seq", "512"]),
@@ -305,6 +308,9 @@ else:
               "hf %s: activation_checkpointing_kwargs offload %s" % (label, ck.endswith("+offload")))
         check(bool(kw.get("selective")) == ck.endswith("+sac"),
               "hf %s: activation_checkpointing_kwargs selective %s" % (label, ck.endswith("+sac")))
+        aoff = "--act-offload" in args
+        check(bool(getattr(a, "activation_offloading", False)) == aoff,
+              "hf %s: activation_offloading %s" % (label, aoff))
         m = ns["model"]
         pdt = next(iter(m.parameters())).dtype
         # (FSDP-QLoRA and ZeRO-3 QLoRA under mixed-bf16: loaded in the bf16 storage dtype, as the guides do)
@@ -478,11 +484,15 @@ else:
     # a real CPU run of train() for the single-device plans of a tiny Llama (2 layers, hidden 64)
     tiny = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2)
-    for label, args in CASES[:5] + SAC_CASES:
+    aoff_cases = [c for c in CASES if "--act-offload" in c[1]]
+    for label, args in CASES[:5] + SAC_CASES + aoff_cases:
         code = memplan(args + ["--emit", "torch"])
         rec, _ = rec_of(args)
         with tempfile.TemporaryDirectory() as tmp:
             try:
+                # (TRL's offloading pins host memory and copies on a CUDA stream: off on this CPU run)
+                code = code.replace("get_act_offloading_ctx_manager(model)",
+                                    "get_act_offloading_ctx_manager(model, use_pin_memory=False, use_streams=False)")
                 ns = run_emitted(code.replace("quantization_config=bnb_config,", ""), tiny, tmp, meta=False)
                 model = ns["model"]
                 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
@@ -493,8 +503,8 @@ else:
                 ns["train"](model, opt, [batch] * n)
                 after = [p.detach() for p in model.parameters() if p.requires_grad]
                 moved = any(not torch.equal(x, y) for x, y in zip(before, after))
-                check(moved, "torch %s: train() ran %d micro-batch(es) and one optimizer step on a tiny Llama (CPU)"
-                      % (label, n))
+                check(moved, "torch %s: train() ran %d micro-batch(es) and one optimizer step on a tiny Llama (CPU%s)"
+                      % (label, n, ", no pinning, no streams" if "--act-offload" in args else ""))
             except Exception as e:
                 fail("torch %s: train() raises %s: %s" % (label, type(e).__name__, e))
 

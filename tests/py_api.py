@@ -252,6 +252,8 @@ CASES = [
                                                precision="bf16")),
     ("layers+offload", "estimate", L1B, dict(checkpoint="layers+offload", use_cache=False)),
     ("act-offload", "estimate", L1B, dict(checkpoint="layers", act_offload=True, use_cache=False)),
+    ("suggest act-offload", "suggest", L1B, dict(checkpoint="layers", act_offload=True, loss="chunked-nll",
+                                                 finetune="lora", gpu="t4", no_probe=True)),
     ("layers+sac", "estimate", L1B, dict(checkpoint="layers+sac", use_cache=False)),
     ("layers+sac:auto", "estimate", L1B, dict(checkpoint="layers+sac:auto", gpu="h100-80gb", use_cache=False)),
     ("sqrt plan", "estimate", "models/gpt2-124m.json", dict(checkpoint="sqrt", batch=4)),

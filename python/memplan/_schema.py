@@ -374,6 +374,7 @@ class Candidate:
     probe_peak_allocated_bytes: Optional[int] = _opt()
     fits_device: Optional[bool] = _opt()  # where the allocator was simulated
     device_bytes: Optional[int] = _opt()  # peak reserved + context
+    host_pinned_bytes: Optional[int] = _opt()  # --checkpoint layers+offload, --act-offload
     tokens_per_micro_batch: Optional[int] = _opt()  # --packing / --padding-free (the recommendation)
     recipe_changes: Optional[List[RecipeChange]] = _opt()  # suggest --recipe (the recommendation)
     grpo_limits: Optional[GrpoLimits] = _opt()  # suggest --trainer grpo (the recommendation)

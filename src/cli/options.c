@@ -117,7 +117,7 @@ static const struct opt OPTS[] = {
              "layers:N | optimal[-segments]; +offload after layers[:N]: their inputs wait in pinned host RAM; "
              "+sac: TRL's selective checkpointing (SDPA's outputs kept, not recomputed); +sac:axolotl; "
              "+sac:auto: memplan's choice of kept ops for the target"},
-    {0, "act-offload", NULL, C_EST | C_CHECK, K_FLAG, FIELD(act_offload),
+    {0, "act-offload", NULL, C_EST | C_SUGG | C_CHECK, K_FLAG, FIELD(act_offload),
      .help = "TRL's activation_offloading=True (needs --checkpoint layers, --loss hf or chunked-nll): saved tensors outside "
              "the checkpointed layers, and their inputs, wait in pinned host RAM"},
     {0, "finetune", "F", C_ALL, K_ENUM, FIELD(ft.mode), .parse = mp_ft_mode_parse, .names = mp_ft_mode_names,

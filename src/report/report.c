@@ -1633,6 +1633,10 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
             fprintf(out, ", \"selective\": True");
         fprintf(out, "%s},\n", b->ckpt.offload ? ", \"offload\": True" : "");
     }
+    /* TRL's activation offloading: SFTConfig's flag (trl 1.16 sft_trainer.py:1190-1191 wraps each
+     * compute_loss in get_act_offloading_ctx_manager(model)); TrainingArguments has none */
+    if (c->train->act_offload && trl)
+        fprintf(out, "    activation_offloading=True,\n");
     fprintf(out, "    optim=\"%s\",\n", mp_optimizer_hf(c->train->optimizer));
     if (fsdp) /* training_args.py:_process_fsdp_args (FSDP2; launch with accelerate launch or torchrun) */
         fprintf(out,
@@ -1646,6 +1650,9 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "    use_liger_kernel=True,\n    liger_kernel_config={\"fused_linear_cross_entropy\": True, "
                      "\"rope\": False,\n        \"rms_norm\": False, \"swiglu\": False, \"cross_entropy\": False},\n");
     fprintf(out, ")\n");
+    if (c->train->act_offload && !trl)
+        fprintf(out, "# --act-offload with HF's loss: TrainingArguments cannot set it; in your own loop run each\n"
+                     "# forward and backward inside trl.models.get_act_offloading_ctx_manager(model) (trl 1.16)\n");
     if (packing_of(c) && c->prog && c->prog->opts.padding_free)
         fprintf(out, "# padding-free packing (planned: %llu tokens in one row): trl.SFTConfig(packing=True,\n"
                      "# max_length=%llu) (packing_strategy \"bfd\"), or transformers' DataCollatorWithFlattening\n",
@@ -1896,16 +1903,25 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
                      "    def zero_grad(self, set_to_none=True):\n        for o in self.all:\n"
                      "            o.zero_grad(set_to_none=set_to_none)\n\n\n"
                      "optimizer = Optimizers(model)   # then train(model, optimizer, loader)\n");
+    if (c->train && c->train->act_offload) /* trl 1.16 models/activation_offloading.py */
+        fprintf(out, "from trl.models import get_act_offloading_ctx_manager\n"
+                     "offload = get_act_offloading_ctx_manager(model)   # TRL's activation offloading\n");
     fprintf(out, "\n\ndef train(model, optimizer, loader):\n"
                  "    \"\"\"loader: dicts of input_ids, attention_mask, labels of micro_batch rows\"\"\"\n"
                  "    model.train()\n"
                  "    for step, batch in enumerate(loader):\n");
+    /* TRL's activation offloading around the forward, as SFTTrainer runs it (sft_trainer.py:1590-1611;
+     * the pack hooks' tensors come back in backward, outside the context) */
+    bool aoff = c->train && c->train->act_offload;
+    const char *in = aoff ? "    " : "";
+    if (aoff)
+        fprintf(out, "        with offload:   # --act-offload\n");
     if (amp)
-        fprintf(out, "        with torch.autocast(\"cuda\", dtype=torch.%s):\n"
-                     "            loss = model(**batch).loss / grad_accum\n",
-                half);
+        fprintf(out, "%s        with torch.autocast(\"cuda\", dtype=torch.%s):\n"
+                     "%s            loss = model(**batch).loss / grad_accum\n",
+                in, half, in);
     else
-        fprintf(out, "        loss = model(**batch).loss / grad_accum\n");
+        fprintf(out, "%s        loss = model(**batch).loss / grad_accum\n", in);
     if (b->precision == MP_PREC_AMP_FP16)
         fprintf(out, "        scaler.scale(loss).backward()\n");
     else
@@ -1977,6 +1993,8 @@ static cJSON *json_candidate(const struct mp_candidate *b)
         cJSON_AddBoolToObject(o, "fits_device", b->fit.fits_device);
         ju64(o, "device_bytes", b->fit.device_bytes);
     }
+    if (b->fit.est.host_pinned_bytes) /* --checkpoint layers+offload, --act-offload */
+        ju64(o, "host_pinned_bytes", b->fit.est.host_pinned_bytes);
     cJSON_AddBoolToObject(o, "probed", b->probed);
     cJSON_AddBoolToObject(o, "probe_oom", b->probe_oom);
     if (b->probed) { /* measured with memplan's kernels: reported, never ranked against estimates */
@@ -2102,6 +2120,11 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
             fprintf(out, "  device level       %s reserved + context of %s usable (caching allocator "
                     "simulated%s)\n", B(b->fit.device_bytes), B(b->usable_bytes),
                     b->fit.est.alloc_retries ? ", after it frees its cache" : "");
+        if (b->fit.est.host_pinned_bytes && b->par.strategy == MP_PAR_NONE) /* (ranks: their line above) */
+            fprintf(out, "  host RAM (pinned)  %s (%s; PCIe %s per step)\n", B(b->fit.est.host_pinned_bytes),
+                    b->fit.est.act_offload_pcie_bytes ? "offloaded activations" : "offloaded checkpoint inputs",
+                    B(b->fit.est.act_offload_pcie_bytes ? b->fit.est.act_offload_pcie_bytes
+                                                        : 2 * b->fit.est.ckpt_offload_bytes));
         fprintf(out, "  throughput         %.1f samples/s (estimate: FLOPs at 50%% of the profile's dense TFLOP/s%s)\n",
                 b->samples_per_s,
                 b->fit.est.dequant_bytes > 0 ? ",\n                     dequantization at its bandwidth" : "");

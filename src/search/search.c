@@ -1788,19 +1788,35 @@ static const struct variant {
     enum mp_optimizer optimizer; /* MP_OPT_ADAMW: the optimizer is not this variant's */
     int packing;                 /* 1 rows of packed documents, 2 padding-free (search.h hint_packing) */
     bool expandable;             /* the caching allocator's expandable segments (not where they are set) */
+    enum mp_sac_policy sac;      /* the recommendation's layers plan with this selective checkpointing */
+    bool act_offload;            /* TRL's activation offloading at the recommendation's layers plan */
 } VARIANTS[] = {
-    {"--loss chunked-nll", "TRL 1.16's fused LM head", MP_LOSS_CHUNKED_NLL, MP_OPT_ADAMW, 0, false},
-    {"--loss liger", "Liger's fused linear cross-entropy", MP_LOSS_LIGER, MP_OPT_ADAMW, 0, false},
+    {.flag = "--loss chunked-nll", .what = "TRL 1.16's fused LM head", .loss = MP_LOSS_CHUNKED_NLL,
+     .optimizer = MP_OPT_ADAMW},
+    {.flag = "--loss liger", .what = "Liger's fused linear cross-entropy", .loss = MP_LOSS_LIGER,
+     .optimizer = MP_OPT_ADAMW},
     /* (bf16 weights only, as Axolotl loads them under bf16: true; a candidate in fp32 weights is refused) */
-    {"--loss cce", "Cut Cross-Entropy, Axolotl's CutCrossEntropyPlugin", MP_LOSS_CCE, MP_OPT_ADAMW, 0, false},
-    {"--optimizer adamw-fused", "adamw_torch_fused, HF's default: no foreach temporaries", MP_LOSS_HF,
-     MP_OPT_ADAMW_FUSED, 0, false},
-    {"--optimizer adam8bit", "adamw_bnb_8bit: 8-bit states", MP_LOSS_HF, MP_OPT_ADAM8BIT, 0, false},
+    {.flag = "--loss cce", .what = "Cut Cross-Entropy, Axolotl's CutCrossEntropyPlugin", .loss = MP_LOSS_CCE,
+     .optimizer = MP_OPT_ADAMW},
+    {.flag = "--optimizer adamw-fused", .what = "adamw_torch_fused, HF's default: no foreach temporaries",
+     .loss = MP_LOSS_HF, .optimizer = MP_OPT_ADAMW_FUSED},
+    {.flag = "--optimizer adam8bit", .what = "adamw_bnb_8bit: 8-bit states", .loss = MP_LOSS_HF,
+     .optimizer = MP_OPT_ADAM8BIT},
     /* where the rows are padded: each packed row holds seq real tokens (listed when it fits) */
-    {"--packing", "rows of packed documents, no padding", MP_LOSS_HF, MP_OPT_ADAMW, 1, false},
-    {"--padding-free", "TRL packing=True, DataCollatorWithFlattening: one row", MP_LOSS_HF, MP_OPT_ADAMW, 2, false},
+    {.flag = "--packing", .what = "rows of packed documents, no padding", .loss = MP_LOSS_HF,
+     .optimizer = MP_OPT_ADAMW, .packing = 1},
+    {.flag = "--padding-free", .what = "TRL packing=True, DataCollatorWithFlattening: one row", .loss = MP_LOSS_HF,
+     .optimizer = MP_OPT_ADAMW, .packing = 2},
     /* where the device level (segments half used when the retry needs them whole) holds it back */
-    {EXPANDABLE_FLAG, EXPANDABLE_WHAT, MP_LOSS_HF, MP_OPT_ADAMW, 0, true},
+    {.flag = EXPANDABLE_FLAG, .what = EXPANDABLE_WHAT, .loss = MP_LOSS_HF, .optimizer = MP_OPT_ADAMW,
+     .expandable = true},
+    /* where the recommendation checkpoints layers: memplan's op-level plan keeps what fits of the
+     * outputs the recompute would redo (the flag is written with the recommendation's layers:N) */
+    {.flag = "+sac:auto", .what = "memplan's selective checkpointing: kept ops not recomputed", .loss = MP_LOSS_HF,
+     .optimizer = MP_OPT_ADAMW, .sac = MP_SAC_AUTO},
+    /* (TRL's SFT of a causal LM on one GPU, with every layer checkpointed: what act_offload.py measured) */
+    {.flag = "--act-offload", .what = "TRL's activation_offloading: layer inputs in pinned host RAM",
+     .loss = MP_LOSS_HF, .optimizer = MP_OPT_ADAMW, .act_offload = true},
 };
 
 /* It fits: each variant of VARIANTS the user did not pick, searched alone (no probes), listed in
@@ -1837,9 +1853,33 @@ static void variant_hints(const struct mp_job *base, const struct mp_suggest_opt
         struct mp_alloc_conf ex;
         if (v->expandable && !expandable_job(base, &vj, &ex))
             continue;
+        char flag[64];
+        snprintf(flag, sizeof flag, "%s", v->flag);
+        struct mp_suggest_opts so = vo;
+        if (v->sac != MP_SAC_NONE) { /* (the user's own selective plan, or none of layers: nothing to add) */
+            if (b->ckpt.strategy != MP_CKPT_LAYERS || b->ckpt.sac != MP_SAC_NONE || b->ckpt.offload ||
+                base->train.act_offload)
+                continue;
+            so.ckpt_fixed = true;
+            so.ckpt = b->ckpt;
+            so.ckpt.sac = v->sac;
+            char sb[32];
+            snprintf(flag, sizeof flag, "--checkpoint %s", mp_ckpt_spec_str(&so.ckpt, sb, sizeof sb));
+        }
+        if (v->act_offload) {
+            size_t cl = strlen(base->model->hf_class), sl = strlen("ForCausalLM");
+            if (b->ckpt.strategy != MP_CKPT_LAYERS || b->ckpt.k > 1 || b->ckpt.sac != MP_SAC_NONE ||
+                b->ckpt.offload || base->train.act_offload || base->build.trainer != MP_TRAINER_SFT ||
+                (base->build.loss != MP_LOSS_HF && base->build.loss != MP_LOSS_CHUNKED_NLL) || cl < sl ||
+                strcmp(base->model->hf_class + cl - sl, "ForCausalLM"))
+                continue;
+            vj.train.act_offload = true;
+            so.ckpt_fixed = true;
+            so.ckpt = b->ckpt;
+        }
         struct mp_diag vd = {{0}};
         memset(vs, 0, sizeof *vs);
-        if (mp_suggest(&vj, &vo, argv0, vs, &vd) != MP_OK) /* (a model the variant refuses) */
+        if (mp_suggest(&vj, &so, argv0, vs, &vd) != MP_OK) /* (a model the variant refuses) */
             continue;
         if (vs->best >= 0 && s->n_alternatives < sizeof s->alternatives / sizeof s->alternatives[0]) {
             const struct mp_candidate *c = &vs->cand[vs->best];
@@ -1850,9 +1890,30 @@ static void variant_hints(const struct mp_job *base, const struct mp_suggest_opt
                  * can cost more rows than any padding saves: memplan does not know the padding) */
                 char a1[32];
                 snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
-                         "%s (%s): micro-batch %llu -> %llu = %llu real tokens per micro-batch, peak %s", v->flag,
+                         "%s (%s): micro-batch %llu -> %llu = %llu real tokens per micro-batch, peak %s", flag,
                          v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
                          (unsigned long long)tok, mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1));
+            } else if (v->act_offload) {
+                /* what it frees on the device, and the pinned host RAM it takes */
+                if (c->micro_batch > b->micro_batch) {
+                    char a1[32], a2[32];
+                    snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
+                             "%s (%s): micro-batch %llu -> %llu, peak %s, %s pinned host RAM, %.1f samples/s", flag,
+                             v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
+                             mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1),
+                             mp_fmt_bytes(c->fit.est.host_pinned_bytes, a2, sizeof a2), c->samples_per_s);
+                }
+            } else if (v->sac != MP_SAC_NONE) {
+                /* the same plan keeping what fits: what it saves is recompute, at the same peak target */
+                if (c->samples_per_s > 1.01 * b->samples_per_s || c->micro_batch > b->micro_batch) {
+                    char a1[32];
+                    snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
+                             "%s (%s): micro-batch %llu -> %llu, recompute +%.1f%% -> +%.1f%%, peak %s, "
+                             "%.1f -> %.1f samples/s",
+                             flag, v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
+                             b->recompute_pct, c->recompute_pct, mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1),
+                             b->samples_per_s, c->samples_per_s);
+                }
             } else if (!v->packing) {
                 /* the variant at the recommendation's own plan (what it frees there), when the
                  * variant's best is another plan: "...; at checkpoint layers: micro-batch 6" */
@@ -1874,7 +1935,7 @@ static void variant_hints(const struct mp_job *base, const struct mp_suggest_opt
                     }
                     snprintf(s->alternatives[s->n_alternatives++], sizeof s->alternatives[0],
                              "%s (%s): micro-batch %llu -> %llu, %s, checkpoint %s, peak %s, %.1f samples/s%s",
-                             v->flag, v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
+                             flag, v->what, (unsigned long long)b->micro_batch, (unsigned long long)c->micro_batch,
                              mp_precision_str(c->precision), mp_ckpt_spec_str(&c->ckpt, sb, sizeof sb),
                              mp_fmt_bytes(c->peak_device_bytes, a1, sizeof a1), c->samples_per_s, at);
                 }
