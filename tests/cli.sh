@@ -2871,7 +2871,30 @@ expect_line 2 "--act-offload with --parallel refused" estimate models/hf/qwen2-0
     --checkpoint layers --gpus 2 --parallel ddp
 expect_line 2 "suggest --act-offload without --checkpoint layers refused" suggest models/hf/qwen2-0.5b.json \
     --act-offload --gpu t4
-expect_line 3 "Axolotl's activation_offloading refused" estimate --recipe $R/axolotl-actoff.yaml
+expect_line 3 "Axolotl's activation_offloading with an adapter refused" estimate --recipe $R/axolotl-lora-actoff.yaml
+expect_line 3 "Axolotl's activation_offloading: legacy refused" estimate --recipe $R/axolotl-actoff-legacy.yaml
+# Axolotl full fine-tuning with activation_offloading: true (llama-3.2-1b: 16 layers, hidden 2048,
+# vocabulary 128,256; its defaults: 1 x 512, bf16 weights under autocast, HF's loss): by hand, each
+# pack rounded up to a power of two: the 16 layer inputs (512 x 2048 x 2 = 2 MiB), the final norm's
+# fp32 input (4 MiB), its rsqrt (2,048), the bf16 normalized input its trained weight's product
+# saves (2 MiB), the fp32 logits (512 x 128,256 x 4 = 262,668,288 -> 256 MiB), the shifted labels
+# and the token ids the trained embedding saves (4,096 each): 294 MiB + 10,240 = 308,291,584;
+# gradient_checkpointing: offload is the same
+if [ -n "$HAVE_PY" ]; then
+    for f in axolotl-actoff axolotl-gc-offload; do
+        run estimate --recipe $R/$f.yaml --json
+        if python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["config"]["checkpoint"] == "layers", d["config"]["checkpoint"]
+assert d["memory"]["host_pinned_bytes"] == 308291584, d["memory"]["host_pinned_bytes"]
+' "$T/out" 2>"$T/why"; then
+            ok "estimate --recipe $f (Axolotl full, activation offloading): layers, pinned host RAM by hand"
+        else
+            bad "estimate --recipe $f (Axolotl full, activation offloading): layers, pinned host RAM by hand"
+        fi
+    done
+fi
 # Hand figures (qwen2-0.5b: 24 layers, hidden 896, vocab 151936; batch 1 x 512, bf16, LoRA
 # all-linear, layers): offloaded packs, each rounded up to a power of two: the 24 layer inputs
 # (512 x 896 x 2 = 917,504 -> 1 MiB), the final norm's fp32 input (1,835,008 -> 2 MiB) and its

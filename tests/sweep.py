@@ -125,6 +125,12 @@ def options_matrix(d):
                       ('suggest', tiny, ['--no-probe'] + T4)],
         '--capacity': [('suggest', tiny, ['--no-probe'] + T4), ('probe', tiny, ['--backend', 'host'])],
     }
+    # GRPO's generation settings (the decode loop's sizes and the sampling warpers)
+    grpo = ['--trainer', 'grpo', '--batch', '8', '--seq', '64', '--completion-length', '32']
+    for opt in ('--num-generations', '--steps-per-generation', '--beta', '--temperature', '--top-p', '--top-k',
+                '--min-p'):
+        where[opt] = [('estimate', llama, grpo), ('check', llama, grpo + T4)]
+    where['--completion-length'] = [('estimate', llama, ['--trainer', 'grpo', '--batch', '8', '--seq', '64'])]
     sizes = {'--vram', '--activation-budget', '--workspace', '--context', '--capacity'}
     runs = []
     for opt, places in where.items():

@@ -99,7 +99,7 @@ static double dp_cost(const struct mp_chain *c, enum mp_ckpt_strategy st, uint64
 static enum mp_status make(const struct mp_chain *c, enum mp_ckpt_strategy st, uint64_t k, uint64_t budget,
                            size_t slots, struct mp_ckpt_plan *p)
 {
-    struct mp_ckpt_spec spec = {st, k};
+    struct mp_ckpt_spec spec = {.strategy = st, .k = k};
     struct mp_diag d;
     return mp_ckpt_plan_make(c, &spec, budget, slots, p, &d);
 }

@@ -128,9 +128,10 @@ static void test_trl_lora(void **state)
     expect(LOSS, "chunked-nll", DEFAULT, "loss_type", 0);
 }
 
-/* TRL SFT with activation_offloading: --act-offload (sft_trainer.py:1190-1193); the loss stays
- * TRL's fused head (the CLI then refuses the pair: which of its saved tensors are offloaded is not
- * modelled); Axolotl's key is refused (its own checkpoint wrapper), false accepted. */
+/* TRL SFT with activation_offloading: --act-offload (sft_trainer.py:1190-1193) with TRL's fused
+ * head.  Axolotl's: full fine-tuning is --checkpoint layers --act-offload (its checkpoint_wrapper on
+ * every layer, whatever gradient_checkpointing says; gradient_checkpointing: offload means the
+ * same); with an adapter, or legacy, refused; false accepted. */
 static void test_trl_act_offload(void **state)
 {
     (void)state;
@@ -140,7 +141,15 @@ static void test_trl_act_offload(void **state)
     expect(LOSS, "chunked-nll", DEFAULT, "loss_type", 0);
     expect(FINETUNE, "lora", KEY, "use_peft", 5);
     expect(LORA_TARGETS, "all-linear", KEY, "lora_target_modules", 6);
-    read_refused(D "axolotl-actoff.yaml", ":5: activation_offloading:", "checkpoint_wrapper");
+    read_ok(D "axolotl-actoff.yaml", -1);
+    expect(ACT_OFFLOAD, "true", KEY, "activation_offloading", 7);
+    expect(CHECKPOINT, "layers", KEY, "activation_offloading", 7);
+    expect(FINETUNE, "full", DEFAULT, "adapter", 0);
+    read_ok(D "axolotl-gc-offload.yaml", -1);
+    expect(ACT_OFFLOAD, "true", KEY, "gradient_checkpointing", 5);
+    expect(CHECKPOINT, "layers", KEY, "gradient_checkpointing", 5);
+    read_refused(D "axolotl-lora-actoff.yaml", ":8: activation_offloading:", "instead of checkpointing");
+    read_refused(D "axolotl-actoff-legacy.yaml", ":4: activation_offloading:", "without its streams");
     read_ok(D "axolotl-full.yaml", -1);
     unset(ACT_OFFLOAD);
 }
@@ -310,7 +319,7 @@ static void test_refusals(void **state)
         {"base_model: m\nsample_packing: true\n", ":2: sample_packing: true:", "not modelled yet"},
         {"base_model: m\nplugins:\n  - axolotl.integrations.liger.LigerPlugin\n", ":3: plugins:", "not modelled yet"},
         {"base_model: m\noptimizer: lion_32bit\n", ":2: optimizer: lion_32bit:", "does not model"},
-        {"base_model: m\ngradient_checkpointing: offload\n", ":2: gradient_checkpointing: offload:", "offloaded"},
+        {"base_model: m\ngradient_checkpointing: offload_disk\n", ":2: gradient_checkpointing: offload_disk:", "offloaded"},
         {"base_model: m\nadapter: lora\nload_in_8bit: true\n", ":3: load_in_8bit: true:", "8-bit base"},
         {"base_model: m\nmicro_batch_size: 0\n", ":2: micro_batch_size: 0:", "positive integer"},
         {"per_device_train_batch_size: 2\ndeepspeed: ds.json\n", ":2: deepspeed: ds.json:", "--parallel"},

@@ -185,8 +185,26 @@ def offload_ctx(model, tr):
         torch.accelerator.current_accelerator, torch.get_device_module = cur, gdm
 
 
+def axolotl_pack(ctx):
+    """Axolotl 0.19's patch of TRL's pack hook (core/trainers/mixins/activation_checkpointing.py
+    _patch_trl_offload_compute_stream_clone, written here from its rule): before TRL's pack, a
+    device tensor that is not a Parameter and is not contiguous or starts at an offset is cloned
+    (contiguous) on the compute stream, so TRL's pack sees the clone (its storage key, its size).
+    The emulated accelerator is the CPU here (offload_ctx), so "device" is "cpu"."""
+    pack = ctx.pack_hook
+
+    def pack_contiguous(t):
+        if (torch.is_tensor(t) and t.device.type == "cpu" and not isinstance(t, torch.nn.Parameter) and
+                (not t.is_contiguous() or t.storage_offset() != 0)):
+            t = t.clone(memory_format=torch.contiguous_format)
+        return pack(t)
+
+    ctx.pack_hook = pack_contiguous
+    return ctx
+
+
 def torch_run(cfg_path, batch, seq, precision, full, r=16, targets="all-linear", offload=True, show=0,
-              loss="hf"):
+              loss="hf", axolotl=False):
     import peft
     import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -219,12 +237,24 @@ def torch_run(cfg_path, batch, seq, precision, full, r=16, targets="all-linear",
     torch.Tensor.record_stream = lambda self, s: None  # (a no-op stream; memory_allocated drops at free)
     try:
         with fake, tr:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if axolotl:
+                # Axolotl 0.19, full fine-tuning with activation_offloading: true (loaders/model.py
+                # _apply_activation_checkpointing, ac_wrap_hf_model): torch's checkpoint_wrapper
+                # (non-reentrant) on every GradientCheckpointingLayer, HF's checkpointing off
+                from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import \
+                    apply_activation_checkpointing
+                from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+                apply_activation_checkpointing(model, auto_wrap_policy=ModuleWrapPolicy(
+                    {transformers.modeling_layers.GradientCheckpointingLayer}))
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             for p in model.parameters():
                 tr.add(p, "param")
             for b in model.buffers():
                 tr.add(b, "buffer")
             ctx = offload_ctx(model, tr) if offload else contextlib.nullcontext()
+            if offload and axolotl:
+                ctx = axolotl_pack(ctx)
             ids = torch.randint(0, cfg.vocab_size, (batch, seq))
             labels = ids.clone()
             opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
@@ -289,7 +319,9 @@ def settings(quick):
             ("llama-3-8b", 2, 1, 2048, "bf16", False, 0), ("llama-3-8b", 2, 1, 8192, "bf16", False, 0),
             ("llama-3-8b", 2, 1, 4096, "amp-bf16", True, 0),
             ("llama-3.2-1b", 4, 1, 4096, "bf16", False, 1000), ("llama-3.2-1b", 4, 1, 4096, "amp-bf16", True, 1000),
-            ("llama-3-8b", 2, 1, 8192, "bf16", False, 1000)]
+            ("llama-3-8b", 2, 1, 8192, "bf16", False, 1000),
+            # full bf16 with a small vocabulary at 2 x 8192: the peak leaves the optimizer step
+            ("llama-3.2-1b", 4, 2, 8192, "bf16", True, 1000), ("llama-3-8b", 2, 1, 8192, "bf16", True, 1000)]
     rows = [r + ("hf",) for r in rows]
     # TRL's fused head (SFTTrainer's default, --loss chunked-nll)
     rows += [("llama-3.2-1b", 4, 1, 2048, "bf16", False, 0, "chunked-nll"),
@@ -317,6 +349,9 @@ def main(argv):
     ap.add_argument("--show", type=int, default=0)
     ap.add_argument("--plain", action="store_true", help="also run the step without offloading")
     ap.add_argument("--loss", default="", help="only the rows of this loss head (hf, chunked-nll)")
+    ap.add_argument("--axolotl", action="store_true",
+                    help="Axolotl 0.19's activation_offloading: true for full fine-tuning (its checkpoint_wrapper "
+                         "and pack patch) on the full rows with HF's loss, against the same memplan command")
     a = ap.parse_args(argv)
     only = set(a.only.split(",")) if a.only else None
     rows, lines = [], []
@@ -332,6 +367,8 @@ def main(argv):
         inter = inter[0] if inter else 0
         if (only and name not in only) or (a.loss and loss != a.loss):
             continue
+        if a.axolotl and (not full or loss != "hf"):
+            continue  # (Axolotl: LoRA offloads instead of checkpointing; its trainer's loss is HF's)
         d = rowlib.load_config(CONFIGS[name], layers)
         if vocab:
             d["vocab_size"] = vocab
@@ -340,8 +377,8 @@ def main(argv):
         cfg_path = os.path.join(tmp, "%s-%d-%d-%d.json" % (name, layers, vocab, inter))
         with open(cfg_path, "w") as f:
             json.dump(d, f)
-        t = torch_run(cfg_path, b, s, prec, full, show=a.show, loss=loss)
-        what = (("full" if full else "lora all-linear r16") + (", vocab %d" % vocab if vocab else "") +
+        t = torch_run(cfg_path, b, s, prec, full, show=a.show, loss=loss, axolotl=a.axolotl)
+        what = (("full" if full else "lora all-linear r16") + (" (Axolotl)" if a.axolotl else "") + (", vocab %d" % vocab if vocab else "") +
                 (", intermediate %d" % inter if inter else "") +
                 (", --loss %s" % loss if loss != "hf" else ""))
         line = "%s L%d %s b%d s%d %s: torch peak %.1f MiB at %s, host pinned %.1f MiB (%d packs)" % (
@@ -375,13 +412,15 @@ def main(argv):
                 "%.1f" % (p["peak"] / 2**20) if p else "-", t["host_pinned"] / 2**20, t["peak_at"]))
         print(line, flush=True)
         lines.append(line)
-    if rows and not a.no_save:
-        rowlib.save_rows("act_offload", rows)
+    if rows and not a.no_save:  # (Axolotl's rows: the same memplan commands, their own file)
+        rowlib.save_rows("act_offload_axolotl" if a.axolotl else "act_offload", rows)
     if a.out:
-        head = ("# bench/accuracy/act_offload.py: TRL's activation offloading (issue 26 item 4)\n\n"
-                "Run of %s: `python3 bench/accuracy/act_offload.py --plain --out %s`\n"
+        head = ("# bench/accuracy/act_offload.py: %s activation offloading (issue 26 item 4)\n\n"
+                "Run of %s: `python3 bench/accuracy/act_offload.py --plain%s --out %s`\n"
                 "(torch %s, transformers %s, peft %s, trl %s; %s).  MiB; memplan minus torch.\n\n" % (
-                    __import__("datetime").date.today().isoformat(), a.out, versions["torch"],
+                    "Axolotl 0.19's (full fine-tuning)" if a.axolotl else "TRL's",
+                    __import__("datetime").date.today().isoformat(), " --axolotl" if a.axolotl else "", a.out,
+                    versions["torch"],
                     versions["transformers"], versions["peft"], versions["trl"], versions["machine"]))
         rowlib.write_results(a.out, head + "\n".join(table) + "\n")
 

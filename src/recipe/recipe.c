@@ -534,6 +534,8 @@ static void derive_checkpoint(struct reader *rd, bool adapters)
     if (!gc)
         return;
     int on = truth(gc->v);
+    if (on < 0 && rd->r->format == MP_RF_AXOLOTL && !strcmp(gc->v, "offload"))
+        on = 1; /* (Axolotl: activation_offloading: true, derive_act_offload) */
     if (on < 0) {
         refuse(rd, fact_key(rd, F_GC), gc->line, gc->v, "%s", !strcmp(gc->v, "offload") || !strcmp(gc->v, "offload_disk") || !strcmp(gc->v, "unsloth")
                                                            ? "offloaded checkpointing: not modelled yet"
@@ -603,6 +605,49 @@ static void derive_checkpoint(struct reader *rd, bool adapters)
     }
     snprintf(spec, sizeof spec, "%s%s", on ? "layers" : "none", plus);
     put(rd, MP_RS_CHECKPOINT, spec, from != F_N ? from : F_GC);
+}
+
+/* activation_offloading (--act-offload): TRL's SFTConfig key (sft_trainer.py:1190-1193), or
+ * Axolotl 0.19's, which runs TRL's context around each training_step (core/trainers/mixins/
+ * activation_checkpointing.py, with a pack-time clone of offset or non-contiguous tensors that moves
+ * no byte: bench/accuracy/act_offload.py --axolotl).  Axolotl turns HF's checkpointing off for it
+ * (core/builders/base.py _configure_gradient_checkpointing); in full fine-tuning it wraps every
+ * decoder layer in torch's non-reentrant checkpoint_wrapper (loaders/model.py
+ * _apply_activation_checkpointing, ac_wrap_hf_model): --checkpoint layers, whatever
+ * gradient_checkpointing says; with adapters the offloading replaces checkpointing (every
+ * layer's saved tensors offloaded), which memplan does not model.  Axolotl's
+ * gradient_checkpointing: offload is activation_offloading: true (utils/schemas/validation.py
+ * check_gradient_checkpointing_w_offload). */
+static void derive_act_offload(struct reader *rd, bool adapters)
+{
+    struct fact_val t1, t2;
+    const struct fact_val *ao = fact(rd, F_ACT_OFFLOAD, &t1);
+    bool ax = rd->r->format == MP_RF_AXOLOTL;
+    const struct fact_val *gc = ax ? fact(rd, F_GC, &t2) : NULL;
+    if (gc && !strcmp(gc->v, "offload"))
+        ao = gc; /* (the deprecated spelling: Axolotl's validator sets activation_offloading = True) */
+    if (!ao || !strcmp(ao->v, "null"))
+        return;
+    int on = ao == gc ? 1 : truth(ao->v);
+    const char *key = ao == gc ? fact_key(rd, F_GC) : fact_key(rd, F_ACT_OFFLOAD);
+    if (on < 0 && ax && (!strcmp(ao->v, "legacy") || !strcmp(ao->v, "disk") || !strcmp(ao->v, "hidden_states")))
+        refuse(rd, key, ao->line, ao->v, "%s",
+               !strcmp(ao->v, "legacy") ? "TRL's context without its streams (no forward stash, each copy "
+                                          "synchronous): not modelled yet"
+               : !strcmp(ao->v, "disk") ? "activations offloaded to disk (Axolotl's own hooks): not modelled yet"
+                                        : "only the checkpointed layers' hidden states offloaded (Axolotl's "
+                                          "monkeypatch/activation_offload_checkpoint.py): not modelled yet");
+    else if (on < 0)
+        refuse(rd, key, ao->line, ao->v, "expected true or false");
+    else if (on == 1 && ax && adapters)
+        refuse(rd, key, ao->line, ao->v, "with an adapter Axolotl offloads every layer's saved tensors instead of "
+                                         "checkpointing them (loaders/model.py _apply_activation_checkpointing): "
+                                         "not modelled yet");
+    else if (on == 1) {
+        if (ax) /* (its own checkpoint_wrapper on each decoder layer) */
+            put(rd, MP_RS_CHECKPOINT, "layers", ao == gc ? F_GC : F_ACT_OFFLOAD);
+        put(rd, MP_RS_ACT_OFFLOAD, "true", ao == gc ? F_GC : F_ACT_OFFLOAD);
+    }
 }
 
 /* The adapters: "full", "lora" or "qlora" (NULL: refused). */
@@ -1007,12 +1052,7 @@ static void derive(struct reader *rd)
     } else if (!(rd->fmt_bit & B_ORPO)) /* (ORPO: the model's logits and its own loss, hf's head) */
         derive_loss(rd);
     derive_packing(rd);
-    int ao = fact_truth(rd, F_ACT_OFFLOAD); /* TRL's activation_offloading (--act-offload) */
-    if (rd->f[F_ACT_OFFLOAD].set && ao < 0)
-        refuse(rd, fact_key(rd, F_ACT_OFFLOAD), rd->f[F_ACT_OFFLOAD].line, rd->f[F_ACT_OFFLOAD].v,
-               "expected true or false");
-    else if (ao == 1)
-        put(rd, MP_RS_ACT_OFFLOAD, "true", F_ACT_OFFLOAD);
+    derive_act_offload(rd, adapters);
 }
 
 /* ---- reading ------------------------------------------------------------------------------------- */

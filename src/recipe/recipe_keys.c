@@ -258,10 +258,8 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_ARGS, "gradient_checkpointing_kwargs.offload", F_GC_OFFLOAD), /* --checkpoint layers+offload */
     FACT(B_ARGS, "activation_checkpointing_kwargs.offload", F_GC_OFFLOAD),
     FACT(B_TRL, "activation_offloading", F_ACT_OFFLOAD), /* --act-offload (sft_trainer.py:1190-1193) */
-    REFUSE_BUT(B_AX, "activation_offloading", "false False",
-           "Axolotl's activation offloading (true: torch's checkpoint_wrapper on the layers and a LoRA copy of "
-           "TRL's context, core/trainers/mixins/activation_checkpointing.py; legacy, offload_disk: checkpointers "
-           "of its own): " NOT_YET),
+    /* Axolotl's (true: TRL's context; full fine-tuning only, recipe.c derive_act_offload) */
+    FACT(B_AX, "activation_offloading", F_ACT_OFFLOAD),
     REFUSE_BUT(B_TT, "enable_activation_offloading", "false False",
            "torchtune's OffloadActivations (training/_activation_offloading.py: a storage saved twice is offloaded "
            "twice, no deduplication as TRL's) around its own decoder and chunked loss: " NOT_YET),
