@@ -60,13 +60,15 @@
 
   python3 bench/accuracy/peft_step.py qlora-bytes [CONFIG ...]
       QLoRA base storage as bitsandbytes really holds it: every Linear that
-      transformers' bnb integration replaces (all nn.Linear but lm_head) is quantized
+      transformers' bnb integration replaces (all nn.Linear but those its
+      get_keys_to_not_convert and _keep_in_fp32_modules name: lm_head; a multimodal
+      checkpoint's vision tower and projector included) is quantized
       with bitsandbytes.functional.quantize_4bit (nf4, blocksize 64, double quant) on
       the CPU, one real tensor per distinct shape, and the bytes of every tensor of
       its quant state are summed (packed weight, absmax, offset, second-level absmax,
       both code tables).  Non-quantized parameters (embeddings, norms, lm_head, biases)
       are counted in fp32, as after peft's prepare_model_for_kbit_training.  Prints
-      memplan's weights_bytes for `--finetune qlora` beside it.
+      memplan's weights_bytes for `--finetune qlora` beside it, less its fp32 adapters.
 
   python3 bench/accuracy/peft_step.py qlora-step
       A real QLoRA step on the CPU (bitsandbytes 0.50 runs Linear4bit forward and backward
@@ -121,14 +123,29 @@ def bnb_linear_bytes(out_f, in_f, double_quant=True, quant_type="nf4"):
 
 
 def qlora_bytes(path):
+    """The bytes of a bitsandbytes NF4 base: the Linears transformers' quantizer converts (every
+    nn.Linear that get_keys_to_not_convert and the class's _keep_in_fp32_modules do not name,
+    matched by should_convert_module: quantizers/base.py, quantizer_bnb_4bit.py), each as
+    bitsandbytes packs it, the rest fp32.  A multimodal config is built as its own class (its
+    vision tower and projector quantized too)."""
+    import json
     import torch
-    m = meta_model(path)
-    head = m.get_output_embeddings()
+    import transformers
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+    with open(path) as f:
+        d = json.load(f)
+    if "ForConditionalGeneration" in (d.get("architectures") or [""])[0]:
+        with torch.device("meta"):
+            m = getattr(transformers, d["architectures"][0])(transformers.AutoConfig.for_model(**d))
+    else:
+        m = meta_model(path)
+    skip = get_keys_to_not_convert(m) + list(getattr(m, "_keep_in_fp32_modules", None) or [])
     shapes = Counter()
     other = 0
     quantized_ids = set()
     for name, mod in m.named_modules():
-        if isinstance(mod, torch.nn.Linear) and mod is not head:
+        if isinstance(mod, torch.nn.Linear) and should_convert_module(name, skip):
             shapes[(mod.out_features, mod.in_features)] += 1
             quantized_ids.add(id(mod.weight))
     seen = set()
@@ -892,11 +909,29 @@ def main(argv):
         return 0
     if len(argv) >= 1 and argv[0] == "qlora-bytes":
         paths = argv[1:] or ["models/hf/llama-3-8b.json", "models/hf/llama-2-70b.json"]
-        print(f"{'config':32} {'bitsandbytes':>16} {'memplan':>16}  diff   (quantized Linears / fp32 rest)")
+        print(f"{'config':36} {'bitsandbytes':>16} {'memplan':>16}  diff   (quantized Linears / fp32 rest; "
+              "memplan less its fp32 adapters)")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import bitsandbytes
+        import rowlib
+        import torch
+        import transformers
+        rows = []
         for p in paths:
             total, q, other, shapes = qlora_bytes(p)
-            mp = memplan_weights(p, "--finetune", "qlora")
-            print(f"{p:32} {total:16,d} {mp:16,d}  {mp - total:+d}   ({q:,d} / {other:,d})")
+            args = ["--seq", "16", "--finetune", "qlora", "--json"]
+            out = subprocess.run(["./memplan", "estimate", p] + args, check=True, capture_output=True,
+                                 text=True).stdout
+            j = json.loads(out)
+            mp = j["memory"]["weights_bytes"] - 4 * j["model"]["trainable_params"]
+            print(f"{p:36} {total:16,d} {mp:16,d}  {mp - total:+d}   ({q:,d} / {other:,d})")
+            rows.append(dict(config=p, max_layers=0, args=args, source="bench/accuracy/peft_step.py qlora-bytes",
+                             figures={"qlora_base": rowlib.figure(total, mp)},
+                             recorded={"quantized_linears": q, "fp32_rest": other},
+                             versions=rowlib.run_versions(torch=torch.__version__,
+                                                          transformers=transformers.__version__,
+                                                          bitsandbytes=bitsandbytes.__version__)))
+        rowlib.save_rows("peft_step", rows)
         return 0
     print(__doc__)
     return 2

@@ -148,6 +148,8 @@ FIGURES = {
     "params": lambda d: d["model"]["params"],
     "optimizer_state": lambda d: _memory(d)["optimizer_bytes"],  # optim_states.py's (state bytes)
     "host_pinned": lambda d: _memory(d).get("host_pinned_bytes", 0),  # torch_step.py --offload
+    # peft_step.py qlora-bytes: a 4-bit base's storage (weights less the fp32 adapters)
+    "qlora_base": lambda d: _memory(d)["weights_bytes"] - 4 * d["model"]["trainable_params"],
     # dpo_step.py: the reference forward's peak (memory.phases, --trainer dpo)
     "ref_forward_peak": lambda d: _memory(d)["phases"]["reference_forward"]["peak_allocated_bytes"]
     - _memory(d)["workspace_bytes"],

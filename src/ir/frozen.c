@@ -165,24 +165,50 @@ const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_fin
  * fine-tuning (requires_grad, but .grad stays None: no gradient, no optimizer state) and frozen
  * otherwise; and the LoRA adapters peft puts on its Linears that the targets name (fp32 A and B,
  * r x in and out x r each; requires_grad, unused: no gradient either).  Lowered first in the
- * embedding block (block 0).  A quantized base would quantize the tower's Linears too
- * (bitsandbytes converts every Linear but the output layer): not modelled, refused. */
+ * embedding block (block 0).  A quantized base quantizes the tower's Linears too: transformers
+ * 5.24's bitsandbytes quantizer converts every nn.Linear that get_keys_to_not_convert (the tied
+ * and output embeddings, the last parameter's module) and the class's _keep_in_fp32_modules do not
+ * name (quantizers/base.py:39-63, quantizer_bnb_4bit.py:121), which on gemma3, qwen2_vl,
+ * qwen2_5_vl and mistral3 is every Linear of the tower and projector (bench/accuracy/peft_step.py
+ * qlora-bytes): each is packed storage as the language model's (lower_linear_p), the rest (norms,
+ * the patch convolution, position embeddings, biases, Gemma 3's projection Parameter) stays in
+ * the model's dtype. */
 void lower_idle(struct bld *B)
 {
     const struct mp_idle *v = &B->m->idle;
     const struct mp_finetune *ft = &B->p->opts.ft;
     if (!v->params || failed(B))
         return;
-    if (mp_program_base_quant(B->p)) {
-        fail_model(B, MP_ERR_USAGE, "a quantized base (QLoRA or quantization_config) with the %s of a multimodal "
-                   "checkpoint is not modelled (bitsandbytes would quantize their Linears too)", v->what);
-        return;
+    const struct mp_quant *qz = mp_program_base_quant(B->p);
+    uint64_t rest = v->params;
+    for (size_t i = 0; qz && i < v->n_linears; i++) {
+        uint64_t w = mul(B, mul(B, v->linears[i].in, v->linears[i].out), v->linears[i].count);
+        if (w > rest) {
+            overflow(B);
+            return;
+        }
+        rest -= w;
     }
     bool was = B->trained;
     B->trained = false;
-    int q = new_param(B, v->what, 1, v->params, false);
+    int q = new_param(B, v->what, 1, rest, false);
     if (q >= 0)
         B->p->params[q].idle = ft->mode == MP_FT_FULL;
+    for (size_t i = 0; qz && i < v->n_linears && !failed(B); i++) {
+        const struct mp_idle_linear *l = &v->linears[i];
+        char name[64];
+        snprintf(name, sizeof name, "%s.weight", l->name);
+        int w = new_param(B, name, mul(B, l->count, l->out), l->in, true);
+        if (w < 0)
+            break;
+        struct mp_param *pw = &B->p->params[w];
+        pw->dtype = MP_DT_U8;
+        pw->trainable = false;
+        pw->raw_bytes = mul(B, l->count, mp_quant_weight_bytes(qz, l->out, l->in));
+        pw->bytes = mul(B, l->count, mp_quant_alloc_bytes(qz, l->out, l->in));
+        if (!pw->bytes)
+            overflow(B);
+    }
     for (size_t i = 0; i < v->n_linears && !failed(B); i++) {
         const struct mp_idle_linear *l = &v->linears[i];
         if (!mp_finetune_targets_module(ft, B->m->hf_type, l->name))
