@@ -305,19 +305,21 @@ struct mp_block {
 enum mp_input_kind { MP_INPUT_TOKENS, MP_INPUT_IMAGE, MP_INPUT_BYTES };
 
 /* Modules a multimodal checkpoint loads that a text-only step never runs (the vision tower and the
- * multimodal projector of Gemma 3, Qwen2-VL, Qwen2.5-VL, Mistral 3): their parameters are on the GPU
+ * multimodal projector of Gemma 3, Qwen2-VL, Qwen2.5-VL, Mistral 3, Llama 3.2 Vision; Llama 3.2
+ * Vision's cross-attention decoder layers too, which MllamaTextModel skips without image states):
+ * their parameters are on the GPU
  * in the model's dtype, with no gradient (unused), no optimizer state and no activations.  Their
  * Linears are listed by peft's module name, for the LoRA targets that name them (ir/). */
 struct mp_idle_linear {
     const char *name;          /* the module's last name component (a string literal) */
     uint64_t in, out, count;   /* Linear(in, out) count times */
 };
-#define MP_IDLE_LINEARS_MAX 12
+#define MP_IDLE_LINEARS_MAX 16
 struct mp_idle {
     uint64_t params;           /* every parameter element of the idle modules (0: none) */
     size_t n_linears;
     struct mp_idle_linear linears[MP_IDLE_LINEARS_MAX];
-    char what[48];             /* "vision_tower + multi_modal_projector" */
+    char what[64];             /* "vision_tower + multi_modal_projector" */
 };
 
 struct mp_model {
