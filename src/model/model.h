@@ -300,6 +300,10 @@ struct mp_block {
      * (each the block p before it: 1 for copies in a row, 2 for alternating layers, 6 for
      * Gemma-3's five sliding and one global); 0: none (mp_model_mark_copies) */
     unsigned period;
+    /* transformers' GradientCheckpointingLayer modules just before this block, in module order,
+     * that have no block of their own (a multimodal checkpoint's vision-tower layers, Mllama's
+     * skipped cross-attention layers): every_n_layers counts them (--checkpoint layers:N) */
+    uint64_t gc_before;
 };
 
 enum mp_input_kind { MP_INPUT_TOKENS, MP_INPUT_IMAGE, MP_INPUT_BYTES };
@@ -320,6 +324,8 @@ struct mp_idle {
     size_t n_linears;
     struct mp_idle_linear linears[MP_IDLE_LINEARS_MAX];
     char what[64];             /* "vision_tower + multi_modal_projector" */
+    uint64_t gc_layers;        /* of them, GradientCheckpointingLayer modules ahead of the language
+                                  model's layers in module order (the vision tower's layers) */
 };
 
 struct mp_model {

@@ -1760,15 +1760,20 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
 
 static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct mp_diag *d)
 {
+    uint64_t skipped = m->idle.gc_layers; /* the vision tower's layers come first in module order */
     for (uint64_t i = 0; i < c->layers; i++) {
-        if (c->cross && c->cross[i])
-            continue; /* Mllama's cross-attention layer: skipped without image states (mllama_text_hook) */
+        if (c->cross && c->cross[i]) { /* Mllama's cross-attention layer: skipped without image states */
+            skipped++;                 /* (mllama_text_hook), a GradientCheckpointingLayer all the same */
+            continue;
+        }
         char name[32];
         snprintf(name, sizeof name, "h.%llu", (unsigned long long)i);
         struct mp_block *b = mp_model_add_block(m, name, 1);
         if (!b)
             return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
         b->repeat_group = 1;
+        b->gc_before = skipped;
+        skipped = 0;
         struct mp_layer *l = b->layers;
         l->type = MP_LT_TRANSFORMER_BLOCK;
         l->dim = c->hidden;

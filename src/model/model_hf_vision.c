@@ -71,6 +71,7 @@ static enum mp_status siglip_gemma3(const cJSON *vc, uint64_t text_hidden, struc
     linear(a, v, "fc2", F, D, L, true);
     acc_add(a, prod(a, 2, D));                              /* post_layernorm */
     acc_add(a, prod(a, D, text_hidden) + D);                /* the projector */
+    v->gc_layers = L;                                       /* SiglipEncoderLayer */
     return MP_OK;
 }
 
@@ -99,6 +100,7 @@ static enum mp_status qwen2_5_vision(const cJSON *vc, struct mp_idle *v, struct 
     acc_add(a, D);
     linear(a, v, "merger.mlp.0", M, M, 1, true);
     linear(a, v, "merger.mlp.2", M, O, 1, true);
+    v->gc_layers = L; /* Qwen2_5_VLVisionBlock */
     return MP_OK;
 }
 
@@ -126,6 +128,7 @@ static enum mp_status qwen2_vision(const cJSON *vc, struct mp_idle *v, struct ac
     acc_add(a, prod(a, 2, E));
     linear(a, v, "merger.mlp.0", M, M, 1, true);
     linear(a, v, "merger.mlp.2", M, H, 1, true);
+    v->gc_layers = L; /* Qwen2VLVisionBlock */
     return MP_OK;
 }
 
@@ -165,6 +168,7 @@ static enum mp_status pixtral_mistral3(const cJSON *root, const cJSON *vc, uint6
     linear(a, v, "patch_merger.merging_layer", prod(a, D, prod(a, sm, sm)), D, 1, false);
     linear(a, v, "linear_1", prod(a, D, layers), text_hidden, 1, bias);
     linear(a, v, "linear_2", text_hidden, text_hidden, 1, bias);
+    v->gc_layers = L; /* PixtralAttentionLayer */
     return MP_OK;
 }
 
@@ -224,7 +228,7 @@ static enum mp_status mllama_vision(const cJSON *vc, uint64_t text_hidden, struc
     acc_add(a, prod(a, prod(a, 4, D), LG));                          /* two LayerNorms a layer */
     acc_add(a, prod(a, 2, G));                                        /* gate_attn, gate_ffn */
     linear(a, v, "multi_modal_projector", out, text_hidden, 1, true);
-    return MP_OK;
+    return MP_OK; /* (MllamaVisionEncoderLayer is a plain nn.Module: no gc_layers) */
 }
 
 /* Mllama's cross-attention decoder layers (modeling_mllama.py MllamaCrossAttentionDecoderLayer):
