@@ -1726,9 +1726,90 @@ static void test_multimodal(void **state)
                  "cfg.json: vision_config: expected an object");
     expect_error("{\"model_type\": \"mistral3\"}", MP_ERR_MODEL,
                  "cfg.json: text_config: missing (mistral3 reads the language model's sizes there)");
-    expect_error("{\"model_type\": \"mllama\"}", MP_ERR_MODEL,
-                 "cfg.json: model_type: 'mllama' is not supported (Llama 3.2 Vision's cross-attention layers over "
-                 "the image states are not modelled yet)");
+}
+
+/* Llama 3.2 Vision, text-only (MllamaForConditionalGeneration): expected counts from transformers
+ * 5.24 on the meta device (`python3 bench/accuracy/hf_params.py FILE`; Llama-3.2-11B-Vision:
+ * vision_model 863,567,379, multi_modal_projector 31,461,376, the eight cross-attention layers
+ * 1,744,898,064 (idle: 2,639,926,819), the rest of language_model 7,504,957,440, lm_head
+ * 525,336,576: 10,670,220,835; the class defaults' config 10,642,941,475,
+ * untied with tie_word_embeddings true at both levels: _tied_weights_keys is commented out).
+ * mllama-shrunk by hand: vision 986,245 (patch 75,264, class 128, gated positions 307,841, tiles
+ * 9,218, pre/post norms 512, three layers of 197,760, two gates), projector 98,560, embedding
+ * 1,008 x 256 (vocab_size + 8 rows), lm_head 256,000, norm 256, four self-attention layers of
+ * 786,944 and two cross-attention layers of 787,074 (q_norm, k_norm and two gates besides):
+ * 6,321,033, of which 2,658,953 idle.  LoRA r 8, peft 0.21 on the meta device: all-linear 293,888
+ * (every Linear but lm_head, the cross-attention layers' and the vision model's included),
+ * q_proj,v_proj 55,296, gate_proj 49,152, multi_modal_projector 5,120, fc1 15,360. */
+static void test_mllama(void **state)
+{
+    (void)state;
+    expect_params("models/hf/llama-3.2-11b-vision.json", UINT64_C(10670220835));
+    expect_params("bench/accuracy/multimodal/mllama-shrunk.json", UINT64_C(6321033));
+    struct mp_model m;
+    struct mp_program p;
+    load_str_ok(&m, "{\"model_type\": \"mllama\", \"tie_word_embeddings\": true, \"text_config\": "
+                    "{\"tie_word_embeddings\": true}}");
+    assert_int_equal(params_of(&m), UINT64_C(10642941475));
+    mp_model_release(&m);
+
+    load_ok(&m, "bench/accuracy/multimodal/mllama-shrunk.json");
+    assert_int_equal(m.idle.params, UINT64_C(2658953));
+    /* the blocks: the embedding, the self-attention layers 0, 2, 3, 5 (1 and 4 cross-attention,
+     * skipped: counted before the next block for every_n_layers), the head */
+    static const char *const names[] = {"embed", "h.0", "h.2", "h.3", "h.5", "head"};
+    static const uint64_t gc_before[] = {0, 0, 1, 0, 1, 0};
+    assert_int_equal(m.n_blocks, 6);
+    for (size_t i = 0; i < 6; i++) {
+        assert_string_equal(m.blocks[i].name, names[i]);
+        assert_int_equal(m.blocks[i].gc_before, gc_before[i]);
+    }
+    assert_int_equal(m.blocks[0].layers[0].vocab, 1008u);
+    build_ft(&m, 1, "", &p); /* full: the idle weights get no gradient */
+    uint64_t grads = 0;
+    for (size_t q = 0; q < p.n_params; q++)
+        grads += mp_param_grad_bytes(&p.params[q]);
+    assert_int_equal(p.trainable_params, p.total_params);
+    assert_int_equal(grads, 4 * (p.total_params - m.idle.params));
+    mp_program_release(&p);
+    static const struct {
+        const char *targets;
+        uint64_t trainable;
+    } lora[] = {{"-", 293888}, {"all-linear", 293888}, {"q_proj,v_proj", 55296}, {"gate_proj", 49152},
+                {"multi_modal_projector", 5120}, {"fc1", 15360}};
+    for (size_t i = 0; i < sizeof lora / sizeof lora[0]; i++) {
+        build_ft(&m, 1, lora[i].targets, &p);
+        if (p.trainable_params != lora[i].trainable)
+            print_error("%s\n", lora[i].targets);
+        assert_int_equal(p.trainable_params, lora[i].trainable);
+        mp_program_release(&p);
+    }
+    mp_model_release(&m);
+    /* Gemma 3: SigLIP's encoder layers come first in module order (two in the shrunk config) */
+    load_ok(&m, "bench/accuracy/multimodal/gemma3-shrunk.json");
+    assert_string_equal(m.blocks[1].name, "h.0");
+    assert_int_equal(m.blocks[1].gc_before, 2);
+    assert_int_equal(m.blocks[2].gc_before, 0);
+    mp_model_release(&m);
+
+    expect_error("{\"model_type\": \"mllama\", \"text_config\": {\"cross_attention_layers\": 3}}", MP_ERR_MODEL,
+                 "cfg.json: text_config.cross_attention_layers: expected a list of layer indices");
+    expect_error("{\"model_type\": \"mllama\", \"text_config\": {\"cross_attention_layers\": [1, 2.5]}}",
+                 MP_ERR_MODEL, "cfg.json: text_config.cross_attention_layers[1]: expected an integer");
+    expect_error("{\"model_type\": \"mllama\", \"text_config\": {\"num_hidden_layers\": 2, "
+                 "\"cross_attention_layers\": [0, 1, 5]}}", MP_ERR_MODEL,
+                 "cfg.json: text_config.cross_attention_layers: every one of the 2 layers is a cross-attention layer: "
+                 "a text-only step would run none (not modelled)");
+    expect_error("{\"model_type\": \"mllama\", \"vision_config\": {\"max_num_tiles\": 2}}", MP_ERR_MODEL,
+                 "cfg.json: vision_config.max_num_tiles: 2 with the default supported_aspect_ratios "
+                 "(MllamaVisionConfig requires 4)");
+    expect_error("{\"model_type\": \"mllama\", \"architectures\": [\"MllamaForCausalLM\"]}", MP_ERR_MODEL,
+                 "cfg.json: architectures[0]: 'MllamaForCausalLM' is not supported for mllama (supported: "
+                 "MllamaForConditionalGeneration, planned for text-only steps)");
+    expect_error("{\"model_type\": \"mllama_text_model\"}", MP_ERR_MODEL,
+                 "cfg.json: model_type: 'mllama_text_model' is not supported (Llama 3.2 Vision's text model alone "
+                 "(MllamaForCausalLM, whose forward upcasts the logits) is not modelled; give the mllama "
+                 "checkpoint's config.json (MllamaForConditionalGeneration))");
 }
 
 static void test_params_moe_families(void **state)
@@ -2355,6 +2436,7 @@ int main(void)
         cmocka_unit_test(test_params_moe_families),
         cmocka_unit_test(test_olmoe_granitemoe),
         cmocka_unit_test(test_multimodal),
+        cmocka_unit_test(test_mllama),
         cmocka_unit_test(test_moe_layers_and_mla),
         cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),
