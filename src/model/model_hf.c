@@ -1547,7 +1547,8 @@ static bool moe_layer(const struct hf *c, uint64_t i)
  * MllamaCrossAttentionDecoderLayer at every index of the list below num_hidden_layers (others are
  * never matched), and its forward skips those layers when there are no cross_attention_states and
  * none cached (modeling_mllama.py MllamaTextModel.forward: `continue`), as in a text-only step:
- * they run nothing, their weights are loaded and idle (mp_hf_vision_modules). */
+ * they run nothing, their weights are loaded and idle (mp_hf_vision_modules;
+ * docs/memory-facts.md#mllama-text-only). */
 static enum mp_status mllama_text_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     static const uint64_t deflt[] = {3, 8, 13, 18, 23, 28, 33, 38};
