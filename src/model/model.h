@@ -83,6 +83,8 @@ enum mp_router {
     MP_ROUTER_FP32_SOFTMAX, /* Linear on fp32 copies of x and W, softmax, * routed_scaling_factor (DeepSeek-V2) */
     MP_ROUTER_FP32_SIGMOID, /* Linear on fp32 copies, sigmoid, group-limited top-k, gather (DeepSeek-V3) */
     MP_ROUTER_TOPK_SOFTMAX, /* top-k of logits.float(), softmax over the k, cast to x's dtype (GraniteMoE) */
+    MP_ROUTER_SPARSEMIXER,  /* PhiMoE's sparsemixer: two rounds of masked_fill, Gumbel sampling, softmax,
+                               gather and its custom multiplier: top 2 whatever num_experts_per_tok */
 };
 
 /* How a fused qkv projection is split (HF attention classes). */
@@ -206,6 +208,8 @@ struct mp_moe {
     bool shared_first;        /* the shared expert runs before the router (Qwen2-MoE) */
     bool norm_topk;           /* the top-k weights are renormalized (in place: a / sum) */
     bool route_mask;          /* group-limited routing that keeps a (tokens, E) bool mask (DeepSeek-V2) */
+    bool input_jitter;        /* PhiMoE's input_jitter_noise > 0: the block and then the router multiply
+                                 the input in place by a uniform noise tensor (saved, x-sized) */
 };
 
 /* lm_head / classifier / a token model's linear head */

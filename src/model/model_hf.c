@@ -134,6 +134,7 @@ struct family {
                                    then sets the q/k/v biases only */
     const char *k_qkv_bias;     /* q/k/v biases only (StableLM use_qkv_bias) */
     const char *k_bias;         /* every linear's bias (Starcoder2 use_bias, OPT enable_bias) */
+    const char *k_lm_bias;      /* lm_head's bias (PhiMoE lm_head_bias) */
     double dropout;             /* default of the embedding and residual dropouts below */
     double attn_dropout;        /* default of the attention dropout */
     const char *k_emb_p, *k_attn_p, *k_resid_p; /* NULL: no such dropout */
@@ -390,6 +391,13 @@ static const struct family families[] = {
     {.type = "granitemoe", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias",
      .k_emb_mult = "embedding_multiplier", .k_resid_mult = "residual_multiplier", .k_logits_div = "logits_scaling",
      .heads = HEAD(H_CAUSAL) | HEAD(H_BARE), .hook = moe_hook},
+    /* PhiMoE (phimoe/modeling_phimoe.py, PhimoeConfig): Mixtral's layout with LayerNorms (with bias)
+     * for the RMSNorms, attention_bias on q/k/v/o, lm_head_bias, and the sparsemixer router
+     * (moe_hook) */
+    {.type = "phimoe", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gated = true, .gqa = true, .kv_default = 8,
+     .k_attn_bias = "attention_bias", .k_lm_bias = "lm_head_bias", .k_attn_p = "attention_dropout",
+     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
+     .generic_heads = true, .window = W_ALL, .hook = moe_hook},
     /* ---- llama variants of 2025 ---- */
     {.type = "seed_oss", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .head_dim_default = 128, .qkv_bias = true,
      .k_attn_bias = "attention_bias", .k_out_bias = "attention_out_bias", .k_mlp_bias = "mlp_bias",
@@ -549,8 +557,6 @@ static const struct {
     {"mllama_text_model", "Llama 3.2 Vision's text model alone (MllamaForCausalLM, whose forward upcasts the "
                           "logits) is not modelled; give the mllama checkpoint's config.json "
                           "(MllamaForConditionalGeneration)"},
-    {"phimoe", "PhiMoE's sparsemixer router (Gumbel sampling in training and a custom autograd multiplier per "
-               "choice) is not modelled yet"},
 };
 
 /* The config after the transformers defaults: everything the lowering needs. */
@@ -835,6 +841,8 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
         return st;
     if (f->k_bias)
         c->qkv_bias = c->out_bias = c->mlp_bias = all;
+    if ((st = read_flag(root, f->k_lm_bias, &c->lm_bias, path, d)) != MP_OK)
+        return st;
     c->attn_softcap = f->attn_softcap;
     c->logit_softcap = f->logit_softcap;
     if ((st = read_softcap(root, f->k_attn_softcap, &c->attn_softcap, path, d)) != MP_OK ||
@@ -1433,14 +1441,21 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
     const char *t = c->f->type;
     bool mixtral = !strcmp(t, "mixtral"), qwen2 = !strcmp(t, "qwen2_moe"), ds2 = !strcmp(t, "deepseek_v2");
     bool ds3 = !strcmp(t, "deepseek_v3"), ds = ds2 || ds3, olmoe = !strcmp(t, "olmoe");
-    bool granite = !strcmp(t, "granitemoe");
-    bool dense_width = mixtral || olmoe || granite; /* experts as wide as intermediate_size */
+    bool granite = !strcmp(t, "granitemoe"), phimoe = !strcmp(t, "phimoe");
+    bool dense_width = mixtral || olmoe || granite || phimoe; /* experts as wide as intermediate_size */
     enum mp_status st;
     bool aux = false;
-    double jitter = 0;
+    double jitter = 0, eps = 0.01, input_jitter = 0;
     if ((st = mp_json_bool(root, "output_router_logits", &aux, path, "", d)) != MP_OK ||
         (mixtral && (st = mp_json_prob(root, "router_jitter_noise", &jitter, path, "", d)) != MP_OK))
         return st;
+    /* PhiMoE: router_jitter_noise is the sparsemixer's threshold (a Python float: no memory);
+     * input_jitter_noise > 0 multiplies the MoE input in place by uniform noise, twice (the block,
+     * then the router), each noise tensor saved by MulBackward0 (lower_mlp.c) */
+    if (phimoe && ((st = mp_json_prob(root, "router_jitter_noise", &eps, path, "", d)) != MP_OK ||
+                   (st = mp_json_prob(root, "input_jitter_noise", &input_jitter, path, "", d)) != MP_OK))
+        return st;
+    c->moe.input_jitter = input_jitter > 0;
     if (aux)
         return mp_fail(d, MP_ERR_MODEL, "%s: output_router_logits: true is not supported (the router auxiliary "
                        "loss over every layer's logits is not modelled)", path);
@@ -1448,21 +1463,23 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
         return mp_fail(d, MP_ERR_MODEL, "%s: router_jitter_noise: %g is not supported (the saved noise tensor is "
                        "not modelled; 0 is)", path, jitter);
     /* OlmoeConfig maps num_local_experts to num_experts (attribute_map): either key */
-    const char *ek = mixtral || granite ? "num_local_experts" : ds ? "n_routed_experts"
+    const char *ek = mixtral || granite || phimoe ? "num_local_experts" : ds ? "n_routed_experts"
                      : olmoe && !present(root, "num_experts") ? "num_local_experts" : "num_experts";
-    c->moe.experts = mixtral || granite ? 8 : qwen2 ? 60 : ds2 || olmoe ? 64 : ds3 ? 256 : 128;
-    c->moe.top_k = mixtral || granite ? 2 : qwen2 ? 4 : ds2 ? 0 : 8; /* DeepseekV2Config: None */
+    c->moe.experts = mixtral || granite ? 8 : phimoe ? 16 : qwen2 ? 60 : ds2 || olmoe ? 64 : ds3 ? 256 : 128;
+    c->moe.top_k = mixtral || granite || phimoe ? 2 : qwen2 ? 4 : ds2 ? 0 : 8; /* DeepseekV2Config: None */
     c->moe.expert_ffn = dense_width ? c->ffn : qwen2 ? 1408 : ds2 ? 1407 : ds3 ? 2048 : 768;
     c->moe.norm_topk = mixtral || ds3;
     c->moe.router = mixtral ? MP_ROUTER_SOFTMAX : ds2 ? MP_ROUTER_FP32_SOFTMAX : ds3 ? MP_ROUTER_FP32_SIGMOID
-                : granite ? MP_ROUTER_TOPK_SOFTMAX : MP_ROUTER_SOFTMAX_CAST;
+                : granite ? MP_ROUTER_TOPK_SOFTMAX : phimoe ? MP_ROUTER_SPARSEMIXER : MP_ROUTER_SOFTMAX_CAST;
     c->sparse_step = 1;
     if ((st = mp_json_u64(root, ek, false, MP_DIM_MAX, &c->moe.experts, path, "", d)) != MP_OK ||
         (st = read_pos(root, "num_experts_per_tok", false, MP_DIM_MAX, &c->moe.top_k, path, d)) != MP_OK ||
         (!dense_width && (st = read_pos(root, "moe_intermediate_size", false, MP_DIM_MAX, &c->moe.expert_ffn, path, d)) != MP_OK) ||
-        (!ds2 && !mixtral && !granite &&
+        (!ds2 && !mixtral && !granite && !phimoe &&
          (st = mp_json_bool(root, "norm_topk_prob", &c->moe.norm_topk, path, "", d)) != MP_OK))
         return st;
+    if (phimoe) /* sparsemixer always picks two experts (its top_k argument is unused) */
+        c->moe.top_k = 2;
     if (c->moe.experts && !c->moe.top_k)
         return mp_fail(d, MP_ERR_MODEL, "%s: num_experts_per_tok: missing (expected a positive integer)", path);
     if (c->moe.top_k > c->moe.experts && c->moe.experts)
@@ -1661,8 +1678,9 @@ static enum mp_status check_weights(const cJSON *root, const struct hf *c, uint6
         (st = CAP("position embedding", {key2(root, f->k_pos, "max_position_embeddings"), c->positions}, h)) != MP_OK)
         return st;
     if (c->moe.experts) { /* the fused experts: (E, 2 x F, h) gate_up and (E, h, F) down */
-        struct factor e = {mixtral ? "num_local_experts" : ds ? "n_routed_experts" : "num_experts", c->moe.experts};
-        if ((st = CAP("experts", e, {mixtral ? ffn.key : "moe_intermediate_size", c->moe.expert_ffn}, h, {NULL, 2})) !=
+        bool local = mixtral || !strcmp(t, "phimoe") || !strcmp(t, "granitemoe"); /* num_local_experts x ffn */
+        struct factor e = {local ? "num_local_experts" : ds ? "n_routed_experts" : "num_experts", c->moe.experts};
+        if ((st = CAP("experts", e, {local ? ffn.key : "moe_intermediate_size", c->moe.expert_ffn}, h, {NULL, 2})) !=
                 MP_OK ||
             (st = CAP("shared expert", {ds ? "n_shared_experts" : "shared_expert_intermediate_size", c->moe.shared_ffn},
                       h)) != MP_OK)
