@@ -1604,6 +1604,9 @@ static const struct {
     /* transformers 5.24 */
     {"models/hf/olmoe-1b-7b-0924.json", NULL, UINT64_C(6919161856)},
     {"models/hf/granite-3.0-1b-a400m.json", NULL, UINT64_C(1334628352)},
+    {"models/hf/phi-3.5-moe-instruct.json", NULL, UINT64_C(41873153344)},
+    {"models/hf/phi-3.5-moe-instruct.json", "PhimoeForSequenceClassification", UINT64_C(41741795328)},
+    {"models/hf/phi-3.5-moe-instruct.json", "PhimoeModel", UINT64_C(41741787136)},
 };
 
 static void load_with_arch(struct mp_model *m, const char *path, const char *arch);
@@ -1946,9 +1949,68 @@ static void test_olmoe_granitemoe(void **state)
     expect_error(MOE_TINY("granitemoe", ", \"output_router_logits\": true"), MP_ERR_MODEL,
                  "cfg.json: output_router_logits: true is not supported (the router auxiliary loss over every "
                  "layer's logits is not modelled)");
-    expect_error("{\"model_type\": \"phimoe\"}", MP_ERR_MODEL,
-                 "cfg.json: model_type: 'phimoe' is not supported (PhiMoE's sparsemixer router (Gumbel sampling in "
-                 "training and a custom autograd multiplier per choice) is not modelled yet)");
+}
+
+/* PhiMoE (transformers 5.24 PhimoeForCausalLM): counts from the meta device (phimoe-shrunk
+ * 13,898,216; Phi-3.5-MoE with tie_word_embeddings true 41,741,819,200 (lm_head's bias kept),
+ * without attention_bias and lm_head_bias 41,872,793,600); sparsemixer picks two experts whatever
+ * num_experts_per_tok; at 16 tokens and 8 experts each round keeps a (16, 8) bool mask and
+ * probabilities, the chosen expert and its weight (16 each); input_jitter_noise keeps two noise
+ * tensors of the MoE input's size.  peft 0.21 (meta device, r 8): q_proj,v_proj 28,672; all-linear
+ * wraps the router, whose LoRA forward fails (run on the CPU): refused. */
+static void test_phimoe(void **state)
+{
+    (void)state;
+    expect_params("bench/accuracy/moe/phimoe-shrunk.json", UINT64_C(13898216));
+    struct mp_model m;
+    struct mp_program p;
+    load_str_ok(&m, "{\"model_type\": \"phimoe\", \"tie_word_embeddings\": true, \"attention_bias\": true, "
+                    "\"lm_head_bias\": true, \"num_local_experts\": 16, \"hidden_size\": 4096, "
+                    "\"intermediate_size\": 6400, \"num_hidden_layers\": 32, \"num_attention_heads\": 32, "
+                    "\"num_key_value_heads\": 8, \"vocab_size\": 32064}");
+    assert_int_equal(params_of(&m), UINT64_C(41741819200));
+    mp_model_release(&m);
+    load_str_ok(&m, "{\"model_type\": \"phimoe\", \"num_experts_per_tok\": 4, \"input_jitter_noise\": 0, "
+                    "\"hidden_size\": 4096, \"intermediate_size\": 6400, \"num_hidden_layers\": 32, "
+                    "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"vocab_size\": 32064}");
+    assert_int_equal(params_of(&m), UINT64_C(41872793600));
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->moe.top_k, 2);
+    assert_false(l->moe.input_jitter);
+    mp_model_release(&m);
+
+    load_ok(&m, "bench/accuracy/moe/phimoe-shrunk.json");
+    l = block_layer(&m, 1, 0);
+    assert_int_equal(l->moe.experts, 8);
+    assert_int_equal(l->moe.top_k, 2);
+    assert_int_equal(l->moe.expert_ffn, 512);
+    assert_int_equal(l->moe.router, MP_ROUTER_SPARSEMIXER);
+    assert_true(l->moe.input_jitter && l->attn.qkv_bias && l->attn.out_bias && l->norm.bias);
+    assert_int_equal(l->norm.kind, MP_NORM_LAYERNORM);
+    build_small(&m, &p);
+    assert_int_equal(tensor_elems(&p, "gate.round1.mask"), 16 * 8);
+    assert_int_equal(tensor_elems(&p, "gate.round2.probs"), 16 * 8);
+    assert_int_equal(tensor_elems(&p, "gate.round1.expert"), 16);
+    assert_int_equal(tensor_elems(&p, "gate.round2.weight"), 16);
+    assert_int_equal(tensor_elems(&p, "gate.weights"), 16 * 2);
+    assert_int_equal(tensor_elems(&p, "mlp.input_jitter.noise"), 16 * 256);
+    assert_int_equal(tensor_elems(&p, "gate.input_jitter.noise"), 16 * 256);
+    mp_program_release(&p);
+    build_ft(&m, 1, "q_proj,v_proj", &p);
+    assert_int_equal(p.trainable_params, 28672u);
+    mp_program_release(&p);
+    static const char *const refused[] = {"all-linear", "-", "router"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.ft.mode = MP_FT_LORA;
+        struct mp_diag d = {{0}};
+        if (strcmp(refused[i], "-"))
+            assert_int_equal(mp_finetune_parse_targets(&o.ft, refused[i], &d), MP_OK);
+        assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_USAGE);
+        assert_non_null(strstr(d.msg, "PhimoeTopKRouter"));
+    }
+    mp_model_release(&m);
 }
 
 static void test_error_moe(void **state)
@@ -2437,6 +2499,7 @@ int main(void)
         cmocka_unit_test(test_olmoe_granitemoe),
         cmocka_unit_test(test_multimodal),
         cmocka_unit_test(test_mllama),
+        cmocka_unit_test(test_phimoe),
         cmocka_unit_test(test_moe_layers_and_mla),
         cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),
