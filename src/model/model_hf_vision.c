@@ -16,6 +16,13 @@ struct acc {
 
 static void acc_add(struct acc *a, uint64_t x) { a->ok = a->ok && mp_add_u64(a->n, x, &a->n); }
 
+static uint64_t sum(struct acc *a, uint64_t x, uint64_t y)
+{
+    uint64_t r = 0;
+    a->ok = a->ok && mp_add_u64(x, y, &r);
+    return r;
+}
+
 static uint64_t prod(struct acc *a, uint64_t x, uint64_t y)
 {
     uint64_t r = 0;
@@ -210,14 +217,16 @@ static enum mp_status mllama_vision(const cJSON *vc, uint64_t text_hidden, struc
                        "supported_aspect_ratios (MllamaVisionConfig requires 4)", path, (unsigned long long)tiles);
     if (img / p == 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.patch_size: larger than image_size", path);
-    uint64_t np = prod(a, img / p, img / p) + 1, hd = D / H, rows = ratios + 1;
+    uint64_t np = sum(a, prod(a, img / p, img / p), 1), hd = D / H, rows = sum(a, ratios, 1);
     if (hd == 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.attention_heads: more heads than hidden_size", path);
-    uint64_t LG = L + G;
+    uint64_t LG = sum(a, L, G);
     acc_add(a, prod(a, prod(a, prod(a, C, p), p), D));                 /* patch_embedding */
     acc_add(a, D);                                                    /* class_embedding */
-    acc_add(a, 1 + prod(a, np, D) + prod(a, rows, prod(a, prod(a, tiles, np), D))); /* gated positions */
-    acc_add(a, prod(a, 2, prod(a, rows, prod(a, tiles, D)) + 1));     /* pre/post tile embeddings */
+    acc_add(a, 1);                                                    /* gated positions: the gate, */
+    acc_add(a, prod(a, np, D));                                       /* the positions, the tiles' */
+    acc_add(a, prod(a, rows, prod(a, prod(a, tiles, np), D)));
+    acc_add(a, prod(a, 2, sum(a, prod(a, rows, prod(a, tiles, D)), 1))); /* pre/post tile embeddings */
     acc_add(a, prod(a, 4, D));                                        /* layernorm_pre, layernorm_post */
     linear(a, v, "q_proj", D, prod(a, H, hd), LG, false);
     linear(a, v, "k_proj", D, prod(a, H, hd), LG, false);
@@ -245,7 +254,7 @@ static void mllama_cross(const struct mp_hf_cross *x, struct mp_idle *v, struct 
     linear(a, v, "gate_proj", x->hidden, x->ffn, n, false);
     linear(a, v, "up_proj", x->hidden, x->ffn, n, false);
     linear(a, v, "down_proj", x->ffn, x->hidden, n, false);
-    acc_add(a, prod(a, prod(a, 2, x->head_dim) + prod(a, 2, x->hidden) + 2, n));
+    acc_add(a, prod(a, sum(a, sum(a, prod(a, 2, x->head_dim), prod(a, 2, x->hidden)), 2), n));
 }
 
 enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden,
