@@ -277,11 +277,13 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
                 ac.__enter__()
             if last and ckpt == "none":
                 saved.__enter__()
-            loss = model(input_ids=ids, labels=labels, use_cache=False, **kw).loss
-            if last and ckpt == "none":
-                saved.__exit__(None, None, None)
-            if ac:
-                ac.__exit__(None, None, None)
+            try:  # (a forward that raises must not leave autocast or the saved-tensor hooks on)
+                loss = model(input_ids=ids, labels=labels, use_cache=False, **kw).loss
+            finally:
+                if last and ckpt == "none":
+                    saved.__exit__(None, None, None)
+                if ac:
+                    ac.__exit__(None, None, None)
             if last:
                 res["saved"] = saved.bytes_alive() if ckpt == "none" else None
             if device == "cuda":  # fake CUDA tensors: the autograd engine asks for a real device
