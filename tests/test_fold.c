@@ -588,6 +588,47 @@ static void test_long_model_optimal_never_worse_than_sqrt(void **state)
     mp_model_release(&m);
 }
 
+/* --checkpoint layers:N on Llama 3.2 Vision (text-only): transformers 5.24's every_n_layers counts
+ * the skipped cross-attention layers (GradientCheckpointingLayers too), so the self-attention
+ * layers it checkpoints are those at an index i % N == 0 of text_config's 40.  Expected lists:
+ * MllamaForConditionalGeneration on the meta device, activation_checkpointing_enable(
+ * every_n_layers=N), the self-attention layers whose gradient_checkpointing is set.  The folded
+ * fit equals the replayed one. */
+static void test_fold_mllama_every_n_layers(void **state)
+{
+    (void)state;
+    static const struct {
+        uint64_t n;
+        int layers[17];
+    } cases[] = {{2, {0, 2, 4, 6, 10, 12, 14, 16, 20, 22, 24, 26, 30, 32, 34, 36, -1}},
+                 {3, {0, 6, 9, 12, 15, 21, 24, 27, 30, 36, 39, -1}}};
+    struct mp_model m;
+    load_file(&m, "models/hf/llama-3.2-11b-vision.json");
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        struct mp_job j = job_for(&m, "t4");
+        j.train.skip_reserved = true;
+        j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_LAYERS, .k = cases[k].n};
+        j.build.seq = 512;
+        struct mp_fit a, b;
+        struct mp_diag d = {{0}};
+        j.fold = -1;
+        assert_int_equal(mp_fit_eval(&j, &a, &d), MP_OK);
+        j.fold = 1;
+        assert_int_equal(mp_fit_eval(&j, &b, &d), MP_OK);
+        assert_same_fit("llama-3.2-11b-vision layers:N", &a, &b, false);
+        char got[256] = "", want[256] = "";
+        for (size_t i = 0; i < a.plan.L; i++)
+            if (a.plan.checkpointed[i])
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s ", m.blocks[i].name);
+        for (size_t i = 0; cases[k].layers[i] >= 0; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "h.%d ", cases[k].layers[i]);
+        assert_string_equal(got, want);
+        mp_fit_release(&a);
+        mp_fit_release(&b);
+    }
+    mp_model_release(&m);
+}
+
 int main(void)
 {
     /* tier.h: each comparison's combinations shared by the tiers (every 7th quick) */
@@ -601,6 +642,7 @@ int main(void)
         TIER_CASE_QUICK(test_fold_encoder_decoder_equals_its_replay),
         TIER_CASE_QUICK(test_fold_nested_equals_its_replay),
         cmocka_unit_test(test_long_model_optimal_never_worse_than_sqrt),
+        cmocka_unit_test(test_fold_mllama_every_n_layers),
     };
     const struct CMUnitTest long_[] = {
         TIER_CASE_LONG(test_fold_long_chains_equal_their_replay),

@@ -1604,6 +1604,9 @@ static const struct {
     /* transformers 5.24 */
     {"models/hf/olmoe-1b-7b-0924.json", NULL, UINT64_C(6919161856)},
     {"models/hf/granite-3.0-1b-a400m.json", NULL, UINT64_C(1334628352)},
+    {"models/hf/phi-3.5-moe-instruct.json", NULL, UINT64_C(41873153344)},
+    {"models/hf/phi-3.5-moe-instruct.json", "PhimoeForSequenceClassification", UINT64_C(41741795328)},
+    {"models/hf/phi-3.5-moe-instruct.json", "PhimoeModel", UINT64_C(41741787136)},
 };
 
 static void load_with_arch(struct mp_model *m, const char *path, const char *arch);
@@ -1726,9 +1729,90 @@ static void test_multimodal(void **state)
                  "cfg.json: vision_config: expected an object");
     expect_error("{\"model_type\": \"mistral3\"}", MP_ERR_MODEL,
                  "cfg.json: text_config: missing (mistral3 reads the language model's sizes there)");
-    expect_error("{\"model_type\": \"mllama\"}", MP_ERR_MODEL,
-                 "cfg.json: model_type: 'mllama' is not supported (Llama 3.2 Vision's cross-attention layers over "
-                 "the image states are not modelled yet)");
+}
+
+/* Llama 3.2 Vision, text-only (MllamaForConditionalGeneration): expected counts from transformers
+ * 5.24 on the meta device (`python3 bench/accuracy/hf_params.py FILE`; Llama-3.2-11B-Vision:
+ * vision_model 863,567,379, multi_modal_projector 31,461,376, the eight cross-attention layers
+ * 1,744,898,064 (idle: 2,639,926,819), the rest of language_model 7,504,957,440, lm_head
+ * 525,336,576: 10,670,220,835; the class defaults' config 10,642,941,475,
+ * untied with tie_word_embeddings true at both levels: _tied_weights_keys is commented out).
+ * mllama-shrunk by hand: vision 986,245 (patch 75,264, class 128, gated positions 307,841, tiles
+ * 9,218, pre/post norms 512, three layers of 197,760, two gates), projector 98,560, embedding
+ * 1,008 x 256 (vocab_size + 8 rows), lm_head 256,000, norm 256, four self-attention layers of
+ * 786,944 and two cross-attention layers of 787,074 (q_norm, k_norm and two gates besides):
+ * 6,321,033, of which 2,658,953 idle.  LoRA r 8, peft 0.21 on the meta device: all-linear 293,888
+ * (every Linear but lm_head, the cross-attention layers' and the vision model's included),
+ * q_proj,v_proj 55,296, gate_proj 49,152, multi_modal_projector 5,120, fc1 15,360. */
+static void test_mllama(void **state)
+{
+    (void)state;
+    expect_params("models/hf/llama-3.2-11b-vision.json", UINT64_C(10670220835));
+    expect_params("bench/accuracy/multimodal/mllama-shrunk.json", UINT64_C(6321033));
+    struct mp_model m;
+    struct mp_program p;
+    load_str_ok(&m, "{\"model_type\": \"mllama\", \"tie_word_embeddings\": true, \"text_config\": "
+                    "{\"tie_word_embeddings\": true}}");
+    assert_int_equal(params_of(&m), UINT64_C(10642941475));
+    mp_model_release(&m);
+
+    load_ok(&m, "bench/accuracy/multimodal/mllama-shrunk.json");
+    assert_int_equal(m.idle.params, UINT64_C(2658953));
+    /* the blocks: the embedding, the self-attention layers 0, 2, 3, 5 (1 and 4 cross-attention,
+     * skipped: counted before the next block for every_n_layers), the head */
+    static const char *const names[] = {"embed", "h.0", "h.2", "h.3", "h.5", "head"};
+    static const uint64_t gc_before[] = {0, 0, 1, 0, 1, 0};
+    assert_int_equal(m.n_blocks, 6);
+    for (size_t i = 0; i < 6; i++) {
+        assert_string_equal(m.blocks[i].name, names[i]);
+        assert_int_equal(m.blocks[i].gc_before, gc_before[i]);
+    }
+    assert_int_equal(m.blocks[0].layers[0].vocab, 1008u);
+    build_ft(&m, 1, "", &p); /* full: the idle weights get no gradient */
+    uint64_t grads = 0;
+    for (size_t q = 0; q < p.n_params; q++)
+        grads += mp_param_grad_bytes(&p.params[q]);
+    assert_int_equal(p.trainable_params, p.total_params);
+    assert_int_equal(grads, 4 * (p.total_params - m.idle.params));
+    mp_program_release(&p);
+    static const struct {
+        const char *targets;
+        uint64_t trainable;
+    } lora[] = {{"-", 293888}, {"all-linear", 293888}, {"q_proj,v_proj", 55296}, {"gate_proj", 49152},
+                {"multi_modal_projector", 5120}, {"fc1", 15360}};
+    for (size_t i = 0; i < sizeof lora / sizeof lora[0]; i++) {
+        build_ft(&m, 1, lora[i].targets, &p);
+        if (p.trainable_params != lora[i].trainable)
+            print_error("%s\n", lora[i].targets);
+        assert_int_equal(p.trainable_params, lora[i].trainable);
+        mp_program_release(&p);
+    }
+    mp_model_release(&m);
+    /* Gemma 3: SigLIP's encoder layers come first in module order (two in the shrunk config) */
+    load_ok(&m, "bench/accuracy/multimodal/gemma3-shrunk.json");
+    assert_string_equal(m.blocks[1].name, "h.0");
+    assert_int_equal(m.blocks[1].gc_before, 2);
+    assert_int_equal(m.blocks[2].gc_before, 0);
+    mp_model_release(&m);
+
+    expect_error("{\"model_type\": \"mllama\", \"text_config\": {\"cross_attention_layers\": 3}}", MP_ERR_MODEL,
+                 "cfg.json: text_config.cross_attention_layers: expected a list of layer indices");
+    expect_error("{\"model_type\": \"mllama\", \"text_config\": {\"cross_attention_layers\": [1, 2.5]}}",
+                 MP_ERR_MODEL, "cfg.json: text_config.cross_attention_layers[1]: expected an integer");
+    expect_error("{\"model_type\": \"mllama\", \"text_config\": {\"num_hidden_layers\": 2, "
+                 "\"cross_attention_layers\": [0, 1, 5]}}", MP_ERR_MODEL,
+                 "cfg.json: text_config.cross_attention_layers: every one of the 2 layers is a cross-attention layer: "
+                 "a text-only step would run none (not modelled)");
+    expect_error("{\"model_type\": \"mllama\", \"vision_config\": {\"max_num_tiles\": 2}}", MP_ERR_MODEL,
+                 "cfg.json: vision_config.max_num_tiles: 2 with the default supported_aspect_ratios "
+                 "(MllamaVisionConfig requires 4)");
+    expect_error("{\"model_type\": \"mllama\", \"architectures\": [\"MllamaForCausalLM\"]}", MP_ERR_MODEL,
+                 "cfg.json: architectures[0]: 'MllamaForCausalLM' is not supported for mllama (supported: "
+                 "MllamaForConditionalGeneration, planned for text-only steps)");
+    expect_error("{\"model_type\": \"mllama_text_model\"}", MP_ERR_MODEL,
+                 "cfg.json: model_type: 'mllama_text_model' is not supported (Llama 3.2 Vision's text model alone "
+                 "(MllamaForCausalLM, whose forward upcasts the logits) is not modelled; give the mllama "
+                 "checkpoint's config.json (MllamaForConditionalGeneration))");
 }
 
 static void test_params_moe_families(void **state)
@@ -1865,9 +1949,68 @@ static void test_olmoe_granitemoe(void **state)
     expect_error(MOE_TINY("granitemoe", ", \"output_router_logits\": true"), MP_ERR_MODEL,
                  "cfg.json: output_router_logits: true is not supported (the router auxiliary loss over every "
                  "layer's logits is not modelled)");
-    expect_error("{\"model_type\": \"phimoe\"}", MP_ERR_MODEL,
-                 "cfg.json: model_type: 'phimoe' is not supported (PhiMoE's sparsemixer router (Gumbel sampling in "
-                 "training and a custom autograd multiplier per choice) is not modelled yet)");
+}
+
+/* PhiMoE (transformers 5.24 PhimoeForCausalLM): counts from the meta device (phimoe-shrunk
+ * 13,898,216; Phi-3.5-MoE with tie_word_embeddings true 41,741,819,200 (lm_head's bias kept),
+ * without attention_bias and lm_head_bias 41,872,793,600); sparsemixer picks two experts whatever
+ * num_experts_per_tok; at 16 tokens and 8 experts each round keeps a (16, 8) bool mask and
+ * probabilities, the chosen expert and its weight (16 each); input_jitter_noise keeps two noise
+ * tensors of the MoE input's size.  peft 0.21 (meta device, r 8): q_proj,v_proj 28,672; all-linear
+ * wraps the router, whose LoRA forward fails (run on the CPU): refused. */
+static void test_phimoe(void **state)
+{
+    (void)state;
+    expect_params("bench/accuracy/moe/phimoe-shrunk.json", UINT64_C(13898216));
+    struct mp_model m;
+    struct mp_program p;
+    load_str_ok(&m, "{\"model_type\": \"phimoe\", \"tie_word_embeddings\": true, \"attention_bias\": true, "
+                    "\"lm_head_bias\": true, \"num_local_experts\": 16, \"hidden_size\": 4096, "
+                    "\"intermediate_size\": 6400, \"num_hidden_layers\": 32, \"num_attention_heads\": 32, "
+                    "\"num_key_value_heads\": 8, \"vocab_size\": 32064}");
+    assert_int_equal(params_of(&m), UINT64_C(41741819200));
+    mp_model_release(&m);
+    load_str_ok(&m, "{\"model_type\": \"phimoe\", \"num_experts_per_tok\": 4, \"input_jitter_noise\": 0, "
+                    "\"hidden_size\": 4096, \"intermediate_size\": 6400, \"num_hidden_layers\": 32, "
+                    "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"vocab_size\": 32064}");
+    assert_int_equal(params_of(&m), UINT64_C(41872793600));
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->moe.top_k, 2);
+    assert_false(l->moe.input_jitter);
+    mp_model_release(&m);
+
+    load_ok(&m, "bench/accuracy/moe/phimoe-shrunk.json");
+    l = block_layer(&m, 1, 0);
+    assert_int_equal(l->moe.experts, 8);
+    assert_int_equal(l->moe.top_k, 2);
+    assert_int_equal(l->moe.expert_ffn, 512);
+    assert_int_equal(l->moe.router, MP_ROUTER_SPARSEMIXER);
+    assert_true(l->moe.input_jitter && l->attn.qkv_bias && l->attn.out_bias && l->norm.bias);
+    assert_int_equal(l->norm.kind, MP_NORM_LAYERNORM);
+    build_small(&m, &p);
+    assert_int_equal(tensor_elems(&p, "gate.round1.mask"), 16 * 8);
+    assert_int_equal(tensor_elems(&p, "gate.round2.probs"), 16 * 8);
+    assert_int_equal(tensor_elems(&p, "gate.round1.expert"), 16);
+    assert_int_equal(tensor_elems(&p, "gate.round2.weight"), 16);
+    assert_int_equal(tensor_elems(&p, "gate.weights"), 16 * 2);
+    assert_int_equal(tensor_elems(&p, "mlp.input_jitter.noise"), 16 * 256);
+    assert_int_equal(tensor_elems(&p, "gate.input_jitter.noise"), 16 * 256);
+    mp_program_release(&p);
+    build_ft(&m, 1, "q_proj,v_proj", &p);
+    assert_int_equal(p.trainable_params, 28672u);
+    mp_program_release(&p);
+    static const char *const refused[] = {"all-linear", "-", "router"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.ft.mode = MP_FT_LORA;
+        struct mp_diag d = {{0}};
+        if (strcmp(refused[i], "-"))
+            assert_int_equal(mp_finetune_parse_targets(&o.ft, refused[i], &d), MP_OK);
+        assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_USAGE);
+        assert_non_null(strstr(d.msg, "PhimoeTopKRouter"));
+    }
+    mp_model_release(&m);
 }
 
 static void test_error_moe(void **state)
@@ -2355,6 +2498,8 @@ int main(void)
         cmocka_unit_test(test_params_moe_families),
         cmocka_unit_test(test_olmoe_granitemoe),
         cmocka_unit_test(test_multimodal),
+        cmocka_unit_test(test_mllama),
+        cmocka_unit_test(test_phimoe),
         cmocka_unit_test(test_moe_layers_and_mla),
         cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),

@@ -815,7 +815,12 @@ static void test_errors_field_values(void **state)
                  "\"expert_ffn\": 8, \"router\": \"sinkhorn\"}"),
          MP_ERR_MODEL,
          "t.json: layers[0].router: unknown value \"sinkhorn\" (expected softmax, softmax_cast, fp32_softmax, "
-         "fp32_sigmoid or topk_softmax)"},
+         "fp32_sigmoid, topk_softmax or sparsemixer)"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"experts\": 4, \"top_k\": 3, "
+                 "\"expert_ffn\": 8, \"router\": \"sparsemixer\"}"),
+         MP_ERR_MODEL, "t.json: layers[0].top_k: 3 with \"router\": \"sparsemixer\" (it picks 2)"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"input_jitter\": true}"), MP_ERR_MODEL,
+         "t.json: layers[0].input_jitter: needs \"experts\""},
         {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"experts\": 4, \"top_k\": 2, "
                  "\"expert_ffn\": 8, \"shared_gate\": true}"),
          MP_ERR_MODEL, "t.json: layers[0].shared_gate: needs a shared_ffn"},

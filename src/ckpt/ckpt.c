@@ -37,7 +37,8 @@ enum mp_status mp_chain_init(struct mp_chain *c, size_t L)
     c->ft = calloc(L ? L : 1, sizeof *c->ft);
     c->bt = calloc(L + 1, sizeof *c->bt);
     c->repeated = calloc(L ? L : 1, sizeof *c->repeated);
-    if (!c->f || !c->b || !c->x || !c->xb || !c->ft || !c->bt || !c->repeated) {
+    c->gc_before = calloc(L ? L : 1, sizeof *c->gc_before);
+    if (!c->f || !c->b || !c->x || !c->xb || !c->ft || !c->bt || !c->repeated || !c->gc_before) {
         mp_chain_release(c);
         return MP_ERR_NOMEM;
     }
@@ -55,6 +56,7 @@ void mp_chain_release(struct mp_chain *c)
     free(c->ft);
     free(c->bt);
     free(c->repeated);
+    free(c->gc_before);
     memset(c, 0, sizeof *c);
 }
 
@@ -1407,6 +1409,8 @@ static enum mp_status group_chain(const struct mp_chain *c, const size_t *start,
         g->bt[k] = sat_sub(b_peak, kept + c->x[e] + c->x[a]);
         if (c->repeated)
             g->repeated[k] = c->repeated[a];
+        for (size_t j = a; c->gc_before && j < e; j++)
+            g->gc_before[k] += c->gc_before[j];
     }
     g->x[n] = c->x[c->L];
     g->xb[0] = c->xb[0];
@@ -1636,6 +1640,7 @@ static enum mp_status schedule_layers(const struct mp_chain *c, uint64_t every, 
         uint64_t layer = 0;
         for (size_t i = 0; i < L; i++) {
             start[i] = i;
+            layer += c->gc_before ? c->gc_before[i] : 0; /* layers without a block of their own */
             ck[i] = c->repeated[i] && (every <= 1 || layer % every == 0);
             layer += c->repeated[i];
         }

@@ -23,6 +23,8 @@ struct mp_chain {
     uint64_t *ft;   /* [L]   transient extra memory during forward of block i */
     uint64_t *bt;   /* [L+1] transient extra memory during backward of block i; bt[L] = loss temporary */
     bool *repeated; /* [L]   block i is one of a repeated run (a decoder layer): what "layers" wraps */
+    uint64_t *gc_before; /* [L] layers transformers counts before block i that have no block (struct
+                            mp_block gc_before): "layers:N" counts them in its every N-th */
 };
 
 /* Allocates arrays for L blocks, all zero.  Release with mp_chain_release. */

@@ -44,8 +44,10 @@ static enum mp_status chain_event(void *ctx, const struct mp_event *ev)
 
 void mp_estimate_chain_mark(const struct mp_program *p, struct mp_chain *c)
 {
-    for (size_t i = 0; i < c->L && i < p->n_blocks; i++)
+    for (size_t i = 0; i < c->L && i < p->n_blocks; i++) {
         c->repeated[i] = p->model->blocks[i].repeat_group > 0;
+        c->gc_before[i] = p->model->blocks[i].gc_before;
+    }
 }
 
 /* One replay of the no-checkpoint schedule (Fe_0..Fe_{L-1}, Loss, B_{L-1}..B_0)

@@ -515,8 +515,10 @@ bool mp_fold_steps_agree(const struct mp_fold *f, int level, const uint64_t *sig
 
 void mp_fold_mark_chain(const struct mp_model *m, struct mp_chain *c)
 {
-    for (size_t i = 0; i < c->L && i < m->n_blocks; i++)
+    for (size_t i = 0; i < c->L && i < m->n_blocks; i++) {
         c->repeated[i] = m->blocks[i].repeat_group > 0;
+        c->gc_before[i] = m->blocks[i].gc_before;
+    }
 }
 
 bool mp_fold_expand_chain(const struct mp_fold *f, const struct mp_chain *sc, struct mp_chain *c,

@@ -142,6 +142,15 @@ void parts_need_grad(struct mp_program *p)
  * peft's count, bench/accuracy/peft_step.py). */
 const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_finetune *f)
 {
+    /* PhiMoE: PhimoeTopKRouter is an nn.Linear subclass whose forward returns a tuple; peft wraps
+     * it (all-linear, or a name matching "router") and its LoRA forward then fails ('tuple' object
+     * has no attribute 'dtype': peft 0.21 on transformers 5.24, run on the CPU) */
+    bool router = f->all_linear || ((f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA) && !f->n_targets);
+    for (size_t t = 0; t < f->n_targets; t++)
+        router |= !strcmp(f->targets[t], "router");
+    if (!strcmp(m->hf_type, "phimoe") && router && (f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA))
+        return "peft wraps PhiMoE's router (PhimoeTopKRouter, an nn.Linear returning a tuple) and its LoRA forward "
+               "fails";
     if (mp_finetune_all_linear_unmodelled(f, m->hf_type))
         return "peft's all-linear also adapts the MoE routers and the experts' 3-D parameters";
     bool moe = false;

@@ -557,10 +557,12 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
                        "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
                        m->path, m->hf_type);
-    const char *moe_why = !m->hf_type[0] && (o->ft.mode == MP_FT_LORA || o->ft.mode == MP_FT_QLORA)
+    /* memplan JSON, and PhiMoE's router (other HF configs: refused above and by the command's setup) */
+    const char *moe_why = (!m->hf_type[0] || !strcmp(m->hf_type, "phimoe")) &&
+                                  (o->ft.mode == MP_FT_LORA || o->ft.mode == MP_FT_QLORA)
                               ? mp_moe_lora_unmodelled(m, &o->ft)
                               : NULL;
-    if (moe_why) /* memplan JSON (HF configs: refused above and by the command's setup) */
+    if (moe_why)
         return mp_fail(d, MP_ERR_USAGE, "%s: --finetune %s on a mixture-of-experts model: %s, which memplan does not "
                        "model; name attention modules with --lora-targets (e.g. q_proj,v_proj)", m->path,
                        mp_ft_mode_str(o->ft.mode), moe_why);

@@ -81,6 +81,70 @@ static struct val grouped_mm(struct bld *B, struct val x, uint64_t in_f, uint64_
     return y;
 }
 
+/* PhiMoE's sparsemixer in training (transformers 5.24 phimoe/modeling_phimoe.py sparsemixer and
+ * PhimoeMultiplier; docs/memory-facts.md#phimoe-sparsemixer), two rounds over the (M, E) logits,
+ * the second on a scatter of them with the first choice at -inf: a no_grad threshold mask
+ * (bool, saved by masked_fill), Gumbel sampling of one expert (M, 1) int64 (saved by gather, by
+ * the multiplier's ctx and, for round 1, by round 2's scatter: one storage), softmax of the
+ * masked logits (its output saved by SoftmaxBackward0 and the ctx: one storage), the gathered
+ * weight (M, 1) (the ctx).  The weights (M, 2) are the two multipliers concatenated.  Softmax is
+ * on CUDA autocast's fp32 list: under amp the probabilities and everything after are fp32.
+ * Every shape is fixed by M and E: the random draws change values, never bytes.  Transients:
+ * forward, the threshold's and the noise's (M, E) temporaries (abs, clamp, difference, quotient;
+ * the exponential noise, its log, the difference), three alive at once; backward, each
+ * multiplier's (M, E) gradient into the logits' dense one. */
+static struct val sparsemixer(struct bld *B, struct val logits, uint64_t M, uint64_t E)
+{
+    enum mp_dtype ldt = dt_of(B, logits), pdt = B->amp ? MP_DT_F32 : ldt;
+    uint64_t shape[2] = {M, 2};
+    struct val w = new_val(B, "gate.weights", pdt, 2, shape, true);
+    struct mp_node *n = new_node(B, MP_P_ROUTER, "gate.sparsemixer");
+    if (!n)
+        return w;
+    n->in[0] = logits.t;
+    n->out = w.t;
+    n->rows = M;
+    n->n = E;
+    n->k = 2;
+    static const char *const round[] = {"gate.round1", "gate.round2"};
+    char en[96];
+    for (int r = 0; r < 2; r++) {
+        snprintf(en, sizeof en, "%s.mask", round[r]);
+        extra_as(n, new_flat(B, en, MP_DT_U8, mul(B, M, E)), MP_XR_ROUTE_MASK);
+        snprintf(en, sizeof en, "%s.probs", round[r]);
+        extra_as(n, new_flat(B, en, pdt, mul(B, M, E)), MP_XR_ROUTER_PROBS);
+        snprintf(en, sizeof en, "%s.expert", round[r]);
+        extra_as(n, new_flat(B, en, MP_DT_I64, M), MP_XR_TOPK_INDEX);
+        snprintf(en, sizeof en, "%s.weight", round[r]);
+        extra_as(n, new_flat(B, en, pdt, M), MP_XR_TOPK_VALUES);
+    }
+    uint64_t me = mul(B, M, E);
+    tmp_one(B, n, false, MP_TR_OTHER, mul(B, me, 3 * mp_dtype_size(ldt)));
+    tmp_one(B, n, true, MP_TR_OTHER, mul(B, me, 2 * mp_dtype_size(pdt)));
+    n->fwd_flops = 20.0 * (double)M * (double)E;
+    n->bwd_flops = 6.0 * (double)M * (double)E;
+    return w;
+}
+
+/* PhiMoE's input_jitter_noise in training: x *= empty_like(x).uniform_(...), in place; MulBackward0
+ * keeps the noise (x's size and dtype); its backward makes the input's gradient anew. */
+static void input_jitter(struct bld *B, struct val x, const char *name)
+{
+    struct mp_node *n = new_node(B, MP_P_DROPOUT, name);
+    if (!n)
+        return;
+    char en[96];
+    snprintf(en, sizeof en, "%s.noise", name);
+    n->in[0] = x.t;
+    n->out = x.t; /* in place */
+    extra_as(n, new_flat(B, en, dt_of(B, x), T(B, x.t)->elems), MP_XR_DROP_MASK);
+    tmp_one(B, n, true, MP_TR_OTHER, T(B, x.t)->bytes);
+    n->rows = rows_of(x);
+    n->n = last_dim(x);
+    n->fwd_flops = 2.0 * (double)T(B, x.t)->elems;
+    n->bwd_flops = (double)T(B, x.t)->elems;
+}
+
 /* The router: logits = Linear(h, E) (DeepSeek: on fp32 copies of x and W outside autocast),
  * then the top-k weights (M, k) as the family's *TopKRouter computes them. */
 static struct val lower_router(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h)
@@ -99,6 +163,8 @@ static struct val lower_router(struct bld *B, struct val x, const struct mp_laye
     if (copy_w) /* the matmul saves the fp32 copy of W too */
         extra_as(&B->p->nodes[B->p->n_nodes - 1], new_flat(B, "gate.weight_fp32", MP_DT_F32, mul(B, E, h)),
                  MP_XR_WEIGHT_COPY);
+    if (l->moe.router == MP_ROUTER_SPARSEMIXER)
+        return sparsemixer(B, logits, M, E);
     enum mp_dtype ldt = dt_of(B, logits);
     /* softmax(logits.float()) / softmax(dtype=float): fp32 probabilities; sigmoid: the logits' dtype */
     enum mp_dtype pdt = l->moe.router == MP_ROUTER_FP32_SIGMOID ? ldt : MP_DT_F32;
@@ -341,6 +407,10 @@ static struct val lower_moe(struct bld *B, struct val x, const struct mp_layer *
     const char *shn = l->moe.shared_gate ? "shared_expert" : "shared_experts";
     if (l->moe.shared_ffn && l->moe.shared_first)
         sh = lower_mlp(B, xt, &sl, h, shn);
+    if (l->moe.input_jitter) { /* PhimoeSparseMoeBlock, then PhimoeTopKRouter: the same storage */
+        input_jitter(B, xt, "input_jitter");
+        input_jitter(B, xt, "gate.input_jitter");
+    }
     struct val rw = lower_router(B, xt, l, h);
     struct val y = B->p->opts.ep > 1 ? lower_experts_ep(B, xt, rw, l, h) : lower_experts(B, xt, rw, l, h);
     if (l->moe.shared_ffn && !l->moe.shared_first)

@@ -83,6 +83,8 @@ enum mp_router {
     MP_ROUTER_FP32_SOFTMAX, /* Linear on fp32 copies of x and W, softmax, * routed_scaling_factor (DeepSeek-V2) */
     MP_ROUTER_FP32_SIGMOID, /* Linear on fp32 copies, sigmoid, group-limited top-k, gather (DeepSeek-V3) */
     MP_ROUTER_TOPK_SOFTMAX, /* top-k of logits.float(), softmax over the k, cast to x's dtype (GraniteMoE) */
+    MP_ROUTER_SPARSEMIXER,  /* PhiMoE's sparsemixer: two rounds of masked_fill, Gumbel sampling, softmax,
+                               gather and its custom multiplier: top 2 whatever num_experts_per_tok */
 };
 
 /* How a fused qkv projection is split (HF attention classes). */
@@ -206,6 +208,8 @@ struct mp_moe {
     bool shared_first;        /* the shared expert runs before the router (Qwen2-MoE) */
     bool norm_topk;           /* the top-k weights are renormalized (in place: a / sum) */
     bool route_mask;          /* group-limited routing that keeps a (tokens, E) bool mask (DeepSeek-V2) */
+    bool input_jitter;        /* PhiMoE's input_jitter_noise > 0: the block and then the router multiply
+                                 the input in place by a uniform noise tensor (saved, x-sized) */
 };
 
 /* lm_head / classifier / a token model's linear head */
@@ -300,24 +304,32 @@ struct mp_block {
      * (each the block p before it: 1 for copies in a row, 2 for alternating layers, 6 for
      * Gemma-3's five sliding and one global); 0: none (mp_model_mark_copies) */
     unsigned period;
+    /* transformers' GradientCheckpointingLayer modules just before this block, in module order,
+     * that have no block of their own (a multimodal checkpoint's vision-tower layers, Mllama's
+     * skipped cross-attention layers): every_n_layers counts them (--checkpoint layers:N) */
+    uint64_t gc_before;
 };
 
 enum mp_input_kind { MP_INPUT_TOKENS, MP_INPUT_IMAGE, MP_INPUT_BYTES };
 
 /* Modules a multimodal checkpoint loads that a text-only step never runs (the vision tower and the
- * multimodal projector of Gemma 3, Qwen2-VL, Qwen2.5-VL, Mistral 3): their parameters are on the GPU
+ * multimodal projector of Gemma 3, Qwen2-VL, Qwen2.5-VL, Mistral 3, Llama 3.2 Vision; Llama 3.2
+ * Vision's cross-attention decoder layers too, which MllamaTextModel skips without image states):
+ * their parameters are on the GPU
  * in the model's dtype, with no gradient (unused), no optimizer state and no activations.  Their
  * Linears are listed by peft's module name, for the LoRA targets that name them (ir/). */
 struct mp_idle_linear {
     const char *name;          /* the module's last name component (a string literal) */
     uint64_t in, out, count;   /* Linear(in, out) count times */
 };
-#define MP_IDLE_LINEARS_MAX 12
+#define MP_IDLE_LINEARS_MAX 16
 struct mp_idle {
     uint64_t params;           /* every parameter element of the idle modules (0: none) */
     size_t n_linears;
     struct mp_idle_linear linears[MP_IDLE_LINEARS_MAX];
-    char what[48];             /* "vision_tower + multi_modal_projector" */
+    char what[64];             /* "vision_tower + multi_modal_projector" */
+    uint64_t gc_layers;        /* of them, GradientCheckpointingLayer modules ahead of the language
+                                  model's layers in module order (the vision tower's layers) */
 };
 
 struct mp_model {

@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model_read.h"
@@ -133,6 +134,7 @@ struct family {
                                    then sets the q/k/v biases only */
     const char *k_qkv_bias;     /* q/k/v biases only (StableLM use_qkv_bias) */
     const char *k_bias;         /* every linear's bias (Starcoder2 use_bias, OPT enable_bias) */
+    const char *k_lm_bias;      /* lm_head's bias (PhiMoE lm_head_bias) */
     double dropout;             /* default of the embedding and residual dropouts below */
     double attn_dropout;        /* default of the attention dropout */
     const char *k_emb_p, *k_attn_p, *k_resid_p; /* NULL: no such dropout */
@@ -171,6 +173,9 @@ struct family {
     enum win window;            /* which layers use sliding-window attention (W_NONE: none) */
     uint64_t window_default;    /* sliding_window absent (0: null, no window) */
     bool k_use_window;          /* use_sliding_window (default false) gates the window (Qwen, SmolLM3) */
+    uint64_t emb_extra_rows;    /* embedding rows beyond vocab_size (MllamaTextModel: vocab_size + 8) */
+    bool mm_text;               /* a multimodal checkpoint's text model only (multimodal[]): not a
+                                   model_type memplan reads on its own */
     hf_hook hook;               /* runs last: may override anything read before */
 };
 
@@ -188,6 +193,7 @@ static enum mp_status helium_hook(const cJSON *root, struct hf *c, const char *p
 static enum mp_status ministral_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status olmo_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status olmoe_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status mllama_text_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -385,6 +391,13 @@ static const struct family families[] = {
     {.type = "granitemoe", LLAMA_LIKE(MP_ACT_SILU), .k_attn_bias = "attention_bias",
      .k_emb_mult = "embedding_multiplier", .k_resid_mult = "residual_multiplier", .k_logits_div = "logits_scaling",
      .heads = HEAD(H_CAUSAL) | HEAD(H_BARE), .hook = moe_hook},
+    /* PhiMoE (phimoe/modeling_phimoe.py, PhimoeConfig): Mixtral's layout with LayerNorms (with bias)
+     * for the RMSNorms, attention_bias on q/k/v/o, lm_head_bias, and the sparsemixer router
+     * (moe_hook) */
+    {.type = "phimoe", .act = MP_ACT_SILU, .norm = MP_NORM_LAYERNORM, .gated = true, .gqa = true, .kv_default = 8,
+     .k_attn_bias = "attention_bias", .k_lm_bias = "lm_head_bias", .k_attn_p = "attention_dropout",
+     .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .heads = HEAD(H_CAUSAL) | HEAD(H_SEQ) | HEAD(H_BARE),
+     .generic_heads = true, .window = W_ALL, .hook = moe_hook},
     /* ---- llama variants of 2025 ---- */
     {.type = "seed_oss", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .head_dim_default = 128, .qkv_bias = true,
      .k_attn_bias = "attention_bias", .k_out_bias = "attention_out_bias", .k_mlp_bias = "mlp_bias",
@@ -461,6 +474,14 @@ static const struct family families[] = {
      .qk_norm = MP_QK_NORM_HEAD, .k_attn_bias = "attention_bias", .k_attn_p = "attention_dropout",
      .n_tok = "embed_tokens", .n_norm = "norm", .n_head = "lm_head", .k_cls_p = "hidden_dropout", .generic_heads = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_TOKEN) | HEAD(H_BARE)},
+    /* Llama 3.2 Vision's text model (mllama/modeling_mllama.py MllamaTextModel, MllamaTextConfig;
+     * read through the mllama row of multimodal[] only): llama's self-attention layers without
+     * biases, head_dim hidden / heads (the class reads no head_dim), the attention dropout
+     * "dropout", an embedding of vocab_size + 8 rows, and the cross-attention layers
+     * (cross_attention_layers), which a step without image states skips (mllama_text_hook) */
+    {.type = "mllama_text_model", .act = MP_ACT_SILU, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true,
+     .ignores_head_dim = true, .kv_default = 8, .k_attn_p = "dropout", .n_tok = "embed_tokens", .n_norm = "norm",
+     .n_head = "lm_head", .heads = HEAD(H_CAUSAL), .emb_extra_rows = 8, .mm_text = true, .hook = mllama_text_hook},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
@@ -478,32 +499,42 @@ static const struct multimodal {
     const char *type, *cls, *text_row, *text_type;
     bool text_at_top, tie, tie_or_text, no_logit_softcap, mrope;
     const char *text_defaults;
+    bool never_tied;
 } multimodal[] = {
     {"gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", "gemma3_text", false, true, false, true, false,
      "{\"vocab_size\": 262208, \"hidden_size\": 2304, \"intermediate_size\": 9216, \"num_hidden_layers\": 26, "
-     "\"num_attention_heads\": 8}"},
+     "\"num_attention_heads\": 8}", false},
     {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2", "qwen2_5_vl_text", true, false, true, false, true,
      "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
      "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
-     "\"max_window_layers\": 80}"},
+     "\"max_window_layers\": 80}", false},
     {"qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2", "qwen2_vl_text", true, false, true, false, true,
      "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
      "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
-     "\"max_window_layers\": 80}"},
-    {"mistral3", "Mistral3ForConditionalGeneration", "mistral", "mistral", false, true, false, false, false, NULL},
+     "\"max_window_layers\": 80}", false},
+    {"mistral3", "Mistral3ForConditionalGeneration", "mistral", "mistral", false, true, false, false, false, NULL, false},
+    /* MllamaForConditionalGeneration never ties lm_head (its _tied_weights_keys is commented out in
+     * 5.24), whatever tie_word_embeddings says */
+    {"mllama", "MllamaForConditionalGeneration", "mllama_text_model", "mllama_text_model", false, false, false, false,
+     false,
+     "{\"vocab_size\": 128256, \"hidden_size\": 4096, \"intermediate_size\": 14336, \"num_hidden_layers\": 40, "
+     "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", true},
 };
 #define N_MULTIMODAL (sizeof multimodal / sizeof multimodal[0])
 
-/* The supported model_types, comma-separated, in the families' order (built once). */
+/* The supported model_types, comma-separated, in the families' order (built once; the rows of a
+ * multimodal checkpoint's text model alone are not model_types of their own). */
 const char *mp_hf_model_types(void)
 {
     static char buf[1024];
     const char *types[N_FAMILIES + N_MULTIMODAL];
+    size_t n = 0;
     for (size_t i = 0; i < N_FAMILIES; i++)
-        types[i] = families[i].type;
+        if (!families[i].mm_text)
+            types[n++] = families[i].type;
     for (size_t i = 0; i < N_MULTIMODAL; i++)
-        types[N_FAMILIES + i] = multimodal[i].type;
-    return buf[0] ? buf : mp_join(buf, sizeof buf, types, N_FAMILIES + N_MULTIMODAL, ", ", NULL);
+        types[n++] = multimodal[i].type;
+    return buf[0] ? buf : mp_join(buf, sizeof buf, types, n, ", ", NULL);
 }
 
 const struct mp_hf_names *mp_hf_family_names(const char *hf_type)
@@ -523,9 +554,9 @@ static const struct {
                     "over E x tokens rows), plus chunked attention, L2 q/k norms, temperature-tuned NoPE layers "
                     "and an fp32 complex rotary: not modelled"},
     {"llama4", "Llama 4 is a vision-language model and its text model (llama4_text) is not modelled either"},
-    {"mllama", "Llama 3.2 Vision's cross-attention layers over the image states are not modelled yet"},
-    {"phimoe", "PhiMoE's sparsemixer router (Gumbel sampling in training and a custom autograd multiplier per "
-               "choice) is not modelled yet"},
+    {"mllama_text_model", "Llama 3.2 Vision's text model alone (MllamaForCausalLM, whose forward upcasts the "
+                          "logits) is not modelled; give the mllama checkpoint's config.json "
+                          "(MllamaForConditionalGeneration)"},
 };
 
 /* The config after the transformers defaults: everything the lowering needs. */
@@ -594,6 +625,11 @@ struct hf {
     struct mp_mla mla;       /* MLA (kv_lora > 0) */
     bool clip_qkv;           /* OLMo: q, k, v clamped in place */
     bool mrope;              /* Qwen2-VL, Qwen2.5-VL: cos/sin per sample (multimodal[]) */
+    /* Mllama: cross[i] for the cross-attention layers among the num_hidden_layers (a text-only
+     * step skips them: no block; their weights are idle, model.h struct mp_idle), n_cross of them
+     * (owned: from_hf frees it) */
+    unsigned char *cross;
+    uint64_t n_cross;
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -805,6 +841,8 @@ static enum mp_status read_options(const cJSON *root, struct hf *c, const char *
         return st;
     if (f->k_bias)
         c->qkv_bias = c->out_bias = c->mlp_bias = all;
+    if ((st = read_flag(root, f->k_lm_bias, &c->lm_bias, path, d)) != MP_OK)
+        return st;
     c->attn_softcap = f->attn_softcap;
     c->logit_softcap = f->logit_softcap;
     if ((st = read_softcap(root, f->k_attn_softcap, &c->attn_softcap, path, d)) != MP_OK ||
@@ -1403,14 +1441,21 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
     const char *t = c->f->type;
     bool mixtral = !strcmp(t, "mixtral"), qwen2 = !strcmp(t, "qwen2_moe"), ds2 = !strcmp(t, "deepseek_v2");
     bool ds3 = !strcmp(t, "deepseek_v3"), ds = ds2 || ds3, olmoe = !strcmp(t, "olmoe");
-    bool granite = !strcmp(t, "granitemoe");
-    bool dense_width = mixtral || olmoe || granite; /* experts as wide as intermediate_size */
+    bool granite = !strcmp(t, "granitemoe"), phimoe = !strcmp(t, "phimoe");
+    bool dense_width = mixtral || olmoe || granite || phimoe; /* experts as wide as intermediate_size */
     enum mp_status st;
     bool aux = false;
-    double jitter = 0;
+    double jitter = 0, eps = 0.01, input_jitter = 0;
     if ((st = mp_json_bool(root, "output_router_logits", &aux, path, "", d)) != MP_OK ||
         (mixtral && (st = mp_json_prob(root, "router_jitter_noise", &jitter, path, "", d)) != MP_OK))
         return st;
+    /* PhiMoE: router_jitter_noise is the sparsemixer's threshold (a Python float: no memory);
+     * input_jitter_noise > 0 multiplies the MoE input in place by uniform noise, twice (the block,
+     * then the router), each noise tensor saved by MulBackward0 (lower_mlp.c) */
+    if (phimoe && ((st = mp_json_prob(root, "router_jitter_noise", &eps, path, "", d)) != MP_OK ||
+                   (st = mp_json_prob(root, "input_jitter_noise", &input_jitter, path, "", d)) != MP_OK))
+        return st;
+    c->moe.input_jitter = input_jitter > 0;
     if (aux)
         return mp_fail(d, MP_ERR_MODEL, "%s: output_router_logits: true is not supported (the router auxiliary "
                        "loss over every layer's logits is not modelled)", path);
@@ -1418,21 +1463,23 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
         return mp_fail(d, MP_ERR_MODEL, "%s: router_jitter_noise: %g is not supported (the saved noise tensor is "
                        "not modelled; 0 is)", path, jitter);
     /* OlmoeConfig maps num_local_experts to num_experts (attribute_map): either key */
-    const char *ek = mixtral || granite ? "num_local_experts" : ds ? "n_routed_experts"
+    const char *ek = mixtral || granite || phimoe ? "num_local_experts" : ds ? "n_routed_experts"
                      : olmoe && !present(root, "num_experts") ? "num_local_experts" : "num_experts";
-    c->moe.experts = mixtral || granite ? 8 : qwen2 ? 60 : ds2 || olmoe ? 64 : ds3 ? 256 : 128;
-    c->moe.top_k = mixtral || granite ? 2 : qwen2 ? 4 : ds2 ? 0 : 8; /* DeepseekV2Config: None */
+    c->moe.experts = mixtral || granite ? 8 : phimoe ? 16 : qwen2 ? 60 : ds2 || olmoe ? 64 : ds3 ? 256 : 128;
+    c->moe.top_k = mixtral || granite || phimoe ? 2 : qwen2 ? 4 : ds2 ? 0 : 8; /* DeepseekV2Config: None */
     c->moe.expert_ffn = dense_width ? c->ffn : qwen2 ? 1408 : ds2 ? 1407 : ds3 ? 2048 : 768;
     c->moe.norm_topk = mixtral || ds3;
     c->moe.router = mixtral ? MP_ROUTER_SOFTMAX : ds2 ? MP_ROUTER_FP32_SOFTMAX : ds3 ? MP_ROUTER_FP32_SIGMOID
-                : granite ? MP_ROUTER_TOPK_SOFTMAX : MP_ROUTER_SOFTMAX_CAST;
+                : granite ? MP_ROUTER_TOPK_SOFTMAX : phimoe ? MP_ROUTER_SPARSEMIXER : MP_ROUTER_SOFTMAX_CAST;
     c->sparse_step = 1;
     if ((st = mp_json_u64(root, ek, false, MP_DIM_MAX, &c->moe.experts, path, "", d)) != MP_OK ||
         (st = read_pos(root, "num_experts_per_tok", false, MP_DIM_MAX, &c->moe.top_k, path, d)) != MP_OK ||
         (!dense_width && (st = read_pos(root, "moe_intermediate_size", false, MP_DIM_MAX, &c->moe.expert_ffn, path, d)) != MP_OK) ||
-        (!ds2 && !mixtral && !granite &&
+        (!ds2 && !mixtral && !granite && !phimoe &&
          (st = mp_json_bool(root, "norm_topk_prob", &c->moe.norm_topk, path, "", d)) != MP_OK))
         return st;
+    if (phimoe) /* sparsemixer always picks two experts (its top_k argument is unused) */
+        c->moe.top_k = 2;
     if (c->moe.experts && !c->moe.top_k)
         return mp_fail(d, MP_ERR_MODEL, "%s: num_experts_per_tok: missing (expected a positive integer)", path);
     if (c->moe.top_k > c->moe.experts && c->moe.experts)
@@ -1513,6 +1560,42 @@ static bool moe_layer(const struct hf *c, uint64_t i)
     return true;
 }
 
+/* MllamaTextConfig's cross_attention_layers (default [3, 8, ..., 38]): MllamaTextModel builds a
+ * MllamaCrossAttentionDecoderLayer at every index of the list below num_hidden_layers (others are
+ * never matched), and its forward skips those layers when there are no cross_attention_states and
+ * none cached (modeling_mllama.py MllamaTextModel.forward: `continue`), as in a text-only step:
+ * they run nothing, their weights are loaded and idle (mp_hf_vision_modules;
+ * docs/memory-facts.md#mllama-text-only). */
+static enum mp_status mllama_text_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    static const uint64_t deflt[] = {3, 8, 13, 18, 23, 28, 33, 38};
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "cross_attention_layers");
+    if (a && !cJSON_IsNull(a) && !cJSON_IsArray(a))
+        return mp_fail(d, MP_ERR_MODEL, "%s: text_config.cross_attention_layers: expected a list of layer indices",
+                       path);
+    c->cross = calloc(c->layers, 1);
+    if (!c->cross)
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", path);
+    c->n_cross = 0;
+    size_t n = cJSON_IsArray(a) ? (size_t)cJSON_GetArraySize(a) : sizeof deflt / sizeof deflt[0];
+    const cJSON *e = cJSON_IsArray(a) ? a->child : NULL;
+    for (size_t i = 0; i < n; i++, e = e ? e->next : NULL) {
+        double v = e ? e->valuedouble : (double)deflt[i];
+        if (e && (!cJSON_IsNumber(e) || v != floor(v)))
+            return mp_fail(d, MP_ERR_MODEL, "%s: text_config.cross_attention_layers[%zu]: expected an integer", path,
+                           i);
+        if (v >= 0 && v < (double)c->layers && !c->cross[(uint64_t)v]) {
+            c->cross[(uint64_t)v] = 1;
+            c->n_cross++;
+        }
+    }
+    if (c->n_cross == c->layers)
+        return mp_fail(d, MP_ERR_MODEL, "%s: text_config.cross_attention_layers: every one of the %llu layers is a "
+                       "cross-attention layer: a text-only step would run none (not modelled)", path,
+                       (unsigned long long)c->layers);
+    return MP_OK;
+}
+
 static enum mp_status read_config(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     family_defaults(c);
@@ -1573,7 +1656,7 @@ static enum mp_status check_weights(const cJSON *root, const struct hf *c, uint6
     if (c->fused_qkv)
         qkv.v = c->heads + 2 * c->kv_heads;
     enum mp_status st;
-    if ((st = CAP("embedding", {"vocab_size", c->vocab}, h)) != MP_OK ||
+    if ((st = CAP("embedding", {"vocab_size", c->vocab + f->emb_extra_rows}, h)) != MP_OK ||
         (st = CAP("MLP", ffn, h, {NULL, f->fused_gate_up ? 2 : 1})) != MP_OK ||
         (st = CAP("token type embedding", {"type_vocab_size", c->type_vocab}, h)) != MP_OK ||
         (st = CAP("classifier", {"num_labels", c->labels}, h)) != MP_OK ||
@@ -1595,8 +1678,9 @@ static enum mp_status check_weights(const cJSON *root, const struct hf *c, uint6
         (st = CAP("position embedding", {key2(root, f->k_pos, "max_position_embeddings"), c->positions}, h)) != MP_OK)
         return st;
     if (c->moe.experts) { /* the fused experts: (E, 2 x F, h) gate_up and (E, h, F) down */
-        struct factor e = {mixtral ? "num_local_experts" : ds ? "n_routed_experts" : "num_experts", c->moe.experts};
-        if ((st = CAP("experts", e, {mixtral ? ffn.key : "moe_intermediate_size", c->moe.expert_ffn}, h, {NULL, 2})) !=
+        bool local = mixtral || !strcmp(t, "phimoe") || !strcmp(t, "granitemoe"); /* num_local_experts x ffn */
+        struct factor e = {local ? "num_local_experts" : ds ? "n_routed_experts" : "num_experts", c->moe.experts};
+        if ((st = CAP("experts", e, {local ? ffn.key : "moe_intermediate_size", c->moe.expert_ffn}, h, {NULL, 2})) !=
                 MP_OK ||
             (st = CAP("shared expert", {ds ? "n_shared_experts" : "shared_expert_intermediate_size", c->moe.shared_ffn},
                       h)) != MP_OK)
@@ -1662,7 +1746,7 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
         return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
     struct mp_layer *l = b->layers;
     l->type = MP_LT_EMBEDDING;
-    l->vocab = c->vocab;
+    l->vocab = c->vocab + f->emb_extra_rows; /* (vocab_size at most MP_DIM_MAX: no overflow) */
     l->dim = c->hidden;
     l->mult = c->emb_mult;
     l->emb.scale_buffer = f->emb_sqrt;
@@ -1695,13 +1779,20 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
 
 static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct mp_diag *d)
 {
+    uint64_t skipped = m->idle.gc_layers; /* the vision tower's layers come first in module order */
     for (uint64_t i = 0; i < c->layers; i++) {
+        if (c->cross && c->cross[i]) { /* Mllama's cross-attention layer: skipped without image states */
+            skipped++;                 /* (mllama_text_hook), a GradientCheckpointingLayer all the same */
+            continue;
+        }
         char name[32];
         snprintf(name, sizeof name, "h.%llu", (unsigned long long)i);
         struct mp_block *b = mp_model_add_block(m, name, 1);
         if (!b)
             return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
         b->repeat_group = 1;
+        b->gc_before = skipped;
+        skipped = 0;
         struct mp_layer *l = b->layers;
         l->type = MP_LT_TRANSFORMER_BLOCK;
         l->dim = c->hidden;
@@ -2244,18 +2335,14 @@ static enum mp_status check_rope_dicts(const cJSON *root, const char *path, stru
 
 /* Reads the model from root, its text config `text` (root itself but for multimodal checkpoints,
  * where mm is its row and text the prepared text config: text_config_of). */
-static enum mp_status from_hf(struct mp_model *m, const cJSON *root, const cJSON *text, const char *type,
-                              const struct multimodal *mm, const char *path, struct mp_diag *d)
+static enum mp_status from_hf_read(struct mp_model *m, const cJSON *root, const cJSON *text, const char *type,
+                                   const struct multimodal *mm, struct hf *cp, const char *path, struct mp_diag *d)
 {
     enum mp_status st;
     const char *ttype = mm ? mm->text_row : type;
-    struct hf c;
-    memset(&c, 0, sizeof c);
-    struct list_cursor lt_at = {0}, nr_at = {0};
-    c.lt_at = &lt_at;
-    c.nr_at = &nr_at;
+    struct hf c = *cp;
     for (size_t i = 0; i < N_FAMILIES && !c.f; i++)
-        if (strcmp(ttype, families[i].type) == 0)
+        if (strcmp(ttype, families[i].type) == 0 && (mm || !families[i].mm_text))
             c.f = &families[i];
     for (size_t i = 0; i < sizeof refused_types / sizeof refused_types[0] && !c.f; i++)
         if (strcmp(type, refused_types[i].type) == 0)
@@ -2269,10 +2356,13 @@ static enum mp_status from_hf(struct mp_model *m, const cJSON *root, const cJSON
     if (mm && (st = check_rope_dicts(text, path, d)) != MP_OK)
         return st;
     c.mrope = mm && mm->mrope;
-    if (!c.f->enc_dec &&
-        ((st = read_config(text, &c, path, d)) != MP_OK || (st = check_weights(text, &c, 0, path, d)) != MP_OK))
+    st = c.f->enc_dec ? MP_OK : read_config(text, &c, path, d);
+    cp->cross = c.cross; /* (the caller frees it) */
+    if (st != MP_OK || (!c.f->enc_dec && (st = check_weights(text, &c, 0, path, d)) != MP_OK))
         return st;
-    if (mm && (st = mp_hf_vision_modules(root, type, c.hidden, &m->idle, path, d)) != MP_OK)
+    struct mp_hf_cross cross = {.layers = c.n_cross, .hidden = c.hidden, .heads = c.heads, .kv_heads = c.kv_heads,
+                                .head_dim = c.head_dim, .ffn = c.ffn};
+    if (mm && (st = mp_hf_vision_modules(root, type, c.hidden, &cross, &m->idle, path, d)) != MP_OK)
         return st;
 
     if ((st = read_quant(root, &m->quant, path, d)) != MP_OK)
@@ -2319,6 +2409,19 @@ static enum mp_status from_hf(struct mp_model *m, const cJSON *root, const cJSON
     return mp_model_validate(m, d);
 }
 
+static enum mp_status from_hf(struct mp_model *m, const cJSON *root, const cJSON *text, const char *type,
+                              const struct multimodal *mm, const char *path, struct mp_diag *d)
+{
+    struct hf c;
+    memset(&c, 0, sizeof c);
+    struct list_cursor lt_at = {0}, nr_at = {0};
+    c.lt_at = &lt_at;
+    c.nr_at = &nr_at;
+    enum mp_status st = from_hf_read(m, root, text, type, mm, &c, path, d);
+    free(c.cross);
+    return st;
+}
+
 /* The text config of a multimodal checkpoint, prepared for its family's row (a copy the caller
  * deletes): text_config (or the top level, for the classes that read it there), without
  * architectures (the text model is the class's causal LM), with the text config class's defaults
@@ -2359,7 +2462,7 @@ static enum mp_status text_config_of(const cJSON *root, const struct multimodal 
         if (!cJSON_GetObjectItemCaseSensitive(t, e->string))
             cJSON_AddItemToObject(t, e->string, cJSON_Duplicate(e, true));
     cJSON_Delete(defs);
-    bool tie = mm->tie, text_tie = false;
+    bool tie = mm->tie, text_tie = false; /* (read and checked even where the class never ties) */
     if ((st = mp_json_bool(root, "tie_word_embeddings", &tie, path, "", d)) != MP_OK ||
         (src && src != root && (st = mp_json_bool(src, "tie_word_embeddings", &text_tie, path, "text_config", d)) != MP_OK)) {
         cJSON_Delete(t);
@@ -2373,7 +2476,7 @@ static enum mp_status text_config_of(const cJSON *root, const struct multimodal 
     cJSON_DeleteItemFromObjectCaseSensitive(t, "quantization_config");
     if (mm->no_logit_softcap)
         cJSON_DeleteItemFromObjectCaseSensitive(t, "final_logit_softcapping");
-    cJSON_AddBoolToObject(t, "tie_word_embeddings", tie || (mm->tie_or_text && text_tie));
+    cJSON_AddBoolToObject(t, "tie_word_embeddings", !mm->never_tied && (tie || (mm->tie_or_text && text_tie)));
     *out = t;
     return MP_OK;
 }

@@ -16,6 +16,13 @@ struct acc {
 
 static void acc_add(struct acc *a, uint64_t x) { a->ok = a->ok && mp_add_u64(a->n, x, &a->n); }
 
+static uint64_t sum(struct acc *a, uint64_t x, uint64_t y)
+{
+    uint64_t r = 0;
+    a->ok = a->ok && mp_add_u64(x, y, &r);
+    return r;
+}
+
 static uint64_t prod(struct acc *a, uint64_t x, uint64_t y)
 {
     uint64_t r = 0;
@@ -71,6 +78,7 @@ static enum mp_status siglip_gemma3(const cJSON *vc, uint64_t text_hidden, struc
     linear(a, v, "fc2", F, D, L, true);
     acc_add(a, prod(a, 2, D));                              /* post_layernorm */
     acc_add(a, prod(a, D, text_hidden) + D);                /* the projector */
+    v->gc_layers = L;                                       /* SiglipEncoderLayer */
     return MP_OK;
 }
 
@@ -99,6 +107,7 @@ static enum mp_status qwen2_5_vision(const cJSON *vc, struct mp_idle *v, struct 
     acc_add(a, D);
     linear(a, v, "merger.mlp.0", M, M, 1, true);
     linear(a, v, "merger.mlp.2", M, O, 1, true);
+    v->gc_layers = L; /* Qwen2_5_VLVisionBlock */
     return MP_OK;
 }
 
@@ -126,6 +135,7 @@ static enum mp_status qwen2_vision(const cJSON *vc, struct mp_idle *v, struct ac
     acc_add(a, prod(a, 2, E));
     linear(a, v, "merger.mlp.0", M, M, 1, true);
     linear(a, v, "merger.mlp.2", M, H, 1, true);
+    v->gc_layers = L; /* Qwen2VLVisionBlock */
     return MP_OK;
 }
 
@@ -165,11 +175,91 @@ static enum mp_status pixtral_mistral3(const cJSON *root, const cJSON *vc, uint6
     linear(a, v, "patch_merger.merging_layer", prod(a, D, prod(a, sm, sm)), D, 1, false);
     linear(a, v, "linear_1", prod(a, D, layers), text_hidden, 1, bias);
     linear(a, v, "linear_2", text_hidden, text_hidden, 1, bias);
+    v->gc_layers = L; /* PixtralAttentionLayer */
     return MP_OK;
 }
 
-enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden, struct mp_idle *v,
+/* Llama 3.2 Vision (mllama/modeling_mllama.py MllamaVisionModel, MllamaVisionConfig defaults): a
+ * bias-free Conv2d, the class embedding, the gated position embedding (a gate, num_patches x hidden
+ * and a tile table of (max_aspect_ratio_id + 1) rows of max_num_tiles x num_patches x hidden, with
+ * num_patches = (image_size / patch_size)^2 + 1), the pre- and post-tile embeddings (tables of
+ * max_num_tiles x hidden, a gate each), two LayerNorms, the local transformer (num_hidden_layers)
+ * and the gated global one (num_global_layers, two scalar gates a layer), both of bias-free
+ * q/k/v/o, fc1/fc2 with biases and two LayerNorms; then the projector MllamaModel builds:
+ * Linear(vision_output_dim, text hidden) with bias.  max_aspect_ratio_id is the length of
+ * supported_aspect_ratios (eight by default, with max_num_tiles 4: validate_architecture). */
+static enum mp_status mllama_vision(const cJSON *vc, uint64_t text_hidden, struct mp_idle *v, struct acc *a,
                                     const char *path, struct mp_diag *d)
+{
+    uint64_t D = 1280, F = 5120, L = 32, G = 8, H = 16, C = 3, img = 448, p = 14, tiles = 4, out = 7680, ratios = 8;
+    enum mp_status st;
+    if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
+        (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK ||
+        (st = pos(vc, "attention_heads", &H, path, d)) != MP_OK || (st = pos(vc, "num_channels", &C, path, d)) != MP_OK ||
+        (st = pos(vc, "image_size", &img, path, d)) != MP_OK || (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
+        (st = pos(vc, "max_num_tiles", &tiles, path, d)) != MP_OK ||
+        (st = pos(vc, "vision_output_dim", &out, path, d)) != MP_OK)
+        return st;
+    /* num_global_layers may be 0 (no global encoder layer) */
+    if ((st = mp_json_u64(vc, "num_global_layers", false, MP_DIM_MAX, &G, path, "vision_config", d)) != MP_OK)
+        return st;
+    if (cJSON_GetObjectItemCaseSensitive(vc, "num_attention_heads")) /* attribute_map: the same field */
+        if ((st = pos(vc, "num_attention_heads", &H, path, d)) != MP_OK)
+            return st;
+    const cJSON *sr = cJSON_GetObjectItemCaseSensitive(vc, "supported_aspect_ratios");
+    if (sr && !cJSON_IsNull(sr) && !cJSON_IsArray(sr))
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.supported_aspect_ratios: expected a list of [h, w] pairs",
+                       path);
+    if (cJSON_IsArray(sr))
+        ratios = (uint64_t)cJSON_GetArraySize(sr);
+    else if (tiles != 4)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.max_num_tiles: %llu with the default "
+                       "supported_aspect_ratios (MllamaVisionConfig requires 4)", path, (unsigned long long)tiles);
+    if (img / p == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.patch_size: larger than image_size", path);
+    uint64_t np = sum(a, prod(a, img / p, img / p), 1), hd = D / H, rows = sum(a, ratios, 1);
+    if (hd == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.attention_heads: more heads than hidden_size", path);
+    uint64_t LG = sum(a, L, G);
+    acc_add(a, prod(a, prod(a, prod(a, C, p), p), D));                 /* patch_embedding */
+    acc_add(a, D);                                                    /* class_embedding */
+    acc_add(a, 1);                                                    /* gated positions: the gate, */
+    acc_add(a, prod(a, np, D));                                       /* the positions, the tiles' */
+    acc_add(a, prod(a, rows, prod(a, prod(a, tiles, np), D)));
+    acc_add(a, prod(a, 2, sum(a, prod(a, rows, prod(a, tiles, D)), 1))); /* pre/post tile embeddings */
+    acc_add(a, prod(a, 4, D));                                        /* layernorm_pre, layernorm_post */
+    linear(a, v, "q_proj", D, prod(a, H, hd), LG, false);
+    linear(a, v, "k_proj", D, prod(a, H, hd), LG, false);
+    linear(a, v, "v_proj", D, prod(a, H, hd), LG, false);
+    linear(a, v, "o_proj", prod(a, H, hd), D, LG, false);
+    linear(a, v, "fc1", D, F, LG, true);
+    linear(a, v, "fc2", F, D, LG, true);
+    acc_add(a, prod(a, prod(a, 4, D), LG));                          /* two LayerNorms a layer */
+    acc_add(a, prod(a, 2, G));                                        /* gate_attn, gate_ffn */
+    linear(a, v, "multi_modal_projector", out, text_hidden, 1, true);
+    return MP_OK; /* (MllamaVisionEncoderLayer is a plain nn.Module: no gc_layers) */
+}
+
+/* Mllama's cross-attention decoder layers (modeling_mllama.py MllamaCrossAttentionDecoderLayer):
+ * bias-free q/k/v/o (k and v of num_key_value_heads), per-head RMSNorms q_norm and k_norm of
+ * head_dim, two RMSNorms of hidden, two scalar gates, and the gated MLP of the self-attention
+ * layers (MllamaTextMLP). */
+static void mllama_cross(const struct mp_hf_cross *x, struct mp_idle *v, struct acc *a)
+{
+    uint64_t n = x->layers, q = prod(a, x->heads, x->head_dim), kv = prod(a, x->kv_heads, x->head_dim);
+    linear(a, v, "q_proj", x->hidden, q, n, false);
+    linear(a, v, "k_proj", x->hidden, kv, n, false);
+    linear(a, v, "v_proj", x->hidden, kv, n, false);
+    linear(a, v, "o_proj", q, x->hidden, n, false);
+    linear(a, v, "gate_proj", x->hidden, x->ffn, n, false);
+    linear(a, v, "up_proj", x->hidden, x->ffn, n, false);
+    linear(a, v, "down_proj", x->ffn, x->hidden, n, false);
+    acc_add(a, prod(a, sum(a, sum(a, prod(a, 2, x->head_dim), prod(a, 2, x->hidden)), 2), n));
+}
+
+enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden,
+                                    const struct mp_hf_cross *cross, struct mp_idle *v, const char *path,
+                                    struct mp_diag *d)
 {
     memset(v, 0, sizeof *v);
     const cJSON *vc = cJSON_GetObjectItemCaseSensitive(root, "vision_config");
@@ -186,14 +276,20 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
         st = qwen2_5_vision(vc, v, &a, path, d);
     else if (!strcmp(type, "qwen2_vl"))
         st = qwen2_vision(vc, v, &a, path, d);
+    else if (!strcmp(type, "mllama"))
+        st = mllama_vision(vc, text_hidden, v, &a, path, d);
     else
         st = pixtral_mistral3(root, vc, text_hidden, v, &a, path, d);
     if (st != MP_OK)
         return st;
+    if (cross && cross->layers)
+        mllama_cross(cross, v, &a);
     if (!a.ok || a.n > MP_DIM_MAX * 64)
         return mp_fail(d, MP_ERR_RANGE, "%s: vision_config: the vision tower is too large", path);
     v->params = a.n;
-    snprintf(v->what, sizeof v->what, "%s", !strcmp(type, "gemma3") || !strcmp(type, "mistral3")
+    snprintf(v->what, sizeof v->what, "%s", !strcmp(type, "mllama") ? "vision_model + projector + "
+                                                                       "cross-attention layers"
+                                            : !strcmp(type, "gemma3") || !strcmp(type, "mistral3")
                                                ? "vision_tower + multi_modal_projector"
                                                : "visual: vision tower + merger");
     return MP_OK;

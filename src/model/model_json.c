@@ -643,7 +643,8 @@ static enum mp_status check_settings(const struct reader *rd, const char *place,
     const struct setting moe[] = {{"top_k", e->top_k > 0},          {"expert_ffn", e->expert_ffn > 0},
                                   {"shared_ffn", e->shared_ffn > 0}, {"shared_gate", e->shared_gate},
                                   {"shared_first", e->shared_first}, {"norm_topk", e->norm_topk},
-                                  {"route_mask", e->route_mask},     {"router", e->router != MP_ROUTER_SOFTMAX}};
+                                  {"route_mask", e->route_mask},     {"router", e->router != MP_ROUTER_SOFTMAX},
+                                  {"input_jitter", e->input_jitter}};
     for (size_t i = 0; i < N_OF(moe); i++)
         TRY(needs(rd, place, moe[i].key, moe[i].set, e->experts > 0, "\"experts\""));
     if (e->experts) {
@@ -652,6 +653,9 @@ static enum mp_status check_settings(const struct reader *rd, const char *place,
                            e->top_k ? "exceeds experts" : "missing", (unsigned long long)e->experts);
         if (!e->expert_ffn)
             return fail_at(rd, MP_ERR_MODEL, place, "expert_ffn", "missing (expected a positive integer)");
+        if (e->router == MP_ROUTER_SPARSEMIXER && e->top_k != 2)
+            return fail_at(rd, MP_ERR_MODEL, place, "top_k", "%llu with \"router\": \"sparsemixer\" (it picks 2)",
+                           (unsigned long long)e->top_k);
         uint64_t w;
         if (!mp_mul_u64(e->experts, e->expert_ffn, &w) || !mp_mul_u64(w, 2 * l->dim, &w) || w > MP_DIM_MAX)
             return fail_at(rd, MP_ERR_RANGE, place, "experts", "the experts are too large (at most %llu elements)",

@@ -24,7 +24,7 @@ static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
 static const char *const qk_norm_names[] = {"none", "head", "all", NULL};
 static const char *const split_names[] = {"views", "copy_mq", "copy_all", "copy_expand", NULL};
 static const char *const router_names[] = {"softmax", "softmax_cast", "fp32_softmax", "fp32_sigmoid",
-                                           "topk_softmax", NULL};
+                                           "topk_softmax", "sparsemixer", NULL};
 static const char *const pool_names[] = {"none", "first", NULL};
 
 #define OWN true
@@ -266,10 +266,14 @@ const struct mp_key mp_keys[] = {
      "with `experts`: the top-k weights renormalised in place"},
     {"route_mask", TB, MP_KEY_BOOL, GEN, F(moe.route_mask), NULL, "`false`",
      "with `experts`: group-limited routing keeps a (tokens, experts) bool mask (DeepSeek-V2)"},
+    {"input_jitter", TB, MP_KEY_BOOL, GEN, F(moe.input_jitter), NULL, "`false`",
+     "with `experts`: the input multiplied in place by uniform noise twice, each noise kept (PhiMoE's "
+     "`input_jitter_noise`)"},
     {"router", TB, MP_KEY_ENUM, GEN, F(moe.router), router_names, "`softmax`",
      "with `experts`: `softmax` of fp32 logits (Mixtral), `softmax_cast` back to the logits' dtype "
      "(Qwen-MoE), `fp32_softmax` / `fp32_sigmoid` on fp32 copies of x and W (DeepSeek-V2 / V3), "
-     "`topk_softmax` over the top k (GraniteMoE)"},
+     "`topk_softmax` over the top k (GraniteMoE), `sparsemixer`: PhiMoE's two sampled choices "
+     "(`top_k` 2)"},
     /* bottleneck */
     {"in_ch", T(BOTTLENECK), MP_KEY_DIM, OWN, F(conv.in_ch), NULL, "req.", "input channels"},
     {"mid_ch", T(BOTTLENECK), MP_KEY_DIM, OWN, F(conv.mid_ch), NULL, "req.", "bottleneck width"},

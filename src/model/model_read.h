@@ -23,10 +23,18 @@ enum mp_status mp_model_from_hf(struct mp_model *m, const cJSON *root, const cha
 enum mp_status mp_hf_apply_request(cJSON *root, const struct mp_model_request *rq, const char *path,
                                    struct mp_diag *d);
 
+/* Mllama's cross-attention decoder layers (MllamaCrossAttentionDecoderLayer), idle in a text-only
+ * step: how many, and the text model's sizes they are built with. */
+struct mp_hf_cross {
+    uint64_t layers, hidden, heads, kv_heads, head_dim, ffn;
+};
+
 /* A multimodal checkpoint's vision tower and projector (model_type gemma3, qwen2_5_vl, qwen2_vl,
- * mistral3), from root's vision_config: their parameters and Linears (model_hf_vision.c). */
-enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden, struct mp_idle *v,
-                                    const char *path, struct mp_diag *d);
+ * mistral3, mllama), from root's vision_config, and for mllama the cross-attention layers of
+ * cross: their parameters and Linears (model_hf_vision.c). */
+enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden,
+                                    const struct mp_hf_cross *cross, struct mp_idle *v, const char *path,
+                                    struct mp_diag *d);
 
 /* The keys of memplan JSON's layers (model_keys.c): one row per key and the types that take it. */
 enum mp_key_kind {

@@ -828,8 +828,9 @@ static void header(FILE *out, const struct mp_report_ctx *c)
         fprintf(out, "class     %s%s%s\n", shown(c->model->hf_class), lb, how);
     }
     if (c->model->idle.params) /* a multimodal checkpoint (model.h struct mp_idle) */
-        fprintf(out, "text-only %s params (%s) resident, unused: no .grad,\n"
-                     "          no optimizer state, no activations (image inputs are not modelled)\n",
+        fprintf(out, "text-only %s params (%s) resident,\n"
+                     "          unused: no .grad, no optimizer state, no activations (image inputs are not "
+                     "modelled)\n",
                 count(c->model->idle.params), c->model->idle.what);
     if (c->build) {
         char sb[32], seq[48] = "", attn[48] = ""; /* seq and attention only where they apply */

@@ -52,7 +52,7 @@ enum mp_exit {
 
 /* A one-line diagnostic filled by the function that failed. */
 struct mp_diag {
-    char msg[512];
+    char msg[1024];
 };
 
 /* Formats d->msg and returns st, so callers write `return mp_fail(d, MP_ERR_X, ...)`. */
