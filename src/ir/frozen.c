@@ -178,7 +178,8 @@ const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_fin
  * 5.24's bitsandbytes quantizer converts every nn.Linear that get_keys_to_not_convert (the tied
  * and output embeddings, the last parameter's module) and the class's _keep_in_fp32_modules do not
  * name (quantizers/base.py:39-63, quantizer_bnb_4bit.py:121), which on gemma3, qwen2_vl,
- * qwen2_5_vl and mistral3 is every Linear of the tower and projector (bench/accuracy/peft_step.py
+ * qwen2_5_vl, mistral3 and mllama is every Linear of the tower and projector (and Mllama's idle
+ * cross-attention layers) (bench/accuracy/peft_step.py
  * qlora-bytes): each is packed storage as the language model's (lower_linear_p), the rest (norms,
  * the patch convolution, position embeddings, biases, Gemma 3's projection Parameter) stays in
  * the model's dtype. */
