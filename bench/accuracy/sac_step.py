@@ -23,6 +23,18 @@
       checkpoint of every layer and torch's step is measured as in `trl`.  Rows to
       rows/sac_step.jsonl.
 
+  python3 bench/accuracy/sac_step.py torchtitan [--only NAME,...] [--memplan PATH] [--no-save]
+      torchtitan's SelectiveAC (pytorch/torchtitan b5bcd76c6 torchtitan/distributed/
+      activation_checkpoint.py): its policy written here from that file (lines 31-93: the saved ops are
+      torch's get_default_op_list().compute_intensive_ops plus SDPA cudnn/math/overrideable, aten.max,
+      flex_attention, aten.linear, topk and the c10d collectives; lines 214-283: every aten.mm or
+      aten.linear counted per checkpoint call, the 2nd, 4th... recomputed), given to transformers'
+      non-reentrant checkpoint of every decoder layer as context_fn with early_stop=False, as
+      torchtitan's ptd_checkpoint_wrapper passes it (line 285).  The CPU's SDPA op
+      _scaled_dot_product_flash_attention_for_cpu stands for CUDA's _scaled_dot_product_flash_attention
+      (in compute_intensive_ops; the same output bytes).  Each setting also runs TRL's `layers+sac`
+      policy's settings; rows to rows/sac_step.jsonl, results to sac_torchtitan_results.md.
+
   python3 bench/accuracy/sac_step.py plan-time [--memplan PATH]
       The planner's time on Llama-3.1-70B (models/hf/llama-3.1-70b.json, 80 layers; batch 1, seq
       8192, bf16): full fine-tuning at a target halfway between the plain layers' peak and every
@@ -261,6 +273,99 @@ def plan_time(memplan="./memplan"):
                                      m["peak_device_bytes"] / 2**30, lo / 2**30))
 
 
+def torchtitan_policy():
+    """A context_fn making torchtitan's SelectiveAC policy for one checkpoint call (a fresh mm counter
+    each call, as _get_custom_policy's `meta`).  Written from torchtitan b5bcd76c6
+    activation_checkpoint.py:31-93 (the save set) and :236-280 (the policy); no MoE router here, so
+    force_recompute_mm_shapes_by_fqns matches nothing, and no CUDA-to-CPU copy runs in a layer."""
+    import torch
+    from torch._functorch.partitioners import get_default_op_list
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    save = {op.default for op in get_default_op_list().compute_intensive_ops}
+    save |= {aten._scaled_dot_product_cudnn_attention.default, aten._scaled_dot_product_attention_math.default,
+             aten._scaled_dot_product_fused_attention_overrideable.default, aten.max.default,
+             torch._higher_order_ops.flex_attention, aten.linear.default, aten.topk.default,
+             torch.ops._c10d_functional.reduce_scatter_tensor.default,
+             torch.ops._c10d_functional.all_to_all_single.default}
+    save.add(aten._scaled_dot_product_flash_attention_for_cpu.default)  # CUDA's flash op's stand-in
+    mm_ops = (aten.mm.default, aten.linear.default)
+
+    def context_fn():
+        meta = {"forward": 0, "recompute": 0}
+
+        def policy(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if func in mm_ops:
+                meta[mode] += 1
+            if func in save:
+                if func in mm_ops and meta[mode] % 2 == 0:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(policy)
+    return context_fn
+
+
+def torchtitan_run(cfg, b, s, prec, full):
+    """peft_step.torch_lora_step with every decoder layer under transformers' non-reentrant checkpoint
+    given torchtitan's context_fn and early_stop=False."""
+    import peft_step
+    import transformers
+    orig = transformers.PreTrainedModel.gradient_checkpointing_enable
+    fn = torchtitan_policy()
+
+    def titan(self, gradient_checkpointing_kwargs=None, **kw):
+        return orig(self, gradient_checkpointing_kwargs=dict(gradient_checkpointing_kwargs or {}, context_fn=fn,
+                                                             early_stop=False), **kw)
+    transformers.PreTrainedModel.gradient_checkpointing_enable = titan
+    try:
+        return peft_step.torch_lora_step(cfg, b, s, prec, "layers", 16, "all-linear", full)
+    finally:
+        transformers.PreTrainedModel.gradient_checkpointing_enable = orig
+
+
+def titan_bench(only=(), memplan="./memplan", save=True):
+    import peft
+    import torch
+    import transformers
+    import peft_step
+    tmpdir = tempfile.mkdtemp(prefix="sac_titan_")
+    lines = ["| config | b x s | precision | finetune | torch peak MiB | memplan MiB | diff | memplan layers MiB "
+             "| memplan +sac MiB | torch peak at | memplan peak at |", "|" + "---|" * 11]
+    for name, cfg, keys, rows in configs(SETTINGS, only, tmpdir):
+        for b, s, prec, ft, ck in rows:
+            if not ck.startswith("layers+"):
+                continue  # (torchtitan wraps every layer)
+            full = ft == "full"
+            ck = "layers+sac:torchtitan"
+            t = torchtitan_run(cfg, b, s, prec, full)
+            m = peft_step.memplan_lora(cfg, b, s, prec, ck, 16, "all-linear", full, 0.0, memplan)
+            ml = peft_step.memplan_lora(cfg, b, s, prec, "layers", 16, "all-linear", full, 0.0, memplan)
+            mt = peft_step.memplan_lora(cfg, b, s, prec, "layers+sac", 16, "all-linear", full, 0.0, memplan)
+            row = "| %s | %dx%d | %s | %s | %.2f | %.2f | %+.3f%% | %.2f | %.2f | %s | %s |" % (
+                name, b, s, prec, "full" if full else "lora r16 all-linear", t["peak"] / 2**20, m["peak"] / 2**20,
+                100.0 * (m["peak"] - t["peak"]) / t["peak"], ml["peak"] / 2**20, mt["peak"] / 2**20, t["peak_at"],
+                m["peak_at"])
+            print(row, flush=True)
+            lines.append(row)
+            if not save:
+                continue
+            rowlib.save_rows("sac_step", [dict(keys, **{
+                "source": "bench/accuracy/sac_step.py torchtitan run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                          time.gmtime()),
+                "args": m["args"],
+                "figures": {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                            "peak": rowlib.figure(t["peak"], m["peak"])},
+                "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "torch_peak_at": t["peak_at"],
+                             "memplan_peak_layers": ml["peak"], "memplan_peak_trl_sac": mt["peak"]},
+                "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                                peft=peft.__version__),
+            })])
+    if save:
+        rowlib.write_results(os.path.join(HERE, "sac_torchtitan_results.md"), "\n".join(lines) + "\n")
+
+
 def trl_peft():
     import warnings
     warnings.filterwarnings("ignore")
@@ -293,7 +398,7 @@ def trl_peft():
 
 
 def main(argv):
-    if not argv or argv[0] not in ("trl", "trl-peft", "auto", "plan-time"):
+    if not argv or argv[0] not in ("trl", "trl-peft", "auto", "plan-time", "torchtitan"):
         print(__doc__)
         return 2
     if argv[0] == "trl-peft":
@@ -313,6 +418,8 @@ def main(argv):
         plan_time(memplan)
     elif argv[0] == "auto":
         auto_bench(only, memplan, save)
+    elif argv[0] == "torchtitan":
+        titan_bench(only, memplan, save)
     else:
         trl_bench(only, memplan, save)
     return 0
