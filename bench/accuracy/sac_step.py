@@ -32,8 +32,10 @@
       non-reentrant checkpoint of every decoder layer as context_fn with early_stop=False, as
       torchtitan's ptd_checkpoint_wrapper passes it (line 285).  The CPU's SDPA op
       _scaled_dot_product_flash_attention_for_cpu stands for CUDA's _scaled_dot_product_flash_attention
-      (in compute_intensive_ops; the same output bytes).  Each setting also runs TRL's `layers+sac`
-      policy's settings; rows to rows/sac_step.jsonl, results to sac_torchtitan_results.md.
+      (in compute_intensive_ops; the same output bytes).  The settings are `trl`'s that checkpoint
+      every layer; each also runs the policy `suggest --emit torch` writes for it, which must give
+      the same peak, and prints memplan's `layers` and TRL-policy peaks beside.  Rows to
+      rows/sac_step.jsonl, results to sac_torchtitan_results.md.
 
   python3 bench/accuracy/sac_step.py plan-time [--memplan PATH]
       The planner's time on Llama-3.1-70B (models/hf/llama-3.1-70b.json, 80 layers; batch 1, seq
@@ -307,13 +309,32 @@ def torchtitan_policy():
     return context_fn
 
 
-def torchtitan_run(cfg, b, s, prec, full):
+def emitted_titan_policy(memplan, cfg, s):
+    """The context_fn `sac` that `suggest --checkpoint layers+sac:torchtitan --emit torch` writes,
+    its lines exec'd as they are; the CPU's SDPA op added to its save_ops as CUDA's flash op's
+    stand-in (the policy reads the module-level set)."""
+    import subprocess
+    import torch
+    out = subprocess.run([memplan, "suggest", cfg, "--gpu", "h200-141gb", "--seq", str(s), "--checkpoint",
+                          "layers+sac:torchtitan", "--workspace", "0", "--use-cache", "off", "--no-probe", "--emit",
+                          "torch"], capture_output=True, text=True).stdout
+    lines = out.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("from torch._functorch.partitioners"))
+    j = next(k for k in range(i, len(lines)) if lines[k].strip().startswith("return create_selective"))
+    ns = {"torch": torch}
+    exec("\n".join(lines[i:j + 1]), ns)  # noqa: S102 (memplan's own output, the thing under test)
+    ns["save_ops"].add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    assert any("early_stop\": False" in ln for ln in lines[j:]), "the emitted checkpoint lacks early_stop=False"
+    return ns["sac"]
+
+
+def torchtitan_run(cfg, b, s, prec, full, fn=None):
     """peft_step.torch_lora_step with every decoder layer under transformers' non-reentrant checkpoint
-    given torchtitan's context_fn and early_stop=False."""
+    given torchtitan's context_fn (or fn) and early_stop=False."""
     import peft_step
     import transformers
     orig = transformers.PreTrainedModel.gradient_checkpointing_enable
-    fn = torchtitan_policy()
+    fn = fn or torchtitan_policy()
 
     def titan(self, gradient_checkpointing_kwargs=None, **kw):
         return orig(self, gradient_checkpointing_kwargs=dict(gradient_checkpointing_kwargs or {}, context_fn=fn,
@@ -340,6 +361,8 @@ def titan_bench(only=(), memplan="./memplan", save=True):
             full = ft == "full"
             ck = "layers+sac:torchtitan"
             t = torchtitan_run(cfg, b, s, prec, full)
+            te = torchtitan_run(cfg, b, s, prec, full, emitted_titan_policy(memplan, cfg, s))
+            assert te["peak"] == t["peak"], ("--emit torch's policy", te["peak"], t["peak"])
             m = peft_step.memplan_lora(cfg, b, s, prec, ck, 16, "all-linear", full, 0.0, memplan)
             ml = peft_step.memplan_lora(cfg, b, s, prec, "layers", 16, "all-linear", full, 0.0, memplan)
             mt = peft_step.memplan_lora(cfg, b, s, prec, "layers+sac", 16, "all-linear", full, 0.0, memplan)
