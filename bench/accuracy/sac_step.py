@@ -17,7 +17,8 @@
 
   python3 bench/accuracy/sac_step.py auto [--only NAME,...] [--memplan PATH] [--no-save]
       memplan's planner (--checkpoint layers+sac:auto), full fine-tuning: for a target between the
-      plain layers' peak and the peak with every candidate kept (--vram, --margin 0), `memplan
+      plain layers' peak and the peak with every candidate kept (or, in a row so marked, the device
+      peak of torchtitan's policy: the two at the same memory) (--vram, --margin 0), `memplan
       check` gives the plan's peak and `memplan suggest --max-batch B --emit torch` the policy; the
       emitted context_fn (its lines, exec'd as they are) goes to transformers' non-reentrant
       checkpoint of every layer and torch's step is measured as in `trl`.  Rows to
@@ -166,6 +167,8 @@ def torch_run(cfg, b, s, prec, full, ck):
 AUTO_SETTINGS = [
     ("llama-1024-v1000", "peft_step.RECOMPUTE_CONFIGS", 0, [(2, 2048, "bf16"), (2, 2048, "amp-bf16")]),
     ("llama-3.2-1b", "models/hf/llama-3.2-1b.json", 4, [(1, 4096, "bf16")]),
+    # the target torchtitan's SelectiveAC needs (its plan's device peak): memplan's plan at its memory
+    ("llama-3-8b", "models/hf/llama-3-8b.json", 2, [(1, 4096, "bf16", "torchtitan")]),
 ]
 
 
@@ -206,12 +209,12 @@ def auto_bench(only=(), memplan="./memplan", save=True):
     lines = ["| config | b x s | precision | target MiB | kept | torch peak MiB | memplan MiB | diff | "
              "layers' memplan MiB |", "|" + "---|" * 9]
     for name, cfg, keys, rows in configs(AUTO_SETTINGS, only, tmpdir):
-        for b, s, prec in rows:
+        for b, s, prec, *at in rows:
             base = [memplan, "check", cfg, "--batch", str(b), "--seq", str(s), "--precision", prec, "--workspace", "0",
                     "--use-cache", "off", "--margin", "0", "--json"]
             lo = memplan_json(base + ["--vram", "1000GiB", "--checkpoint", "layers"])["memory"]
-            hi = memplan_json(base + ["--vram", "1000GiB", "--checkpoint", "layers+sac:auto"])["memory"]
-            vram = "%dMiB" % ((dev(lo) + dev(hi)) // 2 // 2**20)
+            hi = memplan_json(base + ["--vram", "1000GiB", "--checkpoint", "layers+sac:" + (at[0] if at else "auto")])
+            vram = "%dMiB" % ((dev(hi["memory"]) if at else (dev(lo) + dev(hi["memory"])) // 2) // 2**20)
             args = base[3:] + ["--vram", vram, "--checkpoint", "layers+sac:auto"]
             m = memplan_json([memplan, "check", cfg] + args)["memory"]
             ns, code = emitted_policy(memplan, cfg, b, s, prec, vram)
