@@ -28,7 +28,7 @@
       torchtitan's SelectiveAC (pytorch/torchtitan b5bcd76c6 torchtitan/distributed/
       activation_checkpoint.py): its policy written here from that file (lines 31-93: the saved ops are
       torch's get_default_op_list().compute_intensive_ops plus SDPA cudnn/math/overrideable, aten.max,
-      flex_attention, aten.linear, topk and the c10d collectives; lines 214-283: every aten.mm or
+      flex_attention, aten.linear, topk and the c10d collectives; lines 214-287: every aten.mm or
       aten.linear counted per checkpoint call, the 2nd, 4th... recomputed), given to transformers'
       non-reentrant checkpoint of every decoder layer as context_fn with early_stop=False, as
       torchtitan's ptd_checkpoint_wrapper passes it (line 285).  The CPU's SDPA op
@@ -281,7 +281,7 @@ def plan_time(memplan="./memplan"):
 def torchtitan_policy():
     """A context_fn making torchtitan's SelectiveAC policy for one checkpoint call (a fresh mm counter
     each call, as _get_custom_policy's `meta`).  Written from torchtitan b5bcd76c6
-    activation_checkpoint.py:31-93 (the save set) and :236-280 (the policy); no MoE router here, so
+    activation_checkpoint.py:31-93 (the save set) and :243-276 (the policy); no MoE router here, so
     force_recompute_mm_shapes_by_fqns matches nothing, and no CUDA-to-CPU copy runs in a layer."""
     import torch
     from torch._functorch.partitioners import get_default_op_list

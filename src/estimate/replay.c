@@ -363,7 +363,7 @@ uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedul
  * torchtitan/distributed/activation_checkpoint.py): its policy MUST_SAVEs the outputs of torch's
  * compute-intensive ops (torch/_functorch/partitioners.py get_default_op_list: mm, addmm, bmm, the
  * SDPA flash / memory-efficient kernels, ...) and of SDPA's cudnn kernel (:31-93), except every
- * second aten.mm counted per checkpoint call (:257-275: the count goes up before the test, so the
+ * second aten.mm counted per checkpoint call (:258-273: the count goes up before the test, so the
  * 1st, 3rd, ... are saved).  A Linear without a bias is one aten.mm (F.linear on a 3-D input:
  * matmul's mm), one with a bias aten.addmm (torch 2.15 aten/src/ATen/native/Linear.cpp linear:
  * _flatten_nd_linear or addmm), saved and not counted; peft's lora_A and lora_B are Linears of
