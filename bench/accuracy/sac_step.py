@@ -34,7 +34,7 @@
       torchtitan's ptd_checkpoint_wrapper passes it (line 285).  The CPU's SDPA op
       _scaled_dot_product_flash_attention_for_cpu stands for CUDA's _scaled_dot_product_flash_attention
       (in compute_intensive_ops; the same output bytes).  The settings are `trl`'s that checkpoint
-      every layer; each also runs the policy `suggest --emit torch` writes for it, which must give
+      every layer and TITAN_SETTINGS (biased and fused Linears); each also runs the policy `suggest --emit torch` writes for it, which must give
       the same peak, and prints memplan's `layers` and TRL-policy peaks beside.  Rows to
       rows/sac_step.jsonl, results to sac_torchtitan_results.md.
 
@@ -349,6 +349,16 @@ def torchtitan_run(cfg, b, s, prec, full, fn=None):
         transformers.PreTrainedModel.gradient_checkpointing_enable = orig
 
 
+# besides SETTINGS' rows that checkpoint every layer: biased Linears (aten.addmm, saved and not
+# counted: Qwen2's q/k/v, GPT-2's Conv1D) and fused projections (Phi-3's qkv_proj, gate_up_proj)
+TITAN_SETTINGS = [
+    ("qwen2-0.5b", "models/hf/qwen2-0.5b.json", 2,
+     [(2, 1024, "bf16", "full", "layers+sac"), (2, 1024, "amp-bf16", "lora", "layers+sac")]),
+    ("gpt2", "models/hf/gpt2.json", 2, [(2, 1024, "bf16", "full", "layers+sac")]),
+    ("phi-3-mini-4k", "models/hf/phi-3-mini-4k.json", 2, [(4, 2048, "bf16", "full", "layers+sac")]),
+]
+
+
 def titan_bench(only=(), memplan="./memplan", save=True):
     import peft
     import torch
@@ -357,7 +367,7 @@ def titan_bench(only=(), memplan="./memplan", save=True):
     tmpdir = tempfile.mkdtemp(prefix="sac_titan_")
     lines = ["| config | b x s | precision | finetune | torch peak MiB | memplan MiB | diff | memplan layers MiB "
              "| memplan +sac MiB | torch peak at | memplan peak at |", "|" + "---|" * 11]
-    for name, cfg, keys, rows in configs(SETTINGS, only, tmpdir):
+    for name, cfg, keys, rows in configs(SETTINGS + TITAN_SETTINGS, only, tmpdir):
         for b, s, prec, ft, ck in rows:
             if not ck.startswith("layers+"):
                 continue  # (torchtitan wraps every layer)
