@@ -1094,8 +1094,12 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     if (e->sac_policy != MP_SAC_NONE) {
         char lab[32];
         snprintf(lab, sizeof lab, "SAC kept (%s)", mp_sac_str(e->sac_policy));
-        fprintf(out, "  %-19s%12s   per layer x %zu (saved ops' outputs, held to the recompute)\n", lab,
-                B(e->sac_layer_bytes), e->sac_layers);
+        const char *kept = B(e->sac_layer_bytes);
+        int kw = 31 - (int)strlen(lab); /* the columns, a longer label's number one space after it */
+        if (kw <= (int)strlen(kept))
+            kw = (int)strlen(kept) + 1;
+        fprintf(out, "  %s%*s   per layer x %zu (saved ops' outputs, held to the recompute)\n", lab, kw, kept,
+                e->sac_layers);
         if (e->sac_policy == MP_SAC_AUTO) { /* the planner's choice, wrapped at 100 columns */
             char names[64][16];
             const char *nodes[64];
