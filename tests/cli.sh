@@ -2912,7 +2912,8 @@ fi
 # layer (2 x 512 tokens, bf16) keeps q, k and v (biased: aten.addmm, always saved, not counted),
 # o_proj and up_proj (the 1st and 3rd aten.mm; gate_proj and down_proj, the 2nd and 4th, are
 # recomputed) and SDPA's output and logsumexp: 1024 x (3 x 896 + 2 x 128 + 4864) x 2 + 57,344 B;
-# the recompute skips those ops' 2 M n k FLOPs (and the attention's)
+# its recompute (early_stop=False) skips those ops' 2 M n k FLOPs (and the attention's), where the
+# layers' recompute, stopped at down_proj's pack, skips down_proj's mm and the residual add
 if [ -n "$HAVE_PY" ]; then
     run estimate models/hf/qwen2-0.5b.json --batch 2 --seq 512 --precision bf16 --checkpoint layers+sac:torchtitan \
         --json
@@ -2923,6 +2924,7 @@ import json, sys
 o, p = (json.load(open(f))["memory"] for f in sys.argv[1:])
 x = 1024 * (3 * 896 + 2 * 128 + 4864) * 2 + 2 * 14 * 512 * 4
 f = 2 * 1024 * 896 * (896 + 128 + 128 + 896 + 4864) + 4 * 2 * 14 * 512 ** 2 * 64 / 2
+f -= 2 * 1024 * 4864 * 896 + 1024 * 896
 assert o["sac_policy"] == "torchtitan" and o["sac_layer_bytes"] == x and o["sac_layers"] == 24, o
 assert o["activations_bytes"] - p["activations_bytes"] == 24 * x, (o["activations_bytes"], p["activations_bytes"])
 assert abs(p["recompute_flops"] - o["recompute_flops"] - 24 * f) < 1e-6 * f, (p["recompute_flops"], o["recompute_flops"])

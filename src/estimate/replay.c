@@ -512,6 +512,21 @@ double replay_sac_recompute(const struct mp_program *p, const struct mp_schedule
     return f;
 }
 
+double replay_stop_skips(const struct mp_program *p, const struct mp_schedule *s, size_t i)
+{
+    const struct mp_block_prog *bp = &p->blocks[i];
+    size_t end = last_pack_end(p, i), all = bp->node0 + bp->n_nodes;
+    if ((s && s->sac == MP_SAC_TORCHTITAN) || end <= bp->node0)
+        return 0;
+    if (packs_before_run(&p->nodes[end - 1]))
+        end--; /* (the stop is at its pack, before it runs) */
+    double f = 0;
+    for (size_t k = end; k < all; k++)
+        if (!s || s->sac == MP_SAC_NONE || !replay_sac_keeps(p, s->sac, s->sac_keep, k))
+            f += p->nodes[k].fwd_flops;
+    return f;
+}
+
 /* The hold SAC's cache has on node n's outputs: taken after the node ran in a checkpointed block's
  * first forward (d +1), dropped where its recompute reaches the node (d -1). */
 static void sac_hold(struct rp *r, const struct mp_node *n, int d)
