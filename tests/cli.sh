@@ -2972,8 +2972,10 @@ fi
 # 64 x bf16 = 1,835,008 B) and fp32 logsumexp (2 x 14 x 512 x 4 = 57,344 B) to the recompute; the
 # recompute skips each layer's attention (4 b a s^2 d / 2 = 939,524,096 FLOPs)
 expect_line 2 "--checkpoint sqrt+sac refused" estimate models/hf/qwen2-0.5b.json --checkpoint sqrt+sac
-expect_line 2 "--checkpoint layers+sac:torchtitan refused" estimate models/hf/qwen2-0.5b.json \
-    --checkpoint layers+sac:torchtitan
+expect_line 2 "--checkpoint layers:2+sac:torchtitan refused (torchtitan wraps every layer)" estimate \
+    models/hf/qwen2-0.5b.json --checkpoint layers:2+sac:torchtitan
+expect_line 2 "--checkpoint layers+sac:torchtitan with --attention eager refused (bmm saved)" estimate \
+    models/hf/qwen2-0.5b.json --checkpoint layers+sac:torchtitan --attention eager
 expect_line 2 "--checkpoint layers+sac with --attention flash refused" estimate models/hf/qwen2-0.5b.json \
     --checkpoint layers+sac --attention flash
 expect_line 2 "probe --checkpoint layers+sac refused" probe models/hf/qwen2-0.5b.json --checkpoint layers+sac
@@ -3000,6 +3002,39 @@ assert p["recompute_flops"] - o["recompute_flops"] == 24 * 4 * 2 * 14 * 512 ** 2
     else
         bad "estimate --checkpoint layers+sac: SDPA outputs kept per layer, the attention not recomputed"
     fi
+fi
+# layers+sac:torchtitan (torchtitan's SelectiveAC, docs/checkpointing.md#sac-torchtitan): a qwen2-0.5b
+# layer (2 x 512 tokens, bf16) keeps q, k and v (biased: aten.addmm, always saved, not counted),
+# o_proj and up_proj (the 1st and 3rd aten.mm; gate_proj and down_proj, the 2nd and 4th, are
+# recomputed) and SDPA's output and logsumexp: 1024 x (3 x 896 + 2 x 128 + 4864) x 2 + 57,344 B;
+# its recompute (early_stop=False) skips those ops' 2 M n k FLOPs (and the attention's), where the
+# layers' recompute, stopped at down_proj's pack, skips down_proj's mm and the residual add
+if [ -n "$HAVE_PY" ]; then
+    run estimate models/hf/qwen2-0.5b.json --batch 2 --seq 512 --precision bf16 --checkpoint layers+sac:torchtitan \
+        --json
+    cp "$T/out" "$T/titan.json"
+    run estimate models/hf/qwen2-0.5b.json --batch 2 --seq 512 --precision bf16 --checkpoint layers --json
+    if python3 -c '
+import json, sys
+o, p = (json.load(open(f))["memory"] for f in sys.argv[1:])
+x = 1024 * (3 * 896 + 2 * 128 + 4864) * 2 + 2 * 14 * 512 * 4
+f = 2 * 1024 * 896 * (896 + 128 + 128 + 896 + 4864) + 4 * 2 * 14 * 512 ** 2 * 64 / 2
+f -= 2 * 1024 * 4864 * 896 + 1024 * 896
+assert o["sac_policy"] == "torchtitan" and o["sac_layer_bytes"] == x and o["sac_layers"] == 24, o
+assert o["activations_bytes"] - p["activations_bytes"] == 24 * x, (o["activations_bytes"], p["activations_bytes"])
+assert abs(p["recompute_flops"] - o["recompute_flops"] - 24 * f) < 1e-6 * f, (p["recompute_flops"], o["recompute_flops"])
+' "$T/titan.json" "$T/out" 2>"$T/why"; then
+        ok "estimate --checkpoint layers+sac:torchtitan: addmm, odd mm and SDPA outputs kept per layer"
+    else
+        bad "estimate --checkpoint layers+sac:torchtitan: addmm, odd mm and SDPA outputs kept per layer"
+    fi
+fi
+run suggest models/hf/llama-3.2-1b.json --gpu a100-80gb --checkpoint layers+sac:torchtitan --emit torch --no-probe
+if [ "$ec" -eq 0 ] && grep -q 'count\[0\] % 2 == 0' "$T/out" && grep -q '"early_stop": False}' "$T/out"; then
+    ok "suggest --checkpoint layers+sac:torchtitan --emit torch: the policy and early_stop=False"
+else
+    echo "expected exit 0, the every-second-mm test and early_stop False" >"$T/why"
+    bad "suggest --checkpoint layers+sac:torchtitan --emit torch"
 fi
 # layers+sac:auto: with room for everything, every candidate of a Llama layer kept (q, k, v, o, gate,
 # up: the layer's first six aten.mm calls, and SDPA; down_proj's mm is the recompute's stop); with

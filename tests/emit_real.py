@@ -39,9 +39,9 @@ def refused(args, emit):
     """--ep: transformers shards the model as it loads; the snippets that shard it themselves
     (torch, accelerate, deepspeed) are refused with one line and exit 2.  Selective checkpointing:
     accelerate's and DeepSpeed's checkpointing take no policy, and a Trainer's config takes TRL's
-    only (not layers+sac:auto's context_fn): refused, one line naming --emit torch."""
+    only (not layers+sac:auto's or :torchtitan's context_fn): refused, one line naming --emit torch."""
     sac = next((a for a in args if "+sac" in a), None)
-    if sac and (emit in ("accelerate", "deepspeed") or (emit == "hf" and sac.endswith(":auto"))):
+    if sac and (emit in ("accelerate", "deepspeed") or (emit == "hf" and sac.endswith((":auto", ":torchtitan")))):
         r = subprocess.run([MEMPLAN, "suggest"] + args + ["--no-probe", "--emit", emit], capture_output=True,
                            text=True)
         check(r.returncode == 2 and r.stderr.count("\n") == 1 and "--emit torch" in r.stderr and not r.stdout,
@@ -112,8 +112,11 @@ CASES = [
                          "--checkpoint", "layers+sac", "--loss", "chunked-nll", "--no-probe"]),
     ("full layers+sac:auto", ["models/hf/llama-3.2-1b.json", "--gpu", "a100-40gb", "--seq", "4096", "--precision",
                               "bf16", "--checkpoint", "layers+sac:auto", "--no-probe"]),
+    # torchtitan's SelectiveAC (docs/checkpointing.md#sac-torchtitan): its policy and early_stop=False
+    ("full layers+sac:torchtitan", ["models/hf/llama-3.2-1b.json", "--gpu", "a100-80gb", "--seq", "2048",
+                                    "--precision", "bf16", "--checkpoint", "layers+sac:torchtitan", "--no-probe"]),
 ]
-SAC_CASES = CASES[-2:]
+SAC_CASES = CASES[-3:]
 
 
 # suggest --trainer dpo: --emit hf is a DPOConfig (--emit torch is refused: its loop is SFT's)

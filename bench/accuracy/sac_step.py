@@ -17,11 +17,26 @@
 
   python3 bench/accuracy/sac_step.py auto [--only NAME,...] [--memplan PATH] [--no-save]
       memplan's planner (--checkpoint layers+sac:auto), full fine-tuning: for a target between the
-      plain layers' peak and the peak with every candidate kept (--vram, --margin 0), `memplan
+      plain layers' peak and the peak with every candidate kept (or, in a row so marked, the device
+      peak of torchtitan's policy: the two at the same memory) (--vram, --margin 0), `memplan
       check` gives the plan's peak and `memplan suggest --max-batch B --emit torch` the policy; the
       emitted context_fn (its lines, exec'd as they are) goes to transformers' non-reentrant
       checkpoint of every layer and torch's step is measured as in `trl`.  Rows to
       rows/sac_step.jsonl.
+
+  python3 bench/accuracy/sac_step.py torchtitan [--only NAME,...] [--memplan PATH] [--no-save]
+      torchtitan's SelectiveAC (pytorch/torchtitan b5bcd76c6 torchtitan/distributed/
+      activation_checkpoint.py): its policy written here from that file (lines 31-93: the saved ops are
+      torch's get_default_op_list().compute_intensive_ops plus SDPA cudnn/math/overrideable, aten.max,
+      flex_attention, aten.linear, topk and the c10d collectives; lines 214-287: every aten.mm or
+      aten.linear counted per checkpoint call, the 2nd, 4th... recomputed), given to transformers'
+      non-reentrant checkpoint of every decoder layer as context_fn with early_stop=False, as
+      torchtitan's ptd_checkpoint_wrapper passes it (line 285).  The CPU's SDPA op
+      _scaled_dot_product_flash_attention_for_cpu stands for CUDA's _scaled_dot_product_flash_attention
+      (in compute_intensive_ops; the same output bytes).  The settings are `trl`'s that checkpoint
+      every layer and TITAN_SETTINGS (biased and fused Linears); each also runs the policy `suggest --emit torch` writes for it, which must give
+      the same peak, and prints memplan's `layers` and TRL-policy peaks beside.  Rows to
+      rows/sac_step.jsonl, results to sac_torchtitan_results.md.
 
   python3 bench/accuracy/sac_step.py plan-time [--memplan PATH]
       The planner's time on Llama-3.1-70B (models/hf/llama-3.1-70b.json, 80 layers; batch 1, seq
@@ -152,6 +167,8 @@ def torch_run(cfg, b, s, prec, full, ck):
 AUTO_SETTINGS = [
     ("llama-1024-v1000", "peft_step.RECOMPUTE_CONFIGS", 0, [(2, 2048, "bf16"), (2, 2048, "amp-bf16")]),
     ("llama-3.2-1b", "models/hf/llama-3.2-1b.json", 4, [(1, 4096, "bf16")]),
+    # the target torchtitan's SelectiveAC needs (its plan's device peak): memplan's plan at its memory
+    ("llama-3-8b", "models/hf/llama-3-8b.json", 2, [(1, 4096, "bf16", "torchtitan")]),
 ]
 
 
@@ -192,12 +209,12 @@ def auto_bench(only=(), memplan="./memplan", save=True):
     lines = ["| config | b x s | precision | target MiB | kept | torch peak MiB | memplan MiB | diff | "
              "layers' memplan MiB |", "|" + "---|" * 9]
     for name, cfg, keys, rows in configs(AUTO_SETTINGS, only, tmpdir):
-        for b, s, prec in rows:
+        for b, s, prec, *at in rows:
             base = [memplan, "check", cfg, "--batch", str(b), "--seq", str(s), "--precision", prec, "--workspace", "0",
                     "--use-cache", "off", "--margin", "0", "--json"]
             lo = memplan_json(base + ["--vram", "1000GiB", "--checkpoint", "layers"])["memory"]
-            hi = memplan_json(base + ["--vram", "1000GiB", "--checkpoint", "layers+sac:auto"])["memory"]
-            vram = "%dMiB" % ((dev(lo) + dev(hi)) // 2 // 2**20)
+            hi = memplan_json(base + ["--vram", "1000GiB", "--checkpoint", "layers+sac:" + (at[0] if at else "auto")])
+            vram = "%dMiB" % ((dev(hi["memory"]) if at else (dev(lo) + dev(hi["memory"])) // 2) // 2**20)
             args = base[3:] + ["--vram", vram, "--checkpoint", "layers+sac:auto"]
             m = memplan_json([memplan, "check", cfg] + args)["memory"]
             ns, code = emitted_policy(memplan, cfg, b, s, prec, vram)
@@ -261,6 +278,130 @@ def plan_time(memplan="./memplan"):
                                      m["peak_device_bytes"] / 2**30, lo / 2**30))
 
 
+def torchtitan_policy():
+    """A context_fn making torchtitan's SelectiveAC policy for one checkpoint call (a fresh mm counter
+    each call, as _get_custom_policy's `meta`).  Written from torchtitan b5bcd76c6
+    activation_checkpoint.py:31-93 (the save set) and :243-276 (the policy); no MoE router here, so
+    force_recompute_mm_shapes_by_fqns matches nothing, and no CUDA-to-CPU copy runs in a layer."""
+    import torch
+    from torch._functorch.partitioners import get_default_op_list
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    save = {op.default for op in get_default_op_list().compute_intensive_ops}
+    save |= {aten._scaled_dot_product_cudnn_attention.default, aten._scaled_dot_product_attention_math.default,
+             aten._scaled_dot_product_fused_attention_overrideable.default, aten.max.default,
+             torch._higher_order_ops.flex_attention, aten.linear.default, aten.topk.default,
+             torch.ops._c10d_functional.reduce_scatter_tensor.default,
+             torch.ops._c10d_functional.all_to_all_single.default}
+    save.add(aten._scaled_dot_product_flash_attention_for_cpu.default)  # CUDA's flash op's stand-in
+    mm_ops = (aten.mm.default, aten.linear.default)
+
+    def context_fn():
+        meta = {"forward": 0, "recompute": 0}
+
+        def policy(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if func in mm_ops:
+                meta[mode] += 1
+            if func in save:
+                if func in mm_ops and meta[mode] % 2 == 0:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(policy)
+    return context_fn
+
+
+def emitted_titan_policy(memplan, cfg, s):
+    """The context_fn `sac` that `suggest --checkpoint layers+sac:torchtitan --emit torch` writes,
+    its lines exec'd as they are; the CPU's SDPA op added to its save_ops as CUDA's flash op's
+    stand-in (the policy reads the module-level set)."""
+    import subprocess
+    import torch
+    out = subprocess.run([memplan, "suggest", cfg, "--gpu", "h200-141gb", "--seq", str(s), "--checkpoint",
+                          "layers+sac:torchtitan", "--workspace", "0", "--use-cache", "off", "--no-probe", "--emit",
+                          "torch"], capture_output=True, text=True).stdout
+    lines = out.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("from torch._functorch.partitioners"))
+    j = next(k for k in range(i, len(lines)) if lines[k].strip().startswith("return create_selective"))
+    ns = {"torch": torch}
+    exec("\n".join(lines[i:j + 1]), ns)  # noqa: S102 (memplan's own output, the thing under test)
+    ns["save_ops"].add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    assert any("early_stop\": False" in ln for ln in lines[j:]), "the emitted checkpoint lacks early_stop=False"
+    return ns["sac"]
+
+
+def torchtitan_run(cfg, b, s, prec, full, fn=None):
+    """peft_step.torch_lora_step with every decoder layer under transformers' non-reentrant checkpoint
+    given torchtitan's context_fn (or fn) and early_stop=False."""
+    import peft_step
+    import transformers
+    orig = transformers.PreTrainedModel.gradient_checkpointing_enable
+    fn = fn or torchtitan_policy()
+
+    def titan(self, gradient_checkpointing_kwargs=None, **kw):
+        return orig(self, gradient_checkpointing_kwargs=dict(gradient_checkpointing_kwargs or {}, context_fn=fn,
+                                                             early_stop=False), **kw)
+    transformers.PreTrainedModel.gradient_checkpointing_enable = titan
+    try:
+        return peft_step.torch_lora_step(cfg, b, s, prec, "layers", 16, "all-linear", full)
+    finally:
+        transformers.PreTrainedModel.gradient_checkpointing_enable = orig
+
+
+# besides SETTINGS' rows that checkpoint every layer: biased Linears (aten.addmm, saved and not
+# counted: Qwen2's q/k/v, GPT-2's Conv1D) and fused projections (Phi-3's qkv_proj, gate_up_proj)
+TITAN_SETTINGS = [
+    ("qwen2-0.5b", "models/hf/qwen2-0.5b.json", 2,
+     [(2, 1024, "bf16", "full", "layers+sac"), (2, 1024, "amp-bf16", "lora", "layers+sac")]),
+    ("gpt2", "models/hf/gpt2.json", 2, [(2, 1024, "bf16", "full", "layers+sac")]),
+    ("phi-3-mini-4k", "models/hf/phi-3-mini-4k.json", 2, [(4, 2048, "bf16", "full", "layers+sac")]),
+]
+
+
+def titan_bench(only=(), memplan="./memplan", save=True):
+    import peft
+    import torch
+    import transformers
+    import peft_step
+    tmpdir = tempfile.mkdtemp(prefix="sac_titan_")
+    lines = ["| config | b x s | precision | finetune | torch peak MiB | memplan MiB | diff | memplan layers MiB "
+             "| memplan +sac MiB | torch peak at | memplan peak at |", "|" + "---|" * 11]
+    for name, cfg, keys, rows in configs(SETTINGS + TITAN_SETTINGS, only, tmpdir):
+        for b, s, prec, ft, ck in rows:
+            if not ck.startswith("layers+"):
+                continue  # (torchtitan wraps every layer)
+            full = ft == "full"
+            ck = "layers+sac:torchtitan"
+            t = torchtitan_run(cfg, b, s, prec, full)
+            te = torchtitan_run(cfg, b, s, prec, full, emitted_titan_policy(memplan, cfg, s))
+            assert te["peak"] == t["peak"], ("--emit torch's policy", te["peak"], t["peak"])
+            m = peft_step.memplan_lora(cfg, b, s, prec, ck, 16, "all-linear", full, 0.0, memplan)
+            ml = peft_step.memplan_lora(cfg, b, s, prec, "layers", 16, "all-linear", full, 0.0, memplan)
+            mt = peft_step.memplan_lora(cfg, b, s, prec, "layers+sac", 16, "all-linear", full, 0.0, memplan)
+            row = "| %s | %dx%d | %s | %s | %.2f | %.2f | %+.3f%% | %.2f | %.2f | %s | %s |" % (
+                name, b, s, prec, "full" if full else "lora r16 all-linear", t["peak"] / 2**20, m["peak"] / 2**20,
+                100.0 * (m["peak"] - t["peak"]) / t["peak"], ml["peak"] / 2**20, mt["peak"] / 2**20, t["peak_at"],
+                m["peak_at"])
+            print(row, flush=True)
+            lines.append(row)
+            if not save:
+                continue
+            rowlib.save_rows("sac_step", [dict(keys, **{
+                "source": "bench/accuracy/sac_step.py torchtitan run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                          time.gmtime()),
+                "args": m["args"],
+                "figures": {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                            "peak": rowlib.figure(t["peak"], m["peak"])},
+                "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "torch_peak_at": t["peak_at"],
+                             "memplan_peak_layers": ml["peak"], "memplan_peak_trl_sac": mt["peak"]},
+                "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                                peft=peft.__version__),
+            })])
+    if save:
+        rowlib.write_results(os.path.join(HERE, "sac_torchtitan_results.md"), "\n".join(lines) + "\n")
+
+
 def trl_peft():
     import warnings
     warnings.filterwarnings("ignore")
@@ -293,7 +434,7 @@ def trl_peft():
 
 
 def main(argv):
-    if not argv or argv[0] not in ("trl", "trl-peft", "auto", "plan-time"):
+    if not argv or argv[0] not in ("trl", "trl-peft", "auto", "plan-time", "torchtitan"):
         print(__doc__)
         return 2
     if argv[0] == "trl-peft":
@@ -313,6 +454,8 @@ def main(argv):
         plan_time(memplan)
     elif argv[0] == "auto":
         auto_bench(only, memplan, save)
+    elif argv[0] == "torchtitan":
+        titan_bench(only, memplan, save)
     else:
         trl_bench(only, memplan, save)
     return 0

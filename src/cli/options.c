@@ -111,12 +111,12 @@ static const struct opt OPTS[] = {
     {'o', "optimizer", "O", C_ALL, K_ENUM, FIELD(optimizer), .parse = mp_optimizer_parse,
      .names = optimizer_names, .help = " (default adamw)"},
     {'c', "checkpoint", "C", C_TRAIN | C_SUGG, K_CALLBACK, FIELD(ckpt), SEEN(ckpt_set), .cb = cb_checkpoint,
-     .expect = "none, sqrt, segments:K, every:K, layers[+offload|+sac[:axolotl|:auto]], layers:N[+offload|"
+     .expect = "none, sqrt, segments:K, every:K, layers[+offload|+sac[:axolotl|:auto|:torchtitan]], layers:N[+offload|"
                "+sac[:...]], optimal or optimal-segments",
      .help = "none (default; plan: optimal; suggest: searched) | sqrt | segments:K | every:K | layers | "
              "layers:N | optimal[-segments]; +offload after layers[:N]: their inputs wait in pinned host RAM; "
              "+sac: TRL's selective checkpointing (SDPA's outputs kept, not recomputed); +sac:axolotl; "
-             "+sac:auto: memplan's choice of kept ops for the target"},
+             "+sac:auto: memplan's choice of kept ops for the target; +sac:torchtitan: torchtitan's SelectiveAC"},
     {0, "act-offload", NULL, C_EST | C_SUGG | C_CHECK, K_FLAG, FIELD(act_offload),
      .help = "TRL's activation_offloading=True (needs --checkpoint layers, --loss hf or chunked-nll): saved tensors outside "
              "the checkpointed layers, and their inputs, wait in pinned host RAM"},

@@ -203,6 +203,34 @@ static int check_model_options(const struct args *a, const struct setup *s)
                 return MP_EXIT_USAGE;
             }
         }
+    /* torchtitan's SelectiveAC saves every compute-intensive op's output (replay.c titan_keeps): the
+     * ops memplan counts for it are the fused SDPA call, aten.mm and aten.addmm; eager attention's
+     * and SDPA's math path's bmm, a convolution, MoE experts and a quantized base's matmul are not
+     * modelled, and it checkpoints every layer (docs/checkpointing.md#sac-torchtitan) */
+    if (a->ckpt.sac == MP_SAC_TORCHTITAN) {
+        const char *why = a->ckpt.k > 1 ? "torchtitan checkpoints every layer (layers, not layers:N)"
+                          : s->model.quant.kind != MP_Q_NONE || a->ft.mode == MP_FT_QLORA
+                              ? "a quantized base's matmul under its policy is not modelled"
+                          : a->torch && a->torch < MP_TORCH_MEMEFF_GQA
+                              ? "SDPA's math path (bmm, which its policy saves) is not modelled: drop --torch"
+                              : NULL;
+        for (size_t i = 0; i < s->model.n_blocks && !why; i++)
+            for (size_t j = 0; j < s->model.blocks[i].n_layers && !why; j++) {
+                const struct mp_layer *l = &s->model.blocks[i].layers[j];
+                enum mp_attn_impl im = a->attention_set || !l->attn.impl_set ? (enum mp_attn_impl)a->attention
+                                                                             : l->attn.impl;
+                if (l->attn.heads && im == MP_ATTN_EAGER)
+                    why = "eager attention's bmm (its policy saves them) is not modelled: use --attention sdpa";
+                else if (l->moe.experts > 0)
+                    why = "the experts' ops under its policy are not modelled";
+                else if (l->type == MP_LT_CONV2D || l->type == MP_LT_BOTTLENECK || l->type == MP_LT_PATCH_EMBEDDING)
+                    why = "a convolution (its policy saves it) is not modelled";
+            }
+        if (why) {
+            fprintf(stderr, "memplan: error: --checkpoint ...+sac:torchtitan: %s: %s\n", a->model, why);
+            return MP_EXIT_USAGE;
+        }
+    }
     bool moe = false;
     for (size_t i = 0; i < s->model.n_blocks && !moe; i++)
         for (size_t j = 0; j < s->model.blocks[i].n_layers && !moe; j++)

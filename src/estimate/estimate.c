@@ -900,6 +900,8 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
             if (op->kind == MP_SCHED_FN || op->kind == MP_SCHED_FC || op->kind == MP_SCHED_FE) {
                 if (runs[op->index]++ > 0) {
                     e->recompute_flops += p->blocks[op->index].fwd_flops - replay_sac_recompute(p, sched, op->index, e);
+                    if (k + 1 < sched->n && sched->ops[k + 1].kind == MP_SCHED_B && sched->ops[k + 1].index == op->index)
+                        e->recompute_flops -= replay_stop_skips(p, sched, op->index); /* (replay.c fwd_block) */
                     e->dequant_bytes += p->blocks[op->index].dequant_bytes;
                 }
                 else if (op->kind != MP_SCHED_FE)

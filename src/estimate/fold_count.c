@@ -385,6 +385,8 @@ enum mp_status mp_estimate_run_folded(const struct mp_fold *f, const struct mp_p
         if (ran[op->index]) {
             e->recompute_flops += p->blocks[f->short_of[op->index]].fwd_flops -
                                   replay_sac_recompute(p, full, f->short_of[op->index], e);
+            if (k + 1 < full->n && full->ops[k + 1].kind == MP_SCHED_B && full->ops[k + 1].index == op->index)
+                e->recompute_flops -= replay_stop_skips(p, full, f->short_of[op->index]); /* (fwd_block) */
             e->dequant_bytes += p->blocks[f->short_of[op->index]].dequant_bytes;
         }
         else if (op->kind != MP_SCHED_FE)

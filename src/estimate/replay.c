@@ -359,6 +359,32 @@ uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedul
     return b;
 }
 
+/* torchtitan's SelectiveAC (docs/checkpointing.md#sac-torchtitan; pytorch/torchtitan b5bcd76c6
+ * torchtitan/distributed/activation_checkpoint.py): its policy MUST_SAVEs the outputs of torch's
+ * compute-intensive ops (torch/_functorch/partitioners.py get_default_op_list: mm, addmm, bmm, the
+ * SDPA flash / memory-efficient kernels, ...) and of SDPA's cudnn kernel (:31-93), except every
+ * second aten.mm counted per checkpoint call (:258-273: the count goes up before the test, so the
+ * 1st, 3rd, ... are saved).  A Linear without a bias is one aten.mm (F.linear on a 3-D input:
+ * matmul's mm), one with a bias aten.addmm (torch 2.15 aten/src/ATen/native/Linear.cpp linear:
+ * _flatten_nd_linear or addmm), saved and not counted; peft's lora_A and lora_B are Linears of
+ * their own, run after their base.  The fused SDPA node keeps its output and logsumexp as for
+ * TRL's policy.  Eager attention's bmm, MoE and quantized weights are refused (setup.c). */
+static bool titan_keeps(const struct mp_program *p, size_t k)
+{
+    const struct mp_node *n = &p->nodes[k];
+    if (n->prim == MP_P_ATTN)
+        return !n->eager;
+    if (n->prim != MP_P_LINEAR)
+        return false;
+    if (n->param[1] >= 0)
+        return true; /* aten.addmm */
+    const struct mp_block_prog *bp = &p->blocks[n->block];
+    size_t mm = 0; /* torchtitan's forward_mm_count after this op */
+    for (size_t q = bp->node0; q <= k; q++)
+        mm += p->nodes[q].prim == MP_P_LINEAR && p->nodes[q].param[1] < 0;
+    return mm % 2 == 1;
+}
+
 /* Selective activation checkpointing (docs/checkpointing.md#sac).  torch 2.15
  * torch/utils/checkpoint.py: in a checkpointed region's forward _CachingTorchDispatchMode (:1571)
  * runs every ATen op and stores the outputs of those the policy saves, detached (their storages,
@@ -374,7 +400,11 @@ uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedul
 bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, uint64_t keep, size_t k)
 {
     const struct mp_node *n = &p->nodes[k];
-    if (n->block < 0 || k >= last_pack_end(p, (size_t)n->block))
+    if (n->block < 0)
+        return false;
+    if (pol == MP_SAC_TORCHTITAN) /* (no early stop: every node is reached) */
+        return titan_keeps(p, k);
+    if (k >= last_pack_end(p, (size_t)n->block))
         return false;
     int j;
     switch (pol) {
@@ -382,7 +412,7 @@ bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, uint64
     case MP_SAC_AXOLOTL: return n->prim == MP_P_ATTN && !n->eager; /* (Axolotl's: no sliding layer, setup.c) */
     case MP_SAC_AUTO: return (j = mp_sac_candidate(p, k, NULL)) >= 0 && j < 64 && (keep >> j & 1);
     case MP_SAC_NONE:
-    case MP_SAC_TORCHTITAN: return false; /* (refused by the option's parser) */
+    case MP_SAC_TORCHTITAN: return false;
     }
     return false;
 }
@@ -482,6 +512,21 @@ double replay_sac_recompute(const struct mp_program *p, const struct mp_schedule
     return f;
 }
 
+double replay_stop_skips(const struct mp_program *p, const struct mp_schedule *s, size_t i)
+{
+    const struct mp_block_prog *bp = &p->blocks[i];
+    size_t end = last_pack_end(p, i), all = bp->node0 + bp->n_nodes;
+    if ((s && s->sac == MP_SAC_TORCHTITAN) || end <= bp->node0)
+        return 0;
+    if (packs_before_run(&p->nodes[end - 1]))
+        end--; /* (the stop is at its pack, before it runs) */
+    double f = 0;
+    for (size_t k = end; k < all; k++)
+        if (!s || s->sac == MP_SAC_NONE || !replay_sac_keeps(p, s->sac, s->sac_keep, k))
+            f += p->nodes[k].fwd_flops;
+    return f;
+}
+
 /* The hold SAC's cache has on node n's outputs: taken after the node ran in a checkpointed block's
  * first forward (d +1), dropped where its recompute reaches the node (d -1). */
 static void sac_hold(struct rp *r, const struct mp_node *n, int d)
@@ -508,15 +553,22 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
     const struct mp_program *p = r->p;
     const struct mp_block_prog *bp = &p->blocks[i];
     bool grad = kind == MP_SCHED_FE;
-    size_t all = bp->node0 + bp->n_nodes, end = all;
+    size_t all = bp->node0 + bp->n_nodes, end = all, unpack = all;
     if (early && grad && last_pack_end(p, i) > bp->node0)
-        end = last_pack_end(p, i);
+        unpack = last_pack_end(p, i);
+    /* torchtitan's checkpoint runs with early_stop=False (its SelectiveAC, activation_checkpoint.py
+     * :285): the recompute still starts at the first unpack but runs the whole block; each frame
+     * lets go of its locals as its module returns, and the block's output, which recompute_fn
+     * drops, dies after the last node (torch 2.15 torch/utils/checkpoint.py:1313, :1368) */
+    bool whole = r->sac == MP_SAC_TORCHTITAN && r->ckpt[i];
+    if (!whole)
+        end = unpack;
     bool stopped = end < all;
-    if (stopped) { /* the trailing nodes' backward, before the recompute */
+    if (unpack < all) { /* the trailing nodes' backward, before the recompute */
         enum mp_phase ph = r->phase;
         r->phase = MP_PH_BACKWARD;
         size_t k = all;
-        while (k > end && r->st == MP_OK) {
+        while (k > unpack && r->st == MP_OK) {
             const struct mp_node *n = &p->nodes[k - 1];
             if (n->param[0] >= 0 || n->param[1] >= 0 || n->ep_unit)
                 break; /* a node with parameters saves its input or has none that needs a
@@ -639,7 +691,7 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
             tmp(r, (int)k, n->fwd_tmp_bytes, false);
         if (keep && !cached)
             sac_hold(r, n, 1);
-        if (k + 1 == all && !stopped)
+        if (k + 1 == all && !stopped && !(whole && unpack < all))
             r->holds[bp->output]++; /* the chain holds x_{i+1} before anything can free it */
         node_uses(r, n, -1, true, frames && !before);
         for (int j = 0; j < n->n_extra; j++)

@@ -203,6 +203,10 @@ bool replay_sac_keeps(const struct mp_program *p, enum mp_sac_policy pol, uint64
 /* The forward FLOPs the recompute of block i skips under s's SAC policy; e's SAC figures
  * (sac_layer_bytes, sac_layers) take block i's.  Called once per recompute. */
 double replay_sac_recompute(const struct mp_program *p, const struct mp_schedule *s, size_t i, struct mp_estimate *e);
+/* The forward FLOPs an early-stopped recompute of block i does not run (the recompute right before
+ * B_i): its last packing node when it packs before it runs (an aten op's saved inputs) and every
+ * node after it (docs/checkpointing.md#early-stop); 0 under torchtitan's early_stop=False. */
+double replay_stop_skips(const struct mp_program *p, const struct mp_schedule *s, size_t i);
 uint64_t replay_pinned_bytes(const struct mp_program *p, const struct mp_schedule *s, uint64_t *copied);
 enum mp_status replay_plan(const struct mp_program *p, const struct mp_schedule *sched,
                            const struct mp_train_opts *t, const struct mp_par_plan *given, mp_event_fn fn,

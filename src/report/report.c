@@ -1095,8 +1095,12 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     if (e->sac_policy != MP_SAC_NONE) {
         char lab[32];
         snprintf(lab, sizeof lab, "SAC kept (%s)", mp_sac_str(e->sac_policy));
-        fprintf(out, "  %-19s%12s   per layer x %zu (saved ops' outputs, held to the recompute)\n", lab,
-                B(e->sac_layer_bytes), e->sac_layers);
+        const char *kept = B(e->sac_layer_bytes);
+        int kw = 31 - (int)strlen(lab); /* the columns, a longer label's number one space after it */
+        if (kw <= (int)strlen(kept))
+            kw = (int)strlen(kept) + 1;
+        fprintf(out, "  %s%*s   per layer x %zu (saved ops' outputs, held to the recompute)\n", lab, kw, kept,
+                e->sac_layers);
         if (e->sac_policy == MP_SAC_AUTO) { /* the planner's choice, wrapped at 100 columns */
             char names[64][16];
             const char *nodes[64];
@@ -1785,6 +1789,29 @@ static void snippet_sac(FILE *out, const struct mp_report_ctx *c, const struct m
 {
     if (b->ckpt.sac == MP_SAC_NONE)
         return;
+    if (b->ckpt.sac == MP_SAC_TORCHTITAN) { /* pytorch/torchtitan b5bcd76c6 distributed/
+                                             * activation_checkpoint.py:31-93, :236-285 */
+        fprintf(out, "# selective checkpointing: torchtitan's SelectiveAC policy: the outputs of torch's\n"
+                     "# compute-intensive ops kept to the recompute, except every second aten.mm of a layer;\n"
+                     "# its checkpoint runs with early_stop=False (the recompute runs the whole layer)\n"
+                     "from torch._functorch.partitioners import get_default_op_list\n"
+                     "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts\n"
+                     "save_ops = {op.default for op in get_default_op_list().compute_intensive_ops}\n"
+                     "save_ops |= {getattr(torch.ops.aten, n).default for n in (\"_scaled_dot_product_cudnn_attention\",\n"
+                     "             \"_scaled_dot_product_attention_math\", \"max\", \"topk\", \"linear\",\n"
+                     "             \"_scaled_dot_product_fused_attention_overrideable\") if hasattr(torch.ops.aten, n)}\n"
+                     "mm_ops = {torch.ops.aten.mm.default, torch.ops.aten.linear.default}\n"
+                     "def sac():  # one checkpointed layer's region: its own count of aten.mm calls\n"
+                     "    count = [0]\n"
+                     "    def policy(ctx, op, *args, **kwargs):\n"
+                     "        if op in mm_ops and not ctx.is_recompute:\n"
+                     "            count[0] += 1\n"
+                     "        if op in save_ops and not (op in mm_ops and count[0] %% 2 == 0):\n"
+                     "            return CheckpointPolicy.MUST_SAVE\n"
+                     "        return CheckpointPolicy.PREFER_RECOMPUTE\n"
+                     "    return create_selective_checkpoint_contexts(policy)\n");
+        return;
+    }
     char names[64][16];
     const char *nodes[64];
     size_t n = b->ckpt.sac == MP_SAC_AUTO ? sac_kept_ops(c->prog, b->fit.plan.sched.sac_keep, names, nodes, 64) : 0;
@@ -1840,8 +1867,9 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
     /* checkpointing first: FSDP2 and DDP wrap the checkpointed layers */
     snippet_sac(out, c, b);
     if (b->ckpt.strategy == MP_CKPT_LAYERS) /* transformers 5.24 modeling_utils.py:3119 */
-        fprintf(out, "model.activation_checkpointing_enable({\"use_reentrant\": False%s}, every_n_layers=%llu%s)\n",
+        fprintf(out, "model.activation_checkpointing_enable({\"use_reentrant\": False%s%s}, every_n_layers=%llu%s)\n",
                 b->ckpt.sac != MP_SAC_NONE ? ", \"context_fn\": sac" : "",
+                b->ckpt.sac == MP_SAC_TORCHTITAN ? ",\n    \"early_stop\": False" : "",
                 (unsigned long long)(b->ckpt.k > 1 ? b->ckpt.k : 1), b->ckpt.offload ? ", offload=True" : "");
     else if (nck) {
         fprintf(out, "# memplan's plan checkpoints these block ranges [start, end) (block 0 = the embeddings):\n"

@@ -130,9 +130,8 @@ enum mp_attn_impl {
     X(NONE, "none", "every op of a checkpointed layer recomputed", NULL)                                  \
     X(TRL, "trl", "TRL 1.16 SFTConfig gradient_checkpointing_kwargs={\"selective\": True}: SDPA saved", NULL) \
     X(AXOLOTL, "axolotl", "Axolotl selective_checkpointing: true (attention saved; not sliding layers)", NULL) \
-    X(TORCHTITAN, "torchtitan", "torchtitan's op-SAC default (_op_sac_save_list, every second mm)",          \
-      "torchtitan's SelectiveAC (SDPA and the 1st, 3rd... aten.mm of a layer saved) runs its checkpoint "    \
-      "with early_stop=False, a recompute memplan does not model yet")                                      \
+    X(TORCHTITAN, "torchtitan", "torchtitan's SelectiveAC: SDPA and the 1st, 3rd... aten.mm saved, no early stop", \
+      NULL)                                                                                                \
     X(AUTO, "auto", "memplan's planner: a layer's SDPA and matmuls kept or recomputed to fit the GPU", NULL)
 
 enum mp_sac_policy {
