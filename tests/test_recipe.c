@@ -559,6 +559,14 @@ static void test_trl_grpo(void **state)
     expect(DISABLE_DROPOUT, "on", KEY, "disable_dropout", 12);
     unset(VLLM);
     unset(BETA);
+    /* the sampling settings, each its option (min_p null: none, no setting) */
+    assert_int_equal(mp_recipe_read_as(D "trl-grpo-sampling.yaml", -1, MP_TRAINER_GRPO, &r, &d), MP_OK);
+    expect(TEMPERATURE, "0.7", KEY, "temperature", 11);
+    expect(TOP_P, "0.95", KEY, "top_p", 12);
+    expect(TOP_K, "50", KEY, "top_k", 13);
+    expect(REP_PENALTY, "1.05", KEY, "repetition_penalty", 15);
+    unset(MIN_P);
+    unset(VLLM);
     /* read as SFTConfig, a GRPOConfig key is refused with the hint */
     assert_int_equal(mp_recipe_read(D "trl-grpo-vllm.yaml", -1, &r, &d), MP_ERR_MODEL);
     assert_non_null(strstr(d.msg, "give --trainer grpo"));

@@ -944,6 +944,12 @@ static void derive_grpo(struct reader *rd)
         refuse(rd, fact_key(rd, F_TEMPERATURE), temp->line, temp->v, "expected a number above 0");
     else if (temp)
         put(rd, MP_RS_TEMPERATURE, temp->v, F_TEMPERATURE);
+    /* RepetitionPenaltyLogitsProcessor (logits_process.py: a float above 0); TRL passes 1.0 on */
+    const struct fact_val *rp = fact(rd, F_REP_PENALTY, &tmp);
+    if (rp && (mp_parse_double(rp->v, &tv) != MP_OK || !(tv > 0)))
+        refuse(rd, fact_key(rd, F_REP_PENALTY), rp->line, rp->v, "expected a number above 0");
+    else if (rp)
+        put(rd, MP_RS_REP_PENALTY, rp->v, F_REP_PENALTY);
     /* the warpers (generation/logits_process.py checks: top_p and min_p in [0, 1], top_k a count;
      * TRL passes None through: no warper) */
     static const struct {

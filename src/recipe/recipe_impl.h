@@ -64,6 +64,7 @@ enum fact {
     F_TOP_P,        /* its warpers: top_p, top_k, min_p */
     F_TOP_K,
     F_MIN_P,
+    F_REP_PENALTY,  /* repetition_penalty */
     F_N
 };
 

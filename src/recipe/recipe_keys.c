@@ -191,8 +191,7 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_GRPO, "top_p", F_TOP_P),                       /* :536 default 1.0; --top-p */
     FACT(B_GRPO, "top_k", F_TOP_K),                       /* :543 default 0; --top-k */
     FACT(B_GRPO, "min_p", F_MIN_P),                       /* :550 default None; --min-p */
-    REFUSE_BUT(B_GRPO, "repetition_penalty", "1 1.0",
-               "a repetition penalty (RepetitionPenaltyLogitsProcessor): " NOT_YET),
+    FACT(B_GRPO, "repetition_penalty", F_REP_PENALTY),    /* :573 default 1.0; --repetition-penalty */
     REFUSE(B_GRPO, "sync_ref_model", "the reference synced with the policy (TR-DPO): " NOT_YET),
     REFUSE(B_GRPO, "max_tool_calling_iterations", "tool calls (generation resumed after each tool's output): " NOT_YET),
     REFUSE_BUT(B_GRPO, "pad_to_multiple_of", "auto null",
