@@ -1549,6 +1549,28 @@ else
     bad "--recipe with --trainer dpo: a DPOConfig, LoRA: the adapter disabled"
 fi
 
+run estimate --recipe tests/data/recipes/axolotl-kto-full.yaml --trainer kto --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--recipe Axolotl rl: kto (python3 not found)"
+elif [ "$ec" -eq 0 ] && python3 - "$T/out" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["config"]
+assert c["trainer"] == "kto" and c["reference"] == "copy" and c["loss"] == "chunked-nll", c
+assert c["recipe"]["trainer"] == "Axolotl 0.19.0 rl: kto (TRL 1.16.0 KTOTrainer)", c["recipe"]
+assert "precompute-ref" not in c["recipe"]["settings"], c["recipe"]["settings"]
+PY
+then
+    ok "--recipe Axolotl rl: kto: KTOTrainer, a reference copy, precompute_ref_log_probs not DPO's here"
+else
+    bad "--recipe Axolotl rl: kto: KTOTrainer, a reference copy, precompute_ref_log_probs not DPO's here"
+fi
+expect_msg 3 "--recipe Axolotl rl: dpo without --trainer: refused, naming the key" \
+    "axolotl-dpo-lora.yaml:6: rl: dpo: read this file with --trainer dpo" \
+    estimate --recipe tests/data/recipes/axolotl-dpo-lora.yaml
+printf 'base_model: models/hf/qwen2-0.5b.json\nrl: grpo\ntrl:\n  num_generations: 4\n' >"$T/axg.yaml"
+expect_msg 3 "--recipe Axolotl rl: grpo: refused (Axolotl's own GRPO trainer), naming the key" \
+    "axg.yaml:2: rl: grpo: Axolotl's own GRPO trainer" estimate --recipe "$T/axg.yaml" --trainer grpo --seq 512
+
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
 expect_line 2 "--moe-capacity below 1: usage error" estimate bench/accuracy/moe/mixtral-shrunk.json --moe-capacity 0.5
@@ -2653,6 +2675,13 @@ if [ -n "$HAVE_PY" ]; then
         "models/hf/qwen2-0.5b.json -b 1 --grad-accum 2 -s 1024 -p bf16-amp -o adamw-fused -c layers --attention sdpa --use-cache off"
     same_check "Axolotl QLoRA (Hub id from the HF cache)" "--recipe $R/axolotl-qlora.yaml" \
         "meta-llama/Llama-3.2-1B -b 2 --grad-accum 4 -s 2048 -p bf16-amp -o paged-adam8bit -c layers --attention flash --use-cache off --finetune qlora --lora-r 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets all-linear"
+    # Axolotl's rl: (core/builders/rl.py): dpo builds TRL's DPOTrainer (max_length = sequence_len,
+    # with an adapter the reference is the adapter disabled); kto KTOTrainer with a second copy of
+    # the model as the reference, and its precompute_ref_log_probs not handed on (DPOStrategy's alone)
+    same_check "Axolotl rl: dpo, LoRA" "--recipe $R/axolotl-dpo-lora.yaml --trainer dpo" \
+        "models/hf/qwen2-0.5b.json --trainer dpo -b 2 --grad-accum 4 -s 1024 -p bf16-amp -o adamw -c layers --attention sdpa --use-cache off --finetune lora --lora-r 16 --lora-alpha 32 --lora-dropout 0.05 --lora-targets all-linear"
+    same_check "Axolotl rl: kto, full (a reference copy)" "--recipe $R/axolotl-kto-full.yaml --trainer kto" \
+        "models/hf/qwen2-0.5b.json --trainer kto -b 4 --grad-accum 2 -s 512 -p bf16-amp -o adamw -c layers --use-cache off"
     same_check "LLaMA-Factory LoRA" "--recipe $R/llamafactory-lora.yaml" \
         "models/hf/llama-3.2-1b.json -b 1 --grad-accum 8 -s 2048 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
     # the command line wins, and the JSON says so

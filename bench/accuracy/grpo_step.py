@@ -159,12 +159,15 @@ def cuda_sort_buffers():
 
 
 def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0,
-              top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0):
+              top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0, gen_pad=0):
     """Iteration 2's peaks: (whole, where, reference with-block's, generation's, old log-probs').
     steps_per_generation K > 1 (the accumulation is 1): generate makes batch x K completions, the
     old log-probs and the reference's run over them a micro-batch at a time, and the policy's step
     takes the first micro-batch.  temperature, top_p, top_k, min_p, repetition_penalty: GRPOConfig's,
-    into TRL's GenerationConfig (top_p below 1 under cuda_sort_buffers)."""
+    into TRL's GenerationConfig (top_p below 1 under cuda_sort_buffers).  gen_pad > 0: the first
+    prompt's first gen_pad positions are padding in the mask generate gets (so transformers keeps
+    the mask and hands the repetition penalty its padding lengths, as with TRL's left-padded
+    prompts of unequal lengths, utils.py:2899-2906); the step's inputs stay unpadded."""
     from transformers import GenerationConfig
     from trl import GRPOTrainer
     K = steps_per_generation
@@ -213,8 +216,11 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
                 if was:  # models/utils.py:135-137 and :153-154
                     model.gradient_checkpointing_disable()
                 import contextlib
+                gmask = pmask.clone()
+                gmask[0, :gen_pad] = 0
                 with torch.no_grad(), (cuda_sort_buffers() if top_p < 1 else contextlib.nullcontext()):
-                    out = model.generate(input_ids=prompts, attention_mask=pmask, generation_config=gen_cfg)
+                    out = model.generate(input_ids=prompts, attention_mask=gmask, generation_config=gen_cfg)
+                del gmask
                 if was:
                     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 return out
@@ -230,7 +236,7 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
 
 
 def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0,
-                 top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0):
+                 top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0, gen_pad=0):
     a = ["--trainer", "grpo", "--batch", str(batch), "--seq", str(seq), "--completion-length", str(seq - prompt),
          "--num-generations", str(batch), "--steps-per-generation", str(steps_per_generation), "--precision", prec, "--checkpoint", ck, "--workspace", "0",
          "--use-cache", "off", "--json"]
@@ -275,14 +281,14 @@ W_SETTINGS = [("full", "none", 8, 528, 16, 0.0, "bf16", {"top_k": 50}),
               ("lora", "none", 8, 528, 16, 0.0, "bf16", {"top_p": 0.9}),
               ("full", "none", 8, 528, 16, 0.0, "bf16", {"temperature": 0.7, "top_k": 50, "top_p": 0.9,
                                                          "min_p": 0.1}),
-              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1}),
-              ("lora", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1}),
-              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1, "top_k": 50}),
-              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1, "min_p": 0.1}),
-              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1, "top_p": 0.9}),
-              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1, "temperature": 0.7}),
+              # the repetition penalty: generate's mask padded (gen_pad), the case memplan plans; and
+              # once with no padding, where transformers drops the mask (no lengths, positions or
+              # masked ids: 5,120 B below memplan here)
+              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1, "gen_pad": 1}),
+              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1, "top_p": 0.9, "gen_pad": 1}),
               ("full", "none", 8, 528, 16, 0.0, "bf16", {"temperature": 0.7, "top_k": 50, "top_p": 0.9,
-                                                         "min_p": 0.1, "repetition_penalty": 1.1})]
+                                                         "min_p": 0.1, "repetition_penalty": 1.1, "gen_pad": 1}),
+              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1})]
 
 
 def processor_only():
@@ -314,11 +320,16 @@ def main():
     warpers_only = "--warpers-only" in sys.argv  # (the W_SETTINGS rows alone, into --rows-out)
     if warpers_only:
         sys.argv.remove("--warpers-only")
+    rep_only = "--repetition-only" in sys.argv  # (the repetition penalty's rows alone)
+    if rep_only:
+        sys.argv.remove("--repetition-only")
     a = cli("grpo_step", __doc__)
     todo = [s + ("bf16",) for s in SETTINGS] + [s + ("amp-bf16",) for s in AMP_SETTINGS]
     todo += [s + ({"steps_per_generation": 2},) for s in K_SETTINGS]
     todo += [s + ({"temperature": 0.7},) for s in T_SETTINGS]
     todo = W_SETTINGS if warpers_only else todo + W_SETTINGS
+    if rep_only:
+        todo = [s for s in W_SETTINGS if "repetition_penalty" in s[7]]
     run_table(a, "grpo_step", CONFIG, "tiny Llama (dpo_step.py CONFIG)", todo, grpo_step, memplan_args,
               "completions", generation=True)
 
