@@ -1571,6 +1571,10 @@ printf 'base_model: models/hf/qwen2-0.5b.json\nrl: grpo\ntrl:\n  num_generations
 expect_msg 3 "--recipe Axolotl rl: grpo: refused (Axolotl's own GRPO trainer), naming the key" \
     "axg.yaml:2: rl: grpo: Axolotl's own GRPO trainer" estimate --recipe "$T/axg.yaml" --trainer grpo --seq 512
 
+printf 'stage: kto\nmodel_name_or_path: models/hf/qwen2-0.5b.json\nfinetuning_type: lora\n' >"$T/lfk.yaml"
+expect_msg 3 "--recipe LLaMA-Factory stage: kto: its own trainer (fp32 logits, not TRL's fused head), refused" \
+    "lfk.yaml:1: stage: kto: LLaMA-Factory's CustomKTOTrainer" estimate --recipe "$T/lfk.yaml" --trainer kto
+
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
 expect_line 2 "--moe-capacity below 1: usage error" estimate bench/accuracy/moe/mixtral-shrunk.json --moe-capacity 0.5

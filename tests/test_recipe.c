@@ -335,7 +335,12 @@ static void test_refusals(void **state)
          ": use_bnb_nested_quant (the trainer's default): false:", "double-quantized"},
         {"model_name_or_path: m\nload_in_4bit: true\n", ":2: load_in_4bit", "cannot be fully fine-tuned"},
         {"model_name_or_path: m\ndtype: auto\nloss_type: bogus\n", ":3: loss_type: bogus:", "does not model"},
-        {"stage: dpo\nmodel_name_or_path: m\n", ":1: stage: dpo:", "not modelled yet"},
+        /* LLaMA-Factory's own DPO and KTO trainers: the whole logits in fp32, not TRL's fused head */
+        {"stage: dpo\nmodel_name_or_path: m\n", ":1: stage: dpo:", "CustomDPOTrainer"},
+        {"stage: dpo\nmodel_name_or_path: m\npref_loss: simpo\n", ":1: stage: dpo:", "get_batch_logps"},
+        {"stage: kto\nmodel_name_or_path: m\n", ":1: stage: kto:", "CustomKTOTrainer"},
+        {"stage: rm\nmodel_name_or_path: m\n", ":1: stage: rm:", "reward, value"},
+        {"stage: grpo\nmodel_name_or_path: m\n", ":1: stage: grpo:", "expected sft, pt"},
         {"stage: sft\nmodel_name_or_path: m\nfinetuning_type: freeze\nuse_reentrant_gc: false\n",
          ":3: finetuning_type: freeze:", "not model yet"},
         {"model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n  lora_rank: 8\n"
@@ -435,6 +440,12 @@ static void test_axolotl_rl(void **state)
             fail();
         }
     }
+    /* a LLaMA-Factory sft file (stage sft by default) with a preference trainer: refused */
+    write_text(path, "model_name_or_path: m\nfinetuning_type: lora\n");
+    memset(&d, 0, sizeof d);
+    assert_int_equal(mp_recipe_read_as(path, -1, MP_TRAINER_DPO, &r, &d), MP_ERR_MODEL);
+    assert_non_null(strstr(d.msg, "stage (the trainer's default): sft: this stage trains the model alone: drop "
+                                  "--trainer dpo"));
     /* ipo is DPO's trainer: its precompute_ref_log_probs planned; orpo: the model's own head */
     write_text(path, cases[0].text);
     assert_int_equal(mp_recipe_read_as(path, -1, MP_TRAINER_DPO, &r, &d), MP_OK);

@@ -1035,8 +1035,39 @@ static bool derive_axolotl_rl(struct reader *rd)
     return true;
 }
 
+/* LLaMA-Factory 0.9.5's stage (hparams/finetuning_args.py): sft and pt train the model alone; dpo
+ * and kto run LLaMA-Factory's own trainers over TRL's (train/dpo/trainer.py CustomDPOTrainer,
+ * train/kto/trainer.py CustomKTOTrainer: Trainer.__init__ directly, their own forward), which take
+ * the model's whole logits, cast them to fp32 and log_softmax them (trainer_utils.py
+ * get_batch_logps), where memplan's --trainer dpo and kto plan TRL 1.16's fused head */
+static void derive_lf_stage(struct reader *rd)
+{
+    const struct fact_val *st = rd->f[F_LF_STAGE].set ? &rd->f[F_LF_STAGE] : NULL;
+    if (!st || !strcmp(st->v, "sft") || !strcmp(st->v, "pt")) {
+        if (rd->trainer != MP_TRAINER_SFT) /* (finetuning_args.py: stage "sft" by default) */
+            refuse(rd, "stage", st ? st->line : 0, st ? st->v : "sft",
+                   "this stage trains the model alone: drop --trainer %s", trainer_name(rd->trainer));
+        return;
+    }
+    const char *why =
+        !strcmp(st->v, "dpo")
+            ? "LLaMA-Factory's CustomDPOTrainer (train/dpo/trainer.py) runs its own forward: the whole logits cast to "
+              "fp32 and log-softmaxed (trainer_utils.py get_batch_logps), not TRL's fused head --trainer dpo plans, "
+              "for every pref_loss (sigmoid, hinge, ipo, kto_pair, orpo, simpo): not modelled yet"
+        : !strcmp(st->v, "kto")
+            ? "LLaMA-Factory's CustomKTOTrainer (train/kto/trainer.py) runs its own forward: the whole logits cast to "
+              "fp32 and log-softmaxed for the batch and its KL rows (trainer_utils.py get_batch_logps), not TRL's "
+              "fused head --trainer kto plans: not modelled yet"
+        : !strcmp(st->v, "rm") || !strcmp(st->v, "ppo")
+            ? "this stage's models (reward, value, reference): not modelled yet"
+            : "expected sft, pt, rm, ppo, dpo or kto";
+    refuse(rd, fact_key(rd, F_LF_STAGE), st->line, st->v, "%s", why);
+}
+
 static void derive(struct reader *rd)
 {
+    if (rd->r->format == MP_RF_LLAMAFACTORY) /* (first: the stage decides the trainer) */
+        derive_lf_stage(rd);
     struct fact_val tmp;
     const struct fact_val *m = fact(rd, F_MODEL, &tmp);
     if (m && strcmp(m->v, "null"))

@@ -66,6 +66,7 @@ enum fact {
     F_MIN_P,
     F_REP_PENALTY,  /* repetition_penalty */
     F_RL,           /* Axolotl's rl: the preference trainer */
+    F_LF_STAGE,     /* LLaMA-Factory's stage */
     F_N
 };
 

@@ -419,7 +419,7 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_AX, "unfrozen_parameters", "training a subset of parameters: " NOT_YET),
     REFUSE(B_AX, "freeze_mm_modules", "freezing multimodal modules: " NOT_YET),
     /* LLaMA-Factory's other stages and methods */
-    REFUSE_BUT(B_LF, "stage", "sft pt", "this stage's models (reference, reward, value): " NOT_YET),
+    FACT(B_LF, "stage", F_LF_STAGE), /* recipe.c derive_lf_stage: sft and pt planned, the others refused */
     REFUSE(B_LF, "fp8", "FP8 training: " NOT_YET),
     REFUSE(B_AX, "fp8", "FP8 training: " NOT_YET),
     REFUSE(B_LF, "freeze_vision_tower", "a vision tower: " NOT_YET),
