@@ -137,6 +137,9 @@ def cuda_sort_buffers():
     orig = torch.sort
 
     def sort(x, *a, **k):
+        # a non-contiguous input (the repetition penalty's [..., :v] view): CUDA's sort first makes
+        # a dense copy of it, alive through the sort (Sort.cpp sort_cuda_kernel); the CPU's does not
+        dense = torch.empty(x.shape, dtype=x.dtype) if x.dim() == 2 and not x.is_contiguous() else None
         out = orig(x, *a, **k)
         if x.dim() == 2 and x.dtype == torch.float32 and x.shape[-1] > 4096:
             b, v = x.shape
@@ -146,6 +149,7 @@ def cuda_sort_buffers():
                      [8 * n, 8 * n, 4 * n, 12 * n] if c < 128 else [8 * n, 12 * n])
             bufs = [torch.empty(s, dtype=torch.uint8) for s in sizes]
             del bufs
+        del dense
         return out
 
     @contextlib.contextmanager
@@ -281,14 +285,12 @@ W_SETTINGS = [("full", "none", 8, 528, 16, 0.0, "bf16", {"top_k": 50}),
               ("lora", "none", 8, 528, 16, 0.0, "bf16", {"top_p": 0.9}),
               ("full", "none", 8, 528, 16, 0.0, "bf16", {"temperature": 0.7, "top_k": 50, "top_p": 0.9,
                                                          "min_p": 0.1}),
-              # the repetition penalty: generate's mask padded (gen_pad), the case memplan plans; and
-              # once with no padding, where transformers drops the mask (no lengths, positions or
-              # masked ids: 5,120 B below memplan here)
-              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1, "gen_pad": 1}),
-              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1, "top_p": 0.9, "gen_pad": 1}),
-              ("full", "none", 8, 528, 16, 0.0, "bf16", {"temperature": 0.7, "top_k": 50, "top_p": 0.9,
-                                                         "min_p": 0.1, "repetition_penalty": 1.1, "gen_pad": 1}),
-              ("full", "none", 8, 528, 16, 0.0, "bf16", {"repetition_penalty": 1.1})]
+              # the repetition penalty before the warpers (128 new tokens, for this box's time); the
+              # prompts' mask all ones as in the rows above, so transformers drops it and the processor
+              # gets no padding lengths (no positions or masked ids): memplan, which plans the padded
+              # case TRL's prompts of unequal lengths make, is 5,120 B above torch's processor here
+              ("full", "none", 8, 144, 16, 0.0, "bf16", {"repetition_penalty": 1.1}),
+              ("full", "none", 8, 144, 16, 0.0, "bf16", {"repetition_penalty": 1.1, "top_p": 0.9})]
 
 
 def processor_only():
