@@ -3160,7 +3160,7 @@ assert c["trainer"] == "grpo" and c["reference"] == "copy" and c["batch"] == 8, 
 assert m["vllm_bytes"] == 10737418240, m
 assert "old_logprobs_forward" in m["phases"] and "generation" not in m["phases"], m
 assert c["grpo"] == {"completion_length": 256, "num_generations": 8, "num_iterations": 1, "beta": 0.04,
-                     "temperature": 0.9, "top_p": 1.0, "top_k": 0, "min_p": None,
+                     "temperature": 0.9, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0,
                      "vllm": "colocate", "vllm_gpu_memory_utilization": 0.25, "vllm_correction": True,
                      "old_logprobs_forward": True}, c["grpo"]
 ' "$T/out" 2>"$T/why"; then
@@ -3502,19 +3502,19 @@ elif [ -z "$HAVE_PY" ]; then
 else
     bad "--recipe GRPOConfig repetition_penalty 1.1: planned as --repetition-penalty 1.1, in config.grpo"
 fi
-# shellcheck disable=SC2086
-run estimate $G --repetition-penalty 1.1 --emit hf
+run suggest models/hf/qwen2-0.5b.json --trainer grpo --seq 512 --completion-length 256 --repetition-penalty 1.1 \
+    --gpu a100-80gb --no-probe --emit hf
 if [ "$ec" -eq 0 ] && grep -q "repetition_penalty=1.1," "$T/out"; then
-    ok "--repetition-penalty 1.1 --emit hf: GRPOConfig(repetition_penalty=1.1)"
+    ok "suggest --repetition-penalty 1.1 --emit hf: GRPOConfig(repetition_penalty=1.1)"
 else
-    bad "--repetition-penalty 1.1 --emit hf: GRPOConfig(repetition_penalty=1.1)"
+    bad "suggest --repetition-penalty 1.1 --emit hf: GRPOConfig(repetition_penalty=1.1)"
 fi
-# shellcheck disable=SC2086
-run estimate $G --emit hf
-if [ "$ec" -eq 0 ] && ! grep -q "repetition_penalty" "$T/out"; then
-    ok "--emit hf without --repetition-penalty: TRL's default 1.0, not written"
+run suggest models/hf/qwen2-0.5b.json --trainer grpo --seq 512 --completion-length 256 --gpu a100-80gb --no-probe \
+    --emit hf
+if [ "$ec" -eq 0 ] && grep -q "args = GRPOConfig(" "$T/out" && ! grep -q "repetition_penalty" "$T/out"; then
+    ok "suggest --emit hf without --repetition-penalty: TRL's default 1.0, not written"
 else
-    bad "--emit hf without --repetition-penalty: TRL's default 1.0, not written"
+    bad "suggest --emit hf without --repetition-penalty: TRL's default 1.0, not written"
 fi
 expect_msg 2 "--repetition-penalty without --trainer grpo: refused" "need --trainer grpo" \
     estimate models/hf/qwen2-0.5b.json --repetition-penalty 1.1
