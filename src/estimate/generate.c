@@ -14,10 +14,11 @@
  *     held from then on;
  *   each step: next_token_logits = outputs.logits[:, -1, :].to(copy=True, dtype=float32) (b x v
  *     fp32), the logits processors (none at TRL's defaults: temperature 1, top_p 1, top_k 0, no
- *     min_p, repetition_penalty 1; otherwise the warpers of warper_bytes below, in
- *     _get_logits_processor's order, utils.py:1618-1635), probs = softmax (b x v fp32), one
- *     sampled token; the previous step's next_token_logits, scores and probs stay bound until they
- *     are rebound, and `outputs` (its b x 1 x v logits) until `del outputs` at the step's end;
+ *     min_p, repetition_penalty 1; otherwise the repetition penalty and the warpers of
+ *     warper_bytes below, in _get_logits_processor's order, utils.py:1472-1480 and 1618-1635),
+ *     probs = softmax (b x v fp32), one sampled token; the previous step's next_token_logits,
+ *     scores and probs stay bound until they are rebound, and `outputs` (its b x 1 x v logits)
+ *     until `del outputs` at the step's end;
  *   max_new_tokens - 1 decoding forwards of one token: each layer's cat makes its new k (then v)
  *     one position longer while the old one is still bound, and input_ids and attention_mask
  *     grow by a column (int64).
