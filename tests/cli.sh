@@ -1549,6 +1549,32 @@ else
     bad "--recipe with --trainer dpo: a DPOConfig, LoRA: the adapter disabled"
 fi
 
+run estimate --recipe tests/data/recipes/axolotl-kto-full.yaml --trainer kto --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--recipe Axolotl rl: kto (python3 not found)"
+elif [ "$ec" -eq 0 ] && python3 - "$T/out" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["config"]
+assert c["trainer"] == "kto" and c["reference"] == "copy" and c["loss"] == "chunked-nll", c
+assert c["recipe"]["trainer"] == "Axolotl 0.19.0 rl: kto (TRL 1.16.0 KTOTrainer)", c["recipe"]
+assert "precompute-ref" not in c["recipe"]["settings"], c["recipe"]["settings"]
+PY
+then
+    ok "--recipe Axolotl rl: kto: KTOTrainer, a reference copy, precompute_ref_log_probs not DPO's here"
+else
+    bad "--recipe Axolotl rl: kto: KTOTrainer, a reference copy, precompute_ref_log_probs not DPO's here"
+fi
+expect_msg 3 "--recipe Axolotl rl: dpo without --trainer: refused, naming the key" \
+    "axolotl-dpo-lora.yaml:6: rl: dpo: read this file with --trainer dpo" \
+    estimate --recipe tests/data/recipes/axolotl-dpo-lora.yaml
+printf 'base_model: models/hf/qwen2-0.5b.json\nrl: grpo\ntrl:\n  num_generations: 4\n' >"$T/axg.yaml"
+expect_msg 3 "--recipe Axolotl rl: grpo: refused (Axolotl's own GRPO trainer), naming the key" \
+    "axg.yaml:2: rl: grpo: Axolotl's own GRPO trainer" estimate --recipe "$T/axg.yaml" --trainer grpo --seq 512
+
+printf 'stage: kto\nmodel_name_or_path: models/hf/qwen2-0.5b.json\nfinetuning_type: lora\n' >"$T/lfk.yaml"
+expect_msg 3 "--recipe LLaMA-Factory stage: kto: its own trainer (fp32 logits, not TRL's fused head), refused" \
+    "lfk.yaml:1: stage: kto: LLaMA-Factory's CustomKTOTrainer" estimate --recipe "$T/lfk.yaml" --trainer kto
+
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
 expect_line 2 "--moe-capacity below 1: usage error" estimate bench/accuracy/moe/mixtral-shrunk.json --moe-capacity 0.5
@@ -2697,6 +2723,13 @@ if [ -n "$HAVE_PY" ]; then
         "models/hf/qwen2-0.5b.json -b 1 --grad-accum 2 -s 1024 -p bf16-amp -o adamw-fused -c layers --attention sdpa --use-cache off"
     same_check "Axolotl QLoRA (Hub id from the HF cache)" "--recipe $R/axolotl-qlora.yaml" \
         "meta-llama/Llama-3.2-1B -b 2 --grad-accum 4 -s 2048 -p bf16-amp -o paged-adam8bit -c layers --attention flash --use-cache off --finetune qlora --lora-r 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets all-linear"
+    # Axolotl's rl: (core/builders/rl.py): dpo builds TRL's DPOTrainer (max_length = sequence_len,
+    # with an adapter the reference is the adapter disabled); kto KTOTrainer with a second copy of
+    # the model as the reference, and its precompute_ref_log_probs not handed on (DPOStrategy's alone)
+    same_check "Axolotl rl: dpo, LoRA" "--recipe $R/axolotl-dpo-lora.yaml --trainer dpo" \
+        "models/hf/qwen2-0.5b.json --trainer dpo -b 2 --grad-accum 4 -s 1024 -p bf16-amp -o adamw -c layers --attention sdpa --use-cache off --finetune lora --lora-r 16 --lora-alpha 32 --lora-dropout 0.05 --lora-targets all-linear"
+    same_check "Axolotl rl: kto, full (a reference copy)" "--recipe $R/axolotl-kto-full.yaml --trainer kto" \
+        "models/hf/qwen2-0.5b.json --trainer kto -b 4 --grad-accum 2 -s 512 -p bf16-amp -o adamw -c layers --use-cache off"
     same_check "LLaMA-Factory LoRA" "--recipe $R/llamafactory-lora.yaml" \
         "models/hf/llama-3.2-1b.json -b 1 --grad-accum 8 -s 2048 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
     # the command line wins, and the JSON says so
@@ -3257,7 +3290,7 @@ assert c["trainer"] == "grpo" and c["reference"] == "copy" and c["batch"] == 8, 
 assert m["vllm_bytes"] == 10737418240, m
 assert "old_logprobs_forward" in m["phases"] and "generation" not in m["phases"], m
 assert c["grpo"] == {"completion_length": 256, "num_generations": 8, "num_iterations": 1, "beta": 0.04,
-                     "temperature": 0.9, "top_p": 1.0, "top_k": 0, "min_p": None,
+                     "temperature": 0.9, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0,
                      "vllm": "colocate", "vllm_gpu_memory_utilization": 0.25, "vllm_correction": True,
                      "old_logprobs_forward": True}, c["grpo"]
 ' "$T/out" 2>"$T/why"; then
@@ -3302,9 +3335,9 @@ assert r["peak_allocated_bytes"] == m["peak_allocated_bytes"], (r["peak_allocate
 fi
 expect_msg 2 "--recipe GRPOConfig without --seq: refused (GRPOConfig has no length)" "give --seq" \
     estimate --recipe tests/data/recipes/trl-grpo-vllm.yaml --trainer grpo --gpu a100-40gb
-printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nnum_generations: 8\nrepetition_penalty: 1.1\n' >"$T/g1.yaml"
-expect_msg 3 "--recipe GRPOConfig: a repetition penalty refused, naming the line" \
-    "g1.yaml:3: repetition_penalty: 1.1" estimate --recipe "$T/g1.yaml" --trainer grpo --seq 512
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nnum_generations: 8\nrepetition_penalty: 0\n' >"$T/g1.yaml"
+expect_msg 3 "--recipe GRPOConfig: a repetition penalty of 0 refused (logits_process.py: above 0), naming the line" \
+    "g1.yaml:3: repetition_penalty: 0" estimate --recipe "$T/g1.yaml" --trainer grpo --seq 512
 printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nnum_generations: 8\ntop_p: 1.5\n' >"$T/g1.yaml"
 expect_msg 3 "--recipe GRPOConfig: top_p above 1 refused, naming the line" \
     "g1.yaml:3: top_p: 1.5" estimate --recipe "$T/g1.yaml" --trainer grpo --seq 512
@@ -3514,6 +3547,107 @@ assert b["decode_peak_bytes"] - a["decode_peak_bytes"] == int(sys.argv[3]), (a, 
         bad "${w%%:*}: the decoding step's warpers, ${w##*:} B more"
     fi
 done
+# --repetition-penalty 1.1: transformers' RepetitionPenaltyLogitsProcessor, before the warpers, on
+# the same scores, with its ids at the last decoding step P + C - 1 = 511 columns (b x L = 4,088):
+# pad's 8 x 151,937 fp32 (4,861,984 -> 4,862,464 B), positions (4,088 -> 4,096 B), the masked and
+# clamped int64 ids (32,704 -> 32,768 B), gather's fp32 (16,352 -> 16,384 B), the bool (4,096 B).
+# Its highest point is scatter's output beside the padded scores, the ids, positions and gather's:
+# 4,096 + 32,768 + 2 x 4,862,464 + 16,384 = 9,778,176 B (where's: 4,096 + 32,768 + 4,862,464
+# + 4 x 16,384 + 4,096 = 4,968,960 B, less); the padding lengths (8 int64: 512 B) held throughout.
+# Its output (the padded storage, a [..., :v] view) is the step's scores, so softmax copies it
+# (one fp).  The decoding step: new copy + previous scores (pad) + previous probs + the processor
+# (2 fp + pad + 9,778,176) against 3 fp: pad + 9,778,176 - fp + 512 = 9,779,200 B more;
+# with --top-k 50 after it (its input the padded scores, its output one fp): pad + bo + fp + 512 =
+#   10,940,416 B more;
+# with --top-p 0.9 after it: CUDA's sort copies its non-dense input first (Sort.cpp): pad + fp +
+#   9,723,904 + (38,895,616 + fp) + 512 = 63,206,400 B more;
+# with --min-p 0.1 after it: pad + 2 fp + bo + 1,536 + 512 = 15,803,904 B more;
+# with --temperature 0.7 after it: the processor itself, 9,778,176 + 512 = 9,778,688 B more (the
+#   scores one fp, not pad).
+# The prefill's peak gains the padding lengths alone (512 B).
+for w in "--repetition-penalty 1.1:9779200" "--repetition-penalty 1.1 --top-k 50:10940416" \
+    "--repetition-penalty 1.1 --top-p 0.9:63206400" "--repetition-penalty 1.1 --min-p 0.1:15803904" \
+    "--repetition-penalty 1.1 --temperature 0.7:9778688"; do
+    # shellcheck disable=SC2086
+    run estimate $G ${w%%:*} --json
+    if [ -n "$HAVE_PY" ] && [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b = (json.load(open(p))["memory"]["phases"]["generation"] for p in sys.argv[1:3])
+assert b["decode_peak_bytes"] - a["decode_peak_bytes"] == int(sys.argv[3]), (a, b)
+assert b["prefill_peak_bytes"] - a["prefill_peak_bytes"] == 512, (a, b)
+' "$T/t1.json" "$T/out" "${w##*:}" 2>"$T/why"; then
+        ok "${w%%:*}: the repetition penalty before the warpers, ${w##*:} B more"
+    elif [ -z "$HAVE_PY" ]; then
+        skipped "${w%%:*} (python3 not found)"
+    else
+        bad "${w%%:*}: the repetition penalty before the warpers, ${w##*:} B more"
+    fi
+done
+# where's operands are the processor's highest point once the ids are long against the vocabulary
+# (13 b L > 4 b (v + 1)): a 1-layer Llama of vocabulary 1,000 (hidden 64, 1 kv head of 16), 2
+# completions, prompt 512, 16 new tokens, L = 527 (b x L = 1,054): positions 4,608, ids 8,704,
+# pad (2 x 1,001 fp32) 8,192, gather's 4,608, the bool 1,536: where's 4,608 + 8,704 + 8,192 +
+# 4 x 4,608 + 1,536 = 41,472 B (scatter's 4,608 + 8,704 + 2 x 8,192 + 4,608 = 34,304 B).  fp
+# 8,192 B, the logits 4,096 B, one layer's new k at 527 tokens 33,792 B: without the penalty the
+# decoding step's peak is its forward (33,792 + 2 fp = 50,176 over the cache and ids), with it
+# the processor (512 + 4,096 + 2 fp + pad + 41,472 = 70,656): 20,480 B more
+printf '%s\n' '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,' \
+    '"intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1, "num_hidden_layers": 1,' \
+    '"vocab_size": 1000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "torch_dtype": "bfloat16",' \
+    '"tie_word_embeddings": false}' >"$T/rp.json"
+RP="$T/rp.json --trainer grpo --batch 2 --num-generations 2 --seq 528 --completion-length 16 --precision bf16"
+# shellcheck disable=SC2086
+run estimate $RP --json
+cp "$T/out" "$T/rp0.json"
+# shellcheck disable=SC2086
+run estimate $RP --repetition-penalty 1.1 --json
+if [ -n "$HAVE_PY" ] && [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b = (json.load(open(p))["memory"]["phases"]["generation"] for p in sys.argv[1:3])
+assert b["decode_peak_bytes"] - a["decode_peak_bytes"] == 20480, (a, b)
+' "$T/rp0.json" "$T/out" 2>"$T/why"; then
+    ok "--repetition-penalty with ids long against the vocabulary: where's operands, 20,480 B more"
+elif [ -z "$HAVE_PY" ]; then
+    skipped "--repetition-penalty, long ids (python3 not found)"
+else
+    bad "--repetition-penalty with ids long against the vocabulary: where's operands, 20,480 B more"
+fi
+# a GRPOConfig's repetition_penalty is the option, into the JSON and back out by --emit hf
+printf '%s\n' 'model_name_or_path: models/hf/qwen2-0.5b.json' 'num_generations: 8' \
+    'per_device_train_batch_size: 8' 'max_completion_length: 256' 'repetition_penalty: 1.1' >"$T/gr.yaml"
+run estimate --recipe "$T/gr.yaml" --trainer grpo --seq 512 --precision bf16 --json
+cp "$T/out" "$T/gr.json"
+run estimate $G --repetition-penalty 1.1 --json
+if [ -n "$HAVE_PY" ] && [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b, c = (json.load(open(p)) for p in sys.argv[1:4])
+assert a["config"]["grpo"]["repetition_penalty"] == 1.1, a["config"]["grpo"]
+assert c["config"]["grpo"]["repetition_penalty"] == 1.0, c["config"]["grpo"]
+g = lambda d: d["memory"]["phases"]["generation"]["decode_peak_bytes"]
+assert g(a) == g(b), (g(a), g(b))
+' "$T/gr.json" "$T/out" "$T/t1.json" 2>"$T/why"; then
+    ok "--recipe GRPOConfig repetition_penalty 1.1: planned as --repetition-penalty 1.1, in config.grpo"
+elif [ -z "$HAVE_PY" ]; then
+    skipped "--recipe GRPOConfig repetition_penalty (python3 not found)"
+else
+    bad "--recipe GRPOConfig repetition_penalty 1.1: planned as --repetition-penalty 1.1, in config.grpo"
+fi
+run suggest models/hf/qwen2-0.5b.json --trainer grpo --seq 512 --completion-length 256 --repetition-penalty 1.1 \
+    --gpu a100-80gb --no-probe --emit hf
+if [ "$ec" -eq 0 ] && grep -q "repetition_penalty=1.1," "$T/out"; then
+    ok "suggest --repetition-penalty 1.1 --emit hf: GRPOConfig(repetition_penalty=1.1)"
+else
+    bad "suggest --repetition-penalty 1.1 --emit hf: GRPOConfig(repetition_penalty=1.1)"
+fi
+run suggest models/hf/qwen2-0.5b.json --trainer grpo --seq 512 --completion-length 256 --gpu a100-80gb --no-probe \
+    --emit hf
+if [ "$ec" -eq 0 ] && grep -q "args = GRPOConfig(" "$T/out" && ! grep -q "repetition_penalty" "$T/out"; then
+    ok "suggest --emit hf without --repetition-penalty: TRL's default 1.0, not written"
+else
+    bad "suggest --emit hf without --repetition-penalty: TRL's default 1.0, not written"
+fi
+expect_msg 2 "--repetition-penalty without --trainer grpo: refused" "need --trainer grpo" \
+    estimate models/hf/qwen2-0.5b.json --repetition-penalty 1.1
 # the same warpers from a GRPOConfig recipe are the options (min_p null: none)
 printf '%s\n' 'model_name_or_path: models/hf/qwen2-0.5b.json' 'num_generations: 8' \
     'per_device_train_batch_size: 8' 'max_completion_length: 256' 'top_p: 0.9' 'top_k: 50' 'min_p: null' \

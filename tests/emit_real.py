@@ -152,6 +152,10 @@ GRPO_CASES = [
                                 "2", "--disable-dropout", "on", "--num-generations", "16"],
      dict(max_completion_length=512, num_generations=16, beta=0.0, temperature=1.0, use_vllm=False,
           num_iterations=2, disable_dropout=True)),
+    ("grpo sampling", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-80gb", "--trainer", "grpo", "--seq", "768",
+                       "--completion-length", "256", "--top-p", "0.9", "--top-k", "50", "--repetition-penalty",
+                       "1.1"],
+     dict(max_completion_length=256, top_p=0.9, top_k=50, repetition_penalty=1.1, min_p=None)),
 ]
 
 # suggest --trainer orpo --emit hf: trl 1.16's ORPOConfig (trl.experimental.orpo), the length planned, and

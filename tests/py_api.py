@@ -274,6 +274,8 @@ CASES = [
                                    steps_per_generation=2)),
     ("grpo warpers", "estimate", L1B, dict(trainer="grpo", batch=8, seq=512, completion_length=256, top_p=0.9,
                                            top_k=50, min_p=0.05)),
+    ("grpo repetition penalty", "estimate", L1B, dict(trainer="grpo", batch=8, seq=512, completion_length=256,
+                                                      repetition_penalty=1.1, top_k=50)),
     ("suggest grpo vllm", "suggest", L1B, dict(trainer="grpo", seq=1024, completion_length=512, vllm=0.3,
                                                gpu="a100-40gb", no_probe=True)),
     ("grpo vllm", "check", L1B, dict(trainer="grpo", batch=8, seq=512, completion_length=256, vllm=0.3,

@@ -190,6 +190,7 @@ WRITTEN = [  # (recipe, MODEL or None, the dataclasses that read it, more argume
     # a GRPOConfig (GRPOConfig has no length: --seq); its __post_init__ checks the generation batch
     # holds whole groups of num_generations
     ("trl-grpo-vllm.yaml", None, "trl-grpo", ["--trainer", "grpo", "--seq", "768"]),
+    ("trl-grpo-sampling.yaml", None, "trl-grpo", ["--trainer", "grpo", "--seq", "512"]),
     ("trl-orpo-lora.yaml", None, "trl-orpo", ["--trainer", "orpo"]),
 ]
 if not os.access(MEMPLAN, os.X_OK):

@@ -344,7 +344,12 @@ static void test_refusals(void **state)
          ": use_bnb_nested_quant (the trainer's default): false:", "double-quantized"},
         {"model_name_or_path: m\nload_in_4bit: true\n", ":2: load_in_4bit", "cannot be fully fine-tuned"},
         {"model_name_or_path: m\ndtype: auto\nloss_type: bogus\n", ":3: loss_type: bogus:", "does not model"},
-        {"stage: dpo\nmodel_name_or_path: m\n", ":1: stage: dpo:", "not modelled yet"},
+        /* LLaMA-Factory's own DPO and KTO trainers: the whole logits in fp32, not TRL's fused head */
+        {"stage: dpo\nmodel_name_or_path: m\n", ":1: stage: dpo:", "CustomDPOTrainer"},
+        {"stage: dpo\nmodel_name_or_path: m\npref_loss: simpo\n", ":1: stage: dpo:", "get_batch_logps"},
+        {"stage: kto\nmodel_name_or_path: m\n", ":1: stage: kto:", "CustomKTOTrainer"},
+        {"stage: rm\nmodel_name_or_path: m\n", ":1: stage: rm:", "reward, value"},
+        {"stage: grpo\nmodel_name_or_path: m\n", ":1: stage: grpo:", "expected sft, pt"},
         {"stage: sft\nmodel_name_or_path: m\nfinetuning_type: freeze\nuse_reentrant_gc: false\n",
          ":3: finetuning_type: freeze:", "not model yet"},
         {"model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n  lora_rank: 8\n"
@@ -354,7 +359,7 @@ static void test_refusals(void **state)
         {"just: [unclosed\n", ":2:1: not YAML or JSON", "did not find expected"},
         {"- a\n- b\n", ": a recipe is a mapping", "list"},
         {"learning_rate: 1\n", ": the recipe's format is not told", "--recipe-format"},
-        {"base_model: m\nrl: dpo\n", ":2: rl: dpo:", "not modelled yet"},
+        {"base_model: m\nrl: dpo\n", ":2: rl: dpo:", "read this file with --trainer dpo"},
     };
     const char *path = scratch("recipe-case.yaml");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -380,6 +385,83 @@ static void test_refusals(void **state)
     struct mp_diag d = {{0}};
     assert_int_equal(mp_recipe_read(path, -1, &r, &d), MP_ERR_JSON);
     assert_non_null(strstr(d.msg, ":2: mappings nested deeper than 32 levels"));
+    remove(path);
+}
+
+/* Axolotl 0.19's rl: read with the matching --trainer (core/builders/rl.py): TRL's DPOTrainer for
+ * dpo and ipo, KTOTrainer for kto, ORPOTrainer for orpo; what it cannot plan refused, one line
+ * naming the key */
+static void test_axolotl_rl(void **state)
+{
+    (void)state;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_recipe_read_as(D "axolotl-dpo-lora.yaml", -1, MP_TRAINER_DPO, &r, &d), MP_OK);
+    assert_string_equal(r.trainer, "Axolotl 0.19.0 rl: dpo / ipo (TRL 1.16.0 DPOTrainer)");
+    expect(BATCH, "2", KEY, "micro_batch_size", 22);
+    expect(SEQ, "1024", KEY, "sequence_len", 21); /* DPOConfig max_length (core/builders/base.py) */
+    expect(FINETUNE, "lora", KEY, "adapter", 16);
+    expect(LOSS, "chunked-nll", DEFAULT, "(default)", 0); /* TRL's fused head (dpo_trainer.py:959-962) */
+    unset(PRECOMPUTE_REF);
+    assert_int_equal(r.n_unknown, 0); /* rl_beta, dpo_loss_type [sigmoid]: read */
+    /* KTO: precompute_ref_log_probs is DPOConfig's alone in Axolotl (DPOStrategy): not planned */
+    assert_int_equal(mp_recipe_read_as(D "axolotl-kto-full.yaml", -1, MP_TRAINER_KTO, &r, &d), MP_OK);
+    expect(BATCH, "4", KEY, "micro_batch_size", 17);
+    expect(FINETUNE, "full", DEFAULT, "adapter", 0);
+    expect(LOSS, "chunked-nll", DEFAULT, "(default)", 0);
+    unset(PRECOMPUTE_REF);
+    static const struct {
+        const char *text, *where, *why;
+        enum mp_trainer t;
+    } cases[] = {
+        {"base_model: m\nrl: ipo\nprecompute_ref_log_probs: true\n", NULL, NULL, MP_TRAINER_DPO},
+        {"base_model: m\nrl: orpo\norpo_alpha: 0.1\n", NULL, NULL, MP_TRAINER_ORPO},
+        {"base_model: m\nrl: kto\n", ":2: rl: kto:", "read this file with --trainer kto", MP_TRAINER_KTO_APO},
+        {"base_model: m\nrl: dpo\n", ":2: rl: dpo:", "read this file with --trainer dpo", MP_TRAINER_KTO},
+        {"base_model: m\nmicro_batch_size: 2\n", ": rl (the trainer's default): null:", "give it, or drop --trainer dpo", MP_TRAINER_DPO},
+        {"base_model: m\nrl: grpo\n", ":2: rl: grpo:", "Axolotl's own GRPO trainer", MP_TRAINER_GRPO},
+        {"base_model: m\nrl: simpo\n", ":2: rl: simpo:", "CPOTrainer", MP_TRAINER_DPO},
+        {"base_model: m\nrl: ebft\n", ":2: rl: ebft:", "not modelled yet", MP_TRAINER_DPO},
+        {"base_model: m\nrl: ppo\n", ":2: rl: ppo:", "expected dpo, ipo", MP_TRAINER_DPO},
+        {"base_model: m\nrl: dpo\nadapter: lora\nrl_adapter_ref_model: true\n", ":4: rl_adapter_ref_model: true:",
+         "second copy", MP_TRAINER_DPO},
+        {"base_model: m\nrl: dpo\ndpo_use_weighting: true\n", ":3: dpo_use_weighting: true:", "WPO",
+         MP_TRAINER_DPO},
+        {"base_model: m\nrl: dpo\ndpo_use_liger_kernel: true\n", ":3: dpo_use_liger_kernel: true:", "Liger",
+         MP_TRAINER_DPO},
+        {"base_model: m\nrl: dpo\ndpo_loss_type: [sigmoid, sft]\n", ":3: dpo_loss_type: sigmoid,sft:",
+         "several at once", MP_TRAINER_DPO},
+        {"base_model: m\nrl: dpo\nplugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n",
+         ":4: plugins:", "under TRL's preference trainers", MP_TRAINER_DPO},
+    };
+    const char *path = scratch("recipe-axrl.yaml");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_text(path, cases[i].text);
+        memset(&d, 0, sizeof d);
+        enum mp_status st = mp_recipe_read_as(path, -1, cases[i].t, &r, &d);
+        char head[256];
+        snprintf(head, sizeof head, "%s%s", path, cases[i].where ? cases[i].where : "");
+        bool good = cases[i].where ? st != MP_OK && !strncmp(d.msg, head, strlen(head)) &&
+                                         strstr(d.msg, cases[i].why) && !strchr(d.msg, '\n')
+                                   : st == MP_OK;
+        if (!good) {
+            print_error("case %zu: status %d: got: %s\nwant: %s... %s\n", i, (int)st, d.msg, head,
+                        cases[i].why ? cases[i].why : "(read)");
+            fail();
+        }
+    }
+    /* a LLaMA-Factory sft file (stage sft by default) with a preference trainer: refused */
+    write_text(path, "model_name_or_path: m\nfinetuning_type: lora\n");
+    memset(&d, 0, sizeof d);
+    assert_int_equal(mp_recipe_read_as(path, -1, MP_TRAINER_DPO, &r, &d), MP_ERR_MODEL);
+    assert_non_null(strstr(d.msg, "stage (the trainer's default): sft: this stage trains the model alone: drop "
+                                  "--trainer dpo"));
+    /* ipo is DPO's trainer: its precompute_ref_log_probs planned; orpo: the model's own head */
+    write_text(path, cases[0].text);
+    assert_int_equal(mp_recipe_read_as(path, -1, MP_TRAINER_DPO, &r, &d), MP_OK);
+    expect(PRECOMPUTE_REF, "true", KEY, "precompute_ref_log_probs", 3);
+    write_text(path, cases[1].text);
+    assert_int_equal(mp_recipe_read_as(path, -1, MP_TRAINER_ORPO, &r, &d), MP_OK);
+    unset(LOSS);
     remove(path);
 }
 
@@ -568,6 +650,14 @@ static void test_trl_grpo(void **state)
     expect(DISABLE_DROPOUT, "on", KEY, "disable_dropout", 12);
     unset(VLLM);
     unset(BETA);
+    /* the sampling settings, each its option (min_p null: none, no setting) */
+    assert_int_equal(mp_recipe_read_as(D "trl-grpo-sampling.yaml", -1, MP_TRAINER_GRPO, &r, &d), MP_OK);
+    expect(TEMPERATURE, "0.7", KEY, "temperature", 11);
+    expect(TOP_P, "0.95", KEY, "top_p", 12);
+    expect(TOP_K, "50", KEY, "top_k", 13);
+    expect(REP_PENALTY, "1.05", KEY, "repetition_penalty", 15);
+    unset(MIN_P);
+    unset(VLLM);
     /* read as SFTConfig, a GRPOConfig key is refused with the hint */
     assert_int_equal(mp_recipe_read(D "trl-grpo-vllm.yaml", -1, &r, &d), MP_ERR_MODEL);
     assert_non_null(strstr(d.msg, "give --trainer grpo"));
@@ -584,7 +674,7 @@ int main(void)
         cmocka_unit_test(test_llamafactory_lora), cmocka_unit_test(test_llamafactory_defaults),
         cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_loss_heads),   cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_optimizer_hf_names), cmocka_unit_test(test_write_recipe),
-        cmocka_unit_test(test_trl_grpo),
+        cmocka_unit_test(test_trl_grpo),         cmocka_unit_test(test_axolotl_rl),
     };
     return cmocka_run_group_tests_name("recipe", tests, NULL, NULL);
 }

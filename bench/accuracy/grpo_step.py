@@ -137,6 +137,9 @@ def cuda_sort_buffers():
     orig = torch.sort
 
     def sort(x, *a, **k):
+        # a non-contiguous input (the repetition penalty's [..., :v] view): CUDA's sort first makes
+        # a dense copy of it, alive through the sort (Sort.cpp sort_cuda_kernel); the CPU's does not
+        dense = torch.empty(x.shape, dtype=x.dtype) if x.dim() == 2 and not x.is_contiguous() else None
         out = orig(x, *a, **k)
         if x.dim() == 2 and x.dtype == torch.float32 and x.shape[-1] > 4096:
             b, v = x.shape
@@ -146,6 +149,7 @@ def cuda_sort_buffers():
                      [8 * n, 8 * n, 4 * n, 12 * n] if c < 128 else [8 * n, 12 * n])
             bufs = [torch.empty(s, dtype=torch.uint8) for s in sizes]
             del bufs
+        del dense
         return out
 
     @contextlib.contextmanager
@@ -159,12 +163,15 @@ def cuda_sort_buffers():
 
 
 def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0,
-              top_p=1.0, top_k=0, min_p=None):
+              top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0, gen_pad=0):
     """Iteration 2's peaks: (whole, where, reference with-block's, generation's, old log-probs').
     steps_per_generation K > 1 (the accumulation is 1): generate makes batch x K completions, the
     old log-probs and the reference's run over them a micro-batch at a time, and the policy's step
-    takes the first micro-batch.  temperature, top_p, top_k, min_p: GRPOConfig's, into TRL's
-    GenerationConfig (top_p below 1 under cuda_sort_buffers)."""
+    takes the first micro-batch.  temperature, top_p, top_k, min_p, repetition_penalty: GRPOConfig's,
+    into TRL's GenerationConfig (top_p below 1 under cuda_sort_buffers).  gen_pad > 0: the first
+    prompt's first gen_pad positions are padding in the mask generate gets (so transformers keeps
+    the mask and hands the repetition penalty its padding lengths, as with TRL's left-padded
+    prompts of unequal lengths, utils.py:2899-2906); the step's inputs stay unpadded."""
     from transformers import GenerationConfig
     from trl import GRPOTrainer
     K = steps_per_generation
@@ -180,7 +187,8 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
     C = seq - prompt
     gen_cfg = GenerationConfig(max_new_tokens=C, do_sample=True, pad_token_id=0, bos_token_id=1,
                                eos_token_id=[cfg.vocab_size + 7], temperature=temperature, top_p=top_p, top_k=top_k,
-                               min_p=min_p, repetition_penalty=1.0, cache_implementation=None, disable_compile=True)
+                               min_p=min_p, repetition_penalty=repetition_penalty, cache_implementation=None,
+                               disable_compile=True)
     tr = RealTracker()
     peaks = {}
 
@@ -212,8 +220,11 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
                 if was:  # models/utils.py:135-137 and :153-154
                     model.gradient_checkpointing_disable()
                 import contextlib
+                gmask = pmask.clone()
+                gmask[0, :gen_pad] = 0
                 with torch.no_grad(), (cuda_sort_buffers() if top_p < 1 else contextlib.nullcontext()):
-                    out = model.generate(input_ids=prompts, attention_mask=pmask, generation_config=gen_cfg)
+                    out = model.generate(input_ids=prompts, attention_mask=gmask, generation_config=gen_cfg)
+                del gmask
                 if was:
                     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 return out
@@ -229,7 +240,7 @@ def grpo_step(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generatio
 
 
 def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_generation=1, temperature=1.0,
-                 top_p=1.0, top_k=0, min_p=None):
+                 top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0, gen_pad=0):
     a = ["--trainer", "grpo", "--batch", str(batch), "--seq", str(seq), "--completion-length", str(seq - prompt),
          "--num-generations", str(batch), "--steps-per-generation", str(steps_per_generation), "--precision", prec, "--checkpoint", ck, "--workspace", "0",
          "--use-cache", "off", "--json"]
@@ -243,6 +254,8 @@ def memplan_args(ft, ck, batch, seq, prompt, beta, prec="bf16", steps_per_genera
         a += ["--top-k", str(top_k)]
     if min_p is not None:
         a += ["--min-p", repr(min_p)]
+    if repetition_penalty != 1.0:
+        a += ["--repetition-penalty", repr(repetition_penalty)]
     if ft == "lora":
         a += ["--finetune", "lora", "--lora-r", "16", "--lora-targets", "all-linear"]
     return a
@@ -263,24 +276,62 @@ K_SETTINGS = [("full", "none", 4, 256, 128, 0.0, "bf16"), ("full", "layers", 4, 
               ("lora", "layers", 4, 528, 16, 0.0, "amp-bf16")]
 
 
-# the other sampling warpers (transformers' TopK/TopP/MinPLogitsWarper at each decoding step)
+# the other sampling warpers (transformers' TopK/TopP/MinPLogitsWarper at each decoding step), and
+# RepetitionPenaltyLogitsProcessor before them (its b x (v + 1) padded scores, gathered over the
+# b x (prompt + generated) ids; its output a view the next warper reads)
 W_SETTINGS = [("full", "none", 8, 528, 16, 0.0, "bf16", {"top_k": 50}),
               ("full", "none", 8, 528, 16, 0.0, "bf16", {"min_p": 0.1}),
               ("full", "none", 8, 528, 16, 0.0, "bf16", {"top_p": 0.9}),
               ("lora", "none", 8, 528, 16, 0.0, "bf16", {"top_p": 0.9}),
               ("full", "none", 8, 528, 16, 0.0, "bf16", {"temperature": 0.7, "top_k": 50, "top_p": 0.9,
-                                                         "min_p": 0.1})]
+                                                         "min_p": 0.1}),
+              # the repetition penalty before the warpers (128 new tokens, for this box's time); the
+              # prompts' mask all ones as in the rows above, so transformers drops it and the processor
+              # gets no padding lengths (no positions or masked ids): memplan, which plans the padded
+              # case TRL's prompts of unequal lengths make, is 5,120 B above torch's processor here
+              ("full", "none", 8, 144, 16, 0.0, "bf16", {"repetition_penalty": 1.1}),
+              ("full", "none", 8, 144, 16, 0.0, "bf16", {"repetition_penalty": 1.1, "top_p": 0.9})]
+
+
+def processor_only():
+    """RepetitionPenaltyLogitsProcessor alone on b x v fp32 scores and b x L ids, with the padding
+    lengths generate hands it (b int64, made before the call), under the bench's tracker: its peak
+    over what was alive before it against memplan's formula (generate.c warper_bytes: the largest
+    of clamp's, where's and scatter's moments)."""
+    from transformers.generation.logits_process import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+    r = lambda x: (x + 511) // 512 * 512  # noqa: E731
+    for b, L, v in ((8, 527, 32000), (8, 16, 32000), (2, 527, 1000), (8, 511, 151936)):
+        ids, scores = torch.randint(0, v, (b, L)), torch.randn(b, v)
+        tr = RealTracker()
+        with tr:
+            lengths = torch.zeros(b, dtype=torch.int64)
+            procs = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.1, prompt_ignore_length=lengths)])
+            tr.peak = base = tr.cur
+            out = procs(ids, scores)
+            peak = tr.peak - base
+        del out
+        pos, i64, f32, bo, pad = r(8 * L), r(8 * b * L), r(4 * b * L), r(b * L), r(4 * b * (v + 1))
+        model = max(pos + 2 * i64, pos + i64 + pad + 4 * f32 + bo, pos + i64 + 2 * pad + f32)
+        print("b %d, L %d, v %d: torch %d B, memplan's formula %d B, diff %+d B" % (b, L, v, peak, model,
+                                                                                model - peak), flush=True)
 
 
 def main():
+    if "--processor-only" in sys.argv:  # (RepetitionPenaltyLogitsProcessor alone: printed, no rows)
+        return processor_only()
     warpers_only = "--warpers-only" in sys.argv  # (the W_SETTINGS rows alone, into --rows-out)
     if warpers_only:
         sys.argv.remove("--warpers-only")
+    rep_only = "--repetition-only" in sys.argv  # (the repetition penalty's rows alone)
+    if rep_only:
+        sys.argv.remove("--repetition-only")
     a = cli("grpo_step", __doc__)
     todo = [s + ("bf16",) for s in SETTINGS] + [s + ("amp-bf16",) for s in AMP_SETTINGS]
     todo += [s + ({"steps_per_generation": 2},) for s in K_SETTINGS]
     todo += [s + ({"temperature": 0.7},) for s in T_SETTINGS]
     todo = W_SETTINGS if warpers_only else todo + W_SETTINGS
+    if rep_only:
+        todo = [s for s in W_SETTINGS if "repetition_penalty" in s[7]]
     run_table(a, "grpo_step", CONFIG, "tiny Llama (dpo_step.py CONFIG)", todo, grpo_step, memplan_args,
               "completions", generation=True)
 

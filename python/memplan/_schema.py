@@ -140,6 +140,7 @@ class Grpo:
     top_p: float  # its warpers: top_p (1: none), top_k (0: none), min_p (None: none)
     top_k: int
     min_p: Optional[float]
+    repetition_penalty: float  # generate's repetition penalty (1: none)
     vllm: str  # "none" (transformers' generate) | "colocate" | "server"
     old_logprobs_forward: bool  # the policy's no-grad forward for the old log-probs runs
     steps_per_generation: Optional[int] = _opt()  # given; absent: TRL's default, the accumulation

@@ -57,6 +57,7 @@ struct args {
     double top_p;            /* top_p (1) */
     uint64_t top_k;          /* top_k (0: none) */
     double min_p;            /* min_p (< 0: None) */
+    double rep_penalty;      /* repetition_penalty (1: none) */
     int vllm_is_corr;        /* vllm_importance_sampling_correction (1: on) */
     bool vllm_is_corr_set;
     bool grpo_set;         /* one of --num-generations, --steps-per-generation, --beta, --vllm given */

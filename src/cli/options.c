@@ -180,6 +180,10 @@ static const struct opt OPTS[] = {
     {0, "min-p", "P", C_EST | C_PLAN | C_SUGG | C_CHECK, K_NUMBER, RANGE(0, true, 1, true), FIELD(min_p),
      SEEN(grpo_set), .help = "grpo: min-p sampling; probabilities, a mask and masked scores at each step "
                              "(default: none)"},
+    {0, "repetition-penalty", "X", C_EST | C_PLAN | C_SUGG | C_CHECK, K_NUMBER, RANGE(0, false, 1e6, false),
+     FIELD(rep_penalty), SEEN(grpo_set), .help = "grpo: generate's repetition penalty; other than 1 each step "
+                                                 "pads, gathers over the ids so far and scatters the scores "
+                                                 "(default 1: none)"},
     {0, "num-iterations", "N", C_EST | C_PLAN | C_SUGG | C_CHECK, INT(1, MAX_BATCH), FIELD(num_iterations),
      SEEN(grpo_set), .expect = "a positive integer",
      .help = "grpo: optimization passes over each generation batch; past the accumulation's steps the "
@@ -579,6 +583,7 @@ static void args_default(const struct command *c, struct args *a)
     a->temperature = 1.0;     /* grpo_config.py temperature */
     a->top_p = 1.0;           /* grpo_config.py top_p, top_k, min_p (None) */
     a->min_p = -1.0;
+    a->rep_penalty = 1.0;     /* grpo_config.py repetition_penalty */
     a->disable_dropout = -1;  /* the trainer's (mp_trainer_drops_dropout) */
     a->vllm_is_corr = 1;      /* grpo_config.py vllm_importance_sampling_correction */
     a->use_cache = -1;
@@ -671,7 +676,8 @@ static int check_rules(const struct command *c, struct args *a)
         return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo, kto or kto-apo");
     if ((a->grpo_set || a->completion_set || a->vllm_is_corr_set) && !grpo)
         return cli_usage_error(c->name, "%s", "--completion-length, --num-generations, --steps-per-generation, "
-                                              "--beta, --vllm, --temperature, --top-p, --top-k, --min-p, --num-iterations and --vllm-correction need "
+                                              "--beta, --vllm, --temperature, --top-p, --top-k, --min-p, --repetition-penalty, --num-iterations and "
+                                              "--vllm-correction need "
                                               "--trainer grpo");
     if (grpo && a->rec && a->rec->format == MP_RF_TRL && !a->seq_set) {
         fprintf(stderr, "memplan: error: %s: GRPOConfig has no length of its own (the prompts are the dataset's): "

@@ -176,6 +176,7 @@ struct mp_train_opts {
     uint64_t gen_top_k;      /* GRPOConfig's top_k: 0 none, else TopKLogitsWarper */
     bool gen_top_p;          /* top_p below 1: TopPLogitsWarper (a sort of the b x vocabulary scores) */
     bool gen_min_p;          /* min_p given: MinPLogitsWarper */
+    bool gen_rep_penalty;    /* repetition_penalty other than 1: RepetitionPenaltyLogitsProcessor */
     bool ref_before_policy;  /* the reference's no-grad forward runs before the policy's forward (GRPO's
                               * _generate_and_score_completions), on the resident state alone */
     bool old_logps;          /* GRPO: the policy's own no-grad forward of the generation batch, a

@@ -14,10 +14,11 @@
  *     held from then on;
  *   each step: next_token_logits = outputs.logits[:, -1, :].to(copy=True, dtype=float32) (b x v
  *     fp32), the logits processors (none at TRL's defaults: temperature 1, top_p 1, top_k 0, no
- *     min_p, repetition_penalty 1; otherwise the warpers of warper_bytes below, in
- *     _get_logits_processor's order, utils.py:1618-1635), probs = softmax (b x v fp32), one
- *     sampled token; the previous step's next_token_logits, scores and probs stay bound until they
- *     are rebound, and `outputs` (its b x 1 x v logits) until `del outputs` at the step's end;
+ *     min_p, repetition_penalty 1; otherwise the repetition penalty and the warpers of
+ *     warper_bytes below, in _get_logits_processor's order, utils.py:1472-1480 and 1618-1635),
+ *     probs = softmax (b x v fp32), one sampled token; the previous step's next_token_logits,
+ *     scores and probs stay bound until they are rebound, and `outputs` (its b x 1 x v logits)
+ *     until `del outputs` at the step's end;
  *   max_new_tokens - 1 decoding forwards of one token: each layer's cat makes its new k (then v)
  *     one position longer while the old one is still bound, and input_ids and attention_mask
  *     grow by a column (int64).
@@ -109,10 +110,31 @@ static uint64_t sort_scratch(uint64_t b, uint64_t v, bool *ok)
     return s;
 }
 
-/* The logits warpers GRPOConfig turns on, each a call on the b x v fp32 scores (transformers 5.24
- * generation/logits_process.py; docs/memory-facts.md#sampling-warpers): what each allocates at its
- * highest point beyond its input, its b x v fp32 output included (every tensor its own 512-rounded
- * block; fp = one b x v fp32 tensor, bo = one b x v bool):
+/* What the logits processors of one decoding step hold beyond the step's copy of the logits (its
+ * input), for warper_bytes's callers: w1 the first processor's highest point, rest the largest
+ * of the others' with their input (the processor before's output), out the scores they hand
+ * back (0: none, the scores are the copy), sm what softmax adds beside its probabilities (CUDA's
+ * host_softmax and the CPU's make a contiguous copy of a non-contiguous input, SoftMax.cu
+ * input_.contiguous()), pl the b int64 padding lengths held through the whole generation. */
+struct warp_sum {
+    uint64_t w1, rest, out, sm, pl;
+    unsigned n;
+};
+
+/* The logits processors GRPOConfig turns on, each a call on the b x v fp32 scores (transformers
+ * 5.24 generation/logits_process.py; docs/memory-facts.md#sampling-warpers), in
+ * _get_logits_processor's order (utils.py:1472-1480 the repetition penalty, a processor, before
+ * the warpers of :1618-1635): what each allocates at its highest point beyond its input, its
+ * output included (every tensor its own 512-rounded block; fp = one b x v fp32 tensor, bo = one
+ * b x v bool; L = the ids' columns at the call, the prompt and the tokens generated so far):
+ *   RepetitionPenaltyLogitsProcessor (a tensor prompt_ignore_length: the attention mask's
+ *     padding lengths, b int64 made once by _get_logits_processor): positions (L int64) and the
+ *     b x L bool `positions < lengths`, masked_fill's b x L int64 ids, then clamp's beside them;
+ *     pad's b x (v + 1) fp32 scores; gather's b x L fp32, then `score < 0`, `score * p`,
+ *     `score / p` and where's output beside it; scatter's b x (v + 1) beside the padded; its
+ *     output is a [..., :v] view of that, not contiguous: a top_p right after it sorts a dense
+ *     copy on CUDA (Sort.cpp sort_cuda_kernel: not non-overlapping-and-dense), softmax makes
+ *     one (min_p's stays below its mask's point; top_k and the temperature read it as it is);
  *   TemperatureLogitsWarper: scores / temperature, fp;
  *   TopKLogitsWarper (k = min(top_k, v)): topk's b x k values and int64 indices, then the bool
  *     `scores < kth` and masked_fill's output: bo + fp at its end;
@@ -123,37 +145,67 @@ static uint64_t sort_scratch(uint64_t b, uint64_t v, bool *ok)
  *     topk(probs, 1)'s int64 indices and masked_fill's output: 2 fp + bo + the small ones.
  * The CPU measures 1, 1.25, 5.50 and 2.25 fp for temperature, top_k, top_p and min_p at b 8, v
  * 32,000 (bench/accuracy/grpo_step.py); CUDA's sort makes top_p's 8 fp at one row or 128 rows
- * and more, 11 fp between.  *first: the first warper's; *rest: the largest of the others'. */
-static bool warper_bytes(const struct mp_train_opts *t, uint64_t b, uint64_t v, uint64_t *first, uint64_t *rest,
-                         unsigned *n)
+ * and more, 11 fp between. */
+static bool warper_bytes(const struct mp_train_opts *t, uint64_t b, uint64_t v, uint64_t L, struct warp_sum *ws)
 {
-    uint64_t fp = 0, bo = 0, i64 = 0, w[4];
-    bool ok = add_prod(&fp, b, v * 4) && fp <= UINT64_MAX / 64 && add_prod(&bo, b, v) && add_prod(&i64, b, v * 8);
+    uint64_t fp = 0, bo = 0, i64 = 0, w[5], in[5], pad = 0;
+    bool ok = v < UINT64_MAX / 8 && add_prod(&fp, b, v * 4) && fp <= UINT64_MAX / 64 && add_prod(&bo, b, v) &&
+              add_prod(&i64, b, v * 8) && add_prod(&pad, b, (v + 1) * 4) && pad <= UINT64_MAX / 64;
     /* (fp below 2^58: every sum below is a few fp, the sort's buffers 8 fp at most) */
-    *n = 0;
-    *first = *rest = 0;
+    memset(ws, 0, sizeof *ws);
     if (!ok)
         return false;
-    if (ok && t->gen_temperature)
-        w[(*n)++] = fp;
-    if (ok && t->gen_top_k) {
+    unsigned n = 0;
+    uint64_t prev = 0; /* the output of the processor before (0: the copy) */
+    bool dense = true; /* is it non-overlapping and dense */
+    if (t->gen_rep_penalty) {
+        uint64_t bl = 0, pos = 0, iL = 0, fL = 0, bL = 0, x, y, z;
+        ok = mp_mul_u64(b, L, &bl) && bl <= UINT64_MAX / 64 && add_prod(&pos, L, 8) && add_prod(&iL, bl, 8) &&
+             add_prod(&fL, bl, 4) && add_prod(&bL, bl, 1) && add_prod(&ws->pl, b, 8) && pos <= UINT64_MAX / 64;
+        if (!ok)
+            return false;
+        x = pos + 2 * iL;                      /* clamp beside masked_fill's ids */
+        y = pos + iL + pad + 4 * fL + bL;      /* where's operands beside gather's */
+        z = pos + iL + 2 * pad + fL;           /* scatter's beside the padded scores */
+        in[n] = prev;
+        w[n++] = mp_max_u64(x, mp_max_u64(y, z));
+        prev = pad;
+        dense = false;
+    }
+    if (t->gen_temperature) {
+        in[n] = prev;
+        w[n++] = fp;
+        prev = fp, dense = true;
+    }
+    if (t->gen_top_k) {
         uint64_t k = mp_min_u64(t->gen_top_k, v), vals = 0, idx = 0;
         ok = add_prod(&vals, b, k * 4) && add_prod(&idx, b, k * 8);
-        w[(*n)++] = mp_max_u64(mp_max_u64(vals + idx, vals + bo), bo + fp);
+        in[n] = prev;
+        w[n++] = mp_max_u64(mp_max_u64(vals + idx, vals + bo), bo + fp);
+        prev = fp, dense = true;
     }
     if (ok && t->gen_top_p) {
         uint64_t s = sort_scratch(b, v, &ok), tail = 2 * fp + 2 * bo;
-        w[(*n)++] = fp + i64 + mp_max_u64(s, tail);
+        in[n] = prev;
+        w[n++] = fp + i64 + mp_max_u64(s + (dense ? 0 : fp), tail);
+        prev = fp, dense = true;
     }
     if (ok && t->gen_min_p) {
         uint64_t small = 0;
         ok = add_prod(&small, b, 4) && add_prod(&small, b, 4) && add_prod(&small, b, 8);
-        w[(*n)++] = 2 * fp + bo + small;
+        in[n] = prev;
+        w[n++] = 2 * fp + bo + small; /* (a non-dense input's softmax copy: 2 fp, below) */
+        prev = fp, dense = true;
     }
-    *first = ok && *n ? w[0] : 0;
-    for (unsigned i = 1; ok && i < *n; i++)
-        *rest = mp_max_u64(*rest, w[i]);
-    return ok;
+    if (!ok)
+        return false;
+    ws->n = n;
+    ws->out = prev;
+    ws->sm = dense ? 0 : fp;
+    ws->w1 = n ? w[0] : 0;
+    for (unsigned i = 1; i < n; i++)
+        ws->rest = mp_max_u64(ws->rest, in[i] + w[i]);
+    return true;
 }
 
 uint64_t mp_grpo_every(const struct mp_train_opts *t, uint64_t accum)
@@ -264,24 +316,24 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
               P + C > P && (P + C) <= UINT64_MAX / 8 && add_prod(&ids, b, 8 * (P + C)) && mp_add_u64(ids, ids, &ids) &&
               add_prod(&pre_ids, b, 8 * P) && mp_add_u64(pre_ids, pre_ids, &pre_ids) &&
               mp_add_u64(m.peak, pre_ids, &m.peak) && mp_add_u64(m.head_cur, pre_ids, &m.head_cur);
-    /* a step's b x v fp32 tensors bound at once.  With no warper the scores are the copy: the
-     * copy and the probabilities (fp2).  A warper's scores are a tensor of their own (nf), bound
-     * until the next step's are (fp2 + fp32 during the next forward).  The first step (fp1): the
-     * copy, then each warper on its input (the copy, or the warper before's output) and the
-     * probabilities beside the scores.  A decoding step (fp3): the new copy beside the previous
-     * step's tensors, then the first warper with the new copy and the previous scores and probs,
-     * the others with their input too, then the probabilities beside the previous ones. */
-    uint64_t w1 = 0, wr = 0, fp1 = 0;
-    unsigned nw = 0;
-    ok = ok && warper_bytes(t, b, v, &w1, &wr, &nw);
-    unsigned nf = nw ? 1 : 0;
-    ok = ok && add_prod(&fp2, 2 + nf, fp32) && add_prod(&fp3, 3 + nf, fp32);
+    /* a step's b x v fp32 tensors bound at once (out: the processors' scores, 0 when there are
+     * none and the scores are the copy; they stay bound until the next step's are).  Between steps
+     * (fp2): the copy, the scores and the probabilities.  The first step (fp1): the copy, then each
+     * processor on its input beside it, then the probabilities (and softmax's copy of a
+     * non-contiguous input, sm) beside the copy and the scores.  A decoding step (fp3): the new
+     * copy beside the previous step's tensors; then each processor with the new copy and the
+     * previous scores and probabilities (the previous copy rebound); then the new probabilities
+     * beside the previous ones.  The processors' ids are the prompt's at the first step, P + C - 1
+     * columns at the last. */
+    struct warp_sum w0, wl;
+    ok = ok && warper_bytes(t, b, v, P, &w0) && warper_bytes(t, b, v, T, &wl);
+    uint64_t fp1 = 0;
+    ok = ok && add_prod(&fp2, 2, fp32) && mp_add_u64(fp2, wl.out, &fp2) && mp_add_u64(fp2, fp32, &fp3);
     if (ok) {
-        fp1 = fp2;
-        if (nw) {
-            fp1 = mp_max_u64(fp1, mp_max_u64(fp32 + w1, nw > 1 ? 2 * fp32 + wr : 0));
-            fp3 = mp_max_u64(fp3, mp_max_u64(fp2 + w1, nw > 1 ? fp3 + wr : 0));
-        }
+        fp1 = mp_max_u64(2 * fp32 + w0.out + w0.sm, fp32 + mp_max_u64(w0.w1, w0.rest));
+        fp3 = mp_max_u64(fp3 + wl.sm, fp2 + mp_max_u64(wl.w1, wl.rest));
+        /* the padding lengths, from before the prefill to the end */
+        ok = mp_add_u64(m.peak, wl.pl, &m.peak) && mp_add_u64(m.head_cur, wl.pl, &m.head_cur);
     }
     /* Under autocast the trainable weights' half copies are cached until each forward returns (the
      * replay holds the layers' in the prefill, gen_pass); the LM head's too: generate's head is a
@@ -316,6 +368,7 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
      * next_token_logits and probs; after it the new logits, their fp32 copy beside the previous two */
     uint64_t dec_base = 0;
     ok = ok && mp_add_u64(m.base, kv_last, &dec_base) && mp_add_u64(dec_base, ids, &dec_base) &&
+         mp_add_u64(dec_base, wl.pl, &dec_base) &&
          mp_add_u64(dec_base, kv_one, &dec_fwd) && mp_add_u64(dec_fwd, fp2, &dec_fwd) &&
          mp_add_u64(dec_fwd, wsum, &dec_fwd) && mp_add_u64(dec_base, fp2, &dec_head) &&
          mp_add_u64(dec_head, wsum + lmcopy, &dec_head) && mp_add_u64(dec_head, logits, &dec_head) &&

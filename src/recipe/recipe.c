@@ -69,6 +69,7 @@ struct reader {
     struct mp_diag *d;
     enum mp_status st; /* the first refusal */
     unsigned fmt_bit;
+    enum mp_trainer trainer; /* the --trainer it is read for */
     struct fact_val f[F_N];
     yaml_document_t *doc;
 };
@@ -989,6 +990,12 @@ static void derive_grpo(struct reader *rd)
         refuse(rd, fact_key(rd, F_TEMPERATURE), temp->line, temp->v, "expected a number above 0");
     else if (temp)
         put(rd, MP_RS_TEMPERATURE, temp->v, F_TEMPERATURE);
+    /* RepetitionPenaltyLogitsProcessor (logits_process.py: a float above 0); TRL passes 1.0 on */
+    const struct fact_val *rp = fact(rd, F_REP_PENALTY, &tmp);
+    if (rp && (mp_parse_double(rp->v, &tv) != MP_OK || !(tv > 0)))
+        refuse(rd, fact_key(rd, F_REP_PENALTY), rp->line, rp->v, "expected a number above 0");
+    else if (rp)
+        put(rd, MP_RS_REP_PENALTY, rp->v, F_REP_PENALTY);
     /* the warpers (generation/logits_process.py checks: top_p and min_p in [0, 1], top_k a count;
      * TRL passes None through: no warper) */
     static const struct {
@@ -1014,8 +1021,98 @@ static void derive_grpo(struct reader *rd)
         put(rd, MP_RS_VLLM_IS_CORRECTION, is ? "on" : "off", F_VLLM_IS);
 }
 
+static const char *trainer_name(enum mp_trainer t)
+{
+    static const char *const names[] = {
+#define MP_X(id, name, how, unmodelled, seqs, min_batch, ref_fwds, kl_fwds, config, loss_type, drop0) name,
+        MP_TRAINERS(MP_X)
+#undef MP_X
+    };
+    return (size_t)t < sizeof names / sizeof names[0] ? names[t] : "?";
+}
+
+/* Axolotl 0.19's rl: (schemas/enums.py RLType; core/builders/rl.py HFRLTrainerBuilder): the TRL
+ * trainer it builds, planned by the matching --trainer.  True when the file's rl: is planned
+ * (dpo, ipo, kto or orpo), and so its loss is the trainer's. */
+static bool derive_axolotl_rl(struct reader *rd)
+{
+    const struct fact_val *rl = rd->f[F_RL].set && strcmp(rd->f[F_RL].v, "null") ? &rd->f[F_RL] : NULL;
+    enum mp_trainer t = rd->trainer;
+    if (!rl) {
+        if (t != MP_TRAINER_SFT)
+            refuse(rd, "rl", 0, "null", "Axolotl trains without a preference trainer when rl: is not given (dpo, "
+                   "ipo, kto or orpo): give it, or drop --trainer %s", trainer_name(t));
+        return false;
+    }
+    enum mp_trainer want = MP_TRAINER_SFT;
+    const char *why = NULL;
+    if (!strcmp(rl->v, "dpo") || !strcmp(rl->v, "ipo")) /* ipo: DPOConfig loss_type ["ipo"] */
+        want = MP_TRAINER_DPO;
+    else if (!strcmp(rl->v, "kto")) /* KTOConfig's loss_type "kto" (the KL term) */
+        want = MP_TRAINER_KTO;
+    else if (!strcmp(rl->v, "orpo"))
+        want = MP_TRAINER_ORPO;
+    else if (!strcmp(rl->v, "grpo") || !strcmp(rl->v, "gdpo"))
+        why = "Axolotl's own GRPO trainer (core/trainers/grpo/trainer.py over TRL's), and without an adapter "
+              "train.py's second copy of the model that the trainer is never given: not modelled yet (a TRL "
+              "GRPOConfig file with --trainer grpo is)";
+    else if (!strcmp(rl->v, "simpo"))
+        why = "SimPO (TRL's CPOTrainer, loss_type simpo): not modelled yet";
+    else if (!strcmp(rl->v, "ebft"))
+        why = "energy-based fine-tuning (EBFT): not modelled yet";
+    else
+        why = "expected dpo, ipo, kto, orpo, simpo, grpo, gdpo or ebft";
+    if (why) {
+        refuse(rd, "rl", rl->line, rl->v, "%s", why);
+        return false;
+    }
+    if (t != want) {
+        refuse(rd, "rl", rl->line, rl->v, "read this file with --trainer %s", trainer_name(want));
+        return false;
+    }
+    /* the plugins patch the model's forward, which TRL's fused head (DPO, KTO) does not call, or the
+     * loss ORPO computes on its logits: not measured under these trainers */
+    struct fact_val t1;
+    const struct fact_val *pl = fact(rd, F_PLUGINS, &t1);
+    if (pl && strcmp(pl->v, "null") && strcmp(pl->v, "[]"))
+        refuse(rd, fact_key(rd, F_PLUGINS), pl->line, pl->v, "%s",
+               "Axolotl's plugins under rl: (their patches under TRL's preference trainers): not modelled yet");
+    return true;
+}
+
+/* LLaMA-Factory 0.9.5's stage (hparams/finetuning_args.py): sft and pt train the model alone; dpo
+ * and kto run LLaMA-Factory's own trainers over TRL's (train/dpo/trainer.py CustomDPOTrainer,
+ * train/kto/trainer.py CustomKTOTrainer: Trainer.__init__ directly, their own forward), which take
+ * the model's whole logits, cast them to fp32 and log_softmax them (trainer_utils.py
+ * get_batch_logps), where memplan's --trainer dpo and kto plan TRL 1.16's fused head */
+static void derive_lf_stage(struct reader *rd)
+{
+    const struct fact_val *st = rd->f[F_LF_STAGE].set ? &rd->f[F_LF_STAGE] : NULL;
+    if (!st || !strcmp(st->v, "sft") || !strcmp(st->v, "pt")) {
+        if (rd->trainer != MP_TRAINER_SFT) /* (finetuning_args.py: stage "sft" by default) */
+            refuse(rd, "stage", st ? st->line : 0, st ? st->v : "sft",
+                   "this stage trains the model alone: drop --trainer %s", trainer_name(rd->trainer));
+        return;
+    }
+    const char *why =
+        !strcmp(st->v, "dpo")
+            ? "LLaMA-Factory's CustomDPOTrainer (train/dpo/trainer.py) runs its own forward: the whole logits cast to "
+              "fp32 and log-softmaxed (trainer_utils.py get_batch_logps), not TRL's fused head --trainer dpo plans, "
+              "for every pref_loss (sigmoid, hinge, ipo, kto_pair, orpo, simpo): not modelled yet"
+        : !strcmp(st->v, "kto")
+            ? "LLaMA-Factory's CustomKTOTrainer (train/kto/trainer.py) runs its own forward: the whole logits cast to "
+              "fp32 and log-softmaxed for the batch and its KL rows (trainer_utils.py get_batch_logps), not TRL's "
+              "fused head --trainer kto plans: not modelled yet"
+        : !strcmp(st->v, "rm") || !strcmp(st->v, "ppo")
+            ? "this stage's models (reward, value, reference): not modelled yet"
+            : "expected sft, pt, rm, ppo, dpo or kto";
+    refuse(rd, fact_key(rd, F_LF_STAGE), st->line, st->v, "%s", why);
+}
+
 static void derive(struct reader *rd)
 {
+    if (rd->r->format == MP_RF_LLAMAFACTORY) /* (first: the stage decides the trainer) */
+        derive_lf_stage(rd);
     struct fact_val tmp;
     const struct fact_val *m = fact(rd, F_MODEL, &tmp);
     if (m && strcmp(m->v, "null"))
@@ -1043,13 +1140,16 @@ static void derive(struct reader *rd)
         put(rd, MP_RS_DISABLE_DROPOUT, drop ? "on" : "off", F_DROPOUT_OFF);
     if (rd->fmt_bit & B_GRPO)
         derive_grpo(rd);
-    if (rd->fmt_bit & (B_DPO | B_KTO | B_GRPO)) { /* their head is fused whatever loss_type
-                                                     * (dpo_trainer.py:959-962, kto_trainer.py:966-972,
-                                                     * grpo_trainer.py:1068-1077) */
+    bool axrl = rd->r->format == MP_RF_AXOLOTL && derive_axolotl_rl(rd);
+    bool fused = (rd->fmt_bit & (B_DPO | B_KTO | B_GRPO)) ||
+                 (axrl && (rd->trainer == MP_TRAINER_DPO || rd->trainer == MP_TRAINER_KTO));
+    if (fused) { /* their head is fused whatever loss_type (dpo_trainer.py:959-962, kto_trainer.py:966-972,
+                  * grpo_trainer.py:1068-1077) */
         put(rd, MP_RS_LOSS, "chunked-nll", F_LOSS);
-        if (fact_truth(rd, F_PRECOMPUTE) == 1)
+        /* (Axolotl hands precompute_ref_log_probs to DPOConfig alone: dpo/__init__.py DPOStrategy) */
+        if (fact_truth(rd, F_PRECOMPUTE) == 1 && (!axrl || rd->trainer == MP_TRAINER_DPO))
             put(rd, MP_RS_PRECOMPUTE_REF, "true", F_PRECOMPUTE);
-    } else if (!(rd->fmt_bit & B_ORPO)) /* (ORPO: the model's logits and its own loss, hf's head) */
+    } else if (!(rd->fmt_bit & B_ORPO) && !axrl) /* (ORPO: the model's logits and its own loss, hf's head) */
         derive_loss(rd);
     derive_packing(rd);
     derive_act_offload(rd, adapters);
@@ -1141,7 +1241,11 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
     bool dpo = t == MP_TRAINER_DPO && r->format == MP_RF_TRL,
          kto = (t == MP_TRAINER_KTO || t == MP_TRAINER_KTO_APO) && r->format == MP_RF_TRL,
          grpo = t == MP_TRAINER_GRPO && r->format == MP_RF_TRL, orpo = t == MP_TRAINER_ORPO && r->format == MP_RF_TRL;
-    r->trainer = dpo    ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)"
+    bool ax = r->format == MP_RF_AXOLOTL;
+    r->trainer = ax && t == MP_TRAINER_DPO   ? "Axolotl 0.19.0 rl: dpo / ipo (TRL 1.16.0 DPOTrainer)"
+                 : ax && t == MP_TRAINER_KTO ? "Axolotl 0.19.0 rl: kto (TRL 1.16.0 KTOTrainer)"
+                 : ax && t == MP_TRAINER_ORPO ? "Axolotl 0.19.0 rl: orpo (TRL 1.16.0 ORPOTrainer)"
+                 : dpo  ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)"
                  : kto  ? "TRL 1.16.0 KTOTrainer (KTOConfig + ModelConfig)"
                  : grpo ? "TRL 1.16.0 GRPOTrainer (GRPOConfig + ModelConfig)"
                  : orpo ? "TRL 1.16.0 ORPOTrainer (ORPOConfig + ModelConfig)"
@@ -1150,7 +1254,9 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
     rd->r = r;
     rd->d = d;
     rd->doc = &doc;
+    rd->trainer = t;
     rd->fmt_bit = 1u << r->format | (dpo ? (unsigned)B_DPO : 0u) | (kto ? (unsigned)B_KTO : 0u) |
+                  (ax && t != MP_TRAINER_SFT ? (unsigned)B_AXRL : 0u) |
                   (kto && t == MP_TRAINER_KTO_APO ? (unsigned)B_KTO_APO : 0u) | (grpo ? (unsigned)B_GRPO : 0u) |
                   (orpo ? (unsigned)B_ORPO : 0u);
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {

@@ -70,6 +70,7 @@ const char *mp_recipe_format_names(const char *sep, const char *last);
     X(TOP_P, "top-p", 1)                               \
     X(TOP_K, "top-k", 1)                               \
     X(MIN_P, "min-p", 1)                               \
+    X(REP_PENALTY, "repetition-penalty", 1)            \
     X(QUANT_STORAGE, "quant-storage", 1)               \
     X(ACT_OFFLOAD, "act-offload", 1)
 

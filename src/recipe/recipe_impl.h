@@ -64,6 +64,9 @@ enum fact {
     F_TOP_P,        /* its warpers: top_p, top_k, min_p */
     F_TOP_K,
     F_MIN_P,
+    F_REP_PENALTY,  /* repetition_penalty */
+    F_RL,           /* Axolotl's rl: the preference trainer */
+    F_LF_STAGE,     /* LLaMA-Factory's stage */
     F_N
 };
 
@@ -80,7 +83,8 @@ enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL
        B_KTO = 64, /* a TRL file read as KTOConfig (--trainer kto, kto-apo): likewise */
        B_KTO_APO = 128, /* ... with --trainer kto-apo (loss_type apo_zero_unpaired): its rows come first */
        B_GRPO = 256, /* a TRL file read as GRPOConfig (--trainer grpo): likewise */
-       B_ORPO = 512 /* a TRL file read as ORPOConfig (--trainer orpo): likewise */ };
+       B_ORPO = 512, /* a TRL file read as ORPOConfig (--trainer orpo): likewise */
+       B_AXRL = 1024 /* an Axolotl file read with --trainer dpo, kto or orpo (its rl:): likewise */ };
 
 struct key_row {
     unsigned fmts;

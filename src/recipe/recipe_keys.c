@@ -123,6 +123,28 @@ const struct trainer_row mp_recipe_trainers[MP_RF_N] = {
                    "apo_down discopop sft sigmoid_norm"
 
 const struct key_row mp_recipe_keys[] = {
+    /* Axolotl 0.19's rl: dpo, ipo, kto, orpo (core/builders/rl.py HFRLTrainerBuilder): TRL 1.16's
+     * DPOTrainer (ipo: loss_type ["ipo"]), KTOTrainer and ORPOTrainer with Axolotl's optimizer
+     * and scheduler mixins; max_length = sequence_len (core/builders/base.py); the reference
+     * (train.py setup_reference_model): with an adapter none (TRL disables the adapter), else a
+     * second copy of the model; read with the matching --trainer, first, so that they win */
+    FLAG(B_AXRL, "precompute_ref_log_probs", F_PRECOMPUTE, "true"), /* DPOStrategy (dpo, ipo) only */
+    NOMEM(B_AXRL, "rl_beta"), NOMEM(B_AXRL, "trl.beta"), NOMEM(B_AXRL, "orpo_alpha"), /* -> beta */
+    NOMEM(B_AXRL, "dpo_label_smoothing"), NOMEM(B_AXRL, "dpo_loss_weights"),
+    NOMEM(B_AXRL, "kto_desirable_weight"), NOMEM(B_AXRL, "kto_undesirable_weight"),
+    /* DPOConfig padding_free: "setting it to True warns and falls back to standard padding" */
+    NOMEM(B_AXRL, "dpo_padding_free"),
+    /* max_prompt_len: prompts truncated inside sequence_len, which bounds the rows planned */
+    NOMEM(B_AXRL, "max_prompt_len"),
+    REFUSE_BUT(B_AXRL, "dpo_loss_type", "null " DPO_LOSSES,
+               "not one DPOConfig loss type (several at once are not read yet)"),
+    REFUSE_BUT(B_AXRL, "dpo_use_weighting", "false False null",
+               "WPO weighting (a fifth output of TRL's fused head, dpo_trainer.py:957): " NOT_YET),
+    REFUSE_BUT(B_AXRL, "dpo_use_liger_kernel", "false False null", "Liger's DPO loss: " NOT_YET),
+    REFUSE_BUT(B_AXRL, "rl_adapter_ref_model", "false False null",
+               "a second copy of the model as the reference beside the adapter's policy (train.py "
+               "setup_reference_model): " NOT_YET),
+    REFUSE_BUT(B_AXRL, "trl.sync_ref_model", "false False null", "the reference synced with the policy: " NOT_YET),
     /* DPOConfig (trl 1.16.0 trainer/dpo_config.py), read with --trainer dpo: first, so that they win */
     FLAG(B_DPO, "precompute_ref_log_probs", F_PRECOMPUTE, "true"), /* :227; dpo_trainer.py:909-914 */
     /* the precompute pass runs before training (dpo_trainer.py:1013-1018), the policy alone, no grad */
@@ -191,8 +213,7 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_GRPO, "top_p", F_TOP_P),                       /* :536 default 1.0; --top-p */
     FACT(B_GRPO, "top_k", F_TOP_K),                       /* :543 default 0; --top-k */
     FACT(B_GRPO, "min_p", F_MIN_P),                       /* :550 default None; --min-p */
-    REFUSE_BUT(B_GRPO, "repetition_penalty", "1 1.0",
-               "a repetition penalty (RepetitionPenaltyLogitsProcessor): " NOT_YET),
+    FACT(B_GRPO, "repetition_penalty", F_REP_PENALTY),    /* :573 default 1.0; --repetition-penalty */
     REFUSE(B_GRPO, "sync_ref_model", "the reference synced with the policy (TR-DPO): " NOT_YET),
     REFUSE(B_GRPO, "max_tool_calling_iterations", "tool calls (generation resumed after each tool's output): " NOT_YET),
     REFUSE_BUT(B_GRPO, "pad_to_multiple_of", "auto null",
@@ -387,7 +408,7 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_TT, "fsdp_cpu_offload", DP),
     REFUSE(B_TT, "tensor_parallel_dim", "tensor parallelism: " NOT_YET),
     /* preference and RL training: a reference model, generations */
-    REFUSE(B_AX, "rl", "preference/RL training (reference model, generations): " NOT_YET),
+    FACT(B_AX, "rl", F_RL), /* Axolotl 0.19 schemas/enums.py RLType; recipe.c derive_axolotl_rl */
     REFUSE(B_TRL, "beta", "a DPO/KTO/GRPO config: give --trainer dpo, kto or grpo"),
     REFUSE(B_TRL, "num_generations", "a GRPOConfig key (generations): give --trainer grpo"),
     REFUSE(B_TRL, "max_completion_length", "a GRPOConfig key (generations): give --trainer grpo"),
@@ -396,7 +417,7 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE(B_AX, "unfrozen_parameters", "training a subset of parameters: " NOT_YET),
     REFUSE(B_AX, "freeze_mm_modules", "freezing multimodal modules: " NOT_YET),
     /* LLaMA-Factory's other stages and methods */
-    REFUSE_BUT(B_LF, "stage", "sft pt", "this stage's models (reference, reward, value): " NOT_YET),
+    FACT(B_LF, "stage", F_LF_STAGE), /* recipe.c derive_lf_stage: sft and pt planned, the others refused */
     REFUSE(B_LF, "fp8", "FP8 training: " NOT_YET),
     REFUSE(B_AX, "fp8", "FP8 training: " NOT_YET),
     REFUSE(B_LF, "freeze_vision_tower", "a vision tower: " NOT_YET),

@@ -371,6 +371,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
                 cJSON_AddNumberToObject(g, "min_p", c->min_p);
             else
                 cJSON_AddNullToObject(g, "min_p");
+            cJSON_AddNumberToObject(g, "repetition_penalty", c->rep_penalty);
             cJSON_AddStringToObject(g, "vllm", t->vllm_fraction > 0 ? "colocate" : t->vllm_server ? "server" : "none");
             if (t->vllm_fraction > 0)
                 cJSON_AddNumberToObject(g, "vllm_gpu_memory_utilization", t->vllm_fraction);
@@ -1600,6 +1601,8 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
             fprintf(out, "    top_k=%llu,\n", (unsigned long long)c->top_k);
         if (c->min_p >= 0)
             fprintf(out, "    min_p=%g,\n", c->min_p);
+        if (c->rep_penalty != 1.0)
+            fprintf(out, "    repetition_penalty=%g,\n", c->rep_penalty);
         if (c->train->vllm_fraction > 0)
             fprintf(out, "    use_vllm=True,\n    vllm_mode=\"colocate\",\n    vllm_gpu_memory_utilization=%g,\n",
                     c->train->vllm_fraction);

@@ -35,6 +35,7 @@ struct mp_report_ctx {
     double top_p;               /* GRPOConfig's top_p, top_k, min_p (< 0: None) */
     uint64_t top_k;
     double min_p;
+    double rep_penalty;         /* GRPOConfig's repetition_penalty (1: none) */
     bool vllm_is_correction;
     const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     const char *alloc_from;     /* where the allocator's settings came from ("--alloc-conf",

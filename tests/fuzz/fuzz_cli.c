@@ -67,7 +67,8 @@ static const char *const OPTS[] = {
     "act-offload", "all-layers", "wide", "json", "recipe-format", "explain", "loss", "label-fraction", "head", "num-labels",
     "packing", "padding-free", "tokens-per-batch",
     "trainer", "precompute-ref", "torch", "completion-length", "num-generations", "steps-per-generation", "beta",
-    "vllm", "temperature", "top-p", "top-k", "min-p", "num-iterations", "vllm-correction", "disable-dropout", "quant-storage",
+    "vllm", "temperature", "top-p", "top-k", "min-p", "repetition-penalty",
+    "num-iterations", "vllm-correction", "disable-dropout", "quant-storage",
 };
 /* The options of those commands it does not give: they read a file (--recipe: a fuzzed value
  * would be a path; its reader is tested by tests/test_recipe.c and not fuzzed yet; --write-recipe needs it) or name a
