@@ -82,6 +82,7 @@ Needs torch, transformers, peft, bitsandbytes (pip).  Not part of `make test`.
 import json
 import os
 import subprocess
+import contextlib
 import sys
 import warnings
 from collections import Counter
@@ -204,8 +205,62 @@ def autocast_for(precision, device):
     return CudaAutocast() if device == "cuda" else torch.autocast(device, dtype=torch.bfloat16)
 
 
+class _ImageMerge:
+    """Gemma 3's image step under FakeTensorMode: get_placeholder_mask's count check reads a value
+    (torch_compilable_check: .item(), data-dependent under fake tensors) and masked_scatter's
+    backward runs masked_select (an output size read from the mask).  Inside this context the check
+    is skipped and Tensor.masked_scatter is an autograd Function that allocates what ATen's does
+    (tools/autograd/derivatives.yaml masked_scatter: saves the mask; the output a new tensor of
+    self's shape; backward grad.masked_fill(mask, 0) and masked_scatter_backward's masked_select,
+    a new tensor of the source's elements, viewed to its shape).  CUDA's masked_select also makes a
+    (selected, 3) int64 nonzero index (index with a bool mask), which the CPU does not: not
+    measured here (memplan counts it as a backward transient)."""
+
+    def __enter__(self):
+        import torch
+        import transformers.models.gemma3.modeling_gemma3 as g3
+
+        class MaskedScatter(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, mask, src):
+                ctx.save_for_backward(mask)
+                ctx.src_shape = src.shape
+                return torch.empty_like(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                (mask,) = ctx.saved_tensors
+                return g.masked_fill(mask, 0), None, torch.empty(ctx.src_shape, dtype=g.dtype, device=g.device)
+
+        self.before = (g3.torch_compilable_check, torch.Tensor.masked_scatter)
+        g3.torch_compilable_check = lambda *a, **k: None
+        torch.Tensor.masked_scatter = lambda t, mask, src: MaskedScatter.apply(t, mask, src)
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+        import transformers.models.gemma3.modeling_gemma3 as g3
+        g3.torch_compilable_check, torch.Tensor.masked_scatter = self.before
+
+
+def image_inputs(cfg, batch, seq, images, dtype, device="cpu"):
+    """A Gemma 3 processor's batch: input_ids with images x mm_tokens_per_image image tokens per row
+    (after a BOS), token_type_ids 1 on them (Gemma3Processor's mm_token_type_ids), pixel_values
+    (batch x images, channels, image_size, image_size) in the model's dtype."""
+    import torch
+    vc, T = cfg.vision_config, cfg.mm_tokens_per_image
+    n = images * T
+    if n > seq:
+        raise ValueError("%d image tokens exceed seq %d" % (n, seq))
+    ids = torch.randint(0, min(cfg.image_token_id, cfg.get_text_config().vocab_size), (batch, seq), device=device)
+    ids[:, 1:1 + n] = cfg.image_token_id
+    tt = (ids == cfg.image_token_id).long()
+    pv = torch.randn(batch * images, vc.num_channels, vc.image_size, vc.image_size, dtype=dtype, device=device)
+    return ids, tt, pv
+
+
 def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, live_at_peak=False,
-                    packing="", attention="sdpa", device="cpu"):
+                    packing="", attention="sdpa", device="cpu", images=0):
     import gc
     import torch
     import transformers
@@ -260,9 +315,14 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             _SDPA_BEFORE = torch.nn.functional.scaled_dot_product_attention
             torch.nn.functional.scaled_dot_product_attention = flash_sdpa_on_fake_cuda
         shape = (1, batch * seq) if packing == "padding-free" else (batch, seq)
-        ids = torch.randint(0, cfg.get_text_config().vocab_size, shape, device=device)
-        labels = ids.clone()
         kw = {}
+        if images:  # image+text: the processor's inputs (image_inputs), stepped inside _ImageMerge
+            ids, kw["token_type_ids"], kw["pixel_values"] = image_inputs(cfg, batch, seq, images, dtype, device)
+            tr.add(kw["token_type_ids"], "token_type_ids")
+            tr.add(kw["pixel_values"], "pixel_values")
+        else:
+            ids = torch.randint(0, cfg.get_text_config().vocab_size, shape, device=device)
+        labels = ids.clone()
         if packing:  # the collator's position ids (values do not matter under fake tensors)
             kw["position_ids"] = torch.arange(shape[1], device=device).expand(shape[0], -1).contiguous()
             tr.add(kw["position_ids"], "position_ids")
@@ -277,7 +337,8 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
                 ac.__enter__()
             if last and ckpt == "none":
                 saved.__enter__()
-            loss = model(input_ids=ids, labels=labels, use_cache=False, **kw).loss
+            with _ImageMerge() if images else contextlib.nullcontext():
+                loss = model(input_ids=ids, labels=labels, use_cache=False, **kw).loss
             if last and ckpt == "none":
                 saved.__exit__(None, None, None)
             if ac:
@@ -287,7 +348,8 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             if device == "cuda":  # fake CUDA tensors: the autograd engine asks for a real device
                 return {**res, "peak": None, "peak_at": None}  # (hasPrimaryContext): the forward only
             tr.phase = "backward"
-            loss.backward()
+            with _ImageMerge() if images else contextlib.nullcontext():
+                loss.backward()
             del loss
             gc.collect()
             tr.phase = "optimizer.step"
@@ -301,9 +363,11 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
 
 
 def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, memplan="./memplan",
-                 packing="", attention=None):
+                 packing="", attention=None, images=0):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off", "--json"]  # torch: use_cache=False
+    if images:
+        cmd += ["--images", str(images)]
     if attention:
         cmd += ["--attention", attention]
     if packing:
