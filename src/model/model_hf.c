@@ -2272,7 +2272,7 @@ static enum mp_status from_hf(struct mp_model *m, const cJSON *root, const cJSON
     if (!c.f->enc_dec &&
         ((st = read_config(text, &c, path, d)) != MP_OK || (st = check_weights(text, &c, 0, path, d)) != MP_OK))
         return st;
-    if (mm && (st = mp_hf_vision_modules(root, type, c.hidden, &m->idle, path, d)) != MP_OK)
+    if (mm && (st = mp_hf_vision_modules(root, type, c.hidden, &m->idle, &m->vision, path, d)) != MP_OK)
         return st;
 
     if ((st = read_quant(root, &m->quant, path, d)) != MP_OK)
