@@ -1794,11 +1794,13 @@ static void test_multimodal_images(void **state)
     struct mp_diag d = {{0}};
     load_ok(&t, "bench/accuracy/multimodal/gemma3-shrunk.json");
     load_images(&m, "bench/accuracy/multimodal/gemma3-shrunk.json", 1);
-    /* the tower's blocks before the text model's: embeddings, 2 layers, the projector */
+    /* the tower's blocks before the text model's: the text lookup and the patch embeddings, 2
+     * layers, the projector */
     assert_int_equal(m.n_blocks, t.n_blocks + 4);
     assert_int_equal(m.idle.params, 0);
     assert_int_equal(m.images, 1);
-    assert_int_equal(block_layer(&m, 0, 0)->type, MP_LT_PATCH_EMBEDDING);
+    assert_true(block_layer(&m, 0, 0)->emb.image_lookup); /* embed_tokens(input_ids) runs first */
+    assert_int_equal(block_layer(&m, 0, 1)->type, MP_LT_PATCH_EMBEDDING);
     assert_int_equal(block_layer(&m, 1, 0)->attn.causal, false);
     assert_int_equal(block_layer(&m, 3, 1)->conv.kernel, 4);
     assert_int_equal(block_layer(&m, 4, 0)->type, MP_LT_EMBEDDING);

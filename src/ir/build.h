@@ -58,6 +58,7 @@ struct bld {
      * batch and length (b and s are the images' while the vision tower is lowered), or -1 / 0 */
     int ids, type_ids;
     uint64_t text_b, text_s;
+    struct val inputs_embeds; /* --images: the text embedding's output, made before the tower */
     struct mp_tensor scratch; /* what T() gives for the id of a step that failed */
 };
 
@@ -181,6 +182,7 @@ struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_la
 /* lower_vision.c (--images) */
 struct val lower_token_pool(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 struct val lower_mm_projection(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+struct val lower_image_lookup(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer *l, const char *nm,
                              struct val *resid);
 

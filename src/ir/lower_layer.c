@@ -89,6 +89,8 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     B->vision = l->vision && l->type != MP_LT_EMBEDDING;
     switch (l->type) {
     case MP_LT_EMBEDDING:
+        if (l->emb.image_lookup)
+            return lower_image_lookup(B, x, l, nm);
         if (l->vision) /* the text embedding, the image features x scattered in */
             return lower_image_merge(B, x, l, nm, resid);
         return lower_embedding(B, x, l, nm, resid);

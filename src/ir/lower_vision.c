@@ -58,8 +58,30 @@ struct val lower_mm_projection(struct bld *B, struct val x, const struct mp_laye
     return y;
 }
 
-/* Gemma3Model.forward with pixel_values: inputs_embeds = embed_tokens(input_ids) (the text
- * embedding, its scale); image_features .to(inputs_embeds.dtype); get_placeholder_mask:
+/* Gemma3Model.forward: inputs_embeds = embed_tokens(input_ids) (the text embedding and its scale,
+ * with the text's batch and length) before the vision tower runs; x, the pixel values, passes on.
+ * Its parameters train as the text model's embedding does (--finetune freeze: its selection). */
+struct val lower_image_lookup(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    if (failed(B))
+        return x;
+    uint64_t b = B->b, s = B->s;
+    bool trained = B->trained;
+    B->trained = mp_finetune_block_trained(&B->p->opts.ft, -1, false);
+    B->b = B->text_b;
+    B->s = B->text_s;
+    struct val ids = {.t = B->ids, .rank = 2, .shape = {B->b, B->s}}, resid;
+    struct mp_layer tl = *l;
+    tl.vision = false;
+    tl.emb.image_lookup = false;
+    B->inputs_embeds = lower_embedding(B, ids, &tl, nm, &resid);
+    B->b = b;
+    B->s = s;
+    B->trained = trained;
+    return x;
+}
+
+/* Then, with the image features x: image_features .to(inputs_embeds.dtype); get_placeholder_mask:
  * input_ids == image_token_id, a (b, s) bool tensor, its sum (an int64 scalar) checked against
  * the features; inputs_embeds.masked_scatter(mask.unsqueeze(-1), image_features): a new (b, s, h)
  * tensor; MaskedScatterBackward0 saves the mask (derivatives.yaml masked_scatter) when either
@@ -73,12 +95,7 @@ struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer 
         return x;
     B->b = B->text_b;
     B->s = B->text_s;
-    struct val ids = {.t = B->ids, .rank = 2, .shape = {B->b, B->s}};
-    struct mp_layer tl = *l;
-    tl.vision = false;
-    struct val e = lower_embedding(B, ids, &tl, nm, resid);
-    if (failed(B))
-        return e;
+    struct val e = B->inputs_embeds;
     if (x.rank != 3 || last_dim(x) != l->dim) {
         fail_model(B, MP_ERR_MODEL, "%s: the image features are not (images, tokens, %llu)", nm,
                    (unsigned long long)l->dim);

@@ -233,6 +233,11 @@ struct mp_embed {
      * the patches flattened into a sequence, a learned class token prepended (cls_token), learned
      * positions added: the sequence is (H / patch) * (W / patch) + 1 */
     bool cls_token;
+    /* --images: the text embedding's lookup (embed_tokens(input_ids), its scale) made first, in the
+     * vision tower's first block, as Gemma3Model.forward makes it before get_image_features (its
+     * backward then runs after the tower's: autograd's order); the text model's first layer
+     * (vision) scatters the image features into it */
+    bool image_lookup;
 };
 
 /* conv2d / pooling / batchnorm / bottleneck / patch_embedding */

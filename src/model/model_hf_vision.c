@@ -264,10 +264,16 @@ enum mp_status mp_hf_add_images(struct mp_model *m, uint64_t n, struct mp_diag *
     size_t text0 = m->n_blocks, nv = (size_t)v->layers + 2;
     if (v->layers > ((size_t)1 << 20))
         return mp_fail(d, MP_ERR_RANGE, "%s: vision_config.num_hidden_layers: too many layers", m->path);
-    struct mp_block *b = front_block(m, "vision.embeddings", 1, d);
+    struct mp_block *b = front_block(m, "vision.embeddings", 2, d);
     if (!b)
         return MP_ERR_NOMEM;
     struct mp_layer *l = b->layers;
+    if (m->blocks[0].layers[0].type != MP_LT_EMBEDDING)
+        MP_BUG("the text model does not start with its embedding");
+    *l = m->blocks[0].layers[0]; /* (blocks[0]: the text model's first, before the move below) */
+    l->vision = true;
+    l->emb.image_lookup = true;
+    l++;
     l->type = MP_LT_PATCH_EMBEDDING;
     l->vision = true;
     l->conv.in_ch = v->channels;
@@ -328,8 +334,6 @@ enum mp_status mp_hf_add_images(struct mp_model *m, uint64_t n, struct mp_diag *
     memcpy(m->blocks, tmp, nv * sizeof *tmp);
     free(tmp);
     struct mp_layer *e = &m->blocks[nv].layers[0];
-    if (e->type != MP_LT_EMBEDDING)
-        MP_BUG("the text model does not start with its embedding");
     e->vision = true;
     if (v->token_id >= e->vocab) /* Gemma3Model.forward then clones input_ids and zeroes the image tokens */
         return mp_fail(d, MP_ERR_MODEL, "%s: image_token_index: %llu is outside the text vocabulary (%llu): "
