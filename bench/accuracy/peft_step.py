@@ -49,6 +49,12 @@
       --target-seq 128), CUDA's memory-efficient SDPA for T5's position-bias mask
       (torch_step.CUDA_FLOAT_MASK) and T5's CUDA-only bytes (torch_step.t5_cuda_only_bytes).
 
+  python3 bench/accuracy/peft_step.py images [--out FILE.md] [--memplan PATH]
+      Gemma 3 steps with images (memplan --images N) and the same rows text-only (images_bench):
+      the processor's batch through Gemma3ForConditionalGeneration on fake tensors, full and LoRA,
+      checkpointing none / layers, the shrunk config and a Gemma-3-4B-shaped one.  Results:
+      bench/accuracy/images_results.md; rows to rows/peft_step.jsonl.
+
   python3 bench/accuracy/peft_step.py params [CONFIG ...]
       Trainable and total parameters as peft counts them (get_nb_trainable_parameters) for
       each config (default: models/hf/*.json), built on the meta device as its
@@ -916,7 +922,77 @@ def lora_packing_bench(out, only=()):
             f.write("\n".join(lines) + "\n")
 
 
+IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets, full))
+    ("bench/accuracy/multimodal/gemma3-shrunk.json", 2, 256,
+     (("amp-bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True), ("bf16", "layers", 0, None, True),
+      ("bf16", "none", 16, "all-linear", False), ("bf16", "layers", 16, "all-linear", False),
+      ("bf16", "layers", 16, "q_proj,v_proj", False))),
+    ("bench/accuracy/multimodal/gemma3-4b-shaped.json", 1, 1024,
+     (("amp-bf16", "layers", 0, None, True), ("bf16", "layers", 0, None, True),
+      ("bf16", "layers", 16, "all-linear", False), ("bf16", "layers", 16, "q_proj,v_proj", False))),
+)
+
+
+def images_bench(out=None, memplan="./memplan", images=(0, 1, 2)):
+    """Gemma 3 steps with images (memplan --images N) beside the same rows text-only: the processor's
+    batch (image_inputs) through Gemma3ForConditionalGeneration under FakeTensorMode (_ImageMerge),
+    full fine-tuning and LoRA r16 (peft: all-linear also adapts SigLIP's Linears), checkpointing none
+    and layers; the shrunk config (batch 2 x 256, one 16-token image = 256 patches) and a config of
+    Gemma-3-4B's widths (6 text layers, 4 vision layers; batch 1 x 1024, 256 tokens per 896 x 896
+    image = 4096 patches).  Rows go to rows/peft_step.jsonl; results: images_results.md."""
+    import tempfile
+    import time
+    import peft
+    import torch
+    import transformers
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import rowlib
+    tmpdir = tempfile.mkdtemp(prefix="peft_images_")
+    lines = ["| config | batch x seq | images | precision | ckpt | finetune | trainable torch / memplan "
+             "| saved torch | saved memplan | diff | peak torch | peak memplan | diff | peak at (torch / memplan) |",
+             "|" + "---|" * 14]
+    for path, batch, seq, rows in IMAGE_SETTINGS:
+        cfg, d = bench_config(path, tmpdir)
+        for prec, ckpt, r, tg, full in rows:
+            for n in images:
+                if n * d.get("mm_tokens_per_image", 256) > seq or (n > 1 and "4b" in path):
+                    continue
+                t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, tg, full, images=n)
+                m = memplan_lora(cfg, batch, seq, prec, ckpt, r, tg, full, memplan=memplan, images=n)
+                ft = "full" if full else "lora r%d %s" % (r, tg)
+                sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
+                sv_d = "%+.2f%%" % (100.0 * (m["saved"] - t["saved"]) / t["saved"]) if t["saved"] else "-"
+                row = "| %s | %d x %d | %d | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %.2f MiB | %.2f MiB | " \
+                      "%+.3f%% | %s / %s |" % (
+                          os.path.basename(path), batch, seq, n, prec, ckpt, ft, t["trainable"], m["trainable"],
+                          "" if t["trainable"] == m["trainable"] else " MISMATCH", sv_t, m["saved"] / 2**20, sv_d,
+                          t["peak"] / 2**20, m["peak"] / 2**20, 100.0 * (m["peak"] - t["peak"]) / t["peak"],
+                          t["peak_at"], m["peak_at"])
+                print(row, flush=True)
+                lines.append(row)
+                figures = {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                           "peak": rowlib.figure(t["peak"], m["peak"])}
+                if t["saved"] is not None:
+                    figures["saved"] = rowlib.figure(t["saved"], m["saved"])
+                rowlib.save_rows("peft_step", [{
+                    "source": "bench/accuracy/peft_step.py images run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                          time.gmtime()),
+                    "config": path, "max_layers": 0, "args": m["args"], "figures": figures,
+                    "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
+                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                                    peft=peft.__version__),
+                }])
+    if out:
+        rowlib.write_results(out, "# bench/accuracy/peft_step.py images: Gemma 3 with images, CPU FakeTensorMode, "
+                             "torch %s, transformers %s, peft %s\n\n%s\n" % (
+                                 torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
+
+
 def main(argv):
+    if len(argv) >= 1 and argv[0] == "images":
+        images_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
+                     argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan")
+        return 0
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None
         only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else ()

@@ -51,7 +51,7 @@ bool mp_program_resident(const struct mp_program *p, int t)
 {
     if (t < 0)
         return false;
-    if (t == p->input || t == p->labels)
+    if (t == p->input || t == p->labels || t == p->ids || t == p->type_ids)
         return true;
     for (size_t b = 0; b < p->n_buffers; b++)
         if (p->buffers[b] == t)
@@ -439,13 +439,8 @@ static struct val program_input(struct bld *B)
         B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
         B->type_ids = new_val(B, "token_type_ids", MP_DT_I64, 2, shape, false).t;
         p->labels = new_val(B, "labels", MP_DT_I64, 2, shape, false).t;
-        for (int k = 0; k < 2 && !failed(B); k++) { /* resident like the batch (mp_program_resident) */
-            if (p->n_buffers >= MP_BUFFERS_MAX) {
-                fail_model(B, MP_ERR_INTERNAL, "too many module buffers");
-                break;
-            }
-            p->buffers[p->n_buffers++] = k ? B->type_ids : B->ids;
-        }
+        p->ids = B->ids; /* resident like the batch (mp_program_resident) */
+        p->type_ids = B->type_ids;
         B->b = px[0];
         B->p->probe_unsupported = "steps with images (--images: the vision tower and masked_scatter)";
     } else if (m->input == MP_INPUT_TOKENS) {
@@ -559,6 +554,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     p->opts = *o;
     p->model = m;
     p->labels = -1;
+    p->ids = p->type_ids = -1;
     p->rope_tables = -1;
     p->attn_mask = -1;
     if (p->opts.seq == 0)
