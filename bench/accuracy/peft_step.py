@@ -266,7 +266,7 @@ def image_inputs(cfg, batch, seq, images, dtype, device="cpu"):
 
 
 def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, live_at_peak=False,
-                    packing="", attention="sdpa", device="cpu", images=0):
+                    packing="", attention="sdpa", device="cpu", images=0, freeze_vision=False):
     import gc
     import torch
     import transformers
@@ -301,6 +301,9 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
         model.to_empty(device=device)
         (model.get_base_model() if not full else model).tie_weights()  # to_empty unties them
     model.train()
+    if freeze_vision:  # the frozen tower: requires_grad False on the vision tower and the projector
+        for p in list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters()):
+            p.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     tr = Live(snapshot=live_at_peak) if live_at_peak else Live()
@@ -369,11 +372,13 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
 
 
 def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, memplan="./memplan",
-                 packing="", attention=None, images=0):
+                 packing="", attention=None, images=0, train_blocks=None):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off", "--json"]  # torch: use_cache=False
     if images:
         cmd += ["--images", str(images)]
+    if train_blocks:  # --finetune freeze (its vision tower stays frozen)
+        cmd += ["--finetune", "freeze", "--train-blocks", train_blocks]
     if attention:
         cmd += ["--attention", attention]
     if packing:
@@ -922,14 +927,17 @@ def lora_packing_bench(out, only=()):
             f.write("\n".join(lines) + "\n")
 
 
-IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets, full))
+IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets, full)); targets "frozen-tower":
+    # full fine-tuning of the language model, the vision tower and projector requires_grad False
     ("bench/accuracy/multimodal/gemma3-shrunk.json", 2, 256,
      (("amp-bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True), ("bf16", "layers", 0, None, True),
+      ("bf16", "none", 0, "frozen-tower", True), ("amp-bf16", "layers", 0, "frozen-tower", True),
       ("bf16", "none", 16, "all-linear", False), ("bf16", "layers", 16, "all-linear", False),
       ("bf16", "layers", 16, "q_proj,v_proj", False))),
     ("bench/accuracy/multimodal/gemma3-4b-shaped.json", 1, 1024,
      (("amp-bf16", "layers", 0, None, True), ("bf16", "layers", 0, None, True),
-      ("bf16", "layers", 16, "all-linear", False), ("bf16", "layers", 16, "q_proj,v_proj", False))),
+      ("bf16", "layers", 16, "all-linear", False), ("bf16", "layers", 16, "q_proj,v_proj", False),
+      ("bf16", "layers", 0, "frozen-tower", True))),
 )
 
 
@@ -957,9 +965,15 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2)):
             for n in images:
                 if n * d.get("mm_tokens_per_image", 256) > seq or (n > 1 and "4b" in path):
                     continue
-                t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, tg, full, images=n)
-                m = memplan_lora(cfg, batch, seq, prec, ckpt, r, tg, full, memplan=memplan, images=n)
-                ft = "full" if full else "lora r%d %s" % (r, tg)
+                frozen = tg == "frozen-tower"
+                if frozen and not n:
+                    continue
+                tb = "0-%d,embed,head" % (d["text_config"]["num_hidden_layers"] - 1) if frozen else None
+                t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, images=n,
+                                    freeze_vision=frozen)
+                m = memplan_lora(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, memplan=memplan,
+                                 images=n, train_blocks=tb)
+                ft = "full, frozen tower" if frozen else "full" if full else "lora r%d %s" % (r, tg)
                 sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
                 sv_d = "%+.2f%%" % (100.0 * (m["saved"] - t["saved"]) / t["saved"]) if t["saved"] else "-"
                 row = "| %s | %d x %d | %d | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %.2f MiB | %.2f MiB | " \
