@@ -956,6 +956,8 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2)):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import rowlib
     tmpdir = tempfile.mkdtemp(prefix="peft_images_")
+    rows_path = os.path.join(rowlib.ROWS_DIR, "peft_step.jsonl")
+    marked = {rowlib._key(r) for r in rowlib.read_rows(rows_path) if r.get("disagrees")}
     lines = ["| config | batch x seq | images | precision | ckpt | finetune | trainable torch / memplan "
              "| saved torch | saved memplan | diff | peak torch | peak memplan | diff | peak at (torch / memplan) |",
              "|" + "---|" * 14]
@@ -988,6 +990,9 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2)):
                            "peak": rowlib.figure(t["peak"], m["peak"])}
                 if t["saved"] is not None:
                     figures["saved"] = rowlib.figure(t["saved"], m["saved"])
+                row = {"config": path, "max_layers": 0, "args": m["args"]}
+                if rowlib._key(row) in marked:  # a text-only twin marked `disagrees` by the lora run: kept
+                    continue
                 rowlib.save_rows("peft_step", [{
                     "source": "bench/accuracy/peft_step.py images run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                           time.gmtime()),
