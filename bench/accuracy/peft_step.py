@@ -49,10 +49,10 @@
       --target-seq 128), CUDA's memory-efficient SDPA for T5's position-bias mask
       (torch_step.CUDA_FLOAT_MASK) and T5's CUDA-only bytes (torch_step.t5_cuda_only_bytes).
 
-  python3 bench/accuracy/peft_step.py images [--out FILE.md] [--memplan PATH]
+  python3 bench/accuracy/peft_step.py images [--out FILE.md] [--memplan PATH] [--only NAME,...]
       Gemma 3 steps with images (memplan --images N) and the same rows text-only (images_bench):
       the processor's batch through Gemma3ForConditionalGeneration on fake tensors, full and LoRA,
-      checkpointing none / layers, the shrunk config and a Gemma-3-4B-shaped one.  Results:
+      checkpointing none / layers, the shrunk config, a Gemma-3-4B-shaped one and Gemma-3-4B itself.  Results:
       bench/accuracy/images_results.md; rows to rows/peft_step.jsonl.
 
   python3 bench/accuracy/peft_step.py params [CONFIG ...]
@@ -938,10 +938,12 @@ IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets,
      (("amp-bf16", "layers", 0, None, True), ("bf16", "layers", 0, None, True),
       ("bf16", "layers", 16, "all-linear", False), ("bf16", "layers", 16, "q_proj,v_proj", False),
       ("bf16", "layers", 0, "frozen-tower", True))),
+    ("models/hf/gemma-3-4b-it.json", 1, 1024,  # the whole model: 34 text and 27 vision layers
+     (("bf16", "layers", 16, "all-linear", False), ("bf16", "layers", 0, None, True))),
 )
 
 
-def images_bench(out=None, memplan="./memplan", images=(0, 1, 2)):
+def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
     """Gemma 3 steps with images (memplan --images N) beside the same rows text-only: the processor's
     batch (image_inputs) through Gemma3ForConditionalGeneration under FakeTensorMode (_ImageMerge),
     full fine-tuning and LoRA r16 (peft: all-linear also adapts SigLIP's Linears), checkpointing none
@@ -962,6 +964,8 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2)):
              "| saved torch | saved memplan | diff | peak torch | peak memplan | diff | peak at (torch / memplan) |",
              "|" + "---|" * 14]
     for path, batch, seq, rows in IMAGE_SETTINGS:
+        if only and not any(o in path for o in only):
+            continue
         cfg, d = bench_config(path, tmpdir)
         for prec, ckpt, r, tg, full in rows:
             for n in images:
@@ -1010,7 +1014,8 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2)):
 def main(argv):
     if len(argv) >= 1 and argv[0] == "images":
         images_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
-                     argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan")
+                     argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan",
+                     only=argv[argv.index("--only") + 1].split(",") if "--only" in argv else ())
         return 0
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None
