@@ -842,6 +842,27 @@ expect_line 2 "--num-labels 0: out of range" estimate models/hf/llama-3.2-1b.jso
 expect_line 3 "--head mlm on llama: transformers has none" estimate models/hf/llama-3.2-1b.json --head mlm
 expect_line 3 "--num-labels on a causal LM" estimate models/hf/llama-3.2-1b.json --num-labels 4
 expect_line 3 "--head on a memplan model" estimate models/gpt2-124m.json --head seq-cls
+# --images: Gemma 3 steps with images; refusals one line each
+expect_line 3 "--images on a text model (no vision tower)" estimate models/hf/gemma-3-1b.json --images 1
+expect_line 3 "--images on qwen2.5-vl: not modelled yet" estimate bench/accuracy/multimodal/qwen2.5-vl-shrunk.json --images 1
+expect_line 3 "--images on a memplan model" estimate models/gpt2-124m.json --images 1
+expect_line 2 "--images 0: out of range" estimate models/hf/gemma-3-4b-it.json --images 0
+expect_line 2 "--images 5 x 256 image tokens exceed --seq 1024" estimate models/hf/gemma-3-4b-it.json --images 5 --seq 1024
+# Gemma-3-4B, one image at batch 1, amp-bf16 (fp32 weights): pixel_values 1 x 3 x 896 x 896 fp32 =
+# 9,633,792 bytes, input_ids, token_type_ids and labels 1,024 x 8 each: 9,658,368 input bytes; the
+# parameters as transformers counts the class (4,300,079,472), the tower now trained (full)
+run estimate models/hf/gemma-3-4b-it.json --images 1 --seq 1024 --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))
+assert r["model"]["params"] == 4300079472 and r["model"]["trainable_params"] == 4300079472, r["model"]
+assert "unused_params" not in r["model"], r["model"]
+assert r["memory"]["input_bytes"] == 9633792 + 3 * 8192, r["memory"]["input_bytes"]
+assert r["config"]["images"] == {"per_sample": 1, "tokens_each": 256, "image_size": 896, "patches": 4096,
+                                 "vision_layers": 27}, r["config"]["images"]' "$T/out"; then
+    ok "--images 1 on gemma-3-4b-it: params, input bytes and config.images in --json"
+else
+    bad "--images 1 on gemma-3-4b-it: params, input bytes and config.images in --json"
+fi
+expect_line 4 "--images: the probe refuses the program" probe bench/accuracy/multimodal/gemma3-shrunk.json --images 1 --seq 64 --backend host
 # --torch: SDPA's math kernel for fp32 grouped-query attention before torch 2.15
 # (docs/memory-facts.md#sdpa-math).  Qwen2-0.5B: 14 q heads, 2 k/v heads, head dim 64; batch 1,
 # seq 64.  What the math kernel saves, from bench/accuracy/sdpa_math.py's trace of one call

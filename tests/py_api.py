@@ -245,6 +245,7 @@ CASES = [
     ("expert parallel", "estimate", "models/hf/qwen3-30b-a3b.json", dict(gpus=8, parallel="fsdp", ep=4, seq=512)),
     ("t5", "estimate", "models/hf/flan-t5-base.json", dict(target_seq=128)),
     ("multimodal", "estimate", "models/hf/qwen2-vl-7b-instruct.json", dict(finetune="lora", seq=512)),
+    ("images", "estimate", "models/hf/gemma-3-4b-it.json", dict(images=2, seq=1024, checkpoint="layers")),
     ("zero3 offload nvme", "estimate", L8B, dict(gpus=8, parallel="zero3", offload="params", offload_device="nvme",
                                                gpu="a100-80gb")),
     ("fsdp check", "check", L8B, dict(gpus=4, nodes=2, parallel="fsdp", batch=1, gpu="a100-80gb")),
@@ -296,6 +297,11 @@ if r:
     check(r.config.finetune.mode == "lora" and r.config.finetune.lora_r == 8 and r.config.finetune.lora_dropout == 0.05
           and r.config.finetune.lora_targets == "q_proj,v_proj",
           "lora: finetune lora, r 8, dropout 0.05, targets q_proj,v_proj (the keywords reached the command line)")
+r = reps.get("images")
+if r:  # Gemma-3-4B: 896 x 896 images, patch 14 (4,096 patches), 256 tokens each, 27 SigLIP layers
+    check(r.config.images.per_sample == 2 and r.config.images.tokens_each == 256 and r.config.images.patches == 4096
+          and r.config.images.image_size == 896 and r.config.images.vision_layers == 27,
+          "images: config.images 2 per sample, 256 tokens each, 4,096 patches of 896 px, 27 vision layers")
 r = reps.get("sdpa math")
 if r:  # llama-3.2-1b has 32 q heads and 8 k/v heads: fp32 GQA, torch 2.11's math kernel
     check(r.config.torch == "2.11" and r.config.sdpa_kernel == "math",

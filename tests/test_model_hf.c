@@ -1815,6 +1815,139 @@ static void test_mllama(void **state)
                  "checkpoint's config.json (MllamaForConditionalGeneration))");
 }
 
+/* ---- multimodal checkpoints, steps with images (--images: model_hf_vision.c mp_hf_add_images,
+ * ir/lower_vision.c) ---- */
+
+static void load_images(struct mp_model *m, const char *path, uint64_t images)
+{
+    struct mp_model_request rq = {.head = -1, .images = images};
+    struct mp_diag d = {{0}};
+    if (mp_model_load_file_as(m, path, &rq, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+}
+
+static void expect_images_error(const char *path, uint64_t images, const char *msg)
+{
+    struct mp_model m;
+    struct mp_model_request rq = {.head = -1, .images = images};
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_model_load_file_as(&m, path, &rq, &d), MP_ERR_MODEL);
+    assert_string_equal(d.msg, msg);
+}
+
+/* A program of the image model m at batch 2, sequence seq, bf16 (LoRA r 16 on targets unless ""). */
+static enum mp_status build_images(const struct mp_model *m, uint64_t seq, const char *targets, bool ckpt,
+                                   struct mp_program *p, struct mp_diag *d)
+{
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 2;
+    o.seq = seq;
+    o.precision = MP_PREC_BF16;
+    if (*targets) {
+        o.ft.mode = MP_FT_LORA;
+        o.ft.r = 16;
+        o.ft.input_grad = ckpt;
+        assert_int_equal(mp_finetune_parse_targets(&o.ft, targets, d), MP_OK);
+    }
+    return mp_program_build(m, &o, p, d);
+}
+
+/* The node named name (the first), or NULL. */
+static const struct mp_node *node_named(const struct mp_program *p, const char *suffix)
+{
+    size_t k = strlen(suffix);
+    for (size_t i = 0; i < p->n_nodes; i++) {
+        const char *n = p->nodes[i].name;
+        size_t len = n ? strlen(n) : 0;
+        if (len >= k && !strcmp(n + len - k, suffix))
+            return &p->nodes[i];
+    }
+    return NULL;
+}
+
+/* gemma3-shrunk (vision: hidden 128, MLP 512, 2 layers, 4 heads, image 224, patch 14: 16 x 16 =
+ * 256 patches; mm_tokens_per_image 16: a 4 x 4 grid, AvgPool2d kernel 4; text hidden 256) with one
+ * image per sample at batch 2: expected shapes from Gemma3Model.forward (transformers 5.24), worked
+ * by hand; counts from transformers / peft (bench/accuracy/peft_step.py image rows). */
+static void test_multimodal_images(void **state)
+{
+    (void)state;
+    struct mp_model m, t;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    load_ok(&t, "bench/accuracy/multimodal/gemma3-shrunk.json");
+    load_images(&m, "bench/accuracy/multimodal/gemma3-shrunk.json", 1);
+    /* the tower's blocks before the text model's: the text lookup and the patch embeddings, 2
+     * layers, the projector */
+    assert_int_equal(m.n_blocks, t.n_blocks + 4);
+    assert_int_equal(m.idle.params, 0);
+    assert_int_equal(m.images, 1);
+    assert_true(block_layer(&m, 0, 0)->emb.image_lookup); /* embed_tokens(input_ids) runs first */
+    assert_int_equal(block_layer(&m, 0, 1)->type, MP_LT_PATCH_EMBEDDING);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.causal, false);
+    assert_int_equal(block_layer(&m, 3, 1)->conv.kernel, 4);
+    assert_int_equal(block_layer(&m, 4, 0)->type, MP_LT_EMBEDDING);
+    assert_int_equal(m.blocks[1].repeat_group, 2);
+    mp_model_release(&t);
+
+    if (build_images(&m, 256, "", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.total_params, 6705408u); /* transformers: Gemma3ForConditionalGeneration */
+    assert_int_equal(p.trainable_params, 6705408u);
+    assert_int_equal(tensor_elems(&p, "pixel_values"), 2 * 3 * 224 * 224);
+    assert_int_equal(tensor_elems(&p, "token_type_ids"), 2 * 256);
+    assert_int_equal(tensor_elems(&p, "position_ids"), 256);            /* SigLIP's registered buffer */
+    assert_int_equal(tensor_elems(&p, "avg_pool.grid"), 2 * 128 * 16 * 16); /* transpose + reshape copy */
+    assert_int_equal(tensor_elems(&p, "avg_pool"), 2 * 128 * 4 * 4);
+    assert_int_equal(tensor_elems(&p, "mm_input_projection"), 2 * 16 * 256);
+    assert_int_equal(tensor_elems(&p, "special_image_mask"), 2 * 256);
+    assert_int_equal(tensor_elems(&p, "masked_scatter"), 2 * 256 * 256);
+    const struct mp_node *ms = node_named(&p, "masked_scatter");
+    assert_non_null(ms);
+    assert_int_equal(ms->n_saved, 1); /* the mask */
+    /* CUDA's masked_select: nonzero over the features' 2 x 16 x 256 elements, 3 int64 columns */
+    assert_int_equal(ms->bwd_tmp_bytes, 2 * 16 * 256 * 3 * 8);
+    /* the vision layers' SDPA gets no mask; the text layers' the bidirectional image-block masks */
+    assert_true(p.attn_mask >= 0);
+    assert_int_equal(p.tensors[p.attn_mask].elems, 2 * 2 * 256 * 256); /* full and sliding, bool */
+    mp_program_release(&p);
+
+    /* LoRA (peft 0.21, r 16): all-linear adapts SigLIP's q/k/v/out_proj and fc1/fc2 too */
+    if (build_images(&m, 256, "all-linear", true, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 614400u);
+    /* enable_input_require_grads hooks SiglipVisionModel's patch Conv2d: its output is a leaf held */
+    const struct mp_node *conv = NULL;
+    for (size_t k = 0; k < p.n_nodes && !conv; k++)
+        conv = p.nodes[k].prim == MP_P_CONV2D ? &p.nodes[k] : NULL;
+    assert_non_null(conv);
+    assert_int_equal(conv->n_saved, 1);
+    assert_int_equal(conv->saved[0], conv->out);
+    mp_program_release(&p);
+    if (build_images(&m, 256, "q_proj,v_proj", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 102400u);
+    mp_program_release(&p);
+    if (build_images(&m, 256, "o_proj", false, &p, &d) != MP_OK) /* text o_proj; SigLIP's is out_proj */
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 6u * 16 * (256 + 256));
+    mp_program_release(&p);
+
+    /* the image tokens are part of --seq: 16 of them do not fit 15 */
+    assert_int_equal(build_images(&m, 15, "", false, &p, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/gemma3-shrunk.json: --images 1: 16 image tokens each "
+                               "(mm_tokens_per_image) exceed --seq 15, which includes them");
+    mp_model_release(&m);
+
+    expect_images_error("models/hf/gemma-3-1b.json", 1, "models/hf/gemma-3-1b.json: --images: gemma3_text has no "
+                        "vision tower (a multimodal checkpoint's config.json with a vision_config)");
+    expect_images_error("bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", 1,
+                        "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json: --images: steps with images are modelled "
+                        "for gemma3 (Gemma3ForConditionalGeneration) only, not qwen2_5_vl yet; text-only steps are "
+                        "(no --images)");
+}
+
 static void test_params_moe_families(void **state)
 {
     (void)state;
@@ -2500,6 +2633,7 @@ int main(void)
         cmocka_unit_test(test_multimodal),
         cmocka_unit_test(test_mllama),
         cmocka_unit_test(test_phimoe),
+        cmocka_unit_test(test_multimodal_images),
         cmocka_unit_test(test_moe_layers_and_mla),
         cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),

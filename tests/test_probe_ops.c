@@ -200,6 +200,7 @@ static void test_ops_cover_every_prim(void **state)
      * mp_probe_run refuses their programs (program.probe_unsupported; tests/cli.sh checks the
      * refusals) */
     seen[MP_P_ROUTER] = seen[MP_P_ROWS] = seen[MP_P_GROUPED_MM] = seen[MP_P_FUSED_LOSS] = true;
+    seen[MP_P_MASKED_SCATTER] = true; /* (--images: the probe refuses the program) */
     for (int k = 0; k < MP_P_COUNT; k++)
         if (!seen[k])
             fail_msg("prim %s has no per-op program in tests/test_probe_ops.c", mp_prim_str((enum mp_prim)k));

@@ -49,6 +49,12 @@
       --target-seq 128), CUDA's memory-efficient SDPA for T5's position-bias mask
       (torch_step.CUDA_FLOAT_MASK) and T5's CUDA-only bytes (torch_step.t5_cuda_only_bytes).
 
+  python3 bench/accuracy/peft_step.py images [--out FILE.md] [--memplan PATH] [--only NAME,...]
+      Gemma 3 steps with images (memplan --images N) and the same rows text-only (images_bench):
+      the processor's batch through Gemma3ForConditionalGeneration on fake tensors, full and LoRA,
+      checkpointing none / layers, the shrunk config, a Gemma-3-4B-shaped one and Gemma-3-4B itself.  Results:
+      bench/accuracy/images_results.md; rows to rows/peft_step.jsonl.
+
   python3 bench/accuracy/peft_step.py params [CONFIG ...]
       Trainable and total parameters as peft counts them (get_nb_trainable_parameters) for
       each config (default: models/hf/*.json), built on the meta device as its
@@ -84,6 +90,7 @@ Needs torch, transformers, peft, bitsandbytes (pip).  Not part of `make test`.
 import json
 import os
 import subprocess
+import contextlib
 import sys
 import warnings
 from collections import Counter
@@ -221,8 +228,62 @@ def autocast_for(precision, device):
     return CudaAutocast() if device == "cuda" else torch.autocast(device, dtype=torch.bfloat16)
 
 
+class _ImageMerge:
+    """Gemma 3's image step under FakeTensorMode: get_placeholder_mask's count check reads a value
+    (torch_compilable_check: .item(), data-dependent under fake tensors) and masked_scatter's
+    backward runs masked_select (an output size read from the mask).  Inside this context the check
+    is skipped and Tensor.masked_scatter is an autograd Function that allocates what ATen's does
+    (tools/autograd/derivatives.yaml masked_scatter: saves the mask; the output a new tensor of
+    self's shape; backward grad.masked_fill(mask, 0) and masked_scatter_backward's masked_select,
+    a new tensor of the source's elements, viewed to its shape).  CUDA's masked_select also makes a
+    (selected, 3) int64 nonzero index (index with a bool mask), which the CPU does not: not
+    measured here (memplan counts it as a backward transient)."""
+
+    def __enter__(self):
+        import torch
+        import transformers.models.gemma3.modeling_gemma3 as g3
+
+        class MaskedScatter(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, mask, src):
+                ctx.save_for_backward(mask)
+                ctx.src_shape = src.shape
+                return torch.empty_like(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                (mask,) = ctx.saved_tensors
+                return g.masked_fill(mask, 0), None, torch.empty(ctx.src_shape, dtype=g.dtype, device=g.device)
+
+        self.before = (g3.torch_compilable_check, torch.Tensor.masked_scatter)
+        g3.torch_compilable_check = lambda *a, **k: None
+        torch.Tensor.masked_scatter = lambda t, mask, src: MaskedScatter.apply(t, mask, src)
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+        import transformers.models.gemma3.modeling_gemma3 as g3
+        g3.torch_compilable_check, torch.Tensor.masked_scatter = self.before
+
+
+def image_inputs(cfg, batch, seq, images, dtype, device="cpu"):
+    """A Gemma 3 processor's batch: input_ids with images x mm_tokens_per_image image tokens per row
+    (after a BOS), token_type_ids 1 on them (Gemma3Processor's mm_token_type_ids), pixel_values
+    (batch x images, channels, image_size, image_size) in the model's dtype."""
+    import torch
+    vc, T = cfg.vision_config, cfg.mm_tokens_per_image
+    n = images * T
+    if n > seq:
+        raise ValueError("%d image tokens exceed seq %d" % (n, seq))
+    ids = torch.randint(0, min(cfg.image_token_id, cfg.get_text_config().vocab_size), (batch, seq), device=device)
+    ids[:, 1:1 + n] = cfg.image_token_id
+    tt = (ids == cfg.image_token_id).long()
+    pv = torch.randn(batch * images, vc.num_channels, vc.image_size, vc.image_size, dtype=dtype, device=device)
+    return ids, tt, pv
+
+
 def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, live_at_peak=False,
-                    packing="", attention="sdpa", device="cpu"):
+                    packing="", attention="sdpa", device="cpu", images=0, freeze_vision=False):
     import gc
     import torch
     import transformers
@@ -257,6 +318,9 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
         model.to_empty(device=device)
         (model.get_base_model() if not full else model).tie_weights()  # to_empty unties them
     model.train()
+    if freeze_vision:  # the frozen tower: requires_grad False on the vision tower and the projector
+        for p in list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters()):
+            p.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     tr = Live(snapshot=live_at_peak) if live_at_peak else Live()
@@ -277,9 +341,14 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             _SDPA_BEFORE = torch.nn.functional.scaled_dot_product_attention
             torch.nn.functional.scaled_dot_product_attention = flash_sdpa_on_fake_cuda
         shape = (1, batch * seq) if packing == "padding-free" else (batch, seq)
-        ids = torch.randint(0, cfg.get_text_config().vocab_size, shape, device=device)
-        labels = ids.clone()
         kw = {}
+        if images:  # image+text: the processor's inputs (image_inputs), stepped inside _ImageMerge
+            ids, kw["token_type_ids"], kw["pixel_values"] = image_inputs(cfg, batch, seq, images, dtype, device)
+            tr.add(kw["token_type_ids"], "token_type_ids")
+            tr.add(kw["pixel_values"], "pixel_values")
+        else:
+            ids = torch.randint(0, cfg.get_text_config().vocab_size, shape, device=device)
+        labels = ids.clone()
         if packing:  # the collator's position ids (values do not matter under fake tensors)
             kw["position_ids"] = torch.arange(shape[1], device=device).expand(shape[0], -1).contiguous()
             tr.add(kw["position_ids"], "position_ids")
@@ -295,7 +364,8 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             if last and ckpt == "none":
                 saved.__enter__()
             try:  # (a forward that raises must not leave autocast or the saved-tensor hooks on)
-                loss = model(input_ids=ids, labels=labels, use_cache=False, **kw).loss
+                with _ImageMerge() if images else contextlib.nullcontext():
+                    loss = model(input_ids=ids, labels=labels, use_cache=False, **kw).loss
             finally:
                 if last and ckpt == "none":
                     saved.__exit__(None, None, None)
@@ -306,7 +376,8 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             if device == "cuda":  # fake CUDA tensors: the autograd engine asks for a real device
                 return {**res, "peak": None, "peak_at": None}  # (hasPrimaryContext): the forward only
             tr.phase = "backward"
-            loss.backward()
+            with _ImageMerge() if images else contextlib.nullcontext():
+                loss.backward()
             del loss
             gc.collect()
             tr.phase = "optimizer.step"
@@ -320,9 +391,13 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
 
 
 def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, memplan="./memplan",
-                 packing="", attention=None):
+                 packing="", attention=None, images=0, train_blocks=None):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off", "--json"]  # torch: use_cache=False
+    if images:
+        cmd += ["--images", str(images)]
+    if train_blocks:  # --finetune freeze (its vision tower stays frozen)
+        cmd += ["--finetune", "freeze", "--train-blocks", train_blocks]
     if attention:
         cmd += ["--attention", attention]
     if packing:
@@ -878,7 +953,96 @@ def lora_packing_bench(out, only=()):
             f.write("\n".join(lines) + "\n")
 
 
+IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets, full)); targets "frozen-tower":
+    # full fine-tuning of the language model, the vision tower and projector requires_grad False
+    ("bench/accuracy/multimodal/gemma3-shrunk.json", 2, 256,
+     (("amp-bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True), ("bf16", "layers", 0, None, True),
+      ("bf16", "none", 0, "frozen-tower", True), ("amp-bf16", "layers", 0, "frozen-tower", True),
+      ("bf16", "none", 16, "all-linear", False), ("bf16", "layers", 16, "all-linear", False),
+      ("bf16", "layers", 16, "q_proj,v_proj", False))),
+    ("bench/accuracy/multimodal/gemma3-4b-shaped.json", 1, 1024,
+     (("amp-bf16", "layers", 0, None, True), ("bf16", "layers", 0, None, True),
+      ("bf16", "layers", 16, "all-linear", False), ("bf16", "layers", 16, "q_proj,v_proj", False),
+      ("bf16", "layers", 0, "frozen-tower", True))),
+    ("models/hf/gemma-3-4b-it.json", 1, 1024,  # the whole model: 34 text and 27 vision layers
+     (("bf16", "layers", 16, "all-linear", False), ("bf16", "layers", 0, None, True))),
+)
+
+
+def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
+    """Gemma 3 steps with images (memplan --images N) beside the same rows text-only: the processor's
+    batch (image_inputs) through Gemma3ForConditionalGeneration under FakeTensorMode (_ImageMerge),
+    full fine-tuning and LoRA r16 (peft: all-linear also adapts SigLIP's Linears), checkpointing none
+    and layers; the shrunk config (batch 2 x 256, one 16-token image = 256 patches) and a config of
+    Gemma-3-4B's widths (6 text layers, 4 vision layers; batch 1 x 1024, 256 tokens per 896 x 896
+    image = 4096 patches).  Rows go to rows/peft_step.jsonl; results: images_results.md."""
+    import tempfile
+    import time
+    import peft
+    import torch
+    import transformers
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import rowlib
+    tmpdir = tempfile.mkdtemp(prefix="peft_images_")
+    rows_path = os.path.join(rowlib.ROWS_DIR, "peft_step.jsonl")
+    marked = {rowlib._key(r) for r in rowlib.read_rows(rows_path) if r.get("disagrees")}
+    lines = ["| config | batch x seq | images | precision | ckpt | finetune | trainable torch / memplan "
+             "| saved torch | saved memplan | diff | peak torch | peak memplan | diff | peak at (torch / memplan) |",
+             "|" + "---|" * 14]
+    for path, batch, seq, rows in IMAGE_SETTINGS:
+        if only and not any(o in path for o in only):
+            continue
+        cfg, d = bench_config(path, tmpdir)
+        for prec, ckpt, r, tg, full in rows:
+            for n in images:
+                if n * d.get("mm_tokens_per_image", 256) > seq or (n > 1 and "4b" in path):
+                    continue
+                frozen = tg == "frozen-tower"
+                if frozen and not n:
+                    continue
+                tb = "0-%d,embed,head" % (d["text_config"]["num_hidden_layers"] - 1) if frozen else None
+                t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, images=n,
+                                    freeze_vision=frozen)
+                m = memplan_lora(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, memplan=memplan,
+                                 images=n, train_blocks=tb)
+                ft = "full, frozen tower" if frozen else "full" if full else "lora r%d %s" % (r, tg)
+                sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
+                sv_d = "%+.2f%%" % (100.0 * (m["saved"] - t["saved"]) / t["saved"]) if t["saved"] else "-"
+                row = "| %s | %d x %d | %d | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %.2f MiB | %.2f MiB | " \
+                      "%+.3f%% | %s / %s |" % (
+                          os.path.basename(path), batch, seq, n, prec, ckpt, ft, t["trainable"], m["trainable"],
+                          "" if t["trainable"] == m["trainable"] else " MISMATCH", sv_t, m["saved"] / 2**20, sv_d,
+                          t["peak"] / 2**20, m["peak"] / 2**20, 100.0 * (m["peak"] - t["peak"]) / t["peak"],
+                          t["peak_at"], m["peak_at"])
+                print(row, flush=True)
+                lines.append(row)
+                figures = {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                           "peak": rowlib.figure(t["peak"], m["peak"])}
+                if t["saved"] is not None:
+                    figures["saved"] = rowlib.figure(t["saved"], m["saved"])
+                row = {"config": path, "max_layers": 0, "args": m["args"]}
+                if rowlib._key(row) in marked:  # a text-only twin marked `disagrees` by the lora run: kept
+                    continue
+                rowlib.save_rows("peft_step", [{
+                    "source": "bench/accuracy/peft_step.py images run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                          time.gmtime()),
+                    "config": path, "max_layers": 0, "args": m["args"], "figures": figures,
+                    "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
+                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                                    peft=peft.__version__),
+                }])
+    if out:
+        rowlib.write_results(out, "# bench/accuracy/peft_step.py images: Gemma 3 with images, CPU FakeTensorMode, "
+                             "torch %s, transformers %s, peft %s\n\n%s\n" % (
+                                 torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
+
+
 def main(argv):
+    if len(argv) >= 1 and argv[0] == "images":
+        images_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
+                     argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan",
+                     only=argv[argv.index("--only") + 1].split(",") if "--only" in argv else ())
+        return 0
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None
         only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else ()

@@ -65,6 +65,15 @@ class Finetune:
 
 
 @dataclass
+class Images:  # --images: a multimodal checkpoint stepped with images (Gemma 3)
+    per_sample: int
+    tokens_each: int  # mm_tokens_per_image: each image's tokens in seq_len
+    image_size: int
+    patches: int
+    vision_layers: int
+
+
+@dataclass
 class Moe:
     layers: int
     experts: int
@@ -157,6 +166,7 @@ class Config:
     batch: Optional[int] = _opt()
     seq_len: Optional[int] = _opt()
     target_seq_len: Optional[int] = _opt()  # encoder-decoders
+    images: Optional[Images] = _opt()  # --images only
     precision: Optional[str] = _opt()
     optimizer: Optional[str] = _opt()
     optimizer_hf: Optional[str] = _opt()  # the TrainingArguments optim

@@ -71,6 +71,7 @@ struct args {
     int use_cache; /* -1: the config's; 0 off; 1 on */
     int head;            /* --head (enum mp_head); -1: the config's architectures[0] */
     uint64_t num_labels; /* --num-labels; 0: the config's */
+    uint64_t images;     /* --images: images per sample (multimodal checkpoints; 0: text only) */
     const char *gpu;
     uint64_t vram;
     int device;

@@ -214,6 +214,9 @@ static const struct opt OPTS[] = {
      .help = ": HF configs: the task head, replacing architectures[0]'s (default: the config's)"},
     {0, "num-labels", "N", C_ALL, INT(1, 1ull << 40), FIELD(num_labels), .expect = "a positive integer",
      .help = "classes of a seq-cls or token-cls head, replacing num_labels/id2label (default: the config's)"},
+    {0, "images", "N", C_ALL, INT(1, 1 << 20), FIELD(images), .expect = "a positive integer",
+     .help = "Gemma 3 configs: N images per sample through the vision tower; their tokens "
+             "(mm_tokens_per_image each) are part of --seq (default: text only)"},
     {0, "gpu", "NAME", C_TARGET, K_STRING, FIELD(gpu),
      .help = "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {0, "vram", "SIZE", C_PLAN | C_SUGG | C_CHECK, K_SIZE, .lo = 1, FIELD(vram),

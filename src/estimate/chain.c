@@ -81,6 +81,8 @@ enum mp_status mp_estimate_chain(const struct mp_program *p, struct mp_chain *c,
     for (size_t i = 0; i <= L; i++)
         c->x[i] = i < L ? p->tensors[p->blocks[i].input].bytes : p->tensors[p->blocks[L - 1].output].bytes;
     c->x[0] += p->labels >= 0 ? p->tensors[p->labels].bytes : 0;
+    c->x[0] += p->ids >= 0 ? p->tensors[p->ids].bytes : 0; /* --images */
+    c->x[0] += p->type_ids >= 0 ? p->tensors[p->type_ids].bytes : 0;
     mp_estimate_chain_mark(p, c);
     c->xb[0] = c->x[0];
     for (size_t i = 0; i < L; i++) {

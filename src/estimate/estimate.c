@@ -342,6 +342,10 @@ bool inputs_bytes(const struct mp_program *p, struct mp_estimate *e)
 {
     bool ok = mp_add_u64(p->tensors[p->input].bytes, p->labels >= 0 ? p->tensors[p->labels].bytes : 0,
                          &e->input_bytes);
+    for (int k = 0; k < 2; k++) { /* --images: the ids and token_type_ids beside the pixel values */
+        int t = k ? p->type_ids : p->ids;
+        ok = ok && (t < 0 || mp_add_u64(e->input_bytes, p->tensors[t].bytes, &e->input_bytes));
+    }
     for (size_t b = 0; b < p->n_buffers; b++)
         ok = ok && mp_add_u64(e->module_buffers_bytes, p->tensors[p->buffers[b]].bytes, &e->module_buffers_bytes);
     return ok;

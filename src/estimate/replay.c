@@ -1201,11 +1201,13 @@ static void replay_setup(struct rp *r)
     r->is_input[p->input] = true;
     r->live[p->input] = true;
     emit(r, MP_EV_ALLOC, MP_ST_INPUT, p->input, p->tensors[p->input].bytes);
-    if (p->labels >= 0) {
-        r->is_input[p->labels] = true;
-        r->live[p->labels] = true;
-        emit(r, MP_EV_ALLOC, MP_ST_INPUT, p->labels, p->tensors[p->labels].bytes);
-    }
+    const int side[3] = {p->labels, p->ids, p->type_ids}; /* (--images: the ids beside the pixel values) */
+    for (int k = 0; k < 3; k++)
+        if (side[k] >= 0) {
+            r->is_input[side[k]] = true;
+            r->live[side[k]] = true;
+            emit(r, MP_EV_ALLOC, MP_ST_INPUT, side[k], p->tensors[side[k]].bytes);
+        }
     for (size_t b = 0; b < p->n_buffers; b++) { /* module buffers: resident like the batch */
         r->is_input[p->buffers[b]] = true;
         r->live[p->buffers[b]] = true;

@@ -53,6 +53,12 @@ struct bld {
     bool in_adapter;  /* lowering a LoRA adapter: its Linears are trainable fp32, never quantized */
     bool no_lora;     /* the Linear is a module peft cannot adapt (an MoE router's bare Parameter) */
     bool trained;     /* the current block's own parameters train (full, or freeze-selected) */
+    bool vision;      /* lowering a layer of the vision tower (--images): its Linears carry SigLIP's names */
+    /* --images: the input_ids and token_type_ids (resident, like the batch) and the text model's
+     * batch and length (b and s are the images' while the vision tower is lowered), or -1 / 0 */
+    int ids, type_ids;
+    uint64_t text_b, text_s;
+    struct val inputs_embeds; /* --images: the text embedding's output, made before the tower */
     struct mp_tensor scratch; /* what T() gives for the id of a step that failed */
 };
 
@@ -172,6 +178,13 @@ struct val lower_pool(struct bld *B, struct val x, enum mp_prim prim, uint64_t k
                       uint64_t pad, uint64_t oh, uint64_t ow, const char *name);
 struct val lower_bottleneck(struct bld *B, struct val x, const struct mp_layer *l);
 struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_layer *l);
+
+/* lower_vision.c (--images) */
+struct val lower_token_pool(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+struct val lower_mm_projection(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+struct val lower_image_lookup(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer *l, const char *nm,
+                             struct val *resid);
 
 /* lower_layer.c */
 struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, struct val *resid);

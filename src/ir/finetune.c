@@ -85,6 +85,8 @@ const char *mp_finetune_default_targets(const char *hf_type)
 const char *mp_finetune_hf_name(const char *hf_type, const char *role)
 {
     const struct mp_hf_names *f = fam(hf_type);
+    if (!strcmp(hf_type, "siglip_vision_model")) /* SiglipAttention's output projection (--images) */
+        return !strcmp(role, "o_proj") ? "out_proj" : role;
     if (!f)
         return role;
     const char *r = NULL;

@@ -51,7 +51,7 @@ bool mp_program_resident(const struct mp_program *p, int t)
 {
     if (t < 0)
         return false;
-    if (t == p->input || t == p->labels)
+    if (t == p->input || t == p->labels || t == p->ids || t == p->type_ids)
         return true;
     for (size_t b = 0; b < p->n_buffers; b++)
         if (p->buffers[b] == t)
@@ -428,7 +428,22 @@ static struct val program_input(struct bld *B)
     struct mp_program *p = B->p;
     const struct mp_model *m = B->m;
     struct val x;
-    if (m->input == MP_INPUT_TOKENS) {
+    if (m->input == MP_INPUT_TOKENS && m->images) {
+        /* Gemma3Processor's batch: pixel_values (batch x images, C, H, W) in the model's dtype, the
+         * ids with their image tokens, token_type_ids (1 on them), labels; the vision tower runs
+         * first on the images (b and s are its own until the text embedding) */
+        uint64_t shape[2] = {B->b, B->s}, px[4] = {mul(B, B->b, m->images), m->channels, m->height, m->width};
+        B->text_b = B->b;
+        B->text_s = B->s;
+        x = new_val(B, "pixel_values", p->param_dtype, 4, px, false);
+        B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
+        B->type_ids = new_val(B, "token_type_ids", MP_DT_I64, 2, shape, false).t;
+        p->labels = new_val(B, "labels", MP_DT_I64, 2, shape, false).t;
+        p->ids = B->ids; /* resident like the batch (mp_program_resident) */
+        p->type_ids = B->type_ids;
+        B->b = px[0];
+        B->p->probe_unsupported = "steps with images (--images: the vision tower and masked_scatter)";
+    } else if (m->input == MP_INPUT_TOKENS) {
         uint64_t shape[2] = {B->b, B->s};
         x = new_val(B, "input_ids", MP_DT_I64, 2, shape, false);
         p->labels = new_val(B, "labels", MP_DT_I64, 2, shape, false).t;
@@ -539,6 +554,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     p->opts = *o;
     p->model = m;
     p->labels = -1;
+    p->ids = p->type_ids = -1;
     p->rope_tables = -1;
     p->attn_mask = -1;
     if (p->opts.seq == 0)
@@ -578,6 +594,16 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
                        (unsigned long long)seqs, (unsigned long long)p->opts.seq);
     if (o->padding_free)
         rows = 1;
+    if (m->images) { /* the image tokens are part of the sequence (Gemma3Processor expands each image) */
+        uint64_t it;
+        if (!mp_mul_u64(m->images, m->vision.tokens, &it) || it > p->opts.seq)
+            return mp_fail(d, MP_ERR_USAGE, "%s: --images %llu: %llu image tokens each (mm_tokens_per_image) exceed "
+                           "--seq %llu, which includes them", m->path, (unsigned long long)m->images,
+                           (unsigned long long)m->vision.tokens, (unsigned long long)p->opts.seq);
+        if (o->packing || o->padding_free || o->trainer != MP_TRAINER_SFT)
+            return mp_fail(d, MP_ERR_USAGE, "%s: --images with %s is not modelled yet", m->path,
+                           o->trainer != MP_TRAINER_SFT ? "a --trainer other than sft" : "packed rows");
+    }
     const char *no_amp = o->precision == MP_PREC_BF16_AMP ? mp_bf16_amp_unmodelled(m) : NULL;
     if (no_amp)
         return mp_fail(d, MP_ERR_USAGE, "%s: --precision bf16-amp: %s", m->path, no_amp);
@@ -600,6 +626,8 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
                     .pos_bias = -1,
                     .cross_bias = -1,
                     .dec_mask = -1,
+                    .ids = -1,
+                    .type_ids = -1,
                     .b = rows,
                     .s = row_len,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16 ||
@@ -617,7 +645,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     p->input = x.t;
     long n_rep = 0, rep_seen = 0, last_rep = -1;
     for (size_t i = 0; i < m->n_blocks; i++)
-        if (m->blocks[i].repeat_group > 0) {
+        if (m->blocks[i].repeat_group > 0 && !mp_block_vision(&m->blocks[i])) {
             n_rep++;
             last_rep = (long)i;
         }
@@ -640,14 +668,16 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         B.block = (int)i;
         /* freeze: numbers name decoder blocks (the repeated ones, as HF's layers.N); without
          * repeated blocks, every block by its index */
-        long rep = n_rep == 0 ? (long)i : blk->repeat_group > 0 ? rep_seen++ : -1;
+        bool vis = mp_block_vision(blk);
+        long rep = vis ? -1 : n_rep == 0 ? (long)i : blk->repeat_group > 0 ? rep_seen++ : -1;
         /* the block this one repeats: per blocks before (its period; else the one before) */
         size_t per = blk->period && blk->period <= MP_PERIOD_MAX ? blk->period : 1;
         bool again = i >= per && same_block(blk, &m->blocks[i - per]);
         if (check_only && again && per == last_per && fixed >= 2 * per && same_val(p, x, fixed_x))
             continue;
         struct val in = x;
-        B.trained = mp_finetune_block_trained(&o->ft, rep, n_rep > 0 && (long)i > last_rep);
+        /* --finetune freeze leaves the vision tower frozen (--train-blocks numbers the text model's) */
+        B.trained = vis ? o->ft.mode == MP_FT_FULL : mp_finetune_block_trained(&o->ft, rep, n_rep > 0 && (long)i > last_rep);
         snprintf(B.prefix, sizeof B.prefix, "%s", blk->name);
         bp->input = x.t;
         bp->node0 = p->n_nodes;

@@ -175,7 +175,10 @@ void mp_build_opts_default(struct mp_build_opts *o);
                         top-k indices, the renormalization's saved operands */ \
     X(ROWS, "rows") /* out = rows of in[0] picked by an int64 index (extras), permuted, or summed over \
                         the top-k copies of each token; backward scatters into a zero gradient */ \
-    X(GROUPED_MM, "grouped_mm") /* out (S,n) = each row's expert: in (S,k) W_e^T; param[0] all experts (E*n, k) */
+    X(GROUPED_MM, "grouped_mm") /* out (S,n) = each row's expert: in (S,k) W_e^T; param[0] all experts (E*n, k) */ \
+    X(MASKED_SCATTER, "masked_scatter") /* out = in[0] with in[1]'s rows at a bool mask's positions (Gemma 3's image \
+                        features into the text embedding); extras: the mask (saved); backward: a new gradient \
+                        for each input (masked_fill, masked_select); no executor runs it */
 
 enum mp_prim {
 #define MP_X(id, name) MP_P_##id,
@@ -249,6 +252,7 @@ enum mp_xrole {
     MP_XR_LOSS_GRAD,      /* fused loss (Liger): a gradient made in the forward and handed to
                              backward (the input's, the weight's) */
     MP_XR_EP_MASK,        /* expert parallelism: the experts' (R, 1) bool sentinel mask (masked_fill) */
+    MP_XR_IMAGE_MASK,     /* masked_scatter: the image tokens' (b, s) bool mask (input_ids == image_token_id) */
     MP_XR_EP_LOCAL,       /* expert parallelism: the received rows' local expert ids (R int64) or unit
                            * weights (R), held by AllToAllEP's frame until the experts module returns */
     MP_XR_COUNT
@@ -441,6 +445,7 @@ struct mp_program {
     int input;                   /* x_0: token ids, image or opaque input */
     int input_embed;             /* the token embedding's parameter (get_input_embeddings()), or -1 */
     int labels;                  /* int64 labels resident for the step, or -1 */
+    int ids, type_ids;           /* --images: input_ids and token_type_ids (the input is pixel_values), or -1 */
     int rope_tables;             /* rotary cos/sin: the model makes them once per forward and every layer
                                     saves them (checkpointed layers too, as checkpoint inputs): held from
                                     the first forward that makes them to the backward of that block; -1 */

@@ -115,7 +115,10 @@ static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
     return l->attn.mask || (l->attn.window && B->s >= l->attn.window);
 }
 
-/* Packed rows under SDPA (--packing, --tokens-per-batch): transformers finds the documents from
+/* Rows with images (--images: Gemma3Processor's token_type_ids make Gemma3Model.forward call
+ * create_masks_for_vision_model, whose or_mask_function lets each image's tokens see each other:
+ * the full and the sliding masks materialised as bool masks, as for packed rows).
+ * Packed rows under SDPA (--packing, --tokens-per-batch): transformers finds the documents from
  * the position ids (masking_utils.py find_packed_sequence_indices, transformers 5.24.0:735-764),
  * then never skips the mask (create_causal_mask :991-1002 sets allow_is_causal_skip false and ands
  * packed_sequence_mask_function in), so sdpa_mask (:536-547) materialises the (b, 1, s, s) bool
@@ -123,7 +126,7 @@ static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
  * gets its float mask packed or not. */
 static bool sdpa_packed(const struct bld *B, const struct mp_layer *l, enum mp_attn_impl impl)
 {
-    return (B->p->opts.packing || B->p->opts.padding_free) && impl == MP_ATTN_SDPA && l->attn.causal;
+    return (B->p->opts.packing || B->p->opts.padding_free || B->m->images) && impl == MP_ATTN_SDPA && l->attn.causal;
 }
 
 /* The (b, 1, s, s) mask a model passes to attention (sdpa_masked, sdpa_packed; transformers'

@@ -210,5 +210,14 @@ struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_la
     struct mp_layer pos = *l;
     pos.vocab = s;
     struct mp_node *n;
-    return lower_add_table(B, e, &pos, "position_embeddings", s, false, &n); /* an nn.Parameter */
+    if (!l->vision)
+        return lower_add_table(B, e, &pos, "position_embeddings", s, false, &n); /* an nn.Parameter */
+    /* SigLIP: + position_embedding(position_ids), an nn.Embedding looked up with its registered
+     * (1, patches) int64 buffer: the (1, patches, dim) rows a transient of the add, the ids saved */
+    struct val y = lower_add_table(B, e, &pos, "position_embedding", s, true, &n);
+    if (n) {
+        tmp_one(B, n, false, MP_TR_OTHER, mul(B, mul(B, s, l->dim), mp_dtype_size(B->p->param_dtype)));
+        save(n, id_buffer(B, "position_ids", s));
+    }
+    return y;
 }

@@ -86,12 +86,19 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
 {
     const char *nm = l->name[0] ? l->name : mp_layer_type_str(l->type);
     B->layer = l;
+    B->vision = l->vision && l->type != MP_LT_EMBEDDING;
     switch (l->type) {
     case MP_LT_EMBEDDING:
+        if (l->emb.image_lookup)
+            return lower_image_lookup(B, x, l, nm);
+        if (l->vision) /* the text embedding, the image features x scattered in */
+            return lower_image_merge(B, x, l, nm, resid);
         return lower_embedding(B, x, l, nm, resid);
     case MP_LT_POS_EMBEDDING:
         return lower_pos_embedding(B, x, l, nm, resid);
     case MP_LT_LINEAR:
+        if (l->vision)
+            return lower_mm_projection(B, x, l, nm);
         return lower_linear(B, l->head.pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
                             l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
@@ -124,6 +131,8 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
         return lower_pool(B, x, MP_P_MAXPOOL, l->conv.kernel, l->conv.stride ? l->conv.stride : l->conv.kernel,
                           l->conv.padding, 0, 0, nm);
     case MP_LT_AVGPOOL2D:
+        if (l->vision)
+            return lower_token_pool(B, x, l, nm);
         return lower_pool(B, x, MP_P_AVGPOOL, l->conv.kernel, l->conv.stride ? l->conv.stride : l->conv.kernel,
                           l->conv.padding, 0, 0, nm);
     case MP_LT_ADAPTIVE_AVGPOOL2D:

@@ -6,6 +6,12 @@
 static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
                              const char *name);
 
+/* The model type whose module names the Linears being lowered carry (the vision tower's: SigLIP's). */
+static const char *names_type(const struct bld *B)
+{
+    return B->vision ? "siglip_vision_model" : B->m->hf_type;
+}
+
 /* The base storage of a Linear that is not the output layer: quantized (QLoRA, or the
  * checkpoint's quantization_config), else NULL. */
 const struct mp_quant *base_quant(struct bld *B, bool head)
@@ -86,7 +92,7 @@ struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t o
      * head (only SEQ_CLS leaves its head out), a named target may take a Linear inside one */
     if (saved_module(B) && !failed(B) &&
         (head ? B->p->opts.ft.all_linear && B->layer->head.pool != MP_POOL_FIRST && B->layer->head.pool != MP_POOL_LAST
-              : mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, false)))
+              : mp_finetune_targets(&B->p->opts.ft, names_type(B), name, false)))
         fail_model(B, MP_ERR_USAGE, "--lora-targets takes %s, which peft keeps whole for the task head "
                                     "(modules_to_save) and cannot also adapt (peft 0.21): name the targets", name);
     bool bnb4 = qz && (qz->kind == MP_Q_BNB_NF4 || qz->kind == MP_Q_BNB_FP4);
@@ -95,7 +101,7 @@ struct val lower_linear_p(struct bld *B, struct val x, uint64_t in_f, uint64_t o
         y = cast_to(B, y, dt_of(B, x), cname); /* .to(inp_dtype) */
     }
     if (!B->in_adapter && !B->no_lora && !B->p->opts.adapter_off && !head && tied < 0 &&
-        mp_finetune_targets(&B->p->opts.ft, B->m->hf_type, name, head)) {
+        mp_finetune_targets(&B->p->opts.ft, names_type(B), name, head)) {
         if (bnb4) {
             snprintf(cname, sizeof cname, "%s.clone", name);
             y = cast_to(B, y, dt_of(B, y), cname); /* peft lora.Linear4bit: result.clone() */

@@ -237,6 +237,11 @@ struct mp_embed {
      * the patches flattened into a sequence, a learned class token prepended (cls_token), learned
      * positions added: the sequence is (H / patch) * (W / patch) + 1 */
     bool cls_token;
+    /* --images: the text embedding's lookup (embed_tokens(input_ids), its scale) made first, in the
+     * vision tower's first block, as Gemma3Model.forward makes it before get_image_features (its
+     * backward then runs after the tower's: autograd's order); the text model's first layer
+     * (vision) scatters the image features into it */
+    bool image_lookup;
 };
 
 /* conv2d / pooling / batchnorm / bottleneck / patch_embedding */
@@ -269,6 +274,12 @@ struct mp_t5 {
 struct mp_layer {
     enum mp_layer_type type;
     char name[64];
+    /* a layer of a multimodal checkpoint's vision side, stepped with images (--images,
+     * model_hf_vision.c mp_hf_add_images): transformer_block, its Linears named as SigLIP's
+     * (peft targets); avgpool2d, Gemma 3's projector pooling of (b, patches, dim) tokens; linear, the
+     * projector's bare weight (not an nn.Linear: no LoRA), its output cast back to its input's dtype
+     * (type_as); embedding, the text embedding with the image features scattered in (masked_scatter) */
+    bool vision;
 
     uint64_t vocab;         /* embedding / pos_embedding / lm_head: rows of the table; classifier: classes */
     uint64_t dim;           /* hidden size: embedding width, norm width, block hidden */
@@ -323,6 +334,18 @@ struct mp_idle_linear {
     uint64_t in, out, count;   /* Linear(in, out) count times */
 };
 #define MP_IDLE_LINEARS_MAX 16
+/* A multimodal checkpoint's vision tower as an image step runs it (Gemma 3's SigLIP; read from
+ * vision_config with SiglipVisionConfig's defaults, kind 0 for the families not modelled with
+ * images): width, MLP width, layers, heads, channels, image side and patch (square images), the
+ * activation, attention dropout; the projector's tokens per image, its width into the text model;
+ * the placeholder token id. */
+struct mp_vision {
+    int kind;                  /* 0: none modelled; 1: SigLIP + Gemma 3's projector */
+    uint64_t hidden, ffn, layers, heads, channels, image, patch;
+    enum mp_act act;
+    double attn_p;
+    uint64_t tokens, text_hidden, token_id;
+};
 struct mp_idle {
     uint64_t params;           /* every parameter element of the idle modules (0: none) */
     size_t n_linears;
@@ -359,6 +382,11 @@ struct mp_model {
     uint64_t bytes_per_sample;         /* opaque input */
     uint64_t labels_vocab;   /* for classification of images: classes (informational) */
     struct mp_idle idle;     /* a multimodal checkpoint's vision modules, unused by a text-only step */
+    struct mp_vision vision; /* its vision tower, for steps with images */
+    uint64_t images;         /* --images: images per sample (0: text only); the blocks start with the
+                                vision tower (mp_hf_add_images) and the program's inputs are
+                                pixel_values (batch x images, C, H, W), input_ids, token_type_ids and
+                                labels */
 
     size_t n_blocks, cap_blocks; /* cap_blocks: private (geometric growth) */
     struct mp_block *blocks;
@@ -371,6 +399,9 @@ struct mp_model {
 };
 
 void mp_model_init(struct mp_model *m);
+/* Whether block b is a block of the vision tower run with images (its first layer's vision flag,
+ * on a transformer_block or patch_embedding; the projector's block too). */
+bool mp_block_vision(const struct mp_block *b);
 void mp_model_release(struct mp_model *m);
 
 /* The longest period mp_model_mark_copies looks for. */
@@ -401,6 +432,8 @@ enum mp_status mp_model_read_string(struct mp_model *m, const char *text, size_t
 struct mp_model_request {
     int head;            /* enum mp_head, or -1 */
     uint64_t num_labels; /* 0: the config's */
+    uint64_t images;     /* images per sample (--images; 0: text only): a multimodal checkpoint's
+                            vision tower runs (mp_hf_add_images), else MP_ERR_MODEL */
 };
 enum mp_status mp_model_read_file_as(struct mp_model *m, const char *path, const struct mp_model_request *rq,
                                      struct mp_diag *d);

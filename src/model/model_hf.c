@@ -2362,7 +2362,7 @@ static enum mp_status from_hf_read(struct mp_model *m, const cJSON *root, const 
         return st;
     struct mp_hf_cross cross = {.layers = c.n_cross, .hidden = c.hidden, .heads = c.heads, .kv_heads = c.kv_heads,
                                 .head_dim = c.head_dim, .ffn = c.ffn};
-    if (mm && (st = mp_hf_vision_modules(root, type, c.hidden, &cross, &m->idle, path, d)) != MP_OK)
+    if (mm && (st = mp_hf_vision_modules(root, type, c.hidden, &cross, &m->idle, &m->vision, path, d)) != MP_OK)
         return st;
 
     if ((st = read_quant(root, &m->quant, path, d)) != MP_OK)

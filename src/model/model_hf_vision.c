@@ -4,6 +4,7 @@
  * Each kind's sizes follow its transformers 5.24 modules (the file:class named at each); the
  * totals equal transformers' on the meta device (tests/test_model_hf.c). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model_read.h"
@@ -52,17 +53,34 @@ static enum mp_status pos(const cJSON *o, const char *key, uint64_t *out, const 
 /* SigLIP (siglip/modeling_siglip.py SiglipVisionTransformer, SiglipVisionConfig defaults) and
  * Gemma 3's projector (gemma3/modeling_gemma3.py Gemma3MultiModalProjector: the Parameter
  * mm_input_projection_weight (vision hidden x text hidden) and an RMSNorm of the vision width). */
-static enum mp_status siglip_gemma3(const cJSON *vc, uint64_t text_hidden, struct mp_idle *v, struct acc *a,
-                                    const char *path, struct mp_diag *d)
+static enum mp_status siglip_gemma3(const cJSON *root, const cJSON *vc, uint64_t text_hidden, struct mp_idle *v,
+                                    struct mp_vision *vis, struct acc *a, const char *path, struct mp_diag *d)
 {
-    uint64_t D = 768, F = 3072, L = 12, C = 3, img = 224, p = 16;
+    uint64_t D = 768, F = 3072, L = 12, C = 3, img = 224, p = 16, H = 12;
+    uint64_t tokens = 256, id = 262144; /* Gemma3Config: mm_tokens_per_image, image_token_index */
     bool head = true;
+    double ap = 0;
     enum mp_status st;
     if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
         (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK || (st = pos(vc, "num_channels", &C, path, d)) != MP_OK ||
         (st = pos(vc, "image_size", &img, path, d)) != MP_OK || (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
-        (st = mp_json_bool(vc, "vision_use_head", &head, path, "vision_config", d)) != MP_OK)
+        (st = pos(vc, "num_attention_heads", &H, path, d)) != MP_OK ||
+        (st = mp_json_prob(vc, "attention_dropout", &ap, path, "vision_config", d)) != MP_OK ||
+        (st = mp_json_bool(vc, "vision_use_head", &head, path, "vision_config", d)) != MP_OK ||
+        (st = mp_json_u64(root, "mm_tokens_per_image", false, MP_DIM_MAX, &tokens, path, "", d)) != MP_OK ||
+        (st = mp_json_u64(root, "image_token_index", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK ||
+        (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
         return st;
+    enum mp_act act = MP_ACT_GELU_TANH; /* SiglipVisionConfig.hidden_act */
+    const char *an = mp_json_str(vc, "hidden_act", &st, path, "vision_config", d);
+    if (st != MP_OK)
+        return st;
+    int ai = an ? mp_act_parse(an) : (int)act;
+    if (ai < 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.hidden_act: '%s' is not a supported activation", path, an);
+    *vis = (struct mp_vision){.kind = 1, .hidden = D, .ffn = F, .layers = L, .heads = H, .channels = C,
+                              .image = img, .patch = p, .act = (enum mp_act)ai, .attn_p = ap, .tokens = tokens,
+                              .text_hidden = text_hidden, .token_id = id};
     if (head)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.vision_use_head: true (SiglipVisionConfig's default) is not "
                        "supported (the SigLIP pooling head is not modelled; Gemma 3 checkpoints set false)", path);
@@ -258,10 +276,11 @@ static void mllama_cross(const struct mp_hf_cross *x, struct mp_idle *v, struct 
 }
 
 enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden,
-                                    const struct mp_hf_cross *cross, struct mp_idle *v, const char *path,
-                                    struct mp_diag *d)
+                                    const struct mp_hf_cross *cross, struct mp_idle *v, struct mp_vision *vis,
+                                    const char *path, struct mp_diag *d)
 {
     memset(v, 0, sizeof *v);
+    memset(vis, 0, sizeof *vis);
     const cJSON *vc = cJSON_GetObjectItemCaseSensitive(root, "vision_config");
     static const cJSON empty = {0};
     if (vc && !cJSON_IsNull(vc) && !cJSON_IsObject(vc))
@@ -271,7 +290,7 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
     struct acc a = {0, true};
     enum mp_status st;
     if (!strcmp(type, "gemma3"))
-        st = siglip_gemma3(vc, text_hidden, v, &a, path, d);
+        st = siglip_gemma3(root, vc, text_hidden, v, vis, &a, path, d);
     else if (!strcmp(type, "qwen2_5_vl"))
         st = qwen2_5_vision(vc, v, &a, path, d);
     else if (!strcmp(type, "qwen2_vl"))
@@ -292,5 +311,134 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
                                             : !strcmp(type, "gemma3") || !strcmp(type, "mistral3")
                                                ? "vision_tower + multi_modal_projector"
                                                : "visual: vision tower + merger");
+    return MP_OK;
+}
+
+/* ---- steps with images (--images) -------------------------------------------------------------
+ *
+ * Gemma 3 (gemma3/modeling_gemma3.py Gemma3Model.forward, get_image_features,
+ * Gemma3MultiModalProjector; siglip/modeling_siglip.py SiglipVisionTransformer, transformers
+ * 5.24): pixel_values (batch x images, C, image, image) run through SiglipVisionEmbeddings (the
+ * patch Conv2d, + position_embedding(position_ids): an nn.Embedding looked up with a registered
+ * buffer), the encoder's layers (pre-LayerNorm, bidirectional attention with biases, fc1 / fc2 with
+ * hidden_act), post_layernorm, then the projector (tokens to a (dim, side, side) grid, AvgPool2d,
+ * Gemma3RMSNorm, a matmul with mm_input_projection_weight, type_as); the text embedding's output
+ * gets the image features scattered into the image tokens' positions (masked_scatter).  Each
+ * SiglipEncoderLayer is a GradientCheckpointingLayer: checkpointed like the text layers. */
+
+static struct mp_block *front_block(struct mp_model *m, const char *name, size_t n, struct mp_diag *d)
+{
+    struct mp_block *b = mp_model_add_block(m, name, n);
+    if (!b)
+        mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+    return b;
+}
+
+enum mp_status mp_hf_add_images(struct mp_model *m, uint64_t n, struct mp_diag *d)
+{
+    const struct mp_vision *v = &m->vision;
+    if (v->kind != 1)
+        return mp_fail(d, MP_ERR_MODEL, m->idle.params ? "%s: --images: steps with images are modelled for gemma3 "
+                                                         "(Gemma3ForConditionalGeneration) only, not %s yet; text-only "
+                                                         "steps are (no --images)"
+                                                       : "%s: --images: %s has no vision tower (a multimodal "
+                                                         "checkpoint's config.json with a vision_config)",
+                       m->path, m->hf_type[0] ? m->hf_type : "this model");
+    uint64_t side = v->image / v->patch, t = 1;
+    while ((t + 1) * (t + 1) <= v->tokens)
+        t++;
+    if (v->image % v->patch)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.patch_size: %llu does not divide image_size %llu", m->path,
+                       (unsigned long long)v->patch, (unsigned long long)v->image);
+    if (t * t != v->tokens || side % t)
+        return mp_fail(d, MP_ERR_MODEL, "%s: mm_tokens_per_image: %llu is not the square of a divisor of the %llu "
+                       "patches per side (the projector's AvgPool2d would not make that many tokens)", m->path,
+                       (unsigned long long)v->tokens, (unsigned long long)side);
+    if (v->hidden % v->heads)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.num_attention_heads: %llu does not divide hidden_size %llu",
+                       m->path, (unsigned long long)v->heads, (unsigned long long)v->hidden);
+    size_t text0 = m->n_blocks, nv = (size_t)v->layers + 2;
+    if (v->layers > ((size_t)1 << 20))
+        return mp_fail(d, MP_ERR_RANGE, "%s: vision_config.num_hidden_layers: too many layers", m->path);
+    struct mp_block *b = front_block(m, "vision.embeddings", 2, d);
+    if (!b)
+        return MP_ERR_NOMEM;
+    struct mp_layer *l = b->layers;
+    if (m->blocks[0].layers[0].type != MP_LT_EMBEDDING)
+        MP_BUG("the text model does not start with its embedding");
+    *l = m->blocks[0].layers[0]; /* (blocks[0]: the text model's first, before the move below) */
+    l->vision = true;
+    l->emb.image_lookup = true;
+    l++;
+    l->type = MP_LT_PATCH_EMBEDDING;
+    l->vision = true;
+    l->conv.in_ch = v->channels;
+    l->dim = v->hidden;
+    l->conv.kernel = l->conv.stride = v->patch;
+    snprintf(l->name, sizeof l->name, "patch_embedding");
+    for (uint64_t i = 0; i < v->layers; i++) {
+        char name[48];
+        snprintf(name, sizeof name, "vision.layers.%llu", (unsigned long long)i);
+        if (!(b = front_block(m, name, 1, d)))
+            return MP_ERR_NOMEM;
+        b->repeat_group = 2;
+        l = b->layers;
+        l->type = MP_LT_TRANSFORMER_BLOCK;
+        l->vision = true;
+        l->dim = v->hidden;
+        l->attn.heads = l->attn.kv_heads = v->heads;
+        l->attn.head_dim = v->hidden / v->heads;
+        l->attn.qkv_bias = l->attn.out_bias = true;
+        l->attn.impl = MP_ATTN_SDPA;
+        l->attn.dropout = v->attn_p;
+        l->attn.softmax_fp32 = true; /* eager_attention_forward: softmax(dtype=float32).to(q.dtype) */
+        l->norm.kind = MP_NORM_LAYERNORM;
+        l->norm.bias = true;
+        l->mlp.ffn = v->ffn;
+        l->mlp.act = v->act;
+        l->mlp.bias = true;
+    }
+    if (!(b = front_block(m, "vision.projector", 4, d)))
+        return MP_ERR_NOMEM;
+    l = b->layers;
+    l[0].type = MP_LT_LAYERNORM;
+    l[0].dim = v->hidden;
+    l[0].norm.kind = MP_NORM_LAYERNORM;
+    l[0].norm.bias = true;
+    snprintf(l[0].name, sizeof l[0].name, "post_layernorm");
+    l[1].type = MP_LT_AVGPOOL2D;
+    l[1].vision = true;
+    l[1].dim = v->hidden;
+    l[1].conv.kernel = l[1].conv.stride = side / t;
+    snprintf(l[1].name, sizeof l[1].name, "avg_pool");
+    l[2].type = MP_LT_RMSNORM;
+    l[2].dim = v->hidden;
+    l[2].norm.kind = MP_NORM_RMSNORM;
+    l[2].norm.rms_fp32 = true; /* Gemma3RMSNorm */
+    snprintf(l[2].name, sizeof l[2].name, "mm_soft_emb_norm");
+    l[3].type = MP_LT_LINEAR;
+    l[3].vision = true;
+    l[3].in_features = v->hidden;
+    l[3].out_features = v->text_hidden;
+    snprintf(l[3].name, sizeof l[3].name, "mm_input_projection");
+    /* the vision blocks to the front, the text model's after them */
+    struct mp_block *tmp = malloc(nv * sizeof *tmp);
+    if (!tmp)
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+    memcpy(tmp, m->blocks + text0, nv * sizeof *tmp);
+    memmove(m->blocks + nv, m->blocks, text0 * sizeof *tmp);
+    memcpy(m->blocks, tmp, nv * sizeof *tmp);
+    free(tmp);
+    struct mp_layer *e = &m->blocks[nv].layers[0];
+    e->vision = true;
+    if (v->token_id >= e->vocab) /* Gemma3Model.forward then clones input_ids and zeroes the image tokens */
+        return mp_fail(d, MP_ERR_MODEL, "%s: image_token_index: %llu is outside the text vocabulary (%llu): "
+                       "the ids' copy transformers then makes is not modelled", m->path,
+                       (unsigned long long)v->token_id, (unsigned long long)e->vocab);
+    memset(&m->idle, 0, sizeof m->idle);
+    m->images = n;
+    m->channels = v->channels;
+    m->height = m->width = v->image;
+    mp_model_mark_copies(m);
     return MP_OK;
 }

@@ -31,10 +31,16 @@ struct mp_hf_cross {
 
 /* A multimodal checkpoint's vision tower and projector (model_type gemma3, qwen2_5_vl, qwen2_vl,
  * mistral3, mllama), from root's vision_config, and for mllama the cross-attention layers of
- * cross: their parameters and Linears (model_hf_vision.c). */
+ * cross: their parameters and Linears, and the tower an image step runs (vis: Gemma 3's SigLIP)
+ * (model_hf_vision.c). */
 enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden,
-                                    const struct mp_hf_cross *cross, struct mp_idle *v, const char *path,
-                                    struct mp_diag *d);
+                                    const struct mp_hf_cross *cross, struct mp_idle *v, struct mp_vision *vis,
+                                    const char *path, struct mp_diag *d);
+/* --images n: the vision tower of the multimodal checkpoint m runs on n images per sample: its
+ * blocks go before the text model's (model_hf_vision.c), m->idle is cleared (the tower's
+ * parameters are now the blocks'), m->images = n.  MP_ERR_MODEL naming the option for a model
+ * without a vision tower or one whose image step is not modelled. */
+enum mp_status mp_hf_add_images(struct mp_model *m, uint64_t n, struct mp_diag *d);
 
 /* The keys of memplan JSON's layers (model_keys.c): one row per key and the types that take it. */
 enum mp_key_kind {

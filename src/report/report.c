@@ -330,6 +330,15 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             ju64(cf, "target_seq_len", c->prog ? c->prog->opts.target_seq
                                        : c->build->target_seq ? c->build->target_seq
                                        : c->build->seq ? c->build->seq : c->model->seq_len);
+        if (c->model->images) { /* --images */
+            const struct mp_vision *v = &c->model->vision;
+            cJSON *im = cJSON_AddObjectToObject(cf, "images");
+            ju64(im, "per_sample", c->model->images);
+            ju64(im, "tokens_each", v->tokens);
+            ju64(im, "image_size", v->image);
+            ju64(im, "patches", (v->image / v->patch) * (v->image / v->patch));
+            ju64(im, "vision_layers", v->layers);
+        }
         cJSON_AddStringToObject(cf, "precision", prec_name(c, c->build->precision));
         cJSON_AddStringToObject(cf, "optimizer", mp_optimizer_str(c->train->optimizer));
         if (mp_optimizer_hf(c->train->optimizer)[0]) /* TrainingArguments optim (Muon has none) */
@@ -829,10 +838,17 @@ static void header(FILE *out, const struct mp_report_ctx *c)
         fprintf(out, "class     %s%s%s\n", shown(c->model->hf_class), lb, how);
     }
     if (c->model->idle.params) /* a multimodal checkpoint (model.h struct mp_idle) */
-        fprintf(out, "text-only %s params (%s) resident,\n"
-                     "          unused: no .grad, no optimizer state, no activations (image inputs are not "
-                     "modelled)\n",
+        fprintf(out, "text-only %s params (%s) resident, unused: no .grad,\n"
+                     "          no optimizer state, no activations (steps with images: --images, gemma3)\n",
                 count(c->model->idle.params), c->model->idle.what);
+    if (c->model->images) { /* --images: the vision tower runs (model_hf_vision.c mp_hf_add_images) */
+        const struct mp_vision *v = &c->model->vision;
+        uint64_t side = v->image / v->patch;
+        fprintf(out, "images    %llu per sample, %llux%llu px: %llu patches through the vision tower (%llu layers),\n"
+                     "          %llu tokens each in --seq (mm_tokens_per_image)\n",
+                (unsigned long long)c->model->images, (unsigned long long)v->image, (unsigned long long)v->image,
+                (unsigned long long)(side * side), (unsigned long long)v->layers, (unsigned long long)v->tokens);
+    }
     if (c->build) {
         char sb[32], seq[48] = "", attn[48] = ""; /* seq and attention only where they apply */
         if (c->model->input == MP_INPUT_TOKENS)

@@ -1,0 +1,126 @@
+/* lower_vision.c — Gemma 3's image step beyond the ViT lowering it reuses (lower_conv.c's patch
+ * embedding, the transformer block): the projector's pooling and projection and the merge of the
+ * image features into the text embedding (build.h; model.h mp_layer.vision; transformers 5.24
+ * gemma3/modeling_gemma3.py Gemma3MultiModalProjector.forward, Gemma3Model.forward and
+ * get_placeholder_mask). */
+#include "build.h"
+
+#include <stdio.h>
+
+/* vision_outputs (b, patches, dim).transpose(1, 2).reshape(b, dim, side, side) (a copy: the
+ * transposed view is not viewable so; .contiguous() then returns it as it is), AvgPool2d (saves
+ * its input, the copy), .flatten(2).transpose(1, 2): a (b, tokens, dim) view of the pooled grid. */
+struct val lower_token_pool(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    if (failed(B) || !width_ok(B, x, l->dim, "dim", nm))
+        return x;
+    uint64_t side = 1, P = x.rank == 3 ? x.shape[1] : 0;
+    while ((side + 1) * (side + 1) <= P)
+        side++;
+    if (x.rank != 3 || side * side != P) {
+        fail_model(B, MP_ERR_MODEL, "%s: the projector needs a square grid of patches", nm);
+        return x;
+    }
+    char cn[80];
+    snprintf(cn, sizeof cn, "%s.grid", nm);
+    struct val g = lower_copy(B, x, dt_of(B, x), 0, cn);
+    if (failed(B))
+        return g;
+    g.rank = 4;
+    g.shape[0] = x.shape[0];
+    g.shape[1] = l->dim;
+    g.shape[2] = g.shape[3] = side;
+    struct mp_tensor *gt = T(B, g.t);
+    gt->rank = 4;
+    for (int i = 0; i < 4; i++)
+        gt->shape[i] = g.shape[i];
+    struct val y = lower_pool(B, g, MP_P_AVGPOOL, l->conv.kernel, l->conv.stride, 0, 0, 0, nm);
+    if (failed(B))
+        return y;
+    struct val v = y; /* (b, tokens, dim): a view */
+    v.rank = 3;
+    v.shape[1] = y.shape[2] * y.shape[3];
+    v.shape[2] = l->dim;
+    return v;
+}
+
+/* torch.matmul(normed, mm_input_projection_weight): an nn.Parameter, not an nn.Linear (peft's
+ * targets never take it), the same mm and saves as F.linear (under autocast both operands' half
+ * copies); .type_as(vision_outputs): back to the input's dtype (fp32 under amp-*). */
+struct val lower_mm_projection(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    bool was = B->no_lora;
+    B->no_lora = true;
+    struct val y = lower_linear(B, x, l->in_features, l->out_features, false, nm);
+    B->no_lora = was;
+    if (!failed(B) && dt_of(B, y) != dt_of(B, x))
+        y = cast_to(B, y, dt_of(B, x), "type_as");
+    return y;
+}
+
+/* Gemma3Model.forward: inputs_embeds = embed_tokens(input_ids) (the text embedding and its scale,
+ * with the text's batch and length) before the vision tower runs; x, the pixel values, passes on.
+ * Its parameters train as the text model's embedding does (--finetune freeze: its selection). */
+struct val lower_image_lookup(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    if (failed(B))
+        return x;
+    uint64_t b = B->b, s = B->s;
+    bool trained = B->trained;
+    B->trained = mp_finetune_block_trained(&B->p->opts.ft, -1, false);
+    B->b = B->text_b;
+    B->s = B->text_s;
+    struct val ids = {.t = B->ids, .rank = 2, .shape = {B->b, B->s}}, resid;
+    struct mp_layer tl = *l;
+    tl.vision = false;
+    tl.emb.image_lookup = false;
+    B->inputs_embeds = lower_embedding(B, ids, &tl, nm, &resid);
+    B->b = b;
+    B->s = s;
+    B->trained = trained;
+    return x;
+}
+
+/* Then, with the image features x: image_features .to(inputs_embeds.dtype); get_placeholder_mask:
+ * input_ids == image_token_id, a (b, s) bool tensor, its sum (an int64 scalar) checked against
+ * the features; inputs_embeds.masked_scatter(mask.unsqueeze(-1), image_features): a new (b, s, h)
+ * tensor; MaskedScatterBackward0 saves the mask (derivatives.yaml masked_scatter) when either
+ * input needs a gradient, and makes a new gradient for each: grad.masked_fill(mask, 0) and
+ * masked_scatter_backward's grad.masked_select(mask), which CUDA runs as an index with the
+ * broadcast bool mask (aten/src/ATen/native/cuda/IndexKernel.cpp masked_select_out_cuda_impl):
+ * nonzero's (selected, 3) int64 index, a backward transient.  From here on b and s are the text's. */
+struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer *l, const char *nm, struct val *resid)
+{
+    if (failed(B))
+        return x;
+    B->b = B->text_b;
+    B->s = B->text_s;
+    struct val e = B->inputs_embeds;
+    if (x.rank != 3 || last_dim(x) != l->dim) {
+        fail_model(B, MP_ERR_MODEL, "%s: the image features are not (images, tokens, %llu)", nm,
+                   (unsigned long long)l->dim);
+        return e;
+    }
+    struct val f = dt_of(B, x) != dt_of(B, e) ? cast_to(B, x, dt_of(B, e), "image_features.to") : x;
+    bool grad = ng(B, e) || ng(B, f);
+    struct val y = like(B, "masked_scatter", e, dt_of(B, e), grad);
+    struct mp_node *n = new_node(B, MP_P_MASKED_SCATTER, "masked_scatter");
+    if (!n)
+        return y;
+    n->in[0] = e.t;
+    n->in[1] = f.t;
+    n->out = y.t;
+    int mask = new_flat(B, "special_image_mask", MP_DT_U8, mul(B, B->b, B->s));
+    extra_as(n, mask, MP_XR_IMAGE_MASK);
+    if (!grad)
+        unsave(n, mask);
+    tmp_one(B, n, false, MP_TR_OTHER, mp_dtype_size(MP_DT_I64)); /* n_image_tokens, the mask's sum */
+    if (ng(B, f)) /* masked_select's nonzero index: (features' elements, 3) int64 */
+        tmp_one(B, n, true, MP_TR_OTHER, mul(B, mul(B, T(B, f.t)->elems, 3), mp_dtype_size(MP_DT_I64)));
+    n->rows = mul(B, B->b, B->s);
+    n->n = l->dim;
+    n->fwd_flops = (double)T(B, y.t)->elems;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    *resid = y;
+    return y;
+}
