@@ -81,6 +81,21 @@ static struct val grouped_mm(struct bld *B, struct val x, uint64_t in_f, uint64_
     return y;
 }
 
+/* The router's node: the logits (M rows of E) in, the top-k weights w (M, k) out. */
+static struct mp_node *router_node(struct bld *B, const char *name, struct val logits, struct val w, uint64_t M,
+                                   uint64_t E, uint64_t k)
+{
+    struct mp_node *n = new_node(B, MP_P_ROUTER, name);
+    if (!n)
+        return NULL;
+    n->in[0] = logits.t;
+    n->out = w.t;
+    n->rows = M;
+    n->n = E;
+    n->k = k;
+    return n;
+}
+
 /* PhiMoE's sparsemixer in training (transformers 5.24 phimoe/modeling_phimoe.py sparsemixer and
  * PhimoeMultiplier; docs/memory-facts.md#phimoe-sparsemixer), two rounds over the (M, E) logits,
  * the second on a scatter of them with the first choice at -inf: a no_grad threshold mask
@@ -98,14 +113,9 @@ static struct val sparsemixer(struct bld *B, struct val logits, uint64_t M, uint
     enum mp_dtype ldt = dt_of(B, logits), pdt = B->amp ? MP_DT_F32 : ldt;
     uint64_t shape[2] = {M, 2};
     struct val w = new_val(B, "gate.weights", pdt, 2, shape, true);
-    struct mp_node *n = new_node(B, MP_P_ROUTER, "gate.sparsemixer");
+    struct mp_node *n = router_node(B, "gate.sparsemixer", logits, w, M, E, 2);
     if (!n)
         return w;
-    n->in[0] = logits.t;
-    n->out = w.t;
-    n->rows = M;
-    n->n = E;
-    n->k = 2;
     static const char *const round[] = {"gate.round1", "gate.round2"};
     char en[96];
     for (int r = 0; r < 2; r++) {
@@ -174,14 +184,9 @@ static struct val lower_router(struct bld *B, struct val x, const struct mp_laye
                                                                 : pdt; /* the weights */
     uint64_t shape[2] = {M, k};
     struct val w = new_val(B, "gate.weights", wdt, 2, shape, true);
-    struct mp_node *n = new_node(B, MP_P_ROUTER, "gate.topk");
+    struct mp_node *n = router_node(B, "gate.topk", logits, w, M, E, k);
     if (!n)
         return w;
-    n->in[0] = logits.t;
-    n->out = w.t;
-    n->rows = M;
-    n->n = E;
-    n->k = k;
     /* the probabilities softmax saves: (M, E), or (M, k) after the top-k (GraniteMoE: topk keeps
      * only its indices, .type_as(x) nothing) */
     extra_as(n, new_flat(B, "gate.probs", pdt, mul(B, M, topk_first ? k : E)), MP_XR_ROUTER_PROBS);
