@@ -333,12 +333,11 @@ struct mp_idle_linear {
     const char *name;          /* the module's last name component (a string literal) */
     uint64_t in, out, count;   /* Linear(in, out) count times */
 };
-#define MP_IDLE_LINEARS_MAX 16
 /* A multimodal checkpoint's vision tower as an image step runs it (Gemma 3's SigLIP; read from
  * vision_config with SiglipVisionConfig's defaults, kind 0 for the families not modelled with
  * images): width, MLP width, layers, heads, channels, image side and patch (square images), the
  * activation, attention dropout; the projector's tokens per image, its width into the text model;
- * the placeholder token id. */
+ * the image token's id (the config's image_token_id: the text positions the features fill). */
 struct mp_vision {
     int kind;                  /* 0: none modelled; 1: SigLIP + Gemma 3's projector */
     uint64_t hidden, ffn, layers, heads, channels, image, patch;
@@ -346,6 +345,7 @@ struct mp_vision {
     double attn_p;
     uint64_t tokens, text_hidden, token_id;
 };
+#define MP_IDLE_LINEARS_MAX 16
 struct mp_idle {
     uint64_t params;           /* every parameter element of the idle modules (0: none) */
     size_t n_linears;
