@@ -738,6 +738,27 @@ run suggest "$N" --gpu "$G" --no-probe
 clean_out "suggest: model and GPU names escaped"
 run suggest "$N" --gpu "$G" --no-probe --finetune lora --emit torch
 clean_out "suggest --emit torch: the snippet is clean"
+# suggest's table: the checkpoint and parallel columns as wide as their longest entry, within 100
+# columns; the header's columns in the rows' order (tune, then parallel)
+L1=models/hf/llama-3.2-1b.json
+run suggest "$L1" --gpu a100-40gb --no-probe --checkpoint layers+sac:torchtitan --global-batch 32
+clean_out "suggest --checkpoint layers+sac:torchtitan: the table within 100 columns"
+if grep -q '^precision  checkpoint  *micro' "$T/out" &&
+    grep -q '^amp-bf16   layers+sac:torchtitan  *2  *16 .* <- recommended$' "$T/out"; then
+    ok "suggest: a 21-character checkpoint spec keeps the columns aligned"
+else
+    echo "expected 'layers+sac:torchtitan' in its own column and the recommended row marked" >"$T/why"
+    bad "suggest: a 21-character checkpoint spec keeps the columns aligned"
+fi
+run suggest "$L1" --gpu a100-40gb --no-probe --gpus 8 --parallel fsdp --finetune lora --checkpoint layers+sac:axolotl
+clean_out "suggest --parallel fsdp --finetune lora +sac:axolotl: the table within 100 columns"
+if grep -q '^tune  parallel precision  checkpoint  *micro' "$T/out" &&
+    grep -q '^lora  fsdp x8  [a-z0-9-]*  *layers+sac:axolotl  ' "$T/out" && grep -q ' <-$' "$T/out"; then
+    ok "suggest: tune and parallel columns headed in the rows' order"
+else
+    echo "expected the header 'tune  parallel precision' over rows 'lora  fsdp x8 ...'" >"$T/why"
+    bad "suggest: tune and parallel columns headed in the rows' order"
+fi
 run probe "$N" --backend host --capacity 1KiB
 clean_out "probe out of memory: the event escaped"
 run estimate "$T/names-hf.json"
@@ -3030,6 +3051,10 @@ expect_line 2 "--checkpoint layers:2+sac:torchtitan refused (torchtitan wraps ev
     models/hf/qwen2-0.5b.json --checkpoint layers:2+sac:torchtitan
 expect_line 2 "--checkpoint layers+sac:torchtitan with --attention eager refused (bmm saved)" estimate \
     models/hf/qwen2-0.5b.json --checkpoint layers+sac:torchtitan --attention eager
+expect_line 2 "--checkpoint layers+sac:torchtitan on ResNet-50 refused (convolutions in the layers)" estimate \
+    models/resnet50.json --checkpoint layers+sac:torchtitan
+expect 0 "--checkpoint layers+sac:torchtitan on ViT: the patch convolution is outside the layers" estimate \
+    models/hf/vit-base-patch16-224.json --checkpoint layers+sac:torchtitan
 expect_line 2 "--checkpoint layers+sac with --attention flash refused" estimate models/hf/qwen2-0.5b.json \
     --checkpoint layers+sac --attention flash
 expect_line 2 "probe --checkpoint layers+sac refused" probe models/hf/qwen2-0.5b.json --checkpoint layers+sac

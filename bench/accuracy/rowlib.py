@@ -173,15 +173,26 @@ def _key(r):
 
 def save_rows(oracle, rows, path=None):
     """What an oracle run measured, into rows/<oracle>.jsonl (or path): a row with the same config
-    and settings as an earlier one replaces it (the newer measurement wins), the others are kept."""
+    and settings as an earlier one replaces it (the newer measurement wins), the others are kept.
+    An earlier row's `disagrees` mark stays on a new row that carries none when torch measured the
+    same figures again: the miss is unchanged, and the replay still checks memplan against it."""
     path = path or os.path.join(ROWS_DIR, oracle + ".jsonl")
     new = {_key(r): dict(r, oracle=oracle) for r in rows}
-    old = [r for r in (read_rows(path) if os.path.exists(path) else []) if _key(r) not in new]
+    earlier = read_rows(path) if os.path.exists(path) else []
+    for r in earlier:
+        n = new.get(_key(r))
+        if n is not None and r.get("disagrees") and "disagrees" not in n and _torch_figures(n) == _torch_figures(r):
+            n["disagrees"] = r["disagrees"]
+    old = [r for r in earlier if _key(r) not in new]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         for r in old + list(new.values()):
             f.write(json.dumps(r, sort_keys=True) + "\n")
     return path
+
+
+def _torch_figures(row):
+    return {name: (f.get("torch"), f.get("extra", 0)) for name, f in row.get("figures", {}).items()}
 
 
 def figure(torch_value, memplan_value, extra=0):

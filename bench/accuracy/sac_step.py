@@ -398,8 +398,57 @@ def titan_bench(only=(), memplan="./memplan", save=True):
                 "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
                                                 peft=peft.__version__),
             })])
+    if not only or any(o in "vit" for o in only):
+        lines += titan_vit(memplan, save)
     if save:
         rowlib.write_results(os.path.join(HERE, "sac_torchtitan_results.md"), "\n".join(lines) + "\n")
+
+
+# ViT (HF ViTForImageClassification): the patch embedding's convolution is outside the layers the
+# policy wraps; the layers' Linears have biases (aten.addmm). torch_step.py's runner (fake tensors,
+# CUDA's SDPA kernel where the CPU's differs) with the policy given to transformers' checkpoint.
+TITAN_VIT = ("models/hf/vit-base-patch16-224.json", [(16, "fp32"), (16, "amp-bf16"), (32, "bf16")])
+
+
+def titan_vit(memplan, save):
+    import torch
+    import transformers
+    import torch_step
+    path, rows = TITAN_VIT
+    with open(os.path.join(rowlib.ROOT, path)) as f:
+        cfg = json.load(f)
+    orig = transformers.PreTrainedModel.gradient_checkpointing_enable
+    fn = torchtitan_policy()
+
+    def titan(self, gradient_checkpointing_kwargs=None, **kw):
+        return orig(self, gradient_checkpointing_kwargs=dict(gradient_checkpointing_kwargs or {}, context_fn=fn,
+                                                             early_stop=False), **kw)
+    lines = []
+    for b, prec in rows:
+        transformers.PreTrainedModel.gradient_checkpointing_enable = titan
+        try:
+            t = torch_step.measure_torch(cfg, b, 197, prec, "sdpa", "layers", "adamw")
+        finally:
+            transformers.PreTrainedModel.gradient_checkpointing_enable = orig
+        m = torch_step.measure_memplan(memplan, os.path.join(rowlib.ROOT, path), b, 197, prec, "sdpa",
+                                       "layers+sac:torchtitan", "adamw")
+        ml = torch_step.measure_memplan(memplan, os.path.join(rowlib.ROOT, path), b, 197, prec, "sdpa", "layers",
+                                        "adamw")
+        row = "| vit-base-patch16-224 | %dx197 | %s | full | %.2f | %.2f | %+.3f%% | %.2f | - | %s | %s |" % (
+            b, prec, t["peak"] / 2**20, m["peak"] / 2**20, 100.0 * (m["peak"] - t["peak"]) / t["peak"],
+            ml["peak"] / 2**20, t["peak_at"], m["peak_at"])
+        print(row, flush=True)
+        lines.append(row)
+        if save:
+            rowlib.save_rows("sac_step", [{
+                "source": "bench/accuracy/sac_step.py torchtitan run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                          time.gmtime()),
+                "config": path, "max_layers": 0, "args": m["args"][m["args"].index("--batch"):],
+                "figures": {"peak": rowlib.figure(t["peak"], m["peak"])},
+                "recorded": {"peak": m["peak"], "torch_peak_at": t["peak_at"], "memplan_peak_layers": ml["peak"]},
+                "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__),
+            }])
+    return lines
 
 
 def trl_peft():

@@ -206,7 +206,8 @@ static int check_model_options(const struct args *a, const struct setup *s)
     /* torchtitan's SelectiveAC saves every compute-intensive op's output (replay.c titan_keeps): the
      * ops memplan counts for it are the fused SDPA call, aten.mm and aten.addmm; eager attention's
      * and SDPA's math path's bmm, a convolution, MoE experts and a quantized base's matmul are not
-     * modelled, and it checkpoints every layer (docs/checkpointing.md#sac-torchtitan) */
+     * modelled, and it checkpoints every layer (docs/checkpointing.md#sac-torchtitan); the policy
+     * runs only inside the layers it wraps (repeated blocks), so a patch embedding ahead is not its */
     if (a->ckpt.sac == MP_SAC_TORCHTITAN) {
         const char *why = a->ckpt.k > 1 ? "torchtitan checkpoints every layer (layers, not layers:N)"
                           : s->model.quant.kind != MP_Q_NONE || a->ft.mode == MP_FT_QLORA
@@ -215,7 +216,7 @@ static int check_model_options(const struct args *a, const struct setup *s)
                               ? "SDPA's math path (bmm, which its policy saves) is not modelled: drop --torch"
                               : NULL;
         for (size_t i = 0; i < s->model.n_blocks && !why; i++)
-            for (size_t j = 0; j < s->model.blocks[i].n_layers && !why; j++) {
+            for (size_t j = 0; s->model.blocks[i].repeat_group > 0 && j < s->model.blocks[i].n_layers && !why; j++) {
                 const struct mp_layer *l = &s->model.blocks[i].layers[j];
                 enum mp_attn_impl im = a->attention_set || !l->attn.impl_set ? (enum mp_attn_impl)a->attention
                                                                              : l->attn.impl;

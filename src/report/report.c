@@ -2053,6 +2053,20 @@ static cJSON *json_candidate(const struct mp_candidate *b)
     return o;
 }
 
+/* A candidate's parallel column: "zero3+opt-off x8", "fsdp+ep2 x16". */
+static const char *cand_par_label(const struct mp_candidate *k, char *buf, size_t len)
+{
+    char epb[24] = "";
+    if (k->par.ep > 1)
+        snprintf(epb, sizeof epb, "+ep%llu", (unsigned long long)k->par.ep);
+    snprintf(buf, len, "%s%s%s x%llu", mp_par_strategy_str(k->par.strategy),
+             k->par.offload == MP_OFFLOAD_OPTIMIZER ? "+opt-off"
+             : k->par.offload == MP_OFFLOAD_PARAMS  ? "+par-off"
+                                                    : "",
+             epb, (unsigned long long)mp_par_world(&k->par));
+    return buf;
+}
+
 static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struct mp_suggestion *s, enum mp_emit emit)
 {
     const char *target = c->gpu ? c->gpu->name : "the target"; /* (fill_ctx leaves out a 0-byte target) */
@@ -2196,35 +2210,37 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
     bool ftcol = c->ft && c->ft->mode != MP_FT_FULL;
     if (ftcol)
         finetune_assumptions(out, c);
-    if (par_col)
-        fprintf(out, "\n%-19s", "parallel");
-    fprintf(out, "%s%s%-10s %-14s %6s %5s %10s %8s %9s %9s\n", par_col ? "" : "\n", ftcol ? "tune  " : "", "precision",
-            "checkpoint", "micro", "accum", "peak", "headroom", "recompute", "samples/s");
+    /* The parallel and checkpoint columns are as wide as their longest entry ("zero3+opt-off x8",
+     * "layers:8+sac:torchtitan"); a row's last word shortens when the line would pass 100 columns. */
+    int ckw = 14, parw = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        char sb[48], lb[64];
+        int n = (int)strlen(mp_ckpt_spec_str(&s->cand[i].ckpt, sb, sizeof sb));
+        ckw = n > ckw ? n : ckw;
+        n = (int)strlen(cand_par_label(&s->cand[i], lb, sizeof lb)) + 1;
+        parw = par_col && n > parw ? n : parw;
+    }
+    if (par_col && parw < 9)
+        parw = 9;
+    int used = (ftcol ? 6 : 0) + parw + 10 + 1 + ckw + 54; /* 54: " micro accum ... samples/s " */
+    bool room = used + 20 <= 100, mark_room = used + 14 <= 100; /* "probe: out of memory", "<- recommended" */
+    fprintf(out, "\n%s%-*s%-10s %-*s %6s %5s %10s %8s %9s %9s\n", ftcol ? "tune  " : "", parw, par_col ? "parallel" : "",
+            "precision", ckw, "checkpoint", "micro", "accum", "peak", "headroom", "recompute", "samples/s");
     for (size_t i = 0; i < s->n; i++) {
         const struct mp_candidate *k = &s->cand[i];
-        char sb[32], pk[32];
+        char sb[48], pk[32], lb[64];
         if (ftcol)
             fprintf(out, "%-5s ", mp_ft_mode_str(k->ft));
-        if (par_col) { /* "zero3+opt-cpu x8", "fsdp-no-reshard x16" */
-            char lb[48];
-            char epb[24] = "";
-            if (k->par.ep > 1)
-                snprintf(epb, sizeof epb, "+ep%llu", (unsigned long long)k->par.ep);
-            snprintf(lb, sizeof lb, "%s%s%s x%llu", mp_par_strategy_str(k->par.strategy),
-                     k->par.offload == MP_OFFLOAD_OPTIMIZER ? "+opt-off"
-                     : k->par.offload == MP_OFFLOAD_PARAMS  ? "+par-off"
-                                                            : "",
-                     epb, (unsigned long long)mp_par_world(&k->par));
-            fprintf(out, "%-19s", lb);
-        }
-        fprintf(out, "%-10s %-14s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f %s%s\n", cand_prec(k),
+        if (par_col)
+            fprintf(out, "%-*s", parw, cand_par_label(k, lb, sizeof lb));
+        const char *last = !k->fits           ? (k->probe_oom ? (room ? "probe: out of memory" : "probe OOM")
+                                                                  : (room ? "does not fit" : "no fit"))
+                           : (int)i == s->best ? (mark_room ? "<- recommended" : "<-")
+                                               : NULL;
+        fprintf(out, "%-10s %-*s %6llu %5llu %10s %7.1f%% %8.1f%% %9.1f%s%s\n", cand_prec(k), ckw,
                 mp_ckpt_spec_str(&k->ckpt, sb, sizeof sb), (unsigned long long)k->micro_batch,
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
-                k->recompute_pct, k->samples_per_s,
-                k->fits        ? ""
-                : k->probe_oom ? "probe: out of memory"
-                               : "does not fit",
-                (int)i == s->best ? "<- recommended" : "");
+                k->recompute_pct, k->samples_per_s, last ? " " : "", last ? last : "");
     }
     if (s->best >= 0) { /* (DPO: no torch loop; its DPOConfig) */
         fprintf(out, "\n");
