@@ -13,6 +13,7 @@
 struct acc {
     uint64_t n;
     bool ok;
+    bool full; /* a Linear past MP_IDLE_LINEARS_MAX: refused, never dropped from peft's list */
 };
 
 static void acc_add(struct acc *a, uint64_t x) { a->ok = a->ok && mp_add_u64(a->n, x, &a->n); }
@@ -38,6 +39,8 @@ static void linear(struct acc *a, struct mp_idle *v, const char *name, uint64_t 
     acc_add(a, prod(a, prod(a, in, out) + (bias ? out : 0), count));
     if (v->n_linears < MP_IDLE_LINEARS_MAX)
         v->linears[v->n_linears++] = (struct mp_idle_linear){.name = name, .in = in, .out = out, .count = count};
+    else
+        a->full = true;
 }
 
 static enum mp_status pos(const cJSON *o, const char *key, uint64_t *out, const char *path, struct mp_diag *d)
@@ -287,7 +290,7 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config: expected an object", path);
     if (!vc || cJSON_IsNull(vc))
         vc = &empty; /* the vision config class's defaults */
-    struct acc a = {0, true};
+    struct acc a = {0, true, false};
     enum mp_status st;
     if (!strcmp(type, "gemma3"))
         st = siglip_gemma3(root, vc, text_hidden, v, vis, &a, path, d);
@@ -305,6 +308,9 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
         mllama_cross(cross, v, &a);
     if (!a.ok || a.n > MP_DIM_MAX * 64)
         return mp_fail(d, MP_ERR_RANGE, "%s: vision_config: the vision tower is too large", path);
+    if (a.full)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config: the %s tower has more than %d kinds of Linear, which "
+                       "memplan keeps (model.h MP_IDLE_LINEARS_MAX)", path, type, MP_IDLE_LINEARS_MAX);
     v->params = a.n;
     snprintf(v->what, sizeof v->what, "%s", !strcmp(type, "mllama") ? "vision_model + projector + "
                                                                        "cross-attention layers"
