@@ -718,7 +718,9 @@ def tool_version(cmd):
 
 def env_info(kit):
     e = {"host": platform.node(), "python": platform.python_version(), "python_exe": sys.executable,
-         "gpu": kit.gpu, "mode": "gpu" if kit.gpu else "cpu fallback"}
+         "gpu": kit.gpu, "mode": "gpu" if kit.gpu else "cpu fallback",
+         # the caching allocator's settings the PyTorch rows ran under (reestimate.py reads them)
+         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""}
     nv = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
     if nv:
         v = tool_version([nv, "--version"]) or ""

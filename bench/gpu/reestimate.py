@@ -1,7 +1,11 @@
 """reestimate.py: memplan's estimates of a GPU kit run's matrix, again, against that run's PyTorch figures.
 
-Usage: python3 bench/gpu/reestimate.py [STATE] [--memplan PATH]
+Usage: python3 bench/gpu/reestimate.py [STATE] [--memplan PATH] [--alloc-conf CONF]
   STATE   a kit run's report.json (default bench/results/gpu-2026-11-28b.json, the H200's second run)
+  CONF    the PYTORCH_CUDA_ALLOC_CONF the PyTorch rows ran under, given to memplan's --alloc-conf
+          (default: the state's env.alloc_conf, which the kit records since 2026-11-30; the H200's
+          expandable matrix, gpu-2026-11-28b-expandable.json, predates it: give
+          expandable_segments:True)
 
 Each matrix row is estimated as the kit estimated it (bench/gpu/kit.py memplan_args: the same
 config, batch, sequence, precision, checkpointing, fine-tuning, --gpu profile), with the torch
@@ -34,13 +38,15 @@ def main():
     ap.add_argument("state", nargs="?", default=os.path.join(ROOT, "bench/results/gpu-2026-11-28b.json"))
     ap.add_argument("--memplan", default=os.path.join(ROOT, "memplan"))
     ap.add_argument("--limit", type=float, default=1.0, help="percent (default 1)")
+    ap.add_argument("--alloc-conf", default=None, help="the rows' PYTORCH_CUDA_ALLOC_CONF (default: the state's)")
     a = ap.parse_args()
     with open(a.state) as f:
         st = json.load(f)
     m = st["matrix"]
     release = st["env"].get("torch_worker", {}).get("torch")
-    print("%s, %s; memplan %s, profile %s, --torch %s\n" % (st["env"]["gpu"]["name"], a.state, a.memplan,
-                                                         m["profile"], release))
+    conf = a.alloc_conf if a.alloc_conf is not None else st["env"].get("alloc_conf", "")
+    print("%s, %s; memplan %s, profile %s, --torch %s, --alloc-conf '%s'\n" % (
+        st["env"]["gpu"]["name"], a.state, a.memplan, m["profile"], release, conf))
     print("| row | estimate GiB | torch allocated GiB | Δ % | est reserved GiB | torch reserved GiB | Δ reserved % |")
     print("|---|---|---|---|---|---|---|")
     worst = 0.0
@@ -50,8 +56,9 @@ def main():
             print("| %s | | (no torch figure) | | | | |" % r["id"])
             continue
         args = kit.memplan_args(r, os.path.join(ROOT, r["config"]), r["run_batch"], r["run_seq"], release)
-        p = subprocess.run([a.memplan, "estimate"] + args + ["--gpu", m["profile"], "--json"],
-                           capture_output=True, text=True)
+        p = subprocess.run([a.memplan, "estimate"] + args + ["--gpu", m["profile"], "--json"] +
+                           (["--alloc-conf", conf] if conf else []), capture_output=True, text=True,
+                           env=dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="", PYTORCH_ALLOC_CONF=""))
         if p.returncode != 0:
             print("| %s | FAILED: %s |" % (r["id"], p.stderr.strip()[:80]))
             worst = float("inf")
