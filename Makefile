@@ -166,6 +166,12 @@ $(BUILD)/bench/accuracy/dump_saved: bench/accuracy/dump_saved.c $(LIBOBJS)
 	@echo "  CC    $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
+# bench/alloc/asim_replay.c: the allocator simulation over a recorded request sequence (the GPU's)
+$(BUILD)/bench/alloc/asim_replay: bench/alloc/asim_replay.c $(LIBOBJS)
+	@mkdir -p $(dir $@)
+	@echo "  CC    $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
 # Install the three Debian build dependencies when they are missing (root only).
 deps:
 	@if { [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/cmocka.h ] || [ ! -f /usr/include/yaml.h ]; } && \
@@ -190,7 +196,7 @@ run: deps
 
 ASAN_ENV := ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1
 test: deps
-	$(Q)$(MAKE) --no-print-directory memplan $(TESTBINS)
+	$(Q)$(MAKE) --no-print-directory memplan $(TESTBINS) $(BUILD)/bench/alloc/asim_replay
 	$(Q)$(MAKE) --no-print-directory test-unit test-cli
 
 # the long tier: the suites that have one (LONG_TESTS) and tests/cli.sh's long loops
@@ -204,7 +210,7 @@ test-unit: $(TESTBINS)
 	if [ $$fail -ne 0 ]; then echo "$$fail test suite(s) failed"; exit 1; fi
 
 # tests/replay_accuracy.py: the oracles' measured rows (bench/accuracy/rows) against memplan
-test-cli: memplan
+test-cli: memplan $(BUILD)/bench/alloc/asim_replay
 	$(ASAN_ENV) sh tests/cli.sh ./memplan
 	@# the Python API (python/memplan) against the binary and README's JSON contract (long: suggest on every model)
 	@if command -v python3 >/dev/null; then $(ASAN_ENV) python3 -B tests/py_api.py ./memplan; fi
@@ -225,6 +231,7 @@ ifeq ($(TIER_LONG),)
 	@if command -v python3 >/dev/null; then python3 -B tests/doc_refs.py; else echo "doc_refs: skipped (no python3)"; fi
 	@if command -v python3 >/dev/null; then python3 -B tests/family_coverage.py ./memplan; fi
 	@if command -v python3 >/dev/null; then python3 -B tests/alloc_trace.py ./memplan; fi
+	@if command -v python3 >/dev/null; then python3 -B tests/alloc_gpu_replay.py $(BUILD)/bench/alloc/asim_replay; fi
 	@# the GPU's measured rows (bench/results/gpu-2026-11-28b.json) against memplan: each allocated peak within 1 %
 	@if command -v python3 >/dev/null; then $(ASAN_ENV) python3 -B bench/gpu/reestimate.py --memplan ./memplan >/dev/null \
 	  && echo "ok   bench/gpu/reestimate.py: the H200's 16 matrix rows and 12 DPO rows within 1 % allocated" \
