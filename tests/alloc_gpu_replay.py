@@ -15,12 +15,12 @@ their causes as far as known:
   default  the records miss blocks the worker's earlier rows left (cuBLAS workspaces: the
            allocated peaks differ by up to 12 MB), QLoRA -4.9 % (bitsandbytes; not found);
   expandable  gpt2/bf16/layers +8.6 %, qwen2-0.5b/amp-bf16/layers +8.0 %, and the two Llama LoRA
-           checkpointed rows +10.0 % / -9.1 %, which are each other's figure to the byte: the
-           expected figures come from another call than the records, and under expandable
-           segments a row's layout depends on what the worker's earlier rows left in the
-           segment's address space; QLoRA -18.4 % (bitsandbytes, as above).  The kit now
-           records the settings (env.alloc_conf); the next GPU run's expandable traces and
-           figures from one call settle these (bench/gpu/README.md).
+           checkpointed rows +10.0 % / -9.1 %, which are each other's figure to the byte (why
+           is not known: the expected figures come from another call than the records, and the
+           records lack when frees complete, `F` since); QLoRA -18.4 % (bitsandbytes, as
+           above).  The kit now records the settings (env.alloc_conf) and free_completed; the
+           next GPU run's expandable records and figures from one call settle these
+           (bench/gpu/README.md).
 Exit 0 when every row is within ALLOWED; else the rows that are not, and exit 1.
 """
 import json

@@ -6,7 +6,9 @@
  *   make bench/alloc/asim_replay
  *   bench/alloc/asim_replay TRACE [--alloc-conf CONF] [--from MARK]
  *
- * Trace lines: `a KEY BYTES ...` (an allocation; KEY the GPU's address or memplan's key), `f KEY`,
+ * Trace lines: `a KEY BYTES ...` (an allocation; KEY the GPU's address or memplan's key), `f KEY`
+ * (its free; in a record with `F KEY` lines, the block is reusable at `F`: free_completed, later
+ * than free_requested where a stream still uses it),
  * `e` (empty_cache), `r` (reset_peak_memory_stats), `m NAME` (a mark: with --from NAME the peaks
  * are reset there, as the kit resets them at "step 1"), `x KEY` (a host allocation: its lines are
  * dropped); `s`/`u` (the GPU's segment lines) are read by gpu_traces.py, not here.  Prints the
@@ -71,11 +73,13 @@ int main(int argc, char **argv)
     struct live *l = NULL;
     char line[512], host[4096][40];
     size_t nhost = 0;
+    bool completed = false; /* the record has free_completed lines: blocks are reusable there */
     /* pass 1: host keys (x lines) */
     while (fgets(line, sizeof line, f)) {
         char k[40];
         if (line[0] == 'x' && sscanf(line + 1, "%39s", k) == 1 && nhost < 4096)
             snprintf(host[nhost++], sizeof host[0], "%s", k);
+        completed |= line[0] == 'F';
     }
     rewind(f);
     uint64_t last = 0;
@@ -88,7 +92,7 @@ int main(int argc, char **argv)
         char k[40] = "";
         unsigned long long bytes = 0;
         bool is_host = false;
-        if ((line[0] == 'a' || line[0] == 'f') && sscanf(line + 1, "%39s", k) == 1)
+        if ((line[0] == 'a' || line[0] == 'f' || line[0] == 'F') && sscanf(line + 1, "%39s", k) == 1)
             for (size_t h = 0; h < nhost && !is_host; h++)
                 is_host = !strcmp(host[h], k);
         if (is_host)
@@ -110,7 +114,7 @@ int main(int argc, char **argv)
             }
             snprintf(l[n].key, sizeof l[n].key, "%s", k);
             l[n++].blk = b;
-        } else if (line[0] == 'f' && k[0]) {
+        } else if (line[0] == (completed ? 'F' : 'f') && k[0]) {
             int i = find(l, n, k);
             if (i >= 0) {
                 mp_asim_free(&a, l[i].blk);

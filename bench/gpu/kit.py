@@ -307,7 +307,8 @@ class AllocTrace:
     """The caching allocator's own record of a row's steps (MEMPLAN_KIT_TRACE=DIR: bench/alloc/),
     from torch.cuda.memory._record_memory_history: written in torch_trace.py's format (`a ADDR
     BYTES` a block handed out, its size as the allocator rounded it; `f ADDR` its free; `m NAME`
-    the marks: build, step N, end; `e` the empty_cache after the build), with `s ADDR BYTES` / `u ADDR BYTES` for each segment cudaMalloc'd / freed
+    the marks: build, step N, end; `e` the empty_cache after the build; `F ADDR` when the freed
+    block is reusable, since 2026-11-30), with `s ADDR BYTES` / `u ADDR BYTES` for each segment cudaMalloc'd / freed
     (or mapped / unmapped under expandable segments) and `o BYTES` for an OOM, which
     cca_ref.py ignores and reserved_vs_gpu.py sets beside memplan's segments."""
 
@@ -334,8 +335,8 @@ class AllocTrace:
         self.torch.cuda.memory._record_memory_history(enabled=None)
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, self.row.replace("/", "_") + ".trace")
-        code = {"alloc": "a", "free_requested": "f", "segment_alloc": "s", "segment_free": "u",
-                "segment_map": "s", "segment_unmap": "u", "oom": "o"}
+        code = {"alloc": "a", "free_requested": "f", "free_completed": "F", "segment_alloc": "s",
+                "segment_free": "u", "segment_map": "s", "segment_unmap": "u", "oom": "o"}
         marks = {}
         for i, line in self.marks:
             marks.setdefault(i, []).append(line)
@@ -349,8 +350,8 @@ class AllocTrace:
                 k = code.get(e.get("action"))
                 if k == "o":
                     f.write("o %d\n" % e.get("size", 0))
-                elif k in ("f",):
-                    f.write("f %x\n" % e["addr"])
+                elif k in ("f", "F"):  # F: the block reusable (later than f under record_stream)
+                    f.write("%s %x\n" % (k, e["addr"]))
                 elif k:
                     f.write("%s %x %d\n" % (k, e["addr"], e["size"]))
             f.write("m end\n")
