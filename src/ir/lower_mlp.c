@@ -258,7 +258,13 @@ static struct val lower_dense_moe(struct bld *B, struct val x, const struct mp_l
     sl.mlp.fused_gate_up = false;
     struct val sh = lower_mlp(B, x, &sl, h, "shared_expert");
     struct val sum = moe_rows(B, dn, M, h, dt_of(B, dn), 0, 0, "experts_sum"); /* reshape(E, M, h).sum(0) */
-    return lower_add(B, sh, sum, "shared_add");
+    struct val y = lower_add(B, sh, sum, "shared_add");
+    /* the forward's locals until it returns: routed_in (rebound to the scaled rows, x's dtype or
+     * fp32 under amp), routed_out, the scores (router_logits too: (M, E), not counted) */
+    hold_to_last(B, ri.t);
+    hold_to_last(B, dn.t);
+    hold_to_last(B, sc.t);
+    return y;
 }
 
 /* The router: logits = Linear(h, E) (DeepSeek: on fp32 copies of x and W outside autocast),

@@ -511,30 +511,33 @@ static const struct multimodal {
     bool text_at_top, tie, tie_or_text, no_logit_softcap, mrope;
     const char *text_defaults;
     bool never_tied;
+    bool text_ties; /* the text config's tie_word_embeddings alone decides (Llama 4: its language_model,
+                       a Llama4ForCausalLM, ties by its own config; measured on the meta device) */
 } multimodal[] = {
     {"gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", "gemma3_text", false, true, false, true, false,
      "{\"vocab_size\": 262208, \"hidden_size\": 2304, \"intermediate_size\": 9216, \"num_hidden_layers\": 26, "
-     "\"num_attention_heads\": 8}", false},
+     "\"num_attention_heads\": 8}", false, false},
     {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2", "qwen2_5_vl_text", true, false, true, false, true,
      "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
      "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
-     "\"max_window_layers\": 80}", false},
+     "\"max_window_layers\": 80}", false, false},
     {"qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2", "qwen2_vl_text", true, false, true, false, true,
      "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
      "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
-     "\"max_window_layers\": 80}", false},
+     "\"max_window_layers\": 80}", false, false},
     {"mistral3", "Mistral3ForConditionalGeneration", "mistral", "mistral", false, true, false, false, false, NULL, false},
     /* MllamaForConditionalGeneration never ties lm_head (its _tied_weights_keys is commented out in
      * 5.24), whatever tie_word_embeddings says */
     {"mllama", "MllamaForConditionalGeneration", "mllama_text_model", "mllama_text_model", false, false, false, false,
      false,
      "{\"vocab_size\": 128256, \"hidden_size\": 4096, \"intermediate_size\": 14336, \"num_hidden_layers\": 40, "
-     "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", true},
+     "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", true, false},
     /* Llama4ForConditionalGeneration: Llama4ForCausalLM as its language_model, the vision model and
      * projector idle in a text-only step (model_hf_vision.c llama4_vision) */
     {"llama4", "Llama4ForConditionalGeneration", "llama4_text", "llama4_text", false, false, false, false, false,
      "{\"vocab_size\": 202048, \"hidden_size\": 5120, \"intermediate_size\": 8192, \"num_hidden_layers\": 48, "
-     "\"num_attention_heads\": 40, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", false},
+     "\"num_attention_heads\": 40, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", false,
+     true},
 };
 #define N_MULTIMODAL (sizeof multimodal / sizeof multimodal[0])
 
@@ -2603,7 +2606,8 @@ static enum mp_status text_config_of(const cJSON *root, const struct multimodal 
     cJSON_DeleteItemFromObjectCaseSensitive(t, "quantization_config");
     if (mm->no_logit_softcap)
         cJSON_DeleteItemFromObjectCaseSensitive(t, "final_logit_softcapping");
-    cJSON_AddBoolToObject(t, "tie_word_embeddings", !mm->never_tied && (tie || (mm->tie_or_text && text_tie)));
+    cJSON_AddBoolToObject(t, "tie_word_embeddings", !mm->never_tied && (mm->text_ties ? text_tie
+                                                                       : tie || (mm->tie_or_text && text_tie)));
     *out = t;
     return MP_OK;
 }
