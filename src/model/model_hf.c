@@ -513,31 +513,34 @@ static const struct multimodal {
     bool never_tied;
     bool text_ties; /* the text config's tie_word_embeddings alone decides (Llama 4: its language_model,
                        a Llama4ForCausalLM, ties by its own config; measured on the meta device) */
+    struct mp_hf_names names; /* peft's default targets for the model_type (0.21 utils/constants.py
+                                 TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama4) */
 } multimodal[] = {
     {"gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", "gemma3_text", false, true, false, true, false,
      "{\"vocab_size\": 262208, \"hidden_size\": 2304, \"intermediate_size\": 9216, \"num_hidden_layers\": 26, "
-     "\"num_attention_heads\": 8}", false, false},
+     "\"num_attention_heads\": 8}", false, false, {NULL}},
     {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2", "qwen2_5_vl_text", true, false, true, false, true,
      "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
      "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
-     "\"max_window_layers\": 80}", false, false},
+     "\"max_window_layers\": 80}", false, false, {NULL}},
     {"qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2", "qwen2_vl_text", true, false, true, false, true,
      "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
      "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
-     "\"max_window_layers\": 80}", false, false},
-    {"mistral3", "Mistral3ForConditionalGeneration", "mistral", "mistral", false, true, false, false, false, NULL, false},
+     "\"max_window_layers\": 80}", false, false, {NULL}},
+    {"mistral3", "Mistral3ForConditionalGeneration", "mistral", "mistral", false, true, false, false, false, NULL, false,
+     false, {NULL}},
     /* MllamaForConditionalGeneration never ties lm_head (its _tied_weights_keys is commented out in
      * 5.24), whatever tie_word_embeddings says */
     {"mllama", "MllamaForConditionalGeneration", "mllama_text_model", "mllama_text_model", false, false, false, false,
      false,
      "{\"vocab_size\": 128256, \"hidden_size\": 4096, \"intermediate_size\": 14336, \"num_hidden_layers\": 40, "
-     "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", true, false},
+     "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", true, false, {NULL}},
     /* Llama4ForConditionalGeneration: Llama4ForCausalLM as its language_model, the vision model and
      * projector idle in a text-only step (model_hf_vision.c llama4_vision) */
     {"llama4", "Llama4ForConditionalGeneration", "llama4_text", "llama4_text", false, false, false, false, false,
      "{\"vocab_size\": 202048, \"hidden_size\": 5120, \"intermediate_size\": 8192, \"num_hidden_layers\": 48, "
      "\"num_attention_heads\": 40, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", false,
-     true},
+     true, {.peft = "q_proj,v_proj"}},
 };
 #define N_MULTIMODAL (sizeof multimodal / sizeof multimodal[0])
 
@@ -558,6 +561,9 @@ const char *mp_hf_model_types(void)
 
 const struct mp_hf_names *mp_hf_family_names(const char *hf_type)
 {
+    for (size_t i = 0; hf_type && i < N_MULTIMODAL; i++)
+        if (!strcmp(multimodal[i].type, hf_type) && multimodal[i].names.peft)
+            return &multimodal[i].names;
     for (size_t i = 0; hf_type && i < N_FAMILIES; i++)
         if (!strcmp(families[i].type, hf_type))
             return &families[i].names;
