@@ -1972,6 +1972,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
                                           : rope && c->chunk;
             l->attn.window = chunked ? c->chunk : 0;
             l->attn.qk_norm = rope && c->l2_qk ? MP_QK_NORM_L2 : MP_QK_NORM_NONE;
+            l->attn.qk_norm_late = l->attn.qk_norm != MP_QK_NORM_NONE; /* (after the rotary) */
             l->attn.temp_tuning = !rope && c->temp_tuning;
         }
         /* transformers' eager path always gets a 4-D causal mask (and a sliding-window one for
