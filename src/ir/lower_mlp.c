@@ -258,6 +258,7 @@ static struct val lower_dense_moe(struct bld *B, struct val x, const struct mp_l
     sl.mlp.fused_gate_up = false;
     struct val sh = lower_mlp(B, x, &sl, h, "shared_expert");
     struct val sum = moe_rows(B, dn, M, h, dt_of(B, dn), 0, 0, "experts_sum"); /* reshape(E, M, h).sum(0) */
+    /* (its backward's expanded gradient is cloned by the reshape's ViewBackward0: a new (E*M, h) one) */
     struct val y = lower_add(B, sh, sum, "shared_add");
     /* the forward's locals until it returns: routed_in (rebound to the scaled rows, x's dtype or
      * fp32 under amp), routed_out, the scores (router_logits too: (M, E), not counted) */
