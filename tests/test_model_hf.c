@@ -2155,6 +2155,7 @@ static void test_llama4(void **state)
     (void)state;
     expect_params("models/hf/llama-4-scout-17b-16e.json", UINT64_C(108641793536));
     expect_params("models/hf/llama-4-maverick-17b-128e.json", UINT64_C(401583781376));
+    expect_params("models/hf/llama-4-scout-17b-16e-text.json", UINT64_C(107769861120)); /* Llama4ForCausalLM */
     expect_params("bench/accuracy/moe/llama4-text-shrunk.json", UINT64_C(6807808));
     expect_params("bench/accuracy/multimodal/llama4-shrunk.json", UINT64_C(6950912));
     struct mp_model m;
