@@ -850,6 +850,8 @@ expect_line 2 "llama4_text --ep 2: refused" estimate bench/accuracy/moe/llama4-t
     --parallel fsdp --ep 2
 expect_line 2 "llama4 --images 1: refused (steps with images not modelled for llama4)" estimate \
     bench/accuracy/multimodal/llama4-shrunk.json --images 1
+expect_line 2 "llama4 --finetune qlora: refused (the quantizer's per-expert loop is not modelled)" estimate \
+    bench/accuracy/multimodal/llama4-shrunk.json --finetune qlora --lora-targets q_proj,v_proj
 
 # mixture-of-experts programs are estimated only: the probe refuses them with a reason (exit 4)
 expect_line 4 "probe of an MoE config: refused, one line" probe bench/accuracy/moe/mixtral-shrunk.json --backend host \

@@ -2244,6 +2244,15 @@ static void test_llama4(void **state)
         assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_USAGE);
         assert_non_null(strstr(d.msg, "Llama4Router"));
     }
+    { /* a quantized base: the quantizer's SequentialLlama4TextExperts, refused */
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.ft.mode = MP_FT_QLORA;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_finetune_parse_targets(&o.ft, "q_proj,v_proj", &d), MP_OK);
+        assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_USAGE);
+        assert_non_null(strstr(d.msg, "SequentialLlama4TextExperts"));
+    }
     mp_model_release(&m);
     /* the multimodal checkpoint: peft's default for llama4 (q_proj,v_proj) also wraps the vision
      * model's: 32,768 (peft 0.21) */
