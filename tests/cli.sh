@@ -848,7 +848,7 @@ expect_line 2 "llama4 --lora-targets router: refused" estimate bench/accuracy/mu
     --finetune lora --lora-targets router
 expect_line 2 "llama4_text --ep 2: refused" estimate bench/accuracy/moe/llama4-text-shrunk.json --gpus 8 \
     --parallel fsdp --ep 2
-expect_line 2 "llama4 --images 1: refused (steps with images not modelled for llama4)" estimate \
+expect_line 3 "llama4 --images 1: refused (steps with images not modelled for llama4)" estimate \
     bench/accuracy/multimodal/llama4-shrunk.json --images 1
 expect_line 2 "llama4 --finetune qlora: refused (the quantizer's per-expert loop is not modelled)" estimate \
     bench/accuracy/multimodal/llama4-shrunk.json --finetune qlora --lora-targets q_proj,v_proj
