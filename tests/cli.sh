@@ -844,6 +844,36 @@ for f in models/hf/*.json; do
     done
 done
 
+# Llama 4: the text model (Llama4ForCausalLM) and the multimodal checkpoint (text-only) through
+# estimate, plan, suggest (one GPU and eight: no --ep candidate, Llama 4's experts under --ep are
+# not modelled) and check; LoRA without targets (peft has none for llama4_text, all-linear wraps
+# the router) and --ep refused with one line
+for f in bench/accuracy/moe/llama4-text-shrunk.json bench/accuracy/multimodal/llama4-shrunk.json; do
+    for cmd in "estimate $f --batch 1" "plan $f --gpu a100-80gb --batch 1" "suggest $f --gpu a100-80gb --no-probe" \
+        "suggest $f --gpu h100-80gb --gpus 8 --seq 1024 --no-probe" "check $f --gpu a100-80gb --batch 1"; do
+        # shellcheck disable=SC2086
+        run $cmd
+        if [ "$ec" -eq 0 ] && [ -s "$T/out" ]; then
+            ok "$cmd: exit 0 with a report"
+        else
+            echo "expected exit 0 with a report" >"$T/why"
+            bad "$cmd: exit 0 with a report"
+        fi
+    done
+    json_check "estimate $f --json: schema 1, README's keys, totals = sum of layers" estimate \
+        estimate "$f" --json
+done
+expect_line 2 "llama4_text --finetune lora without targets: refused" estimate \
+    bench/accuracy/moe/llama4-text-shrunk.json --finetune lora
+expect_line 2 "llama4 --lora-targets router: refused" estimate bench/accuracy/multimodal/llama4-shrunk.json \
+    --finetune lora --lora-targets router
+expect_line 2 "llama4_text --ep 2: refused" estimate bench/accuracy/moe/llama4-text-shrunk.json --gpus 8 \
+    --parallel fsdp --ep 2
+expect_line 3 "llama4 --images 1: refused (steps with images not modelled for llama4)" estimate \
+    bench/accuracy/multimodal/llama4-shrunk.json --images 1
+expect_line 2 "llama4 --finetune qlora: refused (the quantizer's per-expert loop is not modelled)" estimate \
+    bench/accuracy/multimodal/llama4-shrunk.json --finetune qlora --lora-targets q_proj,v_proj
+
 # mixture-of-experts programs are estimated only: the probe refuses them with a reason (exit 4)
 expect_line 4 "probe of an MoE config: refused, one line" probe bench/accuracy/moe/mixtral-shrunk.json --backend host \
     --batch 1 --seq 64

@@ -2146,6 +2146,160 @@ static void test_phimoe(void **state)
     mp_model_release(&m);
 }
 
+/* Llama 4 (transformers 5.24 llama4/): parameter counts from transformers on the meta device
+ * (Llama4ForConditionalGeneration / Llama4ForCausalLM), the layer kinds from Llama4TextConfig's
+ * __post_init__, and the tensors of the MoE layer, the rotary, the L2 norms and the NoPE
+ * layers' temperature tuning worked by hand at batch 1, sequence 16, amp-bf16 (the default). */
+static void test_llama4(void **state)
+{
+    (void)state;
+    expect_params("models/hf/llama-4-scout-17b-16e.json", UINT64_C(108641793536));
+    expect_params("models/hf/llama-4-maverick-17b-128e.json", UINT64_C(401583781376));
+    expect_params("models/hf/llama-4-scout-17b-16e-text.json", UINT64_C(107769861120)); /* Llama4ForCausalLM */
+    expect_params("bench/accuracy/moe/llama4-text-shrunk.json", UINT64_C(6807808));
+    expect_params("bench/accuracy/multimodal/llama4-shrunk.json", UINT64_C(6950912));
+    struct mp_model m;
+    struct mp_program p;
+    /* Scout: vision_model 850,960,896 + multi_modal_projector 20,971,520 idle; 34 encoder layers
+     * ahead of the text layers (every_n_layers counts them) */
+    load_ok(&m, "models/hf/llama-4-scout-17b-16e.json");
+    assert_int_equal(m.idle.params, UINT64_C(871932416));
+    assert_int_equal(m.idle.gc_layers, 34);
+    assert_int_equal(m.blocks[1].gc_before, 34);
+    /* every layer MoE (step 1): 16 experts of 8192, top 1, the shared expert 8192 */
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->moe.experts, 16);
+    assert_int_equal(l->moe.expert_ffn, 8192);
+    assert_int_equal(l->moe.shared_ffn, 8192);
+    assert_int_equal(l->moe.router, MP_ROUTER_DENSE_SIGMOID);
+    /* layers 3, 7, ... NoPE (no_rope_layers [] is the default: interval 4), full attention, q
+     * temperature-tuned; the others rotary (complex), L2 q/k norms, chunked at 8192 */
+    assert_true(l->rope.on && l->mla.rope_complex && l->attn.qk_norm == MP_QK_NORM_L2 && !l->attn.temp_tuning);
+    assert_int_equal(l->attn.window, 8192);
+    l = block_layer(&m, 4, 0);
+    assert_true(!l->rope.on && !l->mla.rope_complex && l->attn.qk_norm == MP_QK_NORM_NONE && l->attn.temp_tuning);
+    assert_int_equal(l->attn.window, 0);
+    assert_int_equal(l->attn.eager_mask, 2);
+    assert_false(l->attn.softmax_fp32);
+    mp_model_release(&m);
+    /* Maverick: MoE on odd layers (interleave_moe_layer_step 2), dense MLPs of 16384 between, no
+     * q/k norms (use_qk_norm false) */
+    load_ok(&m, "models/hf/llama-4-maverick-17b-128e.json");
+    l = block_layer(&m, 1, 0);
+    assert_int_equal(l->moe.experts, 0);
+    assert_int_equal(l->mlp.ffn, 16384);
+    assert_int_equal(l->attn.qk_norm, MP_QK_NORM_NONE);
+    l = block_layer(&m, 2, 0);
+    assert_int_equal(l->moe.experts, 128);
+    mp_model_release(&m);
+    /* the tie follows the text config alone (transformers on the meta device: outer false, text
+     * true ties; outer true, text false does not) */
+    load_str_ok(&m, "{\"model_type\": \"llama4\", \"tie_word_embeddings\": false, \"text_config\": "
+                    "{\"tie_word_embeddings\": true, \"hidden_size\": 256, \"intermediate_size\": 512, "
+                    "\"intermediate_size_mlp\": 1024, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+                    "\"num_key_value_heads\": 2, \"head_dim\": 64, \"num_local_experts\": 4, "
+                    "\"interleave_moe_layer_step\": 2, \"vocab_size\": 1000}, \"vision_config\": "
+                    "{\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+                    "\"num_attention_heads\": 2, \"image_size\": 56, \"patch_size\": 14, \"vision_output_dim\": 96, "
+                    "\"projector_input_dim\": 48, \"projector_output_dim\": 80}}");
+    assert_int_equal(params_of(&m), UINT64_C(6950912) - 256000);
+    mp_model_release(&m);
+
+    /* the shrunk text model: layer 0 dense rotary, 1 MoE, 3 MoE NoPE */
+    load_ok(&m, "bench/accuracy/moe/llama4-text-shrunk.json");
+    assert_int_equal(block_layer(&m, 1, 0)->mlp.ffn, 1024);
+    assert_int_equal(block_layer(&m, 1, 0)->moe.experts, 0);
+    assert_int_equal(block_layer(&m, 2, 0)->moe.experts, 4);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.window, 512);
+    assert_true(block_layer(&m, 4, 0)->attn.temp_tuning);
+    build_small(&m, &p);
+    /* M = 16 tokens, E = 4, h = 256, F = 512, top 1; q (16, 4 heads x 64), k (16, 2 x 64) */
+    assert_int_equal(tensor_elems(&p, "mlp.router.probs"), 16 * 4);         /* fp32 sigmoid (bf16 logits) */
+    assert_int_equal(tensor_elems(&p, "mlp.router.topk_index"), 16);
+    assert_int_equal(tensor_elems(&p, "mlp.routed_in"), 4 * 16 * 256);     /* x.repeat(E, 1) */
+    assert_int_equal(tensor_elems(&p, "mlp.scores_column"), 4 * 16);
+    assert_int_equal(tensor_elems(&p, "experts.gate_up_proj"), 4 * 16 * 1024);
+    assert_int_equal(tensor_elems(&p, "experts.down_proj"), 4 * 16 * 256);
+    assert_int_equal(tensor_elems(&p, "mlp.experts_sum"), 16 * 256);
+    assert_int_equal(tensor_elems(&p, "q_norm.x_fp32"), 16 * 256);
+    assert_int_equal(tensor_elems(&p, "q_norm.rsqrt"), 16 * 4);
+    assert_int_equal(tensor_elems(&p, "k_norm.rsqrt"), 16 * 2);
+    assert_int_equal(tensor_elems(&p, "q_temperature"), 16 * 256);
+    assert_int_equal(tensor_elems(&p, "rope.cos_sin"), 16 * 64); /* complex64 (1, 16, 32) */
+    mp_program_release(&p);
+    build_ft(&m, 1, "q_proj,v_proj", &p); /* peft 0.21: 28,672 */
+    assert_int_equal(p.trainable_params, 28672u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "gate_proj", &p); /* the dense and shared experts' Linears: 32,768 */
+    assert_int_equal(p.trainable_params, 32768u);
+    mp_program_release(&p);
+    static const char *const refused[] = {"all-linear", "-", "router"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.ft.mode = MP_FT_LORA;
+        struct mp_diag d = {{0}};
+        if (strcmp(refused[i], "-"))
+            assert_int_equal(mp_finetune_parse_targets(&o.ft, refused[i], &d), MP_OK);
+        assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_USAGE);
+        assert_non_null(strstr(d.msg, "Llama4Router"));
+    }
+    { /* a quantized base: the quantizer's SequentialLlama4TextExperts, refused */
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.ft.mode = MP_FT_QLORA;
+        struct mp_diag d = {{0}};
+        assert_int_equal(mp_finetune_parse_targets(&o.ft, "q_proj,v_proj", &d), MP_OK);
+        assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_USAGE);
+        assert_non_null(strstr(d.msg, "SequentialLlama4TextExperts"));
+    }
+    mp_model_release(&m);
+    /* the multimodal checkpoint: peft's default for llama4 (q_proj,v_proj) also wraps the vision
+     * model's: 32,768 (peft 0.21) */
+    load_ok(&m, "bench/accuracy/multimodal/llama4-shrunk.json");
+    build_ft(&m, 1, "-", &p);
+    assert_int_equal(p.trainable_params, 32768u);
+    mp_program_release(&p);
+    mp_model_release(&m);
+
+    /* moe_layers and no_rope_layers override the interval; layer_types decide the chunked layers */
+#define LLAMA4_TINY(extra)                                                                                 \
+    "{\"model_type\": \"llama4_text\", \"hidden_size\": 256, \"intermediate_size\": 512, "                 \
+    "\"intermediate_size_mlp\": 1024, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, "              \
+    "\"num_key_value_heads\": 2, \"head_dim\": 64, \"num_local_experts\": 4, \"vocab_size\": 1000" extra "}"
+    load_str_ok(&m, LLAMA4_TINY(", \"moe_layers\": [0, 3], \"no_rope_layers\": [1, 0, 1, 1], \"use_qk_norm\": false, "
+                                "\"layer_types\": [\"full_attention\", \"full_attention\", \"chunked_attention\", "
+                                "\"full_attention\"]"));
+    assert_int_equal(params_of(&m), UINT64_C(6807808));
+    assert_int_equal(block_layer(&m, 1, 0)->moe.experts, 4);
+    assert_int_equal(block_layer(&m, 2, 0)->moe.experts, 0);
+    assert_true(!block_layer(&m, 2, 0)->rope.on && block_layer(&m, 2, 0)->attn.temp_tuning);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.window, 0);
+    assert_int_equal(block_layer(&m, 3, 0)->attn.window, 8192);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.qk_norm, MP_QK_NORM_NONE);
+    mp_model_release(&m);
+    load_str_ok(&m, LLAMA4_TINY(", \"attention_chunk_size\": null, \"attn_temperature_tuning\": false"));
+    assert_int_equal(block_layer(&m, 1, 0)->attn.window, 0);
+    assert_false(block_layer(&m, 4, 0)->attn.temp_tuning);
+    assert_int_equal(block_layer(&m, 1, 0)->attn.eager_mask, 1);
+    mp_model_release(&m);
+    expect_error(LLAMA4_TINY(", \"output_router_logits\": true"), MP_ERR_MODEL,
+                 "cfg.json: output_router_logits: true is not supported (the router auxiliary loss over every "
+                 "layer's logits is not modelled)");
+    expect_error(LLAMA4_TINY(", \"no_rope_layers\": [1, 0]"), MP_ERR_MODEL,
+                 "cfg.json: no_rope_layers: expected a list of at least 4 entries (0 or 1)");
+    expect_error(LLAMA4_TINY(", \"moe_layers\": [0.5]"), MP_ERR_MODEL, "cfg.json: moe_layers[0]: expected a layer index");
+    expect_error(LLAMA4_TINY(", \"attention_chunk_size\": null, \"layer_types\": [\"chunked_attention\", "
+                             "\"full_attention\", \"full_attention\", \"full_attention\"]"),
+                 MP_ERR_MODEL, "cfg.json: layer_types[0]: chunked_attention without an attention_chunk_size");
+    expect_error(LLAMA4_TINY(", \"layer_types\": [\"sliding_attention\", \"full_attention\", \"full_attention\", "
+                             "\"full_attention\"]"),
+                 MP_ERR_MODEL, "cfg.json: layer_types[0]: expected \"full_attention\" or \"chunked_attention\"");
+    expect_error(LLAMA4_TINY(", \"num_experts_per_tok\": 5"), MP_ERR_MODEL,
+                 "cfg.json: num_experts_per_tok: 5 exceeds num_local_experts 4");
+#undef LLAMA4_TINY
+}
+
 static void test_error_moe(void **state)
 {
     (void)state;
@@ -2285,11 +2439,6 @@ static void test_families_s4(void **state)
     expect_error(MINISTRAL_TINY(", \"head_dim\": 16, \"sliding_window\": null"),
                  MP_ERR_MODEL, "cfg.json: sliding_window: null is not supported (MinistralModel always builds the "
                  "sliding-window mask, which needs it)");
-    /* Llama 4: refused with what is missing */
-    expect_error("{\"model_type\": \"llama4_text\"}", MP_ERR_MODEL,
-                 "cfg.json: model_type: 'llama4_text' is not supported (Llama 4's MoE layers run every token through "
-                 "all num_local_experts experts (a dense bmm over E x tokens rows), plus chunked attention, L2 q/k "
-                 "norms, temperature-tuned NoPE layers and an fp32 complex rotary: not modelled)");
     /* OLMo's clip_qkv: null is none; a number clamps q, k and v in place, and clamp_ keeps a copy of
      * each (amp: the bf16 projections, 16 x 64 elements = 2048 bytes each) */
     load_str_ok(&m, "{\"model_type\": \"olmo\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 1, "
@@ -2633,6 +2782,7 @@ int main(void)
         cmocka_unit_test(test_multimodal),
         cmocka_unit_test(test_mllama),
         cmocka_unit_test(test_phimoe),
+        cmocka_unit_test(test_llama4),
         cmocka_unit_test(test_multimodal_images),
         cmocka_unit_test(test_moe_layers_and_mla),
         cmocka_unit_test(test_error_moe),

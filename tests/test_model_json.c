@@ -797,8 +797,16 @@ static void test_errors_field_values(void **state)
          MP_ERR_MODEL, "t.json: layers[0].post_norm: cannot be combined with parallel_residual"},
         {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"rope_fp32\": true}"), MP_ERR_MODEL,
          "t.json: layers[0].rope_fp32: needs \"rope\": true"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"rope_complex\": true}"),
+         MP_ERR_MODEL, "t.json: layers[0].rope_complex: needs \"rope\": true"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"rope\": true, "
+                 "\"rope_complex\": true, \"rotary_dim\": 4}"),
+         MP_ERR_MODEL, "t.json: layers[0].rope_complex: needs a whole-head rotary (no other rope_ key)"},
+        {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"rope\": true, "
+                 "\"temp_tuning\": true}"),
+         MP_ERR_MODEL, "t.json: layers[0].temp_tuning: needs a layer without \"rope\" (NoPE)"},
         {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"qk_norm\": \"both\"}"), MP_ERR_MODEL,
-         "t.json: layers[0].qk_norm: unknown value \"both\" (expected none, head or all)"},
+         "t.json: layers[0].qk_norm: unknown value \"both\" (expected none, head, all or l2)"},
         {MODEL16(
              "{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"qk_norm_late\": true, \"rope\": true}"),
          MP_ERR_MODEL, "t.json: layers[0].qk_norm_late: needs a qk_norm and \"rope\": true"},
@@ -815,7 +823,7 @@ static void test_errors_field_values(void **state)
                  "\"expert_ffn\": 8, \"router\": \"sinkhorn\"}"),
          MP_ERR_MODEL,
          "t.json: layers[0].router: unknown value \"sinkhorn\" (expected softmax, softmax_cast, fp32_softmax, "
-         "fp32_sigmoid, topk_softmax or sparsemixer)"},
+         "fp32_sigmoid, topk_softmax, sparsemixer or dense_sigmoid)"},
         {MODEL16("{\"type\": \"transformer_block\", \"dim\": 16, \"heads\": 2, \"experts\": 4, \"top_k\": 3, "
                  "\"expert_ffn\": 8, \"router\": \"sparsemixer\"}"),
          MP_ERR_MODEL, "t.json: layers[0].top_k: 3 with \"router\": \"sparsemixer\" (it picks 2)"},

@@ -298,6 +298,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
         torch_step._FIND_PACKED if packing else (lambda position_ids: None))
     with open(cfg_path) as f:
         d = json.load(f)  # the config memplan reads too (dropout already off: bench_config)
+    torch_step.llama4_output_fix(d)
     cfg = transformers.AutoConfig.for_model(**d)
     cfg._attn_implementation = attention
     dtype = torch.bfloat16 if precision in ("bf16", "bf16-amp") else torch.float32

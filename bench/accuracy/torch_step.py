@@ -253,8 +253,19 @@ import rowlib  # noqa: E402
 from rowlib import LAYER_KEYS, T5_TYPES, cuda_only_bytes, load_config  # noqa: E402
 
 
+def llama4_output_fix(config_dict):
+    """transformers 5.24's Llama4ForConditionalGeneration.forward ends with
+    image_outputs=outputs.image_outputs, read from its language model's MoeCausalLMOutputWithPast, which
+    has no such field (modeling_llama4.py:1318): every step raises AttributeError after the loss
+    (return_dict=False fails in capture_outputs instead).  A None default lets the step run; it makes
+    and keeps no tensor (docs/memory-facts.md#llama4)."""
+    if config_dict.get("model_type") == "llama4":
+        transformers.modeling_outputs.MoeCausalLMOutputWithPast.image_outputs = None
+
+
 def fake_model(config_dict, precision, attention, fake):
     """The model of config_dict (class from architectures[0]) built under `fake`."""
+    llama4_output_fix(config_dict)
     cfg = transformers.AutoConfig.for_model(**config_dict)
     cfg._attn_implementation = attention
     arch = (config_dict.get("architectures") or ["AutoModelForCausalLM"])[0]

@@ -788,7 +788,8 @@ static int bwd_param_grads(struct rp *r, const struct mp_node *n, uint64_t *inco
         int q = n->param[j];
         if (q < 0 || !p->params[q].trainable)
             continue;
-        if (!r->pglive[q] && j == 0 && n->prim == MP_P_LINEAR && mp_node_tmp(n, true, MP_TR_WGRAD_HALF)) {
+        if (!r->pglive[q] && j == 0 && (n->prim == MP_P_LINEAR || n->prim == MP_P_GROUPED_MM) &&
+            mp_node_tmp(n, true, MP_TR_WGRAD_HALF)) { /* (grouped: Llama 4's autocast bmm) */
             wcast = q;
         } else if (!r->pglive[q]) {
             r->pglive[q] = true;

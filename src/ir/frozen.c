@@ -150,11 +150,22 @@ const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_fin
     /* PhiMoE: PhimoeTopKRouter is an nn.Linear subclass whose forward returns a tuple; peft wraps
      * it (all-linear, or a name matching "router") and its LoRA forward then fails ('tuple' object
      * has no attribute 'dtype': peft 0.21 on transformers 5.24, run on the CPU) */
-    bool router = f->all_linear || ((f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA) && !f->n_targets);
+    bool router = f->all_linear || ((f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA) && !f->n_targets &&
+                                    !mp_finetune_default_targets(m->hf_type));
     for (size_t t = 0; t < f->n_targets; t++)
         router |= !strcmp(f->targets[t], "router");
+    bool llama4 = !strcmp(m->hf_type, "llama4_text") || !strcmp(m->hf_type, "llama4");
     if (!strcmp(m->hf_type, "phimoe") && router && (f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA))
         return "peft wraps PhiMoE's router (PhimoeTopKRouter, an nn.Linear returning a tuple) and its LoRA forward "
+               "fails";
+    /* Llama 4: Llama4Router is the same (peft 0.21 on transformers 5.24, run on the CPU); peft has no
+     * default targets for llama4_text (all-linear stands in); the MLP names are plain Linears (the
+     * shared expert's, the dense layers'): peft adapts those alone, as memplan does */
+    if (llama4 && router && !f->all_linear && !f->n_targets && (f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA))
+        return "peft 0.21 has no default LoRA targets for llama4_text (get_peft_model raises), and all-linear wraps "
+               "Llama 4's router (Llama4Router, an nn.Linear returning a tuple), whose LoRA forward fails";
+    if (llama4 && router && (f->mode == MP_FT_LORA || f->mode == MP_FT_QLORA))
+        return "peft wraps Llama 4's router (Llama4Router, an nn.Linear returning a tuple) and its LoRA forward "
                "fails";
     if (mp_finetune_all_linear_unmodelled(f, m->hf_type))
         return "peft's all-linear also adapts the MoE routers and the experts' 3-D parameters";
@@ -164,7 +175,7 @@ const char *mp_moe_lora_unmodelled(const struct mp_model *m, const struct mp_fin
             moe |= m->blocks[i].layers[j].moe.experts > 0;
     if (moe && !m->hf_type[0] && !f->n_targets) /* memplan JSON: no family, so all-linear */
         return "peft's all-linear also adapts the MoE routers and the experts' 3-D parameters";
-    if (!moe || !strcmp(m->hf_type, "qwen2_moe"))
+    if (!moe || !strcmp(m->hf_type, "qwen2_moe") || llama4)
         return NULL;
     static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "gate", "experts"};
     for (size_t t = 0; t < f->n_targets; t++)

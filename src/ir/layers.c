@@ -573,8 +573,19 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         return mp_fail(d, MP_ERR_USAGE, "%s: --lora-targets all-linear on %s: peft 0.21 also adapts the MoE routers "
                        "and fused experts, which memplan does not model; name the targets (e.g. q_proj,v_proj)",
                        m->path, m->hf_type);
-    /* memplan JSON, and PhiMoE's router (other HF configs: refused above and by the command's setup) */
-    const char *moe_why = (!m->hf_type[0] || !strcmp(m->hf_type, "phimoe")) &&
+    /* Llama 4 on a quantized base: transformers' quantizer swaps Llama4TextExperts for
+     * SequentialLlama4TextExperts (per-expert Llama4TextMLPs run in a loop into a zeros_like buffer:
+     * 5.24 quantizers/base.py:383-415, bitsandbytes and compressed-tensors), not modelled */
+    bool llama4 = !strcmp(m->hf_type, "llama4_text") || !strcmp(m->hf_type, "llama4");
+    if (llama4 && (o->ft.mode == MP_FT_QLORA || m->quant.kind != MP_Q_NONE))
+        return mp_fail(d, o->ft.mode == MP_FT_QLORA ? MP_ERR_USAGE : MP_ERR_MODEL,
+                       "%s: %s on Llama 4: transformers' quantizer replaces its experts with "
+                       "SequentialLlama4TextExperts (a loop over per-expert Linears), which memplan does not model",
+                       m->path, o->ft.mode == MP_FT_QLORA ? "--finetune qlora" : "quantization_config");
+    /* memplan JSON, and PhiMoE's and Llama 4's routers (other HF configs: refused above and by the
+     * command's setup) */
+    const char *moe_why = (!m->hf_type[0] || !strcmp(m->hf_type, "phimoe") || !strcmp(m->hf_type, "llama4_text") ||
+                           !strcmp(m->hf_type, "llama4")) &&
                                   (o->ft.mode == MP_FT_LORA || o->ft.mode == MP_FT_QLORA)
                               ? mp_moe_lora_unmodelled(m, &o->ft)
                               : NULL;

@@ -14,7 +14,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
      * being in the fp32 residual's dtype).  memplan keeps x's dtype where SDPA follows (its autocast
      * makes the half copy it saves either way); a q/k norm after the rotary gets the promoted one */
     enum mp_dtype ydt = dt_of(B, x);
-    if (l->attn.qk_norm_late && !l->rope.cast_back)
+    if (l->attn.qk_norm_late && !l->rope.cast_back && !l->mla.rope_complex)
         ydt = promote(ydt, l->rope.fp32 ? MP_DT_F32 : B->p->param_dtype);
     struct val y = like(B, name, x, ydt, ng(B, x));
     struct mp_node *n = new_node(B, MP_P_ROPE, name);
@@ -72,10 +72,12 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
         /* (one pair per distinct layer type where the model keeps a table per type: Gemma3,
          * OLMo3; counted as one tensor) */
         /* (generate's position ids are (b, s), from the attention mask: a pair per sample) */
+        /* (Llama 4: one complex64 table freqs_cis (1, s, rotary_dim / 2), rotary_dim fp32 a row) */
         uint64_t kinds = l->rope.kinds > 1 ? l->rope.kinds : 1,
                  rows = l->rope.per_sample || B->p->opts.gen_cache ? mul(B, B->b, B->s) : pos;
-        B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope.fp32 ? MP_DT_F32 : B->p->param_dtype,
-                                   mul(B, mul(B, mul(B, 2, kinds), rows), n->rotary_dim));
+        bool cplx = l->mla.rope_complex && !l->mla.kv_lora;
+        B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope.fp32 || cplx ? MP_DT_F32 : B->p->param_dtype,
+                                   mul(B, mul(B, mul(B, cplx ? 1 : 2, kinds), rows), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
         B->p->rope_tables = B->rope_cos_sin;
         /* HF's rotary embedding registers inv_freq and a clone, original_inv_freq
@@ -100,6 +102,12 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     uint64_t xe = l->mla.kv_lora ? val_elems(B, x) : T(B, x.t)->elems;
     if (l->mla.kv_lora)
         tmp = mul(B, mul(B, xe, l->mla.rope_complex ? 4 : mp_dtype_size(dt_of(B, x))), 2);
+    /* Llama 4's apply_rotary_emb (modeling_llama4.py:223-232): view_as_complex of xq.float() times
+     * freqs_cis (which MulBackward0 saves: the model's table; the fp32 q is not saved, the table
+     * needing no gradient), view_as_real, type_as(xq): a half x makes an fp32 copy and an fp32
+     * product before its cast back; an fp32 x makes only the product, the output */
+    else if (l->mla.rope_complex)
+        tmp = dt_of(B, x) == MP_DT_F32 ? 0 : mul(B, mul(B, xe, 4), 2);
     tmp_one(B, n, false, MP_TR_OTHER, tmp);
     n->fwd_flops = 3.0 * (double)xe;
     n->bwd_flops = n->fwd_flops;
@@ -296,6 +304,43 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     return y;
 }
 
+/* Llama 4's L2 norm of q or k per head (modeling_llama4.py:106-118 Llama4TextL2Norm, after the
+ * rotary): h = x.float(); h * rsqrt(h.pow(2).mean(-1) + eps); .type_as(x); no weight.  Saved: the
+ * fp32 h (x itself when fp32; pow and the product) and rsqrt (one fp32 per head and row); forward
+ * transients the fp32 x^2 and, for a half x, the fp32 product before its cast. */
+static struct val l2_norm(struct bld *B, struct val x, uint64_t dim, const char *name)
+{
+    if (!width_ok(B, x, dim, "dim", name))
+        return x;
+    B->p->probe_unsupported = "Llama 4's L2 q/k norm (no weight)";
+    enum mp_dtype xdt = dt_of(B, x);
+    struct val y = like(B, name, x, xdt, ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
+    if (!n)
+        return y;
+    uint64_t M = rows_of(x), N = val_elems(B, x);
+    n->in[0] = x.t;
+    n->out = y.t;
+    char en[80];
+    if (xdt == MP_DT_F32) {
+        save(n, x.t);
+    } else {
+        snprintf(en, sizeof en, "%s.x_fp32", name);
+        extra_as(n, new_flat(B, en, MP_DT_F32, N), MP_XR_X_FP32);
+    }
+    snprintf(en, sizeof en, "%s.rsqrt", name);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSQRT);
+    tmp_one(B, n, false, MP_TR_OTHER, mul(B, N, 4));
+    /* backward: the fp32 gradient of the product (the cast back's), its two fp32 parts (through
+     * rsqrt, through pow) and their sum */
+    tmp_one(B, n, true, MP_TR_OTHER, mul(B, N, xdt == MP_DT_F32 ? 8 : 12));
+    n->rows = M;
+    n->n = dim;
+    n->fwd_flops = 5.0 * (double)N;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
 /* RMSNorm of a q or k projection: over each head (the (b, s, heads, d) view; weight d) or
  * over the whole projection. */
 static struct val qk_norm(struct bld *B, struct val x, const struct mp_layer *l, uint64_t heads, const char *name)
@@ -306,7 +351,8 @@ static struct val qk_norm(struct bld *B, struct val x, const struct mp_layer *l,
     v.rank = x.rank + 1;
     v.shape[x.rank - 1] = heads;
     v.shape[x.rank] = l->attn.head_dim;
-    struct val y = lower_rmsnorm(B, v, l->attn.head_dim, l->norm.rms_fp32, name);
+    struct val y = l->attn.qk_norm == MP_QK_NORM_L2 ? l2_norm(B, v, l->attn.head_dim, name)
+                                                    : lower_rmsnorm(B, v, l->attn.head_dim, l->norm.rms_fp32, name);
     y.rank = x.rank;
     y.shape[x.rank - 1] = last_dim(x);
     if (!failed(B)) { /* the output tensor is stored (b, s, heads * d), like q */
@@ -453,6 +499,15 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
     if (l->attn.qk_norm != MP_QK_NORM_NONE && l->attn.qk_norm_late) {
         q = qk_norm(B, q, l, a, "q_norm");
         k = qk_norm(B, k, l, kv, "k_norm");
+    }
+    /* Llama 4's temperature tuning on NoPE layers (modeling_llama4.py:372-378): q times the fp32
+     * (1, s, 1, 1) scales (MulBackward0 saves only them: s fp32, not modelled), an fp32 product,
+     * cast back to q's dtype */
+    if (l->attn.temp_tuning) {
+        enum mp_dtype qdt = dt_of(B, q);
+        q = lower_copy(B, q, MP_DT_F32, 1.0, "q_temperature");
+        if (qdt != MP_DT_F32)
+            q = cast_to(B, q, qdt, "q_temperature_cast");
     }
     /* use_cache (transformers 5.24, no gradient checkpointing): DynamicLayer.update torch.cat's k
      * and v onto an empty cache tensor, so attention gets fresh copies; SDPA saves those (the

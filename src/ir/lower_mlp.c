@@ -155,6 +155,119 @@ static void input_jitter(struct bld *B, struct val x, const char *name)
     n->bwd_flops = (double)T(B, x.t)->elems;
 }
 
+/* Llama 4's router (transformers 5.24 llama4/modeling_llama4.py:141-153 Llama4Router.forward):
+ * topk of the (M, E) logits (its indices saved, M x k int64, also the scatter's index: one
+ * storage); full_like(logits, -inf).scatter_(top values); sigmoid of its fp32 copy (the output,
+ * fp32, saved by SigmoidBackward0), cast back to the logits' dtype: the scores (M, E), zero for
+ * the experts not chosen.  Forward transients: the top values (M, k), the -inf tensor and, for
+ * half logits, its fp32 copy; backward: the sigmoid's fp32 gradient and the scattered one. */
+static struct val dense_sigmoid_router(struct bld *B, struct val logits, uint64_t M, uint64_t E, uint64_t k)
+{
+    enum mp_dtype ldt = dt_of(B, logits);
+    uint64_t shape[2] = {M, E}, me = mul(B, M, E);
+    struct val w = new_val(B, "router.scores", ldt, 2, shape, true);
+    struct mp_node *n = router_node(B, "router.sigmoid", logits, w, M, E, k);
+    if (!n)
+        return w;
+    if (ldt == MP_DT_F32) /* .float() and .to(dtype) are no-ops: the scores are the sigmoid's output */
+        save(n, w.t);
+    else
+        extra_as(n, new_flat(B, "router.probs", MP_DT_F32, me), MP_XR_ROUTER_PROBS);
+    extra_as(n, new_flat(B, "router.topk_index", MP_DT_I64, mul(B, M, k)), MP_XR_TOPK_INDEX);
+    uint64_t es = mp_dtype_size(ldt);
+    tmp_one(B, n, false, MP_TR_OTHER, add(B, mul(B, mul(B, M, k), es), mul(B, me, ldt == MP_DT_F32 ? es : es + 4)));
+    tmp_one(B, n, true, MP_TR_OTHER, mul(B, me, add(B, 4, es)));
+    n->fwd_flops = 6.0 * (double)M * (double)E;
+    n->bwd_flops = 3.0 * (double)M * (double)E;
+    return w;
+}
+
+/* One torch.bmm of the E experts' 3-D parameter (E, in, out) over x viewed (E, rows / E, in):
+ * a matmul node (saves x; under autocast x's half copy and the weight's cached half copy). */
+static struct val expert_bmm(struct bld *B, struct val x, uint64_t in_f, uint64_t out_f, uint64_t experts,
+                             const char *name)
+{
+    char cn[96];
+    snprintf(cn, sizeof cn, "%s.x_cast", name);
+    x = autocast_in(B, x, cn);
+    if (!width_ok(B, x, in_f, "in_features", name))
+        return x;
+    int w = new_param(B, name, mul(B, experts, out_f), in_f, true);
+    if (w >= 0) {
+        B->p->params[w].stacked = true;
+        B->p->params[w].experts = experts;
+    }
+    struct val y = with_last(B, name, x, out_f, B->amp ? B->p->compute_dtype : dt_of(B, x), true);
+    struct mp_node *n = matmul_node(B, MP_P_GROUPED_MM, name, x, y, w, -1);
+    if (!n)
+        return y;
+    n->rows = rows_of(x);
+    n->n = out_f;
+    n->k = in_f;
+    n->fwd_flops = 2.0 * (double)n->rows * (double)in_f * (double)out_f;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
+/* Llama 4's MoE layer in training (modeling_llama4.py:156-175 Llama4TextMoe.forward, :55-84
+ * Llama4TextExperts.forward): no dispatch: x.repeat(E, 1) (E*M rows) times the scores column
+ * (scores.transpose(0, 1).reshape(-1, 1): a copy; MulBackward0 saves both), viewed (E, M, h):
+ * bmm with gate_up_proj (E, h, 2F), chunk, act(gate) * up, bmm with down_proj (E, F, h); the
+ * shared expert (a gated MLP of intermediate_size) on x; the E outputs summed and added in.
+ * Every token runs through every expert whatever top_k: the expert activations are E x M rows
+ * (docs/memory-facts.md#llama4). */
+static struct val lower_dense_moe(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h)
+{
+    uint64_t M = rows_of(x), E = l->moe.experts, k = l->moe.top_k, F = l->moe.expert_ffn, R = mul(B, E, M);
+    enum mp_dtype xdt = dt_of(B, x);
+    if (B->p->opts.ep > 1) {
+        fail_model(B, MP_ERR_USAGE, "--ep %llu: Llama 4's experts (every token through every expert, one bmm) "
+                   "are not modelled under expert parallelism", (unsigned long long)B->p->opts.ep);
+        return x;
+    }
+    B->no_lora = true; /* an nn.Linear subclass returning a tuple: peft's LoRA cannot wrap it (frozen.c) */
+    struct val logits = lower_linear(B, x, h, E, false, "router");
+    B->no_lora = false;
+    struct val sc = dense_sigmoid_router(B, logits, M, E, k);
+    struct val rin = moe_rows(B, x, R, h, xdt, 0, 0, "routed_in");              /* x.repeat(E, 1) */
+    struct val col = moe_rows(B, sc, R, 1, dt_of(B, sc), 0, 0, "scores_column"); /* the transposed copy */
+    struct val ri = lower_mul(B, rin, col, "routed_in_scaled");
+    char saved[96];
+    with_prefix(B, B->prefix, "experts", saved);
+    struct val gu = expert_bmm(B, ri, h, mul(B, 2, F), E, "gate_up_proj");
+    struct val g = gu, u = gu; /* chunk(2, dim=-1): two views */
+    g.shape[g.rank - 1] = u.shape[u.rank - 1] = F;
+    size_t gun = failed(B) ? 0 : B->p->n_nodes - 1;
+    struct val gp = like(B, "gate_up_proj.grad_gate", g, dt_of(B, gu), ng(B, gu));
+    struct val up = like(B, "gate_up_proj.grad_up", u, dt_of(B, gu), ng(B, gu));
+    struct val ga = lower_act(B, g, l->mlp.act, false, "act_fn");
+    if (!failed(B))
+        B->p->nodes[B->p->n_nodes - 1].in_grad_part[0] = gp.t;
+    struct val m = lower_mul(B, u, ga, "mul"); /* up * act_fn(gate) */
+    if (!failed(B)) {
+        B->p->nodes[B->p->n_nodes - 1].in_grad_part[0] = up.t;
+        B->p->nodes[gun].out_parts[0] = gp.t;
+        B->p->nodes[gun].out_parts[1] = up.t;
+    }
+    struct val dn = expert_bmm(B, m, F, h, E, "down_proj");
+    restore_prefix(B, saved);
+    struct mp_layer sl = *l; /* the shared expert: Llama4TextMLP(config), intermediate_size wide */
+    sl.moe.experts = 0;
+    sl.mlp.ffn = l->moe.shared_ffn;
+    sl.mlp.gated = true;
+    sl.mlp.fused_gate_up = false;
+    struct val sh = lower_mlp(B, x, &sl, h, "shared_expert");
+    struct val sum = moe_rows(B, dn, M, h, dt_of(B, dn), 0, 0, "experts_sum"); /* reshape(E, M, h).sum(0) */
+    /* (its backward's expanded gradient is cloned by the reshape's ViewBackward0: a new (E*M, h) one) */
+    struct val y = lower_add(B, sh, sum, "shared_add");
+    /* the forward's locals until it returns: routed_in (rebound to the scaled rows, x's dtype or
+     * fp32 under amp), routed_out, the scores (router_logits too: (M, E), not counted) */
+    hold_to_last(B, ri.t);
+    hold_to_last(B, dn.t);
+    hold_to_last(B, sc.t);
+    return y;
+}
+
 /* The router: logits = Linear(h, E) (DeepSeek: on fp32 copies of x and W outside autocast),
  * then the top-k weights (M, k) as the family's *TopKRouter computes them. */
 static struct val lower_router(struct bld *B, struct val x, const struct mp_layer *l, uint64_t h)
@@ -403,6 +516,13 @@ static struct val lower_moe(struct bld *B, struct val x, const struct mp_layer *
     xt.rank = 2;
     xt.shape[0] = rows_of(x);
     xt.shape[1] = h;
+    if (l->moe.router == MP_ROUTER_DENSE_SIGMOID) {
+        struct val y = lower_dense_moe(B, xt, l, h);
+        y.rank = x.rank;
+        memcpy(y.shape, x.shape, sizeof y.shape);
+        restore_prefix(B, saved);
+        return y;
+    }
     struct mp_layer sl = *l; /* the shared expert: a gated MLP of its own width */
     sl.moe.experts = 0;
     sl.mlp.ffn = l->moe.shared_ffn;

@@ -73,6 +73,7 @@ enum mp_qk_norm {
     MP_QK_NORM_NONE,
     MP_QK_NORM_HEAD, /* over each head's head_dim (Qwen3, Gemma3) */
     MP_QK_NORM_ALL,  /* over the whole projection, heads * head_dim (OLMo2) */
+    MP_QK_NORM_L2,   /* over each head, no weight, on an fp32 copy cast back (Llama 4's L2Norm) */
 };
 
 /* How a mixture-of-experts router turns its logits (Linear(h, E)) into the top-k weights
@@ -85,6 +86,9 @@ enum mp_router {
     MP_ROUTER_TOPK_SOFTMAX, /* top-k of logits.float(), softmax over the k, cast to x's dtype (GraniteMoE) */
     MP_ROUTER_SPARSEMIXER,  /* PhiMoE's sparsemixer: two rounds of masked_fill, Gumbel sampling, softmax,
                                gather and its custom multiplier: top 2 whatever num_experts_per_tok */
+    MP_ROUTER_DENSE_SIGMOID, /* Llama 4: the top-k logits scattered into a -inf (M, E) tensor, sigmoid in
+                               fp32 cast back; every expert runs every token (x repeated E times, scaled
+                               by its (M, E) score, two bmm), the E outputs summed */
 };
 
 /* How a fused qkv projection is split (HF attention classes). */
@@ -137,6 +141,8 @@ struct mp_attn {
                                SDPA saves it (under autocast each layer's half copy); eager adds it */
     bool qk_fp32;           /* eager: q and k upcast to fp32 before QK^T (GPT-J's _attn) */
     bool no_out_dropout;    /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
+    bool temp_tuning;       /* q times an fp32 per-position scale, cast back to q's dtype (Llama 4's
+                               attn_temperature_tuning on its NoPE layers) */
 };
 
 /* multi-head latent attention (DeepSeek-V2/V3; kv_lora > 0): q through a rank-q_lora bottleneck
@@ -144,7 +150,8 @@ struct mp_attn {
  * are nope_dim + rope_dim wide, v heads v_dim (attn.head_dim is unused) */
 struct mp_mla {
     uint64_t q_lora, kv_lora, rope_dim, nope_dim, v_dim;
-    bool rope_complex;      /* DeepSeek-V2's rotary: fp32 complex multiply (else V3's interleaved halves) */
+    bool rope_complex;      /* the rotary as an fp32 complex multiply (view_as_complex of an fp32 copy, cast
+                               back): DeepSeek-V2 (else V3's interleaved halves), Llama 4 (no kv_lora) */
 };
 
 /* rotary embedding of q and k */

@@ -194,6 +194,7 @@ static enum mp_status ministral_hook(const cJSON *root, struct hf *c, const char
 static enum mp_status olmo_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status olmoe_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 static enum mp_status mllama_text_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
+static enum mp_status llama4_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d);
 
 #define NO_CROSS {"add_cross_attention", "cross-attention layers are not modelled"}
 #define LLAMA_LIKE(a) .act = a, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true, \
@@ -479,6 +480,16 @@ static const struct family families[] = {
      * biases, head_dim hidden / heads (the class reads no head_dim), the attention dropout
      * "dropout", an embedding of vocab_size + 8 rows, and the cross-attention layers
      * (cross_attention_layers), which a step without image states skips (mllama_text_hook) */
+    /* Llama 4's text model (llama4/modeling_llama4.py Llama4ForCausalLM, Llama4TextConfig; llama4_hook):
+     * llama's layers with the complex fp32 rotary, L2 q/k norms after it, NoPE layers with
+     * temperature tuning, chunked attention on the rotary layers, MoE layers (every token through
+     * every expert) and dense ones of intermediate_size_mlp; eager attention's plain softmax (no
+     * fp32 cast, modeling_llama4.py:253-276); peft 0.21 has no default targets for llama4_text
+     * (only for llama4) */
+    {.type = "llama4_text", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .head_dim_default = 128,
+     .k_attn_bias = "attention_bias", .qk_norm_late = true, .plain_softmax = true,
+     .heads = HEAD(H_CAUSAL) | HEAD(H_BARE),
+     .hook = llama4_hook},
     {.type = "mllama_text_model", .act = MP_ACT_SILU, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true,
      .ignores_head_dim = true, .kv_default = 8, .k_attn_p = "dropout", .n_tok = "embed_tokens", .n_norm = "norm",
      .n_head = "lm_head", .heads = HEAD(H_CAUSAL), .emb_extra_rows = 8, .mm_text = true, .hook = mllama_text_hook},
@@ -500,25 +511,36 @@ static const struct multimodal {
     bool text_at_top, tie, tie_or_text, no_logit_softcap, mrope;
     const char *text_defaults;
     bool never_tied;
+    bool text_ties; /* the text config's tie_word_embeddings alone decides (Llama 4: its language_model,
+                       a Llama4ForCausalLM, ties by its own config; measured on the meta device) */
+    struct mp_hf_names names; /* peft's default targets for the model_type (0.21 utils/constants.py
+                                 TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama4) */
 } multimodal[] = {
     {"gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", "gemma3_text", false, true, false, true, false,
      "{\"vocab_size\": 262208, \"hidden_size\": 2304, \"intermediate_size\": 9216, \"num_hidden_layers\": 26, "
-     "\"num_attention_heads\": 8}", false},
+     "\"num_attention_heads\": 8}", false, false, {NULL}},
     {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2", "qwen2_5_vl_text", true, false, true, false, true,
      "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
      "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
-     "\"max_window_layers\": 80}", false},
+     "\"max_window_layers\": 80}", false, false, {NULL}},
     {"qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2", "qwen2_vl_text", true, false, true, false, true,
      "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
      "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
-     "\"max_window_layers\": 80}", false},
-    {"mistral3", "Mistral3ForConditionalGeneration", "mistral", "mistral", false, true, false, false, false, NULL, false},
+     "\"max_window_layers\": 80}", false, false, {NULL}},
+    {"mistral3", "Mistral3ForConditionalGeneration", "mistral", "mistral", false, true, false, false, false, NULL, false,
+     false, {NULL}},
     /* MllamaForConditionalGeneration never ties lm_head (its _tied_weights_keys is commented out in
      * 5.24), whatever tie_word_embeddings says */
     {"mllama", "MllamaForConditionalGeneration", "mllama_text_model", "mllama_text_model", false, false, false, false,
      false,
      "{\"vocab_size\": 128256, \"hidden_size\": 4096, \"intermediate_size\": 14336, \"num_hidden_layers\": 40, "
-     "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", true},
+     "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", true, false, {NULL}},
+    /* Llama4ForConditionalGeneration: Llama4ForCausalLM as its language_model, the vision model and
+     * projector idle in a text-only step (model_hf_vision.c llama4_vision) */
+    {"llama4", "Llama4ForConditionalGeneration", "llama4_text", "llama4_text", false, false, false, false, false,
+     "{\"vocab_size\": 202048, \"hidden_size\": 5120, \"intermediate_size\": 8192, \"num_hidden_layers\": 48, "
+     "\"num_attention_heads\": 40, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", false,
+     true, {.peft = "q_proj,v_proj"}},
 };
 #define N_MULTIMODAL (sizeof multimodal / sizeof multimodal[0])
 
@@ -539,6 +561,9 @@ const char *mp_hf_model_types(void)
 
 const struct mp_hf_names *mp_hf_family_names(const char *hf_type)
 {
+    for (size_t i = 0; hf_type && i < N_MULTIMODAL; i++)
+        if (!strcmp(multimodal[i].type, hf_type) && multimodal[i].names.peft)
+            return &multimodal[i].names;
     for (size_t i = 0; hf_type && i < N_FAMILIES; i++)
         if (!strcmp(families[i].type, hf_type))
             return &families[i].names;
@@ -550,10 +575,6 @@ const struct mp_hf_names *mp_hf_family_names(const char *hf_type)
 static const struct {
     const char *type, *why;
 } refused_types[] = {
-    {"llama4_text", "Llama 4's MoE layers run every token through all num_local_experts experts (a dense bmm "
-                    "over E x tokens rows), plus chunked attention, L2 q/k norms, temperature-tuned NoPE layers "
-                    "and an fp32 complex rotary: not modelled"},
-    {"llama4", "Llama 4 is a vision-language model and its text model (llama4_text) is not modelled either"},
     {"mllama_text_model", "Llama 3.2 Vision's text model alone (MllamaForCausalLM, whose forward upcasts the "
                           "logits) is not modelled; give the mllama checkpoint's config.json "
                           "(MllamaForConditionalGeneration)"},
@@ -630,6 +651,12 @@ struct hf {
      * (owned: from_hf frees it) */
     unsigned char *cross;
     uint64_t n_cross;
+    /* Llama 4 (llama4_hook): the MoE layers' list (moe_layers, validated; else sparse_step), the
+     * dense layers' MLP width (intermediate_size_mlp), the chunk of the chunked-attention layers
+     * (0: none), L2 q/k norms and temperature tuning (per layer: rotary / NoPE) */
+    const cJSON *moe_list;
+    uint64_t dense_ffn, chunk;
+    bool llama4, l2_qk, temp_tuning;
 };
 
 /* ---- field readers ---------------------------------------------------------------- */
@@ -1219,6 +1246,7 @@ static bool layer_rope(const struct hf *c, uint64_t i);
 static enum mp_status read_mask_kinds(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    bool llama4 = !strcmp(c->f->type, "llama4_text"); /* its types: full and chunked (llama4_hook) */
     c->mask_kinds = 1;
     c->swa_every = c->f->swa_every;
     if (lt && !cJSON_IsNull(lt)) {
@@ -1228,9 +1256,9 @@ static enum mp_status read_mask_kinds(const cJSON *root, struct hf *c, const cha
         int i = 0;
         for (const cJSON *e = lt->child; e; e = e->next, i++)
             if (!cJSON_IsString(e) || (strcmp(e->valuestring, "full_attention") &&
-                                       strcmp(e->valuestring, "sliding_attention")))
+                                       strcmp(e->valuestring, llama4 ? "chunked_attention" : "sliding_attention")))
                 return mp_fail(d, MP_ERR_MODEL, "%s: layer_types[%d]: expected \"full_attention\" or "
-                               "\"sliding_attention\"", path, i);
+                               "\"%s\"", path, i, llama4 ? "chunked_attention" : "sliding_attention");
         c->layer_types = lt;
     } else if (c->f->k_swa_every) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, c->f->k_swa_every);
@@ -1549,9 +1577,107 @@ static enum mp_status moe_hook(const cJSON *root, struct hf *c, const char *path
     return MP_OK;
 }
 
+/* Llama 4's text model (transformers 5.24 llama4/configuration_llama4.py Llama4TextConfig and
+ * __post_init__, modeling_llama4.py; docs/memory-facts.md#llama4):
+ *   - MoE layers: moe_layers, else every interleave_moe_layer_step-th layer from step - 1; each has
+ *     num_local_experts experts of intermediate_size, top num_experts_per_tok, the shared expert
+ *     (intermediate_size) and Llama4Router (MP_ROUTER_DENSE_SIGMOID: every token through every
+ *     expert); the other layers a dense MLP of intermediate_size_mlp;
+ *   - rotary layers: no_rope_layers (1: rotary; an empty list means the default), else every
+ *     no_rope_layer_interval-th layer NoPE; the rotary is an fp32 complex product, then (use_qk_norm)
+ *     the L2 norms; NoPE layers get attn_temperature_tuning's scaled q;
+ *   - layer_types (full / chunked), else the rotary layers chunked when attention_chunk_size is set.
+ * Refused: output_router_logits (the auxiliary loss is not modelled).  Read, no memory:
+ * floor_scale, attn_scale (Python floats), router_jitter_noise (Llama4Router does not read it). */
+static enum mp_status llama4_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
+{
+    enum mp_status st;
+    bool aux = false;
+    c->llama4 = true;
+    c->l2_qk = c->temp_tuning = true;
+    c->moe.experts = 16;
+    c->moe.top_k = 1;
+    c->moe.expert_ffn = c->moe.shared_ffn = c->ffn;
+    c->moe.router = MP_ROUTER_DENSE_SIGMOID;
+    c->dense_ffn = 16384;
+    c->chunk = 8192;
+    c->sparse_step = 1;
+    c->mla.rope_complex = true;
+    if ((st = mp_json_bool(root, "output_router_logits", &aux, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "use_qk_norm", &c->l2_qk, path, "", d)) != MP_OK ||
+        (st = mp_json_bool(root, "attn_temperature_tuning", &c->temp_tuning, path, "", d)) != MP_OK ||
+        (st = read_pos(root, "num_local_experts", false, MP_DIM_MAX, &c->moe.experts, path, d)) != MP_OK ||
+        (st = read_pos(root, "num_experts_per_tok", false, MP_DIM_MAX, &c->moe.top_k, path, d)) != MP_OK ||
+        (st = read_pos(root, "intermediate_size_mlp", false, MP_DIM_MAX, &c->dense_ffn, path, d)) != MP_OK ||
+        (st = read_pos(root, "interleave_moe_layer_step", false, MP_DIM_MAX, &c->sparse_step, path, d)) != MP_OK)
+        return st;
+    if (aux)
+        return mp_fail(d, MP_ERR_MODEL, "%s: output_router_logits: true is not supported (the router auxiliary "
+                       "loss over every layer's logits is not modelled)", path);
+    if (c->moe.top_k > c->moe.experts)
+        return mp_fail(d, MP_ERR_MODEL, "%s: num_experts_per_tok: %llu exceeds num_local_experts %llu", path,
+                       (unsigned long long)c->moe.top_k, (unsigned long long)c->moe.experts);
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(root, "attention_chunk_size");
+    if (ch && cJSON_IsNull(ch))
+        c->chunk = 0;
+    else if ((st = read_pos(root, "attention_chunk_size", false, MP_DIM_MAX, &c->chunk, path, d)) != MP_OK)
+        return st;
+    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(root, "moe_layers");
+    if (ml && !cJSON_IsNull(ml)) {
+        if (!cJSON_IsArray(ml))
+            return mp_fail(d, MP_ERR_MODEL, "%s: moe_layers: expected a list of layer indices", path);
+        int i = 0;
+        for (const cJSON *e = ml->child; e; e = e->next, i++)
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble != floor(e->valuedouble))
+                return mp_fail(d, MP_ERR_MODEL, "%s: moe_layers[%d]: expected a layer index", path, i);
+        c->moe_list = ml;
+    }
+    /* no_rope_layers: Llama4TextConfig takes an empty list (or null) for the default */
+    const cJSON *nr = cJSON_GetObjectItemCaseSensitive(root, "no_rope_layers");
+    c->nope_every = 4;
+    if (nr && cJSON_IsArray(nr) && cJSON_GetArraySize(nr) > 0) {
+        if ((uint64_t)cJSON_GetArraySize(nr) < c->layers)
+            return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers: expected a list of at least %llu entries (0 or 1)",
+                           path, (unsigned long long)c->layers);
+        int i = 0;
+        for (const cJSON *e = nr->child; e; e = e->next, i++)
+            if (!cJSON_IsNumber(e) || (e->valuedouble != 0 && e->valuedouble != 1))
+                return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers[%d]: expected 0 or 1", path, i);
+        c->no_rope = nr;
+    } else if (nr && !cJSON_IsNull(nr) && !cJSON_IsArray(nr)) {
+        return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers: expected a list of 0 or 1 per layer", path);
+    } else if ((st = read_pos(root, "no_rope_layer_interval", false, MP_DIM_MAX, &c->nope_every, path, d)) != MP_OK) {
+        return st;
+    }
+    if (c->layer_types && !c->chunk)
+        for (uint64_t i = 0; i < c->layers; i++)
+            if (!strcmp(list_item(c->layer_types, i, c->lt_at)->valuestring, "chunked_attention"))
+                return mp_fail(d, MP_ERR_MODEL, "%s: layer_types[%llu]: chunked_attention without an "
+                               "attention_chunk_size", path, (unsigned long long)i);
+    /* eager attention: one (b, 1, s, s) mask per distinct layer type (Llama4TextModel.forward) */
+    bool first = true;
+    c->mask_kinds = 1;
+    for (uint64_t i = 0; i < c->layers; i++) {
+        bool chunked = c->layer_types ? !strcmp(list_item(c->layer_types, i, c->lt_at)->valuestring,
+                                                "chunked_attention")
+                                      : layer_rope(c, i) && c->chunk;
+        if (i == 0)
+            first = chunked;
+        else if (chunked != first)
+            c->mask_kinds = 2;
+    }
+    return MP_OK;
+}
+
 /* Whether decoder layer i is an MoE layer. */
 static bool moe_layer(const struct hf *c, uint64_t i)
 {
+    if (c->moe_list) {
+        for (const cJSON *e = c->moe_list->child; e; e = e->next)
+            if ((uint64_t)e->valuedouble == i)
+                return true;
+        return false;
+    }
     if (!c->moe.experts || i < c->first_dense || (i + 1) % c->sparse_step != 0)
         return false;
     for (const cJSON *e = c->mlp_only ? c->mlp_only->child : NULL; e; e = e->next)
@@ -1822,7 +1948,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->attn.impl = MP_ATTN_SDPA;
         l->attn.impl_set = false;
         l->attn.dropout = c->attn_p;
-        l->mlp.ffn = c->ffn;
+        l->mlp.ffn = c->dense_ffn && !moe_layer(c, i) ? c->dense_ffn : c->ffn;
         l->mlp.act = c->act;
         l->mlp.gated = c->gated;
         l->mlp.bias = c->mlp_bias;
@@ -1839,6 +1965,16 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         l->attn.qkv_split = c->qkv_split;
         l->attn.mask = c->attn_mask;
         l->attn.window = layer_window(c, i);
+        if (c->llama4) { /* chunked attention on the chunked layers: SDPA gets the same (b, 1, s, s) mask
+                          * as a window of that size, from a sequence of that length on (llama4_hook) */
+            bool chunked = c->layer_types ? !strcmp(list_item(c->layer_types, i, c->lt_at)->valuestring,
+                                                    "chunked_attention")
+                                          : rope && c->chunk;
+            l->attn.window = chunked ? c->chunk : 0;
+            l->attn.qk_norm = rope && c->l2_qk ? MP_QK_NORM_L2 : MP_QK_NORM_NONE;
+            l->attn.qk_norm_late = l->attn.qk_norm != MP_QK_NORM_NONE; /* (after the rotary) */
+            l->attn.temp_tuning = !rope && c->temp_tuning;
+        }
         /* transformers' eager path always gets a 4-D causal mask (and a sliding-window one for
          * Gemma2/3's mixed layer types) */
         l->attn.eager_mask = c->causal ? c->mask_kinds : 0;
@@ -1846,6 +1982,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
         if (moe_layer(c, i))
             l->moe = c->moe;
         l->mla = c->mla;
+        l->mla.rope_complex = c->mla.rope_complex && (c->mla.kv_lora || rope);
         if (c->f->eager) { /* the model's default kernel; --attention still overrides it */
             l->attn.impl = MP_ATTN_EAGER;
             l->attn.impl_set = true;
@@ -2476,7 +2613,8 @@ static enum mp_status text_config_of(const cJSON *root, const struct multimodal 
     cJSON_DeleteItemFromObjectCaseSensitive(t, "quantization_config");
     if (mm->no_logit_softcap)
         cJSON_DeleteItemFromObjectCaseSensitive(t, "final_logit_softcapping");
-    cJSON_AddBoolToObject(t, "tie_word_embeddings", !mm->never_tied && (tie || (mm->tie_or_text && text_tie)));
+    cJSON_AddBoolToObject(t, "tie_word_embeddings", !mm->never_tied && (mm->text_ties ? text_tie
+                                                                       : tie || (mm->tie_or_text && text_tie)));
     *out = t;
     return MP_OK;
 }

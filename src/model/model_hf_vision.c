@@ -278,6 +278,50 @@ static void mllama_cross(const struct mp_hf_cross *x, struct mp_idle *v, struct 
     acc_add(a, prod(a, sum(a, sum(a, prod(a, 2, x->head_dim), prod(a, 2, x->hidden)), 2), n));
 }
 
+/* Llama 4's vision model and projector (llama4/modeling_llama4.py Llama4VisionModel :1003-1038,
+ * Llama4UnfoldConvolution, Llama4VisionEncoderLayer, Llama4VisionPixelShuffleMLP, Llama4VisionMLP2,
+ * Llama4MultiModalProjector; Llama4VisionConfig defaults): a bias-free Linear(C p p, hidden) on the
+ * unfolded patches, the class embedding, (image / patch)^2 + 1 learned positions, two LayerNorms;
+ * each layer q/k/v/o and fc1/fc2 with biases and two LayerNorms; the adapter's bias-free
+ * fc1 (intermediate_size -> projector_input_dim) and fc2 (projector_output_dim square); the
+ * projector's bias-free linear_1 (vision_output_dim -> text hidden).  Every encoder layer is a
+ * GradientCheckpointingLayer, ahead of the text layers in module order. */
+static enum mp_status llama4_vision(const cJSON *vc, uint64_t text_hidden, struct mp_idle *v, struct acc *a,
+                                    const char *path, struct mp_diag *d)
+{
+    uint64_t D = 768, F = 5632, L = 34, H = 16, C = 3, img = 448, p = 14, out = 7680, pin = 4096, pout = 4096;
+    enum mp_status st;
+    if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
+        (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK ||
+        (st = pos(vc, "num_attention_heads", &H, path, d)) != MP_OK ||
+        (st = pos(vc, "num_channels", &C, path, d)) != MP_OK || (st = pos(vc, "image_size", &img, path, d)) != MP_OK ||
+        (st = pos(vc, "patch_size", &p, path, d)) != MP_OK || (st = pos(vc, "vision_output_dim", &out, path, d)) != MP_OK ||
+        (st = pos(vc, "projector_input_dim", &pin, path, d)) != MP_OK ||
+        (st = pos(vc, "projector_output_dim", &pout, path, d)) != MP_OK)
+        return st;
+    if (img / p == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.patch_size: larger than image_size", path);
+    if (D / H == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.num_attention_heads: more heads than hidden_size", path);
+    uint64_t np = sum(a, prod(a, img / p, img / p), 1), hd = prod(a, H, D / H);
+    linear(a, v, "linear", prod(a, prod(a, C, p), p), D, 1, false); /* patch_embedding.linear */
+    acc_add(a, D);                                                  /* class_embedding */
+    acc_add(a, prod(a, np, D));                                     /* positional_embedding_vlm */
+    acc_add(a, prod(a, 4, D));                                      /* layernorm_pre, layernorm_post */
+    linear(a, v, "q_proj", D, hd, L, true);
+    linear(a, v, "k_proj", D, hd, L, true);
+    linear(a, v, "v_proj", D, hd, L, true);
+    linear(a, v, "o_proj", hd, D, L, true);
+    linear(a, v, "fc1", D, F, L, true);
+    linear(a, v, "fc2", F, D, L, true);
+    acc_add(a, prod(a, prod(a, 4, D), L)); /* two LayerNorms a layer */
+    linear(a, v, "fc1", F, pin, 1, false); /* vision_adapter.mlp */
+    linear(a, v, "fc2", pout, pout, 1, false);
+    linear(a, v, "linear_1", out, text_hidden, 1, false);
+    v->gc_layers = L;
+    return MP_OK;
+}
+
 enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_t text_hidden,
                                     const struct mp_hf_cross *cross, struct mp_idle *v, struct mp_vision *vis,
                                     const char *path, struct mp_diag *d)
@@ -300,6 +344,8 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
         st = qwen2_vision(vc, v, &a, path, d);
     else if (!strcmp(type, "mllama"))
         st = mllama_vision(vc, text_hidden, v, &a, path, d);
+    else if (!strcmp(type, "llama4"))
+        st = llama4_vision(vc, text_hidden, v, &a, path, d);
     else
         st = pixtral_mistral3(root, vc, text_hidden, v, &a, path, d);
     if (st != MP_OK)
@@ -314,6 +360,7 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
     v->params = a.n;
     snprintf(v->what, sizeof v->what, "%s", !strcmp(type, "mllama") ? "vision_model + projector + "
                                                                        "cross-attention layers"
+                                            : !strcmp(type, "llama4") ? "vision_model + multi_modal_projector"
                                             : !strcmp(type, "gemma3") || !strcmp(type, "mistral3")
                                                ? "vision_tower + multi_modal_projector"
                                                : "visual: vision tower + merger");

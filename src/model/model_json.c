@@ -602,10 +602,13 @@ static enum mp_status check_settings(const struct reader *rd, const char *place,
     TRY(needs(rd, place, "qkv_split", l->attn.qkv_split != MP_QKV_VIEWS, l->attn.fused_qkv, "\"fused_qkv\": true"));
     const struct mp_mla *a = &l->mla;
     const struct setting mla[] = {{"q_lora", a->q_lora > 0}, {"rope_dim", a->rope_dim > 0},
-                                  {"nope_dim", a->nope_dim > 0}, {"v_dim", a->v_dim > 0},
-                                  {"rope_complex", a->rope_complex}};
+                                  {"nope_dim", a->nope_dim > 0}, {"v_dim", a->v_dim > 0}};
     for (size_t i = 0; i < N_OF(mla); i++)
         TRY(needs(rd, place, mla[i].key, mla[i].set, a->kv_lora > 0, "a kv_lora"));
+    TRY(needs(rd, place, "rope_complex", a->rope_complex, r->on, "\"rope\": true"));
+    TRY(needs(rd, place, "rope_complex", a->rope_complex, !r->interleave && !r->cat && !r->table_rows &&
+              (!r->dim || r->dim == l->attn.head_dim || a->kv_lora), "a whole-head rotary (no other rope_ key)"));
+    TRY(needs(rd, place, "temp_tuning", l->attn.temp_tuning, !r->on, "a layer without \"rope\" (NoPE)"));
     if (a->kv_lora) {
         TRY(needs(rd, place, "kv_lora", true, r->on, "\"rope\": true"));
         TRY(needs(rd, place, "kv_lora", true, !l->attn.fused_qkv, "separate projections (no fused_qkv)"));

@@ -21,10 +21,10 @@
 #define NOF 0, 0 /* no one field: the type's code derives what it sets */
 
 static const char *const norm_names[] = {"layernorm", "rmsnorm", NULL};
-static const char *const qk_norm_names[] = {"none", "head", "all", NULL};
+static const char *const qk_norm_names[] = {"none", "head", "all", "l2", NULL};
 static const char *const split_names[] = {"views", "copy_mq", "copy_all", "copy_expand", NULL};
 static const char *const router_names[] = {"softmax", "softmax_cast", "fp32_softmax", "fp32_sigmoid",
-                                           "topk_softmax", "sparsemixer", NULL};
+                                           "topk_softmax", "sparsemixer", "dense_sigmoid", NULL};
 static const char *const pool_names[] = {"none", "first", NULL};
 
 #define OWN true
@@ -91,11 +91,13 @@ const struct mp_key mp_keys[] = {
     {"attn_dropout", AT, MP_KEY_PROB, OWN, F(attn.dropout), NULL, "`0`", "dropout on the attention probabilities"},
     {"qk_norm", AT, MP_KEY_ENUM, GEN, F(attn.qk_norm), qk_norm_names, "`none`",
      "RMSNorm of q and k after their projections: per head (`head`: Qwen3, Gemma3) or over the whole "
-     "projection (`all`: OLMo2)"},
+     "projection (`all`: OLMo2); `l2`: per head without a weight, on an fp32 copy cast back (Llama 4)"},
     {"qk_norm_late", AT, MP_KEY_BOOL, GEN, F(attn.qk_norm_late), NULL, "`false`",
      "with `qk_norm` and `rope`: the norms come after the rotary (HunYuan)"},
     {"clip_qkv", AT, MP_KEY_BOOL, GEN, F(attn.clip_qkv), NULL, "`false`",
      "q, k and v clamped in place after their projections (OLMo's `clip_qkv`)"},
+    {"temp_tuning", AT, MP_KEY_BOOL, GEN, F(attn.temp_tuning), NULL, "`false`",
+     "q times an fp32 per-position scale, cast back (Llama 4's `attn_temperature_tuning`, NoPE layers)"},
     {"softmax_fp32", AT, MP_KEY_BOOL, GEN, F(attn.softmax_fp32), NULL, "`false`",
      "eager: `softmax(..., dtype=float32)` cast back (most HF decoders); `false`: a plain softmax (GPT-2, BERT)"},
     {"attn_softcap", AT, MP_KEY_REAL, GEN, F(attn.softcap), NULL, "none",
@@ -136,7 +138,8 @@ const struct mp_key mp_keys[] = {
      "with `kv_lora`: the rest of each q/k head (heads are `nope_dim + rope_dim` wide)"},
     {"v_dim", AT, MP_KEY_COUNT, GEN, F(mla.v_dim), NULL, "`0`", "with `kv_lora`: each v head's width"},
     {"rope_complex", AT, MP_KEY_BOOL, GEN, F(mla.rope_complex), NULL, "`false`",
-     "with `kv_lora`: DeepSeek-V2's fp32 complex rotary (else V3's)"},
+     "with `rope`: the rotary as an fp32 complex product cast back (Llama 4; with `kv_lora`: "
+     "DeepSeek-V2's, else V3's)"},
     /* mlp (also on transformer_block) */
     {"dim", T(MLP), MP_KEY_DIM, OWN, F(dim), NULL, "req.", "model width"},
     {"ffn", T(MLP) | TB, MP_KEY_DIM, OWN, F(mlp.ffn), NULL, "req.", "hidden width"},
@@ -273,7 +276,7 @@ const struct mp_key mp_keys[] = {
      "with `experts`: `softmax` of fp32 logits (Mixtral), `softmax_cast` back to the logits' dtype "
      "(Qwen-MoE), `fp32_softmax` / `fp32_sigmoid` on fp32 copies of x and W (DeepSeek-V2 / V3), "
      "`topk_softmax` over the top k (GraniteMoE), `sparsemixer`: PhiMoE's two sampled choices "
-     "(`top_k` 2)"},
+     "(`top_k` 2), `dense_sigmoid`: Llama 4's sigmoid of the top k, every expert on every token (bmm)"},
     /* bottleneck */
     {"in_ch", T(BOTTLENECK), MP_KEY_DIM, OWN, F(conv.in_ch), NULL, "req.", "input channels"},
     {"mid_ch", T(BOTTLENECK), MP_KEY_DIM, OWN, F(conv.mid_ch), NULL, "req.", "bottleneck width"},

@@ -808,6 +808,13 @@ static void moe_lines(FILE *out, const struct mp_report_ctx *c)
         snprintf(share, sizeof share, "%s routing: tokens x %llu / %llu rows per expert",
                  cap > 1 ? "imbalanced" : "uniform", (unsigned long long)l->moe.top_k,
                  (unsigned long long)l->moe.experts);
+    if (l->moe.router == MP_ROUTER_DENSE_SIGMOID) { /* Llama 4: no dispatch (lower_mlp.c lower_dense_moe) */
+        fprintf(out, "moe       %llu MoE layers, %llu experts, top-%llu; every token runs through every expert\n"
+                     "          (Llama 4's bmm over experts x tokens rows, unchosen experts scaled by 0), so\n"
+                     "          --moe-capacity changes no tensor\n",
+                (unsigned long long)n, (unsigned long long)l->moe.experts, (unsigned long long)l->moe.top_k);
+        return;
+    }
     fprintf(out, "moe       %llu MoE layers, %llu experts, top-%llu; %s\n", (unsigned long long)n,
             (unsigned long long)l->moe.experts, (unsigned long long)l->moe.top_k, share);
     uint64_t ep = ep_of(c);

@@ -1344,6 +1344,8 @@ static uint64_t searched_ep(const struct mp_job *base, uint64_t world)
             uint64_t e = base->model->blocks[i].layers[j].moe.experts;
             if (!e)
                 continue;
+            if (base->model->blocks[i].layers[j].moe.router == MP_ROUTER_DENSE_SIGMOID)
+                return 0; /* Llama 4's experts under --ep: not modelled (lower_mlp.c) */
             moe = true;
             while (ep > 1 && (e % ep || world % ep))
                 ep--;
