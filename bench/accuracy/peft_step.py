@@ -255,15 +255,76 @@ class _ImageMerge:
                 (mask,) = ctx.saved_tensors
                 return g.masked_fill(mask, 0), None, torch.empty(ctx.src_shape, dtype=g.dtype, device=g.device)
 
-        self.before = (g3.torch_compilable_check, torch.Tensor.masked_scatter)
-        g3.torch_compilable_check = lambda *a, **k: None
+        import transformers.models.mistral3.modeling_mistral3 as m3
+
+        class Sizes:  # Mistral3Model.get_image_features' split sizes: (as_tensor(image_sizes) // ratio)
+            def __init__(self, v):  # .prod(dim=-1).tolist(), a (images, 2) int64 tensor read as numbers,
+                self.v = v          # which a fake tensor cannot give: the same arithmetic on the list
+
+            def __floordiv__(self, k):
+                return Sizes([[x // k for x in r] for r in self.v])
+
+            def prod(self, dim=-1):
+                return Sizes([r[0] * r[1] for r in self.v])
+
+            def tolist(self):
+                return list(self.v)
+
+        class TorchShim:  # m3's torch, but as_tensor of a list of (h, w) pairs (image_sizes)
+            def __getattr__(self, name):
+                return getattr(torch, name)
+
+            @staticmethod
+            def as_tensor(x, *a, **k):
+                return Sizes([list(r) for r in x]) if isinstance(x, list) else torch.as_tensor(x, *a, **k)
+
+        self.before = (g3.torch_compilable_check, m3.torch_compilable_check, torch.Tensor.masked_scatter, m3.torch)
+        g3.torch_compilable_check = m3.torch_compilable_check = lambda *a, **k: None
         torch.Tensor.masked_scatter = lambda t, mask, src: MaskedScatter.apply(t, mask, src)
+        m3.torch = TorchShim()
         return self
 
     def __exit__(self, *exc):
         import torch
         import transformers.models.gemma3.modeling_gemma3 as g3
-        g3.torch_compilable_check, torch.Tensor.masked_scatter = self.before
+        import transformers.models.mistral3.modeling_mistral3 as m3
+        g3.torch_compilable_check, m3.torch_compilable_check, torch.Tensor.masked_scatter, m3.torch = self.before
+
+
+def image_tokens(d, size=None):
+    """The text positions one image takes in seq: Gemma 3's mm_tokens_per_image; Mistral 3's
+    PixtralProcessor writes rows x (columns + 1) tokens (processing_pixtral.py: an [IMG] per merged
+    patch, [IMG_BREAK] after each row, [IMG_END] last) for an image of size (h, w) pixels, rows =
+    h / (patch_size x spatial_merge_size)."""
+    if d.get("model_type") != "mistral3":
+        return d.get("mm_tokens_per_image", 256)
+    vc = d["vision_config"]
+    unit = vc.get("patch_size", 16) * d.get("spatial_merge_size", 2)
+    h, w = size or (vc.get("image_size", 1024),) * 2
+    return (h // unit) * (w // unit + 1)
+
+
+def mistral3_image_inputs(cfg, batch, seq, images, dtype, size, device="cpu"):
+    """A PixtralProcessor's batch for Mistral 3: per image rows x (columns + 1) tokens, rows x columns
+    of them image_token_id; pixel_values (batch x images, channels, h, w) in the model's dtype;
+    image_sizes (a list of (h, w): PatchMerger and get_image_features read them as numbers, which a
+    fake tensor cannot give; the processor's (batch x images, 2) int64 tensor is tracked beside)."""
+    import torch
+    vc = cfg.vision_config
+    unit = vc.patch_size * cfg.spatial_merge_size
+    h, w = size or (vc.image_size, vc.image_size)
+    rows, cols = h // unit, w // unit
+    n = images * rows * (cols + 1)
+    if n > seq:
+        raise ValueError("%d image tokens exceed seq %d" % (n, seq))
+    tid = cfg.image_token_id
+    ids = torch.randint(tid + 1, cfg.get_text_config().vocab_size, (batch, seq), device=device)
+    one = torch.full((rows, cols + 1), tid, dtype=ids.dtype, device=device)
+    one[:, cols] = tid + 1  # [IMG_BREAK] / [IMG_END]: not image tokens
+    ids[:, 1:1 + n] = one.flatten().repeat(images)
+    pv = torch.randn(batch * images, vc.num_channels, h, w, dtype=dtype, device=device)
+    sizes = torch.tensor([[h, w]] * (batch * images), dtype=torch.long, device=device)
+    return ids, [(h, w)] * (batch * images), pv, sizes
 
 
 def image_inputs(cfg, batch, seq, images, dtype, device="cpu"):
@@ -283,7 +344,7 @@ def image_inputs(cfg, batch, seq, images, dtype, device="cpu"):
 
 
 def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, live_at_peak=False,
-                    packing="", attention="sdpa", device="cpu", images=0, freeze_vision=False):
+                    packing="", attention="sdpa", device="cpu", images=0, freeze_vision=False, image_size=None):
     import gc
     import torch
     import transformers
@@ -342,7 +403,12 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             torch.nn.functional.scaled_dot_product_attention = flash_sdpa_on_fake_cuda
         shape = (1, batch * seq) if packing == "padding-free" else (batch, seq)
         kw = {}
-        if images:  # image+text: the processor's inputs (image_inputs), stepped inside _ImageMerge
+        if images and cfg.model_type == "mistral3":  # PixtralProcessor's inputs
+            ids, kw["image_sizes"], kw["pixel_values"], sizes = mistral3_image_inputs(
+                cfg, batch, seq, images, dtype, image_size, device)
+            tr.add(sizes, "image_sizes")
+            tr.add(kw["pixel_values"], "pixel_values")
+        elif images:  # image+text: the processor's inputs (image_inputs), stepped inside _ImageMerge
             ids, kw["token_type_ids"], kw["pixel_values"] = image_inputs(cfg, batch, seq, images, dtype, device)
             tr.add(kw["token_type_ids"], "token_type_ids")
             tr.add(kw["pixel_values"], "pixel_values")
@@ -391,11 +457,13 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
 
 
 def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, memplan="./memplan",
-                 packing="", attention=None, images=0, train_blocks=None):
+                 packing="", attention=None, images=0, train_blocks=None, image_size=None):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off", "--json"]  # torch: use_cache=False
     if images:
         cmd += ["--images", str(images)]
+    if images and image_size:
+        cmd += ["--image-size", "%dx%d" % tuple(image_size)]
     if train_blocks:  # --finetune freeze (its vision tower stays frozen)
         cmd += ["--finetune", "freeze", "--train-blocks", train_blocks]
     if attention:
