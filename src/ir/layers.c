@@ -601,7 +601,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     if (m->images) { /* the image tokens are part of the sequence (Gemma3Processor expands each image) */
         uint64_t it;
         if (!mp_mul_u64(m->images, m->vision.tokens, &it) || it > p->opts.seq)
-            return mp_fail(d, MP_ERR_USAGE, "%s: --images %llu: %llu tokens each (%s) exceed --seq %llu, which "
+            return mp_fail(d, MP_ERR_USAGE, "%s: --images %llu: %llu image tokens each (%s) exceed --seq %llu, which "
                            "includes them", m->path, (unsigned long long)m->images,
                            (unsigned long long)m->vision.tokens,
                            m->vision.kind == 2 ? "--image-size's rows x (columns + 1)" : "mm_tokens_per_image",
@@ -788,6 +788,9 @@ enum mp_status mp_program_check(const struct mp_model *m, struct mp_diag *d)
     mp_build_opts_default(&o);
     o.batch = 1;
     o.seq = m->input == MP_INPUT_TOKENS ? m->seq_len : 1;
+    uint64_t it; /* --images: room for the image tokens (checked again against --seq when built) */
+    if (m->images && mp_mul_u64(m->images, m->vision.tokens, &it) && it > o.seq)
+        o.seq = it;
     memset(&prog, 0, sizeof prog);
     enum mp_status st = lower_program(m, &o, true, &prog, d);
     mp_program_release(&prog);
