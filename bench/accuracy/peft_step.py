@@ -1034,11 +1034,32 @@ IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets,
       ("bf16", "layers", 0, "frozen-tower", True))),
     ("models/hf/gemma-3-4b-it.json", 1, 1024,  # the whole model: 34 text and 27 vision layers
      (("bf16", "layers", 16, "all-linear", False), ("bf16", "layers", 0, None, True))),
+    # Mistral 3 (Pixtral): the shrunk config (224 x 224: 256 patches, 72 tokens an image), at 112 x
+    # 224 (--image-size: 128 patches, 36 tokens) and with 448 x 448 images; Mistral-Small-3.1-24B's
+    # widths (2 text, 4 vision layers) with one 1540 x 1540 image (12,100 patches, 3,080 tokens) and
+    # one 784 x 1540
+    ("bench/accuracy/multimodal/mistral3-shrunk.json", 2, 256,
+     (("amp-bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True), ("bf16", "none", 0, None, True),
+      ("bf16", "layers", 0, None, True), ("fp32", "none", 0, None, True),
+      ("bf16", "none", 0, "frozen-tower", True), ("amp-bf16", "layers", 0, "frozen-tower", True),
+      ("bf16", "none", 16, "all-linear", False), ("bf16", "layers", 16, "all-linear", False),
+      ("bf16", "layers", 16, "q_proj,v_proj", False))),
+    ("bench/accuracy/multimodal/mistral3-shrunk.json@112x224", 2, 256,
+     (("bf16", "none", 0, None, True), ("amp-bf16", "layers", 16, "all-linear", False))),
+    ("bench/accuracy/multimodal/mistral3-shrunk-448.json", 2, 640,  # 448 x 448: 1,024 patches, 272 tokens
+     (("amp-bf16", "none", 0, None, True), ("bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True),
+      ("bf16", "layers", 16, "all-linear", False))),
+    ("bench/accuracy/multimodal/mistral3-24b-shaped.json", 1, 4096,
+     (("bf16", "none", 0, None, True), ("bf16", "layers", 0, None, True), ("amp-bf16", "none", 0, None, True),
+      ("bf16", "none", 16, "all-linear", False), ("bf16", "layers", 16, "all-linear", False),
+      ("bf16", "layers", 16, "q_proj,v_proj", False))),
+    ("bench/accuracy/multimodal/mistral3-24b-shaped.json@784x1540", 1, 2048,
+     (("bf16", "layers", 16, "all-linear", False),)),
 )
 
 
 def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
-    """Gemma 3 steps with images (memplan --images N) beside the same rows text-only: the processor's
+    """Gemma 3 and Mistral 3 steps with images (memplan --images N) beside the same rows text-only: the processor's
     batch (image_inputs) through Gemma3ForConditionalGeneration under FakeTensorMode (_ImageMerge),
     full fine-tuning and LoRA r16 (peft: all-linear also adapts SigLIP's Linears), checkpointing none
     and layers; the shrunk config (batch 2 x 256, one 16-token image = 256 patches) and a config of
@@ -1060,19 +1081,21 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
     for path, batch, seq, rows in IMAGE_SETTINGS:
         if only and not any(o in path for o in only):
             continue
+        path, _, sz = path.partition("@")  # config@HxW: --image-size
+        size = tuple(int(x) for x in sz.split("x")) if sz else None
         cfg, d = bench_config(path, tmpdir)
         for prec, ckpt, r, tg, full in rows:
             for n in images:
-                if n * d.get("mm_tokens_per_image", 256) > seq or (n > 1 and "4b" in path):
+                if n * image_tokens(d, size) > seq or (n > 1 and ("4b" in path or "24b" in path)) or (not n and sz):
                     continue
                 frozen = tg == "frozen-tower"
                 if frozen and not n:
                     continue
                 tb = "0-%d,embed,head" % (d["text_config"]["num_hidden_layers"] - 1) if frozen else None
                 t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, images=n,
-                                    freeze_vision=frozen)
+                                    freeze_vision=frozen, image_size=size)
                 m = memplan_lora(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, memplan=memplan,
-                                 images=n, train_blocks=tb)
+                                 images=n, train_blocks=tb, image_size=size)
                 ft = "full, frozen tower" if frozen else "full" if full else "lora r%d %s" % (r, tg)
                 sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
                 sv_d = "%+.2f%%" % (100.0 * (m["saved"] - t["saved"]) / t["saved"]) if t["saved"] else "-"

@@ -464,6 +464,9 @@ struct mp_program {
         bool leaf;               /* a leaf that requires grad (T5's cross-attention zeros under HF
                                     checkpointing): AccumulateGrad keeps it and its .grad until the
                                     backward ends */
+        int fwd_end;             /* >= 0: a local of a module's forward that returns with this block's
+                                    forward (Pixtral's block mask): released then, unless `release`
+                                    is a checkpoint; -1: none */
     } held[MP_HELD_MAX];
 #define MP_BUFFERS_MAX 4
     size_t n_buffers;
