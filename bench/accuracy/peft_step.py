@@ -1038,23 +1038,24 @@ IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets,
     # 224 (--image-size: 128 patches, 36 tokens) and with 448 x 448 images; Mistral-Small-3.1-24B's
     # widths (2 text, 4 vision layers) with one 1540 x 1540 image (12,100 patches, 3,080 tokens) and
     # one 784 x 1540
-    ("bench/accuracy/multimodal/mistral3-shrunk.json", 2, 256,
-     (("amp-bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True), ("bf16", "none", 0, None, True),
-      ("bf16", "layers", 0, None, True), ("fp32", "none", 0, None, True),
-      ("bf16", "none", 0, "frozen-tower", True), ("amp-bf16", "layers", 0, "frozen-tower", True),
-      ("bf16", "none", 16, "all-linear", False), ("bf16", "layers", 16, "all-linear", False),
-      ("bf16", "layers", 16, "q_proj,v_proj", False))),
+    ("bench/accuracy/multimodal/mistral3-shrunk.json", 2, 256,  # (a 6th element: the image counts)
+     (("amp-bf16", "none", 0, None, True, (0, 1)), ("amp-bf16", "layers", 0, None, True, (1,)),
+      ("bf16", "none", 0, None, True, (1, 2)), ("fp32", "none", 0, None, True, (1,)),
+      ("bf16", "none", 0, "frozen-tower", True, (1,)), ("bf16", "layers", 16, "all-linear", False, (1, 2)),
+      ("bf16", "none", 16, "q_proj,v_proj", False, (1,)))),
     ("bench/accuracy/multimodal/mistral3-shrunk.json@112x224", 2, 256,
-     (("bf16", "none", 0, None, True), ("amp-bf16", "layers", 16, "all-linear", False))),
+     (("bf16", "none", 0, None, True, (2,)),)),
     ("bench/accuracy/multimodal/mistral3-shrunk-448.json", 2, 640,  # 448 x 448: 1,024 patches, 272 tokens
-     (("amp-bf16", "none", 0, None, True), ("bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True),
-      ("bf16", "layers", 16, "all-linear", False))),
+     (("amp-bf16", "none", 0, None, True, (1,)), ("bf16", "layers", 16, "all-linear", False, (1,)))),
     ("bench/accuracy/multimodal/mistral3-24b-shaped.json", 1, 4096,
-     (("bf16", "none", 0, None, True), ("bf16", "layers", 0, None, True), ("amp-bf16", "none", 0, None, True),
-      ("bf16", "none", 16, "all-linear", False), ("bf16", "layers", 16, "all-linear", False),
-      ("bf16", "layers", 16, "q_proj,v_proj", False))),
+     (("bf16", "none", 0, None, True, (1,)), ("bf16", "layers", 16, "all-linear", False, (1,)))),
+    # the tower's peaks: Mistral Small's Pixtral at its widths (4 layers), a 1540 x 1540 image, before
+    # the shrunk text model
+    ("bench/accuracy/multimodal/mistral3-pixtral-real.json", 1, 3200,
+     (("amp-bf16", "none", 0, None, True, (1,)), ("bf16", "layers", 0, None, True, (1,)),
+      ("bf16", "layers", 16, "all-linear", False, (1,)), ("amp-bf16", "layers", 16, "all-linear", False, (1,)))),
     ("bench/accuracy/multimodal/mistral3-24b-shaped.json@784x1540", 1, 2048,
-     (("bf16", "layers", 16, "all-linear", False),)),
+     (("amp-bf16", "layers", 16, "all-linear", False, (1,)),)),
 )
 
 
@@ -1084,8 +1085,8 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
         path, _, sz = path.partition("@")  # config@HxW: --image-size
         size = tuple(int(x) for x in sz.split("x")) if sz else None
         cfg, d = bench_config(path, tmpdir)
-        for prec, ckpt, r, tg, full in rows:
-            for n in images:
+        for prec, ckpt, r, tg, full, *imgs in rows:
+            for n in imgs[0] if imgs else images:
                 if n * image_tokens(d, size) > seq or (n > 1 and ("4b" in path or "24b" in path)) or (not n and sz):
                     continue
                 frozen = tg == "frozen-tower"
@@ -1099,9 +1100,10 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
                 ft = "full, frozen tower" if frozen else "full" if full else "lora r%d %s" % (r, tg)
                 sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
                 sv_d = "%+.2f%%" % (100.0 * (m["saved"] - t["saved"]) / t["saved"]) if t["saved"] else "-"
-                row = "| %s | %d x %d | %d | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %.2f MiB | %.2f MiB | " \
+                row = "| %s | %d x %d | %s | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %.2f MiB | %.2f MiB | " \
                       "%+.3f%% | %s / %s |" % (
-                          os.path.basename(path), batch, seq, n, prec, ckpt, ft, t["trainable"], m["trainable"],
+                          os.path.basename(path), batch, seq, "%d (%s)" % (n, sz) if sz else str(n), prec, ckpt, ft,
+                          t["trainable"], m["trainable"],
                           "" if t["trainable"] == m["trainable"] else " MISMATCH", sv_t, m["saved"] / 2**20, sv_d,
                           t["peak"] / 2**20, m["peak"] / 2**20, 100.0 * (m["peak"] - t["peak"]) / t["peak"],
                           t["peak_at"], m["peak_at"])

@@ -106,11 +106,12 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     case MP_LT_RMSNORM:
         if (l->vision) { /* Mistral 3's projector norm: its input, the tower's last output, is held
                           * by image_outputs to the forward's end (lower_image_merge); the tower's
-                          * block mask, a local of its forward, died as it returned */
+                          * block mask, a local of its forward, died as it returned, after its last
+                          * layer (the block before) */
             held_tensor(B, x.t, -1);
-            for (size_t j = 0; j < B->p->n_held; j++)
+            for (size_t j = 0; j < B->p->n_held && B->block > 0; j++)
                 if (B->p->held[j].t == B->attn_mask && B->attn_mask >= 0)
-                    B->p->held[j].fwd_end = B->block;
+                    B->p->held[j].fwd_end = B->block - 1;
         }
         return l->t5.on ? lower_t5_norm(B, x, l->dim, nm) : lower_rmsnorm(B, x, l->dim, l->norm.rms_fp32, nm);
     case MP_LT_ATTENTION:

@@ -538,6 +538,10 @@ static enum mp_status pixtral_blocks(struct mp_model *m, const struct mp_model_r
 enum mp_status mp_hf_add_images(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
 {
     const struct mp_vision *v = &m->vision;
+    if (!strcmp(m->hf_type, "mllama"))
+        return mp_fail(d, MP_ERR_MODEL, "%s: --images: steps with images are not modelled for mllama yet (the tiled "
+                       "vision model and the gated cross-attention layers its states make active); text-only steps "
+                       "are (no --images)", m->path);
     if (v->kind != 1 && v->kind != 2)
         return mp_fail(d, MP_ERR_MODEL, m->idle.params ? "%s: --images: steps with images are modelled for gemma3 "
                                                          "and mistral3 only, not %s yet; text-only steps are (no "
