@@ -1125,8 +1125,9 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
                                                     peft=peft.__version__),
                 }])
     if out:
-        rowlib.write_results(out, "# bench/accuracy/peft_step.py images: Gemma 3 with images, CPU FakeTensorMode, "
+        rowlib.write_results(out, "# bench/accuracy/peft_step.py images: %s with images, CPU FakeTensorMode, "
                              "torch %s, transformers %s, peft %s\n\n%s\n" % (
+                                 "Mistral 3" if only and all("mistral3" in o for o in only) else "Gemma 3",
                                  torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
 
 
