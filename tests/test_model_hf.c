@@ -2025,6 +2025,18 @@ static void test_mistral3_images(void **state)
         fail_msg("%s", d.msg);
     assert_int_equal(p.trainable_params, 479232u);
     mp_program_release(&p);
+    /* flash attention: PixtralVisionModel passes cu_seqlens and no mask */
+    struct mp_build_opts fo;
+    mp_build_opts_default(&fo);
+    fo.batch = 2;
+    fo.seq = 256;
+    fo.precision = MP_PREC_BF16;
+    fo.attention = MP_ATTN_FLASH;
+    fo.attention_forced = true;
+    if (mp_program_build(&m, &fo, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(tensor_elems(&p, "vision.attn_mask"), 0);
+    mp_program_release(&p);
     /* 72 tokens do not fit 71 */
     assert_int_equal(build_images(&m, 71, "", false, &p, &d), MP_ERR_USAGE);
     assert_string_equal(d.msg, "bench/accuracy/multimodal/mistral3-shrunk.json: --images 1: 72 image tokens "

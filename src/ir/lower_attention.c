@@ -238,7 +238,8 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     uint64_t asb = mul(B, mul(B, a, s), b);      /* a*s*b */
     uint64_t ass = mul(B, asb, s);                /* a*s*s*b */
     char en[80];
-    attn_mask(B, n, name, impl == MP_ATTN_EAGER, sdpa_packed(B, l, impl), cdt);
+    if (!(l->attn.block_mask && impl == MP_ATTN_FLASH)) /* Pixtral under flash: cu_seqlens, no mask */
+        attn_mask(B, n, name, impl == MP_ATTN_EAGER, sdpa_packed(B, l, impl), cdt);
     if (impl == MP_ATTN_EAGER && (l->attn.mask || l->attn.eager_mask))
         n->score_add[0] = B->attn_mask;
     if (math) {
