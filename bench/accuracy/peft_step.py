@@ -1046,14 +1046,16 @@ IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets,
     ("bench/accuracy/multimodal/mistral3-shrunk.json@112x224", 2, 256,
      (("bf16", "none", 0, None, True, (2,)),)),
     ("bench/accuracy/multimodal/mistral3-shrunk-448.json", 2, 640,  # 448 x 448: 1,024 patches, 272 tokens
-     (("amp-bf16", "none", 0, None, True, (1,)), ("bf16", "layers", 16, "all-linear", False, (1,)))),
+     (("amp-bf16", "none", 0, None, True, (1,)), ("bf16", "layers", 16, "all-linear", False, (1,)),
+      ("amp-bf16", "none", 0, None, True, (1,), "eager"))),  # (a 7th: --attention)
     ("bench/accuracy/multimodal/mistral3-24b-shaped.json", 1, 4096,
      (("bf16", "none", 0, None, True, (1,)), ("bf16", "layers", 16, "all-linear", False, (1,)))),
     # the tower's peaks: Mistral Small's Pixtral at its widths (4 layers), a 1540 x 1540 image, before
     # the shrunk text model
     ("bench/accuracy/multimodal/mistral3-pixtral-real.json", 1, 3200,
      (("amp-bf16", "none", 0, None, True, (1,)), ("bf16", "layers", 0, None, True, (1,)),
-      ("bf16", "layers", 16, "all-linear", False, (1,)), ("amp-bf16", "layers", 16, "all-linear", False, (1,)))),
+      ("bf16", "layers", 16, "all-linear", False, (1,)), ("amp-bf16", "layers", 16, "all-linear", False, (1,)),
+      ("bf16", "none", 0, None, True, (1,), "eager"))),
     ("bench/accuracy/multimodal/mistral3-24b-shaped.json@784x1540", 1, 2048,
      (("amp-bf16", "layers", 16, "all-linear", False, (1,)),)),
 )
@@ -1085,8 +1087,9 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
         path, _, sz = path.partition("@")  # config@HxW: --image-size
         size = tuple(int(x) for x in sz.split("x")) if sz else None
         cfg, d = bench_config(path, tmpdir)
-        for prec, ckpt, r, tg, full, *imgs in rows:
-            for n in imgs[0] if imgs else images:
+        for prec, ckpt, r, tg, full, *more in rows:
+            attn = more[1] if len(more) > 1 else None
+            for n in more[0] if more else images:
                 if n * image_tokens(d, size) > seq or (n > 1 and ("4b" in path or "24b" in path)) or (not n and sz):
                     continue
                 frozen = tg == "frozen-tower"
@@ -1094,10 +1097,11 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
                     continue
                 tb = "0-%d,embed,head" % (d["text_config"]["num_hidden_layers"] - 1) if frozen else None
                 t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, images=n,
-                                    freeze_vision=frozen, image_size=size)
+                                    freeze_vision=frozen, image_size=size, attention=attn or "sdpa")
                 m = memplan_lora(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, memplan=memplan,
-                                 images=n, train_blocks=tb, image_size=size)
+                                 images=n, train_blocks=tb, image_size=size, attention=attn)
                 ft = "full, frozen tower" if frozen else "full" if full else "lora r%d %s" % (r, tg)
+                ft += ", %s attention" % attn if attn else ""
                 sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
                 sv_d = "%+.2f%%" % (100.0 * (m["saved"] - t["saved"]) / t["saved"]) if t["saved"] else "-"
                 row = "| %s | %d x %d | %s | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %.2f MiB | %.2f MiB | " \
