@@ -907,13 +907,36 @@ if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1])
 assert r["model"]["params"] == 4300079472 and r["model"]["trainable_params"] == 4300079472, r["model"]
 assert "unused_params" not in r["model"], r["model"]
 assert r["memory"]["input_bytes"] == 9633792 + 3 * 8192, r["memory"]["input_bytes"]
-assert r["config"]["images"] == {"per_sample": 1, "tokens_each": 256, "image_size": 896, "patches": 4096,
-                                 "vision_layers": 27}, r["config"]["images"]' "$T/out"; then
+assert r["config"]["images"] == {"per_sample": 1, "tokens_each": 256, "image_size": 896, "height": 896,
+                                 "width": 896, "patches": 4096, "vision_layers": 27}, r["config"]["images"]' "$T/out"; then
     ok "--images 1 on gemma-3-4b-it: params, input bytes and config.images in --json"
 else
     bad "--images 1 on gemma-3-4b-it: params, input bytes and config.images in --json"
 fi
 expect_line 4 "--images: the probe refuses the program" probe bench/accuracy/multimodal/gemma3-shrunk.json --images 1 --seq 64 --backend host
+# --images on Mistral 3 (Pixtral) and --image-size; refusals one line each
+expect_line 3 "--images on mllama: not modelled yet" estimate bench/accuracy/multimodal/mllama-shrunk.json --images 1
+expect_line 2 "--image-size without --images" estimate bench/accuracy/multimodal/mistral3-shrunk.json --image-size 224x224
+expect_line 2 "--image-size 224x: not HxW" estimate bench/accuracy/multimodal/mistral3-shrunk.json --images 1 --image-size 224x
+expect_line 2 "--image-size 100x224: not a multiple of 28" estimate bench/accuracy/multimodal/mistral3-shrunk.json --images 1 --image-size 100x224
+expect_line 2 "--image-size 252x224: above image_size 224" estimate bench/accuracy/multimodal/mistral3-shrunk.json --images 1 --image-size 252x224
+expect_line 2 "--image-size on gemma3: only image_size" estimate bench/accuracy/multimodal/gemma3-shrunk.json --images 1 --image-size 112x112
+expect_line 2 "--images 2 x 72 tokens exceed --seq 128" estimate bench/accuracy/multimodal/mistral3-shrunk.json --images 2 --seq 128
+# Mistral-Small-3.1-24B, one 1540 x 1540 image at batch 1, amp-bf16 (fp32 weights): pixel_values
+# 1 x 3 x 1540 x 1540 fp32 = 28,459,200 bytes, input_ids and labels 4,096 x 8 each, image_sizes
+# 1 x 2 int64 = 16: 28,524,752 input bytes; 55 rows x (55 + 1) = 3,080 tokens, 110 x 110 = 12,100
+# patches; the parameters as transformers counts the class (23,340,272,640), all trained (full)
+run estimate models/hf/mistral-small-3.1-24b.json --images 1 --seq 4096 --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))
+assert r["model"]["params"] == 23340272640 and r["model"]["trainable_params"] == 23340272640, r["model"]
+assert "unused_params" not in r["model"], r["model"]
+assert r["memory"]["input_bytes"] == 28459200 + 2 * 32768 + 16, r["memory"]["input_bytes"]
+assert r["config"]["images"] == {"per_sample": 1, "tokens_each": 3080, "image_size": 1540, "height": 1540,
+                                 "width": 1540, "patches": 12100, "vision_layers": 24}, r["config"]["images"]' "$T/out"; then
+    ok "--images 1 on mistral-small-3.1-24b: params, input bytes and config.images in --json"
+else
+    bad "--images 1 on mistral-small-3.1-24b: params, input bytes and config.images in --json"
+fi
 # --torch: SDPA's math kernel for fp32 grouped-query attention before torch 2.15
 # (docs/memory-facts.md#sdpa-math).  Qwen2-0.5B: 14 q heads, 2 k/v heads, head dim 64; batch 1,
 # seq 64.  What the math kernel saves, from bench/accuracy/sdpa_math.py's trace of one call

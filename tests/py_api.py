@@ -246,6 +246,8 @@ CASES = [
     ("t5", "estimate", "models/hf/flan-t5-base.json", dict(target_seq=128)),
     ("multimodal", "estimate", "models/hf/qwen2-vl-7b-instruct.json", dict(finetune="lora", seq=512)),
     ("images", "estimate", "models/hf/gemma-3-4b-it.json", dict(images=2, seq=1024, checkpoint="layers")),
+    ("image size", "estimate", "models/hf/mistral-small-3.1-24b.json", dict(images=2, image_size="784x1540",
+                                                                           seq=4096, checkpoint="layers")),
     ("zero3 offload nvme", "estimate", L8B, dict(gpus=8, parallel="zero3", offload="params", offload_device="nvme",
                                                gpu="a100-80gb")),
     ("fsdp check", "check", L8B, dict(gpus=4, nodes=2, parallel="fsdp", batch=1, gpu="a100-80gb")),
@@ -302,6 +304,13 @@ if r:  # Gemma-3-4B: 896 x 896 images, patch 14 (4,096 patches), 256 tokens each
     check(r.config.images.per_sample == 2 and r.config.images.tokens_each == 256 and r.config.images.patches == 4096
           and r.config.images.image_size == 896 and r.config.images.vision_layers == 27,
           "images: config.images 2 per sample, 256 tokens each, 4,096 patches of 896 px, 27 vision layers")
+r = reps.get("image size")
+if r:  # Mistral Small 3.1: 784 x 1540 px, patch 14 (56 x 110 = 6,160 patches), merged 2 x 2: 28 rows
+    # x (55 + 1) = 1,568 tokens each, 24 Pixtral layers
+    im = r.config.images
+    check(im.per_sample == 2 and im.tokens_each == 1568 and im.patches == 6160 and im.height == 784
+          and im.width == 1540 and im.image_size == 1540 and im.vision_layers == 24,
+          "image size: config.images 2 per sample, 784 x 1540 px, 1,568 tokens and 6,160 patches each")
 r = reps.get("sdpa math")
 if r:  # llama-3.2-1b has 32 q heads and 8 k/v heads: fp32 GQA, torch 2.11's math kernel
     check(r.config.torch == "2.11" and r.config.sdpa_kernel == "math",

@@ -1944,8 +1944,149 @@ static void test_multimodal_images(void **state)
                         "vision tower (a multimodal checkpoint's config.json with a vision_config)");
     expect_images_error("bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", 1,
                         "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json: --images: steps with images are modelled "
-                        "for gemma3 (Gemma3ForConditionalGeneration) only, not qwen2_5_vl yet; text-only steps are "
-                        "(no --images)");
+                        "for gemma3 and mistral3 only, not qwen2_5_vl yet; text-only steps are (no --images)");
+    expect_images_error("bench/accuracy/multimodal/mllama-shrunk.json", 1,
+                        "bench/accuracy/multimodal/mllama-shrunk.json: --images: steps with images are not "
+                        "modelled for mllama yet (the tiled vision model and the gated cross-attention layers its "
+                        "states make active); text-only steps are (no --images)");
+}
+
+/* A model loaded with --images n --image-size h x w (0 x 0: the config's); its status, d's message. */
+static enum mp_status load_sized(struct mp_model *m, const char *path, uint64_t n, uint64_t h, uint64_t w,
+                                 struct mp_diag *d)
+{
+    struct mp_model_request rq = {.head = -1, .images = n, .image_h = h, .image_w = w};
+    return mp_model_load_file_as(m, path, &rq, d);
+}
+
+/* mistral3-shrunk (Pixtral: hidden 128, MLP 512 gated, 2 layers, 4 heads of 32, patch 14, image_size
+ * 224; spatial_merge_size 2; text hidden 256, 4 layers, tied head) with one image per sample at batch
+ * 2.  Shapes worked by hand from PixtralVisionModel.forward and Mistral3Model.forward (transformers
+ * 5.24): a 224 x 224 image is 16 x 16 = 256 patches; both images' patches are ONE sequence of 512
+ * (batch 1) with a 512 x 512 block mask; merged 2 x 2: 8 x 8 = 64 features an image, written by the
+ * processor as 8 rows x (8 + 1) = 72 tokens.  Parameters: vision 75,264 (conv 3 x 14 x 14 x 128) +
+ * 128 (ln_pre) + 2 x (256 + 4 x 128^2 + 3 x 128 x 512) + the projector 128 + 512 x 128 + 128 x 256 +
+ * 256 x 256 = 764,160; text 4,196,608: 4,960,768 (= transformers, bench rows).  LoRA r 16 all-linear:
+ * vision 2 x (4 x 16 x 256 + 2 x 16 x 640 + 16 x 640) = 94,208, projector 16 x (640 + 384 + 512) =
+ * 24,576, text 4 x (2 x 16 x 512 + 2 x 16 x 384 + 3 x 16 x 1280) = 360,448: 479,232 (= peft 0.21). */
+static void test_mistral3_images(void **state)
+{
+    (void)state;
+    struct mp_model m, t;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    const char *path = "bench/accuracy/multimodal/mistral3-shrunk.json";
+    load_ok(&t, path);
+    if (load_sized(&m, path, 1, 0, 0, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    /* the text lookup, patch_conv and ln_pre; 2 layers; the projector; then the text model */
+    assert_int_equal(m.n_blocks, t.n_blocks + 4);
+    assert_int_equal(m.idle.params, 0);
+    assert_int_equal(m.height, 224);
+    assert_int_equal(m.width, 224);
+    assert_int_equal(m.vision.tokens, 72);
+    assert_true(block_layer(&m, 0, 0)->emb.image_lookup);
+    assert_int_equal(block_layer(&m, 0, 2)->type, MP_LT_RMSNORM); /* ln_pre */
+    const struct mp_layer *vl = block_layer(&m, 1, 0);
+    assert_true(vl->rope.on && vl->attn.block_mask && vl->mlp.gated && !vl->attn.causal);
+    assert_int_equal(vl->norm.kind, MP_NORM_RMSNORM);
+    assert_int_equal(vl->attn.head_dim, 32);
+    assert_int_equal(block_layer(&m, 3, 1)->conv.kernel, 2); /* spatial_merge_size */
+    assert_int_equal(m.blocks[1].repeat_group, 2);
+    mp_model_release(&t);
+
+    if (build_images(&m, 256, "", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.total_params, 4960768u);
+    assert_int_equal(p.trainable_params, 4960768u);
+    assert_int_equal(tensor_elems(&p, "pixel_values"), 2 * 3 * 224 * 224);
+    assert_int_equal(tensor_elems(&p, "image_sizes"), 2 * 2);
+    assert_int_equal(tensor_elems(&p, "patch_embeds.cat"), 512 * 128);
+    assert_int_equal(tensor_elems(&p, "vision.attn_mask"), 512 * 512);
+    assert_int_equal(tensor_elems(&p, "rope.cos_sin"), 2 * 512 * 32); /* the tower's (first made) */
+    assert_int_equal(tensor_elems(&p, "patch_merger"), 128 * 512);     /* 2 x 64 tokens of 4 x 128 */
+    assert_int_equal(tensor_elems(&p, "merging_layer"), 128 * 128);
+    assert_int_equal(tensor_elems(&p, "linear_2"), 128 * 256);
+    assert_int_equal(tensor_elems(&p, "image_features.cat"), 128 * 256);
+    assert_int_equal(tensor_elems(&p, "special_image_mask"), 2 * 256);
+    assert_int_equal(tensor_elems(&p, "masked_scatter"), 2 * 256 * 256);
+    /* per image: im2col's contiguous copy of its 256 x 128 bf16 rows, beside the unfolded 512 x 128 */
+    const struct mp_node *pm = node_named(&p, "patch_merger");
+    assert_non_null(pm);
+    assert_int_equal(pm->fwd_tmp_bytes, (512 * 128 + 256 * 128) * 2);
+    /* bf16 SDPA saves the block mask itself (no per-layer copy); the text model gets none */
+    assert_true(p.attn_mask < 0);
+    /* the tower's rotary tables and mask are its own, held; the text's rotary tables are (s = 256) */
+    assert_true(p.rope_tables >= 0);
+    assert_int_equal(p.tensors[p.rope_tables].elems, 2 * 256 * 64);
+    mp_program_release(&p);
+
+    if (build_images(&m, 256, "all-linear", true, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 479232u);
+    mp_program_release(&p);
+    /* flash attention: PixtralVisionModel passes cu_seqlens and no mask */
+    struct mp_build_opts fo;
+    mp_build_opts_default(&fo);
+    fo.batch = 2;
+    fo.seq = 256;
+    fo.precision = MP_PREC_BF16;
+    fo.attention = MP_ATTN_FLASH;
+    fo.attention_forced = true;
+    if (mp_program_build(&m, &fo, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(tensor_elems(&p, "vision.attn_mask"), 0);
+    mp_program_release(&p);
+    /* 72 tokens do not fit 71 */
+    assert_int_equal(build_images(&m, 71, "", false, &p, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/mistral3-shrunk.json: --images 1: 72 image tokens "
+                               "each (--image-size's rows x (columns + 1)) exceed --seq 71, which includes them");
+    mp_model_release(&m);
+
+    /* --image-size 112x224: 8 x 16 = 128 patches, 4 rows x 9 = 36 tokens, 32 features an image */
+    if (load_sized(&m, path, 2, 112, 224, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(m.vision.tokens, 36);
+    if (build_images(&m, 256, "", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(tensor_elems(&p, "pixel_values"), 4 * 3 * 112 * 224);
+    assert_int_equal(tensor_elems(&p, "patch_embeds.cat"), 4 * 128 * 128);
+    assert_int_equal(tensor_elems(&p, "vision.attn_mask"), 512 * 512);
+    assert_int_equal(tensor_elems(&p, "image_features.cat"), 4 * 32 * 256);
+    mp_program_release(&p);
+    mp_model_release(&m);
+
+    assert_int_equal(load_sized(&m, path, 1, 100, 224, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/mistral3-shrunk.json: --image-size 100x224: each side "
+                               "must be a multiple of patch_size x spatial_merge_size = 28 (the processor resizes "
+                               "images so)");
+    assert_int_equal(load_sized(&m, path, 1, 252, 224, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/mistral3-shrunk.json: --image-size 252x224: a side "
+                               "exceeds vision_config.image_size 224 (the processor's longest edge)");
+    assert_int_equal(load_sized(&m, "bench/accuracy/multimodal/gemma3-shrunk.json", 1, 112, 112, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/gemma3-shrunk.json: --image-size 112x112: Gemma 3's "
+                               "processor resizes every image to vision_config.image_size (224x224)");
+    /* an earlier layer's features (vision_feature_layer -2) are refused */
+    const char *cfg = "{\"model_type\": \"mistral3\", \"vision_feature_layer\": -2, \"text_config\": "
+                      "{\"model_type\": \"mistral\", \"vocab_size\": 64, \"hidden_size\": 32, "
+                      "\"intermediate_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+                      "\"num_key_value_heads\": 2}, "
+                      "\"vision_config\": {\"hidden_size\": 32, \"intermediate_size\": 64, "
+                      "\"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"image_size\": 56, "
+                      "\"patch_size\": 14}}";
+    char fn[64], want[256];
+    snprintf(fn, sizeof fn, "/tmp/memplan_test_mistral3.%ld.json", (long)getpid());
+    FILE *f = fopen(fn, "w");
+    assert_non_null(f);
+    fputs(cfg, f);
+    fclose(f);
+    assert_int_equal(load_sized(&m, fn, 1, 0, 0, &d), MP_ERR_MODEL);
+    snprintf(want, sizeof want, "%s: vision_feature_layer: steps with images are modelled for the last layer's "
+             "output (-1) only (an earlier layer's or several layers' features are not)", fn);
+    assert_string_equal(d.msg, want);
+    assert_int_equal(load_sized(&m, fn, 0, 0, 0, &d), MP_OK); /* text-only steps take it */
+    mp_model_release(&m);
+    remove(fn);
 }
 
 static void test_params_moe_families(void **state)
@@ -2784,6 +2925,7 @@ int main(void)
         cmocka_unit_test(test_phimoe),
         cmocka_unit_test(test_llama4),
         cmocka_unit_test(test_multimodal_images),
+        cmocka_unit_test(test_mistral3_images),
         cmocka_unit_test(test_moe_layers_and_mla),
         cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),

@@ -255,15 +255,76 @@ class _ImageMerge:
                 (mask,) = ctx.saved_tensors
                 return g.masked_fill(mask, 0), None, torch.empty(ctx.src_shape, dtype=g.dtype, device=g.device)
 
-        self.before = (g3.torch_compilable_check, torch.Tensor.masked_scatter)
-        g3.torch_compilable_check = lambda *a, **k: None
+        import transformers.models.mistral3.modeling_mistral3 as m3
+
+        class Sizes:  # Mistral3Model.get_image_features' split sizes: (as_tensor(image_sizes) // ratio)
+            def __init__(self, v):  # .prod(dim=-1).tolist(), a (images, 2) int64 tensor read as numbers,
+                self.v = v          # which a fake tensor cannot give: the same arithmetic on the list
+
+            def __floordiv__(self, k):
+                return Sizes([[x // k for x in r] for r in self.v])
+
+            def prod(self, dim=-1):
+                return Sizes([r[0] * r[1] for r in self.v])
+
+            def tolist(self):
+                return list(self.v)
+
+        class TorchShim:  # m3's torch, but as_tensor of a list of (h, w) pairs (image_sizes)
+            def __getattr__(self, name):
+                return getattr(torch, name)
+
+            @staticmethod
+            def as_tensor(x, *a, **k):
+                return Sizes([list(r) for r in x]) if isinstance(x, list) else torch.as_tensor(x, *a, **k)
+
+        self.before = (g3.torch_compilable_check, m3.torch_compilable_check, torch.Tensor.masked_scatter, m3.torch)
+        g3.torch_compilable_check = m3.torch_compilable_check = lambda *a, **k: None
         torch.Tensor.masked_scatter = lambda t, mask, src: MaskedScatter.apply(t, mask, src)
+        m3.torch = TorchShim()
         return self
 
     def __exit__(self, *exc):
         import torch
         import transformers.models.gemma3.modeling_gemma3 as g3
-        g3.torch_compilable_check, torch.Tensor.masked_scatter = self.before
+        import transformers.models.mistral3.modeling_mistral3 as m3
+        g3.torch_compilable_check, m3.torch_compilable_check, torch.Tensor.masked_scatter, m3.torch = self.before
+
+
+def image_tokens(d, size=None):
+    """The text positions one image takes in seq: Gemma 3's mm_tokens_per_image; Mistral 3's
+    PixtralProcessor writes rows x (columns + 1) tokens (processing_pixtral.py: an [IMG] per merged
+    patch, [IMG_BREAK] after each row, [IMG_END] last) for an image of size (h, w) pixels, rows =
+    h / (patch_size x spatial_merge_size)."""
+    if d.get("model_type") != "mistral3":
+        return d.get("mm_tokens_per_image", 256)
+    vc = d["vision_config"]
+    unit = vc.get("patch_size", 16) * d.get("spatial_merge_size", 2)
+    h, w = size or (vc.get("image_size", 1024),) * 2
+    return (h // unit) * (w // unit + 1)
+
+
+def mistral3_image_inputs(cfg, batch, seq, images, dtype, size, device="cpu"):
+    """A PixtralProcessor's batch for Mistral 3: per image rows x (columns + 1) tokens, rows x columns
+    of them image_token_id; pixel_values (batch x images, channels, h, w) in the model's dtype;
+    image_sizes (a list of (h, w): PatchMerger and get_image_features read them as numbers, which a
+    fake tensor cannot give; the processor's (batch x images, 2) int64 tensor is tracked beside)."""
+    import torch
+    vc = cfg.vision_config
+    unit = vc.patch_size * cfg.spatial_merge_size
+    h, w = size or (vc.image_size, vc.image_size)
+    rows, cols = h // unit, w // unit
+    n = images * rows * (cols + 1)
+    if n > seq:
+        raise ValueError("%d image tokens exceed seq %d" % (n, seq))
+    tid = cfg.image_token_id
+    ids = torch.randint(tid + 1, cfg.get_text_config().vocab_size, (batch, seq), device=device)
+    one = torch.full((rows, cols + 1), tid, dtype=ids.dtype, device=device)
+    one[:, cols] = tid + 1  # [IMG_BREAK] / [IMG_END]: not image tokens
+    ids[:, 1:1 + n] = one.flatten().repeat(images)
+    pv = torch.randn(batch * images, vc.num_channels, h, w, dtype=dtype, device=device)
+    sizes = torch.tensor([[h, w]] * (batch * images), dtype=torch.long, device=device)
+    return ids, [(h, w)] * (batch * images), pv, sizes
 
 
 def image_inputs(cfg, batch, seq, images, dtype, device="cpu"):
@@ -283,7 +344,7 @@ def image_inputs(cfg, batch, seq, images, dtype, device="cpu"):
 
 
 def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, live_at_peak=False,
-                    packing="", attention="sdpa", device="cpu", images=0, freeze_vision=False):
+                    packing="", attention="sdpa", device="cpu", images=0, freeze_vision=False, image_size=None):
     import gc
     import torch
     import transformers
@@ -343,7 +404,12 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             torch.nn.functional.scaled_dot_product_attention = flash_sdpa_on_fake_cuda
         shape = (1, batch * seq) if packing == "padding-free" else (batch, seq)
         kw = {}
-        if images:  # image+text: the processor's inputs (image_inputs), stepped inside _ImageMerge
+        if images and cfg.model_type == "mistral3":  # PixtralProcessor's inputs
+            ids, kw["image_sizes"], kw["pixel_values"], sizes = mistral3_image_inputs(
+                cfg, batch, seq, images, dtype, image_size, device)
+            tr.add(sizes, "image_sizes")
+            tr.add(kw["pixel_values"], "pixel_values")
+        elif images:  # image+text: the processor's inputs (image_inputs), stepped inside _ImageMerge
             ids, kw["token_type_ids"], kw["pixel_values"] = image_inputs(cfg, batch, seq, images, dtype, device)
             tr.add(kw["token_type_ids"], "token_type_ids")
             tr.add(kw["pixel_values"], "pixel_values")
@@ -392,11 +458,13 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
 
 
 def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, memplan="./memplan",
-                 packing="", attention=None, images=0, train_blocks=None):
+                 packing="", attention=None, images=0, train_blocks=None, image_size=None):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off", "--json"]  # torch: use_cache=False
     if images:
         cmd += ["--images", str(images)]
+    if images and image_size:
+        cmd += ["--image-size", "%dx%d" % tuple(image_size)]
     if train_blocks:  # --finetune freeze (its vision tower stays frozen)
         cmd += ["--finetune", "freeze", "--train-blocks", train_blocks]
     if attention:
@@ -967,11 +1035,35 @@ IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets,
       ("bf16", "layers", 0, "frozen-tower", True))),
     ("models/hf/gemma-3-4b-it.json", 1, 1024,  # the whole model: 34 text and 27 vision layers
      (("bf16", "layers", 16, "all-linear", False), ("bf16", "layers", 0, None, True))),
+    # Mistral 3 (Pixtral): the shrunk config (224 x 224: 256 patches, 72 tokens an image), at 112 x
+    # 224 (--image-size: 128 patches, 36 tokens) and with 448 x 448 images; Mistral-Small-3.1-24B's
+    # widths (2 text, 4 vision layers) with one 1540 x 1540 image (12,100 patches, 3,080 tokens) and
+    # one 784 x 1540
+    ("bench/accuracy/multimodal/mistral3-shrunk.json", 2, 256,  # (a 6th element: the image counts)
+     (("amp-bf16", "none", 0, None, True, (0, 1)), ("amp-bf16", "layers", 0, None, True, (1,)),
+      ("bf16", "none", 0, None, True, (1, 2)), ("fp32", "none", 0, None, True, (1,)),
+      ("bf16", "none", 0, "frozen-tower", True, (1,)), ("bf16", "layers", 16, "all-linear", False, (1, 2)),
+      ("bf16", "none", 16, "q_proj,v_proj", False, (1,)))),
+    ("bench/accuracy/multimodal/mistral3-shrunk.json@112x224", 2, 256,
+     (("bf16", "none", 0, None, True, (2,)),)),
+    ("bench/accuracy/multimodal/mistral3-shrunk-448.json", 2, 640,  # 448 x 448: 1,024 patches, 272 tokens
+     (("amp-bf16", "none", 0, None, True, (1,)), ("bf16", "layers", 16, "all-linear", False, (1,)),
+      ("amp-bf16", "none", 0, None, True, (1,), "eager"))),  # (a 7th: --attention)
+    ("bench/accuracy/multimodal/mistral3-24b-shaped.json", 1, 4096,
+     (("bf16", "none", 0, None, True, (1,)), ("bf16", "layers", 16, "all-linear", False, (1,)))),
+    # the tower's peaks: Mistral Small's Pixtral at its widths (4 layers), a 1540 x 1540 image, before
+    # the shrunk text model
+    ("bench/accuracy/multimodal/mistral3-pixtral-real.json", 1, 3200,
+     (("amp-bf16", "none", 0, None, True, (1,)), ("bf16", "layers", 0, None, True, (1,)),
+      ("bf16", "layers", 16, "all-linear", False, (1,)), ("amp-bf16", "layers", 16, "all-linear", False, (1,)),
+      ("bf16", "none", 0, None, True, (1,), "eager"))),
+    ("bench/accuracy/multimodal/mistral3-24b-shaped.json@784x1540", 1, 2048,
+     (("amp-bf16", "layers", 16, "all-linear", False, (1,)),)),
 )
 
 
 def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
-    """Gemma 3 steps with images (memplan --images N) beside the same rows text-only: the processor's
+    """Gemma 3 and Mistral 3 steps with images (memplan --images N) beside the same rows text-only: the processor's
     batch (image_inputs) through Gemma3ForConditionalGeneration under FakeTensorMode (_ImageMerge),
     full fine-tuning and LoRA r16 (peft: all-linear also adapts SigLIP's Linears), checkpointing none
     and layers; the shrunk config (batch 2 x 256, one 16-token image = 256 patches) and a config of
@@ -993,25 +1085,30 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
     for path, batch, seq, rows in IMAGE_SETTINGS:
         if only and not any(o in path for o in only):
             continue
+        path, _, sz = path.partition("@")  # config@HxW: --image-size
+        size = tuple(int(x) for x in sz.split("x")) if sz else None
         cfg, d = bench_config(path, tmpdir)
-        for prec, ckpt, r, tg, full in rows:
-            for n in images:
-                if n * d.get("mm_tokens_per_image", 256) > seq or (n > 1 and "4b" in path):
+        for prec, ckpt, r, tg, full, *more in rows:
+            attn = more[1] if len(more) > 1 else None
+            for n in more[0] if more else images:
+                if n * image_tokens(d, size) > seq or (n > 1 and ("4b" in path or "24b" in path)) or (not n and sz):
                     continue
                 frozen = tg == "frozen-tower"
                 if frozen and not n:
                     continue
                 tb = "0-%d,embed,head" % (d["text_config"]["num_hidden_layers"] - 1) if frozen else None
                 t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, images=n,
-                                    freeze_vision=frozen)
+                                    freeze_vision=frozen, image_size=size, attention=attn or "sdpa")
                 m = memplan_lora(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, memplan=memplan,
-                                 images=n, train_blocks=tb)
+                                 images=n, train_blocks=tb, image_size=size, attention=attn)
                 ft = "full, frozen tower" if frozen else "full" if full else "lora r%d %s" % (r, tg)
+                ft += ", %s attention" % attn if attn else ""
                 sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
                 sv_d = "%+.2f%%" % (100.0 * (m["saved"] - t["saved"]) / t["saved"]) if t["saved"] else "-"
-                row = "| %s | %d x %d | %d | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %.2f MiB | %.2f MiB | " \
+                row = "| %s | %d x %d | %s | %s | %s | %s | %d / %d%s | %s | %.2f MiB | %s | %.2f MiB | %.2f MiB | " \
                       "%+.3f%% | %s / %s |" % (
-                          os.path.basename(path), batch, seq, n, prec, ckpt, ft, t["trainable"], m["trainable"],
+                          os.path.basename(path), batch, seq, "%d (%s)" % (n, sz) if sz else str(n), prec, ckpt, ft,
+                          t["trainable"], m["trainable"],
                           "" if t["trainable"] == m["trainable"] else " MISMATCH", sv_t, m["saved"] / 2**20, sv_d,
                           t["peak"] / 2**20, m["peak"] / 2**20, 100.0 * (m["peak"] - t["peak"]) / t["peak"],
                           t["peak_at"], m["peak_at"])
@@ -1033,8 +1130,9 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
                                                     peft=peft.__version__),
                 }])
     if out:
-        rowlib.write_results(out, "# bench/accuracy/peft_step.py images: Gemma 3 with images, CPU FakeTensorMode, "
+        rowlib.write_results(out, "# bench/accuracy/peft_step.py images: %s with images, CPU FakeTensorMode, "
                              "torch %s, transformers %s, peft %s\n\n%s\n" % (
+                                 "Mistral 3" if only and all("mistral3" in o for o in only) else "Gemma 3",
                                  torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
 
 

@@ -65,11 +65,13 @@ class Finetune:
 
 
 @dataclass
-class Images:  # --images: a multimodal checkpoint stepped with images (Gemma 3)
+class Images:  # --images: a multimodal checkpoint stepped with images (Gemma 3, Mistral 3)
     per_sample: int
-    tokens_each: int  # mm_tokens_per_image: each image's tokens in seq_len
-    image_size: int
-    patches: int
+    tokens_each: int  # each image's tokens in seq_len (mm_tokens_per_image; Mistral 3: rows x (columns + 1))
+    image_size: int  # vision_config.image_size
+    height: int  # each image's pixels (--image-size)
+    width: int
+    patches: int  # each image's
     vision_layers: int
 
 

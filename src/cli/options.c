@@ -76,6 +76,7 @@ static enum mp_status cb_train_blocks(struct args *a, void *field, const char *s
 static enum mp_status cb_alloc_conf(struct args *a, void *field, const char *s, struct mp_diag *d);
 static enum mp_status cb_torch(struct args *a, void *field, const char *s, struct mp_diag *d);
 static enum mp_status cb_vllm(struct args *a, void *field, const char *s, struct mp_diag *d);
+static enum mp_status cb_image_size(struct args *a, void *field, const char *s, struct mp_diag *d);
 
 /* --precision: the table's precisions and mixed-bf16 (bf16 with fp32 master weights under
  * data parallelism, cb_precision) */
@@ -215,8 +216,12 @@ static const struct opt OPTS[] = {
     {0, "num-labels", "N", C_ALL, INT(1, 1ull << 40), FIELD(num_labels), .expect = "a positive integer",
      .help = "classes of a seq-cls or token-cls head, replacing num_labels/id2label (default: the config's)"},
     {0, "images", "N", C_ALL, INT(1, 1 << 20), FIELD(images), .expect = "a positive integer",
-     .help = "Gemma 3 configs: N images per sample through the vision tower; their tokens "
-             "(mm_tokens_per_image each) are part of --seq (default: text only)"},
+     .help = "Gemma 3 and Mistral 3 configs: N images per sample through the vision tower; their tokens "
+             "are part of --seq (default: text only)"},
+    {0, "image-size", "HxW", C_ALL, K_CALLBACK, FIELD(image_h), .cb = cb_image_size,
+     .expect = "HxW, two positive integers (pixels), e.g. 1540x1540",
+     .help = "with --images: each image's height x width in pixels after the processor's resize "
+             "(default: vision_config.image_size square; Gemma 3 takes only that)"},
     {0, "gpu", "NAME", C_TARGET, K_STRING, FIELD(gpu),
      .help = "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {0, "vram", "SIZE", C_PLAN | C_SUGG | C_CHECK, K_SIZE, .lo = 1, FIELD(vram),
@@ -393,6 +398,29 @@ static enum mp_status cb_torch(struct args *a, void *field, const char *s, struc
     if ((*p && *p != '.' && *p != '+') || v[0] * 100 + v[1] < 206)
         return MP_ERR_USAGE;
     *(unsigned *)field = v[0] * 100 + v[1];
+    return MP_OK;
+}
+
+/* --image-size HxW: two whole numbers of pixels, each 1 to 2^20. */
+static enum mp_status cb_image_size(struct args *a, void *field, const char *s, struct mp_diag *d)
+{
+    (void)field, (void)d;
+    uint64_t v[2] = {0, 0};
+    const char *p = s;
+    for (int i = 0; i < 2; i++) {
+        if (i && *p != 'x' && *p != 'X')
+            return MP_ERR_USAGE;
+        p += i;
+        int digits = 0;
+        for (; *p >= '0' && *p <= '9' && digits < 8; p++, digits++)
+            v[i] = v[i] * 10 + (uint64_t)(*p - '0');
+        if (digits == 0 || v[i] == 0 || v[i] > (1u << 20))
+            return MP_ERR_USAGE;
+    }
+    if (*p)
+        return MP_ERR_USAGE;
+    a->image_h = v[0];
+    a->image_w = v[1];
     return MP_OK;
 }
 
@@ -614,6 +642,8 @@ static int check_rules(const struct command *c, struct args *a)
                                "MODEL '-': memplan does not read a model from stdin; pass the file's path");
     if (a->gpu && a->vram)
         return cli_usage_error(c->name, "%s", "--gpu and --vram are exclusive");
+    if (a->image_h && !a->images)
+        return cli_usage_error(c->name, "%s", "--image-size needs --images N");
     bool lora = a->ft.mode == MP_FT_LORA || a->ft.mode == MP_FT_QLORA;
     if ((a->lora_set || a->alpha_set) && !lora)
         return cli_usage_error(c->name, "%s", "--lora-* options need --finetune lora or qlora");

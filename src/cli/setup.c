@@ -565,7 +565,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     if (rc0)
         return rc0;
     a->model = model_file;
-    struct mp_model_request rq = {.head = a->head, .num_labels = a->num_labels, .images = a->images};
+    struct mp_model_request rq = {.head = a->head, .num_labels = a->num_labels, .images = a->images,
+                                   .image_h = a->image_h, .image_w = a->image_w};
     enum mp_status st = mp_model_load_file_as(&s->model, a->model, &rq, d);
     if (st != MP_OK)
         return cli_fail(st, d); /* nothing loaded: nothing to release */

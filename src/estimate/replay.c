@@ -710,6 +710,8 @@ static void fwd_block(struct rp *r, size_t i, enum mp_sched_kind kind, bool earl
     if (bp->n_nodes == 0)
         r->holds[bp->output]++;
     r->node = -1;
+    if (r->phase == MP_PH_FORWARD)
+        release_held_fwd(r, i);
     /* The chain's hold on x_i: Fc keeps it until B_i (a checkpoint); Fn and a
      * plain Fe release it (autograd keeps x_i only if a node saved it); an Fe
      * that recomputes a checkpointed block leaves it for B_i. */

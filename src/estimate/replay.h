@@ -169,6 +169,7 @@ bool params_sharded(const struct rp *r);
 bool node_packs(const struct mp_node *n);
 void hold_made(struct rp *r, const struct mp_node *n);
 void release_held(struct rp *r, int release_at);
+void release_held_fwd(struct rp *r, size_t i);
 bool held_leaf(const struct rp *r, int t);
 
 /* replay_par.c */

@@ -196,6 +196,20 @@ void release_held(struct rp *r, int release_at)
     }
 }
 
+/* After block i's forward: the held locals of a forward that returned with it (fwd_end), unless
+ * their release block is a checkpoint (whose inputs keep them to its backward). */
+void release_held_fwd(struct rp *r, size_t i)
+{
+    for (size_t j = 0; j < r->p->n_held; j++) {
+        int rb = r->p->held[j].release, t = r->p->held[j].t;
+        if (!r->held_on[j] || r->p->held[j].fwd_end != (int)i || (rb >= 0 && r->ckpt[rb]))
+            continue;
+        r->held_on[j] = false;
+        r->holds[t]--;
+        t_maybe_free(r, t);
+    }
+}
+
 /* A held leaf keeps its gradient (.grad) past its producer's backward. */
 bool held_leaf(const struct rp *r, int t)
 {

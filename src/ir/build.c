@@ -457,6 +457,8 @@ void held_tensor(struct bld *B, int t, int release)
         return;
     }
     B->p->held[B->p->n_held].t = t;
+    B->p->held[B->p->n_held].leaf = false;
+    B->p->held[B->p->n_held].fwd_end = -1;
     B->p->held[B->p->n_held++].release = release;
 }
 

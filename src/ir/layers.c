@@ -437,7 +437,11 @@ static struct val program_input(struct bld *B)
         B->text_s = B->s;
         x = new_val(B, "pixel_values", p->param_dtype, 4, px, false);
         B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
-        B->type_ids = new_val(B, "token_type_ids", MP_DT_I64, 2, shape, false).t;
+        if (m->vision.kind == 2) { /* PixtralProcessor's image_sizes (batch x images, 2) instead */
+            uint64_t is[2] = {px[0], 2};
+            B->type_ids = new_val(B, "image_sizes", MP_DT_I64, 2, is, false).t;
+        } else
+            B->type_ids = new_val(B, "token_type_ids", MP_DT_I64, 2, shape, false).t;
         p->labels = new_val(B, "labels", MP_DT_I64, 2, shape, false).t;
         p->ids = B->ids; /* resident like the batch (mp_program_resident) */
         p->type_ids = B->type_ids;
@@ -608,9 +612,11 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     if (m->images) { /* the image tokens are part of the sequence (Gemma3Processor expands each image) */
         uint64_t it;
         if (!mp_mul_u64(m->images, m->vision.tokens, &it) || it > p->opts.seq)
-            return mp_fail(d, MP_ERR_USAGE, "%s: --images %llu: %llu image tokens each (mm_tokens_per_image) exceed "
-                           "--seq %llu, which includes them", m->path, (unsigned long long)m->images,
-                           (unsigned long long)m->vision.tokens, (unsigned long long)p->opts.seq);
+            return mp_fail(d, MP_ERR_USAGE, "%s: --images %llu: %llu image tokens each (%s) exceed --seq %llu, which "
+                           "includes them", m->path, (unsigned long long)m->images,
+                           (unsigned long long)m->vision.tokens,
+                           m->vision.kind == 2 ? "--image-size's rows x (columns + 1)" : "mm_tokens_per_image",
+                           (unsigned long long)p->opts.seq);
         if (o->packing || o->padding_free || o->trainer != MP_TRAINER_SFT)
             return mp_fail(d, MP_ERR_USAGE, "%s: --images with %s is not modelled yet", m->path,
                            o->trainer != MP_TRAINER_SFT ? "a --trainer other than sft" : "packed rows");
@@ -793,6 +799,9 @@ enum mp_status mp_program_check(const struct mp_model *m, struct mp_diag *d)
     mp_build_opts_default(&o);
     o.batch = 1;
     o.seq = m->input == MP_INPUT_TOKENS ? m->seq_len : 1;
+    uint64_t it; /* --images: room for the image tokens (checked again against --seq when built) */
+    if (m->images && mp_mul_u64(m->images, m->vision.tokens, &it) && it > o.seq)
+        o.seq = it;
     memset(&prog, 0, sizeof prog);
     enum mp_status st = lower_program(m, &o, true, &prog, d);
     mp_program_release(&prog);

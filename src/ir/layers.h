@@ -445,7 +445,8 @@ struct mp_program {
     int input;                   /* x_0: token ids, image or opaque input */
     int input_embed;             /* the token embedding's parameter (get_input_embeddings()), or -1 */
     int labels;                  /* int64 labels resident for the step, or -1 */
-    int ids, type_ids;           /* --images: input_ids and token_type_ids (the input is pixel_values), or -1 */
+    int ids, type_ids;           /* --images: input_ids and token_type_ids (Gemma 3) or image_sizes
+                                    (Mistral 3) (the input is pixel_values), or -1 */
     int rope_tables;             /* rotary cos/sin: the model makes them once per forward and every layer
                                     saves them (checkpointed layers too, as checkpoint inputs): held from
                                     the first forward that makes them to the backward of that block; -1 */
@@ -463,6 +464,9 @@ struct mp_program {
         bool leaf;               /* a leaf that requires grad (T5's cross-attention zeros under HF
                                     checkpointing): AccumulateGrad keeps it and its .grad until the
                                     backward ends */
+        int fwd_end;             /* >= 0: a local of a module's forward that returns with this block's
+                                    forward (Pixtral's block mask): released then, unless `release`
+                                    is a checkpoint; -1: none */
     } held[MP_HELD_MAX];
 #define MP_BUFFERS_MAX 4
     size_t n_buffers;

@@ -79,7 +79,11 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope.fp32 || cplx ? MP_DT_F32 : B->p->param_dtype,
                                    mul(B, mul(B, mul(B, cplx ? 1 : 2, kinds), rows), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
-        B->p->rope_tables = B->rope_cos_sin;
+        if (B->vision) /* Pixtral's tower (--images): its own tables, a local of its forward,
+                        * saved or a checkpoint input to the first layer's backward */
+            held_tensor(B, B->rope_cos_sin, B->block);
+        else
+            B->p->rope_tables = B->rope_cos_sin;
         /* HF's rotary embedding registers inv_freq and a clone, original_inv_freq
          * (persistent=False: not in the checkpoint, but on the GPU): rotary_dim/2 fp32 each,
          * per layer type where there is a table per type */
@@ -134,7 +138,8 @@ static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
  * gets its float mask packed or not. */
 static bool sdpa_packed(const struct bld *B, const struct mp_layer *l, enum mp_attn_impl impl)
 {
-    return (B->p->opts.packing || B->p->opts.padding_free || B->m->images) && impl == MP_ATTN_SDPA && l->attn.causal;
+    return (B->p->opts.packing || B->p->opts.padding_free || (B->m->images && B->m->vision.kind == 1)) &&
+           impl == MP_ATTN_SDPA && l->attn.causal;
 }
 
 /* The (b, 1, s, s) mask a model passes to attention (sdpa_masked, sdpa_packed; transformers'
@@ -145,6 +150,28 @@ static bool sdpa_packed(const struct bld *B, const struct mp_layer *l, enum mp_a
 static void attn_mask(struct bld *B, struct mp_node *n, const char *name, bool eager, bool packed,
                       enum mp_dtype qdt)
 {
+    if (n && n->layer->attn.block_mask) {
+        /* Pixtral (--images): generate_block_attention_mask's float (1, 1, s, s) mask in the
+         * patches' dtype (torch.full, then its blocks zeroed in place, expanded: a view), made
+         * once by the tower's forward: saved by SDPA (under autocast its half copy, made and
+         * saved in every layer), added by eager; held like the tower's rotary tables */
+        if (B->attn_mask < 0) {
+            B->attn_mask = new_flat(B, "vision.attn_mask", B->p->param_dtype, mul(B, mul(B, B->b, B->s), B->s));
+            extra_as(n, B->attn_mask, MP_XR_ATTN_MASK);
+            unsave(n, B->attn_mask);
+            held_tensor(B, B->attn_mask, B->block);
+        }
+        if (eager) {
+            n->score_add[0] = B->attn_mask;
+        } else if (qdt != B->p->param_dtype) {
+            char en[112];
+            snprintf(en, sizeof en, "%s.attn_mask_cast", name);
+            extra_as(n, new_flat(B, en, qdt, mul(B, mul(B, B->b, B->s), B->s)), MP_XR_ATTN_MASK);
+        } else {
+            save(n, B->attn_mask);
+        }
+        return;
+    }
     if (!n || !(sdpa_masked(B, n->layer) || packed || (eager && n->layer->attn.eager_mask)))
         return;
     uint64_t mb = mul(B, mul(B, B->b, B->s), B->s);
@@ -219,7 +246,8 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     uint64_t asb = mul(B, mul(B, a, s), b);      /* a*s*b */
     uint64_t ass = mul(B, asb, s);                /* a*s*s*b */
     char en[80];
-    attn_mask(B, n, name, impl == MP_ATTN_EAGER, sdpa_packed(B, l, impl), cdt);
+    if (!(l->attn.block_mask && impl == MP_ATTN_FLASH)) /* Pixtral under flash: cu_seqlens, no mask */
+        attn_mask(B, n, name, impl == MP_ATTN_EAGER, sdpa_packed(B, l, impl), cdt);
     if (impl == MP_ATTN_EAGER && (l->attn.mask || l->attn.eager_mask))
         n->score_add[0] = B->attn_mask;
     if (math) {

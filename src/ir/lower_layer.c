@@ -97,13 +97,22 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     case MP_LT_POS_EMBEDDING:
         return lower_pos_embedding(B, x, l, nm, resid);
     case MP_LT_LINEAR:
-        if (l->vision)
+        if (l->vision && B->m->vision.kind == 1)
             return lower_mm_projection(B, x, l, nm);
         return lower_linear(B, l->head.pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
                             l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
         return lower_norm(B, x, l, MP_NORM_LAYERNORM, l->dim, nm);
     case MP_LT_RMSNORM:
+        if (l->vision) { /* Mistral 3's projector norm: its input, the tower's last output, is held
+                          * by image_outputs to the forward's end (lower_image_merge); the tower's
+                          * block mask, a local of its forward, died as it returned, after its last
+                          * layer (the block before) */
+            held_tensor(B, x.t, -1);
+            for (size_t j = 0; j < B->p->n_held && B->block > 0; j++)
+                if (B->p->held[j].t == B->attn_mask && B->attn_mask >= 0)
+                    B->p->held[j].fwd_end = B->block - 1;
+        }
         return l->t5.on ? lower_t5_norm(B, x, l->dim, nm) : lower_rmsnorm(B, x, l->dim, l->norm.rms_fp32, nm);
     case MP_LT_ATTENTION:
         if (!width_ok(B, x, l->dim, "dim", ""))
@@ -132,7 +141,7 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
                           l->conv.padding, 0, 0, nm);
     case MP_LT_AVGPOOL2D:
         if (l->vision)
-            return lower_token_pool(B, x, l, nm);
+            return B->m->vision.kind == 2 ? lower_patch_merge(B, x, l, nm) : lower_token_pool(B, x, l, nm);
         return lower_pool(B, x, MP_P_AVGPOOL, l->conv.kernel, l->conv.stride ? l->conv.stride : l->conv.kernel,
                           l->conv.padding, 0, 0, nm);
     case MP_LT_ADAPTIVE_AVGPOOL2D:
@@ -161,7 +170,8 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     case MP_LT_BOTTLENECK:
         return lower_bottleneck(B, x, l);
     case MP_LT_PATCH_EMBEDDING: {
-        struct val y = lower_patch_embedding(B, x, l);
+        struct val y = l->vision && B->m->vision.kind == 2 ? lower_pixtral_patches(B, x, l)
+                                                           : lower_patch_embedding(B, x, l);
         *resid = y;
         return y;
     }

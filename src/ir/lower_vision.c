@@ -1,11 +1,81 @@
-/* lower_vision.c — Gemma 3's image step beyond the ViT lowering it reuses (lower_conv.c's patch
- * embedding, the transformer block): the projector's pooling and projection and the merge of the
- * image features into the text embedding (build.h; model.h mp_layer.vision; transformers 5.24
+/* lower_vision.c — steps with images beyond the ViT lowering they reuse (lower_conv.c's patch
+ * embedding, the transformer block): Gemma 3's projector (pooling, projection), Pixtral's patch
+ * sequence and Mistral 3's patch merger, and the merge of the image features into the text
+ * embedding (build.h; model.h mp_layer.vision, mp_vision.kind; transformers 5.24
  * gemma3/modeling_gemma3.py Gemma3MultiModalProjector.forward, Gemma3Model.forward and
- * get_placeholder_mask). */
+ * get_placeholder_mask; pixtral/modeling_pixtral.py PixtralVisionModel.forward;
+ * mistral3/modeling_mistral3.py Mistral3PatchMerger.forward, Mistral3Model.forward). */
 #include "build.h"
 
 #include <stdio.h>
+#include <string.h>
+
+/* v's shape given to its tensor too (a reshape of a fresh tensor). */
+static void reshape(struct bld *B, struct val *v, int rank, const uint64_t *shape)
+{
+    v->rank = rank;
+    memcpy(v->shape, shape, (size_t)rank * sizeof *shape);
+    struct mp_tensor *t = T(B, v->t);
+    t->rank = rank;
+    memcpy(t->shape, shape, (size_t)rank * sizeof *shape);
+}
+
+/* Pixtral: patch_conv (bias-free) on pixel_values (images, C, H, W); each image's (dim, h, w)
+ * patches .flatten(1).T (a view), all of them torch.cat into one sequence (a new tensor; its
+ * backward slices the gradient: nothing saved), .unsqueeze(0): (1, images x h x w, dim).  From
+ * here on the tower's batch is 1 and its sequence every image's patches. */
+struct val lower_pixtral_patches(struct bld *B, struct val x, const struct mp_layer *l)
+{
+    if (failed(B))
+        return x;
+    uint64_t p = l->conv.kernel;
+    if (x.rank != 4 || p == 0 || x.shape[2] % p || x.shape[3] % p) {
+        fail_model(B, MP_ERR_MODEL, "patch %llu must divide the image's height and width", (unsigned long long)p);
+        return x;
+    }
+    struct val c = lower_conv(B, x, l->conv.in_ch, l->dim, p, p, 0, 1, false, "patch_conv");
+    if (failed(B))
+        return c;
+    uint64_t s = mul(B, mul(B, c.shape[0], c.shape[2]), c.shape[3]);
+    struct val y = lower_copy(B, c, dt_of(B, c), 0, "patch_embeds.cat");
+    if (failed(B))
+        return y;
+    const uint64_t shape[3] = {1, s, l->dim};
+    reshape(B, &y, 3, shape);
+    B->b = 1;
+    B->s = s;
+    return y;
+}
+
+/* Mistral3PatchMerger: per image, its (h x w, dim) rows .view(h, w, dim).permute(2, 0, 1)
+ * .unsqueeze(0) (a view), F.unfold(kernel = stride = merge): im2col makes the input contiguous
+ * first (a copy of the image's rows) and returns (1, dim x merge^2, h x w / merge^2);
+ * .view(...).t() a view kept in a list until the forward returns; then one torch.cat of all the
+ * images: (tokens, dim x merge^2), which merging_layer saves.  Nothing else is saved (Im2Col and
+ * Cat backward keep sizes).  Backward, per image: the gradient's slice .t() reshaped (a copy),
+ * col2im's (1, dim, h, w), the permuted view reshaped back (a copy), then one cat of the images'
+ * gradients. */
+struct val lower_patch_merge(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    if (failed(B) || !width_ok(B, x, l->dim, "dim", nm))
+        return x;
+    uint64_t mg = l->conv.kernel, per = mul(B, l->conv.out_h, l->conv.out_w), rows = rows_of(x);
+    if (x.rank != 3 || mg == 0 || per == 0 || rows % per || per % (mg * mg)) {
+        fail_model(B, MP_ERR_MODEL, "%s: the patch merger needs whole images of patches", nm);
+        return x;
+    }
+    struct val y = lower_copy(B, x, dt_of(B, x), 0, nm);
+    if (failed(B))
+        return y;
+    const uint64_t shape[3] = {1, rows / (mg * mg), mul(B, l->dim, mg * mg)};
+    reshape(B, &y, 3, shape);
+    struct mp_node *n = &B->p->nodes[B->p->n_nodes - 1];
+    uint64_t img = mul(B, mul(B, per, l->dim), mp_dtype_size(dt_of(B, x))), all = T(B, y.t)->bytes;
+    tmp_one(B, n, false, MP_TR_OTHER, add(B, all, img));
+    if (ng(B, x))
+        tmp_one(B, n, true, MP_TR_OTHER, add(B, all, mul(B, 2, img)));
+    return y;
+}
 
 /* vision_outputs (b, patches, dim).transpose(1, 2).reshape(b, dim, side, side) (a copy: the
  * transposed view is not viewable so; .contiguous() then returns it as it is), AvgPool2d (saves
@@ -95,7 +165,18 @@ struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer 
         return x;
     B->b = B->text_b;
     B->s = B->text_s;
+    /* the vision tower's rotary tables and mask were its own (held: lower_attention.c) */
+    B->rope_cos_sin = B->rope_pair = B->attn_mask = -1;
     struct val e = B->inputs_embeds;
+    if (B->m->vision.kind == 2 && !failed(B)) {
+        /* Mistral 3: get_image_features returns image_outputs, its pooler_output the projector's
+         * output split per image (views) and its hidden states the tower's last output; the
+         * model's forward keeps it (mm_encoder_outputs) and returns it with the logits: both held
+         * to the forward's end.  torch.cat(pooler_output) is a new tensor (its backward
+         * slices). */
+        held_tensor(B, x.t, -1);
+        x = lower_copy(B, x, dt_of(B, x), 0, "image_features.cat");
+    }
     if (x.rank != 3 || last_dim(x) != l->dim) {
         fail_model(B, MP_ERR_MODEL, "%s: the image features are not (images, tokens, %llu)", nm,
                    (unsigned long long)l->dim);

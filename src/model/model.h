@@ -143,6 +143,10 @@ struct mp_attn {
     bool no_out_dropout;    /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
     bool temp_tuning;       /* q times an fp32 per-position scale, cast back to q's dtype (Llama 4's
                                attn_temperature_tuning on its NoPE layers) */
+    bool block_mask;        /* --images, Pixtral's tower: a float (1, 1, s, s) block-diagonal mask over the
+                               images in the model's dtype, made once per forward
+                               (generate_block_attention_mask): SDPA saves it (under autocast each layer's
+                               half copy), eager adds it */
 };
 
 /* multi-head latent attention (DeepSeek-V2/V3; kv_lora > 0): q through a rank-q_lora bottleneck
@@ -340,17 +344,25 @@ struct mp_idle_linear {
     const char *name;          /* the module's last name component (a string literal) */
     uint64_t in, out, count;   /* Linear(in, out) count times */
 };
-/* A multimodal checkpoint's vision tower as an image step runs it (Gemma 3's SigLIP; read from
- * vision_config with SiglipVisionConfig's defaults, kind 0 for the families not modelled with
- * images): width, MLP width, layers, heads, channels, image side and patch (square images), the
- * activation, attention dropout; the projector's tokens per image, its width into the text model;
- * the image token's id (the config's image_token_id: the text positions the features fill). */
+/* A multimodal checkpoint's vision tower as an image step runs it (read from vision_config with
+ * its config class's defaults, kind 0 for the families not modelled with images): width, MLP width,
+ * layers, heads, channels, image side (vision_config.image_size) and patch, the activation,
+ * attention dropout; the projector's tokens per image (kind 1: mm_tokens_per_image; kind 2: set by
+ * mp_hf_add_images from the image size, the text positions each image takes), its width into the
+ * text model; the image token's id (the config's image_token_id: the text positions the features
+ * fill).  Kind 2 (Pixtral + Mistral 3's projector) also: spatial_merge_size, the projector's
+ * activation and bias, and whether vision_feature_layer selects the last layer's output. */
 struct mp_vision {
-    int kind;                  /* 0: none modelled; 1: SigLIP + Gemma 3's projector */
+    int kind;                  /* 0: none modelled; 1: SigLIP + Gemma 3's projector; 2: Pixtral +
+                                  Mistral3MultiModalProjector */
     uint64_t hidden, ffn, layers, heads, channels, image, patch;
     enum mp_act act;
     double attn_p;
     uint64_t tokens, text_hidden, token_id;
+    uint64_t merge;            /* kind 2: spatial_merge_size */
+    enum mp_act proj_act;      /* kind 2: projector_hidden_act */
+    bool proj_bias;            /* kind 2: multimodal_projector_bias */
+    bool feature_last;         /* kind 2: vision_feature_layer is the last layer's output (-1) */
 };
 #define MP_IDLE_LINEARS_MAX 16
 struct mp_idle {
@@ -441,6 +453,7 @@ struct mp_model_request {
     uint64_t num_labels; /* 0: the config's */
     uint64_t images;     /* images per sample (--images; 0: text only): a multimodal checkpoint's
                             vision tower runs (mp_hf_add_images), else MP_ERR_MODEL */
+    uint64_t image_h, image_w; /* --image-size HxW in pixels (0: the config's image_size square) */
 };
 enum mp_status mp_model_read_file_as(struct mp_model *m, const char *path, const struct mp_model_request *rq,
                                      struct mp_diag *d);

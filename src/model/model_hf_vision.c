@@ -166,22 +166,48 @@ static enum mp_status qwen2_vision(const cJSON *vc, struct mp_idle *v, struct ac
  * merger's Linear(hidden x spatial_merge_size^2, hidden), linear_1 and linear_2 with
  * multimodal_projector_bias). */
 static enum mp_status pixtral_mistral3(const cJSON *root, const cJSON *vc, uint64_t text_hidden, struct mp_idle *v,
-                                       struct acc *a, const char *path, struct mp_diag *d)
+                                       struct mp_vision *vis, struct acc *a, const char *path, struct mp_diag *d)
 {
-    uint64_t D = 1024, F = 4096, L = 24, C = 3, p = 16, sm = 2, layers = 1;
-    bool bias = false;
+    uint64_t D = 1024, F = 4096, L = 24, C = 3, p = 16, sm = 2, layers = 1, H = 16, img = 1024;
+    uint64_t id = 10; /* Mistral3Config.image_token_index (attribute_map: image_token_id) */
+    bool bias = false, last = true;
+    double ap = 0;
     enum mp_status st;
     if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
         (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK || (st = pos(vc, "num_channels", &C, path, d)) != MP_OK ||
-        (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
+        (st = pos(vc, "patch_size", &p, path, d)) != MP_OK || (st = pos(vc, "num_attention_heads", &H, path, d)) != MP_OK ||
+        (st = pos(vc, "image_size", &img, path, d)) != MP_OK ||
+        (st = mp_json_prob(vc, "attention_dropout", &ap, path, "vision_config", d)) != MP_OK ||
         (st = mp_json_u64(root, "spatial_merge_size", false, MP_DIM_MAX, &sm, path, "", d)) != MP_OK ||
+        (st = mp_json_u64(root, "image_token_index", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK ||
+        (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK ||
         (st = mp_json_bool(root, "multimodal_projector_bias", &bias, path, "", d)) != MP_OK)
         return st;
     const cJSON *fl = cJSON_GetObjectItemCaseSensitive(root, "vision_feature_layer");
-    if (cJSON_IsArray(fl) && cJSON_GetArraySize(fl) > 0)
+    if (cJSON_IsArray(fl) && cJSON_GetArraySize(fl) > 0) {
         layers = (uint64_t)cJSON_GetArraySize(fl);
-    else if (fl && !cJSON_IsNull(fl) && !cJSON_IsNumber(fl))
+        last = false;
+    } else if (fl && !cJSON_IsNull(fl) && !cJSON_IsNumber(fl))
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_feature_layer: expected an integer or a list of integers", path);
+    else if (cJSON_IsNumber(fl)) /* hidden_states holds L + 1 states: -1 and L are the last layer's output */
+        last = fl->valuedouble == -1 || fl->valuedouble == (double)L;
+    enum mp_act act = MP_ACT_GELU, pact = MP_ACT_GELU; /* PixtralVisionConfig.hidden_act, projector_hidden_act */
+    const char *an = mp_json_str(vc, "hidden_act", &st, path, "vision_config", d);
+    if (st != MP_OK)
+        return st;
+    const char *pn = mp_json_str(root, "projector_hidden_act", &st, path, "", d);
+    if (st != MP_OK)
+        return st;
+    int ai = an ? mp_act_parse(an) : (int)act, pi = pn ? mp_act_parse(pn) : (int)pact;
+    if (ai < 0 || pi < 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: %s: '%s' is not a supported activation", path,
+                       ai < 0 ? "vision_config.hidden_act" : "projector_hidden_act", ai < 0 ? an : pn);
+    *vis = (struct mp_vision){.kind = 2, .hidden = D, .ffn = F, .layers = L, .heads = H, .channels = C,
+                              .image = img, .patch = p, .act = (enum mp_act)ai, .attn_p = ap,
+                              .text_hidden = text_hidden, .token_id = id, .merge = sm ? sm : 1,
+                              .proj_act = (enum mp_act)pi, .proj_bias = bias, .feature_last = last};
+    if (sm == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: spatial_merge_size: expected a positive integer", path);
     acc_add(a, prod(a, prod(a, prod(a, C, p), p), D));
     acc_add(a, D);
     acc_add(a, prod(a, prod(a, 2, D), L));
@@ -347,7 +373,7 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
     else if (!strcmp(type, "llama4"))
         st = llama4_vision(vc, text_hidden, v, &a, path, d);
     else
-        st = pixtral_mistral3(root, vc, text_hidden, v, &a, path, d);
+        st = pixtral_mistral3(root, vc, text_hidden, v, vis, &a, path, d);
     if (st != MP_OK)
         return st;
     if (cross && cross->layers)
@@ -377,7 +403,18 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
  * hidden_act), post_layernorm, then the projector (tokens to a (dim, side, side) grid, AvgPool2d,
  * Gemma3RMSNorm, a matmul with mm_input_projection_weight, type_as); the text embedding's output
  * gets the image features scattered into the image tokens' positions (masked_scatter).  Each
- * SiglipEncoderLayer is a GradientCheckpointingLayer: checkpointed like the text layers. */
+ * SiglipEncoderLayer is a GradientCheckpointingLayer: checkpointed like the text layers.
+ *
+ * Mistral 3 (mistral3/modeling_mistral3.py Mistral3Model.forward, get_image_features,
+ * Mistral3MultiModalProjector, Mistral3PatchMerger; pixtral/modeling_pixtral.py
+ * PixtralVisionModel.forward): the text embedding first, then pixel_values (batch x images, C, H,
+ * W) through the bias-free patch_conv; every image's patches flattened and concatenated into ONE
+ * sequence (batch 1, images x patches long), ln_pre (RMSNorm); the 2-D rotary tables and the
+ * block-diagonal float mask over that sequence, made once; the PixtralAttentionLayers (RMSNorm,
+ * bias-free q/k/v/o with the rotary, the gated MLP; GradientCheckpointingLayers); the projector:
+ * RMSNorm, the patch merger (per image: unfold by spatial_merge_size, then one cat), merging_layer,
+ * linear_1, the activation, linear_2; the features concatenated again (torch.cat of the per-image
+ * splits) and scattered into the text embedding (masked_scatter). */
 
 static struct mp_block *front_block(struct mp_model *m, const char *name, size_t n, struct mp_diag *d)
 {
@@ -387,39 +424,18 @@ static struct mp_block *front_block(struct mp_model *m, const char *name, size_t
     return b;
 }
 
-enum mp_status mp_hf_add_images(struct mp_model *m, uint64_t n, struct mp_diag *d)
+/* The first vision block: the text embedding's lookup (a copy of the text model's first layer,
+ * made first as both models' forward do) and the patch embedding; returns its second layer. */
+static struct mp_layer *embeddings_block(struct mp_model *m, size_t n_layers, struct mp_diag *d)
 {
     const struct mp_vision *v = &m->vision;
-    if (v->kind != 1)
-        return mp_fail(d, MP_ERR_MODEL, m->idle.params ? "%s: --images: steps with images are modelled for gemma3 "
-                                                         "(Gemma3ForConditionalGeneration) only, not %s yet; text-only "
-                                                         "steps are (no --images)"
-                                                       : "%s: --images: %s has no vision tower (a multimodal "
-                                                         "checkpoint's config.json with a vision_config)",
-                       m->path, m->hf_type[0] ? m->hf_type : "this model");
-    uint64_t side = v->image / v->patch, t = 1;
-    while ((t + 1) * (t + 1) <= v->tokens)
-        t++;
-    if (v->image % v->patch)
-        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.patch_size: %llu does not divide image_size %llu", m->path,
-                       (unsigned long long)v->patch, (unsigned long long)v->image);
-    if (t * t != v->tokens || side % t)
-        return mp_fail(d, MP_ERR_MODEL, "%s: mm_tokens_per_image: %llu is not the square of a divisor of the %llu "
-                       "patches per side (the projector's AvgPool2d would not make that many tokens)", m->path,
-                       (unsigned long long)v->tokens, (unsigned long long)side);
-    if (v->hidden % v->heads)
-        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.num_attention_heads: %llu does not divide hidden_size %llu",
-                       m->path, (unsigned long long)v->heads, (unsigned long long)v->hidden);
-    size_t text0 = m->n_blocks, nv = (size_t)v->layers + 2;
-    if (v->layers > ((size_t)1 << 20))
-        return mp_fail(d, MP_ERR_RANGE, "%s: vision_config.num_hidden_layers: too many layers", m->path);
-    struct mp_block *b = front_block(m, "vision.embeddings", 2, d);
+    struct mp_block *b = front_block(m, "vision.embeddings", n_layers, d);
     if (!b)
-        return MP_ERR_NOMEM;
+        return NULL;
     struct mp_layer *l = b->layers;
     if (m->blocks[0].layers[0].type != MP_LT_EMBEDDING)
         MP_BUG("the text model does not start with its embedding");
-    *l = m->blocks[0].layers[0]; /* (blocks[0]: the text model's first, before the move below) */
+    *l = m->blocks[0].layers[0]; /* (blocks[0]: the text model's first, before the move) */
     l->vision = true;
     l->emb.image_lookup = true;
     l++;
@@ -428,52 +444,173 @@ enum mp_status mp_hf_add_images(struct mp_model *m, uint64_t n, struct mp_diag *
     l->conv.in_ch = v->channels;
     l->dim = v->hidden;
     l->conv.kernel = l->conv.stride = v->patch;
-    snprintf(l->name, sizeof l->name, "patch_embedding");
+    snprintf(l->name, sizeof l->name, "%s", v->kind == 2 ? "patch_conv" : "patch_embedding");
+    return l;
+}
+
+/* The encoder's layers: one block each (repeat group 2, checkpointed like the text layers). */
+static enum mp_status encoder_blocks(struct mp_model *m, struct mp_diag *d)
+{
+    const struct mp_vision *v = &m->vision;
     for (uint64_t i = 0; i < v->layers; i++) {
         char name[48];
         snprintf(name, sizeof name, "vision.layers.%llu", (unsigned long long)i);
-        if (!(b = front_block(m, name, 1, d)))
+        struct mp_block *b = front_block(m, name, 1, d);
+        if (!b)
             return MP_ERR_NOMEM;
         b->repeat_group = 2;
-        l = b->layers;
+        struct mp_layer *l = b->layers;
         l->type = MP_LT_TRANSFORMER_BLOCK;
         l->vision = true;
         l->dim = v->hidden;
         l->attn.heads = l->attn.kv_heads = v->heads;
         l->attn.head_dim = v->hidden / v->heads;
-        l->attn.qkv_bias = l->attn.out_bias = true;
         l->attn.impl = MP_ATTN_SDPA;
         l->attn.dropout = v->attn_p;
         l->attn.softmax_fp32 = true; /* eager_attention_forward: softmax(dtype=float32).to(q.dtype) */
-        l->norm.kind = MP_NORM_LAYERNORM;
-        l->norm.bias = true;
         l->mlp.ffn = v->ffn;
         l->mlp.act = v->act;
-        l->mlp.bias = true;
+        if (v->kind == 2) { /* PixtralAttentionLayer: RMSNorms, bias-free, rotary, block mask, gated MLP */
+            l->norm.kind = MP_NORM_RMSNORM;
+            l->rope.on = true;
+            l->attn.block_mask = true;
+            l->mlp.gated = true;
+        } else { /* SiglipEncoderLayer */
+            l->attn.qkv_bias = l->attn.out_bias = true;
+            l->norm.kind = MP_NORM_LAYERNORM;
+            l->norm.bias = true;
+            l->mlp.bias = true;
+        }
     }
-    if (!(b = front_block(m, "vision.projector", 4, d)))
+    return MP_OK;
+}
+
+static struct mp_layer *named(struct mp_layer *l, enum mp_layer_type type, uint64_t dim, const char *name)
+{
+    l->type = type;
+    l->dim = dim;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    return l;
+}
+
+/* Gemma 3: SigLIP's tower, post_layernorm, the AvgPool2d projector. */
+static enum mp_status siglip_blocks(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
+{
+    const struct mp_vision *v = &m->vision;
+    uint64_t side = v->image / v->patch, t = 1;
+    while ((t + 1) * (t + 1) <= v->tokens)
+        t++;
+    if ((rq->image_h || rq->image_w) && (rq->image_h != v->image || rq->image_w != v->image))
+        return mp_fail(d, MP_ERR_USAGE, "%s: --image-size %llux%llu: Gemma 3's processor resizes every image to "
+                       "vision_config.image_size (%llux%llu)", m->path, (unsigned long long)rq->image_h,
+                       (unsigned long long)rq->image_w, (unsigned long long)v->image, (unsigned long long)v->image);
+    if (v->image % v->patch)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.patch_size: %llu does not divide image_size %llu", m->path,
+                       (unsigned long long)v->patch, (unsigned long long)v->image);
+    if (t * t != v->tokens || side % t)
+        return mp_fail(d, MP_ERR_MODEL, "%s: mm_tokens_per_image: %llu is not the square of a divisor of the %llu "
+                       "patches per side (the projector's AvgPool2d would not make that many tokens)", m->path,
+                       (unsigned long long)v->tokens, (unsigned long long)side);
+    struct mp_layer *l = embeddings_block(m, 2, d);
+    if (!l)
         return MP_ERR_NOMEM;
+    enum mp_status st = encoder_blocks(m, d);
+    struct mp_block *b = st == MP_OK ? front_block(m, "vision.projector", 4, d) : NULL;
+    if (!b)
+        return st != MP_OK ? st : MP_ERR_NOMEM;
     l = b->layers;
-    l[0].type = MP_LT_LAYERNORM;
-    l[0].dim = v->hidden;
-    l[0].norm.kind = MP_NORM_LAYERNORM;
+    named(&l[0], MP_LT_LAYERNORM, v->hidden, "post_layernorm")->norm.kind = MP_NORM_LAYERNORM;
     l[0].norm.bias = true;
-    snprintf(l[0].name, sizeof l[0].name, "post_layernorm");
-    l[1].type = MP_LT_AVGPOOL2D;
-    l[1].vision = true;
-    l[1].dim = v->hidden;
+    named(&l[1], MP_LT_AVGPOOL2D, v->hidden, "avg_pool")->vision = true;
     l[1].conv.kernel = l[1].conv.stride = side / t;
-    snprintf(l[1].name, sizeof l[1].name, "avg_pool");
-    l[2].type = MP_LT_RMSNORM;
-    l[2].dim = v->hidden;
-    l[2].norm.kind = MP_NORM_RMSNORM;
+    named(&l[2], MP_LT_RMSNORM, v->hidden, "mm_soft_emb_norm")->norm.kind = MP_NORM_RMSNORM;
     l[2].norm.rms_fp32 = true; /* Gemma3RMSNorm */
-    snprintf(l[2].name, sizeof l[2].name, "mm_soft_emb_norm");
-    l[3].type = MP_LT_LINEAR;
-    l[3].vision = true;
+    named(&l[3], MP_LT_LINEAR, 0, "mm_input_projection")->vision = true;
     l[3].in_features = v->hidden;
     l[3].out_features = v->text_hidden;
-    snprintf(l[3].name, sizeof l[3].name, "mm_input_projection");
+    m->height = m->width = v->image;
+    return MP_OK;
+}
+
+/* Mistral 3: Pixtral's tower at the asked image size, the patch-merging projector.  The processor
+ * (pixtral/image_processing_pixtral.py, processing_pixtral.py) resizes each image to at most
+ * image_size a side, in multiples of patch_size x spatial_merge_size, and writes rows x (columns +
+ * 1) tokens for it ([IMG] per merged patch, [IMG_BREAK] after each row, [IMG_END] last): those are
+ * part of --seq; rows x columns of them are image tokens, filled with the features. */
+static enum mp_status pixtral_blocks(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
+{
+    struct mp_vision *v = &m->vision;
+    uint64_t h = rq->image_h ? rq->image_h : v->image, w = rq->image_w ? rq->image_w : v->image, unit, rows, cols;
+    if (!v->feature_last)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_feature_layer: steps with images are modelled for the last "
+                       "layer's output (-1) only (an earlier layer's or several layers' features are not)", m->path);
+    if (!mp_mul_u64(v->patch, v->merge, &unit) || h % unit || w % unit)
+        return mp_fail(d, MP_ERR_USAGE, "%s: --image-size %llux%llu: each side must be a multiple of patch_size x "
+                       "spatial_merge_size = %llu (the processor resizes images so)", m->path,
+                       (unsigned long long)h, (unsigned long long)w, (unsigned long long)unit);
+    if (h > v->image || w > v->image)
+        return mp_fail(d, MP_ERR_USAGE, "%s: --image-size %llux%llu: a side exceeds vision_config.image_size %llu "
+                       "(the processor's longest edge)", m->path, (unsigned long long)h, (unsigned long long)w,
+                       (unsigned long long)v->image);
+    rows = h / unit;
+    cols = w / unit;
+    if (!mp_mul_u64(rows, cols + 1, &v->tokens))
+        return mp_fail(d, MP_ERR_RANGE, "%s: --image-size: too many tokens", m->path);
+    struct mp_layer *l = embeddings_block(m, 3, d);
+    if (!l)
+        return MP_ERR_NOMEM;
+    named(l + 1, MP_LT_RMSNORM, v->hidden, "ln_pre")->norm.kind = MP_NORM_RMSNORM;
+    enum mp_status st = encoder_blocks(m, d);
+    struct mp_block *b = st == MP_OK ? front_block(m, "vision.projector", 6, d) : NULL;
+    if (!b)
+        return st != MP_OK ? st : MP_ERR_NOMEM;
+    l = b->layers;
+    uint64_t sm2 = v->merge * v->merge;
+    named(&l[0], MP_LT_RMSNORM, v->hidden, "norm")->norm.kind = MP_NORM_RMSNORM;
+    l[0].vision = true; /* (its input held: lower_layer.c) */
+    named(&l[1], MP_LT_AVGPOOL2D, v->hidden, "patch_merger")->vision = true;
+    l[1].conv.kernel = l[1].conv.stride = v->merge;
+    l[1].conv.out_h = h / v->patch; /* each image's grid of patches */
+    l[1].conv.out_w = w / v->patch;
+    named(&l[2], MP_LT_LINEAR, 0, "merging_layer")->vision = true;
+    l[2].in_features = v->hidden * sm2; /* (checked: unit = patch x merge) */
+    l[2].out_features = v->hidden;
+    named(&l[3], MP_LT_LINEAR, 0, "linear_1")->vision = true;
+    l[3].in_features = v->hidden;
+    l[3].out_features = v->text_hidden;
+    l[3].bias = v->proj_bias;
+    named(&l[4], MP_LT_ACTIVATION, v->text_hidden, "act")->mlp.act = v->proj_act;
+    named(&l[5], MP_LT_LINEAR, 0, "linear_2")->vision = true;
+    l[5].in_features = l[5].out_features = v->text_hidden;
+    l[5].bias = v->proj_bias;
+    m->height = h;
+    m->width = w;
+    return MP_OK;
+}
+
+enum mp_status mp_hf_add_images(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
+{
+    const struct mp_vision *v = &m->vision;
+    if (!strcmp(m->hf_type, "mllama"))
+        return mp_fail(d, MP_ERR_MODEL, "%s: --images: steps with images are not modelled for mllama yet (the tiled "
+                       "vision model and the gated cross-attention layers its states make active); text-only steps "
+                       "are (no --images)", m->path);
+    if (v->kind != 1 && v->kind != 2)
+        return mp_fail(d, MP_ERR_MODEL, m->idle.params ? "%s: --images: steps with images are modelled for gemma3 "
+                                                         "and mistral3 only, not %s yet; text-only steps are (no "
+                                                         "--images)"
+                                                       : "%s: --images: %s has no vision tower (a multimodal "
+                                                         "checkpoint's config.json with a vision_config)",
+                       m->path, m->hf_type[0] ? m->hf_type : "this model");
+    if (v->hidden % v->heads)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.num_attention_heads: %llu does not divide hidden_size %llu",
+                       m->path, (unsigned long long)v->heads, (unsigned long long)v->hidden);
+    if (v->layers > ((size_t)1 << 20))
+        return mp_fail(d, MP_ERR_RANGE, "%s: vision_config.num_hidden_layers: too many layers", m->path);
+    size_t text0 = m->n_blocks, nv = (size_t)v->layers + 2;
+    enum mp_status st = v->kind == 2 ? pixtral_blocks(m, rq, d) : siglip_blocks(m, rq, d);
+    if (st != MP_OK)
+        return st;
     /* the vision blocks to the front, the text model's after them */
     struct mp_block *tmp = malloc(nv * sizeof *tmp);
     if (!tmp)
@@ -489,9 +626,8 @@ enum mp_status mp_hf_add_images(struct mp_model *m, uint64_t n, struct mp_diag *
                        "the ids' copy transformers then makes is not modelled", m->path,
                        (unsigned long long)v->token_id, (unsigned long long)e->vocab);
     memset(&m->idle, 0, sizeof m->idle);
-    m->images = n;
+    m->images = rq->images;
     m->channels = v->channels;
-    m->height = m->width = v->image;
     mp_model_mark_copies(m);
     return MP_OK;
 }

@@ -26,13 +26,14 @@ static enum mp_status read_string(struct mp_model *m, const char *text, size_t l
         st = mp_fail(d, MP_ERR_MODEL, "%s: --%s applies to a Hugging Face config.json (a memplan model names its "
                      "head layers itself)", path, rq->head >= 0 ? "head" : "num-labels");
     else if (rq && rq->images && !mp_json_is_hf(root))
-        st = mp_fail(d, MP_ERR_MODEL, "%s: --images applies to a multimodal checkpoint's config.json (Gemma 3); this "
+        st = mp_fail(d, MP_ERR_MODEL, "%s: --images applies to a multimodal checkpoint's config.json (Gemma 3, "
+                     "Mistral 3); this "
                      "is a memplan model", path);
     else if (mp_json_is_hf(root)) {
         if ((st = rq ? mp_hf_apply_request(root, rq, path, d) : MP_OK) == MP_OK)
             st = mp_model_from_hf(m, root, path, d);
         if (st == MP_OK && rq && rq->images)
-            st = mp_hf_add_images(m, rq->images, d);
+            st = mp_hf_add_images(m, rq, d);
     } else
         st = mp_model_from_memplan(m, root, path, d);
     cJSON_Delete(root);
