@@ -711,7 +711,18 @@ static int check_rules(const struct command *c, struct args *a)
         a->loss = MP_LOSS_CHUNKED_NLL; /* trl dpo_trainer.py:959-962, kto_trainer.py:966-972: policy and reference */
     char why[256];
     char trl[16];
-    if (pref && a->loss != MP_LOSS_CHUNKED_NLL) {
+    /* --trainer dpo --loss hf: LLaMA-Factory 0.9.5's CustomDPOTrainer, the model's logits in fp32 and
+     * its get_batch_logps (lower_embed_head.c lower_lf_dpo_loss) */
+    bool lf_dpo = tr == MP_TRAINER_DPO && a->loss == MP_LOSS_HF;
+    if (lf_dpo && a->emit != MP_EMIT_NONE && a->emit != MP_EMIT_DEEPSPEED && a->emit != MP_EMIT_ACCELERATE)
+        return cli_usage_error(c->name, "--emit %s with --trainer dpo --loss hf: LLaMA-Factory's step has no "
+                                        "emitter (--emit hf writes TRL's DPOConfig, whose head is fused)",
+                               mp_emit_str((enum mp_emit)a->emit));
+    if (lf_dpo && a->precompute_ref)
+        return cli_usage_error(c->name, "%s", "--precompute-ref with --trainer dpo --loss hf: LLaMA-Factory's "
+                                              "CustomDPOTrainer computes the reference's log-probs every step "
+                                              "(precompute_ref_log_probs False, train/dpo/trainer.py:70)");
+    if (pref && a->loss != MP_LOSS_CHUNKED_NLL && !lf_dpo) {
         snprintf(why, sizeof why, "--trainer %s: --loss %s: TRL's %sTrainer computes its log-probs through its "
                  "fused LM head (--loss chunked-nll)", tn, mp_loss_str((enum mp_loss)a->loss),
                  mp_trainer_trl_name(tr, trl, sizeof trl));

@@ -866,7 +866,12 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
         const char *refd = ref_desc(c->train->ref);
-        if (c->build->trainer == MP_TRAINER_DPO)
+        if (c->build->trainer == MP_TRAINER_DPO && c->build->loss == MP_LOSS_HF) /* (lower_lf_dpo_loss) */
+            fprintf(out, "trainer   dpo (LLaMA-Factory 0.9.5 CustomDPOTrainer): %llu pair%s, %llu sequences "
+                    "(chosen+rejected);\n          reference %s; loss: get_batch_logps on the model's fp32 logits\n",
+                    (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s",
+                    (unsigned long long)(c->build->batch * 2), refd);
+        else if (c->build->trainer == MP_TRAINER_DPO)
             fprintf(out, "trainer   dpo (TRL 1.16.0 DPOTrainer): %llu pair%s, %llu sequences (chosen+rejected); "
                     "reference %s\n", (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s",
                     (unsigned long long)(c->build->batch * 2), refd);
