@@ -210,8 +210,12 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_GRPO, "vllm_gpu_memory_utilization", F_VLLM_UTIL), /* :656 default 0.3 */
     FACT(B_GRPO, "num_iterations", F_NUM_ITER),           /* :689 default 1 */
     FACT(B_GRPO, "vllm_importance_sampling_correction", F_VLLM_IS), /* :925 default True */
+    /* trl 1.16 generation/vllm_generation.py:365-366, 750-751: sleep(level=2) after each generate
+     * frees the engine's weights and KV cache (its CuMemAllocator pools); what it keeps outside
+     * them through the policy's step (CUDA-graph pools, persistent buffers) is not sized here */
     REFUSE(B_GRPO, "vllm_enable_sleep_mode",
-           "vLLM's sleep mode (its weights and cache offloaded between the phases): " NOT_YET),
+           "vLLM's sleep mode (level 2 between generations: what the engine keeps outside its weights and KV "
+           "cache, its CUDA-graph pools and buffers, is not sized without a GPU): " NOT_YET),
     REFUSE_BUT(B_GRPO, "vllm_tensor_parallel_size", "1", "vLLM's tensor parallelism across the ranks: " NOT_YET),
     REFUSE(B_GRPO, "cast_lm_head_to_fp32", "an fp32 LM head (ScaleRL): " NOT_YET),
     REFUSE(B_GRPO, "use_transformers_paged", "transformers' paged generation: " NOT_YET),
