@@ -388,6 +388,33 @@ static void test_refusals(void **state)
     remove(path);
 }
 
+/* A file read with a trainer: read (where NULL), or refused with one line that starts with the
+ * file and where, and holds why. */
+struct trainer_case {
+    const char *text, *where, *why;
+    enum mp_trainer t;
+};
+
+static void read_cases(const char *path, const struct trainer_case *cases, size_t n)
+{
+    struct mp_diag d = {{0}};
+    for (size_t i = 0; i < n; i++) {
+        write_text(path, cases[i].text);
+        memset(&d, 0, sizeof d);
+        enum mp_status st = mp_recipe_read_as(path, -1, cases[i].t, &r, &d);
+        char head[256];
+        snprintf(head, sizeof head, "%s%s", path, cases[i].where ? cases[i].where : "");
+        bool good = cases[i].where ? st != MP_OK && !strncmp(d.msg, head, strlen(head)) &&
+                                         strstr(d.msg, cases[i].why) && !strchr(d.msg, '\n')
+                                   : st == MP_OK;
+        if (!good) {
+            print_error("case %zu: status %d: got: %s\nwant: %s... %s\n", i, (int)st, d.msg, head,
+                        cases[i].why ? cases[i].why : "(read)");
+            fail();
+        }
+    }
+}
+
 /* Axolotl 0.19's rl: read with the matching --trainer (core/builders/rl.py): TRL's DPOTrainer for
  * dpo and ipo, KTOTrainer for kto, ORPOTrainer for orpo; what it cannot plan refused, one line
  * naming the key */
@@ -409,10 +436,7 @@ static void test_axolotl_rl(void **state)
     expect(FINETUNE, "full", DEFAULT, "adapter", 0);
     expect(LOSS, "chunked-nll", DEFAULT, "(default)", 0);
     unset(PRECOMPUTE_REF);
-    static const struct {
-        const char *text, *where, *why;
-        enum mp_trainer t;
-    } cases[] = {
+    static const struct trainer_case cases[] = {
         {"base_model: m\nrl: ipo\nprecompute_ref_log_probs: true\n", NULL, NULL, MP_TRAINER_DPO},
         {"base_model: m\nrl: orpo\norpo_alpha: 0.1\n", NULL, NULL, MP_TRAINER_ORPO},
         {"base_model: m\nrl: kto\n", ":2: rl: kto:", "read this file with --trainer kto", MP_TRAINER_KTO_APO},
@@ -434,21 +458,7 @@ static void test_axolotl_rl(void **state)
          ":4: plugins:", "under TRL's preference trainers", MP_TRAINER_DPO},
     };
     const char *path = scratch("recipe-axrl.yaml");
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        write_text(path, cases[i].text);
-        memset(&d, 0, sizeof d);
-        enum mp_status st = mp_recipe_read_as(path, -1, cases[i].t, &r, &d);
-        char head[256];
-        snprintf(head, sizeof head, "%s%s", path, cases[i].where ? cases[i].where : "");
-        bool good = cases[i].where ? st != MP_OK && !strncmp(d.msg, head, strlen(head)) &&
-                                         strstr(d.msg, cases[i].why) && !strchr(d.msg, '\n')
-                                   : st == MP_OK;
-        if (!good) {
-            print_error("case %zu: status %d: got: %s\nwant: %s... %s\n", i, (int)st, d.msg, head,
-                        cases[i].why ? cases[i].why : "(read)");
-            fail();
-        }
-    }
+    read_cases(path, cases, sizeof cases / sizeof cases[0]);
     /* a LLaMA-Factory sft file (stage sft by default) with a preference trainer: refused */
     write_text(path, "model_name_or_path: m\nfinetuning_type: lora\n");
     memset(&d, 0, sizeof d);
@@ -481,10 +491,7 @@ static void test_lf_dpo(void **state)
     expect(PRECISION, "bf16-amp", KEY, "bf16", 39); /* bf16 weights, the Trainer's autocast */
     unset(PRECOMPUTE_REF);
     assert_int_equal(r.n_unknown, 0); /* pref_beta, pref_loss sigmoid: read */
-    static const struct {
-        const char *text, *where, *why;
-        enum mp_trainer t;
-    } cases[] = {
+    static const struct trainer_case cases[] = {
         {"model_name_or_path: m\nstage: dpo\nfinetuning_type: full\npure_bf16: true\npref_loss: ipo\n"
          "pref_ftx: 0.5\nuse_reentrant_gc: false\n", NULL, NULL, MP_TRAINER_DPO},
         {"model_name_or_path: m\nstage: dpo\npref_loss: hinge\npref_bco_weight: 0.5\nuse_reentrant_gc: false\n", NULL, NULL, MP_TRAINER_DPO},
@@ -505,21 +512,7 @@ static void test_lf_dpo(void **state)
          "lora and full are", MP_TRAINER_DPO},
     };
     const char *path = scratch("recipe-lfdpo.yaml");
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        write_text(path, cases[i].text);
-        memset(&d, 0, sizeof d);
-        enum mp_status st = mp_recipe_read_as(path, -1, cases[i].t, &r, &d);
-        char head[256];
-        snprintf(head, sizeof head, "%s%s", path, cases[i].where ? cases[i].where : "");
-        bool good = cases[i].where ? st != MP_OK && !strncmp(d.msg, head, strlen(head)) &&
-                                         strstr(d.msg, cases[i].why) && !strchr(d.msg, '\n')
-                                   : st == MP_OK;
-        if (!good) {
-            print_error("case %zu: status %d: got: %s\nwant: %s... %s\n", i, (int)st, d.msg, head,
-                        cases[i].why ? cases[i].why : "(read)");
-            fail();
-        }
-    }
+    read_cases(path, cases, sizeof cases / sizeof cases[0]);
     /* full under pure_bf16: bf16 weights and a bf16 copy, the head the model's logits */
     write_text(path, cases[0].text);
     assert_int_equal(mp_recipe_read_as(path, -1, MP_TRAINER_DPO, &r, &d), MP_OK);
