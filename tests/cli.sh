@@ -1212,8 +1212,8 @@ assert abs(k["fwd_flops"] - 2 * a["fwd_flops"]) <= 1e-9 * k["fwd_flops"], (k["fw
 fi
 expect_line 3 "a KTOConfig at one example a device: refused, naming the key" estimate --trainer kto \
     --recipe tests/data/recipes/trl-kto-batch1.yaml
-expect_line 2 "--trainer dpo --loss hf (DPO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
-    --trainer dpo --loss hf
+expect_line 2 "--trainer kto --loss hf (KTO's head is TRL's fused one; dpo's hf is LLaMA-Factory's)" \
+    estimate models/hf/qwen3-0.6b.json --trainer kto --loss hf
 # under ZeRO-1/2 prepare_deepspeed gives the copy a stage-0 engine: whole on each rank, in the
 # policy's bf16 (494,032,768 parameters x 2 B), its forward as on one GPU
 if [ -n "$HAVE_PY" ]; then
@@ -1614,7 +1614,7 @@ elif [ "$ec" -eq 0 ] && python3 - "$T/out" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 c, ph = d["config"], d["memory"]["phases"]
-assert c["trainer"] == "dpo" and c["loss"] == "hf" and c["reference"] == "adapter", c
+assert c["trainer"] == "dpo" and c["loss"] == "hf" and c["reference"] == "adapter-disabled", c
 r = ph["reference_forward"]
 assert r["tmp_bytes"] == 392291840, r
 assert r["peak_event"] == "reference.forward:head.lm_head.lf_dpo", r
@@ -1632,7 +1632,7 @@ if [ -z "$HAVE_PY" ]; then
 elif [ "$ec" -eq 0 ] && python3 - "$T/out" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))["config"]
-assert c["trainer"] == "dpo" and c["reference"] == "adapter" and c["loss"] == "hf", c
+assert c["trainer"] == "dpo" and c["reference"] == "adapter-disabled" and c["loss"] == "hf", c
 assert c["recipe"]["trainer"] == "LLaMA-Factory 0.9.5 stage: dpo (CustomDPOTrainer, TRL <= 0.24)", c["recipe"]
 assert c["recipe"]["settings"]["loss"] == {"value": "hf", "key": "stage", "line": 8, "source": "recipe"}, c["recipe"]
 PY
@@ -1646,6 +1646,13 @@ expect_msg 3 "--recipe LLaMA-Factory stage: dpo without --trainer: refused, nami
     estimate --recipe tests/data/recipes/llamafactory-dpo-lora.yaml
 expect_msg 2 "--trainer dpo --loss hf --precompute-ref: refused (LLaMA-Factory has none)" \
     "computes the reference's log-probs every step" estimate "$T/lfd.json" --trainer dpo --loss hf --precompute-ref
+run suggest --recipe tests/data/recipes/llamafactory-dpo-lora.yaml --trainer dpo --gpu a100-80gb
+if [ "$ec" -eq 0 ] && grep -qF "# LLaMA-Factory's DPO step (stage: dpo): per_device_train_batch_size:" "$T/out" &&
+    ! grep -qF "DPOConfig" "$T/out"; then
+    ok "suggest --recipe LLaMA-Factory stage: dpo: its YAML's batch keys, no TRL DPOConfig"
+else
+    bad "suggest --recipe LLaMA-Factory stage: dpo: its YAML's batch keys, no TRL DPOConfig"
+fi
 expect_msg 2 "suggest --trainer dpo --loss hf --emit hf: refused (no LLaMA-Factory emitter)" \
     "LLaMA-Factory's step has no emitter" suggest "$T/lfd.json" --trainer dpo --loss hf --gpu a100-80gb --emit hf
 printf 'stage: kto\nmodel_name_or_path: models/hf/qwen2-0.5b.json\nfinetuning_type: lora\n' >"$T/lfk.yaml"

@@ -2231,7 +2231,13 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
                                : "does not fit",
                 (int)i == s->best ? "<- recommended" : "");
     }
-    if (s->best >= 0) { /* (DPO: no torch loop; its DPOConfig) */
+    if (s->best >= 0 && trainer_of(c) == MP_TRAINER_DPO && loss_of(c) == MP_LOSS_HF) {
+        /* LLaMA-Factory's step (lower_lf_dpo_loss): no TRL config runs it */
+        const struct mp_candidate *k = &s->cand[s->best];
+        fprintf(out, "\n# LLaMA-Factory's DPO step (stage: dpo): per_device_train_batch_size: %llu,\n"
+                "# gradient_accumulation_steps: %llu in its YAML (suggest --write-recipe writes them)\n",
+                (unsigned long long)k->micro_batch, (unsigned long long)k->grad_accum);
+    } else if (s->best >= 0) { /* (DPO: no torch loop; its DPOConfig) */
         fprintf(out, "\n");
         snippet(out, c, &s->cand[s->best],
                 mp_trainer_ref_fwds(trainer_of(c)) || s->cand[s->best].par.ep > 1 ? MP_EMIT_HF : MP_EMIT_TORCH);
