@@ -1653,6 +1653,14 @@ if [ "$ec" -eq 0 ] && grep -qF "# LLaMA-Factory's DPO step (stage: dpo): per_dev
 else
     bad "suggest --recipe LLaMA-Factory stage: dpo: its YAML's batch keys, no TRL DPOConfig"
 fi
+expect_msg 2 "--trainer dpo --loss hf --parallel zero3: refused (LLaMA-Factory's own reference preparation)" \
+    "LLaMA-Factory's DPO under ZeRO and FSDP2" estimate "$T/lfd.json" --trainer dpo --loss hf --gpus 2 --parallel zero3
+run suggest "$T/lfd.json" --trainer dpo --loss hf --gpus 2 --gpu a100-80gb
+if [ "$ec" -eq 0 ] && grep -q "^ddp x2 " "$T/out" && ! grep -q "^zero\|^fsdp" "$T/out"; then
+    ok "suggest --trainer dpo --loss hf --gpus 2: DDP only (ZeRO and FSDP2 not modelled for LLaMA-Factory's DPO)"
+else
+    bad "suggest --trainer dpo --loss hf --gpus 2: DDP only (ZeRO and FSDP2 not modelled for LLaMA-Factory's DPO)"
+fi
 expect_msg 2 "suggest --trainer dpo --loss hf --emit hf: refused (no LLaMA-Factory emitter)" \
     "LLaMA-Factory's step has no emitter" suggest "$T/lfd.json" --trainer dpo --loss hf --gpu a100-80gb --emit hf
 printf 'stage: kto\nmodel_name_or_path: models/hf/qwen2-0.5b.json\nfinetuning_type: lora\n' >"$T/lfk.yaml"

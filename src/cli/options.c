@@ -769,7 +769,17 @@ static int check_rules(const struct command *c, struct args *a)
      * (:264-274): partitioned, fetched block by block for its forward (mp_par_z3_ref_bytes).
      * FSDP2 (DPO, KTO): the copy is one fully_shard unit (prepare_fsdp), a PEFT reference the
      * policy's own units.  GRPO's generation from a sharded policy: not modelled yet */
-    if (pref && !mp_trainer_par_modelled(tr, (enum mp_par_strategy)a->par.strategy)) {
+    /* LLaMA-Factory's DPO prepares its reference copy itself (train/dpo/trainer.py:94-109): under
+     * DeepSpeed TRL 0.24's prepare_deepspeed, under FSDP2 accelerate's fsdp2_prepare_model (the
+     * policy's wrap policy, not one unit), under DDP prepare_model(evaluation_mode=True) as TRL */
+    bool lf_sharded = a->par.strategy != MP_PAR_NONE && a->par.strategy != MP_PAR_DDP;
+    if (lf_dpo && lf_sharded) {
+        snprintf(why, sizeof why, "--trainer dpo --loss hf with --parallel %s: LLaMA-Factory's DPO under ZeRO and "
+                 "FSDP2 (its own reference preparation) is not modelled yet (--parallel ddp is)",
+                 mp_par_strategy_str(a->par.strategy));
+        return cli_usage_error(c->name, "%s", why);
+    }
+    if (pref && !mp_trainer_par_modelled(tr, (enum mp_loss)a->loss, (enum mp_par_strategy)a->par.strategy)) {
         snprintf(why, sizeof why, "--trainer %s with --parallel %s: generation from a sharded policy is not modelled "
                  "yet (--parallel ddp is)", tn, mp_par_strategy_str(a->par.strategy));
         return cli_usage_error(c->name, "%s", why);
