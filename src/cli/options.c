@@ -780,8 +780,11 @@ static int check_rules(const struct command *c, struct args *a)
         return cli_usage_error(c->name, "%s", why);
     }
     if (pref && !mp_trainer_par_modelled(tr, (enum mp_loss)a->loss, (enum mp_par_strategy)a->par.strategy)) {
-        snprintf(why, sizeof why, "--trainer %s with --parallel %s: generation from a sharded policy is not modelled "
-                 "yet (--parallel ddp is)", tn, mp_par_strategy_str(a->par.strategy));
+        /* (trl 1.16 models/utils.py unwrap_model_for_generation: ZeRO-3's whole parameters gathered
+         * unless ds3_gather_for_generation is false; FSDP2's summon_full_params, grpo_trainer.py:1868) */
+        snprintf(why, sizeof why, "--trainer %s with --parallel %s: generation from a sharded policy (TRL gathers "
+                 "its whole parameters for generate) is not modelled yet (--parallel ddp is)", tn,
+                 mp_par_strategy_str(a->par.strategy));
         return cli_usage_error(c->name, "%s", why);
     }
     uint64_t least = mp_trainer_min_batch(tr);
