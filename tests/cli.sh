@@ -1286,8 +1286,8 @@ assert abs(k["fwd_flops"] - 2 * a["fwd_flops"]) <= 1e-9 * k["fwd_flops"], (k["fw
 fi
 expect_line 3 "a KTOConfig at one example a device: refused, naming the key" estimate --trainer kto \
     --recipe tests/data/recipes/trl-kto-batch1.yaml
-expect_line 2 "--trainer dpo --loss hf (DPO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
-    --trainer dpo --loss hf
+expect_line 2 "--trainer kto --loss hf (KTO's head is TRL's fused one; dpo's hf is LLaMA-Factory's)" \
+    estimate models/hf/qwen3-0.6b.json --trainer kto --loss hf
 # under ZeRO-1/2 prepare_deepspeed gives the copy a stage-0 engine: whole on each rank, in the
 # policy's bf16 (494,032,768 parameters x 2 B), its forward as on one GPU
 if [ -n "$HAVE_PY" ]; then
@@ -1666,6 +1666,77 @@ printf 'base_model: models/hf/qwen2-0.5b.json\nrl: grpo\ntrl:\n  num_generations
 expect_msg 3 "--recipe Axolotl rl: grpo: refused (Axolotl's own GRPO trainer), naming the key" \
     "axg.yaml:2: rl: grpo: Axolotl's own GRPO trainer" estimate --recipe "$T/axg.yaml" --trainer grpo --seq 512
 
+# LLaMA-Factory's stage: dpo (CustomDPOTrainer): --trainer dpo --loss hf, the model's logits in fp32
+# and get_batch_logps.  Hand-worked on a 1-layer Llama (hidden 256, vocabulary 32000, head_dim 64),
+# 2 pairs (4 rows) x 256, LoRA (the reference: the adapter disabled): the reference forward's own
+# peak is at its head, with L = its fp32 logits 4 x 256 x 32000 x 4 = 131,072,000, log_softmax's
+# output LS = 4 x 255 x 32000 x 4 = 130,560,000 beside CUDA's contiguous copy of logits[:, :-1] (the
+# same) and the batch's three int64 clones (4 x 256 x 24 = 24,576, one block with the copy:
+# 130,584,576), the labels' clone 4 x 255 x 8 -> 8,192, the mask 1,020 -> 1,024, the loss 512, and
+# the rotary tables memplan holds through a forward (cos, sin: 256 x 64 bf16 = 65,536):
+# 392,291,840.  The reference phase stands on what the policy's forward leaves and the policy's L
+# (LLaMA-Factory's get_batch_loss_metrics holds it): its peak less that tmp is at least L.
+printf '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, '\
+'"intermediate_size": 688, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1, '\
+'"vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-05, "hidden_act": "silu", '\
+'"tie_word_embeddings": false, "torch_dtype": "bfloat16"}\n' >"$T/lfd.json"
+run estimate "$T/lfd.json" --trainer dpo --loss hf -b 2 -s 256 -p bf16 -c none -o adamw --workspace 0 \
+    --use-cache off --finetune lora --lora-r 16 --lora-targets all-linear --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--trainer dpo --loss hf: LLaMA-Factory's head, hand-worked (python3 not found)"
+elif [ "$ec" -eq 0 ] && python3 - "$T/out" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+c, ph = d["config"], d["memory"]["phases"]
+assert c["trainer"] == "dpo" and c["loss"] == "hf" and c["reference"] == "adapter-disabled", c
+r = ph["reference_forward"]
+assert r["tmp_bytes"] == 392291840, r
+assert r["peak_event"] == "reference.forward:head.lm_head.lf_dpo", r
+assert r["peak_allocated_bytes"] - r["tmp_bytes"] >= 131072000, r
+assert d["memory"]["peak_allocated_bytes"] == max(r["peak_allocated_bytes"], ph["policy_step"]["peak_allocated_bytes"])
+PY
+then
+    ok "--trainer dpo --loss hf: LLaMA-Factory's head, the reference forward's own peak hand-worked"
+else
+    bad "--trainer dpo --loss hf: LLaMA-Factory's head, the reference forward's own peak hand-worked"
+fi
+run estimate --recipe tests/data/recipes/llamafactory-dpo-lora.yaml --trainer dpo --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--recipe LLaMA-Factory stage: dpo (python3 not found)"
+elif [ "$ec" -eq 0 ] && python3 - "$T/out" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["config"]
+assert c["trainer"] == "dpo" and c["reference"] == "adapter-disabled" and c["loss"] == "hf", c
+assert c["recipe"]["trainer"] == "LLaMA-Factory 0.9.5 stage: dpo (CustomDPOTrainer, TRL <= 0.24)", c["recipe"]
+assert c["recipe"]["settings"]["loss"] == {"value": "hf", "key": "stage", "line": 8, "source": "recipe"}, c["recipe"]
+PY
+then
+    ok "--recipe LLaMA-Factory stage: dpo: CustomDPOTrainer's head (--loss hf), the adapter disabled"
+else
+    bad "--recipe LLaMA-Factory stage: dpo: CustomDPOTrainer's head (--loss hf), the adapter disabled"
+fi
+expect_msg 3 "--recipe LLaMA-Factory stage: dpo without --trainer: refused, naming the key" \
+    "llamafactory-dpo-lora.yaml:8: stage: dpo: LLaMA-Factory's DPO step: read this file with --trainer dpo" \
+    estimate --recipe tests/data/recipes/llamafactory-dpo-lora.yaml
+expect_msg 2 "--trainer dpo --loss hf --precompute-ref: refused (LLaMA-Factory has none)" \
+    "computes the reference's log-probs every step" estimate "$T/lfd.json" --trainer dpo --loss hf --precompute-ref
+run suggest --recipe tests/data/recipes/llamafactory-dpo-lora.yaml --trainer dpo --gpu a100-80gb
+if [ "$ec" -eq 0 ] && grep -qF "# LLaMA-Factory's DPO step (stage: dpo): per_device_train_batch_size:" "$T/out" &&
+    ! grep -qF "DPOConfig" "$T/out"; then
+    ok "suggest --recipe LLaMA-Factory stage: dpo: its YAML's batch keys, no TRL DPOConfig"
+else
+    bad "suggest --recipe LLaMA-Factory stage: dpo: its YAML's batch keys, no TRL DPOConfig"
+fi
+expect_msg 2 "--trainer dpo --loss hf --parallel zero3: refused (LLaMA-Factory's own reference preparation)" \
+    "LLaMA-Factory's DPO under ZeRO and FSDP2" estimate "$T/lfd.json" --trainer dpo --loss hf --gpus 2 --parallel zero3
+run suggest "$T/lfd.json" --trainer dpo --loss hf --gpus 2 --gpu a100-80gb
+if [ "$ec" -eq 0 ] && grep -q "^ddp x2 " "$T/out" && ! grep -q "^zero\|^fsdp" "$T/out"; then
+    ok "suggest --trainer dpo --loss hf --gpus 2: DDP only (ZeRO and FSDP2 not modelled for LLaMA-Factory's DPO)"
+else
+    bad "suggest --trainer dpo --loss hf --gpus 2: DDP only (ZeRO and FSDP2 not modelled for LLaMA-Factory's DPO)"
+fi
+expect_msg 2 "suggest --trainer dpo --loss hf --emit hf: refused (no LLaMA-Factory emitter)" \
+    "LLaMA-Factory's step has no emitter" suggest "$T/lfd.json" --trainer dpo --loss hf --gpu a100-80gb --emit hf
 printf 'stage: kto\nmodel_name_or_path: models/hf/qwen2-0.5b.json\nfinetuning_type: lora\n' >"$T/lfk.yaml"
 expect_msg 3 "--recipe LLaMA-Factory stage: kto: its own trainer (fp32 logits, not TRL's fused head), refused" \
     "lfk.yaml:1: stage: kto: LLaMA-Factory's CustomKTOTrainer" estimate --recipe "$T/lfk.yaml" --trainer kto
@@ -2825,6 +2896,8 @@ if [ -n "$HAVE_PY" ]; then
         "models/hf/qwen2-0.5b.json --trainer dpo -b 2 --grad-accum 4 -s 1024 -p bf16-amp -o adamw -c layers --attention sdpa --use-cache off --finetune lora --lora-r 16 --lora-alpha 32 --lora-dropout 0.05 --lora-targets all-linear"
     same_check "Axolotl rl: kto, full (a reference copy)" "--recipe $R/axolotl-kto-full.yaml --trainer kto" \
         "models/hf/qwen2-0.5b.json --trainer kto -b 4 --grad-accum 2 -s 512 -p bf16-amp -o adamw -c layers --use-cache off"
+    same_check "LLaMA-Factory stage: dpo, LoRA" "--recipe $R/llamafactory-dpo-lora.yaml --trainer dpo" \
+        "models/hf/qwen2-0.5b.json --trainer dpo --loss hf -b 1 --grad-accum 8 -s 1024 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
     same_check "LLaMA-Factory LoRA" "--recipe $R/llamafactory-lora.yaml" \
         "models/hf/llama-3.2-1b.json -b 1 --grad-accum 8 -s 2048 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
     # the command line wins, and the JSON says so

@@ -344,9 +344,9 @@ static void test_refusals(void **state)
          ": use_bnb_nested_quant (the trainer's default): false:", "double-quantized"},
         {"model_name_or_path: m\nload_in_4bit: true\n", ":2: load_in_4bit", "cannot be fully fine-tuned"},
         {"model_name_or_path: m\ndtype: auto\nloss_type: bogus\n", ":3: loss_type: bogus:", "does not model"},
-        /* LLaMA-Factory's own DPO and KTO trainers: the whole logits in fp32, not TRL's fused head */
-        {"stage: dpo\nmodel_name_or_path: m\n", ":1: stage: dpo:", "CustomDPOTrainer"},
-        {"stage: dpo\nmodel_name_or_path: m\npref_loss: simpo\n", ":1: stage: dpo:", "get_batch_logps"},
+        /* LLaMA-Factory's DPO is --trainer dpo's (test_lf_dpo); its KTO trainer: the whole logits in
+         * fp32, not TRL's fused head */
+        {"stage: dpo\nmodel_name_or_path: m\n", ":1: stage: dpo:", "read this file with --trainer dpo"},
         {"stage: kto\nmodel_name_or_path: m\n", ":1: stage: kto:", "CustomKTOTrainer"},
         {"stage: rm\nmodel_name_or_path: m\n", ":1: stage: rm:", "reward, value"},
         {"stage: grpo\nmodel_name_or_path: m\n", ":1: stage: grpo:", "expected sft, pt"},
@@ -388,6 +388,33 @@ static void test_refusals(void **state)
     remove(path);
 }
 
+/* A file read with a trainer: read (where NULL), or refused with one line that starts with the
+ * file and where, and holds why. */
+struct trainer_case {
+    const char *text, *where, *why;
+    enum mp_trainer t;
+};
+
+static void read_cases(const char *path, const struct trainer_case *cases, size_t n)
+{
+    struct mp_diag d = {{0}};
+    for (size_t i = 0; i < n; i++) {
+        write_text(path, cases[i].text);
+        memset(&d, 0, sizeof d);
+        enum mp_status st = mp_recipe_read_as(path, -1, cases[i].t, &r, &d);
+        char head[256];
+        snprintf(head, sizeof head, "%s%s", path, cases[i].where ? cases[i].where : "");
+        bool good = cases[i].where ? st != MP_OK && !strncmp(d.msg, head, strlen(head)) &&
+                                         strstr(d.msg, cases[i].why) && !strchr(d.msg, '\n')
+                                   : st == MP_OK;
+        if (!good) {
+            print_error("case %zu: status %d: got: %s\nwant: %s... %s\n", i, (int)st, d.msg, head,
+                        cases[i].why ? cases[i].why : "(read)");
+            fail();
+        }
+    }
+}
+
 /* Axolotl 0.19's rl: read with the matching --trainer (core/builders/rl.py): TRL's DPOTrainer for
  * dpo and ipo, KTOTrainer for kto, ORPOTrainer for orpo; what it cannot plan refused, one line
  * naming the key */
@@ -409,10 +436,7 @@ static void test_axolotl_rl(void **state)
     expect(FINETUNE, "full", DEFAULT, "adapter", 0);
     expect(LOSS, "chunked-nll", DEFAULT, "(default)", 0);
     unset(PRECOMPUTE_REF);
-    static const struct {
-        const char *text, *where, *why;
-        enum mp_trainer t;
-    } cases[] = {
+    static const struct trainer_case cases[] = {
         {"base_model: m\nrl: ipo\nprecompute_ref_log_probs: true\n", NULL, NULL, MP_TRAINER_DPO},
         {"base_model: m\nrl: orpo\norpo_alpha: 0.1\n", NULL, NULL, MP_TRAINER_ORPO},
         {"base_model: m\nrl: kto\n", ":2: rl: kto:", "read this file with --trainer kto", MP_TRAINER_KTO_APO},
@@ -434,21 +458,7 @@ static void test_axolotl_rl(void **state)
          ":4: plugins:", "under TRL's preference trainers", MP_TRAINER_DPO},
     };
     const char *path = scratch("recipe-axrl.yaml");
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        write_text(path, cases[i].text);
-        memset(&d, 0, sizeof d);
-        enum mp_status st = mp_recipe_read_as(path, -1, cases[i].t, &r, &d);
-        char head[256];
-        snprintf(head, sizeof head, "%s%s", path, cases[i].where ? cases[i].where : "");
-        bool good = cases[i].where ? st != MP_OK && !strncmp(d.msg, head, strlen(head)) &&
-                                         strstr(d.msg, cases[i].why) && !strchr(d.msg, '\n')
-                                   : st == MP_OK;
-        if (!good) {
-            print_error("case %zu: status %d: got: %s\nwant: %s... %s\n", i, (int)st, d.msg, head,
-                        cases[i].why ? cases[i].why : "(read)");
-            fail();
-        }
-    }
+    read_cases(path, cases, sizeof cases / sizeof cases[0]);
     /* a LLaMA-Factory sft file (stage sft by default) with a preference trainer: refused */
     write_text(path, "model_name_or_path: m\nfinetuning_type: lora\n");
     memset(&d, 0, sizeof d);
@@ -462,6 +472,53 @@ static void test_axolotl_rl(void **state)
     write_text(path, cases[1].text);
     assert_int_equal(mp_recipe_read_as(path, -1, MP_TRAINER_ORPO, &r, &d), MP_OK);
     unset(LOSS);
+    remove(path);
+}
+
+/* LLaMA-Factory 0.9.5's stage: dpo read with --trainer dpo: its CustomDPOTrainer's step is --loss hf
+ * (the model's logits, lower_lf_dpo_loss); its reference follows finetuning_type (create_ref_model);
+ * what changes memory and is not planned refused, one line naming the key */
+static void test_lf_dpo(void **state)
+{
+    (void)state;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_recipe_read_as(D "llamafactory-dpo-lora.yaml", -1, MP_TRAINER_DPO, &r, &d), MP_OK);
+    assert_string_equal(r.trainer, "LLaMA-Factory 0.9.5 stage: dpo (CustomDPOTrainer, TRL <= 0.24)");
+    expect(LOSS, "hf", KEY, "stage", 8);
+    expect(FINETUNE, "lora", KEY, "finetuning_type", 10);
+    expect(SEQ, "1024", KEY, "cutoff_len", 20);
+    expect(BATCH, "1", KEY, "per_device_train_batch_size", 33);
+    expect(PRECISION, "bf16-amp", KEY, "bf16", 39); /* bf16 weights, the Trainer's autocast */
+    unset(PRECOMPUTE_REF);
+    assert_int_equal(r.n_unknown, 0); /* pref_beta, pref_loss sigmoid: read */
+    static const struct trainer_case cases[] = {
+        {"model_name_or_path: m\nstage: dpo\nfinetuning_type: full\npure_bf16: true\npref_loss: ipo\n"
+         "pref_ftx: 0.5\nuse_reentrant_gc: false\n", NULL, NULL, MP_TRAINER_DPO},
+        {"model_name_or_path: m\nstage: dpo\npref_loss: hinge\npref_bco_weight: 0.5\nuse_reentrant_gc: false\n", NULL, NULL, MP_TRAINER_DPO},
+        {"model_name_or_path: m\nstage: dpo\nuse_reentrant_gc: false\n", ":2: stage: dpo:", "read this file with --trainer dpo",
+         MP_TRAINER_KTO},
+        {"model_name_or_path: m\nstage: dpo\npref_loss: simpo\nuse_reentrant_gc: false\n", ":3: pref_loss: simpo:", "without a reference",
+         MP_TRAINER_DPO},
+        {"model_name_or_path: m\nstage: dpo\npref_loss: orpo\nuse_reentrant_gc: false\n", ":3: pref_loss: orpo:", "use_ref_model false",
+         MP_TRAINER_DPO},
+        {"model_name_or_path: m\nstage: dpo\nld_alpha: 0.5\nuse_reentrant_gc: false\n", ":3: ld_alpha: 0.5:", "LD-DPO", MP_TRAINER_DPO},
+        {"model_name_or_path: m\nstage: dpo\nref_model: other\nuse_reentrant_gc: false\n", ":3: ref_model: other:", "of its own",
+         MP_TRAINER_DPO},
+        {"model_name_or_path: m\nstage: dpo\nref_model_quantization_bit: 4\nuse_reentrant_gc: false\n", ":3: ref_model_quantization_bit: 4:",
+         "quantized reference", MP_TRAINER_DPO},
+        {"model_name_or_path: m\nstage: dpo\nfinetuning_type: full\nbf16: true\nuse_reentrant_gc: false\n", ":3: finetuning_type: full:",
+         "bf16 reference copy", MP_TRAINER_DPO},
+        {"model_name_or_path: m\nstage: dpo\nfinetuning_type: freeze\nuse_reentrant_gc: false\n", ":3: finetuning_type: freeze:",
+         "lora and full are", MP_TRAINER_DPO},
+    };
+    const char *path = scratch("recipe-lfdpo.yaml");
+    read_cases(path, cases, sizeof cases / sizeof cases[0]);
+    /* full under pure_bf16: bf16 weights and a bf16 copy, the head the model's logits */
+    write_text(path, cases[0].text);
+    assert_int_equal(mp_recipe_read_as(path, -1, MP_TRAINER_DPO, &r, &d), MP_OK);
+    expect(FINETUNE, "full", KEY, "finetuning_type", 3);
+    expect(PRECISION, "bf16", KEY, "pure_bf16", 4);
+    expect(LOSS, "hf", KEY, "stage", 2);
     remove(path);
 }
 
@@ -674,7 +731,7 @@ int main(void)
         cmocka_unit_test(test_llamafactory_lora), cmocka_unit_test(test_llamafactory_defaults),
         cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_loss_heads),   cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_optimizer_hf_names), cmocka_unit_test(test_write_recipe),
-        cmocka_unit_test(test_trl_grpo),         cmocka_unit_test(test_axolotl_rl),
+        cmocka_unit_test(test_trl_grpo),         cmocka_unit_test(test_axolotl_rl), cmocka_unit_test(test_lf_dpo),
     };
     return cmocka_run_group_tests_name("recipe", tests, NULL, NULL);
 }

@@ -153,6 +153,9 @@ FIGURES = {
     # dpo_step.py: the reference forward's peak (memory.phases, --trainer dpo)
     "ref_forward_peak": lambda d: _memory(d)["phases"]["reference_forward"]["peak_allocated_bytes"]
     - _memory(d)["workspace_bytes"],
+    # lf_dpo_step.py: the policy's own step (its forward and backward, the reference's forward apart)
+    "policy_step_peak": lambda d: _memory(d)["phases"]["policy_step"]["peak_allocated_bytes"]
+    - _memory(d)["workspace_bytes"],
     # grpo_step.py: transformers' generate call's peak (memory.phases, --trainer grpo)
     "generation_peak": lambda d: _memory(d)["phases"]["generation"]["peak_allocated_bytes"]
     - _memory(d)["workspace_bytes"],

@@ -195,7 +195,8 @@ static const struct opt OPTS[] = {
              "forward (default on)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
      .help = ": the causal LM's loss head (default hf; cce: Axolotl's Cut Cross-Entropy, bf16 weights; "
-             "torchtune: its LinearCrossEntropyLoss, no autocast; docs: man memplan)"},
+             "torchtune: its LinearCrossEntropyLoss, no autocast; --trainer dpo --loss hf: LLaMA-Factory's DPO "
+             "step; docs: man memplan)"},
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
      .help = "share of label positions not -100 (prompt masking; default 1): chunked-nll and "
              "torchtune gather only those, cce keeps per-token state for them; hf and liger unaffected"},
@@ -741,7 +742,18 @@ static int check_rules(const struct command *c, struct args *a)
         a->loss = MP_LOSS_CHUNKED_NLL; /* trl dpo_trainer.py:959-962, kto_trainer.py:966-972: policy and reference */
     char why[256];
     char trl[16];
-    if (pref && a->loss != MP_LOSS_CHUNKED_NLL) {
+    /* --trainer dpo --loss hf: LLaMA-Factory 0.9.5's CustomDPOTrainer, the model's logits in fp32 and
+     * its get_batch_logps (lower_embed_head.c lower_lf_dpo_loss) */
+    bool lf_dpo = tr == MP_TRAINER_DPO && a->loss == MP_LOSS_HF;
+    if (lf_dpo && a->emit != MP_EMIT_NONE && a->emit != MP_EMIT_DEEPSPEED && a->emit != MP_EMIT_ACCELERATE)
+        return cli_usage_error(c->name, "--emit %s with --trainer dpo --loss hf: LLaMA-Factory's step has no "
+                                        "emitter (--emit hf writes TRL's DPOConfig, whose head is fused)",
+                               mp_emit_str((enum mp_emit)a->emit));
+    if (lf_dpo && a->precompute_ref)
+        return cli_usage_error(c->name, "%s", "--precompute-ref with --trainer dpo --loss hf: LLaMA-Factory's "
+                                              "CustomDPOTrainer computes the reference's log-probs every step "
+                                              "(precompute_ref_log_probs False, train/dpo/trainer.py:70)");
+    if (pref && a->loss != MP_LOSS_CHUNKED_NLL && !lf_dpo) {
         snprintf(why, sizeof why, "--trainer %s: --loss %s: TRL's %sTrainer computes its log-probs through its "
                  "fused LM head (--loss chunked-nll)", tn, mp_loss_str((enum mp_loss)a->loss),
                  mp_trainer_trl_name(tr, trl, sizeof trl));
@@ -787,9 +799,22 @@ static int check_rules(const struct command *c, struct args *a)
      * (:264-274): partitioned, fetched block by block for its forward (mp_par_z3_ref_bytes).
      * FSDP2 (DPO, KTO): the copy is one fully_shard unit (prepare_fsdp), a PEFT reference the
      * policy's own units.  GRPO's generation from a sharded policy: not modelled yet */
-    if (pref && !mp_trainer_par_modelled(tr, (enum mp_par_strategy)a->par.strategy)) {
-        snprintf(why, sizeof why, "--trainer %s with --parallel %s: generation from a sharded policy is not modelled "
-                 "yet (--parallel ddp is)", tn, mp_par_strategy_str(a->par.strategy));
+    /* LLaMA-Factory's DPO prepares its reference copy itself (train/dpo/trainer.py:94-109): under
+     * DeepSpeed TRL 0.24's prepare_deepspeed, under FSDP2 accelerate's fsdp2_prepare_model (the
+     * policy's wrap policy, not one unit), under DDP prepare_model(evaluation_mode=True) as TRL */
+    bool lf_sharded = a->par.strategy != MP_PAR_NONE && a->par.strategy != MP_PAR_DDP;
+    if (lf_dpo && lf_sharded) {
+        snprintf(why, sizeof why, "--trainer dpo --loss hf with --parallel %s: LLaMA-Factory's DPO under ZeRO and "
+                 "FSDP2 (its own reference preparation) is not modelled yet (--parallel ddp is)",
+                 mp_par_strategy_str(a->par.strategy));
+        return cli_usage_error(c->name, "%s", why);
+    }
+    if (pref && !mp_trainer_par_modelled(tr, (enum mp_loss)a->loss, (enum mp_par_strategy)a->par.strategy)) {
+        /* (trl 1.16 models/utils.py unwrap_model_for_generation: ZeRO-3's whole parameters gathered
+         * unless ds3_gather_for_generation is false; FSDP2's summon_full_params, grpo_trainer.py:1868) */
+        snprintf(why, sizeof why, "--trainer %s with --parallel %s: generation from a sharded policy (TRL gathers "
+                 "its whole parameters for generate) is not modelled yet (--parallel ddp is)", tn,
+                 mp_par_strategy_str(a->par.strategy));
         return cli_usage_error(c->name, "%s", why);
     }
     uint64_t least = mp_trainer_min_batch(tr);

@@ -616,7 +616,8 @@ static enum mp_status ref_forward(const struct mp_program *policy, const struct 
 }
 
 /* The step's peak as the larger of its two phases (e's policy figures, c's forward end): the
- * reference's forward on top of what the policy's forward holds (DPO, KTO), or on the resident
+ * reference's forward on top of what the policy's forward holds (DPO, KTO; with what the trainer
+ * holds besides, p->ref_held_bytes: LLaMA-Factory's logits), or on the resident
  * state alone where it runs before the policy's (GRPO: the replay's setup, no gradients). */
 static enum mp_status ref_phases(const struct mp_program *p, const struct mp_train_opts *t, const struct counter *c,
                                  struct mp_estimate *e, struct mp_diag *d)
@@ -630,7 +631,7 @@ static enum mp_status ref_phases(const struct mp_program *p, const struct mp_tra
     uint64_t w = e->ref_weights_bytes, pol, ref, res, req;
     uint64_t pre = c->fwd_start - (t->gen_grads ? 0 : c->setup_grads);
     if (!mp_add_u64(c->peak, w, &pol) || !mp_add_u64(t->ref_before_policy ? pre : c->before_loss, w, &ref) ||
-        !mp_add_u64(ref, e->ref_forward_tmp_bytes, &ref) ||
+        !mp_add_u64(ref, e->ref_forward_tmp_bytes, &ref) || !mp_add_u64(ref, p->ref_held_bytes, &ref) ||
         !mp_add_u64(mp_max_u64(c->as.peak_reserved, c->peak), w, &res) || !mp_add_u64(c->peak_req, w, &req))
         return peak_overflow(p, t, d);
     e->policy_peak_bytes = pol;

@@ -111,9 +111,12 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
     return mp_par_is_fsdp(s) || s == MP_PAR_ZERO3;
 }
 
-bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_par_strategy s)
+bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_loss loss, enum mp_par_strategy s)
 {
-    return !mp_trainer_ref_fwds(tr) || s == MP_PAR_NONE || s == MP_PAR_DDP || tr != MP_TRAINER_GRPO;
+    /* GRPO's generation from a sharded policy; LLaMA-Factory's DPO (--loss hf) and its own
+     * reference preparation under ZeRO and FSDP2: not modelled */
+    bool one_or_ddp = tr == MP_TRAINER_GRPO || (tr == MP_TRAINER_DPO && loss == MP_LOSS_HF);
+    return !one_or_ddp || s == MP_PAR_NONE || s == MP_PAR_DDP;
 }
 
 const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2, zero3, fsdp, fsdp-no-reshard"; }

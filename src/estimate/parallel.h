@@ -95,9 +95,10 @@ void mp_parallel_default(struct mp_parallel *p);
 uint64_t mp_par_world(const struct mp_parallel *p);
 bool mp_par_sharded_params(enum mp_par_strategy s); /* zero3, fsdp, fsdp-no-reshard */
 /* A trainer with a reference or generation (DPO, KTO, GRPO) under strategy s: DDP for all; ZeRO
- * and FSDP2 for DPO and KTO (their reference copy whole, partitioned, or one FSDP2 unit); not
- * GRPO's generation from a sharded policy. */
-bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_par_strategy s);
+ * and FSDP2 for TRL's DPO and KTO (their reference copy whole, partitioned, or one FSDP2 unit); not
+ * GRPO's generation from a sharded policy, nor LLaMA-Factory's DPO (--loss hf: its own reference
+ * preparation). */
+bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_loss loss, enum mp_par_strategy s);
 bool mp_par_is_fsdp(enum mp_par_strategy s);
 bool mp_par_is_deepspeed(enum mp_par_strategy s);
 

@@ -775,13 +775,15 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     bool fused = false;
     for (size_t k = 0; k < p->n_nodes && !fused; k++)
         fused = p->nodes[k].prim == MP_P_FUSED_LOSS;
-    if (!failed(&B) && !fused && (o->loss != MP_LOSS_HF || o->trainer == MP_TRAINER_ORPO)) {
+    bool own = o->trainer == MP_TRAINER_ORPO || o->trainer == MP_TRAINER_DPO; /* (their loss on the logits) */
+    if (!failed(&B) && !fused && (o->loss != MP_LOSS_HF || own)) {
         B.layer = NULL;
         B.prefix[0] = 0;
         if (o->loss != MP_LOSS_HF)
             fail_model(&B, MP_ERR_USAGE, "--loss %s: the model has no causal LM head (lm_head)", mp_loss_str(o->loss));
         else
-            fail_model(&B, MP_ERR_USAGE, "%s", "--trainer orpo: the model has no causal LM head (lm_head)");
+            fail_model(&B, MP_ERR_USAGE, "--trainer %s: the model has no causal LM head (lm_head)",
+                       mp_trainer_str(o->trainer));
     }
     if (failed(&B)) {
         enum mp_status st = B.st;

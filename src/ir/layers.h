@@ -473,6 +473,9 @@ struct mp_program {
     int buffers[MP_BUFFERS_MAX]; /* non-persistent module buffers, resident like the batch (rotary
                                     inv_freq and original_inv_freq, fp32) */
     bool explicit_loss;          /* last block computes the loss (lm_head / classifier) */
+    uint64_t ref_held_bytes;     /* what the trainer's Python holds of the policy's forward through its
+                                    reference forward beyond the saved tensors (LLaMA-Factory's DPO:
+                                    the fp32 logits, lower_embed_head.c lower_lf_dpo_loss); 0: none */
     const char *probe_unsupported; /* what no executor runs (MoE routing, latent attention): the probe
                                     refuses the program, naming it; NULL: everything runs */
     uint64_t total_params;

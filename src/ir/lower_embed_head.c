@@ -7,6 +7,7 @@
 
 static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 static struct val lower_orpo_loss(struct bld *B, struct val logits, const struct mp_layer *l, const char *nm);
+static struct val lower_lf_dpo_loss(struct bld *B, struct val logits, const struct mp_layer *l, const char *nm);
 
 /* Cross-entropy as PyTorch runs it: an fp32 upcast of half logits, log_softmax, nll_loss.
  * upcast: HF's causal-LM loss (ForCausalLMLoss) and token classification call
@@ -318,6 +319,14 @@ struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, 
         if (B->amp && dt_of(B, logits) != MP_DT_F32)
             logits = cast_to(B, logits, MP_DT_F32, "logits_fp32");
         return lower_orpo_loss(B, logits, l, nm);
+    }
+    if (B->p->opts.trainer == MP_TRAINER_DPO) { /* --loss hf: LLaMA-Factory's step on the model's logits */
+        /* llamafactory 0.9.5 train/dpo/trainer.py:230: `.logits.to(torch.float32)`, a copy of half
+         * logits (under amp accelerate's convert_outputs_to_fp32 has made it already); the half
+         * ones die with the model's output */
+        if (dt_of(B, logits) != MP_DT_F32)
+            logits = cast_to(B, logits, MP_DT_F32, "logits_fp32");
+        return lower_lf_dpo_loss(B, logits, l, nm);
     }
     /* masked LMs call nn.CrossEntropyLoss on the logits (BertForMaskedLM & co.) */
     return lower_loss(B, logits, "loss", !l->head.masked, B->m->input == MP_INPUT_TOKENS && !l->head.masked);
@@ -702,6 +711,39 @@ static void torchtune_lce(struct bld *B, struct mp_node *n, const char *nm, uint
     n->bwd_flops = (wt ? 2.0 : 1.0) * mm + 5.0 * (double)N * (double)v;
 }
 
+/* The node of a trainer's loss on the model's logits (ORPO's, LLaMA-Factory's DPO; opt names its
+ * options, who the step): a decoder-only causal LM's, its rows chosen/rejected pairs, else refused.
+ * NULL when refused or out of memory; en gets the node's name (nm.tag), *y its scalar output. */
+static struct mp_node *pair_loss_node(struct bld *B, struct val logits, const struct mp_layer *l, const char *nm,
+                                      const char *tag, const char *opt, const char *who, char *en, size_t cap,
+                                      struct val *y)
+{
+    *y = logits;
+    if (failed(B))
+        return NULL;
+    if (l->t5.on || l->head.masked || B->m->input != MP_INPUT_TOKENS) {
+        fail_model(B, MP_ERR_USAGE, "%s: %s: not modelled (%s on a decoder-only causal LM only)", opt,
+                   l->t5.on ? "an encoder-decoder model" : l->head.masked ? "a masked-LM head" : "a non-token model",
+                   who);
+        return NULL;
+    }
+    if (B->b < 2 || B->b % 2) {
+        fail_model(B, MP_ERR_USAGE, "%s: chosen and rejected rows come in pairs (%llu rows)", opt,
+                   (unsigned long long)B->b);
+        return NULL;
+    }
+    snprintf(en, cap, "%s.%s", nm, tag);
+    uint64_t shape[1] = {1};
+    *y = new_val(B, en, MP_DT_F32, 1, shape, true);
+    struct mp_node *n = new_node(B, MP_P_FUSED_LOSS, en);
+    if (!n)
+        return NULL;
+    n->in[0] = logits.t;
+    n->in[1] = B->p->labels;
+    n->out = y->t;
+    return n;
+}
+
 /* TRL's ORPO loss on the model's logits (trl 1.16.0 experimental/orpo/orpo_trainer.py; CUDA path),
  * one node reading the logits L (b x s x V, b the chosen and rejected rows; under amp the fp32 copy
  * accelerate makes, lower_lm_head) whose bytes follow the source op by op.  It runs after the model
@@ -726,18 +768,11 @@ static void torchtune_lce(struct bld *B, struct mp_node *n, const char *nm, uint
  * orpo_step.py: the order and each phase, InplaceTracker.) */
 static struct val lower_orpo_loss(struct bld *B, struct val logits, const struct mp_layer *l, const char *nm)
 {
-    if (failed(B))
-        return logits;
-    if (l->t5.on || l->head.masked || B->m->input != MP_INPUT_TOKENS) {
-        fail_model(B, MP_ERR_USAGE, "--trainer orpo: %s: not modelled (ORPO on a decoder-only causal LM only)",
-                   l->t5.on ? "an encoder-decoder model" : l->head.masked ? "a masked-LM head" : "a non-token model");
-        return logits;
-    }
-    if (B->b < 2 || B->b % 2) {
-        fail_model(B, MP_ERR_USAGE, "--trainer orpo: chosen and rejected rows come in pairs (%llu rows)",
-                   (unsigned long long)B->b);
-        return logits;
-    }
+    char en[112];
+    struct val y;
+    struct mp_node *n = pair_loss_node(B, logits, l, nm, "orpo", "--trainer orpo", "ORPO", en, sizeof en, &y);
+    if (!n)
+        return y;
     uint64_t V = last_dim(logits), s = B->s, half = B->b / 2;
     enum mp_dtype ldt = dt_of(B, logits); /* every logits-sized tensor's (outside autocast) */
     uint64_t ld = mp_dtype_size(ldt);
@@ -747,16 +782,6 @@ static struct val lower_orpo_loss(struct bld *B, struct val logits, const struct
     uint64_t c = mul(B, mul(B, n1, V), ld); /* C, the contiguous chosen copy; LS and each NLL-branch gradient */
     uint64_t g1 = mul(B, mul(B, n2, V), ld);                    /* the function's grad_logits */
     uint64_t z1 = mul(B, mul(B, mul(B, half, s), V), ld);       /* SliceBackward0 of the chosen rows' shift */
-    char en[112];
-    snprintf(en, sizeof en, "%s.orpo", nm);
-    uint64_t shape[1] = {1};
-    struct val y = new_val(B, en, MP_DT_F32, 1, shape, true);
-    struct mp_node *n = new_node(B, MP_P_FUSED_LOSS, en);
-    if (!n)
-        return y;
-    n->in[0] = logits.t;
-    n->in[1] = B->p->labels;
-    n->out = y.t;
     save(n, logits.t); /* the function's view of L */
     kept(B, n, en, "log_softmax", ldt, mul(B, n1, V), MP_XR_LOSS_SAVED);
     kept(B, n, en, "nll_target", MP_DT_I64, n1, MP_XR_LOSS_SAVED);
@@ -780,6 +805,53 @@ static struct val lower_orpo_loss(struct bld *B, struct val logits, const struct
     double mv = (double)n2 * (double)V;
     n->fwd_flops = 6.0 * mv; /* log-softmax and the NLL's on half the rows, the fused log-probs */
     n->bwd_flops = 6.0 * mv;
+    B->p->explicit_loss = true;
+    return y;
+}
+
+/* LLaMA-Factory 0.9.5's DPO step on the model's fp32 logits L (b = 2 x the pairs rows of s
+ * positions, vocabulary V): concatenated_forward (train/dpo/trainer.py:219-252) after
+ * nested_detach's clones of the batch (:227, trainer_utils.py:829-845: input_ids, attention_mask,
+ * labels, b x s int64 each, alive through the forward), then get_batch_logps
+ * (trainer_utils.py:592-636): labels[:, 1:].clone() (b(s-1) int64, gather's index), the loss mask
+ * (b(s-1) bool, the mul's saved operand), log_softmax over the view L[:, :-1] (not contiguous: a
+ * contiguous copy C, b(s-1) x V fp32, beside its output LS, which LogSoftmaxBackward0 keeps), the
+ * gather (b(s-1)), the mask's product and the sums.  L itself is saved by nothing: the trainer's
+ * get_batch_loss_metrics holds it (model_output's chosen/rejected_logits, :286-311) through the
+ * reference forward and lets go of it as it returns, before backward (p->ref_held_bytes).
+ * Backward, in the engine's order: MulBackward0, GatherBackward0 (zeros G1 the size of LS,
+ * scatter_add), LogSoftmaxBackward0 (G2, LS's size; LS, G1 die after it), SliceBackward0 (zeros
+ * Z of L's size, b x s x V fp32, G2 copied in), then the cast's ToCopyBackward0.  The replay's
+ * moment for the node holds what it keeps (LS) and Z, its input's gradient; bwd_tmp is the
+ * largest phase above that: LS + G1 + G2, or G2 + Z.  Every pref_loss of the reference's kind
+ * (sigmoid, hinge, ipo, kto_pair) runs this head; what the loss adds is b-sized.
+ * (bench/accuracy/lf_dpo_step.py: each phase; docs/memory-facts.md#lf-dpo.) */
+static struct val lower_lf_dpo_loss(struct bld *B, struct val logits, const struct mp_layer *l, const char *nm)
+{
+    char en[112];
+    struct val y;
+    struct mp_node *n = pair_loss_node(B, logits, l, nm, "lf_dpo", "--trainer dpo --loss hf", "LLaMA-Factory's DPO",
+                                       en, sizeof en, &y);
+    if (!n)
+        return y;
+    uint64_t V = last_dim(logits), s = B->s;
+    uint64_t sm1 = s > 0 ? s - 1 : 0;
+    uint64_t n2 = mul(B, B->b, sm1);    /* the positions after the shift */
+    uint64_t Lb = T(B, logits.t)->bytes; /* L, and Z */
+    uint64_t c = mul3(B, n2, V, 4);      /* C, LS, G1, G2 */
+    kept(B, n, en, "index", MP_DT_I64, n2, MP_XR_LOSS_SAVED);
+    kept(B, n, en, "loss_mask", MP_DT_U8, n2, MP_XR_LOSS_SAVED);
+    kept(B, n, en, "log_softmax", MP_DT_F32, mul(B, n2, V), MP_XR_LOSS_SAVED);
+    /* forward: the batch's three clones beside C while log_softmax runs */
+    tmp_one(B, n, false, MP_TR_OTHER, add(B, mul3(B, B->b, s, 3 * 8), c));
+    uint64_t worst = mp_max_u64(mul(B, c, 3), add(B, c, Lb));
+    tmp_one(B, n, true, MP_TR_OTHER, beyond(worst, c, Lb));
+    B->p->ref_held_bytes = Lb;
+    n->rows = n2;
+    n->n = V;
+    double mv = (double)n2 * (double)V;
+    n->fwd_flops = 5.0 * mv; /* log-softmax (4) and the contiguous copy */
+    n->bwd_flops = 4.0 * mv; /* the gather's zeros and scatter, log-softmax's (3) */
     B->p->explicit_loss = true;
     return y;
 }

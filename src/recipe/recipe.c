@@ -1081,10 +1081,13 @@ static bool derive_axolotl_rl(struct reader *rd)
 }
 
 /* LLaMA-Factory 0.9.5's stage (hparams/finetuning_args.py): sft and pt train the model alone; dpo
- * and kto run LLaMA-Factory's own trainers over TRL's (train/dpo/trainer.py CustomDPOTrainer,
- * train/kto/trainer.py CustomKTOTrainer: Trainer.__init__ directly, their own forward), which take
- * the model's whole logits, cast them to fp32 and log_softmax them (trainer_utils.py
- * get_batch_logps), where memplan's --trainer dpo and kto plan TRL 1.16's fused head */
+ * runs LLaMA-Factory's CustomDPOTrainer (train/dpo/trainer.py, over TRL <= 0.24's DPOTrainer,
+ * whose compute_loss calls its get_batch_loss_metrics): the model's whole logits cast to fp32 and
+ * get_batch_logps (trainer_utils.py:592-636), planned by --trainer dpo --loss hf
+ * (lower_embed_head.c lower_lf_dpo_loss).  Its reference (workflow.py:56-63, trainer_utils.py
+ * create_ref_model:116-148): under finetuning_type lora none, the adapter disabled
+ * (compute_reference_log_probs, trainer.py:262-264); otherwise the model loaded again in the
+ * compute dtype, frozen.  kto runs CustomKTOTrainer: refused. */
 static void derive_lf_stage(struct reader *rd)
 {
     const struct fact_val *st = rd->f[F_LF_STAGE].set ? &rd->f[F_LF_STAGE] : NULL;
@@ -1094,12 +1097,29 @@ static void derive_lf_stage(struct reader *rd)
                    "this stage trains the model alone: drop --trainer %s", trainer_name(rd->trainer));
         return;
     }
+    if (!strcmp(st->v, "dpo")) {
+        if (rd->trainer != MP_TRAINER_DPO) {
+            refuse(rd, fact_key(rd, F_LF_STAGE), st->line, st->v, "%s",
+                   "LLaMA-Factory's DPO step: read this file with --trainer dpo");
+            return;
+        }
+        struct fact_val t1, t2;
+        const struct fact_val *ft = fact(rd, F_PEFT, &t1);
+        int pure = fact_truth(rd, F_PURE_BF16);
+        const struct fact_val *bf = fact(rd, F_BF16, &t2);
+        if (ft && !strcmp(ft->v, "full") && pure != 1 && bf && truth(bf->v) == 1)
+            /* adapter.py:313 upcasts the trainable weights to fp32; the reference stays in bf16 */
+            refuse(rd, fact_key(rd, F_PEFT), ft->line, ft->v, "%s",
+                   "a bf16 reference copy (create_ref_model: the compute dtype) beside fp32 trainable weights "
+                   "(bf16 without pure_bf16): not modelled yet (pure_bf16: true is)");
+        else if (ft && strcmp(ft->v, "full") && strcmp(ft->v, "lora"))
+            refuse(rd, fact_key(rd, F_PEFT), ft->line, ft->v, "%s",
+                   "LLaMA-Factory's DPO with this fine-tuning type: not modelled yet (lora and full are)");
+        put(rd, MP_RS_LOSS, "hf", F_LF_STAGE); /* (the model's logits: --trainer dpo --loss hf) */
+        return;
+    }
     const char *why =
-        !strcmp(st->v, "dpo")
-            ? "LLaMA-Factory's CustomDPOTrainer (train/dpo/trainer.py) runs its own forward: the whole logits cast to "
-              "fp32 and log-softmaxed (trainer_utils.py get_batch_logps), not TRL's fused head --trainer dpo plans, "
-              "for every pref_loss (sigmoid, hinge, ipo, kto_pair, orpo, simpo): not modelled yet"
-        : !strcmp(st->v, "kto")
+        !strcmp(st->v, "kto")
             ? "LLaMA-Factory's CustomKTOTrainer (train/kto/trainer.py) runs its own forward: the whole logits cast to "
               "fp32 and log-softmaxed for the batch and its KL rows (trainer_utils.py get_batch_logps), not TRL's "
               "fused head --trainer kto plans: not modelled yet"
@@ -1149,7 +1169,8 @@ static void derive(struct reader *rd)
         /* (Axolotl hands precompute_ref_log_probs to DPOConfig alone: dpo/__init__.py DPOStrategy) */
         if (fact_truth(rd, F_PRECOMPUTE) == 1 && (!axrl || rd->trainer == MP_TRAINER_DPO))
             put(rd, MP_RS_PRECOMPUTE_REF, "true", F_PRECOMPUTE);
-    } else if (!(rd->fmt_bit & B_ORPO) && !axrl) /* (ORPO: the model's logits and its own loss, hf's head) */
+    } else if (!(rd->fmt_bit & (B_ORPO | B_LFDPO)) && !axrl) /* (ORPO, LLaMA-Factory's DPO: the model's logits
+                                                               and the trainer's loss, hf's head) */
         derive_loss(rd);
     derive_packing(rd);
     derive_act_offload(rd, adapters);
@@ -1245,6 +1266,8 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
     r->trainer = ax && t == MP_TRAINER_DPO   ? "Axolotl 0.19.0 rl: dpo / ipo (TRL 1.16.0 DPOTrainer)"
                  : ax && t == MP_TRAINER_KTO ? "Axolotl 0.19.0 rl: kto (TRL 1.16.0 KTOTrainer)"
                  : ax && t == MP_TRAINER_ORPO ? "Axolotl 0.19.0 rl: orpo (TRL 1.16.0 ORPOTrainer)"
+                 : r->format == MP_RF_LLAMAFACTORY && t == MP_TRAINER_DPO
+                     ? "LLaMA-Factory 0.9.5 stage: dpo (CustomDPOTrainer, TRL <= 0.24)"
                  : dpo  ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)"
                  : kto  ? "TRL 1.16.0 KTOTrainer (KTOConfig + ModelConfig)"
                  : grpo ? "TRL 1.16.0 GRPOTrainer (GRPOConfig + ModelConfig)"
@@ -1258,7 +1281,8 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
     rd->fmt_bit = 1u << r->format | (dpo ? (unsigned)B_DPO : 0u) | (kto ? (unsigned)B_KTO : 0u) |
                   (ax && t != MP_TRAINER_SFT ? (unsigned)B_AXRL : 0u) |
                   (kto && t == MP_TRAINER_KTO_APO ? (unsigned)B_KTO_APO : 0u) | (grpo ? (unsigned)B_GRPO : 0u) |
-                  (orpo ? (unsigned)B_ORPO : 0u);
+                  (orpo ? (unsigned)B_ORPO : 0u) |
+                  (r->format == MP_RF_LLAMAFACTORY && t == MP_TRAINER_DPO ? (unsigned)B_LFDPO : 0u);
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(&doc, p->key), *v = yaml_document_get_node(&doc, p->value);
         if (k && v)

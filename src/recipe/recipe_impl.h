@@ -84,7 +84,8 @@ enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL
        B_KTO_APO = 128, /* ... with --trainer kto-apo (loss_type apo_zero_unpaired): its rows come first */
        B_GRPO = 256, /* a TRL file read as GRPOConfig (--trainer grpo): likewise */
        B_ORPO = 512, /* a TRL file read as ORPOConfig (--trainer orpo): likewise */
-       B_AXRL = 1024 /* an Axolotl file read with --trainer dpo, kto or orpo (its rl:): likewise */ };
+       B_AXRL = 1024, /* an Axolotl file read with --trainer dpo, kto or orpo (its rl:): likewise */
+       B_LFDPO = 2048 /* a LLaMA-Factory file read with --trainer dpo (stage: dpo): likewise */ };
 
 struct key_row {
     unsigned fmts;

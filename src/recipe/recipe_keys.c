@@ -145,6 +145,17 @@ const struct key_row mp_recipe_keys[] = {
                "a second copy of the model as the reference beside the adapter's policy (train.py "
                "setup_reference_model): " NOT_YET),
     REFUSE_BUT(B_AXRL, "trl.sync_ref_model", "false False null", "the reference synced with the policy: " NOT_YET),
+    /* LLaMA-Factory 0.9.5's DPO keys (hparams/finetuning_args.py RLHFArguments), read with --trainer
+     * dpo: the loss's figures act on b-sized log-probs (train/dpo/trainer.py:150-216) */
+    NOMEM(B_LFDPO, "pref_beta"), NOMEM(B_LFDPO, "pref_ftx"), NOMEM(B_LFDPO, "dpo_label_smoothing"),
+    NOMEM(B_LFDPO, "simpo_gamma"), NOMEM(B_LFDPO, "pref_bco_weight"),
+    REFUSE_BUT(B_LFDPO, "pref_loss", "sigmoid hinge ipo kto_pair",
+               "orpo and simpo run without a reference (use_ref_model false, finetuning_args.py:574): "
+               NOT_YET " (sigmoid, hinge, ipo and kto_pair are)"),
+    REFUSE_BUT(B_LFDPO, "ld_alpha", "null", "LD-DPO's front and rear masks (trainer_utils.py:615-632): " NOT_YET),
+    REFUSE_BUT(B_LFDPO, "ref_model", "null", "a reference model of its own (create_ref_model): " NOT_YET),
+    REFUSE_BUT(B_LFDPO, "ref_model_adapters", "null", "a reference model of its own (create_ref_model): " NOT_YET),
+    REFUSE_BUT(B_LFDPO, "ref_model_quantization_bit", "null", "a quantized reference model: " NOT_YET),
     /* DPOConfig (trl 1.16.0 trainer/dpo_config.py), read with --trainer dpo: first, so that they win */
     FLAG(B_DPO, "precompute_ref_log_probs", F_PRECOMPUTE, "true"), /* :227; dpo_trainer.py:909-914 */
     /* the precompute pass runs before training (dpo_trainer.py:1013-1018), the policy alone, no grad */
@@ -199,8 +210,12 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_GRPO, "vllm_gpu_memory_utilization", F_VLLM_UTIL), /* :656 default 0.3 */
     FACT(B_GRPO, "num_iterations", F_NUM_ITER),           /* :689 default 1 */
     FACT(B_GRPO, "vllm_importance_sampling_correction", F_VLLM_IS), /* :925 default True */
+    /* trl 1.16 generation/vllm_generation.py:365-366, 750-751: sleep(level=2) after each generate
+     * frees the engine's weights and KV cache (its CuMemAllocator pools); what it keeps outside
+     * them through the policy's step (CUDA-graph pools, persistent buffers) is not sized here */
     REFUSE(B_GRPO, "vllm_enable_sleep_mode",
-           "vLLM's sleep mode (its weights and cache offloaded between the phases): " NOT_YET),
+           "vLLM's sleep mode (level 2 between generations: what the engine keeps outside its weights and KV "
+           "cache, its CUDA-graph pools and buffers, is not sized without a GPU): " NOT_YET),
     REFUSE_BUT(B_GRPO, "vllm_tensor_parallel_size", "1", "vLLM's tensor parallelism across the ranks: " NOT_YET),
     REFUSE(B_GRPO, "cast_lm_head_to_fp32", "an fp32 LM head (ScaleRL): " NOT_YET),
     REFUSE(B_GRPO, "use_transformers_paged", "transformers' paged generation: " NOT_YET),

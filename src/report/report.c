@@ -878,7 +878,12 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
         const char *refd = ref_desc(c->train->ref);
-        if (c->build->trainer == MP_TRAINER_DPO)
+        if (c->build->trainer == MP_TRAINER_DPO && c->build->loss == MP_LOSS_HF) /* (lower_lf_dpo_loss) */
+            fprintf(out, "trainer   dpo (LLaMA-Factory 0.9.5 CustomDPOTrainer): %llu pair%s, %llu sequences "
+                    "(chosen+rejected);\n          reference %s; loss: get_batch_logps on the model's fp32 logits\n",
+                    (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s",
+                    (unsigned long long)(c->build->batch * 2), refd);
+        else if (c->build->trainer == MP_TRAINER_DPO)
             fprintf(out, "trainer   dpo (TRL 1.16.0 DPOTrainer): %llu pair%s, %llu sequences (chosen+rejected); "
                     "reference %s\n", (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s",
                     (unsigned long long)(c->build->batch * 2), refd);
@@ -2254,7 +2259,13 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
                 k->recompute_pct, k->samples_per_s, last ? " " : "", last ? last : "");
     }
-    if (s->best >= 0) { /* (DPO: no torch loop; its DPOConfig) */
+    if (s->best >= 0 && trainer_of(c) == MP_TRAINER_DPO && loss_of(c) == MP_LOSS_HF) {
+        /* LLaMA-Factory's step (lower_lf_dpo_loss): no TRL config runs it */
+        const struct mp_candidate *k = &s->cand[s->best];
+        fprintf(out, "\n# LLaMA-Factory's DPO step (stage: dpo): per_device_train_batch_size: %llu,\n"
+                "# gradient_accumulation_steps: %llu in its YAML (suggest --write-recipe writes them)\n",
+                (unsigned long long)k->micro_batch, (unsigned long long)k->grad_accum);
+    } else if (s->best >= 0) { /* (DPO: no torch loop; its DPOConfig) */
         fprintf(out, "\n");
         snippet(out, c, &s->cand[s->best],
                 mp_trainer_ref_fwds(trainer_of(c)) || s->cand[s->best].par.ep > 1 ? MP_EMIT_HF : MP_EMIT_TORCH);

@@ -321,11 +321,19 @@ static enum mp_status splice(struct tl *s, int what)
             st = mp_fail(s->d, MP_ERR_RANGE, "%s: sizes overflow 64 bits", s->p->model->path);
         struct mp_event g = {.kind = MP_EV_ALLOC, .store = MP_ST_COMM, .bytes = gather, .node = -1,
                              .phase = splice_phase(s, what)};
+        /* what the trainer holds of the policy's forward beside it (LLaMA-Factory's fp32 logits) */
+        struct mp_event h = {.kind = MP_EV_ALLOC, .store = MP_ST_ACT, .bytes = s->p->ref_held_bytes, .node = -1,
+                             .phase = splice_phase(s, what)};
+        bool held = what == SPLICE_REF && h.bytes;
         if (st == MP_OK && gather)
             st = on_event(s, &g);
+        if (st == MP_OK && held)
+            st = on_event(s, &h);
         if (st == MP_OK)
             st = mp_replay_nograd_forward(s->p, &rt, what == SPLICE_REF, splice_event, s, s->d);
-        g.kind = MP_EV_FREE;
+        g.kind = h.kind = MP_EV_FREE;
+        if (st == MP_OK && held)
+            st = on_event(s, &h);
         if (st == MP_OK && gather)
             st = on_event(s, &g);
     }

@@ -1205,7 +1205,7 @@ static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
     return mp_par_finetune_modelled(s, base->build.ft.mode, base->train.optimizer) &&
            !mp_par_quant_unmodelled(s, qz) &&
            !mp_par_fused_head_unmodelled(s, base->build.ft.mode, base->build.loss) &&
-           mp_trainer_par_modelled(base->build.trainer, s);
+           mp_trainer_par_modelled(base->build.trainer, base->build.loss, s);
 }
 
 /* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block
