@@ -7,6 +7,8 @@
  */
 #include "report.h"
 
+#include "search/nccl.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -479,6 +481,23 @@ static size_t sac_kept_ops(const struct mp_program *p, uint64_t keep, char names
     return m;
 }
 
+/* NCCL's bytes per rank as the fit counted them (search.c: mp_fit_eval). */
+static void nccl_of(const struct mp_report_ctx *c, const struct mp_estimate *e, struct mp_nccl_est *n)
+{
+    static const struct mp_gpu none;
+    memset(n, 0, sizeof *n);
+    if (e->world > 1)
+        mp_nccl_estimate(c->gpu ? c->gpu : &none, c->train ? c->train->par : NULL, c->train ? c->train->nccl : NULL, n);
+}
+
+/* Whether the context's figure holds NCCL's buffers. */
+static bool nccl_shown(const struct mp_report_ctx *c, const struct mp_estimate *e)
+{
+    struct mp_nccl_est n;
+    nccl_of(c, e, &n);
+    return n.bytes > 0;
+}
+
 static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp_estimate *e)
 {
     cJSON *m = cJSON_AddObjectToObject(r, "memory");
@@ -573,8 +592,11 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
         ju64(m, "buffers_bytes", e->buffers_bytes);
         ju64(m, "host_bytes", e->host_bytes);
         ju64(m, "nvme_bytes", e->nvme_bytes);
-        /* NCCL's communicator memory, from the profile (in overhead_bytes); 0 = not counted */
-        ju64(m, "nccl_overhead_bytes", e->world > 1 && c->gpu ? c->gpu->nccl_overhead_bytes : 0);
+        /* NCCL's communicator memory (in overhead_bytes): the profile's figure or the model's
+         * (search/nccl.h); 0 = not counted */
+        struct mp_nccl_est nc;
+        nccl_of(c, e, &nc);
+        ju64(m, "nccl_overhead_bytes", nc.bytes);
         if (e->ep > 1) { /* --ep: the experts' share of the per-rank figures */
             cJSON *x = cJSON_AddObjectToObject(m, "experts");
             ju64(x, "ep", e->ep);
@@ -1144,12 +1166,14 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
         if (e->comm_s > 0 || e->offload_s > 0)
             fprintf(out, "  time per step      collectives %.3f s (%.3f s not hidden by compute), offload %.3f s\n",
                     e->comm_s, e->exposed_comm_s, e->offload_s);
-        if (e->world > 1 && c->gpu && c->gpu->nccl_overhead_bytes)
-            fprintf(out, "  NCCL buffers       %12s   (profile nccl_overhead_mib; counted in the context below)\n",
-                    B(c->gpu->nccl_overhead_bytes));
+        struct mp_nccl_est nc;
+        char nd[128];
+        nccl_of(c, e, &nc);
+        if (e->world > 1 && nc.counted)
+            fprintf(out, "  NCCL buffers       %12s   (%s)\n", B(nc.bytes),
+                    mp_nccl_describe(&nc, nd, sizeof nd));
         else if (e->world > 1)
-            fprintf(out, "  NCCL buffers       not counted (%s): they come on top\n",
-                    c->gpu ? "profile nccl_overhead_mib = 0, not measured" : "no GPU profile");
+            fprintf(out, "  NCCL buffers       not counted (%s): they come on top\n", c->gpu ? nc.why : "no GPU profile");
     }
     char tn[16];
     if (c->train && c->train->ref == MP_REF_COPY) {
@@ -1198,7 +1222,10 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     } else
         fprintf(out, "peak reserved        %12s   (= allocated: the allocator is not simulated for a model this "
                 "long)\n", B(e->peak_reserved_bytes));
-    fprintf(out, "CUDA context         %12s\n", B(e->overhead_bytes));
+    if (nccl_shown(c, e))
+        fprintf(out, "CUDA context         %12s   (with NCCL's buffers)\n", B(e->overhead_bytes));
+    else
+        fprintf(out, "CUDA context         %12s\n", B(e->overhead_bytes));
     fprintf(out, "peak device          %12s   (allocated + context: what the GPU must have free)\n",
             B(e->peak_device_bytes));
     uint64_t dev;

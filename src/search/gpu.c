@@ -4,6 +4,7 @@
 #include "json/json.h"
 #include "model/model.h"
 #include "probe/probe.h"
+#include "search/nccl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -72,7 +73,7 @@ void mp_gpu_from_vram(uint64_t bytes, struct mp_gpu *g)
  * them (keys starting with "_" or "comment" are ignored). */
 #define PROFILE_KEYS                                                                                              \
     "name description memory_mib usable_fraction compute_capability tflops bandwidth_gbs cuda_context_mib "       \
-    "cublas_workspace_bytes nvlink_gbs pcie_gbs ib_gbs nccl_overhead_mib sm_count"
+    "cublas_workspace_bytes nvlink_gbs pcie_gbs ib_gbs nccl_overhead_mib nccl_channels sm_count"
 #define PROFILE_MIB_MAX (UINT64_C(1) << 30)  /* memory, context, NCCL buffers: at most 1 PiB */
 #define PROFILE_BYTES_MAX (UINT64_C(1) << 50) /* the cuBLAS workspace */
 #define PROFILE_RATE_MAX 1e6                  /* TFLOP/s and GB/s */
@@ -179,9 +180,11 @@ static enum mp_status read_profile(const cJSON *root, struct mp_gpu *g, const ch
         return st;
     if (g->nccl_overhead_bytes > g->memory_bytes)
         return mp_fail(d, MP_ERR_MODEL, "%s: nccl_overhead_mib: more than memory_mib", path);
-    uint64_t sms = 0;
-    if ((st = mp_json_u64(root, "sm_count", false, PROFILE_SMS_MAX, &sms, path, "", d)) != MP_OK)
+    uint64_t sms = 0, ch = 0;
+    if ((st = mp_json_u64(root, "sm_count", false, PROFILE_SMS_MAX, &sms, path, "", d)) != MP_OK ||
+        (st = mp_json_u64(root, "nccl_channels", false, MP_NCCL_MAXCHANNELS, &ch, path, "", d)) != MP_OK)
         return st;
+    g->nccl_channels = (unsigned)ch;
     g->sm_count = (unsigned)sms;
     g->sm_threads = mp_cc_sm_threads(g->cc_major, g->cc_minor);
     return MP_OK;

@@ -26,7 +26,9 @@ struct mp_gpu {
     double nvlink_gbs;            /* GPU-GPU inside a node (0: peers talk over PCIe) */
     double pcie_gbs;              /* host <-> GPU (offload traffic) */
     double ib_gbs;                /* between nodes, per GPU (InfiniBand / RoCE NIC share) */
-    uint64_t nccl_overhead_bytes; /* NCCL communicator buffers, outside the caching allocator */
+    uint64_t nccl_overhead_bytes; /* NCCL communicator buffers, outside the caching allocator: a
+                                     measured figure (0: modelled from nccl_channels, search/nccl.h) */
+    unsigned nccl_channels;       /* NCCL's collective channels on this GPU's usual node (0: unknown) */
 };
 
 /* Resident threads per SM of compute capability major.minor (the CUDA C++ Programming Guide's
