@@ -597,6 +597,17 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
         struct mp_nccl_est nc;
         nccl_of(c, e, &nc);
         ju64(m, "nccl_overhead_bytes", nc.bytes);
+        cJSON *nj = cJSON_AddObjectToObject(m, "nccl");
+        const struct mp_nccl_env *ne = c->train ? c->train->nccl : NULL;
+        cJSON_AddStringToObject(nj, "source", !nc.counted ? "none" : nc.profile ? "profile" : "model");
+        cJSON_AddStringToObject(nj, "why", c->gpu ? nc.why : "no GPU profile");
+        ju64(nj, "comms", nc.comms);
+        ju64(nj, "channels", nc.channels);
+        ju64(nj, "peers", nc.peers);
+        ju64(nj, "peer_bytes", nc.peer_bytes);
+        ju64(nj, "nvls_bytes", nc.nvls_bytes);
+        ju64(nj, "buffsize_bytes", ne ? ne->buff[2] : MP_NCCL_SIMPLE_BYTES);
+        cJSON_AddStringToObject(nj, "env", ne ? ne->set : "");
         if (e->ep > 1) { /* --ep: the experts' share of the per-rank figures */
             cJSON *x = cJSON_AddObjectToObject(m, "experts");
             ju64(x, "ep", e->ep);
