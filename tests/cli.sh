@@ -2211,6 +2211,15 @@ assert a["overhead_bytes"] - b["overhead_bytes"] == 96 << 20
         bad "NCCL_NVLS_ENABLE=0 and NCCL_BUFFSIZE=1048576 honoured: 576 MiB, then 480 MiB per rank"
     fi
 fi
+# check decides with NCCL's bytes: an H100 of 1300 MiB holds the 8-rank DDP step (about 300 MiB
+# reserved, 520 MiB context) without NVLS's 256 MiB (576 MiB of ring/tree buffers), not with it.
+sed 's/"memory_mib": 81559/"memory_mib": 1300/' configs/gpus/h100-80gb.json >"$T/h100-small.json"
+expect 1 "check 8 x DDP on a 1300 MiB H100: NCCL's 832 MiB leave it short" \
+    check models/tiny-test.json --batch 1 --parallel ddp --gpus 8 --gpu "$T/h100-small.json"
+export NCCL_NVLS_ENABLE=0
+expect 0 "check 8 x DDP on a 1300 MiB H100 with NCCL_NVLS_ENABLE=0: fits" \
+    check models/tiny-test.json --batch 1 --parallel ddp --gpus 8 --gpu "$T/h100-small.json"
+unset NCCL_NVLS_ENABLE
 export NCCL_BUFFSIZE=4M
 expect_msg 2 "NCCL_BUFFSIZE=4M refused" "NCCL_BUFFSIZE: '4M' is not a whole number" $NH
 unset NCCL_BUFFSIZE

@@ -98,6 +98,8 @@ static void test_profile_refused(void **state)
         {"{" BASE ", \"nccl_overhead_mib\": 1e300}", MP_ERR_RANGE,
          ": nccl_overhead_mib: 1e+300 is too large (at most 1073741824)"},
         {"{" BASE ", \"nccl_overhead_mib\": 2048}", MP_ERR_MODEL, ": nccl_overhead_mib: more than memory_mib"},
+        {"{" BASE ", \"nccl_channels\": 65}", MP_ERR_RANGE, ": nccl_channels: 65 is too large (at most 64)"}, /* NCCL's MAXCHANNELS 64 */
+        {"{" BASE ", \"nccl_channels\": 1.5}", MP_ERR_MODEL, ": nccl_channels: expected a non-negative integer"},
         /* memory_mib 1e-9 was 0 bytes, and suggest's report read a null profile */
         {"{\"name\": \"x\", \"memory_mib\": 1e-9}", MP_ERR_MODEL, ": memory_mib: expected a positive integer"},
         {"{\"name\": \"x\", \"memory_mib\": 0}", MP_ERR_MODEL, ": memory_mib: expected a positive integer"},
@@ -182,7 +184,7 @@ static void test_profile_values(void **state)
     struct mp_diag d;
     char path[128];
     assert_int_equal(load_text("{\"name\": \"big\", \"memory_mib\": 1073741824, \"cuda_context_mib\": 300,"
-                               " \"nccl_overhead_mib\": 64, \"cublas_workspace_bytes\": 33554432,"
+                               " \"nccl_overhead_mib\": 64, \"nccl_channels\": 24, \"cublas_workspace_bytes\": 33554432,"
                                " \"usable_fraction\": 0.9, \"compute_capability\": \"12.10\","
                                " \"tflops\": {\"fp32\": 1.5, \"tf32\": 0, \"bf16\": 2, \"fp16\": null},"
                                " \"nvlink_gbs\": 0, \"pcie_gbs\": 64, \"ib_gbs\": 50, \"bandwidth_gbs\": 3350,"
@@ -194,6 +196,7 @@ static void test_profile_values(void **state)
     assert_true(g.memory_bytes == UINT64_C(1) << 50); /* 2^30 MiB */
     assert_true(g.context_bytes == UINT64_C(300) * 1048576);
     assert_true(g.nccl_overhead_bytes == UINT64_C(64) * 1048576);
+    assert_int_equal(g.nccl_channels, 24);
     assert_true(g.workspace_bytes == UINT64_C(33554432));
     assert_true(g.usable_fraction == 0.9);
     assert_int_equal(g.cc_major, 12);
@@ -209,7 +212,7 @@ static void test_profile_values(void **state)
     assert_true(g.context_bytes == UINT64_C(500) * 1048576);
     assert_true(g.workspace_bytes == 8519680);
     assert_true(g.usable_fraction == 1.0 && g.pcie_gbs == 16 && g.ib_gbs == 12.5 && g.nvlink_gbs == 0);
-    assert_true(g.nccl_overhead_bytes == 0 && g.cc_major == 0);
+    assert_true(g.nccl_overhead_bytes == 0 && g.cc_major == 0 && g.nccl_channels == 0);
 }
 
 /* The bundled profiles all load (help gpus lists them); a100-80gb as its file says. */
