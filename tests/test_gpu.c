@@ -215,6 +215,37 @@ static void test_profile_values(void **state)
     assert_true(g.nccl_overhead_bytes == 0 && g.cc_major == 0 && g.nccl_channels == 0);
 }
 
+/* The context table (docs/memory-facts.md#cuda-context): sm90 771 MiB (H200, torch 2.11 + CUDA
+ * 13.0, at a step's end), sm89 426 MiB (RTX 6000 Ada, torch 2.10 + CUDA 13.0); a profile without
+ * cuda_context_mib takes its compute capability's row, else 500 MiB; its own figure wins. */
+static void test_context_table(void **state)
+{
+    (void)state;
+    const char *stack = NULL, *source = NULL;
+    assert_true(mp_cc_context_bytes(9, 0, &stack, &source) == UINT64_C(771) * 1048576);
+    assert_string_equal(stack, "torch 2.11 + CUDA 13.0");
+    assert_non_null(strstr(source, "gpu-2026-11-28.md"));
+    assert_true(mp_cc_context_bytes(8, 9, NULL, NULL) == UINT64_C(426) * 1048576);
+    assert_true(mp_cc_context_bytes(8, 0, NULL, NULL) == 0);
+    struct mp_gpu g;
+    struct mp_diag d;
+    char path[128];
+    static const struct {
+        const char *text;
+        uint64_t mib;
+    } cases[] = {
+        {"{\"name\": \"a\", \"memory_mib\": 1024, \"compute_capability\": \"9.0\"}", 771},
+        {"{\"name\": \"a\", \"memory_mib\": 1024, \"compute_capability\": \"8.9\"}", 426},
+        {"{\"name\": \"a\", \"memory_mib\": 1024, \"compute_capability\": \"8.0\"}", 500},
+        {"{\"name\": \"a\", \"memory_mib\": 1024}", 500},
+        {"{\"name\": \"a\", \"memory_mib\": 1024, \"compute_capability\": \"9.0\", \"cuda_context_mib\": 300}", 300},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(load_text(cases[i].text, &g, &d, path, sizeof path), MP_OK);
+        assert_true(g.context_bytes == cases[i].mib * 1048576);
+    }
+}
+
 /* The bundled profiles all load (help gpus lists them); a100-80gb as its file says. */
 static void test_profile_bundled(void **state)
 {
@@ -240,6 +271,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_profile_refused, make_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_profile_values, make_dir, remove_dir),
         cmocka_unit_test(test_profile_bundled),
+        cmocka_unit_test_setup_teardown(test_context_table, make_dir, remove_dir),
         cmocka_unit_test(test_from_device_without_one),
         cmocka_unit_test(test_from_device_with_one),
     };

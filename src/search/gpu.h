@@ -35,6 +35,12 @@ struct mp_gpu {
  * table of technical specifications), 0 for one not in it. */
 unsigned mp_cc_sm_threads(int major, int minor);
 
+/* The CUDA context a PyTorch process holds on a GPU of compute capability major.minor (beyond the
+ * caching allocator), from the table of published or measured figures (docs/memory-facts.md#cuda-context);
+ * 0 for one without a row; *stack and *source (when not NULL) name the row's torch + CUDA and
+ * where the figure comes from.  A profile without cuda_context_mib and the local device take it. */
+uint64_t mp_cc_context_bytes(int major, int minor, const char **stack, const char **source);
+
 /* Capacity available to the trainer: memory * usable_fraction. */
 uint64_t mp_gpu_capacity(const struct mp_gpu *g);
 /* Dense TFLOP/s for a precision policy's matmul dtype (0 = unsupported, e.g. bf16 on a T4). */
