@@ -895,6 +895,26 @@ assert "sdpa_kernel" not in c, c' "$T/out"; then
 else
     bad "--torch 2.11 under amp-bf16: half q/k/v, a fused kernel (no sdpa_kernel)"
 fi
+# SDPA's kernel on the target (docs/memory-facts.md#sdpa-backend): Llama 3.2 1B (head dim 64, no
+# mask) in bf16 runs cuDNN attention on an H100 (sm90), flash on an A100 (sm80); fp16 on a V100
+# (sm70) the memory-efficient kernel; bf16 on a T4 (sm75) math.  Without a target: not said.
+for gk in h100-80gb:amp-bf16:cudnn a100-80gb:amp-bf16:flash v100-16gb:amp-fp16:efficient t4:amp-bf16:math; do
+    g=${gk%%:*}; k=${gk##*:}; pr=${gk#*:}; pr=${pr%%:*}
+    run estimate models/hf/llama-3.2-1b.json --batch 1 --seq 128 --gpu "$g" --precision "$pr" --json
+    if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["config"]
+assert c["sdpa_kernel"] == sys.argv[2], c.get("sdpa_kernel")' "$T/out" "$k" 2>"$T/why"; then
+        ok "estimate --gpu $g --precision $pr: config.sdpa_kernel $k"
+    else
+        bad "estimate --gpu $g --precision $pr: config.sdpa_kernel $k"
+    fi
+done
+run estimate models/hf/llama-3.2-1b.json --batch 1 --seq 128 --gpu h100-80gb
+if [ "$ec" -eq 0 ] && tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "SDPA kernel cuDNN attention (torch 2.15 on sm90, bf16, head dim 64)"; then
+    ok "estimate --gpu h100-80gb: the defaults line names cuDNN attention"
+else
+    echo "expected 'SDPA kernel cuDNN attention (torch 2.15 on sm90, bf16, head dim 64)' on the defaults line" >"$T/why"
+    bad "estimate --gpu h100-80gb: the defaults line names cuDNN attention"
+fi
 run estimate models/hf/llama-3.2-1b.json --seq 128 --head seq-cls --num-labels 5 --json
 if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["model"]
 # LlamaForSequenceClassification: the base model and score = Linear(2048, 5, bias=False)

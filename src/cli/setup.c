@@ -437,6 +437,8 @@ static int setup_target(const struct args *a, struct setup *s, bool need_target,
     s->train.cublas_workspace_bytes = s->gpu.workspace_bytes;
     s->build.sm_count = s->gpu.sm_count;
     s->build.sm_threads = s->gpu.sm_threads;
+    s->build.cc_major = s->gpu.cc_major;
+    s->build.cc_minor = s->gpu.cc_minor;
     return 0;
 }
 
@@ -708,6 +710,16 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
     c->head = a->head >= 0 ? mp_head_str((enum mp_head)a->head) : NULL;
     c->num_labels = a->num_labels;
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
+    /* SDPA's kernel on the target (its compute capability known): the first SDPA layer's */
+    if (prog && prog->sdpa_backend != MP_SDPA_UNKNOWN && !prog->sdpa_math) {
+        static const char *const what[] = {"", "cuDNN attention", "flash attention", "memory-efficient attention",
+                                           "math"};
+        size_t l = strlen(c->defaults);
+        snprintf(c->defaults + l, sizeof c->defaults - l, "%sSDPA kernel %s (torch 2.15 on sm%d%d, %s, head dim %llu%s)",
+                 l ? ", " : "", what[prog->sdpa_backend], s->gpu.cc_major, s->gpu.cc_minor,
+                 mp_dtype_str(prog->sdpa_dtype), (unsigned long long)prog->sdpa_head_dim,
+                 prog->sdpa_backend == MP_SDPA_MATH ? "; counted as a fused kernel's bytes" : "");
+    }
 }
 
 struct mp_job cli_job_of(struct setup *s, struct args *a)

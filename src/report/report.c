@@ -353,6 +353,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         if (c->prog &&
             c->prog->sdpa_math) /* SDPA's kernel, where it is not a fused one (ir lower_attention.c sdpa_math) */
             cJSON_AddStringToObject(cf, "sdpa_kernel", "math");
+        else if (c->prog && c->prog->sdpa_backend != MP_SDPA_UNKNOWN) /* with a target: the one torch picks */
+            cJSON_AddStringToObject(cf, "sdpa_kernel", mp_sdpa_backend_str((enum mp_sdpa_backend)c->prog->sdpa_backend));
         cJSON_AddStringToObject(cf, "loss", mp_loss_str(c->build->loss));
         cJSON_AddNumberToObject(cf, "label_fraction", c->build->label_fraction);
         if (packing_of(c)) { /* (only with packing: the output without it is as it was) */
