@@ -2240,6 +2240,16 @@ export NCCL_NVLS_ENABLE=0
 expect 0 "check 8 x DDP on a 1300 MiB H100 with NCCL_NVLS_ENABLE=0: fits" \
     check models/tiny-test.json --batch 1 --parallel ddp --gpus 8 --gpu "$T/h100-small.json"
 unset NCCL_NVLS_ENABLE
+# the timeline's context (stacked under the allocations, the reserved line over it) names
+# NCCL's share of it
+run estimate models/tiny-test.json --batch 1 --parallel ddp --gpus 8 --gpu h100-80gb --timeline "$T/nccl.svg"
+if [ "$ec" -eq 0 ] && grep -q "CUDA context 1.32 GiB (NCCL&apos;s buffers 832.00 MiB of it)" "$T/nccl.svg" &&
+    grep -q 'id="reserved"' "$T/nccl.svg"; then
+    ok "--timeline with 8 x H100 DDP: the legend's context names NCCL's 832 MiB, the reserved line drawn"
+else
+    echo "expected the legend 'CUDA context 1.32 GiB (NCCL's buffers 832.00 MiB of it)' and the reserved line" >"$T/why"
+    bad "--timeline with 8 x H100 DDP: the legend's context names NCCL's 832 MiB, the reserved line drawn"
+fi
 export NCCL_BUFFSIZE=4M
 expect_msg 2 "NCCL_BUFFSIZE=4M refused" "NCCL_BUFFSIZE: '4M' is not a whole number" $NH
 unset NCCL_BUFFSIZE
