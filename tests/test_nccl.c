@@ -201,6 +201,34 @@ static void test_not_counted_and_profile(void **state)
     assert_true(n.counted && n.bytes == 0);
 }
 
+/* NCCL_P2P_READ_ENABLE=1 on an H100 with NCCL_BUFFSIZE=1 MiB: Simple's buffer on the sender,
+ * receive 4,096 + LL + LL128 = 5,443,584 -> 6 MiB, send 4,096 + 1 MiB -> 2 MiB: 8 MiB a peer
+ * (10 MiB without read: receive 6,492,160 -> 8 MiB).  A variable that changes transports or
+ * algorithms leaves the buffers not counted, named. */
+static void test_read_override_and_unmodelled(void **state)
+{
+    (void)state;
+    struct mp_gpu g = h100();
+    struct mp_parallel p = par(MP_PAR_DDP, 8, 1);
+    static const char *const kv[] = {"NCCL_P2P_READ_ENABLE", "1", "NCCL_BUFFSIZE", "1048576", NULL};
+    struct mp_nccl_env e = env_of(kv);
+    struct mp_nccl_est n;
+    mp_nccl_estimate(&g, &p, &e, &n);
+    assert_true(n.read && n.peer_bytes == 8 * MIB);
+    static const char *const kv0[] = {"NCCL_BUFFSIZE", "1048576", NULL};
+    e = env_of(kv0);
+    mp_nccl_estimate(&g, &p, &e, &n);
+    assert_true(!n.read && n.peer_bytes == 10 * MIB);
+    static const char *const algo[] = {"NCCL_ALGO", "Ring", NULL};
+    e = env_of(algo);
+    mp_nccl_estimate(&g, &p, &e, &n);
+    assert_true(!n.counted && n.bytes == 0);
+    assert_string_equal(n.why, "NCCL_ALGO is set: not modelled");
+    g.nccl_overhead_bytes = 64 * MIB; /* a measured figure still counts */
+    mp_nccl_estimate(&g, &p, &e, &n);
+    assert_true(n.counted && n.bytes == 64 * MIB);
+}
+
 static void test_env_refused(void **state)
 {
     (void)state;
@@ -208,6 +236,7 @@ static void test_env_refused(void **state)
         {"NCCL_BUFFSIZE", "4M", NULL},         {"NCCL_BUFFSIZE", "0", NULL},
         {"NCCL_NVLS_ENABLE", "3", NULL},       {"NCCL_LL128_BUFFSIZE", "-1", NULL},
         {"NCCL_MAX_NCHANNELS", "", NULL},      {"NCCL_NVLS_CHUNKSIZE", "0x10", NULL},
+        {"NCCL_P2P_READ_ENABLE", "2", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct mp_nccl_env e;
@@ -225,6 +254,7 @@ int main(void)
         cmocka_unit_test(test_zero_two_comms_nvls_off), cmocka_unit_test(test_a100_read_and_buffsize),
         cmocka_unit_test(test_pcie_write),             cmocka_unit_test(test_clamps_and_nvls_chunk),
         cmocka_unit_test(test_not_counted_and_profile), cmocka_unit_test(test_env_refused),
+        cmocka_unit_test(test_read_override_and_unmodelled),
     };
     return cmocka_run_group_tests_name("nccl", tests, NULL, NULL);
 }

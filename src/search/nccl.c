@@ -18,6 +18,7 @@ void mp_nccl_env_default(struct mp_nccl_env *e)
     e->nvls = 2;
     e->min_ch = 0;
     e->max_ch = MP_NCCL_MAXCHANNELS;
+    e->p2p_read = -1;
 }
 
 /* A whole number from lo to hi (NCCL reads them with strtoll: a size in bytes, a count). */
@@ -74,6 +75,20 @@ enum mp_status mp_nccl_env_read(struct mp_nccl_env *e, const char *(*get)(const 
         e->max_ch = x > MP_NCCL_MAXCHANNELS ? MP_NCCL_MAXCHANNELS : x < 1 ? 1 : (unsigned)x;
         NOTE("NCCL_MAX_NCHANNELS");
     }
+    if ((v = get("NCCL_P2P_READ_ENABLE"))) { /* p2p.cc:327,339-340: overrides the topology's choice */
+        if ((st = env_num("NCCL_P2P_READ_ENABLE", v, 0, 1, &x, d)) != MP_OK)
+            return st;
+        e->p2p_read = (int)x;
+        NOTE("NCCL_P2P_READ_ENABLE");
+    }
+    /* Set, these change the transports, protocols, algorithms or sharing, which the model does
+     * not follow: the buffers are then not counted, and the report names the variable. */
+    static const char *const unmodelled[] = {"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_PROTO", "NCCL_ALGO",
+                                             "NCCL_COMM_SPLIT_SHARE_RESOURCES", "NCCL_P2P_LEVEL",
+                                             "NCCL_ALLOC_P2P_NET_LL_BUFFERS"};
+    for (size_t i = 0; i < sizeof unmodelled / sizeof unmodelled[0] && !e->unmodelled[0]; i++)
+        if (get(unmodelled[i]))
+            snprintf(e->unmodelled, sizeof e->unmodelled, "%s", unmodelled[i]);
 #undef NOTE
     return MP_OK;
 }
@@ -113,6 +128,10 @@ void mp_nccl_estimate(const struct mp_gpu *g, const struct mp_parallel *p, const
         snprintf(out->why, sizeof out->why, "--ep's all-to-all groups are not modelled");
         return;
     }
+    if (e->unmodelled[0]) {
+        snprintf(out->why, sizeof out->why, "%s is set: not modelled", e->unmodelled);
+        return;
+    }
     /* Channels: the profile's "coll channels" (what NCCL's topology search gives on that node),
      * clamped as NCCL clamps them; both bounds set and equal decide alone. */
     unsigned ch = g->nccl_channels;
@@ -141,7 +160,7 @@ void mp_nccl_estimate(const struct mp_gpu *g, const struct mp_parallel *p, const
      * and Simple's unless P2P read puts it behind the sender's ncclSendMem (p2p.cc:407-410):
      * read on NVLink between compute capability 8.0 GPUs only (graph/paths.cc:414-418); each
      * side rounded up to CUDA_IPC_MIN, then cuMem's 2 MiB granularity. */
-    out->read = g->nvlink_gbs > 0 && g->cc_major == 8 && g->cc_minor == 0;
+    out->read = e->p2p_read >= 0 ? e->p2p_read == 1 : g->nvlink_gbs > 0 && g->cc_major == 8 && g->cc_minor == 0;
     uint64_t recv = MP_NCCL_MEM_HEADER + e->buff[0] + e->buff[1] + (out->read ? 0 : e->buff[2]);
     uint64_t send = MP_NCCL_MEM_HEADER + (out->read ? e->buff[2] : 0);
     out->peer_bytes = align_up(recv, MP_NCCL_IPC_ALIGN) + align_up(send, MP_NCCL_IPC_ALIGN);

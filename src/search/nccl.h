@@ -33,6 +33,8 @@ struct mp_nccl_env {
     uint64_t nvls_chunk;   /* NCCL_NVLS_CHUNKSIZE */
     int nvls;              /* NCCL_NVLS_ENABLE: 0 off, 1 on, 2 (default) where the GPUs have it */
     unsigned min_ch, max_ch; /* NCCL_MIN_NCHANNELS (0), NCCL_MAX_NCHANNELS (64) */
+    int p2p_read;          /* NCCL_P2P_READ_ENABLE: 0, 1, -1 (default: the topology's) */
+    char unmodelled[40];   /* a variable set that changes the buffers in ways not modelled ("": none) */
     char set[160];         /* the variables read, "" for none */
 };
 
