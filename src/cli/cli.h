@@ -22,7 +22,6 @@
 #include "probe/probe.h"
 #include "recipe/recipe.h"
 #include "report/report.h"
-#include "search/nccl.h"
 #include "search/search.h"
 
 /* What the options say (options.c fills it from the option table). */

@@ -7,8 +7,6 @@
  */
 #include "report.h"
 
-#include "search/nccl.h"
-
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
 #ifndef MEMPLAN_NCCL_H
 #define MEMPLAN_NCCL_H
 
-#include "estimate/parallel.h"
+#include "estimate/estimate.h"
 #include "search/gpu.h"
 
 #include <stdbool.h>
