@@ -969,6 +969,26 @@ assert "sdpa_kernel" not in c, c' "$T/out"; then
 else
     bad "--torch 2.11 under amp-bf16: half q/k/v, a fused kernel (no sdpa_kernel)"
 fi
+# SDPA's kernel on the target (docs/memory-facts.md#sdpa-backend): Llama 3.2 1B (head dim 64, no
+# mask) in bf16 runs cuDNN attention on an H100 (sm90), flash on an A100 (sm80); fp16 on a V100
+# (sm70) the memory-efficient kernel; bf16 on a T4 (sm75) math.  Without a target: not said.
+for gk in h100-80gb:amp-bf16:cudnn a100-80gb:amp-bf16:flash v100-16gb:amp-fp16:efficient t4:amp-bf16:math; do
+    g=${gk%%:*}; k=${gk##*:}; pr=${gk#*:}; pr=${pr%%:*}
+    run estimate models/hf/llama-3.2-1b.json --batch 1 --seq 128 --gpu "$g" --precision "$pr" --json
+    if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["config"]
+assert c["sdpa_kernel"] == sys.argv[2], c.get("sdpa_kernel")' "$T/out" "$k" 2>"$T/why"; then
+        ok "estimate --gpu $g --precision $pr: config.sdpa_kernel $k"
+    else
+        bad "estimate --gpu $g --precision $pr: config.sdpa_kernel $k"
+    fi
+done
+run estimate models/hf/llama-3.2-1b.json --batch 1 --seq 128 --gpu h100-80gb
+if [ "$ec" -eq 0 ] && tr '\n' ' ' <"$T/out" | tr -s ' ' | grep -q "SDPA kernel cuDNN attention (torch 2.15 on sm90, bf16, head dim 64)"; then
+    ok "estimate --gpu h100-80gb: the defaults line names cuDNN attention"
+else
+    echo "expected 'SDPA kernel cuDNN attention (torch 2.15 on sm90, bf16, head dim 64)' on the defaults line" >"$T/why"
+    bad "estimate --gpu h100-80gb: the defaults line names cuDNN attention"
+fi
 run estimate models/hf/llama-3.2-1b.json --seq 128 --head seq-cls --num-labels 5 --json
 if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["model"]
 # LlamaForSequenceClassification: the base model and score = Linear(2048, 5, bias=False)
@@ -2309,16 +2329,75 @@ fi
 expect_line 4 "probe --parallel zero3 --offload optimizer (estimated only)" probe models/tiny-test.json --backend host --gpus 2 --parallel zero3 --offload optimizer
 expect_line 2 "probe --gpus 2 --parallel ddp --rank 2" probe models/tiny-test.json --backend host --gpus 2 --parallel ddp --rank 2
 expect_line 2 "--rank without --parallel" probe models/tiny-test.json --backend host --rank 1
-# NCCL's own memory: a profile's nccl_overhead_mib sits beside the context when there are peers;
-# the bundled profiles have 0 (not measured), and the report says it is not counted.
+# NCCL's own memory: a profile's nccl_overhead_mib (measured) sits beside the context when there
+# are peers; else modelled from the profile's nccl_channels (docs/memory-facts.md#nccl); a profile
+# without either says it is not counted.
 NC="estimate models/tiny-test.json --batch 1 --parallel ddp --gpus 2"
 run $NC --gpu t4
-if [ "$ec" -eq 0 ] && grep -q "NCCL buffers  *not counted (profile nccl_overhead_mib = 0" "$T/out"; then
-    ok "estimate --gpus 2 on a bundled profile: NCCL buffers stated as not counted"
+if [ "$ec" -eq 0 ] && grep -q "NCCL buffers  *not counted (profile has no nccl_channels)" "$T/out"; then
+    ok "estimate --gpus 2 on a profile without nccl_channels: NCCL buffers stated as not counted"
 else
-    echo "expected the line 'NCCL buffers not counted (profile nccl_overhead_mib = 0 ...'" >"$T/why"
-    bad "estimate --gpus 2 on a bundled profile: NCCL buffers stated as not counted"
+    echo "expected the line 'NCCL buffers not counted (profile has no nccl_channels) ...'" >"$T/why"
+    bad "estimate --gpus 2 on a profile without nccl_channels: NCCL buffers stated as not counted"
 fi
+# 8 x H100 DDP, hand-worked from NCCL's rules: a peer's receive side 4 KiB + LL 512 KiB + LL128
+# 4,915,200 + Simple 4 MiB -> 10 MiB, its send side 4 KiB -> 2 MiB; 24 channels x 2 peers (ring,
+# tree) x 12 MiB = 576 MiB; NVLS 16 x 2 x 1 MiB x 8 heads = 256 MiB: 832 MiB, on the defaults line
+# and beside the context.  NCCL_NVLS_ENABLE=0: 576 MiB; NCCL_BUFFSIZE=1048576 with NVLS off: the
+# receive side 4 KiB + 512 KiB + 4,915,200 + 1 MiB = 6,492,160 -> 8 MiB, 10 MiB a peer, 480 MiB.
+NH="estimate models/tiny-test.json --batch 1 --parallel ddp --gpus 8 --gpu h100-80gb"
+run $NH
+if [ "$ec" -eq 0 ] && grep -q "NCCL buffers  *832.00 MiB   (1 comm x 24 ch x 2 peers x 12.00 MiB + NVLS 256.00 MiB)" "$T/out" &&
+    tr '\n' ' ' <"$T/out" | grep -q "NCCL 832.00 MiB (24 channels (profile), *NCCL_BUFFSIZE 4.00 *MiB, *NVLS on)" &&
+    grep -q "^CUDA context  *1.32 GiB   (with NCCL's buffers)" "$T/out"; then
+    ok "estimate 8 x H100 DDP: NCCL 832 MiB (24 x 2 x 12 MiB + NVLS 256 MiB) on the defaults line and in the context"
+else
+    echo "expected NCCL buffers 832.00 MiB on its line, the defaults line and context 520 + 832 MiB" >"$T/why"
+    bad "estimate 8 x H100 DDP: NCCL 832 MiB (24 x 2 x 12 MiB + NVLS 256 MiB) on the defaults line and in the context"
+fi
+if [ -n "$HAVE_PY" ]; then
+    export NCCL_NVLS_ENABLE=0
+    run $NH --json
+    cp "$T/out" "$T/nvls0.json"
+    export NCCL_BUFFSIZE=1048576
+    run $NH --json
+    unset NCCL_NVLS_ENABLE NCCL_BUFFSIZE
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b = (json.load(open(f))["memory"] for f in sys.argv[1:3])
+assert a["nccl_overhead_bytes"] == 576 << 20 and a["nccl"]["nvls_bytes"] == 0, a
+assert a["nccl"]["env"] == "NCCL_NVLS_ENABLE", a["nccl"]
+assert b["nccl_overhead_bytes"] == 480 << 20 and b["nccl"]["peer_bytes"] == 10 << 20, b
+assert b["nccl"]["buffsize_bytes"] == 1 << 20 and b["nccl"]["source"] == "model", b["nccl"]
+assert a["overhead_bytes"] - b["overhead_bytes"] == 96 << 20
+' "$T/nvls0.json" "$T/out" 2>"$T/why"; then
+        ok "NCCL_NVLS_ENABLE=0 and NCCL_BUFFSIZE=1048576 honoured: 576 MiB, then 480 MiB per rank"
+    else
+        bad "NCCL_NVLS_ENABLE=0 and NCCL_BUFFSIZE=1048576 honoured: 576 MiB, then 480 MiB per rank"
+    fi
+fi
+# check decides with NCCL's bytes: an H100 of 1300 MiB holds the 8-rank DDP step (about 300 MiB
+# reserved, 520 MiB context) without NVLS's 256 MiB (576 MiB of ring/tree buffers), not with it.
+sed 's/"memory_mib": 81559/"memory_mib": 1300/' configs/gpus/h100-80gb.json >"$T/h100-small.json"
+expect 1 "check 8 x DDP on a 1300 MiB H100: NCCL's 832 MiB leave it short" \
+    check models/tiny-test.json --batch 1 --parallel ddp --gpus 8 --gpu "$T/h100-small.json"
+export NCCL_NVLS_ENABLE=0
+expect 0 "check 8 x DDP on a 1300 MiB H100 with NCCL_NVLS_ENABLE=0: fits" \
+    check models/tiny-test.json --batch 1 --parallel ddp --gpus 8 --gpu "$T/h100-small.json"
+unset NCCL_NVLS_ENABLE
+# the timeline's context (stacked under the allocations, the reserved line over it) names
+# NCCL's share of it
+run estimate models/tiny-test.json --batch 1 --parallel ddp --gpus 8 --gpu h100-80gb --timeline "$T/nccl.svg"
+if [ "$ec" -eq 0 ] && grep -q "CUDA context 1.32 GiB (NCCL&apos;s buffers 832.00 MiB of it)" "$T/nccl.svg" &&
+    grep -q 'id="reserved"' "$T/nccl.svg"; then
+    ok "--timeline with 8 x H100 DDP: the legend's context names NCCL's 832 MiB, the reserved line drawn"
+else
+    echo "expected the legend 'CUDA context 1.32 GiB (NCCL's buffers 832.00 MiB of it)' and the reserved line" >"$T/why"
+    bad "--timeline with 8 x H100 DDP: the legend's context names NCCL's 832 MiB, the reserved line drawn"
+fi
+export NCCL_BUFFSIZE=4M
+expect_msg 2 "NCCL_BUFFSIZE=4M refused" "NCCL_BUFFSIZE: '4M' is not a whole number" $NH
+unset NCCL_BUFFSIZE
 if [ -n "$HAVE_PY" ]; then
     sed 's/"nccl_overhead_mib": 0/"nccl_overhead_mib": 100/' configs/gpus/t4.json >"$T/t4-nccl.json"
     run $NC --gpu t4 --json
@@ -2328,12 +2407,25 @@ if [ -n "$HAVE_PY" ]; then
 import json, sys
 a, b = (json.load(open(f))["memory"] for f in sys.argv[1:3])
 assert a["nccl_overhead_bytes"] == 0 and b["nccl_overhead_bytes"] == 100 << 20, (a, b)
+assert a["nccl"]["source"] == "none" and b["nccl"]["source"] == "profile", (a, b)
 assert b["overhead_bytes"] - a["overhead_bytes"] == 100 << 20, (a["overhead_bytes"], b["overhead_bytes"])
 assert b["peak_device_bytes"] - a["peak_device_bytes"] == 100 << 20
 ' "$T/nccl0.json" "$T/out" 2>"$T/why"; then
         ok "nccl_overhead_mib 100 in a profile: 100 MiB more overhead and peak device per rank"
     else
         bad "nccl_overhead_mib 100 in a profile: 100 MiB more overhead and peak device per rank"
+    fi
+    # the measured figure overrides the model
+    sed 's/"nccl_overhead_mib": 0/"nccl_overhead_mib": 100/' configs/gpus/h100-80gb.json >"$T/h100-nccl.json"
+    run estimate models/tiny-test.json --batch 1 --parallel ddp --gpus 8 --gpu "$T/h100-nccl.json" --json
+    if [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["memory"]
+assert m["nccl_overhead_bytes"] == 100 << 20 and m["nccl"]["source"] == "profile", m
+' "$T/out" 2>"$T/why"; then
+        ok "nccl_overhead_mib 100 over a profile's nccl_channels: the measured 100 MiB counted"
+    else
+        bad "nccl_overhead_mib 100 over a profile's nccl_channels: the measured 100 MiB counted"
     fi
 fi
 expect 0 "estimate --gpus 4 --parallel fsdp --precision mixed-bf16" estimate models/gpt2-124m.json --gpus 4 --parallel fsdp --precision mixed-bf16

@@ -250,6 +250,7 @@ CASES = [
                                                                            seq=4096, checkpoint="layers")),
     ("zero3 offload nvme", "estimate", L8B, dict(gpus=8, parallel="zero3", offload="params", offload_device="nvme",
                                                gpu="a100-80gb")),
+    ("nccl modelled", "estimate", "models/gpt2-124m.json", dict(gpus=8, parallel="ddp", gpu="h100-80gb", batch=2)),
     ("fsdp check", "check", L8B, dict(gpus=4, nodes=2, parallel="fsdp", batch=1, gpu="a100-80gb")),
     ("fsdp-qlora offload", "estimate", L1B, dict(finetune="qlora", gpus=2, parallel="fsdp", offload="params",
                                                precision="bf16")),
@@ -299,6 +300,12 @@ if r:
     check(r.config.finetune.mode == "lora" and r.config.finetune.lora_r == 8 and r.config.finetune.lora_dropout == 0.05
           and r.config.finetune.lora_targets == "q_proj,v_proj",
           "lora: finetune lora, r 8, dropout 0.05, targets q_proj,v_proj (the keywords reached the command line)")
+r = reps.get("nccl modelled")
+if r:
+    n, mib = r.memory.nccl, 1 << 20
+    check(n.source == "model" and n.comms == 1 and n.channels == 24 and n.peers == 2 and n.peer_bytes == 12 * mib
+          and n.nvls_bytes == 256 * mib and r.memory.nccl_overhead_bytes == 832 * mib,
+          "nccl modelled: 8 x H100 DDP, 24 channels x 2 peers x 12 MiB + NVLS 256 MiB = 832 MiB (NCCL's rules)")
 r = reps.get("images")
 if r:  # Gemma-3-4B: 896 x 896 images, patch 14 (4,096 patches), 256 tokens each, 27 SigLIP layers
     check(r.config.images.per_sample == 2 and r.config.images.tokens_each == 256 and r.config.images.patches == 4096

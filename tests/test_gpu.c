@@ -98,6 +98,8 @@ static void test_profile_refused(void **state)
         {"{" BASE ", \"nccl_overhead_mib\": 1e300}", MP_ERR_RANGE,
          ": nccl_overhead_mib: 1e+300 is too large (at most 1073741824)"},
         {"{" BASE ", \"nccl_overhead_mib\": 2048}", MP_ERR_MODEL, ": nccl_overhead_mib: more than memory_mib"},
+        {"{" BASE ", \"nccl_channels\": 65}", MP_ERR_RANGE, ": nccl_channels: 65 is too large (at most 64)"}, /* NCCL's MAXCHANNELS 64 */
+        {"{" BASE ", \"nccl_channels\": 1.5}", MP_ERR_MODEL, ": nccl_channels: expected a non-negative integer"},
         /* memory_mib 1e-9 was 0 bytes, and suggest's report read a null profile */
         {"{\"name\": \"x\", \"memory_mib\": 1e-9}", MP_ERR_MODEL, ": memory_mib: expected a positive integer"},
         {"{\"name\": \"x\", \"memory_mib\": 0}", MP_ERR_MODEL, ": memory_mib: expected a positive integer"},
@@ -182,7 +184,7 @@ static void test_profile_values(void **state)
     struct mp_diag d;
     char path[128];
     assert_int_equal(load_text("{\"name\": \"big\", \"memory_mib\": 1073741824, \"cuda_context_mib\": 300,"
-                               " \"nccl_overhead_mib\": 64, \"cublas_workspace_bytes\": 33554432,"
+                               " \"nccl_overhead_mib\": 64, \"nccl_channels\": 24, \"cublas_workspace_bytes\": 33554432,"
                                " \"usable_fraction\": 0.9, \"compute_capability\": \"12.10\","
                                " \"tflops\": {\"fp32\": 1.5, \"tf32\": 0, \"bf16\": 2, \"fp16\": null},"
                                " \"nvlink_gbs\": 0, \"pcie_gbs\": 64, \"ib_gbs\": 50, \"bandwidth_gbs\": 3350,"
@@ -194,6 +196,7 @@ static void test_profile_values(void **state)
     assert_true(g.memory_bytes == UINT64_C(1) << 50); /* 2^30 MiB */
     assert_true(g.context_bytes == UINT64_C(300) * 1048576);
     assert_true(g.nccl_overhead_bytes == UINT64_C(64) * 1048576);
+    assert_int_equal(g.nccl_channels, 24);
     assert_true(g.workspace_bytes == UINT64_C(33554432));
     assert_true(g.usable_fraction == 0.9);
     assert_int_equal(g.cc_major, 12);
@@ -209,7 +212,38 @@ static void test_profile_values(void **state)
     assert_true(g.context_bytes == UINT64_C(500) * 1048576);
     assert_true(g.workspace_bytes == 8519680);
     assert_true(g.usable_fraction == 1.0 && g.pcie_gbs == 16 && g.ib_gbs == 12.5 && g.nvlink_gbs == 0);
-    assert_true(g.nccl_overhead_bytes == 0 && g.cc_major == 0);
+    assert_true(g.nccl_overhead_bytes == 0 && g.cc_major == 0 && g.nccl_channels == 0);
+}
+
+/* The context table (docs/memory-facts.md#cuda-context): sm90 771 MiB (H200, torch 2.11 + CUDA
+ * 13.0, at a step's end), sm89 426 MiB (RTX 6000 Ada, torch 2.10 + CUDA 13.0); a profile without
+ * cuda_context_mib takes its compute capability's row, else 500 MiB; its own figure wins. */
+static void test_context_table(void **state)
+{
+    (void)state;
+    const char *stack = NULL, *source = NULL;
+    assert_true(mp_cc_context_bytes(9, 0, &stack, &source) == UINT64_C(771) * 1048576);
+    assert_string_equal(stack, "torch 2.11 + CUDA 13.0");
+    assert_non_null(strstr(source, "gpu-2026-11-28.md"));
+    assert_true(mp_cc_context_bytes(8, 9, NULL, NULL) == UINT64_C(426) * 1048576);
+    assert_true(mp_cc_context_bytes(8, 0, NULL, NULL) == 0);
+    struct mp_gpu g;
+    struct mp_diag d;
+    char path[128];
+    static const struct {
+        const char *text;
+        uint64_t mib;
+    } cases[] = {
+        {"{\"name\": \"a\", \"memory_mib\": 1024, \"compute_capability\": \"9.0\"}", 771},
+        {"{\"name\": \"a\", \"memory_mib\": 1024, \"compute_capability\": \"8.9\"}", 426},
+        {"{\"name\": \"a\", \"memory_mib\": 1024, \"compute_capability\": \"8.0\"}", 500},
+        {"{\"name\": \"a\", \"memory_mib\": 1024}", 500},
+        {"{\"name\": \"a\", \"memory_mib\": 1024, \"compute_capability\": \"9.0\", \"cuda_context_mib\": 300}", 300},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(load_text(cases[i].text, &g, &d, path, sizeof path), MP_OK);
+        assert_true(g.context_bytes == cases[i].mib * 1048576);
+    }
 }
 
 /* The bundled profiles all load (help gpus lists them); a100-80gb as its file says. */
@@ -237,6 +271,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_profile_refused, make_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_profile_values, make_dir, remove_dir),
         cmocka_unit_test(test_profile_bundled),
+        cmocka_unit_test_setup_teardown(test_context_table, make_dir, remove_dir),
         cmocka_unit_test(test_from_device_without_one),
         cmocka_unit_test(test_from_device_with_one),
     };

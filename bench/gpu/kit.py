@@ -47,6 +47,11 @@ Parts:
              FSDP2's reduce-scatter copy-in of bf16 expert gradients into an fp32 input (no cast
              temporary on CUDA?) and grouped_mm's backward allocations and weight-gradient strides.
              GPU only.
+  devbytes   bench/gpu/devbytes.py: the device bytes beside the allocator one GPU shows (issue 29
+             item 2): the context, the cuBLAS workspace, the SDPA kernel torch picks per dtype /
+             head dim / mask, NCCL's communicator with one rank.  GPU only.  The matrix's estimate
+             column also records memplan's SDPA kernel and context for each row, beside the
+             kernel torch ran and its non-allocator bytes.
 
 Without a GPU (or with --cpu) the same parts run as the CPU fallback: the host backend, configs
 shrunk to 2 layers of width 128 (batch 2 x 32), PyTorch on the CPU (no memory columns: a smoke
@@ -75,12 +80,13 @@ STATE_DIR = os.path.join(ROOT, "bench", "gpu", "out")   # ignored by git; kept o
 SCHEMA = 2
 
 PARTS = ["build", "tests", "sanitizer", "matrix", "tune", "steptime", "dpo", "grpo", "orpo", "callback", "sdpa",
-         "optim", "moe"]
+         "optim", "moe", "devbytes"]
 # part: (cap on a GPU, cap on the CPU fallback, least seconds worth starting it with)
 CAPS = {"build": (200, 400, 5), "tests": (120, 240, 15), "sanitizer": (90, 0, 20),
         "matrix": (260, 400, 30), "tune": (150, 240, 40), "steptime": (5, 5, 0), "dpo": (150, 240, 40),
         "grpo": (150, 240, 40), "orpo": (120, 240, 40),
-        "callback": (90, 150, 40), "sdpa": (60, 5, 20), "optim": (60, 5, 20), "moe": (45, 5, 20)}
+        "callback": (90, 150, 40), "sdpa": (60, 5, 20), "optim": (60, 5, 20), "moe": (45, 5, 20),
+        "devbytes": (45, 5, 15)}
 RESERVE_S = 4          # kept back at the end for the last report
 WORKER_START_S = (90, 120)   # (GPU, CPU): import torch + transformers, CUDA context
 ROW_S = {"estimate": 30, "probe": (75, 60), "torch": (90, 90)}
@@ -994,6 +1000,9 @@ def part_matrix(kit, res):
             r["estimate"].update(alloc_simulated=al.get("simulated"), alloc_retries=al.get("num_alloc_retries"),
                                  reserved_frag=al.get("reserved_fragmentation_bytes"),
                                  device_reserved=mem.get("device_reserved_bytes"), alloc_settings=al.get("settings"))
+            # the other device bytes (issue 29 item 2): the kernel memplan says torch picks, its context
+            r["estimate"].update(sdpa_kernel=json.loads(out)["config"].get("sdpa_kernel"),
+                                 overhead=mem.get("overhead_bytes"))
             if kit.gpu and mem["peak_device_bytes"] > 0.97 * kit.gpu["memory_mib"] * 2**20:
                 r["estimate"]["over_device"] = True
         except (ValueError, KeyError, TypeError):
@@ -1377,6 +1386,17 @@ def part_sdpa(kit, res):
                note="%d shapes; the backward transient against memplan's rule: largest |Δ| %.2f %%" % (n, worst))
 
 
+def part_devbytes(kit, res):
+    """The context, the cuBLAS workspace, SDPA's kernel per case and NCCL with one rank."""
+    d = run_json_part(kit, res, "devbytes.py", "devbytes", [])
+    if d is None:
+        return
+    rows = d.get("rows", [])
+    ok = [r for r in rows if r.get("status", "ok") == "ok"]
+    res.update(status="ok" if d.get("status") == "ok" else "partial",
+               note="%d of %d measurements (context, cuBLAS, SDPA cases, NCCL one rank)" % (len(ok), len(rows)))
+
+
 def part_optim(kit, res):
     """Each HF optimizer's state and step temporaries against memplan's."""
     d = run_json_part(kit, res, "optim_step.py", "optim", ["--memplan", kit.memplan])
@@ -1505,7 +1525,7 @@ def part_callback(kit, res):
 PART_FN = {"build": part_build, "tests": part_tests, "sanitizer": part_sanitizer, "matrix": part_matrix,
            "tune": part_tune, "steptime": part_steptime, "dpo": part_dpo, "grpo": part_grpo, "orpo": part_orpo,
            "callback": part_callback,
-           "sdpa": part_sdpa, "optim": part_optim, "moe": part_moe}
+           "sdpa": part_sdpa, "optim": part_optim, "moe": part_moe, "devbytes": part_devbytes}
 
 
 def choose_parts(kit, prev):
@@ -1812,6 +1832,36 @@ def render(st):
                 c["batch"], c["heads"], c["kv_heads"], c["seq"], c["head_dim"], c["dropout"],
                 ",".join(c.get("forward_op", [])), c.get("transient", 0), c.get("rule", 0),
                 delta(pct(c.get("rule"), c.get("transient")))))
+    if rows:
+        L += ["", "## Device bytes beside the allocator per row (issue 29 item 2): memplan against the worker", "",
+              "| row | SDPA memplan | SDPA torch | memplan context MiB | non-alloc MiB |", "|---|---|---|---|---|"]
+        for r in rows:
+            e, t = r.get("estimate", {}), r.get("torch", {})
+            L.append("| %s | %s | %s | %s | %s |" % (r["id"], e.get("sdpa_kernel") or "(not said)", t.get("sdpa", ""),
+                                                     mib(e.get("overhead")), mib(t.get("non_allocator_bytes"))))
+    db = st.get("devbytes", {})
+    if db.get("rows"):
+        L += ["", "## Device bytes one GPU shows (%s, sm%s, torch %s, CUDA %s, cuDNN %s)" % (
+            db.get("device", ""), db.get("cc", ""), db.get("torch", ""), db.get("cuda", ""), db.get("cudnn", "")), ""]
+        for r in db["rows"]:
+            w = r.get("what")
+            if w == "context":
+                L.append("- context: %s MiB used right after torch made it (NVML before: %s MiB; this process's %s "
+                         "MiB); docs/memory-facts.md#cuda-context's table" % (
+                             mib(r.get("used_after_context")), mib(r.get("nvml_used_before")), mib(r.get("context_bytes"))))
+            elif w == "cublas":
+                L.append("- cuBLAS, first %s matmul: workspace %s B in the allocator, %s B outside it" % (
+                    r.get("dtype"), r.get("workspace_allocated"), r.get("outside_allocator")))
+            elif w == "nccl":
+                L.append("- NCCL one rank (%s): %s" % (r.get("nccl", ""), r.get("error") or
+                         "init +%s B, after an all-reduce +%s B, %s B of it outside the allocator" % (
+                             r.get("after_init"), r.get("after_all_reduce"), r.get("outside_allocator"))))
+        cases = [r for r in db["rows"] if r.get("what") == "sdpa"]
+        if cases:
+            L += ["", "| SDPA dtype | head dim | mask | op torch ran |", "|---|---|---|---|"]
+            for r in cases:
+                L.append("| %s | %s | %s | %s |" % (r["dtype"], r["head_dim"], r["masked"],
+                                                    ",".join(r.get("ops", [])) or r.get("error", "")))
     op = st.get("optim", {})
     if op.get("rows"):
         L += ["", "## Optimizers (GPT-2, Trainer.create_optimizer, %s): state and step temporaries" % op.get("device", ""),

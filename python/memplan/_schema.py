@@ -256,6 +256,20 @@ class Allocator:
 
 
 @dataclass
+class Nccl:
+    source: str  # "model" (NCCL's buffers from its source's rules) | "profile" (nccl_overhead_mib) | "none"
+    why: str  # "" when counted, else why not ("profile has no nccl_channels", "--ep's ...")
+    comms: int  # NCCL communicators a rank holds
+    channels: int  # collective channels a communicator connects
+    peers: int  # connections per channel (ring 1; the tree's other neighbour 1 more)
+    peer_bytes: int  # one connection, its receive and send sides
+    nvls_bytes: int  # NVLink SHARP's buffer per communicator (0: none)
+    buffsize_bytes: int  # NCCL_BUFFSIZE (Simple's buffer per connection)
+    env: str  # the NCCL_* variables read, space-separated ("" for none)
+    extra: Dict[str, Any] = _extra()
+
+
+@dataclass
 class Memory:
     weights_bytes: int
     grads_bytes: int
@@ -288,6 +302,7 @@ class Memory:
     host_bytes: Optional[int] = _opt()
     nvme_bytes: Optional[int] = _opt()
     nccl_overhead_bytes: Optional[int] = _opt()
+    nccl: Optional[Nccl] = _opt()  # data parallelism: how nccl_overhead_bytes was found
     comm_per_step: Optional[CommPerStep] = _opt()
     load_bytes: Optional[int] = _opt()  # FSDP2 with a 4-bit base: the model whole on each GPU when loaded
     experts: Optional[Experts] = _opt()  # --ep: the experts' share per rank

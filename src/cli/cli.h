@@ -152,6 +152,7 @@ struct setup {
     struct mp_parallel par;       /* train.par points here */
     struct mp_alloc_conf alloc;   /* the caching allocator's settings; train.alloc points here */
     char alloc_from[32];          /* where they came from: "--alloc-conf", an environment variable, "" */
+    struct mp_nccl_env nccl;      /* NCCL's NCCL_* variables; train.nccl points here */
     struct mp_gpu gpu;
     bool have_gpu;
     bool target_is_device; /* the target is the local GPU (probes of it answer for it) */

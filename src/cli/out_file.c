@@ -172,7 +172,9 @@ int cli_write_timeline(const struct args *a, const char *cmd, const struct setup
     int rc = out_open(&of, "the timeline", a->timeline);
     if (rc)
         return rc;
-    struct mp_timeline_opts o = {.title = title, .subtitle = sub, .context_bytes = context,
+    struct mp_nccl_est nccl;
+    mp_nccl_estimate(&s->gpu, s->train.par, s->train.nccl, &nccl);
+    struct mp_timeline_opts o = {.title = title, .subtitle = sub, .context_bytes = context, .nccl_bytes = nccl.bytes,
                                  .capacity_bytes = target ? s->gpu.memory_bytes : 0, .margin = a->margin,
                                  .measured = measured, .n_measured = n_measured};
     struct mp_diag d = {{0}};

@@ -354,6 +354,38 @@ static int setup_alloc(const struct args *a, struct setup *s, struct mp_diag *d)
     return 0;
 }
 
+static const char *env_get(const char *name)
+{
+    return getenv(name);
+}
+
+/* NCCL's settings from the environment NCCL reads (search/nccl.h), and with data parallelism
+ * the assumption on the defaults line.  0, or the exit status (message printed). */
+static int setup_nccl(struct setup *s, struct mp_diag *d)
+{
+    enum mp_status st = mp_nccl_env_read(&s->nccl, env_get, d);
+    if (st != MP_OK)
+        return cli_fail(st, d);
+    s->train.nccl = &s->nccl;
+    return 0;
+}
+
+static void note_nccl(struct setup *s)
+{
+    if (!s->train.par || mp_par_world(s->train.par) <= 1)
+        return;
+    struct mp_nccl_est n;
+    char desc[128], b[32], c[32];
+    mp_nccl_estimate(&s->gpu, s->train.par, &s->nccl, &n);
+    if (n.counted && !n.profile) {
+        snprintf(desc, sizeof desc, "%s (%u channels%s, NCCL_BUFFSIZE %s, NVLS %s)",
+                 mp_fmt_bytes(n.bytes, b, sizeof b), n.channels,
+                 s->nccl.min_ch && s->nccl.min_ch == s->nccl.max_ch ? ": NCCL_*_NCHANNELS" : " (profile)",
+                 mp_fmt_bytes(s->nccl.buff[2], c, sizeof c), n.nvls_bytes ? "on" : "off");
+        cli_add_default(s, "NCCL %s", desc);
+    }
+}
+
 /* The target: --gpu, --vram, else (need_target: suggest) the local GPU, else the default
  * profile; --workspace and --context over it.  0, or the exit status (message printed). */
 static int setup_target(const struct args *a, struct setup *s, bool need_target, struct mp_diag *d)
@@ -406,6 +438,8 @@ static int setup_target(const struct args *a, struct setup *s, bool need_target,
     s->train.cublas_workspace_bytes = s->gpu.workspace_bytes;
     s->build.sm_count = s->gpu.sm_count;
     s->build.sm_threads = s->gpu.sm_threads;
+    s->build.cc_major = s->gpu.cc_major;
+    s->build.cc_minor = s->gpu.cc_minor;
     return 0;
 }
 
@@ -627,7 +661,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         goto out;
     s->par = a->par;
     s->train.par = a->par.strategy != MP_PAR_NONE ? &s->par : NULL;
-    if ((rc = setup_alloc(a, s, d)) != 0)
+    if ((rc = setup_alloc(a, s, d)) != 0 || (rc = setup_nccl(s, d)) != 0)
         goto out;
     note_defaults(a, s, need_target);
     if (a->seq && s->model.max_positions && a->seq > s->model.max_positions)
@@ -635,6 +669,8 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
                  (unsigned long long)s->model.max_positions);
     cli_check_checkpoint_index(a->model, &s->model);
     rc = setup_target(a, s, need_target, d);
+    if (!rc)
+        note_nccl(s);
 out: /* the one way out: on a failure the model is released */
     if (rc)
         mp_model_release(&s->model);
@@ -676,6 +712,16 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
     c->head = a->head >= 0 ? mp_head_str((enum mp_head)a->head) : NULL;
     c->num_labels = a->num_labels;
     snprintf(c->defaults, sizeof c->defaults, "%s", s->defaults);
+    /* SDPA's kernel on the target (its compute capability known): the first SDPA layer's */
+    if (prog && prog->sdpa_backend != MP_SDPA_UNKNOWN && !prog->sdpa_math) {
+        static const char *const what[] = {"", "cuDNN attention", "flash attention", "memory-efficient attention",
+                                           "math"};
+        size_t l = strlen(c->defaults);
+        snprintf(c->defaults + l, sizeof c->defaults - l, "%sSDPA kernel %s (torch 2.15 on sm%d%d, %s, head dim %llu%s)",
+                 l ? ", " : "", what[prog->sdpa_backend], s->gpu.cc_major, s->gpu.cc_minor,
+                 mp_dtype_str(prog->sdpa_dtype), (unsigned long long)prog->sdpa_head_dim,
+                 prog->sdpa_backend == MP_SDPA_MATH ? "; counted as a fused kernel's bytes" : "");
+    }
 }
 
 struct mp_job cli_job_of(struct setup *s, struct args *a)

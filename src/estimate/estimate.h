@@ -18,6 +18,8 @@
 #include "optim.h"
 #include "parallel.h"
 
+struct mp_nccl_env;
+
 /* What a storage is. */
 enum mp_store {
     MP_ST_PARAM,      /* id = param */
@@ -160,6 +162,7 @@ struct mp_train_opts {
     bool skip_reserved; /* no caching-allocator model (peak_reserved = peak_allocated): for
                          * searches, whose fit decisions use the allocated peak only */
     const struct mp_alloc_conf *alloc; /* the allocator's settings (NULL: the defaults) */
+    const struct mp_nccl_env *nccl;    /* NCCL's NCCL_* settings (search/nccl.h; NULL: the defaults) */
     uint64_t alloc_limit;  /* what the allocator may reserve before cudaMalloc fails (0: no limit) */
     uint64_t device_total; /* the device's memory (per_process_memory_fraction), 0: unknown */
     enum mp_ref_mode ref; /* DPO's reference model (--trainer dpo): a resident copy and/or a no-grad

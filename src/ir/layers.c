@@ -146,6 +146,11 @@ static void take_state(const struct bld *B, struct state *s)
     s->p.cap_tensors = s->p.cap_nodes = s->p.cap_params = 0;
     s->p.total_params = s->p.adapter_params = s->p.ep_other_params = 0;
     s->p.copied_blocks = 0;
+    /* the first SDPA layer's kernel, for the report: written once, by the first block that has
+     * one; a copy of a later block leaves it as it is */
+    s->p.sdpa_backend = 0;
+    s->p.sdpa_head_dim = 0;
+    s->p.sdpa_dtype = 0;
 }
 
 static bool same_state(const struct state *a, const struct state *b) { return memcmp(a, b, sizeof *a) == 0; }

@@ -19,6 +19,15 @@
 uint64_t mp_dtype_size(enum mp_dtype t);
 const char *mp_dtype_str(enum mp_dtype t);
 
+/* The kernel torch 2.15's SDPA dispatcher picks on CUDA for a training step
+ * (lower_attention.c, docs/memory-facts.md#sdpa-backend). */
+enum mp_sdpa_backend { MP_SDPA_UNKNOWN, MP_SDPA_CUDNN, MP_SDPA_FLASH, MP_SDPA_EFFICIENT, MP_SDPA_MATH };
+const char *mp_sdpa_backend_str(enum mp_sdpa_backend b); /* "cudnn", "flash", "efficient", "math", "" */
+/* For compute capability major.minor (0: unknown), q's dtype dt, q/k and v head dims d and dv, a
+ * mask passed (attn_mask) and dropout; math as lower_attention.c's sdpa_math decided. */
+enum mp_sdpa_backend mp_sdpa_backend(int major, int minor, enum mp_dtype dt, uint64_t d, uint64_t dv, bool masked,
+                                     bool dropout, bool math);
+
 const char *mp_precision_str(enum mp_precision p);
 int mp_precision_parse(const char *s); /* -1 if unknown */
 
@@ -100,6 +109,8 @@ struct mp_build_opts {
                                     0: the one memplan's facts are read from (2.15).  It decides
                                     SDPA's kernel for fp32 grouped-query attention (lower_attention.c
                                     sdpa_math) */
+    int cc_major, cc_minor;      /* the target GPU's compute capability (0.0: none): SDPA's backend
+                                    (mp_sdpa_backend), reported */
     unsigned sm_count, sm_threads; /* the target GPU's SMs and resident threads per SM (struct mp_gpu):
                                     they size torch's column sums' staging buffers (build.c
                                     col_sum_staging); 0: no target, not counted */
@@ -450,6 +461,10 @@ struct mp_program {
     int rope_tables;             /* rotary cos/sin: the model makes them once per forward and every layer
                                     saves them (checkpointed layers too, as checkpoint inputs): held from
                                     the first forward that makes them to the backward of that block; -1 */
+    int sdpa_backend;            /* enum mp_sdpa_backend torch picks for the first SDPA layer (with a
+                                    target's compute capability; MP_SDPA_UNKNOWN without) */
+    uint64_t sdpa_head_dim;      /* that layer's q/k head dim */
+    enum mp_dtype sdpa_dtype;    /* and q's dtype */
     bool sdpa_math;              /* SDPA runs its math kernel (lower_attention.c sdpa_math: fp32
                                     grouped-query attention before torch 2.15) */
     int attn_mask;               /* the (b, 1, s, s) attention mask the model makes once per forward

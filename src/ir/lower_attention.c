@@ -214,6 +214,54 @@ static bool sdpa_math(const struct bld *B, const struct mp_layer *l, enum mp_att
            qdt == MP_DT_F32 && d == dv && d <= 256 && !sdpa_masked(B, l) && !sdpa_packed(B, l, impl);
 }
 
+const char *mp_sdpa_backend_str(enum mp_sdpa_backend b)
+{
+    static const char *const names[] = {"", "cudnn", "flash", "efficient", "math"};
+    return (unsigned)b < sizeof names / sizeof names[0] ? names[b] : "";
+}
+
+/* torch 2.15's select_sdp_backend for dense CUDA inputs in training (aten/src/ATen/native/
+ * transformers/cuda/sdp_utils.cpp, docs/memory-facts.md#sdpa-backend): the priority order is
+ * cuDNN, flash, memory-efficient, math where check_prefer_cudnn_attention holds (compute
+ * capability 9.0 or 10.0, cuDNN >= 9.9, TORCH_CUDNN_SDPA_PREFERRED not off), else flash,
+ * memory-efficient, math (cuDNN last); the first whose checks pass runs. */
+static bool cc_in(int major, int minor, int lo_major, int lo_minor, int hi_major, int hi_minor)
+{
+    return (major > lo_major || (major == lo_major && minor >= lo_minor)) &&
+           (major < hi_major || (major == hi_major && minor <= hi_minor));
+}
+
+enum mp_sdpa_backend mp_sdpa_backend(int major, int minor, enum mp_dtype dt, uint64_t d, uint64_t dv, bool masked,
+                                     bool dropout, bool math)
+{
+    if (math)
+        return MP_SDPA_MATH;
+    if (major <= 0)
+        return MP_SDPA_UNKNOWN;
+    bool half = dt == MP_DT_F16 || dt == MP_DT_BF16;
+    /* check_dtypes_low_precision: fp16 and bf16 from sm80, fp16 before */
+    bool low = major >= 8 ? half : dt == MP_DT_F16;
+    /* check_cudnn_tensor_shapes: head dims multiples of 8, at most 128 (256 on sm90 from cuDNN
+     * 9.10); check_cudnn_hardware_support sm80-sm121; a mask of SDPA's shapes is taken */
+    if ((major == 9 || major == 10) && minor == 0 && low && d % 8 == 0 && dv % 8 == 0 &&
+        d <= (major == 9 ? 256u : 128u) && dv <= (major == 9 ? 256u : 128u))
+        return MP_SDPA_CUDNN;
+    /* can_use_flash_attention: sm80-sm121, no attn_mask, equal head dims <= 256, and on sm86-89
+     * and sm120-121 no training with a head dim in (192, 224] or above 224 with dropout */
+    bool sm86 = cc_in(major, minor, 8, 6, 8, 9) || cc_in(major, minor, 12, 0, 12, 1);
+    if (cc_in(major, minor, 8, 0, 12, 1) && low && !masked && d == dv && d <= 256 &&
+        !(sm86 && ((d > 192 && d <= 224) || (d > 224 && dropout))))
+        return MP_SDPA_FLASH;
+    /* can_use_mem_efficient_attention: sm50-sm121; fp16, fp32 (and bf16 from sm80); head dims
+     * multiples of minimum_gemm_alignment (tensor cores: 128 bits / the element; before sm80
+     * fp32 has none: 1) */
+    bool dt_ok = dt == MP_DT_F32 || dt == MP_DT_F16 || (major >= 8 && dt == MP_DT_BF16);
+    uint64_t align = major >= 8 ? (half ? 8 : 4) : (major >= 7 && half ? 8 : 1);
+    if (cc_in(major, minor, 5, 0, 12, 1) && dt_ok && d % align == 0 && dv % align == 0)
+        return MP_SDPA_EFFICIENT;
+    return MP_SDPA_MATH;
+}
+
 /* Scaled dot-product attention core: q (b,s,a*d), k (b,s,kv*d) and v (b,s,kv*dv).  Eager
  * attention makes contiguous copies of the inputs that are transposed views (copies: bit 0 q,
  * bit 1 k, bit 2 v; DeepSeek's q and k are fresh (b,a,s,d) tensors, its v a view). */
@@ -226,6 +274,14 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     enum mp_dtype cdt = dt_of(B, q);
     /* SDPA's math kernel is eager attention's chain of ops (eager_ops) on its own copies */
     bool math = sdpa_math(B, l, impl, cdt, d, dv), eager = impl == MP_ATTN_EAGER || math;
+    enum mp_sdpa_backend bk = impl != MP_ATTN_SDPA ? MP_SDPA_UNKNOWN
+                              : mp_sdpa_backend(B->p->opts.cc_major, B->p->opts.cc_minor, cdt, d, dv,
+                                                sdpa_masked(B, l) || sdpa_packed(B, l, impl), l->attn.dropout > 0, math);
+    if (impl == MP_ATTN_SDPA && !B->p->sdpa_head_dim) { /* the first SDPA layer's, reported */
+        B->p->sdpa_head_dim = d;
+        B->p->sdpa_dtype = cdt;
+        B->p->sdpa_backend = (int)bk;
+    }
     uint64_t b = B->b, s = B->s, a = l->attn.heads;
     struct val y = with_last(B, name, q, mul(B, a, dv), cdt, true);
     struct mp_node *n = new_node(B, MP_P_ATTN, name);
@@ -271,9 +327,10 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
         save(n, k.t);
         save(n, v.t);
         save(n, y.t);
-        /* q/k and v widths that differ (DeepSeek's MLA) rule out flash: the memory-efficient kernel
-         * runs, whose logsumexp rows are rounded up to 32 in every dtype (_efficient_attention_forward) */
-        uint64_t s_lse = cdt == MP_DT_F32 || dv != d ? round_up(s, 32) : s;
+        /* q/k and v widths that differ (DeepSeek's MLA) rule out flash, and so does a target where
+         * torch picks the memory-efficient kernel (mp_sdpa_backend: fp16 before sm80): its
+         * logsumexp rows are rounded up to 32 in every dtype (_efficient_attention_forward) */
+        uint64_t s_lse = cdt == MP_DT_F32 || dv != d || bk == MP_SDPA_EFFICIENT ? round_up(s, 32) : s;
         snprintf(en, sizeof en, "%s.lse", name);
         extra_as(n, new_flat(B, en, MP_DT_F32, mul(B, mul(B, a, b), s_lse)), MP_XR_LSE);
         /* backward: softmax_d [b,a,s_r] and dq_accum [b,s_r,a,d_r] in fp32 (flash_api mha_bwd);

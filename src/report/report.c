@@ -353,6 +353,8 @@ static cJSON *json_root(const struct mp_report_ctx *c)
         if (c->prog &&
             c->prog->sdpa_math) /* SDPA's kernel, where it is not a fused one (ir lower_attention.c sdpa_math) */
             cJSON_AddStringToObject(cf, "sdpa_kernel", "math");
+        else if (c->prog && c->prog->sdpa_backend != MP_SDPA_UNKNOWN) /* with a target: the one torch picks */
+            cJSON_AddStringToObject(cf, "sdpa_kernel", mp_sdpa_backend_str((enum mp_sdpa_backend)c->prog->sdpa_backend));
         cJSON_AddStringToObject(cf, "loss", mp_loss_str(c->build->loss));
         cJSON_AddNumberToObject(cf, "label_fraction", c->build->label_fraction);
         if (packing_of(c)) { /* (only with packing: the output without it is as it was) */
@@ -481,6 +483,23 @@ static size_t sac_kept_ops(const struct mp_program *p, uint64_t keep, char names
     return m;
 }
 
+/* NCCL's bytes per rank as the fit counted them (search.c: mp_fit_eval). */
+static void nccl_of(const struct mp_report_ctx *c, const struct mp_estimate *e, struct mp_nccl_est *n)
+{
+    static const struct mp_gpu none;
+    memset(n, 0, sizeof *n);
+    if (e->world > 1)
+        mp_nccl_estimate(c->gpu ? c->gpu : &none, c->train ? c->train->par : NULL, c->train ? c->train->nccl : NULL, n);
+}
+
+/* Whether the context's figure holds NCCL's buffers. */
+static bool nccl_shown(const struct mp_report_ctx *c, const struct mp_estimate *e)
+{
+    struct mp_nccl_est n;
+    nccl_of(c, e, &n);
+    return n.bytes > 0;
+}
+
 static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp_estimate *e)
 {
     cJSON *m = cJSON_AddObjectToObject(r, "memory");
@@ -575,8 +594,22 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
         ju64(m, "buffers_bytes", e->buffers_bytes);
         ju64(m, "host_bytes", e->host_bytes);
         ju64(m, "nvme_bytes", e->nvme_bytes);
-        /* NCCL's communicator memory, from the profile (in overhead_bytes); 0 = not counted */
-        ju64(m, "nccl_overhead_bytes", e->world > 1 && c->gpu ? c->gpu->nccl_overhead_bytes : 0);
+        /* NCCL's communicator memory (in overhead_bytes): the profile's figure or the model's
+         * (search/nccl.h); 0 = not counted */
+        struct mp_nccl_est nc;
+        nccl_of(c, e, &nc);
+        ju64(m, "nccl_overhead_bytes", nc.bytes);
+        cJSON *nj = cJSON_AddObjectToObject(m, "nccl");
+        const struct mp_nccl_env *ne = c->train ? c->train->nccl : NULL;
+        cJSON_AddStringToObject(nj, "source", !nc.counted ? "none" : nc.profile ? "profile" : "model");
+        cJSON_AddStringToObject(nj, "why", c->gpu ? nc.why : "no GPU profile");
+        ju64(nj, "comms", nc.comms);
+        ju64(nj, "channels", nc.channels);
+        ju64(nj, "peers", nc.peers);
+        ju64(nj, "peer_bytes", nc.peer_bytes);
+        ju64(nj, "nvls_bytes", nc.nvls_bytes);
+        ju64(nj, "buffsize_bytes", ne ? ne->buff[2] : MP_NCCL_SIMPLE_BYTES);
+        cJSON_AddStringToObject(nj, "env", ne ? ne->set : "");
         if (e->ep > 1) { /* --ep: the experts' share of the per-rank figures */
             cJSON *x = cJSON_AddObjectToObject(m, "experts");
             ju64(x, "ep", e->ep);
@@ -1161,12 +1194,14 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
         if (e->comm_s > 0 || e->offload_s > 0)
             fprintf(out, "  time per step      collectives %.3f s (%.3f s not hidden by compute), offload %.3f s\n",
                     e->comm_s, e->exposed_comm_s, e->offload_s);
-        if (e->world > 1 && c->gpu && c->gpu->nccl_overhead_bytes)
-            fprintf(out, "  NCCL buffers       %12s   (profile nccl_overhead_mib; counted in the context below)\n",
-                    B(c->gpu->nccl_overhead_bytes));
+        struct mp_nccl_est nc;
+        char nd[128];
+        nccl_of(c, e, &nc);
+        if (e->world > 1 && nc.counted)
+            fprintf(out, "  NCCL buffers       %12s   (%s)\n", B(nc.bytes),
+                    mp_nccl_describe(&nc, nd, sizeof nd));
         else if (e->world > 1)
-            fprintf(out, "  NCCL buffers       not counted (%s): they come on top\n",
-                    c->gpu ? "profile nccl_overhead_mib = 0, not measured" : "no GPU profile");
+            fprintf(out, "  NCCL buffers       not counted (%s): they come on top\n", c->gpu ? nc.why : "no GPU profile");
     }
     char tn[16];
     if (c->train && c->train->ref == MP_REF_COPY) {
@@ -1215,7 +1250,10 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
     } else
         fprintf(out, "peak reserved        %12s   (= allocated: the allocator is not simulated for a model this "
                 "long)\n", B(e->peak_reserved_bytes));
-    fprintf(out, "CUDA context         %12s\n", B(e->overhead_bytes));
+    if (nccl_shown(c, e))
+        fprintf(out, "CUDA context         %12s   (with NCCL's buffers)\n", B(e->overhead_bytes));
+    else
+        fprintf(out, "CUDA context         %12s\n", B(e->overhead_bytes));
     fprintf(out, "peak device          %12s   (allocated + context: what the GPU must have free)\n",
             B(e->peak_device_bytes));
     uint64_t dev;

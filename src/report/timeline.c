@@ -885,6 +885,7 @@ static void draw_legend(FILE *out, const struct tl *s, const struct mp_timeline_
 {
     char b1[32], buf[256];
     double lx = PX0, ly = 476;
+    uint64_t nccl = o->nccl_bytes <= ctx ? o->nccl_bytes : 0;
     for (int k = 0; k < K_N; k++) {
         if (k == K_COMM && !s->comm_seen)
             continue;
@@ -894,7 +895,12 @@ static void draw_legend(FILE *out, const struct tl *s, const struct mp_timeline_
         snprintf(buf, sizeof buf, "%s %s", CAT[k].name, mp_fmt_bytes(s->peak_s.v[k], b1, sizeof b1));
         legend_item(out, &lx, &ly, attrs, CAT[k].color, buf);
     }
-    if (ctx) {
+    if (ctx && nccl) {
+        char b2[32];
+        snprintf(buf, sizeof buf, "CUDA context %s (NCCL's buffers %s of it)", mp_fmt_bytes(ctx, b1, sizeof b1),
+                 mp_fmt_bytes(nccl, b2, sizeof b2));
+        legend_item(out, &lx, &ly, "", "#bbbbbb", buf);
+    } else if (ctx) {
         snprintf(buf, sizeof buf, "CUDA context %s", mp_fmt_bytes(ctx, b1, sizeof b1));
         legend_item(out, &lx, &ly, "", "#bbbbbb", buf);
     }

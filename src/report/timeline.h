@@ -20,6 +20,7 @@ struct mp_timeline_opts {
     const char *title;        /* first line, e.g. "gpt2-124m: estimate" (may be NULL) */
     const char *subtitle;     /* second line: the configuration (may be NULL) */
     uint64_t context_bytes;   /* CUDA context, stacked under the allocations (0 = not drawn) */
+    uint64_t nccl_bytes;      /* NCCL's buffers, part of context_bytes (0: none; the legend says) */
     uint64_t capacity_bytes;  /* the target's memory (0 = no target: no capacity lines) */
     double margin;            /* safety margin, a fraction of capacity */
     /* probe: the measured allocated bytes after each ALLOC/FREE event of one

@@ -4,6 +4,7 @@
 #include "json/json.h"
 #include "model/model.h"
 #include "probe/probe.h"
+#include "search/nccl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -53,6 +54,33 @@ unsigned mp_cc_sm_threads(int major, int minor)
     return 0;
 }
 
+/* What a PyTorch process holds on the device beyond the caching allocator, per compute
+ * capability and stack, where a figure was published or measured (docs/memory-facts.md#cuda-context);
+ * one row a compute capability. */
+static const struct {
+    int major, minor;
+    uint64_t mib;
+    const char *stack, *source;
+} CONTEXTS[] = {
+    {9, 0, 771, "torch 2.11 + CUDA 13.0", "H200, mem_get_info less reserved at a bf16 step's end, "
+                                          "bench/results/gpu-2026-11-28.md"},
+    {8, 9, 426, "torch 2.10 + CUDA 13.0", "RTX 6000 Ada, nvidia-smi after mem_get_info made the context, "
+                                          "unslothai/unsloth-zoo PR #1053"},
+};
+
+uint64_t mp_cc_context_bytes(int major, int minor, const char **stack, const char **source)
+{
+    for (size_t i = 0; i < sizeof CONTEXTS / sizeof CONTEXTS[0]; i++)
+        if (CONTEXTS[i].major == major && CONTEXTS[i].minor == minor) {
+            if (stack)
+                *stack = CONTEXTS[i].stack;
+            if (source)
+                *source = CONTEXTS[i].source;
+            return CONTEXTS[i].mib << 20;
+        }
+    return 0;
+}
+
 void mp_gpu_from_vram(uint64_t bytes, struct mp_gpu *g)
 {
     memset(g, 0, sizeof *g);
@@ -72,7 +100,7 @@ void mp_gpu_from_vram(uint64_t bytes, struct mp_gpu *g)
  * them (keys starting with "_" or "comment" are ignored). */
 #define PROFILE_KEYS                                                                                              \
     "name description memory_mib usable_fraction compute_capability tflops bandwidth_gbs cuda_context_mib "       \
-    "cublas_workspace_bytes nvlink_gbs pcie_gbs ib_gbs nccl_overhead_mib sm_count"
+    "cublas_workspace_bytes nvlink_gbs pcie_gbs ib_gbs nccl_overhead_mib nccl_channels sm_count"
 #define PROFILE_MIB_MAX (UINT64_C(1) << 30)  /* memory, context, NCCL buffers: at most 1 PiB */
 #define PROFILE_BYTES_MAX (UINT64_C(1) << 50) /* the cuBLAS workspace */
 #define PROFILE_RATE_MAX 1e6                  /* TFLOP/s and GB/s */
@@ -167,9 +195,13 @@ static enum mp_status read_profile(const cJSON *root, struct mp_gpu *g, const ch
     g->workspace_bytes = 8519680;
     g->pcie_gbs = 16;
     g->ib_gbs = 12.5;
+    /* no cuda_context_mib: the table's figure for the compute capability, else 500 MiB */
+    uint64_t ctx_mib = mp_cc_context_bytes(g->cc_major, g->cc_minor, NULL, NULL) >> 20;
+    if (!ctx_mib)
+        ctx_mib = 500;
     if ((st = mp_json_num(root, "bandwidth_gbs", 0, false, PROFILE_RATE_MAX, &g->bandwidth_gbs, path, "", d)) !=
             MP_OK ||
-        (st = read_mib(root, "cuda_context_mib", false, 500, &g->context_bytes, path, d)) != MP_OK ||
+        (st = read_mib(root, "cuda_context_mib", false, ctx_mib, &g->context_bytes, path, d)) != MP_OK ||
         (st = mp_json_u64(root, "cublas_workspace_bytes", false, PROFILE_BYTES_MAX, &g->workspace_bytes, path, "",
                           d)) != MP_OK ||
         (st = mp_json_num(root, "nvlink_gbs", 0, false, PROFILE_RATE_MAX, &g->nvlink_gbs, path, "", d)) != MP_OK ||
@@ -179,9 +211,11 @@ static enum mp_status read_profile(const cJSON *root, struct mp_gpu *g, const ch
         return st;
     if (g->nccl_overhead_bytes > g->memory_bytes)
         return mp_fail(d, MP_ERR_MODEL, "%s: nccl_overhead_mib: more than memory_mib", path);
-    uint64_t sms = 0;
-    if ((st = mp_json_u64(root, "sm_count", false, PROFILE_SMS_MAX, &sms, path, "", d)) != MP_OK)
+    uint64_t sms = 0, ch = 0;
+    if ((st = mp_json_u64(root, "sm_count", false, PROFILE_SMS_MAX, &sms, path, "", d)) != MP_OK ||
+        (st = mp_json_u64(root, "nccl_channels", false, MP_NCCL_MAXCHANNELS, &ch, path, "", d)) != MP_OK)
         return st;
+    g->nccl_channels = (unsigned)ch;
     g->sm_count = (unsigned)sms;
     g->sm_threads = mp_cc_sm_threads(g->cc_major, g->cc_minor);
     return MP_OK;
@@ -351,6 +385,14 @@ enum mp_status mp_gpu_from_device(int device, struct mp_gpu *g, struct mp_diag *
     snprintf(g->description, sizeof g->description, "%s", di.name);
     g->cc_major = di.cc_major;
     g->cc_minor = di.cc_minor;
+    /* The context: the table's figure for its compute capability (else 500 MiB), or what the
+     * device has in use with memplan's own context open (other processes' memory included:
+     * the job cannot have it either) where that is more. */
+    uint64_t ctx = mp_cc_context_bytes(di.cc_major, di.cc_minor, NULL, NULL);
+    if (ctx)
+        g->context_bytes = ctx;
+    if (di.total_bytes > di.free_bytes && di.total_bytes - di.free_bytes > g->context_bytes)
+        g->context_bytes = di.total_bytes - di.free_bytes;
     g->sm_count = di.sm_count;
     g->sm_threads = di.sm_threads;
     return MP_OK;

@@ -26,12 +26,20 @@ struct mp_gpu {
     double nvlink_gbs;            /* GPU-GPU inside a node (0: peers talk over PCIe) */
     double pcie_gbs;              /* host <-> GPU (offload traffic) */
     double ib_gbs;                /* between nodes, per GPU (InfiniBand / RoCE NIC share) */
-    uint64_t nccl_overhead_bytes; /* NCCL communicator buffers, outside the caching allocator */
+    uint64_t nccl_overhead_bytes; /* NCCL communicator buffers, outside the caching allocator: a
+                                     measured figure (0: modelled from nccl_channels, search/nccl.h) */
+    unsigned nccl_channels;       /* NCCL's collective channels on this GPU's usual node (0: unknown) */
 };
 
 /* Resident threads per SM of compute capability major.minor (the CUDA C++ Programming Guide's
  * table of technical specifications), 0 for one not in it. */
 unsigned mp_cc_sm_threads(int major, int minor);
+
+/* The CUDA context a PyTorch process holds on a GPU of compute capability major.minor (beyond the
+ * caching allocator), from the table of published or measured figures (docs/memory-facts.md#cuda-context);
+ * 0 for one without a row; *stack and *source (when not NULL) name the row's torch + CUDA and
+ * where the figure comes from.  A profile without cuda_context_mib and the local device take it. */
+uint64_t mp_cc_context_bytes(int major, int minor, const char **stack, const char **source);
 
 /* Capacity available to the trainer: memory * usable_fraction. */
 uint64_t mp_gpu_capacity(const struct mp_gpu *g);

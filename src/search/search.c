@@ -11,6 +11,7 @@
 #include "search.h"
 
 #include "estimate/estimate.h"
+#include "search/nccl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -430,10 +431,12 @@ enum mp_status mp_fit_eval(const struct mp_job *job_in, struct mp_fit *f, struct
     memset(f, 0, sizeof *f);
     mp_ckpt_plan_init(&f->plan);
     f->capacity_bytes = mp_gpu_capacity(&job_in->gpu);
-    /* NCCL's communicator buffers sit beside the CUDA context when there are peers */
+    /* NCCL's communicator buffers sit beside the CUDA context when there are peers: the
+     * profile's measured figure, else modelled (search/nccl.h) */
     uint64_t context = job_in->gpu.context_bytes;
-    if (job_in->train.par && mp_par_world(job_in->train.par) > 1 &&
-        !mp_add_u64(context, job_in->gpu.nccl_overhead_bytes, &context))
+    struct mp_nccl_est nccl;
+    mp_nccl_estimate(&job_in->gpu, job_in->train.par, job_in->train.nccl, &nccl);
+    if (!mp_add_u64(context, nccl.bytes, &context))
         return mp_fail(d, MP_ERR_RANGE, "%s: the CUDA context (--context) of %llu bytes overflows 64 bits with "
                        "NCCL's buffers", job_in->model->path, (unsigned long long)job_in->gpu.context_bytes);
     f->usable_bytes = (uint64_t)((double)f->capacity_bytes * (1.0 - job_in->margin));

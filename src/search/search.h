@@ -13,6 +13,7 @@
 #include "ckpt/ckpt.h"
 #include "estimate/estimate.h"
 #include "gpu.h"
+#include "nccl.h"
 #include "probe/probe.h"
 
 struct mp_job {
