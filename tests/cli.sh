@@ -2355,6 +2355,17 @@ else
     echo "expected NCCL buffers 832.00 MiB on its line, the defaults line and context 520 + 832 MiB" >"$T/why"
     bad "estimate 8 x H100 DDP: NCCL 832 MiB (24 x 2 x 12 MiB + NVLS 256 MiB) on the defaults line and in the context"
 fi
+# --ep 4 on 8 x H100 (Mixtral, FSDP2): the world's 832 MiB; the EP group's all-to-all 3 peers x 32
+# P2P channels (2 x 18 NVLinks = 36 -> 64, capped by 24 channels -> 32) x 12 MiB = 1,152 MiB; the
+# efsdp group of 2 ranks 24 ch x 1 peer x 12 MiB + NVLS 16 x 2 x 1 MiB x 2 = 352 MiB: 2,336 MiB
+run estimate models/hf/mixtral-8x7b.json --batch 1 --seq 512 --parallel fsdp --gpus 8 --ep 4 --gpu h100-80gb
+if [ "$ec" -le 1 ] && grep -q "NCCL buffers  *2.28 GiB   (1 comm x 24 ch x 2 peers x 12.00 MiB + NVLS 256.00 MiB)" "$T/out" &&
+    grep -q "of them --ep's  *1.47 GiB   (all-to-all 3 peers x 32 ch x 12.00 MiB, efsdp 352.00 MiB)" "$T/out"; then
+    ok "estimate --ep 4 on 8 x H100: NCCL 2,336 MiB with the EP all-to-all and the efsdp group"
+else
+    echo "expected NCCL buffers 2.28 GiB, of them --ep's 1.47 GiB (3 x 32 x 12 MiB + 352 MiB)" >"$T/why"
+    bad "estimate --ep 4 on 8 x H100: NCCL 2,336 MiB with the EP all-to-all and the efsdp group"
+fi
 if [ -n "$HAVE_PY" ]; then
     export NCCL_NVLS_ENABLE=0
     run $NH --json

@@ -306,6 +306,7 @@ if r:
     check(n.source == "model" and n.comms == 1 and n.channels == 24 and n.peers == 2 and n.peer_bytes == 12 * mib
           and n.nvls_bytes == 256 * mib and r.memory.nccl_overhead_bytes == 832 * mib,
           "nccl modelled: 8 x H100 DDP, 24 channels x 2 peers x 12 MiB + NVLS 256 MiB = 832 MiB (NCCL's rules)")
+    check(n.ep_p2p_channels == 0 and n.ep_bytes == 0 and n.efsdp_bytes == 0, "nccl modelled: no --ep groups under DDP")
 r = reps.get("images")
 if r:  # Gemma-3-4B: 896 x 896 images, patch 14 (4,096 patches), 256 tokens each, 27 SigLIP layers
     check(r.config.images.per_sample == 2 and r.config.images.tokens_each == 256 and r.config.images.patches == 4096

@@ -186,11 +186,11 @@ static void test_not_counted_and_profile(void **state)
     assert_true(!n.counted && n.bytes == 0);
     assert_non_null(strstr(n.why, "nccl_channels"));
     g = h100();
-    p = par(MP_PAR_FSDP, 8, 1);
+    p = par(MP_PAR_FSDP, 8, 2); /* --ep over two nodes: the network transport */
     p.ep = 4;
     mp_nccl_estimate(&g, &p, NULL, &n);
     assert_true(!n.counted && n.bytes == 0);
-    assert_non_null(strstr(n.why, "--ep"));
+    assert_non_null(strstr(n.why, "--ep across nodes"));
     g.nccl_overhead_bytes = 100 * MIB;
     mp_nccl_estimate(&g, &p, NULL, &n);
     assert_true(n.counted && n.profile && n.bytes == 100 * MIB);
@@ -229,6 +229,50 @@ static void test_read_override_and_unmodelled(void **state)
     assert_true(n.counted && n.bytes == 64 * MIB);
 }
 
+/* --ep on 8 x H100 (one node): the world's 832 MiB, and
+ *   ep 8: all-to-all 7 peers x P2P channels x 12 MiB; channels a peer: 2 x 18 links = 36 -> 64,
+ *         capped by the communicator's 24 -> 32: 7 x 32 x 12 = 2,688 MiB; efsdp 8/8 = 1 rank:
+ *         nothing; 3,520 MiB.
+ *   ep 4: 3 x 32 x 12 = 1,152 MiB; efsdp 2 ranks: 24 ch x 1 peer x 12 MiB = 288 MiB + NVLS 16 x
+ *         2 x 1 MiB x 2 = 64 MiB; 832 + 1,152 + 352 = 2,336 MiB.
+ *   NCCL_MAX_P2P_NCHANNELS=8: 24 -> 8 P2P channels, 3 x 8 x 12 = 288 MiB; 1,472 MiB.
+ * 4 PCIe GPUs (no NVLink, channels pinned to 4 by NCCL_MIN/MAX_NCHANNELS), ep 2: the world 4 ch x
+ *   2 peers x 12 MiB = 96 MiB; all-to-all 1 peer x min(2, 4) x 12 = 24 MiB; efsdp 2 ranks 4 x 1 x
+ *   12 = 48 MiB, no NVLS; 168 MiB. */
+static void test_ep_groups(void **state)
+{
+    (void)state;
+    struct mp_gpu g = h100();
+    struct mp_parallel p = par(MP_PAR_FSDP, 8, 1);
+    p.ep = 8;
+    struct mp_nccl_est n;
+    mp_nccl_estimate(&g, &p, NULL, &n);
+    assert_true(n.counted);
+    assert_int_equal(n.p2p_channels, 32);
+    assert_int_equal(n.ep_peers, 7);
+    assert_true(n.ep_bytes == 2688 * MIB && n.efsdp_bytes == 0);
+    assert_true(n.bytes == 3520 * MIB);
+    p.ep = 4;
+    mp_nccl_estimate(&g, &p, NULL, &n);
+    assert_true(n.ep_bytes == 1152 * MIB && n.efsdp_bytes == 352 * MIB);
+    assert_true(n.bytes == 2336 * MIB);
+    static const char *const kv[] = {"NCCL_MAX_P2P_NCHANNELS", "8", NULL};
+    struct mp_nccl_env e = env_of(kv);
+    mp_nccl_estimate(&g, &p, &e, &n);
+    assert_int_equal(n.p2p_channels, 8);
+    assert_true(n.bytes == 1472 * MIB);
+    struct mp_gpu pcie = h100();
+    pcie.nvlink_gbs = 0;
+    pcie.nccl_channels = 0;
+    p = par(MP_PAR_FSDP, 4, 1);
+    p.ep = 2;
+    static const char *const pin[] = {"NCCL_MIN_NCHANNELS", "4", "NCCL_MAX_NCHANNELS", "4", NULL};
+    e = env_of(pin);
+    mp_nccl_estimate(&pcie, &p, &e, &n);
+    assert_true(n.counted && n.p2p_channels == 2 && n.nvls_bytes == 0);
+    assert_true(n.ep_bytes == 24 * MIB && n.efsdp_bytes == 48 * MIB && n.bytes == 168 * MIB);
+}
+
 static void test_env_refused(void **state)
 {
     (void)state;
@@ -236,7 +280,8 @@ static void test_env_refused(void **state)
         {"NCCL_BUFFSIZE", "4M", NULL},         {"NCCL_BUFFSIZE", "0", NULL},
         {"NCCL_NVLS_ENABLE", "3", NULL},       {"NCCL_LL128_BUFFSIZE", "-1", NULL},
         {"NCCL_MAX_NCHANNELS", "", NULL},      {"NCCL_NVLS_CHUNKSIZE", "0x10", NULL},
-        {"NCCL_P2P_READ_ENABLE", "2", NULL},
+        {"NCCL_P2P_READ_ENABLE", "2", NULL},   {"NCCL_MAX_P2P_NCHANNELS", "0", NULL},
+        {"NCCL_MIN_P2P_NCHANNELS", "65", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct mp_nccl_env e;
@@ -254,7 +299,7 @@ int main(void)
         cmocka_unit_test(test_zero_two_comms_nvls_off), cmocka_unit_test(test_a100_read_and_buffsize),
         cmocka_unit_test(test_pcie_write),             cmocka_unit_test(test_clamps_and_nvls_chunk),
         cmocka_unit_test(test_not_counted_and_profile), cmocka_unit_test(test_env_refused),
-        cmocka_unit_test(test_read_override_and_unmodelled),
+        cmocka_unit_test(test_read_override_and_unmodelled), cmocka_unit_test(test_ep_groups),
     };
     return cmocka_run_group_tests_name("nccl", tests, NULL, NULL);
 }

@@ -264,6 +264,9 @@ class Nccl:
     peers: int  # connections per channel (ring 1; the tree's other neighbour 1 more)
     peer_bytes: int  # one connection, its receive and send sides
     nvls_bytes: int  # NVLink SHARP's buffer per communicator (0: none)
+    ep_p2p_channels: int  # --ep: P2P channels per peer of the EP group's all-to-all (0: no --ep)
+    ep_bytes: int  # --ep: the EP group's send/recv connections (in the total)
+    efsdp_bytes: int  # --ep: the efsdp group's connections and NVLS (in the total)
     buffsize_bytes: int  # NCCL_BUFFSIZE (Simple's buffer per connection)
     env: str  # the NCCL_* variables read, space-separated ("" for none)
     extra: Dict[str, Any] = _extra()

@@ -608,6 +608,9 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
         ju64(nj, "peers", nc.peers);
         ju64(nj, "peer_bytes", nc.peer_bytes);
         ju64(nj, "nvls_bytes", nc.nvls_bytes);
+        ju64(nj, "ep_p2p_channels", nc.p2p_channels);
+        ju64(nj, "ep_bytes", nc.ep_bytes);
+        ju64(nj, "efsdp_bytes", nc.efsdp_bytes);
         ju64(nj, "buffsize_bytes", ne ? ne->buff[2] : MP_NCCL_SIMPLE_BYTES);
         cJSON_AddStringToObject(nj, "env", ne ? ne->set : "");
         if (e->ep > 1) { /* --ep: the experts' share of the per-rank figures */
@@ -1200,6 +1203,10 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
         if (e->world > 1 && nc.counted)
             fprintf(out, "  NCCL buffers       %12s   (%s)\n", B(nc.bytes),
                     mp_nccl_describe(&nc, nd, sizeof nd));
+        if (e->world > 1 && nc.counted && nc.ep_peers) /* (included above) */
+            fprintf(out, "    of them --ep's   %12s   (all-to-all %u peer%s x %u ch x %s, efsdp %s)\n",
+                    B(nc.ep_bytes + nc.efsdp_bytes), nc.ep_peers, nc.ep_peers > 1 ? "s" : "", nc.p2p_channels,
+                    B(nc.peer_bytes), B(nc.efsdp_bytes));
         else if (e->world > 1)
             fprintf(out, "  NCCL buffers       not counted (%s): they come on top\n", c->gpu ? nc.why : "no GPU profile");
     }

@@ -18,6 +18,8 @@ void mp_nccl_env_default(struct mp_nccl_env *e)
     e->nvls = 2;
     e->min_ch = 0;
     e->max_ch = MP_NCCL_MAXCHANNELS;
+    e->min_p2p = 1; /* graph/paths.cc:957-958 */
+    e->max_p2p = MP_NCCL_MAXCHANNELS;
     e->p2p_read = -1;
 }
 
@@ -75,6 +77,20 @@ enum mp_status mp_nccl_env_read(struct mp_nccl_env *e, const char *(*get)(const 
         e->max_ch = x > MP_NCCL_MAXCHANNELS ? MP_NCCL_MAXCHANNELS : x < 1 ? 1 : (unsigned)x;
         NOTE("NCCL_MAX_NCHANNELS");
     }
+    /* graph/paths.cc:957-958, 980-985: the P2P channels of a communicator, its collective
+     * channels taken to MIN_P2P .. MAX_P2P_NCHANNELS */
+    if ((v = get("NCCL_MIN_P2P_NCHANNELS"))) {
+        if ((st = env_num("NCCL_MIN_P2P_NCHANNELS", v, 1, MP_NCCL_MAXCHANNELS, &x, d)) != MP_OK)
+            return st;
+        e->min_p2p = (unsigned)x;
+        NOTE("NCCL_MIN_P2P_NCHANNELS");
+    }
+    if ((v = get("NCCL_MAX_P2P_NCHANNELS"))) {
+        if ((st = env_num("NCCL_MAX_P2P_NCHANNELS", v, 1, MP_NCCL_MAXCHANNELS, &x, d)) != MP_OK)
+            return st;
+        e->max_p2p = (unsigned)x;
+        NOTE("NCCL_MAX_P2P_NCHANNELS");
+    }
     if ((v = get("NCCL_P2P_READ_ENABLE"))) { /* p2p.cc:327,339-340: overrides the topology's choice */
         if ((st = env_num("NCCL_P2P_READ_ENABLE", v, 0, 1, &x, d)) != MP_OK)
             return st;
@@ -105,6 +121,68 @@ static bool nvls_on(const struct mp_gpu *g, const struct mp_nccl_env *e, uint64_
     return e->nvls != 0 && g->cc_major >= 9 && g->nvlink_gbs > 0 && gpus >= 2;
 }
 
+static unsigned pow2_up(unsigned x)
+{
+    unsigned r = 1;
+    while (r < x)
+        r <<= 1;
+    return r;
+}
+
+/* NVLink links a GPU has to the NVSwitch: the profile's per-direction NVLink rate over one
+ * link's (25 GB/s for NVLink 2-4: V100, A100 and H100 have 6, 12 and 18 links; 50 GB/s for
+ * NVLink 5), at least 1; 0 without NVLink. */
+static unsigned nvlinks(const struct mp_gpu *g)
+{
+    if (g->nvlink_gbs <= 0)
+        return 0;
+    unsigned n = (unsigned)(g->nvlink_gbs / (g->cc_major >= 10 ? 50.0 : 25.0));
+    return n ? n : 1;
+}
+
+/* --ep's two communicators (one node: the caller refuses more), added to *all:
+ * - the EP group (ep ranks, the mesh's innermost dimension: GPUs of one node) runs AllToAllEP's
+ *   all_to_all_single (transformers distributed/expert_parallel.py:224-242), which NCCL makes of
+ *   send/recv: each peer gets a send and a receive connector (connIndex 1, enqueue.cc:2652-2681)
+ *   on each of p2pnChannelsPerPeer channels, each as a ring connection's bytes (p2p.cc:404-410,
+ *   484-490). p2pnChannelsPerPeer (graph/paths.cc:961-1004): per NVLink peer 2 x the links
+ *   (path bandwidth over one link's, :930-936), over PCIe 2, rounded up to a power of 2 and
+ *   capped by p2pnChannels = the communicator's channels taken to MIN/MAX_P2P_NCHANNELS, rounded
+ *   up to a power of 2; the communicator's channels are taken as the profile's (an assumption:
+ *   a subset of one node's NVSwitch GPUs).
+ * - the efsdp group (world / ep ranks holding the same experts) all-gathers and reduce-scatters
+ *   them: ring and tree connections as the world's, and NVLS over its ranks. */
+static bool ep_groups(const struct mp_gpu *g, const struct mp_parallel *p, const struct mp_nccl_env *e, unsigned ch,
+                      struct mp_nccl_est *out, uint64_t *all)
+{
+    uint64_t world = mp_par_world(p);
+    unsigned links = nvlinks(g);
+    unsigned per_peer = pow2_up(links ? 2 * links : 2);
+    unsigned p2pn = ch < e->min_p2p ? e->min_p2p : ch > e->max_p2p ? e->max_p2p : ch;
+    p2pn = pow2_up(p2pn);
+    if (p2pn > MP_NCCL_MAXCHANNELS)
+        p2pn = MP_NCCL_MAXCHANNELS;
+    out->p2p_channels = per_peer < p2pn ? per_peer : p2pn;
+    out->ep_peers = (unsigned)(p->ep - 1);
+    uint64_t x = 0;
+    if (!mp_mul_u64(out->peer_bytes, (uint64_t)out->ep_peers * out->p2p_channels, &out->ep_bytes) ||
+        !mp_add_u64(*all, out->ep_bytes, all))
+        return false;
+    out->efsdp_ranks = (unsigned)(world / p->ep);
+    if (out->efsdp_ranks < 2)
+        return true;
+    if (!mp_mul_u64(out->peer_bytes, (uint64_t)ch * (out->efsdp_ranks > 2 ? 2 : 1), &x))
+        return false;
+    if (nvls_on(g, e, out->efsdp_ranks)) {
+        uint64_t nv = 0;
+        if (!mp_mul_u64((uint64_t)out->nvls_channels * 2u * MP_NCCL_STEPS, e->nvls_chunk, &nv) ||
+            !mp_mul_u64(nv, out->efsdp_ranks, &nv) || !mp_add_u64(x, align_up(nv, MP_NCCL_IPC_ALIGN), &x))
+            return false;
+    }
+    out->efsdp_bytes = x;
+    return mp_add_u64(*all, x, all);
+}
+
 void mp_nccl_estimate(const struct mp_gpu *g, const struct mp_parallel *p, const struct mp_nccl_env *e,
                       struct mp_nccl_est *out)
 {
@@ -124,8 +202,8 @@ void mp_nccl_estimate(const struct mp_gpu *g, const struct mp_parallel *p, const
         out->bytes = g->nccl_overhead_bytes;
         return;
     }
-    if (p->ep > 1) {
-        snprintf(out->why, sizeof out->why, "--ep's all-to-all groups are not modelled");
+    if (p->ep > 1 && p->nodes > 1) {
+        snprintf(out->why, sizeof out->why, "--ep across nodes (NCCL's network transport) is not modelled");
         return;
     }
     if (e->unmodelled[0]) {
@@ -180,6 +258,8 @@ void mp_nccl_estimate(const struct mp_gpu *g, const struct mp_parallel *p, const
     uint64_t one = 0, all = 0;
     if (!mp_mul_u64(out->peer_bytes, (uint64_t)ch * out->peers, &one) || !mp_add_u64(one, out->nvls_bytes, &one) ||
         !mp_mul_u64(one, out->comms, &all))
+        all = UINT64_MAX / 4;
+    if (p->ep > 1 && !ep_groups(g, p, e, ch, out, &all))
         all = UINT64_MAX / 4;
     out->counted = true;
     out->bytes = all;

@@ -33,6 +33,7 @@ struct mp_nccl_env {
     uint64_t nvls_chunk;   /* NCCL_NVLS_CHUNKSIZE */
     int nvls;              /* NCCL_NVLS_ENABLE: 0 off, 1 on, 2 (default) where the GPUs have it */
     unsigned min_ch, max_ch; /* NCCL_MIN_NCHANNELS (0), NCCL_MAX_NCHANNELS (64) */
+    unsigned min_p2p, max_p2p; /* NCCL_MIN_P2P_NCHANNELS (1), NCCL_MAX_P2P_NCHANNELS (64) */
     int p2p_read;          /* NCCL_P2P_READ_ENABLE: 0, 1, -1 (default: the topology's) */
     char unmodelled[40];   /* a variable set that changes the buffers in ways not modelled ("": none) */
     char set[160];         /* the variables read, "" for none */
@@ -50,6 +51,15 @@ struct mp_nccl_est {
     uint64_t peer_bytes;   /* one connection, its receive + send sides */
     uint64_t nvls_bytes;   /* NVLink SHARP's buffer per communicator (0: none) */
     unsigned nvls_channels;
+    /* --ep (transformers' DistributedConfig: a dense mesh and an expert mesh, graph of
+     * pp x dp_replicate x efsdp x ep): the EP group's all-to-all runs NCCL send/recv, a
+     * connection per peer and P2P channel; the efsdp group (world / ep ranks holding the same
+     * experts) all-gathers and reduce-scatters them, a communicator of its own */
+    unsigned ep_peers;     /* ep - 1 */
+    unsigned p2p_channels; /* P2P channels per peer (p2pnChannelsPerPeer) */
+    uint64_t ep_bytes;     /* the EP group's send/recv connections */
+    unsigned efsdp_ranks;  /* world / ep: 1, no such communicator's connections */
+    uint64_t efsdp_bytes;  /* its ring and tree connections, and NVLS */
     char why[96];
 };
 
@@ -62,7 +72,8 @@ enum mp_status mp_nccl_env_read(struct mp_nccl_env *e, const char *(*get)(const 
 void mp_nccl_estimate(const struct mp_gpu *g, const struct mp_parallel *p, const struct mp_nccl_env *e,
                       struct mp_nccl_est *out);
 
-/* "1 comm x 24 ch x 2 peers x 12.00 MiB + NVLS 256.00 MiB" (or why not counted) into buf. */
+/* "1 comm x 24 ch x 2 peers x 12.00 MiB + NVLS 256.00 MiB" (the world's communicators; --ep's
+ * groups are ep_bytes and efsdp_bytes), or why not counted, into buf. */
 const char *mp_nccl_describe(const struct mp_nccl_est *n, char *buf, size_t len);
 
 #endif
