@@ -2355,6 +2355,17 @@ else
     echo "expected NCCL buffers 832.00 MiB on its line, the defaults line and context 520 + 832 MiB" >"$T/why"
     bad "estimate 8 x H100 DDP: NCCL 832 MiB (24 x 2 x 12 MiB + NVLS 256 MiB) on the defaults line and in the context"
 fi
+# Llama4ForConditionalGeneration: transformers 5.24's forward fails after the loss (it reads the
+# language model's image_outputs): planned, with a warning; Llama4ForCausalLM has none
+run estimate models/hf/llama-4-scout-17b-16e.json --batch 1 --seq 512
+if [ "$ec" -eq 0 ] && grep -q "^memplan: warning: .*image_outputs.*AttributeError" "$T/err" &&
+    run estimate models/hf/llama-4-scout-17b-16e-text.json --batch 1 --seq 512 && [ "$ec" -eq 0 ] &&
+    ! grep -q "image_outputs" "$T/err"; then
+    ok "estimate Llama4ForConditionalGeneration: transformers 5.24's failing forward said in a warning"
+else
+    echo "expected one warning naming image_outputs for the llama4 class, none for llama4_text" >"$T/why"
+    bad "estimate Llama4ForConditionalGeneration: transformers 5.24's failing forward said in a warning"
+fi
 # --ep 4 on 8 x H100 (Mixtral, FSDP2): the world's 832 MiB; the EP group's all-to-all 3 peers x 32
 # P2P channels (2 x 18 NVLinks = 36 -> 64, capped by 24 channels -> 32) x 12 MiB = 1,152 MiB; the
 # efsdp group of 2 ranks 24 ch x 1 peer x 12 MiB + NVLS 16 x 2 x 1 MiB x 2 = 352 MiB: 2,336 MiB

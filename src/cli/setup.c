@@ -668,6 +668,10 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         cli_warn("%s: --seq %llu exceeds max_position_embeddings %llu", a->model, (unsigned long long)a->seq,
                  (unsigned long long)s->model.max_positions);
     cli_check_checkpoint_index(a->model, &s->model);
+    if (!strcmp(s->model.hf_class, "Llama4ForConditionalGeneration")) /* (docs/memory-facts.md#llama4) */
+        cli_warn("%s: transformers 5.24's Llama4ForConditionalGeneration.forward reads its language model's "
+                 "image_outputs, which that output lacks (modeling_llama4.py:1318): training raises AttributeError "
+                 "after the loss; planned is the step the forward computes", a->model);
     rc = setup_target(a, s, need_target, d);
     if (!rc)
         note_nccl(s);
