@@ -845,6 +845,7 @@ expect_line 3 "--head on a memplan model" estimate models/gpt2-124m.json --head 
 # --images: Gemma 3 steps with images; refusals one line each
 expect_line 3 "--images on a text model (no vision tower)" estimate models/hf/gemma-3-1b.json --images 1
 expect_line 3 "--images on qwen2.5-vl: not modelled yet" estimate bench/accuracy/multimodal/qwen2.5-vl-shrunk.json --images 1
+expect_line 3 "--images on qwen2-vl: not modelled yet" estimate bench/accuracy/multimodal/qwen2-vl-shrunk.json --images 1
 expect_line 3 "--images on a memplan model" estimate models/gpt2-124m.json --images 1
 expect_line 2 "--images 0: out of range" estimate models/hf/gemma-3-4b-it.json --images 0
 expect_line 2 "--images 5 x 256 image tokens exceed --seq 1024" estimate models/hf/gemma-3-4b-it.json --images 5 --seq 1024

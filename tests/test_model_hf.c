@@ -1712,6 +1712,26 @@ static void test_multimodal(void **state)
     assert_int_equal(tensor_elems(&p, "rope.cos_sin"), 2 * 2 * 16 * 64);
     mp_program_release(&p);
     mp_model_release(&m);
+    /* qwen2-vl-shrunk by hand: the tower 941,312 (Conv3d 3x2x14x14x128 = 150,528; per block the
+     * LayerNorms 512, qkv 49,536, proj 16,512, fc1 66,048, fc2 65,664: 2 x 198,272; the merger's
+     * ln_q 256, mlp.0 262,656, mlp.2 131,328) + the text model 4,198,656 (tied 262,144 table, 4 x
+     * 984,064 layers, the norm 256) = 5,139,968, as transformers counts the class.  LoRA r 8
+     * (peft): all-linear 227,328 (the tower 2 x 16,384 + the merger 14,336 + 4 x 45,056);
+     * q_proj,v_proj 4 x 7,168 (the tower's attention is one qkv); gate_proj 4 x 10,240 (its MLP is
+     * fc1 / fc2) */
+    expect_params("bench/accuracy/multimodal/qwen2-vl-shrunk.json", UINT64_C(5139968));
+    load_ok(&m, "bench/accuracy/multimodal/qwen2-vl-shrunk.json");
+    assert_int_equal(m.idle.params, 941312u);
+    build_ft(&m, 1, "all-linear", &p);
+    assert_int_equal(p.trainable_params, 227328u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "q_proj,v_proj", &p);
+    assert_int_equal(p.trainable_params, 28672u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "gate_proj", &p);
+    assert_int_equal(p.trainable_params, 40960u);
+    mp_program_release(&p);
+    mp_model_release(&m);
 
     expect_error("{\"model_type\": \"gemma3\", \"architectures\": [\"Gemma3ForCausalLM\"]}", MP_ERR_MODEL,
                  "cfg.json: architectures[0]: 'Gemma3ForCausalLM' is not supported for gemma3 (supported: "
@@ -1944,7 +1964,15 @@ static void test_multimodal_images(void **state)
                         "vision tower (a multimodal checkpoint's config.json with a vision_config)");
     expect_images_error("bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", 1,
                         "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json: --images: steps with images are modelled "
-                        "for gemma3 (Gemma3ForConditionalGeneration) only, not qwen2_5_vl yet; text-only steps are "
+                        "for gemma3 (Gemma3ForConditionalGeneration) only, not qwen2_5_vl yet (its tower's images of "
+                        "any size, per-image attention and M-RoPE positions); text-only steps are (no --images)");
+    expect_images_error("bench/accuracy/multimodal/qwen2-vl-shrunk.json", 1,
+                        "bench/accuracy/multimodal/qwen2-vl-shrunk.json: --images: steps with images are modelled "
+                        "for gemma3 (Gemma3ForConditionalGeneration) only, not qwen2_vl yet (its tower's images of "
+                        "any size, per-image attention and M-RoPE positions); text-only steps are (no --images)");
+    expect_images_error("bench/accuracy/multimodal/mllama-shrunk.json", 1,
+                        "bench/accuracy/multimodal/mllama-shrunk.json: --images: steps with images are modelled "
+                        "for gemma3 (Gemma3ForConditionalGeneration) only, not mllama yet; text-only steps are "
                         "(no --images)");
 }
 

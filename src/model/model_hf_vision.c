@@ -337,12 +337,20 @@ static struct mp_block *front_block(struct mp_model *m, const char *name, size_t
 enum mp_status mp_hf_add_images(struct mp_model *m, uint64_t n, struct mp_diag *d)
 {
     const struct mp_vision *v = &m->vision;
+    /* Qwen2-VL / Qwen2.5-VL: what their towers hold is worked out and measured on the torch side
+     * (docs/memory-facts.md "Qwen2-VL and Qwen2.5-VL with images", peft_step.py qwenvl), not
+     * modelled yet */
+    bool qwen = !strcmp(m->hf_type, "qwen2_vl") || !strcmp(m->hf_type, "qwen2_5_vl");
     if (v->kind != 1)
-        return mp_fail(d, MP_ERR_MODEL, m->idle.params ? "%s: --images: steps with images are modelled for gemma3 "
-                                                         "(Gemma3ForConditionalGeneration) only, not %s yet; text-only "
-                                                         "steps are (no --images)"
-                                                       : "%s: --images: %s has no vision tower (a multimodal "
-                                                         "checkpoint's config.json with a vision_config)",
+        return mp_fail(d, MP_ERR_MODEL, !m->idle.params ? "%s: --images: %s has no vision tower (a multimodal "
+                                                          "checkpoint's config.json with a vision_config)"
+                                        : qwen ? "%s: --images: steps with images are modelled for gemma3 "
+                                                 "(Gemma3ForConditionalGeneration) only, not %s yet (its tower's "
+                                                 "images of any size, per-image attention and M-RoPE positions); "
+                                                 "text-only steps are (no --images)"
+                                               : "%s: --images: steps with images are modelled for gemma3 "
+                                                 "(Gemma3ForConditionalGeneration) only, not %s yet; text-only "
+                                                 "steps are (no --images)",
                        m->path, m->hf_type[0] ? m->hf_type : "this model");
     uint64_t side = v->image / v->patch, t = 1;
     while ((t + 1) * (t + 1) <= v->tokens)
