@@ -1177,13 +1177,17 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
                                  torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
 
 
-QWENVL_SETTINGS = (  # (config, max text layers (0: all), batch, seq, image sizes, rows (precision, ckpt, r, targets, full))
-    ("bench/accuracy/multimodal/qwen2-vl-shrunk.json", 0, 2, 256, ((224, 224), (448, 336)),
+QWENVL_SETTINGS = (  # (config, batch, seq, image sizes (height, width), rows (precision, ckpt, r, targets, full))
+    ("bench/accuracy/multimodal/qwen2-vl-shrunk.json", 2, 256, ((224, 224), (448, 336)),
      (("bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True),
       ("bf16", "layers", 16, "all-linear", False), ("bf16", "none", 0, "frozen-tower", True))),
-    ("bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", 0, 2, 256, ((224, 224), (448, 336)),
+    ("bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", 2, 256, ((224, 224), (448, 336)),
      (("bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True),
       ("bf16", "layers", 16, "all-linear", False), ("bf16", "none", 0, "frozen-tower", True))),
+    ("bench/accuracy/multimodal/qwen2-vl-7b-shaped.json", 1, 1024, ((448, 448),),
+     (("bf16", "layers", 0, None, True), ("bf16", "layers", 16, "all-linear", False))),
+    ("bench/accuracy/multimodal/qwen2.5-vl-7b-shaped.json", 1, 1024, ((448, 448),),
+     (("bf16", "layers", 0, None, True), ("bf16", "layers", 16, "all-linear", False))),
 )
 
 
@@ -1203,7 +1207,7 @@ def qwenvl_bench(out=None, only=()):
     tmpdir = tempfile.mkdtemp(prefix="peft_qwenvl_")
     lines = ["| config | batch x seq | image (px) | images | precision | ckpt | finetune | trainable "
              "| saved torch | peak torch | peak at |", "|" + "---|" * 11]
-    for path, _, batch, seq, sizes, rows in QWENVL_SETTINGS:
+    for path, batch, seq, sizes, rows in QWENVL_SETTINGS:
         if only and not any(o in path for o in only):
             continue
         cfg, d = bench_config(path, tmpdir)
