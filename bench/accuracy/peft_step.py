@@ -55,11 +55,12 @@
       checkpointing none / layers, the shrunk config, a Gemma-3-4B-shaped one and Gemma-3-4B itself.  Results:
       bench/accuracy/images_results.md; rows to rows/peft_step.jsonl.
 
-  python3 bench/accuracy/peft_step.py qwenvl [--out FILE.md] [--only NAME,...]
-      Qwen2-VL / Qwen2.5-VL steps with images, the torch side only (memplan refuses --images for
-      them, not modelled yet): flattened patches, image_grid_thw and M-RoPE position ids
-      (qwen_image_inputs) on fake tensors, images of two sizes beside the text-only step.  The
-      target figures for a model of the two towers: bench/accuracy/qwenvl_images_results.md.
+  python3 bench/accuracy/peft_step.py qwenvl [--out FILE.md] [--memplan PATH] [--only NAME,...]
+      Qwen2-VL / Qwen2.5-VL steps with images: flattened patches, image_grid_thw and M-RoPE
+      position ids (qwen_image_inputs) on fake tensors, images of two sizes beside the text-only
+      step; Qwen2-VL's also planned by memplan (--images 1 --image-size HxW), rows to
+      rows/peft_step.jsonl; Qwen2.5-VL's torch side only (memplan refuses --images for it).
+      Results: bench/accuracy/qwenvl_images_results.md.
 
   python3 bench/accuracy/peft_step.py params [CONFIG ...]
       Trainable and total parameters as peft counts them (get_nb_trainable_parameters) for
@@ -531,11 +532,13 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
 
 
 def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, memplan="./memplan",
-                 packing="", attention=None, images=0, train_blocks=None):
+                 packing="", attention=None, images=0, train_blocks=None, image_size=None):
     cmd = [memplan, "estimate", cfg_path, "--batch", str(batch), "--seq", str(seq), "--precision", precision,
            "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off", "--json"]  # torch: use_cache=False
     if images:
         cmd += ["--images", str(images)]
+    if images and image_size:  # (height, width) pixels
+        cmd += ["--image-size", "%dx%d" % tuple(image_size)]
     if train_blocks:  # --finetune freeze (its vision tower stays frozen)
         cmd += ["--finetune", "freeze", "--train-blocks", train_blocks]
     if attention:
@@ -1191,41 +1194,65 @@ QWENVL_SETTINGS = (  # (config, batch, seq, image sizes (height, width), rows (p
 )
 
 
-def qwenvl_bench(out=None, only=()):
-    """Qwen2-VL and Qwen2.5-VL steps with images, the torch side only (memplan refuses --images for
-    them: not modelled yet): the processor's batch (qwen_image_inputs: flattened patches,
-    image_grid_thw, M-RoPE position ids) through *ForConditionalGeneration under FakeTensorMode
-    (_ImageMerge, _QwenVision), beside the same step text-only (images 0: input_ids and labels).
-    The figures a memplan model of the two towers has to meet.  No rows (nothing of memplan's to
-    replay); results: qwenvl_images_results.md."""
+def qwenvl_bench(out=None, only=(), memplan="./memplan"):
+    """Qwen2-VL and Qwen2.5-VL steps with images: the processor's batch (qwen_image_inputs: flattened
+    patches, image_grid_thw, M-RoPE position ids) through *ForConditionalGeneration under
+    FakeTensorMode (_ImageMerge, _QwenVision), beside the same step text-only (images 0: input_ids
+    and labels).  Qwen2-VL's rows are also planned by memplan (--images 1 --image-size HxW) and
+    saved to rows/peft_step.jsonl; Qwen2.5-VL's stay torch-side figures (memplan refuses --images for
+    it: its tower is not modelled yet).  Results: qwenvl_images_results.md."""
     import tempfile
+    import time
     import peft
     import torch
     import transformers
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import rowlib
     tmpdir = tempfile.mkdtemp(prefix="peft_qwenvl_")
-    lines = ["| config | batch x seq | image (px) | images | precision | ckpt | finetune | trainable "
-             "| saved torch | peak torch | peak at |", "|" + "---|" * 11]
+    lines = ["| config | batch x seq | image (px) | images | precision | ckpt | finetune | trainable torch / memplan "
+             "| saved torch | saved memplan | peak torch | peak memplan | diff | peak at (torch / memplan) |",
+             "|" + "---|" * 14]
     for path, batch, seq, sizes, rows in QWENVL_SETTINGS:
         if only and not any(o in path for o in only):
             continue
         cfg, d = bench_config(path, tmpdir)
+        planned = d.get("model_type") == "qwen2_vl"
         for prec, ckpt, r, tg, full in rows:
             frozen = tg == "frozen-tower"
             for n, size in [(0, None)] * (not frozen) + [(1, z) for z in sizes]:
                 t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, images=n,
                                     freeze_vision=frozen, image_size=size)
+                tb = "0-%d,embed,head" % (d["num_hidden_layers"] - 1) if frozen else None
+                m = memplan_lora(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, memplan=memplan,
+                                 images=n, train_blocks=tb, image_size=size) if planned else None
                 ft = "full, frozen tower" if frozen else "full" if full else "lora r%d %s" % (r, tg)
-                row = "| %s | %d x %d | %s | %d | %s | %s | %s | %d | %s | %.2f MiB | %s |" % (
+                sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
+                row = "| %s | %d x %d | %s | %d | %s | %s | %s | %d / %s | %s | %s | %.2f MiB | %s | %s | %s / %s |" % (
                     os.path.basename(path), batch, seq, "%dx%d" % size if size else "-", n, prec, ckpt, ft,
-                    t["trainable"], "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-",
-                    t["peak"] / 2**20, t["peak_at"])
+                    t["trainable"], m["trainable"] if m else "-", sv_t,
+                    "%.2f MiB" % (m["saved"] / 2**20) if m and t["saved"] is not None else "-", t["peak"] / 2**20,
+                    "%.2f MiB" % (m["peak"] / 2**20) if m else "refused",
+                    "%+.3f%%" % (100.0 * (m["peak"] - t["peak"]) / t["peak"]) if m else "-", t["peak_at"],
+                    m["peak_at"] if m else "-")
                 print(row, flush=True)
                 lines.append(row)
+                if not m:
+                    continue
+                figures = {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                           "peak": rowlib.figure(t["peak"], m["peak"])}
+                if t["saved"] is not None:
+                    figures["saved"] = rowlib.figure(t["saved"], m["saved"])
+                rowlib.save_rows("peft_step", [{
+                    "source": "bench/accuracy/peft_step.py qwenvl run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                          time.gmtime()),
+                    "config": path, "max_layers": 0, "args": m["args"], "figures": figures,
+                    "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
+                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                                    peft=peft.__version__),
+                }])
     if out:
-        rowlib.write_results(out, "# bench/accuracy/peft_step.py qwenvl: Qwen2-VL / Qwen2.5-VL with images, torch "
-                             "side, CPU FakeTensorMode, torch %s, transformers %s, peft %s\n\n%s\n" % (
+        rowlib.write_results(out, "# bench/accuracy/peft_step.py qwenvl: Qwen2-VL / Qwen2.5-VL with images, CPU "
+                             "FakeTensorMode, torch %s, transformers %s, peft %s\n\n%s\n" % (
                                  torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
 
 
@@ -1237,7 +1264,8 @@ def main(argv):
         return 0
     if len(argv) >= 1 and argv[0] == "qwenvl":
         qwenvl_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
-                     argv[argv.index("--only") + 1].split(",") if "--only" in argv else ())
+                     argv[argv.index("--only") + 1].split(",") if "--only" in argv else (),
+                     argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan")
         return 0
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None

@@ -72,6 +72,7 @@ struct args {
     int head;            /* --head (enum mp_head); -1: the config's architectures[0] */
     uint64_t num_labels; /* --num-labels; 0: the config's */
     uint64_t images;     /* --images: images per sample (multimodal checkpoints; 0: text only) */
+    const char *image_size; /* --image-size HxW (pixels; NULL: the model's default) */
     const char *gpu;
     uint64_t vram;
     int device;

@@ -565,6 +565,19 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         return rc0;
     a->model = model_file;
     struct mp_model_request rq = {.head = a->head, .num_labels = a->num_labels, .images = a->images};
+    if (a->image_size) { /* --image-size HxW: two positive pixel counts */
+        unsigned long long h = 0, w = 0;
+        char tail = 0;
+        if (sscanf(a->image_size, "%llux%llu%c", &h, &w, &tail) != 2 || !h || !w || h > (1u << 20) ||
+            w > (1u << 20) || a->image_size[0] < '1' || a->image_size[0] > '9' || strchr(a->image_size, '-') ||
+            strchr(a->image_size, '+') || strchr(a->image_size, ' '))
+            return cli_fail(mp_fail(d, MP_ERR_USAGE, "--image-size: '%s': expected HxW, two pixel counts from 1 to "
+                                    "1048576, e.g. 448x448", a->image_size), d);
+        if (!a->images)
+            return cli_fail(mp_fail(d, MP_ERR_USAGE, "--image-size applies to steps with images (--images N)"), d);
+        rq.image_h = h;
+        rq.image_w = w;
+    }
     enum mp_status st = mp_model_load_file_as(&s->model, a->model, &rq, d);
     if (st != MP_OK)
         return cli_fail(st, d); /* nothing loaded: nothing to release */

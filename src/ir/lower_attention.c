@@ -77,6 +77,16 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope.fp32 ? MP_DT_F32 : B->p->param_dtype,
                                    mul(B, mul(B, mul(B, 2, kinds), rows), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
+        if (l->vision) {
+            /* Qwen2-VL's vision rotary (--images): the tower's fp32 (patches, head_dim) cos and sin,
+             * made once per forward, held like the text's (a checkpoint input of every block); its
+             * VisionRotaryEmbedding registers one inv_freq of head_dim / 4 fp32 */
+            held_tensor(B, B->rope_cos_sin, B->block);
+            if (B->p->n_buffers < MP_BUFFERS_MAX)
+                B->p->buffers[B->p->n_buffers++] =
+                    new_flat(B, "rotary_pos_emb.inv_freq", MP_DT_F32, mp_ceil_div(n->rotary_dim, 4));
+            goto made;
+        }
         B->p->rope_tables = B->rope_cos_sin;
         /* HF's rotary embedding registers inv_freq and a clone, original_inv_freq
          * (persistent=False: not in the checkpoint, but on the GPU): rotary_dim/2 fp32 each,
@@ -88,6 +98,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     } else {
         save(n, B->rope_cos_sin);
     }
+made:
     /* products and sum in fp32 (ERNIE, Cohere: q.float() too), cast back */
     if (l->rope.cast_back && dt_of(B, x) != MP_DT_F32)
         tmp = mul(B, mul(B, T(B, x.t)->elems, 4), 3);
@@ -126,7 +137,8 @@ static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
  * gets its float mask packed or not. */
 static bool sdpa_packed(const struct bld *B, const struct mp_layer *l, enum mp_attn_impl impl)
 {
-    return (B->p->opts.packing || B->p->opts.padding_free || B->m->images) && impl == MP_ATTN_SDPA && l->attn.causal;
+    return (B->p->opts.packing || B->p->opts.padding_free || (B->m->images && B->m->vision.kind == 1)) &&
+           impl == MP_ATTN_SDPA && l->attn.causal;
 }
 
 /* The (b, 1, s, s) mask a model passes to attention (sdpa_masked, sdpa_packed; transformers'

@@ -6,10 +6,11 @@
 static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
                              const char *name);
 
-/* The model type whose module names the Linears being lowered carry (the vision tower's: SigLIP's). */
+/* The model type whose module names the Linears being lowered carry (the vision tower's: SigLIP's,
+ * Qwen2-VL's). */
 static const char *names_type(const struct bld *B)
 {
-    return B->vision ? "siglip_vision_model" : B->m->hf_type;
+    return !B->vision ? B->m->hf_type : B->m->vision.kind == 2 ? "qwen2_vl_vision" : "siglip_vision_model";
 }
 
 /* The base storage of a Linear that is not the output layer: quantized (QLoRA, or the

@@ -339,11 +339,16 @@ struct mp_idle_linear {
  * activation, attention dropout; the projector's tokens per image, its width into the text model;
  * the image token's id (the config's image_token_id: the text positions the features fill). */
 struct mp_vision {
-    int kind;                  /* 0: none modelled; 1: SigLIP + Gemma 3's projector */
+    int kind;                  /* 0: none modelled; 1: SigLIP + Gemma 3's projector; 2: Qwen2-VL's
+                                  tower (images of any size, --image-size) */
     uint64_t hidden, ffn, layers, heads, channels, image, patch;
     enum mp_act act;
     double attn_p;
     uint64_t tokens, text_hidden, token_id;
+    /* kind 2: temporal_patch_size (the Conv3d's depth), spatial_merge_size (the PatchMerger's
+     * side), the resized image's height and width in pixels (mp_hf_add_images: --image-size after
+     * Qwen2VLImageProcessor's smart_resize; tokens is then (h/p)(w/p)/merge^2) and the size asked */
+    uint64_t temporal, merge, height, width, asked_h, asked_w;
 };
 #define MP_IDLE_LINEARS_MAX 16
 struct mp_idle {
@@ -434,6 +439,7 @@ struct mp_model_request {
     uint64_t num_labels; /* 0: the config's */
     uint64_t images;     /* images per sample (--images; 0: text only): a multimodal checkpoint's
                             vision tower runs (mp_hf_add_images), else MP_ERR_MODEL */
+    uint64_t image_h, image_w; /* --image-size HxW in pixels (0: the model's default) */
 };
 enum mp_status mp_model_read_file_as(struct mp_model *m, const char *path, const struct mp_model_request *rq,
                                      struct mp_diag *d);

@@ -32,7 +32,7 @@ static enum mp_status read_string(struct mp_model *m, const char *text, size_t l
         if ((st = rq ? mp_hf_apply_request(root, rq, path, d) : MP_OK) == MP_OK)
             st = mp_model_from_hf(m, root, path, d);
         if (st == MP_OK && rq && rq->images)
-            st = mp_hf_add_images(m, rq->images, d);
+            st = mp_hf_add_images(m, rq->images, rq->image_h, rq->image_w, d);
     } else
         st = mp_model_from_memplan(m, root, path, d);
     cJSON_Delete(root);
