@@ -246,6 +246,8 @@ CASES = [
     ("t5", "estimate", "models/hf/flan-t5-base.json", dict(target_seq=128)),
     ("multimodal", "estimate", "models/hf/qwen2-vl-7b-instruct.json", dict(finetune="lora", seq=512)),
     ("images", "estimate", "models/hf/gemma-3-4b-it.json", dict(images=2, seq=1024, checkpoint="layers")),
+    ("images qwen2-vl", "estimate", "models/hf/qwen2-vl-7b-instruct.json",
+     dict(images=1, image_size="450x300", seq=1024, checkpoint="layers")),
     ("zero3 offload nvme", "estimate", L8B, dict(gpus=8, parallel="zero3", offload="params", offload_device="nvme",
                                                gpu="a100-80gb")),
     ("fsdp check", "check", L8B, dict(gpus=4, nodes=2, parallel="fsdp", batch=1, gpu="a100-80gb")),
@@ -302,6 +304,13 @@ if r:  # Gemma-3-4B: 896 x 896 images, patch 14 (4,096 patches), 256 tokens each
     check(r.config.images.per_sample == 2 and r.config.images.tokens_each == 256 and r.config.images.patches == 4096
           and r.config.images.image_size == 896 and r.config.images.vision_layers == 27,
           "images: config.images 2 per sample, 256 tokens each, 4,096 patches of 896 px, 27 vision layers")
+r = reps.get("images qwen2-vl")
+if r:  # 450 x 300 px: smart_resize rounds each side to a multiple of 28 (448 x 308): 32 x 22 patches of 14 px,
+    # 704 patches, 176 tokens (2 x 2 merged); 32 vision blocks; not square: no image_size
+    im = r.config.images
+    check(im.per_sample == 1 and im.height == 448 and im.width == 308 and im.patches == 704 and im.tokens_each == 176
+          and im.vision_layers == 32 and im.image_size is None,
+          "images qwen2-vl: 450x300 resized to 448x308, 704 patches, 176 tokens, 32 vision blocks")
 r = reps.get("sdpa math")
 if r:  # llama-3.2-1b has 32 q heads and 8 k/v heads: fp32 GQA, torch 2.11's math kernel
     check(r.config.torch == "2.11" and r.config.sdpa_kernel == "math",

@@ -1846,6 +1846,13 @@ static void load_images(struct mp_model *m, const char *path, uint64_t images)
         fail_msg("%s", d.msg);
 }
 
+static void load_ok_rq(struct mp_model *m, const char *path, const struct mp_model_request *rq)
+{
+    struct mp_diag d = {{0}};
+    if (mp_model_load_file_as(m, path, rq, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+}
+
 static void expect_images_error(const char *path, uint64_t images, const char *msg)
 {
     struct mp_model m;
@@ -1964,16 +1971,118 @@ static void test_multimodal_images(void **state)
                         "vision tower (a multimodal checkpoint's config.json with a vision_config)");
     expect_images_error("bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", 1,
                         "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json: --images: steps with images are modelled "
-                        "for gemma3 (Gemma3ForConditionalGeneration) only, not qwen2_5_vl yet (its tower's images of "
-                        "any size, per-image attention and M-RoPE positions); text-only steps are (no --images)");
-    expect_images_error("bench/accuracy/multimodal/qwen2-vl-shrunk.json", 1,
-                        "bench/accuracy/multimodal/qwen2-vl-shrunk.json: --images: steps with images are modelled "
-                        "for gemma3 (Gemma3ForConditionalGeneration) only, not qwen2_vl yet (its tower's images of "
-                        "any size, per-image attention and M-RoPE positions); text-only steps are (no --images)");
+                        "for gemma3 and qwen2_vl only, not qwen2_5_vl yet (its tower's RMSNorms, gated MLP and "
+                        "window attention); text-only steps are (no --images)");
     expect_images_error("bench/accuracy/multimodal/mllama-shrunk.json", 1,
                         "bench/accuracy/multimodal/mllama-shrunk.json: --images: steps with images are modelled "
-                        "for gemma3 (Gemma3ForConditionalGeneration) only, not mllama yet; text-only steps are "
-                        "(no --images)");
+                        "for gemma3 and qwen2_vl only, not mllama yet; text-only steps are (no --images)");
+    /* Gemma 3's processor resizes every image to vision_config.image_size (224 here) */
+    struct mp_model_request rq = {.head = -1, .images = 1, .image_h = 100, .image_w = 100};
+    assert_int_equal(mp_model_load_file_as(&m, "bench/accuracy/multimodal/gemma3-shrunk.json", &rq, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/gemma3-shrunk.json: --image-size 100x100: Gemma3's "
+                               "processor resizes every image to 224x224 (vision_config.image_size)");
+    rq.image_h = rq.image_w = 224;
+    load_ok_rq(&m, "bench/accuracy/multimodal/gemma3-shrunk.json", &rq);
+    mp_model_release(&m);
+}
+
+/* Qwen2-VL with images: the shrunk config (embed_dim 128, 4 heads of 32, mlp 512, depth 2, patch 14,
+ * merge 2, temporal 2; text hidden 256, 4 layers), batch 2 x 256, one 448 x 336 image a sample:
+ * 32 x 24 = 768 patches an image, N = 1,536 for the batch, 192 tokens an image (768 / 2^2). */
+static void test_qwen2_vl_images(void **state)
+{
+    (void)state;
+    struct mp_model m, t;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    struct mp_model_request rq = {.head = -1, .images = 1, .image_h = 448, .image_w = 336};
+    const char *path = "bench/accuracy/multimodal/qwen2-vl-shrunk.json";
+    load_ok(&t, path);
+    load_ok_rq(&m, path, &rq);
+    /* the text lookup + patch embedding, 2 blocks, the merger before the text model's blocks */
+    assert_int_equal(m.n_blocks, t.n_blocks + 4);
+    mp_model_release(&t);
+    assert_int_equal(m.vision.kind, 2);
+    assert_int_equal(m.height, 448);
+    assert_int_equal(m.width, 336);
+    assert_int_equal(m.vision.tokens, 192);
+    assert_true(block_layer(&m, 0, 0)->emb.image_lookup);
+    assert_int_equal(block_layer(&m, 0, 1)->conv.in_ch, 3 * 2); /* the Conv3d as C x t channels */
+    assert_int_equal(m.blocks[1].repeat_group, 2);               /* Qwen2VLVisionBlock: checkpointed */
+    assert_int_equal(block_layer(&m, 1, 0)->attn.causal, false);
+    assert_int_equal(block_layer(&m, 1, 0)->mlp.act, MP_ACT_QUICK_GELU);
+    assert_true(mp_block_vision(&m.blocks[3])); /* the merger: frozen with the tower under freeze */
+    if (build_images(&m, 256, "", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.total_params, 5139968u); /* transformers: Qwen2VLForConditionalGeneration */
+    assert_int_equal(p.trainable_params, 5139968u);
+    assert_int_equal(tensor_elems(&p, "pixel_values"), 1536u * 3 * 2 * 14 * 14);
+    assert_int_equal(tensor_elems(&p, "position_ids"), 3u * 2 * 256); /* M-RoPE (3, b, s) int64 */
+    assert_int_equal(p.tensors[p.type_ids].dtype, MP_DT_I64);
+    assert_int_equal(tensor_elems(&p, "patch_embed.proj"), 1536u * 128);
+    /* the vision rotary: cos and sin, (N, head_dim) fp32, made once (the first table made) */
+    assert_int_equal(tensor_elems(&p, "rope.cos_sin"), 2u * 1536 * 32);
+    const struct mp_node *q = node_named(&p, "vision.blocks.0.attn.q_rope");
+    assert_non_null(q);
+    assert_int_equal(p.tensors[q->out].dtype, MP_DT_BF16); /* the fp32 products cast back */
+    /* one SDPA per image: (images, heads, patches, head_dim) out, fp32 logsumexp per image */
+    assert_int_equal(tensor_elems(&p, "vision.blocks.0.attn.sdpa"), 2u * 4 * 768 * 32);
+    /* the torch.cat of the per-image outputs: a copy (proj saves it) */
+    assert_int_equal(tensor_elems(&p, "vision.blocks.0.attn.out_contiguous"), 1536u * 128);
+    assert_int_equal(tensor_elems(&p, "mlp.0"), 2u * 192 * 512); /* 2 x 2 patches as one row */
+    assert_int_equal(tensor_elems(&p, "mlp.2"), 2u * 192 * 256);
+    assert_int_equal(tensor_elems(&p, "image_embeds.cat"), 2u * 192 * 256);
+    assert_int_equal(tensor_elems(&p, "masked_scatter"), 2u * 256 * 256);
+    const struct mp_node *ms = node_named(&p, "masked_scatter");
+    assert_non_null(ms);
+    assert_int_equal(ms->bwd_tmp_bytes, 2u * 192 * 256 * 3 * 8); /* nonzero's index */
+    assert_true(p.attn_mask < 0); /* no token_type_ids: the text's causal SDPA gets no mask */
+    mp_program_release(&p);
+    /* LoRA r 16 (peft 0.21): all-linear (the bench's count); qkv,proj: r(128 + 384) + r(128 + 128)
+     * a block, 2 blocks (the text's q/o_proj do not end in .qkv / .proj); fc1: r(128 + 512) x 2;
+     * the merger's mlp.0: r(512 + 512) */
+    if (build_images(&m, 256, "all-linear", true, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 454656u);
+    mp_program_release(&p);
+    if (build_images(&m, 256, "qkv,proj", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 2u * 16 * (128 + 384 + 128 + 128));
+    mp_program_release(&p);
+    if (build_images(&m, 256, "fc1", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 2u * 16 * (128 + 512));
+    mp_program_release(&p);
+    if (build_images(&m, 256, "mlp.0", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 16u * (512 + 512));
+    mp_program_release(&p);
+    /* 192 image tokens do not fit 150 */
+    assert_int_equal(build_images(&m, 150, "", false, &p, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/qwen2-vl-shrunk.json: --images 1: 192 image tokens each "
+                               "(its patches / spatial_merge_size^2) exceed --seq 150, which includes them");
+    mp_model_release(&m);
+
+    /* --image-size through smart_resize: transformers 5.24's own function gives these (run from
+     * image_processing_qwen2_vl.py's source): 450x300 -> 448x308, 10x10 -> 56x56 (min_pixels),
+     * 42x42 and 70x70 -> 56x56 (round half to even), 4000x3000 -> 1148x840 (max_pixels),
+     * 14x2000 -> 28x672; the default is 448x448 */
+    static const uint64_t sizes[][4] = {{450, 300, 448, 308}, {10, 10, 56, 56},     {42, 42, 56, 56},
+                                        {70, 70, 56, 56},     {4000, 3000, 1148, 840}, {14, 2000, 28, 672},
+                                        {0, 0, 448, 448}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        rq.image_h = sizes[i][0];
+        rq.image_w = sizes[i][1];
+        load_ok_rq(&m, path, &rq);
+        assert_int_equal(m.height, sizes[i][2]);
+        assert_int_equal(m.width, sizes[i][3]);
+        mp_model_release(&m);
+    }
+    rq.image_h = 10;
+    rq.image_w = 3000; /* smart_resize raises above an aspect ratio of 200 */
+    assert_int_equal(mp_model_load_file_as(&m, path, &rq, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/qwen2-vl-shrunk.json: --image-size 10x3000: the processor "
+                               "refuses an aspect ratio above 200 (smart_resize)");
 }
 
 static void test_params_moe_families(void **state)
@@ -2662,6 +2771,7 @@ int main(void)
         cmocka_unit_test(test_mllama),
         cmocka_unit_test(test_phimoe),
         cmocka_unit_test(test_multimodal_images),
+        cmocka_unit_test(test_qwen2_vl_images),
         cmocka_unit_test(test_moe_layers_and_mla),
         cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),

@@ -65,12 +65,14 @@ class Finetune:
 
 
 @dataclass
-class Images:  # --images: a multimodal checkpoint stepped with images (Gemma 3)
+class Images:  # --images: a multimodal checkpoint stepped with images (Gemma 3, Qwen2-VL)
     per_sample: int
-    tokens_each: int  # mm_tokens_per_image: each image's tokens in seq_len
-    image_size: int
+    tokens_each: int  # each image's tokens in seq_len (mm_tokens_per_image; Qwen2-VL: patches / merge^2)
+    height: int  # pixels, after the processor's resize (--image-size)
+    width: int
     patches: int
     vision_layers: int
+    image_size: Optional[int] = _opt()  # square images only: the side
 
 
 @dataclass

@@ -347,7 +347,8 @@ struct mp_vision {
     uint64_t tokens, text_hidden, token_id;
     /* kind 2: temporal_patch_size (the Conv3d's depth), spatial_merge_size (the PatchMerger's
      * side), the resized image's height and width in pixels (mp_hf_add_images: --image-size after
-     * Qwen2VLImageProcessor's smart_resize; tokens is then (h/p)(w/p)/merge^2) and the size asked */
+     * Qwen2VLImageProcessor's smart_resize; tokens is then (h/p)(w/p)/merge^2) and the size asked
+     * (0 x 0: the default, 448 x 448) */
     uint64_t temporal, merge, height, width, asked_h, asked_w;
 };
 #define MP_IDLE_LINEARS_MAX 16

@@ -441,9 +441,9 @@ static enum mp_status qwen2_images(struct mp_model *m, uint64_t n, uint64_t h, u
     uint64_t f = v->patch * v->merge;
     if (v->patch > MP_DIM_MAX || v->merge > 64 || f == 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config: patch_size x spatial_merge_size is too large", m->path);
-    v->asked_h = h ? h : 448; /* the default: 448 x 448 pixels */
-    v->asked_w = w ? w : 448;
-    enum mp_status st = smart_resize(m, v->asked_h, v->asked_w, f, &v->height, &v->width, d);
+    v->asked_h = h; /* (0: the default, 448 x 448 pixels) */
+    v->asked_w = w;
+    enum mp_status st = smart_resize(m, h ? h : 448, w ? w : 448, f, &v->height, &v->width, d);
     if (st != MP_OK)
         return st;
     uint64_t ph = v->height / v->patch, pw = v->width / v->patch, patches = ph * pw;

@@ -335,8 +335,11 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             cJSON *im = cJSON_AddObjectToObject(cf, "images");
             ju64(im, "per_sample", c->model->images);
             ju64(im, "tokens_each", v->tokens);
-            ju64(im, "image_size", v->image);
-            ju64(im, "patches", (v->image / v->patch) * (v->image / v->patch));
+            if (c->model->height == c->model->width)
+                ju64(im, "image_size", c->model->height);
+            ju64(im, "height", c->model->height); /* after the processor's resize (--image-size) */
+            ju64(im, "width", c->model->width);
+            ju64(im, "patches", (c->model->height / v->patch) * (c->model->width / v->patch));
             ju64(im, "vision_layers", v->layers);
         }
         cJSON_AddStringToObject(cf, "precision", prec_name(c, c->build->precision));
@@ -839,15 +842,25 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     }
     if (c->model->idle.params) /* a multimodal checkpoint (model.h struct mp_idle) */
         fprintf(out, "text-only %s params (%s) resident, unused: no .grad,\n"
-                     "          no optimizer state, no activations (steps with images: --images, gemma3)\n",
+                     "          no optimizer state, no activations (steps with images: --images, gemma3, qwen2_vl)\n",
                 count(c->model->idle.params), c->model->idle.what);
     if (c->model->images) { /* --images: the vision tower runs (model_hf_vision.c mp_hf_add_images) */
         const struct mp_vision *v = &c->model->vision;
-        uint64_t side = v->image / v->patch;
+        uint64_t h = c->model->height, w = c->model->width;
         fprintf(out, "images    %llu per sample, %llux%llu px: %llu patches through the vision tower (%llu layers),\n"
-                     "          %llu tokens each in --seq (mm_tokens_per_image)\n",
-                (unsigned long long)c->model->images, (unsigned long long)v->image, (unsigned long long)v->image,
-                (unsigned long long)(side * side), (unsigned long long)v->layers, (unsigned long long)v->tokens);
+                     "          %llu tokens each in --seq (%s)\n",
+                (unsigned long long)c->model->images, (unsigned long long)h, (unsigned long long)w,
+                (unsigned long long)((h / v->patch) * (w / v->patch)), (unsigned long long)v->layers,
+                (unsigned long long)v->tokens, v->kind == 2 ? "patches / spatial_merge_size^2" : "mm_tokens_per_image");
+        if (v->kind == 2 && !v->asked_h) /* (model_hf_vision.c qwen2_images: smart_resize) */
+            fprintf(out, "          image size: the default, 448x448 (--image-size HxW sets it; the processor's\n"
+                         "          smart_resize makes each side a multiple of %llu)\n",
+                    (unsigned long long)(v->patch * v->merge));
+        else if (v->kind == 2)
+            fprintf(out, "          image size: --image-size %llux%llu, %s\n", (unsigned long long)v->asked_h,
+                    (unsigned long long)v->asked_w,
+                    v->asked_h == h && v->asked_w == w ? "kept as it is by the processor's smart_resize"
+                                                       : "resized by the processor's smart_resize");
     }
     if (c->build) {
         char sb[32], seq[48] = "", attn[48] = ""; /* seq and attention only where they apply */

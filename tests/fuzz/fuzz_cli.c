@@ -65,7 +65,7 @@ static const char *const OPTS[] = {
     "ep", "activation-budget", "slots", "margin", "global-batch", "grad-accum", "emit", "gpus", "nodes", "parallel",
     "offload", "offload-device", "max-batch", "workspace", "context", "alloc-conf", "timeline", "ddp-bucket-view",
     "act-offload", "all-layers", "wide", "json", "recipe-format", "explain", "loss", "label-fraction", "head", "num-labels", "images",
-    "packing", "padding-free", "tokens-per-batch",
+    "image-size", "packing", "padding-free", "tokens-per-batch",
     "trainer", "precompute-ref", "torch", "completion-length", "num-generations", "steps-per-generation", "beta",
     "vllm", "temperature", "top-p", "top-k", "min-p", "repetition-penalty",
     "num-iterations", "vllm-correction", "disable-dropout", "quant-storage",
