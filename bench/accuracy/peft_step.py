@@ -1216,7 +1216,7 @@ def qwenvl_bench(out=None, only=(), memplan="./memplan"):
         if only and not any(o in path for o in only):
             continue
         cfg, d = bench_config(path, tmpdir)
-        planned = d.get("model_type") == "qwen2_vl"
+        planned = d.get("model_type") in ("qwen2_vl", "qwen2_5_vl")
         for prec, ckpt, r, tg, full in rows:
             frozen = tg == "frozen-tower"
             for n, size in [(0, None)] * (not frozen) + [(1, z) for z in sizes]:

@@ -435,7 +435,7 @@ static struct val program_input(struct bld *B)
         uint64_t shape[2] = {B->b, B->s}, px[4] = {mul(B, B->b, m->images), m->channels, m->height, m->width};
         B->text_b = B->b;
         B->text_s = B->s;
-        if (m->vision.kind == 2) {
+        if (m->vision.kind >= 2) {
             /* Qwen2VLProcessor's: pixel_values flattened, (every image's patches, C x t x p x p);
              * the (3, b, s) int64 M-RoPE position_ids in type_ids' place (get_rope_index's, which
              * a collator passes); image_grid_thw's (images, 3) int64 rows are not counted */
@@ -613,7 +613,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
             return mp_fail(d, MP_ERR_USAGE, "%s: --images %llu: %llu image tokens each (%s) exceed --seq %llu, "
                            "which includes them", m->path, (unsigned long long)m->images,
                            (unsigned long long)m->vision.tokens,
-                           m->vision.kind == 2 ? "its patches / spatial_merge_size^2" : "mm_tokens_per_image",
+                           m->vision.kind >= 2 ? "its patches / spatial_merge_size^2" : "mm_tokens_per_image",
                            (unsigned long long)p->opts.seq);
         if (o->packing || o->padding_free || o->trainer != MP_TRAINER_SFT)
             return mp_fail(d, MP_ERR_USAGE, "%s: --images with %s is not modelled yet", m->path,

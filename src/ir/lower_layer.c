@@ -98,7 +98,7 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
         return lower_pos_embedding(B, x, l, nm, resid);
     case MP_LT_LINEAR:
         if (l->vision)
-            return B->m->vision.kind == 2 ? lower_merger_linear(B, x, l, nm) : lower_mm_projection(B, x, l, nm);
+            return B->m->vision.kind >= 2 ? lower_merger_linear(B, x, l, nm) : lower_mm_projection(B, x, l, nm);
         return lower_linear(B, l->head.pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
                             l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
@@ -161,7 +161,7 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     case MP_LT_BOTTLENECK:
         return lower_bottleneck(B, x, l);
     case MP_LT_PATCH_EMBEDDING: {
-        struct val y = l->vision && B->m->vision.kind == 2 ? lower_patch_embed3d(B, x, l, nm)
+        struct val y = l->vision && B->m->vision.kind >= 2 ? lower_patch_embed3d(B, x, l, nm)
                                                            : lower_patch_embedding(B, x, l);
         *resid = y;
         return y;

@@ -10,7 +10,7 @@ static struct val lower_lora(struct bld *B, struct val x, struct val base, uint6
  * Qwen2-VL's). */
 static const char *names_type(const struct bld *B)
 {
-    return !B->vision ? B->m->hf_type : B->m->vision.kind == 2 ? "qwen2_vl_vision" : "siglip_vision_model";
+    return !B->vision ? B->m->hf_type : B->m->vision.kind >= 2 ? "qwen2_vl_vision" : "siglip_vision_model";
 }
 
 /* The base storage of a Linear that is not the output layer: quantized (QLoRA, or the

@@ -126,6 +126,27 @@ struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer 
     return y;
 }
 
+/* Qwen2.5-VL's window reorder (qwen2_5_vl/modeling_qwen2_5_vl.py:421-425, :480-485): x indexed by
+ * an int64 index of one row per merge^2 patches (window_index; after the merger, argsort's
+ * reverse_indices): a new tensor, and IndexBackward saves the index.  (The index of the (N, head_dim)
+ * fp32 cos and sin makes the table the blocks save, as Qwen2-VL's rotary does: the same bytes.) */
+static struct val window_gather(struct bld *B, struct val x, const char *name)
+{
+    const struct mp_vision *v = &B->m->vision;
+    uint64_t rows = mul(B, x.shape[0], x.shape[1]), unit = mul(B, v->merge, v->merge);
+    struct val y = lower_copy(B, x, dt_of(B, x), 0, name);
+    if (failed(B))
+        return y;
+    struct mp_node *n = &B->p->nodes[B->p->n_nodes - 1];
+    char en[112];
+    snprintf(en, sizeof en, "%s.index", name);
+    int ix = new_flat(B, en, MP_DT_I64, x.shape[2] == v->hidden ? rows / unit : rows);
+    extra_as(n, ix, MP_XR_GATHER_INDEX);
+    if (!ng(B, x))
+        unsave(n, ix);
+    return y;
+}
+
 /* Qwen2-VL's PatchEmbed (qwen2_vl/modeling_qwen2_vl.py:253-276): the flattened pixel_values
  * (patches, C x t x p x p) viewed as (patches, C, t, p, p) through a bias-free Conv3d whose kernel
  * is its stride, i.e. a conv of C x t channels over one p x p patch (the layer's conv.in_ch), viewed
@@ -155,6 +176,8 @@ struct val lower_patch_embed3d(struct bld *B, struct val x, const struct mp_laye
     y.shape[1] = x.shape[0] / B->b;
     y.shape[2] = l->dim;
     B->s = y.shape[1];
+    if (B->m->vision.kind == 3) /* Qwen2.5-VL: the states reordered window by window */
+        y = window_gather(B, y, "permute_input_for_window_attn");
     return y;
 }
 
@@ -175,6 +198,8 @@ struct val lower_merger_linear(struct bld *B, struct val x, const struct mp_laye
     x.shape[1] /= unit;
     x.shape[2] = l->in_features;
     struct val y = lower_linear(B, x, l->in_features, l->out_features, l->bias, nm);
+    if (l->conv.stride && !failed(B) && B->m->vision.kind == 3) /* merged_hidden_states[reverse_indices] */
+        y = window_gather(B, y, "reverse_indices");
     if (l->conv.stride && !failed(B))
         y = lower_copy(B, y, dt_of(B, y), 0, "image_embeds.cat");
     return y;

@@ -340,7 +340,8 @@ struct mp_idle_linear {
  * the image token's id (the config's image_token_id: the text positions the features fill). */
 struct mp_vision {
     int kind;                  /* 0: none modelled; 1: SigLIP + Gemma 3's projector; 2: Qwen2-VL's
-                                  tower (images of any size, --image-size) */
+                                  tower (images of any size, --image-size); 3: Qwen2.5-VL's (RMSNorms,
+                                  a gated MLP, window attention: the window reorder's gathers) */
     uint64_t hidden, ffn, layers, heads, channels, image, patch;
     enum mp_act act;
     double attn_p;
@@ -350,6 +351,8 @@ struct mp_vision {
      * Qwen2VLImageProcessor's smart_resize; tokens is then (h/p)(w/p)/merge^2) and the size asked
      * (0 x 0: the default, 448 x 448) */
     uint64_t temporal, merge, height, width, asked_h, asked_w;
+    uint64_t window;           /* kind 3: window_size in pixels (informational: the windows' SDPA calls
+                                  save what the images' would, model_hf_vision.c) */
 };
 #define MP_IDLE_LINEARS_MAX 16
 struct mp_idle {

@@ -105,16 +105,30 @@ static enum mp_status siglip_gemma3(const cJSON *root, const cJSON *vc, uint64_t
  * Qwen2_5_VLVisionConfig defaults): a bias-free Conv3d patch embedding, blocks of two RMSNorms,
  * qkv and proj with biases and a gated MLP with biases, the merger (RMSNorm, two Linears of
  * width hidden x spatial_merge_size^2). */
-static enum mp_status qwen2_5_vision(const cJSON *vc, struct mp_idle *v, struct acc *a, const char *path,
-                                    struct mp_diag *d)
+static enum mp_status qwen2_5_vision(const cJSON *root, const cJSON *vc, uint64_t text_hidden, struct mp_idle *v,
+                                    struct mp_vision *vis, struct acc *a, const char *path, struct mp_diag *d)
 {
-    uint64_t L = 32, D = 3584, F = 3420, C = 3, p = 14, sm = 2, t = 2, O = 3584;
+    uint64_t L = 32, D = 3584, F = 3420, C = 3, p = 14, sm = 2, t = 2, O = 3584, heads = 16, win = 112;
+    uint64_t id = 151655; /* Qwen2_5_VLConfig.image_token_id */
     enum mp_status st;
     if ((st = pos(vc, "depth", &L, path, d)) != MP_OK || (st = pos(vc, "hidden_size", &D, path, d)) != MP_OK ||
         (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK || (st = pos(vc, "in_channels", &C, path, d)) != MP_OK ||
         (st = pos(vc, "patch_size", &p, path, d)) != MP_OK || (st = pos(vc, "spatial_merge_size", &sm, path, d)) != MP_OK ||
-        (st = pos(vc, "temporal_patch_size", &t, path, d)) != MP_OK || (st = pos(vc, "out_hidden_size", &O, path, d)) != MP_OK)
+        (st = pos(vc, "temporal_patch_size", &t, path, d)) != MP_OK || (st = pos(vc, "out_hidden_size", &O, path, d)) != MP_OK ||
+        (st = pos(vc, "num_heads", &heads, path, d)) != MP_OK || (st = pos(vc, "window_size", &win, path, d)) != MP_OK ||
+        (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
         return st;
+    const char *an = mp_json_str(vc, "hidden_act", &st, path, "vision_config", d); /* default silu */
+    if (st != MP_OK)
+        return st;
+    int ai = mp_act_parse(an ? an : "silu");
+    if (ai < 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.hidden_act: '%s' is not a supported activation", path, an);
+    *vis = (struct mp_vision){.kind = 3, .hidden = D, .ffn = F, .layers = L, .heads = heads, .channels = C,
+                              .patch = p, .act = (enum mp_act)ai, .text_hidden = O, .token_id = id,
+                              .temporal = t, .merge = sm, .window = win};
+    if (O != text_hidden) /* masked_scatter fills the text embedding's rows with the merger's */
+        vis->kind = 0;
     uint64_t M = prod(a, D, prod(a, sm, sm));
     acc_add(a, prod(a, prod(a, prod(a, C, t), prod(a, p, p)), D));
     acc_add(a, prod(a, prod(a, 2, D), L));
@@ -307,7 +321,7 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
     if (!strcmp(type, "gemma3"))
         st = siglip_gemma3(root, vc, text_hidden, v, vis, &a, path, d);
     else if (!strcmp(type, "qwen2_5_vl"))
-        st = qwen2_5_vision(vc, v, &a, path, d);
+        st = qwen2_5_vision(root, vc, text_hidden, v, vis, &a, path, d);
     else if (!strcmp(type, "qwen2_vl"))
         st = qwen2_vision(root, vc, text_hidden, v, vis, &a, path, d);
     else if (!strcmp(type, "mllama"))
@@ -480,21 +494,22 @@ static enum mp_status qwen2_images(struct mp_model *m, uint64_t n, uint64_t h, u
         l->rope.on = l->rope.fp32 = l->rope.cast_back = true; /* q.float(), k.float(), .to(q's dtype) */
         l->rope.per_sample = true; /* cos, sin: (patches of every image, head_dim) */
         l->rope.cat = true;        /* torch.cat of the per-image outputs: a copy proj saves */
-        l->norm.kind = MP_NORM_LAYERNORM;
-        l->norm.bias = true;
+        l->norm.kind = v->kind == 3 ? MP_NORM_RMSNORM : MP_NORM_LAYERNORM; /* Qwen2_5_VLRMSNorm */
+        l->norm.bias = v->kind == 2;
         l->mlp.ffn = v->ffn;
         l->mlp.act = v->act;
         l->mlp.bias = true;
+        l->mlp.gated = v->kind == 3; /* Qwen2_5_VLMLP: gate_proj, up_proj, down_proj with biases */
     }
     struct mp_block *b = front_block(m, "vision.merger", 4, d);
     if (!b)
         return MP_ERR_NOMEM;
     l = b->layers;
     uint64_t unit = v->merge * v->merge, M = v->hidden * unit;
-    l[0].type = MP_LT_LAYERNORM;
+    l[0].type = v->kind == 3 ? MP_LT_RMSNORM : MP_LT_LAYERNORM;
     l[0].dim = v->hidden;
-    l[0].norm.kind = MP_NORM_LAYERNORM;
-    l[0].norm.bias = true;
+    l[0].norm.kind = v->kind == 3 ? MP_NORM_RMSNORM : MP_NORM_LAYERNORM;
+    l[0].norm.bias = v->kind == 2;
     snprintf(l[0].name, sizeof l[0].name, "ln_q");
     l[1].type = MP_LT_LINEAR;
     l[1].vision = true;
@@ -525,11 +540,8 @@ static enum mp_status qwen2_images(struct mp_model *m, uint64_t n, uint64_t h, u
 enum mp_status mp_hf_add_images(struct mp_model *m, uint64_t n, uint64_t h, uint64_t w, struct mp_diag *d)
 {
     const struct mp_vision *v = &m->vision;
-    /* Qwen2.5-VL: what its tower holds is worked out and measured on the torch side
-     * (docs/memory-facts.md "Qwen2-VL and Qwen2.5-VL with images", peft_step.py qwenvl), not
-     * modelled yet */
-    bool qwen = !strcmp(m->hf_type, "qwen2_5_vl");
-    if (v->kind == 2)
+    bool qwen = !strcmp(m->hf_type, "qwen2_5_vl") || !strcmp(m->hf_type, "qwen2_vl");
+    if (v->kind >= 2)
         return qwen2_images(m, n, h, w, d);
     if (v->kind == 1 && (h || w) && (h != v->image || w != v->image))
         return mp_fail(d, MP_ERR_USAGE, "%s: --image-size %llux%llu: Gemma3's processor resizes every image to "
@@ -538,11 +550,11 @@ enum mp_status mp_hf_add_images(struct mp_model *m, uint64_t n, uint64_t h, uint
     if (v->kind != 1)
         return mp_fail(d, MP_ERR_MODEL, !m->idle.params ? "%s: --images: %s has no vision tower (a multimodal "
                                                           "checkpoint's config.json with a vision_config)"
-                                        : qwen ? "%s: --images: steps with images are modelled for gemma3 "
-                                                 "and qwen2_vl only, not %s yet (its tower's RMSNorms, gated MLP "
-                                                 "and window attention); text-only steps are (no --images)"
-                                               : "%s: --images: steps with images are modelled for gemma3 "
-                                                 "and qwen2_vl only, not %s yet; text-only steps are (no --images)",
+                                        : qwen ? "%s: --images: %s's vision merger does not output the text "
+                                                 "model's hidden size (masked_scatter would refuse it)"
+                                               : "%s: --images: steps with images are modelled for gemma3, "
+                                                 "qwen2_vl and qwen2_5_vl only, not %s yet; text-only steps are "
+                                                 "(no --images)",
                        m->path, m->hf_type[0] ? m->hf_type : "this model");
     uint64_t side = v->image / v->patch, t = 1;
     while ((t + 1) * (t + 1) <= v->tokens)

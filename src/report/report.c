@@ -851,12 +851,12 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                      "          %llu tokens each in --seq (%s)\n",
                 (unsigned long long)c->model->images, (unsigned long long)h, (unsigned long long)w,
                 (unsigned long long)((h / v->patch) * (w / v->patch)), (unsigned long long)v->layers,
-                (unsigned long long)v->tokens, v->kind == 2 ? "patches / spatial_merge_size^2" : "mm_tokens_per_image");
-        if (v->kind == 2 && !v->asked_h) /* (model_hf_vision.c qwen2_images: smart_resize) */
+                (unsigned long long)v->tokens, v->kind >= 2 ? "patches / spatial_merge_size^2" : "mm_tokens_per_image");
+        if (v->kind >= 2 && !v->asked_h) /* (model_hf_vision.c qwen2_images: smart_resize) */
             fprintf(out, "          image size: the default, 448x448 (--image-size HxW sets it; the processor's\n"
                          "          smart_resize makes each side a multiple of %llu)\n",
                     (unsigned long long)(v->patch * v->merge));
-        else if (v->kind == 2)
+        else if (v->kind >= 2)
             fprintf(out, "          image size: --image-size %llux%llu, %s\n", (unsigned long long)v->asked_h,
                     (unsigned long long)v->asked_w,
                     v->asked_h == h && v->asked_w == w ? "kept as it is by the processor's smart_resize"
