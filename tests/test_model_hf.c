@@ -1969,13 +1969,9 @@ static void test_multimodal_images(void **state)
 
     expect_images_error("models/hf/gemma-3-1b.json", 1, "models/hf/gemma-3-1b.json: --images: gemma3_text has no "
                         "vision tower (a multimodal checkpoint's config.json with a vision_config)");
-    expect_images_error("bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", 1,
-                        "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json: --images: steps with images are modelled "
-                        "for gemma3 and qwen2_vl only, not qwen2_5_vl yet (its tower's RMSNorms, gated MLP and "
-                        "window attention); text-only steps are (no --images)");
     expect_images_error("bench/accuracy/multimodal/mllama-shrunk.json", 1,
                         "bench/accuracy/multimodal/mllama-shrunk.json: --images: steps with images are modelled "
-                        "for gemma3 and qwen2_vl only, not mllama yet; text-only steps are (no --images)");
+                        "for gemma3, qwen2_vl and qwen2_5_vl only, not mllama yet; text-only steps are (no --images)");
     /* Gemma 3's processor resizes every image to vision_config.image_size (224 here) */
     struct mp_model_request rq = {.head = -1, .images = 1, .image_h = 100, .image_w = 100};
     assert_int_equal(mp_model_load_file_as(&m, "bench/accuracy/multimodal/gemma3-shrunk.json", &rq, &d), MP_ERR_USAGE);
@@ -2078,11 +2074,62 @@ static void test_qwen2_vl_images(void **state)
         assert_int_equal(m.width, sizes[i][3]);
         mp_model_release(&m);
     }
+    /* a merger whose output is not the text model's width (vision_config.hidden_size 192, text 256) */
+    load_str_ok(&m, "{\"model_type\": \"qwen2_vl\", \"architectures\": [\"Qwen2VLForConditionalGeneration\"], "
+                    "\"hidden_size\": 256, \"intermediate_size\": 512, \"num_hidden_layers\": 1, "
+                    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 2048, "
+                    "\"vision_config\": {\"depth\": 1, \"embed_dim\": 64, \"hidden_size\": 192, \"num_heads\": 2}}");
+    assert_int_equal(mp_hf_add_images(&m, 1, 0, 0, &d), MP_ERR_MODEL);
+    assert_string_equal(d.msg, "cfg.json: --images: qwen2_vl's vision merger does not output the text model's hidden "
+                               "size (masked_scatter would refuse it)");
+    mp_model_release(&m);
     rq.image_h = 10;
     rq.image_w = 3000; /* smart_resize raises above an aspect ratio of 200 */
     assert_int_equal(mp_model_load_file_as(&m, path, &rq, &d), MP_ERR_USAGE);
     assert_string_equal(d.msg, "bench/accuracy/multimodal/qwen2-vl-shrunk.json: --image-size 10x3000: the processor "
                                "refuses an aspect ratio above 200 (smart_resize)");
+}
+
+/* Qwen2.5-VL with images: the shrunk config (hidden_size 128, 4 heads of 32, intermediate 256,
+ * depth 2, window_size 112 px, out_hidden_size 256; text hidden 256, 4 layers), batch 2 x 256, one
+ * 224 x 224 image a sample: 16 x 16 = 256 patches an image, N = 512, 64 tokens an image. */
+static void test_qwen2_5_vl_images(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    struct mp_model_request rq = {.head = -1, .images = 1, .image_h = 224, .image_w = 224};
+    load_ok_rq(&m, "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", &rq);
+    assert_int_equal(m.vision.kind, 3);
+    assert_int_equal(m.vision.tokens, 64);
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->norm.kind, MP_NORM_RMSNORM); /* Qwen2_5_VLRMSNorm */
+    assert_true(l->mlp.gated && l->mlp.bias);
+    assert_int_equal(block_layer(&m, 3, 0)->type, MP_LT_RMSNORM); /* the merger's ln_q */
+    if (build_images(&m, 256, "", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.total_params, 5335936u); /* transformers: Qwen2_5_VLForConditionalGeneration */
+    assert_int_equal(tensor_elems(&p, "pixel_values"), 512u * 1176);
+    /* window_index: one row per 2 x 2 patches, the reorder a new (N, hidden) tensor */
+    assert_int_equal(tensor_elems(&p, "permute_input_for_window_attn"), 512u * 128);
+    assert_int_equal(tensor_elems(&p, "permute_input_for_window_attn.index"), 512u / 4);
+    /* after the merger: reverse_indices (argsort's, int64) gathers the (N / 4, 256) rows back */
+    assert_int_equal(tensor_elems(&p, "reverse_indices"), 128u * 256);
+    assert_int_equal(tensor_elems(&p, "reverse_indices.index"), 128u);
+    assert_int_equal(tensor_elems(&p, "image_embeds.cat"), 128u * 256);
+    mp_program_release(&p);
+    /* LoRA r 16 all-linear: the bench's peft count; gate_proj: r(128 + 256) x 2 blocks + the text's
+     * 4 x r(256 + 1024) */
+    if (build_images(&m, 256, "all-linear", true, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 450560u);
+    mp_program_release(&p);
+    if (build_images(&m, 256, "gate_proj", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 2u * 16 * (128 + 256) + 4u * 16 * (256 + 1024));
+    mp_program_release(&p);
+    mp_model_release(&m);
 }
 
 static void test_params_moe_families(void **state)
@@ -2772,6 +2819,7 @@ int main(void)
         cmocka_unit_test(test_phimoe),
         cmocka_unit_test(test_multimodal_images),
         cmocka_unit_test(test_qwen2_vl_images),
+        cmocka_unit_test(test_qwen2_5_vl_images),
         cmocka_unit_test(test_moe_layers_and_mla),
         cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),
