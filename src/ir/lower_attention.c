@@ -471,7 +471,8 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
      * originals die unless something else keeps them: a fused qkv storage stays alive while q is
      * its view, GPT-2).  Eager attention saves its own contiguous copies of k and v either way. */
     enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
-    if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER) {
+    if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER &&
+        !l->vision) { /* (a vision tower's attention has no cache) */
         /* the cache holds them until the forward returns; under autocast the rotated k is fp32
          * (q * cos with cos in the fp32 residual's dtype), so its copy is too; v's copy keeps v's
          * dtype (cache_utils.py:113-116 lazy_initialization: the empty keys in k's dtype, the
@@ -558,7 +559,8 @@ static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *
         n->n = mul(B, a, qk);
     }
     enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
-    if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER) {
+    if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER &&
+        !l->vision) { /* (a vision tower's attention has no cache) */
         /* use_cache: past_key_values.update(kv, k_rot) torch.cat's the latent and the rotated
          * k_rot into the cache (held until the forward returns); expand_kv reads the copies */
         lat = cast_to(B, lat, dt_of(B, lat), "kv_cache");
