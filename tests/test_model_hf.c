@@ -2119,6 +2119,35 @@ static void test_qwen2_5_vl_images(void **state)
     assert_int_equal(tensor_elems(&p, "reverse_indices.index"), 128u);
     assert_int_equal(tensor_elems(&p, "image_embeds.cat"), 128u * 256);
     mp_program_release(&p);
+    /* eager attention: block 0 attends window by window (8 x 8 patches: 112 px / 14; 4 windows an
+     * image, 8 for the batch), block 1 (fullatt_block_indexes [1]) over each whole image: the
+     * fp32 probabilities (calls, heads, s, s) */
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 2;
+    o.seq = 256;
+    o.precision = MP_PREC_BF16;
+    o.attention = MP_ATTN_EAGER;
+    o.attention_forced = true;
+    if (mp_program_build(&m, &o, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(tensor_elems(&p, "vision.blocks.0.attn.sdpa.probs"), 8u * 4 * 64 * 64);
+    assert_int_equal(tensor_elems(&p, "vision.blocks.1.attn.sdpa.probs"), 2u * 4 * 256 * 256);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    /* 252 x 252 px: 18 x 18 patches, edge windows of 2 patches: eager is refused */
+    rq.image_h = rq.image_w = 252;
+    load_ok_rq(&m, "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", &rq);
+    assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_MODEL);
+    assert_non_null(strstr(d.msg, "eager window attention on 252x252 images: their edge windows (not multiples of "
+                                  "window_size 112 px) are not modelled"));
+    o.attention = MP_ATTN_SDPA; /* SDPA: the per-image calls' bytes */
+    if (mp_program_build(&m, &o, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    rq.image_h = rq.image_w = 224;
+    load_ok_rq(&m, "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", &rq);
     /* LoRA r 16 all-linear: the bench's peft count; gate_proj: r(128 + 256) x 2 blocks + the text's
      * 4 x r(256 + 1024) */
     if (build_images(&m, 256, "all-linear", true, &p, &d) != MP_OK)

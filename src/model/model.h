@@ -276,7 +276,8 @@ struct mp_layer {
     char name[64];
     /* a layer of a multimodal checkpoint's vision side, stepped with images (--images,
      * model_hf_vision.c mp_hf_add_images): transformer_block, its Linears named as SigLIP's
-     * (peft targets); avgpool2d, Gemma 3's projector pooling of (b, patches, dim) tokens; linear, the
+     * (peft targets; Qwen2.5-VL's window blocks: conv.kernel, the patches of a window's side);
+     * avgpool2d, Gemma 3's projector pooling of (b, patches, dim) tokens; linear, the
      * projector's bare weight (not an nn.Linear: no LoRA), its output cast back to its input's dtype
      * (type_as); embedding, the text embedding with the image features scattered in (masked_scatter) */
     bool vision;
@@ -351,8 +352,12 @@ struct mp_vision {
      * Qwen2VLImageProcessor's smart_resize; tokens is then (h/p)(w/p)/merge^2) and the size asked
      * (0 x 0: the default, 448 x 448) */
     uint64_t temporal, merge, height, width, asked_h, asked_w;
-    uint64_t window;           /* kind 3: window_size in pixels (informational: the windows' SDPA calls
-                                  save what the images' would, model_hf_vision.c) */
+    uint64_t window;           /* kind 3: window_size in pixels; the blocks fullatt_block_indexes names
+                                  attend over whole images (fullatt, n_fullatt), the others window by
+                                  window (their layer's conv.kernel: patches per window side) */
+#define MP_VISION_FULLATT_MAX 64
+    uint64_t fullatt[MP_VISION_FULLATT_MAX];
+    size_t n_fullatt;
 };
 #define MP_IDLE_LINEARS_MAX 16
 struct mp_idle {

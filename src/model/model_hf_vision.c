@@ -126,7 +126,21 @@ static enum mp_status qwen2_5_vision(const cJSON *root, const cJSON *vc, uint64_
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.hidden_act: '%s' is not a supported activation", path, an);
     *vis = (struct mp_vision){.kind = 3, .hidden = D, .ffn = F, .layers = L, .heads = heads, .channels = C,
                               .patch = p, .act = (enum mp_act)ai, .text_hidden = O, .token_id = id,
-                              .temporal = t, .merge = sm, .window = win};
+                              .temporal = t, .merge = sm, .window = win, .fullatt = {7, 15, 23, 31}, .n_fullatt = 4};
+    const cJSON *fa = cJSON_GetObjectItemCaseSensitive(vc, "fullatt_block_indexes");
+    if (fa && !cJSON_IsNull(fa)) {
+        if (!cJSON_IsArray(fa) || cJSON_GetArraySize(fa) > MP_VISION_FULLATT_MAX)
+            return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.fullatt_block_indexes: expected a list of at most %d "
+                           "block indexes", path, MP_VISION_FULLATT_MAX);
+        vis->n_fullatt = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, fa) {
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble != (double)(uint64_t)e->valuedouble)
+                return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.fullatt_block_indexes: expected non-negative "
+                               "integers", path);
+            vis->fullatt[vis->n_fullatt++] = (uint64_t)e->valuedouble;
+        }
+    }
     if (O != text_hidden) /* masked_scatter fills the text embedding's rows with the merger's */
         vis->kind = 0;
     uint64_t M = prod(a, D, prod(a, sm, sm));
@@ -469,6 +483,9 @@ static enum mp_status qwen2_images(struct mp_model *m, uint64_t n, uint64_t h, u
                        (unsigned long long)v->heads, (unsigned long long)v->hidden);
     if (v->layers > ((size_t)1 << 20))
         return mp_fail(d, MP_ERR_RANGE, "%s: vision_config.depth: too many layers", m->path);
+    if (v->kind == 3 && v->window % f) /* get_vision_window_index: window_size // merge // patch units */
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.window_size: %llu is not a multiple of patch_size x "
+                       "spatial_merge_size (%llu)", m->path, (unsigned long long)v->window, (unsigned long long)f);
     size_t text0 = m->n_blocks, nv = (size_t)v->layers + 2;
     struct mp_layer *l = embeddings_block(m, d);
     if (!l)
@@ -500,6 +517,10 @@ static enum mp_status qwen2_images(struct mp_model *m, uint64_t n, uint64_t h, u
         l->mlp.act = v->act;
         l->mlp.bias = true;
         l->mlp.gated = v->kind == 3; /* Qwen2_5_VLMLP: gate_proj, up_proj, down_proj with biases */
+        bool full = v->kind != 3;
+        for (size_t j = 0; j < v->n_fullatt; j++)
+            full = full || v->fullatt[j] == i;
+        l->conv.kernel = full ? 0 : v->window / v->patch; /* a window block: its side in patches */
     }
     struct mp_block *b = front_block(m, "vision.merger", 4, d);
     if (!b)

@@ -842,7 +842,7 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     }
     if (c->model->idle.params) /* a multimodal checkpoint (model.h struct mp_idle) */
         fprintf(out, "text-only %s params (%s) resident, unused: no .grad,\n"
-                     "          no optimizer state, no activations (steps with images: --images, gemma3, qwen2_vl, qwen2_5_vl)\n",
+                     "          no optimizer state, no activations (steps with --images: gemma3, qwen2_vl, qwen2_5_vl)\n",
                 count(c->model->idle.params), c->model->idle.what);
     if (c->model->images) { /* --images: the vision tower runs (model_hf_vision.c mp_hf_add_images) */
         const struct mp_vision *v = &c->model->vision;
