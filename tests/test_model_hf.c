@@ -1880,6 +1880,20 @@ static enum mp_status build_images(const struct mp_model *m, uint64_t seq, const
     return mp_program_build(m, &o, p, d);
 }
 
+/* A program of the image model m at batch 2 x 256, bf16, with attention forced to impl. */
+static enum mp_status build_attention(const struct mp_model *m, enum mp_attn_impl impl, struct mp_program *p,
+                                      struct mp_diag *d)
+{
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 2;
+    o.seq = 256;
+    o.precision = MP_PREC_BF16;
+    o.attention = impl;
+    o.attention_forced = true;
+    return mp_program_build(m, &o, p, d);
+}
+
 /* The node named name (the first), or NULL. */
 static const struct mp_node *node_named(const struct mp_program *p, const char *suffix)
 {
@@ -2058,14 +2072,7 @@ static void test_mistral3_images(void **state)
     assert_int_equal(p.trainable_params, 479232u);
     mp_program_release(&p);
     /* flash attention: PixtralVisionModel passes cu_seqlens and no mask */
-    struct mp_build_opts fo;
-    mp_build_opts_default(&fo);
-    fo.batch = 2;
-    fo.seq = 256;
-    fo.precision = MP_PREC_BF16;
-    fo.attention = MP_ATTN_FLASH;
-    fo.attention_forced = true;
-    if (mp_program_build(&m, &fo, &p, &d) != MP_OK)
+    if (build_attention(&m, MP_ATTN_FLASH, &p, &d) != MP_OK)
         fail_msg("%s", d.msg);
     assert_int_equal(tensor_elems(&p, "vision.attn_mask"), 0);
     mp_program_release(&p);
@@ -2262,14 +2269,7 @@ static void test_qwen2_5_vl_images(void **state)
     /* eager attention: block 0 attends window by window (8 x 8 patches: 112 px / 14; 4 windows an
      * image, 8 for the batch), block 1 (fullatt_block_indexes [1]) over each whole image: the
      * fp32 probabilities (calls, heads, s, s) */
-    struct mp_build_opts o;
-    mp_build_opts_default(&o);
-    o.batch = 2;
-    o.seq = 256;
-    o.precision = MP_PREC_BF16;
-    o.attention = MP_ATTN_EAGER;
-    o.attention_forced = true;
-    if (mp_program_build(&m, &o, &p, &d) != MP_OK)
+    if (build_attention(&m, MP_ATTN_EAGER, &p, &d) != MP_OK)
         fail_msg("%s", d.msg);
     assert_int_equal(tensor_elems(&p, "vision.blocks.0.attn.sdpa.probs"), 8u * 4 * 64 * 64);
     assert_int_equal(tensor_elems(&p, "vision.blocks.1.attn.sdpa.probs"), 2u * 4 * 256 * 256);
@@ -2278,11 +2278,10 @@ static void test_qwen2_5_vl_images(void **state)
     /* 252 x 252 px: 18 x 18 patches, edge windows of 2 patches: eager is refused */
     rq.image_h = rq.image_w = 252;
     load_ok_rq(&m, "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", &rq);
-    assert_int_equal(mp_program_build(&m, &o, &p, &d), MP_ERR_MODEL);
+    assert_int_equal(build_attention(&m, MP_ATTN_EAGER, &p, &d), MP_ERR_MODEL);
     assert_non_null(strstr(d.msg, "eager window attention on 252x252 images: their edge windows (not multiples of "
                                   "window_size 112 px) are not modelled"));
-    o.attention = MP_ATTN_SDPA; /* SDPA: the per-image calls' bytes */
-    if (mp_program_build(&m, &o, &p, &d) != MP_OK)
+    if (build_attention(&m, MP_ATTN_SDPA, &p, &d) != MP_OK) /* SDPA: the per-image calls' bytes */
         fail_msg("%s", d.msg);
     mp_program_release(&p);
     mp_model_release(&m);

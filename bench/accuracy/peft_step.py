@@ -1204,6 +1204,23 @@ IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets,
 )
 
 
+def _save_image_row(bench, path, m, figures):
+    """One measured image row into rows/peft_step.jsonl (the images and qwenvl benches)."""
+    import time
+    import peft
+    import rowlib
+    import torch
+    import transformers
+    rowlib.save_rows("peft_step", [{
+        "source": "bench/accuracy/peft_step.py %s run of %s" % (bench, time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                    time.gmtime())),
+        "config": path, "max_layers": 0, "args": m["args"], "figures": figures,
+        "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
+        "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                        peft=peft.__version__),
+    }])
+
+
 def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
     """Gemma 3 and Mistral 3 steps with images (memplan --images N) beside the same rows text-only: the processor's
     batch (image_inputs) through Gemma3ForConditionalGeneration under FakeTensorMode (_ImageMerge),
@@ -1212,7 +1229,6 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
     Gemma-3-4B's widths (6 text layers, 4 vision layers; batch 1 x 1024, 256 tokens per 896 x 896
     image = 4096 patches).  Rows go to rows/peft_step.jsonl; results: images_results.md."""
     import tempfile
-    import time
     import peft
     import torch
     import transformers
@@ -1263,14 +1279,7 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
                 row = {"config": path, "max_layers": 0, "args": m["args"]}
                 if rowlib._key(row) in marked:  # a text-only twin marked `disagrees` by the lora run: kept
                     continue
-                rowlib.save_rows("peft_step", [{
-                    "source": "bench/accuracy/peft_step.py images run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                          time.gmtime()),
-                    "config": path, "max_layers": 0, "args": m["args"], "figures": figures,
-                    "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
-                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
-                                                    peft=peft.__version__),
-                }])
+                _save_image_row("images", path, m, figures)
     if out:
         rowlib.write_results(out, "# bench/accuracy/peft_step.py images: %s with images, CPU FakeTensorMode, "
                              "torch %s, transformers %s, peft %s\n\n%s\n" % (
@@ -1300,7 +1309,6 @@ def qwenvl_bench(out=None, only=(), memplan="./memplan"):
     saved to rows/peft_step.jsonl; Qwen2.5-VL's stay torch-side figures (memplan refuses --images for
     it: its tower is not modelled yet).  Results: qwenvl_images_results.md."""
     import tempfile
-    import time
     import peft
     import torch
     import transformers
@@ -1340,14 +1348,7 @@ def qwenvl_bench(out=None, only=(), memplan="./memplan"):
                            "peak": rowlib.figure(t["peak"], m["peak"])}
                 if t["saved"] is not None:
                     figures["saved"] = rowlib.figure(t["saved"], m["saved"])
-                rowlib.save_rows("peft_step", [{
-                    "source": "bench/accuracy/peft_step.py qwenvl run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                          time.gmtime()),
-                    "config": path, "max_layers": 0, "args": m["args"], "figures": figures,
-                    "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
-                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
-                                                    peft=peft.__version__),
-                }])
+                _save_image_row("qwenvl", path, m, figures)
     if out:
         rowlib.write_results(out, "# bench/accuracy/peft_step.py qwenvl: Qwen2-VL / Qwen2.5-VL with images, CPU "
                              "FakeTensorMode, torch %s, transformers %s, peft %s\n\n%s\n" % (

@@ -54,6 +54,21 @@ static enum mp_status pos(const cJSON *o, const char *key, uint64_t *out, const 
     return st;
 }
 
+/* vision_config.hidden_act (dflt where absent) into *act; an unknown activation is refused. */
+static enum mp_status vision_act(const cJSON *vc, enum mp_act dflt, enum mp_act *act, const char *path,
+                                 struct mp_diag *d)
+{
+    enum mp_status st;
+    const char *an = mp_json_str(vc, "hidden_act", &st, path, "vision_config", d);
+    if (st != MP_OK)
+        return st;
+    int ai = an ? mp_act_parse(an) : (int)dflt;
+    if (ai < 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.hidden_act: '%s' is not a supported activation", path, an);
+    *act = (enum mp_act)ai;
+    return MP_OK;
+}
+
 /* SigLIP (siglip/modeling_siglip.py SiglipVisionTransformer, SiglipVisionConfig defaults) and
  * Gemma 3's projector (gemma3/modeling_gemma3.py Gemma3MultiModalProjector: the Parameter
  * mm_input_projection_weight (vision hidden x text hidden) and an RMSNorm of the vision width). */
@@ -75,15 +90,11 @@ static enum mp_status siglip_gemma3(const cJSON *root, const cJSON *vc, uint64_t
         (st = mp_json_u64(root, "image_token_index", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK ||
         (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
         return st;
-    enum mp_act act = MP_ACT_GELU_TANH; /* SiglipVisionConfig.hidden_act */
-    const char *an = mp_json_str(vc, "hidden_act", &st, path, "vision_config", d);
-    if (st != MP_OK)
+    enum mp_act ai;
+    if ((st = vision_act(vc, MP_ACT_GELU_TANH, &ai, path, d)) != MP_OK) /* SiglipVisionConfig.hidden_act */
         return st;
-    int ai = an ? mp_act_parse(an) : (int)act;
-    if (ai < 0)
-        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.hidden_act: '%s' is not a supported activation", path, an);
     *vis = (struct mp_vision){.kind = MP_VIS_SIGLIP, .hidden = D, .ffn = F, .layers = L, .heads = H, .channels = C,
-                              .image = img, .patch = p, .act = (enum mp_act)ai, .attn_p = ap, .tokens = tokens,
+                              .image = img, .patch = p, .act = ai, .attn_p = ap, .tokens = tokens,
                               .text_hidden = text_hidden, .token_id = id};
     if (head)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.vision_use_head: true (SiglipVisionConfig's default) is not "
@@ -121,14 +132,11 @@ static enum mp_status qwen2_5_vision(const cJSON *root, const cJSON *vc, uint64_
         (st = pos(vc, "num_heads", &heads, path, d)) != MP_OK || (st = pos(vc, "window_size", &win, path, d)) != MP_OK ||
         (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
         return st;
-    const char *an = mp_json_str(vc, "hidden_act", &st, path, "vision_config", d); /* default silu */
-    if (st != MP_OK)
+    enum mp_act ai;
+    if ((st = vision_act(vc, MP_ACT_SILU, &ai, path, d)) != MP_OK)
         return st;
-    int ai = mp_act_parse(an ? an : "silu");
-    if (ai < 0)
-        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.hidden_act: '%s' is not a supported activation", path, an);
     *vis = (struct mp_vision){.kind = MP_VIS_QWEN2_5, .hidden = D, .ffn = F, .layers = L, .heads = heads, .channels = C,
-                              .patch = p, .act = (enum mp_act)ai, .text_hidden = O, .token_id = id,
+                              .patch = p, .act = ai, .text_hidden = O, .token_id = id,
                               .temporal = t, .merge = sm, .window = win, .fullatt = {7, 15, 23, 31}, .n_fullatt = 4};
     const cJSON *fa = cJSON_GetObjectItemCaseSensitive(vc, "fullatt_block_indexes");
     if (fa && !cJSON_IsNull(fa)) {
@@ -178,15 +186,12 @@ static enum mp_status qwen2_vision(const cJSON *root, const cJSON *vc, uint64_t 
         (st = pos(vc, "num_heads", &heads, path, d)) != MP_OK ||
         (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
         return st;
-    const char *an = mp_json_str(vc, "hidden_act", &st, path, "vision_config", d); /* default quick_gelu */
-    if (st != MP_OK)
+    enum mp_act ai;
+    if ((st = vision_act(vc, MP_ACT_QUICK_GELU, &ai, path, d)) != MP_OK)
         return st;
-    int ai = mp_act_parse(an ? an : "quick_gelu");
-    if (ai < 0)
-        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.hidden_act: '%s' is not a supported activation", path, an);
     uint64_t F = prod(a, E, r), M = prod(a, E, prod(a, sm, sm));
     *vis = (struct mp_vision){.kind = MP_VIS_QWEN2, .hidden = E, .ffn = F, .layers = L, .heads = heads, .channels = C,
-                              .patch = p, .act = (enum mp_act)ai, .text_hidden = H, .token_id = id,
+                              .patch = p, .act = ai, .text_hidden = H, .token_id = id,
                               .temporal = t, .merge = sm};
     if (H != text_hidden) /* masked_scatter fills the text embedding's rows with the merger's */
         vis->kind = MP_VIS_NONE;
@@ -467,6 +472,32 @@ static struct mp_block *front_block(struct mp_model *m, const char *name, size_t
     return b;
 }
 
+/* The block of the tower's layer i, named prefix.i, its one layer returned: a transformer block of
+ * the tower's width, heads and MLP, non-causal SDPA with eager's fp32 softmax
+ * (eager_attention_forward: softmax(dtype=float32).to(q.dtype)); repeat group 2, as each is a
+ * GradientCheckpointingLayer (checkpointed like the text layers). */
+static struct mp_layer *layer_block(struct mp_model *m, const char *prefix, uint64_t i, struct mp_diag *d)
+{
+    const struct mp_vision *v = &m->vision;
+    char name[48];
+    snprintf(name, sizeof name, "%s.%llu", prefix, (unsigned long long)i);
+    struct mp_block *b = front_block(m, name, 1, d);
+    if (!b)
+        return NULL;
+    b->repeat_group = 2;
+    struct mp_layer *l = b->layers;
+    l->type = MP_LT_TRANSFORMER_BLOCK;
+    l->vision = true;
+    l->dim = v->hidden;
+    l->attn.heads = l->attn.kv_heads = v->heads;
+    l->attn.head_dim = v->hidden / v->heads;
+    l->attn.impl = MP_ATTN_SDPA;
+    l->attn.softmax_fp32 = true;
+    l->mlp.ffn = v->ffn;
+    l->mlp.act = v->act;
+    return l;
+}
+
 /* The vision blocks (made at the end of m's blocks from text0 on, nv of them) to the front, the
  * text model's after them; its embedding scatters the image features in (masked_scatter). */
 static enum mp_status to_front(struct mp_model *m, size_t text0, size_t nv, struct mp_diag *d)
@@ -485,6 +516,21 @@ static enum mp_status to_front(struct mp_model *m, size_t text0, size_t nv, stru
                        "the ids' copy transformers then makes is not modelled", m->path,
                        (unsigned long long)m->vision.token_id, (unsigned long long)e->vocab);
     memset(&m->idle, 0, sizeof m->idle);
+    return MP_OK;
+}
+
+/* The tower built (nv blocks from text0 on): moved to the front, the model's image fields set. */
+static enum mp_status images_done(struct mp_model *m, const struct mp_model_request *rq, size_t text0, size_t nv,
+                                  struct mp_diag *d)
+{
+    enum mp_status st = to_front(m, text0, nv, d);
+    if (st != MP_OK)
+        return st;
+    m->images = rq->images;
+    m->channels = m->vision.channels;
+    m->height = m->vision.height;
+    m->width = m->vision.width;
+    mp_model_mark_copies(m);
     return MP_OK;
 }
 
@@ -517,23 +563,10 @@ static enum mp_status encoder_blocks(struct mp_model *m, struct mp_diag *d)
 {
     const struct mp_vision *v = &m->vision;
     for (uint64_t i = 0; i < v->layers; i++) {
-        char name[48];
-        snprintf(name, sizeof name, "vision.layers.%llu", (unsigned long long)i);
-        struct mp_block *b = front_block(m, name, 1, d);
-        if (!b)
+        struct mp_layer *l = layer_block(m, "vision.layers", i, d);
+        if (!l)
             return MP_ERR_NOMEM;
-        b->repeat_group = 2;
-        struct mp_layer *l = b->layers;
-        l->type = MP_LT_TRANSFORMER_BLOCK;
-        l->vision = true;
-        l->dim = v->hidden;
-        l->attn.heads = l->attn.kv_heads = v->heads;
-        l->attn.head_dim = v->hidden / v->heads;
-        l->attn.impl = MP_ATTN_SDPA;
         l->attn.dropout = v->attn_p;
-        l->attn.softmax_fp32 = true; /* eager_attention_forward: softmax(dtype=float32).to(q.dtype) */
-        l->mlp.ffn = v->ffn;
-        l->mlp.act = v->act;
         if (v->kind == MP_VIS_PIXTRAL) { /* PixtralAttentionLayer: RMSNorms, bias-free, rotary, block mask, gated MLP */
             l->norm.kind = MP_NORM_RMSNORM;
             l->rope.on = true;
@@ -730,28 +763,14 @@ static enum mp_status qwen2_images(struct mp_model *m, const struct mp_model_req
     l->conv.in_ch = v->channels * v->temporal; /* Conv3d over (C, t, p, p) = a conv of C x t channels */
     snprintf(l->name, sizeof l->name, "patch_embed");
     for (uint64_t i = 0; i < v->layers; i++) {
-        char name[48];
-        snprintf(name, sizeof name, "vision.blocks.%llu", (unsigned long long)i);
-        struct mp_block *b = front_block(m, name, 1, d);
-        if (!b)
+        if (!(l = layer_block(m, "vision.blocks", i, d))) /* Qwen2VLVisionBlock */
             return MP_ERR_NOMEM;
-        b->repeat_group = 2; /* Qwen2VLVisionBlock: a GradientCheckpointingLayer */
-        l = b->layers;
-        l->type = MP_LT_TRANSFORMER_BLOCK;
-        l->vision = true;
-        l->dim = v->hidden;
-        l->attn.heads = l->attn.kv_heads = v->heads;
-        l->attn.head_dim = v->hidden / v->heads;
         l->attn.fused_qkv = l->attn.qkv_bias = l->attn.out_bias = true;
-        l->attn.impl = MP_ATTN_SDPA;
-        l->attn.softmax_fp32 = true; /* eager_attention_forward */
         l->rope.on = l->rope.fp32 = l->rope.cast_back = true; /* q.float(), k.float(), .to(q's dtype) */
         l->rope.per_sample = true; /* cos, sin: (patches of every image, head_dim) */
         l->rope.cat = true;        /* torch.cat of the per-image outputs: a copy proj saves */
         l->norm.kind = v->kind == MP_VIS_QWEN2_5 ? MP_NORM_RMSNORM : MP_NORM_LAYERNORM; /* Qwen2_5_VLRMSNorm */
         l->norm.bias = v->kind == MP_VIS_QWEN2;
-        l->mlp.ffn = v->ffn;
-        l->mlp.act = v->act;
         l->mlp.bias = true;
         l->mlp.gated = v->kind == MP_VIS_QWEN2_5; /* Qwen2_5_VLMLP: gate_proj, up_proj, down_proj with biases */
         bool full = v->kind != MP_VIS_QWEN2_5;
@@ -785,14 +804,7 @@ static enum mp_status qwen2_images(struct mp_model *m, const struct mp_model_req
     l[3].bias = true;
     l[3].conv.stride = 1; /* then Qwen2VLModel.forward's torch.cat of the per-image features */
     snprintf(l[3].name, sizeof l[3].name, "mlp.2");
-    if ((st = to_front(m, text0, nv, d)) != MP_OK)
-        return st;
-    m->images = rq->images;
-    m->channels = v->channels;
-    m->height = v->height;
-    m->width = v->width;
-    mp_model_mark_copies(m);
-    return MP_OK;
+    return images_done(m, rq, text0, nv, d);
 }
 
 enum mp_status mp_hf_add_images(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
@@ -823,12 +835,5 @@ enum mp_status mp_hf_add_images(struct mp_model *m, const struct mp_model_reques
     enum mp_status st = v->kind == MP_VIS_PIXTRAL ? pixtral_blocks(m, rq, d) : siglip_blocks(m, rq, d);
     if (st != MP_OK)
         return st;
-    if ((st = to_front(m, text0, nv, d)) != MP_OK)
-        return st;
-    m->images = rq->images;
-    m->channels = v->channels;
-    m->height = v->height;
-    m->width = v->width;
-    mp_model_mark_copies(m);
-    return MP_OK;
+    return images_done(m, rq, text0, nv, d);
 }
