@@ -895,7 +895,11 @@ expect_line 3 "--num-labels on a causal LM" estimate models/hf/llama-3.2-1b.json
 expect_line 3 "--head on a memplan model" estimate models/gpt2-124m.json --head seq-cls
 # --images: Gemma 3 steps with images; refusals one line each
 expect_line 3 "--images on a text model (no vision tower)" estimate models/hf/gemma-3-1b.json --images 1
-expect_line 3 "--images on qwen2.5-vl: not modelled yet" estimate bench/accuracy/multimodal/qwen2.5-vl-shrunk.json --images 1
+expect_line 3 "--images on mllama: not modelled yet" estimate bench/accuracy/multimodal/mllama-shrunk.json --images 1
+expect_line 2 "--image-size without --images" estimate bench/accuracy/multimodal/qwen2-vl-shrunk.json --image-size 448x448
+expect_line 2 "--image-size 448: not HxW" estimate bench/accuracy/multimodal/qwen2-vl-shrunk.json --images 1 --image-size 448
+expect_line 2 "--image-size 10x3000: the processor refuses the aspect ratio" estimate bench/accuracy/multimodal/qwen2-vl-shrunk.json --images 1 --image-size 10x3000
+expect_line 2 "--image-size on gemma3: only its image_size" estimate bench/accuracy/multimodal/gemma3-shrunk.json --images 1 --image-size 448x448
 expect_line 3 "--images on a memplan model" estimate models/gpt2-124m.json --images 1
 expect_line 2 "--images 0: out of range" estimate models/hf/gemma-3-4b-it.json --images 0
 expect_line 2 "--images 5 x 256 image tokens exceed --seq 1024" estimate models/hf/gemma-3-4b-it.json --images 5 --seq 1024
@@ -912,6 +916,19 @@ assert r["config"]["images"] == {"per_sample": 1, "tokens_each": 256, "image_siz
     ok "--images 1 on gemma-3-4b-it: params, input bytes and config.images in --json"
 else
     bad "--images 1 on gemma-3-4b-it: params, input bytes and config.images in --json"
+fi
+# Qwen2-VL-7B, one 450 x 300 image at batch 1, amp-bf16 (fp32 weights): smart_resize makes it
+# 448 x 308 (multiples of 28: 16 x 28 and 11 x 28), 32 x 22 = 704 patches of 14 px, 176 tokens
+# (2 x 2 merged); pixel_values 704 x (3 x 2 x 14 x 14) fp32 = 3,311,616 bytes, input_ids and labels
+# 1,024 x 8 each, the M-RoPE position_ids 3 x 1,024 x 8: 3,352,576 input bytes
+run estimate models/hf/qwen2-vl-7b-instruct.json --images 1 --image-size 450x300 --seq 1024 --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))
+assert r["memory"]["input_bytes"] == 3311616 + 2 * 8192 + 24576, r["memory"]["input_bytes"]
+assert r["config"]["images"] == {"per_sample": 1, "tokens_each": 176, "asked_height": 450, "asked_width": 300,
+                                 "height": 448, "width": 308, "patches": 704, "vision_layers": 32}, r["config"]["images"]' "$T/out"; then
+    ok "--images 1 --image-size 450x300 on qwen2-vl-7b-instruct: input bytes and config.images in --json"
+else
+    bad "--images 1 --image-size 450x300 on qwen2-vl-7b-instruct: input bytes and config.images in --json"
 fi
 expect_line 4 "--images: the probe refuses the program" probe bench/accuracy/multimodal/gemma3-shrunk.json --images 1 --seq 64 --backend host
 # --images on Mistral 3 (Pixtral) and --image-size; refusals one line each

@@ -248,6 +248,8 @@ CASES = [
     ("images", "estimate", "models/hf/gemma-3-4b-it.json", dict(images=2, seq=1024, checkpoint="layers")),
     ("image size", "estimate", "models/hf/mistral-small-3.1-24b.json", dict(images=2, image_size="784x1540",
                                                                            seq=4096, checkpoint="layers")),
+    ("images qwen2-vl", "estimate", "models/hf/qwen2-vl-7b-instruct.json",
+     dict(images=1, image_size="450x300", seq=1024, checkpoint="layers")),
     ("zero3 offload nvme", "estimate", L8B, dict(gpus=8, parallel="zero3", offload="params", offload_device="nvme",
                                                gpu="a100-80gb")),
     ("nccl modelled", "estimate", "models/gpt2-124m.json", dict(gpus=8, parallel="ddp", gpu="h100-80gb", batch=2)),
@@ -317,8 +319,17 @@ if r:  # Mistral Small 3.1: 784 x 1540 px, patch 14 (56 x 110 = 6,160 patches), 
     # x (55 + 1) = 1,568 tokens each, 24 Pixtral layers
     im = r.config.images
     check(im.per_sample == 2 and im.tokens_each == 1568 and im.patches == 6160 and im.height == 784
-          and im.width == 1540 and im.image_size == 1540 and im.vision_layers == 24,
+          and im.width == 1540 and im.image_size == 1540 and im.vision_layers == 24
+          and im.asked_height == 784 and im.asked_width == 1540,
           "image size: config.images 2 per sample, 784 x 1540 px, 1,568 tokens and 6,160 patches each")
+r = reps.get("images qwen2-vl")
+if r:  # 450 x 300 px: smart_resize rounds each side to a multiple of 28 (448 x 308): 32 x 22 patches of 14 px,
+    # 704 patches, 176 tokens (2 x 2 merged); 32 vision blocks; no vision_config.image_size
+    im = r.config.images
+    check(im.per_sample == 1 and im.height == 448 and im.width == 308 and im.patches == 704 and im.tokens_each == 176
+          and im.vision_layers == 32 and im.image_size is None
+          and im.asked_height == 450 and im.asked_width == 300,
+          "images qwen2-vl: 450x300 resized to 448x308, 704 patches, 176 tokens, 32 vision blocks")
 r = reps.get("sdpa math")
 if r:  # llama-3.2-1b has 32 q heads and 8 k/v heads: fp32 GQA, torch 2.11's math kernel
     check(r.config.torch == "2.11" and r.config.sdpa_kernel == "math",

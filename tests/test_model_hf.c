@@ -1712,6 +1712,26 @@ static void test_multimodal(void **state)
     assert_int_equal(tensor_elems(&p, "rope.cos_sin"), 2 * 2 * 16 * 64);
     mp_program_release(&p);
     mp_model_release(&m);
+    /* qwen2-vl-shrunk by hand: the tower 941,312 (Conv3d 3x2x14x14x128 = 150,528; per block the
+     * LayerNorms 512, qkv 49,536, proj 16,512, fc1 66,048, fc2 65,664: 2 x 198,272; the merger's
+     * ln_q 256, mlp.0 262,656, mlp.2 131,328) + the text model 4,198,656 (tied 262,144 table, 4 x
+     * 984,064 layers, the norm 256) = 5,139,968, as transformers counts the class.  LoRA r 8
+     * (peft): all-linear 227,328 (the tower 2 x 16,384 + the merger 14,336 + 4 x 45,056);
+     * q_proj,v_proj 4 x 7,168 (the tower's attention is one qkv); gate_proj 4 x 10,240 (its MLP is
+     * fc1 / fc2) */
+    expect_params("bench/accuracy/multimodal/qwen2-vl-shrunk.json", UINT64_C(5139968));
+    load_ok(&m, "bench/accuracy/multimodal/qwen2-vl-shrunk.json");
+    assert_int_equal(m.idle.params, 941312u);
+    build_ft(&m, 1, "all-linear", &p);
+    assert_int_equal(p.trainable_params, 227328u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "q_proj,v_proj", &p);
+    assert_int_equal(p.trainable_params, 28672u);
+    mp_program_release(&p);
+    build_ft(&m, 1, "gate_proj", &p);
+    assert_int_equal(p.trainable_params, 40960u);
+    mp_program_release(&p);
+    mp_model_release(&m);
 
     expect_error("{\"model_type\": \"gemma3\", \"architectures\": [\"Gemma3ForCausalLM\"]}", MP_ERR_MODEL,
                  "cfg.json: architectures[0]: 'Gemma3ForCausalLM' is not supported for gemma3 (supported: "
@@ -1826,6 +1846,13 @@ static void load_images(struct mp_model *m, const char *path, uint64_t images)
         fail_msg("%s", d.msg);
 }
 
+static void load_ok_rq(struct mp_model *m, const char *path, const struct mp_model_request *rq)
+{
+    struct mp_diag d = {{0}};
+    if (mp_model_load_file_as(m, path, rq, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+}
+
 static void expect_images_error(const char *path, uint64_t images, const char *msg)
 {
     struct mp_model m;
@@ -1850,6 +1877,20 @@ static enum mp_status build_images(const struct mp_model *m, uint64_t seq, const
         o.ft.input_grad = ckpt;
         assert_int_equal(mp_finetune_parse_targets(&o.ft, targets, d), MP_OK);
     }
+    return mp_program_build(m, &o, p, d);
+}
+
+/* A program of the image model m at batch 2 x 256, bf16, with attention forced to impl. */
+static enum mp_status build_attention(const struct mp_model *m, enum mp_attn_impl impl, struct mp_program *p,
+                                      struct mp_diag *d)
+{
+    struct mp_build_opts o;
+    mp_build_opts_default(&o);
+    o.batch = 2;
+    o.seq = 256;
+    o.precision = MP_PREC_BF16;
+    o.attention = impl;
+    o.attention_forced = true;
     return mp_program_build(m, &o, p, d);
 }
 
@@ -1942,13 +1983,18 @@ static void test_multimodal_images(void **state)
 
     expect_images_error("models/hf/gemma-3-1b.json", 1, "models/hf/gemma-3-1b.json: --images: gemma3_text has no "
                         "vision tower (a multimodal checkpoint's config.json with a vision_config)");
-    expect_images_error("bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", 1,
-                        "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json: --images: steps with images are modelled "
-                        "for gemma3 and mistral3 only, not qwen2_5_vl yet; text-only steps are (no --images)");
     expect_images_error("bench/accuracy/multimodal/mllama-shrunk.json", 1,
                         "bench/accuracy/multimodal/mllama-shrunk.json: --images: steps with images are not "
                         "modelled for mllama yet (the tiled vision model and the gated cross-attention layers its "
                         "states make active); text-only steps are (no --images)");
+    /* Gemma 3's processor resizes every image to vision_config.image_size (224 here) */
+    struct mp_model_request rq = {.head = -1, .images = 1, .image_h = 100, .image_w = 100};
+    assert_int_equal(mp_model_load_file_as(&m, "bench/accuracy/multimodal/gemma3-shrunk.json", &rq, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/gemma3-shrunk.json: --image-size 100x100: Gemma 3's "
+                               "processor resizes every image to vision_config.image_size (224x224)");
+    rq.image_h = rq.image_w = 224;
+    load_ok_rq(&m, "bench/accuracy/multimodal/gemma3-shrunk.json", &rq);
+    mp_model_release(&m);
 }
 
 /* A model loaded with --images n --image-size h x w (0 x 0: the config's); its status, d's message. */
@@ -2026,14 +2072,7 @@ static void test_mistral3_images(void **state)
     assert_int_equal(p.trainable_params, 479232u);
     mp_program_release(&p);
     /* flash attention: PixtralVisionModel passes cu_seqlens and no mask */
-    struct mp_build_opts fo;
-    mp_build_opts_default(&fo);
-    fo.batch = 2;
-    fo.seq = 256;
-    fo.precision = MP_PREC_BF16;
-    fo.attention = MP_ATTN_FLASH;
-    fo.attention_forced = true;
-    if (mp_program_build(&m, &fo, &p, &d) != MP_OK)
+    if (build_attention(&m, MP_ATTN_FLASH, &p, &d) != MP_OK)
         fail_msg("%s", d.msg);
     assert_int_equal(tensor_elems(&p, "vision.attn_mask"), 0);
     mp_program_release(&p);
@@ -2087,6 +2126,178 @@ static void test_mistral3_images(void **state)
     assert_int_equal(load_sized(&m, fn, 0, 0, 0, &d), MP_OK); /* text-only steps take it */
     mp_model_release(&m);
     remove(fn);
+}
+
+/* Qwen2-VL with images: the shrunk config (embed_dim 128, 4 heads of 32, mlp 512, depth 2, patch 14,
+ * merge 2, temporal 2; text hidden 256, 4 layers), batch 2 x 256, one 448 x 336 image a sample:
+ * 32 x 24 = 768 patches an image, N = 1,536 for the batch, 192 tokens an image (768 / 2^2). */
+static void test_qwen2_vl_images(void **state)
+{
+    (void)state;
+    struct mp_model m, t;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    struct mp_model_request rq = {.head = -1, .images = 1, .image_h = 448, .image_w = 336};
+    const char *path = "bench/accuracy/multimodal/qwen2-vl-shrunk.json";
+    load_ok(&t, path);
+    load_ok_rq(&m, path, &rq);
+    /* the text lookup + patch embedding, 2 blocks, the merger before the text model's blocks */
+    assert_int_equal(m.n_blocks, t.n_blocks + 4);
+    mp_model_release(&t);
+    assert_int_equal(m.vision.kind, MP_VIS_QWEN2);
+    assert_int_equal(m.height, 448);
+    assert_int_equal(m.width, 336);
+    assert_int_equal(m.vision.tokens, 192);
+    assert_true(block_layer(&m, 0, 0)->emb.image_lookup);
+    assert_int_equal(block_layer(&m, 0, 1)->conv.in_ch, 3 * 2); /* the Conv3d as C x t channels */
+    assert_int_equal(m.blocks[1].repeat_group, 2);               /* Qwen2VLVisionBlock: checkpointed */
+    assert_int_equal(block_layer(&m, 1, 0)->attn.causal, false);
+    assert_int_equal(block_layer(&m, 1, 0)->mlp.act, MP_ACT_QUICK_GELU);
+    assert_true(mp_block_vision(&m.blocks[3])); /* the merger: frozen with the tower under freeze */
+    if (build_images(&m, 256, "", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.total_params, 5139968u); /* transformers: Qwen2VLForConditionalGeneration */
+    assert_int_equal(p.trainable_params, 5139968u);
+    assert_int_equal(tensor_elems(&p, "pixel_values"), 1536u * 3 * 2 * 14 * 14);
+    assert_int_equal(tensor_elems(&p, "position_ids"), 3u * 2 * 256); /* M-RoPE (3, b, s) int64 */
+    assert_int_equal(p.tensors[p.type_ids].dtype, MP_DT_I64);
+    assert_int_equal(tensor_elems(&p, "patch_embed.proj"), 1536u * 128);
+    /* the vision rotary: cos and sin, (N, head_dim) fp32, made once (the first table made) */
+    assert_int_equal(tensor_elems(&p, "rope.cos_sin"), 2u * 1536 * 32);
+    const struct mp_node *q = node_named(&p, "vision.blocks.0.attn.q_rope");
+    assert_non_null(q);
+    assert_int_equal(p.tensors[q->out].dtype, MP_DT_BF16); /* the fp32 products cast back */
+    /* one SDPA per image: (images, heads, patches, head_dim) out, fp32 logsumexp per image */
+    assert_int_equal(tensor_elems(&p, "vision.blocks.0.attn.sdpa"), 2u * 4 * 768 * 32);
+    /* the torch.cat of the per-image outputs: a copy (proj saves it) */
+    assert_int_equal(tensor_elems(&p, "vision.blocks.0.attn.out_contiguous"), 1536u * 128);
+    assert_int_equal(tensor_elems(&p, "mlp.0"), 2u * 192 * 512); /* 2 x 2 patches as one row */
+    assert_int_equal(tensor_elems(&p, "mlp.2"), 2u * 192 * 256);
+    assert_int_equal(tensor_elems(&p, "image_embeds.cat"), 2u * 192 * 256);
+    assert_int_equal(tensor_elems(&p, "masked_scatter"), 2u * 256 * 256);
+    const struct mp_node *ms = node_named(&p, "masked_scatter");
+    assert_non_null(ms);
+    assert_int_equal(ms->bwd_tmp_bytes, 2u * 192 * 256 * 3 * 8); /* nonzero's index */
+    assert_true(p.attn_mask < 0); /* no token_type_ids: the text's causal SDPA gets no mask */
+    mp_program_release(&p);
+    /* LoRA r 16 (peft 0.21): all-linear (the bench's count); qkv,proj: r(128 + 384) + r(128 + 128)
+     * a block, 2 blocks (the text's q/o_proj do not end in .qkv / .proj); fc1: r(128 + 512) x 2;
+     * the merger's mlp.0: r(512 + 512) */
+    if (build_images(&m, 256, "all-linear", true, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 454656u);
+    mp_program_release(&p);
+    if (build_images(&m, 256, "qkv,proj", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 2u * 16 * (128 + 384 + 128 + 128));
+    mp_program_release(&p);
+    if (build_images(&m, 256, "fc1", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 2u * 16 * (128 + 512));
+    mp_program_release(&p);
+    if (build_images(&m, 256, "mlp.0", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 16u * (512 + 512));
+    mp_program_release(&p);
+    /* 192 image tokens do not fit 150 */
+    assert_int_equal(build_images(&m, 150, "", false, &p, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/qwen2-vl-shrunk.json: --images 1: 192 image tokens each "
+                               "(its patches / spatial_merge_size^2) exceed --seq 150, which includes them");
+    mp_model_release(&m);
+
+    /* --image-size through smart_resize: transformers 5.24's own function gives these (run from
+     * image_processing_qwen2_vl.py's source): 450x300 -> 448x308, 10x10 -> 56x56 (min_pixels),
+     * 42x42 and 70x70 -> 56x56 (round half to even), 4000x3000 -> 1148x840 (max_pixels),
+     * 14x2000 -> 28x672; the default is 448x448 */
+    static const uint64_t sizes[][4] = {{450, 300, 448, 308}, {10, 10, 56, 56},     {42, 42, 56, 56},
+                                        {70, 70, 56, 56},     {4000, 3000, 1148, 840}, {14, 2000, 28, 672},
+                                        {0, 0, 448, 448}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        rq.image_h = sizes[i][0];
+        rq.image_w = sizes[i][1];
+        load_ok_rq(&m, path, &rq);
+        assert_int_equal(m.height, sizes[i][2]);
+        assert_int_equal(m.width, sizes[i][3]);
+        mp_model_release(&m);
+    }
+    /* a merger whose output is not the text model's width (vision_config.hidden_size 192, text 256) */
+    load_str_ok(&m, "{\"model_type\": \"qwen2_vl\", \"architectures\": [\"Qwen2VLForConditionalGeneration\"], "
+                    "\"hidden_size\": 256, \"intermediate_size\": 512, \"num_hidden_layers\": 1, "
+                    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 2048, "
+                    "\"vision_config\": {\"depth\": 1, \"embed_dim\": 64, \"hidden_size\": 192, \"num_heads\": 2}}");
+    struct mp_model_request one = {.head = -1, .images = 1};
+    assert_int_equal(mp_hf_add_images(&m, &one, &d), MP_ERR_MODEL);
+    assert_string_equal(d.msg, "cfg.json: --images: qwen2_vl's vision merger does not output the text model's hidden "
+                               "size (masked_scatter would refuse it)");
+    mp_model_release(&m);
+    rq.image_h = 10;
+    rq.image_w = 3000; /* smart_resize raises above an aspect ratio of 200 */
+    assert_int_equal(mp_model_load_file_as(&m, path, &rq, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/qwen2-vl-shrunk.json: --image-size 10x3000: the processor "
+                               "refuses an aspect ratio above 200 (smart_resize)");
+}
+
+/* Qwen2.5-VL with images: the shrunk config (hidden_size 128, 4 heads of 32, intermediate 256,
+ * depth 2, window_size 112 px, out_hidden_size 256; text hidden 256, 4 layers), batch 2 x 256, one
+ * 224 x 224 image a sample: 16 x 16 = 256 patches an image, N = 512, 64 tokens an image. */
+static void test_qwen2_5_vl_images(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    struct mp_model_request rq = {.head = -1, .images = 1, .image_h = 224, .image_w = 224};
+    load_ok_rq(&m, "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", &rq);
+    assert_int_equal(m.vision.kind, MP_VIS_QWEN2_5);
+    assert_int_equal(m.vision.tokens, 64);
+    const struct mp_layer *l = block_layer(&m, 1, 0);
+    assert_int_equal(l->norm.kind, MP_NORM_RMSNORM); /* Qwen2_5_VLRMSNorm */
+    assert_true(l->mlp.gated && l->mlp.bias);
+    assert_int_equal(block_layer(&m, 3, 0)->type, MP_LT_RMSNORM); /* the merger's ln_q */
+    if (build_images(&m, 256, "", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.total_params, 5335936u); /* transformers: Qwen2_5_VLForConditionalGeneration */
+    assert_int_equal(tensor_elems(&p, "pixel_values"), 512u * 1176);
+    /* window_index: one row per 2 x 2 patches, the reorder a new (N, hidden) tensor */
+    assert_int_equal(tensor_elems(&p, "permute_input_for_window_attn"), 512u * 128);
+    assert_int_equal(tensor_elems(&p, "permute_input_for_window_attn.index"), 512u / 4);
+    /* after the merger: reverse_indices (argsort's, int64) gathers the (N / 4, 256) rows back */
+    assert_int_equal(tensor_elems(&p, "reverse_indices"), 128u * 256);
+    assert_int_equal(tensor_elems(&p, "reverse_indices.index"), 128u);
+    assert_int_equal(tensor_elems(&p, "image_embeds.cat"), 128u * 256);
+    mp_program_release(&p);
+    /* eager attention: block 0 attends window by window (8 x 8 patches: 112 px / 14; 4 windows an
+     * image, 8 for the batch), block 1 (fullatt_block_indexes [1]) over each whole image: the
+     * fp32 probabilities (calls, heads, s, s) */
+    if (build_attention(&m, MP_ATTN_EAGER, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(tensor_elems(&p, "vision.blocks.0.attn.sdpa.probs"), 8u * 4 * 64 * 64);
+    assert_int_equal(tensor_elems(&p, "vision.blocks.1.attn.sdpa.probs"), 2u * 4 * 256 * 256);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    /* 252 x 252 px: 18 x 18 patches, edge windows of 2 patches: eager is refused */
+    rq.image_h = rq.image_w = 252;
+    load_ok_rq(&m, "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", &rq);
+    assert_int_equal(build_attention(&m, MP_ATTN_EAGER, &p, &d), MP_ERR_MODEL);
+    assert_non_null(strstr(d.msg, "eager window attention on 252x252 images: their edge windows (not multiples of "
+                                  "window_size 112 px) are not modelled"));
+    if (build_attention(&m, MP_ATTN_SDPA, &p, &d) != MP_OK) /* SDPA: the per-image calls' bytes */
+        fail_msg("%s", d.msg);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    rq.image_h = rq.image_w = 224;
+    load_ok_rq(&m, "bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", &rq);
+    /* LoRA r 16 all-linear: the bench's peft count; gate_proj: r(128 + 256) x 2 blocks + the text's
+     * 4 x r(256 + 1024) */
+    if (build_images(&m, 256, "all-linear", true, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 450560u);
+    mp_program_release(&p);
+    if (build_images(&m, 256, "gate_proj", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 2u * 16 * (128 + 256) + 4u * 16 * (256 + 1024));
+    mp_program_release(&p);
+    mp_model_release(&m);
 }
 
 static void test_params_moe_families(void **state)
@@ -2926,6 +3137,8 @@ int main(void)
         cmocka_unit_test(test_llama4),
         cmocka_unit_test(test_multimodal_images),
         cmocka_unit_test(test_mistral3_images),
+        cmocka_unit_test(test_qwen2_vl_images),
+        cmocka_unit_test(test_qwen2_5_vl_images),
         cmocka_unit_test(test_moe_layers_and_mla),
         cmocka_unit_test(test_error_moe),
         cmocka_unit_test(test_table_families_lowering),

@@ -775,10 +775,10 @@ static void test_errors_field_values(void **state)
          "t.json: layers[0].bias: expected true or false"},
         {MODEL16("{\"type\": \"activation\", \"act\": \"gelu2\"}"), MP_ERR_MODEL,
          "t.json: layers[0].act: unknown activation \"gelu2\" (expected gelu, gelu_tanh, relu, silu, tanh, "
-         "sigmoid, gelu_new, gelu_fast, relu2 or xielu)"},
+         "sigmoid, gelu_new, gelu_fast, relu2, xielu or quick_gelu)"},
         {MODEL16("{\"type\": \"activation\"}"), MP_ERR_MODEL,
          "t.json: layers[0].act: missing (expected gelu, gelu_tanh, relu, silu, tanh, sigmoid, gelu_new, gelu_fast, "
-         "relu2 or xielu)"},
+         "relu2, xielu or quick_gelu)"},
         {MODEL16("{\"type\": \"attention\", \"dim\": 16, \"heads\": 2, \"impl\": \"xformers\"}"), MP_ERR_MODEL,
          "t.json: layers[0].impl: unknown attention implementation \"xformers\" (expected eager, flash or sdpa)"},
         {MODEL16("{\"type\": \"attention\", \"dim\": 16, \"heads\": 2, \"rotary_dim\": 4}"), MP_ERR_MODEL,

@@ -239,7 +239,8 @@ static void test_activations(void **state)
     assert_int_equal(mp_act_parse("mish"), -1);
     /* the list users are shown when a name is wrong has every row */
     assert_string_equal(mp_act_names(),
-                        "gelu, gelu_tanh, relu, silu, tanh, sigmoid, gelu_new, gelu_fast, relu2 or xielu");
+                        "gelu, gelu_tanh, relu, silu, tanh, sigmoid, gelu_new, gelu_fast, relu2, xielu or "
+                        "quick_gelu");
 }
 
 /* docs/model-format.md's activation row names every activation of the table (`name`). */

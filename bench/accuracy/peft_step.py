@@ -55,6 +55,13 @@
       checkpointing none / layers, the shrunk config, a Gemma-3-4B-shaped one and Gemma-3-4B itself.  Results:
       bench/accuracy/images_results.md; rows to rows/peft_step.jsonl.
 
+  python3 bench/accuracy/peft_step.py qwenvl [--out FILE.md] [--memplan PATH] [--only NAME,...]
+      Qwen2-VL / Qwen2.5-VL steps with images: flattened patches, image_grid_thw and M-RoPE
+      position ids (qwen_image_inputs) on fake tensors, images of two sizes beside the text-only
+      step; Qwen2-VL's also planned by memplan (--images 1 --image-size HxW), rows to
+      rows/peft_step.jsonl; Qwen2.5-VL's torch side only (memplan refuses --images for it).
+      Results: bench/accuracy/qwenvl_images_results.md.
+
   python3 bench/accuracy/peft_step.py params [CONFIG ...]
       Trainable and total parameters as peft counts them (get_nb_trainable_parameters) for
       each config (default: models/hf/*.json), built on the meta device as its
@@ -278,17 +285,23 @@ class _ImageMerge:
             def as_tensor(x, *a, **k):
                 return Sizes([list(r) for r in x]) if isinstance(x, list) else torch.as_tensor(x, *a, **k)
 
-        self.before = (g3.torch_compilable_check, m3.torch_compilable_check, torch.Tensor.masked_scatter, m3.torch)
-        g3.torch_compilable_check = m3.torch_compilable_check = lambda *a, **k: None
+        import transformers.models.qwen2_vl.modeling_qwen2_vl as q2
+        import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as q25
+        self.mods = (g3, m3, q2, q25)  # (each module's own name for the count check)
+        self.before = ([mod.torch_compilable_check for mod in self.mods], torch.Tensor.masked_scatter, m3.torch)
+        for mod in self.mods:
+            mod.torch_compilable_check = lambda *a, **k: None
         torch.Tensor.masked_scatter = lambda t, mask, src: MaskedScatter.apply(t, mask, src)
         m3.torch = TorchShim()
         return self
 
     def __exit__(self, *exc):
         import torch
-        import transformers.models.gemma3.modeling_gemma3 as g3
         import transformers.models.mistral3.modeling_mistral3 as m3
-        g3.torch_compilable_check, m3.torch_compilable_check, torch.Tensor.masked_scatter, m3.torch = self.before
+        for mod, f in zip(self.mods, self.before[0]):
+            mod.torch_compilable_check = f
+        torch.Tensor.masked_scatter = self.before[1]
+        m3.torch = self.before[2]
 
 
 def image_tokens(d, size=None):
@@ -325,6 +338,120 @@ def mistral3_image_inputs(cfg, batch, seq, images, dtype, size, device="cpu"):
     pv = torch.randn(batch * images, vc.num_channels, h, w, dtype=dtype, device=device)
     sizes = torch.tensor([[h, w]] * (batch * images), dtype=torch.long, device=device)
     return ids, [(h, w)] * (batch * images), pv, sizes
+
+
+class _Grid:
+    """image_grid_thw as Qwen2-VL / Qwen2.5-VL read it under fake tensors: get_image_features'
+    split sizes, image_grid_thw.prod(-1) // spatial_merge_size**2 .tolist() (a value read, which a
+    fake tensor cannot give), from the rows it was made of."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def prod(self, dim):
+        return _Grid([r[0] * r[1] * r[2] for r in self.rows])
+
+    def __floordiv__(self, k):
+        return _Grid([r // k for r in self.rows])
+
+    def tolist(self):
+        return list(self.rows)
+
+    def __len__(self):
+        return len(self.rows)
+
+
+class _CuSeqlens:
+    """cu_seqlens as the vision attention's non-flash path reads it (VisionAttention.forward:
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]; torch.split(..., lengths.tolist(), dim=2)): the
+    attention spans' lengths, known on the host."""
+
+    def __init__(self, lens):
+        self.lens = lens
+
+    def __getitem__(self, k):
+        return self
+
+    def __sub__(self, o):
+        return self
+
+    def tolist(self):
+        return list(self.lens)
+
+
+class _QwenVision:
+    """Qwen2-VL / Qwen2.5-VL's vision tower under FakeTensorMode (transformers 5.24 vision_utils.py):
+    get_vision_position_ids (the (patches, 2) int64 h/w ids), get_vision_attention_seqlens (one span
+    per image) and Qwen2.5-VL's get_vision_window_index (the (patches / merge^2,) int64 reorder index
+    and the window spans) compute on values; here the tensors they return are allocated with their
+    real shapes (fake, tracked) and the spans come from the real index computed on the host, outside
+    the fake mode, from the real image_grid_thw."""
+
+    def __init__(self, rows, merge, window_size=0, patch=14):
+        self.rows, self.merge, self.window_size, self.patch = rows, merge, window_size, patch
+
+    def __enter__(self):
+        import torch
+        import transformers.vision_utils as vu
+        import transformers.models.qwen2_vl.modeling_qwen2_vl as q2
+        import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as q25
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        rows = self.rows
+        n = sum(t * h * w for t, h, w in rows)
+        spans = [t * h * w for t, h, w in rows]
+        with unset_fake_temporarily():
+            win = []
+            if self.window_size:
+                _, cu = vu.get_vision_window_index(torch.tensor(rows), self.merge, self.window_size, self.patch)
+                cu = cu.tolist()
+                win = [b - a for a, b in zip(cu[:-1], cu[1:])]
+        unit = self.merge * self.merge
+        self.before = [(mod, {k: getattr(mod, k) for k in ("get_vision_position_ids", "get_vision_attention_seqlens",
+                                                            "get_vision_window_index") if hasattr(mod, k)})
+                       for mod in (q2, q25)]
+        for mod in (q2, q25):
+            mod.get_vision_position_ids = lambda g, s, include_temporal=False, kwargs=None: torch.zeros(
+                n, 2, dtype=torch.long)
+            mod.get_vision_attention_seqlens = lambda g, c, merge_temporal=False, kwargs=None: (_CuSeqlens(spans), None)
+        q25.get_vision_window_index = lambda g, spatial_merge_size, window_size, patch_size, kwargs=None: (
+            torch.zeros(n // unit, dtype=torch.long), _CuSeqlens(win))
+        return self
+
+    def __exit__(self, *exc):
+        for mod, saved in self.before:
+            for k, f in saved.items():
+                setattr(mod, k, f)
+
+
+def qwen_image_inputs(cfg, model, batch, seq, images, size, dtype, device="cpu"):
+    """A Qwen2-VL / Qwen2.5-VL processor's batch for images of size (height, width) pixels (multiples
+    of patch_size x spatial_merge_size, as Qwen2VLImageProcessor's smart_resize makes them): each
+    image is (h/p) x (w/p) patches, pixel_values (patches of every image, C x temporal_patch_size x
+    p x p) in the model's dtype, image_grid_thw rows [1, h/p, w/p], (h/p)(w/p)/merge^2 image tokens
+    per image in input_ids (after a BOS), mm_token_type_ids 1 on them, and the (3, batch, seq) M-RoPE
+    position ids get_rope_index makes from them (computed here on real tensors, outside the fake
+    mode, then passed in, as a collator that precomputes them would).  Returns ids, position_ids,
+    pixel_values, the grid rows."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    vc = cfg.vision_config
+    p, m, tp = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
+    H, W = size
+    if H % (p * m) or W % (p * m):
+        raise ValueError("image size %dx%d is not a multiple of %d" % (H, W, p * m))
+    rows = [[1, H // p, W // p]] * (batch * images)
+    per = (H // p) * (W // p) // (m * m)
+    if images * per + 1 > seq:
+        raise ValueError("%d image tokens exceed seq %d" % (images * per, seq))
+    with unset_fake_temporarily():
+        ids = torch.randint(0, min(cfg.image_token_id, cfg.get_text_config().vocab_size), (batch, seq))
+        ids[:, 1:1 + images * per] = cfg.image_token_id
+        tt = (ids == cfg.image_token_id).int()
+        pos, _ = type(model.model).get_rope_index(model.model, ids, image_grid_thw=torch.tensor(rows),
+                                                  attention_mask=None, mm_token_type_ids=tt)
+    ids, pos = ids.clone().to(device), pos.clone().to(device)  # (fake copies, tracked)
+    pv = torch.randn(len(rows) * (H // p) * (W // p), vc.in_channels * tp * p * p, dtype=dtype, device=device)
+    return ids, pos, pv, rows
 
 
 def image_inputs(cfg, batch, seq, images, dtype, device="cpu"):
@@ -380,8 +507,12 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
         model.to_empty(device=device)
         (model.get_base_model() if not full else model).tie_weights()  # to_empty unties them
     model.train()
+    qwen = images and d.get("model_type") in ("qwen2_vl", "qwen2_5_vl")
     if freeze_vision:  # the frozen tower: requires_grad False on the vision tower and the projector
-        for p in list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters()):
+        tower = (list(model.get_base_model().model.visual.parameters()) if not full else
+                 list(model.model.visual.parameters())) if qwen else \
+            list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
+        for p in tower:
             p.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
@@ -404,7 +535,18 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             torch.nn.functional.scaled_dot_product_attention = flash_sdpa_on_fake_cuda
         shape = (1, batch * seq) if packing == "padding-free" else (batch, seq)
         kw = {}
-        if images and cfg.model_type == "mistral3":  # PixtralProcessor's inputs
+        vision = contextlib.nullcontext
+        if qwen:  # Qwen2-VL / Qwen2.5-VL: flattened patches, image_grid_thw, M-RoPE position ids
+            base = model if full else model.get_base_model()
+            ids, kw["position_ids"], kw["pixel_values"], rows = qwen_image_inputs(
+                cfg, base, batch, seq, images, image_size, dtype, device)
+            kw["image_grid_thw"] = _Grid(rows)
+            tr.add(kw["position_ids"], "position_ids")
+            tr.add(kw["pixel_values"], "pixel_values")
+            vc = cfg.vision_config
+            vision = lambda: _QwenVision(rows, vc.spatial_merge_size, getattr(vc, "window_size", 0) or 0,
+                                         vc.patch_size)
+        elif images and cfg.model_type == "mistral3":  # PixtralProcessor's inputs
             ids, kw["image_sizes"], kw["pixel_values"], sizes = mistral3_image_inputs(
                 cfg, batch, seq, images, dtype, image_size, device)
             tr.add(sizes, "image_sizes")
@@ -431,7 +573,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             if last and ckpt == "none":
                 saved.__enter__()
             try:  # (a forward that raises must not leave autocast or the saved-tensor hooks on)
-                with _ImageMerge() if images else contextlib.nullcontext():
+                with _ImageMerge() if images else contextlib.nullcontext(), vision():
                     loss = model(input_ids=ids, labels=labels, use_cache=False, **kw).loss
             finally:
                 if last and ckpt == "none":
@@ -443,7 +585,7 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             if device == "cuda":  # fake CUDA tensors: the autograd engine asks for a real device
                 return {**res, "peak": None, "peak_at": None}  # (hasPrimaryContext): the forward only
             tr.phase = "backward"
-            with _ImageMerge() if images else contextlib.nullcontext():
+            with _ImageMerge() if images else contextlib.nullcontext(), vision():
                 loss.backward()
             del loss
             gc.collect()
@@ -463,7 +605,7 @@ def memplan_lora(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, 
            "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off", "--json"]  # torch: use_cache=False
     if images:
         cmd += ["--images", str(images)]
-    if images and image_size:
+    if images and image_size:  # (height, width) pixels
         cmd += ["--image-size", "%dx%d" % tuple(image_size)]
     if train_blocks:  # --finetune freeze (its vision tower stays frozen)
         cmd += ["--finetune", "freeze", "--train-blocks", train_blocks]
@@ -1062,6 +1204,23 @@ IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets,
 )
 
 
+def _save_image_row(bench, path, m, figures):
+    """One measured image row into rows/peft_step.jsonl (the images and qwenvl benches)."""
+    import time
+    import peft
+    import rowlib
+    import torch
+    import transformers
+    rowlib.save_rows("peft_step", [{
+        "source": "bench/accuracy/peft_step.py %s run of %s" % (bench, time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                    time.gmtime())),
+        "config": path, "max_layers": 0, "args": m["args"], "figures": figures,
+        "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
+        "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                        peft=peft.__version__),
+    }])
+
+
 def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
     """Gemma 3 and Mistral 3 steps with images (memplan --images N) beside the same rows text-only: the processor's
     batch (image_inputs) through Gemma3ForConditionalGeneration under FakeTensorMode (_ImageMerge),
@@ -1070,7 +1229,6 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
     Gemma-3-4B's widths (6 text layers, 4 vision layers; batch 1 x 1024, 256 tokens per 896 x 896
     image = 4096 patches).  Rows go to rows/peft_step.jsonl; results: images_results.md."""
     import tempfile
-    import time
     import peft
     import torch
     import transformers
@@ -1121,18 +1279,79 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
                 row = {"config": path, "max_layers": 0, "args": m["args"]}
                 if rowlib._key(row) in marked:  # a text-only twin marked `disagrees` by the lora run: kept
                     continue
-                rowlib.save_rows("peft_step", [{
-                    "source": "bench/accuracy/peft_step.py images run of %s" % time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                          time.gmtime()),
-                    "config": path, "max_layers": 0, "args": m["args"], "figures": figures,
-                    "recorded": {"trainable_params": m["trainable"], "peak": m["peak"], "saved": m["saved"]},
-                    "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
-                                                    peft=peft.__version__),
-                }])
+                _save_image_row("images", path, m, figures)
     if out:
         rowlib.write_results(out, "# bench/accuracy/peft_step.py images: %s with images, CPU FakeTensorMode, "
                              "torch %s, transformers %s, peft %s\n\n%s\n" % (
                                  "Mistral 3" if only and all("mistral3" in o for o in only) else "Gemma 3",
+                                 torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
+
+
+QWENVL_SETTINGS = (  # (config, batch, seq, image sizes (height, width), rows (precision, ckpt, r, targets, full))
+    ("bench/accuracy/multimodal/qwen2-vl-shrunk.json", 2, 256, ((224, 224), (448, 336)),
+     (("bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True),
+      ("bf16", "layers", 16, "all-linear", False), ("bf16", "none", 0, "frozen-tower", True))),
+    ("bench/accuracy/multimodal/qwen2.5-vl-shrunk.json", 2, 256, ((224, 224), (448, 336)),
+     (("bf16", "none", 0, None, True), ("amp-bf16", "layers", 0, None, True),
+      ("bf16", "layers", 16, "all-linear", False), ("bf16", "none", 0, "frozen-tower", True))),
+    ("bench/accuracy/multimodal/qwen2-vl-7b-shaped.json", 1, 1024, ((448, 448),),
+     (("bf16", "layers", 0, None, True), ("bf16", "layers", 16, "all-linear", False))),
+    ("bench/accuracy/multimodal/qwen2.5-vl-7b-shaped.json", 1, 1024, ((448, 448),),
+     (("bf16", "layers", 0, None, True), ("bf16", "layers", 16, "all-linear", False))),
+)
+
+
+def qwenvl_bench(out=None, only=(), memplan="./memplan"):
+    """Qwen2-VL and Qwen2.5-VL steps with images: the processor's batch (qwen_image_inputs: flattened
+    patches, image_grid_thw, M-RoPE position ids) through *ForConditionalGeneration under
+    FakeTensorMode (_ImageMerge, _QwenVision), beside the same step text-only (images 0: input_ids
+    and labels).  Qwen2-VL's rows are also planned by memplan (--images 1 --image-size HxW) and
+    saved to rows/peft_step.jsonl; Qwen2.5-VL's stay torch-side figures (memplan refuses --images for
+    it: its tower is not modelled yet).  Results: qwenvl_images_results.md."""
+    import tempfile
+    import peft
+    import torch
+    import transformers
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import rowlib
+    tmpdir = tempfile.mkdtemp(prefix="peft_qwenvl_")
+    lines = ["| config | batch x seq | image (px) | images | precision | ckpt | finetune | trainable torch / memplan "
+             "| saved torch | saved memplan | peak torch | peak memplan | diff | peak at (torch / memplan) |",
+             "|" + "---|" * 14]
+    for path, batch, seq, sizes, rows in QWENVL_SETTINGS:
+        if only and not any(o in path for o in only):
+            continue
+        cfg, d = bench_config(path, tmpdir)
+        planned = d.get("model_type") in ("qwen2_vl", "qwen2_5_vl")
+        for prec, ckpt, r, tg, full in rows:
+            frozen = tg == "frozen-tower"
+            for n, size in [(0, None)] * (not frozen) + [(1, z) for z in sizes]:
+                t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, images=n,
+                                    freeze_vision=frozen, image_size=size)
+                tb = "0-%d,embed,head" % (d["num_hidden_layers"] - 1) if frozen else None
+                m = memplan_lora(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, memplan=memplan,
+                                 images=n, train_blocks=tb, image_size=size) if planned else None
+                ft = "full, frozen tower" if frozen else "full" if full else "lora r%d %s" % (r, tg)
+                sv_t = "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-"
+                row = "| %s | %d x %d | %s | %d | %s | %s | %s | %d / %s | %s | %s | %.2f MiB | %s | %s | %s / %s |" % (
+                    os.path.basename(path), batch, seq, "%dx%d" % size if size else "-", n, prec, ckpt, ft,
+                    t["trainable"], m["trainable"] if m else "-", sv_t,
+                    "%.2f MiB" % (m["saved"] / 2**20) if m and t["saved"] is not None else "-", t["peak"] / 2**20,
+                    "%.2f MiB" % (m["peak"] / 2**20) if m else "refused",
+                    "%+.3f%%" % (100.0 * (m["peak"] - t["peak"]) / t["peak"]) if m else "-", t["peak_at"],
+                    m["peak_at"] if m else "-")
+                print(row, flush=True)
+                lines.append(row)
+                if not m:
+                    continue
+                figures = {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                           "peak": rowlib.figure(t["peak"], m["peak"])}
+                if t["saved"] is not None:
+                    figures["saved"] = rowlib.figure(t["saved"], m["saved"])
+                _save_image_row("qwenvl", path, m, figures)
+    if out:
+        rowlib.write_results(out, "# bench/accuracy/peft_step.py qwenvl: Qwen2-VL / Qwen2.5-VL with images, CPU "
+                             "FakeTensorMode, torch %s, transformers %s, peft %s\n\n%s\n" % (
                                  torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
 
 
@@ -1141,6 +1360,11 @@ def main(argv):
         images_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
                      argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan",
                      only=argv[argv.index("--only") + 1].split(",") if "--only" in argv else ())
+        return 0
+    if len(argv) >= 1 and argv[0] == "qwenvl":
+        qwenvl_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
+                     argv[argv.index("--only") + 1].split(",") if "--only" in argv else (),
+                     argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan")
         return 0
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None

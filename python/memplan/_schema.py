@@ -65,14 +65,18 @@ class Finetune:
 
 
 @dataclass
-class Images:  # --images: a multimodal checkpoint stepped with images (Gemma 3, Mistral 3)
+class Images:  # --images: a multimodal checkpoint stepped with images (Gemma 3, Mistral 3, Qwen2-VL)
     per_sample: int
-    tokens_each: int  # each image's tokens in seq_len (mm_tokens_per_image; Mistral 3: rows x (columns + 1))
-    image_size: int  # vision_config.image_size
-    height: int  # each image's pixels (--image-size)
+    # each image's tokens in seq_len: mm_tokens_per_image; Mistral 3: rows x (columns + 1);
+    # Qwen: patches / merge^2
+    tokens_each: int
+    height: int  # each image's pixels as the step runs it, after the processor's resize (--image-size)
     width: int
     patches: int  # each image's
     vision_layers: int
+    image_size: Optional[int] = _opt()  # vision_config.image_size (Gemma 3, Mistral 3; Qwen has none)
+    asked_height: Optional[int] = _opt()  # --image-size as given (absent: the default)
+    asked_width: Optional[int] = _opt()
 
 
 @dataclass

@@ -72,7 +72,7 @@ struct args {
     int head;            /* --head (enum mp_head); -1: the config's architectures[0] */
     uint64_t num_labels; /* --num-labels; 0: the config's */
     uint64_t images;     /* --images: images per sample (multimodal checkpoints; 0: text only) */
-    uint64_t image_h, image_w; /* --image-size HxW (0: the config's) */
+    uint64_t image_h, image_w; /* --image-size HxW in pixels (0: the model's default) */
     const char *gpu;
     uint64_t vram;
     int device;

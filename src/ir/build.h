@@ -187,6 +187,8 @@ struct val lower_mm_projection(struct bld *B, struct val x, const struct mp_laye
 struct val lower_image_lookup(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer *l, const char *nm,
                              struct val *resid);
+struct val lower_patch_embed3d(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+struct val lower_merger_linear(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 
 /* lower_layer.c */
 struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, struct val *resid);

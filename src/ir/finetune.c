@@ -87,6 +87,8 @@ const char *mp_finetune_hf_name(const char *hf_type, const char *role)
     const struct mp_hf_names *f = fam(hf_type);
     if (!strcmp(hf_type, "siglip_vision_model")) /* SiglipAttention's output projection (--images) */
         return !strcmp(role, "o_proj") ? "out_proj" : role;
+    if (!strcmp(hf_type, "qwen2_vl_vision")) /* VisionAttention's qkv and proj (--images) */
+        return !strcmp(role, "o_proj") ? "proj" : !strcmp(role, "qkv_proj") ? "qkv" : role;
     if (!f)
         return role;
     const char *r = NULL;

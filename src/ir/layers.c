@@ -440,13 +440,26 @@ static struct val program_input(struct bld *B)
         uint64_t shape[2] = {B->b, B->s}, px[4] = {mul(B, B->b, m->images), m->channels, m->height, m->width};
         B->text_b = B->b;
         B->text_s = B->s;
-        x = new_val(B, "pixel_values", p->param_dtype, 4, px, false);
-        B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
-        if (m->vision.kind == 2) { /* PixtralProcessor's image_sizes (batch x images, 2) instead */
-            uint64_t is[2] = {px[0], 2};
-            B->type_ids = new_val(B, "image_sizes", MP_DT_I64, 2, is, false).t;
-        } else
-            B->type_ids = new_val(B, "token_type_ids", MP_DT_I64, 2, shape, false).t;
+        if (MP_VIS_IS_QWEN(m->vision.kind)) {
+            /* Qwen2VLProcessor's: pixel_values flattened, (every image's patches, C x t x p x p);
+             * the (3, b, s) int64 M-RoPE position_ids in type_ids' place (get_rope_index's, which
+             * a collator passes); image_grid_thw's (images, 3) int64 rows are not counted */
+            const struct mp_vision *v = &m->vision;
+            uint64_t pt = mul(B, v->height / v->patch, v->width / v->patch);
+            uint64_t fl[2] = {mul(B, px[0], pt), mul(B, mul(B, v->channels, v->temporal), mul(B, v->patch, v->patch))},
+                     ps[3] = {3, B->b, B->s};
+            x = new_val(B, "pixel_values", p->param_dtype, 2, fl, false);
+            B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
+            B->type_ids = new_val(B, "position_ids", MP_DT_I64, 3, ps, false).t;
+        } else {
+            x = new_val(B, "pixel_values", p->param_dtype, 4, px, false);
+            B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
+            if (m->vision.kind == MP_VIS_PIXTRAL) { /* PixtralProcessor's image_sizes (batch x images, 2) */
+                uint64_t is[2] = {px[0], 2};
+                B->type_ids = new_val(B, "image_sizes", MP_DT_I64, 2, is, false).t;
+            } else
+                B->type_ids = new_val(B, "token_type_ids", MP_DT_I64, 2, shape, false).t;
+        }
         p->labels = new_val(B, "labels", MP_DT_I64, 2, shape, false).t;
         p->ids = B->ids; /* resident like the batch (mp_program_resident) */
         p->type_ids = B->type_ids;
@@ -617,10 +630,12 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
     if (m->images) { /* the image tokens are part of the sequence (Gemma3Processor expands each image) */
         uint64_t it;
         if (!mp_mul_u64(m->images, m->vision.tokens, &it) || it > p->opts.seq)
-            return mp_fail(d, MP_ERR_USAGE, "%s: --images %llu: %llu image tokens each (%s) exceed --seq %llu, which "
-                           "includes them", m->path, (unsigned long long)m->images,
+            return mp_fail(d, MP_ERR_USAGE, "%s: --images %llu: %llu image tokens each (%s) exceed --seq %llu, "
+                           "which includes them", m->path, (unsigned long long)m->images,
                            (unsigned long long)m->vision.tokens,
-                           m->vision.kind == 2 ? "--image-size's rows x (columns + 1)" : "mm_tokens_per_image",
+                           m->vision.kind == MP_VIS_PIXTRAL ? "--image-size's rows x (columns + 1)"
+                           : MP_VIS_IS_QWEN(m->vision.kind) ? "its patches / spatial_merge_size^2"
+                                                            : "mm_tokens_per_image",
                            (unsigned long long)p->opts.seq);
         if (o->packing || o->padding_free || o->trainer != MP_TRAINER_SFT)
             return mp_fail(d, MP_ERR_USAGE, "%s: --images with %s is not modelled yet", m->path,

@@ -456,8 +456,9 @@ struct mp_program {
     int input;                   /* x_0: token ids, image or opaque input */
     int input_embed;             /* the token embedding's parameter (get_input_embeddings()), or -1 */
     int labels;                  /* int64 labels resident for the step, or -1 */
-    int ids, type_ids;           /* --images: input_ids and token_type_ids (Gemma 3) or image_sizes
-                                    (Mistral 3) (the input is pixel_values), or -1 */
+    int ids, type_ids;           /* --images: input_ids and token_type_ids (Gemma 3), image_sizes
+                                    (Mistral 3) or the (3, b, s) position_ids (Qwen2-VL) (the input is
+                                    pixel_values), or -1 */
     int rope_tables;             /* rotary cos/sin: the model makes them once per forward and every layer
                                     saves them (checkpointed layers too, as checkpoint inputs): held from
                                     the first forward that makes them to the backward of that block; -1 */

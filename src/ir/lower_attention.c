@@ -79,6 +79,16 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope.fp32 || cplx ? MP_DT_F32 : B->p->param_dtype,
                                    mul(B, mul(B, mul(B, cplx ? 1 : 2, kinds), rows), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
+        if (l->vision && MP_VIS_IS_QWEN(B->m->vision.kind)) {
+            /* Qwen2-VL's vision rotary (--images): the tower's fp32 (patches, head_dim) cos and sin,
+             * made once per forward, held like the text's (a checkpoint input of every block); its
+             * VisionRotaryEmbedding registers one inv_freq of head_dim / 4 fp32 */
+            held_tensor(B, B->rope_cos_sin, B->block);
+            if (B->p->n_buffers < MP_BUFFERS_MAX)
+                B->p->buffers[B->p->n_buffers++] =
+                    new_flat(B, "rotary_pos_emb.inv_freq", MP_DT_F32, mp_ceil_div(n->rotary_dim, 4));
+            goto made;
+        }
         if (B->vision) /* Pixtral's tower (--images): its own tables, a local of its forward,
                         * saved or a checkpoint input to the first layer's backward */
             held_tensor(B, B->rope_cos_sin, B->block);
@@ -94,6 +104,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
     } else {
         save(n, B->rope_cos_sin);
     }
+made:
     /* products and sum in fp32 (ERNIE, Cohere: q.float() too), cast back */
     if (l->rope.cast_back && dt_of(B, x) != MP_DT_F32)
         tmp = mul(B, mul(B, T(B, x.t)->elems, 4), 3);
@@ -138,7 +149,7 @@ static bool sdpa_masked(const struct bld *B, const struct mp_layer *l)
  * gets its float mask packed or not. */
 static bool sdpa_packed(const struct bld *B, const struct mp_layer *l, enum mp_attn_impl impl)
 {
-    return (B->p->opts.packing || B->p->opts.padding_free || (B->m->images && B->m->vision.kind == 1)) &&
+    return (B->p->opts.packing || B->p->opts.padding_free || (B->m->images && B->m->vision.kind == MP_VIS_SIGLIP)) &&
            impl == MP_ATTN_SDPA && l->attn.causal;
 }
 
@@ -599,7 +610,8 @@ struct val lower_attention(struct bld *B, struct val x, const struct mp_layer *l
      * originals die unless something else keeps them: a fused qkv storage stays alive while q is
      * its view, GPT-2).  Eager attention saves its own contiguous copies of k and v either way. */
     enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
-    if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER) {
+    if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER &&
+        !l->vision) { /* (a vision tower's attention has no cache) */
         /* the cache holds them until the forward returns; under autocast the rotated k is fp32
          * (q * cos with cos in the fp32 residual's dtype), so its copy is too; v's copy keeps v's
          * dtype (cache_utils.py:113-116 lazy_initialization: the empty keys in k's dtype, the
@@ -686,7 +698,8 @@ static struct val lower_mla(struct bld *B, struct val x, const struct mp_layer *
         n->n = mul(B, a, qk);
     }
     enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
-    if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER) {
+    if (((B->m->use_cache && !B->p->opts.hf_checkpointing) || B->p->opts.gen_cache) && impl != MP_ATTN_EAGER &&
+        !l->vision) { /* (a vision tower's attention has no cache) */
         /* use_cache: past_key_values.update(kv, k_rot) torch.cat's the latent and the rotated
          * k_rot into the cache (held until the forward returns); expand_kv reads the copies */
         lat = cast_to(B, lat, dt_of(B, lat), "kv_cache");

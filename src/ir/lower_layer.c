@@ -81,6 +81,33 @@ static struct val lower_flatten(struct bld *B, struct val x, const char *nm)
     return y;
 }
 
+/* Qwen2.5-VL's window block (qwen2_5_vl/modeling_qwen2_5_vl.py:451-462, vision_utils.py
+ * get_vision_window_index): its attention runs one call per window of k x k patches (the states
+ * already reordered window by window), so with whole windows (the image's sides multiples of
+ * window_size) the block is the same block over b x windows rows of k^2 patches: what per-call
+ * tensors it makes (SDPA's logsumexp, eager's s x s probabilities) are the windows'.  Edge windows
+ * (smaller) are not modelled: the per-image calls' bytes stand for them under SDPA and flash (the
+ * same saved bytes), eager attention is refused.  Returns whether b and s (and x's view) became the
+ * windows'. */
+static bool window_split(struct bld *B, struct val *x, const struct mp_layer *l)
+{
+    const struct mp_model *m = B->m;
+    uint64_t k = l->conv.kernel, ph = m->height / m->vision.patch, pw = m->width / m->vision.patch;
+    if (ph % k || pw % k || x->rank != 3) {
+        enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
+        if (impl == MP_ATTN_EAGER)
+            fail_model(B, MP_ERR_MODEL, "%s: eager window attention on %llux%llu images: their edge windows (not "
+                       "multiples of window_size %llu px) are not modelled", l->name, (unsigned long long)m->height,
+                       (unsigned long long)m->width, (unsigned long long)m->vision.window);
+        return false;
+    }
+    B->b = mul(B, B->b, mul(B, ph / k, pw / k));
+    B->s = k * k;
+    x->shape[0] = B->b; /* a view: (images x windows, k^2 patches, dim) */
+    x->shape[1] = B->s;
+    return true;
+}
+
 /* One layer of a block. */
 struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, struct val *resid)
 {
@@ -97,8 +124,10 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     case MP_LT_POS_EMBEDDING:
         return lower_pos_embedding(B, x, l, nm, resid);
     case MP_LT_LINEAR:
-        if (l->vision && B->m->vision.kind == 1)
+        if (l->vision && B->m->vision.kind == MP_VIS_SIGLIP)
             return lower_mm_projection(B, x, l, nm);
+        if (l->vision && MP_VIS_IS_QWEN(B->m->vision.kind))
+            return lower_merger_linear(B, x, l, nm);
         return lower_linear(B, l->head.pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
                             l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
@@ -141,7 +170,7 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
                           l->conv.padding, 0, 0, nm);
     case MP_LT_AVGPOOL2D:
         if (l->vision)
-            return B->m->vision.kind == 2 ? lower_patch_merge(B, x, l, nm) : lower_token_pool(B, x, l, nm);
+            return B->m->vision.kind == MP_VIS_PIXTRAL ? lower_patch_merge(B, x, l, nm) : lower_token_pool(B, x, l, nm);
         return lower_pool(B, x, MP_P_AVGPOOL, l->conv.kernel, l->conv.stride ? l->conv.stride : l->conv.kernel,
                           l->conv.padding, 0, 0, nm);
     case MP_LT_ADAPTIVE_AVGPOOL2D:
@@ -160,17 +189,26 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     case MP_LT_CUSTOM:
         return lower_custom(B, x, l);
     case MP_LT_TRANSFORMER_BLOCK: {
+        uint64_t b = B->b, s = B->s;
+        bool win = l->vision && l->conv.kernel && window_split(B, &x, l);
         char saved[96];
         with_prefix(B, B->prefix, "", saved);
         struct val y = l->t5.on ? lower_t5_block(B, x, l) : lower_transformer(B, x, l);
         restore_prefix(B, saved);
+        if (win) { /* back to the images' rows */
+            B->b = b;
+            B->s = s;
+            y.shape[0] = b;
+            y.shape[1] = s;
+        }
         *resid = y;
         return y;
     }
     case MP_LT_BOTTLENECK:
         return lower_bottleneck(B, x, l);
     case MP_LT_PATCH_EMBEDDING: {
-        struct val y = l->vision && B->m->vision.kind == 2 ? lower_pixtral_patches(B, x, l)
+        struct val y = l->vision && B->m->vision.kind == MP_VIS_PIXTRAL ? lower_pixtral_patches(B, x, l)
+                       : l->vision && MP_VIS_IS_QWEN(B->m->vision.kind) ? lower_patch_embed3d(B, x, l, nm)
                                                            : lower_patch_embedding(B, x, l);
         *resid = y;
         return y;

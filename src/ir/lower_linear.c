@@ -6,11 +6,13 @@
 static struct val lower_lora(struct bld *B, struct val x, struct val base, uint64_t in_f, uint64_t out_f,
                              const char *name);
 
-/* The model type whose module names the Linears being lowered carry (Gemma 3's vision tower:
- * SigLIP's; Pixtral's are named as the text model's). */
+/* The model type whose module names the Linears being lowered carry (the vision tower's: SigLIP's,
+ * Qwen2-VL's; Pixtral's are named as the text model's). */
 static const char *names_type(const struct bld *B)
 {
-    return B->vision && B->m->vision.kind == 1 ? "siglip_vision_model" : B->m->hf_type;
+    if (!B->vision || B->m->vision.kind == MP_VIS_PIXTRAL)
+        return B->m->hf_type;
+    return MP_VIS_IS_QWEN(B->m->vision.kind) ? "qwen2_vl_vision" : "siglip_vision_model";
 }
 
 /* The base storage of a Linear that is not the output layer: quantized (QLoRA, or the

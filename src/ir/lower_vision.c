@@ -165,10 +165,11 @@ struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer 
         return x;
     B->b = B->text_b;
     B->s = B->text_s;
-    /* the vision tower's rotary tables and mask were its own (held: lower_attention.c) */
+    /* the vision tower's rotary tables and mask were its own (held: lower_attention.c); the text
+     * model's rotary makes its own tables */
     B->rope_cos_sin = B->rope_pair = B->attn_mask = -1;
     struct val e = B->inputs_embeds;
-    if (B->m->vision.kind == 2 && !failed(B)) {
+    if (B->m->vision.kind == MP_VIS_PIXTRAL && !failed(B)) {
         /* Mistral 3: get_image_features returns image_outputs, its pooler_output the projector's
          * output split per image (views) and its hidden states the tower's last output; the
          * model's forward keeps it (mm_encoder_outputs) and returns it with the logits: both held
@@ -203,5 +204,84 @@ struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer 
     n->fwd_flops = (double)T(B, y.t)->elems;
     n->bwd_flops = 2.0 * n->fwd_flops;
     *resid = y;
+    return y;
+}
+
+/* Qwen2.5-VL's window reorder (qwen2_5_vl/modeling_qwen2_5_vl.py:421-425, :480-485): x indexed by
+ * an int64 index of one row per merge^2 patches (window_index; after the merger, argsort's
+ * reverse_indices): a new tensor, and IndexBackward saves the index.  (The index of the (N, head_dim)
+ * fp32 cos and sin makes the table the blocks save, as Qwen2-VL's rotary does: the same bytes.) */
+static struct val window_gather(struct bld *B, struct val x, const char *name)
+{
+    const struct mp_vision *v = &B->m->vision;
+    uint64_t rows = mul(B, x.shape[0], x.shape[1]), unit = mul(B, v->merge, v->merge);
+    struct val y = lower_copy(B, x, dt_of(B, x), 0, name);
+    if (failed(B))
+        return y;
+    struct mp_node *n = &B->p->nodes[B->p->n_nodes - 1];
+    char en[112];
+    snprintf(en, sizeof en, "%s.index", name);
+    int ix = new_flat(B, en, MP_DT_I64, x.shape[2] == v->hidden ? rows / unit : rows);
+    extra_as(n, ix, MP_XR_GATHER_INDEX);
+    if (!ng(B, x))
+        unsave(n, ix);
+    return y;
+}
+
+/* Qwen2-VL's PatchEmbed (qwen2_vl/modeling_qwen2_vl.py:253-276): the flattened pixel_values
+ * (patches, C x t x p x p) viewed as (patches, C, t, p, p) through a bias-free Conv3d whose kernel
+ * is its stride, i.e. a conv of C x t channels over one p x p patch (the layer's conv.in_ch), viewed
+ * back to (patches, dim): here (images, each image's patches, dim), b and s the images'.  The conv
+ * saves its input (a view of the resident pixel_values) and, under autocast, a half copy of both. */
+struct val lower_patch_embed3d(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    if (failed(B))
+        return x;
+    uint64_t p = l->conv.kernel, k = mul(B, mul(B, l->conv.in_ch, p), p);
+    if (x.rank != 2 || x.shape[1] != k || x.shape[0] % B->b) {
+        fail_model(B, MP_ERR_MODEL, "%s: pixel_values are not (patches, %llu)", nm, (unsigned long long)k);
+        return x;
+    }
+    struct val v = x; /* a view (patches, C x t, p, p) */
+    v.rank = 4;
+    v.shape[1] = l->conv.in_ch;
+    v.shape[2] = v.shape[3] = p;
+    char cn[80];
+    snprintf(cn, sizeof cn, "%s.proj", nm);
+    struct val c = lower_conv(B, v, l->conv.in_ch, l->dim, p, p, 0, 1, false, cn);
+    if (failed(B))
+        return c;
+    struct val y = c; /* (images, patches each, dim): a view of the conv's (patches, dim, 1, 1) */
+    y.rank = 3;
+    y.shape[0] = B->b;
+    y.shape[1] = x.shape[0] / B->b;
+    y.shape[2] = l->dim;
+    B->s = y.shape[1];
+    if (B->m->vision.kind == MP_VIS_QWEN2_5) /* Qwen2.5-VL: the states reordered window by window */
+        y = window_gather(B, y, "permute_input_for_window_attn");
+    return y;
+}
+
+/* Qwen2-VL's PatchMerger Linears (:279-292): mlp.0 first views merge^2 consecutive patches as one
+ * row (ln_q's output, contiguous: (images, patches / merge^2, dim x merge^2)); nn.Linears with
+ * biases that peft adapts like any (all-linear).  After mlp.2, Qwen2VLModel.forward torch.cat's the
+ * per-image features get_image_features split: a new tensor (conv.stride set). */
+struct val lower_merger_linear(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    if (failed(B))
+        return x;
+    uint64_t unit = l->conv.kernel ? l->conv.kernel : 1;
+    if (x.rank != 3 || x.shape[1] % unit || mul(B, last_dim(x), unit) != l->in_features) {
+        fail_model(B, MP_ERR_MODEL, "%s: the merger needs (images, patches, dim) in units of %llu patches", nm,
+                   (unsigned long long)unit);
+        return x;
+    }
+    x.shape[1] /= unit;
+    x.shape[2] = l->in_features;
+    struct val y = lower_linear(B, x, l->in_features, l->out_features, l->bias, nm);
+    if (l->conv.stride && !failed(B) && B->m->vision.kind == MP_VIS_QWEN2_5) /* merged_hidden_states[reverse_indices] */
+        y = window_gather(B, y, "reverse_indices");
+    if (l->conv.stride && !failed(B))
+        y = lower_copy(B, y, dt_of(B, y), 0, "image_embeds.cat");
     return y;
 }

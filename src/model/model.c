@@ -139,7 +139,9 @@ bool mp_block_vision(const struct mp_block *b)
         return false;
     const struct mp_layer *l = &b->layers[0];
     return (l->vision && (l->type == MP_LT_TRANSFORMER_BLOCK || l->emb.image_lookup)) ||
-           (b->n_layers > 1 && b->layers[1].vision && b->layers[1].type == MP_LT_AVGPOOL2D);
+           (b->n_layers > 1 && b->layers[1].vision &&
+            (b->layers[1].type == MP_LT_AVGPOOL2D || b->layers[1].type == MP_LT_LINEAR)); /* the projector, the
+                                                                                           merger */
 }
 
 struct mp_block *mp_model_add_block(struct mp_model *m, const char *name, size_t n_layers)

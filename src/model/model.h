@@ -287,7 +287,8 @@ struct mp_layer {
     char name[64];
     /* a layer of a multimodal checkpoint's vision side, stepped with images (--images,
      * model_hf_vision.c mp_hf_add_images): transformer_block, its Linears named as SigLIP's
-     * (peft targets); avgpool2d, Gemma 3's projector pooling of (b, patches, dim) tokens; linear, the
+     * (peft targets; Qwen2.5-VL's window blocks: conv.kernel, the patches of a window's side);
+     * avgpool2d, Gemma 3's projector pooling of (b, patches, dim) tokens; linear, the
      * projector's bare weight (not an nn.Linear: no LoRA), its output cast back to its input's dtype
      * (type_as); embedding, the text embedding with the image features scattered in (masked_scatter) */
     bool vision;
@@ -344,25 +345,44 @@ struct mp_idle_linear {
     const char *name;          /* the module's last name component (a string literal) */
     uint64_t in, out, count;   /* Linear(in, out) count times */
 };
+/* The vision towers modelled with images (mp_vision.kind). */
+enum mp_vision_kind {
+    MP_VIS_NONE = 0,   /* none modelled */
+    MP_VIS_SIGLIP,     /* SigLIP + Gemma 3's projector */
+    MP_VIS_PIXTRAL,    /* Pixtral + Mistral3MultiModalProjector */
+    MP_VIS_QWEN2,      /* Qwen2-VL's tower (images of any size, --image-size) */
+    MP_VIS_QWEN2_5,    /* Qwen2.5-VL's (RMSNorms, gated MLP, window attention: its gathers) */
+};
+#define MP_VIS_IS_QWEN(k) ((k) == MP_VIS_QWEN2 || (k) == MP_VIS_QWEN2_5)
 /* A multimodal checkpoint's vision tower as an image step runs it (read from vision_config with
- * its config class's defaults, kind 0 for the families not modelled with images): width, MLP width,
- * layers, heads, channels, image side (vision_config.image_size) and patch, the activation,
- * attention dropout; the projector's tokens per image (kind 1: mm_tokens_per_image; kind 2: set by
- * mp_hf_add_images from the image size, the text positions each image takes), its width into the
- * text model; the image token's id (the config's image_token_id: the text positions the features
- * fill).  Kind 2 (Pixtral + Mistral 3's projector) also: spatial_merge_size, the projector's
+ * its config class's defaults, MP_VIS_NONE for the families not modelled with images): width, MLP
+ * width, layers, heads, channels, image side (vision_config.image_size) and patch, the activation,
+ * attention dropout; the projector's tokens per image (SigLIP: mm_tokens_per_image; the others:
+ * set by mp_hf_add_images from the image size, the text positions each image takes), its width
+ * into the text model; the image token's id (the config's image_token_id: the text positions the
+ * features fill).  Pixtral (+ Mistral 3's projector) also: spatial_merge_size, the projector's
  * activation and bias, and whether vision_feature_layer selects the last layer's output. */
 struct mp_vision {
-    int kind;                  /* 0: none modelled; 1: SigLIP + Gemma 3's projector; 2: Pixtral +
-                                  Mistral3MultiModalProjector */
+    int kind;                  /* enum mp_vision_kind */
     uint64_t hidden, ffn, layers, heads, channels, image, patch;
     enum mp_act act;
     double attn_p;
     uint64_t tokens, text_hidden, token_id;
-    uint64_t merge;            /* kind 2: spatial_merge_size */
-    enum mp_act proj_act;      /* kind 2: projector_hidden_act */
-    bool proj_bias;            /* kind 2: multimodal_projector_bias */
-    bool feature_last;         /* kind 2: vision_feature_layer is the last layer's output (-1) */
+    uint64_t merge;            /* Pixtral, Qwen: spatial_merge_size (the patch merger's side) */
+    enum mp_act proj_act;      /* Pixtral: projector_hidden_act */
+    bool proj_bias;            /* Pixtral: multimodal_projector_bias */
+    bool feature_last;         /* Pixtral: vision_feature_layer is the last layer's output (-1) */
+    /* Pixtral, Qwen: the image's height and width in pixels as the step runs it (mp_hf_add_images:
+     * Pixtral --image-size as asked, Qwen after Qwen2VLImageProcessor's smart_resize) and the size
+     * asked (0 x 0: the default; Pixtral image_size square, Qwen 448 x 448).  Qwen also:
+     * temporal_patch_size (the Conv3d's depth); tokens is then (h/p)(w/p)/merge^2. */
+    uint64_t temporal, height, width, asked_h, asked_w;
+    uint64_t window;           /* Qwen2.5-VL: window_size in pixels; the blocks fullatt_block_indexes
+                                  names attend over whole images (fullatt, n_fullatt), the others
+                                  window by window (their layer's conv.kernel: patches per side) */
+#define MP_VISION_FULLATT_MAX 64
+    uint64_t fullatt[MP_VISION_FULLATT_MAX];
+    size_t n_fullatt;
 };
 #define MP_IDLE_LINEARS_MAX 16
 struct mp_idle {
@@ -453,7 +473,7 @@ struct mp_model_request {
     uint64_t num_labels; /* 0: the config's */
     uint64_t images;     /* images per sample (--images; 0: text only): a multimodal checkpoint's
                             vision tower runs (mp_hf_add_images), else MP_ERR_MODEL */
-    uint64_t image_h, image_w; /* --image-size HxW in pixels (0: the config's image_size square) */
+    uint64_t image_h, image_w; /* --image-size HxW in pixels (0: the model's default) */
 };
 enum mp_status mp_model_read_file_as(struct mp_model *m, const char *path, const struct mp_model_request *rq,
                                      struct mp_diag *d);

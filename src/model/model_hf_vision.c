@@ -3,6 +3,7 @@
  * their Linears, read from vision_config with the defaults of its transformers config class.
  * Each kind's sizes follow its transformers 5.24 modules (the file:class named at each); the
  * totals equal transformers' on the meta device (tests/test_model_hf.c). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,21 @@ static enum mp_status pos(const cJSON *o, const char *key, uint64_t *out, const 
     return st;
 }
 
+/* vision_config.hidden_act (dflt where absent) into *act; an unknown activation is refused. */
+static enum mp_status vision_act(const cJSON *vc, enum mp_act dflt, enum mp_act *act, const char *path,
+                                 struct mp_diag *d)
+{
+    enum mp_status st;
+    const char *an = mp_json_str(vc, "hidden_act", &st, path, "vision_config", d);
+    if (st != MP_OK)
+        return st;
+    int ai = an ? mp_act_parse(an) : (int)dflt;
+    if (ai < 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.hidden_act: '%s' is not a supported activation", path, an);
+    *act = (enum mp_act)ai;
+    return MP_OK;
+}
+
 /* SigLIP (siglip/modeling_siglip.py SiglipVisionTransformer, SiglipVisionConfig defaults) and
  * Gemma 3's projector (gemma3/modeling_gemma3.py Gemma3MultiModalProjector: the Parameter
  * mm_input_projection_weight (vision hidden x text hidden) and an RMSNorm of the vision width). */
@@ -74,15 +90,11 @@ static enum mp_status siglip_gemma3(const cJSON *root, const cJSON *vc, uint64_t
         (st = mp_json_u64(root, "image_token_index", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK ||
         (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
         return st;
-    enum mp_act act = MP_ACT_GELU_TANH; /* SiglipVisionConfig.hidden_act */
-    const char *an = mp_json_str(vc, "hidden_act", &st, path, "vision_config", d);
-    if (st != MP_OK)
+    enum mp_act ai;
+    if ((st = vision_act(vc, MP_ACT_GELU_TANH, &ai, path, d)) != MP_OK) /* SiglipVisionConfig.hidden_act */
         return st;
-    int ai = an ? mp_act_parse(an) : (int)act;
-    if (ai < 0)
-        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.hidden_act: '%s' is not a supported activation", path, an);
-    *vis = (struct mp_vision){.kind = 1, .hidden = D, .ffn = F, .layers = L, .heads = H, .channels = C,
-                              .image = img, .patch = p, .act = (enum mp_act)ai, .attn_p = ap, .tokens = tokens,
+    *vis = (struct mp_vision){.kind = MP_VIS_SIGLIP, .hidden = D, .ffn = F, .layers = L, .heads = H, .channels = C,
+                              .image = img, .patch = p, .act = ai, .attn_p = ap, .tokens = tokens,
                               .text_hidden = text_hidden, .token_id = id};
     if (head)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.vision_use_head: true (SiglipVisionConfig's default) is not "
@@ -107,16 +119,41 @@ static enum mp_status siglip_gemma3(const cJSON *root, const cJSON *vc, uint64_t
  * Qwen2_5_VLVisionConfig defaults): a bias-free Conv3d patch embedding, blocks of two RMSNorms,
  * qkv and proj with biases and a gated MLP with biases, the merger (RMSNorm, two Linears of
  * width hidden x spatial_merge_size^2). */
-static enum mp_status qwen2_5_vision(const cJSON *vc, struct mp_idle *v, struct acc *a, const char *path,
-                                    struct mp_diag *d)
+static enum mp_status qwen2_5_vision(const cJSON *root, const cJSON *vc, uint64_t text_hidden, struct mp_idle *v,
+                                    struct mp_vision *vis, struct acc *a, const char *path, struct mp_diag *d)
 {
-    uint64_t L = 32, D = 3584, F = 3420, C = 3, p = 14, sm = 2, t = 2, O = 3584;
+    uint64_t L = 32, D = 3584, F = 3420, C = 3, p = 14, sm = 2, t = 2, O = 3584, heads = 16, win = 112;
+    uint64_t id = 151655; /* Qwen2_5_VLConfig.image_token_id */
     enum mp_status st;
     if ((st = pos(vc, "depth", &L, path, d)) != MP_OK || (st = pos(vc, "hidden_size", &D, path, d)) != MP_OK ||
         (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK || (st = pos(vc, "in_channels", &C, path, d)) != MP_OK ||
         (st = pos(vc, "patch_size", &p, path, d)) != MP_OK || (st = pos(vc, "spatial_merge_size", &sm, path, d)) != MP_OK ||
-        (st = pos(vc, "temporal_patch_size", &t, path, d)) != MP_OK || (st = pos(vc, "out_hidden_size", &O, path, d)) != MP_OK)
+        (st = pos(vc, "temporal_patch_size", &t, path, d)) != MP_OK || (st = pos(vc, "out_hidden_size", &O, path, d)) != MP_OK ||
+        (st = pos(vc, "num_heads", &heads, path, d)) != MP_OK || (st = pos(vc, "window_size", &win, path, d)) != MP_OK ||
+        (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
         return st;
+    enum mp_act ai;
+    if ((st = vision_act(vc, MP_ACT_SILU, &ai, path, d)) != MP_OK)
+        return st;
+    *vis = (struct mp_vision){.kind = MP_VIS_QWEN2_5, .hidden = D, .ffn = F, .layers = L, .heads = heads, .channels = C,
+                              .patch = p, .act = ai, .text_hidden = O, .token_id = id,
+                              .temporal = t, .merge = sm, .window = win, .fullatt = {7, 15, 23, 31}, .n_fullatt = 4};
+    const cJSON *fa = cJSON_GetObjectItemCaseSensitive(vc, "fullatt_block_indexes");
+    if (fa && !cJSON_IsNull(fa)) {
+        if (!cJSON_IsArray(fa) || cJSON_GetArraySize(fa) > MP_VISION_FULLATT_MAX)
+            return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.fullatt_block_indexes: expected a list of at most %d "
+                           "block indexes", path, MP_VISION_FULLATT_MAX);
+        vis->n_fullatt = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, fa) {
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble != (double)(uint64_t)e->valuedouble)
+                return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.fullatt_block_indexes: expected non-negative "
+                               "integers", path);
+            vis->fullatt[vis->n_fullatt++] = (uint64_t)e->valuedouble;
+        }
+    }
+    if (O != text_hidden) /* masked_scatter fills the text embedding's rows with the merger's */
+        vis->kind = MP_VIS_NONE;
     uint64_t M = prod(a, D, prod(a, sm, sm));
     acc_add(a, prod(a, prod(a, prod(a, C, t), prod(a, p, p)), D));
     acc_add(a, prod(a, prod(a, 2, D), L));
@@ -135,18 +172,29 @@ static enum mp_status qwen2_5_vision(const cJSON *vc, struct mp_idle *v, struct 
 /* Qwen2-VL (qwen2_vl/modeling_qwen2_vl.py Qwen2VisionTransformerPretrainedModel,
  * Qwen2VLVisionConfig defaults): blocks of two LayerNorms, qkv and proj, fc1/fc2 of width
  * embed_dim x mlp_ratio, all with biases; the merger's LayerNorm and two Linears to hidden_size. */
-static enum mp_status qwen2_vision(const cJSON *vc, struct mp_idle *v, struct acc *a, const char *path,
-                                   struct mp_diag *d)
+static enum mp_status qwen2_vision(const cJSON *root, const cJSON *vc, uint64_t text_hidden, struct mp_idle *v,
+                                   struct mp_vision *vis, struct acc *a, const char *path, struct mp_diag *d)
 {
-    uint64_t L = 32, E = 1280, H = 3584, r = 4, C = 3, p = 14, sm = 2, t = 2;
+    uint64_t L = 32, E = 1280, H = 3584, r = 4, C = 3, p = 14, sm = 2, t = 2, heads = 16;
+    uint64_t id = 151655; /* Qwen2VLConfig.image_token_id */
     enum mp_status st;
     if ((st = pos(vc, "depth", &L, path, d)) != MP_OK || (st = pos(vc, "embed_dim", &E, path, d)) != MP_OK ||
         (st = pos(vc, "hidden_size", &H, path, d)) != MP_OK || (st = pos(vc, "mlp_ratio", &r, path, d)) != MP_OK ||
         (st = pos(vc, "in_channels", &C, path, d)) != MP_OK || (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
         (st = pos(vc, "spatial_merge_size", &sm, path, d)) != MP_OK ||
-        (st = pos(vc, "temporal_patch_size", &t, path, d)) != MP_OK)
+        (st = pos(vc, "temporal_patch_size", &t, path, d)) != MP_OK ||
+        (st = pos(vc, "num_heads", &heads, path, d)) != MP_OK ||
+        (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
+        return st;
+    enum mp_act ai;
+    if ((st = vision_act(vc, MP_ACT_QUICK_GELU, &ai, path, d)) != MP_OK)
         return st;
     uint64_t F = prod(a, E, r), M = prod(a, E, prod(a, sm, sm));
+    *vis = (struct mp_vision){.kind = MP_VIS_QWEN2, .hidden = E, .ffn = F, .layers = L, .heads = heads, .channels = C,
+                              .patch = p, .act = ai, .text_hidden = H, .token_id = id,
+                              .temporal = t, .merge = sm};
+    if (H != text_hidden) /* masked_scatter fills the text embedding's rows with the merger's */
+        vis->kind = MP_VIS_NONE;
     acc_add(a, prod(a, prod(a, prod(a, C, t), prod(a, p, p)), E));
     acc_add(a, prod(a, prod(a, 4, E), L));
     linear(a, v, "attn.qkv", E, prod(a, 3, E), L, true);
@@ -202,7 +250,7 @@ static enum mp_status pixtral_mistral3(const cJSON *root, const cJSON *vc, uint6
     if (ai < 0 || pi < 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: %s: '%s' is not a supported activation", path,
                        ai < 0 ? "vision_config.hidden_act" : "projector_hidden_act", ai < 0 ? an : pn);
-    *vis = (struct mp_vision){.kind = 2, .hidden = D, .ffn = F, .layers = L, .heads = H, .channels = C,
+    *vis = (struct mp_vision){.kind = MP_VIS_PIXTRAL, .hidden = D, .ffn = F, .layers = L, .heads = H, .channels = C,
                               .image = img, .patch = p, .act = (enum mp_act)ai, .attn_p = ap,
                               .text_hidden = text_hidden, .token_id = id, .merge = sm ? sm : 1,
                               .proj_act = (enum mp_act)pi, .proj_bias = bias, .feature_last = last};
@@ -365,9 +413,9 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
     if (!strcmp(type, "gemma3"))
         st = siglip_gemma3(root, vc, text_hidden, v, vis, &a, path, d);
     else if (!strcmp(type, "qwen2_5_vl"))
-        st = qwen2_5_vision(vc, v, &a, path, d);
+        st = qwen2_5_vision(root, vc, text_hidden, v, vis, &a, path, d);
     else if (!strcmp(type, "qwen2_vl"))
-        st = qwen2_vision(vc, v, &a, path, d);
+        st = qwen2_vision(root, vc, text_hidden, v, vis, &a, path, d);
     else if (!strcmp(type, "mllama"))
         st = mllama_vision(vc, text_hidden, v, &a, path, d);
     else if (!strcmp(type, "llama4"))
@@ -424,6 +472,68 @@ static struct mp_block *front_block(struct mp_model *m, const char *name, size_t
     return b;
 }
 
+/* The block of the tower's layer i, named prefix.i, its one layer returned: a transformer block of
+ * the tower's width, heads and MLP, non-causal SDPA with eager's fp32 softmax
+ * (eager_attention_forward: softmax(dtype=float32).to(q.dtype)); repeat group 2, as each is a
+ * GradientCheckpointingLayer (checkpointed like the text layers). */
+static struct mp_layer *layer_block(struct mp_model *m, const char *prefix, uint64_t i, struct mp_diag *d)
+{
+    const struct mp_vision *v = &m->vision;
+    char name[48];
+    snprintf(name, sizeof name, "%s.%llu", prefix, (unsigned long long)i);
+    struct mp_block *b = front_block(m, name, 1, d);
+    if (!b)
+        return NULL;
+    b->repeat_group = 2;
+    struct mp_layer *l = b->layers;
+    l->type = MP_LT_TRANSFORMER_BLOCK;
+    l->vision = true;
+    l->dim = v->hidden;
+    l->attn.heads = l->attn.kv_heads = v->heads;
+    l->attn.head_dim = v->hidden / v->heads;
+    l->attn.impl = MP_ATTN_SDPA;
+    l->attn.softmax_fp32 = true;
+    l->mlp.ffn = v->ffn;
+    l->mlp.act = v->act;
+    return l;
+}
+
+/* The vision blocks (made at the end of m's blocks from text0 on, nv of them) to the front, the
+ * text model's after them; its embedding scatters the image features in (masked_scatter). */
+static enum mp_status to_front(struct mp_model *m, size_t text0, size_t nv, struct mp_diag *d)
+{
+    struct mp_block *tmp = malloc(nv * sizeof *tmp);
+    if (!tmp)
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+    memcpy(tmp, m->blocks + text0, nv * sizeof *tmp);
+    memmove(m->blocks + nv, m->blocks, text0 * sizeof *tmp);
+    memcpy(m->blocks, tmp, nv * sizeof *tmp);
+    free(tmp);
+    struct mp_layer *e = &m->blocks[nv].layers[0];
+    e->vision = true;
+    if (m->vision.token_id >= e->vocab) /* Gemma3Model.forward then clones input_ids and zeroes the image tokens */
+        return mp_fail(d, MP_ERR_MODEL, "%s: image_token_index: %llu is outside the text vocabulary (%llu): "
+                       "the ids' copy transformers then makes is not modelled", m->path,
+                       (unsigned long long)m->vision.token_id, (unsigned long long)e->vocab);
+    memset(&m->idle, 0, sizeof m->idle);
+    return MP_OK;
+}
+
+/* The tower built (nv blocks from text0 on): moved to the front, the model's image fields set. */
+static enum mp_status images_done(struct mp_model *m, const struct mp_model_request *rq, size_t text0, size_t nv,
+                                  struct mp_diag *d)
+{
+    enum mp_status st = to_front(m, text0, nv, d);
+    if (st != MP_OK)
+        return st;
+    m->images = rq->images;
+    m->channels = m->vision.channels;
+    m->height = m->vision.height;
+    m->width = m->vision.width;
+    mp_model_mark_copies(m);
+    return MP_OK;
+}
+
 /* The first vision block: the text embedding's lookup (a copy of the text model's first layer,
  * made first as both models' forward do) and the patch embedding; returns its second layer. */
 static struct mp_layer *embeddings_block(struct mp_model *m, size_t n_layers, struct mp_diag *d)
@@ -444,7 +554,7 @@ static struct mp_layer *embeddings_block(struct mp_model *m, size_t n_layers, st
     l->conv.in_ch = v->channels;
     l->dim = v->hidden;
     l->conv.kernel = l->conv.stride = v->patch;
-    snprintf(l->name, sizeof l->name, "%s", v->kind == 2 ? "patch_conv" : "patch_embedding");
+    snprintf(l->name, sizeof l->name, "%s", v->kind == MP_VIS_PIXTRAL ? "patch_conv" : "patch_embedding");
     return l;
 }
 
@@ -453,24 +563,11 @@ static enum mp_status encoder_blocks(struct mp_model *m, struct mp_diag *d)
 {
     const struct mp_vision *v = &m->vision;
     for (uint64_t i = 0; i < v->layers; i++) {
-        char name[48];
-        snprintf(name, sizeof name, "vision.layers.%llu", (unsigned long long)i);
-        struct mp_block *b = front_block(m, name, 1, d);
-        if (!b)
+        struct mp_layer *l = layer_block(m, "vision.layers", i, d);
+        if (!l)
             return MP_ERR_NOMEM;
-        b->repeat_group = 2;
-        struct mp_layer *l = b->layers;
-        l->type = MP_LT_TRANSFORMER_BLOCK;
-        l->vision = true;
-        l->dim = v->hidden;
-        l->attn.heads = l->attn.kv_heads = v->heads;
-        l->attn.head_dim = v->hidden / v->heads;
-        l->attn.impl = MP_ATTN_SDPA;
         l->attn.dropout = v->attn_p;
-        l->attn.softmax_fp32 = true; /* eager_attention_forward: softmax(dtype=float32).to(q.dtype) */
-        l->mlp.ffn = v->ffn;
-        l->mlp.act = v->act;
-        if (v->kind == 2) { /* PixtralAttentionLayer: RMSNorms, bias-free, rotary, block mask, gated MLP */
+        if (v->kind == MP_VIS_PIXTRAL) { /* PixtralAttentionLayer: RMSNorms, bias-free, rotary, block mask, gated MLP */
             l->norm.kind = MP_NORM_RMSNORM;
             l->rope.on = true;
             l->attn.block_mask = true;
@@ -496,7 +593,7 @@ static struct mp_layer *named(struct mp_layer *l, enum mp_layer_type type, uint6
 /* Gemma 3: SigLIP's tower, post_layernorm, the AvgPool2d projector. */
 static enum mp_status siglip_blocks(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
 {
-    const struct mp_vision *v = &m->vision;
+    struct mp_vision *v = &m->vision;
     uint64_t side = v->image / v->patch, t = 1;
     while ((t + 1) * (t + 1) <= v->tokens)
         t++;
@@ -528,7 +625,9 @@ static enum mp_status siglip_blocks(struct mp_model *m, const struct mp_model_re
     named(&l[3], MP_LT_LINEAR, 0, "mm_input_projection")->vision = true;
     l[3].in_features = v->hidden;
     l[3].out_features = v->text_hidden;
-    m->height = m->width = v->image;
+    v->height = v->width = m->height = m->width = v->image;
+    v->asked_h = rq->image_h;
+    v->asked_w = rq->image_w;
     return MP_OK;
 }
 
@@ -583,9 +682,129 @@ static enum mp_status pixtral_blocks(struct mp_model *m, const struct mp_model_r
     named(&l[5], MP_LT_LINEAR, 0, "linear_2")->vision = true;
     l[5].in_features = l[5].out_features = v->text_hidden;
     l[5].bias = v->proj_bias;
-    m->height = h;
-    m->width = w;
+    v->height = m->height = h;
+    v->width = m->width = w;
+    v->asked_h = rq->image_h;
+    v->asked_w = rq->image_w;
     return MP_OK;
+}
+
+/* Python's round(x / f) * f for integers (round half to even), as smart_resize rounds. */
+static uint64_t round_to(uint64_t x, uint64_t f)
+{
+    uint64_t q = x / f, r = x % f;
+    if (2 * r > f || (2 * r == f && (q & 1)))
+        q++;
+    return q * f;
+}
+
+/* Qwen2VLImageProcessor's smart_resize (transformers 5.24 image_processing_qwen2_vl.py:63-89, the
+ * class's size defaults: min_pixels 56 x 56, max_pixels 28 x 28 x 1280): both sides to multiples
+ * of factor = patch x merge, the pixel count kept within the two bounds; an aspect ratio above
+ * 200 is refused, as there. */
+static enum mp_status smart_resize(struct mp_model *m, uint64_t h, uint64_t w, uint64_t f, uint64_t *rh,
+                                   uint64_t *rw, struct mp_diag *d)
+{
+    const double lo = 56.0 * 56.0, hi = 28.0 * 28.0 * 1280.0;
+    if ((h > w ? h : w) > 200 * (h < w ? h : w))
+        return mp_fail(d, MP_ERR_USAGE, "%s: --image-size %llux%llu: the processor refuses an aspect ratio above "
+                       "200 (smart_resize)", m->path, (unsigned long long)h, (unsigned long long)w);
+    double hb = (double)round_to(h, f), wb = (double)round_to(w, f), px = (double)h * (double)w;
+    if (hb * wb > hi) {
+        double beta = sqrt(px / hi), a = floor((double)h / beta / (double)f) * (double)f,
+               b = floor((double)w / beta / (double)f) * (double)f;
+        hb = a > (double)f ? a : (double)f;
+        wb = b > (double)f ? b : (double)f;
+    } else if (hb * wb < lo) {
+        double beta = sqrt(lo / px);
+        hb = ceil((double)h * beta / (double)f) * (double)f;
+        wb = ceil((double)w * beta / (double)f) * (double)f;
+    }
+    *rh = (uint64_t)hb;
+    *rw = (uint64_t)wb;
+    return MP_OK;
+}
+
+/* Qwen2-VL (qwen2_vl/modeling_qwen2_vl.py, transformers 5.24; docs/memory-facts.md#qwen-vl-images):
+ * pixel_values (every image's patches, C x temporal_patch_size x patch^2) through PatchEmbed's
+ * bias-free Conv3d (kernel = stride: a conv of C x t channels over patch x patch), the blocks
+ * (LayerNorms, a fused qkv with the fp32 vision rotary cast back, one SDPA per image and the
+ * torch.cat of their outputs, fc1 / quick_gelu / fc2; each a GradientCheckpointingLayer), the
+ * PatchMerger (ln_q, merge^2 patches viewed as one row, Linear, GELU, Linear), the torch.cat of
+ * the per-image features, masked_scatter into the text embedding.  b and s are the images' and
+ * each image's patches while the tower is lowered. */
+static enum mp_status qwen2_images(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
+{
+    struct mp_vision *v = &m->vision;
+    uint64_t h = rq->image_h, w = rq->image_w;
+    uint64_t f = v->patch * v->merge;
+    if (v->patch > MP_DIM_MAX || v->merge > 64 || f == 0)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config: patch_size x spatial_merge_size is too large", m->path);
+    v->asked_h = h; /* (0: the default, 448 x 448 pixels) */
+    v->asked_w = w;
+    enum mp_status st = smart_resize(m, h ? h : 448, w ? w : 448, f, &v->height, &v->width, d);
+    if (st != MP_OK)
+        return st;
+    uint64_t ph = v->height / v->patch, pw = v->width / v->patch, patches = ph * pw;
+    v->tokens = patches / (v->merge * v->merge);
+    if (v->hidden % v->heads || (v->hidden / v->heads) % 4)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.num_heads: %llu does not divide embed_dim %llu into "
+                       "heads of a multiple of 4 (the vision rotary's halves)", m->path,
+                       (unsigned long long)v->heads, (unsigned long long)v->hidden);
+    if (v->layers > ((size_t)1 << 20))
+        return mp_fail(d, MP_ERR_RANGE, "%s: vision_config.depth: too many layers", m->path);
+    if (v->kind == MP_VIS_QWEN2_5 && v->window % f) /* get_vision_window_index: window_size // merge // patch units */
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.window_size: %llu is not a multiple of patch_size x "
+                       "spatial_merge_size (%llu)", m->path, (unsigned long long)v->window, (unsigned long long)f);
+    size_t text0 = m->n_blocks, nv = (size_t)v->layers + 2;
+    struct mp_layer *l = embeddings_block(m, 2, d);
+    if (!l)
+        return MP_ERR_NOMEM;
+    l->conv.in_ch = v->channels * v->temporal; /* Conv3d over (C, t, p, p) = a conv of C x t channels */
+    snprintf(l->name, sizeof l->name, "patch_embed");
+    for (uint64_t i = 0; i < v->layers; i++) {
+        if (!(l = layer_block(m, "vision.blocks", i, d))) /* Qwen2VLVisionBlock */
+            return MP_ERR_NOMEM;
+        l->attn.fused_qkv = l->attn.qkv_bias = l->attn.out_bias = true;
+        l->rope.on = l->rope.fp32 = l->rope.cast_back = true; /* q.float(), k.float(), .to(q's dtype) */
+        l->rope.per_sample = true; /* cos, sin: (patches of every image, head_dim) */
+        l->rope.cat = true;        /* torch.cat of the per-image outputs: a copy proj saves */
+        l->norm.kind = v->kind == MP_VIS_QWEN2_5 ? MP_NORM_RMSNORM : MP_NORM_LAYERNORM; /* Qwen2_5_VLRMSNorm */
+        l->norm.bias = v->kind == MP_VIS_QWEN2;
+        l->mlp.bias = true;
+        l->mlp.gated = v->kind == MP_VIS_QWEN2_5; /* Qwen2_5_VLMLP: gate_proj, up_proj, down_proj with biases */
+        bool full = v->kind != MP_VIS_QWEN2_5;
+        for (size_t j = 0; j < v->n_fullatt; j++)
+            full = full || v->fullatt[j] == i;
+        l->conv.kernel = full ? 0 : v->window / v->patch; /* a window block: its side in patches */
+    }
+    struct mp_block *b = front_block(m, "vision.merger", 4, d);
+    if (!b)
+        return MP_ERR_NOMEM;
+    l = b->layers;
+    uint64_t unit = v->merge * v->merge, M = v->hidden * unit;
+    l[0].type = v->kind == MP_VIS_QWEN2_5 ? MP_LT_RMSNORM : MP_LT_LAYERNORM;
+    l[0].dim = v->hidden;
+    l[0].norm.kind = v->kind == MP_VIS_QWEN2_5 ? MP_NORM_RMSNORM : MP_NORM_LAYERNORM;
+    l[0].norm.bias = v->kind == MP_VIS_QWEN2;
+    snprintf(l[0].name, sizeof l[0].name, "ln_q");
+    l[1].type = MP_LT_LINEAR;
+    l[1].vision = true;
+    l[1].in_features = l[1].out_features = M;
+    l[1].bias = true;
+    l[1].conv.kernel = unit; /* x.view(-1, hidden x merge^2) first */
+    snprintf(l[1].name, sizeof l[1].name, "mlp.0");
+    l[2].type = MP_LT_ACTIVATION;
+    l[2].mlp.act = MP_ACT_GELU;
+    snprintf(l[2].name, sizeof l[2].name, "mlp.1");
+    l[3].type = MP_LT_LINEAR;
+    l[3].vision = true;
+    l[3].in_features = M;
+    l[3].out_features = v->text_hidden;
+    l[3].bias = true;
+    l[3].conv.stride = 1; /* then Qwen2VLModel.forward's torch.cat of the per-image features */
+    snprintf(l[3].name, sizeof l[3].name, "mlp.2");
+    return images_done(m, rq, text0, nv, d);
 }
 
 enum mp_status mp_hf_add_images(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
@@ -595,12 +814,17 @@ enum mp_status mp_hf_add_images(struct mp_model *m, const struct mp_model_reques
         return mp_fail(d, MP_ERR_MODEL, "%s: --images: steps with images are not modelled for mllama yet (the tiled "
                        "vision model and the gated cross-attention layers its states make active); text-only steps "
                        "are (no --images)", m->path);
-    if (v->kind != 1 && v->kind != 2)
-        return mp_fail(d, MP_ERR_MODEL, m->idle.params ? "%s: --images: steps with images are modelled for gemma3 "
-                                                         "and mistral3 only, not %s yet; text-only steps are (no "
-                                                         "--images)"
-                                                       : "%s: --images: %s has no vision tower (a multimodal "
-                                                         "checkpoint's config.json with a vision_config)",
+    if (MP_VIS_IS_QWEN(v->kind))
+        return qwen2_images(m, rq, d);
+    bool qwen = !strcmp(m->hf_type, "qwen2_5_vl") || !strcmp(m->hf_type, "qwen2_vl");
+    if (v->kind != MP_VIS_SIGLIP && v->kind != MP_VIS_PIXTRAL)
+        return mp_fail(d, MP_ERR_MODEL, !m->idle.params ? "%s: --images: %s has no vision tower (a multimodal "
+                                                          "checkpoint's config.json with a vision_config)"
+                                        : qwen ? "%s: --images: %s's vision merger does not output the text "
+                                                 "model's hidden size (masked_scatter would refuse it)"
+                                               : "%s: --images: steps with images are modelled for gemma3, "
+                                                 "mistral3, qwen2_vl and qwen2_5_vl only, not %s yet; text-only "
+                                                 "steps are (no --images)",
                        m->path, m->hf_type[0] ? m->hf_type : "this model");
     if (v->hidden % v->heads)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.num_attention_heads: %llu does not divide hidden_size %llu",
@@ -608,26 +832,8 @@ enum mp_status mp_hf_add_images(struct mp_model *m, const struct mp_model_reques
     if (v->layers > ((size_t)1 << 20))
         return mp_fail(d, MP_ERR_RANGE, "%s: vision_config.num_hidden_layers: too many layers", m->path);
     size_t text0 = m->n_blocks, nv = (size_t)v->layers + 2;
-    enum mp_status st = v->kind == 2 ? pixtral_blocks(m, rq, d) : siglip_blocks(m, rq, d);
+    enum mp_status st = v->kind == MP_VIS_PIXTRAL ? pixtral_blocks(m, rq, d) : siglip_blocks(m, rq, d);
     if (st != MP_OK)
         return st;
-    /* the vision blocks to the front, the text model's after them */
-    struct mp_block *tmp = malloc(nv * sizeof *tmp);
-    if (!tmp)
-        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
-    memcpy(tmp, m->blocks + text0, nv * sizeof *tmp);
-    memmove(m->blocks + nv, m->blocks, text0 * sizeof *tmp);
-    memcpy(m->blocks, tmp, nv * sizeof *tmp);
-    free(tmp);
-    struct mp_layer *e = &m->blocks[nv].layers[0];
-    e->vision = true;
-    if (v->token_id >= e->vocab) /* Gemma3Model.forward then clones input_ids and zeroes the image tokens */
-        return mp_fail(d, MP_ERR_MODEL, "%s: image_token_index: %llu is outside the text vocabulary (%llu): "
-                       "the ids' copy transformers then makes is not modelled", m->path,
-                       (unsigned long long)v->token_id, (unsigned long long)e->vocab);
-    memset(&m->idle, 0, sizeof m->idle);
-    m->images = rq->images;
-    m->channels = v->channels;
-    mp_model_mark_copies(m);
-    return MP_OK;
+    return images_done(m, rq, text0, nv, d);
 }

@@ -160,7 +160,8 @@ const struct mp_key mp_keys[] = {
      "tensors; GPT-2 and phi use `gelu_new`) and `relu2` (relu(x)², HF's ReLUSquaredActivation: keeps "
      "relu(x); Arcee, Nemotron) and `xielu` (HF's XIELUActivation, Apertus: two learned (1,) scalars, "
      "which the layer owns as parameters; keeps x, a bool mask, alpha_p·x, expm1(min(x, eps)) and that "
-     "minus x; alpha_p·x and the output are fp32 under amp). `gelu_pytorch_tanh` and `tanh_gelu` "
+     "minus x; alpha_p·x and the output are fp32 under amp) and `quick_gelu` (x·sigmoid(1.702x), HF's "
+     "QuickGELUActivation, Qwen2-VL's vision MLP: keeps x and the sigmoid). `gelu_pytorch_tanh` and `tanh_gelu` "
      "(= `gelu_tanh`) and `swish` (= `silu`) are accepted too."},
     {"inplace", T(ACTIVATION), MP_KEY_BOOL, OWN, F(inplace), NULL, "`false`",
      "`ReLU(inplace=True)`: overwrites its input"},

@@ -39,7 +39,8 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
 /* --images n: the vision tower of the multimodal checkpoint m runs on n images per sample: its
  * blocks go before the text model's (model_hf_vision.c), m->idle is cleared (the tower's
  * parameters are now the blocks'), m->images = n.  MP_ERR_MODEL naming the option for a model
- * without a vision tower or one whose image step is not modelled. */
+ * without a vision tower or one whose image step is not modelled.  rq->image_h x image_w:
+ * --image-size in pixels (0 x 0: the model's default). */
 enum mp_status mp_hf_add_images(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d);
 
 /* The keys of memplan JSON's layers (model_keys.c): one row per key and the types that take it. */

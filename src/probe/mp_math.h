@@ -61,6 +61,7 @@ MP_HD float mp_act_f(int a, float x)
     case MP_ACT_SILU: return x / (1.0f + expf(-x));
     case MP_ACT_TANH: return tanhf(x);
     case MP_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case MP_ACT_QUICK_GELU: return x / (1.0f + expf(-1.702f * x));
     case MP_ACT_RELU2: return x > 0.0f ? x * x : 0.0f;
     case MP_ACT_XIELU:
         return x > 0.0f ? MP_XIELU_AP * x * x + MP_XIELU_BETA * x
@@ -88,6 +89,10 @@ MP_HD float mp_act_df(int a, float s)
     }
     case MP_ACT_TANH: return 1.0f - s * s;
     case MP_ACT_SIGMOID: return s * (1.0f - s);
+    case MP_ACT_QUICK_GELU: {
+        float sg = 1.0f / (1.0f + expf(-1.702f * s));
+        return sg * (1.0f + 1.702f * s * (1.0f - sg));
+    }
     case MP_ACT_RELU2: return s > 0.0f ? 2.0f * s : 0.0f;
     case MP_ACT_XIELU:
         return s > 0.0f ? 2.0f * MP_XIELU_AP * s + MP_XIELU_BETA
@@ -96,7 +101,7 @@ MP_HD float mp_act_df(int a, float s)
     return NAN; /* not an activation */
 }
 
-/* Intermediate j of HF's Python GELUs (and xIELU), in mp_act_intermediates order.
+/* Intermediate j of HF's Python GELUs (and xIELU, quick_gelu), in mp_act_intermediates order.
  * gelu_new: tanh, 0.5x, 1+tanh; gelu_fast: 0.044715x, 0.7978845608x, 1+0.044715x^2, tanh, 0.5x, 1+tanh. */
 MP_HD float mp_gelu_part(int a, int j, float x)
 {
@@ -104,6 +109,8 @@ MP_HD float mp_gelu_part(int a, int j, float x)
         float e = expm1f(fminf(x, MP_XIELU_EPS));
         return j == 0 ? (x > 0.0f ? 1.0f : 0.0f) : j == 1 ? MP_XIELU_AP * x : j == 2 ? e : e - x;
     }
+    if (a == MP_ACT_QUICK_GELU) /* sigmoid(1.702 x) */
+        return 1.0f / (1.0f + expf(-1.702f * x));
     float t = tanhf(MP_SQRT_2_OVER_PI * x * (1.0f + MP_GELU_TANH_C * x * x));
     switch (a == MP_ACT_GELU_FAST ? j : j + 3) {
     case 0: return MP_GELU_TANH_C * x;

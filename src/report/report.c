@@ -335,8 +335,13 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             cJSON *im = cJSON_AddObjectToObject(cf, "images");
             ju64(im, "per_sample", c->model->images);
             ju64(im, "tokens_each", v->tokens);
-            ju64(im, "image_size", v->image);
-            ju64(im, "height", c->model->height);
+            if (v->image) /* Gemma 3, Mistral 3: the config's (Qwen's has none) */
+                ju64(im, "image_size", v->image);
+            if (v->asked_h) { /* --image-size as given */
+                ju64(im, "asked_height", v->asked_h);
+                ju64(im, "asked_width", v->asked_w);
+            }
+            ju64(im, "height", c->model->height); /* after the processor's resize (--image-size) */
             ju64(im, "width", c->model->width);
             ju64(im, "patches", (c->model->height / v->patch) * (c->model->width / v->patch));
             ju64(im, "vision_layers", v->layers);
@@ -884,18 +889,32 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     }
     if (c->model->idle.params) /* a multimodal checkpoint (model.h struct mp_idle) */
         fprintf(out, "text-only %s params (%s) resident, unused: no .grad,\n"
-                     "          no optimizer state, no activations (steps with images: --images, gemma3,\n"
-                     "          mistral3)\n",
+                     "          no optimizer state, no activations (steps with --images: gemma3,\n"
+                     "          mistral3, qwen2_vl, qwen2_5_vl)\n",
                 count(c->model->idle.params), c->model->idle.what);
     if (c->model->images) { /* --images: the vision tower runs (model_hf_vision.c mp_hf_add_images) */
         const struct mp_vision *v = &c->model->vision;
         uint64_t h = c->model->height, w = c->model->width;
-        fprintf(out, "images    %llu per sample, %llux%llu px%s: %llu patches each\n"
-                     "          through the vision tower (%llu layers); %llu tokens each in --seq (%s)\n",
-                (unsigned long long)c->model->images, (unsigned long long)h, (unsigned long long)w,
-                h == v->image && w == v->image ? " (vision_config.image_size)" : " (--image-size)",
+        /* the size used, and where it came from: the size asked (--image-size) or the default */
+        char src[96], asked[48] = "";
+        bool qwen = MP_VIS_IS_QWEN(v->kind);
+        if (v->asked_h)
+            snprintf(asked, sizeof asked, "--image-size %llux%llu", (unsigned long long)v->asked_h,
+                     (unsigned long long)v->asked_w);
+        if (qwen)
+            snprintf(src, sizeof src, "%s, %s by smart_resize", v->asked_h ? asked : "the default 448x448",
+                     v->asked_h && (v->asked_h != h || v->asked_w != w) ? "resized" : "kept");
+        else if (v->kind == MP_VIS_PIXTRAL)
+            snprintf(src, sizeof src, "%s", v->asked_h ? asked : "the default: vision_config.image_size");
+        else
+            snprintf(src, sizeof src, "%s%svision_config.image_size", asked, v->asked_h ? ", " : "");
+        fprintf(out, "images    %llu per sample, %llux%llu px (%s)\n"
+                     "          %llu patches each through the vision tower (%llu layers)\n"
+                     "          %llu tokens each in --seq (%s)\n",
+                (unsigned long long)c->model->images, (unsigned long long)h, (unsigned long long)w, src,
                 (unsigned long long)((h / v->patch) * (w / v->patch)), (unsigned long long)v->layers,
-                (unsigned long long)v->tokens, v->kind == 2 ? "rows x (columns + 1)" : "mm_tokens_per_image");
+                (unsigned long long)v->tokens, v->kind == MP_VIS_PIXTRAL ? "rows x (columns + 1)"
+                                               : qwen ? "patches / spatial_merge_size^2" : "mm_tokens_per_image");
     }
     if (c->build) {
         char sb[32], seq[48] = "", attn[48] = ""; /* seq and attention only where they apply */

@@ -270,6 +270,9 @@ enum mp_ref_mode {
  * the two scalar buffers): saves x, the bool mask, alpha_p*x (fp32 under amp: the fp32 (1,)
  * parameter promotes it), expm1's result and expm1 - x; its bwd goes with lower_act's two rules
  * (the gradient's cast back to x's dtype under amp, the mask freed first).
+ * QUICK_GELU (HF QuickGELUActivation, Qwen2-VL's vision MLP): x * sigmoid(1.702 x): saves x and the
+ * sigmoid's output, the 1.702 x a forward transient; its backward peaks one x-sized tensor above a
+ * fused kernel's (measured, docs/memory-facts.md#hf-activations).
  * Where the intermediates, amp32, bwd and fwd values come from: docs/memory-facts.md#hf-activations. */
 #define MP_ACTIVATIONS(X)                                                                        \
     X(GELU, "gelu", "", IN, "", "", 0, 0)                                                         \
@@ -281,7 +284,8 @@ enum mp_ref_mode {
     X(GELU_NEW, "gelu_new", "", IN, "tanh half_x one_plus_tanh", "in tanh one_plus_tanh out", 1, 2) \
     X(GELU_FAST, "gelu_fast", "", IN, "c_x k_x poly tanh half_x one_plus_tanh", "", 1, 2)         \
     X(RELU2, "relu2", "", IN, "", "", 2, 0)                                                       \
-    X(XIELU, "xielu", "", IN, "mask:u8 ax expm1 expm1_minus_x", "ax out", 3, 3)
+    X(XIELU, "xielu", "", IN, "mask:u8 ax expm1 expm1_minus_x", "ax out", 3, 3)                   \
+    X(QUICK_GELU, "quick_gelu", "", IN, "sigmoid", "", 1, 1)
 
 enum mp_act {
 #define MP_X(id, name, aliases, saves, extras, amp32, bwd, fwd) MP_ACT_##id,
