@@ -1157,7 +1157,7 @@ static void device_line(FILE *out, const char *indent, const struct mp_fit *f)
         fprintf(out, "%s  (an allocation fails after the allocator frees its cache: out of memory)\n", indent);
     if (f->expandable_fits)
         fprintf(out, "%sexpandable_segments:True fits (%s reserved + context): set it in\n%s"
-                "PYTORCH_CUDA_ALLOC_CONF (not with memory shared by IPC, e.g. a colocated vLLM)\n",
+                "PYTORCH_CUDA_ALLOC_CONF (not with vLLM's sleep mode: its CuMemAllocator refuses it)\n",
                 indent, B(f->expandable_device_bytes), indent);
 }
 
