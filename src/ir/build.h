@@ -141,6 +141,8 @@ struct val lower_linear(struct bld *B, struct val x, uint64_t in_f, uint64_t out
 
 /* lower_norm.c */
 struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool f32w, const char *name);
+/* Llama 4's weightless L2 norm of q or k per head (lower_norm.c). */
+struct val lower_l2_norm(struct bld *B, struct val x, uint64_t dim, const char *name);
 struct val lower_norm(struct bld *B, struct val x, const struct mp_layer *l, enum mp_norm kind,
                       uint64_t dim, const char *name);
 

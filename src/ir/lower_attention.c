@@ -400,43 +400,6 @@ static struct val lower_attn_core(struct bld *B, struct val q, struct val k, str
     return y;
 }
 
-/* Llama 4's L2 norm of q or k per head (modeling_llama4.py:106-118 Llama4TextL2Norm, after the
- * rotary): h = x.float(); h * rsqrt(h.pow(2).mean(-1) + eps); .type_as(x); no weight.  Saved: the
- * fp32 h (x itself when fp32; pow and the product) and rsqrt (one fp32 per head and row); forward
- * transients the fp32 x^2 and, for a half x, the fp32 product before its cast. */
-static struct val l2_norm(struct bld *B, struct val x, uint64_t dim, const char *name)
-{
-    if (!width_ok(B, x, dim, "dim", name))
-        return x;
-    B->p->probe_unsupported = "Llama 4's L2 q/k norm (no weight)";
-    enum mp_dtype xdt = dt_of(B, x);
-    struct val y = like(B, name, x, xdt, ng(B, x));
-    struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
-    if (!n)
-        return y;
-    uint64_t M = rows_of(x), N = val_elems(B, x);
-    n->in[0] = x.t;
-    n->out = y.t;
-    char en[80];
-    if (xdt == MP_DT_F32) {
-        save(n, x.t);
-    } else {
-        snprintf(en, sizeof en, "%s.x_fp32", name);
-        extra_as(n, new_flat(B, en, MP_DT_F32, N), MP_XR_X_FP32);
-    }
-    snprintf(en, sizeof en, "%s.rsqrt", name);
-    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSQRT);
-    tmp_one(B, n, false, MP_TR_OTHER, mul(B, N, 4));
-    /* backward: the fp32 gradient of the product (the cast back's), its two fp32 parts (through
-     * rsqrt, through pow) and their sum */
-    tmp_one(B, n, true, MP_TR_OTHER, mul(B, N, xdt == MP_DT_F32 ? 8 : 12));
-    n->rows = M;
-    n->n = dim;
-    n->fwd_flops = 5.0 * (double)N;
-    n->bwd_flops = 2.0 * n->fwd_flops;
-    return y;
-}
-
 /* RMSNorm of a q or k projection: over each head (the (b, s, heads, d) view; weight d) or
  * over the whole projection. */
 static struct val qk_norm(struct bld *B, struct val x, const struct mp_layer *l, uint64_t heads, const char *name)
@@ -447,7 +410,7 @@ static struct val qk_norm(struct bld *B, struct val x, const struct mp_layer *l,
     v.rank = x.rank + 1;
     v.shape[x.rank - 1] = heads;
     v.shape[x.rank] = l->attn.head_dim;
-    struct val y = l->attn.qk_norm == MP_QK_NORM_L2 ? l2_norm(B, v, l->attn.head_dim, name)
+    struct val y = l->attn.qk_norm == MP_QK_NORM_L2 ? lower_l2_norm(B, v, l->attn.head_dim, name)
                                                     : lower_rmsnorm(B, v, l->attn.head_dim, l->norm.rms_fp32, name);
     y.rank = x.rank;
     y.shape[x.rank - 1] = last_dim(x);

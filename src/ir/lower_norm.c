@@ -140,6 +140,21 @@ static uint64_t rmsnorm_bwd_tmp(struct bld *B, uint64_t N, enum mp_dtype xdt, en
     return held < 20 ? mul(B, N, 20 - held) : 0; /* (activations are at most fp32: held <= 12) */
 }
 
+/* What an HF RMS composite keeps of x: x itself when fp32, else its fp32 copy (x.float()), and
+ * rsqrt (M fp32): autograd's saves of pow and of the product. */
+static void rms_saves(struct bld *B, struct mp_node *n, struct val x, uint64_t M, uint64_t N, const char *name)
+{
+    char en[80];
+    if (dt_of(B, x) == MP_DT_F32) {
+        save(n, x.t);
+    } else {
+        snprintf(en, sizeof en, "%s.x_fp32", name);
+        extra_as(n, new_flat(B, en, MP_DT_F32, N), MP_XR_X_FP32);
+    }
+    snprintf(en, sizeof en, "%s.rsqrt", name);
+    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSQRT);
+}
+
 /* HF RMSNorm (LlamaRMSNorm): x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(in dtype).
  * Saves the fp32 input (a copy when x is half), rsqrt (M fp32) and the normalized
  * tensor in x's dtype; the fp32 x^2 is a forward transient.  f32w (Gemma*RMSNorm,
@@ -160,15 +175,8 @@ struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool f32w, c
     n->out = y.t;
     n->param[0] = g;
     n->col_sum_weight = true;
+    rms_saves(B, n, x, M, N, name);
     char en[80];
-    if (xdt == MP_DT_F32) {
-        save(n, x.t);
-    } else {
-        snprintf(en, sizeof en, "%s.x_fp32", name);
-        extra_as(n, new_flat(B, en, MP_DT_F32, N), MP_XR_X_FP32);
-    }
-    snprintf(en, sizeof en, "%s.rsqrt", name);
-    extra_as(n, new_flat(B, en, MP_DT_F32, M), MP_XR_RSQRT);
     snprintf(en, sizeof en, "%s.normed", name);
     extra_as(n, new_flat(B, en, f32w ? MP_DT_F32 : xdt, N), MP_XR_NORMED);
     tmp_one(B, n, false, MP_TR_OTHER, mul(B, N, 4)); /* x^2 in fp32 (or the fp32 normalized tensor before the cast) */
@@ -177,6 +185,35 @@ struct val lower_rmsnorm(struct bld *B, struct val x, uint64_t dim, bool f32w, c
     n->rows = M;
     n->n = dim;
     n->fwd_flops = 6.0 * (double)N;
+    n->bwd_flops = 2.0 * n->fwd_flops;
+    return y;
+}
+
+/* Llama 4's L2 norm of q or k per head (modeling_llama4.py:106-118 Llama4TextL2Norm, after the
+ * rotary): h = x.float(); h * rsqrt(h.pow(2).mean(-1) + eps); .type_as(x); no weight.  Saved: the
+ * fp32 h (x itself when fp32; pow and the product) and rsqrt (one fp32 per head and row); forward
+ * transients the fp32 x^2 and, for a half x, the fp32 product before its cast. */
+struct val lower_l2_norm(struct bld *B, struct val x, uint64_t dim, const char *name)
+{
+    if (!width_ok(B, x, dim, "dim", name))
+        return x;
+    B->p->probe_unsupported = "Llama 4's L2 q/k norm (no weight)";
+    enum mp_dtype xdt = dt_of(B, x);
+    struct val y = like(B, name, x, xdt, ng(B, x));
+    struct mp_node *n = new_node(B, MP_P_RMSNORM, name);
+    if (!n)
+        return y;
+    uint64_t M = rows_of(x), N = val_elems(B, x);
+    n->in[0] = x.t;
+    n->out = y.t;
+    rms_saves(B, n, x, M, N, name);
+    tmp_one(B, n, false, MP_TR_OTHER, mul(B, N, 4));
+    /* backward: the fp32 gradient of the product (the cast back's), its two fp32 parts (through
+     * rsqrt, through pow) and their sum */
+    tmp_one(B, n, true, MP_TR_OTHER, mul(B, N, xdt == MP_DT_F32 ? 8 : 12));
+    n->rows = M;
+    n->n = dim;
+    n->fwd_flops = 5.0 * (double)N;
     n->bwd_flops = 2.0 * n->fwd_flops;
     return y;
 }

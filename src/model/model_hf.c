@@ -1296,29 +1296,36 @@ static bool layer_rope(const struct hf *c, uint64_t i)
     return !c->rope_sliding_only || layer_sliding(c, i);
 }
 
+/* no_rope_layers (1: the layer has rotary, 0: NoPE), at least one entry per layer, or else
+ * no_rope_layer_interval (default 4: every 4th layer NoPE).  empty_default: an empty list means
+ * the interval (Llama4TextConfig); SmolLM3's config takes a list or null. */
+static enum mp_status no_rope_layers(const cJSON *root, struct hf *c, bool empty_default, const char *path,
+                                     struct mp_diag *d)
+{
+    const cJSON *nr = cJSON_GetObjectItemCaseSensitive(root, "no_rope_layers");
+    c->nope_every = 4;
+    if (!nr || cJSON_IsNull(nr) || (empty_default && cJSON_IsArray(nr) && cJSON_GetArraySize(nr) == 0))
+        return read_pos(root, "no_rope_layer_interval", false, MP_DIM_MAX, &c->nope_every, path, d);
+    if (!cJSON_IsArray(nr) || (uint64_t)cJSON_GetArraySize(nr) < c->layers)
+        return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers: expected a list of at least %llu entries (0 or 1)", path,
+                       (unsigned long long)c->layers);
+    int i = 0;
+    for (const cJSON *e = nr->child; e; e = e->next, i++)
+        if (!cJSON_IsNumber(e) || (e->valuedouble != 0 && e->valuedouble != 1))
+            return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers[%d]: expected 0 or 1", path, i);
+    c->no_rope = nr;
+    return MP_OK;
+}
+
 /* SmolLM3: no_rope_layers (one 0 / 1 per layer, 1 = rotary), else no rotary on every
  * no_rope_layer_interval-th layer (4).  use_sliding_window makes the NoPE layers sliding. */
 static enum mp_status smollm3_hook(const cJSON *root, struct hf *c, const char *path, struct mp_diag *d)
 {
-    const cJSON *nr = cJSON_GetObjectItemCaseSensitive(root, "no_rope_layers");
-    c->nope_every = 4;
-    if (nr && !cJSON_IsNull(nr)) {
-        if (!cJSON_IsArray(nr) || (uint64_t)cJSON_GetArraySize(nr) < c->layers)
-            return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers: expected a list of at least %llu entries (0 or 1)",
-                           path, (unsigned long long)c->layers);
-        int i = 0;
-        for (const cJSON *e = nr->child; e; e = e->next, i++)
-            if (!cJSON_IsNumber(e) || (e->valuedouble != 0 && e->valuedouble != 1))
-                return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers[%d]: expected 0 or 1", path, i);
-        c->no_rope = nr;
-    } else {
-        enum mp_status st = read_pos(root, "no_rope_layer_interval", false, MP_DIM_MAX, &c->nope_every, path, d);
-        if (st != MP_OK)
-            return st;
-    }
-    bool swa = false;
-    enum mp_status st = mp_json_bool(root, "use_sliding_window", &swa, path, "", d);
+    enum mp_status st = no_rope_layers(root, c, false, path, d);
     if (st != MP_OK)
+        return st;
+    bool swa = false;
+    if ((st = mp_json_bool(root, "use_sliding_window", &swa, path, "", d)) != MP_OK)
         return st;
     if (swa && present(root, "sliding_window") && !c->layer_types) { /* NoPE layers slide */
         c->mask_kinds = 1;
@@ -1633,22 +1640,8 @@ static enum mp_status llama4_hook(const cJSON *root, struct hf *c, const char *p
         c->moe_list = ml;
     }
     /* no_rope_layers: Llama4TextConfig takes an empty list (or null) for the default */
-    const cJSON *nr = cJSON_GetObjectItemCaseSensitive(root, "no_rope_layers");
-    c->nope_every = 4;
-    if (nr && cJSON_IsArray(nr) && cJSON_GetArraySize(nr) > 0) {
-        if ((uint64_t)cJSON_GetArraySize(nr) < c->layers)
-            return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers: expected a list of at least %llu entries (0 or 1)",
-                           path, (unsigned long long)c->layers);
-        int i = 0;
-        for (const cJSON *e = nr->child; e; e = e->next, i++)
-            if (!cJSON_IsNumber(e) || (e->valuedouble != 0 && e->valuedouble != 1))
-                return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers[%d]: expected 0 or 1", path, i);
-        c->no_rope = nr;
-    } else if (nr && !cJSON_IsNull(nr) && !cJSON_IsArray(nr)) {
-        return mp_fail(d, MP_ERR_MODEL, "%s: no_rope_layers: expected a list of 0 or 1 per layer", path);
-    } else if ((st = read_pos(root, "no_rope_layer_interval", false, MP_DIM_MAX, &c->nope_every, path, d)) != MP_OK) {
+    if ((st = no_rope_layers(root, c, true, path, d)) != MP_OK)
         return st;
-    }
     if (c->layer_types && !c->chunk)
         for (uint64_t i = 0; i < c->layers; i++)
             if (!strcmp(list_item(c->layer_types, i, c->lt_at)->valuestring, "chunked_attention"))

@@ -54,6 +54,23 @@ static enum mp_status pos(const cJSON *o, const char *key, uint64_t *out, const 
     return st;
 }
 
+/* Each key of o that is present, a positive integer (pos), in order. */
+struct pkey {
+    const char *key;
+    uint64_t *v;
+};
+
+static enum mp_status positives(const cJSON *o, const struct pkey *k, size_t n, const char *path, struct mp_diag *d)
+{
+    enum mp_status st = MP_OK;
+    for (size_t i = 0; i < n && st == MP_OK; i++)
+        st = pos(o, k[i].key, k[i].v, path, d);
+    return st;
+}
+#define POSITIVES(o, ...)                                                                                          \
+    positives(o, (const struct pkey[]){__VA_ARGS__}, sizeof((const struct pkey[]){__VA_ARGS__}) / sizeof(struct pkey), \
+              path, d)
+
 /* vision_config.hidden_act (dflt where absent) into *act; an unknown activation is refused. */
 static enum mp_status vision_act(const cJSON *vc, enum mp_act dflt, enum mp_act *act, const char *path,
                                  struct mp_diag *d)
@@ -80,10 +97,9 @@ static enum mp_status siglip_gemma3(const cJSON *root, const cJSON *vc, uint64_t
     bool head = true;
     double ap = 0;
     enum mp_status st;
-    if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
-        (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK || (st = pos(vc, "num_channels", &C, path, d)) != MP_OK ||
-        (st = pos(vc, "image_size", &img, path, d)) != MP_OK || (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
-        (st = pos(vc, "num_attention_heads", &H, path, d)) != MP_OK ||
+    if ((st = POSITIVES(vc, {"hidden_size", &D}, {"intermediate_size", &F}, {"num_hidden_layers", &L},
+                            {"num_channels", &C}, {"image_size", &img}, {"patch_size", &p},
+                            {"num_attention_heads", &H})) != MP_OK ||
         (st = mp_json_prob(vc, "attention_dropout", &ap, path, "vision_config", d)) != MP_OK ||
         (st = mp_json_bool(vc, "vision_use_head", &head, path, "vision_config", d)) != MP_OK ||
         (st = mp_json_u64(root, "mm_tokens_per_image", false, MP_DIM_MAX, &tokens, path, "", d)) != MP_OK ||
@@ -125,11 +141,9 @@ static enum mp_status qwen2_5_vision(const cJSON *root, const cJSON *vc, uint64_
     uint64_t L = 32, D = 3584, F = 3420, C = 3, p = 14, sm = 2, t = 2, O = 3584, heads = 16, win = 112;
     uint64_t id = 151655; /* Qwen2_5_VLConfig.image_token_id */
     enum mp_status st;
-    if ((st = pos(vc, "depth", &L, path, d)) != MP_OK || (st = pos(vc, "hidden_size", &D, path, d)) != MP_OK ||
-        (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK || (st = pos(vc, "in_channels", &C, path, d)) != MP_OK ||
-        (st = pos(vc, "patch_size", &p, path, d)) != MP_OK || (st = pos(vc, "spatial_merge_size", &sm, path, d)) != MP_OK ||
-        (st = pos(vc, "temporal_patch_size", &t, path, d)) != MP_OK || (st = pos(vc, "out_hidden_size", &O, path, d)) != MP_OK ||
-        (st = pos(vc, "num_heads", &heads, path, d)) != MP_OK || (st = pos(vc, "window_size", &win, path, d)) != MP_OK ||
+    if ((st = POSITIVES(vc, {"depth", &L}, {"hidden_size", &D}, {"intermediate_size", &F}, {"in_channels", &C},
+                            {"patch_size", &p}, {"spatial_merge_size", &sm}, {"temporal_patch_size", &t},
+                            {"out_hidden_size", &O}, {"num_heads", &heads}, {"window_size", &win})) != MP_OK ||
         (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
         return st;
     enum mp_act ai;
@@ -178,12 +192,9 @@ static enum mp_status qwen2_vision(const cJSON *root, const cJSON *vc, uint64_t 
     uint64_t L = 32, E = 1280, H = 3584, r = 4, C = 3, p = 14, sm = 2, t = 2, heads = 16;
     uint64_t id = 151655; /* Qwen2VLConfig.image_token_id */
     enum mp_status st;
-    if ((st = pos(vc, "depth", &L, path, d)) != MP_OK || (st = pos(vc, "embed_dim", &E, path, d)) != MP_OK ||
-        (st = pos(vc, "hidden_size", &H, path, d)) != MP_OK || (st = pos(vc, "mlp_ratio", &r, path, d)) != MP_OK ||
-        (st = pos(vc, "in_channels", &C, path, d)) != MP_OK || (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
-        (st = pos(vc, "spatial_merge_size", &sm, path, d)) != MP_OK ||
-        (st = pos(vc, "temporal_patch_size", &t, path, d)) != MP_OK ||
-        (st = pos(vc, "num_heads", &heads, path, d)) != MP_OK ||
+    if ((st = POSITIVES(vc, {"depth", &L}, {"embed_dim", &E}, {"hidden_size", &H}, {"mlp_ratio", &r},
+                            {"in_channels", &C}, {"patch_size", &p}, {"spatial_merge_size", &sm},
+                            {"temporal_patch_size", &t}, {"num_heads", &heads})) != MP_OK ||
         (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
         return st;
     enum mp_act ai;
@@ -221,10 +232,9 @@ static enum mp_status pixtral_mistral3(const cJSON *root, const cJSON *vc, uint6
     bool bias = false, last = true;
     double ap = 0;
     enum mp_status st;
-    if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
-        (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK || (st = pos(vc, "num_channels", &C, path, d)) != MP_OK ||
-        (st = pos(vc, "patch_size", &p, path, d)) != MP_OK || (st = pos(vc, "num_attention_heads", &H, path, d)) != MP_OK ||
-        (st = pos(vc, "image_size", &img, path, d)) != MP_OK ||
+    if ((st = POSITIVES(vc, {"hidden_size", &D}, {"intermediate_size", &F}, {"num_hidden_layers", &L},
+                            {"num_channels", &C}, {"patch_size", &p}, {"num_attention_heads", &H},
+                            {"image_size", &img})) != MP_OK ||
         (st = mp_json_prob(vc, "attention_dropout", &ap, path, "vision_config", d)) != MP_OK ||
         (st = mp_json_u64(root, "spatial_merge_size", false, MP_DIM_MAX, &sm, path, "", d)) != MP_OK ||
         (st = mp_json_u64(root, "image_token_index", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK ||
@@ -288,12 +298,9 @@ static enum mp_status mllama_vision(const cJSON *vc, uint64_t text_hidden, struc
 {
     uint64_t D = 1280, F = 5120, L = 32, G = 8, H = 16, C = 3, img = 448, p = 14, tiles = 4, out = 7680, ratios = 8;
     enum mp_status st;
-    if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
-        (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK ||
-        (st = pos(vc, "attention_heads", &H, path, d)) != MP_OK || (st = pos(vc, "num_channels", &C, path, d)) != MP_OK ||
-        (st = pos(vc, "image_size", &img, path, d)) != MP_OK || (st = pos(vc, "patch_size", &p, path, d)) != MP_OK ||
-        (st = pos(vc, "max_num_tiles", &tiles, path, d)) != MP_OK ||
-        (st = pos(vc, "vision_output_dim", &out, path, d)) != MP_OK)
+    if ((st = POSITIVES(vc, {"hidden_size", &D}, {"intermediate_size", &F}, {"num_hidden_layers", &L},
+                            {"attention_heads", &H}, {"num_channels", &C}, {"image_size", &img}, {"patch_size", &p},
+                            {"max_num_tiles", &tiles}, {"vision_output_dim", &out})) != MP_OK)
         return st;
     /* num_global_layers may be 0 (no global encoder layer) */
     if ((st = mp_json_u64(vc, "num_global_layers", false, MP_DIM_MAX, &G, path, "vision_config", d)) != MP_OK)
@@ -365,13 +372,10 @@ static enum mp_status llama4_vision(const cJSON *vc, uint64_t text_hidden, struc
 {
     uint64_t D = 768, F = 5632, L = 34, H = 16, C = 3, img = 448, p = 14, out = 7680, pin = 4096, pout = 4096;
     enum mp_status st;
-    if ((st = pos(vc, "hidden_size", &D, path, d)) != MP_OK || (st = pos(vc, "intermediate_size", &F, path, d)) != MP_OK ||
-        (st = pos(vc, "num_hidden_layers", &L, path, d)) != MP_OK ||
-        (st = pos(vc, "num_attention_heads", &H, path, d)) != MP_OK ||
-        (st = pos(vc, "num_channels", &C, path, d)) != MP_OK || (st = pos(vc, "image_size", &img, path, d)) != MP_OK ||
-        (st = pos(vc, "patch_size", &p, path, d)) != MP_OK || (st = pos(vc, "vision_output_dim", &out, path, d)) != MP_OK ||
-        (st = pos(vc, "projector_input_dim", &pin, path, d)) != MP_OK ||
-        (st = pos(vc, "projector_output_dim", &pout, path, d)) != MP_OK)
+    if ((st = POSITIVES(vc, {"hidden_size", &D}, {"intermediate_size", &F}, {"num_hidden_layers", &L},
+                            {"num_attention_heads", &H}, {"num_channels", &C}, {"image_size", &img},
+                            {"patch_size", &p}, {"vision_output_dim", &out}, {"projector_input_dim", &pin},
+                            {"projector_output_dim", &pout})) != MP_OK)
         return st;
     if (img / p == 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.patch_size: larger than image_size", path);
