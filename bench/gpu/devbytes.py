@@ -48,7 +48,6 @@ def main():
         return
     import torch
     import torch.nn.functional as F
-    from torch.utils._python_dispatch import TorchDispatchMode
     free, total = torch.cuda.mem_get_info()
     major, minor = torch.cuda.get_device_capability(0)
     res.update(cc="%d.%d" % (major, minor), cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
@@ -74,17 +73,6 @@ def main():
         del x, y
         gpu_json.save(a.out, res)
 
-    class Spy(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            n = str(func.overloadpacket.__name__)
-            if "scaled_dot_product" in n and "backward" not in n:
-                self.ops.append(n)
-            return func(*args, **(kwargs or {}))
-
     for dname in SDPA_DTYPES:
         for d in SDPA_DIMS:
             for masked in (False, True):
@@ -95,7 +83,7 @@ def main():
                     dt = getattr(torch, dname)
                     q, k, v = (torch.randn(1, 8, 256, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
                     mask = torch.ones(256, 256, device="cuda", dtype=torch.bool).tril() if masked else None
-                    spy = Spy()
+                    spy = gpu_json.op_spy(lambda n: "scaled_dot_product" in n and "backward" not in n)
                     with spy:
                         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not masked)
                     o.sum().backward()

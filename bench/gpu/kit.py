@@ -59,6 +59,7 @@ test of the whole flow), the sanitizer skipped.  A missing library (torch, trans
 bitsandbytes, lightning) makes the rows that need it say so; it never fails the run.
 """
 import argparse
+import collections
 import hashlib
 import importlib.util
 import json
@@ -73,6 +74,8 @@ import sys
 import threading
 import time
 import traceback
+
+import gpu_json  # the op recorder (this folder: the script's own, first on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -384,22 +387,9 @@ def cleanup(torch, cuda):
 
 
 def sdpa_spy():
-    """A TorchDispatchMode that counts the aten op each scaled_dot_product_attention call
-    dispatched to (torch's own SDPA choice: flash, efficient, cuDNN; none seen = math)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Spy(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = {}
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = str(func)
-            if "scaled_dot_product" in name and "backward" not in name:
-                op = name.split(".")[1] if name.startswith("aten.") else name
-                self.seen[op] = self.seen.get(op, 0) + 1
-            return func(*args, **(kwargs or {}))
-    return Spy()
+    """The aten op each scaled_dot_product_attention call dispatched to (torch's own SDPA choice:
+    flash, efficient, cuDNN; none seen = math), in .ops (gpu_json.op_spy)."""
+    return gpu_json.op_spy(lambda n: "scaled_dot_product" in n and "backward" not in n)
 
 
 def sdpa_name(seen, uses_sdpa=True):
@@ -532,7 +522,7 @@ def torch_row(spec, dev, hello):
                 times.append((t1 - t0) * 1e3)
                 losses.append(round(loss.detach().item(), 4))
             del loss
-        res.update(status="ok", step_ms=round(statistics.median(times), 3), losses=losses, sdpa=sdpa_name(spy.seen))
+        res.update(status="ok", step_ms=round(statistics.median(times), 3), losses=losses, sdpa=sdpa_name(collections.Counter(spy.ops)))
         if tracer:
             try:
                 res["trace"] = tracer.write(os.environ["MEMPLAN_KIT_TRACE"])

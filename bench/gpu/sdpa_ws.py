@@ -43,19 +43,10 @@ def main():
         return
     import torch
     import torch.nn.functional as F
-    from torch.utils._python_dispatch import TorchDispatchMode
     res["cudnn"] = torch.backends.cudnn.version()
 
-    class Spy(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            n = str(func.overloadpacket.__name__)
-            if "attention" in n or "flash" in n or "efficient" in n or "cudnn" in n:
-                self.ops.append(n)
-            return func(*args, **(kwargs or {}))
+    def spy_attention():
+        return gpu_json.op_spy(lambda n: any(w in n for w in ("attention", "flash", "efficient", "cudnn")))
 
     def trace_len():
         return sum(len(d) for d in torch.cuda.memory._snapshot()["device_traces"])
@@ -93,7 +84,7 @@ def main():
                     torch.cuda.reset_peak_memory_stats()
                     torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
                     i0 = trace_len()
-                spy = Spy()
+                spy = spy_attention()
                 with spy:
                     o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, **kw)
                 if rec:
@@ -104,7 +95,7 @@ def main():
                     mid = torch.cuda.memory_allocated()
                     torch.cuda.reset_peak_memory_stats()
                 g = torch.randn_like(o)
-                spy = Spy()
+                spy = spy_attention()
                 with spy:
                     o.backward(g)
                 if rec:
