@@ -3453,6 +3453,14 @@ expect_msg 2 "--trainer grpo: a generation batch that splits a prompt group: ref
     estimate models/hf/qwen2-0.5b.json --trainer grpo --batch 3
 expect_msg 2 "--trainer grpo --vllm without a GPU to take a share of" "name the GPU" \
     estimate models/hf/qwen2-0.5b.json --trainer grpo --vllm 0.3
+expect_msg 2 "--trainer grpo --finetune qlora: generate on a 4-bit base refused, not planned unmeasured" \
+    "generate on a bitsandbytes 4-bit base is not modelled" estimate models/hf/qwen2-0.5b.json --trainer grpo \
+    --finetune qlora
+expect_msg 2 "--trainer grpo, LoRA on a load_in_4bit checkpoint: refused as --finetune qlora is" \
+    "generate on a bitsandbytes 4-bit base is not modelled" estimate tests/data/hf-qwen2-0.5b-bnb4.json \
+    --trainer grpo --finetune lora
+expect 0 "--trainer grpo --finetune qlora --vllm 0.3: vLLM generates, so QLoRA is planned" \
+    estimate models/hf/qwen2-0.5b.json --trainer grpo --finetune qlora --vllm 0.3 --gpu a100-80gb
 expect_msg 2 "--trainer grpo: a sliding-window cache shorter than the sequence is refused, not ignored" \
     "sliding-window cache (window 512 < --seq 1024)" estimate models/hf/gemma-3-1b.json --trainer grpo --seq 1024 \
     --completion-length 256
