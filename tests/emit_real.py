@@ -82,6 +82,9 @@ CASES = [
                                "--head", "seq-cls", "--num-labels", "5", "--seq", "512"]),
     ("full checkpoint none", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-80gb", "--checkpoint", "none", "--seq", "512"]),
     ("vit lora", ["models/vit-b16.json", "--gpu", "a100-40gb", "--finetune", "lora"]),
+    # a multimodal checkpoint without --images: AutoModelForImageTextToText loads it (the tower idle)
+    ("qwen2-vl text-only lora", ["models/hf/qwen2-vl-7b-instruct.json", "--gpu", "a100-40gb", "--finetune", "lora",
+                                 "--seq", "1024"]),
     ("mistral 8 gpus", ["models/hf/mistral-7b.json", "--gpu", "h100-80gb", "--gpus", "8"]),
     ("ddp", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-80gb", "--gpus", "8", "--parallel", "ddp", "--seq", "512"]),
     ("fsdp", ["models/hf/llama-3-8b.json", "--gpu", "a100-80gb", "--gpus", "8", "--parallel", "fsdp"]),
