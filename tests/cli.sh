@@ -931,6 +931,19 @@ else
     bad "--images 1 --image-size 450x300 on qwen2-vl-7b-instruct: input bytes and config.images in --json"
 fi
 expect_line 4 "--images: the probe refuses the program" probe bench/accuracy/multimodal/gemma3-shrunk.json --images 1 --seq 64 --backend host
+# suggest --emit hf with the same image (448 x 308 after smart_resize, above): the model class that
+# loads Qwen2-VL, the processor's pixel bounds (56 x 56 = 3,136; 28 x 28 x 1,280 = 1,003,520), the
+# size planned and SFTConfig's max_length = --seq (TRL's loss)
+run suggest models/hf/qwen2-vl-7b-instruct.json --images 1 --image-size 450x300 --seq 1024 --gpu a100-80gb \
+    --finetune lora --loss chunked-nll --no-probe --emit hf
+if [ "$ec" -eq 0 ] && grep -qF "model = AutoModelForImageTextToText.from_pretrained(NAME" "$T/out" &&
+    grep -qxF "SEQ, IMAGE_H, IMAGE_W = 1024, 448, 308" "$T/out" &&
+    grep -qxF "processor = AutoProcessor.from_pretrained(NAME, min_pixels=3136, max_pixels=1003520)" "$T/out" &&
+    grep -qxF "    max_length=SEQ," "$T/out" && grep -qF "processing_class=processor" "$T/out"; then
+    ok "suggest --images 1 --emit hf: AutoModelForImageTextToText, the processor, 448 x 308, max_length"
+else
+    bad "suggest --images 1 --emit hf: AutoModelForImageTextToText, the processor, 448 x 308, max_length"
+fi
 # --images on Mistral 3 (Pixtral) and --image-size; refusals one line each
 expect_line 3 "--images on mllama: not modelled yet" estimate bench/accuracy/multimodal/mllama-shrunk.json --images 1
 expect_line 2 "--image-size without --images" estimate bench/accuracy/multimodal/mistral3-shrunk.json --image-size 224x224
@@ -3453,6 +3466,14 @@ expect_msg 2 "--trainer grpo: a generation batch that splits a prompt group: ref
     estimate models/hf/qwen2-0.5b.json --trainer grpo --batch 3
 expect_msg 2 "--trainer grpo --vllm without a GPU to take a share of" "name the GPU" \
     estimate models/hf/qwen2-0.5b.json --trainer grpo --vllm 0.3
+expect_msg 2 "--trainer grpo --finetune qlora: generate on a 4-bit base refused, not planned unmeasured" \
+    "generate on a bitsandbytes 4-bit base is not modelled" estimate models/hf/qwen2-0.5b.json --trainer grpo \
+    --finetune qlora
+expect_msg 2 "--trainer grpo, LoRA on a load_in_4bit checkpoint: refused as --finetune qlora is" \
+    "generate on a bitsandbytes 4-bit base is not modelled" estimate tests/data/hf-qwen2-0.5b-bnb4.json \
+    --trainer grpo --finetune lora
+expect 0 "--trainer grpo --finetune qlora --vllm 0.3: vLLM generates, so QLoRA is planned" \
+    estimate models/hf/qwen2-0.5b.json --trainer grpo --finetune qlora --vllm 0.3 --gpu a100-80gb
 expect_msg 2 "--trainer grpo: a sliding-window cache shorter than the sequence is refused, not ignored" \
     "sliding-window cache (window 512 < --seq 1024)" estimate models/hf/gemma-3-1b.json --trainer grpo --seq 1024 \
     --completion-length 256

@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import symtable as symtable_mod
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -81,6 +82,9 @@ CASES = [
                                "--head", "seq-cls", "--num-labels", "5", "--seq", "512"]),
     ("full checkpoint none", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-80gb", "--checkpoint", "none", "--seq", "512"]),
     ("vit lora", ["models/vit-b16.json", "--gpu", "a100-40gb", "--finetune", "lora"]),
+    # a multimodal checkpoint without --images: AutoModelForImageTextToText loads it (the tower idle)
+    ("qwen2-vl text-only lora", ["models/hf/qwen2-vl-7b-instruct.json", "--gpu", "a100-40gb", "--finetune", "lora",
+                                 "--seq", "1024"]),
     ("mistral 8 gpus", ["models/hf/mistral-7b.json", "--gpu", "h100-80gb", "--gpus", "8"]),
     ("ddp", ["models/hf/qwen2-0.5b.json", "--gpu", "a100-80gb", "--gpus", "8", "--parallel", "ddp", "--seq", "512"]),
     ("fsdp", ["models/hf/llama-3-8b.json", "--gpu", "a100-80gb", "--gpus", "8", "--parallel", "fsdp"]),
@@ -156,6 +160,24 @@ GRPO_CASES = [
                        "--completion-length", "256", "--top-p", "0.9", "--top-k", "50", "--repetition-penalty",
                        "1.1"],
      dict(max_completion_length=256, top_p=0.9, top_k=50, repetition_penalty=1.1, min_p=None)),
+]
+
+# suggest --images N --emit hf|torch (issue 27): the model loads as AutoModelForImageTextToText, the
+# processor with the pixel bounds / pan-and-scan memplan planned, planned_size() resizes each image
+# to the size planned, and TRL's SFTConfig(max_length=) counts the image tokens (or a Trainer keeps
+# the image columns). With PIL installed, the model's own image processor (transformers 5.24) runs on
+# an image of another size put through planned_size(): its tokens per image are memplan's.
+IMAGE_CASES = [
+    ("qwen2-vl lora chunked-nll 450x300", ["models/hf/qwen2-vl-7b-instruct.json", "--gpu", "a100-80gb", "--images",
+                                           "1", "--image-size", "450x300", "--seq", "1024", "--loss", "chunked-nll",
+                                           "--finetune", "lora"]),
+    ("qwen2.5-vl lora 2 images 224x336", ["models/hf/qwen2.5-vl-7b-instruct.json", "--gpu", "a100-80gb", "--images",
+                                          "2", "--image-size", "224x336", "--seq", "1024", "--finetune", "lora"]),
+    ("gemma3 lora", ["models/hf/gemma-3-4b-it.json", "--gpu", "a100-80gb", "--images", "1", "--seq", "1024",
+                     "--finetune", "lora"]),
+    ("mistral3 qlora 784x1540 chunked-nll", ["models/hf/mistral-small-3.1-24b.json", "--gpu", "a100-80gb", "--images",
+                                             "1", "--image-size", "784x1540", "--seq", "4096", "--finetune", "qlora",
+                                             "--loss", "chunked-nll"]),
 ]
 
 # suggest --trainer orpo --emit hf: trl 1.16's ORPOConfig (trl.experimental.orpo), the length planned, and
@@ -468,6 +490,109 @@ else:
               "accumulation %d, %s, as --json and the text recommend%s"
               % (label, __import__("trl").__version__, rec["micro_batch"], rec["grad_accum"],
                  ", ".join("%s %s" % kv for kv in sorted(got.items())), note))
+
+    # ---- hf, --images: the processor and the images at the size planned -----------------------
+    class FakeImage:
+        """what planned_size() asks of a PIL image: convert(mode), resize((width, height))"""
+
+        def __init__(self, w, h):
+            self.size = (w, h)
+
+        def convert(self, mode):
+            return self
+
+        def resize(self, size):
+            return FakeImage(*size)
+
+    def pil_image_processor(kind, vc, kw):
+        """the checkpoint's image processor class (transformers 5.24 PIL backends), built from the
+        config's vision fields as its preprocessor_config holds them, with the emitted kwargs"""
+        if kind == "qwen":
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+            return Qwen2VLImageProcessorPil(patch_size=vc.patch_size, merge_size=vc.spatial_merge_size,
+                                            temporal_patch_size=vc.temporal_patch_size, **kw)
+        if kind == "gemma3":
+            from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+            return Gemma3ImageProcessorPil(size={"height": vc.image_size, "width": vc.image_size}, **kw)
+        from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+        return PixtralImageProcessorPil(size={"longest_edge": vc.image_size}, **kw)
+
+    for label, args in IMAGE_CASES:
+        rec, j = rec_of(args)
+        keep = [x for i, x in enumerate(args) if x in ("--images", "--image-size", "--seq") or
+                args[i - 1] in ("--images", "--image-size", "--seq")]
+        r = subprocess.run([MEMPLAN, "estimate", args[0], "--json"] + keep, capture_output=True, text=True)
+        im = json.loads(r.stdout)["config"]["images"]  # (estimate --json: the images as the step runs them)
+        seq = int(args[args.index("--seq") + 1])
+        code = memplan(args + ["--emit", "hf"])
+        cfg = hf_config(config_path(args))
+        proc_kw = {}
+        ap = transformers.AutoProcessor
+        saved_ap = ap.from_pretrained
+        ap.from_pretrained = lambda name, **kw: proc_kw.update(kw) or "processor"
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                ns = run_emitted(code, cfg, tmp)
+        except Exception as e:
+            fail("hf images %s: the emitted file raises %s: %s" % (label, type(e).__name__, e))
+            continue
+        finally:
+            ap.from_pretrained = saved_ap
+        a, m = ns["args"], ns["model"]
+        base = m.base_model.model if rec["finetune"] in ("lora", "qlora") else m
+        from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as itt
+        want_cls = itt[cfg.model_type]
+        check(type(base).__name__ == want_cls, "hf images %s: AutoModelForImageTextToText loads %s (got %s)"
+              % (label, want_cls, type(base).__name__))
+        trl = "chunked-nll" in args
+        check((a.max_length == seq and type(a).__name__ == "SFTConfig") if trl else
+              (a.remove_unused_columns is False and type(a).__name__ == "TrainingArguments"),
+              "hf images %s: %s" % (label, "SFTConfig(max_length=%d): the collator truncates with the image tokens "
+                                    "counted" % seq if trl else "TrainingArguments(remove_unused_columns=False): "
+                                    "the images reach the collator"))
+        check(a.per_device_train_batch_size == rec["micro_batch"] and
+              a.gradient_accumulation_steps == rec["grad_accum"],
+              "hf images %s: micro-batch %d, accumulation %d as recommended" % (label, rec["micro_batch"],
+                                                                               rec["grad_accum"]))
+        big = ns["planned_size"]({"images": [FakeImage(1001, 999)] * im["per_sample"]})["images"]
+        check([x.size for x in big] == [(im["width"], im["height"])] * im["per_sample"],
+              "hf images %s: planned_size() resizes each of %d images to width %d x height %d (PIL's (w, h))"
+              % (label, im["per_sample"], im["width"], im["height"]))
+        kind = "qwen" if cfg.model_type.startswith("qwen") else cfg.model_type.replace("mistral3", "pixtral")
+        want_kw = {"qwen": {"min_pixels", "max_pixels"}, "gemma3": {"do_pan_and_scan"}, "pixtral": set()}[kind]
+        check(set(proc_kw) == want_kw, "hf images %s: AutoProcessor.from_pretrained(NAME, %s)"
+              % (label, ", ".join(sorted(proc_kw))))
+        tcode = memplan(args + ["--emit", "torch"])
+        top = symtable_mod.symtable(tcode, "<emitted>", "exec")
+        defined = {x.get_name() for x in top.get_symbols() if x.is_assigned() or x.is_imported()}
+        undefined = {x.get_name() for x in top.get_symbols()
+                     if x.is_referenced() and x.get_name() not in defined and not hasattr(builtins, x.get_name())}
+        check(not undefined and "def planned_size" in tcode and "DataCollatorForVisionLanguageModeling" in tcode,
+              "torch images %s: compiles, planned_size and TRL's vision collator, no undefined names %s"
+              % (label, sorted(undefined)))
+        if not have("PIL"):
+            skip("hf images %s: PIL absent: the image processor's tokens per image not checked" % label)
+            continue
+        from PIL import Image
+        vc = cfg.vision_config
+        if kind == "pixtral":  # PixtralProcessor resizes at patch x spatial_merge_size (processing_pixtral.py:88)
+            proc_kw["patch_size"] = {"height": vc.patch_size * cfg.spatial_merge_size,
+                                     "width": vc.patch_size * cfg.spatial_merge_size}
+        ip = pil_image_processor(kind, vc, proc_kw)
+        real = [Image.new("RGB", x.size) for x in big]
+        out = ip(images=real, return_tensors="pt")
+        if kind == "qwen":
+            tokens = [int(t.prod()) // vc.spatial_merge_size ** 2 for t in out["image_grid_thw"]]
+        elif kind == "gemma3":  # Gemma3Processor: image_seq_length = mm_tokens_per_image tokens an image
+            check(tuple(out["pixel_values"].shape) == (im["per_sample"], 3, im["height"], im["width"]),
+                  "hf images %s: the image processor's pixel_values at %dx%d" % (label, im["height"], im["width"]))
+            tokens = [cfg.mm_tokens_per_image] * len(real)
+        else:  # processing_pixtral.py:127-129: rows x (columns + 1)
+            pm = vc.patch_size * cfg.spatial_merge_size
+            tokens = [int(h) // pm * (int(w) // pm + 1) for h, w in out["image_sizes"]]
+        check(tokens == [im["tokens_each"]] * im["per_sample"],
+              "hf images %s: the image processor (transformers %s) makes %s tokens per image = memplan's %d"
+              % (label, transformers.__version__, tokens, im["tokens_each"]))
 
     # ---- torch: compiles, nothing undefined at module level, runs on a tiny model ---------------
     import symtable

@@ -250,6 +250,17 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
         b = t->gen_seqs;
     else if (!mp_mul_u64(policy->opts.batch, t->gen_steps, &b))
         return mp_fail(d, MP_ERR_RANGE, "%s: the generation batch overflows 64 bits", policy->model->path);
+    /* A bitsandbytes 4-bit base (QLoRA, or a checkpoint's load_in_4bit): its Linear4bit casts the
+     * fp32 hidden stream to compute_dtype and the result back (bitsandbytes 0.50.2 nn/modules.py:609-637),
+     * and gemm_4bit on CUDA either runs the fused kernel or dequantizes the whole weight into a
+     * temporary, chosen per GPU architecture and row count (backends/cuda/ops.py:584-813, 919-982);
+     * the CPU runs only the dequantizing default (backends/default/ops.py:323-345), so the decoding
+     * steps cannot be measured here: refused, not planned unmeasured (docs/memory-facts.md#qlora) */
+    enum mp_quant_kind qk = policy->model->quant.kind;
+    if (policy->opts.ft.mode == MP_FT_QLORA || qk == MP_Q_BNB_NF4 || qk == MP_Q_BNB_FP4)
+        return mp_fail(d, MP_ERR_USAGE, "%s: --trainer grpo: transformers' generate on a bitsandbytes 4-bit base "
+                       "is not modelled (its per-layer dequantize depends on the GPU); generate with --vllm F or "
+                       "--vllm server", policy->model->path);
     e->gen_batch = b;
     struct mp_build_opts o = policy->opts;
     o.batch = b;
@@ -264,8 +275,7 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
      * (generation/utils.py:3236) and TRL's generate block opens no autocast (grpo_trainer.py:
      * 1861-1875): the whole generation runs in the weights' dtype (measured on the CPU: k and v
      * reach the cache in fp32 with an fp32 base) */
-    bool peft = o.ft.mode == MP_FT_LORA; /* (QLoRA's 4-bit layers compute in their own dtype: its
-                                          * generation is planned as before, unmeasured) */
+    bool peft = o.ft.mode == MP_FT_LORA;
     if (peft && (o.precision == MP_PREC_AMP_BF16 || o.precision == MP_PREC_AMP_FP16))
         o.precision = MP_PREC_FP32;
     else if (peft && o.precision == MP_PREC_BF16_AMP)

@@ -354,6 +354,10 @@ enum mp_vision_kind {
     MP_VIS_QWEN2_5,    /* Qwen2.5-VL's (RMSNorms, gated MLP, window attention: its gathers) */
 };
 #define MP_VIS_IS_QWEN(k) ((k) == MP_VIS_QWEN2 || (k) == MP_VIS_QWEN2_5)
+/* Qwen2VLImageProcessor's size defaults, the pixel bounds of its smart_resize (transformers 5.24
+ * image_processing_qwen2_vl.py:96: shortest_edge 56 x 56, longest_edge 28 x 28 x 1280) */
+#define MP_QWEN_MIN_PIXELS (56ull * 56ull)
+#define MP_QWEN_MAX_PIXELS (28ull * 28ull * 1280ull)
 /* A multimodal checkpoint's vision tower as an image step runs it (read from vision_config with
  * its config class's defaults, MP_VIS_NONE for the families not modelled with images): width, MLP
  * width, layers, heads, channels, image side (vision_config.image_size) and patch, the activation,

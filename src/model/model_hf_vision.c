@@ -709,7 +709,7 @@ static uint64_t round_to(uint64_t x, uint64_t f)
 static enum mp_status smart_resize(struct mp_model *m, uint64_t h, uint64_t w, uint64_t f, uint64_t *rh,
                                    uint64_t *rw, struct mp_diag *d)
 {
-    const double lo = 56.0 * 56.0, hi = 28.0 * 28.0 * 1280.0;
+    const double lo = (double)MP_QWEN_MIN_PIXELS, hi = (double)MP_QWEN_MAX_PIXELS;
     if ((h > w ? h : w) > 200 * (h < w ? h : w))
         return mp_fail(d, MP_ERR_USAGE, "%s: --image-size %llux%llu: the processor refuses an aspect ratio above "
                        "200 (smart_resize)", m->path, (unsigned long long)h, (unsigned long long)w);

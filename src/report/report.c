@@ -1492,6 +1492,48 @@ static const char *peft_task(const struct mp_model *m, const char **auto_cls)
     return "CAUSAL_LM";
 }
 
+/* A multimodal checkpoint (a vision tower memplan reads) loads as its ForConditionalGeneration
+ * class: transformers 5.24 maps mistral3, qwen2_vl and qwen2_5_vl to AutoModelForImageTextToText
+ * only, not AutoModelForCausalLM (models/auto/modeling_auto.py). */
+static bool vlm_of(const struct mp_model *m) { return m->images || m->vision.kind != MP_VIS_NONE; }
+
+/* --images N: the processor and the images at the size planned (TRL 1.16's vision path: a dataset
+ * with an "images" column makes SFTTrainer skip its preparation and collate with
+ * DataCollatorForVisionLanguageModeling, sft_trainer.py:762, 981-989, 1005-1011, which runs the
+ * processor on each batch, image tokens expanded, truncated at max_length, :377-408).  Each image
+ * is resized to the height x width the step runs (after the processor's resize, so the processor
+ * keeps it): Qwen's smart_resize with the class's pixel bounds passed (a checkpoint's own
+ * max_pixels may be smaller), Pixtral's longest edge and patch multiple, Gemma 3's image_size
+ * (pan-and-scan off: its crops would be more images). */
+static void images_prelude(FILE *out, const struct mp_report_ctx *c)
+{
+    const struct mp_model *m = c->model;
+    const struct mp_vision *v = &m->vision;
+    if (!m->images)
+        return;
+    uint64_t seq = c->prog ? c->prog->opts.seq : c->build ? c->build->seq : m->seq_len;
+    fprintf(out, "# --images %llu: planned %llu image%s per sample at %llux%llu px, %llu tokens each, within the %llu\n"
+                 "# tokens of a sample (max_length). The dataset: an \"images\" column (a list of %llu PIL image%s)\n"
+                 "# beside \"messages\" (an {\"type\": \"image\"} entry per image) or \"text\" (the processor's image\n"
+                 "# token per image), as trl 1.16's DataCollatorForVisionLanguageModeling takes it\n",
+            (unsigned long long)m->images, (unsigned long long)m->images, m->images > 1 ? "s" : "",
+            (unsigned long long)m->height, (unsigned long long)m->width, (unsigned long long)v->tokens,
+            (unsigned long long)seq, (unsigned long long)m->images, m->images > 1 ? "s" : "");
+    fprintf(out, "SEQ, IMAGE_H, IMAGE_W = %llu, %llu, %llu\n", (unsigned long long)seq, (unsigned long long)m->height,
+            (unsigned long long)m->width);
+    if (MP_VIS_IS_QWEN(v->kind))
+        fprintf(out, "processor = AutoProcessor.from_pretrained(NAME, min_pixels=%llu, max_pixels=%llu)\n",
+                MP_QWEN_MIN_PIXELS, MP_QWEN_MAX_PIXELS);
+    else if (v->kind == MP_VIS_SIGLIP)
+        fprintf(out, "processor = AutoProcessor.from_pretrained(NAME, do_pan_and_scan=False)\n");
+    else
+        fprintf(out, "processor = AutoProcessor.from_pretrained(NAME)\n");
+    fprintf(out, "\n\ndef planned_size(example):\n"
+                 "    \"\"\"dataset = dataset.map(planned_size): each image at the size planned\"\"\"\n"
+                 "    example[\"images\"] = [im.convert(\"RGB\").resize((IMAGE_W, IMAGE_H)) for im in example[\"images\"]]\n"
+                 "    return example\n\n\n");
+}
+
 /* The model load and peft/bitsandbytes objects that reproduce the plan, as one runnable Python
  * prelude (docs/memory-facts.md#lora, docs/memory-facts.md#qlora): transformers 5.24's
  * from_pretrained(dtype=) (torch_dtype= is deprecated), peft 0.21's LoraConfig.  `trainer` adds
@@ -1508,21 +1550,29 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
     bool fsdp_qlora = bnb && mp_par_sharded_params(b->par.strategy);
     bool kbit = peft && !fsdp_qlora && (b->ft == MP_FT_QLORA || c->model->quant.kind != MP_Q_NONE);
     const char *auto_cls, *task = peft_task(c->model, &auto_cls);
-    bool image = c->model->input != MP_INPUT_TOKENS;
+    bool image = c->model->input != MP_INPUT_TOKENS, images = c->model->images > 0;
+    if (vlm_of(c->model) && !strcmp(auto_cls, "AutoModelForCausalLM"))
+        auto_cls = "AutoModelForImageTextToText";
     fprintf(out, "# memplan %s: suggest --emit %s (transformers 5.24, peft 0.21)\nimport torch\n", MEMPLAN_VERSION,
             what);
     fprintf(out, "from transformers import %s%s%s\n", auto_cls, bnb ? ", BitsAndBytesConfig" : "",
             trainer ? ", TrainingArguments" : "");
+    if (images)
+        fprintf(out, "from transformers import AutoProcessor\n");
     if (trainer && loss_of(c) == MP_LOSS_CHUNKED_NLL)
         fprintf(out, "from trl import %s\n", mp_trainer_config(mp_trainer_ref_fwds(trainer_of(c)) ? trainer_of(c)
                                                                                                    : MP_TRAINER_SFT));
     if (trainer && trainer_of(c) == MP_TRAINER_ORPO) /* (trl 1.16: not exported by trl itself) */
         fprintf(out, "from trl.experimental.orpo import ORPOConfig\n");
+    /* (SFTTrainer builds the vision collator itself; a Trainer or a loop of one's own takes TRL's) */
+    if (images && !(trainer && loss_of(c) == MP_LOSS_CHUNKED_NLL))
+        fprintf(out, "from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling\n");
     if (peft)
         fprintf(out, "from peft import LoraConfig, get_peft_model%s\n",
                 kbit ? ", prepare_model_for_kbit_training" : "");
     fprintf(out, "\n# the model's hub id or local directory (memplan read %s)\nNAME = \"%s\"\n", shown(c->model->path),
             shown(c->model->name));
+    images_prelude(out, c);
     /* weights: fp32 under amp and FSDP's mixed-bf16 (its policy casts the gathered copy); bf16 when pure
      * and under bf16-amp (peft keeps the adapters fp32: autocast_adapter_dtype) */
     const char *dt = (b->precision == MP_PREC_BF16 && (!b->par.mixed_bf16 || fsdp_qlora)) ||
@@ -1666,6 +1716,13 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     else if (trl) /* TRL 1.16's SFTConfig: its default loss_type="nll" is the chunked head planned */
         fprintf(out,
                 "# the loss head planned is TRL's (trl 1.16 SFTConfig, loss_type=\"nll\"): train with SFTTrainer\n");
+    bool images = c->model->images > 0; /* (--images: sft only, setup refuses the other trainers) */
+    if (images && trl) /* the processor as processing_class: SFTTrainer's vision collator */
+        fprintf(out, "# SFTTrainer(model, args=args, train_dataset=dataset.map(planned_size), "
+                     "processing_class=processor)\n");
+    else if (images) /* Trainer drops the columns its model's forward does not name: keep them */
+        fprintf(out, "# Trainer(model, args=args, train_dataset=dataset.map(planned_size),\n"
+                     "#     data_collator=DataCollatorForVisionLanguageModeling(processor, max_length=SEQ))\n");
     if (b->par.strategy == MP_PAR_DDP)
         fprintf(out, "# data parallel (DDP) over %llu ranks: launch with torchrun --nproc-per-node %llu "
                      "(or accelerate launch)\n",
@@ -1716,6 +1773,11 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
         fprintf(out, "    precompute_ref_log_probs=True,\n");
     if ((dpo || orpo) && c->disable_dropout != mp_trainer_drops_dropout(tr)) /* (the config's default otherwise) */
         fprintf(out, "    disable_dropout=%s,\n", c->disable_dropout ? "True" : "False");
+    if (images && trl) /* SFTConfig's max_length (default 1024) truncates in the collator, image tokens counted */
+        fprintf(out, "    max_length=SEQ,\n");
+    else if (images) /* (transformers 5.24 trainer.py _remove_unused_columns would drop "images" and
+                      * "messages", which the collator reads) */
+        fprintf(out, "    remove_unused_columns=False,\n");
     fprintf(out, "    per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
     fprintf(out, "    gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
     /* pure bf16: the model is loaded in bf16 and trained without autocast (bf16=False); bf16-amp:
@@ -2035,9 +2097,15 @@ static void snippet_torch(FILE *out, const struct mp_report_ctx *c, const struct
     if (c->train && c->train->act_offload) /* trl 1.16 models/activation_offloading.py */
         fprintf(out, "from trl.models import get_act_offloading_ctx_manager\n"
                      "offload = get_act_offloading_ctx_manager(model)   # TRL's activation offloading\n");
-    fprintf(out, "\n\ndef train(model, optimizer, loader):\n"
-                 "    \"\"\"loader: dicts of input_ids, attention_mask, labels of micro_batch rows\"\"\"\n"
-                 "    model.train()\n"
+    if (c->model->images) /* the processor's batch: pixel_values and its image keys beside the tokens */
+        fprintf(out, "\n\ndef train(model, optimizer, loader):\n"
+                     "    \"\"\"loader: micro_batch rows of dataset.map(planned_size) collated by\n"
+                     "    DataCollatorForVisionLanguageModeling(processor, max_length=SEQ): input_ids, attention_mask,\n"
+                     "    labels, pixel_values and the processor's image keys\"\"\"\n");
+    else
+        fprintf(out, "\n\ndef train(model, optimizer, loader):\n"
+                     "    \"\"\"loader: dicts of input_ids, attention_mask, labels of micro_batch rows\"\"\"\n");
+    fprintf(out, "    model.train()\n"
                  "    for step, batch in enumerate(loader):\n");
     /* TRL's activation offloading around the forward, as SFTTrainer runs it (sft_trainer.py:1590-1611;
      * the pack hooks' tensors come back in backward, outside the context) */
