@@ -112,7 +112,7 @@ CASES = [
     ("qlora fsdp offload", ["models/hf/llama-3.2-1b.json", "--gpu", "t4", "--gpus", "2", "--parallel", "fsdp",
                             "--offload", "params", "--finetune", "qlora", "--seq", "1024"]),
     # selective checkpointing (docs/checkpointing.md#sac): TRL's key in SFTConfig, memplan's policy
-    ("full layers+sac", ["models/hf/llama-3.2-1b.json", "--gpu", "a100-80gb", "--seq", "1024", "--precision", "bf16",
+    ("full layers+sac", ["models/hf/llama-3.2-1b.json", "--gpu", "a100-80gb", "--seq", "2048", "--precision", "bf16",
                          "--checkpoint", "layers+sac", "--loss", "chunked-nll", "--no-probe"]),
     ("full layers+sac:auto", ["models/hf/llama-3.2-1b.json", "--gpu", "a100-40gb", "--seq", "4096", "--precision",
                               "bf16", "--checkpoint", "layers+sac:auto", "--no-probe"]),
@@ -376,8 +376,13 @@ else:
             check(a.use_liger_kernel and a.liger_kernel_config["fused_linear_cross_entropy"],
                   "hf %s: use_liger_kernel with fused_linear_cross_entropy only" % label)
         if "chunked-nll" in args:
-            check(type(a).__name__ == "SFTConfig" and a.loss_type == "nll",
-                  "hf %s: TRL's SFTConfig (loss_type nll)" % label)
+            # (the length planned: --seq, else the model's default, as estimate reports it)
+            seq = int(args[args.index("--seq") + 1]) if "--seq" in args else \
+                json.loads(subprocess.run([MEMPLAN, "estimate", args[0], "--json"], capture_output=True,
+                                          text=True, check=True).stdout)["config"]["seq_len"]
+            check(type(a).__name__ == "SFTConfig" and a.loss_type == "nll" and a.max_length == seq,
+                  "hf %s: TRL's SFTConfig (loss_type nll, max_length %d: the length planned)"
+                  % (label, seq))
         if rec["finetune"] in ("lora", "qlora"):
             lc = ns["lora_config"]
             check(type(lc).__name__ == "LoraConfig", "hf %s: peft LoraConfig constructed" % label)

@@ -1778,6 +1778,10 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
     else if (images) /* (transformers 5.24 trainer.py _remove_unused_columns would drop "images" and
                       * "messages", which the collator reads) */
         fprintf(out, "    remove_unused_columns=False,\n");
+    else if (trl && !dpo && !orpo && !grpo) /* SFTConfig's max_length, default 1024: truncation (or, packed,
+                                             * the row) at the length planned */
+        fprintf(out, "    max_length=%llu,\n", (unsigned long long)(c->prog ? c->prog->opts.seq
+                                                   : c->build->seq ? c->build->seq : c->model->seq_len));
     fprintf(out, "    per_device_train_batch_size=%llu,\n", (unsigned long long)b->micro_batch);
     fprintf(out, "    gradient_accumulation_steps=%llu,\n", (unsigned long long)b->grad_accum);
     /* pure bf16: the model is loaded in bf16 and trained without autocast (bf16=False); bf16-amp:
