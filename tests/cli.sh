@@ -947,6 +947,20 @@ fi
 # --images on Mistral 3 (Pixtral) and --image-size; refusals one line each
 expect_line 3 "--images on mllama: not modelled yet" estimate bench/accuracy/multimodal/mllama-shrunk.json --images 1
 expect_line 2 "--image-size without --images" estimate bench/accuracy/multimodal/mistral3-shrunk.json --image-size 224x224
+# --train-blocks on mllama numbers the decoder layers as transformers does (language_model.layers.N,
+# the table's h.N): 0-4 trains h.0, h.1, h.2, h.4 (3 is a cross-attention layer, skipped without
+# images), 4 x 218,112,000 (q, o 4096^2, k, v 4096 x 1024, gate/up/down 4096 x 14336, two norms)
+run estimate models/hf/llama-3.2-11b-vision.json --finetune freeze --train-blocks 0-4 --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))
+assert r["model"]["trainable_params"] == 4 * 218112000, r["model"]["trainable_params"]' "$T/out"; then
+    ok "--train-blocks 0-4 on llama-3.2-11b-vision: h.0, h.1, h.2, h.4 train"
+else
+    bad "--train-blocks 0-4 on llama-3.2-11b-vision: h.0, h.1, h.2, h.4 train"
+fi
+expect_msg 2 "--train-blocks 3 on mllama: a cross-attention layer alone" "3 names only cross-attention layers" \
+    estimate models/hf/llama-3.2-11b-vision.json --finetune freeze --train-blocks 3
+expect_msg 2 "--train-blocks 40 on mllama: out of range" "numbered 0 to 39" \
+    estimate models/hf/llama-3.2-11b-vision.json --finetune freeze --train-blocks 40
 expect_line 2 "--image-size 224x: not HxW" estimate bench/accuracy/multimodal/mistral3-shrunk.json --images 1 --image-size 224x
 expect_line 2 "--image-size 100x224: not a multiple of 28" estimate bench/accuracy/multimodal/mistral3-shrunk.json --images 1 --image-size 100x224
 expect_line 2 "--image-size 252x224: above image_size 224" estimate bench/accuracy/multimodal/mistral3-shrunk.json --images 1 --image-size 252x224

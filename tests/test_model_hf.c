@@ -1788,6 +1788,9 @@ static void test_mllama(void **state)
     (void)state;
     expect_params("models/hf/llama-3.2-11b-vision.json", UINT64_C(10670220835));
     expect_params("bench/accuracy/multimodal/mllama-shrunk.json", UINT64_C(6321033));
+    /* the image bench's 11B-shaped config (2 + 1 tower layers, 3 text layers, one cross-attention):
+     * transformers 5.24 on the meta device */
+    expect_params("bench/accuracy/multimodal/mllama-11b-shaped.json", UINT64_C(1856470535));
     struct mp_model m;
     struct mp_program p;
     load_str_ok(&m, "{\"model_type\": \"mllama\", \"tie_word_embeddings\": true, \"text_config\": "
@@ -1801,10 +1804,32 @@ static void test_mllama(void **state)
      * skipped: counted before the next block for every_n_layers), the head */
     static const char *const names[] = {"embed", "h.0", "h.2", "h.3", "h.5", "head"};
     static const uint64_t gc_before[] = {0, 0, 1, 0, 1, 0};
+    /* --train-blocks numbers them as transformers does (layers.N): 0, 2, 3, 5, the cross-attention
+     * layers 1 and 4 keep their numbers (one skipped before h.2 and before h.5, none after h.5) */
+    static const uint64_t num_skip[] = {0, 0, 1, 0, 1, 0};
     assert_int_equal(m.n_blocks, 6);
     for (size_t i = 0; i < 6; i++) {
         assert_string_equal(m.blocks[i].name, names[i]);
         assert_int_equal(m.blocks[i].gc_before, gc_before[i]);
+        assert_int_equal(m.blocks[i].num_skip, num_skip[i]);
+    }
+    assert_int_equal(m.num_skip_end, 0);
+    /* --finetune freeze --train-blocks 0-1: layers 0 and 1 of transformers' numbering, 1 a skipped
+     * cross-attention layer: h.0 alone trains, 786,944 (was h.0 and h.2 when the blocks were
+     * numbered in a row); 4-5: h.5 alone, 786,944 again */
+    for (uint64_t lo = 0; lo <= 4; lo += 4) {
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.seq = 16;
+        o.ft.mode = MP_FT_FREEZE;
+        o.ft.n_ranges = 1;
+        o.ft.range_lo[0] = lo;
+        o.ft.range_hi[0] = lo + 1;
+        struct mp_diag d = {{0}};
+        if (mp_program_build(&m, &o, &p, &d) != MP_OK)
+            fail_msg("build: %s", d.msg);
+        assert_int_equal(p.trainable_params, UINT64_C(786944));
+        mp_program_release(&p);
     }
     assert_int_equal(m.blocks[0].layers[0].vocab, 1008u);
     build_ft(&m, 1, "", &p); /* full: the idle weights get no gradient */

@@ -470,6 +470,24 @@ def image_inputs(cfg, batch, seq, images, dtype, device="cpu"):
     return ids, tt, pv
 
 
+def mllama_image_inputs(cfg, batch, seq, images, dtype, device="cpu"):
+    """MllamaProcessor's batch for `images` images a sample (image_processing_mllama.py
+    pad_batches_and_tiles: every image padded to max_image_tiles tiles, whatever its size, so the
+    size changes values, never a shape): pixel_values (batch, images, tiles, C, image_size,
+    image_size) in the model's dtype, aspect_ratio_ids (batch, images) and aspect_ratio_mask
+    (batch, images, tiles) int64, and processing_mllama.py's cross_attention_mask (batch, seq,
+    images, tiles) int64; one <|image|> token a sample (its id, image_token_index)."""
+    import torch
+    vc = cfg.vision_config
+    t = vc.max_num_tiles
+    ids = torch.randint(0, cfg.text_config.vocab_size, (batch, seq), device=device)
+    pv = torch.randn(batch, images, t, vc.num_channels, vc.image_size, vc.image_size, dtype=dtype, device=device)
+    ar_ids = torch.ones(batch, images, dtype=torch.long, device=device)
+    ar_mask = torch.ones(batch, images, t, dtype=torch.long, device=device)
+    xmask = torch.ones(batch, seq, images, t, dtype=torch.long, device=device)
+    return ids, pv, ar_ids, ar_mask, xmask
+
+
 def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=False, dropout=0.0, live_at_peak=False,
                     packing="", attention="sdpa", device="cpu", images=0, freeze_vision=False, image_size=None):
     import gc
@@ -511,6 +529,9 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
     if freeze_vision:  # the frozen tower: requires_grad False on the vision tower and the projector
         tower = (list(model.get_base_model().model.visual.parameters()) if not full else
                  list(model.model.visual.parameters())) if qwen else \
+            list((model if full else model.get_base_model()).model.vision_model.parameters()) + list(
+                (model if full else model.get_base_model()).model.multi_modal_projector.parameters()) \
+            if d.get("model_type") == "mllama" else \
             list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
         for p in tower:
             p.requires_grad_(False)
@@ -551,6 +572,11 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
                 cfg, batch, seq, images, dtype, image_size, device)
             tr.add(sizes, "image_sizes")
             tr.add(kw["pixel_values"], "pixel_values")
+        elif images and cfg.model_type == "mllama":  # MllamaProcessor's inputs (mllama_image_inputs)
+            ids, kw["pixel_values"], kw["aspect_ratio_ids"], kw["aspect_ratio_mask"], kw["cross_attention_mask"] = \
+                mllama_image_inputs(cfg, batch, seq, images, dtype, device)
+            for k in ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask", "cross_attention_mask"):
+                tr.add(kw[k], k)
         elif images:  # image+text: the processor's inputs (image_inputs), stepped inside _ImageMerge
             ids, kw["token_type_ids"], kw["pixel_values"] = image_inputs(cfg, batch, seq, images, dtype, device)
             tr.add(kw["token_type_ids"], "token_type_ids")
@@ -1355,6 +1381,56 @@ def qwenvl_bench(out=None, only=(), memplan="./memplan"):
                                  torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
 
 
+# (config, batch, seq, rows of (precision, checkpoint, LoRA r, targets or "frozen-tower", full))
+MLLAMA_SETTINGS = [
+    ("bench/accuracy/multimodal/mllama-shrunk.json", 2, 256, [
+        ("bf16", "none", 0, None, True), ("bf16", "layers", 0, None, True), ("amp-bf16", "none", 0, None, True),
+        ("amp-bf16", "layers", 0, None, True), ("bf16", "none", 16, "all-linear", False),
+        ("bf16", "layers", 16, "all-linear", False), ("bf16", "none", 0, "frozen-tower", True),
+        ("bf16", "layers", 0, "frozen-tower", True)]),
+    ("bench/accuracy/multimodal/mllama-11b-shaped.json", 1, 1024, [
+        ("bf16", "none", 0, None, True), ("bf16", "layers", 0, None, True), ("amp-bf16", "layers", 0, None, True),
+        ("bf16", "layers", 16, "all-linear", False), ("bf16", "layers", 0, "frozen-tower", True)]),
+]
+
+
+def mllama_bench(out=None, only=()):
+    """Llama 3.2 Vision (mllama) steps with one image a sample, torch side only: MllamaProcessor's
+    batch (mllama_image_inputs) through MllamaForConditionalGeneration under FakeTensorMode, beside
+    the same step text-only (images 0: the cross-attention layers skipped).  memplan refuses
+    --images for mllama (not modelled yet): no rows, the figures are the targets.  Results:
+    mllama_images_results.md."""
+    import tempfile
+    import peft
+    import torch
+    import transformers
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import rowlib
+    tmpdir = tempfile.mkdtemp(prefix="peft_mllama_")
+    lines = ["| config | batch x seq | images | precision | ckpt | finetune | trainable | saved | peak | peak at |",
+             "|" + "---|" * 10]
+    for path, batch, seq, rows in MLLAMA_SETTINGS:
+        if only and not any(o in path for o in only):
+            continue
+        cfg, d = bench_config(path, tmpdir)
+        for prec, ckpt, r, tg, full in rows:
+            frozen = tg == "frozen-tower"
+            for n in (0, 1) if not frozen else (1,):
+                t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, images=n,
+                                    freeze_vision=frozen)
+                ft = "full, frozen tower" if frozen else "full" if full else "lora r%d %s" % (r, tg)
+                row = "| %s | %d x %d | %d | %s | %s | %s | %d | %s | %.2f MiB | %s |" % (
+                    os.path.basename(path), batch, seq, n, prec, ckpt, ft, t["trainable"],
+                    "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-", t["peak"] / 2**20,
+                    t["peak_at"])
+                print(row, flush=True)
+                lines.append(row)
+    if out:
+        rowlib.write_results(out, "# bench/accuracy/peft_step.py mllama: Llama 3.2 Vision with images, torch side, "
+                             "CPU FakeTensorMode, torch %s, transformers %s, peft %s\n\n%s\n" % (
+                                 torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
+
+
 def main(argv):
     if len(argv) >= 1 and argv[0] == "images":
         images_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
@@ -1365,6 +1441,10 @@ def main(argv):
         qwenvl_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
                      argv[argv.index("--only") + 1].split(",") if "--only" in argv else (),
                      argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan")
+        return 0
+    if len(argv) >= 1 and argv[0] == "mllama":
+        mllama_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
+                     argv[argv.index("--only") + 1].split(",") if "--only" in argv else ())
         return 0
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None

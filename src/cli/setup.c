@@ -138,29 +138,49 @@ void cli_add_default(struct setup *s, const char *fmt, const char *v)
 }
 
 /* --train-blocks against the model, as layers.c reads it: numbers name the repeated (decoder)
- * blocks, 0 to n-1, or without repeated blocks every block by its index; embed and head the
- * blocks before and after the repeated ones.  0, or the exit status (message printed). */
+ * blocks, 0 to n-1, as transformers numbers its layers (Mllama's cross-attention layers, which
+ * have no block without images, keep their numbers: mp_block.num_skip), or without repeated blocks
+ * every block by its index; embed and head the blocks before and after the repeated ones.  A
+ * range that names only such skipped layers is refused (it would train nothing).  0, or the exit
+ * status (message printed). */
 static int check_train_blocks(const struct args *a, const struct mp_model *m)
 {
     if (a->ft.mode != MP_FT_FREEZE)
         return 0;
     size_t n_rep = 0, first = 0, last = 0;
+    uint64_t n = 0; /* the numbers the repeated blocks take, skipped layers included */
     for (size_t i = 0; i < m->n_blocks; i++)
-        if (m->blocks[i].repeat_group > 0) {
+        if (m->blocks[i].repeat_group > 0 && !mp_block_vision(&m->blocks[i])) {
             first = n_rep++ ? first : i;
             last = i;
+            n += m->blocks[i].num_skip + 1;
         }
-    size_t n = n_rep ? n_rep : m->n_blocks;
-    const char *kind = n_rep ? "repeated (decoder) blocks" : "blocks and no repeated ones";
+    n = n_rep ? n + m->num_skip_end : m->n_blocks;
+    bool skips = n != n_rep && n_rep;
+    const char *kind = !n_rep ? "blocks and no repeated ones"
+                       : skips ? "decoder layers, cross-attention ones included"
+                               : "repeated (decoder) blocks";
     for (size_t i = 0; i < a->ft.n_ranges; i++) {
-        if (a->ft.range_hi[i] < n)
-            continue;
+        uint64_t lo = a->ft.range_lo[i], hi = a->ft.range_hi[i];
         char r[48];
-        snprintf(r, sizeof r, a->ft.range_lo[i] == a->ft.range_hi[i] ? "%llu" : "%llu-%llu",
-                 (unsigned long long)a->ft.range_lo[i], (unsigned long long)a->ft.range_hi[i]);
-        fprintf(stderr, "memplan: error: --train-blocks: %s is out of range: %s has %zu %s (numbered 0 to %zu)\n",
-                r, a->model, n, kind, n - 1);
-        return MP_EXIT_USAGE;
+        snprintf(r, sizeof r, lo == hi ? "%llu" : "%llu-%llu", (unsigned long long)lo, (unsigned long long)hi);
+        if (hi >= n) {
+            fprintf(stderr, "memplan: error: --train-blocks: %s is out of range: %s has %llu %s (numbered 0 to "
+                    "%llu)\n", r, a->model, (unsigned long long)n, kind, (unsigned long long)(n - 1));
+            return MP_EXIT_USAGE;
+        }
+        bool hit = !skips;
+        for (size_t j = 0, k = 0; j < m->n_blocks && !hit; j++)
+            if (m->blocks[j].repeat_group > 0 && !mp_block_vision(&m->blocks[j])) {
+                k += m->blocks[j].num_skip;
+                hit = k >= lo && k <= hi;
+                k++;
+            }
+        if (!hit) {
+            fprintf(stderr, "memplan: error: --train-blocks: %s names only cross-attention layers of %s, which a "
+                    "step without images skips (they would train nothing)\n", r, a->model);
+            return MP_EXIT_USAGE;
+        }
     }
     bool no_embed = a->ft.train_embed && (!n_rep || first == 0),
          no_head = a->ft.train_head && (!n_rep || last + 1 == m->n_blocks);

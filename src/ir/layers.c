@@ -706,6 +706,8 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         /* freeze: numbers name decoder blocks (the repeated ones, as HF's layers.N); without
          * repeated blocks, every block by its index */
         bool vis = mp_block_vision(blk);
+        if (!vis && n_rep && blk->repeat_group > 0) /* numbered as transformers' layers (mp_block.num_skip) */
+            rep_seen += (long)blk->num_skip;
         long rep = vis ? -1 : n_rep == 0 ? (long)i : blk->repeat_group > 0 ? rep_seen++ : -1;
         /* the block this one repeats: per blocks before (its period; else the one before) */
         size_t per = blk->period && blk->period <= MP_PERIOD_MAX ? blk->period : 1;

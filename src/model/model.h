@@ -331,6 +331,10 @@ struct mp_block {
      * that have no block of their own (a multimodal checkpoint's vision-tower layers, Mllama's
      * skipped cross-attention layers): every_n_layers counts them (--checkpoint layers:N) */
     uint64_t gc_before;
+    /* a repeated block: layers of the model's own numbering just before it that have no block
+     * (Mllama's cross-attention layers, skipped without images): --train-blocks numbers the
+     * repeated blocks as transformers numbers its layers (h.N = language_model.layers.N) */
+    uint64_t num_skip;
 };
 
 enum mp_input_kind { MP_INPUT_TOKENS, MP_INPUT_IMAGE, MP_INPUT_BYTES };
@@ -422,6 +426,7 @@ struct mp_model {
     bool dec_from_input;     /* the decoder reads the input ids shifted (T5ForQuestionAnswering): its
                                 length is the encoder's (--target-seq does not apply) */
     uint64_t channels, height, width; /* image input */
+    uint64_t num_skip_end;   /* layers of that numbering after the last repeated block (mp_block.num_skip) */
     uint64_t bytes_per_sample;         /* opaque input */
     uint64_t labels_vocab;   /* for classification of images: classes (informational) */
     struct mp_idle idle;     /* a multimodal checkpoint's vision modules, unused by a text-only step */

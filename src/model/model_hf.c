@@ -1899,9 +1899,11 @@ static enum mp_status add_embed(struct mp_model *m, const struct hf *c, struct m
 static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct mp_diag *d)
 {
     uint64_t skipped = m->idle.gc_layers; /* the vision tower's layers come first in module order */
+    uint64_t unnumbered = 0;              /* of the language model's layers, since the last block */
     for (uint64_t i = 0; i < c->layers; i++) {
         if (c->cross && c->cross[i]) { /* Mllama's cross-attention layer: skipped without image states */
             skipped++;                 /* (mllama_text_hook), a GradientCheckpointingLayer all the same */
+            unnumbered++;
             continue;
         }
         char name[32];
@@ -1911,7 +1913,8 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
             return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
         b->repeat_group = 1;
         b->gc_before = skipped;
-        skipped = 0;
+        b->num_skip = unnumbered; /* --train-blocks N names layers.N, as the block's name does */
+        skipped = unnumbered = 0;
         struct mp_layer *l = b->layers;
         l->type = MP_LT_TRANSFORMER_BLOCK;
         l->dim = c->hidden;
@@ -1981,6 +1984,7 @@ static enum mp_status add_blocks(struct mp_model *m, const struct hf *c, struct 
             l->attn.impl_set = true;
         }
     }
+    m->num_skip_end = unnumbered;
     return MP_OK;
 }
 

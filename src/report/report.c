@@ -888,9 +888,9 @@ static void header(FILE *out, const struct mp_report_ctx *c)
         fprintf(out, "class     %s%s%s\n", shown(c->model->hf_class), lb, how);
     }
     if (c->model->idle.params) /* a multimodal checkpoint (model.h struct mp_idle) */
-        fprintf(out, "text-only %s params (%s) resident, unused: no .grad,\n"
-                     "          no optimizer state, no activations (steps with --images: gemma3,\n"
-                     "          mistral3, qwen2_vl, qwen2_5_vl)\n",
+        fprintf(out, "text-only %s params (%s)\n"
+                     "          resident, unused: no .grad, no optimizer state, no activations\n"
+                     "          (steps with --images: gemma3, mistral3, qwen2_vl, qwen2_5_vl)\n",
                 count(c->model->idle.params), c->model->idle.what);
     if (c->model->images) { /* --images: the vision tower runs (model_hf_vision.c mp_hf_add_images) */
         const struct mp_vision *v = &c->model->vision;
