@@ -1273,6 +1273,27 @@ IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets,
       ("bf16", "none", 0, None, True, (1,), "eager"))),
     ("bench/accuracy/multimodal/mistral3-24b-shaped.json@784x1540", 1, 2048,
      (("amp-bf16", "layers", 16, "all-linear", False, (1,)),)),
+    # Llama 4: the shrunk config (112 x 112 tiles, 16 tokens a tile; one tile by default, 224 x 336:
+    # a 2 x 3 canvas and the global tile, 7 tiles), Scout's vision model at its widths (34 layers) with
+    # a 1344 x 1344 image (4 x 4 tiles + 1: 17 x 577 positions through the tower) before the shrunk
+    # text model, and Scout's widths (2 text layers, the whole vision model) with a 672 x 672 image
+    ("bench/accuracy/multimodal/llama4-shrunk-images.json", 2, 256,
+     (("bf16", "none", 0, None, True, (1, 2)), ("amp-bf16", "none", 0, None, True, (1,)),
+      ("bf16", "layers", 0, None, True, (1,)), ("amp-bf16", "layers", 0, None, True, (1,)),
+      ("fp32", "none", 0, None, True, (1,)), ("bf16", "none", 0, "frozen-tower", True, (1,)),
+      ("amp-bf16", "layers", 0, "frozen-tower", True, (1,)),
+      ("bf16", "none", 16, "q_proj,v_proj", False, (1,)), ("bf16", "layers", 16, "q_proj,v_proj", False, (1,)),
+      ("amp-bf16", "layers", 16, "q_proj,v_proj", False, (1,)),
+      ("bf16", "layers", 16, "q_proj,v_proj,fc1,fc2,linear,linear_1", False, (1,)))),
+    ("bench/accuracy/multimodal/llama4-shrunk-images.json@224x336", 2, 256,
+     (("bf16", "none", 0, None, True, (1, 2)), ("amp-bf16", "layers", 0, None, True, (1,)),
+      ("bf16", "layers", 16, "q_proj,v_proj", False, (1,)))),
+    ("bench/accuracy/multimodal/llama4-vision-real.json@1344x1344", 1, 2560,
+     (("bf16", "none", 0, None, True, (1,)), ("amp-bf16", "layers", 0, None, True, (1,)),
+      ("bf16", "layers", 16, "q_proj,v_proj", False, (1,)), ("amp-bf16", "none", 16, "q_proj,v_proj", False, (1,)))),
+    ("bench/accuracy/multimodal/llama4-scout-shaped.json@672x672", 1, 1024,
+     (("bf16", "layers", 16, "q_proj,v_proj", False, (1,)), ("bf16", "none", 16, "q_proj,v_proj", False, (1,)),
+      ("amp-bf16", "layers", 16, "q_proj,v_proj", False, (1,)))),
 )
 
 
@@ -1355,7 +1376,8 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
     if out:
         rowlib.write_results(out, "# bench/accuracy/peft_step.py images: %s with images, CPU FakeTensorMode, "
                              "torch %s, transformers %s, peft %s\n\n%s\n" % (
-                                 "Mistral 3" if only and all("mistral3" in o for o in only) else "Gemma 3",
+                                 "Mistral 3" if only and all("mistral3" in o for o in only) else
+                                 "Llama 4" if only and all("llama4" in o for o in only) else "Gemma 3",
                                  torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
 
 

@@ -80,7 +80,7 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
                                    mul(B, mul(B, mul(B, cplx ? 1 : 2, kinds), rows), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
         if (l->vision && B->m->vision.kind == MP_VIS_LLAMA4) {
-            /* Llama 4's vision rotary (modeling_llama4.py Llama4VisionRotaryEmbedding :962-985): a
+            /* Llama 4's vision rotary (modeling_llama4.py Llama4VisionRotaryEmbedding :973-1000): a
              * registered buffer freqs_ci, complex64 (patches + 1, 1, head_dim / 2), resident like
              * the model's buffers; every layer's products read (and MulBackward0 saves) it */
             unsave(n, B->rope_cos_sin);

@@ -288,8 +288,8 @@ struct val lower_merger_linear(struct bld *B, struct val x, const struct mp_laye
     return y;
 }
 
-/* Llama 4's patch embedding (llama4/modeling_llama4.py Llama4UnfoldConvolution :943-958,
- * Llama4VisionModel.forward :1082-1103): pixel_values (tiles, C, T, T) through nn.Unfold (im2col:
+/* Llama 4's patch embedding (llama4/modeling_llama4.py Llama4UnfoldConvolution :952-970,
+ * Llama4VisionModel.forward :1082-1101): pixel_values (tiles, C, T, T) through nn.Unfold (im2col:
  * a new (tiles, C p p, patches) tensor; nothing saved), .permute(0, 2, 1) (a view), the bias-free
  * Linear: its matmul folds the permuted view to (tiles x patches, C p p), which copies it (under
  * autocast after the half cast of the permuted view), and mm saves that copy when the weight
@@ -346,7 +346,7 @@ struct val lower_llama4_patches(struct bld *B, struct val x, const struct mp_lay
     return lower_add_table(B, e, &pos, "positional_embedding_vlm", s, false, &n);
 }
 
-/* Llama 4's pixel_shuffle (modeling_llama4.py:698-716) after layernorm_post and the class token's
+/* Llama 4's pixel_shuffle (modeling_llama4.py:698-716, :1117-1122) after layernorm_post and the class token's
  * slice ([:, :-1]: a view): the states viewed (tiles, side, side / k, dim k), permute(0, 2, 1, 3)
  * .contiguous() (a copy), viewed (tiles, side / k, side / k, dim k^2), permute(...).contiguous()
  * (a second copy; the first dies), viewed (tiles, tokens, dim k^2).  Nothing is saved; backward,

@@ -837,7 +837,7 @@ static enum mp_status qwen2_images(struct mp_model *m, const struct mp_model_req
 }
 
 /* Llama4ImageProcessor's canvas for an image of h x w pixels (transformers 5.24
- * image_processing_llama4.py find_supported_resolutions :87-131 and get_best_fit :165-246, the
+ * image_processing_llama4.py find_supported_resolutions :88-141 and get_best_fit :180-276, the
  * class defaults max_patches 16, resize_to_max_canvas false): every (rows, columns) of at most
  * max_patches tiles of tile x tile pixels, listed in that function's order; the smallest scale of
  * at least 1 that fits the image (else the largest below 1), the limiting side's
@@ -889,8 +889,8 @@ static void llama4_canvas(uint64_t h, uint64_t w, uint64_t tile, uint64_t *rows,
         }
 }
 
-/* Llama 4 (llama4/modeling_llama4.py Llama4ForConditionalGeneration.forward :1245-1281,
- * Llama4VisionModel.forward :1082-1134, processing_llama4.py _prompt_split_image :92-116;
+/* Llama 4 (llama4/modeling_llama4.py Llama4ForConditionalGeneration.forward :1274-1285,
+ * Llama4VisionModel.forward :1040-1138, processing_llama4.py _prompt_split_image :89-116;
  * docs/memory-facts.md#llama4-images): the image resized onto its canvas of tiles (llama4_canvas),
  * each tile of image_size x image_size pixels, a global tile of the whole image after them when
  * there is more than one; every tile through the patch embedding (unfold, a bias-free Linear), the
