@@ -101,8 +101,10 @@ void apply_requires_grad(struct mp_program *p)
             break;
         }
         case MP_P_GROUPED_MM:
-            if (!wt)
+            if (!wt) {
                 unsave(n, n->in[0]); /* x is kept for the experts' weight gradient only */
+                n->wcopy = -1;       /* autocast caches copies of leaves that require grad only */
+            }
             break;
         case MP_P_MUL:
             if (!ing[1])
