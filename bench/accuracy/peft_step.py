@@ -1291,6 +1291,8 @@ IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets,
     ("bench/accuracy/multimodal/llama4-vision-real.json@1344x1344", 1, 2560,
      (("bf16", "none", 0, None, True, (1,)), ("amp-bf16", "layers", 0, None, True, (1,)),
       ("bf16", "layers", 16, "q_proj,v_proj", False, (1,)), ("amp-bf16", "none", 16, "q_proj,v_proj", False, (1,)))),
+    ("bench/accuracy/multimodal/llama4-scout-shaped.json", 1, 1024,  # the text-only twin of the amp row below
+     (("amp-bf16", "layers", 16, "q_proj,v_proj", False, (0,)),)),
     ("bench/accuracy/multimodal/llama4-scout-shaped.json@672x672", 1, 1024,
      (("bf16", "layers", 16, "q_proj,v_proj", False, (1,)), ("bf16", "none", 16, "q_proj,v_proj", False, (1,)),
       ("amp-bf16", "layers", 16, "q_proj,v_proj", False, (1,)))),

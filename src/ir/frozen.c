@@ -104,6 +104,10 @@ void apply_requires_grad(struct mp_program *p)
             if (!wt) {
                 unsave(n, n->in[0]); /* x is kept for the experts' weight gradient only */
                 n->wcopy = -1;       /* autocast caches copies of leaves that require grad only */
+                if (n->n_bwd_tmp == 1 && n->bwd_tmp[0].role == MP_TR_WGRAD_HALF) {
+                    n->bwd_tmp_bytes = 0; /* no half weight gradient to copy into .grad */
+                    n->n_bwd_tmp = 0;
+                }
             }
             break;
         case MP_P_MUL:
