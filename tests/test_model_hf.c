@@ -2147,6 +2147,56 @@ static void test_mistral3_images(void **state)
     remove(fn);
 }
 
+/* Llama 4's experts under amp-bf16 (fp32 weights): full fine-tuning casts each expert stack to a
+ * bf16 copy that autocast caches (a leaf that requires grad) and gives the bmm's backward a bf16
+ * weight gradient before the fp32 .grad; frozen under LoRA (q_proj,v_proj), the stack requires no
+ * grad: autocast caches no copy (autocast_mode.cpp cached_cast: requires_grad leaves only) and the
+ * backward makes no weight gradient.  Measured: Scout's widths, amp-bf16 LoRA with checkpointing,
+ * read +16 % before (bench/accuracy/images_llama4_results.md). */
+static void test_llama4_frozen_experts(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    load_ok(&m, "bench/accuracy/moe/llama4-text-shrunk.json");
+    for (int lora = 0; lora < 2; lora++) {
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.batch = 2;
+        o.seq = 64;
+        o.precision = MP_PREC_AMP_BF16;
+        if (lora) {
+            o.ft.mode = MP_FT_LORA;
+            o.ft.r = 8;
+            assert_int_equal(mp_finetune_parse_targets(&o.ft, "q_proj,v_proj", &d), MP_OK);
+        }
+        if (mp_program_build(&m, &o, &p, &d) != MP_OK)
+            fail_msg("%s", d.msg);
+        size_t bmm = 0;
+        for (size_t i = 0; i < p.n_nodes; i++) {
+            const struct mp_node *n = &p.nodes[i];
+            if (n->prim != MP_P_GROUPED_MM)
+                continue;
+            bmm++;
+            /* gate_up (4 x 256 x 1024) or down (4 x 512 x 256) */
+            uint64_t e = p.params[n->param[0]].elems;
+            assert_true(e == 4 * 256 * 1024 || e == 4 * 512 * 256);
+            if (lora) {
+                assert_int_equal(n->wcopy, -1);
+                assert_int_equal(n->bwd_tmp_bytes, 0);
+            } else {
+                assert_true(n->wcopy >= 0);
+                assert_int_equal(p.tensors[n->wcopy].bytes, e * 2);
+                assert_int_equal(n->bwd_tmp_bytes, e * 2);
+            }
+        }
+        assert_int_equal(bmm, 4); /* 2 MoE layers, 2 bmm each */
+        mp_program_release(&p);
+    }
+    mp_model_release(&m);
+}
+
 /* llama4-shrunk-images (vision: hidden 64, 2 heads of 32, MLP 256, 2 layers, image_size 112, patch
  * 14, pixel_shuffle_ratio 0.5, the adapter and projector 96 wide; the text model of
  * llama4-text-shrunk: hidden 256, 4 layers) with one image per sample at batch 2.  Shapes worked by
@@ -3253,6 +3303,7 @@ int main(void)
         cmocka_unit_test(test_multimodal_images),
         cmocka_unit_test(test_mistral3_images),
         cmocka_unit_test(test_llama4_images),
+        cmocka_unit_test(test_llama4_frozen_experts),
         cmocka_unit_test(test_qwen2_vl_images),
         cmocka_unit_test(test_qwen2_5_vl_images),
         cmocka_unit_test(test_moe_layers_and_mla),
