@@ -913,7 +913,7 @@ static void header(FILE *out, const struct mp_report_ctx *c)
         else
             snprintf(src, sizeof src, "%s%svision_config.image_size", asked, v->asked_h ? ", " : "");
         if (v->kind == MP_VIS_LLAMA4) /* Llama4ImageProcessor's canvas of tiles (model_hf_vision.c) */
-            fprintf(out, "images    %llu per sample (%s): a canvas of %llu x %llu tiles of %llu px%s\n"
+            fprintf(out, "images    %llu per sample (%s): %llu x %llu tiles of %llu px%s\n"
                          "          %llu tiles x %llu patches each through the vision model (%llu layers)\n"
                          "          %llu tokens each in --seq (patch tokens, tile separators)\n",
                     (unsigned long long)c->model->images, src, (unsigned long long)v->tile_rows,
