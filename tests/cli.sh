@@ -955,8 +955,8 @@ else
     bad "--images 1 on mistral-small-3.1-24b: params, input bytes and config.images in --json"
 fi
 # --images on Llama 4: refusals one line each, and Scout's hand figure
-expect_line 3 "llama4 --images with eager attention: refused" estimate \
-    bench/accuracy/multimodal/llama4-shrunk-images.json --images 1 --attention eager
+expect_line 3 "llama4 --images with flash attention: refused (transformers has none for Llama 4)" estimate \
+    bench/accuracy/multimodal/llama4-shrunk-images.json --images 1 --attention flash
 expect_line 2 "llama4 --images 2 x 121 tokens (224x336: 7 tiles) exceed --seq 200" estimate \
     bench/accuracy/multimodal/llama4-shrunk-images.json --images 2 --image-size 224x336 --seq 200
 # Llama-4-Scout, one 672 x 448 image at batch 1, amp-bf16 (fp32 weights): Llama4ImageProcessor's

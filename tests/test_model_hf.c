@@ -2272,10 +2272,15 @@ static void test_llama4_images(void **state)
     assert_int_equal(build_images(&m, 18, "", false, &p, &d), MP_ERR_USAGE);
     assert_string_equal(d.msg, "bench/accuracy/multimodal/llama4-shrunk-images.json: --images 1: 19 image tokens "
                                "each (its tiles' patch tokens and separators) exceed --seq 18, which includes them");
-    assert_int_equal(build_attention(&m, MP_ATTN_EAGER, &p, &d), MP_ERR_MODEL);
-    assert_string_equal(d.msg, "bench/accuracy/multimodal/llama4-shrunk-images.json: --images: Llama 4's vision "
-                               "model is modelled under SDPA only (its eager attention scales the scores by a "
-                               "separate multiply; transformers has no flash attention for Llama 4)");
+    assert_int_equal(build_attention(&m, MP_ATTN_FLASH, &p, &d), MP_ERR_MODEL);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/llama4-shrunk-images.json: --images: --attention flash: "
+                               "transformers has no flash attention for Llama 4 (_supports_flash_attn is false); "
+                               "sdpa or eager");
+    /* eager: the tower's (b, heads, 65, 65) scores and bf16 probabilities (a plain softmax) */
+    if (build_attention(&m, MP_ATTN_EAGER, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(tensor_elems(&p, "vision.layers.0.attn.sdpa.probs"), 2 * 2 * 65 * 65);
+    mp_program_release(&p);
     mp_model_release(&m);
 
     /* --image-size 224x336: a 2 x 3 canvas and the global tile */

@@ -649,10 +649,9 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         if (o->packing || o->padding_free || o->trainer != MP_TRAINER_SFT)
             return mp_fail(d, MP_ERR_USAGE, "%s: --images with %s is not modelled yet", m->path,
                            o->trainer != MP_TRAINER_SFT ? "a --trainer other than sft" : "packed rows");
-        if (m->vision.kind == MP_VIS_LLAMA4 && o->attention != MP_ATTN_SDPA) /* (docs/memory-facts.md#llama4-images) */
-            return mp_fail(d, MP_ERR_MODEL, "%s: --images: Llama 4's vision model is modelled under SDPA only "
-                           "(its eager attention scales the scores by a separate multiply; transformers has no "
-                           "flash attention for Llama 4)", m->path);
+        if (m->vision.kind == MP_VIS_LLAMA4 && o->attention == MP_ATTN_FLASH) /* (docs/memory-facts.md#llama4-images) */
+            return mp_fail(d, MP_ERR_MODEL, "%s: --images: --attention flash: transformers has no flash attention "
+                           "for Llama 4 (_supports_flash_attn is false); sdpa or eager", m->path);
     }
     const char *no_amp = o->precision == MP_PREC_BF16_AMP ? mp_bf16_amp_unmodelled(m) : NULL;
     if (no_amp)
