@@ -869,7 +869,7 @@ expect_line 2 "llama4 --lora-targets router: refused" estimate bench/accuracy/mu
     --finetune lora --lora-targets router
 expect_line 2 "llama4_text --ep 2: refused" estimate bench/accuracy/moe/llama4-text-shrunk.json --gpus 8 \
     --parallel fsdp --ep 2
-expect_line 3 "llama4 --images 1: refused (steps with images not modelled for llama4)" estimate \
+expect_line 3 "llama4 --images 1: refused (the text-only shrunk config's vision widths disagree)" estimate \
     bench/accuracy/multimodal/llama4-shrunk.json --images 1
 expect_line 2 "llama4 --finetune qlora: refused (the quantizer's per-expert loop is not modelled)" estimate \
     bench/accuracy/multimodal/llama4-shrunk.json --finetune qlora --lora-targets q_proj,v_proj
@@ -980,6 +980,29 @@ assert r["config"]["images"] == {"per_sample": 1, "tokens_each": 3080, "image_si
     ok "--images 1 on mistral-small-3.1-24b: params, input bytes and config.images in --json"
 else
     bad "--images 1 on mistral-small-3.1-24b: params, input bytes and config.images in --json"
+fi
+# --images on Llama 4: refusals one line each, and Scout's hand figure
+expect_line 3 "llama4 --images with flash attention: refused (transformers has none for Llama 4)" estimate \
+    bench/accuracy/multimodal/llama4-shrunk-images.json --images 1 --attention flash
+expect_line 2 "llama4 --images 2 x 121 tokens (224x336: 7 tiles) exceed --seq 200" estimate \
+    bench/accuracy/multimodal/llama4-shrunk-images.json --images 2 --image-size 224x336 --seq 200
+# Llama-4-Scout, one 672 x 448 image at batch 1, amp-bf16 (fp32 weights): Llama4ImageProcessor's
+# canvas for it is 2 x 2 tiles of 336 (scale min(672/672, 672/448) = 1, the least upscaling and
+# then the least area), plus the global tile: 5 tiles; pixel_values 5 x 3 x 336 x 336 fp32 =
+# 6,773,760 bytes, input_ids and labels 1,024 x 8 each: 6,790,144 input bytes; 24 x 24 = 576 patches
+# a tile (2,880), 144 patch tokens a tile after the 2 x 2 pixel shuffle: 3 + 5 x 144 + 4 separators
+# = 727 tokens; the parameters as transformers counts the class (108,641,793,536), all trained
+run estimate models/hf/llama-4-scout-17b-16e.json --images 1 --image-size 672x448 --seq 1024 --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))
+assert r["model"]["params"] == 108641793536 and r["model"]["trainable_params"] == 108641793536, r["model"]
+assert "unused_params" not in r["model"], r["model"]
+assert r["memory"]["input_bytes"] == 6773760 + 2 * 8192, r["memory"]["input_bytes"]
+assert r["config"]["images"] == {"per_sample": 1, "tokens_each": 727, "image_size": 336, "asked_height": 672,
+                                 "asked_width": 448, "height": 672, "width": 672, "tiles": 5, "patches": 2880,
+                                 "vision_layers": 34}, r["config"]["images"]' "$T/out"; then
+    ok "--images 1 --image-size 672x448 on llama-4-scout: params, input bytes and config.images in --json"
+else
+    bad "--images 1 --image-size 672x448 on llama-4-scout: params, input bytes and config.images in --json"
 fi
 # --torch: SDPA's math kernel for fp32 grouped-query attention before torch 2.15
 # (docs/memory-facts.md#sdpa-math).  Qwen2-0.5B: 14 q heads, 2 k/v heads, head dim 64; batch 1,

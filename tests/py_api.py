@@ -248,6 +248,8 @@ CASES = [
     ("images", "estimate", "models/hf/gemma-3-4b-it.json", dict(images=2, seq=1024, checkpoint="layers")),
     ("image size", "estimate", "models/hf/mistral-small-3.1-24b.json", dict(images=2, image_size="784x1540",
                                                                            seq=4096, checkpoint="layers")),
+    ("images llama4", "estimate", "models/hf/llama-4-scout-17b-16e.json",
+     dict(images=1, image_size="672x448", seq=1024, finetune="lora", checkpoint="layers")),
     ("images qwen2-vl", "estimate", "models/hf/qwen2-vl-7b-instruct.json",
      dict(images=1, image_size="450x300", seq=1024, checkpoint="layers")),
     ("zero3 offload nvme", "estimate", L8B, dict(gpus=8, parallel="zero3", offload="params", offload_device="nvme",
@@ -330,6 +332,14 @@ if r:  # 450 x 300 px: smart_resize rounds each side to a multiple of 28 (448 x 
           and im.vision_layers == 32 and im.image_size is None
           and im.asked_height == 450 and im.asked_width == 300,
           "images qwen2-vl: 450x300 resized to 448x308, 704 patches, 176 tokens, 32 vision blocks")
+r = reps.get("images llama4")
+if r:  # 672 x 448 px: Llama4ImageProcessor's canvas 2 x 2 tiles of 336 (scale 1, the least area) + the
+    # global tile = 5 tiles of 24 x 24 = 576 patches; 3 + 5 x 144 + 4 separators = 727 tokens; 34 layers
+    im = r.config.images
+    check(im.per_sample == 1 and im.tiles == 5 and im.patches == 2880 and im.tokens_each == 727
+          and im.height == 672 and im.width == 672 and im.image_size == 336 and im.vision_layers == 34
+          and im.asked_height == 672 and im.asked_width == 448,
+          "images llama4: 672x448 on a 2 x 2 canvas + the global tile, 2,880 patches, 727 tokens")
 r = reps.get("sdpa math")
 if r:  # llama-3.2-1b has 32 q heads and 8 k/v heads: fp32 GQA, torch 2.11's math kernel
     check(r.config.torch == "2.11" and r.config.sdpa_kernel == "math",

@@ -2172,6 +2172,177 @@ static void test_mistral3_images(void **state)
     remove(fn);
 }
 
+/* Llama 4's experts under amp-bf16 (fp32 weights): full fine-tuning casts each expert stack to a
+ * bf16 copy that autocast caches (a leaf that requires grad) and gives the bmm's backward a bf16
+ * weight gradient before the fp32 .grad; frozen under LoRA (q_proj,v_proj), the stack requires no
+ * grad: autocast caches no copy (autocast_mode.cpp cached_cast: requires_grad leaves only) and the
+ * backward makes no weight gradient.  Measured: Scout's widths, amp-bf16 LoRA with checkpointing,
+ * read +16 % before (bench/accuracy/images_llama4_results.md). */
+static void test_llama4_frozen_experts(void **state)
+{
+    (void)state;
+    struct mp_model m;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    load_ok(&m, "bench/accuracy/moe/llama4-text-shrunk.json");
+    for (int lora = 0; lora < 2; lora++) {
+        struct mp_build_opts o;
+        mp_build_opts_default(&o);
+        o.batch = 2;
+        o.seq = 64;
+        o.precision = MP_PREC_AMP_BF16;
+        if (lora) {
+            o.ft.mode = MP_FT_LORA;
+            o.ft.r = 8;
+            assert_int_equal(mp_finetune_parse_targets(&o.ft, "q_proj,v_proj", &d), MP_OK);
+        }
+        if (mp_program_build(&m, &o, &p, &d) != MP_OK)
+            fail_msg("%s", d.msg);
+        size_t bmm = 0;
+        for (size_t i = 0; i < p.n_nodes; i++) {
+            const struct mp_node *n = &p.nodes[i];
+            if (n->prim != MP_P_GROUPED_MM)
+                continue;
+            bmm++;
+            /* gate_up (4 x 256 x 1024) or down (4 x 512 x 256) */
+            uint64_t e = p.params[n->param[0]].elems;
+            assert_true(e == 4 * 256 * 1024 || e == 4 * 512 * 256);
+            if (lora) {
+                assert_int_equal(n->wcopy, -1);
+                assert_int_equal(n->bwd_tmp_bytes, 0);
+            } else {
+                assert_true(n->wcopy >= 0);
+                assert_int_equal(p.tensors[n->wcopy].bytes, e * 2);
+                assert_int_equal(n->bwd_tmp_bytes, e * 2);
+            }
+        }
+        assert_int_equal(bmm, 4); /* 2 MoE layers, 2 bmm each */
+        mp_program_release(&p);
+    }
+    mp_model_release(&m);
+}
+
+/* llama4-shrunk-images (vision: hidden 64, 2 heads of 32, MLP 256, 2 layers, image_size 112, patch
+ * 14, pixel_shuffle_ratio 0.5, the adapter and projector 96 wide; the text model of
+ * llama4-text-shrunk: hidden 256, 4 layers) with one image per sample at batch 2.  Shapes worked by
+ * hand from Llama4VisionModel.forward and Llama4ForConditionalGeneration.forward (transformers 5.24):
+ * a 112 x 112 tile is 8 x 8 = 64 patches + the class token = 65 positions; unfold (588, 64) a tile;
+ * the rotary buffer freqs_ci (65, 1, 16) complex64 = 65 x 32 fp32; pixel shuffle by 2: 4 x 4 = 16
+ * tokens of 256 a tile; the processor writes 3 + 16 = 19 tokens for a one-tile image.  Parameters:
+ * vision 588 x 64 + 64 + 65 x 64 + 4 x 64 + 2 x (4 x (64^2 + 64) + 64 x 256 + 256 + 256 x 64 + 64
+ * + 4 x 64) + 256 x 96 + 96 x 96 + 96 x 256 = 200,448; text 6,807,808: 7,008,256 (= transformers,
+ * bench rows).  LoRA r 16 on peft's default q_proj,v_proj (which also wraps the tower's): text 4 x
+ * (16 x (256 + 256) + 16 x (256 + 128)) = 57,344, vision 2 x 2 x 16 x (64 + 64) = 8,192: 65,536 (=
+ * peft 0.21).  A 224 x 336 image: Llama4ImageProcessor's canvas 2 x 3 tiles (scale 1, the least
+ * area), the global tile: 7 tiles, 3 + 7 x 16 + 6 = 121 tokens (= transformers' get_best_fit and
+ * _prompt_split_image, bench/accuracy/peft_step.py llama4_layout). */
+static void test_llama4_images(void **state)
+{
+    (void)state;
+    struct mp_model m, t;
+    struct mp_program p;
+    struct mp_diag d = {{0}};
+    const char *path = "bench/accuracy/multimodal/llama4-shrunk-images.json";
+    load_ok(&t, path);
+    if (load_sized(&m, path, 1, 0, 0, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    /* the text lookup, the patch embedding and layernorm_pre; 2 layers; the adapter; the text model */
+    assert_int_equal(m.n_blocks, t.n_blocks + 4);
+    assert_int_equal(m.idle.params, 0);
+    assert_int_equal(m.vision.tiles, 1);
+    assert_int_equal(m.vision.tokens, 19);
+    assert_true(block_layer(&m, 0, 0)->emb.image_lookup);
+    assert_int_equal(block_layer(&m, 0, 2)->type, MP_LT_LAYERNORM); /* layernorm_pre */
+    const struct mp_layer *vl = block_layer(&m, 1, 0);
+    assert_true(vl->rope.on && vl->mla.rope_complex && !vl->attn.causal && !vl->mlp.gated);
+    assert_true(vl->attn.qkv_bias && vl->attn.out_bias && vl->mlp.bias);
+    assert_int_equal(vl->norm.kind, MP_NORM_LAYERNORM);
+    assert_int_equal(vl->attn.head_dim, 32);
+    assert_int_equal(vl->mlp.act, MP_ACT_GELU);
+    assert_int_equal(m.blocks[1].repeat_group, 2);
+    assert_int_equal(block_layer(&m, 3, 1)->conv.kernel, 2); /* 1 / pixel_shuffle_ratio */
+    mp_model_release(&t);
+
+    if (build_images(&m, 256, "", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.total_params, 7008256u);
+    assert_int_equal(p.trainable_params, 7008256u);
+    assert_int_equal(tensor_elems(&p, "pixel_values"), 2 * 3 * 112 * 112);
+    assert_int_equal(tensor_elems(&p, "unfold"), 2 * 588 * 64);
+    assert_int_equal(tensor_elems(&p, "linear.fold"), 2 * 64 * 588);
+    assert_int_equal(tensor_elems(&p, "embeddings.linear"), 2 * 64 * 64);
+    assert_int_equal(tensor_elems(&p, "cat"), 2 * 65 * 64);
+    assert_int_equal(tensor_elems(&p, "positional_embedding_vlm"), 2 * 65 * 64);
+    assert_int_equal(tensor_elems(&p, "pixel_shuffle.permute1"), 2 * 64 * 64);
+    assert_int_equal(tensor_elems(&p, "pixel_shuffle.permute2"), 2 * 16 * 256);
+    assert_int_equal(tensor_elems(&p, "adapter.fc1"), 2 * 16 * 96);
+    assert_int_equal(tensor_elems(&p, "adapter.linear_1"), 2 * 16 * 256);
+    assert_int_equal(tensor_elems(&p, "special_image_mask"), 2 * 256);
+    assert_int_equal(tensor_elems(&p, "masked_scatter"), 2 * 256 * 256);
+    /* the vision rotary buffer, resident; the text model's own rotary table after it (s = 256) */
+    assert_int_equal(tensor_elems(&p, "rope.cos_sin"), 65 * 32);
+    bool buffer = false;
+    for (size_t i = 0; i < p.n_buffers; i++)
+        buffer = buffer || p.tensors[p.buffers[i]].elems == 65 * 32;
+    assert_true(buffer);
+    assert_true(p.rope_tables >= 0);
+    assert_int_equal(p.tensors[p.rope_tables].elems, 256 * 64);
+    mp_program_release(&p);
+
+    if (build_images(&m, 256, "q_proj,v_proj", true, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(p.trainable_params, 65536u);
+    mp_program_release(&p);
+    /* 19 tokens do not fit 18 */
+    assert_int_equal(build_images(&m, 18, "", false, &p, &d), MP_ERR_USAGE);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/llama4-shrunk-images.json: --images 1: 19 image tokens "
+                               "each (its tiles' patch tokens and separators) exceed --seq 18, which includes them");
+    assert_int_equal(build_attention(&m, MP_ATTN_FLASH, &p, &d), MP_ERR_MODEL);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/llama4-shrunk-images.json: --images: --attention flash: "
+                               "transformers has no flash attention for Llama 4 (_supports_flash_attn is false); "
+                               "sdpa or eager");
+    /* eager: the tower's (b, heads, 65, 65) scores and bf16 probabilities (a plain softmax) */
+    if (build_attention(&m, MP_ATTN_EAGER, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(tensor_elems(&p, "vision.layers.0.attn.sdpa.probs"), 2 * 2 * 65 * 65);
+    mp_program_release(&p);
+    mp_model_release(&m);
+
+    /* --image-size 224x336: a 2 x 3 canvas and the global tile */
+    if (load_sized(&m, path, 1, 224, 336, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(m.vision.tile_rows, 2);
+    assert_int_equal(m.vision.tile_cols, 3);
+    assert_int_equal(m.vision.tiles, 7);
+    assert_int_equal(m.vision.tokens, 121);
+    if (build_images(&m, 256, "", false, &p, &d) != MP_OK)
+        fail_msg("%s", d.msg);
+    assert_int_equal(tensor_elems(&p, "pixel_values"), 14 * 3 * 112 * 112);
+    assert_int_equal(tensor_elems(&p, "linear_1"), 14 * 16 * 256);
+    mp_program_release(&p);
+    mp_model_release(&m);
+    /* smaller than a tile: upscaled onto one (the least upscaling); 113 x 112: two rows + the global */
+    assert_int_equal(load_sized(&m, path, 1, 50, 80, &d), MP_OK);
+    assert_int_equal(m.vision.tiles, 1);
+    mp_model_release(&m);
+    assert_int_equal(load_sized(&m, path, 1, 113, 112, &d), MP_OK);
+    assert_int_equal(m.vision.tile_rows * 10 + m.vision.tile_cols, 21);
+    assert_int_equal(m.vision.tiles, 3);
+    mp_model_release(&m);
+    /* a very large image: at most 16 tiles (4 x 4) */
+    assert_int_equal(load_sized(&m, path, 1, 4000, 4000, &d), MP_OK);
+    assert_int_equal(m.vision.tiles, 17);
+    mp_model_release(&m);
+
+    /* the text-only shrunk config's widths cannot run an image (transformers' shapes disagree) */
+    assert_int_equal(load_sized(&m, "bench/accuracy/multimodal/llama4-shrunk.json", 1, 0, 0, &d), MP_ERR_MODEL);
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/llama4-shrunk.json: vision_config: steps with images: "
+                               "intermediate_size must be hidden_size / pixel_shuffle_ratio^2 (the adapter's fc1 "
+                               "reads the shuffled patches)");
+    assert_int_equal(load_sized(&m, "bench/accuracy/multimodal/llama4-shrunk.json", 0, 0, 0, &d), MP_OK);
+    mp_model_release(&m);
+}
+
 /* Qwen2-VL with images: the shrunk config (embed_dim 128, 4 heads of 32, mlp 512, depth 2, patch 14,
  * merge 2, temporal 2; text hidden 256, 4 layers), batch 2 x 256, one 448 x 336 image a sample:
  * 32 x 24 = 768 patches an image, N = 1,536 for the batch, 192 tokens an image (768 / 2^2). */
@@ -3161,6 +3332,8 @@ int main(void)
         cmocka_unit_test(test_llama4),
         cmocka_unit_test(test_multimodal_images),
         cmocka_unit_test(test_mistral3_images),
+        cmocka_unit_test(test_llama4_images),
+        cmocka_unit_test(test_llama4_frozen_experts),
         cmocka_unit_test(test_qwen2_vl_images),
         cmocka_unit_test(test_qwen2_5_vl_images),
         cmocka_unit_test(test_moe_layers_and_mla),

@@ -287,7 +287,8 @@ class _ImageMerge:
 
         import transformers.models.qwen2_vl.modeling_qwen2_vl as q2
         import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as q25
-        self.mods = (g3, m3, q2, q25)  # (each module's own name for the count check)
+        import transformers.models.llama4.modeling_llama4 as l4
+        self.mods = (g3, m3, q2, q25, l4)  # (each module's own name for the count check)
         self.before = ([mod.torch_compilable_check for mod in self.mods], torch.Tensor.masked_scatter, m3.torch)
         for mod in self.mods:
             mod.torch_compilable_check = lambda *a, **k: None
@@ -309,12 +310,77 @@ def image_tokens(d, size=None):
     PixtralProcessor writes rows x (columns + 1) tokens (processing_pixtral.py: an [IMG] per merged
     patch, [IMG_BREAK] after each row, [IMG_END] last) for an image of size (h, w) pixels, rows =
     h / (patch_size x spatial_merge_size)."""
+    if d.get("model_type") == "llama4":
+        return llama4_layout(d["vision_config"], size)[2]
     if d.get("model_type") != "mistral3":
         return d.get("mm_tokens_per_image", 256)
     vc = d["vision_config"]
     unit = vc.get("patch_size", 16) * d.get("spatial_merge_size", 2)
     h, w = size or (vc.get("image_size", 1024),) * 2
     return (h // unit) * (w // unit + 1)
+
+
+def _llama4_fit():
+    """transformers' own get_factors, find_supported_resolutions and get_best_fit
+    (models/llama4/image_processing_llama4.py), run from its source: the module imports torchvision,
+    which this machine lacks."""
+    import ast
+    import collections
+    import functools
+    import torch
+    import transformers.models.llama4 as pkg
+    src = open(os.path.join(os.path.dirname(pkg.__file__), "image_processing_llama4.py")).read()
+    want = ("get_factors", "find_supported_resolutions", "get_best_fit")
+    body = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name in want]
+    ns = {"torch": torch, "defaultdict": collections.defaultdict, "lru_cache": functools.lru_cache,
+          "SizeDict": object}
+    exec(compile(ast.Module(body=body, type_ignores=[]), "image_processing_llama4.py", "exec"), ns)
+    return ns["find_supported_resolutions"], ns["get_best_fit"]
+
+
+def llama4_layout(vc, size=None, max_patches=16):
+    """Llama4ImageProcessor's tiles for an image of size (h, w) pixels (default: one tile of
+    image_size), from transformers' own find_supported_resolutions / get_best_fit (the class
+    defaults max_patches 16, resize_to_max_canvas False), and Llama4Processor._prompt_split_image's
+    layout: returns (tiles incl. the global one, image tokens, tokens in the sequence)."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from transformers.image_utils import SizeDict
+    find_supported_resolutions, get_best_fit = _llama4_fit()
+    T = vc["image_size"] if isinstance(vc, dict) else vc.image_size
+    p = vc["patch_size"] if isinstance(vc, dict) else vc.patch_size
+    ratio = vc.get("pixel_shuffle_ratio", 0.5) if isinstance(vc, dict) else vc.pixel_shuffle_ratio
+    h, w = size or (T, T)
+    with unset_fake_temporarily():
+        res = torch.tensor(find_supported_resolutions(max_patches, SizeDict(height=T, width=T)))
+        canvas = get_best_fit((h, w), res)
+        rows, cols = int(canvas[0]) // T, int(canvas[1]) // T
+    n = rows * cols
+    per = int((T // p) ** 2 // int(round(1.0 / ratio ** 2)))
+    tiles = n + 1 if n > 1 else 1
+    seq = 3 + per * tiles + (n if n > 1 else 0)
+    return tiles, per * tiles, seq
+
+
+def llama4_image_inputs(cfg, batch, seq, images, dtype, size, device="cpu"):
+    """A Llama4Processor's batch: per image its tokens (llama4_layout; the patch tokens
+    image_token_id, the separators, start, <|image|> and end other ids), pixel_values (batch x images
+    x tiles, channels, image_size, image_size) in the model's dtype (aspect_ratios is no model
+    input)."""
+    import torch
+    vc = cfg.vision_config
+    tiles, img_tok, per_image = llama4_layout(vc, size)
+    n = images * per_image
+    if n + 1 > seq:
+        raise ValueError("%d image positions exceed seq %d" % (n, seq))
+    tid = cfg.image_token_id
+    ids = torch.randint(0, tid, (batch, seq), device=device)
+    one = torch.full((per_image,), tid + 1, dtype=ids.dtype, device=device)
+    one[1:1 + img_tok] = tid
+    ids[:, 1:1 + n] = one.repeat(images)
+    pv = torch.randn(batch * images * tiles, vc.num_channels, vc.image_size, vc.image_size, dtype=dtype,
+                     device=device)
+    return ids, pv
 
 
 def mistral3_image_inputs(cfg, batch, seq, images, dtype, size, device="cpu"):
@@ -527,11 +593,13 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
     model.train()
     qwen = images and d.get("model_type") in ("qwen2_vl", "qwen2_5_vl")
     if freeze_vision:  # the frozen tower: requires_grad False on the vision tower and the projector
+        base = model if full else model.get_base_model()
         tower = (list(model.get_base_model().model.visual.parameters()) if not full else
                  list(model.model.visual.parameters())) if qwen else \
-            list((model if full else model.get_base_model()).model.vision_model.parameters()) + list(
-                (model if full else model.get_base_model()).model.multi_modal_projector.parameters()) \
+            list(base.model.vision_model.parameters()) + list(base.model.multi_modal_projector.parameters()) \
             if d.get("model_type") == "mllama" else \
+            list(base.vision_model.parameters()) + list(base.multi_modal_projector.parameters()) \
+            if d.get("model_type") == "llama4" else \
             list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
         for p in tower:
             p.requires_grad_(False)
@@ -567,6 +635,9 @@ def torch_lora_step(cfg_path, batch, seq, precision, ckpt, r, targets, full=Fals
             vc = cfg.vision_config
             vision = lambda: _QwenVision(rows, vc.spatial_merge_size, getattr(vc, "window_size", 0) or 0,
                                          vc.patch_size)
+        elif images and cfg.model_type == "llama4":  # Llama4Processor's inputs
+            ids, kw["pixel_values"] = llama4_image_inputs(cfg, batch, seq, images, dtype, image_size, device)
+            tr.add(kw["pixel_values"], "pixel_values")
         elif images and cfg.model_type == "mistral3":  # PixtralProcessor's inputs
             ids, kw["image_sizes"], kw["pixel_values"], sizes = mistral3_image_inputs(
                 cfg, batch, seq, images, dtype, image_size, device)
@@ -1227,6 +1298,31 @@ IMAGE_SETTINGS = (  # (config, batch, seq, rows of (precision, ckpt, r, targets,
       ("bf16", "none", 0, None, True, (1,), "eager"))),
     ("bench/accuracy/multimodal/mistral3-24b-shaped.json@784x1540", 1, 2048,
      (("amp-bf16", "layers", 16, "all-linear", False, (1,)),)),
+    # Llama 4: the shrunk config (112 x 112 tiles, 16 tokens a tile; one tile by default, 224 x 336:
+    # a 2 x 3 canvas and the global tile, 7 tiles), Scout's vision model at its widths (34 layers) with
+    # a 1344 x 1344 image (4 x 4 tiles + 1: 17 x 577 positions through the tower) before the shrunk
+    # text model, and Scout's widths (2 text layers, the whole vision model) with a 672 x 672 image
+    ("bench/accuracy/multimodal/llama4-shrunk-images.json", 2, 256,
+     (("bf16", "none", 0, None, True, (1, 2)), ("amp-bf16", "none", 0, None, True, (1,)),
+      ("bf16", "layers", 0, None, True, (1,)), ("amp-bf16", "layers", 0, None, True, (1,)),
+      ("fp32", "none", 0, None, True, (1,)), ("bf16", "none", 0, "frozen-tower", True, (1,)),
+      ("amp-bf16", "layers", 0, "frozen-tower", True, (1,)),
+      ("bf16", "none", 16, "q_proj,v_proj", False, (1,)), ("bf16", "layers", 16, "q_proj,v_proj", False, (1,)),
+      ("amp-bf16", "layers", 16, "q_proj,v_proj", False, (1,)),
+      ("bf16", "layers", 16, "q_proj,v_proj,fc1,fc2,linear,linear_1", False, (1,)),
+      ("bf16", "none", 0, None, True, (1,), "eager"), ("fp32", "none", 0, None, True, (1,), "eager"))),
+    ("bench/accuracy/multimodal/llama4-shrunk-images.json@224x336", 2, 256,
+     (("bf16", "none", 0, None, True, (1, 2)), ("amp-bf16", "layers", 0, None, True, (1,)),
+      ("bf16", "layers", 16, "q_proj,v_proj", False, (1,)))),
+    ("bench/accuracy/multimodal/llama4-vision-real.json@1344x1344", 1, 2560,
+     (("bf16", "none", 0, None, True, (1,)), ("amp-bf16", "layers", 0, None, True, (1,)),
+      ("bf16", "layers", 16, "q_proj,v_proj", False, (1,)), ("amp-bf16", "none", 16, "q_proj,v_proj", False, (1,)),
+      ("bf16", "none", 0, None, True, (1,), "eager"))),
+    ("bench/accuracy/multimodal/llama4-scout-shaped.json", 1, 1024,  # the text-only twin of the amp row below
+     (("amp-bf16", "layers", 16, "q_proj,v_proj", False, (0,)),)),
+    ("bench/accuracy/multimodal/llama4-scout-shaped.json@672x672", 1, 1024,
+     (("bf16", "layers", 16, "q_proj,v_proj", False, (1,)), ("bf16", "none", 16, "q_proj,v_proj", False, (1,)),
+      ("amp-bf16", "layers", 16, "q_proj,v_proj", False, (1,)))),
 )
 
 
@@ -1309,7 +1405,8 @@ def images_bench(out=None, memplan="./memplan", images=(0, 1, 2), only=()):
     if out:
         rowlib.write_results(out, "# bench/accuracy/peft_step.py images: %s with images, CPU FakeTensorMode, "
                              "torch %s, transformers %s, peft %s\n\n%s\n" % (
-                                 "Mistral 3" if only and all("mistral3" in o for o in only) else "Gemma 3",
+                                 "Mistral 3" if only and all("mistral3" in o for o in only) else
+                                 "Llama 4" if only and all("llama4" in o for o in only) else "Gemma 3",
                                  torch.__version__, transformers.__version__, peft.__version__, "\n".join(lines)))
 
 

@@ -68,15 +68,16 @@ class Finetune:
 class Images:  # --images: a multimodal checkpoint stepped with images (Gemma 3, Mistral 3, Qwen2-VL)
     per_sample: int
     # each image's tokens in seq_len: mm_tokens_per_image; Mistral 3: rows x (columns + 1);
-    # Qwen: patches / merge^2
+    # Qwen: patches / merge^2; Llama 4: the tiles' patch tokens and separators
     tokens_each: int
     height: int  # each image's pixels as the step runs it, after the processor's resize (--image-size)
     width: int
-    patches: int  # each image's
+    patches: int  # each image's (Llama 4: every tile's, the class token not counted)
     vision_layers: int
     image_size: Optional[int] = _opt()  # vision_config.image_size (Gemma 3, Mistral 3; Qwen has none)
     asked_height: Optional[int] = _opt()  # --image-size as given (absent: the default)
     asked_width: Optional[int] = _opt()
+    tiles: Optional[int] = _opt()  # Llama 4: the tiles an image runs as (its canvas's, + the global one)
 
 
 @dataclass

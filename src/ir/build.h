@@ -185,6 +185,8 @@ struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_la
 struct val lower_token_pool(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 struct val lower_pixtral_patches(struct bld *B, struct val x, const struct mp_layer *l);
 struct val lower_patch_merge(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+struct val lower_llama4_patches(struct bld *B, struct val x, const struct mp_layer *l);
+struct val lower_pixel_shuffle(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 struct val lower_mm_projection(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 struct val lower_image_lookup(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer *l, const char *nm,

@@ -44,7 +44,8 @@ static void rmsnorm_tmp_set(struct mp_node *n, uint64_t bytes)
  * requires grad; its AccumulateGrad node holds it until the backward ends.  It hooks the input
  * embeddings of every PreTrainedModel inside the model (transformers 5.24 modeling_utils.py:2160):
  * with images (--images) also the vision tower's, SiglipVisionModel.get_input_embeddings, the
- * patch Conv2d, whose output is then such a leaf. */
+ * patch Conv2d, whose output is then such a leaf (Llama4VisionModel's: the unfold convolution,
+ * its bias-free Linear's output). */
 void apply_requires_grad(struct mp_program *p)
 {
     for (size_t i = 0; i < p->n_tensors; i++)
@@ -56,7 +57,7 @@ void apply_requires_grad(struct mp_program *p)
             if (n->in[j] >= 0 && p->tensors[n->in[j]].needs_grad)
                 ing[j] = any_in = true;
         bool wt = param_trains(p, n->param[0]), pt = wt || param_trains(p, n->param[1]);
-        bool leaf = (n->prim == MP_P_EMBED || (n->prim == MP_P_CONV2D && n->layer->vision &&
+        bool leaf = (n->prim == MP_P_EMBED || ((n->prim == MP_P_CONV2D || n->prim == MP_P_LINEAR) && n->layer->vision &&
                                                n->layer->type == MP_LT_PATCH_EMBEDDING)) &&
                     p->opts.ft.input_grad && !pt;
         bool rec = any_in || pt;
@@ -100,8 +101,14 @@ void apply_requires_grad(struct mp_program *p)
             break;
         }
         case MP_P_GROUPED_MM:
-            if (!wt)
+            if (!wt) {
                 unsave(n, n->in[0]); /* x is kept for the experts' weight gradient only */
+                n->wcopy = -1;       /* autocast caches copies of leaves that require grad only */
+                if (n->n_bwd_tmp == 1 && n->bwd_tmp[0].role == MP_TR_WGRAD_HALF) {
+                    n->bwd_tmp_bytes = 0; /* no half weight gradient to copy into .grad */
+                    n->n_bwd_tmp = 0;
+                }
+            }
             break;
         case MP_P_MUL:
             if (!ing[1])

@@ -451,6 +451,14 @@ static struct val program_input(struct bld *B)
             x = new_val(B, "pixel_values", p->param_dtype, 2, fl, false);
             B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
             B->type_ids = new_val(B, "position_ids", MP_DT_I64, 3, ps, false).t;
+        } else if (m->vision.kind == MP_VIS_LLAMA4) {
+            /* Llama4Processor's: every image's tiles, (batch x images x tiles, C, image_size,
+             * image_size); aspect_ratios is not a model input */
+            px[0] = mul(B, px[0], m->vision.tiles);
+            px[2] = px[3] = m->vision.image;
+            x = new_val(B, "pixel_values", p->param_dtype, 4, px, false);
+            B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
+            B->type_ids = -1;
         } else {
             x = new_val(B, "pixel_values", p->param_dtype, 4, px, false);
             B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
@@ -634,12 +642,16 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
                            "which includes them", m->path, (unsigned long long)m->images,
                            (unsigned long long)m->vision.tokens,
                            m->vision.kind == MP_VIS_PIXTRAL ? "--image-size's rows x (columns + 1)"
+                           : m->vision.kind == MP_VIS_LLAMA4 ? "its tiles' patch tokens and separators"
                            : MP_VIS_IS_QWEN(m->vision.kind) ? "its patches / spatial_merge_size^2"
                                                             : "mm_tokens_per_image",
                            (unsigned long long)p->opts.seq);
         if (o->packing || o->padding_free || o->trainer != MP_TRAINER_SFT)
             return mp_fail(d, MP_ERR_USAGE, "%s: --images with %s is not modelled yet", m->path,
                            o->trainer != MP_TRAINER_SFT ? "a --trainer other than sft" : "packed rows");
+        if (m->vision.kind == MP_VIS_LLAMA4 && o->attention == MP_ATTN_FLASH) /* (docs/memory-facts.md#llama4-images) */
+            return mp_fail(d, MP_ERR_MODEL, "%s: --images: --attention flash: transformers has no flash attention "
+                           "for Llama 4 (_supports_flash_attn is false); sdpa or eager", m->path);
     }
     const char *no_amp = o->precision == MP_PREC_BF16_AMP ? mp_bf16_amp_unmodelled(m) : NULL;
     if (no_amp)

@@ -79,6 +79,17 @@ static struct val lower_rope(struct bld *B, struct val x, const struct mp_layer 
         B->rope_cos_sin = new_flat(B, "rope.cos_sin", l->rope.fp32 || cplx ? MP_DT_F32 : B->p->param_dtype,
                                    mul(B, mul(B, mul(B, cplx ? 1 : 2, kinds), rows), n->rotary_dim));
         extra_as(n, B->rope_cos_sin, MP_XR_COS_SIN);
+        if (l->vision && B->m->vision.kind == MP_VIS_LLAMA4) {
+            /* Llama 4's vision rotary (modeling_llama4.py Llama4VisionRotaryEmbedding :973-1000): a
+             * registered buffer freqs_ci, complex64 (patches + 1, 1, head_dim / 2), resident like
+             * the model's buffers; every layer's products read (and MulBackward0 saves) it */
+            unsave(n, B->rope_cos_sin);
+            if (B->p->n_buffers < MP_BUFFERS_MAX)
+                B->p->buffers[B->p->n_buffers++] = B->rope_cos_sin;
+            else
+                fail_model(B, MP_ERR_INTERNAL, "too many module buffers");
+            goto made;
+        }
         if (l->vision && MP_VIS_IS_QWEN(B->m->vision.kind)) {
             /* Qwen2-VL's vision rotary (--images): the tower's fp32 (patches, head_dim) cos and sin,
              * made once per forward, held like the text's (a checkpoint input of every block); its

@@ -128,6 +128,9 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
             return lower_mm_projection(B, x, l, nm);
         if (l->vision && MP_VIS_IS_QWEN(B->m->vision.kind))
             return lower_merger_linear(B, x, l, nm);
+        if (l->vision && B->m->vision.kind == MP_VIS_LLAMA4 && l->conv.stride) /* linear_1: its input,
+            * image_features, a local of the forward (mm_encoder_outputs) to its end */
+            held_tensor(B, x.t, -1);
         return lower_linear(B, l->head.pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
                             l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
@@ -170,7 +173,9 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
                           l->conv.padding, 0, 0, nm);
     case MP_LT_AVGPOOL2D:
         if (l->vision)
-            return B->m->vision.kind == MP_VIS_PIXTRAL ? lower_patch_merge(B, x, l, nm) : lower_token_pool(B, x, l, nm);
+            return B->m->vision.kind == MP_VIS_PIXTRAL   ? lower_patch_merge(B, x, l, nm)
+                   : B->m->vision.kind == MP_VIS_LLAMA4 ? lower_pixel_shuffle(B, x, l, nm)
+                                                        : lower_token_pool(B, x, l, nm);
         return lower_pool(B, x, MP_P_AVGPOOL, l->conv.kernel, l->conv.stride ? l->conv.stride : l->conv.kernel,
                           l->conv.padding, 0, 0, nm);
     case MP_LT_ADAPTIVE_AVGPOOL2D:
@@ -208,6 +213,7 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
         return lower_bottleneck(B, x, l);
     case MP_LT_PATCH_EMBEDDING: {
         struct val y = l->vision && B->m->vision.kind == MP_VIS_PIXTRAL ? lower_pixtral_patches(B, x, l)
+                       : l->vision && B->m->vision.kind == MP_VIS_LLAMA4 ? lower_llama4_patches(B, x, l)
                        : l->vision && MP_VIS_IS_QWEN(B->m->vision.kind) ? lower_patch_embed3d(B, x, l, nm)
                                                            : lower_patch_embedding(B, x, l);
         *resid = y;

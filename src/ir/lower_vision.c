@@ -184,6 +184,8 @@ struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer 
         return e;
     }
     struct val f = dt_of(B, x) != dt_of(B, e) ? cast_to(B, x, dt_of(B, e), "image_features.to") : x;
+    if (B->m->vision.kind == MP_VIS_LLAMA4) /* projected_vision_flat, a local of the forward to its end */
+        held_tensor(B, f.t, -1);
     bool grad = ng(B, e) || ng(B, f);
     struct val y = like(B, "masked_scatter", e, dt_of(B, e), grad);
     struct mp_node *n = new_node(B, MP_P_MASKED_SCATTER, "masked_scatter");
@@ -283,5 +285,96 @@ struct val lower_merger_linear(struct bld *B, struct val x, const struct mp_laye
         y = window_gather(B, y, "reverse_indices");
     if (l->conv.stride && !failed(B))
         y = lower_copy(B, y, dt_of(B, y), 0, "image_embeds.cat");
+    return y;
+}
+
+/* Llama 4's patch embedding (llama4/modeling_llama4.py Llama4UnfoldConvolution :952-970,
+ * Llama4VisionModel.forward :1082-1101): pixel_values (tiles, C, T, T) through nn.Unfold (im2col:
+ * a new (tiles, C p p, patches) tensor; nothing saved), .permute(0, 2, 1) (a view), the bias-free
+ * Linear: its matmul folds the permuted view to (tiles x patches, C p p), which copies it (under
+ * autocast after the half cast of the permuted view), and mm saves that copy when the weight
+ * trains; torch.cat with the expanded class embedding LAST (a new (tiles, patches + 1, dim); fp32
+ * under autocast, the embedding being fp32); + positional_embedding_vlm.to(the states' dtype) (a
+ * new tensor; the table an nn.Parameter).  From here on the tower's batch is the tiles and its
+ * sequence patches + 1.  Under checkpointing, enable_input_require_grads hooks
+ * Llama4VisionModel.get_input_embeddings, this module: the Linear's output a leaf (frozen.c). */
+struct val lower_llama4_patches(struct bld *B, struct val x, const struct mp_layer *l)
+{
+    if (failed(B))
+        return x;
+    uint64_t p = l->conv.kernel;
+    if (x.rank != 4 || p == 0 || x.shape[2] % p || x.shape[3] % p || x.shape[1] != l->conv.in_ch) {
+        fail_model(B, MP_ERR_MODEL, "patch %llu must divide the tiles' height and width", (unsigned long long)p);
+        return x;
+    }
+    uint64_t N = x.shape[0], np = mul(B, x.shape[2] / p, x.shape[3] / p), k = mul(B, mul(B, l->conv.in_ch, p), p);
+    const uint64_t us[3] = {N, k, np};
+    struct val u = new_val(B, "unfold", dt_of(B, x), 3, us, false);
+    struct mp_node *n = new_node(B, MP_P_CAST, "unfold");
+    if (!n)
+        return u;
+    n->in[0] = x.t;
+    n->out = u.t;
+    n->rows = mul(B, N, k);
+    n->n = np;
+    n->fwd_flops = (double)T(B, u.t)->elems;
+    struct val pv = u; /* .permute(0, 2, 1): a view */
+    pv.shape[1] = np;
+    pv.shape[2] = k;
+    pv = autocast_in(B, pv, "linear.cast"); /* (a half copy, permuted like the view) */
+    struct val r = lower_copy(B, pv, dt_of(B, pv), 0, "linear.fold"); /* the matmul's reshape copy */
+    struct val c = lower_linear(B, r, k, l->dim, false, l->name);
+    if (failed(B))
+        return c;
+    uint64_t s = add(B, np, 1);
+    const uint64_t shape[3] = {N, s, l->dim};
+    int cls = new_param(B, "class_embedding", 1, l->dim, false);
+    struct val e = new_val(B, "cat", promote(dt_of(B, c), B->p->param_dtype), 3, shape, true);
+    n = new_node(B, MP_P_CAST, "cat");
+    if (!n)
+        return e;
+    n->in[0] = c.t;
+    n->out = e.t;
+    n->param[0] = cls;
+    n->rows = mul(B, N, s);
+    n->n = l->dim;
+    n->fwd_flops = (double)T(B, e.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    B->s = s;
+    struct mp_layer pos = *l;
+    pos.vocab = s;
+    return lower_add_table(B, e, &pos, "positional_embedding_vlm", s, false, &n);
+}
+
+/* Llama 4's pixel_shuffle (modeling_llama4.py:698-716, :1117-1122) after layernorm_post and the class token's
+ * slice ([:, :-1]: a view): the states viewed (tiles, side, side / k, dim k), permute(0, 2, 1, 3)
+ * .contiguous() (a copy), viewed (tiles, side / k, side / k, dim k^2), permute(...).contiguous()
+ * (a second copy; the first dies), viewed (tiles, tokens, dim k^2).  Nothing is saved; backward,
+ * the gradient's reshapes copy back, and the slice's gradient is a (tiles, patches + 1, dim)
+ * tensor (the copy's input gradient). */
+struct val lower_pixel_shuffle(struct bld *B, struct val x, const struct mp_layer *l, const char *nm)
+{
+    if (failed(B) || !width_ok(B, x, l->dim, "dim", nm))
+        return x;
+    uint64_t k = l->conv.kernel, P = x.rank == 3 && x.shape[1] ? x.shape[1] - 1 : 0, side = 1;
+    while ((side + 1) * (side + 1) <= P)
+        side++;
+    if (x.rank != 3 || k == 0 || side * side != P || side % k) {
+        fail_model(B, MP_ERR_MODEL, "%s: pixel_shuffle needs a square grid of patches (and the class token)", nm);
+        return x;
+    }
+    char cn[80];
+    snprintf(cn, sizeof cn, "%s.permute1", nm);
+    struct val sl = x; /* the class token's slice: a view */
+    sl.shape[1] = P;
+    struct val a = lower_copy(B, sl, dt_of(B, x), 0, cn);
+    if (failed(B))
+        return a;
+    snprintf(cn, sizeof cn, "%s.permute2", nm);
+    struct val y = lower_copy(B, a, dt_of(B, a), 0, cn);
+    if (failed(B))
+        return y;
+    const uint64_t shape[3] = {x.shape[0], P / (k * k), mul(B, l->dim, k * k)};
+    reshape(B, &y, 3, shape);
     return y;
 }

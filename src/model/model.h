@@ -356,6 +356,7 @@ enum mp_vision_kind {
     MP_VIS_PIXTRAL,    /* Pixtral + Mistral3MultiModalProjector */
     MP_VIS_QWEN2,      /* Qwen2-VL's tower (images of any size, --image-size) */
     MP_VIS_QWEN2_5,    /* Qwen2.5-VL's (RMSNorms, gated MLP, window attention: its gathers) */
+    MP_VIS_LLAMA4,     /* Llama 4's vision model (tiles of image_size, pixel shuffle) + projector */
 };
 #define MP_VIS_IS_QWEN(k) ((k) == MP_VIS_QWEN2 || (k) == MP_VIS_QWEN2_5)
 /* Qwen2VLImageProcessor's size defaults, the pixel bounds of its smart_resize (transformers 5.24
@@ -391,6 +392,12 @@ struct mp_vision {
 #define MP_VISION_FULLATT_MAX 64
     uint64_t fullatt[MP_VISION_FULLATT_MAX];
     size_t n_fullatt;
+    /* Llama 4: tiles an image runs as (the processor's canvas rows x columns, plus its global tile
+     * when there is more than one), the canvas, the adapter's widths (projector_input_dim,
+     * projector_output_dim) and the projector's input (vision_output_dim); merge is 1 /
+     * pixel_shuffle_ratio; proj_bad names a config the image step cannot run ("" when it can) */
+    uint64_t tiles, tile_rows, tile_cols, proj_in, proj_out, vision_out;
+    const char *proj_bad;
 };
 #define MP_IDLE_LINEARS_MAX 16
 struct mp_idle {

@@ -367,20 +367,45 @@ static void mllama_cross(const struct mp_hf_cross *x, struct mp_idle *v, struct 
  * fc1 (intermediate_size -> projector_input_dim) and fc2 (projector_output_dim square); the
  * projector's bias-free linear_1 (vision_output_dim -> text hidden).  Every encoder layer is a
  * GradientCheckpointingLayer, ahead of the text layers in module order. */
-static enum mp_status llama4_vision(const cJSON *vc, uint64_t text_hidden, struct mp_idle *v, struct acc *a,
-                                    const char *path, struct mp_diag *d)
+static enum mp_status llama4_vision(const cJSON *root, const cJSON *vc, uint64_t text_hidden, struct mp_idle *v,
+                                    struct mp_vision *vis, struct acc *a, const char *path, struct mp_diag *d)
 {
     uint64_t D = 768, F = 5632, L = 34, H = 16, C = 3, img = 448, p = 14, out = 7680, pin = 4096, pout = 4096;
+    uint64_t id = 200092; /* Llama4Config.image_token_index (attribute_map: image_token_id) */
+    double ratio = 0.5, ap = 0, pp = 0;
     enum mp_status st;
     if ((st = POSITIVES(vc, {"hidden_size", &D}, {"intermediate_size", &F}, {"num_hidden_layers", &L},
                             {"num_attention_heads", &H}, {"num_channels", &C}, {"image_size", &img},
                             {"patch_size", &p}, {"vision_output_dim", &out}, {"projector_input_dim", &pin},
-                            {"projector_output_dim", &pout})) != MP_OK)
+                            {"projector_output_dim", &pout})) != MP_OK ||
+        (st = mp_json_num(vc, "pixel_shuffle_ratio", 0, true, 1, &ratio, path, "vision_config", d)) != MP_OK ||
+        (st = mp_json_prob(vc, "attention_dropout", &ap, path, "vision_config", d)) != MP_OK ||
+        (st = mp_json_prob(vc, "projector_dropout", &pp, path, "vision_config", d)) != MP_OK ||
+        (st = mp_json_u64(root, "image_token_index", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK ||
+        (st = mp_json_u64(root, "image_token_id", false, MP_DIM_MAX, &id, path, "", d)) != MP_OK)
         return st;
     if (img / p == 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.patch_size: larger than image_size", path);
     if (D / H == 0)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.num_attention_heads: more heads than hidden_size", path);
+    /* (hidden_act is not read: Llama4VisionMLP and Llama4VisionMLP2 use nn.GELU()) */
+    uint64_t k = (uint64_t)(1.0 / ratio + 0.5), side = img / p;
+    *vis = (struct mp_vision){.kind = MP_VIS_LLAMA4, .hidden = D, .ffn = F, .layers = L, .heads = H, .channels = C,
+                              .image = img, .patch = p, .act = MP_ACT_GELU, .attn_p = ap, .text_hidden = text_hidden,
+                              .token_id = id, .merge = k, .proj_in = pin, .proj_out = pout, .vision_out = out};
+    /* what pixel_shuffle, the adapter and the projector need of the widths (else their shapes
+     * disagree and transformers' forward fails): refused with images only */
+    if (k < 1 || k > 64 || fabs(1.0 / (double)k - ratio) > 1e-9 || img % p || side % k || D % H || (D / H) % 2)
+        vis->proj_bad = "pixel_shuffle_ratio must be 1 / k with k dividing image_size / patch_size (and "
+                        "patch_size image_size, heads hidden_size into even head widths)";
+    else if (F != D * k * k)
+        vis->proj_bad = "intermediate_size must be hidden_size / pixel_shuffle_ratio^2 (the adapter's fc1 reads "
+                        "the shuffled patches)";
+    else if (pin != pout || out != pout)
+        vis->proj_bad = "projector_input_dim, projector_output_dim and vision_output_dim must be equal (the "
+                        "adapter's fc2 and the projector read the width before them)";
+    else if (pp > 0)
+        vis->proj_bad = "projector_dropout above 0 is not modelled";
     uint64_t np = sum(a, prod(a, img / p, img / p), 1), hd = prod(a, H, D / H);
     linear(a, v, "linear", prod(a, prod(a, C, p), p), D, 1, false); /* patch_embedding.linear */
     acc_add(a, D);                                                  /* class_embedding */
@@ -423,7 +448,7 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
     else if (!strcmp(type, "mllama"))
         st = mllama_vision(vc, text_hidden, v, &a, path, d);
     else if (!strcmp(type, "llama4"))
-        st = llama4_vision(vc, text_hidden, v, &a, path, d);
+        st = llama4_vision(root, vc, text_hidden, v, vis, &a, path, d);
     else
         st = pixtral_mistral3(root, vc, text_hidden, v, vis, &a, path, d);
     if (st != MP_OK)
@@ -811,9 +836,135 @@ static enum mp_status qwen2_images(struct mp_model *m, const struct mp_model_req
     return images_done(m, rq, text0, nv, d);
 }
 
+/* Llama4ImageProcessor's canvas for an image of h x w pixels (transformers 5.24
+ * image_processing_llama4.py find_supported_resolutions :88-141 and get_best_fit :180-276, the
+ * class defaults max_patches 16, resize_to_max_canvas false): every (rows, columns) of at most
+ * max_patches tiles of tile x tile pixels, listed in that function's order; the smallest scale of
+ * at least 1 that fits the image (else the largest below 1), the limiting side's
+ * min(rows x tile / h, columns x tile / w) in float32 as torch computes it; of the canvases with
+ * that scale, the first of least area. */
+#define LLAMA4_MAX_PATCHES 16
+static void llama4_canvas(uint64_t h, uint64_t w, uint64_t tile, uint64_t *rows, uint64_t *cols)
+{
+    enum { MAXC = 64 }; /* (rows, columns) pairs of at most 16 tiles: 50 */
+    uint64_t kr[MAXC][LLAMA4_MAX_PATCHES], kc[MAXC][LLAMA4_MAX_PATCHES], cr[MAXC], cc[MAXC];
+    double key[MAXC];
+    size_t kn[MAXC] = {0}, nk = 0, n = 0;
+    for (uint64_t chunk = LLAMA4_MAX_PATCHES; chunk >= 1; chunk--) /* asp_dict: ratio -> pairs, in order */
+        for (uint64_t f = 1; f <= chunk; f++) {
+            if (chunk % f)
+                continue;
+            double r = (double)f / (double)(chunk / f);
+            size_t j = 0;
+            while (j < nk && key[j] != r)
+                j++;
+            if (j == nk)
+                key[nk++] = r;
+            kr[j][kn[j]] = f;
+            kc[j][kn[j]++] = chunk / f;
+        }
+    for (size_t j = 0; j < nk; j++)
+        for (size_t i = 0; i < kn[j]; i++) {
+            cr[n] = kr[j][i];
+            cc[n++] = kc[j][i];
+        }
+    float sc[MAXC], best = 0;
+    bool up = false, first = true;
+    for (size_t i = 0; i < n; i++) {
+        float sw = (float)(cc[i] * tile) / (float)w, sh = (float)(cr[i] * tile) / (float)h;
+        sc[i] = sh > sw ? sw : sh;
+        up = up || sc[i] >= 1.0f;
+    }
+    for (size_t i = 0; i < n; i++) /* the smallest scale >= 1, else the largest below 1 */
+        if ((up && sc[i] >= 1.0f && (first || sc[i] < best)) || (!up && (first || sc[i] > best))) {
+            best = sc[i];
+            first = false;
+        }
+    uint64_t area = 0;
+    for (size_t i = 0; i < n; i++)
+        if (sc[i] == best && (!area || cr[i] * cc[i] < area)) {
+            area = cr[i] * cc[i];
+            *rows = cr[i];
+            *cols = cc[i];
+        }
+}
+
+/* Llama 4 (llama4/modeling_llama4.py Llama4ForConditionalGeneration.forward :1274-1285,
+ * Llama4VisionModel.forward :1040-1138, processing_llama4.py _prompt_split_image :89-116;
+ * docs/memory-facts.md#llama4-images): the image resized onto its canvas of tiles (llama4_canvas),
+ * each tile of image_size x image_size pixels, a global tile of the whole image after them when
+ * there is more than one; every tile through the patch embedding (unfold, a bias-free Linear), the
+ * class embedding cat'ed last, the positions added, layernorm_pre; the encoder layers (LayerNorms,
+ * q/k/v/o with biases, the complex 2-D rotary, non-causal SDPA, fc1 / GELU / fc2 with biases; each
+ * a GradientCheckpointingLayer); layernorm_post, the class token dropped, pixel_shuffle, the
+ * adapter (fc1, GELU, fc2, GELU; bias-free), the projector's linear_1; scattered into the image
+ * tokens.  The processor writes <|image_start|>, per row of tiles each tile's patches with a
+ * separator after each (x between, y at the row's end) when there are several, <|image|>, the
+ * global (or only) tile's patches, <|image_end|>: (tiles > 1: 3 + (tiles + 1) x per + tiles, else
+ * 3 + per) tokens in --seq, per = (image_size / patch_size x pixel_shuffle_ratio)^2 a tile. */
+static enum mp_status llama4_blocks(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
+{
+    struct mp_vision *v = &m->vision;
+    if (v->proj_bad)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config: steps with images: %s", m->path, v->proj_bad);
+    uint64_t h = rq->image_h ? rq->image_h : v->image, w = rq->image_w ? rq->image_w : v->image;
+    llama4_canvas(h, w, v->image, &v->tile_rows, &v->tile_cols);
+    uint64_t n = v->tile_rows * v->tile_cols, side = v->image / v->patch / v->merge, per = side * side, tok;
+    v->tiles = n > 1 ? n + 1 : 1;
+    if (!mp_mul_u64(per, v->tiles, &tok) || !mp_add_u64(tok, n > 1 ? n + 3 : 3, &v->tokens))
+        return mp_fail(d, MP_ERR_RANGE, "%s: --image-size: too many tokens", m->path);
+    size_t text0 = m->n_blocks, nv = (size_t)v->layers + 2;
+    struct mp_layer *l = embeddings_block(m, 3, d);
+    if (!l)
+        return MP_ERR_NOMEM;
+    snprintf(l->name, sizeof l->name, "linear"); /* patch_embedding.linear (peft's name) */
+    l->conv.in_ch = v->channels;
+    named(l + 1, MP_LT_LAYERNORM, v->hidden, "layernorm_pre")->norm.kind = MP_NORM_LAYERNORM;
+    l[1].norm.bias = true;
+    for (uint64_t i = 0; i < v->layers; i++) {
+        if (!(l = layer_block(m, "vision.layers", i, d))) /* Llama4VisionEncoderLayer */
+            return MP_ERR_NOMEM;
+        l->attn.dropout = v->attn_p;
+        l->attn.qkv_bias = l->attn.out_bias = true;
+        l->attn.softmax_fp32 = false;
+        l->norm.kind = MP_NORM_LAYERNORM;
+        l->norm.bias = true;
+        l->mlp.bias = true;
+        l->rope.on = true;
+        l->mla.rope_complex = true; /* vision_apply_rotary_emb: complex64 products, type_as */
+    }
+    struct mp_block *b = front_block(m, "vision.adapter", 7, d);
+    if (!b)
+        return MP_ERR_NOMEM;
+    l = b->layers;
+    uint64_t k2 = v->merge * v->merge;
+    named(&l[0], MP_LT_LAYERNORM, v->hidden, "layernorm_post")->norm.kind = MP_NORM_LAYERNORM;
+    l[0].norm.bias = true;
+    named(&l[1], MP_LT_AVGPOOL2D, v->hidden, "pixel_shuffle")->vision = true;
+    l[1].conv.kernel = l[1].conv.stride = v->merge;
+    named(&l[2], MP_LT_LINEAR, 0, "fc1")->vision = true; /* vision_adapter.mlp */
+    l[2].in_features = v->hidden * k2;                   /* (= intermediate_size: checked) */
+    l[2].out_features = v->proj_in;
+    named(&l[3], MP_LT_ACTIVATION, v->proj_in, "act1")->mlp.act = MP_ACT_GELU;
+    named(&l[4], MP_LT_LINEAR, 0, "fc2")->vision = true;
+    l[4].in_features = l[4].out_features = v->proj_out;
+    named(&l[5], MP_LT_ACTIVATION, v->proj_out, "act2")->mlp.act = MP_ACT_GELU;
+    named(&l[6], MP_LT_LINEAR, 0, "linear_1")->vision = true; /* multi_modal_projector */
+    l[6].in_features = v->vision_out;
+    l[6].out_features = v->text_hidden;
+    l[6].conv.stride = 1; /* (its input, image_features, held to the forward's end) */
+    v->height = m->height = v->tile_rows * v->image;
+    v->width = m->width = v->tile_cols * v->image;
+    v->asked_h = rq->image_h;
+    v->asked_w = rq->image_w;
+    return images_done(m, rq, text0, nv, d);
+}
+
 enum mp_status mp_hf_add_images(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
 {
     const struct mp_vision *v = &m->vision;
+    if (v->kind == MP_VIS_LLAMA4)
+        return llama4_blocks(m, rq, d);
     if (!strcmp(m->hf_type, "mllama"))
         return mp_fail(d, MP_ERR_MODEL, "%s: --images: steps with images are not modelled for mllama yet (the tiled "
                        "vision model and the gated cross-attention layers its states make active); text-only steps "

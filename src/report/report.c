@@ -343,7 +343,11 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             }
             ju64(im, "height", c->model->height); /* after the processor's resize (--image-size) */
             ju64(im, "width", c->model->width);
-            ju64(im, "patches", (c->model->height / v->patch) * (c->model->width / v->patch));
+            if (v->kind == MP_VIS_LLAMA4) { /* Llama 4: the canvas's tiles and the global one */
+                ju64(im, "tiles", v->tiles);
+                ju64(im, "patches", v->tiles * (v->image / v->patch) * (v->image / v->patch));
+            } else
+                ju64(im, "patches", (c->model->height / v->patch) * (c->model->width / v->patch));
             ju64(im, "vision_layers", v->layers);
         }
         cJSON_AddStringToObject(cf, "precision", prec_name(c, c->build->precision));
@@ -890,7 +894,7 @@ static void header(FILE *out, const struct mp_report_ctx *c)
     if (c->model->idle.params) /* a multimodal checkpoint (model.h struct mp_idle) */
         fprintf(out, "text-only %s params (%s)\n"
                      "          resident, unused: no .grad, no optimizer state, no activations\n"
-                     "          (steps with --images: gemma3, mistral3, qwen2_vl, qwen2_5_vl)\n",
+                     "          (steps with --images: gemma3, mistral3, qwen2_vl, qwen2_5_vl, llama4)\n",
                 count(c->model->idle.params), c->model->idle.what);
     if (c->model->images) { /* --images: the vision tower runs (model_hf_vision.c mp_hf_add_images) */
         const struct mp_vision *v = &c->model->vision;
@@ -904,10 +908,20 @@ static void header(FILE *out, const struct mp_report_ctx *c)
         if (qwen)
             snprintf(src, sizeof src, "%s, %s by smart_resize", v->asked_h ? asked : "the default 448x448",
                      v->asked_h && (v->asked_h != h || v->asked_w != w) ? "resized" : "kept");
-        else if (v->kind == MP_VIS_PIXTRAL)
+        else if (v->kind == MP_VIS_PIXTRAL || v->kind == MP_VIS_LLAMA4)
             snprintf(src, sizeof src, "%s", v->asked_h ? asked : "the default: vision_config.image_size");
         else
             snprintf(src, sizeof src, "%s%svision_config.image_size", asked, v->asked_h ? ", " : "");
+        if (v->kind == MP_VIS_LLAMA4) /* Llama4ImageProcessor's canvas of tiles (model_hf_vision.c) */
+            fprintf(out, "images    %llu per sample (%s): %llu x %llu tiles of %llu px%s\n"
+                         "          %llu tiles x %llu patches each through the vision model (%llu layers)\n"
+                         "          %llu tokens each in --seq (patch tokens, tile separators)\n",
+                    (unsigned long long)c->model->images, src, (unsigned long long)v->tile_rows,
+                    (unsigned long long)v->tile_cols, (unsigned long long)v->image,
+                    v->tiles > 1 ? " + the global tile" : "", (unsigned long long)v->tiles,
+                    (unsigned long long)((v->image / v->patch) * (v->image / v->patch) + 1),
+                    (unsigned long long)v->layers, (unsigned long long)v->tokens);
+        else
         fprintf(out, "images    %llu per sample, %llux%llu px (%s)\n"
                      "          %llu patches each through the vision tower (%llu layers)\n"
                      "          %llu tokens each in --seq (%s)\n",
