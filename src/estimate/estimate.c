@@ -642,13 +642,6 @@ static enum mp_status ref_phases(const struct mp_program *p, const struct mp_tra
     return MP_OK;
 }
 
-/* GRPO's old log-probs: the policy's own forward under torch.no_grad over the generation batch, a
- * micro-batch at a time (trl 1.16.0 grpo_trainer.py:2646-2655, _get_per_token_logps_and_entropies
- * at batch_size = per_device_train_batch_size), through the fused head as the step's, on the
- * resident state and the reference copy.  The policy's weights require grad, so under autocast
- * its half copies are cached for the forward (gen_pass).  The step's peak where it is larger.
- * What generation leaves for the step (the ids, masks, the (b x C) log-probs) is not counted:
- * kilobytes to a few megabytes beside the forward's. */
 static void raise_peaks(struct mp_estimate *e, uint64_t bytes) /* (a phase's reserved: its allocated) */
 {
     e->peak_allocated_bytes = mp_max_u64(e->peak_allocated_bytes, bytes);
@@ -656,6 +649,40 @@ static void raise_peaks(struct mp_estimate *e, uint64_t bytes) /* (a phase's res
     e->peak_reserved_bytes = mp_max_u64(e->peak_reserved_bytes, bytes);
 }
 
+/* LLaMA-Factory's KTO (llamafactory 0.9.5 train/kto/trainer.py:183-199 concatenated_forward): after
+ * the policy's forward on the batch, with its graph and its fp32 logits held (p->kl_held_bytes),
+ * the policy itself runs the KL sequences under torch.no_grad (its adapter on); its weights require
+ * grad, so under autocast their half copies are cached for that forward as with grad (gen_pass).
+ * Part of the policy's step: its figure, and the step's peak where it is the larger. */
+static enum mp_status kl_phase(const struct mp_program *p, const struct mp_train_opts *t, const struct counter *c,
+                               struct mp_estimate *e, struct mp_diag *d)
+{
+    struct ref_meter m = {.peak_node = -1, .what = "policy", .peak_name = "policy.forward:?"};
+    struct mp_train_opts rt = *t;
+    rt.gen_pass = true;
+    enum mp_status st = mp_replay_nograd_forward(p, &rt, false, ref_event, &m, d);
+    if (st == MP_ERR_RANGE && m.overflow)
+        return peak_overflow(p, t, d);
+    if (st != MP_OK)
+        return st;
+    uint64_t kl;
+    if (!mp_add_u64(c->before_loss, e->ref_weights_bytes, &kl) || !mp_add_u64(kl, m.peak - m.base, &kl) ||
+        !mp_add_u64(kl, p->kl_held_bytes, &kl))
+        return peak_overflow(p, t, d);
+    e->kl_forward_peak_bytes = kl;
+    snprintf(e->kl_forward_event, sizeof e->kl_forward_event, "%s", m.peak_name);
+    e->policy_peak_bytes = mp_max_u64(e->policy_peak_bytes, kl);
+    raise_peaks(e, kl);
+    return MP_OK;
+}
+
+/* GRPO's old log-probs: the policy's own forward under torch.no_grad over the generation batch, a
+ * micro-batch at a time (trl 1.16.0 grpo_trainer.py:2646-2655, _get_per_token_logps_and_entropies
+ * at batch_size = per_device_train_batch_size), through the fused head as the step's, on the
+ * resident state and the reference copy.  The policy's weights require grad, so under autocast
+ * its half copies are cached for the forward (gen_pass).  The step's peak where it is larger.
+ * What generation leaves for the step (the ids, masks, the (b x C) log-probs) is not counted:
+ * kilobytes to a few megabytes beside the forward's. */
 static enum mp_status old_phase(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
                                 struct mp_diag *d)
 {
@@ -823,6 +850,8 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
         return st;
     if (t->ref == MP_REF_NONE) /* (ref_phases sets it beside a reference copy) */
         e->policy_peak_bytes = e->peak_allocated_bytes;
+    if (p->kl_held_bytes && (st = kl_phase(p, t, &c, e, d)) != MP_OK)
+        return st;
     if (t->gen_steps && (st = gen_phase(p, t, e, d)) != MP_OK)
         return st;
     if (t->old_logps && (st = old_phase(p, t, e, d)) != MP_OK)
@@ -859,6 +888,10 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
                e->old_forward_peak_bytes > e->policy_peak_bytes) {
         e->peak_phase = MP_PH_GENERATE;
         snprintf(e->peak_event, sizeof e->peak_event, "generation:%s", e->old_forward_event);
+    } else if (e->kl_forward_peak_bytes && e->kl_forward_peak_bytes >= e->peak_allocated_bytes &&
+               e->kl_forward_peak_bytes >= e->ref_forward_peak_bytes) { /* (LLaMA-Factory's KTO: kl_phase) */
+        e->peak_phase = MP_PH_LOSS;
+        snprintf(e->peak_event, sizeof e->peak_event, "loss:%s", e->kl_forward_event);
     } else if (t->ref != MP_REF_NONE && e->ref_forward_peak_bytes > e->policy_peak_bytes) {
         e->peak_phase = t->ref_before_policy ? MP_PH_GENERATE : MP_PH_LOSS; /* (DPO's compute_loss runs it) */
         snprintf(e->peak_event, sizeof e->peak_event, "%s:%s", t->ref_before_policy ? "generation" : "loss",
