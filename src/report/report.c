@@ -934,11 +934,11 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
         const char *refd = ref_desc(c->train->ref);
         if (c->build->trainer == MP_TRAINER_KTO && c->build->loss == MP_LOSS_HF) /* (lower_lf_dpo_loss) */
-            fprintf(out, "trainer   kto (LLaMA-Factory 0.9.5 CustomKTOTrainer): %llu example%s and their %llu KL "
-                    "sequences\n          (no grad, after the batch's forward); reference %s, two forwards; loss: "
-                    "get_batch_logps\n          on the model's fp32 logits\n",
+            fprintf(out, "trainer   kto (LLaMA-Factory 0.9.5 CustomKTOTrainer): %llu example%s and %s KL sequence%s\n"
+                    "          (no grad, after the batch's forward); reference %s, two forwards;\n"
+                    "          loss: get_batch_logps on the model's fp32 logits\n",
                     (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s",
-                    (unsigned long long)c->build->batch, refd);
+                    c->build->batch == 1 ? "its" : "their", c->build->batch == 1 ? "" : "s", refd);
         else if (c->build->trainer == MP_TRAINER_DPO && c->build->loss == MP_LOSS_HF) /* (lower_lf_dpo_loss) */
             fprintf(out, "trainer   dpo (LLaMA-Factory 0.9.5 CustomDPOTrainer): %llu pair%s, %llu sequences "
                     "(chosen+rejected);\n          reference %s; loss: get_batch_logps on the model's fp32 logits\n",
