@@ -856,9 +856,11 @@ static struct val lower_lf_dpo_loss(struct bld *B, struct val logits, const stru
     kept(B, n, en, "index", MP_DT_I64, n2, MP_XR_LOSS_SAVED);
     kept(B, n, en, "loss_mask", MP_DT_U8, n2, MP_XR_LOSS_SAVED);
     kept(B, n, en, "log_softmax", MP_DT_F32, mul(B, n2, V), MP_XR_LOSS_SAVED);
-    /* forward: the batch's clones beside C while log_softmax runs (KTO: six b x s ones and kto_tags) */
+    /* forward: the batch's clones beside C while log_softmax runs (KTO: six b x s ones and kto_tags);
+     * one row's L[:, :-1] is contiguous already (a size-1 dimension's stride does not count), and
+     * contiguous() copies nothing (KTO at one example: lf_kto_step.py's 1 x 512 row) */
     uint64_t clones = kto ? add(B, mul3(B, B->b, s, 6 * 8), B->b) : mul3(B, B->b, s, 3 * 8);
-    tmp_one(B, n, false, MP_TR_OTHER, add(B, clones, c));
+    tmp_one(B, n, false, MP_TR_OTHER, add(B, clones, B->b > 1 ? c : 0));
     uint64_t worst = mp_max_u64(mul(B, c, 3), add(B, c, Lb));
     tmp_one(B, n, true, MP_TR_OTHER, beyond(worst, c, Lb));
     B->p->ref_held_bytes = kto ? mul(B, Lb, 2) : Lb;
