@@ -191,7 +191,8 @@ static void test_trainers(void **state)
     assert_int_equal(mp_trainer_seqs(MP_TRAINER_KTO), 1);
     assert_int_equal(mp_trainer_min_batch(MP_TRAINER_DPO, MP_LOSS_CHUNKED_NLL), 1);
     assert_int_equal(mp_trainer_min_batch(MP_TRAINER_KTO, MP_LOSS_CHUNKED_NLL), 2);
-    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_KTO, MP_LOSS_HF), 1); /* LLaMA-Factory: feedback.py makes the KL rows */
+    /* LLaMA-Factory's KTO (--loss hf): its preprocessing makes the KL rows (feedback.py), no floor */
+    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_KTO, MP_LOSS_HF), 1);
     assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_SFT), 0);
     assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_DPO), 1);
     assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_KTO), 2);

@@ -195,8 +195,8 @@ static const struct opt OPTS[] = {
              "forward (default on)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
      .help = ": the causal LM's loss head (default hf; cce: Axolotl's Cut Cross-Entropy, bf16 weights; "
-             "torchtune: its LinearCrossEntropyLoss, no autocast; --trainer dpo --loss hf: LLaMA-Factory's DPO "
-             "step; docs: man memplan)"},
+             "torchtune: its LinearCrossEntropyLoss, no autocast; --trainer dpo|kto --loss hf: LLaMA-Factory's "
+             "DPO or KTO step; docs: man memplan)"},
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
      .help = "share of label positions not -100 (prompt masking; default 1): chunked-nll and "
              "torchtune gather only those, cce keeps per-token state for them; hf and liger unaffected"},
