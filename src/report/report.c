@@ -1259,8 +1259,13 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
             fprintf(out, "  reference forward  %12s   (no grad, %s the policy's forward; +%s at %s)\n",
                     B(e->ref_forward_peak_bytes), c->train->ref_before_policy ? "before" : "after",
                     B(e->ref_forward_tmp_bytes), shown(e->ref_forward_event));
-        fprintf(out, "  policy step        %12s   (forward, loss, backward, optimizer step)\n",
-                B(e->policy_peak_bytes));
+        if (e->kl_forward_peak_bytes) /* (LLaMA-Factory's KTO: estimate.c kl_phase) */
+            fprintf(out, "  policy step        %12s   (forward, its KL forward with no grad at %s,\n"
+                    "                         loss, backward, optimizer step)\n", B(e->policy_peak_bytes),
+                    B(e->kl_forward_peak_bytes));
+        else
+            fprintf(out, "  policy step        %12s   (forward, loss, backward, optimizer step)\n",
+                    B(e->policy_peak_bytes));
     }
     if (e->vllm_bytes)
         fprintf(out, "  vLLM (colocated)   %12s   (vllm_gpu_memory_utilization %g of the device, outside torch's "
