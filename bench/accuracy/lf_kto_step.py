@@ -44,15 +44,11 @@ peak, ref_forward_peak -- the reference's two forwards on what the policy holds 
 policy_step_peak -- the policy's forwards (the batch, then the KL sequences) before the reference's,
 and its backward).  Not part of make test.  About 5 minutes on 2 cores.
 """
-import argparse
 import ast
 import collections.abc
 import contextlib
-import gc
-import json
 import os
 import sys
-import tempfile
 import textwrap
 import types
 import warnings
@@ -73,9 +69,7 @@ import dpo_step  # noqa: E402  (its CONFIG, track_models, memplan_run)
 import orpo_step  # noqa: E402  (the 1B-class config, OrpoTracker, show_live, backward_and_step)
 import lf_dpo_step  # noqa: E402  (prepare, cuda_softmax_copy)
 
-LF_SRC = "/tmp/lf/llamafactory"
 TRL_SRC = "/tmp/trl024/trl"
-RAM_LIMIT = 12 << 30
 
 # (model, finetune, checkpoint, examples, seq, prompt tokens, precision)
 SETTINGS = [("tiny", "full", "none", 4, 256, 128, "bf16"), ("tiny", "full", "layers", 4, 256, 128, "bf16"),
@@ -149,187 +143,45 @@ def lf_kto_inputs(vocab, n, seq, prompt):
 
 
 def lf_kto_step(fns, config, ft, ckpt, n, seq, prompt, prec, detail=False):
-    """Two steps; step 2's figures: {peak, peak_at, fwd_peak, bwd_peak, ref_peak, policy_fwd_peak, ...}."""
+    """Two steps; step 2's figures: {peak, peak_at, fwd_peak, bwd_peak, ref_peak, policy_fwd_peak, kl_peak, ...}."""
     model, ref, opt = lf_dpo_step.prepare(config, ft, ckpt, prec)
-    need = orpo_step.static_bytes(model) + (orpo_step.static_bytes(ref) // 4 if ref is not None else 0)
-    if need > RAM_LIMIT:
-        return {"skipped": "needs %.1f GiB > %.0f GiB" % (need / 2**30, RAM_LIMIT / 2**30)}
+    if lf_dpo_step.fits(model, ref):
+        return {"skipped": lf_dpo_step.fits(model, ref)}
     stub = Stub(fns, ref)
     tr = orpo_step.OrpoTracker(snapshot=detail)
-    res = {}
-    # the reference's moment (compute_reference_log_probs) and the policy's KL forward's
-    ref_box = [0, "", 0]
-    kl_box = [0, ""]
-    inner_ref, inner_fwd = stub.compute_reference_log_probs, stub.forward
+    # the reference's moment (compute_reference_log_probs; box[2]: the policy's forwards before it)
+    # and the policy's KL forward's (its forward with prefix "kl_" in its concatenated_forward)
+    ref_box, kl_box = [0, "", 0], [0, "", 0]
+    stub.compute_reference_log_probs = lf_dpo_step.traced(tr, stub.compute_reference_log_probs, ref_box)
+    inner_fwd = stub.forward
+    traced_kl = lf_dpo_step.traced(tr, inner_fwd, kl_box)
 
-    def traced_ref(model_, batch):
-        keep = tr.peak, tr.peak_at, tr.peak_live
-        ref_box[2] = tr.peak  # the policy's forwards, before the reference's
-        tr.peak = tr.cur
-        out = inner_ref(model_, batch)
-        ref_box[0], ref_box[1] = tr.peak, tr.peak_at
-        if tr.peak < keep[0]:
-            tr.peak, tr.peak_at, tr.peak_live = keep
-        return out
+    def forward(model_, batch, prefix=""):
+        policy_kl = prefix == "kl_" and not ref_box[2]
+        return (traced_kl if policy_kl else inner_fwd)(model_, batch, prefix)
 
-    def traced_fwd(model_, batch, prefix=""):
-        if prefix != "kl_" or ref_box[2]:
-            return inner_fwd(model_, batch, prefix)
-        keep = tr.peak, tr.peak_at, tr.peak_live  # the policy's KL forward (no_grad in concatenated_forward)
-        tr.peak = tr.cur
-        out = inner_fwd(model_, batch, prefix)
-        kl_box[0], kl_box[1] = tr.peak, tr.peak_at
-        if tr.peak < keep[0]:
-            tr.peak, tr.peak_at, tr.peak_live = keep
-        return out
-    stub.compute_reference_log_probs = traced_ref
-    with tr, lf_dpo_step.cuda_softmax_copy():
-        dpo_step.track_models(tr, model, ref)
-        inputs = lf_kto_inputs(config["vocab_size"], n, seq, prompt)
-        for t in inputs.values():
-            tr.add(t, "input")
-        tr.phase = "forward"
-        orpo_step.backward_and_step(tr, stub.compute_loss(model, inputs), opt)
-        for st in opt.state.values():
-            if "step" in st and isinstance(st["step"], torch.Tensor):
-                tr.forget(st["step"])  # AdamW keeps its step counters on the CPU on CUDA too
-        stub._stored_metrics.clear()
-        gc.collect()
-        res["static"] = tr.cur
-        tr.peak, tr.peak_at, tr.peak_live, tr.acc = tr.cur, "step-start", [], [0, 0]
-        tr.nodes = [] if detail else None
-        tr.phase = "forward"
+    def step(second):
         ref_box[2] = 0
-        stub.forward = traced_fwd
-        loss = stub.compute_loss(model, inputs)
-        stub.forward = inner_fwd
-        gc.collect()
-        res.update(fwd_peak=tr.peak, fwd_peak_at=tr.peak_at, fwd_end=tr.cur, ref_peak=ref_box[0],
-                   ref_peak_at=ref_box[1], policy_fwd_peak=ref_box[2], kl_peak=kl_box[0], kl_peak_at=kl_box[1])
-        if detail:
-            res["fwd_peak_live"] = list(tr.peak_live)
-            res["fwd_end_live"] = sorted(((n_, lab) for n_, lab, _ in tr.live()), reverse=True)
-        kept = tr.peak, tr.peak_at, tr.peak_live
-        tr.phase, tr.peak = "backward", tr.cur
-        loss.backward()
-        del loss
-        gc.collect()
-        res.update(bwd_peak=tr.peak, bwd_peak_at=tr.peak_at)
-        if tr.peak < kept[0]:
-            tr.peak, tr.peak_at, tr.peak_live = kept
-        tr.phase = "optimizer.step"
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        gc.collect()
-        tr.nodes_log = tr.nodes
-        tr.nodes = None
-    res.update(peak=tr.peak, peak_at=tr.peak_at, acc=list(tr.acc))
-    if detail:
-        res["peak_live"] = list(tr.peak_live)
-        res["nodes"] = tr.nodes_log
-    return res
-
-
-def memplan_args(ft, ckpt, n, seq, prec):
-    a = ["--trainer", "kto", "--loss", "hf", "--batch", str(n), "--seq", str(seq), "--precision", prec,
-         "--checkpoint", ckpt, "--optimizer", "adamw", "--workspace", "0", "--use-cache", "off", "--json"]
-    if ft == "lora":
-        a += ["--finetune", "lora", "--lora-r", "16", "--lora-targets", "all-linear"]
-    return a
-
-
-def cli():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--memplan", default="./memplan")
-    ap.add_argument("--lf-src", default=LF_SRC, help="the unpacked llamafactory 0.9.5 wheel's llamafactory/")
-    ap.add_argument("--trl-src", default=TRL_SRC, help="the unpacked trl 0.24.0 wheel's trl/")
-    ap.add_argument("--out", default=None, help="the table (markdown) into FILE")
-    ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "lf_kto_step.jsonl"), help="'' for none")
-    ap.add_argument("--select", default="", help="comma-separated indices into SETTINGS (0-based)")
-    ap.add_argument("--no-1b", action="store_true", help="skip the 1B-class rows")
-    ap.add_argument("--detail", action="store_true", help="print the live storages at the peaks")
-    return ap.parse_args()
+        stub.forward = forward if second else inner_fwd
+        stub._stored_metrics.clear()
+        return stub.compute_loss(model, inputs)
+    inputs = lf_kto_inputs(config["vocab_size"], n, seq, prompt)
+    return lf_dpo_step.two_steps(tr, model, ref, opt, inputs, step,
+                                 lambda: {"ref_peak": ref_box[0], "ref_peak_at": ref_box[1],
+                                          "policy_fwd_peak": ref_box[2], "kl_peak": kl_box[0], "kl_peak_at": kl_box[1]},
+                                 detail)
 
 
 def main():
-    a = cli()
+    a = lf_dpo_step.cli(__doc__, "lf_kto_step", TRL_SRC)
     torch.set_num_threads(1)
     fns = lf_functions(a.lf_src, a.trl_src)
     versions = rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
                                    peft=peft.__version__, llamafactory="0.9.5 (source)",
                                    trl="0.24.0 (source: kto_loss, compute_loss)", tensors="real, CPU")
-    configs = {"tiny": (dpo_step.CONFIG, orpo_step.TINY_NAME), "1b": (orpo_step.one_b_config(), orpo_step.ONE_B_NAME)}
-    sel = {int(x) for x in a.select.split(",") if x}
-    lines = ["| setting | torch peak (B) | at | memplan (B) | diff | memplan peak at | torch policy fwd+KL (B) "
-             "| torch ref-forwards peak (B) | torch bwd peak (B) |", "|---|---|---|---|---|---|---|---|---|"]
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = {}
-        for k, (cfg, _) in configs.items():
-            paths[k] = os.path.join(tmp, k + ".json")
-            with open(paths[k], "w") as f:
-                json.dump(cfg, f)
-        for i, (mk, ft, ck, n, seq, prompt, prec) in enumerate(SETTINGS):
-            if (sel and i not in sel) or (a.no_1b and mk == "1b"):
-                continue
-            cfg, name = configs[mk]
-            setting = "%s: %s, %s, ckpt %s, %d examples x s%d, prompt %d" % (
-                "tiny" if mk == "tiny" else "1B-class 2 layers", "LoRA all-linear r16" if ft == "lora" else "full",
-                prec, ck, n, seq, prompt)
-            print("[%d] %s ..." % (i, setting), flush=True)
-            t = lf_kto_step(fns, cfg, ft, ck, n, seq, prompt, prec, a.detail)
-            gc.collect()
-            if "skipped" in t:
-                lines.append("| %s | skipped: %s | | | | | | | |" % (setting, t["skipped"]))
-                continue
-            args = memplan_args(ft, ck, n, seq, prec)
-            try:
-                m = dpo_step.memplan_run(a.memplan, paths[mk], args)
-                mp = m["peak_allocated_bytes"] - m["workspace_bytes"]
-                pct = 100.0 * (mp - t["peak"]) / t["peak"]
-                mcol, dcol, mat = str(mp), "%+.3f %%" % pct, m.get("peak_event", "")
-            except (RuntimeError, ValueError, KeyError, OSError) as e:
-                m = None
-                mcol, dcol, mat = "memplan: %s" % (str(e).strip().splitlines() or ["?"])[-1][:120], "-", "-"
-            lines.append("| %s | %d | %s | %s | %s | %s | %d | %d | %d |" % (
-                setting, t["peak"], t["peak_at"], mcol, dcol, mat, t["policy_fwd_peak"], t["ref_peak"], t["bwd_peak"]))
-            print(lines[-1], flush=True)
-            pol_t = max(t["policy_fwd_peak"], t["bwd_peak"])
-            if m is not None:
-                ph = m.get("phases", {})
-                print("    policy step: torch %d (forwards before the reference's %d, KL forward %d at %s), memplan %s; "
-                      "reference forwards: torch %d, memplan %s" % (
-                          pol_t, t["policy_fwd_peak"], t["kl_peak"], t["kl_peak_at"],
-                          ph.get("policy_step", {}).get("peak_allocated_bytes"), t["ref_peak"],
-                          ph.get("reference_forward", {}).get("peak_allocated_bytes")), flush=True)
-            print("    static %d B, fwd peak at %s, ref peak at %s, bwd peak at %s" % (
-                t["static"], t["fwd_peak_at"], t["ref_peak_at"], t["bwd_peak_at"]), flush=True)
-            if a.detail:
-                orpo_step.show_live("live at the step's peak (%s)" % t["peak_at"], t["peak_live"])
-                orpo_step.show_live("live at the forward's peak (%s)" % t["fwd_peak_at"], t["fwd_peak_live"])
-                orpo_step.show_live("live when backward starts", t["fwd_end_live"])
-                orpo_step.show_nodes(t["nodes"])
-            if m is None:
-                continue
-            ph = m["phases"]
-            ref_mp = ph["reference_forward"]["peak_allocated_bytes"] - m["workspace_bytes"]
-            pol_mp = ph["policy_step"]["peak_allocated_bytes"] - m["workspace_bytes"]
-            rows.append({"config": name, "config_json": cfg, "args": args,
-                         "figures": {"peak": rowlib.figure(t["peak"], mp),
-                                     "ref_forward_peak": rowlib.figure(t["ref_peak"], ref_mp),
-                                     "policy_step_peak": rowlib.figure(pol_t, pol_mp)},
-                         "recorded": {"torch_peak_at": t["peak_at"], "memplan_peak_at": m.get("peak_event", ""),
-                                      "pct": round(pct, 3), "torch_policy_forwards_peak": t["policy_fwd_peak"],
-                                      "torch_kl_forward_peak": t["kl_peak"],
-                                      "torch_ref_forward_peak": t["ref_peak"], "torch_forward_end_live": t["fwd_end"],
-                                      "torch_backward_peak": t["bwd_peak"], "model": mk},
-                         "source": "bench/accuracy/lf_kto_step.py (run %s)" % versions["memplan"],
-                         "versions": versions})
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
-    if rows and a.rows_out:
-        print("rows: %s" % rowlib.save_rows("lf_kto_step", rows, a.rows_out))
+    lf_dpo_step.run_table(a, versions, SETTINGS, lambda *x: lf_kto_step(fns, *x),
+                          lambda *x: lf_dpo_step.memplan_args(*x, trainer="kto"), "lf_kto_step",
+                          "examples", ("policy fwd+KL", "policy_fwd_peak"))
 
 
 if __name__ == "__main__":
