@@ -87,26 +87,30 @@ SETTINGS = [("tiny", "full", "none", 2, 256, 128, "bf16"), ("tiny", "full", "lay
             ("1b", "full", "layers", 1, 256, 128, "bf16"), ("1b", "lora", "layers", 1, 256, 128, "bf16-amp")]
 
 
+def read_functions(path, names, ns):
+    """The functions `names` of the source file `path`, executed unchanged in ns: {name: function}."""
+    with open(path) as f:
+        text = f.read()
+    out = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef) and node.name in names and node.name not in out:
+            exec(textwrap.dedent(ast.get_source_segment(text, node)), ns)
+            out[node.name] = ns[node.name]
+    missing = [n for n in names if n not in out]
+    assert not missing, "%s: no %s" % (path, missing)
+    return out
+
+
 def lf_functions(src):
     """LLaMA-Factory's own get_batch_logps and nested_detach (train/trainer_utils.py) and
     CustomDPOTrainer's methods (train/dpo/trainer.py), read out of its source and executed
     unchanged: {name: function}."""
     ns = {"torch": torch, "F": F, "IGNORE_INDEX": -100, "Optional": Optional, "Union": Union,
           "Literal": Literal, "Mapping": collections.abc.Mapping, "nullcontext": contextlib.nullcontext}
-    want = {"train/trainer_utils.py": ("get_batch_logps", "nested_detach"),
-            "train/dpo/trainer.py": ("concatenated_forward", "compute_reference_log_probs",
-                                     "get_batch_loss_metrics", "compute_preference_loss")}
-    out = {}
-    for rel, names in want.items():
-        path = os.path.join(src, rel)
-        with open(path) as f:
-            text = f.read()
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.FunctionDef) and node.name in names and node.name not in out:
-                exec(textwrap.dedent(ast.get_source_segment(text, node)), ns)
-                out[node.name] = ns[node.name]
-        missing = [n for n in names if n not in out]
-        assert not missing, "%s: no %s" % (path, missing)
+    out = read_functions(os.path.join(src, "train/trainer_utils.py"), ("get_batch_logps", "nested_detach"), ns)
+    out.update(read_functions(os.path.join(src, "train/dpo/trainer.py"),
+                              ("concatenated_forward", "compute_reference_log_probs", "get_batch_loss_metrics",
+                               "compute_preference_loss"), ns))
     return out
 
 

@@ -44,12 +44,10 @@ peak, ref_forward_peak -- the reference's two forwards on what the policy holds 
 policy_step_peak -- the policy's forwards (the batch, then the KL sequences) before the reference's,
 and its backward).  Not part of make test.  About 5 minutes on 2 cores.
 """
-import ast
 import collections.abc
 import contextlib
 import os
 import sys
-import textwrap
 import types
 import warnings
 from collections import defaultdict
@@ -65,9 +63,8 @@ import transformers  # noqa: E402
 import peft  # noqa: E402
 
 import rowlib  # noqa: E402
-import dpo_step  # noqa: E402  (its CONFIG, track_models, memplan_run)
-import orpo_step  # noqa: E402  (the 1B-class config, OrpoTracker, show_live, backward_and_step)
-import lf_dpo_step  # noqa: E402  (prepare, cuda_softmax_copy)
+import orpo_step  # noqa: E402  (OrpoTracker)
+import lf_dpo_step  # noqa: E402  (prepare, read_functions, traced, two_steps, run_table, cli)
 
 TRL_SRC = "/tmp/trl024/trl"
 
@@ -79,20 +76,6 @@ SETTINGS = [("tiny", "full", "none", 4, 256, 128, "bf16"), ("tiny", "full", "lay
             ("1b", "full", "layers", 2, 256, 128, "bf16"), ("1b", "lora", "layers", 2, 256, 128, "bf16-amp")]
 
 
-def read_functions(path, names, ns):
-    """The functions `names` of the source file `path`, executed unchanged in ns: {name: function}."""
-    with open(path) as f:
-        text = f.read()
-    out = {}
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.FunctionDef) and node.name in names and node.name not in out:
-            exec(textwrap.dedent(ast.get_source_segment(text, node)), ns)
-            out[node.name] = ns[node.name]
-    missing = [n for n in names if n not in out]
-    assert not missing, "%s: no %s" % (path, missing)
-    return out
-
-
 def lf_functions(lf_src, trl_src):
     """LLaMA-Factory's get_batch_logps, nested_detach and CustomKTOTrainer's methods, TRL 0.24's
     KTOTrainer.kto_loss, compute_loss and store_metrics: {name: function}."""
@@ -100,12 +83,11 @@ def lf_functions(lf_src, trl_src):
           "Literal": Literal, "Mapping": collections.abc.Mapping, "nullcontext": contextlib.nullcontext,
           "override": lambda f: f, "PreTrainedModel": torch.nn.Module, "nn": torch.nn,
           "autocast": torch.autocast}
-    out = read_functions(os.path.join(lf_src, "train/trainer_utils.py"), ("get_batch_logps", "nested_detach"), ns)
-    out.update(read_functions(os.path.join(lf_src, "train/kto/trainer.py"),
-                              ("forward", "concatenated_forward", "compute_reference_log_probs",
-                               "get_batch_loss_metrics"), ns))
-    out.update(read_functions(os.path.join(trl_src, "trainer/kto_trainer.py"),
-                              ("kto_loss", "compute_loss", "store_metrics"), ns))
+    read = lf_dpo_step.read_functions
+    out = read(os.path.join(lf_src, "train/trainer_utils.py"), ("get_batch_logps", "nested_detach"), ns)
+    out.update(read(os.path.join(lf_src, "train/kto/trainer.py"),
+                    ("forward", "concatenated_forward", "compute_reference_log_probs", "get_batch_loss_metrics"), ns))
+    out.update(read(os.path.join(trl_src, "trainer/kto_trainer.py"), ("kto_loss", "compute_loss", "store_metrics"), ns))
     return out
 
 
