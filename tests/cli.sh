@@ -1297,8 +1297,8 @@ expect_line 2 "--trainer: an unknown name" estimate models/hf/qwen3-0.6b.json --
 expect_line 2 "--precompute-ref without --trainer dpo or kto" estimate models/hf/qwen3-0.6b.json --precompute-ref
 expect_line 2 "--trainer kto --batch 1 (TRL's KL term needs 2 examples)" estimate models/hf/qwen3-0.6b.json \
     --trainer kto --batch 1
-expect_line 2 "--trainer kto --loss hf (KTO's head is TRL's fused one)" estimate models/hf/qwen3-0.6b.json \
-    --trainer kto --loss hf
+expect_line 2 "--trainer kto-apo --loss hf (TRL's KTOTrainer's head is its fused one)" \
+    estimate models/hf/qwen3-0.6b.json --trainer kto-apo --loss hf
 expect_msg 2 "--trainer dpo --finetune lora under FSDP (TRL's fused head on a sharded lm_head)" \
     "the fused LM head reads lm_head.weight, which peft leaves out of FSDP2's gathered units" \
     estimate models/hf/qwen3-0.6b.json --trainer dpo --finetune lora --gpus 2 --parallel fsdp
@@ -1373,8 +1373,8 @@ assert abs(k["fwd_flops"] - 2 * a["fwd_flops"]) <= 1e-9 * k["fwd_flops"], (k["fw
 fi
 expect_line 3 "a KTOConfig at one example a device: refused, naming the key" estimate --trainer kto \
     --recipe tests/data/recipes/trl-kto-batch1.yaml
-expect_line 2 "--trainer kto --loss hf (KTO's head is TRL's fused one; dpo's hf is LLaMA-Factory's)" \
-    estimate models/hf/qwen3-0.6b.json --trainer kto --loss hf
+expect_line 2 "--trainer kto --loss liger (KTO's head is TRL's fused one; hf is LLaMA-Factory's)" \
+    estimate models/hf/qwen3-0.6b.json --trainer kto --loss liger
 # under ZeRO-1/2 prepare_deepspeed gives the copy a stage-0 engine: whole on each rank, in the
 # policy's bf16 (494,032,768 parameters x 2 B), its forward as on one GPU
 if [ -n "$HAVE_PY" ]; then
@@ -1824,9 +1824,85 @@ else
 fi
 expect_msg 2 "suggest --trainer dpo --loss hf --emit hf: refused (no LLaMA-Factory emitter)" \
     "LLaMA-Factory's step has no emitter" suggest "$T/lfd.json" --trainer dpo --loss hf --gpu a100-80gb --emit hf
-printf 'stage: kto\nmodel_name_or_path: models/hf/qwen2-0.5b.json\nfinetuning_type: lora\n' >"$T/lfk.yaml"
-expect_msg 3 "--recipe LLaMA-Factory stage: kto: its own trainer (fp32 logits, not TRL's fused head), refused" \
-    "lfk.yaml:1: stage: kto: LLaMA-Factory's CustomKTOTrainer" estimate --recipe "$T/lfk.yaml" --trainer kto
+
+# LLaMA-Factory's stage: kto (CustomKTOTrainer): --trainer kto --loss hf.  On the same 1-layer Llama,
+# 4 examples x 256, LoRA: each forward's head is DPO's on 4 rows, but forward() clones the whole
+# batch (nested_detach: input_ids, attention_mask, labels and the KL sequences' three, 4 x 256 x 8
+# each = 49,152, and kto_tags, 4 bools: 49,156 in the block with CUDA's copy, 130,560,000 ->
+# 130,609,664 rounded): the reference forward's own peak is 131,072,000 (L) + 130,560,000 (LS) +
+# 130,609,664 + 8,192 + 1,024 + 512 + 65,536 = 392,316,928.  Held beside it: the policy's chosen and
+# rejected logits (boolean-indexed copies: L's bytes) and the reference's own batch logits through
+# its KL forward (L): one L more than DPO's at the same rows, on the same policy forward.  The
+# policy's KL forward (adapter on; the lm_head carries no adapter) peaks alike at its head with the
+# policy's L held: the policy step is the reference phase less one L.
+run estimate "$T/lfd.json" --trainer dpo --loss hf -b 2 -s 256 -p bf16 -c none -o adamw --workspace 0 \
+    --use-cache off --finetune lora --lora-r 16 --lora-targets all-linear --json
+cp "$T/out" "$T/lfd-out.json"
+run estimate "$T/lfd.json" --trainer kto --loss hf -b 4 -s 256 -p bf16 -c none -o adamw --workspace 0 \
+    --use-cache off --finetune lora --lora-r 16 --lora-targets all-linear --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--trainer kto --loss hf: LLaMA-Factory's KTO, hand-worked (python3 not found)"
+elif [ "$ec" -eq 0 ] && python3 - "$T/out" "$T/lfd-out.json" <<'PY'
+import json, sys
+d, dpo = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+c, ph, m = d["config"], d["memory"]["phases"], d["memory"]
+assert c["trainer"] == "kto" and c["loss"] == "hf" and c["reference"] == "adapter-disabled", c
+r, L = ph["reference_forward"], 131072000
+assert r["tmp_bytes"] == 392316928, r
+assert r["peak_event"] == "reference.forward:head.lm_head.lf_kto", r
+rd = dpo["memory"]["phases"]["reference_forward"]
+assert r["peak_allocated_bytes"] - r["tmp_bytes"] - 2 * L == rd["peak_allocated_bytes"] - rd["tmp_bytes"] - L, (r, rd)
+assert ph["policy_step"]["peak_allocated_bytes"] == r["peak_allocated_bytes"] - L, ph
+assert m["peak_allocated_bytes"] == r["peak_allocated_bytes"] and m["peak_event"].startswith("loss:reference."), m
+PY
+then
+    ok "--trainer kto --loss hf: LLaMA-Factory's KTO, its forwards' peaks and what they hold hand-worked"
+else
+    bad "--trainer kto --loss hf: LLaMA-Factory's KTO, its forwards' peaks and what they hold hand-worked"
+fi
+run estimate "$T/lfd.json" --trainer kto --loss hf -b 1 -s 256
+if [ "$ec" -eq 0 ] && grep -qF "CustomKTOTrainer): 1 example and its KL sequence" "$T/out"; then
+    ok "--trainer kto --loss hf --batch 1: no 2-example floor (LLaMA-Factory makes the KL rows itself)"
+else
+    bad "--trainer kto --loss hf --batch 1: no 2-example floor (LLaMA-Factory makes the KL rows itself)"
+fi
+run estimate --recipe tests/data/recipes/llamafactory-kto-lora.yaml --trainer kto --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "--recipe LLaMA-Factory stage: kto (python3 not found)"
+elif [ "$ec" -eq 0 ] && python3 - "$T/out" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["config"]
+assert c["trainer"] == "kto" and c["reference"] == "adapter-disabled" and c["loss"] == "hf", c
+assert c["recipe"]["trainer"] == "LLaMA-Factory 0.9.5 stage: kto (CustomKTOTrainer, TRL <= 0.24)", c["recipe"]
+assert c["recipe"]["settings"]["loss"] == {"value": "hf", "key": "stage", "line": 8, "source": "recipe"}, c["recipe"]
+assert c["recipe"]["settings"]["batch"]["value"] == "1", c["recipe"]
+PY
+then
+    ok "--recipe LLaMA-Factory stage: kto: CustomKTOTrainer's head (--loss hf), the adapter disabled"
+else
+    bad "--recipe LLaMA-Factory stage: kto: CustomKTOTrainer's head (--loss hf), the adapter disabled"
+fi
+expect_msg 3 "--recipe LLaMA-Factory stage: kto without --trainer kto: refused, naming the key" \
+    "llamafactory-kto-lora.yaml:8: stage: kto: LLaMA-Factory's KTO step: read this file with --trainer kto" \
+    estimate --recipe tests/data/recipes/llamafactory-kto-lora.yaml --trainer dpo
+printf 'stage: kto\nmodel_name_or_path: models/hf/qwen2-0.5b.json\nfinetuning_type: lora\nref_model: x\n' \
+    >"$T/lfk.yaml"
+expect_msg 3 "--recipe LLaMA-Factory stage: kto with a ref_model of its own: refused, naming the key" \
+    "lfk.yaml:4: ref_model: x: a reference model of its own" estimate --recipe "$T/lfk.yaml" --trainer kto
+expect_msg 2 "--trainer kto --loss hf --precompute-ref: refused (LLaMA-Factory has none)" \
+    "CustomKTOTrainer computes the reference's log-probs every step" \
+    estimate "$T/lfd.json" --trainer kto --loss hf --precompute-ref
+expect_msg 2 "--trainer kto --loss hf --parallel fsdp: refused (LLaMA-Factory's own reference preparation)" \
+    "LLaMA-Factory's KTO under ZeRO and FSDP2" estimate "$T/lfd.json" --trainer kto --loss hf --gpus 2 --parallel fsdp
+expect_msg 2 "suggest --trainer kto --loss hf --emit hf: refused (no LLaMA-Factory emitter)" \
+    "TRL's KTOConfig, whose head is fused" suggest "$T/lfd.json" --trainer kto --loss hf --gpu a100-80gb --emit hf
+run suggest --recipe tests/data/recipes/llamafactory-kto-lora.yaml --trainer kto --gpu a100-80gb
+if [ "$ec" -eq 0 ] && grep -qF "# LLaMA-Factory's KTO step (stage: kto): per_device_train_batch_size:" "$T/out" &&
+    ! grep -qF "KTOConfig" "$T/out"; then
+    ok "suggest --recipe LLaMA-Factory stage: kto: its YAML's batch keys, no TRL KTOConfig"
+else
+    bad "suggest --recipe LLaMA-Factory stage: kto: its YAML's batch keys, no TRL KTOConfig"
+fi
 
 # --moe-capacity: recorded (config.moe), the busiest expert's rows from it, the figures unchanged
 # (grouped_mm: one grouped GEMM over the 2 x 64 x 2 = 256 routed rows whatever their split)
@@ -3079,6 +3155,8 @@ if [ -n "$HAVE_PY" ]; then
         "models/hf/qwen2-0.5b.json --trainer kto -b 4 --grad-accum 2 -s 512 -p bf16-amp -o adamw -c layers --use-cache off"
     same_check "LLaMA-Factory stage: dpo, LoRA" "--recipe $R/llamafactory-dpo-lora.yaml --trainer dpo" \
         "models/hf/qwen2-0.5b.json --trainer dpo --loss hf -b 1 --grad-accum 8 -s 1024 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
+    same_check "LLaMA-Factory stage: kto, LoRA" "--recipe $R/llamafactory-kto-lora.yaml --trainer kto" \
+        "models/hf/qwen2-0.5b.json --trainer kto --loss hf -b 1 --grad-accum 8 -s 1024 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
     same_check "LLaMA-Factory LoRA" "--recipe $R/llamafactory-lora.yaml" \
         "models/hf/llama-3.2-1b.json -b 1 --grad-accum 8 -s 2048 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
     # the command line wins, and the JSON says so

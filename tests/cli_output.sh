@@ -98,6 +98,10 @@ timeline "check --trainer kto --finetune lora --timeline: the KL forward, two re
     check models/hf/qwen2-0.5b.json --trainer kto --finetune lora --batch 2 --seq 512 --gpu l4
 timeline "estimate --trainer kto-apo --timeline: one reference forward, no KL forward" -- \
     estimate models/hf/qwen2-0.5b.json --trainer kto-apo --finetune lora --batch 1 --seq 512
+timeline "estimate --trainer kto --loss hf --timeline: LLaMA-Factory's KL forward, then two reference forwards" -- \
+    estimate models/hf/qwen2-0.5b.json --trainer kto --loss hf --finetune lora --batch 1 --seq 512
+timeline "estimate --trainer kto --loss hf --timeline: a full copy, bf16-amp (its KL forward caches the weights)" -- \
+    estimate models/hf/qwen2-0.5b.json --trainer kto --loss hf --batch 1 --seq 128 --precision bf16-amp
 timeline "estimate --trainer grpo --timeline: generate (the peak) before the step" -- \
     estimate models/hf/qwen2-0.5b.json --trainer grpo --finetune lora --checkpoint layers --batch 8 --grad-accum 16 \
     --seq 2048 --completion-length 1536

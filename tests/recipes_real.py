@@ -168,7 +168,8 @@ if not have_lf:
     skip("llamafactory absent: its recipes are checked as YAML only")
 else:
     from llamafactory.hparams.parser import _TRAIN_ARGS
-    for name in ("llamafactory-lora.yaml", "llamafactory-defaults.yaml", "llamafactory-dpo-lora.yaml"):
+    for name in ("llamafactory-lora.yaml", "llamafactory-defaults.yaml", "llamafactory-dpo-lora.yaml",
+                 "llamafactory-kto-lora.yaml"):
         HfArgumentParser(_TRAIN_ARGS).parse_yaml_file(os.path.join(D, name), allow_extra_keys=False)
         ok("%s: LLaMA-Factory's parser reads it" % name)
 
@@ -188,6 +189,7 @@ WRITTEN = [  # (recipe, MODEL or None, the dataclasses that read it, more argume
     ("trl-sft-lora.yaml", None, "trl", []),
     ("llamafactory-lora.yaml", None, "lf", []),
     ("llamafactory-dpo-lora.yaml", None, "lf", ["--trainer", "dpo"]),
+    ("llamafactory-kto-lora.yaml", None, "lf", ["--trainer", "kto"]),
     # a GRPOConfig (GRPOConfig has no length: --seq); its __post_init__ checks the generation batch
     # holds whole groups of num_generations
     ("trl-grpo-vllm.yaml", None, "trl-grpo", ["--trainer", "grpo", "--seq", "768"]),

@@ -344,10 +344,9 @@ static void test_refusals(void **state)
          ": use_bnb_nested_quant (the trainer's default): false:", "double-quantized"},
         {"model_name_or_path: m\nload_in_4bit: true\n", ":2: load_in_4bit", "cannot be fully fine-tuned"},
         {"model_name_or_path: m\ndtype: auto\nloss_type: bogus\n", ":3: loss_type: bogus:", "does not model"},
-        /* LLaMA-Factory's DPO is --trainer dpo's (test_lf_dpo); its KTO trainer: the whole logits in
-         * fp32, not TRL's fused head */
+        /* LLaMA-Factory's DPO is --trainer dpo's (test_lf_dpo), its KTO --trainer kto's (test_lf_kto) */
         {"stage: dpo\nmodel_name_or_path: m\n", ":1: stage: dpo:", "read this file with --trainer dpo"},
-        {"stage: kto\nmodel_name_or_path: m\n", ":1: stage: kto:", "CustomKTOTrainer"},
+        {"stage: kto\nmodel_name_or_path: m\n", ":1: stage: kto:", "read this file with --trainer kto"},
         {"stage: rm\nmodel_name_or_path: m\n", ":1: stage: rm:", "reward, value"},
         {"stage: grpo\nmodel_name_or_path: m\n", ":1: stage: grpo:", "expected sft, pt"},
         {"stage: sft\nmodel_name_or_path: m\nfinetuning_type: freeze\nuse_reentrant_gc: false\n",
@@ -519,6 +518,51 @@ static void test_lf_dpo(void **state)
     expect(FINETUNE, "full", KEY, "finetuning_type", 3);
     expect(PRECISION, "bf16", KEY, "pure_bf16", 4);
     expect(LOSS, "hf", KEY, "stage", 2);
+    remove(path);
+}
+
+/* LLaMA-Factory 0.9.5's stage: kto read with --trainer kto: CustomKTOTrainer's step is --loss hf (the
+ * model's logits, lower_lf_dpo_loss); the reference as DPO's; its weights and beta read (b-sized),
+ * the DPO loss's keys it does not read accepted, a reference of its own refused */
+static void test_lf_kto(void **state)
+{
+    (void)state;
+    struct mp_diag d = {{0}};
+    assert_int_equal(mp_recipe_read_as(D "llamafactory-kto-lora.yaml", -1, MP_TRAINER_KTO, &r, &d), MP_OK);
+    assert_string_equal(r.trainer, "LLaMA-Factory 0.9.5 stage: kto (CustomKTOTrainer, TRL <= 0.24)");
+    expect(LOSS, "hf", KEY, "stage", 8);
+    expect(FINETUNE, "lora", KEY, "finetuning_type", 10);
+    expect(SEQ, "1024", KEY, "cutoff_len", 21);
+    expect(BATCH, "1", KEY, "per_device_train_batch_size", 34); /* (one example: no KL floor) */
+    expect(PRECISION, "bf16-amp", KEY, "bf16", 40);
+    unset(PRECOMPUTE_REF);
+    assert_int_equal(r.n_unknown, 0); /* pref_beta, kto_chosen_weight, kto_rejected_weight: read */
+    static const struct trainer_case cases[] = {
+        {"model_name_or_path: m\nstage: kto\nfinetuning_type: full\npure_bf16: true\npref_ftx: 0.5\n"
+         "kto_rejected_weight: 1.33\npref_loss: simpo\nld_alpha: 0.5\nuse_reentrant_gc: false\n", NULL, NULL,
+         MP_TRAINER_KTO},
+        {"model_name_or_path: m\nstage: kto\nuse_reentrant_gc: false\n", ":2: stage: kto:",
+         "read this file with --trainer kto", MP_TRAINER_DPO},
+        {"model_name_or_path: m\nstage: kto\nuse_reentrant_gc: false\n", ":2: stage: kto:",
+         "read this file with --trainer kto", MP_TRAINER_KTO_APO},
+        {"model_name_or_path: m\nstage: kto\nref_model: other\nuse_reentrant_gc: false\n", ":3: ref_model: other:",
+         "of its own", MP_TRAINER_KTO},
+        {"model_name_or_path: m\nstage: kto\nref_model_adapters: a\nuse_reentrant_gc: false\n",
+         ":3: ref_model_adapters: a:", "of its own", MP_TRAINER_KTO},
+        {"model_name_or_path: m\nstage: kto\nfinetuning_type: full\nbf16: true\nuse_reentrant_gc: false\n",
+         ":3: finetuning_type: full:", "bf16 reference copy", MP_TRAINER_KTO},
+        {"model_name_or_path: m\nstage: kto\nfinetuning_type: oft\nuse_reentrant_gc: false\n",
+         ":3: finetuning_type: oft:", "LLaMA-Factory's KTO with this fine-tuning type", MP_TRAINER_KTO},
+    };
+    const char *path = scratch("recipe-lfkto.yaml");
+    read_cases(path, cases, sizeof cases / sizeof cases[0]);
+    /* full under pure_bf16: bf16 weights and a bf16 copy; the DPO loss's keys are no KTO's */
+    write_text(path, cases[0].text);
+    assert_int_equal(mp_recipe_read_as(path, -1, MP_TRAINER_KTO, &r, &d), MP_OK);
+    expect(FINETUNE, "full", KEY, "finetuning_type", 3);
+    expect(PRECISION, "bf16", KEY, "pure_bf16", 4);
+    expect(LOSS, "hf", KEY, "stage", 2);
+    assert_int_equal(r.n_unknown, 0);
     remove(path);
 }
 
@@ -731,7 +775,7 @@ int main(void)
         cmocka_unit_test(test_llamafactory_lora), cmocka_unit_test(test_llamafactory_defaults),
         cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_loss_heads),   cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_optimizer_hf_names), cmocka_unit_test(test_write_recipe),
-        cmocka_unit_test(test_trl_grpo),         cmocka_unit_test(test_axolotl_rl), cmocka_unit_test(test_lf_dpo),
+        cmocka_unit_test(test_trl_grpo),         cmocka_unit_test(test_axolotl_rl), cmocka_unit_test(test_lf_dpo), cmocka_unit_test(test_lf_kto),
     };
     return cmocka_run_group_tests_name("recipe", tests, NULL, NULL);
 }

@@ -189,8 +189,10 @@ static void test_trainers(void **state)
     assert_int_equal(mp_trainer_seqs(MP_TRAINER_SFT), 1);
     assert_int_equal(mp_trainer_seqs(MP_TRAINER_DPO), 2);
     assert_int_equal(mp_trainer_seqs(MP_TRAINER_KTO), 1);
-    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_DPO), 1);
-    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_KTO), 2);
+    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_DPO, MP_LOSS_CHUNKED_NLL), 1);
+    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_KTO, MP_LOSS_CHUNKED_NLL), 2);
+    /* LLaMA-Factory's KTO (--loss hf): its preprocessing makes the KL rows (feedback.py), no floor */
+    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_KTO, MP_LOSS_HF), 1);
     assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_SFT), 0);
     assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_DPO), 1);
     assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_KTO), 2);
@@ -205,7 +207,7 @@ static void test_trainers(void **state)
     assert_string_equal(mp_trainer_config(MP_TRAINER_DPO), "DPOConfig");
     /* KTO's apo_zero_unpaired: no KL term (kto_trainer.py:815, 836, 844): one example is enough, no KL
      * forward, one reference forward (the batch); the same config class with its loss_type */
-    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_KTO_APO), 1);
+    assert_int_equal(mp_trainer_min_batch(MP_TRAINER_KTO_APO, MP_LOSS_CHUNKED_NLL), 1);
     assert_int_equal(mp_trainer_kl_fwds(MP_TRAINER_KTO_APO), 0);
     assert_int_equal(mp_trainer_ref_fwds(MP_TRAINER_KTO_APO), 1);
     assert_string_equal(mp_trainer_config(MP_TRAINER_KTO_APO), "KTOConfig");

@@ -99,7 +99,9 @@ if [w for _, _, w in splices] != want:
     fail("spliced forwards %s, expected %s (trainer %s, reference %s)"
          % ([w for _, _, w in splices], want, trainer, cfg.get("reference")))
 for a, b, w in splices:
-    ph = "generation" if trainer == "grpo" else "loss" if w == "reference.forward" else "forward"
+    # (LLaMA-Factory's KTO, --loss hf: its KL forward runs in compute_loss, after the batch's forward)
+    lf = trainer == "kto" and cfg.get("loss") == "hf"
+    ph = "generation" if trainer == "grpo" else "loss" if w == "reference.forward" or lf else "forward"
     if [p for p0, p1, p in phases if p0 <= a and b <= p1] != [ph]:
         fail("the %s bracket [%d, %d] is not inside one %s band" % (w, a, b, ph))
 if mem["peak_event"].startswith(("loss:reference.forward:", "generation:reference.forward:")) and \

@@ -87,26 +87,30 @@ SETTINGS = [("tiny", "full", "none", 2, 256, 128, "bf16"), ("tiny", "full", "lay
             ("1b", "full", "layers", 1, 256, 128, "bf16"), ("1b", "lora", "layers", 1, 256, 128, "bf16-amp")]
 
 
+def read_functions(path, names, ns):
+    """The functions `names` of the source file `path`, executed unchanged in ns: {name: function}."""
+    with open(path) as f:
+        text = f.read()
+    out = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef) and node.name in names and node.name not in out:
+            exec(textwrap.dedent(ast.get_source_segment(text, node)), ns)
+            out[node.name] = ns[node.name]
+    missing = [n for n in names if n not in out]
+    assert not missing, "%s: no %s" % (path, missing)
+    return out
+
+
 def lf_functions(src):
     """LLaMA-Factory's own get_batch_logps and nested_detach (train/trainer_utils.py) and
     CustomDPOTrainer's methods (train/dpo/trainer.py), read out of its source and executed
     unchanged: {name: function}."""
     ns = {"torch": torch, "F": F, "IGNORE_INDEX": -100, "Optional": Optional, "Union": Union,
           "Literal": Literal, "Mapping": collections.abc.Mapping, "nullcontext": contextlib.nullcontext}
-    want = {"train/trainer_utils.py": ("get_batch_logps", "nested_detach"),
-            "train/dpo/trainer.py": ("concatenated_forward", "compute_reference_log_probs",
-                                     "get_batch_loss_metrics", "compute_preference_loss")}
-    out = {}
-    for rel, names in want.items():
-        path = os.path.join(src, rel)
-        with open(path) as f:
-            text = f.read()
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.FunctionDef) and node.name in names and node.name not in out:
-                exec(textwrap.dedent(ast.get_source_segment(text, node)), ns)
-                out[node.name] = ns[node.name]
-        missing = [n for n in names if n not in out]
-        assert not missing, "%s: no %s" % (path, missing)
+    out = read_functions(os.path.join(src, "train/trainer_utils.py"), ("get_batch_logps", "nested_detach"), ns)
+    out.update(read_functions(os.path.join(src, "train/dpo/trainer.py"),
+                              ("concatenated_forward", "compute_reference_log_probs", "get_batch_loss_metrics",
+                               "compute_preference_loss"), ns))
     return out
 
 
@@ -194,36 +198,31 @@ def prepare(config, ft, ckpt, prec):
     return model, ref, opt
 
 
-def lf_dpo_step(fns, config, ft, ckpt, pairs, seq, prompt, prec, detail=False):
-    """Two steps; step 2's figures: {peak, peak_at, fwd_peak, fwd_end, bwd_peak, ref_peak, ...}."""
-    model, ref, opt = prepare(config, ft, ckpt, prec)
-    need = orpo_step.static_bytes(model) + (orpo_step.static_bytes(ref) // 4 if ref is not None else 0)
-    if need > RAM_LIMIT:
-        return {"skipped": "needs %.1f GiB > %.0f GiB" % (need / 2**30, RAM_LIMIT / 2**30)}
-    stub = Stub(fns, ref)
-    tr = orpo_step.OrpoTracker(snapshot=detail)
-    res = {}
-    # the reference forward's moment: the live bytes at its peak (compute_reference_log_probs)
-    ref_box = [0, "", 0]
-    inner = stub.compute_reference_log_probs
-
-    def traced_ref(model_, batch):
+def traced(tr, fn, box):
+    """fn, its own peak into box[0] (and where: box[1]) and the tracker's peak before it into box[2];
+    the tracker's peak across it kept."""
+    def run(*a, **k):
         keep = tr.peak, tr.peak_at, tr.peak_live
-        ref_box[2] = tr.peak  # the policy's forward, before the reference's
+        box[2] = tr.peak
         tr.peak = tr.cur
-        out = inner(model_, batch)
-        ref_box[0], ref_box[1] = tr.peak, tr.peak_at
+        out = fn(*a, **k)
+        box[0], box[1] = tr.peak, tr.peak_at
         if tr.peak < keep[0]:
             tr.peak, tr.peak_at, tr.peak_live = keep
         return out
-    stub.compute_reference_log_probs = traced_ref
+    return run
+
+
+def two_steps(tr, model, ref, opt, inputs, step, figures, detail):
+    """Two steps (step(second) -> the loss; backward, AdamW, zero_grad) under tr; step 2's figures:
+    {peak, peak_at, fwd_peak, fwd_end, bwd_peak, static, ...} and figures()'s after its forward."""
+    res = {}
     with tr, cuda_softmax_copy():
         dpo_step.track_models(tr, model, ref)
-        inputs = lf_inputs(config["vocab_size"], pairs, seq, prompt)
         for t in inputs.values():
             tr.add(t, "input")
         tr.phase = "forward"
-        orpo_step.backward_and_step(tr, stub.compute_loss(model, inputs), opt)
+        orpo_step.backward_and_step(tr, step(False), opt)
         for st in opt.state.values():
             if "step" in st and isinstance(st["step"], torch.Tensor):
                 tr.forget(st["step"])  # AdamW keeps its step counters on the CPU on CUDA too
@@ -232,10 +231,9 @@ def lf_dpo_step(fns, config, ft, ckpt, pairs, seq, prompt, prec, detail=False):
         tr.peak, tr.peak_at, tr.peak_live, tr.acc = tr.cur, "step-start", [], [0, 0]
         tr.nodes = [] if detail else None
         tr.phase = "forward"
-        loss = stub.compute_loss(model, inputs)
+        loss = step(True)
         gc.collect()
-        res.update(fwd_peak=tr.peak, fwd_peak_at=tr.peak_at, fwd_end=tr.cur, ref_peak=ref_box[0],
-                   ref_peak_at=ref_box[1], policy_fwd_peak=ref_box[2])
+        res.update(fwd_peak=tr.peak, fwd_peak_at=tr.peak_at, fwd_end=tr.cur, **figures())
         if detail:
             res["fwd_peak_live"] = list(tr.peak_live)
             res["fwd_end_live"] = sorted(((n, lab) for n, lab, _ in tr.live()), reverse=True)
@@ -260,37 +258,60 @@ def lf_dpo_step(fns, config, ft, ckpt, pairs, seq, prompt, prec, detail=False):
     return res
 
 
-def memplan_args(ft, ckpt, pairs, seq, prec):
-    a = ["--trainer", "dpo", "--loss", "hf", "--batch", str(pairs), "--seq", str(seq), "--precision", prec,
+def fits(model, ref):
+    """None, or why the rows are skipped (RAM_LIMIT)."""
+    need = orpo_step.static_bytes(model) + (orpo_step.static_bytes(ref) // 4 if ref is not None else 0)
+    return "needs %.1f GiB > %.0f GiB" % (need / 2**30, RAM_LIMIT / 2**30) if need > RAM_LIMIT else None
+
+
+def lf_dpo_step(fns, config, ft, ckpt, pairs, seq, prompt, prec, detail=False):
+    """Two steps; step 2's figures: {peak, peak_at, fwd_peak, fwd_end, bwd_peak, ref_peak, ...}."""
+    model, ref, opt = prepare(config, ft, ckpt, prec)
+    if fits(model, ref):
+        return {"skipped": fits(model, ref)}
+    stub = Stub(fns, ref)
+    tr = orpo_step.OrpoTracker(snapshot=detail)
+    # the reference forward's moment: the live bytes at its peak (compute_reference_log_probs)
+    ref_box = [0, "", 0]
+    stub.compute_reference_log_probs = traced(tr, stub.compute_reference_log_probs, ref_box)
+    inputs = lf_inputs(config["vocab_size"], pairs, seq, prompt)
+    return two_steps(tr, model, ref, opt, inputs, lambda second: stub.compute_loss(model, inputs),
+                     lambda: {"ref_peak": ref_box[0], "ref_peak_at": ref_box[1], "policy_fwd_peak": ref_box[2]},
+                     detail)
+
+
+def memplan_args(ft, ckpt, pairs, seq, prec, trainer="dpo"):
+    a = ["--trainer", trainer, "--loss", "hf", "--batch", str(pairs), "--seq", str(seq), "--precision", prec,
          "--checkpoint", ckpt, "--optimizer", "adamw", "--workspace", "0", "--use-cache", "off", "--json"]
     if ft == "lora":
         a += ["--finetune", "lora", "--lora-r", "16", "--lora-targets", "all-linear"]
     return a
 
 
-def cli():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def cli(doc=__doc__, oracle="lf_dpo_step", trl_src=None):
+    """The options (trl_src: the default of --trl-src, which only the KTO bench takes)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--memplan", default="./memplan")
     ap.add_argument("--lf-src", default=LF_SRC, help="the unpacked llamafactory 0.9.5 wheel's llamafactory/")
+    if trl_src:
+        ap.add_argument("--trl-src", default=trl_src, help="the unpacked trl 0.24.0 wheel's trl/")
     ap.add_argument("--out", default=None, help="the table (markdown) into FILE")
-    ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, "lf_dpo_step.jsonl"), help="'' for none")
+    ap.add_argument("--rows-out", default=os.path.join(rowlib.ROWS_DIR, oracle + ".jsonl"), help="'' for none")
     ap.add_argument("--select", default="", help="comma-separated indices into SETTINGS (0-based)")
     ap.add_argument("--no-1b", action="store_true", help="skip the 1B-class rows")
     ap.add_argument("--detail", action="store_true", help="print the live storages at the peaks")
     return ap.parse_args()
 
 
-def main():
-    a = cli()
-    torch.set_num_threads(1)
-    fns = lf_functions(a.lf_src)
-    versions = rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
-                                   peft=peft.__version__, llamafactory="0.9.5 (source, trl 0.24's compute_loss)",
-                                   tensors="real, CPU")
+def run_table(a, versions, settings, measure, margs, oracle, unit, first_col):
+    """Each setting through measure (a step's figures) and memplan (margs: its arguments): the table,
+    the rows (three figures each).  first_col: (header, the figure's key) of the policy's forwards
+    column; unit: what a batch counts ("pairs", "examples")."""
     configs = {"tiny": (dpo_step.CONFIG, TINY_NAME), "1b": (orpo_step.one_b_config(), ONE_B_NAME)}
     sel = {int(x) for x in a.select.split(",") if x}
-    lines = ["| setting | torch peak (B) | at | memplan (B) | diff | memplan peak at | torch fwd peak (B) "
-             "| torch ref-forward peak (B) | torch bwd peak (B) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| setting | torch peak (B) | at | memplan (B) | diff | memplan peak at | torch %s (B) "
+             "| torch ref-forward peak (B) | torch bwd peak (B) |" % first_col[0],
+             "|---|---|---|---|---|---|---|---|---|"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
@@ -298,20 +319,20 @@ def main():
             paths[k] = os.path.join(tmp, k + ".json")
             with open(paths[k], "w") as f:
                 json.dump(cfg, f)
-        for i, (mk, ft, ck, n, seq, prompt, prec) in enumerate(SETTINGS):
+        for i, (mk, ft, ck, n, seq, prompt, prec) in enumerate(settings):
             if (sel and i not in sel) or (a.no_1b and mk == "1b"):
                 continue
             cfg, name = configs[mk]
-            setting = "%s: %s, %s, ckpt %s, %d pairs x s%d, prompt %d" % (
+            setting = "%s: %s, %s, ckpt %s, %d %s x s%d, prompt %d" % (
                 "tiny" if mk == "tiny" else "1B-class 2 layers", "LoRA all-linear r16" if ft == "lora" else "full",
-                prec, ck, n, seq, prompt)
+                prec, ck, n, unit, seq, prompt)
             print("[%d] %s ..." % (i, setting), flush=True)
-            t = lf_dpo_step(fns, cfg, ft, ck, n, seq, prompt, prec, a.detail)
+            t = measure(cfg, ft, ck, n, seq, prompt, prec, a.detail)
             gc.collect()
             if "skipped" in t:
                 lines.append("| %s | skipped: %s | | | | | | | |" % (setting, t["skipped"]))
                 continue
-            args = memplan_args(ft, ck, n, seq, prec)
+            args = margs(ft, ck, n, seq, prec)
             try:
                 m = dpo_step.memplan_run(a.memplan, paths[mk], args)
                 mp = m["peak_allocated_bytes"] - m["workspace_bytes"]
@@ -321,13 +342,15 @@ def main():
                 m = None
                 mcol, dcol, mat = "memplan: %s" % (str(e).strip().splitlines() or ["?"])[-1][:120], "-", "-"
             lines.append("| %s | %d | %s | %s | %s | %s | %d | %d | %d |" % (
-                setting, t["peak"], t["peak_at"], mcol, dcol, mat, t["fwd_peak"], t["ref_peak"], t["bwd_peak"]))
+                setting, t["peak"], t["peak_at"], mcol, dcol, mat, t[first_col[1]], t["ref_peak"], t["bwd_peak"]))
             print(lines[-1], flush=True)
+            pol_t = max(t["policy_fwd_peak"], t["bwd_peak"])
             if m is not None:
                 ph = m.get("phases", {})
-                print("    policy step: torch %d (its forward before the reference's %d), memplan %s; reference "
+                print("    policy step: torch %d (its forwards before the reference's %d%s), memplan %s; reference "
                       "forward: torch %d, memplan %s" % (
-                          max(t["policy_fwd_peak"], t["bwd_peak"]), t["policy_fwd_peak"],
+                          pol_t, t["policy_fwd_peak"],
+                          ", KL forward %d at %s" % (t["kl_peak"], t["kl_peak_at"]) if "kl_peak" in t else "",
                           ph.get("policy_step", {}).get("peak_allocated_bytes"), t["ref_peak"],
                           ph.get("reference_forward", {}).get("peak_allocated_bytes")), flush=True)
             print("    static %d B, fwd peak at %s, ref peak at %s, bwd peak at %s" % (
@@ -342,23 +365,35 @@ def main():
             ph = m["phases"]
             ref_mp = ph["reference_forward"]["peak_allocated_bytes"] - m["workspace_bytes"]
             pol_mp = ph["policy_step"]["peak_allocated_bytes"] - m["workspace_bytes"]
-            pol_t = max(t["policy_fwd_peak"], t["bwd_peak"])
+            recorded = {"torch_peak_at": t["peak_at"], "memplan_peak_at": m.get("peak_event", ""),
+                        "pct": round(pct, 3), "torch_forward_peak": t["fwd_peak"],
+                        "torch_ref_forward_peak": t["ref_peak"], "torch_forward_end_live": t["fwd_end"],
+                        "torch_backward_peak": t["bwd_peak"], "torch_policy_forward_peak": t["policy_fwd_peak"],
+                        "model": mk}
+            if "kl_peak" in t:
+                recorded["torch_kl_forward_peak"] = t["kl_peak"]
             rows.append({"config": name, "config_json": cfg, "args": args,
                          "figures": {"peak": rowlib.figure(t["peak"], mp),
                                      "ref_forward_peak": rowlib.figure(t["ref_peak"], ref_mp),
                                      "policy_step_peak": rowlib.figure(pol_t, pol_mp)},
-                         "recorded": {"torch_peak_at": t["peak_at"], "memplan_peak_at": m.get("peak_event", ""),
-                                      "pct": round(pct, 3), "torch_forward_peak": t["fwd_peak"],
-                                      "torch_ref_forward_peak": t["ref_peak"], "torch_forward_end_live": t["fwd_end"],
-                                      "torch_backward_peak": t["bwd_peak"],
-                                      "torch_policy_forward_peak": t["policy_fwd_peak"], "model": mk},
-                         "source": "bench/accuracy/lf_dpo_step.py (run %s)" % versions["memplan"],
-                         "versions": versions})
+                         "recorded": recorded, "versions": versions,
+                         "source": "bench/accuracy/%s.py (run %s)" % (oracle, versions["memplan"])})
     if a.out:
         with open(a.out, "w") as f:
             f.write("\n".join(lines) + "\n")
     if rows and a.rows_out:
-        print("rows: %s" % rowlib.save_rows("lf_dpo_step", rows, a.rows_out))
+        print("rows: %s" % rowlib.save_rows(oracle, rows, a.rows_out))
+
+
+def main():
+    a = cli()
+    torch.set_num_threads(1)
+    fns = lf_functions(a.lf_src)
+    versions = rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
+                                   peft=peft.__version__, llamafactory="0.9.5 (source, trl 0.24's compute_loss)",
+                                   tensors="real, CPU")
+    run_table(a, versions, SETTINGS, lambda *x: lf_dpo_step(fns, *x), memplan_args, "lf_dpo_step", "pairs",
+              ("fwd peak", "fwd_peak"))
 
 
 if __name__ == "__main__":

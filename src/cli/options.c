@@ -195,8 +195,8 @@ static const struct opt OPTS[] = {
              "forward (default on)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
      .help = ": the causal LM's loss head (default hf; cce: Axolotl's Cut Cross-Entropy, bf16 weights; "
-             "torchtune: its LinearCrossEntropyLoss, no autocast; --trainer dpo --loss hf: LLaMA-Factory's DPO "
-             "step; docs: man memplan)"},
+             "torchtune: its LinearCrossEntropyLoss, no autocast; --trainer dpo|kto --loss hf: LLaMA-Factory's "
+             "DPO or KTO step; docs: man memplan)"},
     {0, "label-fraction", "F", C_ALL, K_NUMBER, RANGE(0, false, 1, true), FIELD(label_fraction),
      .help = "share of label positions not -100 (prompt masking; default 1): chunked-nll and "
              "torchtune gather only those, cce keeps per-token state for them; hf and liger unaffected"},
@@ -744,17 +744,23 @@ static int check_rules(const struct command *c, struct args *a)
         a->loss = MP_LOSS_CHUNKED_NLL; /* trl dpo_trainer.py:959-962, kto_trainer.py:966-972: policy and reference */
     char why[256];
     char trl[16];
-    /* --trainer dpo --loss hf: LLaMA-Factory 0.9.5's CustomDPOTrainer, the model's logits in fp32 and
-     * its get_batch_logps (lower_embed_head.c lower_lf_dpo_loss) */
-    bool lf_dpo = tr == MP_TRAINER_DPO && a->loss == MP_LOSS_HF;
-    if (lf_dpo && a->emit != MP_EMIT_NONE && a->emit != MP_EMIT_DEEPSPEED && a->emit != MP_EMIT_ACCELERATE)
-        return cli_usage_error(c->name, "--emit %s with --trainer dpo --loss hf: LLaMA-Factory's step has no "
-                                        "emitter (--emit hf writes TRL's DPOConfig, whose head is fused)",
-                               mp_emit_str((enum mp_emit)a->emit));
-    if (lf_dpo && a->precompute_ref)
-        return cli_usage_error(c->name, "%s", "--precompute-ref with --trainer dpo --loss hf: LLaMA-Factory's "
-                                              "CustomDPOTrainer computes the reference's log-probs every step "
-                                              "(precompute_ref_log_probs False, train/dpo/trainer.py:70)");
+    /* --trainer dpo|kto --loss hf: LLaMA-Factory 0.9.5's CustomDPOTrainer / CustomKTOTrainer, the
+     * model's logits in fp32 and its get_batch_logps (lower_embed_head.c lower_lf_dpo_loss) */
+    bool lf_dpo = mp_trainer_lf(tr, (enum mp_loss)a->loss);
+    char tcfg[16];
+    mp_trainer_trl_name(tr, tcfg, sizeof tcfg);
+    if (lf_dpo && a->emit != MP_EMIT_NONE && a->emit != MP_EMIT_DEEPSPEED && a->emit != MP_EMIT_ACCELERATE) {
+        snprintf(why, sizeof why, "--emit %s with --trainer %s --loss hf: LLaMA-Factory's step has no emitter "
+                 "(--emit hf writes TRL's %sConfig, whose head is fused)", mp_emit_str((enum mp_emit)a->emit), tn,
+                 tcfg);
+        return cli_usage_error(c->name, "%s", why);
+    }
+    if (lf_dpo && a->precompute_ref) {
+        snprintf(why, sizeof why, "--precompute-ref with --trainer %s --loss hf: LLaMA-Factory's Custom%sTrainer "
+                 "computes the reference's log-probs every step (precompute_ref_log_probs False, train/%s/"
+                 "trainer.py:%s)", tn, tcfg, tn, tr == MP_TRAINER_KTO ? "68" : "70");
+        return cli_usage_error(c->name, "%s", why);
+    }
     if (pref && a->loss != MP_LOSS_CHUNKED_NLL && !lf_dpo) {
         snprintf(why, sizeof why, "--trainer %s: --loss %s: TRL's %sTrainer computes its log-probs through its "
                  "fused LM head (--loss chunked-nll)", tn, mp_loss_str((enum mp_loss)a->loss),
@@ -801,14 +807,15 @@ static int check_rules(const struct command *c, struct args *a)
      * (:264-274): partitioned, fetched block by block for its forward (mp_par_z3_ref_bytes).
      * FSDP2 (DPO, KTO): the copy is one fully_shard unit (prepare_fsdp), a PEFT reference the
      * policy's own units.  GRPO's generation from a sharded policy: not modelled yet */
-    /* LLaMA-Factory's DPO prepares its reference copy itself (train/dpo/trainer.py:94-109): under
+    /* LLaMA-Factory's DPO and KTO prepare their reference copy themselves (train/dpo/trainer.py:94-109,
+     * train/kto/trainer.py:96-111): under
      * DeepSpeed TRL 0.24's prepare_deepspeed, under FSDP2 accelerate's fsdp2_prepare_model (the
      * policy's wrap policy, not one unit), under DDP prepare_model(evaluation_mode=True) as TRL */
     bool lf_sharded = a->par.strategy != MP_PAR_NONE && a->par.strategy != MP_PAR_DDP;
     if (lf_dpo && lf_sharded) {
-        snprintf(why, sizeof why, "--trainer dpo --loss hf with --parallel %s: LLaMA-Factory's DPO under ZeRO and "
-                 "FSDP2 (its own reference preparation) is not modelled yet (--parallel ddp is)",
-                 mp_par_strategy_str(a->par.strategy));
+        snprintf(why, sizeof why, "--trainer %s --loss hf with --parallel %s: LLaMA-Factory's %s under ZeRO and "
+                 "FSDP2 (its own reference preparation) is not modelled yet (--parallel ddp is)", tn,
+                 mp_par_strategy_str(a->par.strategy), tcfg);
         return cli_usage_error(c->name, "%s", why);
     }
     if (pref && !mp_trainer_par_modelled(tr, (enum mp_loss)a->loss, (enum mp_par_strategy)a->par.strategy)) {
@@ -819,7 +826,7 @@ static int check_rules(const struct command *c, struct args *a)
                  mp_par_strategy_str(a->par.strategy));
         return cli_usage_error(c->name, "%s", why);
     }
-    uint64_t least = mp_trainer_min_batch(tr);
+    uint64_t least = mp_trainer_min_batch(tr, (enum mp_loss)a->loss);
     if (a->batch_set && a->batch < least) { /* kto_trainer.py:844-847 raises */
         const struct mp_recipe_setting *rb = a->rec ? &a->rec->s[MP_RS_BATCH] : NULL;
         bool keyed = rb && rb->set && rb->line && rb->src != MP_RSRC_COMMAND_LINE; /* the recipe's key decided it */

@@ -559,6 +559,7 @@ struct ref_meter {
     int peak_node;
     bool started, overflow;
     const char *what; /* the event's prefix: "reference" (NULL) or "policy" */
+    size_t limit;     /* peaks only at nodes below this one (0: every node) */
     char peak_name[sizeof ((struct mp_estimate *)0)->ref_forward_event];
 };
 
@@ -575,7 +576,8 @@ static enum mp_status ref_event(void *ctx, const struct mp_program *p, const str
             m->overflow = true;
             return MP_ERR_RANGE;
         }
-        if (m->started && ev->phase == MP_PH_FORWARD && m->cur > m->peak) {
+        bool counted = !m->limit || (ev->node >= 0 && (size_t)ev->node < m->limit);
+        if (m->started && ev->phase == MP_PH_FORWARD && m->cur > m->peak && counted) {
             m->peak = m->cur;
             m->peak_node = ev->node;
             snprintf(m->peak_name, sizeof m->peak_name, "%s.forward:%s", m->what ? m->what : "reference",
@@ -642,13 +644,6 @@ static enum mp_status ref_phases(const struct mp_program *p, const struct mp_tra
     return MP_OK;
 }
 
-/* GRPO's old log-probs: the policy's own forward under torch.no_grad over the generation batch, a
- * micro-batch at a time (trl 1.16.0 grpo_trainer.py:2646-2655, _get_per_token_logps_and_entropies
- * at batch_size = per_device_train_batch_size), through the fused head as the step's, on the
- * resident state and the reference copy.  The policy's weights require grad, so under autocast
- * its half copies are cached for the forward (gen_pass).  The step's peak where it is larger.
- * What generation leaves for the step (the ids, masks, the (b x C) log-probs) is not counted:
- * kilobytes to a few megabytes beside the forward's. */
 static void raise_peaks(struct mp_estimate *e, uint64_t bytes) /* (a phase's reserved: its allocated) */
 {
     e->peak_allocated_bytes = mp_max_u64(e->peak_allocated_bytes, bytes);
@@ -656,6 +651,70 @@ static void raise_peaks(struct mp_estimate *e, uint64_t bytes) /* (a phase's res
     e->peak_reserved_bytes = mp_max_u64(e->peak_reserved_bytes, bytes);
 }
 
+/* The first node of the trainer's code on the model's output: LLaMA-Factory's loss node, and the
+ * fp32 cast before it (`.logits.to(torch.float32)`, or accelerate's convert_outputs_to_fp32),
+ * both outside the model's autocast region. */
+static size_t lf_tail(const struct mp_program *p)
+{
+    size_t k = p->n_nodes;
+    while (k > 0 && p->nodes[k - 1].prim != MP_P_FUSED_LOSS)
+        k--;
+    if (k == 0)
+        return p->n_nodes;
+    k--;
+    if (k > 0 && p->nodes[k - 1].out == p->nodes[k].in[0] && strstr(p->nodes[k - 1].name, "logits_fp32"))
+        k--;
+    return k;
+}
+
+/* One no-grad forward of the policy's own program into m (gen_pass: autocast caches the trainable
+ * weights' half copies); MP_ERR_RANGE as peak_overflow's. */
+static enum mp_status policy_nograd(const struct mp_program *p, const struct mp_train_opts *t, bool gen,
+                                    struct ref_meter *m, struct mp_diag *d)
+{
+    struct mp_train_opts rt = *t;
+    rt.gen_pass = gen;
+    enum mp_status st = mp_replay_nograd_forward(p, &rt, false, ref_event, m, d);
+    return st == MP_ERR_RANGE && m->overflow ? peak_overflow(p, t, d) : st;
+}
+
+/* LLaMA-Factory's KTO (llamafactory 0.9.5 train/kto/trainer.py:183-199 concatenated_forward): after
+ * the policy's forward on the batch, with its graph and its fp32 logits held (p->kl_held_bytes),
+ * the policy itself runs the KL sequences under torch.no_grad (its adapter on).  Its weights
+ * require grad, so under autocast their half copies are cached through the model's forward as with
+ * grad (gen_pass) and dropped as the autocast region ends, before the trainer's fp32 cast and
+ * get_batch_logps (lf_tail): the forward's peak is the larger of the model's part with the copies
+ * and the whole without them (bench/accuracy/lf_kto_step.py: the bf16-amp LoRA row).  Part of the
+ * policy's step: its figure, and the step's peak where it is the larger. */
+static enum mp_status kl_phase(const struct mp_program *p, const struct mp_train_opts *t, const struct counter *c,
+                               struct mp_estimate *e, struct mp_diag *d)
+{
+    struct ref_meter m = {.peak_node = -1, .what = "policy", .peak_name = "policy.forward:?", .limit = lf_tail(p)};
+    struct ref_meter w = {.peak_node = -1, .what = "policy", .peak_name = "policy.forward:?"};
+    enum mp_status st = policy_nograd(p, t, true, &m, d);
+    if (st == MP_OK)
+        st = policy_nograd(p, t, false, &w, d);
+    if (st != MP_OK)
+        return st;
+    const struct ref_meter *top = m.peak - m.base > w.peak - w.base ? &m : &w;
+    uint64_t kl;
+    if (!mp_add_u64(c->before_loss, e->ref_weights_bytes, &kl) || !mp_add_u64(kl, top->peak - top->base, &kl) ||
+        !mp_add_u64(kl, p->kl_held_bytes, &kl))
+        return peak_overflow(p, t, d);
+    e->kl_forward_peak_bytes = kl;
+    snprintf(e->kl_forward_event, sizeof e->kl_forward_event, "%s", top->peak_name);
+    e->policy_peak_bytes = mp_max_u64(e->policy_peak_bytes, kl);
+    raise_peaks(e, kl);
+    return MP_OK;
+}
+
+/* GRPO's old log-probs: the policy's own forward under torch.no_grad over the generation batch, a
+ * micro-batch at a time (trl 1.16.0 grpo_trainer.py:2646-2655, _get_per_token_logps_and_entropies
+ * at batch_size = per_device_train_batch_size), through the fused head as the step's, on the
+ * resident state and the reference copy.  The policy's weights require grad, so under autocast
+ * its half copies are cached for the forward (gen_pass).  The step's peak where it is larger.
+ * What generation leaves for the step (the ids, masks, the (b x C) log-probs) is not counted:
+ * kilobytes to a few megabytes beside the forward's. */
 static enum mp_status old_phase(const struct mp_program *p, const struct mp_train_opts *t, struct mp_estimate *e,
                                 struct mp_diag *d)
 {
@@ -823,6 +882,8 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
         return st;
     if (t->ref == MP_REF_NONE) /* (ref_phases sets it beside a reference copy) */
         e->policy_peak_bytes = e->peak_allocated_bytes;
+    if (p->kl_held_bytes && (st = kl_phase(p, t, &c, e, d)) != MP_OK)
+        return st;
     if (t->gen_steps && (st = gen_phase(p, t, e, d)) != MP_OK)
         return st;
     if (t->old_logps && (st = old_phase(p, t, e, d)) != MP_OK)
@@ -859,6 +920,10 @@ enum mp_status mp_estimate_run_chain(const struct mp_program *p, const struct mp
                e->old_forward_peak_bytes > e->policy_peak_bytes) {
         e->peak_phase = MP_PH_GENERATE;
         snprintf(e->peak_event, sizeof e->peak_event, "generation:%s", e->old_forward_event);
+    } else if (e->kl_forward_peak_bytes && e->kl_forward_peak_bytes >= e->peak_allocated_bytes &&
+               e->kl_forward_peak_bytes >= e->ref_forward_peak_bytes) { /* (LLaMA-Factory's KTO: kl_phase) */
+        e->peak_phase = MP_PH_LOSS;
+        snprintf(e->peak_event, sizeof e->peak_event, "loss:%s", e->kl_forward_event);
     } else if (t->ref != MP_REF_NONE && e->ref_forward_peak_bytes > e->policy_peak_bytes) {
         e->peak_phase = t->ref_before_policy ? MP_PH_GENERATE : MP_PH_LOSS; /* (DPO's compute_loss runs it) */
         snprintf(e->peak_event, sizeof e->peak_event, "%s:%s", t->ref_before_policy ? "generation" : "loss",

@@ -325,6 +325,11 @@ struct mp_estimate {
     uint64_t policy_peak_bytes, ref_forward_peak_bytes;
     uint64_t ref_forward_tmp_bytes;  /* what the reference's forward adds at its own peak */
     char ref_forward_event[96];
+    /* LLaMA-Factory's KTO (mp_program.kl_held_bytes): the policy's no-grad forward of the KL
+     * sequences after its own forward, on what that holds (its graph, the logits): its peak (in
+     * policy_peak_bytes too) and where; 0: none */
+    uint64_t kl_forward_peak_bytes;
+    char kl_forward_event[96];
     /* GRPO's generation (mp_train_opts.gen_steps): its peak (the prefill's or the last decoding
      * step's), the DynamicCache at the last step, where the peak is, the sequences generated at once;
      * vLLM's reservation */

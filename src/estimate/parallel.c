@@ -113,9 +113,9 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
 
 bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_loss loss, enum mp_par_strategy s)
 {
-    /* GRPO's generation from a sharded policy; LLaMA-Factory's DPO (--loss hf) and its own
-     * reference preparation under ZeRO and FSDP2: not modelled */
-    bool one_or_ddp = tr == MP_TRAINER_GRPO || (tr == MP_TRAINER_DPO && loss == MP_LOSS_HF);
+    /* GRPO's generation from a sharded policy; LLaMA-Factory's DPO and KTO (--loss hf) and their
+     * own reference preparation under ZeRO and FSDP2: not modelled */
+    bool one_or_ddp = tr == MP_TRAINER_GRPO || mp_trainer_lf(tr, loss);
     return !one_or_ddp || s == MP_PAR_NONE || s == MP_PAR_DDP;
 }
 

@@ -64,10 +64,13 @@ const char *mp_ref_mode_str(enum mp_ref_mode r);
  * no-grad forwards of its reference model a step (0: none; DPO 1; KTO 2, the KL sequences and the
  * batch) and of the policy (KTO's KL sequences, 1), and TRL's config class ("DPOConfig"). */
 uint64_t mp_trainer_seqs(enum mp_trainer t);
-uint64_t mp_trainer_min_batch(enum mp_trainer t);
+uint64_t mp_trainer_min_batch(enum mp_trainer t, enum mp_loss l); /* (LLaMA-Factory's KTO: 1) */
 unsigned mp_trainer_ref_fwds(enum mp_trainer t);
 unsigned mp_trainer_kl_fwds(enum mp_trainer t);
 const char *mp_trainer_config(enum mp_trainer t);
+/* --trainer dpo or kto with --loss hf: LLaMA-Factory 0.9.5's own step (CustomDPOTrainer,
+ * CustomKTOTrainer: the model's fp32 logits, lower_embed_head.c lower_lf_dpo_loss), not TRL's */
+bool mp_trainer_lf(enum mp_trainer t, enum mp_loss l);
 bool mp_trainer_drops_dropout(enum mp_trainer t); /* its config's disable_dropout defaults to True */
 /* "DPO", "KTO": the trainer's TRL name (its config class less "Config"), into buf. */
 const char *mp_trainer_trl_name(enum mp_trainer t, char *buf, size_t cap);
@@ -491,7 +494,13 @@ struct mp_program {
     bool explicit_loss;          /* last block computes the loss (lm_head / classifier) */
     uint64_t ref_held_bytes;     /* what the trainer's Python holds of the policy's forward through its
                                     reference forward beyond the saved tensors (LLaMA-Factory's DPO:
-                                    the fp32 logits, lower_embed_head.c lower_lf_dpo_loss); 0: none */
+                                    the fp32 logits, lower_embed_head.c lower_lf_dpo_loss; its KTO:
+                                    the policy's chosen and rejected logits and the reference's own
+                                    batch logits through its KL forward, the same function); 0: none */
+    uint64_t kl_held_bytes;      /* what the trainer holds through the policy's own no-grad forward of
+                                    the KL sequences after its forward (LLaMA-Factory's KTO: the fp32
+                                    logits, lower_lf_dpo_loss); 0: no such forward there (TRL's KTO
+                                    runs it before the policy's) */
     const char *probe_unsupported; /* what no executor runs (MoE routing, latent attention): the probe
                                     refuses the program, naming it; NULL: everything runs */
     uint64_t total_params;

@@ -320,8 +320,9 @@ struct val lower_lm_head(struct bld *B, struct val x, const struct mp_layer *l, 
             logits = cast_to(B, logits, MP_DT_F32, "logits_fp32");
         return lower_orpo_loss(B, logits, l, nm);
     }
-    if (B->p->opts.trainer == MP_TRAINER_DPO) { /* --loss hf: LLaMA-Factory's step on the model's logits */
-        /* llamafactory 0.9.5 train/dpo/trainer.py:230: `.logits.to(torch.float32)`, a copy of half
+    if (B->p->opts.trainer == MP_TRAINER_DPO || B->p->opts.trainer == MP_TRAINER_KTO) {
+        /* --loss hf: LLaMA-Factory's step on the model's logits; llamafactory 0.9.5
+         * train/dpo/trainer.py:230, train/kto/trainer.py:179: `.logits.to(torch.float32)`, a copy of half
          * logits (under amp accelerate's convert_outputs_to_fp32 has made it already); the half
          * ones die with the model's output */
         if (dt_of(B, logits) != MP_DT_F32)
@@ -711,12 +712,13 @@ static void torchtune_lce(struct bld *B, struct mp_node *n, const char *nm, uint
     n->bwd_flops = (wt ? 2.0 : 1.0) * mm + 5.0 * (double)N * (double)v;
 }
 
-/* The node of a trainer's loss on the model's logits (ORPO's, LLaMA-Factory's DPO; opt names its
- * options, who the step): a decoder-only causal LM's, its rows chosen/rejected pairs, else refused.
- * NULL when refused or out of memory; en gets the node's name (nm.tag), *y its scalar output. */
+/* The node of a trainer's loss on the model's logits (ORPO's, LLaMA-Factory's DPO and KTO; opt
+ * names its options, who the step): a decoder-only causal LM's, its rows chosen/rejected pairs
+ * (pairs; KTO's are single examples), else refused.  NULL when refused or out of memory; en gets
+ * the node's name (nm.tag), *y its scalar output. */
 static struct mp_node *pair_loss_node(struct bld *B, struct val logits, const struct mp_layer *l, const char *nm,
-                                      const char *tag, const char *opt, const char *who, char *en, size_t cap,
-                                      struct val *y)
+                                      const char *tag, const char *opt, const char *who, bool pairs, char *en,
+                                      size_t cap, struct val *y)
 {
     *y = logits;
     if (failed(B))
@@ -727,7 +729,7 @@ static struct mp_node *pair_loss_node(struct bld *B, struct val logits, const st
                    who);
         return NULL;
     }
-    if (B->b < 2 || B->b % 2) {
+    if (pairs && (B->b < 2 || B->b % 2)) {
         fail_model(B, MP_ERR_USAGE, "%s: chosen and rejected rows come in pairs (%llu rows)", opt,
                    (unsigned long long)B->b);
         return NULL;
@@ -770,7 +772,7 @@ static struct val lower_orpo_loss(struct bld *B, struct val logits, const struct
 {
     char en[112];
     struct val y;
-    struct mp_node *n = pair_loss_node(B, logits, l, nm, "orpo", "--trainer orpo", "ORPO", en, sizeof en, &y);
+    struct mp_node *n = pair_loss_node(B, logits, l, nm, "orpo", "--trainer orpo", "ORPO", true, en, sizeof en, &y);
     if (!n)
         return y;
     uint64_t V = last_dim(logits), s = B->s, half = B->b / 2;
@@ -825,13 +827,25 @@ static struct val lower_orpo_loss(struct bld *B, struct val logits, const struct
  * moment for the node holds what it keeps (LS) and Z, its input's gradient; bwd_tmp is the
  * largest phase above that: LS + G1 + G2, or G2 + Z.  Every pref_loss of the reference's kind
  * (sigmoid, hinge, ipo, kto_pair) runs this head; what the loss adds is b-sized.
- * (bench/accuracy/lf_dpo_step.py: each phase; docs/memory-facts.md#lf-dpo.) */
+ * Its KTO step (--trainer kto --loss hf; train/kto/trainer.py, b the examples, one sequence each)
+ * runs the same head on the batch: forward (:148-181) clones the whole batch (nested_detach, :153:
+ * input_ids, attention_mask, labels and the KL sequences' three, b x s int64 each, and kto_tags,
+ * b bools) and calls get_batch_logps on `.logits.to(torch.float32)` (:179-180) as above.  Then
+ * concatenated_forward (:183-199) runs the policy again on the KL sequences under torch.no_grad
+ * while it holds L (p->kl_held_bytes; the estimator replays that forward, estimate.c kl_phase), and
+ * picks the chosen and rejected logits by kto_tags (boolean indexing: copies, L's bytes together);
+ * L dies as it returns, the copies are held (get_batch_loss_metrics, :228-265) through the
+ * reference's concatenated_forward (:201-218), whose own batch logits are held through its KL
+ * forward: p->ref_held_bytes is 2 L.  kto_loss and the ftx term act on b-sized log-probs.
+ * (bench/accuracy/lf_dpo_step.py, lf_kto_step.py: each phase; docs/memory-facts.md#lf-dpo, #lf-kto.) */
 static struct val lower_lf_dpo_loss(struct bld *B, struct val logits, const struct mp_layer *l, const char *nm)
 {
     char en[112];
     struct val y;
-    struct mp_node *n = pair_loss_node(B, logits, l, nm, "lf_dpo", "--trainer dpo --loss hf", "LLaMA-Factory's DPO",
-                                       en, sizeof en, &y);
+    bool kto = B->p->opts.trainer == MP_TRAINER_KTO;
+    struct mp_node *n = pair_loss_node(B, logits, l, nm, kto ? "lf_kto" : "lf_dpo",
+                                       kto ? "--trainer kto --loss hf" : "--trainer dpo --loss hf",
+                                       kto ? "LLaMA-Factory's KTO" : "LLaMA-Factory's DPO", !kto, en, sizeof en, &y);
     if (!n)
         return y;
     uint64_t V = last_dim(logits), s = B->s;
@@ -842,11 +856,15 @@ static struct val lower_lf_dpo_loss(struct bld *B, struct val logits, const stru
     kept(B, n, en, "index", MP_DT_I64, n2, MP_XR_LOSS_SAVED);
     kept(B, n, en, "loss_mask", MP_DT_U8, n2, MP_XR_LOSS_SAVED);
     kept(B, n, en, "log_softmax", MP_DT_F32, mul(B, n2, V), MP_XR_LOSS_SAVED);
-    /* forward: the batch's three clones beside C while log_softmax runs */
-    tmp_one(B, n, false, MP_TR_OTHER, add(B, mul3(B, B->b, s, 3 * 8), c));
+    /* forward: the batch's clones beside C while log_softmax runs (KTO: six b x s ones and kto_tags);
+     * one row's L[:, :-1] is contiguous already (a size-1 dimension's stride does not count), and
+     * contiguous() copies nothing (KTO at one example: lf_kto_step.py's 1 x 512 row) */
+    uint64_t clones = kto ? add(B, mul3(B, B->b, s, 6 * 8), B->b) : mul3(B, B->b, s, 3 * 8);
+    tmp_one(B, n, false, MP_TR_OTHER, add(B, clones, B->b > 1 ? c : 0));
     uint64_t worst = mp_max_u64(mul(B, c, 3), add(B, c, Lb));
     tmp_one(B, n, true, MP_TR_OTHER, beyond(worst, c, Lb));
-    B->p->ref_held_bytes = Lb;
+    B->p->ref_held_bytes = kto ? mul(B, Lb, 2) : Lb;
+    B->p->kl_held_bytes = kto ? Lb : 0;
     n->rows = n2;
     n->n = V;
     double mv = (double)n2 * (double)V;

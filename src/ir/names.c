@@ -191,7 +191,16 @@ const char *mp_trainer_unmodelled(enum mp_trainer t)
     return (unsigned)t < N_TRAINERS ? trainer_rows[t].unmodelled : NULL;
 }
 uint64_t mp_trainer_seqs(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].seqs : 1; }
-uint64_t mp_trainer_min_batch(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].min_batch : 1; }
+/* (LLaMA-Factory's KTO makes its KL sequences in preprocessing, data/processor/feedback.py, and its
+ * CustomKTOTrainer.__init__ skips KTOTrainer's, which raises below 2: train/kto/trainer.py:89) */
+uint64_t mp_trainer_min_batch(enum mp_trainer t, enum mp_loss l)
+{
+    return mp_trainer_lf(t, l) || (unsigned)t >= N_TRAINERS ? 1 : trainer_rows[t].min_batch;
+}
+bool mp_trainer_lf(enum mp_trainer t, enum mp_loss l)
+{
+    return (t == MP_TRAINER_DPO || t == MP_TRAINER_KTO) && l == MP_LOSS_HF;
+}
 unsigned mp_trainer_ref_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].ref_fwds : 0; }
 unsigned mp_trainer_kl_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].kl_fwds : 0; }
 bool mp_trainer_drops_dropout(enum mp_trainer t) { return (unsigned)t < N_TRAINERS && trainer_rows[t].drop0; }

@@ -1084,10 +1084,13 @@ static bool derive_axolotl_rl(struct reader *rd)
  * runs LLaMA-Factory's CustomDPOTrainer (train/dpo/trainer.py, over TRL <= 0.24's DPOTrainer,
  * whose compute_loss calls its get_batch_loss_metrics): the model's whole logits cast to fp32 and
  * get_batch_logps (trainer_utils.py:592-636), planned by --trainer dpo --loss hf
- * (lower_embed_head.c lower_lf_dpo_loss).  Its reference (workflow.py:56-63, trainer_utils.py
- * create_ref_model:116-148): under finetuning_type lora none, the adapter disabled
- * (compute_reference_log_probs, trainer.py:262-264); otherwise the model loaded again in the
- * compute dtype, frozen.  kto runs CustomKTOTrainer: refused. */
+ * (lower_embed_head.c lower_lf_dpo_loss).  kto runs CustomKTOTrainer (train/kto/trainer.py, over
+ * TRL <= 0.24's KTOTrainer, trl 0.24.0 kto_trainer.py:1477-1499 compute_loss): the same head on
+ * the batch, its KL sequences through the policy under no_grad, two reference forwards, planned
+ * by --trainer kto --loss hf.  Their reference (dpo/workflow.py:56-63, kto/workflow.py:56-60,
+ * trainer_utils.py create_ref_model:116-148): under finetuning_type lora none, the adapter disabled
+ * (compute_reference_log_probs, dpo/trainer.py:262-264, kto/trainer.py:206-208); otherwise the
+ * model loaded again in the compute dtype, frozen. */
 static void derive_lf_stage(struct reader *rd)
 {
     const struct fact_val *st = rd->f[F_LF_STAGE].set ? &rd->f[F_LF_STAGE] : NULL;
@@ -1097,10 +1100,12 @@ static void derive_lf_stage(struct reader *rd)
                    "this stage trains the model alone: drop --trainer %s", trainer_name(rd->trainer));
         return;
     }
-    if (!strcmp(st->v, "dpo")) {
-        if (rd->trainer != MP_TRAINER_DPO) {
-            refuse(rd, fact_key(rd, F_LF_STAGE), st->line, st->v, "%s",
-                   "LLaMA-Factory's DPO step: read this file with --trainer dpo");
+    bool dpo = !strcmp(st->v, "dpo"), kto = !strcmp(st->v, "kto");
+    if (dpo || kto) {
+        enum mp_trainer want = dpo ? MP_TRAINER_DPO : MP_TRAINER_KTO;
+        if (rd->trainer != want) {
+            refuse(rd, fact_key(rd, F_LF_STAGE), st->line, st->v, "LLaMA-Factory's %s step: read this file with "
+                   "--trainer %s", dpo ? "DPO" : "KTO", trainer_name(want));
             return;
         }
         struct fact_val t1, t2;
@@ -1113,19 +1118,14 @@ static void derive_lf_stage(struct reader *rd)
                    "a bf16 reference copy (create_ref_model: the compute dtype) beside fp32 trainable weights "
                    "(bf16 without pure_bf16): not modelled yet (pure_bf16: true is)");
         else if (ft && strcmp(ft->v, "full") && strcmp(ft->v, "lora"))
-            refuse(rd, fact_key(rd, F_PEFT), ft->line, ft->v, "%s",
-                   "LLaMA-Factory's DPO with this fine-tuning type: not modelled yet (lora and full are)");
-        put(rd, MP_RS_LOSS, "hf", F_LF_STAGE); /* (the model's logits: --trainer dpo --loss hf) */
+            refuse(rd, fact_key(rd, F_PEFT), ft->line, ft->v, "LLaMA-Factory's %s with this fine-tuning type: "
+                   "not modelled yet (lora and full are)", dpo ? "DPO" : "KTO");
+        put(rd, MP_RS_LOSS, "hf", F_LF_STAGE); /* (the model's logits: --trainer dpo|kto --loss hf) */
         return;
     }
-    const char *why =
-        !strcmp(st->v, "kto")
-            ? "LLaMA-Factory's CustomKTOTrainer (train/kto/trainer.py) runs its own forward: the whole logits cast to "
-              "fp32 and log-softmaxed for the batch and its KL rows (trainer_utils.py get_batch_logps), not TRL's "
-              "fused head --trainer kto plans: not modelled yet"
-        : !strcmp(st->v, "rm") || !strcmp(st->v, "ppo")
-            ? "this stage's models (reward, value, reference): not modelled yet"
-            : "expected sft, pt, rm, ppo, dpo or kto";
+    const char *why = !strcmp(st->v, "rm") || !strcmp(st->v, "ppo")
+                          ? "this stage's models (reward, value, reference): not modelled yet"
+                          : "expected sft, pt, rm, ppo, dpo or kto";
     refuse(rd, fact_key(rd, F_LF_STAGE), st->line, st->v, "%s", why);
 }
 
@@ -1169,8 +1169,9 @@ static void derive(struct reader *rd)
         /* (Axolotl hands precompute_ref_log_probs to DPOConfig alone: dpo/__init__.py DPOStrategy) */
         if (fact_truth(rd, F_PRECOMPUTE) == 1 && (!axrl || rd->trainer == MP_TRAINER_DPO))
             put(rd, MP_RS_PRECOMPUTE_REF, "true", F_PRECOMPUTE);
-    } else if (!(rd->fmt_bit & (B_ORPO | B_LFDPO)) && !axrl) /* (ORPO, LLaMA-Factory's DPO: the model's logits
-                                                               and the trainer's loss, hf's head) */
+    } else if (!(rd->fmt_bit & (B_ORPO | B_LFDPO | B_LFKTO)) && !axrl) /* (ORPO, LLaMA-Factory's DPO and KTO:
+                                                                         the model's logits and the trainer's
+                                                                         loss, hf's head) */
         derive_loss(rd);
     derive_packing(rd);
     derive_act_offload(rd, adapters);
@@ -1268,6 +1269,8 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
                  : ax && t == MP_TRAINER_ORPO ? "Axolotl 0.19.0 rl: orpo (TRL 1.16.0 ORPOTrainer)"
                  : r->format == MP_RF_LLAMAFACTORY && t == MP_TRAINER_DPO
                      ? "LLaMA-Factory 0.9.5 stage: dpo (CustomDPOTrainer, TRL <= 0.24)"
+                 : r->format == MP_RF_LLAMAFACTORY && t == MP_TRAINER_KTO
+                     ? "LLaMA-Factory 0.9.5 stage: kto (CustomKTOTrainer, TRL <= 0.24)"
                  : dpo  ? "TRL 1.16.0 DPOTrainer (DPOConfig + ModelConfig)"
                  : kto  ? "TRL 1.16.0 KTOTrainer (KTOConfig + ModelConfig)"
                  : grpo ? "TRL 1.16.0 GRPOTrainer (GRPOConfig + ModelConfig)"
@@ -1282,7 +1285,8 @@ enum mp_status mp_recipe_read_as(const char *path, int format, enum mp_trainer t
                   (ax && t != MP_TRAINER_SFT ? (unsigned)B_AXRL : 0u) |
                   (kto && t == MP_TRAINER_KTO_APO ? (unsigned)B_KTO_APO : 0u) | (grpo ? (unsigned)B_GRPO : 0u) |
                   (orpo ? (unsigned)B_ORPO : 0u) |
-                  (r->format == MP_RF_LLAMAFACTORY && t == MP_TRAINER_DPO ? (unsigned)B_LFDPO : 0u);
+                  (r->format == MP_RF_LLAMAFACTORY && t == MP_TRAINER_DPO ? (unsigned)B_LFDPO : 0u) |
+                  (r->format == MP_RF_LLAMAFACTORY && t == MP_TRAINER_KTO ? (unsigned)B_LFKTO : 0u);
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(&doc, p->key), *v = yaml_document_get_node(&doc, p->value);
         if (k && v)

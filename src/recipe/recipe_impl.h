@@ -85,7 +85,8 @@ enum { B_HF = 1, B_TRL = 2, B_AX = 4, B_LF = 8, B_TT = 16, B_ARGS = B_HF | B_TRL
        B_GRPO = 256, /* a TRL file read as GRPOConfig (--trainer grpo): likewise */
        B_ORPO = 512, /* a TRL file read as ORPOConfig (--trainer orpo): likewise */
        B_AXRL = 1024, /* an Axolotl file read with --trainer dpo, kto or orpo (its rl:): likewise */
-       B_LFDPO = 2048 /* a LLaMA-Factory file read with --trainer dpo (stage: dpo): likewise */ };
+       B_LFDPO = 2048, /* a LLaMA-Factory file read with --trainer dpo (stage: dpo): likewise */
+       B_LFKTO = 4096 /* a LLaMA-Factory file read with --trainer kto (stage: kto): likewise */ };
 
 struct key_row {
     unsigned fmts;

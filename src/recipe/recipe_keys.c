@@ -147,15 +147,25 @@ const struct key_row mp_recipe_keys[] = {
     REFUSE_BUT(B_AXRL, "trl.sync_ref_model", "false False null", "the reference synced with the policy: " NOT_YET),
     /* LLaMA-Factory 0.9.5's DPO keys (hparams/finetuning_args.py RLHFArguments), read with --trainer
      * dpo: the loss's figures act on b-sized log-probs (train/dpo/trainer.py:150-216) */
-    NOMEM(B_LFDPO, "pref_beta"), NOMEM(B_LFDPO, "pref_ftx"), NOMEM(B_LFDPO, "dpo_label_smoothing"),
+    NOMEM(B_LFDPO | B_LFKTO, "pref_beta"), NOMEM(B_LFDPO | B_LFKTO, "pref_ftx"),
+    NOMEM(B_LFDPO, "dpo_label_smoothing"),
     NOMEM(B_LFDPO, "simpo_gamma"), NOMEM(B_LFDPO, "pref_bco_weight"),
     REFUSE_BUT(B_LFDPO, "pref_loss", "sigmoid hinge ipo kto_pair",
                "orpo and simpo run without a reference (use_ref_model false, finetuning_args.py:574): "
                NOT_YET " (sigmoid, hinge, ipo and kto_pair are)"),
     REFUSE_BUT(B_LFDPO, "ld_alpha", "null", "LD-DPO's front and rear masks (trainer_utils.py:615-632): " NOT_YET),
-    REFUSE_BUT(B_LFDPO, "ref_model", "null", "a reference model of its own (create_ref_model): " NOT_YET),
-    REFUSE_BUT(B_LFDPO, "ref_model_adapters", "null", "a reference model of its own (create_ref_model): " NOT_YET),
-    REFUSE_BUT(B_LFDPO, "ref_model_quantization_bit", "null", "a quantized reference model: " NOT_YET),
+    REFUSE_BUT(B_LFDPO | B_LFKTO, "ref_model", "null", "a reference model of its own (create_ref_model): " NOT_YET),
+    REFUSE_BUT(B_LFDPO | B_LFKTO, "ref_model_adapters", "null",
+               "a reference model of its own (create_ref_model): " NOT_YET),
+    REFUSE_BUT(B_LFDPO | B_LFKTO, "ref_model_quantization_bit", "null", "a quantized reference model: " NOT_YET),
+    /* LLaMA-Factory 0.9.5's KTO keys, read with --trainer kto (stage: kto): beta, the weights and the
+     * ftx term act on b-sized log-probs (train/kto/trainer.py:77-80, 239-251; trl 0.24.0
+     * kto_trainer.py:1119-1194 kto_loss); CustomKTOTrainer reads none of the DPO loss's keys
+     * (pref_loss, dpo_label_smoothing, simpo_gamma, pref_bco_weight, ld_alpha: get_batch_logps is
+     * called without ld_alpha, :180) */
+    NOMEM(B_LFKTO, "kto_chosen_weight"), NOMEM(B_LFKTO, "kto_rejected_weight"), NOMEM(B_LFKTO, "pref_loss"),
+    NOMEM(B_LFKTO, "dpo_label_smoothing"), NOMEM(B_LFKTO, "simpo_gamma"), NOMEM(B_LFKTO, "pref_bco_weight"),
+    NOMEM(B_LFKTO, "ld_alpha"),
     /* DPOConfig (trl 1.16.0 trainer/dpo_config.py), read with --trainer dpo: first, so that they win */
     FLAG(B_DPO, "precompute_ref_log_probs", F_PRECOMPUTE, "true"), /* :227; dpo_trainer.py:909-914 */
     /* the precompute pass runs before training (dpo_trainer.py:1013-1018), the policy alone, no grad */

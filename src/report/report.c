@@ -260,13 +260,13 @@ static const char *optim_desc(enum mp_optimizer o)
 }
 
 /* What a DPO/KTO micro-batch counts: pairs, examples, examples of a KL term (why: its reason). */
-static const char *unit_of(enum mp_trainer t, bool why)
+static const char *unit_of(enum mp_trainer t, enum mp_loss l, bool why)
 {
     if (t == MP_TRAINER_GRPO)
         return "completions (whole groups of num_generations in a generation batch)";
     if (mp_trainer_seqs(t) == 2)
         return "chosen/rejected pairs";
-    if (mp_trainer_min_batch(t) > 1)
+    if (mp_trainer_min_batch(t, l) > 1)
         return why ? "examples (2 or more: the KL term)" : "examples (2 or more)";
     return "examples";
 }
@@ -947,7 +947,13 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                 c->ckpt ? mp_ckpt_spec_str(c->ckpt, sb, sizeof sb) : "none", attn,
                 c->train->accumulate ? ", accumulating gradients (.grad resident)" : "");
         const char *refd = ref_desc(c->train->ref);
-        if (c->build->trainer == MP_TRAINER_DPO && c->build->loss == MP_LOSS_HF) /* (lower_lf_dpo_loss) */
+        if (c->build->trainer == MP_TRAINER_KTO && c->build->loss == MP_LOSS_HF) /* (lower_lf_dpo_loss) */
+            fprintf(out, "trainer   kto (LLaMA-Factory 0.9.5 CustomKTOTrainer): %llu example%s and %s KL sequence%s\n"
+                    "          (no grad, after the batch's forward); reference %s, two forwards;\n"
+                    "          loss: get_batch_logps on the model's fp32 logits\n",
+                    (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s",
+                    c->build->batch == 1 ? "its" : "their", c->build->batch == 1 ? "" : "s", refd);
+        else if (c->build->trainer == MP_TRAINER_DPO && c->build->loss == MP_LOSS_HF) /* (lower_lf_dpo_loss) */
             fprintf(out, "trainer   dpo (LLaMA-Factory 0.9.5 CustomDPOTrainer): %llu pair%s, %llu sequences "
                     "(chosen+rejected);\n          reference %s; loss: get_batch_logps on the model's fp32 logits\n",
                     (unsigned long long)c->build->batch, c->build->batch == 1 ? "" : "s",
@@ -1267,8 +1273,13 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
             fprintf(out, "  reference forward  %12s   (no grad, %s the policy's forward; +%s at %s)\n",
                     B(e->ref_forward_peak_bytes), c->train->ref_before_policy ? "before" : "after",
                     B(e->ref_forward_tmp_bytes), shown(e->ref_forward_event));
-        fprintf(out, "  policy step        %12s   (forward, loss, backward, optimizer step)\n",
-                B(e->policy_peak_bytes));
+        if (e->kl_forward_peak_bytes) /* (LLaMA-Factory's KTO: estimate.c kl_phase) */
+            fprintf(out, "  policy step        %12s   (forward, its KL forward with no grad at %s,\n"
+                    "                         loss, backward, optimizer step)\n", B(e->policy_peak_bytes),
+                    B(e->kl_forward_peak_bytes));
+        else
+            fprintf(out, "  policy step        %12s   (forward, loss, backward, optimizer step)\n",
+                    B(e->policy_peak_bytes));
     }
     if (e->vllm_bytes)
         fprintf(out, "  vLLM (colocated)   %12s   (vllm_gpu_memory_utilization %g of the device, outside torch's "
@@ -1723,10 +1734,10 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
                 c->train->ref == MP_REF_COPY      ? "it loads the reference copy planned"
                 : c->train->ref == MP_REF_ADAPTER ? "the reference is the adapter disabled"
                                                   : "the reference's log-probs are precomputed",
-                unit_of(tr, true));
+                unit_of(tr, loss_of(c), true));
     else if (orpo) /* trl 1.16 experimental/orpo: the model's own logits, no reference model */
         fprintf(out, "# ORPO (trl 1.16, trl.experimental.orpo): train with ORPOTrainer(model, args=args, ...);\n"
-                     "# per_device_train_batch_size counts %s\n", unit_of(tr, true));
+                     "# per_device_train_batch_size counts %s\n", unit_of(tr, loss_of(c), true));
     else if (trl) /* TRL 1.16's SFTConfig: its default loss_type="nll" is the chunked head planned */
         fprintf(out,
                 "# the loss head planned is TRL's (trl 1.16 SFTConfig, loss_type=\"nll\"): train with SFTTrainer\n");
@@ -2307,9 +2318,9 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
         enum mp_trainer tr = trainer_of(c);
         char tn[16];
         if (mp_trainer_ref_fwds(tr))
-            fprintf(out, "  trainer            %s (TRL 1.16.0 %sTrainer): micro-batch counts %s; reference %s\n",
-                    mp_trainer_str(tr), mp_trainer_trl_name(tr, tn, sizeof tn),
-                    unit_of(tr, false), ref_desc_of(c));
+            fprintf(out, "  trainer            %s (%s %sTrainer): micro-batch counts %s; reference %s\n",
+                    mp_trainer_str(tr), mp_trainer_lf(tr, loss_of(c)) ? "LLaMA-Factory 0.9.5 Custom" : "TRL 1.16.0",
+                    mp_trainer_trl_name(tr, tn, sizeof tn), unit_of(tr, loss_of(c), false), ref_desc_of(c));
         if (s->grpo_max_completion) { /* (mp_grpo_limits) */
             fprintf(out, "  GRPO limits        max_completion_length %s %llu fits this plan",
                     s->grpo_completion_capped ? "at least" : "up to", (unsigned long long)s->grpo_max_completion);
@@ -2409,12 +2420,14 @@ static void report_suggest(FILE *out, const struct mp_report_ctx *c, const struc
                 (unsigned long long)k->grad_accum, mp_fmt_bytes(k->peak_device_bytes, pk, 32), k->headroom_pct,
                 k->recompute_pct, k->samples_per_s, last ? " " : "", last ? last : "");
     }
-    if (s->best >= 0 && trainer_of(c) == MP_TRAINER_DPO && loss_of(c) == MP_LOSS_HF) {
+    if (s->best >= 0 && mp_trainer_lf(trainer_of(c), loss_of(c))) {
         /* LLaMA-Factory's step (lower_lf_dpo_loss): no TRL config runs it */
         const struct mp_candidate *k = &s->cand[s->best];
-        fprintf(out, "\n# LLaMA-Factory's DPO step (stage: dpo): per_device_train_batch_size: %llu,\n"
-                "# gradient_accumulation_steps: %llu in its YAML (suggest --write-recipe writes them)\n",
-                (unsigned long long)k->micro_batch, (unsigned long long)k->grad_accum);
+        char tn[16];
+        mp_trainer_trl_name(trainer_of(c), tn, sizeof tn);
+        fprintf(out, "\n# LLaMA-Factory's %s step (stage: %s): per_device_train_batch_size: %llu,\n"
+                "# gradient_accumulation_steps: %llu in its YAML (suggest --write-recipe writes them)\n", tn,
+                mp_trainer_str(trainer_of(c)), (unsigned long long)k->micro_batch, (unsigned long long)k->grad_accum);
     } else if (s->best >= 0) { /* (DPO: no torch loop; its DPOConfig) */
         fprintf(out, "\n");
         snippet(out, c, &s->cand[s->best],

@@ -259,7 +259,8 @@ static enum mp_phase splice_phase(const struct tl *s, int what)
 {
     if (s->t->ref_before_policy)
         return MP_PH_GENERATE;
-    return what == SPLICE_REF ? MP_PH_LOSS : MP_PH_FORWARD;
+    return what == SPLICE_REF || s->p->kl_held_bytes ? MP_PH_LOSS : MP_PH_FORWARD; /* (LLaMA-Factory's KTO: its
+                                                                                    KL forward in compute_loss) */
 }
 
 /* One event of a spliced no-grad forward: its forward's allocations and frees, in its phase
@@ -293,7 +294,8 @@ static enum mp_status splice(struct tl *s, int what)
     s->sp_net = 0;
     size_t first = s->n_ev;
     struct mp_train_opts rt = *s->t;
-    rt.gen_pass = what == SPLICE_OLD; /* (the policy's own weights under autocast: estimate.c old_phase) */
+    /* (the policy's own weights under autocast: estimate.c old_phase, kl_phase) */
+    rt.gen_pass = what == SPLICE_OLD || (what == SPLICE_KL && s->p->kl_held_bytes);
     enum mp_status st = MP_OK;
     if (what == SPLICE_GEN) {
         /* generate.c's peak is arithmetic past the prefill: drawn as one rise to it and back */
@@ -322,9 +324,11 @@ static enum mp_status splice(struct tl *s, int what)
         struct mp_event g = {.kind = MP_EV_ALLOC, .store = MP_ST_COMM, .bytes = gather, .node = -1,
                              .phase = splice_phase(s, what)};
         /* what the trainer holds of the policy's forward beside it (LLaMA-Factory's fp32 logits) */
-        struct mp_event h = {.kind = MP_EV_ALLOC, .store = MP_ST_ACT, .bytes = s->p->ref_held_bytes, .node = -1,
-                             .phase = splice_phase(s, what)};
-        bool held = what == SPLICE_REF && h.bytes;
+        struct mp_event h = {.kind = MP_EV_ALLOC, .store = MP_ST_ACT,
+                             .bytes = what == SPLICE_REF ? s->p->ref_held_bytes
+                                      : what == SPLICE_KL ? s->p->kl_held_bytes : 0,
+                             .node = -1, .phase = splice_phase(s, what)};
+        bool held = h.bytes > 0;
         if (st == MP_OK && gather)
             st = on_event(s, &g);
         if (st == MP_OK && held)
@@ -397,7 +401,7 @@ static enum mp_status on_policy_event(void *ctx, const struct mp_event *ev)
                                                 .node = -1, .phase = MP_PH_SETUP});
         s->synthetic = false;
     }
-    if (st == MP_OK && s->kl_passes && !s->kl_done && ev->kind == MP_EV_OP_BEGIN) {
+    if (st == MP_OK && s->kl_passes && !s->kl_done && ev->kind == MP_EV_OP_BEGIN && !s->p->kl_held_bytes) {
         s->kl_done = true;
         for (unsigned i = 0; i < s->kl_passes && st == MP_OK; i++)
             st = splice(s, SPLICE_KL);
@@ -405,9 +409,13 @@ static enum mp_status on_policy_event(void *ctx, const struct mp_event *ev)
     if (ev->kind == MP_EV_LOSS_GRAD)
         s->have_loss = true;
     if (st == MP_OK && ev->kind == MP_EV_ALLOC && ev->phase == MP_PH_LOSS && ev->store == MP_ST_GRAD && !s->have_loss &&
-        s->ref_passes && ++s->n_loss_grads == s->ref_at)
+        s->ref_passes && ++s->n_loss_grads == s->ref_at) {
+        /* LLaMA-Factory's KTO: the policy's KL forward first, at the same point (estimate.c kl_phase) */
+        for (unsigned i = 0; s->p->kl_held_bytes && i < s->kl_passes && st == MP_OK; i++)
+            st = splice(s, SPLICE_KL);
         for (unsigned i = 0; i < s->ref_passes && st == MP_OK; i++)
             st = splice(s, SPLICE_REF);
+    }
     return st == MP_OK ? on_event(s, ev) : st;
 }
 

@@ -668,7 +668,7 @@ static enum mp_status search_max_batch_from(const struct mp_job *job, uint64_t m
 {
     *best = 0;
     bool ok = false;
-    uint64_t least = mp_trainer_min_batch(job->build.trainer); /* (KTO's KL term: 2) */
+    uint64_t least = mp_trainer_min_batch(job->build.trainer, job->build.loss); /* (KTO's KL term: 2) */
     uint64_t plo, start = least;
     enum mp_status st = MP_OK;
     if (least > max_batch)
@@ -859,7 +859,7 @@ static enum mp_status eval_candidate_any(const struct mp_job *job, const struct 
     }
     c->precision = job->build.precision;
     c->ckpt = job->ckpt;
-    uint64_t least = mp_trainer_min_batch(job->build.trainer); /* (KTO's KL term: 2) */
+    uint64_t least = mp_trainer_min_batch(job->build.trainer, job->build.loss); /* (KTO's KL term: 2) */
     uint64_t mb = bmax && o->global_batch ? largest_divisor_le(o->global_batch, bmax) : bmax;
     if (mb < least) { /* nothing fits, or (KTO) no divisor of the global batch from 2 to bmax */
         c->fits = false;
@@ -1724,7 +1724,7 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
     if (!any_fit) /* (the probes refuted it: no allocator setting helps) */
         expandable_alternative(base, o_in, argv0, s);
     struct mp_job j = *base;
-    j.build.batch = mp_trainer_min_batch(base->build.trainer); /* 1 (KTO: 2) */
+    j.build.batch = mp_trainer_min_batch(base->build.trainer, base->build.loss); /* 1 (KTO: 2) */
     j.ckpt = (struct mp_ckpt_spec){.strategy = MP_CKPT_EVERY, .k = 1};
     j.build.precision = o->precision_fixed ? o->precision : prec;
     /* verdicts at the device level where the allocator is simulated, as the choice's */
@@ -1765,7 +1765,7 @@ static void nofit_alternatives(const struct mp_job *base, const struct mp_sugges
                                           "batch they tried; rerun with a larger --margin");
     else
         snprintf(s->note, sizeof s->note, "nothing fits, even micro-batch %llu with every block checkpointed",
-                 (unsigned long long)mp_trainer_min_batch(base->build.trainer));
+                 (unsigned long long)mp_trainer_min_batch(base->build.trainer, base->build.loss));
     /* where the load decides (FSDP2 with a 4-bit base): the step does not matter */
     const struct mp_candidate *least = NULL;
     for (size_t i = 0; i < s->n; i++)
