@@ -396,6 +396,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             if (t->vllm_fraction > 0 || t->vllm_server)
                 cJSON_AddBoolToObject(g, "vllm_correction", c->vllm_is_correction);
             cJSON_AddBoolToObject(g, "old_logprobs_forward", t->old_logps);
+            cJSON_AddBoolToObject(g, "ds3_gather_for_generation", c->ds3_gather);
         }
         moe_json(cf, c);
         /* transformers' use_cache in training (HF decoders; off under gradient checkpointing) */
@@ -1707,6 +1708,8 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
             fprintf(out, "    use_vllm=True,\n    vllm_mode=\"server\",\n");
         if ((c->train->vllm_fraction > 0 || c->train->vllm_server) && !c->vllm_is_correction)
             fprintf(out, "    vllm_importance_sampling_correction=False,\n");
+        if (!c->ds3_gather)
+            fprintf(out, "    ds3_gather_for_generation=False,\n");
     } else if ((dpo || orpo) && c->prog) /* DPOConfig's, KTOConfig's, ORPOConfig's max_length (prompt +
                                            * completion), default 1024 */
         fprintf(out, "    max_length=%llu,\n", (unsigned long long)c->prog->opts.seq);
