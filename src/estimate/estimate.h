@@ -332,7 +332,10 @@ struct mp_estimate {
      * step's), the DynamicCache at the last step, where the peak is, the sequences generated at once;
      * vLLM's reservation */
     uint64_t gen_peak_bytes, gen_kv_bytes, gen_prefill_peak_bytes, gen_decode_peak_bytes, gen_batch;
-    uint64_t gen_gathered_bytes; /* ZeRO-3 (ds3_gather_for_generation): every parameter gathered for generate */
+    uint64_t gen_gathered_bytes; /* the parameters gathered at the generation's decoding forward:
+                                  * ZeRO-3 with ds3_gather_for_generation every one whole (gen_gather
+                                  * "whole"), else FSDP2's units or ZeRO-3's blocks ("per-unit") */
+    const char *gen_gather;      /* "whole", "per-unit", or NULL: nothing gathered (DDP, ZeRO-1/2) */
     uint64_t gen_left_bytes;     /* FSDP2: the units generate leaves gathered (the root, those not
                                   * resharded after forward), held through the reference's forward */
     char gen_event[96];

@@ -41,6 +41,10 @@ struct gen_meter {
     uint64_t comm, comm_fwd, comm_head;     /* data parallel: the gathered units held now, at their most
                                              * before the head, at the head (from the forward's start) */
     uint64_t head_comm0;                    /* comm when the head began (in head_cur) */
+    const bool *kept;                       /* FSDP2: per group, not resharded after forward (NULL: none) */
+    size_t n_kept;
+    uint64_t held, trans_fwd, trans_head;   /* of comm: those groups' gathered parameters; the rest at
+                                             * its most before the head, and at the head */
     int peak_node, head_node;
     bool started, stopped, overflow;
     bool no_fetch;                          /* ZeRO-3 gathered: its hooks removed, no per-block fetch */
@@ -63,6 +67,7 @@ static enum mp_status gen_event(void *ctx, const struct mp_program *p, const str
         m->stopped = true;
         m->head_cur = m->cur;
         m->head_comm0 = m->comm_head = m->comm;
+        m->trans_head = m->comm > m->held ? m->comm - m->held : 0;
         m->head_node = ev->node;
     }
     bool comm = ev->store == MP_ST_COMM && m->started && (ev->kind == MP_EV_ALLOC || ev->kind == MP_EV_FREE);
@@ -76,10 +81,17 @@ static enum mp_status gen_event(void *ctx, const struct mp_program *p, const str
             m->overflow = true;
             return MP_ERR_RANGE;
         }
-        if (!m->stopped)
+        size_t g = ev->id >= 0 ? (size_t)ev->id / MP_COMM_KINDS : 0;
+        if (m->kept && g < m->n_kept && m->kept[g] && ev->id % MP_COMM_KINDS == MP_COMM_UNSHARD)
+            m->held = ev->kind == MP_EV_FREE ? (m->held > r ? m->held - r : 0) : m->held + r;
+        uint64_t trans = m->comm > m->held ? m->comm - m->held : 0;
+        if (!m->stopped) {
             m->comm_fwd = mp_max_u64(m->comm_fwd, m->comm);
-        else if (ev->node == m->head_node) /* (a unit whose first module is the head: gathered there) */
+            m->trans_fwd = mp_max_u64(m->trans_fwd, trans);
+        } else if (ev->node == m->head_node) { /* (a unit whose first module is the head: gathered there) */
             m->comm_head = mp_max_u64(m->comm_head, m->comm);
+            m->trans_head = mp_max_u64(m->trans_head, trans);
+        }
     }
     if (ev->kind == MP_EV_ALLOC) {
         uint64_t r = mp_round512(ev->bytes);
@@ -338,8 +350,23 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     m.no_fetch = z3 && !t->gen_ds3_per_layer;
     if (m.no_fetch)
         st = ds3_gathered(policy, t, &m.gathered, d);
+    bool *kept = NULL; /* FSDP2: the units a forward leaves gathered (the replay's own plan of g) */
+    if (st == MP_OK && t->par && mp_par_is_fsdp(t->par->strategy)) {
+        struct mp_par_plan pp;
+        if ((st = mp_par_plan_make(t->par, &g, t->optimizer, &pp, d)) == MP_OK) {
+            if (!(kept = calloc(pp.n_groups ? pp.n_groups : 1, sizeof *kept)))
+                st = mp_fail(d, MP_ERR_NOMEM, "out of memory");
+            for (size_t k = 0; kept && k < pp.n_groups; k++)
+                kept[k] = pp.groups[k].root || !pp.groups[k].reshard;
+            m.kept = kept;
+            m.n_kept = pp.n_groups;
+            mp_par_plan_release(&pp);
+        }
+    }
     if (st == MP_OK)
         st = mp_replay_nograd_forward(&g, &gt, false, gen_event, &m, d);
+    free(kept);
+    m.kept = NULL;
     if (st == MP_ERR_RANGE && m.overflow)
         st = mp_fail(d, MP_ERR_RANGE, "%s: the generation's memory overflows 64 bits", policy->model->path);
     if (st == MP_OK && m.head_node < 0)
@@ -421,14 +448,17 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
      * probabilities */
     uint64_t at_head = 0, after = 0, pre = m.peak, dec_fwd = 0, dec_head = 0, dec_tail = 0;
     /* Data parallel (the replay's gathers, parallel.h): the head's with what its unit gathers there;
-     * after the forward, the units it leaves gathered (FSDP2: the root and those not resharded after
-     * forward, none under ZeRO-3).  Each decoding forward gathers the units again as the prefill's
-     * did, at their most before the head (comm_fwd; the layers' units the same size: the prefill's
-     * largest moment is each step's) -- but without reshard_after_forward every unit stays
-     * gathered from the prefill on (torch 2.15 _fsdp_param_group.py:586-590: reshard returns at
-     * once in forward; no backward follows), so each step finds them all gathered and gathers
-     * nothing (comm_end).  DDP and ZeRO-1/2 gather nothing (0). */
-    uint64_t comm_end = m.comm, cf = nr ? comm_end : m.comm_fwd, ch = nr ? comm_end : m.comm_head;
+     * after the forward, the units it leaves gathered (comm_end; FSDP2: the root and the units not
+     * resharded after forward, which stay gathered from the prefill on: torch 2.15
+     * _fsdp_param_group.py:586-590, reshard returns at once in forward and no backward follows;
+     * none under ZeRO-3).  Each decoding forward finds those gathered and gathers the others again
+     * as the prefill did: comm_end and the rest at its most before the head (trans_fwd; the layers'
+     * units the same size: the prefill's largest moment is each step's), or at the head.  Under
+     * fsdp-no-reshard every unit stays gathered: each step gathers nothing.  DDP and ZeRO-1/2
+     * gather nothing (0). */
+    uint64_t comm_end = m.comm, cf = comm_end, ch = comm_end;
+    if (!nr && (!mp_add_u64(comm_end, m.trans_fwd, &cf) || !mp_add_u64(comm_end, m.trans_head, &ch)))
+        ok = false;
     uint64_t head_cur = m.head_cur - m.head_comm0; /* (without the comm, which head_cur includes) */
     ok = ok && mp_add_u64(head_cur, m.comm_head, &at_head) && mp_add_u64(at_head, logits, &at_head) &&
          mp_add_u64(at_head, lmcopy, &at_head) && head_cur >= norm_out + wsum &&
@@ -454,7 +484,8 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     }
     uint64_t dec = mp_max_u64(dec_fwd, dec_tail);
     e->gen_kv_bytes = kv_last;
-    e->gen_gathered_bytes = m.gathered;
+    e->gen_gathered_bytes = m.no_fetch ? m.gathered : cf;
+    e->gen_gather = m.no_fetch ? "whole" : t->par && mp_par_sharded_params(t->par->strategy) ? "per-unit" : NULL;
     e->gen_left_bytes = comm_end;
     e->gen_prefill_peak_bytes = pre;
     e->gen_decode_peak_bytes = dec;

@@ -559,6 +559,10 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
             ju64(g, "kv_cache_bytes", e->gen_kv_bytes);
             ju64(g, "sequences", e->gen_batch);
             cJSON_AddStringToObject(g, "peak_event", e->gen_event);
+            if (e->gen_gather) { /* (ZeRO-3 and FSDP2: what the decoding forward holds gathered) */
+                cJSON_AddStringToObject(g, "gather", e->gen_gather);
+                ju64(g, "gathered_bytes", e->gen_gathered_bytes);
+            }
         }
         if (old) {
             cJSON *o = cJSON_AddObjectToObject(ph, "old_logprobs_forward");
@@ -1246,6 +1250,10 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
         if (gen) {
             fprintf(out, "  generation         %12s   (%llu sequences, no grad; cache %s at the last token; at %s)\n",
                     B(e->gen_peak_bytes), (unsigned long long)e->gen_batch, B(e->gen_kv_bytes), shown(e->gen_event));
+            if (e->gen_gather)
+                fprintf(out, "                        %s gathered at a decoding step: %s\n",
+                        B(e->gen_gathered_bytes), strcmp(e->gen_gather, "whole") ? "the units each forward gathers"
+                                                                                  : "every parameter, whole");
         }
         if (old)
             fprintf(out, "  old log-probs      %12s   (the policy's forward, no grad, a micro-batch at a time; at "
