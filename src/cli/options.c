@@ -819,7 +819,7 @@ static int check_rules(const struct command *c, struct args *a)
     const char *gw = grpo ? mp_par_grpo_unmodelled(a->par.strategy, a->ft.mode, a->par.offload,
                                                    a->vllm > 0 || a->vllm_server) : NULL;
     if (gw) { /* (generate.c models HF generate on full or LoRA weights, on the GPU) */
-        snprintf(why, sizeof why, "--trainer grpo with --parallel %s: %s is not modelled yet (--parallel ddp is)",
+        snprintf(why, sizeof why, "--trainer grpo with --parallel %s: %s is not modelled yet (ddp, zero1, zero2 are)",
                  mp_par_strategy_str(a->par.strategy), gw);
         return cli_usage_error(c->name, "%s", why);
     }
