@@ -3994,6 +3994,14 @@ elif [ -z "$HAVE_PY" ]; then
 else
     bad "--trainer grpo --parallel zero2: whole parameters, nothing gathered for generate"
 fi
+# suggest --trainer grpo --gpus 2 searches every strategy generate.c models: ZeRO-1/2/3 and FSDP2 beside DDP
+run suggest "$T/gs.json" --trainer grpo --seq 256 --completion-length 128 --gpus 2 --gpu a100-80gb
+if [ "$ec" -eq 0 ] && grep -q "^ddp x2 " "$T/out" && grep -q "^zero2 x2 " "$T/out" && grep -q "^zero3 x2 " "$T/out" &&
+    grep -q "^fsdp x2 " "$T/out" && grep -q "^fsdp-no-reshard x2 " "$T/out"; then
+    ok "suggest --trainer grpo --gpus 2: DDP, ZeRO-1/2/3 and FSDP2 searched"
+else
+    bad "suggest --trainer grpo --gpus 2: DDP, ZeRO-1/2/3 and FSDP2 searched"
+fi
 # a GRPOConfig's ds3_gather_for_generation is --ds3-gather; not true or false: refused, naming the line
 printf '%s\n' 'model_name_or_path: models/hf/qwen2-0.5b.json' 'num_generations: 8' \
     'per_device_train_batch_size: 8' 'max_completion_length: 256' 'ds3_gather_for_generation: false' >"$T/gd.yaml"

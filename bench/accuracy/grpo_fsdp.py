@@ -23,6 +23,8 @@ measured:
               the cache on, torch.no_grad;
   step        grpo_step.py's: GRPOTrainer._compute_loss on its Stub, backward, AdamW (foreach),
               zero_grad(set_to_none=True).
+Strategy "none" runs the same in one process without FSDP2 (memplan without --parallel): the
+harness's own single-device check.
 
 Live bytes: dist_gloo.py's (the profiler's allocation records, c10's exact running total, gloo's
 scratch taken out).  A barrier, gc and a pause before each phase let gloo's worker drop the last
@@ -117,6 +119,15 @@ def rank_main(rank, world, port, strategy, batch, seq, prompt, result_dir):
             m[(it, "step1")] = time.time_ns()
             del inputs, held, completion
     raw = allocations(prof)
+    # CPU-only: TRL's fused head runs torch.mm(hidden, w.t(), out=tile) into a column slice of its
+    # 32,768-wide buffer (chunked_logprob.py:413-425); the CPU's mm makes a contiguous result of its
+    # own for that strided out and copies it in, cuBLAS writes the strided tile in place.  Those
+    # blocks are taken out as gloo's scratch is (a dispatch-mode tracker, grpo_step.py's, never sees
+    # them: mm.out returns its out)
+    import dist_gloo
+    gloo_scratch = dist_gloo.is_gloo_scratch
+    dist_gloo.is_gloo_scratch = lambda ctx: gloo_scratch(ctx) or ctx.endswith(("ChunkedLogProbFunction > aten::mm",
+                                                                                 "ChunkedLogProbFunctionBackward > aten::mm"))
     allocs, unseen, residual = live_bytes(raw)
 
     def live_at(t):
@@ -177,7 +188,7 @@ def memplan_args(strategy, batch, seq, prompt):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--memplan", default=os.path.join(rowlib.ROOT, "memplan"))
-    ap.add_argument("--strategies", default="fsdp,fsdp-no-reshard")
+    ap.add_argument("--strategies", default="none,fsdp,fsdp-no-reshard")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows-out", default=None)
     a = ap.parse_args()
