@@ -55,7 +55,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from dist_gloo import LLAMA_CFG, accelerate_fsdp2, allocations, exact_cpu_total, free_port, live_bytes  # noqa: E402
+from dist_gloo import (LLAMA_CFG, accelerate_fsdp2, allocations, exact_cpu_total, free_port,  # noqa: E402
+                       live_before, live_bytes)
 
 WORLD = 2
 # LLAMA_CFG with grpo_step.py's vocabulary (32,000): TRL's fused head allocates its tile 32,768 wide
@@ -131,12 +132,7 @@ def rank_main(rank, world, port, strategy, batch, seq, prompt, result_dir):
     allocs, unseen, residual = live_bytes(raw)
 
     def live_at(t):
-        v = 0
-        for a in allocs:
-            if a[0] >= t:
-                break
-            v = a[1]
-        return v
+        return live_before(allocs, t)
 
     def window(t0, t1):
         w = [a for a in allocs if t0 <= a[0] < t1]
