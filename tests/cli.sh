@@ -3603,7 +3603,7 @@ assert "old_logprobs_forward" in m["phases"] and "generation" not in m["phases"]
 assert c["grpo"] == {"completion_length": 256, "num_generations": 8, "num_iterations": 1, "beta": 0.04,
                      "temperature": 0.9, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0,
                      "vllm": "colocate", "vllm_gpu_memory_utilization": 0.25, "vllm_correction": True,
-                     "old_logprobs_forward": True}, c["grpo"]
+                     "old_logprobs_forward": True, "ds3_gather_for_generation": True}, c["grpo"]
 ' "$T/out" 2>"$T/why"; then
         ok "--recipe GRPOConfig: vLLM colocate at 0.25, beta 0.04 (a frozen copy), old log-probs"
     else

@@ -1251,7 +1251,7 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
             fprintf(out, "  generation         %12s   (%llu sequences, no grad; cache %s at the last token; at %s)\n",
                     B(e->gen_peak_bytes), (unsigned long long)e->gen_batch, B(e->gen_kv_bytes), shown(e->gen_event));
             if (e->gen_gather)
-                fprintf(out, "                        %s gathered at a decoding step: %s\n",
+                fprintf(out, "                       %s gathered at a decoding step: %s\n",
                         B(e->gen_gathered_bytes), strcmp(e->gen_gather, "whole") ? "the units each forward gathers"
                                                                                   : "every parameter, whole");
         }
