@@ -1310,8 +1310,16 @@ expect_msg 2 "--loss cce under ZeRO-3 (it gathers the weight itself)" "(Gathered
     estimate models/hf/qwen3-0.6b.json --loss cce --precision bf16 --gpus 2 --parallel zero3
 expect_msg 2 "--loss torchtune under DDP (torchtune's own sharding)" "training.shard_model" \
     estimate models/hf/qwen3-0.6b.json --loss torchtune --precision bf16 --gpus 2 --parallel ddp
-expect_msg 2 "--trainer grpo under FSDP (generation from a sharded policy)" "generation from a sharded policy" \
-    estimate models/hf/qwen3-0.6b.json --trainer grpo --gpus 2 --parallel fsdp
+# GRPO under ZeRO-3 / FSDP2: what generate.c does not model, one line each
+expect_msg 2 "--trainer grpo --vllm under ZeRO-3 (vLLM's weight sync gathers itself)" \
+    "vLLM's weight sync from a sharded policy is not modelled yet" \
+    estimate models/hf/qwen3-0.6b.json --trainer grpo --vllm 0.3 --gpus 2 --parallel zero3
+expect_msg 2 "--trainer grpo --finetune qlora under ZeRO-3" "generation from a sharded 4-bit base" \
+    estimate models/hf/qwen3-0.6b.json --trainer grpo --finetune qlora --gpus 2 --parallel zero3
+expect_msg 2 "--trainer grpo --offload params under ZeRO-3" "generation from offloaded parameters" \
+    estimate models/hf/qwen3-0.6b.json --trainer grpo --gpus 2 --parallel zero3 --offload params
+expect_msg 2 "--ds3-gather without --trainer grpo" "--vllm-correction and --ds3-gather need --trainer grpo" \
+    estimate models/hf/qwen3-0.6b.json --ds3-gather off --gpus 2 --parallel zero3
 expect_line 2 "suggest --trainer kto --max-batch 1 (below KTO's 2)" suggest models/hf/qwen3-0.6b.json --trainer kto \
     --gpu a100-40gb --no-probe --max-batch 1
 # nothing fits a KTO step: the alternatives are at its least micro-batch, 2; no FSDP2 world fits
@@ -3731,7 +3739,7 @@ assert "old_logprobs_forward" in m["phases"] and "generation" not in m["phases"]
 assert c["grpo"] == {"completion_length": 256, "num_generations": 8, "num_iterations": 1, "beta": 0.04,
                      "temperature": 0.9, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0,
                      "vllm": "colocate", "vllm_gpu_memory_utilization": 0.25, "vllm_correction": True,
-                     "old_logprobs_forward": True}, c["grpo"]
+                     "old_logprobs_forward": True, "ds3_gather_for_generation": True}, c["grpo"]
 ' "$T/out" 2>"$T/why"; then
         ok "--recipe GRPOConfig: vLLM colocate at 0.25, beta 0.04 (a frozen copy), old log-probs"
     else
@@ -4070,6 +4078,96 @@ elif [ -z "$HAVE_PY" ]; then
     skipped "--recipe GRPOConfig repetition_penalty (python3 not found)"
 else
     bad "--recipe GRPOConfig repetition_penalty 1.1: planned as --repetition-penalty 1.1, in config.grpo"
+fi
+# GRPO under ZeRO-3 and FSDP2 (generate.c): the parameters gathered at a decoding step, hand-worked
+# on a 1-layer Llama in bf16 (hidden 256, MLP 688, 4 heads, 2 kv heads of 64, vocabulary 32000,
+# untied) over 2 ranks (every dim 0 even: no padding).  Its parameters: embed and lm_head 8,192,000
+# each; q, o 65,536; k, v 32,768; gate, up, down 176,128; three norms of 256.
+#  zero3 (ds3_gather_for_generation true): DeepSpeed's GatheredParameters makes every parameter not
+#    persisted (10 x hidden = 2,560 elements and more: all but the norms) its own bf16 tensor:
+#    2 x 16,384,000 + 2 x 131,072 + 2 x 65,536 + 3 x 352,256 = 34,217,984 ("whole");
+#  zero3 --ds3-gather off: each block's partitions fetched by its forward, no prefetch (a layer's
+#    725,504 elements are above the 0.9 x hidden^2 bucket): the largest block, the embedding,
+#    16,384,000 ("per-unit");
+#  fsdp-no-reshard: every unit stays gathered from the prefill on: the embedding 16,384,000, the
+#    layer 2 x 725,504 = 1,451,008 and the tail [norm, lm_head] 16,384,512: 34,219,520;
+#  fsdp: the tail (reshard_after_forward False) stays gathered; each step gathers the embedding
+#    unit, its flat all-gather output held until the layer's copy-out beside its parameters:
+#    16,384,512 + 2 x 16,384,000 = 49,152,512.
+printf '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, '\
+'"intermediate_size": 688, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1, '\
+'"vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-05, "hidden_act": "silu", '\
+'"tie_word_embeddings": false, "torch_dtype": "bfloat16"}\n' >"$T/gs.json"
+for w in "zero3:whole:34217984" "zero3 --ds3-gather off:per-unit:16384000" \
+    "fsdp-no-reshard:per-unit:34219520" "fsdp:per-unit:49152512"; do
+    run estimate "$T/gs.json" --trainer grpo -b 8 -s 256 --completion-length 128 -p bf16 --workspace 0 \
+        --gpus 2 --parallel ${w%%:*} --json
+    if [ -z "$HAVE_PY" ]; then
+        skipped "--trainer grpo --parallel ${w%%:*}: gathered at a decoding step (python3 not found)"
+    elif [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+g, want = d["memory"]["phases"]["generation"], sys.argv[2].split(":")
+assert g["gather"] == want[1] and g["gathered_bytes"] == int(want[2]), g
+assert d["config"]["grpo"]["ds3_gather_for_generation"] == ("off" not in want[0]), d["config"]["grpo"]
+' "$T/out" "$w" 2>"$T/why"; then
+        ok "--trainer grpo --parallel ${w%%:*}: ${w##*:} B gathered at a decoding step (hand-worked)"
+    else
+        bad "--trainer grpo --parallel ${w%%:*}: ${w##*:} B gathered at a decoding step (hand-worked)"
+    fi
+done
+# ZeRO-1/2 (as DDP) keep whole parameters: nothing is gathered for generate
+run estimate "$T/gs.json" --trainer grpo -b 8 -s 256 --completion-length 128 -p bf16 --workspace 0 --gpus 2 \
+    --parallel zero2 --json
+if [ -n "$HAVE_PY" ] && [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+g = json.load(open(sys.argv[1]))["memory"]["phases"]["generation"]
+assert "gather" not in g and "gathered_bytes" not in g, g
+' "$T/out" 2>"$T/why"; then
+    ok "--trainer grpo --parallel zero2: whole parameters, nothing gathered for generate"
+elif [ -z "$HAVE_PY" ]; then
+    skipped "--trainer grpo --parallel zero2 (python3 not found)"
+else
+    bad "--trainer grpo --parallel zero2: whole parameters, nothing gathered for generate"
+fi
+# suggest --trainer grpo --gpus 2 searches every strategy generate.c models: ZeRO-1/2/3 and FSDP2 beside DDP
+run suggest "$T/gs.json" --trainer grpo --seq 256 --completion-length 128 --gpus 2 --gpu a100-80gb
+if [ "$ec" -eq 0 ] && grep -q "^ddp x2 " "$T/out" && grep -q "^zero2 x2 " "$T/out" && grep -q "^zero3 x2 " "$T/out" &&
+    grep -q "^fsdp x2 " "$T/out" && grep -q "^fsdp-no-reshard x2 " "$T/out"; then
+    ok "suggest --trainer grpo --gpus 2: DDP, ZeRO-1/2/3 and FSDP2 searched"
+else
+    bad "suggest --trainer grpo --gpus 2: DDP, ZeRO-1/2/3 and FSDP2 searched"
+fi
+# a GRPOConfig's ds3_gather_for_generation is --ds3-gather; not true or false: refused, naming the line
+printf '%s\n' 'model_name_or_path: models/hf/qwen2-0.5b.json' 'num_generations: 8' \
+    'per_device_train_batch_size: 8' 'max_completion_length: 256' 'ds3_gather_for_generation: false' >"$T/gd.yaml"
+run estimate --recipe "$T/gd.yaml" --trainer grpo --seq 512 --precision bf16 --gpus 2 --parallel zero3 --json
+cp "$T/out" "$T/gd.json"
+run estimate models/hf/qwen2-0.5b.json --trainer grpo --num-generations 8 -b 8 --completion-length 256 --seq 512 \
+    --precision bf16 --gpus 2 --parallel zero3 --ds3-gather off --json
+if [ -n "$HAVE_PY" ] && [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["config"]["grpo"]["ds3_gather_for_generation"] is False, a["config"]["grpo"]
+assert a["memory"]["phases"]["generation"] == b["memory"]["phases"]["generation"]
+assert a["memory"]["phases"]["generation"]["gather"] == "per-unit"
+' "$T/gd.json" "$T/out" 2>"$T/why"; then
+    ok "--recipe GRPOConfig ds3_gather_for_generation false: planned as --ds3-gather off"
+elif [ -z "$HAVE_PY" ]; then
+    skipped "--recipe GRPOConfig ds3_gather_for_generation (python3 not found)"
+else
+    bad "--recipe GRPOConfig ds3_gather_for_generation false: planned as --ds3-gather off"
+fi
+printf 'model_name_or_path: models/hf/qwen2-0.5b.json\nnum_generations: 8\nds3_gather_for_generation: 2\n' \
+    >"$T/gd.yaml"
+expect_msg 3 "--recipe GRPOConfig ds3_gather_for_generation: 2 refused, naming the line" \
+    "gd.yaml:3: ds3_gather_for_generation: 2" estimate --recipe "$T/gd.yaml" --trainer grpo --seq 512
+run suggest models/hf/qwen2-0.5b.json --trainer grpo --seq 512 --completion-length 256 --gpus 2 \
+    --parallel zero3 --ds3-gather off --gpu a100-80gb --no-probe --emit hf
+if [ "$ec" -eq 0 ] && grep -q "ds3_gather_for_generation=False," "$T/out"; then
+    ok "suggest --trainer grpo --ds3-gather off --emit hf: ds3_gather_for_generation=False"
+else
+    bad "suggest --trainer grpo --ds3-gather off --emit hf: ds3_gather_for_generation=False"
 fi
 run suggest models/hf/qwen2-0.5b.json --trainer grpo --seq 512 --completion-length 256 --repetition-penalty 1.1 \
     --gpu a100-80gb --no-probe --emit hf

@@ -753,10 +753,11 @@ static void test_trl_grpo(void **state)
     unset(BETA);
     /* the sampling settings, each its option (min_p null: none, no setting) */
     assert_int_equal(mp_recipe_read_as(D "trl-grpo-sampling.yaml", -1, MP_TRAINER_GRPO, &r, &d), MP_OK);
-    expect(TEMPERATURE, "0.7", KEY, "temperature", 11);
-    expect(TOP_P, "0.95", KEY, "top_p", 12);
-    expect(TOP_K, "50", KEY, "top_k", 13);
-    expect(REP_PENALTY, "1.05", KEY, "repetition_penalty", 15);
+    expect(TEMPERATURE, "0.7", KEY, "temperature", 12);
+    expect(TOP_P, "0.95", KEY, "top_p", 13);
+    expect(TOP_K, "50", KEY, "top_k", 14);
+    expect(REP_PENALTY, "1.05", KEY, "repetition_penalty", 16);
+    expect(DS3_GATHER, "off", KEY, "ds3_gather_for_generation", 17);
     unset(MIN_P);
     unset(VLLM);
     /* read as SFTConfig, a GRPOConfig key is refused with the hint */

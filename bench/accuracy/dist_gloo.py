@@ -285,6 +285,16 @@ def live_bytes(raw):
     return out, unseen, residual
 
 
+def live_before(allocs, t):
+    """The live bytes after the last record before time t (a live_bytes series)."""
+    v = 0
+    for a in allocs:
+        if a[0] >= t:
+            break
+        v = a[1]
+    return v
+
+
 def alive_at(raw, t_peak, start2, top=14, classify=None):
     """What is alive at the step-2 peak (the allocation records up to t_peak, by address, gloo
     scratch left out): the bytes allocated before step 2 and, by the op that allocated them (or

@@ -71,7 +71,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from dist_gloo import (BATCH, LLAMA_CFG, LORA_R, SEQ, accelerate_fsdp2, alive_at, allocations,  # noqa: E402
-                       exact_cpu_total, free_port, is_gloo_scratch, live_bytes)
+                       exact_cpu_total, free_port, is_gloo_scratch, live_before, live_bytes)
 
 BETA = 0.1
 POLICY_FUSED_OUTPUTS = ("log_probs", "entropy", "mean_logits", "is_top1")  # DPOTrainer.__init__
@@ -265,12 +265,7 @@ def rank_main(rank, world, port, case, reshard, head, result_dir):
     allocs, unseen, residual = live_bytes(raw)
 
     def live_at(t):  # the live bytes after the last record before t
-        v = 0
-        for a in allocs:
-            if a[0] >= t:
-                break
-            v = a[1]
-        return v
+        return live_before(allocs, t)
 
     def window(t0, t1):
         w = [a for a in allocs if t0 <= a[0] < t1]

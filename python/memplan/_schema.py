@@ -162,6 +162,7 @@ class Grpo:
     steps_per_generation: Optional[int] = _opt()  # given; absent: TRL's default, the accumulation
     vllm_gpu_memory_utilization: Optional[float] = _opt()  # colocate only
     vllm_correction: Optional[bool] = _opt()  # with vLLM: vllm_importance_sampling_correction
+    ds3_gather_for_generation: Optional[bool] = _opt()  # --ds3-gather (ZeRO-3: every parameter gathered)
     extra: Dict[str, Any] = _extra()
 
 
@@ -237,6 +238,8 @@ class PhasePeak:
     decode_peak_bytes: Optional[int] = _opt()  # generation: the last decoding step
     kv_cache_bytes: Optional[int] = _opt()  # generation: the DynamicCache at the last token
     sequences: Optional[int] = _opt()  # generation: sequences generated at once
+    gather: Optional[str] = _opt()  # generation under ZeRO-3/FSDP2: "whole" (GatheredParameters) or "per-unit"
+    gathered_bytes: Optional[int] = _opt()  # generation: the parameters gathered at a decoding step
     extra: Dict[str, Any] = _extra()
 
 

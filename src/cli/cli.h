@@ -60,6 +60,8 @@ struct args {
     double rep_penalty;      /* repetition_penalty (1: none) */
     int vllm_is_corr;        /* vllm_importance_sampling_correction (1: on) */
     bool vllm_is_corr_set;
+    int ds3_gather;          /* ds3_gather_for_generation (1: on) */
+    bool ds3_gather_set;
     bool grpo_set;         /* one of --num-generations, --steps-per-generation, --beta, --vllm given */
     double label_fraction; /* --label-fraction */
     bool packing;          /* --packing */

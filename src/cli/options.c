@@ -193,6 +193,10 @@ static const struct opt OPTS[] = {
      SEEN(vllm_is_corr_set), .choices = ON_OFF,
      .help = "grpo --vllm: vllm_importance_sampling_correction, the policy's old log-probs by a no-grad "
              "forward (default on)"},
+    {0, "ds3-gather", "on|off", C_EST | C_PLAN | C_SUGG | C_CHECK, K_CHOICE, FIELD(ds3_gather),
+     SEEN(ds3_gather_set), .choices = ON_OFF,
+     .help = "grpo --parallel zero3: ds3_gather_for_generation; on: every parameter gathered for generate, "
+             "off: each block's fetched per forward (default on)"},
     {0, "loss", "K", C_ALL, K_ENUM, FIELD(loss), SEEN(loss_set), .parse = mp_loss_parse, .names = mp_loss_names,
      .help = ": the causal LM's loss head (default hf; cce: Axolotl's Cut Cross-Entropy, bf16 weights; "
              "torchtune: its LinearCrossEntropyLoss, no autocast; --trainer dpo|kto --loss hf: LLaMA-Factory's "
@@ -620,6 +624,7 @@ static void args_default(const struct command *c, struct args *a)
     a->rep_penalty = 1.0;     /* grpo_config.py repetition_penalty */
     a->disable_dropout = -1;  /* the trainer's (mp_trainer_drops_dropout) */
     a->vllm_is_corr = 1;      /* grpo_config.py vllm_importance_sampling_correction */
+    a->ds3_gather = 1;        /* grpo_config.py:498 ds3_gather_for_generation */
     a->use_cache = -1;
     a->head = -1;
     a->margin = 0.05;
@@ -710,10 +715,10 @@ static int check_rules(const struct command *c, struct args *a)
     bool grpo = tr == MP_TRAINER_GRPO;
     if (a->precompute_ref && (!pref || grpo))
         return cli_usage_error(c->name, "%s", "--precompute-ref needs --trainer dpo, kto or kto-apo");
-    if ((a->grpo_set || a->completion_set || a->vllm_is_corr_set) && !grpo)
+    if ((a->grpo_set || a->completion_set || a->vllm_is_corr_set || a->ds3_gather_set) && !grpo)
         return cli_usage_error(c->name, "%s", "--completion-length, --num-generations, --steps-per-generation, "
-                                              "--beta, --vllm, --temperature, --top-p, --top-k, --min-p, --repetition-penalty, --num-iterations and "
-                                              "--vllm-correction need "
+                                              "--beta, --vllm, --temperature, --top-p, --top-k, --min-p, --repetition-penalty, --num-iterations, "
+                                              "--vllm-correction and --ds3-gather need "
                                               "--trainer grpo");
     if (grpo && a->rec && a->rec->format == MP_RF_TRL && !a->seq_set) {
         fprintf(stderr, "memplan: error: %s: GRPOConfig has no length of its own (the prompts are the dataset's): "
@@ -806,7 +811,8 @@ static int check_rules(const struct command *c, struct args *a)
      * rank, cast to bf16 under DeepSpeed's bf16 as the policy is; ZeRO-3 keeps it a stage-3 engine
      * (:264-274): partitioned, fetched block by block for its forward (mp_par_z3_ref_bytes).
      * FSDP2 (DPO, KTO): the copy is one fully_shard unit (prepare_fsdp), a PEFT reference the
-     * policy's own units.  GRPO's generation from a sharded policy: not modelled yet */
+     * policy's own units.  GRPO (generate.c): under ZeRO-3 its parameters gathered whole for generate
+     * (ds3_gather_for_generation) or fetched block by block, under FSDP2 each unit by each forward */
     /* LLaMA-Factory's DPO and KTO prepare their reference copy themselves (train/dpo/trainer.py:94-109,
      * train/kto/trainer.py:96-111): under
      * DeepSpeed TRL 0.24's prepare_deepspeed, under FSDP2 accelerate's fsdp2_prepare_model (the
@@ -816,6 +822,13 @@ static int check_rules(const struct command *c, struct args *a)
         snprintf(why, sizeof why, "--trainer %s --loss hf with --parallel %s: LLaMA-Factory's %s under ZeRO and "
                  "FSDP2 (its own reference preparation) is not modelled yet (--parallel ddp is)", tn,
                  mp_par_strategy_str(a->par.strategy), tcfg);
+        return cli_usage_error(c->name, "%s", why);
+    }
+    const char *gw = grpo ? mp_par_grpo_unmodelled(a->par.strategy, a->ft.mode, a->par.offload,
+                                                   a->vllm > 0 || a->vllm_server) : NULL;
+    if (gw) { /* (generate.c models HF generate on full or LoRA weights, on the GPU) */
+        snprintf(why, sizeof why, "--trainer grpo with --parallel %s: %s is not modelled yet (ddp, zero1, zero2 are)",
+                 mp_par_strategy_str(a->par.strategy), gw);
         return cli_usage_error(c->name, "%s", why);
     }
     if (pref && !mp_trainer_par_modelled(tr, (enum mp_loss)a->loss, (enum mp_par_strategy)a->par.strategy)) {

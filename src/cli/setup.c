@@ -606,6 +606,7 @@ static int setup_grpo(const struct args *a, struct setup *s, bool need_target)
     s->train.gen_top_p = a->top_p < 1.0;              /* top_p < 1, min_p not None) */
     s->train.gen_min_p = a->min_p >= 0;
     s->train.gen_rep_penalty = a->rep_penalty != 1.0; /* (utils.py:1472: none at 1.0) */
+    s->train.gen_ds3_per_layer = !a->ds3_gather;
     s->train.gen_prompt = seq - C;
     s->train.gen_completion = C;
     return 0;
@@ -728,6 +729,7 @@ void cli_fill_ctx(struct mp_report_ctx *c, const char *cmd, struct setup *s, con
     c->min_p = a->min_p;
     c->rep_penalty = a->rep_penalty;
     c->vllm_is_correction = a->vllm_is_corr != 0;
+    c->ds3_gather = a->ds3_gather != 0;
     c->all_layers = a->all_layers;
     c->wide = a->wide;
     c->margin_pct = 100.0 * a->margin;

@@ -741,6 +741,15 @@ static enum mp_status gen_phase(const struct mp_program *p, const struct mp_trai
     enum mp_status st = mp_generation_phase(p, t, e, d);
     if (st != MP_OK)
         return st;
+    /* FSDP2: a reference copy's forward runs after generate, the policy's units it left gathered
+     * still held (the root, the tail not resharded after forward; every unit under
+     * fsdp-no-reshard); the adapter-off reference is the policy's own forward, whose replay
+     * gathers them itself */
+    if (t->ref == MP_REF_COPY && t->ref_before_policy && e->gen_left_bytes) {
+        if (!mp_add_u64(e->ref_forward_peak_bytes, e->gen_left_bytes, &e->ref_forward_peak_bytes))
+            return peak_overflow(p, t, d);
+        raise_peaks(e, e->ref_forward_peak_bytes);
+    }
     if (!mp_add_u64(e->gen_peak_bytes, e->ref_weights_bytes, &e->gen_peak_bytes) ||
         !mp_add_u64(e->gen_prefill_peak_bytes, e->ref_weights_bytes, &e->gen_prefill_peak_bytes) ||
         !mp_add_u64(e->gen_decode_peak_bytes, e->ref_weights_bytes, &e->gen_decode_peak_bytes))

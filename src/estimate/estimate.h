@@ -180,6 +180,9 @@ struct mp_train_opts {
     bool gen_top_p;          /* top_p below 1: TopPLogitsWarper (a sort of the b x vocabulary scores) */
     bool gen_min_p;          /* min_p given: MinPLogitsWarper */
     bool gen_rep_penalty;    /* repetition_penalty other than 1: RepetitionPenaltyLogitsProcessor */
+    bool gen_ds3_per_layer;  /* ZeRO-3 with GRPOConfig's ds3_gather_for_generation false: generate
+                              * fetches each block's partitions as the forward does (the engine's
+                              * hooks), not every parameter gathered at once (generate.c) */
     bool ref_before_policy;  /* the reference's no-grad forward runs before the policy's forward (GRPO's
                               * _generate_and_score_completions), on the resident state alone */
     bool old_logps;          /* GRPO: the policy's own no-grad forward of the generation batch, a
@@ -334,6 +337,12 @@ struct mp_estimate {
      * step's), the DynamicCache at the last step, where the peak is, the sequences generated at once;
      * vLLM's reservation */
     uint64_t gen_peak_bytes, gen_kv_bytes, gen_prefill_peak_bytes, gen_decode_peak_bytes, gen_batch;
+    uint64_t gen_gathered_bytes; /* the parameters gathered at the generation's decoding forward:
+                                  * ZeRO-3 with ds3_gather_for_generation every one whole (gen_gather
+                                  * "whole"), else FSDP2's units or ZeRO-3's blocks ("per-unit") */
+    const char *gen_gather;      /* "whole", "per-unit", or NULL: nothing gathered (DDP, ZeRO-1/2) */
+    uint64_t gen_left_bytes;     /* FSDP2: the units generate leaves gathered (the root, those not
+                                  * resharded after forward), held through the reference's forward */
     char gen_event[96];
     /* GRPO's old log-probs (mp_train_opts.old_logps): the policy's no-grad forward, its peak with the
      * resident state (the reference copy's weights included) and where */

@@ -37,8 +37,17 @@
 
 struct gen_meter {
     uint64_t cur, base, peak, head_cur;
+    uint64_t gathered;                      /* ZeRO-3's GatheredParameters, held from the start */
+    uint64_t comm, comm_fwd, comm_head;     /* data parallel: the gathered units held now, at their most
+                                             * before the head, at the head (from the forward's start) */
+    uint64_t head_comm0;                    /* comm when the head began (in head_cur) */
+    const bool *kept;                       /* FSDP2: per group, not resharded after forward (NULL: none) */
+    size_t n_kept;
+    uint64_t held, trans_fwd, trans_head;   /* of comm: those groups' gathered parameters; the rest at
+                                             * its most before the head, and at the head */
     int peak_node, head_node;
     bool started, stopped, overflow;
+    bool no_fetch;                          /* ZeRO-3 gathered: its hooks removed, no per-block fetch */
 };
 
 static enum mp_status gen_event(void *ctx, const struct mp_program *p, const struct mp_event *ev)
@@ -46,6 +55,10 @@ static enum mp_status gen_event(void *ctx, const struct mp_program *p, const str
     struct gen_meter *m = ctx;
     if (ev->kind == MP_EV_OP_BEGIN && !m->started) {
         m->started = true;
+        if (!mp_add_u64(m->cur, m->gathered, &m->cur)) {
+            m->overflow = true;
+            return MP_ERR_RANGE;
+        }
         m->base = m->peak = m->cur;
     }
     /* the LM head: generate's is on the last position only (below) */
@@ -53,7 +66,32 @@ static enum mp_status gen_event(void *ctx, const struct mp_program *p, const str
         p->nodes[ev->node].prim == MP_P_FUSED_LOSS) {
         m->stopped = true;
         m->head_cur = m->cur;
+        m->head_comm0 = m->comm_head = m->comm;
+        m->trans_head = m->comm > m->held ? m->comm - m->held : 0;
         m->head_node = ev->node;
+    }
+    bool comm = ev->store == MP_ST_COMM && m->started && (ev->kind == MP_EV_ALLOC || ev->kind == MP_EV_FREE);
+    if (comm && m->no_fetch && ev->id >= 0 && ev->id % MP_COMM_KINDS == MP_COMM_UNSHARD)
+        return MP_OK; /* (trl models/utils.py:147-150: remove_hooks inside GatheredParameters) */
+    if (comm) { /* (a free of a buffer made before the forward: what this one counts never goes below 0) */
+        uint64_t r = mp_round512(ev->bytes);
+        if (ev->kind == MP_EV_FREE)
+            m->comm = m->comm > r ? m->comm - r : 0;
+        else if (!mp_add_u64(m->comm, r, &m->comm)) {
+            m->overflow = true;
+            return MP_ERR_RANGE;
+        }
+        size_t g = ev->id >= 0 ? (size_t)ev->id / MP_COMM_KINDS : 0;
+        if (m->kept && g < m->n_kept && m->kept[g] && ev->id % MP_COMM_KINDS == MP_COMM_UNSHARD)
+            m->held = ev->kind == MP_EV_FREE ? (m->held > r ? m->held - r : 0) : m->held + r;
+        uint64_t trans = m->comm > m->held ? m->comm - m->held : 0;
+        if (!m->stopped) {
+            m->comm_fwd = mp_max_u64(m->comm_fwd, m->comm);
+            m->trans_fwd = mp_max_u64(m->trans_fwd, trans);
+        } else if (ev->node == m->head_node) { /* (a unit whose first module is the head: gathered there) */
+            m->comm_head = mp_max_u64(m->comm_head, m->comm);
+            m->trans_head = mp_max_u64(m->trans_head, trans);
+        }
     }
     if (ev->kind == MP_EV_ALLOC) {
         uint64_t r = mp_round512(ev->bytes);
@@ -239,6 +277,36 @@ uint64_t mp_vllm_bytes(double f, uint64_t total)
     return b >= (double)total ? total : (uint64_t)b;
 }
 
+/* ZeRO-3 with ds3_gather_for_generation (TRL's default): trl 1.16 models/utils.py:141-150 runs
+ * generate inside deepspeed.zero.GatheredParameters(model.parameters()) with the engine's hooks
+ * removed.  DeepSpeed 0.19.8 runtime/zero/partition_parameters.py: __enter__ (:2465-2473) calls
+ * all_gather on every parameter; _all_gather (:1723-1760) takes those not available (the
+ * persisted ones, below stage3_param_persistence_threshold, are whole already) and
+ * _allgather_params_coalesced (:2022-2130; _allgather_params_sequential :2132- alike) makes each
+ * one its own torch.empty of its partition's (padded) numel x the world in the partition's dtype,
+ * param.data a view of it (:2124), held until the context exits; the partitions stay.  So the
+ * whole generation runs on every rank's shards plus every non-persisted parameter whole.  0 for
+ * the other strategies. */
+static enum mp_status ds3_gathered(const struct mp_program *p, const struct mp_train_opts *t, uint64_t *out,
+                                   struct mp_diag *d)
+{
+    *out = 0;
+    struct mp_par_plan pp;
+    enum mp_status st = mp_par_plan_make(t->par, p, t->optimizer, &pp, d);
+    if (st != MP_OK)
+        return st;
+    uint64_t N = mp_par_world(t->par);
+    bool ok = true;
+    for (size_t q = 0; ok && q < p->n_params; q++) {
+        uint64_t n;
+        if (mp_par_z3_persistent(&pp, &p->params[q]))
+            continue;
+        ok = mp_mul_u64(pp.shard_elems[q], N, &n) && add_prod(out, n, mp_par_gather_elem_bytes(&pp, &p->params[q]));
+    }
+    mp_par_plan_release(&pp);
+    return ok ? MP_OK : mp_fail(d, MP_ERR_RANGE, "%s: ZeRO-3's gathered parameters overflow 64 bits", p->model->path);
+}
+
 enum mp_status mp_generation_phase(const struct mp_program *policy, const struct mp_train_opts *t,
                                    struct mp_estimate *e, struct mp_diag *d)
 {
@@ -288,7 +356,27 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     gt.ref = MP_REF_NONE;
     gt.gen_pass = true;
     struct gen_meter m = {.peak_node = -1, .head_node = -1};
-    st = mp_replay_nograd_forward(&g, &gt, false, gen_event, &m, d);
+    bool z3 = t->par && t->par->strategy == MP_PAR_ZERO3, nr = t->par && t->par->strategy == MP_PAR_FSDP_NO_RESHARD;
+    m.no_fetch = z3 && !t->gen_ds3_per_layer;
+    if (m.no_fetch)
+        st = ds3_gathered(policy, t, &m.gathered, d);
+    bool *kept = NULL; /* FSDP2: the units a forward leaves gathered (the replay's own plan of g) */
+    if (st == MP_OK && t->par && mp_par_is_fsdp(t->par->strategy)) {
+        struct mp_par_plan pp;
+        if ((st = mp_par_plan_make(t->par, &g, t->optimizer, &pp, d)) == MP_OK) {
+            if (!(kept = calloc(pp.n_groups ? pp.n_groups : 1, sizeof *kept)))
+                st = mp_fail(d, MP_ERR_NOMEM, "out of memory");
+            for (size_t k = 0; kept && k < pp.n_groups; k++)
+                kept[k] = pp.groups[k].root || !pp.groups[k].reshard;
+            m.kept = kept;
+            m.n_kept = pp.n_groups;
+            mp_par_plan_release(&pp);
+        }
+    }
+    if (st == MP_OK)
+        st = mp_replay_nograd_forward(&g, &gt, false, gen_event, &m, d);
+    free(kept);
+    m.kept = NULL;
     if (st == MP_ERR_RANGE && m.overflow)
         st = mp_fail(d, MP_ERR_RANGE, "%s: the generation's memory overflows 64 bits", policy->model->path);
     if (st == MP_OK && m.head_node < 0)
@@ -369,9 +457,23 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
      * norm's output, then, the forward returned (the half copies gone), the fp32 copy and the
      * probabilities */
     uint64_t at_head = 0, after = 0, pre = m.peak, dec_fwd = 0, dec_head = 0, dec_tail = 0;
-    ok = ok && mp_add_u64(m.head_cur, logits, &at_head) && mp_add_u64(at_head, lmcopy, &at_head) &&
-         m.head_cur >= norm_out + wsum && mp_add_u64(m.head_cur - norm_out - wsum, logits, &after) &&
-         mp_add_u64(after, fp1, &after);
+    /* Data parallel (the replay's gathers, parallel.h): the head's with what its unit gathers there;
+     * after the forward, the units it leaves gathered (comm_end; FSDP2: the root and the units not
+     * resharded after forward, which stay gathered from the prefill on: torch 2.15
+     * _fsdp_param_group.py:586-590, reshard returns at once in forward and no backward follows;
+     * none under ZeRO-3).  Each decoding forward finds those gathered and gathers the others again
+     * as the prefill did: comm_end and the rest at its most before the head (trans_fwd; the layers'
+     * units the same size: the prefill's largest moment is each step's), or at the head.  Under
+     * fsdp-no-reshard every unit stays gathered: each step gathers nothing.  DDP and ZeRO-1/2
+     * gather nothing (0). */
+    uint64_t comm_end = m.comm, cf = comm_end, ch = comm_end;
+    if (!nr && (!mp_add_u64(comm_end, m.trans_fwd, &cf) || !mp_add_u64(comm_end, m.trans_head, &ch)))
+        ok = false;
+    uint64_t head_cur = m.head_cur - m.head_comm0; /* (without the comm, which head_cur includes) */
+    ok = ok && mp_add_u64(head_cur, m.comm_head, &at_head) && mp_add_u64(at_head, logits, &at_head) &&
+         mp_add_u64(at_head, lmcopy, &at_head) && head_cur >= norm_out + wsum &&
+         mp_add_u64(head_cur - norm_out - wsum, logits, &after) && mp_add_u64(after, fp1, &after) &&
+         mp_add_u64(after, comm_end, &after);
     pre = mp_max_u64(pre, mp_max_u64(at_head, after));
     /* the last decoding step: the resident state, the prompt's batch, the cache at T tokens, the ids;
      * during its forward the last layer's new k beside the old one and the previous step's
@@ -383,6 +485,8 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
          mp_add_u64(dec_fwd, wsum, &dec_fwd) && mp_add_u64(dec_base, fp2, &dec_head) &&
          mp_add_u64(dec_head, wsum + lmcopy, &dec_head) && mp_add_u64(dec_head, logits, &dec_head) &&
          mp_add_u64(dec_base, logits, &dec_tail) && mp_add_u64(dec_tail, fp3, &dec_tail);
+    ok = ok && mp_add_u64(dec_fwd, cf, &dec_fwd) && mp_add_u64(dec_head, ch, &dec_head) &&
+         mp_add_u64(dec_tail, comm_end, &dec_tail);
     dec_fwd = mp_max_u64(dec_fwd, dec_head);
     if (!ok) {
         mp_program_release(&g);
@@ -390,6 +494,9 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
     }
     uint64_t dec = mp_max_u64(dec_fwd, dec_tail);
     e->gen_kv_bytes = kv_last;
+    e->gen_gathered_bytes = m.no_fetch ? m.gathered : cf;
+    e->gen_gather = m.no_fetch ? "whole" : t->par && mp_par_sharded_params(t->par->strategy) ? "per-unit" : NULL;
+    e->gen_left_bytes = comm_end;
     e->gen_prefill_peak_bytes = pre;
     e->gen_decode_peak_bytes = dec;
     e->gen_peak_bytes = mp_max_u64(pre, dec);

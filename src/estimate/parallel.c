@@ -113,10 +113,24 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
 
 bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_loss loss, enum mp_par_strategy s)
 {
-    /* GRPO's generation from a sharded policy; LLaMA-Factory's DPO and KTO (--loss hf) and their
-     * own reference preparation under ZeRO and FSDP2: not modelled */
-    bool one_or_ddp = tr == MP_TRAINER_GRPO || mp_trainer_lf(tr, loss);
+    /* LLaMA-Factory's DPO and KTO (--loss hf) and their own reference preparation under ZeRO and
+     * FSDP2: not modelled.  GRPO's generation: under every strategy (generate.c: ZeRO-3's gathered
+     * parameters or per-block fetch, FSDP2's units gathered by each forward) */
+    bool one_or_ddp = mp_trainer_lf(tr, loss);
     return !one_or_ddp || s == MP_PAR_NONE || s == MP_PAR_DDP;
+}
+
+const char *mp_par_grpo_unmodelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_offload off, bool vllm)
+{
+    if (!mp_par_sharded_params(s))
+        return NULL; /* (ZeRO-1/2 and DDP: whole parameters, generate as on one GPU) */
+    if (vllm) /* (trl 1.16 generation/vllm_generation.py: the weights' sync gathers them itself) */
+        return "vLLM's weight sync from a sharded policy";
+    if (m == MP_FT_QLORA)
+        return "generation from a sharded 4-bit base";
+    if (off == MP_OFFLOAD_PARAMS)
+        return "generation from offloaded parameters (each partition brought to the GPU as it is gathered)";
+    return NULL;
 }
 
 const char *mp_par_finetune_names(void) { return "ddp, zero1, zero2, zero3, fsdp, fsdp-no-reshard"; }

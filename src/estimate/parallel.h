@@ -95,10 +95,14 @@ void mp_parallel_default(struct mp_parallel *p);
 uint64_t mp_par_world(const struct mp_parallel *p);
 bool mp_par_sharded_params(enum mp_par_strategy s); /* zero3, fsdp, fsdp-no-reshard */
 /* A trainer with a reference or generation (DPO, KTO, GRPO) under strategy s: DDP for all; ZeRO
- * and FSDP2 for TRL's DPO and KTO (their reference copy whole, partitioned, or one FSDP2 unit); not
- * GRPO's generation from a sharded policy, nor LLaMA-Factory's DPO (--loss hf: its own reference
- * preparation). */
+ * and FSDP2 for TRL's DPO, KTO and GRPO (their reference copy whole, partitioned, or one FSDP2
+ * unit; GRPO's generation from the sharded policy, generate.c, but mp_par_grpo_unmodelled); not
+ * LLaMA-Factory's DPO (--loss hf: its own reference preparation). */
 bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_loss loss, enum mp_par_strategy s);
+/* GRPO under a strategy that shards the parameters (zero3, fsdp, fsdp-no-reshard): what its
+ * generation is not modelled with (vLLM, a QLoRA base, --offload params), as a phrase; NULL
+ * when it is, and for the other strategies. */
+const char *mp_par_grpo_unmodelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_offload off, bool vllm);
 bool mp_par_is_fsdp(enum mp_par_strategy s);
 bool mp_par_is_deepspeed(enum mp_par_strategy s);
 

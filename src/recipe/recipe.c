@@ -1014,6 +1014,11 @@ static void derive_grpo(struct reader *rd)
         else
             put(rd, warp[i].rs, w->v, warp[i].f);
     }
+    int dg = fact_truth(rd, F_DS3_GATHER);
+    if (rd->f[F_DS3_GATHER].set && dg < 0)
+        refuse(rd, fact_key(rd, F_DS3_GATHER), rd->f[F_DS3_GATHER].line, rd->f[F_DS3_GATHER].v, "expected true or false");
+    else if (rd->f[F_DS3_GATHER].set)
+        put(rd, MP_RS_DS3_GATHER, dg ? "on" : "off", F_DS3_GATHER);
     int is = fact_truth(rd, F_VLLM_IS), uv = fact_truth(rd, F_USE_VLLM);
     if (rd->f[F_VLLM_IS].set && is < 0 && strcmp(rd->f[F_VLLM_IS].v, "null"))
         refuse(rd, fact_key(rd, F_VLLM_IS), rd->f[F_VLLM_IS].line, rd->f[F_VLLM_IS].v, "expected true or false");

@@ -66,6 +66,7 @@ const char *mp_recipe_format_names(const char *sep, const char *last);
     X(VLLM, "vllm", 1)                                 \
     X(NUM_ITERATIONS, "num-iterations", 1)             \
     X(VLLM_IS_CORRECTION, "vllm-correction", 1)       \
+    X(DS3_GATHER, "ds3-gather", 1)                     \
     X(TEMPERATURE, "temperature", 1)                   \
     X(TOP_P, "top-p", 1)                               \
     X(TOP_K, "top-k", 1)                               \

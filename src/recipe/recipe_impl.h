@@ -60,6 +60,7 @@ enum fact {
     F_VLLM_UTIL,    /* vllm_gpu_memory_utilization */
     F_NUM_ITER,     /* num_iterations */
     F_VLLM_IS,      /* vllm_importance_sampling_correction */
+    F_DS3_GATHER,   /* ds3_gather_for_generation */
     F_TEMPERATURE,  /* generate's sampling temperature */
     F_TOP_P,        /* its warpers: top_p, top_k, min_p */
     F_TOP_K,

@@ -220,6 +220,7 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_GRPO, "vllm_gpu_memory_utilization", F_VLLM_UTIL), /* :656 default 0.3 */
     FACT(B_GRPO, "num_iterations", F_NUM_ITER),           /* :689 default 1 */
     FACT(B_GRPO, "vllm_importance_sampling_correction", F_VLLM_IS), /* :925 default True */
+    FACT(B_GRPO, "ds3_gather_for_generation", F_DS3_GATHER), /* :498 default True; --ds3-gather */
     /* trl 1.16 generation/vllm_generation.py:365-366, 750-751: sleep(level=2) after each generate
      * frees the engine's weights and KV cache (its CuMemAllocator pools); what it keeps outside
      * them through the policy's step (CUDA-graph pools, persistent buffers) is not sized here */
@@ -265,7 +266,7 @@ const struct key_row mp_recipe_keys[] = {
     NOMEM(B_GRPO, "vllm_structured_outputs_regex"), NOMEM(B_GRPO, "vllm_server_base_url"),
     NOMEM(B_GRPO, "vllm_server_host"), NOMEM(B_GRPO, "vllm_server_port"), NOMEM(B_GRPO, "vllm_server_timeout"),
     NOMEM(B_GRPO, "vllm_group_port"), NOMEM(B_GRPO, "vllm_max_model_length"), NOMEM(B_GRPO, "chat_template_kwargs"),
-    NOMEM(B_GRPO, "ds3_gather_for_generation"), NOMEM(B_GRPO, "transformers_continuous_batching_config"),
+    NOMEM(B_GRPO, "transformers_continuous_batching_config"),
     REFUSE(B_TRL, "precompute_ref_log_probs", "a DPOConfig / KTOConfig key: give --trainer dpo or kto"),
     /* the model */
     FACT(B_TRL | B_LF, "model_name_or_path", F_MODEL),

@@ -400,6 +400,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             if (t->vllm_fraction > 0 || t->vllm_server)
                 cJSON_AddBoolToObject(g, "vllm_correction", c->vllm_is_correction);
             cJSON_AddBoolToObject(g, "old_logprobs_forward", t->old_logps);
+            cJSON_AddBoolToObject(g, "ds3_gather_for_generation", c->ds3_gather);
         }
         moe_json(cf, c);
         /* transformers' use_cache in training (HF decoders; off under gradient checkpointing) */
@@ -562,6 +563,10 @@ static void json_memory(cJSON *r, const struct mp_report_ctx *c, const struct mp
             ju64(g, "kv_cache_bytes", e->gen_kv_bytes);
             ju64(g, "sequences", e->gen_batch);
             cJSON_AddStringToObject(g, "peak_event", e->gen_event);
+            if (e->gen_gather) { /* (ZeRO-3 and FSDP2: what the decoding forward holds gathered) */
+                cJSON_AddStringToObject(g, "gather", e->gen_gather);
+                ju64(g, "gathered_bytes", e->gen_gathered_bytes);
+            }
         }
         if (old) {
             cJSON *o = cJSON_AddObjectToObject(ph, "old_logprobs_forward");
@@ -1265,6 +1270,10 @@ static void totals(FILE *out, const struct mp_report_ctx *c, const struct mp_est
         if (gen) {
             fprintf(out, "  generation         %12s   (%llu sequences, no grad; cache %s at the last token; at %s)\n",
                     B(e->gen_peak_bytes), (unsigned long long)e->gen_batch, B(e->gen_kv_bytes), shown(e->gen_event));
+            if (e->gen_gather)
+                fprintf(out, "                       %s gathered at a decoding step: %s\n",
+                        B(e->gen_gathered_bytes), strcmp(e->gen_gather, "whole") ? "the units each forward gathers"
+                                                                                  : "every parameter, whole");
         }
         if (old)
             fprintf(out, "  old log-probs      %12s   (the policy's forward, no grad, a micro-batch at a time; at "
@@ -1789,6 +1798,8 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
             fprintf(out, "    use_vllm=True,\n    vllm_mode=\"server\",\n");
         if ((c->train->vllm_fraction > 0 || c->train->vllm_server) && !c->vllm_is_correction)
             fprintf(out, "    vllm_importance_sampling_correction=False,\n");
+        if (!c->ds3_gather)
+            fprintf(out, "    ds3_gather_for_generation=False,\n");
     } else if ((dpo || orpo) && c->prog) /* DPOConfig's, KTOConfig's, ORPOConfig's max_length (prompt +
                                            * completion), default 1024 */
         fprintf(out, "    max_length=%llu,\n", (unsigned long long)c->prog->opts.seq);

@@ -37,6 +37,7 @@ struct mp_report_ctx {
     double min_p;
     double rep_penalty;         /* GRPOConfig's repetition_penalty (1: none) */
     bool vllm_is_correction;
+    bool ds3_gather;            /* GRPOConfig's ds3_gather_for_generation */
     const struct mp_fit *fit;   /* estimate with a target: the verdict (NULL = none) */
     const char *alloc_from;     /* where the allocator's settings came from ("--alloc-conf",
                                    "PYTORCH_CUDA_ALLOC_CONF"), "" or NULL: torch's defaults */

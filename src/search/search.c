@@ -1199,7 +1199,8 @@ static size_t model_repeats(const struct mp_model *m)
 }
 
 /* A strategy the plan models for this job: its fine-tune (mp_par_finetune_modelled), its quantized
- * base and its trainer (mp_trainer_par_modelled; cli refuses the rest). */
+ * base and its trainer (mp_trainer_par_modelled, GRPO's mp_par_grpo_unmodelled; cli refuses the
+ * rest). */
 static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
 {
     const struct mp_quant *qz = base->model->quant.kind != MP_Q_NONE ? &base->model->quant
@@ -1208,7 +1209,10 @@ static bool strategy_modelled(const struct mp_job *base, enum mp_par_strategy s)
     return mp_par_finetune_modelled(s, base->build.ft.mode, base->train.optimizer) &&
            !mp_par_quant_unmodelled(s, qz) &&
            !mp_par_fused_head_unmodelled(s, base->build.ft.mode, base->build.loss) &&
-           mp_trainer_par_modelled(base->build.trainer, base->build.loss, s);
+           mp_trainer_par_modelled(base->build.trainer, base->build.loss, s) &&
+           (base->build.trainer != MP_TRAINER_GRPO ||
+            !mp_par_grpo_unmodelled(s, base->build.ft.mode, MP_OFFLOAD_NONE,
+                                    base->train.vllm_fraction > 0 || base->train.vllm_server));
 }
 
 /* Does a sharding strategy (FSDP2, then ZeRO-3) fit micro-batch 1 with every block

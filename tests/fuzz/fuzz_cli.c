@@ -67,7 +67,7 @@ static const char *const OPTS[] = {
     "act-offload", "all-layers", "wide", "json", "recipe-format", "explain", "loss", "label-fraction", "head", "num-labels", "images",
     "image-size", "packing", "padding-free", "tokens-per-batch",
     "trainer", "precompute-ref", "torch", "completion-length", "num-generations", "steps-per-generation", "beta",
-    "vllm", "temperature", "top-p", "top-k", "min-p", "repetition-penalty",
+    "vllm", "temperature", "top-p", "top-k", "min-p", "repetition-penalty", "ds3-gather",
     "num-iterations", "vllm-correction", "disable-dropout", "quant-storage",
 };
 /* The options of those commands it does not give: they read a file (--recipe: a fuzzed value
