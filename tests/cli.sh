@@ -984,6 +984,17 @@ fi
 # --images on Llama 4: refusals one line each, and Scout's hand figure
 expect_line 3 "llama4 --images with flash attention: refused (transformers has none for Llama 4)" estimate \
     bench/accuracy/multimodal/llama4-shrunk-images.json --images 1 --attention flash
+# transformers 5.24 classes with _supports_flash_attn False (Llama4PreTrainedModel, modeling_llama4.py:450;
+# Gemma3ForConditionalGeneration, modeling_gemma3.py:751; MllamaPreTrainedModel, modeling_mllama.py:783):
+# flash refused text-only too; Gemma3ForCausalLM (gemma3_text) has it
+expect_line 3 "llama4_text (Scout's text model) with flash attention: refused" estimate \
+    models/hf/llama-4-scout-17b-16e-text.json --attention flash --seq 512
+expect_line 3 "gemma3 multimodal, text-only, with flash attention: refused" plan models/hf/gemma-3-4b-it.json \
+    --attention flash --seq 512 --gpu a100-80gb
+expect_line 3 "mllama, text-only, with flash attention: refused" check models/hf/llama-3.2-11b-vision.json \
+    --attention flash --seq 512 --gpu h100-80gb --batch 1
+expect 0 "gemma3_text with flash attention: planned (Gemma3ForCausalLM supports it)" estimate \
+    models/hf/gemma-3-1b.json --attention flash --seq 512
 expect_line 2 "llama4 --images 2 x 121 tokens (224x336: 7 tiles) exceed --seq 200" estimate \
     bench/accuracy/multimodal/llama4-shrunk-images.json --images 2 --image-size 224x336 --seq 200
 # Llama-4-Scout, one 672 x 448 image at batch 1, amp-bf16 (fp32 weights): Llama4ImageProcessor's

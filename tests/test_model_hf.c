@@ -2298,9 +2298,9 @@ static void test_llama4_images(void **state)
     assert_string_equal(d.msg, "bench/accuracy/multimodal/llama4-shrunk-images.json: --images 1: 19 image tokens "
                                "each (its tiles' patch tokens and separators) exceed --seq 18, which includes them");
     assert_int_equal(build_attention(&m, MP_ATTN_FLASH, &p, &d), MP_ERR_MODEL);
-    assert_string_equal(d.msg, "bench/accuracy/multimodal/llama4-shrunk-images.json: --images: --attention flash: "
-                               "transformers has no flash attention for Llama 4 (_supports_flash_attn is false); "
-                               "sdpa or eager");
+    assert_string_equal(d.msg, "bench/accuracy/multimodal/llama4-shrunk-images.json: --attention flash: "
+                               "transformers has none for Llama 4 (Llama4PreTrainedModel, modeling_llama4.py:450); "
+                               "use sdpa or eager");
     /* eager: the tower's (b, heads, 65, 65) scores and bf16 probabilities (a plain softmax) */
     if (build_attention(&m, MP_ATTN_EAGER, &p, &d) != MP_OK)
         fail_msg("%s", d.msg);

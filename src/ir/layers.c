@@ -649,10 +649,13 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
         if (o->packing || o->padding_free || o->trainer != MP_TRAINER_SFT)
             return mp_fail(d, MP_ERR_USAGE, "%s: --images with %s is not modelled yet", m->path,
                            o->trainer != MP_TRAINER_SFT ? "a --trainer other than sft" : "packed rows");
-        if (m->vision.kind == MP_VIS_LLAMA4 && o->attention == MP_ATTN_FLASH) /* (docs/memory-facts.md#llama4-images) */
-            return mp_fail(d, MP_ERR_MODEL, "%s: --images: --attention flash: transformers has no flash attention "
-                           "for Llama 4 (_supports_flash_attn is false); sdpa or eager", m->path);
     }
+    for (size_t i = 0; i < m->n_blocks && m->no_flash; i++) /* (model.h mp_model.no_flash) */
+        for (size_t j = 0; j < m->blocks[i].n_layers; j++) {
+            const struct mp_layer *l = &m->blocks[i].layers[j];
+            if (l->attn.heads && (o->attention_forced || !l->attn.impl_set ? o->attention : l->attn.impl) == MP_ATTN_FLASH)
+                return mp_fail(d, MP_ERR_MODEL, "%s: --attention flash: %s; use sdpa or eager", m->path, m->no_flash);
+        }
     const char *no_amp = o->precision == MP_PREC_BF16_AMP ? mp_bf16_amp_unmodelled(m) : NULL;
     if (no_amp)
         return mp_fail(d, MP_ERR_USAGE, "%s: --precision bf16-amp: %s", m->path, no_amp);

@@ -415,6 +415,8 @@ struct mp_model {
     char path[256];          /* file it came from, for messages */
     char hf_type[32];        /* model_type of an HF config, else "" */
     char hf_class[96];       /* an HF config's architectures[0] (after --head), else "" */
+    const char *no_flash;    /* its transformers class has no flash-attention path (_supports_flash_attn
+                                false): why, a static string; NULL: it has one */
     struct mp_quant quant;   /* quantization_config of an HF checkpoint (kind MP_Q_NONE: none) */
     char ckpt_dtype[16];     /* an HF config's torch_dtype (or dtype): the checkpoint's storage ("" unknown) */
     bool kv_cache;           /* an HF decoder that can fill a DynamicCache (else use_cache is moot) */

@@ -176,6 +176,8 @@ struct family {
     uint64_t emb_extra_rows;    /* embedding rows beyond vocab_size (MllamaTextModel: vocab_size + 8) */
     bool mm_text;               /* a multimodal checkpoint's text model only (multimodal[]): not a
                                    model_type memplan reads on its own */
+    const char *no_flash;       /* its transformers class has no flash-attention path
+                                   (_supports_flash_attn false): why (mp_model.no_flash) */
     hf_hook hook;               /* runs last: may override anything read before */
 };
 
@@ -489,6 +491,7 @@ static const struct family families[] = {
     {.type = "llama4_text", LLAMA_LIKE(MP_ACT_SILU), .kv_default = 8, .head_dim_default = 128,
      .k_attn_bias = "attention_bias", .qk_norm_late = true, .plain_softmax = true,
      .heads = HEAD(H_CAUSAL) | HEAD(H_BARE),
+     .no_flash = "transformers has none for Llama 4 (Llama4PreTrainedModel, modeling_llama4.py:450)",
      .hook = llama4_hook},
     {.type = "mllama_text_model", .act = MP_ACT_SILU, .norm = MP_NORM_RMSNORM, .gated = true, .gqa = true,
      .ignores_head_dim = true, .kv_default = 8, .k_attn_p = "dropout", .n_tok = "embed_tokens", .n_norm = "norm",
@@ -515,32 +518,36 @@ static const struct multimodal {
                        a Llama4ForCausalLM, ties by its own config; measured on the meta device) */
     struct mp_hf_names names; /* peft's default targets for the model_type (0.21 utils/constants.py
                                  TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama4) */
+    const char *no_flash;     /* the class has no flash-attention path, why (else its text row's) */
 } multimodal[] = {
     {"gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", "gemma3_text", false, true, false, true, false,
      "{\"vocab_size\": 262208, \"hidden_size\": 2304, \"intermediate_size\": 9216, \"num_hidden_layers\": 26, "
-     "\"num_attention_heads\": 8}", false, false, {NULL}},
+     "\"num_attention_heads\": 8}", false, false, {NULL},
+     /* transformers 5.24 gemma3/modeling_gemma3.py:751, 906 */
+     .no_flash = "Gemma3ForConditionalGeneration has none (its bidirectional mask over image tokens)"},
     {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2", "qwen2_5_vl_text", true, false, true, false, true,
      "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
      "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
-     "\"max_window_layers\": 80}", false, false, {NULL}},
+     "\"max_window_layers\": 80}", false, false, {NULL}, NULL},
     {"qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2", "qwen2_vl_text", true, false, true, false, true,
      "{\"vocab_size\": 152064, \"hidden_size\": 8192, \"intermediate_size\": 29568, \"num_hidden_layers\": 80, "
      "\"num_attention_heads\": 64, \"num_key_value_heads\": 8, \"max_position_embeddings\": 32768, "
-     "\"max_window_layers\": 80}", false, false, {NULL}},
+     "\"max_window_layers\": 80}", false, false, {NULL}, NULL},
     {"mistral3", "Mistral3ForConditionalGeneration", "mistral", "mistral", false, true, false, false, false, NULL, false,
-     false, {NULL}},
+     false, {NULL}, NULL},
     /* MllamaForConditionalGeneration never ties lm_head (its _tied_weights_keys is commented out in
      * 5.24), whatever tie_word_embeddings says */
     {"mllama", "MllamaForConditionalGeneration", "mllama_text_model", "mllama_text_model", false, false, false, false,
      false,
      "{\"vocab_size\": 128256, \"hidden_size\": 4096, \"intermediate_size\": 14336, \"num_hidden_layers\": 40, "
-     "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", true, false, {NULL}},
+     "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", true, false, {NULL},
+     .no_flash = "MllamaForConditionalGeneration has none (its 4-D masks; modeling_mllama.py:783)"},
     /* Llama4ForConditionalGeneration: Llama4ForCausalLM as its language_model, the vision model and
      * projector idle in a text-only step (model_hf_vision.c llama4_vision) */
     {"llama4", "Llama4ForConditionalGeneration", "llama4_text", "llama4_text", false, false, false, false, false,
      "{\"vocab_size\": 202048, \"hidden_size\": 5120, \"intermediate_size\": 8192, \"num_hidden_layers\": 48, "
      "\"num_attention_heads\": 40, \"num_key_value_heads\": 8, \"max_position_embeddings\": 131072}", false,
-     true, {.peft = "q_proj,v_proj"}},
+     true, {.peft = "q_proj,v_proj"}, NULL},
 };
 #define N_MULTIMODAL (sizeof multimodal / sizeof multimodal[0])
 
@@ -2514,6 +2521,7 @@ static enum mp_status from_hf_read(struct mp_model *m, const cJSON *root, const 
         return st;
     m->use_cache = m->use_cache && m->kv_cache;
     snprintf(m->hf_type, sizeof m->hf_type, "%s", type);
+    m->no_flash = mm && mm->no_flash ? mm->no_flash : c.f->no_flash;
     const cJSON *a0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "architectures"), 0);
     if (cJSON_IsString(a0))
         snprintf(m->hf_class, sizeof m->hf_class, "%s", a0->valuestring);
