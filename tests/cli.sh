@@ -3606,6 +3606,11 @@ expect_msg 2 "--trainer grpo --finetune qlora: generate on a 4-bit base refused,
 expect_msg 2 "--trainer grpo, LoRA on a load_in_4bit checkpoint: refused as --finetune qlora is" \
     "generate on a bitsandbytes 4-bit base is not modelled" estimate tests/data/hf-qwen2-0.5b-bnb4.json \
     --trainer grpo --finetune lora
+expect_msg 2 "--trainer grpo, LoRA on a GPTQ checkpoint: generate on it refused, not planned unmeasured" \
+    "generate on a gptq base is not modelled" estimate tests/data/hf-qwen2-0.5b-gptq.json --trainer grpo \
+    --finetune lora
+expect 0 "--trainer grpo, LoRA on a GPTQ checkpoint with --vllm 0.3: vLLM generates, so it is planned" \
+    estimate tests/data/hf-qwen2-0.5b-gptq.json --trainer grpo --finetune lora --vllm 0.3 --gpu a100-80gb
 expect 0 "--trainer grpo --finetune qlora --vllm 0.3: vLLM generates, so QLoRA is planned" \
     estimate models/hf/qwen2-0.5b.json --trainer grpo --finetune qlora --vllm 0.3 --gpu a100-80gb
 expect_msg 2 "--trainer grpo: a sliding-window cache shorter than the sequence is refused, not ignored" \

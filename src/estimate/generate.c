@@ -329,6 +329,13 @@ enum mp_status mp_generation_phase(const struct mp_program *policy, const struct
         return mp_fail(d, MP_ERR_USAGE, "%s: --trainer grpo: transformers' generate on a bitsandbytes 4-bit base "
                        "is not modelled (its per-layer dequantize depends on the GPU); generate with --vllm F or "
                        "--vllm server", policy->model->path);
+    /* The other quantized bases' layers (bitsandbytes Linear8bitLt, GPTQ and AWQ kernels) choose
+     * their CUDA kernels and temporaries by the GPU and the row count as well, and none of their
+     * decoding steps has been measured: refused for the same reason */
+    if (qk != MP_Q_NONE)
+        return mp_fail(d, MP_ERR_USAGE, "%s: --trainer grpo: transformers' generate on a %s base is not modelled "
+                       "(its kernels' temporaries depend on the GPU, unmeasured); generate with --vllm F or "
+                       "--vllm server", policy->model->path, mp_quant_kind_str(qk));
     e->gen_batch = b;
     struct mp_build_opts o = policy->opts;
     o.batch = b;
