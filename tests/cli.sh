@@ -930,6 +930,16 @@ assert r["config"]["images"] == {"per_sample": 1, "tokens_each": 176, "asked_hei
 else
     bad "--images 1 --image-size 450x300 on qwen2-vl-7b-instruct: input bytes and config.images in --json"
 fi
+# suggest --json: the same images in its config (what --emit writes the processor for)
+run suggest models/hf/qwen2-vl-7b-instruct.json --images 1 --image-size 450x300 --seq 1024 --gpu a100-80gb \
+    --finetune lora --no-probe --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))
+assert r["config"]["images"] == {"per_sample": 1, "tokens_each": 176, "asked_height": 450, "asked_width": 300,
+                                 "height": 448, "width": 308, "patches": 704, "vision_layers": 32}, r["config"]' "$T/out"; then
+    ok "suggest --images 1 --image-size 450x300 on qwen2-vl-7b-instruct: config.images in --json"
+else
+    bad "suggest --images 1 --image-size 450x300 on qwen2-vl-7b-instruct: config.images in --json"
+fi
 expect_line 4 "--images: the probe refuses the program" probe bench/accuracy/multimodal/gemma3-shrunk.json --images 1 --seq 64 --backend host
 # suggest --emit hf with the same image (448 x 308 after smart_resize, above): the model class that
 # loads Qwen2-VL, the processor's pixel bounds (56 x 56 = 3,136; 28 x 28 x 1,280 = 1,003,520), the

@@ -303,6 +303,32 @@ static void packing_line(FILE *out, const struct mp_report_ctx *c, uint64_t b, c
                 (unsigned long long)t, (unsigned long long)b);
 }
 
+/* config.images (--images): the images per sample, their tokens and sizes as the step runs them;
+ * estimate's, plan's and check's config and suggest's alike */
+static void json_images(cJSON *cf, const struct mp_report_ctx *c)
+{
+    if (!c->model->images)
+        return;
+    const struct mp_vision *v = &c->model->vision;
+    cJSON *im = cJSON_AddObjectToObject(cf, "images");
+    ju64(im, "per_sample", c->model->images);
+    ju64(im, "tokens_each", v->tokens);
+    if (v->image) /* Gemma 3, Mistral 3: the config's (Qwen's has none) */
+        ju64(im, "image_size", v->image);
+    if (v->asked_h) { /* --image-size as given */
+        ju64(im, "asked_height", v->asked_h);
+        ju64(im, "asked_width", v->asked_w);
+    }
+    ju64(im, "height", c->model->height); /* after the processor's resize (--image-size) */
+    ju64(im, "width", c->model->width);
+    if (v->kind == MP_VIS_LLAMA4) { /* Llama 4: the canvas's tiles and the global one */
+        ju64(im, "tiles", v->tiles);
+        ju64(im, "patches", v->tiles * (v->image / v->patch) * (v->image / v->patch));
+    } else
+        ju64(im, "patches", (c->model->height / v->patch) * (c->model->width / v->patch));
+    ju64(im, "vision_layers", v->layers);
+}
+
 static cJSON *json_root(const struct mp_report_ctx *c)
 {
     cJSON *r = cJSON_CreateObject();
@@ -330,26 +356,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             ju64(cf, "target_seq_len", c->prog ? c->prog->opts.target_seq
                                        : c->build->target_seq ? c->build->target_seq
                                        : c->build->seq ? c->build->seq : c->model->seq_len);
-        if (c->model->images) { /* --images */
-            const struct mp_vision *v = &c->model->vision;
-            cJSON *im = cJSON_AddObjectToObject(cf, "images");
-            ju64(im, "per_sample", c->model->images);
-            ju64(im, "tokens_each", v->tokens);
-            if (v->image) /* Gemma 3, Mistral 3: the config's (Qwen's has none) */
-                ju64(im, "image_size", v->image);
-            if (v->asked_h) { /* --image-size as given */
-                ju64(im, "asked_height", v->asked_h);
-                ju64(im, "asked_width", v->asked_w);
-            }
-            ju64(im, "height", c->model->height); /* after the processor's resize (--image-size) */
-            ju64(im, "width", c->model->width);
-            if (v->kind == MP_VIS_LLAMA4) { /* Llama 4: the canvas's tiles and the global one */
-                ju64(im, "tiles", v->tiles);
-                ju64(im, "patches", v->tiles * (v->image / v->patch) * (v->image / v->patch));
-            } else
-                ju64(im, "patches", (c->model->height / v->patch) * (c->model->width / v->patch));
-            ju64(im, "vision_layers", v->layers);
-        }
+        json_images(cf, c);
         cJSON_AddStringToObject(cf, "precision", prec_name(c, c->build->precision));
         cJSON_AddStringToObject(cf, "optimizer", mp_optimizer_str(c->train->optimizer));
         if (mp_optimizer_hf(c->train->optimizer)[0]) /* TrainingArguments optim (Muon has none) */
@@ -444,6 +451,7 @@ static cJSON *json_root(const struct mp_report_ctx *c)
             cJSON_AddStringToObject(cf, "packing", packing_of(c));
         if (trainer_of(c) != MP_TRAINER_SFT) /* (sft's JSON stays as it was) */
             cJSON_AddStringToObject(cf, "trainer", mp_trainer_str(trainer_of(c)));
+        json_images(cf, c);
     }
     if (c->gpu) {
         cJSON *g = cJSON_AddObjectToObject(r, "target");
