@@ -180,7 +180,9 @@ static void test_parallel_zero_model_states(void **state)
     plan(&f, MP_PAR_ZERO3, 4, true, MP_OFFLOAD_NONE, &pp);
     /* bf16: persisted 214 x 2 + the other partitions 570 x 2, + the fp32 master 625 x 4 */
     assert_int_equal(pp.weights_bytes, 214 * 2 + 570 * 2 + 625 * 4);
-    assert_int_equal(pp.grads_bytes, 625 * 4); /* grad_partitions_flat_buffer, fp32 */
+    /* grad_partitions_flat_buffer in the model's dtype, bf16 (deepspeed 0.19.8 engine.py:1799-1810
+     * get_data_types with data_types.grad_accum_dtype unset; stage3.py:791-795) */
+    assert_int_equal(pp.grads_bytes, 625 * 2);
     assert_int_equal(pp.optimizer_bytes, 2 * 625 * 4);
     mp_par_plan_release(&pp);
     release(&f);
@@ -351,8 +353,8 @@ static void test_parallel_lora_ddp(void **state)
     mp_par_plan_release(&pp);
     /* ZeRO-3 partitions every parameter (zero.Init: the frozen base too), ceil(n / 2) each, and
      * keeps those under stage3_param_persistence_threshold (10 x hidden = 640) whole: the 5 norms
-     * (320) and every adapter matrix (1792); the optimizer's fp32 gradient partition (and, fp32
-     * here, no separate master) only of the adapters, 896 a rank (deepspeed 0.19.8 stage3.py
+     * (320) and every adapter matrix (1792); the optimizer's gradient partition (the model's
+     * dtype, fp32 here; and, fp32, no separate master) only of the adapters, 896 a rank (deepspeed 0.19.8 stage3.py
      * _get_trainable_parameter_groups, grad_partitions_flat_buffer):
      * (320 + 1792) x 4 + ((86848 + 1792) / 2 - (160 + 896)) x 4 */
     plan(&f, MP_PAR_ZERO3, 2, false, MP_OFFLOAD_NONE, &pp);

@@ -15,8 +15,9 @@
  *          (reduce_bucket_size elements); an fp32 gradient partition made for the step.
  *          stage3.py: each parameter partitioned to ceil(numel/world) unless under
  *          stage3_param_persistence_threshold; fp32 master partition (shared with the
- *          parameter when that is already fp32); grad_partitions_flat_buffer in fp32
- *          (gradient_accumulation_dtype); one reduce bucket buffer.
+ *          parameter when that is already fp32); grad_partitions_flat_buffer in
+ *          gradient_accumulation_dtype, which engine.py get_data_types makes the model's dtype
+ *          (bf16 under "bf16") unless data_types.grad_accum_dtype is set; one reduce bucket.
  */
 #include "parallel.h"
 
@@ -839,12 +840,18 @@ static enum mp_status resident_bytes(struct mp_par_plan *pp, const struct mp_pro
         /* (a 4-bit weight's quant_state, a module attribute, stays on every rank's GPU) */
         uint64_t dev_params = persist_b + kept + (off_par ? 0 : part_b);
         uint64_t master = (P == 4 && !off_opt) ? 0 : gshard * 4; /* fp32 params are their own master */
+        /* grad_partitions_flat_buffer (stage3.py:791-795, on the offload device when the optimizer
+         * is offloaded) in gradient_accumulation_dtype: engine.py:1799-1810 get_data_types gives
+         * the model's dtype when data_types.grad_accum_dtype is unset (accelerate and transformers
+         * leave it unset), passed at :2636/:2782 (deepspeed 0.19.8; measured on the CPU:
+         * bench/accuracy/grpo_zero3_results.md) */
+        uint64_t grad_part = gshard * P;
         pp->weights_bytes = dev_params + (off_opt ? 0 : master);
-        pp->grads_bytes = off_opt ? 0 : gshard * 4;
+        pp->grads_bytes = off_opt ? 0 : grad_part;
         pp->optimizer_bytes = off_opt ? 0 : opt;
         pp->buffers_bytes = pp->bucket_bytes[0];
         if (off_opt)
-            pp->host_bytes = gshard * 4 + opt + gshard * 4;
+            pp->host_bytes = gshard * 4 + opt + grad_part;
         if (off_par)
             pp->host_bytes += part_b;
         /* (a frozen base is gathered too: the groups' bytes; Psi counts the trained parameters) */

@@ -399,7 +399,8 @@ void par_setup(struct rp *r)
         if (!off) {
             if (pp->compute_elem_bytes != 4) /* fp32 master partition */
                 comm(r, true, 0, MP_COMM_PARTITION, pp->grad_shard_total * 4);
-            comm(r, true, 1, MP_COMM_PARTITION, pp->grad_shard_total * 4); /* grad_partitions_flat_buffer */
+            /* grad_partitions_flat_buffer, in the model's dtype (parallel.c mp_par_plan_make) */
+            comm(r, true, 1, MP_COMM_PARTITION, pp->grad_shard_total * pp->compute_elem_bytes);
         }
         break;
     default: break;
