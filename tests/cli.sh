@@ -1700,7 +1700,8 @@ else
 fi
 # --parallel fsdp given searches FSDP2's mixed-bf16 too (issue 25: Mistral-7B on 8 H100s got
 # micro-batch 3 at 7.6 % headroom in amp-bf16 where --gpus 8 alone found 4 at 19.9 %): the same
-# recommendation either way
+# FSDP2 plan either way (--gpus 8 alone's fastest fsdp candidate; its recommendation is ZeRO-3
+# at the same micro-batch by 0.05 % throughput since ZeRO-3's gradient partition is bf16)
 run suggest models/hf/mistral-7b.json --gpu h100-80gb --gpus 8 --parallel fsdp --no-probe --json
 cp "$T/out" "$T/fsdp_given.json"
 run suggest models/hf/mistral-7b.json --gpu h100-80gb --gpus 8 --no-probe --json
@@ -1708,7 +1709,9 @@ if [ -z "$HAVE_PY" ]; then
     skipped "suggest --parallel fsdp: mixed-bf16 searched (python3 not found)"
 elif python3 - "$T/fsdp_given.json" "$T/out" <<'PY'
 import json, sys
-g, a = (json.load(open(p))["recommendation"] for p in sys.argv[1:3])
+g = json.load(open(sys.argv[1]))["recommendation"]
+a = max((c for c in json.load(open(sys.argv[2]))["candidates"] if c["parallel"]["strategy"] == "fsdp"),
+        key=lambda c: c["samples_per_s"])
 assert g["precision"] == "mixed-bf16" and g["parallel"]["strategy"] == "fsdp", (g["precision"], g["parallel"])
 assert (g["micro_batch"], g["precision"], g["parallel"]["strategy"]) == \
     (a["micro_batch"], a["precision"], a["parallel"]["strategy"]), (g["micro_batch"], a["micro_batch"])
@@ -1716,7 +1719,7 @@ PY
 then
     ok "suggest --parallel fsdp: mixed-bf16 searched, the same plan as --gpus alone"
 else
-    echo "expected suggest --parallel fsdp to recommend what --gpus 8 alone does" >"$T/why"
+    echo "expected suggest --parallel fsdp to recommend --gpus 8 alone's best fsdp candidate" >"$T/why"
     bad "suggest --parallel fsdp: mixed-bf16 searched, the same plan as --gpus alone"
 fi
 # DPOConfig disable_dropout: TRL zeroes every nn.Dropout (GPT-2's residual and embedding dropouts,

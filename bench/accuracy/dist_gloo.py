@@ -104,6 +104,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def spawn_ranks(rank_main, world, *args):
+    """Run rank_main(rank, world, port, *args, result_dir) in `world` spawned processes; each
+    writes result_dir/r<rank>.json.  Returns those results in rank order."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(rank_main, args=(world, port) + args + (d,), nprocs=world, join=True, start_method="spawn")
+        return [json.load(open(os.path.join(d, f"r{r}.json"))) for r in range(world)]
+
+
 def ft_prefix(lora):
     """The case-name prefix of a finetune kind: '' (full), 'lora-', 'qlora-', 'qlora-u8-'."""
     return lora + "-" if lora in QLORA_KINDS else ("lora-" if lora else "")

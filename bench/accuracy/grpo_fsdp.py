@@ -53,10 +53,9 @@ import grpo_step  # noqa: E402  (its imports set torch_step's SDPA patch, as its
 import rowlib  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
-from dist_gloo import (LLAMA_CFG, accelerate_fsdp2, allocations, exact_cpu_total, free_port,  # noqa: E402
-                       live_before, live_bytes)
+from dist_gloo import (LLAMA_CFG, accelerate_fsdp2, allocations, exact_cpu_total, live_before,  # noqa: E402
+                       live_bytes, spawn_ranks)
 
 WORLD = 2
 # LLAMA_CFG with grpo_step.py's vocabulary (32,000): TRL's fused head allocates its tile 32,768 wide
@@ -67,39 +66,58 @@ VOCAB = 32000
 SETTINGS = [(8, 64, 16), (4, 128, 32)]
 
 
+def policy():
+    """The measured policy: LLAMA_CFG with VOCAB, sdpa, bf16, seed 0, and TRL's fused head added
+    as GRPOTrainer.__init__ adds it (grpo_trainer.py:1068-1077)."""
+    import transformers
+    from loss_heads import trl_cuda_branches
+    cfg = transformers.LlamaConfig(**dict(LLAMA_CFG, vocab_size=VOCAB))
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    trl_cuda_branches()(model, outputs=("log_probs", "entropy"))
+    return cfg, model
+
+
+def gen_config(cfg, completion):
+    """TRL's sampling as measured here: max_new_tokens = completion, an eos id the vocabulary never
+    samples (every completion full length), the cache on, no compile."""
+    from transformers import GenerationConfig
+    return GenerationConfig(max_new_tokens=completion, do_sample=True, pad_token_id=0, bos_token_id=1,
+                            eos_token_id=[cfg.vocab_size + 7], cache_implementation=None, disable_compile=True)
+
+
+def next_prompts(cfg, g, batch, prompt):
+    """An iteration's prompts and mask, then a barrier, gc and a pause (gloo's worker drops its
+    last Work) before the phase is timed."""
+    prompts = torch.randint(3, cfg.vocab_size, (batch, prompt), generator=g)
+    dist.barrier()
+    gc.collect()
+    time.sleep(0.2)
+    return prompts, torch.ones_like(prompts)
+
+
 def rank_main(rank, world, port, strategy, batch, seq, prompt, result_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    import transformers
     from torch.profiler import ProfilerActivity, profile
-    from transformers import GenerationConfig
     from trl import GRPOTrainer
-    from loss_heads import trl_cuda_branches
     from torch_step import backward_and_step  # noqa: F401  (the module's patches)
     m = {}
     C = seq - prompt
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         exact_cpu_total()
-        cfg = transformers.LlamaConfig(**dict(LLAMA_CFG, vocab_size=VOCAB))
-        cfg._attn_implementation = "sdpa"
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-        trl_cuda_branches()(model, outputs=("log_probs", "entropy"))  # grpo_trainer.py:1068-1077
+        cfg, model = policy()
         if strategy != "none":  # ("none": one process, no FSDP2: the same step on one device)
             model = accelerate_fsdp2(model, strategy, False)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
         stub = grpo_step.Stub(model, None, False, False, 0.0, 1)
-        gen_cfg = GenerationConfig(max_new_tokens=C, do_sample=True, pad_token_id=0, bos_token_id=1,
-                                   eos_token_id=[cfg.vocab_size + 7], cache_implementation=None, disable_compile=True)
+        gen_cfg = gen_config(cfg, C)
         g = torch.Generator().manual_seed(rank)
         for it in range(2):
-            prompts = torch.randint(3, cfg.vocab_size, (batch, prompt), generator=g)
-            pmask = torch.ones_like(prompts)
-            dist.barrier()
-            gc.collect()
-            time.sleep(0.2)
+            prompts, pmask = next_prompts(cfg, g, batch, prompt)
             m[(it, "gen0")] = time.time_ns()
             with torch.no_grad():
                 out = model.generate(input_ids=prompts, attention_mask=pmask, generation_config=gen_cfg)
@@ -156,11 +174,7 @@ def rank_main(rank, world, port, strategy, batch, seq, prompt, result_dir):
 
 
 def run_case(strategy, batch, seq, prompt):
-    port, world = free_port(), 1 if strategy == "none" else WORLD
-    with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(rank_main, args=(world, port, strategy, batch, seq, prompt, d), nprocs=world, join=True,
-                           start_method="spawn")
-        return [json.load(open(os.path.join(d, f"r{r}.json"))) for r in range(world)]
+    return spawn_ranks(rank_main, 1 if strategy == "none" else WORLD, strategy, batch, seq, prompt)
 
 
 def config_json():
@@ -172,6 +186,21 @@ def config_json():
     if "rope_parameters" in full and full["rope_parameters"]:
         c["rope_theta"] = full["rope_parameters"].get("rope_theta", c["rope_theta"])
     return c
+
+
+def run_setup(libs, backend):
+    """config_json() written to a temporary config.json, and the rows' versions (libs added)."""
+    cj = config_json()
+    cfgpath = os.path.join(tempfile.mkdtemp(), "config.json")
+    with open(cfgpath, "w") as f:
+        json.dump(cj, f)
+    import transformers
+    import trl
+    versions = dict({"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
+                     "python": platform.python_version(),
+                     "machine": "%s, %d cores" % (platform.machine(), os.cpu_count()), "tensors": "real, CPU",
+                     "backend": backend, "memplan": rowlib.git_commit()}, **libs)
+    return cj, cfgpath, versions
 
 
 def memplan_args(strategy, batch, seq, prompt):
@@ -188,17 +217,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows-out", default=None)
     a = ap.parse_args()
-    cj = config_json()
-    cfgpath = os.path.join(tempfile.mkdtemp(), "config.json")
-    with open(cfgpath, "w") as f:
-        json.dump(cj, f)
     import accelerate
-    import transformers
-    import trl
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
-                "accelerate": accelerate.__version__, "python": platform.python_version(),
-                "machine": "%s, %d cores" % (platform.machine(), os.cpu_count()), "tensors": "real, CPU",
-                "backend": "gloo, %d processes" % WORLD, "memplan": rowlib.git_commit()}
+    cj, cfgpath, versions = run_setup({"accelerate": accelerate.__version__}, "gloo, %d processes" % WORLD)
     lines, rows = [], []
     for strategy in a.strategies.split(","):
         for batch, seq, prompt in SETTINGS:

@@ -33,26 +33,22 @@ Needs torch, transformers, trl and deepspeed (installed anywhere on PYTHONPATH; 
 without it).  Not part of make test.
 """
 import argparse
-import gc
 import json
 import os
-import platform
 import subprocess
 import sys
-import tempfile
 import time
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import grpo_step  # noqa: E402
+import grpo_step  # noqa: E402,F401  (its imports set torch_step's SDPA patch, as grpo_fsdp.py's rows run)
 import rowlib  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
-from dist_gloo import LLAMA_CFG, allocations, exact_cpu_total, free_port, live_before, live_bytes  # noqa: E402
-from grpo_fsdp import SETTINGS, VOCAB, WORLD, config_json  # noqa: E402
+from dist_gloo import allocations, exact_cpu_total, live_before, live_bytes, spawn_ranks  # noqa: E402
+from grpo_fsdp import SETTINGS, WORLD, gen_config, next_prompts, policy, run_setup  # noqa: E402
 
 
 def ds_config(hidden):
@@ -70,12 +66,9 @@ def rank_main(rank, world, port, gather, batch, seq, prompt, result_dir):
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), DS_ACCELERATOR="cpu")
     torch.set_num_threads(1)
     import deepspeed
-    import transformers
     from torch.profiler import ProfilerActivity, profile
-    from transformers import GenerationConfig
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
     from trl.models.utils import _unwrap_model_for_generation
-    from loss_heads import trl_cuda_branches
     from torch_step import backward_and_step  # noqa: F401  (the module's patches)
     deepspeed.init_distributed(dist_backend="gloo")
     assert dist.get_backend() == "gloo", dist.get_backend()
@@ -85,11 +78,7 @@ def rank_main(rank, world, port, gather, batch, seq, prompt, result_dir):
                                 unwrap_model=lambda e: e.module)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         exact_cpu_total()
-        cfg = transformers.LlamaConfig(**dict(LLAMA_CFG, vocab_size=VOCAB))
-        cfg._attn_implementation = "sdpa"
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-        trl_cuda_branches()(model, outputs=("log_probs", "entropy"))  # grpo_trainer.py:1068-1077
+        cfg, model = policy()
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
         # what TrainingArguments sets under a ZeRO-3 config (transformers integrations/deepspeed.py),
@@ -99,15 +88,10 @@ def rank_main(rank, world, port, gather, batch, seq, prompt, result_dir):
         hf_ds = HfDeepSpeedConfig(ds_config(cfg.hidden_size))  # noqa: F841  (a weakref is kept)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(cfg.hidden_size))
         del model, opt
-        gen_cfg = GenerationConfig(max_new_tokens=C, do_sample=True, pad_token_id=0, bos_token_id=1,
-                                   eos_token_id=[cfg.vocab_size + 7], cache_implementation=None, disable_compile=True)
+        gen_cfg = gen_config(cfg, C)
         g = torch.Generator().manual_seed(rank)
         for it in range(2):
-            prompts = torch.randint(3, cfg.vocab_size, (batch, prompt), generator=g)
-            pmask = torch.ones_like(prompts)
-            dist.barrier()
-            gc.collect()
-            time.sleep(0.2)
+            prompts, pmask = next_prompts(cfg, g, batch, prompt)
             m[(it, "gen0")] = time.time_ns()
             with _unwrap_model_for_generation(engine, acc, gather_deepspeed3_params=gather) as um, torch.no_grad():
                 out = um.generate(input_ids=prompts, attention_mask=pmask, generation_config=gen_cfg)
@@ -148,11 +132,7 @@ def rank_main(rank, world, port, gather, batch, seq, prompt, result_dir):
 
 
 def run_case(gather, batch, seq, prompt):
-    port = free_port()
-    with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(rank_main, args=(WORLD, port, gather, batch, seq, prompt, d), nprocs=WORLD, join=True,
-                           start_method="spawn")
-        return [json.load(open(os.path.join(d, f"r{r}.json"))) for r in range(WORLD)]
+    return spawn_ranks(rank_main, WORLD, gather, batch, seq, prompt)
 
 
 def memplan_args(gather, batch, seq, prompt):
@@ -171,17 +151,9 @@ def main():
     ap.add_argument("--rows-out", default=None)
     a = ap.parse_args()
     settings = SETTINGS if not a.settings else [tuple(int(x) for x in s.split(":")) for s in a.settings.split(",")]
-    cj = config_json()
-    cfgpath = os.path.join(tempfile.mkdtemp(), "config.json")
-    with open(cfgpath, "w") as f:
-        json.dump(cj, f)
     import deepspeed
-    import transformers
-    import trl
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
-                "deepspeed": deepspeed.__version__, "python": platform.python_version(),
-                "machine": "%s, %d cores" % (platform.machine(), os.cpu_count()), "tensors": "real, CPU",
-                "backend": "gloo, %d processes (DeepSpeed's CPU accelerator)" % WORLD, "memplan": rowlib.git_commit()}
+    cj, cfgpath, versions = run_setup({"deepspeed": deepspeed.__version__},
+                                      "gloo, %d processes (DeepSpeed's CPU accelerator)" % WORLD)
     lines, rows = [], []
     for gather in a.gather.split(","):
         for batch, seq, prompt in settings:
@@ -209,12 +181,9 @@ def main():
     head = ["| ds3_gather | completions | seq | prompt | rank | live at start | generation (torch) | memplan | diff | "
             "memplan gathered_bytes | time |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     if a.out:
-        with open(a.out, "w") as f:
-            f.write("\n".join(head + lines) + "\n")
-    if a.rows_out:
-        with open(a.rows_out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r, sort_keys=True) + "\n")
+        rowlib.write_results(a.out, "\n".join(head + lines) + "\n")
+    if a.rows_out:  # (merged with the rows already there: rowlib.save_rows)
+        rowlib.save_rows("grpo_zero3", rows, a.rows_out)
 
 
 if __name__ == "__main__":
