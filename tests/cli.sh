@@ -4145,6 +4145,27 @@ assert d["config"]["grpo"]["ds3_gather_for_generation"] == ("off" not in want[0]
         bad "--trainer grpo --parallel ${w%%:*}: ${w##*:} B gathered at a decoding step (hand-worked)"
     fi
 done
+# ZeRO-3 in bf16, the same model (17,109,760 elements, 8,554,880 a rank): DeepSpeed 0.19.8 keeps the
+# gradient partition in the model's dtype (engine.py get_data_types; measured in
+# bench/accuracy/grpo_zero3_results.md): 8,554,880 x 2 = 17,109,760 B, not fp32's 34,219,520.  The
+# step flattens it (a bf16 copy, 17,109,760) and casts that to fp32 (34,219,520) before the bf16
+# copy goes (stage3.py:2683-2693): the peak is the resident state + 51,329,280 + the input and
+# rotary buffer (a few 512-byte blocks)
+run estimate "$T/gs.json" -b 1 -s 16 -p bf16 --checkpoint none --workspace 0 --gpus 2 --parallel zero3 --json
+if [ -z "$HAVE_PY" ]; then
+    skipped "zero3 bf16: gradient partition and the step's fp32 copy (python3 not found)"
+elif [ "$ec" -eq 0 ] && python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["memory"]
+assert m["grads_bytes"] == 8554880 * 2, m["grads_bytes"]
+assert m["peak_event"].endswith("fp32 grad partition"), m["peak_event"]
+rest = m["peak_allocated_bytes"] - m["weights_bytes"] - m["grads_bytes"] - m["optimizer_bytes"] - m["buffers_bytes"]
+assert 8554880 * (2 + 4) <= rest <= 8554880 * (2 + 4) + 4096, rest
+' "$T/out" 2>"$T/why"; then
+    ok "zero3 bf16: a bf16 gradient partition, the step peak at its bf16 and fp32 flat copies (hand-worked)"
+else
+    bad "zero3 bf16: a bf16 gradient partition, the step peak at its bf16 and fp32 flat copies (hand-worked)"
+fi
 # ZeRO-1/2 (as DDP) keep whole parameters: nothing is gathered for generate
 run estimate "$T/gs.json" --trainer grpo -b 8 -s 256 --completion-length 128 -p bf16 --workspace 0 --gpus 2 \
     --parallel zero2 --json

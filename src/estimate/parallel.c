@@ -17,7 +17,8 @@
  *          stage3_param_persistence_threshold; fp32 master partition (shared with the
  *          parameter when that is already fp32); grad_partitions_flat_buffer in
  *          gradient_accumulation_dtype, which engine.py get_data_types makes the model's dtype
- *          (bf16 under "bf16") unless data_types.grad_accum_dtype is set; one reduce bucket.
+ *          (bf16 under "bf16") unless data_types.grad_accum_dtype is set, flattened and cast
+ *          to fp32 for the step (replay.c); one reduce bucket.
  */
 #include "parallel.h"
 

@@ -1279,11 +1279,22 @@ static void replay_step(struct rp *r, mp_event_fn fn, void *ctx)
      * on the host. */
     uint64_t *tmp_of = NULL;
     bool z12 = r->pp && (r->pp->par.strategy == MP_PAR_ZERO1 || r->pp->par.strategy == MP_PAR_ZERO2);
+    /* ZeRO-3 with a half-precision gradient partition: the step's fp32 gradient, made by
+     * flattening the partition's per-parameter views (a copy in its dtype) and casting that to
+     * fp32 (deepspeed 0.19.8 stage3.py:2683-2693 _prepare_fp32_grad_for_sub_group; one sub-group
+     * under sub_group_size).  (An fp32 partition's flattened copy is not modelled.) */
+    bool z3h = r->pp && r->pp->par.strategy == MP_PAR_ZERO3 && r->pp->par.offload == MP_OFFLOAD_NONE &&
+               r->pp->compute_elem_bytes != 4;
     if (r->pp && (mp_par_is_deepspeed(r->pp->par.strategy) || r->pp->par.offload != MP_OFFLOAD_NONE)) {
         per_param = false;
         otmp = 0;
         if (z12 && r->pp->par.offload == MP_OFFLOAD_NONE)
             comm(r, true, 0, MP_COMM_STEP_GRAD, r->pp->partition_elems * 4);
+        if (z3h) {
+            comm(r, true, 1, MP_COMM_STEP_GRAD, r->pp->grad_shard_total * r->pp->compute_elem_bytes);
+            comm(r, true, 0, MP_COMM_STEP_GRAD, r->pp->grad_shard_total * 4);
+            comm(r, false, 1, MP_COMM_STEP_GRAD, r->pp->grad_shard_total * r->pp->compute_elem_bytes);
+        }
     } else if (r->pp && mp_par_is_fsdp(r->pp->par.strategy)) {
         tmp_of = r->pp->shard_elems;
         ps = r->pp->reduce_elem_bytes; /* the trained shards' dtype: the master's, an adapter's fp32 */
@@ -1300,6 +1311,8 @@ static void replay_step(struct rp *r, mp_event_fn fn, void *ctx)
     opt_tmps(r, MP_EV_FREE, per_param, tmp_of, ps, otmp);
     if (z12 && r->pp->par.offload == MP_OFFLOAD_NONE)
         comm(r, false, 0, MP_COMM_STEP_GRAD, r->pp->partition_elems * 4);
+    if (z3h)
+        comm(r, false, 0, MP_COMM_STEP_GRAD, r->pp->grad_shard_total * 4);
     r->phase = MP_PH_END;
     if (r->pp) /* zero_grad(set_to_none=True) frees the sharded gradients */
         for (size_t g = 0; g < r->pp->n_groups; g++)

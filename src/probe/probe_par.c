@@ -424,7 +424,9 @@ enum mp_status mp_par_exec_alloc(struct mp_exec *x, const struct mp_event *ev, v
         if (slot == 0) /* the fp32 master partition */
             return fill_master(x, ptr, ev->bytes / 4);
         return x->be->zero(x, ptr, ev->bytes);
-    case MP_COMM_STEP_GRAD: { /* ZeRO-1/2: the fp32 gradient partition for the step */
+    case MP_COMM_STEP_GRAD: { /* ZeRO-1/2/3: the fp32 gradient partition for the step */
+        if (slot == 1) /* ZeRO-3: the flattened copy in the partition's dtype (freed at once) */
+            return x->be->zero(x, ptr, ev->bytes);
         enum mp_status st = x->be->zero(x, ptr, ev->bytes);
         uint64_t part = ev->bytes / 4;
         if (px->s == MP_PAR_ZERO1) { /* reduce-scatter of the full gradients */
@@ -433,7 +435,7 @@ enum mp_status mp_par_exec_alloc(struct mp_exec *x, const struct mp_event *ev, v
                     st = reduce_into(x, q, ptr, MP_DT_F32, part);
             return st;
         }
-        struct hbuf src, dst; /* ZeRO-2: grads_in_partition cast to fp32 */
+        struct hbuf src, dst; /* ZeRO-2: grads_in_partition cast to fp32; ZeRO-3: its partition */
         if (st == MP_OK)
             st = hmap(x, comm_ptr(x, 1, MP_COMM_PARTITION), part * mp_dtype_size(px->pdt), true, &src);
         if (st == MP_OK)
@@ -490,11 +492,11 @@ enum mp_status mp_par_exec_free_event(struct mp_exec *x, const struct mp_event *
     switch (px->s) {
     case MP_PAR_ZERO2: /* into grads_in_partition through the reduce bucket */
         return reduce_into(x, q, comm_ptr(x, 1, MP_COMM_PARTITION), px->pdt, px->plan.partition_elems);
-    case MP_PAR_ZERO3: { /* into the fp32 gradient partition */
+    case MP_PAR_ZERO3: { /* into the gradient partition, in the model's dtype */
         uint64_t total = 0;
         for (size_t k = 0; k < x->p->n_params; k++)
             total += px->plan.shard_elems[k];
-        return reduce_into(x, q, comm_ptr(x, 1, MP_COMM_PARTITION), MP_DT_F32, total);
+        return reduce_into(x, q, comm_ptr(x, 1, MP_COMM_PARTITION), px->pdt, total);
     }
     case MP_PAR_DDP: /* gradient_as_bucket_view: the gradient lives on in its bucket view */
         return copy_storage(x, bucket_at(x, q), mp_pool_get(&x->pool, MP_ST_PGRAD, (int)q),
@@ -595,7 +597,9 @@ enum mp_status mp_par_exec_opt(struct mp_exec *x)
         }
         return st;
     case MP_PAR_ZERO3: {
-        void *master = comm_ptr(x, 0, MP_COMM_PARTITION), *grads = comm_ptr(x, 1, MP_COMM_PARTITION);
+        /* the step reads the fp32 copy when the partition is half (replay.c), else the partition */
+        void *master = comm_ptr(x, 0, MP_COMM_PARTITION), *part = comm_ptr(x, 1, MP_COMM_PARTITION);
+        void *grads = px->pdt == MP_DT_F32 ? part : comm_ptr(x, 0, MP_COMM_STEP_GRAD);
         for (size_t q = 0; q < p->n_params && st == MP_OK; q++) {
             const struct mp_param *pa = &p->params[q];
             uint64_t s = px->plan.shard_elems[q], n = s;
@@ -624,7 +628,7 @@ enum mp_status mp_par_exec_opt(struct mp_exec *x)
         uint64_t total = 0; /* zero_grad: the gradient partition starts the next step at 0 */
         for (size_t q = 0; q < p->n_params; q++)
             total += px->plan.shard_elems[q];
-        return st == MP_OK && grads ? x->be->zero(x, grads, total * 4) : st;
+        return st == MP_OK && part ? x->be->zero(x, part, total * mp_dtype_size(px->pdt)) : st;
     }
     case MP_PAR_ZERO1:
     case MP_PAR_ZERO2: {
