@@ -179,6 +179,7 @@ struct val lower_batchnorm(struct bld *B, struct val x, uint64_t c, const char *
 struct val lower_pool(struct bld *B, struct val x, enum mp_prim prim, uint64_t k, uint64_t stride,
                       uint64_t pad, uint64_t oh, uint64_t ow, const char *name);
 struct val lower_bottleneck(struct bld *B, struct val x, const struct mp_layer *l);
+struct val lower_class_cat(struct bld *B, struct val x, const char *param);
 struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_layer *l);
 
 /* lower_vision.c (--images) */

@@ -168,6 +168,30 @@ struct val lower_bottleneck(struct bld *B, struct val x, const struct mp_layer *
     return lower_act(B, y, MP_ACT_RELU, true, "relu3");
 }
 
+/* The class token prepended to each image's patches, (N, patches, dim) -> (N, patches + 1, dim):
+ * torch.cat with the (1, 1, dim) parameter expanded (ViT's cls_token, Llama 4's class_embedding):
+ * a new tensor, its dtype promoted with the parameter's (fp32 under autocast); nothing saved. */
+struct val lower_class_cat(struct bld *B, struct val x, const char *param)
+{
+    if (failed(B))
+        return x;
+    uint64_t N = x.shape[0], s = add(B, x.shape[1], 1), dim = x.shape[2];
+    const uint64_t shape[3] = {N, s, dim};
+    int cls = new_param(B, param, 1, dim, false);
+    struct val e = new_val(B, "cat", promote(dt_of(B, x), B->p->param_dtype), 3, shape, true);
+    struct mp_node *n = new_node(B, MP_P_CAST, "cat");
+    if (!n)
+        return e;
+    n->in[0] = x.t;
+    n->out = e.t;
+    n->param[0] = cls;
+    n->rows = mul(B, N, s);
+    n->n = dim;
+    n->fwd_flops = (double)T(B, e.t)->elems;
+    n->bwd_flops = n->fwd_flops;
+    return e;
+}
+
 /* ViT's embeddings: projection (conv, kernel = stride = patch) -> flatten(2).transpose(1, 2), a
  * view (b, patches, dim) -> torch.cat with the expanded class token (a new tensor; the dtype
  * promotes: fp32 under autocast, the token being fp32) -> + position_embeddings (1, seq, dim):
@@ -191,21 +215,8 @@ struct val lower_patch_embedding(struct bld *B, struct val x, const struct mp_la
     e.rank = 3;
     e.shape[1] = np;
     e.shape[2] = l->dim;
-    if (l->emb.cls_token) {
-        uint64_t shape[3] = {B->b, s, l->dim};
-        int cls = new_param(B, "cls_token", 1, l->dim, false);
-        e = new_val(B, "cat", promote(dt_of(B, c), B->p->param_dtype), 3, shape, true);
-        struct mp_node *n = new_node(B, MP_P_CAST, "cat");
-        if (!n)
-            return e;
-        n->in[0] = c.t;
-        n->out = e.t;
-        n->param[0] = cls;
-        n->rows = mul(B, B->b, s);
-        n->n = l->dim;
-        n->fwd_flops = (double)T(B, e.t)->elems;
-        n->bwd_flops = n->fwd_flops;
-    }
+    if (l->emb.cls_token)
+        e = lower_class_cat(B, e, "cls_token");
     B->s = s;
     struct mp_layer pos = *l;
     pos.vocab = s;

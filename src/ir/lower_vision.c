@@ -326,20 +326,8 @@ struct val lower_llama4_patches(struct bld *B, struct val x, const struct mp_lay
     struct val c = lower_linear(B, r, k, l->dim, false, l->name);
     if (failed(B))
         return c;
-    uint64_t s = add(B, np, 1);
-    const uint64_t shape[3] = {N, s, l->dim};
-    int cls = new_param(B, "class_embedding", 1, l->dim, false);
-    struct val e = new_val(B, "cat", promote(dt_of(B, c), B->p->param_dtype), 3, shape, true);
-    n = new_node(B, MP_P_CAST, "cat");
-    if (!n)
-        return e;
-    n->in[0] = c.t;
-    n->out = e.t;
-    n->param[0] = cls;
-    n->rows = mul(B, N, s);
-    n->n = l->dim;
-    n->fwd_flops = (double)T(B, e.t)->elems;
-    n->bwd_flops = n->fwd_flops;
+    struct val e = lower_class_cat(B, c, "class_embedding");
+    uint64_t s = e.shape[1];
     B->s = s;
     struct mp_layer pos = *l;
     pos.vocab = s;
