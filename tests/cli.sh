@@ -1139,6 +1139,21 @@ else
     skipped "--loss cce / torchtune peaks (python3 not found)"
 fi
 expect_line 2 "--loss liger on a masked-LM head" estimate models/hf/bert-base-uncased.json --loss liger
+# Liger 0.8.5 patches only the model types of its MODEL_TYPE_TO_APPLY_LIGER_FN (gpt2 is not one:
+# use_liger_kernel leaves its loss HF's); a recipe's kernel left out of liger_kernel_config runs at
+# the model's default (gemma's apply function takes geglu, not swiglu)
+expect_msg 2 "--loss liger where Liger patches nothing" "Liger 0.8.5 patches no model_type 'gpt2'" \
+    estimate models/hf/gpt2.json --loss liger
+expect_msg 2 "use_liger_kernel on Gemma: its GeGLU left on" \
+    "(tests/data/recipes/hf-liger.yaml:10: use_liger_kernel: true) Liger's geglu kernel is also on for model_type 'gemma'" \
+    estimate models/hf/gemma-2b.json --recipe tests/data/recipes/hf-liger.yaml
+run suggest models/hf/gemma-2b.json --gpu a100-80gb --seq 1024 --loss liger --emit hf
+if [ "$ec" -eq 0 ] && grep -qF '"geglu": False' "$T/out" && grep -qF '"rope": False' "$T/out" &&
+    grep -qF '"rms_norm": False' "$T/out" && ! grep -qF 'swiglu' "$T/out"; then
+    ok "--emit hf --loss liger on Gemma: geglu, rope, rms_norm false (no swiglu: gemma's function has none)"
+else
+    bad "--emit hf --loss liger on Gemma: the kernels of apply_liger_kernel_to_gemma false"
+fi
 expect_line 2 "--loss chunked-nll on a model without an LM head" estimate models/tiny-mlp.json --loss chunked-nll
 expect_line 2 "--label-fraction 0: out of range" estimate models/hf/qwen3-0.6b.json --label-fraction 0
 expect_line 2 "--label-fraction above 1" estimate models/hf/qwen3-0.6b.json --label-fraction 1.5
@@ -3189,6 +3204,12 @@ if [ -n "$HAVE_PY" ]; then
         "models/hf/qwen2-0.5b.json --trainer dpo --loss hf -b 1 --grad-accum 8 -s 1024 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
     same_check "LLaMA-Factory stage: kto, LoRA" "--recipe $R/llamafactory-kto-lora.yaml --trainer kto" \
         "models/hf/qwen2-0.5b.json --trainer kto --loss hf -b 1 --grad-accum 8 -s 1024 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
+    # Liger's fused linear cross-entropy alone: transformers' use_liger_kernel with the other kernels
+    # of llama's apply function false (as --emit hf writes it), Axolotl's LigerPlugin with its flag
+    same_check "HF use_liger_kernel, the fused loss alone" "models/hf/llama-3.2-1b.json --recipe $R/hf-liger.yaml" \
+        "models/hf/llama-3.2-1b.json -b 2 --grad-accum 4 -p bf16-amp -o adamw-fused -c layers --use-cache off --loss liger"
+    same_check "Axolotl LigerPlugin, liger_fused_linear_cross_entropy" "--recipe $R/axolotl-liger.yaml" \
+        "models/hf/qwen2-0.5b.json -b 2 --grad-accum 2 -s 1024 -p bf16-amp -o adamw-fused -c layers --attention sdpa --use-cache off --loss liger"
     same_check "LLaMA-Factory LoRA" "--recipe $R/llamafactory-lora.yaml" \
         "models/hf/llama-3.2-1b.json -b 1 --grad-accum 8 -s 2048 -p bf16-amp -o adamw-fused -c layers --use-cache off --finetune lora --lora-r 8 --lora-alpha 16 --lora-dropout 0 --lora-targets all-linear"
     # the command line wins, and the JSON says so

@@ -268,6 +268,51 @@ static void test_refusals(void **state)
     mp_model_release(&m);
 }
 
+/* Which model types --loss liger plans, and which of Liger's kernels a trainer's switch leaves on.
+ * Expected values read off liger-kernel 0.8.5 transformers/monkey_patch.py by hand: llama's apply
+ * function takes rope, rms_norm, swiglu (default True), cross_entropy (False) and
+ * fused_linear_cross_entropy (True); gemma's takes geglu where llama's takes swiglu; granite's
+ * defaults fused_linear_cross_entropy to False; gpt2 has no entry in MODEL_TYPE_TO_APPLY_LIGER_FN;
+ * Axolotl 0.19's plugin turns rope on when unset for qwen2_vl (plugin.py:199-213). */
+static void test_liger_families(void **state)
+{
+    (void)state;
+    char buf[320];
+    const struct mp_liger cli = {0}; /* the command line's: the fused linear cross-entropy alone */
+    assert_null(mp_liger_refused("llama", &cli, buf, sizeof buf));
+    assert_null(mp_liger_refused("", &cli, buf, sizeof buf)); /* memplan's own JSON */
+    assert_non_null(mp_liger_refused("gpt2", &cli, buf, sizeof buf));
+    assert_non_null(strstr(buf, "patches no model_type 'gpt2'"));
+    assert_non_null(mp_liger_refused("mistral3", &cli, buf, sizeof buf));
+    /* transformers' switch with no config: every default kernel runs */
+    struct mp_liger hf = {.set = true, .where = "r.yaml:3: use_liger_kernel: true"};
+    assert_non_null(mp_liger_refused("llama", &hf, buf, sizeof buf));
+    assert_non_null(strstr(buf, "(r.yaml:3: use_liger_kernel: true) Liger's rope, rms_norm, swiglu kernels are"));
+    hf.off = MP_LK_ROPE | MP_LK_RMS_NORM | MP_LK_SWIGLU;
+    assert_null(mp_liger_refused("llama", &hf, buf, sizeof buf));
+    assert_non_null(mp_liger_refused("gemma", &hf, buf, sizeof buf)); /* its GeGLU, left at its default */
+    assert_non_null(strstr(buf, "Liger's geglu kernel is also on"));
+    hf.off |= MP_LK_GEGLU;
+    assert_null(mp_liger_refused("gemma", &hf, buf, sizeof buf));
+    hf.off = MP_LK_ROPE | MP_LK_RMS_NORM | MP_LK_SWIGLU | MP_LK_CROSS_ENTROPY;
+    assert_non_null(mp_liger_refused("granite", &hf, buf, sizeof buf));
+    assert_non_null(strstr(buf, "fused linear cross-entropy is off"));
+    hf.on = MP_LK_FLCE;
+    assert_null(mp_liger_refused("granite", &hf, buf, sizeof buf));
+    /* Axolotl: unset flags off, but rope on the Qwen-VL types */
+    const struct mp_liger ax = {.set = true, .on = MP_LK_FLCE, .unset_off = true};
+    assert_null(mp_liger_refused("llama", &ax, buf, sizeof buf));
+    assert_non_null(mp_liger_refused("qwen2_vl", &ax, buf, sizeof buf));
+    assert_non_null(strstr(buf, "Liger's rope kernel is also on"));
+    const struct mp_liger ax2 = {.set = true, .on = MP_LK_FLCE, .off = MP_LK_ROPE, .unset_off = true};
+    assert_null(mp_liger_refused("qwen2_5_vl", &ax2, buf, sizeof buf));
+    unsigned llama = mp_liger_params("llama");
+    assert_int_equal(llama, MP_LK_FLCE | MP_LK_CROSS_ENTROPY | MP_LK_ROPE | MP_LK_RMS_NORM | MP_LK_SWIGLU);
+    assert_int_equal(mp_liger_params("gpt2"), 0);
+    assert_string_equal(mp_liger_kernel_name(MP_LK_RELU_SQUARED), "relu_squared");
+    assert_int_equal(mp_liger_kernel_parse("geglu"), (int)MP_LK_GEGLU);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -277,6 +322,7 @@ int main(void)
         cmocka_unit_test(test_cce_bytes),
         cmocka_unit_test(test_torchtune_bytes),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_liger_families),
     };
     return cmocka_run_group_tests_name("loss", tests, NULL, NULL);
 }

@@ -278,8 +278,11 @@ static void test_loss_heads(void **state)
     write_text(path, "base_model: m\nbf16: true\ncut_cross_entropy: true\n");
     read_refused(path, ":3: cut_cross_entropy: true:", "CutCrossEntropyPlugin");
     write_text(path, "base_model: m\nplugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n"
-                     "  - axolotl.integrations.liger.LigerPlugin\n");
+                     "  - axolotl.integrations.foo.FooPlugin\n");
     read_refused(path, ":3: plugins:", "not modelled yet");
+    write_text(path, "base_model: m\nbf16: true\nplugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n"
+                     "  - axolotl.integrations.liger.LigerPlugin\nliger_fused_linear_cross_entropy: true\n");
+    read_refused(path, ":6: liger_fused_linear_cross_entropy: true:", "one loss head");
     write_text(path, "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\nbatch_size: 2\ndtype: bf16\n"
                      "loss:\n  _component_: torchtune.modules.loss.LinearCrossEntropyLoss\n");
     read_ok(path, -1);
@@ -287,6 +290,60 @@ static void test_loss_heads(void **state)
     write_text(path, "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\nbatch_size: 2\ndtype: bf16\n"
                      "loss:\n  _component_: torchtune.modules.loss.LinearCrossEntropyLoss\n  num_output_chunks: 16\n");
     read_refused(path, ":7: loss.num_output_chunks: 16:", "8 chunks");
+}
+
+/* Liger's switches (transformers 5.24 Trainer, TRL 1.16 sft_trainer.py:1127-1140, Axolotl 0.19
+ * integrations/liger/plugin.py:192-228): the fused linear cross-entropy is --loss liger, with
+ * the kernels the file sets true and false (the model's defaults are ir/liger.c's, test_loss.c). */
+static void test_liger(void **state)
+{
+    (void)state;
+    const char *path = scratch("liger.yaml");
+    write_text(path, "per_device_train_batch_size: 2\nuse_liger_kernel: true\n");
+    read_ok(path, -1);
+    expect(LOSS, "liger", KEY, "use_liger_kernel", 2);
+    assert_int_equal(r.liger_on | r.liger_off, 0);
+    assert_false(r.liger_unset_off);
+    write_text(path, "per_device_train_batch_size: 2\nuse_liger_kernel: true\nliger_kernel_config:\n"
+                     "  fused_linear_cross_entropy: true\n  rope: false\n  rms_norm: false\n  swiglu: false\n");
+    read_ok(path, -1);
+    expect(LOSS, "liger", KEY, "use_liger_kernel", 2);
+    assert_int_equal(r.liger_on, MP_LK_FLCE);
+    assert_int_equal(r.liger_off, MP_LK_ROPE | MP_LK_RMS_NORM | MP_LK_SWIGLU);
+    assert_non_null(strstr(r.liger_where, ":2: use_liger_kernel: true"));
+    /* every kernel off: nothing of Liger runs */
+    write_text(path, "per_device_train_batch_size: 2\nuse_liger_kernel: true\nliger_kernel_config:\n"
+                     "  fused_linear_cross_entropy: false\n  cross_entropy: false\n  rope: false\n  rms_norm: false\n"
+                     "  swiglu: false\n  geglu: false\n  layer_norm: false\n  relu_squared: false\n");
+    read_ok(path, -1);
+    expect(LOSS, "hf", DEFAULT, "(default)", 0);
+    write_text(path, "per_device_train_batch_size: 2\nuse_liger_kernel: true\nliger_kernel_config:\n"
+                     "  fused_linear_cross_entropy: false\n");
+    read_refused(path, ":2: use_liger_kernel: true:", "at their defaults");
+    write_text(path, "per_device_train_batch_size: 2\nliger_kernel_config:\n  rope: true\n");
+    read_ok(path, -1); /* no switch: nothing applies the config */
+    expect(LOSS, "hf", DEFAULT, "(default)", 0);
+    /* TRL: the trainers raise on the fused loss, and turn it off */
+    write_text(path, "model_name_or_path: m\nmax_length: 512\nuse_liger_kernel: true\nliger_kernel_config:\n"
+                     "  fused_linear_cross_entropy: true\n");
+    read_refused(path, ":5: liger_kernel_config.fused_linear_cross_entropy: true:", "raise on it");
+    write_text(path, "model_name_or_path: m\nmax_length: 512\nuse_liger_kernel: true\n");
+    read_refused(path, ":3: use_liger_kernel: true:", "at their defaults");
+    /* Axolotl: the plugin's flags, unset off */
+    write_text(path, "base_model: m\nbf16: true\nplugins:\n  - axolotl.integrations.liger.LigerPlugin\n"
+                     "liger_fused_linear_cross_entropy: true\nliger_rope: false\n");
+    read_ok(path, -1);
+    expect(LOSS, "liger", KEY, "liger_fused_linear_cross_entropy", 5);
+    assert_int_equal(r.liger_on, MP_LK_FLCE);
+    assert_int_equal(r.liger_off, MP_LK_ROPE);
+    assert_true(r.liger_unset_off);
+    write_text(path, "base_model: m\nbf16: true\nliger_fused_linear_cross_entropy: true\n");
+    read_refused(path, ":3: liger_fused_linear_cross_entropy: true:", "add plugins: [axolotl.integrations.liger.LigerPlugin]");
+    write_text(path, "base_model: m\nplugins:\n  - axolotl.integrations.liger.LigerPlugin\n"
+                     "liger_fused_linear_cross_entropy: true\nliger_glu_activation: true\n");
+    read_refused(path, ":5: liger_glu_activation: true:", "not modelled yet");
+    write_text(path, "base_model: m\nplugins:\n  - axolotl.integrations.liger.LigerPlugin\nliger_rope: maybe\n");
+    read_refused(path, ":4: liger_rope: maybe:", "expected true or false");
 }
 
 /* A scratch recipe file NAME in $TMPDIR (or /tmp), per process: the tests run from the
@@ -317,13 +374,14 @@ static void test_refusals(void **state)
         const char *text, *where, *why;
     } cases[] = {
         {"base_model: m\nsample_packing: true\n", ":2: sample_packing: true:", "not modelled yet"},
-        {"base_model: m\nplugins:\n  - axolotl.integrations.liger.LigerPlugin\n", ":3: plugins:", "not modelled yet"},
+        {"base_model: m\nplugins:\n  - axolotl.integrations.foo.FooPlugin\n", ":3: plugins:", "not modelled yet"},
         {"base_model: m\noptimizer: lion_32bit\n", ":2: optimizer: lion_32bit:", "does not model"},
         {"base_model: m\ngradient_checkpointing: offload_disk\n", ":2: gradient_checkpointing: offload_disk:", "offloaded"},
         {"base_model: m\nadapter: lora\nload_in_8bit: true\n", ":3: load_in_8bit: true:", "8-bit base"},
         {"base_model: m\nmicro_batch_size: 0\n", ":2: micro_batch_size: 0:", "positive integer"},
         {"per_device_train_batch_size: 2\ndeepspeed: ds.json\n", ":2: deepspeed: ds.json:", "--parallel"},
-        {"per_device_train_batch_size: 2\nuse_liger_kernel: true\n", ":2: use_liger_kernel: true:", "RMSNorm"},
+        {"per_device_train_batch_size: 2\nuse_liger_kernel: true\nliger_kernel_config:\n  rms_norm: true\n",
+         ":4: liger_kernel_config.rms_norm: true:", "other than its fused linear cross-entropy"},
         /* selective checkpointing: TRL's SFTTrainer only, full weights (sac_step.py trl-peft) */
         {"model_name_or_path: m\nuse_peft: true\ngradient_checkpointing_kwargs:\n  selective: true\n",
          ":4: gradient_checkpointing_kwargs.selective: true:", "PEFT model"},
@@ -774,7 +832,8 @@ int main(void)
         cmocka_unit_test(test_trl_act_offload),
         cmocka_unit_test(test_axolotl_qlora),    cmocka_unit_test(test_axolotl_full),
         cmocka_unit_test(test_llamafactory_lora), cmocka_unit_test(test_llamafactory_defaults),
-        cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_loss_heads),   cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_torchtune_full),   cmocka_unit_test(test_loss_heads),   cmocka_unit_test(test_liger),
+        cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_optimizer_hf_names), cmocka_unit_test(test_write_recipe),
         cmocka_unit_test(test_trl_grpo),         cmocka_unit_test(test_axolotl_rl), cmocka_unit_test(test_lf_dpo), cmocka_unit_test(test_lf_kto),
     };

@@ -40,6 +40,7 @@ struct args {
     bool attention_set;
     unsigned torch;        /* --torch: major * 100 + minor (0: not given, memplan's 2.15) */
     int loss;              /* --loss (enum mp_loss) */
+    struct mp_liger liger; /* a recipe's Liger switch (--loss liger from it), else unset */
     bool loss_set;
     int trainer;           /* --trainer (enum mp_trainer; default sft) */
     bool precompute_ref;   /* --precompute-ref (dpo: precompute_ref_log_probs) */

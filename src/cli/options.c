@@ -1083,6 +1083,10 @@ static int apply_recipe(const struct command *c, struct args *a, const bool *giv
         if (rc)
             return rc;
     }
+    const struct mp_recipe_setting *ls = &rec.s[MP_RS_LOSS];
+    if (ls->set && ls->src != MP_RSRC_COMMAND_LINE && a->loss == MP_LOSS_LIGER && rec.liger_where[0])
+        a->liger = (struct mp_liger){.set = true, .on = rec.liger_on, .off = rec.liger_off,
+                                     .unset_off = rec.liger_unset_off, .where = rec.liger_where};
     if (!a->model) {
         fprintf(stderr, "memplan: error: %s: the recipe names no model (%s): give MODEL\n", rec.path,
                 rec.format == MP_RF_TORCHTUNE ? "checkpointer.checkpoint_dir" : "model_name_or_path");

@@ -633,6 +633,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
     s->build.attention_forced = a->attention_set;
     s->build.torch = a->torch;
     s->build.loss = (enum mp_loss)a->loss;
+    s->build.liger = a->liger;
     s->build.label_fraction = a->label_fraction;
     s->build.packing = a->packing;
     s->build.padding_free = a->padding_free;

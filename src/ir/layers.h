@@ -54,6 +54,22 @@ const char *mp_loss_how(enum mp_loss l);
 const char *mp_loss_unmodelled(enum mp_loss l);
 int mp_loss_parse(const char *s);
 const char *mp_loss_names(const char *sep, const char *last);
+/* What a recipe's Liger switch sets (set): kernels given true (on) and false (off); unset_off:
+ * those left unset are off (Axolotl's plugin), else at the apply function's default
+ * (transformers).  Not set: the command line's --loss liger, the fused linear cross-entropy alone
+ * (what memplan's emitted liger_kernel_config asks). */
+struct mp_liger {
+    bool set;
+    unsigned on, off;     /* MP_LK_* bits (util/sets.h) */
+    bool unset_off;
+    const char *where;    /* the recipe's "FILE:LINE: KEY: VALUE" that set it, for messages */
+};
+const char *mp_liger_kernel_name(unsigned bit);
+int mp_liger_kernel_parse(const char *name); /* its bit, -1 if no kernel of that name */
+unsigned mp_liger_params(const char *hf_type); /* the kernels Liger's apply function takes (0: none) */
+/* NULL when --loss liger runs as planned on this model_type (Liger's fused linear cross-entropy
+ * and no other kernel of it); else why not, written into buf. */
+const char *mp_liger_refused(const char *hf_type, const struct mp_liger *lk, char *buf, size_t cap);
 const char *mp_trainer_str(enum mp_trainer t);
 const char *mp_trainer_unmodelled(enum mp_trainer t); /* NULL: modelled */
 int mp_trainer_parse(const char *s);
@@ -97,6 +113,8 @@ struct mp_build_opts {
     bool hf_checkpointing;       /* transformers' gradient checkpointing (--checkpoint layers): it
                                     turns use_cache off */
     enum mp_loss loss;           /* the causal LM's loss head (--loss; default hf) */
+    struct mp_liger liger;       /* --loss liger: the kernels the trainer's switch sets (liger.c);
+                                    the command line's: the fused linear cross-entropy alone */
     double label_fraction;       /* the share of label positions that are not -100 (prompt masking;
                                     0 < f <= 1, default 1): the chunked-nll head gathers only those */
     bool packing;                /* --packing: each row holds several documents (position ids restart

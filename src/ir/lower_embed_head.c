@@ -887,6 +887,9 @@ static struct val lower_fused_loss(struct bld *B, struct val x, const struct mp_
         why = "not modelled";
     if (!why)
         why = mp_loss_precision_refused(loss, B->p->opts.precision);
+    char lbuf[320];
+    if (!why && loss == MP_LOSS_LIGER)
+        why = mp_liger_refused(B->m->hf_type, &B->p->opts.liger, lbuf, sizeof lbuf);
     if (why) {
         fail_model(B, MP_ERR_USAGE, "--loss %s: %s%s%s", mp_loss_str(loss), why, head ? " for " : "",
                    head ? head : "");

@@ -790,20 +790,24 @@ static void derive_attention(struct reader *rd)
  * integrations/cut_cross_entropy/args.py:32); the plugin's cce_patch then replaces the causal LM's
  * forward (__init__.py:84-110).  True when it decided the loss (set it, or refused). */
 #define CCE_PLUGIN "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
-static bool axolotl_cce(struct reader *rd)
+#define LIGER_PLUGIN "axolotl.integrations.liger.LigerPlugin"
+static bool axolotl_cce(struct reader *rd, bool *liger_listed)
 {
     struct fact_val t1, t2;
     const struct fact_val *pl = fact(rd, F_PLUGINS, &t1), *on = fact(rd, F_CCE, &t2);
     bool listed = false;
     for (const char *w = pl && strcmp(pl->v, "null") && strcmp(pl->v, "[]") ? pl->v : NULL; w && *w;) {
         size_t n = strcspn(w, ",");
-        if (n != strlen(CCE_PLUGIN) || strncmp(w, CCE_PLUGIN, n)) {
+        bool cce = n == strlen(CCE_PLUGIN) && !strncmp(w, CCE_PLUGIN, n);
+        bool liger = n == strlen(LIGER_PLUGIN) && !strncmp(w, LIGER_PLUGIN, n);
+        if (!cce && !liger) {
             refuse(rd, fact_key(rd, F_PLUGINS), pl->line, pl->v, "%s",
-                   "plugins other than the CutCrossEntropyPlugin (Liger, ...) replace kernels or the loss: "
-                   "not modelled yet");
+                   "plugins other than the CutCrossEntropyPlugin and the LigerPlugin replace kernels or the "
+                   "loss: not modelled yet");
             return true;
         }
-        listed = true;
+        listed |= cce;
+        *liger_listed |= liger;
         w += n + (w[n] == ',');
     }
     int t = on ? truth(on->v) : -1;
@@ -823,6 +827,79 @@ static bool axolotl_cce(struct reader *rd)
     return true;
 }
 
+/* Liger (ir/liger.c): transformers' use_liger_kernel with liger_kernel_config (a kernel the config
+ * leaves out runs at its model's default: settled once the model is known), TRL 1.16's trainers
+ * (which turn the fused linear cross-entropy off, and raise when it is asked for:
+ * sft_trainer.py:1127-1140, dpo_trainer.py:939-952, grpo_trainer.py:1051-1064), Axolotl's
+ * LigerPlugin (each flag as given, unset off).  memplan plans the fused linear cross-entropy
+ * alone (--loss liger).  True when it decided the loss (set it, or refused). */
+static bool derive_liger(struct reader *rd, bool plugin)
+{
+    static const struct {
+        enum fact f;
+        unsigned bits;
+    } ks[] = {{F_LK_FLCE, MP_LK_FLCE},  {F_LK_CE, MP_LK_CROSS_ENTROPY}, {F_LK_ROPE, MP_LK_ROPE},
+              {F_LK_RMS, MP_LK_RMS_NORM}, {F_LK_SWIGLU, MP_LK_SWIGLU},     {F_LK_GEGLU, MP_LK_GEGLU},
+              {F_LK_LN, MP_LK_LAYER_NORM}, {F_LK_R2, MP_LK_RELU_SQUARED},  {F_LK_GLU, MP_LK_SWIGLU | MP_LK_GEGLU}};
+    unsigned on = 0, off = 0;
+    const struct fact_val *flce = NULL, *other = NULL; /* the first key given true of each */
+    for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
+        const struct fact_val *v = &rd->f[ks[i].f];
+        int t = v->set ? truth(v->v) : -1;
+        if (v->set && t < 0 && strcmp(v->v, "null")) {
+            refuse(rd, v->key, v->line, v->v, "expected true or false");
+            return true;
+        }
+        if (t == 1 && ks[i].bits == MP_LK_FLCE)
+            flce = v;
+        else if (t == 1 && !other)
+            other = v;
+        on |= t == 1 ? ks[i].bits : 0;
+        off |= t == 0 ? ks[i].bits : 0;
+    }
+    const struct fact_val *sw = &rd->f[F_LIGER];
+    int lig = rd->r->format == MP_RF_AXOLOTL ? (on ? 1 : 0) : sw->set ? truth(sw->v) : 0;
+    if (sw->set && lig < 0 && strcmp(sw->v, "null")) {
+        refuse(rd, sw->key, sw->line, sw->v, "expected true or false");
+        return true;
+    }
+    if (lig != 1)
+        return false; /* (liger_kernel_config without use_liger_kernel: nothing applies it) */
+    const struct fact_val *by = rd->r->format == MP_RF_AXOLOTL ? (flce ? flce : other) : sw;
+    if (rd->r->format == MP_RF_AXOLOTL && !plugin) {
+        refuse(rd, by->key, by->line, by->v, "%s", "Axolotl reads it through the LigerPlugin: add plugins: [" LIGER_PLUGIN "]");
+        return true;
+    }
+    if (other) {
+        refuse(rd, other->key, other->line, other->v, "%s",
+               "Liger's kernels other than its fused linear cross-entropy: not modelled yet");
+        return true;
+    }
+    bool trl = rd->r->format == MP_RF_TRL;
+    if (trl && flce) {
+        refuse(rd, flce->key, flce->line, flce->v, "%s",
+               "TRL 1.16's trainers raise on it (their chunked LM head replaces the model's forward)");
+        return true;
+    }
+    if (trl || (off & MP_LK_FLCE)) { /* the fused loss off: the model's kernels only, every one off or refused */
+        if ((MP_LK_ALL & ~(unsigned)MP_LK_FLCE & ~off) != 0) {
+            refuse(rd, sw->key, sw->line, sw->v, "%s",
+                   "Liger's kernels (RoPE, RMSNorm, SwiGLU, ...) at their defaults: not modelled yet (with the fused "
+                   "loss off, set each other key of liger_kernel_config false)");
+            return true;
+        }
+        appendf(rd->r->explain, sizeof rd->r->explain, "%s:%u: %s: every kernel of it off: changes nothing\n", sw->key,
+                sw->line, sw->v);
+        return false;
+    }
+    rd->r->liger_on = on;
+    rd->r->liger_off = off;
+    rd->r->liger_unset_off = rd->r->format == MP_RF_AXOLOTL;
+    snprintf(rd->r->liger_where, sizeof rd->r->liger_where, "%s:%u: %s: %s", rd->r->path, by->line, by->key, by->v);
+    put(rd, MP_RS_LOSS, "liger", by == sw ? F_LIGER : F_LK_FLCE);
+    return true;
+}
+
 /* The loss: "hf" (the model's own, what memplan plans) or the --loss name of another. */
 static void derive_loss(struct reader *rd)
 {
@@ -838,7 +915,14 @@ static void derive_loss(struct reader *rd)
         {"torchtune.modules.loss.LinearCrossEntropyLoss", "torchtune"},
     };
     struct fact_val tmp;
-    if (rd->r->format == MP_RF_AXOLOTL && axolotl_cce(rd))
+    bool liger_plugin = false;
+    if (rd->r->format == MP_RF_AXOLOTL && axolotl_cce(rd, &liger_plugin)) {
+        if (rd->r->s[MP_RS_LOSS].set && (rd->f[F_LK_FLCE].set && truth(rd->f[F_LK_FLCE].v) == 1))
+            refuse(rd, rd->f[F_LK_FLCE].key, rd->f[F_LK_FLCE].line, rd->f[F_LK_FLCE].v, "%s",
+                   "with Cut Cross-Entropy: one loss head (Axolotl's plugins would both patch the forward)");
+        return;
+    }
+    if (derive_liger(rd, liger_plugin))
         return;
     const struct fact_val *v = fact(rd, F_LOSS, &tmp);
     if (!v)

@@ -109,6 +109,11 @@ struct mp_recipe {
      * mp_recipe_resolve_dtype picks once the model is known. */
     bool dtype_auto;
     char prec_auto[2][16], prec_auto_why[2][160];
+    /* Liger's kernels (loss "liger"): given true, given false (MP_LK_* bits of util/sets.h), unset
+     * off (Axolotl) or at the model's defaults (transformers), and the key that turned it on */
+    unsigned liger_on, liger_off;
+    bool liger_unset_off;
+    char liger_where[1280];
     size_t n_nomem;               /* keys accepted as having no memory effect */
     size_t n_unknown;
     char unknown[2048];           /* "key (line N), ..." */

@@ -36,6 +36,16 @@ enum fact {
     F_LOSS,         /* the loss: "hf" or the trainer's name of another */
     F_PLUGINS,      /* Axolotl plugins (a list joined with ',') */
     F_CCE,          /* Axolotl cut_cross_entropy (the CutCrossEntropyPlugin's key) */
+    F_LIGER,        /* TrainingArguments use_liger_kernel */
+    F_LK_FLCE,      /* Liger's kernels, each true or false: liger_kernel_config's keys (HF, TRL), */
+    F_LK_CE,        /* Axolotl's LigerPlugin flags (liger_rope, ...) */
+    F_LK_ROPE,
+    F_LK_RMS,
+    F_LK_SWIGLU,
+    F_LK_GEGLU,
+    F_LK_LN,
+    F_LK_R2,
+    F_LK_GLU,       /* Axolotl liger_glu_activation: the model's SwiGLU or GeGLU */
     F_GC_EVERY,     /* transformers' every_n_layers: checkpoint decoder layers 0, N, 2N, ... */
     F_GC_OFFLOAD,   /* transformers' offload: the checkpointed layers' inputs in pinned host memory */
     F_ACT_OFFLOAD,  /* TRL activation_offloading: OffloadActivations around the step (--act-offload) */

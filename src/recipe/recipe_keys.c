@@ -384,9 +384,20 @@ const struct key_row mp_recipe_keys[] = {
     FACT(B_TT, "loss._component_", F_LOSS),
     /* (--loss liger is Liger's fused linear cross-entropy alone; the flags also swap in its
      * RMSNorm, SwiGLU and RoPE kernels, whose saved tensors are not HF's) */
-    REFUSE(B_ARGS, "use_liger_kernel", "Liger's RMSNorm, SwiGLU and RoPE kernels (besides its fused loss): " NOT_YET),
+    /* transformers 5.24 Trainer: use_liger_kernel applies liger_kernel_config through
+     * _apply_liger_kernel_to_instance (a kernel it leaves out at its default: ir/liger.c) */
+    FACT(B_ARGS, "use_liger_kernel", F_LIGER),
+    FACT(B_ARGS, "liger_kernel_config.fused_linear_cross_entropy", F_LK_FLCE),
+    FACT(B_ARGS, "liger_kernel_config.cross_entropy", F_LK_CE),
+    FACT(B_ARGS, "liger_kernel_config.rope", F_LK_ROPE),
+    FACT(B_ARGS, "liger_kernel_config.rms_norm", F_LK_RMS),
+    FACT(B_ARGS, "liger_kernel_config.swiglu", F_LK_SWIGLU),
+    FACT(B_ARGS, "liger_kernel_config.geglu", F_LK_GEGLU),
+    FACT(B_ARGS, "liger_kernel_config.layer_norm", F_LK_LN),
+    FACT(B_ARGS, "liger_kernel_config.relu_squared", F_LK_R2),
+    /* LLaMA-Factory 0.9.5 model/model_utils/liger_kernel.py: every kernel at its default, the fused
+     * loss off where the stage needs logits */
     REFUSE(B_LF, "enable_liger_kernel", "Liger's RMSNorm, SwiGLU and RoPE kernels (besides its fused loss): " NOT_YET),
-    REFUSE(B_ARGS, "liger_kernel_config", "Liger kernels: " NOT_YET),
     REFUSE_BUT(B_ARGS, "label_smoothing_factor", "0 0.0 null", "the label smoother's loss: " NOT_YET),
     /* Axolotl's Cut Cross-Entropy: the plugin and its key (recipe.c derive_loss) */
     FACT(B_AX, "plugins", F_PLUGINS),
@@ -398,12 +409,18 @@ const struct key_row mp_recipe_keys[] = {
                "every row through the projection (no masking before it): " NOT_YET),
     REFUSE_BUT(B_TT, "loss.tp_enabled", "false False", "tensor parallelism: " NOT_YET),
     REFUSE_BUT(B_TT, "loss.ignore_index", "-100", "an ignore index other than the datasets' -100: " NOT_YET),
-    REFUSE(B_AX, "liger_fused_linear_cross_entropy", "Liger's fused linear cross-entropy: " NOT_YET),
-    REFUSE(B_AX, "liger_cross_entropy", "Liger's cross-entropy: " NOT_YET),
-    REFUSE(B_AX, "liger_rms_norm", "Liger's RMSNorm: " NOT_YET),
-    REFUSE(B_AX, "liger_glu_activation", "Liger's SwiGLU: " NOT_YET),
-    REFUSE(B_AX, "liger_layer_norm", "Liger's LayerNorm: " NOT_YET),
-    REFUSE(B_AX, "liger_rope", "Liger's RoPE: " NOT_YET),
+    /* Axolotl 0.19's LigerPlugin (integrations/liger/args.py, plugin.py:192-228): each flag passed
+     * as given (unset: None, off); liger_swiglu is liger_glu_activation's old name (args.py) */
+    FACT(B_AX, "liger_fused_linear_cross_entropy", F_LK_FLCE),
+    FACT(B_AX, "liger_cross_entropy", F_LK_CE),
+    FACT(B_AX, "liger_rope", F_LK_ROPE),
+    FACT(B_AX, "liger_rms_norm", F_LK_RMS),
+    FACT(B_AX, "liger_layer_norm", F_LK_LN),
+    FACT(B_AX, "liger_glu_activation", F_LK_GLU),
+    FACT(B_AX, "liger_swiglu", F_LK_GLU),
+    REFUSE(B_AX, "liger_rms_norm_gated", "Liger's gated RMSNorm: " NOT_YET),
+    REFUSE(B_AX, "liger_use_token_scaling", "Liger's token-scaled fused linear cross-entropy: " NOT_YET),
+    REFUSE(B_AX, "liger_kernel_impl", "Liger's other kernel backends (cutile, cutedsl): " NOT_YET),
     REFUSE(B_AX, "unsloth_cross_entropy_loss", "Unsloth's cross-entropy: " NOT_YET),
     REFUSE(B_AX, "chunked_cross_entropy", "chunked cross-entropy: " NOT_YET),
     REFUSE_BUT(B_ARGS | B_AX | B_LF, "neftune_noise_alpha", "null 0", "NEFTune's noise tensor: " NOT_YET),

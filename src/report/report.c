@@ -1861,9 +1861,17 @@ static void snippet_hf(FILE *out, const struct mp_report_ctx *c, const struct mp
                 b->par.offload == MP_OFFLOAD_PARAMS ? "True" : "False");
     if (ds)
         fprintf(out, "    deepspeed=\"ds_config.json\",   # memplan suggest ... --emit deepspeed > ds_config.json\n");
-    if (loss_of(c) == MP_LOSS_LIGER) /* the fused linear cross-entropy only: the other kernels are not planned */
-        fprintf(out, "    use_liger_kernel=True,\n    liger_kernel_config={\"fused_linear_cross_entropy\": True, "
-                     "\"rope\": False,\n        \"rms_norm\": False, \"swiglu\": False, \"cross_entropy\": False},\n");
+    if (loss_of(c) == MP_LOSS_LIGER) { /* the fused linear cross-entropy only: the other kernels are not planned */
+        unsigned ks = mp_liger_params(c->model->hf_type); /* the keys its apply function takes (liger.c) */
+        if (!ks) /* (memplan's own JSON: llama's) */
+            ks = MP_LK_FLCE | MP_LK_CROSS_ENTROPY | MP_LK_ROPE | MP_LK_RMS_NORM | MP_LK_SWIGLU;
+        fprintf(out, "    use_liger_kernel=True,\n    liger_kernel_config={\"fused_linear_cross_entropy\": True");
+        unsigned k = 0;
+        for (unsigned bit = MP_LK_CROSS_ENTROPY; bit & MP_LK_ALL; bit <<= 1)
+            if (ks & bit)
+                fprintf(out, ",%s\"%s\": False", k++ % 3 ? " " : "\n        ", mp_liger_kernel_name(bit));
+        fprintf(out, "},\n");
+    }
     fprintf(out, ")\n");
     if (c->train->act_offload && !trl)
         fprintf(out, "# --act-offload with HF's loss: TrainingArguments cannot set it; in your own loop run each\n"

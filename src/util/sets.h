@@ -184,6 +184,32 @@ enum mp_loss {
 #undef MP_X
 };
 
+/* Liger's kernels, by the keywords of liger-kernel 0.8.5's apply_liger_kernel_to_* functions (the
+ * keys of transformers' liger_kernel_config): X(id, name).  MP_LK_id is the kernel's bit in a set
+ * of them (ir/liger.c: which a model_type takes and turns on by default). */
+#define MP_LIGER_KERNELS(X)                            \
+    X(FLCE, "fused_linear_cross_entropy")             \
+    X(CROSS_ENTROPY, "cross_entropy")                 \
+    X(ROPE, "rope")                                   \
+    X(RMS_NORM, "rms_norm")                           \
+    X(SWIGLU, "swiglu")                               \
+    X(GEGLU, "geglu")                                 \
+    X(LAYER_NORM, "layer_norm")                       \
+    X(RELU_SQUARED, "relu_squared")
+
+enum mp_liger_kernel_index {
+#define MP_X(id, name) MP_LKI_##id,
+    MP_LIGER_KERNELS(MP_X)
+#undef MP_X
+    MP_LK_N
+};
+enum {
+#define MP_X(id, name) MP_LK_##id = 1u << MP_LKI_##id,
+    MP_LIGER_KERNELS(MP_X)
+#undef MP_X
+};
+#define MP_LK_ALL ((1u << MP_LK_N) - 1u)
+
 /* Trainers (--trainer, a recipe's trainer): X(id, name, what one step runs, NULL when modelled or
  * why it is not, sequences an example runs through the policy, the smallest micro-batch the
  * trainer accepts, no-grad reference forwards a step (0: no reference model), no-grad forwards of
