@@ -2,7 +2,8 @@
 """grpo_zero3.py - TRL 1.16 GRPO's generation under DeepSpeed ZeRO-3, per rank (CPU, gloo).
 
   PYTHONPATH=DIR_WITH_DEEPSPEED DS_ACCELERATOR=cpu python3 bench/accuracy/grpo_zero3.py
-      [--memplan ./memplan] [--gather on,off] [--out FILE.md] [--rows-out FILE.jsonl]
+      [--memplan ./memplan] [--gather on,off] [--finetune full,lora] [--shape small|large]
+      [--settings B:S:P,...] [--out FILE.md] [--rows-out FILE.jsonl]
 
 grpo_fsdp.py's model and settings (dist_gloo.py's Llama LLAMA_CFG, vocabulary 32,000, bf16, TRL's
 fused LM head added as GRPOTrainer.__init__ adds it), on 2 gloo processes, wrapped by DeepSpeed
@@ -22,6 +23,9 @@ generation measured:
   step        the engine's forward on the generated sequences, a mean of the logits as the loss,
               engine.backward, engine.step: only so that iteration 2 starts from a stepped engine;
               not compared (TRL's fused-head loss fails under this engine: see rank_main).
+              With --finetune lora (peft LoRA as TRL makes it under ZeRO-3: lora_wrap) the step is
+              grpo_step.py's GRPOTrainer._compute_loss on the engine, engine.backward and
+              engine.step, measured (memory.phases.policy_step, figure policy_step_peak).
 
 Live bytes: dist_gloo.py's (profiler allocation records, gloo's scratch taken out), as
 grpo_fsdp.py, which also takes out the CPU's mm temporaries of TRL's fused head.  Compared with
