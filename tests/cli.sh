@@ -2360,6 +2360,31 @@ PY
     else
         bad "ZeRO-3 QLoRA: the packed weights partitioned, the quant_state whole"
     fi
+    # ZeRO-3 LoRA against ZeRO-2 LoRA (bf16, b 1 x s 64 = T 64 tokens, r 16 on q_proj and v_proj),
+    # hand-worked: (a) ZeRO-3's LinearFunctionForZeroStage3 (deepspeed runtime/zero/linear.py) saves
+    # the input of a frozen Linear that autograd records: per layer the post-attention norm's output
+    # (gate/up, T h 2 B) and down_proj's input (T I 2 B), and the tied lm_head's input once (T h 2);
+    # (b) TRL makes ZeRO-3's adapters bf16 (autocast_adapter_dtype=False): per layer q's and v's fp32
+    # input casts (2 T h 4) go, x itself is then saved by lora_A (T h 2), A x in bf16 (2 T r 2 less)
+    run estimate models/hf/llama-3.2-1b.json --finetune lora --precision bf16 --batch 1 --seq 64 --checkpoint none \
+        --gpus 2 --parallel zero2 --json
+    cp "$T/out" "$T/z2-lora-act.json"
+    run estimate models/hf/llama-3.2-1b.json --finetune lora --precision bf16 --batch 1 --seq 64 --checkpoint none \
+        --gpus 2 --parallel zero3 --json
+    cp "$T/out" "$T/z3-lora-act.json"
+    if python3 - "$T/z2-lora-act.json" "$T/z3-lora-act.json" <<'PY' 2>"$T/why"
+import json, sys
+z2, z3 = (json.load(open(f))["memory"]["activations_bytes"] for f in sys.argv[1:3])
+T, h, I, r, L = 64, 2048, 8192, 16, 16
+saved = L * T * (h * 2 + I * 2) + T * h * 2
+adapters = L * (2 * T * h * 4 - T * h * 2 + 2 * T * r * 2)
+assert z3 - z2 == saved - adapters == 8585216, (z3 - z2, saved - adapters)
+PY
+    then
+        ok "ZeRO-3 LoRA: frozen Linears' inputs saved (LinearFunctionForZeroStage3), bf16 adapters (+8,585,216 B)"
+    else
+        bad "ZeRO-3 LoRA: frozen Linears' inputs saved, bf16 adapters: $(tail -1 "$T/why")"
+    fi
 else
     skipped "FSDP-QLoRA's JSON (python3 not found)"
 fi

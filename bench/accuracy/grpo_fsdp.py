@@ -66,12 +66,12 @@ VOCAB = 32000
 SETTINGS = [(8, 64, 16), (4, 128, 32)]
 
 
-def policy():
-    """The measured policy: LLAMA_CFG with VOCAB, sdpa, bf16, seed 0, and TRL's fused head added
-    as GRPOTrainer.__init__ adds it (grpo_trainer.py:1068-1077)."""
+def policy(shape=None):
+    """The measured policy: LLAMA_CFG with VOCAB (and shape's sizes over them), sdpa, bf16, seed 0,
+    and TRL's fused head added as GRPOTrainer.__init__ adds it (grpo_trainer.py:1068-1077)."""
     import transformers
     from loss_heads import trl_cuda_branches
-    cfg = transformers.LlamaConfig(**dict(LLAMA_CFG, vocab_size=VOCAB))
+    cfg = transformers.LlamaConfig(**dict(LLAMA_CFG, vocab_size=VOCAB, **(shape or {})))
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
@@ -177,9 +177,10 @@ def run_case(strategy, batch, seq, prompt):
     return spawn_ranks(rank_main, 1 if strategy == "none" else WORLD, strategy, batch, seq, prompt)
 
 
-def config_json():
-    c = dict(LLAMA_CFG, vocab_size=VOCAB, architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
-             rms_norm_eps=1e-6, rope_theta=10000.0, attention_dropout=0.0, torch_dtype="bfloat16")
+def config_json(shape=None):
+    c = dict(LLAMA_CFG, vocab_size=VOCAB, **(shape or {}))
+    c.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu", rms_norm_eps=1e-6,
+             rope_theta=10000.0, attention_dropout=0.0, torch_dtype="bfloat16")
     import transformers
     full = transformers.LlamaConfig(**LLAMA_CFG).to_dict()
     c["rms_norm_eps"], c["rope_theta"] = full["rms_norm_eps"], full.get("rope_theta", 10000.0)
@@ -188,9 +189,9 @@ def config_json():
     return c
 
 
-def run_setup(libs, backend):
-    """config_json() written to a temporary config.json, and the rows' versions (libs added)."""
-    cj = config_json()
+def run_setup(libs, backend, shape=None):
+    """config_json(shape) written to a temporary config.json, and the rows' versions (libs added)."""
+    cj = config_json(shape)
     cfgpath = os.path.join(tempfile.mkdtemp(), "config.json")
     with open(cfgpath, "w") as f:
         json.dump(cj, f)

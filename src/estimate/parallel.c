@@ -113,6 +113,17 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
     return mp_par_is_fsdp(s) || s == MP_PAR_ZERO3;
 }
 
+bool mp_par_adapters_cast(const struct mp_parallel *par, enum mp_ft_mode m)
+{
+    /* FSDP2's MixedPrecisionPolicy(param_dtype=bf16) casts every parameter (--precision mixed-bf16).
+     * ZeRO-3: TRL 1.16's trainers call get_peft_model(..., autocast_adapter_dtype=False) for a
+     * non-quantized base (grpo_trainer.py:461-476; sft, dpo, kto, orpo alike: DeepSpeed issue 8072,
+     * mixed-dtype persistent parameters), so the adapters are made in the base's dtype, and
+     * DeepSpeed 0.19.8 neither casts nor upcasts them (engine.py:1859-1862 casts only a model
+     * not made under zero.Init, to the same dtype); measured: bench/accuracy/grpo_zero3_results.md */
+    return par->mixed_bf16 || (par->strategy == MP_PAR_ZERO3 && m == MP_FT_LORA);
+}
+
 bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_loss loss, enum mp_par_strategy s)
 {
     /* LLaMA-Factory's DPO and KTO (--loss hf) and their own reference preparation under ZeRO and

@@ -50,8 +50,9 @@ struct mp_finetune {
     struct mp_quant quant;      /* base storage for QLoRA (bnb nf4, double quant) */
     bool adapters_cast;         /* the adapters run in the program's dtype, not peft's fp32: a
                                  * mixed-precision engine casts every parameter (FSDP2
-                                 * MixedPrecisionPolicy(param_dtype=bf16): --precision mixed-bf16);
-                                 * their fp32 originals are the engine's shards */
+                                 * MixedPrecisionPolicy(param_dtype=bf16): --precision mixed-bf16;
+                                 * their fp32 originals are the engine's shards), or TRL makes them
+                                 * in the base's dtype (ZeRO-3: mp_par_adapters_cast) */
 };
 
 /* full fine-tuning; LoRA r 16, alpha 32 and dropout 0 (peft's default: an identity). */

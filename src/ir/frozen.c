@@ -87,7 +87,13 @@ void apply_requires_grad(struct mp_program *p)
             double f = 2.0 * (double)n->rows * (double)n->k * (double)n->n;
             double dq = n->quantized ? 2.0 * (double)n->k * (double)n->n : 0;
             if (!wt) {
-                unsave(n, n->in[0]);
+                /* (DeepSpeed 0.19.8 runtime/zero/linear.py:97-103 LinearFunctionForZeroStage3.
+                 * setup_context saves input, weight and bias whatever needs_input_grad says; the
+                 * ZeRO-3 Init patches torch.nn.functional.linear with it, partition_parameters.py:
+                 * 411-419, memory_efficient_linear; bitsandbytes' 4-bit matmul is not F.linear;
+                 * measured: bench/accuracy/grpo_zero3_results.md) */
+                if (!p->opts.zero3_linear || n->quantized)
+                    unsave(n, n->in[0]);
                 n->wcopy = -1; /* autocast caches copies of leaves that require grad only */
             }
             if (!ing[0])

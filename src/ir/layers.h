@@ -147,6 +147,9 @@ struct mp_build_opts {
     bool adapter_off;            /* peft's disable_adapter (DPO's reference is the policy so): every
                                     adapted Linear runs its base layer alone, no LoRA branch (peft
                                     0.21.2 tuners/lora/layer.py:1079, bnb.py Linear4bit: no clone) */
+    bool zero3_linear;           /* DeepSpeed ZeRO-3's memory_efficient_linear (default true): F.linear
+                                    is LinearFunctionForZeroStage3, which saves its input whenever
+                                    autograd records it, a frozen weight's too (frozen.c) */
 };
 /* The first PyTorch release known to run fp32 grouped-query attention on SDPA's memory-efficient
  * kernel (--torch below it: the math kernel, lower_attention.c sdpa_math) */

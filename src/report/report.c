@@ -733,8 +733,10 @@ static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
     mp_finetune_describe_targets(f, c->model->hf_type, tg, sizeof tg);
     fprintf(out, "finetune  %s r %llu, alpha %g, dropout %g, targets %s\n", mp_ft_mode_str(f->mode),
             (unsigned long long)f->r, f->alpha, f->dropout, shown(tg));
-    fprintf(out, "          %s adapter params train (fp32 as peft makes them); the frozen base has no .grad\n",
-            count(p->adapter_params));
+    fprintf(out, "          %s adapter params train (%s); the frozen base has no .grad\n", count(p->adapter_params),
+            !f->adapters_cast                                   ? "fp32 as peft makes them"
+            : c->train && c->train->par && !c->train->par->mixed_bf16 ? "the base's dtype, as TRL makes them under ZeRO-3"
+                                                                      : "cast by FSDP2's mixed-bf16 policy");
     if (p->trainable_params > p->adapter_params) /* ir/build.c saved_module: peft's modules_to_save */
         fprintf(out, "          + %s task-head params train whole beside a frozen copy (peft's modules_to_save)\n",
                 count(p->trainable_params - p->adapter_params));
