@@ -676,6 +676,11 @@ struct val lower_mllama_cross(struct bld *B, struct val x, const struct mp_layer
     const uint64_t qs[3] = {b, s, mul(B, a, d)}, ks[3] = {b, nk, mul(B, a, d)};
     reshape(B, &q, 3, qs);
     struct val kr = repeat_kv(B, k, ks, "cross_attn.repeat_kv.k"), vr = repeat_kv(B, vv, ks, "cross_attn.repeat_kv.v");
+    /* under autocast SDPA runs in the half dtype: q and k (fp32 out of q_norm and k_norm, whose
+     * fp32 weights multiply last) get half copies, which it saves */
+    q = autocast_in(B, q, "cross_attn.q.cast");
+    kr = autocast_in(B, kr, "cross_attn.k.cast");
+    vr = autocast_in(B, vr, "cross_attn.v.cast");
     if (failed(B))
         return x;
     enum mp_dtype cdt = dt_of(B, q);
@@ -698,6 +703,8 @@ struct val lower_mllama_cross(struct bld *B, struct val x, const struct mp_layer
     save(n, vr.t);
     save(n, y.t);
     save(n, B->cross_mask);
+    if (T(B, B->cross_mask)->dtype != cdt) /* its half cast under autocast: not saved (as the tower's) */
+        tmp_one(B, n, false, MP_TR_OTHER, mul(B, T(B, B->cross_mask)->elems, mp_dtype_size(cdt)));
     uint64_t baq = mul(B, mul(B, b, a), s);
     extra_as(n, new_flat(B, "cross_attn.lse", MP_DT_F32, mul(B, mul(B, b, a), round_up(s, 32))), MP_XR_LSE);
     tmp_one(B, n, true, MP_TR_OTHER, add(B, mul(B, baq, 4), cdt != MP_DT_F32 ? mul(B, mul(B, baq, d), 4) : 0));
