@@ -658,6 +658,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
                            m->vision.kind == MP_VIS_PIXTRAL ? "--image-size's rows x (columns + 1)"
                            : m->vision.kind == MP_VIS_LLAMA4 ? "its tiles' patch tokens and separators"
                            : MP_VIS_IS_QWEN(m->vision.kind) ? "its patches / spatial_merge_size^2"
+                           : m->vision.kind == MP_VIS_MLLAMA ? "its <|image|> token"
                                                             : "mm_tokens_per_image",
                            (unsigned long long)p->opts.seq);
         if (o->packing || o->padding_free || o->trainer != MP_TRAINER_SFT)
