@@ -897,6 +897,8 @@ expect_line 3 "--head on a memplan model" estimate models/gpt2-124m.json --head 
 expect_line 3 "--images on a text model (no vision tower)" estimate models/hf/gemma-3-1b.json --images 1
 expect_line 2 "--image-size on mllama: every image runs max_num_tiles tiles" estimate \
     bench/accuracy/multimodal/mllama-shrunk.json --images 1 --image-size 224x224
+expect_line 2 "--attention eager with --images on mllama: the cross-attention's eager path not modelled" estimate \
+    bench/accuracy/multimodal/mllama-shrunk.json --images 1 --attention eager
 expect_line 2 "--image-size without --images" estimate bench/accuracy/multimodal/qwen2-vl-shrunk.json --image-size 448x448
 expect_line 2 "--image-size 448: not HxW" estimate bench/accuracy/multimodal/qwen2-vl-shrunk.json --images 1 --image-size 448
 expect_line 2 "--image-size 10x3000: the processor refuses the aspect ratio" estimate bench/accuracy/multimodal/qwen2-vl-shrunk.json --images 1 --image-size 10x3000

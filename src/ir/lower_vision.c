@@ -649,6 +649,12 @@ struct val lower_mllama_cross(struct bld *B, struct val x, const struct mp_layer
         fail_model(B, MP_ERR_MODEL, "a cross-attention layer needs the vision states before it");
         return x;
     }
+    enum mp_attn_impl impl = B->p->opts.attention_forced || !l->attn.impl_set ? B->p->opts.attention : l->attn.impl;
+    if (impl != MP_ATTN_SDPA) {
+        fail_model(B, MP_ERR_USAGE, "--attention %s with --images on mllama: only SDPA's cross-attention is "
+                   "modelled (eager's scores over the image states are not)", mp_attn_impl_str(impl));
+        return x;
+    }
     if (!B->mllama_crossed) {
         B->mllama_crossed = true;
         for (size_t j = 0; j < B->p->n_held; j++)
