@@ -384,7 +384,8 @@ struct val lower_pixel_shuffle(struct bld *B, struct val x, const struct mp_laye
 /* x + a table's row (or a parameter) times a scalar gate, as one node making a new x-sized tensor:
  * the pre- and post-tile embeddings (MllamaPrecomputedAspectRatioEmbedding: an Embedding of rows x
  * per looked up by aspect_ratio_ids, times gate.tanh(), added), the gated position embedding's
- * (1 - tanh g) x embedding (ids -1: the parameter itself, P x D) and its tile table's lookup.  The
+ * (1 - tanh g) x embedding (lookup false: the parameter itself, P x D) and its tile table's lookup
+ * (gate false: it shares the position embedding's gate).  The
  * product saves the looked-up rows (lookup elements, in the parameters' dtype) when the gate
  * trains (its gradient reads them); the Embedding saves the int64 ids. */
 static struct val gated_table(struct bld *B, struct val x, const char *name, uint64_t rows, uint64_t per,
@@ -412,7 +413,7 @@ static struct val gated_table(struct bld *B, struct val x, const char *name, uin
     n->n = last_dim(x);
     n->fwd_flops = (double)T(B, x.t)->elems;
     n->bwd_flops = n->fwd_flops;
-    uint64_t looked = lookup ? mul(B, T(B, B->ar_ids)->elems, per) : per * rows;
+    uint64_t looked = lookup ? mul(B, T(B, B->ar_ids)->elems, per) : mul(B, per, rows);
     uint64_t lb = mul(B, looked, mp_dtype_size(B->p->param_dtype));
     if (lookup) {
         save(n, B->ar_ids);
@@ -501,8 +502,9 @@ struct val lower_mllama_patches(struct bld *B, struct val x, const struct mp_lay
     e = lower_norm(B, e, &ln, MP_NORM_LAYERNORM, D, "layernorm_pre");
     if (failed(B))
         return e;
-    /* the mask (made here before the pad: a block's last node makes its output): made by no node with a gradient (a no-grad node), held by the tower's forward
-     * (its last layer ends it: lower_mllama_projector), saved by every layer's SDPA */
+    /* the mask (made here before the pad: a block's last node makes its output), by a no-grad
+     * node; held by the tower's forward (its last layer ends it: lower_mllama_projector), saved by
+     * every layer's SDPA */
     uint64_t me = mul(B, mul(B, bN, Tl), Tl);
     B->attn_mask = new_flat(B, "vision.attn_mask", B->p->param_dtype, me);
     struct mp_node *mn = new_node(B, MP_P_CAST, "aspect_ratio_attention_mask");
