@@ -895,7 +895,10 @@ expect_line 3 "--num-labels on a causal LM" estimate models/hf/llama-3.2-1b.json
 expect_line 3 "--head on a memplan model" estimate models/gpt2-124m.json --head seq-cls
 # --images: Gemma 3 steps with images; refusals one line each
 expect_line 3 "--images on a text model (no vision tower)" estimate models/hf/gemma-3-1b.json --images 1
-expect_line 3 "--images on mllama: not modelled yet" estimate bench/accuracy/multimodal/mllama-shrunk.json --images 1
+expect_line 2 "--image-size on mllama: every image runs max_num_tiles tiles" estimate \
+    bench/accuracy/multimodal/mllama-shrunk.json --images 1 --image-size 224x224
+expect_line 2 "--attention eager with --images on mllama: the cross-attention's eager path not modelled" estimate \
+    bench/accuracy/multimodal/mllama-shrunk.json --images 1 --attention eager
 expect_line 2 "--image-size without --images" estimate bench/accuracy/multimodal/qwen2-vl-shrunk.json --image-size 448x448
 expect_line 2 "--image-size 448: not HxW" estimate bench/accuracy/multimodal/qwen2-vl-shrunk.json --images 1 --image-size 448
 expect_line 2 "--image-size 10x3000: the processor refuses the aspect ratio" estimate bench/accuracy/multimodal/qwen2-vl-shrunk.json --images 1 --image-size 10x3000
@@ -955,7 +958,39 @@ else
     bad "suggest --images 1 --emit hf: AutoModelForImageTextToText, the processor, 448 x 308, max_length"
 fi
 # --images on Mistral 3 (Pixtral) and --image-size; refusals one line each
-expect_line 3 "--images on mllama: not modelled yet" estimate bench/accuracy/multimodal/mllama-shrunk.json --images 1
+# Llama-3.2-11B-Vision, one image at batch 1 x 2,048, bf16, full (docs/memory-facts.md#mllama-images):
+# 4 tiles of 560 px, 40 x 40 patches + the class token = P 1,601 a tile, padded to 1,608: T 6,432.
+# Inputs: pixel_values 1 x 4 x 3 x 560 x 560 x 2 = 7,526,400, input_ids and labels 2,048 x 8 each,
+# the int64 cross_attention_mask 2,048 x 4 x 8 = 65,536.  The embeddings block keeps the pre-tile
+# lookup 4 x 1,280 x 2, the tile-position lookup and layernorm_pre's input 4 x 1,601 x 1,280 x 2
+# each, its fp32 mean and rstd (6,404 rows), the tower's mask 6,432^2 x 2 and the padded output
+# 6,432 x 1,280 x 2.  A local layer: 8 (M, D) bf16 tensors and 2 (M, F), M 6,432, D 1,280, F 5,120,
+# SDPA's fp32 logsumexp 16 x 6,432, two LayerNorms' fp32 stats.  The projector's block: the cat
+# (6,404 x 7,680), the cross-attention states (6,404 x 4,096), the kept cross-attention mask
+# 2,048 x 6,404 and full_text_row_masked_out_mask 2,048, all bf16, less the last global layer's
+# output it frees (6,432 x 1,280 x 2).
+run estimate models/hf/llama-3.2-11b-vision.json --images 1 --batch 1 --seq 2048 --precision bf16 \
+    --checkpoint none --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))
+a = {l["name"]: l["activation_bytes"] for l in r["layers"]}
+assert r["memory"]["input_bytes"] == 7526400 + 2 * 16384 + 65536, r["memory"]["input_bytes"]
+M, D, F, T, P = 6432, 1280, 5120, 6432, 4 * 1601
+assert a["vision.embeddings"] == 4 * D * 2 + 2 * P * D * 2 + 2 * P * 4 + T * T * 2 + M * D * 2, a
+assert a["vision.transformer.layers.1"] == 8 * M * D * 2 + 2 * M * F * 2 + 16 * T * 4 + 4 * M * 4, a
+assert a["vision.projector"] == P * 7680 * 2 + P * 4096 * 2 + 2048 * P * 2 + 2048 * 2 - M * D * 2, a' "$T/out"; then
+    ok "--images 1 on llama-3.2-11b-vision: inputs, the tower mask, a layer, the cross-attention mask hand-worked"
+else
+    bad "--images 1 on llama-3.2-11b-vision: inputs, the tower mask, a layer, the cross-attention mask hand-worked"
+fi
+# with images the cross-attention layers run: --train-blocks 3 trains layer 3 alone, a self-attention
+# layer's 218,112,000 (above) plus q_norm and k_norm (128 each) and the two gates
+run estimate models/hf/llama-3.2-11b-vision.json --images 1 --finetune freeze --train-blocks 3 --json
+if [ "$ec" -eq 0 ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))
+assert r["model"]["trainable_params"] == 218112000 + 2 * 128 + 2, r["model"]["trainable_params"]' "$T/out"; then
+    ok "--train-blocks 3 on llama-3.2-11b-vision with images: the cross-attention layer trains"
+else
+    bad "--train-blocks 3 on llama-3.2-11b-vision with images: the cross-attention layer trains"
+fi
 expect_line 2 "--image-size without --images" estimate bench/accuracy/multimodal/mistral3-shrunk.json --image-size 224x224
 # --train-blocks on mllama numbers the decoder layers as transformers does (language_model.layers.N,
 # the table's h.N): 0-4 trains h.0, h.1, h.2, h.4 (3 is a cross-attention layer, skipped without

@@ -2027,10 +2027,42 @@ static void test_multimodal_images(void **state)
 
     expect_images_error("models/hf/gemma-3-1b.json", 1, "models/hf/gemma-3-1b.json: --images: gemma3_text has no "
                         "vision tower (a multimodal checkpoint's config.json with a vision_config)");
-    expect_images_error("bench/accuracy/multimodal/mllama-shrunk.json", 1,
-                        "bench/accuracy/multimodal/mllama-shrunk.json: --images: steps with images are not "
-                        "modelled for mllama yet (the tiled vision model and the gated cross-attention layers its "
-                        "states make active); text-only steps are (no --images)");
+    {
+        /* mllama-shrunk (docs/memory-facts.md#mllama-images): the tower's 6 blocks first (the
+         * embeddings, 2 local layers, layernorm_post, 1 global layer, the projector), never
+         * checkpointed (repeat group 0), then the text model with its cross-attention layers 1 and 4
+         * back in place (h.1, h.4), numbered and checkpointed as transformers' layers */
+        struct mp_model mm;
+        struct mp_model_request rm = {.head = -1, .images = 1};
+        load_ok_rq(&mm, "bench/accuracy/multimodal/mllama-shrunk.json", &rm);
+        assert_int_equal(mm.n_blocks, 14);
+        const char *names[14] = {"vision.embeddings", "vision.transformer.layers.0", "vision.transformer.layers.1",
+                                 "vision.post", "vision.global_transformer.layers.0", "vision.projector", "embed",
+                                 "h.0", "h.1", "h.2", "h.3", "h.4", "h.5", "head"};
+        for (size_t i = 0; i < 14; i++) {
+            assert_string_equal(mm.blocks[i].name, names[i]);
+            assert_true(mp_block_vision(&mm.blocks[i]) == (i < 6));
+            assert_int_equal(mm.blocks[i].num_skip, 0);
+            if (i >= 7 && i < 13) {
+                assert_int_equal(mm.blocks[i].repeat_group, 1);
+                assert_true(mm.blocks[i].layers[0].attn.mllama_cross == (i == 8 || i == 11));
+            } else {
+                assert_int_equal(mm.blocks[i].repeat_group, 0);
+            }
+        }
+        assert_true(mm.blocks[4].layers[0].attn.tower_gate && !mm.blocks[2].layers[0].attn.tower_gate);
+        assert_int_equal(mm.blocks[8].layers[0].attn.heads, 4);
+        assert_int_equal(mm.blocks[8].layers[0].attn.kv_heads, 2);
+        assert_int_equal(mm.idle.params, 0);
+        mp_model_release(&mm);
+        /* every image runs max_num_tiles tiles: --image-size changes nothing, refused */
+        rm.image_h = rm.image_w = 112;
+        assert_int_equal(mp_model_load_file_as(&mm, "bench/accuracy/multimodal/mllama-shrunk.json", &rm, &d),
+                         MP_ERR_USAGE);
+        assert_string_equal(d.msg, "bench/accuracy/multimodal/mllama-shrunk.json: --image-size: mllama runs every "
+                                   "image as max_num_tiles tiles of image_size pixels (the processor pads them), "
+                                   "whatever its size: give --images alone");
+    }
     /* Gemma 3's processor resizes every image to vision_config.image_size (224 here) */
     struct mp_model_request rq = {.head = -1, .images = 1, .image_h = 100, .image_w = 100};
     assert_int_equal(mp_model_load_file_as(&m, "bench/accuracy/multimodal/gemma3-shrunk.json", &rq, &d), MP_ERR_USAGE);

@@ -1491,12 +1491,12 @@ MLLAMA_SETTINGS = [
 ]
 
 
-def mllama_bench(out=None, only=()):
-    """Llama 3.2 Vision (mllama) steps with one image a sample, torch side only: MllamaProcessor's
-    batch (mllama_image_inputs) through MllamaForConditionalGeneration under FakeTensorMode, beside
-    the same step text-only (images 0: the cross-attention layers skipped).  memplan refuses
-    --images for mllama (not modelled yet): no rows, the figures are the targets.  Results:
-    mllama_images_results.md."""
+def mllama_bench(out=None, only=(), memplan="./memplan"):
+    """Llama 3.2 Vision (mllama) steps with one image a sample: MllamaProcessor's batch
+    (mllama_image_inputs) through MllamaForConditionalGeneration under FakeTensorMode, beside the
+    same step text-only (images 0: the cross-attention layers skipped), and memplan --images 1 on
+    each (the frozen tower: --finetune freeze of every text layer, embed and head).  Rows go to
+    rows/peft_step.jsonl; results: mllama_images_results.md."""
     import tempfile
     import peft
     import torch
@@ -1516,6 +1516,14 @@ def mllama_bench(out=None, only=()):
                 t = torch_lora_step(cfg, batch, seq, prec, ckpt, r, None if frozen else tg, full, images=n,
                                     freeze_vision=frozen)
                 ft = "full, frozen tower" if frozen else "full" if full else "lora r%d %s" % (r, tg)
+                tb = "0-%d,embed,head" % (d["text_config"]["num_hidden_layers"] - 1) if frozen else None
+                m = memplan_lora(path, batch, seq, prec, ckpt, r, None if frozen else tg, full, memplan=memplan,
+                                 images=n, train_blocks=tb)
+                figures = {"trainable_params": rowlib.figure(t["trainable"], m["trainable"]),
+                           "peak": rowlib.figure(t["peak"], m["peak"])}
+                if t["saved"] is not None:
+                    figures["saved"] = rowlib.figure(t["saved"], m["saved"])
+                _save_image_row("mllama", path, m, figures)
                 row = "| %s | %d x %d | %d | %s | %s | %s | %d | %s | %.2f MiB | %s |" % (
                     os.path.basename(path), batch, seq, n, prec, ckpt, ft, t["trainable"],
                     "%.2f MiB" % (t["saved"] / 2**20) if t["saved"] is not None else "-", t["peak"] / 2**20,
@@ -1541,7 +1549,8 @@ def main(argv):
         return 0
     if len(argv) >= 1 and argv[0] == "mllama":
         mllama_bench(argv[argv.index("--out") + 1] if "--out" in argv else None,
-                     argv[argv.index("--only") + 1].split(",") if "--only" in argv else ())
+                     argv[argv.index("--only") + 1].split(",") if "--only" in argv else (),
+                     argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan")
         return 0
     if len(argv) >= 1 and argv[0] == "lora":
         out = argv[argv.index("--out") + 1] if "--out" in argv else None

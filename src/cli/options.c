@@ -221,14 +221,15 @@ static const struct opt OPTS[] = {
     {0, "num-labels", "N", C_ALL, INT(1, 1ull << 40), FIELD(num_labels), .expect = "a positive integer",
      .help = "classes of a seq-cls or token-cls head, replacing num_labels/id2label (default: the config's)"},
     {0, "images", "N", C_ALL, INT(1, 1 << 20), FIELD(images), .expect = "a positive integer",
-     .help = "Gemma 3, Mistral 3, Qwen2-VL, Qwen2.5-VL and Llama 4 configs: N images per sample through "
-             "the vision tower; their tokens are part of --seq (default: text only)"},
+     .help = "Gemma 3, Mistral 3, Qwen2-VL, Qwen2.5-VL, Llama 4 and Llama 3.2 Vision configs: N images "
+             "per sample through the vision tower; their tokens are part of --seq (default: text only)"},
     {0, "image-size", "HxW", C_ALL, K_CALLBACK, FIELD(image_h), .cb = cb_image_size,
      .expect = "HxW, two positive integers (pixels), e.g. 448x448",
      .help = "with --images: each image's height x width in pixels, resized as the model's processor "
              "does (Mistral 3: multiples of patch x merge up to image_size, default image_size square; "
              "Qwen2-VL, Qwen2.5-VL: smart_resize, default 448x448; Gemma 3: its image_size only; "
-             "Llama 4: tiles of image_size, its processor's canvas, default one tile)"},
+             "Llama 4: tiles of image_size, its processor's canvas, default one tile; Llama 3.2 Vision: "
+             "refused, every image runs max_num_tiles tiles)"},
     {0, "gpu", "NAME", C_TARGET, K_STRING, FIELD(gpu),
      .help = "target GPU profile (configs/gpus/NAME.json), e.g. a100-40gb"},
     {0, "vram", "SIZE", C_PLAN | C_SUGG | C_CHECK, K_SIZE, .lo = 1, FIELD(vram),

@@ -59,6 +59,11 @@ struct bld {
     int ids, type_ids;
     uint64_t text_b, text_s;
     struct val inputs_embeds; /* --images: the text embedding's output, made before the tower */
+    /* --images, Mllama: aspect_ratio_ids (b x images int64, resident), the projector's
+     * cross-attention states (b, images x tiles x patches, hidden), the kept float cross-attention
+     * mask and full_text_row_masked_out_mask, or -1; mllama_crossed: a cross-attention layer is lowered */
+    int ar_ids, cross_states, cross_mask, row_mask;
+    bool mllama_crossed;
     struct mp_tensor scratch; /* what T() gives for the id of a step that failed */
 };
 
@@ -194,6 +199,11 @@ struct val lower_image_merge(struct bld *B, struct val x, const struct mp_layer 
                              struct val *resid);
 struct val lower_patch_embed3d(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
 struct val lower_merger_linear(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+struct val lower_mllama_patches(struct bld *B, struct val x, const struct mp_layer *l);
+struct val lower_mllama_post(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+struct val lower_mllama_projector(struct bld *B, struct val x, const struct mp_layer *l, const char *nm);
+struct val lower_tanh_gate(struct bld *B, struct val x, const char *name);
+struct val lower_mllama_cross(struct bld *B, struct val x, const struct mp_layer *l);
 
 /* lower_layer.c */
 struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, struct val *resid);

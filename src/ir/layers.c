@@ -451,6 +451,20 @@ static struct val program_input(struct bld *B)
             x = new_val(B, "pixel_values", p->param_dtype, 2, fl, false);
             B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
             B->type_ids = new_val(B, "position_ids", MP_DT_I64, 3, ps, false).t;
+        } else if (m->vision.kind == MP_VIS_MLLAMA) {
+            /* MllamaProcessor's: pixel_values (batch x images x max_num_tiles, C, image_size,
+             * image_size), planned in the model's dtype as for the other families (the processor
+             * makes fp32, image_processing_mllama.py pad_batches_and_tiles), the ids, the
+             * int64 cross_attention_mask (batch, seq, images, tiles) in type_ids' place,
+             * aspect_ratio_ids (batch, images) and aspect_ratio_mask (batch, images, tiles) */
+            px[0] = mul(B, px[0], m->vision.tiles);
+            px[2] = px[3] = m->vision.image;
+            uint64_t cm[4] = {B->b, B->s, m->images, m->vision.tiles};
+            x = new_val(B, "pixel_values", p->param_dtype, 4, px, false);
+            B->ids = new_val(B, "input_ids", MP_DT_I64, 2, shape, false).t;
+            B->type_ids = new_val(B, "cross_attention_mask", MP_DT_I64, 4, cm, false).t;
+            B->ar_ids = id_buffer(B, "aspect_ratio_ids", mul(B, B->b, m->images));
+            id_buffer(B, "aspect_ratio_mask", mul(B, mul(B, B->b, m->images), m->vision.tiles));
         } else if (m->vision.kind == MP_VIS_LLAMA4) {
             /* Llama4Processor's: every image's tiles, (batch x images x tiles, C, image_size,
              * image_size); aspect_ratios is not a model input */
@@ -644,6 +658,7 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
                            m->vision.kind == MP_VIS_PIXTRAL ? "--image-size's rows x (columns + 1)"
                            : m->vision.kind == MP_VIS_LLAMA4 ? "its tiles' patch tokens and separators"
                            : MP_VIS_IS_QWEN(m->vision.kind) ? "its patches / spatial_merge_size^2"
+                           : m->vision.kind == MP_VIS_MLLAMA ? "its <|image|> token"
                                                             : "mm_tokens_per_image",
                            (unsigned long long)p->opts.seq);
         if (o->packing || o->padding_free || o->trainer != MP_TRAINER_SFT)
@@ -680,6 +695,10 @@ static enum mp_status lower_program(const struct mp_model *m, const struct mp_bu
                     .dec_mask = -1,
                     .ids = -1,
                     .type_ids = -1,
+                    .ar_ids = -1,
+                    .cross_states = -1,
+                    .cross_mask = -1,
+                    .row_mask = -1,
                     .b = rows,
                     .s = row_len,
                     .amp = o->precision == MP_PREC_AMP_BF16 || o->precision == MP_PREC_AMP_FP16 ||

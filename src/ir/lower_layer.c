@@ -32,9 +32,13 @@ static struct val lower_transformer(struct bld *B, struct val x, const struct mp
         struct val r = lower_add(B, a, m, "branch_sum");
         return lower_add(B, x, r, "residual");
     }
+    if (l->attn.tower_gate) /* Mllama's global tower layers: gate_attn.tanh() * the attention */
+        a = lower_tanh_gate(B, a, "gate_attn");
     struct val h1 = lower_add(B, x, mult_copy(B, a, l, "attn_mult"), "attn_residual");
     struct val n2 = lower_norm(B, h1, l, l->norm.kind, h, "ln_2");
     struct val m = lower_dropout(B, lower_mlp(B, n2, l, h, "mlp"), l->p, "mlp_dropout");
+    if (l->attn.tower_gate)
+        m = lower_tanh_gate(B, m, "gate_ffn");
     return lower_add(B, h1, mult_copy(B, m, l, "mlp_mult"), "mlp_residual");
 }
 
@@ -128,12 +132,16 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
             return lower_mm_projection(B, x, l, nm);
         if (l->vision && MP_VIS_IS_QWEN(B->m->vision.kind))
             return lower_merger_linear(B, x, l, nm);
+        if (l->vision && B->m->vision.kind == MP_VIS_MLLAMA)
+            return lower_mllama_projector(B, x, l, nm);
         if (l->vision && B->m->vision.kind == MP_VIS_LLAMA4 && l->conv.stride) /* linear_1: its input,
             * image_features, a local of the forward (mm_encoder_outputs) to its end */
             held_tensor(B, x.t, -1);
         return lower_linear(B, l->head.pool == MP_POOL_FIRST ? first_position(B, x, nm) : x, l->in_features,
                             l->out_features, l->bias, nm);
     case MP_LT_LAYERNORM:
+        if (l->vision && B->m->vision.kind == MP_VIS_MLLAMA)
+            return lower_mllama_post(B, x, l, nm);
         return lower_norm(B, x, l, MP_NORM_LAYERNORM, l->dim, nm);
     case MP_LT_RMSNORM:
         if (l->vision) { /* Mistral 3's projector norm: its input, the tower's last output, is held
@@ -198,7 +206,9 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
         bool win = l->vision && l->conv.kernel && window_split(B, &x, l);
         char saved[96];
         with_prefix(B, B->prefix, "", saved);
-        struct val y = l->t5.on ? lower_t5_block(B, x, l) : lower_transformer(B, x, l);
+        struct val y = l->t5.on             ? lower_t5_block(B, x, l)
+                       : l->attn.mllama_cross ? lower_mllama_cross(B, x, l)
+                                              : lower_transformer(B, x, l);
         restore_prefix(B, saved);
         if (win) { /* back to the images' rows */
             B->b = b;
@@ -214,6 +224,7 @@ struct val lower_layer(struct bld *B, struct val x, const struct mp_layer *l, st
     case MP_LT_PATCH_EMBEDDING: {
         struct val y = l->vision && B->m->vision.kind == MP_VIS_PIXTRAL ? lower_pixtral_patches(B, x, l)
                        : l->vision && B->m->vision.kind == MP_VIS_LLAMA4 ? lower_llama4_patches(B, x, l)
+                       : l->vision && B->m->vision.kind == MP_VIS_MLLAMA ? lower_mllama_patches(B, x, l)
                        : l->vision && MP_VIS_IS_QWEN(B->m->vision.kind) ? lower_patch_embed3d(B, x, l, nm)
                                                            : lower_patch_embedding(B, x, l);
         *resid = y;

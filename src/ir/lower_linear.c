@@ -7,11 +7,12 @@ static struct val lower_lora(struct bld *B, struct val x, struct val base, uint6
                              const char *name);
 
 /* The model type whose module names the Linears being lowered carry (the vision tower's: SigLIP's,
- * Qwen2-VL's; Pixtral's and Llama 4's are named as the text model's: q_proj .. o_proj, fc1, fc2, and
- * llama4's peft default q_proj,v_proj takes the tower's too). */
+ * Qwen2-VL's; Pixtral's, Llama 4's and Mllama's are named as the text model's: q_proj .. o_proj,
+ * fc1, fc2, and llama4's peft default q_proj,v_proj takes the tower's too). */
 static const char *names_type(const struct bld *B)
 {
-    if (!B->vision || B->m->vision.kind == MP_VIS_PIXTRAL || B->m->vision.kind == MP_VIS_LLAMA4)
+    if (!B->vision || B->m->vision.kind == MP_VIS_PIXTRAL || B->m->vision.kind == MP_VIS_LLAMA4 ||
+        B->m->vision.kind == MP_VIS_MLLAMA)
         return B->m->hf_type;
     return MP_VIS_IS_QWEN(B->m->vision.kind) ? "qwen2_vl_vision" : "siglip_vision_model";
 }

@@ -138,7 +138,7 @@ bool mp_block_vision(const struct mp_block *b)
     if (!b->n_layers)
         return false;
     const struct mp_layer *l = &b->layers[0];
-    return (l->vision && (l->type == MP_LT_TRANSFORMER_BLOCK || l->emb.image_lookup)) ||
+    return (l->vision && (l->type != MP_LT_EMBEDDING || l->emb.image_lookup)) ||
            (b->n_layers > 1 && b->layers[1].vision &&
             (b->layers[1].type == MP_LT_AVGPOOL2D || b->layers[1].type == MP_LT_LINEAR)); /* the projector, the
                                                                                            merger */

@@ -143,6 +143,9 @@ struct mp_attn {
     bool no_out_dropout;    /* the residual dropout p is on the MLP branch only (StableLM, DistilBERT) */
     bool temp_tuning;       /* q times an fp32 per-position scale, cast back to q's dtype (Llama 4's
                                attn_temperature_tuning on its NoPE layers) */
+    bool tower_gate;        /* --images, Mllama's global tower layers: the attention and MLP outputs times
+                               gate.tanh() (the product saves its tensor operand when the gate trains) */
+    bool mllama_cross;      /* --images, Mllama's MllamaCrossAttentionDecoderLayer (lower_vision.c) */
     bool block_mask;        /* --images, Pixtral's tower: a float (1, 1, s, s) block-diagonal mask over the
                                images in the model's dtype, made once per forward
                                (generate_block_attention_mask): SDPA saves it (under autocast each layer's
@@ -357,6 +360,7 @@ enum mp_vision_kind {
     MP_VIS_QWEN2,      /* Qwen2-VL's tower (images of any size, --image-size) */
     MP_VIS_QWEN2_5,    /* Qwen2.5-VL's (RMSNorms, gated MLP, window attention: its gathers) */
     MP_VIS_LLAMA4,     /* Llama 4's vision model (tiles of image_size, pixel shuffle) + projector */
+    MP_VIS_MLLAMA,     /* Llama 3.2 Vision's tiled vision model + projector, read by gated cross-attention */
 };
 #define MP_VIS_IS_QWEN(k) ((k) == MP_VIS_QWEN2 || (k) == MP_VIS_QWEN2_5)
 /* Qwen2VLImageProcessor's size defaults, the pixel bounds of its smart_resize (transformers 5.24
@@ -398,6 +402,10 @@ struct mp_vision {
      * pixel_shuffle_ratio; proj_bad names a config the image step cannot run ("" when it can) */
     uint64_t tiles, tile_rows, tile_cols, proj_in, proj_out, vision_out;
     const char *proj_bad;
+    /* Mllama: num_global_layers, the intermediate layers stacked into vision_output_dim, the text
+     * model's cross-attention layers (heads, key/value heads, head_dim, MLP width); tiles is
+     * max_num_tiles (every image runs them all) */
+    uint64_t global_layers, n_inter, x_heads, x_kv_heads, x_head_dim, x_ffn;
 };
 #define MP_IDLE_LINEARS_MAX 16
 struct mp_idle {

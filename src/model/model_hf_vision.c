@@ -293,10 +293,12 @@ static enum mp_status pixtral_mistral3(const cJSON *root, const cJSON *vc, uint6
  * q/k/v/o, fc1/fc2 with biases and two LayerNorms; then the projector MllamaModel builds:
  * Linear(vision_output_dim, text hidden) with bias.  max_aspect_ratio_id is the length of
  * supported_aspect_ratios (eight by default, with max_num_tiles 4: validate_architecture). */
-static enum mp_status mllama_vision(const cJSON *vc, uint64_t text_hidden, struct mp_idle *v, struct acc *a,
-                                    const char *path, struct mp_diag *d)
+static enum mp_status mllama_vision(const cJSON *vc, uint64_t text_hidden, const struct mp_hf_cross *x,
+                                    struct mp_idle *v, struct mp_vision *vis, struct acc *a, const char *path,
+                                    struct mp_diag *d)
 {
     uint64_t D = 1280, F = 5120, L = 32, G = 8, H = 16, C = 3, img = 448, p = 14, tiles = 4, out = 7680, ratios = 8;
+    uint64_t K = 5; /* MllamaVisionConfig.intermediate_layers_indices: [3, 7, 15, 23, 30] */
     enum mp_status st;
     if ((st = POSITIVES(vc, {"hidden_size", &D}, {"intermediate_size", &F}, {"num_hidden_layers", &L},
                             {"attention_heads", &H}, {"num_channels", &C}, {"image_size", &img}, {"patch_size", &p},
@@ -314,6 +316,12 @@ static enum mp_status mllama_vision(const cJSON *vc, uint64_t text_hidden, struc
                        path);
     if (cJSON_IsArray(sr))
         ratios = (uint64_t)cJSON_GetArraySize(sr);
+    const cJSON *il = cJSON_GetObjectItemCaseSensitive(vc, "intermediate_layers_indices");
+    if (il && !cJSON_IsNull(il) && !cJSON_IsArray(il))
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.intermediate_layers_indices: expected a list of layer "
+                       "indices", path);
+    if (cJSON_IsArray(il))
+        K = (uint64_t)cJSON_GetArraySize(il);
     else if (tiles != 4)
         return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.max_num_tiles: %llu with the default "
                        "supported_aspect_ratios (MllamaVisionConfig requires 4)", path, (unsigned long long)tiles);
@@ -339,6 +347,21 @@ static enum mp_status mllama_vision(const cJSON *vc, uint64_t text_hidden, struc
     acc_add(a, prod(a, prod(a, 4, D), LG));                          /* two LayerNorms a layer */
     acc_add(a, prod(a, 2, G));                                        /* gate_attn, gate_ffn */
     linear(a, v, "multi_modal_projector", out, text_hidden, 1, true);
+    *vis = (struct mp_vision){.kind = MP_VIS_MLLAMA, .hidden = D, .ffn = F, .layers = L, .heads = H, .channels = C,
+                              .image = img, .patch = p, .act = MP_ACT_GELU, .text_hidden = text_hidden, .tokens = 1,
+                              .tiles = tiles, .vision_out = out, .merge = rows, .global_layers = G, .n_inter = K,
+                              .x_heads = x ? x->heads : 0, .x_kv_heads = x ? x->kv_heads : 0,
+                              .x_head_dim = x ? x->head_dim : 0, .x_ffn = x ? x->ffn : 0};
+    enum mp_act act; /* MllamaVisionConfig.hidden_act */
+    if ((st = vision_act(vc, MP_ACT_GELU, &act, path, d)) != MP_OK)
+        return st;
+    vis->act = act;
+    /* what the image step needs of the widths (else transformers' reshapes fail): refused with
+     * images only */
+    if (out != prod(a, D, K + 1))
+        vis->proj_bad = "vision_output_dim must be hidden_size x (1 + the intermediate layers' count)";
+    else if (D % H || img % p)
+        vis->proj_bad = "attention_heads must divide hidden_size, patch_size image_size";
     return MP_OK; /* (MllamaVisionEncoderLayer is a plain nn.Module: no gc_layers) */
 }
 
@@ -446,7 +469,7 @@ enum mp_status mp_hf_vision_modules(const cJSON *root, const char *type, uint64_
     else if (!strcmp(type, "qwen2_vl"))
         st = qwen2_vision(root, vc, text_hidden, v, vis, &a, path, d);
     else if (!strcmp(type, "mllama"))
-        st = mllama_vision(vc, text_hidden, v, &a, path, d);
+        st = mllama_vision(vc, text_hidden, cross, v, vis, &a, path, d);
     else if (!strcmp(type, "llama4"))
         st = llama4_vision(root, vc, text_hidden, v, vis, &a, path, d);
     else
@@ -960,15 +983,168 @@ static enum mp_status llama4_blocks(struct mp_model *m, const struct mp_model_re
     return images_done(m, rq, text0, nv, d);
 }
 
+/* A tower layer of Llama 3.2 Vision (MllamaVisionEncoderLayer): LayerNorms, bias-free q/k/v/o, SDPA
+ * under the tower's shared float mask, fc1 / GELU / fc2 with biases; a plain nn.Module (not a
+ * GradientCheckpointingLayer: repeat group 0, never checkpointed); gated: the global layers. */
+static enum mp_status mllama_layers(struct mp_model *m, const char *prefix, uint64_t n, bool gated, struct mp_diag *d)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        struct mp_layer *l = layer_block(m, prefix, i, d);
+        if (!l)
+            return MP_ERR_NOMEM;
+        m->blocks[m->n_blocks - 1].repeat_group = 0;
+        l->norm.kind = MP_NORM_LAYERNORM;
+        l->norm.bias = true;
+        l->mlp.bias = true;
+        l->attn.block_mask = true; /* _prepare_aspect_ratio_attention_mask's, made once (lower_vision.c) */
+        l->attn.tower_gate = gated;
+    }
+    return MP_OK;
+}
+
+/* The text model's blocks with Mllama's cross-attention layers put back where they were skipped
+ * (a repeated block's num_skip, the model's num_skip_end: mllama_text_hook), each a copy of the
+ * next text block's layer made a MllamaCrossAttentionDecoderLayer (GradientCheckpointingLayers:
+ * repeat group 1, numbered as transformers' layers). */
+static enum mp_status mllama_cross_blocks(struct mp_model *m, size_t text0, struct mp_diag *d)
+{
+    const struct mp_vision *v = &m->vision;
+    size_t extra = m->num_skip_end, last = 0;
+    for (size_t i = text0; i < m->n_blocks; i++)
+        if (m->blocks[i].repeat_group > 0) {
+            extra += m->blocks[i].num_skip;
+            last = i;
+        }
+    if (!extra)
+        return MP_OK;
+    if (!last)
+        return mp_fail(d, MP_ERR_MODEL, "%s: --images: no self-attention layer to model the cross-attention "
+                       "layers on", m->path);
+    size_t n = m->n_blocks + extra, k = 0;
+    struct mp_block *nb = calloc(n, sizeof *nb);
+    if (!nb)
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+    uint64_t num = 0; /* transformers' layer index */
+    for (size_t i = 0; i < m->n_blocks; i++) {
+        struct mp_block *b = &m->blocks[i];
+        bool rep = i >= text0 && b->repeat_group > 0;
+        uint64_t before = rep ? b->num_skip : i == last + 1 ? m->num_skip_end : 0;
+        const struct mp_block *like = &m->blocks[rep ? i : last];
+        for (uint64_t j = 0; j < before; j++) {
+            struct mp_block *c = &nb[k++];
+            *c = *like;
+            c->layers = calloc(1, sizeof *c->layers);
+            if (!c->layers) {
+                for (size_t q = 0; q + 1 < k; q++)
+                    if (nb[q].layers->attn.mllama_cross) /* (only the copies made here) */
+                        free(nb[q].layers);
+                free(nb);
+                return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+            }
+            c->n_layers = 1;
+            c->layers[0] = like->layers[0];
+            struct mp_layer *l = c->layers;
+            l->attn.mllama_cross = true;
+            l->attn.heads = v->x_heads;
+            l->attn.kv_heads = v->x_kv_heads;
+            l->attn.head_dim = v->x_head_dim;
+            l->attn.causal = false;
+            l->mlp.ffn = v->x_ffn;
+            l->rope.on = false;
+            snprintf(c->name, sizeof c->name, "h.%llu", (unsigned long long)num++);
+            c->num_skip = 0;
+            c->gc_before = j ? 0 : (rep && b->gc_before >= before ? b->gc_before - before : 0);
+            c->period = 0;
+        }
+        nb[k] = *b;
+        if (rep) {
+            nb[k].gc_before = before ? 0 : b->gc_before;
+            nb[k].num_skip = 0;
+            num++;
+        }
+        k++;
+    }
+    free(m->blocks);
+    m->blocks = nb;
+    m->n_blocks = m->cap_blocks = n;
+    m->num_skip_end = 0;
+    return MP_OK;
+}
+
+/* Llama 3.2 Vision (mllama/modeling_mllama.py, transformers 5.24; docs/memory-facts.md#mllama-images):
+ * every image runs max_num_tiles tiles of image_size^2 pixels (the processor pads to them), so
+ * --image-size changes nothing and is refused.  The tower (the patch conv, the pre-tile, class,
+ * position embeddings, layernorm_pre, the padding, the shared mask: lower_mllama_patches), the
+ * local layers, layernorm_post and the post-tile embedding (lower_mllama_post), the gated global
+ * layers, the stack and cat of the intermediate layers, the projector and the cross-attention
+ * masks (lower_mllama_projector); then the text model with its cross-attention layers running.
+ * One <|image|> token an image in --seq. */
+static enum mp_status mllama_blocks(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
+{
+    struct mp_vision *v = &m->vision;
+    if (rq->image_h || rq->image_w)
+        return mp_fail(d, MP_ERR_USAGE, "%s: --image-size: mllama runs every image as max_num_tiles tiles of "
+                       "image_size pixels (the processor pads them), whatever its size: give --images alone",
+                       m->path);
+    if (v->proj_bad)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config: steps with images: %s", m->path, v->proj_bad);
+    if (v->layers + v->global_layers > ((size_t)1 << 20))
+        return mp_fail(d, MP_ERR_RANGE, "%s: vision_config.num_hidden_layers: too many layers", m->path);
+    if (v->n_inter > v->layers)
+        return mp_fail(d, MP_ERR_MODEL, "%s: vision_config.intermediate_layers_indices: more than the %llu layers",
+                       m->path, (unsigned long long)v->layers);
+    size_t text0 = m->n_blocks, nv = (size_t)(v->layers + v->global_layers) + 3;
+    struct mp_block *b = front_block(m, "vision.embeddings", 1, d);
+    if (!b)
+        return MP_ERR_NOMEM;
+    struct mp_layer *l = b->layers;
+    l->type = MP_LT_PATCH_EMBEDDING;
+    l->vision = true;
+    l->conv.in_ch = v->channels;
+    l->dim = v->hidden;
+    l->conv.kernel = l->conv.stride = v->patch;
+    snprintf(l->name, sizeof l->name, "patch_embedding");
+    enum mp_status st = mllama_layers(m, "vision.transformer.layers", v->layers, false, d);
+    if (st != MP_OK)
+        return st;
+    if (!(b = front_block(m, "vision.post", 1, d)))
+        return MP_ERR_NOMEM;
+    named(b->layers, MP_LT_LAYERNORM, v->hidden, "layernorm_post")->vision = true;
+    b->layers->norm.kind = MP_NORM_LAYERNORM;
+    b->layers->norm.bias = true;
+    if ((st = mllama_layers(m, "vision.global_transformer.layers", v->global_layers, true, d)) != MP_OK)
+        return st;
+    if (!(b = front_block(m, "vision.projector", 1, d)))
+        return MP_ERR_NOMEM;
+    named(b->layers, MP_LT_LINEAR, 0, "multi_modal_projector")->vision = true;
+    b->layers->in_features = v->vision_out;
+    b->layers->out_features = v->text_hidden;
+    b->layers->bias = true;
+    struct mp_block *tmp = malloc(nv * sizeof *tmp); /* the tower to the front */
+    if (!tmp)
+        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
+    memcpy(tmp, m->blocks + text0, nv * sizeof *tmp);
+    memmove(m->blocks + nv, m->blocks, text0 * sizeof *tmp);
+    memcpy(m->blocks, tmp, nv * sizeof *tmp);
+    free(tmp);
+    memset(&m->idle, 0, sizeof m->idle);
+    if ((st = mllama_cross_blocks(m, nv, d)) != MP_OK)
+        return st;
+    v->height = v->width = v->image;
+    m->images = rq->images;
+    m->channels = v->channels;
+    m->height = m->width = v->image;
+    mp_model_mark_copies(m);
+    return MP_OK;
+}
+
 enum mp_status mp_hf_add_images(struct mp_model *m, const struct mp_model_request *rq, struct mp_diag *d)
 {
     const struct mp_vision *v = &m->vision;
     if (v->kind == MP_VIS_LLAMA4)
         return llama4_blocks(m, rq, d);
-    if (!strcmp(m->hf_type, "mllama"))
-        return mp_fail(d, MP_ERR_MODEL, "%s: --images: steps with images are not modelled for mllama yet (the tiled "
-                       "vision model and the gated cross-attention layers its states make active); text-only steps "
-                       "are (no --images)", m->path);
+    if (v->kind == MP_VIS_MLLAMA)
+        return mllama_blocks(m, rq, d);
     if (MP_VIS_IS_QWEN(v->kind))
         return qwen2_images(m, rq, d);
     bool qwen = !strcmp(m->hf_type, "qwen2_5_vl") || !strcmp(m->hf_type, "qwen2_vl");

@@ -936,6 +936,15 @@ static void header(FILE *out, const struct mp_report_ctx *c)
                     v->tiles > 1 ? " + the global tile" : "", (unsigned long long)v->tiles,
                     (unsigned long long)((v->image / v->patch) * (v->image / v->patch) + 1),
                     (unsigned long long)v->layers, (unsigned long long)v->tokens);
+        else if (v->kind == MP_VIS_MLLAMA) /* every image padded to max_num_tiles tiles (model_hf_vision.c) */
+            fprintf(out, "images    %llu per sample: %llu tiles of %llu px each (max_num_tiles, whatever its size)\n"
+                         "          %llu tiles x %llu patches through the vision model (%llu + %llu global "
+                         "layers)\n"
+                         "          1 token each in --seq (<|image|>), read by the cross-attention layers\n",
+                    (unsigned long long)c->model->images, (unsigned long long)v->tiles,
+                    (unsigned long long)v->image, (unsigned long long)v->tiles,
+                    (unsigned long long)((v->image / v->patch) * (v->image / v->patch) + 1),
+                    (unsigned long long)v->layers, (unsigned long long)v->global_layers);
         else
         fprintf(out, "images    %llu per sample, %llux%llu px (%s)\n"
                      "          %llu patches each through the vision tower (%llu layers)\n"
