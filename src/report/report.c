@@ -1565,13 +1565,18 @@ static void images_prelude(FILE *out, const struct mp_report_ctx *c)
     if (!m->images)
         return;
     uint64_t seq = c->prog ? c->prog->opts.seq : c->build ? c->build->seq : m->seq_len;
-    fprintf(out, "# --images %llu: planned %llu image%s per sample at %llux%llu px, %llu tokens each, within the %llu\n"
+    if (v->kind == MP_VIS_MLLAMA) /* (every image its max_num_tiles tiles: the size changes no memory) */
+        fprintf(out, "# mllama: one <|image|> token per image in the text; the processor tiles each\n"
+                     "# image, whatever its size, to max_num_tiles tiles of %llux%llu px, which the\n"
+                     "# cross-attention layers read\n", (unsigned long long)m->height, (unsigned long long)m->width);
+    fprintf(out, "# --images %llu: planned %llu image%s per sample at %llux%llu px, %llu token%s each, within the %llu\n"
                  "# tokens of a sample (max_length). The dataset: an \"images\" column (a list of %llu PIL image%s)\n"
                  "# beside \"messages\" (an {\"type\": \"image\"} entry per image) or \"text\" (the processor's image\n"
                  "# token per image), as trl 1.16's DataCollatorForVisionLanguageModeling takes it\n",
             (unsigned long long)m->images, (unsigned long long)m->images, m->images > 1 ? "s" : "",
             (unsigned long long)m->height, (unsigned long long)m->width, (unsigned long long)v->tokens,
-            (unsigned long long)seq, (unsigned long long)m->images, m->images > 1 ? "s" : "");
+            v->tokens == 1 ? "" : "s", (unsigned long long)seq, (unsigned long long)m->images,
+            m->images > 1 ? "s" : "");
     fprintf(out, "SEQ, IMAGE_H, IMAGE_W = %llu, %llu, %llu\n", (unsigned long long)seq, (unsigned long long)m->height,
             (unsigned long long)m->width);
     if (MP_VIS_IS_QWEN(v->kind))
