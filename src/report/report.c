@@ -766,11 +766,10 @@ static void finetune_assumptions(FILE *out, const struct mp_report_ctx *c)
     mp_finetune_describe_targets(c->ft, c->model->hf_type, tg, sizeof tg);
     fprintf(out, "finetune  r %llu, alpha %g, dropout %g, targets %s\n", (unsigned long long)c->ft->r, c->ft->alpha,
             c->ft->dropout, shown(tg));
-    if (mp_trainer_casts_quant_adapters(trainer_of(c), loss_of(c), MP_FT_QLORA, c->model->quant.kind))
-        fprintf(out, "          fp32 adapters (qlora's bf16: TRL's trainer casts them), frozen base (no .grad);\n"
-                     "          qlora: bnb NF4 base, double quant, blocksize 64\n");
-    else
-        fprintf(out, "          fp32 adapters, frozen base (no .grad); qlora: bnb NF4 base, double quant, blocksize 64\n");
+    /* (each candidate's own: mp_par_adapters_cast) */
+    fprintf(out, "          adapters fp32 as peft makes them, bf16 where DeepSpeed's or FSDP2's bf16 or TRL's\n"
+                 "          trainer on a 4/8-bit base casts them; frozen base (no .grad); qlora: bnb NF4 base,\n"
+                 "          double quant, blocksize 64\n");
 }
 
 /* ---- mixture of experts: the routing assumption ------------------------------------------ */
