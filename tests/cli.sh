@@ -2439,6 +2439,15 @@ PY
     else
         bad "QLoRA under TRL's trainers: bf16 adapters: $(tail -1 "$T/why")"
     fi
+    # under DDP too: each rank's AdamW states are the bf16 adapters' zeros_like (2 x 2 A), not fp32
+    run estimate models/hf/llama-2-7b.json --finetune qlora --precision amp-bf16 --batch 2 --seq 64 --loss chunked-nll \
+        --gpus 2 --parallel ddp --json
+    if python3 -c 'import json, sys; m = json.load(sys.stdin)["memory"]
+assert m["optimizer_bytes"] == 2 * 2 * 8388608 and m["grads_bytes"] == 2 * 8388608, m' <"$T/out" 2>"$T/why"; then
+        ok "QLoRA under TRL's SFTTrainer with DDP: bf16 AdamW states (33,554,432 B), bf16 gradients"
+    else
+        bad "QLoRA under TRL's SFTTrainer with DDP: bf16 AdamW states: $(tail -1 "$T/why")"
+    fi
     run estimate models/hf/llama-2-7b.json --finetune qlora --precision amp-bf16 --batch 2 --seq 64 --loss chunked-nll
     if tr -s ' \n' ' ' <"$T/out" | grep -q "adapter params train (bf16: TRL's trainer casts them on a 4/8-bit base)"
     then

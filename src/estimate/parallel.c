@@ -392,8 +392,12 @@ uint64_t mp_par_opt_state_bytes(const struct mp_par_plan *pp, const struct mp_pr
     const struct mp_param *q = &p->params[qi];
     struct mp_param s = *q;
     struct mp_program sp = *p;
-    /* (peft's adapters are fp32 whatever the base: so are their shards and their state) */
-    sp.param_dtype = pp->master_elem_bytes == 2 && !q->adapter ? MP_DT_BF16 : MP_DT_F32;
+    /* an adapter's state: DeepSpeed's and FSDP2's mixed-bf16 fp32 master, else the adapter's own
+     * dtype (peft's fp32; TRL's bf16 on a 4-bit base, MP_AC_TRL_QUANT: AdamW's zeros_like) */
+    bool own = q->adapter && !mp_par_is_deepspeed(pp->par.strategy) && !pp->par.mixed_bf16;
+    sp.param_dtype = own                                        ? q->dtype
+                     : pp->master_elem_bytes == 2 && !q->adapter ? MP_DT_BF16
+                                                                 : MP_DT_F32;
     s.dtype = sp.param_dtype; /* the master copy's dtype (a frozen parameter still has none) */
     uint64_t n = pp->shard_elems[qi];
     if (n != q->elems) { /* a shard: Adafactor factors the local rows */
