@@ -2399,8 +2399,8 @@ PY
     # hand-worked: (a) ZeRO-3's LinearFunctionForZeroStage3 (deepspeed runtime/zero/linear.py) saves
     # the input of a frozen Linear that autograd records: per layer the post-attention norm's output
     # (gate/up, T h 2 B) and down_proj's input (T I 2 B), and the tied lm_head's input once (T h 2);
-    # (b) TRL makes ZeRO-3's adapters bf16 (autocast_adapter_dtype=False): per layer q's and v's fp32
-    # input casts (2 T h 4) go, x itself is then saved by lora_A (T h 2), A x in bf16 (2 T r 2 less)
+    # (b) the adapters are bf16 in both: TRL makes ZeRO-3's so (autocast_adapter_dtype=False), and
+    # DeepSpeed's bf16 casts ZeRO-2's (engine.py:1859-1862), so nothing else differs
     run estimate models/hf/llama-3.2-1b.json --finetune lora --precision bf16 --batch 1 --seq 64 --checkpoint none \
         --gpus 2 --parallel zero2 --json
     cp "$T/out" "$T/z2-lora-act.json"
@@ -2412,13 +2412,91 @@ import json, sys
 z2, z3 = (json.load(open(f))["memory"]["activations_bytes"] for f in sys.argv[1:3])
 T, h, I, r, L = 64, 2048, 8192, 16, 16
 saved = L * T * (h * 2 + I * 2) + T * h * 2
-adapters = L * (2 * T * h * 4 - T * h * 2 + 2 * T * r * 2)
-assert z3 - z2 == saved - adapters == 8585216, (z3 - z2, saved - adapters)
+assert z3 - z2 == saved == 21233664, (z3 - z2, saved)
 PY
     then
-        ok "ZeRO-3 LoRA: frozen Linears' inputs saved (LinearFunctionForZeroStage3), bf16 adapters (+8,585,216 B)"
+        ok "ZeRO-3 LoRA: frozen Linears' inputs saved (LinearFunctionForZeroStage3), bf16 adapters (+21,233,664 B)"
     else
         bad "ZeRO-3 LoRA: frozen Linears' inputs saved, bf16 adapters: $(tail -1 "$T/why")"
+    fi
+    # ZeRO-1/2 LoRA under DeepSpeed's bf16 (--precision bf16 and mixed-bf16 both write "bf16":
+    # {"enabled": true}): the engine casts every parameter, the adapters too (engine.py:1859-1862;
+    # bench/accuracy/zero2_lora_dtype.py saw them bf16 after deepspeed.initialize), hand-worked for
+    # Llama-2-7B (6,746,804,224 params with the 8,388,608 of r 16 on q_proj and v_proj), 2 ranks:
+    # weights every param in bf16 + the adapters' fp32 master partition (4 x 8,388,608 / 2), the
+    # gradient partition bf16 (2 x 8,388,608 / 2), AdamW's two fp32 states (2 x 4 x 8,388,608 / 2);
+    # under amp-bf16 (torch_autocast) they stay fp32 as peft makes them
+    for prec in bf16 mixed-bf16 amp-bf16; do
+        run estimate models/hf/llama-2-7b.json --finetune lora --precision $prec --batch 1 --seq 64 \
+            --gpus 2 --parallel zero2 --json
+        cp "$T/out" "$T/z2-$prec.json"
+    done
+    run estimate models/hf/llama-2-7b.json --finetune lora --precision bf16 --batch 1 --seq 64 --gpus 2 \
+        --parallel zero1
+    if python3 - "$T/z2-bf16.json" "$T/z2-mixed-bf16.json" "$T/z2-amp-bf16.json" <<'PY' 2>"$T/why" &&
+import json, sys
+b, mx, amp = (json.load(open(f))["memory"] for f in sys.argv[1:4])
+P, A = 6746804224, 8388608
+for m in (b, mx):
+    assert m["weights_bytes"] == 2 * P + 4 * A // 2 == 13510385664, m["weights_bytes"]
+    assert m["grads_bytes"] == 2 * A // 2 and m["optimizer_bytes"] == 2 * 4 * A // 2, m
+assert amp["grads_bytes"] == 4 * A // 2, amp["grads_bytes"]
+PY
+        tr -s ' \n' ' ' <"$T/out" | grep -q "adapter params train (bf16: DeepSpeed's bf16 casts every parameter)"
+    then
+        ok "ZeRO-1/2 LoRA at bf16: DeepSpeed casts the adapters (weights 13,510,385,664 B, bf16 grad partition)"
+    else
+        bad "ZeRO-1/2 LoRA at bf16: DeepSpeed casts the adapters: $(tail -1 "$T/why")"
+    fi
+    # TRL 1.16's SFT (--loss chunked-nll), DPO, KTO and GRPO trainers cast a 4-bit model's trainable
+    # parameters to bf16 after get_peft_model (sft_trainer.py:905-911); ORPO's and LLaMA-Factory's
+    # (dpo --loss hf) do not.  Llama-2-7B QLoRA, amp-bf16, A = 8,388,608 adapter params: weights
+    # 2 A below peft's fp32 adapters, the gradients 2 A (not 4 A), AdamW's states 2 x 2 A (zeros_like)
+    for t in "sft --loss hf" "sft --loss chunked-nll" "dpo" "dpo --loss hf" "kto-apo" "orpo"; do
+        # shellcheck disable=SC2086 # (the trainer and its loss, word-split on purpose)
+        run estimate models/hf/llama-2-7b.json --finetune qlora --precision amp-bf16 --batch 2 --seq 64 \
+            --trainer $t --json
+        cp "$T/out" "$T/trlq-${t%% *}-${t##* }.json"
+    done
+    if python3 - "$T"/trlq-sft-hf.json "$T"/trlq-sft-chunked-nll.json "$T"/trlq-dpo-dpo.json "$T"/trlq-dpo-hf.json \
+        "$T"/trlq-kto-apo-kto-apo.json "$T"/trlq-orpo-orpo.json <<'PY' 2>"$T/why"
+import json, sys
+hf, sft, dpo, lf, kto, orpo = (json.load(open(f))["memory"] for f in sys.argv[1:7])
+A = 8388608
+for fp32 in (hf, lf, orpo):
+    assert fp32["grads_bytes"] == 4 * A and fp32["optimizer_bytes"] == 2 * 4 * A, fp32
+for bf16 in (sft, dpo, kto):
+    assert bf16["grads_bytes"] == 2 * A and bf16["optimizer_bytes"] == 2 * 2 * A, bf16
+    assert hf["weights_bytes"] - bf16["weights_bytes"] == 2 * A, (hf["weights_bytes"], bf16["weights_bytes"])
+PY
+    then
+        ok "QLoRA under TRL's SFT/DPO/KTO trainers: bf16 adapters, grads and AdamW states; ORPO and LF's fp32"
+    else
+        bad "QLoRA under TRL's trainers: bf16 adapters: $(tail -1 "$T/why")"
+    fi
+    # under DDP too: each rank's AdamW states are the bf16 adapters' zeros_like (2 x 2 A), not fp32
+    run estimate models/hf/llama-2-7b.json --finetune qlora --precision amp-bf16 --batch 2 --seq 64 --loss chunked-nll \
+        --gpus 2 --parallel ddp --json
+    if python3 -c 'import json, sys; m = json.load(sys.stdin)["memory"]
+assert m["optimizer_bytes"] == 2 * 2 * 8388608 and m["grads_bytes"] == 2 * 8388608, m' <"$T/out" 2>"$T/why"; then
+        ok "QLoRA under TRL's SFTTrainer with DDP: bf16 AdamW states (33,554,432 B), bf16 gradients"
+    else
+        bad "QLoRA under TRL's SFTTrainer with DDP: bf16 AdamW states: $(tail -1 "$T/why")"
+    fi
+    run estimate models/hf/llama-2-7b.json --finetune qlora --precision amp-bf16 --batch 2 --seq 64 --loss chunked-nll
+    if tr -s ' \n' ' ' <"$T/out" | grep -q "adapter params train (bf16: TRL's trainer casts them on a 4/8-bit base)"
+    then
+        ok "QLoRA --loss chunked-nll: the finetune line says TRL's trainer casts the adapters to bf16"
+    else
+        echo "expected the finetune line to name TRL's bf16 cast" >"$T/why"
+        bad "QLoRA --loss chunked-nll: the finetune line"
+    fi
+    run suggest models/hf/llama-2-7b.json --finetune qlora --loss chunked-nll --gpu a100-80gb --no-probe --emit torch
+    if [ "$ec" -eq 0 ] && grep -q "        p.data = p.data.to(torch.bfloat16)" "$T/out"; then
+        ok "suggest --finetune qlora --loss chunked-nll --emit torch: the loop casts the adapters as TRL does"
+    else
+        echo "expected exit 0 and TRL's cast of the trainable parameters in the snippet" >"$T/why"
+        bad "suggest --finetune qlora --loss chunked-nll --emit torch: TRL's cast"
     fi
 else
     skipped "FSDP-QLoRA's JSON (python3 not found)"

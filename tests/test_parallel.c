@@ -295,8 +295,8 @@ static const char *LLAMA = "{\"model_type\":\"llama\",\"architectures\":[\"Llama
                            "\"max_position_embeddings\":64,\"tie_word_embeddings\":false,\"hidden_act\":\"silu\"}";
 
 /* The Llama config cfg, mode full, lora or qlora (storage: bnb_4bit_quant_storage, -1 auto). */
-static void build_llama(struct fixture *f, const char *cfg, enum mp_precision prec, bool cast, enum mp_ft_mode mode,
-                        int storage)
+static void build_llama(struct fixture *f, const char *cfg, enum mp_precision prec, enum mp_adapter_cast cast,
+                        enum mp_ft_mode mode, int storage)
 {
     struct mp_diag d = {{0}};
     if (mp_model_load_string(&f->m, cfg, strlen(cfg), "llama.json", &d) != MP_OK)
@@ -316,7 +316,7 @@ static void build_llama(struct fixture *f, const char *cfg, enum mp_precision pr
         fail_msg("build: %s", d.msg);
 }
 
-static void build_lora(struct fixture *f, enum mp_precision prec, bool cast)
+static void build_lora(struct fixture *f, enum mp_precision prec, enum mp_adapter_cast cast)
 {
     build_llama(f, LLAMA, prec, cast, MP_FT_LORA, -1);
 }
@@ -325,7 +325,7 @@ static void test_parallel_lora_ddp(void **state)
 {
     (void)state;
     struct fixture f;
-    build_lora(&f, MP_PREC_FP32, false);
+    build_lora(&f, MP_PREC_FP32, MP_AC_NONE);
     struct mp_par_plan pp;
     plan(&f, MP_PAR_DDP, 2, false, MP_OFFLOAD_NONE, &pp);
     /* only the 1792 adapter gradients (fp32: 7168 bytes) are the reducer's: one bucket under the
@@ -369,7 +369,7 @@ static void test_parallel_lora_fsdp(void **state)
 {
     (void)state;
     struct fixture f;
-    build_lora(&f, MP_PREC_FP32, false);
+    build_lora(&f, MP_PREC_FP32, MP_AC_NONE);
     struct mp_par_plan pp;
     plan(&f, MP_PAR_FSDP, 2, false, MP_OFFLOAD_NONE, &pp);
     /* every dim 0 is even: each rank keeps half of every parameter, the frozen base too:
@@ -416,7 +416,7 @@ static void test_parallel_lora_fsdp(void **state)
     release(&f);
     /* mixed-bf16 (MixedPrecisionPolicy casts the adapters too): bf16 adapters in the program,
      * their fp32 originals the shards: (86848 x 4) / 2 + 896 x 4 */
-    build_lora(&f, MP_PREC_BF16, true);
+    build_lora(&f, MP_PREC_BF16, MP_AC_FSDP2);
     for (size_t q = 0; q < f.p.n_params; q++)
         if (f.p.params[q].adapter)
             assert_int_equal(f.p.params[q].dtype, MP_DT_BF16);
@@ -436,7 +436,7 @@ static void test_parallel_fsdp_tied_units(void **state)
     char cfg[1024];
     const char *at = strstr(LLAMA, "false");
     snprintf(cfg, sizeof cfg, "%.*strue%s", (int)(at - LLAMA), LLAMA, at + 5);
-    build_llama(&f, cfg, MP_PREC_FP32, false, MP_FT_FULL, -1);
+    build_llama(&f, cfg, MP_PREC_FP32, MP_AC_NONE, MP_FT_FULL, -1);
     struct mp_par_plan pp;
     plan(&f, MP_PAR_FSDP, 2, false, MP_OFFLOAD_NONE, &pp);
     assert_int_equal(pp.n_groups, 3);
@@ -464,7 +464,7 @@ static void test_parallel_fsdp_qlora(void **state)
     (void)state;
     for (int storage = 0; storage < 2; storage++) {
         struct fixture f;
-        build_llama(&f, LLAMA, MP_PREC_BF16, false, MP_FT_QLORA, storage ? MP_DT_U8 : -1); /* -1: auto, bf16 */
+        build_llama(&f, LLAMA, MP_PREC_BF16, MP_AC_NONE, MP_FT_QLORA, storage ? MP_DT_U8 : -1); /* -1: auto, bf16 */
         int qp = -1, emb = f.p.input_embed;
         for (size_t q = 0; q < f.p.n_params && qp < 0; q++)
             if (f.p.params[q].dtype == MP_DT_U8 && f.p.params[q].rows == 64 && f.p.params[q].cols == 64)
@@ -489,6 +489,54 @@ static void test_parallel_fsdp_qlora(void **state)
     }
 }
 
+/* Who casts peft's adapters (mp_par_adapters_cast), from the sources its comments cite: DeepSpeed
+ * 0.19.8 engine.py:1859-1862 (ZeRO-1/2 under "bf16"), FSDP2's policy, TRL 1.16 (ZeRO-3 LoRA's
+ * autocast_adapter_dtype=False; sft_trainer.py:905-911 on a bitsandbytes base). */
+static void test_parallel_adapters_cast(void **state)
+{
+    (void)state;
+    struct mp_parallel p = {.strategy = MP_PAR_ZERO2, .gpus = 2, .nodes = 1};
+    assert_int_equal(mp_par_adapters_cast(&p, MP_FT_LORA, MP_PREC_BF16, false), MP_AC_DEEPSPEED);
+    assert_int_equal(mp_par_adapters_cast(&p, MP_FT_QLORA, MP_PREC_BF16, true), MP_AC_DEEPSPEED);
+    assert_int_equal(mp_par_adapters_cast(&p, MP_FT_LORA, MP_PREC_AMP_BF16, false), MP_AC_NONE); /* torch_autocast */
+    assert_int_equal(mp_par_adapters_cast(&p, MP_FT_FULL, MP_PREC_BF16, false), MP_AC_NONE);
+    p.strategy = MP_PAR_ZERO1;
+    assert_int_equal(mp_par_adapters_cast(&p, MP_FT_LORA, MP_PREC_BF16, false), MP_AC_DEEPSPEED);
+    p.strategy = MP_PAR_ZERO3;
+    assert_int_equal(mp_par_adapters_cast(&p, MP_FT_LORA, MP_PREC_BF16, false), MP_AC_ZERO3_TRL);
+    assert_int_equal(mp_par_adapters_cast(&p, MP_FT_QLORA, MP_PREC_BF16, false), MP_AC_NONE);
+    p.strategy = MP_PAR_FSDP;
+    p.mixed_bf16 = true;
+    assert_int_equal(mp_par_adapters_cast(&p, MP_FT_LORA, MP_PREC_BF16, false), MP_AC_FSDP2);
+    p = (struct mp_parallel){.strategy = MP_PAR_NONE, .gpus = 1, .nodes = 1};
+    assert_int_equal(mp_par_adapters_cast(&p, MP_FT_QLORA, MP_PREC_AMP_BF16, true), MP_AC_TRL_QUANT);
+    assert_int_equal(mp_par_adapters_cast(&p, MP_FT_QLORA, MP_PREC_AMP_BF16, false), MP_AC_NONE);
+    /* which steps are TRL's (the cast): SFTTrainer's head, DPO/KTO but LLaMA-Factory's, GRPO; not ORPO */
+    assert_true(mp_trainer_casts_quant_adapters(MP_TRAINER_SFT, MP_LOSS_CHUNKED_NLL, MP_FT_QLORA, MP_Q_NONE));
+    assert_false(mp_trainer_casts_quant_adapters(MP_TRAINER_SFT, MP_LOSS_HF, MP_FT_QLORA, MP_Q_NONE));
+    assert_true(mp_trainer_casts_quant_adapters(MP_TRAINER_DPO, MP_LOSS_CHUNKED_NLL, MP_FT_QLORA, MP_Q_NONE));
+    assert_false(mp_trainer_casts_quant_adapters(MP_TRAINER_DPO, MP_LOSS_HF, MP_FT_QLORA, MP_Q_NONE));
+    assert_false(mp_trainer_casts_quant_adapters(MP_TRAINER_KTO, MP_LOSS_HF, MP_FT_QLORA, MP_Q_NONE));
+    assert_true(mp_trainer_casts_quant_adapters(MP_TRAINER_KTO_APO, MP_LOSS_CHUNKED_NLL, MP_FT_QLORA, MP_Q_NONE));
+    assert_true(mp_trainer_casts_quant_adapters(MP_TRAINER_GRPO, MP_LOSS_HF, MP_FT_QLORA, MP_Q_NONE));
+    assert_false(mp_trainer_casts_quant_adapters(MP_TRAINER_ORPO, MP_LOSS_HF, MP_FT_QLORA, MP_Q_NONE));
+    /* a bitsandbytes checkpoint (is_loaded_in_8bit too) under --finetune lora; not GPTQ's, not a bf16 base */
+    assert_true(mp_trainer_casts_quant_adapters(MP_TRAINER_DPO, MP_LOSS_CHUNKED_NLL, MP_FT_LORA, MP_Q_BNB_INT8));
+    assert_false(mp_trainer_casts_quant_adapters(MP_TRAINER_DPO, MP_LOSS_CHUNKED_NLL, MP_FT_LORA, MP_Q_GPTQ));
+    assert_false(mp_trainer_casts_quant_adapters(MP_TRAINER_SFT, MP_LOSS_CHUNKED_NLL, MP_FT_LORA, MP_Q_NONE));
+    /* the program: bf16 adapters beside an fp32 base (amp-bf16) */
+    struct fixture f;
+    build_llama(&f, LLAMA, MP_PREC_AMP_BF16, MP_AC_TRL_QUANT, MP_FT_QLORA, -1);
+    size_t n = 0;
+    for (size_t q = 0; q < f.p.n_params; q++)
+        if (f.p.params[q].adapter) {
+            assert_int_equal(f.p.params[q].dtype, MP_DT_BF16);
+            n++;
+        }
+    assert_true(n > 0);
+    release(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -497,6 +545,7 @@ int main(void)
         cmocka_unit_test(test_parallel_replay_per_rank),  cmocka_unit_test(test_parallel_validate),
         cmocka_unit_test(test_parallel_lora_ddp),         cmocka_unit_test(test_parallel_lora_fsdp),
         cmocka_unit_test(test_parallel_fsdp_tied_units), cmocka_unit_test(test_parallel_fsdp_qlora),
+        cmocka_unit_test(test_parallel_adapters_cast),
     };
     return cmocka_run_group_tests_name("parallel", tests, NULL, NULL);
 }

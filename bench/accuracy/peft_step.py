@@ -83,7 +83,7 @@
       are counted in fp32, as after peft's prepare_model_for_kbit_training.  Prints
       memplan's weights_bytes for `--finetune qlora` beside it, less its fp32 adapters.
 
-  python3 bench/accuracy/peft_step.py qlora-step
+  python3 bench/accuracy/peft_step.py qlora-step [--trl]
       A real QLoRA step on the CPU (bitsandbytes 0.50 runs Linear4bit forward and backward
       there): a small Llama (hidden 256, 2 layers, vocab 1024) is saved with random weights,
       loaded with BitsAndBytesConfig(nf4, double quant), prepare_model_for_kbit_training,
@@ -91,6 +91,9 @@
       live-storage tracker (parameters and every quant-state tensor registered) gives step
       2's peak, compared with `memplan estimate --finetune qlora`.  Real tensors: the model is
       kept small.
+      --trl: the step as TRL 1.16's SFTTrainer runs it (all-linear adapters): its cast of the
+      quantized model's trainable parameters to bf16 (sft_trainer.py:905-911) and its chunked LM
+      head (loss_heads.py's), against memplan's `--loss chunked-nll`.
 
 Needs torch, transformers, peft, bitsandbytes (pip).  Not part of `make test`.
 """
@@ -979,7 +982,23 @@ def seq2seq_lora_bench(out=None, memplan="./memplan"):
             f.write("\n".join(lines) + "\n")
 
 
-def qlora_step(precision, ckpt, batch=2, seq=128):
+def bnb_version():
+    import bitsandbytes
+    return bitsandbytes.__version__
+
+
+def trl_version(on):
+    if not on:
+        return {}
+    import trl
+    return {"trl": trl.__version__}
+
+
+def qlora_step(precision, ckpt, batch=2, seq=128, trl=False, targets=None):
+    """trl: the step as TRL 1.16's SFTTrainer runs it: its cast of a quantized model's trainable
+    parameters to bf16 after get_peft_model (sft_trainer.py:905-911; dpo, kto, grpo alike) and its
+    chunked LM head (loss_heads.trl_cuda_branches, as loss_heads.py runs it), planned by memplan
+    with --loss chunked-nll.  targets: LoraConfig target_modules (None: peft's default)."""
     import gc
     import tempfile
     import torch
@@ -999,7 +1018,19 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
                                                               device_map="cpu", attn_implementation="sdpa")
     model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt == "layers",
                                                  gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM"))
+    model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                                       target_modules=targets))
+    if trl:
+        # trl 1.16.0 sft_trainer.py:908-911: `if _is_quantized_model:` every trainable parameter
+        # but a DoRA magnitude vector gets param.data = param.data.to(torch.bfloat16)
+        assert getattr(model, "is_loaded_in_4bit", False)
+        for name, p in model.named_parameters():
+            if p.requires_grad and "lora_magnitude_vector" not in name:
+                p.data = p.data.to(torch.bfloat16)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from loss_heads import trl_cuda_branches
+        # SFTTrainer (trl 1.16.0 sft_trainer.py:1142-1147): on the base model, with these outputs
+        trl_cuda_branches()(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
     model.train()
     tr = Live()
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -1022,7 +1053,7 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
             ac = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "amp-bf16" else None
             if ac:
                 ac.__enter__()
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss = model(input_ids=ids, labels=ids, use_cache=False, **({"fused_lm_head": True} if trl else {})).loss
             if ac:
                 ac.__exit__(None, None, None)
             tr.phase = "backward"
@@ -1038,7 +1069,7 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
                 peak, peak_at = tr.peak, tr.peak_at
     cmd = ["./memplan", "estimate", os.path.join(d, "config.json"), "--finetune", "qlora", "--precision", precision,
            "--batch", str(batch), "--seq", str(seq), "--checkpoint", ckpt, "--workspace", "0", "--use-cache", "off",
-           "--json"]
+           "--json"] + (["--loss", "chunked-nll"] if trl else []) + (["--lora-targets", targets] if targets else [])
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import time
@@ -1047,11 +1078,12 @@ def qlora_step(precision, ckpt, batch=2, seq=128):
         cfg_json = json.load(f)
     rowlib.save_rows("peft_step", [{  # the evidence, kept as data (rowlib.py)
         "source": "bench/accuracy/peft_step.py qlora-step run of %s" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "config": "peft_step.py qlora_step's LlamaConfig", "config_json": cfg_json, "args": cmd[3:],
+        "config": "peft_step.py qlora_step's LlamaConfig" + (", TRL's cast and head" if trl else ""),
+        "config_json": cfg_json, "args": cmd[3:],
         "figures": {"trainable_params": rowlib.figure(sum(p.numel() for p in trainable), r["model"]["trainable_params"]),
                     "peak": rowlib.figure(peak, r["memory"]["peak_allocated_bytes"])},
         "versions": rowlib.run_versions(torch=torch.__version__, transformers=transformers.__version__,
-                                        peft=peft.__version__),
+                                        peft=peft.__version__, bitsandbytes=bnb_version(), **trl_version(trl)),
     }])
     return {"trainable": sum(p.numel() for p in trainable), "peak": peak, "peak_at": peak_at, "losses": losses,
             "m_trainable": r["model"]["trainable_params"], "m_peak": r["memory"]["peak_allocated_bytes"],
@@ -1578,10 +1610,11 @@ def main(argv):
                            argv[argv.index("--memplan") + 1] if "--memplan" in argv else "./memplan")
         return 0
     if len(argv) >= 1 and argv[0] == "qlora-step":
+        trl = "--trl" in argv[1:]  # TRL's cast and head, all-linear adapters (qlora_step)
         print("| precision | ckpt | trainable torch / memplan | peak torch | peak memplan | diff | losses |")
         print("|---|---|---|---|---|---|---|")
         for prec, ckpt in (("fp32", "none"), ("fp32", "layers"), ("amp-bf16", "none"), ("amp-bf16", "layers")):
-            r = qlora_step(prec, ckpt)
+            r = qlora_step(prec, ckpt, trl=trl, targets="all-linear" if trl else None)
             print("| %s | %s | %d / %d | %d | %d | %+.2f%% | %s |" % (
                 prec, ckpt, r["trainable"], r["m_trainable"], r["peak"], r["m_peak"],
                 100.0 * (r["m_peak"] - r["peak"]) / r["peak"], " ".join("%.4f" % l for l in r["losses"])), flush=True)

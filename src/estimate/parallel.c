@@ -113,15 +113,32 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
     return mp_par_is_fsdp(s) || s == MP_PAR_ZERO3;
 }
 
-bool mp_par_adapters_cast(const struct mp_parallel *par, enum mp_ft_mode m)
+enum mp_adapter_cast mp_par_adapters_cast(const struct mp_parallel *par, enum mp_ft_mode m, enum mp_precision prec,
+                                          bool trl_quant)
 {
-    /* FSDP2's MixedPrecisionPolicy(param_dtype=bf16) casts every parameter (--precision mixed-bf16).
-     * ZeRO-3: TRL 1.16's trainers call get_peft_model(..., autocast_adapter_dtype=False) for a
+    if (m != MP_FT_LORA && m != MP_FT_QLORA)
+        return MP_AC_NONE;
+    /* FSDP2's MixedPrecisionPolicy(param_dtype=bf16) casts every parameter (--precision mixed-bf16) */
+    if (par->mixed_bf16 && mp_par_is_fsdp(par->strategy))
+        return MP_AC_FSDP2;
+    /* DeepSpeed 0.19.8 with "bf16" enabled (--precision bf16 and mixed-bf16 both write it:
+     * report.c snippet_deepspeed) casts every floating parameter, adapters included, of a model
+     * not made under zero.Init (engine.py:1859-1862 _cast_module_mixed_precision): ZeRO-1/2 */
+    if ((par->strategy == MP_PAR_ZERO1 || par->strategy == MP_PAR_ZERO2) && prec == MP_PREC_BF16)
+        return MP_AC_DEEPSPEED;
+    /* ZeRO-3: TRL 1.16's trainers call get_peft_model(..., autocast_adapter_dtype=False) for a
      * non-quantized base (grpo_trainer.py:461-476; sft, dpo, kto, orpo alike: DeepSpeed issue 8072,
      * mixed-dtype persistent parameters), so the adapters are made in the base's dtype, and
      * DeepSpeed 0.19.8 neither casts nor upcasts them (engine.py:1859-1862 casts only a model
      * not made under zero.Init, to the same dtype); measured: bench/accuracy/grpo_zero3_results.md */
-    return par->mixed_bf16 || (par->strategy == MP_PAR_ZERO3 && m == MP_FT_LORA);
+    if (par->strategy == MP_PAR_ZERO3 && m == MP_FT_LORA)
+        return MP_AC_ZERO3_TRL;
+    if (par->mixed_bf16) /* (ZeRO-3 QLoRA under mixed-bf16: the program's bf16, as before) */
+        return MP_AC_DEEPSPEED;
+    /* TRL 1.16's SFT, DPO, KTO and GRPO trainers cast a bitsandbytes 4/8-bit model's trainable
+     * parameters to bf16 after get_peft_model (sft_trainer.py:905-911, dpo_trainer.py:720-729,
+     * kto_trainer.py:771-780, grpo_trainer.py:530-539): mp_trainer_casts_quant_adapters */
+    return trl_quant ? MP_AC_TRL_QUANT : MP_AC_NONE;
 }
 
 bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_loss loss, enum mp_par_strategy s)
@@ -375,8 +392,12 @@ uint64_t mp_par_opt_state_bytes(const struct mp_par_plan *pp, const struct mp_pr
     const struct mp_param *q = &p->params[qi];
     struct mp_param s = *q;
     struct mp_program sp = *p;
-    /* (peft's adapters are fp32 whatever the base: so are their shards and their state) */
-    sp.param_dtype = pp->master_elem_bytes == 2 && !q->adapter ? MP_DT_BF16 : MP_DT_F32;
+    /* an adapter's state: DeepSpeed's and FSDP2's mixed-bf16 fp32 master, else the adapter's own
+     * dtype (peft's fp32; TRL's bf16 on a 4-bit base, MP_AC_TRL_QUANT: AdamW's zeros_like) */
+    bool own = q->adapter && !mp_par_is_deepspeed(pp->par.strategy) && !pp->par.mixed_bf16;
+    sp.param_dtype = own                                        ? q->dtype
+                     : pp->master_elem_bytes == 2 && !q->adapter ? MP_DT_BF16
+                                                                 : MP_DT_F32;
     s.dtype = sp.param_dtype; /* the master copy's dtype (a frozen parameter still has none) */
     uint64_t n = pp->shard_elems[qi];
     if (n != q->elems) { /* a shard: Adafactor factors the local rows */

@@ -120,10 +120,12 @@ const char *mp_par_describe(const struct mp_parallel *p, char *buf, size_t len);
  * _take_unsharded_grads_to_reduce; a group without one returns before its reduce-scatter); a
  * 4-bit base as mp_par_quant_unmodelled says. */
 bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp_optimizer o);
-/* Whether peft's adapters run in the program's dtype rather than peft's fp32 (mp_finetune
- * adapters_cast): FSDP2's mixed-bf16 policy casts them; under ZeRO-3 TRL makes LoRA's adapters in
- * the base's dtype (parallel.c). */
-bool mp_par_adapters_cast(const struct mp_parallel *par, enum mp_ft_mode m);
+/* Who casts peft's adapters out of fp32 under par, for fine-tuning method m in precision prec
+ * (mp_finetune adapters_cast; MP_AC_NONE: none): FSDP2's mixed-bf16 policy, DeepSpeed ZeRO-1/2's
+ * bf16, TRL under ZeRO-3 (LoRA), or TRL's trainers on a bitsandbytes base (trl_quant:
+ * mp_trainer_casts_quant_adapters). */
+enum mp_adapter_cast mp_par_adapters_cast(const struct mp_parallel *par, enum mp_ft_mode m, enum mp_precision prec,
+                                          bool trl_quant);
 /* "ddp" (the strategies mp_par_finetune_modelled accepts for a fine-tune, for messages) */
 const char *mp_par_finetune_names(void);
 /* Why a quantized base q (a QLoRA base, a quantized checkpoint) cannot be planned under s, or

@@ -304,7 +304,7 @@ int new_param(struct bld *B, const char *name, uint64_t rows, uint64_t cols, boo
     q->matmul = matmul;
     q->block = B->block;
     /* peft autocast_adapter_dtype: fp32 adapters (unless an engine casts them: adapters_cast) */
-    q->dtype = B->in_adapter && !p->opts.ft.adapters_cast ? MP_DT_F32 : p->param_dtype;
+    q->dtype = B->in_adapter ? mp_finetune_adapter_dtype(&p->opts.ft, p->param_dtype) : p->param_dtype;
     bool saved = saved_module(B);
     q->trainable = B->in_adapter || B->trained || saved;
     q->adapter = B->in_adapter;

@@ -41,6 +41,12 @@ void mp_finetune_default(struct mp_finetune *f)
     f->quant.storage = -1;        /* auto: bf16 under FSDP2 (the FSDP-QLoRA recipe), else uint8 */
 }
 
+enum mp_dtype mp_finetune_adapter_dtype(const struct mp_finetune *f, enum mp_dtype param_dtype)
+{
+    /* trl 1.16 sft_trainer.py:908-911 (grpo, dpo, kto alike): param.data.to(torch.bfloat16) */
+    return f->adapters_cast == MP_AC_NONE ? MP_DT_F32 : f->adapters_cast == MP_AC_TRL_QUANT ? MP_DT_BF16 : param_dtype;
+}
+
 /* ---- family names -------------------------------------------------------------------------- */
 
 /* Head Linears whose module name differs from memplan's layer name (one row each). */

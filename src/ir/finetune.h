@@ -19,6 +19,13 @@
     X(LORA, "lora")      \
     X(QLORA, "qlora")    \
     X(FREEZE, "freeze")
+/* Why peft's adapters are not fp32 (autocast_adapter_dtype): FSDP2's MixedPrecisionPolicy
+ * (param_dtype=bf16, --precision mixed-bf16) casts every parameter (their fp32 originals are its
+ * shards); DeepSpeed's bf16 mode casts every parameter of a model not made under zero.Init;
+ * under ZeRO-3 TRL makes LoRA's adapters in the base's dtype; TRL's trainers cast a bitsandbytes
+ * base's trainable parameters to bf16.  All but MP_AC_TRL_QUANT give the program's dtype. */
+enum mp_adapter_cast { MP_AC_NONE, MP_AC_FSDP2, MP_AC_DEEPSPEED, MP_AC_ZERO3_TRL, MP_AC_TRL_QUANT };
+
 enum mp_ft_mode {
 #define MP_X(id, name) MP_FT_##id,
     MP_FT_MODES(MP_X)
@@ -48,15 +55,14 @@ struct mp_finetune {
     bool kbit_prepare;          /* QLoRA: prepare_model_for_kbit_training casts the non-quantized
                                  * half parameters (embeddings, norms, head, biases) to fp32 */
     struct mp_quant quant;      /* base storage for QLoRA (bnb nf4, double quant) */
-    bool adapters_cast;         /* the adapters run in the program's dtype, not peft's fp32: a
-                                 * mixed-precision engine casts every parameter (FSDP2
-                                 * MixedPrecisionPolicy(param_dtype=bf16): --precision mixed-bf16;
-                                 * their fp32 originals are the engine's shards), or TRL makes them
-                                 * in the base's dtype (ZeRO-3: mp_par_adapters_cast) */
+    enum mp_adapter_cast adapters_cast; /* who makes the adapters a dtype other than peft's fp32
+                                 * (mp_par_adapters_cast; MP_AC_NONE: fp32 as peft makes them) */
 };
 
 /* full fine-tuning; LoRA r 16, alpha 32 and dropout 0 (peft's default: an identity). */
 void mp_finetune_default(struct mp_finetune *f);
+/* The adapters' dtype in a program whose parameters are `param_dtype` (f->adapters_cast). */
+enum mp_dtype mp_finetune_adapter_dtype(const struct mp_finetune *f, enum mp_dtype param_dtype);
 
 /* --lora-targets: "all-linear" or NAME[,NAME...].  --train-blocks: "20-31,head,embed". */
 enum mp_status mp_finetune_parse_targets(struct mp_finetune *f, const char *s, struct mp_diag *d);

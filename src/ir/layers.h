@@ -88,6 +88,11 @@ const char *mp_trainer_config(enum mp_trainer t);
  * CustomKTOTrainer: the model's fp32 logits, lower_embed_head.c lower_lf_dpo_loss), not TRL's */
 bool mp_trainer_lf(enum mp_trainer t, enum mp_loss l);
 bool mp_trainer_drops_dropout(enum mp_trainer t); /* its config's disable_dropout defaults to True */
+/* Whether trainer t's step (with loss l) casts a bitsandbytes 4/8-bit base's trainable parameters
+ * to bf16 after get_peft_model (m LoRA or QLoRA; base: the checkpoint's quantization): TRL 1.16's
+ * SFT (--loss chunked-nll), DPO, KTO and GRPO trainers (sft_trainer.py:905-911), not ORPO's nor
+ * LLaMA-Factory's.  mp_par_adapters_cast MP_AC_TRL_QUANT. */
+bool mp_trainer_casts_quant_adapters(enum mp_trainer t, enum mp_loss l, enum mp_ft_mode m, enum mp_quant_kind base);
 /* "DPO", "KTO": the trainer's TRL name (its config class less "Config"), into buf. */
 const char *mp_trainer_trl_name(enum mp_trainer t, char *buf, size_t cap);
 /* The loss_type its config is written with ("apo_zero_unpaired"), NULL for the config's default. */

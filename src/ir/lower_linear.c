@@ -137,7 +137,7 @@ static struct val lower_lora(struct bld *B, struct val x, struct val base, uint6
     with_prefix(B, B->prefix, name, saved);
     B->in_adapter = true;
     struct val xc = x; /* x = self._cast_input_dtype(x, lora_A.weight.dtype) */
-    enum mp_dtype adt = ft->adapters_cast ? B->p->param_dtype : MP_DT_F32;
+    enum mp_dtype adt = mp_finetune_adapter_dtype(ft, B->p->param_dtype);
     if (dt_of(B, x) != adt)
         xc = lower_copy(B, x, adt, 0, "lora_cast");
     struct val xa = ft->dropout > 0 ? lower_dropout(B, xc, ft->dropout, "lora_dropout") : xc;

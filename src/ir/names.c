@@ -201,6 +201,20 @@ bool mp_trainer_lf(enum mp_trainer t, enum mp_loss l)
 {
     return (t == MP_TRAINER_DPO || t == MP_TRAINER_KTO) && l == MP_LOSS_HF;
 }
+bool mp_trainer_casts_quant_adapters(enum mp_trainer t, enum mp_loss l, enum mp_ft_mode m, enum mp_quant_kind base)
+{
+    bool bnb = m == MP_FT_QLORA || base == MP_Q_BNB_NF4 || base == MP_Q_BNB_FP4 || base == MP_Q_BNB_INT8;
+    if (!bnb || (m != MP_FT_LORA && m != MP_FT_QLORA))
+        return false;
+    /* SFTTrainer is the step of --loss chunked-nll (its default loss_type "nll"); DPO and KTO but
+     * LLaMA-Factory's (Custom{DPO,KTO}Trainer.__init__ calls Trainer.__init__, skipping TRL's);
+     * ORPO's experimental trainer only runs peft_module_casting_to_bf16, which leaves LoRA's
+     * weights fp32 (trl 1.16 experimental/orpo/orpo_trainer.py:262, experimental/utils.py:950) */
+    if (t == MP_TRAINER_SFT)
+        return l == MP_LOSS_CHUNKED_NLL;
+    return t == MP_TRAINER_GRPO || t == MP_TRAINER_KTO_APO ||
+           ((t == MP_TRAINER_DPO || t == MP_TRAINER_KTO) && !mp_trainer_lf(t, l));
+}
 unsigned mp_trainer_ref_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].ref_fwds : 0; }
 unsigned mp_trainer_kl_fwds(enum mp_trainer t) { return (unsigned)t < N_TRAINERS ? trainer_rows[t].kl_fwds : 0; }
 bool mp_trainer_drops_dropout(enum mp_trainer t) { return (unsigned)t < N_TRAINERS && trainer_rows[t].drop0; }

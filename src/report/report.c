@@ -734,9 +734,11 @@ static void finetune_lines(FILE *out, const struct mp_report_ctx *c)
     fprintf(out, "finetune  %s r %llu, alpha %g, dropout %g, targets %s\n", mp_ft_mode_str(f->mode),
             (unsigned long long)f->r, f->alpha, f->dropout, shown(tg));
     fprintf(out, "          %s adapter params train (%s); the frozen base has no .grad\n", count(p->adapter_params),
-            !f->adapters_cast                                   ? "fp32 as peft makes them"
-            : c->train && c->train->par && !c->train->par->mixed_bf16 ? "the base's dtype, as TRL makes them under ZeRO-3"
-                                                                      : "cast by FSDP2's mixed-bf16 policy");
+            f->adapters_cast == MP_AC_FSDP2       ? "cast by FSDP2's mixed-bf16 policy"
+            : f->adapters_cast == MP_AC_DEEPSPEED ? "bf16: DeepSpeed's bf16 casts every parameter"
+            : f->adapters_cast == MP_AC_ZERO3_TRL ? "the base's dtype, as TRL makes them under ZeRO-3"
+            : f->adapters_cast == MP_AC_TRL_QUANT ? "bf16: TRL's trainer casts them on a 4/8-bit base"
+                                                  : "fp32 as peft makes them");
     if (p->trainable_params > p->adapter_params) /* ir/build.c saved_module: peft's modules_to_save */
         fprintf(out, "          + %s task-head params train whole beside a frozen copy (peft's modules_to_save)\n",
                 count(p->trainable_params - p->adapter_params));
@@ -764,7 +766,10 @@ static void finetune_assumptions(FILE *out, const struct mp_report_ctx *c)
     mp_finetune_describe_targets(c->ft, c->model->hf_type, tg, sizeof tg);
     fprintf(out, "finetune  r %llu, alpha %g, dropout %g, targets %s\n", (unsigned long long)c->ft->r, c->ft->alpha,
             c->ft->dropout, shown(tg));
-    fprintf(out, "          fp32 adapters, frozen base (no .grad); qlora: bnb NF4 base, double quant, blocksize 64\n");
+    /* (each candidate's own: mp_par_adapters_cast) */
+    fprintf(out, "          adapters fp32 as peft makes them, bf16 where DeepSpeed's or FSDP2's bf16 or TRL's\n"
+                 "          trainer on a 4/8-bit base casts them; frozen base (no .grad); qlora: bnb NF4 base,\n"
+                 "          double quant, blocksize 64\n");
 }
 
 /* ---- mixture of experts: the routing assumption ------------------------------------------ */
@@ -1707,6 +1712,12 @@ static void model_prelude(FILE *out, const struct mp_report_ctx *c, const struct
     else
         fprintf(out, "    bias=\"none\")\n");
     fprintf(out, "model = get_peft_model(model, lora_config)\n");
+    /* TRL's trainers cast a bitsandbytes base's trainable parameters to bf16 (planned: MP_AC_TRL_QUANT);
+     * written out so that a loop of one's own plans the same (a no-op before TRL's own) */
+    if (mp_trainer_casts_quant_adapters(trainer_of(c), loss_of(c), b->ft, c->model->quant.kind) &&
+        mp_par_adapters_cast(&b->par, b->ft, b->precision, true) == MP_AC_TRL_QUANT)
+        fprintf(out, "for p in model.parameters():  # as TRL 1.16's trainers do on a 4/8-bit base\n"
+                     "    if p.requires_grad:\n        p.data = p.data.to(torch.bfloat16)\n");
 }
 
 /* How many of the plan's blocks are checkpointed. */
