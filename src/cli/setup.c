@@ -647,11 +647,7 @@ int cli_setup(struct args *a, struct setup *s, bool need_target, struct mp_diag 
         cli_warn("%s: --attention %s replaces the %s attention this model runs", a->model,
                  mp_attn_impl_str((enum mp_attn_impl)a->attention), mp_attn_impl_str((enum mp_attn_impl)own));
     s->build.ft = a->ft;
-    s->build.ft.adapters_cast =
-        mp_par_adapters_cast(&a->par, a->ft.mode, (enum mp_precision)a->precision,
-                             mp_trainer_casts_quant_adapters((enum mp_trainer)a->trainer, (enum mp_loss)a->loss,
-                                                             a->ft.mode, s->model.quant.kind));
-    s->build.zero3_linear = a->par.strategy == MP_PAR_ZERO3;
+    mp_par_build_opts(&s->build, &a->par, s->model.quant.kind);
     /* TRL's disable_dropout (--disable-dropout; DPOConfig's and KTOConfig's default True,
      * dpo_config.py:185, kto_config.py:156; GRPOConfig's False, grpo_config.py:453; applied in
      * dpo_trainer.py:931-935, kto_trainer.py:943-946, grpo_trainer.py:1006-1009): every nn.Dropout's

@@ -141,6 +141,13 @@ enum mp_adapter_cast mp_par_adapters_cast(const struct mp_parallel *par, enum mp
     return trl_quant ? MP_AC_TRL_QUANT : MP_AC_NONE;
 }
 
+void mp_par_build_opts(struct mp_build_opts *b, const struct mp_parallel *par, enum mp_quant_kind base)
+{
+    bool trl_quant = mp_trainer_casts_quant_adapters(b->trainer, b->loss, b->ft.mode, base);
+    b->ft.adapters_cast = mp_par_adapters_cast(par, b->ft.mode, b->precision, trl_quant);
+    b->zero3_linear = par->strategy == MP_PAR_ZERO3; /* (LinearFunctionForZeroStage3: frozen.c) */
+}
+
 bool mp_trainer_par_modelled(enum mp_trainer tr, enum mp_loss loss, enum mp_par_strategy s)
 {
     /* LLaMA-Factory's DPO and KTO (--loss hf) and their own reference preparation under ZeRO and

@@ -126,6 +126,9 @@ bool mp_par_finetune_modelled(enum mp_par_strategy s, enum mp_ft_mode m, enum mp
  * mp_trainer_casts_quant_adapters). */
 enum mp_adapter_cast mp_par_adapters_cast(const struct mp_parallel *par, enum mp_ft_mode m, enum mp_precision prec,
                                           bool trl_quant);
+/* The build options par decides, from b's precision, fine-tuning method, trainer and loss and the
+ * base's quantization: ft.adapters_cast (mp_par_adapters_cast) and zero3_linear. */
+void mp_par_build_opts(struct mp_build_opts *b, const struct mp_parallel *par, enum mp_quant_kind base);
 /* "ddp" (the strategies mp_par_finetune_modelled accepts for a fine-tune, for messages) */
 const char *mp_par_finetune_names(void);
 /* Why a quantized base q (a QLoRA base, a quantized checkpoint) cannot be planned under s, or

@@ -465,24 +465,13 @@ struct val lower_mllama_patches(struct bld *B, struct val x, const struct mp_lay
     struct val c = lower_conv(B, px, l->conv.in_ch, D, p, p, 0, 1, false, "patch_embedding");
     if (failed(B))
         return c;
-    const uint64_t ps[3] = {bNt, g, D}, cs[3] = {bNt, P, D}, pads[3] = {bN, Tl, D};
+    const uint64_t ps[3] = {bNt, g, D}, pads[3] = {bN, Tl, D};
     struct val r = lower_copy(B, c, dt_of(B, c), 0, "patch_embeds.reshape");
     if (failed(B))
         return r;
     reshape(B, &r, 3, ps);
     r = gated_table(B, r, "pre_tile_positional_embedding", rows, mul(B, t, D), true, true);
-    struct val e = new_val(B, "class_embedding.cat", dt_of(B, r), 3, cs, true);
-    int cls = new_param(B, "class_embedding", 1, D, false);
-    struct mp_node *n = new_node(B, MP_P_CAST, "class_embedding.cat");
-    if (!n)
-        return e;
-    n->in[0] = r.t;
-    n->out = e.t;
-    n->param[0] = cls;
-    n->rows = mul(B, bNt, P);
-    n->n = D;
-    n->fwd_flops = (double)T(B, e.t)->elems;
-    n->bwd_flops = n->fwd_flops;
+    struct val e = lower_class_cat(B, r, "class_embedding");
     e = gated_table(B, e, "gated_positional_embedding", P, D, false, true);
     e = gated_table(B, e, "gated_positional_embedding.tile", rows, mul(B, mul(B, t, P), D), true, false);
     struct mp_layer ln = *l; /* layernorm_pre: an nn.LayerNorm with its bias */
@@ -508,7 +497,7 @@ struct val lower_mllama_patches(struct bld *B, struct val x, const struct mp_lay
     }
     held_tensor(B, B->attn_mask, B->block);
     struct val y = new_val(B, "pad", dt_of(B, e), 3, pads, true);
-    n = new_node(B, MP_P_CAST, "pad");
+    struct mp_node *n = new_node(B, MP_P_CAST, "pad");
     if (!n)
         return y;
     n->in[0] = e.t;

@@ -551,8 +551,8 @@ static struct mp_layer *layer_block(struct mp_model *m, const char *prefix, uint
 }
 
 /* The vision blocks (made at the end of m's blocks from text0 on, nv of them) to the front, the
- * text model's after them; its embedding scatters the image features in (masked_scatter). */
-static enum mp_status to_front(struct mp_model *m, size_t text0, size_t nv, struct mp_diag *d)
+ * text model's after them, in order. */
+static enum mp_status blocks_to_front(struct mp_model *m, size_t text0, size_t nv, struct mp_diag *d)
 {
     struct mp_block *tmp = malloc(nv * sizeof *tmp);
     if (!tmp)
@@ -561,6 +561,16 @@ static enum mp_status to_front(struct mp_model *m, size_t text0, size_t nv, stru
     memmove(m->blocks + nv, m->blocks, text0 * sizeof *tmp);
     memcpy(m->blocks, tmp, nv * sizeof *tmp);
     free(tmp);
+    return MP_OK;
+}
+
+/* The vision blocks to the front (blocks_to_front); the text model's embedding scatters the image
+ * features in (masked_scatter). */
+static enum mp_status to_front(struct mp_model *m, size_t text0, size_t nv, struct mp_diag *d)
+{
+    enum mp_status st = blocks_to_front(m, text0, nv, d);
+    if (st != MP_OK)
+        return st;
     struct mp_layer *e = &m->blocks[nv].layers[0];
     e->vision = true;
     if (m->vision.token_id >= e->vocab) /* Gemma3Model.forward then clones input_ids and zeroes the image tokens */
@@ -1120,13 +1130,8 @@ static enum mp_status mllama_blocks(struct mp_model *m, const struct mp_model_re
     b->layers->in_features = v->vision_out;
     b->layers->out_features = v->text_hidden;
     b->layers->bias = true;
-    struct mp_block *tmp = malloc(nv * sizeof *tmp); /* the tower to the front */
-    if (!tmp)
-        return mp_fail(d, MP_ERR_NOMEM, "%s: out of memory", m->path);
-    memcpy(tmp, m->blocks + text0, nv * sizeof *tmp);
-    memmove(m->blocks + nv, m->blocks, text0 * sizeof *tmp);
-    memcpy(m->blocks, tmp, nv * sizeof *tmp);
-    free(tmp);
+    if ((st = blocks_to_front(m, text0, nv, d)) != MP_OK) /* the tower to the front */
+        return st;
     memset(&m->idle, 0, sizeof m->idle);
     if ((st = mllama_cross_blocks(m, nv, d)) != MP_OK)
         return st;

@@ -1491,11 +1491,7 @@ static enum mp_status search_space_eval(const struct mp_job *base, const struct 
             struct mp_job j = *base;
             j.build.precision = sp->precs[i];
             j.build.ft.mode = sp->modes[mi];
-            j.build.ft.adapters_cast = mp_par_adapters_cast(
-                &cp, sp->modes[mi], sp->precs[i],
-                mp_trainer_casts_quant_adapters(base->build.trainer, base->build.loss, sp->modes[mi],
-                                                base->model->quant.kind));
-            j.build.zero3_linear = cp.strategy == MP_PAR_ZERO3;
+            mp_par_build_opts(&j.build, &cp, base->model->quant.kind);
             j.build.ep = cp.ep > 1 ? cp.ep : 0;       /* (--ep: a rank's experts are lowered) */
             j.ckpt = sp->strategies[k];
             s->cand[s->n].par = cp;
