@@ -60,7 +60,7 @@ static const struct liger_row {
     {"phi3", "phi3", FL | CE | RO | RN | SW, FL | RO | RN | SW, false},
     {"qwen2", "qwen2", FL | CE | RO | RN | SW, FL | RO | RN | SW, false},
     {"qwen2_vl", "qwen2_vl", FL | CE | RO | RN | SW | LN, FL | RO | RN | SW | LN, true},
-    {"qwen2_5_vl", "qwen2_5_vl", FL | CE | RO | RN | SW | LN, FL | RO | RN | SW | LN, true},
+    {"qwen2_5_vl", "qwen2_5_vl", FL | CE | RO | RN | SW, FL | RO | RN | SW, true},
     {"qwen3", "qwen3", FL | CE | RO | RN | SW, FL | RO | RN | SW, false},
     {"qwen3_moe", "qwen3_moe", FL | CE | RO | RN | SW, FL | RO | RN | SW, false},
     {"smollm3", "smollm3", FL | CE | RO | RN | SW, FL | RO | RN | SW, false},
