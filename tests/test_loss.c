@@ -310,7 +310,8 @@ static void test_liger_families(void **state)
     assert_int_equal(llama, MP_LK_FLCE | MP_LK_CROSS_ENTROPY | MP_LK_ROPE | MP_LK_RMS_NORM | MP_LK_SWIGLU);
     assert_int_equal(mp_liger_params("gpt2"), 0);
     /* apply_liger_kernel_to_qwen2_5_vl takes no layer_norm (qwen2_vl's does) */
-    assert_int_equal(mp_liger_params("qwen2_5_vl"), MP_LK_FLCE | MP_LK_CROSS_ENTROPY | MP_LK_ROPE | MP_LK_RMS_NORM | MP_LK_SWIGLU);
+    assert_int_equal(mp_liger_params("qwen2_5_vl"),
+                     MP_LK_FLCE | MP_LK_CROSS_ENTROPY | MP_LK_ROPE | MP_LK_RMS_NORM | MP_LK_SWIGLU);
     assert_true(mp_liger_params("qwen2_vl") & MP_LK_LAYER_NORM);
     assert_string_equal(mp_liger_kernel_name(MP_LK_RELU_SQUARED), "relu_squared");
     assert_int_equal(mp_liger_kernel_parse("geglu"), (int)MP_LK_GEGLU);
